@@ -1,0 +1,243 @@
+"""The ``cupy`` backend: ds4lab's kernels on a CUDA GPU through CuPy.
+
+Kernels are the ``extern "C"`` functions of ``kernels/*.cu``, each file compiled once per
+process with ``cupy.RawModule`` (NVRTC; CuPy also caches the binary on disk). A launch goes to
+the stream the launch layer resolved: ``LEGACY_STREAM`` maps to CUDA's legacy default stream
+(handle 0, ``cupy.cuda.Stream.null``), anything else must be a ``cupy.cuda.Stream``.
+
+Importing this module does not import CuPy; :func:`gpu_usable` and :class:`CupyBackend` do.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import weights as W
+from ..stream import LEGACY_STREAM
+from .base import Backend, BackendUnavailable
+
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
+
+
+def kernels_dir() -> Path:
+    """Folder of the CUDA sources: the repository's ``kernels/``, or the installed copy."""
+    repo = Path(__file__).resolve().parents[2] / "kernels"
+    if (repo / "common.cuh").is_file():
+        return repo
+    from importlib import resources
+
+    return Path(str(resources.files("ds4lab.kernels")))
+
+
+def kernel_sources() -> dict[str, Path]:
+    """Map of kernel name → the ``.cu`` file that defines it. Raises on a name defined twice."""
+    out: dict[str, Path] = {}
+    for f in sorted(kernels_dir().glob("*.cu")):
+        for name in _KERNEL_RE.findall(f.read_text()):
+            if name in out:
+                raise RuntimeError(f"kernel {name!r} defined in both {out[name].name} and {f.name}")
+            out[name] = f
+    return out
+
+
+def gpu_usable() -> tuple[bool, str]:
+    """Whether CuPy imports and sees at least one CUDA device; the reason when not."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:  # ImportError, or a broken CUDA install raising at import
+        return False, f"CuPy is not importable ({type(e).__name__}: {e})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return False, f"no usable CUDA device ({type(e).__name__}: {e})"
+    return (n > 0, "ok" if n > 0 else "no CUDA device")
+
+
+class CupyBackend(Backend):
+    """Runs launches on the current CUDA device (see module docstring).
+
+    Raises:
+        BackendUnavailable: CuPy missing or no CUDA device.
+    """
+
+    name = "cupy"
+    is_gpu = True
+    measures_time = True
+
+    def __init__(self, seed: int = 1234) -> None:
+        ok, why = gpu_usable()
+        if not ok:
+            raise BackendUnavailable(f"backend 'cupy' unavailable: {why}")
+        import cupy
+
+        self.cp = cupy
+        self.xp = cupy
+        self.seed = seed
+        self._null = cupy.cuda.Stream.null
+        self._modules: dict[Path, Any] = {}
+        self._sources = kernel_sources()
+        self._fns: dict[str, Callable] = {}
+
+    # ------------------------------------------------------------------ kernels
+    def _module(self, path: Path):
+        m = self._modules.get(path)
+        if m is None:
+            m = self.cp.RawModule(code=path.read_text(), options=("-std=c++17", f"-I{path.parent}"),
+                                  name_expressions=None)
+            self._modules[path] = m
+        return m
+
+    def function(self, name: str) -> Callable:
+        """The launchable function for kernel ``name`` (compiled on first use).
+
+        Returns a callable ``f(grid, block, args, shared_mem, stream)``.
+        Raises KeyError naming the kernel when no ``.cu`` file defines it.
+        """
+        f = self._fns.get(name)
+        if f is None:
+            try:
+                path = self._sources[name]
+            except KeyError:
+                raise KeyError(f"no kernel named {name!r} in {kernels_dir()}") from None
+            raw = self._module(path).get_function(name)
+            f = _stream_launcher(raw)
+            self._fns[name] = f
+        return f
+
+    def compile_all(self) -> list[str]:
+        """Compile every kernel now (so no compile lands inside a timed region). Returns names."""
+        for name in self._sources:
+            self.function(name)
+        return sorted(self._sources)
+
+    # ------------------------------------------------------------------ memory
+    def empty(self, shape, dtype):
+        a = self.cp.empty(shape, dtype=dtype)
+        if a.dtype.kind == "f":
+            a.fill(np.nan)  # poison: an output a kernel fails to write reads as NaN
+        return a
+
+    def zeros(self, shape, dtype):
+        return self.cp.zeros(shape, dtype=dtype)
+
+    def from_host(self, a):
+        return self.cp.asarray(a)
+
+    def to_host(self, a):
+        return self.cp.asnumpy(a)
+
+    def make_weight(self, spec: W.WeightSpec):
+        cp = self.cp
+        key = np.uint32(W.tensor_key(self.seed, spec.name))
+        if spec.fmt == "f32":
+            out = cp.empty(spec.n_weights, dtype=np.float32)
+            self.fill_f32(out, spec.name, spec.scale, spec.offset, self.seed)
+            return out
+        lead = (spec.subs,) if spec.subs > 1 else ()
+        nb = spec.cols // 32
+        if spec.fmt == "q8_0":
+            qs = cp.empty(lead + (spec.rows, spec.cols), dtype=np.int8)
+            kern, base, nbytes = "init_q8_0", W.q8_base_scale(spec.cols), spec.rows * spec.cols
+        else:
+            qs = cp.empty(lead + (spec.rows, spec.cols // 2), dtype=np.uint8)
+            kern, base, nbytes = "init_q4", W.q4_base_scale(spec.cols), spec.rows * spec.cols // 2
+        d = cp.empty(lead + (spec.rows, nb), dtype=np.float16)
+        grid = (min(65535, -(-nbytes // 256)), spec.subs)
+        self.function(kern)(grid, (256,), (qs, d, np.int32(spec.rows), np.int32(spec.cols), key, base), 0, self._null)
+        return W.QTensor(spec.fmt, spec.rows, spec.cols, qs, d)
+
+    def fill_f32(self, out, name, scale, offset, seed):
+        key = np.uint32(W.tensor_key(seed, name))
+        n = out.size
+        self.function("init_f32")((min(65535, -(-n // 256)),), (256,),
+                                  (out, np.int64(n), key, np.float32(scale), np.float32(offset)), 0, self._null)
+
+    # ------------------------------------------------------------------ launches
+    def launch(self, stream, name, grid, block, args, shared, ref):
+        f = self._fns.get(name) or self.function(name)
+        f(grid, block, args, shared, self._null if stream is LEGACY_STREAM else stream)
+
+    def _ptr_stream(self, stream) -> int:
+        return 0 if stream is LEGACY_STREAM else stream.ptr
+
+    def memset_async(self, stream, buf, value):
+        self.cp.cuda.runtime.memsetAsync(buf.data.ptr, int(value), buf.nbytes, self._ptr_stream(stream))
+
+    def memset_sync(self, buf, value):
+        self.cp.cuda.runtime.memset(buf.data.ptr, int(value), buf.nbytes)
+
+    def copy_h2d(self, stream, dst, src):
+        # Pageable source: the runtime stages it before returning, so src may change afterwards
+        # (CUDA Runtime API, "API synchronization behavior", memcpy from pageable memory).
+        src = np.ascontiguousarray(src)
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"copy_h2d: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, self._ptr_stream(stream))
+
+    def event_record(self, stream, event):
+        event.record(self._null if stream is LEGACY_STREAM else stream)
+
+    # ------------------------------------------------------------------ streams, events, info
+    def new_stream(self, non_blocking: bool = True):
+        return self.cp.cuda.Stream(non_blocking=non_blocking)
+
+    def new_event(self):
+        return self.cp.cuda.Event()
+
+    def synchronize(self) -> None:
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def memory_used(self) -> int:
+        return int(self.cp.get_default_memory_pool().used_bytes())
+
+    def info(self) -> dict:
+        return device_info()
+
+
+def _stream_launcher(raw) -> Callable:
+    """A fast ``f(grid, block, args, shared_mem, stream)`` for a ``cupy.RawKernel``.
+
+    CuPy's ``RawKernel.__call__`` launches on CuPy's *current* stream; its underlying
+    ``cupy.cuda.Function`` takes the stream as an argument, which avoids a per-launch
+    ``with stream:`` (measured cost in NOTES.md).
+    """
+    fn = raw.kernel
+
+    def launch(grid, block, args, shared_mem, stream):
+        fn(grid, block, args, shared_mem, stream)
+
+    return fn if callable(fn) else launch
+
+
+@functools.lru_cache(maxsize=1)
+def device_info() -> dict:
+    """GPU name, driver, CUDA runtime and CuPy versions (for every measured number's provenance)."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    props = rt.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    driver = None
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception:
+        pass
+    return {
+        "backend": "cupy",
+        "device": name,
+        "compute_capability": f"{props['major']}.{props['minor']}",
+        "multiprocessors": int(props["multiProcessorCount"]),
+        "memory_total_bytes": int(props["totalGlobalMem"]),
+        "driver": driver or f"CUDA driver API {rt.driverGetVersion()}",
+        "cuda_driver_api": rt.driverGetVersion(),
+        "cuda_runtime": rt.runtimeGetVersion(),
+        "cupy": cupy.__version__,
+    }

@@ -1,0 +1,206 @@
+"""Model configurations: the DeepSeek V4 Flash dimensions ds4 fixes, and reduced presets.
+
+Every dimension that a kernel tiles by a block size is checked here, once, so a bad
+configuration fails before any memory is allocated, with the offending value named.
+Source of the ``ds4-flash`` numbers: ``shared/context/ds4-decode.md`` ("Model shape").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+#: Q8_0 block: 32 int8 values sharing one fp16 scale (attention and shared-expert weights).
+Q8_0_BLOCK = 32
+#: ds4lab's 4-bit block ("Q4_0"): 32 4-bit values in 16 bytes sharing one fp16 scale.
+Q4_BLOCK = 32
+#: Q8_K block: 256 int8 activation values sharing one fp32 scale (routed-MoE ``xq``/``midq``).
+Q8_K_BLOCK = 256
+#: Pairs of (token, expert) per expert tile in the sorted routed-MoE path.
+MOE_TILE = 8
+#: The router's top-k kernel runs one block of at most this many threads per token.
+MAX_EXPERTS = 1024
+
+BYTES_PER_WEIGHT = {
+    "q8_0": 1 + 2 / Q8_0_BLOCK,  # 1.0625: int8 + fp16 scale per 32
+    "q4": 0.5 + 2 / Q4_BLOCK,  # 0.5625: 4 bits + fp16 scale per 32
+    "f32": 4.0,
+}
+
+
+class ConfigError(ValueError):
+    """A model configuration that ds4lab cannot build; the message names the bad value."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Dimensions of one ds4-shaped decoder, plus the workbench's own choices.
+
+    All sizes are element counts. Weights: attention, hyper-connection output and shared
+    expert in Q8_0; routed experts in ds4lab's 4-bit block format (``Q4_BLOCK``); router,
+    norms and hyper-connection mixing in fp32. Activations are fp32.
+
+    Raises:
+        ConfigError: from :meth:`validate` (called on construction) for any dimension that
+            does not divide its block size, more experts used than exist, and the like.
+    """
+
+    name: str
+    n_layers: int
+    embed: int
+    n_heads: int
+    head_dim: int
+    rope_dims: int
+    q_lora: int
+    out_groups: int
+    out_lora: int
+    n_experts: int
+    n_used: int
+    expert_ffn: int
+    n_hash_layers: int
+    window: int
+    hc_streams: int
+    vocab: int
+    n_kv_heads: int = 1
+    value_dim: int | None = None
+    n_shared: int = 1
+    # Workbench choices (not part of the model's shape).
+    per_layer_experts: bool = False
+    max_tokens: int = 512
+    swiglu_limit: float = 10.0
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    seed: int = 1234
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.value_dim is None:
+            object.__setattr__(self, "value_dim", self.head_dim)
+        self.validate()
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def q_dim(self) -> int:
+        """Query width: heads × head dim (32768 for ds4-flash)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def group_in(self) -> int:
+        """Input width of one output group: (heads / groups) × head dim."""
+        return self.n_heads // self.out_groups * self.head_dim
+
+    @property
+    def n_routed_banks(self) -> int:
+        """How many routed-expert banks are allocated: 1 shared, or one per layer."""
+        return self.n_layers if self.per_layer_experts else 1
+
+    def is_hash_layer(self, layer: int) -> bool:
+        """True for the first ``n_hash_layers`` layers, whose experts come from the token id."""
+        return layer < self.n_hash_layers
+
+    def replace(self, **changes) -> "ModelConfig":
+        """A copy with ``changes`` applied and validated (raises :class:`ConfigError`)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown configuration field(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every constraint the kernels rely on. Raises :class:`ConfigError`."""
+        positive = [
+            "n_layers", "embed", "n_heads", "head_dim", "rope_dims", "q_lora", "out_groups",
+            "out_lora", "n_experts", "n_used", "expert_ffn", "window", "hc_streams", "vocab",
+            "max_tokens",
+        ]
+        for f in positive:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{self.name}: {f}={v!r} must be a positive integer")
+
+        def divides(what: str, value: int, block: int, why: str) -> None:
+            if value % block:
+                raise ConfigError(
+                    f"{self.name}: {what}={value} is not a multiple of {block} ({why})")
+
+        divides("embed", self.embed, Q8_K_BLOCK, "Q8_K activation blocks in the routed MoE")
+        divides("q_lora", self.q_lora, Q8_0_BLOCK, "Q8_0 blocks of the query up-projection")
+        divides("expert_ffn", self.expert_ffn, Q8_K_BLOCK, "Q8_K blocks of the MoE middle")
+        divides("heads*head_dim", self.q_dim, Q8_0_BLOCK, "Q8_0 rows")
+        divides("group input (heads/groups*head_dim)", self.group_in if self.n_heads % self.out_groups == 0 else 1,
+                Q8_0_BLOCK, "Q8_0 blocks of the grouped output projection")
+        divides("out_groups*out_lora", self.out_groups * self.out_lora, Q8_0_BLOCK,
+                "Q8_0 blocks of the output projection")
+        divides("head_dim", self.head_dim, Q8_0_BLOCK, "Q8_0 blocks of the KV projection")
+        if self.n_heads % self.out_groups:
+            raise ConfigError(
+                f"{self.name}: n_heads={self.n_heads} is not a multiple of out_groups={self.out_groups}")
+        if self.rope_dims % 2 or self.rope_dims > self.head_dim:
+            raise ConfigError(
+                f"{self.name}: rope_dims={self.rope_dims} must be even and at most head_dim={self.head_dim}")
+        if self.n_used > self.n_experts:
+            raise ConfigError(
+                f"{self.name}: n_used={self.n_used} experts per token, but only n_experts={self.n_experts} exist")
+        if self.n_used > 32:
+            raise ConfigError(f"{self.name}: n_used={self.n_used} exceeds 32 (router kernels keep the choice in registers)")
+        if self.hc_streams > 8:
+            raise ConfigError(f"{self.name}: hc_streams={self.hc_streams} exceeds 8 (pre-mix weights kept in registers)")
+        if self.n_experts > MAX_EXPERTS:
+            raise ConfigError(f"{self.name}: n_experts={self.n_experts} exceeds {MAX_EXPERTS} "
+                              "(one router block per token)")
+        if self.n_kv_heads != 1:
+            raise ConfigError(f"{self.name}: n_kv_heads={self.n_kv_heads}: ds4's attention has exactly 1 KV head")
+        if self.value_dim != self.head_dim:
+            raise ConfigError(f"{self.name}: value_dim={self.value_dim} must equal head_dim={self.head_dim} "
+                              "(keys and values share one cached row)")
+        if self.n_shared != 1:
+            raise ConfigError(f"{self.name}: n_shared={self.n_shared}: ds4 has exactly 1 shared expert")
+        if not 0 <= self.n_hash_layers <= self.n_layers:
+            raise ConfigError(
+                f"{self.name}: n_hash_layers={self.n_hash_layers} must be in 0..n_layers={self.n_layers}")
+        if self.window > 1024:
+            raise ConfigError(f"{self.name}: window={self.window} exceeds 1024 (scores kept in shared memory)")
+        if self.head_dim > 1024 or self.embed > 65536:
+            raise ConfigError(f"{self.name}: head_dim={self.head_dim} or embed={self.embed} too large for the kernels")
+        if not self.swiglu_limit > 0:
+            raise ConfigError(f"{self.name}: swiglu_limit={self.swiglu_limit} must be > 0")
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> dict:
+        """A flat dict of the configuration, for ``meta.json`` and tables."""
+        d = dataclasses.asdict(self)
+        d.pop("extra")
+        return d
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # DeepSeek V4 Flash as fixed in ds4 (context file, "Model shape").
+    "ds4-flash": ModelConfig(
+        name="ds4-flash", n_layers=43, embed=4096, n_heads=64, head_dim=512, rope_dims=64,
+        q_lora=1024, out_groups=8, out_lora=1024, n_experts=256, n_used=6, expert_ffn=2048,
+        n_hash_layers=3, window=128, hc_streams=4, vocab=129280),
+    # Same structure and launch sequence, reduced widths: seconds on a GPU.
+    "small": ModelConfig(
+        name="small", n_layers=8, embed=1024, n_heads=16, head_dim=128, rope_dims=32,
+        q_lora=256, out_groups=4, out_lora=256, n_experts=64, n_used=6, expert_ffn=512,
+        n_hash_layers=3, window=128, hc_streams=4, vocab=8192),
+    # For tests on the CPU: every path (hash and top-k layers, ring-buffer wrap) in milliseconds.
+    "tiny": ModelConfig(
+        name="tiny", n_layers=3, embed=256, n_heads=4, head_dim=64, rope_dims=16,
+        q_lora=64, out_groups=2, out_lora=64, n_experts=16, n_used=6, expert_ffn=256,
+        n_hash_layers=1, window=8, hc_streams=4, vocab=512, max_tokens=64),
+}
+
+
+def get_preset(name: str, **overrides) -> ModelConfig:
+    """The preset called ``name`` with optional field overrides.
+
+    Raises:
+        ConfigError: unknown preset (the message lists the known ones), unknown field, or an
+            override that breaks a constraint.
+    """
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+    return base.replace(**overrides) if overrides else base

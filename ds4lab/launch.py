@@ -1,0 +1,184 @@
+"""The launch layer: the one place where ds4lab issues device work.
+
+Every launch site of the decode token calls a :class:`Launcher` method: ``kernel``,
+``memset``, ``copy_h2d`` or ``event_record``. The launcher
+
+* asks :func:`ds4lab.stream.current_stream` for the stream (stage 0's accessor), except for
+  the two ds4-today paths that bypass it on purpose: the synchronous ``cudaMemset`` of the
+  routed-MoE counts and a kernel launched on the legacy stream (capture hazards);
+* counts the launch in the :class:`Census` (cluster, kind, site);
+* wraps it in an NVTX op range when annotation is on;
+* hands it to the backend, which runs it (``cupy``), computes it with the NumPy reference
+  (``numpy``), or, later, models it.
+
+So the op sequence (``ds4lab.token``), the backend and this layer stay separate, and the census
+is the same whichever backend runs the token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+from .annotate import make_annotator
+from .stream import LEGACY_STREAM, current_stream
+
+#: Launch-site kinds, as the seed counts them (kernels, memsets, cuBLAS GEMMs, event records),
+#: plus host-to-device copies of per-token scalars.
+KINDS = ("kernel", "memset", "gemm", "event", "memcpy")
+
+
+class Census:
+    """Counts of launches by (cluster, kind, site): what one token (or any span) issued.
+
+    ``site`` names the launch site in the op sequence (``"q_a"``, ``"moe.counts"``); ``kind`` is
+    one of :data:`KINDS`. Tokens are counted with :meth:`token_done` so per-token figures can
+    be derived.
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.tokens = 0
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.tokens = 0
+
+    def token_done(self) -> None:
+        self.tokens += 1
+
+    def total(self, kind: str | None = None) -> int:
+        """Launches counted so far (of one ``kind`` when given)."""
+        return sum(n for (c, k, s), n in self.counts.items() if kind is None or k == kind)
+
+    def frame(self, per_token: bool = True):
+        """A pandas DataFrame: one row per (cluster, kind, site) with ``launches`` and ``sites``.
+
+        ``per_token`` divides by the number of tokens counted (must be > 0).
+        """
+        import pandas as pd
+
+        rows = [{"cluster": c, "kind": k, "site": s, "launches": n} for (c, k, s), n in self.counts.items()]
+        df = pd.DataFrame(rows, columns=["cluster", "kind", "site", "launches"])
+        if per_token and self.tokens:
+            df["launches"] = df["launches"] / self.tokens
+        return df
+
+    def by_kind(self, per_token: bool = True):
+        """Launches and distinct launch sites per kind (the seed's 156 / 3 / 9 / 7 view)."""
+        import pandas as pd
+
+        df = self.frame(per_token)
+        g = df.groupby("kind").agg(launches=("launches", "sum"), sites=("site", "nunique"))
+        return g.reindex(list(KINDS), fill_value=0).reset_index()
+
+    def by_cluster(self, per_token: bool = True):
+        """Launches per cluster and kind (columns: kinds)."""
+        df = self.frame(per_token)
+        return df.pivot_table(index="cluster", columns="kind", values="launches",
+                              aggfunc="sum", fill_value=0)
+
+
+class Launcher:
+    """Routes every launch through the stream accessor, the census and NVTX, to a backend.
+
+    Args:
+        backend: a :class:`ds4lab.backends.base.Backend`.
+        nvtx: emit NVTX ranges (token, layer, cluster, op). Off: no NVTX call at all.
+        routed: ``False`` bypasses the accessor and launches everything on the legacy stream:
+            the "unrouted" path the stage-0 bit-identity test compares against.
+    """
+
+    def __init__(self, backend, *, nvtx: bool = False, routed: bool = True) -> None:
+        self.backend = backend
+        self.census = Census()
+        self.annotator = make_annotator(nvtx)
+        self._nvtx = bool(nvtx)
+        self.routed = routed
+        self.cluster_name = "token"
+        self.layer = -1
+
+    # ------------------------------------------------------------------ stream choice
+    def stream(self) -> Any:
+        """The stream the next routed launch goes to (the accessor's answer, or legacy when unrouted)."""
+        return current_stream() if self.routed else LEGACY_STREAM
+
+    # ------------------------------------------------------------------ scopes
+    @contextlib.contextmanager
+    def cluster(self, name: str, layer: int | None = None) -> Iterator[None]:
+        """Scope launches to cluster ``name`` (census key, NVTX category), payload = layer."""
+        prev = self.cluster_name
+        self.cluster_name = name
+        if self._nvtx:
+            self.annotator.push(name, name, self.layer if layer is None else layer)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self.annotator.pop()
+            self.cluster_name = prev
+
+    @contextlib.contextmanager
+    def range(self, message: str, category: str, payload: int | None = None) -> Iterator[None]:
+        """A plain NVTX range (token, layer) that is not a census cluster."""
+        if self._nvtx:
+            self.annotator.push(message, category, payload)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self.annotator.pop()
+
+    # ------------------------------------------------------------------ launch sites
+    def kernel(self, site: str, name: str, grid: tuple, block: tuple, args: tuple,
+               ref: Callable[[], None], *, shared: int = 0, legacy: bool = False) -> None:
+        """Launch kernel ``name`` from launch site ``site``.
+
+        ``args`` are backend arrays and numpy scalars in the kernel's parameter order; ``ref``
+        computes the same result with the NumPy reference into the same buffers (the ``numpy``
+        backend calls it; the ``cupy`` backend never does). ``legacy=True`` is the hazard path:
+        launch on the legacy stream, bypassing the accessor.
+        """
+        self.census.counts[(self.cluster_name, "kernel", site)] += 1
+        stream = LEGACY_STREAM if legacy else (current_stream() if self.routed else LEGACY_STREAM)
+        if self._nvtx:
+            self.annotator.push(site, self.cluster_name, self.layer)
+            self.backend.launch(stream, name, grid, block, args, shared, ref)
+            self.annotator.pop()
+        else:
+            self.backend.launch(stream, name, grid, block, args, shared, ref)
+
+    def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
+        """Fill ``buf`` with byte ``value``.
+
+        ``sync=False`` (the fix): ``cudaMemsetAsync`` on the accessor's stream. ``sync=True``
+        (ds4 today): synchronous ``cudaMemset`` on the legacy stream, which ignores the accessor.
+        """
+        self.census.counts[(self.cluster_name, "memset", site)] += 1
+        with self._op(site):
+            if sync:
+                self.backend.memset_sync(buf, value)
+            else:
+                self.backend.memset_async(self.stream(), buf, value)
+
+    def copy_h2d(self, site: str, dst: Any, src) -> None:
+        """Copy host array ``src`` into device buffer ``dst`` on the accessor's stream."""
+        self.census.counts[(self.cluster_name, "memcpy", site)] += 1
+        with self._op(site):
+            self.backend.copy_h2d(self.stream(), dst, src)
+
+    def event_record(self, site: str, event: Any) -> None:
+        """Record ``event`` on the accessor's stream (ds4's profiling ``cudaEventRecord``)."""
+        self.census.counts[(self.cluster_name, "event", site)] += 1
+        self.backend.event_record(self.stream(), event)
+
+    @contextlib.contextmanager
+    def _op(self, site: str) -> Iterator[None]:
+        if self._nvtx:
+            self.annotator.push(site, self.cluster_name, self.layer)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self.annotator.pop()

@@ -1,0 +1,339 @@
+"""The decode token: ds4's launch order for one token, on any backend.
+
+:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend,
+and issues a token's launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of
+one decode layer"), each cluster in its own census/NVTX scope:
+
+``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → ``attention`` → ``output`` →
+``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final`` (behind ``vocab=True``).
+
+The ds4-today code paths that become capture hazards are selectable in :class:`TokenOptions`.
+Simplifications against the real model are listed in ``docs/model.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from . import ops
+from . import weights as W
+from .config import MOE_TILE, ModelConfig
+from .launch import Launcher
+from .reference import max_tiles
+
+COUNTS_CLEAR = ("sync", "async")
+SCALARS = ("value", "device")
+SCRATCH = ("on-demand", "prealloc")
+#: ds4's MoE profile stages, between 7 events (context file, "The routed MoE kernel sequence").
+MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """Which code path each capture hazard takes (context file, "Capture hazards").
+
+    Attributes:
+        counts_clear: ``"sync"`` (ds4 today: ``cudaMemset`` on the legacy stream) or ``"async"``
+            (the fix: ``cudaMemsetAsync`` on the accessor's stream) for the routed-MoE counts.
+        scalars: ``"value"`` (ds4 today: position, KV row, window length, token id as kernel
+            arguments) or ``"device"`` (read from a device buffer written before each token).
+        scratch: ``"on-demand"`` (routed-MoE scratch allocated when a larger batch first needs
+            it) or ``"prealloc"`` (allocated for ``max_tokens`` up front).
+        vocab: run the final norm and the vocabulary projection.
+        moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
+    """
+
+    counts_clear: str = "sync"
+    scalars: str = "value"
+    scratch: str = "prealloc"
+    vocab: bool = False
+    moe_profile: bool = False
+
+    def __post_init__(self):
+        for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH)):
+            v = getattr(self, field)
+            if v not in allowed:
+                raise ValueError(f"TokenOptions.{field}={v!r}; choose one of: {', '.join(allowed)}")
+
+    def summary(self) -> dict:
+        return asdict(self)
+
+
+class MoeScratch:
+    """Routed-MoE buffers sized for ``capacity`` tokens; grows on demand unless preallocated."""
+
+    def __init__(self, model: "DecodeModel", capacity: int) -> None:
+        self.model = model
+        self.capacity = 0
+        self.allocations = 0
+        self._alloc(capacity)
+
+    def _alloc(self, T: int) -> None:
+        cfg, be = self.model.cfg, self.model.be
+        E, F, k, N = cfg.embed, cfg.expert_ffn, cfg.n_used, cfg.n_experts
+        P = T * k
+        mk = be.empty
+        self.logits = mk((T, N), np.float32)
+        self.ids = mk((T, k), np.int32)
+        self.wts = mk((T, k), np.float32)
+        self.xq = mk((T, E), np.int8)
+        self.xd = mk((T, E // 256), np.float32)
+        self.gate = mk((P, F), np.float32)
+        self.up = mk((P, F), np.float32)
+        self.mq = mk((P, F), np.int8)
+        self.md = mk((P, F // 256), np.float32)
+        self.out = mk((P, E), np.float32)
+        self.y = mk((T, E), np.float32)
+        self.counts = mk((N,), np.int32)
+        self.offsets = mk((N,), np.int32)
+        self.cursor = mk((N,), np.int32)
+        self.sorted = mk((P,), np.int32)
+        self.max_tiles = max_tiles(P, N, MOE_TILE)
+        self.tiles = mk((self.max_tiles, 3), np.int32)
+        self.n_tiles = mk((1,), np.int32)
+        self.capacity = T
+        self.allocations += 1
+
+    def ensure(self, T: int) -> None:
+        """Make room for ``T`` tokens: a no-op when preallocated large enough, else (re)allocate."""
+        if T > self.capacity:
+            if self.model.opts.scratch == "prealloc":
+                raise ValueError(f"T={T} tokens exceed the preallocated MoE scratch "
+                                 f"(max_tokens={self.capacity}); raise max_tokens")
+            self._alloc(T)
+
+
+class DecodeModel:
+    """Weights, buffers and the launch sequence of one decode token.
+
+    Args:
+        cfg: the model configuration.
+        backend: a backend (``ds4lab.backends.make_backend``).
+        opts: hazard paths and flags (:class:`TokenOptions`).
+        nvtx: NVTX ranges on launches.
+        routed: launch through the stream accessor (``False``: the unrouted reference path).
+        n_layers: run only the first ``n_layers`` layers (a partial model with the same weights,
+            used for reference checks where the full model is too slow on the CPU).
+
+    Raises:
+        MemoryError: when the weights do not fit the device (the message gives the bytes).
+    """
+
+    def __init__(self, cfg: ModelConfig, backend, opts: TokenOptions | None = None, *,
+                 nvtx: bool = False, routed: bool = True, n_layers: int | None = None) -> None:
+        self.cfg = cfg
+        self.be = backend
+        self.opts = opts or TokenOptions()
+        self.n_layers = cfg.n_layers if n_layers is None else n_layers
+        if not 1 <= self.n_layers <= cfg.n_layers:
+            raise ValueError(f"n_layers={n_layers} must be in 1..{cfg.n_layers}")
+        self.L = Launcher(backend, nvtx=nvtx, routed=routed)
+        self._check_memory()
+        self._alloc_weights()
+        self._alloc_buffers()
+
+    # ------------------------------------------------------------------ setup
+    def _check_memory(self) -> None:
+        if not self.be.is_gpu:
+            return
+        need = W.model_bytes(self.cfg.replace(n_layers=self.n_layers), self.opts.vocab)
+        free, total = self.be.cp.cuda.runtime.memGetInfo()
+        if need > free:
+            raise MemoryError(
+                f"{self.cfg.name}: weights need {need / 2**30:.1f} GiB but the GPU has {free / 2**30:.1f} GiB "
+                f"free of {total / 2**30:.1f} GiB" +
+                (" (per_layer_experts=True allocates one routed bank per layer; use the shared bank)"
+                 if self.cfg.per_layer_experts else ""))
+
+    def _alloc_weights(self) -> None:
+        cfg, be = self.cfg, self.be
+        self.layers = [{k: be.make_weight(s) for k, s in W.layer_specs(cfg, l).items()}
+                       for l in range(self.n_layers)]
+        banks = sorted({W.bank_of_layer(cfg, l) for l in range(self.n_layers)})
+        self.banks = {b: {k: be.make_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
+        g = W.global_specs(cfg)
+        self.out_norm = be.make_weight(g["out_norm"])
+        self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
+        self.embed_key = W.tensor_key(cfg.seed, "embed")
+        self.hash_keys = [W.tensor_key(cfg.seed, f"hash_route@{l}") for l in range(self.n_layers)]
+
+    def _alloc_buffers(self) -> None:
+        cfg, be = self.cfg, self.be
+        S, E, D, H = cfg.hc_streams, cfg.embed, cfg.head_dim, cfg.n_heads
+        f = np.float32
+        self.h = be.empty((S, E), f)
+        self.hn = be.empty((S, E), f)
+        self.mix_attn = be.empty((2 * S,), f)
+        self.mix_ffn = be.empty((2 * S,), f)
+        self.mix_final = be.zeros((2 * S,), f)  # zero logits: equal pre-mix weights
+        self.x = be.empty((E,), f)
+        self.qa = be.empty((cfg.q_lora,), f)
+        self.qan = be.empty((cfg.q_lora,), f)
+        self.q = be.empty((H, D), f)
+        self.kv = be.empty((D,), f)
+        self.kvn = be.empty((D,), f)
+        self.o = be.empty((H, D), f)
+        self.oa = be.empty((cfg.out_groups * cfg.out_lora,), f)
+        self.sh_mid = be.empty((cfg.expert_ffn,), f)
+        self.xf = be.empty((E,), f)
+        self.logits = be.empty((cfg.vocab,), f) if self.opts.vocab else None
+        self.scal = be.zeros((4,), np.int32) if self.opts.scalars == "device" else None
+        self.token_ids = be.zeros((cfg.max_tokens,), np.int32)
+        # KV caches prefilled with hashed rows, as if a prompt had been processed.
+        self.cache = []
+        for l in range(self.n_layers):
+            c = be.empty((cfg.window, D), f)
+            be.fill_f32(c, f"kv_prefill@{l}", 1.0, 0.0, cfg.seed)
+            self.cache.append(c)
+        self.moe_buf = MoeScratch(self, 1 if self.opts.scratch == "on-demand" else cfg.max_tokens)
+        self.profile_events = [be.new_event() for _ in range(7)] if self.opts.moe_profile else []
+
+    # ------------------------------------------------------------------ the token
+    def scalars(self, pos: int, token_id: int) -> ops.TokenScalars:
+        """Per-token scalars for ``(pos, token_id)``; in device mode, written to the device first."""
+        if pos < 0:
+            raise ValueError(f"position {pos} must be >= 0")
+        if not 0 <= token_id < self.cfg.vocab:
+            raise ValueError(f"token id {token_id} outside the vocabulary 0..{self.cfg.vocab - 1}")
+        v = ops.host_scalars(self.cfg, pos, token_id)
+        if self.scal is not None:
+            with self.L.cluster("embed"):
+                self.L.copy_h2d("scalars", self.scal, v)
+        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), self.scal)
+
+    def token(self, pos: int, token_id: int) -> None:
+        """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU)."""
+        L, cfg = self.L, self.cfg
+        with L.range("token", "token", pos):
+            L.layer = -1
+            ts = self.scalars(pos, token_id)
+            with L.cluster("embed"):
+                ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
+            for layer in range(self.n_layers):
+                L.layer = layer
+                with L.range("layer", "layer", layer):
+                    self._layer(layer, ts)
+            L.layer = -1
+            if self.opts.vocab:
+                with L.cluster("final"):
+                    ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, self.out_norm, self.xf,
+                                  cfg.hc_streams, cfg.embed, cfg.rms_eps)
+                    ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
+        L.census.token_done()
+
+    def _hc_pre(self, name: str, wmix, wnorm, mix) -> None:
+        cfg, L = self.cfg, self.L
+        S, E = cfg.hc_streams, cfg.embed
+        with L.cluster(name):
+            ops.rms_norm_rows(L, "stream_norm", self.h, None, self.hn, S, E, cfg.rms_eps)
+            ops.hc_mix(L, "mix", self.hn, wmix, mix, S, E)
+            ops.hc_premix(L, "premix_norm", self.h, mix, wnorm, self.x, S, E, cfg.rms_eps)
+
+    def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
+        cfg, L, w = self.cfg, self.L, self.layers[layer]
+        self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn)
+        with L.cluster("query"):
+            ops.q8_matvec(L, "q_a", w["q_a"], self.x, self.qa)
+            ops.rms_norm_rows(L, "q_a_norm", self.qa, w["q_a_norm"], self.qan, 1, cfg.q_lora, cfg.rms_eps)
+            ops.q8_matvec(L, "q_b", w["q_b"], self.qan, self.q)
+            ops.rms_norm_rows(L, "q_head_norm", self.q, w["q_head_norm"], self.q, cfg.n_heads, cfg.head_dim,
+                              cfg.rms_eps)
+            ops.rope_q(L, "q_rope", self.q, cfg, ts)
+        with L.cluster("kv"):
+            ops.q8_matvec(L, "kv", w["kv"], self.x, self.kv)
+            ops.rms_norm_rows(L, "kv_norm", self.kv, w["kv_norm"], self.kvn, 1, cfg.head_dim, cfg.rms_eps)
+            ops.rope_store_kv(L, "kv_rope_store", self.kvn, self.cache[layer], cfg, ts)
+        with L.cluster("attention"):
+            ops.attention_decode(L, "attention", self.q, self.cache[layer], self.o, cfg, ts)
+        with L.cluster("output"):
+            ops.q8_matvec(L, "o_a", w["o_a"], self.o, self.oa, rows_per_group=cfg.out_lora,
+                          group_stride=cfg.group_in)
+            ops.q8_matvec_expand(L, "o_b_expand", w["o_b"], self.oa, self.h, self.mix_attn, None, cfg.hc_streams)
+        self._hc_pre("hc_ffn", w["hc_ffn_mix"], w["hc_ffn_norm"], self.mix_ffn)
+        self.router(layer, self.x, 1, ts=ts)
+        y = self.routed_moe(layer, self.x, 1)
+        with L.cluster("shared"):
+            ops.q8_matvec_swiglu(L, "sh_gateup_swiglu", w["sh_gateup"], self.x, self.sh_mid, cfg.swiglu_limit)
+            ops.q8_matvec_expand(L, "sh_down_expand", w["sh_down"], self.sh_mid, self.h, self.mix_ffn, y,
+                                 cfg.hc_streams)
+
+    # ------------------------------------------------------------------ router and routed MoE
+    def router(self, layer: int, x, T: int, ts: ops.TokenScalars | None = None, token_ids=None) -> None:
+        """Router for ``T`` tokens ``x [T, E]``: logits, then top-k (or hash routing in the first layers).
+
+        Hash layers take token ids from ``token_ids`` (device ``[T]``) or, for one token, ``ts``.
+        """
+        cfg, L = self.cfg, self.L
+        self.moe_buf.ensure(T)
+        b = self.moe_buf
+        with L.cluster("router"):
+            ops.router_logits(L, "router_logits", self.layers[layer]["router"], x, b.logits, T, cfg)
+            if cfg.is_hash_layer(layer):
+                ops.router_hash(L, "router_hash", b.logits, b.ids, b.wts, T, cfg, layer, self.hash_keys[layer],
+                                token_ids=token_ids, ts=ts)
+            else:
+                ops.router_topk(L, "router_topk", b.logits, b.ids, b.wts, T, cfg)
+
+    def routed_moe(self, layer: int, x, T: int):
+        """The routed MoE for ``T`` tokens after :meth:`router`; returns the output buffer ``[T, E]``.
+
+        Stages as in ds4 (``xq``, ``sort`` only when T > 1, ``gateup``, ``midq``, ``down``, ``sum``),
+        with ds4's 7 profiling events between them when ``moe_profile`` is on.
+        """
+        cfg, L = self.cfg, self.L
+        self.moe_buf.ensure(T)
+        b = self.moe_buf
+        bank = self.banks[W.bank_of_layer(cfg, layer)]
+        P, N = T * cfg.n_used, cfg.n_experts
+        ev = self.profile_events
+        with L.cluster("moe"):
+            if ev:
+                L.event_record("profile.xq", ev[0])
+            ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, cfg.embed)
+            if ev:
+                L.event_record("profile.sort", ev[1])
+            if T > 1:
+                L.memset("sort.counts_clear", b.counts, 0, sync=self.opts.counts_clear == "sync")
+                ops.moe_count(L, "sort.count", b.ids, b.counts, P)
+                ops.moe_prefix(L, "sort.prefix", b.counts, b.offsets, b.cursor, N)
+                ops.moe_scatter(L, "sort.scatter", b.ids, b.cursor, b.sorted, P)
+                ops.moe_tiles(L, "sort.tiles", b.counts, b.offsets, b.tiles, b.n_tiles, N)
+            if ev:
+                L.event_record("profile.gateup", ev[2])
+            if T > 1:
+                ops.moe_gateup_tiled(L, "gateup", bank["gate_up"], b.xq, b.xd, b.sorted, b.tiles, b.n_tiles,
+                                     b.gate, b.up, b.max_tiles, cfg)
+            else:
+                ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg)
+            if ev:
+                L.event_record("profile.midq", ev[3])
+            ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg)
+            if ev:
+                L.event_record("profile.down", ev[4])
+            if T > 1:
+                ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
+                                   b.max_tiles, cfg)
+            else:
+                ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg)
+            if ev:
+                L.event_record("profile.sum", ev[5])
+            ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg)
+            if ev:
+                L.event_record("profile.end", ev[6])
+        return b.y
+
+    # ------------------------------------------------------------------ results
+    def hidden(self) -> np.ndarray:
+        """Host copy of the hyper-connection streams ``[S, E]`` (the final hidden state). Synchronizes."""
+        return self.be.to_host(self.h)
+
+    def output_logits(self) -> np.ndarray | None:
+        """Host copy of the vocabulary logits ``[vocab]``, or None when ``vocab`` is off."""
+        return None if self.logits is None else self.be.to_host(self.logits)
+
+    def selected_experts(self) -> np.ndarray:
+        """Host copy of the last router call's expert ids ``[T, k]`` (valid rows: the last T)."""
+        return self.be.to_host(self.moe_buf.ids)

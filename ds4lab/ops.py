@@ -1,0 +1,345 @@
+"""Launch sites: one function per op of the decode token.
+
+Each function launches one kernel of ``kernels/`` through the :class:`~ds4lab.launch.Launcher`
+with its grid, block and arguments, and gives the launcher the NumPy-reference computation of
+the same op into the same buffers (run by the ``numpy`` backend). Buffers are backend arrays;
+per-token scalars come as a :class:`TokenScalars`, which passes them by value (ds4 today) or
+as a device buffer (the capture-safe fix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import reference as R
+from .config import MOE_TILE, ModelConfig
+
+i32, u32, f32 = np.int32, np.uint32, np.float32
+#: A null device pointer as a kernel argument (8-byte zero).
+NULL = np.uint64(0)
+WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class TokenScalars:
+    """Per-token scalars: position, KV ring-buffer row, window length, token id.
+
+    ``buf`` is None when they go to kernels by value (ds4 today; baked into a captured graph),
+    or an int32 ``[4]`` device buffer the kernels read (written before each token).
+    """
+
+    pos: int
+    kv_row: int
+    n_valid: int
+    token_id: int
+    buf: Any = None
+
+    def args(self) -> tuple:
+        """Kernel arguments ``(const int* scal, pos, kv_row, n_valid, token_id)``."""
+        return (NULL if self.buf is None else self.buf, i32(self.pos), i32(self.kv_row),
+                i32(self.n_valid), i32(self.token_id))
+
+    def resolve(self) -> tuple[int, int, int, int]:
+        """The values a kernel would see (read from ``buf`` when there is one; NumPy only)."""
+        if self.buf is None:
+            return self.pos, self.kv_row, self.n_valid, self.token_id
+        b = np.asarray(self.buf)
+        return int(b[0]), int(b[1]), int(b[2]), int(b[3])
+
+
+def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
+    """int32 ``[pos, kv_row, n_valid, token_id]`` for decoding ``token_id`` at ``pos``."""
+    return np.array([pos, pos % cfg.window, min(pos + 1, cfg.window), token_id], dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------- dense
+def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
+    """``y [rows] = W x`` (grouped input when ``rows_per_group``): ``kernels/dense.cu:q8_matvec``."""
+    rpg = w.rows if rows_per_group is None else rows_per_group
+
+    def ref():
+        y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
+
+    L.kernel(site, "q8_matvec", (cdiv(w.rows, WARPS),), (256,),
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref)
+
+
+def q8_matvec_swiglu(L, site, w, x, mid, limit):
+    """Shared-expert gate/up + clamped SwiGLU: ``mid [F]`` from ``W [2F, E]``."""
+    F = w.rows // 2
+
+    def ref():
+        mid[:F] = R.q8_matvec_swiglu(w, x, limit)
+
+    L.kernel(site, "q8_matvec_swiglu", (cdiv(F, WARPS),), (256,),
+             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref)
+
+
+def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
+    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add."""
+
+    def ref():
+        h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
+
+    L.kernel(site, "q8_matvec_expand", (cdiv(w.rows, WARPS),), (256,),
+             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref)
+
+
+def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
+    """RMS norm of each of ``rows`` rows of width ``dim`` (times ``w`` when not None)."""
+
+    def ref():
+        xs = np.asarray(x).reshape(-1)[: rows * dim].reshape(rows, dim)
+        y.reshape(-1)[: rows * dim] = R.rms_norm(xs, w, eps).reshape(-1)
+
+    L.kernel(site, "rms_norm_rows", (rows,), (256,),
+             (x, NULL if w is None else w, y, i32(dim), f32(eps)), ref)
+
+
+def hc_mix(L, site, hn, wmix, logits, S, E):
+    """Mixing logits ``[2S]`` of a hyper-connection from the normed streams."""
+
+    def ref():
+        logits[:] = R.hc_mix_logits(np.asarray(hn).reshape(S, E), wmix)
+
+    L.kernel(site, "hc_mix", (2 * S,), (256,), (hn, wmix, logits, i32(S * E)), ref)
+
+
+def hc_premix(L, site, h, logits, w, x, S, E, eps):
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``."""
+
+    def ref():
+        x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), logits, w, eps)
+
+    L.kernel(site, "hc_premix", (1,), (1024,), (h, logits, w, x, i32(S), i32(E), f32(eps)), ref)
+
+
+def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars):
+    """RoPE at the token's position on the last ``rope_dims`` of every query head, in place."""
+
+    def ref():
+        pos = ts.resolve()[0]
+        q[...] = R.rope(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), pos, cfg.rope_dims,
+                        cfg.rope_theta).reshape(q.shape)
+
+    L.kernel(site, "rope_q", (cfg.n_heads,), (max(32, cdiv(cfg.rope_dims // 2, 32) * 32),),
+             (q, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(cfg.rope_theta)) + ts.args(), ref)
+
+
+def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars):
+    """RoPE on the KV row, stored at the position's row of the ring-buffer cache ``[W, D]``."""
+
+    def ref():
+        pos, kv_row, _, _ = ts.resolve()
+        cache[kv_row] = R.rope(np.asarray(kv)[None, : cfg.head_dim], pos, cfg.rope_dims, cfg.rope_theta)[0]
+
+    L.kernel(site, "rope_store_kv", (1,), (256,),
+             (kv, cache, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(cfg.rope_theta)) + ts.args(), ref)
+
+
+def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
+    """Sliding-window attention of all heads over the cached window."""
+
+    def ref():
+        pos, kv_row, n_valid, _ = ts.resolve()
+        # The cache row of position p is p % W; kernel and reference agree when kv_row == pos % W.
+        o[...] = R.attention_decode(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), cache,
+                                    pos, cfg.window).reshape(o.shape)
+
+    L.kernel(site, "attention_decode", (cfg.n_heads,), (256,),
+             (q, cache, o, i32(cfg.head_dim), i32(cfg.window)) + ts.args(), ref)
+
+
+def embed_token(L, site, h, cfg: ModelConfig, key: int, ts: TokenScalars):
+    """The token's input embedding copied into all hyper-connection streams ``h [S, E]``."""
+    from .weights import embed_row
+
+    def ref():
+        tok = ts.resolve()[3]
+        h[...] = np.broadcast_to(embed_row(cfg.seed, tok, cfg.embed), h.shape)
+
+    L.kernel(site, "embed_token", (cdiv(cfg.embed, 256),), (256,),
+             (h, i32(cfg.hc_streams), i32(cfg.embed), u32(key)) + ts.args(), ref)
+
+
+# ----------------------------------------------------------------------------- router
+def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
+    """Router logits ``[T, N]`` for ``T`` tokens ``x [T, E]``."""
+    N, E = cfg.n_experts, cfg.embed
+
+    def ref():
+        logits.reshape(-1)[: T * N] = R.router_logits(w, np.asarray(x).reshape(-1)[: T * E].reshape(T, E)).reshape(-1)
+
+    L.kernel(site, "router_logits", (cdiv(N, WARPS), T), (256,), (w, x, logits, i32(N), i32(E)), ref)
+
+
+def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
+    """Top-``n_used`` experts and their normalized sigmoid weights per token."""
+    N, k = cfg.n_experts, cfg.n_used
+
+    def ref():
+        i, w = R.router_topk(np.asarray(logits).reshape(-1)[: T * N].reshape(T, N), k)
+        ids.reshape(-1)[: T * k] = i.reshape(-1)
+        wts.reshape(-1)[: T * k] = w.reshape(-1)
+
+    L.kernel(site, "router_topk", (T,), (cdiv(N, 32) * 32,), (logits, ids, wts, i32(N), i32(k)), ref)
+
+
+def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key: int,
+                token_ids=None, ts: TokenScalars | None = None):
+    """Hash routing (first ``n_hash_layers`` layers): experts from the token id.
+
+    Token ids come from ``token_ids [T]`` (a device buffer) or, for one decode token, from ``ts``.
+    """
+    from .weights import hash_experts
+
+    N, k = cfg.n_experts, cfg.n_used
+    if token_ids is None and (ts is None or T != 1):
+        raise ValueError(f"router_hash: T={T} tokens need a token_ids buffer")
+
+    def ref():
+        toks = np.asarray(token_ids)[:T] if token_ids is not None else [ts.resolve()[3]]
+        sel = np.stack([hash_experts(cfg.seed, int(t), layer, k, N) for t in toks])
+        lg = np.asarray(logits).reshape(-1)[: T * N].reshape(T, N)
+        ids.reshape(-1)[: T * k] = sel.reshape(-1)
+        wts.reshape(-1)[: T * k] = R.router_weights(lg, sel).reshape(-1)
+
+    scal = ts.args() if ts is not None else (NULL, i32(0), i32(0), i32(0), i32(0))
+    L.kernel(site, "router_hash", (T,), (32,),
+             (logits, ids, wts, i32(N), i32(k), u32(key), NULL if token_ids is None else token_ids) + scal, ref)
+
+
+# ----------------------------------------------------------------------------- routed MoE
+def xq_quantize(L, site, x, q, d, T, n):
+    """``xq``: fp32 ``x [T, n]`` to Q8_K ``(q [T, n], d [T, n/256])``."""
+
+    def ref():
+        qq, dd = R.quantize_q8k(np.asarray(x).reshape(-1)[: T * n].reshape(T, n))
+        q.reshape(-1)[: T * n] = qq.reshape(-1)
+        d.reshape(-1)[: T * n // 256] = dd.reshape(-1)
+
+    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)), ref)
+
+
+def moe_count(L, site, ids, counts, P):
+    def ref():
+        np.add.at(counts, np.asarray(ids).reshape(-1)[:P], 1)
+
+    L.kernel(site, "moe_count", (cdiv(P, 256),), (256,), (ids, counts, i32(P)), ref)
+
+
+def moe_prefix(L, site, counts, offsets, cursor, N):
+    def ref():
+        c = np.asarray(counts)[:N]
+        offsets[:N] = np.concatenate([[0], np.cumsum(c)[:-1]])
+        cursor[:N] = offsets[:N]
+
+    L.kernel(site, "moe_prefix", (1,), (cdiv(N, 32) * 32,), (counts, offsets, cursor, i32(N)), ref)
+
+
+def moe_scatter(L, site, ids, cursor, sorted_pairs, P):
+    def ref():
+        for p, e in enumerate(np.asarray(ids).reshape(-1)[:P]):
+            sorted_pairs[cursor[e]] = p
+            cursor[e] += 1
+
+    L.kernel(site, "moe_scatter", (cdiv(P, 256),), (256,), (ids, cursor, sorted_pairs, i32(P)), ref)
+
+
+def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
+    def ref():
+        t = [(e, offsets[e] + s, min(MOE_TILE, counts[e] - s))
+             for e in range(N) for s in range(0, int(counts[e]), MOE_TILE)]
+        if t:
+            tiles.reshape(-1, 3)[: len(t)] = np.array(t, dtype=np.int32)
+        n_tiles[0] = len(t)
+
+    L.kernel(site, "moe_tiles", (1,), (cdiv(N, 32) * 32,), (counts, offsets, tiles, n_tiles, i32(N)), ref)
+
+
+def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig):
+    """``gateup`` without sort: one (token, expert) pair per grid row."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+
+    def ref():
+        flat = np.asarray(ids).reshape(-1)
+        for p in range(P):
+            t = p // k
+            y = R.expert_matvec(bank_gu[int(flat[p])], xq[t], xd[t])
+            gate[p], up[p] = y[:F], y[F:]
+
+    L.kernel(site, "moe_gateup_decode", (cdiv(2 * F, WARPS), P), (256,),
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E)), ref)
+
+
+def _for_tiles(sorted_pairs, tiles, n_tiles):
+    """Reference walk of the tile list: (expert, pair) in the order the tiled kernels see them."""
+    for e, start, cnt in np.asarray(tiles).reshape(-1, 3)[: int(np.asarray(n_tiles)[0])]:
+        for p in np.asarray(sorted_pairs)[start:start + cnt]:
+            yield int(e), int(p)
+
+
+def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, cfg: ModelConfig):
+    """``gateup`` on expert tiles (tokens > 1): each weight row is read once per tile."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+
+    def ref():
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles):
+            y = R.expert_matvec(bank_gu[e], xq[p // k], xd[p // k])
+            gate[p], up[p] = y[:F], y[F:]
+
+    L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
+             (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E)), ref)
+
+
+def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
+    """``midq``: clamped SwiGLU of gate/up ``[P, F]`` quantized to Q8_K."""
+    F = cfg.expert_ffn
+
+    def ref():
+        q, d = R.moe_midq(gate[:P], up[:P], cfg.swiglu_limit)
+        mq[:P], md[:P] = q, d
+
+    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)), ref)
+
+
+def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
+    """``down`` without sort: expert down projection per pair into ``out [P, E]``."""
+    F, E = cfg.expert_ffn, cfg.embed
+
+    def ref():
+        flat = np.asarray(ids).reshape(-1)
+        for p in range(P):
+            out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
+
+    L.kernel(site, "moe_down_decode", (cdiv(E, WARPS), P), (256,),
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E)), ref)
+
+
+def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, cfg: ModelConfig):
+    """``down`` on expert tiles (tokens > 1)."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+
+    def ref():
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles):
+            out[p] = R.expert_matvec(bank_dn[e], mq[p], md[p])
+
+    L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
+             (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E)), ref)
+
+
+def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):
+    """``sum``: weighted sum of each token's expert outputs into ``y [T, E]``."""
+    E, k = cfg.embed, cfg.n_used
+
+    def ref():
+        y[:T] = R.moe_sum(out[: T * k], np.asarray(wts).reshape(-1)[: T * k].reshape(T, k))
+
+    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)), ref)

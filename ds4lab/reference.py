@@ -1,0 +1,266 @@
+"""NumPy reference for every op of the decode token.
+
+Each function is pure (inputs in, new arrays out) and mirrors one kernel in ``kernels/``.
+Arithmetic is float64 except where the kernel's own float32 rounding is the point
+(activation quantization: the scale and the rounding are done in float32 exactly as the
+kernel does them, so the same float32 input quantizes to the same integers). Outputs are
+float32, the dtype of the device buffers. Used by the tests (GPU kernels against these) and by
+the ``numpy`` backend, which runs the token's op sequence through them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import MOE_TILE, Q8_0_BLOCK, Q8_K_BLOCK
+from .weights import QTensor
+
+f32, f64 = np.float32, np.float64
+
+
+# ----------------------------------------------------------------------------- quant formats
+def dequant(w: QTensor) -> np.ndarray:
+    """Dequantize a Q8_0 or 4-bit matrix to float64 ``[..., rows, cols]``."""
+    d = w.d.astype(f64)
+    if w.fmt == "q8_0":
+        q = w.qs.astype(f64)
+    elif w.fmt == "q4":
+        lead = w.qs.shape[:-1]
+        b = w.qs.reshape(*lead, w.cols // Q8_0_BLOCK, 16)
+        lo = (b & 0x0F).astype(f64) - 8
+        hi = (b >> 4).astype(f64) - 8
+        q = np.concatenate([lo, hi], axis=-1).reshape(*lead, w.cols)
+    else:
+        raise ValueError(f"unknown quant format {w.fmt!r}")
+    return q * np.repeat(d, Q8_0_BLOCK, axis=-1)
+
+
+def quantize_q8k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize float32 ``x [T, n]`` to Q8_K: int8 ``[T, n]`` and float32 scales ``[T, n/256]``.
+
+    Per block of 256: ``d = amax / 127`` and ``q = rint(x / d)`` in float32 (round half to even),
+    as ``xq_quantize``/``moe_midq`` do; an all-zero block gets ``d = 0`` and zeros.
+    """
+    x = np.asarray(x, dtype=f32)
+    T, n = x.shape
+    blk = x.reshape(T, n // Q8_K_BLOCK, Q8_K_BLOCK)
+    amax = np.abs(blk).max(axis=-1)
+    d = (amax / f32(127.0)).astype(f32)
+    safe = np.where(d == 0, f32(1.0), d)
+    q = np.where(d[..., None] == 0, f32(0.0), np.rint(blk / safe[..., None]))
+    return q.clip(-127, 127).astype(np.int8).reshape(T, n), d
+
+
+def dequant_q8k(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """float64 values of a Q8_K activation ``(q [T, n], d [T, n/256])``."""
+    return q.astype(f64) * np.repeat(d.astype(f64), Q8_K_BLOCK, axis=-1)
+
+
+# ----------------------------------------------------------------------------- dense ops
+def q8_matvec(w: QTensor, x: np.ndarray, rows_per_group: int | None = None, group_stride: int = 0) -> np.ndarray:
+    """``y[r] = W[r] · x[g*stride : g*stride + cols]`` with ``g = r // rows_per_group``.
+
+    Plain matvec when ``rows_per_group`` is None. ``w`` Q8_0 ``[rows, cols]``, ``x`` float32.
+    Returns float32 ``[rows]``. (ds4 stages: query, KV, grouped output projection, vocabulary.)
+    """
+    W = dequant(w)
+    x = np.asarray(x, dtype=f64)
+    if rows_per_group is None:
+        return (W @ x[: w.cols]).astype(f32)
+    groups = w.rows // rows_per_group
+    out = np.empty(w.rows, dtype=f64)
+    for g in range(groups):
+        r = slice(g * rows_per_group, (g + 1) * rows_per_group)
+        out[r] = W[r] @ x[g * group_stride: g * group_stride + w.cols]
+    return out.astype(f32)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """RMS norm of each row of ``x [rows, dim]`` (times ``w [dim]`` when given). float32 out."""
+    x = np.asarray(x, dtype=f64)
+    y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * np.asarray(w, dtype=f64)
+    return y.astype(f32)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=f64)))
+
+
+def hc_mix_logits(hn: np.ndarray, wmix: np.ndarray) -> np.ndarray:
+    """Hyper-connection mixing logits ``Wmix [2S, S*E] @ flat(hn)`` from normed streams ``hn [S, E]``.
+
+    float32 ``[2S]``: the first S feed the pre-mix softmax, the last S the expand weights.
+    """
+    S = hn.shape[0]
+    W = np.asarray(wmix, dtype=f64).reshape(2 * S, -1)
+    return (W @ np.asarray(hn, dtype=f64).reshape(-1)).astype(f32)
+
+
+def mix_weights(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(pre, post)`` from mixing logits ``[2S]``: softmax of the first S, ``2*sigmoid`` of the rest."""
+    lg = np.asarray(logits, dtype=f64)
+    S = lg.size // 2
+    pre = np.exp(lg[:S] - lg[:S].max())
+    return pre / pre.sum(), 2.0 * sigmoid(lg[S:])
+
+
+def hc_premix(h: np.ndarray, logits: np.ndarray, w_norm: np.ndarray, eps: float) -> np.ndarray:
+    """``rms_norm(sum_s pre[s] * h[s]) * w_norm``: the sublayer input from streams ``h [S, E]``."""
+    pre, _ = mix_weights(logits)
+    x = (pre[:, None] * np.asarray(h, dtype=f64)).sum(axis=0)
+    return rms_norm(x[None], w_norm, eps)[0]
+
+
+def rope(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
+    """Rotate the last ``rope_dims`` of each row of ``x [rows, D]`` by position ``pos``.
+
+    Interleaved pairs ``(2i, 2i+1)`` of the rotated part, frequency ``theta^(-2i/rope_dims)``;
+    the angle is formed in float64 on the device too, so large positions stay exact.
+    """
+    x = np.asarray(x, dtype=f64).copy()
+    D = x.shape[-1]
+    i = np.arange(rope_dims // 2, dtype=f64)
+    ang = pos * theta ** (-2.0 * i / rope_dims)
+    c, s = np.cos(ang), np.sin(ang)
+    a = x[..., D - rope_dims::2].copy()
+    b = x[..., D - rope_dims + 1::2].copy()
+    x[..., D - rope_dims::2] = a * c - b * s
+    x[..., D - rope_dims + 1::2] = a * s + b * c
+    return x.astype(f32)
+
+
+def attention_decode(q: np.ndarray, cache: np.ndarray, pos: int, window: int) -> np.ndarray:
+    """Sliding-window decode attention, 1 KV head shared by all query heads.
+
+    ``q [H, D]``; ``cache [W, D]`` is a ring buffer whose row ``p % W`` holds position ``p``;
+    keys and values are the same cached row. Attends to the ``min(pos+1, W)`` latest positions.
+    Returns float32 ``[H, D]``.
+    """
+    n = min(pos + 1, window)
+    rows = [(p % window) for p in range(pos - n + 1, pos + 1)]
+    kv = np.asarray(cache, dtype=f64)[rows]
+    s = np.asarray(q, dtype=f64) @ kv.T / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ kv).astype(f32)
+
+
+def expand(h: np.ndarray, logits: np.ndarray, y: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    """Hyper-connection expand and residual add: ``h[s] + post[s] * (y + extra)``. float32.
+
+    ``post`` comes from the mixing ``logits`` of the sublayer (see :func:`mix_weights`).
+    """
+    _, post = mix_weights(logits)
+    v = np.asarray(y, dtype=f64) + (0.0 if extra is None else np.asarray(extra, dtype=f64))
+    return (np.asarray(h, dtype=f64) + post[:, None] * v[None]).astype(f32)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
+    """Clamped SwiGLU: ``silu(min(gate, limit)) * clip(up, -limit, limit)``. float32 out."""
+    g = np.minimum(np.asarray(gate, dtype=f64), limit)
+    u = np.clip(np.asarray(up, dtype=f64), -limit, limit)
+    return (g * sigmoid(g) * u).astype(f32)
+
+
+def q8_matvec_swiglu(w: QTensor, x: np.ndarray, limit: float) -> np.ndarray:
+    """Shared-expert gate/up: ``swiglu(W[:F] x, W[F:] x)`` with ``w`` Q8_0 ``[2F, E]``."""
+    y = dequant(w) @ np.asarray(x, dtype=f64)
+    F = w.rows // 2
+    return swiglu(y[:F], y[F:], limit)
+
+
+# ----------------------------------------------------------------------------- router
+def router_logits(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Router logits ``[T, N]`` from fp32 weights ``w [N*E]`` (row-major ``[N, E]``) and ``x [T, E]``."""
+    x = np.asarray(x, dtype=f64)
+    W = np.asarray(w, dtype=f64).reshape(-1, x.shape[-1])
+    return (x @ W.T).astype(f32)
+
+
+def router_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` experts per token and their weights.
+
+    Highest logits first, ties to the lower index; weights are the selected sigmoid scores
+    normalized to sum 1. Returns int32 ``[T, k]`` and float32 ``[T, k]``.
+    """
+    logits = np.asarray(logits, dtype=f32)
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :k].astype(np.int32)
+    return order, router_weights(logits, order)
+
+
+def router_weights(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Normalized sigmoid scores of the chosen experts ``ids [T, k]``. float32 ``[T, k]``."""
+    s = sigmoid(np.take_along_axis(np.asarray(logits, dtype=f64), ids.astype(np.int64), axis=-1))
+    return (s / s.sum(axis=-1, keepdims=True)).astype(f32)
+
+
+# ----------------------------------------------------------------------------- routed MoE
+def moe_sort(ids: np.ndarray, n_experts: int, tile: int = MOE_TILE) -> dict[str, np.ndarray]:
+    """The ``sort`` stage: counts per expert, exclusive offsets, pairs in expert order, tiles.
+
+    ``ids [T, k]`` int32. Pair ``p = t*k + j``. Within one expert the kernel's order is whatever
+    its atomics give; this reference keeps pair order (compare per-expert sets, not order).
+    Tiles: ``(expert, start, count)`` with ``count <= tile``, in expert order.
+    """
+    flat = ids.reshape(-1).astype(np.int64)
+    counts = np.bincount(flat, minlength=n_experts).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    sorted_pairs = np.argsort(flat, kind="stable").astype(np.int32)
+    tiles = [(e, offsets[e] + s, min(tile, counts[e] - s))
+             for e in range(n_experts) for s in range(0, counts[e], tile)]
+    t = np.array(tiles, dtype=np.int32).reshape(-1, 3)
+    return {"counts": counts, "offsets": offsets, "sorted": sorted_pairs, "tiles": t,
+            "n_tiles": np.array([len(tiles)], dtype=np.int32)}
+
+
+def max_tiles(n_pairs: int, n_experts: int, tile: int = MOE_TILE) -> int:
+    """Upper bound on the tile count for ``n_pairs`` pairs (sizes the tile buffers and grid)."""
+    return -(-n_pairs // tile) + min(n_pairs, n_experts)
+
+
+def expert_matvec(w: QTensor, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    """One expert's 4-bit matrix ``[rows, cols]`` times one Q8_K activation row. float32 ``[rows]``."""
+    return (dequant(w) @ dequant_q8k(xq[None], xd[None])[0]).astype(f32)
+
+
+def moe_gateup(bank_expert, ids: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``gateup`` stage. ``bank_expert(e)`` gives expert ``e``'s ``(gate_up, down)`` QTensors.
+
+    ``ids [T, k]``; ``xq, xd``: Q8_K of the input ``[T, E]``. Returns gate, up float32 ``[T*k, F]``.
+    """
+    T, k = ids.shape
+    out = []
+    for p in range(T * k):
+        gu = bank_expert(int(ids.reshape(-1)[p]))[0]
+        out.append(expert_matvec(gu, xq[p // k], xd[p // k]))
+    y = np.stack(out)
+    F = y.shape[1] // 2
+    return y[:, :F], y[:, F:]
+
+
+def moe_midq(gate: np.ndarray, up: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
+    """``midq`` stage: clamped SwiGLU then Q8_K quantization. Returns (int8 ``[P, F]``, f32 scales)."""
+    return quantize_q8k(swiglu(gate, up, limit))
+
+
+def moe_down(bank_expert, ids: np.ndarray, mq: np.ndarray, md: np.ndarray) -> np.ndarray:
+    """``down`` stage: each pair's expert down projection. float32 ``[T*k, E]``."""
+    flat = ids.reshape(-1)
+    return np.stack([expert_matvec(bank_expert(int(flat[p]))[1], mq[p], md[p]) for p in range(flat.size)])
+
+
+def moe_sum(out_pairs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``sum`` stage: ``y[t] = sum_j w[t, j] * out_pairs[t*k + j]``. float32 ``[T, E]``."""
+    T, k = weights.shape
+    o = np.asarray(out_pairs, dtype=f64).reshape(T, k, -1)
+    return (np.asarray(weights, dtype=f64)[..., None] * o).sum(axis=1).astype(f32)
+
+
+def routed_moe(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, limit: float) -> np.ndarray:
+    """The whole routed MoE (``xq`` → ``gateup`` → ``midq`` → ``down`` → ``sum``) for ``x [T, E]``."""
+    xq, xd = quantize_q8k(x)
+    gate, up = moe_gateup(bank_expert, ids, xq, xd)
+    mq, md = moe_midq(gate, up, limit)
+    return moe_sum(moe_down(bank_expert, ids, mq, md), weights)

@@ -1,0 +1,140 @@
+// Shared device helpers for ds4lab's kernels (compiled by NVRTC through cupy.RawModule).
+// No host code, no C++ standard library: NVRTC compiles these without system headers.
+#pragma once
+#include <cuda_fp16.h>
+
+typedef unsigned int u32;
+typedef signed char i8;
+typedef unsigned char u8;
+
+#define DS4_Q8_0_BLOCK 32
+#define DS4_Q8_K_BLOCK 256
+
+// lowbias32 integer hash; mirrored by ds4lab/weights.py:mix32.
+__device__ __forceinline__ u32 ds4_mix32(u32 x) {
+    x ^= x >> 16; x *= 0x7feb352dU;
+    x ^= x >> 15; x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+// Hash of element idx of sub-tensor sub of the tensor keyed by key (weights.py:element_hash).
+__device__ __forceinline__ u32 ds4_element_hash(u32 key, u32 sub, u32 idx) {
+    return ds4_mix32(idx ^ ds4_mix32(key + sub * 0x9E3779B9U));
+}
+
+// Uniform float in [0, 1) from the top 24 bits (exact in float32).
+__device__ __forceinline__ float ds4_unit(u32 h) {
+    return __fmul_rn((float)(h >> 8), 5.9604644775390625e-08f);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum; every thread gets the result. blockDim.x a multiple of 32, at most 1024.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = (lane < (int)(blockDim.x >> 5)) ? part[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = (lane < (int)(blockDim.x >> 5)) ? part[lane] : -3.402823466e38f;
+        s = warp_max(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+// Per-token scalars: read from the device buffer when one is given (capture-safe),
+// else the values passed by value (ds4 today: frozen into a graph at capture).
+struct TokScalars { int pos, kv_row, n_valid, token_id; };
+
+__device__ __forceinline__ TokScalars tok_scalars(const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    TokScalars t;
+    if (scal) { t.pos = scal[0]; t.kv_row = scal[1]; t.n_valid = scal[2]; t.token_id = scal[3]; }
+    else { t.pos = pos; t.kv_row = kv_row; t.n_valid = n_valid; t.token_id = token_id; }
+    return t;
+}
+
+// Dot product of a Q8_0 row segment (cols int8 values, cols/32 fp16 scales) with fp32 x,
+// one warp; each lane takes 16 contiguous values per step. Returns the lane's partial sum.
+__device__ __forceinline__ float q8_0_row_dot(const i8* __restrict__ q, const __half* __restrict__ d,
+                                              const float* __restrict__ x, int cols, int lane) {
+    float acc = 0.0f;
+    const int chunks = cols >> 4;
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+        int4 v = __ldg(reinterpret_cast<const int4*>(q) + c);
+        float s = __half2float(d[c >> 1]);
+        const float4* xv = reinterpret_cast<const float4*>(x) + (c << 2);
+        float4 x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+        const i8* b = reinterpret_cast<const i8*>(&v);
+        float p = b[0] * x0.x + b[1] * x0.y + b[2] * x0.z + b[3] * x0.w
+                + b[4] * x1.x + b[5] * x1.y + b[6] * x1.z + b[7] * x1.w
+                + b[8] * x2.x + b[9] * x2.y + b[10] * x2.z + b[11] * x2.w
+                + b[12] * x3.x + b[13] * x3.y + b[14] * x3.z + b[15] * x3.w;
+        acc += s * p;
+    }
+    return acc;
+}
+
+// Dot product of a 4-bit row (cols values: cols/2 packed bytes, cols/32 fp16 scales) with a
+// Q8_K activation row (cols int8, cols/256 fp32 scales), one warp, one 32-block per lane step.
+// Integer products through dp4a; per-block scales applied in fp32.
+__device__ __forceinline__ float q4_q8k_row_dot(const u8* __restrict__ q, const __half* __restrict__ d,
+                                                const i8* __restrict__ xq, const float* __restrict__ xd,
+                                                int cols, int lane) {
+    float acc = 0.0f;
+    const int blocks = cols >> 5;
+#pragma unroll 4
+    for (int b = lane; b < blocks; b += 32) {
+        int4 w = __ldg(reinterpret_cast<const int4*>(q) + b);          // 32 nibbles
+        int4 xa = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);    // values 0..15
+        int4 xb = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);// values 16..31
+        const int wv[4] = {w.x, w.y, w.z, w.w};
+        const int xl[4] = {xa.x, xa.y, xa.z, xa.w};
+        const int xh[4] = {xb.x, xb.y, xb.z, xb.w};
+        int isum = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            int lo = __vsub4(wv[k] & 0x0F0F0F0F, 0x08080808);
+            int hi = __vsub4((wv[k] >> 4) & 0x0F0F0F0F, 0x08080808);
+            isum = __dp4a(lo, xl[k], isum);
+            isum = __dp4a(hi, xh[k], isum);
+        }
+        acc += (float)isum * __half2float(d[b]) * xd[b >> 3];
+    }
+    return acc;
+}

@@ -1,0 +1,137 @@
+// Dense decode ops: Q8_0 matvecs, RMS norms, hyper-connection mix/pre-mix/expand, RoPE,
+// KV store, the token embedding. One decode token (T = 1); fp32 activations.
+#include "common.cuh"
+
+// y[r] = W[r] . x[g*group_stride : +cols], g = r / rows_per_group. One warp per row.
+extern "C" __global__ void q8_matvec(const i8* __restrict__ qs, const __half* __restrict__ d,
+                                     const float* __restrict__ x, float* __restrict__ y,
+                                     int rows, int cols, int rows_per_group, int group_stride) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float* xg = x + (size_t)(row / rows_per_group) * group_stride;
+    float acc = warp_sum(q8_0_row_dot(qs + (size_t)row * cols, d + (size_t)row * (cols / 32), xg, cols, lane));
+    if (lane == 0) y[row] = acc;
+}
+
+__device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    return g / (1.0f + expf(-g)) * u;
+}
+
+// Shared expert gate/up with clamped SwiGLU: W is [2F, cols], rows 0..F-1 gate, F..2F-1 up.
+extern "C" __global__ void q8_matvec_swiglu(const i8* __restrict__ qs, const __half* __restrict__ d,
+                                            const float* __restrict__ x, float* __restrict__ mid,
+                                            int F, int cols, float limit) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (row >= F) return;
+    float g = warp_sum(q8_0_row_dot(qs + (size_t)row * cols, d + (size_t)row * (cols / 32), x, cols, lane));
+    const size_t ur = (size_t)(row + F);
+    float u = warp_sum(q8_0_row_dot(qs + ur * cols, d + ur * (cols / 32), x, cols, lane));
+    if (lane == 0) mid[row] = swiglu_clamped(g, u, limit);
+}
+
+// Down/output projection with hyper-connection expand and residual add:
+// h[s][r] += post_s * (W[r] . x + extra[r]), post_s = 2*sigmoid(mix_logits[S + s]).
+extern "C" __global__ void q8_matvec_expand(const i8* __restrict__ qs, const __half* __restrict__ d,
+                                            const float* __restrict__ x, float* __restrict__ h,
+                                            const float* __restrict__ mix_logits, const float* __restrict__ extra,
+                                            int rows, int cols, int S) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float y = warp_sum(q8_0_row_dot(qs + (size_t)row * cols, d + (size_t)row * (cols / 32), x, cols, lane));
+    if (extra) y += extra[row];
+    if (lane < S) {
+        float post = 2.0f / (1.0f + expf(-mix_logits[S + lane]));
+        h[(size_t)lane * rows + row] += post * y;
+    }
+}
+
+// RMS norm of each row of x [rows, dim] (times w when given). One block per row.
+extern "C" __global__ void rms_norm_rows(const float* __restrict__ x, const float* __restrict__ w,
+                                         float* __restrict__ y, int dim, float eps) {
+    const float* xr = x + (size_t)blockIdx.x * dim;
+    float* yr = y + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    const float scale = rsqrtf(block_sum(ss) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * scale * (w ? w[i] : 1.0f);
+}
+
+// Hyper-connection mixing logits: logits[j] = Wmix[j] . flat(hn), one block per j (2S blocks).
+extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __restrict__ wmix,
+                                  float* __restrict__ logits, int n) {
+    const float* w = wmix + (size_t)blockIdx.x * n;
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += w[i] * hn[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) logits[blockIdx.x] = acc;
+}
+
+// Pre-mix: x = rms_norm(sum_s softmax(logits[0:S])_s * h[s]) * w. One block.
+extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* __restrict__ logits,
+                                     const float* __restrict__ w, float* __restrict__ x,
+                                     int S, int E, float eps) {
+    float pre[8];
+    float m = -3.402823466e38f, z = 0.0f;
+    for (int s = 0; s < S; ++s) m = fmaxf(m, logits[s]);
+    for (int s = 0; s < S; ++s) { pre[s] = expf(logits[s] - m); z += pre[s]; }
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < S; ++s) v += pre[s] / z * h[(size_t)s * E + i];
+        x[i] = v;
+        ss += v * v;
+    }
+    const float scale = rsqrtf(block_sum(ss) / E + eps);
+    for (int i = threadIdx.x; i < E; i += blockDim.x) x[i] = x[i] * scale * w[i];
+}
+
+__device__ __forceinline__ void rope_pair(float& a, float& b, int pos, int i, int rope_dims, double theta) {
+    double ang = (double)pos * pow(theta, -2.0 * i / rope_dims);
+    double s, c;
+    sincos(ang, &s, &c);
+    float cf = (float)c, sf = (float)s;
+    float a0 = a, b0 = b;
+    a = a0 * cf - b0 * sf;
+    b = a0 * sf + b0 * cf;
+}
+
+// RoPE on the last rope_dims of each query head, in place. grid = heads, block >= rope_dims/2.
+extern "C" __global__ void rope_q(float* __restrict__ q, int D, int rope_dims, double theta,
+                                  const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
+    const int i = threadIdx.x;
+    if (i >= rope_dims / 2) return;
+    float* base = q + (size_t)blockIdx.x * D + (D - rope_dims) + 2 * i;
+    rope_pair(base[0], base[1], t.pos, i, rope_dims, theta);
+}
+
+// RoPE on the last rope_dims of the KV row, then store it at the position's ring-buffer row.
+extern "C" __global__ void rope_store_kv(const float* __restrict__ kv, float* __restrict__ cache,
+                                         int D, int rope_dims, double theta,
+                                         const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
+    float* dst = cache + (size_t)t.kv_row * D;
+    const int first = D - rope_dims;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        if (i < first) dst[i] = kv[i];
+        else if (((i - first) & 1) == 0) {
+            float a = kv[i], b = kv[i + 1];
+            rope_pair(a, b, t.pos, (i - first) / 2, rope_dims, theta);
+            dst[i] = a;
+            dst[i + 1] = b;
+        }
+    }
+}
+
+// Input embedding of the token id (hashed U(-1,1)), copied into all S streams.
+extern "C" __global__ void embed_token(float* __restrict__ h, int S, int E, u32 key,
+                                       const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < E; i += gridDim.x * blockDim.x) {
+        u32 idx = (u32)t.token_id * (u32)E + (u32)i;
+        float v = __fsub_rn(__fmul_rn(ds4_unit(ds4_element_hash(key, 0, idx)), 2.0f), 1.0f);
+        for (int s = 0; s < S; ++s) h[(size_t)s * E + i] = v;
+    }
+}
