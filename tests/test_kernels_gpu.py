@@ -1,0 +1,293 @@
+"""Every GPU kernel against its NumPy reference, on fresh random inputs.
+
+Each op runs twice through the same launch site (``ds4lab.ops``): once on the ``cupy``
+backend and once on the ``numpy`` backend (the reference), from the same host inputs, with
+outputs poisoned (NaN / -1) before the launch so an unwritten element fails.
+Tolerances: fp32 accumulation over at most a few thousand terms against a float64
+reference lands near 1e-6 relative; we allow 2e-5. Integer stages (quantization, counts,
+routing) must match exactly, except where a float32 SwiGLU rounding flip may move one
+quantized value by one step (``midq``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ds4lab import ops
+from ds4lab import reference as R
+from ds4lab import weights as W
+from ds4lab.config import get_preset
+from ds4lab.launch import Launcher
+
+pytestmark = pytest.mark.gpu
+
+F32_RTOL = 2e-5
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "non-finite output (unwritten or overflow)"
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+class Both:
+    """Runs one launch-site function on both backends from the same host data."""
+
+    def __init__(self, cb, nb):
+        self.be = {"gpu": cb, "ref": nb}
+
+    def run(self, fn, inputs: dict, outputs: dict):
+        res = {}
+        for tag, be in self.be.items():
+            bufs = {}
+            for k, v in inputs.items():
+                if isinstance(v, W.QTensor):
+                    bufs[k] = W.QTensor(v.fmt, v.rows, v.cols, be.from_host(v.qs), be.from_host(v.d))
+                else:
+                    bufs[k] = be.from_host(np.asarray(v))
+            for k, (shape, dtype) in outputs.items():
+                init = np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1, dtype=dtype)
+                bufs[k] = be.from_host(init)
+            fn(Launcher(be), bufs)
+            be.synchronize()
+            res[tag] = {k: be.to_host(bufs[k]) for k in outputs}
+        return res["gpu"], res["ref"]
+
+
+@pytest.fixture(scope="module")
+def both(cupy_backend, numpy_backend):
+    return Both(cupy_backend, numpy_backend)
+
+
+def q8(rows, cols, rng):
+    return W.gen_q8_0(int(rng.integers(2**32)), 0, rows, cols)
+
+
+def q4_bank(n, rows, cols, rng):
+    key = int(rng.integers(2**32))
+    ts = [W.gen_q4(key, e, rows, cols) for e in range(n)]
+    return W.QTensor("q4", rows, cols, np.stack([t.qs for t in ts]), np.stack([t.d for t in ts]))
+
+
+# ----------------------------------------------------------------------------- weights
+@pytest.mark.parametrize("fmt,rows,cols,subs", [("q8_0", 96, 256, 1), ("q4", 64, 512, 3), ("f32", 1, 5000, 1)])
+def test_weight_init_bit_identical(cupy_backend, numpy_backend, fmt, rows, cols, subs):
+    spec = W.WeightSpec(f"test.{fmt}", fmt, rows, cols, subs=subs, scale=0.3, offset=0.5)
+    g = cupy_backend.make_weight(spec)
+    r = numpy_backend.make_weight(spec)
+    if fmt == "f32":
+        assert np.array_equal(cupy_backend.to_host(g), r)
+        return
+    for e in range(subs):
+        ge = g[e] if subs > 1 else g
+        re = r[e] if subs > 1 else r
+        assert np.array_equal(cupy_backend.to_host(ge.qs), re.qs)
+        assert np.array_equal(cupy_backend.to_host(ge.d).view(np.uint16), re.d.view(np.uint16))
+
+
+# ----------------------------------------------------------------------------- dense
+@pytest.mark.parametrize("rows,cols,groups", [(1024, 4096, None), (2048, 1024, None), (512, 2048, 4)])
+def test_q8_matvec(both, rng, rows, cols, groups):
+    w = q8(rows, cols, rng)
+    n_in = cols * (groups or 1)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    rpg = rows // groups if groups else None
+
+    g, r = both.run(lambda L, b: ops.q8_matvec(L, "t", b["w"], b["x"], b["y"], rpg, cols if groups else 0),
+                    {"w": w, "x": x}, {"y": ((rows,), np.float32)})
+    assert rel(g["y"], r["y"]) < F32_RTOL
+
+
+def test_q8_matvec_swiglu(both, rng):
+    F, E = 512, 1024
+    w = q8(2 * F, E, rng)
+    x = (3 * rng.standard_normal(E)).astype(np.float32)  # large enough that the clamp engages
+    g, r = both.run(lambda L, b: ops.q8_matvec_swiglu(L, "t", b["w"], b["x"], b["m"], 1.0),
+                    {"w": w, "x": x}, {"m": ((F,), np.float32)})
+    assert rel(g["m"], r["m"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("with_extra", [False, True])
+def test_q8_matvec_expand(both, rng, with_extra):
+    S, E, C = 4, 1024, 512
+    w = q8(E, C, rng)
+    inputs = {"w": w, "x": rng.standard_normal(C).astype(np.float32),
+              "mix": rng.standard_normal(2 * S).astype(np.float32),
+              "extra": rng.standard_normal(E).astype(np.float32)}
+    h0 = rng.standard_normal((S, E)).astype(np.float32)
+
+    def fn(L, b):
+        b["h"][...] = L.backend.from_host(h0)  # h starts from h0 on both backends
+        ops.q8_matvec_expand(L, "t", b["w"], b["x"], b["h"], b["mix"], b["extra"] if with_extra else None, S)
+
+    g, r = both.run(fn, inputs, {"h": ((S, E), np.float32)})
+    assert rel(g["h"] - h0, r["h"] - h0) < F32_RTOL
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_rms_norm_rows(both, rng, weighted):
+    rows, dim = 64, 512
+    x = (5 * rng.standard_normal((rows, dim))).astype(np.float32)
+    w = rng.standard_normal(dim).astype(np.float32)
+    g, r = both.run(lambda L, b: ops.rms_norm_rows(L, "t", b["x"], b["w"] if weighted else None, b["y"], rows, dim, 1e-6),
+                    {"x": x, "w": w}, {"y": ((rows, dim), np.float32)})
+    assert rel(g["y"], r["y"]) < F32_RTOL
+
+
+def test_hc_mix_and_premix(both, rng):
+    S, E = 4, 4096
+    hn = rng.standard_normal((S, E)).astype(np.float32)
+    wmix = (rng.standard_normal(2 * S * S * E) / np.sqrt(S * E)).astype(np.float32)
+    wn = rng.standard_normal(E).astype(np.float32)
+
+    def fn(L, b):
+        ops.hc_mix(L, "m", b["hn"], b["wmix"], b["lg"], S, E)
+        ops.hc_premix(L, "p", b["hn"], b["lg"], b["wn"], b["x"], S, E, 1e-6)
+
+    g, r = both.run(fn, {"hn": hn, "wmix": wmix, "wn": wn}, {"lg": ((2 * S,), np.float32), "x": ((E,), np.float32)})
+    assert rel(g["lg"], r["lg"]) < F32_RTOL
+    assert rel(g["x"], r["x"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("mode", ["value", "device"])
+@pytest.mark.parametrize("pos", [5, 131_071])
+def test_rope_kv_store_attention(both, rng, mode, pos):
+    cfg = get_preset("ds4-flash")
+    H, D = cfg.n_heads, cfg.head_dim
+    hs = ops.host_scalars(cfg, pos, 17)
+    inputs = {"q": rng.standard_normal((H, D)).astype(np.float32),
+              "kv": rng.standard_normal(D).astype(np.float32),
+              "cache0": rng.standard_normal((cfg.window, D)).astype(np.float32), "scal": hs}
+
+    def fn(L, b):
+        ts = ops.TokenScalars(*map(int, hs), b["scal"] if mode == "device" else None)
+        b["cache"][...] = b["cache0"]
+        ops.rope_q(L, "rq", b["q"], cfg, ts)
+        ops.rope_store_kv(L, "rk", b["kv"], b["cache"], cfg, ts)
+        ops.attention_decode(L, "at", b["q"], b["cache"], b["o"], cfg, ts)
+
+    g, r = both.run(fn, inputs, {"q": ((H, D), np.float32), "cache": ((cfg.window, D), np.float32),
+                                 "o": ((H, D), np.float32)})
+    assert rel(g["q"], r["q"]) < F32_RTOL
+    assert rel(g["cache"], r["cache"]) < F32_RTOL
+    assert rel(g["o"], r["o"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("mode", ["value", "device"])
+def test_embed_token(both, mode):
+    cfg = get_preset("small")
+    hs = ops.host_scalars(cfg, 3, 8191)
+
+    def fn(L, b):
+        ts = ops.TokenScalars(*map(int, hs), b["scal"] if mode == "device" else None)
+        ops.embed_token(L, "e", b["h"], cfg, W.tensor_key(cfg.seed, "embed"), ts)
+
+    g, r = both.run(fn, {"scal": hs}, {"h": ((cfg.hc_streams, cfg.embed), np.float32)})
+    assert np.array_equal(g["h"], r["h"])
+
+
+# ----------------------------------------------------------------------------- router
+@pytest.mark.parametrize("T", [1, 3, 512])
+def test_router_topk(both, rng, T):
+    cfg = get_preset("ds4-flash")
+    N, E, k = cfg.n_experts, cfg.embed, cfg.n_used
+    w = (rng.standard_normal(N * E) / np.sqrt(E)).astype(np.float32)
+    x = rng.standard_normal((T, E)).astype(np.float32)
+
+    def fn(L, b):
+        ops.router_logits(L, "l", b["w"], b["x"], b["lg"], T, cfg)
+        ops.router_topk(L, "k", b["lg"], b["ids"], b["wts"], T, cfg)
+
+    g, r = both.run(fn, {"w": w, "x": x}, {"lg": ((T, N), np.float32), "ids": ((T, k), np.int32),
+                                           "wts": ((T, k), np.float32)})
+    assert rel(g["lg"], r["lg"]) < F32_RTOL
+    # Selection from the GPU's own logits must be exact (ties to the lower index).
+    ids_ref, w_ref = R.router_topk(g["lg"], k)
+    assert np.array_equal(g["ids"], ids_ref)
+    assert rel(g["wts"], w_ref) < F32_RTOL
+
+
+@pytest.mark.parametrize("T", [1, 3, 64])
+def test_router_hash(both, rng, T):
+    cfg = get_preset("ds4-flash")
+    N, k = cfg.n_experts, cfg.n_used
+    lg = rng.standard_normal((T, N)).astype(np.float32)
+    toks = rng.integers(0, cfg.vocab, T).astype(np.int32)
+    hs = ops.host_scalars(cfg, 9, int(toks[0]))
+    key = W.tensor_key(cfg.seed, "hash_route@1")
+
+    def fn(L, b):
+        if T == 1:
+            ts = ops.TokenScalars(*map(int, hs), b["scal"])
+            ops.router_hash(L, "h", b["lg"], b["ids"], b["wts"], 1, cfg, 1, key, ts=ts)
+        else:
+            ops.router_hash(L, "h", b["lg"], b["ids"], b["wts"], T, cfg, 1, key, token_ids=b["toks"])
+
+    g, r = both.run(fn, {"lg": lg, "toks": toks, "scal": hs},
+                    {"ids": ((T, k), np.int32), "wts": ((T, k), np.float32)})
+    assert np.array_equal(g["ids"], r["ids"])
+    assert all(len(set(row)) == k for row in g["ids"])
+    assert rel(g["wts"], r["wts"]) < F32_RTOL
+
+
+# ----------------------------------------------------------------------------- routed MoE
+@pytest.mark.parametrize("T", [1, 2, 3, 64, 512])
+def test_xq_quantize_exact(both, rng, T):
+    E = 4096
+    x = (rng.standard_normal((T, E)) * rng.uniform(0.1, 10, (T, 1))).astype(np.float32)
+    g, r = both.run(lambda L, b: ops.xq_quantize(L, "xq", b["x"], b["q"], b["d"], T, E),
+                    {"x": x}, {"q": ((T, E), np.int8), "d": ((T, E // 256), np.float32)})
+    assert np.array_equal(g["q"], r["q"])
+    assert np.array_equal(g["d"], r["d"])
+
+
+@pytest.mark.parametrize("T,skew", [(2, False), (3, False), (64, True), (512, False), (512, True)])
+def test_moe_sort_stages(both, rng, T, skew):
+    cfg = get_preset("ds4-flash")
+    N, k = cfg.n_experts, cfg.n_used
+    P = T * k
+    if skew:  # every token to the same experts: worst case for tiles
+        ids = np.tile(np.arange(k, dtype=np.int32), (T, 1))
+    else:
+        ids = np.stack([rng.choice(N, k, replace=False) for _ in range(T)]).astype(np.int32)
+    mt = R.max_tiles(P, N)
+
+    def fn(L, b):
+        L.memset("c", b["counts"], 0)
+        ops.moe_count(L, "n", b["ids"], b["counts"], P)
+        ops.moe_prefix(L, "p", b["counts"], b["offsets"], b["cursor"], N)
+        ops.moe_scatter(L, "s", b["ids"], b["cursor"], b["sorted"], P)
+        ops.moe_tiles(L, "t", b["counts"], b["offsets"], b["tiles"], b["nt"], N)
+
+    outs = {k_: ((N,), np.int32) for k_ in ("counts", "offsets", "cursor")}
+    outs.update(sorted=((P,), np.int32), tiles=((mt, 3), np.int32), nt=((1,), np.int32))
+    g, r = both.run(fn, {"ids": ids}, outs)
+    ref = R.moe_sort(ids, N)
+    for key in ("counts", "offsets"):
+        assert np.array_equal(g[key], ref[key])
+    assert g["nt"][0] == ref["n_tiles"][0]
+    assert np.array_equal(g["tiles"][: g["nt"][0]], ref["tiles"])
+    for e in range(N):  # same pairs per expert (order within an expert is the atomics')
+        s = slice(ref["offsets"][e], ref["offsets"][e] + ref["counts"][e])
+        assert sorted(g["sorted"][s]) == sorted(ref["sorted"][s])
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 64, 512])
+def test_routed_moe_vs_reference(cupy_backend, numpy_backend, rng, T):
+    """The whole routed MoE cluster (router included) on the GPU against the NumPy reference."""
+    from ds4lab.model import DecodeModel, TokenOptions
+
+    cfg = get_preset("small", max_tokens=512)
+    x = rng.standard_normal((T, cfg.embed)).astype(np.float32)
+    out = {}
+    for tag, be in (("gpu", cupy_backend), ("ref", numpy_backend)):
+        m = DecodeModel(cfg, be, TokenOptions(counts_clear="async"), n_layers=4)
+        xb = be.from_host(x)
+        m.router(3, xb, T)
+        y = m.routed_moe(3, xb, T)
+        be.synchronize()
+        out[tag] = (be.to_host(m.moe_buf.ids)[:T], be.to_host(y)[:T])
+    assert np.array_equal(out["gpu"][0], out["ref"][0]), "router chose different experts"
+    # midq may move one quantized middle value by one step: allow 1e-4 on the output.
+    assert rel(out["gpu"][1], out["ref"][1]) < 1e-4
