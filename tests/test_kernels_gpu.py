@@ -156,13 +156,14 @@ def test_rope_kv_store_attention(both, rng, mode, pos):
     cfg = get_preset("ds4-flash")
     H, D = cfg.n_heads, cfg.head_dim
     hs = ops.host_scalars(cfg, pos, 17)
-    inputs = {"q": rng.standard_normal((H, D)).astype(np.float32),
+    inputs = {"q0": rng.standard_normal((H, D)).astype(np.float32),
               "kv": rng.standard_normal(D).astype(np.float32),
               "cache0": rng.standard_normal((cfg.window, D)).astype(np.float32), "scal": hs}
 
     def fn(L, b):
         ts = ops.TokenScalars(*map(int, hs), b["scal"] if mode == "device" else None)
         b["cache"][...] = b["cache0"]
+        b["q"][...] = b["q0"]
         ops.rope_q(L, "rq", b["q"], cfg, ts)
         ops.rope_store_kv(L, "rk", b["kv"], b["cache"], cfg, ts)
         ops.attention_decode(L, "at", b["q"], b["cache"], b["o"], cfg, ts)
