@@ -18,7 +18,7 @@ def rel(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-def run_tokens(cfg, be, opts, n_layers=None, tokens=((1000, 11), (1001, 4242)), **kw):
+def run_tokens(cfg, be, opts, n_layers=None, tokens=((1000, 11), (1001, 421)), **kw):
     m = DecodeModel(cfg, be, opts, n_layers=n_layers, **kw)
     for pos, tok in tokens:
         m.token(pos, tok)
