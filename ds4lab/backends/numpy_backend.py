@@ -122,5 +122,5 @@ class NumpyBackend(Backend):
         return HostToken("event")
 
     def info(self) -> dict:
-        return {"backend": self.name, "device": "CPU (NumPy reference; no timing claims)",
+        return {"backend": self.name, "device": "CPU (NumPy reference executor)",
                 "numpy": np.__version__}

@@ -1,0 +1,203 @@
+"""``ds4lab bench``: the core library's two benchmarks, side by side in one run (GPU only).
+
+1. Host cost per eager launch through the launch layer (accessor + census, NVTX off and on)
+   against a bare CuPy ``RawKernel`` launch of the same kernel, and against CuPy's underlying
+   ``Function`` call with an explicit stream. Host enqueue time is measured with a host clock
+   around N launches (host work only; the GPU runs the tiny kernels faster than they arrive),
+   median over repeats; the GPU-side span of the same launches is measured with CUDA events.
+2. The 6-expert routed-MoE decode step (``xq``, ``gateup``, ``midq``, ``down``, ``sum``) at the
+   preset's dimensions: 16 different routings captured into one CUDA graph and replayed, timed
+   with CUDA events; achieved bytes per second against a measured device-to-device copy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import ops, provenance
+from . import stream as S
+from .timing import Stats, copy_bandwidth, event_ms
+
+
+def _noop() -> None:
+    pass
+
+
+def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
+    """Host µs per launch for each launch path (median and IQR over ``repeats`` of ``n`` launches)."""
+    import cupy
+
+    from .launch import Launcher
+
+    raw = be._module(be._sources["tiny_add"]).get_function("tiny_add")
+    fn = be.function("tiny_add")
+    x = cupy.zeros(1024, dtype=np.float32)
+    args = (x, np.int32(1024))
+    grid, block = (4,), (256,)
+    L_off = Launcher(be, nvtx=False)
+    L_on = Launcher(be, nvtx=True)
+    side = cupy.cuda.Stream(non_blocking=True)
+
+    def bare():
+        for _ in range(n):
+            raw(grid, block, args)
+
+    def function():
+        null = cupy.cuda.Stream.null
+        for _ in range(n):
+            fn(grid, block, args, 0, null)
+
+    def launcher(L):
+        def go():
+            for _ in range(n):
+                L.kernel("bench", "tiny_add", grid, block, args, _noop)
+        return go
+
+    def launcher_override():
+        with S.stream_override(side):
+            for _ in range(n):
+                L_off.kernel("bench", "tiny_add", grid, block, args, _noop)
+
+    variants = {
+        "cupy RawKernel (bare)": (bare, False),
+        "cupy Function + stream": (function, False),
+        "ds4lab launcher, NVTX off": (launcher(L_off), False),
+        "ds4lab launcher, NVTX on": (launcher(L_on), False),
+        "ds4lab launcher, override stream": (launcher_override, True),
+    }
+    was = S.graphs_enabled()
+    out = {}
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    try:
+        for name, (go, needs_flag) in variants.items():
+            S.set_graphs_enabled(needs_flag)
+            go()  # warm-up
+            be.synchronize()
+            host, gpu = [], []
+            for _ in range(repeats):
+                st = side if needs_flag else cupy.cuda.Stream.null
+                e0.record(st)
+                t0 = time.perf_counter()
+                go()
+                t1 = time.perf_counter()
+                e1.record(st)
+                gpu.append(event_ms(e0, e1) * 1e3 / n)
+                host.append((t1 - t0) * 1e6 / n)
+                be.synchronize()
+            out[name] = {"host_us": Stats.of(host), "gpu_span_us": Stats.of(gpu)}
+    finally:
+        S.set_graphs_enabled(was)
+    base = out["cupy RawKernel (bare)"]["host_us"].median
+    for v in out.values():
+        v["ratio_vs_bare"] = v["host_us"].median / base
+    return out
+
+
+def _begin_capture(stream, mode: str = "thread_local"):
+    import cupy
+
+    rt = cupy.cuda.runtime
+    m = {"global": rt.streamCaptureModeGlobal, "thread_local": rt.streamCaptureModeThreadLocal,
+         "relaxed": rt.streamCaptureModeRelaxed}[mode]
+    try:
+        stream.begin_capture(m)
+    except TypeError:
+        stream.begin_capture()
+
+
+def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7) -> dict:
+    """Achieved GB/s of the decode routed-MoE step (T = 1), graph-replayed, against a D2D copy."""
+    import cupy
+
+    from . import weights as W
+    from .model import DecodeModel, TokenOptions
+
+    m = DecodeModel(cfg, be, TokenOptions(counts_clear="async"), n_layers=1)
+    L, b = m.L, m.moe_buf
+    bank = m.banks[0]
+    rng = np.random.default_rng(seed)
+    k, E, F = cfg.n_used, cfg.embed, cfg.expert_ffn
+    x_all = be.from_host(rng.standard_normal((routings, E)).astype(np.float32))
+    ids_all = be.from_host(np.stack([rng.choice(cfg.n_experts, k, replace=False)
+                                     for _ in range(routings)]).astype(np.int32))
+    w_all = be.from_host(rng.dirichlet(np.ones(k), routings).astype(np.float32))
+
+    def step(i):
+        ops.xq_quantize(L, "xq", x_all[i], b.xq, b.xd, 1, E)
+        ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, ids_all[i], b.gate, b.up, k, cfg)
+        ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, k, cfg)
+        ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, ids_all[i], b.out, k, cfg)
+        ops.moe_sum(L, "sum", b.out, w_all[i], b.y, 1, cfg)
+
+    st = cupy.cuda.Stream(non_blocking=True)
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    try:
+        with S.stream_override(st):
+            for i in range(routings):  # warm-up, eager
+                step(i)
+            st.synchronize()
+            # eager timing of the same steps (host-bound: launches arrive slower than the GPU runs them)
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            eager = []
+            for _ in range(10):
+                e0.record(st)
+                for i in range(routings):
+                    step(i)
+                e1.record(st)
+                eager.append(event_ms(e0, e1) * 1e3 / routings)
+            _begin_capture(st)
+            for i in range(routings):
+                step(i)
+            g = st.end_capture()
+        g.upload(st) if hasattr(g, "upload") else None
+        g.launch(st)
+        st.synchronize()
+        rep = []
+        for _ in range(replays):
+            e0.record(st)
+            g.launch(st)
+            e1.record(st)
+            rep.append(event_ms(e0, e1) * 1e3 / routings)
+    finally:
+        S.set_graphs_enabled(was)
+    per_expert = sum(W.spec_bytes(s) // s.subs for s in W.bank_specs(cfg, 0).values())
+    act = E * 4 + E + E // 256 * 4 + 2 * k * F * 4 * 2 + k * F + k * E * 4 * 2 + E * 4
+    nbytes = k * per_expert + act
+    st_rep = Stats.of(rep)
+    bw = copy_bandwidth()
+    return {"bytes_per_step": nbytes, "graph_replay_us": st_rep, "eager_us": Stats.of(eager),
+            "achieved_GBps": nbytes / (st_rep.median * 1e-6) / 1e9, "copy_GBps": bw,
+            "fraction_of_copy": nbytes / (st_rep.median * 1e-6) / 1e9 / bw.median}
+
+
+def run_bench(be, cfg, console) -> dict:
+    """Both benchmarks; prints tables and returns the figures (with provenance)."""
+    from rich.table import Table
+
+    meta = provenance.base_meta(be)
+    be.compile_all()
+    lo = launch_overhead(be)
+    t = Table(title=f"host cost per eager launch — {provenance.label(meta)}")
+    for c in ("launch path", "host µs/launch (median)", "IQR", "GPU span µs/launch", "× bare RawKernel"):
+        t.add_column(c, justify="left" if c == "launch path" else "right")
+    for name, v in lo.items():
+        h = v["host_us"]
+        t.add_row(name, f"{h.median:.2f}", f"{h.p25:.2f}–{h.p75:.2f}", f"{v['gpu_span_us'].median:.2f}",
+                  f"{v['ratio_vs_bare']:.3f}")
+    console.print(t)
+    mb = moe_bandwidth(be, cfg)
+    t2 = Table(title=f"routed-MoE decode step, {cfg.name} (6 experts) — {provenance.label(meta)}")
+    t2.add_column("figure")
+    t2.add_column("value", justify="right")
+    t2.add_row("bytes per step", f"{mb['bytes_per_step'] / 1e6:.1f} MB")
+    t2.add_row("graph replay µs/step (median, IQR)",
+               f"{mb['graph_replay_us'].median:.1f} ({mb['graph_replay_us'].p25:.1f}–{mb['graph_replay_us'].p75:.1f})")
+    t2.add_row("eager µs/step (median)", f"{mb['eager_us'].median:.1f}")
+    t2.add_row("achieved GB/s", f"{mb['achieved_GBps']:.0f}")
+    t2.add_row("D2D copy GB/s (read+write)", f"{mb['copy_GBps'].median:.0f}")
+    t2.add_row("fraction of copy bandwidth", f"{mb['fraction_of_copy']:.0%}")
+    console.print(t2)
+    return {"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb}

@@ -1,0 +1,111 @@
+"""The ``ds4lab`` command line (click). Each command's help gives its options and defaults."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .backends import BACKENDS, BackendUnavailable
+from .config import PRESETS, ConfigError
+from .model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"ds4lab: error: {msg}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ds4lab")
+def main() -> None:
+    """ds4lab: a profiling workbench for CUDA graph capture in ds4-shaped LLM decode paths."""
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else numpy (the CPU reference executor).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Model dimensions. Default: small on a GPU, tiny on the CPU.")
+@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Decode tokens to time.")
+@click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True, help="Untimed tokens first.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/run-<preset>-<backend>.")
+@click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Position of the first token (the KV window is prefilled).")
+@click.option("--nvtx/--no-nvtx", default=False, show_default=True, help="NVTX ranges (domain ds4lab).")
+@click.option("--vocab/--no-vocab", default=True, show_default=True,
+              help="Final norm and vocabulary projection.")
+@click.option("--counts-clear", type=click.Choice(COUNTS_CLEAR), default="sync", show_default=True,
+              help="Routed-MoE counts clear: sync cudaMemset on the legacy stream (ds4 today) or async.")
+@click.option("--scalars", type=click.Choice(SCALARS), default="value", show_default=True,
+              help="Per-token scalars by value (ds4 today) or from a device buffer.")
+@click.option("--scratch", type=click.Choice(SCRATCH), default="prealloc", show_default=True,
+              help="Routed-MoE scratch allocated on demand or up front.")
+@click.option("--moe-profile/--no-moe-profile", default=False, show_default=True,
+              help="Record ds4's 7 MoE profiling events (DS4_CUDA_MOE_PROFILE).")
+@click.option("--per-layer-experts", is_flag=True, help="One routed-expert bank per layer (if memory allows).")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Check the first token against the NumPy reference.")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Weight seed.")
+def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_clear, scalars, scratch,
+        moe_profile, per_layer_experts, check, seed) -> None:
+    """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor."""
+    from .run import RunConfig, run as run_job
+
+    rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
+                   start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
+                   seed=seed, options=TokenOptions(counts_clear=counts_clear, scalars=scalars, scratch=scratch,
+                                                   vocab=vocab, moe_profile=moe_profile))
+    try:
+        run_job(rc, _console())
+    except (ConfigError, BackendUnavailable, ValueError, MemoryError) as e:
+        _fail(str(e))
+    except RuntimeError as e:
+        _fail(str(e), code=1)
+
+
+@main.command()
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="ds4-flash", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json here.")
+def bench(preset, out) -> None:
+    """Launch-layer host cost vs bare CuPy, and routed-MoE decode bandwidth (GPU only)."""
+    from dataclasses import asdict
+
+    from .backends import make_backend
+    from .bench import run_bench
+    from .config import get_preset
+
+    try:
+        be = make_backend("cupy")
+    except BackendUnavailable as e:
+        _fail(f"{e}; ds4lab bench measures a GPU and has no CPU mode")
+    res = run_bench(be, get_preset(preset), _console())
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+
+        def enc(o):
+            return asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)
+
+        (out / "bench.json").write_text(json.dumps(res, indent=2, default=enc) + "\n")
+
+
+@main.command()
+def presets() -> None:
+    """List the model presets and their dimensions."""
+    import pandas as pd
+
+    df = pd.DataFrame([p.summary() for p in PRESETS.values()]).set_index("name").T
+    click.echo(df.to_string())
+
+
+if __name__ == "__main__":
+    main()
