@@ -201,3 +201,36 @@ def run_bench(be, cfg, console) -> dict:
     t2.add_row("fraction of copy bandwidth", f"{mb['fraction_of_copy']:.0%}")
     console.print(t2)
     return {"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb}
+
+
+def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
+    """GPU time of every kernel launch of one token, each re-issued ``repeats`` times alone
+    between CUDA events (median), as a DataFrame (cluster, layer, site, kernel, us).
+
+    The sum is the token's GPU-busy time when kernels run back to back with no launch gaps:
+    the floor a fully captured token approaches. Re-issuing a launch repeats its side effects
+    (a KV store, an in-place RoPE), which changes values but not the work or its timing.
+    """
+    import cupy
+    import pandas as pd
+
+    L = model.L
+    L.trace = []
+    model.token(pos, token_id)
+    be.synchronize()
+    trace, L.trace = L.trace, None
+    st = cupy.cuda.Stream(non_blocking=True)
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    rows = []
+    for r in trace:
+        fn = be.function(r.kernel)
+        fn(r.grid, r.block, r.args, r.shared, st)
+        samples = []
+        for _ in range(repeats):
+            e0.record(st)
+            fn(r.grid, r.block, r.args, r.shared, st)
+            e1.record(st)
+            samples.append(event_ms(e0, e1) * 1e3)
+        rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
+                     "us": float(np.median(samples))})
+    return pd.DataFrame(rows)

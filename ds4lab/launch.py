@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from .annotate import make_annotator
 from .stream import LEGACY_STREAM, current_stream
@@ -27,6 +27,19 @@ from .stream import LEGACY_STREAM, current_stream
 #: Launch-site kinds, as the seed counts them (kernels, memsets, cuBLAS GEMMs, event records),
 #: plus host-to-device copies of per-token scalars.
 KINDS = ("kernel", "memset", "gemm", "event", "memcpy")
+
+
+class LaunchRecord(NamedTuple):
+    """One traced kernel launch: where it came from and everything needed to issue it again."""
+
+    cluster: str
+    layer: int
+    site: str
+    kernel: str
+    grid: tuple
+    block: tuple
+    args: tuple
+    shared: int
 
 
 class Census:
@@ -98,6 +111,9 @@ class Launcher:
         self.routed = routed
         self.cluster_name = "token"
         self.layer = -1
+        #: When a list, every kernel launch is appended as a :class:`LaunchRecord` (analysis
+        #: tools replay them one by one to time each op; off on the hot path).
+        self.trace: list | None = None
 
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
@@ -141,6 +157,8 @@ class Launcher:
         launch on the legacy stream, bypassing the accessor.
         """
         self.census.counts[(self.cluster_name, "kernel", site)] += 1
+        if self.trace is not None:
+            self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, name, grid, block, args, shared))
         stream = LEGACY_STREAM if legacy else (current_stream() if self.routed else LEGACY_STREAM)
         if self._nvtx:
             self.annotator.push(site, self.cluster_name, self.layer)

@@ -139,7 +139,7 @@ class DecodeModel:
     def _check_memory(self) -> None:
         if not self.be.is_gpu:
             return
-        need = W.model_bytes(self.cfg.replace(n_layers=self.n_layers), self.opts.vocab)
+        need = W.model_bytes(self.cfg, self.opts.vocab, self.n_layers)
         free, total = self.be.cp.cuda.runtime.memGetInfo()
         if need > free:
             raise MemoryError(

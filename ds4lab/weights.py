@@ -208,11 +208,12 @@ def bank_of_layer(cfg: ModelConfig, layer: int) -> int:
     return layer if cfg.per_layer_experts else 0
 
 
-def all_specs(cfg: ModelConfig, with_vocab: bool) -> Iterator[WeightSpec]:
-    """Every tensor a model of ``cfg`` allocates (for memory planning)."""
-    for layer in range(cfg.n_layers):
+def all_specs(cfg: ModelConfig, with_vocab: bool, n_layers: int | None = None) -> Iterator[WeightSpec]:
+    """Every tensor a model of ``cfg`` allocates (for memory planning); ``n_layers``: a partial model."""
+    n = cfg.n_layers if n_layers is None else n_layers
+    for layer in range(n):
         yield from layer_specs(cfg, layer).values()
-    for bank in range(cfg.n_routed_banks):
+    for bank in sorted({bank_of_layer(cfg, layer) for layer in range(n)}):
         yield from bank_specs(cfg, bank).values()
     g = global_specs(cfg)
     yield g["out_norm"]
@@ -228,9 +229,9 @@ def spec_bytes(spec: WeightSpec) -> int:
     return q + 2 * (spec.n_weights // Q8_0_BLOCK)
 
 
-def model_bytes(cfg: ModelConfig, with_vocab: bool) -> int:
+def model_bytes(cfg: ModelConfig, with_vocab: bool, n_layers: int | None = None) -> int:
     """Total weight bytes of ``cfg`` (used to refuse a model that cannot fit before allocating)."""
-    return sum(spec_bytes(s) for s in all_specs(cfg, with_vocab))
+    return sum(spec_bytes(s) for s in all_specs(cfg, with_vocab, n_layers))
 
 
 def embed_row(seed: int, token_id: int, embed: int) -> np.ndarray:

@@ -1,0 +1,127 @@
+"""Every ``kernels/*.cu`` compiles with NVRTC for sm_90 — no GPU needed, so this runs in CI.
+
+Uses ``scripts/compile_kernels.py`` (see its docstring). Skipped, with the reason, where
+``cuda.bindings.nvrtc`` (the ``nvrtc`` extra) is not importable or usable, or where no
+``cuda_fp16.h`` is installed (``pip install nvidia-cuda-runtime-cu12``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "kernels"
+SCRIPT = ROOT / "scripts" / "compile_kernels.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("compile_kernels", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ck = _load_script()
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    """``cuda.bindings.nvrtc``, or skip with the reason it is unusable."""
+    try:
+        return ck.load_nvrtc()
+    except ck.NvrtcUnavailable as e:
+        pytest.skip(f"NVRTC not available, kernels not compiled: {e}")
+
+
+@pytest.fixture(scope="module")
+def cuda_include(nvrtc):
+    inc = ck.find_cuda_include_dir()
+    if inc is None:
+        pytest.skip("cuda_fp16.h not found (NVRTC 12 does not ship it): pip install nvidia-cuda-runtime-cu12")
+    return inc
+
+
+def test_kernel_files_present():
+    files = ck.kernel_files(KERNELS)
+    assert files, f"no .cu files in {KERNELS}"
+    assert (KERNELS / "common.cuh").is_file()
+
+
+@pytest.mark.parametrize("cu", ck.kernel_files(KERNELS), ids=lambda p: p.name)
+def test_kernel_compiles_sm90(cu, nvrtc, cuda_include):
+    r = ck.compile_kernel(cu, "sm_90", [KERNELS, cuda_include], nvrtc)
+    assert r.ok, r.describe()
+    assert r.cubin_size > 0
+    assert r.kernels, f"no __global__ function found in {cu.name}"
+
+
+def test_compile_all_reports_every_file(nvrtc, cuda_include):
+    results = ck.compile_all(KERNELS, ["sm_90"], nvrtc=nvrtc)
+    assert [r.path.name for r in results] == [p.name for p in ck.kernel_files(KERNELS)]
+    assert all(r.arch == "sm_90" for r in results)
+    bad = [r.describe() for r in results if not r.ok]
+    assert not bad, "\n".join(bad)
+
+
+BROKEN = """#include "common.cuh"
+extern "C" __global__ void broken_kernel(float* x) {
+    x[threadIdx.x] = warp_sum(1.0f)   // missing semicolon
+}
+"""
+
+
+@pytest.fixture
+def broken_dir(tmp_path):
+    d = tmp_path / "kernels"
+    d.mkdir()
+    shutil.copy(KERNELS / "common.cuh", d / "common.cuh")
+    (d / "broken_syntax.cu").write_text(BROKEN)
+    return d
+
+
+def test_broken_kernel_is_reported(broken_dir, nvrtc, cuda_include):
+    results = ck.compile_all(broken_dir, ["sm_90"], nvrtc=nvrtc)
+    assert len(results) == 1
+    r = results[0]
+    assert not r.ok
+    assert r.path.name == "broken_syntax.cu"
+    assert r.kernels == ["broken_kernel"]
+    assert "broken_syntax.cu" in r.log and "error" in r.log, r.log
+    report = r.describe()
+    assert report.startswith("FAIL") and "broken_syntax.cu" in report
+
+
+def test_broken_kernel_fails_the_script(broken_dir, nvrtc, cuda_include, capsys):
+    rc = ck.main(["--arch", "sm_80", "sm_90", "--kernels-dir", str(broken_dir)])
+    out = capsys.readouterr()
+    assert rc == 1
+    fails = [ln for ln in out.out.splitlines() if ln.startswith("FAIL")]
+    assert len(fails) == 2 and all("broken_syntax.cu" in ln for ln in fails), out.out
+    assert "error" in out.out and "broken_syntax.cu" in out.err
+
+
+def test_main_ok_on_real_kernels(nvrtc, cuda_include, capsys):
+    rc = ck.main(["--arch", "sm_90", "--kernels-dir", str(KERNELS)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    n = len(ck.kernel_files(KERNELS))
+    assert sum(ln.startswith("OK ") for ln in out.splitlines()) == n, out
+
+
+def test_bad_arch_rejected():
+    with pytest.raises(ValueError):
+        ck.normalize_arch("ampere")
+    assert ck.normalize_arch("90") == "sm_90"
+    assert ck.main(["--arch", "ampere"]) == 2
+
+
+def test_kernel_names_ignore_comments():
+    src = '// __global__ void commented_out(int x)\nextern "C" __global__ void real_one(int* p) {}\n' \
+          "/* __global__ void also_not(int) */\n__global__ void __launch_bounds__(256) bounded(float* y) {}\n"
+    assert ck.kernel_names(src) == ["real_one", "bounded"]
