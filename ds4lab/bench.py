@@ -204,8 +204,9 @@ def run_bench(be, cfg, console) -> dict:
 
 
 def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
-    """GPU time of every kernel launch of one token, each re-issued ``repeats`` times alone
-    between CUDA events (median), as a DataFrame (cluster, layer, site, kernel, us).
+    """GPU time of every kernel launch of one token: each launch re-issued ``repeats`` times back
+    to back behind a spin kernel, between two CUDA events (mean per launch). DataFrame columns:
+    cluster, layer, site, kernel, us.
 
     The sum is the token's GPU-busy time when kernels run back to back with no launch gaps:
     the floor a fully captured token approaches. Re-issuing a launch repeats its side effects
@@ -221,16 +222,18 @@ def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 2
     trace, L.trace = L.trace, None
     st = cupy.cuda.Stream(non_blocking=True)
     e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    spin = be.function("spin_wait")
     rows = []
     for r in trace:
         fn = be.function(r.kernel)
-        fn(r.grid, r.block, r.args, r.shared, st)
-        samples = []
+        fn(r.grid, r.block, r.args, r.shared, st)  # warm
+        # The GPU spins while the host queues the repeats, so they run back to back and the
+        # event pair measures kernel time, not the host's launch rate.
+        spin((1,), (1,), (np.int64(20_000 + 8_000 * repeats),), 0, st)
+        e0.record(st)
         for _ in range(repeats):
-            e0.record(st)
             fn(r.grid, r.block, r.args, r.shared, st)
-            e1.record(st)
-            samples.append(event_ms(e0, e1) * 1e3)
+        e1.record(st)
         rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
-                     "us": float(np.median(samples))})
+                     "us": event_ms(e0, e1) * 1e3 / repeats})
     return pd.DataFrame(rows)

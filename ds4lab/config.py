@@ -131,7 +131,7 @@ class ModelConfig:
                 Q8_0_BLOCK, "Q8_0 blocks of the grouped output projection")
         divides("out_groups*out_lora", self.out_groups * self.out_lora, Q8_0_BLOCK,
                 "Q8_0 blocks of the output projection")
-        divides("head_dim", self.head_dim, Q8_0_BLOCK, "Q8_0 blocks of the KV projection")
+        divides("head_dim", self.head_dim, 64, "float2 lanes of the attention kernel")
         if self.n_heads % self.out_groups:
             raise ConfigError(
                 f"{self.name}: n_heads={self.n_heads} is not a multiple of out_groups={self.out_groups}")

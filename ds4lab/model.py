@@ -168,6 +168,7 @@ class DecodeModel:
         self.hn = be.empty((S, E), f)
         self.mix_attn = be.empty((2 * S,), f)
         self.mix_ffn = be.empty((2 * S,), f)
+        self.mix_part = be.empty((2 * S * ops.HC_MIX_SPLIT,), f)
         self.mix_final = be.zeros((2 * S,), f)  # zero logits: equal pre-mix weights
         self.x = be.empty((E,), f)
         self.qa = be.empty((cfg.q_lora,), f)
@@ -219,8 +220,8 @@ class DecodeModel:
             L.layer = -1
             if self.opts.vocab:
                 with L.cluster("final"):
-                    ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, self.out_norm, self.xf,
-                                  cfg.hc_streams, cfg.embed, cfg.rms_eps)
+                    ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
+                                  cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
                     ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
         L.census.token_done()
 
@@ -229,8 +230,8 @@ class DecodeModel:
         S, E = cfg.hc_streams, cfg.embed
         with L.cluster(name):
             ops.rms_norm_rows(L, "stream_norm", self.h, None, self.hn, S, E, cfg.rms_eps)
-            ops.hc_mix(L, "mix", self.hn, wmix, mix, S, E)
-            ops.hc_premix(L, "premix_norm", self.h, mix, wnorm, self.x, S, E, cfg.rms_eps)
+            ops.hc_mix(L, "mix", self.hn, wmix, self.mix_part, S, E)
+            ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
         cfg, L, w = self.cfg, self.L, self.layers[layer]

@@ -67,7 +67,7 @@ def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
     def ref():
         y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
 
-    L.kernel(site, "q8_matvec", (cdiv(w.rows, WARPS),), (256,),
+    L.kernel(site, "q8_matvec", (cdiv(w.rows, 2 * WARPS),), (256,),
              (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref)
 
 
@@ -88,7 +88,7 @@ def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
     def ref():
         h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
 
-    L.kernel(site, "q8_matvec_expand", (cdiv(w.rows, WARPS),), (256,),
+    L.kernel(site, "q8_matvec_expand", (cdiv(w.rows, 2 * WARPS),), (256,),
              (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref)
 
 
@@ -103,22 +103,35 @@ def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
              (x, NULL if w is None else w, y, i32(dim), f32(eps)), ref)
 
 
-def hc_mix(L, site, hn, wmix, logits, S, E):
-    """Mixing logits ``[2S]`` of a hyper-connection from the normed streams."""
+#: Partial sums per mixing logit in ``hc_mix`` (``HC_MIX_SPLIT`` in ``kernels/dense.cu``).
+HC_MIX_SPLIT = 16
+
+
+def hc_mix(L, site, hn, wmix, part, S, E):
+    """Mixing-logit partial sums ``part [2S, HC_MIX_SPLIT]`` of a hyper-connection."""
 
     def ref():
-        logits[:] = R.hc_mix_logits(np.asarray(hn).reshape(S, E), wmix)
+        part.reshape(-1)[: 2 * S * HC_MIX_SPLIT] = R.hc_mix_partials(
+            np.asarray(hn).reshape(S, E), wmix, HC_MIX_SPLIT).reshape(-1)
 
-    L.kernel(site, "hc_mix", (2 * S,), (256,), (hn, wmix, logits, i32(S * E)), ref)
+    L.kernel(site, "hc_mix", (2 * S, HC_MIX_SPLIT), (256,), (hn, wmix, part, i32(S * E)), ref)
 
 
-def hc_premix(L, site, h, logits, w, x, S, E, eps):
-    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``."""
+def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``.
+
+    Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when
+    ``part`` already holds final logits (``nsplit=1``, the output mix).
+    """
 
     def ref():
-        x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), logits, w, eps)
+        lg = R.sum_partials(np.asarray(part).reshape(-1)[: 2 * S * nsplit].reshape(2 * S, nsplit))
+        if logits is not None:
+            logits[: 2 * S] = lg
+        x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), lg, w, eps)
 
-    L.kernel(site, "hc_premix", (1,), (1024,), (h, logits, w, x, i32(S), i32(E), f32(eps)), ref)
+    L.kernel(site, "hc_premix", (1,), (1024,),
+             (h, part, NULL if logits is None else logits, w, x, i32(S), i32(E), i32(nsplit), f32(eps)), ref)
 
 
 def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars):
@@ -275,7 +288,7 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
             y = R.expert_matvec(bank_gu[int(flat[p])], xq[t], xd[t])
             gate[p], up[p] = y[:F], y[F:]
 
-    L.kernel(site, "moe_gateup_decode", (cdiv(2 * F, WARPS), P), (256,),
+    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS), P), (256,),
              (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E)), ref)
 
 
@@ -319,7 +332,7 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
         for p in range(P):
             out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
 
-    L.kernel(site, "moe_down_decode", (cdiv(E, WARPS), P), (256,),
+    L.kernel(site, "moe_down_decode", (cdiv(E // 2, WARPS), P), (256,),
              (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E)), ref)
 
 

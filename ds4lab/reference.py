@@ -98,6 +98,19 @@ def hc_mix_logits(hn: np.ndarray, wmix: np.ndarray) -> np.ndarray:
     return (W @ np.asarray(hn, dtype=f64).reshape(-1)).astype(f32)
 
 
+def hc_mix_partials(hn: np.ndarray, wmix: np.ndarray, nsplit: int) -> np.ndarray:
+    """``hc_mix``'s partial sums: float32 ``[2S, nsplit]``, slice ``s`` of ``flat(hn)`` per column."""
+    S = hn.shape[0]
+    W = np.asarray(wmix, dtype=f64).reshape(2 * S, nsplit, -1)
+    v = np.asarray(hn, dtype=f64).reshape(nsplit, -1)
+    return np.einsum("jsi,si->js", W, v).astype(f32)
+
+
+def sum_partials(part: np.ndarray) -> np.ndarray:
+    """Row sums of float32 partials ``[2S, nsplit]`` in float64, stored as float32 (``hc_premix``)."""
+    return np.asarray(part, dtype=f64).sum(axis=-1).astype(f32)
+
+
 def mix_weights(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(pre, post)`` from mixing logits ``[2S]``: softmax of the first S, ``2*sigmoid`` of the rest."""
     lg = np.asarray(logits, dtype=f64)

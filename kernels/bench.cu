@@ -5,3 +5,12 @@ extern "C" __global__ void tiny_add(float* __restrict__ x, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += 1.0f;
 }
+
+// Keep the GPU busy for about `ns` nanoseconds, so launches queued behind it run back to back
+// (per-op timing without the host's launch gaps).
+extern "C" __global__ void spin_wait(long long ns) {
+    long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    long long now = start;
+    while (now - start < ns) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+}

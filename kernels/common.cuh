@@ -110,6 +110,65 @@ __device__ __forceinline__ float q8_0_row_dot(const i8* __restrict__ q, const __
     return acc;
 }
 
+// Two Q8_0 rows against the same x, one warp: x is loaded once for both rows (half the
+// activation traffic per weight byte, twice the independent weight loads in flight).
+__device__ __forceinline__ void q8_0_row_dot2(const i8* __restrict__ q0, const __half* __restrict__ d0,
+                                              const i8* __restrict__ q1, const __half* __restrict__ d1,
+                                              const float* __restrict__ x, int cols, int lane,
+                                              float& acc0, float& acc1) {
+    acc0 = 0.0f; acc1 = 0.0f;
+    const int chunks = cols >> 4;
+#pragma unroll 2
+    for (int c = lane; c < chunks; c += 32) {
+        int4 v0 = __ldg(reinterpret_cast<const int4*>(q0) + c);
+        int4 v1 = __ldg(reinterpret_cast<const int4*>(q1) + c);
+        float s0 = __half2float(d0[c >> 1]), s1 = __half2float(d1[c >> 1]);
+        const float4* xv = reinterpret_cast<const float4*>(x) + (c << 2);
+        float4 xs[4] = {xv[0], xv[1], xv[2], xv[3]};
+        const i8* b0 = reinterpret_cast<const i8*>(&v0);
+        const i8* b1 = reinterpret_cast<const i8*>(&v1);
+        float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            p0 += b0[4 * m] * xs[m].x + b0[4 * m + 1] * xs[m].y + b0[4 * m + 2] * xs[m].z + b0[4 * m + 3] * xs[m].w;
+            p1 += b1[4 * m] * xs[m].x + b1[4 * m + 1] * xs[m].y + b1[4 * m + 2] * xs[m].z + b1[4 * m + 3] * xs[m].w;
+        }
+        acc0 += s0 * p0;
+        acc1 += s1 * p1;
+    }
+}
+
+// Two 4-bit rows against the same Q8_K activation row, one warp (see q8_0_row_dot2).
+__device__ __forceinline__ void q4_q8k_row_dot2(const u8* __restrict__ q0, const __half* __restrict__ d0,
+                                                const u8* __restrict__ q1, const __half* __restrict__ d1,
+                                                const i8* __restrict__ xq, const float* __restrict__ xd,
+                                                int cols, int lane, float& acc0, float& acc1) {
+    acc0 = 0.0f; acc1 = 0.0f;
+    const int blocks = cols >> 5;
+#pragma unroll 2
+    for (int b = lane; b < blocks; b += 32) {
+        int4 w0 = __ldg(reinterpret_cast<const int4*>(q0) + b);
+        int4 w1 = __ldg(reinterpret_cast<const int4*>(q1) + b);
+        int4 xa = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);
+        int4 xb = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);
+        const float xs = xd[b >> 3];
+        const int wv0[4] = {w0.x, w0.y, w0.z, w0.w};
+        const int wv1[4] = {w1.x, w1.y, w1.z, w1.w};
+        const int xl[4] = {xa.x, xa.y, xa.z, xa.w};
+        const int xh[4] = {xb.x, xb.y, xb.z, xb.w};
+        int i0 = 0, i1 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            i0 = __dp4a((int)__vsub4(wv0[k] & 0x0F0F0F0F, 0x08080808), xl[k], i0);
+            i0 = __dp4a((int)__vsub4((wv0[k] >> 4) & 0x0F0F0F0F, 0x08080808), xh[k], i0);
+            i1 = __dp4a((int)__vsub4(wv1[k] & 0x0F0F0F0F, 0x08080808), xl[k], i1);
+            i1 = __dp4a((int)__vsub4((wv1[k] >> 4) & 0x0F0F0F0F, 0x08080808), xh[k], i1);
+        }
+        acc0 += (float)i0 * __half2float(d0[b]) * xs;
+        acc1 += (float)i1 * __half2float(d1[b]) * xs;
+    }
+}
+
 // Dot product of a 4-bit row (cols values: cols/2 packed bytes, cols/32 fp16 scales) with a
 // Q8_K activation row (cols int8, cols/256 fp32 scales), one warp, one 32-block per lane step.
 // Integer products through dp4a; per-block scales applied in fp32.

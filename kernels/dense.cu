@@ -2,15 +2,21 @@
 // KV store, the token embedding. One decode token (T = 1); fp32 activations.
 #include "common.cuh"
 
-// y[r] = W[r] . x[g*group_stride : +cols], g = r / rows_per_group. One warp per row.
+// y[r] = W[r] . x[g*group_stride : +cols], g = r / rows_per_group. One warp per two rows
+// (rows and rows_per_group even), so each x load serves two weight rows.
 extern "C" __global__ void q8_matvec(const i8* __restrict__ qs, const __half* __restrict__ d,
                                      const float* __restrict__ x, float* __restrict__ y,
                                      int rows, int cols, int rows_per_group, int group_stride) {
-    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    const int row = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2, lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* xg = x + (size_t)(row / rows_per_group) * group_stride;
-    float acc = warp_sum(q8_0_row_dot(qs + (size_t)row * cols, d + (size_t)row * (cols / 32), xg, cols, lane));
-    if (lane == 0) y[row] = acc;
+    const size_t nb = cols / 32;
+    float a0, a1;
+    q8_0_row_dot2(qs + (size_t)row * cols, d + row * nb, qs + (size_t)(row + 1) * cols, d + (row + 1) * nb,
+                  xg, cols, lane, a0, a1);
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    if (lane == 0) { y[row] = a0; y[row + 1] = a1; }
 }
 
 __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
@@ -20,30 +26,40 @@ __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
 }
 
 // Shared expert gate/up with clamped SwiGLU: W is [2F, cols], rows 0..F-1 gate, F..2F-1 up.
+// One warp computes gate row r and up row r + F together.
 extern "C" __global__ void q8_matvec_swiglu(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ mid,
                                             int F, int cols, float limit) {
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (row >= F) return;
-    float g = warp_sum(q8_0_row_dot(qs + (size_t)row * cols, d + (size_t)row * (cols / 32), x, cols, lane));
-    const size_t ur = (size_t)(row + F);
-    float u = warp_sum(q8_0_row_dot(qs + ur * cols, d + ur * (cols / 32), x, cols, lane));
+    const size_t ur = (size_t)(row + F), nb = cols / 32;
+    float g, u;
+    q8_0_row_dot2(qs + (size_t)row * cols, d + row * nb, qs + ur * cols, d + ur * nb, x, cols, lane, g, u);
+    g = warp_sum(g);
+    u = warp_sum(u);
     if (lane == 0) mid[row] = swiglu_clamped(g, u, limit);
 }
 
 // Down/output projection with hyper-connection expand and residual add:
 // h[s][r] += post_s * (W[r] . x + extra[r]), post_s = 2*sigmoid(mix_logits[S + s]).
+// One warp per two rows (rows even).
 extern "C" __global__ void q8_matvec_expand(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ h,
                                             const float* __restrict__ mix_logits, const float* __restrict__ extra,
                                             int rows, int cols, int S) {
-    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    const int row = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2, lane = threadIdx.x & 31;
     if (row >= rows) return;
-    float y = warp_sum(q8_0_row_dot(qs + (size_t)row * cols, d + (size_t)row * (cols / 32), x, cols, lane));
-    if (extra) y += extra[row];
+    const size_t nb = cols / 32;
+    float y0, y1;
+    q8_0_row_dot2(qs + (size_t)row * cols, d + row * nb, qs + (size_t)(row + 1) * cols, d + (row + 1) * nb,
+                  x, cols, lane, y0, y1);
+    y0 = warp_sum(y0);
+    y1 = warp_sum(y1);
+    if (extra) { y0 += extra[row]; y1 += extra[row + 1]; }
     if (lane < S) {
         float post = 2.0f / (1.0f + expf(-mix_logits[S + lane]));
-        h[(size_t)lane * rows + row] += post * y;
+        h[(size_t)lane * rows + row] += post * y0;
+        h[(size_t)lane * rows + row + 1] += post * y1;
     }
 }
 
@@ -58,24 +74,43 @@ extern "C" __global__ void rms_norm_rows(const float* __restrict__ x, const floa
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * scale * (w ? w[i] : 1.0f);
 }
 
-// Hyper-connection mixing logits: logits[j] = Wmix[j] . flat(hn), one block per j (2S blocks).
+#define HC_MIX_SPLIT 16
+
+// Hyper-connection mixing logits, partial sums: part[j][s] = Wmix[j][slice s] . flat(hn)[slice s].
+// grid = (2S, HC_MIX_SPLIT): enough blocks to stream Wmix at bandwidth; hc_premix adds the
+// partials in a fixed order (deterministic, no atomics).
 extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __restrict__ wmix,
-                                  float* __restrict__ logits, int n) {
-    const float* w = wmix + (size_t)blockIdx.x * n;
+                                  float* __restrict__ part, int n) {
+    const int per = n / HC_MIX_SPLIT, s = blockIdx.y;
+    const float4* w = reinterpret_cast<const float4*>(wmix + (size_t)blockIdx.x * n + (size_t)s * per);
+    const float4* v = reinterpret_cast<const float4*>(hn + (size_t)s * per);
     float acc = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += w[i] * hn[i];
+    for (int i = threadIdx.x; i < per / 4; i += blockDim.x) {
+        float4 a = w[i], b = v[i];
+        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
     acc = block_sum(acc);
-    if (threadIdx.x == 0) logits[blockIdx.x] = acc;
+    if (threadIdx.x == 0) part[blockIdx.x * HC_MIX_SPLIT + s] = acc;
 }
 
-// Pre-mix: x = rms_norm(sum_s softmax(logits[0:S])_s * h[s]) * w. One block.
-extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* __restrict__ logits,
-                                     const float* __restrict__ w, float* __restrict__ x,
-                                     int S, int E, float eps) {
+// Pre-mix: logits[j] = sum of hc_mix's partials (written back to logits[j] for the expand),
+// x = rms_norm(sum_s softmax(logits[0:S])_s * h[s]) * w. One block. part == logits is allowed
+// only when the logits are final already (the output mix passes zeros and nsplit = 1).
+extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* __restrict__ part,
+                                     float* __restrict__ logits, const float* __restrict__ w,
+                                     float* __restrict__ x, int S, int E, int nsplit, float eps) {
+    __shared__ float lg[16];
+    if (threadIdx.x < 2 * S) {
+        float a = 0.0f;
+        for (int s = 0; s < nsplit; ++s) a += part[threadIdx.x * nsplit + s];
+        lg[threadIdx.x] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2 * S && logits) logits[threadIdx.x] = lg[threadIdx.x];
     float pre[8];
     float m = -3.402823466e38f, z = 0.0f;
-    for (int s = 0; s < S; ++s) m = fmaxf(m, logits[s]);
-    for (int s = 0; s < S; ++s) { pre[s] = expf(logits[s] - m); z += pre[s]; }
+    for (int s = 0; s < S; ++s) m = fmaxf(m, lg[s]);
+    for (int s = 0; s < S; ++s) { pre[s] = expf(lg[s] - m); z += pre[s]; }
     float ss = 0.0f;
     for (int i = threadIdx.x; i < E; i += blockDim.x) {
         float v = 0.0f;

@@ -88,18 +88,22 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
     if (r < F) gate[(size_t)p * F + r] = v; else up[(size_t)p * F + (r - F)] = v;
 }
 
-// gateup, decode path (no sort): one warp per row, grid = (2F/8, P), block = 256.
+// gateup, decode path (no sort): one warp computes gate row r and up row r + F of a pair's
+// expert (they share the activation loads). grid = (F/8, P), block = 256.
 extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
                                              float* __restrict__ up, int k, int F, int E) {
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const int p = blockIdx.y, t = p / k;
-    if (r >= 2 * F) return;
-    const size_t row = (size_t)ids[p] * 2 * F + r;
-    float v = warp_sum(q4_q8k_row_dot(wq + row * (E / 2), wd + row * (E / 32),
-                                      xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, lane));
-    if (lane == 0) store_gateup(v, gate, up, p, r, F);
+    if (r >= F) return;
+    const size_t g = (size_t)ids[p] * 2 * F + r, u = g + F;
+    float a0, a1;
+    q4_q8k_row_dot2(wq + g * (E / 2), wd + g * (E / 32), wq + u * (E / 2), wd + u * (E / 32),
+                    xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, lane, a0, a1);
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    if (lane == 0) { gate[(size_t)p * F + r] = a0; up[(size_t)p * F + r] = a1; }
 }
 
 // Tiled path (tokens > 1): each block row-slice reads its weights once per tile of pairs.
@@ -184,17 +188,21 @@ extern "C" __global__ void moe_midq(const float* __restrict__ gate, const float*
                    md + (size_t)blockIdx.y * (F / 256) + blockIdx.x);
 }
 
-// down, decode path: out [P, E] = expert down [E, F] (4-bit) . midq[p]. grid = (E/8, P).
+// down, decode path: out [P, E] = expert down [E, F] (4-bit) . midq[p]. One warp computes rows
+// r and r + E/2. grid = (E/16, P).
 extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                            const i8* __restrict__ mq, const float* __restrict__ md,
                                            const int* __restrict__ ids, float* __restrict__ out, int F, int E) {
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int p = blockIdx.y;
-    if (r >= E) return;
-    const size_t row = (size_t)ids[p] * E + r;
-    float v = warp_sum(q4_q8k_row_dot(wq + row * (F / 2), wd + row * (F / 32),
-                                      mq + (size_t)p * F, md + (size_t)p * (F / 256), F, lane));
-    if (lane == 0) out[(size_t)p * E + r] = v;
+    const int p = blockIdx.y, half = E / 2;
+    if (r >= half) return;
+    const size_t r0 = (size_t)ids[p] * E + r, r1 = r0 + half;
+    float a0, a1;
+    q4_q8k_row_dot2(wq + r0 * (F / 2), wd + r0 * (F / 32), wq + r1 * (F / 2), wd + r1 * (F / 32),
+                    mq + (size_t)p * F, md + (size_t)p * (F / 256), F, lane, a0, a1);
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    if (lane == 0) { out[(size_t)p * E + r] = a0; out[(size_t)p * E + r + half] = a1; }
 }
 
 extern "C" __global__ void moe_down_tiled(const u8* __restrict__ wq, const __half* __restrict__ wd,
