@@ -137,16 +137,20 @@ def test_rms_norm_rows(both, rng, weighted):
 
 def test_hc_mix_and_premix(both, rng):
     S, E = 4, 4096
+    nsplit = ops.HC_MIX_SPLIT
     hn = rng.standard_normal((S, E)).astype(np.float32)
     wmix = (rng.standard_normal(2 * S * S * E) / np.sqrt(S * E)).astype(np.float32)
     wn = rng.standard_normal(E).astype(np.float32)
 
     def fn(L, b):
-        ops.hc_mix(L, "m", b["hn"], b["wmix"], b["lg"], S, E)
-        ops.hc_premix(L, "p", b["hn"], b["lg"], b["wn"], b["x"], S, E, 1e-6)
+        ops.hc_mix(L, "m", b["hn"], b["wmix"], b["part"], S, E)
+        ops.hc_premix(L, "p", b["hn"], b["part"], b["lg"], b["wn"], b["x"], S, E, 1e-6)
 
-    g, r = both.run(fn, {"hn": hn, "wmix": wmix, "wn": wn}, {"lg": ((2 * S,), np.float32), "x": ((E,), np.float32)})
-    assert rel(g["lg"], r["lg"]) < F32_RTOL
+    g, r = both.run(fn, {"hn": hn, "wmix": wmix, "wn": wn},
+                    {"part": ((2 * S * nsplit,), np.float32), "lg": ((2 * S,), np.float32), "x": ((E,), np.float32)})
+    assert rel(g["part"], r["part"]) < F32_RTOL
+    # The logits against the unsplit float64 product: the split is an exact regrouping.
+    assert rel(g["lg"], R.hc_mix_logits(hn, wmix)) < F32_RTOL
     assert rel(g["x"], r["x"]) < F32_RTOL
 
 
