@@ -103,6 +103,8 @@ class ModelConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(f"unknown configuration field(s): {', '.join(sorted(unknown))}")
+        if "head_dim" in changes and "value_dim" not in changes and self.value_dim == self.head_dim:
+            changes["value_dim"] = None  # value_dim follows head_dim unless set on its own
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ validation
@@ -127,14 +129,14 @@ class ModelConfig:
         divides("q_lora", self.q_lora, Q8_0_BLOCK, "Q8_0 blocks of the query up-projection")
         divides("expert_ffn", self.expert_ffn, Q8_K_BLOCK, "Q8_K blocks of the MoE middle")
         divides("heads*head_dim", self.q_dim, Q8_0_BLOCK, "Q8_0 rows")
-        divides("group input (heads/groups*head_dim)", self.group_in if self.n_heads % self.out_groups == 0 else 1,
-                Q8_0_BLOCK, "Q8_0 blocks of the grouped output projection")
-        divides("out_groups*out_lora", self.out_groups * self.out_lora, Q8_0_BLOCK,
-                "Q8_0 blocks of the output projection")
-        divides("head_dim", self.head_dim, 64, "float2 lanes of the attention kernel")
         if self.n_heads % self.out_groups:
             raise ConfigError(
                 f"{self.name}: n_heads={self.n_heads} is not a multiple of out_groups={self.out_groups}")
+        divides("group input (heads/groups*head_dim)", self.group_in, Q8_0_BLOCK,
+                "Q8_0 blocks of the grouped output projection")
+        divides("out_groups*out_lora", self.out_groups * self.out_lora, Q8_0_BLOCK,
+                "Q8_0 blocks of the output projection")
+        divides("head_dim", self.head_dim, 64, "float2 lanes of the attention kernel")
         if self.rope_dims % 2 or self.rope_dims > self.head_dim:
             raise ConfigError(
                 f"{self.name}: rope_dims={self.rope_dims} must be even and at most head_dim={self.head_dim}")

@@ -159,19 +159,11 @@ def test_summary_flat_and_complete():
         assert s[k] == v
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "config.py:78/106: value_dim is materialized from head_dim in __post_init__, so replace()/"
-    "get_preset(head_dim=...) carries the preset's old value_dim and raises ConfigError "
-    "'value_dim=64 must equal head_dim=128' for an override the user never made"))
 def test_head_dim_override_moves_value_dim():
     cfg = get_preset("tiny", head_dim=128)
     assert cfg.head_dim == 128 and cfg.value_dim == 128
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "config.py:130: when n_heads % out_groups != 0 the group-input check is fed the value 1, so "
-    "it raises 'group input (heads/groups*head_dim)=1 is not a multiple of 32' before the "
-    "n_heads/out_groups check (config.py:135) is ever reached; the message names neither value"))
 def test_heads_not_multiple_of_groups_names_values():
     with pytest.raises(ConfigError) as e:
         get_preset("tiny", n_heads=6, out_groups=4)
