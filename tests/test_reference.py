@@ -393,3 +393,52 @@ def test_routed_moe_clamps_swiglu(rng):
     a = R.routed_moe(lambda e: (gu, dn), x, ids, wts, 1e6)
     b = R.routed_moe(lambda e: (gu, dn), x, ids, wts, 0.05)
     assert rel(b, a) > 1e-2
+
+
+# ----------------------------------------------------------------------------- hyper-connections
+def test_hc_mix_partials_sum_to_logits(rng):
+    S, E, nsplit = 4, 64, 16
+    hn = rng.standard_normal((S, E)).astype(f32)
+    wmix = rng.standard_normal(2 * S * S * E).astype(f32)
+    part = R.hc_mix_partials(hn, wmix, nsplit)
+    assert part.shape == (2 * S, nsplit) and part.dtype == f32
+    Wm = wmix.astype(f64).reshape(2 * S, S * E)
+    flat = hn.astype(f64).reshape(-1)
+    chunk = S * E // nsplit
+    want = np.array([[Wm[j, c * chunk:(c + 1) * chunk] @ flat[c * chunk:(c + 1) * chunk]
+                      for c in range(nsplit)] for j in range(2 * S)])
+    assert rel(part, want) < 1e-6
+    lg = R.sum_partials(part)
+    assert lg.dtype == f32 and lg.shape == (2 * S,)
+    assert rel(lg, Wm @ flat) < 1e-6
+    assert rel(R.hc_mix_logits(hn, wmix), Wm @ flat) < 1e-6
+
+
+def test_mix_weights_premix_and_expand(rng):
+    S, E, eps = 4, 32, 1e-6
+    lg = rng.standard_normal(2 * S).astype(f32)
+    h = rng.standard_normal((S, E)).astype(f32)
+    wn = rng.uniform(0.5, 1.5, E).astype(f32)
+    pre, post = R.mix_weights(lg)
+    e = np.exp(lg[:S].astype(f64))
+    assert np.allclose(pre, e / e.sum(), rtol=1e-12)
+    assert np.allclose(post, 2 / (1 + np.exp(-lg[S:].astype(f64))), rtol=1e-12)
+    mixed = sum(pre[s] * h[s].astype(f64) for s in range(S))
+    want = mixed / np.sqrt(np.mean(mixed ** 2) + eps) * wn
+    assert rel(R.hc_premix(h, lg, wn, eps), want) < 1e-6
+    y = rng.standard_normal(E).astype(f32)
+    extra = rng.standard_normal(E).astype(f32)
+    got = R.expand(h, lg, y, extra)
+    want = np.stack([h[s].astype(f64) + post[s] * (y.astype(f64) + extra) for s in range(S)])
+    assert rel(got, want) < 1e-6
+
+
+def test_swiglu_clamped(rng):
+    g = (rng.standard_normal(512) * 20).astype(f32)
+    u = (rng.standard_normal(512) * 20).astype(f32)
+    lim = 7.0
+    got = R.swiglu(g, u, lim)
+    gg = np.minimum(g.astype(f64), lim)
+    uu = np.clip(u.astype(f64), -lim, lim)
+    assert rel(got, gg / (1 + np.exp(-gg)) * uu) < 1e-6
+    assert np.abs(got).max() <= lim * lim * (1 + 1e-6)

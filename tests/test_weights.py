@@ -274,6 +274,21 @@ def test_per_layer_experts_adds_42_banks():
     assert diff == 42 * bank
 
 
+def test_model_bytes_partial_model():
+    cfg = get_preset("ds4-flash")
+    full = W.model_bytes(cfg, False)
+    one = W.model_bytes(cfg, False, 1)
+    two = W.model_bytes(cfg, False, 2)
+    assert one < two < full
+    per_layer = two - one  # one more layer, same shared bank
+    assert full == one + 42 * per_layer
+    # Per-layer banks: a 2-layer partial model holds exactly 2 banks.
+    pl = cfg.replace(per_layer_experts=True)
+    n = 256 * (2 * 2048 * 4096 + 4096 * 2048)
+    bank = n // 2 + 2 * (n // 32)
+    assert W.model_bytes(pl, False, 2) - W.model_bytes(cfg, False, 2) == bank
+
+
 def test_model_bytes_counts_every_tensor():
     cfg = get_preset("tiny")
     # Independent tally of the tiny model from the layer anatomy.
