@@ -40,6 +40,7 @@ class LaunchRecord(NamedTuple):
     block: tuple
     args: tuple
     shared: int
+    nbytes: int
 
 
 class Census:
@@ -148,7 +149,7 @@ class Launcher:
 
     # ------------------------------------------------------------------ launch sites
     def kernel(self, site: str, name: str, grid: tuple, block: tuple, args: tuple,
-               ref: Callable[[], None], *, shared: int = 0, legacy: bool = False) -> None:
+               ref: Callable[[], None], *, nbytes: int = 0, shared: int = 0, legacy: bool = False) -> None:
         """Launch kernel ``name`` from launch site ``site``.
 
         ``args`` are backend arrays and numpy scalars in the kernel's parameter order; ``ref``
@@ -158,14 +159,17 @@ class Launcher:
         """
         self.census.counts[(self.cluster_name, "kernel", site)] += 1
         if self.trace is not None:
-            self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, name, grid, block, args, shared))
+            self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, name, grid, block, args, shared,
+                                           nbytes))
         stream = LEGACY_STREAM if legacy else (current_stream() if self.routed else LEGACY_STREAM)
         if self._nvtx:
             self.annotator.push(site, self.cluster_name, self.layer)
-            self.backend.launch(stream, name, grid, block, args, shared, ref)
-            self.annotator.pop()
+            try:
+                self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
+            finally:
+                self.annotator.pop()
         else:
-            self.backend.launch(stream, name, grid, block, args, shared, ref)
+            self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
 
     def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
         """Fill ``buf`` with byte ``value``.

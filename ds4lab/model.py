@@ -195,8 +195,11 @@ class DecodeModel:
     # ------------------------------------------------------------------ the token
     def scalars(self, pos: int, token_id: int) -> ops.TokenScalars:
         """Per-token scalars for ``(pos, token_id)``; in device mode, written to the device first."""
-        if pos < 0:
-            raise ValueError(f"position {pos} must be >= 0")
+        for what, v in (("position", pos), ("token id", token_id)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{what} {v!r} must be an integer")
+        if not 0 <= pos < 2**31 - 1:
+            raise ValueError(f"position {pos} must be in 0..{2**31 - 2} (an int32 kernel argument)")
         if not 0 <= token_id < self.cfg.vocab:
             raise ValueError(f"token id {token_id} outside the vocabulary 0..{self.cfg.vocab - 1}")
         v = ops.host_scalars(self.cfg, pos, token_id)
@@ -336,5 +339,5 @@ class DecodeModel:
         return None if self.logits is None else self.be.to_host(self.logits)
 
     def selected_experts(self) -> np.ndarray:
-        """Host copy of the last router call's expert ids ``[T, k]`` (valid rows: the last T)."""
+        """Host copy of the last router call's expert ids ``[T, k]`` (valid rows: the first T)."""
         return self.be.to_host(self.moe_buf.ids)

@@ -27,6 +27,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def expert_bytes(bank) -> int:
+    """Bytes of one expert's matrix in a routed bank (4-bit values + fp16 scales)."""
+    return bank.rows * bank.cols // 2 + bank.rows * bank.cols // 32 * 2
+
+
 @dataclass
 class TokenScalars:
     """Per-token scalars: position, KV ring-buffer row, window length, token id.
@@ -68,7 +73,8 @@ def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
         y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
 
     L.kernel(site, "q8_matvec", (cdiv(w.rows, 2 * WARPS),), (256,),
-             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref)
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref,
+             nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows))
 
 
 def q8_matvec_swiglu(L, site, w, x, mid, limit):
@@ -79,7 +85,7 @@ def q8_matvec_swiglu(L, site, w, x, mid, limit):
         mid[:F] = R.q8_matvec_swiglu(w, x, limit)
 
     L.kernel(site, "q8_matvec_swiglu", (cdiv(F, WARPS),), (256,),
-             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref)
+             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref, nbytes=w.nbytes + 4 * (w.cols + F))
 
 
 def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
@@ -89,7 +95,8 @@ def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
         h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
 
     L.kernel(site, "q8_matvec_expand", (cdiv(w.rows, 2 * WARPS),), (256,),
-             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref)
+             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref,
+             nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows))
 
 
 def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
@@ -100,7 +107,7 @@ def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
         y.reshape(-1)[: rows * dim] = R.rms_norm(xs, w, eps).reshape(-1)
 
     L.kernel(site, "rms_norm_rows", (rows,), (256,),
-             (x, NULL if w is None else w, y, i32(dim), f32(eps)), ref)
+             (x, NULL if w is None else w, y, i32(dim), f32(eps)), ref, nbytes=4 * (2 * rows * dim + dim))
 
 
 #: Partial sums per mixing logit in ``hc_mix`` (``HC_MIX_SPLIT`` in ``kernels/dense.cu``).
@@ -114,7 +121,8 @@ def hc_mix(L, site, hn, wmix, part, S, E):
         part.reshape(-1)[: 2 * S * HC_MIX_SPLIT] = R.hc_mix_partials(
             np.asarray(hn).reshape(S, E), wmix, HC_MIX_SPLIT).reshape(-1)
 
-    L.kernel(site, "hc_mix", (2 * S, HC_MIX_SPLIT), (256,), (hn, wmix, part, i32(S * E)), ref)
+    L.kernel(site, "hc_mix", (2 * S, HC_MIX_SPLIT), (256,), (hn, wmix, part, i32(S * E)), ref,
+             nbytes=4 * (2 * S * S * E + S * E))
 
 
 def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
@@ -131,7 +139,8 @@ def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
         x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), lg, w, eps)
 
     L.kernel(site, "hc_premix", (1,), (1024,),
-             (h, part, NULL if logits is None else logits, w, x, i32(S), i32(E), i32(nsplit), f32(eps)), ref)
+             (h, part, NULL if logits is None else logits, w, x, i32(S), i32(E), i32(nsplit), f32(eps)), ref,
+             nbytes=4 * (S * E + 2 * E))
 
 
 def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars):
@@ -143,7 +152,8 @@ def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars):
                         cfg.rope_theta).reshape(q.shape)
 
     L.kernel(site, "rope_q", (cfg.n_heads,), (max(32, cdiv(cfg.rope_dims // 2, 32) * 32),),
-             (q, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(cfg.rope_theta)) + ts.args(), ref)
+             (q, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(cfg.rope_theta)) + ts.args(), ref,
+             nbytes=8 * cfg.n_heads * cfg.rope_dims)
 
 
 def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars):
@@ -154,7 +164,8 @@ def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars):
         cache[kv_row] = R.rope(np.asarray(kv)[None, : cfg.head_dim], pos, cfg.rope_dims, cfg.rope_theta)[0]
 
     L.kernel(site, "rope_store_kv", (1,), (256,),
-             (kv, cache, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(cfg.rope_theta)) + ts.args(), ref)
+             (kv, cache, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(cfg.rope_theta)) + ts.args(), ref,
+             nbytes=8 * cfg.head_dim)
 
 
 def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
@@ -167,7 +178,8 @@ def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
                                     pos, cfg.window).reshape(o.shape)
 
     L.kernel(site, "attention_decode", (cfg.n_heads,), (256,),
-             (q, cache, o, i32(cfg.head_dim), i32(cfg.window)) + ts.args(), ref)
+             (q, cache, o, i32(cfg.head_dim), i32(cfg.window)) + ts.args(), ref,
+             nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window))
 
 
 def embed_token(L, site, h, cfg: ModelConfig, key: int, ts: TokenScalars):
@@ -179,7 +191,8 @@ def embed_token(L, site, h, cfg: ModelConfig, key: int, ts: TokenScalars):
         h[...] = np.broadcast_to(embed_row(cfg.seed, tok, cfg.embed), h.shape)
 
     L.kernel(site, "embed_token", (cdiv(cfg.embed, 256),), (256,),
-             (h, i32(cfg.hc_streams), i32(cfg.embed), u32(key)) + ts.args(), ref)
+             (h, i32(cfg.hc_streams), i32(cfg.embed), u32(key)) + ts.args(), ref,
+             nbytes=4 * cfg.hc_streams * cfg.embed)
 
 
 # ----------------------------------------------------------------------------- router
@@ -190,7 +203,8 @@ def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
     def ref():
         logits.reshape(-1)[: T * N] = R.router_logits(w, np.asarray(x).reshape(-1)[: T * E].reshape(T, E)).reshape(-1)
 
-    L.kernel(site, "router_logits", (cdiv(N, WARPS), T), (256,), (w, x, logits, i32(N), i32(E)), ref)
+    L.kernel(site, "router_logits", (cdiv(N, WARPS), T), (256,), (w, x, logits, i32(N), i32(E)), ref,
+             nbytes=4 * (N * E + T * E + T * N))
 
 
 def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
@@ -202,7 +216,8 @@ def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
         ids.reshape(-1)[: T * k] = i.reshape(-1)
         wts.reshape(-1)[: T * k] = w.reshape(-1)
 
-    L.kernel(site, "router_topk", (T,), (cdiv(N, 32) * 32,), (logits, ids, wts, i32(N), i32(k)), ref)
+    L.kernel(site, "router_topk", (T,), (cdiv(N, 32) * 32,), (logits, ids, wts, i32(N), i32(k)), ref,
+             nbytes=4 * T * (N + 2 * k))
 
 
 def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key: int,
@@ -226,7 +241,8 @@ def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key:
 
     scal = ts.args() if ts is not None else (NULL, i32(0), i32(0), i32(0), i32(0))
     L.kernel(site, "router_hash", (T,), (32,),
-             (logits, ids, wts, i32(N), i32(k), u32(key), NULL if token_ids is None else token_ids) + scal, ref)
+             (logits, ids, wts, i32(N), i32(k), u32(key), NULL if token_ids is None else token_ids) + scal, ref,
+             nbytes=4 * T * (1 + 3 * k))
 
 
 # ----------------------------------------------------------------------------- routed MoE
@@ -238,14 +254,14 @@ def xq_quantize(L, site, x, q, d, T, n):
         q.reshape(-1)[: T * n] = qq.reshape(-1)
         d.reshape(-1)[: T * n // 256] = dd.reshape(-1)
 
-    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)), ref)
+    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)), ref, nbytes=5 * T * n + T * n // 64)
 
 
 def moe_count(L, site, ids, counts, P):
     def ref():
         np.add.at(counts, np.asarray(ids).reshape(-1)[:P], 1)
 
-    L.kernel(site, "moe_count", (cdiv(P, 256),), (256,), (ids, counts, i32(P)), ref)
+    L.kernel(site, "moe_count", (cdiv(P, 256),), (256,), (ids, counts, i32(P)), ref, nbytes=8 * P)
 
 
 def moe_prefix(L, site, counts, offsets, cursor, N):
@@ -254,7 +270,7 @@ def moe_prefix(L, site, counts, offsets, cursor, N):
         offsets[:N] = np.concatenate([[0], np.cumsum(c)[:-1]])
         cursor[:N] = offsets[:N]
 
-    L.kernel(site, "moe_prefix", (1,), (cdiv(N, 32) * 32,), (counts, offsets, cursor, i32(N)), ref)
+    L.kernel(site, "moe_prefix", (1,), (cdiv(N, 32) * 32,), (counts, offsets, cursor, i32(N)), ref, nbytes=12 * N)
 
 
 def moe_scatter(L, site, ids, cursor, sorted_pairs, P):
@@ -263,7 +279,7 @@ def moe_scatter(L, site, ids, cursor, sorted_pairs, P):
             sorted_pairs[cursor[e]] = p
             cursor[e] += 1
 
-    L.kernel(site, "moe_scatter", (cdiv(P, 256),), (256,), (ids, cursor, sorted_pairs, i32(P)), ref)
+    L.kernel(site, "moe_scatter", (cdiv(P, 256),), (256,), (ids, cursor, sorted_pairs, i32(P)), ref, nbytes=12 * P)
 
 
 def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
@@ -274,7 +290,8 @@ def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
             tiles.reshape(-1, 3)[: len(t)] = np.array(t, dtype=np.int32)
         n_tiles[0] = len(t)
 
-    L.kernel(site, "moe_tiles", (1,), (cdiv(N, 32) * 32,), (counts, offsets, tiles, n_tiles, i32(N)), ref)
+    L.kernel(site, "moe_tiles", (1,), (cdiv(N, 32) * 32,), (counts, offsets, tiles, n_tiles, i32(N)), ref,
+             nbytes=8 * N + 12 * N)
 
 
 def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig):
@@ -289,7 +306,8 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
             gate[p], up[p] = y[:F], y[F:]
 
     L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS), P), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E)), ref)
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E)), ref,
+             nbytes=P * (expert_bytes(bank_gu) + E + 8 * F))
 
 
 def _for_tiles(sorted_pairs, tiles, n_tiles):
@@ -309,7 +327,8 @@ def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gat
             gate[p], up[p] = y[:F], y[F:]
 
     L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E)), ref)
+             (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E)), ref,
+             nbytes=min(max_t, cfg.n_experts) * expert_bytes(bank_gu) + max_t * 12)
 
 
 def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
@@ -320,7 +339,8 @@ def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
         q, d = R.moe_midq(gate[:P], up[:P], cfg.swiglu_limit)
         mq[:P], md[:P] = q, d
 
-    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)), ref)
+    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)), ref,
+             nbytes=P * F * 9)
 
 
 def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
@@ -333,7 +353,8 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
             out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
 
     L.kernel(site, "moe_down_decode", (cdiv(E // 2, WARPS), P), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E)), ref)
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E)), ref,
+             nbytes=P * (expert_bytes(bank_dn) + F + 4 * E))
 
 
 def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, cfg: ModelConfig):
@@ -345,7 +366,8 @@ def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, 
             out[p] = R.expert_matvec(bank_dn[e], mq[p], md[p])
 
     L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E)), ref)
+             (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E)), ref,
+             nbytes=min(max_t, cfg.n_experts) * expert_bytes(bank_dn) + max_t * 12)
 
 
 def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):
@@ -355,4 +377,5 @@ def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):
     def ref():
         y[:T] = R.moe_sum(out[: T * k], np.asarray(wts).reshape(-1)[: T * k].reshape(T, k))
 
-    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)), ref)
+    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)), ref,
+             nbytes=4 * T * (k * E + E + k))

@@ -14,3 +14,15 @@ extern "C" __global__ void spin_wait(long long ns) {
     long long now = start;
     while (now - start < ns) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
 }
+
+// Probe kernels for the conformance scenarios: a scalar passed by value (frozen into a graph at
+// capture) and the same scalar read from device memory (read at replay).
+extern "C" __global__ void fill_value(float* __restrict__ x, int n, float v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
+extern "C" __global__ void fill_from(float* __restrict__ x, int n, const float* __restrict__ v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v[0];
+}

@@ -53,7 +53,7 @@ class Backend:
 
     # --- launches (called by the Launcher only)
     def launch(self, stream: Any, name: str, grid: tuple, block: tuple, args: tuple,
-               shared: int, ref: Callable[[], None]) -> None:
+               shared: int, ref: Callable[[], None], nbytes: int = 0) -> None:
         raise NotImplementedError
 
     def memset_async(self, stream: Any, buf: Any, value: int) -> None:
@@ -77,6 +77,84 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for all device work (``cudaDeviceSynchronize``; no-op on the CPU)."""
+
+    # --- the runtime API used by capture, graphs and the conformance suite.
+    # Errors: every method raises ds4lab.errors.CudaError (CUDA's error name) or CupyRefusal.
+    # Streams are backend objects or LEGACY_STREAM. Capture modes: "global", "thread_local",
+    # "relaxed" (CUDA Runtime API, cudaStreamBeginCapture / cudaStreamCaptureMode).
+    def event_synchronize(self, event: Any) -> None:
+        """``cudaEventSynchronize``."""
+        raise NotImplementedError
+
+    def event_query(self, event: Any) -> bool:
+        """``cudaEventQuery``: True when complete (False for ``cudaErrorNotReady``)."""
+        raise NotImplementedError
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """``cudaEventElapsedTime`` in milliseconds."""
+        raise NotImplementedError
+
+    def stream_wait_event(self, stream: Any, event: Any) -> None:
+        """``cudaStreamWaitEvent``."""
+        raise NotImplementedError
+
+    def stream_synchronize(self, stream: Any) -> None:
+        """``cudaStreamSynchronize``."""
+        raise NotImplementedError
+
+    def stream_query(self, stream: Any) -> bool:
+        """``cudaStreamQuery``: True when all work is done."""
+        raise NotImplementedError
+
+    def malloc(self, shape, dtype) -> Any:
+        """``cudaMalloc`` of a new array, outside any pool (a real allocation every call)."""
+        raise NotImplementedError
+
+    def free(self, buf: Any) -> None:
+        """``cudaFree`` of an array from :meth:`malloc`."""
+        raise NotImplementedError
+
+    def malloc_async(self, stream: Any, shape, dtype) -> Any:
+        """``cudaMallocAsync`` on ``stream`` (a memory node when captured)."""
+        raise NotImplementedError
+
+    def free_async(self, stream: Any, buf: Any) -> None:
+        """``cudaFreeAsync`` on ``stream``."""
+        raise NotImplementedError
+
+    def read(self, buf: Any) -> np.ndarray:
+        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous,
+        refused by CuPy while the current stream captures."""
+        raise NotImplementedError
+
+    def matmul(self, stream: Any, a: Any, b: Any) -> Any:
+        """``a @ b`` through CuPy's array API (cuBLAS) on ``stream``; CuPy refuses it during capture."""
+        raise NotImplementedError
+
+    def begin_capture(self, stream: Any, mode: str = "thread_local") -> None:
+        """``cudaStreamBeginCapture(stream, mode)``."""
+        raise NotImplementedError
+
+    def end_capture(self, stream: Any) -> Any:
+        """``cudaStreamEndCapture``: returns the captured graph."""
+        raise NotImplementedError
+
+    def capture_status(self, stream: Any) -> str:
+        """``cudaStreamGetCaptureInfo``: ``"none"``, ``"active"`` or ``"invalidated"``."""
+        raise NotImplementedError
+
+    def graph_nodes(self, graph: Any) -> list[dict]:
+        """The nodes of a captured graph: dicts with ``kind`` (kernel, memset, memcpy,
+        event_record, wait_event, mem_alloc, mem_free, empty) and ``name`` (kernel name or "")."""
+        raise NotImplementedError
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        """``cudaGraphInstantiate``: an executable graph."""
+        raise NotImplementedError
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        """``cudaGraphLaunch`` of an executable graph on ``stream`` (a replay)."""
+        raise NotImplementedError
 
     def info(self) -> dict:
         """Provenance: device name, driver, runtime and library versions."""

@@ -159,18 +159,28 @@ class CupyBackend(Backend):
                                   (out, np.int64(n), key, np.float32(scale), np.float32(offset)), 0, self._null)
 
     # ------------------------------------------------------------------ launches
-    def launch(self, stream, name, grid, block, args, shared, ref):
+    def launch(self, stream, name, grid, block, args, shared, ref, nbytes=0):
         f = self._fns.get(name) or self.function(name)
-        f(grid, block, args, shared, self._null if stream is LEGACY_STREAM else stream)
+        try:
+            f(grid, block, args, shared, self._null if stream is LEGACY_STREAM else stream)
+        except Exception as e:
+            if type(e).__name__ == "CUDARuntimeError" or type(e).__name__ == "CUDADriverError":
+                from ..errors import CudaError
+
+                msg = str(e)
+                raise CudaError(msg.split(":", 1)[0].strip(), f"launch {name}", msg) from None
+            raise
 
     def _ptr_stream(self, stream) -> int:
         return 0 if stream is LEGACY_STREAM else stream.ptr
 
     def memset_async(self, stream, buf, value):
-        self.cp.cuda.runtime.memsetAsync(buf.data.ptr, int(value), buf.nbytes, self._ptr_stream(stream))
+        with _cuda_errors("cudaMemsetAsync"):
+            self.cp.cuda.runtime.memsetAsync(buf.data.ptr, int(value), buf.nbytes, self._ptr_stream(stream))
 
     def memset_sync(self, buf, value):
-        self.cp.cuda.runtime.memset(buf.data.ptr, int(value), buf.nbytes)
+        with _cuda_errors("cudaMemset"):
+            self.cp.cuda.runtime.memset(buf.data.ptr, int(value), buf.nbytes)
 
     def copy_h2d(self, stream, dst, src):
         # Pageable source: the runtime stages it before returning, so src may change afterwards
@@ -179,26 +189,215 @@ class CupyBackend(Backend):
         if src.nbytes != dst.nbytes:
             raise ValueError(f"copy_h2d: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
         rt = self.cp.cuda.runtime
-        rt.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, self._ptr_stream(stream))
+        with _cuda_errors("cudaMemcpyAsync"):
+            rt.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, self._ptr_stream(stream))
 
     def event_record(self, stream, event):
-        event.record(self._null if stream is LEGACY_STREAM else stream)
+        with _cuda_errors("cudaEventRecord"):
+            self.cp.cuda.runtime.eventRecord(event.ptr, self._ptr_stream(stream))
 
     # ------------------------------------------------------------------ streams, events, info
     def new_stream(self, non_blocking: bool = True):
         return self.cp.cuda.Stream(non_blocking=non_blocking)
 
+    def per_thread_stream(self):
+        """CUDA's per-thread default stream (``cudaStreamPerThread``)."""
+        return self.cp.cuda.Stream.ptds
+
     def new_event(self):
         return self.cp.cuda.Event()
 
+    def _s(self, stream):
+        return self._null if stream is LEGACY_STREAM else stream
+
     def synchronize(self) -> None:
-        self.cp.cuda.runtime.deviceSynchronize()
+        with _cuda_errors("cudaDeviceSynchronize"):
+            self.cp.cuda.runtime.deviceSynchronize()
+
+    # ------------------------------------------------------------------ runtime API
+    def event_synchronize(self, event) -> None:
+        with _cuda_errors("cudaEventSynchronize"):
+            self.cp.cuda.runtime.eventSynchronize(event.ptr)
+
+    def event_query(self, event) -> bool:
+        rt = self.cp.cuda.runtime
+        with _cuda_errors("cudaEventQuery"):
+            return rt.eventQuery(event.ptr) == 0
+
+    def event_elapsed_ms(self, start, end) -> float:
+        with _cuda_errors("cudaEventElapsedTime"):
+            return float(self.cp.cuda.runtime.eventElapsedTime(start.ptr, end.ptr))
+
+    def stream_wait_event(self, stream, event) -> None:
+        with _cuda_errors("cudaStreamWaitEvent"):
+            self.cp.cuda.runtime.streamWaitEvent(self._ptr_stream(stream), event.ptr, 0)
+
+    def stream_synchronize(self, stream) -> None:
+        with _cuda_errors("cudaStreamSynchronize"):
+            self.cp.cuda.runtime.streamSynchronize(self._ptr_stream(stream))
+
+    def stream_query(self, stream) -> bool:
+        with _cuda_errors("cudaStreamQuery"):
+            return self.cp.cuda.runtime.streamQuery(self._ptr_stream(stream)) == 0
+
+    def _wrap(self, ptr: int, shape, dtype, owner=None):
+        cp = self.cp
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        mem = cp.cuda.UnownedMemory(ptr, n, owner)
+        return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def malloc(self, shape, dtype):
+        n = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        with _cuda_errors("cudaMalloc"):
+            ptr = self.cp.cuda.runtime.malloc(n)
+        return self._wrap(ptr, shape, dtype)
+
+    def free(self, buf) -> None:
+        with _cuda_errors("cudaFree"):
+            self.cp.cuda.runtime.free(buf.data.ptr)
+
+    def malloc_async(self, stream, shape, dtype):
+        n = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        with _cuda_errors("cudaMallocAsync"):
+            ptr = self.cp.cuda.runtime.mallocAsync(n, self._ptr_stream(stream))
+        return self._wrap(ptr, shape, dtype)
+
+    def free_async(self, stream, buf) -> None:
+        with _cuda_errors("cudaFreeAsync"):
+            self.cp.cuda.runtime.freeAsync(buf.data.ptr, self._ptr_stream(stream))
+
+    def read(self, buf) -> np.ndarray:
+        from ..errors import CupyRefusal
+        from ..stream import current_stream
+
+        try:
+            with self._s(current_stream()):
+                return buf.get()
+        except RuntimeError as e:
+            if "disallowed" in str(e) or "capturing" in str(e):
+                raise CupyRefusal("cupy:D2HDisallowed", "cupy.ndarray.get", str(e)) from None
+            raise
+
+    def matmul(self, stream, a, b):
+        from ..errors import CupyRefusal
+
+        try:
+            with self._s(stream):
+                return a @ b
+        except NotImplementedError as e:
+            raise CupyRefusal("cupy:CublasInCapture", "cupy.matmul", str(e)) from None
+
+    _MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
+
+    def begin_capture(self, stream, mode: str = "thread_local") -> None:
+        if mode not in self._MODES:
+            raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(self._MODES)}")
+        with _cuda_errors("cudaStreamBeginCapture"):
+            self.cp.cuda.runtime.streamBeginCapture(self._ptr_stream(stream), self._MODES[mode])
+
+    def end_capture(self, stream):
+        with _cuda_errors("cudaStreamEndCapture"):
+            g = self.cp.cuda.runtime.streamEndCapture(self._ptr_stream(stream))
+        return CupyGraph(self.cp, g)
+
+    def capture_status(self, stream) -> str:
+        rt = self.cp.cuda.runtime
+        with _cuda_errors("cudaStreamIsCapturing"):
+            st = rt.streamIsCapturing(self._ptr_stream(stream))
+        return {rt.streamCaptureStatusNone: "none", rt.streamCaptureStatusActive: "active",
+                rt.streamCaptureStatusInvalidated: "invalidated"}[st]
+
+    def graph_nodes(self, graph) -> list[dict]:
+        return graph.nodes(tuple(self._sources))
+
+    def graph_instantiate(self, graph):
+        with _cuda_errors("cudaGraphInstantiate"):
+            return CupyGraphExec(self.cp, self.cp.cuda.runtime.graphInstantiate(graph.handle), graph)
+
+    def graph_launch(self, graph_exec, stream) -> None:
+        with _cuda_errors("cudaGraphLaunch"):
+            self.cp.cuda.runtime.graphLaunch(graph_exec.handle, self._ptr_stream(stream))
 
     def memory_used(self) -> int:
         return int(self.cp.get_default_memory_pool().used_bytes())
 
     def info(self) -> dict:
         return device_info()
+
+
+class _cuda_errors:
+    """Context manager: CuPy's ``CUDARuntimeError`` → :class:`ds4lab.errors.CudaError` (same name)."""
+
+    def __init__(self, call: str) -> None:
+        self.call = call
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or typ.__name__ != "CUDARuntimeError":
+            return False
+        from ..errors import CudaError
+
+        msg = str(exc)
+        name = msg.split(":", 1)[0].strip() if msg.startswith("cuda") else f"cudaError({getattr(exc, 'status', '?')})"
+        raise CudaError(name, self.call, msg) from None
+
+
+class CupyGraph:
+    """A captured CUDA graph (``cudaGraph_t``), destroyed with the object."""
+
+    _KINDS = {"KERNEL": "kernel", "MEMSET": "memset", "MEMCPY": "memcpy", "EVENT_RECORD": "event_record",
+              "WAIT_EVENT": "wait_event", "MEM_ALLOC": "mem_alloc", "MEM_FREE": "mem_free", "EMPTY": "empty",
+              "HOST": "host", "EVENT": "event_record", "WAIT": "wait_event"}
+
+    def __init__(self, cp, handle: int) -> None:
+        self.cp, self.handle = cp, handle
+
+    def dot(self) -> str:
+        """The graph as Graphviz text (``cudaGraphDebugDotPrint``, verbose)."""
+        import os
+        import tempfile
+
+        fd, path = tempfile.mkstemp(suffix=".dot")
+        os.close(fd)
+        try:
+            self.cp.cuda.runtime.graphDebugDotPrint(self.handle, path, 1 << 0)
+            with open(path) as f:
+                return f.read()
+        finally:
+            os.unlink(path)
+
+    def nodes(self, known_kernels=()) -> list[dict]:
+        """Node kinds (and kernel names among ``known_kernels``), parsed from the DOT dump."""
+        out = []
+        for label in re.findall(r'label="((?:[^"\\]|\\.)*)"', self.dot()):
+            m = re.search(r"[A-Z][A-Z_]{2,}", label)
+            if not m:
+                continue
+            kind = self._KINDS.get(m.group(0), m.group(0).lower())
+            name = next((k for k in known_kernels if re.search(rf"\b{k}\b", label)), "") if kind == "kernel" else ""
+            out.append({"kind": kind, "name": name})
+        return out
+
+    def __del__(self):
+        try:
+            self.cp.cuda.runtime.graphDestroy(self.handle)
+        except Exception:
+            pass
+
+
+class CupyGraphExec:
+    """An instantiated graph (``cudaGraphExec_t``), destroyed with the object."""
+
+    def __init__(self, cp, handle: int, graph: CupyGraph) -> None:
+        self.cp, self.handle, self.graph = cp, handle, graph
+
+    def __del__(self):
+        try:
+            self.cp.cuda.runtime.graphExecDestroy(self.handle)
+        except Exception:
+            pass
 
 
 def _stream_launcher(raw) -> Callable:

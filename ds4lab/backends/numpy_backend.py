@@ -100,7 +100,8 @@ class NumpyBackend(Backend):
     def fill_f32(self, out, name, scale, offset, seed):
         out[...] = W.gen_f32(W.tensor_key(seed, name), out.size, scale, offset).reshape(out.shape)
 
-    def launch(self, stream: Any, name: str, grid, block, args, shared, ref: Callable[[], None]) -> None:
+    def launch(self, stream: Any, name: str, grid, block, args, shared, ref: Callable[[], None],
+               nbytes: int = 0) -> None:
         ref()
 
     def memset_async(self, stream, buf, value):
