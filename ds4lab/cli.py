@@ -99,6 +99,29 @@ def bench(preset, out) -> None:
 
 
 @main.command()
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/conformance"), show_default=True)
+@click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
+@click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
+def conformance(backend, out, names, list_only) -> None:
+    """Capture-rule scenarios on the real GPU and on the simulated runtime; every disagreement."""
+    from .conformance_job import run_conformance
+
+    if list_only:
+        from .conformance import SCENARIOS
+
+        for sc in SCENARIOS:
+            click.echo(f"{sc.name:48s} {sc.covers}")
+        return
+    try:
+        ok = run_conformance(backend, out, list(names) or None, _console())
+    except BackendUnavailable as e:
+        _fail(str(e))
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
 def presets() -> None:
     """List the model presets and their dimensions."""
     import pandas as pd

@@ -607,10 +607,11 @@ def _whole_token(r: Recorder, scalars: str) -> None:
 
     def body():
         with S.stream_override(s):
-            cap.token(101, 6)  # captured with position 101's scalars (written before capture if device)
+            cap.token(101, 6, write_scalars=False)  # captured at position 101
 
     if scalars == "device":
-        cap.scalars(101, 6)  # (written eagerly; the capture below only reads the buffer)
+        cap.scalars(101, 6)  # written eagerly; the graph only reads the buffer
+    be.synchronize()
     g = _capture(r, s, "thread_local", body)
     r.note("graph_kernels", sum(n["kind"] == "kernel" for n in be.graph_nodes(g)) if g is not None else 0)
     ex = r.call("instantiate", be.graph_instantiate, g) if g is not None else None
@@ -619,8 +620,8 @@ def _whole_token(r: Recorder, scalars: str) -> None:
     for c, snap in zip(cap.cache, snapshot):
         c[...] = be.from_host(snap)
     if scalars == "device":
-        with S.stream_override(s):
-            cap.scalars(102, 7)
+        cap.scalars(102, 7)
+    be.synchronize()  # the restores and the scalar copy ran on the legacy stream; s does not wait for it
     if ex is not None:
         r.call("replay", be.graph_launch, ex, s)
         r.call("replay_sync", be.stream_synchronize, s)

@@ -208,12 +208,21 @@ class DecodeModel:
                 self.L.copy_h2d("scalars", self.scal, v)
         return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), self.scal)
 
-    def token(self, pos: int, token_id: int) -> None:
-        """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU)."""
+    def _scalars_no_write(self, pos: int, token_id: int) -> ops.TokenScalars:
+        v = ops.host_scalars(self.cfg, pos, token_id)
+        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), self.scal)
+
+    def token(self, pos: int, token_id: int, write_scalars: bool = True) -> None:
+        """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU).
+
+        With ``scalars="device"``, the token first copies its scalars to the device buffer;
+        ``write_scalars=False`` leaves that to the caller (a captured token body must not hold
+        a copy from host memory: the caller writes the buffer before each replay).
+        """
         L, cfg = self.L, self.cfg
         with L.range("token", "token", pos):
             L.layer = -1
-            ts = self.scalars(pos, token_id)
+            ts = self.scalars(pos, token_id) if write_scalars else self._scalars_no_write(pos, token_id)
             with L.cluster("embed"):
                 ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
             for layer in range(self.n_layers):

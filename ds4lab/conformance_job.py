@@ -1,0 +1,69 @@
+"""``ds4lab conformance``: run the scenarios on the chosen backends, write one table, compare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import provenance
+from .conformance import SCENARIOS, compare, run_scenarios
+
+
+def _make(name: str):
+    if name == "cupy":
+        from .backends.cupy_backend import CupyBackend
+
+        return CupyBackend()
+    from .sim.backend import SimBackend
+
+    return SimBackend()
+
+
+def run_conformance(backend: str, out: Path, names, console) -> bool:
+    """Run on ``cupy`` and ``sim`` (``cupy``/``auto`` with a GPU) or on ``sim`` alone.
+
+    Writes ``conformance.csv`` (scenario, step, one column per backend, agree), the raw records
+    (``conformance-<backend>.json``) and ``meta.json``. Returns True when every step agrees (sim
+    alone: when no scenario raised an unexpected exception).
+    """
+    from rich.progress import Progress
+
+    from .backends.cupy_backend import gpu_usable
+
+    if backend == "auto":
+        backend = "cupy" if gpu_usable()[0] else "sim"
+    order = ["cupy", "sim"] if backend == "cupy" else ["sim"]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results, metas = {}, {}
+    for b in order:
+        try:
+            be = _make(b)
+        except Exception as e:  # the sim may be missing in a partial install: say so, keep the GPU half
+            console.print(f"[red]backend {b} unavailable: {e}[/]")
+            continue
+        if b == "cupy":
+            be.compile_all()
+        n = len(names) if names else len(SCENARIOS)
+        with Progress(console=console, transient=True) as prog:
+            task = prog.add_task(f"{b}: scenarios", total=n)
+            results[b] = run_scenarios(be, names, progress=lambda _: prog.advance(task))
+        metas[b] = provenance.base_meta(be)
+        (out / f"conformance-{b}.json").write_text(json.dumps(results[b], indent=1) + "\n")
+    df = compare(results)
+    df.to_csv(out / "conformance.csv", index=False)
+    provenance.write_json(out / "meta.json", {"job": "conformance", "backends": metas,
+                                              "scenarios": len({s for s in df.scenario}),
+                                              "steps": len(df), "disagreements": int((~df.agree).sum())})
+    exc = df[df.step.isin(["<exception>", "<unhandled>"])]
+    console.print(f"{df.scenario.nunique()} scenarios, {len(df)} steps on {', '.join(results)}")
+    if len(results) > 1:
+        bad = df[~df.agree]
+        console.print(f"disagreements: {len(bad)}")
+        if len(bad):
+            console.print(bad[["scenario", "step", *results]].to_string(index=False))
+    if len(exc):
+        console.print("[red]scenarios that raised:[/]")
+        console.print(exc.to_string(index=False))
+    console.print(f"table: {out / 'conformance.csv'}")
+    return bool(df.agree.all()) and len(exc) == 0
