@@ -339,10 +339,13 @@ def d2h_read_in_capture(r: Recorder) -> None:
 
 @scenario("cuBLAS through CuPy's array API (matmul) during capture, CuPy's refusal")
 def matmul_in_capture(r: Recorder) -> None:
-    """``a @ b`` through CuPy while capturing: CuPy raises before cuBLAS is called."""
+    """``a @ b`` through CuPy while capturing, after an eager ``a @ b`` made CuPy's cuBLAS handle
+    and workspace (as any real program would have)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     a = be.zeros((16, 16), f32)
+    r.call("matmul_eager", be.matmul, s, a, a)
+    be.synchronize()
     g = _capture(r, s, "thread_local", lambda: (r.call("matmul", be.matmul, s, a, a),
                                                 r.note("status_in_capture", be.capture_status(s))))
     r.nodes("nodes", g)

@@ -19,6 +19,7 @@ CAPTURE_ERRORS = (
     "cudaErrorStreamCaptureIsolation",
     "cudaErrorStreamCaptureWrongThread",
     "cudaErrorStreamCaptureUnmatched",
+    "cudaErrorStreamCaptureMerge",
     "cudaErrorIllegalState",
     "cudaErrorNotReady",
     "cudaErrorInvalidValue",

@@ -164,11 +164,10 @@ class CupyBackend(Backend):
         try:
             f(grid, block, args, shared, self._null if stream is LEGACY_STREAM else stream)
         except Exception as e:
-            if type(e).__name__ == "CUDARuntimeError" or type(e).__name__ == "CUDADriverError":
+            if type(e).__name__ in ("CUDARuntimeError", "CUDADriverError"):
                 from ..errors import CudaError
 
-                msg = str(e)
-                raise CudaError(msg.split(":", 1)[0].strip(), f"launch {name}", msg) from None
+                raise CudaError(cuda_error_name(str(e), getattr(e, "status", None)), f"launch {name}", str(e)) from None
             raise
 
     def _ptr_stream(self, stream) -> int:
@@ -282,7 +281,7 @@ class CupyBackend(Backend):
         from ..errors import CupyRefusal
 
         try:
-            with self._s(stream):
+            with self._s(stream), _cuda_errors("cupy.matmul (cuBLAS)"):
                 return a @ b
         except NotImplementedError as e:
             raise CupyRefusal("cupy:CublasInCapture", "cupy.matmul", str(e)) from None
@@ -296,14 +295,26 @@ class CupyBackend(Backend):
             self.cp.cuda.runtime.streamBeginCapture(self._ptr_stream(stream), self._MODES[mode])
 
     def end_capture(self, stream):
-        with _cuda_errors("cudaStreamEndCapture"):
-            g = self.cp.cuda.runtime.streamEndCapture(self._ptr_stream(stream))
+        from ..errors import CudaError
+
+        try:
+            with _cuda_errors("cudaStreamEndCapture"):
+                g = self.cp.cuda.runtime.streamEndCapture(self._ptr_stream(stream))
+        except RuntimeError as e:  # CuPy's own wording for an invalidated capture
+            if isinstance(e, CudaError) or "invalidated" not in str(e):
+                raise
+            raise CudaError("cudaErrorStreamCaptureInvalidated", "cudaStreamEndCapture", str(e)) from None
         return CupyGraph(self.cp, g)
 
     def capture_status(self, stream) -> str:
         rt = self.cp.cuda.runtime
-        with _cuda_errors("cudaStreamIsCapturing"):
-            st = rt.streamIsCapturing(self._ptr_stream(stream))
+        try:
+            with _cuda_errors("cudaStreamIsCapturing"):
+                st = rt.streamIsCapturing(self._ptr_stream(stream))
+        except RuntimeError as e:  # CuPy raises a plain RuntimeError for an invalidated capture
+            if "invalidated" in str(e):
+                return "invalidated"
+            raise
         return {rt.streamCaptureStatusNone: "none", rt.streamCaptureStatusActive: "active",
                 rt.streamCaptureStatusInvalidated: "invalidated"}[st]
 
@@ -325,6 +336,17 @@ class CupyBackend(Backend):
         return device_info()
 
 
+def cuda_error_name(message: str, status=None) -> str:
+    """The runtime-API error name (``cudaErrorStreamCaptureImplicit``) in a CuPy error message;
+    driver names (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``, from kernel launches) are mapped to it."""
+    head = message.split(":", 1)[0].strip()
+    if head.startswith("cudaError"):
+        return head
+    if head.startswith("CUDA_ERROR_"):
+        return "cudaError" + "".join(w.capitalize() for w in head[len("CUDA_ERROR_"):].split("_"))
+    return f"cudaError({status})"
+
+
 class _cuda_errors:
     """Context manager: CuPy's ``CUDARuntimeError`` → :class:`ds4lab.errors.CudaError` (same name)."""
 
@@ -339,9 +361,7 @@ class _cuda_errors:
             return False
         from ..errors import CudaError
 
-        msg = str(exc)
-        name = msg.split(":", 1)[0].strip() if msg.startswith("cuda") else f"cudaError({getattr(exc, 'status', '?')})"
-        raise CudaError(name, self.call, msg) from None
+        raise CudaError(cuda_error_name(str(exc), getattr(exc, "status", None)), self.call, str(exc)) from None
 
 
 class CupyGraph:
