@@ -206,7 +206,7 @@ def run_bench(be, cfg, console) -> dict:
 def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
     """GPU time of every kernel launch of one token: each launch re-issued ``repeats`` times back
     to back behind a spin kernel, between two CUDA events (mean per launch). DataFrame columns:
-    cluster, layer, site, kernel, us.
+    cluster, layer, site, kernel, nbytes (the op's fewest bytes moved), us.
 
     The sum is the token's GPU-busy time when kernels run back to back with no launch gaps:
     the floor a fully captured token approaches. Re-issuing a launch repeats its side effects
@@ -235,5 +235,5 @@ def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 2
             fn(r.grid, r.block, r.args, r.shared, st)
         e1.record(st)
         rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
-                     "us": event_ms(e0, e1) * 1e3 / repeats})
+                     "nbytes": r.nbytes, "us": event_ms(e0, e1) * 1e3 / repeats})
     return pd.DataFrame(rows)

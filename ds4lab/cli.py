@@ -122,6 +122,24 @@ def conformance(backend, out, names, list_only) -> None:
 
 
 @main.command()
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True,
+              help="Model whose eager tokens and kernels are measured.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/calibration.json"), show_default=True)
+def calibrate(preset, out) -> None:
+    """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
+    from .backends import make_backend
+    from .calibrate import calibrate as run_cal, write_calibration
+
+    try:
+        be = make_backend("cupy")
+    except BackendUnavailable as e:
+        _fail(f"{e}; ds4lab calibrate measures a GPU")
+    cal = run_cal(be, preset, console=_console())
+    write_calibration(cal, out)
+    click.echo(f"calibration written to {out}")
+
+
+@main.command()
 def presets() -> None:
     """List the model presets and their dimensions."""
     import pandas as pd

@@ -1,0 +1,143 @@
+"""``ds4lab calibrate`` (GPU only): measure the simulated runtime's cost-model parameters.
+
+Measured on the current GPU, each with CUDA events (device time) or a host clock (host work):
+
+* ``host_launch_us``: host time per kernel launch of a real decode token (op Python + launch
+  layer + CuPy + driver), from eager tokens of the preset;
+* ``host_graph_launch_us``: host time of one ``cudaGraphLaunch``;
+* ``graph_node_us``: device time per node of a replayed graph of tiny kernels;
+* ``kernel_fixed_us``, ``bandwidth_GBps``: a least-squares fit ``us = fixed + bytes / bandwidth``
+  over every kernel of one token (each timed back to back behind a spin kernel), plus per-kernel
+  fits in ``kernels``;
+* ``memset_us``, ``host_api_us``, ``copy_GBps``.
+
+The result is a JSON file the ``sim`` backend loads (``--calibration``); ``ds4lab/data/h200.json``
+is the one shipped for the H200.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import provenance
+from .timing import Stats, copy_bandwidth, event_ms
+
+
+def _fit(nbytes: np.ndarray, us: np.ndarray) -> tuple[float, float]:
+    """Least squares ``us = a + nbytes / (bw * 1e3)``; returns (a µs, bw GB/s); bw>0, a>=0."""
+    if len(set(nbytes.tolist())) < 2:
+        a = float(np.median(us)) * 0.5
+        bw = float(np.median(nbytes / np.maximum(us - a, 1e-3))) / 1e3
+        return a, max(bw, 1e-3)
+    A = np.stack([np.ones_like(nbytes, dtype=np.float64), nbytes.astype(np.float64)], axis=1)
+    (a, slope), *_ = np.linalg.lstsq(A, us.astype(np.float64), rcond=None)
+    a = max(float(a), 0.0)
+    slope = max(float(slope), 1e-12)
+    return a, 1.0 / slope / 1e3
+
+
+def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict:
+    """Measure every parameter on ``be`` (a CupyBackend). Returns the calibration dict."""
+    import cupy
+
+    from .bench import per_op_times
+    from .config import get_preset
+    from .model import DecodeModel, TokenOptions
+
+    log = console.print if console else print
+    be.compile_all()
+    cfg = get_preset(preset)
+    m = DecodeModel(cfg, be, TokenOptions(vocab=True))
+    # host cost per launch in a real token (eager, legacy stream, as ds4lab run does it)
+    for i in range(3):
+        m.token(1000 + i, 3)
+    be.synchronize()
+    host, dev = [], []
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    m.L.census.reset()
+    for i in range(tokens):
+        e0.record()
+        t0 = time.perf_counter()
+        m.token(1003 + i, 5 + i)
+        t1 = time.perf_counter()
+        e1.record()
+        be.synchronize()
+        host.append((t1 - t0) * 1e6)
+        dev.append(event_ms(e0, e1) * 1e3)
+    launches = m.L.census.total() / tokens
+    host_launch = Stats.of(host).median / launches
+    log(f"eager {preset}: {Stats.of(dev).median:.1f} µs per token, {launches:.0f} launches, "
+        f"{host_launch:.2f} host µs per launch")
+    # per-kernel device times → fixed cost and bandwidth
+    ops = per_op_times(be, m, pos=1100, token_id=9)
+    a, bw = _fit(ops["nbytes"].to_numpy(), ops["us"].to_numpy())
+    kernels = {}
+    for name, g in ops.groupby("kernel"):
+        ka, kbw = _fit(g["nbytes"].to_numpy(), g["us"].to_numpy())
+        kernels[name] = {"fixed_us": round(ka, 3), "bandwidth_GBps": round(kbw, 1), "samples": int(len(g)),
+                         "median_us": round(float(g["us"].median()), 3)}
+    log(f"kernel fit over {len(ops)} launches: {a:.2f} µs fixed + bytes / {bw:.0f} GB/s")
+    # graph replay: per node and per launch
+    st = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.zeros(1024, dtype=np.float32)
+    fn = be.function("tiny_add")
+    n_nodes = 400
+    st.begin_capture()
+    for _ in range(n_nodes):
+        fn((4,), (256,), (x, np.int32(1024)), 0, st)
+    g = st.end_capture()
+    g.launch(st)
+    st.synchronize()
+    rep, hl = [], []
+    for _ in range(30):
+        e0.record(st)
+        t0 = time.perf_counter()
+        g.launch(st)
+        t1 = time.perf_counter()
+        e1.record(st)
+        rep.append(event_ms(e0, e1) * 1e3 / n_nodes)
+        hl.append((t1 - t0) * 1e6)
+        st.synchronize()
+    # memsetAsync host cost and device time
+    buf = cupy.zeros(1024, dtype=np.int32)
+    ms_host, ms_dev = [], []
+    for _ in range(50):
+        e0.record(st)
+        t0 = time.perf_counter()
+        cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, st.ptr)
+        t1 = time.perf_counter()
+        e1.record(st)
+        ms_dev.append(event_ms(e0, e1) * 1e3)
+        ms_host.append((t1 - t0) * 1e6)
+    bwc = copy_bandwidth()
+    meta = provenance.base_meta(be)
+    cal = {
+        "name": f"{meta.get('device', 'GPU')} ({time.strftime('%Y-%m-%d')})",
+        "device": meta.get("device"),
+        "driver": meta.get("driver"),
+        "cupy": meta.get("cupy"),
+        "measured": True,
+        "source": f"ds4lab calibrate --preset {preset} (git {meta.get('git_revision')})",
+        "host_launch_us": round(host_launch, 3),
+        "host_graph_launch_us": round(Stats.of(hl).median, 3),
+        "host_api_us": round(Stats.of(ms_host).median, 3),
+        "kernel_fixed_us": round(a, 3),
+        "graph_node_us": round(Stats.of(rep).median, 4),
+        "bandwidth_GBps": round(bw, 1),
+        "memset_us": round(Stats.of(ms_dev).median, 3),
+        "copy_GBps": round(bwc.median, 1),
+        "kernels": kernels,
+        "eager_token_us": {"preset": preset, "median": round(Stats.of(dev).median, 1),
+                           "p25": round(Stats.of(dev).p25, 1), "p75": round(Stats.of(dev).p75, 1)},
+    }
+    return cal
+
+
+def write_calibration(cal: dict, path: Path) -> None:
+    """Write a calibration file (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    provenance.write_json(path, cal)
