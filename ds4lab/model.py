@@ -318,7 +318,7 @@ class DecodeModel:
                 L.event_record("profile.gateup", ev[2])
             if T > 1:
                 ops.moe_gateup_tiled(L, "gateup", bank["gate_up"], b.xq, b.xd, b.sorted, b.tiles, b.n_tiles,
-                                     b.gate, b.up, b.max_tiles, cfg)
+                                     b.gate, b.up, b.max_tiles, P, cfg)
             else:
                 ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg)
             if ev:
@@ -328,7 +328,7 @@ class DecodeModel:
                 L.event_record("profile.down", ev[4])
             if T > 1:
                 ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
-                                   b.max_tiles, cfg)
+                                   b.max_tiles, P, cfg)
             else:
                 ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg)
             if ev:

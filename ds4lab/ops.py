@@ -276,7 +276,8 @@ def moe_prefix(L, site, counts, offsets, cursor, N):
 def moe_scatter(L, site, ids, cursor, sorted_pairs, P):
     def ref():
         for p, e in enumerate(np.asarray(ids).reshape(-1)[:P]):
-            sorted_pairs[cursor[e]] = p
+            if cursor[e] < P:
+                sorted_pairs[cursor[e]] = p
             cursor[e] += 1
 
     L.kernel(site, "moe_scatter", (cdiv(P, 256),), (256,), (ids, cursor, sorted_pairs, i32(P)), ref, nbytes=12 * P)
@@ -285,12 +286,13 @@ def moe_scatter(L, site, ids, cursor, sorted_pairs, P):
 def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
     def ref():
         t = [(e, offsets[e] + s, min(MOE_TILE, counts[e] - s))
-             for e in range(N) for s in range(0, int(counts[e]), MOE_TILE)]
+             for e in range(N) for s in range(0, int(counts[e]), MOE_TILE)][:max_t]
         if t:
             tiles.reshape(-1, 3)[: len(t)] = np.array(t, dtype=np.int32)
         n_tiles[0] = len(t)
 
-    L.kernel(site, "moe_tiles", (1,), (cdiv(N, 32) * 32,), (counts, offsets, tiles, n_tiles, i32(N)), ref,
+    max_t = tiles.shape[0]
+    L.kernel(site, "moe_tiles", (1,), (cdiv(N, 32) * 32,), (counts, offsets, tiles, n_tiles, i32(N), i32(max_t)), ref,
              nbytes=8 * N + 12 * N)
 
 
@@ -310,24 +312,29 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
              nbytes=P * (expert_bytes(bank_gu) + E + 8 * F))
 
 
-def _for_tiles(sorted_pairs, tiles, n_tiles):
-    """Reference walk of the tile list: (expert, pair) in the order the tiled kernels see them."""
+def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
+    """Reference walk of the tile list: (expert, pair) as the tiled kernels see them, with the
+    kernels' bounds checks (stale counts can leave tiles pointing past the pair list)."""
     for e, start, cnt in np.asarray(tiles).reshape(-1, 3)[: int(np.asarray(n_tiles)[0])]:
-        for p in np.asarray(sorted_pairs)[start:start + cnt]:
-            yield int(e), int(p)
+        if not (0 <= e < n_experts) or not (0 <= start < P):
+            continue
+        for p in np.asarray(sorted_pairs)[start:start + min(cnt, P - start)]:
+            if 0 <= p < P:
+                yield int(e), int(p)
 
 
-def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, cfg: ModelConfig):
+def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig):
     """``gateup`` on expert tiles (tokens > 1): each weight row is read once per tile."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
     def ref():
-        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles):
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles, P, cfg.n_experts):
             y = R.expert_matvec(bank_gu[e], xq[p // k], xd[p // k])
             gate[p], up[p] = y[:F], y[F:]
 
     L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E)), ref,
+             (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E),
+              i32(P), i32(cfg.n_experts)), ref,
              nbytes=min(max_t, cfg.n_experts) * expert_bytes(bank_gu) + max_t * 12)
 
 
@@ -357,16 +364,17 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
              nbytes=P * (expert_bytes(bank_dn) + F + 4 * E))
 
 
-def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, cfg: ModelConfig):
+def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig):
     """``down`` on expert tiles (tokens > 1)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
     def ref():
-        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles):
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles, P, cfg.n_experts):
             out[p] = R.expert_matvec(bank_dn[e], mq[p], md[p])
 
     L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E)), ref,
+             (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E),
+              i32(P), i32(cfg.n_experts)), ref,
              nbytes=min(max_t, cfg.n_experts) * expert_bytes(bank_dn) + max_t * 12)
 
 

@@ -62,24 +62,26 @@ extern "C" __global__ void moe_prefix(const int* __restrict__ counts, int* __res
 extern "C" __global__ void moe_scatter(const int* __restrict__ ids, int* __restrict__ cursor,
                                        int* __restrict__ sorted, int P) {
     int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p < P) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
+    if (p >= P) return;
+    int pos = atomicAdd(&cursor[ids[p]], 1);
+    if (pos < P) sorted[pos] = p;  // bounds: stale counts (an escaped counts clear) must not write past the list
 }
 
 // Expert tiles of at most MOE_TILE pairs: tiles[i] = (expert, start, count); n_tiles[0]. One block.
 extern "C" __global__ void moe_tiles(const int* __restrict__ counts, const int* __restrict__ offsets,
-                                     int* __restrict__ tiles, int* __restrict__ n_tiles, int N) {
+                                     int* __restrict__ tiles, int* __restrict__ n_tiles, int N, int max_tiles) {
     const int e = threadIdx.x;
     const int c = e < N ? counts[e] : 0;
     const int nt = (c + MOE_TILE - 1) / MOE_TILE;
     __shared__ int total;
     int base = block_exclusive_scan(nt, &total);
-    for (int s = 0; s < nt; ++s) {
+    for (int s = 0; s < nt && base + s < max_tiles; ++s) {
         int* tl = tiles + 3 * (base + s);
         tl[0] = e;
         tl[1] = offsets[e] + s * MOE_TILE;
         tl[2] = min(MOE_TILE, c - s * MOE_TILE);
     }
-    if (e == 0) n_tiles[0] = total;
+    if (e == 0) n_tiles[0] = min(total, max_tiles);
 }
 
 // ---------------------------------------------------------------- expert matvecs
@@ -113,12 +115,15 @@ __device__ void tiled_rows(const u8* __restrict__ wq, const __half* __restrict__
                            const i8* __restrict__ xq, const float* __restrict__ xd,
                            const int* __restrict__ sorted, const int* __restrict__ tiles,
                            const int* __restrict__ n_tiles, float* __restrict__ out0, float* __restrict__ out1,
-                           int k, int rows, int cols, int F, int x_per_token) {
+                           int k, int rows, int cols, int F, int x_per_token, int P, int n_experts) {
     if ((int)blockIdx.y >= n_tiles[0]) return;
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (r >= rows) return;
     const int* tl = tiles + 3 * blockIdx.y;
-    const int e = tl[0], start = tl[1], cnt = tl[2];
+    const int e = tl[0], start = tl[1];
+    // Bounds: with stale counts (an escaped counts clear) tiles can point past the pair list.
+    const int cnt = (start < 0 || start >= P) ? 0 : min(tl[2], P - start);
+    if (e < 0 || e >= n_experts) return;
     const size_t row = (size_t)e * rows + r;
     const u8* q = wq + row * (cols / 2);
     const __half* d = wd + row * (cols / 32);
@@ -128,6 +133,7 @@ __device__ void tiled_rows(const u8* __restrict__ wq, const __half* __restrict__
     for (int j = 0; j < MOE_TILE; ++j) {
         acc[j] = 0.0f;
         int p = j < cnt ? sorted[start + j] : 0;
+        p = (p < 0 || p >= P) ? 0 : p;
         src[j] = x_per_token ? p / k : p;
     }
     const int blocks = cols >> 5;
@@ -160,8 +166,8 @@ __device__ void tiled_rows(const u8* __restrict__ wq, const __half* __restrict__
     for (int j = 0; j < MOE_TILE; ++j) {
         if (j < cnt) {
             float v = warp_sum(acc[j]);
-            if (lane == 0) {
-                int p = sorted[start + j];
+            int p = sorted[start + j];
+            if (lane == 0 && p >= 0 && p < P) {
                 if (GATEUP) store_gateup(v, out0, out1, p, r, F);
                 else out0[(size_t)p * rows + r] = v;
             }
@@ -173,8 +179,8 @@ extern "C" __global__ void moe_gateup_tiled(const u8* __restrict__ wq, const __h
                                             const i8* __restrict__ xq, const float* __restrict__ xd,
                                             const int* __restrict__ sorted, const int* __restrict__ tiles,
                                             const int* __restrict__ n_tiles, float* __restrict__ gate,
-                                            float* __restrict__ up, int k, int F, int E) {
-    tiled_rows<true>(wq, wd, xq, xd, sorted, tiles, n_tiles, gate, up, k, 2 * F, E, F, 1);
+                                            float* __restrict__ up, int k, int F, int E, int P, int n_experts) {
+    tiled_rows<true>(wq, wd, xq, xd, sorted, tiles, n_tiles, gate, up, k, 2 * F, E, F, 1, P, n_experts);
 }
 
 // midq: clamped SwiGLU of gate/up [P, F], quantized to Q8_K. grid = (F/256, P), block = 256.
@@ -209,8 +215,8 @@ extern "C" __global__ void moe_down_tiled(const u8* __restrict__ wq, const __hal
                                           const i8* __restrict__ mq, const float* __restrict__ md,
                                           const int* __restrict__ sorted, const int* __restrict__ tiles,
                                           const int* __restrict__ n_tiles, float* __restrict__ out,
-                                          int k, int F, int E) {
-    tiled_rows<false>(wq, wd, mq, md, sorted, tiles, n_tiles, out, nullptr, k, E, F, F, 0);
+                                          int k, int F, int E, int P, int n_experts) {
+    tiled_rows<false>(wq, wd, mq, md, sorted, tiles, n_tiles, out, nullptr, k, E, F, F, 0, P, n_experts);
 }
 
 // sum: y[t] = sum_j w[t, j] * out[t*k + j]. grid = (ceil(E/256), T), block = 256.

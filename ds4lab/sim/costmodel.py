@@ -1,0 +1,263 @@
+"""The ``sim`` backend's timing model: a calibration, a host clock, a device, a timeline.
+
+Every figure here is *modeled*, never measured. The model (all times in µs):
+
+* **host**: one clock. Each API call advances it by its host cost: an eager kernel launch
+  ``host_launch_us`` (on the H200 about 10 µs, CuPy's launch plus the op's Python), a graph
+  launch ``host_graph_launch_us``, every other call ``host_api_us``. Work becomes visible to
+  the device when its call returns (the *submit* time). ``event_synchronize``,
+  ``stream_synchronize``, ``synchronize`` and reads move the host clock forward to the time the
+  device reaches the awaited point.
+* **device**: executes one kernel (or memset) at a time. A kernel takes
+  ``fixed_us + nbytes / (bandwidth_GBps * 1e3)`` (bytes / (GB/s · 1e3) = µs), with per-kernel
+  ``{fixed_us, bandwidth_GBps}`` overrides from the calibration's ``kernels``. It starts at the
+  latest of: its submit time, its stream's previous work, the events its stream waited on, the
+  legacy stream's implicit synchronisation, and the device being free.
+* **graph replay**: the nodes are paced by the device, not the host: node ``i`` may start
+  ``graph_node_us`` after node ``i-1`` started being launched (instead of one host launch gap
+  per kernel), and no earlier than the previous node's end.
+
+Calibration JSON schema (``ds4lab/data/*.json``)::
+
+    {"name", "device", "source", "measured": bool,
+     "host_launch_us", "host_graph_launch_us", "host_api_us",
+     "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us",
+     "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
+     optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies)}
+
+:func:`fit_calibration` derives ``kernel_fixed_us``, ``bandwidth_GBps`` and ``kernels`` from a
+per-op timing CSV and a launch trace (see ``ds4lab/data/h200-provisional.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+MEASURED_FILE = DATA_DIR / "h200.json"
+PROVISIONAL_FILE = DATA_DIR / "h200-provisional.json"
+
+REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
+            "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
+#: Defaults for the optional fields (µs or GB/s).
+OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0}
+
+
+def default_calibration_path() -> Path:
+    """``ds4lab/data/h200.json`` when it exists (measured), else ``h200-provisional.json``."""
+    return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
+
+
+@dataclass
+class Calibration:
+    """The constants of the cost model (see module docstring for the schema)."""
+
+    name: str
+    device: str
+    source: str
+    measured: bool
+    host_launch_us: float
+    host_graph_launch_us: float
+    host_api_us: float
+    kernel_fixed_us: float
+    graph_node_us: float
+    bandwidth_GBps: float
+    memset_us: float
+    kernels: dict = field(default_factory=dict)
+    copy_GBps: float | None = None
+    h2d_GBps: float = 25.0
+    path: str | None = None
+
+    @classmethod
+    def load(cls, src: str | Path | dict | None = None) -> "Calibration":
+        """From a JSON path, a dict with the schema's keys, or None (the default file).
+
+        Raises:
+            ValueError: a required key is missing or a number is not positive (names the key).
+        """
+        path = None
+        if src is None:
+            src = default_calibration_path()
+        if isinstance(src, (str, Path)):
+            path = str(Path(src).resolve())
+            d = json.loads(Path(src).read_text())
+        elif isinstance(src, dict):
+            d = dict(src)
+        else:
+            raise TypeError(f"calibration must be a path, a dict or None, not {type(src).__name__}")
+        missing = [k for k in REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"calibration {d.get('name', path)!r} lacks {', '.join(missing)}")
+        for k in REQUIRED[4:]:
+            if not float(d[k]) >= 0 or (k == "bandwidth_GBps" and not float(d[k]) > 0):
+                raise ValueError(f"calibration {d['name']!r}: {k}={d[k]!r} must be a positive number")
+        for kern, o in (d.get("kernels") or {}).items():
+            unknown = set(o) - {"fixed_us", "bandwidth_GBps"}
+            if unknown:
+                raise ValueError(f"calibration {d['name']!r}: kernel {kern!r} has unknown keys {sorted(unknown)}")
+        kw = {k: d[k] for k in REQUIRED}
+        for k, v in OPTIONAL.items():
+            kw[k] = d.get(k, v) if d.get(k) is not None else v
+        kw["measured"] = bool(kw["measured"])
+        for k in REQUIRED[4:]:
+            kw[k] = float(kw[k])
+        return cls(**kw, path=path)
+
+    def provenance(self) -> dict:
+        """What the backend reports as ``calibration``: name, path, source, measured."""
+        return {"name": self.name, "path": self.path, "provenance": self.source, "measured": self.measured,
+                "device": self.device}
+
+    # ------------------------------------------------------------------ device times
+    def kernel_us(self, name: str, nbytes: int) -> float:
+        """Modeled GPU time of kernel ``name`` moving ``nbytes``."""
+        o = self.kernels.get(name)
+        if o:
+            return float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
+                float(o.get("bandwidth_GBps", self.bandwidth_GBps)) * 1e3)
+        return self.kernel_fixed_us + nbytes / (self.bandwidth_GBps * 1e3)
+
+    def memset_gpu_us(self, nbytes: int) -> float:
+        """A memset of ``nbytes`` (fixed cost plus writing at the copy bandwidth)."""
+        return self.memset_us + nbytes / ((self.copy_GBps or self.bandwidth_GBps) * 1e3)
+
+    def h2d_gpu_us(self, nbytes: int) -> float:
+        """A host-to-device (or device-to-host) copy of ``nbytes``."""
+        return self.memset_us + nbytes / (self.h2d_GBps * 1e3)
+
+
+class Device:
+    """The modeled device and host clock: one kernel at a time, and a timeline of what ran.
+
+    ``timeline`` holds ``(stream, name, start_us, end_us, kind, graph)`` tuples (``graph`` is the
+    graph id for replayed nodes, else None), at most ``timeline_limit`` of them (the oldest are
+    dropped; ``dropped`` counts them).
+    """
+
+    def __init__(self, cal: Calibration, timeline_limit: int = 200_000) -> None:
+        self.cal = cal
+        self.host_us = 0.0
+        self.free_us = 0.0  # when the device finishes the last kernel it was given
+        self.timeline: list[tuple] = []
+        self.timeline_limit = timeline_limit
+        self.dropped = 0
+        self.busy_us = 0.0  # total modeled device-busy time
+
+    def host(self, us: float) -> float:
+        """Advance the host clock by one call's cost; returns the new time (the submit time)."""
+        self.host_us += us
+        return self.host_us
+
+    def wait_host(self, t: float) -> None:
+        """The host blocks until device time ``t`` (a synchronize)."""
+        if t > self.host_us:
+            self.host_us = t
+
+    def run(self, stream_name: str, name: str, earliest: float, dur: float, kind: str,
+            graph: int | None = None, occupies: bool = True) -> tuple[float, float]:
+        """Schedule one piece of device work no earlier than ``earliest``; returns (start, end)."""
+        start = max(earliest, self.free_us) if occupies else earliest
+        end = start + dur
+        if occupies:
+            self.free_us = end
+            self.busy_us += dur
+        if self.timeline_limit:
+            if len(self.timeline) >= self.timeline_limit:
+                del self.timeline[: self.timeline_limit // 10]
+                self.dropped += self.timeline_limit // 10
+            self.timeline.append((stream_name, name, start, end, kind, graph))
+        return start, end
+
+    def reset(self) -> None:
+        """Clocks back to 0 and an empty timeline (streams keep their own ready times: reset them too)."""
+        self.host_us = self.free_us = self.busy_us = 0.0
+        self.timeline.clear()
+        self.dropped = 0
+
+
+# ----------------------------------------------------------------------------- fitting
+#: Kernels whose time is dominated by streaming a weight matrix (the global fit).
+MATVEC_KERNELS = ("q8_matvec", "q8_matvec_swiglu", "q8_matvec_expand", "moe_gateup_decode", "moe_down_decode",
+                  "router_logits")
+
+
+def _linfit(xs, ys):
+    """Least squares ``y = a + b x``; returns (a, b) (b = 0 when x has no spread)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return my, 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def _median(v):
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def fit_calibration(rows: Iterable[dict], nbytes: Iterable[int], *, tolerance: float = 0.10) -> dict:
+    """Fit ``kernel_fixed_us``, ``bandwidth_GBps`` and per-kernel overrides.
+
+    Args:
+        rows: per-op measurements, dicts with ``kernel`` and ``us`` (one per launch, in launch order,
+            as ``docs/measurements/*/per-op-*.csv``).
+        nbytes: the ``nbytes`` the launcher passed for the same launches, same order (a trace).
+        tolerance: a kernel gets an override when the global model misses its median by more.
+
+    Returns:
+        ``{"kernel_fixed_us", "bandwidth_GBps", "kernels", "fit": {...summary...}}``.
+
+    The global figures are a least-squares line through the matvec-like kernels
+    (:data:`MATVEC_KERNELS`). A kernel whose launches the global line misses gets its own line when
+    its launches span more than one size and the line is physical (positive slope and intercept),
+    else a fixed cost (median of ``us - nbytes/bandwidth``) at the global bandwidth.
+    """
+    rows, nb = list(rows), list(nbytes)
+    if len(rows) != len(nb):
+        raise ValueError(f"{len(rows)} measured launches but {len(nb)} traced ones")
+    pts: dict[str, list[tuple[int, float]]] = {}
+    for r, n in zip(rows, nb):
+        pts.setdefault(r["kernel"], []).append((int(n), float(r["us"])))
+    mv = [(n, us) for k in MATVEC_KERNELS for (n, us) in pts.get(k, [])]
+    if len(mv) < 2:
+        raise ValueError("need at least two matvec launches to fit a bandwidth")
+    a, b = _linfit([n for n, _ in mv], [us for _, us in mv])
+    if b <= 0:
+        raise ValueError("matvec times do not grow with bytes: cannot fit a bandwidth")
+    fixed, bw = max(a, 0.0), 1.0 / (b * 1e3)
+    kernels = {}
+    for k, p in sorted(pts.items()):
+        pred = [fixed + n / (bw * 1e3) for n, _ in p]
+        med_err = _median([abs(pu - us) / us for (n, us), pu in zip(p, pred)])
+        if med_err <= tolerance:
+            continue
+        sizes = {n for n, _ in p}
+        ka, kb = _linfit([n for n, _ in p], [us for _, us in p]) if len(sizes) > 1 else (0.0, 0.0)
+        if len(sizes) > 1 and kb > 0 and ka > 0:
+            kernels[k] = {"fixed_us": round(ka, 3), "bandwidth_GBps": round(1.0 / (kb * 1e3), 1)}
+        else:
+            kernels[k] = {"fixed_us": round(max(0.1, _median([us - n / (bw * 1e3) for n, us in p])), 3)}
+    # How well the fitted model reproduces the measurement, launch by launch.
+    cal = Calibration("fit", "", "", False, 0, 0, 0, fixed, 0, bw, 0, kernels)
+    model = [cal.kernel_us(r["kernel"], n) for r, n in zip(rows, nb)]
+    meas = [float(r["us"]) for r in rows]
+    return {
+        "kernel_fixed_us": round(fixed, 3),
+        "bandwidth_GBps": round(bw, 1),
+        "kernels": kernels,
+        "fit": {"launches": len(rows), "matvec_launches": len(mv),
+                "measured_sum_us": round(sum(meas), 1), "modeled_sum_us": round(sum(model), 1),
+                "median_abs_rel_error": round(_median([abs(m - u) / u for m, u in zip(model, meas)]), 4)},
+    }
+
+
+def write_calibration(path: str | Path, d: dict[str, Any]) -> None:
+    """Write a calibration dict as indented JSON (validated first by :meth:`Calibration.load`)."""
+    Calibration.load(d)
+    Path(path).write_text(json.dumps(d, indent=2) + "\n")
