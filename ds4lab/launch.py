@@ -25,8 +25,8 @@ from .annotate import make_annotator
 from .stream import LEGACY_STREAM, current_stream
 
 #: Launch-site kinds, as the seed counts them (kernels, memsets, cuBLAS GEMMs, event records),
-#: plus host-to-device copies of per-token scalars.
-KINDS = ("kernel", "memset", "gemm", "event", "memcpy")
+#: plus host-to-device copies of per-token scalars and graph launches (replays).
+KINDS = ("kernel", "memset", "gemm", "event", "memcpy", "graph")
 
 
 class LaunchRecord(NamedTuple):
@@ -115,6 +115,12 @@ class Launcher:
         #: When a list, every kernel launch is appended as a :class:`LaunchRecord` (analysis
         #: tools replay them one by one to time each op; off on the hot path).
         self.trace: list | None = None
+        #: The census counts what reaches the device: launches issued while a stream captures
+        #: go to ``captured`` instead (they run only as graph nodes).
+        self.capturing = False
+        self.captured: Counter = Counter()
+        #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
+        self.legacy_sites: frozenset = frozenset()
 
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
@@ -157,10 +163,12 @@ class Launcher:
         backend calls it; the ``cupy`` backend never does). ``legacy=True`` is the hazard path:
         launch on the legacy stream, bypassing the accessor.
         """
-        self.census.counts[(self.cluster_name, "kernel", site)] += 1
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "kernel", site)] += 1
         if self.trace is not None:
             self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, name, grid, block, args, shared,
                                            nbytes))
+        if self.legacy_sites and site in self.legacy_sites:
+            legacy = True
         stream = LEGACY_STREAM if legacy else (current_stream() if self.routed else LEGACY_STREAM)
         if self._nvtx:
             self.annotator.push(site, self.cluster_name, self.layer)
@@ -177,7 +185,7 @@ class Launcher:
         ``sync=False`` (the fix): ``cudaMemsetAsync`` on the accessor's stream. ``sync=True``
         (ds4 today): synchronous ``cudaMemset`` on the legacy stream, which ignores the accessor.
         """
-        self.census.counts[(self.cluster_name, "memset", site)] += 1
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "memset", site)] += 1
         with self._op(site):
             if sync:
                 self.backend.memset_sync(buf, value)
@@ -186,14 +194,20 @@ class Launcher:
 
     def copy_h2d(self, site: str, dst: Any, src) -> None:
         """Copy host array ``src`` into device buffer ``dst`` on the accessor's stream."""
-        self.census.counts[(self.cluster_name, "memcpy", site)] += 1
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "memcpy", site)] += 1
         with self._op(site):
             self.backend.copy_h2d(self.stream(), dst, src)
 
     def event_record(self, site: str, event: Any) -> None:
         """Record ``event`` on the accessor's stream (ds4's profiling ``cudaEventRecord``)."""
-        self.census.counts[(self.cluster_name, "event", site)] += 1
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "event", site)] += 1
         self.backend.event_record(self.stream(), event)
+
+    def graph_launch(self, site: str, graph_exec: Any) -> None:
+        """Replay an executable graph on the accessor's stream (``cudaGraphLaunch``)."""
+        self.census.counts[(self.cluster_name, "graph", site)] += 1
+        with self._op(site):
+            self.backend.graph_launch(graph_exec, self.stream())
 
     @contextlib.contextmanager
     def _op(self, site: str) -> Iterator[None]:

@@ -44,6 +44,8 @@ class TokenOptions:
             it) or ``"prealloc"`` (allocated for ``max_tokens`` up front).
         vocab: run the final norm and the vocabulary projection.
         moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
+        moe_host_timed, legacy_sites, sync_in_body: ds4-today code paths that break capture,
+            re-introduced by the hazard demonstrations (``ds4lab ladder --hazard``).
     """
 
     counts_clear: str = "sync"
@@ -51,6 +53,14 @@ class TokenOptions:
     scratch: str = "prealloc"
     vocab: bool = False
     moe_profile: bool = False
+    #: ds4's way of reading the MoE profile: synchronize on the last event and read the elapsed
+    #: times on the host, every call (a capture hazard).
+    moe_host_timed: bool = False
+    #: Launch sites sent to the legacy stream, bypassing the accessor (a capture hazard).
+    legacy_sites: tuple = ()
+    #: End the token body with a device synchronize (ds4's cudaDeviceSynchronize inside what
+    #: stage 3 captures: a capture hazard).
+    sync_in_body: bool = False
 
     def __post_init__(self):
         for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH)):
@@ -75,7 +85,9 @@ class MoeScratch:
         cfg, be = self.model.cfg, self.model.be
         E, F, k, N = cfg.embed, cfg.expert_ffn, cfg.n_used, cfg.n_experts
         P = T * k
-        mk = be.empty
+        # On demand: a real cudaMalloc whenever the scratch grows (ds4's growing scratch);
+        # preallocated: from the backend's pool, once, before anything is captured.
+        mk = be.malloc if self.model.opts.scratch == "on-demand" else be.empty
         self.logits = mk((T, N), np.float32)
         self.ids = mk((T, k), np.int32)
         self.wts = mk((T, k), np.float32)
@@ -96,6 +108,7 @@ class MoeScratch:
         self.n_tiles = mk((1,), np.int32)
         self.capacity = T
         self.allocations += 1
+        self.model.generation += 1
 
     def ensure(self, T: int) -> None:
         """Make room for ``T`` tokens: a no-op when preallocated large enough, else (re)allocate."""
@@ -131,6 +144,13 @@ class DecodeModel:
         if not 1 <= self.n_layers <= cfg.n_layers:
             raise ValueError(f"n_layers={n_layers} must be in 1..{cfg.n_layers}")
         self.L = Launcher(backend, nvtx=nvtx, routed=routed)
+        self.L.legacy_sites = frozenset(self.opts.legacy_sites)
+        #: Host-timed MoE profile lines (ds4's DS4_CUDA_MOE_PROFILE), one dict per call.
+        self.moe_profile_log: list[dict] = []
+        #: Bumped whenever a buffer is (re)allocated: part of every graph's buffer-alias key.
+        self.generation = 0
+        #: None runs every cluster eagerly; a ds4lab.capture.GraphCache captures and replays some.
+        self.executor = None
         self._check_memory()
         self._alloc_weights()
         self._alloc_buffers()
@@ -223,19 +243,52 @@ class DecodeModel:
         with L.range("token", "token", pos):
             L.layer = -1
             ts = self.scalars(pos, token_id) if write_scalars else self._scalars_no_write(pos, token_id)
-            with L.cluster("embed"):
-                ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
-            for layer in range(self.n_layers):
-                L.layer = layer
-                with L.range("layer", "layer", layer):
-                    self._layer(layer, ts)
-            L.layer = -1
-            if self.opts.vocab:
-                with L.cluster("final"):
-                    ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
-                                  cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
-                    ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
+            self.run_cluster("token", -1, 1, ts, lambda: self._token_body(ts))
         L.census.token_done()
+
+    def _token_body(self, ts: ops.TokenScalars) -> None:
+        L, cfg = self.L, self.cfg
+        with L.cluster("embed"):
+            ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
+        for layer in range(self.n_layers):
+            L.layer = layer
+            with L.range("layer", "layer", layer):
+                self._layer(layer, ts)
+        L.layer = -1
+        if self.opts.vocab:
+            with L.cluster("final"):
+                ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
+                              cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
+                ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
+        if self.opts.sync_in_body:
+            self.be.synchronize()
+
+    # ------------------------------------------------------------------ clusters and host decisions
+    def run_cluster(self, cluster: str, layer: int, T: int, ts, fn) -> None:
+        """Run one cluster's launches: eagerly, or through the executor (capture / replay)."""
+        if self.executor is None:
+            fn()
+        else:
+            self.executor.run(self, cluster, layer, T, ts, fn)
+
+    def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
+        """The host-side choices a cluster's launches depend on, re-asked before every replay.
+
+        * the routed-MoE path, chosen by token count (decode vs sorted pairs);
+        * the attention regime, chosen by the window length (filling vs full window), when
+          the window length is a host value (``scalars="value"``);
+        * routing kind (hash or top-k) and the vocabulary flag are fixed per layer and model.
+        A change in any answer retires the graph (ds4lab.capture.GraphCache).
+        """
+        d = []
+        if cluster in ("moe", "token"):
+            d.append(("moe.path", "sorted" if T > 1 else "decode"))
+            d.append(("moe.profile", self.opts.moe_profile))
+        if cluster == "token":
+            if ts is not None and ts.buf is None:
+                d.append(("attention.regime", "filling" if ts.n_valid < self.cfg.window else "full"))
+            d.append(("vocab", self.opts.vocab))
+        return tuple(d)
 
     def _hc_pre(self, name: str, wmix, wnorm, mix) -> None:
         cfg, L = self.cfg, self.L
@@ -267,7 +320,11 @@ class DecodeModel:
             ops.q8_matvec_expand(L, "o_b_expand", w["o_b"], self.oa, self.h, self.mix_attn, None, cfg.hc_streams)
         self._hc_pre("hc_ffn", w["hc_ffn_mix"], w["hc_ffn_norm"], self.mix_ffn)
         self.router(layer, self.x, 1, ts=ts)
-        y = self.routed_moe(layer, self.x, 1)
+        self.run_cluster("moe", layer, 1, ts, lambda: self.routed_moe(layer, self.x, 1))
+        self.run_cluster("shared", layer, 1, ts, lambda: self._shared(layer, self.moe_buf.y))
+
+    def _shared(self, layer: int, y) -> None:
+        cfg, L, w = self.cfg, self.L, self.layers[layer]
         with L.cluster("shared"):
             ops.q8_matvec_swiglu(L, "sh_gateup_swiglu", w["sh_gateup"], self.x, self.sh_mid, cfg.swiglu_limit)
             ops.q8_matvec_expand(L, "sh_down_expand", w["sh_down"], self.sh_mid, self.h, self.mix_ffn, y,
@@ -336,6 +393,12 @@ class DecodeModel:
             ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg)
             if ev:
                 L.event_record("profile.end", ev[6])
+                if self.opts.moe_host_timed:
+                    # ds4: cudaEventSynchronize on the last event, elapsed times read on the host.
+                    self.be.event_synchronize(ev[6])
+                    ms = [self.be.event_elapsed_ms(ev[i], ev[i + 1]) for i in range(6)]
+                    self.moe_profile_log.append({"layer": layer, "tokens": T, "pairs": P,
+                                                 **dict(zip(MOE_STAGES, ms)), "total": sum(ms)})
         return b.y
 
     # ------------------------------------------------------------------ results

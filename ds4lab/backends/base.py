@@ -152,6 +152,11 @@ class Backend:
         """``cudaGraphInstantiate``: an executable graph."""
         raise NotImplementedError
 
+    def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
+        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which
+        must have the same topology (CUDA Programming Guide, "Updating instantiated graphs")."""
+        raise NotImplementedError
+
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
         """``cudaGraphLaunch`` of an executable graph on ``stream`` (a replay)."""
         raise NotImplementedError

@@ -325,6 +325,25 @@ class CupyBackend(Backend):
         with _cuda_errors("cudaGraphInstantiate"):
             return CupyGraphExec(self.cp, self.cp.cuda.runtime.graphInstantiate(graph.handle), graph)
 
+    def graph_exec_update(self, graph_exec, graph) -> None:
+        """``cudaGraphExecUpdate``: new kernel arguments from a topologically identical graph.
+
+        Through ``cuda-bindings`` (CuPy has no binding for it). Raises CudaError on failure.
+        """
+        try:
+            from cuda.bindings import runtime as cudart
+        except ImportError:  # older cuda-python layout
+            from cuda import cudart  # type: ignore
+        from ..errors import CudaError
+
+        res = cudart.cudaGraphExecUpdate(cudart.cudaGraphExec_t(graph_exec.handle), cudart.cudaGraph_t(graph.handle))
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) != 0:
+            name = cudart.cudaGetErrorName(err)[1]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            raise CudaError(name, "cudaGraphExecUpdate", str(res))
+        graph_exec.graph = graph  # keep the graph the executable now mirrors alive
+
     def graph_launch(self, graph_exec, stream) -> None:
         with _cuda_errors("cudaGraphLaunch"):
             self.cp.cuda.runtime.graphLaunch(graph_exec.handle, self._ptr_stream(stream))

@@ -100,6 +100,18 @@ class NumpyBackend(Backend):
     def fill_f32(self, out, name, scale, offset, seed):
         out[...] = W.gen_f32(W.tensor_key(seed, name), out.size, scale, offset).reshape(out.shape)
 
+    def malloc(self, shape, dtype):
+        return self.empty(shape, dtype)
+
+    def free(self, buf) -> None:
+        pass
+
+    def event_synchronize(self, event) -> None:
+        pass
+
+    def event_elapsed_ms(self, start, end) -> float:
+        raise NotImplementedError("the numpy backend makes no timing claims: event times are not available")
+
     def launch(self, stream: Any, name: str, grid, block, args, shared, ref: Callable[[], None],
                nbytes: int = 0) -> None:
         ref()

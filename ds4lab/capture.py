@@ -1,0 +1,218 @@
+"""Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
+
+A :class:`GraphCache` is installed as a :class:`~ds4lab.model.DecodeModel`'s executor. For the
+clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``), each call:
+
+1. builds the cache key: cluster, layer, token count, and the buffer-alias key (the model's
+   buffer generation, bumped whenever ds4lab reallocates a buffer, with the addresses of every
+   buffer the cluster touched recorded at capture);
+2. runs eagerly while the key is warming up (first call: kernels compiled, scratch allocated);
+3. captures on the accessor's stream (which must be a non-blocking stream: the legacy stream
+   cannot be captured), instantiates once, then replays with ``cudaGraphLaunch``;
+4. before each replay re-asks the cluster's host decisions (:meth:`DecodeModel.host_decisions`);
+   a changed answer retires the graph and captures again, never replaying stale;
+5. on any capture failure records the CUDA (or CuPy) error, retires the entry, and runs that
+   cluster eagerly from then on: the same results, without the graph.
+
+With ``update=True`` (stage ``3u``) a cached graph is not replayed as captured: every call
+captures the cluster again with this call's by-value arguments and updates the executable graph
+in place (``cudaGraphExecUpdate``) before launching it.
+Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, graph instantiation, updating
+instantiated graphs); ds4's staged plan (context file); the measured rules in NOTES.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import RuntimeApiError
+from .stream import LEGACY_STREAM
+
+
+@dataclass
+class CacheEntry:
+    """One cached graph: where it came from, what it assumed, and what happened to it."""
+
+    key: tuple
+    graph_exec: Any = None
+    decisions: tuple = ()
+    addresses: tuple = ()
+    nodes: int = 0
+    replays: int = 0
+    retired: bool = False
+    reason: str = ""
+
+
+@dataclass
+class CacheStats:
+    """Counts reported with every stage (``ds4lab ladder``'s cache columns)."""
+
+    captures: int = 0
+    replays: int = 0
+    updates: int = 0
+    retirements: int = 0
+    recaptures: int = 0
+    eager_runs: int = 0
+    failures: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("captures", "replays", "updates", "retirements", "recaptures",
+                                           "eager_runs")}
+        d["failures"] = dict(self.failures)
+        return d
+
+
+class GraphCache:
+    """Captures the named clusters of a model and replays them (see module docstring).
+
+    Args:
+        backend: the model's backend (``cupy`` or ``sim``).
+        clusters: cluster names to capture (others run eagerly).
+        mode: capture mode, ``"global"``, ``"thread_local"`` (default) or ``"relaxed"``.
+        warmup: eager calls per key before its capture.
+        update: re-capture every call and update the executable graph (stage ``3u``).
+        guard: re-ask host decisions before each replay (on by default).
+    """
+
+    def __init__(self, backend, clusters, mode: str = "thread_local", warmup: int = 1,
+                 update: bool = False, guard: bool = True) -> None:
+        self.be = backend
+        self.clusters = frozenset(clusters)
+        self.mode = mode
+        self.warmup = warmup
+        self.update = update
+        self.guard = guard
+        self.entries: dict[tuple, CacheEntry] = {}
+        self.warm: Counter = Counter()
+        self.stats = CacheStats()
+        self.log: list[dict] = []
+
+    # ------------------------------------------------------------------ the executor hook
+    def run(self, model, cluster: str, layer: int, T: int, ts, fn: Callable[[], None]) -> None:
+        """Run one cluster: eagerly, by capture then replay, or by replay."""
+        if cluster not in self.clusters or model.L.capturing:
+            fn()
+            return
+        key = (cluster, layer, T, model.generation)
+        e = self.entries.get(key)
+        if e is not None and e.retired:
+            self.stats.eager_runs += 1
+            fn()
+            return
+        decisions = model.host_decisions(cluster, layer, T, ts) if self.guard else ()
+        if e is not None and e.decisions != decisions:
+            changed = [f"{a[0]}: {a[1]} → {b[1]}" for a, b in zip(e.decisions, decisions) if a != b]
+            self._retire(e, "host decision changed: " + "; ".join(changed))
+            del self.entries[key]
+            self.stats.recaptures += 1
+            e = None
+        if e is None:
+            if self.warm[key] < self.warmup:
+                self.warm[key] += 1
+                fn()
+                return
+            e = self._capture(model, key, fn, decisions)
+            if e.retired:
+                self.stats.eager_runs += 1
+                fn()
+                return
+        elif self.update:
+            if not self._update(model, e, fn):
+                self.stats.eager_runs += 1
+                fn()
+                return
+        model.L.graph_launch(f"graph.{cluster}", e.graph_exec)
+        e.replays += 1
+        self.stats.replays += 1
+
+    # ------------------------------------------------------------------ capture, update, retire
+    def _captured(self, model, fn) -> tuple[Any, RuntimeApiError | None]:
+        """Capture ``fn`` on the accessor's stream; returns (graph or None, first error)."""
+        L, be = model.L, self.be
+        stream = L.stream()
+        err = None
+        try:
+            be.begin_capture(stream, self.mode)
+        except RuntimeApiError as e:
+            return None, e
+        L.capturing = True
+        L.trace = []
+        try:
+            fn()
+        except RuntimeApiError as e:
+            err = e
+        finally:
+            L.capturing = False
+            trace, L.trace = L.trace, None
+        try:
+            g = be.end_capture(stream)
+        except RuntimeApiError as e:
+            return None, err or e
+        if err is not None:
+            return None, err
+        self._last_addresses = tuple(sorted({_addr(a) for r in trace for a in r.args if _addr(a)}))
+        self._last_nodes = len(trace)
+        return g, None
+
+    def _capture(self, model, key, fn, decisions) -> CacheEntry:
+        if model.L.stream() is LEGACY_STREAM:
+            e = CacheEntry(key, decisions=decisions, retired=True,
+                           reason="the legacy stream cannot be captured: set a non-blocking stream")
+            self.stats.failures["legacy stream"] += 1
+            self.entries[key] = e
+            return e
+        g, err = self._captured(model, fn)
+        e = CacheEntry(key, decisions=decisions)
+        self.entries[key] = e
+        if err is not None:
+            self.stats.failures[err.name] += 1
+            self._retire(e, f"capture failed: {err}")
+            return e
+        try:
+            e.graph_exec = self.be.graph_instantiate(g)
+        except RuntimeApiError as ex:
+            self.stats.failures[ex.name] += 1
+            self._retire(e, f"instantiate failed: {ex}")
+            return e
+        e.addresses, e.nodes = self._last_addresses, self._last_nodes
+        self.stats.captures += 1
+        self.log.append({"event": "capture", "key": key, "nodes": e.nodes})
+        return e
+
+    def _update(self, model, e: CacheEntry, fn) -> bool:
+        """Stage 3u: capture again with this call's arguments, update the executable in place."""
+        g, err = self._captured(model, fn)
+        if err is not None:
+            self.stats.failures[err.name] += 1
+            self._retire(e, f"re-capture for update failed: {err}")
+            return False
+        try:
+            self.be.graph_exec_update(e.graph_exec, g)
+        except RuntimeApiError as ex:
+            self.stats.failures[ex.name] += 1
+            self._retire(e, f"executable-graph update failed: {ex}")
+            return False
+        self.stats.updates += 1
+        return True
+
+    def _retire(self, e: CacheEntry, reason: str) -> None:
+        e.retired = True
+        e.reason = reason
+        e.graph_exec = None
+        self.stats.retirements += 1
+        self.log.append({"event": "retire", "key": e.key, "reason": reason})
+
+    def retired(self) -> list[CacheEntry]:
+        return [e for e in self.entries.values() if e.retired]
+
+
+def _addr(a) -> int:
+    """Device address of a backend array argument (0 for scalars)."""
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if isinstance(ptr, int):
+        return ptr
+    ai = getattr(a, "__array_interface__", None)
+    return ai["data"][0] if ai else 0
