@@ -399,7 +399,8 @@ def test_token_options_accept_all_valid():
             for sp in ("on-demand", "prealloc"):
                 o = TokenOptions(counts_clear=cc, scalars=sc, scratch=sp, vocab=True)
                 assert o.summary() == {"counts_clear": cc, "scalars": sc, "scratch": sp,
-                                       "vocab": True, "moe_profile": False}
+                                       "vocab": True, "moe_profile": False, "moe_host_timed": False,
+                                       "legacy_sites": (), "sync_in_body": False}
 
 
 # ----------------------------------------------------------------------------- memory check

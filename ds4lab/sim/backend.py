@@ -1,0 +1,426 @@
+"""The ``sim`` backend: the decode token on a modeled GPU, on the CPU.
+
+Numbers come from the NumPy reference, exactly as the ``numpy`` backend computes them (a launch's
+``ref`` callback into NumPy buffers), so a token on ``sim`` is bit-identical to one on ``numpy``.
+*When* work runs follows CUDA's rules for streams, events, stream capture and graphs
+(:mod:`ds4lab.sim.runtime`, rules in :data:`ds4lab.sim.runtime.RULES`), and *how long* it takes is
+modeled from a calibration file (:mod:`ds4lab.sim.costmodel`). Every time this backend reports is
+a model, never a measurement: ``measures_time`` is False, ``models_time`` is True.
+
+Device memory lives in an arena (:mod:`ds4lab.sim.memory`), so a buffer that is freed and
+re-allocated with the same size gets the same memory, and a replayed graph that still points at the
+freed buffer writes into its new owner, as on a GPU. In ``timing_only`` mode nothing is computed:
+buffers and weights are phantom arrays (right shape, dtype and ``nbytes``, no memory), so the full
+``ds4-flash`` token runs in well under a second of Python.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import weights as W
+from ..backends.base import Backend
+from ..backends.numpy_backend import NumpyBackend
+from ..errors import CudaError
+from ..stream import LEGACY_STREAM, current_stream
+from .costmodel import Calibration
+from .memory import Arena, ArenaError, aligned, phantom
+from .runtime import MODES, RULES, Graph, GraphExec, Runtime, SimEvent, SimStream
+
+
+class PhantomBank:
+    """A routed-expert bank in timing-only mode: shapes and bytes of the real stack, no memory."""
+
+    def __init__(self, spec: W.WeightSpec) -> None:
+        self.spec = spec
+        self.rows, self.cols, self.fmt = spec.rows, spec.cols, spec.fmt
+        qcols = spec.cols if spec.fmt == "q8_0" else spec.cols // 2
+        self.qs = phantom((spec.subs, spec.rows, qcols), np.int8 if spec.fmt == "q8_0" else np.uint8)
+        self.d = phantom((spec.subs, spec.rows, spec.cols // 32), np.float16)
+
+    def __getitem__(self, e: int) -> W.QTensor:
+        return W.QTensor(self.fmt, self.rows, self.cols, self.qs[int(e)], self.d[int(e)])
+
+
+def _phantom_weight(spec: W.WeightSpec):
+    if spec.fmt == "f32":
+        return phantom((spec.n_weights,), np.float32)
+    if spec.subs > 1:
+        return PhantomBank(spec)
+    qcols = spec.cols if spec.fmt == "q8_0" else spec.cols // 2
+    return W.QTensor(spec.fmt, spec.rows, spec.cols,
+                     phantom((spec.rows, qcols), np.int8 if spec.fmt == "q8_0" else np.uint8),
+                     phantom((spec.rows, spec.cols // 32), np.float16))
+
+
+def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
+    a2 = a_shape if len(a_shape) > 1 else (1,) + tuple(a_shape)
+    b2 = b_shape if len(b_shape) > 1 else tuple(b_shape) + (1,)
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"matmul: shapes {a_shape} and {b_shape} do not align")
+    out = np.broadcast_shapes(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b_shape) == 1:
+        out = out[:-1]
+    return out
+
+
+class SimBackend(Backend):
+    """A modeled GPU on the CPU (see module docstring).
+
+    Args:
+        seed: weight seed (as the other backends).
+        timing_only: compute no numbers (phantom buffers); only the timing and the rules run.
+        calibration: a calibration JSON path or dict; default ``ds4lab/data/h200.json`` when it
+            exists, else ``ds4lab/data/h200-provisional.json``.
+        threads_enabled: tell host threads apart (capture modes, per-thread streams). False: all
+            callers are one thread, and no lock is taken.
+        invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default)
+            or ``"raise"`` (``cudaErrorStreamCaptureInvalidated``, as the Programming Guide says).
+
+    Beyond :class:`~ds4lab.backends.base.Backend`: :meth:`per_thread_stream`,
+    :meth:`exchange_capture_mode`, :meth:`capture_info`, :meth:`address`, :attr:`host_time_us`,
+    :attr:`timeline`, :meth:`stream_ready_us`, :meth:`reset_clock`, :attr:`escapes`,
+    :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`.
+    """
+
+    name = "sim"
+    is_gpu = False
+    measures_time = False
+    #: Every time this backend gives is modeled from :attr:`calibration`.
+    models_time = True
+    xp = np
+    rules = RULES
+    modes = MODES
+
+    def __init__(self, seed: int = 1234, timing_only: bool = False, calibration=None,
+                 threads_enabled: bool = True, *, invalidated_ops: str = "drop") -> None:
+        self.seed = seed
+        self.timing_only = bool(timing_only)
+        self.cal = Calibration.load(calibration)
+        #: Name, path, provenance (the file's ``source``) and ``measured`` of the calibration in use.
+        self.calibration = self.cal.provenance()
+        self.rt = Runtime(self.cal, compute=not self.timing_only, threads_enabled=threads_enabled,
+                          invalidated_ops=invalidated_ops)
+        self._np = NumpyBackend(seed=seed)
+        self.arena = Arena()
+        self._phantom_bytes = 0
+        self._phantom_free: Counter = Counter()
+        self._kernel_us: dict[tuple[str, int], float] = {}
+
+    # ------------------------------------------------------------------ memory
+    def _alloc(self, shape, dtype, owner: str, *, pool: bool, call: str) -> np.ndarray:
+        """One device allocation. ``pool``: a memory-pool allocation (CuPy's ``empty``): served from a
+        freed block of the same size without a ``cudaMalloc``, else the pool grows (``cudaMalloc``,
+        an unsafe call during capture). Not ``pool``: a ``cudaMalloc`` every time."""
+        dt = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        size = aligned(nbytes)
+        with self.rt.lock:
+            if self.timing_only:
+                if not (pool and self._phantom_free[size]):
+                    self.rt.unsafe_call(call)
+                if pool and self._phantom_free[size]:
+                    self._phantom_free[size] -= 1
+                self._phantom_bytes += size
+                return phantom(shape, dt)
+            if not (pool and self.arena._free.get(size)):
+                self.rt.unsafe_call(call)
+            b = self.arena.alloc(nbytes, owner)
+            return self.arena.view(b, shape, dt)
+
+    def empty(self, shape, dtype):
+        a = self._alloc(shape, dtype, "empty", pool=True, call="cudaMalloc (memory-pool growth)")
+        if not self.timing_only and a.dtype.kind == "f":
+            a.fill(np.nan)  # poisoned, as the numpy and cupy backends do
+        return a
+
+    def zeros(self, shape, dtype):
+        a = self._alloc(shape, dtype, "zeros", pool=True, call="cudaMalloc (memory-pool growth)")
+        if not self.timing_only:
+            a[...] = 0
+        return a
+
+    def from_host(self, a):
+        a = np.asarray(a)
+        out = self._alloc(a.shape, a.dtype, "from_host", pool=True, call="cudaMalloc (memory-pool growth)")
+        if not self.timing_only:
+            out[...] = a
+        return out
+
+    def to_host(self, a) -> np.ndarray:
+        """As :meth:`read` (CuPy's ``asnumpy``): refused while the current stream captures."""
+        return self.read(a)
+
+    def malloc(self, shape, dtype):
+        """``cudaMalloc``: an unsafe call during global/thread-local capture; reuses a freed block of the same size."""
+        return self._alloc(shape, dtype, "malloc", pool=False, call="cudaMalloc")
+
+    def free(self, buf) -> None:
+        """``cudaFree`` (an unsafe call during capture). The array stays a view of the freed memory."""
+        with self.rt.lock:
+            self.rt.unsafe_call("cudaFree")
+            if self.timing_only:
+                size = aligned(buf.nbytes)
+                self._phantom_free[size] += 1
+                self._phantom_bytes -= size
+                return
+            self._arena_free(buf, "cudaFree")
+
+    def _arena_free(self, buf, call: str) -> None:
+        b = self.arena.block_of(buf)
+        if b is None:
+            raise CudaError("cudaErrorInvalidValue", call, "not a device pointer of this backend")
+        try:
+            self.arena.free(b.addr)
+        except ArenaError as e:
+            raise CudaError("cudaErrorInvalidValue", call, str(e)) from None
+
+    def malloc_async(self, stream, shape, dtype):
+        """``cudaMallocAsync``: eager, a stream-ordered allocation; captured, a ``mem_alloc`` node whose
+        memory stays reserved for the graph."""
+        dt = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        with self.rt.lock:
+            if self.timing_only:
+                buf = phantom(shape, dt)
+                self._phantom_bytes += aligned(buf.nbytes)
+                self.rt.host_op(stream, "mem_alloc", "cudaMallocAsync", None, "cudaMallocAsync")
+                return buf
+            b = self.arena.alloc(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, "malloc_async")
+            buf = self.arena.view(b, shape, dt)
+            node = self.rt.host_op(stream, "mem_alloc", "cudaMallocAsync", None, "cudaMallocAsync")
+            if node is not None:
+                b.owner, node.info = "graph", b.addr
+            return buf
+
+    def free_async(self, stream, buf) -> None:
+        """``cudaFreeAsync``: eager, frees now; captured, a ``mem_free`` node (memory allocated by the same
+        graph stays the graph's; other memory is freed at the first replay)."""
+        with self.rt.lock:
+            if self.timing_only:
+                self.rt.host_op(stream, "mem_free", "cudaFreeAsync", None, "cudaFreeAsync")
+                return
+            b = self.arena.block_of(buf)
+            if b is None:
+                raise CudaError("cudaErrorInvalidValue", "cudaFreeAsync", "not a device pointer of this backend")
+            q = self.rt.capturing(stream)
+            in_graph = q is not None and any(n.kind == "mem_alloc" and n.info == b.addr for n in q.nodes)
+
+            def replay_free():
+                if b.live and not in_graph:
+                    self.arena.free(b.addr)
+
+            self.rt.host_op(stream, "mem_free", "cudaFreeAsync", lambda: self._arena_free(buf, "cudaFreeAsync"),
+                            "cudaFreeAsync", capture_fn=replay_free)
+
+    def read(self, buf) -> np.ndarray:
+        """A synchronous device-to-host copy on the accessor's current stream (``cupy.asnumpy``).
+
+        Refused by CuPy (``cupy:D2HDisallowed``) while that stream captures (rule ``d2h_in_capture``).
+        In timing-only mode returns NaN (float32 NaN for non-float buffers): no numbers exist.
+        """
+        call = "cudaMemcpy (device to host)"
+        rt = self.rt
+        with rt.lock:
+            s = rt._stream(current_stream(), call)
+            if s.capture is not None:
+                rt._fail("d2h_in_capture", call, (), f"current stream {s.name} is capturing ({s.capture.status})")
+            if s is rt.legacy and rt.live:
+                rt._legacy_use(call)
+            rt.dev.host(self.cal.host_api_us)
+            rt.dev.wait_host(rt._earliest(s, 0.0))
+            rt.dev.host(self.cal.h2d_gpu_us(getattr(buf, "nbytes", 0)))
+            if self.timing_only:
+                dt = buf.dtype if buf.dtype.kind == "f" else np.float32
+                return np.full(buf.shape, np.nan, dtype=dt)
+            return np.array(buf, copy=True)
+
+    def matmul(self, stream, a, b):
+        """``a @ b`` as CuPy's array API does it (cuBLAS) on ``stream``; refused during capture."""
+        call = "cupy.matmul (cuBLAS)"
+        rt = self.rt
+        s = rt._stream(stream if stream is not None else current_stream(), call)
+        cur = rt.current_capturing()
+        if s.capture is not None or cur is not None:
+            rt._fail("cublas_in_capture", call, (), f"stream {s.name if s.capture else 'current'} is capturing")
+        out = self.empty(_matmul_shape(a.shape, b.shape), np.result_type(a.dtype, b.dtype))
+
+        def ref():
+            out[...] = np.matmul(a, b)
+
+        self.launch(stream, "cublas_gemm", (), (), (a, b, out), 0, ref, int(a.nbytes + b.nbytes + out.nbytes))
+        return out
+
+    # ------------------------------------------------------------------ weights
+    def make_weight(self, spec: W.WeightSpec):
+        if self.timing_only:
+            return _phantom_weight(spec)
+        return self._np.make_weight(spec)
+
+    def fill_f32(self, out, name, scale, offset, seed):
+        if not self.timing_only:
+            self._np.fill_f32(out, name, scale, offset, seed)
+
+    # ------------------------------------------------------------------ launches
+    def launch(self, stream: Any, name: str, grid, block, args, shared, ref: Callable[[], None],
+               nbytes: int = 0) -> None:
+        if not nbytes:
+            nbytes = sum(a.nbytes for a in args if isinstance(a, np.ndarray))
+        key = (name, nbytes)
+        us = self._kernel_us.get(key)
+        if us is None:
+            us = self._kernel_us[key] = self.cal.kernel_us(name, nbytes)
+        self.rt.enqueue(stream, "kernel", name, None if self.timing_only else ref, us, "cudaLaunchKernel",
+                        None, (grid, block, args, shared, nbytes))
+
+    def memset_async(self, stream, buf, value):
+        def fn():
+            buf.view(np.uint8)[...] = value
+
+        self.rt.enqueue(stream, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), "cudaMemsetAsync",
+                        self.cal.host_api_us, (buf, value))
+
+    def memset_sync(self, buf, value):
+        """``cudaMemset``: on the legacy stream, whatever the accessor says (ds4 today)."""
+
+        def fn():
+            buf.view(np.uint8)[...] = value
+
+        self.rt.enqueue(LEGACY_STREAM, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), "cudaMemset",
+                        self.cal.host_api_us, (buf, value))
+
+    def copy_h2d(self, stream, dst, src):
+        """``cudaMemcpyAsync`` host to device. Captured, the node keeps the host array by reference
+        (a pointer): a replay copies what that host memory holds *then*."""
+        src = np.ascontiguousarray(src)
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"copy_h2d: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
+
+        def fn():
+            dst[...] = src.reshape(dst.shape)
+
+        self.rt.enqueue(stream, "memcpy", "memcpy HtoD", fn, self.cal.h2d_gpu_us(src.nbytes), "cudaMemcpyAsync",
+                        self.cal.host_api_us, (dst, src))
+
+    def event_record(self, stream, event):
+        self.rt.event_record(stream, event)
+
+    # ------------------------------------------------------------------ streams and events
+    def new_stream(self, non_blocking: bool = True) -> SimStream:
+        return self.rt.new_stream(non_blocking)
+
+    def per_thread_stream(self) -> SimStream:
+        """The calling thread's per-thread default stream (``cudaStreamPerThread``)."""
+        return self.rt.per_thread_stream()
+
+    def new_event(self) -> SimEvent:
+        return self.rt.new_event()
+
+    def synchronize(self) -> None:
+        self.rt.synchronize()
+
+    def event_synchronize(self, event) -> None:
+        self.rt.event_synchronize(event)
+
+    def event_query(self, event) -> bool:
+        return self.rt.event_query(event)
+
+    def event_elapsed_ms(self, start, end) -> float:
+        return self.rt.event_elapsed_ms(start, end)
+
+    def stream_wait_event(self, stream, event) -> None:
+        self.rt.stream_wait_event(stream, event)
+
+    def stream_synchronize(self, stream) -> None:
+        self.rt.stream_synchronize(stream)
+
+    def stream_query(self, stream) -> bool:
+        return self.rt.stream_query(stream)
+
+    def exchange_capture_mode(self, mode: str) -> str:
+        """``cudaThreadExchangeStreamCaptureMode`` for the calling thread; returns the previous mode."""
+        return self.rt.exchange_capture_mode(mode)
+
+    # ------------------------------------------------------------------ capture and graphs
+    def begin_capture(self, stream, mode: str = "thread_local") -> None:
+        self.rt.begin_capture(stream, mode)
+
+    def end_capture(self, stream) -> Graph:
+        return self.rt.end_capture(stream)
+
+    def capture_status(self, stream) -> str:
+        return self.rt.capture_status(stream)
+
+    def capture_info(self, stream) -> dict:
+        """:meth:`capture_status` plus the capture's id, mode, origin, member streams, node count."""
+        return self.rt.capture_info(stream)
+
+    def graph_nodes(self, graph) -> list[dict]:
+        if not isinstance(graph, Graph):
+            raise CudaError("cudaErrorInvalidValue", "cudaGraphGetNodes", f"{graph!r} is not a sim graph")
+        return self.rt.graph_nodes(graph)
+
+    def graph_instantiate(self, graph) -> GraphExec:
+        return self.rt.graph_instantiate(graph)
+
+    def graph_launch(self, graph_exec, stream) -> None:
+        self.rt.graph_launch(graph_exec, stream)
+
+    # ------------------------------------------------------------------ the model's clock
+    @property
+    def host_time_us(self) -> float:
+        """The modeled host clock (µs since construction or :meth:`reset_clock`)."""
+        return self.rt.dev.host_us
+
+    @property
+    def device_busy_us(self) -> float:
+        """Modeled device-busy time so far (sum of kernel and memset durations)."""
+        return self.rt.dev.busy_us
+
+    @property
+    def timeline(self) -> list[tuple]:
+        """``(stream, name, start_us, end_us, kind, graph)`` of every piece of modeled device work."""
+        return self.rt.dev.timeline
+
+    def timeline_frame(self):
+        """The timeline as a pandas DataFrame (columns stream, name, start_us, end_us, kind, graph)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.timeline, columns=["stream", "name", "start_us", "end_us", "kind", "graph"])
+
+    def stream_ready_us(self, stream) -> float:
+        """Modeled time at which ``stream``'s eager work so far ends."""
+        return self.rt._stream(stream, "stream_ready_us").ready_us
+
+    def reset_clock(self) -> None:
+        """Host, device and stream clocks back to 0, timeline cleared."""
+        self.rt.reset_clock()
+
+    @property
+    def escapes(self) -> list:
+        """``(call, name)`` of legacy-stream work that ran eagerly while a capture was live."""
+        return self.rt.escapes
+
+    @property
+    def dropped(self) -> list:
+        """``(call, name)`` of work dropped because its capture was invalidated."""
+        return self.rt.dropped
+
+    def address(self, buf) -> int | None:
+        """The simulated device address of ``buf`` (None for phantoms and host arrays)."""
+        return self.arena.address(buf)
+
+    # ------------------------------------------------------------------ provenance
+    def info(self) -> dict:
+        return {"backend": self.name, "device": f"simulated GPU (calibration: {self.cal.name})",
+                "modeled": True, "calibration": self.calibration, "timing_only": self.timing_only,
+                "numpy": np.__version__}
+
+    def memory_used(self) -> int:
+        return self._phantom_bytes if self.timing_only else self.arena.live_bytes
