@@ -1,0 +1,324 @@
+"""``ds4lab ladder``: the stages of ds4's CUDA-graph plan, measured (GPU) or modeled (sim).
+
+Each stage is one configuration of the same decode token (``shared/context/ds4-decode.md``,
+"The staged plan"). Per stage: exactness against stage 0 over K tokens (final hidden state and
+logits, bit for bit), then µs per token over N tokens after warm-up (CUDA events on the stage's
+stream; each token ended with a device synchronize as ds4 does), host enqueue time, kernel and
+graph launches per token, the graph cache's statistics, speedup over stage 0, and efficiency
+against the GPU-busy floor (the sum of one token's kernel durations).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import provenance
+from . import stream as S
+from .capture import GraphCache
+from .config import get_preset
+from .model import DecodeModel, TokenOptions
+from .results import ResultsCSV  # noqa: F401  (same write-as-you-go idea; ladder.csv is row-per-stage)
+from .timing import Stats
+
+#: The hazard fixes a stage can require (context file, "Capture hazards").
+FIXES = ("launches through the accessor", "non-blocking stream", "async counts clear",
+         "expert selection on the device", "preallocated scratch", "no host-timed profiling",
+         "scalars from device buffers", "node parameters updated before replay",
+         "no device sync in the body", "warm-up before capture")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One rung of the ladder: which stream, which clusters are captured, which fixes apply."""
+
+    name: str
+    short: str
+    description: str
+    nonblocking: bool = True
+    capture: tuple = ()
+    options: dict = field(default_factory=dict)
+    update: bool = False
+    fixes: tuple = ()
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("0", "eager, legacy", "stage 0: every launch through the accessor, no override: legacy stream, eager",
+          nonblocking=False, fixes=("launches through the accessor",)),
+    Stage("0s", "eager, stream", "eager on a non-blocking stream set with capture_set_stream (the stream "
+          "change alone, no capture)", fixes=("launches through the accessor", "non-blocking stream")),
+    Stage("1", "shared FFN", "shared-expert FFN cluster of every layer captured once, replayed (one graph per layer)",
+          capture=("shared",), fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture")),
+    Stage("2", "+ routed MoE", "stage 1 plus the routed-MoE cluster captured (experts read on the device, counts "
+          "clear async, scratch preallocated, no host-timed profiling)", capture=("shared", "moe"),
+          options=dict(counts_clear="async", scratch="prealloc", moe_profile=False),
+          fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture", "async counts clear",
+                 "expert selection on the device", "preallocated scratch", "no host-timed profiling")),
+    Stage("3", "whole token", "the whole token body captured, per-token scalars read from device buffers "
+          "written before each replay (one graph per token shape)", capture=("token",),
+          options=dict(counts_clear="async", scratch="prealloc", moe_profile=False, scalars="device"),
+          fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture", "async counts clear",
+                 "expert selection on the device", "preallocated scratch", "no host-timed profiling",
+                 "scalars from device buffers", "no device sync in the body")),
+    Stage("3u", "token + update", "as 3, scalars passed by value; the executable graph's kernel parameters "
+          "updated before each replay (re-capture + cudaGraphExecUpdate)", capture=("token",), update=True,
+          options=dict(counts_clear="async", scratch="prealloc", moe_profile=False, scalars="value"),
+          fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture", "async counts clear",
+                 "expert selection on the device", "preallocated scratch", "no host-timed profiling",
+                 "node parameters updated before replay", "no device sync in the body")),
+)}
+
+
+def fixes_table():
+    """Which hazard fixes each stage requires: a DataFrame, stages × fixes (``required`` / ``—``)."""
+    import pandas as pd
+
+    return pd.DataFrame({s.name: ["required" if f in s.fixes else "—" for f in FIXES] for s in STAGES.values()},
+                        index=list(FIXES))
+
+
+def parse_stages(text: str) -> list[Stage]:
+    """``"0,0s,1"`` → stages. Raises ValueError naming an unknown stage."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in STAGES]
+    if bad or not names:
+        raise ValueError(f"unknown stage(s) {', '.join(bad) or repr(text)}; choose from: {', '.join(STAGES)}")
+    return [STAGES[n] for n in names]
+
+
+class StageRun:
+    """A model configured for one stage: its stream, executor and options."""
+
+    def __init__(self, be, cfg, stage: Stage, base_opts: TokenOptions, nvtx: bool = False, mode: str = "thread_local",
+                 guard: bool = True, warmup: int = 1) -> None:
+        opts = TokenOptions(**{**base_opts.summary(), **stage.options})
+        self.stage, self.be = stage, be
+        self.model = DecodeModel(cfg, be, opts, nvtx=nvtx)
+        self.stream = be.new_stream(non_blocking=True) if stage.nonblocking else S.LEGACY_STREAM
+        self.cache = GraphCache(be, stage.capture, mode=mode, update=stage.update, guard=guard,
+                                warmup=warmup) if stage.capture else None
+        self.model.executor = self.cache
+
+    def token(self, pos: int, tok: int) -> None:
+        if self.stage.nonblocking:
+            with S.stream_override(self.stream):
+                self.model.token(pos, tok)
+        else:
+            self.model.token(pos, tok)
+
+
+def token_id_at(pos: int, vocab: int) -> int:
+    return (pos * 7919 + 13) % vocab
+
+
+def exactness_record(run: StageRun, start: int, k: int) -> list[dict]:
+    """Decode ``k`` tokens from ``start``; after each: hidden state, logits, per-layer KV caches."""
+    be, m = run.be, run.model
+    out = []
+    for i in range(k):
+        pos = start + i
+        run.token(pos, token_id_at(pos, m.cfg.vocab))
+        be.synchronize()
+        out.append({"hidden": m.hidden().copy(),
+                    "logits": None if m.logits is None else m.output_logits().copy(),
+                    **{f"kv_cache[{layer}]": be.to_host(c).copy() for layer, c in enumerate(m.cache)}})
+    return out
+
+
+def first_difference(ref: list[dict], got: list[dict]) -> str | None:
+    """``None`` when every tensor of every token is bit-identical, else the first that differs
+    (token index and tensor name; caches before the hidden state, in layer order)."""
+    for t, (a, b) in enumerate(zip(ref, got)):
+        names = [n for n in a if n.startswith("kv_cache")] + ["hidden", "logits"]
+        for n in names:
+            x, y = a.get(n), b.get(n)
+            if x is None and y is None:
+                continue
+            if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint8), y.view(np.uint8)):
+                return f"token {t}: {n}"
+    return None
+
+
+def gpu_busy_floor(be, model, pos: int) -> float | None:
+    """µs: the sum of one token's kernel durations (per-op CUDA events on a GPU; the cost model's
+    kernel times on the sim). The token runs eagerly, whatever the stage captures."""
+    executor, model.executor = model.executor, None
+    try:
+        return _floor(be, model, pos)
+    finally:
+        model.executor = executor
+
+
+def _floor(be, model, pos: int) -> float | None:
+    if be.is_gpu:
+        from .bench import per_op_times
+
+        return float(per_op_times(be, model, pos=pos, token_id=token_id_at(pos, model.cfg.vocab)).us.sum())
+    if hasattr(be, "kernel_time_us"):
+        L = model.L
+        L.trace = []
+        model.token(pos, token_id_at(pos, model.cfg.vocab))
+        trace, L.trace = L.trace, None
+        return float(sum(be.kernel_time_us(r.kernel, r.nbytes) for r in trace))
+    return None
+
+
+def _host_clock(be):
+    return getattr(be, "host_clock_us", None)
+
+
+def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=None) -> dict:
+    """µs per token (events on the stage's stream), host enqueue µs, launches per token."""
+    be, m = run.be, run.model
+    stream = run.stream
+    e0, e1 = be.new_event(), be.new_event()
+    host_clock = _host_clock(be)
+    for i in range(warmup):
+        run.token(start + i, token_id_at(start + i, m.cfg.vocab))
+    be.synchronize()
+    m.L.census.reset()
+    gpu, host = [], []
+    for i in range(tokens):
+        pos = start + warmup + i
+        be.event_record(stream, e0)
+        h0 = host_clock() if host_clock else time.perf_counter() * 1e6
+        run.token(pos, token_id_at(pos, m.cfg.vocab))
+        h1 = host_clock() if host_clock else time.perf_counter() * 1e6
+        be.event_record(stream, e1)
+        be.synchronize()  # ds4 ends every token with cudaDeviceSynchronize()
+        gpu.append(be.event_elapsed_ms(e0, e1) * 1e3)
+        host.append(h1 - h0)
+        if progress:
+            progress()
+    kinds = m.L.census.by_kind()
+    per = {r.kind: float(r.launches) for r in kinds.itertuples()}
+    return {"us": Stats.of(gpu), "host_us": Stats.of(host), "kernel_launches": per.get("kernel", 0.0),
+            "graph_launches": per.get("graph", 0.0), "memsets": per.get("memset", 0.0),
+            "memcpys": per.get("memcpy", 0.0)}
+
+
+def make_backends(backend: str):
+    """(timing backend, exactness backend or None, label). ``auto``: cupy with a GPU, else sim."""
+    from .backends.cupy_backend import gpu_usable
+
+    if backend == "auto":
+        backend = "cupy" if gpu_usable()[0] else "sim"
+    if backend == "cupy":
+        from .backends.cupy_backend import CupyBackend
+
+        be = CupyBackend()
+        return be, be
+    if backend == "sim":
+        from .sim.backend import SimBackend
+
+        return SimBackend(timing_only=True), SimBackend(timing_only=False)
+    raise ValueError(f"ds4lab ladder runs on cupy or sim, not {backend!r}")
+
+
+def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "0,0s,1,2,3,3u",
+               tokens: int = 200, warmup: int = 8, exact_tokens: int = 6, out: Path | None = None,
+               mode: str = "thread_local", console=None) -> "pd.DataFrame":  # noqa: F821
+    """Run the ladder; writes ``ladder.csv`` (row by row), ``meta.json`` and ``ladder.png/.svg/.pdf``.
+
+    Raises:
+        ValueError: unknown stage, too few tokens, or a stage that is not bit-identical to stage 0
+            (after writing everything: the figures on disk say which stage and tensor).
+    """
+    import pandas as pd
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from . import plots
+
+    con = console or Console()
+    st_list = parse_stages(stages)
+    if tokens < 200:
+        con.print(f"[yellow]note: {tokens} timed tokens per stage (the ladder's figures use at least 200)[/]")
+    if tokens < 1 or exact_tokens < 0:
+        raise ValueError(f"tokens={tokens} and exact_tokens={exact_tokens} must be positive")
+    be, be_exact = make_backends(backend)
+    preset = preset or ("ds4-flash" if be.is_gpu else "small")
+    cfg = get_preset(preset)
+    out = Path(out or f"results/ladder-{preset}-{be.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = provenance.base_meta(be)
+    meta.update(job="ladder", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=tokens,
+                warmup=warmup, exact_tokens=exact_tokens, capture_mode=mode,
+                modeled=bool(getattr(be, "models_time", False)))
+    if meta["modeled"]:
+        meta["calibration"] = getattr(be, "calibration", {}).get("name", "?") if isinstance(
+            getattr(be, "calibration", None), dict) else str(getattr(be, "calibration", "?"))
+        con.print(f"[bold yellow]sim backend: every figure below is MODELED "
+                  f"(calibration {meta['calibration']}), not measured.[/]")
+    provenance.write_json(out / "meta.json", meta)
+    con.print(f"[bold]ds4lab ladder[/] · {preset} · {provenance.label(meta) if not meta['modeled'] else 'modeled'}")
+    base = TokenOptions(vocab=True)
+    start = 1000
+
+    # exactness reference (stage 0) on the exactness backend
+    can_check = be_exact is not None and (be_exact.is_gpu or preset != "ds4-flash")
+    ref = None
+    if can_check and exact_tokens:
+        r0 = StageRun(be_exact, cfg, STAGES["0"], base, mode=mode)
+        ref = exactness_record(r0, start, exact_tokens)
+        del r0
+    rows = []
+    csv_path = out / "ladder.csv"
+    floor = None
+    base_us = None
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=con,
+                  transient=True) as prog:
+        for st in st_list:
+            task = prog.add_task(f"stage {st.name}", total=tokens)
+            exact, mismatch = "n/a", None
+            run = StageRun(be, cfg, st, base, mode=mode)
+            if ref is not None:
+                rx = run if be_exact is be else StageRun(be_exact, cfg, st, base, mode=mode)
+                got = exactness_record(rx, start, exact_tokens)
+                mismatch = first_difference(ref, got)
+                exact = mismatch is None
+                del rx, got
+            if floor is None:
+                floor = gpu_busy_floor(be, run.model, start + exact_tokens)
+            t = time_stage(run, start + exact_tokens + 1, tokens, warmup, progress=lambda: prog.advance(task))
+            if st.name == "0" or base_us is None:
+                base_us = t["us"].median if st.name == "0" else base_us
+            stats = run.cache.stats.as_dict() if run.cache else {}
+            row = {
+                "stage": st.name, "short": st.short, "us_median": t["us"].median, "us_p25": t["us"].p25,
+                "us_p75": t["us"].p75, "n": t["us"].n, "host_us_median": t["host_us"].median,
+                "floor_us": floor, "efficiency": (floor / t["us"].median) if floor else None,
+                "kernel_launches": t["kernel_launches"], "graph_launches": t["graph_launches"],
+                "speedup": (base_us / t["us"].median) if base_us else None,
+                "exact": exact, "first_mismatch": mismatch or "",
+                "captures": stats.get("captures", 0), "replays": stats.get("replays", 0),
+                "updates": stats.get("updates", 0), "retirements": stats.get("retirements", 0),
+                "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
+                "backend": be.name, "preset": preset, "modeled": meta["modeled"],
+                "description": st.description,
+            }
+            rows.append(row)
+            pd.DataFrame(rows).to_csv(csv_path, index=False)  # each stage's row as soon as it exists
+            con.print(f"stage {st.name:3s} {t['us'].median:10.1f} µs/token (IQR {t['us'].p25:.1f}–{t['us'].p75:.1f})"
+                      f"  ×{row['speedup'] or 0:.2f}  exact={exact}{'  ' + mismatch if mismatch else ''}"
+                      f"  launches {t['kernel_launches']:.0f}+{t['graph_launches']:.0f}g"
+                      + (f"  cache {stats}" if stats else ""))
+            del run
+            if be.is_gpu:
+                be.cp.get_default_memory_pool().free_all_blocks()
+    df = pd.DataFrame(rows)
+    meta["status"] = "complete"
+    meta["floor_us"] = floor
+    meta["fixes"] = fixes_table().to_dict()
+    provenance.write_json(out / "meta.json", meta)
+    fig = plots.ladder_figure(df, meta)
+    paths = plots.save(fig, out / "ladder")
+    con.print(f"wrote {csv_path}, {out / 'meta.json'}, " + ", ".join(str(p) for p in paths))
+    bad = df[df.exact == False]  # noqa: E712
+    if len(bad):
+        raise ValueError("not bit-identical to stage 0: " + "; ".join(f"stage {r.stage}: {r.first_mismatch}"
+                                                                       for r in bad.itertuples()))
+    return df
