@@ -100,6 +100,44 @@ def bench(preset, out) -> None:
 
 @main.command()
 @click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, small on the sim.")
+@click.option("--stages", default="0,0s,1,2,3,3u", show_default=True, help="Comma-separated stages.")
+@click.option("--tokens", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Timed tokens per stage (after warm-up).")
+@click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Repeat each stage's timing this many times (tokens × repeats samples).")
+@click.option("--exact-tokens", type=click.IntRange(min=0), default=6, show_default=True,
+              help="Tokens compared bit for bit with stage 0 (0: skip).")
+@click.option("--mode", type=click.Choice(["global", "thread_local", "relaxed"]), default="thread_local",
+              show_default=True, help="Stream-capture mode.")
+@click.option("--hazard", type=click.Choice(["sync-memset", "host-scalars", "legacy-launch", "alloc-in-capture",
+                                             "host-timed-profile", "device-sync", "all"]), default=None,
+              help="Demonstrate one ds4-today path inside a captured stage instead of the ladder.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/ladder-<preset>-<backend>.")
+def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, out) -> None:
+    """The CUDA-graph stage ladder: µs per token per stage, exactness, cache statistics, plot."""
+    con = _console()
+    try:
+        if hazard:
+            from .hazard_job import run_hazards
+
+            run_hazards(backend, preset, hazard, mode, out, con)
+            return
+        from .ladder import run_ladder
+
+        run_ladder(backend, preset, stages, tokens * repeats, warmup, exact_tokens, out, mode, con)
+    except (ConfigError, BackendUnavailable) as e:
+        _fail(str(e))
+    except ValueError as e:
+        _fail(str(e), code=1)
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
               help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/conformance"), show_default=True)
 @click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
