@@ -200,7 +200,15 @@ def run_bench(be, cfg, console) -> dict:
     t2.add_row("D2D copy GB/s (read+write)", f"{mb['copy_GBps'].median:.0f}")
     t2.add_row("fraction of copy bandwidth", f"{mb['fraction_of_copy']:.0%}")
     console.print(t2)
-    return {"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb}
+    gr = graph_replay_cost(be)
+    t3 = Table(title=f"graph replay cost per kernel node (350 small kernels) — {provenance.label(meta)}")
+    t3.add_column("graph")
+    t3.add_column("µs per node (median)", justify="right")
+    t3.add_column("IQR", justify="right")
+    for name, st in gr.items():
+        t3.add_row(name, "—" if st is None else f"{st.median:.3f}", "" if st is None else f"{st.p25:.3f}–{st.p75:.3f}")
+    console.print(t3)
+    return {"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb, "graph_replay": gr}
 
 
 def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
@@ -237,3 +245,80 @@ def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 2
         rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
                      "nbytes": r.nbytes, "us": event_ms(e0, e1) * 1e3 / repeats})
     return pd.DataFrame(rows)
+
+
+def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
+    """µs per kernel node of a replayed graph of ``n`` small kernels, three ways, one run:
+    ds4lab (launches through the launcher, captured on the accessor's stream), CuPy's own graph API
+    with a bare ``RawKernel``, and ``torch.cuda.CUDAGraph`` of ``n`` ``x.add_(1)`` (when torch is
+    importable). CUDA events around each replay; median over ``replays``."""
+    import cupy
+
+    from .launch import Launcher
+
+    out = {}
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def time_replays(launch, stream):
+        launch()
+        stream.synchronize()
+        v = []
+        for _ in range(replays):
+            e0.record(stream)
+            launch()
+            e1.record(stream)
+            v.append(event_ms(e0, e1) * 1e3 / n)
+        return Stats.of(v)
+
+    # ds4lab: the launch layer under capture
+    st = be.new_stream(non_blocking=True)
+    x = cupy.zeros(1024, dtype=np.float32)
+    L = Launcher(be)
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    try:
+        with S.stream_override(st):
+            be.begin_capture(st, "thread_local")
+            for _ in range(n):
+                L.kernel("bench", "tiny_add", (4,), (256,), (x, np.int32(1024)), _noop)
+            g = be.end_capture(st)
+        ex = be.graph_instantiate(g)
+        out["ds4lab launcher graph"] = time_replays(lambda: be.graph_launch(ex, st), st)
+    finally:
+        S.set_graphs_enabled(was)
+    # CuPy's own graph API with a bare RawKernel
+    raw = be._module(be._sources["tiny_add"]).get_function("tiny_add")
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    with s2:
+        s2.begin_capture()
+        for _ in range(n):
+            raw((4,), (256,), (x, np.int32(1024)))
+        g2 = s2.end_capture()
+    out["CuPy Graph, bare RawKernel"] = time_replays(lambda: g2.launch(s2), s2)
+    try:
+        import torch
+
+        t = torch.zeros(1024, device="cuda")
+        ts = torch.cuda.Stream()
+        with torch.cuda.stream(ts):
+            for _ in range(3):
+                t.add_(1)
+        torch.cuda.synchronize()
+        tg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(tg):
+            for _ in range(n):
+                t.add_(1)
+        te0, te1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        tg.replay()
+        torch.cuda.synchronize()
+        v = []
+        for _ in range(replays):
+            te0.record()
+            tg.replay()
+            te1.record()
+            te1.synchronize()
+            v.append(te0.elapsed_time(te1) * 1e3 / n)
+        out["torch.cuda.CUDAGraph, x.add_(1)"] = Stats.of(v)
+    except Exception as e:  # torch missing or without CUDA: say so in the table
+        out[f"torch unavailable ({type(e).__name__})"] = None
+    return out
