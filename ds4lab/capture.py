@@ -90,12 +90,12 @@ class GraphCache:
         self.log: list[dict] = []
 
     # ------------------------------------------------------------------ the executor hook
-    def run(self, model, cluster: str, layer: int, T: int, ts, fn: Callable[[], None]) -> None:
+    def run(self, model, cluster: str, layer: int, T: int, ts, fn: Callable[[], None], inputs: tuple = ()) -> None:
         """Run one cluster: eagerly, by capture then replay, or by replay."""
         if cluster not in self.clusters or model.L.capturing:
             fn()
             return
-        key = (cluster, layer, T, model.generation)
+        key = (cluster, layer, T, model.generation, tuple(_addr(a) for a in inputs))
         e = self.entries.get(key)
         if e is not None and e.retired:
             self.stats.eager_runs += 1

@@ -61,12 +61,16 @@ def _moe_steps(model: DecodeModel, steps: int, seed: int = 11) -> list[dict]:
     be, cfg = model.be, model.cfg
     layer = min(cfg.n_hash_layers, model.n_layers - 1)
     rng = np.random.default_rng(seed)
-    xs = be.from_host(rng.standard_normal((steps, 2, cfg.embed)).astype(np.float32))
+    x = be.zeros((2, cfg.embed), np.float32)  # the step's input, always at the same address
+
+    def cluster():  # router (expert selection stays on the device) + routed MoE, 2 tokens
+        model.router(layer, x, 2)
+        model.routed_moe(layer, x, 2)
+
     out = []
     for i in range(steps):
-        x = xs[i]
-        model.router(layer, x, 2)
-        model.run_cluster("moe", layer, 2, None, lambda: model.routed_moe(layer, x, 2))
+        be.copy_h2d(S.current_stream(), x, rng.standard_normal((2, cfg.embed)).astype(np.float32))
+        model.run_cluster("moe", layer, 2, None, cluster, inputs=(x,))
         be.synchronize()
         out.append({"moe.counts": be.to_host(model.moe_buf.counts).copy(),
                     "hidden": be.to_host(model.moe_buf.y)[:2].copy()})

@@ -240,6 +240,19 @@ def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "
     if tokens < 1 or exact_tokens < 0:
         raise ValueError(f"tokens={tokens} and exact_tokens={exact_tokens} must be positive")
     be, be_exact = make_backends(backend)
+    was_enabled = S.graphs_enabled()
+    S.set_graphs_enabled(True)  # DS4_CUDA_GRAPHS=1: stages 0s and up set an override
+    try:
+        return _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con)
+    finally:
+        S.set_graphs_enabled(was_enabled)
+
+
+def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con):
+    import pandas as pd
+
+    from . import plots
+
     preset = preset or ("ds4-flash" if be.is_gpu else "small")
     cfg = get_preset(preset)
     out = Path(out or f"results/ladder-{preset}-{be.name}")

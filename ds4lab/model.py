@@ -264,12 +264,17 @@ class DecodeModel:
             self.be.synchronize()
 
     # ------------------------------------------------------------------ clusters and host decisions
-    def run_cluster(self, cluster: str, layer: int, T: int, ts, fn) -> None:
-        """Run one cluster's launches: eagerly, or through the executor (capture / replay)."""
+    def run_cluster(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple = ()) -> None:
+        """Run one cluster's launches: eagerly, or through the executor (capture / replay).
+
+        ``inputs``: buffers the caller passes in that are not the model's own (their addresses
+        join the graph's buffer-alias key: a graph captured on one input is never replayed on
+        another).
+        """
         if self.executor is None:
             fn()
         else:
-            self.executor.run(self, cluster, layer, T, ts, fn)
+            self.executor.run(self, cluster, layer, T, ts, fn, inputs)
 
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
         """The host-side choices a cluster's launches depend on, re-asked before every replay.
