@@ -21,7 +21,6 @@ from . import stream as S
 from .capture import GraphCache
 from .config import get_preset
 from .model import DecodeModel, TokenOptions
-from .results import ResultsCSV  # noqa: F401  (same write-as-you-go idea; ladder.csv is row-per-stage)
 from .timing import Stats
 
 #: The hazard fixes a stage can require (context file, "Capture hazards").
@@ -220,18 +219,14 @@ def make_backends(backend: str):
 
 def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "0,0s,1,2,3,3u",
                tokens: int = 200, warmup: int = 8, exact_tokens: int = 6, out: Path | None = None,
-               mode: str = "thread_local", console=None) -> "pd.DataFrame":  # noqa: F821
+               mode: str = "thread_local", console=None):
     """Run the ladder; writes ``ladder.csv`` (row by row), ``meta.json`` and ``ladder.png/.svg/.pdf``.
 
     Raises:
         ValueError: unknown stage, too few tokens, or a stage that is not bit-identical to stage 0
             (after writing everything: the figures on disk say which stage and tensor).
     """
-    import pandas as pd
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    from . import plots
 
     con = console or Console()
     st_list = parse_stages(stages)
@@ -250,6 +245,7 @@ def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "
 
 def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con):
     import pandas as pd
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from . import plots
 

@@ -81,8 +81,6 @@ class Census:
 
     def by_kind(self, per_token: bool = True):
         """Launches and distinct launch sites per kind (the seed's 156 / 3 / 9 / 7 view)."""
-        import pandas as pd
-
         df = self.frame(per_token)
         g = df.groupby("kind").agg(launches=("launches", "sum"), sites=("site", "nunique"))
         return g.reindex(list(KINDS), fill_value=0).reset_index()

@@ -14,8 +14,6 @@ Simplifications against the real model are listed in ``docs/model.md``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
-
 import numpy as np
 
 from . import ops
@@ -239,7 +237,7 @@ class DecodeModel:
         ``write_scalars=False`` leaves that to the caller (a captured token body must not hold
         a copy from host memory: the caller writes the buffer before each replay).
         """
-        L, cfg = self.L, self.cfg
+        L = self.L
         with L.range("token", "token", pos):
             L.layer = -1
             ts = self.scalars(pos, token_id) if write_scalars else self._scalars_no_write(pos, token_id)

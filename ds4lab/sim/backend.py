@@ -78,7 +78,7 @@ class SimBackend(Backend):
         calibration: a calibration JSON path or dict; default ``ds4lab/data/h200.json`` when it
             exists, else ``ds4lab/data/h200-provisional.json``.
         threads_enabled: tell host threads apart (capture modes, per-thread streams). False: all
-            callers are one thread, and no lock is taken.
+            callers count as one thread.
         invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default)
             or ``"raise"`` (``cudaErrorStreamCaptureInvalidated``, as the Programming Guide says).
 

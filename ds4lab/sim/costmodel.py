@@ -8,7 +8,8 @@ Every figure here is *modeled*, never measured. The model (all times in µs):
   the device when its call returns (the *submit* time). ``event_synchronize``,
   ``stream_synchronize``, ``synchronize`` and reads move the host clock forward to the time the
   device reaches the awaited point.
-* **device**: executes one kernel (or memset) at a time. A kernel takes
+* **device**: executes one kernel (or memset) at a time; host/device copies run on a copy engine
+  beside it (they wait for their stream, not for the device). A kernel takes
   ``fixed_us + nbytes / (bandwidth_GBps * 1e3)`` (bytes / (GB/s · 1e3) = µs), with per-kernel
   ``{fixed_us, bandwidth_GBps}`` overrides from the calibration's ``kernels``. It starts at the
   latest of: its submit time, its stream's previous work, the events its stream waited on, the

@@ -270,7 +270,8 @@ class Runtime:
     Args:
         cal: the cost model's constants.
         compute: call the work callables (False: timing only, nothing is computed).
-        threads_enabled: tell threads apart (False: every caller is one thread; no lock).
+        threads_enabled: tell threads apart (False: every caller counts as one thread, so capture
+            modes and per-thread streams cannot distinguish threads).
         invalidated_ops: ``"drop"`` or ``"raise"`` (rule ``after_invalidation``).
     """
 
