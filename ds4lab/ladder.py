@@ -156,17 +156,20 @@ def _floor(be, model, pos: int) -> float | None:
         from .bench import per_op_times
 
         return float(per_op_times(be, model, pos=pos, token_id=token_id_at(pos, model.cfg.vocab)).us.sum())
-    if hasattr(be, "kernel_time_us"):
+    if getattr(be, "models_time", False):
         L = model.L
         L.trace = []
         model.token(pos, token_id_at(pos, model.cfg.vocab))
         trace, L.trace = L.trace, None
-        return float(sum(be.kernel_time_us(r.kernel, r.nbytes) for r in trace))
+        return float(sum(be.cal.kernel_us(r.kernel, r.nbytes) for r in trace))
     return None
 
 
 def _host_clock(be):
-    return getattr(be, "host_clock_us", None)
+    """The sim's modeled host clock (µs), or None on a GPU (the real host clock is used)."""
+    if getattr(be, "models_time", False):
+        return lambda: be.host_time_us
+    return None
 
 
 def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=None) -> dict:

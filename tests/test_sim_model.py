@@ -15,7 +15,6 @@ import time
 import numpy as np
 import pytest
 
-from ds4lab import ops
 from ds4lab import stream as S
 from ds4lab.backends.numpy_backend import NumpyBackend
 from ds4lab.config import get_preset
@@ -116,25 +115,19 @@ def test_ds4_flash_captured_token_is_device_bound(graphs_on):
 
 # ----------------------------------------------------------------------------- capture and replay
 def capture_token(m: DecodeModel, s, pos: int, tok: int, mode: str = "thread_local", copy_scalars: bool = False):
-    """Capture one whole token on ``s`` (accessor override set), return the instantiated graph.
+    """Capture one whole token on ``s`` (accessor override set), return the captured graph.
 
     With device scalars, the scalars are written eagerly before the capture and the token's own
-    host-to-device copy is left out of the graph (``copy_scalars=False``), so each replay reads
-    whatever was written into the scalar buffer before it.
+    host-to-device copy is left out of the graph (``write_scalars=False``), so each replay reads
+    whatever was written into the scalar buffer before it. ``copy_scalars=True`` leaves the copy in.
     """
     be = m.be
     with S.stream_override(s):
         if m.scal is not None and not copy_scalars:
             m.scalars(pos, tok)
-            v = ops.host_scalars(m.cfg, pos, tok)
-            m.scalars = lambda p, t: ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), m.scal)
-        try:
-            be.begin_capture(s, mode)
-            m.token(pos, tok)
-            g = be.end_capture(s)
-        finally:
-            m.__dict__.pop("scalars", None)
-    return g
+        be.begin_capture(s, mode)
+        m.token(pos, tok, write_scalars=copy_scalars or m.scal is None)
+        return be.end_capture(s)
 
 
 def test_captured_tiny_token_replays_at_new_positions(graphs_on):

@@ -98,7 +98,7 @@ class SimBackend(Backend):
     modes = MODES
 
     def __init__(self, seed: int = 1234, timing_only: bool = False, calibration=None,
-                 threads_enabled: bool = True, *, invalidated_ops: str = "drop") -> None:
+                 threads_enabled: bool = True, *, invalidated_ops: str = "raise") -> None:
         self.seed = seed
         self.timing_only = bool(timing_only)
         self.cal = Calibration.load(calibration)

@@ -96,9 +96,11 @@ class Calibration:
             if not float(d[k]) >= 0 or (k == "bandwidth_GBps" and not float(d[k]) > 0):
                 raise ValueError(f"calibration {d['name']!r}: {k}={d[k]!r} must be a positive number")
         for kern, o in (d.get("kernels") or {}).items():
-            unknown = set(o) - {"fixed_us", "bandwidth_GBps"}
-            if unknown:
-                raise ValueError(f"calibration {d['name']!r}: kernel {kern!r} has unknown keys {sorted(unknown)}")
+            # Other keys (sample counts, medians) may ride along; only these two are used.
+            if not isinstance(o, dict) or not ({"fixed_us", "bandwidth_GBps"} & set(o)):
+                raise ValueError(f"calibration {d['name']!r}: kernel {kern!r} needs fixed_us and/or bandwidth_GBps")
+            if float(o.get("fixed_us", 0)) < 0 or float(o.get("bandwidth_GBps", 1)) <= 0:
+                raise ValueError(f"calibration {d['name']!r}: kernel {kern!r} has a negative cost or bandwidth")
         kw = {k: d[k] for k in REQUIRED}
         for k, v in OPTIONAL.items():
             kw[k] = d.get(k, v) if d.get(k) is not None else v
