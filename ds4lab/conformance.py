@@ -48,7 +48,8 @@ class Recorder:
         if graph is None:
             self.obs[step] = "no graph"
             return
-        c = Counter(f"{n['kind']}:{n['name']}" if n["name"] else n["kind"] for n in self.be.graph_nodes(graph))
+        c = Counter(f"{n['kind']}:{n['name']}" if n["kind"] == "kernel" and n["name"] else n["kind"]
+                    for n in self.be.graph_nodes(graph))
         c.pop("empty", None)
         self.obs[step] = ",".join(f"{k}x{v}" for k, v in sorted(c.items())) or "none"
 
