@@ -20,6 +20,7 @@ CAPTURE_ERRORS = (
     "cudaErrorStreamCaptureWrongThread",
     "cudaErrorStreamCaptureUnmatched",
     "cudaErrorStreamCaptureMerge",
+    "cudaErrorGraphExecUpdateFailure",
     "cudaErrorIllegalState",
     "cudaErrorNotReady",
     "cudaErrorInvalidValue",

@@ -369,6 +369,9 @@ class SimBackend(Backend):
     def graph_instantiate(self, graph) -> GraphExec:
         return self.rt.graph_instantiate(graph)
 
+    def graph_exec_update(self, graph_exec, graph) -> None:
+        self.rt.graph_exec_update(graph_exec, graph)
+
     def graph_launch(self, graph_exec, stream) -> None:
         self.rt.graph_launch(graph_exec, stream)
 

@@ -693,6 +693,26 @@ class Runtime:
             self.dev.host(self.cal.host_api_us)
             return GraphExec(next(self._ids), g)
 
+    def graph_exec_update(self, ex: GraphExec, g: Graph) -> None:
+        """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
+
+        CUDA Programming Guide, "Updating Instantiated Graphs" → "Whole graph update": the new
+        graph must have the same nodes (kind, kernel) in the same order and dependencies;
+        otherwise ``cudaErrorGraphExecUpdateFailure`` and the executable is unchanged.
+        Host cost: one API call plus ``host_api_us / 8`` per node (a modeled figure).
+        """
+        call = "cudaGraphExecUpdate"
+        if not isinstance(ex, GraphExec) or not isinstance(g, Graph):
+            raise CudaError("cudaErrorInvalidValue", call, "not a sim graph / executable graph")
+        with self.lock:
+            old = ex.graph.nodes
+            same = len(old) == len(g.nodes) and all(
+                a.kind == b.kind and a.name == b.name and a.deps == b.deps for a, b in zip(old, g.nodes))
+            self.dev.host(self.cal.host_api_us * (1 + len(g.nodes) / 8))
+            if not same:
+                raise CudaError("cudaErrorGraphExecUpdateFailure", call, "topology differs from the instantiated graph")
+            ex.graph = g
+
     @staticmethod
     def _flat(nodes):
         for n in nodes:
