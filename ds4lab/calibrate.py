@@ -26,17 +26,22 @@ from . import provenance
 from .timing import Stats, copy_bandwidth, event_ms
 
 
-def _fit(nbytes: np.ndarray, us: np.ndarray) -> tuple[float, float]:
-    """Least squares ``us = a + nbytes / (bw * 1e3)``; returns (a µs, bw GB/s); bw>0, a>=0."""
-    if len(set(nbytes.tolist())) < 2:
-        a = float(np.median(us)) * 0.5
-        bw = float(np.median(nbytes / np.maximum(us - a, 1e-3))) / 1e3
-        return a, max(bw, 1e-3)
-    A = np.stack([np.ones_like(nbytes, dtype=np.float64), nbytes.astype(np.float64)], axis=1)
-    (a, slope), *_ = np.linalg.lstsq(A, us.astype(np.float64), rcond=None)
-    a = max(float(a), 0.0)
-    slope = max(float(slope), 1e-12)
-    return a, 1.0 / slope / 1e3
+def _fit(nbytes: np.ndarray, us: np.ndarray, bw_default: float | None = None) -> tuple[float, float]:
+    """Least squares ``us = a + nbytes / (bw * 1e3)``; returns (a µs >= 0, bw GB/s > 0).
+
+    With a single distinct size (one call site), the slope is not identifiable: the bandwidth is
+    ``bw_default`` and the fixed cost takes the rest of the median.
+    """
+    nbytes = nbytes.astype(np.float64)
+    us = us.astype(np.float64)
+    if len(set(nbytes.tolist())) < 2 and bw_default:
+        a = float(np.median(us - nbytes / (bw_default * 1e3)))
+        return max(a, 0.0), float(bw_default)
+    A = np.stack([np.ones_like(nbytes), nbytes], axis=1)
+    (a, slope), *_ = np.linalg.lstsq(A, us, rcond=None)
+    if slope <= 0:  # no bandwidth signal (tiny kernels): all fixed cost
+        return float(np.median(us)), float(bw_default or 1e6)
+    return max(float(a), 0.0), 1.0 / float(slope) / 1e3
 
 
 def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict:
@@ -76,7 +81,7 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
     a, bw = _fit(ops["nbytes"].to_numpy(), ops["us"].to_numpy())
     kernels = {}
     for name, g in ops.groupby("kernel"):
-        ka, kbw = _fit(g["nbytes"].to_numpy(), g["us"].to_numpy())
+        ka, kbw = _fit(g["nbytes"].to_numpy(), g["us"].to_numpy(), bw_default=bw)
         kernels[name] = {"fixed_us": round(ka, 3), "bandwidth_GBps": round(kbw, 1), "samples": int(len(g)),
                          "median_us": round(float(g["us"].median()), 3)}
     log(f"kernel fit over {len(ops)} launches: {a:.2f} µs fixed + bytes / {bw:.0f} GB/s")

@@ -10,6 +10,7 @@ against the GPU-busy floor (the sum of one token's kernel durations).
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +176,6 @@ def _host_clock(be):
 def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=None) -> dict:
     """µs per token (events on the stage's stream), host enqueue µs, launches per token."""
     be, m = run.be, run.model
-    stream = run.stream
     e0, e1 = be.new_event(), be.new_event()
     host_clock = _host_clock(be)
     for i in range(warmup):
@@ -183,6 +183,23 @@ def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=Non
     be.synchronize()
     m.L.census.reset()
     gpu, host = [], []
+    gc.collect()
+    gc_was = gc.isenabled()
+    gc.disable()  # no collector pauses inside the timed tokens
+    try:
+        _timed_tokens(run, start, warmup, tokens, e0, e1, host_clock, gpu, host, progress)
+    finally:
+        if gc_was:
+            gc.enable()
+    kinds = m.L.census.by_kind()
+    per = {r.kind: float(r.launches) for r in kinds.itertuples()}
+    return {"us": Stats.of(gpu), "host_us": Stats.of(host), "kernel_launches": per.get("kernel", 0.0),
+            "graph_launches": per.get("graph", 0.0), "memsets": per.get("memset", 0.0),
+            "memcpys": per.get("memcpy", 0.0)}
+
+
+def _timed_tokens(run, start, warmup, tokens, e0, e1, host_clock, gpu, host, progress) -> None:
+    be, m, stream = run.be, run.model, run.stream
     for i in range(tokens):
         pos = start + warmup + i
         be.event_record(stream, e0)
@@ -195,11 +212,6 @@ def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=Non
         host.append(h1 - h0)
         if progress:
             progress()
-    kinds = m.L.census.by_kind()
-    per = {r.kind: float(r.launches) for r in kinds.itertuples()}
-    return {"us": Stats.of(gpu), "host_us": Stats.of(host), "kernel_launches": per.get("kernel", 0.0),
-            "graph_launches": per.get("graph", 0.0), "memsets": per.get("memset", 0.0),
-            "memcpys": per.get("memcpy", 0.0)}
 
 
 def make_backends(backend: str):

@@ -152,6 +152,9 @@ class DecodeModel:
         self._check_memory()
         self._alloc_weights()
         self._alloc_buffers()
+        # Weights and caches were filled on the legacy stream; a non-blocking stream does not
+        # wait for it, so finish here before any stream may use them.
+        self.be.synchronize()
 
     # ------------------------------------------------------------------ setup
     def _check_memory(self) -> None:

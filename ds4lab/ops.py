@@ -308,7 +308,7 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
             gate[p], up[p] = y[:F], y[F:]
 
     L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS), P), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E)), ref,
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts)), ref,
              nbytes=P * (expert_bytes(bank_gu) + E + 8 * F))
 
 
@@ -360,7 +360,7 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
             out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
 
     L.kernel(site, "moe_down_decode", (cdiv(E // 2, WARPS), P), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E)), ref,
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts)), ref,
              nbytes=P * (expert_bytes(bank_dn) + F + 4 * E))
 
 

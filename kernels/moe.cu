@@ -95,10 +95,10 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
 extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
-                                             float* __restrict__ up, int k, int F, int E) {
+                                             float* __restrict__ up, int k, int F, int E, int n_experts) {
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const int p = blockIdx.y, t = p / k;
-    if (r >= F) return;
+    if (r >= F || (unsigned)ids[p] >= (unsigned)n_experts) return;  // never index past the bank
     const size_t g = (size_t)ids[p] * 2 * F + r, u = g + F;
     float a0, a1;
     q4_q8k_row_dot2(wq + g * (E / 2), wd + g * (E / 32), wq + u * (E / 2), wd + u * (E / 32),
@@ -198,10 +198,11 @@ extern "C" __global__ void moe_midq(const float* __restrict__ gate, const float*
 // r and r + E/2. grid = (E/16, P).
 extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                            const i8* __restrict__ mq, const float* __restrict__ md,
-                                           const int* __restrict__ ids, float* __restrict__ out, int F, int E) {
+                                           const int* __restrict__ ids, float* __restrict__ out, int F, int E,
+                                           int n_experts) {
     const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const int p = blockIdx.y, half = E / 2;
-    if (r >= half) return;
+    if (r >= half || (unsigned)ids[p] >= (unsigned)n_experts) return;  // never index past the bank
     const size_t r0 = (size_t)ids[p] * E + r, r1 = r0 + half;
     float a0, a1;
     q4_q8k_row_dot2(wq + r0 * (F / 2), wd + r0 * (F / 32), wq + r1 * (F / 2), wd + r1 * (F / 32),

@@ -37,10 +37,12 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __
     const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
     const float* lg = logits + (size_t)t * N;
     float v = (e < N) ? lg[e] : -3.402823466e38f;
+    if (v != v) v = -3.402823466e38f;  // NaN logits rank last: every chosen id stays in 0..N-1
     bool taken = e >= N;
     for (int j = 0; j < k; ++j) {
         float bestv = taken ? -3.402823466e38f : v;
         int besti = taken ? 0x7fffffff : e;
+        if (taken && e < N) bestv = __int_as_float(0xff800000);  // -inf: below every untaken value
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bestv, o);
             int oi = __shfl_xor_sync(0xffffffffu, besti, o);
