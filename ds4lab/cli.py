@@ -107,8 +107,9 @@ def bench(preset, out) -> None:
 @click.option("--tokens", type=click.IntRange(min=1), default=200, show_default=True,
               help="Timed tokens per stage (after warm-up).")
 @click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Repeat each stage's timing this many times (tokens × repeats samples).")
+@click.option("--repeats", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Rounds: the stages are timed in this many interleaved rounds (the tokens split across "
+                   "them), so host noise falls on every stage alike.")
 @click.option("--exact-tokens", type=click.IntRange(min=0), default=6, show_default=True,
               help="Tokens compared bit for bit with stage 0 (0: skip).")
 @click.option("--mode", type=click.Choice(["global", "thread_local", "relaxed"]), default="thread_local",
@@ -129,7 +130,7 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
             return
         from .ladder import run_ladder
 
-        run_ladder(backend, preset, stages, tokens * repeats, warmup, exact_tokens, out, mode, con)
+        run_ladder(backend, preset, stages, tokens, warmup, exact_tokens, out, mode, con, rounds=repeats)
     except (ConfigError, BackendUnavailable) as e:
         _fail(str(e))
     except ValueError as e:

@@ -90,16 +90,23 @@ def parse_stages(text: str) -> list[Stage]:
 
 
 class StageRun:
-    """A model configured for one stage: its stream, executor and options."""
+    """One stage on a shared model: its options, its stream and its graph cache.
 
-    def __init__(self, be, cfg, stage: Stage, base_opts: TokenOptions, nvtx: bool = False, mode: str = "thread_local",
+    All stages of a ladder share one :class:`DecodeModel` (one set of weights), switching
+    options and executor with :meth:`activate`, so the stages can be timed in interleaved rounds
+    and host noise falls on all of them alike.
+    """
+
+    def __init__(self, model: DecodeModel, stage: Stage, base_opts: TokenOptions, mode: str = "thread_local",
                  guard: bool = True, warmup: int = 1) -> None:
-        opts = TokenOptions(**{**base_opts.summary(), **stage.options})
-        self.stage, self.be = stage, be
-        self.model = DecodeModel(cfg, be, opts, nvtx=nvtx)
-        self.stream = be.new_stream(non_blocking=True) if stage.nonblocking else S.LEGACY_STREAM
-        self.cache = GraphCache(be, stage.capture, mode=mode, update=stage.update, guard=guard,
+        self.stage, self.model, self.be = stage, model, model.be
+        self.opts = TokenOptions(**{**base_opts.summary(), **stage.options})
+        self.stream = self.be.new_stream(non_blocking=True) if stage.nonblocking else S.LEGACY_STREAM
+        self.cache = GraphCache(self.be, stage.capture, mode=mode, update=stage.update, guard=guard,
                                 warmup=warmup) if stage.capture else None
+
+    def activate(self) -> None:
+        self.model.set_options(self.opts)
         self.model.executor = self.cache
 
     def token(self, pos: int, tok: int) -> None:
@@ -115,8 +122,11 @@ def token_id_at(pos: int, vocab: int) -> int:
 
 
 def exactness_record(run: StageRun, start: int, k: int) -> list[dict]:
-    """Decode ``k`` tokens from ``start``; after each: hidden state, logits, per-layer KV caches."""
+    """From the prefilled state, decode ``k`` tokens from ``start`` with ``run``'s stage; after each:
+    hidden state, logits, per-layer KV caches (host copies)."""
     be, m = run.be, run.model
+    run.activate()
+    m.reset_state()
     out = []
     for i in range(k):
         pos = start + i
@@ -193,9 +203,9 @@ def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=Non
             gc.enable()
     kinds = m.L.census.by_kind()
     per = {r.kind: float(r.launches) for r in kinds.itertuples()}
-    return {"us": Stats.of(gpu), "host_us": Stats.of(host), "kernel_launches": per.get("kernel", 0.0),
-            "graph_launches": per.get("graph", 0.0), "memsets": per.get("memset", 0.0),
-            "memcpys": per.get("memcpy", 0.0)}
+    return {"us": Stats.of(gpu), "host_us": Stats.of(host), "us_samples": gpu, "host_samples": host,
+            "kernel_launches": per.get("kernel", 0.0), "graph_launches": per.get("graph", 0.0),
+            "memsets": per.get("memset", 0.0), "memcpys": per.get("memcpy", 0.0)}
 
 
 def _timed_tokens(run, start, warmup, tokens, e0, e1, host_clock, gpu, host, progress) -> None:
@@ -234,7 +244,7 @@ def make_backends(backend: str):
 
 def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "0,0s,1,2,3,3u",
                tokens: int = 200, warmup: int = 8, exact_tokens: int = 6, out: Path | None = None,
-               mode: str = "thread_local", console=None):
+               mode: str = "thread_local", console=None, rounds: int = 4):
     """Run the ladder; writes ``ladder.csv`` (row by row), ``meta.json`` and ``ladder.png/.svg/.pdf``.
 
     Raises:
@@ -247,18 +257,44 @@ def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "
     st_list = parse_stages(stages)
     if tokens < 200:
         con.print(f"[yellow]note: {tokens} timed tokens per stage (the ladder's figures use at least 200)[/]")
-    if tokens < 1 or exact_tokens < 0:
-        raise ValueError(f"tokens={tokens} and exact_tokens={exact_tokens} must be positive")
+    if tokens < 1 or exact_tokens < 0 or rounds < 1:
+        raise ValueError(f"tokens={tokens}, exact_tokens={exact_tokens} and rounds={rounds} must be positive")
     be, be_exact = make_backends(backend)
     was_enabled = S.graphs_enabled()
     S.set_graphs_enabled(True)  # DS4_CUDA_GRAPHS=1: stages 0s and up set an override
     try:
-        return _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con)
+        return _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds)
     finally:
         S.set_graphs_enabled(was_enabled)
 
 
-def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con):
+def _rows(runs, samples, launches, exact, floor, be, preset, meta) -> list[dict]:
+    """One row per stage from the samples so far."""
+    rows, base_us = [], None
+    for run in runs:
+        st = run.stage
+        us, host = Stats.of(samples[st.name]["us"]), Stats.of(samples[st.name]["host"])
+        if st.name == "0":
+            base_us = us.median
+        stats = run.cache.stats.as_dict() if run.cache else {}
+        rows.append({
+            "stage": st.name, "short": st.short, "us_median": us.median, "us_p25": us.p25, "us_p75": us.p75,
+            "n": us.n, "host_us_median": host.median, "floor_us": floor,
+            "efficiency": (floor / us.median) if floor else None,
+            "kernel_launches": launches[st.name][0], "graph_launches": launches[st.name][1],
+            "speedup": None, "exact": exact[st.name][0], "first_mismatch": exact[st.name][1],
+            "captures": stats.get("captures", 0), "replays": stats.get("replays", 0),
+            "updates": stats.get("updates", 0), "retirements": stats.get("retirements", 0),
+            "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
+            "backend": be.name, "preset": preset, "modeled": meta["modeled"], "description": st.description,
+        })
+    base_us = base_us or rows[0]["us_median"]
+    for r in rows:
+        r["speedup"] = base_us / r["us_median"]
+    return rows
+
+
+def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds=4):
     import pandas as pd
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -281,58 +317,59 @@ def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mo
     con.print(f"[bold]ds4lab ladder[/] · {preset} · {provenance.label(meta) if not meta['modeled'] else 'modeled'}")
     base = TokenOptions(vocab=True)
     start = 1000
+    model = DecodeModel(cfg, be, base)
+    runs = [StageRun(model, st, base, mode=mode) for st in st_list]
 
-    # exactness reference (stage 0) on the exactness backend
+    # 1. exactness: every stage from the same prefilled state, against stage 0, bit for bit
+    exact = {st.name: ("n/a", "") for st in st_list}
     can_check = be_exact is not None and (be_exact.is_gpu or preset != "ds4-flash")
-    ref = None
     if can_check and exact_tokens:
-        r0 = StageRun(be_exact, cfg, STAGES["0"], base, mode=mode)
-        ref = exactness_record(r0, start, exact_tokens)
-        del r0
+        if be_exact is be:
+            model_x, runs_x = model, runs
+        else:
+            model_x = DecodeModel(cfg, be_exact, base)
+            runs_x = [StageRun(model_x, st, base, mode=mode) for st in st_list]
+        ref = exactness_record(StageRun(model_x, STAGES["0"], base, mode=mode), start, exact_tokens)
+        for rx in runs_x:
+            diff = first_difference(ref, exactness_record(rx, start, exact_tokens))
+            exact[rx.stage.name] = (diff is None, diff or "")
+            con.print(f"exactness, stage {rx.stage.name}: " + ("bit-identical to stage 0" if diff is None
+                                                               else f"DIFFERS at {diff}"))
+        del model_x, runs_x, ref
+    elif exact_tokens:
+        con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
+                  "run it on a GPU, or use --preset small)")
+
+    # 2. the GPU-busy floor: one token's kernel durations
+    floor = gpu_busy_floor(be, model, start + exact_tokens)
+
+    # 3. timing in interleaved rounds (odd rounds in reverse order): host noise hits every stage
+    pos = start + exact_tokens + 1
+    per_round = -(-tokens // rounds)
+    samples = {r.stage.name: {"us": [], "host": []} for r in runs}
+    launches = {}
     rows = []
     csv_path = out / "ladder.csv"
-    floor = None
-    base_us = None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=con,
                   transient=True) as prog:
-        for st in st_list:
-            task = prog.add_task(f"stage {st.name}", total=tokens)
-            exact, mismatch = "n/a", None
-            run = StageRun(be, cfg, st, base, mode=mode)
-            if ref is not None:
-                rx = run if be_exact is be else StageRun(be_exact, cfg, st, base, mode=mode)
-                got = exactness_record(rx, start, exact_tokens)
-                mismatch = first_difference(ref, got)
-                exact = mismatch is None
-                del rx, got
-            if floor is None:
-                floor = gpu_busy_floor(be, run.model, start + exact_tokens)
-            t = time_stage(run, start + exact_tokens + 1, tokens, warmup, progress=lambda: prog.advance(task))
-            if st.name == "0" or base_us is None:
-                base_us = t["us"].median if st.name == "0" else base_us
-            stats = run.cache.stats.as_dict() if run.cache else {}
-            row = {
-                "stage": st.name, "short": st.short, "us_median": t["us"].median, "us_p25": t["us"].p25,
-                "us_p75": t["us"].p75, "n": t["us"].n, "host_us_median": t["host_us"].median,
-                "floor_us": floor, "efficiency": (floor / t["us"].median) if floor else None,
-                "kernel_launches": t["kernel_launches"], "graph_launches": t["graph_launches"],
-                "speedup": (base_us / t["us"].median) if base_us else None,
-                "exact": exact, "first_mismatch": mismatch or "",
-                "captures": stats.get("captures", 0), "replays": stats.get("replays", 0),
-                "updates": stats.get("updates", 0), "retirements": stats.get("retirements", 0),
-                "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
-                "backend": be.name, "preset": preset, "modeled": meta["modeled"],
-                "description": st.description,
-            }
-            rows.append(row)
-            pd.DataFrame(rows).to_csv(csv_path, index=False)  # each stage's row as soon as it exists
-            con.print(f"stage {st.name:3s} {t['us'].median:10.1f} µs/token (IQR {t['us'].p25:.1f}–{t['us'].p75:.1f})"
-                      f"  ×{row['speedup'] or 0:.2f}  exact={exact}{'  ' + mismatch if mismatch else ''}"
-                      f"  launches {t['kernel_launches']:.0f}+{t['graph_launches']:.0f}g"
-                      + (f"  cache {stats}" if stats else ""))
-            del run
-            if be.is_gpu:
-                be.cp.get_default_memory_pool().free_all_blocks()
+        task = prog.add_task("timing stages", total=per_round * rounds * len(runs))
+        for rnd in range(rounds):
+            for run in (runs if rnd % 2 == 0 else runs[::-1]):
+                run.activate()
+                t = time_stage(run, pos, per_round, warmup if rnd == 0 else 2, progress=lambda: prog.advance(task))
+                pos += per_round + warmup
+                samples[run.stage.name]["us"] += t["us_samples"]
+                samples[run.stage.name]["host"] += t["host_samples"]
+                launches[run.stage.name] = (t["kernel_launches"], t["graph_launches"])
+            rows = _rows(runs, samples, launches, exact, floor, be, preset, meta)
+            pd.DataFrame(rows).to_csv(csv_path, index=False)  # every round's figures as soon as they exist
+    for r in rows:
+        con.print(f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token (IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})"
+                  f"  ×{r['speedup'] or 0:.2f}  eff {r['efficiency'] or 0:.2f}  exact={r['exact']}"
+                  f"{'  ' + r['first_mismatch'] if r['first_mismatch'] else ''}"
+                  f"  launches {r['kernel_launches']:.0f}k+{r['graph_launches']:.0f}g"
+                  + (f"  captures {r['captures']} replays {r['replays']} updates {r['updates']} "
+                     f"retired {r['retirements']} {r['failures']}" if r["captures"] or r["failures"] else ""))
     df = pd.DataFrame(rows)
     meta["status"] = "complete"
     meta["floor_us"] = floor

@@ -202,7 +202,8 @@ class DecodeModel:
         self.sh_mid = be.empty((cfg.expert_ffn,), f)
         self.xf = be.empty((E,), f)
         self.logits = be.empty((cfg.vocab,), f) if self.opts.vocab else None
-        self.scal = be.zeros((4,), np.int32) if self.opts.scalars == "device" else None
+        # Always there (16 bytes), so a model can switch scalar modes between stages.
+        self.scal = be.zeros((4,), np.int32)
         self.token_ids = be.zeros((cfg.max_tokens,), np.int32)
         # KV caches prefilled with hashed rows, as if a prompt had been processed.
         self.cache = []
@@ -212,6 +213,27 @@ class DecodeModel:
             self.cache.append(c)
         self.moe_buf = MoeScratch(self, 1 if self.opts.scratch == "on-demand" else cfg.max_tokens)
         self.profile_events = [be.new_event() for _ in range(7)] if self.opts.moe_profile else []
+
+    def set_options(self, opts: TokenOptions) -> None:
+        """Switch hazard paths and flags (a ladder stage) without reallocating weights.
+
+        Raises ValueError for a change that needs other buffers (vocab, scratch mode).
+        """
+        for f in ("vocab", "scratch"):
+            if getattr(opts, f) != getattr(self.opts, f):
+                raise ValueError(f"set_options cannot change {f} ({getattr(self.opts, f)!r} → {getattr(opts, f)!r}): "
+                                 "build a new model")
+        if opts.moe_profile and not self.profile_events:
+            self.profile_events = [self.be.new_event() for _ in range(7)]
+        self.opts = opts
+        self.L.legacy_sites = frozenset(opts.legacy_sites)
+
+    def reset_state(self) -> None:
+        """Refill the KV caches with their prefill rows: the state every stage's exactness run
+        starts from (the streams are rewritten by every token's embedding)."""
+        for layer, c in enumerate(self.cache):
+            self.be.fill_f32(c, f"kv_prefill@{layer}", 1.0, 0.0, self.cfg.seed)
+        self.be.synchronize()
 
     # ------------------------------------------------------------------ the token
     def scalars(self, pos: int, token_id: int) -> ops.TokenScalars:
@@ -224,14 +246,16 @@ class DecodeModel:
         if not 0 <= token_id < self.cfg.vocab:
             raise ValueError(f"token id {token_id} outside the vocabulary 0..{self.cfg.vocab - 1}")
         v = ops.host_scalars(self.cfg, pos, token_id)
-        if self.scal is not None:
+        buf = self.scal if self.opts.scalars == "device" else None
+        if buf is not None:
             with self.L.cluster("embed"):
-                self.L.copy_h2d("scalars", self.scal, v)
-        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), self.scal)
+                self.L.copy_h2d("scalars", buf, v)
+        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), buf)
 
     def _scalars_no_write(self, pos: int, token_id: int) -> ops.TokenScalars:
         v = ops.host_scalars(self.cfg, pos, token_id)
-        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), self.scal)
+        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]),
+                                self.scal if self.opts.scalars == "device" else None)
 
     def token(self, pos: int, token_id: int, write_scalars: bool = True) -> None:
         """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU).
