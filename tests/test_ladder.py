@@ -1,0 +1,166 @@
+"""Stage ladder, graph cache, eager fallback and host-decision guard, on the simulated runtime."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds4lab import stream as S
+from ds4lab.capture import GraphCache
+from ds4lab.config import get_preset
+from ds4lab.hazards import HAZARDS, demonstrate
+from ds4lab.ladder import STAGES, fixes_table, parse_stages, run_ladder
+from ds4lab.model import DecodeModel, TokenOptions
+
+TINY = get_preset("tiny")
+H200_HAZARDS = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-11-29/hazards-small.csv"
+
+
+@pytest.fixture
+def sim():
+    from ds4lab.sim.backend import SimBackend
+
+    return SimBackend()
+
+
+@pytest.fixture(autouse=True)
+def graphs_flag():
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    yield
+    S.set_graphs_enabled(was)
+    S.capture_set_stream(None)
+
+
+def tokens(model, stream, positions):
+    out = []
+    with S.stream_override(stream):
+        for p in positions:
+            model.token(p, p % TINY.vocab)
+            model.be.synchronize()
+            out.append(model.hidden().copy())
+    return out
+
+
+def test_stage_table_and_fixes():
+    assert list(STAGES) == ["0", "0s", "1", "2", "3", "3u"]
+    t = fixes_table()
+    assert (t["0"] == "required").sum() == 1  # stage 0 only routes launches through the accessor
+    assert t.loc["scalars from device buffers", "3"] == "required"
+    assert t.loc["scalars from device buffers", "3u"] == "—"
+    assert t.loc["node parameters updated before replay", "3u"] == "required"
+    assert t.loc["async counts clear", "1"] == "—" and t.loc["async counts clear", "2"] == "required"
+    with pytest.raises(ValueError, match="7"):
+        parse_stages("0,7")
+
+
+def test_cache_warms_captures_then_replays(sim):
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
+    cache = GraphCache(sim, ("shared",), warmup=1)
+    m.executor = cache
+    s = sim.new_stream()
+    tokens(m, s, [100, 101, 102])
+    st = cache.stats
+    # token 1: every layer warms (eager); token 2: captures and replays; token 3: replays
+    assert st.captures == TINY.n_layers
+    assert st.replays == 2 * TINY.n_layers
+    assert st.retirements == 0
+    keys = sorted(cache.entries)
+    assert [k[:3] for k in keys] == [("shared", layer, 1) for layer in range(TINY.n_layers)]
+    assert all(e.addresses for e in cache.entries.values())  # the buffers each graph touches, by address
+
+
+def test_captured_stages_are_bit_identical_to_eager(sim):
+    ref = tokens(DecodeModel(TINY, sim, TokenOptions(vocab=True)), S.LEGACY_STREAM, range(100, 105))
+    for clusters, opts in ((("shared",), {}), (("shared", "moe"), dict(counts_clear="async")),
+                           (("token",), dict(scalars="device", counts_clear="async"))):
+        m = DecodeModel(TINY, sim, TokenOptions(vocab=True, **opts))
+        m.executor = GraphCache(sim, clusters)
+        got = tokens(m, sim.new_stream(), range(100, 105))
+        assert m.executor.stats.replays > 0
+        for a, b in zip(ref, got):
+            assert np.array_equal(a, b), clusters
+
+
+def test_capture_failure_retires_and_falls_back_exactly(sim):
+    ref = tokens(DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="device")), S.LEGACY_STREAM, range(100, 104))
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="device", sync_in_body=True))
+    m.executor = cache = GraphCache(sim, ("token",))
+    got = tokens(m, sim.new_stream(), range(100, 104))
+    assert dict(cache.stats.failures) == {"cudaErrorStreamCaptureUnsupported": 1}
+    # token 1 warms (eager), token 2 fails to capture (eager fallback), tokens 3-4 run eagerly
+    assert cache.stats.retirements == 1 and cache.stats.replays == 0 and cache.stats.eager_runs == 3
+    assert "capture failed" in cache.retired()[0].reason
+    for a, b in zip(ref, got):
+        assert np.array_equal(a, b)
+
+
+def test_legacy_stream_cannot_be_captured(sim):
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
+    m.executor = cache = GraphCache(sim, ("shared",))
+    tokens(m, S.LEGACY_STREAM, [100, 101])
+    assert cache.stats.failures["legacy stream"] == TINY.n_layers and cache.stats.replays == 0
+
+
+def test_guard_retires_on_a_changed_host_decision(sim):
+    # scalars by value: the attention regime (filling vs full window) is a host decision; crossing
+    # the window boundary changes it, so the graph must be recaptured, never replayed stale.
+    W = TINY.window
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="value", counts_clear="async"))
+    m.executor = cache = GraphCache(sim, ("token",), update=True)
+    ref_m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
+    positions = range(W - 4, W + 2)
+    got = tokens(m, sim.new_stream(), positions)
+    ref = tokens(ref_m, S.LEGACY_STREAM, positions)
+    assert cache.stats.recaptures == 1
+    assert any("attention.regime: filling → full" in e["reason"] for e in cache.log if e["event"] == "retire")
+    for a, b in zip(ref, got):
+        assert np.array_equal(a, b)
+
+
+def test_guard_off_would_replay_stale(sim):
+    """The same run without the guard and without updates replays the captured position: wrong."""
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="value", counts_clear="async"))
+    m.executor = GraphCache(sim, ("token",), guard=False)
+    ref = tokens(DecodeModel(TINY, sim, TokenOptions(vocab=True)), S.LEGACY_STREAM, range(100, 104))
+    got = tokens(m, sim.new_stream(), range(100, 104))
+    assert np.array_equal(ref[0], got[0]) and not np.array_equal(ref[-1], got[-1])
+
+
+def test_buffer_generation_is_part_of_the_key(sim):
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scratch="on-demand", counts_clear="async"))
+    m.executor = cache = GraphCache(sim, ("moe",))
+    tokens(m, sim.new_stream(), [100, 101, 102])
+    g0 = m.generation
+    m.moe_buf.ensure(4)  # the scratch grows: every buffer address may change
+    assert m.generation == g0 + 1
+    tokens(m, sim.new_stream(), [103, 104, 105])
+    gens = {k[3] for k in cache.entries}
+    assert gens == {g0, g0 + 1}
+
+
+@pytest.mark.parametrize("name", list(HAZARDS))
+def test_hazards_on_sim_match_the_h200(sim, name):
+    rows = {r["hazard"]: r for r in csv.DictReader(H200_HAZARDS.open())}
+    r = demonstrate(name, sim, get_preset("tiny"))
+    want = rows[name]
+    assert r["outcome"] == want["outcome"]
+    assert r["errors"] == want["errors"]
+    assert str(r["exact"]) == want["exact"]
+
+
+def test_ladder_end_to_end_on_sim(tmp_path):
+    df = run_ladder("sim", "tiny", "0,0s,1,2,3,3u", tokens=8, warmup=1, exact_tokens=3, out=tmp_path, rounds=2)
+    assert list(df.stage) == ["0", "0s", "1", "2", "3", "3u"]
+    assert df.exact.tolist() == [True] * 6
+    assert df.loc[df.stage == "3", "graph_launches"].item() == 1
+    assert df.loc[df.stage == "3", "kernel_launches"].item() == 0
+    assert df.loc[df.stage == "0", "graph_launches"].item() == 0
+    assert df.modeled.all()
+    assert (tmp_path / "ladder.csv").exists() and (tmp_path / "ladder.png").exists() and (tmp_path / "ladder.svg").exists()
+    # the modeled replayed token is faster than the modeled eager token (launch-bound)
+    us = dict(zip(df.stage, df.us_median))
+    assert us["3"] < us["0"]
