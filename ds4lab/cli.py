@@ -32,41 +32,70 @@ def main() -> None:
 
 @main.command()
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else numpy (the CPU reference executor).")
+              help="auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
+                   "numpy: the CPU reference executor (no timing).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Model dimensions. Default: small on a GPU, tiny on the CPU.")
 @click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Decode tokens to time.")
 @click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True, help="Untimed tokens first.")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Result folder. Default: results/run-<preset>-<backend>.")
+@click.option("--out", type=click.Path(), default=None,
+              help="Result folder, created if needed and checked writable before any work. "
+                   "Default: results/run-<preset>-<backend>.")
 @click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
-              help="Position of the first token (the KV window is prefilled).")
-@click.option("--nvtx/--no-nvtx", default=False, show_default=True, help="NVTX ranges (domain ds4lab).")
+              help="Position of the first token (the KV window is prefilled). start-pos + warmup + tokens "
+                   "must stay within int32 positions.")
+@click.option("--nvtx/--no-nvtx", default=False, show_default=True,
+              help="NVTX ranges (domain ds4lab); they only matter to a profiler on a GPU.")
 @click.option("--vocab/--no-vocab", default=True, show_default=True,
               help="Final norm and vocabulary projection.")
 @click.option("--counts-clear", type=click.Choice(COUNTS_CLEAR), default="sync", show_default=True,
-              help="Routed-MoE counts clear: sync cudaMemset on the legacy stream (ds4 today) or async.")
+              help="Routed-MoE counts clear: sync cudaMemset on the legacy stream (ds4 today) or async. "
+                   "Only the batched routed-MoE path (tokens > 1 per step) clears counts; a decode token "
+                   "never takes it, so it does not change this command's tokens.")
 @click.option("--scalars", type=click.Choice(SCALARS), default="value", show_default=True,
               help="Per-token scalars by value (ds4 today) or from a device buffer.")
 @click.option("--scratch", type=click.Choice(SCRATCH), default="prealloc", show_default=True,
-              help="Routed-MoE scratch allocated on demand or up front.")
+              help="Routed-MoE scratch allocated on demand or up front. Only the batched routed-MoE path "
+                   "(tokens > 1 per step) grows it; a decode token never takes it, so it does not change "
+                   "this command's tokens (only the setup allocation).")
 @click.option("--moe-profile/--no-moe-profile", default=False, show_default=True,
               help="Record ds4's 7 MoE profiling events (DS4_CUDA_MOE_PROFILE).")
 @click.option("--per-layer-experts", is_flag=True, help="One routed-expert bank per layer (if memory allows).")
 @click.option("--check/--no-check", default=True, show_default=True,
-              help="Check the first token against the NumPy reference.")
+              help="Check the first token against the NumPy reference (GPU only: the sim and numpy "
+                   "backends compute with the reference ops).")
+@click.option("--timing-only/--compute", "timing_only", default=None,
+              help="sim backend only: model the timing without computing any number (seconds even for "
+                   "ds4-flash), or compute with the reference ops as well. Default: timing-only for "
+                   "ds4-flash, compute otherwise.")
+@click.option("--force", is_flag=True,
+              help="Run anyway when a CPU backend would compute a model over 1 GiB of weights "
+                   "(numpy, or sim --compute, on ds4-flash: tens of minutes, many GB of memory).")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Weight seed.")
 def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_clear, scalars, scratch,
-        moe_profile, per_layer_experts, check, seed) -> None:
-    """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor."""
-    from .run import RunConfig, run as run_job
+        moe_profile, per_layer_experts, check, timing_only, force, seed) -> None:
+    """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor.
+
+    Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable
+    --out (nothing run), 130 interrupted (results so far kept; meta.json says how far it got).
+    """
+    from .run import RunConfig, RunFailed, RunInterrupted, run as run_job
 
     rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
                    start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
-                   seed=seed, options=TokenOptions(counts_clear=counts_clear, scalars=scalars, scratch=scratch,
-                                                   vocab=vocab, moe_profile=moe_profile))
+                   seed=seed, timing_only=timing_only, force=force,
+                   options=TokenOptions(counts_clear=counts_clear, scalars=scalars, scratch=scratch,
+                                        vocab=vocab, moe_profile=moe_profile))
     try:
         run_job(rc, _console())
+    except RunInterrupted as e:
+        click.echo(f"ds4lab: {e}", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("ds4lab: interrupted before the run started; nothing was run", err=True)
+        sys.exit(130)
+    except RunFailed as e:
+        _fail(str(e), code=1)
     except (ConfigError, BackendUnavailable, ValueError, MemoryError) as e:
         _fail(str(e))
     except RuntimeError as e:

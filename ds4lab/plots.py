@@ -71,7 +71,7 @@ def ladder_figure(df, meta: dict):
             exact = r.get("exact")
             mark = "" if exact in (True, "True") else (" ✗" if exact in (False, "False") else "")
             ax.annotate(f"×{r['speedup']:.2f}{mark}\n{r['kernel_launches']:.0f} k + {r['graph_launches']:.0f} g",
-                        (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8,
+                        (b.get_x() + b.get_width() / 2, r["us_p75"]), ha="center", va="bottom", fontsize=8,
                         xytext=(0, 3), textcoords="offset points")
         ax.set_xticks(list(x), [f"{s}\n{d}" for s, d in zip(df["stage"], df["short"])], fontsize=8)
         ax.set_ylabel("µs per token (median, IQR)")

@@ -48,6 +48,10 @@ def base_meta(backend) -> dict:
 
 def label(meta: dict) -> str:
     """One line naming the source of a figure, for titles and printed tables."""
+    if meta.get("modeled"):
+        cal = meta.get("calibration")
+        name = cal.get("name", "?") if isinstance(cal, dict) else cal
+        return f"MODELED by the {meta.get('backend')} backend (calibration {name}), not measured"
     if not meta.get("measured"):
         return f"{meta.get('backend')} backend on {meta.get('device', 'CPU')} — no timing claims"
     return (f"measured on {meta.get('device')} · driver {meta.get('driver')} · "

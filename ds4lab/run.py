@@ -2,26 +2,44 @@
 
 The job, in order (each result written to ``DIR`` as soon as it exists):
 
+0. checks, before any work and before anything is written: the positions stay int32, the result
+   folder can be created and written (a probe file), and a CPU backend that computes is not asked
+   to run a model whose weights take tens of minutes per run (``--force`` overrides);
 1. reference check: the first token on the chosen backend against the NumPy executor with the
    same weights (all layers for ``tiny``/``small``; the first ``n_hash_layers + 1`` layers of
    ``ds4-flash``, which cover both routing kinds, because 43 layers take minutes on a CPU);
-2. N decode tokens after warm-up, each bracketed by CUDA events on the accessor's stream and
-   ended with a device synchronize, as ds4 ends each token with ``cudaDeviceSynchronize()``;
+2. N decode tokens after warm-up, each bracketed by events on the accessor's stream and ended
+   with a device synchronize, as ds4 ends each token with ``cudaDeviceSynchronize()``;
 3. the launch census, the GPU memory footprint, and the bytes-moved floor (the fewest bytes a
-   token must read over the measured device-to-device copy bandwidth).
+   token must read over the device-to-device copy bandwidth).
+
+Backends: on ``cupy`` every time is measured (CUDA events, host clock). On ``sim`` the same token
+loop runs on the simulated runtime and every time is MODELED from its calibration (the sim's events
+and modeled host clock; the copy bandwidth of the floor is the calibration's ``copy_GBps``); every
+row says so. On ``numpy`` no time is reported at all.
+
+An interrupted (Ctrl-C) or failed run keeps what it wrote and records how far it got: ``meta.json``
+gets ``status`` ``"interrupted"`` or ``"failed: <reason>"`` with ``tokens_completed``, and
+``census.csv`` the census of the tokens completed; :func:`run` then raises :class:`RunInterrupted`
+or :class:`RunFailed`.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import traceback
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import provenance
+from . import weights as W
 from .backends import make_backend
 from .config import get_preset
+from .launch import Census
 from .model import DecodeModel, TokenOptions
 from .results import ResultsCSV
 from .timing import Stats, copy_bandwidth, token_bytes
@@ -29,6 +47,56 @@ from .timing import Stats, copy_bandwidth, token_bytes
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured ~1e-5; NOTES.md).
 CHECK_RTOL = 1e-4
+#: Largest position a token may take: positions are int32 kernel arguments (``DecodeModel.scalars``).
+MAX_POS = 2**31 - 2
+#: Weight bytes above which a CPU backend that computes (``numpy``, ``sim --compute``) refuses to
+#: run without ``--force``.
+CPU_WEIGHT_LIMIT = 1 << 30
+#: Rough seconds per token per GB of weights when NumPy computes the token (``small``: 0.65 s for
+#: 0.10 GB on a 2-core x86 host); only used for the estimate in the refusal message.
+CPU_S_PER_GB_TOKEN = 6.0
+#: What ``run`` writes in its folder (and the temporary file of the atomic ``meta.json`` write).
+RESULT_FILES = ("results.csv", "census.csv", "meta.json", "meta.json.tmp")
+_DEFAULT_OPTS = TokenOptions()
+
+
+class RunError(ValueError):
+    """A problem found before any work (the command line exits 2): nothing was run."""
+
+
+class OutputError(RunError):
+    """The result folder cannot be created or written; the message says which path and why."""
+
+
+class RunRefused(RunError):
+    """The run would take tens of minutes and many GB on the CPU; ``--force`` overrides."""
+
+
+class ReferenceCheckFailed(RuntimeError):
+    """The first token on the device does not match the NumPy reference."""
+
+
+class RunFailed(RuntimeError):
+    """The run stopped on an error after its folder existed; results so far are on disk.
+
+    Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds).
+    """
+
+    def __init__(self, msg: str, out: Path, meta: dict) -> None:
+        super().__init__(msg)
+        self.out, self.meta = out, meta
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C) after its folder existed; results so far are on disk.
+
+    A :class:`KeyboardInterrupt`, so code that lets interrupts through still does.
+    Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds).
+    """
+
+    def __init__(self, msg: str, out: Path, meta: dict) -> None:
+        super().__init__(msg)
+        self.out, self.meta = out, meta
 
 
 @dataclass
@@ -39,18 +107,146 @@ class RunConfig:
     preset: str | None = None  # None: "small" on a GPU, "tiny" on the CPU
     tokens: int = 64
     warmup: int = 8
-    out: Path | None = None
+    out: Path | str | None = None  # None: results/run-<preset>-<backend>; "" is refused
     start_pos: int = 1000
     nvtx: bool = False
     check: bool = True
     per_layer_experts: bool = False
     seed: int = 1234
     options: TokenOptions = field(default_factory=TokenOptions)
+    #: sim only: model the timing without computing numbers. None: True for ds4-flash, else False.
+    timing_only: bool | None = None
+    #: Run a CPU-computed model whose weights exceed CPU_WEIGHT_LIMIT anyway.
+    force: bool = False
 
 
 def token_id_at(pos: int, vocab: int) -> int:
     """The token id decoded at ``pos``: a fixed, spread-out sequence."""
     return (pos * 7919 + 13) % vocab
+
+
+def calibration_name(be) -> str:
+    """The name of the sim backend's calibration (``be.calibration["name"]``)."""
+    cal = getattr(be, "calibration", None)
+    return str(cal.get("name", "?")) if isinstance(cal, dict) else str(cal)
+
+
+def modeled_source(be) -> str:
+    """The ``source`` of every figure the sim backend gives: ``modeled (sim, calibration <name>)``."""
+    return f"modeled ({be.name}, calibration {calibration_name(be)})"
+
+
+# ---------------------------------------------------------------------- checks before any work
+def check_positions(rc: RunConfig) -> None:
+    """Every position the run decodes (``start_pos`` to ``start_pos + warmup + tokens - 1``) must be
+    an int32 kernel argument. Raises :class:`RunError` saying how far the run would go."""
+    if rc.start_pos < 0:
+        raise RunError(f"--start-pos {rc.start_pos}: positions start at 0")
+    last = rc.start_pos + rc.warmup + rc.tokens - 1
+    if last > MAX_POS:
+        room = MAX_POS - rc.warmup - rc.tokens + 1
+        fix = (f"use --start-pos {room} or less" if room >= 0 else
+               f"--warmup + --tokens alone exceed {MAX_POS + 1} positions")
+        raise RunError(f"--start-pos {rc.start_pos} + --warmup {rc.warmup} + --tokens {rc.tokens} would decode "
+                       f"positions up to {last}, past {MAX_POS} (positions are int32 kernel arguments); {fix}")
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def check_out(out: Path) -> None:
+    """Create the result folder ``out`` (with its parents) and prove it writable: create and remove
+    a probe file, and make sure no result file name is taken by a folder or a read-only file.
+
+    Raises:
+        OutputError: ``cannot write results to <out>: <reason>``; folders this call created are
+            removed again.
+    """
+    def fail(reason: str):
+        raise OutputError(f"cannot write results to {out}: {reason}")
+
+    made: list[Path] = []
+    try:
+        if out.exists() and not out.is_dir():
+            fail("it is an existing file, not a folder" if out.is_file() else "it exists and is not a folder")
+        anc = out
+        while not anc.is_dir():
+            if anc.exists() or anc.is_symlink():
+                fail(f"{anc} is a file, not a folder" if anc.is_file() else f"{anc} is not a folder")
+            made.append(anc)
+            if anc.parent == anc:
+                break
+            anc = anc.parent
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(_why(e))
+        probe = out / f".ds4lab-write-probe-{os.getpid()}"
+        try:
+            fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            try:
+                os.write(fd, b"probe\n")
+            finally:
+                os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            fail(_why(e))
+        for name in RESULT_FILES:
+            p = out / name
+            if p.is_dir():
+                fail(f"{p} is a folder, not a file")
+            if p.exists() and name != "meta.json" and not os.access(p, os.W_OK):
+                fail(f"{p} is not writable")
+    except OutputError:
+        for d in made:  # deepest first; only the (empty) folders this call created
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break
+        raise
+    except OSError as e:
+        raise OutputError(f"cannot write results to {out}: {_why(e)}") from None
+
+
+def launches_per_token(cfg, opts: TokenOptions) -> int:
+    """Launches one decode token issues, counted on a timing-only sim model (no memory, ~0.1 s)."""
+    from .sim.backend import SimBackend
+
+    m = DecodeModel(cfg, SimBackend(seed=cfg.seed, timing_only=True), opts)
+    m.token(0, token_id_at(0, cfg.vocab))
+    return int(m.L.census.total())
+
+
+def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
+    """Refuse a CPU backend that computes (``numpy``, ``sim --compute``) a model whose weights
+    exceed :data:`CPU_WEIGHT_LIMIT`, unless ``rc.force``. Returns the estimate when forced.
+
+    Raises:
+        RunRefused: says why (weight bytes, launches per token, a rough duration) and what to run
+            instead.
+    """
+    if be.is_gpu or getattr(be, "timing_only", False):
+        return None
+    wb = W.model_bytes(cfg, rc.options.vocab)
+    if wb <= CPU_WEIGHT_LIMIT:
+        return None
+    launches = launches_per_token(cfg, rc.options)
+    per_tok = wb / 1e9 * CPU_S_PER_GB_TOKEN
+    n = rc.warmup + rc.tokens
+    est = {"weights_bytes": wb, "launches_per_token": launches, "estimated_s_per_token": per_tok}
+    if rc.force:
+        return est
+    what = "the numpy backend" if be.name == "numpy" else f"the {be.name} backend with --compute"
+    alt = ("--backend sim (modeled timing in seconds, timing-only on ds4-flash)" if be.name == "numpy" else
+           "--timing-only (modeled timing in seconds, no numbers computed)")
+    raise RunRefused(
+        f"preset {cfg.name} on {what}: NumPy computes every launch on the CPU over {wb / 1e9:.1f} GB of weights "
+        f"held in host memory (expect more than that in RSS), {launches} launches per token — roughly "
+        f"{per_tok:.0f} s per token, about {per_tok * n / 60:.0f} min for {n} tokens ({rc.warmup} warm-up + "
+        f"{rc.tokens}), and no timing figure at the end. Refused without --force; use {alt}, or --preset small.")
 
 
 def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
@@ -86,39 +282,170 @@ def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
     return out
 
 
+class _Progress:
+    """How far the run got: tokens completed, and the census as of the last completed token."""
+
+    def __init__(self) -> None:
+        self.warmup_done = 0
+        self.tokens_done = 0
+        self.census_counts: Counter = Counter()
+        self.census_tokens = 0
+        self.census_phase = "none"
+        self.gpu_us: list[float] = []
+        self.host_us: list[float] = []
+        self.sources: tuple[str, str] | None = None
+
+    def token_done(self, timed: bool, census: Census) -> None:
+        if timed:
+            self.tokens_done += 1
+        else:
+            self.warmup_done += 1
+        self.census_counts = census.counts.copy()
+        self.census_tokens = census.tokens
+        self.census_phase = "timed" if timed else "warm-up"
+
+    def census(self) -> Census:
+        c = Census()
+        c.counts = Counter(self.census_counts)
+        c.tokens = self.census_tokens
+        return c
+
+
 def run(rc: RunConfig, console=None) -> dict:
     """Run the job; returns the summary dict also written to ``meta.json``.
 
-    Raises:
+    Raises (before anything is written):
+        ValueError / RunError: too few tokens, positions past int32, ``--timing-only`` off the sim.
+        OutputError: the result folder cannot be created or written (a RunError).
+        RunRefused: a CPU backend would compute a model over 1 GiB of weights (a RunError).
         ConfigError: unknown preset or a bad override.
         BackendUnavailable: ``--backend cupy`` without a usable GPU.
-        RuntimeError: the reference check failed (results so far are on disk).
+    Raises (after the folder exists; ``meta.json`` and ``census.csv`` record how far it got):
+        RunInterrupted: Ctrl-C (a KeyboardInterrupt); ``status`` is ``"interrupted"``.
+        RunFailed: any error, a failed reference check included; ``status`` is ``"failed: <reason>"``.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     con = console or Console()
-    log = con.print
     if rc.tokens < 1:
         raise ValueError(f"--tokens {rc.tokens}: need at least 1 token")
-    be = make_backend(rc.backend, seed=rc.seed)
+    if rc.warmup < 0:
+        raise ValueError(f"--warmup {rc.warmup}: must be 0 or more")
+    check_positions(rc)
+    if rc.out is not None and not str(rc.out).strip():
+        raise OutputError(f"cannot write results to {str(rc.out)!r}: an empty path would silently mean the "
+                          "current folder; name a folder (--out results/run, or --out . on purpose)")
+    timing_only = rc.preset == "ds4-flash" if rc.timing_only is None else bool(rc.timing_only)
+    be = make_backend(rc.backend, seed=rc.seed, timing_only=timing_only)
+    modeled = bool(getattr(be, "models_time", False))
+    if rc.timing_only and not modeled:
+        raise RunError(f"--timing-only applies to the sim backend only; the {be.name} backend always computes")
     preset = rc.preset or ("small" if be.is_gpu else "tiny")
     cfg = get_preset(preset, per_layer_experts=rc.per_layer_experts, seed=rc.seed)
-    out = Path(rc.out or f"results/run-{preset}-{be.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    forced = check_cpu_cost(rc, be, cfg)
+    out = Path(rc.out) if rc.out is not None else Path(f"results/run-{preset}-{be.name}")
+    check_out(out)
 
     meta = provenance.base_meta(be)
     meta.update(job="run", preset=cfg.summary(), options=rc.options.summary(), tokens=rc.tokens,
-                warmup=rc.warmup, start_pos=rc.start_pos, nvtx=rc.nvtx, status="running",
+                warmup=rc.warmup, start_pos=rc.start_pos, nvtx=rc.nvtx, status="running", tokens_completed=0,
                 routed_experts=("one bank per layer" if cfg.per_layer_experts else
                                 f"one routed-expert bank shared by all {cfg.n_layers} layers "
                                 "(per-token traffic unchanged)"))
+    if modeled:
+        meta["figures"] = modeled_source(be)
+    if forced:
+        meta["forced_cpu_run"] = forced
+    prog = _Progress()
+    try:
+        return _job(rc, be, cfg, preset, out, meta, con, prog)
+    except KeyboardInterrupt as e:
+        _record_stop(out, meta, prog, "interrupted")
+        raise RunInterrupted(f"interrupted after {_how_far(rc, prog)}; results so far in {out}/ "
+                             "(meta.json status \"interrupted\", census.csv)", out, meta) from e
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if not isinstance(e, ReferenceCheckFailed):
+            reason = f"{type(e).__name__}: {reason}" if reason else type(e).__name__
+        _record_stop(out, meta, prog, f"failed: {reason}", traceback.format_exc())
+        raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {out}/ "
+                        "(meta.json status \"failed\", census.csv)", out, meta) from e
+
+
+def _how_far(rc: RunConfig, prog: _Progress) -> str:
+    s = f"{prog.tokens_done} of {rc.tokens} timed tokens"
+    if rc.warmup and prog.warmup_done < rc.warmup:
+        s += f" ({prog.warmup_done} of {rc.warmup} warm-up tokens)"
+    return s
+
+
+def _record_stop(out: Path, meta: dict, prog: _Progress, status: str, tb: str | None = None) -> None:
+    """Best effort, never raising: ``meta.json`` with how far the run got, ``census.csv`` so far."""
+    meta["status"] = status
+    meta["tokens_completed"] = prog.tokens_done
+    meta["warmup_completed"] = prog.warmup_done
+    meta["census_tokens"] = prog.census_tokens
+    meta["census_covers"] = (f"{prog.census_tokens} completed {prog.census_phase} tokens"
+                             if prog.census_tokens else "no completed token")
+    if tb:
+        meta["traceback"] = tb
+    try:
+        census = prog.census()
+        census.frame().to_csv(out / "census.csv", index=False)
+        if prog.census_tokens:
+            meta["census_per_token"] = {r.kind: {"launches": float(r.launches), "sites": int(r.sites)}
+                                        for r in census.by_kind().itertuples()}
+    except Exception as e:  # noqa: BLE001 - keep the original error, say what else went wrong
+        meta["census_error"] = f"{type(e).__name__}: {e}"
+    if prog.gpu_us and prog.sources:
+        meta["summary_partial"] = {"token_us": asdict(Stats.of(prog.gpu_us)),
+                                   "host_enqueue_us": asdict(Stats.of(prog.host_us)),
+                                   "sources": list(prog.sources)}
+    try:
+        provenance.write_json(out / "meta.json", meta)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: _Progress) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    log = con.print
+    modeled = bool(getattr(be, "models_time", False))
     provenance.write_json(out / "meta.json", meta)
-    log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name} · {provenance.label(meta)}")
+    if modeled:
+        src = modeled_source(be)
+        src_mem, src_ev, src_host, src_bytes = src, src, src, src
+        log(f"[bold yellow]sim backend: every figure below is MODELED (calibration {calibration_name(be)}), "
+            "not measured"
+            f"{'; timing-only: no numbers are computed' if be.timing_only else ''}.[/]")
+        log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name} · modeled")
+    else:
+        src_mem, src_ev, src_host, src_bytes = "cupy-memory-pool", "cuda-events", "host-clock", "analytic"
+        if be.measures_time:
+            log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name} · {provenance.label(meta)}")
+        else:
+            log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name}")
     log(f"routed experts: {meta['routed_experts']}")
-    if not be.measures_time:
+    if not be.measures_time and not modeled:
         log("[yellow]numpy backend: the CPU reference executor. It computes the same outputs and makes "
             "no timing claims.[/]")
+    if rc.nvtx and not be.is_gpu:
+        meta["nvtx_note"] = "NVTX ranges only matter to a profiler on a GPU"
+        log(f"[yellow]note: --nvtx on the {be.name} backend: NVTX ranges only matter to a profiler "
+            "(Nsight Systems) on a GPU.[/]")
+    moved = [f"--counts-clear {rc.options.counts_clear}"] if rc.options.counts_clear != _DEFAULT_OPTS.counts_clear else []
+    if rc.options.scratch != _DEFAULT_OPTS.scratch:
+        moved.append(f"--scratch {rc.options.scratch}")
+    if moved:
+        note = (f"{' and '.join(moved)} only affect{'s' if len(moved) == 1 else ''} the batched routed-MoE path "
+                "(tokens > 1 per step), which a decode token never takes: this run's tokens are unchanged")
+        if rc.options.scratch != _DEFAULT_OPTS.scratch:
+            note += (" (the scratch is still allocated at setup, for "
+                     f"{'1 token by cudaMalloc' if rc.options.scratch == 'on-demand' else 'max_tokens'})")
+        meta["option_note"] = note
+        log(f"[yellow]note: {note}.[/]")
+    provenance.write_json(out / "meta.json", meta)
 
     with ResultsCSV(out / "results.csv") as res:
         # 1. reference check
@@ -131,9 +458,15 @@ def run(rc: RunConfig, console=None) -> dict:
             log(f"reference check {verdict}: hidden-state relative error {chk['hidden_rel_err']:.2e} "
                 f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']} — {chk['scope']}")
             if not chk["passed"]:
-                meta["status"] = "reference check failed"
-                provenance.write_json(out / "meta.json", meta)
-                raise RuntimeError(f"reference check failed: {chk}")
+                raise ReferenceCheckFailed(
+                    f"reference check failed: hidden-state relative error {chk['hidden_rel_err']:.3g} "
+                    f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']}, finite: {chk['finite']} "
+                    f"— {chk['scope']}")
+        elif rc.check and modeled:
+            why = ("timing-only: no numbers are computed" if be.timing_only else
+                   "the sim computes with the reference ops (bit-identical to the numpy backend)")
+            meta["reference_check"] = f"skipped: {why}"
+            log(f"reference check skipped: {why}")
         elif rc.check:
             meta["reference_check"] = "skipped: the numpy backend is the reference"
 
@@ -146,40 +479,47 @@ def run(rc: RunConfig, console=None) -> dict:
         meta["setup_seconds"] = time.perf_counter() - t0
         mem = be.memory_used()
         if mem is not None:
+            if modeled:
+                # The sim keeps weights outside its device arena (host arrays, or phantoms when
+                # timing-only): the modeled footprint is the arena plus the weight bytes.
+                mem += W.model_bytes(cfg, rc.options.vocab)
+                meta["gpu_memory_note"] = "modeled: sim device arena + weight bytes"
             meta["gpu_memory_bytes"] = mem
-            res.add("gpu_memory", mem, "bytes", "cupy-memory-pool")
+            res.add("gpu_memory", mem, "bytes", src_mem)
 
         # 3. tokens
         L = model.L
-        ev = [be.new_event(), be.new_event()] if be.measures_time else None
-        gpu_us, host_us = [], []
+        ev = [be.new_event(), be.new_event()] if (be.measures_time or modeled) else None
+        # Host enqueue time: the host clock on a GPU, the sim's modeled host clock (µs) on the sim.
+        host_clock, host_scale = (time.perf_counter, 1e6) if not modeled else ((lambda: be.host_time_us), 1.0)
+        gpu_us, host_us = prog.gpu_us, prog.host_us
+        prog.sources = (src_ev, src_host)
         pos = rc.start_pos
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=con, transient=True) as prog:
-            task = prog.add_task("decoding", total=rc.warmup + rc.tokens)
+                      TimeRemainingColumn(), console=con, transient=True) as bar:
+            task = bar.add_task("decoding", total=rc.warmup + rc.tokens)
             for i in range(rc.warmup + rc.tokens):
                 if i == rc.warmup:
                     L.census.reset()
                 tok = token_id_at(pos, cfg.vocab)
                 if ev:
                     be.event_record(L.stream(), ev[0])
-                h0 = time.perf_counter()
+                h0 = host_clock()
                 model.token(pos, tok)
-                h1 = time.perf_counter()
+                h1 = host_clock()
                 if ev:
                     be.event_record(L.stream(), ev[1])
                     be.synchronize()  # ds4 ends every token with cudaDeviceSynchronize()
                 if i >= rc.warmup:
                     j = i - rc.warmup
                     if ev:
-                        host_us.append((h1 - h0) * 1e6)
-                        res.add("host_enqueue_us", round(host_us[-1], 3), "us", "host-clock", j)
-                        import cupy
-
-                        gpu_us.append(cupy.cuda.get_elapsed_time(ev[0], ev[1]) * 1e3)
-                        res.add("token_us", round(gpu_us[-1], 3), "us", "cuda-events", j)
+                        host_us.append((h1 - h0) * host_scale)
+                        res.add("host_enqueue_us", round(host_us[-1], 3), "us", src_host, j)
+                        gpu_us.append(be.event_elapsed_ms(ev[0], ev[1]) * 1e3)
+                        res.add("token_us", round(gpu_us[-1], 3), "us", src_ev, j)
+                prog.token_done(i >= rc.warmup, L.census)
                 pos += 1
-                prog.advance(task)
+                bar.advance(task)
 
         # 4. census, floor, summary
         census = L.census
@@ -190,9 +530,9 @@ def run(rc: RunConfig, console=None) -> dict:
         tb = token_bytes(cfg, rc.options.vocab)
         meta["bytes_per_token"] = tb
         total_bytes = sum(tb.values())
-        res.add("bytes_per_token", total_bytes, "bytes", "analytic")
+        res.add("bytes_per_token", total_bytes, "bytes", src_bytes)
         summary = {}
-        if gpu_us:
+        if gpu_us and not modeled:
             st = Stats.of(gpu_us)
             hs = Stats.of(host_us)
             bw = copy_bandwidth()
@@ -206,8 +546,23 @@ def run(rc: RunConfig, console=None) -> dict:
             res.add("host_enqueue_us_median", hs.median, "us", "host-clock")
             res.add("copy_bandwidth_median", bw.median, "GB/s", "cuda-events")
             res.add("bytes_floor_us", floor_us, "us", "analytic / measured bandwidth")
+        elif gpu_us:
+            st = Stats.of(gpu_us)
+            hs = Stats.of(host_us)
+            cal = be.cal
+            bw, key = (cal.copy_GBps, "copy_GBps") if cal.copy_GBps else (cal.bandwidth_GBps, "bandwidth_GBps")
+            floor_us = total_bytes / (bw * 1e9) * 1e6
+            summary = {"token_us": asdict(st), "host_enqueue_us": asdict(hs),
+                       "copy_bandwidth_GBps": {"median": bw, "from": f"calibration {cal.name}: {key}"},
+                       "bytes_floor_us": floor_us, "floor_over_token": floor_us / st.median,
+                       "source": src_ev}
+            for metric, v, unit in (("token_us_median", st.median, "us"), ("token_us_p25", st.p25, "us"),
+                                    ("token_us_p75", st.p75, "us"), ("host_enqueue_us_median", hs.median, "us"),
+                                    ("copy_bandwidth_median", bw, "GB/s"), ("bytes_floor_us", floor_us, "us")):
+                res.add(metric, v, unit, src_ev)
         meta["summary"] = summary
         meta["status"] = "complete"
+        meta["tokens_completed"] = prog.tokens_done
         provenance.write_json(out / "meta.json", meta)
 
     _print_summary(con, cfg, meta, kinds, census)
@@ -234,18 +589,26 @@ def _print_summary(con, cfg, meta, kinds, census) -> None:
     con.print(t2)
     s = meta.get("summary") or {}
     if s:
+        if meta.get("modeled"):
+            src = {"ev": "MODELED (sim events)", "host": "MODELED host clock (launch cost only)",
+                   "bw": f"calibration, {s['copy_bandwidth_GBps']['from'].rsplit(': ', 1)[-1]}",
+                   "floor": "bytes / modeled bandwidth", "mem": "MODELED (sim arena + weights)"}
+        else:
+            src = {"ev": "CUDA events", "host": "host clock (launch cost only)", "bw": "CUDA events, D2D copy",
+                   "floor": "bytes / bandwidth", "mem": "CuPy pool"}
         st, hs, bw = s["token_us"], s["host_enqueue_us"], s["copy_bandwidth_GBps"]
         t3 = Table(title=f"decode token timing — {provenance.label(meta)}")
         t3.add_column("figure")
         t3.add_column("value", justify="right")
         t3.add_column("source")
-        t3.add_row("µs per token (median)", f"{st['median']:.1f}", "CUDA events")
+        t3.add_row("µs per token (median)", f"{st['median']:.1f}", src["ev"])
         t3.add_row("  interquartile range", f"{st['p25']:.1f}–{st['p75']:.1f}", f"n={st['n']}")
-        t3.add_row("host enqueue µs per token", f"{hs['median']:.1f}", "host clock (launch cost only)")
+        t3.add_row("host enqueue µs per token", f"{hs['median']:.1f}", src["host"])
         t3.add_row("bytes read per token", f"{sum(meta['bytes_per_token'].values()) / 1e6:.1f} MB", "analytic")
-        t3.add_row("copy bandwidth", f"{bw['median']:.0f} GB/s", "CUDA events, D2D copy")
-        t3.add_row("bytes-moved floor", f"{s['bytes_floor_us']:.1f} µs", "bytes / bandwidth")
-        t3.add_row("floor / measured", f"{s['floor_over_token']:.2f}", "")
+        t3.add_row("copy bandwidth", f"{bw['median']:.0f} GB/s", src["bw"])
+        t3.add_row("bytes-moved floor", f"{s['bytes_floor_us']:.1f} µs", src["floor"])
+        t3.add_row("floor / measured" if not meta.get("modeled") else "floor / modeled",
+                   f"{s['floor_over_token']:.2f}", "")
         if "gpu_memory_bytes" in meta:
-            t3.add_row("GPU memory held", f"{meta['gpu_memory_bytes'] / 2**30:.2f} GiB", "CuPy pool")
+            t3.add_row("GPU memory held", f"{meta['gpu_memory_bytes'] / 2**30:.2f} GiB", src["mem"])
         con.print(t3)

@@ -8,13 +8,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
+extras="test,nvrtc"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extras="$extras,${DS4LAB_CUPY_EXTRA:-cuda12}"
+fi
 stamp=.venv/.ds4lab-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  extras="test,nvrtc"
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    extras="$extras,${DS4LAB_CUPY_EXTRA:-cuda12}"
-  fi
+# Reinstall when pyproject.toml changed or the extras did (a GPU appeared, another CuPy wheel).
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$extras" ]; then
+  echo "ds4lab: installing into .venv with extras [$extras] (first use: about a minute, needs the package index)" >&2
   python -m pip install -q --upgrade pip
   python -m pip install -q -e ".[$extras]"
-  touch "$stamp"
+  echo "$extras" > "$stamp"
 fi
