@@ -155,6 +155,17 @@ def _why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+def _probe_write(folder: Path) -> None:
+    """Create, write and remove a probe file in ``folder`` (raises the OSError of the step that fails)."""
+    probe = folder / f".ds4lab-write-probe-{os.getpid()}"
+    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"probe\n")
+    finally:
+        os.close(fd)
+    os.unlink(probe)
+
+
 def check_out(out: Path) -> None:
     """Create the result folder ``out`` (with its parents) and prove it writable: create and remove
     a probe file, and make sure no result file name is taken by a folder or a read-only file.
@@ -182,14 +193,8 @@ def check_out(out: Path) -> None:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             fail(_why(e))
-        probe = out / f".ds4lab-write-probe-{os.getpid()}"
         try:
-            fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            try:
-                os.write(fd, b"probe\n")
-            finally:
-                os.close(fd)
-            os.unlink(probe)
+            _probe_write(out)
         except OSError as e:
             fail(_why(e))
         for name in RESULT_FILES:

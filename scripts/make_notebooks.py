@@ -1,0 +1,182 @@
+"""Write the workbench notebooks (committed without outputs). Edit here, run, commit the .ipynb."""
+
+from pathlib import Path
+
+import nbformat as nbf
+
+HERE = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def md(s):
+    return nbf.v4.new_markdown_cell(s.strip())
+
+
+def code(s, params=False):
+    c = nbf.v4.new_code_cell(s.strip())
+    if params:
+        c.metadata["tags"] = ["parameters"]
+    return c
+
+
+def write(name, cells):
+    nb = nbf.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbf.write(nb, HERE / name)
+
+
+write("00_quickstart.ipynb", [
+    md("""
+# ds4lab quickstart: one ds4-shaped decode token
+
+One decode token of the ds4 engine's CUDA back end, rebuilt from ds4lab's own kernels: its launch
+census, its NVTX structure, and a first stage ladder. Runs on a GPU (measured) and on a laptop
+(the simulated runtime: every figure is **modeled**, and says so). Parameters are in the next
+cell; run headlessly with other values by replacing that cell.
+"""),
+    code("""
+BACKEND = "auto"        # "cupy" (GPU), "sim" (simulated runtime), or "auto"
+PRESET = None           # "ds4-flash", "small", "tiny"; None: ds4-flash on a GPU, small on the sim
+STAGES = "0,0s,1,2,3,3u"
+TOKENS = 200            # timed tokens per stage
+OUT = "results/nb-quickstart"
+""", params=True),
+    code("""
+from pathlib import Path
+from ds4lab.ladder import make_backends, StageRun, STAGES as ALL_STAGES
+from ds4lab.config import get_preset
+from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab import provenance
+
+be, be_exact = make_backends(BACKEND)
+preset = PRESET or ("ds4-flash" if be.is_gpu else "small")
+cfg = get_preset(preset)
+meta = provenance.base_meta(be)
+print(f"backend {be.name} · preset {preset} · " + ("MODELED (simulated runtime)" if getattr(be, "models_time", False) else provenance.label(meta)))
+"""),
+    md("## One token and its launch census\nEvery launch goes through the stream accessor; the census counts launches by cluster and kind."),
+    code("""
+model = DecodeModel(cfg, be, TokenOptions(vocab=True))
+model.token(1000, 7)
+be.synchronize()
+model.L.census.by_kind()
+"""),
+    code("model.L.census.by_cluster()"),
+    md("""
+## NVTX structure
+
+With `nvtx=True`, each token is a range in the `ds4lab` domain (payload: position), each layer a
+range (payload: layer), each cluster a range in its own category, each op a range. Under Nsight
+Systems (`nsys profile -t cuda,nvtx`) these group the timeline; here we list the nesting the
+launch layer produces for one layer.
+"""),
+    code("""
+from ds4lab.annotate import CLUSTERS
+import pandas as pd
+trace = []
+model.L.trace = trace
+model.token(1001, 8)
+model.L.trace = None
+layer0 = [(r.cluster, r.site, r.kernel) for r in trace if r.layer == 0]
+pd.DataFrame(layer0, columns=["cluster (NVTX category)", "op range", "kernel"])
+"""),
+    md("## A first stage ladder"),
+    code("""
+from ds4lab.ladder import run_ladder
+df = run_ladder(be.name, preset, STAGES, tokens=TOKENS, out=OUT)
+df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", "kernel_launches", "graph_launches", "exact"]]
+"""),
+    code("""
+from IPython.display import Image
+Image(filename=str(Path(OUT) / "ladder.png"))
+"""),
+])
+
+write("03_stage_gains.ipynb", [
+    md("""
+# What each stage of the capture plan buys
+
+The stage ladder on this machine (measured on a GPU, modeled on the simulated runtime), the
+exactness of every stage against stage 0, the GPU-busy floor, and a what-if sweep on the
+simulated runtime: how the gain of whole-token capture moves with the number of layers, the
+token count and the host cost of a launch. Parameters in the next cell.
+"""),
+    code("""
+BACKEND = "auto"
+PRESET = None
+STAGES = "0,0s,1,2,3,3u"
+TOKENS = 200
+OUT = "results/nb-stage-gains"
+SWEEP_LAYERS = [4, 8, 16, 43]
+SWEEP_LAUNCH_US = [2.0, 5.0, 9.4, 15.0]
+""", params=True),
+    code("""
+from pathlib import Path
+import pandas as pd
+from ds4lab.ladder import run_ladder, fixes_table
+df = run_ladder(BACKEND, PRESET, STAGES, tokens=TOKENS, out=OUT)
+df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
+"""),
+    md("## Which hazard fixes each stage needs"),
+    code("fixes_table()"),
+    code("""
+from IPython.display import Image
+Image(filename=str(Path(OUT) / "ladder.png"))
+"""),
+    md("""
+## What-if sweep (simulated runtime, modeled)
+
+Eager (stage 0) against whole-token capture (stage 3) on the timing-only simulated runtime, with
+the H200 calibration: first over the number of layers of `ds4-flash`, then over the host cost of
+one eager launch (what a faster or slower launch path would change).
+"""),
+    code("""
+import dataclasses
+from ds4lab.sim.backend import SimBackend
+from ds4lab.config import get_preset
+from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.ladder import StageRun, STAGES as S_, time_stage
+from ds4lab import stream as S
+
+def stage_us(cfg, stage, cal=None):
+    be = SimBackend(timing_only=True, calibration=cal)
+    m = DecodeModel(cfg, be, TokenOptions(vocab=True))
+    run = StageRun(m, S_[stage], TokenOptions(vocab=True))
+    run.activate()
+    was = S.graphs_enabled(); S.set_graphs_enabled(True)
+    try:
+        return time_stage(run, 1000, 20, 3)["us"].median, be.calibration
+    finally:
+        S.set_graphs_enabled(was)
+
+rows = []
+for n in SWEEP_LAYERS:
+    cfg = get_preset("ds4-flash", n_layers=n, n_hash_layers=min(3, n))
+    e, cal = stage_us(cfg, "0"); g, _ = stage_us(cfg, "3")
+    rows.append({"layers": n, "stage 0 µs": e, "stage 3 µs": g, "gain": e / g})
+layers = pd.DataFrame(rows); layers
+"""),
+    code("""
+import json
+from ds4lab.sim.costmodel import default_calibration_path
+base = json.loads(Path(default_calibration_path()).read_text())
+rows = []
+for us in SWEEP_LAUNCH_US:
+    cal = dict(base, host_launch_us=us, name=f"{base['name']} with host_launch_us={us}")
+    e, _ = stage_us(get_preset("ds4-flash"), "0", cal); g, _ = stage_us(get_preset("ds4-flash"), "3", cal)
+    rows.append({"host µs per launch": us, "stage 0 µs": e, "stage 3 µs": g, "gain": e / g})
+launch = pd.DataFrame(rows); launch
+"""),
+    code("""
+import matplotlib.pyplot as plt
+from ds4lab import plots
+with plt.rc_context(plots.STYLE):
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
+    ax[0].plot(layers["layers"], layers["gain"], "o-"); ax[0].set_xlabel("layers"); ax[0].set_ylabel("stage 3 gain over stage 0")
+    ax[1].plot(launch["host µs per launch"], launch["gain"], "o-"); ax[1].set_xlabel("host µs per eager launch")
+    fig.suptitle("What-if sweep, ds4-flash — MODELED (simulated runtime, H200 calibration)", fontsize=9)
+    fig.tight_layout()
+plots.save(fig, Path(OUT) / "whatif")
+"""),
+])
+print("wrote", sorted(p.name for p in HERE.glob("*.ipynb")))
