@@ -22,7 +22,7 @@ from . import stream as S
 from .capture import GraphCache
 from .config import get_preset
 from .model import DecodeModel, TokenOptions
-from .timing import Stats
+from .timing import Stats, profiler_range
 
 #: The hazard fixes a stage can require (context file, "Capture hazards").
 FIXES = ("launches through the accessor", "non-blocking stream", "async counts clear",
@@ -197,7 +197,8 @@ def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=Non
     gc_was = gc.isenabled()
     gc.disable()  # no collector pauses inside the timed tokens
     try:
-        _timed_tokens(run, start, warmup, tokens, e0, e1, host_clock, gpu, host, progress)
+        with profiler_range(be):  # nsys --capture-range=cudaProfilerApi records only these tokens
+            _timed_tokens(run, start, warmup, tokens, e0, e1, host_clock, gpu, host, progress)
     finally:
         if gc_was:
             gc.enable()
@@ -244,7 +245,7 @@ def make_backends(backend: str):
 
 def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "0,0s,1,2,3,3u",
                tokens: int = 200, warmup: int = 8, exact_tokens: int = 6, out: Path | None = None,
-               mode: str = "thread_local", console=None, rounds: int = 4):
+               mode: str = "thread_local", console=None, rounds: int = 4, nvtx: bool = False):
     """Run the ladder; writes ``ladder.csv`` (row by row), ``meta.json`` and ``ladder.png/.svg/.pdf``.
 
     Raises:
@@ -263,7 +264,7 @@ def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "
     was_enabled = S.graphs_enabled()
     S.set_graphs_enabled(True)  # DS4_CUDA_GRAPHS=1: stages 0s and up set an override
     try:
-        return _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds)
+        return _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds, nvtx)
     finally:
         S.set_graphs_enabled(was_enabled)
 
@@ -294,7 +295,7 @@ def _rows(runs, samples, launches, exact, floor, be, preset, meta) -> list[dict]
     return rows
 
 
-def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds=4):
+def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds=4, nvtx=False):
     import pandas as pd
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -317,7 +318,7 @@ def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mo
     con.print(f"[bold]ds4lab ladder[/] · {preset} · {provenance.label(meta) if not meta['modeled'] else 'modeled'}")
     base = TokenOptions(vocab=True)
     start = 1000
-    model = DecodeModel(cfg, be, base)
+    model = DecodeModel(cfg, be, base, nvtx=nvtx)
     runs = [StageRun(model, st, base, mode=mode) for st in st_list]
 
     # 1. exactness: every stage from the same prefilled state, against stage 0, bit for bit

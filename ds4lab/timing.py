@@ -8,6 +8,7 @@ launches), and is labelled so.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,3 +99,19 @@ def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> d
     if vocab:
         out["vocab"] = W.spec_bytes(W.global_specs(cfg)["vocab"])
     return out
+
+
+@contextlib.contextmanager
+def profiler_range(be):
+    """``cudaProfilerStart``/``cudaProfilerStop`` around a measured region on a GPU, so that
+    ``nsys profile --capture-range=cudaProfilerApi`` records only the measured tokens (CUDA
+    Runtime API, "Profiler Control"). Nothing on other backends."""
+    if not getattr(be, "is_gpu", False):
+        yield
+        return
+    rt = be.cp.cuda.runtime
+    rt.profilerStart()
+    try:
+        yield
+    finally:
+        rt.profilerStop()

@@ -1,0 +1,271 @@
+"""Read real profiles into ds4lab's tidy tables: ds4's MoE profile lines, Nsight Systems exports,
+and ds4lab result folders from other machines.
+
+The format is detected from the content, never from the file name:
+
+* a folder holding a ``meta.json`` written by ds4lab → its result tables (``ds4lab-folder``);
+* a file starting with ``SQLite format 3`` → an ``nsys export --type sqlite`` database
+  (``nsys-sqlite``): the kernel activity table and the NVTX events table;
+* text with ``ds4: CUDA MoE profile`` lines → ds4's ``DS4_CUDA_MOE_PROFILE`` stderr (``ds4-log``);
+  other lines of the log are ignored, but a profile line that does not parse is an error;
+* text with ``nsys stats`` CSV reports → the CUDA GPU kernel summary (``cuda_gpu_kern_sum``) and
+  the NVTX range summary (``nvtx_sum``/``nvtx_pushpop_sum``); several reports may share one file,
+  text may come before each table, time columns may be in ns, us or ms, numbers may carry
+  thousands separators.
+
+Malformed input raises :class:`IngestError` naming the file and line; with ``lenient=True`` the good
+rows are kept and every bad line is reported (:attr:`Ingested.problems`), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum", "total")
+_DS4_PREFIX = "ds4: CUDA MoE profile"
+_DS4_LINE = re.compile(
+    r"^ds4: CUDA MoE profile tokens=(?P<tokens>\d+) pairs=(?P<pairs>\d+)"
+    + "".join(rf" {s}=(?P<{s}>[-+0-9.eE]+)" for s in MOE_STAGES) + r" ms\s*$")
+_UNIT = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
+
+
+class IngestError(ValueError):
+    """Input that cannot be read: the message names the file and the line."""
+
+
+@dataclass
+class Ingested:
+    """What one input gave: tables by name (tidy DataFrames) and the bad lines (lenient mode)."""
+
+    path: Path
+    kind: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    problems: list[dict] = field(default_factory=list)
+
+
+def detect(path: Path) -> str:
+    """The input's format from its content (see module docstring). Raises IngestError."""
+    path = Path(path)
+    if path.is_dir():
+        meta = path / "meta.json"
+        if meta.is_file() and "ds4lab" in json.loads(meta.read_text() or "{}"):
+            return "ds4lab-folder"
+        raise IngestError(f"{path}: a folder without a ds4lab meta.json")
+    if not path.is_file():
+        raise IngestError(f"{path}: no such file")
+    head = path.read_bytes()[:4096]
+    if head.startswith(b"SQLite format 3\x00"):
+        return "nsys-sqlite"
+    text = head.decode("utf-8", errors="replace")
+    full = path.read_text(errors="replace")
+    if _DS4_PREFIX in full:
+        return "ds4-log"
+    if re.search(r'"?Total Time \((ns|us|ms|s)\)"?', full) and re.search(r'"?(Name|Range)"?\s*$', full, re.M):
+        return "nsys-csv"
+    raise IngestError(f"{path}: not a ds4 MoE profile log, an nsys stats CSV, an nsys SQLite export or a "
+                      f"ds4lab result folder (starts with {text[:60]!r})")
+
+
+def ingest(path: Path, lenient: bool = False) -> Ingested:
+    """Read one input. Raises IngestError (file and line) unless ``lenient``."""
+    kind = detect(path)
+    return {"ds4-log": _ds4_log, "nsys-csv": _nsys_csv, "nsys-sqlite": _nsys_sqlite,
+            "ds4lab-folder": _ds4lab_folder}[kind](Path(path), lenient)
+
+
+def _problem(res: Ingested, lenient: bool, line: int, why: str, text: str = "") -> None:
+    if not lenient:
+        raise IngestError(f"{res.path}:{line}: {why}" + (f": {text.strip()[:120]!r}" if text else ""))
+    res.problems.append({"file": str(res.path), "line": line, "problem": why, "text": text.strip()[:200]})
+
+
+# ----------------------------------------------------------------------------- ds4 log
+def _ds4_log(path: Path, lenient: bool) -> Ingested:
+    """ds4 ``DS4_CUDA_MOE_PROFILE`` lines → rows (call, tokens, pairs, stage, ms): the same columns as
+    ``ds4lab moe``'s table (mode ``host-timed``, backend ``ds4``)."""
+    res = Ingested(path, "ds4-log")
+    rows = []
+    call = 0
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if _DS4_PREFIX not in line:
+            continue
+        m = _DS4_LINE.match(line[line.index(_DS4_PREFIX):])
+        if not m:
+            _problem(res, lenient, n, "malformed ds4 MoE profile line", line)
+            continue
+        tokens, pairs = int(m["tokens"]), int(m["pairs"])
+        vals = {s: float(m[s]) for s in MOE_STAGES}
+        if pairs != 6 * tokens and pairs % max(tokens, 1):
+            _problem(res, lenient, n, f"pairs={pairs} is not a multiple of tokens={tokens}", line)
+            continue
+        if any(v < 0 for v in vals.values()):
+            _problem(res, lenient, n, "negative time", line)
+            continue
+        for s in MOE_STAGES:
+            rows.append({"token": call, "layer": float("nan"), "tokens": tokens, "pairs": pairs, "stage": s,
+                         "ms": vals[s], "mode": "host-timed", "backend": "ds4", "routing": "ds4",
+                         "source": f"{path.name}:{n}"})
+        call += 1
+    if not rows and not res.problems:
+        _problem(res, lenient, 0, "no ds4 MoE profile line")
+    res.tables["ds4_moe"] = pd.DataFrame(rows)
+    return res
+
+
+# ----------------------------------------------------------------------------- nsys stats CSV
+def _num(cell: str) -> float:
+    """A number as nsys prints it: plain, quoted, with thousands separators."""
+    c = cell.strip().strip('"').replace(",", "").replace("\u202f", "").replace(" ", "")
+    return float(c)
+
+
+def _nsys_csv(path: Path, lenient: bool) -> Ingested:
+    """Every kernel-summary and NVTX-summary table in the file → ``nsys_kernels`` / ``nsys_nvtx``
+    (times converted to µs, whatever unit the header says)."""
+    res = Ingested(path, "nsys-csv")
+    lines = path.read_text(errors="replace").splitlines()
+    kern, nvtx = [], []
+    i = 0
+    while i < len(lines):
+        hdr = next(csv.reader([lines[i]]), [])
+        cols = [h.strip() for h in hdr]
+        is_k = "Name" in cols and any(c.startswith("Total Time (") for c in cols)
+        is_n = "Range" in cols and any(c.startswith("Total Time (") for c in cols)
+        if not (is_k or is_n):
+            i += 1
+            continue
+        unit = {}
+        for c in cols:
+            m = re.match(r"(.+) \((ns|us|µs|ms|s)\)$", c)
+            if m:
+                unit[c] = _UNIT[m.group(2)]
+        i += 1
+        while i < len(lines) and lines[i].strip():
+            n = i + 1
+            try:
+                cells = next(csv.reader([lines[i]]))
+            except csv.Error as e:
+                _problem(res, lenient, n, f"unreadable CSV ({e})", lines[i])
+                i += 1
+                continue
+            if len(cells) != len(cols):
+                _problem(res, lenient, n, f"{len(cells)} fields, the header has {len(cols)}", lines[i])
+                i += 1
+                continue
+            rec = dict(zip(cols, cells))
+            try:
+                row = {"name": rec["Name" if is_k else "Range"].strip()}
+                for c, f in unit.items():
+                    key = re.sub(r" \((ns|us|µs|ms|s)\)$", "", c).lower().replace(" ", "_") + "_us"
+                    row[key] = _num(rec[c]) * f
+                for c in ("Instances", "Time (%)"):
+                    if c in rec:
+                        row[c.lower().replace(" ", "_").replace("(%)", "pct")] = _num(rec[c])
+            except (ValueError, KeyError) as e:
+                _problem(res, lenient, n, f"bad number ({e})", lines[i])
+                i += 1
+                continue
+            row["source"] = f"{path.name}:{n}"
+            (kern if is_k else nvtx).append(row)
+            i += 1
+    if not kern and not nvtx and not res.problems:
+        _problem(res, lenient, 0, "no kernel or NVTX summary table")
+    if kern:
+        res.tables["nsys_kernels"] = pd.DataFrame(kern)
+    if nvtx:
+        res.tables["nsys_nvtx"] = pd.DataFrame(nvtx)
+    return res
+
+
+# ----------------------------------------------------------------------------- nsys SQLite
+def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
+    """``CUPTI_ACTIVITY_KIND_KERNEL`` → ``kernels`` (name, start/end ns, µs, stream, graph ids);
+    ``NVTX_EVENTS`` push/pop and start/end ranges → ``nvtx`` (name, start/end ns, µs, domain)."""
+    res = Ingested(path, "nsys-sqlite")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        strings = {}
+        if "StringIds" in tables:
+            strings = dict(con.execute("select id, value from StringIds"))
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
+            cols = {r[1] for r in con.execute("pragma table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
+            name_col = "demangledName" if "demangledName" in cols else "shortName"
+            extra = [c for c in ("streamId", "graphId", "graphNodeId", "deviceId") if c in cols]
+            q = f"select start, end, {name_col}{''.join(', ' + c for c in extra)} from CUPTI_ACTIVITY_KIND_KERNEL"
+            rows = []
+            for k, r in enumerate(con.execute(q), 1):
+                start, end, nm = r[0], r[1], r[2]
+                if start is None or end is None or end < start:
+                    _problem(res, lenient, k, "kernel row with a missing or negative duration", str(r))
+                    continue
+                row = {"name": strings.get(nm, nm), "start_ns": start, "end_ns": end, "us": (end - start) / 1e3}
+                row.update(dict(zip(extra, r[3:])))
+                rows.append(row)
+            res.tables["kernels"] = pd.DataFrame(rows)
+        if "NVTX_EVENTS" in tables:
+            cols = {r[1] for r in con.execute("pragma table_info(NVTX_EVENTS)")}
+            sel = ["start", "end", "text" if "text" in cols else "NULL",
+                   "textId" if "textId" in cols else "NULL", "domainId" if "domainId" in cols else "NULL"]
+            rows = []
+            for k, (start, end, text, tid, dom) in enumerate(con.execute(
+                    f"select {', '.join(sel)} from NVTX_EVENTS"), 1):
+                if end is None:
+                    continue  # marks and domain registrations have no end
+                if end < start:
+                    _problem(res, lenient, k, "NVTX range ending before it starts", str((start, end, text)))
+                    continue
+                rows.append({"name": text if text is not None else strings.get(tid, ""), "start_ns": start,
+                             "end_ns": end, "us": (end - start) / 1e3, "domain": dom})
+            res.tables["nvtx"] = pd.DataFrame(rows)
+        if not res.tables:
+            _problem(res, lenient, 0, "no CUPTI_ACTIVITY_KIND_KERNEL or NVTX_EVENTS table")
+    except sqlite3.DatabaseError as e:
+        raise IngestError(f"{path}: unreadable SQLite export ({e})") from None
+    finally:
+        con.close()
+    return res
+
+
+# ----------------------------------------------------------------------------- ds4lab folders
+def _ds4lab_folder(path: Path, lenient: bool) -> Ingested:
+    """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from."""
+    res = Ingested(path, "ds4lab-folder")
+    meta = json.loads((path / "meta.json").read_text())
+    where = meta.get("device", "?") + ("" if meta.get("measured") else " (modeled)" if meta.get("modeled") else "")
+    for f in sorted(path.glob("*.csv")):
+        try:
+            df = pd.read_csv(f)
+        except Exception as e:  # noqa: BLE001 — report which file
+            _problem(res, lenient, 0, f"{f.name}: unreadable CSV ({e})")
+            continue
+        df["machine"] = where
+        df["source"] = str(f)
+        res.tables[f"ds4lab_{f.stem}"] = df
+    return res
+
+
+def ingest_all(paths, out: Path, lenient: bool = False) -> list[Ingested]:
+    """Ingest every path, write each table to ``out/<table>.csv`` (appending across inputs) and
+    the bad lines to ``out/ingest_problems.csv``. Raises IngestError on the first bad input unless
+    ``lenient``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = [ingest(Path(p), lenient) for p in paths]
+    merged: dict[str, list[pd.DataFrame]] = {}
+    for r in results:
+        for name, df in r.tables.items():
+            merged.setdefault(name, []).append(df)
+    for name, dfs in merged.items():
+        pd.concat(dfs, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
+    problems = [p for r in results for p in r.problems]
+    if problems:
+        pd.DataFrame(problems).to_csv(out / "ingest_problems.csv", index=False)
+    return results
