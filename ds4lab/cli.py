@@ -146,9 +146,11 @@ def bench(preset, out) -> None:
 @click.option("--hazard", type=click.Choice(["sync-memset", "host-scalars", "legacy-launch", "alloc-in-capture",
                                              "host-timed-profile", "device-sync", "all"]), default=None,
               help="Demonstrate one ds4-today path inside a captured stage instead of the ladder.")
+@click.option("--nvtx/--no-nvtx", default=False, show_default=True,
+              help="NVTX ranges (domain ds4lab) on the timed model, for Nsight Systems.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/ladder-<preset>-<backend>.")
-def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, out) -> None:
+def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, out) -> None:
     """The CUDA-graph stage ladder: µs per token per stage, exactness, cache statistics, plot."""
     con = _console()
     try:
@@ -159,7 +161,7 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
             return
         from .ladder import run_ladder
 
-        run_ladder(backend, preset, stages, tokens, warmup, exact_tokens, out, mode, con, rounds=repeats)
+        run_ladder(backend, preset, stages, tokens, warmup, exact_tokens, out, mode, con, rounds=repeats, nvtx=nvtx)
     except (ConfigError, BackendUnavailable) as e:
         _fail(str(e))
     except ValueError as e:
@@ -215,6 +217,15 @@ def presets() -> None:
     df = pd.DataFrame([p.summary() for p in PRESETS.values()]).set_index("name").T
     click.echo(df.to_string())
 
+
+def _register_extensions() -> None:
+    """Commands defined beside this module (each ``register(main)``)."""
+    from . import cli_ingest
+
+    cli_ingest.register(main)
+
+
+_register_extensions()
 
 if __name__ == "__main__":
     main()

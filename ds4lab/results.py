@@ -10,7 +10,8 @@ class ResultsCSV:
     """An append-only tidy CSV (``metric, value, unit, token, source``), flushed after every row.
 
     ``source`` says where the number came from (``cuda-events``, ``host-clock``, ``analytic``,
-    ``numpy-reference``), so no figure appears without its origin.
+    ``numpy-reference``; on the simulated runtime every row reads ``modeled (sim, calibration
+    <name>)``), so no figure appears without its origin.
     """
 
     COLUMNS = ("metric", "value", "unit", "token", "source")
