@@ -220,9 +220,10 @@ def presets() -> None:
 
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
-    from . import cli_ingest
+    from . import cli_ingest, cli_moe
 
     cli_ingest.register(main)
+    cli_moe.register(main)
 
 
 _register_extensions()

@@ -81,3 +81,187 @@ def ladder_figure(df, meta: dict):
                  "to stage 0", fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         return fig
+
+
+# ----------------------------------------------------------------------------- routed-MoE profile (ds4lab.moeprof)
+#: One color per routed-MoE stage (ds4's profile order).
+MOE_STAGE_COLORS = {"xq": "#64B5CD", "sort": "#CCB974", "gateup": "#C44E52", "midq": "#8172B2", "down": "#4C72B0",
+                    "sum": "#55A868", "total": "#333333"}
+#: One color per exclusion-matrix outcome.
+OUTCOME_COLORS = {"works": "#8FD19E", "refused": "#F6C28B", "breaks capture": "#E07B7B", "silently wrong": "#B9A3E3",
+                  "no data": "#D0D0D0", "unavailable": "#F2F2F2"}
+
+
+def _moe_stages():
+    from .model import MOE_STAGES
+
+    return MOE_STAGES
+
+
+def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
+    """Per-stage median µs per routed-MoE call, stacked, by token count: one panel per routing (rows) and
+    mode (columns). ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage
+    times (graph-boundary, nvtx) are left out; a black tick marks each bar's measured ``total``."""
+    import numpy as np
+
+    stages = _moe_stages()
+    s = summary[summary["stage"].isin(stages + ("total",))]
+    have = set(s[s["stage"].isin(stages)]["mode"])
+    known = ("host-timed", "deferred", "graph-boundary", "in-graph", "cupti", "nvtx")
+    modes = [m for m in (modes or sorted(dict.fromkeys(s["mode"]), key=lambda m: (m not in known, known.index(m)
+                                                                                 if m in known else 0, m)))
+             if m in have]
+    routings = routings or list(dict.fromkeys(s["routing"]))
+    with plt.rc_context(STYLE):
+        if not modes or not routings:
+            fig, ax = plt.subplots(figsize=(6, 2))
+            ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
+            ax.set_axis_off()
+            return fig
+        fig, axes = plt.subplots(len(routings), len(modes), figsize=(2.9 * len(modes) + 1.2, 2.4 * len(routings) + 1.0),
+                                 squeeze=False)
+        for i, r in enumerate(routings):
+            for j, m in enumerate(modes):
+                ax = axes[i][j]
+                d = s[(s["routing"] == r) & (s["mode"] == m)]
+                if d.empty:
+                    ax.set_axis_off()
+                    continue
+                piv = d.pivot_table(index="tokens", columns="stage", values="median_ms", aggfunc="first")
+                x = np.arange(len(piv))
+                bottom = np.zeros(len(piv))
+                for st in stages:
+                    v = (piv[st].fillna(0).to_numpy() if st in piv else np.zeros(len(piv))) * 1e3
+                    ax.bar(x, v, bottom=bottom, color=MOE_STAGE_COLORS[st], label=st, width=0.75)
+                    bottom += v
+                if "total" in piv:
+                    ax.scatter(x, piv["total"].to_numpy() * 1e3, marker="_", s=300, color="black", zorder=3,
+                               label="total")
+                ax.set_xticks(x, [str(t) for t in piv.index], fontsize=7)
+                ax.set_title(f"{m} · {r}", fontsize=8)
+                if j == 0:
+                    ax.set_ylabel("µs per MoE call (median)")
+                if i == len(routings) - 1:
+                    ax.set_xlabel("tokens per step")
+        h, lab = axes[0][0].get_legend_handles_labels()
+        fig.legend(h, lab, loc="lower center", ncol=len(lab), frameon=False, fontsize=7)
+        fig.suptitle(provenance_title(meta, "Routed-MoE stages per call (ds4's profile stages)"), fontsize=9)
+        fig.tight_layout(rect=(0, 0.035, 1, 0.97))
+        return fig
+
+
+def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | None = None):
+    """Distribution of each stage's µs per call across layers and steps (box plots, log scale), one
+    box per token count, one panel per mode. ``df``: profile rows (``moe.csv``)."""
+    import numpy as np
+
+    stages = _moe_stages()
+    d = df[df["stage"].isin(stages) & np.isfinite(df["ms"].astype(float)) & (df["ms"].astype(float) > 0)]
+    if routing is not None:
+        d = d[d["routing"] == routing]
+    modes = [m for m in (modes or list(dict.fromkeys(d["mode"])))]
+    with plt.rc_context(STYLE):
+        if d.empty or not modes:
+            fig, ax = plt.subplots(figsize=(6, 2))
+            ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
+            ax.set_axis_off()
+            return fig
+        tokens = sorted(d["tokens"].unique())
+        fig, axes = plt.subplots(len(modes), 1, figsize=(max(7.5, 1.3 * len(stages) * max(1, len(tokens)) / 3),
+                                                         2.6 * len(modes) + 0.8), squeeze=False)
+        width = 0.8 / max(1, len(tokens))
+        for i, m in enumerate(modes):
+            ax = axes[i][0]
+            dm = d[d["mode"] == m]
+            for k, t in enumerate(tokens):
+                data = [dm[(dm["stage"] == st) & (dm["tokens"] == t)]["ms"].astype(float).to_numpy() * 1e3
+                        for st in stages]
+                pos = [si + (k - (len(tokens) - 1) / 2) * width for si in range(len(stages))]
+                keep = [(p, v) for p, v in zip(pos, data) if len(v)]
+                if not keep:
+                    continue
+                bp = ax.boxplot([v for _, v in keep], positions=[p for p, _ in keep], widths=width * 0.9,
+                                patch_artist=True, showfliers=True, flierprops={"markersize": 2})
+                for b in bp["boxes"]:
+                    b.set_facecolor(COLORS[k % len(COLORS)])
+                    b.set_alpha(0.7)
+                ax.plot([], [], color=COLORS[k % len(COLORS)], lw=6, alpha=0.7, label=f"{t} tok")
+            ax.set_xticks(range(len(stages)), stages)
+            ax.set_yscale("log")
+            ax.set_ylabel("µs per call")
+            ax.set_title(f"{m}" + (f" · {routing}" if routing else ""), fontsize=8)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=7)
+        fig.suptitle(provenance_title(meta, "Routed-MoE stage times across layers and steps"), fontsize=9)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
+        return fig
+
+
+def moe_share_figure(share, meta: dict):
+    """The routed MoE's share of a whole eager decode token: per token, µs in the MoE (profiled total
+    over all layers) and in the rest, stacked, with the share annotated. ``share``:
+    :func:`ds4lab.moeprof.token_share` output."""
+    import numpy as np
+
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        x = np.arange(len(share))
+        moe = share["moe_us"].to_numpy(dtype=float)
+        rest = share["rest_us"].to_numpy(dtype=float)
+        ax.bar(x, moe, color=MOE_STAGE_COLORS["gateup"], label="routed MoE (profiled total, all layers)")
+        ax.bar(x, rest, bottom=moe, color="#BBBBBB", label="rest of the token")
+        for xi, m, r, sh in zip(x, moe, rest, share["share"].to_numpy(dtype=float)):
+            if np.isfinite(sh):
+                ax.annotate(f"{100 * sh:.0f} %", (xi, m + r), ha="center", va="bottom", fontsize=7,
+                            xytext=(0, 2), textcoords="offset points")
+        med = float(np.nanmedian(share["share"])) if len(share) else float("nan")
+        ax.set_xlabel("decode token")
+        ax.set_ylabel("µs per token (events around the token)")
+        ax.set_xticks(x, [str(int(t)) for t in share["token"]], fontsize=7)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=7)
+        ax.set_title(provenance_title(meta, f"Routed MoE in the whole eager token (median share {100 * med:.0f} %)"),
+                     fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+def exclusion_figure(df, meta: dict):
+    """The profiling × capture exclusion matrix as a heatmap, the outcome (and its detail and the
+    overhead per MoE call where the mode works) written in every cell. ``df``: ``exclusion.csv``."""
+    import textwrap
+
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    rows = list(dict.fromkeys(df["mode"]))
+    cols = list(dict.fromkeys(df["column"]))
+    names = list(OUTCOME_COLORS)
+    cell = {(r.mode, r.column): r for r in df.itertuples()}
+    grid = np.array([[names.index(cell[(r, c)].outcome) if (r, c) in cell and cell[(r, c)].outcome in names else
+                      names.index("no data") for c in cols] for r in rows])
+    with plt.rc_context({**STYLE, "axes.grid": False}):
+        fig, ax = plt.subplots(figsize=(1.95 * len(cols) + 2.0, 0.9 * len(rows) + 1.4))
+        ax.imshow(grid, cmap=ListedColormap([OUTCOME_COLORS[n] for n in names]), vmin=-0.5, vmax=len(names) - 0.5,
+                  aspect="auto")
+        for i, r in enumerate(rows):
+            for j, c in enumerate(cols):
+                x = cell.get((r, c))
+                if x is None:
+                    continue
+                text = f"{x.outcome}"
+                ov = getattr(x, "overhead_us", float("nan"))
+                if x.outcome == "works" and ov == ov:
+                    text += f"\n{ov:+.1f} µs/call"
+                detail = str(x.detail) if x.detail == x.detail else ""
+                if detail and x.outcome != "works":
+                    text += "\n" + "\n".join(textwrap.wrap(detail, 30)[:3])
+                ax.text(j, i, text, ha="center", va="center", fontsize=6.2)
+        ax.set_xticks(range(len(cols)), cols, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.xaxis.tick_top()
+        ax.set_xticks(np.arange(-0.5, len(cols)), minor=True)
+        ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="minor", length=0)
+        ax.set_title(provenance_title(meta, "MoE profiling × CUDA-graph capture"), fontsize=9, pad=22)
+        fig.tight_layout()
+        return fig
