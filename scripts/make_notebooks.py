@@ -179,4 +179,122 @@ with plt.rc_context(plots.STYLE):
 plots.save(fig, Path(OUT) / "whatif")
 """),
 ])
+write("01_moe_timing.ipynb", [
+    md("""
+# Where routed-MoE time goes
+
+ds4's routed MoE in six stages (`xq`, `sort`, `gateup`, `midq`, `down`, `sum`), timed by stage,
+token count (1 decode, 2–3 MTP verification, batches) and routing pattern (uniform, Zipf-skewed,
+hash-routed layers, worst case), and its share of a whole decode token. On a GPU the times are
+measured (CUDA events read after each step, no mid-token synchronization); on the simulated
+runtime they are modeled and every figure says so. Parameters in the next cell.
+"""),
+    code("""
+BACKEND = "auto"
+PRESET = None                 # None: ds4-flash on a GPU, small on the sim
+TOKENS_PER_STEP = "1,2,3,64,512"
+ROUTINGS = "all"
+MODES = "deferred"
+STEPS = 10
+OUT = "results/nb-moe"
+""", params=True),
+    code("""
+from pathlib import Path
+import json
+import pandas as pd
+from ds4lab.cli import main as ds4lab
+args = ["moe", "--backend", BACKEND, "--mode", MODES, "--tokens-per-step", TOKENS_PER_STEP,
+        "--routing", ROUTINGS, "--steps", str(STEPS), "--out", OUT, "--no-overhead"]
+if PRESET:
+    args += ["--preset", PRESET]
+ds4lab(args, standalone_mode=False)
+meta = json.loads((Path(OUT) / "meta.json").read_text())
+print("MODELED (simulated runtime)" if meta.get("modeled") else f"measured on {meta.get('device')}")
+"""),
+    md("## Median ms per stage, by token count and routing"),
+    code("""
+moe = pd.read_csv(Path(OUT) / "moe.csv")
+stages = ["xq", "sort", "gateup", "midq", "down", "sum", "total"]
+t = moe[moe.stage.isin(stages)].pivot_table(index=["tokens", "routing"], columns="stage", values="ms", aggfunc="median")
+t[[s for s in stages if s in t.columns]].round(4)
+"""),
+    code("""
+from IPython.display import Image, display
+for f in ("moe-stages.png", "moe-distribution.png", "moe-share.png"):
+    if (Path(OUT) / f).exists():
+        display(Image(filename=str(Path(OUT) / f)))
+"""),
+    md("""
+## The same numbers in ds4's own format
+
+`ds4lab ingest` reads these lines (and a real ds4 run's `DS4_CUDA_MOE_PROFILE` stderr) back into
+the same table, so a real engine run and this workbench can be compared side by side.
+"""),
+    code("for line in (Path(OUT) / 'moe-ds4.log').read_text().splitlines()[:8]:\n    print(line)"),
+])
+
+write("02_profiling_vs_capture.ipynb", [
+    md("""
+# Profiling and capture: which measurements survive, and what each hazard does
+
+Part 1: the profiling × capture matrix, computed by running every combination: each MoE profiling
+mode eagerly (legacy and non-blocking stream), under capture in each mode, and on replay. Part 2:
+each ds4-today code path re-introduced into a captured stage: a refused capture with its CUDA
+error and the eager fallback, or a capture that succeeds and replays wrong. Part 3: the
+capture-compatible ways to measure, side by side. Parameters in the next cell.
+"""),
+    code("""
+BACKEND = "auto"
+PRESET = None
+HAZARD_PRESET = None          # None: small
+OUT = "results/nb-capture"
+""", params=True),
+    code("""
+from pathlib import Path
+import json
+import pandas as pd
+from ds4lab.cli import main as ds4lab
+args = ["exclusion", "--backend", BACKEND, "--out", OUT + "/exclusion"]
+if PRESET:
+    args += ["--preset", PRESET]
+ds4lab(args, standalone_mode=False)
+m = pd.read_csv(Path(OUT) / "exclusion" / "exclusion.csv")
+m.pivot(index="mode", columns="column", values="outcome")
+"""),
+    code("""
+from IPython.display import Image
+Image(filename=str(Path(OUT) / "exclusion" / "exclusion.png"))
+"""),
+    md("## Each hazard, demonstrated"),
+    code("""
+args = ["ladder", "--backend", BACKEND, "--hazard", "all", "--out", OUT + "/hazards"]
+if HAZARD_PRESET:
+    args += ["--preset", HAZARD_PRESET]
+ds4lab(args, standalone_mode=False)
+h = pd.read_csv(Path(OUT) / "hazards" / "hazards.csv")
+h[["hazard", "outcome", "errors", "exact", "first_mismatch", "expected"]]
+"""),
+    md("""
+## Capture-compatible measurement
+
+`host-timed` (ds4's way) cannot run inside a capture. What can: `deferred` events eagerly,
+`graph-boundary` events between replays (total only), `in-graph` timestamps written by a kernel
+inside the graph, and per-kernel activity records (CUPTI on a GPU; the modeled timeline on the
+sim). Overhead of each on a whole token, eager and replayed:
+"""),
+    code("""
+args = ["moe", "--backend", BACKEND, "--mode", "deferred,in-graph,graph-boundary,cupti", "--tokens-per-step", "1",
+        "--routing", "uniform", "--steps", "5", "--share-tokens", "0", "--out", OUT + "/modes"]
+if PRESET:
+    args += ["--preset", PRESET]
+ds4lab(args, standalone_mode=False)
+o = Path(OUT) / "modes" / "overhead.csv"
+pd.read_csv(o) if o.exists() else "no overhead table"
+"""),
+    code("""
+moe = pd.read_csv(Path(OUT) / "modes" / "moe.csv")
+moe[moe.stage != "total"].pivot_table(index="stage", columns="mode", values="ms", aggfunc="median").round(4)
+"""),
+])
+
 print("wrote", sorted(p.name for p in HERE.glob("*.ipynb")))
