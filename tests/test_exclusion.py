@@ -114,7 +114,7 @@ def test_computing_sim_gives_the_same_cells():
         S.set_graphs_enabled(was)
         S.capture_set_stream(prev)
     assert got == {("in-graph", "replay"): "works", ("in-graph", "capture-global"): "works",
-                   ("deferred", "replay"): "silently wrong", ("host-timed", "capture-thread_local"): "breaks capture"}
+                   ("deferred", "replay"): "refused", ("host-timed", "capture-thread_local"): "breaks capture"}
 
 
 def test_agreement_compares_cell_by_cell(matrix):
@@ -179,3 +179,25 @@ def test_capturing_calls_boundary_time_is_caught_on_long_moe_calls():
     assert gb["outcome"] == "silently wrong", gb
     assert gb["total_us"] < 1.5 * gb["reference_us"]  # the old 1.5× eager tolerance would have missed it
     assert ok["outcome"] == "works", ok
+
+
+def test_sim_matrix_equals_the_h200_matrix():
+    """The whole matrix on the sim, cell by cell, against the one measured on the H200
+    (docs/measurements/h200-2026-11-29/exclusion/exclusion-ds4-flash.csv, ds4-flash, 4 layers)."""
+    import pandas as pd
+    from pathlib import Path
+
+    from ds4lab.config import get_preset
+
+    rec = pd.read_csv(Path(__file__).resolve().parents[1]
+                      / "docs/measurements/h200-2026-11-29/exclusion/exclusion-ds4-flash.csv")
+    was, prev = S.graphs_enabled(), S.capture_get_override()
+    try:
+        sim = X.run_matrix(SimBackend(timing_only=True), get_preset("ds4-flash"))
+    finally:
+        S.set_graphs_enabled(was)
+        S.capture_set_stream(prev)
+    ag = X.agreement(rec, sim)
+    assert len(ag) == len(rec) == 48
+    bad = ag[~ag["agree"]]
+    assert bad.empty, bad.to_string()

@@ -142,6 +142,11 @@ RULES: dict[str, Rule] = {
     "begin_twice": Rule(
         "cudaStreamBeginCapture on a stream already capturing", "raises", "cudaErrorIllegalState", "none",
         "RT cudaStreamBeginCapture: only if the stream is not already in capture mode. GUESS: the error name"),
+    "event_after_capture": Rule(
+        "cudaEventSynchronize / cudaEventElapsedTime on an event last recorded inside a capture that has ended "
+        "(cudaEventQuery: never complete)", "raises", "cudaErrorInvalidValue", "none",
+        "Measured on the H200 (docs/measurements/h200-2026-11-29/event-after-capture-probe.txt): before and "
+        "after replays, until the event is recorded again eagerly"),
     "end_not_capturing": Rule("cudaStreamEndCapture on a stream that is not capturing", "raises",
                               "cudaErrorIllegalState", "none", "RT cudaStreamEndCapture"),
     "end_wrong_thread": Rule(
@@ -503,6 +508,11 @@ class Runtime:
         q = e.capture
         return q if q is not None and q.live else None
 
+    @staticmethod
+    def _after_capture(e: SimEvent) -> bool:
+        """Rule event_after_capture: last recorded inside a capture that has ended."""
+        return e.capture is not None and not e.capture.live
+
     def stream_wait_event(self, stream: Any, e: SimEvent) -> None:
         """``cudaStreamWaitEvent``: a timing dependency eagerly; fork / join / refusal in capture."""
         call = "cudaStreamWaitEvent"
@@ -542,6 +552,8 @@ class Runtime:
             q = self._captured(e)
             if q is not None:
                 self._fail("event_sync_captured", call, [q], f"{e.name} was last recorded in capture {q.id}")
+            if self._after_capture(e):
+                self._fail("event_after_capture", call, [], f"{e.name} was last recorded in an ended capture")
             self._unsafe(call)
             self.dev.host(self.cal.host_api_us)
             if e.time_us is not None:
@@ -555,6 +567,8 @@ class Runtime:
             if q is not None:  # rule query_captured: returns, invalidates
                 self._invalidate(q, f"{call}: query_captured")
                 return True
+            if self._after_capture(e):  # rule event_after_capture: never complete
+                return False
             self._unsafe(call)
             now = self.dev.host(self.cal.host_api_us)
             return e.time_us is None or e.time_us <= now
@@ -572,6 +586,9 @@ class Runtime:
                 q = self._captured(e)
                 if q is not None:
                     self._fail("event_elapsed_captured", call, [], f"{e.name} was last recorded in capture {q.id}")
+            for e in (a, b):
+                if self._after_capture(e):
+                    self._fail("event_after_capture", call, [], f"{e.name} was last recorded in an ended capture")
             for e in (a, b):
                 if e.time_us is None:
                     raise CudaError("cudaErrorInvalidResourceHandle", call, f"{e.name} was never recorded")
