@@ -18,11 +18,28 @@ def _label(d: Path) -> str:
     return d.name
 
 
+def _grouped_bars(tables: dict, stages: list, value, ylabel: str, title: str):
+    """One bar group per stage, one bar per source table (``value(df, stage)``)."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    with plt.rc_context(plots.STYLE):
+        fig, ax = plt.subplots(figsize=(8.5, 4))
+        w = 0.8 / len(tables)
+        for i, (name, df) in enumerate(tables.items()):
+            ax.bar([k + i * w for k in range(len(stages))], [value(df, s) for s in stages], w, label=name,
+                   color=plots.COLORS[i % len(plots.COLORS)])
+        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
 def compare(dirs, out: Path) -> list[Path]:
     """Ladder tables (µs per token per stage) and MoE stage medians (ms per stage), one bar group
     per folder. Returns the written figure paths (PNG, SVG, PDF)."""
-    import matplotlib.pyplot as plt
-
     from . import plots
 
     out = Path(out)
@@ -35,29 +52,14 @@ def compare(dirs, out: Path) -> list[Path]:
             if (d / f).is_file():
                 moes[_label(d) + ("" if f == "moe.csv" else f" [{f[:-4]}]")] = pd.read_csv(d / f)
     written = []
-    with plt.rc_context(plots.STYLE):
-        if ladders:
-            fig, ax = plt.subplots(figsize=(8.5, 4))
-            stages = list(dict.fromkeys(s for df in ladders.values() for s in df["stage"].astype(str)))
-            w = 0.8 / len(ladders)
-            for i, (name, df) in enumerate(ladders.items()):
-                y = [df.loc[df.stage.astype(str) == s, "us_median"].mean() for s in stages]
-                ax.bar([k + i * w for k in range(len(stages))], y, w, label=name, color=plots.COLORS[i % 7])
-            ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages)
-            ax.set_ylabel("µs per token (median)")
-            ax.set_title("stage ladder, side by side (sources in the legend)", fontsize=9)
-            ax.legend(frameon=False, fontsize=8)
-            written += plots.save(fig, out / "compare_ladder")
-        if moes:
-            fig, ax = plt.subplots(figsize=(8.5, 4))
-            stages = ["xq", "sort", "gateup", "midq", "down", "sum"]
-            w = 0.8 / len(moes)
-            for i, (name, df) in enumerate(moes.items()):
-                y = [df.loc[df.stage == s, "ms"].median() for s in stages]
-                ax.bar([k + i * w for k in range(len(stages))], y, w, label=name, color=plots.COLORS[i % 7])
-            ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages)
-            ax.set_ylabel("ms per call (median)")
-            ax.set_title("routed-MoE stages, side by side (sources in the legend)", fontsize=9)
-            ax.legend(frameon=False, fontsize=8)
-            written += plots.save(fig, out / "compare_moe")
+    if ladders:
+        stages = list(dict.fromkeys(s for df in ladders.values() for s in df["stage"].astype(str)))
+        fig = _grouped_bars(ladders, stages, lambda df, s: df.loc[df.stage.astype(str) == s, "us_median"].mean(),
+                            "µs per token (median)", "stage ladder, side by side (sources in the legend)")
+        written += plots.save(fig, out / "compare_ladder")
+    if moes:
+        stages = ["xq", "sort", "gateup", "midq", "down", "sum"]
+        fig = _grouped_bars(moes, stages, lambda df, s: df.loc[df.stage == s, "ms"].median(),
+                            "ms per call (median)", "routed-MoE stages, side by side (sources in the legend)")
+        written += plots.save(fig, out / "compare_moe")
     return written
