@@ -8,6 +8,7 @@ Source of the ``ds4-flash`` numbers: ``shared/context/ds4-decode.md`` ("Model sh
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 #: Q8_0 block: 32 int8 values sharing one fp16 scale (attention and shared-expert weights).
@@ -164,8 +165,13 @@ class ModelConfig:
             raise ConfigError(f"{self.name}: window={self.window} exceeds 1024 (scores kept in shared memory)")
         if self.head_dim > 1024 or self.embed > 65536:
             raise ConfigError(f"{self.name}: head_dim={self.head_dim} or embed={self.embed} too large for the kernels")
-        if not self.swiglu_limit > 0:
-            raise ConfigError(f"{self.name}: swiglu_limit={self.swiglu_limit} must be > 0")
+        for f in ("swiglu_limit", "rms_eps", "rope_theta"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
+                raise ConfigError(f"{self.name}: {f}={v!r} must be a finite number > 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ConfigError(f"{self.name}: seed={self.seed!r} must be an integer in 0..2**32-1 "
+                              "(weights are hashed from a 32-bit seed)")
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:

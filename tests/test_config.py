@@ -168,3 +168,13 @@ def test_heads_not_multiple_of_groups_names_values():
     with pytest.raises(ConfigError) as e:
         get_preset("tiny", n_heads=6, out_groups=4)
     assert "n_heads=6" in str(e.value) and "out_groups=4" in str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [("rope_theta", 0.0), ("rms_eps", -1.0), ("rms_eps", float("nan")),
+                                         ("swiglu_limit", float("inf")), ("seed", -1), ("seed", 2**32),
+                                         ("seed", "x")])
+def test_numeric_fields_are_checked(field, value):
+    from ds4lab.config import ConfigError, get_preset
+
+    with pytest.raises(ConfigError, match=field):
+        get_preset("tiny", **{field: value})
