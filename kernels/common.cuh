@@ -88,28 +88,6 @@ __device__ __forceinline__ TokScalars tok_scalars(const int* scal, int pos, int 
     return t;
 }
 
-// Dot product of a Q8_0 row segment (cols int8 values, cols/32 fp16 scales) with fp32 x,
-// one warp; each lane takes 16 contiguous values per step. Returns the lane's partial sum.
-__device__ __forceinline__ float q8_0_row_dot(const i8* __restrict__ q, const __half* __restrict__ d,
-                                              const float* __restrict__ x, int cols, int lane) {
-    float acc = 0.0f;
-    const int chunks = cols >> 4;
-#pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        int4 v = __ldg(reinterpret_cast<const int4*>(q) + c);
-        float s = __half2float(d[c >> 1]);
-        const float4* xv = reinterpret_cast<const float4*>(x) + (c << 2);
-        float4 x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
-        const i8* b = reinterpret_cast<const i8*>(&v);
-        float p = b[0] * x0.x + b[1] * x0.y + b[2] * x0.z + b[3] * x0.w
-                + b[4] * x1.x + b[5] * x1.y + b[6] * x1.z + b[7] * x1.w
-                + b[8] * x2.x + b[9] * x2.y + b[10] * x2.z + b[11] * x2.w
-                + b[12] * x3.x + b[13] * x3.y + b[14] * x3.z + b[15] * x3.w;
-        acc += s * p;
-    }
-    return acc;
-}
-
 // Two Q8_0 rows against the same x, one warp: x is loaded once for both rows (half the
 // activation traffic per weight byte, twice the independent weight loads in flight).
 __device__ __forceinline__ void q8_0_row_dot2(const i8* __restrict__ q0, const __half* __restrict__ d0,
@@ -167,33 +145,4 @@ __device__ __forceinline__ void q4_q8k_row_dot2(const u8* __restrict__ q0, const
         acc0 += (float)i0 * __half2float(d0[b]) * xs;
         acc1 += (float)i1 * __half2float(d1[b]) * xs;
     }
-}
-
-// Dot product of a 4-bit row (cols values: cols/2 packed bytes, cols/32 fp16 scales) with a
-// Q8_K activation row (cols int8, cols/256 fp32 scales), one warp, one 32-block per lane step.
-// Integer products through dp4a; per-block scales applied in fp32.
-__device__ __forceinline__ float q4_q8k_row_dot(const u8* __restrict__ q, const __half* __restrict__ d,
-                                                const i8* __restrict__ xq, const float* __restrict__ xd,
-                                                int cols, int lane) {
-    float acc = 0.0f;
-    const int blocks = cols >> 5;
-#pragma unroll 4
-    for (int b = lane; b < blocks; b += 32) {
-        int4 w = __ldg(reinterpret_cast<const int4*>(q) + b);          // 32 nibbles
-        int4 xa = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);    // values 0..15
-        int4 xb = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);// values 16..31
-        const int wv[4] = {w.x, w.y, w.z, w.w};
-        const int xl[4] = {xa.x, xa.y, xa.z, xa.w};
-        const int xh[4] = {xb.x, xb.y, xb.z, xb.w};
-        int isum = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            int lo = __vsub4(wv[k] & 0x0F0F0F0F, 0x08080808);
-            int hi = __vsub4((wv[k] >> 4) & 0x0F0F0F0F, 0x08080808);
-            isum = __dp4a(lo, xl[k], isum);
-            isum = __dp4a(hi, xh[k], isum);
-        }
-        acc += (float)isum * __half2float(d[b]) * xd[b >> 3];
-    }
-    return acc;
 }
