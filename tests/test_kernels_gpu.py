@@ -286,7 +286,7 @@ def test_routed_moe_stagewise(cupy_backend, numpy_backend, rng, T):
     from ds4lab.model import DecodeModel, TokenOptions
 
     cfg = get_preset("small", max_tokens=512)
-    k, F = cfg.n_used, cfg.expert_ffn
+    k = cfg.n_used
     P = T * k
     x = rng.standard_normal((T, cfg.embed)).astype(np.float32)
     m = DecodeModel(cfg, cupy_backend, TokenOptions(counts_clear="async"), n_layers=4)
