@@ -220,10 +220,11 @@ def presets() -> None:
 
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
-    from . import cli_ingest, cli_moe
+    from . import cli_ingest, cli_moe, cli_notebooks
 
     cli_ingest.register(main)
     cli_moe.register(main)
+    cli_notebooks.register(main)
 
 
 _register_extensions()

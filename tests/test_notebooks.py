@@ -1,19 +1,36 @@
-"""The notebooks: committed without outputs, and each runs top to bottom on the simulated runtime
-with small parameters (its tagged ``parameters`` cell replaced), headless, through nbclient."""
+"""The notebooks and their runner: committed without outputs; each runs top to bottom on the
+simulated runtime with small parameters, headless, through ``ds4lab.notebook_runner`` (nbclient);
+the runner's parameter handling and failure reporting."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+
+from ds4lab.cli import main
+from ds4lab.notebook_runner import NotebookError, coerce, find_notebooks, parameter_defaults, \
+    parse_assignments, run_notebook, set_parameters
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 SMALL = {
-    "BACKEND": '"sim"', "PRESET": '"tiny"', "TOKENS": "8", "STAGES": '"0,1,3"',
-    "SWEEP_LAYERS": "[2, 4]", "SWEEP_LAUNCH_US": "[5.0, 9.4]", "HAZARD_PRESET": '"tiny"',
-    "TOKENS_PER_STEP": '"1,2,16"', "ROUTINGS": '"uniform,worst"', "STEPS": "2",
+    "BACKEND": "sim", "PRESET": "tiny", "TOKENS": 8, "STAGES": "0,1,3",
+    "SWEEP_LAYERS": [2, 4], "SWEEP_LAUNCH_US": [5.0, 9.4], "HAZARD_PRESET": "tiny",
+    "TOKENS_PER_STEP": "1,2,16", "ROUTINGS": "uniform,worst", "STEPS": 2,
 }
+
+
+def _notebook(*sources, params="A = 1\nB = 'x'  # a comment\nOUT = 'o'"):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(params)
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell] + [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
 
 
 def test_there_are_notebooks():
@@ -31,23 +48,142 @@ def test_committed_without_outputs(path):
             assert not c.outputs and c.execution_count is None, f"{path.name}: a cell has outputs"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_parameters_cell_first_and_covered(path):
+    """One parameters cell, the first code cell, with BACKEND and OUT; every parameter the CI run
+    relies on is there under the name the SMALL table uses."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert "parameters" in first.metadata.get("tags", [])
+    names = parameter_defaults(nb)
+    assert {"BACKEND", "OUT"} <= set(names)
+    assert set(names) - {"OUT", "MODES"} <= set(SMALL), "a parameter CI does not shrink"
+
+
+def test_set_parameters_rewrites_only_named_lines():
+    nb = _notebook()
+    unused = set_parameters(nb, {"A": [2, 3], "Z": 5})
+    assert unused == {"Z": 5}
+    src = nb.cells[0].source.splitlines()
+    assert src[0].startswith("A = [2, 3]")
+    assert src[1] == "B = 'x'  # a comment"
+    assert parameter_defaults(nb)["A"] == [2, 3]
+
+
+def test_set_parameters_refuses_a_non_literal():
+    with pytest.raises(NotebookError, match="A="):
+        set_parameters(_notebook(), {"A": object()})
+
+
+def test_a_notebook_needs_exactly_one_parameters_cell():
+    nb = _notebook()
+    nb.cells[0].metadata["tags"] = []
+    with pytest.raises(NotebookError, match="found 0"):
+        parameter_defaults(nb)
+
+
+@pytest.mark.parametrize("text,default,want", [
+    ("0,1,3", "0,1", "0,1,3"), ('"small"', "x", "small"), ("small", None, "small"), ("None", "x", "None"),
+    ("None", None, None), ("8", None, 8), ("8", 200, 8), ("2.5", 9.4, 2.5), ("3", 9.4, 3.0),
+    ("[2, 4]", [4, 8], [2, 4]), ("(2, 4)", [4, 8], [2, 4]), ("false", True, False),
+])
+def test_coerce_follows_the_default(text, default, want):
+    got = coerce("P", text, default)
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("text,default", [("eight", 200), ("2.5", 200), ("True", 200), ("4", [4]), ("maybe", True)])
+def test_coerce_names_a_bad_value(text, default):
+    with pytest.raises(NotebookError, match=f"P={text!r}"):
+        coerce("P", text, default)
+
+
+def test_parse_assignments():
+    assert parse_assignments(["PRESET=small", "X = 1=2"]) == {"PRESET": "small", "X": "1=2"}
+    for bad in ("PRESET", "=3", "1A=2"):
+        with pytest.raises(NotebookError, match="NAME=VALUE"):
+            parse_assignments([bad])
+
+
+def test_find_notebooks_by_name_prefix_and_all():
+    assert find_notebooks([], NB_DIR) == NOTEBOOKS
+    assert [p.name for p in find_notebooks(["01", "00_quickstart"], NB_DIR)] == \
+        ["01_moe_timing.ipynb", "00_quickstart.ipynb"]
+    with pytest.raises(NotebookError, match="'0' matches several"):
+        find_notebooks(["0"], NB_DIR)
+    with pytest.raises(NotebookError, match="'99' is not"):
+        find_notebooks(["99"], NB_DIR)
+
+
+@pytest.mark.slow
+def test_a_failing_cell_keeps_the_outputs_before_it(tmp_path):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    src = tmp_path / "broken.ipynb"
+    nbformat.write(_notebook("print('first', A)", "raise RuntimeError('boom ' + B)", "print('never')"), src)
+    r = run_notebook(src, {"A": 41, "B": "y"}, tmp_path / "run" / "broken.ipynb", out_dir=tmp_path / "o",
+                     timeout=60)
+    assert not r.ok and r.failed_cell == 3 and r.error == "RuntimeError: boom y"
+    done = nbformat.read(r.executed, as_version=4)
+    assert "first 41" in done.cells[1].outputs[0]["text"]
+    assert not done.cells[3].outputs, "cells after the failure do not run"
+    assert done.metadata["ds4lab"]["executed"]["parameters"]["OUT"] == str((tmp_path / "o").resolve())
+    assert not src.read_text().count("first 41"), "the source notebook is left as it was"
+
+
+def test_cli_refuses_unknown_parameter_before_running(tmp_path):
+    res = CliRunner().invoke(main, ["notebooks", "--set", "PRESTE=small", "--out", str(tmp_path / "o"),
+                                    "--dir", str(NB_DIR)])
+    assert res.exit_code == 2 and "PRESTE" in res.output and "PRESET" in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_badly_typed_value(tmp_path):
+    res = CliRunner().invoke(main, ["notebooks", "--set", "TOKENS=many", "--out", str(tmp_path / "o"),
+                                    "--dir", str(NB_DIR)])
+    assert res.exit_code == 2 and "TOKENS='many'" in res.output
+
+
+def test_cli_lists_parameters():
+    res = CliRunner().invoke(main, ["notebooks", "--list", "--dir", str(NB_DIR)])
+    assert res.exit_code == 0
+    assert "01_moe_timing: BACKEND, PRESET, TOKENS_PER_STEP" in res.output
+
+
+@pytest.mark.slow
+def test_cli_reports_a_failed_notebook_and_runs_the_rest(tmp_path):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    nbformat.write(_notebook("raise ValueError('bad ' + str(A))"), d / "a_bad.ipynb")
+    nbformat.write(_notebook("import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(B)"), d / "b_good.ipynb")
+    res = CliRunner().invoke(main, ["notebooks", "--dir", str(d), "--set", "A=7", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1, res.output
+    assert "FAILED at code cell 2: ValueError: bad 7" in res.output
+    runs = json.loads((tmp_path / "o" / "runs.json").read_text())["runs"]
+    assert [(r["notebook"], r["ok"]) for r in runs] == [("a_bad.ipynb", False), ("b_good.ipynb", True)]
+    assert (tmp_path / "o" / "b_good").is_dir()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_runs_on_sim(path, tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(path, as_version=4)
-    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(params) == 1, "one parameters cell at the top"
-    lines = []
-    for line in params[0].source.splitlines():
-        name = line.split("=")[0].strip()
-        if name in SMALL:
-            line = f"{name} = {SMALL[name]}"
-        elif name == "OUT":
-            line = f'OUT = "{tmp_path / "out"}"'
-        lines.append(line)
-    params[0].source = "\n".join(lines)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-    assert any((tmp_path / "out").rglob("*.png"))
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    names = parameter_defaults(nbformat.read(path, as_version=4))
+    values = {n: v for n, v in SMALL.items() if n in names}
+    r = run_notebook(path, values, tmp_path / path.name, out_dir=tmp_path / "out", timeout=600)
+    assert r.ok, f"{path.name} failed at code cell {r.failed_cell}: {r.error}"
+    assert r.figures, "every notebook exports at least one figure"
+    executed = nbformat.read(r.executed, as_version=4)
+    text = json.dumps([c.get("outputs", []) for c in executed.cells])
+    assert "MODELED" in text or "modeled" in text, "on sim the notebook says its figures are modeled"

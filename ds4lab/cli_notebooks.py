@@ -1,0 +1,90 @@
+"""``ds4lab notebooks``: execute the workbench notebooks headlessly, with parameters."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+def register(main: click.Group) -> None:
+    """Add the command to the ``ds4lab`` group."""
+    main.add_command(notebooks_cmd)
+
+
+@click.command("notebooks")
+@click.argument("names", nargs=-1)
+@click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
+              help="Set a parameter in every notebook that has it (repeatable); VALUE is a Python "
+                   "literal or plain text, e.g. --set PRESET=small --set TOKENS=50.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/notebooks"), show_default=True,
+              help="Executed notebooks go here as NAME.ipynb; each notebook's OUT becomes OUT/NAME.")
+@click.option("--dir", "folder", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Where the notebooks are (default: ./notebooks, else the one beside the source).")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True,
+              help="Seconds one cell may run.")
+@click.option("--list", "list_only", is_flag=True, help="List the notebooks and their parameters, and exit.")
+def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
+    """Run notebooks top to bottom in a fresh Jupyter kernel each (nbclient), in order.
+
+    NAMES are notebook names or unique prefixes (``00``, ``01_moe_timing``); none means all. A
+    failing notebook keeps its outputs up to the failing cell, the others still run, and the
+    exit status is 1. ``OUT/runs.json`` records what ran, with which parameters, how long, and
+    the figures each wrote.
+    """
+    import nbformat
+
+    from .notebook_runner import NotebookError, coerce, default_folder, find_notebooks, \
+        parameter_defaults, parse_assignments, run_notebook
+    from .provenance import write_json
+
+    try:
+        paths = find_notebooks(names, folder or default_folder())
+        values = parse_assignments(assignments)
+        params = {p: parameter_defaults(nbformat.read(p, as_version=4)) for p in paths}
+    except NotebookError as e:
+        click.echo(f"ds4lab: error: {e}", err=True)
+        sys.exit(2)
+    if list_only:
+        for p, names_ in params.items():
+            click.echo(f"{p.stem}: {', '.join(names_)}")
+        return
+    known = {n for names_ in params.values() for n in names_}
+    stray = sorted(set(values) - known)
+    if stray:
+        click.echo(f"ds4lab: error: no notebook has a parameter named {', '.join(stray)} "
+                   f"(they have: {', '.join(sorted(known))})", err=True)
+        sys.exit(2)
+    try:  # type every value against each notebook's default before anything runs
+        typed = {p: {n: coerce(n, v, params[p][n]) for n, v in values.items() if n in params[p]}
+                 for p in paths}
+    except NotebookError as e:
+        click.echo(f"ds4lab: error: {e}", err=True)
+        sys.exit(2)
+    if out.exists() and not out.is_dir():
+        click.echo(f"ds4lab: error: --out {out} exists and is not a folder", err=True)
+        sys.exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for k, p in enumerate(paths, 1):
+        mine = typed[p]
+        shown = ", ".join(f"{n}={v!r}" for n, v in mine.items()) or "defaults"
+        click.echo(f"[{k}/{len(paths)}] {p.name} ({shown})")
+        try:
+            r = run_notebook(p, mine, out / p.name, out_dir=out / p.stem, timeout=timeout,
+                             on_cell=lambda i, n: click.echo(f"    cell {i}/{n}"))
+        except NotebookError as e:
+            click.echo(f"ds4lab: error: {e}", err=True)
+            sys.exit(2)
+        runs.append(r.summary())
+        write_json(out / "runs.json", {"runs": runs})  # after each notebook: an interruption keeps it
+        if r.ok:
+            click.echo(f"    ok in {r.seconds:.0f} s; {len(r.figures)} figures under {out / p.stem}")
+        else:
+            click.echo(f"    FAILED at code cell {r.failed_cell}: {r.error} (outputs so far in {r.executed})",
+                       err=True)
+    failed = [r["notebook"] for r in runs if not r["ok"]]
+    click.echo(f"executed notebooks in {out}/" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if failed:
+        sys.exit(1)
