@@ -108,11 +108,11 @@ def run_moe(be, preset, modes, tokens, routings, steps, warmup=None, regime="aut
     """The ``ds4lab moe`` job on backend ``be`` (see the command's help). Returns the profile DataFrame."""
     import pandas as pd
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from . import plots, provenance
     from . import moeprof as M
     from .config import get_preset
+    from .progress import JobProgress
 
     con = console or Console()
     preset = preset or ("ds4-flash" if be.is_gpu else "small")
@@ -142,11 +142,9 @@ def run_moe(be, preset, modes, tokens, routings, steps, warmup=None, regime="aut
     frames = []
     failures = []
     combos = [(m, r, t) for m in modes for r in routings for t in tokens]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=con,
-                  transient=True) as prog:
-        task = prog.add_task("moe profile", total=len(combos) * steps)
+    with JobProgress(con, "moe profile", len(combos) * steps) as prog:
         for mode, routing, T in combos:
-            prog.update(task, description=f"{mode} · {routing} · {T} tok")
+            prog.describe(f"{mode} · {routing} · {T} tok")
             try:
                 with warnings.catch_warnings(record=True) as w:
                     warnings.simplefilter("always", RuntimeWarning)
@@ -156,7 +154,7 @@ def run_moe(be, preset, modes, tokens, routings, steps, warmup=None, regime="aut
                         df.to_csv(csv_path, mode="a", header=header, index=False)  # rows as they come
                         header = False
                         frames.append(df)
-                        prog.advance(task)
+                        prog.advance()
                     for x in w[:1]:
                         con.print(f"[yellow]{x.message}[/]")
             except (RuntimeError, ValueError) as e:

@@ -26,9 +26,8 @@ def run_conformance(backend: str, out: Path, names, console) -> bool:
     (``conformance-<backend>.json``) and ``meta.json``. Returns True when every step agrees (sim
     alone: when no scenario raised an unexpected exception).
     """
-    from rich.progress import Progress
-
     from .backends.cupy_backend import gpu_usable
+    from .progress import JobProgress
 
     if backend == "auto":
         backend = "cupy" if gpu_usable()[0] else "sim"
@@ -45,9 +44,8 @@ def run_conformance(backend: str, out: Path, names, console) -> bool:
         if b == "cupy":
             be.compile_all()
         n = len(names) if names else len(SCENARIOS)
-        with Progress(console=console, transient=True) as prog:
-            task = prog.add_task(f"{b}: scenarios", total=n)
-            results[b] = run_scenarios(be, names, progress=lambda _: prog.advance(task))
+        with JobProgress(console, f"{b}: scenarios", n) as prog:
+            results[b] = run_scenarios(be, names, progress=lambda _: prog.advance())
         metas[b] = provenance.base_meta(be)
         (out / f"conformance-{b}.json").write_text(json.dumps(results[b], indent=1) + "\n")
     df = compare(results)

@@ -287,11 +287,10 @@ def run_exclusion(backend: str = "auto", out: Path | str = "results/exclusion", 
     ``exclusion.png/.svg/.pdf``. Returns the matrix DataFrame."""
     import pandas as pd
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from . import plots
     from .backends.cupy_backend import gpu_usable
     from .config import get_preset
+    from .progress import JobProgress
 
     con = console or Console()
     if backend == "auto":
@@ -319,11 +318,9 @@ def run_exclusion(backend: str = "auto", out: Path | str = "results/exclusion", 
             cells.append(c)
             pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)).to_csv(path, index=False)
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=con,
-                      transient=True) as prog:
-            task = prog.add_task(f"{b}: cells", total=len(ROWS) * len(COLUMNS))
+        with JobProgress(con, f"{b}: cells", len(ROWS) * len(COLUMNS)) as prog:
             df = run_matrix(be, cfg, tokens=tokens, overhead_calls=overhead_calls,
-                            progress=lambda: prog.advance(task), on_cell=on_cell)
+                            progress=prog.advance, on_cell=on_cell)
         results[b] = df
         con.print(f"[bold]{b}[/] ({preset}, {tokens} tokens):")
         con.print(pivot(df).to_string())

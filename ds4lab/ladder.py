@@ -297,9 +297,8 @@ def _rows(runs, samples, launches, exact, floor, be, preset, meta) -> list[dict]
 
 def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds=4, nvtx=False):
     import pandas as pd
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from . import plots
+    from .progress import JobProgress
 
     preset = preset or ("ds4-flash" if be.is_gpu else "small")
     cfg = get_preset(preset)
@@ -351,13 +350,11 @@ def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mo
     launches = {}
     rows = []
     csv_path = out / "ladder.csv"
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=con,
-                  transient=True) as prog:
-        task = prog.add_task("timing stages", total=per_round * rounds * len(runs))
+    with JobProgress(con, "timing stages", per_round * rounds * len(runs)) as prog:
         for rnd in range(rounds):
             for run in (runs if rnd % 2 == 0 else runs[::-1]):
                 run.activate()
-                t = time_stage(run, pos, per_round, warmup if rnd == 0 else 2, progress=lambda: prog.advance(task))
+                t = time_stage(run, pos, per_round, warmup if rnd == 0 else 2, progress=prog.advance)
                 pos += per_round + warmup
                 samples[run.stage.name]["us"] += t["us_samples"]
                 samples[run.stage.name]["host"] += t["host_samples"]

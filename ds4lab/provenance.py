@@ -55,7 +55,15 @@ def label(meta: dict) -> str:
     if not meta.get("measured"):
         return f"{meta.get('backend')} backend on {meta.get('device', 'CPU')} — no timing claims"
     return (f"measured on {meta.get('device')} · driver {meta.get('driver')} · "
-            f"CUDA runtime {meta.get('cuda_runtime')} · CuPy {meta.get('cupy')}")
+            f"CUDA runtime {cuda_version(meta.get('cuda_runtime'))} · CuPy {meta.get('cupy')}")
+
+
+def cuda_version(v) -> str:
+    """CUDA's integer version (``cudaRuntimeGetVersion``: 1000 × major + 10 × minor) as ``13.2``;
+    anything else as it is."""
+    if isinstance(v, int) and v >= 1000:
+        return f"{v // 1000}.{v % 1000 // 10}"
+    return str(v)
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -413,7 +413,7 @@ def _record_stop(out: Path, meta: dict, prog: _Progress, status: str, tb: str | 
 
 
 def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: _Progress) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from .progress import JobProgress
 
     log = con.print
     modeled = bool(getattr(be, "models_time", False))
@@ -500,9 +500,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
         gpu_us, host_us = prog.gpu_us, prog.host_us
         prog.sources = (src_ev, src_host)
         pos = rc.start_pos
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=con, transient=True) as bar:
-            task = bar.add_task("decoding", total=rc.warmup + rc.tokens)
+        with JobProgress(con, "decoding", rc.warmup + rc.tokens, eta=True) as bar:
             for i in range(rc.warmup + rc.tokens):
                 if i == rc.warmup:
                     L.census.reset()
@@ -524,7 +522,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
                         res.add("token_us", round(gpu_us[-1], 3), "us", src_ev, j)
                 prog.token_done(i >= rc.warmup, L.census)
                 pos += 1
-                bar.advance(task)
+                bar.advance()
 
         # 4. census, floor, summary
         census = L.census
