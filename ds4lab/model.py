@@ -404,8 +404,10 @@ class DecodeModel:
             if ev:
                 L.event_record("profile.gateup", ev[2])
             if T > 1:
+                # The grid covers this call's tile bound, not the buffers' capacity: a grid sized
+                # for max_tokens launched ~45x more (empty) blocks at 2 tokens (NOTES.md).
                 ops.moe_gateup_tiled(L, "gateup", bank["gate_up"], b.xq, b.xd, b.sorted, b.tiles, b.n_tiles,
-                                     b.gate, b.up, b.max_tiles, P, cfg)
+                                     b.gate, b.up, max_tiles(P, N, MOE_TILE), P, cfg)
             else:
                 ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg)
             if ev:
@@ -415,7 +417,7 @@ class DecodeModel:
                 L.event_record("profile.down", ev[4])
             if T > 1:
                 ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
-                                   b.max_tiles, P, cfg)
+                                   max_tiles(P, N, MOE_TILE), P, cfg)
             else:
                 ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg)
             if ev:

@@ -323,6 +323,13 @@ def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
                 yield int(e), int(p)
 
 
+def _tiled_bytes(bank, P, cfg: ModelConfig) -> int:
+    """Weight bytes a tiled expert kernel reads: its expert once per tile, for the tile count
+    expected under uniform routing (:func:`ds4lab.reference.expected_tiles`)."""
+    tiles = R.expected_tiles(P // cfg.n_used, cfg.n_used, cfg.n_experts)
+    return int(round(tiles * expert_bytes(bank)))
+
+
 def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig):
     """``gateup`` on expert tiles (tokens > 1): each weight row is read once per tile."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
@@ -335,7 +342,7 @@ def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gat
     L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
              (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E),
               i32(P), i32(cfg.n_experts)), ref,
-             nbytes=min(max_t, cfg.n_experts) * expert_bytes(bank_gu) + max_t * 12)
+             nbytes=_tiled_bytes(bank_gu, P, cfg) + max_t * 12)
 
 
 def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
@@ -375,7 +382,7 @@ def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, 
     L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
              (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E),
               i32(P), i32(cfg.n_experts)), ref,
-             nbytes=min(max_t, cfg.n_experts) * expert_bytes(bank_dn) + max_t * 12)
+             nbytes=_tiled_bytes(bank_dn, P, cfg) + max_t * 12)
 
 
 def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):

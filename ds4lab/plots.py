@@ -99,9 +99,12 @@ def _moe_stages():
 
 
 def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
-    """Per-stage median µs per routed-MoE call, stacked, by token count: one panel per routing (rows) and
-    mode (columns). ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage
-    times (graph-boundary, nvtx) are left out; a black tick marks each bar's measured ``total``."""
+    """Where a routed-MoE call spends its time: each bar is one token count, split into ds4's
+    profile stages as shares of the call (100 % stacked, so 1 token and 512 tokens read alike),
+    with the call's median total in µs written above it. One row per mode, one column per routing.
+    ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage times
+    (graph-boundary, nvtx) are left out; absolute times per stage are in
+    :func:`moe_stage_distribution_figure` and ``summary.csv``."""
     import numpy as np
 
     stages = _moe_stages()
@@ -118,10 +121,10 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
             ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
             ax.set_axis_off()
             return fig
-        fig, axes = plt.subplots(len(routings), len(modes), figsize=(2.9 * len(modes) + 1.2, 2.4 * len(routings) + 1.0),
-                                 squeeze=False)
-        for i, r in enumerate(routings):
-            for j, m in enumerate(modes):
+        fig, axes = plt.subplots(len(modes), len(routings), figsize=(2.6 * len(routings) + 1.0, 2.5 * len(modes) + 1.0),
+                                 squeeze=False, sharey=True)
+        for i, m in enumerate(modes):
+            for j, r in enumerate(routings):
                 ax = axes[i][j]
                 d = s[(s["routing"] == r) & (s["mode"] == m)]
                 if d.empty:
@@ -129,25 +132,37 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
                     continue
                 piv = d.pivot_table(index="tokens", columns="stage", values="median_ms", aggfunc="first")
                 x = np.arange(len(piv))
+                parts = np.array([(piv[st].fillna(0).to_numpy() if st in piv else np.zeros(len(piv))) * 1e3
+                                  for st in stages])
+                staged = parts.sum(axis=0)
                 bottom = np.zeros(len(piv))
-                for st in stages:
-                    v = (piv[st].fillna(0).to_numpy() if st in piv else np.zeros(len(piv))) * 1e3
-                    ax.bar(x, v, bottom=bottom, color=MOE_STAGE_COLORS[st], label=st, width=0.75)
-                    bottom += v
-                if "total" in piv:
-                    ax.scatter(x, piv["total"].to_numpy() * 1e3, marker="_", s=300, color="black", zorder=3,
-                               label="total")
+                for st, v in zip(stages, parts):
+                    share = np.divide(100 * v, staged, out=np.zeros_like(v), where=staged > 0)
+                    ax.bar(x, share, bottom=bottom, color=MOE_STAGE_COLORS[st], label=st, width=0.75)
+                    bottom += share
+                total = piv["total"].to_numpy() * 1e3 if "total" in piv else staged
+                for xi, t in zip(x, total):
+                    ax.text(xi, 101.5, _us(t), ha="center", va="bottom", fontsize=6.5)
+                ax.set_ylim(0, 112)
                 ax.set_xticks(x, [str(t) for t in piv.index], fontsize=7)
                 ax.set_title(f"{m} · {r}", fontsize=8)
                 if j == 0:
-                    ax.set_ylabel("µs per MoE call (median)")
-                if i == len(routings) - 1:
+                    ax.set_ylabel("share of the MoE call (%)")
+                if i == len(modes) - 1:
                     ax.set_xlabel("tokens per step")
         h, lab = axes[0][0].get_legend_handles_labels()
         fig.legend(h, lab, loc="lower center", ncol=len(lab), frameon=False, fontsize=7)
-        fig.suptitle(provenance_title(meta, "Routed-MoE stages per call (ds4's profile stages)"), fontsize=9)
+        fig.suptitle(provenance_title(meta, "Routed-MoE call by ds4 profile stage (median total above each bar)"),
+                     fontsize=9)
         fig.tight_layout(rect=(0, 0.035, 1, 0.97))
         return fig
+
+
+def _us(v: float) -> str:
+    """µs with a unit that keeps 2–3 significant digits (``42 µs``, ``2.2 ms``)."""
+    if v != v:
+        return ""
+    return f"{v / 1e3:.2g} ms" if v >= 1000 else f"{v:.2g} µs" if v < 10 else f"{v:.0f} µs"
 
 
 def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | None = None):
@@ -253,7 +268,7 @@ def exclusion_figure(df, meta: dict):
                     text += f"\n{ov:+.1f} µs/call"
                 detail = str(x.detail) if x.detail == x.detail else ""
                 if detail and x.outcome != "works":
-                    text += "\n" + "\n".join(textwrap.wrap(detail, 30)[:3])
+                    text += "\n" + "\n".join(textwrap.wrap(detail, 34, break_long_words=False)[:3])
                 ax.text(j, i, text, ha="center", va="center", fontsize=6.2)
         ax.set_xticks(range(len(cols)), cols, fontsize=8)
         ax.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -263,5 +278,34 @@ def exclusion_figure(df, meta: dict):
         ax.grid(which="minor", color="white", linewidth=2)
         ax.tick_params(which="minor", length=0)
         ax.set_title(provenance_title(meta, "MoE profiling × CUDA-graph capture"), fontsize=9, pad=22)
+        fig.tight_layout()
+        return fig
+
+
+def whatif_figure(layers=None, launch=None, tokens=None):
+    """The modeled what-if sweeps side by side (:mod:`ds4lab.whatif`): stage 3's gain over stage 0
+    by layer count and by host µs per eager launch, and a captured routed-MoE call's gain over the
+    eager one by tokens per step. Each argument is that sweep's DataFrame, or None to leave its
+    panel out. The title names the calibration (every number is MODELED)."""
+    panels = [(df, x, xlabel, ylabel) for df, x, xlabel, ylabel in (
+        (layers, "layers", "layers (ds4-flash dims)", "stage 3 gain over stage 0"),
+        (launch, "host_launch_us", "host µs per eager launch", "stage 3 gain over stage 0"),
+        (tokens, "tokens", "tokens per step (routed MoE)", "graph gain over eager MoE call"),
+    ) if df is not None and len(df)]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.4 * max(len(panels), 1) + 0.6, 3.3),
+                                 squeeze=False)
+        for ax, (df, x, xlabel, ylabel) in zip(axes[0], panels):
+            ax.plot(df[x], df["gain"], "o-", color=COLORS[0])
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            if x == "tokens":
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(list(df[x]), [str(v) for v in df[x]])
+                ax.minorticks_off()
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+        sources = sorted({s for df, *_ in panels for s in df["source"]}) if panels else ["no sweep"]
+        cal = sources[0].split("calibration ")[-1].split(",")[0].rstrip(")") if panels else "?"
+        fig.suptitle(f"What-if sweeps — MODELED (simulated runtime, calibration {cal})", fontsize=9)
         fig.tight_layout()
         return fig

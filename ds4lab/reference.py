@@ -233,6 +233,23 @@ def max_tiles(n_pairs: int, n_experts: int, tile: int = MOE_TILE) -> int:
     return -(-n_pairs // tile) + min(n_pairs, n_experts)
 
 
+def expected_tiles(tokens: int, n_used: int, n_experts: int, tile: int = MOE_TILE) -> float:
+    """Expected tile count of one sorted routed-MoE call under uniform routing: each of ``tokens``
+    tokens picks ``n_used`` distinct experts of ``n_experts``, so an expert's pair count is
+    Binomial(tokens, n_used / n_experts) and it needs ceil(count / tile) tiles. Used as the
+    tiled kernels' bytes estimate (each tile reads its expert's weights once); a skewed routing
+    needs fewer tiles (``ds4lab moe --routing`` measures them)."""
+    p = n_used / n_experts
+    if p >= 1.0:
+        return float(n_experts * -(-tokens // tile))
+    pmf = (1.0 - p) ** tokens  # count 0
+    total = 0.0
+    for c in range(tokens):
+        pmf *= (tokens - c) / (c + 1) * p / (1.0 - p)  # now P(count = c + 1)
+        total += -(-(c + 1) // tile) * pmf
+    return n_experts * total
+
+
 def expert_matvec(w: QTensor, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
     """One expert's 4-bit matrix ``[rows, cols]`` times one Q8_K activation row. float32 ``[rows]``."""
     return (dequant(w) @ dequant_q8k(xq[None], xd[None])[0]).astype(f32)

@@ -20,6 +20,8 @@ def code(s, params=False):
 
 def write(name, cells):
     nb = nbf.v4.new_notebook()
+    for i, c in enumerate(cells):
+        c.id = f"cell-{i:02d}"  # stable ids: regenerating leaves unchanged notebooks unchanged
     nb.cells = cells
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbf.write(nb, HERE / name)
@@ -98,8 +100,8 @@ write("03_stage_gains.ipynb", [
 
 The stage ladder on this machine (measured on a GPU, modeled on the simulated runtime), the
 exactness of every stage against stage 0, the GPU-busy floor, and a what-if sweep on the
-simulated runtime: how the gain of whole-token capture moves with the number of layers, the
-token count and the host cost of a launch. Parameters in the next cell.
+simulated runtime: how the gain of capture moves with the number of layers, the host cost of a
+launch and the tokens per step. Parameters in the next cell.
 """),
     code("""
 BACKEND = "auto"
@@ -109,6 +111,7 @@ TOKENS = 200
 OUT = "results/nb-stage-gains"
 SWEEP_LAYERS = [4, 8, 16, 43]
 SWEEP_LAUNCH_US = [2.0, 5.0, 9.4, 15.0]
+SWEEP_TOKENS = [1, 2, 3, 16, 64, 512]
 """, params=True),
     code("""
 from pathlib import Path
@@ -124,59 +127,30 @@ from IPython.display import Image
 Image(filename=str(Path(OUT) / "ladder.png"))
 """),
     md("""
-## What-if sweep (simulated runtime, modeled)
+## What-if sweeps (simulated runtime, modeled)
 
-Eager (stage 0) against whole-token capture (stage 3) on the timing-only simulated runtime, with
-the H200 calibration: first over the number of layers of `ds4-flash`, then over the host cost of
-one eager launch (what a faster or slower launch path would change).
+Eager (stage 0) against whole-token capture (stage 3) on the timing-only simulated runtime with
+the shipped H200 calibration: over the number of layers at `ds4-flash` dimensions, and over the
+host cost of one eager launch (what a faster or slower launch path would change); then one
+routed-MoE call, eager against a replayed graph, over the tokens per step (1: decode; 2–3: MTP
+verification; more: batches on the sorted path). Every number here is modeled, whatever machine
+runs the notebook.
 """),
     code("""
-import dataclasses
-from ds4lab.sim.backend import SimBackend
-from ds4lab.config import get_preset
-from ds4lab.model import DecodeModel, TokenOptions
-from ds4lab.ladder import StageRun, STAGES as S_, time_stage
-from ds4lab import stream as S
-
-def stage_us(cfg, stage, cal=None):
-    be = SimBackend(timing_only=True, calibration=cal)
-    m = DecodeModel(cfg, be, TokenOptions(vocab=True))
-    run = StageRun(m, S_[stage], TokenOptions(vocab=True))
-    run.activate()
-    was = S.graphs_enabled(); S.set_graphs_enabled(True)
-    try:
-        return time_stage(run, 1000, 20, 3)["us"].median, be.calibration
-    finally:
-        S.set_graphs_enabled(was)
-
-rows = []
-for n in SWEEP_LAYERS:
-    cfg = get_preset("ds4-flash", n_layers=n, n_hash_layers=min(3, n))
-    e, cal = stage_us(cfg, "0"); g, _ = stage_us(cfg, "3")
-    rows.append({"layers": n, "stage 0 µs": e, "stage 3 µs": g, "gain": e / g})
-layers = pd.DataFrame(rows); layers
+from ds4lab import whatif
+layers = whatif.sweep_layers(SWEEP_LAYERS); layers
 """),
     code("""
-import json
-from ds4lab.sim.costmodel import default_calibration_path
-base = json.loads(Path(default_calibration_path()).read_text())
-rows = []
-for us in SWEEP_LAUNCH_US:
-    cal = dict(base, host_launch_us=us, name=f"{base['name']} with host_launch_us={us}")
-    e, _ = stage_us(get_preset("ds4-flash"), "0", cal); g, _ = stage_us(get_preset("ds4-flash"), "3", cal)
-    rows.append({"host µs per launch": us, "stage 0 µs": e, "stage 3 µs": g, "gain": e / g})
-launch = pd.DataFrame(rows); launch
+launch = whatif.sweep_launch_cost(SWEEP_LAUNCH_US); launch
 """),
     code("""
-import matplotlib.pyplot as plt
+tokens = whatif.sweep_moe_tokens(SWEEP_TOKENS); tokens
+"""),
+    code("""
 from ds4lab import plots
-with plt.rc_context(plots.STYLE):
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
-    ax[0].plot(layers["layers"], layers["gain"], "o-"); ax[0].set_xlabel("layers"); ax[0].set_ylabel("stage 3 gain over stage 0")
-    ax[1].plot(launch["host µs per launch"], launch["gain"], "o-"); ax[1].set_xlabel("host µs per eager launch")
-    fig.suptitle("What-if sweep, ds4-flash — MODELED (simulated runtime, H200 calibration)", fontsize=9)
-    fig.tight_layout()
+fig = plots.whatif_figure(layers, launch, tokens)
 plots.save(fig, Path(OUT) / "whatif")
+fig
 """),
 ])
 write("01_moe_timing.ipynb", [

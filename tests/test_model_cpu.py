@@ -320,6 +320,23 @@ def test_routed_moe_matches_reference(T, layer, be, rng):
         assert (np.asarray(m.moe_buf.tiles)[:n_tiles, 2] <= MOE_TILE).all()
 
 
+def test_tiled_grid_covers_this_calls_tiles_not_the_capacity(be, rng):
+    """After a 16-token call sized the buffers, a 2-token call launches the tiled kernels over its
+    own tile bound (empty blocks past it cost ~0.2 ms per call on the H200 at ds4-flash sizes)."""
+    m = DecodeModel(TINY, be, TokenOptions())
+    x = rng.standard_normal((16, TINY.embed)).astype(np.float32)
+    m.token_ids[:16] = rng.integers(0, TINY.vocab, size=16).astype(np.int32)
+    for T in (16, 2):
+        m.router(2, x, T, token_ids=m.token_ids)
+        m.L.trace = trace = []
+        m.routed_moe(2, x, T)
+        m.L.trace = None
+        grids = {r.kernel: r.grid for r in trace}
+        bound = R.max_tiles(T * TINY.n_used, TINY.n_experts)
+        assert grids["moe_gateup_tiled"][1] == grids["moe_down_tiled"][1] == bound
+    assert bound < m.moe_buf.max_tiles
+
+
 def test_hash_router_multi_token_needs_token_ids(be, rng):
     m = DecodeModel(TINY, be, TokenOptions())
     x = rng.standard_normal((2, TINY.embed)).astype(np.float32)

@@ -18,7 +18,7 @@ NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 SMALL = {
     "BACKEND": "sim", "PRESET": "tiny", "TOKENS": 8, "STAGES": "0,1,3",
-    "SWEEP_LAYERS": [2, 4], "SWEEP_LAUNCH_US": [5.0, 9.4], "HAZARD_PRESET": "tiny",
+    "SWEEP_LAYERS": [2, 4], "SWEEP_LAUNCH_US": [5.0, 9.4], "SWEEP_TOKENS": [1, 2], "HAZARD_PRESET": "tiny",
     "TOKENS_PER_STEP": "1,2,16", "ROUTINGS": "uniform,worst", "STEPS": 2,
 }
 

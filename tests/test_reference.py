@@ -345,6 +345,19 @@ def test_max_tiles_random_bound(rng):
         assert len(s["tiles"]) <= R.max_tiles(P, N)
 
 
+@pytest.mark.parametrize("T,k,N", [(2, 6, 256), (16, 6, 256), (64, 6, 256), (40, 3, 8), (5, 8, 8)])
+def test_expected_tiles_matches_sampled_uniform_routing(rng, T, k, N):
+    """The tiled kernels' bytes estimate: the mean tile count of sampled uniform routings (each
+    token k distinct experts) through the reference sort, within 3 standard errors."""
+    counts = []
+    for _ in range(300):
+        ids = np.argsort(rng.random((T, N)), axis=1)[:, :k].astype(np.int32)
+        counts.append(len(R.moe_sort(ids, N)["tiles"]))
+    mean, se = np.mean(counts), np.std(counts) / np.sqrt(len(counts))
+    assert abs(R.expected_tiles(T, k, N) - mean) <= 3 * se + 1e-9, (R.expected_tiles(T, k, N), mean, se)
+    assert R.expected_tiles(T, k, N) <= R.max_tiles(T * k, N)
+
+
 # ----------------------------------------------------------------------------- routed MoE
 def test_routed_moe_equals_dense(rng):
     E, F, N, k, limit = 256, 256, 8, 3, 10.0
