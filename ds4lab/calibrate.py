@@ -17,6 +17,7 @@ is the one shipped for the H200.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -146,3 +147,55 @@ def write_calibration(cal: dict, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     provenance.write_json(path, cal)
+
+
+#: The tiled (tokens > 1) expert kernels, their ds4 profile stage, and their matrix shape.
+TILED_KERNELS = {"moe_gateup_tiled": ("gateup", "gate_up"), "moe_down_tiled": ("down", "down")}
+
+
+def fit_tiled_moe(moe_dir: Path, max_tokens: int = 64) -> dict:
+    """Per-kernel cost-model fits for the tiled routed-MoE kernels from a ``ds4lab moe`` folder
+    measured on a GPU: the ``in-graph`` per-stage medians under ``uniform`` routing for 2 to
+    ``max_tokens`` tokens per step (beyond that the kernels stop being bandwidth-bound), against
+    the bytes the cost model charges them (the expected tile count under uniform routing times
+    one expert's weights: :func:`ds4lab.reference.expected_tiles`).
+
+    Returns ``{kernel: {fixed_us, bandwidth_GBps, samples, source}}`` to merge into a
+    calibration's ``kernels``. Raises ``ValueError`` naming the folder when it is modeled (sim),
+    lacks in-graph uniform rows for at least two token counts, or has no preset in its meta.
+    """
+    import pandas as pd
+
+    from .config import get_preset
+    from .reference import expected_tiles
+
+    moe_dir = Path(moe_dir)
+    try:
+        meta = json.loads((moe_dir / "meta.json").read_text())
+        summary = pd.read_csv(moe_dir / "summary.csv")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{moe_dir}: not a ds4lab moe result folder ({e})") from None
+    if meta.get("modeled") or not meta.get("measured", True):
+        raise ValueError(f"{moe_dir}: modeled on the simulated runtime; fit from a GPU measurement")
+    preset = meta.get("preset", {})
+    if not isinstance(preset, dict) or "name" not in preset:
+        raise ValueError(f"{moe_dir}/meta.json names no preset")
+    cfg = get_preset(preset["name"])
+    F, E, k, N = cfg.expert_ffn, cfg.embed, cfg.n_used, cfg.n_experts
+    shapes = {"gate_up": (2 * F, E), "down": (E, F)}
+    d = summary[(summary["mode"] == "in-graph") & (summary["routing"] == "uniform")
+                & summary["tokens"].between(2, max_tokens)]
+    fits = {}
+    for kernel, (stage, bank) in TILED_KERNELS.items():
+        g = d[d["stage"] == stage].sort_values("tokens")
+        if g["tokens"].nunique() < 2:
+            raise ValueError(f"{moe_dir}: {stage} needs in-graph uniform times for two token counts "
+                             f"in 2..{max_tokens}, found {sorted(g['tokens'].unique())}")
+        rows, cols = shapes[bank]
+        per_tile = rows * cols // 2 + rows * cols // 32 * 2
+        nbytes = np.array([expected_tiles(int(t), k, N) * per_tile for t in g["tokens"]])
+        a, bw = _fit(nbytes, g["median_ms"].to_numpy() * 1e3)
+        fits[kernel] = {"fixed_us": round(a, 3), "bandwidth_GBps": round(bw, 1), "samples": int(len(g)),
+                        "source": f"ds4lab moe in-graph, uniform, tokens {list(map(int, g['tokens']))}, "
+                                  f"{meta.get('device')} {meta.get('timestamp', '')}"}
+    return fits

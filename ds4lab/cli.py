@@ -195,11 +195,32 @@ def conformance(backend, out, names, list_only) -> None:
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True,
               help="Model whose eager tokens and kernels are measured.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/calibration.json"), show_default=True)
-def calibrate(preset, out) -> None:
+@click.option("--moe-profile", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="No GPU needed: add fits for the tiled (tokens > 1) MoE kernels from this `ds4lab moe` "
+                   "folder (measured, with in-graph uniform rows) to --base and write --out.")
+@click.option("--base", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
+              help="With --moe-profile: the calibration to extend (default: the shipped one).")
+def calibrate(preset, out, moe_profile, base) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
     from .backends import make_backend
-    from .calibrate import calibrate as run_cal, write_calibration
+    from .calibrate import calibrate as run_cal, fit_tiled_moe, write_calibration
 
+    if moe_profile is not None:
+        from .sim.costmodel import default_calibration_path
+
+        base = base or default_calibration_path()
+        try:
+            fits = fit_tiled_moe(moe_profile)
+            cal = json.loads(Path(base).read_text())
+        except ValueError as e:
+            _fail(str(e))
+        cal.setdefault("kernels", {}).update(fits)
+        cal["source"] = f"{cal.get('source', '')}; tiled MoE kernels fitted from {moe_profile}"
+        write_calibration(cal, out)
+        for kern, f in fits.items():
+            click.echo(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
+        click.echo(f"calibration written to {out}")
+        return
     try:
         be = make_backend("cupy")
     except BackendUnavailable as e:
