@@ -10,13 +10,15 @@ import click
 
 from .backends import BACKENDS, BackendUnavailable
 from .config import PRESETS, ConfigError
+from .ladder import LadderInputError
+from .results import OutputError
 from .model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
 
 
 def _console():
-    from rich.console import Console
+    from .progress import make_console
 
-    return Console()
+    return make_console()
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -162,10 +164,13 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
         from .ladder import run_ladder
 
         run_ladder(backend, preset, stages, tokens, warmup, exact_tokens, out, mode, con, rounds=repeats, nvtx=nvtx)
-    except (ConfigError, BackendUnavailable) as e:
+    except (ConfigError, BackendUnavailable, LadderInputError, OutputError) as e:
         _fail(str(e))
-    except ValueError as e:
+    except ValueError as e:  # a stage that is not bit-identical to stage 0: measured, written, and failed
         _fail(str(e), code=1)
+    except KeyboardInterrupt:
+        _fail("interrupted: what was measured so far is in the result folder (meta.json status: interrupted)",
+              code=130)
 
 
 @main.command()
@@ -186,7 +191,7 @@ def conformance(backend, out, names, list_only) -> None:
         return
     try:
         ok = run_conformance(backend, out, list(names) or None, _console())
-    except BackendUnavailable as e:
+    except (BackendUnavailable, ValueError) as e:
         _fail(str(e))
     sys.exit(0 if ok else 1)
 

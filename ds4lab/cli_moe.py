@@ -12,6 +12,10 @@ import click
 
 from .config import PRESETS, ConfigError
 
+#: What ``ds4lab moe`` writes in its folder (an earlier run's copies are removed first).
+MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4.log", "expert-load.csv", "share.csv", "overhead.csv",
+               "moe-stages.*", "moe-distribution.*", "moe-share.*")
+
 
 def _fail(msg: str, code: int = 2) -> None:
     click.echo(f"ds4lab: error: {msg}", err=True)
@@ -100,40 +104,58 @@ def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, cap
                 share_tokens, overhead, print_ds4, seed, out)
     except (ConfigError, BackendUnavailable, ValueError, MemoryError) as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted: the rows measured so far are in moe.csv (meta.json status: interrupted)", code=130)
 
 
 def run_moe(be, preset, modes, tokens, routings, steps, warmup=None, regime="auto", capture_mode="thread_local",
             n_layers=None, fallback=False, share_tokens=8, overhead=True, print_ds4=False, seed=0, out=None,
             console=None):
-    """The ``ds4lab moe`` job on backend ``be`` (see the command's help). Returns the profile DataFrame."""
-    import pandas as pd
-    from rich.console import Console
+    """The ``ds4lab moe`` job on backend ``be`` (see the command's help). Returns the profile DataFrame.
 
-    from . import plots, provenance
+    Raises ``ValueError`` for a token count above the preset's ``max_tokens`` and
+    :class:`ds4lab.results.OutputError` for an unwritable ``out``; the folder's ``meta.json`` says
+    ``complete``, ``interrupted`` or ``failed: …`` (:func:`ds4lab.results.job_folder`)."""
+    from .progress import make_console
+
     from . import moeprof as M
+    from . import provenance, results
     from .config import get_preset
-    from .progress import JobProgress
 
-    con = console or Console()
+    con = console or make_console()
     preset = preset or ("ds4-flash" if be.is_gpu else "small")
     cfg = get_preset(preset)
+    if max(tokens) > cfg.max_tokens:
+        raise ValueError(f"--tokens-per-step {max(tokens)}: the {preset} preset takes at most {cfg.max_tokens} "
+                         "tokens per step (its max_tokens; `ds4lab presets`)")
     out = Path(out or f"results/moe-{preset}-{be.name}")
-    out.mkdir(parents=True, exist_ok=True)
     meta = provenance.base_meta(be)
     modeled = M.is_modeled(be)
     meta.update(job="moe", preset=cfg.summary(), modes=modes, tokens=tokens, routings=routings, steps=steps,
                 warmup=warmup, regime=regime, capture_mode=capture_mode, n_layers=n_layers, fallback=fallback,
-                seed=seed, modeled=modeled, status="running")
+                seed=seed, modeled=modeled)
     if modeled:
         cal = getattr(be, "calibration", {})
         meta["calibration"] = cal.get("name", "?") if isinstance(cal, dict) else str(cal)
         meta["sim_timing_only"] = bool(getattr(be, "timing_only", False))
         con.print(f"[bold yellow]sim backend: every time below is MODELED (calibration {meta['calibration']}), "
-                  "not measured.[/]" + (" Timing only: routing changes no modeled time." if meta["sim_timing_only"]
-                                        else ""))
+                  "not measured.[/]" + (" Timing only: every routing pattern is priced as uniform routing."
+                                        if meta["sim_timing_only"] else ""))
     meta["globaltimer"] = M.globaltimer_resolution(be)
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
-    provenance.write_json(out / "meta.json", meta)
+    with results.job_folder(out, meta, MOE_OUTPUTS):
+        return _profile(be, cfg, preset, modes, tokens, routings, steps, warmup, regime, capture_mode, fallback,
+                        share_tokens, overhead, print_ds4, out, meta, modeled, n_layers, seed, con)
+
+
+def _profile(be, cfg, preset, modes, tokens, routings, steps, warmup, regime, capture_mode, fallback,
+             share_tokens, overhead, print_ds4, out, meta, modeled, n_layers, seed, con):
+    import pandas as pd
+
+    from . import moeprof as M
+    from . import plots
+    from .progress import JobProgress
+
     wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
     con.print(f"[bold]ds4lab moe[/] · {preset} · {be.name} · layers {wb.model.n_layers} · modes {', '.join(modes)}")
     csv_path = out / "moe.csv"
@@ -198,10 +220,10 @@ def run_moe(be, preset, modes, tokens, routings, steps, warmup=None, regime="aut
         con.print("µs per whole token with each mode (median; overhead vs none):")
         con.print(ov[["mode", "regime", "us_per_token", "overhead_us", "overhead_pct", "note"]].to_string(
             index=False, float_format=lambda v: f"{v:.1f}"))
-    meta.update(status="complete", failures=failures, rows=len(data))
-    provenance.write_json(out / "meta.json", meta)
-    con.print(f"wrote {csv_path}, {out / 'summary.csv'}, {out / 'moe-ds4.log'}, {out / 'meta.json'}, "
-              + ", ".join(str(p) for p in figs))
+    meta.update(failures=failures, rows=len(data))
+    written = [csv_path, out / "summary.csv", out / "moe-ds4.log", out / "meta.json"] + [
+        out / f for f in ("expert-load.csv", "share.csv", "overhead.csv") if (out / f).exists()] + figs
+    con.print("wrote " + ", ".join(map(str, written)))
     return data
 
 

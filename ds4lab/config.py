@@ -19,6 +19,8 @@ Q4_BLOCK = 32
 Q8_K_BLOCK = 256
 #: Pairs of (token, expert) per expert tile in the sorted routed-MoE path.
 MOE_TILE = 8
+#: Largest position a token may take: positions are int32 kernel arguments (``DecodeModel.scalars``).
+MAX_POS = 2**31 - 2
 #: The router's top-k kernel runs one block of at most this many threads per token.
 MAX_EXPERTS = 1024
 

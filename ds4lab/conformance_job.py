@@ -26,18 +26,26 @@ def run_conformance(backend: str, out: Path, names, console) -> bool:
     (``conformance-<backend>.json``) and ``meta.json``. Returns True when every step agrees (sim
     alone: when no scenario raised an unexpected exception).
     """
+    from .backends import BackendUnavailable
     from .backends.cupy_backend import gpu_usable
     from .progress import JobProgress
+    from .results import check_out
+
+    unknown = sorted(set(names or ()) - {sc.name for sc in SCENARIOS})
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)} (`ds4lab conformance --list` names them)")
 
     if backend == "auto":
         backend = "cupy" if gpu_usable()[0] else "sim"
     order = ["cupy", "sim"] if backend == "cupy" else ["sim"]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out(out, ("conformance.csv", "meta.json"))
     results, metas = {}, {}
     for b in order:
         try:
             be = _make(b)
+        except BackendUnavailable:
+            raise  # asked for the GPU and there is none: an error, not a sim-only run
         except Exception as e:  # the sim may be missing in a partial install: say so, keep the GPU half
             console.print(f"[red]backend {b} unavailable: {e}[/]")
             continue

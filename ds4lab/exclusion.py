@@ -286,20 +286,21 @@ def run_exclusion(backend: str = "auto", out: Path | str = "results/exclusion", 
     ``exclusion-sim.csv`` and ``exclusion-agreement.csv`` on a GPU, ``meta.json`` and the heatmap
     ``exclusion.png/.svg/.pdf``. Returns the matrix DataFrame."""
     import pandas as pd
-    from rich.console import Console
+    from .progress import make_console
     from . import plots
     from .backends.cupy_backend import gpu_usable
     from .config import get_preset
     from .progress import JobProgress
+    from .results import check_out
 
-    con = console or Console()
+    con = console or make_console()
     if backend == "auto":
         backend = "cupy" if gpu_usable()[0] else "sim"
     order = ["cupy", "sim"] if backend == "cupy" else ["sim"]
     preset = preset or ("ds4-flash" if backend == "cupy" else "tiny")
     cfg = get_preset(preset)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out(out, ("exclusion.csv", "meta.json"))
     results, metas = {}, {}
     for b in order:
         be = _make(b, timing_only=(b == "sim"))  # outcomes need no numbers; stamps come from the timeline

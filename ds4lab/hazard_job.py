@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import provenance
+from . import provenance, results
 from .config import get_preset
 from .hazards import HAZARDS, demonstrate
 
@@ -18,7 +18,7 @@ def run_hazards(backend: str, preset: str | None, which: str, mode: str, out, co
     _, be = make_backends(backend)
     cfg = get_preset(preset or ("small" if not be.is_gpu else "ds4-flash"))
     out = Path(out or f"results/hazards-{cfg.name}-{be.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    results.check_out(out, ("hazards.csv", "meta.json"))
     names = list(HAZARDS) if which == "all" else [which]
     rows = []
     for n in names:

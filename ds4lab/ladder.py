@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import provenance
+from . import provenance, results
 from . import stream as S
 from .capture import GraphCache
-from .config import get_preset
+from .config import MAX_POS, get_preset
 from .model import DecodeModel, TokenOptions
 from .timing import Stats, profiler_range
 
@@ -44,6 +44,10 @@ class Stage:
     update: bool = False
     fixes: tuple = ()
 
+
+#: The first decoded position (the KV window is full from the start) and what a ladder writes.
+START_POS = 1000
+LADDER_OUTPUTS = ("ladder.csv", "ladder.png", "ladder.svg", "ladder.pdf")
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("0", "eager, legacy", "stage 0: every launch through the accessor, no override: legacy stream, eager",
@@ -80,12 +84,19 @@ def fixes_table():
                         index=list(FIXES))
 
 
+class LadderInputError(ValueError):
+    """A ladder request that cannot run (the command line exits 2); nothing was measured."""
+
+
 def parse_stages(text: str) -> list[Stage]:
-    """``"0,0s,1"`` → stages. Raises ValueError naming an unknown stage."""
+    """``"0,0s,1"`` → stages. Raises :class:`LadderInputError` naming an unknown or repeated stage."""
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in STAGES]
     if bad or not names:
-        raise ValueError(f"unknown stage(s) {', '.join(bad) or repr(text)}; choose from: {', '.join(STAGES)}")
+        raise LadderInputError(f"unknown stage(s) {', '.join(bad) or repr(text)}; choose from: {', '.join(STAGES)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise LadderInputError(f"stage(s) {', '.join(twice)} listed more than once in {text!r}")
     return [STAGES[n] for n in names]
 
 
@@ -252,14 +263,23 @@ def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "
         ValueError: unknown stage, too few tokens, or a stage that is not bit-identical to stage 0
             (after writing everything: the figures on disk say which stage and tensor).
     """
-    from rich.console import Console
+    from .progress import make_console
 
-    con = console or Console()
+    con = console or make_console()
     st_list = parse_stages(stages)
     if tokens < 200:
         con.print(f"[yellow]note: {tokens} timed tokens per stage (the ladder's figures use at least 200)[/]")
-    if tokens < 1 or exact_tokens < 0 or rounds < 1:
-        raise ValueError(f"tokens={tokens}, exact_tokens={exact_tokens} and rounds={rounds} must be positive")
+    if tokens < 1 or exact_tokens < 0 or rounds < 1 or warmup < 0:
+        raise LadderInputError(f"tokens={tokens}, warmup={warmup}, exact_tokens={exact_tokens} and "
+                               f"rounds={rounds} must be positive")
+    per_round = -(-tokens // rounds)
+    last = START_POS + exact_tokens + 2 + rounds * len(st_list) * (per_round + warmup)
+    if last > MAX_POS:
+        raise LadderInputError(f"--tokens {tokens} with --warmup {warmup} and --repeats {rounds} would decode "
+                               f"positions up to {last}, past {MAX_POS} (positions are int32 kernel arguments)")
+    if per_round * rounds != tokens:
+        con.print(f"[yellow]note: {tokens} tokens in {rounds} rounds: {per_round} per round, "
+                  f"{per_round * rounds} timed per stage[/]")
     be, be_exact = make_backends(backend)
     was_enabled = S.graphs_enabled()
     S.set_graphs_enabled(True)  # DS4_CUDA_GRAPHS=1: stages 0s and up set an override
@@ -289,21 +309,18 @@ def _rows(runs, samples, launches, exact, floor, be, preset, meta) -> list[dict]
             "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
             "backend": be.name, "preset": preset, "modeled": meta["modeled"], "description": st.description,
         })
+    vs = "0" if base_us else rows[0]["stage"]  # without stage 0, gains are against the first stage listed
     base_us = base_us or rows[0]["us_median"]
     for r in rows:
         r["speedup"] = base_us / r["us_median"]
+        r["speedup_vs"] = vs
     return rows
 
 
 def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds=4, nvtx=False):
-    import pandas as pd
-    from . import plots
-    from .progress import JobProgress
-
     preset = preset or ("ds4-flash" if be.is_gpu else "small")
     cfg = get_preset(preset)
     out = Path(out or f"results/ladder-{preset}-{be.name}")
-    out.mkdir(parents=True, exist_ok=True)
     meta = provenance.base_meta(be)
     meta.update(job="ladder", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=tokens,
                 warmup=warmup, exact_tokens=exact_tokens, capture_mode=mode,
@@ -313,10 +330,22 @@ def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mo
             getattr(be, "calibration", None), dict) else str(getattr(be, "calibration", "?"))
         con.print(f"[bold yellow]sim backend: every figure below is MODELED "
                   f"(calibration {meta['calibration']}), not measured.[/]")
-    provenance.write_json(out / "meta.json", meta)
+    if "0" not in {s.name for s in st_list}:
+        con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage {st_list[0].name}[/]")
+    with results.job_folder(out, meta, LADDER_OUTPUTS):
+        return _measure(be, be_exact, preset, cfg, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds,
+                        nvtx, meta)
+
+
+def _measure(be, be_exact, preset, cfg, st_list, tokens, warmup, exact_tokens, out, mode, con, rounds, nvtx, meta):
+    import pandas as pd
+
+    from . import plots
+    from .progress import JobProgress
+
     con.print(f"[bold]ds4lab ladder[/] · {preset} · {provenance.label(meta) if not meta['modeled'] else 'modeled'}")
     base = TokenOptions(vocab=True)
-    start = 1000
+    start = START_POS
     model = DecodeModel(cfg, be, base, nvtx=nvtx)
     runs = [StageRun(model, st, base, mode=mode) for st in st_list]
 
@@ -365,11 +394,10 @@ def _ladder(be, be_exact, preset, st_list, tokens, warmup, exact_tokens, out, mo
         con.print(f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token (IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})"
                   f"  ×{r['speedup'] or 0:.2f}  eff {r['efficiency'] or 0:.2f}  exact={r['exact']}"
                   f"{'  ' + r['first_mismatch'] if r['first_mismatch'] else ''}"
-                  f"  launches {r['kernel_launches']:.0f}k+{r['graph_launches']:.0f}g"
+                  f"  launches {r['kernel_launches']:.0f} kernels + {r['graph_launches']:.0f} graphs"
                   + (f"  captures {r['captures']} replays {r['replays']} updates {r['updates']} "
                      f"retired {r['retirements']} {r['failures']}" if r["captures"] or r["failures"] else ""))
     df = pd.DataFrame(rows)
-    meta["status"] = "complete"
     meta["floor_us"] = floor
     meta["fixes"] = fixes_table().to_dict()
     provenance.write_json(out / "meta.json", meta)

@@ -75,3 +75,17 @@ class JobProgress:
         if now - self._last >= _MIN_REDRAW_S:
             self._last = now
             self._bar.refresh()
+
+
+def make_console():
+    """The rich console the jobs print to: the terminal's width on a terminal; 160 columns when
+    the output goes to a file or a CI log (rich would wrap every table at 80 there); rich's own
+    choice in Jupyter."""
+    import sys
+
+    from rich.console import Console
+
+    con = Console()
+    if con.is_jupyter or sys.stdout.isatty():
+        return con
+    return Console(width=160)

@@ -26,7 +26,6 @@ or :class:`RunFailed`.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections import Counter
@@ -35,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import provenance
+from . import provenance, results
 from . import weights as W
 from .backends import make_backend
-from .config import get_preset
+from .config import MAX_POS, get_preset
 from .launch import Census
 from .model import DecodeModel, TokenOptions
 from .results import ResultsCSV
@@ -47,8 +46,6 @@ from .timing import Stats, copy_bandwidth, token_bytes
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured ~1e-5; NOTES.md).
 CHECK_RTOL = 1e-4
-#: Largest position a token may take: positions are int32 kernel arguments (``DecodeModel.scalars``).
-MAX_POS = 2**31 - 2
 #: Weight bytes above which a CPU backend that computes (``numpy``, ``sim --compute``) refuses to
 #: run without ``--force``.
 CPU_WEIGHT_LIMIT = 1 << 30
@@ -151,69 +148,12 @@ def check_positions(rc: RunConfig) -> None:
                        f"positions up to {last}, past {MAX_POS} (positions are int32 kernel arguments); {fix}")
 
 
-def _why(e: OSError) -> str:
-    return e.strerror or str(e)
-
-
-def _probe_write(folder: Path) -> None:
-    """Create, write and remove a probe file in ``folder`` (raises the OSError of the step that fails)."""
-    probe = folder / f".ds4lab-write-probe-{os.getpid()}"
-    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    try:
-        os.write(fd, b"probe\n")
-    finally:
-        os.close(fd)
-    os.unlink(probe)
-
-
 def check_out(out: Path) -> None:
-    """Create the result folder ``out`` (with its parents) and prove it writable: create and remove
-    a probe file, and make sure no result file name is taken by a folder or a read-only file.
-
-    Raises:
-        OutputError: ``cannot write results to <out>: <reason>``; folders this call created are
-            removed again.
-    """
-    def fail(reason: str):
-        raise OutputError(f"cannot write results to {out}: {reason}")
-
-    made: list[Path] = []
+    """:func:`ds4lab.results.check_out` for ``run``'s files (raises :class:`OutputError`)."""
     try:
-        if out.exists() and not out.is_dir():
-            fail("it is an existing file, not a folder" if out.is_file() else "it exists and is not a folder")
-        anc = out
-        while not anc.is_dir():
-            if anc.exists() or anc.is_symlink():
-                fail(f"{anc} is a file, not a folder" if anc.is_file() else f"{anc} is not a folder")
-            made.append(anc)
-            if anc.parent == anc:
-                break
-            anc = anc.parent
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            fail(_why(e))
-        try:
-            _probe_write(out)
-        except OSError as e:
-            fail(_why(e))
-        for name in RESULT_FILES:
-            p = out / name
-            if p.is_dir():
-                fail(f"{p} is a folder, not a file")
-            if p.exists() and name != "meta.json" and not os.access(p, os.W_OK):
-                fail(f"{p} is not writable")
-    except OutputError:
-        for d in made:  # deepest first; only the (empty) folders this call created
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                continue
-            except OSError:
-                break
-        raise
-    except OSError as e:
-        raise OutputError(f"cannot write results to {out}: {_why(e)}") from None
+        results.check_out(out, RESULT_FILES)
+    except results.OutputError as e:
+        raise OutputError(str(e)) from None
 
 
 def launches_per_token(cfg, opts: TokenOptions) -> int:
@@ -329,9 +269,9 @@ def run(rc: RunConfig, console=None) -> dict:
         RunInterrupted: Ctrl-C (a KeyboardInterrupt); ``status`` is ``"interrupted"``.
         RunFailed: any error, a failed reference check included; ``status`` is ``"failed: <reason>"``.
     """
-    from rich.console import Console
+    from .progress import make_console
 
-    con = console or Console()
+    con = console or make_console()
     if rc.tokens < 1:
         raise ValueError(f"--tokens {rc.tokens}: need at least 1 token")
     if rc.warmup < 0:

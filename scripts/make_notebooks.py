@@ -185,12 +185,14 @@ ds4lab(args, standalone_mode=False)
 meta = json.loads((Path(OUT) / "meta.json").read_text())
 print("MODELED (simulated runtime)" if meta.get("modeled") else f"measured on {meta.get('device')}")
 """),
-    md("## Median ms per stage, by token count and routing"),
+    md("## Median µs per routed-MoE call and stage, by token count and routing"),
     code("""
 moe = pd.read_csv(Path(OUT) / "moe.csv")
 stages = ["xq", "sort", "gateup", "midq", "down", "sum", "total"]
-t = moe[moe.stage.isin(stages)].pivot_table(index=["tokens", "routing"], columns="stage", values="ms", aggfunc="median")
-t[[s for s in stages if s in t.columns]].round(4)
+moe["µs"] = moe["ms"] * 1e3
+t = moe[moe.stage.isin(stages)].pivot_table(index=["tokens", "routing"], columns="stage", values="µs", aggfunc="median")
+print(("MODELED (simulated runtime)" if meta.get("modeled") else f"measured on {meta.get('device')}") + ", µs per call")
+t[[s for s in stages if s in t.columns]].round(1)
 """),
     code("""
 from IPython.display import Image, display
@@ -267,7 +269,9 @@ pd.read_csv(o) if o.exists() else "no overhead table"
 """),
     code("""
 moe = pd.read_csv(Path(OUT) / "modes" / "moe.csv")
-moe[moe.stage != "total"].pivot_table(index="stage", columns="mode", values="ms", aggfunc="median").round(4)
+moe["µs"] = moe["ms"] * 1e3
+print("MODELED (simulated runtime)" if moe["modeled"].any() else "measured", "· median µs per call and stage, by mode")
+moe[moe.stage != "total"].pivot_table(index="stage", columns="mode", values="µs", aggfunc="median").round(2)
 """),
 ])
 

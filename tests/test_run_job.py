@@ -11,6 +11,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from ds4lab import results as results_mod
 from ds4lab import run as run_mod
 from ds4lab.backends.numpy_backend import NumpyBackend
 from ds4lab.cli import main
@@ -195,7 +196,7 @@ def test_out_probe_failure_is_reported_and_cleaned_up(tmp_path, monkeypatch):
     def refuse(folder):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(run_mod, "_probe_write", refuse)
+    monkeypatch.setattr(results_mod, "_probe_write", refuse)
     out = tmp_path / "new" / "deep"
     r = invoke("--backend", "numpy", "--out", out)
     _assert_out_error(r, out)

@@ -1,0 +1,112 @@
+"""User mistakes get a clear error naming the value and exit status 2, before any work; a job's
+folder says whether its run completed (``meta.json`` status), and a rerun never mixes with the
+files of an earlier one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ds4lab import results
+from ds4lab.backends.cupy_backend import gpu_usable
+from ds4lab.cli import main
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    f = tmp_path / "taken"
+    f.write_text("not a folder")
+    return f
+
+
+@pytest.mark.parametrize("cmd", [
+    ("ladder", "--backend", "sim", "--preset", "tiny"),
+    ("ladder", "--backend", "sim", "--preset", "tiny", "--hazard", "device-sync"),
+    ("moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1", "--routing", "uniform"),
+    ("conformance", "--backend", "sim", "--scenario", "sync_memset_escapes[global]"),
+    ("exclusion", "--backend", "sim"),
+], ids=lambda c: " ".join(c[:1] + c[-2:]))
+@pytest.mark.parametrize("below", [False, True], ids=["file", "below-a-file"])
+def test_out_that_is_a_file(cmd, below, a_file):
+    out = a_file / "x" if below else a_file
+    r = invoke(*cmd, "--out", out)
+    assert r.exit_code == 2, r.output
+    assert "cannot write results to" in r.output and ("is a file" in r.output or "existing file" in r.output)
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert a_file.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--stages", "0,7"), "unknown stage(s) 7"),
+    (("--stages", "0,3,0"), "stage(s) 0 listed more than once"),
+    (("--tokens", "3000000000"), "int32"),
+])
+def test_ladder_bad_request(args, needle, tmp_path):
+    r = invoke("ladder", "--backend", "sim", "--preset", "tiny", *args, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_moe_token_count_above_the_preset(tmp_path):
+    r = invoke("moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1,100000", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "--tokens-per-step 100000" in r.output and "max_tokens" in r.output, r.output
+
+
+def test_conformance_unknown_scenario(tmp_path):
+    r = invoke("conformance", "--backend", "sim", "--scenario", "no_such_thing", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "no_such_thing" in r.output, r.output
+
+
+@pytest.mark.skipif(gpu_usable()[0], reason="a GPU is usable here")
+def test_conformance_on_cupy_without_a_gpu_is_an_error(tmp_path):
+    r = invoke("conformance", "--backend", "cupy", "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "cupy" in r.output, r.output
+    assert not (tmp_path / "o" / "conformance.csv").exists()
+
+
+def test_job_folder_statuses_and_stale_outputs(tmp_path):
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / "summary.csv").write_text("old run")
+    (out / "keep.txt").write_text("not ours")
+    meta = {"job": "t"}
+    with results.job_folder(out, meta, ("summary.csv",)):
+        assert json.loads((out / "meta.json").read_text())["status"] == "running"
+        assert not (out / "summary.csv").exists(), "an earlier run's output is gone before this one writes"
+    assert json.loads((out / "meta.json").read_text())["status"] == "complete"
+    assert (out / "keep.txt").exists()
+    with pytest.raises(KeyboardInterrupt):
+        with results.job_folder(out, meta):
+            raise KeyboardInterrupt
+    assert json.loads((out / "meta.json").read_text())["status"] == "interrupted"
+    with pytest.raises(RuntimeError):
+        with results.job_folder(out, meta):
+            raise RuntimeError("out of memory")
+    assert json.loads((out / "meta.json").read_text())["status"] == "failed: RuntimeError: out of memory"
+
+
+def test_ladder_without_stage_0_says_what_gains_are_against(tmp_path):
+    r = invoke("ladder", "--backend", "sim", "--preset", "tiny", "--stages", "1,3", "--tokens", "4", "--repeats", "2",
+               "--exact-tokens", "0", "--out", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    assert "gains (×) are against stage 1" in r.output
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "o" / "ladder.csv")
+    assert set(df["speedup_vs"].astype(str)) == {"1"} and df["speedup"].iloc[0] == pytest.approx(1.0)
+    assert json.loads((tmp_path / "o" / "meta.json").read_text())["status"] == "complete"
+
+
+def test_hazard_expectation_follows_the_capture_mode():
+    from ds4lab.hazards import HAZARDS
+
+    hz = HAZARDS["alloc-in-capture"]
+    assert "global and thread-local" in hz.expected("global")
+    assert "relaxed capture permits cudaMalloc" in hz.expected("relaxed")
+    assert HAZARDS["device-sync"].expected("relaxed") == HAZARDS["device-sync"].expected("global")
