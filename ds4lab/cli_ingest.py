@@ -14,23 +14,39 @@ def register(main: click.Group) -> None:
     main.add_command(compare_cmd)
 
 
+def _fail(msg: str, code: int = 2) -> None:
+    click.echo(f"ds4lab: error: {msg}", err=True)
+    sys.exit(code)
+
+
 @click.command("ingest")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--lenient", is_flag=True, help="Keep the good rows; report every bad line instead of failing.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True)
 def ingest_cmd(files, lenient, out) -> None:
     """Read ds4 MoE profile logs, Nsight Systems exports (stats CSV, SQLite) and ds4lab result
-    folders (format detected from the content) into CSV tables under OUT."""
+    folders (format detected from the content) into CSV tables under OUT.
+
+    \b
+    Exit status:
+      0  every input read completely
+      2  bad input: an unreadable or unrecognised file, a malformed line
+         (without --lenient), a broken meta.json, or an --out that cannot
+         be a folder; the error names the file and line; nothing is written
+      3  --lenient and some lines were skipped: the good rows are written,
+         each skipped line is listed on stderr and in OUT/ingest_problems.csv
+    """
     from .ingest import IngestError, ingest_all
 
     try:
         results = ingest_all(files, out, lenient)
     except IngestError as e:
-        click.echo(f"ds4lab: error: {e}", err=True)
-        sys.exit(1)
+        _fail(str(e))
     for r in results:
         tabs = ", ".join(f"{n} ({len(df)} rows)" for n, df in r.tables.items())
         click.echo(f"{r.path}: {r.kind} → {tabs}")
+        for w in r.warnings:
+            click.echo(f"ds4lab: warning: {w}", err=True)
         for p in r.problems:
             click.echo(f"  skipped {p['file']}:{p['line']}: {p['problem']}", err=True)
     click.echo(f"tables in {out}/")
@@ -42,12 +58,26 @@ def ingest_cmd(files, lenient, out) -> None:
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/compare"), show_default=True)
 def compare_cmd(dirs, out) -> None:
-    """Draw ds4lab results and ingested profiles from several folders side by side."""
-    from .compare import compare
+    """Draw ds4lab results and ingested profiles from several folders side by side.
 
-    paths = compare(dirs, out)
-    if not paths:
-        click.echo("ds4lab: error: no ladder or MoE-profile table found in those folders", err=True)
-        sys.exit(1)
+    Every DIR must hold a table compare can draw: a stage ladder (ladder.csv, ladder-NAME.csv),
+    MoE stage rows or summaries (moe.csv, summary.csv, summary-NAME.csv, a ds4-format moe-ds4.log),
+    kernel summaries (nsys_kernels.csv, kernels.csv) or their ingested copies (ds4_moe.csv,
+    ds4lab_*.csv). A run whose meta.json status is not "complete" is drawn with
+    "(incomplete: STATUS)" in its legend label and a warning; modeled results say MODELED.
+
+    \b
+    Exit status:
+      0  figures written
+      2  a DIR without a drawable table, an unreadable table or meta.json,
+         or an --out that cannot be a folder (the error names them;
+         nothing is written)
+    """
+    from .compare import CompareError, compare
+
+    try:
+        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True))
+    except CompareError as e:
+        _fail(str(e))
     for p in paths:
         click.echo(f"wrote {p}")

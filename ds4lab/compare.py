@@ -1,65 +1,306 @@
 """Side-by-side figures of results from several folders (ds4lab runs, other machines, ingested
-ds4 and Nsight Systems profiles)."""
+ds4 and Nsight Systems profiles).
+
+Every folder given must hold at least one table compare can draw, found by name and checked by its
+columns (:data:`TABLES`):
+
+* stage ladders (``stage``, ``us_median``): ``ladder.csv`` as ``ds4lab ladder`` writes it,
+  ``ladder-<name>.csv`` as kept under ``docs/measurements/``, ``ds4lab_ladder*.csv`` from ``ingest``;
+* routed-MoE stage rows (``stage``, ``ms``): ``moe.csv``, ``moe-<name>.csv``, ``ds4_moe.csv`` and
+  ``ds4lab_moe*.csv`` from ``ingest``;
+* routed-MoE summaries (``stage``, ``median_ms``): ``summary.csv``, ``summary-<name>.csv``,
+  ``ds4lab_summary*.csv`` (drawn unless the same run's rows are there);
+* a ds4-format log (``*.log`` holding ``ds4: CUDA MoE profile`` lines, e.g. ``moe-ds4.log``) when the
+  folder has no MoE table;
+* kernel summaries: ``nsys_kernels.csv`` (``name``, ``total_time_us``), ``kernels.csv`` (``name``, ``us``).
+
+A folder with none of them, a candidate table that cannot be read or lacks its columns, and a
+broken ``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
+
+Each table's provenance comes from its meta file (``<stem>.meta.json``, ``meta-<name>.json``,
+``meta.json``; for a log, the folder's only ``meta-*.json``) and its own ``modeled``/``machine``/
+``provenance`` columns: modeled numbers are labelled MODELED; a run whose status is not
+``complete``/``done`` (``running`` left by a killed run, ``interrupted``, ``failed: ...``, or no
+status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about.
+"""
 
 from __future__ import annotations
 
-import json
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+COMPLETE = ("complete", "done")
+MOE_STAGES = ["xq", "sort", "gateup", "midq", "down", "sum"]
 
-def _label(d: Path) -> str:
-    meta = d / "meta.json"
-    if meta.is_file():
-        m = json.loads(meta.read_text())
-        tag = "MODELED" if m.get("modeled") else m.get("device", "?")
-        return f"{d.name} ({tag})"
-    return d.name
+#: kind → (file name patterns, required columns, value column)
+TABLES = {
+    "ladder": (("ladder.csv", "ladder-*.csv", "ds4lab_ladder*.csv"), ("stage", "us_median"), "us_median"),
+    "moe": (("moe.csv", "moe-*.csv", "ds4_moe.csv", "ds4lab_moe.csv", "ds4lab_moe-*.csv"), ("stage", "ms"), "ms"),
+    "moe-summary": (("summary.csv", "summary-*.csv", "ds4lab_summary.csv", "ds4lab_summary-*.csv"),
+                    ("stage", "median_ms"), "median_ms"),
+    "kernels-sum": (("nsys_kernels.csv",), ("name", "total_time_us"), "total_time_us"),
+    "kernels": (("kernels.csv",), ("name", "us"), "us"),
+}
+LOOKED_FOR = ("ladder.csv, ladder-<name>.csv, moe.csv, moe-<name>.csv, summary.csv, summary-<name>.csv, "
+              "a ds4-format *.log, nsys_kernels.csv, kernels.csv, ds4_moe.csv, ds4lab_ladder*.csv, "
+              "ds4lab_moe*.csv, ds4lab_summary*.csv")
 
 
-def _grouped_bars(tables: dict, stages: list, value, ylabel: str, title: str):
-    """One bar group per stage, one bar per source table (``value(df, stage)``)."""
+class CompareError(ValueError):
+    """A folder or file compare cannot use: the message names it."""
+
+
+@dataclass
+class Table:
+    """One drawable table: its kind, data, file, meta file (or None) and legend label."""
+
+    kind: str
+    df: pd.DataFrame
+    path: Path
+    meta_path: Path | None = None
+    meta: dict | None = None
+    label: str = ""
+    incomplete: str | None = None
+    notes: list = field(default_factory=list)
+
+
+def _load_meta(f: Path) -> dict:
+    from .ingest import IngestError, load_meta
+
+    try:
+        return load_meta(f)
+    except IngestError as e:
+        raise CompareError(str(e)) from None
+
+
+def _meta_for(d: Path, f: Path) -> Path | None:
+    """The meta file describing table ``f`` in folder ``d`` (see the module docstring)."""
+    stem = f.stem
+    cands = [d / f"{stem}.meta.json"]
+    if "-" in stem:
+        cands.append(d / f"meta-{stem.split('-', 1)[1]}.json")
+    cands.append(d / "meta.json")
+    for c in cands:
+        if c.is_file():
+            return c
+    if f.suffix == ".log":  # ds4lab moe's moe-ds4.log, kept beside meta-<preset>.json
+        others = sorted(set(d.glob("meta-*.json")) | set(d.glob("*.meta.json")))
+        return others[0] if len(others) == 1 else None
+    return None
+
+
+def _read_csv(f: Path, kind: str) -> pd.DataFrame:
+    _pats, need, value = TABLES[kind]
+    try:
+        df = pd.read_csv(f)
+    except pd.errors.EmptyDataError:
+        raise CompareError(f"{f}: empty file, no {kind} table") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as e:
+        raise CompareError(f"{f}: unreadable CSV ({' '.join(str(e).split())})") from None
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise CompareError(f"{f}: not a {kind} table: no column {', '.join(missing)} "
+                           f"(columns: {', '.join(map(str, df.columns[:12]))})")
+    if df.empty:
+        raise CompareError(f"{f}: a {kind} table without rows")
+    vals = pd.to_numeric(df[value], errors="coerce")
+    bad = vals.isna() & df[value].notna()
+    if bad.any():
+        i = int(bad.to_numpy().argmax())
+        raise CompareError(f"{f}:{i + 2}: {value}={df[value].iloc[i]!r} is not a number")
+    df[value] = vals
+    return df
+
+
+def _truthy(v) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes")
+    try:
+        return bool(v) and v == v  # NaN is not true
+    except (TypeError, ValueError):
+        return False
+
+
+def _status(t: Table) -> str | None:
+    """The run's status when it is not complete (None when complete or not recorded anywhere)."""
+    st = None
+    if t.meta is not None:
+        if "status" in t.meta:
+            st = str(t.meta["status"])
+        elif "job" in t.meta:  # every ds4lab job writes a status when it finishes
+            st = "no status"
+    if st is None and "status" in t.df:
+        bad = [str(v) for v in t.df["status"].dropna().unique() if str(v) and str(v).lower() not in COMPLETE]
+        st = bad[0] if bad else None
+    if st is None or st.strip().lower() in COMPLETE:
+        return None
+    return st if len(st) <= 40 else st[:39] + "…"
+
+
+def _tag(t: Table) -> str:
+    """MODELED, or where the numbers come from."""
+    m = t.meta or {}
+    modeled = _truthy(m.get("modeled"))
+    if "modeled" in t.df:
+        modeled = modeled or any(_truthy(v) for v in t.df["modeled"].unique())
+    if modeled:
+        cal = m.get("calibration")
+        cal = cal.get("name") if isinstance(cal, dict) else cal
+        return "MODELED" + (f", calibration {cal}" if cal else "")
+    if m.get("device"):
+        return str(m["device"])
+    for col in ("machine", "provenance", "backend"):
+        if col in t.df:
+            vals = [str(v) for v in t.df[col].dropna().unique() if str(v)]
+            if vals:
+                s = ", ".join(vals[:3]) + (" backend, no meta.json" if col == "backend" else "")
+                return s if len(s) <= 60 else s[:59] + "…"
+    return "provenance unknown: no meta.json"
+
+
+def _folder_tables(d: Path) -> list[Table]:
+    from .ingest import IngestError, _ds4_log, detect
+
+    found: list[Table] = []
+    seen: set[Path] = set()
+    for kind, (pats, _need, _v) in TABLES.items():
+        for f in sorted({p for pat in pats for p in d.glob(pat) if p.is_file()}):
+            if f in seen:
+                continue
+            seen.add(f)
+            df = _read_csv(f, kind)
+            if f.name.startswith("ds4lab_") and "source" in df and df["source"].nunique() > 1:
+                for src, g in df.groupby("source", sort=False):  # one ingested file per bar
+                    found.append(Table(kind, g.reset_index(drop=True), f, notes=[Path(str(src)).parent.name
+                                                                                  + "/" + Path(str(src)).stem]))
+            else:
+                found.append(Table(kind, df, f))
+    if not any(t.kind in ("moe", "moe-summary") for t in found):
+        for f in sorted(p for p in d.glob("*.log") if p.is_file()):
+            try:
+                if detect(f) != "ds4-log":
+                    continue
+                df = _ds4_log(f, lenient=False).tables["ds4_moe"]
+            except IngestError as e:
+                raise CompareError(str(e)) from None
+            found.append(Table("moe", df, f))
+    for t in found:
+        t.meta_path = _meta_for(d, t.path)
+        t.meta = _load_meta(t.meta_path) if t.meta_path else None
+    # a run's summary beside its own rows would be the same numbers twice: keep the rows
+    rows_meta = {t.meta_path for t in found if t.kind == "moe" and t.meta_path is not None}
+    return [t for t in found if not (t.kind == "moe-summary" and t.meta_path in rows_meta)]
+
+
+def _grouped_bars(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False):
+    """One bar group per x, one bar per source (``series``: label → {x: value})."""
     import matplotlib.pyplot as plt
 
     from . import plots
 
     with plt.rc_context(plots.STYLE):
-        fig, ax = plt.subplots(figsize=(8.5, 4))
-        w = 0.8 / len(tables)
-        for i, (name, df) in enumerate(tables.items()):
-            ax.bar([k + i * w for k in range(len(stages))], [value(df, s) for s in stages], w, label=name,
+        fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
+        w = 0.8 / len(series)
+        for i, (name, vals) in enumerate(series.items()):
+            ax.bar([k + i * w for k in range(len(xs))], [vals.get(x, float("nan")) for x in xs], w, label=name,
                    color=plots.COLORS[i % len(plots.COLORS)])
-        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages)
+        ticks = [x if len(str(x)) <= 28 else str(x)[:27] + "…" for x in xs]
+        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(xs))], ticks,
+                      rotation=30 if rotate else 0, ha="right" if rotate else "center")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.legend(frameon=False, fontsize=8)
     return fig
 
 
-def compare(dirs, out: Path) -> list[Path]:
-    """Ladder tables (µs per token per stage) and MoE stage medians (ms per stage), one bar group
-    per folder. Returns the written figure paths (PNG, SVG, PDF)."""
+def collect(dirs, warn=None) -> list[Table]:
+    """Every drawable table of every folder, labelled. Raises CompareError naming each folder
+    without one, or the first unreadable file."""
+    warn = warn or (lambda m: print(f"ds4lab: warning: {m}", file=sys.stderr))
+    tables: list[Table] = []
+    empty = []
+    for d in map(Path, dirs):
+        if not d.is_dir():
+            raise CompareError(f"{d}: not a folder")
+        ts = _folder_tables(d)
+        if not ts:
+            empty.append(d)
+        tables += ts
+    if empty:
+        raise CompareError("no table compare can draw in " + ", ".join(map(str, empty))
+                           + f" (looked for {LOOKED_FOR}); nothing written")
+    used: set[str] = set()
+    for t in tables:
+        d = t.path.parent
+        name = d.name or d.resolve().name
+        part = " · ".join([t.path.stem] * (t.path.stem not in ("ladder", "moe")) + t.notes)
+        t.incomplete = _status(t)
+        label = f"{name}{' · ' + part if part else ''} ({_tag(t)})"
+        if t.incomplete:
+            label += f" (incomplete: {t.incomplete})"
+            warn(f"{t.path}: the run is incomplete ({t.meta_path or 'status column'}: status "
+                 f"{t.incomplete!r}); drawn, labelled (incomplete: {t.incomplete})")
+        base, k = label, 2
+        while label in used:
+            label = f"{base} [{d}]" if k == 2 else f"{base} [{d} #{k}]"
+            k += 1
+        used.add(label)
+        t.label = label
+    return tables
+
+
+def compare(dirs, out: Path, warn=None) -> list[Path]:
+    """Ladder tables (µs per token per stage), MoE stage medians (ms per stage) and kernel totals
+    (µs per kernel name, the largest ten), one bar per table. Returns the written figure paths
+    (PNG, SVG, PDF). Raises CompareError (nothing written) for a folder without a drawable table,
+    an unreadable table or meta file, or an ``out`` that cannot be a folder; ``warn`` (default:
+    stderr) is told about incomplete runs."""
     from . import plots
+    from .ingest import IngestError, check_out_dir
 
     out = Path(out)
-    ladders, moes = {}, {}
-    for d in map(Path, dirs):
-        for f in ("ladder.csv", "ds4lab_ladder.csv"):
-            if (d / f).is_file():
-                ladders[_label(d)] = pd.read_csv(d / f)
-        for f in ("moe.csv", "ds4_moe.csv", "ds4lab_moe.csv"):
-            if (d / f).is_file():
-                moes[_label(d) + ("" if f == "moe.csv" else f" [{f[:-4]}]")] = pd.read_csv(d / f)
+    try:
+        check_out_dir(out)
+    except IngestError as e:
+        raise CompareError(str(e)) from None
+    tables = collect(dirs, warn)
+    figs = []
+    lad = {t.label: t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage", sort=False)["us_median"]
+           .mean().to_dict() for t in tables if t.kind == "ladder"}
+    if lad:
+        stages = list(dict.fromkeys(s for v in lad.values() for s in v))
+        figs.append((_grouped_bars(lad, stages, "µs per token (median)",
+                                   "stage ladder, side by side (sources in the legend)"), "compare_ladder"))
+    moe = {}
+    for t in tables:
+        if t.kind in ("moe", "moe-summary"):
+            col = "ms" if t.kind == "moe" else "median_ms"
+            lbl = t.label if t.kind == "moe" else t.label + " [median of summary medians]"
+            moe[lbl] = t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage")[col].median().to_dict()
+    if moe:
+        figs.append((_grouped_bars(moe, MOE_STAGES, "ms per call (median)",
+                                   "routed-MoE stages, side by side (sources in the legend)"), "compare_moe"))
+    kern = {}
+    for t in tables:
+        if t.kind in ("kernels-sum", "kernels"):
+            col = "total_time_us" if t.kind == "kernels-sum" else "us"
+            kern[t.label] = t.df.assign(name=t.df["name"].astype(str)).groupby("name")[col].sum().to_dict()
+    if kern:
+        names = sorted({n for v in kern.values() for n in v}, key=lambda n: -max(v.get(n, 0) for v in kern.values()))
+        figs.append((_grouped_bars(kern, names[:10], "µs in total", "largest kernels by total time, side by side",
+                                   rotate=True), "compare_kernels"))
     written = []
-    if ladders:
-        stages = list(dict.fromkeys(s for df in ladders.values() for s in df["stage"].astype(str)))
-        fig = _grouped_bars(ladders, stages, lambda df, s: df.loc[df.stage.astype(str) == s, "us_median"].mean(),
-                            "µs per token (median)", "stage ladder, side by side (sources in the legend)")
-        written += plots.save(fig, out / "compare_ladder")
-    if moes:
-        stages = ["xq", "sort", "gateup", "midq", "down", "sum"]
-        fig = _grouped_bars(moes, stages, lambda df, s: df.loc[df.stage == s, "ms"].median(),
-                            "ms per call (median)", "routed-MoE stages, side by side (sources in the legend)")
-        written += plots.save(fig, out / "compare_moe")
+    try:
+        for fig, stem in figs:
+            written += plots.save(fig, out / stem)
+    except OSError as e:
+        raise CompareError(f"--out {out}: cannot write ({e.strerror or e}: {e.filename or out})") from None
+    finally:
+        import matplotlib.pyplot as plt
+
+        for fig, _ in figs:
+            plt.close(fig)
     return written

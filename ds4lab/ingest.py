@@ -7,7 +7,11 @@ The format is detected from the content, never from the file name:
 * a file starting with ``SQLite format 3`` → an ``nsys export --type sqlite`` database
   (``nsys-sqlite``): the kernel activity table and the NVTX events table;
 * text with ``ds4: CUDA MoE profile`` lines → ds4's ``DS4_CUDA_MOE_PROFILE`` stderr (``ds4-log``);
-  other lines of the log are ignored, but a profile line that does not parse is an error;
+  other lines of the log are ignored, but a profile line that does not parse is an error. A
+  ``# ds4lab ...`` comment line (the provenance header ``ds4lab moe`` puts first in the
+  ``moe-ds4.log`` it writes) marks the lines after it as written by ds4lab, not by ds4: their
+  ``provenance`` column holds the header and ``modeled`` is true when the header says ``MODELED``;
+  lines without such a header are ds4's own (``provenance`` ``ds4``, ``modeled`` false);
 * text with ``nsys stats`` CSV reports → the CUDA GPU kernel summary (``cuda_gpu_kern_sum``) and
   the NVTX range summary (``nvtx_sum``/``nvtx_pushpop_sum``); several reports may share one file,
   text may come before each table, time columns may be in ns, us or ms, numbers may carry
@@ -15,12 +19,16 @@ The format is detected from the content, never from the file name:
 
 Malformed input raises :class:`IngestError` naming the file and line; with ``lenient=True`` the good
 rows are kept and every bad line is reported (:attr:`Ingested.problems`), never dropped silently.
+An input that cannot be read at all (no such file, a broken ``meta.json``, an unreadable SQLite
+database) and an ``--out`` that cannot be a folder are IngestErrors in either mode.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
+import os
 import re
 import sqlite3
 from dataclasses import dataclass, field
@@ -30,9 +38,11 @@ import pandas as pd
 
 MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum", "total")
 _DS4_PREFIX = "ds4: CUDA MoE profile"
+_FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number: never a lone "." or "e"
 _DS4_LINE = re.compile(
     r"^ds4: CUDA MoE profile tokens=(?P<tokens>\d+) pairs=(?P<pairs>\d+)"
-    + "".join(rf" {s}=(?P<{s}>[-+0-9.eE]+)" for s in MOE_STAGES) + r" ms\s*$")
+    + "".join(rf" {s}=(?P<{s}>{_FLOAT})" for s in MOE_STAGES) + r" ms\s*$")
+_DS4LAB_HEADER = re.compile(r"^\s*#\s*(?P<text>ds4lab\b.*?)\s*$")
 _UNIT = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 
 
@@ -48,6 +58,53 @@ class Ingested:
     kind: str
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+_JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def load_meta(f: Path) -> dict:
+    """A ds4lab ``meta.json`` as a dict. Raises IngestError naming the file (and the line of a JSON
+    syntax error) when it cannot be read, is not JSON, or is not a JSON object."""
+    f = Path(f)
+    try:
+        text = f.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise IngestError(f"{f}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+    if not text.strip():
+        raise IngestError(f"{f}: empty file, not a ds4lab meta.json")
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise IngestError(f"{f}:{e.lineno}: broken JSON ({e.msg}, column {e.colno})") from None
+    if not isinstance(meta, dict):
+        raise IngestError(f"{f}: a JSON {_JSON_TYPE.get(type(meta), type(meta).__name__)}, not the object "
+                          "ds4lab writes")
+    return meta
+
+
+def ds4lab_header(line: str) -> tuple[str, bool] | None:
+    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says
+    ``MODELED``), else None."""
+    m = _DS4LAB_HEADER.match(line)
+    if not m:
+        return None
+    return m["text"], bool(re.search(r"\bMODELED\b", m["text"]))
+
+
+def check_out_dir(out: Path) -> None:
+    """Raise IngestError unless ``out`` is, or can be made, a writable folder (an existing file at
+    ``out`` or above it, or a read-only parent, is named). Creates nothing."""
+    out = Path(out)
+    for q in (out, *out.parents):
+        if q.is_dir():
+            if not os.access(q, os.W_OK | os.X_OK):
+                raise IngestError(f"--out {out}: {q} is not writable")
+            return
+        if q.exists() or q.is_symlink():
+            what = "is a file, not a folder" if q == out else "is a file, so no folder can be made below it"
+            raise IngestError(f"--out {out}: {q} {what}")
 
 
 def detect(path: Path) -> str:
@@ -55,16 +112,21 @@ def detect(path: Path) -> str:
     path = Path(path)
     if path.is_dir():
         meta = path / "meta.json"
-        if meta.is_file() and "ds4lab" in json.loads(meta.read_text() or "{}"):
-            return "ds4lab-folder"
+        if meta.is_file():
+            if "ds4lab" in load_meta(meta):
+                return "ds4lab-folder"
+            raise IngestError(f"{meta}: not written by ds4lab (no \"ds4lab\" key)")
         raise IngestError(f"{path}: a folder without a ds4lab meta.json")
     if not path.is_file():
         raise IngestError(f"{path}: no such file")
-    head = path.read_bytes()[:4096]
+    try:
+        head = path.read_bytes()[:4096]
+        full = path.read_text(errors="replace")
+    except OSError as e:
+        raise IngestError(f"{path}: unreadable ({e.strerror or e})") from None
     if head.startswith(b"SQLite format 3\x00"):
         return "nsys-sqlite"
     text = head.decode("utf-8", errors="replace")
-    full = path.read_text(errors="replace")
     if _DS4_PREFIX in full:
         return "ds4-log"
     if re.search(r'"?Total Time \((ns|us|ms|s)\)"?', full) and re.search(r'"?(Name|Range)"?\s*$', full, re.M):
@@ -76,8 +138,11 @@ def detect(path: Path) -> str:
 def ingest(path: Path, lenient: bool = False) -> Ingested:
     """Read one input. Raises IngestError (file and line) unless ``lenient``."""
     kind = detect(path)
-    return {"ds4-log": _ds4_log, "nsys-csv": _nsys_csv, "nsys-sqlite": _nsys_sqlite,
-            "ds4lab-folder": _ds4lab_folder}[kind](Path(path), lenient)
+    try:
+        return {"ds4-log": _ds4_log, "nsys-csv": _nsys_csv, "nsys-sqlite": _nsys_sqlite,
+                "ds4lab-folder": _ds4lab_folder}[kind](Path(path), lenient)
+    except OSError as e:
+        raise IngestError(f"{path}: unreadable ({e.strerror or e})") from None
 
 
 def _problem(res: Ingested, lenient: bool, line: int, why: str, text: str = "") -> None:
@@ -89,19 +154,31 @@ def _problem(res: Ingested, lenient: bool, line: int, why: str, text: str = "") 
 # ----------------------------------------------------------------------------- ds4 log
 def _ds4_log(path: Path, lenient: bool) -> Ingested:
     """ds4 ``DS4_CUDA_MOE_PROFILE`` lines → rows (call, tokens, pairs, stage, ms): the same columns as
-    ``ds4lab moe``'s table (mode ``host-timed``, backend ``ds4``)."""
+    ``ds4lab moe``'s table (mode ``host-timed``), plus ``provenance`` and ``modeled``: ``ds4`` and
+    false for ds4's own lines, the ``# ds4lab ...`` header's text (``modeled`` from it) for lines
+    ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``."""
     res = Ingested(path, "ds4-log")
     rows = []
     call = 0
+    prov, modeled = "ds4", False
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        h = ds4lab_header(line)
+        if h is not None:
+            prov, modeled = h
+            continue
         if _DS4_PREFIX not in line:
             continue
-        m = _DS4_LINE.match(line[line.index(_DS4_PREFIX):])
+        body = line[line.index(_DS4_PREFIX):]
+        m = _DS4_LINE.match(body)
         if not m:
-            _problem(res, lenient, n, "malformed ds4 MoE profile line", line)
+            _problem(res, lenient, n, f"malformed ds4 MoE profile line ({_ds4_why(body)})", line)
             continue
-        tokens, pairs = int(m["tokens"]), int(m["pairs"])
-        vals = {s: float(m[s]) for s in MOE_STAGES}
+        try:
+            tokens, pairs = int(m["tokens"]), int(m["pairs"])
+            vals = {s: float(m[s]) for s in MOE_STAGES}
+        except ValueError as e:  # the pattern admits only numbers; kept as a guard
+            _problem(res, lenient, n, f"malformed ds4 MoE profile line ({e})", line)
+            continue
         if pairs != 6 * tokens and pairs % max(tokens, 1):
             _problem(res, lenient, n, f"pairs={pairs} is not a multiple of tokens={tokens}", line)
             continue
@@ -110,13 +187,30 @@ def _ds4_log(path: Path, lenient: bool) -> Ingested:
             continue
         for s in MOE_STAGES:
             rows.append({"token": call, "layer": float("nan"), "tokens": tokens, "pairs": pairs, "stage": s,
-                         "ms": vals[s], "mode": "host-timed", "backend": "ds4", "routing": "ds4",
-                         "source": f"{path.name}:{n}"})
+                         "ms": vals[s], "mode": "host-timed", "backend": "ds4" if prov == "ds4" else "ds4lab",
+                         "routing": "ds4", "modeled": modeled, "provenance": prov, "source": f"{path.name}:{n}"})
         call += 1
     if not rows and not res.problems:
         _problem(res, lenient, 0, "no ds4 MoE profile line")
     res.tables["ds4_moe"] = pd.DataFrame(rows)
     return res
+
+
+def _ds4_why(body: str) -> str:
+    """What is wrong with a ds4 profile line that does not match: the first bad or missing field."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", body))
+    for k in ("tokens", "pairs"):
+        if k not in fields:
+            return f"no {k}="
+        if not re.fullmatch(r"\d+", fields[k]):
+            return f"{k}={fields[k]!r} is not a whole number"
+    for s in MOE_STAGES:
+        if s not in fields:
+            return f"no {s}="
+        if not re.fullmatch(_FLOAT, fields[s]):
+            return f"{s}={fields[s]!r} is not a number"
+    return "fields out of order, or extra text; expected tokens= pairs= " + " ".join(
+        f"{s}=" for s in MOE_STAGES) + " ms"
 
 
 # ----------------------------------------------------------------------------- nsys stats CSV
@@ -189,8 +283,9 @@ def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
     """``CUPTI_ACTIVITY_KIND_KERNEL`` → ``kernels`` (name, start/end ns, µs, stream, graph ids);
     ``NVTX_EVENTS`` push/pop and start/end ranges → ``nvtx`` (name, start/end ns, µs, domain)."""
     res = Ingested(path, "nsys-sqlite")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    con = None
     try:
+        con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
         tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
         strings = {}
         if "StringIds" in tables:
@@ -202,8 +297,12 @@ def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
             q = f"select start, end, {name_col}{''.join(', ' + c for c in extra)} from CUPTI_ACTIVITY_KIND_KERNEL"
             rows = []
             for k, r in enumerate(con.execute(q), 1):
-                start, end, nm = r[0], r[1], r[2]
-                if start is None or end is None or end < start:
+                start, end, nm = _ns(r[0]), _ns(r[1]), r[2]
+                if start is None or end is None:
+                    _problem(res, lenient, k, f"kernel row with a start/end that is not a number "
+                                              f"(start={r[0]!r}, end={r[1]!r})", str(r))
+                    continue
+                if end < start:
                     _problem(res, lenient, k, "kernel row with a missing or negative duration", str(r))
                     continue
                 row = {"name": strings.get(nm, nm), "start_ns": start, "end_ns": end, "us": (end - start) / 1e3}
@@ -215,10 +314,15 @@ def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
             sel = ["start", "end", "text" if "text" in cols else "NULL",
                    "textId" if "textId" in cols else "NULL", "domainId" if "domainId" in cols else "NULL"]
             rows = []
-            for k, (start, end, text, tid, dom) in enumerate(con.execute(
+            for k, (start0, end0, text, tid, dom) in enumerate(con.execute(
                     f"select {', '.join(sel)} from NVTX_EVENTS"), 1):
-                if end is None:
+                if end0 is None:
                     continue  # marks and domain registrations have no end
+                start, end = _ns(start0), _ns(end0)
+                if start is None or end is None:
+                    _problem(res, lenient, k, f"NVTX range with a start/end that is not a number "
+                                              f"(start={start0!r}, end={end0!r})", str((start0, end0, text)))
+                    continue
                 if end < start:
                     _problem(res, lenient, k, "NVTX range ending before it starts", str((start, end, text)))
                     continue
@@ -227,19 +331,35 @@ def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
             res.tables["nvtx"] = pd.DataFrame(rows)
         if not res.tables:
             _problem(res, lenient, 0, "no CUPTI_ACTIVITY_KIND_KERNEL or NVTX_EVENTS table")
-    except sqlite3.DatabaseError as e:
+    except sqlite3.Error as e:
         raise IngestError(f"{path}: unreadable SQLite export ({e})") from None
     finally:
-        con.close()
+        if con is not None:
+            con.close()
     return res
+
+
+def _ns(v) -> int | float | None:
+    """A timestamp cell as a number, or None (NULL, text, blob, NaN)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int) or (isinstance(v, float) and math.isfinite(v)):
+        return v
+    return None
 
 
 # ----------------------------------------------------------------------------- ds4lab folders
 def _ds4lab_folder(path: Path, lenient: bool) -> Ingested:
-    """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from."""
+    """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from
+    (``machine``), the run's ``status`` and, where the table lacks it, ``modeled``. A run whose
+    status is not ``complete`` is named in :attr:`Ingested.warnings`."""
     res = Ingested(path, "ds4lab-folder")
-    meta = json.loads((path / "meta.json").read_text())
-    where = meta.get("device", "?") + ("" if meta.get("measured") else " (modeled)" if meta.get("modeled") else "")
+    meta = load_meta(path / "meta.json")
+    modeled = bool(meta.get("modeled"))
+    where = str(meta.get("device") or "?") + (" (modeled)" if modeled else "")
+    status = str(meta.get("status", "")) if "status" in meta else ("" if "job" not in meta else "no status")
+    if status and status.lower() not in ("complete", "done"):
+        res.warnings.append(f"{path}: meta.json status {status!r}: an incomplete run")
     for f in sorted(path.glob("*.csv")):
         try:
             df = pd.read_csv(f)
@@ -247,6 +367,9 @@ def _ds4lab_folder(path: Path, lenient: bool) -> Ingested:
             _problem(res, lenient, 0, f"{f.name}: unreadable CSV ({e})")
             continue
         df["machine"] = where
+        df["status"] = status
+        if "modeled" not in df:
+            df["modeled"] = modeled
         df["source"] = str(f)
         res.tables[f"ds4lab_{f.stem}"] = df
     return res
@@ -254,18 +377,26 @@ def _ds4lab_folder(path: Path, lenient: bool) -> Ingested:
 
 def ingest_all(paths, out: Path, lenient: bool = False) -> list[Ingested]:
     """Ingest every path, write each table to ``out/<table>.csv`` (appending across inputs) and
-    the bad lines to ``out/ingest_problems.csv``. Raises IngestError on the first bad input unless
-    ``lenient``."""
+    the bad lines to ``out/ingest_problems.csv`` (a stale one from an earlier run is removed).
+    Raises IngestError on the first bad input unless ``lenient`` (a file that cannot be read at all,
+    a broken ``meta.json``, and an ``out`` that cannot be a folder are errors either way); nothing is
+    written then."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out)
     results = [ingest(Path(p), lenient) for p in paths]
     merged: dict[str, list[pd.DataFrame]] = {}
     for r in results:
         for name, df in r.tables.items():
             merged.setdefault(name, []).append(df)
-    for name, dfs in merged.items():
-        pd.concat(dfs, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
     problems = [p for r in results for p in r.problems]
-    if problems:
-        pd.DataFrame(problems).to_csv(out / "ingest_problems.csv", index=False)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, dfs in merged.items():
+            pd.concat(dfs, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
+        if problems:
+            pd.DataFrame(problems).to_csv(out / "ingest_problems.csv", index=False)
+        else:
+            (out / "ingest_problems.csv").unlink(missing_ok=True)
+    except OSError as e:
+        raise IngestError(f"--out {out}: cannot write ({e.strerror or e}: {e.filename or out})") from None
     return results

@@ -1112,8 +1112,19 @@ def parse_ds4_line(line: str) -> dict | None:
     return {"tokens": int(g[0]), "pairs": int(g[1]), **{s: float(v) for s, v in zip(STAGES, g[2:])}}
 
 
-def ds4_lines(df, digits: int = 3, n_used: int | None = None) -> list[str]:
-    """One ds4 line per profiled call in ``df`` (rows with all six stages), in call order."""
+def ds4_lines(df, digits: int = 3, n_used: int | None = None, header: str | None = None) -> list[str]:
+    """One ds4 line per profiled call in ``df`` (rows with all six stages), in call order.
+
+    ``header``: where the numbers come from (e.g. ``"ds4lab moe · " + provenance.label(meta)``), put
+    first as a ``# `` comment line when there is any call. ds4's line parsers (:func:`read_ds4_log`,
+    ``ds4lab ingest``) skip it as a profile line but read it as provenance: the lines are ds4lab's,
+    modeled when the header says ``MODELED``. It must be one line and start with ``ds4lab``."""
+    hdr = None
+    if header is not None:
+        hdr = str(header).strip().lstrip("#").strip()
+        if "\n" in hdr or "\r" in hdr or not hdr.startswith("ds4lab") or "ds4: CUDA MoE profile" in hdr:
+            raise ValueError(f"ds4 log header must be one line starting with 'ds4lab' and not a profile "
+                             f"line: {header!r}")
     out = []
     d = df[df["stage"].isin(STAGES)]
     for (_mode, _routing, _t, _tok, _layer), g in d.groupby(["mode", "routing", "token", "tokens", "layer"],
@@ -1123,24 +1134,33 @@ def ds4_lines(df, digits: int = 3, n_used: int | None = None) -> list[str]:
             continue
         pairs = int(g["pairs"].iloc[0]) if "pairs" in g else None
         out.append(format_ds4_line(int(_tok), ms, pairs=pairs, n_used=n_used or 6, digits=digits))
-    return out
+    return ([f"# {hdr}"] if hdr and out else []) + out
 
 
 def read_ds4_log(text: str, n_layers: int | None = None, backend: str = "ds4"):
     """Profile rows (:data:`ROW_COLUMNS`) from a ds4 stderr log: one call per matching line; with
-    ``n_layers``, calls are numbered token by token (layer = call index mod ``n_layers``)."""
+    ``n_layers``, calls are numbered token by token (layer = call index mod ``n_layers``).
+
+    A ``# ds4lab ...`` header line (:func:`ds4_lines`) marks the lines after it as ds4lab's: their
+    ``note`` is the header and ``modeled`` is true when it says ``MODELED``."""
     import pandas as pd
+
+    from .ingest import ds4lab_header
 
     rows = []
     i = 0
+    note, modeled = "ds4 DS4_CUDA_MOE_PROFILE line", False
     for line in text.splitlines():
+        h = ds4lab_header(line)
+        if h is not None:
+            note, modeled = h
+            continue
         d = parse_ds4_line(line)
         if d is None:
             continue
         token, layer = (i // n_layers, i % n_layers) if n_layers else (i, -1)
         base = {"token": token, "layer": layer, "tokens": d["tokens"], "pairs": d["pairs"], "mode": "ds4",
-                "backend": backend, "routing": "model", "modeled": False, "phase": "eager",
-                "note": "ds4 DS4_CUDA_MOE_PROFILE line"}
+                "backend": backend, "routing": "model", "modeled": modeled, "phase": "eager", "note": note}
         rows.extend({**base, "stage": s, "ms": d[s]} for s in STAGES)
         i += 1
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))

@@ -35,6 +35,10 @@ def test_ds4_log_with_other_lines(tmp_path):
     ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.004 sort=0.0 gateup=0.02 midq=0.003 down=0.01 total=0.04 ms",
      "malformed"),  # a stage missing
     ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=abc sort=0 gateup=0 midq=0 down=0 sum=0 total=0 ms", "malformed"),
+    ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=. sort=0 gateup=0 midq=0 down=0 sum=0 total=0 ms",
+     r"malformed .*xq='\.' is not a number"),  # once a float() ValueError traceback
+    ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=1 sort=e gateup=0 midq=0 down=0 sum=0 total=0 ms",
+     r"sort='e' is not a number"),
     ("ds4: CUDA MoE profile tokens=4 pairs=7 xq=1 sort=0 gateup=0 midq=0 down=0 sum=0 total=1 ms", "multiple"),
     ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=-1 sort=0 gateup=0 midq=0 down=0 sum=0 total=1 ms", "negative"),
 ])
@@ -154,7 +158,8 @@ def test_cli_ingest_and_compare(tmp_path):
 
     log = write(tmp_path, "log.txt", "\n".join([DS4_OK, "ds4: CUDA MoE profile tokens=oops", DS4_BATCH]))
     r = CliRunner().invoke(main, ["ingest", str(log), "--out", str(tmp_path / "a")])
-    assert r.exit_code == 1 and "log.txt:2" in r.output
+    assert r.exit_code == 2 and "log.txt:2" in r.stderr  # bad input: 2, as everywhere in the CLI
+    assert not (tmp_path / "a").exists()  # nothing written
     r = CliRunner().invoke(main, ["ingest", str(log), "--lenient", "--out", str(tmp_path / "a")])
     assert r.exit_code == 3 and (tmp_path / "a" / "ds4_moe.csv").exists()
     assert (tmp_path / "a" / "ingest_problems.csv").read_text().count("log.txt") == 1
@@ -165,3 +170,177 @@ def test_cli_ingest_and_compare(tmp_path):
     r = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(d), "--out", str(tmp_path / "c")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "c" / "compare_ladder.png").exists() and (tmp_path / "c" / "compare_moe.svg").exists()
+
+
+# ----------------------------------------------------------------------------- user mistakes: errors, never tracebacks
+def cli(*args):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception  # no traceback
+    return r
+
+
+def test_cli_ingest_bad_number_is_reported_with_file_and_line(tmp_path):
+    bad = "ds4: CUDA MoE profile tokens=1 pairs=6 xq=. sort=0 gateup=0 midq=0 down=0 sum=0 total=0 ms"
+    log = write(tmp_path, "prof.log", "\n".join([DS4_OK, bad, DS4_BATCH]) + "\n")
+    r = cli("ingest", log, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "prof.log:2" in r.stderr and "xq='.'" in r.stderr
+    r = cli("ingest", log, "--lenient", "--out", tmp_path / "o")
+    assert r.exit_code == 3 and "skipped" in r.stderr and "prof.log:2" in r.stderr
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "o" / "ds4_moe.csv")
+    assert sorted(df.tokens.unique()) == [1, 64] and len(df) == 14  # both good lines kept
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"ds4lab": "0.1.0", "device": ', r"meta.json:1: broken JSON"),
+    ('{\n  "ds4lab": "0.1.0",\n  "device": "H200"\n  "measured": true\n}', r"meta.json:4: broken JSON"),
+    ('["ds4lab", "NVIDIA H200"]', r"meta.json: a JSON array, not the object"),
+    ('"ds4lab"', r"meta.json: a JSON string"),
+    ("", r"meta.json: empty file"),
+])
+def test_ds4lab_folder_with_broken_meta(tmp_path, text, why):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "meta.json").write_text(text)
+    (d / "ladder.csv").write_text("stage,us_median\n0,10\n")
+    with pytest.raises(IngestError, match=why):
+        ingest(d)
+    with pytest.raises(IngestError, match=why):  # lenient cannot read an unreadable folder either
+        ingest(d, lenient=True)
+    r = cli("ingest", d, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "meta.json" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_ds4lab_folder_records_status_and_warns(tmp_path):
+    d = tmp_path / "killed"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps({"ds4lab": "0.1.0", "device": "sim", "modeled": True,
+                                             "job": "moe", "status": "running"}))
+    (d / "summary.csv").write_text("mode,stage,median_ms\ndeferred,xq,0.01\n")
+    r = ingest(d)
+    df = r.tables["ds4lab_summary"]
+    assert df.status.unique().tolist() == ["running"] and df.modeled.all()
+    assert "running" in r.warnings[0] and str(d) in r.warnings[0]
+    out = cli("ingest", d, "--out", tmp_path / "o")
+    assert out.exit_code == 0 and "warning" in out.stderr and "'running'" in out.stderr
+
+
+def make_sqlite_cells(path, kernel_rows, nvtx_rows):
+    con = sqlite3.connect(path)
+    con.execute("create table StringIds (id integer primary key, value text)")
+    con.execute("insert into StringIds values (1, 'k1')")
+    con.execute("create table CUPTI_ACTIVITY_KIND_KERNEL (start, end, shortName integer)")  # no affinity
+    con.executemany("insert into CUPTI_ACTIVITY_KIND_KERNEL values (?,?,?)", kernel_rows)
+    con.execute("create table NVTX_EVENTS (start, end, text text)")
+    con.executemany("insert into NVTX_EVENTS values (?,?,?)", nvtx_rows)
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("kernel,nvtx,where", [
+    ((100, "late", 1), (0, 50, "r"), r"x.sqlite:2: kernel row .*not a number .*end='late'"),
+    ((None, 300, 1), (0, 50, "r"), r"x.sqlite:2: kernel row .*start=None"),
+    ((100, 200, 1), ("soon", 50, "r"), r"x.sqlite:2: NVTX range .*not a number .*start='soon'"),
+    ((100, 200, 1), (None, 50, "r"), r"x.sqlite:2: NVTX range .*start=None"),
+    ((100, 200, 1), (10, "x", "r"), r"x.sqlite:2: NVTX range .*end='x'"),
+])
+def test_nsys_sqlite_text_or_null_times(tmp_path, kernel, nvtx, where):
+    p = tmp_path / "x.sqlite"
+    make_sqlite_cells(p, [(0, 1000, 1), kernel], [(0, 2000, "token"), nvtx, (5, None, "a mark")])
+    with pytest.raises(IngestError, match=where):
+        ingest(p)
+    r = ingest(p, lenient=True)
+    assert len(r.problems) == 1 and r.problems[0]["line"] == 2
+    assert len(r.tables["kernels"]) + len(r.tables["nvtx"]) == 3  # the good rows; the mark is no range
+    c = cli("ingest", p, "--out", tmp_path / "o")
+    assert c.exit_code == 2 and "x.sqlite:2" in c.stderr
+
+
+def test_nsys_sqlite_path_with_uri_characters(tmp_path):
+    p = tmp_path / "run #1?.sqlite"
+    make_sqlite_cells(p, [(0, 1000, 1)], [(0, 2000, "token")])
+    assert ingest(p).tables["kernels"].us.tolist() == [1.0]
+
+
+@pytest.mark.parametrize("cmd", ["ingest", "compare"])
+@pytest.mark.parametrize("below", [False, True])
+def test_out_that_is_a_file(tmp_path, cmd, below):
+    f = tmp_path / "taken"
+    f.write_text("not a folder\n")
+    out = f / "sub" if below else f
+    log = write(tmp_path, "log.txt", DS4_OK + "\n")
+    if cmd == "ingest":
+        r = cli("ingest", log, "--out", out)
+    else:
+        d = tmp_path / "in"
+        assert cli("ingest", log, "--out", d).exit_code == 0
+        r = cli("compare", d, "--out", out)
+    assert r.exit_code == 2, r.output
+    assert f"{f} is a file" in r.stderr and str(out) in r.stderr
+    assert f.read_text() == "not a folder\n"
+
+
+def test_ingest_help_documents_exit_status():
+    r = cli("ingest", "--help")
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "2 bad input" in text and "3 --lenient and some lines were skipped" in text
+
+
+def test_stale_problems_file_is_removed(tmp_path):
+    log = write(tmp_path, "log.txt", DS4_OK + "\nds4: CUDA MoE profile tokens=x\n")
+    out = tmp_path / "o"
+    assert cli("ingest", log, "--lenient", "--out", out).exit_code == 3
+    assert (out / "ingest_problems.csv").exists()
+    log.write_text(DS4_OK + "\n")
+    assert cli("ingest", log, "--out", out).exit_code == 0
+    assert not (out / "ingest_problems.csv").exists()
+
+
+# ----------------------------------------------------------------------------- provenance of ds4-format logs
+def test_ds4lab_header_marks_modeled_lines(tmp_path):
+    modeled = write(tmp_path, "moe-ds4.log", "\n".join([
+        "# ds4lab moe · MODELED by the sim backend (calibration h200), not measured", DS4_OK, DS4_BATCH]) + "\n")
+    real = write(tmp_path, "real.log", "\n".join([DS4_OK, DS4_BATCH]) + "\n")
+    measured = write(tmp_path, "gpu.log", "\n".join([
+        "# ds4lab moe · measured on NVIDIA H200 · driver 580 · CUDA runtime 13.2 · CuPy 14.2.0", DS4_OK]) + "\n")
+    m = ingest(modeled).tables["ds4_moe"]
+    assert len(m) == 14 and m.modeled.all() and set(m.backend) == {"ds4lab"}
+    assert m.provenance.unique().tolist() == [
+        "ds4lab moe · MODELED by the sim backend (calibration h200), not measured"]
+    assert m.source.iloc[0] == "moe-ds4.log:2"  # the header is line 1: line numbers stay the file's
+    r = ingest(real).tables["ds4_moe"]
+    assert not r.modeled.any() and set(r.backend) == {"ds4"} and set(r.provenance) == {"ds4"}
+    g = ingest(measured).tables["ds4_moe"]
+    assert not g.modeled.any() and set(g.backend) == {"ds4lab"}
+    assert g.provenance.iloc[0].startswith("ds4lab moe · measured")
+
+
+def test_ds4_lines_header_round_trip(tmp_path):
+    import pandas as pd
+
+    from ds4lab import moeprof as M
+
+    rows = [{"token": t, "layer": 0, "tokens": 2, "pairs": 12, "stage": s, "ms": 0.01 * (k + 1), "mode": "deferred",
+             "routing": "uniform"} for t in range(3) for k, s in enumerate(M.STAGES)]
+    df = pd.DataFrame(rows)
+    plain = M.ds4_lines(df)
+    assert len(plain) == 3 and all(ln.startswith("ds4: CUDA MoE profile") for ln in plain)
+    lines = M.ds4_lines(df, header="ds4lab moe · MODELED by the sim backend (calibration test), not measured")
+    assert lines[0] == "# ds4lab moe · MODELED by the sim backend (calibration test), not measured"
+    assert lines[1:] == plain
+    assert M.ds4_lines(df.iloc[:0], header="ds4lab moe · x") == []  # no call, no header-only file
+    back = M.read_ds4_log("\n".join(lines))
+    assert len(back) == 3 * len(M.STAGES) and back.modeled.all() and "MODELED" in back.note.iloc[0]
+    assert not M.read_ds4_log("\n".join(plain)).modeled.any()
+    p = write(tmp_path, "moe-ds4.log", "\n".join(lines) + "\n")
+    got = ingest(p).tables["ds4_moe"]
+    assert got.modeled.all() and len(got) == 3 * 7
+    for bad in ("ds4lab a\nb", "not ds4lab", "ds4lab ds4: CUDA MoE profile tokens=1"):
+        with pytest.raises(ValueError, match="header"):
+            M.ds4_lines(df, header=bad)
