@@ -153,7 +153,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, steps, warmup, regime, ca
     import pandas as pd
 
     from . import moeprof as M
-    from . import plots
+    from . import plots, provenance
     from .progress import JobProgress
 
     wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
@@ -187,7 +187,8 @@ def _profile(be, cfg, preset, modes, tokens, routings, steps, warmup, regime, ca
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
     summ = M.summarize(data)
     summ.to_csv(out / "summary.csv", index=False)
-    lines = M.ds4_lines(data[data["mode"].isin(M.STAGE_MODES)], n_used=cfg.n_used)
+    lines = M.ds4_lines(data[data["mode"].isin(M.STAGE_MODES)], n_used=cfg.n_used,
+                        header="ds4lab moe · " + provenance.label(meta))
     (out / "moe-ds4.log").write_text("\n".join(lines) + ("\n" if lines else ""))
     if print_ds4:
         for ln in lines:

@@ -360,7 +360,8 @@ def test_moe_command_writes_rows_meta_and_figures(tmp_path, graphs_restored):
     for stem in ("moe-stages", "moe-distribution", "moe-share"):
         for ext in ("png", "svg", "pdf"):
             assert (out / f"{stem}.{ext}").stat().st_size > 0
-    assert (out / "moe-ds4.log").read_text().startswith("ds4: CUDA MoE profile tokens=")
+    log = (out / "moe-ds4.log").read_text().splitlines()
+    assert log[0].startswith("# ds4lab moe · MODELED") and log[1].startswith("ds4: CUDA MoE profile tokens=")
     assert "exclusion" in main.commands
 
 
