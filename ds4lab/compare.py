@@ -195,27 +195,6 @@ def _folder_tables(d: Path) -> list[Table]:
     return [t for t in found if not (t.kind == "moe-summary" and t.meta_path in rows_meta)]
 
 
-def _grouped_bars(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False):
-    """One bar group per x, one bar per source (``series``: label → {x: value})."""
-    import matplotlib.pyplot as plt
-
-    from . import plots
-
-    with plt.rc_context(plots.STYLE):
-        fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
-        w = 0.8 / len(series)
-        for i, (name, vals) in enumerate(series.items()):
-            ax.bar([k + i * w for k in range(len(xs))], [vals.get(x, float("nan")) for x in xs], w, label=name,
-                   color=plots.COLORS[i % len(plots.COLORS)])
-        ticks = [x if len(str(x)) <= 28 else str(x)[:27] + "…" for x in xs]
-        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(xs))], ticks,
-                      rotation=30 if rotate else 0, ha="right" if rotate else "center")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=9)
-        ax.legend(frameon=False, fontsize=8)
-    return fig
-
-
 def collect(dirs, warn=None) -> list[Table]:
     """Every drawable table of every folder, labelled. Raises CompareError naming each folder
     without one, or the first unreadable file."""
@@ -252,6 +231,33 @@ def collect(dirs, warn=None) -> list[Table]:
     return tables
 
 
+#: Which profiling mode's times stand for a run, best first: in-graph timestamps and CUPTI see the
+#: kernels alone; deferred and host-timed events also count the host's launch gaps (NOTES.md).
+MODE_PREFERENCE = ("in-graph", "cupti", "deferred", "host-timed")
+
+
+def _moe_by_tokens(t: Table) -> tuple[str, dict]:
+    """(what was selected, {tokens per step: {stage: median µs per call}}) of one MoE table, from one
+    profiling mode (:data:`MODE_PREFERENCE`) and, where the table has it, uniform routing only, so
+    that sources compare like for like."""
+    df = t.df.assign(stage=t.df["stage"].astype(str))
+    mode = ""
+    if "mode" in df.columns:
+        have = list(dict.fromkeys(df["mode"].astype(str)))
+        mode = next((m for m in MODE_PREFERENCE if m in have), have[0])
+        df = df[df["mode"].astype(str) == mode]
+    if "routing" in df.columns and (df["routing"].astype(str) == "uniform").any():
+        df = df[df["routing"].astype(str) == "uniform"]  # routing changes the work: compare uniform with uniform
+        mode = f"{mode} · uniform" if mode else "uniform"
+    col = "ms" if t.kind == "moe" else "median_ms"
+    if "tokens" not in df.columns:
+        df = df.assign(tokens=0)  # unknown token count: one panel
+    out = {}
+    for tokens, g in df.groupby("tokens"):
+        out[int(tokens)] = (g.groupby("stage")[col].median() * 1e3).to_dict()
+    return mode, out
+
+
 def compare(dirs, out: Path, warn=None) -> list[Path]:
     """Ladder tables (µs per token per stage), MoE stage medians (ms per stage) and kernel totals
     (µs per kernel name, the largest ten), one bar per table. Returns the written figure paths
@@ -272,17 +278,15 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
            .mean().to_dict() for t in tables if t.kind == "ladder"}
     if lad:
         stages = list(dict.fromkeys(s for v in lad.values() for s in v))
-        figs.append((_grouped_bars(lad, stages, "µs per token (median)",
-                                   "stage ladder, side by side (sources in the legend)"), "compare_ladder"))
+        figs.append((plots.grouped_bars_figure(lad, stages, "µs per token (median)",
+                                               "stage ladder, side by side (sources in the legend)"), "compare_ladder"))
     moe = {}
     for t in tables:
         if t.kind in ("moe", "moe-summary"):
-            col = "ms" if t.kind == "moe" else "median_ms"
-            lbl = t.label if t.kind == "moe" else t.label + " [median of summary medians]"
-            moe[lbl] = t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage")[col].median().to_dict()
+            mode, per_tokens = _moe_by_tokens(t)
+            moe[t.label + (f" · {mode}" if mode else "")] = per_tokens
     if moe:
-        figs.append((_grouped_bars(moe, MOE_STAGES, "ms per call (median)",
-                                   "routed-MoE stages, side by side (sources in the legend)"), "compare_moe"))
+        figs.append((plots.compare_moe_figure(moe, MOE_STAGES), "compare_moe"))
     kern = {}
     for t in tables:
         if t.kind in ("kernels-sum", "kernels"):
@@ -290,8 +294,9 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
             kern[t.label] = t.df.assign(name=t.df["name"].astype(str)).groupby("name")[col].sum().to_dict()
     if kern:
         names = sorted({n for v in kern.values() for n in v}, key=lambda n: -max(v.get(n, 0) for v in kern.values()))
-        figs.append((_grouped_bars(kern, names[:10], "µs in total", "largest kernels by total time, side by side",
-                                   rotate=True), "compare_kernels"))
+        figs.append((plots.grouped_bars_figure(kern, names[:10], "µs in total",
+                                               "largest kernels by total time, side by side", rotate=True),
+                     "compare_kernels"))
     written = []
     try:
         for fig, stem in figs:

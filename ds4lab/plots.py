@@ -309,3 +309,49 @@ def whatif_figure(layers=None, launch=None, tokens=None):
         fig.suptitle(f"What-if sweeps — MODELED (simulated runtime, calibration {cal})", fontsize=9)
         fig.tight_layout()
         return fig
+
+
+def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False):
+    """One bar group per x, one bar per source (``series``: legend label → {x: value}); a missing
+    value leaves a gap. Used by ``ds4lab compare`` (the labels carry each source's provenance)."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
+        w = 0.8 / len(series)
+        for i, (name, vals) in enumerate(series.items()):
+            ax.bar([k + i * w for k in range(len(xs))], [vals.get(x, float("nan")) for x in xs], w, label=name,
+                   color=COLORS[i % len(COLORS)])
+        ticks = [x if len(str(x)) <= 28 else str(x)[:27] + "…" for x in xs]
+        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(xs))], ticks,
+                      rotation=30 if rotate else 0, ha="right" if rotate else "center")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def compare_moe_figure(sources: dict, stages, max_panels: int = 6):
+    """Routed-MoE stage times side by side, one panel per tokens-per-step count (those most
+    sources share, at most ``max_panels``), one bar per source in each stage group.
+    ``sources``: legend label → {tokens: {stage: median µs per call}}."""
+    counts = {}
+    for per in sources.values():
+        for T in per:
+            counts[T] = counts.get(T, 0) + 1
+    tokens = sorted(sorted(counts, key=lambda T: -counts[T])[:max_panels])
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(tokens), figsize=(3.3 * len(tokens) + 1.0, 3.6), squeeze=False)
+        w = 0.8 / len(sources)
+        for ax, T in zip(axes[0], tokens):
+            for i, (name, per) in enumerate(sources.items()):
+                vals = per.get(T, {})
+                ax.bar([k + i * w for k in range(len(stages))], [vals.get(s, float("nan")) for s in stages], w,
+                       label=name, color=COLORS[i % len(COLORS)])
+            ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages, fontsize=7)
+            ax.set_title(f"{T} token{'s' if T != 1 else ''} per step" if T else "tokens per step unknown",
+                         fontsize=8)
+        axes[0][0].set_ylabel("µs per MoE call (median)")
+        h, lab = axes[0][0].get_legend_handles_labels()
+        fig.legend(h, lab, loc="lower center", ncol=min(len(lab), 3), frameon=False, fontsize=7)
+        fig.suptitle("Routed-MoE stages side by side (each source's mode and provenance in the legend)", fontsize=9)
+        fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(lab) - 1) // 3), 1, 0.95))
+    return fig

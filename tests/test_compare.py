@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from ds4lab.compare import CompareError, collect, compare
@@ -173,3 +174,18 @@ def test_nsys_kernel_tables_are_drawn(tmp_path):
     r = cli("compare", tmp_path / "nsys", lad, "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "cmp" / "compare_kernels.png").exists() and (tmp_path / "cmp" / "compare_ladder.png").exists()
+
+
+def test_moe_comparison_is_like_for_like(tmp_path):
+    """Per token count, one mode (in-graph before deferred) and uniform routing only."""
+    from ds4lab.compare import Table, _moe_by_tokens
+
+    rows = []
+    for mode, scale in (("deferred", 10.0), ("in-graph", 1.0)):
+        for routing, r in (("uniform", 1.0), ("worst", 0.5)):
+            for T in (1, 2):
+                rows.append({"mode": mode, "routing": routing, "tokens": T, "stage": "gateup",
+                             "ms": 0.02 * T * scale * r})
+    mode, per = _moe_by_tokens(Table("moe", pd.DataFrame(rows), tmp_path / "moe.csv"))
+    assert mode == "in-graph · uniform"
+    assert per == {1: {"gateup": pytest.approx(20.0)}, 2: {"gateup": pytest.approx(40.0)}}
