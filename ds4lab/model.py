@@ -117,6 +117,30 @@ class MoeScratch:
             self._alloc(T)
 
 
+class ProfileMarker:
+    """Stands in for one of the 7 profiling events in ``DecodeModel.profile_events``: at that
+    point of the routed MoE the model calls :meth:`fire` instead of recording a CUDA event (an
+    in-graph timestamp kernel, an NVTX mark)."""
+
+    def fire(self, site: str) -> None:
+        raise NotImplementedError
+
+
+class MoeObserver:
+    """What a routed-MoE profiler attached to a model sees (``DecodeModel.moe_observer``).
+
+    Each hook gets ``run``, which does the work (the cluster through the executor, or the routed
+    MoE's launches), and must call it exactly once; it may record around it, swap
+    ``profile_events`` for the call, or raise before it (a refused profiling call).
+    """
+
+    def around_moe_cluster(self, layer: int, T: int, run) -> None:
+        run()
+
+    def around_routed_moe(self, layer: int, T: int, run):
+        return run()
+
+
 class DecodeModel:
     """Weights, buffers and the launch sequence of one decode token.
 
@@ -145,6 +169,10 @@ class DecodeModel:
         self.L.legacy_sites = frozenset(self.opts.legacy_sites)
         #: Host-timed MoE profile lines (ds4's DS4_CUDA_MOE_PROFILE), one dict per call.
         self.moe_profile_log: list[dict] = []
+        #: The routed-MoE profiler attached to this model, or None (:class:`MoeObserver`;
+        #: ``ds4lab.moeprof.MoeProfiler.attach`` sets it). It sees every ``moe`` cluster run and
+        #: every routed-MoE call, and may put :class:`ProfileMarker` objects in ``profile_events``.
+        self.moe_observer: MoeObserver | None = None
         #: Bumped whenever a buffer is (re)allocated: part of every graph's buffer-alias key.
         self.generation = 0
         #: None runs every cluster eagerly; a ds4lab.capture.GraphCache captures and replays some.
@@ -296,10 +324,16 @@ class DecodeModel:
         join the graph's buffer-alias key: a graph captured on one input is never replayed on
         another).
         """
-        if self.executor is None:
-            fn()
+        def run() -> None:
+            if self.executor is None:
+                fn()
+            else:
+                self.executor.run(self, cluster, layer, T, ts, fn, inputs)
+
+        if cluster == "moe" and self.moe_observer is not None:
+            self.moe_observer.around_moe_cluster(layer, T, run)
         else:
-            self.executor.run(self, cluster, layer, T, ts, fn, inputs)
+            run()
 
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
         """The host-side choices a cluster's launches depend on, re-asked before every replay.
@@ -381,8 +415,21 @@ class DecodeModel:
         """The routed MoE for ``T`` tokens after :meth:`router`; returns the output buffer ``[T, E]``.
 
         Stages as in ds4 (``xq``, ``sort`` only when T > 1, ``gateup``, ``midq``, ``down``, ``sum``),
-        with ds4's 7 profiling events between them when ``moe_profile`` is on.
+        with ds4's 7 profiling events between them when ``moe_profile`` is on. An attached
+        :attr:`moe_observer` wraps the call.
         """
+        if self.moe_observer is not None:
+            return self.moe_observer.around_routed_moe(layer, T, lambda: self._routed_moe(layer, x, T))
+        return self._routed_moe(layer, x, T)
+
+    def _mark(self, site: str, event) -> None:
+        """One of ds4's 7 profiling points: a CUDA event record, or a profiler's marker."""
+        if isinstance(event, ProfileMarker):
+            event.fire(site)
+        else:
+            self.L.event_record(site, event)
+
+    def _routed_moe(self, layer: int, x, T: int):
         cfg, L = self.cfg, self.L
         self.moe_buf.ensure(T)
         b = self.moe_buf
@@ -391,10 +438,10 @@ class DecodeModel:
         ev = self.profile_events
         with L.cluster("moe"):
             if ev:
-                L.event_record("profile.xq", ev[0])
+                self._mark("profile.xq", ev[0])
             ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, cfg.embed)
             if ev:
-                L.event_record("profile.sort", ev[1])
+                self._mark("profile.sort", ev[1])
             if T > 1:
                 L.memset("sort.counts_clear", b.counts, 0, sync=self.opts.counts_clear == "sync")
                 ops.moe_count(L, "sort.count", b.ids, b.counts, P)
@@ -402,7 +449,7 @@ class DecodeModel:
                 ops.moe_scatter(L, "sort.scatter", b.ids, b.cursor, b.sorted, P)
                 ops.moe_tiles(L, "sort.tiles", b.counts, b.offsets, b.tiles, b.n_tiles, N)
             if ev:
-                L.event_record("profile.gateup", ev[2])
+                self._mark("profile.gateup", ev[2])
             if T > 1:
                 # The grid covers this call's tile bound, not the buffers' capacity: a grid sized
                 # for max_tokens launched ~45x more (empty) blocks at 2 tokens (NOTES.md).
@@ -411,20 +458,20 @@ class DecodeModel:
             else:
                 ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg)
             if ev:
-                L.event_record("profile.midq", ev[3])
+                self._mark("profile.midq", ev[3])
             ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg)
             if ev:
-                L.event_record("profile.down", ev[4])
+                self._mark("profile.down", ev[4])
             if T > 1:
                 ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
                                    max_tiles(P, N, MOE_TILE), P, cfg)
             else:
                 ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg)
             if ev:
-                L.event_record("profile.sum", ev[5])
+                self._mark("profile.sum", ev[5])
             ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg)
             if ev:
-                L.event_record("profile.end", ev[6])
+                self._mark("profile.end", ev[6])
                 if self.opts.moe_host_timed:
                     # ds4: cudaEventSynchronize on the last event, elapsed times read on the host.
                     self.be.event_synchronize(ev[6])

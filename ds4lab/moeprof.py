@@ -50,11 +50,12 @@ and weights are written into the router's output buffers (``model.moe_buf.ids``/
 device, on the current stream, after the router ran and before the routed-MoE launches, so the
 sort, the tiles and the expert load really change; the router stays outside the timed stages.
 
-How the profiler attaches: it wraps three things of one :class:`~ds4lab.model.DecodeModel`
-instance for as long as it is attached (:meth:`MoeProfiler.attached`): ``run_cluster`` for the
-``moe`` cluster (brackets, eager/capture/replay bookkeeping), ``routed_moe`` (the capture guard and
-the per-call instrumentation) and the launcher's ``event_record`` (the seven profiling sites
-become stamps or NVTX marks when the mode says so). Nothing in ``model.py`` changes.
+How the profiler attaches: it becomes the model's ``moe_observer`` for as long as it is attached
+(:meth:`MoeProfiler.attached`; :class:`ds4lab.model.MoeObserver`). The model calls it around
+every ``moe`` cluster run (brackets, eager/capture/replay bookkeeping) and every routed-MoE call
+(the capture guard and the per-call instrumentation), and the seven profiling points call a
+:class:`ds4lab.model.ProfileMarker`'s ``fire`` where the mode puts stamps or NVTX marks instead
+of CUDA events. With no profiler attached the model runs exactly as before.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ import numpy as np
 from . import stream as S
 from .capture import GraphCache
 from .errors import RuntimeApiError
-from .model import MOE_STAGES, DecodeModel, TokenOptions
+from .model import MOE_STAGES, DecodeModel, MoeObserver, ProfileMarker, TokenOptions
 
 #: ds4's profile stages plus their sum.
 STAGES = MOE_STAGES + ("total",)
@@ -290,12 +291,8 @@ def trace_source(be):
 
 
 # ----------------------------------------------------------------------------- per-call instrumentation
-class _Marker:
-    """Stands in for one of the seven profiling events in ``model.profile_events``: the launcher's
-    ``event_record`` hook calls :meth:`fire` instead of recording a CUDA event."""
-
-    def fire(self, site: str) -> None:
-        raise NotImplementedError
+class _Marker(ProfileMarker):
+    """A profiling point of this profiler (see :class:`ds4lab.model.ProfileMarker`)."""
 
 
 class _Stamp(_Marker):
@@ -376,7 +373,7 @@ class _Nvtx:
 
 
 # ----------------------------------------------------------------------------- the profiler
-class MoeProfiler:
+class MoeProfiler(MoeObserver):
     """Times the routed-MoE stages of one :class:`~ds4lab.model.DecodeModel` in one mode.
 
     Args:
@@ -472,13 +469,17 @@ class MoeProfiler:
             self.detach()
 
     def attach(self, calls_per_read: int | None = None) -> None:
-        """Allocate what the mode needs (outside any capture) and wrap the model's hooks.
+        """Allocate what the mode needs (outside any capture) and become the model's
+        ``moe_observer``.
 
         ``calls_per_read``: calls between reads (deferred pool size); default: the model's layers.
+        Raises ``RuntimeError`` when the stream is capturing or another profiler is attached.
         """
         if self._attached:
             return
         m, be = self.model, self.be
+        if m.moe_observer is not None:
+            raise RuntimeError("another routed-MoE profiler is attached to this model: detach it first")
         if capture_status(be, m.L.stream()) != "none":
             raise RuntimeError("attach the profiler before any capture begins (it allocates events and slots)")
         window = self.read_every or calls_per_read or m.n_layers
@@ -495,12 +496,7 @@ class MoeProfiler:
         self._saved = (m.opts, m.profile_events)
         m.opts = dataclasses.replace(m.opts, moe_profile=self.mode in ("host-timed", "deferred", "in-graph", "nvtx"),
                                      moe_host_timed=self.mode == "host-timed")
-        self._orig_routed_moe = m.routed_moe
-        self._orig_run_cluster = m.run_cluster
-        self._orig_event_record = m.L.event_record
-        m.routed_moe = self._routed_moe
-        m.run_cluster = self._run_cluster
-        m.L.event_record = self._event_record
+        m.moe_observer = self
         if self.trace is not None and self.trace.available:
             self.trace.start()
         self._attached = True
@@ -509,9 +505,7 @@ class MoeProfiler:
         if not self._attached:
             return
         m = self.model
-        for name in ("routed_moe", "run_cluster"):
-            m.__dict__.pop(name, None)
-        m.L.__dict__.pop("event_record", None)
+        m.moe_observer = None
         m.opts, m.profile_events = self._saved
         if self.trace is not None and self.trace.available:
             self.trace.stop()
@@ -540,9 +534,8 @@ class MoeProfiler:
     def _status(self) -> str:
         return capture_status(self.be, self.model.L.stream())
 
-    def _run_cluster(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple = ()) -> None:
-        if cluster != "moe":
-            return self._orig_run_cluster(cluster, layer, T, ts, fn, inputs)
+    def around_moe_cluster(self, layer: int, T: int, run) -> None:
+        """The model's hook around each ``moe`` cluster run (eager, capture or replay)."""
         m = self.model
         cache = m.executor if isinstance(m.executor, GraphCache) else None
         st0 = (cache.stats.captures, cache.stats.replays, cache.stats.eager_runs) if cache else None
@@ -553,15 +546,15 @@ class MoeProfiler:
             if status == "none":
                 bracket = self._brackets[self._bracket_next % len(self._brackets)]
                 self._bracket_next += 1
-                self._orig_event_record("profile.boundary", bracket[0])
+                m.L.event_record("profile.boundary", bracket[0])
             else:
                 note = f"stream capturing ({status}): no boundary events recorded"
         self._call_probes: list[_Probe] = []
         try:
-            self._orig_run_cluster(cluster, layer, T, ts, fn, inputs)
+            run()
         finally:
             if bracket is not None and self._status() == "none":
-                self._orig_event_record("profile.boundary", bracket[1])
+                m.L.event_record("profile.boundary", bracket[1])
         probes = self._call_probes
         if cache is not None and cache.stats.replays > st0[1]:
             phase = "capture+replay" if cache.stats.captures > st0[0] else "replay"
@@ -583,7 +576,8 @@ class MoeProfiler:
             note = _join(note, probe.note)
         self._pending.append(_Call(self.token, layer, T, phase, probe, bracket, note))
 
-    def _routed_moe(self, layer: int, x, T: int):
+    def around_routed_moe(self, layer: int, T: int, run):
+        """The model's hook around each routed-MoE call: picks this call's profiling points."""
         m, be = self.model, self.be
         status = self._status()
         phase = "eager" if status == "none" else "capture"
@@ -623,7 +617,7 @@ class MoeProfiler:
             m.profile_events = []
         n_log = len(m.moe_profile_log)
         try:
-            y = self._orig_routed_moe(layer, x, T)
+            y = run()
         except RuntimeApiError as e:
             probe.error, probe.status_after = e.name, self._status()
             self.errors.append({"token": self.token, "layer": layer, "tokens": T, "phase": phase, "error": e.name,
@@ -638,12 +632,6 @@ class MoeProfiler:
             self._graph_probe[(layer, T)] = probe
         self._call_probes.append(probe)
         return y
-
-    def _event_record(self, site: str, event) -> None:
-        if isinstance(event, _Marker):
-            event.fire(site)
-        else:
-            self._orig_event_record(site, event)
 
     # ------------------------------------------------------------------ stamps and ranges
     def _slot_base(self, layer: int, T: int, status: str) -> int:

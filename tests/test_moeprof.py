@@ -374,3 +374,21 @@ def test_ds4_lines_are_read_by_ds4lab_ingest(wb_fast, tmp_path, graphs_restored)
     res = ingest.ingest(p)
     got = res.tables["ds4_moe"]
     assert len(got) == len(df) and set(got["tokens"]) == {3} and set(got["pairs"]) == {18}
+
+
+def test_profiler_attaches_through_the_model_hook_and_leaves_no_trace():
+    """attach sets ``moe_observer`` (nothing of the model is replaced), a second profiler is
+    refused, and detach restores the model's options and profiling events."""
+    from ds4lab.config import get_preset
+    from ds4lab.sim.backend import SimBackend
+
+    wb = M.MoeWorkbench(SimBackend(timing_only=True), get_preset("tiny"), max_tokens=2, n_layers=1)
+    m = wb.model
+    opts, events = m.opts, m.profile_events
+    p = M.MoeProfiler(m, "deferred")
+    with p.attached():
+        assert m.moe_observer is p
+        assert "routed_moe" not in vars(m) and "event_record" not in vars(m.L)
+        with pytest.raises(RuntimeError, match="another routed-MoE profiler"):
+            M.MoeProfiler(m, "in-graph").attach()
+    assert m.moe_observer is None and m.opts == opts and m.profile_events == events
