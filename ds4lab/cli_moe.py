@@ -13,7 +13,7 @@ import click
 from .config import PRESETS, ConfigError
 
 #: What ``ds4lab moe`` writes in its folder (an earlier run's copies are removed first).
-MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4.log", "expert-load.csv", "share.csv", "overhead.csv",
+MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4*.log", "expert-load.csv", "share.csv", "overhead.csv",
                "moe-stages.*", "moe-distribution.*", "moe-share.*")
 
 
@@ -37,6 +37,9 @@ def _csv_list(text: str, allowed=None, kind=str, what: str = "value") -> list:
                                      f"{', '.join(map(str, allowed))} (or all)")
     if not out:
         raise click.BadParameter(f"no {what} given")
+    twice = sorted({str(t) for t in out if out.count(t) > 1})
+    if twice:
+        raise click.BadParameter(f"{what}(s) {', '.join(twice)} given more than once in {text!r}")
     return out
 
 
@@ -187,12 +190,19 @@ def _profile(be, cfg, preset, modes, tokens, routings, steps, warmup, regime, ca
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
     summ = M.summarize(data)
     summ.to_csv(out / "summary.csv", index=False)
-    lines = M.ds4_lines(data[data["mode"].isin(M.STAGE_MODES)], n_used=cfg.n_used,
-                        header="ds4lab moe · " + provenance.label(meta))
-    (out / "moe-ds4.log").write_text("\n".join(lines) + ("\n" if lines else ""))
-    if print_ds4:
-        for ln in lines:
-            click.echo(ln, err=True)
+    # ds4's profile lines, one file per (mode, routing): the format has no field for either, so
+    # the header names them and one file never mixes two.
+    logs = []
+    staged = data[data["mode"].isin(M.STAGE_MODES)]
+    for (mode, routing), g in staged.groupby(["mode", "routing"], sort=False):
+        lines = M.ds4_lines(g, n_used=cfg.n_used,
+                            header=f"ds4lab moe · mode={mode} · routing={routing} · " + provenance.label(meta))
+        if lines:
+            logs.append(out / f"moe-ds4-{mode}-{routing}.log")
+            logs[-1].write_text("\n".join(lines) + "\n")
+            if print_ds4:
+                for ln in lines:
+                    click.echo(ln, err=True)
     _print_summary(con, summ, modes)
     # the routing check: expert load per pattern (numbers needed: not in timing-only sim)
     if not getattr(be, "timing_only", False):
@@ -222,7 +232,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, steps, warmup, regime, ca
         con.print(ov[["mode", "regime", "us_per_token", "overhead_us", "overhead_pct", "note"]].to_string(
             index=False, float_format=lambda v: f"{v:.1f}"))
     meta.update(failures=failures, rows=len(data))
-    written = [csv_path, out / "summary.csv", out / "moe-ds4.log", out / "meta.json"] + [
+    written = [csv_path, out / "summary.csv", *logs, out / "meta.json"] + [
         out / f for f in ("expert-load.csv", "share.csv", "overhead.csv") if (out / f).exists()] + figs
     con.print("wrote " + ", ".join(map(str, written)))
     return data

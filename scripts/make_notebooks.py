@@ -177,7 +177,15 @@ from pathlib import Path
 import json
 import pandas as pd
 from ds4lab.cli import main as ds4lab
-args = ["moe", "--backend", BACKEND, "--mode", MODES, "--tokens-per-step", TOKENS_PER_STEP,
+from ds4lab.config import get_preset
+from ds4lab.backends.cupy_backend import gpu_usable
+# Token counts above the preset's max_tokens are refused by `ds4lab moe`: keep the ones it takes.
+preset = PRESET or ("ds4-flash" if BACKEND == "cupy" or (BACKEND == "auto" and gpu_usable()[0]) else "small")
+limit = get_preset(preset).max_tokens
+counts = [t for t in TOKENS_PER_STEP.split(",") if int(t) <= limit]
+if len(counts) < len(TOKENS_PER_STEP.split(",")):
+    print(f"note: {preset} takes at most {limit} tokens per step: profiling {','.join(counts)}")
+args = ["moe", "--backend", BACKEND, "--mode", MODES, "--tokens-per-step", ",".join(counts),
         "--routing", ROUTINGS, "--steps", str(STEPS), "--out", OUT, "--no-overhead"]
 if PRESET:
     args += ["--preset", PRESET]
@@ -206,7 +214,13 @@ for f in ("moe-stages.png", "moe-distribution.png", "moe-share.png"):
 `ds4lab ingest` reads these lines (and a real ds4 run's `DS4_CUDA_MOE_PROFILE` stderr) back into
 the same table, so a real engine run and this workbench can be compared side by side.
 """),
-    code("for line in (Path(OUT) / 'moe-ds4.log').read_text().splitlines()[:8]:\n    print(line)"),
+    code("""
+# ds4's own profile lines (DS4_CUDA_MOE_PROFILE format), one file per mode and routing
+log = sorted(Path(OUT).glob("moe-ds4-*.log"))[0]
+print(log.name)
+for line in log.read_text().splitlines()[:8]:
+    print(line)
+"""),
 ])
 
 write("02_profiling_vs_capture.ipynb", [

@@ -360,8 +360,13 @@ def test_moe_command_writes_rows_meta_and_figures(tmp_path, graphs_restored):
     for stem in ("moe-stages", "moe-distribution", "moe-share"):
         for ext in ("png", "svg", "pdf"):
             assert (out / f"{stem}.{ext}").stat().st_size > 0
-    log = (out / "moe-ds4.log").read_text().splitlines()
-    assert log[0].startswith("# ds4lab moe · MODELED") and log[1].startswith("ds4: CUDA MoE profile tokens=")
+    # one ds4-format log per (mode, routing), its header naming both and the provenance
+    pairs = [(m, r) for m in M.STAGE_MODES if m in set(df["mode"]) for r in sorted(set(df["routing"]))]
+    assert sorted(p.name for p in out.glob("moe-ds4*.log")) == sorted(f"moe-ds4-{m}-{r}.log" for m, r in pairs)
+    for m, r in pairs:
+        log = (out / f"moe-ds4-{m}-{r}.log").read_text().splitlines()
+        assert log[0].startswith(f"# ds4lab moe · mode={m} · routing={r} · MODELED"), log[0]
+        assert len(log) > 1 and all(ln.startswith("ds4: CUDA MoE profile tokens=") for ln in log[1:])
     assert "exclusion" in main.commands
 
 
