@@ -11,7 +11,7 @@ Measured on the current GPU, each with CUDA events (device time) or a host clock
   fits in ``kernels``;
 * ``memset_us``, ``host_api_us``, ``copy_GBps``.
 
-The result is a JSON file the ``sim`` backend loads (``--calibration``); ``ds4lab/data/h200.json``
+The result is a JSON file the ``sim`` backend loads (``DS4LAB_CALIBRATION=FILE``); ``ds4lab/data/h200.json``
 is the one shipped for the H200.
 """
 
@@ -177,12 +177,19 @@ def fit_tiled_moe(moe_dir: Path, max_tokens: int = 64) -> dict:
         raise ValueError(f"{moe_dir}: not a ds4lab moe result folder ({e})") from None
     if meta.get("modeled") or not meta.get("measured", True):
         raise ValueError(f"{moe_dir}: modeled on the simulated runtime; fit from a GPU measurement")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{moe_dir}/meta.json: a JSON object expected")
     preset = meta.get("preset", {})
+    if isinstance(preset, str):
+        preset = {"name": preset}
     if not isinstance(preset, dict) or "name" not in preset:
         raise ValueError(f"{moe_dir}/meta.json names no preset")
     cfg = get_preset(preset["name"])
     F, E, k, N = cfg.expert_ffn, cfg.embed, cfg.n_used, cfg.n_experts
     shapes = {"gate_up": (2 * F, E), "down": (E, F)}
+    missing = [c for c in ("mode", "routing", "tokens", "stage", "median_ms") if c not in summary.columns]
+    if missing:
+        raise ValueError(f"{moe_dir}/summary.csv lacks the column(s) {', '.join(missing)}")
     d = summary[(summary["mode"] == "in-graph") & (summary["routing"] == "uniform")
                 & summary["tokens"].between(2, max_tokens)]
     fits = {}

@@ -11,7 +11,7 @@ import click
 from .backends import BACKENDS, BackendUnavailable
 from .config import PRESETS, ConfigError
 from .ladder import LadderInputError
-from .results import OutputError
+from .results import OutputError, check_out
 from .model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
 
 
@@ -169,8 +169,8 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
     except ValueError as e:  # a stage that is not bit-identical to stage 0: measured, written, and failed
         _fail(str(e), code=1)
     except KeyboardInterrupt:
-        _fail("interrupted: what was measured so far is in the result folder (meta.json status: interrupted)",
-              code=130)
+        _fail("interrupted (meta.json status: interrupted); ladder.csv holds the rounds that had finished, "
+              "if any", code=130)
 
 
 @main.command()
@@ -213,11 +213,19 @@ def calibrate(preset, out, moe_profile, base) -> None:
     if moe_profile is not None:
         from .sim.costmodel import default_calibration_path
 
-        base = base or default_calibration_path()
         try:
+            base = base or default_calibration_path()
             fits = fit_tiled_moe(moe_profile)
-            cal = json.loads(Path(base).read_text())
-        except ValueError as e:
+            try:
+                cal = json.loads(Path(base).read_text())
+            except (OSError, ValueError) as e:
+                raise ValueError(f"--base {base}: cannot be read as JSON ({e})") from None
+            if not isinstance(cal, dict) or not isinstance(cal.get("kernels", {}), dict):
+                raise ValueError(f"--base {base}: not a calibration (a JSON object with a kernels object)")
+            if out.is_dir():
+                raise ValueError(f"--out {out} is a folder: name the calibration file to write")
+            check_out(out.parent)
+        except (ValueError, OutputError) as e:
             _fail(str(e))
         cal.setdefault("kernels", {}).update(fits)
         cal["source"] = f"{cal.get('source', '')}; tiled MoE kernels fitted from {moe_profile}"

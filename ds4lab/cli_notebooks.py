@@ -33,39 +33,51 @@ def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
     exit status is 1. ``OUT/runs.json`` records what ran, with which parameters, how long, and
     the figures each wrote.
     """
-    import nbformat
-
-    from .notebook_runner import NotebookError, coerce, default_folder, find_notebooks, \
-        parameter_defaults, parse_assignments, run_notebook
+    from .notebook_runner import NotebookError, check_value, coerce, default_folder, find_notebooks, \
+        parameter_defaults, parse_assignments, read_notebook, run_notebook
     from .provenance import write_json
+    from .results import OutputError, check_out
+
+    def fail(msg: str, code: int = 2):
+        click.echo(f"ds4lab: error: {msg}", err=True)
+        sys.exit(code)
 
     try:
         paths = find_notebooks(names, folder or default_folder())
         values = parse_assignments(assignments)
-        params = {p: parameter_defaults(nbformat.read(p, as_version=4)) for p in paths}
+        params = {}
+        for p in paths:
+            try:
+                params[p] = parameter_defaults(read_notebook(p))
+            except NotebookError as e:
+                raise NotebookError(e if str(e).startswith(str(p)) else f"{p}: {e}") from None
     except NotebookError as e:
-        click.echo(f"ds4lab: error: {e}", err=True)
-        sys.exit(2)
+        fail(str(e))
     if list_only:
-        for p, names_ in params.items():
-            click.echo(f"{p.stem}: {', '.join(names_)}")
+        for p, defaults in params.items():
+            click.echo(f"{p.stem}: " + ", ".join(f"{n}={v!r}" for n, v in defaults.items()))
         return
+    if "OUT" in values:
+        fail("OUT is set by --out (each notebook writes under --out/NAME); drop --set OUT=…")
+    stems = [p.stem for p in paths]
+    if len(set(stems)) < len(stems):
+        fail(f"two notebooks named {sorted({s for s in stems if stems.count(s) > 1})[0]}: their executed "
+             "copies and results would overwrite each other; run them with different --out folders")
     known = {n for names_ in params.values() for n in names_}
     stray = sorted(set(values) - known)
     if stray:
         click.echo(f"ds4lab: error: no notebook has a parameter named {', '.join(stray)} "
                    f"(they have: {', '.join(sorted(known))})", err=True)
         sys.exit(2)
-    try:  # type every value against each notebook's default before anything runs
+    try:  # type and check every value against each notebook's default before anything runs
         typed = {p: {n: coerce(n, v, params[p][n]) for n, v in values.items() if n in params[p]}
                  for p in paths}
-    except NotebookError as e:
-        click.echo(f"ds4lab: error: {e}", err=True)
-        sys.exit(2)
-    if out.exists() and not out.is_dir():
-        click.echo(f"ds4lab: error: --out {out} exists and is not a folder", err=True)
-        sys.exit(2)
-    out.mkdir(parents=True, exist_ok=True)
+        for per in typed.values():
+            for n, v in per.items():
+                check_value(n, v)
+        check_out(out, ("runs.json",))
+    except (NotebookError, OutputError) as e:
+        fail(str(e))
     runs = []
     for k, p in enumerate(paths, 1):
         mine = typed[p]
@@ -79,6 +91,9 @@ def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
             sys.exit(2)
         runs.append(r.summary())
         write_json(out / "runs.json", {"runs": runs})  # after each notebook: an interruption keeps it
+        if r.interrupted:
+            fail(f"interrupted in {p.name}: its outputs so far are in {r.executed}; the notebooks after "
+                 "it did not run (runs.json says so)", code=130)
         if r.ok:
             click.echo(f"    ok in {r.seconds:.0f} s; {len(r.figures)} figures under {out / p.stem}")
         else:

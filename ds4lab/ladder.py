@@ -272,6 +272,9 @@ def run_ladder(backend: str = "auto", preset: str | None = None, stages: str = "
     if tokens < 1 or exact_tokens < 0 or rounds < 1 or warmup < 0:
         raise LadderInputError(f"tokens={tokens}, warmup={warmup}, exact_tokens={exact_tokens} and "
                                f"rounds={rounds} must be positive")
+    if rounds > tokens:
+        con.print(f"[yellow]note: {tokens} tokens cannot fill {rounds} rounds: timing {tokens} round(s) of one[/]")
+        rounds = tokens
     per_round = -(-tokens // rounds)
     last = START_POS + exact_tokens + 2 + rounds * len(st_list) * (per_round + warmup)
     if last > MAX_POS:

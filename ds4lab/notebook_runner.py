@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,11 +159,13 @@ class NotebookRun:
     failed_cell: int | None = None
     error: str | None = None
     figures: list[str] = field(default_factory=list)
+    interrupted: bool = False
 
     def summary(self) -> dict:
         return {"notebook": self.name, "ok": self.ok, "seconds": round(self.seconds, 1),
                 "cells": self.cells, "parameters": self.parameters, "executed": str(self.executed),
-                "failed_cell": self.failed_cell, "error": self.error, "figures": self.figures}
+                "failed_cell": self.failed_cell, "error": self.error, "figures": self.figures,
+                "interrupted": self.interrupted}
 
 
 def _client_modules():
@@ -190,10 +193,7 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     """
     nbclient, nbformat = _client_modules()
     path = Path(path)
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as e:  # nbformat raises several kinds for a file that is not a notebook
-        raise NotebookError(f"{path}: not a readable notebook ({e})") from None
+    nb = read_notebook(path)
     values = dict(values)
     if out_dir is not None:
         if "OUT" not in parameter_names(nb):
@@ -217,9 +217,21 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     executed = Path(executed)
     executed.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()  # host clock around host work: kernel start and cells, end to end
+    started = time.time()  # wall clock: which figures this run wrote (file modification times)
     failed, error = None, None
+    # Ctrl-C reaches the kernel and nbclient's sockets too, and may surface as any exception:
+    # remember that it came, and report the run as interrupted whatever was raised.
+    interrupted = []
+
+    def on_sigint(signum, frame):
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
     try:
         client.execute()
+    except KeyboardInterrupt:
+        interrupted.append(True)
     except nbclient.exceptions.CellExecutionError as e:
         failed = next((code_cells.index(i) + 1 for i, c in enumerate(nb.cells) if c.cell_type == "code"
                        and any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
@@ -228,13 +240,41 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
         error = f"cell timed out after {timeout} s: {e}"
     except Exception as e:  # a kernel that does not start or dies: keep what ran, report it
         error = f"{type(e).__name__}: {e}"
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    # While a notebook runs, nbclient takes SIGINT/SIGTERM itself: it shuts the kernel down (the
+    # running cell then fails with whatever the closed sockets raise) and leaves this future set.
+    if getattr(client, "_async_cleanup_kernel_future", None) is not None:
+        interrupted.append(True)
+    if interrupted:
+        error = "interrupted (Ctrl-C)"
     seconds = time.perf_counter() - t0
     nbformat.write(nb, executed)
     figures = []
     if out_dir is not None and Path(out_dir).exists():
-        figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png"))
+        figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png")
+                         if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
     return NotebookRun(path.name, executed, error is None, seconds, len(code_cells),
-                       parameters=values, failed_cell=failed, error=error, figures=figures)
+                       parameters=values, failed_cell=failed, error=error, figures=figures,
+                       interrupted=bool(interrupted))
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def read_notebook(path: Path):
+    """The notebook at ``path`` (nbformat, version 4). Raises :class:`NotebookError` naming the file
+    when it is missing or not a notebook."""
+    _, nbformat = _client_modules()
+    try:
+        return nbformat.read(Path(path), as_version=4)
+    except Exception as e:  # nbformat raises several kinds for a file that is not a notebook
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise NotebookError(f"{path}: not a readable notebook ({why})") from None
 
 
 def find_notebooks(names, folder: Path) -> list[Path]:
@@ -272,3 +312,51 @@ def default_folder() -> Path:
     if here.is_dir():
         return here
     return Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def check_value(name: str, value) -> None:
+    """Refuse, before any kernel starts, a parameter value the notebooks' code would refuse later
+    (the names are the workbench notebooks' own). Raises :class:`NotebookError` naming the value."""
+    from .config import PRESETS
+
+    def bad(why: str):
+        raise NotebookError(f"parameter {name}={value!r}: {why}")
+
+    if name in ("PRESET", "HAZARD_PRESET"):
+        if value is not None and value not in PRESETS:
+            bad(f"choose None or one of {', '.join(PRESETS)}")
+    elif name == "BACKEND":
+        if value not in ("auto", "cupy", "sim"):
+            bad("choose auto, cupy or sim")
+        if value == "cupy":
+            from .backends.cupy_backend import gpu_usable
+
+            ok, why = gpu_usable()
+            if not ok:
+                bad(f"no GPU is usable here ({why})")
+    elif name == "STAGES":
+        from .ladder import LadderInputError, parse_stages
+
+        try:
+            parse_stages(value)
+        except LadderInputError as e:
+            bad(str(e))
+    elif name in ("TOKENS", "STEPS"):
+        if not isinstance(value, int) or value < 1:
+            bad("a whole number ≥ 1")
+    elif name == "TOKENS_PER_STEP":
+        parts = str(value).split(",")
+        if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            bad("comma-separated whole numbers ≥ 1, e.g. \"1,2,64\"")
+    elif name in ("ROUTINGS", "MODES"):
+        from .moeprof import MODES, ROUTINGS
+
+        known = ROUTINGS if name == "ROUTINGS" else MODES
+        parts = [p.strip() for p in str(value).split(",")]
+        if parts != ["all"] and not all(p in known for p in parts):
+            bad(f"comma-separated names from {', '.join(known)}, or all")
+    elif name.startswith("SWEEP_"):
+        whole = name in ("SWEEP_LAYERS", "SWEEP_TOKENS")
+        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                and (not whole or float(v).is_integer()) for v in value):
+            bad("a non-empty list of " + ("whole numbers" if whole else "numbers") + " > 0")

@@ -75,3 +75,48 @@ def test_sim_moe_call_tracks_the_h200_over_token_counts():
     df = whatif.sweep_moe_tokens([1, 2, 3, 16, 64])
     ratio = {int(t): round(g / measured[t], 3) for t, g in zip(df["tokens"], df["graph µs"])}
     assert all(0.8 <= r <= 1.35 for r in ratio.values()), ratio
+
+
+@pytest.mark.parametrize("case", ["out-is-folder", "out-below-file", "base-is-list", "base-not-json",
+                                  "summary-without-mode"])
+def test_cli_moe_profile_bad_input(case, tmp_path):
+    (tmp_path / "moe").mkdir()
+    src = _folder(tmp_path / "moe", 3.0, 2000.0)
+    args = ["calibrate", "--moe-profile", str(src), "--out", str(tmp_path / "cal.json")]
+    if case == "out-is-folder":
+        (tmp_path / "adir").mkdir()
+        args[-1], needle = str(tmp_path / "adir"), "is a folder"
+    elif case == "out-below-file":
+        (tmp_path / "f.json").write_text("{}")
+        args[-1], needle = str(tmp_path / "f.json" / "x.json"), "existing file, not a folder"
+    elif case == "base-is-list":
+        (tmp_path / "b.json").write_text("[1, 2]")
+        args += ["--base", str(tmp_path / "b.json")]
+        needle = "not a calibration"
+    elif case == "base-not-json":
+        (tmp_path / "b.json").write_text("{oops")
+        args += ["--base", str(tmp_path / "b.json")]
+        needle = "b.json: cannot be read as JSON"
+    else:
+        s = pd.read_csv(src / "summary.csv").drop(columns=["mode"])
+        s.to_csv(src / "summary.csv", index=False)
+        needle = "lacks the column(s) mode"
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "cal.json").exists()
+
+
+def test_calibration_from_the_environment(tmp_path, monkeypatch):
+    """DS4LAB_CALIBRATION points every sim backend at another calibration file."""
+    from ds4lab.sim.backend import SimBackend
+    from ds4lab.sim.costmodel import default_calibration_path
+
+    cal = json.loads(default_calibration_path().read_text())
+    cal.update(name="slow launches", host_launch_us=50.0)
+    f = tmp_path / "cal.json"
+    f.write_text(json.dumps(cal))
+    monkeypatch.setenv("DS4LAB_CALIBRATION", str(f))
+    assert SimBackend(timing_only=True).calibration["name"] == "slow launches"
+    monkeypatch.setenv("DS4LAB_CALIBRATION", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="missing.json: no such calibration file"):
+        SimBackend(timing_only=True)

@@ -151,7 +151,7 @@ def test_cli_refuses_badly_typed_value(tmp_path):
 def test_cli_lists_parameters():
     res = CliRunner().invoke(main, ["notebooks", "--list", "--dir", str(NB_DIR)])
     assert res.exit_code == 0
-    assert "01_moe_timing: BACKEND, PRESET, TOKENS_PER_STEP" in res.output
+    assert "01_moe_timing: BACKEND='auto', PRESET=None, TOKENS_PER_STEP='1,2,3,64,512'" in res.output
 
 
 @pytest.mark.slow
@@ -187,3 +187,57 @@ def test_runs_on_sim(path, tmp_path):
     executed = nbformat.read(r.executed, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in executed.cells])
     assert "MODELED" in text or "modeled" in text, "on sim the notebook says its figures are modeled"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "OUT=/tmp/x"], "OUT is set by --out"),
+    (["--set", "PRESET=huge"], "PRESET='huge'"),
+    (["--set", "STAGES=[1]"], "unknown stage(s) [1]"),
+    (["--set", "TOKENS=-5"], "TOKENS=-5"),
+    (["--set", "SWEEP_LAUNCH_US=[1, 'a']"], "SWEEP_LAUNCH_US"),
+    (["--set", "ROUTINGS=uniform,sideways"], "ROUTINGS='uniform,sideways'"),
+    (["00", "00_quickstart"], "two notebooks named 00_quickstart"),
+])
+def test_cli_refuses_before_any_kernel_starts(args, needle, tmp_path):
+    res = CliRunner().invoke(main, ["notebooks", *args, "--dir", str(NB_DIR), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_names_a_broken_notebook(tmp_path):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    (d / "bad.ipynb").write_text("{not json")
+    res = CliRunner().invoke(main, ["notebooks", "--dir", str(d), "--list"])
+    assert res.exit_code == 2 and "bad.ipynb" in res.output and "not a readable notebook" in res.output
+
+
+def test_cli_out_below_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    res = CliRunner().invoke(main, ["notebooks", "00", "--dir", str(NB_DIR), "--out", str(f / "sub")])
+    assert res.exit_code == 2 and "is a file" in res.output
+
+
+@pytest.mark.slow
+def test_figures_listed_are_this_runs_and_ctrl_c_is_an_interruption(tmp_path):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    src = tmp_path / "n.ipynb"
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "old.png").write_bytes(b"from an earlier run")
+    import os
+    import time
+
+    old = time.time() - 3600
+    os.utime(tmp_path / "o" / "old.png", (old, old))
+    nbformat.write(_notebook("import pathlib; pathlib.Path(OUT, 'new.png').write_bytes(b'x')",
+                             "import os, signal, time; os.kill(os.getppid(), signal.SIGINT); time.sleep(20)",
+                             "print('never')"), src)
+    t0 = time.perf_counter()
+    r = run_notebook(src, {}, tmp_path / "run" / "n.ipynb", out_dir=tmp_path / "o", timeout=60)
+    assert r.interrupted and not r.ok and r.error == "interrupted (Ctrl-C)"
+    assert time.perf_counter() - t0 < 15, "the interrupted cell was not waited out"
+    assert r.figures == ["new.png"]

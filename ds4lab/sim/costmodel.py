@@ -33,6 +33,7 @@ per-op timing CSV and a launch trace (see ``ds4lab/data/h200-provisional.json``)
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -47,8 +48,20 @@ REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_grap
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0}
 
 
+#: Environment variable naming a calibration file to use instead of the shipped one (every
+#: command and notebook that builds a ``sim`` backend without an explicit calibration).
+CALIBRATION_ENV = "DS4LAB_CALIBRATION"
+
+
 def default_calibration_path() -> Path:
-    """``ds4lab/data/h200.json`` when it exists (measured), else ``h200-provisional.json``."""
+    """``$DS4LAB_CALIBRATION`` when set; else ``ds4lab/data/h200.json`` when it exists (measured),
+    else ``h200-provisional.json``. Raises ``ValueError`` naming a ``$DS4LAB_CALIBRATION`` that is
+    not a file."""
+    env = os.environ.get(CALIBRATION_ENV)
+    if env:
+        if not Path(env).is_file():
+            raise ValueError(f"{CALIBRATION_ENV}={env}: no such calibration file")
+        return Path(env)
     return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
 
 
@@ -84,7 +97,12 @@ class Calibration:
             src = default_calibration_path()
         if isinstance(src, (str, Path)):
             path = str(Path(src).resolve())
-            d = json.loads(Path(src).read_text())
+            try:
+                d = json.loads(Path(src).read_text())
+            except (OSError, ValueError) as e:
+                raise ValueError(f"calibration {src}: cannot be read as JSON ({e})") from None
+            if not isinstance(d, dict):
+                raise ValueError(f"calibration {src}: a JSON object expected, not {type(d).__name__}")
         elif isinstance(src, dict):
             d = dict(src)
         else:
