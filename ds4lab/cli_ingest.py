@@ -27,12 +27,19 @@ def ingest_cmd(files, lenient, out) -> None:
     """Read ds4 MoE profile logs, Nsight Systems exports (stats CSV, SQLite) and ds4lab result
     folders (format detected from the content) into CSV tables under OUT.
 
+    Each row keeps the input it came from (its file column), so compare draws one bar per input.
+    Once every input was read, the tables an earlier ingest wrote to OUT (ds4_moe.csv,
+    nsys_kernels.csv, nsys_nvtx.csv, kernels.csv, nvtx.csv, ds4lab_*.csv, ingest_problems.csv) are
+    replaced: OUT holds this run's tables only. A ds4-format log that ds4lab wrote names its mode
+    and routing in its "# ds4lab moe · mode=... · routing=..." first line.
+
     \b
     Exit status:
       0  every input read completely
       2  bad input: an unreadable or unrecognised file, a malformed line
-         (without --lenient), a broken meta.json, or an --out that cannot
-         be a folder; the error names the file and line; nothing is written
+         (without --lenient), a broken meta.json, a ds4lab folder without
+         a table, the same file given twice, or an --out that cannot be a
+         folder; the error names the file and line; OUT is left untouched
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
@@ -43,8 +50,8 @@ def ingest_cmd(files, lenient, out) -> None:
     except IngestError as e:
         _fail(str(e))
     for r in results:
-        tabs = ", ".join(f"{n} ({len(df)} rows)" for n, df in r.tables.items())
-        click.echo(f"{r.path}: {r.kind} → {tabs}")
+        tabs = ", ".join(f"{n} ({len(df)} rows)" for n, df in r.tables.items() if not df.empty)
+        click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
         for w in r.warnings:
             click.echo(f"ds4lab: warning: {w}", err=True)
         for p in r.problems:
@@ -63,8 +70,11 @@ def compare_cmd(dirs, out) -> None:
     Every DIR must hold a table compare can draw: a stage ladder (ladder.csv, ladder-NAME.csv),
     MoE stage rows or summaries (moe.csv, summary.csv, summary-NAME.csv, a ds4-format moe-ds4.log),
     kernel summaries (nsys_kernels.csv, kernels.csv) or their ingested copies (ds4_moe.csv,
-    ds4lab_*.csv). A run whose meta.json status is not "complete" is drawn with
-    "(incomplete: STATUS)" in its legend label and a warning; modeled results say MODELED.
+    ds4lab_*.csv). An ingested table is drawn one bar per input file; a MoE table's bar is one
+    profiling mode and routing (in-graph first, uniform routing first), named in its label with
+    the preset the meta.json names. A run whose meta.json status is not "complete" is drawn with
+    "(incomplete: STATUS)" in its legend label and a warning; modeled results say MODELED. The
+    compare_* figures an earlier compare left in OUT are replaced.
 
     \b
     Exit status:

@@ -11,16 +11,29 @@ The format is detected from the content, never from the file name:
   ``# ds4lab ...`` comment line (the provenance header ``ds4lab moe`` puts first in the
   ``moe-ds4.log`` it writes) marks the lines after it as written by ds4lab, not by ds4: their
   ``provenance`` column holds the header and ``modeled`` is true when the header says ``MODELED``;
-  lines without such a header are ds4's own (``provenance`` ``ds4``, ``modeled`` false);
+  its ``mode=<mode>`` and ``routing=<routing>`` tokens (``# ds4lab moe · mode=in-graph ·
+  routing=uniform · measured on ...``) give the lines' ``mode`` and ``routing`` (and are left out of
+  ``provenance``); an older header without them gives ``unknown`` for both. Lines without such a
+  header are ds4's own (``provenance`` ``ds4``, ``modeled`` false, mode ``host-timed``, routing
+  ``ds4``). A line that cannot be a real call is malformed too: ``tokens=0``, a stage time that is
+  negative or not finite, ``pairs`` not a positive multiple of ``tokens``, or ``total`` differing
+  from the sum of the six stages by more than the printed rounding (0.001 ms per field, 0.007 ms;
+  not checked for ``mode=cupti`` lines, whose total is first kernel start to last kernel end, nor
+  under an older header, whose lines may be CUPTI's);
 * text with ``nsys stats`` CSV reports → the CUDA GPU kernel summary (``cuda_gpu_kern_sum``) and
   the NVTX range summary (``nvtx_sum``/``nvtx_pushpop_sum``); several reports may share one file,
   text may come before each table, time columns may be in ns, us or ms, numbers may carry
-  thousands separators.
+  thousands separators; a negative or non-finite number is a malformed row.
+
+Every table has a ``file`` column (the input it came from: one source per file, so that ``compare``
+draws one bar per file) and a ``source`` column (``file:line``, the SQLite row number, or the CSV a
+ds4lab folder's table came from).
 
 Malformed input raises :class:`IngestError` naming the file and line; with ``lenient=True`` the good
 rows are kept and every bad line is reported (:attr:`Ingested.problems`), never dropped silently.
-An input that cannot be read at all (no such file, a broken ``meta.json``, an unreadable SQLite
-database) and an ``--out`` that cannot be a folder are IngestErrors in either mode.
+An input that cannot be read at all (no such file, a broken ``meta.json``, a ds4lab folder without
+a table, an unreadable SQLite database), the same input given twice, and an ``--out`` that cannot be
+a folder are IngestErrors in either mode.
 """
 
 from __future__ import annotations
@@ -43,6 +56,16 @@ _DS4_LINE = re.compile(
     r"^ds4: CUDA MoE profile tokens=(?P<tokens>\d+) pairs=(?P<pairs>\d+)"
     + "".join(rf" {s}=(?P<{s}>{_FLOAT})" for s in MOE_STAGES) + r" ms\s*$")
 _DS4LAB_HEADER = re.compile(r"^\s*#\s*(?P<text>ds4lab\b.*?)\s*$")
+_HEADER_FIELD = re.compile(r"(?:^|(?<=[\s\u00b7]))(?P<key>mode|routing)=(?P<value>[^\s\u00b7]+)")
+#: the slack allowed between ``total`` and the sum of the six stages: each of the seven fields is
+#: printed with 3 decimals
+TOTAL_SLACK_MS = 0.001 * (len(MOE_STAGES))
+#: modes whose ``total`` is not the sum of the stages (CUPTI: first kernel start to last kernel end),
+#: and ``unknown`` (an older ds4lab header: its lines may be CUPTI's)
+_TOTAL_NOT_SUM = ("cupti", "unknown")
+#: every table name ingest writes (``<name>.csv`` under ``--out``), and the problems file
+OUTPUT_GLOBS = ("ds4_moe.csv", "nsys_kernels.csv", "nsys_nvtx.csv", "kernels.csv", "nvtx.csv", "ds4lab_*.csv",
+                "ingest_problems.csv")
 _UNIT = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 
 
@@ -93,6 +116,17 @@ def ds4lab_header(line: str) -> tuple[str, bool] | None:
     return m["text"], bool(re.search(r"\bMODELED\b", m["text"]))
 
 
+def ds4lab_header_fields(text: str) -> dict:
+    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say) and
+    ``provenance``: the text without those two tokens."""
+    got = {m["key"]: m["value"] for m in _HEADER_FIELD.finditer(text)}
+    prov = text
+    if got:
+        parts = [" ".join(re.sub(r"(?<!\S)(mode|routing)=\S+", "", p).split()) for p in text.split("\u00b7")]
+        prov = " \u00b7 ".join(p for p in parts if p)
+    return {"mode": got.get("mode", "unknown"), "routing": got.get("routing", "unknown"), "provenance": prov}
+
+
 def check_out_dir(out: Path) -> None:
     """Raise IngestError unless ``out`` is, or can be made, a writable folder (an existing file at
     ``out`` or above it, or a read-only parent, is named). Creates nothing."""
@@ -126,13 +160,12 @@ def detect(path: Path) -> str:
         raise IngestError(f"{path}: unreadable ({e.strerror or e})") from None
     if head.startswith(b"SQLite format 3\x00"):
         return "nsys-sqlite"
-    text = head.decode("utf-8", errors="replace")
     if _DS4_PREFIX in full:
         return "ds4-log"
     if re.search(r'"?Total Time \((ns|us|ms|s)\)"?', full) and re.search(r'"?(Name|Range)"?\s*$', full, re.M):
         return "nsys-csv"
     raise IngestError(f"{path}: not a ds4 MoE profile log, an nsys stats CSV, an nsys SQLite export or a "
-                      f"ds4lab result folder (starts with {text[:60]!r})")
+                      f"ds4lab result folder (starts with {head[:40]!r})")
 
 
 def ingest(path: Path, lenient: bool = False) -> Ingested:
@@ -154,17 +187,21 @@ def _problem(res: Ingested, lenient: bool, line: int, why: str, text: str = "") 
 # ----------------------------------------------------------------------------- ds4 log
 def _ds4_log(path: Path, lenient: bool) -> Ingested:
     """ds4 ``DS4_CUDA_MOE_PROFILE`` lines → rows (call, tokens, pairs, stage, ms): the same columns as
-    ``ds4lab moe``'s table (mode ``host-timed``), plus ``provenance`` and ``modeled``: ``ds4`` and
-    false for ds4's own lines, the ``# ds4lab ...`` header's text (``modeled`` from it) for lines
-    ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``."""
+    ``ds4lab moe``'s table, plus ``provenance`` and ``modeled``: ``ds4`` and false for ds4's own lines
+    (mode ``host-timed``, routing ``ds4``), the ``# ds4lab ...`` header's text (``modeled``, ``mode``
+    and ``routing`` from it; ``unknown`` mode and routing for a header that does not name them) for
+    lines ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``; ``file`` is the log, ``source``
+    ``<log name>:<line>``."""
     res = Ingested(path, "ds4-log")
     rows = []
     call = 0
-    prov, modeled = "ds4", False
+    prov, modeled, mode, routing = "ds4", False, "host-timed", "ds4"
     for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         h = ds4lab_header(line)
         if h is not None:
-            prov, modeled = h
+            text, modeled = h
+            f = ds4lab_header_fields(text)
+            prov, mode, routing = f["provenance"], f["mode"], f["routing"]
             continue
         if _DS4_PREFIX not in line:
             continue
@@ -179,21 +216,39 @@ def _ds4_log(path: Path, lenient: bool) -> Ingested:
         except ValueError as e:  # the pattern admits only numbers; kept as a guard
             _problem(res, lenient, n, f"malformed ds4 MoE profile line ({e})", line)
             continue
-        if pairs != 6 * tokens and pairs % max(tokens, 1):
-            _problem(res, lenient, n, f"pairs={pairs} is not a multiple of tokens={tokens}", line)
-            continue
-        if any(v < 0 for v in vals.values()):
-            _problem(res, lenient, n, "negative time", line)
+        why = _ds4_impossible(m, tokens, pairs, vals, mode)
+        if why:
+            _problem(res, lenient, n, f"malformed ds4 MoE profile line ({why})", line)
             continue
         for s in MOE_STAGES:
             rows.append({"token": call, "layer": float("nan"), "tokens": tokens, "pairs": pairs, "stage": s,
-                         "ms": vals[s], "mode": "host-timed", "backend": "ds4" if prov == "ds4" else "ds4lab",
-                         "routing": "ds4", "modeled": modeled, "provenance": prov, "source": f"{path.name}:{n}"})
+                         "ms": vals[s], "mode": mode, "backend": "ds4" if prov == "ds4" else "ds4lab",
+                         "routing": routing, "modeled": modeled, "provenance": prov, "file": str(path),
+                         "source": f"{path.name}:{n}"})
         call += 1
     if not rows and not res.problems:
         _problem(res, lenient, 0, "no ds4 MoE profile line")
     res.tables["ds4_moe"] = pd.DataFrame(rows)
     return res
+
+
+def _ds4_impossible(m: re.Match, tokens: int, pairs: int, vals: dict, mode: str) -> str | None:
+    """Why a well-formed ds4 line cannot be a real call (the field and its value), or None."""
+    if tokens < 1:
+        return f"tokens={m['tokens']}: a MoE call has at least one token"
+    for s in MOE_STAGES:
+        if not math.isfinite(vals[s]):
+            return f"{s}={m[s]} is not a finite time"
+        if vals[s] < 0:
+            return f"{s}={m[s]} is a negative time"
+    if pairs < tokens or pairs % tokens:
+        return f"pairs={pairs} is not a positive multiple of tokens={tokens}"
+    if mode not in _TOTAL_NOT_SUM:
+        staged = sum(vals[s] for s in MOE_STAGES if s != "total")
+        if abs(vals["total"] - staged) > TOTAL_SLACK_MS + 1e-9:
+            return (f"total={m['total']} is not the sum of the stages ({staged:.3f} ms): off by "
+                    f"{abs(vals['total'] - staged):.3f} ms, more than the rounding ({TOTAL_SLACK_MS:.3f} ms)")
+    return None
 
 
 def _ds4_why(body: str) -> str:
@@ -266,6 +321,14 @@ def _nsys_csv(path: Path, lenient: bool) -> Ingested:
                 _problem(res, lenient, n, f"bad number ({e})", lines[i])
                 i += 1
                 continue
+            bad = next((c for c in [*unit, "Instances", "Time (%)"] if c in rec
+                        and not (math.isfinite(_num(rec[c])) and _num(rec[c]) >= 0)), None)
+            if bad is not None:
+                what = "negative" if _num(rec[bad]) < 0 else "not a finite number"
+                _problem(res, lenient, n, f"{bad}={rec[bad].strip()} is {what}", lines[i])
+                i += 1
+                continue
+            row["file"] = str(path)
             row["source"] = f"{path.name}:{n}"
             (kern if is_k else nvtx).append(row)
             i += 1
@@ -281,7 +344,8 @@ def _nsys_csv(path: Path, lenient: bool) -> Ingested:
 # ----------------------------------------------------------------------------- nsys SQLite
 def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
     """``CUPTI_ACTIVITY_KIND_KERNEL`` → ``kernels`` (name, start/end ns, µs, stream, graph ids);
-    ``NVTX_EVENTS`` push/pop and start/end ranges → ``nvtx`` (name, start/end ns, µs, domain)."""
+    ``NVTX_EVENTS`` push/pop and start/end ranges → ``nvtx`` (name, start/end ns, µs, domain); both
+    with ``file`` and ``source`` (``<name>:<row number>``)."""
     res = Ingested(path, "nsys-sqlite")
     con = None
     try:
@@ -307,6 +371,7 @@ def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
                     continue
                 row = {"name": strings.get(nm, nm), "start_ns": start, "end_ns": end, "us": (end - start) / 1e3}
                 row.update(dict(zip(extra, r[3:])))
+                row.update(file=str(path), source=f"{path.name}:{k}")
                 rows.append(row)
             res.tables["kernels"] = pd.DataFrame(rows)
         if "NVTX_EVENTS" in tables:
@@ -327,7 +392,8 @@ def _nsys_sqlite(path: Path, lenient: bool) -> Ingested:
                     _problem(res, lenient, k, "NVTX range ending before it starts", str((start, end, text)))
                     continue
                 rows.append({"name": text if text is not None else strings.get(tid, ""), "start_ns": start,
-                             "end_ns": end, "us": (end - start) / 1e3, "domain": dom})
+                             "end_ns": end, "us": (end - start) / 1e3, "domain": dom, "file": str(path),
+                             "source": f"{path.name}:{k}"})
             res.tables["nvtx"] = pd.DataFrame(rows)
         if not res.tables:
             _problem(res, lenient, 0, "no CUPTI_ACTIVITY_KIND_KERNEL or NVTX_EVENTS table")
@@ -360,7 +426,11 @@ def _ds4lab_folder(path: Path, lenient: bool) -> Ingested:
     status = str(meta.get("status", "")) if "status" in meta else ("" if "job" not in meta else "no status")
     if status and status.lower() not in ("complete", "done"):
         res.warnings.append(f"{path}: meta.json status {status!r}: an incomplete run")
-    for f in sorted(path.glob("*.csv")):
+    csvs = sorted(f for f in path.glob("*.csv") if f.is_file())
+    if not csvs:
+        raise IngestError(f"{path}: a ds4lab result folder without any table: expected its result CSVs "
+                          "(ladder.csv, moe.csv, summary.csv, ...) beside meta.json")
+    for f in csvs:
         try:
             df = pd.read_csv(f)
         except Exception as e:  # noqa: BLE001 — report which file
@@ -370,33 +440,47 @@ def _ds4lab_folder(path: Path, lenient: bool) -> Ingested:
         df["status"] = status
         if "modeled" not in df:
             df["modeled"] = modeled
+        df["file"] = str(f)
         df["source"] = str(f)
         res.tables[f"ds4lab_{f.stem}"] = df
     return res
 
 
 def ingest_all(paths, out: Path, lenient: bool = False) -> list[Ingested]:
-    """Ingest every path, write each table to ``out/<table>.csv`` (appending across inputs) and
-    the bad lines to ``out/ingest_problems.csv`` (a stale one from an earlier run is removed).
-    Raises IngestError on the first bad input unless ``lenient`` (a file that cannot be read at all,
-    a broken ``meta.json``, and an ``out`` that cannot be a folder are errors either way); nothing is
-    written then."""
+    """Ingest every path and write each table to ``out/<table>.csv`` (the rows of all inputs, each
+    row's ``file`` naming its input) and the bad lines to ``out/ingest_problems.csv``. Once every
+    input was read, the tables an earlier ingest left in ``out`` (:data:`OUTPUT_GLOBS`) are removed
+    first, so that ``out`` holds this run's tables only. Raises IngestError on the first bad input
+    unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, the same input
+    given twice, and an ``out`` that cannot be a folder are errors either way); ``out`` is left
+    untouched then."""
     out = Path(out)
     check_out_dir(out)
+    given: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        key = p.resolve()
+        if key in given:
+            same = "" if str(given[key]) == str(p) else f" (as {given[key]} and as {p})"
+            raise IngestError(f"{p}: given twice{same}: its rows would be counted twice; give each input once")
+        given[key] = p
     results = [ingest(Path(p), lenient) for p in paths]
     merged: dict[str, list[pd.DataFrame]] = {}
     for r in results:
         for name, df in r.tables.items():
-            merged.setdefault(name, []).append(df)
+            if not df.empty:
+                merged.setdefault(name, []).append(df)
     problems = [p for r in results for p in r.problems]
     try:
+        if out.is_dir():
+            for pat in OUTPUT_GLOBS:
+                for f in out.glob(pat):
+                    if f.is_file() or f.is_symlink():
+                        f.unlink()
         out.mkdir(parents=True, exist_ok=True)
         for name, dfs in merged.items():
             pd.concat(dfs, ignore_index=True).to_csv(out / f"{name}.csv", index=False)
         if problems:
             pd.DataFrame(problems).to_csv(out / "ingest_problems.csv", index=False)
-        else:
-            (out / "ingest_problems.csv").unlink(missing_ok=True)
     except OSError as e:
         raise IngestError(f"--out {out}: cannot write ({e.strerror or e}: {e.filename or out})") from None
     return results

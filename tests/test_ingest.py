@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 import pytest
@@ -344,3 +345,190 @@ def test_ds4_lines_header_round_trip(tmp_path):
     for bad in ("ds4lab a\nb", "not ds4lab", "ds4lab ds4: CUDA MoE profile tokens=1"):
         with pytest.raises(ValueError, match="header"):
             M.ds4_lines(df, header=bad)
+
+
+# ----------------------------------------------------------------------------- one source per input file
+def ds4_line(tokens=1, pairs=None, total=None, **stages):
+    """A ds4 profile line as ds4 prints it (3 decimals per field; total = the stages' sum unless given)."""
+    vals = {"xq": 0.004, "sort": 0.0, "gateup": 0.021, "midq": 0.003, "down": 0.011, "sum": 0.002, **stages}
+    tot = sum(float(v) for v in vals.values()) if total is None else total
+    body = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in vals.items())
+    tot = f"{tot:.3f}" if isinstance(tot, float) else tot
+    return f"ds4: CUDA MoE profile tokens={tokens} pairs={6 * tokens if pairs is None else pairs} {body} total={tot} ms"
+
+
+def test_every_table_names_its_input_file(tmp_path):
+    import pandas as pd
+
+    a = write(tmp_path, "a.log", ds4_line(gateup=0.010) + "\n")
+    b_dir = tmp_path / "other"
+    b_dir.mkdir()
+    b = write(b_dir, "a.log", ds4_line(gateup=0.030) + "\n")  # the same name, another folder
+    s1 = write(tmp_path, "s1.csv", NSYS)
+    s2 = write(tmp_path, "s2.csv", NSYS.replace("1,234,567", "2,000,000"))
+    q = tmp_path / "r.sqlite"
+    make_sqlite(q)
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps({"ds4lab": "0.1.0", "device": "NVIDIA H200"}))
+    (d / "ladder.csv").write_text("stage,us_median\n0,10\n")
+    out = tmp_path / "o"
+    ingest_all([a, b, s1, s2, q, d], out)
+    moe = pd.read_csv(out / "ds4_moe.csv")
+    assert moe.file.tolist() == [str(a)] * 7 + [str(b)] * 7
+    assert moe.groupby("file").ms.median().to_dict() != {}  # one group per file, not one table
+    kern = pd.read_csv(out / "nsys_kernels.csv")
+    assert kern.file.unique().tolist() == [str(s1), str(s2)]
+    for name in ("nsys_nvtx", "kernels", "nvtx"):
+        t = pd.read_csv(out / f"{name}.csv")
+        assert t.file.notna().all() and t.source.notna().all(), name
+    assert pd.read_csv(out / "kernels.csv").source.tolist() == ["r.sqlite:1", "r.sqlite:2"]
+    assert pd.read_csv(out / "ds4lab_ladder.csv").file.tolist() == [str(d / "ladder.csv")]
+
+
+@pytest.mark.parametrize("second", ["same", "dot", "abs"])
+def test_the_same_input_twice_is_refused(tmp_path, monkeypatch, second):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "a.log", DS4_OK + "\n")
+    other = {"same": "a.log", "dot": "./a.log", "abs": str(tmp_path / "a.log")}[second]
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "ds4_moe.csv").write_text("old\n")
+    r = cli("ingest", "a.log", other, "--out", out)
+    assert r.exit_code == 2 and "a.log" in r.stderr and "twice" in r.stderr
+    assert (out / "ds4_moe.csv").read_text() == "old\n"  # --out untouched
+    with pytest.raises(IngestError, match="given twice"):
+        ingest_all(["a.log", other], tmp_path / "o2", lenient=True)
+    assert not (tmp_path / "o2").exists()
+
+
+# ----------------------------------------------------------------------------- mode and routing of ds4lab's logs
+HDR = "# ds4lab moe · mode={mode} · routing={routing} · measured on NVIDIA H200 · driver 580 · CuPy 14.2.0"
+
+
+def test_header_mode_and_routing(tmp_path):
+    new = write(tmp_path, "moe-in-graph-zipf.log",
+                HDR.format(mode="in-graph", routing="zipf") + "\n" + DS4_OK + "\n")
+    g = ingest(new).tables["ds4_moe"]
+    assert set(g["mode"]) == {"in-graph"} and set(g.routing) == {"zipf"}
+    assert set(g.provenance) == {"ds4lab moe · measured on NVIDIA H200 · driver 580 · CuPy 14.2.0"}
+    assert not g.modeled.any() and set(g.backend) == {"ds4lab"}
+    old = write(tmp_path, "old.log", "# ds4lab moe · MODELED by the sim backend (calibration h200)\n" + DS4_OK + "\n")
+    o = ingest(old).tables["ds4_moe"]
+    assert set(o["mode"]) == {"unknown"} and set(o.routing) == {"unknown"} and o.modeled.all()
+    real = write(tmp_path, "real.log", DS4_OK + "\n")
+    r = ingest(real).tables["ds4_moe"]
+    assert set(r["mode"]) == {"host-timed"} and set(r.routing) == {"ds4"}
+    # a later header changes the lines after it only
+    two = write(tmp_path, "two.log", "\n".join([
+        HDR.format(mode="deferred", routing="uniform"), DS4_OK, HDR.format(mode="cupti", routing="worst"),
+        DS4_BATCH]) + "\n")
+    t = ingest(two).tables["ds4_moe"]
+    assert t.groupby("token")["mode"].first().tolist() == ["deferred", "cupti"]
+    assert t.groupby("token").routing.first().tolist() == ["uniform", "worst"]
+
+
+# ----------------------------------------------------------------------------- impossible lines
+@pytest.mark.parametrize("bad,why", [
+    (ds4_line(tokens=0, pairs=0), r"tokens=0: a MoE call has at least one token"),
+    (ds4_line(xq="1e999", total=0.041), r"xq=1e999 is not a finite time"),
+    (ds4_line(down="-0.5", total=0.5), r"down=-0.5 is a negative time"),
+    (ds4_line(total="-0.041"), r"total=-0.041 is a negative time"),
+    (ds4_line(total=0.049), r"total=0.049 is not the sum of the stages \(0.041 ms\)"),
+    (ds4_line(total=0.033), r"total=0.033 is not the sum"),
+    (ds4_line(tokens=2, pairs=0), r"pairs=0 is not a positive multiple of tokens=2"),
+    (ds4_line().replace("tokens=1", "tokens=-1"), r"tokens='-1' is not a whole number"),
+])
+def test_impossible_ds4_line(tmp_path, bad, why):
+    p = write(tmp_path, "run.log", "\n".join([DS4_OK, bad, DS4_BATCH]) + "\n")
+    with pytest.raises(IngestError, match=rf"run.log:2: malformed ds4 MoE profile line \({why}"):
+        ingest(p)
+    r = ingest(p, lenient=True)
+    assert [q["line"] for q in r.problems] == [2] and len(r.tables["ds4_moe"]) == 14
+    c = cli("ingest", p, "--out", tmp_path / "o")
+    assert c.exit_code == 2 and "run.log:2" in c.stderr and not (tmp_path / "o").exists()
+    c = cli("ingest", p, "--lenient", "--out", tmp_path / "o")
+    assert c.exit_code == 3 and "skipped" in c.stderr and "run.log:2" in c.stderr
+
+
+def test_total_within_rounding_and_cupti_totals(tmp_path):
+    ok = [ds4_line(total=0.048), ds4_line(total=0.034)]  # 0.007 ms off: 7 fields rounded to 3 decimals
+    assert len(ingest(write(tmp_path, "ok.log", "\n".join(ok) + "\n")).tables["ds4_moe"]) == 14
+    span = ds4_line(total=0.090)  # CUPTI: total = first kernel start to last kernel end, gaps included
+    p = write(tmp_path, "cupti.log", HDR.format(mode="cupti", routing="uniform") + "\n" + span + "\n")
+    assert ingest(p).tables["ds4_moe"].query("stage == 'total'").ms.item() == pytest.approx(0.090)
+    p = write(tmp_path, "graph.log", HDR.format(mode="in-graph", routing="uniform") + "\n" + span + "\n")
+    with pytest.raises(IngestError, match="graph.log:2: .*total=0.090 is not the sum"):
+        ingest(p)
+
+
+@pytest.mark.parametrize("cell,col,why", [
+    ('"-1,234,567"', "Total Time (ns)", "negative"),
+    ('"inf"', "Total Time (ns)", "not a finite number"),
+    ('"-43"', "Instances", "negative"),
+])
+def test_nsys_csv_negative_or_infinite_number(tmp_path, cell, col, why):
+    good = '"45.2","1,234,567","43","28,710.9","28,704.0","28,512","29,120","120.5","moe_gateup_decode"'
+    cells = good.split('","')
+    k = {"Total Time (ns)": 1, "Instances": 2}[col]
+    cells[k] = cell.strip('"')
+    row = '","'.join(cells)
+    p = write(tmp_path, "stats.csv", NSYS.replace(good, row))
+    line = NSYS.splitlines().index(good) + 1
+    with pytest.raises(IngestError, match=rf"stats.csv:{line}: {re.escape(col)}=.* is {why}"):
+        ingest(p)
+    r = ingest(p, lenient=True)
+    assert r.tables["nsys_kernels"].name.tolist() == ["q8_matvec"] and r.problems[0]["line"] == line
+
+
+def test_binary_input_error_shows_a_short_escaped_excerpt(tmp_path):
+    p = tmp_path / "blob.bin"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 20)
+    r = cli("ingest", p, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and "blob.bin: not a ds4 MoE profile log" in r.stderr
+    assert "\\x89PNG" in r.stderr  # escaped
+    msg = r.stderr.strip()
+    assert msg.isprintable() and "\ufffd" not in msg and len(msg) < 400
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- --out holds this run's tables only
+def test_a_second_ingest_replaces_the_first_ones_tables(tmp_path):
+    import pandas as pd
+
+    log = write(tmp_path, "a.log", DS4_OK + "\n")
+    stats = write(tmp_path, "stats.csv", NSYS)
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps({"ds4lab": "0.1.0", "device": "NVIDIA H200"}))
+    (d / "ladder.csv").write_text("stage,us_median\n0,10\n")
+    q = tmp_path / "r.sqlite"
+    make_sqlite(q)
+    out = tmp_path / "o"
+    assert cli("ingest", log, d, q, "--out", out).exit_code == 0
+    (out / "notes.txt").write_text("mine\n")  # not ingest's: kept
+    assert {p.name for p in out.iterdir()} == {"ds4_moe.csv", "ds4lab_ladder.csv", "kernels.csv", "nvtx.csv",
+                                               "notes.txt"}
+    # an input error leaves --out as it was
+    bad = write(tmp_path, "bad.log", "ds4: CUDA MoE profile tokens=x\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert cli("ingest", stats, bad, "--out", out).exit_code == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert cli("ingest", stats, "--out", out).exit_code == 0
+    assert {p.name for p in out.iterdir()} == {"nsys_kernels.csv", "nsys_nvtx.csv", "notes.txt"}
+    assert pd.read_csv(out / "nsys_kernels.csv").file.unique().tolist() == [str(stats)]
+    r = cli("compare", out, "--out", tmp_path / "cmp")
+    assert r.exit_code == 0, r.output
+    assert {p.stem for p in (tmp_path / "cmp").iterdir()} == {"compare_kernels"}  # no stale MoE or ladder
+
+
+def test_folder_with_meta_but_no_table_is_an_error(tmp_path):
+    d = tmp_path / "empty-run"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps({"ds4lab": "0.1.0", "device": "NVIDIA H200", "status": "complete"}))
+    for lenient in (False, True):
+        with pytest.raises(IngestError, match=r"empty-run: a ds4lab result folder without any table: expected"):
+            ingest(d, lenient=lenient)
+    r = cli("ingest", d, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and str(d) in r.stderr and "expected" in r.stderr and "→" not in r.output
+    assert not (tmp_path / "o").exists()
