@@ -14,6 +14,13 @@ columns (:data:`TABLES`):
   folder has no MoE table;
 * kernel summaries: ``nsys_kernels.csv`` (``name``, ``total_time_us``), ``kernels.csv`` (``name``, ``us``).
 
+A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file`` column
+(``ds4lab_*`` tables of an older ingest: by ``source``). A MoE table's bar is one profiling mode
+(:data:`MODE_PREFERENCE`) and one routing (uniform first), named in its label, never a median across
+modes or routings. A run's summary is not drawn beside the same run's rows (the same numbers twice):
+a folder's ``summary*.csv`` beside its ``moe*.csv`` of the same meta file, an ingested
+``ds4lab_summary*`` beside the ``ds4lab_moe*`` of the same source folder.
+
 A folder with none of them, a candidate table that cannot be read or lacks its columns, and a
 broken ``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
 
@@ -21,7 +28,11 @@ Each table's provenance comes from its meta file (``<stem>.meta.json``, ``meta-<
 ``meta.json``; for a log, the folder's only ``meta-*.json``) and its own ``modeled``/``machine``/
 ``provenance`` columns: modeled numbers are labelled MODELED; a run whose status is not
 ``complete``/``done`` (``running`` left by a killed run, ``interrupted``, ``failed: ...``, or no
-status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about.
+status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about. A
+ladder or MoE label names the preset its meta file names (unless the file name already does).
+
+``--out`` holds this run's figures only: the ``compare_*`` PNG/SVG/PDF an earlier compare left there
+are removed before the new ones are written.
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ class Table:
     label: str = ""
     incomplete: str | None = None
     notes: list = field(default_factory=list)
+    run: object = None  # what identifies the run the numbers come from (a meta file, a source folder)
 
 
 def _load_meta(f: Path) -> dict:
@@ -172,10 +184,18 @@ def _folder_tables(d: Path) -> list[Table]:
                 continue
             seen.add(f)
             df = _read_csv(f, kind)
-            if f.name.startswith("ds4lab_") and "source" in df and df["source"].nunique() > 1:
-                for src, g in df.groupby("source", sort=False):  # one ingested file per bar
-                    found.append(Table(kind, g.reset_index(drop=True), f, notes=[Path(str(src)).parent.name
-                                                                                  + "/" + Path(str(src)).stem]))
+            ds4lab = f.name.startswith("ds4lab_")
+            by = None
+            if "file" in df:
+                by = df["file"]
+            elif "source" in df:  # an older ingest: ds4lab_* source = the CSV, else <file name>:<line>
+                by = df["source"] if ds4lab else df["source"].astype(str).str.replace(r":\d+$", "", regex=True)
+            if by is not None and by.nunique(dropna=False) > 1:  # one ingested file per bar
+                groups = list(df.groupby(by, sort=False, dropna=False))
+                names = [Path(str(src)).name for src, _ in groups]
+                for src, g in groups:
+                    found.append(Table(kind, g.reset_index(drop=True), f,
+                                       notes=[_source_note(src, ds4lab, names)]))
             else:
                 found.append(Table(kind, df, f))
     if not any(t.kind in ("moe", "moe-summary") for t in found):
@@ -190,9 +210,30 @@ def _folder_tables(d: Path) -> list[Table]:
     for t in found:
         t.meta_path = _meta_for(d, t.path)
         t.meta = _load_meta(t.meta_path) if t.meta_path else None
+        t.run = t.meta_path
+        if t.path.name.startswith("ds4lab_") and "source" in t.df:  # ingested: the run is its source folder
+            srcs = t.df["source"].dropna().astype(str).unique()
+            if len(srcs) == 1:
+                t.run = ("source folder", str(Path(srcs[0]).parent))
     # a run's summary beside its own rows would be the same numbers twice: keep the rows
-    rows_meta = {t.meta_path for t in found if t.kind == "moe" and t.meta_path is not None}
-    return [t for t in found if not (t.kind == "moe-summary" and t.meta_path in rows_meta)]
+    rows_runs = {t.run for t in found if t.kind == "moe" and t.run is not None}
+    return [t for t in found if not (t.kind == "moe-summary" and t.run in rows_runs)]
+
+
+def _source_note(src, ds4lab: bool, names: list) -> str:
+    """What tells one input of an ingested table from the others in a label: ``folder/table`` for a
+    ds4lab folder's table, else the file's name (its path where two inputs share the name)."""
+    p = Path(str(src))
+    if ds4lab:
+        return p.parent.name + "/" + p.stem
+    return p.name if names.count(p.name) == 1 else str(p)
+
+
+def _preset(meta: dict | None) -> str | None:
+    """The preset a meta file names (``"preset": "small"`` or ``{"name": "small", ...}``), or None."""
+    p = (meta or {}).get("preset")
+    p = p.get("name") if isinstance(p, dict) else p
+    return str(p) if p not in (None, "") else None
 
 
 def collect(dirs, warn=None) -> list[Table]:
@@ -215,7 +256,11 @@ def collect(dirs, warn=None) -> list[Table]:
     for t in tables:
         d = t.path.parent
         name = d.name or d.resolve().name
-        part = " · ".join([t.path.stem] * (t.path.stem not in ("ladder", "moe")) + t.notes)
+        parts = [t.path.stem] * (t.path.stem not in ("ladder", "moe")) + t.notes
+        preset = _preset(t.meta) if t.kind in ("ladder", "moe", "moe-summary") else None
+        if preset and not any(preset in p for p in parts):
+            parts.append(preset)
+        part = " · ".join(parts)
         t.incomplete = _status(t)
         label = f"{name}{' · ' + part if part else ''} ({_tag(t)})"
         if t.incomplete:
@@ -238,18 +283,26 @@ MODE_PREFERENCE = ("in-graph", "cupti", "deferred", "host-timed")
 
 def _moe_by_tokens(t: Table) -> tuple[str, dict]:
     """(what was selected, {tokens per step: {stage: median µs per call}}) of one MoE table, from one
-    profiling mode (:data:`MODE_PREFERENCE`) and, where the table has it, uniform routing only, so
-    that sources compare like for like."""
+    profiling mode (:data:`MODE_PREFERENCE`, then the first the table has) and, where the table has
+    a routing column, one routing (uniform, else the first), so that sources compare like for like
+    and no median mixes modes or routings. Modes and routings with no number are passed over."""
+    col = "ms" if t.kind == "moe" else "median_ms"
     df = t.df.assign(stage=t.df["stage"].astype(str))
-    mode = ""
+    timed = df[pd.to_numeric(df[col], errors="coerce").notna()]
+    if not timed.empty:
+        df = timed
+    picked = []
     if "mode" in df.columns:
         have = list(dict.fromkeys(df["mode"].astype(str)))
         mode = next((m for m in MODE_PREFERENCE if m in have), have[0])
         df = df[df["mode"].astype(str) == mode]
-    if "routing" in df.columns and (df["routing"].astype(str) == "uniform").any():
-        df = df[df["routing"].astype(str) == "uniform"]  # routing changes the work: compare uniform with uniform
-        mode = f"{mode} · uniform" if mode else "uniform"
-    col = "ms" if t.kind == "moe" else "median_ms"
+        picked.append("mode unknown" if mode == "unknown" else mode)
+    if "routing" in df.columns:
+        have = list(dict.fromkeys(df["routing"].astype(str)))
+        routing = "uniform" if "uniform" in have else have[0]  # routing changes the work: uniform with uniform
+        df = df[df["routing"].astype(str) == routing]
+        picked.append("routing unknown" if routing == "unknown" else routing)
+    mode = " · ".join(picked)
     if "tokens" not in df.columns:
         df = df.assign(tokens=0)  # unknown token count: one panel
     out = {}
@@ -258,9 +311,22 @@ def _moe_by_tokens(t: Table) -> tuple[str, dict]:
     return mode, out
 
 
+def _legend_outside(fig):
+    """Move the bar figure's legend to the right of the axes, where no bar can be under it."""
+    ax = fig.axes[0]
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    if handles:
+        ax.legend(handles, labels, frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left",
+                  borderaxespad=0)
+    return fig
+
+
 def compare(dirs, out: Path, warn=None) -> list[Path]:
     """Ladder tables (µs per token per stage), MoE stage medians (ms per stage) and kernel totals
-    (µs per kernel name, the largest ten), one bar per table. Returns the written figure paths
+    (µs per kernel name, the largest ten), one bar per table (per input file of an ingested table),
+    the legend beside the bars. Earlier ``compare_*`` figures in ``out`` are removed first. Returns the written figure paths
     (PNG, SVG, PDF). Raises CompareError (nothing written) for a folder without a drawable table,
     an unreadable table or meta file, or an ``out`` that cannot be a folder; ``warn`` (default:
     stderr) is told about incomplete runs."""
@@ -278,8 +344,9 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
            .mean().to_dict() for t in tables if t.kind == "ladder"}
     if lad:
         stages = list(dict.fromkeys(s for v in lad.values() for s in v))
-        figs.append((plots.grouped_bars_figure(lad, stages, "µs per token (median)",
-                                               "stage ladder, side by side (sources in the legend)"), "compare_ladder"))
+        figs.append((_legend_outside(plots.grouped_bars_figure(lad, stages, "µs per token (median)",
+                                                               "stage ladder, side by side (sources in the legend)")),
+                     "compare_ladder"))
     moe = {}
     for t in tables:
         if t.kind in ("moe", "moe-summary"):
@@ -294,11 +361,17 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
             kern[t.label] = t.df.assign(name=t.df["name"].astype(str)).groupby("name")[col].sum().to_dict()
     if kern:
         names = sorted({n for v in kern.values() for n in v}, key=lambda n: -max(v.get(n, 0) for v in kern.values()))
-        figs.append((plots.grouped_bars_figure(kern, names[:10], "µs in total",
-                                               "largest kernels by total time, side by side", rotate=True),
+        figs.append((_legend_outside(plots.grouped_bars_figure(kern, names[:10], "µs in total",
+                                                               "largest kernels by total time, side by side",
+                                                               rotate=True)),
                      "compare_kernels"))
     written = []
     try:
+        if out.is_dir():  # an earlier compare's figures would pass for this run's
+            for ext in ("png", "svg", "pdf"):
+                for f in out.glob(f"compare_*.{ext}"):
+                    if f.is_file() or f.is_symlink():
+                        f.unlink()
         for fig, stem in figs:
             written += plots.save(fig, out / stem)
     except OSError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -189,3 +190,156 @@ def test_moe_comparison_is_like_for_like(tmp_path):
     mode, per = _moe_by_tokens(Table("moe", pd.DataFrame(rows), tmp_path / "moe.csv"))
     assert mode == "in-graph · uniform"
     assert per == {1: {"gateup": pytest.approx(20.0)}, 2: {"gateup": pytest.approx(40.0)}}
+
+
+# ----------------------------------------------------------------------------- ingested tables: one bar per input file
+def ds4(gateup, tokens=1, total=None):
+    stages = {"xq": 0.013, "sort": 0.003, "gateup": gateup, "midq": 0.004, "down": 0.013, "sum": 0.004}
+    tot = sum(stages.values()) if total is None else total
+    return (f"ds4: CUDA MoE profile tokens={tokens} pairs={6 * tokens} "
+            + " ".join(f"{k}={v:.3f}" for k, v in stages.items()) + f" total={tot:.3f} ms")
+
+
+def drawn(monkeypatch):
+    """What compare hands to the figure helpers: {figure: {legend label: values}}."""
+    from ds4lab import plots
+
+    got = {}
+    real_bars, real_moe = plots.grouped_bars_figure, plots.compare_moe_figure
+
+    def bars(series, xs, ylabel, title, rotate=False):
+        got["kernels" if rotate else "ladder"] = series
+        return real_bars(series, xs, ylabel, title, rotate=rotate)
+
+    def moe(sources, stages, **kw):
+        got["moe"] = sources
+        return real_moe(sources, stages, **kw)
+
+    monkeypatch.setattr(plots, "grouped_bars_figure", bars)
+    monkeypatch.setattr(plots, "compare_moe_figure", moe)
+    return got
+
+
+def test_two_ds4_logs_ingested_together_are_two_bars(tmp_path, monkeypatch):
+    a = tmp_path / "a.log"
+    a.write_text(ds4(0.010) + "\n" + ds4(0.012) + "\n")
+    b = tmp_path / "b.log"
+    b.write_text(ds4(0.050) + "\n")
+    assert cli("ingest", a, b, "--out", tmp_path / "o").exit_code == 0
+    got = drawn(monkeypatch)
+    compare([tmp_path / "o"], tmp_path / "cmp")
+    assert got["moe"] == {"o · ds4_moe · a.log (ds4) · host-timed · ds4": {1: pytest.approx({
+                              "xq": 13.0, "sort": 3.0, "gateup": 11.0, "midq": 4.0, "down": 13.0, "sum": 4.0,
+                              "total": 48.0})},
+                          "o · ds4_moe · b.log (ds4) · host-timed · ds4": {1: pytest.approx({
+                              "xq": 13.0, "sort": 3.0, "gateup": 50.0, "midq": 4.0, "down": 13.0, "sum": 4.0,
+                              "total": 87.0})}}  # each file's own median, never both files'
+
+
+def test_older_ingest_without_file_column_is_split_by_source(tmp_path):
+    rows = "token,tokens,pairs,stage,ms,mode,routing,source\n" + "".join(
+        f"0,1,6,{s},{v},host-timed,ds4,{src}\n" for src, v in (("a.log:3", 0.01), ("b.log:1", 0.05))
+        for s in ["xq", "gateup"])
+    d = folder(tmp_path, "old", {"ds4_moe.csv": rows})
+    assert labels([d]) == ["old · ds4_moe · a.log (provenance unknown: no meta.json)",
+                           "old · ds4_moe · b.log (provenance unknown: no meta.json)"]
+
+
+def test_two_nsys_reports_ingested_together_are_two_bars(tmp_path, monkeypatch):
+    head = ('"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)",'
+            '"Name"\n')
+    for name, total in (("h200.csv", "1,000,000"), ("h100.csv", "3,000,000")):
+        (tmp_path / name).write_text(head + f'"60.0","{total}","43","1","1","1","1","0","moe_gateup_decode"\n')
+    assert cli("ingest", tmp_path / "h200.csv", tmp_path / "h100.csv", "--out", tmp_path / "o").exit_code == 0
+    got = drawn(monkeypatch)
+    compare([tmp_path / "o"], tmp_path / "cmp")
+    assert {k: v["moe_gateup_decode"] for k, v in got["kernels"].items()} == {
+        "o · nsys_kernels · h200.csv (provenance unknown: no meta.json)": pytest.approx(1000.0),
+        "o · nsys_kernels · h100.csv (provenance unknown: no meta.json)": pytest.approx(3000.0)}
+
+
+def test_one_log_per_mode_and_routing_one_labelled_bar_each(tmp_path, monkeypatch):
+    hdr = "# ds4lab moe · mode={} · routing={} · measured on NVIDIA H200 · driver 580"
+    logs = []
+    for k, (mode, routing) in enumerate((("in-graph", "uniform"), ("in-graph", "zipf"), ("cupti", "uniform"))):
+        p = tmp_path / f"moe-{mode}-{routing}.log"
+        p.write_text(hdr.format(mode, routing) + "\n" + ds4(0.010 * (k + 1)) + "\n")
+        logs.append(p)
+    mixed = tmp_path / "mixed.log"  # one file, two modes: one mode drawn (in-graph first), never their median
+    mixed.write_text("\n".join([hdr.format("deferred", "uniform"), ds4(0.100), hdr.format("in-graph", "uniform"),
+                                ds4(0.020)]) + "\n")
+    old = tmp_path / "old.log"
+    old.write_text("# ds4lab moe · measured on NVIDIA H200\n" + ds4(0.040) + "\n")
+    assert cli("ingest", *logs, mixed, old, "--out", tmp_path / "o").exit_code == 0
+    got = drawn(monkeypatch)
+    compare([tmp_path / "o"], tmp_path / "cmp")
+    gateup = {k: v[1]["gateup"] for k, v in got["moe"].items()}
+    tag = "(ds4lab moe · measured on NVIDIA H200 · driver 580)"
+    assert gateup == {f"o · ds4_moe · moe-in-graph-uniform.log {tag} · in-graph · uniform": pytest.approx(10.0),
+                      f"o · ds4_moe · moe-in-graph-zipf.log {tag} · in-graph · zipf": pytest.approx(20.0),
+                      f"o · ds4_moe · moe-cupti-uniform.log {tag} · cupti · uniform": pytest.approx(30.0),
+                      f"o · ds4_moe · mixed.log {tag} · in-graph · uniform": pytest.approx(20.0),
+                      "o · ds4_moe · old.log (ds4lab moe · measured on NVIDIA H200) · mode unknown · "
+                      "routing unknown": pytest.approx(40.0)}
+
+
+def test_ingested_moe_rows_and_their_summary_are_one_bar(tmp_path, monkeypatch):
+    sim = folder(tmp_path, "sim", {"moe.csv": MOE_ROWS, "summary.csv": SUMMARY,
+                                   "meta.json": meta("CPU", modeled=True, status="complete")})
+    other = folder(tmp_path, "other", {"summary.csv": SUMMARY, "meta.json": meta(status="complete")})
+    assert cli("ingest", sim, other, "--out", tmp_path / "ing").exit_code == 0
+    assert labels([tmp_path / "ing"], kind=None) == [
+        "ing · ds4lab_moe (MODELED)",  # sim's rows; its summary is the same numbers: not drawn
+        "ing · ds4lab_summary · other/summary (NVIDIA H200)"]
+
+
+def test_preset_in_ladder_and_moe_labels(tmp_path):
+    lad = folder(tmp_path, "ladder", {"ladder.csv": LADDER.format(preset="small"),
+                                      "meta.json": meta("CPU", modeled=True, status="complete",
+                                                        preset={"name": "small", "n_layers": 2})})
+    named = folder(tmp_path, "named", {"ladder-ds4-flash.csv": LADDER.format(preset="ds4-flash"),
+                                       "ladder-ds4-flash.meta.json": meta(status="complete", preset="ds4-flash")})
+    moe = folder(tmp_path, "moe", {"summary.csv": SUMMARY, "meta.json": meta(status="complete", preset="tiny")})
+    assert labels([lad, named, moe]) == ["ladder · small (MODELED)",
+                                         "named · ladder-ds4-flash (NVIDIA H200)",  # the file name says it
+                                         "moe · summary · tiny (NVIDIA H200)"]
+
+
+# ----------------------------------------------------------------------------- figures
+def test_bar_legend_is_beside_the_axes(tmp_path, monkeypatch):
+    from ds4lab import plots
+
+    seen = {}
+    real = plots.save
+
+    def save(fig, stem, formats=("png", "svg", "pdf")):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        leg = ax.get_legend() or (fig.legends[0] if fig.legends else None)
+        seen[Path(stem).name] = (leg.get_window_extent(), ax.get_window_extent())
+        return real(fig, stem, formats)
+
+    monkeypatch.setattr(plots, "save", save)
+    dirs = [folder(tmp_path, f"run{k}", {"ladder.csv": LADDER.format(preset="small"),
+                                         "meta.json": meta(status="complete")}) for k in range(3)]
+    stats = tmp_path / "stats.csv"
+    stats.write_text('"Total Time (ns)","Name"\n"1,000","k1"\n')
+    assert cli("ingest", stats, "--out", tmp_path / "nsys").exit_code == 0
+    compare([*dirs, tmp_path / "nsys"], tmp_path / "cmp")
+    for stem in ("compare_ladder", "compare_kernels"):
+        leg, ax = seen[stem]
+        assert leg.x0 >= ax.x1, stem  # right of the axes: no bar under it
+
+
+def test_compare_out_holds_this_runs_figures_only(tmp_path):
+    lad = folder(tmp_path, "lad", {"ladder.csv": LADDER.format(preset="small"), "meta.json": meta(status="complete")})
+    moe = folder(tmp_path, "moe", {"summary.csv": SUMMARY, "meta.json": meta(status="complete")})
+    out = tmp_path / "cmp"
+    assert cli("compare", lad, moe, "--out", out).exit_code == 0
+    (out / "notes.png").write_text("mine")
+    assert cli("compare", lad, "--out", out).exit_code == 0
+    assert {p.name for p in out.iterdir()} == {"compare_ladder.png", "compare_ladder.svg", "compare_ladder.pdf",
+                                               "notes.png"}
+    bad = folder(tmp_path, "bad", {"notes.txt": "hello"})
+    assert cli("compare", bad, "--out", out).exit_code == 2  # an error leaves the figures there
+    assert (out / "compare_ladder.svg").exists()
