@@ -311,23 +311,11 @@ def _moe_by_tokens(t: Table) -> tuple[str, dict]:
     return mode, out
 
 
-def _legend_outside(fig):
-    """Move the bar figure's legend to the right of the axes, where no bar can be under it."""
-    ax = fig.axes[0]
-    handles, labels = ax.get_legend_handles_labels()
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
-    if handles:
-        ax.legend(handles, labels, frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left",
-                  borderaxespad=0)
-    return fig
-
-
 def compare(dirs, out: Path, warn=None) -> list[Path]:
     """Ladder tables (µs per token per stage), MoE stage medians (ms per stage) and kernel totals
     (µs per kernel name, the largest ten), one bar per table (per input file of an ingested table),
-    the legend beside the bars. Earlier ``compare_*`` figures in ``out`` are removed first. Returns the written figure paths
-    (PNG, SVG, PDF). Raises CompareError (nothing written) for a folder without a drawable table,
+    the legend beside the bars. Earlier ``compare_*`` figures in ``out`` are removed first. Returns
+    the written figure paths (PNG, SVG, PDF). Raises CompareError (nothing written) for a folder without a drawable table,
     an unreadable table or meta file, or an ``out`` that cannot be a folder; ``warn`` (default:
     stderr) is told about incomplete runs."""
     from . import plots
@@ -344,8 +332,8 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
            .mean().to_dict() for t in tables if t.kind == "ladder"}
     if lad:
         stages = list(dict.fromkeys(s for v in lad.values() for s in v))
-        figs.append((_legend_outside(plots.grouped_bars_figure(lad, stages, "µs per token (median)",
-                                                               "stage ladder, side by side (sources in the legend)")),
+        figs.append((plots.grouped_bars_figure(lad, stages, "µs per token (median)",
+                                               "stage ladder, side by side (sources in the legend)"),
                      "compare_ladder"))
     moe = {}
     for t in tables:
@@ -361,9 +349,8 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
             kern[t.label] = t.df.assign(name=t.df["name"].astype(str)).groupby("name")[col].sum().to_dict()
     if kern:
         names = sorted({n for v in kern.values() for n in v}, key=lambda n: -max(v.get(n, 0) for v in kern.values()))
-        figs.append((_legend_outside(plots.grouped_bars_figure(kern, names[:10], "µs in total",
-                                                               "largest kernels by total time, side by side",
-                                                               rotate=True)),
+        figs.append((plots.grouped_bars_figure(kern, names[:10], "µs in total",
+                                               "largest kernels by total time, side by side", rotate=True),
                      "compare_kernels"))
     written = []
     try:

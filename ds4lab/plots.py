@@ -325,7 +325,8 @@ def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate:
                       rotation=30 if rotate else 0, ha="right" if rotate else "center")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
-        ax.legend(frameon=False, fontsize=8)
+        # beside the axes: no bar, however tall, sits under it
+        ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
     return fig
 
 
