@@ -123,6 +123,7 @@ class ProfileMarker:
     in-graph timestamp kernel, an NVTX mark)."""
 
     def fire(self, site: str) -> None:
+        """Mark profiling point ``site`` (``profile.xq`` … ``profile.end``) on the current stream."""
         raise NotImplementedError
 
 
@@ -135,9 +136,11 @@ class MoeObserver:
     """
 
     def around_moe_cluster(self, layer: int, T: int, run) -> None:
+        """Around one ``moe`` cluster run of ``layer`` for ``T`` tokens (eager, capture or replay)."""
         run()
 
     def around_routed_moe(self, layer: int, T: int, run):
+        """Around one routed-MoE call; returns what ``run()`` returns (the output buffer)."""
         return run()
 
 
@@ -324,16 +327,16 @@ class DecodeModel:
         join the graph's buffer-alias key: a graph captured on one input is never replayed on
         another).
         """
-        def run() -> None:
-            if self.executor is None:
-                fn()
-            else:
-                self.executor.run(self, cluster, layer, T, ts, fn, inputs)
-
         if cluster == "moe" and self.moe_observer is not None:
-            self.moe_observer.around_moe_cluster(layer, T, run)
+            self.moe_observer.around_moe_cluster(layer, T, lambda: self._execute(cluster, layer, T, ts, fn, inputs))
         else:
-            run()
+            self._execute(cluster, layer, T, ts, fn, inputs)
+
+    def _execute(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple) -> None:
+        if self.executor is None:
+            fn()
+        else:
+            self.executor.run(self, cluster, layer, T, ts, fn, inputs)
 
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
         """The host-side choices a cluster's launches depend on, re-asked before every replay.

@@ -162,6 +162,7 @@ class NotebookRun:
     interrupted: bool = False
 
     def summary(self) -> dict:
+        """The run as one JSON-ready record of ``runs.json``."""
         return {"notebook": self.name, "ok": self.ok, "seconds": round(self.seconds, 1),
                 "cells": self.cells, "parameters": self.parameters, "executed": str(self.executed),
                 "failed_cell": self.failed_cell, "error": self.error, "figures": self.figures,

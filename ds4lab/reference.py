@@ -10,6 +10,8 @@ the ``numpy`` backend, which runs the token's op sequence through them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .config import MOE_TILE, Q8_0_BLOCK, Q8_K_BLOCK
@@ -233,6 +235,7 @@ def max_tiles(n_pairs: int, n_experts: int, tile: int = MOE_TILE) -> int:
     return -(-n_pairs // tile) + min(n_pairs, n_experts)
 
 
+@functools.lru_cache(maxsize=256)  # asked on every tiled launch (its bytes estimate): compute once
 def expected_tiles(tokens: int, n_used: int, n_experts: int, tile: int = MOE_TILE) -> float:
     """Expected tile count of one sorted routed-MoE call under uniform routing: each of ``tokens``
     tokens picks ``n_used`` distinct experts of ``n_experts``, so an expert's pair count is
