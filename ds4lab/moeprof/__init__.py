@@ -72,10 +72,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import stream as S
-from .capture import GraphCache
-from .errors import RuntimeApiError
-from .model import MOE_STAGES, DecodeModel, MoeObserver, ProfileMarker, TokenOptions
+from .. import stream as S
+from ..capture import GraphCache
+from ..errors import RuntimeApiError
+from ..model import MOE_STAGES, DecodeModel, MoeObserver, ProfileMarker, TokenOptions
 
 #: ds4's profile stages plus their sum.
 STAGES = MOE_STAGES + ("total",)
@@ -1133,7 +1133,7 @@ def read_ds4_log(text: str, n_layers: int | None = None, backend: str = "ds4"):
     ``note`` is the header and ``modeled`` is true when it says ``MODELED``."""
     import pandas as pd
 
-    from .ingest import ds4lab_header
+    from ..ingest import ds4lab_header
 
     rows = []
     i = 0
@@ -1173,7 +1173,7 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
     ``replayed``: the shared-expert and routed-MoE clusters captured per layer and replayed (stage 2).
     Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None}``.
     """
-    from .ladder import token_id_at
+    from ..ladder import token_id_at
 
     be, m = wb.be, wb.model
     cache = GraphCache(be, ("shared", "moe"), mode=capture_mode, warmup=1) if regime == "replayed" else None
