@@ -1,7 +1,10 @@
 """The profiler's seams on the ``sim`` backend (CPU only, ``tiny``): the mode classes behind one
-interface, the facade's choice of class, ``host-timed``'s fallback by composition."""
+interface, the facade's choice of class, ``host-timed``'s fallback by composition, and attaching
+that restores exactly what it changed."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -124,3 +127,56 @@ def test_event_sets_and_slots_for_poison(wb):
     g = M.MoeProfiler(wb.model, "in-graph")
     with g.attached():
         assert g.impl.event_sets() == [] and g.impl.stamp_slots() is g.impl.slots is not None
+
+
+# ----------------------------------------------------------------------------- attaching restores what it changed
+def test_set_options_made_while_attached_survives_detach(wb, graphs_restored):
+    m = wb.model
+    before = m.opts
+    assert not before.moe_profile and not before.moe_host_timed and before.counts_clear == "async"
+    p = M.MoeProfiler(m, "host-timed")
+    with p.attached():
+        assert m.opts.moe_profile and m.opts.moe_host_timed  # what the mode needs while attached
+        m.set_options(dataclasses.replace(m.opts, counts_clear="sync"))
+    assert m.opts.counts_clear == "sync"  # the change made while attached stays
+    assert not m.opts.moe_profile and not m.opts.moe_host_timed  # the profiler's own fields go back
+    m.set_options(before)
+    with p.attached():
+        pass
+    assert m.opts is before  # untouched while attached: the very object is restored
+
+
+def test_a_profiler_field_changed_while_attached_stays(wb):
+    m = wb.model
+    before = m.opts
+    p = M.MoeProfiler(m, "host-timed")
+    try:
+        with p.attached():
+            m.set_options(dataclasses.replace(m.opts, moe_host_timed=False, scalars="device"))
+        assert m.opts.scalars == "device" and not m.opts.moe_host_timed and not m.opts.moe_profile
+        m.set_options(dataclasses.replace(before, moe_profile=True))
+        c = M.MoeProfiler(m, "cupti")  # cupti turns the profiling points off while attached
+        with c.attached():
+            assert not m.opts.moe_profile
+            m.set_options(dataclasses.replace(m.opts, moe_profile=True))  # turned back on meanwhile
+        assert m.opts.moe_profile
+    finally:
+        m.set_options(before)
+
+
+@pytest.mark.parametrize("mode", M.MODES)
+def test_profile_events_are_swapped_for_each_call_only(wb, mode, graphs_restored):
+    m = wb.model
+    events = m.profile_events
+    seen = []
+    p = M.MoeProfiler(m, mode)
+    with wb.session(), p.attached():
+        real = m._routed_moe
+        m._routed_moe = lambda *a: (seen.append(m.profile_events), real(*a))[1]
+        try:
+            wb.step(p, 0, 2, "uniform", [0])
+        finally:
+            del m._routed_moe
+        assert m.profile_events is events and m.moe_observer is p  # between calls: the model's own
+    assert len(seen) == 1 and len(seen[0]) == POINTS[mode][1]  # during the call: the probe's points
+    assert m.profile_events is events and m.moe_observer is None

@@ -55,7 +55,8 @@ How the profiler attaches: it becomes the model's ``moe_observer`` for as long a
 every ``moe`` cluster run (brackets, eager/capture/replay bookkeeping) and every routed-MoE call
 (the capture guard and the per-call instrumentation), and the seven profiling points call a
 :class:`ds4lab.model.ProfileMarker`'s ``fire`` where the mode puts stamps or NVTX marks instead
-of CUDA events. With no profiler attached the model runs exactly as before.
+of CUDA events. With no profiler attached the model runs exactly as before; detached, the model's
+options are what they were, except for changes made meanwhile (:meth:`MoeProfiler.detach`).
 
 The package, module by module:
 

@@ -75,6 +75,7 @@ class MoeProfiler(MoeObserver):
         self._graph_probe: dict[tuple, Probe] = {}
         self._call_probes: list[Probe] = []
         self._attached = False
+        self._restore: dict = {}
         #: the mode object (:class:`~ds4lab.moeprof.modes.base.ProfilingMode`)
         self.impl = make_mode(self, mode, guard=guard, fallback=self.fallback, slots=slots)
 
@@ -104,8 +105,8 @@ class MoeProfiler(MoeObserver):
             self.detach()
 
     def attach(self, calls_per_read: int | None = None) -> None:
-        """Allocate what the mode needs (outside any capture) and become the model's
-        ``moe_observer``.
+        """Allocate what the mode needs (outside any capture) and become the model's ``moe_observer``;
+        set ``model.opts``' ``moe_profile`` / ``moe_host_timed`` to what the mode needs.
 
         ``calls_per_read``: calls between reads (deferred pool size); default: the model's layers.
         Raises ``RuntimeError`` when the stream is capturing or another profiler is attached.
@@ -118,19 +119,35 @@ class MoeProfiler(MoeObserver):
         if capture_status(be, m.L.stream()) != "none":
             raise RuntimeError("attach the profiler before any capture begins (it allocates events and slots)")
         self.impl.allocate(self.read_every or calls_per_read or m.n_layers)
-        self._saved = (m.opts, m.profile_events)
-        m.opts = dataclasses.replace(m.opts, moe_profile=self.impl.profile_points, moe_host_timed=self.impl.host_timed)
+        ours = {"moe_profile": self.impl.profile_points, "moe_host_timed": self.impl.host_timed}
+        before = m.opts
+        m.opts = dataclasses.replace(before, **ours)
+        self._restore = {"before": before, "ours": ours, "installed": m.opts}
         m.moe_observer = self
         self.impl.start()
         self._attached = True
 
     def detach(self) -> None:
-        """Stop observing the model; its options and profiling events are restored."""
+        """Stop observing the model and restore exactly what :meth:`attach` changed.
+
+        ``model.opts``: when still the object attach installed, the one before it; when replaced
+        meanwhile (``set_options``), that replacement stays, except that ``moe_profile`` /
+        ``moe_host_timed`` go back to their value before attach where they still hold the
+        profiler's value. ``moe_observer`` is cleared only if it is this profiler.
+        """
         if not self._attached:
             return
         m = self.model
-        m.moe_observer = None
-        m.opts, m.profile_events = self._saved
+        if m.moe_observer is self:
+            m.moe_observer = None
+        r = self._restore
+        if m.opts is r["installed"]:
+            m.opts = r["before"]
+        else:
+            back = {f: getattr(r["before"], f) for f, v in r["ours"].items()
+                    if getattr(m.opts, f) == v and getattr(r["before"], f) != v}
+            if back:
+                m.opts = dataclasses.replace(m.opts, **back)
         self.impl.stop()
         self._attached = False
 
@@ -186,17 +203,19 @@ class MoeProfiler(MoeObserver):
     def around_routed_moe(self, layer: int, T: int, run):
         """The model's hook around each routed-MoE call: the mode places this call's profiling points.
 
-        ``model.profile_events`` becomes the probe's points and, for the call only, unless the probe
-        is ds4's host-timed path, ``model.opts.moe_host_timed`` is off. A failing call (RuntimeApiError)
-        is recorded in :attr:`errors` and re-raised.
+        For the call only, ``model.profile_events`` holds the probe's points and, unless the probe is
+        ds4's host-timed path, ``model.opts.moe_host_timed`` is off; both are restored after it (if
+        still the profiler's). A failing call (RuntimeApiError) is recorded in :attr:`errors` and
+        re-raised.
         """
         m = self.model
         status = self.status()
         phase = "eager" if status == "none" else "capture"
         probe = self.impl.instrument(layer, T, status, phase)
-        saved_opts = m.opts
+        opts_before, points_before = m.opts, m.profile_events
         if not probe.reads_on_host and m.opts.moe_host_timed:
             m.opts = dataclasses.replace(m.opts, moe_host_timed=False)
+        opts_call = m.opts
         m.profile_events = probe.points
         n_log = len(m.moe_profile_log)
         try:
@@ -208,7 +227,10 @@ class MoeProfiler(MoeObserver):
             self._call_probes.append(probe)
             raise
         finally:
-            m.opts = saved_opts
+            if m.opts is opts_call:
+                m.opts = opts_before
+            if m.profile_events is probe.points:
+                m.profile_events = points_before
         probe.mode.after_call(probe, n_log)
         if phase == "capture":
             self._graph_probe[(layer, T)] = probe
