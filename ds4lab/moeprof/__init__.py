@@ -78,7 +78,8 @@ The package, module by module:
 from __future__ import annotations
 
 from ..model import MOE_STAGES
-from .ds4log import DS4_LINE, DS4_LINE_RE, ds4_lines, format_ds4_line, parse_ds4_line, read_ds4_log
+from .ds4log import (DS4_LINE, DS4_LINE_RE, DS4_PREFIX, ds4_line_problem, ds4_lines, ds4lab_header, format_ds4_line,
+                     parse_ds4_line, read_ds4_log)
 from .modes import MODES, STAGE_MODES, ProfilerCaptureError
 from .profiler import MoeProfiler
 from .rows import REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, summarize
@@ -90,4 +91,5 @@ __all__ = ["MOE_STAGES", "STAGES", "MODES", "STAGE_MODES", "ROUTINGS", "REGIMES"
            "ZIPF_S", "KERNEL_STAGE", "DS4_LINE", "DS4_LINE_RE", "kernel_stage", "ProfilerCaptureError",
            "capture_status", "is_modeled", "cupti_available", "trace_source", "MoeProfiler", "MoeWorkbench",
            "gc_paused", "iter_profile", "profile", "summarize", "format_ds4_line", "parse_ds4_line", "ds4_lines",
+           "ds4_line_problem", "ds4lab_header", "DS4_PREFIX",
            "read_ds4_log", "time_tokens", "token_share", "overhead_table", "globaltimer_resolution"]
