@@ -28,7 +28,8 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
     synchronize (as ds4 does); the MoE's profiled total within it (sum over layers). The garbage
     collector is paused meanwhile. ``regime``
     ``replayed``: the shared-expert and routed-MoE clusters captured per layer and replayed (stage 2).
-    Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None}``.
+    Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None,
+    "profiler": MoeProfiler or None}`` (µs per timed token; ``moe_us`` NaN where no total was timed).
     """
     from ..ladder import token_id_at
 
@@ -59,7 +60,10 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
 
 def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = "deferred"):
     """The routed MoE's share of a whole decode token, eager: per token its µs and the MoE's
-    profiled total within it (``deferred``: events read after the token, no mid-token sync)."""
+    profiled total within it (``deferred``: events read after the token, no mid-token sync).
+
+    Returns a DataFrame, one row per timed token: ``token_us``, ``moe_us``, ``rest_us`` (µs),
+    ``share`` (``moe_us / token_us``), ``mode``, ``backend``, ``modeled``, ``layers``."""
     import pandas as pd
 
     r = time_tokens(wb, mode, "eager", tokens, warmup)
@@ -82,6 +86,9 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 8, warmup: int =
     eagerly (the ``note`` says so); that cost is the overhead of leaving ds4's profile on. On a GPU the
     eager token is launch-bound, so the profiler's own Python per MoE call (its hooks, its markers)
     counts in full there.
+
+    Returns a DataFrame: ``mode``, ``regime``, ``us_per_token``, ``baseline_us``, ``overhead_us`` (µs),
+    ``overhead_pct``, ``note``, ``backend``, ``modeled``; NaN and the reason for an unavailable mode.
     """
     import pandas as pd
 

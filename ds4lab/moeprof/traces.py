@@ -71,6 +71,7 @@ class CuptiSession:
 
     @classmethod
     def get(cls) -> "CuptiSession":
+        """The process's session (created on first use; raises what ``cupti-python`` raises)."""
         if cls._instance is None:
             cls._instance = cls()
         return cls._instance

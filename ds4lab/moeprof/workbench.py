@@ -60,6 +60,9 @@ class MoeWorkbench:
         counts_clear: the routed-MoE counts clear (``"async"``: the capture-safe fix, default).
         vocab: build the vocabulary projection (whole-token timing).
         seed: routing and input seed.
+
+    Raises:
+        ValueError: a backend without timing (``numpy``), or an unknown ``stream``.
     """
 
     def __init__(self, be, cfg, *, max_tokens: int = 512, n_layers: int | None = None, stream: str = "non-blocking",
@@ -199,7 +202,14 @@ def iter_profile(wb: MoeWorkbench, mode: str, tokens: int, routing: str, steps: 
 
     ``regime``: ``eager``, ``replayed`` (the MoE cluster captured once per layer and token count,
     then replayed), or ``auto`` (replayed for graph-boundary and in-graph, else eager). ``warmup``
-    steps run first and are not reported (default: 1 eager, 2 replayed: warm-up and capture).
+    steps run first and are not reported (default: 1 eager, 2 replayed: warm-up and capture). The
+    other options go to :class:`~ds4lab.moeprof.MoeProfiler`. Rows: :data:`ROW_COLUMNS`, ``ms`` in
+    milliseconds. Afterwards ``wb.last_profiler`` and ``wb.last_cache`` hold the profiler and the
+    graph cache (None eagerly).
+
+    Raises:
+        ValueError: an unknown regime, routing or mode, ``tokens`` outside ``1..max_tokens``, a bad
+            fallback.
     """
     if regime == "auto":
         regime = auto_regime(mode)

@@ -48,6 +48,7 @@ class Cupti(ProfilingMode):
             self.trace.stop()
 
     def collect(self, calls: list[Call]) -> None:
+        """Take the trace's records since the last read and assign one group of MoE kernels to each call."""
         records = self.trace.take() if self.trace.available else None
         self._group_of = {id(c): g for c, g in zip(calls, self._groups(calls, records))}
 

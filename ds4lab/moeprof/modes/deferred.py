@@ -43,6 +43,7 @@ class Deferred(ProfilingMode):
             self.pool.append([be.new_event() for _ in range(7)])
 
     def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
+        """The next event set of the pool (7 new events when none was allocated) as the call's points."""
         events = self.pool[self._next % len(self.pool)] if self.pool else \
             [self.prof.be.new_event() for _ in range(7)]
         self._next += 1

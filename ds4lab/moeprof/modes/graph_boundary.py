@@ -37,6 +37,7 @@ class GraphBoundary(ProfilingMode):
             self.brackets.append((be.new_event(), be.new_event()))
 
     def open_bracket(self, status: str) -> tuple[tuple | None, str]:
+        """Record the next pair's start event on the stream, unless the stream captures (then a note)."""
         if status != "none":
             return None, f"stream capturing ({status}): no boundary events recorded"
         bracket = self.brackets[self._next % len(self.brackets)]
@@ -45,6 +46,7 @@ class GraphBoundary(ProfilingMode):
         return bracket, ""
 
     def close_bracket(self, bracket: tuple) -> None:
+        """Record the pair's end event, unless the stream captures now (a capture began in the run)."""
         if self.prof.status() == "none":
             self.prof.model.L.event_record("profile.boundary", bracket[1])
 

@@ -84,6 +84,8 @@ class InGraph(ProfilingMode):
             prof.be.memset_async(stream, self.slots, 0)
 
     def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
+        """7 :class:`Stamp` markers on the slots of the call's ``(layer, T)`` key (the same slots for
+        every call of that key: a replayed graph writes them again). RuntimeError when out of slots."""
         probe = Probe("stamps", layer, T, phase, mode=self, slot=self._slot_base(layer, T))
         probe.points = [Stamp(self, probe.slot + i) for i in range(7)]
         return probe

@@ -72,11 +72,13 @@ class Nvtx(ProfilingMode):
             self._open = False
 
     def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
+        """7 :class:`NvtxMark` markers: ranges ``moe.<stage>`` between the call's profiling points."""
         probe = Probe("nvtx", layer, T, phase, mode=self)
         probe.points = [NvtxMark(self, i, layer, probe) for i in range(7)]
         return probe
 
     def mark(self, i: int, layer: int, probe: Probe) -> None:
+        """Profiling point ``i`` (0..6): pop the open range, push stage ``i``'s (none after the last)."""
         if i > 0 and self._open:
             self.nvtx.pop()
             self._open = False
