@@ -180,3 +180,10 @@ def test_profile_events_are_swapped_for_each_call_only(wb, mode, graphs_restored
         assert m.profile_events is events and m.moe_observer is p  # between calls: the model's own
     assert len(seen) == 1 and len(seen[0]) == POINTS[mode][1]  # during the call: the probe's points
     assert m.profile_events is events and m.moe_observer is None
+
+
+def test_falsy_fallbacks_are_checked_as_before(wb):
+    for off in (False, None, 0):
+        assert M.MoeProfiler(wb.model, "host-timed", fallback=off).impl.fallback is None
+    with pytest.raises(ValueError, match="fallback=''"):
+        M.MoeProfiler(wb.model, "host-timed", fallback="")

@@ -55,7 +55,7 @@ class MoeProfiler(MoeObserver):
                  slots: int | None = None) -> None:
         if fallback is True:
             fallback = "in-graph"
-        check_mode(mode, fallback or None)
+        check_mode(mode, fallback)
         if read_every is not None and read_every < 1:
             raise ValueError(f"read_every={read_every} must be >= 1")
         self.model, self.be = model, model.be

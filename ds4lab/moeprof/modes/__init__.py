@@ -26,12 +26,12 @@ STAGE_MODES = tuple(name for name, cls in MODE_CLASSES.items() if cls.per_stage)
 FALLBACKS: dict[str, type[ProfilingMode]] = {"in-graph": InGraph, "deferred": Deferred}
 
 
-def check_mode(name: str, fallback: str | None = None) -> None:
+def check_mode(name: str, fallback: str | bool | None = None) -> None:
     """Raises ValueError for a mode ``name`` not in :data:`MODES`, or a ``fallback`` that is neither
-    None nor a key of :data:`FALLBACKS` (the messages name the choices)."""
+    None, False nor a key of :data:`FALLBACKS` (the messages name the choices)."""
     if name not in MODE_CLASSES:
         raise ValueError(f"unknown profiling mode {name!r}; choose one of: {', '.join(MODES)}")
-    if fallback is not None and fallback not in FALLBACKS:
+    if fallback not in (False, None, *FALLBACKS):
         raise ValueError(f"fallback={fallback!r}: choose True, 'in-graph' or 'deferred'")
 
 
