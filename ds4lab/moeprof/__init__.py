@@ -85,7 +85,8 @@ from .profiler import MoeProfiler
 from .rows import REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, summarize
 from .tokens import globaltimer_resolution, overhead_table, time_tokens, token_share
 from .traces import KERNEL_STAGE, cupti_available, kernel_stage, trace_source
-from .workbench import ROUTINGS, ZIPF_S, MoeWorkbench, gc_paused, iter_profile, profile
+from ..timing import gc_paused
+from .workbench import ROUTINGS, ZIPF_S, MoeWorkbench, iter_profile, profile
 
 __all__ = ["MOE_STAGES", "STAGES", "MODES", "STAGE_MODES", "ROUTINGS", "REGIMES", "TOKENS_DEFAULT", "ROW_COLUMNS",
            "ZIPF_S", "KERNEL_STAGE", "DS4_LINE", "DS4_LINE_RE", "kernel_stage", "ProfilerCaptureError",

@@ -2,7 +2,8 @@
 and the resolution of the in-graph mode's clock.
 
 Per token: µs between two events on the stream around the token, each token ended by a device
-synchronize (as ds4 does), the garbage collector paused (:func:`~ds4lab.moeprof.gc_paused`).
+synchronize (as ds4 does), through the one timing loop (:func:`ds4lab.timing.time_steps`); costs
+are paired, interleaved differences with their interval (:func:`ds4lab.timing.paired_difference`).
 """
 
 from __future__ import annotations
@@ -16,18 +17,20 @@ from ..capture import GraphCache
 from .modes import MODES, runs_last
 from .profiler import MoeProfiler
 from .rows import REGIMES, is_modeled
-from .workbench import MoeWorkbench, gc_paused
+from ..timing import gc_paused, interleaved_pairs, paired_difference, time_steps
+from .workbench import MoeWorkbench
 
 
 def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager", tokens: int = 8,
                 warmup: int = 2, start: int = 1000, capture_mode: str = "thread_local",
                 fallback: bool | str = False) -> dict:
-    """Decode ``tokens`` whole tokens (after ``warmup``) with ``mode`` attached (None: no profiling).
+    """Decode ``tokens`` whole tokens (after ``warmup``) with ``mode`` attached (None: no profiling),
+    through :func:`ds4lab.timing.time_steps`.
 
     Per token: µs between two events on the stream around the token, each token ended by a device
-    synchronize (as ds4 does); the MoE's profiled total within it (sum over layers). The garbage
-    collector is paused meanwhile. ``regime``
-    ``replayed``: the shared-expert and routed-MoE clusters captured per layer and replayed (stage 2).
+    synchronize (as ds4 does); the MoE's profiled total within it (sum over layers), read after the
+    token, outside the timed region. ``regime`` ``replayed``: the shared-expert and routed-MoE
+    clusters captured per layer and replayed (stage 2).
     Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None,
     "profiler": MoeProfiler or None}`` (µs per timed token; ``moe_us`` NaN where no total was timed).
     """
@@ -36,26 +39,25 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
     be, m = wb.be, wb.model
     cache = GraphCache(be, ("shared", "moe"), mode=capture_mode, warmup=1) if regime == "replayed" else None
     prof = MoeProfiler(m, mode, routing="model", fallback=fallback) if mode else None
-    e0, e1 = be.new_event(), be.new_event()
-    token_us, moe_us, rows = [], [], []
-    with wb.session(cache), (prof.attached() if prof else contextlib.nullcontext()), gc_paused():
+    per_token: list[list[dict]] = []
+
+    def step(i: int) -> None:
+        if prof:
+            prof.begin_step(i - warmup)
+        m.token(start + i, token_id_at(start + i, m.cfg.vocab))
+
+    def after_token() -> None:  # the profiler's read, after the token's closing event and synchronize
+        per_token.append(prof.end_step() if prof else [])
+
+    with wb.session(cache), (prof.attached() if prof else contextlib.nullcontext()):
         be.synchronize()
-        for i in range(warmup + tokens):
-            pos = start + i
-            if prof:
-                prof.begin_step(i - warmup)
-            be.event_record(wb.stream, e0)
-            m.token(pos, token_id_at(pos, m.cfg.vocab))
-            be.event_record(wb.stream, e1)
-            be.synchronize()
-            r = prof.end_step() if prof else []
-            if i < warmup:
-                continue
-            token_us.append(be.event_elapsed_ms(e0, e1) * 1e3)
-            tot = [x["ms"] for x in r if x["stage"] == "total" and np.isfinite(x["ms"])]
-            moe_us.append(sum(tot) * 1e3 if tot else math.nan)
-            rows.extend(r)
-    return {"token_us": token_us, "moe_us": moe_us, "rows": rows, "cache": cache, "profiler": prof}
+        smp = time_steps(be, step, tokens, stream=wb.stream, warmup=warmup, progress=after_token)
+    moe_us, rows = [], []
+    for r in per_token[warmup:]:
+        tot = [x["ms"] for x in r if x["stage"] == "total" and np.isfinite(x["ms"])]
+        moe_us.append(sum(tot) * 1e3 if tot else math.nan)
+        rows.extend(r)
+    return {"token_us": smp.device_us, "moe_us": moe_us, "rows": rows, "cache": cache, "profiler": prof}
 
 
 def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = "deferred"):
@@ -75,54 +77,71 @@ def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = 
     return df
 
 
-def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 8, warmup: int = 2,
-                   regimes=REGIMES, capture_mode: str = "thread_local", pairs: int = 1):
-    """µs per whole decode token with each mode attached vs none, eager and replayed (stage 2:
-    shared-expert and routed-MoE clusters captured). Each mode is timed right after its own baseline
-    run (``pairs`` times, alternating), so slow drifts of the machine cancel; medians over tokens,
-    ``overhead_us`` = median over pairs of (mode − its baseline). The ``none`` row: all baselines.
+#: Columns of :func:`overhead_table`.
+OVERHEAD_COLUMNS = ("mode", "regime", "us_per_token", "baseline_us", "overhead_us", "overhead_lo_us", "overhead_hi_us",
+                    "overhead_pct", "measurable", "pairs", "overhead", "note", "backend", "modeled")
+
+
+def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int = 2,
+                   regimes=REGIMES, capture_mode: str = "thread_local", rounds: int | None = None):
+    """Each mode's cost on a whole decode token, eager and replayed (stage 2: shared-expert and
+    routed-MoE clusters captured), as a paired, interleaved difference with its 95 % interval
+    (:func:`ds4lab.timing.paired_difference` over :func:`ds4lab.timing.interleaved_pairs`): per
+    round, the median µs of ``tokens`` tokens without profiling and of ``tokens`` with the mode,
+    the order alternating between rounds so a drift of the machine falls on both. ``rounds``:
+    default 12 on a GPU, 6 on the sim (whose modeled times do not vary). An interval that includes
+    zero is "not measurable (±x µs)" (``measurable`` False, ``overhead_us`` NaN), never a negative
+    cost. The ``none`` row: the median of every baseline block.
 
     ``host-timed`` under replay runs with its guard: the capture is refused and the MoE cluster runs
     eagerly (the ``note`` says so); that cost is the overhead of leaving ds4's profile on. On a GPU the
     eager token is launch-bound, so the profiler's own Python per MoE call (its hooks, its markers)
     counts in full there.
 
-    Returns a DataFrame: ``mode``, ``regime``, ``us_per_token``, ``baseline_us``, ``overhead_us`` (µs),
-    ``overhead_pct``, ``note``, ``backend``, ``modeled``; NaN and the reason for an unavailable mode.
+    Returns a DataFrame with :data:`OVERHEAD_COLUMNS` (µs; ``overhead_pct`` of the baseline median);
+    NaN and the reason for an unavailable mode.
     """
     import pandas as pd
 
+    rounds = rounds or (6 if is_modeled(wb.be) else 12)
     rows = []
     # CUPTI stays loaded in the process once started (and may then take NVTX calls too): last.
     modes = sorted(modes, key=runs_last)
     mk = lambda **kw: {"backend": wb.be.name, "modeled": is_modeled(wb.be), **kw}  # noqa: E731
+    nan = math.nan
     for regime in regimes:
         bases, out = [], []
         for mode in modes:
             probe = MoeProfiler(wb.model, mode)
             if not probe.available:
-                out.append(mk(mode=mode, regime=regime, us_per_token=math.nan, baseline_us=math.nan,
-                              overhead_us=math.nan, overhead_pct=math.nan, note=probe.unavailable_reason))
+                out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
+                              overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
+                              overhead="unavailable", note=probe.unavailable_reason))
                 continue
-            diffs, us, bs, note = [], [], [], ""
-            for _ in range(pairs):
-                b = float(np.median(time_tokens(wb, None, regime, tokens, warmup, capture_mode=capture_mode)["token_us"]))
-                r = time_tokens(wb, mode, regime, tokens, warmup, capture_mode=capture_mode)
-                u = float(np.median(r["token_us"]))
-                bs.append(b), us.append(u), diffs.append(u - b)
+            notes = set()
+
+            def block(with_mode: bool, mode=mode, notes=notes) -> float:
+                r = time_tokens(wb, mode if with_mode else None, regime, tokens, warmup, capture_mode=capture_mode)
                 c = r["cache"]
-                if c is not None and c.stats.failures:
-                    note = "capture refused → eager fallback: " + ";".join(f"{k}={v}" for k, v in c.stats.failures.items())
+                if with_mode and c is not None and c.stats.failures:
+                    notes.add("capture refused → eager fallback: " +
+                              ";".join(f"{k}={v}" for k, v in c.stats.failures.items()))
+                return float(np.median(r["token_us"]))
+
+            with gc_paused():
+                bs, us = interleaved_pairs(lambda: block(False), lambda: block(True), rounds)
             bases += bs
-            b, d = float(np.median(bs)), float(np.median(diffs))
-            out.append(mk(mode=mode, regime=regime, us_per_token=float(np.median(us)), baseline_us=b, overhead_us=d,
-                          overhead_pct=100 * d / b if b else math.nan, note=note))
-        b = float(np.median(bases)) if bases else math.nan
-        rows.append(mk(mode="none", regime=regime, us_per_token=b, baseline_us=b, overhead_us=0.0, overhead_pct=0.0,
-                       note=f"median of {len(bases)} baseline runs"))
+            d = paired_difference(bs, us)
+            out.append(mk(mode=mode, regime=regime, us_per_token=float(np.median(us)), baseline_us=d.baseline,
+                          overhead_us=d.median if d.measurable else nan, overhead_lo_us=d.lo, overhead_hi_us=d.hi,
+                          overhead_pct=d.pct if d.measurable else nan, measurable=d.measurable, pairs=d.n,
+                          overhead=d.fmt(), note="; ".join(sorted(notes))))
+        b = float(np.median(bases)) if bases else nan
+        rows.append(mk(mode="none", regime=regime, us_per_token=b, baseline_us=b, overhead_us=0.0, overhead_lo_us=0.0,
+                       overhead_hi_us=0.0, overhead_pct=0.0, measurable=True, pairs=0, overhead="baseline",
+                       note=f"median of {len(bases)} baseline blocks of {tokens} tokens"))
         rows += out
-    return pd.DataFrame(rows, columns=["mode", "regime", "us_per_token", "baseline_us", "overhead_us", "overhead_pct",
-                                       "note", "backend", "modeled"])
+    return pd.DataFrame(rows, columns=list(OVERHEAD_COLUMNS))
 
 
 # ----------------------------------------------------------------------------- clock resolution

@@ -15,7 +15,6 @@ attached, eagerly or with the MoE cluster captured and replayed.
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 from typing import Iterator
 
@@ -25,26 +24,13 @@ from .. import stream as S
 from ..capture import GraphCache
 from ..model import DecodeModel, TokenOptions
 from .modes import auto_regime
+from ..timing import gc_paused
 from .profiler import MoeProfiler
 from .rows import REGIMES, ROW_COLUMNS, is_modeled
 
 ROUTINGS = ("uniform", "zipf", "hash", "worst")
 #: Zipf exponent of the skewed expert popularity (expert of rank r chosen with weight r^-s).
 ZIPF_S = 1.2
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """No garbage-collector pauses inside timed work (as ``ds4lab ladder`` does); the young
-    generations are collected first (a full collection costs more than the work in a big process)."""
-    gc.collect(1)
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 
