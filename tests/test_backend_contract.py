@@ -31,8 +31,11 @@ def test_every_backend_is_an_executor_with_declared_capabilities(be):
     if be.models_time:
         assert be.calibration_name and be.modeled_copy_GBps()[0] > 0
         assert be.modeled_kernel_us("q8_matvec", 1 << 20) > 0
-        assert isinstance(be.trace_records(), list)
+        records, nxt = be.trace_records()
+        assert isinstance(records, list) and nxt == len(records)
+        assert be.modeled_start_us(LEGACY_STREAM) >= 0
     else:
+        assert be.trace_records() is None and be.modeled_start_us(LEGACY_STREAM) is None
         assert be.calibration_name is None and be.modeled_copy_GBps() is None
         assert be.modeled_kernel_us("q8_matvec", 1 << 20) is None
 

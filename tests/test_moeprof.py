@@ -303,8 +303,11 @@ def test_token_share_and_overhead_table(wb_fast, graphs_restored):
 
 # ----------------------------------------------------------------------------- availability, errors
 def test_cupti_unavailable_reports_the_reason(monkeypatch):
-    class FakeGpu:
-        is_gpu, measures_time, name = True, True, "cupy"
+    class FakeGpu:  # a GPU backend as the contract describes it: no modeled timeline
+        is_gpu, measures_time, models_time, name = True, True, False, "cupy"
+
+        def trace_records(self, since=0):
+            return None
 
     monkeypatch.setattr(traces, "cupti_available", lambda: (False, "cupti-python not importable (test)"))
     t = M.trace_source(FakeGpu())

@@ -140,10 +140,16 @@ class Executor(abc.ABC):
         is not modeled (on a GPU it is measured: :func:`ds4lab.timing.copy_bandwidth`)."""
         return None
 
-    def trace_records(self, since: int = 0) -> list[tuple] | None:
-        """Device work records ``(stream, name, start_us, end_us, kind, graph)`` from index ``since``
-        where the backend keeps a timeline (the sim: modeled); None where it does not (on a GPU,
-        kernel records come from CUPTI)."""
+    def trace_records(self, since: int = 0) -> tuple[list[tuple], int] | None:
+        """Where the backend keeps a device timeline (the sim: modeled): the records
+        ``(stream, name, start_us, end_us, kind, graph)`` from absolute index ``since`` on (records
+        the timeline has already let go of are skipped) and the index to pass next time. None where
+        it keeps none (on a GPU, kernel records come from CUPTI)."""
+        return None
+
+    def modeled_start_us(self, stream) -> float | None:
+        """When a kernel issued now on ``stream`` would start on the modeled device (µs); None where
+        time is not modeled."""
         return None
 
     def profiler_start(self) -> None:

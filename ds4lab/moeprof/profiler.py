@@ -63,7 +63,7 @@ class MoeProfiler(MoeObserver):
         self.guard, self.fallback, self.raw = guard, (fallback or None), raw
         self.read_every = read_every
         self.modeled = is_modeled(self.be)
-        self.timing_only = bool(getattr(self.be, "timing_only", False))
+        self.timing_only = self.be.timing_only
         self.k = model.cfg.n_used
         self.token = 0
         self.errors: list[dict] = []

@@ -35,7 +35,7 @@ def capture_status(be, stream) -> str:
 
 def is_modeled(be) -> bool:
     """Whether ``be``'s times are modeled (the ``sim`` backend's ``models_time``), not measured."""
-    return bool(getattr(be, "models_time", False))
+    return be.models_time
 
 
 def join_notes(a: str, b: str) -> str:

@@ -9,8 +9,6 @@ source has ``available``/``reason``, ``start()``, ``stop()`` and ``take()``, whi
 
 from __future__ import annotations
 
-from .rows import is_modeled
-
 #: Kernel name (prefix when it ends in ``_``) → stage, for trace records (CUPTI or the sim timeline).
 KERNEL_STAGE = (("xq_quantize", "xq"), ("moe_count", "sort"), ("moe_prefix", "sort"), ("moe_scatter", "sort"),
                 ("moe_tiles", "sort"), ("memset", "sort"), ("moe_gateup_", "gateup"), ("moe_midq", "midq"),
@@ -32,27 +30,17 @@ class SimTrace:
 
     def __init__(self, be) -> None:
         self.be = be
-        self._seen = self._count()
-
-    def _dev(self):
-        return self.be.rt.dev
-
-    def _count(self) -> int:
-        d = self._dev()
-        return d.dropped + len(d.timeline)
+        self._seen = be.trace_records(0)[1]
 
     def start(self) -> None:
-        self._seen = self._count()
+        self._seen = self.be.trace_records(0)[1]
 
     def stop(self) -> None:
         pass
 
     def take(self) -> list[tuple]:
         """``(name, start_ns, end_ns, kind, graph)`` of the device work since the last take."""
-        d = self._dev()
-        n = self._count()
-        new = d.timeline[max(0, len(d.timeline) - (n - self._seen)):] if n > self._seen else []
-        self._seen = n
+        new, self._seen = self.be.trace_records(self._seen)
         return [(r[1], r[2] * 1e3, r[3] * 1e3, r[4], r[5]) for r in new if r[4] in ("kernel", "memset")]
 
 
@@ -158,7 +146,7 @@ def cupti_available() -> tuple[bool, str]:
 def trace_source(be):
     """CUPTI on a GPU (when importable and it starts), the modeled timeline on ``sim``; otherwise an
     :class:`Unavailable` source saying why (never raises)."""
-    if is_modeled(be) and hasattr(be, "rt"):
+    if be.trace_records() is not None:  # a backend that keeps a (modeled) device timeline
         return SimTrace(be)
     if not be.is_gpu:
         return Unavailable(f"no trace on the {be.name} backend")

@@ -389,8 +389,14 @@ class SimBackend(Executor, RuntimeApi):
             return cal.copy_GBps, f"calibration {cal.name}: copy_GBps"
         return cal.bandwidth_GBps, f"calibration {cal.name}: bandwidth_GBps"
 
-    def trace_records(self, since: int = 0) -> list[tuple]:
-        return self.rt.dev.timeline[since:]
+    def trace_records(self, since: int = 0) -> tuple[list[tuple], int]:
+        d = self.rt.dev
+        return d.timeline[max(0, since - d.dropped):], d.dropped + len(d.timeline)
+
+    def modeled_start_us(self, stream) -> float:
+        # no earlier than the host's submit time, the stream's previous work and the device's
+        # previous kernel (the modeled device runs one kernel at a time)
+        return max(self.rt.dev.host_us, self.stream_ready_us(stream), self.rt.dev.free_us)
 
     @property
     def device_free_us(self) -> float:

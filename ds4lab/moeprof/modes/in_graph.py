@@ -116,9 +116,7 @@ class InGraph(ProfilingMode):
     def _sim_now_us(self, stream) -> float:
         """When a stamp kernel issued now starts on the modeled device: no earlier than the host's
         submit time, the stream's previous work and the device's previous kernel (one at a time)."""
-        be = self.prof.be
-        dev = getattr(getattr(be, "rt", None), "dev", None)
-        return max(be.host_time_us, be.stream_ready_us(stream), getattr(dev, "free_us", 0.0))
+        return self.prof.be.modeled_start_us(stream)
 
     def stamp_slots(self):
         return self.slots
