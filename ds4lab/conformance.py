@@ -134,13 +134,14 @@ def _buf(r: Recorder, v: float = 0.0):
 
 
 def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = ""):
-    """begin → body → end; records begin/end outcomes; returns the graph or None."""
-    r.call(f"{tag}begin_capture", r.be.begin_capture, s, mode)
-    try:
+    """begin → body → end through :func:`ds4lab.capture.capture_scope` (so the capture ends whatever
+    the body raises); records begin/end outcomes; returns the graph or None."""
+    from .capture import capture_scope
+
+    with capture_scope(r.be, s, mode, begin=lambda st, m: r.call(f"{tag}begin_capture", r.be.begin_capture, st, m),
+                       end=lambda st: r.call(f"{tag}end_capture", r.be.end_capture, st)) as cap:
         body()
-    finally:
-        g = r.call(f"{tag}end_capture", r.be.end_capture, s)
-    return g
+    return cap.graph
 
 
 def _replay(r: Recorder, g, stream, times: int = 1, tag: str = "") -> None:
@@ -648,6 +649,15 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
             if names and sc.name not in names:
                 continue
             rec = Recorder(be)
+            created: list = []
+            make_stream = be.new_stream
+
+            def tracked(*a, **k):
+                st = make_stream(*a, **k)
+                created.append(st)
+                return st
+
+            be.new_stream = tracked  # the scenario's streams, so a capture it leaves open is ended
             try:
                 sc.fn(rec)
             except RuntimeApiError as e:
@@ -655,7 +665,9 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
             except Exception as e:  # a scenario bug or a backend gap: keep going, report it
                 rec.obs["<exception>"] = f"{type(e).__name__}: {e}"
             finally:
+                del be.new_stream
                 S.capture_set_stream(None)
+                _end_left_captures(be, created, rec)
             try:
                 be.synchronize()
             except RuntimeApiError:
@@ -666,6 +678,24 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
     finally:
         S.set_graphs_enabled(was)
     return out
+
+
+def _end_left_captures(be, streams, rec: Recorder) -> None:
+    """End any capture a scenario left open on its streams; recorded as ``<left capturing>``."""
+    left = []
+    for st in streams:
+        try:
+            status = be.capture_status(st)
+        except RuntimeApiError:
+            continue
+        if status != "none":
+            left.append(status)
+            try:
+                be.end_capture(st)
+            except RuntimeApiError:
+                pass
+    if left:
+        rec.obs["<left capturing>"] = ",".join(left)
 
 
 def compare(results: dict[str, dict[str, dict[str, str]]]):

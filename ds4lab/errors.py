@@ -25,6 +25,7 @@ CAPTURE_ERRORS = (
     "cudaErrorNotReady",
     "cudaErrorInvalidValue",
     "cudaErrorInvalidResourceHandle",
+    "cudaErrorNotSupported",
 )
 
 #: CuPy-level refusals (not CUDA's): CuPy checks these itself before calling CUDA.
@@ -52,3 +53,58 @@ class CudaError(RuntimeApiError):
 
 class CupyRefusal(RuntimeApiError):
     """CuPy refused the call itself (device-to-host read or cuBLAS during capture)."""
+
+
+#: ``cudaGraphExecUpdateResult`` values by number (CUDA Runtime API, "Data types used by CUDA
+#: Runtime" → enum cudaGraphExecUpdateResult).
+GRAPH_EXEC_UPDATE_RESULTS = {
+    0: "cudaGraphExecUpdateSuccess",
+    1: "cudaGraphExecUpdateError",
+    2: "cudaGraphExecUpdateErrorTopologyChanged",
+    3: "cudaGraphExecUpdateErrorNodeTypeChanged",
+    4: "cudaGraphExecUpdateErrorFunctionChanged",
+    5: "cudaGraphExecUpdateErrorParametersChanged",
+    6: "cudaGraphExecUpdateErrorNotSupported",
+    7: "cudaGraphExecUpdateErrorUnsupportedFunctionChange",
+    8: "cudaGraphExecUpdateErrorAttributesChanged",
+}
+
+
+class GraphExecUpdateError(CudaError):
+    """``cudaGraphExecUpdate`` refused (``cudaErrorGraphExecUpdateFailure``), with CUDA's reason.
+
+    Attributes:
+        result: the ``cudaGraphExecUpdateResult`` name from ``cudaGraphExecUpdateResultInfo``
+            (``cudaGraphExecUpdateErrorTopologyChanged``, ...); CUDA Runtime API,
+            cudaGraphExecUpdate.
+        node_type: the type of ``resultInfo.errorNode`` as ds4lab names node kinds (``kernel``,
+            ``memset``, ``memcpy``, ``mem_alloc``, ``mem_free``, ``event_record``, ``wait_event``,
+            ``graph``, ``empty``, ``host``), or None when CUDA names no node (for example a
+            different node count).
+    """
+
+    def __init__(self, call: str, result: str, node_type: str | None, detail: str = "",
+                 name: str = "cudaErrorGraphExecUpdateFailure") -> None:
+        self.result = result
+        self.node_type = node_type
+        where = f", node type {node_type}" if node_type else ""
+        super().__init__(name, call, f"{result}{where}" + (f"; {detail}" if detail else ""))
+
+
+class InputError(ValueError):
+    """A bad input file or argument (exit status 2): the message names the file or value and why."""
+
+
+class CalibrationError(InputError):
+    """A calibration file that does not follow the schema; names the file and every bad key path.
+
+    Attributes:
+        path: the file (or ``"<dict>"`` for an in-memory calibration).
+        problems: ``[(key_path, message), ...]``, key paths like ``kernels.tiny_add.fixed_us``.
+    """
+
+    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.problems = problems
+        lines = "; ".join(f"{k or '(top level)'}: {m}" for k, m in problems)
+        super().__init__(f"calibration {path}: {len(problems)} problem(s): {lines}")
