@@ -172,3 +172,58 @@ def test_graph_cache_ends_capture_on_keyboard_interrupt_gpu(cupy_backend):
     assert cache.stats.captures == TINY.n_layers and cache.stats.replays > 0
     for a, b in zip(ref, got):
         assert np.array_equal(a, b)
+
+
+def _cluster(m, x, n: int):
+    """A cluster of ``n`` ``x += 1`` launches (its node count is the graph's topology)."""
+    def ref():
+        np.add(x, 1, out=x)
+
+    def fn():
+        for _ in range(n):
+            m.L.kernel("probe.add", "tiny_add", (1,), (32,), (x, np.int32(x.size)), ref, nbytes=8 * x.size)
+    return fn
+
+
+def test_refused_update_reinstantiates_instead_of_retiring(sim):
+    """Stage 3u's cache: an update CUDA refuses (cudaGraphExecUpdate: topology changed) instantiates
+    the new graph and goes on; updates, re-instantiations and fallbacks are counted apart."""
+    m = DecodeModel(TINY, sim, TokenOptions())
+    cache = GraphCache(sim, ("shared",), warmup=1, update=True, guard=False)
+    x = sim.zeros((4,), np.float32)
+    s = sim.new_stream()
+    with S.stream_override(s):
+        for n in (1, 1, 1, 2, 2, 3):  # warm-up, capture, update, refused ×2 ... 
+            cache.run(m, "shared", 0, 1, None, _cluster(m, x, n))
+            sim.synchronize()
+    assert x[0] == 1 + 1 + 1 + 2 + 2 + 3  # every call ran its own launches, none stale
+    st = cache.stats.as_dict()
+    assert (st["captures"], st["updates"], st["reinstantiations"], st["fallbacks"], st["retirements"]) == (1, 2, 2, 0, 0)
+    assert st["update_results"] == {"cudaGraphExecUpdateErrorTopologyChanged/-": 2}
+    assert st["replays"] == 5 and st["eager_runs"] == 0
+    refused = [e for e in cache.log if e["event"] == "update refused"]
+    assert [e["result"] for e in refused] == ["cudaGraphExecUpdateErrorTopologyChanged"] * 2
+
+
+def test_failed_recapture_for_update_falls_back_and_is_counted(sim):
+    m = DecodeModel(TINY, sim, TokenOptions())
+    cache = GraphCache(sim, ("shared",), warmup=0, update=True, guard=False)
+    x = sim.zeros((4,), np.float32)
+    s = sim.new_stream()
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        _cluster(m, x, 1)()
+        if calls["n"] == 2 and m.L.capturing:
+            sim.synchronize()  # refused in capture: the re-capture fails
+
+    with S.stream_override(s):
+        for _ in range(3):
+            try:
+                cache.run(m, "shared", 0, 1, None, fn)
+            finally:
+                sim.synchronize()
+    st = cache.stats
+    assert st.captures == 1 and st.fallbacks == 1 and st.retirements == 1 and st.updates == 0
+    assert st.failures["cudaErrorStreamCaptureUnsupported"] == 1
