@@ -11,6 +11,7 @@ import click
 from .backends import BACKENDS, BackendUnavailable
 from .config import PRESETS, ConfigError
 from .ladder import LadderInputError
+from .errors import InputError
 from .results import OutputError, check_out
 from .model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
 
@@ -164,7 +165,7 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
         from .ladder import run_ladder
 
         run_ladder(backend, preset, stages, tokens, warmup, exact_tokens, out, mode, con, rounds=repeats, nvtx=nvtx)
-    except (ConfigError, BackendUnavailable, LadderInputError, OutputError) as e:
+    except (ConfigError, BackendUnavailable, LadderInputError, OutputError, InputError) as e:
         _fail(str(e))
     except ValueError as e:  # a stage that is not bit-identical to stage 0: measured, written, and failed
         _fail(str(e), code=1)
