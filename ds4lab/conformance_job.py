@@ -19,11 +19,32 @@ def _make(name: str):
     return SimBackend()
 
 
+def expectation_mismatches(results: dict[str, dict[str, dict[str, str]]]):
+    """Steps whose outcome differs from a scenario's documented expectation (``Scenario.expect``).
+
+    Returns a DataFrame: backend, scenario, step, expected, got, source (empty when all agree).
+    """
+    import pandas as pd
+
+    rows = []
+    for b, res in results.items():
+        for sc in SCENARIOS:
+            if not sc.expect or sc.name not in res:
+                continue
+            for step, want in sc.expect.items():
+                got = res[sc.name].get(step, "—")
+                if got != want:
+                    rows.append({"backend": b, "scenario": sc.name, "step": step, "expected": want, "got": got,
+                                 "source": sc.source})
+    return pd.DataFrame(rows, columns=["backend", "scenario", "step", "expected", "got", "source"])
+
+
 def run_conformance(backend: str, out: Path, names, console) -> bool:
     """Run on ``cupy`` and ``sim`` (``cupy``/``auto`` with a GPU) or on ``sim`` alone.
 
     Writes ``conformance.csv`` (scenario, step, one column per backend, agree), the raw records
-    (``conformance-<backend>.json``) and ``meta.json``. Returns True when every step agrees (sim
+    (``conformance-<backend>.json``), ``expectations.csv`` (steps that differ from a scenario's
+    documented expectation, per backend) and ``meta.json``. Returns True when every step agrees (sim
     alone: when no scenario raised an unexpected exception).
     """
     from .backends import BackendUnavailable
@@ -58,9 +79,14 @@ def run_conformance(backend: str, out: Path, names, console) -> bool:
         (out / f"conformance-{b}.json").write_text(json.dumps(results[b], indent=1) + "\n")
     df = compare(results)
     df.to_csv(out / "conformance.csv", index=False)
-    provenance.write_json(out / "meta.json", {"job": "conformance", "backends": metas,
-                                              "scenarios": len({s for s in df.scenario}),
-                                              "steps": len(df), "disagreements": int((~df.agree).sum())})
+    exp = expectation_mismatches(results)
+    exp.to_csv(out / "expectations.csv", index=False)
+    from .results import write_meta
+
+    write_meta(out / "meta.json", {"job": "conformance", "backends": metas,
+                                   "scenarios": len({s for s in df.scenario}),
+                                   "steps": len(df), "disagreements": int((~df.agree).sum()),
+                                   "expectation_mismatches": {b: int((exp.backend == b).sum()) for b in results}})
     exc = df[df.step.isin(["<exception>", "<unhandled>"])]
     console.print(f"{df.scenario.nunique()} scenarios, {len(df)} steps on {', '.join(results)}")
     if len(results) > 1:
@@ -68,6 +94,9 @@ def run_conformance(backend: str, out: Path, names, console) -> bool:
         console.print(f"disagreements: {len(bad)}")
         if len(bad):
             console.print(bad[["scenario", "step", *results]].to_string(index=False))
+    if len(exp):
+        console.print(f"steps that differ from the documented expectation ({len(exp)}; expectations.csv):")
+        console.print(exp[["backend", "scenario", "step", "expected", "got"]].to_string(index=False))
     if len(exc):
         console.print("[red]scenarios that raised:[/]")
         console.print(exc.to_string(index=False))
