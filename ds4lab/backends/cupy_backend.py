@@ -118,19 +118,23 @@ class CupyBackend(Backend):
 
     # ------------------------------------------------------------------ memory
     def empty(self, shape, dtype):
-        a = self.cp.empty(shape, dtype=dtype)
-        if a.dtype.kind == "f":
-            a.fill(np.nan)  # poison: an output a kernel fails to write reads as NaN
+        with _cuda_errors("cudaMalloc (memory-pool growth)"):
+            a = self.cp.empty(shape, dtype=dtype)
+            if a.dtype.kind == "f":
+                a.fill(np.nan)  # poison: an output a kernel fails to write reads as NaN
         return a
 
     def zeros(self, shape, dtype):
-        return self.cp.zeros(shape, dtype=dtype)
+        with _cuda_errors("cudaMalloc (memory-pool growth)"):
+            return self.cp.zeros(shape, dtype=dtype)
 
     def from_host(self, a):
-        return self.cp.asarray(a)
+        with _cuda_errors("cudaMemcpy (host to device)"):
+            return self.cp.asarray(a)
 
     def to_host(self, a):
-        return self.cp.asnumpy(a)
+        with _cuda_errors("cudaMemcpy (device to host)"):
+            return self.cp.asnumpy(a)
 
     def make_weight(self, spec: W.WeightSpec):
         cp = self.cp
@@ -149,14 +153,16 @@ class CupyBackend(Backend):
             kern, base, nbytes = "init_q4", W.q4_base_scale(spec.cols), spec.rows * spec.cols // 2
         d = cp.empty(lead + (spec.rows, nb), dtype=np.float16)
         grid = (min(65535, -(-nbytes // 256)), spec.subs)
-        self.function(kern)(grid, (256,), (qs, d, np.int32(spec.rows), np.int32(spec.cols), key, base), 0, self._null)
+        with _cuda_errors(f"launch {kern}"):
+            self.function(kern)(grid, (256,), (qs, d, np.int32(spec.rows), np.int32(spec.cols), key, base), 0, self._null)
         return W.QTensor(spec.fmt, spec.rows, spec.cols, qs, d)
 
     def fill_f32(self, out, name, scale, offset, seed):
         key = np.uint32(W.tensor_key(seed, name))
         n = out.size
-        self.function("init_f32")((min(65535, -(-n // 256)),), (256,),
-                                  (out, np.int64(n), key, np.float32(scale), np.float32(offset)), 0, self._null)
+        with _cuda_errors("launch init_f32"):
+            self.function("init_f32")((min(65535, -(-n // 256)),), (256,),
+                                      (out, np.int64(n), key, np.float32(scale), np.float32(offset)), 0, self._null)
 
     # ------------------------------------------------------------------ launches
     def launch(self, stream, name, grid, block, args, shared, ref, nbytes=0):
@@ -279,13 +285,15 @@ class CupyBackend(Backend):
             self.cp.cuda.runtime.freeAsync(buf.data.ptr, self._ptr_stream(stream))
 
     def read(self, buf) -> np.ndarray:
-        from ..errors import CupyRefusal
+        from ..errors import CupyRefusal, RuntimeApiError
         from ..stream import current_stream
 
         try:
-            with self._s(current_stream()):
+            with self._s(current_stream()), _cuda_errors("cudaMemcpy (device to host)"):
                 return buf.get()
         except RuntimeError as e:
+            if isinstance(e, RuntimeApiError):
+                raise
             if "disallowed" in str(e) or "capturing" in str(e):
                 raise CupyRefusal("cupy:D2HDisallowed", "cupy.ndarray.get", str(e)) from None
             raise
@@ -526,7 +534,8 @@ def _node_type(cudart, node) -> str | None:
 
 
 class _cuda_errors:
-    """Context manager: CuPy's ``CUDARuntimeError`` → :class:`ds4lab.errors.CudaError` (same name)."""
+    """Context manager: CuPy's ``CUDARuntimeError`` / ``CUDADriverError`` → :class:`ds4lab.errors.CudaError`
+    (the runtime-API name, driver names mapped by :func:`cuda_error_name`)."""
 
     def __init__(self, call: str) -> None:
         self.call = call
@@ -535,7 +544,7 @@ class _cuda_errors:
         return self
 
     def __exit__(self, typ, exc, tb):
-        if exc is None or typ.__name__ != "CUDARuntimeError":
+        if exc is None or typ.__name__ not in ("CUDARuntimeError", "CUDADriverError"):
             return False
         from ..errors import CudaError
 
