@@ -802,6 +802,51 @@ def cross_thread_event_query(r: Recorder, mode: str) -> None:
     r.nodes("nodes", g)
 
 
+@scenario("another thread's event synchronize of a pre-capture event during a capture", MODES,
+          expect=lambda m: {"event_sync_other_thread": "cudaErrorStreamCaptureUnsupported" if m == "global" else "ok",
+                            "status_in_capture": "invalidated" if m == "global" else "active",
+                            "end_capture": "cudaErrorStreamCaptureInvalidated" if m == "global" else "ok"},
+          source=f"{_FACTS} (2026-11-30): another thread's event query/sync of a pre-capture event: global: 900 + "
+                 "invalidated; thread-local or relaxed: success")
+def cross_thread_event_sync(r: Recorder, mode: str) -> None:
+    """As cross_thread_event_query, with cudaEventSynchronize."""
+    be = r.be
+    s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    r.call("record_before", be.event_record, s0, e)
+    r.call("sync_before", be.stream_synchronize, s0)
+    g = _capture(r, s, mode, lambda: (r.add("add", x, s),
+                                      _other_thread(lambda: r.call("event_sync_other_thread", be.event_synchronize, e)),
+                                      r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("stream synchronize of a stream forked into a capture",
+          expect={"s2_wait_fork": "ok", "stream_sync_forked": "cudaErrorStreamCaptureUnsupported",
+                  "status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated"},
+          source=f"{_FACTS} (2026-11-30): cudaStreamSynchronize of a forked stream that joined the capture → 900, "
+                 "capture invalidated")
+def stream_sync_forked(r: Recorder) -> None:
+    """A forked stream is part of the capture: synchronizing it is synchronizing a capturing stream."""
+    be = r.be
+    s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e1, e2 = be.new_event(), be.new_event()
+    y = _buf(r)
+
+    def body():
+        r.call("record_fork", be.event_record, s1, e1)
+        r.call("s2_wait_fork", be.stream_wait_event, s2, e1)
+        r.add("add_y_s2", y, s2)
+        r.call("stream_sync_forked", be.stream_synchronize, s2)
+        r.note("status_in_capture", be.capture_status(s1))
+        r.call("record_join", be.event_record, s2, e2)
+        r.call("s1_wait_join", be.stream_wait_event, s1, e2)
+
+    g = _capture(r, s1, "thread_local", body)
+    r.nodes("nodes", g)
+
+
 # ----------------------------------------------------------------------------- graphs: launch and upload
 _GM = f"{_RT}, 'Graph Management'"
 

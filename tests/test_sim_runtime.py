@@ -7,6 +7,7 @@ CPU only: nothing here needs a GPU.
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -83,6 +84,9 @@ def test_rules_table_is_complete_and_cited():
         assert r.outcome in ("node", "marks", "joins", "escapes", "raises", "returns", "drops", "frees",
                              "updates"), key
         assert (r.error is not None) == (r.outcome == "raises"), key
+        # every rule names its source: the Programming Guide (PG), the Runtime API reference (RT),
+        # gpu-facts.md (facts) or a measurement on the H200
+        assert re.search(r"\b(PG|RT|facts|Measured|measured)\b", r.source), key
 
 
 def test_info_and_calibration_are_modeled(be):
