@@ -227,3 +227,65 @@ def test_failed_recapture_for_update_falls_back_and_is_counted(sim):
     st = cache.stats
     assert st.captures == 1 and st.fallbacks == 1 and st.retirements == 1 and st.updates == 0
     assert st.failures["cudaErrorStreamCaptureUnsupported"] == 1
+
+
+def test_conformance_scenario_interrupted_inside_a_capture_ends_it(sim):
+    """A scenario body raising KeyboardInterrupt inside ``_capture``: the capture ends, the
+    interrupt reaches the caller (a run is stopped, not recorded as a scenario bug)."""
+    from ds4lab import conformance as CF
+
+    streams = []
+
+    def interrupted(r):
+        s = r.be.new_stream()
+        streams.append(s)
+        CF._capture(r, s, "global", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    CF.SCENARIOS.append(CF.Scenario("_interrupted", interrupted, "test"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            CF.run_scenarios(sim, ["_interrupted"])
+    finally:
+        CF.SCENARIOS.pop()
+    assert sim.capture_status(streams[0]) == "none" and sim.rt.live == []
+    assert "new_stream" not in vars(sim)  # the stream tracker is gone again
+
+
+def test_conformance_ends_a_capture_a_scenario_left_open(sim):
+    from ds4lab import conformance as CF
+
+    streams = []
+
+    def left_open(r):
+        s = r.be.new_stream()
+        streams.append(s)
+        r.call("begin_capture", r.be.begin_capture, s, "relaxed")
+
+    CF.SCENARIOS.append(CF.Scenario("_left_open", left_open, "test"))
+    try:
+        out = CF.run_scenarios(sim, ["_left_open"])
+    finally:
+        CF.SCENARIOS.pop()
+    assert out["_left_open"]["<left capturing>"] == "active"
+    assert sim.capture_status(streams[0]) == "none"
+
+
+@pytest.mark.gpu
+def test_capture_scope_on_a_raw_cupy_stream_gpu(cupy_backend):
+    """The benchmarks' and calibration's captures (a bare ``cupy.cuda.Stream``)."""
+    import cupy
+
+    st = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.zeros(16, dtype=np.float32)
+    with pytest.raises(KeyboardInterrupt):
+        with capture_scope(None, st, "relaxed") as cap:
+            with st:
+                x += 1  # captured into the partial graph, which is dropped
+            raise KeyboardInterrupt
+    assert not st.is_capturing() and cap.end_error == "" and cap.status_after == "none"
+    with capture_scope(None, st, "thread_local") as cap:
+        with st:
+            x += 1
+    cap.graph.launch(st)
+    st.synchronize()
+    assert float(x[0]) == 1.0  # the aborted capture's add never ran; the graph's ran once
