@@ -225,3 +225,13 @@ def test_folder_lock_is_exclusive_within_a_process_too(tmp_path):
     finally:
         a.release()
     FolderLock(tmp_path).acquire().release()
+
+
+def test_ladder_out_empty_string_exits_2_and_writes_nothing(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ds4lab.cli", "ladder", "--backend", "sim", "--preset", "tiny",
+                        "--stages", "0", "--tokens", "2", "--out", ""],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "--out" in r.stderr and "current directory" in r.stderr
+    assert list(tmp_path.iterdir()) == []
