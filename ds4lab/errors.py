@@ -55,6 +55,16 @@ class CupyRefusal(RuntimeApiError):
     """CuPy refused the call itself (device-to-host read or cuBLAS during capture)."""
 
 
+# ----------------------------------------------------------------------------- job outcomes
+class BadInput(ValueError):
+    """Bad input found before any work (a job exits 2): the message names the value and the fix."""
+
+
+class CheckFailed(RuntimeError):
+    """A job ran and wrote its results, but a check it exists to make failed (exit 1): a stage
+    not bit-identical to stage 0, a failed reference check, a GPU/sim disagreement."""
+
+
 #: ``cudaGraphExecUpdateResult`` values by number (CUDA Runtime API, "Data types used by CUDA
 #: Runtime" → enum cudaGraphExecUpdateResult).
 GRAPH_EXEC_UPDATE_RESULTS = {
@@ -91,11 +101,7 @@ class GraphExecUpdateError(CudaError):
         super().__init__(name, call, f"{result}{where}" + (f"; {detail}" if detail else ""))
 
 
-class InputError(ValueError):
-    """A bad input file or argument (exit status 2): the message names the file or value and why."""
-
-
-class CalibrationError(InputError):
+class CalibrationError(BadInput):
     """A calibration file that does not follow the schema; names the file and every bad key path.
 
     Attributes:

@@ -120,6 +120,22 @@ class Launcher:
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
 
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list]:
+        """Record every kernel launch of the block as a :class:`LaunchRecord` into the list it
+        yields (analysis tools replay them one by one to time each op). Nested recordings each get
+        the launches of their own block; the previous recorder is restored exactly on exit, so no
+        caller has to set ``trace`` back by hand.
+        """
+        prev, self.trace = self.trace, []
+        rec = self.trace
+        try:
+            yield rec
+        finally:
+            if prev is not None:
+                prev.extend(rec)
+            self.trace = prev
+
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
         """The stream the next routed launch goes to (the accessor's answer, or legacy when unrouted)."""

@@ -16,12 +16,12 @@ import json
 import math
 import os
 import socket
+import traceback
 from pathlib import Path
 
-from .errors import InputError
+from .errors import BadInput
 
-
-class OutputError(InputError):
+class OutputError(BadInput):
     """A result folder that cannot be created or written, or is in use by another run; the message
     names the path and why (exit status 2)."""
 
@@ -307,7 +307,7 @@ def check_out(out: Path, result_files=()) -> None:
 
 
 @contextlib.contextmanager
-def job_folder(out: Path, meta: dict, outputs=()):
+def job_folder(out: Path, meta: dict, outputs=(), on_stop=None):
     """The life of one job's result folder, around the job's work.
 
     Before: :func:`check_out`; the folder's :class:`FolderLock` is taken (a second run into the
@@ -317,9 +317,12 @@ def job_folder(out: Path, meta: dict, outputs=()):
     ``meta["run"]`` records ``{"pid", "host"}``, every ``calibration`` entry of ``meta`` gets its
     ``sha256`` and ``shipped``, and ``meta.json`` is written (:func:`write_meta`, strict JSON) with
     ``status: running``. After: ``status`` is ``complete``, ``interrupted`` (Ctrl-C; the exception
-    goes on) or ``failed: <error>`` (the exception goes on), ``meta.json`` is written again with
-    whatever the job put in ``meta``, and the lock is released. A run killed outright keeps
-    ``running`` in its file; :func:`read_meta` reports it as ``died``.
+    goes on) or ``failed: <error>`` (the exception goes on; ``meta["traceback"]`` holds where it
+    came from), ``meta.json`` is written again with whatever the job put in ``meta``, and the lock
+    is released. A run killed outright keeps ``running`` in its file; :func:`read_meta` reports it
+    as ``died``. ``on_stop(status)``, when given, is called on an interrupt or failure before
+    ``meta.json`` is written (a job records how far it got); an error inside it is recorded in
+    ``meta["on_stop_error"]``, never raised.
 
     Raises:
         OutputError: a bad or unwritable ``out`` (empty, ``.``: the command line's ``--out ""``), or a
@@ -350,9 +353,13 @@ def job_folder(out: Path, meta: dict, outputs=()):
             yield out
         except KeyboardInterrupt:
             meta["status"] = "interrupted"
+            _stopped(on_stop, meta)
             raise
         except BaseException as e:
-            meta["status"] = f"failed: {type(e).__name__}: {e}"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            meta["status"] = f"failed: {type(e).__name__}: {first}" if first else f"failed: {type(e).__name__}"
+            meta["traceback"] = traceback.format_exc()
+            _stopped(on_stop, meta)
             raise
         else:
             meta["status"] = "complete"
@@ -362,3 +369,12 @@ def job_folder(out: Path, meta: dict, outputs=()):
     finally:
         if lock is not None:
             lock.release()
+
+
+def _stopped(on_stop, meta: dict) -> None:
+    if on_stop is None:
+        return
+    try:
+        on_stop(meta["status"])
+    except Exception as e:  # noqa: BLE001 - keep the original error; say what else went wrong
+        meta["on_stop_error"] = f"{type(e).__name__}: {e}"

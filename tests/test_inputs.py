@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ds4lab import calibration as C
-from ds4lab.errors import CalibrationError, InputError
+from ds4lab.errors import BadInput, CalibrationError
 from ds4lab.results import LOCK_NAME, FolderLock, OutputError, check_out, job_folder, read_meta, write_meta
 from ds4lab.sim.costmodel import Calibration, default_calibration_path
 
@@ -47,7 +47,7 @@ def test_non_finite_or_huge_kernel_fit_is_refused_with_file_and_key(tmp_path, to
     with pytest.raises(CalibrationError) as ei:
         Calibration.load(p)
     e = ei.value
-    assert isinstance(e, ValueError) and isinstance(e, InputError)
+    assert isinstance(e, ValueError) and isinstance(e, BadInput)
     assert str(p) in str(e) and f"kernels.{kern}.fixed_us" in str(e)
     assert [k for k, _ in e.problems] == [f"kernels.{kern}.fixed_us"]
 
