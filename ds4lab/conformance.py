@@ -847,6 +847,33 @@ def stream_sync_forked(r: Recorder) -> None:
     r.nodes("nodes", g)
 
 
+@scenario("another thread in thread-local or relaxed interaction mode queries an event during a global capture",
+          ("thread_local", "relaxed"),
+          expect={"exchange_mode": "ok", "event_query_other_thread": "ok", "status_in_capture": "active",
+                  "end_capture": "ok"},
+          source=f"{_FACTS} (2026-11-30): thread-local or relaxed mode on that thread: success, capture intact; "
+                 f"{_RT}, cudaThreadExchangeStreamCaptureMode")
+def cross_thread_query_own_mode(r: Recorder, mode: str) -> None:
+    """The querying thread leaves the default (global) interaction mode with
+    cudaThreadExchangeStreamCaptureMode; the capture on this thread is global."""
+    be = r.be
+    s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    r.call("record_before", be.event_record, s0, e)
+    r.call("sync_before", be.stream_synchronize, s0)
+
+    def other():
+        prev = r.call("exchange_mode", be.exchange_capture_mode, mode)
+        r.call("event_query_other_thread", be.event_query, e)
+        if prev is not None:
+            be.exchange_capture_mode(prev)
+
+    g = _capture(r, s, "global", lambda: (r.add("add", x, s), _other_thread(other),
+                                          r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
 # ----------------------------------------------------------------------------- graphs: launch and upload
 _GM = f"{_RT}, 'Graph Management'"
 

@@ -424,6 +424,16 @@ class CupyBackend(Executor, RuntimeApi):
                                                           cudart.cudaGraph_t(child.handle)))
         graph.last_node = node
 
+    def exchange_capture_mode(self, mode: str) -> str:
+        """``cudaThreadExchangeStreamCaptureMode`` for the calling thread (through ``cuda.bindings``);
+        returns the previous mode. Raises ValueError for an unknown mode, CudaError on failure."""
+        if mode not in self._MODES:
+            raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(self._MODES)}")
+        cudart = _cudart()
+        prev = _checked("cudaThreadExchangeStreamCaptureMode",
+                        cudart.cudaThreadExchangeStreamCaptureMode(cudart.cudaStreamCaptureMode(self._MODES[mode])))
+        return {v: k for k, v in self._MODES.items()}.get(int(prev), str(prev))
+
     def event_record_external(self, stream, event) -> None:
         """``cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)`` (an event record node in capture)."""
         cudart = _cudart()
