@@ -3,6 +3,8 @@
 # the conformance suite on cupy and sim (every disagreement, and every step that differs from a
 # scenario's documented expectation), then the new GPU tests. Each step has its own timeout; a
 # failing step is reported and the next one still runs. Results under $OUT/trust/.
+# TRUST_FULL=1 adds the hazard demonstrations (small) and the exclusion matrix (a few minutes more),
+# to show their verdicts unchanged by the query and graph-rule fixes.
 set -u
 OUT=${OUT:-/tmp/out}
 T=$OUT/trust
@@ -39,4 +41,8 @@ for r in raised:
     print(f"  RAISED {r['scenario']} {r['step']}: cupy={r.get('cupy')} sim={r.get('sim')}")
 PY
 step gpu-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_capture_scope.py tests/test_trust_gpu.py
+if [ "${TRUST_FULL:-0}" = 1 ]; then
+  step hazards 240 python3 -m ds4lab.cli ladder --backend cupy --preset small --hazard all --out "$T/hazards"
+  step exclusion 300 python3 -m ds4lab.cli exclusion --backend cupy --out "$T/exclusion"
+fi
 exit $status
