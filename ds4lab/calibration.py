@@ -200,3 +200,19 @@ def title_label(info: dict) -> str:
         return str(info.get("name"))
     where = info.get("path") or "in-memory"
     return f"{info.get('name')} ({where}, sha256 {str(info.get('sha256', ''))[:12]})"
+
+
+def backend_calibration(be) -> dict | None:
+    """:func:`calibration_info` of the calibration a backend models time with, for a job's
+    ``meta["calibration"]`` (None for a backend that measures or claims no time).
+
+    Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as
+    a dict has no path and is hashed from its ``name`` entry only, ``shipped`` False).
+    """
+    cal = getattr(be, "calibration", None)
+    if not isinstance(cal, dict):
+        return None
+    if cal.get("path"):
+        return calibration_info(cal["path"])
+    raw = json.dumps(cal, sort_keys=True, default=str).encode()
+    return {"name": str(cal.get("name")), "path": None, "sha256": hashlib.sha256(raw).hexdigest(), "shipped": False}

@@ -235,3 +235,15 @@ def test_ladder_out_empty_string_exits_2_and_writes_nothing(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "--out" in r.stderr and "current directory" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_backend_calibration_names_the_file_a_sim_backend_loaded(tmp_path):
+    from ds4lab.sim.backend import SimBackend
+
+    d = shipped()
+    d["name"] = "edited copy"
+    p = write_cal(tmp_path, d)
+    info = C.backend_calibration(SimBackend(calibration=p, timing_only=True))
+    assert info == C.calibration_info(p) and info["shipped"] is False and info["path"] == str(p.resolve())
+    assert C.backend_calibration(SimBackend(timing_only=True))["shipped"] is True
+    assert C.backend_calibration(object()) is None
