@@ -8,7 +8,6 @@ import pytest
 
 from ds4lab.errors import CudaError, GraphExecUpdateError
 
-pytestmark = pytest.mark.gpu
 
 
 def _add_graph(be, s, x, n):
@@ -18,10 +17,10 @@ def _add_graph(be, s, x, n):
     return be.end_capture(s)
 
 
-@pytest.fixture(params=["cupy", "sim"])
-def be(request, cupy_backend):
+@pytest.fixture(params=[pytest.param("cupy", marks=pytest.mark.gpu), "sim"])
+def be(request):
     if request.param == "cupy":
-        return cupy_backend
+        return request.getfixturevalue("cupy_backend")
     from ds4lab.sim.backend import SimBackend
 
     return SimBackend()
@@ -65,3 +64,38 @@ def test_refused_update_names_cuda_result_and_node_type(be):
     assert ei.value.name == "cudaErrorGraphExecUpdateFailure"
     assert ei.value.result == "cudaGraphExecUpdateErrorTopologyChanged"
     be.graph_exec_update(ex, _add_graph(be, s, x, 1))  # same topology: accepted
+
+
+class _FakeRuntime:
+    """CuPy's ``runtime`` as far as the queries go: it *returns* a status (gpu-facts.md)."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def streamQuery(self, ptr):
+        return self.status
+
+    def eventQuery(self, ptr):
+        return self.status
+
+
+@pytest.mark.parametrize("status,want", [(0, True), (600, False), (900, "cudaErrorStreamCaptureUnsupported"),
+                                         (1, "cudaErrorInvalidValue"), (907, "cudaErrorCapturedEvent"),
+                                         (400, "cudaErrorInvalidResourceHandle")])
+@pytest.mark.parametrize("which", ["stream", "event"])
+def test_cupy_queries_raise_every_status_but_success_and_not_ready_cpu(status, want, which):
+    """The swallowed-status bug without a GPU: a returned status other than 0 or 600 is raised by name."""
+    from types import SimpleNamespace
+
+    from ds4lab.backends.cupy_backend import CupyBackend
+
+    be = CupyBackend.__new__(CupyBackend)  # no GPU here: only the query path is exercised
+    be.cp = SimpleNamespace(cuda=SimpleNamespace(runtime=_FakeRuntime(status)))
+    call = (lambda: be.stream_query(SimpleNamespace(ptr=7))) if which == "stream" else \
+        (lambda: be.event_query(SimpleNamespace(ptr=7)))
+    if isinstance(want, bool):
+        assert call() is want
+    else:
+        with pytest.raises(CudaError) as ei:
+            call()
+        assert ei.value.name == want

@@ -509,18 +509,32 @@ def _cudart():
     return cudart
 
 
+#: ``cudaError_t`` numbers of the statuses the capture rules speak of (CUDA Runtime API, "Data types
+#: used by CUDA Runtime" → enum cudaError): the last resort of :func:`_error_name`.
+_ERROR_NAMES = {1: "cudaErrorInvalidValue", 400: "cudaErrorInvalidResourceHandle", 401: "cudaErrorIllegalState",
+                600: "cudaErrorNotReady", 801: "cudaErrorNotSupported", 900: "cudaErrorStreamCaptureUnsupported",
+                901: "cudaErrorStreamCaptureInvalidated", 902: "cudaErrorStreamCaptureMerge",
+                903: "cudaErrorStreamCaptureUnmatched", 904: "cudaErrorStreamCaptureUnjoined",
+                905: "cudaErrorStreamCaptureIsolation", 906: "cudaErrorStreamCaptureImplicit",
+                907: "cudaErrorCapturedEvent", 908: "cudaErrorStreamCaptureWrongThread",
+                910: "cudaErrorGraphExecUpdateFailure"}
+
+
 def _error_name(code: int) -> str:
-    """The ``cudaError_t`` name of a status number (``cudaErrorStreamCaptureUnsupported`` for 900)."""
+    """The ``cudaError_t`` name of a status number (``cudaErrorStreamCaptureUnsupported`` for 900):
+    CuPy's own message, else ``cuda.bindings``' enum, else :data:`_ERROR_NAMES`."""
     try:
         import cupy
 
-        return cuda_error_name(str(cupy.cuda.runtime.CUDARuntimeError(int(code))), code)
+        name = cuda_error_name(str(cupy.cuda.runtime.CUDARuntimeError(int(code))), code)
+        if name.startswith("cudaError") and not name.startswith("cudaError("):
+            return name
     except Exception:
         pass
     try:
         return _cudart().cudaError_t(int(code)).name
     except Exception:
-        return f"cudaError({int(code)})"
+        return _ERROR_NAMES.get(int(code), f"cudaError({int(code)})")
 
 
 def _ready(status, call: str) -> bool:
