@@ -124,7 +124,7 @@ def gc_paused() -> Iterator[None]:
     if not gc.isenabled():
         yield
         return
-    gc.collect()
+    gc.collect(1)  # the young generations: a full collection costs more than the work in a big process
     was = gc.isenabled()
     gc.disable()
     try:

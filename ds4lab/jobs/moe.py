@@ -177,10 +177,10 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
         con.print(f"routed MoE share of an eager token: median {100 * meta['moe_share_median']:.1f} % "
                   f"({share['moe_us'].median():.0f} of {share['token_us'].median():.0f} µs)")
     if overhead:
-        ov = M.overhead_table(wb, modes, tokens=max(4, share_tokens or 4))
+        ov = M.overhead_table(wb, modes, tokens=4)
         ov.to_csv(out / "overhead.csv", index=False)
         con.print("µs per whole token with each mode (median; overhead vs none):")
-        con.print(ov[["mode", "regime", "us_per_token", "overhead_us", "overhead_pct", "note"]].to_string(
+        con.print(ov[["mode", "regime", "us_per_token", "overhead", "note"]].to_string(
             index=False, float_format=lambda v: f"{v:.1f}"))
     meta.update(failures=failures, rows=len(data))
     written = [csv_path, out / "summary.csv", *logs, out / "meta.json"] + [
