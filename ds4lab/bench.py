@@ -18,6 +18,7 @@ import numpy as np
 
 from . import ops, provenance
 from . import stream as S
+from .capture import capture_scope
 from .timing import Stats, copy_bandwidth, event_ms
 
 
@@ -95,18 +96,6 @@ def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
     return out
 
 
-def _begin_capture(stream, mode: str = "thread_local"):
-    import cupy
-
-    rt = cupy.cuda.runtime
-    m = {"global": rt.streamCaptureModeGlobal, "thread_local": rt.streamCaptureModeThreadLocal,
-         "relaxed": rt.streamCaptureModeRelaxed}[mode]
-    try:
-        stream.begin_capture(m)
-    except TypeError:
-        stream.begin_capture()
-
-
 def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7) -> dict:
     """Achieved GB/s of the decode routed-MoE step (T = 1), graph-replayed, against a D2D copy."""
     import cupy
@@ -148,10 +137,10 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
                     step(i)
                 e1.record(st)
                 eager.append(event_ms(e0, e1) * 1e3 / routings)
-            _begin_capture(st)
-            for i in range(routings):
-                step(i)
-            g = st.end_capture()
+            with capture_scope(None, st, "thread_local") as cap:
+                for i in range(routings):
+                    step(i)
+            g = cap.graph
         g.upload(st) if hasattr(g, "upload") else None
         g.launch(st)
         st.synchronize()
@@ -278,10 +267,10 @@ def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
     S.set_graphs_enabled(True)
     try:
         with S.stream_override(st):
-            be.begin_capture(st, "thread_local")
-            for _ in range(n):
-                L.kernel("bench", "tiny_add", (4,), (256,), (x, np.int32(1024)), _noop)
-            g = be.end_capture(st)
+            with capture_scope(be, st, "thread_local") as cap:
+                for _ in range(n):
+                    L.kernel("bench", "tiny_add", (4,), (256,), (x, np.int32(1024)), _noop)
+            g = cap.graph
         ex = be.graph_instantiate(g)
         out["ds4lab launcher graph"] = time_replays(lambda: be.graph_launch(ex, st), st)
     finally:
@@ -289,11 +278,10 @@ def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
     # CuPy's own graph API with a bare RawKernel
     raw = be._module(be._sources["tiny_add"]).get_function("tiny_add")
     s2 = cupy.cuda.Stream(non_blocking=True)
-    with s2:
-        s2.begin_capture()
+    with s2, capture_scope(None, s2, "relaxed") as cap2:  # CuPy's default mode is relaxed (gpu-facts.md)
         for _ in range(n):
             raw((4,), (256,), (x, np.int32(1024)))
-        g2 = s2.end_capture()
+    g2 = cap2.graph
     out["CuPy Graph, bare RawKernel"] = time_replays(lambda: g2.launch(s2), s2)
     try:
         import torch

@@ -91,10 +91,12 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
     x = cupy.zeros(1024, dtype=np.float32)
     fn = be.function("tiny_add")
     n_nodes = 400
-    st.begin_capture()
-    for _ in range(n_nodes):
-        fn((4,), (256,), (x, np.int32(1024)), 0, st)
-    g = st.end_capture()
+    from .capture import capture_scope
+
+    with capture_scope(None, st, "relaxed") as cap:  # CuPy's default mode is relaxed (gpu-facts.md)
+        for _ in range(n_nodes):
+            fn((4,), (256,), (x, np.int32(1024)), 0, st)
+    g = cap.graph
     g.launch(st)
     st.synchronize()
     rep, hl = [], []

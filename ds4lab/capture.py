@@ -12,23 +12,129 @@ clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``), each call
 4. before each replay re-asks the cluster's host decisions (:meth:`DecodeModel.host_decisions`);
    a changed answer retires the graph and captures again, never replaying stale;
 5. on any capture failure records the CUDA (or CuPy) error, retires the entry, and runs that
-   cluster eagerly from then on: the same results, without the graph.
+   cluster eagerly from then on: the same results, without the graph;
+6. on anything else raised while capturing (``KeyboardInterrupt``, a ``KeyError`` in a cluster:
+   any ``BaseException``) ends the capture through :func:`capture_scope` (the partial graph is
+   discarded, the stream leaves capture mode, the thread's stream override is restored), leaves
+   the key uncaptured with the reason in :attr:`GraphCache.log`, and lets the exception go on.
 
 With ``update=True`` (stage ``3u``) a cached graph is not replayed as captured: every call
 captures the cluster again with this call's by-value arguments and updates the executable graph
-in place (``cudaGraphExecUpdate``) before launching it.
+in place (``cudaGraphExecUpdate``) before launching it. A refused update
+(``cudaErrorGraphExecUpdateFailure``, with CUDA's ``cudaGraphExecUpdateResult`` and the failing
+node's type) instantiates the new graph instead, as engines that update graphs do; only a failed
+re-instantiation retires the entry.
 Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, graph instantiation, updating
 instantiated graphs); ds4's staged plan (context file); the measured rules in NOTES.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from .errors import RuntimeApiError
+from . import stream as S
+from .errors import GraphExecUpdateError, RuntimeApiError
 from .stream import LEGACY_STREAM
+
+
+@dataclass
+class CaptureScope:
+    """What :func:`capture_scope` did: the graph on a normal exit, or how it cleaned up.
+
+    Attributes:
+        stream: the stream the capture began on.
+        mode: the capture mode asked for.
+        graph: the captured graph (the backend's graph object, or CuPy's ``cupy.cuda.Graph`` for a
+            raw stream) after a normal exit; None after an abort or when ending failed.
+        aborted_by: the exception that left the block, as ``"KeyboardInterrupt: ..."``; "" if none.
+        end_error: what ending the capture raised during an abort ("" if it ended cleanly); during
+            an abort it is recorded, never raised, so the original exception goes on.
+        status_after: the stream's capture status after an abort (``"none"`` when clean; ``"?"``
+            where the backend cannot tell), from ``Backend.capture_status``.
+    """
+
+    stream: Any
+    mode: str
+    graph: Any = None
+    aborted_by: str = ""
+    end_error: str = ""
+    status_after: str = ""
+
+
+@contextlib.contextmanager
+def capture_scope(be, stream, mode: str = "thread_local", *, begin: Callable | None = None,
+                  end: Callable | None = None) -> Iterator[CaptureScope]:
+    """Begin a stream capture, run the ``with`` block, and always end the capture.
+
+    The one place ds4lab begins a capture (graph cache, MoE profiler and exclusion matrix through
+    it, conformance scenarios, benchmarks, calibration). On a normal exit the capture is ended and
+    :attr:`CaptureScope.graph` holds the graph; an error from ending it (an invalidated capture:
+    ``cudaErrorStreamCaptureInvalidated``) propagates. On any ``BaseException`` inside the block
+    (``KeyboardInterrupt`` included) the capture is ended anyway and the partial graph dropped
+    (CUDA Programming Guide, "Stream Capture" → "Invalidation": a capture sequence must be ended
+    with ``cudaStreamEndCapture`` even when invalidated, or the stream stays in capture mode and
+    later eager work is captured instead of run); an error from that end is recorded in
+    :attr:`CaptureScope.end_error`, and the original exception propagates. In both cases the
+    calling thread's stream override (:func:`ds4lab.stream.capture_set_stream`) is restored to what
+    it was on entry.
+
+    Args:
+        be: the backend (``begin_capture(stream, mode)``, ``end_capture(stream)``,
+            ``capture_status(stream)``), or None for a raw ``cupy.cuda.Stream`` (its own
+            ``begin_capture(mode)``/``end_capture()``, with CuPy's mode constants).
+        stream: the stream to capture (a non-blocking stream; the legacy stream is refused by CUDA).
+        mode: ``"global"``, ``"thread_local"`` or ``"relaxed"`` (``cudaStreamCaptureMode``).
+        begin, end: replacements for the begin/end calls, ``begin(stream, mode)`` and
+            ``end(stream) -> graph`` (the conformance recorder passes recording wrappers).
+
+    Raises:
+        Whatever begin raises (nothing to clean up then), whatever end raises on a normal exit,
+        and the block's own exception after the cleanup.
+    """
+    if begin is None:
+        begin = be.begin_capture if be is not None else _raw_begin
+    if end is None:
+        end = be.end_capture if be is not None else (lambda s: s.end_capture())
+    scope = CaptureScope(stream, mode)
+    override = S.capture_get_override()
+    begin(stream, mode)
+    try:
+        yield scope
+    except BaseException as exc:
+        scope.aborted_by = f"{type(exc).__name__}: {exc}"
+        try:
+            end(stream)
+        except BaseException as e2:  # recorded, never raised: the block's exception goes on
+            scope.end_error = f"{type(e2).__name__}: {e2}"
+        scope.status_after = _status(be, stream)
+        S.capture_set_stream(override)
+        raise
+    try:
+        scope.graph = end(stream)
+    finally:
+        S.capture_set_stream(override)
+
+
+def _raw_begin(stream, mode: str) -> None:
+    """``cupy.cuda.Stream.begin_capture`` with the mode named as ds4lab names it."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    m = {"global": rt.streamCaptureModeGlobal, "thread_local": rt.streamCaptureModeThreadLocal,
+         "relaxed": rt.streamCaptureModeRelaxed}[mode]
+    stream.begin_capture(m)
+
+
+def _status(be, stream) -> str:
+    try:
+        if be is not None:
+            return be.capture_status(stream)
+        return "active" if stream.is_capturing() else "none"
+    except Exception:
+        return "?"
 
 
 @dataclass
@@ -51,16 +157,26 @@ class CacheStats:
 
     captures: int = 0
     replays: int = 0
+    #: executable graphs updated in place (``cudaGraphExecUpdate`` succeeded; stage 3u)
     updates: int = 0
+    #: refused updates answered by instantiating the new graph (the entry lives on)
+    reinstantiations: int = 0
+    #: updates that could not be answered (re-capture or re-instantiation failed): the call ran eagerly
+    fallbacks: int = 0
     retirements: int = 0
     recaptures: int = 0
     eager_runs: int = 0
+    #: captures ended by a non-CUDA exception (``KeyboardInterrupt``, ...); the key stays uncaptured
+    aborts: int = 0
     failures: Counter = field(default_factory=Counter)
+    #: refused updates by ``cudaGraphExecUpdateResult`` name and failing node type ("result/node")
+    update_results: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("captures", "replays", "updates", "retirements", "recaptures",
-                                           "eager_runs")}
+        d = {k: getattr(self, k) for k in ("captures", "replays", "updates", "reinstantiations", "fallbacks",
+                                           "retirements", "recaptures", "eager_runs", "aborts")}
         d["failures"] = dict(self.failures)
+        d["update_results"] = dict(self.update_results)
         return d
 
 
@@ -128,33 +244,40 @@ class GraphCache:
         self.stats.replays += 1
 
     # ------------------------------------------------------------------ capture, update, retire
-    def _captured(self, model, fn) -> tuple[Any, RuntimeApiError | None]:
-        """Capture ``fn`` on the accessor's stream; returns (graph or None, first error)."""
+    def _captured(self, model, fn, key=None) -> tuple[Any, RuntimeApiError | None]:
+        """Capture ``fn`` on the accessor's stream; returns (graph or None, first error).
+
+        A CUDA/CuPy error is returned; anything else (``BaseException``) ends the capture
+        (:func:`capture_scope`), is logged as an abort for ``key`` and propagates.
+        """
         L, be = model.L, self.be
         stream = L.stream()
         err = None
+        scope = None
         try:
-            be.begin_capture(stream, self.mode)
-        except RuntimeApiError as e:
-            return None, e
-        L.capturing = True
-        L.trace = []
-        try:
-            fn()
-        except RuntimeApiError as e:
-            err = e
-        finally:
-            L.capturing = False
-            trace, L.trace = L.trace, None
-        try:
-            g = be.end_capture(stream)
-        except RuntimeApiError as e:
+            with capture_scope(be, stream, self.mode) as scope:
+                L.capturing = True
+                L.trace = []
+                try:
+                    fn()
+                except RuntimeApiError as e:
+                    err = e
+                finally:
+                    L.capturing = False
+                    trace, L.trace = L.trace, None
+        except RuntimeApiError as e:  # begin or end refused
             return None, err or e
+        except BaseException:
+            self.stats.aborts += 1
+            self.log.append({"event": "abort", "key": key, "reason": f"capture aborted by {scope.aborted_by}"
+                             + (f"; ending it: {scope.end_error}" if scope.end_error else ""),
+                             "status_after": scope.status_after})
+            raise
         if err is not None:
             return None, err
         self._last_addresses = tuple(sorted({_addr(a) for r in trace for a in r.args if _addr(a)}))
         self._last_nodes = len(trace)
-        return g, None
+        return scope.graph, None
 
     def _capture(self, model, key, fn, decisions) -> CacheEntry:
         if model.L.stream() is LEGACY_STREAM:
@@ -163,7 +286,7 @@ class GraphCache:
             self.stats.failures["legacy stream"] += 1
             self.entries[key] = e
             return e
-        g, err = self._captured(model, fn)
+        g, err = self._captured(model, fn, key)
         e = CacheEntry(key, decisions=decisions)
         self.entries[key] = e
         if err is not None:
@@ -182,16 +305,39 @@ class GraphCache:
         return e
 
     def _update(self, model, e: CacheEntry, fn) -> bool:
-        """Stage 3u: capture again with this call's arguments, update the executable in place."""
-        g, err = self._captured(model, fn)
+        """Stage 3u: capture again with this call's arguments, update the executable in place.
+
+        A refused update (:class:`~ds4lab.errors.GraphExecUpdateError`: CUDA's update result and
+        the failing node's type, counted in ``stats.update_results``) instantiates the new graph
+        instead and replaces the entry's executable (``stats.reinstantiations``). Returns False
+        (the call runs eagerly, ``stats.fallbacks``) only when the re-capture or that
+        instantiation fails; then the entry retires.
+        """
+        g, err = self._captured(model, fn, e.key)
         if err is not None:
             self.stats.failures[err.name] += 1
+            self.stats.fallbacks += 1
             self._retire(e, f"re-capture for update failed: {err}")
             return False
         try:
             self.be.graph_exec_update(e.graph_exec, g)
+        except GraphExecUpdateError as ex:
+            self.stats.update_results[f"{ex.result}/{ex.node_type or '-'}"] += 1
+            self.log.append({"event": "update refused", "key": e.key, "result": ex.result, "node_type": ex.node_type})
+            try:
+                new_exec = self.be.graph_instantiate(g)
+            except RuntimeApiError as ex2:
+                self.stats.failures[ex2.name] += 1
+                self.stats.fallbacks += 1
+                self._retire(e, f"update refused ({ex.result}) and re-instantiation failed: {ex2}")
+                return False
+            e.graph_exec = new_exec
+            e.nodes = self._last_nodes
+            self.stats.reinstantiations += 1
+            return True
         except RuntimeApiError as ex:
             self.stats.failures[ex.name] += 1
+            self.stats.fallbacks += 1
             self._retire(e, f"executable-graph update failed: {ex}")
             return False
         self.stats.updates += 1

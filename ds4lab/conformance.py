@@ -62,6 +62,26 @@ class Recorder:
     def note(self, step: str, value) -> None:
         self.obs[step] = str(value)
 
+    def update(self, step: str, graph_exec, graph) -> None:
+        """``cudaGraphExecUpdate``: records the outcome, and for a refusal CUDA's update result
+        (``<step>_result``) and the failing node's type (``<step>_node``, ``none`` when CUDA names none)."""
+        from .errors import GraphExecUpdateError
+
+        if graph_exec is None or graph is None:
+            self.obs[step] = "no graph"
+            return
+        try:
+            self.be.graph_exec_update(graph_exec, graph)
+        except GraphExecUpdateError as e:
+            self.obs[step] = e.name
+            self.obs[f"{step}_result"] = e.result
+            self.obs[f"{step}_node"] = e.node_type or "none"
+            return
+        except RuntimeApiError as e:
+            self.obs[step] = e.name
+            return
+        self.obs[step] = "ok"
+
     # --- probe launches (each with its NumPy effect for the CPU backends)
     def add(self, step: str, x, stream=None, legacy: bool = False) -> None:
         """``x += 1`` on ``stream`` (through the accessor) or on the legacy stream."""
@@ -99,27 +119,38 @@ class Recorder:
 
 @dataclass
 class Scenario:
-    """A named program over the runtime API; ``covers`` names the hazard row or rule it checks."""
+    """A named program over the runtime API; ``covers`` names the hazard row or rule it checks.
+
+    ``expect``: for scenarios written from the CUDA documentation before an H200 record of them
+    exists, the outcome of the steps the documented rule is about (``{step: outcome}``), with
+    ``source`` saying where it comes from. The sim is held to it until the H200 record replaces it.
+    """
 
     name: str
     fn: Callable[[Recorder], None]
     covers: str
     doc: str = ""
+    expect: dict | None = None
+    source: str = ""
 
 
 SCENARIOS: list[Scenario] = []
 
 
-def scenario(covers: str, modes: tuple | None = None):
-    """Register a scenario function; with ``modes``, one scenario per capture mode."""
+def scenario(covers: str, modes: tuple | None = None, expect=None, source: str = ""):
+    """Register a scenario function; with ``modes``, one scenario per capture mode.
+
+    ``expect``: a ``{step: outcome}`` dict, or (with ``modes``) a function of the mode returning one.
+    """
 
     def deco(fn):
         if modes:
             for m in modes:
+                e = expect(m) if callable(expect) else expect
                 SCENARIOS.append(Scenario(f"{fn.__name__}[{m}]", (lambda r, m=m: fn(r, m)), covers,
-                                          (fn.__doc__ or "").strip()))
+                                          (fn.__doc__ or "").strip(), e, source))
         else:
-            SCENARIOS.append(Scenario(fn.__name__, fn, covers, (fn.__doc__ or "").strip()))
+            SCENARIOS.append(Scenario(fn.__name__, fn, covers, (fn.__doc__ or "").strip(), expect, source))
         return fn
 
     return deco
@@ -134,13 +165,14 @@ def _buf(r: Recorder, v: float = 0.0):
 
 
 def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = ""):
-    """begin → body → end; records begin/end outcomes; returns the graph or None."""
-    r.call(f"{tag}begin_capture", r.be.begin_capture, s, mode)
-    try:
+    """begin → body → end through :func:`ds4lab.capture.capture_scope` (so the capture ends whatever
+    the body raises); records begin/end outcomes; returns the graph or None."""
+    from .capture import capture_scope
+
+    with capture_scope(r.be, s, mode, begin=lambda st, m: r.call(f"{tag}begin_capture", r.be.begin_capture, st, m),
+                       end=lambda st: r.call(f"{tag}end_capture", r.be.end_capture, st)) as cap:
         body()
-    finally:
-        g = r.call(f"{tag}end_capture", r.be.end_capture, s)
-    return g
+    return cap.graph
 
 
 def _replay(r: Recorder, g, stream, times: int = 1, tag: str = "") -> None:
@@ -633,6 +665,735 @@ def _whole_token(r: Recorder, scalars: str) -> None:
     r.note("replay_equals_eager_next_token", bool(np.array_equal(got, want)))
 
 
+# ----------------------------------------------------------------------------- queries (issue: no swallowed status)
+_FACTS = "shared/context/gpu-facts.md"
+_RT = "CUDA Runtime API reference"
+_INV = {"end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph", "status_in_capture": "invalidated"}
+
+
+@scenario("stream query on the capturing stream (every mode)", ("global", "thread_local"),
+          expect={"stream_query": "cudaErrorStreamCaptureUnsupported", **_INV},
+          source=f"{_FACTS}: cudaStreamQuery on a capturing stream returns 900 and invalidates, every mode")
+def stream_query_in_capture(r: Recorder, mode: str) -> None:
+    """cudaStreamQuery on the capturing stream returns cudaErrorStreamCaptureUnsupported (CuPy
+    returns it as a value: ds4lab raises it) and invalidates the capture."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    x = _buf(r)
+    g = _capture(r, s, mode, lambda: (r.add("add", x, s), r.call("stream_query", be.stream_query, s),
+                                      r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("event query on an event recorded in the capturing stream (every mode)", ("global", "thread_local"),
+          expect={"event_query": "cudaErrorCapturedEvent", **_INV},
+          source=f"{_RT}, cudaError: cudaErrorCapturedEvent (GUESS: the name); invalidation as the relaxed H200 record")
+def event_query_in_capture(r: Recorder, mode: str) -> None:
+    """cudaEventQuery of an event last recorded in an active capture."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    g = _capture(r, s, mode, lambda: (r.add("add", x, s), r.call("event_record", be.event_record, s, e),
+                                      r.call("event_query", be.event_query, e),
+                                      r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("event query of an event recorded in an invalidated capture",
+          expect={"device_synchronize": "cudaErrorStreamCaptureUnsupported", "event_query": "cudaErrorInvalidValue",
+                  **_INV},
+          source=f"{_FACTS}: cudaEventQuery of an event recorded in an invalidated capture returns cudaErrorInvalidValue")
+def event_query_invalidated_capture(r: Recorder) -> None:
+    """The capture is invalidated (device synchronize) after the event was recorded in it."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    g = _capture(r, s, "relaxed", lambda: (r.add("add", x, s), r.call("event_record", be.event_record, s, e),
+                                           r.call("device_synchronize", be.synchronize),
+                                           r.call("event_query", be.event_query, e),
+                                           r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("stream query of a stream whose capture is invalidated",
+          expect={"device_synchronize": "cudaErrorStreamCaptureUnsupported",
+                  "stream_query": "cudaErrorStreamCaptureInvalidated", **_INV},
+          source="CUDA Programming Guide, 'Stream Capture' → 'Invalidation' (GUESS for cudaStreamQuery)")
+def stream_query_invalidated_capture(r: Recorder) -> None:
+    """cudaStreamQuery after the capture was invalidated, before it is ended."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    x = _buf(r)
+    g = _capture(r, s, "relaxed", lambda: (r.add("add", x, s), r.call("device_synchronize", be.synchronize),
+                                           r.call("stream_query", be.stream_query, s),
+                                           r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("stream and event queries after the capture ended (and after replays)",
+          expect={"end_capture": "ok", "stream_query_after_end": "ok", "stream_query_value": "True",
+                  "event_query_after_end": "cudaErrorInvalidValue", "replay0": "ok",
+                  "event_query_after_replay": "cudaErrorInvalidValue", "event_query_rerecorded": "ok"},
+          source="docs/measurements/h200-2026-11-29/event-after-capture-probe.txt (an event of an ended capture: "
+                 "synchronize and elapsed time cudaErrorInvalidValue; the query 'not complete' through a swallowed "
+                 "status: GUESS cudaErrorInvalidValue)")
+def queries_after_capture_ended(r: Recorder) -> None:
+    """After a clean end, the stream is an ordinary stream again; an event last recorded inside the
+    capture stays unusable, replays or not, until it is recorded again eagerly."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    g = _capture(r, s, "relaxed", lambda: (r.add("add", x, s), r.call("event_record", be.event_record, s, e)))
+    v = r.call("stream_query_after_end", be.stream_query, s)
+    r.note("stream_query_value", v)
+    r.call("event_query_after_end", be.event_query, e)
+    _replay(r, g, s)
+    r.call("event_query_after_replay", be.event_query, e)
+    r.call("event_record_eager", be.event_record, s, e)
+    r.call("event_synchronize_eager", be.event_synchronize, e)
+    r.call("event_query_rerecorded", be.event_query, e)
+
+
+@scenario("stream query of a stream forked into a capture",
+          expect={"s2_wait_fork": "ok", "stream_query_forked": "cudaErrorStreamCaptureUnsupported",
+                  "end_capture": "cudaErrorStreamCaptureInvalidated", "status_in_capture": "invalidated"},
+          source=f"{_FACTS} (2026-11-30): cudaStreamSynchronize of a forked stream → 900, invalidated; "
+                 "GUESS: cudaStreamQuery alike")
+def stream_query_forked(r: Recorder) -> None:
+    """A stream that joined the capture by waiting on a captured event is capturing too."""
+    be = r.be
+    s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e1, e2 = be.new_event(), be.new_event()
+    y = _buf(r)
+
+    def body():
+        r.call("record_fork", be.event_record, s1, e1)
+        r.call("s2_wait_fork", be.stream_wait_event, s2, e1)
+        r.add("add_y_s2", y, s2)
+        r.call("stream_query_forked", be.stream_query, s2)
+        r.note("status_in_capture", be.capture_status(s1))
+        r.call("record_join", be.event_record, s2, e2)
+        r.call("s1_wait_join", be.stream_wait_event, s1, e2)
+
+    g = _capture(r, s1, "thread_local", body)
+    r.nodes("nodes", g)
+
+
+@scenario("another thread's event query of a pre-capture event during a capture", MODES,
+          expect=lambda m: {"event_query_other_thread": "cudaErrorStreamCaptureUnsupported" if m == "global" else "ok",
+                            "status_in_capture": "invalidated" if m == "global" else "active",
+                            "end_capture": "cudaErrorStreamCaptureInvalidated" if m == "global" else "ok"},
+          source=f"{_FACTS} (2026-11-30): global: 900 + capture invalidated; thread-local or relaxed: success; "
+                 f"{_RT}, cudaThreadExchangeStreamCaptureMode")
+def cross_thread_event_query(r: Recorder, mode: str) -> None:
+    """An event recorded and completed before the capture, queried from another thread."""
+    be = r.be
+    s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    r.call("record_before", be.event_record, s0, e)
+    r.call("sync_before", be.stream_synchronize, s0)
+    g = _capture(r, s, mode, lambda: (r.add("add", x, s),
+                                      _other_thread(lambda: r.call("event_query_other_thread", be.event_query, e)),
+                                      r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("another thread's event synchronize of a pre-capture event during a capture", MODES,
+          expect=lambda m: {"event_sync_other_thread": "cudaErrorStreamCaptureUnsupported" if m == "global" else "ok",
+                            "status_in_capture": "invalidated" if m == "global" else "active",
+                            "end_capture": "cudaErrorStreamCaptureInvalidated" if m == "global" else "ok"},
+          source=f"{_FACTS} (2026-11-30): another thread's event query/sync of a pre-capture event: global: 900 + "
+                 "invalidated; thread-local or relaxed: success")
+def cross_thread_event_sync(r: Recorder, mode: str) -> None:
+    """As cross_thread_event_query, with cudaEventSynchronize."""
+    be = r.be
+    s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    r.call("record_before", be.event_record, s0, e)
+    r.call("sync_before", be.stream_synchronize, s0)
+    g = _capture(r, s, mode, lambda: (r.add("add", x, s),
+                                      _other_thread(lambda: r.call("event_sync_other_thread", be.event_synchronize, e)),
+                                      r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+@scenario("stream synchronize of a stream forked into a capture",
+          expect={"s2_wait_fork": "ok", "stream_sync_forked": "cudaErrorStreamCaptureUnsupported",
+                  "status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated"},
+          source=f"{_FACTS} (2026-11-30): cudaStreamSynchronize of a forked stream that joined the capture → 900, "
+                 "capture invalidated")
+def stream_sync_forked(r: Recorder) -> None:
+    """A forked stream is part of the capture: synchronizing it is synchronizing a capturing stream."""
+    be = r.be
+    s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e1, e2 = be.new_event(), be.new_event()
+    y = _buf(r)
+
+    def body():
+        r.call("record_fork", be.event_record, s1, e1)
+        r.call("s2_wait_fork", be.stream_wait_event, s2, e1)
+        r.add("add_y_s2", y, s2)
+        r.call("stream_sync_forked", be.stream_synchronize, s2)
+        r.note("status_in_capture", be.capture_status(s1))
+        r.call("record_join", be.event_record, s2, e2)
+        r.call("s1_wait_join", be.stream_wait_event, s1, e2)
+
+    g = _capture(r, s1, "thread_local", body)
+    r.nodes("nodes", g)
+
+
+@scenario("another thread in thread-local or relaxed interaction mode queries an event during a global capture",
+          ("thread_local", "relaxed"),
+          expect={"exchange_mode": "ok", "event_query_other_thread": "ok", "status_in_capture": "active",
+                  "end_capture": "ok"},
+          source=f"{_FACTS} (2026-11-30): thread-local or relaxed mode on that thread: success, capture intact; "
+                 f"{_RT}, cudaThreadExchangeStreamCaptureMode")
+def cross_thread_query_own_mode(r: Recorder, mode: str) -> None:
+    """The querying thread leaves the default (global) interaction mode with
+    cudaThreadExchangeStreamCaptureMode; the capture on this thread is global."""
+    be = r.be
+    s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    r.call("record_before", be.event_record, s0, e)
+    r.call("sync_before", be.stream_synchronize, s0)
+
+    def other():
+        prev = r.call("exchange_mode", be.exchange_capture_mode, mode)
+        r.call("event_query_other_thread", be.event_query, e)
+        if prev is not None:
+            be.exchange_capture_mode(prev)
+
+    g = _capture(r, s, "global", lambda: (r.add("add", x, s), _other_thread(other),
+                                          r.note("status_in_capture", be.capture_status(s))))
+    r.nodes("nodes", g)
+
+
+# ----------------------------------------------------------------------------- graphs: launch and upload
+_GM = f"{_RT}, 'Graph Management'"
+
+
+def _add_graph(r: Recorder, x, n: int = 1, tag: str = "", mode: str = "thread_local"):
+    """A graph of ``n`` ``x += 1`` kernels captured on a fresh stream (steps prefixed ``tag``)."""
+    s = r.be.new_stream(non_blocking=True)
+    return _capture(r, s, mode, lambda: [r.add(f"{tag}add{i}", x, s) for i in range(n)], tag=tag)
+
+
+def _mem_graph(r: Recorder, free: bool, tag: str = "m_"):
+    """A graph with a cudaMallocAsync node (and its cudaFreeAsync node when ``free``); returns (graph, buffer)."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    held = {}
+
+    def body():
+        held["buf"] = r.call(f"{tag}malloc_async", be.malloc_async, s, (N,), f32)
+        if free and held["buf"] is not None:
+            r.call(f"{tag}free_async", be.free_async, s, held["buf"])
+
+    g = _capture(r, s, "thread_local", body, tag=tag)
+    return g, held.get("buf")
+
+
+@scenario("graph launch into a stream that is capturing (every mode)", MODES,
+          expect={"launch_into_capture": "cudaErrorStreamCaptureUnsupported", "status_in_capture": "invalidated",
+                  "end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph", "x": "0"},
+          source=f"{_FACTS} (2026-11-30): cudaGraphLaunch into a capturing stream (global, relaxed) → 900, "
+                 "invalidated, end → invalidated; GUESS: thread-local alike")
+def graph_launch_into_capture(r: Recorder, mode: str) -> None:
+    """Capturing a graph launch (a child-graph node in the sim before) is refused on the H200."""
+    be = r.be
+    x = _buf(r)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, tag="g_"))
+    s2 = be.new_stream(non_blocking=True)
+    g = _capture(r, s2, mode, lambda: (r.call("launch_into_capture", be.graph_launch, ex, s2),
+                                       r.note("status_in_capture", be.capture_status(s2))))
+    r.nodes("nodes", g)
+    r.value("x", x)
+
+
+@scenario("graph launch into a stream whose capture is invalidated",
+          expect={"device_synchronize": "cudaErrorStreamCaptureUnsupported",
+                  "launch_into_invalidated": "cudaErrorStreamCaptureInvalidated",
+                  "end_capture": "cudaErrorStreamCaptureInvalidated", "x": "0"},
+          source="CUDA Programming Guide, 'Stream Capture' → 'Invalidation'")
+def graph_launch_invalidated_capture(r: Recorder) -> None:
+    """Every further use of a stream in an invalidated capture fails until the capture ends."""
+    be = r.be
+    x = _buf(r)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, tag="g_"))
+    s2 = be.new_stream(non_blocking=True)
+    _capture(r, s2, "relaxed", lambda: (r.call("device_synchronize", be.synchronize),
+                                        r.call("launch_into_invalidated", be.graph_launch, ex, s2)))
+    r.value("x", x)
+
+
+@scenario("graph launch on the legacy stream while a blocking stream captures",
+          expect={"launch_legacy": "cudaErrorStreamCaptureImplicit", "status_in_capture": "invalidated",
+                  "end_capture": "cudaErrorStreamCaptureInvalidated"},
+          source="CUDA Programming Guide, 'Prohibited and Unhandled Operations' (legacy stream use during the "
+                 "capture of a blocking stream)")
+def graph_launch_legacy_blocking_capture(r: Recorder) -> None:
+    """A graph launch is legacy-stream work like a kernel."""
+    be = r.be
+    x, y = _buf(r), _buf(r)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, tag="g_"))
+    s = be.new_stream(non_blocking=False)
+    _capture(r, s, "relaxed", lambda: (r.add("add_s", y, s), r.call("launch_legacy", be.graph_launch, ex, S.LEGACY_STREAM),
+                                       r.note("status_in_capture", be.capture_status(s))))
+
+
+@scenario("graph upload, then launch",
+          expect={"upload": "ok", "replay0": "ok", "x": "1"}, source=f"{_GM}, cudaGraphUpload")
+def graph_upload_then_launch(r: Recorder) -> None:
+    """cudaGraphUpload prepares the executable without running it; the launch runs it once."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, tag="g_"))
+    r.call("upload", be.graph_upload, ex, s)
+    r.call("upload_sync", be.stream_synchronize, s)
+    r.value("x_after_upload", x)
+    r.call("replay0", be.graph_launch, ex, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("graph upload into a stream that is capturing",
+          expect={"upload_into_capture": "cudaErrorStreamCaptureUnsupported", "status_in_capture": "invalidated",
+                  "end_capture": "cudaErrorStreamCaptureInvalidated"},
+          source=f"{_GM}, cudaGraphUpload (stream-ordered); GUESS: refused as a launch is ({_FACTS})")
+def graph_upload_into_capture(r: Recorder) -> None:
+    """cudaGraphUpload into a capturing stream."""
+    be = r.be
+    x = _buf(r)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, tag="g_"))
+    s2 = be.new_stream(non_blocking=True)
+    _capture(r, s2, "relaxed", lambda: (r.call("upload_into_capture", be.graph_upload, ex, s2),
+                                        r.note("status_in_capture", be.capture_status(s2))))
+
+
+@scenario("one executable launched on two streams back to back",
+          expect={"replay_s1": "ok", "replay_s2": "ok", "x": "2"},
+          source=f"{_GM}, cudaGraphLaunch: each launch is ordered behind any previous launches of the executable")
+def graph_launch_two_streams(r: Recorder) -> None:
+    """Two launches of one executable on two streams, no synchronization between them."""
+    be = r.be
+    x = _buf(r)
+    s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, tag="g_"))
+    r.call("replay_s1", be.graph_launch, ex, s1)
+    r.call("replay_s2", be.graph_launch, ex, s2)
+    r.call("sync_s1", be.stream_synchronize, s1)
+    r.call("sync_s2", be.stream_synchronize, s2)
+    r.value("x", x)
+
+
+# ----------------------------------------------------------------------------- graphs: instantiation
+@scenario("a graph without memory nodes instantiated twice",
+          expect={"instantiate1": "ok", "instantiate2": "ok", "x": "2"},
+          source=f"{_GM}, cudaGraphLaunch: to run a graph concurrently, instantiate it several times")
+def instantiate_twice(r: Recorder) -> None:
+    """Both executables replay the same nodes."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    g = _add_graph(r, x, tag="g_")
+    ex1 = r.call("instantiate1", be.graph_instantiate, g)
+    ex2 = r.call("instantiate2", be.graph_instantiate, g)
+    r.call("replay1", be.graph_launch, ex1, s)
+    r.call("replay2", be.graph_launch, ex2, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("a graph with memory nodes instantiated while its executable lives",
+          expect={"m_nodes": "mem_allocx1,mem_freex1", "instantiate1": "ok", "instantiate2": "cudaErrorNotSupported"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); {_FACTS} (2026-11-30): "
+                 "cudaErrorNotSupported")
+def instantiate_mem_nodes_twice(r: Recorder) -> None:
+    """A graph with cudaMallocAsync/cudaFreeAsync nodes may have one executable at a time."""
+    be = r.be
+    g, _ = _mem_graph(r, free=True)
+    r.nodes("m_nodes", g)
+    r.call("instantiate1", be.graph_instantiate, g)
+    r.call("instantiate2", be.graph_instantiate, g)
+
+
+@scenario("a graph with memory nodes instantiated again after its executable was destroyed",
+          expect={"instantiate1": "ok", "exec_destroy": "ok", "instantiate2": "ok", "replay0": "ok"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags ('before destroying the first with cudaGraphExecDestroy')")
+def instantiate_after_exec_destroy(r: Recorder) -> None:
+    """cudaGraphExecDestroy frees the graph's one-executable slot."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    g, _ = _mem_graph(r, free=True)
+    ex1 = r.call("instantiate1", be.graph_instantiate, g)
+    r.call("exec_destroy", be.graph_exec_destroy, ex1)
+    ex2 = r.call("instantiate2", be.graph_instantiate, g)
+    r.call("replay0", be.graph_launch, ex2, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+
+
+@scenario("relaunch of a graph whose allocation was never freed",
+          expect={"m_nodes": "mem_allocx1", "replay0": "ok", "replay1": "cudaErrorInvalidValue"},
+          source=f"{_GM}, cudaGraphLaunch (unfreed allocations of a previous launch: cudaErrorInvalidValue); "
+                 f"{_FACTS} (2026-11-30)")
+def mem_alloc_unfreed_relaunch(r: Recorder) -> None:
+    """A cudaMallocAsync node without a free: the first launch allocates; the second is refused."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    g, _ = _mem_graph(r, free=False)
+    r.nodes("m_nodes", g)
+    ex = r.call("instantiate", be.graph_instantiate, g)
+    r.call("replay0", be.graph_launch, ex, s)
+    r.call("replay0_sync", be.stream_synchronize, s)
+    r.call("replay1", be.graph_launch, ex, s)
+    r.call("replay1_sync", be.stream_synchronize, s)
+
+
+@scenario("relaunch with cudaGraphInstantiateFlagAutoFreeOnLaunch",
+          expect={"instantiate_auto_free": "ok", "replay0": "ok", "replay1": "ok"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (AutoFreeOnLaunch frees unfreed allocations before relaunch)")
+def mem_alloc_auto_free_on_launch(r: Recorder) -> None:
+    """The same graph instantiated with AutoFreeOnLaunch relaunches."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    g, _ = _mem_graph(r, free=False)
+    ex = r.call("instantiate_auto_free", be.graph_instantiate, g, 1)
+    for i in range(2):
+        r.call(f"replay{i}", be.graph_launch, ex, s)
+        r.call(f"replay{i}_sync", be.stream_synchronize, s)
+
+
+@scenario("a graph's allocation freed outside the graph, then relaunch",
+          expect={"replay0": "ok", "free_outside": "ok", "replay1": "ok"},
+          source="CUDA Programming Guide, 'Graph Memory Nodes' (freeing graph memory outside the allocating graph); "
+                 f"{_GM}, cudaGraphLaunch")
+def mem_alloc_freed_outside(r: Recorder) -> None:
+    """cudaFreeAsync of the graph's allocation after a launch makes the next launch legal."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    g, buf = _mem_graph(r, free=False)
+    ex = r.call("instantiate", be.graph_instantiate, g)
+    r.call("replay0", be.graph_launch, ex, s)
+    if buf is not None:
+        r.call("free_outside", be.free_async, s, buf)
+    r.call("replay1", be.graph_launch, ex, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+
+
+@scenario("a graph that allocates and frees, launched three times",
+          expect={"m_nodes": "mem_allocx1,mem_freex1", "replay0": "ok", "replay1": "ok", "replay2": "ok"},
+          source=f"{_GM}, cudaGraphLaunch (no allocation left unfreed)")
+def mem_alloc_freed_in_graph(r: Recorder) -> None:
+    """An allocation freed inside the same graph never blocks a relaunch."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    g, _ = _mem_graph(r, free=True)
+    r.nodes("m_nodes", g)
+    ex = r.call("instantiate", be.graph_instantiate, g)
+    for i in range(3):
+        r.call(f"replay{i}", be.graph_launch, ex, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+
+
+@scenario("instantiate with DeviceLaunch together with AutoFreeOnLaunch",
+          expect={"instantiate_device_auto_free": "cudaErrorInvalidValue"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags ('cannot be used in conjunction')")
+def instantiate_device_launch_auto_free(r: Recorder) -> None:
+    """Two flags the reference says exclude each other."""
+    x = _buf(r)
+    r.call("instantiate_device_auto_free", r.be.graph_instantiate, _add_graph(r, x, tag="g_"), 4 | 1)
+
+
+@scenario("instantiate for device launch a graph with memory nodes",
+          expect={"instantiate_device": "cudaErrorInvalidValue"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (device graphs: kernel, memcpy, memset and child graph nodes "
+                 "only; returns cudaErrorInvalidValue)")
+def instantiate_device_launch_mem_nodes(r: Recorder) -> None:
+    """A graph with memory nodes cannot be instantiated for device launch."""
+    g, _ = _mem_graph(r, free=True)
+    r.call("instantiate_device", r.be.graph_instantiate, g, 4)
+
+
+@scenario("instantiate for device launch an empty graph",
+          expect={"graph_create": "ok", "instantiate_device": "cudaErrorInvalidValue"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (a device graph cannot be empty)")
+def instantiate_device_launch_empty(r: Recorder) -> None:
+    """An empty graph cannot be instantiated for device launch."""
+    g = r.call("graph_create", r.be.graph_create)
+    if g is not None:
+        r.call("instantiate_device", r.be.graph_instantiate, g, 4)
+
+
+@scenario("instantiate for device launch a graph of kernels, launch it from the host",
+          expect={"instantiate_device": "ok", "replay0": "ok", "x": "1"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (a device-launch executable launches from host and device)")
+def instantiate_device_launch_kernels(r: Recorder) -> None:
+    """A kernel-only graph instantiated for device launch also runs from the host."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    ex = r.call("instantiate_device", be.graph_instantiate, _add_graph(r, x, tag="g_"), 4)
+    if ex is not None:
+        r.call("replay0", be.graph_launch, ex, s)
+        r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("cudaGraphInstantiateFlagUpload through cudaGraphInstantiateWithFlags",
+          expect={"instantiate_upload_flag": "cudaErrorInvalidValue"},
+          source=f"{_RT}, enum cudaGraphInstantiateFlags (Upload: only with cudaGraphInstantiateWithParams). "
+                 "GUESS: the error")
+def instantiate_flag_upload(r: Recorder) -> None:
+    """The upload flag needs the stream that only cudaGraphInstantiateWithParams names."""
+    x = _buf(r)
+    r.call("instantiate_upload_flag", r.be.graph_instantiate, _add_graph(r, x, tag="g_"), 2)
+
+
+@scenario("instantiate with an unknown flag bit",
+          expect={"instantiate_bad_flag": "cudaErrorInvalidValue"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (valid flags; returns cudaErrorInvalidValue)")
+def instantiate_unknown_flag(r: Recorder) -> None:
+    """Flag bit 1 << 10 names nothing."""
+    x = _buf(r)
+    r.call("instantiate_bad_flag", r.be.graph_instantiate, _add_graph(r, x, tag="g_"), 1 << 10)
+
+
+@scenario("an empty graph: create, instantiate, launch",
+          expect={"graph_create": "ok", "instantiate": "ok", "replay0": "ok", "replay_sync": "ok"},
+          source=f"{_GM}, cudaGraphCreate / cudaGraphInstantiate (an empty graph is valid for host launch)")
+def empty_graph_launch(r: Recorder) -> None:
+    """A graph with no nodes launches and does nothing."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    g = r.call("graph_create", be.graph_create)
+    ex = r.call("instantiate", be.graph_instantiate, g) if g is not None else None
+    if ex is not None:
+        r.call("replay0", be.graph_launch, ex, s)
+        r.call("replay_sync", be.stream_synchronize, s)
+
+
+@scenario("destroy the graph, launch its executable",
+          expect={"graph_destroy": "ok", "replay0": "ok", "x": "1"},
+          source=f"{_GM}, cudaGraphInstantiate / cudaGraphDestroy (the executable is independent of its graph)")
+def graph_destroy_exec_lives(r: Recorder) -> None:
+    """An executable graph keeps working after cudaGraphDestroy of the graph it came from."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    g = _add_graph(r, x, tag="g_")
+    ex = r.call("instantiate", be.graph_instantiate, g)
+    if g is not None:
+        r.call("graph_destroy", be.graph_destroy, g)
+    r.call("replay0", be.graph_launch, ex, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+# ----------------------------------------------------------------------------- graphs: executable update
+_UPD = f"{_GM}, cudaGraphExecUpdate (cudaGraphExecUpdateResultInfo)"
+
+
+def _fill_graph(r: Recorder, x, v: float, tag: str):
+    s = r.be.new_stream(non_blocking=True)
+    return _capture(r, s, "thread_local", lambda: r.fill(f"{tag}fill", x, v, s), tag=tag)
+
+
+@scenario("executable update with a topologically identical graph",
+          expect={"update": "ok", "x": "2"}, source=f"{_UPD}; CUDA Programming Guide, 'Whole graph update'")
+def exec_update_same_topology(r: Recorder) -> None:
+    """A by-value argument captured again and given to the executable: the replay uses the new value."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    ex = r.call("instantiate", be.graph_instantiate, _fill_graph(r, x, 1.0, "a_"))
+    r.update("update", ex, _fill_graph(r, x, 2.0, "b_"))
+    if ex is not None:
+        r.call("replay0", be.graph_launch, ex, s)
+        r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("executable update with one node more",
+          expect={"update": "cudaErrorGraphExecUpdateFailure", "update_result": "cudaGraphExecUpdateErrorTopologyChanged",
+                  "update_node": "none", "x": "1"},
+          source=f"{_UPD} (node counts differ: TopologyChanged, errorNode NULL); {_FACTS} (2026-11-30)")
+def exec_update_node_count(r: Recorder) -> None:
+    """The refused update leaves the executable as it was: the replay runs the old graph."""
+    be = r.be
+    x, y = _buf(r), _buf(r)
+    s = be.new_stream(non_blocking=True)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, 1, tag="a_"))
+    r.update("update", ex, _add_graph(r, y, 2, tag="b_"))
+    if ex is not None:
+        r.call("replay0", be.graph_launch, ex, s)
+        r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("executable update where a node's type changed",
+          expect={"update": "cudaErrorGraphExecUpdateFailure", "update_result": "cudaGraphExecUpdateErrorNodeTypeChanged",
+                  "update_node": "memset"},
+          source=f"{_UPD} (NodeTypeChanged, errorNode the node from the new graph)")
+def exec_update_node_type(r: Recorder) -> None:
+    """A kernel node paired with a memset node."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, 1, tag="a_"))
+    g2 = _capture(r, s, "thread_local", lambda: r.call("memset_async", be.memset_async, s, x, 0), tag="b_")
+    r.update("update", ex, g2)
+
+
+@scenario("executable update where a kernel node's function changed",
+          expect={"update": "ok", "x": "3"},
+          source=f"{_UPD} (FunctionChanged only for drivers < 11.2; none of the kernel-node limitations applies)")
+def exec_update_function(r: Recorder) -> None:
+    """``x += 1`` replaced by ``x = 3`` (another kernel, same context)."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, 1, tag="a_"))
+    r.update("update", ex, _fill_graph(r, x, 3.0, "b_"))
+    if ex is not None:
+        r.call("replay0", be.graph_launch, ex, s)
+        r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("executable update where the dependencies changed",
+          expect={"update": "cudaErrorGraphExecUpdateFailure", "update_result": "cudaGraphExecUpdateErrorTopologyChanged",
+                  "update_node": "kernel"},
+          source=f"{_UPD} (a node with other dependencies, or more exit nodes: TopologyChanged, errorNode from hGraph)")
+def exec_update_dependencies(r: Recorder) -> None:
+    """Two kernels in a chain, updated with the same two kernels side by side (fork/join)."""
+    be = r.be
+    x, y = _buf(r), _buf(r)
+    s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e1, e2 = be.new_event(), be.new_event()
+    g1 = _capture(r, s1, "thread_local", lambda: (r.add("a_add_x", x, s1), r.add("a_add_y", y, s1)), tag="a_")
+    ex = r.call("instantiate", be.graph_instantiate, g1)
+
+    def forked():
+        r.call("record_fork", be.event_record, s1, e1)
+        r.call("s2_wait_fork", be.stream_wait_event, s2, e1)
+        r.add("b_add_x", x, s1)
+        r.add("b_add_y", y, s2)
+        r.call("record_join", be.event_record, s2, e2)
+        r.call("s1_wait_join", be.stream_wait_event, s1, e2)
+
+    r.update("update", ex, _capture(r, s1, "thread_local", forked, tag="b_"))
+
+
+@scenario("executable update of a graph with memory nodes",
+          expect={"update": "cudaErrorGraphExecUpdateFailure", "update_result": "cudaGraphExecUpdateErrorNotSupported",
+                  "update_node": "mem_alloc"},
+          source=f"{_GM}, cudaGraphExecNodeSetParams (memory allocation/free nodes: API unsupported); GUESS for "
+                 "the whole-graph update")
+def exec_update_mem_nodes(r: Recorder) -> None:
+    """Allocation and free nodes, the same on both sides."""
+    be = r.be
+    g1, _ = _mem_graph(r, free=True, tag="a_")
+    ex = r.call("instantiate", be.graph_instantiate, g1)
+    g2, _ = _mem_graph(r, free=True, tag="b_")
+    r.update("update", ex, g2)
+
+
+# ----------------------------------------------------------------------------- graphs: composition and event nodes
+@scenario("child graph nodes run as part of the parent",
+          expect={"graph_create": "ok", "add_child1": "ok", "add_child2": "ok", "instantiate": "ok", "x": "2"},
+          source=f"{_GM}, cudaGraphAddChildGraphNode")
+def child_graph_runs(r: Recorder) -> None:
+    """A captured ``x += 1`` graph added twice as a child of a created graph."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    child = _add_graph(r, x, tag="c_")
+    parent = r.call("graph_create", be.graph_create)
+    if parent is None or child is None:
+        return
+    r.call("add_child1", be.graph_add_child, parent, child)
+    r.call("add_child2", be.graph_add_child, parent, child)
+    ex = r.call("instantiate", be.graph_instantiate, parent)
+    r.call("replay0", be.graph_launch, ex, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("a child graph is cloned: destroying it leaves the parent intact",
+          expect={"add_child": "ok", "child_destroy": "ok", "instantiate": "ok", "replay0": "ok", "x": "1"},
+          source=f"{_GM}, cudaGraphAddChildGraphNode (the child graph is cloned in this call)")
+def child_graph_cloned(r: Recorder) -> None:
+    """The child is destroyed right after it was added."""
+    be = r.be
+    x = _buf(r)
+    s = be.new_stream(non_blocking=True)
+    child = _add_graph(r, x, tag="c_")
+    parent = r.call("graph_create", be.graph_create)
+    if parent is None or child is None:
+        return
+    r.call("add_child", be.graph_add_child, parent, child)
+    r.call("child_destroy", be.graph_destroy, child)
+    ex = r.call("instantiate", be.graph_instantiate, parent)
+    r.call("replay0", be.graph_launch, ex, s)
+    r.call("replay_sync", be.stream_synchronize, s)
+    r.value("x", x)
+
+
+@scenario("a child graph with memory nodes",
+          expect={"add_child": "cudaErrorInvalidValue"},
+          source=f"{_GM}, cudaGraphAddChildGraphNode (a child with allocation or free nodes: an error). GUESS: the name")
+def child_graph_mem_nodes(r: Recorder) -> None:
+    """Graphs with memory nodes cannot be children."""
+    be = r.be
+    child, _ = _mem_graph(r, free=True)
+    parent = r.call("graph_create", be.graph_create)
+    if parent is not None and child is not None:
+        r.call("add_child", be.graph_add_child, parent, child)
+
+
+@scenario("event record node (cudaEventRecordExternal) in a capture",
+          expect={"record_external": "ok", "nodes": "event_recordx1,kernel:tiny_addx1", "replay0": "ok",
+                  "event_synchronize": "ok", "event_query": "ok"},
+          source=f"{_RT}, cudaEventRecordWithFlags (cudaEventRecordExternal: an event record node)")
+def event_record_external_node(r: Recorder) -> None:
+    """Unlike a plain record in a capture, an external record is a node: each replay records the event,
+    which the host can then wait for."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    g = _capture(r, s, "thread_local", lambda: (r.add("add", x, s), r.call("record_external", be.event_record_external, s, e)))
+    r.nodes("nodes", g)
+    ex = r.call("instantiate", be.graph_instantiate, g) if g is not None else None
+    if ex is not None:
+        r.call("replay0", be.graph_launch, ex, s)
+        r.call("event_synchronize", be.event_synchronize, e)
+        r.call("event_query", be.event_query, e)
+
+
+@scenario("event wait node (cudaEventWaitExternal) on an event recorded outside the capture",
+          expect={"wait_external": "ok", "nodes": "kernel:tiny_addx1,wait_eventx1", "end_capture": "ok"},
+          source=f"{_RT}, cudaStreamWaitEvent (cudaEventWaitExternal); CUDA Programming Guide, 'Prohibited and "
+                 "Unhandled Operations' (without the flag: refused)")
+def wait_external_event_node(r: Recorder) -> None:
+    """The wait that is refused without the flag (scenario wait_external_event) becomes a node."""
+    be = r.be
+    s1, s0 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    e = be.new_event()
+    x = _buf(r)
+    r.call("record_outside", be.event_record, s0, e)
+    g = _capture(r, s1, "relaxed", lambda: (r.call("wait_external", be.stream_wait_event_external, s1, e),
+                                            r.add("add", x, s1)))
+    r.nodes("nodes", g)
+
+
 # ----------------------------------------------------------------------------- runner
 def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str, dict[str, str]]:
     """Run the scenarios (all, or those named) on ``be``. Returns ``{scenario: {step: outcome}}``.
@@ -648,6 +1409,15 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
             if names and sc.name not in names:
                 continue
             rec = Recorder(be)
+            created: list = []
+            make_stream = be.new_stream
+
+            def tracked(*a, **k):
+                st = make_stream(*a, **k)
+                created.append(st)
+                return st
+
+            be.new_stream = tracked  # the scenario's streams, so a capture it leaves open is ended
             try:
                 sc.fn(rec)
             except RuntimeApiError as e:
@@ -655,7 +1425,9 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
             except Exception as e:  # a scenario bug or a backend gap: keep going, report it
                 rec.obs["<exception>"] = f"{type(e).__name__}: {e}"
             finally:
+                del be.new_stream
                 S.capture_set_stream(None)
+                _end_left_captures(be, created, rec)
             try:
                 be.synchronize()
             except RuntimeApiError:
@@ -666,6 +1438,24 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
     finally:
         S.set_graphs_enabled(was)
     return out
+
+
+def _end_left_captures(be, streams, rec: Recorder) -> None:
+    """End any capture a scenario left open on its streams; recorded as ``<left capturing>``."""
+    left = []
+    for st in streams:
+        try:
+            status = be.capture_status(st)
+        except RuntimeApiError:
+            continue
+        if status != "none":
+            left.append(status)
+            try:
+                be.end_capture(st)
+            except RuntimeApiError:
+                pass
+    if left:
+        rec.obs["<left capturing>"] = ",".join(left)
 
 
 def compare(results: dict[str, dict[str, dict[str, str]]]):

@@ -25,6 +25,7 @@ CAPTURE_ERRORS = (
     "cudaErrorNotReady",
     "cudaErrorInvalidValue",
     "cudaErrorInvalidResourceHandle",
+    "cudaErrorNotSupported",
 )
 
 #: CuPy-level refusals (not CUDA's): CuPy checks these itself before calling CUDA.
@@ -62,3 +63,54 @@ class BadInput(ValueError):
 class CheckFailed(RuntimeError):
     """A job ran and wrote its results, but a check it exists to make failed (exit 1): a stage
     not bit-identical to stage 0, a failed reference check, a GPU/sim disagreement."""
+
+
+#: ``cudaGraphExecUpdateResult`` values by number (CUDA Runtime API, "Data types used by CUDA
+#: Runtime" → enum cudaGraphExecUpdateResult).
+GRAPH_EXEC_UPDATE_RESULTS = {
+    0: "cudaGraphExecUpdateSuccess",
+    1: "cudaGraphExecUpdateError",
+    2: "cudaGraphExecUpdateErrorTopologyChanged",
+    3: "cudaGraphExecUpdateErrorNodeTypeChanged",
+    4: "cudaGraphExecUpdateErrorFunctionChanged",
+    5: "cudaGraphExecUpdateErrorParametersChanged",
+    6: "cudaGraphExecUpdateErrorNotSupported",
+    7: "cudaGraphExecUpdateErrorUnsupportedFunctionChange",
+    8: "cudaGraphExecUpdateErrorAttributesChanged",
+}
+
+
+class GraphExecUpdateError(CudaError):
+    """``cudaGraphExecUpdate`` refused (``cudaErrorGraphExecUpdateFailure``), with CUDA's reason.
+
+    Attributes:
+        result: the ``cudaGraphExecUpdateResult`` name from ``cudaGraphExecUpdateResultInfo``
+            (``cudaGraphExecUpdateErrorTopologyChanged``, ...); CUDA Runtime API,
+            cudaGraphExecUpdate.
+        node_type: the type of ``resultInfo.errorNode`` as ds4lab names node kinds (``kernel``,
+            ``memset``, ``memcpy``, ``mem_alloc``, ``mem_free``, ``event_record``, ``wait_event``,
+            ``graph``, ``empty``, ``host``), or None when CUDA names no node (for example a
+            different node count).
+    """
+
+    def __init__(self, call: str, result: str, node_type: str | None, detail: str = "",
+                 name: str = "cudaErrorGraphExecUpdateFailure") -> None:
+        self.result = result
+        self.node_type = node_type
+        where = f", node type {node_type}" if node_type else ""
+        super().__init__(name, call, f"{result}{where}" + (f"; {detail}" if detail else ""))
+
+
+class CalibrationError(BadInput):
+    """A calibration file that does not follow the schema; names the file and every bad key path.
+
+    Attributes:
+        path: the file (or ``"<dict>"`` for an in-memory calibration).
+        problems: ``[(key_path, message), ...]``, key paths like ``kernels.tiny_add.fixed_us``.
+    """
+
+    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.problems = problems
+        lines = "; ".join(f"{k or '(top level)'}: {m}" for k, m in problems)
+        super().__init__(f"calibration {path}: {len(problems)} problem(s): {lines}")

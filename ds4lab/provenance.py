@@ -51,6 +51,10 @@ def label(meta: dict) -> str:
     if meta.get("modeled"):
         cal = meta.get("calibration")
         name = cal.get("name", "?") if isinstance(cal, dict) else cal
+        if isinstance(cal, dict) and cal.get("shipped") is False:  # not ds4lab's own file: say which
+            from .calibration import title_label
+
+            name = title_label(cal)
         return f"MODELED by the {meta.get('backend')} backend (calibration {name}), not measured"
     if not meta.get("measured"):
         return f"{meta.get('backend')} backend on {meta.get('device', 'CPU')} — no timing claims"

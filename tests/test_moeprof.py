@@ -140,7 +140,8 @@ def _captured_moe_call(wb, prof, mode="thread_local", invalidate=False, layer=1,
     wb.prepare(layer, T, "uniform")
     be.begin_capture(s, mode)
     if invalidate:
-        be.stream_query(s)  # rule query_captured: returns, but the capture is invalidated
+        with pytest.raises(RuntimeApiError, match="cudaErrorStreamCaptureUnsupported"):
+            be.stream_query(s)  # rule stream_query_capturing: refused, and the capture is invalidated
         assert be.capture_status(s) == "invalidated"
     status, err = None, None
     try:

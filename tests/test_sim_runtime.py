@@ -7,6 +7,7 @@ CPU only: nothing here needs a GPU.
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -80,8 +81,12 @@ def test_rules_table_is_complete_and_cited():
     for key, r in RULES.items():
         assert r.source and r.when, key
         assert r.error is None or r.error in names, (key, r.error)
-        assert r.outcome in ("node", "marks", "joins", "escapes", "raises", "returns", "drops"), key
+        assert r.outcome in ("node", "marks", "joins", "escapes", "raises", "returns", "drops", "frees",
+                             "updates"), key
         assert (r.error is not None) == (r.outcome == "raises"), key
+        # every rule names its source: the Programming Guide (PG), the Runtime API reference (RT),
+        # gpu-facts.md (facts) or a measurement on the H200
+        assert re.search(r"\b(PG|RT|facts|Measured|measured)\b", r.source), key
 
 
 def test_info_and_calibration_are_modeled(be):
@@ -139,19 +144,131 @@ def test_captured_work_is_nodes_and_replays(be):
     assert (x == 11).all()
 
 
-def test_graph_launch_inside_capture_is_a_child_graph(be):
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_graph_launch_into_a_capture_is_refused_and_invalidates(be, mode):
+    """H200 (gpu-facts.md, 2026-11-30): cudaErrorStreamCaptureUnsupported, capture invalidated."""
     s = be.new_stream()
     x = be.zeros((1,), f32)
     be.begin_capture(s, "thread_local")
     kern(be, s, add(x))
     inner = be.graph_instantiate(be.end_capture(s))
+    be.begin_capture(s, mode)
+    raises("cudaErrorStreamCaptureUnsupported", be.graph_launch, inner, s)
+    assert be.capture_status(s) == "invalidated"
+    raises("cudaErrorStreamCaptureInvalidated", be.end_capture, s)
+    assert x[0] == 0  # neither captured nor run
+    be.graph_launch(inner, s)  # the stream is an ordinary stream again
+    assert x[0] == 1
+
+
+def test_child_graph_node_runs_its_clone(be):
+    s = be.new_stream()
+    x = be.zeros((1,), f32)
     be.begin_capture(s, "thread_local")
-    be.graph_launch(inner, s)
-    kern(be, s, add(x, 10))
-    outer = be.end_capture(s)
-    assert [n["kind"] for n in be.graph_nodes(outer)] == ["graph", "kernel"]
-    be.graph_launch(be.graph_instantiate(outer), s)
+    kern(be, s, add(x))
+    child = be.end_capture(s)
+    parent = be.graph_create()
+    be.graph_add_child(parent, child)
+    be.graph_add_child(parent, child)
+    be.graph_destroy(child)  # cloned at cudaGraphAddChildGraphNode
+    assert [n["kind"] for n in be.graph_nodes(parent)] == ["graph", "graph"]
+    be.graph_launch(be.graph_instantiate(parent), s)
+    assert x[0] == 2
+    be.begin_capture(s, "thread_local")
+    buf = be.malloc_async(s, (4,), f32)
+    be.free_async(s, buf)
+    raises("cudaErrorInvalidValue", be.graph_add_child, parent, be.end_capture(s))
+
+
+def _mem_graph(be, s, free):
+    be.begin_capture(s, "thread_local")
+    buf = be.malloc_async(s, (4,), f32)
+    kern(be, s, lambda: buf.__setitem__(Ellipsis, 3.0))
+    if free:
+        be.free_async(s, buf)
+    return be.end_capture(s), buf
+
+
+def test_unfreed_graph_allocation_blocks_relaunch_until_freed(be):
+    s = be.new_stream()
+    g, buf = _mem_graph(be, s, free=False)
+    ge = be.graph_instantiate(g)
+    be.graph_launch(ge, s)
+    raises("cudaErrorInvalidValue", be.graph_launch, ge, s)  # RT cudaGraphLaunch; H200 facts
+    be.free_async(s, buf)  # freed outside the graph: the graph's memory, not the arena's
+    be.graph_launch(ge, s)
+    assert (buf == 3).all()
+    raises("cudaErrorNotSupported", be.graph_instantiate, g)  # one executable per graph with memory nodes
+    be.graph_exec_destroy(ge)
+    auto = be.graph_instantiate(g, 1)  # AutoFreeOnLaunch
+    be.graph_launch(auto, s)
+    be.graph_launch(auto, s)
+
+
+def test_graph_with_alloc_and_free_relaunches(be):
+    s = be.new_stream()
+    g, _ = _mem_graph(be, s, free=True)
+    ge = be.graph_instantiate(g)
+    for _ in range(3):
+        be.graph_launch(ge, s)
+
+
+@pytest.mark.parametrize("flags,why", [(1 << 10, "unknown bit"), (2, "Upload without params"),
+                                       (4 | 1, "DeviceLaunch + AutoFree")])
+def test_instantiate_flags_refused(be, flags, why):
+    s = be.new_stream()
+    be.begin_capture(s, "thread_local")
+    kern(be, s)
+    raises("cudaErrorInvalidValue", be.graph_instantiate, be.end_capture(s), flags)
+
+
+def test_device_launch_only_for_kernel_memset_memcpy_child_graphs(be):
+    s = be.new_stream()
+    raises("cudaErrorInvalidValue", be.graph_instantiate, be.graph_create(), 4)  # empty
+    g, _ = _mem_graph(be, s, free=True)
+    raises("cudaErrorInvalidValue", be.graph_instantiate, g, 4)
+    be.begin_capture(s, "thread_local")
+    kern(be, s)
+    be.graph_launch(be.graph_instantiate(be.end_capture(s), 4), s)
+
+
+def _captured(be, s, *fns):
+    be.begin_capture(s, "thread_local")
+    for f in fns:
+        f()
+    return be.end_capture(s)
+
+
+def test_exec_update_reports_cuda_result_and_node_type(be):
+    from ds4lab.errors import GraphExecUpdateError
+
+    s = be.new_stream()
+    x = be.zeros((1,), f32)
+    ge = be.graph_instantiate(_captured(be, s, lambda: kern(be, s, add(x), name="a")))
+    with pytest.raises(GraphExecUpdateError) as ei:
+        be.graph_exec_update(ge, _captured(be, s, lambda: kern(be, s, name="a"), lambda: kern(be, s, name="b")))
+    assert ei.value.name == "cudaErrorGraphExecUpdateFailure"
+    assert (ei.value.result, ei.value.node_type) == ("cudaGraphExecUpdateErrorTopologyChanged", None)
+    with pytest.raises(GraphExecUpdateError) as ei:
+        be.graph_exec_update(ge, _captured(be, s, lambda: be.memset_async(s, x, 0)))
+    assert (ei.value.result, ei.value.node_type) == ("cudaGraphExecUpdateErrorNodeTypeChanged", "memset")
+    be.graph_launch(ge, s)
+    assert x[0] == 1  # refused updates left the executable as it was
+    be.graph_exec_update(ge, _captured(be, s, lambda: kern(be, s, add(x, 10), name="other")))  # function change
+    be.graph_launch(ge, s)
     assert x[0] == 11
+
+
+def test_external_event_record_and_wait_are_nodes(be):
+    s, s0 = be.new_stream(), be.new_stream()
+    e, ew = be.new_event(), be.new_event()
+    be.event_record(s0, ew)
+    g = _captured(be, s, lambda: be.stream_wait_event_external(s, ew), lambda: kern(be, s),
+                  lambda: be.event_record_external(s, e))
+    assert [n["kind"] for n in be.graph_nodes(g)] == ["wait_event", "kernel", "event_record"]
+    be.graph_launch(be.graph_instantiate(g), s)
+    be.event_synchronize(e)
+    assert be.event_query(e) is True
 
 
 # ----------------------------------------------------------------------------- escaping work (legacy stream)
@@ -319,17 +436,35 @@ def test_event_elapsed_on_captured_event_does_not_invalidate(be):
     assert [n["kind"] for n in be.graph_nodes(g)] == ["kernel"]  # a captured record is no node
 
 
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 @pytest.mark.parametrize("which", ["event", "stream"])
-def test_query_in_capture_returns_but_invalidates(be, which):
+def test_query_in_capture_raises_and_invalidates(be, which, mode):
+    """gpu-facts.md: cudaStreamQuery on a capturing stream returns 900 and invalidates (every mode)."""
     s = be.new_stream()
     e = be.new_event()
-    be.begin_capture(s, "thread_local")
+    be.begin_capture(s, mode)
     kern(be, s)
     be.event_record(s, e)
-    r = be.event_query(e) if which == "event" else be.stream_query(s)
-    assert r is True
+    if which == "event":
+        raises("cudaErrorCapturedEvent", be.event_query, e)
+    else:
+        raises("cudaErrorStreamCaptureUnsupported", be.stream_query, s)
     assert be.capture_status(s) == "invalidated"
+    raises("cudaErrorInvalidValue", be.event_query, e)  # facts: event of an invalidated capture
+    raises("cudaErrorStreamCaptureInvalidated", be.stream_query, s)
     raises("cudaErrorStreamCaptureInvalidated", be.end_capture, s)
+    assert be.stream_query(s) is True  # ended: an ordinary stream again
+    raises("cudaErrorInvalidValue", be.event_query, e)  # last recorded in an ended capture
+
+
+def test_queries_answer_not_ready_while_work_is_pending(be):
+    s = be.new_stream()
+    e = be.new_event()
+    kern(be, s, name="spin", nbytes=0)  # 500 µs of modeled GPU time
+    be.event_record(s, e)
+    assert be.stream_query(s) is False and be.event_query(e) is False
+    be.synchronize()
+    assert be.stream_query(s) is True and be.event_query(e) is True
 
 
 @pytest.mark.parametrize("which", ["device", "stream"])

@@ -118,19 +118,23 @@ class CupyBackend(Executor, RuntimeApi):
 
     # ------------------------------------------------------------------ memory
     def empty(self, shape, dtype):
-        a = self.cp.empty(shape, dtype=dtype)
-        if a.dtype.kind == "f":
-            a.fill(np.nan)  # poison: an output a kernel fails to write reads as NaN
+        with _cuda_errors("cudaMalloc (memory-pool growth)"):
+            a = self.cp.empty(shape, dtype=dtype)
+            if a.dtype.kind == "f":
+                a.fill(np.nan)  # poison: an output a kernel fails to write reads as NaN
         return a
 
     def zeros(self, shape, dtype):
-        return self.cp.zeros(shape, dtype=dtype)
+        with _cuda_errors("cudaMalloc (memory-pool growth)"):
+            return self.cp.zeros(shape, dtype=dtype)
 
     def from_host(self, a):
-        return self.cp.asarray(a)
+        with _cuda_errors("cudaMemcpy (host to device)"):
+            return self.cp.asarray(a)
 
     def to_host(self, a):
-        return self.cp.asnumpy(a)
+        with _cuda_errors("cudaMemcpy (device to host)"):
+            return self.cp.asnumpy(a)
 
     def make_weight(self, spec: W.WeightSpec):
         cp = self.cp
@@ -149,14 +153,16 @@ class CupyBackend(Executor, RuntimeApi):
             kern, base, nbytes = "init_q4", W.q4_base_scale(spec.cols), spec.rows * spec.cols // 2
         d = cp.empty(lead + (spec.rows, nb), dtype=np.float16)
         grid = (min(65535, -(-nbytes // 256)), spec.subs)
-        self.function(kern)(grid, (256,), (qs, d, np.int32(spec.rows), np.int32(spec.cols), key, base), 0, self._null)
+        with _cuda_errors(f"launch {kern}"):
+            self.function(kern)(grid, (256,), (qs, d, np.int32(spec.rows), np.int32(spec.cols), key, base), 0, self._null)
         return W.QTensor(spec.fmt, spec.rows, spec.cols, qs, d)
 
     def fill_f32(self, out, name, scale, offset, seed):
         key = np.uint32(W.tensor_key(seed, name))
         n = out.size
-        self.function("init_f32")((min(65535, -(-n // 256)),), (256,),
-                                  (out, np.int64(n), key, np.float32(scale), np.float32(offset)), 0, self._null)
+        with _cuda_errors("launch init_f32"):
+            self.function("init_f32")((min(65535, -(-n // 256)),), (256,),
+                                      (out, np.int64(n), key, np.float32(scale), np.float32(offset)), 0, self._null)
 
     # ------------------------------------------------------------------ launches
     def launch(self, stream, name, grid, block, args, shared, ref, nbytes=0):
@@ -197,14 +203,16 @@ class CupyBackend(Executor, RuntimeApi):
 
     # ------------------------------------------------------------------ streams, events, info
     def new_stream(self, non_blocking: bool = True):
-        return self.cp.cuda.Stream(non_blocking=non_blocking)
+        with _cuda_errors("cudaStreamCreateWithFlags"):
+            return self.cp.cuda.Stream(non_blocking=non_blocking)
 
     def per_thread_stream(self):
         """CUDA's per-thread default stream (``cudaStreamPerThread``)."""
         return self.cp.cuda.Stream.ptds
 
     def new_event(self):
-        return self.cp.cuda.Event()
+        with _cuda_errors("cudaEventCreateWithFlags"):
+            return self.cp.cuda.Event()
 
     def _s(self, stream):
         return self._null if stream is LEGACY_STREAM else stream
@@ -219,9 +227,15 @@ class CupyBackend(Executor, RuntimeApi):
             self.cp.cuda.runtime.eventSynchronize(event.ptr)
 
     def event_query(self, event) -> bool:
+        """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600).
+
+        CuPy's ``runtime.eventQuery`` *returns* the status (gpu-facts.md): any other status is raised
+        as the named :class:`~ds4lab.errors.CudaError`, as the sim raises it (cudaErrorCapturedEvent,
+        cudaErrorInvalidValue for an event of an invalidated or ended capture, cudaErrorStreamCaptureUnsupported).
+        """
         rt = self.cp.cuda.runtime
         with _cuda_errors("cudaEventQuery"):
-            return rt.eventQuery(event.ptr) == 0
+            return _ready(rt.eventQuery(event.ptr), "cudaEventQuery")
 
     def event_elapsed_ms(self, start, end) -> float:
         with _cuda_errors("cudaEventElapsedTime"):
@@ -236,8 +250,13 @@ class CupyBackend(Executor, RuntimeApi):
             self.cp.cuda.runtime.streamSynchronize(self._ptr_stream(stream))
 
     def stream_query(self, stream) -> bool:
+        """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600).
+
+        Any other returned status is raised as the named CudaError (on the H200, 900
+        cudaErrorStreamCaptureUnsupported for a capturing stream, which it invalidates: gpu-facts.md).
+        """
         with _cuda_errors("cudaStreamQuery"):
-            return self.cp.cuda.runtime.streamQuery(self._ptr_stream(stream)) == 0
+            return _ready(self.cp.cuda.runtime.streamQuery(self._ptr_stream(stream)), "cudaStreamQuery")
 
     def _wrap(self, ptr: int, shape, dtype, owner=None):
         cp = self.cp
@@ -266,13 +285,15 @@ class CupyBackend(Executor, RuntimeApi):
             self.cp.cuda.runtime.freeAsync(buf.data.ptr, self._ptr_stream(stream))
 
     def read(self, buf) -> np.ndarray:
-        from ..errors import CupyRefusal
+        from ..errors import CupyRefusal, RuntimeApiError
         from ..stream import current_stream
 
         try:
-            with self._s(current_stream()):
+            with self._s(current_stream()), _cuda_errors("cudaMemcpy (device to host)"):
                 return buf.get()
         except RuntimeError as e:
+            if isinstance(e, RuntimeApiError):
+                raise
             if "disallowed" in str(e) or "capturing" in str(e):
                 raise CupyRefusal("cupy:D2HDisallowed", "cupy.ndarray.get", str(e)) from None
             raise
@@ -319,34 +340,113 @@ class CupyBackend(Executor, RuntimeApi):
                 rt.streamCaptureStatusInvalidated: "invalidated"}[st]
 
     def graph_nodes(self, graph) -> list[dict]:
-        return graph.nodes(tuple(self._sources))
+        with _cuda_errors("cudaGraphDebugDotPrint"):
+            return graph.nodes(tuple(self._sources))
 
-    def graph_instantiate(self, graph):
-        with _cuda_errors("cudaGraphInstantiate"):
-            return CupyGraphExec(self.cp, self.cp.cuda.runtime.graphInstantiate(graph.handle), graph)
+    def graph_instantiate(self, graph, flags: int = 0):
+        """``cudaGraphInstantiateWithFlags`` (``flags``: cudaGraphInstantiateFlags bits; 0 goes through
+        CuPy's ``graphInstantiate``, others through ``cuda.bindings``). Raises CudaError
+        (cudaErrorInvalidValue, cudaErrorNotSupported for a second executable of a graph with memory nodes)."""
+        if not flags:
+            with _cuda_errors("cudaGraphInstantiate"):
+                return CupyGraphExec(self.cp, self.cp.cuda.runtime.graphInstantiate(graph.handle), graph)
+        cudart = _cudart()
+        h = _checked("cudaGraphInstantiateWithFlags",
+                     cudart.cudaGraphInstantiateWithFlags(cudart.cudaGraph_t(graph.handle), int(flags)))
+        return CupyGraphExec(self.cp, int(h), graph)
 
     def graph_exec_update(self, graph_exec, graph) -> None:
-        """``cudaGraphExecUpdate``: new kernel arguments from a topologically identical graph.
+        """``cudaGraphExecUpdate``: new node parameters from a topologically identical graph.
 
-        Through ``cuda-bindings`` (CuPy has no binding for it). Raises CudaError on failure.
+        Through ``cuda-bindings`` (CuPy has no binding for it).
+
+        Raises:
+            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with CUDA's
+                ``cudaGraphExecUpdateResultInfo``: ``result`` (the cudaGraphExecUpdateResult name) and
+                ``node_type`` (``cudaGraphNodeGetType`` of ``errorNode``; None when CUDA names none).
+            CudaError: any other status.
         """
-        try:
-            from cuda.bindings import runtime as cudart
-        except ImportError:  # older cuda-python layout
-            from cuda import cudart  # type: ignore
-        from ..errors import CudaError
+        from ..errors import GRAPH_EXEC_UPDATE_RESULTS, GraphExecUpdateError
 
+        cudart = _cudart()
+        call = "cudaGraphExecUpdate"
         res = cudart.cudaGraphExecUpdate(cudart.cudaGraphExec_t(graph_exec.handle), cudart.cudaGraph_t(graph.handle))
-        err = res[0] if isinstance(res, tuple) else res
-        if int(err) != 0:
-            name = cudart.cudaGetErrorName(err)[1]
-            name = name.decode() if isinstance(name, bytes) else str(name)
-            raise CudaError(name, "cudaGraphExecUpdate", str(res))
-        graph_exec.graph = graph  # keep the graph the executable now mirrors alive
+        err = int(res[0])
+        if err == 0:
+            graph_exec.graph = graph  # keep the graph the executable now mirrors alive
+            return
+        if len(res) == 3:  # cuda-python 11.x: (err, errorNode, result)
+            node, result = res[1], res[2]
+        else:  # cuda-bindings 12+: (err, cudaGraphExecUpdateResultInfo)
+            node, result = getattr(res[1], "errorNode", None), getattr(res[1], "result", None)
+        name = _error_name(err)
+        if name != "cudaErrorGraphExecUpdateFailure" or result is None:
+            from ..errors import CudaError
+
+            raise CudaError(name, call, f"status {err}")
+        rname = GRAPH_EXEC_UPDATE_RESULTS.get(int(result), f"cudaGraphExecUpdateResult({int(result)})")
+        raise GraphExecUpdateError(call, rname, _node_type(cudart, node), name=name)
 
     def graph_launch(self, graph_exec, stream) -> None:
         with _cuda_errors("cudaGraphLaunch"):
             self.cp.cuda.runtime.graphLaunch(graph_exec.handle, self._ptr_stream(stream))
+
+    def graph_upload(self, graph_exec, stream) -> None:
+        """``cudaGraphUpload`` of ``graph_exec`` on ``stream``."""
+        rt = self.cp.cuda.runtime
+        if hasattr(rt, "graphUpload"):
+            with _cuda_errors("cudaGraphUpload"):
+                rt.graphUpload(graph_exec.handle, self._ptr_stream(stream))
+            return
+        cudart = _cudart()
+        _checked("cudaGraphUpload", cudart.cudaGraphUpload(cudart.cudaGraphExec_t(graph_exec.handle),
+                                                           cudart.cudaStream_t(self._ptr_stream(stream))))
+
+    def graph_exec_destroy(self, graph_exec) -> None:
+        """``cudaGraphExecDestroy`` now (not at garbage collection)."""
+        graph_exec.destroy()
+
+    def graph_destroy(self, graph) -> None:
+        """``cudaGraphDestroy`` now; executables instantiated from it keep working."""
+        graph.destroy()
+
+    def graph_create(self):
+        """``cudaGraphCreate``: an empty graph (through ``cuda.bindings``)."""
+        cudart = _cudart()
+        return CupyGraph(self.cp, int(_checked("cudaGraphCreate", cudart.cudaGraphCreate(0))))
+
+    def graph_add_child(self, graph, child) -> None:
+        """``cudaGraphAddChildGraphNode`` after ``graph``'s last added node (``child`` is cloned)."""
+        cudart = _cudart()
+        deps = [graph.last_node] if graph.last_node is not None else []
+        node = _checked("cudaGraphAddChildGraphNode",
+                        cudart.cudaGraphAddChildGraphNode(cudart.cudaGraph_t(graph.handle), deps, len(deps),
+                                                          cudart.cudaGraph_t(child.handle)))
+        graph.last_node = node
+
+    def exchange_capture_mode(self, mode: str) -> str:
+        """``cudaThreadExchangeStreamCaptureMode`` for the calling thread (through ``cuda.bindings``);
+        returns the previous mode. Raises ValueError for an unknown mode, CudaError on failure."""
+        if mode not in self._MODES:
+            raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(self._MODES)}")
+        cudart = _cudart()
+        prev = _checked("cudaThreadExchangeStreamCaptureMode",
+                        cudart.cudaThreadExchangeStreamCaptureMode(cudart.cudaStreamCaptureMode(self._MODES[mode])))
+        return {v: k for k, v in self._MODES.items()}.get(int(prev), str(prev))
+
+    def event_record_external(self, stream, event) -> None:
+        """``cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)`` (an event record node in capture)."""
+        cudart = _cudart()
+        _checked("cudaEventRecordWithFlags",
+                 cudart.cudaEventRecordWithFlags(cudart.cudaEvent_t(event.ptr), cudart.cudaStream_t(self._ptr_stream(stream)),
+                                                 _EVENT_RECORD_EXTERNAL))
+
+    def stream_wait_event_external(self, stream, event) -> None:
+        """``cudaStreamWaitEvent(stream, event, cudaEventWaitExternal)`` (an event wait node in capture)."""
+        cudart = _cudart()
+        _checked("cudaStreamWaitEvent",
+                 cudart.cudaStreamWaitEvent(cudart.cudaStream_t(self._ptr_stream(stream)), cudart.cudaEvent_t(event.ptr),
+                                            _EVENT_WAIT_EXTERNAL))
 
     def memory_used(self) -> int:
         return int(self.cp.get_default_memory_pool().used_bytes())
@@ -382,8 +482,100 @@ def cuda_error_name(message: str, status=None) -> str:
     return f"cudaError({status})"
 
 
+#: ``cudaEventRecordExternal`` and ``cudaEventWaitExternal`` (CUDA Runtime API, "Data types used by
+#: CUDA Runtime": both 0x01).
+_EVENT_RECORD_EXTERNAL = 0x01
+_EVENT_WAIT_EXTERNAL = 0x01
+
+#: ``cudaGraphNodeType`` numbers → ds4lab's node kinds (CUDA Runtime API, enum cudaGraphNodeType).
+_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+               7: "event_record", 8: "ext_semaphore_signal", 9: "ext_semaphore_wait", 10: "mem_alloc",
+               11: "mem_free", 12: "batch_mem_op", 13: "conditional"}
+
+#: The documented "pending" answer of cudaStreamQuery / cudaEventQuery.
+_NOT_READY = 600
+
+
+def _cudart():
+    """``cuda.bindings.runtime`` (cuda-bindings 12/13), or the older ``cuda.cudart``; imported only by
+    the graph calls CuPy lacks, so CPU paths never need it. Raises ImportError naming the package."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart  # type: ignore
+        except ImportError:
+            raise ImportError("this CUDA graph call needs the cuda-bindings package (pip install cuda-bindings)") from None
+    return cudart
+
+
+#: ``cudaError_t`` numbers of the statuses the capture rules speak of (CUDA Runtime API, "Data types
+#: used by CUDA Runtime" → enum cudaError): the last resort of :func:`_error_name`.
+_ERROR_NAMES = {1: "cudaErrorInvalidValue", 400: "cudaErrorInvalidResourceHandle", 401: "cudaErrorIllegalState",
+                600: "cudaErrorNotReady", 801: "cudaErrorNotSupported", 900: "cudaErrorStreamCaptureUnsupported",
+                901: "cudaErrorStreamCaptureInvalidated", 902: "cudaErrorStreamCaptureMerge",
+                903: "cudaErrorStreamCaptureUnmatched", 904: "cudaErrorStreamCaptureUnjoined",
+                905: "cudaErrorStreamCaptureIsolation", 906: "cudaErrorStreamCaptureImplicit",
+                907: "cudaErrorCapturedEvent", 908: "cudaErrorStreamCaptureWrongThread",
+                910: "cudaErrorGraphExecUpdateFailure"}
+
+
+def _error_name(code: int) -> str:
+    """The ``cudaError_t`` name of a status number (``cudaErrorStreamCaptureUnsupported`` for 900):
+    CuPy's own message, else ``cuda.bindings``' enum, else :data:`_ERROR_NAMES`."""
+    try:
+        import cupy
+
+        name = cuda_error_name(str(cupy.cuda.runtime.CUDARuntimeError(int(code))), code)
+        if name.startswith("cudaError") and not name.startswith("cudaError("):
+            return name
+    except Exception:
+        pass
+    try:
+        return _cudart().cudaError_t(int(code)).name
+    except Exception:
+        return _ERROR_NAMES.get(int(code), f"cudaError({int(code)})")
+
+
+def _ready(status, call: str) -> bool:
+    """A query's returned status: 0 → True, cudaErrorNotReady → False, anything else raised by name."""
+    code = int(status)
+    if code == 0:
+        return True
+    if code == _NOT_READY:
+        return False
+    from ..errors import CudaError
+
+    raise CudaError(_error_name(code), call, f"returned status {code}")
+
+
+def _checked(call: str, res):
+    """A ``cuda.bindings`` result ``(err, *values)``: raises CudaError unless ``err`` is success;
+    returns the one value (or the tuple of values, or None)."""
+    err = res[0] if isinstance(res, tuple) else res
+    code = int(err)
+    if code != 0:
+        from ..errors import CudaError
+
+        raise CudaError(_error_name(code), call, f"status {code}")
+    rest = res[1:] if isinstance(res, tuple) else ()
+    return rest[0] if len(rest) == 1 else (rest or None)
+
+
+def _node_type(cudart, node) -> str | None:
+    """``cudaGraphNodeGetType`` of ``node`` as a ds4lab node kind; None for a NULL node."""
+    if node is None or int(node) == 0:
+        return None
+    try:
+        t = _checked("cudaGraphNodeGetType", cudart.cudaGraphNodeGetType(node))
+    except Exception as e:  # the reason still names the result; say why the type is missing
+        return f"unknown ({type(e).__name__})"
+    return _NODE_TYPES.get(int(t), f"cudaGraphNodeType({int(t)})")
+
+
 class _cuda_errors:
-    """Context manager: CuPy's ``CUDARuntimeError`` → :class:`ds4lab.errors.CudaError` (same name)."""
+    """Context manager: CuPy's ``CUDARuntimeError`` / ``CUDADriverError`` → :class:`ds4lab.errors.CudaError`
+    (the runtime-API name, driver names mapped by :func:`cuda_error_name`)."""
 
     def __init__(self, call: str) -> None:
         self.call = call
@@ -392,7 +584,7 @@ class _cuda_errors:
         return self
 
     def __exit__(self, typ, exc, tb):
-        if exc is None or typ.__name__ != "CUDARuntimeError":
+        if exc is None or typ.__name__ not in ("CUDARuntimeError", "CUDADriverError"):
             return False
         from ..errors import CudaError
 
@@ -408,6 +600,16 @@ class CupyGraph:
 
     def __init__(self, cp, handle: int) -> None:
         self.cp, self.handle = cp, handle
+        self.destroyed = False
+        self.last_node = None  # the last node added by ds4lab (graphs from cudaGraphCreate)
+
+    def destroy(self) -> None:
+        """``cudaGraphDestroy`` now; raises CudaError on failure (a second call does nothing)."""
+        if self.destroyed:
+            return
+        with _cuda_errors("cudaGraphDestroy"):
+            self.cp.cuda.runtime.graphDestroy(self.handle)
+        self.destroyed = True
 
     def dot(self) -> str:
         """The graph as Graphviz text (``cudaGraphDebugDotPrint``, verbose)."""
@@ -436,9 +638,11 @@ class CupyGraph:
         return out
 
     def __del__(self):
+        if self.destroyed:
+            return
         try:
             self.cp.cuda.runtime.graphDestroy(self.handle)
-        except Exception:
+        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
             pass
 
 
@@ -447,11 +651,22 @@ class CupyGraphExec:
 
     def __init__(self, cp, handle: int, graph: CupyGraph) -> None:
         self.cp, self.handle, self.graph = cp, handle, graph
+        self.destroyed = False
+
+    def destroy(self) -> None:
+        """``cudaGraphExecDestroy`` now; raises CudaError on failure (a second call does nothing)."""
+        if self.destroyed:
+            return
+        with _cuda_errors("cudaGraphExecDestroy"):
+            self.cp.cuda.runtime.graphExecDestroy(self.handle)
+        self.destroyed = True
 
     def __del__(self):
+        if self.destroyed:
+            return
         try:
             self.cp.cuda.runtime.graphExecDestroy(self.handle)
-        except Exception:
+        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
             pass
 
 

@@ -216,8 +216,14 @@ class SimBackend(Executor, RuntimeApi):
                 if b.live and not in_graph:
                     self.arena.free(b.addr)
 
-            self.rt.host_op(stream, "mem_free", "cudaFreeAsync", lambda: self._arena_free(buf, "cudaFreeAsync"),
-                            "cudaFreeAsync", capture_fn=replay_free)
+            def eager_free():
+                if not self.rt.graph_memory_free(b.addr):  # rule graph_free_outside: the graph's memory
+                    self._arena_free(buf, "cudaFreeAsync")
+
+            node = self.rt.host_op(stream, "mem_free", "cudaFreeAsync", eager_free, "cudaFreeAsync",
+                                   capture_fn=replay_free)
+            if node is not None:
+                node.info = b.addr
 
     def read(self, buf) -> np.ndarray:
         """A synchronous device-to-host copy on the accessor's current stream (``cupy.asnumpy``).
@@ -366,14 +372,44 @@ class SimBackend(Executor, RuntimeApi):
             raise CudaError("cudaErrorInvalidValue", "cudaGraphGetNodes", f"{graph!r} is not a sim graph")
         return self.rt.graph_nodes(graph)
 
-    def graph_instantiate(self, graph) -> GraphExec:
-        return self.rt.graph_instantiate(graph)
+    def graph_instantiate(self, graph, flags: int = 0) -> GraphExec:
+        """``cudaGraphInstantiateWithFlags`` (see :meth:`Runtime.graph_instantiate`)."""
+        return self.rt.graph_instantiate(graph, flags)
 
     def graph_exec_update(self, graph_exec, graph) -> None:
+        """``cudaGraphExecUpdate``; raises :class:`~ds4lab.errors.GraphExecUpdateError` with CUDA's result."""
         self.rt.graph_exec_update(graph_exec, graph)
 
     def graph_launch(self, graph_exec, stream) -> None:
         self.rt.graph_launch(graph_exec, stream)
+
+    def graph_upload(self, graph_exec, stream) -> None:
+        """``cudaGraphUpload``."""
+        self.rt.graph_upload(graph_exec, stream)
+
+    def graph_exec_destroy(self, graph_exec) -> None:
+        """``cudaGraphExecDestroy``."""
+        self.rt.graph_exec_destroy(graph_exec)
+
+    def graph_destroy(self, graph) -> None:
+        """``cudaGraphDestroy``."""
+        self.rt.graph_destroy(graph)
+
+    def graph_create(self) -> Graph:
+        """``cudaGraphCreate``: an empty graph."""
+        return self.rt.graph_create()
+
+    def graph_add_child(self, graph, child) -> None:
+        """``cudaGraphAddChildGraphNode`` after ``graph``'s last node."""
+        self.rt.graph_add_child(graph, child)
+
+    def event_record_external(self, stream, event) -> None:
+        """``cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)``."""
+        self.rt.event_record_external(stream, event)
+
+    def stream_wait_event_external(self, stream, event) -> None:
+        """``cudaStreamWaitEvent(stream, event, cudaEventWaitExternal)``."""
+        self.rt.stream_wait_event_external(stream, event)
 
     # ------------------------------------------------------------------ the model's clock
     def host_clock_us(self) -> float:

@@ -60,7 +60,9 @@ def default_calibration_path() -> Path:
     env = os.environ.get(CALIBRATION_ENV)
     if env:
         if not Path(env).is_file():
-            raise ValueError(f"{CALIBRATION_ENV}={env}: no such calibration file")
+            from ..errors import CalibrationError
+
+            raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env}: no such calibration file")])
         return Path(env)
     return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
 
@@ -90,35 +92,21 @@ class Calibration:
         """From a JSON path, a dict with the schema's keys, or None (the default file).
 
         Raises:
-            ValueError: a required key is missing or a number is not positive (names the key).
+            CalibrationError (a ValueError): the file cannot be read, or a field breaks
+                :data:`ds4lab.calibration.SCHEMA` (names the file and every key path).
         """
+        from ..calibration import read, validate
+
         path = None
         if src is None:
             src = default_calibration_path()
         if isinstance(src, (str, Path)):
             path = str(Path(src).resolve())
-            try:
-                d = json.loads(Path(src).read_text())
-            except (OSError, ValueError) as e:
-                raise ValueError(f"calibration {src}: cannot be read as JSON ({e})") from None
-            if not isinstance(d, dict):
-                raise ValueError(f"calibration {src}: a JSON object expected, not {type(d).__name__}")
+            d = read(src)  # every field checked against ds4lab.calibration.SCHEMA
         elif isinstance(src, dict):
-            d = dict(src)
+            d = validate(dict(src))
         else:
             raise TypeError(f"calibration must be a path, a dict or None, not {type(src).__name__}")
-        missing = [k for k in REQUIRED if k not in d]
-        if missing:
-            raise ValueError(f"calibration {d.get('name', path)!r} lacks {', '.join(missing)}")
-        for k in REQUIRED[4:]:
-            if not float(d[k]) >= 0 or (k == "bandwidth_GBps" and not float(d[k]) > 0):
-                raise ValueError(f"calibration {d['name']!r}: {k}={d[k]!r} must be a positive number")
-        for kern, o in (d.get("kernels") or {}).items():
-            # Other keys (sample counts, medians) may ride along; only these two are used.
-            if not isinstance(o, dict) or not ({"fixed_us", "bandwidth_GBps"} & set(o)):
-                raise ValueError(f"calibration {d['name']!r}: kernel {kern!r} needs fixed_us and/or bandwidth_GBps")
-            if float(o.get("fixed_us", 0)) < 0 or float(o.get("bandwidth_GBps", 1)) <= 0:
-                raise ValueError(f"calibration {d['name']!r}: kernel {kern!r} has a negative cost or bandwidth")
         kw = {k: d[k] for k in REQUIRED}
         for k, v in OPTIONAL.items():
             kw[k] = d.get(k, v) if d.get(k) is not None else v

@@ -31,7 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-from ..errors import CudaError, CupyRefusal
+from ..errors import CudaError, CupyRefusal, GraphExecUpdateError
 from ..stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration, Device
 
@@ -98,10 +98,29 @@ RULES: dict[str, Rule] = {
     "event_elapsed_captured": Rule(
         "cudaEventElapsedTime with an event last recorded in a live capture", "raises", "cudaErrorCapturedEvent",
         "none", "facts row 'event synchronize / elapsed time' (error); GUESS: does not invalidate"),
-    "query_captured": Rule(
-        "cudaEventQuery of a captured event, cudaStreamQuery of a capturing stream", "returns", None,
-        "the capture", "facts row 'event or stream query': call returns, end_capture fails (invalidated). "
-        "GUESS: the value returned is True (nothing pending)"),
+    "stream_query_capturing": Rule(
+        "cudaStreamQuery of a stream in an active capture (the origin or a stream forked into it), any mode",
+        "raises", "cudaErrorStreamCaptureUnsupported", "the capture",
+        "facts row 'event or stream query': cudaStreamQuery on the capturing stream returns 900 "
+        "(cudaErrorStreamCaptureUnsupported) and invalidates the capture, in every mode (measured); PG "
+        "'Prohibited and Unhandled Operations': it is invalid to query the execution status of a stream being "
+        "captured. GUESS: a forked stream answers as the origin does (facts: its synchronize does)"),
+    "event_query_captured": Rule(
+        "cudaEventQuery of an event last recorded in an active capture", "raises", "cudaErrorCapturedEvent",
+        "the event's capture",
+        "RT cudaError: cudaErrorCapturedEvent ('operation not permitted on an event last recorded in a capturing "
+        "stream'); the 2026-11-29 H200 record: the capture is invalidated afterwards. GUESS: the error name "
+        "(that record took a swallowed status; device_trust.sh re-checks it)"),
+    "event_query_invalidated": Rule(
+        "cudaEventQuery of an event last recorded in a capture that was invalidated (not yet ended)", "raises",
+        "cudaErrorInvalidValue", "none",
+        "facts row 'event or stream query': cudaEventQuery of an event recorded in an invalidated capture "
+        "returns cudaErrorInvalidValue (measured)"),
+    "stream_query_invalidated": Rule(
+        "cudaStreamQuery of a stream whose capture is invalidated (not yet ended)", "raises",
+        "cudaErrorStreamCaptureInvalidated", "none",
+        "PG 'Invalidation': further use of the stream is invalid and returns cudaErrorStreamCaptureInvalidated "
+        "until the capture is ended. GUESS for cudaStreamQuery"),
     "stream_sync_capturing": Rule(
         "cudaStreamSynchronize of a capturing stream", "raises", "cudaErrorStreamCaptureUnsupported",
         "the capture", "PG 'Prohibited and Unhandled Operations': invalid to synchronize a capturing stream"),
@@ -143,10 +162,12 @@ RULES: dict[str, Rule] = {
         "cudaStreamBeginCapture on a stream already capturing", "raises", "cudaErrorIllegalState", "none",
         "RT cudaStreamBeginCapture: only if the stream is not already in capture mode. GUESS: the error name"),
     "event_after_capture": Rule(
-        "cudaEventSynchronize / cudaEventElapsedTime on an event last recorded inside a capture that has ended "
-        "(cudaEventQuery: never complete)", "raises", "cudaErrorInvalidValue", "none",
+        "cudaEventSynchronize / cudaEventElapsedTime / cudaEventQuery on an event last recorded inside a "
+        "capture that has ended", "raises", "cudaErrorInvalidValue", "none",
         "Measured on the H200 (docs/measurements/h200-2026-11-29/event-after-capture-probe.txt): before and "
-        "after replays, until the event is recorded again eagerly"),
+        "after replays, until the event is recorded again eagerly. cudaEventQuery: that probe saw 'not "
+        "complete' through CuPy's returned status; GUESS: the status was cudaErrorInvalidValue, as for "
+        "synchronize"),
     "end_not_capturing": Rule("cudaStreamEndCapture on a stream that is not capturing", "raises",
                               "cudaErrorIllegalState", "none", "RT cudaStreamEndCapture"),
     "end_wrong_thread": Rule(
@@ -168,6 +189,101 @@ RULES: dict[str, Rule] = {
         "- (capture ends: every stream leaves capture mode)",
         "PG 'Cross-stream Dependencies and Events': failure to rejoin fails the capture. GUESS: a forked "
         "stream with no work of its own counts as joined"),
+    # --- graphs: instantiate, launch, upload, update, destroy, composition (RT = CUDA Runtime API,
+    # "Graph Management"; PG = Programming Guide "CUDA Graphs"; facts = gpu-facts.md, 2026-11-30 table)
+    "graph_launch_in_capture": Rule(
+        "cudaGraphLaunch of an executable graph into a stream in an active capture (any mode)", "raises",
+        "cudaErrorStreamCaptureUnsupported", "the capture",
+        "facts (2026-11-30): cudaGraphLaunch into a capturing stream (global, relaxed) returns "
+        "cudaErrorStreamCaptureUnsupported, capture invalidated, end → cudaErrorStreamCaptureInvalidated. "
+        "GUESS: thread-local mode alike"),
+    "graph_upload_in_capture": Rule(
+        "cudaGraphUpload into a stream in an active capture", "raises", "cudaErrorStreamCaptureUnsupported",
+        "the capture", "RT cudaGraphUpload (stream-ordered, like a launch). GUESS: refused as cudaGraphLaunch is "
+        "(facts)"),
+    "graph_launch_unfreed": Rule(
+        "cudaGraphLaunch of an executable graph whose memory-allocation nodes' allocations from the previous "
+        "launch are not freed, without cudaGraphInstantiateFlagAutoFreeOnLaunch", "raises", "cudaErrorInvalidValue",
+        "none", "RT cudaGraphLaunch: 'If any allocations created by graphExec remain unfreed (from a previous "
+        "launch) and graphExec was not instantiated with cudaGraphInstantiateFlagAutoFreeOnLaunch, the launch "
+        "will fail with cudaErrorInvalidValue'; facts (2026-11-30): launch 1 ok, launch 2 cudaErrorInvalidValue"),
+    "graph_auto_free": Rule(
+        "cudaGraphLaunch of an executable graph instantiated with cudaGraphInstantiateFlagAutoFreeOnLaunch",
+        "frees", None, "-", "RT cudaGraphInstantiateWithFlags: frees any unfreed allocations before relaunch"),
+    "graph_free_outside": Rule(
+        "cudaFreeAsync / cudaFree, outside the graph, of an allocation a launched graph made", "frees", None,
+        "-", "PG 'Graph Memory Nodes' → 'Accessing and freeing graph memory outside of the allocating graph'"),
+    "instantiate_mem_nodes_twice": Rule(
+        "cudaGraphInstantiate of a graph with memory allocation/free nodes while an executable of that graph "
+        "exists", "raises", "cudaErrorNotSupported", "none",
+        "RT cudaGraphInstantiateWithFlags: 'at most one executable graph in existence for that graph at a "
+        "time ... an attempt to instantiate a second ... will result in an error'; facts (2026-11-30): "
+        "cudaErrorNotSupported"),
+    "instantiate_bad_flags": Rule(
+        "cudaGraphInstantiateWithFlags with unknown flag bits, with cudaGraphInstantiateFlagUpload (only "
+        "cudaGraphInstantiateWithParams takes it), or with DeviceLaunch together with AutoFreeOnLaunch",
+        "raises", "cudaErrorInvalidValue", "none",
+        "RT cudaGraphInstantiateWithFlags (valid flags; 'cannot be used in conjunction'); RT enum "
+        "cudaGraphInstantiateFlags (Upload: 'only supported by cudaGraphInstantiateWithParams')"),
+    "instantiate_device_launch": Rule(
+        "cudaGraphInstantiateWithFlags(cudaGraphInstantiateFlagDeviceLaunch) of an empty graph or one with "
+        "nodes other than kernel, memcpy, memset and child-graph nodes", "raises", "cudaErrorInvalidValue", "none",
+        "RT cudaGraphInstantiateWithFlags: graphs instantiated for device launch can only contain kernel, "
+        "memcpy, memset and child graph nodes and cannot be empty (returns: cudaSuccess, cudaErrorInvalidValue)"),
+    "instantiate_many": Rule(
+        "cudaGraphInstantiate of a graph without memory nodes, several times", "returns", None, "-",
+        "PG 'CUDA Graphs' → 'Graph instantiation': to run a graph concurrently it must be instantiated several "
+        "times (RT cudaGraphLaunch); each executable replays independently"),
+    "graph_destroy_exec_lives": Rule(
+        "cudaGraphDestroy of a graph whose executables still live", "returns", None, "-",
+        "RT cudaGraphInstantiate: the executable is a snapshot; PG 'Graph instantiation': an executable graph "
+        "is not changed by later changes to (or destruction of) its graph"),
+    "exec_destroy": Rule(
+        "cudaGraphExecDestroy", "returns", None, "-",
+        "RT cudaGraphExecDestroy (later use of the handle is undefined: never modelled); frees the graph's "
+        "single-executable slot for graphs with memory nodes"),
+    "update_topology": Rule(
+        "cudaGraphExecUpdate with a graph of another node count, other dependencies or more exit nodes",
+        "raises", "cudaErrorGraphExecUpdateFailure", "none",
+        "RT cudaGraphExecUpdate: result cudaGraphExecUpdateErrorTopologyChanged (errorNode NULL when the counts "
+        "differ, else the node from hGraph); facts (2026-11-30): one node more → cudaErrorGraphExecUpdateFailure"),
+    "update_node_type": Rule(
+        "cudaGraphExecUpdate where a paired node's type differs", "raises", "cudaErrorGraphExecUpdateFailure",
+        "none", "RT cudaGraphExecUpdate: result cudaGraphExecUpdateErrorNodeTypeChanged, errorNode the node from "
+        "hGraph"),
+    "update_function": Rule(
+        "cudaGraphExecUpdate where a kernel node's function changes (same context, no CDP, not cooperative)",
+        "updates", None, "-",
+        "RT cudaGraphExecUpdate: FunctionChanged only for drivers < 11.2; kernel-node limitations list the "
+        "changes refused (UnsupportedFunctionChange): owning context, CDP, device-side update/launch, "
+        "cooperative; none applies to ds4lab's kernels"),
+    "update_mem_nodes": Rule(
+        "cudaGraphExecUpdate of an executable with memory allocation/free nodes", "raises",
+        "cudaErrorGraphExecUpdateFailure", "none",
+        "RT cudaGraphExecNodeSetParams: memory allocation and free nodes 'API unsupported'. GUESS: whole-graph "
+        "update reports cudaGraphExecUpdateErrorNotSupported on the first such node"),
+    "update_ok": Rule(
+        "cudaGraphExecUpdate with a topologically identical graph", "updates", None, "-",
+        "RT cudaGraphExecUpdate; PG 'Updating instantiated graphs' → 'Whole graph update': the executable takes "
+        "the new nodes' parameters (kernel arguments, memset values) for later launches"),
+    "child_graph": Rule(
+        "cudaGraphAddChildGraphNode", "node", None, "-",
+        "RT cudaGraphAddChildGraphNode: the child graph is cloned into the node; it runs as part of the parent. "
+        "Refused (cudaErrorInvalidValue) when the child contains memory allocation or free nodes"),
+    "child_graph_mem_nodes": Rule(
+        "cudaGraphAddChildGraphNode with a child graph containing memory allocation or free nodes", "raises",
+        "cudaErrorInvalidValue", "none",
+        "RT cudaGraphAddChildGraphNode: 'If childGraph contains allocation nodes, free nodes, or conditional "
+        "nodes, this call will return an error'. GUESS: the error name"),
+    "event_record_external": Rule(
+        "cudaEventRecordWithFlags(cudaEventRecordExternal) on a capturing stream", "node", None, "-",
+        "RT cudaEventRecordWithFlags: the event is captured as an event record node (PG 'Cross-stream "
+        "Dependencies and Events'); each replay records the event, which the host may then wait for"),
+    "wait_external": Rule(
+        "cudaStreamWaitEvent(cudaEventWaitExternal) on a capturing stream, event recorded outside the capture",
+        "node", None, "-",
+        "RT cudaStreamWaitEvent: with cudaEventWaitExternal the wait is captured as an event wait node instead "
+        "of refused (rule isolation)"),
 }
 
 
@@ -246,23 +362,41 @@ class CaptureSeq:
 
 @dataclass
 class Graph:
-    """A captured graph (``cudaGraph_t``): its nodes in capture order (a topological order)."""
+    """A captured (or created) graph (``cudaGraph_t``): its nodes in a topological order."""
 
     id: int
     nodes: list
     capture_id: int
+    #: live executables instantiated from it (rule instantiate_mem_nodes_twice)
+    execs: int = 0
+    destroyed: bool = False
+
+    @property
+    def has_mem_nodes(self) -> bool:
+        """Memory allocation or free nodes directly in this graph."""
+        return any(n.kind in ("mem_alloc", "mem_free") for n in self.nodes)
 
     def __repr__(self) -> str:
         return f"<sim graph {self.id}: {len(self.nodes)} nodes>"
 
 
+#: cudaGraphInstantiateFlags (CUDA Runtime API, "Data types used by CUDA Runtime").
+FLAG_AUTO_FREE_ON_LAUNCH, FLAG_UPLOAD, FLAG_DEVICE_LAUNCH, FLAG_USE_NODE_PRIORITY = 1, 2, 4, 8
+
+
 @dataclass
 class GraphExec:
-    """An instantiated graph (``cudaGraphExec_t``)."""
+    """An instantiated graph (``cudaGraphExec_t``): the graph it mirrors, its flags, and the
+    allocations its last launch made that are not freed yet (rule graph_launch_unfreed)."""
 
     id: int
     graph: Graph
     launches: int = 0
+    flags: int = 0
+    destroyed: bool = False
+    unfreed: list = field(default_factory=list)
+    #: the graph it was instantiated from (its single-executable slot), even after updates
+    source: Graph | None = None
 
     def __repr__(self) -> str:
         return f"<sim graph exec {self.id} of graph {self.graph.id}>"
@@ -303,6 +437,8 @@ class Runtime:
         self.escapes: list[tuple[str, str]] = []
         #: Work dropped because its capture was invalidated.
         self.dropped: list[tuple[str, str]] = []
+        #: Executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed).
+        self._launched: list[GraphExec] = []
 
     # ------------------------------------------------------------------ helpers
     def _fail(self, rule: str, call: str, seqs=(), detail: str = ""):
@@ -560,15 +696,23 @@ class Runtime:
                 self.dev.wait_host(e.time_us)
 
     def event_query(self, e: SimEvent) -> bool:
-        """``cudaEventQuery``: True when the device has reached the event at the current host time."""
+        """``cudaEventQuery``: True when the device has reached the event at the current host time,
+        False for ``cudaErrorNotReady`` (the documented "pending" answer).
+
+        Raises cudaErrorCapturedEvent (last recorded in an active capture, which is invalidated:
+        rule event_query_captured), cudaErrorInvalidValue (last recorded in an invalidated or ended
+        capture: rules event_query_invalidated, event_after_capture), or cudaErrorStreamCaptureUnsupported
+        (rule unsafe_call).
+        """
         call = "cudaEventQuery"
         with self.lock:
             q = self._captured(e)
-            if q is not None:  # rule query_captured: returns, invalidates
-                self._invalidate(q, f"{call}: query_captured")
-                return True
-            if self._after_capture(e):  # rule event_after_capture: never complete
-                return False
+            if q is not None:
+                if q.status == "active":
+                    self._fail("event_query_captured", call, [q], f"{e.name} was last recorded in capture {q.id}")
+                self._fail("event_query_invalidated", call, (), f"{e.name} was recorded in invalidated capture {q.id}")
+            if self._after_capture(e):
+                self._fail("event_after_capture", call, [], f"{e.name} was last recorded in an ended capture")
             self._unsafe(call)
             now = self.dev.host(self.cal.host_api_us)
             return e.time_us is None or e.time_us <= now
@@ -612,14 +756,23 @@ class Runtime:
             self.dev.wait_host(self._earliest(s, 0.0))
 
     def stream_query(self, stream: Any) -> bool:
+        """``cudaStreamQuery``: True when all the stream's work is done, False for ``cudaErrorNotReady``.
+
+        Raises cudaErrorStreamCaptureUnsupported (the stream is in an active capture, which is
+        invalidated: rule stream_query_capturing), cudaErrorStreamCaptureInvalidated (its capture is
+        invalidated: rule stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream
+        while a blocking stream captures).
+        """
         call = "cudaStreamQuery"
         with self.lock:
             s = self._stream(stream, call)
             if s is self.legacy and self.live:
                 self._legacy_use(call)
-            if s.capture is not None:  # rule query_captured
-                self._invalidate(s.capture, f"{call}: query_captured")
-                return True
+            q = s.capture
+            if q is not None:
+                if q.status == "active":
+                    self._fail("stream_query_capturing", call, [q], f"{s.name} is capturing (sequence {q.id})")
+                self._fail("stream_query_invalidated", call, (), f"capture {q.id} was invalidated by {q.why}")
             now = self.dev.host(self.cal.host_api_us)
             return self._earliest(s, 0.0) <= now
 
@@ -703,61 +856,208 @@ class Runtime:
                     "streams": [m.name for m in q.streams], "nodes": len(q.nodes), "invalidated_by": q.why}
 
     # ------------------------------------------------------------------ graphs
-    def graph_instantiate(self, g: Graph) -> GraphExec:
-        if not isinstance(g, Graph):
-            raise CudaError("cudaErrorInvalidValue", "cudaGraphInstantiate", f"{g!r} is not a sim graph")
+    def graph_instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
+        """``cudaGraphInstantiateWithFlags``: an executable graph.
+
+        Args:
+            g: a graph from :meth:`end_capture` or :meth:`graph_create`.
+            flags: ``cudaGraphInstantiateFlags`` bits (AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4,
+                UseNodePriority 8).
+
+        Raises:
+            CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags,
+                instantiate_device_launch), cudaErrorNotSupported (rule instantiate_mem_nodes_twice).
+        """
+        call = "cudaGraphInstantiate"
+        if not isinstance(g, Graph) or g.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
+        flags = int(flags)
+        with self.lock:
+            if flags & ~0xF:
+                self._fail("instantiate_bad_flags", call, (), f"unknown flag bits {flags & ~0xF:#x}")
+            if flags & FLAG_UPLOAD:
+                self._fail("instantiate_bad_flags", call, (), "cudaGraphInstantiateFlagUpload needs "
+                                                               "cudaGraphInstantiateWithParams")
+            if flags & FLAG_DEVICE_LAUNCH and flags & FLAG_AUTO_FREE_ON_LAUNCH:
+                self._fail("instantiate_bad_flags", call, (), "DeviceLaunch with AutoFreeOnLaunch")
+            if flags & FLAG_DEVICE_LAUNCH:
+                bad = [n.kind for n in g.nodes if n.kind not in ("kernel", "memcpy", "memset", "graph")]
+                if bad or not g.nodes:
+                    self._fail("instantiate_device_launch", call, (),
+                               f"node kinds {sorted(set(bad))}" if bad else "empty graph")
+            if g.has_mem_nodes and g.execs:
+                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
+                                                                    "executable")
+            self.dev.host(self.cal.host_api_us)
+            g.execs += 1
+            return GraphExec(next(self._ids), g, flags=flags, source=g)
+
+    def graph_exec_destroy(self, ex: GraphExec) -> None:
+        """``cudaGraphExecDestroy`` (rule exec_destroy). Raises cudaErrorInvalidValue for a non-executable
+        or one destroyed already (CUDA calls that undefined; the sim refuses it)."""
+        call = "cudaGraphExecDestroy"
+        with self.lock:
+            if not isinstance(ex, GraphExec) or ex.destroyed:
+                raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
+            ex.destroyed = True
+            if ex.source is not None:
+                ex.source.execs -= 1
+            self.dev.host(self.cal.host_api_us)
+
+    def graph_destroy(self, g: Graph) -> None:
+        """``cudaGraphDestroy``: executables instantiated from ``g`` keep working (rule graph_destroy_exec_lives)."""
+        with self.lock:
+            if not isinstance(g, Graph) or g.destroyed:
+                raise CudaError("cudaErrorInvalidValue", "cudaGraphDestroy", f"{g!r} is not a live sim graph")
+            g.destroyed = True
+            self.dev.host(self.cal.host_api_us)
+
+    def graph_create(self) -> Graph:
+        """``cudaGraphCreate``: an empty graph (nodes added with :meth:`graph_add_child`)."""
         with self.lock:
             self.dev.host(self.cal.host_api_us)
-            return GraphExec(next(self._ids), g)
+            return Graph(next(self._ids), [], 0)
+
+    def graph_add_child(self, g: Graph, child: Graph) -> None:
+        """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
+
+        Raises cudaErrorInvalidValue for a child with memory allocation or free nodes.
+        """
+        call = "cudaGraphAddChildGraphNode"
+        with self.lock:
+            if not isinstance(g, Graph) or not isinstance(child, Graph):
+                raise CudaError("cudaErrorInvalidValue", call, "not sim graphs")
+            if child.has_mem_nodes:
+                self._fail("child_graph_mem_nodes", call, (), f"graph {child.id} has memory nodes")
+            deps = (len(g.nodes) - 1,) if g.nodes else ()
+            clone = Graph(next(self._ids), list(child.nodes), child.capture_id)  # the child is cloned
+            g.nodes.append(Node(len(g.nodes), "graph", f"graph {child.id}", None, deps, 0.0, "", clone))
+            self.dev.host(self.cal.host_api_us)
+
+    @staticmethod
+    def _update_check(old: list, new: list):
+        """CUDA's pairing of ``cudaGraphExecUpdate``: None, or (rule, result, failing new node)."""
+        if len(old) != len(new):
+            return "update_topology", "cudaGraphExecUpdateErrorTopologyChanged", None
+        for a, b in zip(old, new):
+            if a.deps != b.deps:
+                return "update_topology", "cudaGraphExecUpdateErrorTopologyChanged", b
+            if a.kind != b.kind:
+                return "update_node_type", "cudaGraphExecUpdateErrorNodeTypeChanged", b
+            if b.kind in ("mem_alloc", "mem_free"):
+                return "update_mem_nodes", "cudaGraphExecUpdateErrorNotSupported", b
+            if b.kind == "graph":
+                sub = Runtime._update_check(a.info.nodes, b.info.nodes)
+                if sub is not None:
+                    return sub
+        return None
 
     def graph_exec_update(self, ex: GraphExec, g: Graph) -> None:
         """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
 
-        CUDA Programming Guide, "Updating Instantiated Graphs" → "Whole graph update": the new
-        graph must have the same nodes (kind, kernel) in the same order and dependencies;
-        otherwise ``cudaErrorGraphExecUpdateFailure`` and the executable is unchanged.
-        Host cost: one API call plus ``host_api_us / 8`` per node (a modeled figure).
+        CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs"
+        → "Whole graph update": nodes are paired in order; another node count or other dependencies
+        (TopologyChanged), another node type (NodeTypeChanged) or a memory node (NotSupported,
+        GUESS) refuse the update and leave the executable unchanged. A kernel's function may change
+        (rule update_function). Host cost: one API call plus ``host_api_us / 8`` per node (modeled).
+
+        Raises:
+            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the
+                ``cudaGraphExecUpdateResult`` name) and ``node_type`` (the failing node of ``g``, or
+                None when the node counts differ).
+            CudaError: cudaErrorInvalidValue for arguments that are not a sim executable / graph.
         """
         call = "cudaGraphExecUpdate"
-        if not isinstance(ex, GraphExec) or not isinstance(g, Graph):
-            raise CudaError("cudaErrorInvalidValue", call, "not a sim graph / executable graph")
+        if not isinstance(ex, GraphExec) or not isinstance(g, Graph) or ex.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, "not a sim graph / live executable graph")
         with self.lock:
-            old = ex.graph.nodes
-            same = len(old) == len(g.nodes) and all(
-                a.kind == b.kind and a.name == b.name and a.deps == b.deps for a, b in zip(old, g.nodes))
             self.dev.host(self.cal.host_api_us * (1 + len(g.nodes) / 8))
-            if not same:
-                raise CudaError("cudaErrorGraphExecUpdateFailure", call, "topology differs from the instantiated graph")
+            bad = self._update_check(ex.graph.nodes, g.nodes)
+            if bad is not None:
+                rule, result, node = bad
+                raise GraphExecUpdateError(call, result, node.kind if node is not None else None,
+                                           f"{RULES[rule].when} (graph {g.id} vs executable {ex.id})")
             ex.graph = g
 
     @staticmethod
     def _flat(nodes):
         for n in nodes:
             if n.kind == "graph":
-                yield from Runtime._flat(n.info.graph.nodes)
+                yield from Runtime._flat(n.info.nodes)
             else:
                 yield n
 
+    def _launch_checks(self, ge: GraphExec, s: SimStream, call: str, rule: str) -> bool:
+        """Capture rules of a launch/upload on ``s``; True when the call must stop (dropped)."""
+        seq = s.capture
+        if seq is None:
+            return False
+        if seq.status != "active":
+            self._on_invalidated(seq, call, f"graph {ge.graph.id}")
+            return True
+        self._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
+        return True
+
+    def graph_upload(self, ge: GraphExec, stream: Any) -> None:
+        """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
+
+        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture).
+        """
+        call = "cudaGraphUpload"
+        if not isinstance(ge, GraphExec) or ge.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not a live executable graph")
+        with self.lock:
+            s = self._stream(stream, call)
+            if s is self.legacy and self.live:
+                self._legacy_use(call)
+            if self._launch_checks(ge, s, call, "graph_upload_in_capture"):
+                return
+            self.dev.host(self.cal.host_api_us)
+
+    def graph_memory_free(self, addr: int) -> bool:
+        """A free, outside the graph, of memory a launched graph allocated (rule graph_free_outside).
+
+        Returns True when ``addr`` was such an allocation (now freed: the executable may launch
+        again), False otherwise (the caller frees it as ordinary memory).
+        """
+        with self.lock:
+            for ex in self._launched:
+                if addr in ex.unfreed:
+                    ex.unfreed.remove(addr)
+                    return True
+            return False
+
+    @staticmethod
+    def _unfreed_allocs(nodes) -> list:
+        """Allocations (addresses; None in timing-only mode) of ``nodes`` not freed by a free node of the same graph."""
+        allocs = [n.info for n in nodes if n.kind == "mem_alloc"]
+        for n in nodes:
+            if n.kind == "mem_free" and n.info in allocs:
+                allocs.remove(n.info)
+        return allocs
+
     def graph_launch(self, ge: GraphExec, stream: Any) -> None:
-        """``cudaGraphLaunch``: replay every node in order (their callables run again); time paced per node."""
+        """``cudaGraphLaunch``: replay every node in order (their callables run again); time paced per node.
+
+        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_launch_in_capture),
+        cudaErrorInvalidValue while the previous launch's allocations are unfreed (rule
+        graph_launch_unfreed), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture).
+        """
         call = "cudaGraphLaunch"
-        if not isinstance(ge, GraphExec):
+        if not isinstance(ge, GraphExec) or ge.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not an instantiated sim graph")
         with self.lock:
             s = self._stream(stream, call)
             if s is self.legacy and self.live:
                 self._legacy_use(call)
                 self.escapes.append((call, f"graph {ge.graph.id}"))
-            seq = s.capture
-            if seq is not None:  # a child-graph node (cudaGraphNodeTypeGraph)
-                self.dev.host(self.cal.host_graph_launch_us)
-                if seq.status != "active":
-                    self._on_invalidated(seq, call, f"graph {ge.graph.id}")
-                    return
-                node = Node(len(seq.nodes), "graph", f"graph {ge.graph.id}", None, s.tail, 0.0, s.name, ge)
-                seq.nodes.append(node)
-                s.tail = (node.idx,)
+            if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
                 return
+            if ge.unfreed:
+                if not ge.flags & FLAG_AUTO_FREE_ON_LAUNCH:
+                    self._fail("graph_launch_unfreed", call, (), f"{len(ge.unfreed)} allocation(s) of the previous "
+                                                                 "launch not freed")
+                ge.unfreed = []  # rule graph_auto_free
             submit = self.dev.host(self.cal.host_graph_launch_us)
             ge.launches += 1
             pace = submit
@@ -768,11 +1068,55 @@ class Runtime:
             for n in self._flat(ge.graph.nodes):
                 if compute and n.fn is not None:
                     n.fn()
+                if n.kind == "event_record" and isinstance(n.info, SimEvent):  # rule event_record_external
+                    ev = n.info
+                    ev.capture, ev.tail, ev.stream = None, (), s
+                    ev.time_us = max(pace, prev_end)
                 if n.kind in ("kernel", "memset", "memcpy"):
                     _, prev_end = self.dev.run(s.name, n.name, max(pace, prev_end), n.gpu_us, n.kind, gid,
                                                occupies=n.kind != "memcpy")
                 pace += step
             s.ready_us = prev_end
+            ge.unfreed = [a for a in self._unfreed_allocs(list(self._flat(ge.graph.nodes))) if a is not None]
+            if ge.unfreed and ge not in self._launched:
+                self._launched.append(ge)
+
+    # ------------------------------------------------------------------ external event nodes
+    def event_record_external(self, stream: Any, e: SimEvent) -> None:
+        """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: captured, an event record node that
+        records ``e`` at every replay (rule event_record_external); eagerly, a plain record."""
+        call = "cudaEventRecordWithFlags"
+        with self.lock:
+            s = self._stream(stream, call)
+            seq = s.capture
+            if seq is None:
+                self.event_record(stream, e)
+                return
+            self.dev.host(self.cal.host_api_us)
+            if seq.status != "active":
+                self._on_invalidated(seq, call, e.name)
+                return
+            node = Node(len(seq.nodes), "event_record", e.name, None, s.tail, 0.0, s.name, e)
+            seq.nodes.append(node)
+            s.tail = (node.idx,)
+
+    def stream_wait_event_external(self, stream: Any, e: SimEvent) -> None:
+        """``cudaStreamWaitEvent(..., cudaEventWaitExternal)``: captured, an event wait node (rule
+        wait_external); eagerly, a plain wait."""
+        call = "cudaStreamWaitEvent"
+        with self.lock:
+            s = self._stream(stream, call)
+            seq = s.capture
+            if seq is None or self._captured(e) is not None:
+                self.stream_wait_event(stream, e)
+                return
+            self.dev.host(self.cal.host_api_us)
+            if seq.status != "active":
+                self._on_invalidated(seq, call, e.name)
+                return
+            node = Node(len(seq.nodes), "wait_event", e.name, None, s.tail, 0.0, s.name, e)
+            seq.nodes.append(node)
+            s.tail = (node.idx,)
 
     @staticmethod
     def graph_nodes(g: Graph) -> list[dict]:
