@@ -119,6 +119,28 @@ class Launcher:
         self.captured: Counter = Counter()
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
+        #: Op-owned scratch buffers (split partials, tickets), by key; see :meth:`scratch`.
+        self._scratch: dict = {}
+
+    # ------------------------------------------------------------------ scratch
+    def scratch(self, key, shape, dtype) -> Any:
+        """The scratch buffer ``key`` of this launcher: allocated zeroed by the backend on the
+        first call, the same buffer on every later one (its address stays fixed, so captured
+        graphs stay valid).
+
+        Ops that need scratch ask for it at model build time (:func:`ds4lab.ops.alloc_scratch`)
+        so no allocation happens inside a capture. Launches of one launcher run in stream order,
+        so one buffer per key serves every layer's launch of that op.
+
+        Raises ValueError when ``key`` was allocated before with another shape or dtype.
+        """
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self.backend.zeros(shape, dtype)
+            self._scratch[key] = buf
+        elif tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            raise ValueError(f"scratch {key!r}: asked for {tuple(shape)} {dtype}, have {tuple(buf.shape)} {buf.dtype}")
+        return buf
 
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
