@@ -107,7 +107,8 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
 @main.command()
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="ds4-flash", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json here.")
-def bench(preset, out) -> None:
+@click.option("--per-op", "per_op", is_flag=True, help="Add the per-launch-site roofline of one token (CSV, figure).")
+def bench(preset, out, per_op) -> None:
     """Launch-layer host cost vs bare CuPy, and routed-MoE decode bandwidth (GPU only)."""
     from dataclasses import asdict
 
@@ -119,7 +120,7 @@ def bench(preset, out) -> None:
         be = make_backend("cupy")
     except BackendUnavailable as e:
         _fail(f"{e}; ds4lab bench measures a GPU and has no CPU mode")
-    res = run_bench(be, get_preset(preset), _console())
+    res = run_bench(be, get_preset(preset), _console(), per_op=per_op, out=out)
     if out:
         out.mkdir(parents=True, exist_ok=True)
 
