@@ -22,7 +22,7 @@
 //   o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) z_s, M = max over non-empty splits.
 // Every value is computed by a fixed thread in a fixed order, whichever block comes last, so
 // results are bit-identical run to run. counter must be zero before the first launch.
-extern "C" __global__ void __launch_bounds__(256) attention_decode(
+extern "C" __global__ void attention_decode(
         const float* __restrict__ q, const float* __restrict__ cache, float* __restrict__ o,
         int D, int W, int H, float* part_o, float* part_ml, int* counter,
         const int* scal, int pos, int kv_row, int n_valid, int token_id) {

@@ -10,7 +10,7 @@
 // loads (q8_rows_dot); no atomics, so results are bit-identical run to run.
 
 // y[r] = W[r] . x[g*group_stride : +cols], g = r / rows_per_group; rows and rows_per_group even.
-extern "C" __global__ void __launch_bounds__(256) q8_matvec(const i8* __restrict__ qs, const __half* __restrict__ d,
+extern "C" __global__ void q8_matvec(const i8* __restrict__ qs, const __half* __restrict__ d,
                                      const float* __restrict__ x, float* __restrict__ y,
                                      int rows, int cols, int rows_per_group, int group_stride) {
     const int row = (blockIdx.x * blockDim.y + threadIdx.y) * 2;
@@ -33,7 +33,7 @@ __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
 
 // Shared expert gate/up with clamped SwiGLU: W is [2F, cols], rows 0..F-1 gate, F..2F-1 up.
 // Thread group j computes gate row r and up row r + F together (one pair).
-extern "C" __global__ void __launch_bounds__(256) q8_matvec_swiglu(const i8* __restrict__ qs, const __half* __restrict__ d,
+extern "C" __global__ void q8_matvec_swiglu(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ mid,
                                             int F, int cols, float limit) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(256) q8_matvec_swiglu(const i8* __r
 
 // Down/output projection with hyper-connection expand and residual add:
 // h[s][r] += post_s * (W[r] . x + extra[r]), post_s = 2*sigmoid(mix_logits[S + s]). Rows even.
-extern "C" __global__ void __launch_bounds__(256) q8_matvec_expand(const i8* __restrict__ qs, const __half* __restrict__ d,
+extern "C" __global__ void q8_matvec_expand(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ h,
                                             const float* __restrict__ mix_logits, const float* __restrict__ extra,
                                             int rows, int cols, int S) {
@@ -72,14 +72,15 @@ extern "C" __global__ void __launch_bounds__(256) q8_matvec_expand(const i8* __r
     }
 }
 
-// Up to RMS_VEC float4 per thread stay in registers between the sum of squares and the write.
-#define RMS_VEC 4
+// Up to RMS_VEC float4 per thread stay in registers between the sum of squares and the write
+// (few enough registers for 1024-thread blocks: no __launch_bounds__ needed).
+#define RMS_VEC 2
 
 // RMS norm of each row of x [rows, dim] (times w when given); y may be x (in place). One block
 // per row; ds4lab/ops.py sizes the block to dim/4 threads (at most 1024), so each thread loads
 // its float4 of x and of w once, up front, and writes it after one block reduction. Other
 // shapes (dim not a multiple of 4, or more than RMS_VEC float4 per thread) take a plain loop.
-extern "C" __global__ void __launch_bounds__(1024) rms_norm_rows(const float* x, const float* __restrict__ w,
+extern "C" __global__ void rms_norm_rows(const float* x, const float* __restrict__ w,
                                          float* y, int dim, float eps) {
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
@@ -136,20 +137,20 @@ extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __r
 // Pre-mix: logits[j] = sum of hc_mix's partials (written back to logits[j] for the expand),
 // x = rms_norm(sum_s softmax(logits[0:S])_s * h[s]) * w. One block of 1024 threads. The streams
 // and the norm weight are loaded into registers first (one float4 per stream per thread when
-// E <= 4 * blockDim.x, E % 4 == 0 and S <= 8), so their latency overlaps the partials' sum;
+// E <= 4 * blockDim.x, E % 4 == 0 and S <= 4), so their latency overlaps the partials' sum;
 // the normed row is written once. part == logits is allowed only when the logits are final
 // already (the output mix passes zeros and nsplit = 1). S <= 8.
-extern "C" __global__ void __launch_bounds__(1024) hc_premix(const float* __restrict__ h, const float* part,
+extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* part,
                                      float* logits, const float* __restrict__ w,
                                      float* __restrict__ x, int S, int E, int nsplit, float eps) {
     __shared__ float lg[16];
     const int nv = E >> 2, i = threadIdx.x;
-    const bool vec = (E & 3) == 0 && nv <= (int)blockDim.x && S <= 8;
-    float4 hv[8], wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const bool vec = (E & 3) == 0 && nv <= (int)blockDim.x && S <= 4;
+    float4 hv[4], wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (vec && i < nv) {
         wv = __ldg(reinterpret_cast<const float4*>(w) + i);
 #pragma unroll
-        for (int s = 0; s < 8; ++s)
+        for (int s = 0; s < 4; ++s)
             if (s < S) hv[s] = __ldg(reinterpret_cast<const float4*>(h + (size_t)s * E) + i);
     }
     if (threadIdx.x < 2 * S) {
@@ -168,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_premix(const float* __rest
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i < nv) {
 #pragma unroll
-            for (int s = 0; s < 8; ++s) {
+            for (int s = 0; s < 4; ++s) {
                 if (s < S) {
                     const float c = pre[s] / z;
                     v.x += c * hv[s].x; v.y += c * hv[s].y; v.z += c * hv[s].z; v.w += c * hv[s].w;

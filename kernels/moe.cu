@@ -93,7 +93,7 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
 // gateup, decode path (no sort): one warp computes gate row r and up row r + F of a pair's
 // expert (they share the activation loads). grid = (F/8, P), block = 256. Four iterations'
 // loads in flight per lane (E = 4096: the whole row pair at once).
-extern "C" __global__ void __launch_bounds__(256) moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
+extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
                                              float* __restrict__ up, int k, int F, int E, int n_experts) {

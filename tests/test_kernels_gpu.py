@@ -133,7 +133,7 @@ def test_q8_matvec_expand(both, rng, with_extra, C):
 @pytest.mark.parametrize("rows,dim", [(64, 512), (4, 4096), (1, 1024), (3, 1030), (2, 20000)])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_rms_norm_rows(both, rng, weighted, rows, dim):
-    """In-register path (dim % 4 == 0, at most 4 float4 per thread) and the plain loop (1030, 20000)."""
+    """In-register path (dim % 4 == 0, at most 2 float4 per thread) and the plain loop (1030, 20000)."""
     x = (5 * rng.standard_normal((rows, dim))).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)
     g, r = both.run(lambda L, b: ops.rms_norm_rows(L, "t", b["x"], b["w"] if weighted else None, b["y"], rows, dim, 1e-6),
