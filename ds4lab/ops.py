@@ -21,8 +21,8 @@ i32, u32, f32 = np.int32, np.uint32, np.float32
 #: A null device pointer as a kernel argument (8-byte zero).
 NULL = np.uint64(0)
 WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
-#: Blocks a launch should have at least to keep every SM of an H200 (132 SMs) busy with two.
-FILL_BLOCKS = 2 * 132
+#: Blocks a launch should have at least: about two per SM of an H200 (132 SMs).
+FILL_BLOCKS = 256
 
 
 def cdiv(a: int, b: int) -> int:
@@ -67,24 +67,34 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- dense
-def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
-    """Grid and block of the Q8_0 matvec kernels (``kernels/dense.cu``) for ``pairs`` row pairs
-    of ``cols`` columns.
+def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
+    """Grid and block of a kernel where a thread group of ``tpr`` threads (block
+    ``(tpr, 256 // tpr)``) computes one unit (a row or row pair) whose reduction runs over
+    ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
 
-    A thread group of ``tpr`` threads (block ``(tpr, 256 // tpr)``) computes one row pair, the
-    reduction dimension split over its threads in 16-byte chunks and added in-block. ``tpr``
-    starts at one warp and doubles (to at most 256, and at most the row's chunk count) while the
-    grid has fewer than :data:`FILL_BLOCKS` blocks: narrow-and-short matrices (4096 → 512) get
-    wide groups and enough blocks, tall ones (1024 → 32768) one warp per pair.
+    ``tpr`` is the smallest of 32..256 that leaves a thread at most 4 chunks (on the H200,
+    NOTES.md: 8–16 chunks per thread serialize the loads of large matrices, 2 leave too few in
+    flight where the grid is already full), then doubles (up to the chunk count) while blocks ×
+    chunks per thread (at most 4) stays under ``4 * FILL_BLOCKS``: small matrices trade chunks
+    per thread for blocks until the GPU is covered (4096 → 512: 256 blocks of one row pair).
 
     Returns ``((blocks,), (tpr, groups))``.
     """
-    chunks = cols // 16
     tpr = 32
-    while tpr < 256 and 2 * tpr <= chunks and cdiv(pairs, 256 // tpr) < FILL_BLOCKS:
+    while tpr < 256 and chunks > 4 * tpr:
+        tpr *= 2
+    while tpr < 256 and 2 * tpr <= chunks and cdiv(units, 256 // tpr) * min(4, chunks // tpr) < 4 * FILL_BLOCKS:
         tpr *= 2
     groups = 256 // tpr
-    return (cdiv(pairs, groups),), (tpr, groups)
+    return (cdiv(units, groups),), (tpr, groups)
+
+
+def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
+    """Grid and block of the Q8_0 matvec kernels (``kernels/dense.cu``) for ``pairs`` row pairs
+    of ``cols`` int8 columns (:func:`split_geometry` over ``cols / 16`` chunks): narrow-and-short
+    matrices (4096 → 512) get wide groups and enough blocks, tall ones (1024 → 32768) one warp
+    per pair. Returns ``((blocks,), (tpr, groups))``."""
+    return split_geometry(pairs, cols // 16)
 
 
 def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
@@ -263,7 +273,8 @@ def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
     def ref():
         logits.reshape(-1)[: T * N] = R.router_logits(w, np.asarray(x).reshape(-1)[: T * E].reshape(T, E)).reshape(-1)
 
-    L.kernel(site, "router_logits", (cdiv(N, WARPS), T), (256,), (w, x, logits, i32(N), i32(E)), ref,
+    (blocks,), block = split_geometry(N, E // 4)
+    L.kernel(site, "router_logits", (blocks, T), block, (w, x, logits, i32(N), i32(E)), ref,
              nbytes=4 * (N * E + T * E + T * N))
 
 

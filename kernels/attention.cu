@@ -31,7 +31,7 @@ extern "C" __global__ void attention_decode(
     __shared__ float sc[ATTN_HPB][ATTN_KPB];
     __shared__ float sm[ATTN_HPB], sz[ATTN_HPB];
     __shared__ int krow[ATTN_KPB];
-    __shared__ float cw[ATTN_HPB][ATTN_MAX_SPLITS];
+    __shared__ float cm[ATTN_HPB][ATTN_MAX_SPLITS], cw[ATTN_HPB][ATTN_MAX_SPLITS];
     __shared__ int last;
     const int g = blockIdx.x, s = blockIdx.y, NS = gridDim.y;
     const int h0 = g * ATTN_HPB, nh = min(ATTN_HPB, H - h0);
@@ -91,6 +91,7 @@ extern "C" __global__ void attention_decode(
         float2 acc[ATTN_HPB];
 #pragma unroll
         for (int hh = 0; hh < ATTN_HPB; ++hh) acc[hh] = make_float2(0.0f, 0.0f);
+#pragma unroll 4
         for (int j = 0; j < nk; ++j) {
             const float2 v = reinterpret_cast<const float2*>(cache + (size_t)krow[j] * D)[c];
 #pragma unroll
@@ -115,16 +116,23 @@ extern "C" __global__ void attention_decode(
     if (!last) return;
     __threadfence();
 
+    // The group's (m, z) pairs into shared memory, one load per thread (not a serial chain).
+    for (int i = threadIdx.x; i < nh * NS; i += blockDim.x) {
+        const int hh = i / NS, k = i - hh * NS;
+        const float2 mz = __ldcg(reinterpret_cast<const float2*>(part_ml) + (size_t)(h0 + hh) * NS + k);
+        cm[hh][k] = mz.x;
+        cw[hh][k] = mz.y;
+    }
+    __syncthreads();
     if (threadIdx.x < nh) {
         const int hh = threadIdx.x;
-        const float* ml = part_ml + (size_t)(h0 + hh) * NS * 2;
         float M = -3.402823466e38f;
         for (int k = 0; k < NS; ++k)
-            if (__ldcg(ml + 2 * k + 1) > 0.0f) M = fmaxf(M, __ldcg(ml + 2 * k));
+            if (cw[hh][k] > 0.0f) M = fmaxf(M, cm[hh][k]);
         float Z = 0.0f;
         for (int k = 0; k < NS; ++k) {
-            const float zk = __ldcg(ml + 2 * k + 1);
-            const float wk = zk > 0.0f ? expf(__ldcg(ml + 2 * k) - M) : 0.0f;
+            const float zk = cw[hh][k];
+            const float wk = zk > 0.0f ? expf(cm[hh][k] - M) : 0.0f;
             cw[hh][k] = wk;
             Z += wk * zk;
         }
@@ -136,6 +144,7 @@ extern "C" __global__ void attention_decode(
         const int hh = i / D2, c = i - hh * D2;
         const float2* po = reinterpret_cast<const float2*>(part_o + (size_t)(h0 + hh) * NS * D) + c;
         float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll 8
         for (int k = 0; k < NS; ++k) {
             const float2 v = __ldcg(po + (size_t)k * D2);
             const float wk = cw[hh][k];
