@@ -183,19 +183,22 @@ class Launcher:
         backend calls it; the ``cupy`` backend never does). ``legacy=True`` is the hazard path:
         launch on the legacy stream, bypassing the accessor.
         """
-        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "kernel", site)] += 1
+        cluster = self.cluster_name
+        (self.captured if self.capturing else self.census.counts)[(cluster, "kernel", site)] += 1
         if self.trace is not None:
-            self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, name, grid, block, args, shared,
-                                           nbytes))
-        if self.legacy_sites and site in self.legacy_sites:
-            legacy = True
-        stream = LEGACY_STREAM if legacy else (current_stream() if self.routed else LEGACY_STREAM)
+            self.trace.append(LaunchRecord(cluster, self.layer, site, name, grid, block, args, shared, nbytes))
+        # The accessor unless this launch is pinned to the legacy stream (hazard paths, unrouted).
+        if legacy or not self.routed or (self.legacy_sites and site in self.legacy_sites):
+            stream = LEGACY_STREAM
+        else:
+            stream = current_stream()
         if self._nvtx:
-            self.annotator.push(site, self.cluster_name, self.layer)
+            ann = self.annotator
+            ann.push(site, cluster, self.layer)
             try:
                 self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
             finally:
-                self.annotator.pop()
+                ann.pop()
         else:
             self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
 
