@@ -21,8 +21,8 @@ i32, u32, f32 = np.int32, np.uint32, np.float32
 #: A null device pointer as a kernel argument (8-byte zero).
 NULL = np.uint64(0)
 WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
-#: Blocks a launch should have at least: about two per SM of an H200 (132 SMs).
-FILL_BLOCKS = 256
+#: Blocks a split launch aims for: about four per SM of an H200 (132 SMs); see split_geometry.
+FILL_BLOCKS = 512
 
 
 def cdiv(a: int, b: int) -> int:
@@ -72,18 +72,23 @@ def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     ``(tpr, 256 // tpr)``) computes one unit (a row or row pair) whose reduction runs over
     ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
 
-    ``tpr`` is the smallest of 32..256 that leaves a thread at most 4 chunks (on the H200,
-    NOTES.md: 8–16 chunks per thread serialize the loads of large matrices, 2 leave too few in
-    flight where the grid is already full), then doubles (up to the chunk count) while blocks ×
-    chunks per thread (at most 4) stays under ``4 * FILL_BLOCKS``: small matrices trade chunks
-    per thread for blocks until the GPU is covered (4096 → 512: 256 blocks of one row pair).
+    ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
+    the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
+    (ds4-flash, CUPTI, NOTES.md) this picks the fastest of the configurations measured for
+    every matvec of the token: 512 blocks of 8 chunks per thread beat 1024 blocks of 4 on the
+    large matrices (4096 → 8192 grouped: 14.1 vs 16.8 µs; 8192 → 4096: 15.7 vs 17.8 µs; the
+    vocabulary: 164 vs 176 µs), and where 8 chunks per thread leave fewer than 512 blocks, more
+    blocks win (shared down 2048 → 4096: 512 blocks of 2 chunks, 7.4 µs, vs 256 of 4, 7.7 µs;
+    shared gate/up: 512 blocks of 4 chunks, 9.1 µs, where the previous one-warp-per-pair kernel
+    took 10.1 µs with 256 blocks; 4096 → 1024 and 4096 → 512: one row pair per block of 256
+    threads, 4.3 and 3.5 µs, against 8.6 and 8.5 for the previous kernel's 64 and 32 blocks).
 
     Returns ``((blocks,), (tpr, groups))``.
     """
     tpr = 32
-    while tpr < 256 and chunks > 4 * tpr:
+    while tpr < 256 and chunks > 8 * tpr:
         tpr *= 2
-    while tpr < 256 and 2 * tpr <= chunks and cdiv(units, 256 // tpr) * min(4, chunks // tpr) < 4 * FILL_BLOCKS:
+    while tpr < 256 and 2 * tpr <= chunks and cdiv(units, 256 // tpr) < FILL_BLOCKS:
         tpr *= 2
     groups = 256 // tpr
     return (cdiv(units, groups),), (tpr, groups)
