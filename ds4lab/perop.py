@@ -163,7 +163,8 @@ def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: flo
     from .model import DecodeModel, TokenOptions
     from .timing import copy_bandwidth
 
-    meta = meta or provenance.base_meta(be)
+    meta = dict(meta or provenance.base_meta(be))
+    meta.setdefault("preset", cfg.name)
     if copy_GBps is None:
         copy_GBps = copy_bandwidth().median
     model = DecodeModel(cfg, be, TokenOptions(vocab=True))
