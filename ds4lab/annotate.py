@@ -33,11 +33,26 @@ class NullAnnotator:
         pass
 
 
+_MISSING = object()
+
+
+def _noop_push(attributes, handle) -> None:
+    pass
+
+
+def _noop_pop(handle) -> None:
+    pass
+
+
 class NvtxAnnotator:
     """Pushes and pops NVTX ranges in the ``ds4lab`` domain.
 
     Event attributes are built once per (message, cluster, payload) and reused: building them
-    is the expensive part of an NVTX call from Python.
+    is the expensive part of an NVTX call from Python. Ranges go through the ``nvtx`` package's
+    module-level ``push_range(attributes, domain_handle)`` / ``pop_range(domain_handle)``
+    (one Cython call each, no keyword handling). When no NVTX tool is attached, ``nvtx`` hands
+    out a disabled domain whose attributes are ``None`` and whose calls do nothing; then push
+    and pop are plain no-op calls (nothing could record the ranges anyway).
 
     Raises:
         ImportError: when the ``nvtx`` package is missing (it is a declared dependency).
@@ -52,19 +67,44 @@ class NvtxAnnotator:
         self._domain = nvtx.get_domain(self.DOMAIN)
         self._categories = {c: self._domain.get_category_id(c) for c in CLUSTERS}
         self._attrs: dict[tuple, object] = {}
+        handle = getattr(self._domain, "handle", None)
+        try:
+            from nvtx._lib import lib as _lib
 
-    def push(self, message: str, cluster: str, payload: int | None = None) -> None:
+            push, pop = _lib.push_range, _lib.pop_range
+        except (ImportError, AttributeError):  # another nvtx layout: the domain's own methods
+            push = pop = None
+        if handle is None:
+            #: True when a tool attached and ranges are recorded.
+            self.recording = False
+            self._push, self._pop, self._h = _noop_push, _noop_pop, None
+        elif push is None:
+            self.recording = True
+            d = self._domain
+            self._push, self._pop, self._h = (lambda a, h: d.push_range(a)), (lambda h: d.pop_range()), handle
+        else:
+            self.recording = True
+            self._push, self._pop, self._h = push, pop, handle
+
+    def attributes(self, message: str, cluster: str, payload: int | None = None):
+        """The cached event attributes of a range (``None`` from a disabled domain)."""
         key = (message, cluster, payload)
-        a = self._attrs.get(key)
-        if a is None:
+        a = self._attrs.get(key, _MISSING)
+        if a is _MISSING:
             a = self._domain.get_event_attributes(
                 message=message, color=_COLORS.get(cluster, 0x999999),
                 category=self._categories.get(cluster), payload=payload)
             self._attrs[key] = a
-        self._domain.push_range(a)
+        return a
+
+    def push(self, message: str, cluster: str, payload: int | None = None) -> None:
+        a = self._attrs.get((message, cluster, payload), _MISSING)
+        if a is _MISSING:
+            a = self.attributes(message, cluster, payload)
+        self._push(a, self._h)
 
     def pop(self) -> None:
-        self._domain.pop_range()
+        self._pop(self._h)
 
 
 def make_annotator(enabled: bool):

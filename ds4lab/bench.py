@@ -50,6 +50,10 @@ def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
         for _ in range(n):
             fn(grid, block, args, 0, null)
 
+    def function_side():
+        for _ in range(n):
+            fn(grid, block, args, 0, side)
+
     def launcher(L):
         def go():
             for _ in range(n):
@@ -64,6 +68,7 @@ def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
     variants = {
         "cupy RawKernel (bare)": (bare, False),
         "cupy Function + stream": (function, False),
+        "cupy Function + non-blocking stream": (function_side, True),
         "ds4lab launcher, NVTX off": (launcher(L_off), False),
         "ds4lab launcher, NVTX on": (launcher(L_on), False),
         "ds4lab launcher, override stream": (launcher_override, True),
@@ -78,7 +83,7 @@ def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
             be.synchronize()
             host, gpu = [], []
             for _ in range(repeats):
-                st = side if needs_flag else cupy.cuda.Stream.null
+                st = side if name.endswith(("override stream", "non-blocking stream")) else cupy.cuda.Stream.null
                 e0.record(st)
                 t0 = time.perf_counter()
                 go()
@@ -162,8 +167,34 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
             "fraction_of_copy": nbytes / (st_rep.median * 1e-6) / 1e9 / bw.median}
 
 
-def run_bench(be, cfg, console) -> dict:
-    """Both benchmarks; prints tables and returns the figures (with provenance)."""
+#: Keys of :func:`summary` (the fields ``bench.json`` carries at its top level).
+SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "busy_over_floor", "copy_GBps", "moe_decode_copy_fraction",
+                "launch_us_bare", "launch_us_override", "launch_us_nvtx", "launch_us_launcher")
+
+
+def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
+    """The headline figures of a bench run: token GPU-busy µs and bytes-moved floor (None without
+    the per-op run), the copy bandwidth, the routed-MoE decode step's fraction of it, and host µs
+    per launch (medians) bare, through the launcher with an override stream, with NVTX on, and
+    plain."""
+    host = {k: v["host_us"].median for k, v in lo.items()}
+    return {
+        "token_busy_us": per_op["token_busy_us"] if per_op else None,
+        "bytes_floor_us": per_op["bytes_floor_us"] if per_op else None,
+        "busy_over_floor": per_op["busy_over_floor"] if per_op else None,
+        "copy_GBps": mb["copy_GBps"].median,
+        "moe_decode_copy_fraction": mb["fraction_of_copy"],
+        "launch_us_bare": host["cupy RawKernel (bare)"],
+        "launch_us_override": host["ds4lab launcher, override stream"],
+        "launch_us_nvtx": host["ds4lab launcher, NVTX on"],
+        "launch_us_launcher": host["ds4lab launcher, NVTX off"],
+    }
+
+
+def run_bench(be, cfg, console, *, per_op: bool = False, out=None) -> dict:
+    """The benchmarks; prints tables and returns the figures (with provenance) and, at the top
+    level, :func:`summary`'s fields. ``per_op`` adds the per-site roofline of one token
+    (:func:`ds4lab.perop.run_per_op`; its CSV and figure go to ``out`` when given)."""
     from rich.table import Table
 
     meta = provenance.base_meta(be)
@@ -197,7 +228,16 @@ def run_bench(be, cfg, console) -> dict:
     for name, st in gr.items():
         t3.add_row(name, "—" if st is None else f"{st.median:.3f}", "" if st is None else f"{st.p25:.3f}–{st.p75:.3f}")
     console.print(t3)
-    return {"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb, "graph_replay": gr}
+    po = None
+    if per_op:
+        from .perop import run_per_op
+
+        po = run_per_op(be, cfg, console, out, copy_GBps=mb["copy_GBps"].median, meta=meta)
+    res = summary(lo, mb, po)
+    res.update({"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb, "graph_replay": gr})
+    if po is not None:
+        res["per_op"] = po
+    return res
 
 
 def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):

@@ -82,11 +82,12 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
 @main.command()
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="ds4-flash", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json into this folder.")
-def bench(preset, out) -> None:
+@click.option("--per-op", "per_op", is_flag=True, help="Add the per-launch-site roofline of one token (CSV, figure).")
+def bench(preset, out, per_op) -> None:
     """Launch-layer host cost vs bare CuPy, and routed-MoE decode bandwidth (GPU only)."""
     from .jobs.bench import BenchConfig
 
-    invoke("bench", BenchConfig(preset=preset, out=out), "cupy")
+    invoke("bench", BenchConfig(preset=preset, out=out, per_op=per_op), "cupy")
 
 
 @main.command()

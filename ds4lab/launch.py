@@ -119,6 +119,28 @@ class Launcher:
         self.captured: Counter = Counter()
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
+        #: Op-owned scratch buffers (split partials, tickets), by key; see :meth:`scratch`.
+        self._scratch: dict = {}
+
+    # ------------------------------------------------------------------ scratch
+    def scratch(self, key, shape, dtype) -> Any:
+        """The scratch buffer ``key`` of this launcher: allocated zeroed by the backend on the
+        first call, the same buffer on every later one (its address stays fixed, so captured
+        graphs stay valid).
+
+        Ops that need scratch ask for it at model build time (:func:`ds4lab.ops.alloc_scratch`)
+        so no allocation happens inside a capture. Launches of one launcher run in stream order,
+        so one buffer per key serves every layer's launch of that op.
+
+        Raises ValueError when ``key`` was allocated before with another shape or dtype.
+        """
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self.backend.zeros(shape, dtype)
+            self._scratch[key] = buf
+        elif tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            raise ValueError(f"scratch {key!r}: asked for {tuple(shape)} {dtype}, have {tuple(buf.shape)} {buf.dtype}")
+        return buf
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[list]:
@@ -177,19 +199,22 @@ class Launcher:
         backend calls it; the ``cupy`` backend never does). ``legacy=True`` is the hazard path:
         launch on the legacy stream, bypassing the accessor.
         """
-        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "kernel", site)] += 1
+        cluster = self.cluster_name
+        (self.captured if self.capturing else self.census.counts)[(cluster, "kernel", site)] += 1
         if self.trace is not None:
-            self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, name, grid, block, args, shared,
-                                           nbytes))
-        if self.legacy_sites and site in self.legacy_sites:
-            legacy = True
-        stream = LEGACY_STREAM if legacy else (current_stream() if self.routed else LEGACY_STREAM)
+            self.trace.append(LaunchRecord(cluster, self.layer, site, name, grid, block, args, shared, nbytes))
+        # The accessor unless this launch is pinned to the legacy stream (hazard paths, unrouted).
+        if legacy or not self.routed or (self.legacy_sites and site in self.legacy_sites):
+            stream = LEGACY_STREAM
+        else:
+            stream = current_stream()
         if self._nvtx:
-            self.annotator.push(site, self.cluster_name, self.layer)
+            ann = self.annotator
+            ann.push(site, cluster, self.layer)
             try:
                 self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
             finally:
-                self.annotator.pop()
+                ann.pop()
         else:
             self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
 

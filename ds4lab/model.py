@@ -245,6 +245,7 @@ class DecodeModel:
             be.fill_f32(c, f"kv_prefill@{l}", 1.0, 0.0, cfg.seed)
             self.cache.append(c)
         self.moe_buf = MoeScratch(self, 1 if self.opts.scratch == "on-demand" else cfg.max_tokens)
+        ops.alloc_scratch(self.L, cfg)  # op-owned scratch (attention split partials), never in a capture
         self.profile_events = [be.new_event() for _ in range(7)] if self.opts.moe_profile else []
 
     @contextlib.contextmanager

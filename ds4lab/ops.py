@@ -21,6 +21,8 @@ i32, u32, f32 = np.int32, np.uint32, np.float32
 #: A null device pointer as a kernel argument (8-byte zero).
 NULL = np.uint64(0)
 WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
+#: Blocks a split launch aims for: about four per SM of an H200 (132 SMs); see split_geometry.
+FILL_BLOCKS = 512
 
 
 def cdiv(a: int, b: int) -> int:
@@ -65,6 +67,41 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- dense
+def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
+    """Grid and block of a kernel where a thread group of ``tpr`` threads (block
+    ``(tpr, 256 // tpr)``) computes one unit (a row or row pair) whose reduction runs over
+    ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
+
+    ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
+    the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
+    (ds4-flash, CUPTI, NOTES.md) this picks the fastest of the configurations measured for
+    every matvec of the token: 512 blocks of 8 chunks per thread beat 1024 blocks of 4 on the
+    large matrices (4096 → 8192 grouped: 14.1 vs 16.8 µs; 8192 → 4096: 15.7 vs 17.8 µs; the
+    vocabulary: 164 vs 176 µs), and where 8 chunks per thread leave fewer than 512 blocks, more
+    blocks win (shared down 2048 → 4096: 512 blocks of 2 chunks, 7.4 µs, vs 256 of 4, 7.7 µs;
+    shared gate/up: 512 blocks of 4 chunks, 9.1 µs, where the previous one-warp-per-pair kernel
+    took 10.1 µs with 256 blocks; 4096 → 1024 and 4096 → 512: one row pair per block of 256
+    threads, 4.3 and 3.5 µs, against 8.6 and 8.5 for the previous kernel's 64 and 32 blocks).
+
+    Returns ``((blocks,), (tpr, groups))``.
+    """
+    tpr = 32
+    while tpr < 256 and chunks > 8 * tpr:
+        tpr *= 2
+    while tpr < 256 and 2 * tpr <= chunks and cdiv(units, 256 // tpr) < FILL_BLOCKS:
+        tpr *= 2
+    groups = 256 // tpr
+    return (cdiv(units, groups),), (tpr, groups)
+
+
+def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
+    """Grid and block of the Q8_0 matvec kernels (``kernels/dense.cu``) for ``pairs`` row pairs
+    of ``cols`` int8 columns (:func:`split_geometry` over ``cols / 16`` chunks): narrow-and-short
+    matrices (4096 → 512) get wide groups and enough blocks, tall ones (1024 → 32768) one warp
+    per pair. Returns ``((blocks,), (tpr, groups))``."""
+    return split_geometry(pairs, cols // 16)
+
+
 def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
     """``y [rows] = W x`` (grouped input when ``rows_per_group``): ``kernels/dense.cu:q8_matvec``."""
     rpg = w.rows if rows_per_group is None else rows_per_group
@@ -72,7 +109,8 @@ def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
     def ref():
         y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
 
-    L.kernel(site, "q8_matvec", (cdiv(w.rows, 2 * WARPS),), (256,),
+    grid, block = q8_geometry(w.rows // 2, w.cols)
+    L.kernel(site, "q8_matvec", grid, block,
              (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref,
              nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows))
 
@@ -84,7 +122,8 @@ def q8_matvec_swiglu(L, site, w, x, mid, limit):
     def ref():
         mid[:F] = R.q8_matvec_swiglu(w, x, limit)
 
-    L.kernel(site, "q8_matvec_swiglu", (cdiv(F, WARPS),), (256,),
+    grid, block = q8_geometry(F, w.cols)
+    L.kernel(site, "q8_matvec_swiglu", grid, block,
              (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref, nbytes=w.nbytes + 4 * (w.cols + F))
 
 
@@ -94,9 +133,15 @@ def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
     def ref():
         h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
 
-    L.kernel(site, "q8_matvec_expand", (cdiv(w.rows, 2 * WARPS),), (256,),
+    grid, block = q8_geometry(w.rows // 2, w.cols)
+    L.kernel(site, "q8_matvec_expand", grid, block,
              (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref,
              nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows))
+
+
+def norm_threads(dim: int) -> int:
+    """Block size of the one-block-per-row norms: one float4 per thread, 32 to 1024 threads."""
+    return min(1024, max(32, cdiv(cdiv(dim, 4), 32) * 32))
 
 
 def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
@@ -106,7 +151,7 @@ def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
         xs = np.asarray(x).reshape(-1)[: rows * dim].reshape(rows, dim)
         y.reshape(-1)[: rows * dim] = R.rms_norm(xs, w, eps).reshape(-1)
 
-    L.kernel(site, "rms_norm_rows", (rows,), (256,),
+    L.kernel(site, "rms_norm_rows", (rows,), (norm_threads(dim),),
              (x, NULL if w is None else w, y, i32(dim), f32(eps)), ref, nbytes=4 * (2 * rows * dim + dim))
 
 
@@ -168,8 +213,36 @@ def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars):
              nbytes=8 * cfg.head_dim)
 
 
+#: Keys per block and heads per block of ``attention_decode`` (``kernels/attention.cu``).
+ATTN_KPB, ATTN_HPB = 16, 4
+
+
+def attention_splits(cfg: ModelConfig) -> int:
+    """Key splits of ``attention_decode``: ``ceil(window / ATTN_KPB)`` (fixed per model, so a
+    captured graph's grid fits every window length)."""
+    return cdiv(cfg.window, ATTN_KPB)
+
+
+def attention_scratch(L, cfg: ModelConfig) -> tuple:
+    """The attention's split partials and per-head-group tickets, owned by launcher ``L``:
+    ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS, 2]``, ``counter`` int32
+    ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it zero). Allocated on the first call —
+    :func:`alloc_scratch` makes that call at model build time, before any capture."""
+    H, D, NS = cfg.n_heads, cfg.head_dim, attention_splits(cfg)
+    return (L.scratch(("attention.part_o", H, NS, D), (H * NS * D,), np.float32),
+            L.scratch(("attention.part_ml", H, NS), (H * NS * 2,), np.float32),
+            L.scratch(("attention.counter", H), (cdiv(H, ATTN_HPB),), np.int32))
+
+
+def alloc_scratch(L, cfg: ModelConfig) -> None:
+    """Allocate every op-owned scratch buffer for ``cfg`` now (model build time), so no launch
+    site allocates later, inside a capture."""
+    attention_scratch(L, cfg)
+
+
 def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
-    """Sliding-window attention of all heads over the cached window."""
+    """Sliding-window attention of all heads over the cached window, split over keys with the
+    combine inside the kernel (``kernels/attention.cu``); scratch from :func:`attention_scratch`."""
 
     def ref():
         pos, kv_row, n_valid, _ = ts.resolve()
@@ -177,8 +250,10 @@ def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
         o[...] = R.attention_decode(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), cache,
                                     pos, cfg.window).reshape(o.shape)
 
-    L.kernel(site, "attention_decode", (cfg.n_heads,), (256,),
-             (q, cache, o, i32(cfg.head_dim), i32(cfg.window)) + ts.args(), ref,
+    part_o, part_ml, counter = attention_scratch(L, cfg)
+    L.kernel(site, "attention_decode", (cdiv(cfg.n_heads, ATTN_HPB), attention_splits(cfg)), (256,),
+             (q, cache, o, i32(cfg.head_dim), i32(cfg.window), i32(cfg.n_heads), part_o, part_ml, counter)
+             + ts.args(), ref,
              nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window))
 
 
@@ -203,7 +278,8 @@ def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
     def ref():
         logits.reshape(-1)[: T * N] = R.router_logits(w, np.asarray(x).reshape(-1)[: T * E].reshape(T, E)).reshape(-1)
 
-    L.kernel(site, "router_logits", (cdiv(N, WARPS), T), (256,), (w, x, logits, i32(N), i32(E)), ref,
+    (blocks,), block = split_geometry(N, E // 4)
+    L.kernel(site, "router_logits", (blocks, T), block, (w, x, logits, i32(N), i32(E)), ref,
              nbytes=4 * (N * E + T * E + T * N))
 
 

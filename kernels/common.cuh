@@ -88,42 +88,96 @@ __device__ __forceinline__ TokScalars tok_scalars(const int* scal, int pos, int 
     return t;
 }
 
-// Two Q8_0 rows against the same x, one warp: x is loaded once for both rows (half the
-// activation traffic per weight byte, twice the independent weight loads in flight).
-__device__ __forceinline__ void q8_0_row_dot2(const i8* __restrict__ q0, const __half* __restrict__ d0,
-                                              const i8* __restrict__ q1, const __half* __restrict__ d1,
-                                              const float* __restrict__ x, int cols, int lane,
-                                              float& acc0, float& acc1) {
-    acc0 = 0.0f; acc1 = 0.0f;
-    const int chunks = cols >> 4;
-#pragma unroll 2
-    for (int c = lane; c < chunks; c += 32) {
-        int4 v0 = __ldg(reinterpret_cast<const int4*>(q0) + c);
-        int4 v1 = __ldg(reinterpret_cast<const int4*>(q1) + c);
-        float s0 = __half2float(d0[c >> 1]), s1 = __half2float(d1[c >> 1]);
-        const float4* xv = reinterpret_cast<const float4*>(x) + (c << 2);
-        float4 xs[4] = {xv[0], xv[1], xv[2], xv[3]};
-        const i8* b0 = reinterpret_cast<const i8*>(&v0);
-        const i8* b1 = reinterpret_cast<const i8*>(&v1);
-        float p0 = 0.0f, p1 = 0.0f;
+// 16 int8 weights (one 16-byte load) dotted with 16 fp32 activations, exactly as an int8->fp32
+// conversion would: each byte b becomes the float 2^23 + (b + 128) through one byte permute
+// (PRMT), and subtracting 2^23 + 128 leaves b exactly. I2F, the plain conversion, issues at 16
+// per clock per SM on sm_80/sm_90, below the rate at which HBM delivers Q8_0 bytes; PRMT and
+// FADD issue at 64 and 128. The products and their order are those of the plain loop.
+__device__ __forceinline__ float q8_dot16(int4 v, const float4 (&xs)[4]) {
+    const u32 w[4] = {(u32)v.x ^ 0x80808080u, (u32)v.y ^ 0x80808080u, (u32)v.z ^ 0x80808080u,
+                      (u32)v.w ^ 0x80808080u};
+    const float off = 8388736.0f;  // 2^23 + 128
+    float p = 0.0f;
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            p0 += b0[4 * m] * xs[m].x + b0[4 * m + 1] * xs[m].y + b0[4 * m + 2] * xs[m].z + b0[4 * m + 3] * xs[m].w;
-            p1 += b1[4 * m] * xs[m].x + b1[4 * m + 1] * xs[m].y + b1[4 * m + 2] * xs[m].z + b1[4 * m + 3] * xs[m].w;
+    for (int m = 0; m < 4; ++m) {
+        const float a = __int_as_float(__byte_perm(w[m], 0x4B000000u, 0x7440)) - off;
+        const float b = __int_as_float(__byte_perm(w[m], 0x4B000000u, 0x7441)) - off;
+        const float c = __int_as_float(__byte_perm(w[m], 0x4B000000u, 0x7442)) - off;
+        const float e = __int_as_float(__byte_perm(w[m], 0x4B000000u, 0x7443)) - off;
+        p = fmaf(a, xs[m].x, p);
+        p = fmaf(b, xs[m].y, p);
+        p = fmaf(c, xs[m].z, p);
+        p = fmaf(e, xs[m].w, p);
+    }
+    return p;
+}
+
+// NR Q8_0 rows (indices row[0..NR-1], each `cols` wide) against the same x, split over the
+// `tpr` threads of a thread group: thread t takes the 16-byte chunks t, t + tpr, ... of every
+// row, so each x load serves NR rows and each thread keeps 2*NR 16-byte loads in flight.
+// acc[r] gets this thread's partial sum of row r (reduce with group_sum).
+template <int NR>
+__device__ __forceinline__ void q8_rows_dot(const i8* __restrict__ qs, const __half* __restrict__ d,
+                                            const size_t (&row)[NR], const float* __restrict__ x,
+                                            int cols, int t, int tpr, float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+    const int chunks = cols >> 4, nb = cols >> 5;
+#pragma unroll 2
+    for (int c = t; c < chunks; c += tpr) {
+        int4 v[NR];
+        float s[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+            v[r] = __ldg(reinterpret_cast<const int4*>(qs + row[r] * cols) + c);
+            s[r] = __half2float(d[row[r] * nb + (c >> 1)]);
         }
-        acc0 += s0 * p0;
-        acc1 += s1 * p1;
+        const float4* xv = reinterpret_cast<const float4*>(x) + (c << 2);
+        const float4 xs[4] = {xv[0], xv[1], xv[2], xv[3]};
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[r] = fmaf(s[r], q8_dot16(v[r], xs), acc[r]);
     }
 }
 
-// Two 4-bit rows against the same Q8_K activation row, one warp (see q8_0_row_dot2).
+// Sum of acc[r] over the blockDim.x threads of each thread group (block = (tpr, 256 / tpr),
+// tpr a multiple of 32): warp shuffles, then, for tpr > 32, the group's warps added in warp
+// order through shared memory. Fixed order, so the same inputs give the same bits every run.
+// Every thread of the block must call it (it holds a barrier when tpr > 32). The result is
+// valid in the thread with threadIdx.x == 0 of each group.
+template <int NR>
+__device__ __forceinline__ void group_sum(float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = warp_sum(acc[r]);
+    const int wpg = blockDim.x >> 5;
+    if (wpg > 1) {
+        __shared__ float red[32][NR];
+        const int tid = threadIdx.y * blockDim.x + threadIdx.x, warp = tid >> 5;
+        if ((tid & 31) == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) red[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                float a = 0.0f;
+                for (int w = 0; w < wpg; ++w) a += red[threadIdx.y * wpg + w][r];
+                acc[r] = a;
+            }
+        }
+    }
+}
+
+// Two 4-bit rows against the same Q8_K activation row, one warp: the activation is loaded once
+// for both rows; UNROLL iterations' 16-byte loads are issued before their use.
+template <int UNROLL>
 __device__ __forceinline__ void q4_q8k_row_dot2(const u8* __restrict__ q0, const __half* __restrict__ d0,
                                                 const u8* __restrict__ q1, const __half* __restrict__ d1,
                                                 const i8* __restrict__ xq, const float* __restrict__ xd,
                                                 int cols, int lane, float& acc0, float& acc1) {
     acc0 = 0.0f; acc1 = 0.0f;
     const int blocks = cols >> 5;
-#pragma unroll 2
+#pragma unroll UNROLL
     for (int b = lane; b < blocks; b += 32) {
         int4 w0 = __ldg(reinterpret_cast<const int4*>(q0) + b);
         int4 w1 = __ldg(reinterpret_cast<const int4*>(q1) + b);

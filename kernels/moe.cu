@@ -91,7 +91,8 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
 }
 
 // gateup, decode path (no sort): one warp computes gate row r and up row r + F of a pair's
-// expert (they share the activation loads). grid = (F/8, P), block = 256.
+// expert (they share the activation loads). grid = (F/8, P), block = 256. (Four iterations'
+// loads in flight per lane ran 12 % slower on the H200: 66 registers, fewer blocks per SM.)
 extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
@@ -101,7 +102,7 @@ extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __
     if (r >= F || (unsigned)ids[p] >= (unsigned)n_experts) return;  // never index past the bank
     const size_t g = (size_t)ids[p] * 2 * F + r, u = g + F;
     float a0, a1;
-    q4_q8k_row_dot2(wq + g * (E / 2), wd + g * (E / 32), wq + u * (E / 2), wd + u * (E / 32),
+    q4_q8k_row_dot2<2>(wq + g * (E / 2), wd + g * (E / 32), wq + u * (E / 2), wd + u * (E / 32),
                     xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, lane, a0, a1);
     a0 = warp_sum(a0);
     a1 = warp_sum(a1);
@@ -205,7 +206,7 @@ extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __ha
     if (r >= half || (unsigned)ids[p] >= (unsigned)n_experts) return;  // never index past the bank
     const size_t r0 = (size_t)ids[p] * E + r, r1 = r0 + half;
     float a0, a1;
-    q4_q8k_row_dot2(wq + r0 * (F / 2), wd + r0 * (F / 32), wq + r1 * (F / 2), wd + r1 * (F / 32),
+    q4_q8k_row_dot2<2>(wq + r0 * (F / 2), wd + r0 * (F / 32), wq + r1 * (F / 2), wd + r1 * (F / 32),
                     mq + (size_t)p * F, md + (size_t)p * (F / 256), F, lane, a0, a1);
     a0 = warp_sum(a0);
     a1 = warp_sum(a1);

@@ -1,21 +1,24 @@
 // Router: logits, top-k selection with weights, and hash routing for the first layers.
 #include "common.cuh"
 
-// logits [T, N] = x [T, E] . W[N, E]^T; one warp per (expert, token). grid = (ceil(N/8), T).
+// logits [T, N] = x [T, E] . W[N, E]^T. block = (tpr, 256 / tpr): a group of tpr threads per
+// (expert, token), each taking every tpr-th float4 of the row, added in-block in a fixed order
+// (group_sum); grid = (ceil(N / (256 / tpr)), T) (ds4lab/ops.py:split_geometry). E % 4 == 0.
 extern "C" __global__ void router_logits(const float* __restrict__ w, const float* __restrict__ x,
                                          float* __restrict__ logits, int N, int E) {
-    const int e = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.y;
-    if (e >= N) return;
-    const float4* wr = reinterpret_cast<const float4*>(w + (size_t)e * E);
-    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)t * E);
-    float acc = 0.0f;
-    for (int i = lane; i < E / 4; i += 32) {
-        float4 a = wr[i], b = xr[i];
-        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    const int e = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y;
+    float acc[1] = {0.0f};
+    if (e < N) {
+        const float4* wr = reinterpret_cast<const float4*>(w + (size_t)e * E);
+        const float4* xr = reinterpret_cast<const float4*>(x + (size_t)t * E);
+#pragma unroll 4
+        for (int i = threadIdx.x; i < E / 4; i += blockDim.x) {
+            const float4 a = __ldg(wr + i), b = xr[i];
+            acc[0] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) logits[(size_t)t * N + e] = acc;
+    group_sum<1>(acc);
+    if (e < N && threadIdx.x == 0) logits[(size_t)t * N + e] = acc[0];
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -1,19 +1,29 @@
-"""Per-op GPU time of one decode token (CUDA events per launch), summed by site. GPU only."""
+"""Per-launch-site roofline of one decode token (``ds4lab.perop``; GPU only).
+
+Usage: ``python scripts/profile_ops.py [preset] [out_dir] [--events]``
+
+Prints the per-site table (sorted by µs lost against the copy bandwidth) and the token's
+GPU-busy time against its bytes-moved floor; with ``out_dir``, writes ``per_op.csv``,
+``per_op_launches.csv``, ``per_op.png/.svg/.pdf`` and ``per_op.json`` (the token summary).
+Kernel time from CUPTI kernel records when ``cupti-python`` works, else (or with ``--events``)
+from CUDA events around back-to-back re-issues of each launch.
+"""
+import json
 import sys
+from pathlib import Path
+
+from rich.console import Console
 
 from ds4lab.backends import make_backend
-from ds4lab.bench import per_op_times
 from ds4lab.config import get_preset
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.perop import run_per_op
 
-preset = sys.argv[1] if len(sys.argv) > 1 else "ds4-flash"
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+preset = args[0] if args else "ds4-flash"
+out = Path(args[1]) if len(args) > 1 else None
 be = make_backend("cupy")
 be.compile_all()
-m = DecodeModel(get_preset(preset), be, TokenOptions(vocab=True))
-m.token(999, 3)
-df = per_op_times(be, m)
-out = sys.argv[2] if len(sys.argv) > 2 else None
+res = run_per_op(be, get_preset(preset), Console(width=160), out,
+                 method="events" if "--events" in sys.argv else "auto")
 if out:
-    df.to_csv(out, index=False)
-print(f"{preset}: GPU-busy sum {df.us.sum():.1f} us over {len(df)} launches")
-print(df.groupby(["cluster", "site", "kernel"]).us.agg(["sum", "median", "count"]).sort_values("sum", ascending=False).to_string())
+    (out / "per_op.json").write_text(json.dumps(res, indent=2) + "\n")

@@ -125,3 +125,16 @@ def test_kernel_names_ignore_comments():
     src = '// __global__ void commented_out(int x)\nextern "C" __global__ void real_one(int* p) {}\n' \
           "/* __global__ void also_not(int) */\n__global__ void __launch_bounds__(256) bounded(float* y) {}\n"
     assert ck.kernel_names(src) == ["real_one", "bounded"]
+
+
+def test_backend_finds_every_kernel_by_name():
+    """The cupy backend's name scan (``extern "C" __global__ void NAME(``) sees the same kernels as
+    NVRTC's compile check: an attribute between ``void`` and the name (``__launch_bounds__``)
+    would make the backend register the attribute as a kernel name instead."""
+    from ds4lab.backends.cupy_backend import kernel_sources
+
+    found = kernel_sources()
+    for f in sorted(KERNELS.glob("*.cu")):
+        for name in ck.kernel_names(f.read_text()):
+            assert found.get(name) == f.resolve(), (name, f.name)
+    assert not any(n.startswith("__") for n in found)

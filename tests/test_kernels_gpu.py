@@ -87,7 +87,11 @@ def test_weight_init_bit_identical(cupy_backend, numpy_backend, fmt, rows, cols,
 
 
 # ----------------------------------------------------------------------------- dense
-@pytest.mark.parametrize("rows,cols,groups", [(1024, 4096, None), (2048, 1024, None), (512, 2048, 4)])
+# Shapes cover every thread-group width of ops.q8_geometry: 256 (1024x4096, 512x4096), 128
+# (512x2048 grouped), 64 (2048x1024), 32 (8192x4096 grouped like o_a; 64x256, where a warp has
+# more threads than the row has 16-byte chunks).
+@pytest.mark.parametrize("rows,cols,groups", [(1024, 4096, None), (2048, 1024, None), (512, 2048, 4),
+                                              (512, 4096, None), (8192, 4096, 8), (64, 256, None)])
 def test_q8_matvec(both, rng, rows, cols, groups):
     w = q8(rows, cols, rng)
     n_in = cols * (groups or 1)
@@ -108,9 +112,10 @@ def test_q8_matvec_swiglu(both, rng):
     assert rel(g["m"], r["m"]) < F32_RTOL
 
 
+@pytest.mark.parametrize("C", [512, 4096])
 @pytest.mark.parametrize("with_extra", [False, True])
-def test_q8_matvec_expand(both, rng, with_extra):
-    S, E, C = 4, 1024, 512
+def test_q8_matvec_expand(both, rng, with_extra, C):
+    S, E = 4, 1024
     w = q8(E, C, rng)
     inputs = {"w": w, "x": rng.standard_normal(C).astype(np.float32),
               "mix": rng.standard_normal(2 * S).astype(np.float32),
@@ -125,9 +130,10 @@ def test_q8_matvec_expand(both, rng, with_extra):
     assert rel(g["h"] - h0, r["h"] - h0) < F32_RTOL
 
 
+@pytest.mark.parametrize("rows,dim", [(64, 512), (4, 4096), (1, 1024), (3, 1030), (2, 20000)])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_rms_norm_rows(both, rng, weighted):
-    rows, dim = 64, 512
+def test_rms_norm_rows(both, rng, weighted, rows, dim):
+    """In-register path (dim % 4 == 0, at most 2 float4 per thread) and the plain loop (1030, 20000)."""
     x = (5 * rng.standard_normal((rows, dim))).astype(np.float32)
     w = rng.standard_normal(dim).astype(np.float32)
     g, r = both.run(lambda L, b: ops.rms_norm_rows(L, "t", b["x"], b["w"] if weighted else None, b["y"], rows, dim, 1e-6),
@@ -135,8 +141,10 @@ def test_rms_norm_rows(both, rng, weighted):
     assert rel(g["y"], r["y"]) < F32_RTOL
 
 
-def test_hc_mix_and_premix(both, rng):
-    S, E = 4, 4096
+@pytest.mark.parametrize("E", [4096, 8192])
+def test_hc_mix_and_premix(both, rng, E):
+    """E = 4096: one float4 per thread in registers; 8192: the plain loop."""
+    S = 4
     nsplit = ops.HC_MIX_SPLIT
     hn = rng.standard_normal((S, E)).astype(np.float32)
     wmix = (rng.standard_normal(2 * S * S * E) / np.sqrt(S * E)).astype(np.float32)
@@ -177,6 +185,32 @@ def test_rope_kv_store_attention(both, rng, mode, pos):
     assert rel(g["q"], r["q"]) < F32_RTOL
     assert rel(g["cache"], r["cache"]) < F32_RTOL
     assert rel(g["o"], r["o"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("preset,pos", [("tiny", 3), ("tiny", 40), ("small", 70), ("small", 1000),
+                                        ("ds4-flash", 0), ("ds4-flash", 77), ("ds4-flash", 5000)])
+def test_attention_split_combine(both, rng, preset, pos):
+    """Split-over-keys attention at every window fill (empty splits, a partial split, a full
+    window), three launches in a row: the same bits each time (the in-kernel combine has a fixed
+    order, and the last block resets its ticket), the tickets back at zero."""
+    cfg = get_preset(preset)
+    H, D = cfg.n_heads, cfg.head_dim
+    hs = ops.host_scalars(cfg, pos, 3)
+    inputs = {"q": rng.standard_normal((H, D)).astype(np.float32),
+              "cache": rng.standard_normal((cfg.window, D)).astype(np.float32), "scal": hs}
+    tickets = {}
+
+    def fn(L, b):
+        ts = ops.TokenScalars(*map(int, hs), b["scal"])
+        for name in ("o1", "o2", "o"):
+            ops.attention_decode(L, "at", b["q"], b["cache"], b[name], cfg, ts)
+        tickets[L.backend.name] = ops.attention_scratch(L, cfg)[2]
+
+    out = {k: ((H, D), np.float32) for k in ("o1", "o2", "o")}
+    g, r = both.run(fn, inputs, out)
+    assert rel(g["o"], r["o"]) < F32_RTOL
+    assert np.array_equal(g["o1"], g["o"]) and np.array_equal(g["o2"], g["o"])
+    assert not both.be["gpu"].to_host(tickets["cupy"]).any()
 
 
 @pytest.mark.parametrize("mode", ["value", "device"])

@@ -15,11 +15,13 @@ from .common import default_preset
 
 @dataclass
 class BenchConfig:
-    """Arguments of ``ds4lab bench``: the preset (None: the job's default) and the folder for
-    ``bench.json`` (None: print only)."""
+    """Arguments of ``ds4lab bench``: the preset (None: the job's default), the folder for
+    ``bench.json`` (None: print only) and whether to add the per-op roofline."""
 
     preset: str | None = None
     out: Path | str | None = None
+    #: Add the per-launch-site roofline of one token (:mod:`ds4lab.perop`; CSV and figure in ``out``).
+    per_op: bool = False
 
 
 def run(cfg: BenchConfig, be, console) -> dict:
@@ -31,7 +33,7 @@ def run(cfg: BenchConfig, be, console) -> dict:
     out = Path(cfg.out) if cfg.out else None
     if out is not None:
         check_out(out, ("bench.json",))
-    res = run_bench(be, get_preset(cfg.preset or default_preset("bench", be)), console)
+    res = run_bench(be, get_preset(cfg.preset or default_preset("bench", be)), console, per_op=cfg.per_op, out=out)
     if out is not None:
         def enc(o):
             return asdict(o) if is_dataclass(o) else str(o)
