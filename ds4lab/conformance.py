@@ -719,8 +719,9 @@ def event_query_invalidated_capture(r: Recorder) -> None:
 
 @scenario("stream query of a stream whose capture is invalidated",
           expect={"device_synchronize": "cudaErrorStreamCaptureUnsupported",
-                  "stream_query": "cudaErrorStreamCaptureInvalidated", **_INV},
-          source="CUDA Programming Guide, 'Stream Capture' → 'Invalidation' (GUESS for cudaStreamQuery)")
+                  "stream_query": "cudaErrorStreamCaptureUnsupported", **_INV},
+          source="CUDA Programming Guide, 'Stream Capture' → 'Invalidation'; measured on the H200 (2026-11-30, docs/measurements/h200-2026-11-30b/conformance): cudaErrorStreamCaptureUnsupported, "
+                 "not cudaErrorStreamCaptureInvalidated")
 def stream_query_invalidated_capture(r: Recorder) -> None:
     """cudaStreamQuery after the capture was invalidated, before it is ended."""
     be = r.be
@@ -918,9 +919,10 @@ def graph_launch_into_capture(r: Recorder, mode: str) -> None:
 
 @scenario("graph launch into a stream whose capture is invalidated",
           expect={"device_synchronize": "cudaErrorStreamCaptureUnsupported",
-                  "launch_into_invalidated": "cudaErrorStreamCaptureInvalidated",
+                  "launch_into_invalidated": "cudaErrorStreamCaptureUnsupported",
                   "end_capture": "cudaErrorStreamCaptureInvalidated", "x": "0"},
-          source="CUDA Programming Guide, 'Stream Capture' → 'Invalidation'")
+          source="CUDA Programming Guide, 'Stream Capture' → 'Invalidation'; measured on the H200 (2026-11-30, docs/measurements/h200-2026-11-30b/conformance): the launch returns "
+                 "cudaErrorStreamCaptureUnsupported")
 def graph_launch_invalidated_capture(r: Recorder) -> None:
     """Every further use of a stream in an invalidated capture fails until the capture ends."""
     be = r.be
@@ -1011,15 +1013,28 @@ def instantiate_twice(r: Recorder) -> None:
     r.value("x", x)
 
 
-@scenario("a graph with memory nodes instantiated while its executable lives",
-          expect={"m_nodes": "mem_allocx1,mem_freex1", "instantiate1": "ok", "instantiate2": "cudaErrorNotSupported"},
-          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); {_FACTS} (2026-11-30): "
-                 "cudaErrorNotSupported")
+@scenario("a graph that allocates and frees, instantiated while its executable lives",
+          expect={"m_nodes": "mem_allocx1,mem_freex1", "instantiate1": "ok", "instantiate2": "ok"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence for a graph with "
+                 "memory nodes); measured on the H200 (2026-11-30, docs/measurements/h200-2026-11-30b/conformance): a graph that frees its allocation instantiates twice")
 def instantiate_mem_nodes_twice(r: Recorder) -> None:
-    """A graph with cudaMallocAsync/cudaFreeAsync nodes may have one executable at a time."""
+    """A graph with cudaMallocAsync and the matching cudaFreeAsync node, instantiated twice."""
     be = r.be
     g, _ = _mem_graph(r, free=True)
     r.nodes("m_nodes", g)
+    r.call("instantiate1", be.graph_instantiate, g)
+    r.call("instantiate2", be.graph_instantiate, g)
+
+
+@scenario("a graph with an unfreed allocation instantiated while its executable lives",
+          expect={"u_nodes": "mem_allocx1", "instantiate1": "ok", "instantiate2": "cudaErrorNotSupported"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); {_FACTS} (2026-11-30): "
+                 "an unfreed cudaMallocAsync node, second instantiation cudaErrorNotSupported")
+def instantiate_unfreed_mem_nodes_twice(r: Recorder) -> None:
+    """The graph allocates and does not free: one executable at a time."""
+    be = r.be
+    g, _ = _mem_graph(r, free=False, tag="u_")
+    r.nodes("u_nodes", g)
     r.call("instantiate1", be.graph_instantiate, g)
     r.call("instantiate2", be.graph_instantiate, g)
 
@@ -1292,10 +1307,9 @@ def exec_update_dependencies(r: Recorder) -> None:
 
 
 @scenario("executable update of a graph with memory nodes",
-          expect={"update": "cudaErrorGraphExecUpdateFailure", "update_result": "cudaGraphExecUpdateErrorNotSupported",
-                  "update_node": "mem_alloc"},
-          source=f"{_GM}, cudaGraphExecNodeSetParams (memory allocation/free nodes: API unsupported); GUESS for "
-                 "the whole-graph update")
+          expect={"update": "ok"},
+          source=f"{_GM}, cudaGraphExecNodeSetParams (memory allocation/free nodes: API unsupported for single-node "
+                 "updates); measured on the H200 (2026-11-30, docs/measurements/h200-2026-11-30b/conformance): the whole-graph update of an identical graph succeeds")
 def exec_update_mem_nodes(r: Recorder) -> None:
     """Allocation and free nodes, the same on both sides."""
     be = r.be
@@ -1347,8 +1361,9 @@ def child_graph_cloned(r: Recorder) -> None:
 
 
 @scenario("a child graph with memory nodes",
-          expect={"add_child": "cudaErrorInvalidValue"},
-          source=f"{_GM}, cudaGraphAddChildGraphNode (a child with allocation or free nodes: an error). GUESS: the name")
+          expect={"add_child": "cudaErrorNotSupported"},
+          source=f"{_GM}, cudaGraphAddChildGraphNode (a child with allocation or free nodes: an error); measured on the H200 (2026-11-30, docs/measurements/h200-2026-11-30b/conformance): "
+                 "cudaErrorNotSupported")
 def child_graph_mem_nodes(r: Recorder) -> None:
     """Graphs with memory nodes cannot be children."""
     be = r.be

@@ -21,6 +21,9 @@ import numpy as np
 from .. import weights as W
 from ..stream import LEGACY_STREAM
 from .base import BackendUnavailable, Executor, RuntimeApi
+from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked, _cuda_errors,
+                           _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
+                           cuda_error_name)
 
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
 
@@ -368,24 +371,20 @@ class CupyBackend(Executor, RuntimeApi):
         """
         from ..errors import GRAPH_EXEC_UPDATE_RESULTS, GraphExecUpdateError
 
-        cudart = _cudart()
         call = "cudaGraphExecUpdate"
-        res = cudart.cudaGraphExecUpdate(cudart.cudaGraphExec_t(graph_exec.handle), cudart.cudaGraph_t(graph.handle))
-        err = int(res[0])
+        # The driver entry point, through ctypes: cuda-bindings returns (err, None) on failure and so
+        # drops the very result info this call exists to report (seen on the H200, cuda-bindings 13).
+        err, result, node = _driver_graph_exec_update(graph_exec.handle, graph.handle)
         if err == 0:
             graph_exec.graph = graph  # keep the graph the executable now mirrors alive
             return
-        if len(res) == 3:  # cuda-python 11.x: (err, errorNode, result)
-            node, result = res[1], res[2]
-        else:  # cuda-bindings 12+: (err, cudaGraphExecUpdateResultInfo)
-            node, result = getattr(res[1], "errorNode", None), getattr(res[1], "result", None)
         name = _error_name(err)
-        if name != "cudaErrorGraphExecUpdateFailure" or result is None:
+        if name != "cudaErrorGraphExecUpdateFailure":
             from ..errors import CudaError
 
             raise CudaError(name, call, f"status {err}")
-        rname = GRAPH_EXEC_UPDATE_RESULTS.get(int(result), f"cudaGraphExecUpdateResult({int(result)})")
-        raise GraphExecUpdateError(call, rname, _node_type(cudart, node), name=name)
+        rname = GRAPH_EXEC_UPDATE_RESULTS.get(result, f"cudaGraphExecUpdateResult({result})")
+        raise GraphExecUpdateError(call, rname, _driver_node_type(node), name=name)
 
     def graph_launch(self, graph_exec, stream) -> None:
         with _cuda_errors("cudaGraphLaunch"):
@@ -469,205 +468,6 @@ class CupyBackend(Executor, RuntimeApi):
 
     def info(self) -> dict:
         return device_info()
-
-
-def cuda_error_name(message: str, status=None) -> str:
-    """The runtime-API error name (``cudaErrorStreamCaptureImplicit``) in a CuPy error message;
-    driver names (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``, from kernel launches) are mapped to it."""
-    head = message.split(":", 1)[0].strip()
-    if head.startswith("cudaError"):
-        return head
-    if head.startswith("CUDA_ERROR_"):
-        return "cudaError" + "".join(w.capitalize() for w in head[len("CUDA_ERROR_"):].split("_"))
-    return f"cudaError({status})"
-
-
-#: ``cudaEventRecordExternal`` and ``cudaEventWaitExternal`` (CUDA Runtime API, "Data types used by
-#: CUDA Runtime": both 0x01).
-_EVENT_RECORD_EXTERNAL = 0x01
-_EVENT_WAIT_EXTERNAL = 0x01
-
-#: ``cudaGraphNodeType`` numbers → ds4lab's node kinds (CUDA Runtime API, enum cudaGraphNodeType).
-_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
-               7: "event_record", 8: "ext_semaphore_signal", 9: "ext_semaphore_wait", 10: "mem_alloc",
-               11: "mem_free", 12: "batch_mem_op", 13: "conditional"}
-
-#: The documented "pending" answer of cudaStreamQuery / cudaEventQuery.
-_NOT_READY = 600
-
-
-def _cudart():
-    """``cuda.bindings.runtime`` (cuda-bindings 12/13), or the older ``cuda.cudart``; imported only by
-    the graph calls CuPy lacks, so CPU paths never need it. Raises ImportError naming the package."""
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        try:
-            from cuda import cudart  # type: ignore
-        except ImportError:
-            raise ImportError("this CUDA graph call needs the cuda-bindings package (pip install cuda-bindings)") from None
-    return cudart
-
-
-#: ``cudaError_t`` numbers of the statuses the capture rules speak of (CUDA Runtime API, "Data types
-#: used by CUDA Runtime" → enum cudaError): the last resort of :func:`_error_name`.
-_ERROR_NAMES = {1: "cudaErrorInvalidValue", 400: "cudaErrorInvalidResourceHandle", 401: "cudaErrorIllegalState",
-                600: "cudaErrorNotReady", 801: "cudaErrorNotSupported", 900: "cudaErrorStreamCaptureUnsupported",
-                901: "cudaErrorStreamCaptureInvalidated", 902: "cudaErrorStreamCaptureMerge",
-                903: "cudaErrorStreamCaptureUnmatched", 904: "cudaErrorStreamCaptureUnjoined",
-                905: "cudaErrorStreamCaptureIsolation", 906: "cudaErrorStreamCaptureImplicit",
-                907: "cudaErrorCapturedEvent", 908: "cudaErrorStreamCaptureWrongThread",
-                910: "cudaErrorGraphExecUpdateFailure"}
-
-
-def _error_name(code: int) -> str:
-    """The ``cudaError_t`` name of a status number (``cudaErrorStreamCaptureUnsupported`` for 900):
-    CuPy's own message, else ``cuda.bindings``' enum, else :data:`_ERROR_NAMES`."""
-    try:
-        import cupy
-
-        name = cuda_error_name(str(cupy.cuda.runtime.CUDARuntimeError(int(code))), code)
-        if name.startswith("cudaError") and not name.startswith("cudaError("):
-            return name
-    except Exception:
-        pass
-    try:
-        return _cudart().cudaError_t(int(code)).name
-    except Exception:
-        return _ERROR_NAMES.get(int(code), f"cudaError({int(code)})")
-
-
-def _ready(status, call: str) -> bool:
-    """A query's returned status: 0 → True, cudaErrorNotReady → False, anything else raised by name."""
-    code = int(status)
-    if code == 0:
-        return True
-    if code == _NOT_READY:
-        return False
-    from ..errors import CudaError
-
-    raise CudaError(_error_name(code), call, f"returned status {code}")
-
-
-def _checked(call: str, res):
-    """A ``cuda.bindings`` result ``(err, *values)``: raises CudaError unless ``err`` is success;
-    returns the one value (or the tuple of values, or None)."""
-    err = res[0] if isinstance(res, tuple) else res
-    code = int(err)
-    if code != 0:
-        from ..errors import CudaError
-
-        raise CudaError(_error_name(code), call, f"status {code}")
-    rest = res[1:] if isinstance(res, tuple) else ()
-    return rest[0] if len(rest) == 1 else (rest or None)
-
-
-def _node_type(cudart, node) -> str | None:
-    """``cudaGraphNodeGetType`` of ``node`` as a ds4lab node kind; None for a NULL node."""
-    if node is None or int(node) == 0:
-        return None
-    try:
-        t = _checked("cudaGraphNodeGetType", cudart.cudaGraphNodeGetType(node))
-    except Exception as e:  # the reason still names the result; say why the type is missing
-        return f"unknown ({type(e).__name__})"
-    return _NODE_TYPES.get(int(t), f"cudaGraphNodeType({int(t)})")
-
-
-class _cuda_errors:
-    """Context manager: CuPy's ``CUDARuntimeError`` / ``CUDADriverError`` → :class:`ds4lab.errors.CudaError`
-    (the runtime-API name, driver names mapped by :func:`cuda_error_name`)."""
-
-    def __init__(self, call: str) -> None:
-        self.call = call
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, typ, exc, tb):
-        if exc is None or typ.__name__ not in ("CUDARuntimeError", "CUDADriverError"):
-            return False
-        from ..errors import CudaError
-
-        raise CudaError(cuda_error_name(str(exc), getattr(exc, "status", None)), self.call, str(exc)) from None
-
-
-class CupyGraph:
-    """A captured CUDA graph (``cudaGraph_t``), destroyed with the object."""
-
-    _KINDS = {"KERNEL": "kernel", "MEMSET": "memset", "MEMCPY": "memcpy", "EVENT_RECORD": "event_record",
-              "WAIT_EVENT": "wait_event", "MEM_ALLOC": "mem_alloc", "MEM_FREE": "mem_free", "EMPTY": "empty",
-              "HOST": "host", "EVENT": "event_record", "WAIT": "wait_event"}
-
-    def __init__(self, cp, handle: int) -> None:
-        self.cp, self.handle = cp, handle
-        self.destroyed = False
-        self.last_node = None  # the last node added by ds4lab (graphs from cudaGraphCreate)
-
-    def destroy(self) -> None:
-        """``cudaGraphDestroy`` now; raises CudaError on failure (a second call does nothing)."""
-        if self.destroyed:
-            return
-        with _cuda_errors("cudaGraphDestroy"):
-            self.cp.cuda.runtime.graphDestroy(self.handle)
-        self.destroyed = True
-
-    def dot(self) -> str:
-        """The graph as Graphviz text (``cudaGraphDebugDotPrint``, verbose)."""
-        import os
-        import tempfile
-
-        fd, path = tempfile.mkstemp(suffix=".dot")
-        os.close(fd)
-        try:
-            self.cp.cuda.runtime.graphDebugDotPrint(self.handle, path, 1 << 0)
-            with open(path) as f:
-                return f.read()
-        finally:
-            os.unlink(path)
-
-    def nodes(self, known_kernels=()) -> list[dict]:
-        """Node kinds (and kernel names among ``known_kernels``), parsed from the DOT dump."""
-        out = []
-        for label in re.findall(r'label="((?:[^"\\]|\\.)*)"', self.dot()):
-            m = re.search(r"[A-Z][A-Z_]{2,}", label)
-            if not m:
-                continue
-            kind = self._KINDS.get(m.group(0), m.group(0).lower())
-            name = next((k for k in known_kernels if re.search(rf"\b{k}\b", label)), "") if kind == "kernel" else ""
-            out.append({"kind": kind, "name": name})
-        return out
-
-    def __del__(self):
-        if self.destroyed:
-            return
-        try:
-            self.cp.cuda.runtime.graphDestroy(self.handle)
-        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
-            pass
-
-
-class CupyGraphExec:
-    """An instantiated graph (``cudaGraphExec_t``), destroyed with the object."""
-
-    def __init__(self, cp, handle: int, graph: CupyGraph) -> None:
-        self.cp, self.handle, self.graph = cp, handle, graph
-        self.destroyed = False
-
-    def destroy(self) -> None:
-        """``cudaGraphExecDestroy`` now; raises CudaError on failure (a second call does nothing)."""
-        if self.destroyed:
-            return
-        with _cuda_errors("cudaGraphExecDestroy"):
-            self.cp.cuda.runtime.graphExecDestroy(self.handle)
-        self.destroyed = True
-
-    def __del__(self):
-        if self.destroyed:
-            return
-        try:
-            self.cp.cuda.runtime.graphExecDestroy(self.handle)
-        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
-            pass
 
 
 def _stream_launcher(raw) -> Callable:

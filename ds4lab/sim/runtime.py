@@ -118,9 +118,14 @@ RULES: dict[str, Rule] = {
         "returns cudaErrorInvalidValue (measured)"),
     "stream_query_invalidated": Rule(
         "cudaStreamQuery of a stream whose capture is invalidated (not yet ended)", "raises",
-        "cudaErrorStreamCaptureInvalidated", "none",
-        "PG 'Invalidation': further use of the stream is invalid and returns cudaErrorStreamCaptureInvalidated "
-        "until the capture is ended. GUESS for cudaStreamQuery"),
+        "cudaErrorStreamCaptureUnsupported", "none",
+        "facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): cudaStreamQuery on an invalidated capture returns cudaErrorStreamCaptureUnsupported (900), as on an "
+        "active one (the Programming Guide's 'Invalidation' would suggest cudaErrorStreamCaptureInvalidated)"),
+    "graph_launch_invalidated": Rule(
+        "cudaGraphLaunch or cudaGraphUpload into a stream whose capture is invalidated (not yet ended)", "raises",
+        "cudaErrorStreamCaptureUnsupported", "none",
+        "facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): a graph launch into an invalidated capture returns cudaErrorStreamCaptureUnsupported (900), not "
+        "cudaErrorStreamCaptureInvalidated"),
     "stream_sync_capturing": Rule(
         "cudaStreamSynchronize of a capturing stream", "raises", "cudaErrorStreamCaptureUnsupported",
         "the capture", "PG 'Prohibited and Unhandled Operations': invalid to synchronize a capturing stream"),
@@ -214,11 +219,11 @@ RULES: dict[str, Rule] = {
         "cudaFreeAsync / cudaFree, outside the graph, of an allocation a launched graph made", "frees", None,
         "-", "PG 'Graph Memory Nodes' → 'Accessing and freeing graph memory outside of the allocating graph'"),
     "instantiate_mem_nodes_twice": Rule(
-        "cudaGraphInstantiate of a graph with memory allocation/free nodes while an executable of that graph "
-        "exists", "raises", "cudaErrorNotSupported", "none",
+        "cudaGraphInstantiate of a graph with an allocation node that the graph does not free, while an "
+        "executable of that graph exists", "raises", "cudaErrorNotSupported", "none",
         "RT cudaGraphInstantiateWithFlags: 'at most one executable graph in existence for that graph at a "
-        "time ... an attempt to instantiate a second ... will result in an error'; facts (2026-11-30): "
-        "cudaErrorNotSupported"),
+        "time'; facts (2026-11-30): an unfreed cudaMallocAsync node → cudaErrorNotSupported; facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): a graph that "
+        "frees its allocation instantiates a second time (ok)"),
     "instantiate_bad_flags": Rule(
         "cudaGraphInstantiateWithFlags with unknown flag bits, with cudaGraphInstantiateFlagUpload (only "
         "cudaGraphInstantiateWithParams takes it), or with DeviceLaunch together with AutoFreeOnLaunch",
@@ -258,10 +263,10 @@ RULES: dict[str, Rule] = {
         "changes refused (UnsupportedFunctionChange): owning context, CDP, device-side update/launch, "
         "cooperative; none applies to ds4lab's kernels"),
     "update_mem_nodes": Rule(
-        "cudaGraphExecUpdate of an executable with memory allocation/free nodes", "raises",
-        "cudaErrorGraphExecUpdateFailure", "none",
-        "RT cudaGraphExecNodeSetParams: memory allocation and free nodes 'API unsupported'. GUESS: whole-graph "
-        "update reports cudaGraphExecUpdateErrorNotSupported on the first such node"),
+        "cudaGraphExecUpdate of an executable with memory allocation/free nodes, from a graph of the same "
+        "topology", "updates", None, "-",
+        "facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): the whole-graph update succeeds (RT cudaGraphExecNodeSetParams calls single-node updates of "
+        "memory nodes unsupported; the whole-graph update pairs them unchanged)"),
     "update_ok": Rule(
         "cudaGraphExecUpdate with a topologically identical graph", "updates", None, "-",
         "RT cudaGraphExecUpdate; PG 'Updating instantiated graphs' → 'Whole graph update': the executable takes "
@@ -269,12 +274,12 @@ RULES: dict[str, Rule] = {
     "child_graph": Rule(
         "cudaGraphAddChildGraphNode", "node", None, "-",
         "RT cudaGraphAddChildGraphNode: the child graph is cloned into the node; it runs as part of the parent. "
-        "Refused (cudaErrorInvalidValue) when the child contains memory allocation or free nodes"),
+        "Refused (cudaErrorNotSupported) when the child contains memory allocation or free nodes"),
     "child_graph_mem_nodes": Rule(
         "cudaGraphAddChildGraphNode with a child graph containing memory allocation or free nodes", "raises",
-        "cudaErrorInvalidValue", "none",
+        "cudaErrorNotSupported", "none",
         "RT cudaGraphAddChildGraphNode: 'If childGraph contains allocation nodes, free nodes, or conditional "
-        "nodes, this call will return an error'. GUESS: the error name"),
+        "nodes, this call will return an error'; facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): cudaErrorNotSupported"),
     "event_record_external": Rule(
         "cudaEventRecordWithFlags(cudaEventRecordExternal) on a capturing stream", "node", None, "-",
         "RT cudaEventRecordWithFlags: the event is captured as an event record node (PG 'Cross-stream "
@@ -885,7 +890,7 @@ class Runtime:
                 if bad or not g.nodes:
                     self._fail("instantiate_device_launch", call, (),
                                f"node kinds {sorted(set(bad))}" if bad else "empty graph")
-            if g.has_mem_nodes and g.execs:
+            if g.execs and self._unfreed_allocs(g.nodes):
                 self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
                                                                     "executable")
             self.dev.host(self.cal.host_api_us)
@@ -921,7 +926,7 @@ class Runtime:
     def graph_add_child(self, g: Graph, child: Graph) -> None:
         """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
 
-        Raises cudaErrorInvalidValue for a child with memory allocation or free nodes.
+        Raises cudaErrorNotSupported for a child with memory allocation or free nodes.
         """
         call = "cudaGraphAddChildGraphNode"
         with self.lock:
@@ -944,8 +949,6 @@ class Runtime:
                 return "update_topology", "cudaGraphExecUpdateErrorTopologyChanged", b
             if a.kind != b.kind:
                 return "update_node_type", "cudaGraphExecUpdateErrorNodeTypeChanged", b
-            if b.kind in ("mem_alloc", "mem_free"):
-                return "update_mem_nodes", "cudaGraphExecUpdateErrorNotSupported", b
             if b.kind == "graph":
                 sub = Runtime._update_check(a.info.nodes, b.info.nodes)
                 if sub is not None:
@@ -993,8 +996,7 @@ class Runtime:
         if seq is None:
             return False
         if seq.status != "active":
-            self._on_invalidated(seq, call, f"graph {ge.graph.id}")
-            return True
+            self._fail("graph_launch_invalidated", call, (), f"capture {seq.id} was invalidated by {seq.why}")
         self._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
         return True
 
