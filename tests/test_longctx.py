@@ -87,3 +87,171 @@ def test_long_context_config_errors_name_the_value(override, needle):
 def test_compress_ratio_layer_out_of_range():
     with pytest.raises(ConfigError, match="layer=3"):
         get_preset("tiny", long_context=True).compress_ratio(3)
+
+
+# ----------------------------------------------------------------------------- references
+from ds4lab import longctx_reference as LR  # noqa: E402
+from ds4lab import reference as R  # noqa: E402
+
+
+def test_emit_boundaries_and_rows():
+    assert [LR.is_emit(p, 4) for p in range(8)] == [False, False, False, True] * 2
+    assert LR.is_emit(127, 128) and not LR.is_emit(128, 128) and LR.is_emit(255, 128)
+    assert [LR.comp_count(p, 4) for p in (0, 2, 3, 4, 7)] == [0, 0, 1, 1, 2]
+    assert LR.comp_count(65535, 128) == 512 and LR.comp_row(65535, 128) == 511
+    assert [LR.state_slot(p, 4) for p in (0, 3, 5)] == [4, 7, 5]
+    assert LR.state_slot(130, 128) == 2
+
+
+def test_store_adds_ape_of_the_slot():
+    kv = np.zeros((8, 4), np.float32)
+    sc = np.full((8, 4), -5.0, np.float32)
+    ape = np.arange(16, dtype=np.float32).reshape(4, 4)
+    nkv, nsc = LR.compressor_store(kv, sc, np.ones(4), np.full(4, 10.0), ape, pos=6, ratio=4)
+    assert np.array_equal(nkv[6], np.ones(4)) and np.array_equal(nsc[6], 10.0 + ape[2])
+    assert np.array_equal(np.delete(nsc, 6, axis=0), np.delete(sc, 6, axis=0))
+    assert np.all(sc == -5.0)  # inputs untouched
+
+
+def test_pool_ratio128_equal_scores_is_the_mean():
+    rng = np.random.default_rng(1)
+    kv = rng.standard_normal((128, 8)).astype(np.float32)
+    out = LR.compressor_pool(kv, np.zeros((128, 8), np.float32), 8, 128)
+    np.testing.assert_allclose(out, kv.astype(np.float64).mean(axis=0), rtol=1e-6, atol=1e-7)
+
+
+def test_pool_ratio4_reads_previous_lane0_and_current_lane1():
+    D = 2
+    kv = np.arange(8 * 2 * D, dtype=np.float32).reshape(8, 2 * D)
+    sc = np.full((8, 2 * D), -50.0, np.float32)
+    sc[1, 0] = 0.0   # previous block, lane 0, dim 0: wins dim 0
+    sc[6, D + 1] = 0.0  # current block, lane 1, dim 1: wins dim 1
+    sc[6, 0] = 100.0  # current block lane 0 is never read
+    out = LR.compressor_pool(kv, sc, D, 4)
+    np.testing.assert_allclose(out, [kv[1, 0], kv[6, D + 1]], rtol=1e-12)
+    # two equal winners: their mean
+    sc[5, D + 1] = 0.0
+    np.testing.assert_allclose(LR.compressor_pool(kv, sc, D, 4)[1], (kv[6, D + 1] + kv[5, D + 1]) / 2, rtol=1e-6)
+
+
+def test_pool_empty_state_is_zero():
+    out = LR.compressor_pool(np.ones((128, 4)), np.full((128, 4), LR.NEG_INF), 4, 128)
+    assert np.array_equal(out, np.zeros(4, np.float32))
+
+
+def test_emit_row_at_first_block_is_the_normed_pool():
+    pooled = np.array([3.0, -4.0, 0.0, 0.0], np.float32)  # rms = 2.5
+    w = np.array([1.0, 2.0, 1.0, 1.0], np.float32)
+    row = LR.compressor_emit_row(pooled, w, pos=3, ratio=4, rope_dims=2, theta=160000.0, eps=0.0)
+    np.testing.assert_allclose(row, [1.2, -3.2, 0.0, 0.0], rtol=1e-6)  # RoPE at position 0: identity
+    with pytest.raises(ValueError, match="position 4"):
+        LR.compressor_emit_row(pooled, w, pos=4, ratio=4, rope_dims=2, theta=1e4, eps=0.0)
+
+
+def test_emit_row_rotates_at_block_start():
+    pooled = np.array([1.0, 1.0, 1.0, 0.0], np.float32)
+    w = np.ones(4, np.float32)
+    row = LR.compressor_emit_row(pooled, w, pos=7, ratio=4, rope_dims=2, theta=160000.0, eps=0.0)
+    n = R.rms_norm(pooled[None], w, 0.0)[0]
+    c, s = np.cos(4.0), np.sin(4.0)  # position 7 + 1 - 4 = 4, frequency 1 for the first pair
+    np.testing.assert_allclose(row, [n[0], n[1], n[2] * c, n[2] * s], rtol=1e-5, atol=1e-6)
+
+
+def test_shift_and_decode_sequence():
+    rng = np.random.default_rng(2)
+    D, ratio = 4, 4
+    kv = rng.standard_normal((8, 2 * D)).astype(np.float32)
+    sc = rng.standard_normal((8, 2 * D)).astype(np.float32)
+    ape = rng.standard_normal((4, 2 * D)).astype(np.float32)
+    w = np.ones(D, np.float32)
+    rows = []
+    for pos in range(8, 16):
+        kv, sc, row = LR.compressor_decode(kv, sc, rng.standard_normal(2 * D), rng.standard_normal(2 * D), ape, w,
+                                           pos, ratio, D, 2, 160000.0, 1e-6)
+        rows.append(row)
+        if LR.is_emit(pos, ratio):
+            assert np.array_equal(kv[:4], kv[4:8]) and np.array_equal(sc[:4], sc[4:8])
+    assert [r is not None for r in rows] == [False, False, False, True] * 2
+
+
+def test_indexer_scores_by_hand():
+    q = np.array([[1.0, 0.0], [0.0, 1.0]])
+    w = np.array([2.0, 3.0])
+    keys = np.array([[1.0, -1.0], [2.0, 2.0]])
+    np.testing.assert_allclose(LR.indexer_scores(q, w, keys, 0.5), [1.0, 5.0])
+
+
+def test_topk_select_order_and_ties():
+    s = np.array([0.5, 2.0, 2.0, -1.0, 3.0], np.float32)
+    assert LR.topk_select(s, 3).tolist() == [4, 1, 2]
+    with pytest.raises(ValueError, match="top-k 6"):
+        LR.topk_select(s, 6)
+
+
+@pytest.mark.parametrize("n,regime", [(0, "all"), (8, "all"), (9, "sort2k"), (16, "sort2k"), (17, "sort4k"),
+                                      (32, "sort4k"), (33, "sort8k"), (64, "sort8k"), (65, "sort16k"),
+                                      (128, "sort16k"), (129, "chunked")])
+def test_topk_regime_boundaries(n, regime):
+    assert LR.topk_regime(n, 8) == regime
+
+
+def test_topk_regime_ds4_thresholds():
+    assert [LR.topk_regime(n, 512) for n in (512, 1024, 1025, 2048, 4096, 8192, 8193)] == [
+        "all", "sort2k", "sort4k", "sort4k", "sort8k", "sort16k", "chunked"]
+
+
+def test_topk_plan_chunked_tree():
+    steps, words = LR.topk_plan(129, 8)
+    assert [(s.kernel, s.blocks) for s in steps] == [("indexer_topk_chunk", 3), ("indexer_topk_merge", 1)]
+    assert words == 24
+    steps, words = LR.topk_plan(64 * 9 + 1, 8)  # 10 chunks: one tree level of 2 blocks, then the final merge
+    assert [(s.kernel, s.blocks, s.sets) for s in steps] == [
+        ("indexer_topk_chunk", 10, 0), ("indexer_topk_merge", 2, 10), ("indexer_topk_merge", 1, 2)]
+    assert words == 80 + 16 and steps[1].dst_off == 80 and steps[2].src_off == 80
+    assert LR.topk_plan(8, 8) == ([], 0)
+    assert LR.topk_plan(100, 8)[0][0].sort_n == 64  # sort16k streams with an 8 x k sort
+
+
+@pytest.mark.parametrize("n", [129, 577, 1000, 64 * 64 + 3])
+def test_chunk_and_merge_equal_the_plain_topk(n):
+    rng = np.random.default_rng(n)
+    k = 8
+    s = rng.standard_normal(n).astype(np.float32)
+    steps, words = LR.topk_plan(n, k)
+    scratch = np.full(words, -7, np.int32)
+    sel = None
+    for st in steps:
+        if st.kernel == "indexer_topk_chunk":
+            scratch[: st.blocks * k] = LR.topk_candidates(s, n, k, st.sort_n).reshape(-1)
+        else:
+            src = scratch[st.src_off: st.src_off + st.sets * k].reshape(st.sets, k)
+            outs = [LR.topk_merge(s, src[b * 8:(b + 1) * 8], k) for b in range(st.blocks)]
+            if st.dst_off < 0:
+                sel = outs[0]
+            else:
+                scratch[st.dst_off: st.dst_off + st.blocks * k] = np.concatenate(outs)
+    assert sel.tolist() == LR.topk_select(s, k).tolist()
+
+
+def test_attention_comp_without_rows_is_window_attention():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    cache = rng.standard_normal((8, 64)).astype(np.float32)
+    comp = rng.standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_allclose(LR.attention_comp(q, cache, 20, 8, comp, []), R.attention_decode(q, cache, 20, 8),
+                               rtol=1e-6)
+    # a compressed row equal to a window row counts twice: same as a window with that row doubled
+    comp[2] = cache[20 % 8]
+    full = LR.attention_comp(q, cache, 20, 8, comp, [2])
+    kv = np.concatenate([cache[[(p % 8) for p in range(13, 21)]], cache[[20 % 8]]]).astype(np.float64)
+    s = q.astype(np.float64) @ kv.T / 8.0
+    p = np.exp(s - s.max(1, keepdims=True))
+    np.testing.assert_allclose(full, (p / p.sum(1, keepdims=True)) @ kv, rtol=1e-5)
+
+
+def test_attended_rows():
+    assert LR.attended_rows(30, 4, 8).tolist() == list(range(7))
+    assert LR.attended_rows(1023, 128, 8).tolist() == list(range(8))
+    with pytest.raises(ValueError, match="position 40"):
+        LR.attended_rows(40, 4, 8)
+    assert LR.attended_rows(40, 4, 8, selected=np.arange(20, 0, -1)).tolist() == list(range(20, 12, -1))
