@@ -153,9 +153,10 @@ extern "C" __global__ void indexer_score(const float* __restrict__ q, const floa
 }
 
 // Keys of the top-k sort: the score's bits in an order-preserving unsigned form, then the
-// complemented row index (ties go to the lower index); 0 marks an empty slot.
+// complemented row index (ties go to the lower index); 0 marks an empty slot. -0.0 counts as
+// +0.0 (equal scores, as the reference compares them).
 __device__ __forceinline__ unsigned long long lc_key(float v, int idx) {
-    u32 u = __float_as_uint(v);
+    u32 u = v == 0.0f ? 0u : __float_as_uint(v);
     u32 o = (u & 0x80000000u) ? ~u : (u ^ 0x80000000u);
     return ((unsigned long long)o << 32) | (unsigned long long)(0xffffffffu - (u32)idx);
 }
