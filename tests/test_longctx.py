@@ -255,3 +255,161 @@ def test_attended_rows():
     with pytest.raises(ValueError, match="position 40"):
         LR.attended_rows(40, 4, 8)
     assert LR.attended_rows(40, 4, 8, selected=np.arange(20, 0, -1)).tolist() == list(range(20, 12, -1))
+
+
+# ----------------------------------------------------------------------------- the token (numpy, sim)
+from ds4lab import stream as S  # noqa: E402
+from ds4lab.backends.numpy_backend import NumpyBackend  # noqa: E402
+from ds4lab.capture import GraphCache  # noqa: E402
+from ds4lab.model import DecodeModel, TokenOptions  # noqa: E402
+from ds4lab.sim import SimBackend  # noqa: E402
+
+LONG = get_preset("tiny", long_context=True, n_layers=4)  # layers 0, 1 raw; 2 ratio 4; 3 ratio 128
+#: Positions crossing ratio-4 emits, every top-k regime, ratio-128 emits (127, 255, 4095).
+LONG_SEQ = [(3, 7), (64, 8), (66, 9), (67, 10), (127, 11), (255, 12), (300, 13), (600, 14), (3000, 15),
+            (4095, 16)]
+
+
+def lc_state(m: DecodeModel) -> list[np.ndarray]:
+    out = [m.hidden()] + [m.be.to_host(c) for c in m.cache]
+    for bufs in m.lc.layers:
+        out += [m.be.to_host(b) for b in (bufs or {}).values()]
+    return [np.array(a, copy=True) for a in out]
+
+
+def test_off_by_default_no_long_context_buffers():
+    m = DecodeModel(get_preset("tiny"), NumpyBackend())
+    assert m.lc is None and m.compressed_ratios() == []
+    assert m.longctx_decisions(100) == ()
+
+
+def test_long_context_token_sim_equals_numpy():
+    sim = DecodeModel(LONG, SimBackend(seed=LONG.seed), TokenOptions(vocab=True))
+    ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(vocab=True))
+    for pos, tok in LONG_SEQ:
+        sim.token(pos, tok)
+        ref.token(pos, tok)
+        assert all(np.array_equal(a, b) for a, b in zip(lc_state(sim), lc_state(ref))), pos
+        assert np.isfinite(ref.hidden()).all()
+    assert sim.L.census.counts == ref.L.census.counts
+
+
+def census_of(m: DecodeModel, pos: int, tok: int = 3):
+    m.L.census.reset()
+    m.token(pos, tok)
+    return m.L.census
+
+
+@pytest.mark.parametrize("pos,extra", [
+    (64, 4 + 2 + 4 + 1),            # no emit; compressors 2 + 2 (ratio 4), 2 (ratio 128); indexer 4 + 1 top-k
+    (3, 4 + 8 + 2),                 # both ratio-4 compressors emit (+4 each); every row attended: no indexer
+    (67, 4 + 8 + 2 + 4 + 1),        # emit, sort4k
+    (127, 4 + 8 + 2 + 3 + 4 + 1),   # both ratios emit (ratio 128: pool, norm, rotate-store; no shift)
+    (600, 4 + 2 + 4 + 2),           # chunked: chunk + final merge
+    (3000, 4 + 2 + 4 + 3),          # chunked with one tree level
+])
+def test_census_by_position(pos, extra):
+    m = DecodeModel(LONG, NumpyBackend(seed=LONG.seed))
+    base = DecodeModel(LONG.replace(long_context=False), NumpyBackend(seed=LONG.seed))
+    assert census_of(m, pos).total() == census_of(base, pos).total() + extra
+
+
+def test_emit_launch_sites_only_on_emit_tokens():
+    m = DecodeModel(LONG, NumpyBackend(seed=LONG.seed))
+    sites = lambda c: {s for (_, k, s) in c.counts}  # noqa: E731
+    assert "comp_pool" not in sites(census_of(m, 64)) and "comp_shift" in sites(census_of(m, 67))
+    assert "index_topk_chunk" in sites(census_of(m, 600)) and "index_score" not in sites(census_of(m, 3))
+
+
+def test_model_wiring_matches_composed_references():
+    """Layer 2 alone (ratio 4) at an emit token past top-k rows: the state, the emitted rows, the
+    indexer's scores and selection equal the references composed by hand from the model's buffers."""
+    cfg = LONG
+    m = DecodeModel(cfg, NumpyBackend(seed=cfg.seed), n_layers=3)
+    lc, w = m.lc, m.layers[2]
+    pos = 4 * 40 + 3
+    before = {k: v.copy() for k, v in lc.layers[2].items()}
+    m.token(pos, 9)
+    D, Di = cfg.head_dim, cfg.index_head_dim
+    for lane, dim, kvsc, rows in (("comp", D, lc.kvsc, "comp"), ("index", Di, lc.ikvsc, "index")):
+        pre = "comp" if lane == "comp" else "index_comp"
+        kv, sc, row = LR.compressor_decode(before[f"{lane}_state_kv"], before[f"{lane}_state_score"],
+                                           kvsc[: 2 * dim], kvsc[2 * dim: 4 * dim], w[f"{pre}_ape"], w[f"{pre}_norm"],
+                                           pos, 4, dim, cfg.rope_dims, cfg.compress_rope_theta, cfg.rms_eps)
+        assert np.array_equal(lc.layers[2][f"{lane}_state_kv"], kv)
+        np.testing.assert_allclose(lc.layers[2][f"{lane}_state_score"], sc, rtol=1e-6)
+        np.testing.assert_allclose(lc.layers[2][rows][pos // 4], row, rtol=1e-5, atol=1e-6)
+        other = np.delete(np.arange(before[rows].shape[0]), pos // 4)
+        assert np.array_equal(lc.layers[2][rows][other], before[rows][other])
+    n = LR.comp_count(pos, 4)
+    q = lc.iq.reshape(cfg.index_heads, Di)
+    scores = LR.indexer_scores(q, lc.iw, lc.layers[2]["index"][:n], 1 / np.sqrt(Di * cfg.index_heads))
+    np.testing.assert_allclose(lc.scores[:n], scores, rtol=1e-6)
+    assert lc.sel.tolist() == LR.topk_select(lc.scores[:n], cfg.index_top_k).tolist()
+
+
+def test_reset_state_refills_long_context_caches():
+    m = DecodeModel(LONG, NumpyBackend(seed=LONG.seed))
+    fresh = lc_state(m)[1:]
+    m.token(67, 3)
+    assert not all(np.array_equal(a, b) for a, b in zip(lc_state(m)[1:], fresh))
+    m.reset_state()
+    assert all(np.array_equal(a, b) for a, b in zip(lc_state(m)[1:], fresh))
+
+
+def test_position_past_max_context_is_refused():
+    m = DecodeModel(LONG, NumpyBackend(seed=LONG.seed))
+    with pytest.raises(ValueError, match="max_context=4096"):
+        m.token(4096, 1)
+
+
+def test_memory_bytes_counts_the_compressed_caches():
+    m = DecodeModel(LONG, NumpyBackend(seed=LONG.seed))
+    assert m.memory_bytes()["caches"] == W.cache_bytes(LONG)
+    assert W.cache_bytes(LONG) > W.cache_bytes(LONG.replace(long_context=False))
+
+
+def test_ds4_flash_long_context_timing_only_token_at_131071():
+    """ds4-flash with long context on the timing-only sim: a token at 131 071 (both ratios emit,
+    chunked top-k) and one at 65 536 issue their launches; the caches are sized, not computed."""
+    cfg = get_preset("ds4-flash", long_context=True)
+    be = SimBackend(timing_only=True)
+    m = DecodeModel(cfg, be, TokenOptions(scalars="device"))
+    counts = {p: census_of(m, p).total() for p in (65536, 131071)}
+    assert counts[131071] > counts[65536] > 1121
+    assert ("indexer", "kernel", "index_topk_chunk") in m.L.census.counts
+
+
+@pytest.fixture
+def graphs_on():
+    was, prev = S.graphs_enabled(), S.capture_get_override()
+    S.set_graphs_enabled(True)
+    yield
+    S.set_graphs_enabled(was)
+    S.capture_set_stream(prev)
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_whole_token_graph_guard_across_emits_and_regimes(graphs_on, guard):
+    """Stage 3 (one graph per token shape, device scalars) from 60 to 70: emits at 63 and 67, the
+    top-k regime changes at 65. The guard re-asks the long-context decisions before each replay
+    and recaptures on a change: every token exact. Without it the graph captured on a non-emit
+    token is replayed across an emit: wrong."""
+    opts = TokenOptions(scalars="device", counts_clear="async")
+    be = SimBackend(seed=LONG.seed)
+    m = DecodeModel(LONG, be, opts)
+    ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), opts)
+    m.executor = GraphCache(be, {"token"}, guard=guard)
+    s = be.new_stream(non_blocking=True)
+    exact = []
+    with S.stream_override(s):
+        for pos in range(60, 71):
+            m.token(pos, pos)
+            be.synchronize()
+            ref.token(pos, pos)
+            exact.append(all(np.array_equal(a, b) for a, b in zip(lc_state(m), lc_state(ref))))
+    st = m.executor.stats
+    if guard:
+        assert all(exact) and st.recaptures >= 3 and st.replays >= 1
+    else:
+        assert not all(exact) and st.recaptures == 0
