@@ -28,6 +28,7 @@ from .reference import max_tiles
 COUNTS_CLEAR = ("sync", "async")
 SCALARS = ("value", "device")
 SCRATCH = ("on-demand", "prealloc")
+LONGCTX = ("host", "device")
 #: ds4's MoE profile stages, between 7 events (context file, "The routed MoE kernel sequence").
 MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 
@@ -47,6 +48,13 @@ class TokenOptions:
         moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
         moe_host_timed, legacy_sites, sync_in_body: ds4-today code paths that break capture,
             re-introduced by the hazard demonstrations (``ds4lab ladder --hazard``).
+        longctx: who makes the long-context launch decisions (``cfg.long_context`` only).
+            ``"host"`` (ds4 today): emit or not and the top-k regime chosen from the position
+            every token, so the launch list changes with it (host decisions a graph freezes).
+            ``"device"`` (stage ``3c``): one launch list for every position: the emit kernels
+            always launched (they exit at once off an emit token), the indexer always run with
+            the worst-case top-k plan for ``max_context`` (blocks past n_comp exit or write
+            nothing), the attention choosing selected or all rows from n_comp on the device.
     """
 
     counts_clear: str = "sync"
@@ -62,9 +70,11 @@ class TokenOptions:
     #: End the token body with a device synchronize (ds4's cudaDeviceSynchronize inside what
     #: stage 3 captures: a capture hazard).
     sync_in_body: bool = False
+    longctx: str = "host"
 
     def __post_init__(self):
-        for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH)):
+        for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH),
+                               ("longctx", LONGCTX)):
             v = getattr(self, field)
             if v not in allowed:
                 raise ValueError(f"TokenOptions.{field}={v!r}; choose one of: {', '.join(allowed)}")
@@ -477,6 +487,12 @@ class DecodeModel:
         The top-k scratch's growth shows in the buffer generation (the graph key), not here.
         """
         cfg, d = self.cfg, []
+        if self.opts.longctx == "device":
+            # One launch list for every position: nothing position-dependent is chosen on the host.
+            d.append(("longctx.launch", "device"))
+            if by_value:
+                d.append(("longctx.position", pos))  # by value, every kernel would see a stale position
+            return tuple(d)
         for ratio in self.compressed_ratios():
             n = LR.comp_count(pos, ratio)
             d.append((f"compressor.emit.r{ratio}", LR.is_emit(pos, ratio)))
@@ -543,7 +559,9 @@ class DecodeModel:
         width = (2 if ratio == 4 else 1) * D
         ops.q8_matvec(L, f"{pre}_kvgate", w[f"{pre}_kvgate"], self.x, kvsc)
         ops.comp_store(L, f"{pre}_store", kvsc, w[f"{pre}_ape"], skv, ssc, width, ratio, ts)
-        if LR.is_emit(ts.pos, ratio):
+        # Stage 3c launches the emit kernels on every token: the rotate-store and the shift exit
+        # at once off an emit position; pool and norm only write scratch.
+        if self.opts.longctx == "device" or LR.is_emit(ts.pos, ratio):
             ops.comp_pool(L, f"{pre}_pool", skv, ssc, pooled, D, ratio)
             ops.rms_norm_rows(L, f"{pre}_norm", pooled, w[f"{pre}_norm"], normed, 1, D, cfg.rms_eps)
             ops.comp_rope_store(L, f"{pre}_rope_store", normed, rows, D, ratio, cfg, ts)
@@ -555,7 +573,8 @@ class DecodeModel:
         compressed rows, in ds4's order (ds4.c, the compressed branch of the decode layer).
 
         Host decisions from the position (``longctx_decisions``): emit or not, the top-k regime
-        and its launch plan; the kernels read the position itself from the token's scalars.
+        and its launch plan; the kernels read the position itself from the token's scalars. With
+        ``longctx="device"`` (stage 3c) the launch list is the same at every position.
         """
         cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
         bufs = lc.layers[layer]
@@ -565,36 +584,48 @@ class DecodeModel:
             if ratio == 4:
                 self._compressor(layer, ratio, ts, "index")
         n = LR.comp_count(ts.pos, ratio)
-        use_sel = ratio == 4 and LR.topk_regime(n, k) != "all"
+        device = self.opts.longctx == "device"
+        # Host: the regime from this position's n_comp. Device (3c): the plan for the largest
+        # n_comp max_context allows, every block reading n_comp from the position on the device.
+        n_plan = cfg.comp_capacity(ratio) if device else n
+        use_sel = ratio == 4 and LR.topk_regime(n_plan, k) != "all"
         if use_sel:
-            steps, words = LR.topk_plan(n, k)
-            with L.cluster("indexer"):
-                H, Di = cfg.index_heads, cfg.index_head_dim
-                ops.q8_matvec(L, "index_q", w["index_q_b"], self.qan, lc.iq)
-                ops.rope_heads(L, "index_q_rope", lc.iq, H, Di, cfg, ts, cfg.compress_rope_theta)
-                ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
-                # The score grid covers the regime's largest n_comp (rows past n_comp exit), so
-                # it changes only with the regime, not every 4 tokens.
-                regime = LR.topk_regime(n, k)
-                bound = (-(-n // (8 * k)) * 8 * k if regime == "chunked"
-                         else {"sort2k": 2, "sort4k": 4, "sort8k": 8, "sort16k": 16}[regime] * k)
-                ops.indexer_score(L, "index_score", lc.iq, lc.iw, bufs["index"], lc.scores,
-                                  ops.cdiv(bound, ops.INDEX_ROWS), cfg, ratio, ts)
-                scratch = lc.topk.ensure(words) if words else None
-                for st in steps:
-                    if st.kernel == "indexer_topk":
-                        ops.indexer_topk(L, "index_topk", lc.scores, lc.sel, st.sort_n, cfg, ratio, ts)
-                    elif st.kernel == "indexer_topk_chunk":
-                        ops.indexer_topk_chunk(L, "index_topk_chunk", lc.scores, scratch, st.blocks, st.sort_n, cfg,
-                                               ratio, ts)
-                    else:
-                        final = st.dst_off < 0
-                        ops.indexer_topk_merge(L, "index_topk_merge", lc.scores, scratch, st.src_off,
-                                               lc.sel if final else scratch, 0 if final else st.dst_off,
-                                               st.blocks, st.sets, st.sort_n, cfg)
+            self._indexer(layer, ratio, n_plan, ts)
+        mode = ("device" if device else True) if use_sel else False
         with L.cluster("attention"):
             ops.attention_comp(L, "attention", self.q, self.cache[layer], bufs["comp"], lc.sel if use_sel else None,
-                               self.o, cfg, ratio, use_sel, ts, n_rows=min(n, k) if use_sel else n)
+                               self.o, cfg, ratio, mode, ts, n_rows=min(n, k) if use_sel else n)
+
+    def _indexer(self, layer: int, ratio: int, n_plan: int, ts) -> None:
+        """The indexer of a ratio-4 layer: query, its RoPE, head weights, scores, top-k (ds4.c
+        ``indexer_allowed_decode_one``), with the top-k launches planned for ``n_plan`` rows."""
+        cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
+        k = cfg.index_top_k
+        steps, words = LR.topk_plan(n_plan, k)
+        regime = LR.topk_regime(n_plan, k)
+        # The score grid covers the regime's largest n_comp (blocks past n_comp exit), so it
+        # changes with the regime, not every 4 tokens.
+        bound = (min(-(-n_plan // (8 * k)) * 8 * k, cfg.comp_capacity(ratio)) if regime == "chunked"
+                 else {"sort2k": 2, "sort4k": 4, "sort8k": 8, "sort16k": 16}[regime] * k)
+        with L.cluster("indexer"):
+            H, Di = cfg.index_heads, cfg.index_head_dim
+            ops.q8_matvec(L, "index_q", w["index_q_b"], self.qan, lc.iq)
+            ops.rope_heads(L, "index_q_rope", lc.iq, H, Di, cfg, ts, cfg.compress_rope_theta)
+            ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
+            ops.indexer_score(L, "index_score", lc.iq, lc.iw, lc.layers[layer]["index"], lc.scores,
+                              ops.cdiv(bound, ops.INDEX_ROWS), cfg, ratio, ts)
+            scratch = lc.topk.ensure(words) if words else None
+            for st in steps:
+                if st.kernel == "indexer_topk":
+                    ops.indexer_topk(L, "index_topk", lc.scores, lc.sel, st.sort_n, cfg, ratio, ts)
+                elif st.kernel == "indexer_topk_chunk":
+                    ops.indexer_topk_chunk(L, "index_topk_chunk", lc.scores, scratch, st.blocks, st.sort_n, cfg,
+                                           ratio, ts)
+                else:
+                    final = st.dst_off < 0
+                    ops.indexer_topk_merge(L, "index_topk_merge", lc.scores, scratch, st.src_off,
+                                           lc.sel if final else scratch, 0 if final else st.dst_off,
+                                           st.blocks, st.sets, st.sort_n, cfg)
 
     def _shared(self, layer: int, y) -> None:
         cfg, L, w = self.cfg, self.L, self.layers[layer]

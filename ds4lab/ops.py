@@ -554,22 +554,27 @@ def indexer_topk_merge(L, site, scores, cand, in_off: int, out, out_off: int, bl
              nbytes=4 * (2 * n_sets * k + blocks * k))
 
 
-def attention_comp(L, site, q, cache, comp, sel, o, cfg: ModelConfig, ratio: int, use_sel: bool,
+def attention_comp(L, site, q, cache, comp, sel, o, cfg: ModelConfig, ratio: int, use_sel,
                    ts: TokenScalars, n_rows: int):
     """Attention of all heads over the raw window plus compressed rows (ds4.c
     ``layer_attention_mixed_one``, without sinks): the first ``index_top_k`` entries of ``sel``
-    when ``use_sel`` (ratio 4 past top-k rows), else rows ``0 .. n_comp - 1``. ``n_rows``: the
-    compressed rows the host expects (bytes estimate only)."""
+    when ``use_sel`` is True (ratio 4 past top-k rows), rows ``0 .. n_comp - 1`` when False, and
+    with ``use_sel="device"`` (stage 3c) the kernel picks ``sel`` exactly when n_comp > top-k.
+    ``n_rows``: the compressed rows the host expects (bytes estimate only)."""
     k = cfg.index_top_k
+    if use_sel not in (True, False, "device"):
+        raise ValueError(f"attention_comp: use_sel={use_sel!r}; choose True, False or 'device'")
+    flag = 2 if use_sel == "device" else int(bool(use_sel))
 
     def ref():
         pos, _, _, _ = ts.resolve()
         n = LR.comp_count(pos, ratio)
-        rows = np.asarray(sel)[: min(k, n)] if use_sel else np.arange(n)
+        on = flag == 1 or (flag == 2 and n > k)
+        rows = np.asarray(sel)[: min(k, n)] if on else np.arange(n)
         o[...] = LR.attention_comp(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), cache, pos, cfg.window,
                                    comp, rows).reshape(o.shape)
 
     L.kernel(site, "attention_comp", (cfg.n_heads,), (256,),
              (q, cache, comp, NULL if sel is None else sel, o, i32(cfg.head_dim), i32(cfg.window), i32(ratio),
-              i32(k), i32(1 if use_sel else 0)) + ts.args(), ref,
+              i32(k), i32(flag)) + ts.args(), ref,
              nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window + n_rows))

@@ -228,6 +228,10 @@ extern "C" __global__ void indexer_topk_chunk(const float* __restrict__ scores, 
     const int n_comp = lc_n_comp(t.pos, ratio);
     const int e0 = blockIdx.x * chunk;
     const int n = max(0, min(chunk, n_comp - e0));
+    if (n == 0) {  // a chunk past n_comp (worst-case grid): no candidates, no sort
+        for (int i = threadIdx.x; i < top_k; i += blockDim.x) cand[(size_t)blockIdx.x * top_k + i] = -1;
+        return;
+    }
     lc_topk_block(scores, nullptr, e0, n, top_k, chunk, cand + (size_t)blockIdx.x * top_k);
 }
 
@@ -246,9 +250,9 @@ extern "C" __global__ void indexer_topk_merge(const float* __restrict__ scores, 
 
 // ------------------------------------------------------------------------------ attention
 // Decode attention over the raw window (the n_valid newest rows of the ring buffer cache [W, D],
-// ending at kv_row) plus compressed rows of comp [rows, D]: with use_sel, the first
-// min(top_k, n_comp) entries of sel (row indices); else rows 0 .. n_comp - 1, where n_comp =
-// (pos + 1) / ratio. q, o [H, D]; keys = values; scale 1/sqrt(D). grid = H, block = 256.
+// ending at kv_row) plus compressed rows of comp [rows, D]: with use_sel 1, the first
+// min(top_k, n_comp) entries of sel (row indices); with 0, rows 0 .. n_comp - 1, where n_comp =
+// (pos + 1) / ratio; with 2 (the device decides), sel exactly when n_comp > top_k. q, o [H, D]; keys = values; scale 1/sqrt(D). grid = H, block = 256.
 // Each warp keeps an online softmax (running max, sum, output) over its rows; the 8 warps are
 // combined in warp order (deterministic). No length limit.
 extern "C" __global__ void attention_comp(const float* __restrict__ q, const float* __restrict__ cache,
@@ -260,7 +264,8 @@ extern "C" __global__ void attention_comp(const float* __restrict__ q, const flo
     __shared__ float wm[LC_WARPS], wz[LC_WARPS];
     const int n_raw = t.n_valid;
     const int n_comp = lc_n_comp(t.pos, ratio);
-    const int n_c = use_sel ? min(top_k, n_comp) : n_comp;
+    const bool sel_on = use_sel == 1 || (use_sel == 2 && n_comp > top_k);
+    const int n_c = sel_on ? min(top_k, n_comp) : n_comp;
     const int n = n_raw + n_c;
     const float* qh = q + (size_t)blockIdx.x * D;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -280,7 +285,7 @@ extern "C" __global__ void attention_comp(const float* __restrict__ q, const flo
             if (row < 0) row += W;
             src = cache + (size_t)row * D;
         } else {
-            const int r = use_sel ? sel[j - n_raw] : j - n_raw;
+            const int r = sel_on ? sel[j - n_raw] : j - n_raw;
             src = comp + (size_t)r * D;
         }
         const float2* kv = reinterpret_cast<const float2*>(src);

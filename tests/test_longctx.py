@@ -413,3 +413,63 @@ def test_whole_token_graph_guard_across_emits_and_regimes(graphs_on, guard):
         assert all(exact) and st.recaptures >= 3 and st.replays >= 1
     else:
         assert not all(exact) and st.recaptures == 0
+
+
+# ----------------------------------------------------------------------------- stage 3c: device-side decisions
+def test_device_decisions_same_numbers_one_launch_list():
+    host = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scalars="device"))
+    dev = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scalars="device", longctx="device"))
+    totals, decisions = set(), set()
+    for pos, tok in LONG_SEQ:
+        host.token(pos, tok)
+        dev.L.census.reset()
+        dev.token(pos, tok)
+        totals.add(dev.L.census.total())
+        decisions.add(dev.host_decisions("token", -1, 1, dev._scalars_no_write(pos, tok)))
+        assert all(np.array_equal(a, b) for a, b in zip(lc_state(dev), lc_state(host))), pos
+    assert len(totals) == 1 and len(decisions) == 1
+    # every emit launch site and the worst-case chunked top-k on every token
+    sites = {s for (_, k, s) in dev.L.census.counts}
+    assert {"comp_pool", "comp_shift", "index_comp_rope_store", "index_topk_chunk", "index_topk_merge"} <= sites
+
+
+def test_stage3c_one_graph_for_every_position(graphs_on):
+    """Stage 3c on the sim: the whole token captured once and replayed across emits of both ratios,
+    top-k regime changes and the chunked path, exact against eager host-decision tokens."""
+    be = SimBackend(seed=LONG.seed)
+    m = DecodeModel(LONG, be, TokenOptions(scalars="device", counts_clear="async", longctx="device"))
+    ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scalars="device"))
+    m.executor = GraphCache(be, {"token"})
+    s = be.new_stream(non_blocking=True)
+    positions = list(range(60, 70)) + [127, 128, 255, 600, 3000, 4095]
+    with S.stream_override(s):
+        for pos in positions:
+            m.token(pos, pos % LONG.vocab)
+            be.synchronize()
+            ref.token(pos, pos % LONG.vocab)
+            assert all(np.array_equal(a, b) for a, b in zip(lc_state(m), lc_state(ref))), pos
+    st = m.executor.stats
+    assert st.captures == 1 and st.recaptures == 0 and st.replays == len(positions) - 1  # all but the warm-up
+    assert be.escapes == []
+
+
+def test_topk_scratch_grows_on_demand_with_n_comp():
+    """Host decisions with on-demand scratch: the chunked top-k's scratch is a fresh allocation
+    whenever more chunks are needed (ds4's grow-on-demand allocator), bumping the buffer generation."""
+    m = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scratch="on-demand"))
+    assert m.lc.topk.allocations == 0
+    m.token(600, 1)  # 150 rows: 3 chunks
+    gen, allocs = m.generation, m.lc.topk.allocations
+    assert allocs == 1
+    m.token(601, 1)
+    assert m.lc.topk.allocations == allocs
+    m.token(3000, 1)  # 750 rows: 12 chunks and a tree level
+    assert m.lc.topk.allocations == allocs + 1 and m.generation > gen
+    pre = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scratch="prealloc"))
+    pre.token(3000, 1)
+    assert pre.lc.topk.allocations == 1
+
+
+def test_longctx_option_checked():
+    with pytest.raises(ValueError, match="TokenOptions.longctx='both'"):
+        TokenOptions(longctx="both")

@@ -186,15 +186,17 @@ def test_indexer_topk_chunked(both, rng, k, n_comp):
 # ----------------------------------------------------------------------------- attention
 @pytest.mark.parametrize("cfg", [FLASH, CFG], ids=["ds4-flash", "small"])
 @pytest.mark.parametrize("ratio,pos,use_sel", [(4, 50, False), (4, 2000, False), (4, 65535, True),
+                                               (4, 50, "device"), (4, 65535, "device"),
                                                (128, 100, False), (128, 131071, False)])
 @pytest.mark.parametrize("device", [False, True])
 def test_attention_comp(both, rng, cfg, ratio, pos, use_sel, device):
-    if use_sel and LR.comp_count(pos, ratio) <= cfg.index_top_k:
+    if use_sel is True and LR.comp_count(pos, ratio) <= cfg.index_top_k:
         pytest.skip("fewer rows than top-k")
     n = LR.comp_count(pos, ratio)
     k = cfg.index_top_k
     H, D = cfg.n_heads, cfg.head_dim
-    sel = rng.permutation(n)[:k].astype(np.int32)
+    sel = np.full(k, -1, np.int32)  # (-1 past n_comp, as the top-k writes it: never read)
+    sel[: min(n, k)] = rng.permutation(n)[:k]
     bufs = {"q": f32(rng, H, D), "cache": f32(rng, cfg.window, D), "comp": f32(rng, max(n, 1), D),
             "sel": sel, "o": ((H, D), np.float32)}
     g, r = both.run(lambda L, b, ts: ops.attention_comp(L, "a", b["q"], b["cache"], b["comp"],
@@ -205,11 +207,12 @@ def test_attention_comp(both, rng, cfg, ratio, pos, use_sel, device):
 
 
 # ----------------------------------------------------------------------------- the token
-@pytest.mark.parametrize("scalars", ["value", "device"])
-def test_long_context_token_matches_reference(cupy_backend, numpy_backend, scalars):
-    """Tiny with 4 layers (ratio 4 and 128): tokens across emits and every top-k regime."""
+@pytest.mark.parametrize("scalars,longctx", [("value", "host"), ("device", "host"), ("device", "device")])
+def test_long_context_token_matches_reference(cupy_backend, numpy_backend, scalars, longctx):
+    """Tiny with 4 layers (ratio 4 and 128): tokens across emits and every top-k regime, with the
+    launch decisions on the host (ds4) and on the device (stage 3c)."""
     cfg = get_preset("tiny", long_context=True, n_layers=4)
-    opts = TokenOptions(scalars=scalars, vocab=True)
+    opts = TokenOptions(scalars=scalars, vocab=True, longctx=longctx)
     tokens = [(3, 7), (66, 8), (67, 9), (127, 10), (300, 11), (600, 12), (3000, 13), (4095, 14)]
     g = DecodeModel(cfg, cupy_backend, opts)
     r = DecodeModel(cfg, numpy_backend, opts)
@@ -231,3 +234,28 @@ def test_long_context_flash_partial_token(cupy_backend, numpy_backend):
     for m in (g, r):
         m.token(65535, 77)
     assert rel(g.hidden(), r.hidden()) < 1e-4
+
+
+def test_indexer_topk_chunk_worst_case_grid(both, rng):
+    """Stage 3c's worst-case grid: chunks past n_comp write -1 candidates without sorting, and the
+    merges ignore them."""
+    cfg = FLASH
+    k, cap = cfg.index_top_k, cfg.comp_capacity(4)
+    steps, words = LR.topk_plan(cap, k)
+    n_comp = 5000
+    s = f32(rng, cap)
+
+    def fn(L, b, ts):
+        for st in steps:
+            if st.kernel == "indexer_topk_chunk":
+                ops.indexer_topk_chunk(L, "c", b["scores"], b["scratch"], st.blocks, st.sort_n, cfg, 4, ts)
+            else:
+                final = st.dst_off < 0
+                ops.indexer_topk_merge(L, "m", b["scores"], b["scratch"], st.src_off,
+                                       b["sel"] if final else b["scratch"], 0 if final else st.dst_off,
+                                       st.blocks, st.sets, st.sort_n, cfg)
+
+    g, r = both.run(fn, {"scores": s, "scratch": ((words,), np.int32), "sel": ((k,), np.int32)},
+                    (4 * n_comp, cfg, True))
+    assert np.array_equal(g["scratch"], r["scratch"])
+    assert g["sel"].tolist() == LR.topk_select(s[:n_comp], k).tolist()

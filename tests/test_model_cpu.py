@@ -417,7 +417,7 @@ def test_token_options_accept_all_valid():
                 o = TokenOptions(counts_clear=cc, scalars=sc, scratch=sp, vocab=True)
                 assert o.summary() == {"counts_clear": cc, "scalars": sc, "scratch": sp,
                                        "vocab": True, "moe_profile": False, "moe_host_timed": False,
-                                       "legacy_sites": (), "sync_in_body": False}
+                                       "legacy_sites": (), "sync_in_body": False, "longctx": "host"}
 
 
 # ----------------------------------------------------------------------------- memory check
