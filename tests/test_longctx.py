@@ -473,3 +473,25 @@ def test_topk_scratch_grows_on_demand_with_n_comp():
 def test_longctx_option_checked():
     with pytest.raises(ValueError, match="TokenOptions.longctx='both'"):
         TokenOptions(longctx="both")
+
+
+def test_graph_cache_keyed_by_decisions_keeps_one_graph_per_shape(graphs_on):
+    """Stage 3 with host decisions and ``key_decisions``: emit and non-emit tokens (and each
+    top-k regime) keep their own graph; no recapture; every token exact."""
+    opts = TokenOptions(scalars="device", counts_clear="async")
+    be = SimBackend(seed=LONG.seed)
+    m = DecodeModel(LONG, be, opts)
+    ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), opts)
+    m.executor = GraphCache(be, {"token"}, key_decisions=True)
+    s = be.new_stream(non_blocking=True)
+    shapes = set()
+    with S.stream_override(s):
+        for pos in range(56, 80):
+            shapes.add(m.longctx_decisions(pos, by_value=False))
+            m.token(pos, pos)
+            be.synchronize()
+            ref.token(pos, pos)
+            assert all(np.array_equal(a, b) for a, b in zip(lc_state(m), lc_state(ref))), pos
+    st = m.executor.stats
+    assert st.recaptures == 0 and st.retirements == 0
+    assert st.captures == len(shapes) == 4  # {emit, no emit} x {sort2k, sort4k}
