@@ -54,6 +54,12 @@ def main(argv=None) -> int:
     print(f"{cfg.name} long context on {be.name}: weights {mem['weights'] / 2**30:.2f} GiB, caches "
           f"{mem['caches'] / 2**30:.2f} GiB (max_context {cfg.max_context}), built in {build_s:.1f} s", flush=True)
     rows, failed = [], False
+    check = []
+    if a.check_layers:
+        from ds4lab.backends.numpy_backend import NumpyBackend
+
+        # Built once: both decode the same positions in the same order, so their states agree.
+        check = [DecodeModel(cfg, b, opts, n_layers=a.check_layers) for b in (be, NumpyBackend(seed=cfg.seed))]
     for p0 in positions:
         us, launches = [], []
         for i in range(a.tokens):
@@ -69,17 +75,15 @@ def main(argv=None) -> int:
         row = {"position": p0, "tokens": a.tokens - 1, "us_median": round(statistics.median(us), 1) if us else None,
                "launches": " ".join(f"{p}:{n}" for p, n in launches),
                "decisions": repr(m.longctx_decisions(p0, by_value=a.scalars == "value"))}
-        if a.check_layers:
-            from ds4lab.backends.numpy_backend import NumpyBackend
-
+        if check:
+            t = time.perf_counter()
             hs = []
-            for b in (be, NumpyBackend(seed=cfg.seed)):
-                mm = DecodeModel(cfg, b, opts, n_layers=a.check_layers)
+            for mm in check:
                 mm.token(p0, p0 % cfg.vocab)
                 hs.append(np.asarray(mm.hidden(), np.float64))
-                del mm
             err = float(np.linalg.norm(hs[0] - hs[1]) / np.linalg.norm(hs[1]))
-            row.update(check_layers=a.check_layers, hidden_rel_err=err, check_ok=bool(np.isfinite(err) and err < 1e-4))
+            row.update(check_layers=a.check_layers, hidden_rel_err=err, check_ok=bool(np.isfinite(err) and err < 1e-4),
+                       check_s=round(time.perf_counter() - t, 1))
             failed |= not row["check_ok"]
         rows.append(row)
         print(json.dumps(row), flush=True)
