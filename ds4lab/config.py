@@ -252,6 +252,9 @@ class ModelConfig:
         if 8 * k > TOPK_SORT_MAX:
             raise ConfigError(f"{self.name}: index_top_k={k}: 8 x top-k = {8 * k} keys exceed the "
                               f"{TOPK_SORT_MAX} one block sorts in shared memory")
+        if self.index_heads % 2:
+            raise ConfigError(f"{self.name}: index_heads={self.index_heads} is odd (the Q8_0 matvec of the "
+                              "indexer's head weights computes rows in pairs)")
         if self.index_head_dim % 32:
             raise ConfigError(f"{self.name}: index_head_dim={self.index_head_dim} is not a multiple of 32 "
                               "(one warp per indexer key row)")

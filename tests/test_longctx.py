@@ -75,6 +75,7 @@ def test_cache_layout_and_bytes():
     ({"index_top_k": 1024}, "index_top_k=1024"),
     ({"index_head_dim": 48}, "index_head_dim=48"),
     ({"rope_dims": 48}, "rope_dims=48"),
+    ({"index_heads": 3}, "index_heads=3"),
     ({"compress_rope_theta": 0.0}, "compress_rope_theta"),
     ({"long_context": 1}, "long_context=1"),
 ])
