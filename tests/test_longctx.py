@@ -496,3 +496,32 @@ def test_graph_cache_keyed_by_decisions_keeps_one_graph_per_shape(graphs_on):
     st = m.executor.stats
     assert st.recaptures == 0 and st.retirements == 0
     assert st.captures == len(shapes) == 4  # {emit, no emit} x {sort2k, sort4k}
+
+
+# ----------------------------------------------------------------------------- the ladder across context
+def test_context_ladder_on_sim(tmp_path):
+    import pandas as pd
+
+    from ds4lab.context import run_context
+
+    df = run_context("sim", "tiny", contexts=[128, 600], span=8, tokens=6, warmup=2, out=tmp_path)
+    assert list(df.stage) == ["0", "2", "3", "3c"] * 2 and list(df.context) == [128] * 4 + [600] * 4
+    assert df.exact.all() and (df.first_mismatch == "").all()
+    last = df[df.context == 600].set_index("stage")
+    assert last.loc["3c", "graphs"] == 1 and last.loc["3c", "recaptures"] == 0
+    assert last.loc["3", "graphs"] >= 2  # one per token shape seen so far
+    assert last.loc["0", "graph_launches"] == 0 and last.loc["3c", "kernel_launches"] == 0
+    for f in ("context.csv", "meta.json", "context.png", "context.svg", "context.pdf"):
+        assert (tmp_path / f).is_file(), f
+    csv = pd.read_csv(tmp_path / "context.csv")
+    assert {"stage", "context", "us_median", "us_p25", "us_p75", "exact", "first_mismatch", "graphs",
+            "recaptures"} <= set(csv.columns)
+
+
+@pytest.mark.parametrize("kw,needle", [(dict(stages="0,4"), "4"), (dict(contexts="12,x"), "'x'"),
+                                       (dict(contexts=[2]), "context 2"), (dict(span=0), "span=0")])
+def test_context_ladder_input_errors(tmp_path, kw, needle):
+    from ds4lab.context import ContextInputError, run_context
+
+    with pytest.raises(ContextInputError, match=needle):
+        run_context("sim", "tiny", out=tmp_path, **kw)

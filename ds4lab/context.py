@@ -1,0 +1,239 @@
+"""The stage ladder across context length: long-context decode, stages ``0``, ``2``, ``3``, ``3c``.
+
+At each context (a start position), every stage decodes the same tokens of a model with
+``long_context`` on (docs/model.md, "Long context"):
+
+* **exactness** against stage 0 over a span of ``span`` tokens from ``context - 4``: with a
+  context that is a multiple of 128 the span holds position ``context - 1`` (both compressors
+  emit) and ``context + 3`` (where n_comp of a ratio-4 layer crosses ``m * top_k`` when the
+  context is ``4 * m * top_k``: a top-k regime boundary). Every token's hidden state, logits,
+  raw windows and compressed caches are compared bit for bit;
+* **µs per token** over ``tokens`` tokens from the context (median, IQR; events on the stage's
+  stream, a device synchronize after each token as ds4 does), kernel and graph launches per token,
+  and the graph cache's counts so far (graphs captured, recaptures, retirements).
+
+Stages: ``0`` eager on the legacy stream; ``2`` shared-expert and routed-MoE clusters captured;
+``3`` the whole token captured with the host making the long-context decisions, one graph per
+token shape (the graph cache keyed by the host decisions: emit or not per ratio, top-k regime and
+plan); ``3c`` the whole token captured once with the decisions made on the device
+(``TokenOptions.longctx="device"``), valid at every position.
+
+The model's ``max_context`` is set to the smallest multiple of 128 past the last position
+decoded (the caches' prefill rows do not depend on their size; stage 3c's worst-case top-k plan
+does). Writes ``context.csv`` (one row per stage and context), ``meta.json`` and
+``context.png/.svg/.pdf``. The command line (``ds4lab context``) is wired elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import provenance
+from . import stream as S
+from .capture import GraphCache
+from .config import get_preset
+from .ladder import STAGES, Stage, StageRun, first_difference, make_backends, time_stage, token_id_at
+from .model import DecodeModel, TokenOptions
+from .timing import Stats
+
+CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
+DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
+
+STAGE_3C = Stage(
+    "3c", "one graph", "the whole token captured once; emit, top-k regime and attention length decided on the "
+    "device (emit kernels exit off an emit token, worst-case top-k grids, rows past n_comp skipped)",
+    capture=("token",),
+    options=dict(counts_clear="async", scratch="prealloc", moe_profile=False, scalars="device", longctx="device"),
+    fixes=STAGES["3"].fixes)
+CONTEXT_STAGES: dict[str, Stage] = {"0": STAGES["0"], "2": STAGES["2"], "3": STAGES["3"], "3c": STAGE_3C}
+
+
+class ContextInputError(ValueError):
+    """A request that cannot run (unknown stage, a context past what the model allows); nothing ran."""
+
+
+def parse_contexts(text: str) -> list[int]:
+    """``"1024,4096"`` → ``[1024, 4096]``. Raises :class:`ContextInputError` naming a bad value."""
+    out = []
+    for t in (t.strip() for t in str(text).split(",")):
+        if not t:
+            continue
+        try:
+            v = int(t)
+        except ValueError:
+            raise ContextInputError(f"context {t!r} is not an integer") from None
+        if v < 4:
+            raise ContextInputError(f"context {v} must be at least 4 (the exactness span starts at context - 4)")
+        out.append(v)
+    if not out:
+        raise ContextInputError(f"no context in {text!r}")
+    return out
+
+
+def parse_context_stages(text: str) -> list[Stage]:
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    bad = [n for n in names if n not in CONTEXT_STAGES]
+    if bad or not names:
+        raise ContextInputError(f"unknown stage(s) {', '.join(bad) or repr(text)}; choose from: "
+                                f"{', '.join(CONTEXT_STAGES)}")
+    return [CONTEXT_STAGES[n] for n in dict.fromkeys(names)]
+
+
+def _stage_run(model: DecodeModel, stage: Stage, base: TokenOptions, mode: str) -> StageRun:
+    run = StageRun(model, stage, base, mode=mode)
+    if stage.name == "3":  # one graph per token shape: the host decisions join the cache key
+        run.cache = GraphCache(model.be, stage.capture, mode=mode, key_decisions=True)
+    return run
+
+
+def state_record(run: StageRun, start: int, k: int) -> list[dict]:
+    """From the prefilled state, ``k`` tokens from ``start`` with ``run``'s stage; after each: hidden
+    state, logits, raw windows, compressor states, and the compressed and indexer rows that a token
+    of ``start - 128 .. start + k`` writes (a stale row index lands there; host copies: the whole
+    caches of ds4-flash would be gigabytes per token)."""
+    be, m = run.be, run.model
+    run.activate()
+    m.reset_state()
+    windows = {}
+    for layer, bufs in enumerate(m.lc.layers):
+        ratio = m.cfg.compress_ratio(layer)
+        if bufs:
+            lo = max(0, (start - 128) // ratio)
+            windows[layer] = slice(lo, min(m.cfg.comp_capacity(ratio), (start + k) // ratio + 2))
+    out = []
+    for i in range(k):
+        pos = start + i
+        run.token(pos, token_id_at(pos, m.cfg.vocab))
+        be.synchronize()
+        rec = {"hidden": m.hidden().copy(), "logits": None if m.logits is None else m.output_logits().copy()}
+        for layer, c in enumerate(m.cache):
+            rec[f"kv_cache[{layer}]"] = be.to_host(c).copy()
+        for layer, bufs in enumerate(m.lc.layers):
+            for name, b in (bufs or {}).items():
+                rows = windows[layer] if name in ("comp", "index") else slice(None)
+                rec[f"kv_cache[{layer}].{name}"] = np.array(be.to_host(b[rows]), copy=True)
+        out.append(rec)
+    return out
+
+
+def run_context(backend: str = "auto", preset: str | None = None, stages: str = "0,2,3,3c",
+                contexts=DEFAULT_CONTEXTS, span: int = 8, tokens: int = 64, warmup: int = 4,
+                out: Path | None = None, mode: str = "thread_local", console=None):
+    """Run the ladder at each context; returns the rows as a DataFrame (see the module docstring).
+
+    Raises:
+        ContextInputError: unknown stage, bad context, span < 1 or tokens < 1 (before anything runs).
+        ValueError: a stage not bit-identical to stage 0 at some context (after writing everything).
+    """
+    import pandas as pd
+
+    from . import plots
+    from .progress import make_console
+
+    con = console or make_console()
+    st_list = parse_context_stages(stages)
+    ctx = parse_contexts(",".join(map(str, contexts)) if not isinstance(contexts, str) else contexts)
+    if span < 1 or tokens < 1 or warmup < 0:
+        raise ContextInputError(f"span={span}, tokens={tokens} and warmup={warmup} must be positive")
+    be, be_exact = make_backends(backend)
+    preset = preset or ("ds4-flash" if be.is_gpu else "small")
+    last = max(max(c - 4 + span, c + warmup + tokens) for c in ctx)
+    max_context = -(-(last + 1) // 128) * 128
+    cfg = get_preset(preset, long_context=True, max_context=max_context)
+    out = Path(out or f"results/context-{preset}-{be.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = provenance.base_meta(be)
+    modeled = bool(getattr(be, "models_time", False))
+    meta.update(job="context", preset=cfg.summary(), stages=[s.name for s in st_list], contexts=ctx, span=span,
+                tokens=tokens, warmup=warmup, capture_mode=mode, modeled=modeled)
+    if modeled:
+        meta["calibration"] = str(getattr(be, "calibration", {}).get("name", "?"))
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    try:
+        base = TokenOptions(vocab=True)
+        model = DecodeModel(cfg, be, base)
+        runs = [_stage_run(model, st, base, mode) for st in st_list]
+        can_check = be_exact is not None and (be_exact.is_gpu or preset != "ds4-flash")
+        if can_check and be_exact is not be:
+            model_x = DecodeModel(cfg, be_exact, base)
+            runs_x = [_stage_run(model_x, st, base, mode) for st in st_list]
+        else:
+            model_x, runs_x = model, runs
+        rows = []
+        for c in ctx:
+            exact = {st.name: ("n/a", "") for st in st_list}
+            if can_check and span:
+                start = c - 4
+                ref = state_record(_stage_run(model_x, STAGES["0"], base, mode), start, span)
+                for rx in runs_x:
+                    diff = first_difference_all(ref, state_record(rx, start, span))
+                    exact[rx.stage.name] = (diff is None, diff or "")
+            model.reset_state()
+            for run in runs:
+                run.activate()
+                t = time_stage(run, c, tokens, warmup)
+                us = Stats.of(t["us_samples"])
+                st = run.cache.stats.as_dict() if run.cache else {}
+                rows.append({
+                    "stage": run.stage.name, "context": c, "us_median": us.median, "us_p25": us.p25,
+                    "us_p75": us.p75, "n": us.n, "host_us_median": Stats.of(t["host_samples"]).median,
+                    "kernel_launches": t["kernel_launches"], "graph_launches": t["graph_launches"],
+                    "exact": exact[run.stage.name][0], "first_mismatch": exact[run.stage.name][1],
+                    "graphs": st.get("captures", 0), "recaptures": st.get("recaptures", 0),
+                    "retirements": st.get("retirements", 0), "replays": st.get("replays", 0),
+                    "failures": ";".join(f"{k}={v}" for k, v in st.get("failures", {}).items()),
+                    "decisions": repr(model.longctx_decisions(c, by_value=False)),
+                    "backend": be.name, "preset": preset, "modeled": modeled})
+                r = rows[-1]
+                con.print(f"context {c:>7} stage {r['stage']:3s} {r['us_median']:10.1f} µs/token "
+                          f"(IQR {r['us_p25']:.1f}–{r['us_p75']:.1f}) exact={r['exact']} "
+                          f"{r['kernel_launches']:.0f} kernels + {r['graph_launches']:.0f} graphs, "
+                          f"graphs so far {r['graphs']}")
+            pd.DataFrame(rows).to_csv(out / "context.csv", index=False)
+        df = pd.DataFrame(rows)
+        meta["status"] = "complete"
+        provenance.write_json(out / "meta.json", meta)
+        plots.save(context_figure(df, meta), out / "context")
+    finally:
+        S.set_graphs_enabled(was)
+    bad = df[df.exact == False]  # noqa: E712
+    if len(bad):
+        raise ValueError("not bit-identical to stage 0: " + "; ".join(
+            f"stage {r.stage} at context {r.context}: {r.first_mismatch}" for r in bad.itertuples()))
+    return df
+
+
+def first_difference_all(ref: list[dict], got: list[dict]) -> str | None:
+    """:func:`ds4lab.ladder.first_difference` over every recorded tensor, long-context caches included."""
+    for t, (a, b) in enumerate(zip(ref, got)):
+        for n in a:
+            x, y = a[n], b.get(n)
+            if x is None and y is None:
+                continue
+            if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint8), y.view(np.uint8)):
+                return f"token {t}: {n}"
+    return first_difference(ref, got)
+
+
+def context_figure(df, meta: dict):
+    """µs per token against context (log scale), one line per stage, IQR as a band."""
+    import matplotlib.pyplot as plt
+
+    from .plots import COLORS, STYLE, provenance_title
+
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(8.0, 4.4))
+        for i, (stage, g) in enumerate(df.groupby("stage", sort=False)):
+            g = g.sort_values("context")
+            col = COLORS[i % len(COLORS)]
+            ax.plot(g.context, g.us_median, marker="o", color=col, label=f"stage {stage}")
+            ax.fill_between(g.context, g.us_p25, g.us_p75, color=col, alpha=0.15, linewidth=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (start position)")
+        ax.set_ylabel("µs per token (median, IQR)")
+        ax.set_title(provenance_title(meta, "long-context decode: µs per token by stage"))
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    return fig
