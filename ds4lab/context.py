@@ -108,10 +108,9 @@ def state_record(run: StageRun, start: int, k: int) -> list[dict]:
         run.token(pos, token_id_at(pos, m.cfg.vocab))
         be.synchronize()
         rec = {"hidden": m.hidden().copy(), "logits": None if m.logits is None else m.output_logits().copy()}
-        for layer, c in enumerate(m.cache):
+        for layer, c in enumerate(m.cache):  # layer by layer: the raw window, then the compressed caches
             rec[f"kv_cache[{layer}]"] = be.to_host(c).copy()
-        for layer, bufs in enumerate(m.lc.layers):
-            for name, b in (bufs or {}).items():
+            for name, b in (m.lc.layers[layer] or {}).items():
                 rows = windows[layer] if name in ("comp", "index") else slice(None)
                 rec[f"kv_cache[{layer}].{name}"] = np.array(be.to_host(b[rows]), copy=True)
         out.append(rec)
@@ -209,8 +208,8 @@ def run_context(backend: str = "auto", preset: str | None = None, stages: str = 
 def first_difference_all(ref: list[dict], got: list[dict]) -> str | None:
     """:func:`ds4lab.ladder.first_difference` over every recorded tensor, long-context caches included."""
     for t, (a, b) in enumerate(zip(ref, got)):
-        for n in a:
-            x, y = a[n], b.get(n)
+        for n in [n for n in a if n.startswith("kv_cache")] + ["hidden", "logits"]:  # caches first, as the ladder
+            x, y = a.get(n), b.get(n)
             if x is None and y is None:
                 continue
             if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint8), y.view(np.uint8)):

@@ -525,3 +525,33 @@ def test_context_ladder_input_errors(tmp_path, kw, needle):
 
     with pytest.raises(ContextInputError, match=needle):
         run_context("sim", "tiny", out=tmp_path, **kw)
+
+
+# ----------------------------------------------------------------------------- long-context hazards
+from ds4lab.longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx  # noqa: E402
+
+HAZARD_OUTCOMES = {  # (capture mode, hazard) → outcome, first differing tensor (prefix)
+    ("thread_local", "compressor-emit"): ("captured, replays wrong", "token 3: kv_cache[2].comp"),
+    ("thread_local", "indexer-regime"): ("captured, replays wrong", "token 8: kv_cache[3]"),
+    ("thread_local", "comp-row-by-value"): ("captured, replays wrong", "token 2: kv_cache[2].comp_state"),
+    ("thread_local", "topk-alloc"): ("refused → eager fallback", ""),
+    ("relaxed", "topk-alloc"): ("captured, exact", ""),
+}
+
+
+@pytest.mark.parametrize("mode,name", sorted(HAZARD_OUTCOMES))
+def test_longctx_hazards_on_sim(mode, name):
+    cfg = get_preset("tiny", n_layers=4)
+    r = demonstrate_longctx(name, SimBackend(seed=cfg.seed), cfg, mode=mode)
+    outcome, first = HAZARD_OUTCOMES[(mode, name)]
+    assert r["outcome"] == outcome and r["first_mismatch"].startswith(first), r
+    assert r["exact"] == (first == "")
+    if name == "topk-alloc" and mode == "thread_local":
+        assert r["errors"] == "cudaErrorStreamCaptureUnsupported=1"
+    assert r["exact_3c"] and r["graphs_3c"] == 1  # stage 3c: one graph, exact
+    assert r["expected"] == LONGCTX_HAZARDS[name].expected(mode)
+
+
+def test_longctx_hazard_unknown_name():
+    with pytest.raises(ValueError, match="'nope'.*compressor-emit"):
+        demonstrate_longctx("nope", SimBackend(), get_preset("tiny"))

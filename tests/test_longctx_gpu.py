@@ -259,3 +259,17 @@ def test_indexer_topk_chunk_worst_case_grid(both, rng):
                     (4 * n_comp, cfg, True))
     assert np.array_equal(g["scratch"], r["scratch"])
     assert g["sel"].tolist() == LR.topk_select(s[:n_comp], k).tolist()
+
+
+# ----------------------------------------------------------------------------- hazards: GPU and sim agree
+@pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
+@pytest.mark.parametrize("name", ["compressor-emit", "indexer-regime", "comp-row-by-value", "topk-alloc"])
+def test_longctx_hazard_same_on_gpu_and_sim(cupy_backend, name, mode):
+    from ds4lab.longctx_hazards import demonstrate_longctx
+    from ds4lab.sim import SimBackend
+
+    cfg = get_preset("tiny", n_layers=4)
+    g = demonstrate_longctx(name, cupy_backend, cfg, mode=mode)
+    s = demonstrate_longctx(name, SimBackend(seed=cfg.seed), cfg, mode=mode)
+    for k in ("outcome", "errors", "exact", "first_mismatch", "exact_3c", "graphs_3c"):
+        assert g[k] == s[k], (k, g[k], s[k])
