@@ -185,9 +185,14 @@ __device__ void lc_sort_desc(unsigned long long* keys, int sort_n) {
 // The top_k of n items (item e: (scores[e0 + e], e0 + e), or, with cand, (scores[cand[e]],
 // cand[e]) where cand[e] >= 0), best first, into out[0 .. top_k): the kept top_k slots plus the
 // next sort_n - top_k items are sorted until every item has been seen. -1 where fewer exist.
+// When n fits one sort, the sort is only as wide as needed (a power of two, at least top_k).
 __device__ void lc_topk_block(const float* __restrict__ scores, const int* __restrict__ cand, int e0, int n,
                               int top_k, int sort_n, int* __restrict__ out) {
     __shared__ unsigned long long keys[LC_SORT_MAX];
+    if (n <= sort_n) {
+        const int p2 = n <= 1 ? 1 : 1 << (32 - __clz(n - 1));
+        sort_n = max(top_k, p2);
+    }
     int seen = 0, keep = 0;
     do {
         const int take = sort_n - keep;
@@ -244,6 +249,14 @@ extern "C" __global__ void indexer_topk_merge(const float* __restrict__ scores, 
                                               int sort_n) {
     const int s0 = blockIdx.x * group;
     const int sets = max(0, min(group, n_sets - s0));
+    // Sets are written best first, -1 padded: a set whose first candidate is -1 is empty. A block
+    // of empty sets only (worst-case grids, stage 3c) writes no candidates and sorts nothing.
+    int any = 0;
+    for (int s = threadIdx.x; s < sets; s += blockDim.x) any |= cand[in_off + (size_t)(s0 + s) * top_k] >= 0;
+    if (!__syncthreads_or(any)) {
+        for (int i = threadIdx.x; i < top_k; i += blockDim.x) out[out_off + (size_t)blockIdx.x * top_k + i] = -1;
+        return;
+    }
     lc_topk_block(scores, cand + in_off + (size_t)s0 * top_k, 0, sets * top_k, top_k, sort_n,
                   out + out_off + (size_t)blockIdx.x * top_k);
 }
