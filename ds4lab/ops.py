@@ -415,9 +415,28 @@ def _topk_threads(sort_n: int) -> int:
     return max(32, min(1024, sort_n // 2))
 
 
+def _check_ratio(ratio: int) -> None:
+    """The compressor kernels know two layouts: ratio 4 (two lanes, 8 state rows) and 128."""
+    from .config import COMPRESS_RATIOS
+
+    if ratio not in COMPRESS_RATIOS:
+        raise ValueError(f"compression ratio={ratio}: the kernels know {COMPRESS_RATIOS[0]} and {COMPRESS_RATIOS[1]}")
+
+
+def _check_sort(sort_n: int, k: int) -> None:
+    """A top-k sort width: a power of two, at least 2 x top-k, at most ``TOPK_SORT_MAX`` keys."""
+    from .config import TOPK_SORT_MAX
+
+    if sort_n & (sort_n - 1) or not 2 * k <= sort_n <= TOPK_SORT_MAX:
+        raise ValueError(f"top-k sort width sort_n={sort_n} must be a power of two in 2 x top-k={2 * k} .. "
+                         f"{TOPK_SORT_MAX} (bitonic sort in shared memory)")
+
+
 def comp_store(L, site, kvsc, ape, state_kv, state_sc, width: int, ratio: int, ts: TokenScalars):
     """Compressor store: ``kvsc [2 * width]`` (kv then score) into the state slot of the
-    position, the score plus ``ape[pos % ratio]`` (ds4.c ``compressor_decode_one``)."""
+    position, the score plus ``ape[pos % ratio]`` (ds4.c ``compressor_decode_one``). States
+    fp32 ``[coff * ratio, width]``. Raises ValueError for a ratio other than 4 or 128."""
+    _check_ratio(ratio)
 
     def ref():
         pos = ts.resolve()[0]
@@ -430,7 +449,9 @@ def comp_store(L, site, kvsc, ape, state_kv, state_sc, width: int, ratio: int, t
 
 
 def comp_pool(L, site, state_kv, state_sc, pooled, D: int, ratio: int):
-    """Softmax pool of the compressor state into ``pooled [D]`` (ds4.c ``compressor_pool_decode_state``)."""
+    """Softmax pool of the compressor state into ``pooled [D]`` (ds4.c ``compressor_pool_decode_state``).
+    Raises ValueError for a ratio other than 4 or 128."""
+    _check_ratio(ratio)
     rows = 8 if ratio == 4 else ratio
 
     def ref():
@@ -442,7 +463,9 @@ def comp_pool(L, site, state_kv, state_sc, pooled, D: int, ratio: int):
 
 def comp_rope_store(L, site, row, comp, D: int, ratio: int, cfg: ModelConfig, ts: TokenScalars):
     """On an emit token: ``row`` rotated at ``pos + 1 - ratio`` (base ``compress_rope_theta``) into
-    compressed row ``pos // ratio`` of ``comp``; a no-op on any other token (device predicate)."""
+    compressed row ``pos // ratio`` of ``comp``; a no-op on any other token (device predicate).
+    Raises ValueError for a ratio other than 4 or 128."""
+    _check_ratio(ratio)
     theta = cfg.compress_rope_theta
 
     def ref():
@@ -457,7 +480,9 @@ def comp_rope_store(L, site, row, comp, D: int, ratio: int, cfg: ModelConfig, ts
 
 
 def comp_shift(L, site, state_kv, state_sc, width: int, ratio: int, ts: TokenScalars):
-    """After a ratio-4 emit: the state's current block over its previous one (no-op otherwise)."""
+    """After a ratio-4 emit: the state's current block over its previous one (no-op otherwise).
+    Raises ValueError for a ratio other than 4 or 128."""
+    _check_ratio(ratio)
 
     def ref():
         pos = ts.resolve()[0]
@@ -503,8 +528,10 @@ def indexer_score(L, site, q, w, keys, scores, blocks: int, cfg: ModelConfig, ra
 
 def indexer_topk(L, site, scores, selected, sort_n: int, cfg: ModelConfig, ratio: int, ts: TokenScalars):
     """Top ``index_top_k`` of the n_comp scores in one block sorting ``sort_n`` keys (streaming
-    when n_comp > sort_n). Best first, ties to the lower index."""
+    when n_comp > sort_n). Best first, ties to the lower index; -1 past n_comp. Raises ValueError
+    for a sort width that is not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
     k = cfg.index_top_k
+    _check_sort(sort_n, k)
 
     def ref():
         n = LR.comp_count(ts.resolve()[0], ratio)
@@ -519,8 +546,10 @@ def indexer_topk(L, site, scores, selected, sort_n: int, cfg: ModelConfig, ratio
 def indexer_topk_chunk(L, site, scores, cand, blocks: int, chunk: int, cfg: ModelConfig, ratio: int,
                        ts: TokenScalars):
     """Chunked top-k, first stage: each of ``blocks`` blocks selects the top ``index_top_k`` of
-    its ``chunk`` scores into ``cand[b * k ...]`` (-1 padded)."""
+    its ``chunk`` scores into ``cand[b * k ...]`` (-1 padded). Raises ValueError for a chunk that
+    is not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
     k = cfg.index_top_k
+    _check_sort(chunk, k)
 
     def ref():
         n = LR.comp_count(ts.resolve()[0], ratio)
@@ -538,10 +567,17 @@ def indexer_topk_merge(L, site, scores, cand, in_off: int, out, out_off: int, bl
                        sort_n: int, cfg: ModelConfig):
     """Chunked top-k, merge: block ``b`` selects the top ``index_top_k`` of candidate sets
     ``[b * group, (b + 1) * group)`` at word ``in_off`` of ``cand`` into word ``out_off + b * k``
-    of ``out`` (the scratch for a tree level, the selection for the final merge)."""
+    of ``out`` (the scratch for a tree level, the selection for the final merge). Raises
+    ValueError when a block's ``group * top_k`` candidates exceed the sort width, or the grid does
+    not cover the sets."""
     from .config import TOPK_MERGE_GROUP as G
 
     k = cfg.index_top_k
+    _check_sort(sort_n, k)
+    if G * k > sort_n:
+        raise ValueError(f"indexer_topk_merge: {G} sets x top-k {k} = {G * k} candidates exceed sort_n={sort_n}")
+    if blocks != -(-n_sets // G):
+        raise ValueError(f"indexer_topk_merge: blocks={blocks} for n_sets={n_sets} (need {-(-n_sets // G)})")
 
     def ref():
         c = np.asarray(cand).reshape(-1)[in_off: in_off + n_sets * k].reshape(n_sets, k)

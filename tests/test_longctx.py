@@ -555,3 +555,20 @@ def test_longctx_hazards_on_sim(mode, name):
 def test_longctx_hazard_unknown_name():
     with pytest.raises(ValueError, match="'nope'.*compressor-emit"):
         demonstrate_longctx("nope", SimBackend(), get_preset("tiny"))
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda L, c: ops.comp_pool(L, "p", None, None, None, 64, 8), "ratio=8"),
+    (lambda L, c: ops.indexer_topk(L, "t", None, None, 24, c, 4, None), "sort_n=24"),
+    (lambda L, c: ops.indexer_topk(L, "t", None, None, 8, c, 4, None), "sort_n=8"),
+    (lambda L, c: ops.indexer_topk_chunk(L, "t", None, None, 2, 8192, c, 4, None), "sort_n=8192"),
+    (lambda L, c: ops.indexer_topk_merge(L, "m", None, None, 0, None, 0, 3, 10, 64, c), "blocks=3"),
+])
+def test_long_context_ops_refuse_bad_shapes(call, needle):
+    from ds4lab.launch import Launcher
+
+    with pytest.raises(ValueError, match=needle):
+        call(Launcher(NumpyBackend()), LONG)
+
+
+from ds4lab import ops  # noqa: E402
