@@ -18,6 +18,7 @@
 #define LC_INDEX_MAX_HEADS 256
 #define LC_INDEX_ROWS 32         // compressed rows per indexer-score block (4 per warp)
 #define LC_SORT_MAX 4096         // 64-bit keys one top-k block sorts (32 KiB of shared memory)
+#define LC_MERGE_MAX_GROUP 32    // candidate sets one merge block reads
 
 __device__ __forceinline__ int lc_n_comp(int pos, int ratio) { return (pos + 1) / ratio; }
 __device__ __forceinline__ bool lc_emit(int pos, int ratio) { return (pos + 1) % ratio == 0; }
@@ -112,6 +113,61 @@ extern "C" __global__ void comp_shift(float* __restrict__ state_kv, float* __res
     state_sc[i] = state_sc[4 * (size_t)width + i];
 }
 
+// Stage 3c's emit in one kernel: on an emit token, pool the state (as comp_pool), RMS-norm it
+// times w (as rms_norm_rows), rotate it at pos + 1 - ratio and store it as compressed row
+// pos / ratio (as comp_rope_store), then (ratio 4) shift the state (as comp_shift). Any other
+// token: returns at once. D <= 1024. grid = 1, block = 256.
+extern "C" __global__ void comp_emit(float* __restrict__ state_kv, float* __restrict__ state_sc,
+                                     const float* __restrict__ w, float* __restrict__ comp, int D, int rope_dims,
+                                     double theta, int ratio, float eps,
+                                     const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
+    if (!lc_emit(t.pos, ratio)) return;
+    __shared__ float row[LC_MAX_DIM];
+    const int width = ratio == 4 ? 2 * D : D;
+    const int rows = ratio == 4 ? 8 : ratio;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        float m = -3.402823466e38f;
+        for (int r = 0; r < rows; ++r) {
+            const int col = (ratio == 4 && r >= 4) ? D + j : j;
+            m = fmaxf(m, state_sc[(size_t)r * width + col]);
+        }
+        float v = 0.0f;
+        if (m > -0.5e30f) {
+            float z = 0.0f, acc = 0.0f;
+            for (int r = 0; r < rows; ++r) {
+                const int col = (ratio == 4 && r >= 4) ? D + j : j;
+                const float e = expf(state_sc[(size_t)r * width + col] - m);
+                z += e;
+                acc += e * state_kv[(size_t)r * width + col];
+            }
+            v = acc / z;
+        }
+        row[j] = v;
+        ss += v * v;
+    }
+    const float scale = rsqrtf(block_sum(ss) / D + eps);  // block_sum ends with a barrier: the state is read
+    for (int j = threadIdx.x; j < D; j += blockDim.x) row[j] = row[j] * scale * w[j];
+    __syncthreads();
+    float* dst = comp + (size_t)(t.pos / ratio) * D;
+    const int first = D - rope_dims, rpos = t.pos + 1 - ratio;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        if (i < first) dst[i] = row[i];
+        else if (((i - first) & 1) == 0) {
+            float a = row[i], b = row[i + 1];
+            lc_rope_pair(a, b, rpos, (i - first) / 2, rope_dims, theta);
+            dst[i] = a;
+            dst[i + 1] = b;
+        }
+    }
+    if (ratio == 4)
+        for (int i = threadIdx.x; i < 4 * width; i += blockDim.x) {
+            state_kv[i] = state_kv[4 * (size_t)width + i];
+            state_sc[i] = state_sc[4 * (size_t)width + i];
+        }
+}
+
 // ------------------------------------------------------------------------------ indexer
 // scores[c] = scale * sum_h w[h] * max(0, q[h] . keys[c]) for c < n_comp = (pos + 1) / ratio.
 // q [H, Di] (Di a multiple of 32, at most 256; H * Di <= 8192), w [H], keys [rows, Di].
@@ -182,12 +238,15 @@ __device__ void lc_sort_desc(unsigned long long* keys, int sort_n) {
     }
 }
 
-// The top_k of n items (item e: (scores[e0 + e], e0 + e), or, with cand, (scores[cand[e]],
-// cand[e]) where cand[e] >= 0), best first, into out[0 .. top_k): the kept top_k slots plus the
-// next sort_n - top_k items are sorted until every item has been seen. -1 where fewer exist.
-// When n fits one sort, the sort is only as wide as needed (a power of two, at least top_k).
+// The top_k of n items, best first, into out[0 .. top_k): the kept top_k slots plus the next
+// sort_n - top_k items are sorted until every item has been seen; -1 where fewer exist. Item e
+// is row e0 + e, or, with cand, row cand[e] (none when -1), or, with pre (the valid prefix of
+// each of several candidate sets of stride `stride`: set s holds pre[s + 1] - pre[s] rows first),
+// row cand[s * stride + e - pre[s]] for the set s with pre[s] <= e < pre[s + 1]. When n fits one
+// sort, the sort is only as wide as needed (a power of two, at least top_k).
 __device__ void lc_topk_block(const float* __restrict__ scores, const int* __restrict__ cand, int e0, int n,
-                              int top_k, int sort_n, int* __restrict__ out) {
+                              int top_k, int sort_n, int* __restrict__ out,
+                              const int* pre = nullptr, int stride = 0) {
     __shared__ unsigned long long keys[LC_SORT_MAX];
     if (n <= sort_n) {
         const int p2 = n <= 1 ? 1 : 1 << (32 - __clz(n - 1));
@@ -200,7 +259,14 @@ __device__ void lc_topk_block(const float* __restrict__ scores, const int* __res
             const int e = seen + (s - keep);
             unsigned long long key = 0ull;
             if (e < n) {
-                const int idx = cand ? cand[e] : e0 + e;
+                int idx;
+                if (pre) {
+                    int set = 0;
+                    while (e >= pre[set + 1]) ++set;
+                    idx = cand[(size_t)set * stride + (e - pre[set])];
+                } else {
+                    idx = cand ? cand[e] : e0 + e;
+                }
                 if (idx >= 0) key = lc_key(scores[idx], idx);
             }
             keys[s] = key;
@@ -241,24 +307,35 @@ extern "C" __global__ void indexer_topk_chunk(const float* __restrict__ scores, 
 }
 
 // Chunked path, merge: block b takes the top_k of the candidate sets [b * group, (b + 1) *
-// group) of the n_sets sets of top_k row indices at word in_off of cand (-1 = none) into word
-// out_off + b * top_k of out. grid = ceil(n_sets / group), block = min(1024, sort_n / 2);
-// group * top_k <= sort_n.
+// group) of the n_sets sets of top_k row indices at word in_off of cand into word
+// out_off + b * top_k of out. Each set is written best first and -1 padded, so its valid rows are
+// a prefix (found by binary search); only those are sorted (a block of empty sets, as the
+// worst-case grids of stage 3c leave them, writes -1 and sorts nothing).
+// grid = ceil(n_sets / group), block = min(1024, sort_n / 2); group <= 32, group * top_k <= sort_n.
 extern "C" __global__ void indexer_topk_merge(const float* __restrict__ scores, const int* cand, int in_off,
                                               int* out, int out_off, int top_k, int n_sets, int group,
                                               int sort_n) {
+    __shared__ int pre[LC_MERGE_MAX_GROUP + 1];
     const int s0 = blockIdx.x * group;
-    const int sets = max(0, min(group, n_sets - s0));
-    // Sets are written best first, -1 padded: a set whose first candidate is -1 is empty. A block
-    // of empty sets only (worst-case grids, stage 3c) writes no candidates and sorts nothing.
-    int any = 0;
-    for (int s = threadIdx.x; s < sets; s += blockDim.x) any |= cand[in_off + (size_t)(s0 + s) * top_k] >= 0;
-    if (!__syncthreads_or(any)) {
-        for (int i = threadIdx.x; i < top_k; i += blockDim.x) out[out_off + (size_t)blockIdx.x * top_k + i] = -1;
+    const int sets = max(0, min(min(group, LC_MERGE_MAX_GROUP), n_sets - s0));
+    const int* base = cand + in_off + (size_t)s0 * top_k;
+    if (threadIdx.x == 0) {
+        pre[0] = 0;
+        for (int s = 0; s < sets; ++s) {
+            const int* c = base + (size_t)s * top_k;
+            int lo = 0, hi = top_k;  // first -1 of the set
+            while (lo < hi) { const int mid = (lo + hi) >> 1; if (c[mid] >= 0) lo = mid + 1; else hi = mid; }
+            pre[s + 1] = pre[s] + lo;
+        }
+    }
+    __syncthreads();
+    const int valid = pre[sets];
+    int* dst = out + out_off + (size_t)blockIdx.x * top_k;
+    if (valid == 0) {
+        for (int i = threadIdx.x; i < top_k; i += blockDim.x) dst[i] = -1;
         return;
     }
-    lc_topk_block(scores, cand + in_off + (size_t)s0 * top_k, 0, sets * top_k, top_k, sort_n,
-                  out + out_off + (size_t)blockIdx.x * top_k);
+    lc_topk_block(scores, base, 0, valid, top_k, sort_n, dst, pre, top_k);
 }
 
 // ------------------------------------------------------------------------------ attention
