@@ -608,20 +608,30 @@ class DecodeModel:
         # changes with the regime, not every 4 tokens.
         bound = (min(-(-n_plan // (8 * k)) * 8 * k, cfg.comp_capacity(ratio)) if regime == "chunked"
                  else {"sort2k": 2, "sort4k": 4, "sort8k": 8, "sort16k": 16}[regime] * k)
+        # Stage 3c runs the indexer at every position; while n_comp <= top-k (every row attended)
+        # its kernels skip their work on the device (min_comp).
+        device = self.opts.longctx == "device"
+        min_comp = k if device else 0
         with L.cluster("indexer"):
             H, Di = cfg.index_heads, cfg.index_head_dim
-            ops.q8_matvec(L, "index_q", w["index_q_b"], self.qan, lc.iq)
+            if device:
+                ops.q8_matvec_when(L, "index_q", w["index_q_b"], self.qan, lc.iq, ratio, min_comp, ts)
+            else:
+                ops.q8_matvec(L, "index_q", w["index_q_b"], self.qan, lc.iq)
             ops.rope_heads(L, "index_q_rope", lc.iq, H, Di, cfg, ts, cfg.compress_rope_theta)
-            ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
+            if device:
+                ops.q8_matvec_when(L, "index_weights", w["index_proj"], self.x, lc.iw, ratio, min_comp, ts)
+            else:
+                ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
             ops.indexer_score(L, "index_score", lc.iq, lc.iw, lc.layers[layer]["index"], lc.scores,
-                              ops.cdiv(bound, ops.INDEX_ROWS), cfg, ratio, ts)
+                              ops.cdiv(bound, ops.INDEX_ROWS), cfg, ratio, ts, min_comp=min_comp)
             scratch = lc.topk.ensure(words) if words else None
             for st in steps:
                 if st.kernel == "indexer_topk":
                     ops.indexer_topk(L, "index_topk", lc.scores, lc.sel, st.sort_n, cfg, ratio, ts)
                 elif st.kernel == "indexer_topk_chunk":
                     ops.indexer_topk_chunk(L, "index_topk_chunk", lc.scores, scratch, st.blocks, st.sort_n, cfg,
-                                           ratio, ts)
+                                           ratio, ts, min_comp=min_comp)
                 else:
                     final = st.dst_off < 0
                     ops.indexer_topk_merge(L, "index_topk_merge", lc.scores, scratch, st.src_off,

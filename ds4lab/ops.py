@@ -494,6 +494,21 @@ def comp_shift(L, site, state_kv, state_sc, width: int, ratio: int, ts: TokenSca
              (state_kv, state_sc, i32(width), i32(ratio)) + ts.args(), ref, nbytes=4 * 4 * 4 * width)
 
 
+def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars):
+    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``, rows even) unless n_comp <= ``min_comp`` on the
+    device (stage 3c's indexer projections: skipped while every compressed row is attended)."""
+    if w.rows % 2:
+        raise ValueError(f"q8_matvec_when: rows={w.rows} must be even (two rows per warp)")
+
+    def ref():
+        if LR.comp_count(ts.resolve()[0], ratio) > min_comp:
+            y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1))
+
+    L.kernel(site, "q8_matvec_when", (cdiv(w.rows, 2 * WARPS),), (256,),
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(ratio), i32(min_comp)) + ts.args(), ref,
+             nbytes=w.nbytes + 4 * (w.cols + w.rows))
+
+
 def comp_emit(L, site, state_kv, state_sc, norm_w, comp, D: int, ratio: int, cfg: ModelConfig, ts: TokenScalars):
     """Stage 3c's emit in one launch: on an emit token pool, norm (times ``norm_w``), rotate at
     ``pos + 1 - ratio`` and store row ``pos // ratio`` of ``comp``, then (ratio 4) shift the state;
@@ -536,21 +551,23 @@ def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalar
              nbytes=8 * heads * cfg.rope_dims)
 
 
-def indexer_score(L, site, q, w, keys, scores, blocks: int, cfg: ModelConfig, ratio: int, ts: TokenScalars):
+def indexer_score(L, site, q, w, keys, scores, blocks: int, cfg: ModelConfig, ratio: int, ts: TokenScalars,
+                  min_comp: int = 0):
     """Indexer scores of the ``n_comp`` compressed rows (ds4.c ``indexer_allowed_decode_one``):
     ``scale * sum_h w_h ReLU(q_h . k_c)``, scale ``1/sqrt(index_head_dim * index_heads)``.
-    ``blocks`` x :data:`INDEX_ROWS` rows are covered (blocks past n_comp exit at once)."""
+    ``blocks`` x :data:`INDEX_ROWS` rows are covered (blocks past n_comp exit at once); nothing
+    while n_comp <= ``min_comp`` (stage 3c passes top-k: no selection is used then)."""
     H, Di = cfg.index_heads, cfg.index_head_dim
     scale = 1.0 / np.sqrt(Di * H)
 
     def ref():
         n = min(LR.comp_count(ts.resolve()[0], ratio), blocks * INDEX_ROWS)
-        if n:
+        if n and LR.comp_count(ts.resolve()[0], ratio) > min_comp:
             scores[:n] = LR.indexer_scores(np.asarray(q).reshape(-1)[: H * Di].reshape(H, Di),
                                            np.asarray(w).reshape(-1)[:H], np.asarray(keys)[:n], scale)
 
     L.kernel(site, "indexer_score", (blocks,), (256,),
-             (q, w, keys, scores, i32(H), i32(Di), f32(scale), i32(ratio)) + ts.args(), ref,
+             (q, w, keys, scores, i32(H), i32(Di), f32(scale), i32(ratio), i32(min_comp)) + ts.args(), ref,
              nbytes=4 * (blocks * INDEX_ROWS * (Di + 1) + H * (Di + 1)))
 
 
@@ -572,22 +589,23 @@ def indexer_topk(L, site, scores, selected, sort_n: int, cfg: ModelConfig, ratio
 
 
 def indexer_topk_chunk(L, site, scores, cand, blocks: int, chunk: int, cfg: ModelConfig, ratio: int,
-                       ts: TokenScalars):
+                       ts: TokenScalars, min_comp: int = 0):
     """Chunked top-k, first stage: each of ``blocks`` blocks selects the top ``index_top_k`` of
-    its ``chunk`` scores into ``cand[b * k ...]`` (-1 padded). Raises ValueError for a chunk that
-    is not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
+    its ``chunk`` scores into ``cand[b * k ...]`` (-1 padded; all -1 while n_comp <= ``min_comp``).
+    Raises ValueError for a chunk that is not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
     k = cfg.index_top_k
     _check_sort(chunk, k)
 
     def ref():
         n = LR.comp_count(ts.resolve()[0], ratio)
         out = np.full((blocks, k), -1, np.int32)
-        c = LR.topk_candidates(scores, n, k, chunk)[:blocks]
-        out[: c.shape[0]] = c
+        if n > min_comp:
+            c = LR.topk_candidates(scores, n, k, chunk)[:blocks]
+            out[: c.shape[0]] = c
         cand[: blocks * k] = out.reshape(-1)
 
     L.kernel(site, "indexer_topk_chunk", (blocks,), (_topk_threads(chunk),),
-             (scores, cand, i32(k), i32(chunk), i32(ratio)) + ts.args(), ref,
+             (scores, cand, i32(k), i32(chunk), i32(ratio), i32(min_comp)) + ts.args(), ref,
              nbytes=4 * blocks * (chunk + k))
 
 

@@ -169,20 +169,44 @@ extern "C" __global__ void comp_emit(float* __restrict__ state_kv, float* __rest
 }
 
 // ------------------------------------------------------------------------------ indexer
-// scores[c] = scale * sum_h w[h] * max(0, q[h] . keys[c]) for c < n_comp = (pos + 1) / ratio.
+// Stage 3c's indexer projections: dense.cu's q8_matvec (y [rows] = W x, W Q8_0 [rows, cols],
+// rows even, cols a multiple of 32), skipped on the device while n_comp = (pos + 1) / ratio <=
+// min_comp (every compressed row is attended: the indexer's output is not used).
+// grid = ceil(rows / 16), block = 256 (a warp per two rows).
+extern "C" __global__ void q8_matvec_when(const i8* __restrict__ qs, const __half* __restrict__ d,
+                                          const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
+                                          int ratio, int min_comp,
+                                          const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
+    if (lc_n_comp(t.pos, ratio) <= min_comp) return;
+    const int row = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * 2, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const size_t nb = cols / 32;
+    float a0, a1;
+    q8_0_row_dot2(qs + (size_t)row * cols, d + row * nb, qs + (size_t)(row + 1) * cols, d + (row + 1) * nb,
+                  x, cols, lane, a0, a1);
+    a0 = warp_sum(a0);
+    a1 = warp_sum(a1);
+    if (lane == 0) { y[row] = a0; y[row + 1] = a1; }
+}
+
+// scores[c] = scale * sum_h w[h] * max(0, q[h] . keys[c]) for c < n_comp = (pos + 1) / ratio;
+// nothing when n_comp <= min_comp (0 on ds4's path; top-k in stage 3c, where no selection is used).
 // q [H, Di] (Di a multiple of 32, at most 256; H * Di <= 8192), w [H], keys [rows, Di].
 // grid = ceil(rows covered / 32), block = 256: warp w takes rows base + w + 8 r, r < 4; lane l
 // holds key dims l, l + 32, ...; one warp sum per head (fixed order: deterministic).
 extern "C" __global__ void indexer_score(const float* __restrict__ q, const float* __restrict__ w,
                                          const float* __restrict__ keys, float* __restrict__ scores,
-                                         int H, int Di, float scale, int ratio,
+                                         int H, int Di, float scale, int ratio, int min_comp,
                                          const int* scal, int pos, int kv_row, int n_valid, int token_id) {
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     __shared__ float qs[LC_INDEX_MAX_Q];
     __shared__ float ws[LC_INDEX_MAX_HEADS];
     const int n = lc_n_comp(t.pos, ratio);
     const int base = blockIdx.x * LC_INDEX_ROWS;
-    if (base >= n) return;  // the whole block is past the rows that exist (uniform: no barrier skipped)
+    // The whole block is past the rows that exist, or (stage 3c) every row is attended anyway
+    // (n_comp <= min_comp = top-k): nothing to score (uniform: no barrier skipped).
+    if (base >= n || n <= min_comp) return;
     for (int i = threadIdx.x; i < H * Di; i += blockDim.x) qs[i] = q[i];
     for (int i = threadIdx.x; i < H; i += blockDim.x) ws[i] = w[i];
     __syncthreads();
@@ -290,16 +314,17 @@ extern "C" __global__ void indexer_topk(const float* __restrict__ scores, int* _
 }
 
 // Chunked path, first stage: block b takes the top_k of scores [b * chunk, (b + 1) * chunk)
-// (clipped to n_comp) into cand [b * top_k ..); a block past n_comp writes -1s.
+// (clipped to n_comp) into cand [b * top_k ..); a block past n_comp, and every block while
+// n_comp <= min_comp (stage 3c: no selection needed), writes -1s.
 // grid = number of chunks, block = min(1024, chunk / 2).
 extern "C" __global__ void indexer_topk_chunk(const float* __restrict__ scores, int* __restrict__ cand,
-                                              int top_k, int chunk, int ratio,
+                                              int top_k, int chunk, int ratio, int min_comp,
                                               const int* scal, int pos, int kv_row, int n_valid, int token_id) {
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     const int n_comp = lc_n_comp(t.pos, ratio);
     const int e0 = blockIdx.x * chunk;
-    const int n = max(0, min(chunk, n_comp - e0));
-    if (n == 0) {  // a chunk past n_comp (worst-case grid): no candidates, no sort
+    const int n = n_comp <= min_comp ? 0 : max(0, min(chunk, n_comp - e0));
+    if (n == 0) {  // a chunk past n_comp (worst-case grid), or no selection needed: no candidates, no sort
         for (int i = threadIdx.x; i < top_k; i += blockDim.x) cand[(size_t)blockIdx.x * top_k + i] = -1;
         return;
     }

@@ -15,6 +15,7 @@ import pytest
 
 from ds4lab import longctx_reference as LR
 from ds4lab import ops
+from ds4lab import weights as W
 from ds4lab.config import get_preset
 from ds4lab.launch import Launcher
 from ds4lab.model import DecodeModel, TokenOptions
@@ -42,6 +43,9 @@ class Both:
         for tag, be in self.be.items():
             dev = {}
             for k, v in bufs.items():
+                if isinstance(v, W.QTensor):
+                    dev[k] = W.QTensor(v.fmt, v.rows, v.cols, be.from_host(v.qs), be.from_host(v.d))
+                    continue
                 if isinstance(v, tuple):
                     shape, dtype = v
                     v = np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1, dtype=dtype)
@@ -54,7 +58,7 @@ class Both:
                 ts = ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), buf)
             fn(Launcher(be), dev, ts)
             be.synchronize()
-            res[tag] = {k: be.to_host(dev[k]) for k in bufs}
+            res[tag] = {k: be.to_host(dev[k]) for k in bufs if not isinstance(bufs[k], W.QTensor)}
         return res["gpu"], res["ref"]
 
 
@@ -146,6 +150,40 @@ def test_comp_emit(both, rng, ratio, D, emit):
 
 
 # ----------------------------------------------------------------------------- indexer
+@pytest.mark.parametrize("rows,cols", [(8192, 1024), (64, 4096), (16, 256)])
+@pytest.mark.parametrize("skip", [False, True])
+def test_q8_matvec_when(both, rng, rows, cols, skip):
+    """Stage 3c's predicated indexer projection: dense.cu's matvec, or nothing while n_comp <= min_comp."""
+    k = 512
+    n_comp = k - 3 if skip else k + 5
+    pos = 4 * n_comp + 1
+    bufs = {"w": W.gen_q8_0(int(rng.integers(2**32)), 0, rows, cols), "x": f32(rng, cols), "y": ((rows,), np.float32)}
+    g, r = both.run(lambda L, b, ts: ops.q8_matvec_when(L, "m", b["w"], b["x"], b["y"], 4, k, ts), bufs,
+                    (pos, CFG, True))
+    if skip:
+        assert np.isnan(g["y"]).all() and np.isnan(r["y"]).all()
+    else:
+        assert rel(g["y"], r["y"]) < F32_RTOL
+
+
+def test_indexer_skips_while_every_row_is_attended(both, rng):
+    """Stage 3c's min_comp: scores untouched and every chunk candidate -1 while n_comp <= top-k."""
+    cfg = FLASH
+    k = cfg.index_top_k
+    n_comp = k - 1
+    pos = 4 * n_comp + 1
+    bufs = {"q": f32(rng, cfg.index_q_dim), "w": f32(rng, cfg.index_heads), "keys": f32(rng, 2048, cfg.index_head_dim),
+            "scores": ((2048,), np.float32), "cand": ((4 * k,), np.int32)}
+
+    def fn(L, b, ts):
+        ops.indexer_score(L, "s", b["q"], b["w"], b["keys"], b["scores"], 64, cfg, 4, ts, min_comp=k)
+        ops.indexer_topk_chunk(L, "c", b["scores"], b["cand"], 4, 8 * k, cfg, 4, ts, min_comp=k)
+
+    g, r = both.run(fn, bufs, (pos, cfg, True))
+    assert np.isnan(g["scores"]).all() and (g["cand"] == -1).all()
+    assert np.array_equal(g["cand"], r["cand"])
+
+
 @pytest.mark.parametrize("cfg", [FLASH, CFG], ids=["ds4-flash", "small"])
 @pytest.mark.parametrize("n_comp", [5, 33, 1000, 3001])
 def test_indexer_score(both, rng, cfg, n_comp):
