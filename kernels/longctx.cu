@@ -344,14 +344,16 @@ extern "C" __global__ void indexer_topk_merge(const float* __restrict__ scores, 
     const int s0 = blockIdx.x * group;
     const int sets = max(0, min(min(group, LC_MERGE_MAX_GROUP), n_sets - s0));
     const int* base = cand + in_off + (size_t)s0 * top_k;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < sets) {  // one thread per set: its valid prefix (the first -1), by binary search
+        const int* c = base + (size_t)threadIdx.x * top_k;
+        int lo = 0, hi = top_k;
+        while (lo < hi) { const int mid = (lo + hi) >> 1; if (c[mid] >= 0) lo = mid + 1; else hi = mid; }
+        pre[threadIdx.x + 1] = lo;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // counts to offsets (at most 32 sets)
         pre[0] = 0;
-        for (int s = 0; s < sets; ++s) {
-            const int* c = base + (size_t)s * top_k;
-            int lo = 0, hi = top_k;  // first -1 of the set
-            while (lo < hi) { const int mid = (lo + hi) >> 1; if (c[mid] >= 0) lo = mid + 1; else hi = mid; }
-            pre[s + 1] = pre[s] + lo;
-        }
+        for (int s = 0; s < sets; ++s) pre[s + 1] += pre[s];
     }
     __syncthreads();
     const int valid = pre[sets];
