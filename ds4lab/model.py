@@ -472,6 +472,13 @@ class DecodeModel:
                 d.extend(self.longctx_decisions(ts.pos, by_value=ts.buf is None))
         return tuple(d)
 
+    @staticmethod
+    def score_blocks(n_comp: int) -> int:
+        """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks.
+        A host decision, as in ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c
+        sizes it for the largest n_comp and blocks past n_comp exit."""
+        return max(1, -(-n_comp // ops.INDEX_ROWS))
+
     def compressed_ratios(self) -> list[int]:
         """The compression ratios present among this model's layers (sorted; empty without long context)."""
         return sorted({self.cfg.compress_ratio(layer) for layer in range(self.n_layers)} - {0})
@@ -481,7 +488,8 @@ class DecodeModel:
 
         * ``compressor.emit.r4`` / ``.r128``: whether the compressors emit (3-4 launches more);
         * ``indexer.regime`` and ``indexer.topk_plan`` (kernel, blocks, sets per top-k launch):
-          the top-k variant chosen from n_comp, and the chunked path's grids;
+          the top-k variant chosen from n_comp, and the chunked path's grids; ``indexer.score_blocks``:
+          the score kernel's grid (it grows with n_comp: every 32 rows here, every row in ds4);
         * ``attention.comp_rows.r4`` / ``.r128``: compressed rows attended, only when the
           position goes to the kernels by value (with device scalars the kernels derive it).
         The top-k scratch's growth shows in the buffer generation (the graph key), not here.
@@ -500,6 +508,7 @@ class DecodeModel:
                 steps, _ = LR.topk_plan(n, cfg.index_top_k)
                 d.append(("indexer.regime", LR.topk_regime(n, cfg.index_top_k)))
                 d.append(("indexer.topk_plan", tuple((st.kernel, st.blocks, st.sets) for st in steps)))
+                d.append(("indexer.score_blocks", self.score_blocks(n) if steps else 0))
             if by_value:
                 d.append((f"attention.comp_rows.r{ratio}", len(LR.attended_rows(pos, ratio, cfg.index_top_k,
                                                                                  np.zeros(cfg.index_top_k)))))
@@ -603,11 +612,6 @@ class DecodeModel:
         cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
         k = cfg.index_top_k
         steps, words = LR.topk_plan(n_plan, k)
-        regime = LR.topk_regime(n_plan, k)
-        # The score grid covers the regime's largest n_comp (blocks past n_comp exit), so it
-        # changes with the regime, not every 4 tokens.
-        bound = (min(-(-n_plan // (8 * k)) * 8 * k, cfg.comp_capacity(ratio)) if regime == "chunked"
-                 else {"sort2k": 2, "sort4k": 4, "sort8k": 8, "sort16k": 16}[regime] * k)
         # Stage 3c runs the indexer at every position; while n_comp <= top-k (every row attended)
         # its kernels skip their work on the device (min_comp).
         device = self.opts.longctx == "device"
@@ -624,7 +628,7 @@ class DecodeModel:
             else:
                 ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
             ops.indexer_score(L, "index_score", lc.iq, lc.iw, lc.layers[layer]["index"], lc.scores,
-                              ops.cdiv(bound, ops.INDEX_ROWS), cfg, ratio, ts, min_comp=min_comp)
+                              self.score_blocks(n_plan), cfg, ratio, ts, min_comp=min_comp)
             scratch = lc.topk.ensure(words) if words else None
             for st in steps:
                 if st.kernel == "indexer_topk":
