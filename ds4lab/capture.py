@@ -190,16 +190,20 @@ class GraphCache:
         warmup: eager calls per key before its capture.
         update: re-capture every call and update the executable graph (stage ``3u``).
         guard: re-ask host decisions before each replay (on by default).
+        key_decisions: make the host decisions part of the cache key, so each answer keeps its
+            own graph (long context: emit and non-emit tokens, each top-k regime) instead of a
+            changed answer retiring the graph and capturing again. Off by default.
     """
 
     def __init__(self, backend, clusters, mode: str = "thread_local", warmup: int = 1,
-                 update: bool = False, guard: bool = True) -> None:
+                 update: bool = False, guard: bool = True, key_decisions: bool = False) -> None:
         self.be = backend
         self.clusters = frozenset(clusters)
         self.mode = mode
         self.warmup = warmup
         self.update = update
         self.guard = guard
+        self.key_decisions = key_decisions
         self.entries: dict[tuple, CacheEntry] = {}
         self.warm: Counter = Counter()
         self.stats = CacheStats()
@@ -212,6 +216,8 @@ class GraphCache:
             fn()
             return
         key = (cluster, layer, T, model.generation, tuple(_addr(a) for a in inputs))
+        if self.key_decisions:
+            key += (model.host_decisions(cluster, layer, T, ts),)
         e = self.entries.get(key)
         if e is not None and e.retired:
             self.stats.eager_runs += 1

@@ -8,9 +8,9 @@ import click
 
 from .backends import BACKENDS
 from .cli_support import invoke
+from .jobs.hazards import ALL_HAZARDS
 from .stream import CAPTURE_MODES
 from .config import PRESETS
-from .hazards import HAZARDS
 from .model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
 
 
@@ -106,13 +106,18 @@ def bench(preset, out, per_op) -> None:
               help="Tokens compared bit for bit with stage 0 (0: skip).")
 @click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local",
               show_default=True, help="Stream-capture mode.")
-@click.option("--hazard", type=click.Choice([*HAZARDS, "all"]), default=None,
+@click.option("--hazard", type=click.Choice([*ALL_HAZARDS, "all", "all-longctx"]), default=None,
               help="Demonstrate one ds4-today path inside a captured stage instead of the ladder.")
 @click.option("--nvtx/--no-nvtx", default=False, show_default=True,
               help="NVTX ranges (domain ds4lab) on the timed model, for Nsight Systems.")
+@click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Position of the first decoded token (caches prefilled up to it): any stage at any context.")
+@click.option("--long-context", is_flag=True,
+              help="The long-context token (compressed and indexed attention); adds stage 3c to the choices.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/ladder-<preset>-<backend>.")
-def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, out) -> None:
+def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, start_pos,
+           long_context, out) -> None:
     """The CUDA-graph stage ladder: µs per token per stage, exactness, cache statistics, plot."""
     if hazard:
         from .jobs.hazards import HazardsConfig
@@ -122,7 +127,8 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
     from .jobs.ladder import LadderConfig
 
     invoke("ladder", LadderConfig(stages=stages, preset=preset, tokens=tokens, warmup=warmup,
-                                  exact_tokens=exact_tokens, rounds=repeats, mode=mode, nvtx=nvtx, out=out), backend)
+                                  exact_tokens=exact_tokens, rounds=repeats, mode=mode, nvtx=nvtx, out=out,
+                                  start_pos=start_pos, long_context=long_context), backend)
 
 
 @main.command()
@@ -158,6 +164,32 @@ def calibrate(preset, out, moe_profile, base) -> None:
     from .jobs.calibrate import CalibrateConfig
 
     invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base), "cupy")
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, small on the sim.")
+@click.option("--stages", default="0,2,3,3c", show_default=True, help="Comma-separated stages of 0, 2, 3, 3c.")
+@click.option("--contexts", default="1024,4096,16384,65536", show_default=True,
+              help="Comma-separated contexts (start positions).")
+@click.option("--span", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Tokens compared bit for bit with stage 0 at each context, from context - 4.")
+@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Timed tokens per stage and context.")
+@click.option("--warmup", type=click.IntRange(min=0), default=4, show_default=True)
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local", show_default=True,
+              help="Stream-capture mode.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/context-<preset>-<backend>.")
+def context(backend, preset, stages, contexts, span, tokens, warmup, mode, out) -> None:
+    """The stage ladder across context length, on the long-context token: µs per token per stage and
+    context, launches, graphs captured so far, exactness across emit and top-k regime boundaries."""
+    from .jobs.context import ContextConfig
+
+    invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
+                                    warmup=warmup, mode=mode, out=out), backend)
 
 
 @main.command()

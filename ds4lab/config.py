@@ -23,6 +23,17 @@ MOE_TILE = 8
 MAX_POS = 2**31 - 2
 #: The router's top-k kernel runs one block of at most this many threads per token.
 MAX_EXPERTS = 1024
+#: Compression ratios of the long-context layers (ds4.c ``ds4_layer_compress_ratio``): even
+#: layers from 2 on compress keys 4:1 and have an indexer; odd layers from 3 on compress 128:1.
+COMPRESS_RATIOS = (4, 128)
+#: The first layer with compressed attention (layers 0 and 1 attend over the raw window only).
+FIRST_COMPRESSED_LAYER = 2
+#: Keys the indexer's top-k kernels sort in one block (packed 64-bit keys: 32 KiB of shared
+#: memory); the chunk of the chunked path is ``8 * index_top_k``, which must fit.
+TOPK_SORT_MAX = 4096
+#: Candidate sets merged per block by the chunked top-k's tree merge (ds4_cuda.cu
+#: ``DS4_CUDA_TOPK_MERGE_GROUP``).
+TOPK_MERGE_GROUP = 8
 
 BYTES_PER_WEIGHT = {
     "q8_0": 1 + 2 / Q8_0_BLOCK,  # 1.0625: int8 + fp16 scale per 32
@@ -74,6 +85,20 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 10000.0
     seed: int = 1234
+    # Long context (ds4.c: compressed and indexed attention; docs/model.md, "Long context").
+    #: Off: every layer attends over the raw window only (the token ds4lab measured first).
+    #: On: layers from 2 compress (ratio 4 with an indexer on even layers, 128 on odd ones).
+    long_context: bool = False
+    #: Positions a model can decode: 0 .. max_context - 1 (sizes the compressed caches).
+    max_context: int = 262144
+    #: Position of the first decoded token: caches hold seeded random rows for every earlier
+    #: position, so a token at 65 536 costs one token, not a prefill.
+    start_pos: int = 0
+    index_heads: int = 64
+    index_head_dim: int = 128
+    index_top_k: int = 512
+    #: RoPE base of the compressed layers (ds4.c ``DS4_COMPRESS_ROPE_FREQ_BASE``).
+    compress_rope_theta: float = 160000.0
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -96,6 +121,28 @@ class ModelConfig:
     def n_routed_banks(self) -> int:
         """How many routed-expert banks are allocated: 1 shared, or one per layer."""
         return self.n_layers if self.per_layer_experts else 1
+
+    def compress_ratio(self, layer: int) -> int:
+        """Compression ratio of ``layer``: 0 (raw window only), 4 (with an indexer) or 128.
+
+        ds4.c ``ds4_layer_compress_ratio``: layers 0 and 1 none; from layer 2 even layers 4, odd
+        layers 128. Always 0 when ``long_context`` is off. Raises ConfigError for a layer outside
+        ``0 .. n_layers - 1``.
+        """
+        if not 0 <= layer < self.n_layers:
+            raise ConfigError(f"{self.name}: layer={layer} outside 0..{self.n_layers - 1}")
+        if not self.long_context or layer < FIRST_COMPRESSED_LAYER:
+            return 0
+        return COMPRESS_RATIOS[0] if layer % 2 == 0 else COMPRESS_RATIOS[1]
+
+    def comp_capacity(self, ratio: int) -> int:
+        """Rows of the compressed cache of a ratio-``ratio`` layer: ``max_context / ratio``."""
+        return self.max_context // ratio
+
+    @property
+    def index_q_dim(self) -> int:
+        """Indexer query width: index heads × index head dim (8192 for ds4-flash)."""
+        return self.index_heads * self.index_head_dim
 
     def is_hash_layer(self, layer: int) -> bool:
         """True for the first ``n_hash_layers`` layers, whose experts come from the token id."""
@@ -174,6 +221,55 @@ class ModelConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ConfigError(f"{self.name}: seed={self.seed!r} must be an integer in 0..2**32-1 "
                               "(weights are hashed from a 32-bit seed)")
+        self._validate_long_context()
+
+    def _validate_long_context(self) -> None:
+        """The long-context fields (checked whether or not ``long_context`` is on)."""
+        if not isinstance(self.long_context, bool):
+            raise ConfigError(f"{self.name}: long_context={self.long_context!r} must be True or False")
+        for f in ("max_context", "index_heads", "index_head_dim", "index_top_k"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{self.name}: {f}={v!r} must be a positive integer")
+        ratio = max(COMPRESS_RATIOS)
+        if self.max_context % ratio:
+            raise ConfigError(f"{self.name}: max_context={self.max_context} is not a multiple of {ratio} "
+                              "(whole compressed rows of the ratio-128 layers)")
+        if self.max_context > MAX_POS + 1:
+            raise ConfigError(f"{self.name}: max_context={self.max_context} exceeds {MAX_POS + 1} "
+                              "(positions are int32 kernel arguments)")
+        if self.max_context < self.window:
+            raise ConfigError(f"{self.name}: max_context={self.max_context} is shorter than the "
+                              f"window={self.window}")
+        s = self.start_pos
+        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < self.max_context:
+            raise ConfigError(f"{self.name}: start_pos={s!r} must be an integer in 0..max_context-1="
+                              f"{self.max_context - 1}")
+        k = self.index_top_k
+        if k & (k - 1) or k < 2:
+            raise ConfigError(f"{self.name}: index_top_k={k} must be a power of two >= 2 "
+                              "(bitonic sort in the top-k kernels)")
+        if 8 * k > TOPK_SORT_MAX:
+            raise ConfigError(f"{self.name}: index_top_k={k}: 8 x top-k = {8 * k} keys exceed the "
+                              f"{TOPK_SORT_MAX} one block sorts in shared memory")
+        if self.index_heads % 2:
+            raise ConfigError(f"{self.name}: index_heads={self.index_heads} is odd (the Q8_0 matvec of the "
+                              "indexer's head weights computes rows in pairs)")
+        if self.index_head_dim % 32:
+            raise ConfigError(f"{self.name}: index_head_dim={self.index_head_dim} is not a multiple of 32 "
+                              "(one warp per indexer key row)")
+        if self.index_head_dim > 256 or self.index_q_dim > 8192:
+            raise ConfigError(f"{self.name}: index_head_dim={self.index_head_dim} (max 256) or index heads x dim="
+                              f"{self.index_q_dim} (max 8192) too large for the indexer kernel's shared query")
+        if self.rope_dims > self.index_head_dim:
+            raise ConfigError(f"{self.name}: rope_dims={self.rope_dims} exceeds index_head_dim="
+                              f"{self.index_head_dim} (the indexer query and keys are rotated too)")
+        if self.index_q_dim % Q8_0_BLOCK:
+            raise ConfigError(f"{self.name}: index heads x dim={self.index_q_dim} is not a multiple of "
+                              f"{Q8_0_BLOCK} (Q8_0 rows)")
+        v = self.compress_rope_theta
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
+            raise ConfigError(f"{self.name}: compress_rope_theta={v!r} must be a finite number > 0")
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -193,12 +289,17 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(
         name="small", n_layers=8, embed=1024, n_heads=16, head_dim=128, rope_dims=32,
         q_lora=256, out_groups=4, out_lora=256, n_experts=64, n_used=6, expert_ffn=512,
-        n_hash_layers=3, window=128, hc_streams=4, vocab=8192),
+        n_hash_layers=3, window=128, hc_streams=4, vocab=8192,
+        # Indexer scaled down with the widths; top-k 64 puts the n_comp regimes (2, 4, 8, 16 x
+        # top-k) at positions 512 .. 4096 of a ratio-4 layer.
+        index_heads=16, index_head_dim=64, index_top_k=64),
     # For tests on the CPU: every path (hash and top-k layers, ring-buffer wrap) in milliseconds.
     "tiny": ModelConfig(
         name="tiny", n_layers=3, embed=256, n_heads=4, head_dim=64, rope_dims=16,
         q_lora=64, out_groups=2, out_lora=64, n_experts=16, n_used=6, expert_ffn=256,
-        n_hash_layers=1, window=8, hc_streams=4, vocab=512, max_tokens=64),
+        n_hash_layers=1, window=8, hc_streams=4, vocab=512, max_tokens=64,
+        # Long context: every n_comp regime below position 600 (top-k 8), caches of 4096 positions.
+        max_context=4096, index_heads=4, index_head_dim=32, index_top_k=8),
 }
 
 

@@ -4,8 +4,10 @@
 and issues a token's launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of
 one decode layer"), each cluster in its own census/NVTX scope:
 
-``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → ``attention`` → ``output`` →
-``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final`` (behind ``vocab=True``).
+``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``) →
+``attention`` → ``output`` → ``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final`` (behind
+``vocab=True``). The compressor and indexer clusters exist with ``cfg.long_context`` only, in the
+compressed layers (:class:`LongContext`).
 
 The ds4-today code paths that become capture hazards are selectable in :class:`TokenOptions`.
 Simplifications against the real model are listed in ``docs/model.md``.
@@ -17,6 +19,7 @@ import contextlib
 from dataclasses import asdict, dataclass
 import numpy as np
 
+from . import longctx_reference as LR
 from . import ops
 from . import weights as W
 from .config import MOE_TILE, ModelConfig
@@ -26,6 +29,7 @@ from .reference import max_tiles
 COUNTS_CLEAR = ("sync", "async")
 SCALARS = ("value", "device")
 SCRATCH = ("on-demand", "prealloc")
+LONGCTX = ("host", "device")
 #: ds4's MoE profile stages, between 7 events (context file, "The routed MoE kernel sequence").
 MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 
@@ -45,6 +49,13 @@ class TokenOptions:
         moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
         moe_host_timed, legacy_sites, sync_in_body: ds4-today code paths that break capture,
             re-introduced by the hazard demonstrations (``ds4lab ladder --hazard``).
+        longctx: who makes the long-context launch decisions (``cfg.long_context`` only).
+            ``"host"`` (ds4 today): emit or not and the top-k regime chosen from the position
+            every token, so the launch list changes with it (host decisions a graph freezes).
+            ``"device"`` (stage ``3c``): one launch list for every position: the emit kernels
+            always launched (they exit at once off an emit token), the indexer always run with
+            the worst-case top-k plan for ``max_context`` (blocks past n_comp exit or write
+            nothing), the attention choosing selected or all rows from n_comp on the device.
     """
 
     counts_clear: str = "sync"
@@ -60,9 +71,11 @@ class TokenOptions:
     #: End the token body with a device synchronize (ds4's cudaDeviceSynchronize inside what
     #: stage 3 captures: a capture hazard).
     sync_in_body: bool = False
+    longctx: str = "host"
 
     def __post_init__(self):
-        for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH)):
+        for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH),
+                               ("longctx", LONGCTX)):
             v = getattr(self, field)
             if v not in allowed:
                 raise ValueError(f"TokenOptions.{field}={v!r}; choose one of: {', '.join(allowed)}")
@@ -116,6 +129,84 @@ class MoeScratch:
                 raise ValueError(f"T={T} tokens exceed the preallocated MoE scratch "
                                  f"(max_tokens={self.capacity}); raise max_tokens")
             self._alloc(T)
+
+
+class TopkScratch:
+    """Scratch of the indexer's chunked top-k (candidate sets and tree levels), int32 words.
+
+    ``prealloc``: sized once for the largest n_comp ``max_context`` allows. ``on-demand``: ds4's
+    grow-on-demand allocator (``cuda_tmp_alloc``): a fresh ``cudaMalloc`` whenever a token needs
+    more than it holds, which can happen while a stream captures (a capture hazard).
+    """
+
+    def __init__(self, model: "DecodeModel", words: int) -> None:
+        self.model = model
+        self.words = 0
+        self.allocations = 0
+        self.buf = None
+        if model.opts.scratch == "prealloc":
+            self._alloc(max(1, words))
+
+    def _alloc(self, words: int) -> None:
+        be = self.model.be
+        mk = be.malloc if self.model.opts.scratch == "on-demand" else be.empty
+        self.buf = mk((words,), np.int32)
+        self.words = words
+        self.allocations += 1
+        self.model.generation += 1
+
+    def ensure(self, words: int):
+        """The scratch buffer, holding at least ``words`` words (grown on demand)."""
+        if words > self.words:
+            if self.model.opts.scratch == "prealloc":
+                raise ValueError(f"top-k scratch of {words} words exceeds the preallocated {self.words}")
+            self._alloc(words)
+        return self.buf
+
+
+class LongContext:
+    """Caches and scratch of the compressed layers (``cfg.long_context``; docs/model.md).
+
+    Per compressed layer (``layers[l]``, None for an uncompressed one): the compressed rows
+    ``comp``, the compressor state ``comp_state_kv`` / ``comp_state_score``, and for ratio 4 the
+    indexer keys ``index`` and the indexer compressor's state (``weights.cache_layout``), all
+    prefilled with seeded random rows, as if every position before the first decoded one had been
+    processed. Shared scratch: the stacked kv/score projection, the pooled and normed row, the
+    indexer query and head weights, the scores, the selection and the chunked top-k scratch.
+    """
+
+    def __init__(self, model: "DecodeModel") -> None:
+        cfg, be = model.cfg, model.be
+        f = np.float32
+        self.model = model
+        self.layers: list[dict | None] = []
+        for layer in range(model.n_layers):
+            if not cfg.compress_ratio(layer):
+                self.layers.append(None)
+                continue
+            bufs = {name: be.empty(shape, f) for name, shape in W.cache_layout(cfg, layer).items() if name != "kv"}
+            self.layers.append(bufs)
+        self.fill()
+        D, Di = cfg.head_dim, cfg.index_head_dim
+        self.kvsc = be.empty((4 * D,), f)
+        self.pooled = be.empty((D,), f)
+        self.normed = be.empty((D,), f)
+        self.ikvsc = be.empty((4 * Di,), f)
+        self.ipooled = be.empty((Di,), f)
+        self.inormed = be.empty((Di,), f)
+        self.iq = be.empty((cfg.index_q_dim,), f)
+        self.iw = be.empty((cfg.index_heads,), f)
+        cap4 = cfg.comp_capacity(4)
+        self.scores = be.empty((cap4,), f)
+        self.sel = be.empty((cfg.index_top_k,), np.int32)
+        self.topk = TopkScratch(model, LR.topk_plan(cap4, cfg.index_top_k)[1])
+
+    def fill(self) -> None:
+        """(Re)fill every cache and state with its seeded prefill rows."""
+        cfg, be = self.model.cfg, self.model.be
+        for layer, bufs in enumerate(self.layers):
+            for name, buf in (bufs or {}).items():
+                be.fill_f32(buf, f"{name}_prefill@{layer}", 1.0, 0.0, cfg.seed)
 
 
 class ProfileMarker:
@@ -189,22 +280,37 @@ class DecodeModel:
         self.be.synchronize()
 
     # ------------------------------------------------------------------ setup
+    def memory_bytes(self) -> dict:
+        """Device bytes this model allocates for weights and caches (computed before allocating).
+
+        ``caches``: the raw windows and, with ``long_context``, the compressed rows, indexer keys
+        and compressor states for ``max_context`` positions (``weights.cache_bytes``).
+        """
+        cfg = self.cfg
+        return {"weights": W.model_bytes(cfg, self.opts.vocab, self.n_layers),
+                "caches": W.cache_bytes(cfg, self.n_layers)}
+
     def _check_memory(self) -> None:
         mem = self.be.free_memory()
         if mem is None:  # host memory (numpy, sim): nothing to check against
             return
-        need = W.model_bytes(self.cfg, self.opts.vocab, self.n_layers)
         free, total = mem
+        mem = self.memory_bytes()
+        need = mem["weights"] + mem["caches"]
         if need > free:
+            caches = (f" + caches {mem['caches'] / 2**30:.1f} GiB (max_context={self.cfg.max_context}; "
+                      "lower it to shrink the compressed caches)" if self.cfg.long_context else "")
             raise MemoryError(
-                f"{self.cfg.name}: weights need {need / 2**30:.1f} GiB but the GPU has {free / 2**30:.1f} GiB "
+                f"{self.cfg.name}: weights {mem['weights'] / 2**30:.1f} GiB{caches} need {need / 2**30:.1f} GiB "
+                f"but the GPU has {free / 2**30:.1f} GiB "
                 f"free of {total / 2**30:.1f} GiB" +
                 (" (per_layer_experts=True allocates one routed bank per layer; use the shared bank)"
                  if self.cfg.per_layer_experts else ""))
 
     def _alloc_weights(self) -> None:
         cfg, be = self.cfg, self.be
-        self.layers = [{k: be.make_weight(s) for k, s in W.layer_specs(cfg, l).items()}
+        self.layers = [{k: be.make_weight(s) for k, s in
+                        {**W.layer_specs(cfg, l), **W.compress_specs(cfg, l)}.items()}
                        for l in range(self.n_layers)]
         banks = sorted({W.bank_of_layer(cfg, l) for l in range(self.n_layers)})
         self.banks = {b: {k: be.make_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
@@ -246,6 +352,8 @@ class DecodeModel:
             self.cache.append(c)
         self.moe_buf = MoeScratch(self, 1 if self.opts.scratch == "on-demand" else cfg.max_tokens)
         ops.alloc_scratch(self.L, cfg)  # op-owned scratch (attention split partials), never in a capture
+        #: Compressed-layer caches and scratch, or None without ``long_context``.
+        self.lc = LongContext(self) if cfg.long_context else None
         self.profile_events = [be.new_event() for _ in range(7)] if self.opts.moe_profile else []
 
     @contextlib.contextmanager
@@ -278,6 +386,8 @@ class DecodeModel:
         starts from (the streams are rewritten by every token's embedding)."""
         for layer, c in enumerate(self.cache):
             self.be.fill_f32(c, f"kv_prefill@{layer}", 1.0, 0.0, self.cfg.seed)
+        if self.lc is not None:
+            self.lc.fill()
         self.be.synchronize()
 
     # ------------------------------------------------------------------ the token
@@ -288,6 +398,9 @@ class DecodeModel:
                 raise ValueError(f"{what} {v!r} must be an integer")
         if not 0 <= pos < 2**31 - 1:
             raise ValueError(f"position {pos} must be in 0..{2**31 - 2} (an int32 kernel argument)")
+        if self.cfg.long_context and pos >= self.cfg.max_context:
+            raise ValueError(f"position {pos} is past the compressed caches: max_context={self.cfg.max_context} "
+                             f"(positions 0..{self.cfg.max_context - 1})")
         if not 0 <= token_id < self.cfg.vocab:
             raise ValueError(f"token id {token_id} outside the vocabulary 0..{self.cfg.vocab - 1}")
         v = ops.host_scalars(self.cfg, pos, token_id)
@@ -369,6 +482,50 @@ class DecodeModel:
             if ts is not None and ts.buf is None:
                 d.append(("attention.regime", "filling" if ts.n_valid < self.cfg.window else "full"))
             d.append(("vocab", self.opts.vocab))
+            if self.lc is not None and ts is not None:
+                d.extend(self.longctx_decisions(ts.pos, by_value=ts.buf is None))
+        return tuple(d)
+
+    @staticmethod
+    def score_blocks(n_comp: int) -> int:
+        """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks.
+        A host decision, as in ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c
+        sizes it for the largest n_comp and blocks past n_comp exit."""
+        return max(1, -(-n_comp // ops.INDEX_ROWS))
+
+    def compressed_ratios(self) -> list[int]:
+        """The compression ratios present among this model's layers (sorted; empty without long context)."""
+        return sorted({self.cfg.compress_ratio(layer) for layer in range(self.n_layers)} - {0})
+
+    def longctx_decisions(self, pos: int, by_value: bool = True) -> tuple:
+        """The long-context host decisions of a token at ``pos`` (what its launch list depends on):
+
+        * ``compressor.emit.r4`` / ``.r128``: whether the compressors emit (3-4 launches more);
+        * ``indexer.regime`` and ``indexer.topk_plan`` (kernel, blocks, sets per top-k launch):
+          the top-k variant chosen from n_comp, and the chunked path's grids; ``indexer.score_blocks``:
+          the score kernel's grid (it grows with n_comp: every 32 rows here, every row in ds4);
+        * ``attention.comp_rows.r4`` / ``.r128``: compressed rows attended, only when the
+          position goes to the kernels by value (with device scalars the kernels derive it).
+        The top-k scratch's growth shows in the buffer generation (the graph key), not here.
+        """
+        cfg, d = self.cfg, []
+        if self.opts.longctx == "device":
+            # One launch list for every position: nothing position-dependent is chosen on the host.
+            d.append(("longctx.launch", "device"))
+            if by_value:
+                d.append(("longctx.position", pos))  # by value, every kernel would see a stale position
+            return tuple(d)
+        for ratio in self.compressed_ratios():
+            n = LR.comp_count(pos, ratio)
+            d.append((f"compressor.emit.r{ratio}", LR.is_emit(pos, ratio)))
+            if ratio == 4:
+                steps, _ = LR.topk_plan(n, cfg.index_top_k)
+                d.append(("indexer.regime", LR.topk_regime(n, cfg.index_top_k)))
+                d.append(("indexer.topk_plan", tuple((st.kernel, st.blocks, st.sets) for st in steps)))
+                d.append(("indexer.score_blocks", self.score_blocks(n) if steps else 0))
+            if by_value:
+                d.append((f"attention.comp_rows.r{ratio}", len(LR.attended_rows(pos, ratio, cfg.index_top_k,
+                                                                                 np.zeros(cfg.index_top_k)))))
         return tuple(d)
 
     def _hc_pre(self, name: str, wmix, wnorm, mix) -> None:
@@ -381,6 +538,9 @@ class DecodeModel:
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
         cfg, L, w = self.cfg, self.L, self.layers[layer]
+        ratio = cfg.compress_ratio(layer)
+        # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
+        theta = cfg.compress_rope_theta if ratio else None
         self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn)
         with L.cluster("query"):
             ops.q8_matvec(L, "q_a", w["q_a"], self.x, self.qa)
@@ -388,13 +548,16 @@ class DecodeModel:
             ops.q8_matvec(L, "q_b", w["q_b"], self.qan, self.q)
             ops.rms_norm_rows(L, "q_head_norm", self.q, w["q_head_norm"], self.q, cfg.n_heads, cfg.head_dim,
                               cfg.rms_eps)
-            ops.rope_q(L, "q_rope", self.q, cfg, ts)
+            ops.rope_q(L, "q_rope", self.q, cfg, ts, theta=theta)
         with L.cluster("kv"):
             ops.q8_matvec(L, "kv", w["kv"], self.x, self.kv)
             ops.rms_norm_rows(L, "kv_norm", self.kv, w["kv_norm"], self.kvn, 1, cfg.head_dim, cfg.rms_eps)
-            ops.rope_store_kv(L, "kv_rope_store", self.kvn, self.cache[layer], cfg, ts)
-        with L.cluster("attention"):
-            ops.attention_decode(L, "attention", self.q, self.cache[layer], self.o, cfg, ts)
+            ops.rope_store_kv(L, "kv_rope_store", self.kvn, self.cache[layer], cfg, ts, theta=theta)
+        if ratio:
+            self._compressed_attention(layer, ratio, ts)
+        else:
+            with L.cluster("attention"):
+                ops.attention_decode(L, "attention", self.q, self.cache[layer], self.o, cfg, ts)
         with L.cluster("output"):
             ops.q8_matvec(L, "o_a", w["o_a"], self.o, self.oa, rows_per_group=cfg.out_lora,
                           group_stride=cfg.group_in)
@@ -403,6 +566,95 @@ class DecodeModel:
         self.router(layer, self.x, 1, ts=ts)
         self.run_cluster("moe", layer, 1, ts, lambda: self.routed_moe(layer, self.x, 1))
         self.run_cluster("shared", layer, 1, ts, lambda: self._shared(layer, self.moe_buf.y))
+
+    def _compressor(self, layer: int, ratio: int, ts, lane: str) -> None:
+        """One compressor (``lane`` ``"comp"``: the attention's, ``"index"``: the indexer's) of a
+        compressed layer: projection and store every token; on an emit token pool, norm, rotate
+        and store the compressed row, and (ratio 4) shift the state (ds4.c ``compressor_decode_one``)."""
+        cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
+        bufs = lc.layers[layer]
+        if lane == "comp":
+            D, pre, kvsc, pooled, normed, rows = cfg.head_dim, "comp", lc.kvsc, lc.pooled, lc.normed, bufs["comp"]
+        else:
+            D, pre, kvsc, pooled, normed, rows = (cfg.index_head_dim, "index_comp", lc.ikvsc, lc.ipooled,
+                                                  lc.inormed, bufs["index"])
+        skv, ssc = bufs[f"{lane}_state_kv"], bufs[f"{lane}_state_score"]
+        width = (2 if ratio == 4 else 1) * D
+        ops.q8_matvec(L, f"{pre}_kvgate", w[f"{pre}_kvgate"], self.x, kvsc)
+        ops.comp_store(L, f"{pre}_store", kvsc, w[f"{pre}_ape"], skv, ssc, width, ratio, ts)
+        if self.opts.longctx == "device":
+            # Stage 3c: the emit in one kernel on every token, exiting at once off an emit position.
+            ops.comp_emit(L, f"{pre}_emit", skv, ssc, w[f"{pre}_norm"], rows, D, ratio, cfg, ts)
+        elif LR.is_emit(ts.pos, ratio):
+            ops.comp_pool(L, f"{pre}_pool", skv, ssc, pooled, D, ratio)
+            ops.rms_norm_rows(L, f"{pre}_norm", pooled, w[f"{pre}_norm"], normed, 1, D, cfg.rms_eps)
+            ops.comp_rope_store(L, f"{pre}_rope_store", normed, rows, D, ratio, cfg, ts)
+            if ratio == 4:
+                ops.comp_shift(L, f"{pre}_shift", skv, ssc, width, ratio, ts)
+
+    def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
+        """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus
+        compressed rows, in ds4's order (ds4.c, the compressed branch of the decode layer).
+
+        Host decisions from the position (``longctx_decisions``): emit or not, the top-k regime
+        and its launch plan; the kernels read the position itself from the token's scalars. With
+        ``longctx="device"`` (stage 3c) the launch list is the same at every position.
+        """
+        cfg, L, lc = self.cfg, self.L, self.lc
+        bufs = lc.layers[layer]
+        k = cfg.index_top_k
+        with L.cluster("compressor"):
+            self._compressor(layer, ratio, ts, "comp")
+            if ratio == 4:
+                self._compressor(layer, ratio, ts, "index")
+        n = LR.comp_count(ts.pos, ratio)
+        device = self.opts.longctx == "device"
+        # Host: the regime from this position's n_comp. Device (3c): the plan for the largest
+        # n_comp max_context allows, every block reading n_comp from the position on the device.
+        n_plan = cfg.comp_capacity(ratio) if device else n
+        use_sel = ratio == 4 and LR.topk_regime(n_plan, k) != "all"
+        if use_sel:
+            self._indexer(layer, ratio, n_plan, ts)
+        mode = ("device" if device else True) if use_sel else False
+        with L.cluster("attention"):
+            ops.attention_comp(L, "attention", self.q, self.cache[layer], bufs["comp"], lc.sel if use_sel else None,
+                               self.o, cfg, ratio, mode, ts, n_rows=min(n, k) if use_sel else n)
+
+    def _indexer(self, layer: int, ratio: int, n_plan: int, ts) -> None:
+        """The indexer of a ratio-4 layer: query, its RoPE, head weights, scores, top-k (ds4.c
+        ``indexer_allowed_decode_one``), with the top-k launches planned for ``n_plan`` rows."""
+        cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
+        k = cfg.index_top_k
+        steps, words = LR.topk_plan(n_plan, k)
+        # Stage 3c runs the indexer at every position; while n_comp <= top-k (every row attended)
+        # its kernels skip their work on the device (min_comp).
+        device = self.opts.longctx == "device"
+        min_comp = k if device else 0
+        with L.cluster("indexer"):
+            H, Di = cfg.index_heads, cfg.index_head_dim
+            if device:
+                ops.q8_matvec_when(L, "index_q", w["index_q_b"], self.qan, lc.iq, ratio, min_comp, ts)
+            else:
+                ops.q8_matvec(L, "index_q", w["index_q_b"], self.qan, lc.iq)
+            ops.rope_heads(L, "index_q_rope", lc.iq, H, Di, cfg, ts, cfg.compress_rope_theta)
+            if device:
+                ops.q8_matvec_when(L, "index_weights", w["index_proj"], self.x, lc.iw, ratio, min_comp, ts)
+            else:
+                ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
+            ops.indexer_score(L, "index_score", lc.iq, lc.iw, lc.layers[layer]["index"], lc.scores,
+                              self.score_blocks(n_plan), cfg, ratio, ts, min_comp=min_comp)
+            scratch = lc.topk.ensure(words) if words else None
+            for st in steps:
+                if st.kernel == "indexer_topk":
+                    ops.indexer_topk(L, "index_topk", lc.scores, lc.sel, st.sort_n, cfg, ratio, ts)
+                elif st.kernel == "indexer_topk_chunk":
+                    ops.indexer_topk_chunk(L, "index_topk_chunk", lc.scores, scratch, st.blocks, st.sort_n, cfg,
+                                           ratio, ts, min_comp=min_comp)
+                else:
+                    final = st.dst_off < 0
+                    ops.indexer_topk_merge(L, "index_topk_merge", lc.scores, scratch, st.src_off,
+                                           lc.sel if final else scratch, 0 if final else st.dst_off,
+                                           st.blocks, st.sets, st.sort_n, cfg)
 
     def _shared(self, layer: int, y) -> None:
         cfg, L, w = self.cfg, self.L, self.layers[layer]

@@ -186,6 +186,72 @@ def layer_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
     }
 
 
+def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
+    """Long-context weights of ``layer`` (empty for a layer without compression).
+
+    ds4.c binds, per compressed layer, ``attn_compressor_{kv,gate,ape,norm}`` and, for ratio 4,
+    ``indexer.attn_q_b``, ``indexer.proj`` and ``indexer_compressor_{kv,gate,ape,norm}`` (f16 and
+    f32 there). ds4lab keeps them as: the kv and gate projections stacked into one Q8_0 matrix
+    ``[2 * width, E]`` (kv rows first; width = 2 x head dim for ratio 4, the two lanes, else head
+    dim), the ape bias fp32 ``[ratio, width]``, the norm fp32 ``[head dim]``; the indexer query
+    projection Q8_0 ``[index_heads * index_head_dim, q_lora]`` and the per-head weight
+    projection Q8_0 ``[index_heads, E]``.
+    """
+    ratio = cfg.compress_ratio(layer)
+    if ratio == 0:
+        return {}
+    E, D, sfx = cfg.embed, cfg.head_dim, f"@{layer}"
+    coff = 2 if ratio == 4 else 1
+
+    def f32(name, n, scale, offset=0.0):
+        return WeightSpec(name + sfx, "f32", 1, n, scale=scale, offset=offset)
+
+    out = {
+        "comp_kvgate": WeightSpec("comp_kvgate" + sfx, "q8_0", 2 * coff * D, E),
+        "comp_ape": f32("comp_ape", ratio * coff * D, 0.5),
+        "comp_norm": f32("comp_norm", D, 0.1, 1.0),
+    }
+    if ratio == 4:
+        Di = cfg.index_head_dim
+        out.update({
+            "index_comp_kvgate": WeightSpec("index_comp_kvgate" + sfx, "q8_0", 2 * coff * Di, E),
+            "index_comp_ape": f32("index_comp_ape", ratio * coff * Di, 0.5),
+            "index_comp_norm": f32("index_comp_norm", Di, 0.1, 1.0),
+            "index_q_b": WeightSpec("index_q_b" + sfx, "q8_0", cfg.index_q_dim, cfg.q_lora),
+            "index_proj": WeightSpec("index_proj" + sfx, "q8_0", cfg.index_heads, E),
+        })
+    return out
+
+
+def cache_layout(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, int]]:
+    """The fp32 cache buffers of ``layer``: name → (rows, cols).
+
+    Every layer: the raw window ``kv`` ``[window, head_dim]``. A compressed layer of ratio r adds
+    ``comp`` ``[max_context / r, head_dim]`` (compressed rows) and the compressor state
+    ``comp_state_kv`` / ``comp_state_score`` ``[coff * r, coff * head_dim]`` (coff = 2 for ratio
+    4: the previous and the current block, two lanes; 1 for ratio 128), as ds4.c
+    ``kv_cache_init`` sizes them; ratio 4 adds the indexer's ``index`` ``[max_context / 4,
+    index_head_dim]`` and its compressor state.
+    """
+    D, out = cfg.head_dim, {"kv": (cfg.window, cfg.head_dim)}
+    ratio = cfg.compress_ratio(layer)
+    if ratio:
+        coff = 2 if ratio == 4 else 1
+        out["comp"] = (cfg.comp_capacity(ratio), D)
+        out["comp_state_kv"] = out["comp_state_score"] = (coff * ratio, coff * D)
+        if ratio == 4:
+            Di = cfg.index_head_dim
+            out["index"] = (cfg.comp_capacity(ratio), Di)
+            out["index_state_kv"] = out["index_state_score"] = (coff * ratio, coff * Di)
+    return out
+
+
+def cache_bytes(cfg: ModelConfig, n_layers: int | None = None) -> int:
+    """Bytes of every layer's caches (:func:`cache_layout`) for the first ``n_layers`` layers."""
+    n = cfg.n_layers if n_layers is None else n_layers
+    return sum(4 * r * c for layer in range(n) for r, c in cache_layout(cfg, layer).values())
+
+
 def bank_specs(cfg: ModelConfig, bank: int) -> dict[str, WeightSpec]:
     """The routed-expert bank ``bank``: gate/up stacked ``[experts, 2F, E]``, down ``[experts, E, F]``."""
     E, F, N = cfg.embed, cfg.expert_ffn, cfg.n_experts
@@ -213,6 +279,7 @@ def all_specs(cfg: ModelConfig, with_vocab: bool, n_layers: int | None = None) -
     n = cfg.n_layers if n_layers is None else n_layers
     for layer in range(n):
         yield from layer_specs(cfg, layer).values()
+        yield from compress_specs(cfg, layer).values()
     for bank in sorted({bank_of_layer(cfg, layer) for layer in range(n)}):
         yield from bank_specs(cfg, bank).values()
     g = global_specs(cfg)

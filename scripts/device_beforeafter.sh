@@ -9,6 +9,14 @@ R=/tmp/ba; rm -rf $R; mkdir -p $R
 SITE=/tmp/site
 step() { local tree=$1 tag=$2; shift 2; echo; echo "=== $tag ($tree)";
   (cd "$tree" && PYTHONPATH=$SITE:$PWD timeout 400 python3 -m ds4lab.cli "$@") > $R/$tag.log 2>&1; echo "exit $?" >> $R/$tag.log; tail -n 25 $R/$tag.log; }
+if [ "${LADDER_ABBA:-0}" = 1 ]; then  # host-bound figures drift between runs: before, after, after, before
+  step .before ladder-before-1 ladder --backend cupy --preset ds4-flash --out $R/ladder-before-1
+  step .       ladder-after-1  ladder --backend cupy --preset ds4-flash --out $R/ladder-after-1
+  step .       ladder-after-2  ladder --backend cupy --preset ds4-flash --out $R/ladder-after-2
+  step .before ladder-before-2 ladder --backend cupy --preset ds4-flash --out $R/ladder-before-2
+  tar czf $OUT/beforeafter.tgz -C /tmp ba
+  exit 0
+fi
 step .before ladder-before ladder --backend cupy --preset ds4-flash --out $R/ladder-before
 step .       ladder-after  ladder --backend cupy --preset ds4-flash --out $R/ladder-after
 step .before excl-before exclusion --backend cupy --out $R/excl-before

@@ -416,7 +416,7 @@ def test_token_options_accept_all_valid():
                 o = TokenOptions(counts_clear=cc, scalars=sc, scratch=sp, vocab=True)
                 assert o.summary() == {"counts_clear": cc, "scalars": sc, "scratch": sp,
                                        "vocab": True, "moe_profile": False, "moe_host_timed": False,
-                                       "legacy_sites": (), "sync_in_body": False}
+                                       "legacy_sites": (), "sync_in_body": False, "longctx": "host"}
 
 
 # ----------------------------------------------------------------------------- memory check
@@ -432,7 +432,7 @@ class GpuLikeBackend(NumpyBackend):
 
 
 def test_memory_check_refuses_before_allocating():
-    need = W.model_bytes(TINY, True)
+    need = W.model_bytes(TINY, True) + W.cache_bytes(TINY)  # weights and the KV windows
     with pytest.raises(MemoryError, match="GiB"):
         DecodeModel(TINY, GpuLikeBackend(free=need - 1), TokenOptions(vocab=True))
     with pytest.raises(MemoryError, match="per_layer_experts"):
@@ -446,8 +446,8 @@ def test_memory_check_partial_model_below_hash_layers():
     m = DecodeModel(cfg, GpuLikeBackend(free=2**40), TokenOptions(), n_layers=1)
     assert m.n_layers == 1
     # A partial model needs fewer bytes: it fits where the whole one would not.
-    part = W.model_bytes(cfg, False, 1)
-    assert part < W.model_bytes(cfg, False)
+    part = W.model_bytes(cfg, False, 1) + W.cache_bytes(cfg, 1)
+    assert part < W.model_bytes(cfg, False) + W.cache_bytes(cfg)
     DecodeModel(cfg, GpuLikeBackend(free=part), TokenOptions(), n_layers=1)
     with pytest.raises(MemoryError):
         DecodeModel(cfg, GpuLikeBackend(free=part - 1), TokenOptions(), n_layers=1)

@@ -10,6 +10,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ==============  ===========================================================================
 ``run``         eager decode tokens: reference check, µs per token, census, memory, floor
 ``ladder``      the capture stages: µs per token, exactness, cache statistics, plot
+``context``     the capture stages across context length, on the long-context token
 ``hazards``     one ds4-today path inside a captured stage (``ds4lab ladder --hazard``)
 ``moe``         the routed-MoE profiler in six modes
 ``exclusion``   the profiling × capture matrix
@@ -49,6 +50,7 @@ JOBS = {
     "run": ("run", BackendRequest(allowed=("auto", "cupy", "numpy", "sim"),
                                   timing_only=lambda c: importlib.import_module(".run", __name__).timing_only_for(c))),
     "ladder": ("ladder", BackendRequest(timing_only=True)),
+    "context": ("context", BackendRequest(timing_only=True)),
     "hazards": ("hazards", BackendRequest()),
     "moe": ("moe", BackendRequest(timing_only=lambda c: not c.sim_compute)),
     "exclusion": ("exclusion", BackendRequest(timing_only=True)),

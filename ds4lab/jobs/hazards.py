@@ -9,7 +9,13 @@ from pathlib import Path
 from .. import provenance, results
 from ..config import get_preset
 from ..hazards import HAZARDS, demonstrate
+from ..longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx
 from .common import BadInput, default_preset
+
+#: Every hazard the job demonstrates: the decode token's (H200 record in docs/measurements) and the
+#: long-context token's (compressed and indexed attention). ``all`` runs the first set,
+#: ``all-longctx`` the second.
+ALL_HAZARDS = (*HAZARDS, *LONGCTX_HAZARDS)
 
 #: What the hazards job writes in its folder.
 HAZARD_OUTPUTS = ("hazards.csv",)
@@ -36,20 +42,22 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
     """
     import pandas as pd
 
-    if cfg.hazard != "all" and cfg.hazard not in HAZARDS:
-        raise BadInput(f"unknown hazard {cfg.hazard!r}; choose one of: {', '.join(HAZARDS)} (or all)")
+    if cfg.hazard not in ("all", "all-longctx") and cfg.hazard not in ALL_HAZARDS:
+        raise BadInput(f"unknown hazard {cfg.hazard!r}; choose one of: {', '.join(ALL_HAZARDS)} "
+                       "(or all, all-longctx)")
     if be.timing_only:
         raise BadInput("hazard demonstrations compare tensors: they need a backend that computes "
                        "(not the sim's timing-only mode)")
     mcfg = get_preset(cfg.preset or default_preset("hazards", be))
     out = Path(cfg.out or f"results/hazards-{mcfg.name}-{be.name}")
-    names = list(HAZARDS) if cfg.hazard == "all" else [cfg.hazard]
+    names = {"all": list(HAZARDS), "all-longctx": list(LONGCTX_HAZARDS)}.get(cfg.hazard, [cfg.hazard])
     meta = provenance.base_meta(be)
     meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
     rows = []
     with results.job_folder(out, meta, HAZARD_OUTPUTS):
         for n in names:
-            r = demonstrate(n, be, mcfg, mode=cfg.mode)
+            r = (demonstrate_longctx(n, be, mcfg, mode=cfg.mode) if n in LONGCTX_HAZARDS else
+                 demonstrate(n, be, mcfg, mode=cfg.mode))
             rows.append(r)
             pd.DataFrame(rows).to_csv(out / "hazards.csv", index=False)
             console.print(f"[bold]{n}[/]: {r['outcome']} · errors {r['errors']} · exact {r['exact']}"

@@ -32,7 +32,8 @@ class LadderConfig:
     ``tokens``: timed tokens per stage, split over ``rounds`` interleaved rounds; ``exact_tokens``:
     tokens compared bit for bit with stage 0 (0: skip); ``mode``: stream-capture mode
     (``global``, ``thread_local``, ``relaxed``); ``out``: result folder (None:
-    ``results/ladder-<preset>-<backend>``).
+    ``results/ladder-<preset>-<backend>``); ``start_pos``: the first decoded position;
+    ``long_context``: the long-context token (:mod:`ds4lab.context`), where stage ``3c`` exists.
     """
 
     stages: str = "0,0s,1,2,3,3u"
@@ -44,6 +45,11 @@ class LadderConfig:
     mode: str = "thread_local"
     nvtx: bool = False
     out: Path | str | None = None
+    #: Position of the first decoded token (the caches are prefilled up to it): time any stage at
+    #: any context.
+    start_pos: int = START_POS
+    #: The long-context token (compressed and indexed attention; stage ``3c`` becomes available).
+    long_context: bool = False
 
 
 class NotExact(CheckFailed):
@@ -57,7 +63,9 @@ def check(cfg: LadderConfig, con) -> tuple[list, int]:
         LadderInputError: unknown or repeated stage, non-positive counts, positions past int32,
             an empty ``out``.
     """
-    st_list = parse_stages(cfg.stages)
+    st_list = _stages(cfg)
+    if cfg.start_pos < 4:
+        raise LadderInputError(f"--start-pos {cfg.start_pos}: the ladder starts at position 4 or later")
     if cfg.tokens < 1 or cfg.exact_tokens < 0 or cfg.rounds < 1 or cfg.warmup < 0:
         raise LadderInputError(f"tokens={cfg.tokens}, warmup={cfg.warmup}, exact_tokens={cfg.exact_tokens} and "
                                f"rounds={cfg.rounds} must be positive")
@@ -71,7 +79,7 @@ def check(cfg: LadderConfig, con) -> tuple[list, int]:
                   "round(s) of one[/]")
         rounds = cfg.tokens
     per_round = -(-cfg.tokens // rounds)
-    last = START_POS + cfg.exact_tokens + 2 + rounds * len(st_list) * (per_round + cfg.warmup)
+    last = cfg.start_pos + cfg.exact_tokens + 2 + rounds * len(st_list) * (per_round + cfg.warmup)
     if last > MAX_POS:
         raise LadderInputError(f"--tokens {cfg.tokens} with --warmup {cfg.warmup} and --repeats {rounds} would "
                                f"decode positions up to {last}, past {MAX_POS} (positions are int32 kernel arguments)")
@@ -79,6 +87,29 @@ def check(cfg: LadderConfig, con) -> tuple[list, int]:
         con.print(f"[yellow]note: {cfg.tokens} tokens in {rounds} rounds: {per_round} per round, "
                   f"{per_round * rounds} timed per stage[/]")
     return st_list, rounds
+
+
+def _stages(cfg: LadderConfig) -> list:
+    """The stages of ``cfg``: :data:`ds4lab.ladder.STAGES`, plus ``3c`` on the long-context token."""
+    if not cfg.long_context:
+        return parse_stages(cfg.stages)
+    from ..context import CONTEXT_STAGES
+
+    names = [t.strip() for t in cfg.stages.split(",") if t.strip()]
+    if "3c" not in names:
+        return parse_stages(cfg.stages)
+    rest = ",".join(n for n in names if n != "3c")
+    out = parse_stages(rest) if rest else []
+    return out + [CONTEXT_STAGES["3c"]]
+
+
+def _model_config(cfg: LadderConfig, preset: str, st_list, rounds: int):
+    """The preset, with the long-context token switched on and ``max_context`` past the last position."""
+    if not cfg.long_context:
+        return get_preset(preset)
+    per_round = -(-cfg.tokens // rounds)
+    last = cfg.start_pos + cfg.exact_tokens + 2 + rounds * len(st_list) * (per_round + cfg.warmup)
+    return get_preset(preset, long_context=True, max_context=-(-(last + 1) // 128) * 128)
 
 
 def exactness_backend(be):
@@ -104,11 +135,12 @@ def run(cfg: LadderConfig, be, console=None):
     con = console or make_console()
     st_list, rounds = check(cfg, con)
     preset = cfg.preset or default_preset("ladder", be)
-    mcfg = get_preset(preset)
+    mcfg = _model_config(cfg, preset, st_list, rounds)
     out = Path(cfg.out or f"results/ladder-{preset}-{be.name}")
     meta = provenance.base_meta(be)
     meta.update(job="ladder", preset=mcfg.summary(), stages=[s.name for s in st_list], tokens=cfg.tokens,
-                warmup=cfg.warmup, exact_tokens=cfg.exact_tokens, capture_mode=cfg.mode, modeled=be.models_time)
+                warmup=cfg.warmup, exact_tokens=cfg.exact_tokens, capture_mode=cfg.mode, modeled=be.models_time,
+                start_pos=cfg.start_pos, long_context=cfg.long_context)
     banner = modeled_banner(be)
     if banner:
         meta["calibration"] = be.calibration_name
@@ -172,9 +204,9 @@ def _exactness(be, preset, mcfg, st_list, base, cfg, model, runs, con) -> dict:
     else:
         model_x = DecodeModel(mcfg, be_x, base)
         runs_x = [StageRun(model_x, st, base, mode=cfg.mode) for st in st_list]
-    ref = exactness_record(StageRun(model_x, STAGES["0"], base, mode=cfg.mode), START_POS, cfg.exact_tokens)
+    ref = exactness_record(StageRun(model_x, STAGES["0"], base, mode=cfg.mode), cfg.start_pos, cfg.exact_tokens)
     for rx in runs_x:
-        diff = first_difference(ref, exactness_record(rx, START_POS, cfg.exact_tokens))
+        diff = first_difference(ref, exactness_record(rx, cfg.start_pos, cfg.exact_tokens))
         exact[rx.stage.name] = (diff is None, diff or "")
         con.print(f"exactness, stage {rx.stage.name}: " + ("bit-identical to stage 0" if diff is None
                                                            else f"DIFFERS at {diff}"))
@@ -194,10 +226,10 @@ def _measure(be, preset, mcfg, st_list, cfg: LadderConfig, rounds, out, con, met
 
     # 1. exactness, 2. the GPU-busy floor: one token's kernel durations
     exact = _exactness(be, preset, mcfg, st_list, base, cfg, model, runs, con)
-    floor = gpu_busy_floor(be, model, START_POS + cfg.exact_tokens)
+    floor = gpu_busy_floor(be, model, cfg.start_pos + cfg.exact_tokens)
 
     # 3. timing in interleaved rounds (odd rounds in reverse order): host noise hits every stage
-    pos = START_POS + cfg.exact_tokens + 1
+    pos = cfg.start_pos + cfg.exact_tokens + 1
     per_round = -(-cfg.tokens // rounds)
     samples = {r.stage.name: {"us": [], "host": []} for r in runs}
     launches = {}
