@@ -1026,17 +1026,23 @@ def instantiate_mem_nodes_twice(r: Recorder) -> None:
     r.call("instantiate2", be.graph_instantiate, g)
 
 
-@scenario("a graph with an unfreed allocation instantiated while its executable lives",
-          expect={"u_nodes": "mem_allocx1", "instantiate1": "ok", "instantiate2": "cudaErrorNotSupported"},
-          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); {_FACTS} (2026-11-30): "
-                 "an unfreed cudaMallocAsync node, second instantiation cudaErrorNotSupported")
+@scenario("a graph with an unfreed allocation instantiated again, before and after a launch",
+          expect={"u_nodes": "mem_allocx1", "instantiate1": "ok", "instantiate2": "ok", "launch1": "ok",
+                  "instantiate3": "cudaErrorNotSupported"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); measured on the H200 "
+                 f"(2026-11-30): a second instantiation before any launch is accepted; {_FACTS} (2026-11-30): after "
+                 "a launch left the allocation unfreed, cudaErrorNotSupported")
 def instantiate_unfreed_mem_nodes_twice(r: Recorder) -> None:
-    """The graph allocates and does not free: one executable at a time."""
+    """The graph allocates and does not free: a second executable, then one more after a launch."""
     be = r.be
+    s = be.new_stream(non_blocking=True)
     g, _ = _mem_graph(r, free=False, tag="u_")
     r.nodes("u_nodes", g)
-    r.call("instantiate1", be.graph_instantiate, g)
+    ex1 = r.call("instantiate1", be.graph_instantiate, g)
     r.call("instantiate2", be.graph_instantiate, g)
+    r.call("launch1", be.graph_launch, ex1, s)
+    r.call("launch1_sync", be.stream_synchronize, s)
+    r.call("instantiate3", be.graph_instantiate, g)
 
 
 @scenario("a graph with memory nodes instantiated again after its executable was destroyed",

@@ -582,10 +582,12 @@ class DecodeModel:
         width = (2 if ratio == 4 else 1) * D
         ops.q8_matvec(L, f"{pre}_kvgate", w[f"{pre}_kvgate"], self.x, kvsc)
         ops.comp_store(L, f"{pre}_store", kvsc, w[f"{pre}_ape"], skv, ssc, width, ratio, ts)
-        if self.opts.longctx == "device":
-            # Stage 3c: the emit in one kernel on every token, exiting at once off an emit position.
-            ops.comp_emit(L, f"{pre}_emit", skv, ssc, w[f"{pre}_norm"], rows, D, ratio, cfg, ts)
-        elif LR.is_emit(ts.pos, ratio):
+        # ds4's path asks on the host whether this token emits; stage 3c launches the same four
+        # kernels on every token and lets the device decide: pool and norm write scratch rows only,
+        # and the rotate-store and the shift exit at once off an emit position. The same kernels
+        # with the same geometry give the same bits as ds4's path (a fused emit kernel did not: its
+        # reduction order differs from rms_norm_rows', measured on the H200).
+        if self.opts.longctx == "device" or LR.is_emit(ts.pos, ratio):
             ops.comp_pool(L, f"{pre}_pool", skv, ssc, pooled, D, ratio)
             ops.rms_norm_rows(L, f"{pre}_norm", pooled, w[f"{pre}_norm"], normed, 1, D, cfg.rms_eps)
             ops.comp_rope_store(L, f"{pre}_rope_store", normed, rows, D, ratio, cfg, ts)

@@ -586,34 +586,6 @@ def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars
              nbytes=w.nbytes + 4 * (w.cols + w.rows))
 
 
-def comp_emit(L, site, state_kv, state_sc, norm_w, comp, D: int, ratio: int, cfg: ModelConfig, ts: TokenScalars):
-    """Stage 3c's emit in one launch: on an emit token pool, norm (times ``norm_w``), rotate at
-    ``pos + 1 - ratio`` and store row ``pos // ratio`` of ``comp``, then (ratio 4) shift the state;
-    a no-op on any other token (as ``comp_pool`` → ``rms_norm_rows`` → ``comp_rope_store`` →
-    ``comp_shift``, without their scratch). Raises ValueError for a ratio other than 4 or 128 or
-    ``D`` over 1024."""
-    _check_ratio(ratio)
-    if D > 1024:
-        raise ValueError(f"comp_emit: D={D} exceeds 1024 (the row is kept in shared memory)")
-    theta = cfg.compress_rope_theta
-    rows = 8 if ratio == 4 else ratio
-    width = (2 if ratio == 4 else 1) * D
-
-    def ref():
-        pos = ts.resolve()[0]
-        if LR.is_emit(pos, ratio):
-            pooled = LR.compressor_pool(state_kv, state_sc, D, ratio)
-            comp[LR.comp_row(pos, ratio)] = LR.compressor_emit_row(pooled, norm_w, pos, ratio, cfg.rope_dims, theta,
-                                                                   cfg.rms_eps)
-            kv, sc = LR.compressor_shift(state_kv, state_sc, ratio)
-            state_kv[...], state_sc[...] = kv, sc
-
-    L.kernel(site, "comp_emit", (1,), (256,),
-             (state_kv, state_sc, norm_w, comp, i32(D), i32(cfg.rope_dims), np.float64(theta), i32(ratio),
-              f32(cfg.rms_eps)) + ts.args(), ref,
-             nbytes=4 * (2 * rows * width + 2 * D))
-
-
 def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalars, theta: float):
     """RoPE at the position on the last ``rope_dims`` of each of ``heads`` rows of width ``D``
     (the indexer query), in place: ``dense.cu:rope_q`` on another shape."""

@@ -32,13 +32,13 @@ SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25"
 def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
     """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens,
     or ``(None, reason)`` when CUPTI is unavailable or the records do not match the trace."""
-    from .moeprof import _CuptiSession, cupti_available
+    from .moeprof.traces import CuptiSession, cupti_available
 
     ok, why = cupti_available()
     if not ok:
         return None, why
     try:
-        s = _CuptiSession.get()
+        s = CuptiSession.get()
         s.start()
     except Exception as e:  # the library loads but the activity API refuses (driver, permissions)
         return None, f"CUPTI did not start ({type(e).__name__}: {e})"

@@ -113,61 +113,6 @@ extern "C" __global__ void comp_shift(float* __restrict__ state_kv, float* __res
     state_sc[i] = state_sc[4 * (size_t)width + i];
 }
 
-// Stage 3c's emit in one kernel: on an emit token, pool the state (as comp_pool), RMS-norm it
-// times w (as rms_norm_rows), rotate it at pos + 1 - ratio and store it as compressed row
-// pos / ratio (as comp_rope_store), then (ratio 4) shift the state (as comp_shift). Any other
-// token: returns at once. D <= 1024. grid = 1, block = 256.
-extern "C" __global__ void comp_emit(float* __restrict__ state_kv, float* __restrict__ state_sc,
-                                     const float* __restrict__ w, float* __restrict__ comp, int D, int rope_dims,
-                                     double theta, int ratio, float eps,
-                                     const int* scal, int pos, int kv_row, int n_valid, int token_id) {
-    TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
-    if (!lc_emit(t.pos, ratio)) return;
-    __shared__ float row[LC_MAX_DIM];
-    const int width = ratio == 4 ? 2 * D : D;
-    const int rows = ratio == 4 ? 8 : ratio;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        float m = -3.402823466e38f;
-        for (int r = 0; r < rows; ++r) {
-            const int col = (ratio == 4 && r >= 4) ? D + j : j;
-            m = fmaxf(m, state_sc[(size_t)r * width + col]);
-        }
-        float v = 0.0f;
-        if (m > -0.5e30f) {
-            float z = 0.0f, acc = 0.0f;
-            for (int r = 0; r < rows; ++r) {
-                const int col = (ratio == 4 && r >= 4) ? D + j : j;
-                const float e = expf(state_sc[(size_t)r * width + col] - m);
-                z += e;
-                acc += e * state_kv[(size_t)r * width + col];
-            }
-            v = acc / z;
-        }
-        row[j] = v;
-        ss += v * v;
-    }
-    const float scale = rsqrtf(block_sum(ss) / D + eps);  // block_sum ends with a barrier: the state is read
-    for (int j = threadIdx.x; j < D; j += blockDim.x) row[j] = row[j] * scale * w[j];
-    __syncthreads();
-    float* dst = comp + (size_t)(t.pos / ratio) * D;
-    const int first = D - rope_dims, rpos = t.pos + 1 - ratio;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        if (i < first) dst[i] = row[i];
-        else if (((i - first) & 1) == 0) {
-            float a = row[i], b = row[i + 1];
-            lc_rope_pair(a, b, rpos, (i - first) / 2, rope_dims, theta);
-            dst[i] = a;
-            dst[i + 1] = b;
-        }
-    }
-    if (ratio == 4)
-        for (int i = threadIdx.x; i < 4 * width; i += blockDim.x) {
-            state_kv[i] = state_kv[4 * (size_t)width + i];
-            state_sc[i] = state_sc[4 * (size_t)width + i];
-        }
-}
-
 // ------------------------------------------------------------------------------ indexer
 // Stage 3c's indexer projections: dense.cu's q8_matvec, the same reduction in the same order and
 // launched with the same geometry (ops.q8_geometry: block (tpr, 256 / tpr), a thread group per row

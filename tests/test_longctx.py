@@ -429,10 +429,10 @@ def test_device_decisions_same_numbers_one_launch_list():
         decisions.add(dev.host_decisions("token", -1, 1, dev._scalars_no_write(pos, tok)))
         assert all(np.array_equal(a, b) for a, b in zip(lc_state(dev), lc_state(host))), pos
     assert len(totals) == 1 and len(decisions) == 1
-    # the fused emit of both compressors and the worst-case chunked top-k on every token
+    # ds4's emit kernels of both compressors and the worst-case chunked top-k on every token
     sites = {s for (_, k, s) in dev.L.census.counts}
-    assert {"comp_emit", "index_comp_emit", "index_topk_chunk", "index_topk_merge"} <= sites
-    assert not {"comp_pool", "comp_shift"} & sites
+    assert {"comp_pool", "comp_rope_store", "comp_shift", "index_comp_pool", "index_comp_shift",
+            "index_topk_chunk", "index_topk_merge"} <= sites
 
 
 def test_stage3c_one_graph_for_every_position(graphs_on):

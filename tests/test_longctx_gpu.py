@@ -131,24 +131,6 @@ def test_comp_shift(both, rng, emit):
     assert np.array_equal(g["skv"][:4], bufs["skv"][4:] if emit else bufs["skv"][:4])
 
 
-@pytest.mark.parametrize("ratio,D", [(4, 512), (128, 512), (4, 64), (128, 128)])
-@pytest.mark.parametrize("emit", [True, False])
-def test_comp_emit(both, rng, ratio, D, emit):
-    """Stage 3c's fused emit against pool → norm → rotate-store → shift (the references)."""
-    cfg = FLASH.replace(rope_dims=min(64, D))
-    coff = 2 if ratio == 4 else 1
-    rows = 48
-    pos = int(rng.integers(1, rows - 1)) * ratio + (ratio - 1 if emit else int(rng.integers(0, ratio - 1)))
-    bufs = {"skv": f32(rng, coff * ratio, coff * D), "ssc": f32(rng, coff * ratio, coff * D, scale=3.0),
-            "w": (1.0 + 0.1 * rng.standard_normal(D)).astype(np.float32), "comp": f32(rng, rows, D)}
-    g, r = both.run(lambda L, b, ts: ops.comp_emit(L, "e", b["skv"], b["ssc"], b["w"], b["comp"], D, ratio, cfg, ts),
-                    bufs, (pos, cfg, True))
-    assert rel(g["comp"], r["comp"]) < F32_RTOL
-    assert np.array_equal(g["skv"], r["skv"]) and np.array_equal(g["ssc"], r["ssc"])
-    changed = np.flatnonzero((g["comp"] != bufs["comp"]).any(axis=1))
-    assert changed.tolist() == ([pos // ratio] if emit else [])
-
-
 # ----------------------------------------------------------------------------- indexer
 @pytest.mark.parametrize("rows,cols", [(8192, 1024), (64, 4096), (16, 256)])
 @pytest.mark.parametrize("skip", [False, True])

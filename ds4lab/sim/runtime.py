@@ -219,8 +219,8 @@ RULES: dict[str, Rule] = {
         "cudaFreeAsync / cudaFree, outside the graph, of an allocation a launched graph made", "frees", None,
         "-", "PG 'Graph Memory Nodes' → 'Accessing and freeing graph memory outside of the allocating graph'"),
     "instantiate_mem_nodes_twice": Rule(
-        "cudaGraphInstantiate of a graph with an allocation node that the graph does not free, while an "
-        "executable of that graph exists", "raises", "cudaErrorNotSupported", "none",
+        "cudaGraphInstantiate of a graph with memory nodes while an executable of that graph holds "
+        "allocations a launch left unfreed", "raises", "cudaErrorNotSupported", "none",
         "RT cudaGraphInstantiateWithFlags: 'at most one executable graph in existence for that graph at a "
         "time'; facts (2026-11-30): an unfreed cudaMallocAsync node → cudaErrorNotSupported; facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): a graph that "
         "frees its allocation instantiates a second time (ok)"),
@@ -374,6 +374,8 @@ class Graph:
     capture_id: int
     #: live executables instantiated from it (rule instantiate_mem_nodes_twice)
     execs: int = 0
+    #: those executables (rule instantiate_mem_nodes_twice asks whether one holds unfreed allocations)
+    live: list = field(default_factory=list)
     destroyed: bool = False
 
     @property
@@ -890,12 +892,14 @@ class Runtime:
                 if bad or not g.nodes:
                     self._fail("instantiate_device_launch", call, (),
                                f"node kinds {sorted(set(bad))}" if bad else "empty graph")
-            if g.execs and self._unfreed_allocs(g.nodes):
-                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
-                                                                    "executable")
+            if any(e.unfreed for e in g.live):
+                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has a live executable whose "
+                                                                    "launch left allocations unfreed")
             self.dev.host(self.cal.host_api_us)
             g.execs += 1
-            return GraphExec(next(self._ids), g, flags=flags, source=g)
+            ex = GraphExec(next(self._ids), g, flags=flags, source=g)
+            g.live.append(ex)
+            return ex
 
     def graph_exec_destroy(self, ex: GraphExec) -> None:
         """``cudaGraphExecDestroy`` (rule exec_destroy). Raises cudaErrorInvalidValue for a non-executable
@@ -907,6 +911,8 @@ class Runtime:
             ex.destroyed = True
             if ex.source is not None:
                 ex.source.execs -= 1
+                if ex in ex.source.live:
+                    ex.source.live.remove(ex)
             self.dev.host(self.cal.host_api_us)
 
     def graph_destroy(self, g: Graph) -> None:
