@@ -120,6 +120,13 @@ class Launcher:
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
 
+    def set_annotator(self, annotator) -> None:
+        """Use ``annotator`` (the :class:`ds4lab.annotate.NvtxAnnotator` interface: ``push``, ``pop``)
+        for every range from now on, and turn annotation on (``ds4lab.trace`` records push/pop times
+        this way)."""
+        self.annotator = annotator
+        self._nvtx = True
+
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
         """The stream the next routed launch goes to (the accessor's answer, or legacy when unrouted)."""

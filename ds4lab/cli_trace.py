@@ -1,0 +1,61 @@
+"""``ds4lab trace``: the command line over :func:`ds4lab.trace.run_trace` (the logic lives there)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .config import PRESETS
+
+
+def register(main: click.Group) -> None:
+    """Add ``trace`` to the ``ds4lab`` group."""
+    main.add_command(trace_cmd)
+
+
+@click.command("trace")
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, small on the sim.")
+@click.option("--stages", default="0,3", show_default=True, help="Comma-separated stages, one trace process each.")
+@click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Tokens traced per stage (after warm-up).")
+@click.option("--warmup", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Untraced tokens per stage first (the captured stages capture their graphs there).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/trace-<preset>-<backend>.")
+def trace_cmd(backend, preset, stages, tokens, warmup, out) -> None:
+    """One decode token's timeline per stage as a Chrome/Perfetto trace (trace.json).
+
+    Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's
+    modeled schedule (labelled MODELED); ds4lab's NVTX ranges (token, layer, cluster, op) from its own
+    record of push and pop times. Open trace.json in ui.perfetto.dev or chrome://tracing; also
+    written: kernels.csv, nvtx.csv, meta.json and trace.png/.svg/.pdf (the first layers of each
+    stage's token, launch gaps visible).
+
+    \b
+    Exit status:
+      0  trace written
+      2  bad request (unknown stage), no kernel source here (no cupti-python
+         on a GPU), no kernel record, or an --out that cannot be written
+    """
+    from .backends import BackendUnavailable
+    from .config import ConfigError
+    from .progress import make_console
+    from .results import OutputError
+    from .trace import TraceConfig, TraceError, run_trace
+
+    con = make_console()
+    try:
+        res = run_trace(TraceConfig(backend=backend, preset=preset, stages=stages, tokens=tokens, warmup=warmup,
+                                    out=out), console=con)
+    except (TraceError, ConfigError, OutputError, BackendUnavailable) as e:
+        click.echo(f"ds4lab: error: {e}", err=True)
+        sys.exit(2)
+    for p in res.files:
+        click.echo(f"wrote {p}")
+    if res.meta.get("modeled"):
+        click.echo("every event in this trace is MODELED (the sim's cost model), not measured")
