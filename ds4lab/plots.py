@@ -423,3 +423,39 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
                                             "kernels and launch gaps by stage"))
         fig.tight_layout()
     return fig
+
+
+def ncu_sites_figure(sources: dict, top: int = 16):
+    """Per launch site (cluster/op), the median DRAM throughput in % of peak that Nsight Compute
+    measured (its achieved fraction of memory bandwidth), one bar per source, for the ``top`` sites
+    with the most kernel time summed over the sources. ``sources``: label → a table of
+    :func:`ds4lab.ingest.ncu.per_site` (``cluster``, ``op``, ``dram_pct``, ``total_us``, optionally
+    ``sm_pct``, ``provenance``). The title says the numbers are ncu's (clocks locked to base: ratios,
+    not the ladder's µs); each label carries its source's provenance."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for label, df in sources.items():
+        d = df.assign(site=df["cluster"].astype(str) + "/" + df["op"].astype(str), source=label)
+        frames.append(d)
+    allf = pd.concat(frames, ignore_index=True)
+    w = pd.to_numeric(allf.get("total_us", pd.Series(1.0, index=allf.index)), errors="coerce").fillna(0)
+    order = allf.assign(w=w).groupby("site")["w"].sum().sort_values(ascending=False).index[:top].tolist()
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(11, 1.2 + 0.32 * len(order) * max(1, len(sources)) ** 0.5))
+        h = 0.8 / max(1, len(sources))
+        y = np.arange(len(order))
+        for i, (label, d) in enumerate(allf.groupby("source", sort=False)):
+            v = d.groupby("site")["dram_pct"].median().reindex(order)
+            ax.barh(y + i * h, v.to_numpy(dtype=float), height=h, color=COLORS[i % len(COLORS)], label=label)
+        ax.set_yticks(y + h * (len(sources) - 1) / 2)
+        ax.set_yticklabels(order, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("DRAM throughput, % of peak (median over launches; ncu SpeedOfLight)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        ax.set_title(f"achieved fraction of DRAM bandwidth per launch site, the {len(order)} sites with the most "
+                     "kernel time — measured by Nsight Compute (clocks locked to base)")
+        fig.tight_layout()
+    return fig

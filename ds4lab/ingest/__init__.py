@@ -101,9 +101,11 @@ def ingest(path: Path, lenient: bool = False, sites: str | None = None) -> Inges
     k = res.tables.get("ncu_kernels")
     if k is not None and not k.empty:
         if sites:
+            from ..config import ConfigError
+
             try:
                 st = _ncu.site_table(sites)
-            except KeyError as e:
+            except (ConfigError, KeyError) as e:
                 raise IngestError(f"--sites {sites}: {e.args[0] if e.args else 'unknown preset'}") from None
             k = _ncu.join_sites(k, st)
             res.tables["ncu_kernels"] = k

@@ -54,7 +54,7 @@ ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "C
               "Grid Size", "Device", "CC")
 NVTX_DOMAIN = "ds4lab"
 KERNEL_COLUMNS = ("id", "kernel", "grid", "block", "duration_us", "dram_pct", "sm_pct", "memory_pct", "registers",
-                  "nvtx", "position", "layer", "cluster", "op")
+                  "nvtx", "position", "layer", "cluster", "op", "page", "provenance")
 _RANGE = re.compile(r'"([^"]*)"')
 
 
@@ -168,7 +168,7 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
                   "block": rec.get("Block Size", "").strip(), "duration_us": None, "dram_pct": None, "sm_pct": None,
                   "memory_pct": None, "registers": None,
                   "nvtx": " > ".join(f"{r['domain']}:{r['name']}" for r in stack), **ds4lab_levels(stack),
-                  "page": page, "file": str(path), "source": f"{path.name}:{n}"}
+                  "page": page, "provenance": _provenance(rec), "file": str(path), "source": f"{path.name}:{n}"}
             kernels[kid] = kr
         if page == "details":
             bad = _metric(kr, metrics, kid, rec.get("Section Name", ""), rec["Metric Name"].strip(),
@@ -189,6 +189,12 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
     res.tables["ncu_metrics"] = pd.DataFrame(metrics, columns=["id", "kernel", "section", "metric", "unit", "value",
                                                                "file"]).assign(file=str(path))
     return res
+
+
+def _provenance(rec: dict) -> str:
+    """Where an ncu row's numbers come from: the tool and the GPU's compute capability (``CC``)."""
+    cc = rec.get("CC", "").strip()
+    return "Nsight Compute" + (f", CC {cc}" if cc else "")
 
 
 def _int(s: str):
@@ -228,15 +234,16 @@ def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
     """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in
     launch order (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch
     layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
-    launch sequence as on a GPU: ``ds4lab.launch``). Raises KeyError for an unknown preset."""
+    launch sequence as on a GPU: ``ds4lab.launch``). Raises ds4lab.config.ConfigError for an unknown
+    preset."""
     from ..config import get_preset
     from ..ladder import START_POS, token_id_at
-    from ..model import DecodeModel
+    from ..model import DecodeModel, TokenOptions
     from ..sim.backend import SimBackend
 
     cfg = get_preset(preset)
     be = SimBackend(timing_only=True)
-    m = DecodeModel(cfg, be)
+    m = DecodeModel(cfg, be, TokenOptions(vocab=True))  # the ladder's token
     m.L.trace = []
     m.token(START_POS, token_id_at(START_POS, cfg.vocab))
     rows = [{"cluster": r.cluster, "layer": r.layer, "op": r.site, "kernel": r.kernel, "grid": str(tuple(r.grid)),
@@ -278,6 +285,8 @@ def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
            "duration_us": ("duration_us", "median"), "dram_pct": ("dram_pct", "median"), "sm_pct": ("sm_pct", "median")}
     if "achieved_GBps" in k:
         agg["achieved_GBps"] = ("achieved_GBps", "median")
+    if "provenance" in k:
+        agg["provenance"] = ("provenance", "first")
     by = ["cluster", "op"] + (["file"] if "file" in k else [])
     g = k.groupby(by, dropna=False).agg(**agg).reset_index()
     return g.sort_values("total_us", ascending=False).reset_index(drop=True)

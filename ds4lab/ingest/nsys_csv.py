@@ -68,7 +68,7 @@ UNITLESS_TIME = {"total time", "average", "avg", "median", "med", "minimum", "mi
 #: unit-less headers that are counts, percentages or ids
 COUNT_COLUMNS = {"instances", "num calls", "calls", "count", "operations", "time (%)", "time(%)", "time %",
                  "nvtx inst", "kern inst", "pid", "tid", "corrid", "grdx", "grdy", "grdz", "blkx", "blky", "blkz",
-                 "reg/trd", "device", "ctx", "strm", "greenctx"}
+                 "reg/trd", "ctx", "strm", "greenctx"}  # "Device" is a name in cuda_gpu_trace
 
 _TITLE = re.compile(r"^\s*\*\*\s*(?P<title>.*?)\s*\((?P<report>[A-Za-z0-9_]+)(?::[^)]*)?\)\s*:?\s*$")
 _PROCESSING = re.compile(r"^\s*Processing \[.*?\] with \[(?:.*[/\\])?(?P<report>[A-Za-z0-9_]+)(?:\.py)?\]")
