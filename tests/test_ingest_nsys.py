@@ -297,3 +297,12 @@ def test_ingest_all_writes_each_report_table(tmp_path):
     # a second ingest of only one file leaves no table of the first behind
     ingest_all([a], out)
     assert not (out / "graphs.csv").exists() and not (out / "ingest_warnings.csv").exists()
+
+
+def test_a_report_title_without_a_table_is_named(tmp_path):
+    text = (" ** CUDA GPU MemOps Summary (by Time) (cuda_gpu_mem_time_sum):\n\n"
+            "SKIPPED: report.sqlite does not contain GPU memory data.\n" + TWO_REPORTS)
+    r = ingest(write(tmp_path, "s.csv", text))
+    assert set(r.tables) == {"nsys_kernels", "nsys_osrt"}
+    assert any("cuda_gpu_mem_time_sum has no table (SKIPPED: report.sqlite does not contain GPU memory data.)" in w
+               for w in r.warnings)

@@ -111,6 +111,8 @@ def read_nsys_csv(path: Path, lenient: bool) -> Ingested:
         line = lines[i]
         m = _TITLE.match(line) or _PROCESSING.match(line)
         if m:
+            if report and m["report"] != report:
+                _no_table(res, report, title_line, lines, i)
             report, title_line = m["report"], i + 1
             i += 1
             continue
@@ -139,12 +141,21 @@ def read_nsys_csv(path: Path, lenient: bool) -> Ingested:
             _read_table(res, lenient, lines, i, end, hdr, name, table, rows)
         report = None
         i = end
+    if report:
+        _no_table(res, report, title_line, lines, len(lines))
     if not rows and not res.problems:
         skipped = "; ".join(res.warnings) if res.warnings else "no report title and no CSV table"
         problem(res, lenient, 0, f"no report ds4lab reads ({skipped})")
     for table, rs in rows.items():
         res.tables[table] = pd.DataFrame(rs)
     return res
+
+
+def _no_table(res: Ingested, report: str, title_line: int, lines: list[str], end: int) -> None:
+    """A report title with no table after it (nsys prints e.g. ``SKIPPED: ... does not contain CUDA
+    trace data.``): a warning with the report's name and what nsys said."""
+    said = next((l.strip() for l in lines[title_line:end] if l.strip()), "nothing")
+    res.warnings.append(f"{res.path}:{title_line}: report {report} has no table ({said[:160]})")
 
 
 def _by_columns(hdr: list[str]) -> str | None:
