@@ -388,14 +388,16 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
             else:
                 k = k.head(60)
             t0, t1 = float(k["start_us"].min()), float(k["end_us"].max())
-            n = nvtx[(nvtx["stage"] == st) & (nvtx["end_us"] > t0) & (nvtx["start_us"] < t1)] if not nvtx.empty else nvtx
+            n = nvtx
+            if not nvtx.empty:
+                n = nvtx[(nvtx["stage"] == st) & (nvtx["end_us"] > t0) & (nvtx["start_us"] < t1)]
             n = n[~n["name"].isin(["token", "layer"])] if not n.empty else n
             t0 = min([t0] + ([float(n["start_us"].min())] if not n.empty else []))
             yh, yg = 2 * i, 2 * i + 1.0  # host lane above its GPU lane, stages top to bottom
             for r in n.itertuples():
                 c = "#%06x" % _COLORS.get(r.cluster, 0x999999)
-                ax.broken_barh([(r.start_us - t0, max(r.end_us - r.start_us, 0.05))], (yh - 0.35 + 0.1 * min(r.depth, 3), 0.5),
-                               facecolors=c, alpha=0.45, linewidth=0)
+                ax.broken_barh([(r.start_us - t0, max(r.end_us - r.start_us, 0.05))],
+                               (yh - 0.35 + 0.1 * min(r.depth, 3), 0.5), facecolors=c, alpha=0.45, linewidth=0)
             for r in k.itertuples():
                 cl = r.cluster if isinstance(r.cluster, str) else "unlabelled"
                 c = "#%06x" % _COLORS.get(cl, 0x999999)

@@ -214,3 +214,14 @@ def test_cli_ingest_and_compare_draw_per_site_bandwidth(tmp_path):
     c = CliRunner().invoke(main, ["compare", str(out), "--out", str(tmp_path / "cmp")])
     assert c.exit_code == 0, c.output
     assert (tmp_path / "cmp" / "compare_ncu_sites.png").is_file()
+
+
+def test_join_without_layer_payloads_uses_the_sites_first_layer():
+    sites = site_table("tiny")
+    k = pd.DataFrame({"cluster": ["query", "embed", "query"], "op": ["q_a", "embed", "nope"],
+                      "layer": [None, None, None], "duration_us": [10.0, 1.0, 1.0], "kernel": ["q8_matvec"] * 3})
+    j = join_sites(k, sites)
+    first = sites[(sites.cluster == "query") & (sites.op == "q_a")].iloc[0]
+    assert j["nbytes"][0] == first["nbytes"] and j["site_layer"][0] == first["layer"]
+    assert j["site_kernel"][1] == "embed_token" and j["site_layer"][1] == -1
+    assert j.site_known.tolist() == [True, True, False] and pd.isna(j["nbytes"][2])

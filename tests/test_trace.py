@@ -173,7 +173,8 @@ def test_chrome_trace_of_empty_stage_tables_has_metadata_only():
 
 def test_cli_trace_on_the_sim(tmp_path):
     out = tmp_path / "t"
-    r = CliRunner().invoke(main, ["trace", "--backend", "sim", "--preset", "tiny", "--stages", "0,3", "--out", str(out)])
+    r = CliRunner().invoke(main, ["trace", "--backend", "sim", "--preset", "tiny", "--stages", "0,3",
+                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "MODELED" in r.output and (out / "trace.json").is_file()
     bad = CliRunner().invoke(main, ["trace", "--backend", "sim", "--preset", "tiny", "--stages", "x"])

@@ -123,7 +123,8 @@ def ingest(path: Path, lenient: bool = False, sites: str | None = None) -> Inges
 
 def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None) -> list[Ingested]:
     """Ingest every path and write each table to ``out/<table>.csv`` (the rows of all inputs, each
-    row's ``file`` naming its input), the bad lines to ``out/ingest_problems.csv`` and the warnings to ``out/ingest_warnings.csv``. Once every
+    row's ``file`` naming its input), the bad lines to ``out/ingest_problems.csv`` and the warnings
+    to ``out/ingest_warnings.csv``. Once every
     input was read, the tables an earlier ingest left in ``out`` (:data:`OUTPUT_GLOBS`) are removed
     first, so that ``out`` holds this run's tables only. Raises IngestError on the first bad input
     unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, the same input

@@ -164,9 +164,9 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
         kr = kernels.get(kid)
         if kr is None:
             stack = parse_nvtx_stack(rec[nvtx_cols[0]]) if nvtx_cols else []
-            kr = {"id": _int(kid), "kernel": rec.get("Kernel Name", "").strip(), "grid": rec.get("Grid Size", "").strip(),
-                  "block": rec.get("Block Size", "").strip(), "duration_us": None, "dram_pct": None, "sm_pct": None,
-                  "memory_pct": None, "registers": None,
+            kr = {"id": _int(kid), "kernel": rec.get("Kernel Name", "").strip(),
+                  "grid": rec.get("Grid Size", "").strip(), "block": rec.get("Block Size", "").strip(),
+                  "duration_us": None, "dram_pct": None, "sm_pct": None, "memory_pct": None, "registers": None,
                   "nvtx": " > ".join(f"{r['domain']}:{r['name']}" for r in stack), **ds4lab_levels(stack),
                   "page": page, "provenance": _provenance(rec), "file": str(path), "source": f"{path.name}:{n}"}
             kernels[kid] = kr
@@ -222,7 +222,8 @@ def _metric(kr, metrics, kid, section, name, unit, value, wanted) -> str | None:
     if col == "duration_us":
         f = TIME_UNIT_US.get(unit)
         if f is None:
-            return f"metric {name!r}: unit {unit!r} is not a time unit ncu prints (ns, us, ms, s, nsecond, usecond, ...)"
+            return (f"metric {name!r}: unit {unit!r} is not a time unit ncu prints "
+                    "(ns, us, ms, s, nsecond, usecond, msecond, second)")
         v *= f
     if v < 0:
         return f"metric {name!r}={cell} is negative"
@@ -256,19 +257,29 @@ def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float
     clusters outside a layer): adds ``site_kernel`` (the kernel ds4lab launches there: a different
     name means the NVTX stack and the kernel disagree), ``nbytes`` and ``achieved_GBps`` (bytes the
     site moves / ncu duration); ``site_known`` is false for a row whose (cluster, op) ds4lab does not
-    have. ``bandwidth_GBps`` (a peak, e.g. the calibration's) adds ``bw_fraction``."""
-    s = sites.drop_duplicates(["cluster", "op", "layer"]).rename(columns={"kernel": "site_kernel"})
-    k = kernels.copy()
-    k["layer_key"] = pd.to_numeric(k["layer"], errors="coerce").fillna(-1).astype(int)
-    out = k.merge(s[["cluster", "op", "layer", "site_kernel", "nbytes"]].rename(columns={"layer": "layer_key"}),
-                  on=["cluster", "op", "layer_key"], how="left")
+    have. A row whose layer is unknown (a stack without payloads) or not in ``sites`` is joined on
+    (cluster, op) alone, taking the site's first layer (``site_layer`` says which layer's bytes
+    were used). ``bandwidth_GBps`` (a peak, e.g. the calibration's) adds ``bw_fraction``."""
+    s = sites.rename(columns={"kernel": "site_kernel", "layer": "site_layer"})
+    exact = s.drop_duplicates(["cluster", "op", "site_layer"])
+    first = s.drop_duplicates(["cluster", "op"])
+    k = kernels.copy().reset_index(drop=True)
+    k["site_layer"] = pd.to_numeric(k["layer"], errors="coerce")
+    k.loc[k["site_layer"].isna() & k["cluster"].isin(["embed", "final"]), "site_layer"] = -1
+    cols = ["cluster", "op", "site_layer", "site_kernel", "nbytes"]
+    out = k.merge(exact[cols], on=["cluster", "op", "site_layer"], how="left")
+    miss = out["site_kernel"].isna()
+    if miss.any():
+        alt = k.loc[miss, ["cluster", "op"]].merge(first[cols], on=["cluster", "op"], how="left")
+        for c in ("site_layer", "site_kernel", "nbytes"):
+            out.loc[miss, c] = alt[c].to_numpy()
     known = set(zip(sites["cluster"], sites["op"]))
     out["site_known"] = [(c, o) in known for c, o in zip(out["cluster"], out["op"])]
     dur = pd.to_numeric(out["duration_us"], errors="coerce")
     out["achieved_GBps"] = pd.to_numeric(out["nbytes"], errors="coerce") / (dur * 1e3)
     if bandwidth_GBps:
         out["bw_fraction"] = out["achieved_GBps"] / bandwidth_GBps
-    return out.drop(columns=["layer_key"])
+    return out
 
 
 def per_site(kernels: pd.DataFrame) -> pd.DataFrame:

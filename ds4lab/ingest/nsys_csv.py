@@ -81,7 +81,8 @@ def looks_like(text: str) -> bool:
     if any(_TITLE.match(l) or _PROCESSING.match(l) for l in text.splitlines()[:2000]):
         return True
     return bool(re.search(r'^"?Time ?\(%\)"?,.*"?Total Time', text, re.M)
-                or re.search(r'"?Total Time \((ns|us|ms|s)\)"?', text) and re.search(r'"?(Name|Range)"?\s*$', text, re.M))
+                or re.search(r'"?Total Time \((ns|us|ms|s)\)"?', text)
+                and re.search(r'"?(Name|Range)"?\s*$', text, re.M))
 
 
 def _header(cells: list[str]) -> bool:
@@ -129,7 +130,8 @@ def read_nsys_csv(path: Path, lenient: bool) -> Ingested:
             continue
         name = report if report else _by_columns(hdr)
         end = i + 1
-        while end < len(lines) and lines[end].strip() and not (_TITLE.match(lines[end]) or _PROCESSING.match(lines[end])):
+        while end < len(lines) and lines[end].strip() and not (_TITLE.match(lines[end])
+                                                               or _PROCESSING.match(lines[end])):
             end += 1
         table = REPORTS.get(name or "")
         if table is None:

@@ -192,7 +192,8 @@ def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
         if dom in (None, 0):
             dname = "" if dom is None else "default"
         else:
-            dname = domains.get((_pid(gtid), dom)) or domains.get((None, dom)) or f"domain {dom} (not named in the export)"
+            dname = (domains.get((_pid(gtid), dom)) or domains.get((None, dom))
+                     or f"domain {dom} (not named in the export)")
         rows.append({"name": text if text is not None else strings.get(tid, ""), "start_ns": start, "end_ns": end,
                      "us": (end - start) / 1e3, "domain": dname, "domain_id": dom, "file": str(res.path),
                      "source": f"{res.path.name}:{k}"})
