@@ -45,7 +45,7 @@ ncu_run() {
 }
 export N PY
 export -f ncu_run
-step "ncu (README command)" 210 bash -c ncu_run
+step "ncu (README command)" 240 bash -c ncu_run
 echo "ncu.csv: $(wc -l < "$N/ncu.csv" 2>/dev/null || echo 0) lines; stderr tail:"; tail -3 "$N/ncu.stderr" 2>/dev/null
 
 # 2-3. ingest (joined to the ds4-flash launch sites) and draw
@@ -53,7 +53,7 @@ step "ingest" 90 "$PY" -m ds4lab.cli ingest "$N/ncu.csv" --sites ds4-flash --out
 step "compare" 60 "$PY" -m ds4lab.cli compare "$N/ncu" --out "$N/compare"
 
 # 4. the timeline: CUPTI kernel records + ds4lab's NVTX ranges, stage 0 eager against stage 3 replayed
-step "trace" 180 "$PY" -m ds4lab.cli trace --backend cupy --preset ds4-flash --stages 0,3 --out "$N/trace"
+step "trace" 150 "$PY" -m ds4lab.cli trace --backend cupy --preset ds4-flash --stages 0,3 --out "$N/trace"
 
 # 5. read both back
 step "summary" 60 "$PY" - "$N" <<'PY'

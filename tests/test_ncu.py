@@ -225,3 +225,23 @@ def test_join_without_layer_payloads_uses_the_sites_first_layer():
     assert j["nbytes"][0] == first["nbytes"] and j["site_layer"][0] == first["layer"]
     assert j["site_kernel"][1] == "embed_token" and j["site_layer"][1] == -1
     assert j.site_known.tolist() == [True, True, False] and pd.isna(j["nbytes"][2])
+
+
+def test_readme_ncu_command_is_the_one_the_device_script_runs():
+    """The README's Nsight Compute command is the one scripts/device_nsight.sh runs on the GPU
+    machine (so what the README shows is what was tested there)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def words(text):
+        return re.sub(r"\s+", " ", text.replace("\\\n", " ")).strip()
+
+    readme = (root / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if b.lstrip().startswith("ncu "))
+    shown = words(block.split("> ncu.csv")[0])
+    script = (root / "scripts" / "device_nsight.sh").read_text()
+    run = words(script[script.index("  ncu --nvtx"):script.index('> "$N/ncu.csv"')])
+    run = run.replace('"$PY"', "python3").replace('"$N/ncu-run"', "results/ncu-run")
+    assert run == shown
