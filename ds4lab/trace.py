@@ -26,7 +26,8 @@ Written to ``out``: ``trace.json`` (the Trace Event format: ``{"traceEvents": [.
 "displayTimeUnit": "ns", "otherData": {...}}``, complete events ``"ph": "X"`` with ``ts`` and ``dur``
 in µs, one process per stage with ``process_name``/``thread_name`` metadata events ``"ph": "M"``;
 as ``torch.profiler`` exports; opens in ui.perfetto.dev and chrome://tracing; each stage's process
-starts at 0 µs, its clock offset in the process's ``args``), ``kernels.csv``, ``nvtx.csv``,
+starts at 0 µs, its clock offset in ``otherData.clock_offset_ns``), ``trace_kernels.csv`` and
+``trace_nvtx.csv`` (the same events as tables; named apart from ``compare``'s kernel tables),
 ``meta.json`` and the figure ``trace.png/.svg/.pdf`` (:func:`ds4lab.plots.trace_figure`).
 
 Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto
@@ -46,7 +47,7 @@ import pandas as pd
 from . import provenance, results
 from . import stream as S
 
-TRACE_OUTPUTS = ("trace.json", "kernels.csv", "nvtx.csv", "trace.png", "trace.svg", "trace.pdf")
+TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace.png", "trace.svg", "trace.pdf")
 HOST_TID = 1
 GPU_TID0 = 100
 
@@ -439,9 +440,9 @@ def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict) -> lis
     tmp.write_text(json.dumps(chrome_trace(kern, nvtx, meta), default=str))
     tmp.replace(p)
     files.append(p)
-    kern.to_csv(out / "kernels.csv", index=False)
-    nvtx.to_csv(out / "nvtx.csv", index=False)
-    files += [out / "kernels.csv", out / "nvtx.csv"]
+    kern.to_csv(out / "trace_kernels.csv", index=False)
+    nvtx.to_csv(out / "trace_nvtx.csv", index=False)
+    files += [out / "trace_kernels.csv", out / "trace_nvtx.csv"]
     import matplotlib.pyplot as plt
 
     fig = plots.trace_figure(kern, nvtx, meta)

@@ -79,7 +79,7 @@ try:
     ev = d["traceEvents"]
     lines.append(f"trace.json: {len(ev)} events, provenance: {d['otherData'].get('provenance')}, "
                  f"sites matched: {d['otherData'].get('sites_matched')}")
-    kern = pd.read_csv(n / "trace" / "kernels.csv")
+    kern = pd.read_csv(n / "trace" / "trace_kernels.csv")
     for st, g in kern[kern.kind == "kernel"].groupby("stage"):
         one = g[g.token == g.token.min()] if g.token.notna().any() else g
         busy = (one.end_us - one.start_us).sum()

@@ -79,7 +79,7 @@ def test_eager_token_has_launch_gaps_the_replay_closes(traced):
 
 def test_files_and_meta(traced):
     names = {p.name for p in traced.files}
-    assert {"trace.json", "kernels.csv", "nvtx.csv", "trace.png", "trace.svg", "trace.pdf"} <= names
+    assert {"trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace.png", "trace.svg", "trace.pdf"} <= names
     meta = json.loads((traced.out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["job"] == "trace" and meta["modeled"] is True
     assert "modeled" in meta["kernel_source"]
