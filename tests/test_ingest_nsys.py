@@ -306,3 +306,29 @@ def test_a_report_title_without_a_table_is_named(tmp_path):
     assert set(r.tables) == {"nsys_kernels", "nsys_osrt"}
     assert any("cuda_gpu_mem_time_sum has no table (SKIPPED: report.sqlite does not contain GPU memory data.)" in w
                for w in r.warnings)
+
+
+@pytest.mark.parametrize("title,report,header,row,table,check", [
+    ("CUDA API Summary", "cuda_api_sum",
+     '"Time (%)","Total Time (ns)","Num Calls","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"',
+     '"55.0","2,500,000","1,121","2,230.1","2,100.0","1,900","9,800","300.2","cuLaunchKernel"',
+     "nsys_cuda_api", lambda t: t.num_calls.item() == 1121 and t.name.item() == "cuLaunchKernel"),
+    ("NVTX Range Summary", "nvtx_sum",
+     '"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Style","Range"',
+     '"60.0","8,875,200","1","8,875,200.0","8,875,200.0","8,875,200","8,875,200","0.0","PushPop","ds4lab:token"',
+     "nsys_nvtx", lambda t: t.name.item() == "ds4lab:token" and t["style"].item() == "PushPop"
+     and t.total_time_us.item() == pytest.approx(8875.2)),
+    ("NVTX Push/Pop Range Summary", "nvtxsum",
+     '"Time(%)","Total Time (ns)","Instances","Average","Minimum","Maximum","StdDev","Range"',
+     '"60.0","8,875,200","1","8,875,200.0","8,875,200","8,875,200","0.0","token"',
+     "nsys_nvtx", lambda t: t.average_us.item() == pytest.approx(8875.2)),
+    ("CUDA API Trace", "cuda_api_trace",
+     '"Start (ns)","Duration (ns)","Name","Result","CorrID","Pid","Tid","T-Pri","Thread Name"',
+     '"1,000","5,600","cudaLaunchKernel","0","11","4242","4242","20","python3"',
+     "nsys_api_trace", lambda t: t.duration_us.item() == pytest.approx(5.6) and t.thread_name.item() == "python3"),
+])
+def test_each_report_kind_into_its_table(tmp_path, title, report, header, row, table, check):
+    p = write(tmp_path, "r.csv", f"\n ** {title} ({report}):\n\n{header}\n{row}\n")
+    r = ingest(p)
+    assert set(r.tables) == {table} and check(r.tables[table])
+    assert set(r.tables[table].report) == {report}
