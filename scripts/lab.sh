@@ -33,4 +33,4 @@ args=()
 if [ "$(id -u)" = "0" ]; then
   args+=(--allow-root)
 fi
-exec jupyter lab "${args[@]}" "${DS4LAB_NOTEBOOKS:-notebooks/}" "$@"
+exec jupyter lab ${args[@]+"${args[@]}"} "${DS4LAB_NOTEBOOKS:-notebooks/}" "$@"  # (bash 3.2: no empty-array expansion under set -u)
