@@ -95,6 +95,9 @@ def test_nvtx_stack_cell_parsed_outermost_first():
                              '"ds4lab:token:INT64:5:ARGB:0:ASCII:token"  "ds4lab:embed:INT64:-1:x:0:y:embed"  '
                              '"ds4lab:embed:INT64:-1:x:0:y:embed"')
     assert ds4lab_levels(other) == {"position": 5, "layer": None, "cluster": "embed", "op": "embed"}
+    # a range name holding ':' keeps it; "none" payloads are None
+    odd = parse_nvtx_stack('1  "<default domain>:step:3:none:none:none:none:none:none"')
+    assert odd == [{"domain": "<default domain>", "name": "step:3", "payload": None}]
 
 
 @pytest.mark.parametrize("page", ["details", "raw"])

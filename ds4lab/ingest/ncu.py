@@ -68,26 +68,35 @@ def looks_like(text: str) -> bool:
 
 def parse_nvtx_stack(cell: str) -> list[dict]:
     """The push/pop ranges of one NVTX cell, outermost first: dicts with ``domain``, ``name`` and
-    ``payload`` (an int when the payload parses as one, else None). The leading thread id and
-    anything outside quotes is ignored; a range with fewer than two ``:`` fields gives the whole
-    text as its name and an empty domain."""
+    ``payload`` (an int when the payload value parses as one, else None). Each quoted range is
+    ``domain:name:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``; a name holding ``:`` keeps them
+    (the six attribute fields are counted from the end); a range of fewer fields gives its second
+    field as the name (and the whole text, with an empty domain, when there is no ``:``). The
+    leading thread id and anything outside quotes is ignored."""
     out = []
     for r in _RANGE.findall(cell or ""):
         f = r.split(":")
         if len(f) < 2:
             out.append({"domain": "", "name": r, "payload": None})
             continue
-        pl = None
-        if len(f) >= 4:
-            try:
-                pl = int(f[3])
-            except ValueError:
-                try:
-                    pl = int(float(f[3]))
-                except ValueError:
-                    pl = None
-        out.append({"domain": f[0], "name": f[1], "payload": pl})
+        if len(f) >= 8:
+            name, pl = ":".join(f[1:len(f) - 6]), f[len(f) - 5]
+        else:
+            name, pl = f[1], (f[3] if len(f) >= 4 else None)
+        out.append({"domain": f[0], "name": name, "payload": _payload(pl)})
     return out
+
+
+def _payload(v: str | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return int(float(v))
+        except ValueError:  # "none", text
+            return None
 
 
 def ds4lab_levels(stack: list[dict]) -> dict:
