@@ -206,3 +206,77 @@ def fit_tiled_moe(moe_dir: Path, max_tokens: int = 64) -> dict:
                         "source": f"ds4lab moe in-graph, uniform, tokens {list(map(int, g['tokens']))}, "
                                   f"{meta.get('device')} {meta.get('timestamp', '')}"}
     return fits
+
+
+# ----------------------------------------------------------------------------- the provisional H200 file
+#: Constants of the provisional H200 calibration that are not fitted (µs, GB/s), with where each
+#: figure comes from. Those marked "guess" were not measured; replace them with measurements.
+H200_CONSTANTS = {
+    "host_launch_us": (10.0, "NOTES.md 2026-11-29: host enqueue 11 221 µs / 1 121 launches per ds4-flash token "
+                             "(CuPy launch ≈ 5 µs + the op's Python ≈ 5 µs)"),
+    "graph_node_us": (0.83, "gpu-facts.md: 350 tiny-kernel launches captured once, graph replayed: 0.83 µs per kernel"),
+    "copy_GBps": (4233.0, "NOTES.md 2026-11-29: device-to-device copy bandwidth, median of 20"),
+    "host_graph_launch_us": (8.0, "guess: cudaGraphLaunch through CuPy, not measured"),
+    "host_api_us": (3.0, "guess: one runtime call (event record, memset, memcpy, stream wait) from Python, "
+                         "not measured"),
+    "memset_us": (2.0, "guess: a small memset costs about what the smallest kernels do (2.1-2.6 µs per-op), "
+                       "not measured"),
+    "h2d_GBps": (25.0, "guess: pageable host-to-device copies, not measured"),
+}
+
+
+def build_provisional(repo: str | Path | None = None) -> dict:
+    """Rebuild ``ds4lab/data/h200-provisional.json`` from the repository's measurement files.
+
+    Runs one ``ds4-flash`` token (``vocab=True``) on a timing-only ``SimBackend`` with the launch
+    trace on, to get the ``nbytes`` the launcher passes for each of its launches (they do not depend
+    on the calibration), matches them launch by launch with
+    ``docs/measurements/h200-2026-11-29/per-op-ds4-flash.csv`` and fits with :func:`fit_calibration`.
+    """
+    import csv
+
+    from .config import get_preset
+    from .model import DecodeModel, TokenOptions
+    from .sim.backend import SimBackend
+    from .sim.costmodel import MATVEC_KERNELS, fit_calibration
+
+    repo = Path(repo) if repo else Path(__file__).resolve().parents[1]
+    per_op = repo / "docs/measurements/h200-2026-11-29/per-op-ds4-flash.csv"
+    rows = list(csv.DictReader(per_op.open()))
+    boot = {"name": "bootstrap", "device": "", "source": "", "measured": False, "host_launch_us": 1,
+            "host_graph_launch_us": 1, "host_api_us": 1, "kernel_fixed_us": 1, "graph_node_us": 1,
+            "bandwidth_GBps": 1000, "memset_us": 1}
+    m = DecodeModel(get_preset("ds4-flash"), SimBackend(timing_only=True, calibration=boot), TokenOptions(vocab=True))
+    with m.L.recording() as trace:
+        m.token(0, 5)
+    for r, t in zip(rows, trace):
+        if (r["cluster"], int(r["layer"]), r["site"], r["kernel"]) != (t.cluster, t.layer, t.site, t.kernel):
+            raise ValueError(f"per-op row {r} does not match traced launch {t[:4]}")
+    fit = fit_calibration(rows, [t.nbytes for t in trace])
+    c = {k: v for k, (v, _) in H200_CONSTANTS.items()}
+    return {
+        "name": "h200-provisional",
+        "device": "NVIDIA H200 (driver 580.159.04, CUDA runtime 13.2, CuPy 14.2.0)",
+        "source": ("PROVISIONAL, not a measurement of this model: derived from NOTES.md (2026-11-29), "
+                   "shared/context/gpu-facts.md and docs/measurements/h200-2026-11-29/per-op-ds4-flash.csv with "
+                   "the nbytes ds4lab/ops.py passes (ds4lab.calibrate.build_provisional); "
+                   "kernel_fixed_us, bandwidth_GBps and kernels are least-squares fits; see 'notes' for the rest"),
+        "measured": False,
+        "host_launch_us": c["host_launch_us"],
+        "host_graph_launch_us": c["host_graph_launch_us"],
+        "host_api_us": c["host_api_us"],
+        "kernel_fixed_us": fit["kernel_fixed_us"],
+        "graph_node_us": c["graph_node_us"],
+        "bandwidth_GBps": fit["bandwidth_GBps"],
+        "memset_us": c["memset_us"],
+        "copy_GBps": c["copy_GBps"],
+        "h2d_GBps": c["h2d_GBps"],
+        "kernels": fit["kernels"],
+        "fit": fit["fit"],
+        "notes": {k: why for k, (_, why) in H200_CONSTANTS.items()} | {
+            "kernel_fixed_us": "fit: intercept of us = fixed + nbytes/bandwidth over the matvec-like kernels "
+                               f"({', '.join(MATVEC_KERNELS)})",
+            "bandwidth_GBps": "fit: slope of the same line (effective matvec bandwidth)",
+            "kernels": "fit: kernels the global line misses by more than 10 % (median), each its own fixed cost "
+                       "(or line)"},
+    }

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
-from .backends import BACKENDS, BackendUnavailable
-from .config import PRESETS, ConfigError
-from .ladder import LadderInputError
-from .results import OutputError, check_out
+from .backends import BACKENDS
+from .cli_support import invoke
+from .stream import CAPTURE_MODES
+from .config import PRESETS
+from .hazards import HAZARDS
 from .model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
-
-
-def _console():
-    from .progress import make_console
-
-    return make_console()
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    click.echo(f"ds4lab: error: {msg}", err=True)
-    sys.exit(code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,52 +69,24 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
     Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable
     --out (nothing run), 130 interrupted (results so far kept; meta.json says how far it got).
     """
-    from .run import RunConfig, RunFailed, RunInterrupted, run as run_job
+    from .jobs.run import RunConfig
 
     rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
                    start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
                    seed=seed, timing_only=timing_only, force=force,
                    options=TokenOptions(counts_clear=counts_clear, scalars=scalars, scratch=scratch,
                                         vocab=vocab, moe_profile=moe_profile))
-    try:
-        run_job(rc, _console())
-    except RunInterrupted as e:
-        click.echo(f"ds4lab: {e}", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("ds4lab: interrupted before the run started; nothing was run", err=True)
-        sys.exit(130)
-    except RunFailed as e:
-        _fail(str(e), code=1)
-    except (ConfigError, BackendUnavailable, ValueError, MemoryError) as e:
-        _fail(str(e))
-    except RuntimeError as e:
-        _fail(str(e), code=1)
+    invoke("run", rc, backend, seed)
 
 
 @main.command()
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="ds4-flash", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json here.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json into this folder.")
 def bench(preset, out) -> None:
     """Launch-layer host cost vs bare CuPy, and routed-MoE decode bandwidth (GPU only)."""
-    from dataclasses import asdict
+    from .jobs.bench import BenchConfig
 
-    from .backends import make_backend
-    from .bench import run_bench
-    from .config import get_preset
-
-    try:
-        be = make_backend("cupy")
-    except BackendUnavailable as e:
-        _fail(f"{e}; ds4lab bench measures a GPU and has no CPU mode")
-    res = run_bench(be, get_preset(preset), _console())
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-
-        def enc(o):
-            return asdict(o) if hasattr(o, "__dataclass_fields__") else str(o)
-
-        (out / "bench.json").write_text(json.dumps(res, indent=2, default=enc) + "\n")
+    invoke("bench", BenchConfig(preset=preset, out=out), "cupy")
 
 
 @main.command()
@@ -143,10 +103,9 @@ def bench(preset, out) -> None:
                    "them), so host noise falls on every stage alike.")
 @click.option("--exact-tokens", type=click.IntRange(min=0), default=6, show_default=True,
               help="Tokens compared bit for bit with stage 0 (0: skip).")
-@click.option("--mode", type=click.Choice(["global", "thread_local", "relaxed"]), default="thread_local",
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local",
               show_default=True, help="Stream-capture mode.")
-@click.option("--hazard", type=click.Choice(["sync-memset", "host-scalars", "legacy-launch", "alloc-in-capture",
-                                             "host-timed-profile", "device-sync", "all"]), default=None,
+@click.option("--hazard", type=click.Choice([*HAZARDS, "all"]), default=None,
               help="Demonstrate one ds4-today path inside a captured stage instead of the ladder.")
 @click.option("--nvtx/--no-nvtx", default=False, show_default=True,
               help="NVTX ranges (domain ds4lab) on the timed model, for Nsight Systems.")
@@ -154,23 +113,15 @@ def bench(preset, out) -> None:
               help="Result folder. Default: results/ladder-<preset>-<backend>.")
 def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, out) -> None:
     """The CUDA-graph stage ladder: µs per token per stage, exactness, cache statistics, plot."""
-    con = _console()
-    try:
-        if hazard:
-            from .hazard_job import run_hazards
+    if hazard:
+        from .jobs.hazards import HazardsConfig
 
-            run_hazards(backend, preset, hazard, mode, out, con)
-            return
-        from .ladder import run_ladder
+        invoke("hazards", HazardsConfig(hazard=hazard, preset=preset, mode=mode, out=out), backend)
+        return
+    from .jobs.ladder import LadderConfig
 
-        run_ladder(backend, preset, stages, tokens, warmup, exact_tokens, out, mode, con, rounds=repeats, nvtx=nvtx)
-    except (ConfigError, BackendUnavailable, LadderInputError, OutputError) as e:
-        _fail(str(e))
-    except ValueError as e:  # a stage that is not bit-identical to stage 0: measured, written, and failed
-        _fail(str(e), code=1)
-    except KeyboardInterrupt:
-        _fail("interrupted (meta.json status: interrupted); ladder.csv holds the rounds that had finished, "
-              "if any", code=130)
+    invoke("ladder", LadderConfig(stages=stages, preset=preset, tokens=tokens, warmup=warmup,
+                                  exact_tokens=exact_tokens, rounds=repeats, mode=mode, nvtx=nvtx, out=out), backend)
 
 
 @main.command()
@@ -181,24 +132,20 @@ def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode,
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
 def conformance(backend, out, names, list_only) -> None:
     """Capture-rule scenarios on the real GPU and on the simulated runtime; every disagreement."""
-    from .conformance_job import run_conformance
-
     if list_only:
         from .conformance import SCENARIOS
 
         for sc in SCENARIOS:
             click.echo(f"{sc.name:48s} {sc.covers}")
         return
-    try:
-        ok = run_conformance(backend, out, list(names) or None, _console())
-    except (BackendUnavailable, ValueError) as e:
-        _fail(str(e))
-    sys.exit(0 if ok else 1)
+    from .jobs.conformance import ConformanceConfig
+
+    invoke("conformance", ConformanceConfig(names=list(names), out=out), backend)
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(list(PRESETS)), default="small", show_default=True,
-              help="Model whose eager tokens and kernels are measured.")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Model whose eager tokens and kernels are measured. Default: small.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/calibration.json"), show_default=True)
 @click.option("--moe-profile", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="No GPU needed: add fits for the tiled (tokens > 1) MoE kernels from this `ds4lab moe` "
@@ -207,40 +154,9 @@ def conformance(backend, out, names, list_only) -> None:
               help="With --moe-profile: the calibration to extend (default: the shipped one).")
 def calibrate(preset, out, moe_profile, base) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
-    from .backends import make_backend
-    from .calibrate import calibrate as run_cal, fit_tiled_moe, write_calibration
+    from .jobs.calibrate import CalibrateConfig
 
-    if moe_profile is not None:
-        from .sim.costmodel import default_calibration_path
-
-        try:
-            base = base or default_calibration_path()
-            fits = fit_tiled_moe(moe_profile)
-            try:
-                cal = json.loads(Path(base).read_text())
-            except (OSError, ValueError) as e:
-                raise ValueError(f"--base {base}: cannot be read as JSON ({e})") from None
-            if not isinstance(cal, dict) or not isinstance(cal.get("kernels", {}), dict):
-                raise ValueError(f"--base {base}: not a calibration (a JSON object with a kernels object)")
-            if out.is_dir():
-                raise ValueError(f"--out {out} is a folder: name the calibration file to write")
-            check_out(out.parent)
-        except (ValueError, OutputError) as e:
-            _fail(str(e))
-        cal.setdefault("kernels", {}).update(fits)
-        cal["source"] = f"{cal.get('source', '')}; tiled MoE kernels fitted from {moe_profile}"
-        write_calibration(cal, out)
-        for kern, f in fits.items():
-            click.echo(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
-        click.echo(f"calibration written to {out}")
-        return
-    try:
-        be = make_backend("cupy")
-    except BackendUnavailable as e:
-        _fail(f"{e}; ds4lab calibrate measures a GPU")
-    cal = run_cal(be, preset, console=_console())
-    write_calibration(cal, out)
-    click.echo(f"calibration written to {out}")
+    invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base), "cupy")
 
 
 @main.command()

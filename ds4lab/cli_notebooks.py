@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from .cli_support import fail
+
 
 def register(main: click.Group) -> None:
     """Add the command to the ``ds4lab`` group."""
@@ -37,10 +39,6 @@ def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
         parameter_defaults, parse_assignments, read_notebook, run_notebook
     from .provenance import write_json
     from .results import OutputError, check_out
-
-    def fail(msg: str, code: int = 2):
-        click.echo(f"ds4lab: error: {msg}", err=True)
-        sys.exit(code)
 
     try:
         paths = find_notebooks(names, folder or default_folder())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -19,7 +18,7 @@ def register(main: click.Group) -> None:
 @click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
               help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+              help="Default: ds4-flash on a GPU, tiny on the sim.")
 @click.option("--stages", default="0,3", show_default=True, help="Comma-separated stages, one trace process each.")
 @click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
               help="Tokens traced per stage (after warm-up).")
@@ -40,21 +39,14 @@ def trace_cmd(backend, preset, stages, tokens, warmup, out) -> None:
     Exit status:
       0  trace written
       2  bad request (unknown stage), no kernel source here (no cupti-python
-         on a GPU), no kernel record, or an --out that cannot be written
+         on a GPU), no GPU for --backend cupy, or an --out that cannot be
+         written; nothing traced
+      1  a stage's traced tokens gave no kernel record (meta.json: failed)
     """
-    from .backends import BackendUnavailable
-    from .config import ConfigError
-    from .progress import make_console
-    from .results import OutputError
-    from .trace import TraceConfig, TraceError, run_trace
+    from .cli_support import invoke
+    from .trace import TraceConfig
 
-    con = make_console()
-    try:
-        res = run_trace(TraceConfig(backend=backend, preset=preset, stages=stages, tokens=tokens, warmup=warmup,
-                                    out=out), console=con)
-    except (TraceError, ConfigError, OutputError, BackendUnavailable) as e:
-        click.echo(f"ds4lab: error: {e}", err=True)
-        sys.exit(2)
+    res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out), backend)
     for p in res.files:
         click.echo(f"wrote {p}")
     if res.meta.get("modeled"):

@@ -52,3 +52,13 @@ class CudaError(RuntimeApiError):
 
 class CupyRefusal(RuntimeApiError):
     """CuPy refused the call itself (device-to-host read or cuBLAS during capture)."""
+
+
+# ----------------------------------------------------------------------------- job outcomes
+class BadInput(ValueError):
+    """Bad input found before any work (a job exits 2): the message names the value and the fix."""
+
+
+class CheckFailed(RuntimeError):
+    """A job ran and wrote its results, but a check it exists to make failed (exit 1): a stage
+    not bit-identical to stage 0, a failed reference check, a GPU/sim disagreement."""

@@ -30,9 +30,9 @@ Outcomes, in this order of precedence:
   time, stamps captured but not replayed);
 * ``silently wrong``: values came back but are not this call's (stale event records; a total that
   includes the capture's host time), with the values;
-* ``works``: values within :data:`TOLERANCE` of the bracketed device time, with the overhead in µs per
-  MoE call against the same regime without profiling (host wall clock, or the sim's modeled clock,
-  over repeated calls including each mode's read);
+* ``works``: values within :data:`TOLERANCE` of the bracketed device time, with the overhead per
+  MoE call against the same regime without profiling: a paired, interleaved difference with its 95 %
+  interval (:func:`overhead_us`), "not measurable (±x µs)" when the interval includes zero;
 * ``unavailable``: the mode cannot run here (``cupti-python`` missing), with the reason.
 
 Measured on the H200 (2026-11-29, ``small`` and ``ds4-flash``), the GPU and the sim agree on every
@@ -45,16 +45,15 @@ sim returns the event's previous eager record instead (``silently wrong``): a si
 
 from __future__ import annotations
 
+import contextlib
 import math
-import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-from . import provenance
 from .capture import GraphCache
-from .moeprof import MoeProfiler, MoeWorkbench, gc_paused, is_modeled
+from .moeprof import MoeProfiler, MoeWorkbench, is_modeled
+from .timing import Difference, gc_paused, interleaved_pairs, paired_difference, time_steps
 
 ROWS = ("host-timed", "host-timed+guard", "host-timed+fallback", "deferred", "graph-boundary", "in-graph",
         "cupti", "nvtx")
@@ -86,8 +85,9 @@ OUTCOMES = ("works", "refused", "breaks capture", "silently wrong", "no data", "
 #: launch is timed on the device alone, so there a total above the replays' bracket means host time got in
 #: (the capturing call's boundary events: on the H200, +240 to +390 µs on a ds4-flash MoE call of ~520 µs).
 TOLERANCE = {"eager": (0.3, 1.5, 5.0), "graph": (0.3, 1.03, 5.0)}
-MATRIX_COLUMNS = ("mode", "column", "outcome", "detail", "overhead_us", "total_us", "reference_us", "errors",
-                  "judged_phase", "tokens", "backend", "modeled")
+MATRIX_COLUMNS = ("mode", "column", "outcome", "detail", "overhead_us", "overhead_lo_us", "overhead_hi_us",
+                  "overhead_pairs", "overhead", "total_us", "reference_us", "errors", "judged_phase", "tokens",
+                  "backend", "modeled")
 
 
 def _layer(wb: MoeWorkbench) -> int:
@@ -111,7 +111,8 @@ def run_cell(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, overhead_
     which, cap_mode, judged = COLUMN_SPEC[column]
     layer = _layer(wb)
     out = {"mode": row, "column": column, "tokens": tokens, "backend": be.name, "modeled": is_modeled(be),
-           "overhead_us": math.nan, "total_us": math.nan, "reference_us": math.nan, "errors": "",
+           "overhead_us": math.nan, "overhead_lo_us": math.nan, "overhead_hi_us": math.nan, "overhead_pairs": 0,
+           "overhead": "", "total_us": math.nan, "reference_us": math.nan, "errors": "",
            "judged_phase": ""}
     prof = MoeProfiler(wb.model, mode, routing="uniform", raw=True, **kw)
     if not prof.available:
@@ -136,7 +137,9 @@ def run_cell(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, overhead_
     outcome, detail, total = classify(mode, rows, prof.errors, out["reference_us"], cache)
     out.update(outcome=outcome, detail=detail, total_us=total)
     if outcome == "works":
-        out["overhead_us"] = overhead_us(wb, row, column, tokens, overhead_calls)
+        d = overhead_us(wb, row, column, tokens, overhead_calls)
+        out.update(overhead_us=d.median if d.measurable else math.nan, overhead_lo_us=d.lo,
+                   overhead_hi_us=d.hi, overhead_pairs=d.n, overhead=d.fmt())
     return out
 
 
@@ -180,19 +183,22 @@ def _short(note: str, n: int = 90) -> str:
 
 
 def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls: int | None = None,
-                repeats: int | None = None) -> float:
-    """µs per MoE call with the row's mode (not raw) minus without profiling, in the column's steady
-    state (eager calls, or replays of the graph captured in the column's mode). Wall clock per call
-    (the sim's modeled host clock) over ``calls`` calls, each followed by a device synchronize (as ds4
-    ends a token) and, with the mode, its read; median of ``repeats`` alternating pairs on a GPU."""
+                rounds: int | None = None) -> Difference:
+    """The row's mode's cost per MoE call (µs) in the column's steady state (eager calls, or replays
+    of the graph captured in the column's mode), as a paired, interleaved difference
+    (:func:`ds4lab.timing.paired_difference`): ``rounds`` rounds, each timing ``calls`` calls without
+    profiling and ``calls`` with it (the order alternating between rounds), each call bracketed by
+    CUDA events on its stream through :func:`ds4lab.timing.time_steps` and ended by a device
+    synchronize (as ds4 ends a token) and, with the mode, its read. A difference whose interval
+    includes zero is not measurable (``Difference.measurable``).
+    """
     be = wb.be
     mode, kw = ROW_SPEC[row]
     which, cap_mode, _ = COLUMN_SPEC[column]
     layer = _layer(wb)
     modeled = is_modeled(be)
-    calls = calls or (4 if modeled else 100)
-    repeats = repeats or (1 if modeled else 3)
-    clock = (lambda: be.host_time_us) if modeled else (lambda: time.perf_counter() * 1e6)
+    calls = calls or (4 if modeled else 20)
+    rounds = rounds or (6 if modeled else 12)
 
     def per_call(with_mode: bool) -> float:
         prof = MoeProfiler(wb.model, mode, routing="uniform", **kw) if with_mode else None
@@ -200,30 +206,14 @@ def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             with wb.session(cache, _stream(wb, which)):
-                ctx = prof.attached(calls_per_read=1) if prof else _null()
-                with ctx, gc_paused():
-                    for i in range(2):
-                        wb.step(prof, i, tokens, "uniform", [layer])
-                    be.synchronize()
-                    t0 = clock()
-                    for i in range(calls):
-                        wb.step(prof, 2 + i, tokens, "uniform", [layer])
-                        be.synchronize()  # ds4 ends every token with cudaDeviceSynchronize: in both runs
-                    return (clock() - t0) / calls
+                with prof.attached(calls_per_read=1) if prof else contextlib.nullcontext():
+                    smp = time_steps(be, lambda i: wb.step(prof, i, tokens, "uniform", [layer]), calls,
+                                     stream=_stream(wb, which), warmup=2)
+        return float(np.median(smp.device_us))
 
-    diffs = []
-    for _ in range(repeats):
-        base = per_call(False)
-        diffs.append(per_call(True) - base)
-    return float(np.median(diffs))
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+    with gc_paused():  # one collection for all rounds
+        base, treated = interleaved_pairs(lambda: per_call(False), lambda: per_call(True), rounds)
+    return paired_difference(base, treated)
 
 
 def run_matrix(be, cfg, *, tokens: int = 2, rows=ROWS, columns=COLUMNS, overhead_calls: int | None = None,
@@ -264,81 +254,3 @@ def expected_sim_host_timed() -> dict:
     invalidated (``event_sync_captured[*]``: status_in_capture = invalidated, end_capture =
     cudaErrorStreamCaptureInvalidated), in every capture mode."""
     return {c: ("breaks capture", "cudaErrorCapturedEvent") for c in COLUMNS if c.startswith("capture-")}
-
-
-# ----------------------------------------------------------------------------- the job
-def _make(name: str, timing_only: bool = False):
-    if name == "cupy":
-        from .backends.cupy_backend import CupyBackend
-
-        be = CupyBackend()
-        be.compile_all()
-        return be
-    from .sim.backend import SimBackend
-
-    return SimBackend(timing_only=timing_only)
-
-
-def run_exclusion(backend: str = "auto", out: Path | str = "results/exclusion", preset: str | None = None,
-                  tokens: int = 2, console=None, overhead_calls: int | None = None):
-    """``ds4lab exclusion``: the matrix on ``cupy`` (and, there, on ``sim`` too, with the cell-by-cell
-    agreement) or on ``sim`` alone. Writes ``exclusion.csv`` (row by row as cells finish),
-    ``exclusion-sim.csv`` and ``exclusion-agreement.csv`` on a GPU, ``meta.json`` and the heatmap
-    ``exclusion.png/.svg/.pdf``. Returns the matrix DataFrame."""
-    import pandas as pd
-    from .progress import make_console
-    from . import plots
-    from .backends.cupy_backend import gpu_usable
-    from .config import get_preset
-    from .progress import JobProgress
-    from .results import check_out
-
-    con = console or make_console()
-    if backend == "auto":
-        backend = "cupy" if gpu_usable()[0] else "sim"
-    order = ["cupy", "sim"] if backend == "cupy" else ["sim"]
-    preset = preset or ("ds4-flash" if backend == "cupy" else "tiny")
-    cfg = get_preset(preset)
-    out = Path(out)
-    check_out(out, ("exclusion.csv", "meta.json"))
-    results, metas = {}, {}
-    for b in order:
-        be = _make(b, timing_only=(b == "sim"))  # outcomes need no numbers; stamps come from the timeline
-        meta = provenance.base_meta(be)
-        meta.update(job="exclusion", preset=cfg.summary(), tokens=tokens, modeled=is_modeled(be),
-                    rows=list(ROWS), columns=list(COLUMNS), tolerance=TOLERANCE)
-        if meta["modeled"]:
-            cal = getattr(be, "calibration", {})
-            meta["calibration"] = cal.get("name", "?") if isinstance(cal, dict) else str(cal)
-            con.print(f"[bold yellow]sim backend: every time below is MODELED (calibration {meta['calibration']})[/]")
-        metas[b] = meta
-        path = out / ("exclusion.csv" if b == order[0] else f"exclusion-{b}.csv")
-        cells: list[dict] = []
-
-        def on_cell(c, path=path, cells=cells):
-            cells.append(c)
-            pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)).to_csv(path, index=False)
-
-        with JobProgress(con, f"{b}: cells", len(ROWS) * len(COLUMNS)) as prog:
-            df = run_matrix(be, cfg, tokens=tokens, overhead_calls=overhead_calls,
-                            progress=prog.advance, on_cell=on_cell)
-        results[b] = df
-        con.print(f"[bold]{b}[/] ({preset}, {tokens} tokens):")
-        con.print(pivot(df).to_string())
-        del be
-    main = results[order[0]]
-    meta = {**metas[order[0]], "backends": metas}
-    if len(results) > 1:
-        ag = agreement(results["cupy"], results["sim"])
-        ag.to_csv(out / "exclusion-agreement.csv", index=False)
-        bad = ag[~ag.agree]
-        meta["agreement"] = {"cells": len(ag), "agree": int(ag.agree.sum()), "disagree": len(bad)}
-        con.print(f"cupy vs sim: {int(ag.agree.sum())}/{len(ag)} cells agree")
-        if len(bad):
-            con.print(bad[["mode", "column", "outcome_cupy", "outcome_sim"]].to_string(index=False))
-    meta["status"] = "complete"
-    provenance.write_json(out / "meta.json", meta)
-    fig = plots.exclusion_figure(main, meta)
-    paths = plots.save(fig, out / "exclusion")
-    con.print(f"wrote {out / 'exclusion.csv'}, {out / 'meta.json'}, " + ", ".join(str(p) for p in paths))
-    return main

@@ -120,12 +120,34 @@ class Launcher:
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
 
-    def set_annotator(self, annotator) -> None:
-        """Use ``annotator`` (the :class:`ds4lab.annotate.NvtxAnnotator` interface: ``push``, ``pop``)
-        for every range from now on, and turn annotation on (``ds4lab.trace`` records push/pop times
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list]:
+        """Record every kernel launch of the block as a :class:`LaunchRecord` into the list it
+        yields (analysis tools replay them one by one to time each op). Nested recordings each get
+        the launches of their own block; the previous recorder is restored exactly on exit, so no
+        caller has to set ``trace`` back by hand.
+        """
+        prev, self.trace = self.trace, []
+        rec = self.trace
+        try:
+            yield rec
+        finally:
+            if prev is not None:
+                prev.extend(rec)
+            self.trace = prev
+
+    @contextlib.contextmanager
+    def annotating(self, annotator) -> Iterator[object]:
+        """Send every NVTX range of the block to ``annotator`` (the
+        :class:`ds4lab.annotate.NvtxAnnotator` interface: ``push``, ``pop``), annotation on; the
+        previous annotator and on/off state are back on exit (``ds4lab.trace`` records push/pop times
         this way)."""
-        self.annotator = annotator
-        self._nvtx = True
+        prev = self.annotator, self._nvtx
+        self.annotator, self._nvtx = annotator, True
+        try:
+            yield annotator
+        finally:
+            self.annotator, self._nvtx = prev
 
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:

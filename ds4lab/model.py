@@ -13,6 +13,7 @@ Simplifications against the real model are listed in ``docs/model.md``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 import numpy as np
 
@@ -189,10 +190,11 @@ class DecodeModel:
 
     # ------------------------------------------------------------------ setup
     def _check_memory(self) -> None:
-        if not self.be.is_gpu:
+        mem = self.be.free_memory()
+        if mem is None:  # host memory (numpy, sim): nothing to check against
             return
         need = W.model_bytes(self.cfg, self.opts.vocab, self.n_layers)
-        free, total = self.be.cp.cuda.runtime.memGetInfo()
+        free, total = mem
         if need > free:
             raise MemoryError(
                 f"{self.cfg.name}: weights need {need / 2**30:.1f} GiB but the GPU has {free / 2**30:.1f} GiB "
@@ -244,6 +246,17 @@ class DecodeModel:
             self.cache.append(c)
         self.moe_buf = MoeScratch(self, 1 if self.opts.scratch == "on-demand" else cfg.max_tokens)
         self.profile_events = [be.new_event() for _ in range(7)] if self.opts.moe_profile else []
+
+    @contextlib.contextmanager
+    def observe(self, obs: "MoeObserver"):
+        """Make ``obs`` the model's routed-MoE observer for the ``with`` block (it sees every
+        ``moe`` cluster run and routed-MoE call); the previous observer is back afterwards,
+        whatever the block raised. Observers nest: the inner one sees the calls of its block."""
+        prev, self.moe_observer = self.moe_observer, obs
+        try:
+            yield obs
+        finally:
+            self.moe_observer = prev
 
     def set_options(self, opts: TokenOptions) -> None:
         """Switch hazard paths and flags (a ladder stage) without reallocating weights.

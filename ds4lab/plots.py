@@ -264,8 +264,11 @@ def exclusion_figure(df, meta: dict):
                     continue
                 text = f"{x.outcome}"
                 ov = getattr(x, "overhead_us", float("nan"))
+                lo, hi = getattr(x, "overhead_lo_us", float("nan")), getattr(x, "overhead_hi_us", float("nan"))
                 if x.outcome == "works" and ov == ov:
                     text += f"\n{ov:+.1f} µs/call"
+                elif x.outcome == "works" and lo == lo and hi == hi:  # interval includes zero
+                    text += f"\nnot measurable (±{(hi - lo) / 2:.1f} µs)"
                 detail = str(x.detail) if x.detail == x.detail else ""
                 if detail and x.outcome != "works":
                     text += "\n" + "\n".join(textwrap.wrap(detail, 34, break_long_words=False)[:3])

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import traceback
 from pathlib import Path
 
+from .errors import BadInput
 
-class OutputError(ValueError):
+
+class OutputError(BadInput):
     """A result folder that cannot be created or written; the message names the path and why."""
 
 
@@ -112,15 +115,17 @@ def check_out(out: Path, result_files=()) -> None:
 
 
 @contextlib.contextmanager
-def job_folder(out: Path, meta: dict, outputs=()):
+def job_folder(out: Path, meta: dict, outputs=(), on_stop=None):
     """The life of one job's result folder, around the job's work.
 
     Before: :func:`check_out`; the files matching ``outputs`` (glob patterns, this job's own file
     names) left by an earlier run are removed, so a partial run never sits beside an older run's
     summary or figures; ``meta.json`` is written with ``status: running``. After: ``status`` is
     ``complete``, ``interrupted`` (Ctrl-C; the exception goes on) or ``failed: <error>`` (the
-    exception goes on), and ``meta.json`` is written again with whatever the job put in ``meta``.
-    Readers (``ds4lab compare``) flag a folder whose status is not ``complete``.
+    exception goes on; ``meta["traceback"]`` holds where it came from), and ``meta.json`` is written again with whatever the job put in ``meta``.
+    Readers (``ds4lab compare``) flag a folder whose status is not ``complete``. ``on_stop(status)``,
+    when given, is called on an interrupt or failure before ``meta.json`` is written (a job records
+    how far it got); an error inside it is recorded in ``meta["on_stop_error"]``, never raised.
     """
     from .provenance import write_json
 
@@ -136,11 +141,24 @@ def job_folder(out: Path, meta: dict, outputs=()):
         yield out
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
+        _stopped(on_stop, meta)
         raise
     except BaseException as e:
-        meta["status"] = f"failed: {type(e).__name__}: {e}"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        meta["status"] = f"failed: {type(e).__name__}: {first}" if first else f"failed: {type(e).__name__}"
+        meta["traceback"] = traceback.format_exc()
+        _stopped(on_stop, meta)
         raise
     else:
         meta["status"] = "complete"
     finally:
         write_json(out / "meta.json", meta)
+
+
+def _stopped(on_stop, meta: dict) -> None:
+    if on_stop is None:
+        return
+    try:
+        on_stop(meta["status"])
+    except Exception as e:  # noqa: BLE001 - keep the original error; say what else went wrong
+        meta["on_stop_error"] = f"{type(e).__name__}: {e}"

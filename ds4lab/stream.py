@@ -93,3 +93,8 @@ def stream_override(stream: Any) -> Iterator[Any]:
         yield stream
     finally:
         capture_set_stream(prev)
+
+
+#: Stream-capture modes, as ds4lab names them (CUDA Runtime API, ``cudaStreamCaptureMode``:
+#: ``cudaStreamCaptureModeGlobal`` = 0, ``ThreadLocal`` = 1, ``Relaxed`` = 2, in that order).
+CAPTURE_MODES = ("global", "thread_local", "relaxed")

@@ -9,7 +9,10 @@ launches), and is labelled so.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import gc
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -106,12 +109,233 @@ def profiler_range(be):
     """``cudaProfilerStart``/``cudaProfilerStop`` around a measured region on a GPU, so that
     ``nsys profile --capture-range=cudaProfilerApi`` records only the measured tokens (CUDA
     Runtime API, "Profiler Control"). Nothing on other backends."""
-    if not getattr(be, "is_gpu", False):
-        yield
-        return
-    rt = be.cp.cuda.runtime
-    rt.profilerStart()
+    be.profiler_start()
     try:
         yield
     finally:
-        rt.profilerStop()
+        be.profiler_stop()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector collected once, then off for the block (no collector pause lands
+    inside timed work), back to its previous state after. Nested inside another pause it does
+    nothing (no second collection: a full collection of a large heap costs a fraction of a second)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.collect(1)  # the young generations: a full collection costs more than the work in a big process
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+# ----------------------------------------------------------------------------- the timing loop
+@dataclass
+class Samples:
+    """Raw per-iteration samples of :func:`time_steps`, in µs, with where they came from.
+
+    ``device_us[i]``: CUDA-event time between the records around iteration ``i`` (on the sim:
+    its modeled events). ``host_us[i]``: host clock around the enqueue of iteration ``i``
+    (launch cost only; never a device time). ``device_source``/``host_source``: ``cuda-events``
+    and ``host-clock`` on a GPU, ``modeled (sim, calibration <name>)`` on the sim.
+    """
+
+    device_us: list[float] = field(default_factory=list)
+    host_us: list[float] = field(default_factory=list)
+    device_source: str = ""
+    host_source: str = ""
+
+
+def sources(be) -> tuple[str, str]:
+    """``(device source, host source)`` labels of the figures ``be`` gives (see :class:`Samples`)."""
+    if be.models_time:
+        m = f"modeled ({be.name}, calibration {be.calibration_name})"
+        return m, m
+    return ("cuda-events", "host-clock") if be.measures_time else ("", "")
+
+
+def time_steps(be, step: Callable[[int], None], n: int, *, stream, warmup: int = 0,
+               sync: Callable[[], None] | None = None, on_sample: Callable[[int, float, float], None] | None = None,
+               on_warm: Callable[[], None] | None = None, progress: Callable[[], None] | None = None,
+               samples: Samples | None = None) -> Samples:
+    """The one timing loop of ds4lab: ``warmup`` untimed then ``n`` timed calls of ``step(i)``.
+
+    Each timed iteration: a CUDA event recorded on ``stream``, the host clock, ``step(i)``, the host
+    clock, an event recorded on ``stream``, ``sync()`` (default ``be.synchronize()``: ds4 ends every
+    decode token with ``cudaDeviceSynchronize``), and the elapsed time between the two events. The
+    garbage collector is off meanwhile (:func:`gc_paused`). Statistics are the caller's
+    (:meth:`Stats.of`, :func:`paired_difference`): this returns raw samples only (the shape of
+    ``cupyx.profiler.benchmark``: one entry point, raw per-iteration times, summaries outside).
+
+    Args:
+        be: a backend that measures or models time (``cupy`` or ``sim``).
+        step: the work; ``i`` counts from 0 over warm-up and timed iterations together.
+        n: timed iterations (>= 1).
+        stream: where the events are recorded (the stream the work runs on, or ``LEGACY_STREAM``).
+        on_sample: called as ``on_sample(j, device_us, host_us)`` after timed iteration ``j``, so a
+            job can write each sample as it comes.
+        on_warm: called once between the warm-up and the timed iterations (e.g. reset a census).
+        progress: called after every iteration, warm-up included.
+        samples: append to these (interleaved rounds) instead of a new :class:`Samples`.
+
+    Raises:
+        ValueError: ``n < 1`` or ``warmup < 0``; a backend that neither measures nor models time.
+        ds4lab.errors.CudaError: what a runtime call raised (the loop stops; samples so far kept in
+            ``samples`` when passed).
+    """
+    if n < 1 or warmup < 0:
+        raise ValueError(f"time_steps: n={n} must be >= 1 and warmup={warmup} >= 0")
+    if not (be.measures_time or be.models_time):
+        raise ValueError(f"the {be.name} backend neither measures nor models time")
+    out = samples if samples is not None else Samples()
+    out.device_source, out.host_source = sources(be)
+    sync = sync or be.synchronize
+    e0, e1 = be.new_event(), be.new_event()
+    clock = be.host_clock_us
+    with gc_paused():
+        for i in range(warmup):
+            step(i)
+            if progress:
+                progress()
+        sync()
+        if on_warm:
+            on_warm()
+        for j in range(n):
+            be.event_record(stream, e0)
+            h0 = clock()
+            step(warmup + j)
+            h1 = clock()
+            be.event_record(stream, e1)
+            sync()
+            d = be.event_elapsed_ms(e0, e1) * 1e3
+            out.device_us.append(d)
+            out.host_us.append(h1 - h0)
+            if on_sample:
+                on_sample(j, d, h1 - h0)
+            if progress:
+                progress()
+    return out
+
+
+# ----------------------------------------------------------------------------- paired differences
+@dataclass(frozen=True)
+class Difference:
+    """A cost or gain: the median of paired, interleaved differences (B − A) with its interval.
+
+    ``median``, ``lo``, ``hi`` in the samples' unit (µs); ``pct`` = 100 · median / baseline median;
+    ``confidence`` of the distribution-free interval for the median; ``n`` pairs. ``measurable``
+    is False when the interval includes zero: such a difference is reported as "not measurable
+    (±x)", never as a negative cost.
+    """
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+    baseline: float
+    confidence: float
+
+    @property
+    def measurable(self) -> bool:
+        return self.n > 0 and not (self.lo <= 0.0 <= self.hi) and math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    @property
+    def pct(self) -> float:
+        return 100.0 * self.median / self.baseline if self.baseline else math.nan
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2.0
+
+    def fmt(self, unit: str = "µs", digits: int = 1) -> str:
+        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)`` or ``not measurable (±3.2 µs, n=16)``."""
+        if not self.measurable:
+            return f"not measurable (±{self.half_width:.{digits}f} {unit}, n={self.n})"
+        return (f"{self.median:+.{digits}f} {unit} ({self.pct:+.1f} %, {self.confidence:.0%} CI "
+                f"{self.lo:.{digits}f}–{self.hi:.{digits}f}, n={self.n})")
+
+    def as_dict(self) -> dict:
+        return {"diff_median": self.median, "diff_lo": self.lo, "diff_hi": self.hi, "diff_n": self.n,
+                "diff_pct": self.pct, "baseline": self.baseline, "measurable": self.measurable,
+                "confidence": self.confidence}
+
+
+def median_ci(values, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval for the median of ``values`` (order statistics of the
+    binomial(n, ½) sign test; e.g. Conover, *Practical Nonparametric Statistics*, §3.2). With too
+    few values for the confidence asked (n < 6 at 95 %) the interval is the whole range
+    ``(min, max)`` widened to include zero's side, i.e. reported as not measurable by the caller.
+
+    Raises:
+        ValueError: no values, or ``confidence`` outside (0, 1).
+    """
+    from math import comb
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence} must be between 0 and 1")
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    n = v.size
+    if n == 0:
+        raise ValueError("no values for a confidence interval")
+    alpha = 1.0 - confidence
+    # largest k with P(Bin(n, 1/2) < k) <= alpha/2: the interval is [v[k-1], v[n-k]]
+    cdf, k = 0.0, 0
+    while k < n:
+        p = comb(n, k) / 2.0 ** n
+        if cdf + p > alpha / 2.0:
+            break
+        cdf += p
+        k += 1
+    if k == 0:
+        return (min(float(v[0]), 0.0), max(float(v[-1]), 0.0))
+    return float(v[k - 1]), float(v[n - k])
+
+
+def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference:
+    """The cost of ``treated`` over ``baseline`` from paired samples (``treated[i]`` was measured
+    next to ``baseline[i]``, in an interleaved round): median of the differences with
+    :func:`median_ci`. Pairs with a non-finite member are dropped.
+
+    Raises:
+        ValueError: the two sequences differ in length.
+    """
+    a = np.asarray(baseline, dtype=np.float64)
+    b = np.asarray(treated, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired samples must have the same length ({a.size} vs {b.size})")
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    if a.size == 0:
+        return Difference(math.nan, math.nan, math.nan, 0, math.nan, confidence)
+    d = b - a
+    lo, hi = median_ci(d, confidence)
+    return Difference(float(np.median(d)), lo, hi, int(d.size), float(np.median(a)), confidence)
+
+
+def interleaved_pairs(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int,
+                      progress: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+    """``rounds`` paired measurements of A and B, alternating which goes first (ABBA…), so a slow
+    drift of the machine falls on both alike. Each callable returns one figure (e.g. the median µs
+    of a short block of tokens). Returns ``(a_values, b_values)`` for :func:`paired_difference`.
+
+    Raises:
+        ValueError: ``rounds < 1``.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds} must be >= 1")
+    a_vals, b_vals = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a_vals.append(measure_a())
+            b_vals.append(measure_b())
+        else:
+            b_vals.append(measure_b())
+            a_vals.append(measure_a())
+        if progress:
+            progress()
+    return a_vals, b_vals

@@ -46,14 +46,20 @@ import pandas as pd
 
 from . import provenance, results
 from . import stream as S
+from .errors import BadInput, CheckFailed
 
 TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace.png", "trace.svg", "trace.pdf")
 HOST_TID = 1
 GPU_TID0 = 100
 
 
-class TraceError(ValueError):
-    """A trace request that cannot run (unknown stage, no tokens, no kernel records): nothing traced."""
+class TraceError(BadInput):
+    """A trace request that cannot run (unknown stage, no tokens, no kernel source on the backend):
+    nothing traced (exit 2)."""
+
+
+class NoKernelRecords(CheckFailed):
+    """The traced tokens of a stage gave no kernel record (exit 1; ``meta.json`` says so)."""
 
 
 @dataclass
@@ -61,8 +67,8 @@ class TraceConfig:
     """What ``ds4lab trace`` runs.
 
     Attributes:
-        backend: ``auto`` (cupy with a usable GPU, else sim), ``cupy`` or ``sim``.
-        preset: model dimensions (``ds4lab.config.PRESETS``); None: ds4-flash on a GPU, small on the sim.
+        preset: model dimensions (``ds4lab.config.PRESETS``); None: the job's default
+            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, tiny on the sim).
         stages: comma-separated stage names (``ds4lab.ladder.STAGES``), one trace process each.
         tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages
             capture their graphs there).
@@ -71,7 +77,6 @@ class TraceConfig:
         capture_mode: stream-capture mode of the captured stages.
     """
 
-    backend: str = "auto"
     preset: str | None = None
     stages: str = "0,3"
     tokens: int = 2
@@ -193,28 +198,22 @@ class CuptiKernelSource:
 
 
 class SimKernelSource:
-    """The sim's modeled schedule (``SimBackend.timeline``) as kernel records, MODELED; ``clock_ns``
-    is the modeled host clock."""
+    """A modeled device timeline (the backend contract's ``trace_records``: the sim's cost-model
+    schedule) as kernel records, MODELED; ``clock_ns`` is the backend's host clock (the sim's
+    modeled one, ``host_clock_us``)."""
 
     modeled = True
 
     def __init__(self, be) -> None:
         self.be = be
-        self._seen = 0
-        self.clock_ns = lambda: be.host_time_us * 1e3
-
-    def _count(self) -> int:
-        d = self.be.rt.dev
-        return d.dropped + len(d.timeline)
+        self._next = 0
+        self.clock_ns = lambda: be.host_clock_us() * 1e3
 
     def start(self) -> None:
-        self._seen = self._count()
+        _, self._next = self.be.trace_records(self._next)
 
     def take(self) -> list[dict]:
-        d = self.be.rt.dev
-        n = self._count()
-        new = d.timeline[max(0, len(d.timeline) - (n - self._seen)):] if n > self._seen else []
-        self._seen = n
+        new, self._next = self.be.trace_records(self._next)
         out, node, last_graph = [], 0, None
         for stream, name, start, end, kind, graph in new:
             if graph is None:
@@ -235,7 +234,7 @@ class SimKernelSource:
 def kernel_source(be):
     """:class:`SimKernelSource` on the sim; :class:`CuptiKernelSource` on a GPU. Raises TraceError
     (with the reason) where neither can run."""
-    if getattr(be, "models_time", False) and hasattr(be, "rt"):
+    if be.models_time and be.trace_records(0) is not None:
         return SimKernelSource(be)
     if not be.is_gpu:
         raise TraceError(f"no kernel timeline on the {be.name} backend: use cupy (a GPU) or sim")
@@ -246,28 +245,12 @@ def kernel_source(be):
 
 
 # ----------------------------------------------------------------------------- the job
-def _backend(name: str):
-    from .ladder import make_backends
-
-    if name not in ("auto", "cupy", "sim"):
-        raise TraceError(f"ds4lab trace runs on cupy or sim (or auto), not {name!r}")
-    be, _ = make_backends(name)
-    return be
-
-
-def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
-    """Trace ``config.tokens`` tokens of every stage in ``config.stages`` and write the trace, the
-    tables, ``meta.json`` and the figure to ``config.out``. ``backend`` (a ds4lab backend) overrides
-    ``config.backend``; on the sim a timing-only backend is enough. Returns a :class:`TraceResult`.
+def check_config(config: TraceConfig) -> list:
+    """The stages of ``config`` after checking it before any work (no backend needed).
 
     Raises:
-        TraceError: unknown stage, tokens or warm-up below 1, no kernel source on this backend, or a
-            stage whose traced tokens gave no kernel record (nothing is written then but ``meta.json``
-            with the failure).
-        ds4lab.config.ConfigError: unknown preset.
-        ds4lab.results.OutputError: an ``out`` that cannot be written.
+        TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``.
     """
-    from .config import get_preset
     from .ladder import LadderInputError, parse_stages
 
     try:
@@ -277,22 +260,45 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     if config.tokens < 1 or config.warmup < 1:
         raise TraceError(f"tokens={config.tokens} and warmup={config.warmup} must be at least 1 (the warm-up "
                          "captures the graphs of the captured stages)")
-    be = backend if backend is not None else _backend(config.backend)
-    preset = config.preset or ("ds4-flash" if be.is_gpu else "small")
+    if config.out is not None and not str(config.out).strip():
+        raise TraceError("--out '': an empty path would silently mean the current folder; name a folder")
+    return st_list
+
+
+def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
+    """Trace ``config.tokens`` tokens of every stage in ``config.stages`` on ``backend`` and write the
+    trace, the tables, ``meta.json`` and the figure to ``config.out``. ``backend``: a ds4lab backend
+    (None: ``auto``, opened as the jobs open it; on the sim a timing-only backend is enough). The job
+    ``trace`` of :mod:`ds4lab.jobs` runs this. Returns a :class:`TraceResult`.
+
+    Raises:
+        TraceError: bad input (:func:`check_config`) or no kernel source on this backend (exit 2).
+        NoKernelRecords: a stage's traced tokens gave no kernel record (exit 1; ``meta.json`` says
+            ``failed``).
+        ds4lab.config.ConfigError: unknown preset.
+        ds4lab.results.OutputError: an ``out`` that cannot be written.
+    """
+    from .config import get_preset
+    from .jobs.common import default_preset, modeled_banner, open_backend
+
+    st_list = check_config(config)
+    be = backend if backend is not None else open_backend("auto", timing_only=True)
+    preset = config.preset or default_preset("trace", be)
     cfg = get_preset(preset)
     src = kernel_source(be)
     out = Path(config.out or f"results/trace-{preset}-{be.name}")
     meta = provenance.base_meta(be)
-    modeled = bool(getattr(be, "models_time", False))
+    modeled = bool(be.models_time)
     meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
                 warmup=config.warmup, capture_mode=config.capture_mode, modeled=modeled,
                 kernel_source="modeled schedule (sim cost model)" if modeled else "CUPTI activity records",
                 nvtx_source="ds4lab's recorded push/pop times (" + ("modeled host clock" if modeled
                                                                       else "CUPTI timestamp clock") + ")")
-    if modeled:
-        cal = getattr(be, "calibration", None)
-        meta["calibration"] = cal.get("name", "?") if isinstance(cal, dict) else str(cal)
     say = (console.print if console is not None else (lambda *a, **k: None))
+    banner = modeled_banner(be)
+    if banner:
+        meta["calibration"] = be.calibration_name
+        say(banner)
     was = S.graphs_enabled()
     S.set_graphs_enabled(True)
     try:
@@ -306,19 +312,23 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
 
 def _trace(be, cfg, st_list, config, src, say, meta):
     from .annotate import NullAnnotator
-    from .ladder import START_POS, StageRun, token_id_at
     from .model import DecodeModel, TokenOptions
 
     base = TokenOptions(vocab=True)  # the ladder's token: with the vocabulary projection
     model = DecodeModel(cfg, be, base)
     rec = RecordingAnnotator(src.clock_ns, inner=None if isinstance(model.L.annotator, NullAnnotator)
                              else model.L.annotator)
-    model.L.set_annotator(rec)
+    with model.L.annotating(rec):
+        return _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base)
+
+
+def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
+    from .ladder import START_POS, StageRun, token_id_at
+
     # the launch sites of one eager token, in launch order (the kernels are labelled by position)
-    model.L.trace = []
-    model.token(START_POS, token_id_at(START_POS, cfg.vocab))
-    sites = [(r.cluster, r.layer, r.site, r.kernel) for r in model.L.trace]
-    model.L.trace = None
+    with model.L.recording() as launched:
+        model.token(START_POS, token_id_at(START_POS, cfg.vocab))
+    sites = [(r.cluster, r.layer, r.site, r.kernel) for r in launched]
     be.synchronize()
     kern_rows, nvtx_rows, matched, runs = [], [], {}, []
     pos = START_POS + 1
@@ -343,7 +353,7 @@ def _trace(be, cfg, st_list, config, src, say, meta):
             recs = sorted(src.take(), key=lambda r: r["start_ns"])
             ks = [r for r in recs if r["kind"] == "kernel"]
             if not ks:
-                raise TraceError(f"stage {st.name}: the traced tokens gave no kernel record "
+                raise NoKernelRecords(f"stage {st.name}: the traced tokens gave no kernel record "
                                  f"({meta['kernel_source']})")
             ok = len(ks) == config.tokens * len(sites) and all(
                 k["name"] == sites[i % len(sites)][3] for i, k in enumerate(ks))

@@ -45,16 +45,17 @@ OUT = "results/nb-quickstart"
 """, params=True),
     code("""
 from pathlib import Path
-from ds4lab.ladder import make_backends, StageRun, STAGES as ALL_STAGES
+from ds4lab.backends import make_backend
 from ds4lab.config import get_preset
+from ds4lab.jobs import default_preset, execute
 from ds4lab.model import DecodeModel, TokenOptions
 from ds4lab import provenance
 
-be, be_exact = make_backends(BACKEND)
-preset = PRESET or ("ds4-flash" if be.is_gpu else "small")
+be = make_backend(BACKEND, allowed=("auto", "cupy", "sim"), timing_only=True, compile_kernels=True)
+preset = PRESET or default_preset("ladder", be)
 cfg = get_preset(preset)
 meta = provenance.base_meta(be)
-print(f"backend {be.name} · preset {preset} · " + ("MODELED (simulated runtime)" if getattr(be, "models_time", False) else provenance.label(meta)))
+print(f"backend {be.name} · preset {preset} · " + ("MODELED (simulated runtime)" if be.models_time else provenance.label(meta)))
 """),
     md("## One token and its launch census\nEvery launch goes through the stream accessor; the census counts launches by cluster and kind."),
     code("""
@@ -75,17 +76,15 @@ launch layer produces for one layer.
     code("""
 from ds4lab.annotate import CLUSTERS
 import pandas as pd
-trace = []
-model.L.trace = trace
-model.token(1001, 8)
-model.L.trace = None
+with model.L.recording() as trace:
+    model.token(1001, 8)
 layer0 = [(r.cluster, r.site, r.kernel) for r in trace if r.layer == 0]
 pd.DataFrame(layer0, columns=["cluster (NVTX category)", "op range", "kernel"])
 """),
     md("## A first stage ladder"),
     code("""
-from ds4lab.ladder import run_ladder
-df = run_ladder(be.name, preset, STAGES, tokens=TOKENS, out=OUT)
+from ds4lab.jobs.ladder import LadderConfig
+df = execute("ladder", LadderConfig(stages=STAGES, preset=preset, tokens=TOKENS, out=OUT), backend=be.name)
 df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", "kernel_launches", "graph_launches", "exact"]]
 """),
     code("""
@@ -116,8 +115,10 @@ SWEEP_TOKENS = [1, 2, 3, 16, 64, 512]
     code("""
 from pathlib import Path
 import pandas as pd
-from ds4lab.ladder import run_ladder, fixes_table
-df = run_ladder(BACKEND, PRESET, STAGES, tokens=TOKENS, out=OUT)
+from ds4lab.jobs import execute
+from ds4lab.jobs.ladder import LadderConfig
+from ds4lab.ladder import fixes_table
+df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND)
 df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
 """),
     md("## Which hazard fixes each stage needs"),
@@ -176,20 +177,21 @@ OUT = "results/nb-moe"
 from pathlib import Path
 import json
 import pandas as pd
-from ds4lab.cli import main as ds4lab
+from ds4lab.backends import resolve
 from ds4lab.config import get_preset
-from ds4lab.backends.cupy_backend import gpu_usable
+from ds4lab.jobs import execute
+from ds4lab.jobs.common import DEFAULT_PRESETS
+from ds4lab.jobs.moe import MoeConfig
+from ds4lab.moeprof import MODES as ALL_MODES, ROUTINGS as ALL_ROUTINGS
 # Token counts above the preset's max_tokens are refused by `ds4lab moe`: keep the ones it takes.
-preset = PRESET or ("ds4-flash" if BACKEND == "cupy" or (BACKEND == "auto" and gpu_usable()[0]) else "small")
+preset = PRESET or DEFAULT_PRESETS["moe"][0 if resolve(BACKEND) == "cupy" else 1]
 limit = get_preset(preset).max_tokens
-counts = [t for t in TOKENS_PER_STEP.split(",") if int(t) <= limit]
+counts = [int(t) for t in TOKENS_PER_STEP.split(",") if int(t) <= limit]
 if len(counts) < len(TOKENS_PER_STEP.split(",")):
-    print(f"note: {preset} takes at most {limit} tokens per step: profiling {','.join(counts)}")
-args = ["moe", "--backend", BACKEND, "--mode", MODES, "--tokens-per-step", ",".join(counts),
-        "--routing", ROUTINGS, "--steps", str(STEPS), "--out", OUT, "--no-overhead"]
-if PRESET:
-    args += ["--preset", PRESET]
-ds4lab(args, standalone_mode=False)
+    print(f"note: {preset} takes at most {limit} tokens per step: profiling {counts}")
+pick = lambda text, every: list(every) if text == "all" else text.split(",")
+execute("moe", MoeConfig(modes=pick(MODES, ALL_MODES), tokens_per_step=counts, routings=pick(ROUTINGS, ALL_ROUTINGS),
+                         preset=preset, steps=STEPS, out=OUT, overhead=False), backend=BACKEND)
 meta = json.loads((Path(OUT) / "meta.json").read_text())
 print("MODELED (simulated runtime)" if meta.get("modeled") else f"measured on {meta.get('device')}")
 """),
@@ -243,11 +245,11 @@ OUT = "results/nb-capture"
 from pathlib import Path
 import json
 import pandas as pd
-from ds4lab.cli import main as ds4lab
-args = ["exclusion", "--backend", BACKEND, "--out", OUT + "/exclusion"]
-if PRESET:
-    args += ["--preset", PRESET]
-ds4lab(args, standalone_mode=False)
+from ds4lab.jobs import execute
+from ds4lab.jobs.exclusion import ExclusionConfig
+from ds4lab.jobs.hazards import HazardsConfig
+from ds4lab.jobs.moe import MoeConfig
+execute("exclusion", ExclusionConfig(preset=PRESET, out=OUT + "/exclusion"), backend=BACKEND)
 m = pd.read_csv(Path(OUT) / "exclusion" / "exclusion.csv")
 m.pivot(index="mode", columns="column", values="outcome")
 """),
@@ -257,10 +259,7 @@ Image(filename=str(Path(OUT) / "exclusion" / "exclusion.png"))
 """),
     md("## Each hazard, demonstrated"),
     code("""
-args = ["ladder", "--backend", BACKEND, "--hazard", "all", "--out", OUT + "/hazards"]
-if HAZARD_PRESET:
-    args += ["--preset", HAZARD_PRESET]
-ds4lab(args, standalone_mode=False)
+execute("hazards", HazardsConfig(hazard="all", preset=HAZARD_PRESET, out=OUT + "/hazards"), backend=BACKEND)
 h = pd.read_csv(Path(OUT) / "hazards" / "hazards.csv")
 h[["hazard", "outcome", "errors", "exact", "first_mismatch", "expected"]]
 """),
@@ -273,11 +272,9 @@ inside the graph, and per-kernel activity records (CUPTI on a GPU; the modeled t
 sim). Overhead of each on a whole token, eager and replayed:
 """),
     code("""
-args = ["moe", "--backend", BACKEND, "--mode", "deferred,in-graph,graph-boundary,cupti", "--tokens-per-step", "1",
-        "--routing", "uniform", "--steps", "5", "--share-tokens", "0", "--out", OUT + "/modes"]
-if PRESET:
-    args += ["--preset", PRESET]
-ds4lab(args, standalone_mode=False)
+execute("moe", MoeConfig(modes=["deferred", "in-graph", "graph-boundary", "cupti"], tokens_per_step=[1],
+                         routings=["uniform"], steps=5, share_tokens=0, preset=PRESET, out=OUT + "/modes"),
+        backend=BACKEND)
 o = Path(OUT) / "modes" / "overhead.csv"
 pd.read_csv(o) if o.exists() else "no overhead table"
 """),

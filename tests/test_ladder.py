@@ -12,7 +12,9 @@ from ds4lab import stream as S
 from ds4lab.capture import GraphCache
 from ds4lab.config import get_preset
 from ds4lab.hazards import HAZARDS, demonstrate
-from ds4lab.ladder import STAGES, fixes_table, parse_stages, run_ladder
+from ds4lab.jobs import execute
+from ds4lab.jobs.ladder import LadderConfig
+from ds4lab.ladder import STAGES, fixes_table, parse_stages
 from ds4lab.model import DecodeModel, TokenOptions
 
 TINY = get_preset("tiny")
@@ -153,7 +155,9 @@ def test_hazards_on_sim_match_the_h200(sim, name):
 
 
 def test_ladder_end_to_end_on_sim(tmp_path):
-    df = run_ladder("sim", "tiny", "0,0s,1,2,3,3u", tokens=8, warmup=1, exact_tokens=3, out=tmp_path, rounds=2)
+    cfg = LadderConfig(stages="0,0s,1,2,3,3u", preset="tiny", tokens=8, warmup=1, exact_tokens=3, out=tmp_path,
+                       rounds=2)
+    df = execute("ladder", cfg, backend="sim")
     assert list(df.stage) == ["0", "0s", "1", "2", "3", "3u"]
     assert df.exact.tolist() == [True] * 6
     assert df.loc[df.stage == "3", "graph_launches"].item() == 1

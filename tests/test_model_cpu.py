@@ -7,7 +7,6 @@ MoE against the reference, and input validation.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -422,13 +421,14 @@ def test_token_options_accept_all_valid():
 
 # ----------------------------------------------------------------------------- memory check
 class GpuLikeBackend(NumpyBackend):
-    """The numpy executor pretending to be a GPU with ``free`` bytes, to reach _check_memory."""
-
-    is_gpu = True
+    """The numpy executor reporting ``free`` device bytes (the contract's ``free_memory``)."""
 
     def __init__(self, free: int, total: int = 2**40) -> None:
         super().__init__(seed=1234)
-        self.cp = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (free, total))))
+        self._mem = (free, total)
+
+    def free_memory(self):
+        return self._mem
 
 
 def test_memory_check_refuses_before_allocating():

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from ds4lab import moeprof as M
 from ds4lab import stream as S
+from ds4lab.moeprof import traces
 from ds4lab.config import get_preset
 from ds4lab.errors import RuntimeApiError
 from ds4lab.sim import SimBackend
@@ -96,8 +97,8 @@ def test_in_graph_stamps_are_the_modeled_kernel_start_times(wb, graphs_restored)
         assert (df["phase"] == phase).all()
         starts = [r[2] for r in be.timeline[start:] if r[1] == "stamp_time"]
         prof = wb.last_profiler
-        slots = np.asarray(be.to_host(prof._slots), dtype=np.float64) / 1e3
-        used = sorted(prof._slot_of.values())
+        slots = np.asarray(be.to_host(prof.impl.slots), dtype=np.float64) / 1e3
+        used = sorted(prof.impl.slot_of.values())
         got = np.concatenate([slots[b:b + 7] for b in used])
         last = np.array(starts[-len(got):])
         assert np.allclose(np.sort(got), np.sort(last), atol=1e-6), (regime, got, last)
@@ -302,10 +303,13 @@ def test_token_share_and_overhead_table(wb_fast, graphs_restored):
 
 # ----------------------------------------------------------------------------- availability, errors
 def test_cupti_unavailable_reports_the_reason(monkeypatch):
-    class FakeGpu:
-        is_gpu, measures_time, name = True, True, "cupy"
+    class FakeGpu:  # a GPU backend as the contract describes it: no modeled timeline
+        is_gpu, measures_time, models_time, name = True, True, False, "cupy"
 
-    monkeypatch.setattr(M, "cupti_available", lambda: (False, "cupti-python not importable (test)"))
+        def trace_records(self, since=0):
+            return None
+
+    monkeypatch.setattr(traces, "cupti_available", lambda: (False, "cupti-python not importable (test)"))
     t = M.trace_source(FakeGpu())
     assert not t.available and "cupti-python" in t.reason
     assert t.take() == []

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab import results as results_mod
-from ds4lab import run as run_mod
+from ds4lab.jobs import execute
+from ds4lab.jobs import run as run_mod
 from ds4lab.backends.numpy_backend import NumpyBackend
 from ds4lab.cli import main
 from ds4lab.model import DecodeModel, TokenOptions
@@ -132,7 +133,7 @@ def test_run_function_raises_run_interrupted(tmp_path, stop_after):
     stop_after(1, KeyboardInterrupt())
     rc = run_mod.RunConfig(backend="numpy", preset="tiny", tokens=3, warmup=0, out=tmp_path / "r")
     with pytest.raises(run_mod.RunInterrupted) as ei:
-        run_mod.run(rc)
+        execute("run", rc, backend=rc.backend)
     assert isinstance(ei.value, KeyboardInterrupt)
     assert ei.value.meta["status"] == "interrupted" and ei.value.meta["tokens_completed"] == 1
 

@@ -16,10 +16,16 @@ from ds4lab.trace import (CuptiKernelSource, RecordingAnnotator, TraceConfig, Tr
                           load_trace, run_trace)
 
 
+def sim():
+    from ds4lab.backends import make_backend
+
+    return make_backend("sim", timing_only=True)
+
+
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace")
-    return run_trace(TraceConfig(backend="sim", preset="tiny", stages="0,3", tokens=2, out=out))
+    return run_trace(TraceConfig(preset="tiny", stages="0,3", tokens=2, out=out), sim())
 
 
 def test_trace_json_loads_as_trace_event_json(traced):
@@ -148,9 +154,9 @@ def test_no_kernel_source_on_the_numpy_backend():
 
 def test_bad_requests(tmp_path):
     with pytest.raises(TraceError, match="unknown stage"):
-        run_trace(TraceConfig(backend="sim", preset="tiny", stages="0,7", out=tmp_path / "a"))
+        run_trace(TraceConfig(preset="tiny", stages="0,7", out=tmp_path / "a"), sim())
     with pytest.raises(TraceError, match="at least 1"):
-        run_trace(TraceConfig(backend="sim", preset="tiny", tokens=0, out=tmp_path / "b"))
+        run_trace(TraceConfig(preset="tiny", tokens=0, out=tmp_path / "b"), sim())
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -179,3 +185,11 @@ def test_cli_trace_on_the_sim(tmp_path):
     assert "MODELED" in r.output and (out / "trace.json").is_file()
     bad = CliRunner().invoke(main, ["trace", "--backend", "sim", "--preset", "tiny", "--stages", "x"])
     assert bad.exit_code == 2 and "unknown stage" in bad.output
+
+
+def test_the_job_runs_through_the_jobs_layer(tmp_path):
+    from ds4lab.jobs import execute
+
+    res = execute("trace", TraceConfig(stages="0", tokens=1, out=tmp_path / "j"), backend="sim")
+    assert res.meta["preset"]["name"] == "tiny"  # the trace job's default off a GPU
+    assert load_trace(tmp_path / "j")["otherData"]["stages"] == ["0"]

@@ -1,29 +1,55 @@
 """Backends that run the decode token: ``cupy`` (GPU), ``sim`` (simulated CUDA runtime, modeled
-times), ``numpy`` (CPU reference executor, no timing)."""
+times), ``numpy`` (CPU reference executor, no timing). :func:`make_backend` is the one factory."""
 
 from __future__ import annotations
 
-from .base import Backend, BackendUnavailable
+from .base import Backend, BackendUnavailable, Executor, RuntimeApi, can_capture
 
 BACKENDS = ("auto", "cupy", "numpy", "sim")
 
 
-def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = False) -> Backend:
-    """Create backend ``name``; ``auto`` picks ``cupy`` when a GPU is usable, else ``sim`` (the
-    simulated runtime: its figures are modeled, and it says so). ``timing_only`` applies to ``sim``.
+def resolve(name: str, allowed=BACKENDS) -> str:
+    """The concrete backend ``name`` stands for: ``auto`` → ``cupy`` when a GPU is usable, else
+    ``sim``. Cheap (no backend is built).
 
     Raises:
-        ValueError: unknown backend name (the message lists the known ones).
+        ValueError: ``name`` unknown or not in ``allowed`` (the message lists the choices).
+    """
+    if name not in BACKENDS or name not in allowed:
+        raise ValueError(f"unknown backend {name!r} here; choose one of: {', '.join(allowed)}")
+    if name != "auto":
+        return name
+    from .cupy_backend import gpu_usable
+
+    return "cupy" if gpu_usable()[0] else "sim"
+
+
+def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = False,
+                 allowed=BACKENDS, compile_kernels: bool = False) -> Executor:
+    """Create backend ``name``; ``auto`` picks ``cupy`` when a GPU is usable, else ``sim`` (the
+    simulated runtime: its figures are modeled, and it says so).
+
+    Args:
+        seed: weight seed (bit-identical weights on every backend).
+        timing_only: ``sim`` only: model the time without computing numbers.
+        allowed: the names this caller accepts (a job that needs capture passes cupy/sim/auto).
+        compile_kernels: ``cupy``: compile every kernel now, so no compile lands in a timed region.
+
+    Raises:
+        ValueError: unknown or disallowed backend name (the message lists the choices).
         BackendUnavailable: ``cupy`` asked for explicitly but no GPU is usable (says why).
     """
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name not in BACKENDS or name not in allowed:
+        raise ValueError(f"unknown backend {name!r} here; choose one of: {', '.join(allowed)}")
     if name in ("auto", "cupy"):
         from .cupy_backend import CupyBackend, gpu_usable
 
         ok, why = gpu_usable()
         if ok:
-            return CupyBackend(seed=seed)
+            be = CupyBackend(seed=seed)
+            if compile_kernels:
+                be.compile_all()
+            return be
         if name == "cupy":
             raise BackendUnavailable(f"backend 'cupy' unavailable: {why}")
     if name in ("auto", "sim"):
@@ -35,4 +61,5 @@ def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = Fa
     return NumpyBackend(seed=seed)
 
 
-__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "make_backend"]
+__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "Executor", "RuntimeApi", "can_capture",
+           "make_backend", "resolve"]

@@ -1,13 +1,27 @@
-"""What a backend provides to the launch layer and the decode model.
+"""The backend contract: what the launch layer, the model and the jobs may ask of a backend.
 
-A backend owns memory (arrays), streams and events, and turns each launch the
-:class:`ds4lab.launch.Launcher` hands it into device work (``cupy``), a NumPy computation
-(``numpy``) or, later, a modeled one. It never decides *which* stream: the launcher resolves
-that through the accessor and passes the answer in (``LEGACY_STREAM`` or an override).
+Two interfaces, both abstract, so a backend that forgets a method fails when it is *built*, not
+halfway through a job:
+
+* :class:`Executor` — memory, weights, launches, memsets, copies, streams, events, synchronize,
+  and the capabilities a job reads (declared here, never probed with ``getattr``). Every backend
+  implements it: ``cupy`` (the GPU), ``sim`` (the simulated CUDA runtime, modeled time) and
+  ``numpy`` (the CPU reference executor: no timing, no capture).
+* :class:`RuntimeApi` — the runtime calls that capture, graphs, event timing, allocation and
+  queries need (CUDA Runtime API: "Stream Management", "Event Management", "Graph Management",
+  "Memory Management"). Only ``cupy`` and ``sim`` implement it; ``isinstance(be, RuntimeApi)``
+  is the one test for "can capture".
+
+A backend never decides *which* stream: the launcher resolves that through the accessor
+(:mod:`ds4lab.stream`) and passes the answer in (``LEGACY_STREAM`` or an override).
+Errors: runtime calls raise :class:`ds4lab.errors.CudaError` (CUDA's error name) or
+:class:`ds4lab.errors.CupyRefusal`, on the GPU and on the sim alike.
 """
 
 from __future__ import annotations
 
+import abc
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -17,154 +31,240 @@ class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here (no CuPy, no usable GPU); the message says which."""
 
 
-class Backend:
-    """Interface every backend implements. Arrays are the backend's own (``numpy``/``cupy``)."""
+class Executor(abc.ABC):
+    """Runs a decode token. Arrays are the backend's own (``numpy``/``cupy``/sim arena views).
 
-    #: Name used on the command line and in results.
+    Capabilities (class or instance attributes; every backend has all of them):
+
+    ``name``            the name used on the command line and in results
+    ``is_gpu``          launches run on a real GPU
+    ``measures_time``   its times are measurements (CUDA events, CUPTI)
+    ``models_time``     its times are modeled from a calibration (the sim): label them MODELED
+    ``timing_only``     it models time without computing any number (the sim's phantom mode)
+    ``calibration``     the cost-model calibration in use (``name``, ``path``, ``sha256``, …) or None
+    ``xp``              the array module (``numpy`` or ``cupy``)
+    """
+
     name: str = "base"
-    #: Whether launches run on a GPU.
     is_gpu: bool = False
-    #: Whether timings from this backend are measurements (False: none are claimed).
     measures_time: bool = False
-    #: The array module (``numpy`` or ``cupy``).
+    models_time: bool = False
+    timing_only: bool = False
+    calibration: dict | None = None
     xp: Any = np
 
     # --- memory
+    @abc.abstractmethod
     def empty(self, shape, dtype) -> Any:
-        raise NotImplementedError
+        """A new uninitialized array of ``shape`` and ``dtype`` (pool allocation on a GPU)."""
 
+    @abc.abstractmethod
     def zeros(self, shape, dtype) -> Any:
-        raise NotImplementedError
+        """A new zero-filled array."""
 
+    @abc.abstractmethod
     def from_host(self, a: np.ndarray) -> Any:
-        raise NotImplementedError
+        """A device copy of host array ``a`` (synchronous)."""
 
+    @abc.abstractmethod
     def to_host(self, a: Any) -> np.ndarray:
-        raise NotImplementedError
+        """A host copy of ``a`` (synchronous)."""
 
     # --- weights (see ds4lab.weights for the formats)
+    @abc.abstractmethod
     def make_weight(self, spec) -> Any:
         """Materialize one :class:`ds4lab.weights.WeightSpec` (QTensor, bank or fp32 array)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def fill_f32(self, out: Any, name: str, scale: float, offset: float, seed: int) -> None:
         """Fill an existing fp32 buffer from the hash generator (KV cache prefill)."""
-        raise NotImplementedError
 
     # --- launches (called by the Launcher only)
+    @abc.abstractmethod
     def launch(self, stream: Any, name: str, grid: tuple, block: tuple, args: tuple,
                shared: int, ref: Callable[[], None], nbytes: int = 0) -> None:
-        raise NotImplementedError
+        """Launch kernel ``name`` on ``stream``; ``ref`` computes the same with NumPy (CPU backends)."""
 
+    @abc.abstractmethod
     def memset_async(self, stream: Any, buf: Any, value: int) -> None:
-        raise NotImplementedError
+        """``cudaMemsetAsync`` on ``stream``."""
 
+    @abc.abstractmethod
     def memset_sync(self, buf: Any, value: int) -> None:
-        raise NotImplementedError
+        """``cudaMemset``: synchronous, on the legacy stream (a capture hazard: never in a graph)."""
 
+    @abc.abstractmethod
     def copy_h2d(self, stream: Any, dst: Any, src: np.ndarray) -> None:
-        raise NotImplementedError
+        """``cudaMemcpyAsync`` host to device on ``stream``."""
 
+    @abc.abstractmethod
     def event_record(self, stream: Any, event: Any) -> None:
-        raise NotImplementedError
+        """``cudaEventRecord`` on ``stream``."""
 
     # --- streams and events
+    @abc.abstractmethod
     def new_stream(self, non_blocking: bool = True) -> Any:
-        raise NotImplementedError
+        """A new stream (``cudaStreamNonBlocking`` when ``non_blocking``)."""
 
+    @abc.abstractmethod
     def new_event(self) -> Any:
-        raise NotImplementedError
+        """A new event (timing enabled)."""
 
+    @abc.abstractmethod
     def synchronize(self) -> None:
-        """Wait for all device work (``cudaDeviceSynchronize``; no-op on the CPU)."""
+        """Wait for all device work (``cudaDeviceSynchronize``)."""
 
-    # --- the runtime API used by capture, graphs and the conformance suite.
-    # Errors: every method raises ds4lab.errors.CudaError (CUDA's error name) or CupyRefusal.
-    # Streams are backend objects or LEGACY_STREAM. Capture modes: "global", "thread_local",
-    # "relaxed" (CUDA Runtime API, cudaStreamBeginCapture / cudaStreamCaptureMode).
-    def event_synchronize(self, event: Any) -> None:
-        """``cudaEventSynchronize``."""
-        raise NotImplementedError
+    # --- capabilities with a default
+    def host_clock_us(self) -> float:
+        """The host clock in µs for host-side work (enqueue time): ``time.perf_counter``; the sim
+        overrides it with its modeled host clock. Never use it around asynchronous device work."""
+        return time.perf_counter() * 1e6
 
-    def event_query(self, event: Any) -> bool:
-        """``cudaEventQuery``: True when complete (False for ``cudaErrorNotReady``)."""
-        raise NotImplementedError
+    def free_memory(self) -> tuple[int, int] | None:
+        """``(free, total)`` device bytes (``cudaMemGetInfo``), or None where memory is the host's."""
+        return None
 
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
-        """``cudaEventElapsedTime`` in milliseconds."""
-        raise NotImplementedError
+    def memory_used(self) -> int | None:
+        """Device bytes held by ds4lab's allocations, or None where not meaningful."""
+        return None
 
-    def stream_wait_event(self, stream: Any, event: Any) -> None:
-        """``cudaStreamWaitEvent``."""
-        raise NotImplementedError
+    def release_cached_memory(self) -> None:
+        """Give cached pool blocks back to the device (CuPy's pool); nothing elsewhere."""
 
-    def stream_synchronize(self, stream: Any) -> None:
-        """``cudaStreamSynchronize``."""
-        raise NotImplementedError
+    def modeled_kernel_us(self, kernel: str, nbytes: int) -> float | None:
+        """The cost model's GPU µs for ``kernel`` moving ``nbytes``; None where time is not modeled."""
+        return None
 
-    def stream_query(self, stream: Any) -> bool:
-        """``cudaStreamQuery``: True when all work is done."""
-        raise NotImplementedError
+    def modeled_copy_GBps(self) -> tuple[float, str] | None:
+        """The cost model's device copy bandwidth (GB/s) and where it comes from; None where time
+        is not modeled (on a GPU it is measured: :func:`ds4lab.timing.copy_bandwidth`)."""
+        return None
 
-    def malloc(self, shape, dtype) -> Any:
-        """``cudaMalloc`` of a new array, outside any pool (a real allocation every call)."""
-        raise NotImplementedError
+    def trace_records(self, since: int = 0) -> tuple[list[tuple], int] | None:
+        """Where the backend keeps a device timeline (the sim: modeled): the records
+        ``(stream, name, start_us, end_us, kind, graph)`` from absolute index ``since`` on (records
+        the timeline has already let go of are skipped) and the index to pass next time. None where
+        it keeps none (on a GPU, kernel records come from CUPTI)."""
+        return None
 
-    def free(self, buf: Any) -> None:
-        """``cudaFree`` of an array from :meth:`malloc`."""
-        raise NotImplementedError
+    def modeled_start_us(self, stream) -> float | None:
+        """When a kernel issued now on ``stream`` would start on the modeled device (µs); None where
+        time is not modeled."""
+        return None
 
-    def malloc_async(self, stream: Any, shape, dtype) -> Any:
-        """``cudaMallocAsync`` on ``stream`` (a memory node when captured)."""
-        raise NotImplementedError
+    def profiler_start(self) -> None:
+        """``cudaProfilerStart`` (CUDA Runtime API, "Profiler Control") on a GPU; nothing elsewhere."""
 
-    def free_async(self, stream: Any, buf: Any) -> None:
-        """``cudaFreeAsync`` on ``stream``."""
-        raise NotImplementedError
-
-    def read(self, buf: Any) -> np.ndarray:
-        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous,
-        refused by CuPy while the current stream captures."""
-        raise NotImplementedError
-
-    def matmul(self, stream: Any, a: Any, b: Any) -> Any:
-        """``a @ b`` through CuPy's array API (cuBLAS) on ``stream``; CuPy refuses it during capture."""
-        raise NotImplementedError
-
-    def begin_capture(self, stream: Any, mode: str = "thread_local") -> None:
-        """``cudaStreamBeginCapture(stream, mode)``."""
-        raise NotImplementedError
-
-    def end_capture(self, stream: Any) -> Any:
-        """``cudaStreamEndCapture``: returns the captured graph."""
-        raise NotImplementedError
-
-    def capture_status(self, stream: Any) -> str:
-        """``cudaStreamGetCaptureInfo``: ``"none"``, ``"active"`` or ``"invalidated"``."""
-        raise NotImplementedError
-
-    def graph_nodes(self, graph: Any) -> list[dict]:
-        """The nodes of a captured graph: dicts with ``kind`` (kernel, memset, memcpy,
-        event_record, wait_event, mem_alloc, mem_free, empty) and ``name`` (kernel name or "")."""
-        raise NotImplementedError
-
-    def graph_instantiate(self, graph: Any) -> Any:
-        """``cudaGraphInstantiate``: an executable graph."""
-        raise NotImplementedError
-
-    def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
-        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which
-        must have the same topology (CUDA Programming Guide, "Updating instantiated graphs")."""
-        raise NotImplementedError
-
-    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
-        """``cudaGraphLaunch`` of an executable graph on ``stream`` (a replay)."""
-        raise NotImplementedError
+    def profiler_stop(self) -> None:
+        """``cudaProfilerStop`` on a GPU; nothing elsewhere."""
 
     def info(self) -> dict:
         """Provenance: device name, driver, runtime and library versions."""
         return {"backend": self.name}
 
-    def memory_used(self) -> int | None:
-        """Device bytes held by ds4lab's allocations, or None where not meaningful."""
-        return None
+    @property
+    def calibration_name(self) -> str | None:
+        """The calibration's ``name`` (None where time is not modeled)."""
+        return None if self.calibration is None else str(self.calibration.get("name", "?"))
+
+
+class RuntimeApi(abc.ABC):
+    """Capture, graphs, event timing, allocation and queries (``cupy`` and ``sim`` only).
+
+    Streams are backend objects or ``LEGACY_STREAM``. Capture modes: ``"global"``,
+    ``"thread_local"``, ``"relaxed"`` (CUDA Runtime API, ``cudaStreamBeginCapture`` /
+    ``cudaStreamCaptureMode``). Every method raises :class:`ds4lab.errors.CudaError` or
+    :class:`ds4lab.errors.CupyRefusal`; none returns a CUDA status for the caller to check.
+    """
+
+    @abc.abstractmethod
+    def event_synchronize(self, event: Any) -> None:
+        """``cudaEventSynchronize``."""
+
+    @abc.abstractmethod
+    def event_query(self, event: Any) -> bool:
+        """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady``."""
+
+    @abc.abstractmethod
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """``cudaEventElapsedTime`` in milliseconds."""
+
+    @abc.abstractmethod
+    def stream_wait_event(self, stream: Any, event: Any) -> None:
+        """``cudaStreamWaitEvent``."""
+
+    @abc.abstractmethod
+    def stream_synchronize(self, stream: Any) -> None:
+        """``cudaStreamSynchronize``."""
+
+    @abc.abstractmethod
+    def stream_query(self, stream: Any) -> bool:
+        """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady``."""
+
+    @abc.abstractmethod
+    def per_thread_stream(self) -> Any:
+        """CUDA's per-thread default stream (``cudaStreamPerThread``)."""
+
+    @abc.abstractmethod
+    def malloc(self, shape, dtype) -> Any:
+        """``cudaMalloc`` of a new array, outside any pool (a real allocation every call)."""
+
+    @abc.abstractmethod
+    def free(self, buf: Any) -> None:
+        """``cudaFree`` of an array from :meth:`malloc`."""
+
+    @abc.abstractmethod
+    def malloc_async(self, stream: Any, shape, dtype) -> Any:
+        """``cudaMallocAsync`` on ``stream`` (a memory node when captured)."""
+
+    @abc.abstractmethod
+    def free_async(self, stream: Any, buf: Any) -> None:
+        """``cudaFreeAsync`` on ``stream``."""
+
+    @abc.abstractmethod
+    def read(self, buf: Any) -> np.ndarray:
+        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous,
+        refused by CuPy while the current stream captures."""
+
+    @abc.abstractmethod
+    def matmul(self, stream: Any, a: Any, b: Any) -> Any:
+        """``a @ b`` through CuPy's array API (cuBLAS) on ``stream``; CuPy refuses it during capture."""
+
+    @abc.abstractmethod
+    def begin_capture(self, stream: Any, mode: str = "thread_local") -> None:
+        """``cudaStreamBeginCapture(stream, mode)``."""
+
+    @abc.abstractmethod
+    def end_capture(self, stream: Any) -> Any:
+        """``cudaStreamEndCapture``: returns the captured graph."""
+
+    @abc.abstractmethod
+    def capture_status(self, stream: Any) -> str:
+        """``cudaStreamGetCaptureInfo``: ``"none"``, ``"active"`` or ``"invalidated"``."""
+
+    @abc.abstractmethod
+    def graph_nodes(self, graph: Any) -> list[dict]:
+        """The nodes of a captured graph: dicts with ``kind`` (kernel, memset, memcpy,
+        event_record, wait_event, mem_alloc, mem_free, empty) and ``name`` (kernel name or "")."""
+
+    @abc.abstractmethod
+    def graph_instantiate(self, graph: Any) -> Any:
+        """``cudaGraphInstantiate``: an executable graph."""
+
+    @abc.abstractmethod
+    def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
+        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which
+        must have the same topology (CUDA Programming Guide, "Updating instantiated graphs")."""
+
+    @abc.abstractmethod
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        """``cudaGraphLaunch`` of an executable graph on ``stream`` (a replay)."""
+
+
+#: The name most of the code uses for "a backend": every backend is an :class:`Executor`.
+Backend = Executor
+
+
+def can_capture(be: Executor) -> bool:
+    """Whether ``be`` implements the runtime API (stream capture, graphs, event timing)."""
+    return isinstance(be, RuntimeApi)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import weights as W
 from ..stream import LEGACY_STREAM
-from .base import Backend, BackendUnavailable
+from .base import BackendUnavailable, Executor, RuntimeApi
 
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
 
@@ -59,7 +59,7 @@ def gpu_usable() -> tuple[bool, str]:
     return (n > 0, "ok" if n > 0 else "no CUDA device")
 
 
-class CupyBackend(Backend):
+class CupyBackend(Executor, RuntimeApi):
     """Runs launches on the current CUDA device (see module docstring).
 
     Raises:
@@ -350,6 +350,22 @@ class CupyBackend(Backend):
 
     def memory_used(self) -> int:
         return int(self.cp.get_default_memory_pool().used_bytes())
+
+    def free_memory(self) -> tuple[int, int]:
+        with _cuda_errors("cudaMemGetInfo"):
+            free, total = self.cp.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+    def release_cached_memory(self) -> None:
+        self.cp.get_default_memory_pool().free_all_blocks()
+
+    def profiler_start(self) -> None:
+        with _cuda_errors("cudaProfilerStart"):
+            self.cp.cuda.runtime.profilerStart()
+
+    def profiler_stop(self) -> None:
+        with _cuda_errors("cudaProfilerStop"):
+            self.cp.cuda.runtime.profilerStop()
 
     def info(self) -> dict:
         return device_info()

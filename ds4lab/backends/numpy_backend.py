@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import weights as W
-from .base import Backend
+from .base import Executor
 
 
 class LazyBank:
@@ -61,7 +61,7 @@ class HostToken:
         return f"<numpy {self.kind}>"
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(Executor):
     """CPU reference executor (see module docstring). Never measures time."""
 
     name = "numpy"
@@ -133,6 +133,9 @@ class NumpyBackend(Backend):
 
     def new_event(self):
         return HostToken("event")
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: every launch ran when it was made."""
 
     def info(self) -> dict:
         return {"backend": self.name, "device": "CPU (NumPy reference executor)",

@@ -246,18 +246,17 @@ def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
     layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
     launch sequence as on a GPU: ``ds4lab.launch``). Raises ds4lab.config.ConfigError for an unknown
     preset."""
+    from ..backends import make_backend
     from ..config import get_preset
     from ..ladder import START_POS, token_id_at
     from ..model import DecodeModel, TokenOptions
-    from ..sim.backend import SimBackend
 
     cfg = get_preset(preset)
-    be = SimBackend(timing_only=True)
-    m = DecodeModel(cfg, be, TokenOptions(vocab=True))  # the ladder's token
-    m.L.trace = []
-    m.token(START_POS, token_id_at(START_POS, cfg.vocab))
+    m = DecodeModel(cfg, make_backend("sim", timing_only=True), TokenOptions(vocab=True))  # the ladder's token
+    with m.L.recording() as launched:
+        m.token(START_POS, token_id_at(START_POS, cfg.vocab))
     rows = [{"cluster": r.cluster, "layer": r.layer, "op": r.site, "kernel": r.kernel, "grid": str(tuple(r.grid)),
-             "block": str(tuple(r.block)), "nbytes": r.nbytes} for r in m.L.trace]
+             "block": str(tuple(r.block)), "nbytes": r.nbytes} for r in launched]
     return pd.DataFrame(rows)
 
 

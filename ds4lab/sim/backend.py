@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import weights as W
-from ..backends.base import Backend
+from ..backends.base import Executor, RuntimeApi
 from ..backends.numpy_backend import NumpyBackend
 from ..errors import CudaError
 from ..stream import LEGACY_STREAM, current_stream
@@ -69,7 +69,7 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
     return out
 
 
-class SimBackend(Backend):
+class SimBackend(Executor, RuntimeApi):
     """A modeled GPU on the CPU (see module docstring).
 
     Args:
@@ -376,6 +376,33 @@ class SimBackend(Backend):
         self.rt.graph_launch(graph_exec, stream)
 
     # ------------------------------------------------------------------ the model's clock
+    def host_clock_us(self) -> float:
+        """The modeled host clock (µs): what a job reads for host enqueue time on the sim."""
+        return self.rt.dev.host_us
+
+    def modeled_kernel_us(self, kernel: str, nbytes: int) -> float:
+        return self.cal.kernel_us(kernel, nbytes)
+
+    def modeled_copy_GBps(self) -> tuple[float, str]:
+        cal = self.cal
+        if cal.copy_GBps:
+            return cal.copy_GBps, f"calibration {cal.name}: copy_GBps"
+        return cal.bandwidth_GBps, f"calibration {cal.name}: bandwidth_GBps"
+
+    def trace_records(self, since: int = 0) -> tuple[list[tuple], int]:
+        d = self.rt.dev
+        return d.timeline[max(0, since - d.dropped):], d.dropped + len(d.timeline)
+
+    def modeled_start_us(self, stream) -> float:
+        # no earlier than the host's submit time, the stream's previous work and the device's
+        # previous kernel (the modeled device runs one kernel at a time)
+        return max(self.rt.dev.host_us, self.stream_ready_us(stream), self.rt.dev.free_us)
+
+    @property
+    def device_free_us(self) -> float:
+        """Modeled time at which the device finishes the last work it was given (µs)."""
+        return self.rt.dev.free_us
+
     @property
     def host_time_us(self) -> float:
         """The modeled host clock (µs since construction or :meth:`reset_clock`)."""

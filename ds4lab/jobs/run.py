@@ -27,21 +27,21 @@ or :class:`RunFailed`.
 from __future__ import annotations
 
 import time
-import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import provenance, results
-from . import weights as W
-from .backends import make_backend
-from .config import MAX_POS, get_preset
-from .launch import Census
-from .model import DecodeModel, TokenOptions
-from .results import ResultsCSV
-from .timing import Stats, copy_bandwidth, token_bytes
+from .. import provenance, results
+from .. import weights as W
+from ..config import MAX_POS, get_preset
+from ..ladder import token_id_at
+from ..launch import Census
+from ..model import DecodeModel, TokenOptions
+from ..results import OutputError, ResultsCSV
+from ..timing import Stats, copy_bandwidth, sources, time_steps, token_bytes
+from .common import BadInput, CheckFailed, default_preset, modeled_banner
 
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured ~1e-5; NOTES.md).
@@ -57,23 +57,19 @@ RESULT_FILES = ("results.csv", "census.csv", "meta.json", "meta.json.tmp")
 _DEFAULT_OPTS = TokenOptions()
 
 
-class RunError(ValueError):
+class RunError(BadInput):
     """A problem found before any work (the command line exits 2): nothing was run."""
-
-
-class OutputError(RunError):
-    """The result folder cannot be created or written; the message says which path and why."""
 
 
 class RunRefused(RunError):
     """The run would take tens of minutes and many GB on the CPU; ``--force`` overrides."""
 
 
-class ReferenceCheckFailed(RuntimeError):
+class ReferenceCheckFailed(CheckFailed):
     """The first token on the device does not match the NumPy reference."""
 
 
-class RunFailed(RuntimeError):
+class RunFailed(CheckFailed):
     """The run stopped on an error after its folder existed; results so far are on disk.
 
     Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds).
@@ -117,22 +113,6 @@ class RunConfig:
     force: bool = False
 
 
-def token_id_at(pos: int, vocab: int) -> int:
-    """The token id decoded at ``pos``: a fixed, spread-out sequence."""
-    return (pos * 7919 + 13) % vocab
-
-
-def calibration_name(be) -> str:
-    """The name of the sim backend's calibration (``be.calibration["name"]``)."""
-    cal = getattr(be, "calibration", None)
-    return str(cal.get("name", "?")) if isinstance(cal, dict) else str(cal)
-
-
-def modeled_source(be) -> str:
-    """The ``source`` of every figure the sim backend gives: ``modeled (sim, calibration <name>)``."""
-    return f"modeled ({be.name}, calibration {calibration_name(be)})"
-
-
 # ---------------------------------------------------------------------- checks before any work
 def check_positions(rc: RunConfig) -> None:
     """Every position the run decodes (``start_pos`` to ``start_pos + warmup + tokens - 1``) must be
@@ -149,18 +129,15 @@ def check_positions(rc: RunConfig) -> None:
 
 
 def check_out(out: Path) -> None:
-    """:func:`ds4lab.results.check_out` for ``run``'s files (raises :class:`OutputError`)."""
-    try:
-        results.check_out(out, RESULT_FILES)
-    except results.OutputError as e:
-        raise OutputError(str(e)) from None
+    """:func:`ds4lab.results.check_out` for ``run``'s files (raises :class:`ds4lab.results.OutputError`)."""
+    results.check_out(out, RESULT_FILES)
 
 
 def launches_per_token(cfg, opts: TokenOptions) -> int:
     """Launches one decode token issues, counted on a timing-only sim model (no memory, ~0.1 s)."""
-    from .sim.backend import SimBackend
+    from ..backends import make_backend
 
-    m = DecodeModel(cfg, SimBackend(seed=cfg.seed, timing_only=True), opts)
+    m = DecodeModel(cfg, make_backend("sim", seed=cfg.seed, timing_only=True), opts)
     m.token(0, token_id_at(0, cfg.vocab))
     return int(m.L.census.total())
 
@@ -173,7 +150,7 @@ def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
         RunRefused: says why (weight bytes, launches per token, a rough duration) and what to run
             instead.
     """
-    if be.is_gpu or getattr(be, "timing_only", False):
+    if be.is_gpu or be.timing_only:
         return None
     wb = W.model_bytes(cfg, rc.options.vocab)
     if wb <= CPU_WEIGHT_LIMIT:
@@ -199,7 +176,7 @@ def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
 
     Raises nothing on a mismatch: the caller decides (``passed`` is in the result).
     """
-    from .backends.numpy_backend import NumpyBackend
+    from ..backends import make_backend
 
     layers = cfg.n_layers if cfg.name in ("tiny", "small") else min(cfg.n_layers, cfg.n_hash_layers + 1)
     scope = "full model" if layers == cfg.n_layers else f"first {layers} of {cfg.n_layers} layers (partial model)"
@@ -208,7 +185,7 @@ def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
     vocab = opts.vocab and layers == cfg.n_layers
     o = TokenOptions(**{**opts.summary(), "vocab": vocab})
     res = {}
-    for tag, backend in (("device", be), ("reference", NumpyBackend(seed=cfg.seed))):
+    for tag, backend in (("device", be), ("reference", make_backend("numpy", seed=cfg.seed))):
         t0 = time.perf_counter()
         m = DecodeModel(cfg, backend, o, n_layers=layers)
         m.token(pos, tok)
@@ -256,36 +233,49 @@ class _Progress:
         return c
 
 
-def run(rc: RunConfig, console=None) -> dict:
-    """Run the job; returns the summary dict also written to ``meta.json``.
+def timing_only_for(rc: RunConfig) -> bool:
+    """Whether the sim backend for ``rc`` models time only: ``rc.timing_only``, or by default True
+    for ``ds4-flash`` (computing it on the CPU takes minutes per token)."""
+    return rc.preset == "ds4-flash" if rc.timing_only is None else bool(rc.timing_only)
 
-    Raises (before anything is written):
-        ValueError / RunError: too few tokens, positions past int32, ``--timing-only`` off the sim.
-        OutputError: the result folder cannot be created or written (a RunError).
-        RunRefused: a CPU backend would compute a model over 1 GiB of weights (a RunError).
-        ConfigError: unknown preset or a bad override.
-        BackendUnavailable: ``--backend cupy`` without a usable GPU.
-    Raises (after the folder exists; ``meta.json`` and ``census.csv`` record how far it got):
-        RunInterrupted: Ctrl-C (a KeyboardInterrupt); ``status`` is ``"interrupted"``.
-        RunFailed: any error, a failed reference check included; ``status`` is ``"failed: <reason>"``.
+
+def check_config(rc: RunConfig) -> None:
+    """Checks that need no backend: token counts, int32 positions, a non-empty ``out``.
+
+    Raises:
+        RunError: the value and what to do (exit 2).
     """
-    from .progress import make_console
-
-    con = console or make_console()
     if rc.tokens < 1:
-        raise ValueError(f"--tokens {rc.tokens}: need at least 1 token")
+        raise RunError(f"--tokens {rc.tokens}: need at least 1 token")
     if rc.warmup < 0:
-        raise ValueError(f"--warmup {rc.warmup}: must be 0 or more")
+        raise RunError(f"--warmup {rc.warmup}: must be 0 or more")
     check_positions(rc)
     if rc.out is not None and not str(rc.out).strip():
         raise OutputError(f"cannot write results to {str(rc.out)!r}: an empty path would silently mean the "
                           "current folder; name a folder (--out results/run, or --out . on purpose)")
-    timing_only = rc.preset == "ds4-flash" if rc.timing_only is None else bool(rc.timing_only)
-    be = make_backend(rc.backend, seed=rc.seed, timing_only=timing_only)
-    modeled = bool(getattr(be, "models_time", False))
-    if rc.timing_only and not modeled:
+
+
+def run(rc: RunConfig, be, console=None) -> dict:
+    """Run the job on ``be`` (``cupy``, ``sim`` or ``numpy``: :func:`ds4lab.backends.make_backend`,
+    with ``timing_only=timing_only_for(rc)`` for the sim); returns the summary dict also written
+    to ``meta.json``.
+
+    Raises (before anything is written):
+        RunError: too few tokens, positions past int32, ``--timing-only`` off the sim.
+        OutputError: the result folder cannot be created or written (a RunError).
+        RunRefused: a CPU backend would compute a model over 1 GiB of weights (a RunError).
+        ConfigError: unknown preset or a bad override.
+    Raises (after the folder exists; ``meta.json`` and ``census.csv`` record how far it got):
+        RunInterrupted: Ctrl-C (a KeyboardInterrupt); ``status`` is ``"interrupted"``.
+        RunFailed: any error, a failed reference check included; ``status`` is ``"failed: <reason>"``.
+    """
+    from ..progress import make_console
+
+    con = console or make_console()
+    check_config(rc)
+    if rc.timing_only and not be.models_time:
         raise RunError(f"--timing-only applies to the sim backend only; the {be.name} backend always computes")
-    preset = rc.preset or ("small" if be.is_gpu else "tiny")
+    preset = rc.preset or default_preset("run", be)
     cfg = get_preset(preset, per_layer_experts=rc.per_layer_experts, seed=rc.seed)
     forced = check_cpu_cost(rc, be, cfg)
     out = Path(rc.out) if rc.out is not None else Path(f"results/run-{preset}-{be.name}")
@@ -293,26 +283,23 @@ def run(rc: RunConfig, console=None) -> dict:
 
     meta = provenance.base_meta(be)
     meta.update(job="run", preset=cfg.summary(), options=rc.options.summary(), tokens=rc.tokens,
-                warmup=rc.warmup, start_pos=rc.start_pos, nvtx=rc.nvtx, status="running", tokens_completed=0,
+                warmup=rc.warmup, start_pos=rc.start_pos, nvtx=rc.nvtx, tokens_completed=0,
                 routed_experts=("one bank per layer" if cfg.per_layer_experts else
                                 f"one routed-expert bank shared by all {cfg.n_layers} layers "
                                 "(per-token traffic unchanged)"))
-    if modeled:
-        meta["figures"] = modeled_source(be)
+    if be.models_time:
+        meta["figures"] = sources(be)[0]
     if forced:
         meta["forced_cpu_run"] = forced
     prog = _Progress()
     try:
-        return _job(rc, be, cfg, preset, out, meta, con, prog)
+        with results.job_folder(out, meta, (), on_stop=lambda status: _record_stop(out, meta, prog)):
+            return _job(rc, be, cfg, preset, out, meta, con, prog)
     except KeyboardInterrupt as e:
-        _record_stop(out, meta, prog, "interrupted")
         raise RunInterrupted(f"interrupted after {_how_far(rc, prog)}; results so far in {out}/ "
                              "(meta.json status \"interrupted\", census.csv)", out, meta) from e
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        if not isinstance(e, ReferenceCheckFailed):
-            reason = f"{type(e).__name__}: {reason}" if reason else type(e).__name__
-        _record_stop(out, meta, prog, f"failed: {reason}", traceback.format_exc())
+        reason = meta["status"].removeprefix("failed: ")
         raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {out}/ "
                         "(meta.json status \"failed\", census.csv)", out, meta) from e
 
@@ -324,16 +311,14 @@ def _how_far(rc: RunConfig, prog: _Progress) -> str:
     return s
 
 
-def _record_stop(out: Path, meta: dict, prog: _Progress, status: str, tb: str | None = None) -> None:
-    """Best effort, never raising: ``meta.json`` with how far the run got, ``census.csv`` so far."""
-    meta["status"] = status
+def _record_stop(out: Path, meta: dict, prog: _Progress) -> None:
+    """Best effort, never raising, when the run stops early: how far it got into ``meta`` (which
+    :func:`ds4lab.results.job_folder` then writes with the status), ``census.csv`` so far."""
     meta["tokens_completed"] = prog.tokens_done
     meta["warmup_completed"] = prog.warmup_done
     meta["census_tokens"] = prog.census_tokens
     meta["census_covers"] = (f"{prog.census_tokens} completed {prog.census_phase} tokens"
                              if prog.census_tokens else "no completed token")
-    if tb:
-        meta["traceback"] = tb
     try:
         census = prog.census()
         census.frame().to_csv(out / "census.csv", index=False)
@@ -346,24 +331,17 @@ def _record_stop(out: Path, meta: dict, prog: _Progress, status: str, tb: str | 
         meta["summary_partial"] = {"token_us": asdict(Stats.of(prog.gpu_us)),
                                    "host_enqueue_us": asdict(Stats.of(prog.host_us)),
                                    "sources": list(prog.sources)}
-    try:
-        provenance.write_json(out / "meta.json", meta)
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: _Progress) -> dict:
-    from .progress import JobProgress
+    from ..progress import JobProgress
 
     log = con.print
-    modeled = bool(getattr(be, "models_time", False))
-    provenance.write_json(out / "meta.json", meta)
+    modeled = be.models_time
     if modeled:
-        src = modeled_source(be)
+        src = sources(be)[0]
         src_mem, src_ev, src_host, src_bytes = src, src, src, src
-        log(f"[bold yellow]sim backend: every figure below is MODELED (calibration {calibration_name(be)}), "
-            "not measured"
-            f"{'; timing-only: no numbers are computed' if be.timing_only else ''}.[/]")
+        log(modeled_banner(be) + (" [yellow]Timing-only: no numbers are computed.[/]" if be.timing_only else ""))
         log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name} · modeled")
     else:
         src_mem, src_ev, src_host, src_bytes = "cupy-memory-pool", "cuda-events", "host-clock", "analytic"
@@ -432,37 +410,36 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
             meta["gpu_memory_bytes"] = mem
             res.add("gpu_memory", mem, "bytes", src_mem)
 
-        # 3. tokens
+        # 3. tokens, each timed by the one timing loop (events on the accessor's stream, host clock
+        # around the enqueue, a device synchronize after each token as ds4 does)
         L = model.L
-        ev = [be.new_event(), be.new_event()] if (be.measures_time or modeled) else None
-        # Host enqueue time: the host clock on a GPU, the sim's modeled host clock (µs) on the sim.
-        host_clock, host_scale = (time.perf_counter, 1e6) if not modeled else ((lambda: be.host_time_us), 1.0)
         gpu_us, host_us = prog.gpu_us, prog.host_us
         prog.sources = (src_ev, src_host)
-        pos = rc.start_pos
         with JobProgress(con, "decoding", rc.warmup + rc.tokens, eta=True) as bar:
-            for i in range(rc.warmup + rc.tokens):
-                if i == rc.warmup:
-                    L.census.reset()
-                tok = token_id_at(pos, cfg.vocab)
-                if ev:
-                    be.event_record(L.stream(), ev[0])
-                h0 = host_clock()
-                model.token(pos, tok)
-                h1 = host_clock()
-                if ev:
-                    be.event_record(L.stream(), ev[1])
-                    be.synchronize()  # ds4 ends every token with cudaDeviceSynchronize()
-                if i >= rc.warmup:
-                    j = i - rc.warmup
-                    if ev:
-                        host_us.append((h1 - h0) * host_scale)
-                        res.add("host_enqueue_us", round(host_us[-1], 3), "us", src_host, j)
-                        gpu_us.append(be.event_elapsed_ms(ev[0], ev[1]) * 1e3)
-                        res.add("token_us", round(gpu_us[-1], 3), "us", src_ev, j)
-                prog.token_done(i >= rc.warmup, L.census)
-                pos += 1
+            def step(i: int) -> None:
+                pos = rc.start_pos + i
+                model.token(pos, token_id_at(pos, cfg.vocab))
+
+            def done() -> None:  # after each token, outside the timed region
+                prog.token_done(prog.warmup_done >= rc.warmup, L.census)
                 bar.advance()
+
+            def sample(j: int, dev_us: float, h_us: float) -> None:
+                gpu_us.append(dev_us)
+                host_us.append(h_us)
+                res.add("host_enqueue_us", round(h_us, 3), "us", src_host, j)
+                res.add("token_us", round(dev_us, 3), "us", src_ev, j)
+
+            timed = be.measures_time or modeled
+            if timed:
+                time_steps(be, step, rc.tokens, stream=L.stream(), warmup=rc.warmup, on_sample=sample,
+                           on_warm=L.census.reset, progress=done)
+            else:  # the NumPy executor: the same tokens, no timing claimed
+                for i in range(rc.warmup + rc.tokens):
+                    if i == rc.warmup:
+                        L.census.reset()
+                    step(i)
+                    done()
 
         # 4. census, floor, summary
         census = L.census
@@ -492,11 +469,10 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
         elif gpu_us:
             st = Stats.of(gpu_us)
             hs = Stats.of(host_us)
-            cal = be.cal
-            bw, key = (cal.copy_GBps, "copy_GBps") if cal.copy_GBps else (cal.bandwidth_GBps, "bandwidth_GBps")
+            bw, where = be.modeled_copy_GBps()
             floor_us = total_bytes / (bw * 1e9) * 1e6
             summary = {"token_us": asdict(st), "host_enqueue_us": asdict(hs),
-                       "copy_bandwidth_GBps": {"median": bw, "from": f"calibration {cal.name}: {key}"},
+                       "copy_bandwidth_GBps": {"median": bw, "from": where},
                        "bytes_floor_us": floor_us, "floor_over_token": floor_us / st.median,
                        "source": src_ev}
             for metric, v, unit in (("token_us_median", st.median, "us"), ("token_us_p25", st.p25, "us"),
@@ -504,9 +480,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
                                     ("copy_bandwidth_median", bw, "GB/s"), ("bytes_floor_us", floor_us, "us")):
                 res.add(metric, v, unit, src_ev)
         meta["summary"] = summary
-        meta["status"] = "complete"
         meta["tokens_completed"] = prog.tokens_done
-        provenance.write_json(out / "meta.json", meta)
 
     _print_summary(con, cfg, meta, kinds, census)
     log(f"results in {out}/ (results.csv, census.csv, meta.json)")

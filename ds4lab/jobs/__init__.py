@@ -1,0 +1,96 @@
+"""The jobs: one module per ``ds4lab`` command that measures or models something.
+
+Each job module has a typed config dataclass, a ``run(config, backend, console) -> result``
+function that does the work inside :func:`ds4lab.results.job_folder` (status, interrupt
+handling), and a ``BACKEND`` :class:`BackendRequest` saying which backends it runs on. The command
+line and the notebooks both go through :func:`execute`, which opens the backend with the one
+factory (:func:`ds4lab.backends.make_backend`) and runs the job; the CLI maps the one error
+hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
+
+==============  ===========================================================================
+``run``         eager decode tokens: reference check, µs per token, census, memory, floor
+``ladder``      the capture stages: µs per token, exactness, cache statistics, plot
+``hazards``     one ds4-today path inside a captured stage (``ds4lab ladder --hazard``)
+``moe``         the routed-MoE profiler in six modes
+``exclusion``   the profiling × capture matrix
+``conformance`` capture-rule scenarios on the GPU and the sim
+``calibrate``   the sim's cost-model parameters
+``bench``       launch-layer cost, MoE bandwidth, graph replay cost (GPU)
+``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
+==============  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .common import BadInput, CheckFailed, default_preset, exit_code, open_backend
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """Which backends a job runs on: ``allowed`` names, whether the sim it gets models time only
+    (``timing_only``, a value or a function of the config), and whether it measures a GPU only."""
+
+    allowed: tuple = ("auto", "cupy", "sim")
+    timing_only: bool | Callable[[Any], bool] = False
+    gpu_only: bool | Callable[[Any], bool] = False
+    #: False where the config says the job needs no backend at all (calibrate --moe-profile).
+    needed: bool | Callable[[Any], bool] = True
+
+    def resolve(self, cfg) -> tuple[bool, bool, bool]:
+        """``(timing_only, gpu_only, needed)`` for ``cfg``."""
+        return tuple(bool(v(cfg) if callable(v) else v) for v in (self.timing_only, self.gpu_only, self.needed))
+
+
+#: job name → (module, BackendRequest)
+JOBS = {
+    "run": ("run", BackendRequest(allowed=("auto", "cupy", "numpy", "sim"),
+                                  timing_only=lambda c: importlib.import_module(".run", __name__).timing_only_for(c))),
+    "ladder": ("ladder", BackendRequest(timing_only=True)),
+    "hazards": ("hazards", BackendRequest()),
+    "moe": ("moe", BackendRequest(timing_only=lambda c: not c.sim_compute)),
+    "exclusion": ("exclusion", BackendRequest(timing_only=True)),
+    "conformance": ("conformance", BackendRequest()),
+    "calibrate": ("calibrate", BackendRequest(allowed=("auto", "cupy"), gpu_only=True,
+                                              needed=lambda c: c.moe_profile is None)),
+    "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
+    "trace": ("trace", BackendRequest(timing_only=True)),
+}
+
+
+def module(job: str):
+    """The module of ``job`` (e.g. :mod:`ds4lab.jobs.ladder`). Raises KeyError naming the jobs."""
+    try:
+        name, _ = JOBS[job]
+    except KeyError:
+        raise KeyError(f"unknown job {job!r}; jobs: {', '.join(JOBS)}") from None
+    return importlib.import_module(f".{name}", __name__)
+
+
+def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
+    """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and
+    run the job with ``cfg``; returns the job's result.
+
+    Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work,
+    :class:`CheckFailed` (exit 1) after its results are written, ``KeyboardInterrupt`` (130).
+    """
+    from ..progress import make_console
+
+    _, req = JOBS[job]
+    timing_only, gpu_only, needed = req.resolve(cfg)
+    mod = module(job)
+    check = getattr(mod, "check_config", None)
+    if check is not None:  # checks that need no backend run before one is built
+        check(cfg)
+    be = None
+    if needed:
+        be = open_backend(backend, allowed=req.allowed, timing_only=timing_only, seed=seed,
+                          gpu_only_job=job if gpu_only else None)
+    return mod.run(cfg, be, console or make_console())
+
+
+__all__ = ["BackendRequest", "BadInput", "CheckFailed", "JOBS", "default_preset", "execute", "exit_code", "module",
+           "open_backend"]

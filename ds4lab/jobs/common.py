@@ -1,0 +1,95 @@
+"""What every job shares: the error hierarchy and its exit codes, the default-preset rule, the
+backend a job runs on, and the sim banner.
+
+Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
+
+======  =====================================================================================
+2       bad input: a bad option, an unknown preset, an unwritable ``--out``, no GPU for a
+        GPU-only job (:class:`BadInput`, :class:`~ds4lab.config.ConfigError`,
+        :class:`~ds4lab.results.OutputError` (a BadInput), :class:`~ds4lab.backends.BackendUnavailable`,
+        :class:`MemoryError` before any work) — nothing was run
+1       a failed check or a failed run: a stage not bit-identical, a reference check that fails,
+        conformance disagreements (:class:`CheckFailed`), or any other error after work began
+130     interrupted (Ctrl-C): results so far are on disk and ``meta.json`` says ``interrupted``
+======  =====================================================================================
+"""
+
+from __future__ import annotations
+
+from ..backends import BackendUnavailable, make_backend, resolve
+from ..config import ConfigError
+from ..errors import BadInput, CheckFailed
+
+
+#: Default model dimensions per job, on a GPU and off it (the sim or the NumPy executor). One
+#: table, so "which preset did I get" has one answer: on a GPU the jobs measure ds4-flash (``run``
+#: uses ``small`` so its reference check on the CPU stays short); on the CPU they model the
+#: smallest preset that keeps the job's structure and finishes in about a minute on two cores.
+DEFAULT_PRESETS = {
+    #  job           GPU           CPU
+    "run":         ("small",     "tiny"),
+    "ladder":      ("ds4-flash", "small"),
+    "hazards":     ("ds4-flash", "small"),
+    "moe":         ("ds4-flash", "small"),
+    "exclusion":   ("ds4-flash", "tiny"),
+    "calibrate":   ("small",     None),
+    "bench":       ("ds4-flash", None),
+    "trace":       ("ds4-flash", "tiny"),
+    "context":     ("ds4-flash", "small"),
+}
+
+
+def default_preset(job: str, be) -> str:
+    """The preset ``job`` uses when none is given, on backend ``be`` (see :data:`DEFAULT_PRESETS`).
+
+    Raises:
+        KeyError: ``job`` is not in the table (a programming error: every job has a row).
+    """
+    gpu, cpu = DEFAULT_PRESETS[job]
+    return gpu if be.is_gpu or cpu is None else cpu
+
+
+def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: bool = False, seed: int = 1234,
+                 gpu_only_job: str | None = None):
+    """The backend a job runs on (:func:`ds4lab.backends.make_backend`, kernels compiled on a GPU).
+
+    Args:
+        gpu_only_job: the job's name when it measures a GPU and has no CPU mode.
+
+    Raises:
+        BadInput: ``name`` not in ``allowed``.
+        BackendUnavailable: a GPU was asked for (``cupy``, or a GPU-only job) and none is usable.
+    """
+    if name not in allowed:
+        raise BadInput(f"--backend {name}: choose one of {', '.join(allowed)}")
+    if gpu_only_job and resolve(name) != "cupy":
+        if name == "auto":
+            name = "cupy"  # raises BackendUnavailable with the reason
+        else:
+            raise BackendUnavailable(f"ds4lab {gpu_only_job} measures a GPU and has no CPU mode")
+    try:
+        be = make_backend(name, seed=seed, timing_only=timing_only, compile_kernels=True)
+    except BackendUnavailable as e:
+        if gpu_only_job:
+            raise BackendUnavailable(f"{e}; ds4lab {gpu_only_job} measures a GPU and has no CPU mode") from None
+        raise
+    return be
+
+
+def modeled_banner(be) -> str | None:
+    """The line every job prints first on a backend whose time is modeled (None on a GPU)."""
+    if not be.models_time:
+        return None
+    return (f"[bold yellow]sim backend: every figure below is MODELED (calibration {be.calibration_name}), "
+            "not measured.[/]")
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit status for ``exc`` (module docstring's table)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, CheckFailed):
+        return 1
+    if isinstance(exc, (BadInput, ConfigError, BackendUnavailable, MemoryError)):
+        return 2
+    return 1

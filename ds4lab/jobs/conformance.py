@@ -1,0 +1,76 @@
+"""``ds4lab conformance``: the capture-rule scenarios (:mod:`ds4lab.conformance`) on the GPU and
+on the simulated runtime, one table, every disagreement."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import provenance, results
+from ..conformance import SCENARIOS, compare, run_scenarios
+from .common import BadInput, CheckFailed
+
+#: What the conformance job writes in its folder.
+CONFORMANCE_OUTPUTS = ("conformance.csv", "conformance-*.json")
+
+
+@dataclass
+class ConformanceConfig:
+    """Arguments of ``ds4lab conformance``: scenario names (empty: all) and the result folder."""
+
+    names: list[str] = field(default_factory=list)
+    out: Path | str = "results/conformance"
+
+
+class Disagreement(CheckFailed):
+    """The GPU and the sim disagree on a step, or a scenario raised unexpectedly (exit 1)."""
+
+
+def run(cfg: ConformanceConfig, be, console):
+    """Run the scenarios on ``be``; when ``be`` is the GPU, on a fresh sim too, and compare.
+
+    Writes ``conformance.csv`` (scenario, step, one column per backend, agree), the raw records
+    (``conformance-<backend>.json``) and ``meta.json``. Returns the comparison DataFrame.
+
+    Raises:
+        BadInput: an unknown scenario name, or a backend without the runtime API (numpy).
+        Disagreement: any step disagrees, or a scenario raised (after writing everything).
+    """
+    from ..backends import can_capture, make_backend
+    from ..progress import JobProgress
+
+    unknown = sorted(set(cfg.names) - {sc.name for sc in SCENARIOS})
+    if unknown:
+        raise BadInput(f"unknown scenario(s) {', '.join(unknown)} (`ds4lab conformance --list` names them)")
+    if not can_capture(be):
+        raise BadInput(f"the {be.name} backend has no runtime API to test; use cupy or sim")
+    backends = [be] + ([make_backend("sim")] if be.is_gpu else [])
+    out = Path(cfg.out)
+    meta = {"job": "conformance", "backends": {}}
+    records = {}
+    with results.job_folder(out, meta, CONFORMANCE_OUTPUTS):
+        for b in backends:
+            n = len(cfg.names) or len(SCENARIOS)
+            with JobProgress(console, f"{b.name}: scenarios", n) as prog:
+                records[b.name] = run_scenarios(b, cfg.names or None, progress=lambda _: prog.advance())
+            meta["backends"][b.name] = provenance.base_meta(b)
+            (out / f"conformance-{b.name}.json").write_text(json.dumps(records[b.name], indent=1) + "\n")
+        df = compare(records)
+        df.to_csv(out / "conformance.csv", index=False)
+        meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()))
+        exc = df[df.step.isin(["<exception>", "<unhandled>"])]
+        console.print(f"{df.scenario.nunique()} scenarios, {len(df)} steps on {', '.join(records)}")
+        if len(records) > 1:
+            bad = df[~df.agree]
+            console.print(f"disagreements: {len(bad)}")
+            if len(bad):
+                console.print(bad[["scenario", "step", *records]].to_string(index=False))
+        if len(exc):
+            console.print("[red]scenarios that raised:[/]")
+            console.print(exc.to_string(index=False))
+        console.print(f"table: {out / 'conformance.csv'}")
+        if not (bool(df.agree.all()) and len(exc) == 0):
+            raise Disagreement(f"{int((~df.agree).sum())} disagreeing step(s), {len(exc)} scenario(s) raised; "
+                               f"see {out / 'conformance.csv'}")
+    return df

@@ -1,0 +1,92 @@
+"""``ds4lab exclusion``: the routed-MoE profiling × capture matrix (:mod:`ds4lab.exclusion`),
+computed by running every combination, on the GPU and on the simulated runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import provenance, results
+from ..config import get_preset
+from ..exclusion import COLUMNS, MATRIX_COLUMNS, ROWS, TOLERANCE, agreement, pivot, run_matrix
+from .common import BadInput, default_preset, modeled_banner
+
+#: What the exclusion job writes in its folder.
+EXCLUSION_OUTPUTS = ("exclusion.csv", "exclusion-sim.csv", "exclusion-agreement.csv", "exclusion.png",
+                     "exclusion.svg", "exclusion.pdf")
+
+
+@dataclass
+class ExclusionConfig:
+    """Arguments of ``ds4lab exclusion``: preset (None: the job's default), tokens per MoE call
+    (2: the sorted-pairs path of MTP verification), MoE calls per overhead measurement (None: 100
+    on a GPU, 4 on the sim) and the result folder."""
+
+    preset: str | None = None
+    tokens: int = 2
+    overhead_calls: int | None = None
+    out: Path | str = "results/exclusion"
+
+
+def run(cfg: ExclusionConfig, be, console):
+    """The matrix on ``be``; on a GPU, on a timing-only sim too, with the cell-by-cell agreement.
+    Writes ``exclusion.csv`` (row by row as cells finish), ``exclusion-sim.csv`` and
+    ``exclusion-agreement.csv`` on a GPU, ``meta.json`` and the heatmap ``exclusion.png/.svg/.pdf``.
+    Returns the matrix DataFrame of ``be``.
+
+    Raises:
+        BadInput: a backend that cannot capture (numpy), tokens < 1.
+    """
+    import pandas as pd
+
+    from .. import plots
+    from ..backends import can_capture, make_backend
+    from ..progress import JobProgress
+
+    if not can_capture(be):
+        raise BadInput(f"the exclusion matrix needs stream capture: use cupy or sim, not {be.name}")
+    if cfg.tokens < 1:
+        raise BadInput(f"--tokens {cfg.tokens}: need at least 1 token per MoE call")
+    preset = cfg.preset or default_preset("exclusion", be)
+    mcfg = get_preset(preset)
+    out = Path(cfg.out)
+    # outcomes need no numbers on the sim; its stamps come from the modeled timeline
+    backends = [be] + ([make_backend("sim", timing_only=True)] if be.is_gpu else [])
+    found, metas = {}, {}
+    meta = provenance.base_meta(be)
+    with results.job_folder(out, meta, EXCLUSION_OUTPUTS):
+        for b in backends:
+            m = provenance.base_meta(b)
+            m.update(job="exclusion", preset=mcfg.summary(), tokens=cfg.tokens, modeled=b.models_time,
+                     rows=list(ROWS), columns=list(COLUMNS), tolerance=TOLERANCE)
+            banner = modeled_banner(b)
+            if banner:
+                m["calibration"] = b.calibration_name
+                console.print(banner)
+            metas[b.name] = m
+            path = out / ("exclusion.csv" if b is be else f"exclusion-{b.name}.csv")
+            cells: list[dict] = []
+
+            def on_cell(c, path=path, cells=cells):
+                cells.append(c)
+                pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)).to_csv(path, index=False)
+
+            with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS)) as prog:
+                df = run_matrix(b, mcfg, tokens=cfg.tokens, overhead_calls=cfg.overhead_calls,
+                                progress=prog.advance, on_cell=on_cell)
+            found[b.name] = df
+            console.print(f"[bold]{b.name}[/] ({preset}, {cfg.tokens} tokens):")
+            console.print(pivot(df).to_string())
+        meta.update({**metas[be.name], "backends": metas})
+        if len(found) > 1:
+            ag = agreement(found["cupy"], found["sim"])
+            ag.to_csv(out / "exclusion-agreement.csv", index=False)
+            bad = ag[~ag.agree]
+            meta["agreement"] = {"cells": len(ag), "agree": int(ag.agree.sum()), "disagree": len(bad)}
+            console.print(f"cupy vs sim: {int(ag.agree.sum())}/{len(ag)} cells agree")
+            if len(bad):
+                console.print(bad[["mode", "column", "outcome_cupy", "outcome_sim"]].to_string(index=False))
+        main = found[be.name]
+        paths = plots.save(plots.exclusion_figure(main, meta), out / "exclusion")
+    console.print(f"wrote {out / 'exclusion.csv'}, {out / 'meta.json'}, " + ", ".join(str(p) for p in paths))
+    return main

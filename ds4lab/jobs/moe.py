@@ -1,0 +1,202 @@
+"""``ds4lab moe``: the routed-MoE profiler (:mod:`ds4lab.moeprof`): ds4's stages by token count,
+routing and profiling mode; ds4-format profile lines; figures; the MoE's share of a token; each
+mode's overhead on a whole token."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .common import BadInput, default_preset, modeled_banner
+
+#: What ``ds4lab moe`` writes in its folder (an earlier run's copies are removed first).
+MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4*.log", "expert-load.csv", "share.csv", "overhead.csv",
+               "moe-stages.*", "moe-distribution.*", "moe-share.*")
+
+
+@dataclass
+class MoeConfig:
+    """Arguments of ``ds4lab moe`` (see ``ds4lab moe --help``). ``tokens_per_step``: routed-MoE
+    token counts per step (1 decode, 2-3 MTP verification, 16..512 batches); ``steps``: reported
+    steps per (mode, tokens per step, routing); ``warmup``: None = 1 eager, 2 replayed."""
+
+    modes: list[str] = field(default_factory=lambda: ["host-timed", "deferred", "graph-boundary", "in-graph",
+                                                      "cupti", "nvtx"])
+    tokens_per_step: list[int] = field(default_factory=lambda: [1, 2, 3, 16, 64, 256, 512])
+    routings: list[str] = field(default_factory=lambda: ["uniform", "zipf", "hash", "worst"])
+    preset: str | None = None
+    steps: int = 20
+    warmup: int | None = None
+    regime: str = "auto"
+    capture_mode: str = "thread_local"
+    n_layers: int | None = None
+    fallback: bool = False
+    share_tokens: int = 8
+    overhead: bool = True
+    print_ds4: bool = False
+    seed: int = 0
+    sim_compute: bool = False
+    out: Path | str | None = None
+
+
+def run(cfg: MoeConfig, be, console=None):
+    """The ``ds4lab moe`` job on backend ``be``. Returns the profile DataFrame.
+
+    Raises:
+        BadInput: a token count above the preset's ``max_tokens``, an unknown mode or routing,
+            a repeated value, an empty list.
+        ds4lab.results.OutputError: an unwritable ``out``.
+    The folder's ``meta.json`` says ``complete``, ``interrupted`` or ``failed: …``
+    (:func:`ds4lab.results.job_folder`).
+    """
+    from ..progress import make_console
+
+    from .. import moeprof as M
+    from .. import provenance, results
+    from ..config import get_preset
+
+    con = console or make_console()
+    _check_lists(cfg, M)
+    modes = sorted(cfg.modes, key=lambda m: m == "cupti")  # CUPTI stays loaded once started: last
+    tokens, routings = list(cfg.tokens_per_step), list(cfg.routings)
+    preset = cfg.preset or default_preset("moe", be)
+    mcfg = get_preset(preset)
+    if max(tokens) > mcfg.max_tokens:
+        raise BadInput(f"--tokens-per-step {max(tokens)}: the {preset} preset takes at most {mcfg.max_tokens} "
+                       "tokens per step (its max_tokens; `ds4lab presets`)")
+    out = Path(cfg.out or f"results/moe-{preset}-{be.name}")
+    meta = provenance.base_meta(be)
+    modeled = be.models_time
+    meta.update(job="moe", preset=mcfg.summary(), modes=modes, tokens=tokens, routings=routings, steps=cfg.steps,
+                warmup=cfg.warmup, regime=cfg.regime, capture_mode=cfg.capture_mode, n_layers=cfg.n_layers,
+                fallback=cfg.fallback, seed=cfg.seed, modeled=modeled)
+    if modeled:
+        meta["calibration"] = be.calibration_name
+        meta["sim_timing_only"] = be.timing_only
+        con.print(modeled_banner(be) + (" Timing only: every routing pattern is priced as uniform routing."
+                                        if be.timing_only else ""))
+    meta["globaltimer"] = M.globaltimer_resolution(be)
+    meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
+    with results.job_folder(out, meta, MOE_OUTPUTS):
+        return _profile(be, mcfg, preset, modes, tokens, routings, cfg, out, meta, modeled, con)
+
+
+def _check_lists(cfg: MoeConfig, M) -> None:
+    for what, vals, allowed in (("mode", cfg.modes, M.MODES), ("routing", cfg.routings, M.ROUTINGS),
+                                ("token count", cfg.tokens_per_step, None)):
+        if not vals:
+            raise BadInput(f"no {what} given")
+        bad = [v for v in vals if allowed is not None and v not in allowed]
+        if bad:
+            raise BadInput(f"unknown {what}(s) {', '.join(map(str, bad))}; choose from: {', '.join(allowed)}")
+        twice = sorted({str(v) for v in vals if list(vals).count(v) > 1})
+        if twice:
+            raise BadInput(f"{what}(s) {', '.join(twice)} given more than once")
+    if any(t < 1 for t in cfg.tokens_per_step):
+        raise BadInput(f"token counts must be >= 1: {list(cfg.tokens_per_step)}")
+
+
+def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta, modeled, con):
+    import sys
+
+    import pandas as pd
+
+    from .. import moeprof as M
+    from .. import plots, provenance
+    from ..progress import JobProgress
+
+    steps, warmup, regime, capture_mode = job.steps, job.warmup, job.regime, job.capture_mode
+    fallback, share_tokens, overhead, print_ds4 = job.fallback, job.share_tokens, job.overhead, job.print_ds4
+    n_layers, seed = job.n_layers, job.seed
+
+    wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
+    con.print(f"[bold]ds4lab moe[/] · {preset} · {be.name} · layers {wb.model.n_layers} · modes {', '.join(modes)}")
+    csv_path = out / "moe.csv"
+    csv_path.unlink(missing_ok=True)
+    header = True
+    frames = []
+    failures = []
+    combos = [(m, r, t) for m in modes for r in routings for t in tokens]
+    with JobProgress(con, "moe profile", len(combos) * steps) as prog:
+        for mode, routing, T in combos:
+            prog.describe(f"{mode} · {routing} · {T} tok")
+            try:
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always", RuntimeWarning)
+                    for rows in M.iter_profile(wb, mode, T, routing, steps, regime=regime, warmup=warmup,
+                                               capture_mode=capture_mode, fallback=fallback):
+                        df = pd.DataFrame(rows, columns=list(M.ROW_COLUMNS))
+                        df.to_csv(csv_path, mode="a", header=header, index=False)  # rows as they come
+                        header = False
+                        frames.append(df)
+                        prog.advance()
+                    for x in w[:1]:
+                        con.print(f"[yellow]{x.message}[/]")
+            except (RuntimeError, ValueError) as e:
+                failures.append({"mode": mode, "routing": routing, "tokens": T, "error": f"{type(e).__name__}: {e}"})
+                con.print(f"[red]{mode} · {routing} · {T} tok: {e}[/]")
+            be.release_cached_memory()
+    data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
+    summ = M.summarize(data)
+    summ.to_csv(out / "summary.csv", index=False)
+    # ds4's profile lines, one file per (mode, routing): the format has no field for either, so
+    # the header names them and one file never mixes two.
+    logs = []
+    staged = data[data["mode"].isin(M.STAGE_MODES)]
+    for (mode, routing), g in staged.groupby(["mode", "routing"], sort=False):
+        lines = M.ds4_lines(g, n_used=cfg.n_used,
+                            header=f"ds4lab moe · mode={mode} · routing={routing} · " + provenance.label(meta))
+        if lines:
+            logs.append(out / f"moe-ds4-{mode}-{routing}.log")
+            logs[-1].write_text("\n".join(lines) + "\n")
+            if print_ds4:
+                for ln in lines:
+                    print(ln, file=sys.stderr)
+    _print_summary(con, summ, modes)
+    # the routing check: expert load per pattern (numbers needed: not in timing-only sim)
+    if not be.timing_only:
+        loads = []
+        for r in routings:
+            ls = wb.layers_for(r)
+            for T in tokens:
+                try:
+                    loads.append(wb.expert_load(ls[-1] if r != "hash" else ls[0], T, r))
+                except (RuntimeError, ValueError) as e:
+                    failures.append({"mode": "expert_load", "routing": r, "tokens": T, "error": str(e)})
+        pd.DataFrame(loads).to_csv(out / "expert-load.csv", index=False)
+    figs = []
+    figs += plots.save(plots.moe_stage_bars_figure(summ, meta), out / "moe-stages")
+    figs += plots.save(plots.moe_stage_distribution_figure(data, meta, routing=routings[0]), out / "moe-distribution")
+    if share_tokens:
+        share = M.token_share(wb, tokens=share_tokens)
+        share.to_csv(out / "share.csv", index=False)
+        meta["moe_share_median"] = float(share["share"].median())
+        figs += plots.save(plots.moe_share_figure(share, meta), out / "moe-share")
+        con.print(f"routed MoE share of an eager token: median {100 * meta['moe_share_median']:.1f} % "
+                  f"({share['moe_us'].median():.0f} of {share['token_us'].median():.0f} µs)")
+    if overhead:
+        ov = M.overhead_table(wb, modes, tokens=4)
+        ov.to_csv(out / "overhead.csv", index=False)
+        con.print("µs per whole token with each mode (median; overhead vs none):")
+        con.print(ov[["mode", "regime", "us_per_token", "overhead", "note"]].to_string(
+            index=False, float_format=lambda v: f"{v:.1f}"))
+    meta.update(failures=failures, rows=len(data))
+    written = [csv_path, out / "summary.csv", *logs, out / "meta.json"] + [
+        out / f for f in ("expert-load.csv", "share.csv", "overhead.csv") if (out / f).exists()] + figs
+    con.print("wrote " + ", ".join(map(str, written)))
+    return data
+
+
+def _print_summary(con, summ, modes) -> None:
+    if summ.empty:
+        con.print("[yellow]no timed rows[/]")
+        return
+    piv = summ.pivot_table(index=["mode", "routing", "tokens"], columns="stage", values="median_ms",
+                           aggfunc="first", sort=False)
+    cols = [c for c in ("xq", "sort", "gateup", "midq", "down", "sum", "total") if c in piv.columns]
+    con.print("median µs per routed-MoE call:")
+    con.print((piv[cols] * 1e3).to_string(float_format=lambda v: "" if math.isnan(v) else f"{v:.1f}"))
+
+

@@ -1,0 +1,90 @@
+"""``cupti``: per-kernel activity records, attributed to stages by kernel name and to calls by order.
+
+The records come from a trace source (:func:`~ds4lab.moeprof.trace_source`): CUPTI activity
+records on a GPU (``cupti-python``, imported lazily; "unavailable: <reason>" when it is missing),
+the modeled timeline on ``sim``. Nothing is placed in the routed MoE itself.
+"""
+
+from __future__ import annotations
+
+from ...model import MOE_STAGES
+from ..rows import Call
+from ..traces import kernel_stage, trace_source
+from .base import ProfilingMode
+
+
+class Cupti(ProfilingMode):
+    """Kernel records split into MoE calls at each ``xq_quantize`` (:func:`~ds4lab.moeprof.kernel_stage`).
+
+    Rows: per stage the kernels' busy time (ms), ``total`` first start to last end; NaN with a note
+    when the trace is unavailable or a call has no records (a captured call ran nothing). A mismatch
+    between record groups and executed calls is noted in the profiler's ``notes``.
+    """
+
+    name = "cupti"
+    profile_points = False
+    instruments_calls = False
+    process_wide = True
+
+    def __init__(self, prof) -> None:
+        super().__init__(prof)
+        self.trace = trace_source(prof.be)
+        self._group_of: dict[int, list | None] = {}
+
+    @property
+    def available(self) -> bool:
+        return self.trace.available
+
+    @property
+    def unavailable_reason(self) -> str:
+        return "" if self.available else f"unavailable: {self.trace.reason}"
+
+    def start(self) -> None:
+        if self.trace.available:
+            self.trace.start()
+
+    def stop(self) -> None:
+        if self.trace.available:
+            self.trace.stop()
+
+    def collect(self, calls: list[Call]) -> None:
+        """Take the trace's records since the last read and assign one group of MoE kernels to each call."""
+        records = self.trace.take() if self.trace.available else None
+        self._group_of = {id(c): g for c, g in zip(calls, self._groups(calls, records))}
+
+    def _groups(self, calls, records) -> list:
+        """Trace records split into MoE calls at each ``xq_quantize``, assigned to the calls that ran."""
+        if records is None:
+            return [None] * len(calls)
+        recs = sorted((r for r in records if kernel_stage(r[0])), key=lambda r: r[1])
+        groups, cur = [], None
+        for r in recs:
+            if kernel_stage(r[0]) == "xq" or cur is None:
+                cur = []
+                groups.append(cur)
+            cur.append(r)
+        out, j = [], 0
+        for c in calls:
+            if c.phase == "capture":
+                out.append([])
+            else:
+                out.append(groups[j] if j < len(groups) else [])
+                j += 1
+        if j != len(groups):
+            self.prof.notes.append(f"trace: {len(groups)} MoE kernel groups for {j} executed calls")
+        return out
+
+    def rows(self, c: Call) -> list[dict]:
+        t = self.prof.table
+        if not self.trace.available:
+            return t.nan(c, self.unavailable_reason)
+        group = self._group_of.get(id(c))
+        if not group:
+            captured = " (captured, not run)" if c.phase == "capture" else ""
+            return t.nan(c, "no kernel records for this call" + captured)
+        ms = {s: 0.0 for s in MOE_STAGES}
+        for name, t0, t1, _kind, _g in group:
+            ms[kernel_stage(name)] += (t1 - t0) / 1e6
+        ms["total"] = (max(r[2] for r in group) - min(r[1] for r in group)) / 1e6
+        src = "modeled timeline" if self.prof.modeled else "CUPTI activity records"
+        return t.stages(c, ms, f"{src}: stage = kernel busy time, total = first start to last end")

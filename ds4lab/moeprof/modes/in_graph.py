@@ -1,0 +1,160 @@
+"""``in-graph``: a one-thread kernel writes ``%globaltimer`` into a device slot at each stage boundary.
+
+``kernels/timestamp.cu:stamp_time`` stores the timer (ns) into its slot. Captured, the stamps are
+kernel nodes, so every replay writes fresh times; the slots are read after the replay. (An event
+record inside a capture makes no graph node and its elapsed time is refused, as measured on the
+H200; a kernel is what CUDA allows.) ``%globaltimer`` advances in implementation-defined steps (PTX
+ISA; 32 ns on the H200, :func:`~ds4lab.moeprof.globaltimer_resolution`), and every stage includes
+one stamp kernel (about 1 µs on the H200). On ``sim`` the stamp kernel's reference writes the
+modeled device time at which it starts; a timing-only sim computes nothing, so there the stamps
+are the stamp kernels' start times on the modeled timeline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...model import MOE_STAGES, ProfileMarker
+from ..rows import Call, Probe, capture_status
+from ..traces import trace_source
+from .base import ProfilingMode
+
+
+class Stamp(ProfileMarker):
+    """One profiling point of the in-graph mode: launches the stamp kernel for one slot."""
+
+    def __init__(self, mode: "InGraph", slot: int) -> None:
+        self.mode, self.slot = mode, slot
+
+    def fire(self, site: str) -> None:
+        self.mode.stamp(self.slot)
+
+
+class InGraph(ProfilingMode):
+    """Stamp slots on the device (``uint64`` ns), 7 per distinct ``(layer, tokens)`` key.
+
+    Args:
+        prof: the profiler.
+        slots: slot capacity (default: 7 × max(16, 2 × layers)); a key beyond it raises RuntimeError.
+        every_step: clear the slots at every :meth:`begin_step`; as ``host-timed``'s fallback
+            (``False``) only once stamps are in use.
+
+    Rows: ms per stage (differences of consecutive stamps), ``total`` = last − first; NaN with a
+    note for a call captured (not run yet) or whose slots were not written.
+    """
+
+    name = "in-graph"
+    auto_regime = "replayed"
+
+    def __init__(self, prof, slots: int | None = None, every_step: bool = True) -> None:
+        super().__init__(prof)
+        self.every_step = every_step
+        self.capacity = slots or 7 * max(16, 2 * prof.model.n_layers)
+        self.slots = None
+        self.slot_of: dict[tuple, int] = {}
+        self.trace = trace_source(prof.be) if prof.timing_only else None
+        self._host = None
+
+    @classmethod
+    def build(cls, prof, *, guard=True, fallback=None, slots=None) -> "InGraph":
+        return cls(prof, slots)
+
+    @classmethod
+    def as_fallback(cls, prof, slots: int | None = None) -> "InGraph":
+        """The mode as ``host-timed``'s fallback: slots cleared only once stamps are in use."""
+        return cls(prof, slots, every_step=False)
+
+    def allocate(self, window: int) -> None:
+        if self.slots is None:
+            self.slots = self.prof.be.zeros((self.capacity,), np.uint64)
+
+    def start(self) -> None:
+        if self.trace is not None and self.trace.available:
+            self.trace.start()
+
+    def stop(self) -> None:
+        if self.trace is not None and self.trace.available:
+            self.trace.stop()
+
+    def begin_step(self) -> None:
+        """Clear the slots (when the stream is not capturing)."""
+        prof = self.prof
+        stream = prof.model.L.stream()
+        if self.slots is not None and (self.every_step or self.slot_of) and capture_status(prof.be, stream) == "none":
+            prof.be.memset_async(stream, self.slots, 0)
+
+    def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
+        """7 :class:`Stamp` markers on the slots of the call's ``(layer, T)`` key (the same slots for
+        every call of that key: a replayed graph writes them again). RuntimeError when out of slots."""
+        probe = Probe("stamps", layer, T, phase, mode=self, slot=self._slot_base(layer, T))
+        probe.points = [Stamp(self, probe.slot + i) for i in range(7)]
+        return probe
+
+    def _slot_base(self, layer: int, T: int) -> int:
+        key = (layer, T)
+        base = self.slot_of.get(key)
+        if base is None:
+            base = 7 * len(self.slot_of)
+            if base + 7 > self.capacity:
+                raise RuntimeError(f"in-graph profile: {len(self.slot_of)} (layer, tokens) keys exhaust "
+                                   f"{self.capacity} stamp slots; pass slots= larger")
+            self.slot_of[key] = base
+        return base
+
+    def stamp(self, slot: int) -> None:
+        """Launch the stamp kernel for ``slot`` on the current stream (a kernel node when captured)."""
+        prof = self.prof
+        L = prof.model.L
+        slots = self.slots
+        stream = L.stream()
+        modeled = prof.modeled
+
+        def ref():  # sim: the modeled device time at which this stamp kernel starts, in ns (no clock: 0)
+            slots[slot] = np.uint64(round(self._sim_now_us(stream) * 1e3)) if modeled else np.uint64(0)
+        L.kernel("profile.stamp", "stamp_time", (1,), (32,), (slots, np.int32(slot)), ref, nbytes=8)
+
+    def _sim_now_us(self, stream) -> float:
+        """When a stamp kernel issued now starts on the modeled device: no earlier than the host's
+        submit time, the stream's previous work and the device's previous kernel (one at a time)."""
+        return self.prof.be.modeled_start_us(stream)
+
+    def stamp_slots(self):
+        return self.slots
+
+    def collect(self, calls: list[Call]) -> None:
+        """The slots as host float64 ns (timing-only sim: from the trace)."""
+        records = self.trace.take() if (self.trace is not None and self.trace.available) else None
+        if self.slots is None:
+            self._host = None
+        elif not self.prof.timing_only:
+            self._host = np.asarray(self.prof.be.to_host(self.slots)).astype(np.float64)
+        else:
+            self._host = self._stamps_from_trace(calls, records)
+
+    def _stamps_from_trace(self, calls, records) -> np.ndarray:
+        """Timing-only sim (no numbers are computed, so stamp kernels write nothing): the stamp
+        kernels' modeled start times, in the order they ran, attributed 7 per executed call."""
+        out = np.zeros(self.capacity, dtype=np.float64)
+        starts = [r[1] for r in (records or []) if r[0] == "stamp_time"]
+        j = 0
+        for c in calls:
+            if c.phase == "capture" or c.probe is None or c.probe.mode is not self:
+                continue
+            for i in range(7):
+                if j < len(starts):
+                    out[c.probe.slot + i] = starts[j]
+                    j += 1
+        return out
+
+    def probe_rows(self, c: Call, p: Probe) -> list[dict]:
+        t = self.prof.table
+        if c.phase == "capture":
+            return t.nan(c, "stamps captured: they run when the graph is replayed")
+        s = self._host[p.slot:p.slot + 7] if self._host is not None else np.zeros(7)
+        if not np.all(s > 0):
+            return t.nan(c, "stamp slots not written")
+        ms = {st: (s[i + 1] - s[i]) / 1e6 for i, st in enumerate(MOE_STAGES)}
+        ms["total"] = (s[6] - s[0]) / 1e6
+        src = ("modeled device clock (stamp kernel start)" if self.prof.modeled else
+               "%globaltimer (ns; update step: globaltimer_resolution)")
+        return t.stages(c, ms, f"in-graph stamps: {src}; each stage includes one stamp kernel")

@@ -1,0 +1,161 @@
+"""Whole decode tokens with a profiler attached: the MoE's share of a token and each mode's overhead,
+and the resolution of the in-graph mode's clock.
+
+Per token: µs between two events on the stream around the token, each token ended by a device
+synchronize (as ds4 does), through the one timing loop (:func:`ds4lab.timing.time_steps`); costs
+are paired, interleaved differences with their interval (:func:`ds4lab.timing.paired_difference`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from ..capture import GraphCache
+from .modes import MODES, runs_last
+from .profiler import MoeProfiler
+from .rows import REGIMES, is_modeled
+from ..timing import gc_paused, interleaved_pairs, paired_difference, time_steps
+from .workbench import MoeWorkbench
+
+
+def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager", tokens: int = 8,
+                warmup: int = 2, start: int = 1000, capture_mode: str = "thread_local",
+                fallback: bool | str = False) -> dict:
+    """Decode ``tokens`` whole tokens (after ``warmup``) with ``mode`` attached (None: no profiling),
+    through :func:`ds4lab.timing.time_steps`.
+
+    Per token: µs between two events on the stream around the token, each token ended by a device
+    synchronize (as ds4 does); the MoE's profiled total within it (sum over layers), read after the
+    token, outside the timed region. ``regime`` ``replayed``: the shared-expert and routed-MoE
+    clusters captured per layer and replayed (stage 2).
+    Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None,
+    "profiler": MoeProfiler or None}`` (µs per timed token; ``moe_us`` NaN where no total was timed).
+    """
+    from ..ladder import token_id_at
+
+    be, m = wb.be, wb.model
+    cache = GraphCache(be, ("shared", "moe"), mode=capture_mode, warmup=1) if regime == "replayed" else None
+    prof = MoeProfiler(m, mode, routing="model", fallback=fallback) if mode else None
+    per_token: list[list[dict]] = []
+
+    def step(i: int) -> None:
+        if prof:
+            prof.begin_step(i - warmup)
+        m.token(start + i, token_id_at(start + i, m.cfg.vocab))
+
+    def after_token() -> None:  # the profiler's read, after the token's closing event and synchronize
+        per_token.append(prof.end_step() if prof else [])
+
+    with wb.session(cache), (prof.attached() if prof else contextlib.nullcontext()):
+        be.synchronize()
+        smp = time_steps(be, step, tokens, stream=wb.stream, warmup=warmup, progress=after_token)
+    moe_us, rows = [], []
+    for r in per_token[warmup:]:
+        tot = [x["ms"] for x in r if x["stage"] == "total" and np.isfinite(x["ms"])]
+        moe_us.append(sum(tot) * 1e3 if tot else math.nan)
+        rows.extend(r)
+    return {"token_us": smp.device_us, "moe_us": moe_us, "rows": rows, "cache": cache, "profiler": prof}
+
+
+def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = "deferred"):
+    """The routed MoE's share of a whole decode token, eager: per token its µs and the MoE's
+    profiled total within it (``deferred``: events read after the token, no mid-token sync).
+
+    Returns a DataFrame, one row per timed token: ``token_us``, ``moe_us``, ``rest_us`` (µs),
+    ``share`` (``moe_us / token_us``), ``mode``, ``backend``, ``modeled``, ``layers``."""
+    import pandas as pd
+
+    r = time_tokens(wb, mode, "eager", tokens, warmup)
+    df = pd.DataFrame({"token": range(len(r["token_us"])), "token_us": r["token_us"], "moe_us": r["moe_us"]})
+    df["rest_us"] = df["token_us"] - df["moe_us"]
+    df["share"] = df["moe_us"] / df["token_us"]
+    df["mode"], df["backend"], df["modeled"] = mode, wb.be.name, is_modeled(wb.be)
+    df["layers"] = wb.model.n_layers
+    return df
+
+
+#: Columns of :func:`overhead_table`.
+OVERHEAD_COLUMNS = ("mode", "regime", "us_per_token", "baseline_us", "overhead_us", "overhead_lo_us", "overhead_hi_us",
+                    "overhead_pct", "measurable", "pairs", "overhead", "note", "backend", "modeled")
+
+
+def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int = 2,
+                   regimes=REGIMES, capture_mode: str = "thread_local", rounds: int | None = None):
+    """Each mode's cost on a whole decode token, eager and replayed (stage 2: shared-expert and
+    routed-MoE clusters captured), as a paired, interleaved difference with its 95 % interval
+    (:func:`ds4lab.timing.paired_difference` over :func:`ds4lab.timing.interleaved_pairs`): per
+    round, the median µs of ``tokens`` tokens without profiling and of ``tokens`` with the mode,
+    the order alternating between rounds so a drift of the machine falls on both. ``rounds``:
+    default 12 on a GPU, 6 on the sim (whose modeled times do not vary). An interval that includes
+    zero is "not measurable (±x µs)" (``measurable`` False, ``overhead_us`` NaN), never a negative
+    cost. The ``none`` row: the median of every baseline block.
+
+    ``host-timed`` under replay runs with its guard: the capture is refused and the MoE cluster runs
+    eagerly (the ``note`` says so); that cost is the overhead of leaving ds4's profile on. On a GPU the
+    eager token is launch-bound, so the profiler's own Python per MoE call (its hooks, its markers)
+    counts in full there.
+
+    Returns a DataFrame with :data:`OVERHEAD_COLUMNS` (µs; ``overhead_pct`` of the baseline median);
+    NaN and the reason for an unavailable mode.
+    """
+    import pandas as pd
+
+    rounds = rounds or (6 if is_modeled(wb.be) else 12)
+    rows = []
+    # CUPTI stays loaded in the process once started (and may then take NVTX calls too): last.
+    modes = sorted(modes, key=runs_last)
+    mk = lambda **kw: {"backend": wb.be.name, "modeled": is_modeled(wb.be), **kw}  # noqa: E731
+    nan = math.nan
+    for regime in regimes:
+        bases, out = [], []
+        for mode in modes:
+            probe = MoeProfiler(wb.model, mode)
+            if not probe.available:
+                out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
+                              overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
+                              overhead="unavailable", note=probe.unavailable_reason))
+                continue
+            notes = set()
+
+            def block(with_mode: bool, mode=mode, notes=notes) -> float:
+                r = time_tokens(wb, mode if with_mode else None, regime, tokens, warmup, capture_mode=capture_mode)
+                c = r["cache"]
+                if with_mode and c is not None and c.stats.failures:
+                    notes.add("capture refused → eager fallback: " +
+                              ";".join(f"{k}={v}" for k, v in c.stats.failures.items()))
+                return float(np.median(r["token_us"]))
+
+            with gc_paused():
+                bs, us = interleaved_pairs(lambda: block(False), lambda: block(True), rounds)
+            bases += bs
+            d = paired_difference(bs, us)
+            out.append(mk(mode=mode, regime=regime, us_per_token=float(np.median(us)), baseline_us=d.baseline,
+                          overhead_us=d.median if d.measurable else nan, overhead_lo_us=d.lo, overhead_hi_us=d.hi,
+                          overhead_pct=d.pct if d.measurable else nan, measurable=d.measurable, pairs=d.n,
+                          overhead=d.fmt(), note="; ".join(sorted(notes))))
+        b = float(np.median(bases)) if bases else nan
+        rows.append(mk(mode="none", regime=regime, us_per_token=b, baseline_us=b, overhead_us=0.0, overhead_lo_us=0.0,
+                       overhead_hi_us=0.0, overhead_pct=0.0, measurable=True, pairs=0, overhead="baseline",
+                       note=f"median of {len(bases)} baseline blocks of {tokens} tokens"))
+        rows += out
+    return pd.DataFrame(rows, columns=list(OVERHEAD_COLUMNS))
+
+
+# ----------------------------------------------------------------------------- clock resolution
+def globaltimer_resolution(be, n: int = 64) -> dict | None:
+    """The update step of ``%globaltimer`` on this GPU (ns), from ``kernels/timestamp.cu:globaltimer_probe``:
+    ``{"min_ns", "median_ns", "n"}``. None off a GPU (the sim's modeled clock is exact)."""
+    if not be.is_gpu:
+        return None
+    cp = be.cp
+    buf = cp.zeros((n,), dtype=np.uint64)
+    be.function("globaltimer_probe")((1,), (32,), (buf, np.int32(n)), 0, cp.cuda.Stream.null)
+    cp.cuda.runtime.deviceSynchronize()
+    steps = cp.asnumpy(buf).astype(np.float64)
+    steps = steps[steps > 0]
+    if steps.size == 0:
+        return {"min_ns": math.nan, "median_ns": math.nan, "n": 0}
+    return {"min_ns": float(steps.min()), "median_ns": float(np.median(steps)), "n": int(steps.size)}

@@ -1,0 +1,99 @@
+"""The job layer (:mod:`ds4lab.jobs`): one default-preset rule, one error hierarchy with its exit
+codes, the backend each job asks for, and the scoped launch recorder."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4lab import jobs
+from ds4lab.backends import BackendUnavailable, make_backend
+from ds4lab.config import ConfigError, get_preset
+from ds4lab.errors import BadInput, CheckFailed
+from ds4lab.jobs.common import DEFAULT_PRESETS, default_preset, exit_code
+from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.results import OutputError
+
+
+def test_every_job_has_a_default_preset_row_and_a_module():
+    for job in jobs.JOBS:
+        assert job in DEFAULT_PRESETS or job == "conformance"  # conformance builds its own small models
+        mod = jobs.module(job)
+        assert callable(mod.run)
+    with pytest.raises(KeyError, match="unknown job 'nope'"):
+        jobs.module("nope")
+
+
+def test_default_preset_depends_on_the_backend_only_through_the_table():
+    sim = make_backend("sim", timing_only=True)
+    assert default_preset("ladder", sim) == DEFAULT_PRESETS["ladder"][1] == "small"
+    assert default_preset("run", sim) == "tiny"
+
+    class FakeGpu:
+        is_gpu = True
+
+    assert default_preset("ladder", FakeGpu()) == "ds4-flash"
+    assert default_preset("bench", sim) == "ds4-flash"  # GPU-only jobs have no CPU row
+
+
+@pytest.mark.parametrize("exc, code", [
+    (BadInput("x"), 2), (OutputError("x"), 2), (ConfigError("x"), 2), (BackendUnavailable("x"), 2),
+    (MemoryError("x"), 2), (CheckFailed("x"), 1), (RuntimeError("x"), 1), (ValueError("x"), 1),
+    (KeyboardInterrupt(), 130)])
+def test_exit_codes_come_from_the_error_class_not_the_order_of_except_clauses(exc, code):
+    assert exit_code(exc) == code
+
+
+def test_not_exact_is_a_failed_check_not_bad_input():
+    from ds4lab.jobs.ladder import NotExact
+    from ds4lab.ladder import LadderInputError
+
+    assert exit_code(NotExact("stage 3: hidden")) == 1
+    assert exit_code(LadderInputError("stage 9")) == 2
+
+
+def test_gpu_only_job_without_a_gpu_is_refused_before_any_work(tmp_path):
+    from ds4lab.backends.cupy_backend import gpu_usable
+
+    if gpu_usable()[0]:
+        pytest.skip("a GPU is usable here")
+    from ds4lab.jobs.bench import BenchConfig
+
+    with pytest.raises(BackendUnavailable, match="ds4lab bench measures a GPU"):
+        jobs.execute("bench", BenchConfig(out=tmp_path / "b"), backend="auto")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_job_refuses_a_backend_it_does_not_run_on():
+    from ds4lab.jobs.ladder import LadderConfig
+
+    with pytest.raises(BadInput, match="--backend numpy"):
+        jobs.execute("ladder", LadderConfig(), backend="numpy")
+
+
+def test_launcher_recording_is_scoped_and_restores_the_outer_recorder():
+    m = DecodeModel(get_preset("tiny"), make_backend("sim", timing_only=True), TokenOptions(vocab=False),
+                    n_layers=1)
+    with m.L.recording() as outer:
+        m.token(1000, 3)
+        n_outer = len(outer)
+        with m.L.recording() as inner:
+            m.token(1001, 4)
+        assert len(inner) == n_outer and m.L.trace is outer
+    assert m.L.trace is None
+    assert len(outer) == 2 * n_outer  # the inner block's launches belong to the outer block too
+
+
+def test_model_observe_restores_the_previous_observer_even_on_error():
+    from ds4lab.model import MoeObserver
+
+    m = DecodeModel(get_preset("tiny"), make_backend("sim", timing_only=True), TokenOptions(vocab=False),
+                    n_layers=1)
+    a, b = MoeObserver(), MoeObserver()
+    with m.observe(a):
+        assert m.moe_observer is a
+        with pytest.raises(RuntimeError):
+            with m.observe(b):
+                assert m.moe_observer is b
+                raise RuntimeError("inside")
+        assert m.moe_observer is a
+    assert m.moe_observer is None

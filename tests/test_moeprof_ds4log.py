@@ -1,0 +1,119 @@
+"""ds4's MoE profile line (``ds4lab.moeprof.ds4log``): the format round-trips, ``nan`` included, and
+the one grammar and validity rules agree with ``ds4lab ingest``'s reading of the same lines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ds4lab import moeprof as M
+from ds4lab.moeprof import ds4log as D
+
+OK = ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.004 sort=0.000 gateup=0.021 midq=0.003 down=0.011 sum=0.002 "
+      "total=0.041 ms")
+
+
+def line(**f):
+    """``OK`` with some fields' text replaced."""
+    out = OK
+    for k, v in f.items():
+        head, rest = out.split(f" {k}=", 1)
+        out = f"{head} {k}={v} {rest.split(' ', 1)[1]}" if " " in rest else f"{head} {k}={v}"
+    return out
+
+
+def test_nan_and_inf_round_trip():
+    """``nan`` is how ds4lab writes a stage it could not time: it parses back to NaN, and ±inf to ±inf."""
+    a = M.format_ds4_line(1, {"xq": 1.0})
+    assert "sort=nan" in a and "total=nan" in a
+    d = M.parse_ds4_line(a)
+    assert d["xq"] == 1.0 and all(math.isnan(d[s]) for s in M.STAGES if s != "xq")
+    assert M.format_ds4_line(d["tokens"], d, pairs=d["pairs"]) == a
+    b = M.format_ds4_line(2, {"xq": math.inf, "sort": -math.inf, "total": math.inf})
+    d = M.parse_ds4_line("noise " + b)
+    assert d["xq"] == math.inf and d["sort"] == -math.inf and d["total"] == math.inf
+    assert M.format_ds4_line(d["tokens"], d, pairs=d["pairs"]) == b
+    assert M.parse_ds4_line(line(xq="-nan"))["xq"] != M.parse_ds4_line(line(xq="-nan"))["xq"]  # glibc's -nan
+
+
+def test_parse_and_problem_share_one_grammar():
+    assert M.parse_ds4_line(line(xq=".5"))["xq"] == 0.5
+    assert M.parse_ds4_line(line(xq="1e-3"))["xq"] == 0.001
+    assert M.parse_ds4_line(OK + "  ")["tokens"] == 1  # trailing whitespace only
+    for bad in (OK + " extra", line(xq="."), line(xq="e"), line(xq="NaN"), line(xq="abc"), "ds4: something else",
+                OK.replace(" sum=0.002", "")):
+        assert M.parse_ds4_line(bad) is None, bad
+        assert M.ds4_line_problem(bad) is not None, bad
+    assert M.ds4_line_problem(OK) is None
+
+
+@pytest.mark.parametrize("text,why", [
+    (line(xq="nan", total="nan"), "xq=nan is not a finite time"),  # not timed: no real call
+    (line(xq="inf"), "xq=inf is not a finite time"),
+    (line(xq="1e999"), "xq=1e999 is not a finite time"),  # the same value spelled as ingest's test does
+    (line(down="-0.5"), "down=-0.5 is a negative time"),
+    (line(tokens="0", pairs="0"), "tokens=0: a MoE call has at least one token"),
+    (line(tokens="4", pairs="7"), "pairs=7 is not a positive multiple of tokens=4"),
+    (line(total="0.049"), "total=0.049 is not the sum of the stages (0.041 ms)"),
+    (line(xq="."), "xq='.' is not a number"),
+    (OK + " extra", "fields out of order, or extra text"),
+])
+def test_problems_name_the_field(text, why):
+    assert why in M.ds4_line_problem(text)
+
+
+def test_cupti_totals_are_spans():
+    span = line(total="0.090")
+    assert "not the sum" in M.ds4_line_problem(span)
+    assert M.ds4_line_problem(span, total_is_sum=False) is None
+    assert D.TOTAL_NOT_SUM_MODES == ("cupti",)
+
+
+LINES = [OK, line(xq=".5", total="0.537"), line(xq="nan"), line(xq="inf"), line(sort="-inf"), line(xq="+nan"),
+         line(xq="1e999"), line(down="-0.5", total="0.5"), line(tokens="0", pairs="0"), line(tokens="4", pairs="7"),
+         line(total="0.049"), line(total="0.048"), line(xq="."), line(xq="e"), line(xq="abc"), OK + " extra",
+         OK.replace(" sum=0.002", ""), line(tokens="-1"), "noise " + OK]
+
+
+@pytest.mark.parametrize("text", LINES)
+def test_ingest_reads_each_line_as_the_shared_parser_does(tmp_path, text):
+    """One verdict for every line: ingest keeps it iff :func:`ds4_line_problem` finds nothing, with the
+    same values; the reason is the same text (ingest once called a literal nan/inf "not a number")."""
+    ingest = pytest.importorskip("ds4lab.ingest")
+    p = tmp_path / "run.log"
+    p.write_text(text + "\n")
+    res = ingest.ingest(p, lenient=True)
+    why = M.ds4_line_problem(text)
+    if why is None:
+        assert not res.problems
+        got = dict(zip(res.tables["ds4_moe"]["stage"], res.tables["ds4_moe"]["ms"]))
+        d = M.parse_ds4_line(text)
+        assert got == {s: d[s] for s in M.STAGES}
+    else:
+        assert [q["line"] for q in res.problems] == [1]
+        literal = any(f"={v} " in text + " " for v in ("nan", "+nan", "-nan", "inf", "+inf", "-inf"))
+        if not literal:
+            assert res.problems[0]["problem"] == f"malformed ds4 MoE profile line ({why})"
+
+
+def test_the_header_is_read_as_ingest_reads_it():
+    ingest = pytest.importorskip("ds4lab.ingest")
+    for text in ("# ds4lab moe · mode=in-graph · routing=zipf · MODELED by the sim", "  #ds4lab x", "# ds4labs",
+                 "ds4lab moe", "# ds4lab moe · measured on NVIDIA H200"):
+        assert D.ds4lab_header(text) == ingest.ds4lab_header(text), text
+        h = D.ds4lab_header(text)
+        if h:
+            assert D.ds4lab_header_fields(h[0]) == ingest.ds4lab_header_fields(h[0])
+
+
+def test_read_ds4_log_keeps_every_parsed_line():
+    df = M.read_ds4_log("\n".join([OK, line(xq="nan"), OK + " extra"]))
+    assert len(df) == 2 * len(M.STAGES) and df[df.stage == "xq"]["ms"].isna().tolist() == [False, True]
+
+
+def test_stages_are_defined_once():
+    from ds4lab.model import MOE_STAGES
+
+    assert M.STAGES == MOE_STAGES + ("total",) and M.MOE_STAGES is MOE_STAGES
+    assert D.STAGES is M.STAGES and D.TOTAL_SLACK_MS == pytest.approx(0.007)

@@ -1,0 +1,73 @@
+"""The one timing loop and the paired-difference statistics (:mod:`ds4lab.timing`), on the sim."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ds4lab.backends import make_backend
+from ds4lab.stream import LEGACY_STREAM
+from ds4lab.timing import (Difference, interleaved_pairs, median_ci, paired_difference, time_steps)
+
+
+def test_time_steps_returns_raw_samples_with_sources_and_calls_hooks_in_order():
+    be = make_backend("sim", timing_only=True)
+    buf = be.zeros((1 << 20,), np.float32)
+    calls, seen = [], []
+    smp = time_steps(be, lambda i: (calls.append(i), be.memset_async(LEGACY_STREAM, buf, 0)), 5,
+                     stream=LEGACY_STREAM, warmup=2, on_warm=lambda: seen.append("warm"),
+                     on_sample=lambda j, d, h: seen.append(j))
+    assert calls == list(range(7))
+    assert seen == ["warm", 0, 1, 2, 3, 4]
+    assert len(smp.device_us) == len(smp.host_us) == 5
+    # a 4 MiB memset on the modeled device takes time; the host only enqueued it
+    assert all(d > 0 for d in smp.device_us)
+    assert smp.device_source.startswith("modeled (sim, calibration")
+
+
+def test_time_steps_refuses_a_backend_that_makes_no_timing_claim():
+    with pytest.raises(ValueError, match="neither measures nor models time"):
+        time_steps(make_backend("numpy"), lambda i: None, 3, stream=LEGACY_STREAM)
+    with pytest.raises(ValueError, match="n=0"):
+        time_steps(make_backend("sim"), lambda i: None, 0, stream=LEGACY_STREAM)
+
+
+def test_median_ci_is_the_sign_test_interval():
+    v = np.arange(1.0, 21.0)  # n = 20: at 95 % the interval is the 6th and 15th order statistics
+    assert median_ci(v, 0.95) == (6.0, 15.0)
+    lo, hi = median_ci(v, 0.5)
+    assert 6.0 < lo <= 10.0 and 11.0 <= hi < 15.0
+    with pytest.raises(ValueError):
+        median_ci([], 0.95)
+
+
+def test_too_few_pairs_are_never_measurable():
+    d = paired_difference([10, 10, 10], [12, 12, 12])  # 3 pairs cannot reach 95 %
+    assert not d.measurable and "not measurable" in d.fmt()
+
+
+def test_a_clear_cost_is_measurable_and_a_noise_difference_is_not():
+    rng = np.random.default_rng(0)
+    base = 100 + rng.normal(0, 1, 40)
+    d = paired_difference(base, base + 5 + rng.normal(0, 1, 40))
+    assert d.measurable and 4 < d.median < 6 and d.lo > 0 and "+5" in d.fmt()
+    assert math.isclose(d.pct, 100 * d.median / d.baseline)
+    noise = paired_difference(base, base + rng.normal(0, 3, 40))
+    assert not noise.measurable and noise.fmt().startswith("not measurable (±")
+
+
+def test_paired_difference_drops_non_finite_pairs_and_checks_lengths():
+    d = paired_difference([1, 2, math.nan, 4, 5, 6, 7, 8], [3, 4, 9, 6, 7, 8, 9, 10])
+    assert d.n == 7 and d.median == 2.0
+    with pytest.raises(ValueError, match="same length"):
+        paired_difference([1, 2], [1])
+    assert isinstance(paired_difference([], []), Difference) and not paired_difference([], []).measurable
+
+
+def test_interleaved_pairs_alternate_the_order():
+    order = []
+    a, b = interleaved_pairs(lambda: order.append("a") or 1.0, lambda: order.append("b") or 2.0, 4)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert a == [1.0] * 4 and b == [2.0] * 4
