@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 
-_DS4LAB_HEADER = re.compile(r"^\s*#\s*(?P<text>ds4lab\b.*?)\s*$")
-_HEADER_FIELD = re.compile(r"(?:^|(?<=[\s\u00b7]))(?P<key>mode|routing)=(?P<value>[^\s\u00b7]+)")
 #: time unit → factor to µs (``nsys stats`` column units; ``ncu`` metric units, long and short)
 TIME_UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "µs": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
                 "s": 1e6, "second": 1e6}
@@ -56,26 +54,6 @@ def load_meta(f: Path) -> dict:
         raise IngestError(f"{f}: a JSON {_JSON_TYPE.get(type(meta), type(meta).__name__)}, not the object "
                           "ds4lab writes")
     return meta
-
-
-def ds4lab_header(line: str) -> tuple[str, bool] | None:
-    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says
-    ``MODELED``), else None."""
-    m = _DS4LAB_HEADER.match(line)
-    if not m:
-        return None
-    return m["text"], bool(re.search(r"\bMODELED\b", m["text"]))
-
-
-def ds4lab_header_fields(text: str) -> dict:
-    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say) and
-    ``provenance``: the text without those two tokens."""
-    got = {m["key"]: m["value"] for m in _HEADER_FIELD.finditer(text)}
-    prov = text
-    if got:
-        parts = [" ".join(re.sub(r"(?<!\S)(mode|routing)=\S+", "", p).split()) for p in text.split("\u00b7")]
-        prov = " \u00b7 ".join(p for p in parts if p)
-    return {"mode": got.get("mode", "unknown"), "routing": got.get("routing", "unknown"), "provenance": prov}
 
 
 def check_out_dir(out: Path) -> None:

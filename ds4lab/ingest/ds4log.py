@@ -1,30 +1,24 @@
 """ds4's ``DS4_CUDA_MOE_PROFILE`` stderr lines (``shared/context/ds4-decode.md``, "The routed MoE
 kernel sequence and its profile") and the ds4-format logs ``ds4lab moe`` writes (a ``# ds4lab ...``
-provenance header first). See :mod:`ds4lab.ingest` for the rules."""
+provenance header first). The line's grammar and validity rules are :mod:`ds4lab.moeprof.ds4log`'s
+(the one implementation, shared with ``ds4lab moe``, which writes such lines); this module turns a
+log into rows, strict or lenient. See :mod:`ds4lab.ingest` for the rules."""
 
 from __future__ import annotations
 
-import math
-import re
 from pathlib import Path
 
 import pandas as pd
 
-from .common import Ingested, ds4lab_header, ds4lab_header_fields, problem as _problem
+from ..moeprof.ds4log import (DS4_PREFIX, TOTAL_NOT_SUM_MODES, TOTAL_SLACK_MS, ds4_line_problem, ds4lab_header,
+                              ds4lab_header_fields, parse_ds4_line)
+from .common import Ingested, problem as _problem
 
 MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum", "total")
-DS4_PREFIX = "ds4: CUDA MoE profile"
-_DS4_PREFIX = DS4_PREFIX
-_FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number: never a lone "." or "e"
-_DS4_LINE = re.compile(
-    r"^ds4: CUDA MoE profile tokens=(?P<tokens>\d+) pairs=(?P<pairs>\d+)"
-    + "".join(rf" {s}=(?P<{s}>{_FLOAT})" for s in MOE_STAGES) + r" ms\s*$")
-#: the slack allowed between ``total`` and the sum of the six stages: each of the seven fields is
-#: printed with 3 decimals
-TOTAL_SLACK_MS = 0.001 * (len(MOE_STAGES))
 #: modes whose ``total`` is not the sum of the stages (CUPTI: first kernel start to last kernel end),
 #: and ``unknown`` (an older ds4lab header: its lines may be CUPTI's)
-_TOTAL_NOT_SUM = ("cupti", "unknown")
+_TOTAL_NOT_SUM = (*TOTAL_NOT_SUM_MODES, "unknown")
+__all__ = ["DS4_PREFIX", "MOE_STAGES", "TOTAL_SLACK_MS", "read_ds4_log"]
 
 
 def read_ds4_log(path: Path, lenient: bool) -> Ingested:
@@ -33,7 +27,10 @@ def read_ds4_log(path: Path, lenient: bool) -> Ingested:
     (mode ``host-timed``, routing ``ds4``), the ``# ds4lab ...`` header's text (``modeled``, ``mode``
     and ``routing`` from it; ``unknown`` mode and routing for a header that does not name them) for
     lines ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``; ``file`` is the log, ``source``
-    ``<log name>:<line>``."""
+    ``<log name>:<line>``. A line with the prefix that does not follow the grammar, or cannot be a
+    real call (:func:`ds4lab.moeprof.ds4log.ds4_line_problem`; ``total`` not checked for CUPTI's
+    lines or under an older header), is malformed: IngestError naming file and line unless
+    ``lenient``."""
     res = Ingested(path, "ds4-log")
     rows = []
     call = 0
@@ -45,26 +42,16 @@ def read_ds4_log(path: Path, lenient: bool) -> Ingested:
             f = ds4lab_header_fields(text)
             prov, mode, routing = f["provenance"], f["mode"], f["routing"]
             continue
-        if _DS4_PREFIX not in line:
+        if DS4_PREFIX not in line:
             continue
-        body = line[line.index(_DS4_PREFIX):]
-        m = _DS4_LINE.match(body)
-        if not m:
-            _problem(res, lenient, n, f"malformed ds4 MoE profile line ({_ds4_why(body)})", line)
-            continue
-        try:
-            tokens, pairs = int(m["tokens"]), int(m["pairs"])
-            vals = {s: float(m[s]) for s in MOE_STAGES}
-        except ValueError as e:  # the pattern admits only numbers; kept as a guard
-            _problem(res, lenient, n, f"malformed ds4 MoE profile line ({e})", line)
-            continue
-        why = _ds4_impossible(m, tokens, pairs, vals, mode)
+        why = ds4_line_problem(line, total_is_sum=mode not in _TOTAL_NOT_SUM)
         if why:
             _problem(res, lenient, n, f"malformed ds4 MoE profile line ({why})", line)
             continue
+        vals = parse_ds4_line(line)
         for s in MOE_STAGES:
-            rows.append({"token": call, "layer": float("nan"), "tokens": tokens, "pairs": pairs, "stage": s,
-                         "ms": vals[s], "mode": mode, "backend": "ds4" if prov == "ds4" else "ds4lab",
+            rows.append({"token": call, "layer": float("nan"), "tokens": vals["tokens"], "pairs": vals["pairs"],
+                         "stage": s, "ms": vals[s], "mode": mode, "backend": "ds4" if prov == "ds4" else "ds4lab",
                          "routing": routing, "modeled": modeled, "provenance": prov, "file": str(path),
                          "source": f"{path.name}:{n}"})
         call += 1
@@ -74,42 +61,4 @@ def read_ds4_log(path: Path, lenient: bool) -> Ingested:
     return res
 
 
-def _ds4_impossible(m: re.Match, tokens: int, pairs: int, vals: dict, mode: str) -> str | None:
-    """Why a well-formed ds4 line cannot be a real call (the field and its value), or None."""
-    if tokens < 1:
-        return f"tokens={m['tokens']}: a MoE call has at least one token"
-    for s in MOE_STAGES:
-        if not math.isfinite(vals[s]):
-            return f"{s}={m[s]} is not a finite time"
-        if vals[s] < 0:
-            return f"{s}={m[s]} is a negative time"
-    if pairs < tokens or pairs % tokens:
-        return f"pairs={pairs} is not a positive multiple of tokens={tokens}"
-    if mode not in _TOTAL_NOT_SUM:
-        staged = sum(vals[s] for s in MOE_STAGES if s != "total")
-        if abs(vals["total"] - staged) > TOTAL_SLACK_MS + 1e-9:
-            return (f"total={m['total']} is not the sum of the stages ({staged:.3f} ms): off by "
-                    f"{abs(vals['total'] - staged):.3f} ms, more than the rounding ({TOTAL_SLACK_MS:.3f} ms)")
-    return None
-
-
-def _ds4_why(body: str) -> str:
-    """What is wrong with a ds4 profile line that does not match: the first bad or missing field."""
-    fields = dict(re.findall(r"(\w+)=(\S*)", body))
-    for k in ("tokens", "pairs"):
-        if k not in fields:
-            return f"no {k}="
-        if not re.fullmatch(r"\d+", fields[k]):
-            return f"{k}={fields[k]!r} is not a whole number"
-    for s in MOE_STAGES:
-        if s not in fields:
-            return f"no {s}="
-        if not re.fullmatch(_FLOAT, fields[s]):
-            return f"{s}={fields[s]!r} is not a number"
-    return "fields out of order, or extra text; expected tokens= pairs= " + " ".join(
-        f"{s}=" for s in MOE_STAGES) + " ms"
-
-
-
-
-_ds4_log = read_ds4_log  # the older private name
+_ds4_log = read_ds4_log  # the older private name (``ds4lab.compare`` reads logs with it)
