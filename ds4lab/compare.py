@@ -178,7 +178,7 @@ def _tag(t: Table) -> str:
 
 
 def _folder_tables(d: Path) -> list[Table]:
-    from .ingest import IngestError, _ds4_log, detect
+    from .ingest import IngestError, detect, read_ds4_log
 
     found: list[Table] = []
     seen: set[Path] = set()
@@ -207,7 +207,7 @@ def _folder_tables(d: Path) -> list[Table]:
             try:
                 if detect(f) != "ds4-log":
                     continue
-                df = _ds4_log(f, lenient=False).tables["ds4_moe"]
+                df = read_ds4_log(f, lenient=False).tables["ds4_moe"]
             except IngestError as e:
                 raise CompareError(str(e)) from None
             found.append(Table("moe", df, f))

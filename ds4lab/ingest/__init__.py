@@ -42,7 +42,6 @@ from . import nsys_csv as _nsys_csv_mod
 from ..moeprof.ds4log import ds4lab_header, ds4lab_header_fields
 from .common import IngestError, Ingested, check_out_dir, load_meta
 from .ds4log import DS4_PREFIX, MOE_STAGES, TOTAL_SLACK_MS, read_ds4_log
-from .ds4log import _ds4_log  # noqa: F401 - ds4lab.compare reads logs with it
 from .folder import read_ds4lab_folder
 from .ncu import read_ncu_csv
 from .nsys_csv import read_nsys_csv

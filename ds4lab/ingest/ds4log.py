@@ -61,4 +61,3 @@ def read_ds4_log(path: Path, lenient: bool) -> Ingested:
     return res
 
 
-_ds4_log = read_ds4_log  # the older private name (``ds4lab.compare`` reads logs with it)
