@@ -59,5 +59,3 @@ def read_ds4_log(path: Path, lenient: bool) -> Ingested:
         _problem(res, lenient, 0, "no ds4 MoE profile line")
     res.tables["ds4_moe"] = pd.DataFrame(rows)
     return res
-
-
