@@ -135,9 +135,9 @@ class CuptiKernelSource:
     graph ids; timestamps from CUPTI's clock (``clock_ns`` is ``cupti.get_timestamp``).
 
     CUPTI takes one pair of buffer callbacks per process: this source registers its own while it
-    traces and, when it stops, gives them back to ds4lab's MoE CUPTI session if one was started
-    (``ds4lab.moeprof``), so a later ``ds4lab moe --mode cupti`` in the same process still sees
-    its records. Raises ImportError when ``cupti-python`` is missing, and CUPTI's own error when it
+    traces and, when it stops, gives them back to ds4lab's MoE CUPTI session if one registered them
+    (``ds4lab.moeprof.traces.CuptiSession``), so a later ``ds4lab moe --mode cupti`` in the same
+    process still sees its records. Raises ImportError when ``cupti-python`` is missing, and CUPTI's own error when it
     does not start.
     """
 
@@ -187,14 +187,11 @@ class CuptiKernelSource:
         self.c.activity_flush_all(1)
         for k in self.kinds:
             self.c.activity_disable(k)
-        try:  # give the callbacks back to the MoE profiler's session, if it registered them
-            from . import moeprof
+        from .moeprof.traces import CuptiSession
 
-            s = getattr(getattr(moeprof, "_CuptiSession", None), "_instance", None)
-            if s is not None and getattr(s, "registered", False):
-                self.c.activity_register_callbacks(s._requested, s._completed)
-        except Exception:  # noqa: BLE001 — the MoE session is optional
-            pass
+        s = CuptiSession._instance  # the MoE profiler's session, if one registered its callbacks
+        if s is not None and s.registered:
+            self.c.activity_register_callbacks(s._requested, s._completed)
 
 
 class SimKernelSource:
@@ -332,7 +329,10 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
     be.synchronize()
     kern_rows, nvtx_rows, matched, runs = [], [], {}, []
     pos = START_POS + 1
-    src.start()
+    try:
+        src.start()
+    except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
+        raise TraceError(f"the kernel record source did not start ({type(e).__name__}: {e}); nothing traced") from e
     try:
         for st in st_list:
             run = StageRun(model, st, base, mode=config.capture_mode)

@@ -140,8 +140,13 @@ def test_cupti_records_keep_stream_graph_and_node_ids(monkeypatch):
                       "graph_id": 4, "graph_node_id": 9}
     assert got[1]["kind"] == "memset" and len(got) == 2
     assert src.clock_ns() == 123 and ("on", 10) in calls
+    from ds4lab.moeprof.traces import CuptiSession
+
+    moe = types.SimpleNamespace(registered=True, _requested=object(), _completed=object())
+    monkeypatch.setattr(CuptiSession, "_instance", moe)
     src.stop()
     assert ("off", 10) in calls
+    assert calls.count(("reg",)) == 2  # the MoE profiler's session gets its callbacks back
 
 
 def test_no_kernel_source_on_the_numpy_backend():
