@@ -332,3 +332,14 @@ def test_each_report_kind_into_its_table(tmp_path, title, report, header, row, t
     r = ingest(p)
     assert set(r.tables) == {table} and check(r.tables[table])
     assert set(r.tables[table].report) == {report}
+
+
+def test_unitless_size_columns_are_not_taken_for_times(tmp_path):
+    old = ('Processing [report.sqlite] with [/opt/nvidia/nsight-systems/2021.3/reports/gpumemsizesum.py]...\n\n'
+           '"Total","Operations","Average","Minimum","Maximum","Operation"\n'
+           '"16.000","1","16.000","16.000","16.000","[CUDA memcpy HtoD]"\n')
+    r = ingest(write(tmp_path, "m.csv", old))
+    t = r.tables["nsys_mem_size"]
+    assert t.total_unit_not_stated.item() == 16.0 and t.average_unit_not_stated.item() == 16.0
+    assert not any(c.endswith("_us") for c in t.columns)
+    assert any("kept as printed" in w for w in r.warnings) and not any("read as ns" in w for w in r.warnings)

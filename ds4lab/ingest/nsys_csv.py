@@ -24,7 +24,9 @@ Columns: every column of a read report is kept. A header with a unit (``Total Ti
 (us)``, ``Total (MB)``) gives a number column named after it (``total_time_us``: times converted to
 µs; other units keep theirs: ``total_mb``). A time column without a unit (older versions print
 ``Average``, ``Minimum``, ``Maximum``, ``Total Time``, ``StdDev``) is read in ns, the documented
-default, converted to µs, and a warning says so once per report. Count columns (``Instances``,
+default, converted to µs, and a warning says so once per report; in a size report
+(``cuda_gpu_mem_size_sum``/``gpumemsizesum``) such a column has no documented default unit: it is
+kept as printed, named ``<column>_unit_not_stated``, with a warning. Count columns (``Instances``,
 ``Num Calls``, ``Count``, ``Time (%)``/``Time(%)``, ids) are numbers; every other column is kept as
 text. A number column's cell that is not a number, is negative or is not finite is a malformed row
 (file and line), except an empty cell in a trace report (a memory copy has no grid), read as empty.
@@ -55,6 +57,8 @@ REPORTS = {
 }
 #: the tables this module writes (for ``--out`` clean-up)
 TABLES = tuple(sorted(set(REPORTS.values())))
+#: reports of sizes, not times: a unit-less column there is not read as ns
+SIZE_REPORTS = ("cuda_gpu_mem_size_sum", "gpumemsizesum")
 #: reports listing one row per event (an empty number cell is allowed there)
 TRACE_REPORTS = ("cuda_gpu_trace", "gputrace", "cuda_api_trace", "cudaapitrace")
 #: the column that names a row, per table, renamed to ``name`` (what ``compare`` reads)
@@ -170,10 +174,11 @@ def _by_columns(hdr: list[str]) -> str | None:
     return None
 
 
-def _columns(hdr: list[str], report: str) -> tuple[list[tuple[str, str, float | None]], list[str]]:
-    """Per header cell: (header, output column, factor to apply or None for text), and the
-    unit-less time columns read as ns."""
-    out, assumed, used = [], [], set()
+def _columns(hdr: list[str], report: str) -> tuple[list[tuple[str, str, float | None]], list[str], list[str]]:
+    """Per header cell: (header, output column, factor to apply or None for text), the unit-less
+    time columns read as ns, and the unit-less columns of a size report (kept as printed, named
+    ``<column>_unit_not_stated``)."""
+    out, assumed, unstated, used = [], [], [], set()
     for h in hdr:
         m = _UNIT.match(h)
         low = h.lower()
@@ -183,9 +188,12 @@ def _columns(hdr: list[str], report: str) -> tuple[list[tuple[str, str, float | 
             col, f = snake(m["base"]) + "_pct", 1.0
         elif m:
             col, f = snake(m["base"]) + "_" + snake(m["unit"]), 1.0
-        elif low in UNITLESS_TIME:
+        elif low in UNITLESS_TIME and report not in SIZE_REPORTS:
             col, f = snake(h) + "_us", TIME_UNIT_US["ns"]
             assumed.append(h)
+        elif low in UNITLESS_TIME or low == "total":  # a size report: no documented default unit
+            col, f = snake(h) + "_unit_not_stated", 1.0
+            unstated.append(h)
         elif low in COUNT_COLUMNS:
             col, f = snake(h), 1.0
         else:
@@ -194,15 +202,18 @@ def _columns(hdr: list[str], report: str) -> tuple[list[tuple[str, str, float | 
             col += "_"
         used.add(col)
         out.append((h, col, f))
-    return out, assumed
+    return out, assumed, unstated
 
 
 def _read_table(res, lenient, lines, i, end, hdr, report, table, rows) -> None:
     path = res.path
-    cols, assumed = _columns(hdr, report)
+    cols, assumed, unstated = _columns(hdr, report)
     if assumed:
         res.warnings.append(f"{path}:{i + 1}: report {report}: columns without a unit ({', '.join(assumed)}) "
                             "read as ns, the documented default of nsys stats, and converted to µs")
+    if unstated:
+        res.warnings.append(f"{path}:{i + 1}: report {report}: size columns without a unit ({', '.join(unstated)}) "
+                            "kept as printed (no documented default), named *_unit_not_stated")
     name_from = next((h for h in NAME_COLUMN.get(table, ()) if h in hdr), None)
     trace = report in TRACE_REPORTS
     for k in range(i + 1, end):
