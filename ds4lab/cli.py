@@ -203,9 +203,10 @@ def presets() -> None:
 
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
-    from . import cli_ingest, cli_moe, cli_notebooks
+    from . import cli_ingest, cli_moe, cli_notebooks, cli_trace
 
     cli_ingest.register(main)
+    cli_trace.register(main)
     cli_moe.register(main)
     cli_notebooks.register(main)
 

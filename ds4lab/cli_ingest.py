@@ -23,14 +23,27 @@ def _fail(msg: str, code: int = 2) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--lenient", is_flag=True, help="Keep the good rows; report every bad line instead of failing.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True)
-def ingest_cmd(files, lenient, out) -> None:
-    """Read ds4 MoE profile logs, Nsight Systems exports (stats CSV, SQLite) and ds4lab result
-    folders (format detected from the content) into CSV tables under OUT.
+@click.option("--sites", default=None, metavar="PRESET",
+              help="Join Nsight Compute kernels to ds4lab's launch sites of this preset (bytes moved, "
+                   "achieved GB/s); the preset the profiled run used.")
+def ingest_cmd(files, lenient, out, sites) -> None:
+    """Read ds4 MoE profile logs, Nsight Systems exports (stats CSV reports, SQLite), Nsight
+    Compute CSV output (ncu --csv, details or raw page) and ds4lab result folders (format detected
+    from the content) into CSV tables under OUT.
+
+    nsys stats reports are told apart by their title line: each report ds4lab reads becomes its
+    own table (nsys_kernels, nsys_nvtx, nsys_nvtx_kernels, nsys_cuda_api, nsys_mem_time,
+    nsys_mem_size, nsys_gpu_trace, nsys_osrt, ...); any other report is skipped and named in a
+    warning. A SQLite export gives kernels, graphs (one row per graph execution; a warning names
+    --cuda-graph-trace=node when the graphs' kernels are missing) and nvtx (with domain names).
+    ncu output gives ncu_kernels (one row per kernel: grid, block, duration, DRAM/SM/memory %,
+    registers, the NVTX stack split into position, layer, cluster, op), ncu_metrics and ncu_sites
+    (per launch site). Warnings also go to OUT/ingest_warnings.csv.
 
     Each row keeps the input it came from (its file column), so compare draws one bar per input.
-    Once every input was read, the tables an earlier ingest wrote to OUT (ds4_moe.csv,
-    nsys_kernels.csv, nsys_nvtx.csv, kernels.csv, nvtx.csv, ds4lab_*.csv, ingest_problems.csv) are
-    replaced: OUT holds this run's tables only. A ds4-format log that ds4lab wrote names its mode
+    Once every input was read, the tables an earlier ingest wrote to OUT (ds4_moe.csv, nsys_*.csv,
+    kernels.csv, graphs.csv, nvtx.csv, ncu_*.csv, ds4lab_*.csv, ingest_problems.csv,
+    ingest_warnings.csv) are replaced: OUT holds this run's tables only. A ds4-format log that ds4lab wrote names its mode
     and routing in its "# ds4lab moe · mode=... · routing=..." first line.
 
     \b
@@ -46,7 +59,7 @@ def ingest_cmd(files, lenient, out) -> None:
     from .ingest import IngestError, ingest_all
 
     try:
-        results = ingest_all(files, out, lenient)
+        results = ingest_all(files, out, lenient, sites)
     except IngestError as e:
         _fail(str(e))
     for r in results:

@@ -12,7 +12,10 @@ columns (:data:`TABLES`):
   ``ds4lab_summary*.csv`` (drawn unless the same run's rows are there);
 * a ds4-format log (``*.log`` holding ``ds4: CUDA MoE profile`` lines, e.g. ``moe-ds4.log``) when the
   folder has no MoE table;
-* kernel summaries: ``nsys_kernels.csv`` (``name``, ``total_time_us``), ``kernels.csv`` (``name``, ``us``).
+* kernel summaries: ``nsys_kernels.csv`` (``name``, ``total_time_us``), ``kernels.csv`` (``name``, ``us``);
+* Nsight Compute per-site tables: ``ncu_sites.csv`` (``cluster``, ``op``, ``dram_pct``) from ``ingest``
+  of ``ncu --csv`` output: per launch site, the median DRAM throughput in % of peak (the achieved
+  fraction of bandwidth ncu measures), drawn by :func:`ds4lab.plots.ncu_sites_figure`.
 
 A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file`` column
 (``ds4lab_*`` tables of an older ingest: by ``source``). A MoE table's bar is one profiling mode
@@ -54,9 +57,10 @@ TABLES = {
                     ("stage", "median_ms"), "median_ms"),
     "kernels-sum": (("nsys_kernels.csv",), ("name", "total_time_us"), "total_time_us"),
     "kernels": (("kernels.csv",), ("name", "us"), "us"),
+    "ncu-sites": (("ncu_sites.csv",), ("cluster", "op", "dram_pct"), "dram_pct"),
 }
 LOOKED_FOR = ("ladder.csv, ladder-<name>.csv, moe.csv, moe-<name>.csv, summary.csv, summary-<name>.csv, "
-              "a ds4-format *.log, nsys_kernels.csv, kernels.csv, ds4_moe.csv, ds4lab_ladder*.csv, "
+              "a ds4-format *.log, nsys_kernels.csv, kernels.csv, ncu_sites.csv, ds4_moe.csv, ds4lab_ladder*.csv, "
               "ds4lab_moe*.csv, ds4lab_summary*.csv")
 
 
@@ -174,7 +178,7 @@ def _tag(t: Table) -> str:
 
 
 def _folder_tables(d: Path) -> list[Table]:
-    from .ingest import IngestError, _ds4_log, detect
+    from .ingest import IngestError, detect, read_ds4_log
 
     found: list[Table] = []
     seen: set[Path] = set()
@@ -203,7 +207,7 @@ def _folder_tables(d: Path) -> list[Table]:
             try:
                 if detect(f) != "ds4-log":
                     continue
-                df = _ds4_log(f, lenient=False).tables["ds4_moe"]
+                df = read_ds4_log(f, lenient=False).tables["ds4_moe"]
             except IngestError as e:
                 raise CompareError(str(e)) from None
             found.append(Table("moe", df, f))
@@ -312,8 +316,9 @@ def _moe_by_tokens(t: Table) -> tuple[str, dict]:
 
 
 def compare(dirs, out: Path, warn=None) -> list[Path]:
-    """Ladder tables (µs per token per stage), MoE stage medians (ms per stage) and kernel totals
-    (µs per kernel name, the largest ten), one bar per table (per input file of an ingested table),
+    """Ladder tables (µs per token per stage), MoE stage medians (ms per stage), kernel totals
+    (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites
+    with the most time), one bar per table (per input file of an ingested table),
     the legend beside the bars. Earlier ``compare_*`` figures in ``out`` are removed first. Returns
     the written figure paths (PNG, SVG, PDF). Raises CompareError (nothing written) for a folder without a drawable table,
     an unreadable table or meta file, or an ``out`` that cannot be a folder; ``warn`` (default:
@@ -352,6 +357,9 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
         figs.append((plots.grouped_bars_figure(kern, names[:10], "µs in total",
                                                "largest kernels by total time, side by side", rotate=True),
                      "compare_kernels"))
+    ncu = {t.label: t.df for t in tables if t.kind == "ncu-sites"}
+    if ncu:
+        figs.append((plots.ncu_sites_figure(ncu), "compare_ncu_sites"))
     written = []
     try:
         if out.is_dir():  # an earlier compare's figures would pass for this run's

@@ -158,6 +158,19 @@ class Launcher:
                 prev.extend(rec)
             self.trace = prev
 
+    @contextlib.contextmanager
+    def annotating(self, annotator) -> Iterator[object]:
+        """Send every NVTX range of the block to ``annotator`` (the
+        :class:`ds4lab.annotate.NvtxAnnotator` interface: ``push``, ``pop``), annotation on; the
+        previous annotator and on/off state are back on exit (``ds4lab.trace`` records push/pop times
+        this way)."""
+        prev = self.annotator, self._nvtx
+        self.annotator, self._nvtx = annotator, True
+        try:
+            yield annotator
+        finally:
+            self.annotator, self._nvtx = prev
+
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
         """The stream the next routed launch goes to (the accessor's answer, or legacy when unrouted)."""

@@ -359,3 +359,108 @@ def compare_moe_figure(sources: dict, stages, max_panels: int = 6):
         fig.suptitle("Routed-MoE stages side by side (each source's mode and provenance in the legend)", fontsize=9)
         fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(lab) - 1) // 3), 1, 0.95))
     return fig
+
+
+def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
+    """One token per stage on a shared µs axis (each stage from its token's start): a host lane with
+    ds4lab's NVTX ranges (cluster and op; a replayed stage shows its graph launch) and a GPU lane with
+    the token's kernels, coloured by cluster, up to the end of layer ``first_layers - 1`` (the
+    embedding included), so launch gaps are visible. Each stage's GPU lane is annotated with its
+    kernels, busy time and span in that window. ``kern`` and ``nvtx``: the tables of
+    :func:`ds4lab.trace.run_trace` (``stage``, ``start_us``, ``end_us``, ``cluster``, ``layer``,
+    ``token``; ``nvtx``: ``name``, ``cluster``, ``depth``). Title: the trace's provenance (MODELED on
+    the sim)."""
+    import pandas as pd
+
+    from .annotate import _COLORS
+
+    stages = list(meta.get("stages") or dict.fromkeys(kern["stage"]))
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(11, 1.0 + 1.15 * len(stages)))
+        yt, yl, seen, spans = [], [], {}, []
+        for i, st in enumerate(stages):
+            k = kern[(kern["stage"] == st) & (kern["kind"] == "kernel")].sort_values("start_us")
+            if k.empty:
+                continue
+            if "token" in k and k["token"].notna().any():
+                k = k[k["token"] == k["token"].dropna().min()]
+            if "layer" in k and k["layer"].notna().any():
+                lay = pd.to_numeric(k["layer"], errors="coerce").to_numpy()
+                past = (lay >= first_layers).nonzero()[0]  # the first kernel of a later layer ends the window
+                k = k.iloc[: past[0]] if len(past) else k
+            else:
+                k = k.head(60)
+            t0, t1 = float(k["start_us"].min()), float(k["end_us"].max())
+            n = nvtx
+            if not nvtx.empty:
+                n = nvtx[(nvtx["stage"] == st) & (nvtx["end_us"] > t0) & (nvtx["start_us"] < t1)]
+            n = n[~n["name"].isin(["token", "layer"])] if not n.empty else n
+            t0 = min([t0] + ([float(n["start_us"].min())] if not n.empty else []))
+            yh, yg = 2 * i, 2 * i + 1.0  # host lane above its GPU lane, stages top to bottom
+            for r in n.itertuples():
+                c = "#%06x" % _COLORS.get(r.cluster, 0x999999)
+                ax.broken_barh([(r.start_us - t0, max(r.end_us - r.start_us, 0.05))],
+                               (yh - 0.35 + 0.1 * min(r.depth, 3), 0.5), facecolors=c, alpha=0.45, linewidth=0)
+            for r in k.itertuples():
+                cl = r.cluster if isinstance(r.cluster, str) else "unlabelled"
+                c = "#%06x" % _COLORS.get(cl, 0x999999)
+                h = ax.broken_barh([(r.start_us - t0, max(r.end_us - r.start_us, 0.05))], (yg - 0.4, 0.8),
+                                   facecolors=c, linewidth=0)
+                seen.setdefault(cl, h)
+            busy = float((k["end_us"] - k["start_us"]).sum())
+            span = float(k["end_us"].max() - k["start_us"].min())
+            spans.append(span)
+            ax.text(span, yg, f" {len(k)} kernels · busy {busy:.0f} µs of {span:.0f} µs "
+                    f"({100 * busy / span if span else 0:.0f} %)", va="center", fontsize=8)
+            yt += [yg, yh]
+            yl += [f"stage {st} · GPU", f"stage {st} · host NVTX"]
+        ax.set_yticks(yt)
+        ax.set_yticklabels(yl)
+        ax.invert_yaxis()
+        if spans:
+            ax.set_xlim(0, max(spans) * 1.45)
+        ax.set_xlabel("µs from the token's first launch (each stage from its own)")
+        ax.grid(axis="y", visible=False)
+        if seen:
+            ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+                      title="cluster", frameon=False)
+        ax.set_title(provenance_title(meta, f"one decode token, embedding + first {first_layers} layer(s): "
+                                            "kernels and launch gaps by stage"))
+        fig.tight_layout()
+    return fig
+
+
+def ncu_sites_figure(sources: dict, top: int = 16):
+    """Per launch site (cluster/op), the median DRAM throughput in % of peak that Nsight Compute
+    measured (its achieved fraction of memory bandwidth), one bar per source, for the ``top`` sites
+    with the most kernel time summed over the sources. ``sources``: label → a table of
+    :func:`ds4lab.ingest.ncu.per_site` (``cluster``, ``op``, ``dram_pct``, ``total_us``, optionally
+    ``sm_pct``, ``provenance``). The title says the numbers are ncu's (clocks locked to base: ratios,
+    not the ladder's µs); each label carries its source's provenance."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for label, df in sources.items():
+        d = df.assign(site=df["cluster"].astype(str) + "/" + df["op"].astype(str), source=label)
+        frames.append(d)
+    allf = pd.concat(frames, ignore_index=True)
+    w = pd.to_numeric(allf.get("total_us", pd.Series(1.0, index=allf.index)), errors="coerce").fillna(0)
+    order = allf.assign(w=w).groupby("site")["w"].sum().sort_values(ascending=False).index[:top].tolist()
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(11, 1.2 + 0.32 * len(order) * max(1, len(sources)) ** 0.5))
+        h = 0.8 / max(1, len(sources))
+        y = np.arange(len(order))
+        for i, (label, d) in enumerate(allf.groupby("source", sort=False)):
+            v = d.groupby("site")["dram_pct"].median().reindex(order)
+            ax.barh(y + i * h, v.to_numpy(dtype=float), height=h, color=COLORS[i % len(COLORS)], label=label)
+        ax.set_yticks(y + h * (len(sources) - 1) / 2)
+        ax.set_yticklabels(order, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("DRAM throughput, % of peak (median over launches; ncu SpeedOfLight)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        ax.set_title(f"achieved fraction of DRAM bandwidth per launch site, the {len(order)} sites with the most "
+                     "kernel time — measured by Nsight Compute (clocks locked to base)")
+        fig.tight_layout()
+    return fig

@@ -323,7 +323,8 @@ def test_bar_legend_is_beside_the_axes(tmp_path, monkeypatch):
     dirs = [folder(tmp_path, f"run{k}", {"ladder.csv": LADDER.format(preset="small"),
                                          "meta.json": meta(status="complete")}) for k in range(3)]
     stats = tmp_path / "stats.csv"
-    stats.write_text('"Total Time (ns)","Name"\n"1,000","k1"\n')
+    stats.write_text(' ** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):\n\n"Total Time (ns)","Instances","Name"\n'
+                     '"1,000","1","k1"\n')
     assert cli("ingest", stats, "--out", tmp_path / "nsys").exit_code == 0
     compare([*dirs, tmp_path / "nsys"], tmp_path / "cmp")
     for stem in ("compare_ladder", "compare_kernels"):

@@ -17,6 +17,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``conformance`` capture-rule scenarios on the GPU and the sim
 ``calibrate``   the sim's cost-model parameters
 ``bench``       launch-layer cost, MoE bandwidth, graph replay cost (GPU)
+``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
 ==============  ===========================================================================
 """
 
@@ -58,6 +59,7 @@ JOBS = {
     "calibrate": ("calibrate", BackendRequest(allowed=("auto", "cupy"), gpu_only=True,
                                               needed=lambda c: c.moe_profile is None)),
     "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
+    "trace": ("trace", BackendRequest(timing_only=True)),
 }
 
 

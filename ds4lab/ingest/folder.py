@@ -1,0 +1,40 @@
+"""ds4lab result folders from other machines: every CSV beside a ``meta.json`` ds4lab wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .common import IngestError, Ingested, load_meta, problem as _problem
+
+
+def read_ds4lab_folder(path: Path, lenient: bool) -> Ingested:
+    """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from
+    (``machine``), the run's ``status`` and, where the table lacks it, ``modeled``. A run whose
+    status is not ``complete`` is named in :attr:`Ingested.warnings`."""
+    res = Ingested(path, "ds4lab-folder")
+    meta = load_meta(path / "meta.json")
+    modeled = bool(meta.get("modeled"))
+    where = str(meta.get("device") or "?") + (" (modeled)" if modeled else "")
+    status = str(meta.get("status", "")) if "status" in meta else ("" if "job" not in meta else "no status")
+    if status and status.lower() not in ("complete", "done"):
+        res.warnings.append(f"{path}: meta.json status {status!r}: an incomplete run")
+    csvs = sorted(f for f in path.glob("*.csv") if f.is_file())
+    if not csvs:
+        raise IngestError(f"{path}: a ds4lab result folder without any table: expected its result CSVs "
+                          "(ladder.csv, moe.csv, summary.csv, ...) beside meta.json")
+    for f in csvs:
+        try:
+            df = pd.read_csv(f)
+        except Exception as e:  # noqa: BLE001 — report which file
+            _problem(res, lenient, 0, f"{f.name}: unreadable CSV ({e})")
+            continue
+        df["machine"] = where
+        df["status"] = status
+        if "modeled" not in df:
+            df["modeled"] = modeled
+        df["file"] = str(f)
+        df["source"] = str(f)
+        res.tables[f"ds4lab_{f.stem}"] = df
+    return res

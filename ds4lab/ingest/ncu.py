@@ -1,0 +1,312 @@
+"""Nsight Compute ``ncu --csv`` output → one row per profiled kernel, its NVTX stack split into
+ds4lab's token / layer / cluster / op, joinable to ds4lab's launch sites.
+
+Sources: the Nsight Compute CLI guide ("Command Line Options" → ``--csv``, ``--page details|raw``,
+``--print-units``, ``--nvtx``) and the output it writes, as on the H200 (``shared/context/
+gpu-facts.md``, "Profilers on the lent machine"):
+
+* what comes first, redirected to one file: the program's own output and ``==PROF==`` /
+  ``==WARNING==`` lines; skipped, up to the first CSV header (the row starting ``"ID"``);
+* the **details** page (the default; one section per ``--section``): long format, one row per
+  metric: ``"ID","Process ID","Process Name","Host Name",[NVTX columns,]"Kernel Name","Context",
+  "Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",
+  "Metric Value"`` (later versions add rule columns after them);
+* the **raw** page (``--page raw``): one row per kernel, one column per metric name
+  (``gpu__time_duration.sum``, ``dram__throughput.avg.pct_of_peak_sustained_elapsed``, ...), the row
+  after the header holding the units;
+* with ``--nvtx``: a column ``thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``
+  whose cell is the thread id and the push/pop stack, outermost first, each range quoted as
+  ``"domain:message:payload type:payload:color type:color:message type:message"`` (and one for
+  start/end ranges, ``Id:Domain:Start/Stop_Range:...``).
+
+ds4lab's own NVTX stack (``ds4lab.annotate``): domain ``ds4lab``, ranges ``token`` (payload: the
+position) → ``layer`` (payload: the layer) → cluster (``hc_attn``, ``query``, ...) → op (the launch
+site, ``q_a``, ``premix_norm``); the layer range is absent around the embedding and the final
+clusters.
+
+The kernel table (``ncu_kernels``): id, kernel, grid, block, duration_us, dram_pct (DRAM throughput,
+% of peak), sm_pct (compute (SM) throughput, %), memory_pct (memory throughput, %), registers, the
+raw NVTX stack (``nvtx``), position, layer, cluster, op; every metric also in ``ncu_metrics`` (long:
+id, kernel, section, metric, unit, value). ncu locks clocks to base by default: its durations are for
+ratios, not for the ladder's µs.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from .common import TIME_UNIT_US, Ingested, num, problem
+
+#: details-page metric name → column; raw-page metric name → column
+DETAILS_METRICS = {"Duration": "duration_us", "DRAM Throughput": "dram_pct", "Compute (SM) Throughput": "sm_pct",
+                   "Memory Throughput": "memory_pct", "Registers Per Thread": "registers"}
+RAW_METRICS = {"gpu__time_duration.sum": "duration_us",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+               "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory_pct",
+               "launch__registers_per_thread": "registers"}
+ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+              "Grid Size", "Device", "CC")
+NVTX_DOMAIN = "ds4lab"
+KERNEL_COLUMNS = ("id", "kernel", "grid", "block", "duration_us", "dram_pct", "sm_pct", "memory_pct", "registers",
+                  "nvtx", "position", "layer", "cluster", "op", "page", "provenance")
+_RANGE = re.compile(r'"([^"]*)"')
+
+
+def looks_like(text: str) -> bool:
+    """Whether ``text`` holds ``ncu --csv`` output: a CSV header row starting ``"ID","Process ID"``
+    (both pages), or ``==PROF==`` lines before a header with ``"Kernel Name"``."""
+    if re.search(r'^"ID","Process ID"', text, re.M):
+        return True
+    return "==PROF==" in text and bool(re.search(r'^".*"Kernel Name"', text, re.M))
+
+
+def parse_nvtx_stack(cell: str) -> list[dict]:
+    """The push/pop ranges of one NVTX cell, outermost first: dicts with ``domain``, ``name`` and
+    ``payload`` (an int when the payload value parses as one, else None). Each quoted range is
+    ``domain:name:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``; a name holding ``:`` keeps them
+    (the six attribute fields are counted from the end); a range of fewer fields gives its second
+    field as the name (and the whole text, with an empty domain, when there is no ``:``). The
+    leading thread id and anything outside quotes is ignored."""
+    out = []
+    for r in _RANGE.findall(cell or ""):
+        f = r.split(":")
+        if len(f) < 2:
+            out.append({"domain": "", "name": r, "payload": None})
+            continue
+        if len(f) >= 8:
+            name, pl = ":".join(f[1:len(f) - 6]), f[len(f) - 5]
+        else:
+            name, pl = f[1], (f[3] if len(f) >= 4 else None)
+        out.append({"domain": f[0], "name": name, "payload": _payload(pl)})
+    return out
+
+
+def _payload(v: str | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return int(float(v))
+        except ValueError:  # "none", text
+            return None
+
+
+def ds4lab_levels(stack: list[dict]) -> dict:
+    """position / layer / cluster / op from a parsed stack (ds4lab's domain only; see the module
+    docstring). Missing levels are None."""
+    own = [r for r in stack if r["domain"] == NVTX_DOMAIN]
+    got = {"position": None, "layer": None, "cluster": None, "op": None}
+    rest = []
+    for r in own:
+        if r["name"] == "token" and got["position"] is None and not rest:
+            got["position"] = r["payload"]
+        elif r["name"] == "layer" and got["layer"] is None and not rest:
+            got["layer"] = r["payload"]
+        else:
+            rest.append(r)
+    if rest:
+        got["cluster"] = rest[0]["name"]
+        if got["layer"] is None and rest[0]["payload"] is not None and rest[0]["payload"] >= 0:
+            got["layer"] = rest[0]["payload"]
+    if len(rest) > 1:
+        got["op"] = rest[-1]["name"]
+    return got
+
+
+def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
+    """``ncu --csv`` output (details or raw page; leading program output and ``==PROF==`` lines
+    skipped) → ``ncu_kernels`` (one row per profiled kernel, :data:`KERNEL_COLUMNS` plus ``page``,
+    ``file``, ``source``) and ``ncu_metrics`` (every metric, long). A row with the wrong number of
+    fields, a metric value of a needed metric that is not a number (``n/a`` is kept as empty), a
+    duration in an unknown unit, a negative duration or percentage: malformed (file and line)."""
+    res = Ingested(path, "ncu-csv")
+    lines = path.read_text(errors="replace").splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID",')), None)
+    if start is None:
+        problem(res, lenient, 0, 'no ncu CSV header (a row starting "ID","Process ID"); was --csv given?')
+        return res
+    hdr = next(csv.reader([lines[start]]))
+    page = "details" if "Metric Name" in hdr and "Metric Value" in hdr else "raw"
+    nvtx_cols = [h for h in hdr if "Push/Pop_Range" in h]
+    kernels: dict[str, dict] = {}
+    metrics = []
+    units = None
+    first = start + 1
+    if page == "raw" and first < len(lines):
+        try:
+            u = next(csv.reader([lines[first]]))
+        except csv.Error:
+            u = []
+        if len(u) == len(hdr) and not (u[0].strip() if u else "x"):  # the units row: no ID
+            units = dict(zip(hdr, u))
+            first += 1
+    for k in range(first, len(lines)):
+        line = lines[k]
+        n = k + 1
+        if not line.strip():
+            continue
+        if line.startswith("==") and "==" in line[2:]:
+            continue  # ==PROF== / ==WARNING== lines can also come after the table
+        try:
+            cells = next(csv.reader([line]))
+        except csv.Error as e:
+            problem(res, lenient, n, f"unreadable CSV ({e})", line)
+            continue
+        if len(cells) < len(hdr) and page == "details" and len(cells) >= hdr.index("Metric Value") + 1:
+            cells = cells + [""] * (len(hdr) - len(cells))  # rule columns left off
+        if len(cells) != len(hdr):
+            problem(res, lenient, n, f"{len(cells)} fields, the ncu header (line {start + 1}) has {len(hdr)}", line)
+            continue
+        rec = dict(zip(hdr, cells))
+        kid = rec.get("ID", "").strip()
+        if not kid:
+            problem(res, lenient, n, "a row without a kernel ID", line)
+            continue
+        kr = kernels.get(kid)
+        if kr is None:
+            stack = parse_nvtx_stack(rec[nvtx_cols[0]]) if nvtx_cols else []
+            kr = {"id": _int(kid), "kernel": rec.get("Kernel Name", "").strip(),
+                  "grid": rec.get("Grid Size", "").strip(), "block": rec.get("Block Size", "").strip(),
+                  "duration_us": None, "dram_pct": None, "sm_pct": None, "memory_pct": None, "registers": None,
+                  "nvtx": " > ".join(f"{r['domain']}:{r['name']}" for r in stack), **ds4lab_levels(stack),
+                  "page": page, "provenance": _provenance(rec), "file": str(path), "source": f"{path.name}:{n}"}
+            kernels[kid] = kr
+        if page == "details":
+            bad = _metric(kr, metrics, kid, rec.get("Section Name", ""), rec["Metric Name"].strip(),
+                          rec.get("Metric Unit", "").strip(), rec["Metric Value"], DETAILS_METRICS)
+            if bad:
+                problem(res, lenient, n, bad, line)
+        else:
+            for h in hdr:
+                if h in ID_COLUMNS or h in nvtx_cols or "Start/Stop_Range" in h:
+                    continue
+                bad = _metric(kr, metrics, kid, "raw", h, (units or {}).get(h, "").strip(), rec[h], RAW_METRICS)
+                if bad:
+                    problem(res, lenient, n, bad, line)
+                    break
+    if not kernels and not res.problems:
+        problem(res, lenient, start + 1, "an ncu CSV header without any kernel row")
+    res.tables["ncu_kernels"] = pd.DataFrame(list(kernels.values()))
+    res.tables["ncu_metrics"] = pd.DataFrame(metrics, columns=["id", "kernel", "section", "metric", "unit", "value",
+                                                               "file"]).assign(file=str(path))
+    return res
+
+
+def _provenance(rec: dict) -> str:
+    """Where an ncu row's numbers come from: the tool and the GPU's compute capability (``CC``)."""
+    cc = rec.get("CC", "").strip()
+    return "Nsight Compute" + (f", CC {cc}" if cc else "")
+
+
+def _int(s: str):
+    try:
+        return int(s)
+    except ValueError:
+        return s
+
+
+def _metric(kr, metrics, kid, section, name, unit, value, wanted) -> str | None:
+    """Record one metric value; returns what is wrong with a needed one, else None."""
+    v = None
+    cell = value.strip()
+    if cell and cell.lower() not in ("n/a", "nan"):
+        try:
+            v = num(cell)
+        except ValueError:
+            if name in wanted:
+                return f"metric {name!r}: {cell!r} is not a number"
+    metrics.append({"id": kr["id"], "kernel": kr["kernel"], "section": section.strip(), "metric": name, "unit": unit,
+                    "value": v if v is not None else cell})
+    col = wanted.get(name)
+    if col is None or v is None:
+        return None
+    if col == "duration_us":
+        f = TIME_UNIT_US.get(unit)
+        if f is None:
+            return (f"metric {name!r}: unit {unit!r} is not a time unit ncu prints "
+                    "(ns, us, ms, s, nsecond, usecond, msecond, second)")
+        v *= f
+    if v < 0:
+        return f"metric {name!r}={cell} is negative"
+    kr[col] = v
+    return None
+
+
+def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
+    """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in
+    launch order (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch
+    layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
+    launch sequence as on a GPU: ``ds4lab.launch``). Raises ds4lab.config.ConfigError for an unknown
+    preset."""
+    from ..backends import make_backend
+    from ..config import get_preset
+    from ..ladder import START_POS, token_id_at
+    from ..model import DecodeModel, TokenOptions
+
+    cfg = get_preset(preset)
+    m = DecodeModel(cfg, make_backend("sim", timing_only=True), TokenOptions(vocab=True))  # the ladder's token
+    with m.L.recording() as launched:
+        m.token(START_POS, token_id_at(START_POS, cfg.vocab))
+    rows = [{"cluster": r.cluster, "layer": r.layer, "op": r.site, "kernel": r.kernel, "grid": str(tuple(r.grid)),
+             "block": str(tuple(r.block)), "nbytes": r.nbytes} for r in launched]
+    return pd.DataFrame(rows)
+
+
+def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float | None = None) -> pd.DataFrame:
+    """ncu kernel rows joined to ds4lab launch sites on (cluster, op, layer; layer -1 for the
+    clusters outside a layer): adds ``site_kernel`` (the kernel ds4lab launches there: a different
+    name means the NVTX stack and the kernel disagree), ``nbytes`` and ``achieved_GBps`` (bytes the
+    site moves / ncu duration); ``site_known`` is false for a row whose (cluster, op) ds4lab does not
+    have. A row whose layer is unknown (a stack without payloads) or not in ``sites`` is joined on
+    (cluster, op) alone, taking the site's first layer (``site_layer`` says which layer's bytes
+    were used). ``bandwidth_GBps`` (a peak, e.g. the calibration's) adds ``bw_fraction``."""
+    s = sites.rename(columns={"kernel": "site_kernel", "layer": "site_layer"})
+    exact = s.drop_duplicates(["cluster", "op", "site_layer"])
+    first = s.drop_duplicates(["cluster", "op"])
+    k = kernels.copy().reset_index(drop=True)
+    k["site_layer"] = pd.to_numeric(k["layer"], errors="coerce")
+    k.loc[k["site_layer"].isna() & k["cluster"].isin(["embed", "final"]), "site_layer"] = -1
+    cols = ["cluster", "op", "site_layer", "site_kernel", "nbytes"]
+    out = k.merge(exact[cols], on=["cluster", "op", "site_layer"], how="left")
+    miss = out["site_kernel"].isna()
+    if miss.any():
+        alt = k.loc[miss, ["cluster", "op"]].merge(first[cols], on=["cluster", "op"], how="left")
+        for c in ("site_layer", "site_kernel", "nbytes"):
+            out.loc[miss, c] = alt[c].to_numpy()
+    known = set(zip(sites["cluster"], sites["op"]))
+    out["site_known"] = [(c, o) in known for c, o in zip(out["cluster"], out["op"])]
+    dur = pd.to_numeric(out["duration_us"], errors="coerce")
+    out["achieved_GBps"] = pd.to_numeric(out["nbytes"], errors="coerce") / (dur * 1e3)
+    if bandwidth_GBps:
+        out["bw_fraction"] = out["achieved_GBps"] / bandwidth_GBps
+    return out
+
+
+def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
+    """One row per launch site (cluster, op): kernel, launches, median duration (µs), median DRAM %
+    of peak, median SM %, and (when joined) median achieved GB/s; sorted by total duration, largest
+    first. Rows without a ds4lab op (another domain, no NVTX) are grouped under op ``(no NVTX op)``."""
+    k = kernels.copy()
+    k["cluster"] = k["cluster"].fillna("(no ds4lab range)")
+    k["op"] = k["op"].fillna("(no NVTX op)")
+    for c in ("duration_us", "dram_pct", "sm_pct", "achieved_GBps"):
+        if c in k:
+            k[c] = pd.to_numeric(k[c], errors="coerce")
+    agg = {"kernel": ("kernel", "first"), "launches": ("kernel", "size"), "total_us": ("duration_us", "sum"),
+           "duration_us": ("duration_us", "median"), "dram_pct": ("dram_pct", "median"), "sm_pct": ("sm_pct", "median")}
+    if "achieved_GBps" in k:
+        agg["achieved_GBps"] = ("achieved_GBps", "median")
+    if "provenance" in k:
+        agg["provenance"] = ("provenance", "first")
+    by = ["cluster", "op"] + (["file"] if "file" in k else [])
+    g = k.groupby(by, dropna=False).agg(**agg).reset_index()
+    return g.sort_values("total_us", ascending=False).reset_index(drop=True)
+
