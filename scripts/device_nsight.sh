@@ -39,7 +39,7 @@ cat "$N/versions.txt"
 
 # 1. the README's command (Nsight Compute), exactly, with its output redirected to a file
 ncu_run() {
-  ncu --nvtx --nvtx-include "ds4lab@token/" --section SpeedOfLight --section LaunchStats --csv \
+  ncu --nvtx --nvtx-include "ds4lab@token/" --launch-count 300 --section SpeedOfLight --section LaunchStats --csv \
     "$PY" -m ds4lab.cli run --backend cupy --preset ds4-flash --tokens 1 --warmup 0 --nvtx --no-check \
     --out "$N/ncu-run" > "$N/ncu.csv" 2> "$N/ncu.stderr"
 }
