@@ -1,8 +1,9 @@
 """The conformance scenarios on the simulated runtime, against the record the H200 produced.
 
-``docs/measurements/h200-2026-11-29/conformance-cupy.json`` is what ``ds4lab conformance
---backend cupy`` recorded on the lent H200 (driver 580.159.04, CuPy 14.2.0): every call's error
-name, every graph's nodes, every value after replay. The sim must reproduce each step exactly;
+``docs/measurements/h200-2026-11-30b/conformance/conformance-cupy.json`` is what ``ds4lab
+conformance --backend cupy`` recorded on the lent H200 (driver 580.159.04, CuPy 14.2.0; 104
+scenarios, 848 steps, 0 disagreements): every call's error name, every graph's nodes, every value
+after replay. The sim must reproduce each step exactly;
 a change to a sim rule that breaks agreement with the real GPU fails here.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 from ds4lab.conformance import SCENARIOS, run_scenarios
 
-RECORD = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-11-29/conformance-cupy.json"
+RECORD = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-11-30b/conformance/conformance-cupy.json"
 
 
 @pytest.fixture(scope="module")
@@ -25,27 +26,17 @@ def sim_results():
     return run_scenarios(SimBackend())
 
 
-#: Steps of the 2026-11-29 record that were taken from a status CuPy returned and the GPU backend then
-#: swallowed (mapped to a boolean, recorded ``ok``). What the sim must answer instead, and why.
-#: Remove an entry once a new H200 record (scripts/device_trust.sh) holds the step.
-SWALLOWED = {
-    ("stream_query_captured", "stream_query"): (
-        "cudaErrorStreamCaptureUnsupported",
-        "gpu-facts.md: cudaStreamQuery on a capturing stream returns 900 (measured; CuPy returns it as a value)"),
-    ("event_query_captured", "event_query"): (
-        "cudaErrorCapturedEvent",
-        "RT cudaError: cudaErrorCapturedEvent for an event last recorded in a capturing stream; the status "
-        "was swallowed (GUESS: the name; to be re-measured)"),
-}
-
-
 @pytest.fixture(scope="module")
 def gpu_record():
-    rec = json.loads(RECORD.read_text())
-    for (sc, step), (want, _why) in SWALLOWED.items():
-        assert rec[sc][step] == "ok", f"{sc}/{step}: the record changed; drop it from SWALLOWED"
-        rec[sc][step] = want
-    return rec
+    return json.loads(RECORD.read_text())
+
+
+def test_the_record_holds_every_scenario_and_no_swallowed_status(gpu_record):
+    """Every scenario ran on the H200, and the queries that CuPy answers with a status (instead of
+    raising) were recorded by name, not as ``ok`` (issue of the 2026-11-29 record)."""
+    assert {s.name for s in SCENARIOS} <= set(gpu_record)
+    assert gpu_record["stream_query_captured"]["stream_query"] == "cudaErrorStreamCaptureUnsupported"
+    assert gpu_record["event_query_captured"]["event_query"] == "cudaErrorCapturedEvent"
 
 
 def test_at_least_80_scenarios_and_every_one_is_checked(gpu_record):
