@@ -209,7 +209,7 @@ def backend_calibration(be) -> dict | None:
     Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as
     a dict has no path and is hashed from its ``name`` entry only, ``shipped`` False).
     """
-    cal = getattr(be, "calibration", None)
+    cal = be.calibration  # a declared capability: None where time is not modeled
     if not isinstance(cal, dict):
         return None
     if cal.get("path"):

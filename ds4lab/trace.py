@@ -46,6 +46,7 @@ import pandas as pd
 
 from . import provenance, results
 from . import stream as S
+from .calibration import backend_calibration
 from .errors import BadInput, CheckFailed
 
 TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace.png", "trace.svg", "trace.pdf")
@@ -294,7 +295,7 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     say = (console.print if console is not None else (lambda *a, **k: None))
     banner = modeled_banner(be)
     if banner:
-        meta["calibration"] = be.calibration_name
+        meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
     was = S.graphs_enabled()
     S.set_graphs_enabled(True)

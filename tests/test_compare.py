@@ -344,3 +344,14 @@ def test_compare_out_holds_this_runs_figures_only(tmp_path):
     bad = folder(tmp_path, "bad", {"notes.txt": "hello"})
     assert cli("compare", bad, "--out", out).exit_code == 2  # an error leaves the figures there
     assert (out / "compare_ladder.svg").exists()
+
+
+def test_a_running_folder_whose_process_is_gone_is_flagged_died(tmp_path):
+    """compare asks results.read_meta: a run that died without cleaning up is not 'running'."""
+    import json
+
+    from ds4lab.compare import _load_meta
+
+    (tmp_path / "meta.json").write_text(json.dumps({"job": "ladder", "status": "running",
+                                                    "run": {"pid": 2 ** 22 + 12345, "host": __import__("socket").gethostname()}}))
+    assert _load_meta(tmp_path / "meta.json")["status"] == "died"

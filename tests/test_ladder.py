@@ -168,3 +168,20 @@ def test_ladder_end_to_end_on_sim(tmp_path):
     # the modeled replayed token is faster than the modeled eager token (launch-bound)
     us = dict(zip(df.stage, df.us_median))
     assert us["3"] < us["0"]
+
+
+def test_ladder_reports_updates_reinstantiations_and_fallbacks_apart(tmp_path):
+    """Stage 3u updates the executable graph every token; the ladder's row counts updates,
+    re-instantiations (a refused update instantiates again) and fallbacks separately."""
+    import pandas as pd
+
+    from ds4lab.jobs import execute
+    from ds4lab.jobs.ladder import LadderConfig
+
+    execute("ladder", LadderConfig(stages="0,3u", preset="tiny", tokens=6, warmup=1, exact_tokens=2, rounds=1,
+                                   out=tmp_path), backend="sim")
+    row = pd.read_csv(tmp_path / "ladder.csv").set_index("stage").loc["3u"]
+    assert row["updates"] > 0 and row["captures"] == 1  # re-captured and updated, never instantiated again
+    assert row["reinstantiations"] == 0 and row["fallbacks"] == 0 and row["retirements"] == 0
+    for col in ("reinstantiations", "fallbacks", "aborts", "update_results"):
+        assert col in row.index

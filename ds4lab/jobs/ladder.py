@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import provenance, results
 from .. import stream as S
+from ..calibration import backend_calibration
 from ..config import MAX_POS, get_preset
 from ..ladder import (LADDER_OUTPUTS, START_POS, STAGES, LadderInputError, StageRun, exactness_record,
                       first_difference, fixes_table, gpu_busy_floor, parse_stages, time_stage)
@@ -143,7 +144,7 @@ def run(cfg: LadderConfig, be, console=None):
                 start_pos=cfg.start_pos, long_context=cfg.long_context)
     banner = modeled_banner(be)
     if banner:
-        meta["calibration"] = be.calibration_name
+        meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         con.print(banner)
     if "0" not in {s.name for s in st_list}:
         con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage {st_list[0].name}[/]")
@@ -177,7 +178,10 @@ def _rows(runs, samples, launches, exact, floor, be, preset, meta) -> list[dict]
             "kernel_launches": launches[st.name][0], "graph_launches": launches[st.name][1],
             "speedup": None, "exact": exact[st.name][0], "first_mismatch": exact[st.name][1],
             "captures": stats.get("captures", 0), "replays": stats.get("replays", 0),
-            "updates": stats.get("updates", 0), "retirements": stats.get("retirements", 0),
+            "updates": stats.get("updates", 0), "reinstantiations": stats.get("reinstantiations", 0),
+            "fallbacks": stats.get("fallbacks", 0), "retirements": stats.get("retirements", 0),
+            "aborts": stats.get("aborts", 0),
+            "update_results": ";".join(f"{k}={v}" for k, v in stats.get("update_results", {}).items()),
             "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
             "backend": be.name, "preset": preset, "modeled": meta["modeled"], "description": st.description,
         })
@@ -252,7 +256,9 @@ def _measure(be, preset, mcfg, st_list, cfg: LadderConfig, rounds, out, con, met
                   f"{'  ' + r['first_mismatch'] if r['first_mismatch'] else ''}"
                   f"  launches {r['kernel_launches']:.0f} kernels + {r['graph_launches']:.0f} graphs"
                   + (f"  captures {r['captures']} replays {r['replays']} updates {r['updates']} "
-                     f"retired {r['retirements']} {r['failures']}" if r["captures"] or r["failures"] else ""))
+                     f"re-instantiations {r['reinstantiations']} fallbacks {r['fallbacks']} "
+                     f"retired {r['retirements']} {r['failures']} {r['update_results']}"
+                     if r["captures"] or r["failures"] else ""))
     df = pd.DataFrame(rows)
     meta["floor_us"] = floor
     meta["fixes"] = fixes_table().to_dict()

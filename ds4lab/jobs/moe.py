@@ -9,6 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..calibration import backend_calibration
 from .common import BadInput, default_preset, modeled_banner
 
 #: What ``ds4lab moe`` writes in its folder (an earlier run's copies are removed first).
@@ -73,7 +74,7 @@ def run(cfg: MoeConfig, be, console=None):
                 warmup=cfg.warmup, regime=cfg.regime, capture_mode=cfg.capture_mode, n_layers=cfg.n_layers,
                 fallback=cfg.fallback, seed=cfg.seed, modeled=modeled)
     if modeled:
-        meta["calibration"] = be.calibration_name
+        meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         meta["sim_timing_only"] = be.timing_only
         con.print(modeled_banner(be) + (" Timing only: every routing pattern is priced as uniform routing."
                                         if be.timing_only else ""))
