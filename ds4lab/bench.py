@@ -252,11 +252,9 @@ def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 2
     import cupy
     import pandas as pd
 
-    L = model.L
-    L.trace = []
-    model.token(pos, token_id)
+    with model.L.recording() as trace:
+        model.token(pos, token_id)
     be.synchronize()
-    trace, L.trace = L.trace, None
     st = cupy.cuda.Stream(non_blocking=True)
     e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
     spin = be.function("spin_wait")

@@ -144,6 +144,56 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
     return cal
 
 
+def add_kernel_fits(base: dict, ops, note: str) -> dict:
+    """``base`` with per-kernel fits (``us = fixed + bytes / bandwidth``, :func:`_fit`) added for
+    every kernel in ``ops`` (a per-op timing table: ``kernel``, ``nbytes``, ``us`` per launch)
+    that ``base["kernels"]`` lacks; kernels it has keep their fits. ``note`` joins ``source``.
+
+    Raises:
+        ValueError: ``ops`` has none of the columns it needs, or ``base`` no ``kernels`` object.
+    """
+    if not {"kernel", "nbytes", "us"} <= set(ops.columns):
+        raise ValueError(f"a per-op table needs kernel, nbytes and us columns, not {list(ops.columns)}")
+    if not isinstance(base.get("kernels"), dict):
+        raise ValueError("the base calibration has no kernels object")
+    out = dict(base)
+    out["kernels"] = dict(base["kernels"])
+    for name, g in ops[~ops["kernel"].isin(set(base["kernels"]))].groupby("kernel"):
+        a, bw = _fit(g["nbytes"].to_numpy(), g["us"].to_numpy(), bw_default=float(base["bandwidth_GBps"]))
+        out["kernels"][name] = {"fixed_us": round(a, 3), "bandwidth_GBps": round(bw, 1), "samples": int(len(g)),
+                                "median_us": round(float(g["us"].median()), 3)}
+    out["source"] = f"{base.get('source', '')}; {note}"
+    return out
+
+
+def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", pos: int = 65535, console=None) -> dict:
+    """Fits for the kernels the long-context token adds (``kernels/longctx.cu``), measured as
+    :func:`calibrate` measures the others (:func:`ds4lab.bench.per_op_times`: each launch of one
+    token re-issued behind a spin kernel, CUDA events), at ``pos`` (default 65 535: both
+    compressors emit and the indexer takes its chunked top-k), and added to ``base``.
+
+    Raises:
+        ValueError: ``pos`` where neither compressor emits (their emit kernels would not run).
+    """
+    from .bench import per_op_times
+    from .config import get_preset
+    from .model import DecodeModel, TokenOptions
+
+    if (pos + 1) % 128:
+        raise ValueError(f"pos={pos}: pick a position where both compressors emit ((pos + 1) % 128 == 0)")
+    log = console.print if console else print
+    cfg = get_preset(preset, long_context=True, max_context=-(-(pos + 2) // 128) * 128)
+    m = DecodeModel(cfg, be, TokenOptions(vocab=False))
+    m.token(pos - 1, 3)  # warm: every kernel compiled and loaded
+    be.synchronize()
+    ops = per_op_times(be, m, pos=pos, token_id=9)
+    new = ops[~ops["kernel"].isin(set(base.get("kernels", {})))]
+    log(f"long-context token at {pos}: {len(ops)} launches, {len(new)} of {new['kernel'].nunique()} kernels "
+        "without a fit")
+    return add_kernel_fits(base, ops, f"long-context kernels fitted by ds4lab calibrate --long-context "
+                                      f"({preset}, position {pos})")
+
+
 def write_calibration(cal: dict, path: Path) -> None:
     """Write a calibration file (atomically)."""
     path = Path(path)

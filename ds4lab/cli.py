@@ -158,12 +158,15 @@ def conformance(backend, out, names, list_only) -> None:
               help="No GPU needed: add fits for the tiled (tokens > 1) MoE kernels from this `ds4lab moe` "
                    "folder (measured, with in-graph uniform rows) to --base and write --out.")
 @click.option("--base", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
-              help="With --moe-profile: the calibration to extend (default: the shipped one).")
-def calibrate(preset, out, moe_profile, base) -> None:
+              help="With --moe-profile or --long-context: the calibration to extend (default: the shipped one).")
+@click.option("--long-context", is_flag=True,
+              help="GPU: add fits for the long-context token's kernels to --base (default: the shipped one).")
+def calibrate(preset, out, moe_profile, base, long_context) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
     from .jobs.calibrate import CalibrateConfig
 
-    invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base), "cupy")
+    invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
+                                        long_context=long_context), "cupy")
 
 
 @main.command()

@@ -120,3 +120,22 @@ def test_calibration_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DS4LAB_CALIBRATION", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="missing.json: no such calibration file"):
         SimBackend(timing_only=True)
+
+
+def test_add_kernel_fits_fits_only_the_kernels_the_base_lacks():
+    """calibrate --long-context: per-kernel fits for new kernels; existing fits untouched."""
+    import pandas as pd
+
+    from ds4lab.calibrate import add_kernel_fits
+
+    base = {"name": "b", "source": "s", "bandwidth_GBps": 3000.0, "kernels": {"old": {"fixed_us": 1.0}}}
+    # new_k: two sizes on the line us = 2 + bytes / (4000 GB/s · 1e3); old: anything
+    ops = pd.DataFrame({"kernel": ["new_k", "new_k", "old"], "nbytes": [4_000_000, 8_000_000, 10],
+                        "us": [2 + 1.0, 2 + 2.0, 99.0]})
+    out = add_kernel_fits(base, ops, "note")
+    assert out["kernels"]["old"] == {"fixed_us": 1.0}
+    assert out["kernels"]["new_k"]["fixed_us"] == pytest.approx(2.0, abs=1e-6)
+    assert out["kernels"]["new_k"]["bandwidth_GBps"] == pytest.approx(4000.0, rel=1e-6)
+    assert out["source"] == "s; note" and base["kernels"] == {"old": {"fixed_us": 1.0}}
+    with pytest.raises(ValueError, match="kernel, nbytes and us"):
+        add_kernel_fits(base, ops.drop(columns=["us"]), "note")

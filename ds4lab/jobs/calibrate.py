@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..calibrate import calibrate, fit_tiled_moe, write_calibration
+from ..calibrate import calibrate, calibrate_long_context, fit_tiled_moe, write_calibration
+from ..sim.costmodel import default_calibration_path
 from ..results import check_out
 from .common import BadInput, default_preset
 
@@ -23,6 +24,8 @@ class CalibrateConfig:
     out: Path | str = "results/calibration.json"
     moe_profile: Path | str | None = None
     base: Path | str | None = None
+    #: GPU: add fits for the long-context token's kernels to ``base`` (measured at position 65 535).
+    long_context: bool = False
 
 
 def run(cfg: CalibrateConfig, be, console) -> dict:
@@ -34,13 +37,20 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
         ds4lab.results.OutputError: ``out``'s folder is not writable.
     """
     out = Path(cfg.out)
+    if cfg.long_context:
+        from ..calibration import read
+
+        base = read(Path(cfg.base) if cfg.base else default_calibration_path())
+        check_out(out.parent)
+        cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
+        write_calibration(cal, out)
+        console.print(f"calibration written to {out}")
+        return cal
     if cfg.moe_profile is None:
         cal = calibrate(be, cfg.preset or default_preset("calibrate", be), console=console)
         write_calibration(cal, out)
         console.print(f"calibration written to {out}")
         return cal
-    from ..sim.costmodel import default_calibration_path
-
     base = Path(cfg.base or default_calibration_path())
     try:
         fits = fit_tiled_moe(Path(cfg.moe_profile))
