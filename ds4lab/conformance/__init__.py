@@ -16,9 +16,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import stream as S
-from .errors import RuntimeApiError
-from .launch import Launcher
+from .. import stream as S
+from ..errors import RuntimeApiError
+from ..launch import Launcher
 
 MODES = ("global", "thread_local", "relaxed")
 N = 1024
@@ -65,7 +65,7 @@ class Recorder:
     def update(self, step: str, graph_exec, graph) -> None:
         """``cudaGraphExecUpdate``: records the outcome, and for a refusal CUDA's update result
         (``<step>_result``) and the failing node's type (``<step>_node``, ``none`` when CUDA names none)."""
-        from .errors import GraphExecUpdateError
+        from ..errors import GraphExecUpdateError
 
         if graph_exec is None or graph is None:
             self.obs[step] = "no graph"
@@ -167,7 +167,7 @@ def _buf(r: Recorder, v: float = 0.0):
 def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = ""):
     """begin → body → end through :func:`ds4lab.capture.capture_scope` (so the capture ends whatever
     the body raises); records begin/end outcomes; returns the graph or None."""
-    from .capture import capture_scope
+    from ..capture import capture_scope
 
     with capture_scope(r.be, s, mode, begin=lambda st, m: r.call(f"{tag}begin_capture", r.be.begin_capture, st, m),
                        end=lambda st: r.call(f"{tag}end_capture", r.be.end_capture, st)) as cap:
@@ -623,8 +623,8 @@ def whole_tiny_token_by_value(r: Recorder) -> None:
 
 
 def _whole_token(r: Recorder, scalars: str) -> None:
-    from .config import get_preset
-    from .model import DecodeModel, TokenOptions
+    from ..config import get_preset
+    from ..model import DecodeModel, TokenOptions
 
     be = r.be
     cfg = get_preset("tiny")
