@@ -20,6 +20,7 @@ from . import streams  # noqa: F401  isort: skip
 from . import queries  # noqa: F401  isort: skip
 from . import graphs  # noqa: F401  isort: skip
 from . import updates  # noqa: F401  isort: skip
+# _buf, _capture, _replay: the scenario helpers, as ds4lab.conformance._capture (tests write scenarios with them)
 from .framework import MODES, N, SCENARIOS, Recorder, Scenario, _buf, _capture, _replay, scenario
 from .runner import compare, run_scenarios
 
