@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import longctx_reference as LR
-from . import ops
+from . import ops, ops_longctx
 from . import weights as W
 from .config import MOE_TILE, ModelConfig
 from .launch import Launcher
@@ -491,7 +491,7 @@ class DecodeModel:
         """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks.
         A host decision, as in ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c
         sizes it for the largest n_comp and blocks past n_comp exit."""
-        return max(1, -(-n_comp // ops.INDEX_ROWS))
+        return max(1, -(-n_comp // ops_longctx.INDEX_ROWS))
 
     def compressed_ratios(self) -> list[int]:
         """The compression ratios present among this model's layers (sorted; empty without long context)."""
@@ -581,18 +581,18 @@ class DecodeModel:
         skv, ssc = bufs[f"{lane}_state_kv"], bufs[f"{lane}_state_score"]
         width = (2 if ratio == 4 else 1) * D
         ops.q8_matvec(L, f"{pre}_kvgate", w[f"{pre}_kvgate"], self.x, kvsc)
-        ops.comp_store(L, f"{pre}_store", kvsc, w[f"{pre}_ape"], skv, ssc, width, ratio, ts)
+        ops_longctx.comp_store(L, f"{pre}_store", kvsc, w[f"{pre}_ape"], skv, ssc, width, ratio, ts)
         # ds4's path asks on the host whether this token emits; stage 3c launches the same four
         # kernels on every token and lets the device decide: pool and norm write scratch rows only,
         # and the rotate-store and the shift exit at once off an emit position. The same kernels
         # with the same geometry give the same bits as ds4's path (a fused emit kernel did not: its
         # reduction order differs from rms_norm_rows', measured on the H200).
         if self.opts.longctx == "device" or LR.is_emit(ts.pos, ratio):
-            ops.comp_pool(L, f"{pre}_pool", skv, ssc, pooled, D, ratio)
+            ops_longctx.comp_pool(L, f"{pre}_pool", skv, ssc, pooled, D, ratio)
             ops.rms_norm_rows(L, f"{pre}_norm", pooled, w[f"{pre}_norm"], normed, 1, D, cfg.rms_eps)
-            ops.comp_rope_store(L, f"{pre}_rope_store", normed, rows, D, ratio, cfg, ts)
+            ops_longctx.comp_rope_store(L, f"{pre}_rope_store", normed, rows, D, ratio, cfg, ts)
             if ratio == 4:
-                ops.comp_shift(L, f"{pre}_shift", skv, ssc, width, ratio, ts)
+                ops_longctx.comp_shift(L, f"{pre}_shift", skv, ssc, width, ratio, ts)
 
     def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
         """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus
@@ -619,7 +619,7 @@ class DecodeModel:
             self._indexer(layer, ratio, n_plan, ts)
         mode = ("device" if device else True) if use_sel else False
         with L.cluster("attention"):
-            ops.attention_comp(L, "attention", self.q, self.cache[layer], bufs["comp"], lc.sel if use_sel else None,
+            ops_longctx.attention_comp(L, "attention", self.q, self.cache[layer], bufs["comp"], lc.sel if use_sel else None,
                                self.o, cfg, ratio, mode, ts, n_rows=min(n, k) if use_sel else n)
 
     def _indexer(self, layer: int, ratio: int, n_plan: int, ts) -> None:
@@ -635,26 +635,26 @@ class DecodeModel:
         with L.cluster("indexer"):
             H, Di = cfg.index_heads, cfg.index_head_dim
             if device:
-                ops.q8_matvec_when(L, "index_q", w["index_q_b"], self.qan, lc.iq, ratio, min_comp, ts)
+                ops_longctx.q8_matvec_when(L, "index_q", w["index_q_b"], self.qan, lc.iq, ratio, min_comp, ts)
             else:
                 ops.q8_matvec(L, "index_q", w["index_q_b"], self.qan, lc.iq)
-            ops.rope_heads(L, "index_q_rope", lc.iq, H, Di, cfg, ts, cfg.compress_rope_theta)
+            ops_longctx.rope_heads(L, "index_q_rope", lc.iq, H, Di, cfg, ts, cfg.compress_rope_theta)
             if device:
-                ops.q8_matvec_when(L, "index_weights", w["index_proj"], self.x, lc.iw, ratio, min_comp, ts)
+                ops_longctx.q8_matvec_when(L, "index_weights", w["index_proj"], self.x, lc.iw, ratio, min_comp, ts)
             else:
                 ops.q8_matvec(L, "index_weights", w["index_proj"], self.x, lc.iw)
-            ops.indexer_score(L, "index_score", lc.iq, lc.iw, lc.layers[layer]["index"], lc.scores,
+            ops_longctx.indexer_score(L, "index_score", lc.iq, lc.iw, lc.layers[layer]["index"], lc.scores,
                               self.score_blocks(n_plan), cfg, ratio, ts, min_comp=min_comp)
             scratch = lc.topk.ensure(words) if words else None
             for st in steps:
                 if st.kernel == "indexer_topk":
-                    ops.indexer_topk(L, "index_topk", lc.scores, lc.sel, st.sort_n, cfg, ratio, ts)
+                    ops_longctx.indexer_topk(L, "index_topk", lc.scores, lc.sel, st.sort_n, cfg, ratio, ts)
                 elif st.kernel == "indexer_topk_chunk":
-                    ops.indexer_topk_chunk(L, "index_topk_chunk", lc.scores, scratch, st.blocks, st.sort_n, cfg,
+                    ops_longctx.indexer_topk_chunk(L, "index_topk_chunk", lc.scores, scratch, st.blocks, st.sort_n, cfg,
                                            ratio, ts, min_comp=min_comp)
                 else:
                     final = st.dst_off < 0
-                    ops.indexer_topk_merge(L, "index_topk_merge", lc.scores, scratch, st.src_off,
+                    ops_longctx.indexer_topk_merge(L, "index_topk_merge", lc.scores, scratch, st.src_off,
                                            lc.sel if final else scratch, 0 if final else st.dst_off,
                                            st.blocks, st.sets, st.sort_n, cfg)
 
