@@ -49,7 +49,7 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
     """Measure every parameter on ``be`` (a CupyBackend). Returns the calibration dict."""
     import cupy
 
-    from .bench import per_op_times
+    from .perop import per_op_times
     from .config import get_preset
     from .model import DecodeModel, TokenOptions
 
