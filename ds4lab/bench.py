@@ -240,40 +240,6 @@ def run_bench(be, cfg, console, *, per_op: bool = False, out=None) -> dict:
     return res
 
 
-def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
-    """GPU time of every kernel launch of one token: each launch re-issued ``repeats`` times back
-    to back behind a spin kernel, between two CUDA events (mean per launch). DataFrame columns:
-    cluster, layer, site, kernel, nbytes (the op's fewest bytes moved), us.
-
-    The sum is the token's GPU-busy time when kernels run back to back with no launch gaps:
-    the floor a fully captured token approaches. Re-issuing a launch repeats its side effects
-    (a KV store, an in-place RoPE), which changes values but not the work or its timing.
-    """
-    import cupy
-    import pandas as pd
-
-    with model.L.recording() as trace:
-        model.token(pos, token_id)
-    be.synchronize()
-    st = cupy.cuda.Stream(non_blocking=True)
-    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    spin = be.function("spin_wait")
-    rows = []
-    for r in trace:
-        fn = be.function(r.kernel)
-        fn(r.grid, r.block, r.args, r.shared, st)  # warm
-        # The GPU spins while the host queues the repeats, so they run back to back and the
-        # event pair measures kernel time, not the host's launch rate.
-        spin((1,), (1,), (np.int64(20_000 + 8_000 * repeats),), 0, st)
-        e0.record(st)
-        for _ in range(repeats):
-            fn(r.grid, r.block, r.args, r.shared, st)
-        e1.record(st)
-        rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
-                     "nbytes": r.nbytes, "us": event_ms(e0, e1) * 1e3 / repeats})
-    return pd.DataFrame(rows)
-
-
 def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
     """µs per kernel node of a replayed graph of ``n`` small kernels, three ways, one run:
     ds4lab (launches through the launcher, captured on the accessor's stream), CuPy's own graph API

@@ -49,7 +49,7 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
     """Measure every parameter on ``be`` (a CupyBackend). Returns the calibration dict."""
     import cupy
 
-    from .bench import per_op_times
+    from .perop import per_op_times
     from .config import get_preset
     from .model import DecodeModel, TokenOptions
 
@@ -168,16 +168,16 @@ def add_kernel_fits(base: dict, ops, note: str) -> dict:
 
 def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", pos: int = 65535, console=None) -> dict:
     """Fits for the kernels the long-context token adds (``kernels/longctx.cu``), measured as
-    :func:`calibrate` measures the others (:func:`ds4lab.bench.per_op_times`: each launch of one
+    :func:`calibrate` measures the others (:func:`ds4lab.perop.per_op_times`: each launch of one
     token re-issued behind a spin kernel, CUDA events), at ``pos`` (default 65 535: both
     compressors emit and the indexer takes its chunked top-k), and added to ``base``.
 
     Raises:
         ValueError: ``pos`` where neither compressor emits (their emit kernels would not run).
     """
-    from .bench import per_op_times
     from .config import get_preset
     from .model import DecodeModel, TokenOptions
+    from .perop import per_op_times
 
     if (pos + 1) % 128:
         raise ValueError(f"pos={pos}: pick a position where both compressors emit ((pos + 1) % 128 == 0)")

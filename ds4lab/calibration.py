@@ -11,6 +11,8 @@ a figure.
 :func:`calibration_info` gives what a result records about the calibration it used: name,
 path, SHA-256 of the bytes, and whether it is a file shipped with ds4lab (figure titles name the
 path and hash otherwise, so an edited copy never passes for the shipped H200 file).
+:func:`default_calibration_path` says which file is used when none is named (``$DS4LAB_CALIBRATION``,
+else the shipped measured file, else the provisional one).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -158,10 +161,32 @@ def read(path: str | Path) -> dict:
     return validate(d, str(p))
 
 
+#: Where the shipped calibration files live (``ds4lab/data``): the H200 measured one, and the
+#: provisional one used when the measured file is absent.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+MEASURED_FILE = DATA_DIR / "h200.json"
+PROVISIONAL_FILE = DATA_DIR / "h200-provisional.json"
+
+#: Environment variable naming a calibration file to use instead of the shipped one (every
+#: command and notebook that builds a ``sim`` backend without an explicit calibration).
+CALIBRATION_ENV = "DS4LAB_CALIBRATION"
+
+
+def default_calibration_path() -> Path:
+    """``$DS4LAB_CALIBRATION`` when set; else ``ds4lab/data/h200.json`` when it exists (measured),
+    else ``h200-provisional.json``. Raises ``ValueError`` naming a ``$DS4LAB_CALIBRATION`` that is
+    not a file."""
+    env = os.environ.get(CALIBRATION_ENV)
+    if env:
+        if not Path(env).is_file():
+            raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env}: no such calibration file")])
+        return Path(env)
+    return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
+
+
 def shipped_files() -> list[Path]:
     """The calibration files that ship with ds4lab (``ds4lab/data/*.json``), resolved."""
-    data = Path(__file__).resolve().parent / "data"
-    return sorted(p.resolve() for p in data.glob("*.json"))
+    return sorted(p.resolve() for p in DATA_DIR.glob("*.json"))
 
 
 def calibration_info(src: str | Path | dict | None = None) -> dict:
@@ -180,8 +205,6 @@ def calibration_info(src: str | Path | dict | None = None) -> dict:
         CalibrationError: the file cannot be read or is not a valid calibration.
     """
     if src is None:
-        from .sim.costmodel import default_calibration_path
-
         src = default_calibration_path()
     if isinstance(src, dict):
         validate(src)

@@ -261,16 +261,14 @@ class GraphCache:
         err = None
         scope = None
         try:
-            with capture_scope(be, stream, self.mode) as scope:
+            with capture_scope(be, stream, self.mode) as scope, L.recording() as trace:
                 L.capturing = True
-                L.trace = []
                 try:
                     fn()
                 except RuntimeApiError as e:
                     err = e
                 finally:
                     L.capturing = False
-                    trace, L.trace = L.trace, None
         except RuntimeApiError as e:  # begin or end refused
             return None, err or e
         except BaseException:

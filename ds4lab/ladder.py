@@ -171,7 +171,7 @@ def gpu_busy_floor(be, model, pos: int) -> float | None:
 
 def _floor(be, model, pos: int) -> float | None:
     if be.is_gpu:
-        from .bench import per_op_times
+        from .perop import per_op_times
 
         return float(per_op_times(be, model, pos=pos, token_id=token_id_at(pos, model.cfg.vocab)).us.sum())
     if be.models_time:

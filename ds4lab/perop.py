@@ -10,7 +10,7 @@ Kernel time comes from CUPTI activity records (``CONCURRENT_KERNEL``, ``cupti-py
 session of :mod:`ds4lab.moeprof` is reused) of eager tokens on one stream: each record's
 ``end - start`` in ns, matched to the traced launches in issue order (same count and kernel
 names, or the method falls back). Without CUPTI, each launch is re-issued back to back behind
-a spin kernel between two CUDA events (:func:`ds4lab.bench.per_op_times`). Either way the
+a spin kernel between two CUDA events (:func:`per_op_times`). Either way the
 per-launch figure is the median over ``tokens`` tokens (CUPTI) or the mean of ``repeats``
 re-issues (events), and the token's GPU-busy time is the sum over its launches.
 
@@ -61,6 +61,42 @@ def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: 
         s.stop()
 
 
+def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
+    """GPU time of every kernel launch of one token: each launch re-issued ``repeats`` times back
+    to back behind a spin kernel, between two CUDA events (mean per launch). DataFrame columns:
+    cluster, layer, site, kernel, nbytes (the op's fewest bytes moved), us.
+
+    The sum is the token's GPU-busy time when kernels run back to back with no launch gaps:
+    the floor a fully captured token approaches. Re-issuing a launch repeats its side effects
+    (a KV store, an in-place RoPE), which changes values but not the work or its timing.
+    """
+    import cupy
+    import pandas as pd
+
+    from .timing import event_ms
+
+    with model.L.recording() as trace:
+        model.token(pos, token_id)
+    be.synchronize()
+    st = cupy.cuda.Stream(non_blocking=True)
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    spin = be.function("spin_wait")
+    rows = []
+    for r in trace:
+        fn = be.function(r.kernel)
+        fn(r.grid, r.block, r.args, r.shared, st)  # warm
+        # The GPU spins while the host queues the repeats, so they run back to back and the
+        # event pair measures kernel time, not the host's launch rate.
+        spin((1,), (1,), (np.int64(20_000 + 8_000 * repeats),), 0, st)
+        e0.record(st)
+        for _ in range(repeats):
+            fn(r.grid, r.block, r.args, r.shared, st)
+        e1.record(st)
+        rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
+                     "nbytes": r.nbytes, "us": event_ms(e0, e1) * 1e3 / repeats})
+    return pd.DataFrame(rows)
+
+
 def token_launches(be, model, *, pos: int = 1000, token_id: int = 7, tokens: int = 7, method: str = "auto"):
     """One row per launch of a token: cluster, layer, site, kernel, nbytes, us (median over
     ``tokens`` tokens; CUPTI), us_p25, us_p75; and the method used (``"cupti"``, or ``"events"``
@@ -71,17 +107,14 @@ def token_launches(be, model, *, pos: int = 1000, token_id: int = 7, tokens: int
     """
     import pandas as pd
 
-    from .bench import per_op_times
-
     if method not in ("auto", "cupti", "events"):
         raise ValueError(f"method {method!r}: choose auto, cupti or events")
     L = model.L
     model.token(pos - 1, token_id)  # warm-up: every kernel compiled and loaded
     be.synchronize()
-    L.trace = []
-    model.token(pos, token_id)
+    with L.recording() as trace:
+        model.token(pos, token_id)
     be.synchronize()
-    trace, L.trace = L.trace, None
     names = [r.kernel for r in trace]
     why = "events requested"
     if method != "events":

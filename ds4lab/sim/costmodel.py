@@ -33,38 +33,16 @@ per-op timing CSV and a launch trace (see ``ds4lab/data/h200-provisional.json``)
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-MEASURED_FILE = DATA_DIR / "h200.json"
-PROVISIONAL_FILE = DATA_DIR / "h200-provisional.json"
+from ..calibration import default_calibration_path, read, validate
 
 REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0}
-
-
-#: Environment variable naming a calibration file to use instead of the shipped one (every
-#: command and notebook that builds a ``sim`` backend without an explicit calibration).
-CALIBRATION_ENV = "DS4LAB_CALIBRATION"
-
-
-def default_calibration_path() -> Path:
-    """``$DS4LAB_CALIBRATION`` when set; else ``ds4lab/data/h200.json`` when it exists (measured),
-    else ``h200-provisional.json``. Raises ``ValueError`` naming a ``$DS4LAB_CALIBRATION`` that is
-    not a file."""
-    env = os.environ.get(CALIBRATION_ENV)
-    if env:
-        if not Path(env).is_file():
-            from ..errors import CalibrationError
-
-            raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env}: no such calibration file")])
-        return Path(env)
-    return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
 
 
 @dataclass
@@ -95,8 +73,6 @@ class Calibration:
             CalibrationError (a ValueError): the file cannot be read, or a field breaks
                 :data:`ds4lab.calibration.SCHEMA` (names the file and every key path).
         """
-        from ..calibration import read, validate
-
         path = None
         if src is None:
             src = default_calibration_path()

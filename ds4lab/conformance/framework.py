@@ -1,0 +1,196 @@
+"""The scenario framework: the :class:`Recorder` (runs runtime-API calls and records what each
+did), :class:`Scenario` and the ``SCENARIOS`` registry (``@scenario``), and the helpers every
+scenario module shares (probe buffers, capture and replay through the graph cache's scope,
+another thread, the sources expectations cite).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import stream as S
+from ..errors import RuntimeApiError
+from ..launch import Launcher
+
+
+MODES = ("global", "thread_local", "relaxed")
+N = 1024
+f32, i32 = np.float32, np.int32
+
+
+class Recorder:
+    """Runs runtime-API calls for one scenario and keeps what each one did, in order."""
+
+    def __init__(self, be) -> None:
+        self.be = be
+        self.L = Launcher(be)
+        self.obs: dict[str, str] = {}
+
+    def call(self, step: str, fn: Callable, *args, **kw):
+        """Run ``fn``; record ``ok`` or the error name. Returns the result (None on error)."""
+        try:
+            r = fn(*args, **kw)
+        except RuntimeApiError as e:
+            self.obs[step] = e.name
+            return None
+        self.obs[step] = "ok"
+        return r
+
+    def nodes(self, step: str, graph) -> None:
+        """Record a graph's nodes as ``kind[:kernel]`` counts, sorted (empty graph: ``none``)."""
+        if graph is None:
+            self.obs[step] = "no graph"
+            return
+        c = Counter(f"{n['kind']}:{n['name']}" if n["kind"] == "kernel" and n["name"] else n["kind"]
+                    for n in self.be.graph_nodes(graph))
+        c.pop("empty", None)
+        self.obs[step] = ",".join(f"{k}x{v}" for k, v in sorted(c.items())) or "none"
+
+    def value(self, step: str, buf) -> None:
+        """Record a buffer's values compactly (``7`` when uniform, else the first four)."""
+        self.be.synchronize()
+        h = np.asarray(self.be.to_host(buf), dtype=np.float64).reshape(-1)
+        self.obs[step] = f"{h[0]:g}" if np.all(h == h[0]) else "[" + " ".join(f"{v:g}" for v in h[:4]) + " ...]"
+
+    def note(self, step: str, value) -> None:
+        self.obs[step] = str(value)
+
+    def update(self, step: str, graph_exec, graph) -> None:
+        """``cudaGraphExecUpdate``: records the outcome, and for a refusal CUDA's update result
+        (``<step>_result``) and the failing node's type (``<step>_node``, ``none`` when CUDA names none)."""
+        from ..errors import GraphExecUpdateError
+
+        if graph_exec is None or graph is None:
+            self.obs[step] = "no graph"
+            return
+        try:
+            self.be.graph_exec_update(graph_exec, graph)
+        except GraphExecUpdateError as e:
+            self.obs[step] = e.name
+            self.obs[f"{step}_result"] = e.result
+            self.obs[f"{step}_node"] = e.node_type or "none"
+            return
+        except RuntimeApiError as e:
+            self.obs[step] = e.name
+            return
+        self.obs[step] = "ok"
+
+    # --- probe launches (each with its NumPy effect for the CPU backends)
+    def add(self, step: str, x, stream=None, legacy: bool = False) -> None:
+        """``x += 1`` on ``stream`` (through the accessor) or on the legacy stream."""
+        def ref():
+            np.add(x, 1, out=x)
+
+        def go():
+            self.L.kernel("probe.add", "tiny_add", (N // 256,), (256,), (x, i32(N)), ref, nbytes=8 * N,
+                          legacy=legacy)
+
+        if stream is None or legacy:
+            self.call(step, go)
+        else:
+            with S.stream_override(stream):
+                self.call(step, go)
+
+    def fill(self, step: str, x, v: float, stream) -> None:
+        """``x[:] = v`` with ``v`` passed by value (frozen into a graph)."""
+        def ref():
+            x[...] = v
+
+        with S.stream_override(stream):
+            self.call(step, lambda: self.L.kernel("probe.fill", "fill_value", (N // 256,), (256,),
+                                                  (x, i32(N), f32(v)), ref, nbytes=4 * N))
+
+    def fill_from(self, step: str, x, vbuf, stream) -> None:
+        """``x[:] = vbuf[0]`` read from device memory at execution (replay) time."""
+        def ref():
+            x[...] = vbuf[0]
+
+        with S.stream_override(stream):
+            self.call(step, lambda: self.L.kernel("probe.fill_from", "fill_from", (N // 256,), (256,),
+                                                  (x, i32(N), vbuf), ref, nbytes=4 * N))
+
+
+@dataclass
+class Scenario:
+    """A named program over the runtime API; ``covers`` names the hazard row or rule it checks.
+
+    ``expect``: for scenarios written from the CUDA documentation before an H200 record of them
+    exists, the outcome of the steps the documented rule is about (``{step: outcome}``), with
+    ``source`` saying where it comes from. The sim is held to it until the H200 record replaces it.
+    """
+
+    name: str
+    fn: Callable[[Recorder], None]
+    covers: str
+    doc: str = ""
+    expect: dict | None = None
+    source: str = ""
+
+
+SCENARIOS: list[Scenario] = []
+
+
+def scenario(covers: str, modes: tuple | None = None, expect=None, source: str = ""):
+    """Register a scenario function; with ``modes``, one scenario per capture mode.
+
+    ``expect``: a ``{step: outcome}`` dict, or (with ``modes``) a function of the mode returning one.
+    """
+
+    def deco(fn):
+        if modes:
+            for m in modes:
+                e = expect(m) if callable(expect) else expect
+                SCENARIOS.append(Scenario(f"{fn.__name__}[{m}]", (lambda r, m=m: fn(r, m)), covers,
+                                          (fn.__doc__ or "").strip(), e, source))
+        else:
+            SCENARIOS.append(Scenario(fn.__name__, fn, covers, (fn.__doc__ or "").strip(), expect, source))
+        return fn
+
+    return deco
+
+
+def _buf(r: Recorder, v: float = 0.0):
+    x = r.be.zeros((N,), f32)
+    if v:
+        r.fill("init", x, v, S.LEGACY_STREAM)
+    r.be.synchronize()
+    return x
+
+
+def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = ""):
+    """begin → body → end through :func:`ds4lab.capture.capture_scope` (so the capture ends whatever
+    the body raises); records begin/end outcomes; returns the graph or None."""
+    from ..capture import capture_scope
+
+    with capture_scope(r.be, s, mode, begin=lambda st, m: r.call(f"{tag}begin_capture", r.be.begin_capture, st, m),
+                       end=lambda st: r.call(f"{tag}end_capture", r.be.end_capture, st)) as cap:
+        body()
+    return cap.graph
+
+
+def _replay(r: Recorder, g, stream, times: int = 1, tag: str = "") -> None:
+    ex = r.call(f"{tag}instantiate", r.be.graph_instantiate, g) if g is not None else None
+    if ex is None:
+        return
+    for i in range(times):
+        r.call(f"{tag}replay{i}", r.be.graph_launch, ex, stream)
+    r.call(f"{tag}replay_sync", r.be.stream_synchronize, stream)
+
+
+
+def _other_thread(fn):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn()))
+    t.start()
+    t.join()
+    return out.get("r")
+
+
+#: Sources the scenarios' expectations cite.
+_FACTS = "shared/context/gpu-facts.md"
+_RT = "CUDA Runtime API reference"

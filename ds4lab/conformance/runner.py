@@ -1,0 +1,94 @@
+"""Running the scenarios on a backend (:func:`run_scenarios`, ending any capture a scenario left
+open) and comparing records across backends (:func:`compare`).
+"""
+
+from __future__ import annotations
+
+from .. import stream as S
+from ..errors import RuntimeApiError
+from .framework import SCENARIOS, Recorder
+
+
+# ----------------------------------------------------------------------------- runner
+def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str, dict[str, str]]:
+    """Run the scenarios (all, or those named) on ``be``. Returns ``{scenario: {step: outcome}}``.
+
+    A scenario that raises an unexpected Python exception records it under ``"<exception>"`` and
+    the run goes on; any capture it left open is ended.
+    """
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    out = {}
+    try:
+        for sc in SCENARIOS:
+            if names and sc.name not in names:
+                continue
+            rec = Recorder(be)
+            created: list = []
+            make_stream = be.new_stream
+
+            def tracked(*a, **k):
+                st = make_stream(*a, **k)
+                created.append(st)
+                return st
+
+            be.new_stream = tracked  # the scenario's streams, so a capture it leaves open is ended
+            try:
+                sc.fn(rec)
+            except RuntimeApiError as e:
+                rec.obs["<unhandled>"] = e.name
+            except Exception as e:  # a scenario bug or a backend gap: keep going, report it
+                rec.obs["<exception>"] = f"{type(e).__name__}: {e}"
+            finally:
+                del be.new_stream
+                S.capture_set_stream(None)
+                _end_left_captures(be, created, rec)
+            try:
+                be.synchronize()
+            except RuntimeApiError:
+                pass
+            out[sc.name] = rec.obs
+            if progress:
+                progress(sc.name)
+    finally:
+        S.set_graphs_enabled(was)
+    return out
+
+
+def _end_left_captures(be, streams, rec: Recorder) -> None:
+    """End any capture a scenario left open on its streams; recorded as ``<left capturing>``."""
+    left = []
+    for st in streams:
+        try:
+            status = be.capture_status(st)
+        except RuntimeApiError:
+            continue
+        if status != "none":
+            left.append(status)
+            try:
+                be.end_capture(st)
+            except RuntimeApiError:
+                pass
+    if left:
+        rec.obs["<left capturing>"] = ",".join(left)
+
+
+def compare(results: dict[str, dict[str, dict[str, str]]]):
+    """One tidy DataFrame: scenario, step, one column per backend, and ``agree``."""
+    import pandas as pd
+
+    backends = list(results)
+    rows = []
+    for sc in SCENARIOS:
+        steps: list[str] = []
+        for b in backends:
+            for st in results[b].get(sc.name, {}):
+                if st not in steps:
+                    steps.append(st)
+        for st in steps:
+            row = {"scenario": sc.name, "covers": sc.covers, "step": st}
+            vals = [results[b].get(sc.name, {}).get(st, "—") for b in backends]
+            row.update(dict(zip(backends, vals)))
+            row["agree"] = len(set(vals)) == 1
+            rows.append(row)
+    return pd.DataFrame(rows)

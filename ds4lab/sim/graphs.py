@@ -1,0 +1,331 @@
+"""Graphs of the simulated runtime: :class:`Graph` and :class:`GraphExec`, the instantiate flags,
+and :class:`GraphsMixin`, the graph calls of :class:`~ds4lab.sim.runtime.Runtime` (instantiate,
+destroy, create, child graphs, executable update, upload, launch, and the event record / wait
+nodes a capture can hold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CudaError, GraphExecUpdateError
+from .objects import Node, SimEvent, SimStream
+from .rules import RULES
+
+
+@dataclass
+class Graph:
+    """A captured (or created) graph (``cudaGraph_t``): its nodes in a topological order."""
+
+    id: int
+    nodes: list
+    capture_id: int
+    #: live executables instantiated from it (rule instantiate_mem_nodes_twice)
+    execs: int = 0
+    #: those executables (rule instantiate_mem_nodes_twice asks whether one holds unfreed allocations)
+    live: list = field(default_factory=list)
+    destroyed: bool = False
+
+    @property
+    def has_mem_nodes(self) -> bool:
+        """Memory allocation or free nodes directly in this graph."""
+        return any(n.kind in ("mem_alloc", "mem_free") for n in self.nodes)
+
+    def __repr__(self) -> str:
+        return f"<sim graph {self.id}: {len(self.nodes)} nodes>"
+
+
+#: cudaGraphInstantiateFlags (CUDA Runtime API, "Data types used by CUDA Runtime").
+FLAG_AUTO_FREE_ON_LAUNCH, FLAG_UPLOAD, FLAG_DEVICE_LAUNCH, FLAG_USE_NODE_PRIORITY = 1, 2, 4, 8
+
+
+@dataclass
+class GraphExec:
+    """An instantiated graph (``cudaGraphExec_t``): the graph it mirrors, its flags, and the
+    allocations its last launch made that are not freed yet (rule graph_launch_unfreed)."""
+
+    id: int
+    graph: Graph
+    launches: int = 0
+    flags: int = 0
+    destroyed: bool = False
+    unfreed: list = field(default_factory=list)
+    #: the graph it was instantiated from (its single-executable slot), even after updates
+    source: Graph | None = None
+
+    def __repr__(self) -> str:
+        return f"<sim graph exec {self.id} of graph {self.graph.id}>"
+
+
+class GraphsMixin:
+    """The graph calls of :class:`~ds4lab.sim.runtime.Runtime`; they use its lock, clock
+    (``dev``, ``cal``), ids, streams and rules (``_stream``, ``_fail``, ``_legacy_use``, ...)."""
+
+    # ------------------------------------------------------------------ graphs
+    def graph_instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
+        """``cudaGraphInstantiateWithFlags``: an executable graph.
+
+        Args:
+            g: a graph from :meth:`end_capture` or :meth:`graph_create`.
+            flags: ``cudaGraphInstantiateFlags`` bits (AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4,
+                UseNodePriority 8).
+
+        Raises:
+            CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags,
+                instantiate_device_launch), cudaErrorNotSupported (rule instantiate_mem_nodes_twice).
+        """
+        call = "cudaGraphInstantiate"
+        if not isinstance(g, Graph) or g.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
+        flags = int(flags)
+        with self.lock:
+            if flags & ~0xF:
+                self._fail("instantiate_bad_flags", call, (), f"unknown flag bits {flags & ~0xF:#x}")
+            if flags & FLAG_UPLOAD:
+                self._fail("instantiate_bad_flags", call, (), "cudaGraphInstantiateFlagUpload needs "
+                                                               "cudaGraphInstantiateWithParams")
+            if flags & FLAG_DEVICE_LAUNCH and flags & FLAG_AUTO_FREE_ON_LAUNCH:
+                self._fail("instantiate_bad_flags", call, (), "DeviceLaunch with AutoFreeOnLaunch")
+            if flags & FLAG_DEVICE_LAUNCH:
+                bad = [n.kind for n in g.nodes if n.kind not in ("kernel", "memcpy", "memset", "graph")]
+                if bad or not g.nodes:
+                    self._fail("instantiate_device_launch", call, (),
+                               f"node kinds {sorted(set(bad))}" if bad else "empty graph")
+            if g.has_mem_nodes and g.live:
+                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
+                                                                    "executable")
+            self.dev.host(self.cal.host_api_us)
+            g.execs += 1
+            ex = GraphExec(next(self._ids), g, flags=flags, source=g)
+            g.live.append(ex)
+            return ex
+
+    def graph_exec_destroy(self, ex: GraphExec) -> None:
+        """``cudaGraphExecDestroy`` (rule exec_destroy). Raises cudaErrorInvalidValue for a non-executable
+        or one destroyed already (CUDA calls that undefined; the sim refuses it)."""
+        call = "cudaGraphExecDestroy"
+        with self.lock:
+            if not isinstance(ex, GraphExec) or ex.destroyed:
+                raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
+            ex.destroyed = True
+            if ex.source is not None:
+                ex.source.execs -= 1
+                if ex in ex.source.live:
+                    ex.source.live.remove(ex)
+            self.dev.host(self.cal.host_api_us)
+
+    def graph_destroy(self, g: Graph) -> None:
+        """``cudaGraphDestroy``: executables instantiated from ``g`` keep working (rule graph_destroy_exec_lives)."""
+        with self.lock:
+            if not isinstance(g, Graph) or g.destroyed:
+                raise CudaError("cudaErrorInvalidValue", "cudaGraphDestroy", f"{g!r} is not a live sim graph")
+            g.destroyed = True
+            self.dev.host(self.cal.host_api_us)
+
+    def graph_create(self) -> Graph:
+        """``cudaGraphCreate``: an empty graph (nodes added with :meth:`graph_add_child`)."""
+        with self.lock:
+            self.dev.host(self.cal.host_api_us)
+            return Graph(next(self._ids), [], 0)
+
+    def graph_add_child(self, g: Graph, child: Graph) -> None:
+        """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
+
+        Raises cudaErrorNotSupported for a child with memory allocation or free nodes.
+        """
+        call = "cudaGraphAddChildGraphNode"
+        with self.lock:
+            if not isinstance(g, Graph) or not isinstance(child, Graph):
+                raise CudaError("cudaErrorInvalidValue", call, "not sim graphs")
+            if child.has_mem_nodes:
+                self._fail("child_graph_mem_nodes", call, (), f"graph {child.id} has memory nodes")
+            deps = (len(g.nodes) - 1,) if g.nodes else ()
+            clone = Graph(next(self._ids), list(child.nodes), child.capture_id)  # the child is cloned
+            g.nodes.append(Node(len(g.nodes), "graph", f"graph {child.id}", None, deps, 0.0, "", clone))
+            self.dev.host(self.cal.host_api_us)
+
+    @staticmethod
+    def _update_check(old: list, new: list):
+        """CUDA's pairing of ``cudaGraphExecUpdate``: None, or (rule, result, failing new node)."""
+        if len(old) != len(new):
+            return "update_topology", "cudaGraphExecUpdateErrorTopologyChanged", None
+        for a, b in zip(old, new):
+            if a.deps != b.deps:
+                return "update_topology", "cudaGraphExecUpdateErrorTopologyChanged", b
+            if a.kind != b.kind:
+                return "update_node_type", "cudaGraphExecUpdateErrorNodeTypeChanged", b
+            if b.kind == "graph":
+                sub = GraphsMixin._update_check(a.info.nodes, b.info.nodes)
+                if sub is not None:
+                    return sub
+        return None
+
+    def graph_exec_update(self, ex: GraphExec, g: Graph) -> None:
+        """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
+
+        CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs"
+        → "Whole graph update": nodes are paired in order; another node count or other dependencies
+        (TopologyChanged), another node type (NodeTypeChanged) or a memory node (NotSupported,
+        GUESS) refuse the update and leave the executable unchanged. A kernel's function may change
+        (rule update_function). Host cost: one API call plus ``host_api_us / 8`` per node (modeled).
+
+        Raises:
+            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the
+                ``cudaGraphExecUpdateResult`` name) and ``node_type`` (the failing node of ``g``, or
+                None when the node counts differ).
+            CudaError: cudaErrorInvalidValue for arguments that are not a sim executable / graph.
+        """
+        call = "cudaGraphExecUpdate"
+        if not isinstance(ex, GraphExec) or not isinstance(g, Graph) or ex.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, "not a sim graph / live executable graph")
+        with self.lock:
+            self.dev.host(self.cal.host_api_us * (1 + len(g.nodes) / 8))
+            bad = self._update_check(ex.graph.nodes, g.nodes)
+            if bad is not None:
+                rule, result, node = bad
+                raise GraphExecUpdateError(call, result, node.kind if node is not None else None,
+                                           f"{RULES[rule].when} (graph {g.id} vs executable {ex.id})")
+            ex.graph = g
+
+    @staticmethod
+    def _flat(nodes):
+        for n in nodes:
+            if n.kind == "graph":
+                yield from GraphsMixin._flat(n.info.nodes)
+            else:
+                yield n
+
+    def _launch_checks(self, ge: GraphExec, s: SimStream, call: str, rule: str) -> bool:
+        """Capture rules of a launch/upload on ``s``; True when the call must stop (dropped)."""
+        seq = s.capture
+        if seq is None:
+            return False
+        if seq.status != "active":
+            self._fail("graph_launch_invalidated", call, (), f"capture {seq.id} was invalidated by {seq.why}")
+        self._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
+        return True
+
+    def graph_upload(self, ge: GraphExec, stream: Any) -> None:
+        """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
+
+        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture).
+        """
+        call = "cudaGraphUpload"
+        if not isinstance(ge, GraphExec) or ge.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not a live executable graph")
+        with self.lock:
+            s = self._stream(stream, call)
+            if s is self.legacy and self.live:
+                self._legacy_use(call)
+            if self._launch_checks(ge, s, call, "graph_upload_in_capture"):
+                return
+            self.dev.host(self.cal.host_api_us)
+
+    def graph_memory_free(self, addr: int) -> bool:
+        """A free, outside the graph, of memory a launched graph allocated (rule graph_free_outside).
+
+        Returns True when ``addr`` was such an allocation (now freed: the executable may launch
+        again), False otherwise (the caller frees it as ordinary memory).
+        """
+        with self.lock:
+            for ex in self._launched:
+                if addr in ex.unfreed:
+                    ex.unfreed.remove(addr)
+                    return True
+            return False
+
+    @staticmethod
+    def _unfreed_allocs(nodes) -> list:
+        """Allocations (addresses; None in timing-only mode) of ``nodes`` not freed by a free node of the same graph."""
+        allocs = [n.info for n in nodes if n.kind == "mem_alloc"]
+        for n in nodes:
+            if n.kind == "mem_free" and n.info in allocs:
+                allocs.remove(n.info)
+        return allocs
+
+    def graph_launch(self, ge: GraphExec, stream: Any) -> None:
+        """``cudaGraphLaunch``: replay every node in order (their callables run again); time paced per node.
+
+        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_launch_in_capture),
+        cudaErrorInvalidValue while the previous launch's allocations are unfreed (rule
+        graph_launch_unfreed), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture).
+        """
+        call = "cudaGraphLaunch"
+        if not isinstance(ge, GraphExec) or ge.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not an instantiated sim graph")
+        with self.lock:
+            s = self._stream(stream, call)
+            if s is self.legacy and self.live:
+                self._legacy_use(call)
+                self.escapes.append((call, f"graph {ge.graph.id}"))
+            if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
+                return
+            if ge.unfreed:
+                if not ge.flags & FLAG_AUTO_FREE_ON_LAUNCH:
+                    self._fail("graph_launch_unfreed", call, (), f"{len(ge.unfreed)} allocation(s) of the previous "
+                                                                 "launch not freed")
+                ge.unfreed = []  # rule graph_auto_free
+            submit = self.dev.host(self.cal.host_graph_launch_us)
+            ge.launches += 1
+            pace = submit
+            prev_end = self._earliest(s, submit)
+            step = self.cal.graph_node_us
+            gid = ge.graph.id
+            compute = self.compute
+            for n in self._flat(ge.graph.nodes):
+                if compute and n.fn is not None:
+                    n.fn()
+                if n.kind == "event_record" and isinstance(n.info, SimEvent):  # rule event_record_external
+                    ev = n.info
+                    ev.capture, ev.tail, ev.stream = None, (), s
+                    ev.time_us = max(pace, prev_end)
+                if n.kind in ("kernel", "memset", "memcpy"):
+                    _, prev_end = self.dev.run(s.name, n.name, max(pace, prev_end), n.gpu_us, n.kind, gid,
+                                               occupies=n.kind != "memcpy")
+                pace += step
+            s.ready_us = prev_end
+            ge.unfreed = [a for a in self._unfreed_allocs(list(self._flat(ge.graph.nodes))) if a is not None]
+            if ge.unfreed and ge not in self._launched:
+                self._launched.append(ge)
+
+    # ------------------------------------------------------------------ external event nodes
+    def event_record_external(self, stream: Any, e: SimEvent) -> None:
+        """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: captured, an event record node that
+        records ``e`` at every replay (rule event_record_external); eagerly, a plain record."""
+        call = "cudaEventRecordWithFlags"
+        with self.lock:
+            s = self._stream(stream, call)
+            seq = s.capture
+            if seq is None:
+                self.event_record(stream, e)
+                return
+            self.dev.host(self.cal.host_api_us)
+            if seq.status != "active":
+                self._on_invalidated(seq, call, e.name)
+                return
+            node = Node(len(seq.nodes), "event_record", e.name, None, s.tail, 0.0, s.name, e)
+            seq.nodes.append(node)
+            s.tail = (node.idx,)
+
+    def stream_wait_event_external(self, stream: Any, e: SimEvent) -> None:
+        """``cudaStreamWaitEvent(..., cudaEventWaitExternal)``: captured, an event wait node (rule
+        wait_external); eagerly, a plain wait."""
+        call = "cudaStreamWaitEvent"
+        with self.lock:
+            s = self._stream(stream, call)
+            seq = s.capture
+            if seq is None or self._captured(e) is not None:
+                self.stream_wait_event(stream, e)
+                return
+            self.dev.host(self.cal.host_api_us)
+            if seq.status != "active":
+                self._on_invalidated(seq, call, e.name)
+                return
+            node = Node(len(seq.nodes), "wait_event", e.name, None, s.tail, 0.0, s.name, e)
+            seq.nodes.append(node)
+            s.tail = (node.idx,)
+
+    @staticmethod
+    def graph_nodes(g: Graph) -> list[dict]:
+        return [{"kind": n.kind, "name": n.name} for n in g.nodes]

@@ -1,0 +1,272 @@
+"""The simulator's stream-capture rules: the capture modes, :class:`Rule` and the :data:`RULES`
+table (trigger, outcome, CUDA error name, what gets invalidated, source), and the error a rule
+raises. :meth:`ds4lab.sim.runtime.Runtime._fail` applies them; this table is the single place to
+read or change what the simulator claims.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import CudaError, CupyRefusal
+
+#: Capture modes, as ``Backend.begin_capture`` names them (cudaStreamCaptureMode*).
+MODES = ("global", "thread_local", "relaxed")
+
+
+class Rule(NamedTuple):
+    """One rule of stream capture: when it applies and what the simulator does."""
+
+    when: str
+    outcome: str  # "node", "marks", "joins", "escapes", "raises", "returns", "drops"
+    error: str | None  # CUDA error name or "cupy:" label raised (None: no error)
+    invalidates: str  # which capture sequences become invalidated
+    source: str
+
+
+#: Every stream-capture rule the simulator applies. ``PG`` = CUDA Programming Guide, "CUDA Graphs"
+#: → "Stream Capture" (subsections named); ``RT`` = CUDA Runtime API reference; ``facts`` =
+#: ``shared/context/gpu-facts.md`` ("Stream capture, as CuPy 14.2 + driver 580 behave"), which is
+#: authoritative where it speaks. ``GUESS`` marks behaviour no source states: to be checked on a GPU.
+RULES: dict[str, Rule] = {
+    # --- what becomes part of the graph
+    "capture_node": Rule(
+        "kernel, cudaMemsetAsync, cudaMemcpyAsync, cudaMallocAsync/cudaFreeAsync or cudaGraphLaunch on a "
+        "capturing stream", "node", None, "-",
+        "PG 'Stream Capture': work launched into a capturing stream is appended to the capture graph, not "
+        "executed; facts rows memsetAsync and mallocAsync/freeAsync ('yes (memory nodes)')"),
+    "capture_event_record": Rule(
+        "cudaEventRecord on a capturing stream", "marks", None, "-",
+        "PG 'Cross-stream Dependencies and Events': a captured event represents a set of nodes; facts row "
+        "'event record': marks a dependency, not a timing node (no graph node)"),
+    "fork": Rule(
+        "cudaStreamWaitEvent(s, e): e last recorded in live capture C, s not capturing", "joins", None, "-",
+        "PG 'Cross-stream Dependencies and Events': waiting on a captured event places the stream in capture "
+        "mode; its next item depends on the event's nodes"),
+    "join": Rule(
+        "cudaStreamWaitEvent(s, e): e and s in the same capture", "joins", None, "-",
+        "PG 'Cross-stream Dependencies and Events' (join back to the origin stream)"),
+    # --- work that escapes the graph
+    "legacy_escape": Rule(
+        "kernel or synchronous cudaMemset on the legacy stream while only non-blocking streams capture",
+        "escapes", None, "-",
+        "facts rows 'synchronous memset (legacy stream)' and 'kernel on the legacy (null) stream': ran once at "
+        "capture time, not in the graph"),
+    # --- refusals
+    "legacy_implicit": Rule(
+        "any use of the legacy stream (enqueue, record, wait, query, synchronize, synchronous memset/copy) "
+        "while a blocking (not cudaStreamNonBlocking) stream captures", "raises",
+        "cudaErrorStreamCaptureImplicit", "every live capture holding a blocking stream",
+        "PG 'Prohibited and Unhandled Operations': any attempted use of the legacy stream is invalid; RT "
+        "cudaError: cudaErrorStreamCaptureImplicit. GUESS: the legacy work is not executed"),
+    "unsafe_call": Rule(
+        "a potentially unsafe call (cudaMalloc, cudaFree, memory-pool growth, cudaEventQuery/"
+        "cudaEventSynchronize of an uncaptured event) by a thread that has a global/thread-local capture, "
+        "or, while its interaction mode is global (the default), while another thread has a global capture",
+        "raises", "cudaErrorStreamCaptureUnsupported", "the captures that prohibit the call",
+        "RT cudaThreadExchangeStreamCaptureMode (mode definitions); facts row cudaMalloc (global/thread-local: "
+        "refused, invalidated; relaxed: ok). GUESS: cudaFree, pool growth and event query/synchronize are "
+        "'unsafe' (PyTorch's NCCL watchdog hits this with cudaEventQuery); other threads' captures invalidated"),
+    "event_sync_captured": Rule(
+        "cudaEventSynchronize of an event last recorded in a live capture", "raises", "cudaErrorCapturedEvent",
+        "the event's capture", "facts row 'event synchronize / elapsed time' (end fails: invalidated)"),
+    "event_elapsed_captured": Rule(
+        "cudaEventElapsedTime with an event last recorded in a live capture", "raises", "cudaErrorCapturedEvent",
+        "none", "facts row 'event synchronize / elapsed time' (error); GUESS: does not invalidate"),
+    "stream_query_capturing": Rule(
+        "cudaStreamQuery of a stream in an active capture (the origin or a stream forked into it), any mode",
+        "raises", "cudaErrorStreamCaptureUnsupported", "the capture",
+        "facts row 'event or stream query': cudaStreamQuery on the capturing stream returns 900 "
+        "(cudaErrorStreamCaptureUnsupported) and invalidates the capture, in every mode (measured); PG "
+        "'Prohibited and Unhandled Operations': it is invalid to query the execution status of a stream being "
+        "captured. GUESS: a forked stream answers as the origin does (facts: its synchronize does)"),
+    "event_query_captured": Rule(
+        "cudaEventQuery of an event last recorded in an active capture", "raises", "cudaErrorCapturedEvent",
+        "the event's capture",
+        "RT cudaError: cudaErrorCapturedEvent ('operation not permitted on an event last recorded in a capturing "
+        "stream'); the 2026-11-29 H200 record: the capture is invalidated afterwards. GUESS: the error name "
+        "(that record took a swallowed status; device_trust.sh re-checks it)"),
+    "event_query_invalidated": Rule(
+        "cudaEventQuery of an event last recorded in a capture that was invalidated (not yet ended)", "raises",
+        "cudaErrorInvalidValue", "none",
+        "facts row 'event or stream query': cudaEventQuery of an event recorded in an invalidated capture "
+        "returns cudaErrorInvalidValue (measured)"),
+    "stream_query_invalidated": Rule(
+        "cudaStreamQuery of a stream whose capture is invalidated (not yet ended)", "raises",
+        "cudaErrorStreamCaptureUnsupported", "none",
+        "facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): cudaStreamQuery on an invalidated capture returns cudaErrorStreamCaptureUnsupported (900), as on an "
+        "active one (the Programming Guide's 'Invalidation' would suggest cudaErrorStreamCaptureInvalidated)"),
+    "graph_launch_invalidated": Rule(
+        "cudaGraphLaunch or cudaGraphUpload into a stream whose capture is invalidated (not yet ended)", "raises",
+        "cudaErrorStreamCaptureUnsupported", "none",
+        "facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): a graph launch into an invalidated capture returns cudaErrorStreamCaptureUnsupported (900), not "
+        "cudaErrorStreamCaptureInvalidated"),
+    "stream_sync_capturing": Rule(
+        "cudaStreamSynchronize of a capturing stream", "raises", "cudaErrorStreamCaptureUnsupported",
+        "the capture", "PG 'Prohibited and Unhandled Operations': invalid to synchronize a capturing stream"),
+    "device_sync": Rule(
+        "cudaDeviceSynchronize while any capture is live (any thread, any mode)", "raises",
+        "cudaErrorStreamCaptureUnsupported", "every live capture",
+        "facts row 'device synchronize'; PG: invalid to synchronize a device handle while any associated "
+        "stream captures"),
+    "d2h_in_capture": Rule(
+        "device-to-host read while the accessor's current stream captures (also invalidated)", "raises",
+        "cupy:D2HDisallowed", "none", "facts row 'device-to-host read' (CuPy refuses before calling CUDA)"),
+    "cublas_in_capture": Rule(
+        "cupy.matmul / @ while the stream (or the accessor's current stream) captures", "raises",
+        "cupy:CublasInCapture", "none", "facts row 'cuBLAS via cupy.matmul' (NotImplementedError in CuPy)"),
+    "merge": Rule(
+        "a capturing stream waits on an event captured in a different capture sequence", "raises",
+        "cudaErrorStreamCaptureMerge", "both captures",
+        "PG 'Prohibited and Unhandled Operations': invalid to merge two separate capture graphs; RT cudaError: "
+        "cudaErrorStreamCaptureMerge ('would have resulted in a merge of two independent capture sequences'). "
+        "NOTE: the brief asked for cudaErrorStreamCaptureIsolation here"),
+    "isolation": Rule(
+        "a capturing stream waits on an uncaptured (eagerly recorded) event", "raises",
+        "cudaErrorStreamCaptureIsolation", "the waiting stream's capture",
+        "PG 'Prohibited and Unhandled Operations': invalid to wait on a non-captured event without "
+        "cudaEventWaitExternal; RT cudaError: cudaErrorStreamCaptureIsolation ('dependency ... crosses the "
+        "capture sequence boundary')"),
+    "after_invalidation": Rule(
+        "work, event record or wait on a stream of an invalidated capture", "drops", None, "-",
+        "the brief: silently dropped (not executed, not recorded) until end_capture. PG 'Invalidation' says "
+        "each such call returns an error; SimBackend(invalidated_ops='raise') raises "
+        "cudaErrorStreamCaptureInvalidated instead. GUESS which one CuPy launches see"),
+    # --- begin / end
+    "begin_bad_mode": Rule("cudaStreamBeginCapture with an unknown mode", "raises", "cudaErrorInvalidValue",
+                           "none", "RT cudaStreamBeginCapture (returns cudaErrorInvalidValue)"),
+    "begin_legacy": Rule(
+        "cudaStreamBeginCapture on the legacy stream", "raises", "cudaErrorStreamCaptureUnsupported", "none",
+        "RT cudaStreamBeginCapture: capture may not be initiated on cudaStreamLegacy. GUESS: the error name"),
+    "begin_twice": Rule(
+        "cudaStreamBeginCapture on a stream already capturing", "raises", "cudaErrorIllegalState", "none",
+        "RT cudaStreamBeginCapture: only if the stream is not already in capture mode. GUESS: the error name"),
+    "event_after_capture": Rule(
+        "cudaEventSynchronize / cudaEventElapsedTime / cudaEventQuery on an event last recorded inside a "
+        "capture that has ended", "raises", "cudaErrorInvalidValue", "none",
+        "Measured on the H200 (docs/measurements/h200-2026-11-29/event-after-capture-probe.txt): before and "
+        "after replays, until the event is recorded again eagerly. cudaEventQuery: that probe saw 'not "
+        "complete' through CuPy's returned status; GUESS: the status was cudaErrorInvalidValue, as for "
+        "synchronize"),
+    "end_not_capturing": Rule("cudaStreamEndCapture on a stream that is not capturing", "raises",
+                              "cudaErrorIllegalState", "none", "RT cudaStreamEndCapture"),
+    "end_wrong_thread": Rule(
+        "cudaStreamEndCapture from another thread than cudaStreamBeginCapture, mode global or thread_local",
+        "raises", "cudaErrorStreamCaptureWrongThread", "none",
+        "RT cudaStreamBeginCapture: if mode is not relaxed, end capture on the same thread. Measured on the "
+        "H200 (conformance, 2026-11-29): the capture ends with the error; the stream is no longer capturing"),
+    "end_unmatched": Rule(
+        "cudaStreamEndCapture on a stream that joined a capture but did not begin it", "raises",
+        "cudaErrorStreamCaptureUnmatched", "the capture",
+        "PG 'Cross-stream Dependencies and Events': end capture in the origin stream; RT cudaError. GUESS: "
+        "invalidates"),
+    "end_invalidated": Rule(
+        "cudaStreamEndCapture of an invalidated capture", "raises", "cudaErrorStreamCaptureInvalidated",
+        "- (capture ends: every stream leaves capture mode)", "PG 'Invalidation'"),
+    "end_unjoined": Rule(
+        "cudaStreamEndCapture on the origin while a forked stream's last work does not precede the origin's "
+        "last node (not joined back)", "raises", "cudaErrorStreamCaptureUnjoined",
+        "- (capture ends: every stream leaves capture mode)",
+        "PG 'Cross-stream Dependencies and Events': failure to rejoin fails the capture. GUESS: a forked "
+        "stream with no work of its own counts as joined"),
+    # --- graphs: instantiate, launch, upload, update, destroy, composition (RT = CUDA Runtime API,
+    # "Graph Management"; PG = Programming Guide "CUDA Graphs"; facts = gpu-facts.md, 2026-11-30 table)
+    "graph_launch_in_capture": Rule(
+        "cudaGraphLaunch of an executable graph into a stream in an active capture (any mode)", "raises",
+        "cudaErrorStreamCaptureUnsupported", "the capture",
+        "facts (2026-11-30): cudaGraphLaunch into a capturing stream (global, relaxed) returns "
+        "cudaErrorStreamCaptureUnsupported, capture invalidated, end → cudaErrorStreamCaptureInvalidated. "
+        "GUESS: thread-local mode alike"),
+    "graph_upload_in_capture": Rule(
+        "cudaGraphUpload into a stream in an active capture", "raises", "cudaErrorStreamCaptureUnsupported",
+        "the capture", "RT cudaGraphUpload (stream-ordered, like a launch). GUESS: refused as cudaGraphLaunch is "
+        "(facts)"),
+    "graph_launch_unfreed": Rule(
+        "cudaGraphLaunch of an executable graph whose memory-allocation nodes' allocations from the previous "
+        "launch are not freed, without cudaGraphInstantiateFlagAutoFreeOnLaunch", "raises", "cudaErrorInvalidValue",
+        "none", "RT cudaGraphLaunch: 'If any allocations created by graphExec remain unfreed (from a previous "
+        "launch) and graphExec was not instantiated with cudaGraphInstantiateFlagAutoFreeOnLaunch, the launch "
+        "will fail with cudaErrorInvalidValue'; facts (2026-11-30): launch 1 ok, launch 2 cudaErrorInvalidValue"),
+    "graph_auto_free": Rule(
+        "cudaGraphLaunch of an executable graph instantiated with cudaGraphInstantiateFlagAutoFreeOnLaunch",
+        "frees", None, "-", "RT cudaGraphInstantiateWithFlags: frees any unfreed allocations before relaunch"),
+    "graph_free_outside": Rule(
+        "cudaFreeAsync / cudaFree, outside the graph, of an allocation a launched graph made", "frees", None,
+        "-", "PG 'Graph Memory Nodes' → 'Accessing and freeing graph memory outside of the allocating graph'"),
+    "instantiate_mem_nodes_twice": Rule(
+        "cudaGraphInstantiate of a graph with memory allocation/free nodes while an executable of that graph "
+        "exists", "raises", "cudaErrorNotSupported", "none",
+        "RT cudaGraphInstantiateWithFlags: 'at most one executable graph in existence for that graph at a "
+        "time'; facts (2026-11-30) and the H200 conformance run of 2026-11-30 (first executable kept "
+        "alive): cudaErrorNotSupported. An executable that is destroyed (in CuPy: garbage-collected) frees "
+        "the slot (rule exec_destroy)"),
+    "instantiate_bad_flags": Rule(
+        "cudaGraphInstantiateWithFlags with unknown flag bits, with cudaGraphInstantiateFlagUpload (only "
+        "cudaGraphInstantiateWithParams takes it), or with DeviceLaunch together with AutoFreeOnLaunch",
+        "raises", "cudaErrorInvalidValue", "none",
+        "RT cudaGraphInstantiateWithFlags (valid flags; 'cannot be used in conjunction'); RT enum "
+        "cudaGraphInstantiateFlags (Upload: 'only supported by cudaGraphInstantiateWithParams')"),
+    "instantiate_device_launch": Rule(
+        "cudaGraphInstantiateWithFlags(cudaGraphInstantiateFlagDeviceLaunch) of an empty graph or one with "
+        "nodes other than kernel, memcpy, memset and child-graph nodes", "raises", "cudaErrorInvalidValue", "none",
+        "RT cudaGraphInstantiateWithFlags: graphs instantiated for device launch can only contain kernel, "
+        "memcpy, memset and child graph nodes and cannot be empty (returns: cudaSuccess, cudaErrorInvalidValue)"),
+    "instantiate_many": Rule(
+        "cudaGraphInstantiate of a graph without memory nodes, several times", "returns", None, "-",
+        "PG 'CUDA Graphs' → 'Graph instantiation': to run a graph concurrently it must be instantiated several "
+        "times (RT cudaGraphLaunch); each executable replays independently"),
+    "graph_destroy_exec_lives": Rule(
+        "cudaGraphDestroy of a graph whose executables still live", "returns", None, "-",
+        "RT cudaGraphInstantiate: the executable is a snapshot; PG 'Graph instantiation': an executable graph "
+        "is not changed by later changes to (or destruction of) its graph"),
+    "exec_destroy": Rule(
+        "cudaGraphExecDestroy", "returns", None, "-",
+        "RT cudaGraphExecDestroy (later use of the handle is undefined: never modelled); frees the graph's "
+        "single-executable slot for graphs with memory nodes"),
+    "update_topology": Rule(
+        "cudaGraphExecUpdate with a graph of another node count, other dependencies or more exit nodes",
+        "raises", "cudaErrorGraphExecUpdateFailure", "none",
+        "RT cudaGraphExecUpdate: result cudaGraphExecUpdateErrorTopologyChanged (errorNode NULL when the counts "
+        "differ, else the node from hGraph); facts (2026-11-30): one node more → cudaErrorGraphExecUpdateFailure"),
+    "update_node_type": Rule(
+        "cudaGraphExecUpdate where a paired node's type differs", "raises", "cudaErrorGraphExecUpdateFailure",
+        "none", "RT cudaGraphExecUpdate: result cudaGraphExecUpdateErrorNodeTypeChanged, errorNode the node from "
+        "hGraph"),
+    "update_function": Rule(
+        "cudaGraphExecUpdate where a kernel node's function changes (same context, no CDP, not cooperative)",
+        "updates", None, "-",
+        "RT cudaGraphExecUpdate: FunctionChanged only for drivers < 11.2; kernel-node limitations list the "
+        "changes refused (UnsupportedFunctionChange): owning context, CDP, device-side update/launch, "
+        "cooperative; none applies to ds4lab's kernels"),
+    "update_mem_nodes": Rule(
+        "cudaGraphExecUpdate of an executable with memory allocation/free nodes, from a graph of the same "
+        "topology", "updates", None, "-",
+        "facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): the whole-graph update succeeds (RT cudaGraphExecNodeSetParams calls single-node updates of "
+        "memory nodes unsupported; the whole-graph update pairs them unchanged)"),
+    "update_ok": Rule(
+        "cudaGraphExecUpdate with a topologically identical graph", "updates", None, "-",
+        "RT cudaGraphExecUpdate; PG 'Updating instantiated graphs' → 'Whole graph update': the executable takes "
+        "the new nodes' parameters (kernel arguments, memset values) for later launches"),
+    "child_graph": Rule(
+        "cudaGraphAddChildGraphNode", "node", None, "-",
+        "RT cudaGraphAddChildGraphNode: the child graph is cloned into the node; it runs as part of the parent. "
+        "Refused (cudaErrorNotSupported) when the child contains memory allocation or free nodes"),
+    "child_graph_mem_nodes": Rule(
+        "cudaGraphAddChildGraphNode with a child graph containing memory allocation or free nodes", "raises",
+        "cudaErrorNotSupported", "none",
+        "RT cudaGraphAddChildGraphNode: 'If childGraph contains allocation nodes, free nodes, or conditional "
+        "nodes, this call will return an error'; facts (H200, 2026-11-30 conformance run, docs/measurements/h200-2026-11-30b/conformance): cudaErrorNotSupported"),
+    "event_record_external": Rule(
+        "cudaEventRecordWithFlags(cudaEventRecordExternal) on a capturing stream", "node", None, "-",
+        "RT cudaEventRecordWithFlags: the event is captured as an event record node (PG 'Cross-stream "
+        "Dependencies and Events'); each replay records the event, which the host may then wait for"),
+    "wait_external": Rule(
+        "cudaStreamWaitEvent(cudaEventWaitExternal) on a capturing stream, event recorded outside the capture",
+        "node", None, "-",
+        "RT cudaStreamWaitEvent: with cudaEventWaitExternal the wait is captured as an event wait node instead "
+        "of refused (rule isolation)"),
+}
+
+
+def _error(name: str, call: str, detail: str):
+    return (CupyRefusal if name.startswith("cupy:") else CudaError)(name, call, detail)
