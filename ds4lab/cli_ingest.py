@@ -7,16 +7,13 @@ from pathlib import Path
 
 import click
 
+from .cli_support import fail
+
 
 def register(main: click.Group) -> None:
     """Add the commands to the ``ds4lab`` group."""
     main.add_command(ingest_cmd)
     main.add_command(compare_cmd)
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    click.echo(f"ds4lab: error: {msg}", err=True)
-    sys.exit(code)
 
 
 @click.command("ingest")
@@ -61,7 +58,7 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     try:
         results = ingest_all(files, out, lenient, sites)
     except IngestError as e:
-        _fail(str(e))
+        fail(str(e))
     for r in results:
         tabs = ", ".join(f"{n} ({len(df)} rows)" for n, df in r.tables.items() if not df.empty)
         click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
@@ -101,6 +98,6 @@ def compare_cmd(dirs, out) -> None:
     try:
         paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True))
     except CompareError as e:
-        _fail(str(e))
+        fail(str(e))
     for p in paths:
         click.echo(f"wrote {p}")

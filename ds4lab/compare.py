@@ -47,7 +47,7 @@ from pathlib import Path
 import pandas as pd
 
 COMPLETE = ("complete", "done")
-MOE_STAGES = ["xq", "sort", "gateup", "midq", "down", "sum"]
+from .model import MOE_STAGES  # ds4's six routed-MoE stages, defined once
 
 #: kind → (file name patterns, required columns, value column)
 TABLES = {

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import weights as W
-from ..stream import LEGACY_STREAM
+from ..stream import CAPTURE_MODES, LEGACY_STREAM
 from .base import BackendUnavailable, Executor, RuntimeApi
 from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked, _cuda_errors,
                            _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
@@ -310,7 +310,7 @@ class CupyBackend(Executor, RuntimeApi):
         except NotImplementedError as e:
             raise CupyRefusal("cupy:CublasInCapture", "cupy.matmul", str(e)) from None
 
-    _MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
+    _MODES = {m: i for i, m in enumerate(CAPTURE_MODES)}  # cudaStreamCaptureMode: 0, 1, 2 in that order
 
     def begin_capture(self, stream, mode: str = "thread_local") -> None:
         if mode not in self._MODES:

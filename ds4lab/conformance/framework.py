@@ -18,7 +18,7 @@ from ..errors import RuntimeApiError
 from ..launch import Launcher
 
 
-MODES = ("global", "thread_local", "relaxed")
+from ..stream import CAPTURE_MODES as MODES  # defined once
 N = 1024
 f32, i32 = np.float32, np.int32
 

@@ -14,7 +14,7 @@ from ..moeprof.ds4log import (DS4_PREFIX, TOTAL_NOT_SUM_MODES, TOTAL_SLACK_MS, d
                               ds4lab_header_fields, parse_ds4_line)
 from .common import Ingested, problem as _problem
 
-MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum", "total")
+from ..moeprof.rows import STAGES as MOE_STAGES  # ds4's six stages and their total, defined once
 #: modes whose ``total`` is not the sum of the stages (CUPTI: first kernel start to last kernel end),
 #: and ``unknown`` (an older ds4lab header: its lines may be CUPTI's)
 _TOTAL_NOT_SUM = (*TOTAL_NOT_SUM_MODES, "unknown")
