@@ -91,6 +91,31 @@ df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", 
 from IPython.display import Image
 Image(filename=str(Path(OUT) / "ladder.png"))
 """),
+    md("""
+## One token on a timeline: eager against replayed
+
+`ds4lab trace`: one token of stage 0 (eager) and one of stage 3 (the whole token replayed as one
+graph), each kernel named by its launch site, under ds4lab's NVTX ranges (CUPTI records on a GPU;
+the simulated runtime's modeled schedule, labelled MODELED, on the sim). In the figure, look at the
+GPU lanes: the eager token's kernels sit apart, each waiting for the host to launch the next
+(the launch gaps, host-bound: busy a fraction of its span), while the replayed token's kernels run
+back to back (busy close to 100 % of a much shorter span); its host lane holds the scalars' write
+and one graph launch instead of one range per op. Open `trace.json` in ui.perfetto.dev or chrome://tracing for the
+whole token.
+"""),
+    code("""
+from ds4lab import plots
+from ds4lab.trace import TraceConfig, TraceError
+
+try:
+    tr = execute("trace", TraceConfig(preset=PRESET or default_preset("trace", be), stages="0,3", tokens=2,
+                                      out=Path(OUT) / "trace"), backend=be.name)
+    print(f"open {tr.out / 'trace.json'} in ui.perfetto.dev or chrome://tracing")
+except TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no kernel timeline here
+    tr = None
+    print(f"no trace: {e}")
+plots.trace_figure(tr.kernels, tr.nvtx, tr.meta, first_layers=2) if tr is not None else None
+"""),
 ])
 
 write("03_stage_gains.ipynb", [
