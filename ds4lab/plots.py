@@ -366,7 +366,8 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
     ds4lab's NVTX ranges (cluster and op; a replayed stage shows its graph launch) and a GPU lane with
     the token's kernels, coloured by cluster, up to the end of layer ``first_layers - 1`` (the
     embedding included), so launch gaps are visible. Each stage's GPU lane is annotated with its
-    kernels, busy time and span in that window. ``kern`` and ``nvtx``: the tables of
+    kernels, busy time and span in that window, to the right of the lane's last bar (the x axis widened
+    to hold it). ``kern`` and ``nvtx``: the tables of
     :func:`ds4lab.trace.run_trace` (``stage``, ``start_us``, ``end_us``, ``cluster``, ``layer``,
     ``token``; ``nvtx``: ``name``, ``cluster``, ``depth``). Title: the trace's provenance (MODELED on
     the sim)."""
@@ -377,7 +378,7 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
     stages = list(meta.get("stages") or dict.fromkeys(kern["stage"]))
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(11, 1.0 + 1.15 * len(stages)))
-        yt, yl, seen, spans = [], [], {}, []
+        yt, yl, seen, ends, labels = [], [], {}, [], []
         for i, st in enumerate(stages):
             k = kern[(kern["stage"] == st) & (kern["kind"] == "kernel")].sort_values("start_us")
             if k.empty:
@@ -409,16 +410,20 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
                 seen.setdefault(cl, h)
             busy = float((k["end_us"] - k["start_us"]).sum())
             span = float(k["end_us"].max() - k["start_us"].min())
-            spans.append(span)
-            ax.text(span, yg, f" {len(k)} kernels · busy {busy:.0f} µs of {span:.0f} µs "
-                    f"({100 * busy / span if span else 0:.0f} %)", va="center", fontsize=8)
+            last = float(k["end_us"].max()) - t0  # the lane's last bar ends here (bars are drawn from t0)
+            ends.append(max([last] + ([float(n["end_us"].max()) - t0] if not n.empty else [])))
+            # to the right of the lane's last bar, never over its bars
+            labels.append((last, ax.annotate(
+                f"{len(k)} kernels · busy {busy:.0f} µs of {span:.0f} µs ({100 * busy / span if span else 0:.0f} %)",
+                (last, yg), xytext=(4, 0), textcoords="offset points", va="center", ha="left", fontsize=8,
+                gid=f"trace-label-{st}", in_layout=False)))
             yt += [yg, yh]
             yl += [f"stage {st} · GPU", f"stage {st} · host NVTX"]
         ax.set_yticks(yt)
         ax.set_yticklabels(yl)
         ax.invert_yaxis()
-        if spans:
-            ax.set_xlim(0, max(spans) * 1.45)
+        if ends:
+            ax.set_xlim(0, max(ends) * 1.05)
         ax.set_xlabel("µs from the token's first launch (each stage from its own)")
         ax.grid(axis="y", visible=False)
         if seen:
@@ -427,6 +432,15 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
         ax.set_title(provenance_title(meta, f"one decode token, embedding + first {first_layers} layer(s): "
                                             "kernels and launch gaps by stage"))
         fig.tight_layout()
+        if labels:  # widen the x axis until every label, right of its lane's last bar, ends inside the axes
+            r = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else fig._get_renderer()
+            width = ax.get_window_extent(r).width
+            lo, hi = ax.get_xlim()
+            for x, t in labels:  # a label's width in pixels does not change with the limits; x's position does
+                w = t.get_window_extent(r).width + 4 * fig.dpi / 72 + 6  # the text, its 4-point offset, a margin
+                if width > w:
+                    hi = max(hi, lo + (x - lo) * width / (width - w))
+            ax.set_xlim(lo, hi * 1.01)
     return fig
 
 

@@ -91,6 +91,31 @@ df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", 
 from IPython.display import Image
 Image(filename=str(Path(OUT) / "ladder.png"))
 """),
+    md("""
+## One token on a timeline: eager against replayed
+
+`ds4lab trace`: one token of stage 0 (eager) and one of stage 3 (the whole token replayed as one
+graph), each kernel named by its launch site, under ds4lab's NVTX ranges (CUPTI records on a GPU;
+the simulated runtime's modeled schedule, labelled MODELED, on the sim). In the figure, look at the
+GPU lanes: the eager token's kernels sit apart, each waiting for the host to launch the next
+(the launch gaps, host-bound: busy a fraction of its span), while the replayed token's kernels run
+back to back (busy close to 100 % of a much shorter span); its host lane holds the scalars' write
+and one graph launch instead of one range per op. Open `trace.json` in ui.perfetto.dev or chrome://tracing for the
+whole token.
+"""),
+    code("""
+from ds4lab import plots
+from ds4lab.trace import TraceConfig, TraceError
+
+try:
+    tr = execute("trace", TraceConfig(preset=PRESET or default_preset("trace", be), stages="0,3", tokens=2,
+                                      out=Path(OUT) / "trace"), backend=be.name)
+    print(f"open {tr.out / 'trace.json'} in ui.perfetto.dev or chrome://tracing")
+except TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no kernel timeline here
+    tr = None
+    print(f"no trace: {e}")
+plots.trace_figure(tr.kernels, tr.nvtx, tr.meta, first_layers=2) if tr is not None else None
+"""),
 ])
 
 write("03_stage_gains.ipynb", [
@@ -283,6 +308,212 @@ moe = pd.read_csv(Path(OUT) / "modes" / "moe.csv")
 moe["µs"] = moe["ms"] * 1e3
 print("MODELED (simulated runtime)" if moe["modeled"].any() else "measured", "· median µs per call and stage, by mode")
 moe[moe.stage != "total"].pivot_table(index="stage", columns="mode", values="µs", aggfunc="median").round(2)
+"""),
+])
+
+write("04_long_context.ipynb", [
+    md("""
+# Long context: where the launch list changes with the position, and what capture does about it
+
+At long context the ds4 decode token is no longer one fixed launch list: the compressors emit a
+compressed row on every 4th and every 128th token, and the indexer's top-k kernels change with the
+number of compressed rows (docs/model.md, "Long context"). This notebook shows where the launch
+list changes with the position (the launch census, counted), µs per token against context for
+stages 0, 2, 3 and 3c (measured on a GPU, **modeled** on the simulated runtime), how many graphs
+stage 3 (one graph per token shape) needs against stage 3c (one graph for every position), and
+each long-context capture hazard demonstrated. Parameters in the next cell.
+"""),
+    code("""
+BACKEND = "auto"        # "cupy" (GPU), "sim" (simulated runtime), or "auto"
+PRESET = None           # "ds4-flash", "small", "tiny"; None: ds4-flash on a GPU, small on the sim
+CONTEXTS = "1024,4096,16384,65536"   # start positions of the context ladder
+STAGES = "0,2,3,3c"     # of the context ladder's stages 0, 2, 3, 3c
+TOKENS = 64             # timed tokens per stage and context
+HAZARD_PRESET = None    # None: the hazards job's default (ds4-flash on a GPU, small on the sim)
+OUT = "results/nb-long-context"
+""", params=True),
+    code("""
+from pathlib import Path
+import json
+import pandas as pd
+from IPython.display import Image, display
+from ds4lab import plots
+from ds4lab import longctx_reference as LR
+from ds4lab.backends import make_backend, resolve
+from ds4lab.config import get_preset
+from ds4lab.context import CONTEXT_STAGES
+from ds4lab.jobs import execute
+from ds4lab.jobs.common import DEFAULT_PRESETS
+from ds4lab.jobs.context import ContextConfig
+from ds4lab.jobs.hazards import HazardsConfig
+from ds4lab.model import DecodeModel, TokenOptions
+
+# default_preset("context", be) without opening a backend: ds4-flash on a GPU, small on the sim
+preset = PRESET or DEFAULT_PRESETS["context"][0 if resolve(BACKEND) == "cupy" else 1]
+# `ds4lab notebooks --set STAGES=...` sets every notebook's stages: keep the ones the context ladder has
+stages = [s.strip() for s in STAGES.split(",") if s.strip() in CONTEXT_STAGES]
+skipped = [s.strip() for s in STAGES.split(",") if s.strip() and s.strip() not in CONTEXT_STAGES]
+if skipped:
+    print(f"note: the context ladder has stages {', '.join(CONTEXT_STAGES)}: skipping {', '.join(skipped)}")
+print(f"backend {resolve(BACKEND)} · preset {preset} · stages {', '.join(stages)} · contexts {CONTEXTS}")
+"""),
+    md("""
+## Where the launch list changes with the position
+
+Every launch of one token, counted by the launcher's census on a timing-only model of the
+simulated runtime with `long_context` on: these are counts of the launch list, the same on every
+backend (nothing here is timed). A ratio-4 compressor emits when `(pos + 1) % 4 == 0`, a
+ratio-128 one when `(pos + 1) % 128 == 0` (3–4 launches more each, per compressed layer); the
+indexer starts once a ratio-4 layer has more than top-k compressed rows, and its top-k kernels
+change at 2, 4, 8 and 16 × top-k rows (the chunked tree merge above). Each is a host decision
+(`DecodeModel.longctx_decisions`) that a captured graph freezes.
+"""),
+    code("""
+sim = make_backend("sim", timing_only=True)  # counts only: the launch list does not depend on the backend
+cfg = get_preset(preset, long_context=True)  # max_context: the preset's (tiny 4 096; small, ds4-flash 262 144)
+model = DecodeModel(cfg, sim, TokenOptions(vocab=True))
+k, ratios = cfg.index_top_k, model.compressed_ratios()
+
+
+def census(pos):
+    \"\"\"Kernel launches of the token at ``pos``, its emits and its ratio-4 layers' top-k regime.\"\"\"
+    model.L.census.reset()
+    model.token(pos, 7)
+    d = dict(model.longctx_decisions(pos, by_value=False))
+    emits = [r for r in ratios if d[f"compressor.emit.r{r}"]]
+    n = LR.comp_count(pos, 4)
+    return {"position": pos, "n_comp (ratio 4)": n, "regime": d.get("indexer.regime", "-"),
+            "top-k launches": len(d.get("indexer.topk_plan", ())),
+            "token": " + ".join(f"emit r{r}" for r in emits) or "no emit",
+            "kernels": model.L.census.total("kernel"), "launches": model.L.census.total()}
+
+
+# The positions where the ratio-4 layers' launch shape (regime, top-k launches) changes: scan n_comp.
+shape = lambda n: (LR.topk_regime(n, k), len(LR.topk_plan(n, k)[0]))
+last_n = LR.comp_count(cfg.max_context - 1, 4)
+bounds = [n for n in range(1, last_n) if shape(n) != shape(n + 1)]  # the last n_comp of each regime
+P = max(ratios)  # positions a ≡ P - 1 (mod P) emit at every ratio; a - 1 emits none, a - 4 only ratio 4
+kinds = lambda a: [a - 1, a] + ([a - 4] if P > 4 else [])
+nc = lambda a: [LR.comp_count(q, 4) for q in kinds(a)]
+anchors = {P * (2 ** i // P) - 1 for i in range(2, 40) if P <= 2 ** i < cfg.max_context}
+for nb in bounds:  # the last anchor before each change and the first after it
+    a = P * (4 * nb // P) - 1
+    if a >= P - 1:
+        anchors.add(a)
+    while min(nc(a)) <= nb:
+        a += P
+    if a < cfg.max_context:
+        anchors.add(a)
+rows = [census(q) for a in sorted(anchors) for q in kinds(a) if 4 <= q < cfg.max_context]
+launches = pd.DataFrame(rows).drop_duplicates("position").sort_values("position")
+start = P * -(-4 * 5 * k // (2 * P))  # a window of consecutive tokens inside one regime (n_comp ≈ 2.5 top-k)
+window = pd.DataFrame([census(q) for q in range(start, start + 2 * max(P, 16) + 8)])
+print(f"{preset}, long context: top-k {k}, compressed layers of ratio {', '.join(map(str, ratios))}; "
+      f"max_context {cfg.max_context}; counted by the launch census (no timing)")
+launches.pivot_table(index=["regime", "top-k launches"], columns="token", values="kernels",
+                     aggfunc=lambda v: "–".join(map(str, sorted({v.min(), v.max()})))).sort_index(
+    key=lambda i: i.map({r: j for j, r in enumerate(LR.TOPK_REGIMES)}) if i.name == "regime" else i)
+"""),
+    code("""
+import matplotlib.pyplot as plt
+
+colors = {t: plots.COLORS[i] for i, t in enumerate(sorted(set(launches.token) | set(window.token)))}
+with plt.rc_context(plots.STYLE):
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1.5]})
+    for t, g in window.groupby("token"):
+        a1.scatter(g.position, g.kernels, s=10, color=colors[t], label=t)
+    a1.set_xlabel("position (consecutive tokens)")
+    a1.set_ylabel("kernel launches per token")
+    a1.set_title(f"{len(window)} consecutive tokens (n_comp {window['n_comp (ratio 4)'].min()}–"
+                 f"{window['n_comp (ratio 4)'].max()})", fontsize=9)
+    for t, g in launches.groupby("token"):
+        a2.plot(g.position, g.kernels, marker="o", ms=3, drawstyle="steps-post", color=colors[t], label=t)
+    for nb in bounds:
+        x = 4 * nb + 3  # the first position with n_comp = nb + 1
+        if x < cfg.max_context:
+            a2.axvline(x, color="0.6", linestyle=":", linewidth=0.8)
+            (r0, _), (r1, n1) = shape(nb), shape(nb + 1)
+            a2.text(x, 1.0, " " + (r1 if r1 != r0 else f"{n1} top-k launches"), transform=a2.get_xaxis_transform(),
+                    rotation=90, va="top", ha="left", fontsize=7, color="0.35")
+    a2.set_xscale("log", base=2)
+    a2.set_xlabel("position (log; dotted: top-k regime changes of the ratio-4 layers)")
+    a2.set_title("across the top-k regimes", fontsize=9)
+    a2.legend(loc="lower right", fontsize=8, frameon=False)
+    fig.suptitle(f"launches per token by position — counted by the launch census (the launch list, the same on "
+                 f"every backend; not timed) · {preset}, long context", fontsize=10)
+    fig.tight_layout()
+plots.save(fig, Path(OUT) / "launches")
+fig
+"""),
+    md("""
+What stage 3 keys its graphs on at two positions on either side of a regime change (with device
+scalars the attended row counts are not host decisions: `by_value=False`):
+"""),
+    code("""
+nb = next((n for n in bounds if 4 * n + 4 < cfg.max_context), None)
+if nb is not None:
+    for q in (4 * nb - 1, 4 * nb + 3):
+        print(q, model.longctx_decisions(q, by_value=False))
+"""),
+    md("""
+## µs per token against context, per stage
+
+The context ladder (`ds4lab context`): at each context, every stage bit for bit against stage 0
+over a span that crosses an emit of both compressors (and a top-k regime change where one lies
+there), then µs per token (median, IQR) over `TOKENS` tokens. Measured on a GPU; on the simulated
+runtime every number is **modeled** (and stage 3c's worst-case grids are priced by the default
+cost model: no H200 fit for the long-context kernels yet).
+"""),
+    code("""
+ctx_out = Path(OUT) / "context"
+df = execute("context", ContextConfig(stages=",".join(stages), preset=preset, contexts=CONTEXTS, tokens=TOKENS,
+                                      out=str(ctx_out)), backend=BACKEND)
+meta = json.loads((ctx_out / "meta.json").read_text())
+cal = meta.get("calibration")
+print(f"MODELED (simulated runtime, calibration {cal.get('name') if isinstance(cal, dict) else cal})"
+      if meta.get("modeled") else f"measured on {meta.get('device')}")
+df[["stage", "context", "us_median", "us_p25", "us_p75", "kernel_launches", "graph_launches", "exact",
+    "first_mismatch"]].round(1)
+"""),
+    code("display(Image(filename=str(ctx_out / \"context.png\")))"),
+    md("""
+## How many graphs: stage 3 against stage 3c
+
+`graphs`: graphs captured so far by that stage's cache (counted, cumulative over the contexts in
+order). Stage 3 captures one graph per token shape it meets (emit or not per ratio, top-k regime
+and plan, score grid); stage 3c one graph, replayed at every position. `× stage 3`: stage 3c's µs
+per token over stage 3's (what deciding on the device costs; modeled on the sim).
+"""),
+    code("""
+g = df.pivot_table(index="context", columns="stage", values="graphs", aggfunc="first")
+g = g[[s for s in stages if s in g.columns]]
+g.columns = [f"graphs, stage {s}" for s in g.columns]
+if {"3", "3c"} <= set(df.stage):
+    us = df.pivot_table(index="context", columns="stage", values="us_median", aggfunc="first")
+    g["stage 3c µs × stage 3"] = (us["3c"] / us["3"]).round(3)
+print(("MODELED" if meta.get("modeled") else "measured") + " µs; graph counts are counted")
+g.join(df[df.stage == "3"].set_index("context")[["recaptures", "retirements"]].add_prefix("stage 3 "))
+"""),
+    md("""
+## Each long-context hazard, demonstrated
+
+Each re-introduces one position-dependent host decision into a captured token (stage 3) and
+decodes the same tokens eagerly, with the hazard, and with stage 3c, comparing every tensor bit
+for bit: `outcome` is what CUDA (or the simulated runtime's capture rules, checked against the
+H200 by `ds4lab conformance`) did with the hazard, `exact_3c` and `graphs_3c` what stage 3c did.
+"""),
+    code("""
+rows = execute("hazards", HazardsConfig(hazard="all-longctx", preset=HAZARD_PRESET, out=str(Path(OUT) / "hazards")),
+               backend=BACKEND)
+h = pd.DataFrame(rows)
+print(f"backend {h.backend.iloc[0]}: " + ("simulated runtime (capture rules modeled)" if h.backend.iloc[0] == "sim"
+                                          else "measured on the GPU"))
+h[["hazard", "positions", "outcome", "errors", "captures", "replays", "eager_runs", "exact", "first_mismatch",
+   "exact_3c", "graphs_3c"]]
+"""),
+    code("""
+for r in rows:
+    print(f"{r['hazard']}: {r['what']}\\n    expected: {r['expected']}\\n    got: {r['outcome']}\\n")
 """),
 ])
 
