@@ -83,8 +83,10 @@ class LongctxHazard:
             return 4 * k - 4, 10
         if self.name == "topk-alloc":  # the chunked path (n_comp > 16 k) from the first token
             return 4 * (16 * k + 8), 6
-        # n_comp in the middle of a regime, two ratio-4 emits
-        n = 3 * k
+        # n_comp in the middle of a regime, two ratio-4 emits, and off a multiple of the score
+        # kernel's rows per block (32): at 3k the emit would also grow the score grid, a decision
+        # the guard still asks, and the recapture would hide the forgotten emit
+        n = 3 * k + 4
         return 4 * n, 8
 
 

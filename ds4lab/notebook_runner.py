@@ -335,13 +335,15 @@ def check_value(name: str, value) -> None:
             ok, why = gpu_usable()
             if not ok:
                 bad(f"no GPU is usable here ({why})")
-    elif name == "STAGES":
-        from .ladder import LadderInputError, parse_stages
+    elif name == "STAGES":  # the ladder's stages, or the context ladder's (04 takes 3c)
+        from .context import CONTEXT_STAGES
+        from .ladder import STAGES
 
-        try:
-            parse_stages(value)
-        except LadderInputError as e:
-            bad(str(e))
+        names = [t.strip() for t in str(value).split(",") if t.strip()]
+        known = [*STAGES, *(n for n in CONTEXT_STAGES if n not in STAGES)]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            bad(f"unknown stage(s) {', '.join(unknown) or repr(value)}; choose from: {', '.join(known)}")
     elif name in ("TOKENS", "STEPS"):
         if not isinstance(value, int) or value < 1:
             bad("a whole number ≥ 1")

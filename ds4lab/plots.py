@@ -33,7 +33,9 @@ def provenance_title(meta: dict, what: str) -> str:
     preset = meta.get("preset", {})
     preset = preset.get("name", preset) if isinstance(preset, dict) else preset
     if meta.get("modeled"):
-        return f"{what} — MODELED (simulated runtime, calibration {meta.get('calibration', '?')}) · {preset}"
+        from .provenance import calibration_label
+
+        return f"{what} — MODELED (simulated runtime, calibration {calibration_label(meta)}) · {preset}"
     if meta.get("measured"):
         return (f"{what} — measured on {meta.get('device')} · driver {meta.get('driver')} · "
                 f"CuPy {meta.get('cupy')} · {preset}")

@@ -46,16 +46,24 @@ def base_meta(backend) -> dict:
     }
 
 
+def calibration_label(meta: dict) -> str:
+    """How a title names the calibration in ``meta["calibration"]`` (a dict or a name): its name
+    when it is ds4lab's shipped file, else name, path and short SHA-256 (an edited copy is never
+    taken for the shipped one)."""
+    cal = meta.get("calibration")
+    if not isinstance(cal, dict):
+        return str(cal if cal is not None else "?")
+    if cal.get("shipped") is False:  # not ds4lab's own file: say which
+        from .calibration import title_label
+
+        return title_label(cal)
+    return str(cal.get("name", "?"))
+
+
 def label(meta: dict) -> str:
     """One line naming the source of a figure, for titles and printed tables."""
     if meta.get("modeled"):
-        cal = meta.get("calibration")
-        name = cal.get("name", "?") if isinstance(cal, dict) else cal
-        if isinstance(cal, dict) and cal.get("shipped") is False:  # not ds4lab's own file: say which
-            from .calibration import title_label
-
-            name = title_label(cal)
-        return f"MODELED by the {meta.get('backend')} backend (calibration {name}), not measured"
+        return f"MODELED by the {meta.get('backend')} backend (calibration {calibration_label(meta)}), not measured"
     if not meta.get("measured"):
         return f"{meta.get('backend')} backend on {meta.get('device', 'CPU')} — no timing claims"
     return (f"measured on {meta.get('device')} · driver {meta.get('driver')} · "

@@ -97,3 +97,24 @@ def test_model_observe_restores_the_previous_observer_even_on_error():
                 raise RuntimeError("inside")
         assert m.moe_observer is a
     assert m.moe_observer is None
+
+
+def test_figure_titles_name_the_calibration_not_its_dict(tmp_path):
+    """A modeled figure's title names the calibration (shipped: its name; else name, path, hash)."""
+    import json
+
+    from ds4lab.calibration import backend_calibration
+    from ds4lab.plots import provenance_title
+
+    be = make_backend("sim", timing_only=True)
+    meta = {"modeled": True, "calibration": backend_calibration(be), "preset": {"name": "tiny"}}
+    title = provenance_title(meta, "x")
+    assert be.calibration_name in title and "sha256" not in title and "{" not in title
+    cal = json.loads(open(be.calibration["path"]).read())
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(cal))
+    from ds4lab.sim.backend import SimBackend
+
+    other = SimBackend(timing_only=True, calibration=edited)
+    title2 = provenance_title({**meta, "calibration": backend_calibration(other)}, "x")
+    assert str(edited) in title2 and "sha256" in title2
