@@ -38,3 +38,31 @@ def numpy_backend():
     from ds4lab.backends.numpy_backend import NumpyBackend
 
     return NumpyBackend(seed=1234)
+
+
+@pytest.fixture
+def sim():
+    """A fresh simulated runtime that computes (a new arena, clock and capture state per test)."""
+    from ds4lab.sim.backend import SimBackend
+
+    return SimBackend()
+
+
+@pytest.fixture
+def graphs_restored():
+    """The DS4_CUDA_GRAPHS flag and this thread's stream override put back after the test."""
+    from ds4lab import stream as S
+
+    was, prev = S.graphs_enabled(), S.capture_get_override()
+    yield
+    S.set_graphs_enabled(was)
+    S.capture_set_stream(prev)
+
+
+@pytest.fixture
+def graphs_on(graphs_restored):
+    """DS4_CUDA_GRAPHS on for the test (flag and override restored after)."""
+    from ds4lab import stream as S
+
+    S.set_graphs_enabled(True)
+

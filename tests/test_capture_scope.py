@@ -13,22 +13,9 @@ from ds4lab.errors import CudaError
 from ds4lab.model import DecodeModel, TokenOptions
 
 TINY = get_preset("tiny")
+pytestmark = pytest.mark.usefixtures("graphs_on")
 
 
-@pytest.fixture
-def sim():
-    from ds4lab.sim.backend import SimBackend
-
-    return SimBackend()
-
-
-@pytest.fixture(autouse=True)
-def graphs_flag():
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(None)
 
 
 def _interrupt_once_while_capturing(model, layer: int, exc: BaseException, eager_at: int | None = None):

@@ -18,23 +18,10 @@ from ds4lab.ladder import STAGES, fixes_table, parse_stages
 from ds4lab.model import DecodeModel, TokenOptions
 
 TINY = get_preset("tiny")
+pytestmark = pytest.mark.usefixtures("graphs_on")
 H200_HAZARDS = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-11-29/hazards-small.csv"
 
 
-@pytest.fixture
-def sim():
-    from ds4lab.sim.backend import SimBackend
-
-    return SimBackend()
-
-
-@pytest.fixture(autouse=True)
-def graphs_flag():
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(None)
 
 
 def tokens(model, stream, positions):

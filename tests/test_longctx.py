@@ -381,15 +381,6 @@ def test_ds4_flash_long_context_timing_only_token_at_131071():
     assert ("indexer", "kernel", "index_topk_chunk") in m.L.census.counts
 
 
-@pytest.fixture
-def graphs_on():
-    was, prev = S.graphs_enabled(), S.capture_get_override()
-    S.set_graphs_enabled(True)
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(prev)
-
-
 @pytest.mark.parametrize("guard", [True, False])
 def test_whole_token_graph_guard_across_emits_and_regimes(graphs_on, guard):
     """Stage 3 (one graph per token shape, device scalars) from 60 to 70: emits at 63 and 67, the

@@ -18,21 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab import moeprof as M
-from ds4lab import stream as S
 from ds4lab.moeprof import traces
 from ds4lab.config import get_preset
 from ds4lab.errors import RuntimeApiError
 from ds4lab.sim import SimBackend
 
 TINY = get_preset("tiny")
-
-
-@pytest.fixture
-def graphs_restored():
-    was, prev = S.graphs_enabled(), S.capture_get_override()
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(prev)
 
 
 @pytest.fixture(scope="module")

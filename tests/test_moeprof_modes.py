@@ -10,21 +10,12 @@ import numpy as np
 import pytest
 
 from ds4lab import moeprof as M
-from ds4lab import stream as S
 from ds4lab.config import get_preset
 from ds4lab.model import ProfileMarker
 from ds4lab.moeprof import modes as MD
 from ds4lab.sim import SimBackend
 
 TINY = get_preset("tiny")
-
-
-@pytest.fixture
-def graphs_restored():
-    was, prev = S.graphs_enabled(), S.capture_get_override()
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(prev)
 
 
 @pytest.fixture(scope="module")

@@ -25,16 +25,6 @@ TINY = get_preset("tiny")
 SEQ = [(0, 5), (1, 17), (2, 400), (9, 250), (10, 511)]  # wraps the 8-row window
 
 
-@pytest.fixture
-def graphs_on():
-    """DS4_CUDA_GRAPHS on for the test; the flag and this thread's override restored after."""
-    was, prev = S.graphs_enabled(), S.capture_get_override()
-    S.set_graphs_enabled(True)
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(prev)
-
-
 def same_state(a: DecodeModel, b: DecodeModel) -> bool:
     return (np.array_equal(a.hidden(), b.hidden())
             and (a.logits is None or np.array_equal(a.output_logits(), b.output_logits()))

@@ -105,22 +105,7 @@ def queries_after_capture_ended(r: Recorder) -> None:
                  "GUESS: cudaStreamQuery alike")
 def stream_query_forked(r: Recorder) -> None:
     """A stream that joined the capture by waiting on a captured event is capturing too."""
-    be = r.be
-    s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
-    e1, e2 = be.new_event(), be.new_event()
-    y = _buf(r)
-
-    def body():
-        r.call("record_fork", be.event_record, s1, e1)
-        r.call("s2_wait_fork", be.stream_wait_event, s2, e1)
-        r.add("add_y_s2", y, s2)
-        r.call("stream_query_forked", be.stream_query, s2)
-        r.note("status_in_capture", be.capture_status(s1))
-        r.call("record_join", be.event_record, s2, e2)
-        r.call("s1_wait_join", be.stream_wait_event, s1, e2)
-
-    g = _capture(r, s1, "thread_local", body)
-    r.nodes("nodes", g)
+    _on_forked_stream(r, "stream_query_forked", r.be.stream_query)
 
 
 @scenario("another thread's event query of a pre-capture event during a capture", MODES,
@@ -170,6 +155,12 @@ def cross_thread_event_sync(r: Recorder, mode: str) -> None:
                  "capture invalidated")
 def stream_sync_forked(r: Recorder) -> None:
     """A forked stream is part of the capture: synchronizing it is synchronizing a capturing stream."""
+    _on_forked_stream(r, "stream_sync_forked", r.be.stream_synchronize)
+
+
+def _on_forked_stream(r: Recorder, step: str, call) -> None:
+    """Fork a second stream into a thread-local capture, work on it, ``call(stream)`` it as step
+    ``step``, then join it back and end the capture."""
     be = r.be
     s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     e1, e2 = be.new_event(), be.new_event()
@@ -179,7 +170,7 @@ def stream_sync_forked(r: Recorder) -> None:
         r.call("record_fork", be.event_record, s1, e1)
         r.call("s2_wait_fork", be.stream_wait_event, s2, e1)
         r.add("add_y_s2", y, s2)
-        r.call("stream_sync_forked", be.stream_synchronize, s2)
+        r.call(step, call, s2)
         r.note("status_in_capture", be.capture_status(s1))
         r.call("record_join", be.event_record, s2, e2)
         r.call("s1_wait_join", be.stream_wait_event, s1, e2)
