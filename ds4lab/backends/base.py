@@ -152,6 +152,11 @@ class Executor(abc.ABC):
         time is not modeled."""
         return None
 
+    def globaltimer_steps(self, n: int) -> np.ndarray | None:
+        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64) from
+        ``kernels/timestamp.cu:globaltimer_probe``; None where there is no GPU clock (the sim's is exact)."""
+        return None
+
     def profiler_start(self) -> None:
         """``cudaProfilerStart`` (CUDA Runtime API, "Profiler Control") on a GPU; nothing elsewhere."""
 

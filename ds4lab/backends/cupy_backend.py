@@ -458,6 +458,12 @@ class CupyBackend(Executor, RuntimeApi):
     def release_cached_memory(self) -> None:
         self.cp.get_default_memory_pool().free_all_blocks()
 
+    def globaltimer_steps(self, n: int) -> np.ndarray:
+        buf = self.cp.zeros((n,), dtype=np.uint64)
+        self.function("globaltimer_probe")((1,), (32,), (buf, np.int32(n)), 0, self._null)
+        self.synchronize()
+        return self.to_host(buf)
+
     def profiler_start(self) -> None:
         with _cuda_errors("cudaProfilerStart"):
             self.cp.cuda.runtime.profilerStart()

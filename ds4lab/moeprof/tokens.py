@@ -148,13 +148,10 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int =
 def globaltimer_resolution(be, n: int = 64) -> dict | None:
     """The update step of ``%globaltimer`` on this GPU (ns), from ``kernels/timestamp.cu:globaltimer_probe``:
     ``{"min_ns", "median_ns", "n"}``. None off a GPU (the sim's modeled clock is exact)."""
-    if not be.is_gpu:
+    raw = be.globaltimer_steps(n)
+    if raw is None:
         return None
-    cp = be.cp
-    buf = cp.zeros((n,), dtype=np.uint64)
-    be.function("globaltimer_probe")((1,), (32,), (buf, np.int32(n)), 0, cp.cuda.Stream.null)
-    cp.cuda.runtime.deviceSynchronize()
-    steps = cp.asnumpy(buf).astype(np.float64)
+    steps = raw.astype(np.float64)
     steps = steps[steps > 0]
     if steps.size == 0:
         return {"min_ns": math.nan, "median_ns": math.nan, "n": 0}
