@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .cli_support import fail
+from .cli_support import fail, result_folder
 
 
 def register(main: click.Group) -> None:
@@ -19,7 +19,8 @@ def register(main: click.Group) -> None:
 @click.command("ingest")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--lenient", is_flag=True, help="Keep the good rows; report every bad line instead of failing.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True,
+              callback=result_folder)
 @click.option("--sites", default=None, metavar="PRESET",
               help="Join Nsight Compute kernels to ds4lab's launch sites of this preset (bytes moved, "
                    "achieved GB/s); the preset the profiled run used.")
@@ -73,7 +74,8 @@ def ingest_cmd(files, lenient, out, sites) -> None:
 
 @click.command("compare")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/compare"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/compare"), show_default=True,
+              callback=result_folder)
 def compare_cmd(dirs, out) -> None:
     """Draw ds4lab results and ingested profiles from several folders side by side.
 

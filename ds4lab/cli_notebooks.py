@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .cli_support import fail
+from .cli_support import fail, result_folder
 
 
 def register(main: click.Group) -> None:
@@ -21,6 +21,7 @@ def register(main: click.Group) -> None:
               help="Set a parameter in every notebook that has it (repeatable); VALUE is a Python "
                    "literal or plain text, e.g. --set PRESET=small --set TOKENS=50.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/notebooks"), show_default=True,
+              callback=result_folder,
               help="Executed notebooks go here as NAME.ipynb; each notebook's OUT becomes OUT/NAME.")
 @click.option("--dir", "folder", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Where the notebooks are (default: ./notebooks, else the one beside the source).")

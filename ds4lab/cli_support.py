@@ -38,3 +38,15 @@ def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
         if not isinstance(e, (BadInput, CheckFailed)) and code == 1:  # not one of ours: say what it was
             text = f"{type(e).__name__}: {text}"
         fail(text, code)
+
+
+def result_folder(ctx, param, value):
+    """click callback for an ``--out`` folder: refuses the current directory (click turns ``--out ""``
+    into ``.``), where a command would scatter its files and replace what it wrote before."""
+    from pathlib import Path
+
+    if value is not None and Path(value) == Path("."):
+        raise click.BadParameter(f"{str(value)!r} names the current directory, not a result folder: name a "
+                                 "folder, for example results/<command>")
+    return value
+

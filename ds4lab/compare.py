@@ -87,14 +87,9 @@ def _load_meta(f: Path) -> dict:
     from .ingest import IngestError, load_meta
 
     try:
-        meta = load_meta(f)
+        return load_meta(f)
     except IngestError as e:
         raise CompareError(str(e)) from None
-    if meta.get("status") == "running" and f.name == "meta.json":
-        from .results import read_meta
-
-        meta = read_meta(f.parent) or meta  # a run whose process is gone reads as "died"
-    return meta
 
 
 def _meta_for(d: Path, f: Path) -> Path | None:

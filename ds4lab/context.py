@@ -61,6 +61,8 @@ def parse_contexts(text: str) -> list[int]:
             raise ContextInputError(f"context {t!r} is not an integer") from None
         if v < 4:
             raise ContextInputError(f"context {v} must be at least 4 (the exactness span starts at context - 4)")
+        if v in out:
+            raise ContextInputError(f"context {v} given more than once in {text!r}")
         out.append(v)
     if not out:
         raise ContextInputError(f"no context in {text!r}")

@@ -341,6 +341,12 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None):
     except ImportError:  # no fcntl (not POSIX): run unlocked
         lock = None
     try:
+        _same_job(out, meta)  # after the lock: a folder in use is reported as in use
+    except OutputError:
+        if lock is not None:
+            lock.release()
+        raise
+    try:
         for pattern in outputs:
             for p in out.glob(pattern):
                 if p.is_file():
@@ -378,3 +384,25 @@ def _stopped(on_stop, meta: dict) -> None:
         on_stop(meta["status"])
     except Exception as e:  # noqa: BLE001 - keep the original error; say what else went wrong
         meta["on_stop_error"] = f"{type(e).__name__}: {e}"
+
+
+def _same_job(out: Path, meta: dict) -> None:
+    """Refuse a folder that holds another job's results (its ``meta.json`` names another ``job``):
+    its files would sit beside this run's under one ``meta.json`` that describes only one of them.
+
+    Raises:
+        OutputError: naming the folder, the job it holds and the fix.
+    """
+    job = meta.get("job")
+    path = out / "meta.json"
+    if not job or not path.is_file():
+        return
+    try:
+        prev = json.loads(path.read_text())
+    except ValueError:
+        return  # a broken meta.json is this run's to replace
+    other = prev.get("job") if isinstance(prev, dict) else None
+    if other and other != job:
+        raise OutputError(f"cannot write {job} results to {out}: it holds the results of ds4lab {other} "
+                          f"(meta.json job={other!r}); choose another --out, or empty the folder")
+

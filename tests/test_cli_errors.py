@@ -110,3 +110,33 @@ def test_hazard_expectation_follows_the_capture_mode():
     assert "global and thread-local" in hz.expected("global")
     assert "relaxed capture permits cudaMalloc" in hz.expected("relaxed")
     assert HAZARDS["device-sync"].expected("relaxed") == HAZARDS["device-sync"].expected("global")
+
+
+@pytest.mark.parametrize("args", [["compare", "results", "--out", ""], ["ingest", "README.md", "--out", ""],
+                                  ["notebooks", "00", "--out", ""]])
+def test_an_empty_out_is_refused_by_every_command_that_writes(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "current directory" in r.output
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_one_folder_holds_one_job(tmp_path):
+    out = tmp_path / "mix"
+    assert invoke("ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0", "--tokens", "2", "--repeats", "1",
+                  "--exact-tokens", "0", "--out", out).exit_code == 0
+    r = invoke("run", "--backend", "numpy", "--preset", "tiny", "--tokens", "1", "--warmup", "0", "--out", out)
+    assert r.exit_code == 2 and "holds the results of ds4lab ladder" in r.output
+    assert json.loads((out / "meta.json").read_text())["job"] == "ladder"  # the ladder's results untouched
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1", "--n-layers", "99"], "--n-layers 99"),
+    (["exclusion", "--backend", "sim", "--preset", "tiny", "--tokens", "100000"], "--tokens 100000"),
+    (["context", "--backend", "sim", "--preset", "tiny", "--contexts", "1024,1024"], "more than once"),
+    (["context", "--backend", "sim", "--preset", "tiny", "--contexts", "5000000"], "max_context"),
+    (["ladder", "--backend", "sim", "--start-pos", "2147483000"], "--start-pos 2147483000")])
+def test_bad_values_are_refused_before_any_work(args, needle, tmp_path):
+    r = invoke(*args, "--out", tmp_path / "o")
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert not (tmp_path / "o" / "meta.json").exists()

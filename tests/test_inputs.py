@@ -200,7 +200,7 @@ def test_a_killed_run_reads_as_died_and_its_folder_is_usable_again(tmp_path):
     assert json.loads((out / "meta.json").read_text())["status"] == "running"  # the file says running ...
     m = read_meta(out)
     assert m["status"] == "died" and m["status_recorded"] == "running"  # ... the reader knows better
-    with job_folder(out, {"job": "next"}, ()):  # the kernel dropped the dead run's lock
+    with job_folder(out, {"job": "holder"}, ()):  # the same job again: the kernel dropped the dead run's lock
         pass
     assert read_meta(out)["status"] == "complete"
 

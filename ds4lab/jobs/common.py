@@ -80,8 +80,11 @@ def modeled_banner(be) -> str | None:
     """The line every job prints first on a backend whose time is modeled (None on a GPU)."""
     if not be.models_time:
         return None
-    return (f"[bold yellow]sim backend: every figure below is MODELED (calibration {be.calibration_name}), "
-            "not measured.[/]")
+    from ..calibration import backend_calibration
+    from ..provenance import calibration_label
+
+    name = calibration_label({"calibration": backend_calibration(be)})  # path and hash when not shipped
+    return f"[bold yellow]sim backend: every figure below is MODELED (calibration {name}), not measured.[/]"
 
 
 def exit_code(exc: BaseException) -> int:

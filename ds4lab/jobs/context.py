@@ -73,6 +73,10 @@ def run(cfg: ContextConfig, be, console):
     ctx = _contexts(cfg)
     preset = cfg.preset or default_preset("context", be)
     last = max(max(c - 4 + cfg.span, c + cfg.warmup + cfg.tokens) for c in ctx)
+    limit = get_preset(preset, long_context=True).max_context
+    if last >= limit:
+        raise ContextInputError(f"--contexts {max(ctx)}: with --tokens {cfg.tokens} and --warmup {cfg.warmup} the "
+                                f"run decodes up to position {last}, past the {preset} preset's max_context {limit}")
     max_context = -(-(last + 1) // 128) * 128  # the caches' prefill does not depend on their size
     mcfg = get_preset(preset, long_context=True, max_context=max_context)
     out = Path(cfg.out or f"results/context-{preset}-{be.name}")

@@ -49,11 +49,15 @@ def run(cfg: ExclusionConfig, be, console):
         raise BadInput(f"--tokens {cfg.tokens}: need at least 1 token per MoE call")
     preset = cfg.preset or default_preset("exclusion", be)
     mcfg = get_preset(preset)
+    if cfg.tokens > mcfg.max_tokens:
+        raise BadInput(f"--tokens {cfg.tokens}: the {preset} preset takes at most {mcfg.max_tokens} tokens per "
+                       "MoE call (its max_tokens; `ds4lab presets`)")
     out = Path(cfg.out)
     # outcomes need no numbers on the sim; its stamps come from the modeled timeline
     backends = [be] + ([make_backend("sim", timing_only=True)] if be.is_gpu else [])
     found, metas = {}, {}
     meta = provenance.base_meta(be)
+    meta["job"] = "exclusion"
     with results.job_folder(out, meta, EXCLUSION_OUTPUTS):
         for b in backends:
             m = provenance.base_meta(b)

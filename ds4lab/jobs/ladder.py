@@ -82,8 +82,9 @@ def check(cfg: LadderConfig, con) -> tuple[list, int]:
     per_round = -(-cfg.tokens // rounds)
     last = cfg.start_pos + cfg.exact_tokens + 2 + rounds * len(st_list) * (per_round + cfg.warmup)
     if last > MAX_POS:
-        raise LadderInputError(f"--tokens {cfg.tokens} with --warmup {cfg.warmup} and --repeats {rounds} would "
-                               f"decode positions up to {last}, past {MAX_POS} (positions are int32 kernel arguments)")
+        raise LadderInputError(f"--start-pos {cfg.start_pos} with --tokens {cfg.tokens}, --warmup {cfg.warmup} and "
+                               f"--repeats {rounds} would decode positions up to {last}, past {MAX_POS} (positions "
+                               "are int32 kernel arguments)")
     if per_round * rounds != cfg.tokens:
         con.print(f"[yellow]note: {cfg.tokens} tokens in {rounds} rounds: {per_round} per round, "
                   f"{per_round * rounds} timed per stage[/]")
@@ -141,7 +142,7 @@ def run(cfg: LadderConfig, be, console=None):
     meta = provenance.base_meta(be)
     meta.update(job="ladder", preset=mcfg.summary(), stages=[s.name for s in st_list], tokens=cfg.tokens,
                 warmup=cfg.warmup, exact_tokens=cfg.exact_tokens, capture_mode=cfg.mode, modeled=be.models_time,
-                start_pos=cfg.start_pos, long_context=cfg.long_context)
+                start_pos=cfg.start_pos, long_context=cfg.long_context, rounds=rounds, nvtx=cfg.nvtx)
     banner = modeled_banner(be)
     if banner:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped

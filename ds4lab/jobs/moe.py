@@ -64,6 +64,10 @@ def run(cfg: MoeConfig, be, console=None):
     tokens, routings = list(cfg.tokens_per_step), list(cfg.routings)
     preset = cfg.preset or default_preset("moe", be)
     mcfg = get_preset(preset)
+    if cfg.seed < 0:
+        raise BadInput(f"--seed {cfg.seed}: a routing and input seed is a whole number >= 0")
+    if cfg.n_layers is not None and not 1 <= cfg.n_layers <= mcfg.n_layers:
+        raise BadInput(f"--n-layers {cfg.n_layers}: the {preset} preset has {mcfg.n_layers} layers (1..{mcfg.n_layers})")
     if max(tokens) > mcfg.max_tokens:
         raise BadInput(f"--tokens-per-step {max(tokens)}: the {preset} preset takes at most {mcfg.max_tokens} "
                        "tokens per step (its max_tokens; `ds4lab presets`)")

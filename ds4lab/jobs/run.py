@@ -299,6 +299,8 @@ def run(rc: RunConfig, be, console=None) -> dict:
         raise RunInterrupted(f"interrupted after {_how_far(rc, prog)}; results so far in {out}/ "
                              "(meta.json status \"interrupted\", census.csv)", out, meta) from e
     except Exception as e:
+        if "status" not in meta:  # refused before the folder was this run's (a lock held, another job's folder)
+            raise
         reason = meta["status"].removeprefix("failed: ")
         raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {out}/ "
                         "(meta.json status \"failed\", census.csv)", out, meta) from e
