@@ -35,8 +35,9 @@ def _csv_list(text: str, kind=str, allowed=None) -> list:
               help="Model dimensions. Default: ds4-flash on a GPU, small on the sim.")
 @click.option("--mode", "modes", default="all", show_default=True,
               help="Comma-separated profiling modes: host-timed, deferred, graph-boundary, in-graph, cupti, nvtx.")
-@click.option("--tokens-per-step", "tokens", default="1,2,3,16,64,256,512", show_default=True,
-              help="Comma-separated token counts per step: 1 decode, 2-3 MTP verification, 16..512 batches.")
+@click.option("--tokens-per-step", "tokens", default=None,
+              help="Comma-separated token counts per step: 1 decode, 2-3 MTP verification, 16..512 batches. "
+                   "Default: 1,2,3,16,64,256,512, less those above the preset's max_tokens.")
 @click.option("--routing", "routings", default="all", show_default=True,
               help="Comma-separated routing patterns: uniform, zipf, hash, worst.")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
@@ -65,7 +66,8 @@ def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, cap
     from .jobs.moe import MoeConfig
     from .moeprof import MODES, ROUTINGS
 
-    cfg = MoeConfig(modes=_csv_list(modes, allowed=MODES), tokens_per_step=_csv_list(tokens, kind=int),
+    cfg = MoeConfig(modes=_csv_list(modes, allowed=MODES),
+                    tokens_per_step=None if tokens is None else _csv_list(tokens, kind=int),
                     routings=_csv_list(routings, allowed=ROUTINGS), preset=preset, steps=steps, warmup=warmup,
                     regime=regime, capture_mode=capture_mode, n_layers=n_layers, fallback=fallback,
                     share_tokens=share_tokens, overhead=overhead, print_ds4=print_ds4, seed=seed,

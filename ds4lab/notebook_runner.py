@@ -75,7 +75,7 @@ def coerce(name: str, text: str, default):
     kinds = {int: (int,), float: (int, float), list: (list, tuple), tuple: (list, tuple), dict: (dict,)}
     want = kinds.get(type(default), (type(default),))
     if v is _NOT_A_LITERAL or isinstance(v, bool) or not isinstance(v, want):
-        raise NotebookError(f"parameter {name}={text!r}: a {type(default).__name__} expected "
+        raise NotebookError(f"parameter {name}={text!r}: {_article(type(default).__name__)} {type(default).__name__} expected "
                             f"(its default is {default!r})")
     return type(default)(v) if isinstance(default, (float, list)) else v
 
@@ -363,3 +363,9 @@ def check_value(name: str, value) -> None:
         if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                                 and (not whole or float(v).is_integer()) for v in value):
             bad("a non-empty list of " + ("whole numbers" if whole else "numbers") + " > 0")
+
+
+def _article(word: str) -> str:
+    """``a`` or ``an`` before ``word`` (by its first letter: "an int", "a str")."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
+

@@ -12,6 +12,9 @@ from pathlib import Path
 from ..calibration import backend_calibration
 from .common import BadInput, default_preset, modeled_banner
 
+#: Token counts per step profiled by default: decode, MTP verification (2-3) and batches.
+TOKENS_PER_STEP_DEFAULT = (1, 2, 3, 16, 64, 256, 512)
+
 #: What ``ds4lab moe`` writes in its folder (an earlier run's copies are removed first).
 MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4*.log", "expert-load.csv", "share.csv", "overhead.csv",
                "moe-stages.*", "moe-distribution.*", "moe-share.*")
@@ -25,7 +28,8 @@ class MoeConfig:
 
     modes: list[str] = field(default_factory=lambda: ["host-timed", "deferred", "graph-boundary", "in-graph",
                                                       "cupti", "nvtx"])
-    tokens_per_step: list[int] = field(default_factory=lambda: [1, 2, 3, 16, 64, 256, 512])
+    #: None: :data:`TOKENS_PER_STEP_DEFAULT`, less any count above the preset's ``max_tokens``.
+    tokens_per_step: list[int] | None = None
     routings: list[str] = field(default_factory=lambda: ["uniform", "zipf", "hash", "worst"])
     preset: str | None = None
     steps: int = 20
@@ -59,11 +63,17 @@ def run(cfg: MoeConfig, be, console=None):
     from ..config import get_preset
 
     con = console or make_console()
-    _check_lists(cfg, M)
-    modes = sorted(cfg.modes, key=lambda m: m == "cupti")  # CUPTI stays loaded once started: last
-    tokens, routings = list(cfg.tokens_per_step), list(cfg.routings)
     preset = cfg.preset or default_preset("moe", be)
     mcfg = get_preset(preset)
+    tokens = cfg.tokens_per_step
+    if tokens is None:  # the defaults this preset takes
+        tokens = [t for t in TOKENS_PER_STEP_DEFAULT if t <= mcfg.max_tokens]
+        if len(tokens) < len(TOKENS_PER_STEP_DEFAULT):
+            con.print(f"[yellow]note: {preset} takes at most {mcfg.max_tokens} tokens per step: profiling "
+                      f"{','.join(map(str, tokens))}[/]")
+    _check_lists(cfg, tokens, M)
+    modes = sorted(cfg.modes, key=lambda m: m == "cupti")  # CUPTI stays loaded once started: last
+    tokens, routings = list(tokens), list(cfg.routings)
     if cfg.seed < 0:
         raise BadInput(f"--seed {cfg.seed}: a routing and input seed is a whole number >= 0")
     if cfg.n_layers is not None and not 1 <= cfg.n_layers <= mcfg.n_layers:
@@ -88,9 +98,9 @@ def run(cfg: MoeConfig, be, console=None):
         return _profile(be, mcfg, preset, modes, tokens, routings, cfg, out, meta, modeled, con)
 
 
-def _check_lists(cfg: MoeConfig, M) -> None:
+def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
     for what, vals, allowed in (("mode", cfg.modes, M.MODES), ("routing", cfg.routings, M.ROUTINGS),
-                                ("token count", cfg.tokens_per_step, None)):
+                                ("token count", tokens, None)):
         if not vals:
             raise BadInput(f"no {what} given")
         bad = [v for v in vals if allowed is not None and v not in allowed]
@@ -99,8 +109,8 @@ def _check_lists(cfg: MoeConfig, M) -> None:
         twice = sorted({str(v) for v in vals if list(vals).count(v) > 1})
         if twice:
             raise BadInput(f"{what}(s) {', '.join(twice)} given more than once")
-    if any(t < 1 for t in cfg.tokens_per_step):
-        raise BadInput(f"token counts must be >= 1: {list(cfg.tokens_per_step)}")
+    if any(t < 1 for t in tokens):
+        raise BadInput(f"token counts must be >= 1: {list(tokens)}")
 
 
 def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta, modeled, con):

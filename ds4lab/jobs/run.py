@@ -529,5 +529,7 @@ def _print_summary(con, cfg, meta, kinds, census) -> None:
         t3.add_row("floor / measured" if not meta.get("modeled") else "floor / modeled",
                    f"{s['floor_over_token']:.2f}", "")
         if "gpu_memory_bytes" in meta:
-            t3.add_row("GPU memory held", f"{meta['gpu_memory_bytes'] / 2**30:.2f} GiB", src["mem"])
+            mem = meta["gpu_memory_bytes"]
+            t3.add_row("GPU memory held", f"{mem / 2**30:.2f} GiB" if mem >= 2**30 else f"{mem / 2**20:.1f} MiB",
+                       src["mem"])
         con.print(t3)
