@@ -174,7 +174,14 @@ def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = "")
 
 
 def _replay(r: Recorder, g, stream, times: int = 1, tag: str = "") -> None:
+    """Instantiate ``g`` (step ``instantiate``), launch it ``times`` times and synchronize."""
     ex = r.call(f"{tag}instantiate", r.be.graph_instantiate, g) if g is not None else None
+    _launch_once(r, ex, stream, times, tag)
+
+
+def _launch_once(r: Recorder, ex, stream, times: int = 1, tag: str = "") -> None:
+    """Launch the executable ``ex`` ``times`` times (steps ``replay0``…) and synchronize
+    (``replay_sync``); nothing when ``ex`` is None (its instantiation was refused)."""
     if ex is None:
         return
     for i in range(times):

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from .. import stream as S
-from .framework import MODES, N, _FACTS, _RT, Recorder, _buf, _capture, f32, scenario
+from .framework import MODES, N, _FACTS, _RT, Recorder, _buf, _capture, _launch_once, f32, scenario
 
 
 # ----------------------------------------------------------------------------- graphs: launch and upload
@@ -296,9 +296,7 @@ def instantiate_device_launch_kernels(r: Recorder) -> None:
     x = _buf(r)
     s = be.new_stream(non_blocking=True)
     ex = r.call("instantiate_device", be.graph_instantiate, _add_graph(r, x, tag="g_"), 4)
-    if ex is not None:
-        r.call("replay0", be.graph_launch, ex, s)
-        r.call("replay_sync", be.stream_synchronize, s)
+    _launch_once(r, ex, s)
     r.value("x", x)
 
 
@@ -330,9 +328,7 @@ def empty_graph_launch(r: Recorder) -> None:
     s = be.new_stream(non_blocking=True)
     g = r.call("graph_create", be.graph_create)
     ex = r.call("instantiate", be.graph_instantiate, g) if g is not None else None
-    if ex is not None:
-        r.call("replay0", be.graph_launch, ex, s)
-        r.call("replay_sync", be.stream_synchronize, s)
+    _launch_once(r, ex, s)
 
 
 @scenario("destroy the graph, launch its executable",

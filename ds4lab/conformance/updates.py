@@ -4,7 +4,7 @@ graphs and external event nodes.
 
 from __future__ import annotations
 
-from .framework import _FACTS, _RT, Recorder, _buf, _capture, scenario
+from .framework import _FACTS, _RT, Recorder, _buf, _capture, _launch_once, scenario
 from .graphs import _GM, _add_graph, _mem_graph
 
 
@@ -26,9 +26,7 @@ def exec_update_same_topology(r: Recorder) -> None:
     s = be.new_stream(non_blocking=True)
     ex = r.call("instantiate", be.graph_instantiate, _fill_graph(r, x, 1.0, "a_"))
     r.update("update", ex, _fill_graph(r, x, 2.0, "b_"))
-    if ex is not None:
-        r.call("replay0", be.graph_launch, ex, s)
-        r.call("replay_sync", be.stream_synchronize, s)
+    _launch_once(r, ex, s)
     r.value("x", x)
 
 
@@ -43,9 +41,7 @@ def exec_update_node_count(r: Recorder) -> None:
     s = be.new_stream(non_blocking=True)
     ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, 1, tag="a_"))
     r.update("update", ex, _add_graph(r, y, 2, tag="b_"))
-    if ex is not None:
-        r.call("replay0", be.graph_launch, ex, s)
-        r.call("replay_sync", be.stream_synchronize, s)
+    _launch_once(r, ex, s)
     r.value("x", x)
 
 
@@ -73,9 +69,7 @@ def exec_update_function(r: Recorder) -> None:
     s = be.new_stream(non_blocking=True)
     ex = r.call("instantiate", be.graph_instantiate, _add_graph(r, x, 1, tag="a_"))
     r.update("update", ex, _fill_graph(r, x, 3.0, "b_"))
-    if ex is not None:
-        r.call("replay0", be.graph_launch, ex, s)
-        r.call("replay_sync", be.stream_synchronize, s)
+    _launch_once(r, ex, s)
     r.value("x", x)
 
 
