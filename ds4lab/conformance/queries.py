@@ -116,16 +116,7 @@ def stream_query_forked(r: Recorder) -> None:
                  f"{_RT}, cudaThreadExchangeStreamCaptureMode")
 def cross_thread_event_query(r: Recorder, mode: str) -> None:
     """An event recorded and completed before the capture, queried from another thread."""
-    be = r.be
-    s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
-    e = be.new_event()
-    x = _buf(r)
-    r.call("record_before", be.event_record, s0, e)
-    r.call("sync_before", be.stream_synchronize, s0)
-    g = _capture(r, s, mode, lambda: (r.add("add", x, s),
-                                      _other_thread(lambda: r.call("event_query_other_thread", be.event_query, e)),
-                                      r.note("status_in_capture", be.capture_status(s))))
-    r.nodes("nodes", g)
+    _pre_capture_event_from_other_thread(r, mode, "event_query_other_thread", r.be.event_query)
 
 
 @scenario("another thread's event synchronize of a pre-capture event during a capture", MODES,
@@ -136,14 +127,19 @@ def cross_thread_event_query(r: Recorder, mode: str) -> None:
                  "invalidated; thread-local or relaxed: success")
 def cross_thread_event_sync(r: Recorder, mode: str) -> None:
     """As cross_thread_event_query, with cudaEventSynchronize."""
+    _pre_capture_event_from_other_thread(r, mode, "event_sync_other_thread", r.be.event_synchronize)
+
+
+def _pre_capture_event_from_other_thread(r: Recorder, mode: str, step: str, call) -> None:
+    """Record and complete an event before a ``mode`` capture; during it, ``call(event)`` from
+    another thread as step ``step``, then note the capture's status."""
     be = r.be
     s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     e = be.new_event()
     x = _buf(r)
     r.call("record_before", be.event_record, s0, e)
     r.call("sync_before", be.stream_synchronize, s0)
-    g = _capture(r, s, mode, lambda: (r.add("add", x, s),
-                                      _other_thread(lambda: r.call("event_sync_other_thread", be.event_synchronize, e)),
+    g = _capture(r, s, mode, lambda: (r.add("add", x, s), _other_thread(lambda: r.call(step, call, e)),
                                       r.note("status_in_capture", be.capture_status(s))))
     r.nodes("nodes", g)
 
