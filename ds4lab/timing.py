@@ -16,8 +16,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .config import ModelConfig
-from . import weights as W
+from .token.config import ModelConfig
+from .token import weights as W
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ds4lab.trace import load_trace
+from ds4lab.report.trace_export import load_trace
 
 n = Path(sys.argv[1])
 lines = []

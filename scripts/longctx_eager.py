@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from ds4lab.backends import make_backend
-    from ds4lab.config import get_preset
-    from ds4lab.model import DecodeModel, TokenOptions
+    from ds4lab.token.config import get_preset
+    from ds4lab.token.model import DecodeModel, TokenOptions
 
     positions = [int(p) for p in a.positions.split(",") if p]
     cfg = get_preset(a.preset, long_context=True)

@@ -46,10 +46,10 @@ OUT = "results/nb-quickstart"
     code("""
 from pathlib import Path
 from ds4lab.backends import make_backend
-from ds4lab.config import get_preset
+from ds4lab.token.config import get_preset
 from ds4lab.jobs import default_preset, execute
-from ds4lab.model import DecodeModel, TokenOptions
-from ds4lab import provenance
+from ds4lab.token.model import DecodeModel, TokenOptions
+from ds4lab.report import provenance
 
 be = make_backend(BACKEND, allowed=("auto", "cupy", "sim"), timing_only=True, compile_kernels=True)
 preset = PRESET or default_preset("ladder", be)
@@ -74,7 +74,7 @@ Systems (`nsys profile -t cuda,nvtx`) these group the timeline; here we list the
 launch layer produces for one layer.
 """),
     code("""
-from ds4lab.annotate import CLUSTERS
+from ds4lab.capture.annotate import CLUSTERS
 import pandas as pd
 with model.L.recording() as trace:
     model.token(1001, 8)
@@ -104,8 +104,8 @@ and one graph launch instead of one range per op. Open `trace.json` in ui.perfet
 whole token.
 """),
     code("""
-from ds4lab import plots
-from ds4lab.trace import TraceConfig, TraceError
+from ds4lab.report import plots
+from ds4lab.report.trace_export import TraceConfig, TraceError
 
 try:
     tr = execute("trace", TraceConfig(preset=PRESET or default_preset("trace", be), stages="0,3", tokens=2,
@@ -142,7 +142,7 @@ from pathlib import Path
 import pandas as pd
 from ds4lab.jobs import execute
 from ds4lab.jobs.ladder import LadderConfig
-from ds4lab.ladder import fixes_table
+from ds4lab.experiments.ladder import fixes_table
 df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND)
 df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
 """),
@@ -163,7 +163,7 @@ verification; more: batches on the sorted path). Every number here is modeled, w
 runs the notebook.
 """),
     code("""
-from ds4lab import whatif
+from ds4lab.experiments import whatif
 layers = whatif.sweep_layers(SWEEP_LAYERS); layers
 """),
     code("""
@@ -173,7 +173,7 @@ launch = whatif.sweep_launch_cost(SWEEP_LAUNCH_US); launch
 tokens = whatif.sweep_moe_tokens(SWEEP_TOKENS); tokens
 """),
     code("""
-from ds4lab import plots
+from ds4lab.report import plots
 fig = plots.whatif_figure(layers, launch, tokens)
 plots.save(fig, Path(OUT) / "whatif")
 fig
@@ -203,7 +203,7 @@ from pathlib import Path
 import json
 import pandas as pd
 from ds4lab.backends import resolve
-from ds4lab.config import get_preset
+from ds4lab.token.config import get_preset
 from ds4lab.jobs import execute
 from ds4lab.jobs.common import DEFAULT_PRESETS
 from ds4lab.jobs.moe import MoeConfig
@@ -337,16 +337,16 @@ from pathlib import Path
 import json
 import pandas as pd
 from IPython.display import Image, display
-from ds4lab import plots
-from ds4lab import longctx_reference as LR
+from ds4lab.report import plots
+from ds4lab.token import longctx_reference as LR
 from ds4lab.backends import make_backend, resolve
-from ds4lab.config import get_preset
-from ds4lab.context import CONTEXT_STAGES
+from ds4lab.token.config import get_preset
+from ds4lab.experiments.context import CONTEXT_STAGES
 from ds4lab.jobs import execute
 from ds4lab.jobs.common import DEFAULT_PRESETS
 from ds4lab.jobs.context import ContextConfig
 from ds4lab.jobs.hazards import HazardsConfig
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.token.model import DecodeModel, TokenOptions
 
 # default_preset("context", be) without opening a backend: ds4-flash on a GPU, small on the sim
 preset = PRESET or DEFAULT_PRESETS["context"][0 if resolve(BACKEND) == "cupy" else 1]

@@ -1,4 +1,4 @@
-"""Per-launch-site roofline of one decode token (``ds4lab.perop``; GPU only).
+"""Per-launch-site roofline of one decode token (``ds4lab.measure.perop``; GPU only).
 
 Usage: ``python scripts/profile_ops.py [preset] [out_dir] [--events]``
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ds4lab.backends import make_backend
-from ds4lab.config import get_preset
-from ds4lab.perop import run_per_op
+from ds4lab.token.config import get_preset
+from ds4lab.measure.perop import run_per_op
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 preset = args[0] if args else "ds4-flash"

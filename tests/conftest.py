@@ -51,7 +51,7 @@ def sim():
 @pytest.fixture
 def graphs_restored():
     """The DS4_CUDA_GRAPHS flag and this thread's stream override put back after the test."""
-    from ds4lab import stream as S
+    from ds4lab.capture import stream as S
 
     was, prev = S.graphs_enabled(), S.capture_get_override()
     yield
@@ -62,7 +62,7 @@ def graphs_restored():
 @pytest.fixture
 def graphs_on(graphs_restored):
     """DS4_CUDA_GRAPHS on for the test (flag and override restored after)."""
-    from ds4lab import stream as S
+    from ds4lab.capture import stream as S
 
     S.set_graphs_enabled(True)
 

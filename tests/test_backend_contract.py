@@ -8,7 +8,7 @@ import pytest
 
 from ds4lab.backends import BACKENDS, Executor, RuntimeApi, can_capture, make_backend, resolve
 from ds4lab.backends.cupy_backend import gpu_usable
-from ds4lab.stream import LEGACY_STREAM
+from ds4lab.capture.stream import LEGACY_STREAM
 
 GPU = pytest.mark.gpu
 NAMES = ["numpy", "sim", pytest.param("cupy", marks=[GPU, pytest.mark.skipif(not gpu_usable()[0],

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from ds4lab.calibrate import fit_tiled_moe
+from ds4lab.measure.calibrate import fit_tiled_moe
 from ds4lab.cli import main
-from ds4lab.config import get_preset
-from ds4lab.reference import expected_tiles
+from ds4lab.token.config import get_preset
+from ds4lab.token.reference import expected_tiles
 
 H200_MOE = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "h200-2026-11-30" / "moe"
 
@@ -67,7 +67,7 @@ def test_sim_moe_call_tracks_the_h200_over_token_counts():
     one replayed routed-MoE call per token count, 1 to 64 tokens, within 0.8–1.35× (small kernels
     inside graphs are over-priced). 512 tokens is outside the fitted, bandwidth-bound range: the
     tiled kernels turn compute-bound there and the model reads 0.7× (docs/model.md)."""
-    from ds4lab import whatif
+    from ds4lab.experiments import whatif
 
     s = pd.read_csv(H200_MOE / "summary.csv")
     measured = s[(s["mode"] == "in-graph") & (s["routing"] == "uniform") & (s["stage"] == "total")]
@@ -126,7 +126,7 @@ def test_add_kernel_fits_fits_only_the_kernels_the_base_lacks():
     """calibrate --long-context: per-kernel fits for new kernels; existing fits untouched."""
     import pandas as pd
 
-    from ds4lab.calibrate import add_kernel_fits
+    from ds4lab.measure.calibrate import add_kernel_fits
 
     base = {"name": "b", "source": "s", "bandwidth_GBps": 3000.0, "kernels": {"old": {"fixed_us": 1.0}}}
     # new_k: two sizes on the line us = 2 + bytes / (4000 GB/s · 1e3); old: anything

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import stream as S
-from ds4lab.capture import GraphCache, capture_scope
-from ds4lab.config import get_preset
+from ds4lab.capture import stream as S
+from ds4lab.capture.cache import GraphCache
+from ds4lab.capture.scope import capture_scope
+from ds4lab.token.config import get_preset
 from ds4lab.errors import CudaError
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.token.model import DecodeModel, TokenOptions
 
 TINY = get_preset("tiny")
 pytestmark = pytest.mark.usefixtures("graphs_on")

@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ds4lab import results
+from ds4lab.report import results
 from ds4lab.backends.cupy_backend import gpu_usable
 from ds4lab.cli import main
 
@@ -104,7 +104,7 @@ def test_ladder_without_stage_0_says_what_gains_are_against(tmp_path):
 
 
 def test_hazard_expectation_follows_the_capture_mode():
-    from ds4lab.hazards import HAZARDS
+    from ds4lab.experiments.hazards import HAZARDS
 
     hz = HAZARDS["alloc-in-capture"]
     assert "global and thread-local" in hz.expected("global")

@@ -1,7 +1,7 @@
 """Model configurations: the ds4-flash shape, the reduced presets, and every ConfigError path.
 
 Every error test asserts that the message names the offending field *and* value, which is
-what :class:`ds4lab.config.ConfigError` promises.
+what :class:`ds4lab.token.config.ConfigError` promises.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import dataclasses
 
 import pytest
 
-from ds4lab.config import (MAX_EXPERTS, PRESETS, Q8_0_BLOCK, Q8_K_BLOCK, ConfigError, ModelConfig,
-                           get_preset)
+from ds4lab.token.config import MAX_EXPERTS, PRESETS, Q8_0_BLOCK, Q8_K_BLOCK, ConfigError, ModelConfig, get_preset
 
 # The DeepSeek V4 Flash shape as fixed in ds4 (shared/context/ds4-decode.md, "Model shape").
 DS4_FLASH = dict(
@@ -174,7 +173,7 @@ def test_heads_not_multiple_of_groups_names_values():
                                          ("swiglu_limit", float("inf")), ("seed", -1), ("seed", 2**32),
                                          ("seed", "x")])
 def test_numeric_fields_are_checked(field, value):
-    from ds4lab.config import ConfigError, get_preset
+    from ds4lab.token.config import ConfigError, get_preset
 
     with pytest.raises(ConfigError, match=field):
         get_preset("tiny", **{field: value})

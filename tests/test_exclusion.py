@@ -1,4 +1,4 @@
-"""The profiling × capture exclusion matrix (``ds4lab.exclusion``) on the ``sim`` backend.
+"""The profiling × capture exclusion matrix (``ds4lab.moeprof.exclusion``) on the ``sim`` backend.
 
 The matrix is computed by running every cell; on the sim it must say, for ds4's host-timed
 profile under capture, what the H200 conformance record says CUDA does: the synchronize on the
@@ -13,10 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ds4lab import exclusion as X
+from ds4lab.moeprof import exclusion as X
 from ds4lab import moeprof as M
-from ds4lab import stream as S
-from ds4lab.config import get_preset
+from ds4lab.capture import stream as S
+from ds4lab.token.config import get_preset
 from ds4lab.sim import SimBackend
 
 TINY = get_preset("tiny")
@@ -142,7 +142,7 @@ def test_exclusion_command_on_sim(tmp_path):
     import click
     from click.testing import CliRunner
 
-    from ds4lab.cli_moe import register
+    from ds4lab.cli.moe import register
 
     @click.group()
     def main():
@@ -188,7 +188,7 @@ def test_sim_matrix_equals_the_h200_matrix():
     import pandas as pd
     from pathlib import Path
 
-    from ds4lab.config import get_preset
+    from ds4lab.token.config import get_preset
 
     rec = pd.read_csv(Path(__file__).resolve().parents[1]
                       / "docs/measurements/h200-2026-11-29/exclusion/exclusion-ds4-flash.csv")

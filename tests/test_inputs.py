@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ds4lab.backends import make_backend
-from ds4lab import calibration as C
+from ds4lab.sim import calibration as C
 from ds4lab.errors import BadInput, CalibrationError
-from ds4lab.results import LOCK_NAME, FolderLock, OutputError, check_out, job_folder, read_meta, write_meta
+from ds4lab.report.results import LOCK_NAME, FolderLock, OutputError, check_out, job_folder, read_meta, write_meta
 from ds4lab.sim.costmodel import Calibration, default_calibration_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,7 +163,7 @@ def test_write_meta_maps_numpy_nan_too(tmp_path):
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from ds4lab.results import job_folder
+from ds4lab.report.results import job_folder
 with job_folder(Path(sys.argv[1]), {"job": "holder"}, ()):
     print("holding", flush=True)
     time.sleep(120)

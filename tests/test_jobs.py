@@ -7,11 +7,11 @@ import pytest
 
 from ds4lab import jobs
 from ds4lab.backends import BackendUnavailable, make_backend
-from ds4lab.config import ConfigError, get_preset
+from ds4lab.token.config import ConfigError, get_preset
 from ds4lab.errors import BadInput, CheckFailed
 from ds4lab.jobs.common import DEFAULT_PRESETS, default_preset, exit_code
-from ds4lab.model import DecodeModel, TokenOptions
-from ds4lab.results import OutputError
+from ds4lab.token.model import DecodeModel, TokenOptions
+from ds4lab.report.results import OutputError
 
 
 def test_every_job_has_a_default_preset_row_and_a_module():
@@ -45,7 +45,7 @@ def test_exit_codes_come_from_the_error_class_not_the_order_of_except_clauses(ex
 
 def test_not_exact_is_a_failed_check_not_bad_input():
     from ds4lab.jobs.ladder import NotExact
-    from ds4lab.ladder import LadderInputError
+    from ds4lab.experiments.ladder import LadderInputError
 
     assert exit_code(NotExact("stage 3: hidden")) == 1
     assert exit_code(LadderInputError("stage 9")) == 2
@@ -84,7 +84,7 @@ def test_launcher_recording_is_scoped_and_restores_the_outer_recorder():
 
 
 def test_model_observe_restores_the_previous_observer_even_on_error():
-    from ds4lab.model import MoeObserver
+    from ds4lab.token.model import MoeObserver
 
     m = DecodeModel(get_preset("tiny"), make_backend("sim", timing_only=True), TokenOptions(vocab=False),
                     n_layers=1)
@@ -103,8 +103,8 @@ def test_figure_titles_name_the_calibration_not_its_dict(tmp_path):
     """A modeled figure's title names the calibration (shipped: its name; else name, path, hash)."""
     import json
 
-    from ds4lab.calibration import backend_calibration
-    from ds4lab.plots import provenance_title
+    from ds4lab.sim.calibration import backend_calibration
+    from ds4lab.report.plots import provenance_title
 
     be = make_backend("sim", timing_only=True)
     meta = {"modeled": True, "calibration": backend_calibration(be), "preset": {"name": "tiny"}}

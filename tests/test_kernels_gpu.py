@@ -1,6 +1,6 @@
 """Every GPU kernel against its NumPy reference, on fresh random inputs.
 
-Each op runs twice through the same launch site (``ds4lab.ops``): once on the ``cupy``
+Each op runs twice through the same launch site (``ds4lab.token.ops``): once on the ``cupy``
 backend and once on the ``numpy`` backend (the reference), from the same host inputs, with
 outputs poisoned (NaN / -1) before the launch so an unwritten element fails.
 Tolerances: fp32 accumulation over at most a few thousand terms against a float64
@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import ops
-from ds4lab import reference as R
-from ds4lab import weights as W
-from ds4lab.config import get_preset
-from ds4lab.launch import Launcher
+from ds4lab.token import ops
+from ds4lab.token import reference as R
+from ds4lab.token import weights as W
+from ds4lab.token.config import get_preset
+from ds4lab.capture.launch import Launcher
 
 pytestmark = pytest.mark.gpu
 
@@ -317,7 +317,7 @@ def test_routed_moe_stagewise(cupy_backend, numpy_backend, rng, T):
     """The routed MoE cluster (router included) on the GPU, each stage checked against the
     reference computed from the GPU's own inputs to that stage, so each tolerance fits one
     stage's arithmetic; then the whole cluster against the all-reference result."""
-    from ds4lab.model import DecodeModel, TokenOptions
+    from ds4lab.token.model import DecodeModel, TokenOptions
 
     cfg = get_preset("small", max_tokens=512)
     k = cfg.n_used

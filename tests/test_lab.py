@@ -76,7 +76,7 @@ def lab(tmp_path_factory):
     """scripts/lab.sh serving a copy of the quickstart notebook (small sim parameters) on a free port."""
     import nbformat
 
-    from ds4lab.notebook_runner import set_parameters
+    from ds4lab.report.notebook_runner import set_parameters
 
     browser, driver = _browser()
     webdriver = _selenium()

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4lab import stream as S
-from ds4lab.capture import GraphCache
-from ds4lab.config import get_preset
-from ds4lab.hazards import HAZARDS, demonstrate
+from ds4lab.capture import stream as S
+from ds4lab.capture.cache import GraphCache
+from ds4lab.token.config import get_preset
+from ds4lab.experiments.hazards import HAZARDS, demonstrate
 from ds4lab.jobs import execute
 from ds4lab.jobs.ladder import LadderConfig
-from ds4lab.ladder import STAGES, fixes_table, parse_stages
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.experiments.ladder import STAGES, fixes_table, parse_stages
+from ds4lab.token.model import DecodeModel, TokenOptions
 
 TINY = get_preset("tiny")
 pytestmark = pytest.mark.usefixtures("graphs_on")

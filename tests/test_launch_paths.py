@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ds4lab import annotate, ops
+from ds4lab.capture import annotate
+from ds4lab.token import ops
 from ds4lab.backends.numpy_backend import NumpyBackend
-from ds4lab.bench import SUMMARY_KEYS, summary
-from ds4lab.config import get_preset
-from ds4lab.launch import Launcher
-from ds4lab.perop import SITE_COLUMNS, site_table, token_summary
+from ds4lab.measure.bench import SUMMARY_KEYS, summary
+from ds4lab.token.config import get_preset
+from ds4lab.capture.launch import Launcher
+from ds4lab.measure.perop import SITE_COLUMNS, site_table, token_summary
 from ds4lab.timing import Stats
 
 

@@ -150,8 +150,8 @@ def test_the_graph_sees_the_package():
     g = import_graph(ROOT, "ds4lab")
     assert len(g) > 50 and "ds4lab.sim.runtime" in g and "ds4lab.conformance.framework" in g
     assert "ds4lab.sim.rules" in g["ds4lab.sim.runtime"]  # from .rules import …
-    assert "ds4lab.capture" in g["ds4lab.conformance.framework"]  # from ..capture import … inside a function
-    assert "ds4lab.stream" in g["ds4lab.conformance.framework"]  # from .. import stream as S: the module
+    assert "ds4lab.capture.scope" in g["ds4lab.conformance.framework"]  # from ..capture import … inside a function
+    assert "ds4lab.capture.stream" in g["ds4lab.conformance.framework"]  # from .. import stream as S: the module
 
 
 # ----------------------------------------------------------------------------- the checks can fail

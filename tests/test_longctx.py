@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import weights as W
-from ds4lab.config import ConfigError, get_preset
+from ds4lab.token import weights as W
+from ds4lab.token.config import ConfigError, get_preset
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -91,8 +91,8 @@ def test_compress_ratio_layer_out_of_range():
 
 
 # ----------------------------------------------------------------------------- references
-from ds4lab import longctx_reference as LR  # noqa: E402
-from ds4lab import reference as R  # noqa: E402
+from ds4lab.token import longctx_reference as LR  # noqa: E402
+from ds4lab.token import reference as R  # noqa: E402
 
 
 def test_emit_boundaries_and_rows():
@@ -259,10 +259,10 @@ def test_attended_rows():
 
 
 # ----------------------------------------------------------------------------- the token (numpy, sim)
-from ds4lab import stream as S  # noqa: E402
+from ds4lab.capture import stream as S  # noqa: E402
 from ds4lab.backends.numpy_backend import NumpyBackend  # noqa: E402
-from ds4lab.capture import GraphCache  # noqa: E402
-from ds4lab.model import DecodeModel, TokenOptions  # noqa: E402
+from ds4lab.capture.cache import GraphCache  # noqa: E402
+from ds4lab.token.model import DecodeModel, TokenOptions  # noqa: E402
 from ds4lab.sim import SimBackend  # noqa: E402
 
 LONG = get_preset("tiny", long_context=True, n_layers=4)  # layers 0, 1 raw; 2 ratio 4; 3 ratio 128
@@ -515,7 +515,7 @@ def test_context_ladder_on_sim(tmp_path):
 @pytest.mark.parametrize("kw,needle", [(dict(stages="0,4"), "4"), (dict(contexts="12,x"), "'x'"),
                                        (dict(contexts=[2]), "context 2"), (dict(span=0), "span=0")])
 def test_context_ladder_input_errors(tmp_path, kw, needle):
-    from ds4lab.context import ContextInputError
+    from ds4lab.experiments.context import ContextInputError
     from ds4lab.jobs import execute
     from ds4lab.jobs.context import ContextConfig
 
@@ -525,7 +525,7 @@ def test_context_ladder_input_errors(tmp_path, kw, needle):
 
 
 # ----------------------------------------------------------------------------- long-context hazards
-from ds4lab.longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx  # noqa: E402
+from ds4lab.experiments.longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx  # noqa: E402
 
 HAZARD_OUTCOMES = {  # (capture mode, hazard) → outcome, first differing tensor (prefix)
     ("thread_local", "compressor-emit"): ("captured, replays wrong", "token 3: kv_cache[2].comp"),
@@ -562,10 +562,10 @@ def test_longctx_hazard_unknown_name():
     (lambda L, c: ops_longctx.indexer_topk_merge(L, "m", None, None, 0, None, 0, 3, 10, 64, c), "blocks=3"),
 ])
 def test_long_context_ops_refuse_bad_shapes(call, needle):
-    from ds4lab.launch import Launcher
+    from ds4lab.capture.launch import Launcher
 
     with pytest.raises(ValueError, match=needle):
         call(Launcher(NumpyBackend()), LONG)
 
 
-from ds4lab import ops_longctx  # noqa: E402
+from ds4lab.token import ops_longctx  # noqa: E402

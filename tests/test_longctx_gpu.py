@@ -1,7 +1,7 @@
 """Every long-context kernel (kernels/longctx.cu) against its NumPy reference, on fresh random inputs.
 
-Each op runs through its launch site (``ds4lab.ops``) on the ``cupy`` backend and on the
-``numpy`` backend (which runs the reference, ``ds4lab.longctx_reference``) from the same host
+Each op runs through its launch site (``ds4lab.token.ops``) on the ``cupy`` backend and on the
+``numpy`` backend (which runs the reference, ``ds4lab.token.longctx_reference``) from the same host
 data. Buffers a kernel only writes start poisoned (NaN / -1) so an unwritten element fails;
 buffers it updates in place (compressor state, compressed cache) start from random rows, and
 what must stay untouched is compared too. Tolerances: fp32 sums of at most a few thousand
@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import longctx_reference as LR
-from ds4lab import ops, ops_longctx
-from ds4lab import weights as W
-from ds4lab.config import get_preset
-from ds4lab.launch import Launcher
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.token import longctx_reference as LR
+from ds4lab.token import ops, ops_longctx
+from ds4lab.token import weights as W
+from ds4lab.token.config import get_preset
+from ds4lab.capture.launch import Launcher
+from ds4lab.token.model import DecodeModel, TokenOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -306,7 +306,7 @@ def test_indexer_topk_chunk_worst_case_grid(both, rng):
 @pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
 @pytest.mark.parametrize("name", ["compressor-emit", "indexer-regime", "comp-row-by-value", "topk-alloc"])
 def test_longctx_hazard_same_on_gpu_and_sim(cupy_backend, name, mode):
-    from ds4lab.longctx_hazards import demonstrate_longctx
+    from ds4lab.experiments.longctx_hazards import demonstrate_longctx
     from ds4lab.sim import SimBackend
 
     cfg = get_preset("tiny", n_layers=4)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import ops
-from ds4lab import reference as R
-from ds4lab import stream as S
-from ds4lab import weights as W
-from ds4lab.annotate import NullAnnotator, NvtxAnnotator
+from ds4lab.token import ops
+from ds4lab.token import reference as R
+from ds4lab.capture import stream as S
+from ds4lab.token import weights as W
+from ds4lab.capture.annotate import NullAnnotator, NvtxAnnotator
 from ds4lab.backends.numpy_backend import NumpyBackend
-from ds4lab.config import MOE_TILE, get_preset
-from ds4lab.launch import KINDS, Launcher
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.token.config import MOE_TILE, get_preset
+from ds4lab.capture.launch import KINDS, Launcher
+from ds4lab.token.model import DecodeModel, TokenOptions
 
 TINY = get_preset("tiny")
 SEQ = [(0, 5), (1, 17), (2, 400), (3, 5), (9, 250), (10, 511), (11, 0)]  # wraps the 8-row window

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from ds4lab import moeprof as M
 from ds4lab.moeprof import traces
-from ds4lab.config import get_preset
+from ds4lab.token.config import get_preset
 from ds4lab.errors import RuntimeApiError
 from ds4lab.sim import SimBackend
 
@@ -334,7 +334,7 @@ def test_bad_arguments_are_named(wb_fast):
 def test_moe_command_writes_rows_meta_and_figures(tmp_path, graphs_restored):
     import click
 
-    from ds4lab.cli_moe import register
+    from ds4lab.cli.moe import register
 
     @click.group()
     def main():
@@ -380,7 +380,7 @@ def test_ds4_lines_are_read_by_ds4lab_ingest(wb_fast, tmp_path, graphs_restored)
 def test_profiler_attaches_through_the_model_hook_and_leaves_no_trace():
     """attach sets ``moe_observer`` (nothing of the model is replaced), a second profiler is
     refused, and detach restores the model's options and profiling events."""
-    from ds4lab.config import get_preset
+    from ds4lab.token.config import get_preset
     from ds4lab.sim.backend import SimBackend
 
     wb = M.MoeWorkbench(SimBackend(timing_only=True), get_preset("tiny"), max_tokens=2, n_layers=1)

@@ -113,7 +113,7 @@ def test_read_ds4_log_keeps_every_parsed_line():
 
 
 def test_stages_are_defined_once():
-    from ds4lab.model import MOE_STAGES
+    from ds4lab.token.model import MOE_STAGES
 
     assert M.STAGES == MOE_STAGES + ("total",) and M.MOE_STAGES is MOE_STAGES
     assert D.STAGES is M.STAGES and D.TOTAL_SLACK_MS == pytest.approx(0.007)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ds4lab import moeprof as M
-from ds4lab.config import get_preset
-from ds4lab.model import ProfileMarker
+from ds4lab.token.config import get_preset
+from ds4lab.token.model import ProfileMarker
 from ds4lab.moeprof import modes as MD
 from ds4lab.sim import SimBackend
 

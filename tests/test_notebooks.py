@@ -1,5 +1,5 @@
 """The notebooks and their runner: committed without outputs; each runs top to bottom on the
-simulated runtime with small parameters, headless, through ``ds4lab.notebook_runner`` (nbclient);
+simulated runtime with small parameters, headless, through ``ds4lab.report.notebook_runner`` (nbclient);
 the runner's parameter handling and failure reporting."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.notebook_runner import NotebookError, coerce, find_notebooks, parameter_defaults, \
-    parse_assignments, run_notebook, set_parameters
+from ds4lab.report.notebook_runner import (NotebookError, coerce, find_notebooks, parameter_defaults,
+                                           parse_assignments, run_notebook, set_parameters)
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from ds4lab.progress import JobProgress
-from ds4lab.provenance import cuda_version
+from ds4lab.report.provenance import cuda_version
 
 
 def test_bar_starts_no_thread():

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import reference as R
-from ds4lab import weights as W
-from ds4lab.config import MOE_TILE
+from ds4lab.token import reference as R
+from ds4lab.token import weights as W
+from ds4lab.token.config import MOE_TILE
 
 f32, f64 = np.float32, np.float64
 

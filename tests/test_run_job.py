@@ -11,12 +11,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from ds4lab import results as results_mod
+from ds4lab.report import results as results_mod
 from ds4lab.jobs import execute
 from ds4lab.jobs import run as run_mod
 from ds4lab.backends.numpy_backend import NumpyBackend
 from ds4lab.cli import main
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.token.model import DecodeModel, TokenOptions
 from ds4lab.sim.backend import SimBackend
 
 #: Launches of one tiny token with the vocabulary projection (the CLI's default).
@@ -241,7 +241,7 @@ def test_force_lets_numpy_ds4_flash_through(tmp_path, monkeypatch):
 
 def test_small_presets_need_no_force():
     be = NumpyBackend()
-    from ds4lab.config import get_preset
+    from ds4lab.token.config import get_preset
 
     rc = run_mod.RunConfig(backend="numpy", options=TokenOptions(vocab=True))
     for p in ("tiny", "small"):

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from ds4lab import stream as S
+from ds4lab.capture import stream as S
 from ds4lab.errors import CAPTURE_ERRORS, CUPY_ERRORS, CudaError, CupyRefusal
 from ds4lab.sim import RULES, SimBackend
 from ds4lab.sim.costmodel import Calibration, default_calibration_path

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ds4lab import stream as S
+from ds4lab.capture import stream as S
 
 
 class Tok:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ds4lab.backends import make_backend
-from ds4lab.stream import LEGACY_STREAM
-from ds4lab.timing import (Difference, interleaved_pairs, median_ci, paired_difference, time_steps)
+from ds4lab.capture.stream import LEGACY_STREAM
+from ds4lab.timing import Difference, interleaved_pairs, median_ci, paired_difference, time_steps
 
 
 def test_time_steps_returns_raw_samples_with_sources_and_calls_hooks_in_order():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab import stream as S
-from ds4lab.config import get_preset
-from ds4lab.model import DecodeModel, TokenOptions
+from ds4lab.capture import stream as S
+from ds4lab.token.config import get_preset
+from ds4lab.token.model import DecodeModel, TokenOptions
 
 pytestmark = pytest.mark.gpu
 

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.trace import (CuptiKernelSource, RecordingAnnotator, TraceConfig, TraceError, chrome_trace, kernel_source,
-                          load_trace, run_trace)
+from ds4lab.report.trace_export import (CuptiKernelSource, RecordingAnnotator, TraceConfig, TraceError, chrome_trace,
+                                        kernel_source, load_trace, run_trace)
 
 
 def sim():

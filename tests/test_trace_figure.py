@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from ds4lab import plots
+from ds4lab.report import plots
 
 
 def _tables():

@@ -11,9 +11,9 @@ import zlib
 import numpy as np
 import pytest
 
-from ds4lab import reference as R
-from ds4lab import weights as W
-from ds4lab.config import get_preset
+from ds4lab.token import reference as R
+from ds4lab.token import weights as W
+from ds4lab.token.config import get_preset
 
 MASK = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ds4lab import plots, whatif
+from ds4lab.report import plots
+from ds4lab.experiments import whatif
 
 
 @pytest.fixture(scope="module")

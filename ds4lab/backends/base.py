@@ -13,7 +13,7 @@ halfway through a job:
   is the one test for "can capture".
 
 A backend never decides *which* stream: the launcher resolves that through the accessor
-(:mod:`ds4lab.stream`) and passes the answer in (``LEGACY_STREAM`` or an override).
+(:mod:`ds4lab.capture.stream`) and passes the answer in (``LEGACY_STREAM`` or an override).
 Errors: runtime calls raise :class:`ds4lab.errors.CudaError` (CUDA's error name) or
 :class:`ds4lab.errors.CupyRefusal`, on the GPU and on the sim alike.
 """
@@ -70,10 +70,10 @@ class Executor(abc.ABC):
     def to_host(self, a: Any) -> np.ndarray:
         """A host copy of ``a`` (synchronous)."""
 
-    # --- weights (see ds4lab.weights for the formats)
+    # --- weights (see ds4lab.token.weights for the formats)
     @abc.abstractmethod
     def make_weight(self, spec) -> Any:
-        """Materialize one :class:`ds4lab.weights.WeightSpec` (QTensor, bank or fp32 array)."""
+        """Materialize one :class:`ds4lab.token.weights.WeightSpec` (QTensor, bank or fp32 array)."""
 
     @abc.abstractmethod
     def fill_f32(self, out: Any, name: str, scale: float, offset: float, seed: int) -> None:

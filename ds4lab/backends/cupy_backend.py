@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import weights as W
-from ..stream import CAPTURE_MODES, LEGACY_STREAM
+from ..token import weights as W
+from ..capture.stream import CAPTURE_MODES, LEGACY_STREAM
 from .base import BackendUnavailable, Executor, RuntimeApi
-from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked, _cuda_errors,
-                           _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
+from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked,
+                           _cuda_errors, _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
                            cuda_error_name)
 
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
@@ -289,7 +289,7 @@ class CupyBackend(Executor, RuntimeApi):
 
     def read(self, buf) -> np.ndarray:
         from ..errors import CupyRefusal, RuntimeApiError
-        from ..stream import current_stream
+        from ..capture.stream import current_stream
 
         try:
             with self._s(current_stream()), _cuda_errors("cudaMemcpy (device to host)"):

@@ -14,14 +14,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import weights as W
+from ..token import weights as W
 from .base import Executor
 
 
 class LazyBank:
     """A stack of expert matrices generated on first use (an LRU of ``keep`` experts).
 
-    Indexing ``bank[e]`` returns expert ``e``'s :class:`~ds4lab.weights.QTensor`. ``qs`` and ``d``
+    Indexing ``bank[e]`` returns expert ``e``'s :class:`~ds4lab.token.weights.QTensor`. ``qs`` and ``d``
     (the whole stack, a GPU kernel argument) are never materialized on the CPU: they are None.
     """
 

@@ -15,7 +15,7 @@ compares.
 from __future__ import annotations
 
 # Registration order is the order of SCENARIOS: keep these imports in this order.
-from . import hazards  # noqa: F401  isort: skip
+from . import capture_hazards as hazards  # noqa: F401  isort: skip
 from . import streams  # noqa: F401  isort: skip
 from . import queries  # noqa: F401  isort: skip
 from . import graphs  # noqa: F401  isort: skip

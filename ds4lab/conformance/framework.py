@@ -13,12 +13,12 @@ from typing import Callable
 
 import numpy as np
 
-from .. import stream as S
+from ..capture import stream as S
 from ..errors import RuntimeApiError
-from ..launch import Launcher
+from ..capture.launch import Launcher
 
 
-from ..stream import CAPTURE_MODES as MODES  # defined once
+from ..capture.stream import CAPTURE_MODES as MODES  # defined once
 N = 1024
 f32, i32 = np.float32, np.int32
 
@@ -163,9 +163,9 @@ def _buf(r: Recorder, v: float = 0.0):
 
 
 def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = ""):
-    """begin → body → end through :func:`ds4lab.capture.capture_scope` (so the capture ends whatever
+    """begin → body → end through :func:`ds4lab.capture.cache.capture_scope` (so the capture ends whatever
     the body raises); records begin/end outcomes; returns the graph or None."""
-    from ..capture import capture_scope
+    from ..capture.scope import capture_scope
 
     with capture_scope(r.be, s, mode, begin=lambda st, m: r.call(f"{tag}begin_capture", r.be.begin_capture, st, m),
                        end=lambda st: r.call(f"{tag}end_capture", r.be.end_capture, st)) as cap:

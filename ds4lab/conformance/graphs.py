@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from .. import stream as S
+from ..capture import stream as S
 from .framework import MODES, N, _FACTS, _RT, Recorder, _buf, _capture, _launch_once, f32, scenario
 
 

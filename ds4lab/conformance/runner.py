@@ -4,7 +4,7 @@ open) and comparing records across backends (:func:`compare`).
 
 from __future__ import annotations
 
-from .. import stream as S
+from ..capture import stream as S
 from ..errors import RuntimeApiError
 from .framework import SCENARIOS, Recorder
 

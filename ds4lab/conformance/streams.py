@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import stream as S
+from ..capture import stream as S
 from .framework import MODES, N, Recorder, _buf, _capture, f32, _other_thread, _replay, scenario
 
 
@@ -205,8 +205,8 @@ def whole_tiny_token_by_value(r: Recorder) -> None:
 
 
 def _whole_token(r: Recorder, scalars: str) -> None:
-    from ..config import get_preset
-    from ..model import DecodeModel, TokenOptions
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
 
     be = r.be
     cfg = get_preset("tiny")

@@ -101,7 +101,7 @@ def ingest(path: Path, lenient: bool = False, sites: str | None = None) -> Inges
     k = res.tables.get("ncu_kernels")
     if k is not None and not k.empty:
         if sites:
-            from ..config import ConfigError
+            from ..token.config import ConfigError
 
             try:
                 st = _ncu.site_table(sites)

@@ -54,7 +54,7 @@ def load_meta(f: Path) -> dict:
         raise IngestError(f"{f}: a JSON {_JSON_TYPE.get(type(meta), type(meta).__name__)}, not the object "
                           "ds4lab writes")
     if meta.get("status") == "running" and f.name == "meta.json":
-        from ..results import read_meta
+        from ..report.results import read_meta
 
         meta = read_meta(f.parent) or meta  # a run whose process is gone reads as "died"
     return meta

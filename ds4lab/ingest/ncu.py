@@ -19,7 +19,7 @@ gpu-facts.md``, "Profilers on the lent machine"):
   ``"domain:message:payload type:payload:color type:color:message type:message"`` (and one for
   start/end ranges, ``Id:Domain:Start/Stop_Range:...``).
 
-ds4lab's own NVTX stack (``ds4lab.annotate``): domain ``ds4lab``, ranges ``token`` (payload: the
+ds4lab's own NVTX stack (``ds4lab.capture.annotate``): domain ``ds4lab``, ranges ``token`` (payload: the
 position) → ``layer`` (payload: the layer) → cluster (``hc_attn``, ``query``, ...) → op (the launch
 site, ``q_a``, ``premix_norm``); the layer range is absent around the embedding and the final
 clusters.
@@ -244,12 +244,12 @@ def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
     """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in
     launch order (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch
     layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
-    launch sequence as on a GPU: ``ds4lab.launch``). Raises ds4lab.config.ConfigError for an unknown
+    launch sequence as on a GPU: ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown
     preset."""
     from ..backends import make_backend
-    from ..config import get_preset
-    from ..ladder import START_POS, token_id_at
-    from ..model import DecodeModel, TokenOptions
+    from ..token.config import get_preset
+    from ..experiments.ladder import START_POS, token_id_at
+    from ..token.model import DecodeModel, TokenOptions
 
     cfg = get_preset(preset)
     m = DecodeModel(cfg, make_backend("sim", timing_only=True), TokenOptions(vocab=True))  # the ladder's token

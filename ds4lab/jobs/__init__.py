@@ -1,7 +1,7 @@
 """The jobs: one module per ``ds4lab`` command that measures or models something.
 
 Each job module has a typed config dataclass, a ``run(config, backend, console) -> result``
-function that does the work inside :func:`ds4lab.results.job_folder` (status, interrupt
+function that does the work inside :func:`ds4lab.report.results.job_folder` (status, interrupt
 handling), and a ``BACKEND`` :class:`BackendRequest` saying which backends it runs on. The command
 line and the notebooks both go through :func:`execute`, which opens the backend with the one
 factory (:func:`ds4lab.backends.make_backend`) and runs the job; the CLI maps the one error

@@ -1,5 +1,5 @@
 """``ds4lab bench`` (GPU only): launch-layer host cost against bare CuPy, routed-MoE decode
-bandwidth, graph replay cost per node (:mod:`ds4lab.bench`); ``bench.json``."""
+bandwidth, graph replay cost per node (:mod:`ds4lab.measure.bench`); ``bench.json``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 
-from ..bench import run_bench
-from ..config import get_preset
-from ..results import check_out
+from ..measure.bench import run_bench
+from ..token.config import get_preset
+from ..report.results import check_out
 from .common import default_preset
 
 
@@ -20,7 +20,7 @@ class BenchConfig:
 
     preset: str | None = None
     out: Path | str | None = None
-    #: Add the per-launch-site roofline of one token (:mod:`ds4lab.perop`; CSV and figure in ``out``).
+    #: Add the per-launch-site roofline of one token (:mod:`ds4lab.measure.perop`; CSV and figure in ``out``).
     per_op: bool = False
 
 
@@ -28,7 +28,7 @@ def run(cfg: BenchConfig, be, console) -> dict:
     """Run the benchmarks on ``be`` (a GPU). Returns what ``bench.json`` holds.
 
     Raises:
-        ds4lab.results.OutputError: ``out`` cannot be written (checked before any work).
+        ds4lab.report.results.OutputError: ``out`` cannot be written (checked before any work).
     """
     out = Path(cfg.out) if cfg.out else None
     if out is not None:

@@ -1,6 +1,6 @@
 """``ds4lab calibrate``: the sim's cost-model parameters measured on this GPU
-(:func:`ds4lab.calibrate.calibrate`), or, with no GPU, the tiled MoE kernels fitted from a
-measured ``ds4lab moe`` folder (:func:`ds4lab.calibrate.fit_tiled_moe`)."""
+(:func:`ds4lab.measure.calibrate.calibrate`), or, with no GPU, the tiled MoE kernels fitted from a
+measured ``ds4lab moe`` folder (:func:`ds4lab.measure.calibrate.fit_tiled_moe`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..calibrate import calibrate, calibrate_long_context, fit_tiled_moe, write_calibration
+from ..measure.calibrate import calibrate, calibrate_long_context, fit_tiled_moe, write_calibration
 from ..sim.costmodel import default_calibration_path
-from ..results import check_out
+from ..report.results import check_out
 from .common import BadInput, default_preset
 
 
@@ -34,11 +34,11 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
 
     Raises:
         BadInput: ``base`` unreadable or not a calibration, ``out`` a folder, a bad profile folder.
-        ds4lab.results.OutputError: ``out``'s folder is not writable.
+        ds4lab.report.results.OutputError: ``out``'s folder is not writable.
     """
     out = Path(cfg.out)
     if cfg.long_context:
-        from ..calibration import read
+        from ..sim.calibration import read
 
         base = read(Path(cfg.base) if cfg.base else default_calibration_path())
         check_out(out.parent)

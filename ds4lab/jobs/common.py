@@ -5,8 +5,8 @@ Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
 
 ======  =====================================================================================
 2       bad input: a bad option, an unknown preset, an unwritable ``--out``, no GPU for a
-        GPU-only job (:class:`BadInput`, :class:`~ds4lab.config.ConfigError`,
-        :class:`~ds4lab.results.OutputError` (a BadInput), :class:`~ds4lab.backends.BackendUnavailable`,
+        GPU-only job (:class:`BadInput`, :class:`~ds4lab.token.config.ConfigError`,
+        :class:`~ds4lab.report.results.OutputError` (a BadInput), :class:`~ds4lab.backends.BackendUnavailable`,
         :class:`MemoryError` before any work) — nothing was run
 1       a failed check or a failed run: a stage not bit-identical, a reference check that fails,
         conformance disagreements (:class:`CheckFailed`), or any other error after work began
@@ -17,7 +17,7 @@ Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
 from __future__ import annotations
 
 from ..backends import BackendUnavailable, make_backend, resolve
-from ..config import ConfigError
+from ..token.config import ConfigError
 from ..errors import BadInput, CheckFailed
 
 
@@ -80,8 +80,8 @@ def modeled_banner(be) -> str | None:
     """The line every job prints first on a backend whose time is modeled (None on a GPU)."""
     if not be.models_time:
         return None
-    from ..calibration import backend_calibration
-    from ..provenance import calibration_label
+    from ..sim.calibration import backend_calibration
+    from ..report.provenance import calibration_label
 
     name = calibration_label({"calibration": backend_calibration(be)})  # path and hash when not shipped
     return f"[bold yellow]sim backend: every figure below is MODELED (calibration {name}), not measured.[/]"

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import provenance, results
+from ..report import provenance, results
 from ..conformance import SCENARIOS, compare, run_scenarios
 from .common import BadInput, CheckFailed
 

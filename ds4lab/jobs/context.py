@@ -1,4 +1,4 @@
-"""``ds4lab context``: the stage ladder across context length (:mod:`ds4lab.context`) on the
+"""``ds4lab context``: the stage ladder across context length (:mod:`ds4lab.experiments.context`) on the
 long-context token (compressed and indexed attention, whose launches change with the position).
 
 At each context: exactness of every stage against stage 0 over ``span`` tokens from
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import provenance, results
-from .. import stream as S
-from ..config import get_preset
-from ..context import (CONTEXT_STAGES, ContextInputError, context_figure, first_difference_all, parse_contexts,
-                       parse_context_stages, stage_run, state_record)
-from ..ladder import STAGES, time_stage
-from ..model import DecodeModel, TokenOptions
+from ..report import provenance, results
+from ..capture import stream as S
+from ..token.config import get_preset
+from ..experiments.context import (CONTEXT_STAGES, ContextInputError, context_figure, first_difference_all,
+                                   parse_contexts, parse_context_stages, stage_run, state_record)
+from ..experiments.ladder import STAGES, time_stage
+from ..token.model import DecodeModel, TokenOptions
 from ..timing import Stats
 from .common import default_preset, modeled_banner
 from .ladder import NotExact, exactness_backend
@@ -66,7 +66,7 @@ def run(cfg: ContextConfig, be, console):
         ContextInputError: bad input (nothing ran; exit 2).
         NotExact: a stage not bit-identical to stage 0 at some context, after writing everything.
     """
-    from .. import plots
+    from ..report import plots
 
     check_config(cfg)
     st_list = parse_context_stages(cfg.stages)

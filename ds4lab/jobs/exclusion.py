@@ -1,4 +1,4 @@
-"""``ds4lab exclusion``: the routed-MoE profiling × capture matrix (:mod:`ds4lab.exclusion`),
+"""``ds4lab exclusion``: the routed-MoE profiling × capture matrix (:mod:`ds4lab.moeprof.exclusion`),
 computed by running every combination, on the GPU and on the simulated runtime."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import provenance, results
-from ..config import get_preset
-from ..exclusion import COLUMNS, MATRIX_COLUMNS, ROWS, TOLERANCE, agreement, pivot, run_matrix
+from ..report import provenance, results
+from ..token.config import get_preset
+from ..moeprof.exclusion import COLUMNS, MATRIX_COLUMNS, ROWS, TOLERANCE, agreement, pivot, run_matrix
 from .common import BadInput, default_preset, modeled_banner
 
 #: What the exclusion job writes in its folder.
@@ -39,7 +39,7 @@ def run(cfg: ExclusionConfig, be, console):
     """
     import pandas as pd
 
-    from .. import plots
+    from ..report import plots
     from ..backends import can_capture, make_backend
     from ..progress import JobProgress
 

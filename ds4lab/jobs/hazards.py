@@ -1,4 +1,4 @@
-"""``ds4lab ladder --hazard``: run hazard demonstrations (:mod:`ds4lab.hazards`), print them and
+"""``ds4lab ladder --hazard``: run hazard demonstrations (:mod:`ds4lab.experiments.hazards`), print them and
 write ``hazards.csv`` and ``meta.json`` as each finishes."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import provenance, results
-from ..config import get_preset
-from ..hazards import HAZARDS, demonstrate
-from ..longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx
+from ..report import provenance, results
+from ..token.config import get_preset
+from ..experiments.hazards import HAZARDS, demonstrate
+from ..experiments.longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx
 from .common import BadInput, default_preset
 
 #: Every hazard the job demonstrates: the decode token's (H200 record in docs/measurements) and the
@@ -24,7 +24,7 @@ HAZARD_OUTPUTS = ("hazards.csv",)
 @dataclass
 class HazardsConfig:
     """Arguments of ``ds4lab ladder --hazard NAME|all``: which hazard (a name of
-    :data:`ds4lab.hazards.HAZARDS` or ``all``), the preset (None: the job's default), the capture
+    :data:`ds4lab.experiments.hazards.HAZARDS` or ``all``), the preset (None: the job's default), the capture
     mode and the result folder (None: ``results/hazards-<preset>-<backend>``)."""
 
     hazard: str = "all"
@@ -35,7 +35,7 @@ class HazardsConfig:
 
 def run(cfg: HazardsConfig, be, console) -> list[dict]:
     """Demonstrate ``cfg.hazard`` (or all) on ``be`` (which must compute: not timing-only).
-    Returns one dict per hazard (:func:`ds4lab.hazards.demonstrate`).
+    Returns one dict per hazard (:func:`ds4lab.experiments.hazards.demonstrate`).
 
     Raises:
         BadInput: unknown hazard, or a timing-only backend (nothing to compare).

@@ -1,7 +1,7 @@
 """``ds4lab ladder``: the stages of ds4's CUDA-graph plan, measured (GPU) or modeled (sim).
 
 Each stage is one configuration of the same decode token (``shared/context/ds4-decode.md``,
-"The staged plan"; :mod:`ds4lab.ladder`). Per stage: exactness against stage 0 over K tokens
+"The staged plan"; :mod:`ds4lab.experiments.ladder`). Per stage: exactness against stage 0 over K tokens
 (final hidden state, logits and every KV cache, bit for bit), then µs per token over N tokens
 after warm-up (CUDA events on the stage's stream; each token ended with a device synchronize as
 ds4 does), host enqueue time, kernel and graph launches per token, the graph cache's statistics,
@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import provenance, results
-from .. import stream as S
-from ..calibration import backend_calibration
-from ..config import MAX_POS, get_preset
-from ..ladder import (LADDER_OUTPUTS, START_POS, STAGES, LadderInputError, StageRun, exactness_record,
-                      first_difference, fixes_table, gpu_busy_floor, parse_stages, time_stage)
-from ..model import DecodeModel, TokenOptions
+from ..report import provenance, results
+from ..capture import stream as S
+from ..sim.calibration import backend_calibration
+from ..token.config import MAX_POS, get_preset
+from ..experiments.ladder import (LADDER_OUTPUTS, START_POS, STAGES, LadderInputError, StageRun, exactness_record,
+                                  first_difference, fixes_table, gpu_busy_floor, parse_stages, time_stage)
+from ..token.model import DecodeModel, TokenOptions
 from ..timing import Stats
 from .common import CheckFailed, default_preset, modeled_banner
 
@@ -34,7 +34,7 @@ class LadderConfig:
     tokens compared bit for bit with stage 0 (0: skip); ``mode``: stream-capture mode
     (``global``, ``thread_local``, ``relaxed``); ``out``: result folder (None:
     ``results/ladder-<preset>-<backend>``); ``start_pos``: the first decoded position;
-    ``long_context``: the long-context token (:mod:`ds4lab.context`), where stage ``3c`` exists.
+    ``long_context``: the long-context token (:mod:`ds4lab.experiments.context`), where stage ``3c`` exists.
     """
 
     stages: str = "0,0s,1,2,3,3u"
@@ -92,10 +92,10 @@ def check(cfg: LadderConfig, con) -> tuple[list, int]:
 
 
 def _stages(cfg: LadderConfig) -> list:
-    """The stages of ``cfg``: :data:`ds4lab.ladder.STAGES`, plus ``3c`` on the long-context token."""
+    """The stages of ``cfg``: :data:`ds4lab.experiments.ladder.STAGES`, plus ``3c`` on the long-context token."""
     if not cfg.long_context:
         return parse_stages(cfg.stages)
-    from ..context import CONTEXT_STAGES
+    from ..experiments.context import CONTEXT_STAGES
 
     names = [t.strip() for t in cfg.stages.split(",") if t.strip()]
     if "3c" not in names:
@@ -221,7 +221,7 @@ def _exactness(be, preset, mcfg, st_list, base, cfg, model, runs, con) -> dict:
 def _measure(be, preset, mcfg, st_list, cfg: LadderConfig, rounds, out, con, meta):
     import pandas as pd
 
-    from .. import plots
+    from ..report import plots
     from ..progress import JobProgress
 
     con.print(f"[bold]ds4lab ladder[/] · {preset} · {provenance.label(meta) if not meta['modeled'] else 'modeled'}")

@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..calibration import backend_calibration
+from ..sim.calibration import backend_calibration
 from .common import BadInput, default_preset, modeled_banner
 
 #: Token counts per step profiled by default: decode, MTP verification (2-3) and batches.
@@ -52,15 +52,15 @@ def run(cfg: MoeConfig, be, console=None):
     Raises:
         BadInput: a token count above the preset's ``max_tokens``, an unknown mode or routing,
             a repeated value, an empty list.
-        ds4lab.results.OutputError: an unwritable ``out``.
+        ds4lab.report.results.OutputError: an unwritable ``out``.
     The folder's ``meta.json`` says ``complete``, ``interrupted`` or ``failed: …``
-    (:func:`ds4lab.results.job_folder`).
+    (:func:`ds4lab.report.results.job_folder`).
     """
     from ..progress import make_console
 
     from .. import moeprof as M
-    from .. import provenance, results
-    from ..config import get_preset
+    from ..report import provenance, results
+    from ..token.config import get_preset
 
     con = console or make_console()
     preset = cfg.preset or default_preset("moe", be)
@@ -119,7 +119,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     import pandas as pd
 
     from .. import moeprof as M
-    from .. import plots, provenance
+    from ..report import plots, provenance
     from ..progress import JobProgress
 
     steps, warmup, regime, capture_mode = job.steps, job.warmup, job.regime, job.capture_mode

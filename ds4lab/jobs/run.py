@@ -33,13 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import provenance, results
-from .. import weights as W
-from ..config import MAX_POS, get_preset
-from ..ladder import token_id_at
-from ..launch import Census
-from ..model import DecodeModel, TokenOptions
-from ..results import OutputError, ResultsCSV
+from ..report import provenance, results
+from ..token import weights as W
+from ..token.config import MAX_POS, get_preset
+from ..experiments.ladder import token_id_at
+from ..capture.launch import Census
+from ..token.model import DecodeModel, TokenOptions
+from ..report.results import OutputError, ResultsCSV
 from ..timing import Stats, copy_bandwidth, sources, time_steps, token_bytes
 from .common import BadInput, CheckFailed, default_preset, modeled_banner
 
@@ -129,7 +129,7 @@ def check_positions(rc: RunConfig) -> None:
 
 
 def check_out(out: Path) -> None:
-    """:func:`ds4lab.results.check_out` for ``run``'s files (raises :class:`ds4lab.results.OutputError`)."""
+    """:func:`ds4lab.report.results.check_out` for ``run``'s files (raises :class:`ds4lab.report.results.OutputError`)."""
     results.check_out(out, RESULT_FILES)
 
 
@@ -315,7 +315,7 @@ def _how_far(rc: RunConfig, prog: _Progress) -> str:
 
 def _record_stop(out: Path, meta: dict, prog: _Progress) -> None:
     """Best effort, never raising, when the run stops early: how far it got into ``meta`` (which
-    :func:`ds4lab.results.job_folder` then writes with the status), ``census.csv`` so far."""
+    :func:`ds4lab.report.results.job_folder` then writes with the status), ``census.csv`` so far."""
     meta["tokens_completed"] = prog.tokens_done
     meta["warmup_completed"] = prog.warmup_done
     meta["census_tokens"] = prog.census_tokens

@@ -20,7 +20,7 @@ in six modes:
                     the token (or every ``read_every`` calls): no synchronization mid-token. Eager
                     only: events recorded in a capture make no graph node, and on the H200 reading
                     them afterwards fails (``cudaErrorInvalidValue``) until they are re-recorded.
-``graph-boundary``  the MoE cluster captured and replayed through a :class:`~ds4lab.capture.GraphCache`;
+``graph-boundary``  the MoE cluster captured and replayed through a :class:`~ds4lab.capture.cache.GraphCache`;
                     two events between graph launches bracket each replay: ``total`` only.
 ``in-graph``        a one-thread kernel (``kernels/timestamp.cu:stamp_time``) writes ``%globaltimer``
                     (ns) into a device slot at each stage boundary. Captured, the stamps are kernel
@@ -51,10 +51,10 @@ device, on the current stream, after the router ran and before the routed-MoE la
 sort, the tiles and the expert load really change; the router stays outside the timed stages.
 
 How the profiler attaches: it becomes the model's ``moe_observer`` for as long as it is attached
-(:meth:`MoeProfiler.attached`; :class:`ds4lab.model.MoeObserver`). The model calls it around
+(:meth:`MoeProfiler.attached`; :class:`ds4lab.token.model.MoeObserver`). The model calls it around
 every ``moe`` cluster run (brackets, eager/capture/replay bookkeeping) and every routed-MoE call
 (the capture guard and the per-call instrumentation), and the seven profiling points call a
-:class:`ds4lab.model.ProfileMarker`'s ``fire`` where the mode puts stamps or NVTX marks instead
+:class:`ds4lab.token.model.ProfileMarker`'s ``fire`` where the mode puts stamps or NVTX marks instead
 of CUDA events. With no profiler attached the model runs exactly as before; detached, the model's
 options are what they were, except for changes made meanwhile (:meth:`MoeProfiler.detach`).
 
@@ -77,7 +77,7 @@ The package, module by module:
 
 from __future__ import annotations
 
-from ..model import MOE_STAGES
+from ..token.model import MOE_STAGES
 from .ds4log import (DS4_LINE, DS4_LINE_RE, DS4_PREFIX, ds4_line_problem, ds4_lines, ds4lab_header, format_ds4_line,
                      parse_ds4_line, read_ds4_log)
 from .modes import MODES, STAGE_MODES, ProfilerCaptureError

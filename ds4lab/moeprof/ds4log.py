@@ -33,7 +33,7 @@ import re
 
 import numpy as np
 
-from ..model import MOE_STAGES
+from ..token.model import MOE_STAGES
 from .rows import ROW_COLUMNS, STAGES
 
 DS4_PREFIX = "ds4: CUDA MoE profile"

@@ -2,7 +2,7 @@
 
 :class:`MoeProfiler` is what callers build (``MoeProfiler(model, mode, ...)``). It chooses the mode
 class (:func:`~ds4lab.moeprof.modes.make_mode`) and does what every mode shares: it becomes the
-model's ``moe_observer`` while attached (:class:`ds4lab.model.MoeObserver`), classifies each ``moe``
+model's ``moe_observer`` while attached (:class:`ds4lab.token.model.MoeObserver`), classifies each ``moe``
 cluster run (eager, capture, replay, capture+replay, eager fallback after a failed capture), keeps
 the calls until a read, reads only when the stream is not capturing, and records errors. Everything
 that depends on the mode (points placed in a call, resources, reading) is the mode object's
@@ -15,15 +15,15 @@ import contextlib
 import dataclasses
 from typing import Iterator
 
-from ..capture import GraphCache
+from ..capture.cache import GraphCache
 from ..errors import RuntimeApiError
-from ..model import DecodeModel, MoeObserver
+from ..token.model import DecodeModel, MoeObserver
 from .modes import check_mode, make_mode
 from .rows import Call, Probe, RowBuilder, capture_status, is_modeled, join_notes
 
 
 class MoeProfiler(MoeObserver):
-    """Times the routed-MoE stages of one :class:`~ds4lab.model.DecodeModel` in one mode.
+    """Times the routed-MoE stages of one :class:`~ds4lab.token.model.DecodeModel` in one mode.
 
     Args:
         model: the model whose ``moe`` clusters are profiled (MoE-only steps or whole tokens).

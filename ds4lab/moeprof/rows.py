@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import RuntimeApiError
-from ..model import MOE_STAGES
+from ..token.model import MOE_STAGES
 
 #: ds4's profile stages plus their sum.
 STAGES = MOE_STAGES + ("total",)
@@ -50,7 +50,7 @@ class Probe:
     ``mode`` is the profiling mode that placed the points and reads them back (for ``host-timed``
     with a fallback, the in-graph or deferred mode it delegated the call to); ``points`` are what
     the model fires at its 7 profiling points for this call (CUDA events or
-    :class:`~ds4lab.model.ProfileMarker` objects; empty: none).
+    :class:`~ds4lab.token.model.ProfileMarker` objects; empty: none).
     """
 
     kind: str  # host, events, stamps, nvtx, none

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..capture import GraphCache
+from ..capture.cache import GraphCache
 from .modes import MODES, runs_last
 from .profiler import MoeProfiler
 from .rows import REGIMES, is_modeled
@@ -34,7 +34,7 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
     Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None,
     "profiler": MoeProfiler or None}`` (µs per timed token; ``moe_us`` NaN where no total was timed).
     """
-    from ..ladder import token_id_at
+    from ..experiments.ladder import token_id_at
 
     be, m = wb.be, wb.model
     cache = GraphCache(be, ("shared", "moe"), mode=capture_mode, warmup=1) if regime == "replayed" else None

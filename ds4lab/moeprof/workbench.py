@@ -20,9 +20,9 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import stream as S
-from ..capture import GraphCache
-from ..model import DecodeModel, TokenOptions
+from ..capture import stream as S
+from ..capture.cache import GraphCache
+from ..token.model import DecodeModel, TokenOptions
 from .modes import auto_regime
 from ..timing import gc_paused
 from .profiler import MoeProfiler

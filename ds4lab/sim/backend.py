@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import weights as W
+from ..token import weights as W
 from ..backends.base import Executor, RuntimeApi
 from ..backends.numpy_backend import NumpyBackend
 from ..errors import CudaError
-from ..stream import LEGACY_STREAM, current_stream
+from ..capture.stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration
 from .memory import Arena, ArenaError, aligned, phantom
 from .runtime import MODES, RULES, Graph, GraphExec, Runtime, SimEvent, SimStream

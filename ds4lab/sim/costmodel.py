@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..calibration import default_calibration_path, read, validate
+from .calibration import default_calibration_path, read, validate
 
 REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
@@ -71,14 +71,14 @@ class Calibration:
 
         Raises:
             CalibrationError (a ValueError): the file cannot be read, or a field breaks
-                :data:`ds4lab.calibration.SCHEMA` (names the file and every key path).
+                :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path).
         """
         path = None
         if src is None:
             src = default_calibration_path()
         if isinstance(src, (str, Path)):
             path = str(Path(src).resolve())
-            d = read(src)  # every field checked against ds4lab.calibration.SCHEMA
+            d = read(src)  # every field checked against ds4lab.sim.calibration.SCHEMA
         elif isinstance(src, dict):
             d = validate(dict(src))
         else:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from ..errors import CudaError, CupyRefusal
 
 #: Capture modes, as ``Backend.begin_capture`` names them (cudaStreamCaptureMode*).
-from ..stream import CAPTURE_MODES as MODES  # defined once
+from ..capture.stream import CAPTURE_MODES as MODES  # defined once
 
 
 class Rule(NamedTuple):

@@ -36,7 +36,7 @@ import weakref
 from typing import Any, Callable
 
 from ..errors import CudaError
-from ..stream import LEGACY_STREAM, current_stream
+from ..capture.stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration, Device
 from .graphs import (FLAG_AUTO_FREE_ON_LAUNCH, FLAG_DEVICE_LAUNCH, FLAG_UPLOAD, FLAG_USE_NODE_PRIORITY, Graph,
                      GraphExec, GraphsMixin)
@@ -511,5 +511,5 @@ class Runtime(GraphsMixin):
                 s.ready_us = 0.0
 
     def current_capturing(self) -> CaptureSeq | None:
-        """The live capture of the accessor's current stream (``ds4lab.stream.current_stream()``)."""
+        """The live capture of the accessor's current stream (``ds4lab.capture.stream.current_stream()``)."""
         return self._stream(current_stream(), "current_stream").capture

@@ -7,7 +7,7 @@ the modeled timeline on ``sim``. Nothing is placed in the routed MoE itself.
 
 from __future__ import annotations
 
-from ...model import MOE_STAGES
+from ...token.model import MOE_STAGES
 from ..rows import Call
 from ..traces import kernel_stage, trace_source
 from .base import ProfilingMode

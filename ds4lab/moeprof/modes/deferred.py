@@ -9,7 +9,7 @@ H200 reading them afterwards fails (``cudaErrorInvalidValue``) until they are re
 from __future__ import annotations
 
 from ...errors import RuntimeApiError
-from ...model import MOE_STAGES
+from ...token.model import MOE_STAGES
 from ..rows import Call, Probe
 from .base import ProfilingMode
 

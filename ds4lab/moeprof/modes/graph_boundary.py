@@ -1,6 +1,6 @@
 """``graph-boundary``: two events between graph launches bracket each ``moe`` cluster run.
 
-The MoE cluster is captured and replayed through a :class:`~ds4lab.capture.GraphCache`; the events
+The MoE cluster is captured and replayed through a :class:`~ds4lab.capture.cache.GraphCache`; the events
 are recorded outside the graph (never while the stream captures), so each replay is timed as a
 whole: ``total`` only, no stages.
 """

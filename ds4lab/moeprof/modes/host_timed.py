@@ -22,7 +22,7 @@ from .base import ProfilingMode
 class ProfilerCaptureError(RuntimeApiError):
     """Host-timed MoE profiling was asked for while the stream captures (the guard refused it).
 
-    A :class:`~ds4lab.errors.RuntimeApiError`, so a :class:`~ds4lab.capture.GraphCache` treats it as
+    A :class:`~ds4lab.errors.RuntimeApiError`, so a :class:`~ds4lab.capture.cache.GraphCache` treats it as
     a failed capture: it ends the (still intact) capture, retires the graph and runs eagerly.
     """
 

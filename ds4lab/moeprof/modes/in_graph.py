@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...model import MOE_STAGES, ProfileMarker
+from ...token.model import MOE_STAGES, ProfileMarker
 from ..rows import Call, Probe, capture_status
 from ..traces import trace_source
 from .base import ProfilingMode

@@ -6,7 +6,7 @@ The ranges are host calls: a tool (Nsight Systems) times them; the rows only say
 
 from __future__ import annotations
 
-from ...model import MOE_STAGES, ProfileMarker
+from ...token.model import MOE_STAGES, ProfileMarker
 from ..rows import Call, Probe
 from .base import ProfilingMode
 

@@ -1,0 +1,272 @@
+"""The launch layer: the one place where ds4lab issues device work.
+
+Every launch site of the decode token calls a :class:`Launcher` method: ``kernel``,
+``memset``, ``copy_h2d`` or ``event_record``. The launcher
+
+* asks :func:`ds4lab.capture.stream.current_stream` for the stream (stage 0's accessor), except for
+  the two ds4-today paths that bypass it on purpose: the synchronous ``cudaMemset`` of the
+  routed-MoE counts and a kernel launched on the legacy stream (capture hazards);
+* counts the launch in the :class:`Census` (cluster, kind, site);
+* wraps it in an NVTX op range when annotation is on;
+* hands it to the backend, which runs it (``cupy``), computes it with the NumPy reference
+  (``numpy``), or, later, models it.
+
+So the op sequence (``ds4lab.token``), the backend and this layer stay separate, and the census
+is the same whichever backend runs the token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any, Callable, Iterator, NamedTuple
+
+from .annotate import make_annotator
+from .stream import LEGACY_STREAM, current_stream
+
+#: Launch-site kinds, as the seed counts them (kernels, memsets, cuBLAS GEMMs, event records),
+#: plus host-to-device copies of per-token scalars and graph launches (replays).
+KINDS = ("kernel", "memset", "gemm", "event", "memcpy", "graph")
+
+
+class LaunchRecord(NamedTuple):
+    """One traced kernel launch: where it came from and everything needed to issue it again."""
+
+    cluster: str
+    layer: int
+    site: str
+    kernel: str
+    grid: tuple
+    block: tuple
+    args: tuple
+    shared: int
+    nbytes: int
+
+
+class Census:
+    """Counts of launches by (cluster, kind, site): what one token (or any span) issued.
+
+    ``site`` names the launch site in the op sequence (``"q_a"``, ``"moe.counts"``); ``kind`` is
+    one of :data:`KINDS`. Tokens are counted with :meth:`token_done` so per-token figures can
+    be derived.
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.tokens = 0
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.tokens = 0
+
+    def token_done(self) -> None:
+        self.tokens += 1
+
+    def total(self, kind: str | None = None) -> int:
+        """Launches counted so far (of one ``kind`` when given)."""
+        return sum(n for (c, k, s), n in self.counts.items() if kind is None or k == kind)
+
+    def frame(self, per_token: bool = True):
+        """A pandas DataFrame: one row per (cluster, kind, site) with ``launches`` and ``sites``.
+
+        ``per_token`` divides by the number of tokens counted (must be > 0).
+        """
+        import pandas as pd
+
+        rows = [{"cluster": c, "kind": k, "site": s, "launches": n} for (c, k, s), n in self.counts.items()]
+        df = pd.DataFrame(rows, columns=["cluster", "kind", "site", "launches"])
+        if per_token and self.tokens:
+            df["launches"] = df["launches"] / self.tokens
+        return df
+
+    def by_kind(self, per_token: bool = True):
+        """Launches and distinct launch sites per kind (the seed's 156 / 3 / 9 / 7 view)."""
+        df = self.frame(per_token)
+        g = df.groupby("kind").agg(launches=("launches", "sum"), sites=("site", "nunique"))
+        return g.reindex(list(KINDS), fill_value=0).reset_index()
+
+    def by_cluster(self, per_token: bool = True):
+        """Launches per cluster and kind (columns: kinds)."""
+        df = self.frame(per_token)
+        return df.pivot_table(index="cluster", columns="kind", values="launches",
+                              aggfunc="sum", fill_value=0)
+
+
+class Launcher:
+    """Routes every launch through the stream accessor, the census and NVTX, to a backend.
+
+    Args:
+        backend: a :class:`ds4lab.backends.base.Backend`.
+        nvtx: emit NVTX ranges (token, layer, cluster, op). Off: no NVTX call at all.
+        routed: ``False`` bypasses the accessor and launches everything on the legacy stream:
+            the "unrouted" path the stage-0 bit-identity test compares against.
+    """
+
+    def __init__(self, backend, *, nvtx: bool = False, routed: bool = True) -> None:
+        self.backend = backend
+        self.census = Census()
+        self.annotator = make_annotator(nvtx)
+        self._nvtx = bool(nvtx)
+        self.routed = routed
+        self.cluster_name = "token"
+        self.layer = -1
+        #: When a list, every kernel launch is appended as a :class:`LaunchRecord` (analysis
+        #: tools replay them one by one to time each op; off on the hot path).
+        self.trace: list | None = None
+        #: The census counts what reaches the device: launches issued while a stream captures
+        #: go to ``captured`` instead (they run only as graph nodes).
+        self.capturing = False
+        self.captured: Counter = Counter()
+        #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
+        self.legacy_sites: frozenset = frozenset()
+        #: Op-owned scratch buffers (split partials, tickets), by key; see :meth:`scratch`.
+        self._scratch: dict = {}
+
+    # ------------------------------------------------------------------ scratch
+    def scratch(self, key, shape, dtype) -> Any:
+        """The scratch buffer ``key`` of this launcher: allocated zeroed by the backend on the
+        first call, the same buffer on every later one (its address stays fixed, so captured
+        graphs stay valid).
+
+        Ops that need scratch ask for it at model build time (:func:`ds4lab.token.ops.alloc_scratch`)
+        so no allocation happens inside a capture. Launches of one launcher run in stream order,
+        so one buffer per key serves every layer's launch of that op.
+
+        Raises ValueError when ``key`` was allocated before with another shape or dtype.
+        """
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self.backend.zeros(shape, dtype)
+            self._scratch[key] = buf
+        elif tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            raise ValueError(f"scratch {key!r}: asked for {tuple(shape)} {dtype}, have {tuple(buf.shape)} {buf.dtype}")
+        return buf
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list]:
+        """Record every kernel launch of the block as a :class:`LaunchRecord` into the list it
+        yields (analysis tools replay them one by one to time each op). Nested recordings each get
+        the launches of their own block; the previous recorder is restored exactly on exit, so no
+        caller has to set ``trace`` back by hand.
+        """
+        prev, self.trace = self.trace, []
+        rec = self.trace
+        try:
+            yield rec
+        finally:
+            if prev is not None:
+                prev.extend(rec)
+            self.trace = prev
+
+    @contextlib.contextmanager
+    def annotating(self, annotator) -> Iterator[object]:
+        """Send every NVTX range of the block to ``annotator`` (the
+        :class:`ds4lab.capture.annotate.NvtxAnnotator` interface: ``push``, ``pop``), annotation on; the
+        previous annotator and on/off state are back on exit (``ds4lab.report.trace_export`` records push/pop times
+        this way)."""
+        prev = self.annotator, self._nvtx
+        self.annotator, self._nvtx = annotator, True
+        try:
+            yield annotator
+        finally:
+            self.annotator, self._nvtx = prev
+
+    # ------------------------------------------------------------------ stream choice
+    def stream(self) -> Any:
+        """The stream the next routed launch goes to (the accessor's answer, or legacy when unrouted)."""
+        return current_stream() if self.routed else LEGACY_STREAM
+
+    # ------------------------------------------------------------------ scopes
+    @contextlib.contextmanager
+    def cluster(self, name: str, layer: int | None = None) -> Iterator[None]:
+        """Scope launches to cluster ``name`` (census key, NVTX category), payload = layer."""
+        prev = self.cluster_name
+        self.cluster_name = name
+        if self._nvtx:
+            self.annotator.push(name, name, self.layer if layer is None else layer)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self.annotator.pop()
+            self.cluster_name = prev
+
+    @contextlib.contextmanager
+    def range(self, message: str, category: str, payload: int | None = None) -> Iterator[None]:
+        """A plain NVTX range (token, layer) that is not a census cluster."""
+        if self._nvtx:
+            self.annotator.push(message, category, payload)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self.annotator.pop()
+
+    # ------------------------------------------------------------------ launch sites
+    def kernel(self, site: str, name: str, grid: tuple, block: tuple, args: tuple,
+               ref: Callable[[], None], *, nbytes: int = 0, shared: int = 0, legacy: bool = False) -> None:
+        """Launch kernel ``name`` from launch site ``site``.
+
+        ``args`` are backend arrays and numpy scalars in the kernel's parameter order; ``ref``
+        computes the same result with the NumPy reference into the same buffers (the ``numpy``
+        backend calls it; the ``cupy`` backend never does). ``legacy=True`` is the hazard path:
+        launch on the legacy stream, bypassing the accessor.
+        """
+        cluster = self.cluster_name
+        (self.captured if self.capturing else self.census.counts)[(cluster, "kernel", site)] += 1
+        if self.trace is not None:
+            self.trace.append(LaunchRecord(cluster, self.layer, site, name, grid, block, args, shared, nbytes))
+        # The accessor unless this launch is pinned to the legacy stream (hazard paths, unrouted).
+        if legacy or not self.routed or (self.legacy_sites and site in self.legacy_sites):
+            stream = LEGACY_STREAM
+        else:
+            stream = current_stream()
+        if self._nvtx:
+            ann = self.annotator
+            ann.push(site, cluster, self.layer)
+            try:
+                self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
+            finally:
+                ann.pop()
+        else:
+            self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
+
+    def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
+        """Fill ``buf`` with byte ``value``.
+
+        ``sync=False`` (the fix): ``cudaMemsetAsync`` on the accessor's stream. ``sync=True``
+        (ds4 today): synchronous ``cudaMemset`` on the legacy stream, which ignores the accessor.
+        """
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "memset", site)] += 1
+        with self._op(site):
+            if sync:
+                self.backend.memset_sync(buf, value)
+            else:
+                self.backend.memset_async(self.stream(), buf, value)
+
+    def copy_h2d(self, site: str, dst: Any, src) -> None:
+        """Copy host array ``src`` into device buffer ``dst`` on the accessor's stream."""
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "memcpy", site)] += 1
+        with self._op(site):
+            self.backend.copy_h2d(self.stream(), dst, src)
+
+    def event_record(self, site: str, event: Any) -> None:
+        """Record ``event`` on the accessor's stream (ds4's profiling ``cudaEventRecord``)."""
+        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "event", site)] += 1
+        self.backend.event_record(self.stream(), event)
+
+    def graph_launch(self, site: str, graph_exec: Any) -> None:
+        """Replay an executable graph on the accessor's stream (``cudaGraphLaunch``)."""
+        self.census.counts[(self.cluster_name, "graph", site)] += 1
+        with self._op(site):
+            self.backend.graph_launch(graph_exec, self.stream())
+
+    @contextlib.contextmanager
+    def _op(self, site: str) -> Iterator[None]:
+        if self._nvtx:
+            self.annotator.push(site, self.cluster_name, self.layer)
+        try:
+            yield
+        finally:
+            if self._nvtx:
+                self.annotator.pop()

@@ -1,0 +1,220 @@
+"""The ``ds4lab`` command line (click). Each command's help gives its options and defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..backends import BACKENDS
+from .support import invoke
+from ..jobs.hazards import ALL_HAZARDS
+from ..capture.stream import CAPTURE_MODES
+from ..token.config import PRESETS
+from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ds4lab")
+def main() -> None:
+    """ds4lab: a profiling workbench for CUDA graph capture in ds4-shaped LLM decode paths."""
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
+                   "numpy: the CPU reference executor (no timing).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Model dimensions. Default: small on a GPU, tiny on the CPU.")
+@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Decode tokens to time.")
+@click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True, help="Untimed tokens first.")
+@click.option("--out", type=click.Path(), default=None,
+              help="Result folder, created if needed and checked writable before any work. "
+                   "Default: results/run-<preset>-<backend>.")
+@click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Position of the first token (the KV window is prefilled). start-pos + warmup + tokens "
+                   "must stay within int32 positions.")
+@click.option("--nvtx/--no-nvtx", default=False, show_default=True,
+              help="NVTX ranges (domain ds4lab); they only matter to a profiler on a GPU.")
+@click.option("--vocab/--no-vocab", default=True, show_default=True,
+              help="Final norm and vocabulary projection.")
+@click.option("--counts-clear", type=click.Choice(COUNTS_CLEAR), default="sync", show_default=True,
+              help="Routed-MoE counts clear: sync cudaMemset on the legacy stream (ds4 today) or async. "
+                   "Only the batched routed-MoE path (tokens > 1 per step) clears counts; a decode token "
+                   "never takes it, so it does not change this command's tokens.")
+@click.option("--scalars", type=click.Choice(SCALARS), default="value", show_default=True,
+              help="Per-token scalars by value (ds4 today) or from a device buffer.")
+@click.option("--scratch", type=click.Choice(SCRATCH), default="prealloc", show_default=True,
+              help="Routed-MoE scratch allocated on demand or up front. Only the batched routed-MoE path "
+                   "(tokens > 1 per step) grows it; a decode token never takes it, so it does not change "
+                   "this command's tokens (only the setup allocation).")
+@click.option("--moe-profile/--no-moe-profile", default=False, show_default=True,
+              help="Record ds4's 7 MoE profiling events (DS4_CUDA_MOE_PROFILE).")
+@click.option("--per-layer-experts", is_flag=True, help="One routed-expert bank per layer (if memory allows).")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Check the first token against the NumPy reference (GPU only: the sim and numpy "
+                   "backends compute with the reference ops).")
+@click.option("--timing-only/--compute", "timing_only", default=None,
+              help="sim backend only: model the timing without computing any number (seconds even for "
+                   "ds4-flash), or compute with the reference ops as well. Default: timing-only for "
+                   "ds4-flash, compute otherwise.")
+@click.option("--force", is_flag=True,
+              help="Run anyway when a CPU backend would compute a model over 1 GiB of weights "
+                   "(numpy, or sim --compute, on ds4-flash: tens of minutes, many GB of memory).")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Weight seed.")
+def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_clear, scalars, scratch,
+        moe_profile, per_layer_experts, check, timing_only, force, seed) -> None:
+    """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor.
+
+    Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable
+    --out (nothing run), 130 interrupted (results so far kept; meta.json says how far it got).
+    """
+    from ..jobs.run import RunConfig
+
+    rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
+                   start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
+                   seed=seed, timing_only=timing_only, force=force,
+                   options=TokenOptions(counts_clear=counts_clear, scalars=scalars, scratch=scratch,
+                                        vocab=vocab, moe_profile=moe_profile))
+    invoke("run", rc, backend, seed)
+
+
+@main.command()
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="ds4-flash", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json into this folder.")
+@click.option("--per-op", "per_op", is_flag=True, help="Add the per-launch-site roofline of one token (CSV, figure).")
+def bench(preset, out, per_op) -> None:
+    """Launch-layer host cost vs bare CuPy, and routed-MoE decode bandwidth (GPU only)."""
+    from ..jobs.bench import BenchConfig
+
+    invoke("bench", BenchConfig(preset=preset, out=out, per_op=per_op), "cupy")
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, small on the sim.")
+@click.option("--stages", default="0,0s,1,2,3,3u", show_default=True, help="Comma-separated stages.")
+@click.option("--tokens", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Timed tokens per stage (after warm-up).")
+@click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Rounds: the stages are timed in this many interleaved rounds (the tokens split across "
+                   "them), so host noise falls on every stage alike.")
+@click.option("--exact-tokens", type=click.IntRange(min=0), default=6, show_default=True,
+              help="Tokens compared bit for bit with stage 0 (0: skip).")
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local",
+              show_default=True, help="Stream-capture mode.")
+@click.option("--hazard", type=click.Choice([*ALL_HAZARDS, "all", "all-longctx"]), default=None,
+              help="Demonstrate one ds4-today path inside a captured stage instead of the ladder.")
+@click.option("--nvtx/--no-nvtx", default=False, show_default=True,
+              help="NVTX ranges (domain ds4lab) on the timed model, for Nsight Systems.")
+@click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Position of the first decoded token (caches prefilled up to it): any stage at any context.")
+@click.option("--long-context", is_flag=True,
+              help="The long-context token (compressed and indexed attention); adds stage 3c to the choices.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/ladder-<preset>-<backend>.")
+def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, start_pos,
+           long_context, out) -> None:
+    """The CUDA-graph stage ladder: µs per token per stage, exactness, cache statistics, plot."""
+    if hazard:
+        from ..jobs.hazards import HazardsConfig
+
+        invoke("hazards", HazardsConfig(hazard=hazard, preset=preset, mode=mode, out=out), backend)
+        return
+    from ..jobs.ladder import LadderConfig
+
+    invoke("ladder", LadderConfig(stages=stages, preset=preset, tokens=tokens, warmup=warmup,
+                                  exact_tokens=exact_tokens, rounds=repeats, mode=mode, nvtx=nvtx, out=out,
+                                  start_pos=start_pos, long_context=long_context), backend)
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/conformance"), show_default=True)
+@click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
+@click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
+def conformance(backend, out, names, list_only) -> None:
+    """Capture-rule scenarios on the real GPU and on the simulated runtime; every disagreement."""
+    if list_only:
+        from ..conformance import SCENARIOS
+
+        for sc in SCENARIOS:
+            click.echo(f"{sc.name:48s} {sc.covers}")
+        return
+    from ..jobs.conformance import ConformanceConfig
+
+    invoke("conformance", ConformanceConfig(names=list(names), out=out), backend)
+
+
+@main.command()
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Model whose eager tokens and kernels are measured. Default: small.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results/calibration.json"), show_default=True)
+@click.option("--moe-profile", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="No GPU needed: add fits for the tiled (tokens > 1) MoE kernels from this `ds4lab moe` "
+                   "folder (measured, with in-graph uniform rows) to --base and write --out.")
+@click.option("--base", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
+              help="With --moe-profile or --long-context: the calibration to extend (default: the shipped one).")
+@click.option("--long-context", is_flag=True,
+              help="GPU: add fits for the long-context token's kernels to --base (default: the shipped one).")
+def calibrate(preset, out, moe_profile, base, long_context) -> None:
+    """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
+    from ..jobs.calibrate import CalibrateConfig
+
+    invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
+                                        long_context=long_context), "cupy")
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, small on the sim.")
+@click.option("--stages", default="0,2,3,3c", show_default=True, help="Comma-separated stages of 0, 2, 3, 3c.")
+@click.option("--contexts", default="1024,4096,16384,65536", show_default=True,
+              help="Comma-separated contexts (start positions).")
+@click.option("--span", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Tokens compared bit for bit with stage 0 at each context, from context - 4.")
+@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Timed tokens per stage and context.")
+@click.option("--warmup", type=click.IntRange(min=0), default=4, show_default=True)
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local", show_default=True,
+              help="Stream-capture mode.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/context-<preset>-<backend>.")
+def context(backend, preset, stages, contexts, span, tokens, warmup, mode, out) -> None:
+    """The stage ladder across context length, on the long-context token: µs per token per stage and
+    context, launches, graphs captured so far, exactness across emit and top-k regime boundaries."""
+    from ..jobs.context import ContextConfig
+
+    invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
+                                    warmup=warmup, mode=mode, out=out), backend)
+
+
+@main.command()
+def presets() -> None:
+    """List the model presets and their dimensions."""
+    import pandas as pd
+
+    df = pd.DataFrame([p.summary() for p in PRESETS.values()]).set_index("name").T
+    click.echo(df.to_string())
+
+
+def _register_extensions() -> None:
+    """Commands defined beside this module (each ``register(main)``)."""
+    from . import ingest as cli_ingest, moe as cli_moe, notebooks as cli_notebooks, trace as cli_trace
+
+    cli_ingest.register(main)
+    cli_trace.register(main)
+    cli_moe.register(main)
+    cli_notebooks.register(main)
+
+
+_register_extensions()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""What every ``ds4lab`` command shares: the console, the error line and the one place where a
+job's exceptions become exit codes (:func:`ds4lab.jobs.common.exit_code`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+def console():
+    """The rich console every command prints through (:func:`ds4lab.progress.make_console`)."""
+    from ..progress import make_console
+
+    return make_console()
+
+
+def fail(msg: str, code: int = 2) -> None:
+    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``."""
+    click.echo(f"ds4lab: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
+    """Run ``job`` through :func:`ds4lab.jobs.execute`; every exception becomes one message and the
+    exit code of :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted)."""
+    from ..errors import BadInput, CheckFailed
+    from ..jobs import execute, exit_code
+
+    try:
+        return execute(job, cfg, backend=backend, console=console(), seed=seed)
+    except KeyboardInterrupt as e:
+        msg = str(e) or "interrupted: results so far are kept (meta.json status: interrupted)"
+        fail(msg, exit_code(e))
+    except Exception as e:  # noqa: BLE001 - the one place exceptions become exit codes
+        code = exit_code(e)
+        text = str(e).strip() or type(e).__name__
+        if not isinstance(e, (BadInput, CheckFailed)) and code == 1:  # not one of ours: say what it was
+            text = f"{type(e).__name__}: {text}"
+        fail(text, code)
+
+
+def result_folder(ctx, param, value):
+    """click callback for an ``--out`` folder: refuses the current directory (click turns ``--out ""``
+    into ``.``), where a command would scatter its files and replace what it wrote before."""
+    from pathlib import Path
+
+    if value is not None and Path(value) == Path("."):
+        raise click.BadParameter(f"{str(value)!r} names the current directory, not a result folder: name a "
+                                 "folder, for example results/<command>")
+    return value
+

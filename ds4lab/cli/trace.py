@@ -1,0 +1,53 @@
+"""``ds4lab trace``: the command line over :func:`ds4lab.report.trace_export.run_trace` (the logic lives there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..token.config import PRESETS
+
+
+def register(main: click.Group) -> None:
+    """Add ``trace`` to the ``ds4lab`` group."""
+    main.add_command(trace_cmd)
+
+
+@click.command("trace")
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, tiny on the sim.")
+@click.option("--stages", default="0,3", show_default=True, help="Comma-separated stages, one trace process each.")
+@click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Tokens traced per stage (after warm-up).")
+@click.option("--warmup", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Untraced tokens per stage first (the captured stages capture their graphs there).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/trace-<preset>-<backend>.")
+def trace_cmd(backend, preset, stages, tokens, warmup, out) -> None:
+    """One decode token's timeline per stage as a Chrome/Perfetto trace (trace.json).
+
+    Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's
+    modeled schedule (labelled MODELED); ds4lab's NVTX ranges (token, layer, cluster, op) from its own
+    record of push and pop times. Open trace.json in ui.perfetto.dev or chrome://tracing; also
+    written: trace_kernels.csv, trace_nvtx.csv, meta.json and trace.png/.svg/.pdf (the first
+    layers of each stage's token, launch gaps visible).
+
+    \b
+    Exit status:
+      0  trace written
+      2  bad request (unknown stage), no kernel source here (no cupti-python
+         on a GPU), no GPU for --backend cupy, or an --out that cannot be
+         written; nothing traced
+      1  a stage's traced tokens gave no kernel record (meta.json: failed)
+    """
+    from .support import invoke
+    from ..report.trace_export import TraceConfig
+
+    res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out), backend)
+    for p in res.files:
+        click.echo(f"wrote {p}")
+    if res.meta.get("modeled"):
+        click.echo("every event in this trace is MODELED (the sim's cost model), not measured")

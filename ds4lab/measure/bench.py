@@ -1,0 +1,317 @@
+"""``ds4lab bench``: the core library's two benchmarks, side by side in one run (GPU only).
+
+1. Host cost per eager launch through the launch layer (accessor + census, NVTX off and on)
+   against a bare CuPy ``RawKernel`` launch of the same kernel, and against CuPy's underlying
+   ``Function`` call with an explicit stream. Host enqueue time is measured with a host clock
+   around N launches (host work only; the GPU runs the tiny kernels faster than they arrive),
+   median over repeats; the GPU-side span of the same launches is measured with CUDA events.
+2. The 6-expert routed-MoE decode step (``xq``, ``gateup``, ``midq``, ``down``, ``sum``) at the
+   preset's dimensions: 16 different routings captured into one CUDA graph and replayed, timed
+   with CUDA events; achieved bytes per second against a measured device-to-device copy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..token import ops
+from ..report import provenance
+from ..capture import stream as S
+from ..capture.scope import capture_scope
+from ..timing import Stats, copy_bandwidth, event_ms
+
+
+def _noop() -> None:
+    pass
+
+
+def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
+    """Host µs per launch for each launch path (median and IQR over ``repeats`` of ``n`` launches)."""
+    import cupy
+
+    from ..capture.launch import Launcher
+
+    raw = be._module(be._sources["tiny_add"]).get_function("tiny_add")
+    fn = be.function("tiny_add")
+    x = cupy.zeros(1024, dtype=np.float32)
+    args = (x, np.int32(1024))
+    grid, block = (4,), (256,)
+    L_off = Launcher(be, nvtx=False)
+    L_on = Launcher(be, nvtx=True)
+    side = cupy.cuda.Stream(non_blocking=True)
+
+    def bare():
+        for _ in range(n):
+            raw(grid, block, args)
+
+    def function():
+        null = cupy.cuda.Stream.null
+        for _ in range(n):
+            fn(grid, block, args, 0, null)
+
+    def function_side():
+        for _ in range(n):
+            fn(grid, block, args, 0, side)
+
+    def launcher(L):
+        def go():
+            for _ in range(n):
+                L.kernel("bench", "tiny_add", grid, block, args, _noop)
+        return go
+
+    def launcher_override():
+        with S.stream_override(side):
+            for _ in range(n):
+                L_off.kernel("bench", "tiny_add", grid, block, args, _noop)
+
+    variants = {
+        "cupy RawKernel (bare)": (bare, False),
+        "cupy Function + stream": (function, False),
+        "cupy Function + non-blocking stream": (function_side, True),
+        "ds4lab launcher, NVTX off": (launcher(L_off), False),
+        "ds4lab launcher, NVTX on": (launcher(L_on), False),
+        "ds4lab launcher, override stream": (launcher_override, True),
+    }
+    was = S.graphs_enabled()
+    out = {}
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    try:
+        for name, (go, needs_flag) in variants.items():
+            S.set_graphs_enabled(needs_flag)
+            go()  # warm-up
+            be.synchronize()
+            host, gpu = [], []
+            for _ in range(repeats):
+                st = side if name.endswith(("override stream", "non-blocking stream")) else cupy.cuda.Stream.null
+                e0.record(st)
+                t0 = time.perf_counter()
+                go()
+                t1 = time.perf_counter()
+                e1.record(st)
+                gpu.append(event_ms(e0, e1) * 1e3 / n)
+                host.append((t1 - t0) * 1e6 / n)
+                be.synchronize()
+            out[name] = {"host_us": Stats.of(host), "gpu_span_us": Stats.of(gpu)}
+    finally:
+        S.set_graphs_enabled(was)
+    base = out["cupy RawKernel (bare)"]["host_us"].median
+    for v in out.values():
+        v["ratio_vs_bare"] = v["host_us"].median / base
+    return out
+
+
+def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7) -> dict:
+    """Achieved GB/s of the decode routed-MoE step (T = 1), graph-replayed, against a D2D copy."""
+    import cupy
+
+    from ..token import weights as W
+    from ..token.model import DecodeModel, TokenOptions
+
+    m = DecodeModel(cfg, be, TokenOptions(counts_clear="async"), n_layers=1)
+    L, b = m.L, m.moe_buf
+    bank = m.banks[0]
+    rng = np.random.default_rng(seed)
+    k, E, F = cfg.n_used, cfg.embed, cfg.expert_ffn
+    x_all = be.from_host(rng.standard_normal((routings, E)).astype(np.float32))
+    ids_all = be.from_host(np.stack([rng.choice(cfg.n_experts, k, replace=False)
+                                     for _ in range(routings)]).astype(np.int32))
+    w_all = be.from_host(rng.dirichlet(np.ones(k), routings).astype(np.float32))
+
+    def step(i):
+        ops.xq_quantize(L, "xq", x_all[i], b.xq, b.xd, 1, E)
+        ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, ids_all[i], b.gate, b.up, k, cfg)
+        ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, k, cfg)
+        ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, ids_all[i], b.out, k, cfg)
+        ops.moe_sum(L, "sum", b.out, w_all[i], b.y, 1, cfg)
+
+    st = cupy.cuda.Stream(non_blocking=True)
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    try:
+        with S.stream_override(st):
+            for i in range(routings):  # warm-up, eager
+                step(i)
+            st.synchronize()
+            # eager timing of the same steps (host-bound: launches arrive slower than the GPU runs them)
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            eager = []
+            for _ in range(10):
+                e0.record(st)
+                for i in range(routings):
+                    step(i)
+                e1.record(st)
+                eager.append(event_ms(e0, e1) * 1e3 / routings)
+            with capture_scope(None, st, "thread_local") as cap:
+                for i in range(routings):
+                    step(i)
+            g = cap.graph
+        g.upload(st) if hasattr(g, "upload") else None
+        g.launch(st)
+        st.synchronize()
+        rep = []
+        for _ in range(replays):
+            e0.record(st)
+            g.launch(st)
+            e1.record(st)
+            rep.append(event_ms(e0, e1) * 1e3 / routings)
+    finally:
+        S.set_graphs_enabled(was)
+    per_expert = sum(W.spec_bytes(s) // s.subs for s in W.bank_specs(cfg, 0).values())
+    act = E * 4 + E + E // 256 * 4 + 2 * k * F * 4 * 2 + k * F + k * E * 4 * 2 + E * 4
+    nbytes = k * per_expert + act
+    st_rep = Stats.of(rep)
+    bw = copy_bandwidth()
+    return {"bytes_per_step": nbytes, "graph_replay_us": st_rep, "eager_us": Stats.of(eager),
+            "achieved_GBps": nbytes / (st_rep.median * 1e-6) / 1e9, "copy_GBps": bw,
+            "fraction_of_copy": nbytes / (st_rep.median * 1e-6) / 1e9 / bw.median}
+
+
+#: Keys of :func:`summary` (the fields ``bench.json`` carries at its top level).
+SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "busy_over_floor", "copy_GBps", "moe_decode_copy_fraction",
+                "launch_us_bare", "launch_us_override", "launch_us_nvtx", "launch_us_launcher")
+
+
+def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
+    """The headline figures of a bench run: token GPU-busy µs and bytes-moved floor (None without
+    the per-op run), the copy bandwidth, the routed-MoE decode step's fraction of it, and host µs
+    per launch (medians) bare, through the launcher with an override stream, with NVTX on, and
+    plain."""
+    host = {k: v["host_us"].median for k, v in lo.items()}
+    return {
+        "token_busy_us": per_op["token_busy_us"] if per_op else None,
+        "bytes_floor_us": per_op["bytes_floor_us"] if per_op else None,
+        "busy_over_floor": per_op["busy_over_floor"] if per_op else None,
+        "copy_GBps": mb["copy_GBps"].median,
+        "moe_decode_copy_fraction": mb["fraction_of_copy"],
+        "launch_us_bare": host["cupy RawKernel (bare)"],
+        "launch_us_override": host["ds4lab launcher, override stream"],
+        "launch_us_nvtx": host["ds4lab launcher, NVTX on"],
+        "launch_us_launcher": host["ds4lab launcher, NVTX off"],
+    }
+
+
+def run_bench(be, cfg, console, *, per_op: bool = False, out=None) -> dict:
+    """The benchmarks; prints tables and returns the figures (with provenance) and, at the top
+    level, :func:`summary`'s fields. ``per_op`` adds the per-site roofline of one token
+    (:func:`ds4lab.measure.perop.run_per_op`; its CSV and figure go to ``out`` when given)."""
+    from rich.table import Table
+
+    meta = provenance.base_meta(be)
+    be.compile_all()
+    lo = launch_overhead(be)
+    t = Table(title=f"host cost per eager launch — {provenance.label(meta)}")
+    for c in ("launch path", "host µs/launch (median)", "IQR", "GPU span µs/launch", "× bare RawKernel"):
+        t.add_column(c, justify="left" if c == "launch path" else "right")
+    for name, v in lo.items():
+        h = v["host_us"]
+        t.add_row(name, f"{h.median:.2f}", f"{h.p25:.2f}–{h.p75:.2f}", f"{v['gpu_span_us'].median:.2f}",
+                  f"{v['ratio_vs_bare']:.3f}")
+    console.print(t)
+    mb = moe_bandwidth(be, cfg)
+    t2 = Table(title=f"routed-MoE decode step, {cfg.name} (6 experts) — {provenance.label(meta)}")
+    t2.add_column("figure")
+    t2.add_column("value", justify="right")
+    t2.add_row("bytes per step", f"{mb['bytes_per_step'] / 1e6:.1f} MB")
+    t2.add_row("graph replay µs/step (median, IQR)",
+               f"{mb['graph_replay_us'].median:.1f} ({mb['graph_replay_us'].p25:.1f}–{mb['graph_replay_us'].p75:.1f})")
+    t2.add_row("eager µs/step (median)", f"{mb['eager_us'].median:.1f}")
+    t2.add_row("achieved GB/s", f"{mb['achieved_GBps']:.0f}")
+    t2.add_row("D2D copy GB/s (read+write)", f"{mb['copy_GBps'].median:.0f}")
+    t2.add_row("fraction of copy bandwidth", f"{mb['fraction_of_copy']:.0%}")
+    console.print(t2)
+    gr = graph_replay_cost(be)
+    t3 = Table(title=f"graph replay cost per kernel node (350 small kernels) — {provenance.label(meta)}")
+    t3.add_column("graph")
+    t3.add_column("µs per node (median)", justify="right")
+    t3.add_column("IQR", justify="right")
+    for name, st in gr.items():
+        t3.add_row(name, "—" if st is None else f"{st.median:.3f}", "" if st is None else f"{st.p25:.3f}–{st.p75:.3f}")
+    console.print(t3)
+    po = None
+    if per_op:
+        from .perop import run_per_op
+
+        po = run_per_op(be, cfg, console, out, copy_GBps=mb["copy_GBps"].median, meta=meta)
+    res = summary(lo, mb, po)
+    res.update({"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb, "graph_replay": gr})
+    if po is not None:
+        res["per_op"] = po
+    return res
+
+
+def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
+    """µs per kernel node of a replayed graph of ``n`` small kernels, three ways, one run:
+    ds4lab (launches through the launcher, captured on the accessor's stream), CuPy's own graph API
+    with a bare ``RawKernel``, and ``torch.cuda.CUDAGraph`` of ``n`` ``x.add_(1)`` (when torch is
+    importable). CUDA events around each replay; median over ``replays``."""
+    import cupy
+
+    from ..capture.launch import Launcher
+
+    out = {}
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def time_replays(launch, stream):
+        launch()
+        stream.synchronize()
+        v = []
+        for _ in range(replays):
+            e0.record(stream)
+            launch()
+            e1.record(stream)
+            v.append(event_ms(e0, e1) * 1e3 / n)
+        return Stats.of(v)
+
+    # ds4lab: the launch layer under capture
+    st = be.new_stream(non_blocking=True)
+    x = cupy.zeros(1024, dtype=np.float32)
+    L = Launcher(be)
+    was = S.graphs_enabled()
+    S.set_graphs_enabled(True)
+    try:
+        with S.stream_override(st):
+            with capture_scope(be, st, "thread_local") as cap:
+                for _ in range(n):
+                    L.kernel("bench", "tiny_add", (4,), (256,), (x, np.int32(1024)), _noop)
+            g = cap.graph
+        ex = be.graph_instantiate(g)
+        out["ds4lab launcher graph"] = time_replays(lambda: be.graph_launch(ex, st), st)
+    finally:
+        S.set_graphs_enabled(was)
+    # CuPy's own graph API with a bare RawKernel
+    raw = be._module(be._sources["tiny_add"]).get_function("tiny_add")
+    s2 = cupy.cuda.Stream(non_blocking=True)
+    with s2, capture_scope(None, s2, "relaxed") as cap2:  # CuPy's default mode is relaxed (gpu-facts.md)
+        for _ in range(n):
+            raw((4,), (256,), (x, np.int32(1024)))
+    g2 = cap2.graph
+    out["CuPy Graph, bare RawKernel"] = time_replays(lambda: g2.launch(s2), s2)
+    try:
+        import torch
+
+        t = torch.zeros(1024, device="cuda")
+        ts = torch.cuda.Stream()
+        with torch.cuda.stream(ts):
+            for _ in range(3):
+                t.add_(1)
+        torch.cuda.synchronize()
+        tg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(tg):
+            for _ in range(n):
+                t.add_(1)
+        te0, te1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        tg.replay()
+        torch.cuda.synchronize()
+        v = []
+        for _ in range(replays):
+            te0.record()
+            tg.replay()
+            te1.record()
+            te1.synchronize()
+            v.append(te0.elapsed_time(te1) * 1e3 / n)
+        out["torch.cuda.CUDAGraph, x.add_(1)"] = Stats.of(v)
+    except Exception as e:  # torch missing or without CUDA: say so in the table
+        out[f"torch unavailable ({type(e).__name__})"] = None
+    return out

@@ -1,0 +1,334 @@
+"""``ds4lab calibrate`` (GPU only): measure the simulated runtime's cost-model parameters.
+
+Measured on the current GPU, each with CUDA events (device time) or a host clock (host work):
+
+* ``host_launch_us``: host time per kernel launch of a real decode token (op Python + launch
+  layer + CuPy + driver), from eager tokens of the preset;
+* ``host_graph_launch_us``: host time of one ``cudaGraphLaunch``;
+* ``graph_node_us``: device time per node of a replayed graph of tiny kernels;
+* ``kernel_fixed_us``, ``bandwidth_GBps``: a least-squares fit ``us = fixed + bytes / bandwidth``
+  over every kernel of one token (each timed back to back behind a spin kernel), plus per-kernel
+  fits in ``kernels``;
+* ``memset_us``, ``host_api_us``, ``copy_GBps``.
+
+The result is a JSON file the ``sim`` backend loads (``DS4LAB_CALIBRATION=FILE``); ``ds4lab/data/h200.json``
+is the one shipped for the H200.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..report import provenance
+from ..timing import Stats, copy_bandwidth, event_ms
+
+
+def _fit(nbytes: np.ndarray, us: np.ndarray, bw_default: float | None = None) -> tuple[float, float]:
+    """Least squares ``us = a + nbytes / (bw * 1e3)``; returns (a µs >= 0, bw GB/s > 0).
+
+    With a single distinct size (one call site), the slope is not identifiable: the bandwidth is
+    ``bw_default`` and the fixed cost takes the rest of the median.
+    """
+    nbytes = nbytes.astype(np.float64)
+    us = us.astype(np.float64)
+    if len(set(nbytes.tolist())) < 2 and bw_default:
+        a = float(np.median(us - nbytes / (bw_default * 1e3)))
+        return max(a, 0.0), float(bw_default)
+    A = np.stack([np.ones_like(nbytes), nbytes], axis=1)
+    (a, slope), *_ = np.linalg.lstsq(A, us, rcond=None)
+    if slope <= 0:  # no bandwidth signal (tiny kernels): all fixed cost
+        return float(np.median(us)), float(bw_default or 1e6)
+    return max(float(a), 0.0), 1.0 / float(slope) / 1e3
+
+
+def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict:
+    """Measure every parameter on ``be`` (a CupyBackend). Returns the calibration dict."""
+    import cupy
+
+    from .perop import per_op_times
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+
+    log = console.print if console else print
+    be.compile_all()
+    cfg = get_preset(preset)
+    m = DecodeModel(cfg, be, TokenOptions(vocab=True))
+    # host cost per launch in a real token (eager, legacy stream, as ds4lab run does it)
+    for i in range(3):
+        m.token(1000 + i, 3)
+    be.synchronize()
+    host, dev = [], []
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    m.L.census.reset()
+    for i in range(tokens):
+        e0.record()
+        t0 = time.perf_counter()
+        m.token(1003 + i, 5 + i)
+        t1 = time.perf_counter()
+        e1.record()
+        be.synchronize()
+        host.append((t1 - t0) * 1e6)
+        dev.append(event_ms(e0, e1) * 1e3)
+    launches = m.L.census.total() / tokens
+    host_launch = Stats.of(host).median / launches
+    log(f"eager {preset}: {Stats.of(dev).median:.1f} µs per token, {launches:.0f} launches, "
+        f"{host_launch:.2f} host µs per launch")
+    # per-kernel device times → fixed cost and bandwidth
+    ops = per_op_times(be, m, pos=1100, token_id=9)
+    a, bw = _fit(ops["nbytes"].to_numpy(), ops["us"].to_numpy())
+    kernels = {}
+    for name, g in ops.groupby("kernel"):
+        ka, kbw = _fit(g["nbytes"].to_numpy(), g["us"].to_numpy(), bw_default=bw)
+        kernels[name] = {"fixed_us": round(ka, 3), "bandwidth_GBps": round(kbw, 1), "samples": int(len(g)),
+                         "median_us": round(float(g["us"].median()), 3)}
+    log(f"kernel fit over {len(ops)} launches: {a:.2f} µs fixed + bytes / {bw:.0f} GB/s")
+    # graph replay: per node and per launch
+    st = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.zeros(1024, dtype=np.float32)
+    fn = be.function("tiny_add")
+    n_nodes = 400
+    from ..capture.scope import capture_scope
+
+    with capture_scope(None, st, "relaxed") as cap:  # CuPy's default mode is relaxed (gpu-facts.md)
+        for _ in range(n_nodes):
+            fn((4,), (256,), (x, np.int32(1024)), 0, st)
+    g = cap.graph
+    g.launch(st)
+    st.synchronize()
+    rep, hl = [], []
+    for _ in range(30):
+        e0.record(st)
+        t0 = time.perf_counter()
+        g.launch(st)
+        t1 = time.perf_counter()
+        e1.record(st)
+        rep.append(event_ms(e0, e1) * 1e3 / n_nodes)
+        hl.append((t1 - t0) * 1e6)
+        st.synchronize()
+    # memsetAsync host cost and device time
+    buf = cupy.zeros(1024, dtype=np.int32)
+    ms_host, ms_dev = [], []
+    for _ in range(50):
+        e0.record(st)
+        t0 = time.perf_counter()
+        cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, st.ptr)
+        t1 = time.perf_counter()
+        e1.record(st)
+        ms_dev.append(event_ms(e0, e1) * 1e3)
+        ms_host.append((t1 - t0) * 1e6)
+    bwc = copy_bandwidth()
+    meta = provenance.base_meta(be)
+    cal = {
+        "name": f"{meta.get('device', 'GPU')} ({time.strftime('%Y-%m-%d')})",
+        "device": meta.get("device"),
+        "driver": meta.get("driver"),
+        "cupy": meta.get("cupy"),
+        "measured": True,
+        "source": f"ds4lab calibrate --preset {preset} (git {meta.get('git_revision')})",
+        "host_launch_us": round(host_launch, 3),
+        "host_graph_launch_us": round(Stats.of(hl).median, 3),
+        "host_api_us": round(Stats.of(ms_host).median, 3),
+        "kernel_fixed_us": round(a, 3),
+        "graph_node_us": round(Stats.of(rep).median, 4),
+        "bandwidth_GBps": round(bw, 1),
+        "memset_us": round(Stats.of(ms_dev).median, 3),
+        "copy_GBps": round(bwc.median, 1),
+        "kernels": kernels,
+        "eager_token_us": {"preset": preset, "median": round(Stats.of(dev).median, 1),
+                           "p25": round(Stats.of(dev).p25, 1), "p75": round(Stats.of(dev).p75, 1)},
+    }
+    return cal
+
+
+def add_kernel_fits(base: dict, ops, note: str) -> dict:
+    """``base`` with per-kernel fits (``us = fixed + bytes / bandwidth``, :func:`_fit`) added for
+    every kernel in ``ops`` (a per-op timing table: ``kernel``, ``nbytes``, ``us`` per launch)
+    that ``base["kernels"]`` lacks; kernels it has keep their fits. ``note`` joins ``source``.
+
+    Raises:
+        ValueError: ``ops`` has none of the columns it needs, or ``base`` no ``kernels`` object.
+    """
+    if not {"kernel", "nbytes", "us"} <= set(ops.columns):
+        raise ValueError(f"a per-op table needs kernel, nbytes and us columns, not {list(ops.columns)}")
+    if not isinstance(base.get("kernels"), dict):
+        raise ValueError("the base calibration has no kernels object")
+    out = dict(base)
+    out["kernels"] = dict(base["kernels"])
+    for name, g in ops[~ops["kernel"].isin(set(base["kernels"]))].groupby("kernel"):
+        a, bw = _fit(g["nbytes"].to_numpy(), g["us"].to_numpy(), bw_default=float(base["bandwidth_GBps"]))
+        out["kernels"][name] = {"fixed_us": round(a, 3), "bandwidth_GBps": round(bw, 1), "samples": int(len(g)),
+                                "median_us": round(float(g["us"].median()), 3)}
+    out["source"] = f"{base.get('source', '')}; {note}"
+    return out
+
+
+def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", pos: int = 65535, console=None) -> dict:
+    """Fits for the kernels the long-context token adds (``kernels/longctx.cu``), measured as
+    :func:`calibrate` measures the others (:func:`ds4lab.measure.perop.per_op_times`: each launch of one
+    token re-issued behind a spin kernel, CUDA events), at ``pos`` (default 65 535: both
+    compressors emit and the indexer takes its chunked top-k), and added to ``base``.
+
+    Raises:
+        ValueError: ``pos`` where neither compressor emits (their emit kernels would not run).
+    """
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+    from .perop import per_op_times
+
+    if (pos + 1) % 128:
+        raise ValueError(f"pos={pos}: pick a position where both compressors emit ((pos + 1) % 128 == 0)")
+    log = console.print if console else print
+    cfg = get_preset(preset, long_context=True, max_context=-(-(pos + 2) // 128) * 128)
+    m = DecodeModel(cfg, be, TokenOptions(vocab=False))
+    m.token(pos - 1, 3)  # warm: every kernel compiled and loaded
+    be.synchronize()
+    ops = per_op_times(be, m, pos=pos, token_id=9)
+    new = ops[~ops["kernel"].isin(set(base.get("kernels", {})))]
+    log(f"long-context token at {pos}: {len(ops)} launches, {len(new)} of {new['kernel'].nunique()} kernels "
+        "without a fit")
+    return add_kernel_fits(base, ops, f"long-context kernels fitted by ds4lab calibrate --long-context "
+                                      f"({preset}, position {pos})")
+
+
+def write_calibration(cal: dict, path: Path) -> None:
+    """Write a calibration file (atomically)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    provenance.write_json(path, cal)
+
+
+#: The tiled (tokens > 1) expert kernels, their ds4 profile stage, and their matrix shape.
+TILED_KERNELS = {"moe_gateup_tiled": ("gateup", "gate_up"), "moe_down_tiled": ("down", "down")}
+
+
+def fit_tiled_moe(moe_dir: Path, max_tokens: int = 64) -> dict:
+    """Per-kernel cost-model fits for the tiled routed-MoE kernels from a ``ds4lab moe`` folder
+    measured on a GPU: the ``in-graph`` per-stage medians under ``uniform`` routing for 2 to
+    ``max_tokens`` tokens per step (beyond that the kernels stop being bandwidth-bound), against
+    the bytes the cost model charges them (the expected tile count under uniform routing times
+    one expert's weights: :func:`ds4lab.token.reference.expected_tiles`).
+
+    Returns ``{kernel: {fixed_us, bandwidth_GBps, samples, source}}`` to merge into a
+    calibration's ``kernels``. Raises ``ValueError`` naming the folder when it is modeled (sim),
+    lacks in-graph uniform rows for at least two token counts, or has no preset in its meta.
+    """
+    import pandas as pd
+
+    from ..token.config import get_preset
+    from ..token.reference import expected_tiles
+
+    moe_dir = Path(moe_dir)
+    try:
+        meta = json.loads((moe_dir / "meta.json").read_text())
+        summary = pd.read_csv(moe_dir / "summary.csv")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{moe_dir}: not a ds4lab moe result folder ({e})") from None
+    if meta.get("modeled") or not meta.get("measured", True):
+        raise ValueError(f"{moe_dir}: modeled on the simulated runtime; fit from a GPU measurement")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{moe_dir}/meta.json: a JSON object expected")
+    preset = meta.get("preset", {})
+    if isinstance(preset, str):
+        preset = {"name": preset}
+    if not isinstance(preset, dict) or "name" not in preset:
+        raise ValueError(f"{moe_dir}/meta.json names no preset")
+    cfg = get_preset(preset["name"])
+    F, E, k, N = cfg.expert_ffn, cfg.embed, cfg.n_used, cfg.n_experts
+    shapes = {"gate_up": (2 * F, E), "down": (E, F)}
+    missing = [c for c in ("mode", "routing", "tokens", "stage", "median_ms") if c not in summary.columns]
+    if missing:
+        raise ValueError(f"{moe_dir}/summary.csv lacks the column(s) {', '.join(missing)}")
+    d = summary[(summary["mode"] == "in-graph") & (summary["routing"] == "uniform")
+                & summary["tokens"].between(2, max_tokens)]
+    fits = {}
+    for kernel, (stage, bank) in TILED_KERNELS.items():
+        g = d[d["stage"] == stage].sort_values("tokens")
+        if g["tokens"].nunique() < 2:
+            raise ValueError(f"{moe_dir}: {stage} needs in-graph uniform times for two token counts "
+                             f"in 2..{max_tokens}, found {sorted(g['tokens'].unique())}")
+        rows, cols = shapes[bank]
+        per_tile = rows * cols // 2 + rows * cols // 32 * 2
+        nbytes = np.array([expected_tiles(int(t), k, N) * per_tile for t in g["tokens"]])
+        a, bw = _fit(nbytes, g["median_ms"].to_numpy() * 1e3)
+        fits[kernel] = {"fixed_us": round(a, 3), "bandwidth_GBps": round(bw, 1), "samples": int(len(g)),
+                        "source": f"ds4lab moe in-graph, uniform, tokens {list(map(int, g['tokens']))}, "
+                                  f"{meta.get('device')} {meta.get('timestamp', '')}"}
+    return fits
+
+
+# ----------------------------------------------------------------------------- the provisional H200 file
+#: Constants of the provisional H200 calibration that are not fitted (µs, GB/s), with where each
+#: figure comes from. Those marked "guess" were not measured; replace them with measurements.
+H200_CONSTANTS = {
+    "host_launch_us": (10.0, "NOTES.md 2026-11-29: host enqueue 11 221 µs / 1 121 launches per ds4-flash token "
+                             "(CuPy launch ≈ 5 µs + the op's Python ≈ 5 µs)"),
+    "graph_node_us": (0.83, "gpu-facts.md: 350 tiny-kernel launches captured once, graph replayed: 0.83 µs per kernel"),
+    "copy_GBps": (4233.0, "NOTES.md 2026-11-29: device-to-device copy bandwidth, median of 20"),
+    "host_graph_launch_us": (8.0, "guess: cudaGraphLaunch through CuPy, not measured"),
+    "host_api_us": (3.0, "guess: one runtime call (event record, memset, memcpy, stream wait) from Python, "
+                         "not measured"),
+    "memset_us": (2.0, "guess: a small memset costs about what the smallest kernels do (2.1-2.6 µs per-op), "
+                       "not measured"),
+    "h2d_GBps": (25.0, "guess: pageable host-to-device copies, not measured"),
+}
+
+
+def build_provisional(repo: str | Path | None = None) -> dict:
+    """Rebuild ``ds4lab/data/h200-provisional.json`` from the repository's measurement files.
+
+    Runs one ``ds4-flash`` token (``vocab=True``) on a timing-only ``SimBackend`` with the launch
+    trace on, to get the ``nbytes`` the launcher passes for each of its launches (they do not depend
+    on the calibration), matches them launch by launch with
+    ``docs/measurements/h200-2026-11-29/per-op-ds4-flash.csv`` and fits with :func:`fit_calibration`.
+    """
+    import csv
+
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+    from ..sim.backend import SimBackend
+    from ..sim.costmodel import MATVEC_KERNELS, fit_calibration
+
+    repo = Path(repo) if repo else Path(__file__).resolve().parents[1]
+    per_op = repo / "docs/measurements/h200-2026-11-29/per-op-ds4-flash.csv"
+    rows = list(csv.DictReader(per_op.open()))
+    boot = {"name": "bootstrap", "device": "", "source": "", "measured": False, "host_launch_us": 1,
+            "host_graph_launch_us": 1, "host_api_us": 1, "kernel_fixed_us": 1, "graph_node_us": 1,
+            "bandwidth_GBps": 1000, "memset_us": 1}
+    m = DecodeModel(get_preset("ds4-flash"), SimBackend(timing_only=True, calibration=boot), TokenOptions(vocab=True))
+    with m.L.recording() as trace:
+        m.token(0, 5)
+    for r, t in zip(rows, trace):
+        if (r["cluster"], int(r["layer"]), r["site"], r["kernel"]) != (t.cluster, t.layer, t.site, t.kernel):
+            raise ValueError(f"per-op row {r} does not match traced launch {t[:4]}")
+    fit = fit_calibration(rows, [t.nbytes for t in trace])
+    c = {k: v for k, (v, _) in H200_CONSTANTS.items()}
+    return {
+        "name": "h200-provisional",
+        "device": "NVIDIA H200 (driver 580.159.04, CUDA runtime 13.2, CuPy 14.2.0)",
+        "source": ("PROVISIONAL, not a measurement of this model: derived from NOTES.md (2026-11-29), "
+                   "shared/context/gpu-facts.md and docs/measurements/h200-2026-11-29/per-op-ds4-flash.csv with "
+                   "the nbytes ds4lab/ops.py passes (ds4lab.measure.calibrate.build_provisional); "
+                   "kernel_fixed_us, bandwidth_GBps and kernels are least-squares fits; see 'notes' for the rest"),
+        "measured": False,
+        "host_launch_us": c["host_launch_us"],
+        "host_graph_launch_us": c["host_graph_launch_us"],
+        "host_api_us": c["host_api_us"],
+        "kernel_fixed_us": fit["kernel_fixed_us"],
+        "graph_node_us": c["graph_node_us"],
+        "bandwidth_GBps": fit["bandwidth_GBps"],
+        "memset_us": c["memset_us"],
+        "copy_GBps": c["copy_GBps"],
+        "h2d_GBps": c["h2d_GBps"],
+        "kernels": fit["kernels"],
+        "fit": fit["fit"],
+        "notes": {k: why for k, (_, why) in H200_CONSTANTS.items()} | {
+            "kernel_fixed_us": "fit: intercept of us = fixed + nbytes/bandwidth over the matvec-like kernels "
+                               f"({', '.join(MATVEC_KERNELS)})",
+            "bandwidth_GBps": "fit: slope of the same line (effective matvec bandwidth)",
+            "kernels": "fit: kernels the global line misses by more than 10 % (median), each its own fixed cost "
+                       "(or line)"},
+    }

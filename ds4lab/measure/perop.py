@@ -1,0 +1,237 @@
+"""Per-launch-site roofline of one decode token (``ds4lab bench --per-op``; GPU only).
+
+For every launch site of a token (cluster, site, kernel): the launches per token, the fewest
+bytes the site must move (each launch's ``nbytes``, as the launch site declares it), the GPU
+time, the achieved GB/s, that as a fraction of the measured device-to-device copy bandwidth,
+and the time lost against that bandwidth (measured µs − bytes / copy bandwidth). Sites are
+sorted by time lost: the top rows are where kernel work pays most.
+
+Kernel time comes from CUPTI activity records (``CONCURRENT_KERNEL``, ``cupti-python``; the
+session of :mod:`ds4lab.moeprof` is reused) of eager tokens on one stream: each record's
+``end - start`` in ns, matched to the traced launches in issue order (same count and kernel
+names, or the method falls back). Without CUPTI, each launch is re-issued back to back behind
+a spin kernel between two CUDA events (:func:`per_op_times`). Either way the
+per-launch figure is the median over ``tokens`` tokens (CUPTI) or the mean of ``repeats``
+re-issues (events), and the token's GPU-busy time is the sum over its launches.
+
+Token summary: GPU-busy µs, bytes per token, the bytes-moved floor (bytes / copy bandwidth)
+and their ratio.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: CSV columns of the per-site table, in order.
+SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25", "us_p75", "GBps",
+                "copy_fraction", "floor_us", "lost_us")
+
+
+def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
+    """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens,
+    or ``(None, reason)`` when CUPTI is unavailable or the records do not match the trace."""
+    from ..moeprof.traces import CuptiSession, cupti_available
+
+    ok, why = cupti_available()
+    if not ok:
+        return None, why
+    try:
+        s = CuptiSession.get()
+        s.start()
+    except Exception as e:  # the library loads but the activity API refuses (driver, permissions)
+        return None, f"CUPTI did not start ({type(e).__name__}: {e})"
+    try:
+        s.take()
+        out = np.empty((tokens, n_launch))
+        for t in range(tokens):
+            model.token(pos + t, token_id)
+            be.synchronize()
+            recs = sorted((r for r in s.take() if r[3] == "kernel"), key=lambda r: r[1])
+            if len(recs) != n_launch:
+                return None, f"CUPTI gave {len(recs)} kernel records for a {n_launch}-launch token"
+            got = [r[0] for r in recs]
+            if got != names:
+                i = next(i for i, (a, b) in enumerate(zip(got, names)) if a != b)
+                return None, f"CUPTI record {i} is {got[i]!r}, the trace has {names[i]!r}"
+            out[t] = [(r[2] - r[1]) * 1e-3 for r in recs]
+        return out, "cupti"
+    finally:
+        s.stop()
+
+
+def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
+    """GPU time of every kernel launch of one token: each launch re-issued ``repeats`` times back
+    to back behind a spin kernel, between two CUDA events (mean per launch). DataFrame columns:
+    cluster, layer, site, kernel, nbytes (the op's fewest bytes moved), us.
+
+    The sum is the token's GPU-busy time when kernels run back to back with no launch gaps:
+    the floor a fully captured token approaches. Re-issuing a launch repeats its side effects
+    (a KV store, an in-place RoPE), which changes values but not the work or its timing.
+    """
+    import cupy
+    import pandas as pd
+
+    from ..timing import event_ms
+
+    with model.L.recording() as trace:
+        model.token(pos, token_id)
+    be.synchronize()
+    st = cupy.cuda.Stream(non_blocking=True)
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    spin = be.function("spin_wait")
+    rows = []
+    for r in trace:
+        fn = be.function(r.kernel)
+        fn(r.grid, r.block, r.args, r.shared, st)  # warm
+        # The GPU spins while the host queues the repeats, so they run back to back and the
+        # event pair measures kernel time, not the host's launch rate.
+        spin((1,), (1,), (np.int64(20_000 + 8_000 * repeats),), 0, st)
+        e0.record(st)
+        for _ in range(repeats):
+            fn(r.grid, r.block, r.args, r.shared, st)
+        e1.record(st)
+        rows.append({"cluster": r.cluster, "layer": r.layer, "site": r.site, "kernel": r.kernel,
+                     "nbytes": r.nbytes, "us": event_ms(e0, e1) * 1e3 / repeats})
+    return pd.DataFrame(rows)
+
+
+def token_launches(be, model, *, pos: int = 1000, token_id: int = 7, tokens: int = 7, method: str = "auto"):
+    """One row per launch of a token: cluster, layer, site, kernel, nbytes, us (median over
+    ``tokens`` tokens; CUPTI), us_p25, us_p75; and the method used (``"cupti"``, or ``"events"``
+    with the reason CUPTI was not used).
+
+    ``method``: ``"auto"`` (CUPTI when available), ``"cupti"`` (raise RuntimeError when it is
+    not), ``"events"``.
+    """
+    import pandas as pd
+
+    if method not in ("auto", "cupti", "events"):
+        raise ValueError(f"method {method!r}: choose auto, cupti or events")
+    L = model.L
+    model.token(pos - 1, token_id)  # warm-up: every kernel compiled and loaded
+    be.synchronize()
+    with L.recording() as trace:
+        model.token(pos, token_id)
+    be.synchronize()
+    names = [r.kernel for r in trace]
+    why = "events requested"
+    if method != "events":
+        us, why = _cupti_launch_us(be, model, pos, token_id, tokens, len(trace), names)
+        if us is not None:
+            p25, med, p75 = np.percentile(us, [25, 50, 75], axis=0)
+            df = pd.DataFrame({"cluster": [r.cluster for r in trace], "layer": [r.layer for r in trace],
+                               "site": [r.site for r in trace], "kernel": names,
+                               "nbytes": [r.nbytes for r in trace], "us": med, "us_p25": p25, "us_p75": p75})
+            return df, "cupti"
+        if method == "cupti":
+            raise RuntimeError(f"per-op timing with CUPTI: {why}")
+    df = per_op_times(be, model, pos=pos, token_id=token_id)
+    df["us_p25"] = df["us"]
+    df["us_p75"] = df["us"]
+    return df, f"events ({why})"
+
+
+def site_table(launches, copy_GBps: float):
+    """Per-site roofline from :func:`token_launches` rows (columns :data:`SITE_COLUMNS`), sorted
+    by ``lost_us`` (µs over the bytes-moved floor at ``copy_GBps``), largest first."""
+    g = launches.groupby(["cluster", "site", "kernel"], sort=False)
+    df = g.agg(launches=("us", "size"), bytes=("nbytes", "sum"), us=("us", "sum"),
+               us_p25=("us_p25", "sum"), us_p75=("us_p75", "sum")).reset_index()
+    df["GBps"] = df["bytes"] / (df["us"] * 1e-6) / 1e9
+    df["copy_fraction"] = df["GBps"] / copy_GBps
+    df["floor_us"] = df["bytes"] / (copy_GBps * 1e9) * 1e6
+    df["lost_us"] = df["us"] - df["floor_us"]
+    return df.sort_values("lost_us", ascending=False).reset_index(drop=True)[list(SITE_COLUMNS)]
+
+
+def token_summary(launches, copy_GBps: float) -> dict:
+    """GPU-busy µs of one token (sum over launches), its bytes, the bytes-moved floor (µs at
+    ``copy_GBps``), busy / floor, and the launch count."""
+    busy = float(launches["us"].sum())
+    nbytes = int(launches["nbytes"].sum())
+    floor = nbytes / (copy_GBps * 1e9) * 1e6
+    return {"token_busy_us": busy, "token_bytes": nbytes, "bytes_floor_us": floor,
+            "busy_over_floor": busy / floor if floor else float("nan"), "launches": int(len(launches))}
+
+
+def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
+    """Horizontal bars of the ``top`` sites by time lost: measured µs per token (IQR whiskers)
+    beside the bytes-moved floor, each labelled with its fraction of the copy bandwidth."""
+    import matplotlib.pyplot as plt
+
+    from ..report.plots import STYLE, provenance_title
+
+    d = sites.head(top).iloc[::-1]
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(9, 0.32 * len(d) + 1.6))
+        y = np.arange(len(d))
+        err = [d["us"] - d["us_p25"], d["us_p75"] - d["us"]]
+        ax.barh(y + 0.2, d["us"], height=0.4, xerr=err, color="#C44E52", label="measured µs / token")
+        ax.barh(y - 0.2, d["floor_us"], height=0.4, color="#4C72B0", label="bytes / copy bandwidth")
+        for yi, (us, fr) in enumerate(zip(d["us"], d["copy_fraction"])):
+            ax.text(us, yi + 0.2, f" {fr:.0%}", va="center", fontsize=8)
+        ax.set_yticks(y)
+        ax.set_yticklabels([f"{c}/{s} ({k}) ×{n}" for c, s, k, n in
+                            zip(d["cluster"], d["site"], d["kernel"], d["launches"])], fontsize=8)
+        ax.set_xlabel("µs per token")
+        ax.legend(loc="lower right", fontsize=8)
+        ax.set_title(provenance_title(
+            meta, f"per-site roofline: busy {summary['token_busy_us']:,.0f} µs, floor "
+                  f"{summary['bytes_floor_us']:,.0f} µs ({summary['busy_over_floor']:.2f}×)"), fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
+def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: float | None = None,
+               tokens: int = 7, method: str = "auto", meta: dict | None = None) -> dict:
+    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``out``, written
+    as ``per_op.csv`` (sites), ``per_op_launches.csv`` (every launch) and ``per_op.png/.svg/.pdf``.
+
+    ``copy_GBps`` defaults to a fresh :func:`ds4lab.timing.copy_bandwidth` median. Returns the
+    token summary with ``method``, ``copy_GBps`` and the site table as records.
+    """
+    from ..report import provenance
+    from ..token.model import DecodeModel, TokenOptions
+    from ..timing import copy_bandwidth
+
+    meta = dict(meta or provenance.base_meta(be))
+    meta.setdefault("preset", cfg.name)
+    if copy_GBps is None:
+        copy_GBps = copy_bandwidth().median
+    model = DecodeModel(cfg, be, TokenOptions(vocab=True))
+    launches, used = token_launches(be, model, tokens=tokens, method=method)
+    del model
+    sites = site_table(launches, copy_GBps)
+    summary = token_summary(launches, copy_GBps)
+    summary.update({"method": used, "copy_GBps": copy_GBps, "tokens": tokens})
+    if console is not None:
+        from rich.table import Table
+
+        t = Table(title=f"per-site roofline, {cfg.name} ({used}) — {provenance.label(meta)}")
+        for c in ("site", "kernel", "×", "MB", "µs", "GB/s", "of copy", "lost µs"):
+            t.add_column(c, justify="left" if c in ("site", "kernel") else "right")
+        for r in sites.head(25).itertuples():
+            t.add_row(f"{r.cluster}/{r.site}", r.kernel, f"{r.launches}", f"{r.bytes / 1e6:.1f}", f"{r.us:.1f}",
+                      f"{r.GBps:.0f}", f"{r.copy_fraction:.0%}", f"{r.lost_us:.1f}")
+        console.print(t)
+        console.print(f"token: GPU-busy {summary['token_busy_us']:,.0f} µs over {summary['launches']} launches, "
+                      f"{summary['token_bytes'] / 1e9:.2f} GB, floor {summary['bytes_floor_us']:,.0f} µs at "
+                      f"{copy_GBps:,.0f} GB/s: busy / floor = {summary['busy_over_floor']:.2f}")
+    if out is not None:
+        from ..report.plots import save
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        sites.to_csv(out / "per_op.csv", index=False)
+        launches.to_csv(out / "per_op_launches.csv", index=False)
+        import matplotlib.pyplot as plt
+
+        fig = roofline_figure(sites, summary, meta)
+        save(fig, out / "per_op")
+        plt.close(fig)
+    import json
+
+    summary["sites"] = json.loads(sites.to_json(orient="records"))  # plain floats and ints
+    return summary

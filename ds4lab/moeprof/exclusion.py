@@ -1,0 +1,256 @@
+"""The profiling × capture exclusion matrix, computed by running every combination.
+
+Rows are the MoE profiling modes of :mod:`ds4lab.moeprof` (``host-timed`` three ways: ds4's path
+unguarded, with ds4lab's capture guard, and with the guard's fallback). Columns are the execution
+regimes of the routed-MoE call being profiled:
+
+=======================  ==========================================================================
+``eager-legacy``         eager, on the legacy default stream (ds4 today)
+``eager-nonblocking``    eager, on a non-blocking stream set through the accessor (stage 0s)
+``capture-<mode>``       the call is the one a :class:`~ds4lab.capture.cache.GraphCache` captures in
+                         ``<mode>`` (global, thread_local, relaxed) and then launches (stage 2):
+                         what the profiler does *while the stream captures*, and what it reports
+                         for that call
+``replay``               a later call, replayed from the graph captured (thread_local) with the
+                         mode's instrumentation in place
+=======================  ==========================================================================
+
+Every cell runs, on one routed-MoE layer (default 2 tokens: the sorted-pairs path of MTP
+verification): one eager warm-up call; in ``replay`` one capturing call; then
+:meth:`~ds4lab.moeprof.MoeProfiler.poison` (every pooled event re-recorded back to back, stamp slots
+cleared, so a value that was not re-measured is recognised); then the judged call, read as the mode
+reads it (``raw``: whatever the mechanism returns); then three calls of the regime's steady state
+bracketed by events recorded outside any capture (the reference device time per call).
+
+Outcomes, in this order of precedence:
+
+* ``breaks capture``: the profiler's call failed and left the capture invalidated (error named);
+* ``refused``: a call was refused (CUDA, CuPy or ds4lab's guard error named), capture intact;
+* ``no data``: nothing to report (no timing mechanism ran: e.g. NVTX ranges that only mark capture
+  time, stamps captured but not replayed);
+* ``silently wrong``: values came back but are not this call's (stale event records; a total that
+  includes the capture's host time), with the values;
+* ``works``: values within :data:`TOLERANCE` of the bracketed device time, with the overhead per
+  MoE call against the same regime without profiling: a paired, interleaved difference with its 95 %
+  interval (:func:`overhead_us`), "not measurable (±x µs)" when the interval includes zero;
+* ``unavailable``: the mode cannot run here (``cupti-python`` missing), with the reason.
+
+Measured on the H200 (2026-11-29, ``small`` and ``ds4-flash``), the GPU and the sim agree on every
+cell but ``deferred`` under capture and replay: an event whose last record was inside a (now ended)
+capture makes ``cudaEventSynchronize`` and ``cudaEventElapsedTime`` fail with
+``cudaErrorInvalidValue`` (and ``cudaEventQuery`` report not ready), before and after replays and
+whether or not it was recorded eagerly before, until it is recorded eagerly again: ``refused``. The
+sim returns the event's previous eager record instead (``silently wrong``): a sim rule to add.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import numpy as np
+
+from ..capture.cache import GraphCache
+from . import MoeProfiler, MoeWorkbench, is_modeled
+from ..timing import Difference, gc_paused, interleaved_pairs, paired_difference, time_steps
+
+ROWS = ("host-timed", "host-timed+guard", "host-timed+fallback", "deferred", "graph-boundary", "in-graph",
+        "cupti", "nvtx")
+#: row → (profiler mode, profiler options)
+ROW_SPEC = {
+    "host-timed": ("host-timed", {"guard": False}),
+    "host-timed+guard": ("host-timed", {"guard": True}),
+    "host-timed+fallback": ("host-timed", {"guard": True, "fallback": "in-graph"}),
+    "deferred": ("deferred", {}),
+    "graph-boundary": ("graph-boundary", {}),
+    "in-graph": ("in-graph", {}),
+    "cupti": ("cupti", {}),
+    "nvtx": ("nvtx", {}),
+}
+COLUMNS = ("eager-legacy", "eager-nonblocking", "capture-global", "capture-thread_local", "capture-relaxed",
+           "replay")
+#: column → (stream, capture mode or None, judged call)
+COLUMN_SPEC = {
+    "eager-legacy": ("legacy", None, "eager"),
+    "eager-nonblocking": ("non-blocking", None, "eager"),
+    "capture-global": ("non-blocking", "global", "capture"),
+    "capture-thread_local": ("non-blocking", "thread_local", "capture"),
+    "capture-relaxed": ("non-blocking", "relaxed", "capture"),
+    "replay": ("non-blocking", "thread_local", "replay"),
+}
+OUTCOMES = ("works", "refused", "breaks capture", "silently wrong", "no data", "unavailable")
+#: ``(low, high, slack_us)``: a total counts as this call's when low·ref ≤ total ≤ high·ref + slack,
+#: ref being the regime's bracketed steady-state call. Eager calls vary with the host (loose); a graph
+#: launch is timed on the device alone, so there a total above the replays' bracket means host time got in
+#: (the capturing call's boundary events: on the H200, +240 to +390 µs on a ds4-flash MoE call of ~520 µs).
+TOLERANCE = {"eager": (0.3, 1.5, 5.0), "graph": (0.3, 1.03, 5.0)}
+MATRIX_COLUMNS = ("mode", "column", "outcome", "detail", "overhead_us", "overhead_lo_us", "overhead_hi_us",
+                  "overhead_pairs", "overhead", "total_us", "reference_us", "errors", "judged_phase", "tokens",
+                  "backend", "modeled")
+
+
+def _layer(wb: MoeWorkbench) -> int:
+    """The first top-k (not hash-routed) layer, else layer 0."""
+    c = wb.cfg
+    return c.n_hash_layers if c.n_hash_layers < wb.model.n_layers else 0
+
+
+def _cache(be, cap_mode):
+    return GraphCache(be, ("moe",), mode=cap_mode, warmup=1) if cap_mode else None
+
+
+def _stream(wb, which):
+    return wb.legacy if which == "legacy" else wb.stream
+
+
+def run_cell(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, overhead_calls: int | None = None) -> dict:
+    """Run one cell (see module docstring); returns one matrix row as a dict."""
+    be = wb.be
+    mode, kw = ROW_SPEC[row]
+    which, cap_mode, judged = COLUMN_SPEC[column]
+    layer = _layer(wb)
+    out = {"mode": row, "column": column, "tokens": tokens, "backend": be.name, "modeled": is_modeled(be),
+           "overhead_us": math.nan, "overhead_lo_us": math.nan, "overhead_hi_us": math.nan, "overhead_pairs": 0,
+           "overhead": "", "total_us": math.nan, "reference_us": math.nan, "errors": "",
+           "judged_phase": ""}
+    prof = MoeProfiler(wb.model, mode, routing="uniform", raw=True, **kw)
+    if not prof.available:
+        return {**out, "outcome": "unavailable", "detail": prof.unavailable_reason}
+    cache = _cache(be, cap_mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with wb.session(cache, _stream(wb, which)), prof.attached(calls_per_read=1):
+            wb.step(prof, 0, tokens, "uniform", [layer])  # eager warm-up (the GraphCache's too)
+            if judged == "replay":
+                wb.step(prof, 1, tokens, "uniform", [layer])  # the capturing call
+            prof.poison()
+            rows = wb.step(prof, 2, tokens, "uniform", [layer]) + prof.read()
+            brackets: list = []
+            for i in range(3):
+                wb.step(prof, 3 + i, tokens, "uniform", [layer], brackets=brackets)
+            be.synchronize()
+            ref = [be.event_elapsed_ms(a, b) * 1e3 for a, b in brackets]
+    out["reference_us"] = float(np.median(ref)) if ref else math.nan
+    out["errors"] = ";".join(sorted({f"{e['error']}@{e['where']}({e['status_after']})" for e in prof.errors}))
+    out["judged_phase"] = rows[0]["phase"] if rows else ""
+    outcome, detail, total = classify(mode, rows, prof.errors, out["reference_us"], cache)
+    out.update(outcome=outcome, detail=detail, total_us=total)
+    if outcome == "works":
+        d = overhead_us(wb, row, column, tokens, overhead_calls)
+        out.update(overhead_us=d.median if d.measurable else math.nan, overhead_lo_us=d.lo,
+                   overhead_hi_us=d.hi, overhead_pairs=d.n, overhead=d.fmt())
+    return out
+
+
+def classify(mode: str, rows: list[dict], errors: list[dict], ref_us: float, cache=None) -> tuple[str, str, float]:
+    """(outcome, detail, the judged call's total in µs) for one cell (see module docstring)."""
+    retired = (cache is not None and cache.retired())
+    fallback = " → graph retired, eager fallback" if retired else ""
+    calls = [e for e in errors if e["where"] in ("call", "guard")]
+    bad = [e for e in calls if e["status_after"] == "invalidated"]
+    if bad:
+        return "breaks capture", f"{bad[0]['error']} (capture invalidated){fallback}", math.nan
+    if calls:
+        return "refused", f"{calls[0]['error']} (capture intact){fallback}", math.nan
+    reads = [e for e in errors if e["where"] == "read"]
+    if reads:
+        return "refused", f"{reads[0]['error']} when reading the {mode} record", math.nan
+    tot = [r for r in rows if r["stage"] == "total"]
+    note = tot[0]["note"] if tot else (rows[0]["note"] if rows else "no rows")
+    if mode == "nvtx":
+        if tot and tot[0]["phase"] == "eager" and "no timing" in note:
+            return "works", "NVTX ranges only, no timing", math.nan
+        return "no data", _short(note), math.nan
+    vals = [float(r["ms"]) * 1e3 for r in tot if np.isfinite(r["ms"])]
+    if not vals:
+        return "no data", _short(note), math.nan
+    v = vals[0]
+    if "stale" in note:
+        return "silently wrong", f"stale: the events kept their previous record ({v:.2f} µs reported)", v
+    lo, hi, slack = TOLERANCE["eager" if tot[0]["phase"] == "eager" else "graph"]
+    if np.isfinite(ref_us) and v > hi * ref_us + slack:
+        why = " (includes the capture's host time)" if tot[0]["phase"] == "capture+replay" else ""
+        return "silently wrong", f"total {v:.1f} µs vs {ref_us:.1f} µs per call{why}", v
+    if np.isfinite(ref_us) and v < lo * ref_us:
+        return "silently wrong", f"total {v:.1f} µs vs {ref_us:.1f} µs per call (too small)", v
+    return "works", f"total {v:.1f} µs (bracketed {ref_us:.1f} µs), {tot[0]['phase']}", v
+
+
+def _short(note: str, n: int = 90) -> str:
+    note = note.split("; ")[-1] if note else ""
+    return note if len(note) <= n else note[: n - 1] + "…"
+
+
+def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls: int | None = None,
+                rounds: int | None = None) -> Difference:
+    """The row's mode's cost per MoE call (µs) in the column's steady state (eager calls, or replays
+    of the graph captured in the column's mode), as a paired, interleaved difference
+    (:func:`ds4lab.timing.paired_difference`): ``rounds`` rounds, each timing ``calls`` calls without
+    profiling and ``calls`` with it (the order alternating between rounds), each call bracketed by
+    CUDA events on its stream through :func:`ds4lab.timing.time_steps` and ended by a device
+    synchronize (as ds4 ends a token) and, with the mode, its read. A difference whose interval
+    includes zero is not measurable (``Difference.measurable``).
+    """
+    be = wb.be
+    mode, kw = ROW_SPEC[row]
+    which, cap_mode, _ = COLUMN_SPEC[column]
+    layer = _layer(wb)
+    modeled = is_modeled(be)
+    calls = calls or (4 if modeled else 20)
+    rounds = rounds or (6 if modeled else 12)
+
+    def per_call(with_mode: bool) -> float:
+        prof = MoeProfiler(wb.model, mode, routing="uniform", **kw) if with_mode else None
+        cache = _cache(be, cap_mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with wb.session(cache, _stream(wb, which)):
+                with prof.attached(calls_per_read=1) if prof else contextlib.nullcontext():
+                    smp = time_steps(be, lambda i: wb.step(prof, i, tokens, "uniform", [layer]), calls,
+                                     stream=_stream(wb, which), warmup=2)
+        return float(np.median(smp.device_us))
+
+    with gc_paused():  # one collection for all rounds
+        base, treated = interleaved_pairs(lambda: per_call(False), lambda: per_call(True), rounds)
+    return paired_difference(base, treated)
+
+
+def run_matrix(be, cfg, *, tokens: int = 2, rows=ROWS, columns=COLUMNS, overhead_calls: int | None = None,
+               progress=None, wb: MoeWorkbench | None = None, on_cell=None):
+    """Every row × column (see module docstring). Returns a DataFrame (:data:`MATRIX_COLUMNS`)."""
+    import pandas as pd
+
+    wb = wb or MoeWorkbench(be, cfg, max_tokens=max(tokens, 2), n_layers=min(cfg.n_layers, cfg.n_hash_layers + 1))
+    out = []
+    for r in rows:
+        for c in columns:
+            cell = run_cell(wb, r, c, tokens, overhead_calls)
+            out.append(cell)
+            if on_cell:
+                on_cell(cell)
+            if progress:
+                progress()
+    return pd.DataFrame(out, columns=list(MATRIX_COLUMNS))
+
+
+def pivot(df, what: str = "outcome"):
+    """The matrix as rows × columns of ``what``."""
+    return df.pivot(index="mode", columns="column", values=what).reindex(
+        index=[r for r in ROWS if r in set(df["mode"])], columns=[c for c in COLUMNS if c in set(df["column"])])
+
+
+def agreement(a, b, names=("cupy", "sim")):
+    """Cell-by-cell comparison of two matrices' outcomes (as ``ds4lab conformance`` compares records)."""
+    m = a[["mode", "column", "outcome", "detail"]].merge(b[["mode", "column", "outcome", "detail"]],
+                                                         on=["mode", "column"], suffixes=[f"_{n}" for n in names])
+    m["agree"] = m[f"outcome_{names[0]}"] == m[f"outcome_{names[1]}"]
+    return m
+
+
+def expected_sim_host_timed() -> dict:
+    """What the H200 conformance record implies for ds4's host-timed profile under capture: the
+    synchronize on the captured event is refused with cudaErrorCapturedEvent and the capture is
+    invalidated (``event_sync_captured[*]``: status_in_capture = invalidated, end_capture =
+    cudaErrorStreamCaptureInvalidated), in every capture mode."""
+    return {c: ("breaks capture", "cudaErrorCapturedEvent") for c in COLUMNS if c.startswith("capture-")}

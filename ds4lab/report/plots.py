@@ -1,0 +1,482 @@
+"""Figures shared by the command line and the notebooks.
+
+Every function returns a matplotlib ``Figure`` whose title carries the provenance of its numbers
+(GPU, driver, preset — or "MODELED" for the simulated runtime); :func:`save` writes PNG, SVG and
+PDF in one call. The Agg backend is used when no display is present.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+    try:
+        import os
+
+        if not os.environ.get("DISPLAY"):
+            matplotlib.use("Agg")
+    except Exception:  # noqa: BLE001
+        pass
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLE = {
+    "figure.dpi": 110, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.alpha": 0.25, "font.size": 9, "axes.titlesize": 10,
+}
+COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#DD8452"]
+
+
+def provenance_title(meta: dict, what: str) -> str:
+    """``what`` plus where the numbers came from (measured GPU or modeled)."""
+    preset = meta.get("preset", {})
+    preset = preset.get("name", preset) if isinstance(preset, dict) else preset
+    if meta.get("modeled"):
+        from .provenance import calibration_label
+
+        return f"{what} — MODELED (simulated runtime, calibration {calibration_label(meta)}) · {preset}"
+    if meta.get("measured"):
+        return (f"{what} — measured on {meta.get('device')} · driver {meta.get('driver')} · "
+                f"CuPy {meta.get('cupy')} · {preset}")
+    return f"{what} — {meta.get('backend')} backend, no timing claims · {preset}"
+
+
+def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
+    """Write ``fig`` as ``stem.png``, ``stem.svg`` and ``stem.pdf`` (or ``formats``). Returns paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in formats:
+        p = stem.with_suffix("." + f)
+        fig.savefig(p, bbox_inches="tight")
+        out.append(p)
+    return out
+
+
+def ladder_figure(df, meta: dict):
+    """µs per token per stage (median, IQR whiskers), the GPU-busy floor as a line, speedups and
+    launches per token annotated. ``df``: rows of ``ladder.csv``."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(8.5, 4.6))
+        x = range(len(df))
+        med = df["us_median"].to_numpy()
+        lo = med - df["us_p25"].to_numpy()
+        hi = df["us_p75"].to_numpy() - med
+        bars = ax.bar(x, med, yerr=[lo, hi], capsize=4, color=[COLORS[i % len(COLORS)] for i in x], alpha=0.85)
+        floor = df["floor_us"].dropna()
+        if len(floor):
+            ax.axhline(float(floor.iloc[0]), color="black", ls="--", lw=1,
+                       label=f"GPU-busy floor {float(floor.iloc[0]):,.0f} µs")
+            ax.legend(loc="upper right", frameon=False)
+        for b, (_, r) in zip(bars, df.iterrows()):
+            exact = r.get("exact")
+            mark = "" if exact in (True, "True") else (" ✗" if exact in (False, "False") else "")
+            ax.annotate(f"×{r['speedup']:.2f}{mark}\n{r['kernel_launches']:.0f} k + {r['graph_launches']:.0f} g",
+                        (b.get_x() + b.get_width() / 2, r["us_p75"]), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 3), textcoords="offset points")
+        ax.set_xticks(list(x), [f"{s}\n{d}" for s, d in zip(df["stage"], df["short"])], fontsize=8)
+        ax.set_ylabel("µs per token (median, IQR)")
+        ax.set_ylim(0, max(med.max() * 1.25, 1))
+        ax.set_title(provenance_title(meta, "CUDA-graph stage ladder"), fontsize=9)
+        fig.text(0.01, 0.01, "k: kernel launches per token, g: graph launches per token; ✗: not bit-identical "
+                 "to stage 0", fontsize=7, color="0.4")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        return fig
+
+
+# ----------------------------------------------------------------------------- routed-MoE profile (ds4lab.moeprof)
+#: One color per routed-MoE stage (ds4's profile order).
+MOE_STAGE_COLORS = {"xq": "#64B5CD", "sort": "#CCB974", "gateup": "#C44E52", "midq": "#8172B2", "down": "#4C72B0",
+                    "sum": "#55A868", "total": "#333333"}
+#: One color per exclusion-matrix outcome.
+OUTCOME_COLORS = {"works": "#8FD19E", "refused": "#F6C28B", "breaks capture": "#E07B7B", "silently wrong": "#B9A3E3",
+                  "no data": "#D0D0D0", "unavailable": "#F2F2F2"}
+
+
+def _moe_stages():
+    from ..token.model import MOE_STAGES
+
+    return MOE_STAGES
+
+
+def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
+    """Where a routed-MoE call spends its time: each bar is one token count, split into ds4's
+    profile stages as shares of the call (100 % stacked, so 1 token and 512 tokens read alike),
+    with the call's median total in µs written above it. One row per mode, one column per routing.
+    ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage times
+    (graph-boundary, nvtx) are left out; absolute times per stage are in
+    :func:`moe_stage_distribution_figure` and ``summary.csv``."""
+    import numpy as np
+
+    stages = _moe_stages()
+    s = summary[summary["stage"].isin(stages + ("total",))]
+    have = set(s[s["stage"].isin(stages)]["mode"])
+    known = ("host-timed", "deferred", "graph-boundary", "in-graph", "cupti", "nvtx")
+    modes = [m for m in (modes or sorted(dict.fromkeys(s["mode"]), key=lambda m: (m not in known, known.index(m)
+                                                                                 if m in known else 0, m)))
+             if m in have]
+    routings = routings or list(dict.fromkeys(s["routing"]))
+    with plt.rc_context(STYLE):
+        if not modes or not routings:
+            fig, ax = plt.subplots(figsize=(6, 2))
+            ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
+            ax.set_axis_off()
+            return fig
+        fig, axes = plt.subplots(len(modes), len(routings), figsize=(2.6 * len(routings) + 1.0, 2.5 * len(modes) + 1.0),
+                                 squeeze=False, sharey=True)
+        for i, m in enumerate(modes):
+            for j, r in enumerate(routings):
+                ax = axes[i][j]
+                d = s[(s["routing"] == r) & (s["mode"] == m)]
+                if d.empty:
+                    ax.set_axis_off()
+                    continue
+                piv = d.pivot_table(index="tokens", columns="stage", values="median_ms", aggfunc="first")
+                x = np.arange(len(piv))
+                parts = np.array([(piv[st].fillna(0).to_numpy() if st in piv else np.zeros(len(piv))) * 1e3
+                                  for st in stages])
+                staged = parts.sum(axis=0)
+                bottom = np.zeros(len(piv))
+                for st, v in zip(stages, parts):
+                    share = np.divide(100 * v, staged, out=np.zeros_like(v), where=staged > 0)
+                    ax.bar(x, share, bottom=bottom, color=MOE_STAGE_COLORS[st], label=st, width=0.75)
+                    bottom += share
+                total = piv["total"].to_numpy() * 1e3 if "total" in piv else staged
+                for xi, t in zip(x, total):
+                    ax.text(xi, 101.5, _us(t), ha="center", va="bottom", fontsize=6.5)
+                ax.set_ylim(0, 112)
+                ax.set_xticks(x, [str(t) for t in piv.index], fontsize=7)
+                ax.set_title(f"{m} · {r}", fontsize=8)
+                if j == 0:
+                    ax.set_ylabel("share of the MoE call (%)")
+                if i == len(modes) - 1:
+                    ax.set_xlabel("tokens per step")
+        h, lab = axes[0][0].get_legend_handles_labels()
+        fig.legend(h, lab, loc="lower center", ncol=len(lab), frameon=False, fontsize=7)
+        fig.suptitle(provenance_title(meta, "Routed-MoE call by ds4 profile stage (median total above each bar)"),
+                     fontsize=9)
+        fig.tight_layout(rect=(0, 0.035, 1, 0.97))
+        return fig
+
+
+def _us(v: float) -> str:
+    """µs with a unit that keeps 2–3 significant digits (``42 µs``, ``2.2 ms``)."""
+    if v != v:
+        return ""
+    return f"{v / 1e3:.2g} ms" if v >= 1000 else f"{v:.2g} µs" if v < 10 else f"{v:.0f} µs"
+
+
+def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | None = None):
+    """Distribution of each stage's µs per call across layers and steps (box plots, log scale), one
+    box per token count, one panel per mode. ``df``: profile rows (``moe.csv``)."""
+    import numpy as np
+
+    stages = _moe_stages()
+    d = df[df["stage"].isin(stages) & np.isfinite(df["ms"].astype(float)) & (df["ms"].astype(float) > 0)]
+    if routing is not None:
+        d = d[d["routing"] == routing]
+    modes = [m for m in (modes or list(dict.fromkeys(d["mode"])))]
+    with plt.rc_context(STYLE):
+        if d.empty or not modes:
+            fig, ax = plt.subplots(figsize=(6, 2))
+            ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
+            ax.set_axis_off()
+            return fig
+        tokens = sorted(d["tokens"].unique())
+        fig, axes = plt.subplots(len(modes), 1, figsize=(max(7.5, 1.3 * len(stages) * max(1, len(tokens)) / 3),
+                                                         2.6 * len(modes) + 0.8), squeeze=False)
+        width = 0.8 / max(1, len(tokens))
+        for i, m in enumerate(modes):
+            ax = axes[i][0]
+            dm = d[d["mode"] == m]
+            for k, t in enumerate(tokens):
+                data = [dm[(dm["stage"] == st) & (dm["tokens"] == t)]["ms"].astype(float).to_numpy() * 1e3
+                        for st in stages]
+                pos = [si + (k - (len(tokens) - 1) / 2) * width for si in range(len(stages))]
+                keep = [(p, v) for p, v in zip(pos, data) if len(v)]
+                if not keep:
+                    continue
+                bp = ax.boxplot([v for _, v in keep], positions=[p for p, _ in keep], widths=width * 0.9,
+                                patch_artist=True, showfliers=True, flierprops={"markersize": 2})
+                for b in bp["boxes"]:
+                    b.set_facecolor(COLORS[k % len(COLORS)])
+                    b.set_alpha(0.7)
+                ax.plot([], [], color=COLORS[k % len(COLORS)], lw=6, alpha=0.7, label=f"{t} tok")
+            ax.set_xticks(range(len(stages)), stages)
+            ax.set_yscale("log")
+            ax.set_ylabel("µs per call")
+            ax.set_title(f"{m}" + (f" · {routing}" if routing else ""), fontsize=8)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=7)
+        fig.suptitle(provenance_title(meta, "Routed-MoE stage times across layers and steps"), fontsize=9)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
+        return fig
+
+
+def moe_share_figure(share, meta: dict):
+    """The routed MoE's share of a whole eager decode token: per token, µs in the MoE (profiled total
+    over all layers) and in the rest, stacked, with the share annotated. ``share``:
+    :func:`ds4lab.moeprof.token_share` output."""
+    import numpy as np
+
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        x = np.arange(len(share))
+        moe = share["moe_us"].to_numpy(dtype=float)
+        rest = share["rest_us"].to_numpy(dtype=float)
+        ax.bar(x, moe, color=MOE_STAGE_COLORS["gateup"], label="routed MoE (profiled total, all layers)")
+        ax.bar(x, rest, bottom=moe, color="#BBBBBB", label="rest of the token")
+        for xi, m, r, sh in zip(x, moe, rest, share["share"].to_numpy(dtype=float)):
+            if np.isfinite(sh):
+                ax.annotate(f"{100 * sh:.0f} %", (xi, m + r), ha="center", va="bottom", fontsize=7,
+                            xytext=(0, 2), textcoords="offset points")
+        med = float(np.nanmedian(share["share"])) if len(share) else float("nan")
+        ax.set_xlabel("decode token")
+        ax.set_ylabel("µs per token (events around the token)")
+        ax.set_xticks(x, [str(int(t)) for t in share["token"]], fontsize=7)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=7)
+        ax.set_title(provenance_title(meta, f"Routed MoE in the whole eager token (median share {100 * med:.0f} %)"),
+                     fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+def exclusion_figure(df, meta: dict):
+    """The profiling × capture exclusion matrix as a heatmap, the outcome (and its detail and the
+    overhead per MoE call where the mode works) written in every cell. ``df``: ``exclusion.csv``."""
+    import textwrap
+
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    rows = list(dict.fromkeys(df["mode"]))
+    cols = list(dict.fromkeys(df["column"]))
+    names = list(OUTCOME_COLORS)
+    cell = {(r.mode, r.column): r for r in df.itertuples()}
+    grid = np.array([[names.index(cell[(r, c)].outcome) if (r, c) in cell and cell[(r, c)].outcome in names else
+                      names.index("no data") for c in cols] for r in rows])
+    with plt.rc_context({**STYLE, "axes.grid": False}):
+        fig, ax = plt.subplots(figsize=(1.95 * len(cols) + 2.0, 0.9 * len(rows) + 1.4))
+        ax.imshow(grid, cmap=ListedColormap([OUTCOME_COLORS[n] for n in names]), vmin=-0.5, vmax=len(names) - 0.5,
+                  aspect="auto")
+        for i, r in enumerate(rows):
+            for j, c in enumerate(cols):
+                x = cell.get((r, c))
+                if x is None:
+                    continue
+                text = f"{x.outcome}"
+                ov = getattr(x, "overhead_us", float("nan"))
+                lo, hi = getattr(x, "overhead_lo_us", float("nan")), getattr(x, "overhead_hi_us", float("nan"))
+                if x.outcome == "works" and ov == ov:
+                    text += f"\n{ov:+.1f} µs/call"
+                elif x.outcome == "works" and lo == lo and hi == hi:  # interval includes zero
+                    text += f"\nnot measurable (±{(hi - lo) / 2:.1f} µs)"
+                detail = str(x.detail) if x.detail == x.detail else ""
+                if detail and x.outcome != "works":
+                    text += "\n" + "\n".join(textwrap.wrap(detail, 34, break_long_words=False)[:3])
+                ax.text(j, i, text, ha="center", va="center", fontsize=6.2)
+        ax.set_xticks(range(len(cols)), cols, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.xaxis.tick_top()
+        ax.set_xticks(np.arange(-0.5, len(cols)), minor=True)
+        ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="minor", length=0)
+        ax.set_title(provenance_title(meta, "MoE profiling × CUDA-graph capture"), fontsize=9, pad=22)
+        fig.tight_layout()
+        return fig
+
+
+def whatif_figure(layers=None, launch=None, tokens=None):
+    """The modeled what-if sweeps side by side (:mod:`ds4lab.experiments.whatif`): stage 3's gain over stage 0
+    by layer count and by host µs per eager launch, and a captured routed-MoE call's gain over the
+    eager one by tokens per step. Each argument is that sweep's DataFrame, or None to leave its
+    panel out. The title names the calibration (every number is MODELED)."""
+    panels = [(df, x, xlabel, ylabel) for df, x, xlabel, ylabel in (
+        (layers, "layers", "layers (ds4-flash dims)", "stage 3 gain over stage 0"),
+        (launch, "host_launch_us", "host µs per eager launch", "stage 3 gain over stage 0"),
+        (tokens, "tokens", "tokens per step (routed MoE)", "graph gain over eager MoE call"),
+    ) if df is not None and len(df)]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.4 * max(len(panels), 1) + 0.6, 3.3),
+                                 squeeze=False)
+        for ax, (df, x, xlabel, ylabel) in zip(axes[0], panels):
+            ax.plot(df[x], df["gain"], "o-", color=COLORS[0])
+            ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+            if x == "tokens":
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(list(df[x]), [str(v) for v in df[x]])
+                ax.minorticks_off()
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+        sources = sorted({s for df, *_ in panels for s in df["source"]}) if panels else ["no sweep"]
+        cal = sources[0].split("calibration ")[-1].split(",")[0].rstrip(")") if panels else "?"
+        fig.suptitle(f"What-if sweeps — MODELED (simulated runtime, calibration {cal})", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False):
+    """One bar group per x, one bar per source (``series``: legend label → {x: value}); a missing
+    value leaves a gap. Used by ``ds4lab compare`` (the labels carry each source's provenance)."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
+        w = 0.8 / len(series)
+        for i, (name, vals) in enumerate(series.items()):
+            ax.bar([k + i * w for k in range(len(xs))], [vals.get(x, float("nan")) for x in xs], w, label=name,
+                   color=COLORS[i % len(COLORS)])
+        ticks = [x if len(str(x)) <= 28 else str(x)[:27] + "…" for x in xs]
+        ax.set_xticks([k + 0.4 - w / 2 for k in range(len(xs))], ticks,
+                      rotation=30 if rotate else 0, ha="right" if rotate else "center")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        # beside the axes: no bar, however tall, sits under it
+        ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
+    return fig
+
+
+def compare_moe_figure(sources: dict, stages, max_panels: int = 6):
+    """Routed-MoE stage times side by side, one panel per tokens-per-step count (those most
+    sources share, at most ``max_panels``), one bar per source in each stage group.
+    ``sources``: legend label → {tokens: {stage: median µs per call}}."""
+    counts = {}
+    for per in sources.values():
+        for T in per:
+            counts[T] = counts.get(T, 0) + 1
+    tokens = sorted(sorted(counts, key=lambda T: -counts[T])[:max_panels])
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(tokens), figsize=(3.3 * len(tokens) + 1.0, 3.6), squeeze=False)
+        w = 0.8 / len(sources)
+        for ax, T in zip(axes[0], tokens):
+            for i, (name, per) in enumerate(sources.items()):
+                vals = per.get(T, {})
+                ax.bar([k + i * w for k in range(len(stages))], [vals.get(s, float("nan")) for s in stages], w,
+                       label=name, color=COLORS[i % len(COLORS)])
+            ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages, fontsize=7)
+            ax.set_title(f"{T} token{'s' if T != 1 else ''} per step" if T else "tokens per step unknown",
+                         fontsize=8)
+        axes[0][0].set_ylabel("µs per MoE call (median)")
+        h, lab = axes[0][0].get_legend_handles_labels()
+        fig.legend(h, lab, loc="lower center", ncol=min(len(lab), 3), frameon=False, fontsize=7)
+        fig.suptitle("Routed-MoE stages side by side (each source's mode and provenance in the legend)", fontsize=9)
+        fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(lab) - 1) // 3), 1, 0.95))
+    return fig
+
+
+def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
+    """One token per stage on a shared µs axis (each stage from its token's start): a host lane with
+    ds4lab's NVTX ranges (cluster and op; a replayed stage shows its graph launch) and a GPU lane with
+    the token's kernels, coloured by cluster, up to the end of layer ``first_layers - 1`` (the
+    embedding included), so launch gaps are visible. Each stage's GPU lane is annotated with its
+    kernels, busy time and span in that window, to the right of the lane's last bar (the x axis widened
+    to hold it). ``kern`` and ``nvtx``: the tables of
+    :func:`ds4lab.report.trace_export.run_trace` (``stage``, ``start_us``, ``end_us``, ``cluster``, ``layer``,
+    ``token``; ``nvtx``: ``name``, ``cluster``, ``depth``). Title: the trace's provenance (MODELED on
+    the sim)."""
+    import pandas as pd
+
+    from ..capture.annotate import _COLORS
+
+    stages = list(meta.get("stages") or dict.fromkeys(kern["stage"]))
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(11, 1.0 + 1.15 * len(stages)))
+        yt, yl, seen, ends, labels = [], [], {}, [], []
+        for i, st in enumerate(stages):
+            k = kern[(kern["stage"] == st) & (kern["kind"] == "kernel")].sort_values("start_us")
+            if k.empty:
+                continue
+            if "token" in k and k["token"].notna().any():
+                k = k[k["token"] == k["token"].dropna().min()]
+            if "layer" in k and k["layer"].notna().any():
+                lay = pd.to_numeric(k["layer"], errors="coerce").to_numpy()
+                past = (lay >= first_layers).nonzero()[0]  # the first kernel of a later layer ends the window
+                k = k.iloc[: past[0]] if len(past) else k
+            else:
+                k = k.head(60)
+            t0, t1 = float(k["start_us"].min()), float(k["end_us"].max())
+            n = nvtx
+            if not nvtx.empty:
+                n = nvtx[(nvtx["stage"] == st) & (nvtx["end_us"] > t0) & (nvtx["start_us"] < t1)]
+            n = n[~n["name"].isin(["token", "layer"])] if not n.empty else n
+            t0 = min([t0] + ([float(n["start_us"].min())] if not n.empty else []))
+            yh, yg = 2 * i, 2 * i + 1.0  # host lane above its GPU lane, stages top to bottom
+            for r in n.itertuples():
+                c = "#%06x" % _COLORS.get(r.cluster, 0x999999)
+                ax.broken_barh([(r.start_us - t0, max(r.end_us - r.start_us, 0.05))],
+                               (yh - 0.35 + 0.1 * min(r.depth, 3), 0.5), facecolors=c, alpha=0.45, linewidth=0)
+            for r in k.itertuples():
+                cl = r.cluster if isinstance(r.cluster, str) else "unlabelled"
+                c = "#%06x" % _COLORS.get(cl, 0x999999)
+                h = ax.broken_barh([(r.start_us - t0, max(r.end_us - r.start_us, 0.05))], (yg - 0.4, 0.8),
+                                   facecolors=c, linewidth=0)
+                seen.setdefault(cl, h)
+            busy = float((k["end_us"] - k["start_us"]).sum())
+            span = float(k["end_us"].max() - k["start_us"].min())
+            last = float(k["end_us"].max()) - t0  # the lane's last bar ends here (bars are drawn from t0)
+            ends.append(max([last] + ([float(n["end_us"].max()) - t0] if not n.empty else [])))
+            # to the right of the lane's last bar, never over its bars
+            labels.append((last, ax.annotate(
+                f"{len(k)} kernels · busy {busy:.0f} µs of {span:.0f} µs ({100 * busy / span if span else 0:.0f} %)",
+                (last, yg), xytext=(4, 0), textcoords="offset points", va="center", ha="left", fontsize=8,
+                gid=f"trace-label-{st}", in_layout=False)))
+            yt += [yg, yh]
+            yl += [f"stage {st} · GPU", f"stage {st} · host NVTX"]
+        ax.set_yticks(yt)
+        ax.set_yticklabels(yl)
+        ax.invert_yaxis()
+        if ends:
+            ax.set_xlim(0, max(ends) * 1.05)
+        ax.set_xlabel("µs from the token's first launch (each stage from its own)")
+        ax.grid(axis="y", visible=False)
+        if seen:
+            ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+                      title="cluster", frameon=False)
+        ax.set_title(provenance_title(meta, f"one decode token, embedding + first {first_layers} layer(s): "
+                                            "kernels and launch gaps by stage"))
+        fig.tight_layout()
+        if labels:  # widen the x axis until every label, right of its lane's last bar, ends inside the axes
+            r = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else fig._get_renderer()
+            width = ax.get_window_extent(r).width
+            lo, hi = ax.get_xlim()
+            for x, t in labels:  # a label's width in pixels does not change with the limits; x's position does
+                w = t.get_window_extent(r).width + 4 * fig.dpi / 72 + 6  # the text, its 4-point offset, a margin
+                if width > w:
+                    hi = max(hi, lo + (x - lo) * width / (width - w))
+            ax.set_xlim(lo, hi * 1.01)
+    return fig
+
+
+def ncu_sites_figure(sources: dict, top: int = 16):
+    """Per launch site (cluster/op), the median DRAM throughput in % of peak that Nsight Compute
+    measured (its achieved fraction of memory bandwidth), one bar per source, for the ``top`` sites
+    with the most kernel time summed over the sources. ``sources``: label → a table of
+    :func:`ds4lab.ingest.ncu.per_site` (``cluster``, ``op``, ``dram_pct``, ``total_us``, optionally
+    ``sm_pct``, ``provenance``). The title says the numbers are ncu's (clocks locked to base: ratios,
+    not the ladder's µs); each label carries its source's provenance."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for label, df in sources.items():
+        d = df.assign(site=df["cluster"].astype(str) + "/" + df["op"].astype(str), source=label)
+        frames.append(d)
+    allf = pd.concat(frames, ignore_index=True)
+    w = pd.to_numeric(allf.get("total_us", pd.Series(1.0, index=allf.index)), errors="coerce").fillna(0)
+    order = allf.assign(w=w).groupby("site")["w"].sum().sort_values(ascending=False).index[:top].tolist()
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(11, 1.2 + 0.32 * len(order) * max(1, len(sources)) ** 0.5))
+        h = 0.8 / max(1, len(sources))
+        y = np.arange(len(order))
+        for i, (label, d) in enumerate(allf.groupby("source", sort=False)):
+            v = d.groupby("site")["dram_pct"].median().reindex(order)
+            ax.barh(y + i * h, v.to_numpy(dtype=float), height=h, color=COLORS[i % len(COLORS)], label=label)
+        ax.set_yticks(y + h * (len(sources) - 1) / 2)
+        ax.set_yticklabels(order, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("DRAM throughput, % of peak (median over launches; ncu SpeedOfLight)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        ax.set_title(f"achieved fraction of DRAM bandwidth per launch site, the {len(order)} sites with the most "
+                     "kernel time — measured by Nsight Compute (clocks locked to base)")
+        fig.tight_layout()
+    return fig

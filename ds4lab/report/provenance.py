@@ -1,0 +1,85 @@
+"""Where a number came from: machine, software versions, configuration, git revision, time."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from .. import __version__
+
+
+def git_revision() -> str | None:
+    """The checkout's commit (with ``-dirty`` when it has changes), or None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+        if rev.returncode:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return rev.stdout.strip() + ("-dirty" if dirty else "")
+    except Exception:
+        return None
+
+
+def base_meta(backend) -> dict:
+    """Provenance common to every result: backend/device info, versions, flags, time."""
+    import numpy
+
+    from ..capture.stream import ENV_FLAG, graphs_enabled
+
+    return {
+        "ds4lab": __version__,
+        "git_revision": git_revision(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        **backend.info(),
+        "measured": bool(backend.measures_time),
+        "flags": {ENV_FLAG: os.environ.get(ENV_FLAG), "graphs_enabled": graphs_enabled()},
+    }
+
+
+def calibration_label(meta: dict) -> str:
+    """How a title names the calibration in ``meta["calibration"]`` (a dict or a name): its name
+    when it is ds4lab's shipped file, else name, path and short SHA-256 (an edited copy is never
+    taken for the shipped one)."""
+    cal = meta.get("calibration")
+    if not isinstance(cal, dict):
+        return str(cal if cal is not None else "?")
+    if cal.get("shipped") is False:  # not ds4lab's own file: say which
+        from ..sim.calibration import title_label
+
+        return title_label(cal)
+    return str(cal.get("name", "?"))
+
+
+def label(meta: dict) -> str:
+    """One line naming the source of a figure, for titles and printed tables."""
+    if meta.get("modeled"):
+        return f"MODELED by the {meta.get('backend')} backend (calibration {calibration_label(meta)}), not measured"
+    if not meta.get("measured"):
+        return f"{meta.get('backend')} backend on {meta.get('device', 'CPU')} — no timing claims"
+    return (f"measured on {meta.get('device')} · driver {meta.get('driver')} · "
+            f"CUDA runtime {cuda_version(meta.get('cuda_runtime'))} · CuPy {meta.get('cupy')}")
+
+
+def cuda_version(v) -> str:
+    """CUDA's integer version (``cudaRuntimeGetVersion``: 1000 × major + 10 × minor) as ``13.2``;
+    anything else as it is."""
+    if isinstance(v, int) and v >= 1000:
+        return f"{v // 1000}.{v % 1000 // 10}"
+    return str(v)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as indented JSON atomically (a partial file never replaces a good one)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)

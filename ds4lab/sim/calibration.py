@@ -1,0 +1,241 @@
+"""Calibration files: one JSON Schema, checked field by field, and what identifies a file.
+
+A calibration holds the sim cost model's constants (:mod:`ds4lab.sim.costmodel`). Every file,
+shipped or pointed at with ``$DS4LAB_CALIBRATION``, is validated against :data:`SCHEMA` with
+``jsonschema`` before any number is used: every field's type, every number finite and in a
+physical range, every key known. A file that fails raises :class:`~ds4lab.errors.CalibrationError`
+(a ``ValueError``; the command line exits with status 2) naming the file and each bad key path
+(``kernels.moe_sum.fixed_us``), so a ``NaN`` or a string never reaches the cost model, a ladder or
+a figure.
+
+:func:`calibration_info` gives what a result records about the calibration it used: name,
+path, SHA-256 of the bytes, and whether it is a file shipped with ds4lab (figure titles name the
+path and hash otherwise, so an edited copy never passes for the shipped H200 file).
+:func:`default_calibration_path` says which file is used when none is named (``$DS4LAB_CALIBRATION``,
+else the shipped measured file, else the provisional one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import CalibrationError
+
+#: Ranges (inclusive unless named exclusive). Host and device costs in µs: 0 to 1 s. Bandwidths in
+#: GB/s: above 0, at most 10 000 000 (an H200 moves 4 800 GB/s; cached "effective" fits reach
+#: ~6 400; the shipped file writes 1 000 000 for "no bandwidth term", a fixed-cost kernel).
+_US = {"type": "number", "finite": True, "minimum": 0, "maximum": 1e6}
+_GBPS = {"type": "number", "finite": True, "exclusiveMinimum": 0, "maximum": 1e7}
+_TEXT = {"type": "string"}
+
+#: The calibration schema (JSON Schema 2020-12 plus ds4lab's ``finite`` keyword: JSON Schema's
+#: ``number`` admits NaN and infinities, which Python's ``json`` parses from ``NaN``/``Infinity``).
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "ds4lab sim calibration",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
+                 "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "device": _TEXT,
+        "source": _TEXT,
+        "measured": {"type": "boolean"},
+        "driver": {"type": ["string", "null"]},
+        "cupy": {"type": ["string", "null"]},
+        "host_launch_us": _US,
+        "host_graph_launch_us": _US,
+        "host_api_us": _US,
+        "kernel_fixed_us": _US,
+        "graph_node_us": _US,
+        "memset_us": _US,
+        "bandwidth_GBps": _GBPS,
+        "copy_GBps": {"anyOf": [_GBPS, {"type": "null"}]},
+        "h2d_GBps": {"anyOf": [_GBPS, {"type": "null"}]},
+        "kernels": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "anyOf": [{"required": ["fixed_us"]}, {"required": ["bandwidth_GBps"]}],
+                "properties": {
+                    "fixed_us": _US,
+                    "bandwidth_GBps": _GBPS,
+                    "samples": {"type": "integer", "minimum": 0},
+                    "median_us": {"type": "number", "finite": True, "minimum": 0, "maximum": 1e7},
+                    "note": _TEXT,
+                    "source": _TEXT,
+                },
+            },
+        },
+        "eager_token_us": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"preset": _TEXT,
+                           **{k: {"type": "number", "finite": True, "minimum": 0, "maximum": 1e8}
+                              for k in ("median", "p25", "p75")}},
+        },
+        "fit": {"type": "object", "additionalProperties": {"type": "number", "finite": True}},
+        "notes": {"anyOf": [_TEXT, {"type": "object", "additionalProperties": _TEXT}]},
+    },
+}
+
+
+def _validator():
+    import jsonschema
+    from jsonschema import validators
+
+    def finite(validator, want, instance, schema):
+        if want and validator.is_type(instance, "number") and not math.isfinite(instance):
+            yield jsonschema.ValidationError(f"{instance!r} is not a finite number")
+
+    cls = validators.extend(jsonschema.Draft202012Validator, {"finite": finite})
+    return cls(SCHEMA)
+
+
+def _path(err) -> str:
+    return ".".join(str(p) for p in err.absolute_path)
+
+
+def _problems(d: Any) -> list[tuple[str, str]]:
+    """Every schema violation of ``d`` as ``(key path, message)``, unknown keys named one by one."""
+    out: list[tuple[str, str]] = []
+    for err in sorted(_validator().iter_errors(d), key=lambda e: (_path(e), e.validator)):
+        where = _path(err)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            known = set(err.schema.get("properties", {}))
+            for k in sorted(set(err.instance) - known):
+                out.append((f"{where}.{k}" if where else k, "unknown key"))
+            continue
+        if err.validator in ("anyOf", "oneOf") and err.context:  # name the closest alternative's reason
+            msg = "; ".join(sorted({c.message for c in err.context}))
+        else:
+            msg = err.message
+        out.append((where, msg))
+    merged: dict[str, list[str]] = {}
+    for k, m in out:  # one entry per key path (Infinity breaks both 'finite' and 'maximum')
+        if m not in merged.setdefault(k, []):
+            merged[k].append(m)
+    return [(k, "; ".join(ms)) for k, ms in merged.items()]
+
+
+def validate(d: Any, path: str = "<dict>") -> dict:
+    """Check a calibration (parsed JSON) against :data:`SCHEMA`.
+
+    Args:
+        d: the parsed calibration.
+        path: the file it came from (for the message).
+
+    Returns:
+        ``d`` itself when valid.
+
+    Raises:
+        CalibrationError: naming ``path`` and every ``(key path, problem)``: a wrong type
+            (``"fast" is not of type 'number'``), a number that is not finite or out of range, a
+            missing required key, an unknown key.
+    """
+    problems = _problems(d)
+    if problems:
+        raise CalibrationError(path, problems)
+    return d
+
+
+def read(path: str | Path) -> dict:
+    """Read and validate a calibration file; raises :class:`CalibrationError` naming the file for
+    a missing file, bad JSON (with line and column) or any schema problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise CalibrationError(str(p), [("", f"cannot be read ({e.strerror or e})")]) from None
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise CalibrationError(str(p), [("", f"not JSON ({e})")]) from None
+    return validate(d, str(p))
+
+
+#: Where the shipped calibration files live (``ds4lab/data``): the H200 measured one, and the
+#: provisional one used when the measured file is absent.
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+MEASURED_FILE = DATA_DIR / "h200.json"
+PROVISIONAL_FILE = DATA_DIR / "h200-provisional.json"
+
+#: Environment variable naming a calibration file to use instead of the shipped one (every
+#: command and notebook that builds a ``sim`` backend without an explicit calibration).
+CALIBRATION_ENV = "DS4LAB_CALIBRATION"
+
+
+def default_calibration_path() -> Path:
+    """``$DS4LAB_CALIBRATION`` when set; else ``ds4lab/data/h200.json`` when it exists (measured),
+    else ``h200-provisional.json``. Raises ``ValueError`` naming a ``$DS4LAB_CALIBRATION`` that is
+    not a file."""
+    env = os.environ.get(CALIBRATION_ENV)
+    if env:
+        if not Path(env).is_file():
+            raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env}: no such calibration file")])
+        return Path(env)
+    return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
+
+
+def shipped_files() -> list[Path]:
+    """The calibration files that ship with ds4lab (``ds4lab/data/*.json``), resolved."""
+    return sorted(p.resolve() for p in DATA_DIR.glob("*.json"))
+
+
+def calibration_info(src: str | Path | dict | None = None) -> dict:
+    """What identifies a calibration, for ``meta.json`` and figure titles.
+
+    Args:
+        src: a calibration file path, a calibration dict (hashed as canonical JSON: sorted keys,
+            no spaces), or None for the default (``$DS4LAB_CALIBRATION`` or the shipped file).
+
+    Returns:
+        ``{"name": str, "path": str | None, "sha256": str (64 hex digits), "shipped": bool}``:
+        ``shipped`` is True only for a file inside ds4lab's own ``data`` folder (an edited copy
+        anywhere else is not shipped; an edit in place changes ``sha256``).
+
+    Raises:
+        CalibrationError: the file cannot be read or is not a valid calibration.
+    """
+    if src is None:
+        src = default_calibration_path()
+    if isinstance(src, dict):
+        validate(src)
+        raw = json.dumps(src, sort_keys=True, separators=(",", ":")).encode()
+        return {"name": str(src.get("name")), "path": None, "sha256": hashlib.sha256(raw).hexdigest(),
+                "shipped": False}
+    p = Path(src).resolve()
+    d = read(p)
+    return {"name": d["name"], "path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+            "shipped": p in shipped_files()}
+
+
+def title_label(info: dict) -> str:
+    """How a figure title names a calibration: its name when shipped; else name, path and short hash."""
+    if info.get("shipped"):
+        return str(info.get("name"))
+    where = info.get("path") or "in-memory"
+    return f"{info.get('name')} ({where}, sha256 {str(info.get('sha256', ''))[:12]})"
+
+
+def backend_calibration(be) -> dict | None:
+    """:func:`calibration_info` of the calibration a backend models time with, for a job's
+    ``meta["calibration"]`` (None for a backend that measures or claims no time).
+
+    Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as
+    a dict has no path and is hashed from its ``name`` entry only, ``shipped`` False).
+    """
+    cal = be.calibration  # a declared capability: None where time is not modeled
+    if not isinstance(cal, dict):
+        return None
+    if cal.get("path"):
+        return calibration_info(cal["path"])
+    raw = json.dumps(cal, sort_keys=True, default=str).encode()
+    return {"name": str(cal.get("name")), "path": None, "sha256": hashlib.sha256(raw).hexdigest(), "shipped": False}

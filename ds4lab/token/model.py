@@ -1,0 +1,510 @@
+"""The decode token: ds4's launch order for one token, on any backend.
+
+:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend,
+and issues a token's launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of
+one decode layer"), each cluster in its own census/NVTX scope:
+
+``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``) →
+``attention`` → ``output`` → ``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final`` (behind
+``vocab=True``). The compressor and indexer clusters exist with ``cfg.long_context`` only, in the
+compressed layers (:class:`LongContext`).
+
+The ds4-today code paths that become capture hazards are selectable in :class:`TokenOptions`.
+Simplifications against the real model are listed in ``docs/model.md``. The compressed layers'
+buffers and launches are in :mod:`ds4lab.token.model_longctx` (:class:`DecodeModel` extends its
+:class:`~ds4lab.token.model_longctx.LongContextLayers`), the routed MoE's scratch in :mod:`ds4lab.token.model_moe`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+import numpy as np
+
+from . import ops
+from . import weights as W
+from .config import MOE_TILE, ModelConfig
+from ..capture.launch import Launcher
+from .model_longctx import LongContext, LongContextLayers
+from .model_moe import MoeScratch
+from .reference import max_tiles
+
+COUNTS_CLEAR = ("sync", "async")
+SCALARS = ("value", "device")
+SCRATCH = ("on-demand", "prealloc")
+LONGCTX = ("host", "device")
+#: ds4's MoE profile stages, between 7 events (context file, "The routed MoE kernel sequence").
+MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
+
+
+@dataclass(frozen=True)
+class TokenOptions:
+    """Which code path each capture hazard takes (context file, "Capture hazards").
+
+    Attributes:
+        counts_clear: ``"sync"`` (ds4 today: ``cudaMemset`` on the legacy stream) or ``"async"``
+            (the fix: ``cudaMemsetAsync`` on the accessor's stream) for the routed-MoE counts.
+        scalars: ``"value"`` (ds4 today: position, KV row, window length, token id as kernel
+            arguments) or ``"device"`` (read from a device buffer written before each token).
+        scratch: ``"on-demand"`` (routed-MoE scratch allocated when a larger batch first needs
+            it) or ``"prealloc"`` (allocated for ``max_tokens`` up front).
+        vocab: run the final norm and the vocabulary projection.
+        moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
+        moe_host_timed, legacy_sites, sync_in_body: ds4-today code paths that break capture,
+            re-introduced by the hazard demonstrations (``ds4lab ladder --hazard``).
+        longctx: who makes the long-context launch decisions (``cfg.long_context`` only).
+            ``"host"`` (ds4 today): emit or not and the top-k regime chosen from the position
+            every token, so the launch list changes with it (host decisions a graph freezes).
+            ``"device"`` (stage ``3c``): one launch list for every position: the emit kernels
+            always launched (they exit at once off an emit token), the indexer always run with
+            the worst-case top-k plan for ``max_context`` (blocks past n_comp exit or write
+            nothing), the attention choosing selected or all rows from n_comp on the device.
+    """
+
+    counts_clear: str = "sync"
+    scalars: str = "value"
+    scratch: str = "prealloc"
+    vocab: bool = False
+    moe_profile: bool = False
+    #: ds4's way of reading the MoE profile: synchronize on the last event and read the elapsed
+    #: times on the host, every call (a capture hazard).
+    moe_host_timed: bool = False
+    #: Launch sites sent to the legacy stream, bypassing the accessor (a capture hazard).
+    legacy_sites: tuple = ()
+    #: End the token body with a device synchronize (ds4's cudaDeviceSynchronize inside what
+    #: stage 3 captures: a capture hazard).
+    sync_in_body: bool = False
+    longctx: str = "host"
+
+    def __post_init__(self):
+        for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH),
+                               ("longctx", LONGCTX)):
+            v = getattr(self, field)
+            if v not in allowed:
+                raise ValueError(f"TokenOptions.{field}={v!r}; choose one of: {', '.join(allowed)}")
+
+    def summary(self) -> dict:
+        return asdict(self)
+
+
+class ProfileMarker:
+    """Stands in for one of the 7 profiling events in ``DecodeModel.profile_events``: at that
+    point of the routed MoE the model calls :meth:`fire` instead of recording a CUDA event (an
+    in-graph timestamp kernel, an NVTX mark)."""
+
+    def fire(self, site: str) -> None:
+        """Mark profiling point ``site`` (``profile.xq`` … ``profile.end``) on the current stream."""
+        raise NotImplementedError
+
+
+class MoeObserver:
+    """What a routed-MoE profiler attached to a model sees (``DecodeModel.moe_observer``).
+
+    Each hook gets ``run``, which does the work (the cluster through the executor, or the routed
+    MoE's launches), and must call it exactly once; it may record around it, swap
+    ``profile_events`` for the call, or raise before it (a refused profiling call).
+    """
+
+    def around_moe_cluster(self, layer: int, T: int, run) -> None:
+        """Around one ``moe`` cluster run of ``layer`` for ``T`` tokens (eager, capture or replay)."""
+        run()
+
+    def around_routed_moe(self, layer: int, T: int, run):
+        """Around one routed-MoE call; returns what ``run()`` returns (the output buffer)."""
+        return run()
+
+
+class DecodeModel(LongContextLayers):
+    """Weights, buffers and the launch sequence of one decode token.
+
+    Args:
+        cfg: the model configuration.
+        backend: a backend (``ds4lab.backends.make_backend``).
+        opts: hazard paths and flags (:class:`TokenOptions`).
+        nvtx: NVTX ranges on launches.
+        routed: launch through the stream accessor (``False``: the unrouted reference path).
+        n_layers: run only the first ``n_layers`` layers (a partial model with the same weights,
+            used for reference checks where the full model is too slow on the CPU).
+
+    Raises:
+        MemoryError: when the weights do not fit the device (the message gives the bytes).
+    """
+
+    def __init__(self, cfg: ModelConfig, backend, opts: TokenOptions | None = None, *,
+                 nvtx: bool = False, routed: bool = True, n_layers: int | None = None) -> None:
+        self.cfg = cfg
+        self.be = backend
+        self.opts = opts or TokenOptions()
+        self.n_layers = cfg.n_layers if n_layers is None else n_layers
+        if not 1 <= self.n_layers <= cfg.n_layers:
+            raise ValueError(f"n_layers={n_layers} must be in 1..{cfg.n_layers}")
+        self.L = Launcher(backend, nvtx=nvtx, routed=routed)
+        self.L.legacy_sites = frozenset(self.opts.legacy_sites)
+        #: Host-timed MoE profile lines (ds4's DS4_CUDA_MOE_PROFILE), one dict per call.
+        self.moe_profile_log: list[dict] = []
+        #: The routed-MoE profiler attached to this model, or None (:class:`MoeObserver`;
+        #: ``ds4lab.moeprof.MoeProfiler.attach`` sets it). It sees every ``moe`` cluster run and
+        #: every routed-MoE call, and may put :class:`ProfileMarker` objects in ``profile_events``.
+        self.moe_observer: MoeObserver | None = None
+        #: Bumped whenever a buffer is (re)allocated: part of every graph's buffer-alias key.
+        self.generation = 0
+        #: None runs every cluster eagerly; a ds4lab.capture.cache.GraphCache captures and replays some.
+        self.executor = None
+        self._check_memory()
+        self._alloc_weights()
+        self._alloc_buffers()
+        # Weights and caches were filled on the legacy stream; a non-blocking stream does not
+        # wait for it, so finish here before any stream may use them.
+        self.be.synchronize()
+
+    # ------------------------------------------------------------------ setup
+    def memory_bytes(self) -> dict:
+        """Device bytes this model allocates for weights and caches (computed before allocating).
+
+        ``caches``: the raw windows and, with ``long_context``, the compressed rows, indexer keys
+        and compressor states for ``max_context`` positions (``weights.cache_bytes``).
+        """
+        cfg = self.cfg
+        return {"weights": W.model_bytes(cfg, self.opts.vocab, self.n_layers),
+                "caches": W.cache_bytes(cfg, self.n_layers)}
+
+    def _check_memory(self) -> None:
+        mem = self.be.free_memory()
+        if mem is None:  # host memory (numpy, sim): nothing to check against
+            return
+        free, total = mem
+        mem = self.memory_bytes()
+        need = mem["weights"] + mem["caches"]
+        if need > free:
+            caches = (f" + caches {mem['caches'] / 2**30:.1f} GiB (max_context={self.cfg.max_context}; "
+                      "lower it to shrink the compressed caches)" if self.cfg.long_context else "")
+            raise MemoryError(
+                f"{self.cfg.name}: weights {mem['weights'] / 2**30:.1f} GiB{caches} need {need / 2**30:.1f} GiB "
+                f"but the GPU has {free / 2**30:.1f} GiB "
+                f"free of {total / 2**30:.1f} GiB" +
+                (" (per_layer_experts=True allocates one routed bank per layer; use the shared bank)"
+                 if self.cfg.per_layer_experts else ""))
+
+    def _alloc_weights(self) -> None:
+        cfg, be = self.cfg, self.be
+        self.layers = [{k: be.make_weight(s) for k, s in
+                        {**W.layer_specs(cfg, l), **W.compress_specs(cfg, l)}.items()}
+                       for l in range(self.n_layers)]
+        banks = sorted({W.bank_of_layer(cfg, l) for l in range(self.n_layers)})
+        self.banks = {b: {k: be.make_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
+        g = W.global_specs(cfg)
+        self.out_norm = be.make_weight(g["out_norm"])
+        self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
+        self.embed_key = W.tensor_key(cfg.seed, "embed")
+        self.hash_keys = [W.tensor_key(cfg.seed, f"hash_route@{l}") for l in range(self.n_layers)]
+
+    def _alloc_buffers(self) -> None:
+        cfg, be = self.cfg, self.be
+        S, E, D, H = cfg.hc_streams, cfg.embed, cfg.head_dim, cfg.n_heads
+        f = np.float32
+        self.h = be.empty((S, E), f)
+        self.hn = be.empty((S, E), f)
+        self.mix_attn = be.empty((2 * S,), f)
+        self.mix_ffn = be.empty((2 * S,), f)
+        self.mix_part = be.empty((2 * S * ops.HC_MIX_SPLIT,), f)
+        self.mix_final = be.zeros((2 * S,), f)  # zero logits: equal pre-mix weights
+        self.x = be.empty((E,), f)
+        self.qa = be.empty((cfg.q_lora,), f)
+        self.qan = be.empty((cfg.q_lora,), f)
+        self.q = be.empty((H, D), f)
+        self.kv = be.empty((D,), f)
+        self.kvn = be.empty((D,), f)
+        self.o = be.empty((H, D), f)
+        self.oa = be.empty((cfg.out_groups * cfg.out_lora,), f)
+        self.sh_mid = be.empty((cfg.expert_ffn,), f)
+        self.xf = be.empty((E,), f)
+        self.logits = be.empty((cfg.vocab,), f) if self.opts.vocab else None
+        # Always there (16 bytes), so a model can switch scalar modes between stages.
+        self.scal = be.zeros((4,), np.int32)
+        self.token_ids = be.zeros((cfg.max_tokens,), np.int32)
+        # KV caches prefilled with hashed rows, as if a prompt had been processed.
+        self.cache = []
+        for l in range(self.n_layers):
+            c = be.empty((cfg.window, D), f)
+            be.fill_f32(c, f"kv_prefill@{l}", 1.0, 0.0, cfg.seed)
+            self.cache.append(c)
+        self.moe_buf = MoeScratch(self, 1 if self.opts.scratch == "on-demand" else cfg.max_tokens)
+        ops.alloc_scratch(self.L, cfg)  # op-owned scratch (attention split partials), never in a capture
+        #: Compressed-layer caches and scratch, or None without ``long_context``.
+        self.lc = LongContext(self) if cfg.long_context else None
+        self.profile_events = [be.new_event() for _ in range(7)] if self.opts.moe_profile else []
+
+    @contextlib.contextmanager
+    def observe(self, obs: "MoeObserver"):
+        """Make ``obs`` the model's routed-MoE observer for the ``with`` block (it sees every
+        ``moe`` cluster run and routed-MoE call); the previous observer is back afterwards,
+        whatever the block raised. Observers nest: the inner one sees the calls of its block."""
+        prev, self.moe_observer = self.moe_observer, obs
+        try:
+            yield obs
+        finally:
+            self.moe_observer = prev
+
+    def set_options(self, opts: TokenOptions) -> None:
+        """Switch hazard paths and flags (a ladder stage) without reallocating weights.
+
+        Raises ValueError for a change that needs other buffers (vocab, scratch mode).
+        """
+        for f in ("vocab", "scratch"):
+            if getattr(opts, f) != getattr(self.opts, f):
+                raise ValueError(f"set_options cannot change {f} ({getattr(self.opts, f)!r} → {getattr(opts, f)!r}): "
+                                 "build a new model")
+        if opts.moe_profile and not self.profile_events:
+            self.profile_events = [self.be.new_event() for _ in range(7)]
+        self.opts = opts
+        self.L.legacy_sites = frozenset(opts.legacy_sites)
+
+    def reset_state(self) -> None:
+        """Refill the KV caches with their prefill rows: the state every stage's exactness run
+        starts from (the streams are rewritten by every token's embedding)."""
+        for layer, c in enumerate(self.cache):
+            self.be.fill_f32(c, f"kv_prefill@{layer}", 1.0, 0.0, self.cfg.seed)
+        if self.lc is not None:
+            self.lc.fill()
+        self.be.synchronize()
+
+    # ------------------------------------------------------------------ the token
+    def scalars(self, pos: int, token_id: int) -> ops.TokenScalars:
+        """Per-token scalars for ``(pos, token_id)``; in device mode, written to the device first."""
+        for what, v in (("position", pos), ("token id", token_id)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{what} {v!r} must be an integer")
+        if not 0 <= pos < 2**31 - 1:
+            raise ValueError(f"position {pos} must be in 0..{2**31 - 2} (an int32 kernel argument)")
+        if self.cfg.long_context and pos >= self.cfg.max_context:
+            raise ValueError(f"position {pos} is past the compressed caches: max_context={self.cfg.max_context} "
+                             f"(positions 0..{self.cfg.max_context - 1})")
+        if not 0 <= token_id < self.cfg.vocab:
+            raise ValueError(f"token id {token_id} outside the vocabulary 0..{self.cfg.vocab - 1}")
+        v = ops.host_scalars(self.cfg, pos, token_id)
+        buf = self.scal if self.opts.scalars == "device" else None
+        if buf is not None:
+            with self.L.cluster("embed"):
+                self.L.copy_h2d("scalars", buf, v)
+        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]), buf)
+
+    def _scalars_no_write(self, pos: int, token_id: int) -> ops.TokenScalars:
+        v = ops.host_scalars(self.cfg, pos, token_id)
+        return ops.TokenScalars(int(v[0]), int(v[1]), int(v[2]), int(v[3]),
+                                self.scal if self.opts.scalars == "device" else None)
+
+    def token(self, pos: int, token_id: int, write_scalars: bool = True) -> None:
+        """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU).
+
+        With ``scalars="device"``, the token first copies its scalars to the device buffer;
+        ``write_scalars=False`` leaves that to the caller (a captured token body must not hold
+        a copy from host memory: the caller writes the buffer before each replay).
+        """
+        L = self.L
+        with L.range("token", "token", pos):
+            L.layer = -1
+            ts = self.scalars(pos, token_id) if write_scalars else self._scalars_no_write(pos, token_id)
+            self.run_cluster("token", -1, 1, ts, lambda: self._token_body(ts))
+        L.census.token_done()
+
+    def _token_body(self, ts: ops.TokenScalars) -> None:
+        L, cfg = self.L, self.cfg
+        with L.cluster("embed"):
+            ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
+        for layer in range(self.n_layers):
+            L.layer = layer
+            with L.range("layer", "layer", layer):
+                self._layer(layer, ts)
+        L.layer = -1
+        if self.opts.vocab:
+            with L.cluster("final"):
+                ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
+                              cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
+                ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
+        if self.opts.sync_in_body:
+            self.be.synchronize()
+
+    # ------------------------------------------------------------------ clusters and host decisions
+    def run_cluster(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple = ()) -> None:
+        """Run one cluster's launches: eagerly, or through the executor (capture / replay).
+
+        ``inputs``: buffers the caller passes in that are not the model's own (their addresses
+        join the graph's buffer-alias key: a graph captured on one input is never replayed on
+        another).
+        """
+        if cluster == "moe" and self.moe_observer is not None:
+            self.moe_observer.around_moe_cluster(layer, T, lambda: self._execute(cluster, layer, T, ts, fn, inputs))
+        else:
+            self._execute(cluster, layer, T, ts, fn, inputs)
+
+    def _execute(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple) -> None:
+        if self.executor is None:
+            fn()
+        else:
+            self.executor.run(self, cluster, layer, T, ts, fn, inputs)
+
+    def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
+        """The host-side choices a cluster's launches depend on, re-asked before every replay.
+
+        * the routed-MoE path, chosen by token count (decode vs sorted pairs);
+        * the attention regime, chosen by the window length (filling vs full window), when
+          the window length is a host value (``scalars="value"``);
+        * routing kind (hash or top-k) and the vocabulary flag are fixed per layer and model.
+        A change in any answer retires the graph (ds4lab.capture.cache.GraphCache).
+        """
+        d = []
+        if cluster in ("moe", "token"):
+            d.append(("moe.path", "sorted" if T > 1 else "decode"))
+            d.append(("moe.profile", self.opts.moe_profile))
+        if cluster == "token":
+            if ts is not None and ts.buf is None:
+                d.append(("attention.regime", "filling" if ts.n_valid < self.cfg.window else "full"))
+            d.append(("vocab", self.opts.vocab))
+            if self.lc is not None and ts is not None:
+                d.extend(self.longctx_decisions(ts.pos, by_value=ts.buf is None))
+        return tuple(d)
+
+    def _hc_pre(self, name: str, wmix, wnorm, mix) -> None:
+        cfg, L = self.cfg, self.L
+        S, E = cfg.hc_streams, cfg.embed
+        with L.cluster(name):
+            ops.rms_norm_rows(L, "stream_norm", self.h, None, self.hn, S, E, cfg.rms_eps)
+            ops.hc_mix(L, "mix", self.hn, wmix, self.mix_part, S, E)
+            ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
+
+    def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
+        cfg, L, w = self.cfg, self.L, self.layers[layer]
+        ratio = cfg.compress_ratio(layer)
+        # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
+        theta = cfg.compress_rope_theta if ratio else None
+        self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn)
+        with L.cluster("query"):
+            ops.q8_matvec(L, "q_a", w["q_a"], self.x, self.qa)
+            ops.rms_norm_rows(L, "q_a_norm", self.qa, w["q_a_norm"], self.qan, 1, cfg.q_lora, cfg.rms_eps)
+            ops.q8_matvec(L, "q_b", w["q_b"], self.qan, self.q)
+            ops.rms_norm_rows(L, "q_head_norm", self.q, w["q_head_norm"], self.q, cfg.n_heads, cfg.head_dim,
+                              cfg.rms_eps)
+            ops.rope_q(L, "q_rope", self.q, cfg, ts, theta=theta)
+        with L.cluster("kv"):
+            ops.q8_matvec(L, "kv", w["kv"], self.x, self.kv)
+            ops.rms_norm_rows(L, "kv_norm", self.kv, w["kv_norm"], self.kvn, 1, cfg.head_dim, cfg.rms_eps)
+            ops.rope_store_kv(L, "kv_rope_store", self.kvn, self.cache[layer], cfg, ts, theta=theta)
+        if ratio:
+            self._compressed_attention(layer, ratio, ts)
+        else:
+            with L.cluster("attention"):
+                ops.attention_decode(L, "attention", self.q, self.cache[layer], self.o, cfg, ts)
+        with L.cluster("output"):
+            ops.q8_matvec(L, "o_a", w["o_a"], self.o, self.oa, rows_per_group=cfg.out_lora,
+                          group_stride=cfg.group_in)
+            ops.q8_matvec_expand(L, "o_b_expand", w["o_b"], self.oa, self.h, self.mix_attn, None, cfg.hc_streams)
+        self._hc_pre("hc_ffn", w["hc_ffn_mix"], w["hc_ffn_norm"], self.mix_ffn)
+        self.router(layer, self.x, 1, ts=ts)
+        self.run_cluster("moe", layer, 1, ts, lambda: self.routed_moe(layer, self.x, 1))
+        self.run_cluster("shared", layer, 1, ts, lambda: self._shared(layer, self.moe_buf.y))
+
+    def _shared(self, layer: int, y) -> None:
+        cfg, L, w = self.cfg, self.L, self.layers[layer]
+        with L.cluster("shared"):
+            ops.q8_matvec_swiglu(L, "sh_gateup_swiglu", w["sh_gateup"], self.x, self.sh_mid, cfg.swiglu_limit)
+            ops.q8_matvec_expand(L, "sh_down_expand", w["sh_down"], self.sh_mid, self.h, self.mix_ffn, y,
+                                 cfg.hc_streams)
+
+    # ------------------------------------------------------------------ router and routed MoE
+    def router(self, layer: int, x, T: int, ts: ops.TokenScalars | None = None, token_ids=None) -> None:
+        """Router for ``T`` tokens ``x [T, E]``: logits, then top-k (or hash routing in the first layers).
+
+        Hash layers take token ids from ``token_ids`` (device ``[T]``) or, for one token, ``ts``.
+        """
+        cfg, L = self.cfg, self.L
+        self.moe_buf.ensure(T)
+        b = self.moe_buf
+        with L.cluster("router"):
+            ops.router_logits(L, "router_logits", self.layers[layer]["router"], x, b.logits, T, cfg)
+            if cfg.is_hash_layer(layer):
+                ops.router_hash(L, "router_hash", b.logits, b.ids, b.wts, T, cfg, layer, self.hash_keys[layer],
+                                token_ids=token_ids, ts=ts)
+            else:
+                ops.router_topk(L, "router_topk", b.logits, b.ids, b.wts, T, cfg)
+
+    def routed_moe(self, layer: int, x, T: int):
+        """The routed MoE for ``T`` tokens after :meth:`router`; returns the output buffer ``[T, E]``.
+
+        Stages as in ds4 (``xq``, ``sort`` only when T > 1, ``gateup``, ``midq``, ``down``, ``sum``),
+        with ds4's 7 profiling events between them when ``moe_profile`` is on. An attached
+        :attr:`moe_observer` wraps the call.
+        """
+        if self.moe_observer is not None:
+            return self.moe_observer.around_routed_moe(layer, T, lambda: self._routed_moe(layer, x, T))
+        return self._routed_moe(layer, x, T)
+
+    def _mark(self, site: str, event) -> None:
+        """One of ds4's 7 profiling points: a CUDA event record, or a profiler's marker."""
+        if isinstance(event, ProfileMarker):
+            event.fire(site)
+        else:
+            self.L.event_record(site, event)
+
+    def _routed_moe(self, layer: int, x, T: int):
+        cfg, L = self.cfg, self.L
+        self.moe_buf.ensure(T)
+        b = self.moe_buf
+        bank = self.banks[W.bank_of_layer(cfg, layer)]
+        P, N = T * cfg.n_used, cfg.n_experts
+        ev = self.profile_events
+        with L.cluster("moe"):
+            if ev:
+                self._mark("profile.xq", ev[0])
+            ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, cfg.embed)
+            if ev:
+                self._mark("profile.sort", ev[1])
+            if T > 1:
+                L.memset("sort.counts_clear", b.counts, 0, sync=self.opts.counts_clear == "sync")
+                ops.moe_count(L, "sort.count", b.ids, b.counts, P)
+                ops.moe_prefix(L, "sort.prefix", b.counts, b.offsets, b.cursor, N)
+                ops.moe_scatter(L, "sort.scatter", b.ids, b.cursor, b.sorted, P)
+                ops.moe_tiles(L, "sort.tiles", b.counts, b.offsets, b.tiles, b.n_tiles, N)
+            if ev:
+                self._mark("profile.gateup", ev[2])
+            if T > 1:
+                # The grid covers this call's tile bound, not the buffers' capacity: a grid sized
+                # for max_tokens launched ~45x more (empty) blocks at 2 tokens (NOTES.md).
+                ops.moe_gateup_tiled(L, "gateup", bank["gate_up"], b.xq, b.xd, b.sorted, b.tiles, b.n_tiles,
+                                     b.gate, b.up, max_tiles(P, N, MOE_TILE), P, cfg)
+            else:
+                ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg)
+            if ev:
+                self._mark("profile.midq", ev[3])
+            ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg)
+            if ev:
+                self._mark("profile.down", ev[4])
+            if T > 1:
+                ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
+                                   max_tiles(P, N, MOE_TILE), P, cfg)
+            else:
+                ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg)
+            if ev:
+                self._mark("profile.sum", ev[5])
+            ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg)
+            if ev:
+                self._mark("profile.end", ev[6])
+                if self.opts.moe_host_timed:
+                    # ds4: cudaEventSynchronize on the last event, elapsed times read on the host.
+                    self.be.event_synchronize(ev[6])
+                    ms = [self.be.event_elapsed_ms(ev[i], ev[i + 1]) for i in range(6)]
+                    self.moe_profile_log.append({"layer": layer, "tokens": T, "pairs": P,
+                                                 **dict(zip(MOE_STAGES, ms)), "total": sum(ms)})
+        return b.y
+
+    # ------------------------------------------------------------------ results
+    def hidden(self) -> np.ndarray:
+        """Host copy of the hyper-connection streams ``[S, E]`` (the final hidden state). Synchronizes."""
+        return self.be.to_host(self.h)
+
+    def output_logits(self) -> np.ndarray | None:
+        """Host copy of the vocabulary logits ``[vocab]``, or None when ``vocab`` is off."""
+        return None if self.logits is None else self.be.to_host(self.logits)
+
+    def selected_experts(self) -> np.ndarray:
+        """Host copy of the last router call's expert ids ``[T, k]`` (valid rows: the first T)."""
+        return self.be.to_host(self.moe_buf.ids)

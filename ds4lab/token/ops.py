@@ -1,0 +1,476 @@
+"""Launch sites: one function per op of the decode token.
+
+Each function launches one kernel of ``kernels/`` through the :class:`~ds4lab.capture.launch.Launcher`
+with its grid, block and arguments, and gives the launcher the NumPy-reference computation of
+the same op into the same buffers (run by the ``numpy`` backend). Buffers are backend arrays;
+per-token scalars come as a :class:`TokenScalars`, which passes them by value (ds4 today) or
+as a device buffer (the capture-safe fix). The long-context ops are in :mod:`ds4lab.token.ops_longctx`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import reference as R
+from .config import MOE_TILE, ModelConfig
+
+i32, u32, f32 = np.int32, np.uint32, np.float32
+#: A null device pointer as a kernel argument (8-byte zero).
+NULL = np.uint64(0)
+WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
+#: Blocks a split launch aims for: about four per SM of an H200 (132 SMs); see split_geometry.
+FILL_BLOCKS = 512
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def expert_bytes(bank) -> int:
+    """Bytes of one expert's matrix in a routed bank (4-bit values + fp16 scales)."""
+    return bank.rows * bank.cols // 2 + bank.rows * bank.cols // 32 * 2
+
+
+@dataclass
+class TokenScalars:
+    """Per-token scalars: position, KV ring-buffer row, window length, token id.
+
+    ``buf`` is None when they go to kernels by value (ds4 today; baked into a captured graph),
+    or an int32 ``[4]`` device buffer the kernels read (written before each token).
+    """
+
+    pos: int
+    kv_row: int
+    n_valid: int
+    token_id: int
+    buf: Any = None
+
+    def args(self) -> tuple:
+        """Kernel arguments ``(const int* scal, pos, kv_row, n_valid, token_id)``."""
+        return (NULL if self.buf is None else self.buf, i32(self.pos), i32(self.kv_row),
+                i32(self.n_valid), i32(self.token_id))
+
+    def resolve(self) -> tuple[int, int, int, int]:
+        """The values a kernel would see (read from ``buf`` when there is one; NumPy only)."""
+        if self.buf is None:
+            return self.pos, self.kv_row, self.n_valid, self.token_id
+        b = np.asarray(self.buf)
+        return int(b[0]), int(b[1]), int(b[2]), int(b[3])
+
+
+def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
+    """int32 ``[pos, kv_row, n_valid, token_id]`` for decoding ``token_id`` at ``pos``."""
+    return np.array([pos, pos % cfg.window, min(pos + 1, cfg.window), token_id], dtype=np.int32)
+
+
+# ----------------------------------------------------------------------------- dense
+def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
+    """Grid and block of a kernel where a thread group of ``tpr`` threads (block
+    ``(tpr, 256 // tpr)``) computes one unit (a row or row pair) whose reduction runs over
+    ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
+
+    ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
+    the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
+    (ds4-flash, CUPTI, NOTES.md) this picks the fastest of the configurations measured for
+    every matvec of the token: 512 blocks of 8 chunks per thread beat 1024 blocks of 4 on the
+    large matrices (4096 → 8192 grouped: 14.1 vs 16.8 µs; 8192 → 4096: 15.7 vs 17.8 µs; the
+    vocabulary: 164 vs 176 µs), and where 8 chunks per thread leave fewer than 512 blocks, more
+    blocks win (shared down 2048 → 4096: 512 blocks of 2 chunks, 7.4 µs, vs 256 of 4, 7.7 µs;
+    shared gate/up: 512 blocks of 4 chunks, 9.1 µs, where the previous one-warp-per-pair kernel
+    took 10.1 µs with 256 blocks; 4096 → 1024 and 4096 → 512: one row pair per block of 256
+    threads, 4.3 and 3.5 µs, against 8.6 and 8.5 for the previous kernel's 64 and 32 blocks).
+
+    Returns ``((blocks,), (tpr, groups))``.
+    """
+    tpr = 32
+    while tpr < 256 and chunks > 8 * tpr:
+        tpr *= 2
+    while tpr < 256 and 2 * tpr <= chunks and cdiv(units, 256 // tpr) < FILL_BLOCKS:
+        tpr *= 2
+    groups = 256 // tpr
+    return (cdiv(units, groups),), (tpr, groups)
+
+
+def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
+    """Grid and block of the Q8_0 matvec kernels (``kernels/dense.cu``) for ``pairs`` row pairs
+    of ``cols`` int8 columns (:func:`split_geometry` over ``cols / 16`` chunks): narrow-and-short
+    matrices (4096 → 512) get wide groups and enough blocks, tall ones (1024 → 32768) one warp
+    per pair. Returns ``((blocks,), (tpr, groups))``."""
+    return split_geometry(pairs, cols // 16)
+
+
+def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
+    """``y [rows] = W x`` (grouped input when ``rows_per_group``): ``kernels/dense.cu:q8_matvec``."""
+    rpg = w.rows if rows_per_group is None else rows_per_group
+
+    def ref():
+        y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
+
+    grid, block = q8_geometry(w.rows // 2, w.cols)
+    L.kernel(site, "q8_matvec", grid, block,
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref,
+             nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows))
+
+
+def q8_matvec_swiglu(L, site, w, x, mid, limit):
+    """Shared-expert gate/up + clamped SwiGLU: ``mid [F]`` from ``W [2F, E]``."""
+    F = w.rows // 2
+
+    def ref():
+        mid[:F] = R.q8_matvec_swiglu(w, x, limit)
+
+    grid, block = q8_geometry(F, w.cols)
+    L.kernel(site, "q8_matvec_swiglu", grid, block,
+             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref, nbytes=w.nbytes + 4 * (w.cols + F))
+
+
+def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
+    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add."""
+
+    def ref():
+        h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
+
+    grid, block = q8_geometry(w.rows // 2, w.cols)
+    L.kernel(site, "q8_matvec_expand", grid, block,
+             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref,
+             nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows))
+
+
+def norm_threads(dim: int) -> int:
+    """Block size of the one-block-per-row norms: one float4 per thread, 32 to 1024 threads."""
+    return min(1024, max(32, cdiv(cdiv(dim, 4), 32) * 32))
+
+
+def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
+    """RMS norm of each of ``rows`` rows of width ``dim`` (times ``w`` when not None)."""
+
+    def ref():
+        xs = np.asarray(x).reshape(-1)[: rows * dim].reshape(rows, dim)
+        y.reshape(-1)[: rows * dim] = R.rms_norm(xs, w, eps).reshape(-1)
+
+    L.kernel(site, "rms_norm_rows", (rows,), (norm_threads(dim),),
+             (x, NULL if w is None else w, y, i32(dim), f32(eps)), ref, nbytes=4 * (2 * rows * dim + dim))
+
+
+#: Partial sums per mixing logit in ``hc_mix`` (``HC_MIX_SPLIT`` in ``kernels/dense.cu``).
+HC_MIX_SPLIT = 16
+
+
+def hc_mix(L, site, hn, wmix, part, S, E):
+    """Mixing-logit partial sums ``part [2S, HC_MIX_SPLIT]`` of a hyper-connection."""
+
+    def ref():
+        part.reshape(-1)[: 2 * S * HC_MIX_SPLIT] = R.hc_mix_partials(
+            np.asarray(hn).reshape(S, E), wmix, HC_MIX_SPLIT).reshape(-1)
+
+    L.kernel(site, "hc_mix", (2 * S, HC_MIX_SPLIT), (256,), (hn, wmix, part, i32(S * E)), ref,
+             nbytes=4 * (2 * S * S * E + S * E))
+
+
+def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``.
+
+    Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when
+    ``part`` already holds final logits (``nsplit=1``, the output mix).
+    """
+
+    def ref():
+        lg = R.sum_partials(np.asarray(part).reshape(-1)[: 2 * S * nsplit].reshape(2 * S, nsplit))
+        if logits is not None:
+            logits[: 2 * S] = lg
+        x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), lg, w, eps)
+
+    L.kernel(site, "hc_premix", (1,), (1024,),
+             (h, part, NULL if logits is None else logits, w, x, i32(S), i32(E), i32(nsplit), f32(eps)), ref,
+             nbytes=4 * (S * E + 2 * E))
+
+
+def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars, theta: float | None = None):
+    """RoPE at the token's position on the last ``rope_dims`` of every query head, in place
+    (base ``theta``, default ``cfg.rope_theta``; compressed layers use ``compress_rope_theta``)."""
+    theta = cfg.rope_theta if theta is None else theta
+
+    def ref():
+        pos = ts.resolve()[0]
+        q[...] = R.rope(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), pos, cfg.rope_dims,
+                        theta).reshape(q.shape)
+
+    L.kernel(site, "rope_q", (cfg.n_heads,), (max(32, cdiv(cfg.rope_dims // 2, 32) * 32),),
+             (q, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(theta)) + ts.args(), ref,
+             nbytes=8 * cfg.n_heads * cfg.rope_dims)
+
+
+def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars, theta: float | None = None):
+    """RoPE on the KV row, stored at the position's row of the ring-buffer cache ``[W, D]``
+    (base ``theta``, default ``cfg.rope_theta``)."""
+    theta = cfg.rope_theta if theta is None else theta
+
+    def ref():
+        pos, kv_row, _, _ = ts.resolve()
+        cache[kv_row] = R.rope(np.asarray(kv)[None, : cfg.head_dim], pos, cfg.rope_dims, theta)[0]
+
+    L.kernel(site, "rope_store_kv", (1,), (256,),
+             (kv, cache, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(theta)) + ts.args(), ref,
+             nbytes=8 * cfg.head_dim)
+
+
+#: Keys per block and heads per block of ``attention_decode`` (``kernels/attention.cu``).
+ATTN_KPB, ATTN_HPB = 16, 4
+
+
+def attention_splits(cfg: ModelConfig) -> int:
+    """Key splits of ``attention_decode``: ``ceil(window / ATTN_KPB)`` (fixed per model, so a
+    captured graph's grid fits every window length)."""
+    return cdiv(cfg.window, ATTN_KPB)
+
+
+def attention_scratch(L, cfg: ModelConfig) -> tuple:
+    """The attention's split partials and per-head-group tickets, owned by launcher ``L``:
+    ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS, 2]``, ``counter`` int32
+    ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it zero). Allocated on the first call —
+    :func:`alloc_scratch` makes that call at model build time, before any capture."""
+    H, D, NS = cfg.n_heads, cfg.head_dim, attention_splits(cfg)
+    return (L.scratch(("attention.part_o", H, NS, D), (H * NS * D,), np.float32),
+            L.scratch(("attention.part_ml", H, NS), (H * NS * 2,), np.float32),
+            L.scratch(("attention.counter", H), (cdiv(H, ATTN_HPB),), np.int32))
+
+
+def alloc_scratch(L, cfg: ModelConfig) -> None:
+    """Allocate every op-owned scratch buffer for ``cfg`` now (model build time), so no launch
+    site allocates later, inside a capture."""
+    attention_scratch(L, cfg)
+
+
+def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
+    """Sliding-window attention of all heads over the cached window, split over keys with the
+    combine inside the kernel (``kernels/attention.cu``); scratch from :func:`attention_scratch`."""
+
+    def ref():
+        pos, kv_row, n_valid, _ = ts.resolve()
+        # The cache row of position p is p % W; kernel and reference agree when kv_row == pos % W.
+        o[...] = R.attention_decode(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), cache,
+                                    pos, cfg.window).reshape(o.shape)
+
+    part_o, part_ml, counter = attention_scratch(L, cfg)
+    L.kernel(site, "attention_decode", (cdiv(cfg.n_heads, ATTN_HPB), attention_splits(cfg)), (256,),
+             (q, cache, o, i32(cfg.head_dim), i32(cfg.window), i32(cfg.n_heads), part_o, part_ml, counter)
+             + ts.args(), ref,
+             nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window))
+
+
+def embed_token(L, site, h, cfg: ModelConfig, key: int, ts: TokenScalars):
+    """The token's input embedding copied into all hyper-connection streams ``h [S, E]``."""
+    from .weights import embed_row
+
+    def ref():
+        tok = ts.resolve()[3]
+        h[...] = np.broadcast_to(embed_row(cfg.seed, tok, cfg.embed), h.shape)
+
+    L.kernel(site, "embed_token", (cdiv(cfg.embed, 256),), (256,),
+             (h, i32(cfg.hc_streams), i32(cfg.embed), u32(key)) + ts.args(), ref,
+             nbytes=4 * cfg.hc_streams * cfg.embed)
+
+
+# ----------------------------------------------------------------------------- router
+def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
+    """Router logits ``[T, N]`` for ``T`` tokens ``x [T, E]``."""
+    N, E = cfg.n_experts, cfg.embed
+
+    def ref():
+        logits.reshape(-1)[: T * N] = R.router_logits(w, np.asarray(x).reshape(-1)[: T * E].reshape(T, E)).reshape(-1)
+
+    (blocks,), block = split_geometry(N, E // 4)
+    L.kernel(site, "router_logits", (blocks, T), block, (w, x, logits, i32(N), i32(E)), ref,
+             nbytes=4 * (N * E + T * E + T * N))
+
+
+def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
+    """Top-``n_used`` experts and their normalized sigmoid weights per token."""
+    N, k = cfg.n_experts, cfg.n_used
+
+    def ref():
+        i, w = R.router_topk(np.asarray(logits).reshape(-1)[: T * N].reshape(T, N), k)
+        ids.reshape(-1)[: T * k] = i.reshape(-1)
+        wts.reshape(-1)[: T * k] = w.reshape(-1)
+
+    L.kernel(site, "router_topk", (T,), (cdiv(N, 32) * 32,), (logits, ids, wts, i32(N), i32(k)), ref,
+             nbytes=4 * T * (N + 2 * k))
+
+
+def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key: int,
+                token_ids=None, ts: TokenScalars | None = None):
+    """Hash routing (first ``n_hash_layers`` layers): experts from the token id.
+
+    Token ids come from ``token_ids [T]`` (a device buffer) or, for one decode token, from ``ts``.
+    """
+    from .weights import hash_experts
+
+    N, k = cfg.n_experts, cfg.n_used
+    if token_ids is None and (ts is None or T != 1):
+        raise ValueError(f"router_hash: T={T} tokens need a token_ids buffer")
+
+    def ref():
+        toks = np.asarray(token_ids)[:T] if token_ids is not None else [ts.resolve()[3]]
+        sel = np.stack([hash_experts(cfg.seed, int(t), layer, k, N) for t in toks])
+        lg = np.asarray(logits).reshape(-1)[: T * N].reshape(T, N)
+        ids.reshape(-1)[: T * k] = sel.reshape(-1)
+        wts.reshape(-1)[: T * k] = R.router_weights(lg, sel).reshape(-1)
+
+    scal = ts.args() if ts is not None else (NULL, i32(0), i32(0), i32(0), i32(0))
+    L.kernel(site, "router_hash", (T,), (32,),
+             (logits, ids, wts, i32(N), i32(k), u32(key), NULL if token_ids is None else token_ids) + scal, ref,
+             nbytes=4 * T * (1 + 3 * k))
+
+
+# ----------------------------------------------------------------------------- routed MoE
+def xq_quantize(L, site, x, q, d, T, n):
+    """``xq``: fp32 ``x [T, n]`` to Q8_K ``(q [T, n], d [T, n/256])``."""
+
+    def ref():
+        qq, dd = R.quantize_q8k(np.asarray(x).reshape(-1)[: T * n].reshape(T, n))
+        q.reshape(-1)[: T * n] = qq.reshape(-1)
+        d.reshape(-1)[: T * n // 256] = dd.reshape(-1)
+
+    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)), ref, nbytes=5 * T * n + T * n // 64)
+
+
+def moe_count(L, site, ids, counts, P):
+    def ref():
+        np.add.at(counts, np.asarray(ids).reshape(-1)[:P], 1)
+
+    L.kernel(site, "moe_count", (cdiv(P, 256),), (256,), (ids, counts, i32(P)), ref, nbytes=8 * P)
+
+
+def moe_prefix(L, site, counts, offsets, cursor, N):
+    def ref():
+        c = np.asarray(counts)[:N]
+        offsets[:N] = np.concatenate([[0], np.cumsum(c)[:-1]])
+        cursor[:N] = offsets[:N]
+
+    L.kernel(site, "moe_prefix", (1,), (cdiv(N, 32) * 32,), (counts, offsets, cursor, i32(N)), ref, nbytes=12 * N)
+
+
+def moe_scatter(L, site, ids, cursor, sorted_pairs, P):
+    def ref():
+        for p, e in enumerate(np.asarray(ids).reshape(-1)[:P]):
+            if cursor[e] < P:
+                sorted_pairs[cursor[e]] = p
+            cursor[e] += 1
+
+    L.kernel(site, "moe_scatter", (cdiv(P, 256),), (256,), (ids, cursor, sorted_pairs, i32(P)), ref, nbytes=12 * P)
+
+
+def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
+    def ref():
+        t = [(e, offsets[e] + s, min(MOE_TILE, counts[e] - s))
+             for e in range(N) for s in range(0, int(counts[e]), MOE_TILE)][:max_t]
+        if t:
+            tiles.reshape(-1, 3)[: len(t)] = np.array(t, dtype=np.int32)
+        n_tiles[0] = len(t)
+
+    max_t = tiles.shape[0]
+    L.kernel(site, "moe_tiles", (1,), (cdiv(N, 32) * 32,), (counts, offsets, tiles, n_tiles, i32(N), i32(max_t)), ref,
+             nbytes=8 * N + 12 * N)
+
+
+def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig):
+    """``gateup`` without sort: one (token, expert) pair per grid row."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+
+    def ref():
+        flat = np.asarray(ids).reshape(-1)
+        for p in range(P):
+            t = p // k
+            y = R.expert_matvec(bank_gu[int(flat[p])], xq[t], xd[t])
+            gate[p], up[p] = y[:F], y[F:]
+
+    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS), P), (256,),
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts)), ref,
+             nbytes=P * (expert_bytes(bank_gu) + E + 8 * F))
+
+
+def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
+    """Reference walk of the tile list: (expert, pair) as the tiled kernels see them, with the
+    kernels' bounds checks (stale counts can leave tiles pointing past the pair list)."""
+    for e, start, cnt in np.asarray(tiles).reshape(-1, 3)[: int(np.asarray(n_tiles)[0])]:
+        if not (0 <= e < n_experts) or not (0 <= start < P):
+            continue
+        for p in np.asarray(sorted_pairs)[start:start + min(cnt, P - start)]:
+            if 0 <= p < P:
+                yield int(e), int(p)
+
+
+def _tiled_bytes(bank, P, cfg: ModelConfig) -> int:
+    """Weight bytes a tiled expert kernel reads: its expert once per tile, for the tile count
+    expected under uniform routing (:func:`ds4lab.token.reference.expected_tiles`)."""
+    tiles = R.expected_tiles(P // cfg.n_used, cfg.n_used, cfg.n_experts)
+    return int(round(tiles * expert_bytes(bank)))
+
+
+def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig):
+    """``gateup`` on expert tiles (tokens > 1): each weight row is read once per tile."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+
+    def ref():
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles, P, cfg.n_experts):
+            y = R.expert_matvec(bank_gu[e], xq[p // k], xd[p // k])
+            gate[p], up[p] = y[:F], y[F:]
+
+    L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
+             (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E),
+              i32(P), i32(cfg.n_experts)), ref,
+             nbytes=_tiled_bytes(bank_gu, P, cfg) + max_t * 12)
+
+
+def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
+    """``midq``: clamped SwiGLU of gate/up ``[P, F]`` quantized to Q8_K."""
+    F = cfg.expert_ffn
+
+    def ref():
+        q, d = R.moe_midq(gate[:P], up[:P], cfg.swiglu_limit)
+        mq[:P], md[:P] = q, d
+
+    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)), ref,
+             nbytes=P * F * 9)
+
+
+def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
+    """``down`` without sort: expert down projection per pair into ``out [P, E]``."""
+    F, E = cfg.expert_ffn, cfg.embed
+
+    def ref():
+        flat = np.asarray(ids).reshape(-1)
+        for p in range(P):
+            out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
+
+    L.kernel(site, "moe_down_decode", (cdiv(E // 2, WARPS), P), (256,),
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts)), ref,
+             nbytes=P * (expert_bytes(bank_dn) + F + 4 * E))
+
+
+def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig):
+    """``down`` on expert tiles (tokens > 1)."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+
+    def ref():
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles, P, cfg.n_experts):
+            out[p] = R.expert_matvec(bank_dn[e], mq[p], md[p])
+
+    L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
+             (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E),
+              i32(P), i32(cfg.n_experts)), ref,
+             nbytes=_tiled_bytes(bank_dn, P, cfg) + max_t * 12)
+
+
+def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):
+    """``sum``: weighted sum of each token's expert outputs into ``y [T, E]``."""
+    E, k = cfg.embed, cfg.n_used
+
+    def ref():
+        y[:T] = R.moe_sum(out[: T * k], np.asarray(wts).reshape(-1)[: T * k].reshape(T, k))
+
+    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)), ref,
+             nbytes=4 * T * (k * E + E + k))
