@@ -338,7 +338,7 @@ import json
 import pandas as pd
 from IPython.display import Image, display
 from ds4lab.report import plots
-from ds4lab.token import longctx_reference as LR
+from ds4lab.token import reference as LR
 from ds4lab.backends import make_backend, resolve
 from ds4lab.token.config import get_preset
 from ds4lab.experiments.context import CONTEXT_STAGES

@@ -91,7 +91,7 @@ def test_compress_ratio_layer_out_of_range():
 
 
 # ----------------------------------------------------------------------------- references
-from ds4lab.token import longctx_reference as LR  # noqa: E402
+from ds4lab.token import reference as LR  # noqa: E402
 from ds4lab.token import reference as R  # noqa: E402
 
 
@@ -555,11 +555,11 @@ def test_longctx_hazard_unknown_name():
 
 
 @pytest.mark.parametrize("call,needle", [
-    (lambda L, c: ops_longctx.comp_pool(L, "p", None, None, None, 64, 8), "ratio=8"),
-    (lambda L, c: ops_longctx.indexer_topk(L, "t", None, None, 24, c, 4, None), "sort_n=24"),
-    (lambda L, c: ops_longctx.indexer_topk(L, "t", None, None, 8, c, 4, None), "sort_n=8"),
-    (lambda L, c: ops_longctx.indexer_topk_chunk(L, "t", None, None, 2, 8192, c, 4, None), "sort_n=8192"),
-    (lambda L, c: ops_longctx.indexer_topk_merge(L, "m", None, None, 0, None, 0, 3, 10, 64, c), "blocks=3"),
+    (lambda L, c: ops.comp_pool(L, "p", None, None, None, 64, 8), "ratio=8"),
+    (lambda L, c: ops.indexer_topk(L, "t", None, None, 24, c, 4, None), "sort_n=24"),
+    (lambda L, c: ops.indexer_topk(L, "t", None, None, 8, c, 4, None), "sort_n=8"),
+    (lambda L, c: ops.indexer_topk_chunk(L, "t", None, None, 2, 8192, c, 4, None), "sort_n=8192"),
+    (lambda L, c: ops.indexer_topk_merge(L, "m", None, None, 0, None, 0, 3, 10, 64, c), "blocks=3"),
 ])
 def test_long_context_ops_refuse_bad_shapes(call, needle):
     from ds4lab.capture.launch import Launcher
@@ -568,4 +568,4 @@ def test_long_context_ops_refuse_bad_shapes(call, needle):
         call(Launcher(NumpyBackend()), LONG)
 
 
-from ds4lab.token import ops_longctx  # noqa: E402
+from ds4lab.token import ops  # noqa: E402

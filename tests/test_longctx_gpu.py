@@ -1,7 +1,7 @@
 """Every long-context kernel (kernels/longctx.cu) against its NumPy reference, on fresh random inputs.
 
 Each op runs through its launch site (``ds4lab.token.ops``) on the ``cupy`` backend and on the
-``numpy`` backend (which runs the reference, ``ds4lab.token.longctx_reference``) from the same host
+``numpy`` backend (which runs the reference, ``ds4lab.token.reference``) from the same host
 data. Buffers a kernel only writes start poisoned (NaN / -1) so an unwritten element fails;
 buffers it updates in place (compressor state, compressed cache) start from random rows, and
 what must stay untouched is compared too. Tolerances: fp32 sums of at most a few thousand
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab.token import longctx_reference as LR
-from ds4lab.token import ops, ops_longctx
+from ds4lab.token import reference as LR
+from ds4lab.token import ops
 from ds4lab.token import weights as W
 from ds4lab.token.config import get_preset
 from ds4lab.capture.launch import Launcher
@@ -84,7 +84,7 @@ def test_comp_store(both, rng, ratio, D, device):
     pos = int(rng.integers(0, 100000))
     bufs = {"kvsc": f32(rng, 2 * width), "ape": f32(rng, ratio * width, scale=0.5),
             "skv": f32(rng, coff * ratio, width), "ssc": f32(rng, coff * ratio, width)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.comp_store(L, "s", b["kvsc"], b["ape"], b["skv"], b["ssc"], width, ratio, ts),
+    g, r = both.run(lambda L, b, ts: ops.comp_store(L, "s", b["kvsc"], b["ape"], b["skv"], b["ssc"], width, ratio, ts),
                     bufs, (pos, CFG, device))
     assert np.array_equal(g["skv"], r["skv"])
     np.testing.assert_allclose(g["ssc"], r["ssc"], rtol=1e-6)
@@ -99,7 +99,7 @@ def test_comp_pool(both, rng, ratio, D):
     if ratio == 128:
         sc[:, 5] = LR.NEG_INF  # an empty column pools to zero
     bufs = {"skv": f32(rng, coff * ratio, coff * D), "ssc": sc, "out": ((D,), np.float32)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.comp_pool(L, "p", b["skv"], b["ssc"], b["out"], D, ratio), bufs)
+    g, r = both.run(lambda L, b, ts: ops.comp_pool(L, "p", b["skv"], b["ssc"], b["out"], D, ratio), bufs)
     assert rel(g["out"], r["out"]) < F32_RTOL
     if ratio == 128:
         assert g["out"][5] == 0.0
@@ -113,7 +113,7 @@ def test_comp_rope_store(both, rng, ratio, emit):
     rows = 64
     pos = int(rng.integers(1, rows - 1)) * ratio + (ratio - 1 if emit else int(rng.integers(0, ratio - 1)))
     bufs = {"row": f32(rng, D), "comp": f32(rng, rows, D)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.comp_rope_store(L, "r", b["row"], b["comp"], D, ratio, cfg, ts), bufs,
+    g, r = both.run(lambda L, b, ts: ops.comp_rope_store(L, "r", b["row"], b["comp"], D, ratio, cfg, ts), bufs,
                     (pos, cfg, True))
     assert rel(g["comp"], r["comp"]) < F32_RTOL
     changed = np.flatnonzero((g["comp"] != bufs["comp"]).any(axis=1))
@@ -125,7 +125,7 @@ def test_comp_shift(both, rng, emit):
     width = 1024
     pos = 4 * int(rng.integers(1, 1000)) + (3 if emit else 1)
     bufs = {"skv": f32(rng, 8, width), "ssc": f32(rng, 8, width)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.comp_shift(L, "sh", b["skv"], b["ssc"], width, 4, ts), bufs,
+    g, r = both.run(lambda L, b, ts: ops.comp_shift(L, "sh", b["skv"], b["ssc"], width, 4, ts), bufs,
                     (pos, CFG, False))
     assert np.array_equal(g["skv"], r["skv"]) and np.array_equal(g["ssc"], r["ssc"])
     assert np.array_equal(g["skv"][:4], bufs["skv"][4:] if emit else bufs["skv"][:4])
@@ -140,7 +140,7 @@ def test_q8_matvec_when(both, rng, rows, cols, skip):
     n_comp = k - 3 if skip else k + 5
     pos = 4 * n_comp + 1
     bufs = {"w": W.gen_q8_0(int(rng.integers(2**32)), 0, rows, cols), "x": f32(rng, cols), "y": ((rows,), np.float32)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.q8_matvec_when(L, "m", b["w"], b["x"], b["y"], 4, k, ts), bufs,
+    g, r = both.run(lambda L, b, ts: ops.q8_matvec_when(L, "m", b["w"], b["x"], b["y"], 4, k, ts), bufs,
                     (pos, CFG, True))
     if skip:
         assert np.isnan(g["y"]).all() and np.isnan(r["y"]).all()
@@ -161,8 +161,8 @@ def test_indexer_skips_while_every_row_is_attended(both, rng):
             "scores": ((2048,), np.float32), "cand": ((4 * k,), np.int32)}
 
     def fn(L, b, ts):
-        ops_longctx.indexer_score(L, "s", b["q"], b["w"], b["keys"], b["scores"], 64, cfg, 4, ts, min_comp=k)
-        ops_longctx.indexer_topk_chunk(L, "c", b["scores"], b["cand"], 4, 8 * k, cfg, 4, ts, min_comp=k)
+        ops.indexer_score(L, "s", b["q"], b["w"], b["keys"], b["scores"], 64, cfg, 4, ts, min_comp=k)
+        ops.indexer_topk_chunk(L, "c", b["scores"], b["cand"], 4, 8 * k, cfg, 4, ts, min_comp=k)
 
     g, r = both.run(fn, bufs, (pos, cfg, True))
     assert np.isnan(g["scores"]).all() and (g["cand"] == -1).all()
@@ -175,9 +175,9 @@ def test_indexer_score(both, rng, cfg, n_comp):
     H, Di = cfg.index_heads, cfg.index_head_dim
     pos = 4 * n_comp + int(rng.integers(0, 3))  # (pos + 1) // 4 == n_comp
     cap = 4096
-    blocks = ops.cdiv(min(cap, n_comp + 70), ops_longctx.INDEX_ROWS)  # more rows covered than exist
+    blocks = ops.cdiv(min(cap, n_comp + 70), ops.INDEX_ROWS)  # more rows covered than exist
     bufs = {"q": f32(rng, H * Di), "w": f32(rng, H), "keys": f32(rng, cap, Di), "scores": ((cap,), np.float32)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.indexer_score(L, "sc", b["q"], b["w"], b["keys"], b["scores"], blocks, cfg, 4,
+    g, r = both.run(lambda L, b, ts: ops.indexer_score(L, "sc", b["q"], b["w"], b["keys"], b["scores"], blocks, cfg, 4,
                                                        ts), bufs, (pos, cfg, True))
     assert rel(g["scores"][:n_comp], r["scores"][:n_comp]) < F32_RTOL
     assert np.isnan(g["scores"][n_comp:]).all()  # rows past n_comp untouched
@@ -195,7 +195,7 @@ def test_indexer_topk_one_block(both, rng, k, n_comp, ties):
         s = np.round(s * 4) / 4  # many equal scores: ties go to the lower index
     pos = 4 * n_comp - 1  # (pos + 1) // 4 == n_comp
     bufs = {"scores": s, "sel": ((k,), np.int32)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.indexer_topk(L, "t", b["scores"], b["sel"], steps[0].sort_n, cfg, 4, ts),
+    g, r = both.run(lambda L, b, ts: ops.indexer_topk(L, "t", b["scores"], b["sel"], steps[0].sort_n, cfg, 4, ts),
                     bufs, (pos, cfg, False))
     assert np.array_equal(g["sel"], r["sel"])
     assert g["sel"].tolist() == LR.topk_select(s, k).tolist()
@@ -212,10 +212,10 @@ def test_indexer_topk_chunked(both, rng, k, n_comp):
     def fn(L, b, ts):
         for st in steps:
             if st.kernel == "indexer_topk_chunk":
-                ops_longctx.indexer_topk_chunk(L, "c", b["scores"], b["scratch"], st.blocks, st.sort_n, cfg, 4, ts)
+                ops.indexer_topk_chunk(L, "c", b["scores"], b["scratch"], st.blocks, st.sort_n, cfg, 4, ts)
             else:
                 final = st.dst_off < 0
-                ops_longctx.indexer_topk_merge(L, "m", b["scores"], b["scratch"], st.src_off,
+                ops.indexer_topk_merge(L, "m", b["scores"], b["scratch"], st.src_off,
                                        b["sel"] if final else b["scratch"], 0 if final else st.dst_off,
                                        st.blocks, st.sets, st.sort_n, cfg)
 
@@ -240,7 +240,7 @@ def test_attention_comp(both, rng, cfg, ratio, pos, use_sel, device):
     sel[: min(n, k)] = rng.permutation(n)[:k]
     bufs = {"q": f32(rng, H, D), "cache": f32(rng, cfg.window, D), "comp": f32(rng, max(n, 1), D),
             "sel": sel, "o": ((H, D), np.float32)}
-    g, r = both.run(lambda L, b, ts: ops_longctx.attention_comp(L, "a", b["q"], b["cache"], b["comp"],
+    g, r = both.run(lambda L, b, ts: ops.attention_comp(L, "a", b["q"], b["cache"], b["comp"],
                                                         b["sel"] if use_sel else None, b["o"], cfg, ratio, use_sel,
                                                         ts, n_rows=k if use_sel else n),
                     bufs, (pos, cfg, device))
@@ -289,10 +289,10 @@ def test_indexer_topk_chunk_worst_case_grid(both, rng):
     def fn(L, b, ts):
         for st in steps:
             if st.kernel == "indexer_topk_chunk":
-                ops_longctx.indexer_topk_chunk(L, "c", b["scores"], b["scratch"], st.blocks, st.sort_n, cfg, 4, ts)
+                ops.indexer_topk_chunk(L, "c", b["scores"], b["scratch"], st.blocks, st.sort_n, cfg, 4, ts)
             else:
                 final = st.dst_off < 0
-                ops_longctx.indexer_topk_merge(L, "m", b["scores"], b["scratch"], st.src_off,
+                ops.indexer_topk_merge(L, "m", b["scores"], b["scratch"], st.src_off,
                                        b["sel"] if final else b["scratch"], 0 if final else st.dst_off,
                                        st.blocks, st.sets, st.sort_n, cfg)
 
