@@ -142,7 +142,7 @@ from pathlib import Path
 import pandas as pd
 from ds4lab.jobs import execute
 from ds4lab.jobs.ladder import LadderConfig
-from ds4lab.experiments.ladder import fixes_table
+from ds4lab.experiments.stages import fixes_table
 df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND)
 df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
 """),
@@ -341,7 +341,7 @@ from ds4lab.report import plots
 from ds4lab.token import reference as LR
 from ds4lab.backends import make_backend, resolve
 from ds4lab.token.config import get_preset
-from ds4lab.experiments.context import CONTEXT_STAGES
+from ds4lab.experiments.stages import STAGES as CONTEXT_STAGES
 from ds4lab.jobs import execute
 from ds4lab.jobs.common import DEFAULT_PRESETS
 from ds4lab.jobs.context import ContextConfig

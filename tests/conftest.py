@@ -53,7 +53,7 @@ def graphs_restored():
     """The DS4_CUDA_GRAPHS flag and this thread's stream override put back after the test."""
     from ds4lab.capture import stream as S
 
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     yield
     S.set_graphs_enabled(was)
     S.capture_set_stream(prev)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4lab.backends import BACKENDS, Executor, RuntimeApi, can_capture, make_backend, resolve
+from ds4lab.backends import DeviceClock, ModeledTime, BACKENDS, Executor, RuntimeApi, can_capture, make_backend, resolve
 from ds4lab.backends.cupy_backend import gpu_usable
 from ds4lab.capture.stream import LEGACY_STREAM
 
@@ -28,6 +28,8 @@ def test_every_backend_is_an_executor_with_declared_capabilities(be):
     # a backend measures time, models it, or makes no timing claim at all; never two of these
     assert not (be.measures_time and be.models_time)
     assert (be.calibration is not None) == be.models_time
+    # modeled time is its own protocol: a backend declares it, or has none of its calls
+    assert isinstance(be, ModeledTime) == be.models_time
     if be.models_time:
         assert be.calibration_name and be.modeled_copy_GBps()[0] > 0
         assert be.modeled_kernel_us("q8_matvec", 1 << 20) > 0
@@ -35,9 +37,10 @@ def test_every_backend_is_an_executor_with_declared_capabilities(be):
         assert isinstance(records, list) and nxt == len(records)
         assert be.modeled_start_us(LEGACY_STREAM) >= 0
     else:
-        assert be.trace_records() is None and be.modeled_start_us(LEGACY_STREAM) is None
-        assert be.calibration_name is None and be.modeled_copy_GBps() is None
-        assert be.modeled_kernel_us("q8_matvec", 1 << 20) is None
+        assert be.calibration_name is None
+        assert not any(hasattr(be, m) for m in ("trace_records", "modeled_start_us", "modeled_copy_GBps",
+                                                "modeled_kernel_us"))
+    assert isinstance(be, DeviceClock) == be.is_gpu
 
 
 def test_runtime_api_is_implemented_by_exactly_the_capturing_backends(be):

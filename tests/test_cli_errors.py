@@ -135,7 +135,7 @@ def test_one_folder_holds_one_job(tmp_path):
     (["exclusion", "--backend", "sim", "--preset", "tiny", "--tokens", "100000"], "--tokens 100000"),
     (["context", "--backend", "sim", "--preset", "tiny", "--contexts", "1024,1024"], "more than once"),
     (["context", "--backend", "sim", "--preset", "tiny", "--contexts", "5000000"], "max_context"),
-    (["ladder", "--backend", "sim", "--start-pos", "2147483000"], "--start-pos 2147483000")])
+    (["ladder", "--backend", "sim", "--start-pos", "2147483600"], "--start-pos 2147483600")])
 def test_bad_values_are_refused_before_any_work(args, needle, tmp_path):
     r = invoke(*args, "--out", tmp_path / "o")
     assert r.exit_code == 2 and needle in r.output, r.output

@@ -25,7 +25,7 @@ H200 = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-11-29/
 
 @pytest.fixture(scope="module")
 def matrix():
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     try:
         return X.run_matrix(SimBackend(seed=TINY.seed, timing_only=True), TINY)
     finally:
@@ -104,7 +104,7 @@ def test_capture_compatible_modes_and_the_ones_that_mislead(matrix):
 
 def test_computing_sim_gives_the_same_cells():
     """A few cells on a computing sim (the stamp kernel's ref writes the slots) agree with timing-only."""
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     try:
         wb = M.MoeWorkbench(SimBackend(seed=TINY.seed), TINY, max_tokens=2, n_layers=TINY.n_hash_layers + 1)
         got = {(r, c): X.run_cell(wb, r, c)["outcome"] for r, c in
@@ -149,7 +149,7 @@ def test_exclusion_command_on_sim(tmp_path):
         pass
 
     register(main)
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     try:
         r = CliRunner().invoke(main, ["exclusion", "--backend", "sim", "--out", str(tmp_path)])
     finally:
@@ -168,7 +168,7 @@ def test_capturing_calls_boundary_time_is_caught_on_long_moe_calls():
     """On ds4-flash at 64 tokens the MoE call is long, so the capture's host time is a small
     fraction of the capturing call's boundary time: the graph tolerance still flags it (the H200
     showed +240 µs)."""
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     try:
         flash = get_preset("ds4-flash")
         wb = M.MoeWorkbench(SimBackend(timing_only=True), flash, max_tokens=64, n_layers=flash.n_hash_layers + 1)
@@ -192,7 +192,7 @@ def test_sim_matrix_equals_the_h200_matrix():
 
     rec = pd.read_csv(Path(__file__).resolve().parents[1]
                       / "docs/measurements/h200-2026-11-29/exclusion/exclusion-ds4-flash.csv")
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     try:
         sim = X.run_matrix(SimBackend(timing_only=True), get_preset("ds4-flash"))
     finally:

@@ -45,10 +45,10 @@ def test_exit_codes_come_from_the_error_class_not_the_order_of_except_clauses(ex
 
 def test_not_exact_is_a_failed_check_not_bad_input():
     from ds4lab.jobs.ladder import NotExact
-    from ds4lab.experiments.ladder import LadderInputError
+    from ds4lab.experiments.stages import StageInputError
 
     assert exit_code(NotExact("stage 3: hidden")) == 1
-    assert exit_code(LadderInputError("stage 9")) == 2
+    assert exit_code(StageInputError("stage 9")) == 2
 
 
 def test_gpu_only_job_without_a_gpu_is_refused_before_any_work(tmp_path):

@@ -497,8 +497,8 @@ def test_context_ladder_on_sim(tmp_path):
     from ds4lab.jobs import execute
     from ds4lab.jobs.context import ContextConfig
 
-    df = execute("context", ContextConfig(preset="tiny", contexts=[128, 600], span=8, tokens=6, warmup=2,
-                                          out=tmp_path), backend="sim")
+    df = execute("context", ContextConfig(stages="0,2,3,3c", preset="tiny", contexts=[128, 600], span=8, tokens=6,
+                                          warmup=2, out=tmp_path), backend="sim")
     assert list(df.stage) == ["0", "2", "3", "3c"] * 2 and list(df.context) == [128] * 4 + [600] * 4
     assert df.exact.all() and (df.first_mismatch == "").all()
     last = df[df.context == 600].set_index("stage")
@@ -513,19 +513,22 @@ def test_context_ladder_on_sim(tmp_path):
 
 
 @pytest.mark.parametrize("kw,needle", [(dict(stages="0,4"), "4"), (dict(contexts="12,x"), "'x'"),
-                                       (dict(contexts=[2]), "context 2"), (dict(span=0), "span=0")])
+                                       (dict(contexts=[2]), "2 must be at least 4"), (dict(span=0), "--span 0"),
+                                       (dict(contexts="4096,1024"), "ascending order"),
+                                       (dict(contexts="1024,,2048"), "empty element"), (dict(contexts=""), "no context"),
+                                       (dict(span=100000), "at most 256")])
 def test_context_ladder_input_errors(tmp_path, kw, needle):
-    from ds4lab.experiments.context import ContextInputError
+    from ds4lab.errors import BadInput
     from ds4lab.jobs import execute
     from ds4lab.jobs.context import ContextConfig
 
-    with pytest.raises(ContextInputError, match=needle):
+    with pytest.raises(BadInput, match=needle):
         execute("context", ContextConfig(preset="tiny", out=tmp_path, **kw), backend="sim")
     assert not (tmp_path / "meta.json").exists()  # refused before any work
 
 
 # ----------------------------------------------------------------------------- long-context hazards
-from ds4lab.experiments.longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx  # noqa: E402
+from ds4lab.experiments.hazards import HAZARDS, demonstrate  # noqa: E402
 
 HAZARD_OUTCOMES = {  # (capture mode, hazard) → outcome, first differing tensor (prefix)
     ("thread_local", "compressor-emit"): ("captured, replays wrong", "token 3: kv_cache[2].comp"),
@@ -539,19 +542,19 @@ HAZARD_OUTCOMES = {  # (capture mode, hazard) → outcome, first differing tenso
 @pytest.mark.parametrize("mode,name", sorted(HAZARD_OUTCOMES))
 def test_longctx_hazards_on_sim(mode, name):
     cfg = get_preset("tiny", n_layers=4)
-    r = demonstrate_longctx(name, SimBackend(seed=cfg.seed), cfg, mode=mode)
+    r = demonstrate(name, SimBackend(seed=cfg.seed), cfg, mode=mode)
     outcome, first = HAZARD_OUTCOMES[(mode, name)]
     assert r["outcome"] == outcome and r["first_mismatch"].startswith(first), r
     assert r["exact"] == (first == "")
     if name == "topk-alloc" and mode == "thread_local":
         assert r["errors"] == "cudaErrorStreamCaptureUnsupported=1"
     assert r["exact_3c"] and r["graphs_3c"] == 1  # stage 3c: one graph, exact
-    assert r["expected"] == LONGCTX_HAZARDS[name].expected(mode)
+    assert r["expected"] == HAZARDS[name].expected(mode)
 
 
-def test_longctx_hazard_unknown_name():
+def test_hazard_unknown_name():
     with pytest.raises(ValueError, match="'nope'.*compressor-emit"):
-        demonstrate_longctx("nope", SimBackend(), get_preset("tiny"))
+        demonstrate("nope", SimBackend(), get_preset("tiny"))
 
 
 @pytest.mark.parametrize("call,needle", [

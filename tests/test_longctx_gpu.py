@@ -306,11 +306,11 @@ def test_indexer_topk_chunk_worst_case_grid(both, rng):
 @pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
 @pytest.mark.parametrize("name", ["compressor-emit", "indexer-regime", "comp-row-by-value", "topk-alloc"])
 def test_longctx_hazard_same_on_gpu_and_sim(cupy_backend, name, mode):
-    from ds4lab.experiments.longctx_hazards import demonstrate_longctx
+    from ds4lab.experiments.hazards import demonstrate
     from ds4lab.sim import SimBackend
 
     cfg = get_preset("tiny", n_layers=4)
-    g = demonstrate_longctx(name, cupy_backend, cfg, mode=mode)
-    s = demonstrate_longctx(name, SimBackend(seed=cfg.seed), cfg, mode=mode)
+    g = demonstrate(name, cupy_backend, cfg, mode=mode)
+    s = demonstrate(name, SimBackend(seed=cfg.seed), cfg, mode=mode)
     for k in ("outcome", "errors", "exact", "first_mismatch", "exact_3c", "graphs_3c"):
         assert g[k] == s[k], (k, g[k], s[k])

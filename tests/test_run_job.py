@@ -173,7 +173,7 @@ def test_out_empty_string_rejected(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = invoke("--backend", "numpy", "--out", "")
     assert r.exit_code == 2
-    assert "ds4lab: error: cannot write results to ''" in r.output
+    assert "ds4lab: error: --out '' names no result folder" in r.output
     assert list(tmp_path.iterdir()) == []
 
 

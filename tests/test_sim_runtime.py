@@ -34,7 +34,7 @@ def be():
 @pytest.fixture
 def accessor():
     """Flag and this thread's override restored after the test."""
-    was, prev = S.graphs_enabled(), S.capture_get_override()
+    was, prev = S.graphs_flag(), S.capture_get_override()
     S.set_graphs_enabled(True)
     yield
     S.set_graphs_enabled(was)

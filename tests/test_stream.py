@@ -22,7 +22,7 @@ class Tok:
 @pytest.fixture(autouse=True)
 def restore_stream_state():
     """Restore the module flag and this thread's override after every test."""
-    was_flag = S.graphs_enabled()
+    was_flag = S.graphs_flag()
     was_override = S.capture_get_override()
     yield
     S.set_graphs_enabled(was_flag)
@@ -36,7 +36,7 @@ def test_legacy_marker():
 
 def test_flag_off_ignores_override():
     S.set_graphs_enabled(False)
-    assert S.graphs_enabled() is False
+    assert S.graphs_flag() is False
     s = Tok("a")
     S.capture_set_stream(s)
     assert S.capture_get_override() is s  # set, but not applied
@@ -156,10 +156,10 @@ def test_set_graphs_enabled_rereads_environment(monkeypatch):
     monkeypatch.setenv(S.ENV_FLAG, "1")
     S.set_graphs_enabled(False)
     assert S.set_graphs_enabled(None) is True
-    assert S.graphs_enabled() is True
+    assert S.graphs_flag() is True
     monkeypatch.setenv(S.ENV_FLAG, "0")
     assert S.set_graphs_enabled(None) is False
-    assert S.graphs_enabled() is False
+    assert S.graphs_flag() is False
     monkeypatch.setenv(S.ENV_FLAG, "1")
     assert S.set_graphs_enabled() is True  # None is the default
     monkeypatch.delenv(S.ENV_FLAG)

@@ -44,7 +44,7 @@ def test_stage0_bit_identical(cupy_backend):
     """Flag off, flag on with no override, and the unrouted path give the same bits."""
     cfg = get_preset("small")
     opts = TokenOptions(vocab=True)
-    was = S.graphs_enabled()
+    was = S.graphs_flag()
     try:
         S.set_graphs_enabled(False)
         off = run_tokens(cfg, cupy_backend, opts)

@@ -3,7 +3,7 @@ times), ``numpy`` (CPU reference executor, no timing). :func:`make_backend` is t
 
 from __future__ import annotations
 
-from .base import Backend, BackendUnavailable, Executor, RuntimeApi, can_capture
+from .base import Backend, BackendUnavailable, DeviceClock, Executor, ModeledTime, RuntimeApi, can_capture
 
 BACKENDS = ("auto", "cupy", "numpy", "sim")
 
@@ -61,5 +61,6 @@ def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = Fa
     return NumpyBackend(seed=seed)
 
 
-__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "Executor", "RuntimeApi", "can_capture",
+__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "DeviceClock", "Executor", "ModeledTime", "RuntimeApi",
+           "can_capture",
            "make_backend", "resolve"]

@@ -10,7 +10,11 @@ halfway through a job:
 * :class:`RuntimeApi` — the runtime calls that capture, graphs, event timing, allocation and
   queries need (CUDA Runtime API: "Stream Management", "Event Management", "Graph Management",
   "Memory Management"). Only ``cupy`` and ``sim`` implement it; ``isinstance(be, RuntimeApi)``
-  is the one test for "can capture".
+  is the one test for "can capture". Every runtime call any caller makes is declared here.
+* :class:`ModeledTime` — what a backend whose time comes from a cost model offers (the sim): the
+  modeled cost of a kernel, the modeled copy bandwidth, its device timeline. ``isinstance(be,
+  ModeledTime)`` is the test, and every figure from it is labelled MODELED.
+* :class:`DeviceClock` — a real GPU clock to read (``%globaltimer``): the ``cupy`` backend.
 
 A backend never decides *which* stream: the launcher resolves that through the accessor
 (:mod:`ds4lab.capture.stream`) and passes the answer in (``LEGACY_STREAM`` or an override).
@@ -131,32 +135,6 @@ class Executor(abc.ABC):
     def release_cached_memory(self) -> None:
         """Give cached pool blocks back to the device (CuPy's pool); nothing elsewhere."""
 
-    def modeled_kernel_us(self, kernel: str, nbytes: int) -> float | None:
-        """The cost model's GPU µs for ``kernel`` moving ``nbytes``; None where time is not modeled."""
-        return None
-
-    def modeled_copy_GBps(self) -> tuple[float, str] | None:
-        """The cost model's device copy bandwidth (GB/s) and where it comes from; None where time
-        is not modeled (on a GPU it is measured: :func:`ds4lab.timing.copy_bandwidth`)."""
-        return None
-
-    def trace_records(self, since: int = 0) -> tuple[list[tuple], int] | None:
-        """Where the backend keeps a device timeline (the sim: modeled): the records
-        ``(stream, name, start_us, end_us, kind, graph)`` from absolute index ``since`` on (records
-        the timeline has already let go of are skipped) and the index to pass next time. None where
-        it keeps none (on a GPU, kernel records come from CUPTI)."""
-        return None
-
-    def modeled_start_us(self, stream) -> float | None:
-        """When a kernel issued now on ``stream`` would start on the modeled device (µs); None where
-        time is not modeled."""
-        return None
-
-    def globaltimer_steps(self, n: int) -> np.ndarray | None:
-        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64) from
-        ``kernels/timestamp.cu:globaltimer_probe``; None where there is no GPU clock (the sim's is exact)."""
-        return None
-
     def profiler_start(self) -> None:
         """``cudaProfilerStart`` (CUDA Runtime API, "Profiler Control") on a GPU; nothing elsewhere."""
 
@@ -253,8 +231,51 @@ class RuntimeApi(abc.ABC):
         event_record, wait_event, mem_alloc, mem_free, empty) and ``name`` (kernel name or "")."""
 
     @abc.abstractmethod
-    def graph_instantiate(self, graph: Any) -> Any:
-        """``cudaGraphInstantiate``: an executable graph."""
+    def graph_instantiate(self, graph: Any, flags: int = 0) -> Any:
+        """``cudaGraphInstantiateWithFlags``: an executable graph (``flags``: cudaGraphInstantiateFlags
+        bits, AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4, UseNodePriority 8)."""
+
+    @abc.abstractmethod
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        """``cudaGraphExecDestroy`` now (not when the object is collected)."""
+
+    @abc.abstractmethod
+    def graph_create(self) -> Any:
+        """``cudaGraphCreate``: an empty graph, for :meth:`graph_add_child`."""
+
+    @abc.abstractmethod
+    def graph_add_child(self, graph: Any, child: Any) -> None:
+        """``cudaGraphAddChildGraphNode`` after ``graph``'s last added node (``child`` is cloned)."""
+
+    @abc.abstractmethod
+    def graph_destroy(self, graph: Any) -> None:
+        """``cudaGraphDestroy`` now; executables instantiated from it keep working."""
+
+    @abc.abstractmethod
+    def graph_upload(self, graph_exec: Any, stream: Any) -> None:
+        """``cudaGraphUpload``: prepare an executable graph on ``stream`` without running it."""
+
+    @abc.abstractmethod
+    def graph_exec_kernel_node_set_params(self, graph_exec: Any, index: int, launch: Any) -> None:
+        """``cudaGraphExecKernelNodeSetParams``: the ``index``-th kernel node of the executable (capture
+        order) takes ``launch``'s arguments, grid, block and shared memory
+        (:class:`ds4lab.capture.launch.LaunchRecord`) for its later launches; the graph itself is
+        unchanged (CUDA Runtime API, cudaGraphExecKernelNodeSetParams; Programming Guide "Updating
+        instantiated graphs" → "Individual node update"). Raises CudaError (cudaErrorInvalidValue: no
+        such kernel node, or another function)."""
+
+    @abc.abstractmethod
+    def event_record_external(self, stream: Any, event: Any) -> None:
+        """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: an event record node when captured."""
+
+    @abc.abstractmethod
+    def stream_wait_event_external(self, stream: Any, event: Any) -> None:
+        """``cudaStreamWaitEvent(cudaEventWaitExternal)``: an event wait node when captured."""
+
+    @abc.abstractmethod
+    def exchange_capture_mode(self, mode: str) -> str:
+        """``cudaThreadExchangeStreamCaptureMode``: set the calling thread's interaction mode, return
+        the previous one (``"global"``, ``"thread_local"``, ``"relaxed"``)."""
 
     @abc.abstractmethod
     def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
@@ -264,6 +285,38 @@ class RuntimeApi(abc.ABC):
     @abc.abstractmethod
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
         """``cudaGraphLaunch`` of an executable graph on ``stream`` (a replay)."""
+
+
+class ModeledTime(abc.ABC):
+    """A backend whose times come from a cost model (the sim): every number from it is MODELED."""
+
+    @abc.abstractmethod
+    def modeled_kernel_us(self, kernel: str, nbytes: int) -> float:
+        """The cost model's GPU µs for ``kernel`` moving ``nbytes``."""
+
+    @abc.abstractmethod
+    def modeled_copy_GBps(self) -> tuple[float, str]:
+        """The cost model's device copy bandwidth (GB/s) and where it comes from (on a GPU it is
+        measured: :func:`ds4lab.timing.copy_bandwidth`)."""
+
+    @abc.abstractmethod
+    def trace_records(self, since: int = 0) -> tuple[list[tuple], int]:
+        """The modeled device timeline: the records ``(stream, name, start_us, end_us, kind, graph)``
+        from absolute index ``since`` on (records the timeline has let go of are skipped) and the
+        index to pass next time (on a GPU, kernel records come from CUPTI)."""
+
+    @abc.abstractmethod
+    def modeled_start_us(self, stream) -> float:
+        """When a kernel issued now on ``stream`` would start on the modeled device (µs)."""
+
+
+class DeviceClock(abc.ABC):
+    """A GPU whose own clock can be read (the ``cupy`` backend)."""
+
+    @abc.abstractmethod
+    def globaltimer_steps(self, n: int) -> np.ndarray:
+        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64) from
+        ``kernels/timestamp.cu:globaltimer_probe``."""
 
 
 #: The name most of the code uses for "a backend": every backend is an :class:`Executor`.

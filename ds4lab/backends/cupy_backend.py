@@ -20,10 +20,10 @@ import numpy as np
 
 from ..token import weights as W
 from ..capture.stream import CAPTURE_MODES, LEGACY_STREAM
-from .base import BackendUnavailable, Executor, RuntimeApi
+from .base import BackendUnavailable, DeviceClock, Executor, RuntimeApi
 from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked,
                            _cuda_errors, _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
-                           cuda_error_name)
+                           cuda_error_name, exec_kernel_node_set_params, graph_kernel_nodes)
 
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
 
@@ -62,7 +62,7 @@ def gpu_usable() -> tuple[bool, str]:
     return (n > 0, "ok" if n > 0 else "no CUDA device")
 
 
-class CupyBackend(Executor, RuntimeApi):
+class CupyBackend(Executor, RuntimeApi, DeviceClock):
     """Runs launches on the current CUDA device (see module docstring).
 
     Raises:
@@ -357,6 +357,32 @@ class CupyBackend(Executor, RuntimeApi):
         h = _checked("cudaGraphInstantiateWithFlags",
                      cudart.cudaGraphInstantiateWithFlags(cudart.cudaGraph_t(graph.handle), int(flags)))
         return CupyGraphExec(self.cp, int(h), graph)
+
+    def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
+        """``cudaGraphExecKernelNodeSetParams`` through the driver (``cuGraphExecKernelNodeSetParams``:
+        CuPy has no binding for it): the executable's ``index``-th kernel node, in the order the graph
+        lists its nodes (their creation order: the capture's launch order), takes ``launch``'s
+        arguments, grid, block and shared memory. The node's function must be ``launch``'s kernel.
+
+        Raises:
+            CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that
+                runs another function; any status the driver returns.
+        """
+        from ..errors import CudaError
+
+        call = "cudaGraphExecKernelNodeSetParams"
+        if graph_exec.kernel_nodes is None:
+            graph_exec.kernel_nodes = graph_kernel_nodes(graph_exec.graph.handle)
+        nodes = graph_exec.kernel_nodes
+        if not 0 <= index < len(nodes):
+            raise CudaError("cudaErrorInvalidValue", call, f"kernel node {index} of {len(nodes)}")
+        node, func = nodes[index]
+        fptr = int(self.function(launch.kernel).ptr)
+        if fptr != func:
+            raise CudaError("cudaErrorInvalidValue", call, f"kernel node {index} runs another function than "
+                                                           f"{launch.kernel}")
+        exec_kernel_node_set_params(graph_exec.handle, node, fptr, launch.grid, launch.block, launch.shared,
+                                    launch.args)
 
     def graph_exec_update(self, graph_exec, graph) -> None:
         """``cudaGraphExecUpdate``: new node parameters from a topologically identical graph.

@@ -106,16 +106,94 @@ class _UpdateResultInfo(ctypes.Structure):
     _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p), ("errorFromNode", ctypes.c_void_p)]
 
 
+class _KernelNodeParams(ctypes.Structure):
+    """``CUDA_KERNEL_NODE_PARAMS_v2`` (CUDA Driver API, "Data types"): the function, grid, block,
+    dynamic shared memory, the argument pointer array, and the CUkernel / context (NULL here)."""
+
+    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+                ("kernelParams", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.POINTER(ctypes.c_void_p)),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
 @functools.lru_cache(maxsize=1)
 def _libcuda():
-    """The CUDA driver library (``libcuda.so.1``, always present beside a driver), with the two entry
+    """The CUDA driver library (``libcuda.so.1``, always present beside a driver), with the entry
     points ds4lab calls directly typed."""
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuGraphExecUpdate_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResultInfo)]
     lib.cuGraphExecUpdate_v2.restype = ctypes.c_int
     lib.cuGraphNodeGetType.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     lib.cuGraphNodeGetType.restype = ctypes.c_int
+    lib.cuGraphGetNodes.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+    lib.cuGraphGetNodes.restype = ctypes.c_int
+    lib.cuGraphKernelNodeGetParams_v2.argtypes = [ctypes.c_void_p, ctypes.POINTER(_KernelNodeParams)]
+    lib.cuGraphKernelNodeGetParams_v2.restype = ctypes.c_int
+    lib.cuGraphExecKernelNodeSetParams_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                      ctypes.POINTER(_KernelNodeParams)]
+    lib.cuGraphExecKernelNodeSetParams_v2.restype = ctypes.c_int
     return lib
+
+
+def _driver_checked(call: str, status: int) -> None:
+    """Raise :class:`ds4lab.errors.CudaError` for a driver status other than success (driver and
+    runtime share the numbers of the statuses these calls return)."""
+    if status:
+        from ..errors import CudaError
+
+        raise CudaError(_error_name(status), call, f"status {status}")
+
+
+def graph_kernel_nodes(graph_handle: int) -> list[tuple[int, int]]:
+    """The kernel nodes of a graph as ``(node handle, CUfunction)``, in the order ``cuGraphGetNodes``
+    returns them (the order of their creation: the capture's launch order). Raises CudaError."""
+    lib = _libcuda()
+    n = ctypes.c_size_t(0)
+    _driver_checked("cuGraphGetNodes", lib.cuGraphGetNodes(ctypes.c_void_p(graph_handle), None, ctypes.byref(n)))
+    nodes = (ctypes.c_void_p * n.value)()
+    _driver_checked("cuGraphGetNodes", lib.cuGraphGetNodes(ctypes.c_void_p(graph_handle), nodes, ctypes.byref(n)))
+    out = []
+    for node in nodes[: n.value]:
+        if _driver_node_type(node) != "kernel":
+            continue
+        p = _KernelNodeParams()
+        _driver_checked("cuGraphKernelNodeGetParams", lib.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node),
+                                                                                        ctypes.byref(p)))
+        out.append((int(node), int(p.func or 0)))
+    return out
+
+
+def _c_arg(a):
+    """One kernel argument as the ctypes value the kernel's parameter holds: a device array → its
+    address; a NumPy scalar → the C type of its dtype. Raises TypeError for anything else."""
+    import numpy as np
+
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    if isinstance(ptr, int):
+        return ctypes.c_void_p(ptr)
+    if isinstance(a, np.generic):
+        t = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): ctypes.c_uint32,
+             np.dtype(np.int64): ctypes.c_int64, np.dtype(np.uint64): ctypes.c_uint64,
+             np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}.get(a.dtype)
+        if t is not None:
+            return t(a.item())
+    raise TypeError(f"kernel argument {a!r} ({type(a).__name__}): not a device array or a NumPy scalar")
+
+
+def exec_kernel_node_set_params(exec_handle: int, node: int, func: int, grid, block, shared: int, args) -> None:
+    """``cuGraphExecKernelNodeSetParams`` (CUDA Driver API; ``cudaGraphExecKernelNodeSetParams`` in the
+    runtime): the executable's copy of kernel ``node`` gets ``func``, ``grid``, ``block``, ``shared`` and
+    ``args`` for its next launches (the graph's own node is unchanged). Raises CudaError."""
+    vals = [_c_arg(a) for a in args]
+    ptrs = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    b = tuple(block) + (1,) * (3 - len(block))
+    p = _KernelNodeParams(ctypes.c_void_p(func), *map(int, g), *map(int, b), int(shared),
+                          ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p)), None, None, None)
+    _driver_checked("cuGraphExecKernelNodeSetParams",
+                    _libcuda().cuGraphExecKernelNodeSetParams_v2(ctypes.c_void_p(exec_handle), ctypes.c_void_p(node),
+                                                                 ctypes.byref(p)))
 
 
 def _driver_graph_exec_update(exec_handle: int, graph_handle: int) -> tuple[int, int, int]:
@@ -219,6 +297,8 @@ class CupyGraphExec:
     def __init__(self, cp, handle: int, graph: CupyGraph) -> None:
         self.cp, self.handle, self.graph = cp, handle, graph
         self.destroyed = False
+        #: ``(node, CUfunction)`` of the source graph's kernel nodes, read on the first node update
+        self.kernel_nodes: list | None = None
 
     def destroy(self) -> None:
         """``cudaGraphExecDestroy`` now; raises CudaError on failure (a second call does nothing)."""

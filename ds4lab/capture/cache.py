@@ -1,14 +1,17 @@
 """Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
 
 A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. For the
-clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``), each call:
+clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``, ds4's islands ``"island0"`` and
+``"island1"``, the attention span ``"attn_span"``), each call:
 
 1. builds the cache key: cluster, layer, token count, and the buffer-alias key (the model's
-   buffer generation, bumped whenever ds4lab reallocates a buffer, with the addresses of every
-   buffer the cluster touched recorded at capture);
-2. runs eagerly while the key is warming up (first call: kernels compiled, scratch allocated);
-3. captures on the accessor's stream (which must be a non-blocking stream: the legacy stream
-   cannot be captured), instantiates once, then replays with ``cudaGraphLaunch``;
+   buffer generation, bumped whenever ds4lab reallocates a buffer, and the addresses of the
+   inputs the caller passes in); with ``key_decisions`` the host decisions too;
+2. runs eagerly while the key is warming up (first sight: kernels compiled, scratch allocated);
+3. captures, instantiates once, then replays with ``cudaGraphLaunch``: on the accessor's stream
+   (a non-blocking stream: the legacy stream cannot be captured), or, with ``capture_stream`` (ds4's
+   islands), on that dedicated stream — the eager work stays where it is and the capture stream
+   is set as the thread's override only while capturing and launching;
 4. before each replay re-asks the cluster's host decisions (:meth:`DecodeModel.host_decisions`);
    a changed answer retires the graph and captures again, never replaying stale;
 5. on any capture failure records the CUDA (or CuPy) error, retires the entry, and runs that
@@ -18,25 +21,40 @@ clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``), each call
    discarded, the stream leaves capture mode, the thread's stream override is restored), leaves
    the key uncaptured with the reason in :attr:`GraphCache.log`, and lets the exception go on.
 
-With ``update=True`` (stage ``3u``) a cached graph is not replayed as captured: every call
-captures the cluster again with this call's by-value arguments and updates the executable graph
-in place (``cudaGraphExecUpdate``) before launching it. A refused update
-(``cudaErrorGraphExecUpdateFailure``, with CUDA's ``cudaGraphExecUpdateResult`` and the failing
-node's type) instantiates the new graph instead, as engines that update graphs do; only a failed
-re-instantiation retires the entry.
+Options for the designs engines ship:
+
+* ``update=True`` (stage ``3u``): every call captures the cluster again with this call's by-value
+  arguments and updates the executable graph in place (``cudaGraphExecUpdate``) before launching
+  it. A refused update (``cudaErrorGraphExecUpdateFailure``, with CUDA's
+  ``cudaGraphExecUpdateResult`` and the failing node's type) instantiates the new graph instead;
+  only a failed re-instantiation retires the entry.
+* ``node_updates`` (stage ``i+``, ds4 ``36ee8c14``'s hand-built attention graph): each later call
+  plans the cluster's launches without issuing them and, when they are the same kernels as
+  captured, sets every kernel node's parameters (``cudaGraphExecKernelNodeSetParams``: arguments,
+  grid, block) before the launch; other kernels (a changed launch list) retire the graph and
+  capture again. No host decision is re-asked: the launch list itself is compared.
+* ``variants`` (ds4's islands: 4): graphs kept per (cluster, layer, token count) key, told apart by
+  the buffers they touch; a key past the cap runs eagerly.
+* ``invalidate_on_realloc`` (ds4 ``9f325617``): when the model reallocates a buffer (scratch
+  growth), every graph is dropped at once, not only the ones keyed on the old buffers.
+* ``skip``: ``(cluster, layer)`` pairs that always run eagerly (ds4 keeps island 1 eager on the
+  hash-routed layers).
+
 Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, graph instantiation, updating
-instantiated graphs); ds4's staged plan (context file); the measured rules in NOTES.md.
+instantiated graphs: whole-graph update and individual node update); ds4's staged plan (context
+file); ds4's decode islands (``docs/model.md``); the measured rules in ``ds4lab/sim/rules.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import GraphExecUpdateError, RuntimeApiError
 from .scope import capture_scope
-from .stream import LEGACY_STREAM
+from .stream import LEGACY_STREAM, stream_override
 
 
 @dataclass
@@ -48,6 +66,8 @@ class CacheEntry:
     decisions: tuple = ()
     addresses: tuple = ()
     nodes: int = 0
+    #: the kernels captured, in launch order (node updates compare a call's plan against them)
+    kernels: tuple = ()
     replays: int = 0
     retired: bool = False
     reason: str = ""
@@ -57,6 +77,7 @@ class CacheEntry:
 class CacheStats:
     """Counts reported with every stage (``ds4lab ladder``'s cache columns)."""
 
+    #: stream captures made (stage 3u captures on every call)
     captures: int = 0
     replays: int = 0
     #: executable graphs updated in place (``cudaGraphExecUpdate`` succeeded; stage 3u)
@@ -70,16 +91,35 @@ class CacheStats:
     eager_runs: int = 0
     #: captures ended by a non-CUDA exception (``KeyboardInterrupt``, ...); the key stays uncaptured
     aborts: int = 0
+    #: graphs dropped because the model reallocated a buffer (``invalidate_on_realloc``)
+    invalidations: int = 0
+    #: calls that ran eagerly because their key already had ``variants`` graphs
+    variant_overflows: int = 0
+    #: kernel-node parameter sets before a replay (``node_updates`` clusters)
+    node_updates: int = 0
+    #: calls that run eagerly by design (``skip``)
+    skipped: int = 0
     failures: Counter = field(default_factory=Counter)
     #: refused updates by ``cudaGraphExecUpdateResult`` name and failing node type ("result/node")
     update_results: Counter = field(default_factory=Counter)
 
+    COUNTS = ("captures", "replays", "updates", "reinstantiations", "fallbacks", "retirements", "recaptures",
+              "eager_runs", "aborts", "invalidations", "variant_overflows", "node_updates", "skipped")
+
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("captures", "replays", "updates", "reinstantiations", "fallbacks",
-                                           "retirements", "recaptures", "eager_runs", "aborts")}
+        d = {k: getattr(self, k) for k in self.COUNTS}
         d["failures"] = dict(self.failures)
         d["update_results"] = dict(self.update_results)
         return d
+
+
+@dataclass
+class _Captured:
+    """What one capture produced: the graph, the addresses it touched, its launches."""
+
+    graph: Any
+    addresses: tuple
+    records: list
 
 
 class GraphCache:
@@ -94,11 +134,18 @@ class GraphCache:
         guard: re-ask host decisions before each replay (on by default).
         key_decisions: make the host decisions part of the cache key, so each answer keeps its
             own graph (long context: emit and non-emit tokens, each top-k regime) instead of a
-            changed answer retiring the graph and capturing again. Off by default.
+            changed answer retiring the graph and capturing again.
+        variants: graphs per (cluster, layer, token count) key; 0: unbounded.
+        node_updates: clusters replayed after setting their kernel nodes' parameters.
+        capture_stream: capture and replay on this stream (a backend stream) instead of the
+            accessor's; None: the accessor's.
+        skip: ``(cluster, layer)`` pairs that always run eagerly.
+        invalidate_on_realloc: drop every graph when the model's buffer generation changes.
     """
 
     def __init__(self, backend, clusters, mode: str = "thread_local", warmup: int = 1,
-                 update: bool = False, guard: bool = True, key_decisions: bool = False) -> None:
+                 update: bool = False, guard: bool = True, key_decisions: bool = False, *, variants: int = 0,
+                 node_updates=(), capture_stream=None, skip=frozenset(), invalidate_on_realloc: bool = False) -> None:
         self.be = backend
         self.clusters = frozenset(clusters)
         self.mode = mode
@@ -106,17 +153,33 @@ class GraphCache:
         self.update = update
         self.guard = guard
         self.key_decisions = key_decisions
+        self.variants = variants
+        self.node_updates = frozenset(node_updates)
+        self.capture_stream = capture_stream
+        self.skip = frozenset(skip)
+        self.invalidate_on_realloc = invalidate_on_realloc
         self.entries: dict[tuple, CacheEntry] = {}
         self.warm: Counter = Counter()
         self.stats = CacheStats()
         self.log: list[dict] = []
+        self._generation = None
 
     # ------------------------------------------------------------------ the executor hook
     def run(self, model, cluster: str, layer: int, T: int, ts, fn: Callable[[], None], inputs: tuple = ()) -> None:
         """Run one cluster: eagerly, by capture then replay, or by replay."""
-        if cluster not in self.clusters or model.L.capturing:
+        L = model.L
+        if cluster not in self.clusters or L.capturing:
             fn()
             return
+        if (cluster, layer) in self.skip:
+            self.stats.skipped += 1
+            fn()
+            return
+        if self.invalidate_on_realloc and model.generation != self._generation:
+            if self._generation is not None:
+                self.invalidate_all(f"buffer generation {self._generation} → {model.generation}")
+            self._generation = model.generation
+        updates = cluster in self.node_updates
         key = (cluster, layer, T, model.generation, tuple(_addr(a) for a in inputs))
         if self.key_decisions:
             key += (model.host_decisions(cluster, layer, T, ts),)
@@ -125,14 +188,22 @@ class GraphCache:
             self.stats.eager_runs += 1
             fn()
             return
-        decisions = model.host_decisions(cluster, layer, T, ts) if self.guard else ()
+        decisions = model.host_decisions(cluster, layer, T, ts) if self.guard and not updates else ()
         if e is not None and e.decisions != decisions:
             changed = [f"{a[0]}: {a[1]} → {b[1]}" for a, b in zip(e.decisions, decisions) if a != b]
-            self._retire(e, "host decision changed: " + "; ".join(changed))
-            del self.entries[key]
-            self.stats.recaptures += 1
+            self._replace(e, "host decision changed: " + "; ".join(changed))
             e = None
+        plan = None
+        if e is not None and updates:
+            plan = self._plan(model, fn)
+            if tuple(r.kernel for r in plan) != e.kernels:
+                self._replace(e, "launch list changed: kernels differ from the captured graph's")
+                e, plan = None, None
         if e is None:
+            if self.variants and key not in self.warm and self._n_variants(key) >= self.variants:
+                self.stats.variant_overflows += 1
+                fn()
+                return
             if self.warm[key] < self.warmup:
                 self.warm[key] += 1
                 fn()
@@ -147,66 +218,112 @@ class GraphCache:
                 self.stats.eager_runs += 1
                 fn()
                 return
-        model.L.graph_launch(f"graph.{cluster}", e.graph_exec)
+        elif plan is not None:
+            if not self._set_nodes(model, e, plan):
+                self.stats.eager_runs += 1
+                fn()
+                return
+        self._launch(model, cluster, e)
+
+    def invalidate_all(self, why: str) -> None:
+        """Drop every graph (ds4 ``9f325617``: scratch growth synchronizes the device and invalidates
+        every decode graph before the old buffers are freed); their keys capture again on next sight."""
+        self.be.synchronize()
+        n = sum(1 for e in self.entries.values() if not e.retired)
+        for e in self.entries.values():
+            e.graph_exec = None
+        self.entries.clear()
+        self.warm.clear()
+        self.stats.invalidations += n
+        self.log.append({"event": "invalidate all", "graphs": n, "reason": why})
+
+    def retired(self) -> list[CacheEntry]:
+        return [e for e in self.entries.values() if e.retired]
+
+    # ------------------------------------------------------------------ helpers
+    def _n_variants(self, key: tuple) -> int:
+        base = key[:3]
+        return sum(1 for k, e in self.entries.items() if k[:3] == base and not e.retired)
+
+    def _replace(self, e: CacheEntry, reason: str) -> None:
+        self._retire(e, reason)
+        del self.entries[e.key]
+        self.stats.recaptures += 1
+
+    def _stream(self, model):
+        return self.capture_stream if self.capture_stream is not None else model.L.stream()
+
+    def _launch(self, model, cluster: str, e: CacheEntry) -> None:
+        L = model.L
+        if self.capture_stream is None:
+            L.graph_launch(f"graph.{cluster}", e.graph_exec)
+        else:
+            with stream_override(self.capture_stream):
+                L.graph_launch(f"graph.{cluster}", e.graph_exec)
         e.replays += 1
         self.stats.replays += 1
 
+    @staticmethod
+    def _plan(model, fn) -> list:
+        """The launches ``fn`` would issue this call, without issuing them."""
+        with model.L.planning() as plan:
+            fn()
+        return plan
+
     # ------------------------------------------------------------------ capture, update, retire
-    def _captured(self, model, fn, key=None) -> tuple[Any, RuntimeApiError | None]:
-        """Capture ``fn`` on the accessor's stream; returns (graph or None, first error).
+    def _captured(self, model, fn, key=None) -> tuple[_Captured | None, RuntimeApiError | None]:
+        """Capture ``fn``; returns (what was captured or None, first error).
 
         A CUDA/CuPy error is returned; anything else (``BaseException``) ends the capture
         (:func:`capture_scope`), is logged as an abort for ``key`` and propagates.
         """
         L, be = model.L, self.be
-        stream = L.stream()
+        stream = self._stream(model)
         err = None
         scope = None
+        override = stream_override(stream) if self.capture_stream is not None else contextlib.nullcontext()
         try:
-            with capture_scope(be, stream, self.mode) as scope, L.recording() as trace:
-                L.capturing = True
-                try:
-                    fn()
-                except RuntimeApiError as e:
-                    err = e
-                finally:
-                    L.capturing = False
+            with override, capture_scope(be, stream, self.mode) as scope, L.recording() as trace:
+                with L.capturing_launches():
+                    try:
+                        fn()
+                    except RuntimeApiError as e:
+                        err = e
         except RuntimeApiError as e:  # begin or end refused
             return None, err or e
-        except BaseException:
+        except BaseException as exc:
             self.stats.aborts += 1
-            self.log.append({"event": "abort", "key": key, "reason": f"capture aborted by {scope.aborted_by}"
-                             + (f"; ending it: {scope.end_error}" if scope.end_error else ""),
-                             "status_after": scope.status_after})
+            self.log.append({"event": "abort", "key": key, "reason": f"capture aborted by {type(exc).__name__}: {exc}"
+                             + (f"; ending it: {scope.end_error}" if scope is not None and scope.end_error else ""),
+                             "status_after": scope.status_after if scope is not None else "?"})
             raise
+        self.stats.captures += 1
         if err is not None:
             return None, err
-        self._last_addresses = tuple(sorted({_addr(a) for r in trace for a in r.args if _addr(a)}))
-        self._last_nodes = len(trace)
-        return scope.graph, None
+        addresses = tuple(sorted({_addr(a) for r in trace for a in r.args if _addr(a)}))
+        return _Captured(scope.graph, addresses, list(trace)), None
 
     def _capture(self, model, key, fn, decisions) -> CacheEntry:
-        if model.L.stream() is LEGACY_STREAM:
-            e = CacheEntry(key, decisions=decisions, retired=True,
-                           reason="the legacy stream cannot be captured: set a non-blocking stream")
-            self.stats.failures["legacy stream"] += 1
-            self.entries[key] = e
-            return e
-        g, err = self._captured(model, fn, key)
         e = CacheEntry(key, decisions=decisions)
+        if self._stream(model) is LEGACY_STREAM:
+            self.entries[key] = e
+            self.stats.failures["legacy stream"] += 1
+            self._retire(e, "the legacy stream cannot be captured: set a non-blocking stream")
+            return e
+        got, err = self._captured(model, fn, key)  # an abort propagates: the key stays uncaptured
         self.entries[key] = e
         if err is not None:
             self.stats.failures[err.name] += 1
             self._retire(e, f"capture failed: {err}")
             return e
         try:
-            e.graph_exec = self.be.graph_instantiate(g)
+            e.graph_exec = self.be.graph_instantiate(got.graph)
         except RuntimeApiError as ex:
             self.stats.failures[ex.name] += 1
             self._retire(e, f"instantiate failed: {ex}")
             return e
-        e.addresses, e.nodes = self._last_addresses, self._last_nodes
-        self.stats.captures += 1
+        e.addresses, e.nodes = got.addresses, len(got.records)
+        e.kernels = tuple(r.kernel for r in got.records)
         self.log.append({"event": "capture", "key": key, "nodes": e.nodes})
         return e
 
@@ -219,26 +336,26 @@ class GraphCache:
         (the call runs eagerly, ``stats.fallbacks``) only when the re-capture or that
         instantiation fails; then the entry retires.
         """
-        g, err = self._captured(model, fn, e.key)
+        got, err = self._captured(model, fn, e.key)
         if err is not None:
             self.stats.failures[err.name] += 1
             self.stats.fallbacks += 1
             self._retire(e, f"re-capture for update failed: {err}")
             return False
         try:
-            self.be.graph_exec_update(e.graph_exec, g)
+            self.be.graph_exec_update(e.graph_exec, got.graph)
         except GraphExecUpdateError as ex:
             self.stats.update_results[f"{ex.result}/{ex.node_type or '-'}"] += 1
             self.log.append({"event": "update refused", "key": e.key, "result": ex.result, "node_type": ex.node_type})
             try:
-                new_exec = self.be.graph_instantiate(g)
+                new_exec = self.be.graph_instantiate(got.graph)
             except RuntimeApiError as ex2:
                 self.stats.failures[ex2.name] += 1
                 self.stats.fallbacks += 1
                 self._retire(e, f"update refused ({ex.result}) and re-instantiation failed: {ex2}")
                 return False
             e.graph_exec = new_exec
-            e.nodes = self._last_nodes
+            e.nodes = len(got.records)
             self.stats.reinstantiations += 1
             return True
         except RuntimeApiError as ex:
@@ -249,15 +366,27 @@ class GraphCache:
         self.stats.updates += 1
         return True
 
+    def _set_nodes(self, model, e: CacheEntry, plan: list) -> bool:
+        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s
+        executable (``cudaGraphExecKernelNodeSetParams``, node by node in capture order). Returns False
+        (the call runs eagerly, the entry retires) when the backend refuses one."""
+        try:
+            for i, rec in enumerate(plan):
+                self.be.graph_exec_kernel_node_set_params(e.graph_exec, i, rec)
+                model.L.count_node_update(rec.site)
+        except RuntimeApiError as ex:
+            self.stats.failures[ex.name] += 1
+            self._retire(e, f"kernel-node parameter update failed: {ex}")
+            return False
+        self.stats.node_updates += len(plan)
+        return True
+
     def _retire(self, e: CacheEntry, reason: str) -> None:
         e.retired = True
         e.reason = reason
         e.graph_exec = None
         self.stats.retirements += 1
         self.log.append({"event": "retire", "key": e.key, "reason": reason})
-
-    def retired(self) -> list[CacheEntry]:
-        return [e for e in self.entries.values() if e.retired]
 
 
 def _addr(a) -> int:

@@ -25,8 +25,9 @@ from .annotate import make_annotator
 from .stream import LEGACY_STREAM, current_stream
 
 #: Launch-site kinds, as the seed counts them (kernels, memsets, cuBLAS GEMMs, event records),
-#: plus host-to-device copies of per-token scalars and graph launches (replays).
-KINDS = ("kernel", "memset", "gemm", "event", "memcpy", "graph")
+#: plus host-to-device copies of per-token scalars, graph launches (replays) and kernel-node
+#: parameter sets before a replay (``cudaGraphExecKernelNodeSetParams``).
+KINDS = ("kernel", "memset", "gemm", "event", "memcpy", "graph", "node_update")
 
 
 class LaunchRecord(NamedTuple):
@@ -41,6 +42,8 @@ class LaunchRecord(NamedTuple):
     args: tuple
     shared: int
     nbytes: int
+    #: the NumPy reference of this launch (what the ``numpy`` and ``sim`` backends compute)
+    ref: Any = None
 
 
 class Census:
@@ -114,9 +117,11 @@ class Launcher:
         #: tools replay them one by one to time each op; off on the hot path).
         self.trace: list | None = None
         #: The census counts what reaches the device: launches issued while a stream captures
-        #: go to ``captured`` instead (they run only as graph nodes).
-        self.capturing = False
+        #: go to ``captured`` instead (they run only as graph nodes). Set by :meth:`capturing_launches`.
+        self._capturing = False
         self.captured: Counter = Counter()
+        #: While :meth:`planning`, launches are recorded and not issued.
+        self._planning = False
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
         #: Op-owned scratch buffers (split partials, tickets), by key; see :meth:`scratch`.
@@ -157,6 +162,39 @@ class Launcher:
             if prev is not None:
                 prev.extend(rec)
             self.trace = prev
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the launches now issued go into a stream capture (:meth:`capturing_launches`)."""
+        return self._capturing
+
+    @contextlib.contextmanager
+    def capturing_launches(self) -> Iterator[None]:
+        """Count the block's launches as captured (``captured``, not the census): a stream captures
+        them into a graph, they reach the device only when it replays."""
+        prev, self._capturing = self._capturing, True
+        try:
+            yield
+        finally:
+            self._capturing = prev
+
+    @contextlib.contextmanager
+    def planning(self) -> Iterator[list]:
+        """Record the block's launches as :class:`LaunchRecord` objects without issuing any: the
+        launch list a call would issue, for a graph whose kernel nodes are set before its replay. A
+        non-kernel operation is recorded with its kind as the kernel name (``"memset"``, ``"memcpy"``,
+        ``"event"``), so a launch list that holds one never matches a kernel-only graph."""
+        prev_trace, prev_plan = self.trace, self._planning
+        self.trace, self._planning = [], True
+        rec = self.trace
+        try:
+            yield rec
+        finally:
+            self.trace, self._planning = prev_trace, prev_plan
+
+    def count_node_update(self, site: str) -> None:
+        """Count one kernel-node parameter set before a replay (census kind ``node_update``)."""
+        self.census.counts[(self.cluster_name, "node_update", site)] += 1
 
     @contextlib.contextmanager
     def annotating(self, annotator) -> Iterator[object]:
@@ -213,9 +251,11 @@ class Launcher:
         launch on the legacy stream, bypassing the accessor.
         """
         cluster = self.cluster_name
-        (self.captured if self.capturing else self.census.counts)[(cluster, "kernel", site)] += 1
         if self.trace is not None:
-            self.trace.append(LaunchRecord(cluster, self.layer, site, name, grid, block, args, shared, nbytes))
+            self.trace.append(LaunchRecord(cluster, self.layer, site, name, grid, block, args, shared, nbytes, ref))
+            if self._planning:
+                return
+        (self.captured if self._capturing else self.census.counts)[(cluster, "kernel", site)] += 1
         # The accessor unless this launch is pinned to the legacy stream (hazard paths, unrouted).
         if legacy or not self.routed or (self.legacy_sites and site in self.legacy_sites):
             stream = LEGACY_STREAM
@@ -237,7 +277,9 @@ class Launcher:
         ``sync=False`` (the fix): ``cudaMemsetAsync`` on the accessor's stream. ``sync=True``
         (ds4 today): synchronous ``cudaMemset`` on the legacy stream, which ignores the accessor.
         """
-        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "memset", site)] += 1
+        if self._plan_only("memset", site):
+            return
+        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "memset", site)] += 1
         with self._op(site):
             if sync:
                 self.backend.memset_sync(buf, value)
@@ -246,20 +288,34 @@ class Launcher:
 
     def copy_h2d(self, site: str, dst: Any, src) -> None:
         """Copy host array ``src`` into device buffer ``dst`` on the accessor's stream."""
-        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "memcpy", site)] += 1
+        if self._plan_only("memcpy", site):
+            return
+        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "memcpy", site)] += 1
         with self._op(site):
             self.backend.copy_h2d(self.stream(), dst, src)
 
     def event_record(self, site: str, event: Any) -> None:
-        """Record ``event`` on the accessor's stream (ds4's profiling ``cudaEventRecord``)."""
-        (self.captured if self.capturing else self.census.counts)[(self.cluster_name, "event", site)] += 1
-        self.backend.event_record(self.stream(), event)
+        """Record ``event`` on the accessor's stream (ds4's profiling ``cudaEventRecord``), or on the
+        legacy stream for a site in :attr:`legacy_sites` (ds4 as shipped: ``cudaEventRecord(ev, 0)``,
+        ``ds4_cuda.cu`` at ``b0309611``)."""
+        if self._plan_only("event", site):
+            return
+        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "event", site)] += 1
+        legacy = self.legacy_sites and site in self.legacy_sites
+        self.backend.event_record(LEGACY_STREAM if legacy else self.stream(), event)
 
     def graph_launch(self, site: str, graph_exec: Any) -> None:
         """Replay an executable graph on the accessor's stream (``cudaGraphLaunch``)."""
         self.census.counts[(self.cluster_name, "graph", site)] += 1
         with self._op(site):
             self.backend.graph_launch(graph_exec, self.stream())
+
+    def _plan_only(self, kind: str, site: str) -> bool:
+        """While planning: record a non-kernel operation and tell the caller not to issue it."""
+        if not self._planning:
+            return False
+        self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, kind, (), (), (), 0, 0))
+        return True
 
     @contextlib.contextmanager
     def _op(self, site: str) -> Iterator[None]:

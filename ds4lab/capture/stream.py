@@ -40,9 +40,34 @@ _tls = threading.local()
 _flag = os.environ.get(ENV_FLAG) == "1"
 
 
-def graphs_enabled() -> bool:
-    """Whether ``DS4_CUDA_GRAPHS=1`` was set (read at import, or by :func:`set_graphs_enabled`)."""
+def graphs_flag() -> bool:
+    """Whether ``DS4_CUDA_GRAPHS=1`` was set (read at import, or by :func:`set_graphs_enabled` /
+    :func:`graphs_enabled`)."""
     return _flag
+
+
+class graphs_enabled:
+    """``with graphs_enabled():`` — the ``DS4_CUDA_GRAPHS`` flag on (or, with ``False``, off) for the
+    block and back to what it was afterwards, whatever the block raised. Every experiment that sets an
+    override runs inside one (an override counts only while the flag is on, as in ds4).
+
+    Not a boolean: ``if graphs_enabled():`` raises TypeError (the flag's value is :func:`graphs_flag`).
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
+        self._prev: list[bool] = []
+
+    def __enter__(self) -> "graphs_enabled":
+        self._prev.append(_flag)
+        set_graphs_enabled(self.enabled)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        set_graphs_enabled(self._prev.pop())
+
+    def __bool__(self) -> bool:
+        raise TypeError("graphs_enabled() is a context manager; the flag's value is graphs_flag()")
 
 
 def set_graphs_enabled(enabled: bool | None = None) -> bool:

@@ -7,11 +7,14 @@ from pathlib import Path
 import click
 
 from ..backends import BACKENDS
-from .support import invoke
-from ..jobs.hazards import ALL_HAZARDS
 from ..capture.stream import CAPTURE_MODES
+from ..experiments.stages import STAGES
+from ..jobs.context import ContextConfig
+from ..jobs.hazards import ALL_HAZARDS, HazardsConfig
+from ..jobs.ladder import LadderConfig
 from ..token.config import PRESETS
 from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
+from .support import default, fail, given, invoke
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -95,40 +98,68 @@ def bench(preset, out, per_op) -> None:
               help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Default: ds4-flash on a GPU, small on the sim.")
-@click.option("--stages", default="0,0s,1,2,3,3u", show_default=True, help="Comma-separated stages.")
-@click.option("--tokens", type=click.IntRange(min=1), default=200, show_default=True,
+@click.option("--stages", default=default(LadderConfig, "stages"), show_default=True,
+              help=f"Comma-separated stages of {', '.join(STAGES)} (3c: with --long-context).")
+@click.option("--tokens", type=click.IntRange(min=1), default=default(LadderConfig, "tokens"), show_default=True,
               help="Timed tokens per stage (after warm-up).")
-@click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True)
-@click.option("--repeats", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--warmup", type=click.IntRange(min=0), default=default(LadderConfig, "warmup"), show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=default(LadderConfig, "rounds"), show_default=True,
               help="Rounds: the stages are timed in this many interleaved rounds (the tokens split across "
                    "them), so host noise falls on every stage alike.")
-@click.option("--exact-tokens", type=click.IntRange(min=0), default=6, show_default=True,
-              help="Tokens compared bit for bit with stage 0 (0: skip).")
-@click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local",
-              show_default=True, help="Stream-capture mode.")
-@click.option("--hazard", type=click.Choice([*ALL_HAZARDS, "all", "all-longctx"]), default=None,
-              help="Demonstrate one ds4-today path inside a captured stage instead of the ladder.")
-@click.option("--nvtx/--no-nvtx", default=False, show_default=True,
+@click.option("--exact-tokens", type=click.IntRange(min=0), default=default(LadderConfig, "exact_tokens"),
+              show_default=True, help="Tokens compared bit for bit with stage 0 (0: skip).")
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default=default(LadderConfig, "mode"),
+              show_default=True, help="Stream-capture mode (ds4's islands, stages i and i+, always capture in global "
+                                      "mode, as ds4 does).")
+@click.option("--hazard", type=click.Choice(ALL_HAZARDS), default=None,
+              help="Demonstrate one ds4-today path inside a captured stage instead of the ladder (the same as "
+                   "`ds4lab hazards NAME`); takes --backend, --preset, --mode and --out only.")
+@click.option("--nvtx/--no-nvtx", default=default(LadderConfig, "nvtx"), show_default=True,
               help="NVTX ranges (domain ds4lab) on the timed model, for Nsight Systems.")
-@click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
-              help="Position of the first decoded token (caches prefilled up to it): any stage at any context.")
+@click.option("--start-pos", type=click.IntRange(min=0), default=default(LadderConfig, "start_pos"),
+              show_default=True, help="Position of the first decoded token (caches prefilled up to it): any stage "
+                                      "at any context.")
 @click.option("--long-context", is_flag=True,
               help="The long-context token (compressed and indexed attention); adds stage 3c to the choices.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/ladder-<preset>-<backend>.")
-def ladder(backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, start_pos,
+@click.pass_context
+def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, start_pos,
            long_context, out) -> None:
     """The CUDA-graph stage ladder: µs per token per stage, exactness, cache statistics, plot."""
     if hazard:
-        from ..jobs.hazards import HazardsConfig
-
-        invoke("hazards", HazardsConfig(hazard=hazard, preset=preset, mode=mode, out=out), backend)
+        ignored = given(ctx, "stages", "tokens", "warmup", "repeats", "exact_tokens", "nvtx", "start_pos",
+                        "long_context")
+        if ignored:
+            fail(f"--hazard runs a hazard demonstration, which does not take "
+                 f"{', '.join('--' + n.replace('_', '-') for n in ignored)}: drop them, or run the ladder without "
+                 "--hazard")
+        _hazards(hazard, preset, mode, out, backend)
         return
-    from ..jobs.ladder import LadderConfig
-
     invoke("ladder", LadderConfig(stages=stages, preset=preset, tokens=tokens, warmup=warmup,
                                   exact_tokens=exact_tokens, rounds=repeats, mode=mode, nvtx=nvtx, out=out,
                                   start_pos=start_pos, long_context=long_context), backend)
+
+
+@main.command()
+@click.argument("hazard", type=click.Choice(ALL_HAZARDS), default=default(HazardsConfig, "hazard"))
+@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
+              help="auto: cupy when a GPU is usable, else the simulated runtime (it computes: no timing-only).")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Default: ds4-flash on a GPU, small on the sim.")
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default=default(HazardsConfig, "mode"),
+              show_default=True, help="Stream-capture mode (a hazard under ds4's islands always captures in global "
+                                      "mode).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/hazards-<preset>-<backend>.")
+def hazards(hazard, backend, preset, mode, out) -> None:
+    """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and
+    its eager fallback, or a replay that goes wrong (first differing tensor named)."""
+    _hazards(hazard, preset, mode, out, backend)
+
+
+def _hazards(hazard, preset, mode, out, backend) -> None:
+    invoke("hazards", HazardsConfig(hazard=hazard, preset=preset, mode=mode, out=out), backend)
 
 
 @main.command()
@@ -174,23 +205,22 @@ def calibrate(preset, out, moe_profile, base, long_context) -> None:
               help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Default: ds4-flash on a GPU, small on the sim.")
-@click.option("--stages", default="0,2,3,3c", show_default=True, help="Comma-separated stages of 0, 2, 3, 3c.")
-@click.option("--contexts", default="1024,4096,16384,65536", show_default=True,
-              help="Comma-separated contexts (start positions).")
-@click.option("--span", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--stages", default=default(ContextConfig, "stages"), show_default=True,
+              help=f"Comma-separated stages of {', '.join(STAGES)}.")
+@click.option("--contexts", default=",".join(map(str, default(ContextConfig, "contexts"))), show_default=True,
+              help="Comma-separated contexts (start positions), ascending.")
+@click.option("--span", type=click.IntRange(min=1), default=default(ContextConfig, "span"), show_default=True,
               help="Tokens compared bit for bit with stage 0 at each context, from context - 4.")
-@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--tokens", type=click.IntRange(min=1), default=default(ContextConfig, "tokens"), show_default=True,
               help="Timed tokens per stage and context.")
-@click.option("--warmup", type=click.IntRange(min=0), default=4, show_default=True)
-@click.option("--mode", type=click.Choice(CAPTURE_MODES), default="thread_local", show_default=True,
-              help="Stream-capture mode.")
+@click.option("--warmup", type=click.IntRange(min=0), default=default(ContextConfig, "warmup"), show_default=True)
+@click.option("--mode", type=click.Choice(CAPTURE_MODES), default=default(ContextConfig, "mode"),
+              show_default=True, help="Stream-capture mode.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/context-<preset>-<backend>.")
 def context(backend, preset, stages, contexts, span, tokens, warmup, mode, out) -> None:
     """The stage ladder across context length, on the long-context token: µs per token per stage and
     context, launches, graphs captured so far, exactness across emit and top-k regime boundaries."""
-    from ..jobs.context import ContextConfig
-
     invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
                                     warmup=warmup, mode=mode, out=out), backend)
 

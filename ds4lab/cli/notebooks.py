@@ -38,7 +38,7 @@ def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
     """
     from ..report.notebook_runner import (NotebookError, check_value, coerce, default_folder, find_notebooks,
                                           parameter_defaults, parse_assignments, read_notebook, run_notebook)
-    from ..report.provenance import write_json
+    from ..report.results import write_meta as write_json
     from ..report.results import OutputError, check_out
 
     try:

@@ -40,6 +40,24 @@ def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
         fail(text, code)
 
 
+def default(config_cls, field: str):
+    """The default of ``field`` in a job's config dataclass: the one place a job's defaults live, which
+    the command line shows and uses (``default(LadderConfig, "tokens")``)."""
+    import dataclasses
+
+    f = config_cls.__dataclass_fields__[field]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def given(ctx, *names: str) -> list[str]:
+    """The options among ``names`` (parameter names) that the command line gave explicitly."""
+    from click.core import ParameterSource
+
+    return [n for n in names if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+
+
 def result_folder(ctx, param, value):
     """click callback for an ``--out`` folder: refuses the current directory (click turns ``--out ""``
     into ``.``), where a command would scatter its files and replace what it wrote before."""

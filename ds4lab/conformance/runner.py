@@ -16,10 +16,8 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
     A scenario that raises an unexpected Python exception records it under ``"<exception>"`` and
     the run goes on; any capture it left open is ended.
     """
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
     out = {}
-    try:
+    with S.graphs_enabled():
         for sc in SCENARIOS:
             if names and sc.name not in names:
                 continue
@@ -50,8 +48,6 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
             out[sc.name] = rec.obs
             if progress:
                 progress(sc.name)
-    finally:
-        S.set_graphs_enabled(was)
     return out
 
 

@@ -1,202 +1,227 @@
-"""The stages of ds4's CUDA-graph plan and how one is run and timed (the job: :mod:`ds4lab.jobs.ladder`).
+"""The one experiment shape behind ``ds4lab ladder`` and ``ds4lab context``: a table of stage runs
+at one or more contexts, each checked bit for bit against stage 0 and timed in interleaved rounds.
 
-Each stage is one configuration of the same decode token (``shared/context/ds4-decode.md``,
-"The staged plan"). Per stage: exactness against stage 0 over K tokens (final hidden state and
-logits, bit for bit), then µs per token over N tokens after warm-up (CUDA events on the stage's
-stream; each token ended with a device synchronize as ds4 does), host enqueue time, kernel and
-graph launches per token, the graph cache's statistics, speedup over stage 0, and efficiency
-against the GPU-busy floor (the sum of one token's kernel durations).
+At each context (a start position):
+
+* **exactness**: every stage decodes the same span of tokens from the same prefilled state and is
+  compared with stage 0 (:func:`~ds4lab.experiments.run.first_difference` over
+  :meth:`~ds4lab.token.model.DecodeModel.snapshot`: hidden state, logits, every KV cache, the
+  long-context caches);
+* **the GPU-busy floor**: the sum of one token's kernel durations (per-op times on a GPU, the cost
+  model's kernel times on the sim), when asked for;
+* **µs per token** over the timed tokens, split into ``rounds`` interleaved rounds (odd rounds in
+  reverse order, every stage of a round on the same positions), so host noise falls on every stage
+  alike; host enqueue time, kernel and graph launches per token, the graph cache's counts so far.
+
+The ladder is this table at one context with four rounds; the context ladder at several contexts
+on the long-context token (where the launch list changes with the position) with one round each.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
-import numpy as np
-
-from ..capture import stream as S
-from ..capture.cache import GraphCache
-from ..errors import BadInput
+from ..timing import Stats
 from ..token.model import DecodeModel, TokenOptions
-from ..timing import Stats, profiler_range, time_steps
-
-#: The hazard fixes a stage can require (context file, "Capture hazards").
-FIXES = ("launches through the accessor", "non-blocking stream", "async counts clear",
-         "expert selection on the device", "preallocated scratch", "no host-timed profiling",
-         "scalars from device buffers", "node parameters updated before replay",
-         "no device sync in the body", "warm-up before capture")
+from .run import Span, StageRun, compare_runs, outcome
+from .stages import STAGES, Stage, token_id_at
 
 
 @dataclass(frozen=True)
-class Stage:
-    """One rung of the ladder: which stream, which clusters are captured, which fixes apply."""
+class Table:
+    """What a ladder measures.
 
-    name: str
-    short: str
-    description: str
-    nonblocking: bool = True
-    capture: tuple = ()
-    options: dict = field(default_factory=dict)
-    update: bool = False
-    fixes: tuple = ()
-
-
-#: The first decoded position (the KV window is full from the start) and what a ladder writes.
-START_POS = 1000
-LADDER_OUTPUTS = ("ladder.csv", "ladder.png", "ladder.svg", "ladder.pdf")
-
-STAGES: dict[str, Stage] = {s.name: s for s in (
-    Stage("0", "eager, legacy", "stage 0: every launch through the accessor, no override: legacy stream, eager",
-          nonblocking=False, fixes=("launches through the accessor",)),
-    Stage("0s", "eager, stream", "eager on a non-blocking stream set with capture_set_stream (the stream "
-          "change alone, no capture)", fixes=("launches through the accessor", "non-blocking stream")),
-    Stage("1", "shared FFN", "shared-expert FFN cluster of every layer captured once, replayed (one graph per layer)",
-          capture=("shared",), fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture")),
-    Stage("2", "+ routed MoE", "stage 1 plus the routed-MoE cluster captured (experts read on the device, counts "
-          "clear async, scratch preallocated, no host-timed profiling)", capture=("shared", "moe"),
-          options=dict(counts_clear="async", scratch="prealloc", moe_profile=False),
-          fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture", "async counts clear",
-                 "expert selection on the device", "preallocated scratch", "no host-timed profiling")),
-    Stage("3", "whole token", "the whole token body captured, per-token scalars read from device buffers "
-          "written before each replay (one graph per token shape)", capture=("token",),
-          options=dict(counts_clear="async", scratch="prealloc", moe_profile=False, scalars="device"),
-          fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture", "async counts clear",
-                 "expert selection on the device", "preallocated scratch", "no host-timed profiling",
-                 "scalars from device buffers", "no device sync in the body")),
-    Stage("3u", "token + update", "as 3, scalars passed by value; the executable graph's kernel parameters "
-          "updated before each replay (re-capture + cudaGraphExecUpdate)", capture=("token",), update=True,
-          options=dict(counts_clear="async", scratch="prealloc", moe_profile=False, scalars="value"),
-          fixes=("launches through the accessor", "non-blocking stream", "warm-up before capture", "async counts clear",
-                 "expert selection on the device", "preallocated scratch", "no host-timed profiling",
-                 "node parameters updated before replay", "no device sync in the body")),
-)}
-
-
-def fixes_table():
-    """Which hazard fixes each stage requires: a DataFrame, stages × fixes (``required`` / ``—``)."""
-    import pandas as pd
-
-    return pd.DataFrame({s.name: ["required" if f in s.fixes else "—" for f in FIXES] for s in STAGES.values()},
-                        index=list(FIXES))
-
-
-class LadderInputError(BadInput):
-    """A ladder request that cannot run (the command line exits 2); nothing was measured."""
-
-
-def parse_stages(text: str) -> list[Stage]:
-    """``"0,0s,1"`` → stages. Raises :class:`LadderInputError` naming an unknown or repeated stage."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in STAGES]
-    if bad or not names:
-        raise LadderInputError(f"unknown stage(s) {', '.join(bad) or repr(text)}; choose from: {', '.join(STAGES)}")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise LadderInputError(f"stage(s) {', '.join(twice)} listed more than once in {text!r}")
-    return [STAGES[n] for n in names]
-
-
-class StageRun:
-    """One stage on a shared model: its options, its stream and its graph cache.
-
-    All stages of a ladder share one :class:`DecodeModel` (one set of weights), switching
-    options and executor with :meth:`activate`, so the stages can be timed in interleaved rounds
-    and host noise falls on all of them alike.
+    Attributes:
+        stages: the stages, in order (the first is the reference of the gains when stage 0 is absent).
+        contexts: start positions.
+        exact_tokens: tokens compared bit for bit at each context (0: no exactness check).
+        exact_lead: the exactness span starts ``exact_lead`` tokens before the context (the context
+            ladder starts 4 before, so the span holds the emits of both compressors).
+        tokens: timed tokens per stage and context, over ``rounds`` rounds.
+        warmup: untimed tokens before a stage's first round at a context (2 before later rounds).
+        rounds: interleaved rounds.
+        timing_after_exact: time from the token after the exactness span (the ladder), or from the
+            context itself (the context ladder, which times the positions it names).
+        floor: compute the GPU-busy floor at each context.
     """
 
-    def __init__(self, model: DecodeModel, stage: Stage, base_opts: TokenOptions, mode: str = "thread_local",
-                 guard: bool = True, warmup: int = 1) -> None:
-        self.stage, self.model, self.be = stage, model, model.be
-        self.opts = TokenOptions(**{**base_opts.summary(), **stage.options})
-        self.stream = self.be.new_stream(non_blocking=True) if stage.nonblocking else S.LEGACY_STREAM
-        self.cache = GraphCache(self.be, stage.capture, mode=mode, update=stage.update, guard=guard,
-                                warmup=warmup) if stage.capture else None
+    stages: tuple
+    contexts: tuple
+    exact_tokens: int
+    exact_lead: int
+    tokens: int
+    warmup: int
+    rounds: int
+    timing_after_exact: bool = True
+    floor: bool = True
 
-    def activate(self) -> None:
-        self.model.set_options(self.opts)
-        self.model.executor = self.cache
+    @property
+    def per_round(self) -> int:
+        return -(-self.tokens // self.rounds)
 
-    def token(self, pos: int, tok: int) -> None:
-        if self.stage.nonblocking:
-            with S.stream_override(self.stream):
-                self.model.token(pos, tok)
-        else:
-            self.model.token(pos, tok)
+    def exact_span(self, context: int) -> Span:
+        return Span(context - self.exact_lead, self.exact_tokens)
 
+    def timing_start(self, context: int) -> int:
+        """The first timed position of round 0 at ``context`` (after its warm-up)."""
+        if not self.timing_after_exact:
+            return context
+        return context - self.exact_lead + self.exact_tokens + 1 + self.warmup
 
-def token_id_at(pos: int, vocab: int) -> int:
-    return (pos * 7919 + 13) % vocab
+    def round_span(self, context: int, rnd: int) -> Span:
+        """Round ``rnd``'s timed positions at ``context`` (every stage of the round decodes them)."""
+        step = self.per_round + max(self.warmup, 2)
+        return Span(self.timing_start(context) + rnd * step, self.per_round)
 
+    def last_position(self) -> int:
+        """The last position any run of the table decodes (the caches' size and the int32 limit
+        depend on it)."""
+        return max(max(self.round_span(c, self.rounds - 1).start + self.per_round,
+                       c - self.exact_lead + self.exact_tokens) for c in self.contexts)
 
-def exactness_record(run: StageRun, start: int, k: int) -> list[dict]:
-    """From the prefilled state, decode ``k`` tokens from ``start`` with ``run``'s stage; after each:
-    hidden state, logits, per-layer KV caches (host copies)."""
-    be, m = run.be, run.model
-    run.activate()
-    m.reset_state()
-    out = []
-    for i in range(k):
-        pos = start + i
-        run.token(pos, token_id_at(pos, m.cfg.vocab))
-        be.synchronize()
-        out.append({"hidden": m.hidden().copy(),
-                    "logits": None if m.logits is None else m.output_logits().copy(),
-                    **{f"kv_cache[{layer}]": be.to_host(c).copy() for layer, c in enumerate(m.cache)}})
-    return out
+    def first_position(self) -> int:
+        """The first position any run decodes (exactness spans and warm-up tokens included)."""
+        return min(min(c - self.exact_lead, self.timing_start(c) - self.warmup) for c in self.contexts)
 
 
-def first_difference(ref: list[dict], got: list[dict]) -> str | None:
-    """``None`` when every tensor of every token is bit-identical, else the first that differs
-    (token index and tensor name; caches before the hidden state, in layer order)."""
-    for t, (a, b) in enumerate(zip(ref, got)):
-        names = [n for n in a if n.startswith("kv_cache")] + ["hidden", "logits"]
-        for n in names:
-            x, y = a.get(n), b.get(n)
-            if x is None and y is None:
-                continue
-            if x is None or y is None or x.shape != y.shape or not np.array_equal(x.view(np.uint8), y.view(np.uint8)):
-                return f"token {t}: {n}"
-    return None
+def exactness_backend(be):
+    """The backend the exactness check computes on: ``be`` itself, or on a timing-only sim a sim
+    that computes (timing-only models time without numbers)."""
+    if not be.timing_only:
+        return be
+    from ..backends import make_backend
+
+    return make_backend("sim", seed=be.seed, timing_only=False)
 
 
-def gpu_busy_floor(be, model, pos: int) -> float | None:
+def gpu_busy_floor(be, model: DecodeModel, pos: int) -> float | None:
     """µs: the sum of one token's kernel durations (per-op CUDA events on a GPU; the cost model's
-    kernel times on the sim). The token runs eagerly, whatever the stage captures."""
+    kernel times on the sim; None on a backend that neither measures nor models time). The token
+    runs eagerly, whatever the stage captures."""
+    from ..backends.base import ModeledTime
+
     executor, model.executor = model.executor, None
     try:
-        return _floor(be, model, pos)
+        if be.is_gpu:
+            from ..measure.perop import per_op_times
+
+            return float(per_op_times(be, model, pos=pos, token_id=token_id_at(pos, model.cfg.vocab)).us.sum())
+        if isinstance(be, ModeledTime):
+            with model.L.recording() as trace:
+                model.token(pos, token_id_at(pos, model.cfg.vocab))
+            return float(sum(be.modeled_kernel_us(r.kernel, r.nbytes) for r in trace))
+        return None
     finally:
         model.executor = executor
 
 
-def _floor(be, model, pos: int) -> float | None:
-    if be.is_gpu:
-        from ..measure.perop import per_op_times
+class Ladder:
+    """A :class:`Table` of stage runs on one model (and, where the exactness check needs a backend
+    that computes, a twin model on it), run context by context.
 
-        return float(per_op_times(be, model, pos=pos, token_id=token_id_at(pos, model.cfg.vocab)).us.sum())
-    if be.models_time:
-        with model.L.recording() as trace:
-            model.token(pos, token_id_at(pos, model.cfg.vocab))
-        return float(sum(be.modeled_kernel_us(r.kernel, r.nbytes) for r in trace))
-    return None
+    Args:
+        be: the backend that times.
+        mcfg: the model configuration.
+        table: what to measure.
+        mode: the capture mode (a stage may fix its own).
+        nvtx: NVTX ranges on launches.
+        key_decisions: for stage ``3`` on the long-context token, one graph per token shape.
+        check: whether exactness can be computed here (False on a timing-only sim for ds4-flash).
+    """
+
+    def __init__(self, be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False,
+                 check: bool = True) -> None:
+        self.be, self.cfg, self.table, self.mode = be, mcfg, table, mode
+        self.base = TokenOptions(vocab=True)
+        self.model = DecodeModel(mcfg, be, self.base, nvtx=nvtx)
+        self.runs = [self._run(self.model, st) for st in table.stages]
+        self.check = check and table.exact_tokens > 0
+        self._check_runs = None
+
+    def _run(self, model: DecodeModel, stage: Stage) -> StageRun:
+        # Stage 3 on the long-context token keeps one graph per token shape (emit or not, top-k regime).
+        kd = True if (stage.name == "3" and model.cfg.long_context) else None
+        return StageRun(model, stage, self.base, mode=self.mode, key_decisions=kd)
+
+    def _checking(self) -> tuple[StageRun, list[StageRun]]:
+        if self._check_runs is None:
+            be_x = exactness_backend(self.be)
+            if be_x is self.be:
+                model_x, runs_x = self.model, self.runs
+            else:
+                model_x = DecodeModel(self.cfg, be_x, self.base)
+                runs_x = [self._run(model_x, st) for st in self.table.stages]
+            self._check_runs = (self._run(model_x, STAGES["0"]), runs_x)
+        return self._check_runs
+
+    def exactness(self, context: int, say: Callable[[str], None] = lambda s: None) -> dict:
+        """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``."""
+        if not self.check:
+            return {r.name: ("n/a", "") for r in self.runs}
+        ref, runs_x = self._checking()
+
+        def told(r, diff):
+            say(f"exactness at {context}, stage {r.name}: " + ("bit-identical to stage 0" if diff is None
+                                                                else f"DIFFERS at {diff}"))
+
+        diffs = compare_runs(ref, runs_x, self.table.exact_span(context), told)
+        return {name: (d is None, d or "") for name, d in diffs.items()}
+
+    def measure(self, context: int, *, exact: dict, floor: float | None, progress=None,
+                on_round: Callable[[list[dict]], None] | None = None) -> list[dict]:
+        """Time every stage at ``context`` in interleaved rounds; returns one row per stage (also
+        passed to ``on_round`` after every round, so a job writes them as they come)."""
+        t = self.table
+        samples = {r.name: {"us": [], "host": []} for r in self.runs}
+        launches, rows = {}, []
+        self.model.reset_state()
+        for rnd in range(t.rounds):
+            span = t.round_span(context, rnd)
+            for run in (self.runs if rnd % 2 == 0 else self.runs[::-1]):
+                got = run.time(span, t.warmup if rnd == 0 else 2, progress=progress)
+                samples[run.name]["us"] += got["us_samples"]
+                samples[run.name]["host"] += got["host_samples"]
+                launches[run.name] = got
+            rows = self._rows(context, samples, launches, exact, floor)
+            if on_round is not None:
+                on_round(rows)
+        return rows
+
+    def _rows(self, context: int, samples: dict, launches: dict, exact: dict, floor: float | None) -> list[dict]:
+        rows, base_us = [], None
+        for run in self.runs:
+            st = run.stage
+            us, host = Stats.of(samples[st.name]["us"]), Stats.of(samples[st.name]["host"])
+            if st.name == "0":
+                base_us = us.median
+            stats = run.stats()
+            got = launches[st.name]
+            ok, first = exact[st.name]
+            rows.append({
+                "stage": st.name, "short": st.short, "context": context, "us_median": us.median,
+                "us_p25": us.p25, "us_p75": us.p75, "n": us.n, "host_us_median": host.median, "floor_us": floor,
+                "efficiency": (floor / us.median) if floor else None,
+                "kernel_launches": got["kernel_launches"], "graph_launches": got["graph_launches"],
+                "node_updates": got["node_updates"], "speedup": None, "exact": ok, "first_mismatch": first,
+                "outcome": outcome(first or None, stats) if ok != "n/a" else "not checked",
+                "capture_mode": run.mode if st.capture else "",
+                **{k: stats.get(k, 0) for k in ("captures", "replays", "updates", "reinstantiations", "fallbacks",
+                                                 "retirements", "recaptures", "eager_runs", "aborts",
+                                                 "invalidations", "variant_overflows", "skipped")},
+                "graphs": stats.get("captures", 0) - stats.get("updates", 0) - stats.get("reinstantiations", 0),
+                "update_results": ";".join(f"{k}={v}" for k, v in stats.get("update_results", {}).items()),
+                "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
+                "decisions": repr(self.model.longctx_decisions(context, by_value=False))
+                if self.model.lc is not None else "",
+                "description": st.description,
+            })
+        vs = "0" if base_us else rows[0]["stage"]  # without stage 0, gains are against the first stage listed
+        base_us = base_us or rows[0]["us_median"]
+        for r in rows:
+            r["speedup"] = base_us / r["us_median"]
+            r["speedup_vs"] = vs
+        return rows
 
 
-def time_stage(run: StageRun, start: int, tokens: int, warmup: int, progress=None) -> dict:
-    """µs per token (events on the stage's stream), host enqueue µs, launches per token, through
-    :func:`ds4lab.timing.time_steps`; nsys ``--capture-range=cudaProfilerApi`` records only the
-    timed tokens (:func:`ds4lab.timing.profiler_range`)."""
-    m = run.model
-    vocab = m.cfg.vocab
-
-    def step(i: int) -> None:
-        run.token(start + i, token_id_at(start + i, vocab))
-
-    with profiler_range(run.be):
-        smp = time_steps(run.be, step, tokens, stream=run.stream, warmup=warmup, on_warm=m.L.census.reset,
-                         progress=progress)
-    kinds = m.L.census.by_kind()
-    per = {r.kind: float(r.launches) for r in kinds.itertuples()}
-    return {"us": Stats.of(smp.device_us), "host_us": Stats.of(smp.host_us), "us_samples": smp.device_us,
-            "host_samples": smp.host_us, "kernel_launches": per.get("kernel", 0.0),
-            "graph_launches": per.get("graph", 0.0), "memsets": per.get("memset", 0.0),
-            "memcpys": per.get("memcpy", 0.0)}
+__all__ = ["Ladder", "Table", "exactness_backend", "gpu_busy_floor"]

@@ -28,20 +28,18 @@ def stage_us(cfg, stage: str, calibration=None, start: int = 1000) -> tuple[floa
     calibration.
     """
     from ..capture import stream as S
-    from .ladder import STAGES, StageRun, time_stage
-    from ..token.model import DecodeModel, TokenOptions
     from ..sim.backend import SimBackend
+    from ..timing import Stats
+    from ..token.model import DecodeModel, TokenOptions
+    from .run import Span, StageRun
+    from .stages import STAGES
 
     be = SimBackend(timing_only=True, calibration=calibration)
     opts = TokenOptions(vocab=True)
     run = StageRun(DecodeModel(cfg, be, opts), STAGES[stage], opts)
-    run.activate()
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    try:
-        return float(time_stage(run, start, TOKENS, WARMUP)["us"].median), be.calibration
-    finally:
-        S.set_graphs_enabled(was)
+    with S.graphs_enabled():
+        got = run.time(Span(start + WARMUP, TOKENS), WARMUP)
+    return float(Stats.of(got["us_samples"]).median), be.calibration
 
 
 def _row(cfg, calibration, low: str, high: str, **key) -> dict:

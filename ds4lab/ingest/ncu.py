@@ -248,7 +248,7 @@ def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
     preset."""
     from ..backends import make_backend
     from ..token.config import get_preset
-    from ..experiments.ladder import START_POS, token_id_at
+    from ..experiments.stages import START_POS, token_id_at
     from ..token.model import DecodeModel, TokenOptions
 
     cfg = get_preset(preset)

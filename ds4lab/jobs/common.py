@@ -76,6 +76,26 @@ def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: boo
     return be
 
 
+def check_out_option(out) -> None:
+    """The one check of an ``--out`` option before any work: None (the job's default folder) passes;
+    an empty or blank path, or the current directory itself, is refused (click turns ``--out ""`` into
+    ``"."``, and a job's folder is never the working directory: its earlier outputs are matched by
+    name there).
+
+    Raises:
+        ds4lab.report.results.OutputError: naming the value (a :class:`BadInput`, exit 2).
+    """
+    from pathlib import Path
+
+    from ..report.results import OutputError
+
+    if out is None:
+        return
+    if not str(out).strip() or Path(out) == Path("."):
+        raise OutputError(f"--out {str(out)!r} names no result folder (an empty path or the current directory "
+                          "would mix this run's files with others): name a folder, for example results/<job>")
+
+
 def modeled_banner(be) -> str | None:
     """The line every job prints first on a backend whose time is modeled (None on a GPU)."""
     if not be.models_time:

@@ -1,21 +1,20 @@
-"""``ds4lab ladder --hazard``: run hazard demonstrations (:mod:`ds4lab.experiments.hazards`), print them and
-write ``hazards.csv`` and ``meta.json`` as each finishes."""
+"""``ds4lab ladder --hazard``: run hazard demonstrations (:mod:`ds4lab.experiments.hazards`), print
+them and write ``hazards.csv`` and ``meta.json`` as each finishes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..capture import stream as S
+from ..experiments.hazards import HAZARD_SETS, HAZARDS, demonstrate, hazard_names
 from ..report import provenance, results
 from ..token.config import get_preset
-from ..experiments.hazards import HAZARDS, demonstrate
-from ..experiments.longctx_hazards import LONGCTX_HAZARDS, demonstrate_longctx
-from .common import BadInput, default_preset
+from .common import BadInput, check_out_option, default_preset
 
-#: Every hazard the job demonstrates: the decode token's (H200 record in docs/measurements) and the
-#: long-context token's (compressed and indexed attention). ``all`` runs the first set,
-#: ``all-longctx`` the second.
-ALL_HAZARDS = (*HAZARDS, *LONGCTX_HAZARDS)
+#: Every name ``--hazard`` takes: each hazard, and the sets ``all`` (the decode token's) and
+#: ``all-longctx`` (the long-context token's).
+ALL_HAZARDS = (*HAZARDS, *HAZARD_SETS)
 
 #: What the hazards job writes in its folder.
 HAZARD_OUTPUTS = ("hazards.csv",)
@@ -23,9 +22,9 @@ HAZARD_OUTPUTS = ("hazards.csv",)
 
 @dataclass
 class HazardsConfig:
-    """Arguments of ``ds4lab ladder --hazard NAME|all``: which hazard (a name of
-    :data:`ds4lab.experiments.hazards.HAZARDS` or ``all``), the preset (None: the job's default), the capture
-    mode and the result folder (None: ``results/hazards-<preset>-<backend>``)."""
+    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``: which hazard, the preset (None:
+    the job's default), the capture mode and the result folder (None:
+    ``results/hazards-<preset>-<backend>``)."""
 
     hazard: str = "all"
     preset: str | None = None
@@ -33,8 +32,17 @@ class HazardsConfig:
     out: Path | str | None = None
 
 
+def check_config(cfg: HazardsConfig) -> None:
+    """Checks that need no backend. Raises :class:`BadInput` naming the bad value."""
+    try:
+        hazard_names(cfg.hazard)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    check_out_option(cfg.out)
+
+
 def run(cfg: HazardsConfig, be, console) -> list[dict]:
-    """Demonstrate ``cfg.hazard`` (or all) on ``be`` (which must compute: not timing-only).
+    """Demonstrate ``cfg.hazard`` (or a set) on ``be`` (which must compute: not timing-only).
     Returns one dict per hazard (:func:`ds4lab.experiments.hazards.demonstrate`).
 
     Raises:
@@ -42,26 +50,25 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
     """
     import pandas as pd
 
-    if cfg.hazard not in ("all", "all-longctx") and cfg.hazard not in ALL_HAZARDS:
-        raise BadInput(f"unknown hazard {cfg.hazard!r}; choose one of: {', '.join(ALL_HAZARDS)} "
-                       "(or all, all-longctx)")
+    check_config(cfg)
     if be.timing_only:
         raise BadInput("hazard demonstrations compare tensors: they need a backend that computes "
                        "(not the sim's timing-only mode)")
     mcfg = get_preset(cfg.preset or default_preset("hazards", be))
     out = Path(cfg.out or f"results/hazards-{mcfg.name}-{be.name}")
-    names = {"all": list(HAZARDS), "all-longctx": list(LONGCTX_HAZARDS)}.get(cfg.hazard, [cfg.hazard])
-    meta = provenance.base_meta(be)
-    meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
+    names = hazard_names(cfg.hazard)
     rows = []
-    with results.job_folder(out, meta, HAZARD_OUTPUTS):
-        for n in names:
-            r = (demonstrate_longctx(n, be, mcfg, mode=cfg.mode) if n in LONGCTX_HAZARDS else
-                 demonstrate(n, be, mcfg, mode=cfg.mode))
-            rows.append(r)
-            pd.DataFrame(rows).to_csv(out / "hazards.csv", index=False)
-            console.print(f"[bold]{n}[/]: {r['outcome']} · errors {r['errors']} · exact {r['exact']}"
-                          + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
-            console.print(f"   expected: {r['expected']}")
-    console.print(f"wrote {out / 'hazards.csv'}")
+    with S.graphs_enabled():
+        meta = provenance.base_meta(be)
+        meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
+        with results.job_folder(out, meta, HAZARD_OUTPUTS) as folder:
+            for n in names:
+                r = demonstrate(n, be, mcfg, mode=cfg.mode)
+                rows.append(r)
+                pd.DataFrame(rows).to_csv(Path(folder) / "hazards.csv", index=False)
+                console.print(f"[bold]{n}[/] ({r['capture_mode']} capture, stage {r['stage']}): {r['outcome']} · "
+                              f"errors {r['errors']} · exact {r['exact']}"
+                              + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
+                console.print(f"   expected: {r['expected']}")
+            console.print(f"wrote {Path(folder) / 'hazards.csv'}")
     return rows

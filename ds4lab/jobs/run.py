@@ -36,12 +36,12 @@ import numpy as np
 from ..report import provenance, results
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset
-from ..experiments.ladder import token_id_at
+from ..experiments.stages import token_id_at
 from ..capture.launch import Census
 from ..token.model import DecodeModel, TokenOptions
 from ..report.results import OutputError, ResultsCSV
 from ..timing import Stats, copy_bandwidth, sources, time_steps, token_bytes
-from .common import BadInput, CheckFailed, default_preset, modeled_banner
+from .common import check_out_option, BadInput, CheckFailed, default_preset, modeled_banner
 
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured ~1e-5; NOTES.md).
@@ -250,9 +250,7 @@ def check_config(rc: RunConfig) -> None:
     if rc.warmup < 0:
         raise RunError(f"--warmup {rc.warmup}: must be 0 or more")
     check_positions(rc)
-    if rc.out is not None and not str(rc.out).strip():
-        raise OutputError(f"cannot write results to {str(rc.out)!r}: an empty path would silently mean the "
-                          "current folder; name a folder (--out results/run, or --out . on purpose)")
+    check_out_option(rc.out)
 
 
 def run(rc: RunConfig, be, console=None) -> dict:
@@ -370,7 +368,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
                      f"{'1 token by cudaMalloc' if rc.options.scratch == 'on-demand' else 'max_tokens'})")
         meta["option_note"] = note
         log(f"[yellow]note: {note}.[/]")
-    provenance.write_json(out / "meta.json", meta)
+    results.write_meta(out / "meta.json", meta)
 
     with ResultsCSV(out / "results.csv") as res:
         # 1. reference check
@@ -378,7 +376,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
             chk = reference_check(cfg, be, rc.options, rc.start_pos, log)
             meta["reference_check"] = chk
             res.add("reference_check_hidden_rel_err", chk["hidden_rel_err"], "1", "numpy-reference")
-            provenance.write_json(out / "meta.json", meta)
+            results.write_meta(out / "meta.json", meta)
             verdict = "[green]passed[/]" if chk["passed"] else "[red]FAILED[/]"
             log(f"reference check {verdict}: hidden-state relative error {chk['hidden_rel_err']:.2e} "
                 f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']} — {chk['scope']}")

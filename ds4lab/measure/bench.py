@@ -74,12 +74,10 @@ def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
         "ds4lab launcher, NVTX on": (launcher(L_on), False),
         "ds4lab launcher, override stream": (launcher_override, True),
     }
-    was = S.graphs_enabled()
     out = {}
     e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    try:
-        for name, (go, needs_flag) in variants.items():
-            S.set_graphs_enabled(needs_flag)
+    for name, (go, needs_flag) in variants.items():
+        with S.graphs_enabled(needs_flag):
             go()  # warm-up
             be.synchronize()
             host, gpu = [], []
@@ -93,9 +91,7 @@ def launch_overhead(be, n: int = 2000, repeats: int = 15) -> dict:
                 gpu.append(event_ms(e0, e1) * 1e3 / n)
                 host.append((t1 - t0) * 1e6 / n)
                 be.synchronize()
-            out[name] = {"host_us": Stats.of(host), "gpu_span_us": Stats.of(gpu)}
-    finally:
-        S.set_graphs_enabled(was)
+        out[name] = {"host_us": Stats.of(host), "gpu_span_us": Stats.of(gpu)}
     base = out["cupy RawKernel (bare)"]["host_us"].median
     for v in out.values():
         v["ratio_vs_bare"] = v["host_us"].median / base
@@ -127,9 +123,7 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
         ops.moe_sum(L, "sum", b.out, w_all[i], b.y, 1, cfg)
 
     st = cupy.cuda.Stream(non_blocking=True)
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    try:
+    with S.graphs_enabled():
         with S.stream_override(st):
             for i in range(routings):  # warm-up, eager
                 step(i)
@@ -156,8 +150,6 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
             g.launch(st)
             e1.record(st)
             rep.append(event_ms(e0, e1) * 1e3 / routings)
-    finally:
-        S.set_graphs_enabled(was)
     per_expert = sum(W.spec_bytes(s) // s.subs for s in W.bank_specs(cfg, 0).values())
     act = E * 4 + E + E // 256 * 4 + 2 * k * F * 4 * 2 + k * F + k * E * 4 * 2 + E * 4
     nbytes = k * per_expert + act
@@ -268,18 +260,12 @@ def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
     st = be.new_stream(non_blocking=True)
     x = cupy.zeros(1024, dtype=np.float32)
     L = Launcher(be)
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    try:
-        with S.stream_override(st):
-            with capture_scope(be, st, "thread_local") as cap:
-                for _ in range(n):
-                    L.kernel("bench", "tiny_add", (4,), (256,), (x, np.int32(1024)), _noop)
-            g = cap.graph
-        ex = be.graph_instantiate(g)
-        out["ds4lab launcher graph"] = time_replays(lambda: be.graph_launch(ex, st), st)
-    finally:
-        S.set_graphs_enabled(was)
+    with S.graphs_enabled(), S.stream_override(st):
+        with capture_scope(be, st, "thread_local") as cap:
+            for _ in range(n):
+                L.kernel("bench", "tiny_add", (4,), (256,), (x, np.int32(1024)), _noop)
+    ex = be.graph_instantiate(cap.graph)
+    out["ds4lab launcher graph"] = time_replays(lambda: be.graph_launch(ex, st), st)
     # CuPy's own graph API with a bare RawKernel
     raw = be._module(be._sources["tiny_add"]).get_function("tiny_add")
     s2 = cupy.cuda.Stream(non_blocking=True)

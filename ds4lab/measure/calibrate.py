@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report import provenance
+from ..report import provenance, results
 from ..timing import Stats, copy_bandwidth, event_ms
 
 
@@ -198,7 +198,7 @@ def write_calibration(cal: dict, path: Path) -> None:
     """Write a calibration file (atomically)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    provenance.write_json(path, cal)
+    results.write_meta(path, cal)
 
 
 #: The tiled (tokens > 1) expert kernels, their ds4 profile stage, and their matrix shape.

@@ -146,7 +146,9 @@ def cupti_available() -> tuple[bool, str]:
 def trace_source(be):
     """CUPTI on a GPU (when importable and it starts), the modeled timeline on ``sim``; otherwise an
     :class:`Unavailable` source saying why (never raises)."""
-    if be.trace_records() is not None:  # a backend that keeps a (modeled) device timeline
+    from ..backends.base import ModeledTime
+
+    if isinstance(be, ModeledTime):  # a backend that keeps a (modeled) device timeline
         return SimTrace(be)
     if not be.is_gpu:
         return Unavailable(f"no trace on the {be.name} backend")

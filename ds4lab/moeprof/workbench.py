@@ -145,15 +145,12 @@ class MoeWorkbench:
     def session(self, executor=None, stream=None) -> Iterator[None]:
         """``DS4_CUDA_GRAPHS`` on, the workbench's stream as the accessor's override, ``executor`` installed."""
         m = self.model
-        was, prev_exec = S.graphs_enabled(), m.executor
-        S.set_graphs_enabled(True)
-        m.executor = executor
+        prev_exec, m.executor = m.executor, executor
         try:
-            with S.stream_override(self.stream if stream is None else stream):
+            with S.graphs_enabled(), S.stream_override(self.stream if stream is None else stream):
                 yield
         finally:
             m.executor = prev_exec
-            S.set_graphs_enabled(was)
 
     # ------------------------------------------------------------------ routing check
     def expert_load(self, layer: int, T: int, routing: str) -> dict:

@@ -336,11 +336,10 @@ def check_value(name: str, value) -> None:
             if not ok:
                 bad(f"no GPU is usable here ({why})")
     elif name == "STAGES":  # the ladder's stages, or the context ladder's (04 takes 3c)
-        from ..experiments.context import CONTEXT_STAGES
-        from ..experiments.ladder import STAGES
+        from ..experiments.stages import STAGES
 
         names = [t.strip() for t in str(value).split(",") if t.strip()]
-        known = [*STAGES, *(n for n in CONTEXT_STAGES if n not in STAGES)]
+        known = list(STAGES)
         unknown = [n for n in names if n not in known]
         if unknown or not names:
             bad(f"unknown stage(s) {', '.join(unknown) or repr(value)}; choose from: {', '.join(known)}")

@@ -85,6 +85,23 @@ def ladder_figure(df, meta: dict):
         return fig
 
 
+def context_figure(df, meta: dict):
+    """µs per token against context (log scale), one line per stage, IQR as a band."""
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(8.0, 4.4))
+        for i, (stage, g) in enumerate(df.groupby("stage", sort=False)):
+            g = g.sort_values("context")
+            col = COLORS[i % len(COLORS)]
+            ax.plot(g.context, g.us_median, marker="o", color=col, label=f"stage {stage}")
+            ax.fill_between(g.context, g.us_p25, g.us_p75, color=col, alpha=0.15, linewidth=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (start position)")
+        ax.set_ylabel("µs per token (median, IQR)")
+        ax.set_title(provenance_title(meta, "long-context decode: µs per token by stage"))
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    return fig
+
+
 # ----------------------------------------------------------------------------- routed-MoE profile (ds4lab.moeprof)
 #: One color per routed-MoE stage (ds4's profile order).
 MOE_STAGE_COLORS = {"xq": "#64B5CD", "sort": "#CCB974", "gateup": "#C44E52", "midq": "#8172B2", "down": "#4C72B0",

@@ -31,7 +31,7 @@ def base_meta(backend) -> dict:
     """Provenance common to every result: backend/device info, versions, flags, time."""
     import numpy
 
-    from ..capture.stream import ENV_FLAG, graphs_enabled
+    from ..capture.stream import ENV_FLAG, graphs_flag
 
     return {
         "ds4lab": __version__,
@@ -42,7 +42,7 @@ def base_meta(backend) -> dict:
         "numpy": numpy.__version__,
         **backend.info(),
         "measured": bool(backend.measures_time),
-        "flags": {ENV_FLAG: os.environ.get(ENV_FLAG), "graphs_enabled": graphs_enabled()},
+        "flags": {ENV_FLAG: os.environ.get(ENV_FLAG), "graphs_enabled": graphs_flag()},
     }
 
 
@@ -76,10 +76,3 @@ def cuda_version(v) -> str:
     if isinstance(v, int) and v >= 1000:
         return f"{v // 1000}.{v % 1000 // 10}"
     return str(v)
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` as indented JSON atomically (a partial file never replaces a good one)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)

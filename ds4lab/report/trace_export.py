@@ -232,7 +232,9 @@ class SimKernelSource:
 def kernel_source(be):
     """:class:`SimKernelSource` on the sim; :class:`CuptiKernelSource` on a GPU. Raises TraceError
     (with the reason) where neither can run."""
-    if be.models_time and be.trace_records(0) is not None:
+    from ..backends.base import ModeledTime
+
+    if isinstance(be, ModeledTime):
         return SimKernelSource(be)
     if not be.is_gpu:
         raise TraceError(f"no kernel timeline on the {be.name} backend: use cupy (a GPU) or sim")
@@ -249,17 +251,18 @@ def check_config(config: TraceConfig) -> list:
     Raises:
         TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``.
     """
-    from ..experiments.ladder import LadderInputError, parse_stages
+    from ..experiments.stages import StageInputError, parse_stages
 
     try:
         st_list = parse_stages(config.stages)
-    except LadderInputError as e:
+    except StageInputError as e:
         raise TraceError(str(e)) from None
     if config.tokens < 1 or config.warmup < 1:
         raise TraceError(f"tokens={config.tokens} and warmup={config.warmup} must be at least 1 (the warm-up "
                          "captures the graphs of the captured stages)")
-    if config.out is not None and not str(config.out).strip():
-        raise TraceError("--out '': an empty path would silently mean the current folder; name a folder")
+    from ..jobs.common import check_out_option
+
+    check_out_option(config.out)
     return st_list
 
 
@@ -297,14 +300,9 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     if banner:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    try:
-        with results.job_folder(out, meta, TRACE_OUTPUTS):
-            kern, nvtx = _trace(be, cfg, st_list, config, src, say, meta)
-            files = _write(out, kern, nvtx, meta)
-    finally:
-        S.set_graphs_enabled(was)
+    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS):
+        kern, nvtx = _trace(be, cfg, st_list, config, src, say, meta)
+        files = _write(out, kern, nvtx, meta)
     return TraceResult(out, kern, nvtx, meta, files)
 
 
@@ -321,7 +319,8 @@ def _trace(be, cfg, st_list, config, src, say, meta):
 
 
 def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
-    from ..experiments.ladder import START_POS, StageRun, token_id_at
+    from ..experiments.run import StageRun
+    from ..experiments.stages import START_POS, token_id_at
 
     # the launch sites of one eager token, in launch order (the kernels are labelled by position)
     with model.L.recording() as launched:
@@ -339,7 +338,7 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
             run = StageRun(model, st, base, mode=config.capture_mode)
             run.activate()
             for _ in range(config.warmup):
-                run.token(pos, token_id_at(pos, cfg.vocab))
+                run.token(pos)
                 pos += 1
             be.synchronize()
             src.take()  # drop the warm-up's records
@@ -347,7 +346,7 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
             rec.recording = True
             first = pos
             for _ in range(config.tokens):
-                run.token(pos, token_id_at(pos, cfg.vocab))
+                run.token(pos)
                 pos += 1
             be.synchronize()
             rec.recording = False
@@ -401,7 +400,7 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict) -> dict:
     stage (pid 1, 2, ... in the order of ``meta["stages"]``), a host thread with the NVTX ranges and
     one GPU thread per stream; every kernel event's ``args`` carry site, cluster, layer, graph and
     node ids, stream, and ``modeled``."""
-    from ..experiments.ladder import STAGES
+    from ..experiments.stages import STAGES
 
     modeled = bool(meta.get("modeled"))
     tag = "MODELED" if modeled else provenance.label(meta)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..token import weights as W
-from ..backends.base import Executor, RuntimeApi
+from ..backends.base import Executor, ModeledTime, RuntimeApi
 from ..backends.numpy_backend import NumpyBackend
 from ..errors import CudaError
 from ..capture.stream import LEGACY_STREAM, current_stream
@@ -69,7 +69,7 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
     return out
 
 
-class SimBackend(Executor, RuntimeApi):
+class SimBackend(Executor, RuntimeApi, ModeledTime):
     """A modeled GPU on the CPU (see module docstring).
 
     Args:
@@ -382,6 +382,14 @@ class SimBackend(Executor, RuntimeApi):
 
     def graph_launch(self, graph_exec, stream) -> None:
         self.rt.graph_launch(graph_exec, stream)
+
+    def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
+        """``cudaGraphExecKernelNodeSetParams`` with a :class:`~ds4lab.capture.launch.LaunchRecord`
+        (see :meth:`Runtime.graph_exec_kernel_node_set_params`)."""
+        nbytes = launch.nbytes or sum(a.nbytes for a in launch.args if isinstance(a, np.ndarray))
+        self.rt.graph_exec_kernel_node_set_params(
+            graph_exec, int(index), launch.kernel, self.cal.kernel_us(launch.kernel, nbytes),
+            None if self.timing_only else launch.ref, (launch.grid, launch.block, launch.args, launch.shared, nbytes))
 
     def graph_upload(self, graph_exec, stream) -> None:
         """``cudaGraphUpload``."""

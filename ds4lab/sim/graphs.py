@@ -188,6 +188,35 @@ class GraphsMixin:
                                            f"{RULES[rule].when} (graph {g.id} vs executable {ex.id})")
             ex.graph = g
 
+    def graph_exec_kernel_node_set_params(self, ex: GraphExec, index: int, name: str, gpu_us: float,
+                                          fn, info) -> None:
+        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): the executable's
+        ``index``-th kernel node (capture order) takes new work — ``fn`` (the launch's reference, None
+        in timing-only mode), its modeled ``gpu_us`` and ``info`` (grid, block, args, shared, nbytes) —
+        for later launches; the graph it came from is unchanged (the executable gets its own copy of
+        the node list on its first update). Host cost: one API call (modeled).
+
+        Raises:
+            CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or
+                another kernel than the node's (the sim refuses a function change: GUESS, ds4lab never
+                asks for one).
+        """
+        call = "cudaGraphExecKernelNodeSetParams"
+        if not isinstance(ex, GraphExec) or ex.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
+        with self.lock:
+            kernels = [i for i, n in enumerate(ex.graph.nodes) if n.kind == "kernel"]
+            if not 0 <= index < len(kernels):
+                raise CudaError("cudaErrorInvalidValue", call, f"kernel node {index} of {len(kernels)}")
+            pos = kernels[index]
+            old = ex.graph.nodes[pos]
+            if old.name != name:
+                raise CudaError("cudaErrorInvalidValue", call, f"kernel node {index} runs {old.name}, not {name}")
+            if ex.source is not None and ex.graph is ex.source:  # copy on first update: the graph stays as captured
+                ex.graph = Graph(next(self._ids), list(ex.graph.nodes), ex.graph.capture_id)
+            ex.graph.nodes[pos] = Node(old.idx, "kernel", name, fn, old.deps, gpu_us, old.stream, info)
+            self.dev.host(self.cal.host_api_us)
+
     @staticmethod
     def _flat(nodes):
         for n in nodes:

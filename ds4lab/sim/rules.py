@@ -247,6 +247,13 @@ RULES: dict[str, Rule] = {
         "cudaGraphExecUpdate with a topologically identical graph", "updates", None, "-",
         "RT cudaGraphExecUpdate; PG 'Updating instantiated graphs' → 'Whole graph update': the executable takes "
         "the new nodes' parameters (kernel arguments, memset values) for later launches"),
+    "kernel_node_set_params": Rule(
+        "cudaGraphExecKernelNodeSetParams on a kernel node of an executable graph (same function)", "updates",
+        None, "-",
+        "RT cudaGraphExecKernelNodeSetParams: sets the parameters of the node's copy in the executable; 'the "
+        "changes only affect future launches of hGraphExec'; the graph is not modified. PG 'Updating "
+        "instantiated graphs' → 'Individual node update'. ds4 36ee8c14 sets its attention graph's nodes every "
+        "token this way. GUESS: a function change is refused (the sim's choice; never asked by ds4lab)"),
     "child_graph": Rule(
         "cudaGraphAddChildGraphNode", "node", None, "-",
         "RT cudaGraphAddChildGraphNode: the child graph is cloned into the node; it runs as part of the parent. "

@@ -276,6 +276,9 @@ class DecodeModel:
         self.generation = 0
         #: None runs every cluster eagerly; a ds4lab.capture.cache.GraphCache captures and replays some.
         self.executor = None
+        #: A hazard the options cannot express, or None (``ds4lab.experiments.run.ModelPatch``:
+        #: ``forget``, decision prefixes the graph guard is not told; ``comp_row_by_value``).
+        self.patch = None
         self._check_memory()
         self._alloc_weights()
         self._alloc_buffers()
@@ -472,22 +475,26 @@ class DecodeModel:
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
         """The host-side choices a cluster's launches depend on, re-asked before every replay.
 
-        * the routed-MoE path, chosen by token count (decode vs sorted pairs);
-        * the attention regime, chosen by the window length (filling vs full window), when
-          the window length is a host value (``scalars="value"``);
+        * the routed-MoE path, chosen by token count (decode vs sorted pairs), and the MoE profile
+          (clusters holding the routed MoE: ``moe``, ``island1``, ``token``);
+        * the attention regime, chosen by the window length (filling vs full window), when the
+          window length is a host value (``scalars="value"``), and on the long-context token the
+          emit, top-k and attention-length decisions (clusters holding attention: ``attn_span``,
+          ``token``);
         * routing kind (hash or top-k) and the vocabulary flag are fixed per layer and model.
         A change in any answer retires the graph (ds4lab.capture.cache.GraphCache).
         """
         d = []
-        if cluster in ("moe", "token"):
+        if cluster in ("moe", "island1", "token"):
             d.append(("moe.path", "sorted" if T > 1 else "decode"))
             d.append(("moe.profile", self.opts.moe_profile))
-        if cluster == "token":
-            if ts is not None and ts.buf is None:
+        if cluster in ("attn_span", "token") and ts is not None:
+            if ts.buf is None:
                 d.append(("attention.regime", "filling" if ts.n_valid < self.cfg.window else "full"))
-            d.append(("vocab", self.opts.vocab))
-            if self.lc is not None and ts is not None:
+            if self.lc is not None:
                 d.extend(self.longctx_decisions(ts.pos, by_value=ts.buf is None))
+        if cluster == "token":
+            d.append(("vocab", self.opts.vocab))
         return tuple(d)
 
     def _hc_pre(self, name: str, wmix, wnorm, mix) -> None:
@@ -499,10 +506,20 @@ class DecodeModel:
             ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
+        """One decode layer in three parts (ds4's decode islands, ds4 ``e50104f6``): ``island0``, the
+        layer top up to the QKV RoPE (no per-token scalar), a capture cluster; the position-dependent
+        middle (RoPE, KV store, compressors, indexer, top-k, attention), whose attention is the capture
+        cluster ``attn_span``; ``island1``, the attention output through the FFN tail, a capture
+        cluster. Stages that capture none of them cut the layer as ds4's staged plan does
+        (``shared``, ``moe``, ``token``)."""
+        self.run_cluster("island0", layer, 1, ts, lambda: self._layer_top(layer))
+        self._layer_middle(layer, ts)
+        self.run_cluster("island1", layer, 1, ts, lambda: self._layer_tail(layer, ts))
+
+    def _layer_top(self, layer: int) -> None:
+        """HC pre-norm and mixes, the query and KV projections and their norms (ds4's ``TO_QKV`` phase
+        prefix: everything before the QKV RoPE)."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
-        ratio = cfg.compress_ratio(layer)
-        # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
-        theta = cfg.compress_rope_theta if ratio else None
         self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn)
         with L.cluster("query"):
             ops.q8_matvec(L, "q_a", w["q_a"], self.x, self.qa)
@@ -510,16 +527,34 @@ class DecodeModel:
             ops.q8_matvec(L, "q_b", w["q_b"], self.qan, self.q)
             ops.rms_norm_rows(L, "q_head_norm", self.q, w["q_head_norm"], self.q, cfg.n_heads, cfg.head_dim,
                               cfg.rms_eps)
-            ops.rope_q(L, "q_rope", self.q, cfg, ts, theta=theta)
         with L.cluster("kv"):
             ops.q8_matvec(L, "kv", w["kv"], self.x, self.kv)
             ops.rms_norm_rows(L, "kv_norm", self.kv, w["kv_norm"], self.kvn, 1, cfg.head_dim, cfg.rms_eps)
+
+    def _layer_middle(self, layer: int, ts: ops.TokenScalars) -> None:
+        """The position-dependent middle: query RoPE, KV RoPE and store at the position's row, the
+        compressors and the indexer of a compressed layer, attention."""
+        cfg, L = self.cfg, self.L
+        ratio = cfg.compress_ratio(layer)
+        # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
+        theta = cfg.compress_rope_theta if ratio else None
+        with L.cluster("query"):
+            ops.rope_q(L, "q_rope", self.q, cfg, ts, theta=theta)
+        with L.cluster("kv"):
             ops.rope_store_kv(L, "kv_rope_store", self.kvn, self.cache[layer], cfg, ts, theta=theta)
         if ratio:
             self._compressed_attention(layer, ratio, ts)
         else:
-            with L.cluster("attention"):
-                ops.attention_decode(L, "attention", self.q, self.cache[layer], self.o, cfg, ts)
+            def attention():
+                with L.cluster("attention"):
+                    ops.attention_decode(L, "attention", self.q, self.cache[layer], self.o, cfg, ts)
+
+            self.run_cluster("attn_span", layer, 1, ts, attention)
+
+    def _layer_tail(self, layer: int, ts: ops.TokenScalars) -> None:
+        """Attention output projection and its expand into the streams, the FFN pre-mix, the router,
+        the routed MoE and the shared expert."""
+        cfg, L, w = self.cfg, self.L, self.layers[layer]
         with L.cluster("output"):
             ops.q8_matvec(L, "o_a", w["o_a"], self.o, self.oa, rows_per_group=cfg.out_lora,
                           group_stride=cfg.group_in)
@@ -631,6 +666,27 @@ class DecodeModel:
         """Host copy of the vocabulary logits ``[vocab]``, or None when ``vocab`` is off."""
         return None if self.logits is None else self.be.to_host(self.logits)
 
+    def snapshot(self, start: int, end: int) -> dict:
+        """Host copies of every tensor a decode error could land in, after a token of the span
+        ``start .. end`` (exclusive): ``hidden``, ``logits`` (None without the vocabulary),
+        ``kv_cache[l]`` per layer and, on the long-context token, per compressed layer its compressor
+        states and the compressed and indexer rows that a token of ``start - 128 .. end`` writes
+        (``kv_cache[l].<name>``; a stale row index lands there; the whole caches of ds4-flash would be
+        gigabytes per token). Layer by layer: the raw window, then the compressed caches. Synchronizes."""
+        be = self.be
+        rec = {"hidden": self.hidden().copy(), "logits": None if self.logits is None else self.output_logits().copy()}
+        for layer, c in enumerate(self.cache):
+            rec[f"kv_cache[{layer}]"] = be.to_host(c).copy()
+            bufs = self.lc.layers[layer] if self.lc is not None else None
+            if not bufs:
+                continue
+            ratio = self.cfg.compress_ratio(layer)
+            rows = slice(max(0, (start - 128) // ratio), min(self.cfg.comp_capacity(ratio), end // ratio + 2))
+            for name, b in bufs.items():
+                rec[f"kv_cache[{layer}].{name}"] = np.array(be.to_host(b[rows] if name in ("comp", "index") else b),
+                                                           copy=True)
+        return rec
+
     def selected_experts(self) -> np.ndarray:
         """Host copy of the last router call's expert ids ``[T, k]`` (valid rows: the first T)."""
         return self.be.to_host(self.moe_buf.ids)
@@ -659,6 +715,11 @@ class DecodeModel:
           position goes to the kernels by value (with device scalars the kernels derive it).
         The top-k scratch's growth shows in the buffer generation (the graph key), not here.
         """
+        d = self._longctx_decisions(pos, by_value)
+        forget = self.patch.forget if self.patch is not None else ()
+        return tuple(x for x in d if not x[0].startswith(forget)) if forget else d
+
+    def _longctx_decisions(self, pos: int, by_value: bool) -> tuple:
         cfg, d = self.cfg, []
         if self.opts.longctx == "device":
             # One launch list for every position: nothing position-dependent is chosen on the host.
@@ -684,6 +745,8 @@ class DecodeModel:
         compressed layer: projection and store every token; on an emit token pool, norm, rotate
         and store the compressed row, and (ratio 4) shift the state (ds4.c ``compressor_decode_one``)."""
         cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
+        if self.patch is not None and self.patch.comp_row_by_value and ts.buf is not None:
+            ts = ops.TokenScalars(ts.pos, ts.kv_row, ts.n_valid, ts.token_id, None)  # the hazard: by value
         bufs = lc.layers[layer]
         if lane == "comp":
             D, pre, kvsc, pooled, normed, rows = cfg.head_dim, "comp", lc.kvsc, lc.pooled, lc.normed, bufs["comp"]
@@ -730,9 +793,14 @@ class DecodeModel:
         if use_sel:
             self._indexer(layer, ratio, n_plan, ts)
         mode = ("device" if device else True) if use_sel else False
-        with L.cluster("attention"):
-            ops.attention_comp(L, "attention", self.q, self.cache[layer], bufs["comp"], lc.sel if use_sel else None,
-                               self.o, cfg, ratio, mode, ts, n_rows=min(n, k) if use_sel else n)
+
+        def attention():
+            with L.cluster("attention"):
+                ops.attention_comp(L, "attention", self.q, self.cache[layer], bufs["comp"],
+                                   lc.sel if use_sel else None, self.o, cfg, ratio, mode, ts,
+                                   n_rows=min(n, k) if use_sel else n)
+
+        self.run_cluster("attn_span", layer, 1, ts, attention)
 
     def _indexer(self, layer: int, ratio: int, n_plan: int, ts) -> None:
         """The indexer of a ratio-4 layer: query, its RoPE, head weights, scores, top-k (ds4.c

@@ -1,0 +1,159 @@
+"""The stages of a capture plan: what each one captures, on which stream, in which mode, and which
+hazard fixes it needs.
+
+Stages ``0`` … ``3u`` are ds4's staged plan (``shared/context/ds4-decode.md``, "The staged plan",
+the seed pull request and ds4 #534); ``3c`` is one whole-token graph for every position of the
+long-context token; ``i`` and ``i+`` are ds4's decode islands as shipped (ds4 ``e50104f6``, "cuda:
+decode-island CUDA graph capture for serial decode"; ``docs/model.md``, "ds4's decode islands").
+A :class:`~ds4lab.experiments.run.StageRun` runs one of them on a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import BadInput
+
+#: The hazard fixes a stage can require (context file, "Capture hazards").
+FIXES = ("launches through the accessor", "non-blocking stream", "async counts clear",
+         "expert selection on the device", "preallocated scratch", "no host-timed profiling",
+         "scalars from device buffers", "node parameters updated before replay",
+         "no device sync in the body", "warm-up before capture", "device-side predicates",
+         "buffer-keyed graph variants")
+
+#: The first decoded position of a ladder (the KV window is full from the start).
+START_POS = 1000
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One rung of a capture plan.
+
+    Attributes:
+        name: the stage's name on the command line (``"0"``, ``"3c"``, ``"i"``).
+        short: a few words for tables and legends.
+        description: what changes, one sentence.
+        nonblocking: the token's eager work runs on a non-blocking stream set with
+            ``capture_set_stream`` (False: on the legacy stream, as ds4 does today).
+        capture: the model's clusters the graph cache captures (``"shared"``, ``"moe"``, ``"token"``,
+            ``"island0"``, ``"island1"``, ``"attn_span"``); empty: eager.
+        options: :class:`~ds4lab.token.model.TokenOptions` fields the stage sets.
+        update: re-capture every call and update the executable graph (stage ``3u``).
+        fixes: the fixes of :data:`FIXES` the stage needs.
+        long_context_only: exists on the long-context token only (``3c``).
+        capture_mode: the capture mode the stage always uses (ds4's islands: ``"global"``); None:
+            the run's mode (``--mode``).
+        blocking_capture_stream: capture on a dedicated blocking stream while the eager work stays
+            on the legacy stream (ds4's islands), instead of on the accessor's non-blocking stream.
+        key_decisions: the graph cache keeps one graph per answer of the host decisions (stage 3
+            of the long-context token: one graph per token shape) instead of recapturing.
+        variants: graphs kept per (cluster, layer) key, told apart by the buffers they touch, before
+            a new buffer set is refused a graph (ds4's islands: 4); 0: unbounded.
+        node_updates: clusters replayed by setting kernel-node parameters every call
+            (``cudaGraphExecKernelNodeSetParams``: stage ``i+``'s attention span).
+    """
+
+    name: str
+    short: str
+    description: str
+    nonblocking: bool = True
+    capture: tuple = ()
+    options: dict = field(default_factory=dict)
+    update: bool = False
+    fixes: tuple = ()
+    long_context_only: bool = False
+    capture_mode: str | None = None
+    blocking_capture_stream: bool = False
+    key_decisions: bool = False
+    variants: int = 0
+    node_updates: tuple = ()
+
+
+_BASE = ("launches through the accessor", "non-blocking stream", "warm-up before capture")
+_MOE = ("async counts clear", "expert selection on the device", "preallocated scratch", "no host-timed profiling")
+_TOKEN_OPTS = dict(counts_clear="async", scratch="prealloc", moe_profile=False)
+
+#: Every stage, in ladder order.
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("0", "eager, legacy", "stage 0: every launch through the accessor, no override: legacy stream, eager",
+          nonblocking=False, fixes=("launches through the accessor",)),
+    Stage("0s", "eager, stream", "eager on a non-blocking stream set with capture_set_stream (the stream "
+          "change alone, no capture)", fixes=("launches through the accessor", "non-blocking stream")),
+    Stage("i", "ds4 islands", "ds4's decode islands as shipped: per layer the layer top up to the QKV RoPE and "
+          "the attention output through the FFN tail captured on a blocking stream in global mode, keyed by "
+          "layer and buffers (4 variants), the middle (RoPE, KV store, compressor, indexer, top-k, attention) "
+          "eager on the legacy stream; island 1 eager on the hash-routed layers",
+          nonblocking=False, capture=("island0", "island1"), options=dict(_TOKEN_OPTS), capture_mode="global",
+          blocking_capture_stream=True, variants=4,
+          fixes=("launches through the accessor", "warm-up before capture", *_MOE, "buffer-keyed graph variants")),
+    Stage("i+", "islands + span", "stage i plus the attention span of the eager middle (RoPE, KV store, "
+          "attention) as a graph whose kernel-node parameters are set every token "
+          "(cudaGraphExecKernelNodeSetParams), as ds4's opt-in hand-built attention graph",
+          nonblocking=False, capture=("island0", "island1", "attn_span"), options=dict(_TOKEN_OPTS),
+          capture_mode="global", blocking_capture_stream=True, variants=4, node_updates=("attn_span",),
+          fixes=("launches through the accessor", "warm-up before capture", *_MOE, "buffer-keyed graph variants",
+                 "node parameters updated before replay")),
+    Stage("1", "shared FFN", "shared-expert FFN cluster of every layer captured once, replayed (one graph per layer)",
+          capture=("shared",), fixes=_BASE),
+    Stage("2", "+ routed MoE", "stage 1 plus the routed-MoE cluster captured (experts read on the device, counts "
+          "clear async, scratch preallocated, no host-timed profiling)", capture=("shared", "moe"),
+          options=dict(_TOKEN_OPTS), fixes=(*_BASE, *_MOE)),
+    Stage("3", "whole token", "the whole token body captured, per-token scalars read from device buffers "
+          "written before each replay (one graph per token shape)", capture=("token",),
+          options=dict(_TOKEN_OPTS, scalars="device"),
+          fixes=(*_BASE, *_MOE, "scalars from device buffers", "no device sync in the body")),
+    Stage("3u", "token + update", "as 3, scalars passed by value; the executable graph's kernel parameters "
+          "updated before each replay (re-capture + cudaGraphExecUpdate)", capture=("token",), update=True,
+          options=dict(_TOKEN_OPTS, scalars="value"),
+          fixes=(*_BASE, *_MOE, "node parameters updated before replay", "no device sync in the body")),
+    Stage("3c", "one graph", "the whole token captured once; emit, top-k regime and attention length decided on the "
+          "device (emit kernels exit off an emit token, worst-case top-k grids, rows past n_comp skipped)",
+          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="device"), long_context_only=True,
+          fixes=(*_BASE, *_MOE, "scalars from device buffers", "no device sync in the body", "device-side predicates")),
+)}
+
+#: What ``ds4lab ladder`` runs by default, and ``ds4lab context``.
+LADDER_DEFAULT = "0,0s,1,2,3,3u"
+CONTEXT_DEFAULT = "0,i,i+,3,3c"
+
+
+class StageInputError(BadInput):
+    """A stage list that cannot run (the command line exits 2); nothing was measured."""
+
+
+def parse_stages(text: str, *, long_context: bool = False) -> list[Stage]:
+    """``"0,0s,1"`` → stages, in the order given.
+
+    Raises:
+        StageInputError: an empty list, an unknown or repeated stage, or a long-context-only stage
+            (``3c``) without ``long_context`` (the message says to add ``--long-context``).
+    """
+    names = [t.strip() for t in str(text).split(",")]
+    if any(not n for n in names):
+        raise StageInputError(f"empty stage name in {text!r}; choose from: {', '.join(STAGES)}")
+    bad = [n for n in names if n not in STAGES]
+    if bad:
+        raise StageInputError(f"unknown stage(s) {', '.join(bad)}; choose from: {', '.join(STAGES)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise StageInputError(f"stage(s) {', '.join(twice)} listed more than once in {text!r}")
+    lc = [n for n in names if STAGES[n].long_context_only and not long_context]
+    if lc:
+        raise StageInputError(f"stage(s) {', '.join(lc)} exist on the long-context token only: add --long-context "
+                              "(ds4lab ladder) or use ds4lab context")
+    return [STAGES[n] for n in names]
+
+
+def fixes_table(stages=None):
+    """Which hazard fixes each stage requires: a DataFrame, fixes × stages (``required`` / ``—``)."""
+    import pandas as pd
+
+    sts = list(STAGES.values()) if stages is None else stages
+    return pd.DataFrame({s.name: ["required" if f in s.fixes else "—" for f in FIXES] for s in sts},
+                        index=list(FIXES))
+
+
+def token_id_at(pos: int, vocab: int) -> int:
+    """The token id every experiment decodes at position ``pos`` (a fixed pseudo-random sequence,
+    so every stage and every backend decodes the same tokens)."""
+    return (pos * 7919 + 13) % vocab
