@@ -13,6 +13,9 @@ regimes of the routed-MoE call being profiled:
                          for that call
 ``replay``               a later call, replayed from the graph captured (thread_local) with the
                          mode's instrumentation in place
+``island``               ds4's decode islands as shipped (ds4 ``e50104f6``): the eager work on the
+                         legacy stream, the call captured as part of island 1 on a dedicated
+                         *blocking* stream in global mode, then launched there
 =======================  ==========================================================================
 
 Every cell runs, on one routed-MoE layer (default 2 tokens: the sorted-pairs path of MTP
@@ -69,7 +72,7 @@ ROW_SPEC = {
     "nvtx": ("nvtx", {}),
 }
 COLUMNS = ("eager-legacy", "eager-nonblocking", "capture-global", "capture-thread_local", "capture-relaxed",
-           "replay")
+           "replay", "island")
 #: column → (stream, capture mode or None, judged call)
 COLUMN_SPEC = {
     "eager-legacy": ("legacy", None, "eager"),
@@ -78,7 +81,11 @@ COLUMN_SPEC = {
     "capture-thread_local": ("non-blocking", "thread_local", "capture"),
     "capture-relaxed": ("non-blocking", "relaxed", "capture"),
     "replay": ("non-blocking", "thread_local", "replay"),
+    "island": ("legacy", "global", "capture"),
 }
+#: Columns whose graphs capture on a dedicated blocking stream, the eager work on the legacy stream
+#: (ds4's decode islands).
+BLOCKING_CAPTURE = frozenset({"island"})
 OUTCOMES = ("works", "refused", "breaks capture", "silently wrong", "no data", "unavailable")
 #: ``(low, high, slack_us)``: a total counts as this call's when low·ref ≤ total ≤ high·ref + slack,
 #: ref being the regime's bracketed steady-state call. Eager calls vary with the host (loose); a graph
@@ -96,8 +103,14 @@ def _layer(wb: MoeWorkbench) -> int:
     return c.n_hash_layers if c.n_hash_layers < wb.model.n_layers else 0
 
 
-def _cache(be, cap_mode):
-    return GraphCache(be, ("moe",), mode=cap_mode, warmup=1) if cap_mode else None
+def _cache(be, column):
+    """The column's graph cache (None for an eager column): the routed-MoE cluster captured in the
+    column's mode, on the accessor's stream or (ds4's islands) on a dedicated blocking stream."""
+    _, cap_mode, _ = COLUMN_SPEC[column]
+    if not cap_mode:
+        return None
+    blocking = be.new_stream(non_blocking=False) if column in BLOCKING_CAPTURE else None
+    return GraphCache(be, ("moe",), mode=cap_mode, warmup=1, capture_stream=blocking)
 
 
 def _stream(wb, which):
@@ -117,7 +130,7 @@ def run_cell(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, overhead_
     prof = MoeProfiler(wb.model, mode, routing="uniform", raw=True, **kw)
     if not prof.available:
         return {**out, "outcome": "unavailable", "detail": prof.unavailable_reason}
-    cache = _cache(be, cap_mode)
+    cache = _cache(be, column)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with wb.session(cache, _stream(wb, which)), prof.attached(calls_per_read=1):
@@ -194,7 +207,7 @@ def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls:
     """
     be = wb.be
     mode, kw = ROW_SPEC[row]
-    which, cap_mode, _ = COLUMN_SPEC[column]
+    which, _, _ = COLUMN_SPEC[column]
     layer = _layer(wb)
     modeled = is_modeled(be)
     calls = calls or (4 if modeled else 20)
@@ -202,7 +215,7 @@ def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls:
 
     def per_call(with_mode: bool) -> float:
         prof = MoeProfiler(wb.model, mode, routing="uniform", **kw) if with_mode else None
-        cache = _cache(be, cap_mode)
+        cache = _cache(be, column)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             with wb.session(cache, _stream(wb, which)):
