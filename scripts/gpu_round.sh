@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The one GPU-round script (run from the repository root on the lent GPU machine, through the
+# device tool; carry .whl with the nvtx, cupti-python and Jupyter wheels):
+#
+#   bash scripts/gpu_round.sh STEP [STEP...]
+#
+# Each STEP is one ds4lab command with its own time limit (seconds, after the colon; the default in
+# the table below); a failing or timed-out step does not stop the others. Everything lands in
+# $OUT/round.tgz (figures as PNG only: SVG and PDF are dropped to stay within the transfer limit),
+# repacked after every step, so a round cut short keeps what finished. Steps:
+#
+#   env          GPU, driver, Python, CuPy, torch versions
+#   tests        every GPU test (pytest -m gpu)
+#   conformance  ds4lab conformance --backend cupy (GPU and sim, every disagreement)
+#   ladder       ds4lab ladder on ds4-flash (stages 0,0s,i,i+,1,2,3,3u)
+#   islands      a short ladder of ds4's islands on ds4-flash (stages 0,i,i+,3; 40 tokens)
+#   context      ds4lab context on ds4-flash at 1k, 4k, 16k, 64k (stages 0,i,i+,2,3,3c)
+#   hazards      every hazard (small), and moe-profile-island on ds4-flash
+#   exclusion    ds4lab exclusion (ds4-flash, first layers; with the island column)
+#   moe          the MoE profiler's overhead per mode, eager and replayed (ds4-flash)
+#   bench        ds4lab bench --per-op (ds4-flash): launch cost, roofline, floors
+#   calibrate    ds4lab calibrate (ds4-flash) and --long-context on top of it
+#   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
+#   notebooks    every notebook top to bottom with its defaults
+#   nsight       the README's Nsight Compute command on one ds4-flash token, ingested and joined to the
+#                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
+#
+# Example: bash scripts/gpu_round.sh env conformance ladder:200 hazards
+set -u
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 COLUMNS=200
+R=/tmp/round; rm -rf $R; mkdir -p $R
+D="python3 -m ds4lab.cli"
+pack() { find $R \( -name "*.svg" -o -name "*.pdf" \) -delete; tar czf "$OUT/round.tgz" -C /tmp round; }
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  timeout "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?
+  echo "=== $name rc=$rc $((SECONDS - t0))s" | tee -a $R/steps.txt; tail -n "${TAIL:-12}" "$R/$name.log" | cut -c1-230
+  pack; }
+for arg in "$@"; do
+  name=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=""
+  case $name in
+    env) step env ${limit:-30} bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
+         python3 -c "import sys, cupy, torch; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"torch\", torch.__version__)"' ;;
+    tests) step tests ${limit:-300} python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
+    conformance) step conformance ${limit:-90} $D conformance --backend cupy --out $R/conformance ;;
+    ladder) TAIL=24 step ladder ${limit:-200} $D ladder --backend cupy --preset ds4-flash --stages 0,0s,i,i+,1,2,3,3u \
+         --out $R/ladder ;;
+    islands) TAIL=16 step islands ${limit:-120} $D ladder --backend cupy --preset ds4-flash --stages 0,i,i+,3 \
+         --tokens 40 --repeats 2 --out $R/islands ;;
+    context) TAIL=34 step context ${limit:-300} $D context --backend cupy --preset ds4-flash --stages 0,i,i+,2,3,3c \
+         --contexts 1024,4096,16384,65536 --tokens 32 --out $R/context ;;
+    hazards) TAIL=30 step hazards ${limit:-200} bash -c "$D hazards all --backend cupy --preset small --out $R/hazards &&
+         $D hazards all-longctx --backend cupy --preset small --out $R/hazards-longctx &&
+         $D hazards moe-profile-island --backend cupy --preset ds4-flash --out $R/hazards-island" ;;
+    exclusion) step exclusion ${limit:-200} $D exclusion --backend cupy --out $R/exclusion ;;
+    moe) TAIL=20 step moe ${limit:-150} $D moe --backend cupy --preset ds4-flash --mode host-timed,deferred,in-graph,nvtx \
+         --tokens-per-step 1 --routing uniform --steps 3 --share-tokens 0 --out $R/moe ;;
+    bench) TAIL=30 step bench ${limit:-200} $D bench --preset ds4-flash --per-op --out $R/bench ;;
+    calibrate) step calibrate ${limit:-200} bash -c "$D calibrate --preset ds4-flash --out $R/calibration/h200.json &&
+         $D calibrate --long-context --base $R/calibration/h200.json --out $R/calibration/h200-long.json" ;;
+    audit) TAIL=30 step audit ${limit:-300} $D audit validate --out $R/audit ;;
+    notebooks) step notebooks ${limit:-400} $D notebooks --out $R/notebooks ;;
+    nsight) step nsight ${limit:-300} bash -c "ncu --nvtx --nvtx-include 'ds4lab@token/' --launch-count 300 \
+           --section SpeedOfLight --section LaunchStats --csv $D run --backend cupy --preset ds4-flash --tokens 1 \
+           --warmup 0 --nvtx --no-check --out $R/ncu-run > $R/ncu.csv 2> $R/ncu.stderr;
+         $D ingest $R/ncu.csv --sites ds4-flash --out $R/ncu && $D compare $R/ncu --out $R/ncu-compare &&
+         $D trace --backend cupy --preset ds4-flash --stages 0,3 --out $R/trace" ;;
+    *) echo "unknown step $name" | tee -a $R/steps.txt ;;
+  esac
+done
+cat $R/steps.txt
