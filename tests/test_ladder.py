@@ -179,3 +179,18 @@ def test_ladder_reports_updates_reinstantiations_and_fallbacks_apart(tmp_path):
     assert row["reinstantiations"] == 0 and row["fallbacks"] == 0 and row["retirements"] == 0
     for col in ("reinstantiations", "fallbacks", "aborts", "update_results"):
         assert col in row.index
+
+
+H200_ISLAND = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-12-01/round1/hazards-island/hazards-small.csv"
+
+
+def test_moe_profile_inside_islands_on_sim_matches_the_h200(sim):
+    """ds4's DS4_CUDA_MOE_PROFILE inside its decode islands (events on the legacy stream while island 1
+    captures on a blocking stream in global mode): the H200 refused the first legacy record
+    (cudaErrorStreamCaptureImplicit), island 1 retired and ran eagerly, every MoE call still gave its
+    profile line, results bit-identical. The sim must say the same."""
+    want = next(csv.DictReader(H200_ISLAND.open()))
+    r = demonstrate("moe-profile-island", sim, get_preset("small"))
+    assert (r["outcome"], r["errors"], str(r["exact"]), r["capture_mode"], r["stage"]) == \
+        (want["outcome"], want["errors"], want["exact"], want["capture_mode"], want["stage"])
+    assert r["profile_lines"] == int(want["profile_lines"]) > 0

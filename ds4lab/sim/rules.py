@@ -58,15 +58,19 @@ RULES: dict[str, Rule] = {
         "while a blocking (not cudaStreamNonBlocking) stream captures", "raises",
         "cudaErrorStreamCaptureImplicit", "every live capture holding a blocking stream",
         "PG 'Prohibited and Unhandled Operations': any attempted use of the legacy stream is invalid; RT "
-        "cudaError: cudaErrorStreamCaptureImplicit. GUESS: the legacy work is not executed"),
+        "cudaError: cudaErrorStreamCaptureImplicit. H200 conformance run of 2026-12-01 "
+        "(docs/measurements/h200-2026-12-01/round1): a cudaEventRecord on the legacy stream (ds4's MoE profile) "
+        "is refused so in every capture mode and invalidates the capture. GUESS: the legacy work is not executed"),
     "unsafe_call": Rule(
         "a potentially unsafe call (cudaMalloc, cudaFree, memory-pool growth, cudaEventQuery/"
         "cudaEventSynchronize of an uncaptured event) by a thread that has a global/thread-local capture, "
         "or, while its interaction mode is global (the default), while another thread has a global capture",
         "raises", "cudaErrorStreamCaptureUnsupported", "the captures that prohibit the call",
         "RT cudaThreadExchangeStreamCaptureMode (mode definitions); facts row cudaMalloc (global/thread-local: "
-        "refused, invalidated; relaxed: ok). GUESS: cudaFree, pool growth and event query/synchronize are "
-        "'unsafe' (PyTorch's NCCL watchdog hits this with cudaEventQuery); other threads' captures invalidated"),
+        "refused, invalidated; relaxed: ok). H200 conformance run of 2026-12-01: cudaEventQuery and "
+        "cudaEventSynchronize of an event recorded on the legacy stream before a blocking stream's capture are "
+        "refused so (and invalidate) in global and thread-local mode, allowed in relaxed mode. GUESS: cudaFree "
+        "and pool growth are 'unsafe'; other threads' captures invalidated"),
     "event_sync_captured": Rule(
         "cudaEventSynchronize of an event last recorded in a live capture", "raises", "cudaErrorCapturedEvent",
         "the event's capture", "facts row 'event synchronize / elapsed time' (end fails: invalidated)"),
