@@ -1,10 +1,19 @@
-"""Write the workbench notebooks (committed without outputs). Edit here, run, commit the .ipynb."""
+"""The source of the workbench notebooks: ``notebooks/*.ipynb`` are written by this script, committed
+without outputs. Edit the cells here, run ``python scripts/make_notebooks.py``, commit both; never edit
+the ``.ipynb`` files by hand (``tests/test_notebooks.py`` checks that the committed notebooks are what
+this script writes). ``--out DIR`` writes them elsewhere.
+"""
 
+import argparse
 from pathlib import Path
 
 import nbformat as nbf
 
-HERE = Path(__file__).resolve().parents[1] / "notebooks"
+_args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_args.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "notebooks",
+                   help="the folder to write the notebooks into (default: notebooks/)")
+HERE = _args.parse_args().out
+HERE.mkdir(parents=True, exist_ok=True)
 
 
 def md(s):

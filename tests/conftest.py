@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import zlib
+
 import numpy as np
 import pytest
 
@@ -18,12 +22,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+#: Set to reproduce a run's random inputs (its value is printed in the session header).
+SEED_ENV = "DS4LAB_TEST_SEED"
+
+
+def pytest_configure(config):
+    """One base seed per session (fresh unless ``DS4LAB_TEST_SEED`` is set), from which every test
+    derives its own (:func:`rng`)."""
+    env = os.environ.get(SEED_ENV)
+    config.ds4lab_seed = int(env) if env else secrets.randbits(32)
+
+
+def pytest_report_header(config):
+    return f"random inputs: {SEED_ENV}={config.ds4lab_seed} reproduces this run's"
+
+
 @pytest.fixture
-def rng():
-    """Fresh random inputs on every run (never zeros); the seed is printed on failure."""
-    seed = np.random.SeedSequence().entropy % (2**32)
-    print(f"rng seed {seed}")
+def rng(request):
+    """Random inputs (never zeros), seeded per test from the session's base seed and the test's id:
+    fresh every session, reproducible with ``DS4LAB_TEST_SEED=<base>`` (a failing test's report says
+    both its seed and the base)."""
+    base = request.config.ds4lab_seed
+    seed = (base + zlib.crc32(request.node.nodeid.encode())) % 2**32
+    request.node.user_properties.append(("rng seed", f"{seed} ({SEED_ENV}={base} reproduces it)"))
     return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that drew random inputs names its seed in its report."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for name, value in item.user_properties:
+            if name == "rng seed":
+                rep.sections.append(("random inputs", f"rng seed {value}"))
 
 
 @pytest.fixture(scope="session")

@@ -4,20 +4,22 @@ distribution's chromedriver) opens the quickstart notebook, runs every cell on t
 figures render; the notebook's relative ``OUT`` lands under the kernel's start folder (the checkout's
 root for users, so ``results/`` as the README says).
 
-The set-up installs what it lacks where it can (``apt-get install chromium chromium-driver`` as root,
-``pip install selenium``) and skips with the reason where it cannot. Browser builds that a tool
-downloads for itself are never used: the browser and driver paths are given explicitly.
+Nothing is installed from here: ``.ci/run`` installs the distribution's ``chromium`` and
+``chromium-driver``, the ``selenium`` test extra and JupyterLab (``scripts/lab.sh --version`` once); where
+one is missing the tests skip and say which and how to get it. Browser builds that a tool downloads for
+itself are never used: the browser and driver paths are given explicitly. JupyterLab runs in its own
+process group, ended when the fixture ends and, should the run be interrupted, at interpreter exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -31,38 +33,29 @@ SMALL = {"BACKEND": "sim", "PRESET": "tiny", "TOKENS": 8, "STAGES": "0,1,3"}
 
 
 def _browser() -> tuple[str, str]:
-    """(chromium, chromedriver) paths; installs the Debian packages as root when they are missing."""
-    def find():
-        return (shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver"))
-
-    b, d = find()
-    if b and d:
-        return b, d
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("no chromium/chromedriver, and apt-get cannot install them here (not root or no apt-get)")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", "chromium-driver"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
-    if r.returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=200, env=env)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
-    b, d = find()
+    """(chromium, chromedriver) paths; skips (saying how to install them) where they are missing."""
+    b = shutil.which("chromium") or shutil.which("chromium-browser")
+    d = shutil.which("chromedriver")
     if not (b and d):
-        pytest.skip(f"apt-get install chromium chromium-driver failed: {(r.stderr or r.stdout)[-300:]}")
+        pytest.skip("no chromium/chromedriver on PATH (the distribution's packages: apt-get install chromium "
+                    "chromium-driver; .ci/run installs them)")
     return b, d
 
 
 def _selenium():
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "selenium"], capture_output=True,
-                           text=True, timeout=300)
-        if r.returncode != 0:
-            pytest.skip(f"selenium is not installed and pip could not install it: {r.stderr[-300:]}")
-    from selenium import webdriver
-
+    """Selenium's webdriver (the ``test`` extra); skips where it is not installed."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
     return webdriver
+
+
+def _jupyterlab_ready() -> None:
+    """Skip unless scripts/lab.sh will start without installing anything (JupyterLab in .venv, its stamp
+    newer than pyproject.toml): a test never runs pip."""
+    venv = ROOT / ".venv"
+    stamp = venv / ".ds4lab-notebooks-installed"
+    if not (venv / "bin" / "jupyter-lab").exists() or not stamp.exists() or \
+            (ROOT / "pyproject.toml").stat().st_mtime > stamp.stat().st_mtime:
+        pytest.skip("JupyterLab is not installed in .venv: run `bash scripts/lab.sh --version` once (.ci/run does)")
 
 
 def _free_port() -> int:
@@ -80,6 +73,7 @@ def lab(tmp_path_factory):
 
     browser, driver = _browser()
     webdriver = _selenium()
+    _jupyterlab_ready()
     tmp = tmp_path_factory.mktemp("lab")
     nbs, cwd = tmp / "notebooks", tmp / "work"
     nbs.mkdir()
@@ -94,14 +88,25 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser", f"--port={port}",
                              f"--ServerApp.token={token}", "--ServerApp.open_browser=False"],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop() -> None:
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    atexit.register(stop)  # an interrupted run ends JupyterLab too
     url = f"http://127.0.0.1:{port}"
     try:
-        end = time.time() + 240  # a first start installs JupyterLab
+        end = time.time() + 240
         while True:
             if proc.poll() is not None:
                 text = (tmp / "lab.log").read_text()
-                if "pip" in text and ("ERROR" in text or "No matching distribution" in text):
-                    pytest.skip(f"JupyterLab could not be installed by scripts/lab.sh: {text[-400:]}")
                 pytest.fail(f"scripts/lab.sh exited with {proc.returncode}: {text[-1500:]}")
             try:
                 with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
@@ -124,11 +129,8 @@ def lab(tmp_path_factory):
         finally:
             drv.quit()
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop()
+        atexit.unregister(stop)
         log.close()
 
 

@@ -245,3 +245,23 @@ def test_figures_listed_are_this_runs_and_ctrl_c_is_an_interruption(tmp_path):
     assert r.interrupted and not r.ok and r.error == "interrupted (Ctrl-C)"
     assert time.perf_counter() - t0 < 15, "the interrupted cell was not waited out"
     assert r.figures == ["new.png"]
+
+
+def test_committed_notebooks_are_what_make_notebooks_writes(tmp_path):
+    """scripts/make_notebooks.py is the notebooks' source: regenerated, every committed notebook is the
+    same, cell for cell (an edit made to an .ipynb by hand, or a source edit not regenerated, fails)."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(root / "scripts" / "make_notebooks.py"), "--out", str(tmp_path)], check=True,
+                   capture_output=True, timeout=120)
+    made = sorted(p.name for p in tmp_path.glob("*.ipynb"))
+    committed = sorted(p.name for p in (root / "notebooks").glob("*.ipynb"))
+    assert made == committed
+    for name in made:
+        a = nbformat.read(tmp_path / name, as_version=4)
+        b = nbformat.read(root / "notebooks" / name, as_version=4)
+        assert [(c.cell_type, c.source) for c in a.cells] == [(c.cell_type, c.source) for c in b.cells], name

@@ -96,7 +96,7 @@ def test_info_and_calibration_are_modeled(be):
     assert be.calibration["name"] == "test" and be.calibration["provenance"] == "unit test"
     d = SimBackend()
     assert d.calibration["path"] == str(default_calibration_path())
-    assert d.calibration["measured"] is False or d.calibration["name"] != "h200-provisional"
+    assert d.calibration["measured"] is True  # the shipped calibration is the H200's, measured
 
 
 def test_calibration_rejects_missing_key_and_keeps_extra_kernel_keys():

@@ -75,8 +75,8 @@ class SimBackend(Executor, RuntimeApi, ModeledTime):
     Args:
         seed: weight seed (as the other backends).
         timing_only: compute no numbers (phantom buffers); only the timing and the rules run.
-        calibration: a calibration JSON path or dict; default ``ds4lab/data/h200.json`` when it
-            exists, else ``ds4lab/data/h200-provisional.json``.
+        calibration: a calibration JSON path or dict; default: ``$DS4LAB_CALIBRATION`` when set, else
+            the shipped ``ds4lab/data/h200.json``.
         threads_enabled: tell host threads apart (capture modes, per-thread streams). False: all
             callers count as one thread.
         invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default)
@@ -217,7 +217,7 @@ class SimBackend(Executor, RuntimeApi, ModeledTime):
                     self.arena.free(b.addr)
 
             def eager_free():
-                if not self.rt.graph_memory_free(b.addr):  # rule graph_free_outside: the graph's memory
+                if not self.rt.graphs.memory_free(b.addr):  # rule graph_free_outside: the graph's memory
                     self._arena_free(buf, "cudaFreeAsync")
 
             node = self.rt.host_op(stream, "mem_free", "cudaFreeAsync", eager_free, "cudaFreeAsync",
@@ -370,54 +370,54 @@ class SimBackend(Executor, RuntimeApi, ModeledTime):
     def graph_nodes(self, graph) -> list[dict]:
         if not isinstance(graph, Graph):
             raise CudaError("cudaErrorInvalidValue", "cudaGraphGetNodes", f"{graph!r} is not a sim graph")
-        return self.rt.graph_nodes(graph)
+        return self.rt.graphs.nodes(graph)
 
     def graph_instantiate(self, graph, flags: int = 0) -> GraphExec:
-        """``cudaGraphInstantiateWithFlags`` (see :meth:`Runtime.graph_instantiate`)."""
-        return self.rt.graph_instantiate(graph, flags)
+        """``cudaGraphInstantiateWithFlags`` (see :meth:`Graphs.instantiate`)."""
+        return self.rt.graphs.instantiate(graph, flags)
 
     def graph_exec_update(self, graph_exec, graph) -> None:
         """``cudaGraphExecUpdate``; raises :class:`~ds4lab.errors.GraphExecUpdateError` with CUDA's result."""
-        self.rt.graph_exec_update(graph_exec, graph)
+        self.rt.graphs.exec_update(graph_exec, graph)
 
     def graph_launch(self, graph_exec, stream) -> None:
-        self.rt.graph_launch(graph_exec, stream)
+        self.rt.graphs.launch(graph_exec, stream)
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
         """``cudaGraphExecKernelNodeSetParams`` with a :class:`~ds4lab.capture.launch.LaunchRecord`
-        (see :meth:`Runtime.graph_exec_kernel_node_set_params`)."""
+        (see :meth:`Graphs.exec_kernel_node_set_params`)."""
         nbytes = launch.nbytes or sum(a.nbytes for a in launch.args if isinstance(a, np.ndarray))
-        self.rt.graph_exec_kernel_node_set_params(
+        self.rt.graphs.exec_kernel_node_set_params(
             graph_exec, int(index), launch.kernel, self.cal.kernel_us(launch.kernel, nbytes),
             None if self.timing_only else launch.ref, (launch.grid, launch.block, launch.args, launch.shared, nbytes))
 
     def graph_upload(self, graph_exec, stream) -> None:
         """``cudaGraphUpload``."""
-        self.rt.graph_upload(graph_exec, stream)
+        self.rt.graphs.upload(graph_exec, stream)
 
     def graph_exec_destroy(self, graph_exec) -> None:
         """``cudaGraphExecDestroy``."""
-        self.rt.graph_exec_destroy(graph_exec)
+        self.rt.graphs.exec_destroy(graph_exec)
 
     def graph_destroy(self, graph) -> None:
         """``cudaGraphDestroy``."""
-        self.rt.graph_destroy(graph)
+        self.rt.graphs.destroy(graph)
 
     def graph_create(self) -> Graph:
         """``cudaGraphCreate``: an empty graph."""
-        return self.rt.graph_create()
+        return self.rt.graphs.create()
 
     def graph_add_child(self, graph, child) -> None:
         """``cudaGraphAddChildGraphNode`` after ``graph``'s last node."""
-        self.rt.graph_add_child(graph, child)
+        self.rt.graphs.add_child(graph, child)
 
     def event_record_external(self, stream, event) -> None:
         """``cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)``."""
-        self.rt.event_record_external(stream, event)
+        self.rt.graphs.event_record_external(stream, event)
 
     def stream_wait_event_external(self, stream, event) -> None:
         """``cudaStreamWaitEvent(stream, event, cudaEventWaitExternal)``."""
-        self.rt.stream_wait_event_external(stream, event)
+        self.rt.graphs.stream_wait_event_external(stream, event)
 
     # ------------------------------------------------------------------ the model's clock
     def host_clock_us(self) -> float:
@@ -443,11 +443,6 @@ class SimBackend(Executor, RuntimeApi, ModeledTime):
         return max(self.rt.dev.host_us, self.stream_ready_us(stream), self.rt.dev.free_us)
 
     @property
-    def device_free_us(self) -> float:
-        """Modeled time at which the device finishes the last work it was given (µs)."""
-        return self.rt.dev.free_us
-
-    @property
     def host_time_us(self) -> float:
         """The modeled host clock (µs since construction or :meth:`reset_clock`)."""
         return self.rt.dev.host_us
@@ -461,12 +456,6 @@ class SimBackend(Executor, RuntimeApi, ModeledTime):
     def timeline(self) -> list[tuple]:
         """``(stream, name, start_us, end_us, kind, graph)`` of every piece of modeled device work."""
         return self.rt.dev.timeline
-
-    def timeline_frame(self):
-        """The timeline as a pandas DataFrame (columns stream, name, start_us, end_us, kind, graph)."""
-        import pandas as pd
-
-        return pd.DataFrame(self.timeline, columns=["stream", "name", "start_us", "end_us", "kind", "graph"])
 
     def stream_ready_us(self, stream) -> float:
         """Modeled time at which ``stream``'s eager work so far ends."""

@@ -12,7 +12,7 @@ a figure.
 path, SHA-256 of the bytes, and whether it is a file shipped with ds4lab (figure titles name the
 path and hash otherwise, so an edited copy never passes for the shipped H200 file).
 :func:`default_calibration_path` says which file is used when none is named (``$DS4LAB_CALIBRATION``,
-else the shipped measured file, else the provisional one).
+else the shipped measured file).
 """
 
 from __future__ import annotations
@@ -161,11 +161,9 @@ def read(path: str | Path) -> dict:
     return validate(d, str(p))
 
 
-#: Where the shipped calibration files live (``ds4lab/data``): the H200 measured one, and the
-#: provisional one used when the measured file is absent.
+#: Where the shipped calibration lives (``ds4lab/data``): the one measured on the H200.
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 MEASURED_FILE = DATA_DIR / "h200.json"
-PROVISIONAL_FILE = DATA_DIR / "h200-provisional.json"
 
 #: Environment variable naming a calibration file to use instead of the shipped one (every
 #: command and notebook that builds a ``sim`` backend without an explicit calibration).
@@ -173,15 +171,14 @@ CALIBRATION_ENV = "DS4LAB_CALIBRATION"
 
 
 def default_calibration_path() -> Path:
-    """``$DS4LAB_CALIBRATION`` when set; else ``ds4lab/data/h200.json`` when it exists (measured),
-    else ``h200-provisional.json``. Raises ``ValueError`` naming a ``$DS4LAB_CALIBRATION`` that is
-    not a file."""
+    """``$DS4LAB_CALIBRATION`` when set, else the shipped ``ds4lab/data/h200.json`` (measured).
+    Raises CalibrationError naming a ``$DS4LAB_CALIBRATION`` that is not a file."""
     env = os.environ.get(CALIBRATION_ENV)
     if env:
         if not Path(env).is_file():
             raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env}: no such calibration file")])
         return Path(env)
-    return MEASURED_FILE if MEASURED_FILE.is_file() else PROVISIONAL_FILE
+    return MEASURED_FILE
 
 
 def shipped_files() -> list[Path]:

@@ -27,7 +27,7 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
      optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies)}
 
 :func:`fit_calibration` derives ``kernel_fixed_us``, ``bandwidth_GBps`` and ``kernels`` from a
-per-op timing CSV and a launch trace (see ``ds4lab/data/h200-provisional.json``).
+per-op timing CSV and a launch trace (``ds4lab calibrate`` measures them on a GPU).
 """
 
 from __future__ import annotations

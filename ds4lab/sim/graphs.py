@@ -1,7 +1,7 @@
 """Graphs of the simulated runtime: :class:`Graph` and :class:`GraphExec`, the instantiate flags,
-and :class:`GraphsMixin`, the graph calls of :class:`~ds4lab.sim.runtime.Runtime` (instantiate,
-destroy, create, child graphs, executable update, upload, launch, and the event record / wait
-nodes a capture can hold).
+and :class:`Graphs`, the graph calls of the runtime (instantiate, destroy, create, child graphs,
+executable update and kernel-node update, upload, launch, and the event record / wait nodes a
+capture can hold), a collaborator the :class:`~ds4lab.sim.runtime.Runtime` holds as ``rt.graphs``.
 """
 
 from __future__ import annotations
@@ -58,12 +58,24 @@ class GraphExec:
         return f"<sim graph exec {self.id} of graph {self.graph.id}>"
 
 
-class GraphsMixin:
-    """The graph calls of :class:`~ds4lab.sim.runtime.Runtime`; they use its lock, clock
-    (``dev``, ``cal``), ids, streams and rules (``_stream``, ``_fail``, ``_legacy_use``, ...)."""
+class Graphs:
+    """The graph calls of the simulated runtime, as a collaborator of :class:`~ds4lab.sim.runtime.Runtime`.
+
+    What it asks of the runtime (``rt``), and nothing else: its lock, device clock and calibration
+    (``lock``, ``dev``, ``cal``), handle ids (``_ids``), stream lookup and the legacy stream
+    (``_stream``, ``legacy``, ``live``, ``_legacy_use``, ``escapes``, ``_earliest``), whether nodes
+    compute (``compute``), the rules (``_fail``), and the event calls a captured event node falls back
+    to (``event_record``, ``stream_wait_event``, ``_captured``, ``_on_invalidated``). What it owns: the
+    executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed).
+    """
+
+    def __init__(self, rt) -> None:
+        self.rt = rt
+        #: Executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed).
+        self._launched: list[GraphExec] = []
 
     # ------------------------------------------------------------------ graphs
-    def graph_instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
+    def instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
         """``cudaGraphInstantiateWithFlags``: an executable graph.
 
         Args:
@@ -79,33 +91,33 @@ class GraphsMixin:
         if not isinstance(g, Graph) or g.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
         flags = int(flags)
-        with self.lock:
+        with self.rt.lock:
             if flags & ~0xF:
-                self._fail("instantiate_bad_flags", call, (), f"unknown flag bits {flags & ~0xF:#x}")
+                self.rt._fail("instantiate_bad_flags", call, (), f"unknown flag bits {flags & ~0xF:#x}")
             if flags & FLAG_UPLOAD:
-                self._fail("instantiate_bad_flags", call, (), "cudaGraphInstantiateFlagUpload needs "
+                self.rt._fail("instantiate_bad_flags", call, (), "cudaGraphInstantiateFlagUpload needs "
                                                                "cudaGraphInstantiateWithParams")
             if flags & FLAG_DEVICE_LAUNCH and flags & FLAG_AUTO_FREE_ON_LAUNCH:
-                self._fail("instantiate_bad_flags", call, (), "DeviceLaunch with AutoFreeOnLaunch")
+                self.rt._fail("instantiate_bad_flags", call, (), "DeviceLaunch with AutoFreeOnLaunch")
             if flags & FLAG_DEVICE_LAUNCH:
                 bad = [n.kind for n in g.nodes if n.kind not in ("kernel", "memcpy", "memset", "graph")]
                 if bad or not g.nodes:
-                    self._fail("instantiate_device_launch", call, (),
+                    self.rt._fail("instantiate_device_launch", call, (),
                                f"node kinds {sorted(set(bad))}" if bad else "empty graph")
             if g.has_mem_nodes and g.live:
-                self._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
+                self.rt._fail("instantiate_mem_nodes_twice", call, (), f"graph {g.id} has memory nodes and a live "
                                                                     "executable")
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
             g.execs += 1
-            ex = GraphExec(next(self._ids), g, flags=flags, source=g)
+            ex = GraphExec(next(self.rt._ids), g, flags=flags, source=g)
             g.live.append(ex)
             return ex
 
-    def graph_exec_destroy(self, ex: GraphExec) -> None:
+    def exec_destroy(self, ex: GraphExec) -> None:
         """``cudaGraphExecDestroy`` (rule exec_destroy). Raises cudaErrorInvalidValue for a non-executable
         or one destroyed already (CUDA calls that undefined; the sim refuses it)."""
         call = "cudaGraphExecDestroy"
-        with self.lock:
+        with self.rt.lock:
             if not isinstance(ex, GraphExec) or ex.destroyed:
                 raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
             ex.destroyed = True
@@ -113,37 +125,37 @@ class GraphsMixin:
                 ex.source.execs -= 1
                 if ex in ex.source.live:
                     ex.source.live.remove(ex)
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
 
-    def graph_destroy(self, g: Graph) -> None:
+    def destroy(self, g: Graph) -> None:
         """``cudaGraphDestroy``: executables instantiated from ``g`` keep working (rule graph_destroy_exec_lives)."""
-        with self.lock:
+        with self.rt.lock:
             if not isinstance(g, Graph) or g.destroyed:
                 raise CudaError("cudaErrorInvalidValue", "cudaGraphDestroy", f"{g!r} is not a live sim graph")
             g.destroyed = True
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
 
-    def graph_create(self) -> Graph:
+    def create(self) -> Graph:
         """``cudaGraphCreate``: an empty graph (nodes added with :meth:`graph_add_child`)."""
-        with self.lock:
-            self.dev.host(self.cal.host_api_us)
-            return Graph(next(self._ids), [], 0)
+        with self.rt.lock:
+            self.rt.dev.host(self.rt.cal.host_api_us)
+            return Graph(next(self.rt._ids), [], 0)
 
-    def graph_add_child(self, g: Graph, child: Graph) -> None:
+    def add_child(self, g: Graph, child: Graph) -> None:
         """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
 
         Raises cudaErrorNotSupported for a child with memory allocation or free nodes.
         """
         call = "cudaGraphAddChildGraphNode"
-        with self.lock:
+        with self.rt.lock:
             if not isinstance(g, Graph) or not isinstance(child, Graph):
                 raise CudaError("cudaErrorInvalidValue", call, "not sim graphs")
             if child.has_mem_nodes:
-                self._fail("child_graph_mem_nodes", call, (), f"graph {child.id} has memory nodes")
+                self.rt._fail("child_graph_mem_nodes", call, (), f"graph {child.id} has memory nodes")
             deps = (len(g.nodes) - 1,) if g.nodes else ()
-            clone = Graph(next(self._ids), list(child.nodes), child.capture_id)  # the child is cloned
+            clone = Graph(next(self.rt._ids), list(child.nodes), child.capture_id)  # the child is cloned
             g.nodes.append(Node(len(g.nodes), "graph", f"graph {child.id}", None, deps, 0.0, "", clone))
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
 
     @staticmethod
     def _update_check(old: list, new: list):
@@ -156,12 +168,12 @@ class GraphsMixin:
             if a.kind != b.kind:
                 return "update_node_type", "cudaGraphExecUpdateErrorNodeTypeChanged", b
             if b.kind == "graph":
-                sub = GraphsMixin._update_check(a.info.nodes, b.info.nodes)
+                sub = Graphs._update_check(a.info.nodes, b.info.nodes)
                 if sub is not None:
                     return sub
         return None
 
-    def graph_exec_update(self, ex: GraphExec, g: Graph) -> None:
+    def exec_update(self, ex: GraphExec, g: Graph) -> None:
         """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
 
         CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs"
@@ -179,8 +191,8 @@ class GraphsMixin:
         call = "cudaGraphExecUpdate"
         if not isinstance(ex, GraphExec) or not isinstance(g, Graph) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, "not a sim graph / live executable graph")
-        with self.lock:
-            self.dev.host(self.cal.host_api_us * (1 + len(g.nodes) / 8))
+        with self.rt.lock:
+            self.rt.dev.host(self.rt.cal.host_api_us * (1 + len(g.nodes) / 8))
             bad = self._update_check(ex.graph.nodes, g.nodes)
             if bad is not None:
                 rule, result, node = bad
@@ -188,7 +200,7 @@ class GraphsMixin:
                                            f"{RULES[rule].when} (graph {g.id} vs executable {ex.id})")
             ex.graph = g
 
-    def graph_exec_kernel_node_set_params(self, ex: GraphExec, index: int, name: str, gpu_us: float,
+    def exec_kernel_node_set_params(self, ex: GraphExec, index: int, name: str, gpu_us: float,
                                           fn, info) -> None:
         """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): the executable's
         ``index``-th kernel node (capture order) takes new work — ``fn`` (the launch's reference, None
@@ -204,7 +216,7 @@ class GraphsMixin:
         call = "cudaGraphExecKernelNodeSetParams"
         if not isinstance(ex, GraphExec) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
-        with self.lock:
+        with self.rt.lock:
             kernels = [i for i, n in enumerate(ex.graph.nodes) if n.kind == "kernel"]
             if not 0 <= index < len(kernels):
                 raise CudaError("cudaErrorInvalidValue", call, f"kernel node {index} of {len(kernels)}")
@@ -213,15 +225,15 @@ class GraphsMixin:
             if old.name != name:
                 raise CudaError("cudaErrorInvalidValue", call, f"kernel node {index} runs {old.name}, not {name}")
             if ex.source is not None and ex.graph is ex.source:  # copy on first update: the graph stays as captured
-                ex.graph = Graph(next(self._ids), list(ex.graph.nodes), ex.graph.capture_id)
+                ex.graph = Graph(next(self.rt._ids), list(ex.graph.nodes), ex.graph.capture_id)
             ex.graph.nodes[pos] = Node(old.idx, "kernel", name, fn, old.deps, gpu_us, old.stream, info)
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
 
     @staticmethod
     def _flat(nodes):
         for n in nodes:
             if n.kind == "graph":
-                yield from GraphsMixin._flat(n.info.nodes)
+                yield from Graphs._flat(n.info.nodes)
             else:
                 yield n
 
@@ -231,11 +243,11 @@ class GraphsMixin:
         if seq is None:
             return False
         if seq.status != "active":
-            self._fail("graph_launch_invalidated", call, (), f"capture {seq.id} was invalidated by {seq.why}")
-        self._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
+            self.rt._fail("graph_launch_invalidated", call, (), f"capture {seq.id} was invalidated by {seq.why}")
+        self.rt._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
         return True
 
-    def graph_upload(self, ge: GraphExec, stream: Any) -> None:
+    def upload(self, ge: GraphExec, stream: Any) -> None:
         """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
 
         Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture).
@@ -243,21 +255,21 @@ class GraphsMixin:
         call = "cudaGraphUpload"
         if not isinstance(ge, GraphExec) or ge.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not a live executable graph")
-        with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+        with self.rt.lock:
+            s = self.rt._stream(stream, call)
+            if s is self.rt.legacy and self.rt.live:
+                self.rt._legacy_use(call)
             if self._launch_checks(ge, s, call, "graph_upload_in_capture"):
                 return
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
 
-    def graph_memory_free(self, addr: int) -> bool:
+    def memory_free(self, addr: int) -> bool:
         """A free, outside the graph, of memory a launched graph allocated (rule graph_free_outside).
 
         Returns True when ``addr`` was such an allocation (now freed: the executable may launch
         again), False otherwise (the caller frees it as ordinary memory).
         """
-        with self.lock:
+        with self.rt.lock:
             for ex in self._launched:
                 if addr in ex.unfreed:
                     ex.unfreed.remove(addr)
@@ -273,7 +285,7 @@ class GraphsMixin:
                 allocs.remove(n.info)
         return allocs
 
-    def graph_launch(self, ge: GraphExec, stream: Any) -> None:
+    def launch(self, ge: GraphExec, stream: Any) -> None:
         """``cudaGraphLaunch``: replay every node in order (their callables run again); time paced per node.
 
         Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_launch_in_capture),
@@ -283,25 +295,25 @@ class GraphsMixin:
         call = "cudaGraphLaunch"
         if not isinstance(ge, GraphExec) or ge.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not an instantiated sim graph")
-        with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
-                self.escapes.append((call, f"graph {ge.graph.id}"))
+        with self.rt.lock:
+            s = self.rt._stream(stream, call)
+            if s is self.rt.legacy and self.rt.live:
+                self.rt._legacy_use(call)
+                self.rt.escapes.append((call, f"graph {ge.graph.id}"))
             if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
                 return
             if ge.unfreed:
                 if not ge.flags & FLAG_AUTO_FREE_ON_LAUNCH:
-                    self._fail("graph_launch_unfreed", call, (), f"{len(ge.unfreed)} allocation(s) of the previous "
+                    self.rt._fail("graph_launch_unfreed", call, (), f"{len(ge.unfreed)} allocation(s) of the previous "
                                                                  "launch not freed")
                 ge.unfreed = []  # rule graph_auto_free
-            submit = self.dev.host(self.cal.host_graph_launch_us)
+            submit = self.rt.dev.host(self.rt.cal.host_graph_launch_us)
             ge.launches += 1
             pace = submit
-            prev_end = self._earliest(s, submit)
-            step = self.cal.graph_node_us
+            prev_end = self.rt._earliest(s, submit)
+            step = self.rt.cal.graph_node_us
             gid = ge.graph.id
-            compute = self.compute
+            compute = self.rt.compute
             for n in self._flat(ge.graph.nodes):
                 if compute and n.fn is not None:
                     n.fn()
@@ -310,7 +322,7 @@ class GraphsMixin:
                     ev.capture, ev.tail, ev.stream = None, (), s
                     ev.time_us = max(pace, prev_end)
                 if n.kind in ("kernel", "memset", "memcpy"):
-                    _, prev_end = self.dev.run(s.name, n.name, max(pace, prev_end), n.gpu_us, n.kind, gid,
+                    _, prev_end = self.rt.dev.run(s.name, n.name, max(pace, prev_end), n.gpu_us, n.kind, gid,
                                                occupies=n.kind != "memcpy")
                 pace += step
             s.ready_us = prev_end
@@ -323,15 +335,15 @@ class GraphsMixin:
         """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: captured, an event record node that
         records ``e`` at every replay (rule event_record_external); eagerly, a plain record."""
         call = "cudaEventRecordWithFlags"
-        with self.lock:
-            s = self._stream(stream, call)
+        with self.rt.lock:
+            s = self.rt._stream(stream, call)
             seq = s.capture
             if seq is None:
-                self.event_record(stream, e)
+                self.rt.event_record(stream, e)
                 return
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
             if seq.status != "active":
-                self._on_invalidated(seq, call, e.name)
+                self.rt._on_invalidated(seq, call, e.name)
                 return
             node = Node(len(seq.nodes), "event_record", e.name, None, s.tail, 0.0, s.name, e)
             seq.nodes.append(node)
@@ -341,20 +353,20 @@ class GraphsMixin:
         """``cudaStreamWaitEvent(..., cudaEventWaitExternal)``: captured, an event wait node (rule
         wait_external); eagerly, a plain wait."""
         call = "cudaStreamWaitEvent"
-        with self.lock:
-            s = self._stream(stream, call)
+        with self.rt.lock:
+            s = self.rt._stream(stream, call)
             seq = s.capture
-            if seq is None or self._captured(e) is not None:
-                self.stream_wait_event(stream, e)
+            if seq is None or self.rt._captured(e) is not None:
+                self.rt.stream_wait_event(stream, e)
                 return
-            self.dev.host(self.cal.host_api_us)
+            self.rt.dev.host(self.rt.cal.host_api_us)
             if seq.status != "active":
-                self._on_invalidated(seq, call, e.name)
+                self.rt._on_invalidated(seq, call, e.name)
                 return
             node = Node(len(seq.nodes), "wait_event", e.name, None, s.tail, 0.0, s.name, e)
             seq.nodes.append(node)
             s.tail = (node.idx,)
 
     @staticmethod
-    def graph_nodes(g: Graph) -> list[dict]:
+    def nodes(g: Graph) -> list[dict]:
         return [{"kind": n.kind, "name": n.name} for n in g.nodes]

@@ -14,7 +14,7 @@ API reference for each call; ``shared/context/gpu-facts.md`` for what our H200 d
 * **Captured work** is not executed: it becomes a :class:`Node` of the capture's graph holding
   the callable exactly as issued (a ref closure captured scalars by value and buffers by
   reference, which is exactly what a kernel node keeps: parameter values and pointers).
-  :meth:`Runtime.graph_launch` calls the nodes' callables again, in order.
+  :meth:`Graphs.launch` calls the nodes' callables again, in order.
 * **Streams**: the legacy default stream (implicitly synchronises with every *blocking* stream),
   blocking and non-blocking streams, and per-thread default streams (blocking with respect to the
   legacy stream, not synchronising with other streams).
@@ -24,7 +24,7 @@ API reference for each call; ``shared/context/gpu-facts.md`` for what our H200 d
 
 The pieces: the rules table in :mod:`ds4lab.sim.rules`, the handles (streams, events, nodes,
 capture sequences) in :mod:`ds4lab.sim.objects`, graphs and their calls in :mod:`ds4lab.sim.graphs`
-(:class:`~ds4lab.sim.graphs.GraphsMixin`); this module holds :class:`Runtime`: streams, events,
+(:class:`~ds4lab.sim.graphs.Graphs`, held as ``rt.graphs``); this module holds :class:`Runtime`: streams, events,
 work, synchronization, capture and the clock.
 """
 
@@ -39,7 +39,7 @@ from ..errors import CudaError
 from ..capture.stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration, Device
 from .graphs import (FLAG_AUTO_FREE_ON_LAUNCH, FLAG_DEVICE_LAUNCH, FLAG_UPLOAD, FLAG_USE_NODE_PRIORITY, Graph,
-                     GraphExec, GraphsMixin)
+                     GraphExec, Graphs)
 from .objects import CaptureSeq, Node, SimEvent, SimStream
 from .rules import MODES, RULES, Rule, _error
 
@@ -50,7 +50,7 @@ __all__ = ["Runtime", "MODES", "RULES", "Rule", "SimStream", "SimEvent", "Node",
 
 
 # ----------------------------------------------------------------------------- runtime
-class Runtime(GraphsMixin):
+class Runtime:
     """Streams, events, captures, graphs and the modeled clock (see module docstring).
 
     Args:
@@ -84,8 +84,8 @@ class Runtime(GraphsMixin):
         self.escapes: list[tuple[str, str]] = []
         #: Work dropped because its capture was invalidated.
         self.dropped: list[tuple[str, str]] = []
-        #: Executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed).
-        self._launched: list[GraphExec] = []
+        #: The graph calls (instantiate, update, launch, ...), a collaborator holding the runtime.
+        self.graphs = Graphs(self)
 
     # ------------------------------------------------------------------ helpers
     def _fail(self, rule: str, call: str, seqs=(), detail: str = ""):
