@@ -45,14 +45,7 @@ def _interrupt_once_while_capturing(model, layer: int, exc: BaseException, eager
     return state
 
 
-def _tokens(model, stream, positions):
-    out = []
-    with S.stream_override(stream):
-        for p in positions:
-            model.token(p, p % TINY.vocab)
-            model.be.synchronize()
-            out.append(model.hidden().copy())
-    return out
+from helpers import decode_hidden as _tokens  # noqa: E402
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), KeyError("router")], ids=["KeyboardInterrupt", "KeyError"])

@@ -22,13 +22,7 @@ from ds4lab.capture.launch import Launcher
 
 pytestmark = pytest.mark.gpu
 
-F32_RTOL = 2e-5
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.isfinite(a).all(), "non-finite output (unwritten or overflow)"
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+from helpers import F32_RTOL, rel  # noqa: E402
 
 
 class Both:

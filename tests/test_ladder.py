@@ -24,14 +24,7 @@ H200_HAZARDS = Path(__file__).resolve().parents[1] / "docs/measurements/h200-202
 
 
 
-def tokens(model, stream, positions):
-    out = []
-    with S.stream_override(stream):
-        for p in positions:
-            model.token(p, p % TINY.vocab)
-            model.be.synchronize()
-            out.append(model.hidden().copy())
-    return out
+from helpers import decode_hidden as tokens  # noqa: E402
 
 
 def test_stage_table_and_fixes():

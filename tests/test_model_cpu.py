@@ -44,14 +44,6 @@ def be():
     return NumpyBackend(seed=1234)
 
 
-@pytest.fixture
-def flag_restored():
-    was, prev = S.graphs_flag(), S.capture_get_override()
-    yield
-    S.set_graphs_enabled(was)
-    S.capture_set_stream(prev)
-
-
 def run(cfg=TINY, opts=None, seq=SEQ, backend=None, **kw):
     m = DecodeModel(cfg, backend or NumpyBackend(seed=cfg.seed), opts or TokenOptions(vocab=True), **kw)
     for pos, tok in seq:
@@ -553,7 +545,7 @@ class RecordingBackend(NumpyBackend):
 
 
 @pytest.mark.parametrize("routed", [True, False])
-def test_launches_follow_the_accessor(flag_restored, routed, rng):
+def test_launches_follow_the_accessor(graphs_restored, routed, rng):
     S.set_graphs_enabled(True)
     rb = RecordingBackend()
     m = DecodeModel(TINY, rb, TokenOptions(scalars="device", counts_clear="async"), routed=routed)
@@ -575,7 +567,7 @@ def test_launches_follow_the_accessor(flag_restored, routed, rng):
     assert rb.streams and all(s is S.LEGACY_STREAM for _, s in rb.streams)
 
 
-def test_sync_memset_and_legacy_kernel_bypass_accessor(flag_restored):
+def test_sync_memset_and_legacy_kernel_bypass_accessor(graphs_restored):
     S.set_graphs_enabled(True)
     rb = RecordingBackend()
     L = Launcher(rb)

@@ -235,8 +235,33 @@ class _cuda_errors:
         raise CudaError(cuda_error_name(str(exc), getattr(exc, "status", None)), self.call, str(exc)) from None
 
 
-class CupyGraph:
+class _OwnedHandle:
+    """A CUDA handle destroyed with the object, or at once by :meth:`destroy` (``_DESTROY``: the CuPy
+    runtime function, ``_CALL``: the CUDA call it makes, named in errors)."""
+
+    _DESTROY = _CALL = ""
+
+    def destroy(self) -> None:
+        """Destroy the handle now; raises CudaError on failure (a second call does nothing)."""
+        if self.destroyed:
+            return
+        with _cuda_errors(self._CALL):
+            getattr(self.cp.cuda.runtime, self._DESTROY)(self.handle)
+        self.destroyed = True
+
+    def __del__(self):
+        if getattr(self, "destroyed", True):
+            return
+        try:
+            getattr(self.cp.cuda.runtime, self._DESTROY)(self.handle)
+        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
+            pass
+
+
+class CupyGraph(_OwnedHandle):
     """A captured CUDA graph (``cudaGraph_t``), destroyed with the object."""
+
+    _DESTROY, _CALL = "graphDestroy", "cudaGraphDestroy"
 
     _KINDS = {"KERNEL": "kernel", "MEMSET": "memset", "MEMCPY": "memcpy", "EVENT_RECORD": "event_record",
               "WAIT_EVENT": "wait_event", "MEM_ALLOC": "mem_alloc", "MEM_FREE": "mem_free", "EMPTY": "empty",
@@ -247,14 +272,6 @@ class CupyGraph:
         self.cp, self.handle = cp, handle
         self.destroyed = False
         self.last_node = None  # the last node added by ds4lab (graphs from cudaGraphCreate)
-
-    def destroy(self) -> None:
-        """``cudaGraphDestroy`` now; raises CudaError on failure (a second call does nothing)."""
-        if self.destroyed:
-            return
-        with _cuda_errors("cudaGraphDestroy"):
-            self.cp.cuda.runtime.graphDestroy(self.handle)
-        self.destroyed = True
 
     def dot(self) -> str:
         """The graph as Graphviz text (``cudaGraphDebugDotPrint``, verbose)."""
@@ -282,36 +299,14 @@ class CupyGraph:
             out.append({"kind": kind, "name": name})
         return out
 
-    def __del__(self):
-        if self.destroyed:
-            return
-        try:
-            self.cp.cuda.runtime.graphDestroy(self.handle)
-        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
-            pass
 
-
-class CupyGraphExec:
+class CupyGraphExec(_OwnedHandle):
     """An instantiated graph (``cudaGraphExec_t``), destroyed with the object."""
+
+    _DESTROY, _CALL = "graphExecDestroy", "cudaGraphExecDestroy"
 
     def __init__(self, cp, handle: int, graph: CupyGraph) -> None:
         self.cp, self.handle, self.graph = cp, handle, graph
         self.destroyed = False
         #: ``(node, CUfunction)`` of the source graph's kernel nodes, read on the first node update
         self.kernel_nodes: list | None = None
-
-    def destroy(self) -> None:
-        """``cudaGraphExecDestroy`` now; raises CudaError on failure (a second call does nothing)."""
-        if self.destroyed:
-            return
-        with _cuda_errors("cudaGraphExecDestroy"):
-            self.cp.cuda.runtime.graphExecDestroy(self.handle)
-        self.destroyed = True
-
-    def __del__(self):
-        if self.destroyed:
-            return
-        try:
-            self.cp.cuda.runtime.graphExecDestroy(self.handle)
-        except Exception:  # interpreter shutdown: CuPy may be gone; nothing to report to
-            pass

@@ -334,36 +334,29 @@ class Graphs:
     def event_record_external(self, stream: Any, e: SimEvent) -> None:
         """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: captured, an event record node that
         records ``e`` at every replay (rule event_record_external); eagerly, a plain record."""
-        call = "cudaEventRecordWithFlags"
-        with self.rt.lock:
-            s = self.rt._stream(stream, call)
-            seq = s.capture
-            if seq is None:
-                self.rt.event_record(stream, e)
-                return
-            self.rt.dev.host(self.rt.cal.host_api_us)
-            if seq.status != "active":
-                self.rt._on_invalidated(seq, call, e.name)
-                return
-            node = Node(len(seq.nodes), "event_record", e.name, None, s.tail, 0.0, s.name, e)
-            seq.nodes.append(node)
-            s.tail = (node.idx,)
+        self._external_node("cudaEventRecordWithFlags", "event_record", stream, e,
+                            lambda seq: seq is None, self.rt.event_record)
 
     def stream_wait_event_external(self, stream: Any, e: SimEvent) -> None:
         """``cudaStreamWaitEvent(..., cudaEventWaitExternal)``: captured, an event wait node (rule
-        wait_external); eagerly, a plain wait."""
-        call = "cudaStreamWaitEvent"
+        wait_external); eagerly, or on an event of the same capture, a plain wait."""
+        self._external_node("cudaStreamWaitEvent", "wait_event", stream, e,
+                            lambda seq: seq is None or self.rt._captured(e) is not None, self.rt.stream_wait_event)
+
+    def _external_node(self, call: str, kind: str, stream: Any, e: SimEvent, plain, fallback) -> None:
+        """An event node of ``kind`` on ``stream``'s capture, or the plain call ``fallback`` when
+        ``plain(capture)`` says so; on an invalidated capture the call is dropped (rule after_invalidation)."""
         with self.rt.lock:
             s = self.rt._stream(stream, call)
             seq = s.capture
-            if seq is None or self.rt._captured(e) is not None:
-                self.rt.stream_wait_event(stream, e)
+            if plain(seq):
+                fallback(stream, e)
                 return
             self.rt.dev.host(self.rt.cal.host_api_us)
             if seq.status != "active":
                 self.rt._on_invalidated(seq, call, e.name)
                 return
-            node = Node(len(seq.nodes), "wait_event", e.name, None, s.tail, 0.0, s.name, e)
+            node = Node(len(seq.nodes), kind, e.name, None, s.tail, 0.0, s.name, e)
             seq.nodes.append(node)
             s.tail = (node.idx,)
 
