@@ -13,7 +13,9 @@ table's DataFrame (:data:`ds4lab.audit.events.COLUMNS`, sorted by ``start_ns``, 
    a device row without a process gets the launching call's; an API row without a stream or device
    gets them from its device rows (Kineto writes no stream on ``cuda_runtime`` events); a device row
    takes the launching call's ``nvtx_path`` and ``stack``, so a kernel says where it was launched from;
-3. ``stream_type`` from a per-(process, stream) map the source knew.
+3. ``stream_type`` from a per-(process, stream) map the source knew;
+4. a process that used exactly one device: its API, sync and graph rows that name no device take
+   that one (so a per-device report keeps its process's allocations and synchronizations).
 """
 
 from __future__ import annotations
@@ -83,7 +85,12 @@ class Rows:
                 self.strs[c] = []
         self.n = 0
         df = pd.DataFrame(data, columns=list(COLUMNS))
-        return df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+        for c in _STR:  # the event table's strings are plain objects (as make_frame), whatever pandas infers
+            if df[c].dtype != object:
+                df[c] = df[c].astype(object)
+        if not df.start_ns.is_monotonic_increasing:
+            df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+        return df
 
 
 def nvtx_paths(df) -> None:
@@ -170,11 +177,27 @@ def stream_types(df, types: dict) -> None:
     df.loc[need, "stream_type"] = got
 
 
+def one_device(df) -> None:
+    """Step 4 of the module docstring, in place."""
+    dev = df[df.kind.isin(("kernel", "memcpy", "memset")) & (df.device >= 0) & (df.pid >= 0)]
+    if dev.empty:
+        return
+    per = dev.groupby("pid").device.agg(["first", "nunique"])
+    one = per[per["nunique"] == 1]["first"]
+    need = df.kind.isin(("api", "sync", "graph")) & (df.device < 0) & df.pid.isin(one.index)
+    if need.any():
+        df.loc[need, "device"] = df.loc[need, "pid"].map(one).astype(np.int64).to_numpy()
+
+
 def finish(df, types: dict | None = None):
     """Every shared step (module docstring) on a sorted event table; checked with
     :func:`ds4lab.audit.events.check_frame`. Returns ``df``."""
     nvtx_paths(df)
     stream_types(df, types or {})
     correlate(df)
+    one_device(df)
+    for c in _STR:
+        if df[c].dtype != object:
+            df[c] = df[c].astype(object)
     check_frame(df)
     return df
