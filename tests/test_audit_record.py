@@ -46,7 +46,9 @@ def decode_step(m):
 def test_recording_tables_every_kind(monkeypatch, tmp_path):
     m = fake_cupti.install(monkeypatch)
     monkeypatch.setattr(REC, "demangle", lambda names: {"_Z6matmulPfS_": "matmul(float*, float*)"})
-    monkeypatch.setattr(REC, "current_context", lambda: 0x55)  # a context, as cuCtxGetCurrent gives it
+    from ds4lab.backends import cupti as C
+
+    monkeypatch.setattr(C, "current_context", lambda: 0x55)  # a context, as cuCtxGetCurrent gives it
     with REC.recording() as rec:
         with pytest.raises(RuntimeError, match="still running"):
             rec.table()

@@ -148,29 +148,13 @@ def _system_thread_ids(session) -> None:
 
 
 def _legacy_streams(session, notes) -> dict:
-    """``{stream id: type}`` of the current context's legacy stream and per-thread default stream
-    (``cuptiGetStreamIdEx`` of the NULL stream without and with the per-thread flag)."""
+    """:meth:`~ds4lab.backends.cupti.CuptiSession.stream_types_now`, or {} with a note saying why not."""
     try:
-        ctx = current_context()
-        if not ctx:
-            return {}
-        out = {int(session.c.get_stream_id_ex(ctx, 0, 0)): "legacy"}
-        out.setdefault(int(session.c.get_stream_id_ex(int(ctx), 0, 1)), "per_thread")
-        return out
-    except Exception as e:  # noqa: BLE001 - no context yet, or a binding without the call
+        return session.stream_types_now()
+    except Exception as e:  # noqa: BLE001 - no driver, or a binding without the call
         notes.append(f"the legacy stream's id was not asked of CUPTI ({type(e).__name__}: {e}): streams created "
                      "before the recording are of unknown type")
         return {}
-
-
-def current_context() -> int:
-    """The calling thread's current CUDA context as an integer handle (``cuCtxGetCurrent`` through
-    ``cuda-bindings``, which ``cupti-python`` depends on); 0 when there is none. Raises what the
-    binding raises when no driver loads."""
-    from cuda.bindings import driver as cu
-
-    err, ctx = cu.cuCtxGetCurrent()
-    return int(ctx) if int(err) == 0 else 0
 
 
 def demangle(names) -> dict:

@@ -401,6 +401,17 @@ class CuptiSession:
             return f"{domain} call {cbid}"
         return api_base_name(raw.decode() if isinstance(raw, bytes) else str(raw))
 
+    def stream_types_now(self) -> dict:
+        """``{stream id: type}`` of the current context's legacy stream and per-thread default stream
+        (``cuptiGetStreamIdEx`` of the NULL stream without and with the per-thread flag); {} when the
+        thread has no context. Raises what the binding raises (no driver)."""
+        ctx = current_context()
+        if not ctx:
+            return {}
+        out = {int(self.c.get_stream_id_ex(ctx, 0, 0)): "legacy"}
+        out.setdefault(int(self.c.get_stream_id_ex(ctx, 0, 1)), "per_thread")
+        return out
+
     # ------------------------------------------------------------------ call callbacks
     def watch_calls(self, runtime=(), driver=(), *, skip_files: tuple = ()) -> CallWatch:
         """A :class:`CallWatch` recording the Python stack (:func:`python_stack`) at the entry of each
@@ -446,6 +457,16 @@ class CuptiSession:
                 self.c.unsubscribe(self.subscriber)
                 self.subscriber = None
                 self.watched.clear()
+
+
+def current_context() -> int:
+    """The calling thread's current CUDA context as an integer handle (``cuCtxGetCurrent`` through
+    ``cuda-bindings``, which ``cupti-python`` depends on); 0 when there is none. Raises what the
+    binding raises when no driver loads."""
+    from cuda.bindings import driver as cu
+
+    err, ctx = cu.cuCtxGetCurrent()
+    return int(ctx) if int(err) == 0 else 0
 
 
 def api_base_name(name: str) -> str:

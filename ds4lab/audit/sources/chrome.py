@@ -295,6 +295,8 @@ class _State:
         if cat in ("cuda_runtime", "cuda_driver"):
             self.cuda += 1
             pid, tid = _int(ev.get("pid")), self._tid(ev.get("tid"))
+            if self.ds4:
+                tid = 1  # ds4lab's trace draws the calls on their own track; they ran on the host thread
             corr = _int(a.get("correlation"))
             stream, event = _int(a.get("stream")), _int(a.get("event"))
             self.calls.setdefault((pid, tid), []).append((t0, self.rows.n))
@@ -316,8 +318,8 @@ class _State:
 
     def _device(self, cat, name, ev, a, t0, t1) -> None:
         dev = _int(a.get("device"), _int(ev.get("pid")) if not self.ds4 else -1)
-        common = dict(start_ns=t0, end_ns=t1, device=dev, stream=_int(a.get("stream"), -1 if self.ds4 else
-                                                                       _int(ev.get("tid"))),
+        stream = _int(a.get("stream_id", a.get("stream")), -1 if self.ds4 else _int(ev.get("tid")))
+        common = dict(start_ns=t0, end_ns=t1, device=dev, stream=stream,
                       correlation=_int(a.get("correlation")), pid=_int(ev.get("pid")) if self.ds4 else -1,
                       stream_type=a.get("stream_type"))
         gid = _int(a.get("graph_id", a.get("graph id")), -1)
