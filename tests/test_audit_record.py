@@ -142,6 +142,8 @@ def test_runner_saves_what_was_recorded_and_passes_the_status_on(monkeypatch, tm
     assert rc == status
     t = read(out)
     assert (t.frame.kind == "api").sum() == 1 and t.frame["name"].iloc[0] == "cudaMalloc"
+    stack = t.frame["stack"].iloc[0].split(";")
+    assert stack[0] == f"{script}:3 <module>"  # the runner's own frames (runpy, click, ds4lab) are cut
     assert ("exited with status" in " ".join(t.notes)) == (status != 0)
     assert str(script) in t.source
     if status == 1:

@@ -74,6 +74,7 @@ class Recording:
         self.legacy: dict[int, str] = {}
         self.pid = os.getpid()
         self.done = False
+        self.trim = False
         self._table = None
 
     def table(self):
@@ -157,6 +158,20 @@ def _legacy_streams(session, notes) -> dict:
         return {}
 
 
+_RUNNER = ("<frozen runpy>", "runpy.py", "ds4lab/audit/record.py", "click/")
+
+
+def trim_runner(stack: str) -> str:
+    """A recorded stack without the frames outside the user's script: everything up to the last
+    frame of the runner (``runpy``, this module, ``click``), so the script is the outermost frame."""
+    frames = stack.split(";")
+    last = -1
+    for i, f in enumerate(frames):
+        if f.startswith(_RUNNER) or f.split(":")[0].endswith("runpy.py"):
+            last = i
+    return ";".join(frames[last + 1:])
+
+
 def demangle(names) -> dict:
     """``{mangled: demangled}`` for the C++ names among ``names`` (``_Z...``), through ``c++filt`` when
     it is on PATH; {} otherwise."""
@@ -195,8 +210,11 @@ def _to_table(rec: Recording):
         if k == "api":
             _, domain, t0, t1, pid, tid, corr, cbid, _ret = r
             stream, ev = events.get(corr, (None, None))
+            stack = rec.stacks.get(corr)
+            if stack and rec.trim:
+                stack = trim_runner(stack)
             rows.add(kind="api", name=s.callback_name(domain, cbid), domain=domain, pid=pid, tid=tid, start_ns=t0,
-                     end_ns=t1, correlation=corr, stack=rec.stacks.get(corr), stream=stream, event=ev)
+                     end_ns=t1, correlation=corr, stack=stack, stream=stream, event=ev)
         elif k == "kernel":
             _, name, t0, t1, dev, stream, corr, grid, block, shared, gid, gnode = r
             rows.add(kind="kernel", name=dem.get(name, name), start_ns=t0, end_ns=t1, device=dev, stream=stream,
@@ -349,6 +367,7 @@ def main(argv=None) -> int:
         try:
             ctx = recording(stacks=not no_stacks)
             rec = ctx.__enter__()
+            rec.trim = True
         except SourceError as e:
             err.write_text(str(e) + "\n")
             raise SystemExit(2) from None

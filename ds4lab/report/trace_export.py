@@ -152,6 +152,7 @@ class CuptiKernelSource:
         self.clock_ns = self.session.timestamp
         self.sub = None
         self._api: list = []
+        self.known: dict[int, str] = {}
 
     def start(self) -> None:
         from ..backends.cupti import TRACE_KINDS
@@ -162,24 +163,27 @@ class CuptiKernelSource:
     def take(self) -> list[dict]:
         """Kernel, memset and memcpy records since the last take (dicts); the API level of the same
         span is kept for :meth:`take_api`."""
-        from ..backends.cupti import MEMCPY_KINDS
+        from ..backends.cupti import MEMCPY_KINDS, MEMORY_KINDS, host_memory
 
         recs = self.sub.take() if self.sub is not None else []
         out = []
         for r in recs:
+            extra = {}
             if r[0] == "kernel":
                 _, name, t0, t1, dev, stream, corr, _g, _b, _s, gid, gnode = r
             elif r[0] == "memset":
-                _, _mk, t0, t1, dev, stream, corr, _n, gid, gnode = r
-                name = "memset"
+                _, _mk, t0, t1, dev, stream, corr, nbytes, gid, gnode = r
+                name, extra = "memset", {"bytes": int(nbytes)}
             elif r[0] == "memcpy":
-                _, ck, t0, t1, dev, stream, corr, _n, _sk, _dk, gid, gnode = r
-                name = f"memcpy {MEMCPY_KINDS.get(ck, '?')}"
+                _, ck, t0, t1, dev, stream, corr, nbytes, sk, dk, gid, gnode = r
+                kind, src, dst = MEMCPY_KINDS.get(ck, ""), MEMORY_KINDS.get(sk, "Unknown"), MEMORY_KINDS.get(dk, "Unknown")
+                name = f"Memcpy {kind or '?'} ({src} -> {dst})"
+                extra = {"bytes": int(nbytes), "copy_kind": kind, "host_memory": host_memory(kind, src, dst)}
             else:
                 continue
             out.append({"name": name, "kind": r[0], "start_ns": int(t0), "end_ns": int(t1), "stream": int(stream),
                         "graph_id": int(gid), "graph_node_id": int(gnode), "correlation": int(corr),
-                        "device": int(dev)})
+                        "device": int(dev), **extra})
         self._api += [r for r in recs if r[0] not in ("kernel", "memset", "memcpy")]
         return out
 
@@ -190,7 +194,30 @@ class CuptiKernelSource:
 
         recs, self._api = self._api, []
         calls, _, types = cupti_api_rows(self.session, recs)
-        return calls, types
+        for c in calls:
+            if not c["stream_type"] and c["stream"] in self.known:
+                c["stream_type"] = self.known[c["stream"]]
+        return calls, {**types, **self.known}
+
+    def note_stream(self, stream) -> None:
+        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM``
+        records only name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and
+        its ``cuStreamGetFlags`` (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a
+        failing call, leaves it unknown."""
+        from ..backends.cupti import current_context
+
+        ptr = getattr(stream, "ptr", None)
+        if not isinstance(ptr, int) or not ptr:
+            return
+        try:
+            from cuda.bindings import driver as cu
+
+            sid = int(self.session.c.get_stream_id_ex(current_context(), ptr, 0))
+            err, flags = cu.cuStreamGetFlags(ptr)
+            if int(err) == 0:
+                self.known[sid] = "non_blocking" if int(flags) & 0x1 else "blocking"
+        except Exception:  # noqa: BLE001 - no binding, or a driver that refuses: the stream stays unknown
+            return
 
     def stop(self) -> None:
         if self.sub is not None:
@@ -364,6 +391,8 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
         for st in st_list:
             run = StageRun(model, st, base, mode=config.capture_mode)
             run.activate()
+            if hasattr(src, "note_stream"):
+                src.note_stream(run.stream)
             for _ in range(config.warmup):
                 run.token(pos, token_id_at(pos, cfg.vocab))
                 pos += 1
@@ -518,10 +547,11 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.Dat
         for r in k.itertuples():
             args = {"stream": str(r.stream), "graph_id": int(r.graph_id), "graph_node_id": int(r.graph_node_id),
                     "modeled": modeled}
-            for c in ("site", "cluster", "layer", "token", "correlation", "stream_id", "stream_type", "args", "device"):
+            for c in ("site", "cluster", "layer", "token", "correlation", "stream_id", "stream_type", "args", "device",
+                      "copy_kind", "host_memory", "bytes"):
                 v = getattr(r, c, None)
                 if v is not None and not (isinstance(v, float) and pd.isna(v)):
-                    args[c] = int(v) if c in ("layer", "token", "correlation", "stream_id", "device") else v
+                    args[c] = int(v) if c in ("layer", "token", "correlation", "stream_id", "device", "bytes") else v
             ev.append({"name": r.name, "cat": r.kind, "ph": "X", "ts": float(r.start_us), "dur": float(r.dur_us),
                        "pid": pid, "tid": tids[r.stream], "args": args})
     other = {k: meta.get(k) for k in ("ds4lab", "git_revision", "timestamp", "backend", "device", "driver", "cupy",

@@ -314,7 +314,7 @@ class _State:
         elif cat == "cuda_event":
             self.events[_int(a.get("correlation"))] = (_int(a.get("stream")), _int(a.get("event_id")))
         else:
-            self._skip(f"'{cat}'")
+            self._skip(f"'{cat}' events")
 
     def _device(self, cat, name, ev, a, t0, t1) -> None:
         dev = _int(a.get("device"), _int(ev.get("pid")) if not self.ds4 else -1)
@@ -348,7 +348,7 @@ class _State:
             held = ", ".join(f"{n:,} {w}" for w, n in sorted(self.skipped.items(), key=lambda x: -x[1])[:8])
             nf = len(self.frames)
             if nf:
-                held = (held + ", " if held else "") + f"{nf:,} 'python_function'"
+                held = (held + ", " if held else "") + f"{nf:,} 'python_function' events"
             raise SourceError(f"{path}: no CUDA activity at all (no cuda_runtime, cuda_driver, kernel, gpu_memcpy, "
                               f"gpu_memset or cuda_sync event); it holds {held or 'no complete event'}. Profile with "
                               "torch.profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])")
@@ -360,7 +360,7 @@ class _State:
             notes.append("no python_function events (profiled without with_stack=True): findings are located by "
                          "their record_function path only")
         for what, n in sorted(self.skipped.items(), key=lambda x: -x[1]):
-            notes.append(f"{n:,} {what} events not tabled (not CUDA activity the audit reads)")
+            notes.append(f"{n:,} {what} not tabled (not CUDA activity the audit reads)")
         df = self.rows.frame()
         if self.events:  # cudaEventRecord: stream and event from its cuda_event record
             api = df.index[(df.kind == "api") & df.correlation.isin(list(self.events)) & (df.stream < 0)]
