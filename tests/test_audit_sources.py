@@ -289,3 +289,15 @@ def test_large_trace_is_streamed_in_bounded_memory(tmp_path):
     assert pb < 0.5 * size_b  # never the file's text
     assert pb < 1.2 * pa  # twice the events not tabled: the same peak (frames cost 24 bytes each)
     assert pa < 1000 * len(ta.frame)  # about 0.7 kB per kept row here, fixed costs included
+
+
+def test_progress_over_bytes_and_rows():
+    seen = []
+    read(DATA / "kineto_stack.json.gz", progress=lambda done, total: seen.append((done, total)))
+    size = (DATA / "kineto_stack.json.gz").stat().st_size
+    assert seen and seen[-1] == (size, size)  # over the file's own (compressed) bytes, ending at the total
+    from rich.console import Console
+
+    con = Console(file=__import__("io").StringIO(), force_terminal=False)
+    t = read(DATA / "nsys_2024.sqlite", progress=con)  # a console: a bar (a small export stays under 20 000 rows)
+    assert (t.frame.kind == "kernel").sum() == TOKENS * F.K

@@ -161,10 +161,9 @@ def _pid(gtid):
     return (int(gtid) >> 24) & 0xFFFFFF if isinstance(gtid, int) else None
 
 
-def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
-    cols = _cols(con, table)
-    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
-    create = _domain_create_type(con, tables)
+def _nvtx_domains(con, table, opt, strings, create) -> dict:
+    """``{(pid, domainId): name}`` (and ``(None, domainId)`` for the first process naming it) from the
+    domain-creation rows of ``NVTX_EVENTS``; ``opt`` maps each optional column to itself or ``NULL``."""
     domains: dict[tuple, str] = {}
     if opt["eventType"] != "NULL":
         for text, tid, dom, gtid in con.execute(
@@ -174,6 +173,14 @@ def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
             if name is not None and dom is not None:
                 domains[(_pid(gtid), dom)] = str(name)
                 domains.setdefault((None, dom), str(name))
+    return domains
+
+
+def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
+    cols = _cols(con, table)
+    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
+    create = _domain_create_type(con, tables)
+    domains = _nvtx_domains(con, table, opt, strings, create)
     q = (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
          f'{opt["globalTid"]} from "{table}"')
     rows = []
@@ -358,7 +365,8 @@ def _gpid(v) -> int:
 
 def _api_rows(con, table, strings, cls, events, sink, notes, tick, key) -> None:
     cols = _cols(con, table)
-    _missing(notes, table, cols, ("globalTid", "correlationId"), "process, thread or correlation of those calls unknown")
+    _missing(notes, table, cols, ("globalTid", "correlationId"),
+             "process, thread or correlation of those calls unknown")
     q = f'select start, end, {_sel(cols, ["nameId", "globalTid", "correlationId", "eventClass"])} from "{table}"'
     skipped = 0
     for start, end, name_id, gtid, corr, ecls in con.execute(q):
@@ -472,14 +480,12 @@ def _sync_rows(con, tables, table, sink, tick) -> None:
 
 def _graph_rows(con, table, sink, tick) -> None:
     cols = _cols(con, table)
-    n = 0
-    for r in con.execute(f'select start, end, {_sel(cols, ["deviceId", "streamId", "correlationId", "globalPid", "graphId"])} '
-                         f'from "{table}"'):
+    want = ["deviceId", "streamId", "correlationId", "globalPid", "graphId"]
+    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
         tick()
         start, end, dev, stream, corr, gpid, gid = r
         sink.add(kind="graph", name=f"graph {gid}" if gid is not None else "graph", device=dev, stream=stream,
                  correlation=corr, pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid)
-        n += 1
 
 
 def _nvtx_rows(con, tables, table, strings, sink, notes, tick) -> None:
@@ -489,14 +495,7 @@ def _nvtx_rows(con, tables, table, strings, sink, notes, tick) -> None:
     create = _domain_create_type(con, tables)
     ranges = {i for i, n in etypes.items() if n in ("NvtxPushPopRange", "NvtxStartEndRange")} or {NVTX_PUSHPOP,
                                                                                                   NVTX_STARTEND}
-    domains: dict[tuple, str] = {}
-    if opt["eventType"] != "NULL":
-        for text, tid, dom, gtid in con.execute(
-                f'select {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["globalTid"]} from "{table}" '
-                f"where eventType = ?", (create,)):
-            name = text if text is not None else strings.get(tid)
-            if name is not None and dom is not None:
-                domains[(_pid(gtid), dom)] = str(name)
+    domains = _nvtx_domains(con, table, opt, strings, create)
     other = 0
     q = (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
          f'{opt["globalTid"]} from "{table}"')
@@ -509,7 +508,7 @@ def _nvtx_rows(con, tables, table, strings, sink, notes, tick) -> None:
             other += 1
             continue
         pid, tid = split_global_id(gtid)
-        dname = "" if dom in (None, 0) else domains.get((pid, dom), f"domain {dom}")
+        dname = "" if dom in (None, 0) else domains.get((pid, dom)) or domains.get((None, dom), f"domain {dom}")
         sink.add(kind="nvtx", name=text if text is not None else strings.get(tid_, ""), domain=dname, pid=pid,
                  tid=tid, start_ns=start, end_ns=end)
     if other:

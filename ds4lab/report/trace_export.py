@@ -15,19 +15,26 @@ decode tokens are traced:
   its push and pop times (:class:`RecordingAnnotator`), in the clock the kernels use: CUPTI's
   timestamp (``cupti.get_timestamp``, the clock of its activity records) on a GPU, the modeled host
   clock on the sim. A captured stage pushes no op ranges while it replays: its token shows the token
-  range and the graph launch, with the kernels of the graph under it on the GPU track.
+  range and the graph launch, with the kernels of the graph under it on the GPU track;
+* **the CUDA API level** (for ``ds4lab audit`` of ds4lab's own token, :mod:`ds4lab.report.trace_api`):
+  on a GPU the CUPTI runtime and driver call records, synchronizations, event records and stream
+  kinds (legacy, blocking, non-blocking) of the traced tokens; on the sim the backend's call log
+  (MODELED); each call linked to its device work by a correlation id. Each eagerly launched kernel
+  carries its scalar arguments as the launch layer passed them (``args``); a replayed kernel has
+  none (it runs with the arguments of its capture).
 
 Each kernel of a traced token is given its launch site (cluster, layer, op) by position: the
 token's kernels, in start order, are matched one to one with the launch sites of an eager token of
 the same model (``Launcher.trace``); where the counts or names differ, no site is given and the
 result says so (``sites_matched``).
 
-Written to ``out``: ``trace.json`` (the Trace Event format: ``{"traceEvents": [...],
-"displayTimeUnit": "ns", "otherData": {...}}``, complete events ``"ph": "X"`` with ``ts`` and ``dur``
+Written to ``out``: ``trace.json`` (the Trace Event format: ``{"otherData": {...}, "displayTimeUnit":
+"ns", "traceEvents": [...]}``, complete events ``"ph": "X"`` with ``ts`` and ``dur``
 in µs, one process per stage with ``process_name``/``thread_name`` metadata events ``"ph": "M"``;
 as ``torch.profiler`` exports; opens in ui.perfetto.dev and chrome://tracing; each stage's process
 starts at 0 µs, its clock offset in ``otherData.clock_offset_ns``), ``trace_kernels.csv`` and
-``trace_nvtx.csv`` (the same events as tables; named apart from ``compare``'s kernel tables),
+``trace_nvtx.csv``, ``trace_api.csv`` (the same events as tables; named apart from ``compare``'s
+kernel tables),
 ``meta.json`` and the figure ``trace.png/.svg/.pdf`` (:func:`ds4lab.report.plots.trace_figure`).
 
 Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto
@@ -176,7 +183,8 @@ class CuptiKernelSource:
                 name, extra = "memset", {"bytes": int(nbytes)}
             elif r[0] == "memcpy":
                 _, ck, t0, t1, dev, stream, corr, nbytes, sk, dk, gid, gnode = r
-                kind, src, dst = MEMCPY_KINDS.get(ck, ""), MEMORY_KINDS.get(sk, "Unknown"), MEMORY_KINDS.get(dk, "Unknown")
+                kind = MEMCPY_KINDS.get(ck, "")
+                src, dst = MEMORY_KINDS.get(sk, "Unknown"), MEMORY_KINDS.get(dk, "Unknown")
                 name = f"Memcpy {kind or '?'} ({src} -> {dst})"
                 extra = {"bytes": int(nbytes), "copy_kind": kind, "host_memory": host_memory(kind, src, dst)}
             else:
@@ -562,7 +570,8 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.Dat
     return {"otherData": other, "displayTimeUnit": "ns", "traceEvents": ev}
 
 
-def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> list[Path]:
+def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
+           api: pd.DataFrame | None = None) -> list[Path]:
     from . import plots
 
     files = []
