@@ -301,3 +301,24 @@ def test_progress_over_bytes_and_rows():
     con = Console(file=__import__("io").StringIO(), force_terminal=False)
     t = read(DATA / "nsys_2024.sqlite", progress=con)  # a console: a bar (a small export stays under 20 000 rows)
     assert (t.frame.kind == "kernel").sum() == TOKENS * F.K
+
+
+def test_an_export_of_unknown_schema_says_what_it_lacks(tmp_path):
+    p = tmp_path / "odd.sqlite"
+    con = sqlite3.connect(p)
+    con.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        INSERT INTO StringIds VALUES (1, 'cudaLaunchKernel_v7000'), (2, 'k');
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT);
+        INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (100, 200, 1);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL_V2 (start INT, end INT, shortName INT, deviceId INT);
+        INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL_V2 VALUES (300, 400, 2, 0);
+    """)
+    con.close()
+    t = read(p)
+    notes = " ".join(t.notes)
+    assert "CUPTI_ACTIVITY_KIND_RUNTIME has no globalTid, correlationId column" in notes
+    assert "CUPTI_ACTIVITY_KIND_KERNEL_V2 has no correlationId, streamId, gridX, blockX column" in notes
+    k = t.frame[t.frame.kind == "kernel"].iloc[0]
+    assert (k["name"], k.stream, k.grid, k.correlation) == ("k", -1, "", -1)  # unknown, never invented
+    assert t.frame[t.frame.kind == "api"]["name"].tolist() == ["cudaLaunchKernel"]

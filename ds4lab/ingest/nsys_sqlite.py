@@ -339,7 +339,7 @@ def _read_events(con, path, sink, progress) -> dict:
     if found["MEMSET"]:
         _memset_rows(con, tables, found["MEMSET"], sink, tick)
     if found["SYNCHRONIZATION"]:
-        _sync_rows(con, tables, found["SYNCHRONIZATION"], sink, tick)
+        _sync_rows(con, tables, found["SYNCHRONIZATION"], sink, notes, tick)
     if found["GRAPH_TRACE"]:
         _graph_rows(con, found["GRAPH_TRACE"], sink, tick)
     if found["NVTX"]:
@@ -394,6 +394,8 @@ def _api_rows(con, table, strings, cls, events, sink, notes, tick, key) -> None:
 
 def _kernel_rows(con, tables, table, strings, sink, notes, tick) -> None:
     cols = _cols(con, table)
+    _missing(notes, table, cols, ("correlationId", "streamId", "gridX", "blockX"),
+             "those cells of every kernel are unknown (no launching call, stream or geometry)")
     name_col = next((c for c in ("demangledName", "shortName", "name", "mangledName") if c in cols), None)
     want = [name_col or "name", "deviceId", "streamId", "correlationId", "globalPid", "gridX", "gridY", "gridZ",
             "blockX", "blockY", "blockZ", "staticSharedMemory", "dynamicSharedMemory", "graphId", "graphNodeId"]
@@ -460,8 +462,9 @@ def _memset_rows(con, tables, table, sink, tick) -> None:
                  pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid, graph_node_id=gnode)
 
 
-def _sync_rows(con, tables, table, sink, tick) -> None:
+def _sync_rows(con, tables, table, sink, notes, tick) -> None:
     cols = _cols(con, table)
+    _missing(notes, table, cols, ("syncType", "correlationId"), "what each synchronization waited on is unknown")
     sync = _enum(con, tables, "ENUM_CUPTI_SYNC_TYPE")
     want = ["deviceId", "streamId", "correlationId", "globalPid", "syncType", "eventId"]
     for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
