@@ -136,9 +136,9 @@ def test_runner_saves_what_was_recorded_and_passes_the_status_on(monkeypatch, tm
                       "assert sys.argv == [sys.argv[0], '--tokens', '4'], sys.argv\n" + body + "\n")
     monkeypatch.setitem(sys.modules, "fake_cupti_mod", m)
     out = tmp_path / "rec.csv.gz"
-    argv_before = list(sys.argv)
+    argv_before, path_before = list(sys.argv), list(sys.path)
     rc = REC.main(["--out", str(out), "--", "python", str(script), "--tokens", "4"])
-    assert sys.argv == argv_before or True
+    assert (sys.argv, sys.path) == (argv_before, path_before)  # the runner puts them back
     assert rc == status
     t = read(out)
     assert (t.frame.kind == "api").sum() == 1 and t.frame["name"].iloc[0] == "cudaMalloc"

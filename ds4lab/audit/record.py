@@ -371,6 +371,7 @@ def main(argv=None) -> int:
         except SourceError as e:
             err.write_text(str(e) + "\n")
             raise SystemExit(2) from None
+        argv0, path0 = list(sys.argv), list(sys.path)
         try:
             sys.argv = list(script if script[0] != "-m" else script[1:])
             try:
@@ -388,6 +389,7 @@ def main(argv=None) -> int:
                 traceback.print_exc()
                 status = 1
         finally:
+            sys.argv, sys.path[:] = argv0, path0
             ctx.__exit__(None, None, None)
             rec.save(out, exit_status=status, argv=list(script), source=" ".join(script))
         raise SystemExit(status)
