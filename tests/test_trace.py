@@ -117,36 +117,72 @@ def test_recording_annotator_records_only_when_on_and_forwards():
 
 
 def test_cupti_records_keep_stream_graph_and_node_ids(monkeypatch):
-    """The GPU path without a GPU: a stand-in ``cupti`` module with the binding's names."""
-    K = types.SimpleNamespace(CONCURRENT_KERNEL=10, KERNEL=3, MEMSET=5, MEMCPY=1, MARKER=20)
-    calls = []
-    mod = types.SimpleNamespace(ActivityKind=K, get_timestamp=lambda: 123,
-                                activity_enable=lambda k: calls.append(("on", k)),
-                                activity_disable=lambda k: calls.append(("off", k)),
-                                activity_flush_all=lambda f: None,
-                                activity_register_callbacks=lambda a, b: calls.append(("reg",)))
-    pkg = types.ModuleType("cupti")
-    pkg.cupti = mod
-    monkeypatch.setitem(sys.modules, "cupti", pkg)
-    monkeypatch.setitem(sys.modules, "cupti.cupti", mod)
+    """The GPU path without a GPU: a stand-in ``cupti`` module (``tests/fake_cupti.py``) under ds4lab's
+    one CUPTI session; the API level of the same span comes with it."""
+    import fake_cupti
+    from types import SimpleNamespace as R
+
+    m = fake_cupti.install(monkeypatch)
+    K = fake_cupti.ActivityKind
     src = CuptiKernelSource()
     src.start()
-    rec = types.SimpleNamespace
-    src._completed([rec(kind=10, name=b"q8_matvec", start=100, end=200, stream_id=13, graph_id=4, graph_node_id=9),
-                    rec(kind=5, start=210, end=220, stream_id=13, graph_id=4, graph_node_id=10),
-                    rec(kind=20, start=0, end=0)])
+    corr = m.call("cudaLaunchKernel_v7000")
+    m.deliver([R(kind=K.CONCURRENT_KERNEL, name=b"q8_matvec", start=100, end=200, device_id=0, stream_id=13,
+                 correlation_id=corr, grid_x=1, grid_y=1, grid_z=1, block_x=1, block_y=1, block_z=1,
+                 static_shared_memory=0, dynamic_shared_memory=0, graph_id=4, graph_node_id=9),
+               R(kind=K.MEMSET, start=210, end=220, device_id=0, stream_id=13, correlation_id=0, bytes=4, memory_kind=3,
+                 graph_id=4, graph_node_id=10),
+               R(kind=K.STREAM, flag=2, context_id=1, stream_id=13, correlation_id=0),
+               R(kind=K.MARKER, flags_=2, timestamp=0, id=1, name="x", domain="", object_id=None)])
     got = src.take()
     assert got[0] == {"name": "q8_matvec", "kind": "kernel", "start_ns": 100, "end_ns": 200, "stream": 13,
-                      "graph_id": 4, "graph_node_id": 9}
+                      "graph_id": 4, "graph_node_id": 9, "correlation": corr, "device": 0}
     assert got[1]["kind"] == "memset" and len(got) == 2
-    assert src.clock_ns() == 123 and ("on", 10) in calls
-    from ds4lab.moeprof.traces import CuptiSession
-
-    moe = types.SimpleNamespace(registered=True, _requested=object(), _completed=object())
-    monkeypatch.setattr(CuptiSession, "_instance", moe)
+    calls, types = src.take_api()
+    assert [(c["kind"], c["name"]) for c in calls] == [("api", "cudaLaunchKernel")] and types[13] == "non_blocking"
+    assert src.clock_ns() > 0 and int(K.CONCURRENT_KERNEL) in m.enabled
     src.stop()
-    assert ("off", 10) in calls
-    assert calls.count(("reg",)) == 2  # the MoE profiler's session gets its callbacks back
+    assert m.enabled == set()  # everything the trace enabled is disabled again
+
+
+def test_sim_trace_records_the_api_level_and_scalar_args(traced):
+    """On the sim: the backend calls of each traced token (MODELED), linked to their device work, and
+    each eager kernel's scalar arguments; a replayed token makes one cudaGraphLaunch."""
+    api = traced.api
+    s0, s3 = api[api.stage == "0"], api[api.stage == "3"]
+    k = traced.kernels
+    k0 = k[(k.stage == "0") & (k.kind == "kernel")]
+    launches = s0[s0.name == "cudaLaunchKernel"]
+    assert len(launches) == len(k0)  # one call per eager kernel
+    assert set(k0.correlation) == set(launches.correlation)
+    assert (s3.name == "cudaGraphLaunch").sum() == 2  # two traced tokens, one graph each
+    assert (launches.stream_type == "legacy").all()  # stage 0: the legacy stream
+    assert (s3[s3.name == "cudaGraphLaunch"].stream_type == "non_blocking").all()
+    assert k0.args.notna().all() and (k0.args != "").any()
+    # a position-like argument: the same launch site, different values in the two tokens
+    per = traced.meta["kernels_per_token"]
+    a, b = k0.args.tolist()[:per], k0.args.tolist()[per:2 * per]
+    assert any(x != y for x, y in zip(a, b))
+    assert (k[(k.stage == "3") & (k.kind == "kernel")].get("args").isna()).all()  # replayed: frozen args
+    assert (traced.out / "trace_api.csv").is_file()
+
+
+def test_the_audit_reads_ds4labs_trace(traced):
+    from ds4lab.audit.sources import detect, read
+
+    p = traced.out / "trace.json"
+    assert detect(p) == "ds4lab-trace"
+    t = read(p)
+    df = t.frame
+    assert "MODELED" in t.tool and set(df.pid) == {1, 2}
+    api = df[df.kind == "api"]
+    s0 = api[api.pid == 1]
+    assert (s0.name == "cudaLaunchKernel").sum() == (df[(df.pid == 1) & (df.kind == "kernel")].shape[0])
+    launches = s0[s0.name == "cudaLaunchKernel"]
+    assert launches.nvtx_path.str.startswith("token").all() and (launches.stream_type == "legacy").all()
+    k = df[(df.kind == "kernel") & (df.pid == 1)]
+    assert (k.args != "").any() and k.nvtx_path.str.contains("/").all()
+    assert (df[(df.kind == "kernel") & (df.pid == 2)].graph_id > 0).all()
 
 
 def test_no_kernel_source_on_the_numpy_backend():

@@ -46,6 +46,11 @@ HOST_MEMORY = ("pageable", "pinned", "managed")
 #: What a ``sync`` row synchronized (``CUpti_ActivitySynchronizationType``).
 SYNC_KINDS = ("stream", "event", "device", "context", "stream_wait_event")
 
+#: What kind of stream a row's ``stream`` is (CUPTI ``CUpti_ActivityStreamFlag``: ``NULL`` is the legacy
+#: default stream, ``DEFAULT`` a blocking stream, ``NON_BLOCKING`` one created with
+#: ``cudaStreamNonBlocking``; ``per_thread`` is ``cudaStreamPerThread``).
+STREAM_TYPES = ("legacy", "per_thread", "blocking", "non_blocking")
+
 #: Column → (dtype, missing value). The table always has exactly these columns, in this order.
 COLUMNS: dict[str, tuple[str, object]] = {
     "kind": ("str", ""),            # one of KINDS
@@ -71,6 +76,8 @@ COLUMNS: dict[str, tuple[str, object]] = {
     "nvtx_path": ("str", ""),       # the NVTX ranges open on the row's thread at its start, outermost first, "a/b/c"
     "stack": ("str", ""),           # Python stack at the call, outermost first: "file:line function;..."
     "args": ("str", ""),            # a kernel's scalar arguments where the source has them (ds4lab's trace)
+    "stream_type": ("str", ""),     # one of STREAM_TYPES where the source says (CUPTI stream records, Nsight's
+                                    # TARGET_INFO_CUDA_STREAM / null-stream ids, ds4lab's trace); "" unknown
 }
 
 

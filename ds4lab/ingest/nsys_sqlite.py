@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..backends.cupti import api_base_name, host_memory
 from .common import IngestError, Ingested, problem
 
 #: NVTX_EVENTS.eventType of a domain creation when the export has no ENUM_NSYS_EVENT_TYPE table
@@ -160,10 +161,9 @@ def _pid(gtid):
     return (int(gtid) >> 24) & 0xFFFFFF if isinstance(gtid, int) else None
 
 
-def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
-    cols = _cols(con, table)
-    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
-    create = _domain_create_type(con, tables)
+def _nvtx_domains(con, table, opt, strings, create) -> dict:
+    """``{(pid, domainId): name}`` (and ``(None, domainId)`` for the first process naming it) from the
+    domain-creation rows of ``NVTX_EVENTS``; ``opt`` maps each optional column to itself or ``NULL``."""
     domains: dict[tuple, str] = {}
     if opt["eventType"] != "NULL":
         for text, tid, dom, gtid in con.execute(
@@ -173,6 +173,14 @@ def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
             if name is not None and dom is not None:
                 domains[(_pid(gtid), dom)] = str(name)
                 domains.setdefault((None, dom), str(name))
+    return domains
+
+
+def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
+    cols = _cols(con, table)
+    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
+    create = _domain_create_type(con, tables)
+    domains = _nvtx_domains(con, table, opt, strings, create)
     q = (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
          f'{opt["globalTid"]} from "{table}"')
     rows = []
@@ -198,3 +206,339 @@ def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
                      "us": (end - start) / 1e3, "domain": dname, "domain_id": dom, "file": str(res.path),
                      "source": f"{res.path.name}:{k}"})
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- every CUDA event, for the audit
+#: CUPTI's memcpy kinds (``CUpti_ActivityMemcpyKind``), the numbers ``copyKind`` holds when the export has
+#: no ``ENUM_CUDA_MEMCPY_OPER`` table (the table, where present, has the same ids: checked on a 2024.6 export).
+CUPTI_COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
+                    10: "PtoP"}
+#: ``CUpti_ActivitySynchronizationType`` (``syncType`` without the ``ENUM_CUPTI_SYNC_TYPE`` table).
+CUPTI_SYNC_TYPES = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
+SYNC_LABELS = {"event": "Event Sync", "stream_wait_event": "Stream Wait Event", "stream": "Stream Sync",
+               "context": "Context Sync"}
+#: ``NVTX_EVENTS.eventType`` values without ``ENUM_NSYS_EVENT_TYPE``: mark, push/pop range, start/end range.
+NVTX_MARK, NVTX_PUSHPOP, NVTX_STARTEND = 34, 59, 60
+INVALID_ID = 0xFFFFFFFF
+
+
+def split_global_id(gid) -> tuple[int, int]:
+    """(pid, tid) of an Nsight Systems serialized ``globalTid``/``globalPid`` (bits 24–47 the process,
+    0–23 the thread; "Serialized process and thread identifiers" in the export documentation);
+    (-1, -1) for NULL."""
+    if not isinstance(gid, int):
+        return -1, -1
+    return (gid >> 24) & 0xFFFFFF, gid & 0xFFFFFF
+
+
+def _enum(con, tables, name) -> dict:
+    """``{id: symbol name}`` of an ``ENUM_*`` table, or {} when the export has none."""
+    if name not in tables or not {"id", "name"} <= set(_cols(con, name)):
+        return {}
+    return {int(i): str(n or "") for i, n in con.execute(f'select id, name from "{name}"')}
+
+
+def _copy_kind(sym: str) -> str:
+    m = re.search(r"KIND_(?:UVM_)?([A-Z])TO([A-Z])$", sym or "")
+    return f"{m.group(1)}to{m.group(2)}" if m else ""
+
+
+def _mem_label(sym: str) -> str:
+    m = re.search(r"MEMORY_KIND_(\w+)$", sym or "")
+    return m.group(1).replace("_", " ").title() if m else "Unknown"
+
+
+def export_version(con, tables) -> str:
+    """``"schema 3.16.1, Nsight Systems 2024.6.2.225"`` from ``META_DATA_EXPORT`` (or the older
+    ``EXPORT_META_DATA``); ``"schema not recorded"`` when the export has neither."""
+    for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if t in tables and {"name", "value"} <= set(_cols(con, t)):
+            kv = dict(con.execute(f'select name, value from "{t}"'))
+            parts = []
+            if kv.get("EXPORT_SCHEMA_VERSION"):
+                parts.append(f"schema {kv['EXPORT_SCHEMA_VERSION']}")
+            if kv.get("EXPORT_PRODUCT_VERSION"):
+                parts.append(f"Nsight Systems {kv['EXPORT_PRODUCT_VERSION']}")
+            if parts:
+                return ", ".join(parts)
+    return "schema not recorded"
+
+
+def read_events(path: Path, sink, progress=None) -> dict:
+    """Every CUDA event of an ``nsys export --type sqlite`` database, row by row into ``sink`` (an
+    object with ``add(**cells)`` taking :data:`ds4lab.audit.events.COLUMNS` cells: the audit's
+    :class:`~ds4lab.audit.sources.table.Rows`), streamed from SQLite cursors.
+
+    Tables (each found whatever version suffix it has, :func:`find_table`; columns by name, so an
+    export that lacks one leaves that cell unknown and says so in ``notes``):
+
+    * ``CUPTI_ACTIVITY_KIND_RUNTIME`` → ``api`` rows: ``nameId`` through ``StringIds`` (version
+      suffixes dropped), ``globalTid`` → pid/tid, ``correlationId``; ``eventClass`` through
+      ``ENUM_NSYS_EVENT_CLASS`` tells runtime from driver calls and skips the backtrace duplicates
+      (``..._CUDABACKTRACE``); without it the name tells (``cuda*`` runtime, ``cu*`` driver). A
+      ``CUPTI_ACTIVITY_KIND_DRIVER`` table, where one exists, is read the same way.
+    * ``..._KERNEL`` → ``kernel`` rows (``demangledName``/``shortName``/``name``, grid, block, shared
+      memory, ``graphNodeId``, ``graphId`` where the export has it, ``globalPid``);
+    * ``..._MEMCPY`` → ``memcpy`` (``copyKind``/``srcKind``/``dstKind`` through ``ENUM_CUDA_MEMCPY_OPER``
+      and ``ENUM_CUDA_MEM_KIND``; without them the copy kind from CUPTI's numbering and the host memory
+      left unknown: the memory-kind numbers of exports without the table are not documented);
+    * ``..._MEMSET`` → ``memset``; ``..._SYNCHRONIZATION`` → ``sync`` (``syncType``, ``eventId``);
+    * ``..._CUDA_EVENT`` → the stream and event of the ``cudaEventRecord`` with that correlation id;
+    * ``NVTX_EVENTS`` → ``nvtx`` rows of push/pop and start/end ranges with their domain names
+      (as :func:`read_nsys_sqlite`'s ``nvtx`` table);
+    * ``..._GRAPH_TRACE`` → ``graph`` rows (whole-graph executions: ``--cuda-graph-trace=graph``);
+    * ``TARGET_INFO_CUDA_CONTEXT_INFO.nullStreamId`` (legacy stream) and ``TARGET_INFO_CUDA_STREAM.flag``
+      (through ``ENUM_CUPTI_STREAM_TYPE``) → ``stream_type``.
+
+    ``progress``: None or a callable ``progress(rows_done, rows_total)``, called every 20 000 rows.
+
+    Returns ``{"version": export_version(...), "notes": [...], "stream_types": {(pid, stream): type},
+    "tables": [names read]}``. Raises ``sqlite3.Error`` for an unreadable database (the caller names
+    the file). Rows are not sorted here (Nsight Systems 2025.6 and later no longer export in time order).
+    """
+    con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        return _read_events(con, Path(path), sink, progress)
+    finally:
+        con.close()
+
+
+def _read_events(con, path, sink, progress) -> dict:
+    tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+    strings = dict(con.execute("select id, value from StringIds")) if "StringIds" in tables else {}
+    notes: list[str] = []
+    found = {k: find_table(tables, f"CUPTI_ACTIVITY_KIND_{k}") for k in
+             ("RUNTIME", "DRIVER", "KERNEL", "MEMCPY", "MEMSET", "SYNCHRONIZATION", "CUDA_EVENT", "GRAPH_TRACE")}
+    found["NVTX"] = find_table(tables, "NVTX_EVENTS")
+    read = [t for t in found.values() if t]
+    total = sum(con.execute(f'select count(*) from "{t}"').fetchone()[0] for t in read) or 1
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None and done[0] % 20000 == 0:
+            progress(done[0], total)
+
+    events = {}
+    if found["CUDA_EVENT"]:
+        cols = _cols(con, found["CUDA_EVENT"])
+        if {"correlationId", "streamId", "eventId"} <= set(cols):
+            gp = "globalPid" if "globalPid" in cols else "NULL"
+            for corr, stream, ev, g in con.execute(
+                    f'select correlationId, streamId, eventId, {gp} from "{found["CUDA_EVENT"]}"'):
+                events[(split_global_id(g)[0], corr)] = (stream, ev)
+                tick()
+    cls = _enum(con, tables, "ENUM_NSYS_EVENT_CLASS")
+    for key in ("RUNTIME", "DRIVER"):
+        if found[key]:
+            _api_rows(con, found[key], strings, cls, events, sink, notes, tick, key)
+    if found["KERNEL"]:
+        _kernel_rows(con, tables, found["KERNEL"], strings, sink, notes, tick)
+    if found["MEMCPY"]:
+        _memcpy_rows(con, tables, found["MEMCPY"], sink, notes, tick)
+    if found["MEMSET"]:
+        _memset_rows(con, tables, found["MEMSET"], sink, tick)
+    if found["SYNCHRONIZATION"]:
+        _sync_rows(con, tables, found["SYNCHRONIZATION"], sink, notes, tick)
+    if found["GRAPH_TRACE"]:
+        _graph_rows(con, found["GRAPH_TRACE"], sink, tick)
+    if found["NVTX"]:
+        _nvtx_rows(con, tables, found["NVTX"], strings, sink, notes, tick)
+    return {"version": export_version(con, tables), "notes": notes, "tables": sorted(read),
+            "stream_types": _stream_types(con, tables, notes), "all_tables": sorted(tables)}
+
+
+def _sel(cols, want: dict) -> str:
+    """``select`` items: each wanted column or NULL when the export lacks it."""
+    return ", ".join((c if c in cols else "NULL") for c in want)
+
+
+def _missing(notes, table, cols, needed, what) -> None:
+    lack = [c for c in needed if c not in cols]
+    if lack:
+        notes.append(f"{table} has no {', '.join(lack)} column (an export schema ds4lab does not know): {what}")
+
+
+def _gpid(v) -> int:
+    return split_global_id(v)[0]
+
+
+def _api_rows(con, table, strings, cls, events, sink, notes, tick, key) -> None:
+    cols = _cols(con, table)
+    _missing(notes, table, cols, ("globalTid", "correlationId"),
+             "process, thread or correlation of those calls unknown")
+    q = f'select start, end, {_sel(cols, ["nameId", "globalTid", "correlationId", "eventClass"])} from "{table}"'
+    skipped = 0
+    for start, end, name_id, gtid, corr, ecls in con.execute(q):
+        tick()
+        sym = cls.get(ecls, "") if ecls is not None else ""
+        if "BACKTRACE" in sym:
+            skipped += 1
+            continue
+        name = api_base_name(str(strings.get(name_id, name_id if name_id is not None else "")))
+        if "DRIVER" in sym or key == "DRIVER":
+            domain = "driver"
+        elif "RUNTIME" in sym:
+            domain = "runtime"
+        else:
+            domain = "runtime" if name.startswith("cuda") else "driver" if name.startswith("cu") else ""
+        pid, tid = split_global_id(gtid)
+        stream, ev = events.get((pid, corr), (None, None))
+        sink.add(kind="api", name=name, domain=domain, pid=pid, tid=tid, start_ns=start, end_ns=end,
+                 correlation=corr, stream=None if stream in (None, INVALID_ID) else stream,
+                 event=None if ev in (None, INVALID_ID) else ev)
+    if skipped:
+        notes.append(f"{skipped:,} {table} rows of the CUDA backtrace event class skipped (each repeats a call "
+                     "that has its own row)")
+
+
+def _kernel_rows(con, tables, table, strings, sink, notes, tick) -> None:
+    cols = _cols(con, table)
+    _missing(notes, table, cols, ("correlationId", "streamId", "gridX", "blockX"),
+             "those cells of every kernel are unknown (no launching call, stream or geometry)")
+    name_col = next((c for c in ("demangledName", "shortName", "name", "mangledName") if c in cols), None)
+    want = [name_col or "name", "deviceId", "streamId", "correlationId", "globalPid", "gridX", "gridY", "gridZ",
+            "blockX", "blockY", "blockZ", "staticSharedMemory", "dynamicSharedMemory", "graphId", "graphNodeId"]
+    q = f'select start, end, {_sel(cols, want)} from "{table}"'
+    node_graph = _node_graphs(con, tables)
+    lacks_graph = 0
+    for r in con.execute(q):
+        tick()
+        (start, end, nm, dev, stream, corr, gpid, gx, gy, gz, bx, by, bz, ss, ds, gid, gnode) = r
+        if gid is None and gnode == 0:
+            gid = 0  # CUPTI: graphNodeId is 0 for a kernel not launched from a graph
+        elif gid is None and gnode:
+            gid = node_graph.get(gnode)
+            if gid is None:
+                lacks_graph += 1
+        sh = (ss or 0) + (ds or 0) if (ss is not None or ds is not None) else None
+        sink.add(kind="kernel", name=strings.get(nm, nm) if nm is not None else "", device=dev, stream=stream,
+                 correlation=corr, pid=_gpid(gpid), start_ns=start, end_ns=end,
+                 grid=f"{gx},{gy},{gz}" if gx is not None else "", block=f"{bx},{by},{bz}" if bx is not None else "",
+                 shared_bytes=sh, graph_id=gid, graph_node_id=gnode)
+    if lacks_graph:
+        notes.append(f"{lacks_graph:,} kernels ran from a graph (graphNodeId set) but {table} has no graphId column "
+                     "and no CUDA_GRAPH_NODE_EVENTS row names their graph: graph_id is -1 for them")
+
+
+def _node_graphs(con, tables) -> dict:
+    t = find_table(tables, "CUDA_GRAPH_NODE_EVENTS")
+    if t and {"graphNodeId", "graphId"} <= set(_cols(con, t)):
+        return {n: g for n, g in con.execute(f'select graphNodeId, graphId from "{t}"') if g is not None}
+    return {}
+
+
+def _memcpy_rows(con, tables, table, sink, notes, tick) -> None:
+    cols = _cols(con, table)
+    oper = _enum(con, tables, "ENUM_CUDA_MEMCPY_OPER")
+    memk = _enum(con, tables, "ENUM_CUDA_MEM_KIND")
+    if not memk and "srcKind" in cols:
+        notes.append(f"{table}: the export has no ENUM_CUDA_MEM_KIND table, so whether a copy's host memory is "
+                     "pageable or pinned is left unknown (srcKind/dstKind numbers are not documented without it)")
+    want = ["deviceId", "streamId", "correlationId", "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
+            "graphId", "graphNodeId"]
+    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+        tick()
+        start, end, dev, stream, corr, gpid, nbytes, ck, sk, dk, gid, gnode = r
+        gid = 0 if gid is None and gnode == 0 else gid
+        kind = _copy_kind(oper[ck]) if oper and ck in oper else CUPTI_COPY_KINDS.get(ck, "")
+        src = _mem_label(memk[sk]) if memk and sk in memk else "Unknown"
+        dst = _mem_label(memk[dk]) if memk and dk in memk else "Unknown"
+        sink.add(kind="memcpy", name=f"Memcpy {kind or '?'} ({src} -> {dst})", copy_kind=kind,
+                 host_memory=host_memory(kind, src, dst) if memk else "", bytes=nbytes, device=dev, stream=stream,
+                 correlation=corr, pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid, graph_node_id=gnode)
+
+
+def _memset_rows(con, tables, table, sink, tick) -> None:
+    cols = _cols(con, table)
+    memk = _enum(con, tables, "ENUM_CUDA_MEM_KIND")
+    want = ["deviceId", "streamId", "correlationId", "globalPid", "bytes", "memKind", "graphId", "graphNodeId"]
+    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+        tick()
+        start, end, dev, stream, corr, gpid, nbytes, mk, gid, gnode = r
+        gid = 0 if gid is None and gnode == 0 else gid
+        label = _mem_label(memk[mk]) if memk and mk in memk else "Device"
+        sink.add(kind="memset", name=f"Memset ({label})", bytes=nbytes, device=dev, stream=stream, correlation=corr,
+                 pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid, graph_node_id=gnode)
+
+
+def _sync_rows(con, tables, table, sink, notes, tick) -> None:
+    cols = _cols(con, table)
+    _missing(notes, table, cols, ("syncType", "correlationId"), "what each synchronization waited on is unknown")
+    sync = _enum(con, tables, "ENUM_CUPTI_SYNC_TYPE")
+    want = ["deviceId", "streamId", "correlationId", "globalPid", "syncType", "eventId"]
+    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+        tick()
+        start, end, dev, stream, corr, gpid, st, ev = r
+        if sync and st in sync:
+            m = re.search(r"TYPE_(\w+)$", sync[st])
+            kind = {"EVENT_SYNCHRONIZE": "event", "STREAM_WAIT_EVENT": "stream_wait_event",
+                    "STREAM_SYNCHRONIZE": "stream", "CONTEXT_SYNCHRONIZE": "context"}.get(m.group(1) if m else "", "")
+        else:
+            kind = CUPTI_SYNC_TYPES.get(st, "")
+        sink.add(kind="sync", name=SYNC_LABELS.get(kind, "Unknown Sync"), sync_kind=kind, device=dev,
+                 stream=None if stream in (None, INVALID_ID) else stream, correlation=corr, pid=_gpid(gpid),
+                 start_ns=start, end_ns=end, event=None if ev in (None, INVALID_ID) else ev)
+
+
+def _graph_rows(con, table, sink, tick) -> None:
+    cols = _cols(con, table)
+    want = ["deviceId", "streamId", "correlationId", "globalPid", "graphId"]
+    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+        tick()
+        start, end, dev, stream, corr, gpid, gid = r
+        sink.add(kind="graph", name=f"graph {gid}" if gid is not None else "graph", device=dev, stream=stream,
+                 correlation=corr, pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid)
+
+
+def _nvtx_rows(con, tables, table, strings, sink, notes, tick) -> None:
+    cols = _cols(con, table)
+    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
+    etypes = _enum(con, tables, "ENUM_NSYS_EVENT_TYPE")
+    create = _domain_create_type(con, tables)
+    ranges = {i for i, n in etypes.items() if n in ("NvtxPushPopRange", "NvtxStartEndRange")} or {NVTX_PUSHPOP,
+                                                                                                  NVTX_STARTEND}
+    domains = _nvtx_domains(con, table, opt, strings, create)
+    other = 0
+    q = (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
+         f'{opt["globalTid"]} from "{table}"')
+    for start, end, text, tid_, dom, etype, gtid in con.execute(q):
+        tick()
+        if etype is not None and etype not in ranges:
+            other += etype != create
+            continue
+        if end is None:
+            other += 1
+            continue
+        pid, tid = split_global_id(gtid)
+        dname = "" if dom in (None, 0) else domains.get((pid, dom)) or domains.get((None, dom), f"domain {dom}")
+        sink.add(kind="nvtx", name=text if text is not None else strings.get(tid_, ""), domain=dname, pid=pid,
+                 tid=tid, start_ns=start, end_ns=end)
+    if other:
+        notes.append(f"{other:,} NVTX marks and other non-range NVTX events not tabled")
+
+
+def _stream_types(con, tables, notes) -> dict:
+    out: dict = {}
+    t = "TARGET_INFO_CUDA_CONTEXT_INFO"
+    if t in tables and {"nullStreamId", "processId"} <= set(_cols(con, t)):
+        for sid, pid in con.execute(f'select nullStreamId, processId from "{t}"'):
+            out[(int(pid), int(sid))] = "legacy"
+    t = "TARGET_INFO_CUDA_STREAM"
+    flags = _enum(con, tables, "ENUM_CUPTI_STREAM_TYPE")
+    if t in tables and {"streamId", "flag"} <= set(_cols(con, t)):
+        cols = _cols(con, t)
+        pid_col = "processId" if "processId" in cols else "-1"
+        unknown = 0
+        for sid, pid, flag in con.execute(f'select streamId, {pid_col}, flag from "{t}"'):
+            sym = flags.get(flag, "")
+            typ = ("non_blocking" if "NON_BLOCKING" in sym else "legacy" if sym.endswith("NULL")
+                   else "blocking" if sym.endswith("DEFAULT") else "")
+            if typ:
+                out.setdefault((int(pid), int(sid)), typ)
+            else:
+                unknown += 1
+        if unknown:
+            notes.append(f"{unknown} streams of {t} with a flag this export does not name (no ENUM_CUPTI_STREAM_TYPE): "
+                         "blocking or non-blocking left unknown")
+    return out

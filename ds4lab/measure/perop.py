@@ -32,33 +32,31 @@ SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25"
 def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
     """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens,
     or ``(None, reason)`` when CUPTI is unavailable or the records do not match the trace."""
-    from ..moeprof.traces import CuptiSession, cupti_available
+    from ..backends.cupti import KERNEL_KINDS, CuptiSession, cupti_available
 
     ok, why = cupti_available()
     if not ok:
         return None, why
     try:
-        s = CuptiSession.get()
-        s.start()
+        sub = CuptiSession.get().subscribe(KERNEL_KINDS)
     except Exception as e:  # the library loads but the activity API refuses (driver, permissions)
         return None, f"CUPTI did not start ({type(e).__name__}: {e})"
     try:
-        s.take()
         out = np.empty((tokens, n_launch))
         for t in range(tokens):
             model.token(pos + t, token_id)
             be.synchronize()
-            recs = sorted((r for r in s.take() if r[3] == "kernel"), key=lambda r: r[1])
+            recs = sorted((r for r in sub.take() if r[0] == "kernel"), key=lambda r: r[2])
             if len(recs) != n_launch:
                 return None, f"CUPTI gave {len(recs)} kernel records for a {n_launch}-launch token"
-            got = [r[0] for r in recs]
+            got = [r[1] for r in recs]
             if got != names:
                 i = next(i for i, (a, b) in enumerate(zip(got, names)) if a != b)
                 return None, f"CUPTI record {i} is {got[i]!r}, the trace has {names[i]!r}"
-            out[t] = [(r[2] - r[1]) * 1e-3 for r in recs]
+            out[t] = [(r[3] - r[2]) * 1e-3 for r in recs]
         return out, "cupti"
     finally:
-        s.stop()
+        sub.close()
 
 
 def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):

@@ -1,13 +1,19 @@
 """Trace sources: per-kernel records of the device work, for the ``cupti`` mode (and the in-graph
 stamps of a timing-only sim, which compute no numbers).
 
-On a GPU the records come from one process-wide CUPTI activity session (``cupti-python``, an
-optional dependency imported lazily); on ``sim`` the modeled timeline plays their part. Every
+On a GPU the records come from ds4lab's one process-wide CUPTI session
+(:class:`ds4lab.backends.cupti.CuptiSession`: ``cupti-python``, an optional dependency imported
+lazily); on ``sim`` the modeled timeline plays their part. Every
 source has ``available``/``reason``, ``start()``, ``stop()`` and ``take()``, which returns
 ``(name, start_ns, end_ns, kind, graph)`` tuples of the kernels and memsets since the last take.
 """
 
 from __future__ import annotations
+
+from ..backends.cupti import KERNEL_KINDS, CuptiSession, cupti_available
+
+__all__ = ["KERNEL_STAGE", "kernel_stage", "SimTrace", "CuptiTrace", "Unavailable", "cupti_available",
+           "trace_source", "CuptiSession"]
 
 #: Kernel name (prefix when it ends in ``_``) → stage, for trace records (CUPTI or the sim timeline).
 KERNEL_STAGE = (("xq_quantize", "xq"), ("moe_count", "sort"), ("moe_prefix", "sort"), ("moe_scatter", "sort"),
@@ -44,74 +50,39 @@ class SimTrace:
         return [(r[1], r[2] * 1e3, r[3] * 1e3, r[4], r[5]) for r in new if r[4] in ("kernel", "memset")]
 
 
-class CuptiSession:
-    """One process-wide CUPTI activity session (``cupti-python``): kernel and memset records."""
-
-    _instance: "CuptiSession | None" = None
-
-    def __init__(self) -> None:
-        from cupti import cupti  # optional dependency, imported only here
-
-        self.c = cupti
-        self.records: list[tuple] = []
-        self.registered = False
-        self.kinds = (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMSET)
-
-    @classmethod
-    def get(cls) -> "CuptiSession":
-        """The process's session (created on first use; raises what ``cupti-python`` raises)."""
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
-
-    def _requested(self):
-        return 8 << 20, 0
-
-    def _completed(self, activities) -> None:
-        K = self.c.ActivityKind
-        for a in activities:
-            if a.kind == K.CONCURRENT_KERNEL or a.kind == K.KERNEL:
-                name = a.name.decode() if isinstance(a.name, bytes) else str(a.name)
-                self.records.append((name, float(a.start), float(a.end), "kernel", int(a.graph_id)))
-            elif a.kind == K.MEMSET:
-                self.records.append(("memset", float(a.start), float(a.end), "memset", int(a.graph_id)))
-
-    def start(self) -> None:
-        for k in self.kinds:
-            self.c.activity_enable(k)
-        if not self.registered:
-            self.c.activity_register_callbacks(self._requested, self._completed)
-            self.registered = True
-
-    def stop(self) -> None:
-        self.c.activity_flush_all(1)
-        for k in self.kinds:
-            self.c.activity_disable(k)
-        self.records = []
-
-    def take(self) -> list[tuple]:
-        self.c.activity_flush_all(1)
-        out, self.records = self.records, []
-        return out
+def _tuple(rec: tuple) -> tuple:
+    """A session record (:mod:`ds4lab.backends.cupti`) as ``(name, start_ns, end_ns, kind, graph)``."""
+    if rec[0] == "kernel":
+        return (rec[1], float(rec[2]), float(rec[3]), "kernel", int(rec[10]))
+    return ("memset", float(rec[2]), float(rec[3]), "memset", int(rec[8]))
 
 
 class CuptiTrace:
-    """The CUPTI session as a trace source (GPU)."""
+    """Kernel and memset records of ds4lab's one CUPTI session (:class:`ds4lab.backends.cupti.CuptiSession`)
+    as a trace source (GPU). Raises :class:`~ds4lab.backends.cupti.CuptiUnavailable` when CUPTI is not there."""
 
     available, reason = True, ""
 
     def __init__(self) -> None:
         self.s = CuptiSession.get()
+        self.sub = None
 
     def start(self) -> None:
-        self.s.start()
-        self.s.take()
+        """Start receiving (a fresh subscription: earlier records are not seen)."""
+        if self.sub is None or self.sub.closed:
+            self.sub = self.s.subscribe(KERNEL_KINDS)
+        else:
+            self.sub.take()
 
     def stop(self) -> None:
-        self.s.stop()
+        if self.sub is not None:
+            self.sub.close()
 
     def take(self) -> list[tuple]:
-        return self.s.take()
+        """``(name, start_ns, end_ns, kind, graph)`` of the kernels and memsets since the last take."""
+        if self.sub is None or self.sub.closed:
+            return []
+        return [_tuple(r) for r in self.sub.take()]
 
 
 class Unavailable:
@@ -130,17 +101,6 @@ class Unavailable:
 
     def take(self) -> list:
         return []
-
-
-def cupti_available() -> tuple[bool, str]:
-    """Whether ``cupti-python`` imports (GPU side); the reason when not."""
-    try:
-        import importlib
-
-        importlib.import_module("cupti.cupti")
-    except Exception as e:  # ImportError, or a library that fails to load
-        return False, f"cupti-python not importable ({type(e).__name__}: {e}); pip install cupti-python"
-    return True, "ok"
 
 
 def trace_source(be):

@@ -15,19 +15,26 @@ decode tokens are traced:
   its push and pop times (:class:`RecordingAnnotator`), in the clock the kernels use: CUPTI's
   timestamp (``cupti.get_timestamp``, the clock of its activity records) on a GPU, the modeled host
   clock on the sim. A captured stage pushes no op ranges while it replays: its token shows the token
-  range and the graph launch, with the kernels of the graph under it on the GPU track.
+  range and the graph launch, with the kernels of the graph under it on the GPU track;
+* **the CUDA API level** (for ``ds4lab audit`` of ds4lab's own token, :mod:`ds4lab.report.trace_api`):
+  on a GPU the CUPTI runtime and driver call records, synchronizations, event records and stream
+  kinds (legacy, blocking, non-blocking) of the traced tokens; on the sim the backend's call log
+  (MODELED); each call linked to its device work by a correlation id. Each eagerly launched kernel
+  carries its scalar arguments as the launch layer passed them (``args``); a replayed kernel has
+  none (it runs with the arguments of its capture).
 
 Each kernel of a traced token is given its launch site (cluster, layer, op) by position: the
 token's kernels, in start order, are matched one to one with the launch sites of an eager token of
 the same model (``Launcher.trace``); where the counts or names differ, no site is given and the
 result says so (``sites_matched``).
 
-Written to ``out``: ``trace.json`` (the Trace Event format: ``{"traceEvents": [...],
-"displayTimeUnit": "ns", "otherData": {...}}``, complete events ``"ph": "X"`` with ``ts`` and ``dur``
+Written to ``out``: ``trace.json`` (the Trace Event format: ``{"otherData": {...}, "displayTimeUnit":
+"ns", "traceEvents": [...]}``, complete events ``"ph": "X"`` with ``ts`` and ``dur``
 in µs, one process per stage with ``process_name``/``thread_name`` metadata events ``"ph": "M"``;
 as ``torch.profiler`` exports; opens in ui.perfetto.dev and chrome://tracing; each stage's process
 starts at 0 µs, its clock offset in ``otherData.clock_offset_ns``), ``trace_kernels.csv`` and
-``trace_nvtx.csv`` (the same events as tables; named apart from ``compare``'s kernel tables),
+``trace_nvtx.csv``, ``trace_api.csv`` (the same events as tables; named apart from ``compare``'s
+kernel tables),
 ``meta.json`` and the figure ``trace.png/.svg/.pdf`` (:func:`ds4lab.report.plots.trace_figure`).
 
 Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto
@@ -49,8 +56,10 @@ from ..capture import stream as S
 from ..sim.calibration import backend_calibration
 from ..errors import BadInput, CheckFailed
 
-TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace.png", "trace.svg", "trace.pdf")
+TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace_api.csv", "trace.png", "trace.svg",
+                 "trace.pdf")
 HOST_TID = 1
+API_TID = 2
 GPU_TID0 = 100
 
 
@@ -88,13 +97,14 @@ class TraceConfig:
 
 @dataclass
 class TraceResult:
-    """What one trace wrote: the output folder, the kernel and NVTX tables, provenance."""
+    """What one trace wrote: the output folder, the kernel, NVTX and CUDA API tables, provenance."""
 
     out: Path
     kernels: pd.DataFrame
     nvtx: pd.DataFrame
     meta: dict
     files: list = field(default_factory=list)
+    api: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # ----------------------------------------------------------------------------- NVTX record
@@ -132,101 +142,150 @@ class RecordingAnnotator:
 
 # ----------------------------------------------------------------------------- kernel sources
 class CuptiKernelSource:
-    """CUPTI activity records of kernels, memsets and copies (``cupti-python``), with stream and
-    graph ids; timestamps from CUPTI's clock (``clock_ns`` is ``cupti.get_timestamp``).
-
-    CUPTI takes one pair of buffer callbacks per process: this source registers its own while it
-    traces and, when it stops, gives them back to ds4lab's MoE CUPTI session if one registered them
-    (``ds4lab.moeprof.traces.CuptiSession``), so a later ``ds4lab moe --mode cupti`` in the same
-    process still sees its records. Raises ImportError when ``cupti-python`` is missing, and CUPTI's own error when it
-    does not start.
-    """
+    """CUPTI activity records of ds4lab's one CUPTI session (:class:`ds4lab.backends.cupti.CuptiSession`,
+    kinds :data:`~ds4lab.backends.cupti.TRACE_KINDS`): kernels, memsets and copies with stream, graph and
+    node ids (:meth:`take`), and the API level of the same span (:meth:`take_api`: runtime and driver
+    calls, synchronizations, event records, stream kinds; :mod:`ds4lab.report.trace_api`); timestamps
+    on CUPTI's clock (``clock_ns`` is ``cuptiGetTimestamp``). Raises
+    :class:`~ds4lab.backends.cupti.CuptiUnavailable` when ``cupti-python`` is missing or CUPTI does not
+    start."""
 
     modeled = False
 
     def __init__(self) -> None:
-        from cupti import cupti  # optional dependency (the GPU machine carries it as a wheel)
+        from ..backends.cupti import CuptiSession
 
-        self.c = cupti
-        K = cupti.ActivityKind
-        self.kinds = [K.CONCURRENT_KERNEL, K.MEMSET, K.MEMCPY]
-        self.records: list[dict] = []
-        self.clock_ns = cupti.get_timestamp
-
-    def _requested(self):
-        return 8 << 20, 0
-
-    def _completed(self, activities) -> None:
-        K = self.c.ActivityKind
-        for a in activities:
-            if a.kind in (K.CONCURRENT_KERNEL, K.KERNEL):
-                name = a.name.decode() if isinstance(a.name, bytes) else str(a.name)
-                kind = "kernel"
-            elif a.kind == K.MEMSET:
-                name, kind = "memset", "memset"
-            elif a.kind == K.MEMCPY:
-                name, kind = "memcpy", "memcpy"
-            else:
-                continue
-            self.records.append({"name": name, "kind": kind, "start_ns": int(a.start), "end_ns": int(a.end),
-                                 "stream": int(getattr(a, "stream_id", -1)),
-                                 "graph_id": int(getattr(a, "graph_id", 0)),
-                                 "graph_node_id": int(getattr(a, "graph_node_id", 0))})
+        self.session = CuptiSession.get()
+        self.clock_ns = self.session.timestamp
+        self.sub = None
+        self._api: list = []
+        self.known: dict[int, str] = {}
 
     def start(self) -> None:
-        self.c.activity_register_callbacks(self._requested, self._completed)
-        for k in self.kinds:
-            self.c.activity_enable(k)
-        self.records = []
+        from ..backends.cupti import TRACE_KINDS
+
+        self.sub = self.session.subscribe(TRACE_KINDS)
+        self._api = []
 
     def take(self) -> list[dict]:
-        self.c.activity_flush_all(1)
-        out, self.records = self.records, []
+        """Kernel, memset and memcpy records since the last take (dicts); the API level of the same
+        span is kept for :meth:`take_api`."""
+        from ..backends.cupti import MEMCPY_KINDS, MEMORY_KINDS, host_memory
+
+        recs = self.sub.take() if self.sub is not None else []
+        out = []
+        for r in recs:
+            extra = {}
+            if r[0] == "kernel":
+                _, name, t0, t1, dev, stream, corr, _g, _b, _s, gid, gnode = r
+            elif r[0] == "memset":
+                _, _mk, t0, t1, dev, stream, corr, nbytes, gid, gnode = r
+                name, extra = "memset", {"bytes": int(nbytes)}
+            elif r[0] == "memcpy":
+                _, ck, t0, t1, dev, stream, corr, nbytes, sk, dk, gid, gnode = r
+                kind = MEMCPY_KINDS.get(ck, "")
+                src, dst = MEMORY_KINDS.get(sk, "Unknown"), MEMORY_KINDS.get(dk, "Unknown")
+                name = f"Memcpy {kind or '?'} ({src} -> {dst})"
+                extra = {"bytes": int(nbytes), "copy_kind": kind, "host_memory": host_memory(kind, src, dst)}
+            else:
+                continue
+            out.append({"name": name, "kind": r[0], "start_ns": int(t0), "end_ns": int(t1), "stream": int(stream),
+                        "graph_id": int(gid), "graph_node_id": int(gnode), "correlation": int(corr),
+                        "device": int(dev), **extra})
+        self._api += [r for r in recs if r[0] not in ("kernel", "memset", "memcpy")]
         return out
 
-    def stop(self) -> None:
-        self.c.activity_flush_all(1)
-        for k in self.kinds:
-            self.c.activity_disable(k)
-        from ..moeprof.traces import CuptiSession
+    def take_api(self) -> tuple[list[dict], dict]:
+        """``(calls, stream_types)`` of the span read by the takes since the last call
+        (:func:`ds4lab.report.trace_api.cupti_api_rows`)."""
+        from .trace_api import cupti_api_rows
 
-        s = CuptiSession._instance  # the MoE profiler's session, if one registered its callbacks
-        if s is not None and s.registered:
-            self.c.activity_register_callbacks(s._requested, s._completed)
+        recs, self._api = self._api, []
+        calls, _, types = cupti_api_rows(self.session, recs)
+        for c in calls:
+            if not c["stream_type"] and c["stream"] in self.known:
+                c["stream_type"] = self.known[c["stream"]]
+        return calls, {**types, **self.known}
+
+    def note_stream(self, stream) -> None:
+        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM``
+        records only name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and
+        its ``cuStreamGetFlags`` (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a
+        failing call, leaves it unknown."""
+        from ..backends.cupti import current_context
+
+        ptr = getattr(stream, "ptr", None)
+        if not isinstance(ptr, int) or not ptr:
+            return
+        try:
+            from cuda.bindings import driver as cu
+
+            sid = int(self.session.c.get_stream_id_ex(current_context(), ptr, 0))
+            err, flags = cu.cuStreamGetFlags(ptr)
+            if int(err) == 0:
+                self.known[sid] = "non_blocking" if int(flags) & 0x1 else "blocking"
+        except Exception:  # noqa: BLE001 - no binding, or a driver that refuses: the stream stays unknown
+            return
+
+    def stop(self) -> None:
+        if self.sub is not None:
+            self.sub.close()
 
 
 class SimKernelSource:
     """A modeled device timeline (the backend contract's ``trace_records``: the sim's cost-model
     schedule) as kernel records, MODELED; ``clock_ns`` is the backend's host clock (the sim's
-    modeled one, ``host_clock_us``)."""
+    modeled one, ``host_clock_us``). While it runs, a :class:`ds4lab.report.trace_api.SimCallLog`
+    logs the backend calls (the API level, :meth:`take_api`) and links each to its device work."""
 
     modeled = True
 
     def __init__(self, be) -> None:
+        from .trace_api import SimCallLog
+
         self.be = be
         self._next = 0
         self.clock_ns = lambda: be.host_clock_us() * 1e3
+        self.log = SimCallLog(be)
 
     def start(self) -> None:
         _, self._next = self.be.trace_records(self._next)
+        if not self.log.on:
+            self.log.install()
 
     def take(self) -> list[dict]:
+        since = self._next
         new, self._next = self.be.trace_records(self._next)
+        first = self._next - len(new)
         out, node, last_graph = [], 0, None
-        for stream, name, start, end, kind, graph in new:
+        for j, (stream, name, start, end, kind, graph) in enumerate(new):
             if graph is None:
                 last_graph = None
             elif graph != last_graph:
                 node, last_graph = 0, graph
+            sid, skind = self.log.streams.get(str(stream), (-1, ""))
             out.append({"name": name, "kind": kind, "start_ns": start * 1e3, "end_ns": end * 1e3,
                         "stream": str(stream), "graph_id": 0 if graph is None else int(graph),
-                        "graph_node_id": 0 if graph is None else node})
+                        "graph_node_id": 0 if graph is None else node,
+                        "correlation": self.log.corr_of.pop(first + j, -1), "stream_id": sid, "stream_type": skind})
             if graph is not None:
                 node += 1
+        for i in [i for i in self.log.corr_of if i < since]:
+            del self.log.corr_of[i]
         return out
 
+    def take_api(self) -> tuple[list[dict], dict]:
+        """``(calls, stream_types)`` logged since the last call: one ``api`` dict per backend call, and a
+        ``sync`` dict beside each call that synchronizes (MODELED)."""
+        calls = []
+        for c in self.log.take():
+            calls.append({"kind": "api", "tid": 1, "event": -1, **c})
+            if c["sync_kind"]:
+                calls.append({**c, "kind": "sync", "name": "sync", "domain": "", "tid": -1, "event": -1})
+        return calls, {sid: kind for sid, kind in self.log.streams.values()}
+
     def stop(self) -> None:
-        pass
+        self.log.remove()
 
 
 def kernel_source(be):
@@ -293,6 +352,8 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
                 warmup=config.warmup, capture_mode=config.capture_mode, modeled=modeled,
                 kernel_source="modeled schedule (sim cost model)" if modeled else "CUPTI activity records",
+                api_source=("the sim backend's call log (modeled host clock)" if modeled
+                            else "CUPTI runtime, driver, synchronization, CUDA event and stream records"),
                 nvtx_source="ds4lab's recorded push/pop times (" + ("modeled host clock" if modeled
                                                                       else "CUPTI timestamp clock") + ")")
     say = (console.print if console is not None else (lambda *a, **k: None))
@@ -301,9 +362,9 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
     with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS):
-        kern, nvtx = _trace(be, cfg, st_list, config, src, say, meta)
-        files = _write(out, kern, nvtx, meta)
-    return TraceResult(out, kern, nvtx, meta, files)
+        kern, nvtx, api = _trace(be, cfg, st_list, config, src, say, meta)
+        files = _write(out, kern, nvtx, meta, api)
+    return TraceResult(out, kern, nvtx, meta, files, api)
 
 
 def _trace(be, cfg, st_list, config, src, say, meta):
@@ -327,7 +388,7 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
         model.token(START_POS, token_id_at(START_POS, cfg.vocab))
     sites = [(r.cluster, r.layer, r.site, r.kernel) for r in launched]
     be.synchronize()
-    kern_rows, nvtx_rows, matched, runs = [], [], {}, []
+    kern_rows, nvtx_rows, api_rows, matched, runs = [], [], [], {}, []
     pos = START_POS + 1
     try:
         src.start()
@@ -337,20 +398,27 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
         for st in st_list:
             run = StageRun(model, st, base, mode=config.capture_mode)
             run.activate()
+            if hasattr(src, "note_stream"):
+                src.note_stream(run.stream)
             for _ in range(config.warmup):
                 run.token(pos)
                 pos += 1
             be.synchronize()
             src.take()  # drop the warm-up's records
+            src.take_api()
             rec.ranges.clear()
             rec.recording = True
             first = pos
-            for _ in range(config.tokens):
-                run.token(pos)
-                pos += 1
+            with model.L.recording() as launched:  # the traced tokens' own launches: their scalar arguments
+                for _ in range(config.tokens):
+                    run.token(pos)
+                    pos += 1
             be.synchronize()
             rec.recording = False
             recs = sorted(src.take(), key=lambda r: r["start_ns"])
+            calls, types = src.take_api()
+            _attach_args(recs, launched, types)
+            api_rows += [{"stage": st.name, **c} for c in calls]
             ks = [r for r in recs if r["kind"] == "kernel"]
             if not ks:
                 raise NoKernelRecords(f"stage {st.name}: the traced tokens gave no kernel record "
@@ -380,30 +448,74 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
     meta["kernels_per_token"] = len(sites)
     kern = pd.DataFrame(kern_rows)
     nvtx = pd.DataFrame(nvtx_rows, columns=["stage", "name", "cluster", "payload", "start_ns", "end_ns", "depth"])
+    api = pd.DataFrame(api_rows, columns=API_COLUMNS)
     # each stage from 0: its earliest host or device timestamp
     t0 = {}
     for st in st_list:
         cands = list(kern.loc[kern.stage == st.name, "start_ns"]) + list(nvtx.loc[nvtx.stage == st.name, "start_ns"])
+        if not api.empty:
+            cands += list(api.loc[api.stage == st.name, "start_ns"])
         t0[st.name] = min(cands)
-    for df in (kern, nvtx):
+    for df in (kern, nvtx, api):
         if not df.empty:
             base0 = df["stage"].map(t0)
             df["start_us"] = (df["start_ns"] - base0) / 1e3
             df["end_us"] = (df["end_ns"] - base0) / 1e3
             df["dur_us"] = df["end_us"] - df["start_us"]
     meta["clock_offset_ns"] = t0
-    return kern, nvtx
+    meta["api_calls"] = {st.name: int((api.stage == st.name).sum()) for st in st_list} if not api.empty else {}
+    return kern, nvtx, api
 
 
-def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict) -> dict:
+#: Columns of ``trace_api.csv`` (one row per CUDA API call or synchronization of the traced tokens).
+API_COLUMNS = ["stage", "kind", "name", "domain", "tid", "start_ns", "end_ns", "stream", "stream_type", "correlation",
+               "event", "sync_kind"]
+
+
+def _attach_args(recs: list, launched: list, types: dict) -> None:
+    """Give each eagerly launched kernel record (``graph_id`` 0) the scalar arguments of its launch
+    (:func:`ds4lab.report.trace_api.scalar_args`), matched in order and by kernel name to the launch
+    layer's records of the same tokens; a replayed kernel ran with the arguments of its capture and
+    gets none. Also each record's ``stream_type`` from ``types`` (stream id → type)."""
+    from .trace_api import scalar_args
+
+    j = 0
+    for r in recs:
+        sid = r.get("stream_id", r.get("stream"))
+        if "stream_type" not in r or not r["stream_type"]:
+            r["stream_type"] = types.get(sid, "") if isinstance(sid, int) else ""
+        if r["kind"] != "kernel" or r["graph_id"]:
+            continue
+        while j < len(launched) and launched[j].kernel != r["name"]:
+            j += 1
+        if j < len(launched):
+            r["args"] = scalar_args(launched[j].args)
+            j += 1
+
+
+def _opt(v):
+    """A table cell as a JSON value: None for a missing one (NaN), ints as ints."""
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> dict:
     """The Trace Event JSON object (see the module docstring) of a trace's tables: one process per
-    stage (pid 1, 2, ... in the order of ``meta["stages"]``), a host thread with the NVTX ranges and
-    one GPU thread per stream; every kernel event's ``args`` carry site, cluster, layer, graph and
-    node ids, stream, and ``modeled``."""
+    stage (pid 1, 2, ... in the order of ``meta["stages"]``), a host thread with the NVTX ranges, a
+    host thread with the CUDA API calls (categories ``cuda_runtime``/``cuda_driver``, as the PyTorch
+    profiler names them), and one GPU thread per stream (kernels, memsets, copies, and the
+    synchronizations as ``cuda_sync``); every kernel event's ``args`` carry site, cluster, layer,
+    graph and node ids, stream (name, id and type), correlation, its scalar arguments (``args``) and
+    ``modeled``. ``otherData`` comes first in the object, so that a streaming reader sees it before
+    the events (:mod:`ds4lab.audit.sources.chrome`)."""
     from ..experiments.stages import STAGES
 
     modeled = bool(meta.get("modeled"))
     tag = "MODELED" if modeled else provenance.label(meta)
+    api = api if api is not None else pd.DataFrame(columns=API_COLUMNS)
     ev: list[dict] = []
     for pid, name in enumerate(meta["stages"], 1):
         st = STAGES[name]
@@ -413,46 +525,65 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict) -> dict:
         ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": HOST_TID,
                    "args": {"name": "host: NVTX ranges (ds4lab)" + (" MODELED" if modeled else "")}})
         k = kern[kern.stage == name] if not kern.empty else kern
+        a = api[api.stage == name] if not api.empty else api
+        calls, syncs = (a[a.kind == "api"], a[a.kind == "sync"]) if not a.empty else (a, a)
         streams = list(dict.fromkeys(k["stream"])) if not k.empty else []
         tids = {s: GPU_TID0 + i for i, s in enumerate(streams)}
         for s, tid in tids.items():
             ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
                        "args": {"name": f"GPU stream {s}" + (" (MODELED)" if modeled else "")}})
+        if len(calls):
+            ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": API_TID,
+                       "args": {"name": "host: CUDA API" + (" (sim call log, MODELED)" if modeled else " (CUPTI)")}})
         n = nvtx[nvtx.stage == name] if not nvtx.empty else nvtx
         for r in n.itertuples():
             ev.append({"name": r.name, "cat": "nvtx", "ph": "X", "ts": float(r.start_us), "dur": float(r.dur_us),
                        "pid": pid, "tid": HOST_TID,
                        "args": {"cluster": r.cluster, "payload": None if pd.isna(r.payload) else int(r.payload),
                                 "depth": int(r.depth), "modeled": modeled}})
+        for r in calls.itertuples():
+            ev.append({"name": r.name, "cat": f"cuda_{r.domain or 'runtime'}", "ph": "X", "ts": float(r.start_us),
+                       "dur": float(r.dur_us), "pid": pid, "tid": API_TID,
+                       "args": {"correlation": _opt(r.correlation), "stream": _opt(r.stream), "event": _opt(r.event),
+                                "stream_type": _opt(r.stream_type) or "", "modeled": modeled}})
+        for r in syncs.itertuples():
+            ev.append({"name": r.sync_kind, "cat": "cuda_sync", "ph": "X", "ts": float(r.start_us),
+                       "dur": float(r.dur_us), "pid": pid, "tid": API_TID + 1,
+                       "args": {"sync_kind": r.sync_kind, "correlation": _opt(r.correlation), "stream": _opt(r.stream),
+                                "event": _opt(r.event), "modeled": modeled}})
         for r in k.itertuples():
             args = {"stream": str(r.stream), "graph_id": int(r.graph_id), "graph_node_id": int(r.graph_node_id),
                     "modeled": modeled}
-            for c in ("site", "cluster", "layer", "token"):
+            for c in ("site", "cluster", "layer", "token", "correlation", "stream_id", "stream_type", "args", "device",
+                      "copy_kind", "host_memory", "bytes"):
                 v = getattr(r, c, None)
                 if v is not None and not (isinstance(v, float) and pd.isna(v)):
-                    args[c] = int(v) if c in ("layer", "token") else v
+                    args[c] = int(v) if c in ("layer", "token", "correlation", "stream_id", "device", "bytes") else v
             ev.append({"name": r.name, "cat": r.kind, "ph": "X", "ts": float(r.start_us), "dur": float(r.dur_us),
                        "pid": pid, "tid": tids[r.stream], "args": args})
     other = {k: meta.get(k) for k in ("ds4lab", "git_revision", "timestamp", "backend", "device", "driver", "cupy",
-                                      "modeled", "calibration", "kernel_source", "nvtx_source", "stages", "tokens",
-                                      "clock_offset_ns", "sites_matched") if k in meta}
+                                      "modeled", "calibration", "kernel_source", "nvtx_source", "api_source", "stages",
+                                      "tokens", "clock_offset_ns", "sites_matched") if k in meta}
     other["preset"] = meta.get("preset", {}).get("name") if isinstance(meta.get("preset"), dict) else meta.get("preset")
     other["provenance"] = tag
-    return {"traceEvents": ev, "displayTimeUnit": "ns", "otherData": other}
+    return {"otherData": other, "displayTimeUnit": "ns", "traceEvents": ev}
 
 
-def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict) -> list[Path]:
+def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
+           api: pd.DataFrame | None = None) -> list[Path]:
     from . import plots
 
     files = []
     p = out / "trace.json"
     tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(chrome_trace(kern, nvtx, meta), default=str))
+    tmp.write_text(json.dumps(chrome_trace(kern, nvtx, meta, api), default=str))
     tmp.replace(p)
     files.append(p)
     kern.to_csv(out / "trace_kernels.csv", index=False)
     nvtx.to_csv(out / "trace_nvtx.csv", index=False)
     files += [out / "trace_kernels.csv", out / "trace_nvtx.csv"]
+    (api if api is not None else pd.DataFrame(columns=API_COLUMNS)).to_csv(out / "trace_api.csv", index=False)
+    files.append(out / "trace_api.csv")
     import matplotlib.pyplot as plt
 
     fig = plots.trace_figure(kern, nvtx, meta)

@@ -1,0 +1,408 @@
+"""In-process recording of a decode loop for the audit, through ds4lab's one CUPTI session.
+
+Python API::
+
+    from ds4lab.audit.record import recording
+    with recording() as rec:          # CUPTI activity of every kind the audit reads, from here on
+        for _ in range(8):
+            model.generate(...)       # the user's decode loop
+    table = rec.table()               # an EventTable (tool "cupti")
+    rec.save("run.csv.gz")            # a file ds4lab.audit.sources.read understands
+
+What is recorded (:data:`ds4lab.backends.cupti.AUDIT_KINDS`): CUDA runtime and driver API calls,
+kernels, memcpys, memsets, synchronizations, NVTX ranges (``MARKER``: they reach CUPTI when the process
+started with ``NVTX_INJECTION64_PATH`` naming the CUPTI library; :func:`run_script` sets it), CUDA event
+records and stream creations (their flags give ``stream_type``). With ``stacks=True`` the CUPTI
+callback API records the Python stack at the entry of the rare hazard-class calls
+(:data:`HAZARD_RUNTIME`, :data:`HAZARD_DRIVER`: allocation, pinned host memory, synchronous copies and
+memsets, synchronizations and queries, graph launches, and ``cudaMemcpyAsync``, whose pageable form
+is a hazard), and nothing else: the cost stays on those calls.
+
+Command line (what :func:`run_script` runs, a subprocess of the same interpreter)::
+
+    python -m ds4lab.audit.record --out rec.csv.gz [--no-stacks] -- my_decode.py ARGS...
+
+runs the script with :mod:`runpy` (its ``sys.argv``, as ``__main__``) inside :func:`recording` and saves
+the table at exit, also when the script raises or is interrupted (Ctrl-C): what was recorded is kept,
+and the script's exit status is passed on (and written in the saved file's header).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ..backends.cupti import (AUDIT_KINDS, INVALID_ID, MARKER_END, MARKER_START, MEMCPY_KINDS, MEMORY_KINDS,
+                              STREAM_FLAGS, SYNC_TYPES, CuptiSession, CuptiUnavailable, cupti_available,
+                              cupti_library, host_memory)
+from .sources.common import SourceError
+
+#: Runtime API calls whose Python stack is recorded (CUDA Runtime API names; every version and
+#: ``_ptsz``/``_ptds`` variant).
+HAZARD_RUNTIME = frozenset({
+    "cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost", "cudaHostAlloc", "cudaHostRegister",
+    "cudaHostUnregister", "cudaMallocManaged", "cudaMallocPitch", "cudaMalloc3D", "cudaMallocAsync", "cudaFreeAsync",
+    "cudaMallocFromPoolAsync", "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol",
+    "cudaMemcpyFromSymbol", "cudaMemcpyPeer", "cudaMemset", "cudaMemset2D", "cudaMemset3D", "cudaMemcpyAsync",
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaThreadSynchronize", "cudaEventSynchronize",
+    "cudaStreamQuery", "cudaEventQuery", "cudaGraphLaunch", "cudaStreamWaitEvent"})
+#: Driver API calls whose Python stack is recorded.
+HAZARD_DRIVER = frozenset({
+    "cuMemAlloc", "cuMemFree", "cuMemAllocHost", "cuMemFreeHost", "cuMemHostAlloc", "cuMemHostRegister",
+    "cuMemAllocManaged", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemcpy", "cuMemcpyHtoD", "cuMemcpyDtoH",
+    "cuMemcpyDtoD", "cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuStreamSynchronize", "cuCtxSynchronize",
+    "cuEventSynchronize", "cuStreamQuery", "cuEventQuery", "cuGraphLaunch"})
+SAVED_NAME = "recording.csv.gz"
+
+
+class Recording:
+    """What :func:`recording` recorded: CUPTI record tuples (:mod:`ds4lab.backends.cupti`), the
+    Python stacks of the watched calls, and the notes of the session (kinds CUPTI refused, a
+    callback subscriber it refused). :meth:`table` and :meth:`save` may be called once the block
+    has ended."""
+
+    def __init__(self, session: CuptiSession, stacks: bool) -> None:
+        self.session = session
+        self.want_stacks = stacks
+        self.records: list[tuple] = []
+        self.stacks: dict[int, str] = {}
+        self.notes: list[str] = []
+        self.legacy: dict[int, str] = {}
+        self.pid = os.getpid()
+        self.done = False
+        self.trim = False
+        self._table = None
+
+    def table(self):
+        """The recording as an :class:`~ds4lab.audit.events.EventTable` (``source`` ``"<recording>"``,
+        ``tool`` ``"cupti"`` with the ``cupti-python`` version). Raises RuntimeError inside the block."""
+        if not self.done:
+            raise RuntimeError("the recording is still running: call table() after the with block")
+        if self._table is None:
+            self._table = _to_table(self)
+        return self._table
+
+    def save(self, path, **extra) -> Path:
+        """Write :meth:`table` to ``path`` (a folder: ``path/recording.csv.gz``) as a saved event table
+        (:mod:`ds4lab.audit.sources.saved`); ``extra`` goes into its header. Returns the file."""
+        from .sources.saved import write_table
+
+        p = Path(path)
+        if p.is_dir() or not p.suffix:
+            p.mkdir(parents=True, exist_ok=True)
+            p = p / SAVED_NAME
+        return write_table(self.table(), p, **extra)
+
+
+@contextlib.contextmanager
+def recording(*, stacks: bool = True):
+    """Record the block's CUDA activity (module docstring); yields a :class:`Recording`.
+
+    Raises:
+        SourceError: ``cupti-python`` missing, or CUPTI refusing to start (no driver, no GPU): names
+            what is missing. A refused callback subscriber only costs the stacks (noted).
+    """
+    ok, why = cupti_available()
+    if not ok:
+        raise SourceError(f"cannot record: {why}")
+    try:
+        session = CuptiSession.get()
+        _system_thread_ids(session)
+        sub = session.subscribe(AUDIT_KINDS)
+    except CuptiUnavailable as e:
+        raise SourceError(f"cannot record: {e}") from None
+    rec = Recording(session, stacks)
+    for k, why in session.refused.items():
+        if k in AUDIT_KINDS:
+            rec.notes.append(f"CUPTI refused activity kind {k} ({why}): its rows are missing")
+    watch = None
+    if stacks:
+        try:
+            watch = session.watch_calls(HAZARD_RUNTIME, HAZARD_DRIVER)
+        except CuptiUnavailable as e:
+            rec.notes.append(f"no Python stacks: {e}")
+    try:
+        yield rec
+    finally:
+        try:
+            rec.legacy = _legacy_streams(session, rec.notes)
+            rec.records = sub.take()
+        finally:
+            sub.close()
+            if watch is not None:
+                rec.stacks = dict(watch.stacks)
+                watch.close()
+            rec.done = True
+
+
+def _system_thread_ids(session) -> None:
+    """Thread ids as the OS numbers them (``CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM``), so that they
+    match ``threading.get_native_id()``; CUPTI's default is ``pthread_self``."""
+    T = getattr(session.c, "ActivityThreadIdType", None)
+    if T is not None and hasattr(T, "SYSTEM"):
+        with contextlib.suppress(Exception):
+            session.c.set_thread_id_type(T.SYSTEM)
+
+
+def _legacy_streams(session, notes) -> dict:
+    """:meth:`~ds4lab.backends.cupti.CuptiSession.stream_types_now`, or {} with a note saying why not."""
+    try:
+        return session.stream_types_now()
+    except Exception as e:  # noqa: BLE001 - no driver, or a binding without the call
+        notes.append(f"the legacy stream's id was not asked of CUPTI ({type(e).__name__}: {e}): streams created "
+                     "before the recording are of unknown type")
+        return {}
+
+
+_RUNNER = ("<frozen runpy>", "runpy.py", "ds4lab/audit/record.py", "click/")
+
+
+def trim_runner(stack: str) -> str:
+    """A recorded stack without the frames outside the user's script: everything up to the last
+    frame of the runner (``runpy``, this module, ``click``), so the script is the outermost frame."""
+    frames = stack.split(";")
+    last = -1
+    for i, f in enumerate(frames):
+        if f.startswith(_RUNNER) or f.split(":")[0].endswith("runpy.py"):
+            last = i
+    return ";".join(frames[last + 1:])
+
+
+def demangle(names) -> dict:
+    """``{mangled: demangled}`` for the C++ names among ``names`` (``_Z...``), through ``c++filt`` when
+    it is on PATH; {} otherwise."""
+    mangled = sorted({n for n in names if n.startswith("_Z")})
+    exe = shutil.which("c++filt")
+    if not mangled or exe is None:
+        return {}
+    try:
+        r = subprocess.run([exe], input="\n".join(mangled), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    out = r.stdout.splitlines()
+    return dict(zip(mangled, out)) if r.returncode == 0 and len(out) == len(mangled) else {}
+
+
+def _to_table(rec: Recording):
+    from .events import EventTable
+    from .sources.table import Rows, finish
+
+    s = rec.session
+    rows = Rows()
+    notes = list(rec.notes)
+    events, types, names = {}, dict(rec.legacy), {}
+    open_markers: dict[int, tuple] = {}
+    marks = 0
+    for r in rec.records:
+        if r[0] == "cuda_event":
+            events[r[4]] = (r[3], r[1])
+        elif r[0] == "stream" and r[1] in STREAM_FLAGS:
+            types.setdefault(r[3], STREAM_FLAGS[r[1]])
+        elif r[0] == "kernel":
+            names[r[1]] = None
+    dem = demangle(names)
+    for r in rec.records:
+        k = r[0]
+        if k == "api":
+            _, domain, t0, t1, pid, tid, corr, cbid, _ret = r
+            stream, ev = events.get(corr, (None, None))
+            stack = rec.stacks.get(corr)
+            if stack and rec.trim:
+                stack = trim_runner(stack)
+            rows.add(kind="api", name=s.callback_name(domain, cbid), domain=domain, pid=pid, tid=tid, start_ns=t0,
+                     end_ns=t1, correlation=corr, stack=stack, stream=stream, event=ev)
+        elif k == "kernel":
+            _, name, t0, t1, dev, stream, corr, grid, block, shared, gid, gnode = r
+            rows.add(kind="kernel", name=dem.get(name, name), start_ns=t0, end_ns=t1, device=dev, stream=stream,
+                     correlation=corr, grid=",".join(map(str, grid)), block=",".join(map(str, block)),
+                     shared_bytes=shared, graph_id=gid, graph_node_id=gnode, pid=rec.pid)
+        elif k == "memcpy":
+            _, ck, t0, t1, dev, stream, corr, nbytes, sk, dk, gid, gnode = r
+            kind = MEMCPY_KINDS.get(ck, "")
+            src, dst = MEMORY_KINDS.get(sk, "Unknown"), MEMORY_KINDS.get(dk, "Unknown")
+            rows.add(kind="memcpy", name=f"Memcpy {kind or '?'} ({src} -> {dst})", copy_kind=kind,
+                     host_memory=host_memory(kind, src, dst), bytes=nbytes, start_ns=t0, end_ns=t1, device=dev,
+                     stream=stream, correlation=corr, graph_id=gid, graph_node_id=gnode, pid=rec.pid)
+        elif k == "memset":
+            _, mk, t0, t1, dev, stream, corr, nbytes, gid, gnode = r
+            rows.add(kind="memset", name=f"Memset ({MEMORY_KINDS.get(mk, 'Unknown')})", bytes=nbytes, start_ns=t0,
+                     end_ns=t1, device=dev, stream=stream, correlation=corr, graph_id=gid, graph_node_id=gnode,
+                     pid=rec.pid)
+        elif k == "sync":
+            _, st, t0, t1, _ctx, stream, corr, ev = r
+            kind = SYNC_TYPES.get(st, "")
+            label = {"event": "Event Sync", "stream_wait_event": "Stream Wait Event", "stream": "Stream Sync",
+                     "context": "Context Sync"}.get(kind, "Unknown Sync")
+            rows.add(kind="sync", name=label, sync_kind=kind, start_ns=t0, end_ns=t1, correlation=corr, pid=rec.pid,
+                     stream=None if stream in (-1, INVALID_ID) else stream,
+                     event=None if ev in (-1, INVALID_ID) else ev)
+        elif k == "graph":
+            _, gid, t0, t1, dev, stream, corr = r
+            rows.add(kind="graph", name=f"graph {gid}", graph_id=gid, start_ns=t0, end_ns=t1, device=dev,
+                     stream=stream, correlation=corr, pid=rec.pid)
+        elif k == "marker":
+            _, flags, ts, mid, name, domain, pid, tid = r
+            if flags & MARKER_START:
+                open_markers[mid] = (ts, name, domain, pid, tid)
+            elif flags & MARKER_END and mid in open_markers:
+                t0, name0, dom0, pid0, tid0 = open_markers.pop(mid)
+                rows.add(kind="nvtx", name=name0, domain=dom0, pid=pid0 if pid0 >= 0 else rec.pid, tid=tid0,
+                         start_ns=t0, end_ns=ts)
+            else:
+                marks += 1
+    if open_markers:
+        notes.append(f"{len(open_markers)} NVTX ranges still open when the recording ended: not tabled")
+    if marks:
+        notes.append(f"{marks} NVTX marks (instantaneous) not tabled")
+    if rec.want_stacks and rec.stacks:
+        notes.append(f"Python stacks recorded at {len(rec.stacks):,} hazard-class CUDA calls (CUPTI callbacks)")
+    if s.dropped:
+        notes.append(f"{s.dropped:,} CUPTI records of kinds no subscription asked for were dropped")
+    df = rows.frame()
+    df = finish(df, {(-1, sid): t for sid, t in types.items()})
+    if not len(df):
+        notes.append("nothing was recorded: no CUDA activity ran inside the recording")
+    ver = getattr(s.c, "__version__", "") or _dist_version("cupti-python")
+    return EventTable(df, "<recording>", f"cupti (cupti-python {ver})" if ver else "cupti", notes)
+
+
+def _dist_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+# ----------------------------------------------------------------------------- running a script
+def _strip_python(argv: list[str]) -> list[str]:
+    argv = list(argv)
+    if argv and (Path(argv[0]).name.startswith("python") or argv[0] == sys.executable):
+        argv = argv[1:]
+    return argv
+
+
+def run_script(argv: list[str], out: Path, console=None) -> Path:
+    """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.audit.record``)
+    with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
+    when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
+    runs a module. ``NVTX_INJECTION64_PATH`` is set to the CUPTI library (unless already set) so
+    that NVTX ranges are recorded. The script's output goes to the terminal; its exit status is in
+    the saved file's header and the table's notes (a failing script still leaves its recording).
+
+    Raises:
+        SourceError: no script given; ``cupti-python`` missing (checked before starting); the
+            recording could not start in the subprocess (its reason: no GPU, no driver); nothing
+            saved.
+    """
+    argv = _strip_python(argv)
+    if not argv:
+        raise SourceError("ds4lab audit run: no script given (… run -- python my_decode.py ARGS)")
+    ok, why = cupti_available()
+    if not ok:
+        raise SourceError(f"cannot record: {why}")
+    out = Path(out)
+    target = out if out.name.endswith(".gz") else out / SAVED_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    err = target.with_name(target.name + ".error.txt")
+    for p in (target, err):
+        if p.exists():
+            p.unlink()
+    env = dict(os.environ)
+    lib = cupti_library()
+    if lib is not None and not env.get("NVTX_INJECTION64_PATH"):
+        env["NVTX_INJECTION64_PATH"] = str(lib)
+    cmd = [sys.executable, "-m", "ds4lab.audit.record", "--out", str(target), "--", *argv]
+    say = console.print if console is not None else (lambda *a, **k: None)
+    say(f"recording: {' '.join(argv)}")
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        say("interrupted: waiting for the script to save what it recorded")
+        try:
+            rc = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    if err.is_file():
+        raise SourceError(err.read_text().strip())
+    if not target.is_file():
+        raise SourceError(f"ds4lab audit run: {' '.join(argv)} exited with status {rc} and saved no recording "
+                          f"({target})")
+    say(f"recorded to {target}" + (f" (the script exited with status {rc})" if rc else ""))
+    return target
+
+
+def _exit_code(e: SystemExit) -> int:
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def main(argv=None) -> int:
+    """The runner (module docstring). Returns the script's exit status (130 after Ctrl-C)."""
+    import runpy
+    import traceback
+
+    import click
+
+    @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+    @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+                  help="The saved table (gzip CSV).")
+    @click.option("--no-stacks", is_flag=True, help="Record no Python stacks (no CUPTI callbacks).")
+    @click.argument("script", nargs=-1, type=click.UNPROCESSED, required=True)
+    def cli(out, no_stacks, script):
+        script = _strip_python(list(script))
+        status = 0
+        err = out.with_name(out.name + ".error.txt")
+        try:
+            ctx = recording(stacks=not no_stacks)
+            rec = ctx.__enter__()
+            rec.trim = True
+        except SourceError as e:
+            err.write_text(str(e) + "\n")
+            raise SystemExit(2) from None
+        argv0, path0 = list(sys.argv), list(sys.path)
+        try:
+            sys.argv = list(script if script[0] != "-m" else script[1:])
+            try:
+                if script[0] == "-m":
+                    runpy.run_module(script[1], run_name="__main__", alter_sys=True)
+                else:
+                    sys.path.insert(0, str(Path(script[0]).resolve().parent))
+                    runpy.run_path(script[0], run_name="__main__")
+            except SystemExit as e:
+                status = _exit_code(e)
+            except KeyboardInterrupt:
+                traceback.print_exc()
+                status = 130
+            except BaseException:  # noqa: BLE001 - the script's own error: shown, its recording kept
+                traceback.print_exc()
+                status = 1
+        finally:
+            sys.argv, sys.path[:] = argv0, path0
+            ctx.__exit__(None, None, None)
+            rec.save(out, exit_status=status, argv=list(script), source=" ".join(script))
+        raise SystemExit(status)
+
+    try:
+        cli.main(args=argv, prog_name="python -m ds4lab.audit.record", standalone_mode=False)
+    except SystemExit as e:
+        return _exit_code(e)
+    except click.ClickException as e:
+        e.show()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

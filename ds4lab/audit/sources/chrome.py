@@ -1,0 +1,380 @@
+"""Chrome Trace Event JSON into the event table: PyTorch profiler (Kineto) traces and ds4lab's own ``trace.json``.
+
+Format: "Trace Event Format" (Google; the JSON object form ``{"traceEvents": [...], ...}`` or the bare
+array form), complete events ``"ph": "X"`` with ``ts``/``dur`` in µs (three decimals: ns), read with
+``ijson`` (streaming: one event at a time, the file's text never held; plain or gzip).
+
+**Kineto dialect** (``torch.profiler`` ``export_chrome_trace``; libkineto ``output_json.cpp`` and
+``CuptiActivity.h``): host events have the process id as ``pid`` and the thread id as ``tid``; device
+events have the device as ``pid`` and the stream as ``tid``, with ``args`` ``device``, ``stream``,
+``correlation``. Categories read:
+
+===========================  ==================================================================================
+``cuda_runtime``             ``api`` row, domain ``runtime`` (``args.correlation``; no stream: it comes from the
+                             launched device row, :func:`ds4lab.audit.sources.table.correlate`)
+``cuda_driver``              ``api`` row, domain ``driver``
+``kernel``                   ``kernel`` row (``args.grid``, ``block``, ``shared memory``, ``graph id``,
+                             ``graph node id``)
+``gpu_memcpy``               ``memcpy`` row; the name carries the kinds: ``Memcpy HtoD (Pageable -> Device)``
+                             (``memcpyName``: copy kind, source and destination memory kinds)
+``gpu_memset``               ``memset`` row (``args.bytes``)
+``cuda_sync``                ``sync`` row: ``Stream Sync``, ``Event Sync``, ``Context Sync``,
+                             ``Stream Wait Event`` (``syncTypeString``); ``args.wait_on_cuda_event_id``
+``cuda_event``               no row of its own: stream and event of the ``cudaEventRecord`` with its correlation
+``user_annotation``          ``nvtx`` row, domain ``torch.record_function`` (``record_function`` ranges)
+``python_function``          no row: the frames (``file.py(line): function``) become the ``stack`` of the
+                             ``api`` rows they enclose on the same thread (``with_stack=True``)
+===========================  ==================================================================================
+
+Every other category (``cpu_op``, ``gpu_user_annotation``, flows, ``Trace``, instant and counter
+events) is counted and named in the table's notes, never dropped silently.
+
+**ds4lab dialect** (:mod:`ds4lab.report.trace_export`; told apart by ``otherData.ds4lab``): one process
+per stage (the table's ``pid``), host rows on thread 1, each stage's clock offset in
+``otherData.clock_offset_ns`` added back so the stages share one clock; categories ``nvtx`` (domain
+``ds4lab``), ``kernel``, ``memset``, ``memcpy``, ``cuda_runtime``, ``cuda_driver``, ``cuda_sync``
+with ds4lab's own ``args`` (``stream``, ``stream_type``, ``graph_id``, ``graph_node_id``,
+``correlation``, ``args``: a kernel's scalar arguments).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import zlib
+from array import array
+from pathlib import Path
+
+from ...backends.cupti import MEMCPY_KINDS, api_base_name, host_memory, short_path
+from .common import CountingReader, Progress, SourceError, head_bytes
+from .table import Rows, finish
+
+TORCH_DOMAIN = "torch.record_function"
+_MEMCPY = re.compile(r"^Memcpy (\w+) \(([^)]*?) -> ([^)]*)\)")
+_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+_ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+_SYNC = {"stream sync": "stream", "event sync": "event", "context sync": "context", "device sync": "device",
+         "stream wait event": "stream_wait_event"}
+_COPY = {v.lower(): v for v in MEMCPY_KINDS.values()}
+_ALIAS = {"runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_memcpy", "memset": "gpu_memset",
+          "concurrent_kernel": "kernel"}
+
+
+def looks_like(head: bytes) -> str | None:
+    """``"kineto"`` or ``"ds4lab"`` when ``head`` (a file's first decompressed bytes) starts a Chrome
+    trace (an object with ``traceEvents``, or an array of events with ``ph``); None otherwise."""
+    h = head.lstrip()
+    if h[:1] == b"{" and b'"traceEvents"' in head:
+        return "ds4lab" if re.search(rb'"otherData"\s*:\s*\{[^{}]*"ds4lab"\s*:', head) else "kineto"
+    if h[:1] == b"[" and b'"ph"' in head[:4096]:
+        return "kineto"
+    return None
+
+
+def frame_name(raw: str) -> str:
+    """A Kineto ``python_function`` name as a stack frame: ``path(line): function`` →
+    ``short_path:line function``; others (``<built-in method ...>``, ``nn.Module: ...``) with object
+    addresses removed, so that stacks compare across runs."""
+    m = _FRAME.match(raw)
+    if m:
+        return f"{short_path(m.group(1))}:{m.group(2)} {m.group(3)}"
+    return _ADDR.sub("", raw)
+
+
+def _ns(v) -> int:
+    return -1 if v is None else int(round(float(v) * 1000.0))
+
+
+def _dims(v) -> str:
+    if isinstance(v, (list, tuple)) and v:
+        return ",".join(str(int(x)) for x in v)
+    return ""
+
+
+def _int(v, default=-1) -> int:
+    try:
+        return default if v is None or isinstance(v, bool) else int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+class _Frames:
+    """Python frames per host thread, compactly: start, end and a name id each."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.ids: dict[str, int] = {}
+        self.by_thread: dict[tuple, tuple] = {}
+
+    def add(self, pid, tid, start, end, name) -> None:
+        i = self.ids.get(name)
+        if i is None:
+            i = self.ids[name] = len(self.names)
+            self.names.append(frame_name(name))
+        t = self.by_thread.get((pid, tid))
+        if t is None:
+            t = self.by_thread[(pid, tid)] = (array("q"), array("q"), array("q"))
+        t[0].append(start)
+        t[1].append(end)
+        t[2].append(i)
+
+    def __len__(self) -> int:
+        return sum(len(t[0]) for t in self.by_thread.values())
+
+    def stacks(self, calls: dict, rows: Rows) -> int:
+        """Set the ``stack`` of each API row in ``calls`` (``{(pid, tid): [(start, row), ...]}``) to the
+        frames enclosing it, outermost first; returns how many rows got one."""
+        import numpy as np
+
+        done = 0
+        stack_col = rows.strs["stack"]
+        cache: dict[tuple, str] = {}
+        for key, lst in calls.items():
+            t = self.by_thread.get(key)
+            if t is None or not lst:
+                continue
+            fs = np.frombuffer(t[0], dtype=np.int64)
+            fe = np.frombuffer(t[1], dtype=np.int64)
+            fn = np.frombuffer(t[2], dtype=np.int64)
+            order = np.lexsort((-fe, fs))
+            fs, fe, fn = fs[order], fe[order], fn[order]
+            lst.sort()
+            st: list = []
+            fi, n = 0, len(fs)
+            for t0, row in lst:
+                while fi < n and fs[fi] <= t0:
+                    while st and fe[st[-1]] <= fs[fi]:
+                        st.pop()
+                    st.append(fi)
+                    fi += 1
+                while st and fe[st[-1]] <= t0:
+                    st.pop()
+                if st:
+                    k = tuple(int(fn[j]) for j in st)
+                    s = cache.get(k)
+                    if s is None:
+                        s = cache[k] = rows.intern(";".join(self.names[j] for j in k))
+                    stack_col[row] = s
+                    done += 1
+        return done
+
+
+def _open(path: Path, progress: Progress | None):
+    """(CountingReader over the decompressed bytes, the raw file, whether gzip)."""
+    raw = open(path, "rb")
+    magic = raw.read(2)
+    raw.seek(0)
+    if magic == b"\x1f\x8b":
+        return CountingReader(gzip.GzipFile(fileobj=raw), progress, raw), raw, True
+    return CountingReader(raw, progress), raw, False
+
+
+def _meta(head: bytes) -> dict:
+    """The top-level keys before ``traceEvents`` (Kineto writes its metadata first; ds4lab's trace
+    its ``otherData``)."""
+    import ijson
+
+    meta = {}
+    try:
+        for k, v in ijson.kvitems(io.BytesIO(head), "", use_float=True):
+            if k == "traceEvents":
+                break
+            meta[k] = v
+    except (ijson.JSONError, ValueError):
+        pass
+    return meta
+
+
+def read_chrome(path: Path, dialect: str, progress=None):
+    """Read a Chrome trace of ``dialect`` (``"kineto"`` or ``"ds4lab"``, from :func:`looks_like`)
+    into an :class:`~ds4lab.audit.events.EventTable` (see the module docstring). ``progress``: see
+    :class:`~ds4lab.audit.sources.common.Progress` (over the file's bytes).
+
+    Raises:
+        SourceError: the file is cut (names the byte offset) or not valid JSON, or it holds no CUDA
+            activity at all (names what it does hold).
+    """
+    import ijson
+
+    from ..events import EventTable
+
+    path = Path(path)
+    head = head_bytes(path, 1 << 16)
+    meta = _meta(head)
+    if dialect == "ds4lab" and "otherData" not in meta:
+        meta["otherData"] = _other_data(path)
+    other = meta.get("otherData") or {}
+    st = _State(dialect, other)
+    prefix = "item" if head.lstrip()[:1] == b"[" else "traceEvents.item"
+    size = path.stat().st_size
+    with Progress(progress, f"reading {path.name}", size) as prog:
+        reader, raw, gz = _open(path, prog)
+        n = 0
+        try:
+            for ev in ijson.items(reader, prefix, use_float=True):
+                st.event(ev)
+                n += 1
+        except ijson.IncompleteJSONError as e:
+            raise SourceError(_cut(path, reader, raw, gz, n, e)) from None
+        except ijson.JSONError as e:
+            raise SourceError(f"{path}: not valid JSON near byte {reader.count:,} of the "
+                              f"{'decompressed ' if gz else ''}text, after {n:,} events ({e})") from None
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise SourceError(f"{path}: the gzip stream is cut or damaged at byte {raw.tell():,} of {size:,} "
+                              f"(after {n:,} events: {e}); the file is incomplete") from None
+        finally:
+            raw.close()
+    return st.table(path, meta, EventTable)
+
+
+def _cut(path, reader, raw, gz, n, e) -> str:
+    where = (f"byte {raw.tell():,} of the {path.stat().st_size:,}-byte gzip file ({reader.count:,} bytes of JSON)"
+             if gz else f"byte {reader.count:,}")
+    return (f"{path}: the JSON is cut at {where}, after {n:,} complete events ({e}); the file is incomplete "
+            "(a trace still being written, or a copy cut short): take the trace again")
+
+
+def _other_data(path: Path) -> dict:
+    import ijson
+
+    with open(path, "rb") as f:
+        for v in ijson.items(f, "otherData", use_float=True):
+            return v
+    return {}
+
+
+class _State:
+    """The rows of one Chrome trace as its events stream past."""
+
+    def __init__(self, dialect: str, other: dict) -> None:
+        self.ds4 = dialect == "ds4lab"
+        self.rows = Rows()
+        self.frames = _Frames()
+        self.calls: dict[tuple, list] = {}
+        self.skipped: dict[str, int] = {}
+        self.events: dict[int, tuple] = {}  # correlation → (stream, event) of a cuda_event record
+        self.tids: dict[str, int] = {}
+        self.offsets = {str(k): int(v) for k, v in (other.get("clock_offset_ns") or {}).items()} if self.ds4 else {}
+        self.stage_of: dict[int, str] = {}
+        self.other = other
+        self.cuda = 0
+
+    def _tid(self, v) -> int:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return int(v)
+        s = str(v)
+        m = re.search(r"(\d+)\s*$", s)
+        if m:
+            return int(m.group(1))
+        return self.tids.setdefault(s, 1_000_000_000 + len(self.tids))
+
+    def _skip(self, what: str) -> None:
+        self.skipped[what] = self.skipped.get(what, 0) + 1
+
+    def event(self, ev: dict) -> None:
+        ph = ev.get("ph")
+        cat = str(ev.get("cat", "")).lower()
+        if ph == "M":
+            if self.ds4 and ev.get("name") == "process_name":
+                m = re.match(r"stage (\S+):", str((ev.get("args") or {}).get("name", "")))
+                if m:
+                    self.stage_of[_int(ev.get("pid"))] = m.group(1)
+            return
+        if ph != "X":
+            self._skip(f"'{cat or ev.get('name', '?')}' events of phase {ph!r}")
+            return
+        cat = _ALIAS.get(cat, cat)
+        a = ev.get("args") or {}
+        t0 = _ns(ev.get("ts"))
+        t1 = t0 + max(_ns(ev.get("dur", 0)), 0)
+        if self.ds4:
+            off = self.offsets.get(self.stage_of.get(_int(ev.get("pid")), ""), 0)
+            t0, t1 = t0 + off, t1 + off
+        name = str(ev.get("name", ""))
+        if cat in ("cuda_runtime", "cuda_driver"):
+            self.cuda += 1
+            pid, tid = _int(ev.get("pid")), self._tid(ev.get("tid"))
+            if self.ds4:
+                tid = 1  # ds4lab's trace draws the calls on their own track; they ran on the host thread
+            corr = _int(a.get("correlation"))
+            stream, event = _int(a.get("stream")), _int(a.get("event"))
+            self.calls.setdefault((pid, tid), []).append((t0, self.rows.n))
+            self.rows.add(kind="api", name=api_base_name(name), domain=cat[5:], pid=pid, tid=tid, start_ns=t0,
+                          end_ns=t1, correlation=corr, stream=stream, event=event, device=_int(a.get("device")),
+                          stream_type=a.get("stream_type"), stack=a.get("stack"))
+        elif cat == "python_function":
+            self.frames.add(_int(ev.get("pid")), self._tid(ev.get("tid")), t0, t1, name)
+        elif cat == "user_annotation" or (self.ds4 and cat == "nvtx"):
+            self.rows.add(kind="nvtx", name=name, domain="ds4lab" if self.ds4 else TORCH_DOMAIN,
+                          pid=_int(ev.get("pid")), tid=self._tid(ev.get("tid")), start_ns=t0, end_ns=t1)
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"):
+            self.cuda += 1
+            self._device(cat, name, ev, a, t0, t1)
+        elif cat == "cuda_event":
+            self.events[_int(a.get("correlation"))] = (_int(a.get("stream")), _int(a.get("event_id")))
+        else:
+            self._skip(f"'{cat}' events")
+
+    def _device(self, cat, name, ev, a, t0, t1) -> None:
+        dev = _int(a.get("device"), _int(ev.get("pid")) if not self.ds4 else -1)
+        stream = _int(a.get("stream_id", a.get("stream")), -1 if self.ds4 else _int(ev.get("tid")))
+        common = dict(start_ns=t0, end_ns=t1, device=dev, stream=stream,
+                      correlation=_int(a.get("correlation")), pid=_int(ev.get("pid")) if self.ds4 else -1,
+                      stream_type=a.get("stream_type"))
+        gid = _int(a.get("graph_id", a.get("graph id")), -1)
+        gnode = _int(a.get("graph_node_id", a.get("graph node id")), -1)
+        if cat == "kernel":
+            self.rows.add(kind="kernel", name=name, grid=_dims(a.get("grid")), block=_dims(a.get("block")),
+                          shared_bytes=_int(a.get("shared memory")), graph_id=gid, graph_node_id=gnode,
+                          args=a.get("args"), **common)
+        elif cat == "gpu_memcpy":
+            m = _MEMCPY.match(name)
+            ck = _COPY.get(m.group(1).lower(), "") if m else str(a.get("copy_kind", ""))
+            hm = host_memory(ck, m.group(2), m.group(3)) if m else str(a.get("host_memory", ""))
+            self.rows.add(kind="memcpy", name=name, copy_kind=ck, host_memory=hm, bytes=_int(a.get("bytes")),
+                          graph_id=gid, graph_node_id=gnode, **common)
+        elif cat == "gpu_memset":
+            self.rows.add(kind="memset", name=name, bytes=_int(a.get("bytes")), graph_id=gid, graph_node_id=gnode,
+                          **common)
+        else:
+            kind = _SYNC.get(name.strip().lower(), str(a.get("sync_kind", "")))
+            ev_id = _int(a.get("wait_on_cuda_event_id", a.get("event")))
+            self.rows.add(kind="sync", name=name, sync_kind=kind, event=ev_id, **common)
+
+    def table(self, path: Path, meta: dict, EventTable):
+        notes = []
+        if not self.cuda:
+            held = ", ".join(f"{n:,} {w}" for w, n in sorted(self.skipped.items(), key=lambda x: -x[1])[:8])
+            nf = len(self.frames)
+            if nf:
+                held = (held + ", " if held else "") + f"{nf:,} 'python_function' events"
+            raise SourceError(f"{path}: no CUDA activity at all (no cuda_runtime, cuda_driver, kernel, gpu_memcpy, "
+                              f"gpu_memset or cuda_sync event); it holds {held or 'no complete event'}. Profile with "
+                              "torch.profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])")
+        nf = len(self.frames)
+        if nf:
+            got = self.frames.stacks(self.calls, self.rows)
+            notes.append(f"{nf:,} python_function frames made the Python stack of {got:,} CUDA API calls")
+        elif not self.ds4:
+            notes.append("no python_function events (profiled without with_stack=True): findings are located by "
+                         "their record_function path only")
+        for what, n in sorted(self.skipped.items(), key=lambda x: -x[1]):
+            notes.append(f"{n:,} {what} not tabled (not CUDA activity the audit reads)")
+        df = self.rows.frame()
+        if self.events:  # cudaEventRecord: stream and event from its cuda_event record
+            api = df.index[(df.kind == "api") & df.correlation.isin(list(self.events)) & (df.stream < 0)]
+            got = [self.events[c] for c in df.loc[api, "correlation"]]
+            df.loc[api, "stream"] = [g[0] for g in got]
+            df.loc[api, "event"] = [g[1] for g in got]
+        df = finish(df)
+        if self.ds4:
+            tool = f"ds4lab-trace ({self.other.get('ds4lab', '?')}"
+            tool += ", MODELED)" if self.other.get("modeled") else ")"
+            if not (df.kind == "api").any():
+                notes.append("this trace.json holds no CUDA API calls (written by a ds4lab before the audit): only "
+                             "kernels and NVTX ranges are read")
+        else:
+            ver = meta.get("schemaVersion")
+            tool = "pytorch-profiler" + (f" (Kineto schema {ver})" if ver is not None else "")
+        return EventTable(df, str(path), tool, notes)

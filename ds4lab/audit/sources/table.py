@@ -1,0 +1,203 @@
+"""Building an event table from a stream of rows, in bounded memory, and the steps every source shares.
+
+:class:`Rows` collects rows column by column (integers in ``array('q')``, 8 bytes a cell; strings
+interned, so a kernel name or a Python stack repeated over a million rows is held once), so a reader
+never holds a list of row dicts nor the file's text. :meth:`Rows.frame` turns them into the event
+table's DataFrame (:data:`ds4lab.audit.events.COLUMNS`, sorted by ``start_ns``, stable).
+
+:func:`finish` then does what every source needs and no source says directly:
+
+1. the NVTX path of every host row (``nvtx_path``: the ranges open on the row's thread at its start,
+   outermost first, ``/``-joined), by one sweep per thread;
+2. the correlation join (CUPTI's correlation id links an API call to the device rows it launched):
+   a device row without a process gets the launching call's; an API row without a stream or device
+   gets them from its device rows (Kineto writes no stream on ``cuda_runtime`` events); a device row
+   takes the launching call's ``nvtx_path`` and ``stack``, so a kernel says where it was launched from;
+3. ``stream_type`` from a per-(process, stream) map the source knew;
+4. a process that used exactly one device: its API, sync and graph rows that name no device take
+   that one (so a per-device report keeps its process's allocations and synchronizations).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from ..events import COLUMNS, check_frame
+
+_INT = [c for c, (t, _) in COLUMNS.items() if t == "int64"]
+_STR = [c for c, (t, _) in COLUMNS.items() if t != "int64"]
+DEVICE_KINDS = ("kernel", "memcpy", "memset", "sync", "graph")
+
+
+class Rows:
+    """A columnar accumulator of event rows (see the module docstring).
+
+    ``add(kind=..., name=..., ...)`` takes a row's cells by column name; a column left out gets its
+    missing value (``-1`` / ``""``). Raises KeyError naming an unknown column.
+    """
+
+    def __init__(self) -> None:
+        self.ints = {c: array("q") for c in _INT}
+        self.strs: dict[str, list] = {c: [] for c in _STR}
+        self._pool: dict[str, str] = {}
+        self.n = 0
+
+    def intern(self, s: str) -> str:
+        """One shared copy of ``s`` for every row that holds it."""
+        return self._pool.setdefault(s, s)
+
+    def add(self, **cells) -> None:
+        unknown = set(cells) - set(COLUMNS)
+        if unknown:
+            raise KeyError(f"unknown event column(s): {', '.join(sorted(unknown))}")
+        pool = self._pool
+        for c, col in self.ints.items():
+            v = cells.get(c)
+            col.append(-1 if v is None else int(v))
+        for c, col in self.strs.items():
+            v = cells.get(c)
+            if v is None or v == "":
+                col.append("")
+            else:
+                v = str(v)
+                col.append(pool.setdefault(v, v))
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def frame(self):
+        """The rows as an event-table DataFrame, sorted by ``start_ns`` (stable). The columns are
+        moved out (this object is empty afterwards)."""
+        import pandas as pd
+
+        data = {}
+        for c in COLUMNS:
+            if c in self.ints:
+                data[c] = np.frombuffer(self.ints[c], dtype=np.int64).copy() if self.n else np.empty(0, np.int64)
+                self.ints[c] = array("q")
+            else:
+                a = np.empty(self.n, dtype=object)
+                a[:] = self.strs[c]
+                data[c] = a
+                self.strs[c] = []
+        self.n = 0
+        df = pd.DataFrame(data, columns=list(COLUMNS))
+        for c in _STR:  # the event table's strings are plain objects (as make_frame), whatever pandas infers
+            if df[c].dtype != object:
+                df[c] = df[c].astype(object)
+        if not df.start_ns.is_monotonic_increasing:
+            df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+        return df
+
+
+def nvtx_paths(df) -> None:
+    """Fill ``nvtx_path`` of every host row (``api``, ``nvtx``) that has a thread, in place: the
+    ``nvtx`` ranges open on its (pid, tid) at its start (a range is open on ``[start, end)``; a range
+    does not contain itself), outermost first, joined by ``/``. ``df`` sorted by ``start_ns``."""
+    host = df[(df.kind.isin(("api", "nvtx"))) & (df.tid >= 0)]
+    if host.empty or not (host.kind == "nvtx").any():
+        return
+    out = df["nvtx_path"].to_numpy(dtype=object, copy=True)
+    kinds, starts, ends, names = (host.kind.to_numpy(), host.start_ns.to_numpy(), host.end_ns.to_numpy(),
+                                  host.name.to_numpy())
+    idx = host.index.to_numpy()
+    keys = host.pid.to_numpy() * (1 << 32) + host.tid.to_numpy()
+    order = np.lexsort((-ends, starts, keys))  # per thread, by start, the longer range first
+    cache: dict[tuple, str] = {}
+    open_: list = []  # (end, name) of the ranges open now, in start order
+    prev = None
+    for j in order:
+        if keys[j] != prev:
+            open_, prev = [], keys[j]
+        t = starts[j]
+        if open_:
+            open_ = [r for r in open_ if r[0] > t]
+        if open_:
+            k = tuple(r[1] for r in open_)
+            p = cache.get(k)
+            if p is None:
+                p = cache[k] = "/".join(k)
+            out[idx[j]] = p
+        if kinds[j] == "nvtx":
+            open_.append((ends[j] if ends[j] >= 0 else np.iinfo(np.int64).max, names[j]))
+    df["nvtx_path"] = out
+
+
+def correlate(df) -> None:
+    """The correlation join of the module docstring (step 2), in place."""
+    api = df[(df.kind == "api") & (df.correlation >= 0)]
+    dev = df[df.kind.isin(DEVICE_KINDS) & (df.correlation >= 0)]
+    if api.empty or dev.empty:
+        return
+    # 1. device rows without a process: the process of the one API call with that correlation id
+    if (dev.pid < 0).any():
+        per = api.groupby("correlation").pid.agg(["first", "nunique"])
+        one = per[per["nunique"] == 1]["first"]
+        miss = dev.index[dev.pid < 0]
+        got = df.loc[miss, "correlation"].map(one)
+        ok = got.notna()
+        df.loc[miss[ok.to_numpy()], "pid"] = got[ok].astype(np.int64).to_numpy()
+        dev = df[df.kind.isin(DEVICE_KINDS) & (df.correlation >= 0)]
+    key_api = api.pid.astype(np.int64) * (1 << 40) + api.correlation
+    key_dev = dev.pid.astype(np.int64) * (1 << 40) + dev.correlation
+    # 2. API rows: stream and device from their first device row
+    first = dev.assign(_k=key_dev.to_numpy()).drop_duplicates("_k").set_index("_k")
+    for col in ("stream", "device", "stream_type"):
+        miss_val = COLUMNS[col][1]
+        need = api.index[(api[col] == miss_val).to_numpy()]
+        if len(need):
+            got = key_api.loc[need].map(first[col])
+            ok = got.notna() & (got != miss_val)
+            if ok.any():
+                df.loc[need[ok.to_numpy()], col] = got[ok].to_numpy()
+    # 3. device rows: the launching call's NVTX path and Python stack
+    calls = api.assign(_k=key_api.to_numpy()).drop_duplicates("_k").set_index("_k")
+    for col in ("nvtx_path", "stack"):
+        need = dev.index[(dev[col] == "").to_numpy()]
+        if len(need):
+            got = key_dev.loc[need].map(calls[col])
+            ok = got.notna() & (got != "")
+            if ok.any():
+                df.loc[need[ok.to_numpy()], col] = got[ok].to_numpy()
+
+
+def stream_types(df, types: dict) -> None:
+    """Set ``stream_type`` from ``types`` (``{(pid, stream): type}``; pid -1 stands for every process)
+    on every row whose own is unknown, in place."""
+    if not types or df.empty:
+        return
+    need = (df.stream_type == "") & (df.stream >= 0)
+    if not need.any():
+        return
+    sub = df.loc[need, ["pid", "stream"]]
+    got = [types.get((p, s), types.get((-1, s), "")) for p, s in zip(sub.pid, sub.stream)]
+    df.loc[need, "stream_type"] = got
+
+
+def one_device(df) -> None:
+    """Step 4 of the module docstring, in place."""
+    dev = df[df.kind.isin(("kernel", "memcpy", "memset")) & (df.device >= 0) & (df.pid >= 0)]
+    if dev.empty:
+        return
+    per = dev.groupby("pid").device.agg(["first", "nunique"])
+    one = per[per["nunique"] == 1]["first"]
+    need = df.kind.isin(("api", "sync", "graph")) & (df.device < 0) & df.pid.isin(one.index)
+    if need.any():
+        df.loc[need, "device"] = df.loc[need, "pid"].map(one).astype(np.int64).to_numpy()
+
+
+def finish(df, types: dict | None = None):
+    """Every shared step (module docstring) on a sorted event table; checked with
+    :func:`ds4lab.audit.events.check_frame`. Returns ``df``."""
+    nvtx_paths(df)
+    stream_types(df, types or {})
+    correlate(df)
+    one_device(df)
+    for c in _STR:
+        if df[c].dtype != object:
+            df[c] = df[c].astype(object)
+    check_frame(df)
+    return df

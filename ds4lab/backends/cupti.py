@@ -1,0 +1,478 @@
+"""The one process-wide CUPTI session (``cupti-python``): activity records and call callbacks.
+
+CUPTI takes one pair of activity-buffer callbacks and one callback-API subscriber per process
+(CUPTI Activity API, ``cuptiActivityRegisterCallbacks``; Callback API, ``cuptiSubscribe``:
+``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``). Every user in ds4lab (the MoE profiler's
+``cupti`` mode, ``ds4lab bench --per-op``, ``ds4lab trace``, the audit's in-process recording) goes
+through :class:`CuptiSession`, which owns both, and asks for what it needs:
+
+* :meth:`CuptiSession.subscribe` — a :class:`Subscription` to some activity kinds. A kind is enabled
+  (``cuptiActivityEnable``) while at least one open subscription asks for it and disabled when the
+  last one closes; each completed record is converted at once into a plain tuple
+  (:data:`RECORD_FIELDS`: the buffer is CUPTI's and is given back when the callback returns) and
+  handed to every open subscription that asked for its kind. ``take()`` flushes
+  (``cuptiActivityFlushAll(1)``: forced, so records of work still running are delivered) and returns
+  what arrived since the last take.
+* :meth:`CuptiSession.watch_calls` — a :class:`CallWatch`: callback-API callbacks
+  (``CUPTI_CB_DOMAIN_RUNTIME_API``/``DRIVER_API``, ``cuptiEnableCallback`` per callback id) on a few
+  named calls, which record the calling thread's Python stack at API entry, keyed by the call's
+  correlation id (the same id as the call's activity record: CUPTI Callback API,
+  ``CUpti_CallbackData.correlationId``). Only the named calls pay for it.
+
+``cupti-python`` is an optional dependency, imported only here and only when a session starts;
+without it (or without a driver) :class:`CuptiUnavailable` names what is missing.
+
+Record tuples, by kind (times in ns on CUPTI's clock, ``cuptiGetTimestamp``):
+
+=============  ========================================================================================
+``kernel``     (kind, name, start, end, device, stream, correlation, grid (x,y,z), block (x,y,z),
+               shared bytes (static + dynamic), graph_id, graph_node_id)
+``memcpy``     (kind, copy_kind, start, end, device, stream, correlation, bytes, src memory kind,
+               dst memory kind, graph_id, graph_node_id)
+``memset``     (kind, memory kind, start, end, device, stream, correlation, bytes, graph_id, graph_node_id)
+``api``        (kind, domain ``runtime``/``driver``, start, end, process id, thread id, correlation,
+               callback id, return value)
+``sync``       (kind, sync type, start, end, context, stream, correlation, cuda event id)
+``cuda_event`` (kind, event id, device, stream, correlation)
+``stream``     (kind, flag, context, stream, correlation)
+``marker``     (kind, flags, timestamp, id, name, domain, process id, thread id)
+``graph``      (kind, graph_id, start, end, device, stream, correlation)
+=============  ========================================================================================
+
+Memory kinds and copy kinds are CUPTI's numbers (``CUpti_ActivityMemoryKind``,
+``CUpti_ActivityMemcpyKind``); :data:`MEMCPY_KINDS`, :data:`MEMORY_KINDS`, :data:`SYNC_TYPES` and
+:data:`STREAM_FLAGS` name them (``cupti_activity.h``, CUDA 13; checked against ``cupti-python`` 13.0.1's
+enums).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+#: Activity kinds (``cupti.ActivityKind`` member names) of the MoE profiler and ``ds4lab bench --per-op``.
+KERNEL_KINDS = ("CONCURRENT_KERNEL", "MEMSET")
+#: Activity kinds of ``ds4lab trace`` (its timeline and, for the audit, the API level).
+TRACE_KINDS = ("CONCURRENT_KERNEL", "MEMSET", "MEMCPY", "RUNTIME", "DRIVER", "SYNCHRONIZATION", "CUDA_EVENT",
+               "STREAM")
+#: Activity kinds of the audit's in-process recording.
+AUDIT_KINDS = ("RUNTIME", "DRIVER", "CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "SYNCHRONIZATION", "MARKER",
+               "CUDA_EVENT", "STREAM")
+
+#: ``CUpti_ActivityMemcpyKind`` → ds4lab's copy kind (``ds4lab.audit.events.COPY_KINDS``).
+MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
+                10: "PtoP"}
+#: ``CUpti_ActivityMemoryKind`` → its label as CUPTI's samples and Kineto print it.
+MEMORY_KINDS = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed", 6: "Device Static",
+                7: "Managed Static"}
+#: ``CUpti_ActivitySynchronizationType`` → ds4lab's sync kind (``ds4lab.audit.events.SYNC_KINDS``).
+SYNC_TYPES = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
+#: ``CUpti_ActivityStreamFlag`` → ds4lab's stream type (``ds4lab.audit.events.STREAM_TYPES``).
+STREAM_FLAGS = {1: "blocking", 2: "non_blocking", 3: "legacy"}
+#: ``CUPTI_ACTIVITY_FLAG_MARKER_START`` / ``_END`` / ``_INSTANTANEOUS`` (``cupti_activity.h``; the
+#: binding's ``ActivityFlag`` enum lacks ``MARKER_END``).
+MARKER_START, MARKER_END, MARKER_INSTANT = 1 << 1, 1 << 2, 1 << 0
+#: ``CUPTI_SYNCHRONIZATION_INVALID_VALUE``: no stream or event applies.
+INVALID_ID = 0xFFFFFFFF
+
+
+#: A memory-kind label (lower case) → ds4lab's host memory (``ds4lab.audit.events.HOST_MEMORY``).
+HOST_MEMORY_OF = {"pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed"}
+
+
+def host_memory(copy_kind: str, src: str, dst: str) -> str:
+    """The host side's memory kind of a copy (``pageable``, ``pinned``, ``managed`` or ``""``): the
+    source of a copy from the host, the destination of a copy to the host."""
+    src, dst = src.strip().lower(), dst.strip().lower()
+    if copy_kind in ("HtoD", "HtoA"):
+        side = src
+    elif copy_kind in ("DtoH", "AtoH"):
+        side = dst
+    elif copy_kind == "HtoH":
+        side = "pageable" if "pageable" in (src, dst) else src
+    else:
+        return ""
+    return HOST_MEMORY_OF.get(side, "")
+
+
+
+class CuptiUnavailable(RuntimeError):
+    """CUPTI cannot be used here; the message names what is missing (the package, the driver)."""
+
+
+def cupti_available() -> tuple[bool, str]:
+    """Whether ``cupti-python`` imports; ``(False, reason)`` naming the fix when it does not.
+    Never raises."""
+    try:
+        import importlib
+
+        importlib.import_module("cupti.cupti")
+    except Exception as e:  # ImportError, or a library that fails to load
+        return False, f"cupti-python not importable ({type(e).__name__}: {e}); pip install cupti-python"
+    return True, "ok"
+
+
+def cupti_library() -> Path | None:
+    """The CUPTI shared library that ``cupti-python`` loads (``nvidia/*/lib/libcupti.so*`` of the
+    ``nvidia-cuda-cupti`` wheel), or None when none is found. NVTX markers reach CUPTI only when a
+    process starts with ``NVTX_INJECTION64_PATH`` naming it (CUPTI documentation, "NVTX": the
+    injection library is loaded at the first NVTX call)."""
+    import importlib.util
+
+    found = []
+    for root in sys.path:
+        base = Path(root or ".") / "nvidia"
+        if base.is_dir():
+            found += sorted(base.glob("*/lib/libcupti.so*"))
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            found += sorted(Path(loc).glob("*/lib/libcupti.so*"))
+    return found[0] if found else None
+
+
+def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
+    """The Python stack from ``frame`` outwards, outermost first, as ``file:line function`` joined
+    by ``;`` (:func:`short_path` of each file), at most ``limit`` innermost frames (a leading ``...``
+    says more were cut); frames whose file ends with one of ``skip_files`` are left out."""
+    out = []
+    f = frame
+    while f is not None:
+        co = f.f_code
+        if not (skip_files and co.co_filename.endswith(skip_files)):
+            out.append(f"{short_path(co.co_filename)}:{f.f_lineno} {co.co_name}")
+        f = f.f_back
+    cut = len(out) > limit
+    out = out[:limit][::-1]
+    return ";".join((["..."] if cut else []) + out)
+
+
+_SHORT: dict[str, str] = {}
+
+
+def short_path(path: str) -> str:
+    """A source path as the audit shows it: the part after ``site-packages/`` or ``dist-packages/``
+    (the package's own path, as in ``transformers/generation/utils.py``), else relative to the
+    current folder when under it, else as given."""
+    s = _SHORT.get(path)
+    if s is not None:
+        return s
+    s = path
+    for marker in ("site-packages/", "dist-packages/"):
+        i = path.rfind(marker)
+        if i >= 0:
+            s = path[i + len(marker):]
+            break
+    else:
+        try:
+            cwd = os.getcwd()
+            if path.startswith(cwd + os.sep):
+                s = path[len(cwd) + 1:]
+        except OSError:
+            pass
+    _SHORT[path] = s
+    return s
+
+
+@dataclass
+class Subscription:
+    """Records of some activity kinds since the last :meth:`take` (see :class:`CuptiSession`)."""
+
+    session: "CuptiSession"
+    kinds: frozenset
+    records: list = field(default_factory=list)
+    closed: bool = False
+
+    def take(self) -> list[tuple]:
+        """Flush CUPTI's buffers and return the record tuples that arrived since the last take."""
+        self.session.flush()
+        with self.session.lock:
+            out, self.records = self.records, []
+        return out
+
+    def close(self) -> None:
+        """Flush, stop receiving, and disable the kinds no other open subscription asks for (idempotent)."""
+        if not self.closed:
+            self.session.flush()
+            self.session._close(self)
+            self.closed = True
+
+
+@dataclass
+class CallWatch:
+    """Python stacks of watched calls, ``{correlation id: stack}`` (see :meth:`CuptiSession.watch_calls`)."""
+
+    session: "CuptiSession"
+    stacks: dict = field(default_factory=dict)
+    names: dict = field(default_factory=dict)
+    closed: bool = False
+
+    def close(self) -> None:
+        """Stop the callbacks (unsubscribe when no other watch is open; idempotent)."""
+        if not self.closed:
+            self.session._close_watch(self)
+            self.closed = True
+
+
+class CuptiSession:
+    """The process's CUPTI session (create with :meth:`get`). Thread-safe: CUPTI delivers buffers on
+    its own thread; :attr:`lock` guards the subscriptions' record lists."""
+
+    _instance: "CuptiSession | None" = None
+
+    def __init__(self, module=None) -> None:
+        if module is None:
+            try:
+                from cupti import cupti as module  # optional dependency, imported only here
+            except Exception as e:  # ImportError, or a library that does not load
+                raise CuptiUnavailable(f"cupti-python not importable ({type(e).__name__}: {e}); "
+                                       "pip install cupti-python (and a CUDA driver)") from None
+        self.c = module
+        self.lock = threading.RLock()
+        self.subs: list[Subscription] = []
+        self.enabled: dict[str, int] = {}
+        self.refused: dict[str, str] = {}
+        self.registered = False
+        self.watches: list[CallWatch] = []
+        self.subscriber = None
+        self.watched: set = set()
+        self.dropped = 0
+        self._convert = self._converters()
+
+    @classmethod
+    def get(cls) -> "CuptiSession":
+        """The process's session (created on first use). Raises :class:`CuptiUnavailable`."""
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def timestamp(self) -> int:
+        """CUPTI's clock now (ns; ``cuptiGetTimestamp``), the clock of every record."""
+        return int(self.c.get_timestamp())
+
+    # ------------------------------------------------------------------ activity records
+    def subscribe(self, kinds) -> Subscription:
+        """A new :class:`Subscription` to ``kinds`` (``cupti.ActivityKind`` member names). Kinds CUPTI
+        refuses here are left out and named in :attr:`refused` (name → CUPTI's error); raises
+        :class:`CuptiUnavailable` when it refuses every kind asked for, or the buffer callbacks."""
+        K = self.c.ActivityKind
+        want = []
+        for k in kinds:
+            if not hasattr(K, k):
+                self.refused[k] = f"cupti-python {getattr(self.c, '__version__', '')} has no ActivityKind.{k}".strip()
+                continue
+            want.append(k)
+        with self.lock:
+            if not self.registered:
+                try:
+                    self.c.activity_register_callbacks(self._requested, self._completed)
+                except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
+                    raise CuptiUnavailable(f"CUPTI refused the activity buffer callbacks ({type(e).__name__}: {e})") \
+                        from None
+                self.registered = True
+            got = []
+            for k in want:
+                if self.enabled.get(k, 0) == 0:
+                    try:
+                        self.c.activity_enable(getattr(K, k))
+                    except Exception as e:  # noqa: BLE001 - a kind this driver or device cannot record
+                        self.refused[k] = f"{type(e).__name__}: {e}"
+                        continue
+                self.enabled[k] = self.enabled.get(k, 0) + 1
+                got.append(k)
+            if want and not got:
+                raise CuptiUnavailable("CUPTI refused every activity kind asked for: "
+                                       + "; ".join(f"{k}: {self.refused[k]}" for k in want))
+            sub = Subscription(self, frozenset(got))
+            self.subs.append(sub)
+        return sub
+
+    def _close(self, sub: Subscription) -> None:
+        K = self.c.ActivityKind
+        with self.lock:
+            if sub in self.subs:
+                self.subs.remove(sub)
+            for k in sub.kinds:
+                self.enabled[k] -= 1
+                if self.enabled[k] == 0:
+                    del self.enabled[k]
+                    self.c.activity_disable(getattr(K, k))
+
+    def flush(self) -> None:
+        """Deliver every record CUPTI holds (``cuptiActivityFlushAll`` with the forced flag)."""
+        self.c.activity_flush_all(1)
+
+    def _requested(self):
+        return 8 << 20, 0  # 8 MiB buffers, no record limit
+
+    def _converters(self) -> dict:
+        K = self.c.ActivityKind
+        table = {}
+
+        def s(v):
+            return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+        def g(a, name, default=0):
+            return int(getattr(a, name, default))
+
+        def kernel(a):
+            return ("kernel", s(a.name), int(a.start), int(a.end), g(a, "device_id", -1), g(a, "stream_id", -1),
+                    g(a, "correlation_id", -1), (g(a, "grid_x"), g(a, "grid_y"), g(a, "grid_z")),
+                    (g(a, "block_x"), g(a, "block_y"), g(a, "block_z")),
+                    g(a, "static_shared_memory") + g(a, "dynamic_shared_memory"), g(a, "graph_id"),
+                    g(a, "graph_node_id"))
+
+        def memcpy(a):
+            return ("memcpy", g(a, "copy_kind"), int(a.start), int(a.end), g(a, "device_id", -1),
+                    g(a, "stream_id", -1), g(a, "correlation_id", -1), g(a, "bytes", -1), g(a, "src_kind"),
+                    g(a, "dst_kind"), g(a, "graph_id"), g(a, "graph_node_id"))
+
+        def memset(a):
+            return ("memset", g(a, "memory_kind"), int(a.start), int(a.end), g(a, "device_id", -1),
+                    g(a, "stream_id", -1), g(a, "correlation_id", -1), g(a, "bytes", -1), g(a, "graph_id"),
+                    g(a, "graph_node_id"))
+
+        def api(domain):
+            def conv(a):
+                return ("api", domain, int(a.start), int(a.end), g(a, "process_id", -1), g(a, "thread_id", -1),
+                        g(a, "correlation_id", -1), g(a, "cbid", -1), g(a, "return_value"))
+            return conv
+
+        def sync(a):
+            return ("sync", g(a, "type"), int(a.start), int(a.end), g(a, "context_id", -1), g(a, "stream_id", -1),
+                    g(a, "correlation_id", -1), g(a, "cuda_event_id", -1))
+
+        def cuda_event(a):
+            return ("cuda_event", g(a, "event_id", -1), g(a, "device_id", -1), g(a, "stream_id", -1),
+                    g(a, "correlation_id", -1))
+
+        def stream(a):
+            return ("stream", g(a, "flag"), g(a, "context_id", -1), g(a, "stream_id", -1), g(a, "correlation_id", -1))
+
+        def marker(a):
+            pid = tid = -1
+            oid = getattr(a, "object_id", None)
+            pt = getattr(oid, "pt", None)
+            if pt is not None:
+                pid, tid = int(pt.process_id), int(pt.thread_id)
+            return ("marker", g(a, "flags_", g(a, "flags", 0)), int(a.timestamp), g(a, "id", -1),
+                    s(getattr(a, "name", "")), s(getattr(a, "domain", "")), pid, tid)
+
+        def graph(a):
+            return ("graph", g(a, "graph_id"), int(a.start), int(a.end), g(a, "device_id", -1), g(a, "stream_id", -1),
+                    g(a, "correlation_id", -1))
+
+        for name, conv in (("CONCURRENT_KERNEL", kernel), ("KERNEL", kernel), ("MEMCPY", memcpy),
+                           ("MEMSET", memset), ("RUNTIME", api("runtime")), ("DRIVER", api("driver")),
+                           ("SYNCHRONIZATION", sync), ("CUDA_EVENT", cuda_event), ("STREAM", stream),
+                           ("MARKER", marker), ("GRAPH_TRACE", graph)):
+            if hasattr(K, name):
+                table[int(getattr(K, name))] = (name, conv)
+        return table
+
+    def _completed(self, activities) -> None:
+        """CUPTI's buffer-completed callback: convert each record, hand it to the subscriptions."""
+        with self.lock:
+            subs = list(self.subs)
+            for a in activities:
+                hit = self._convert.get(int(a.kind))
+                if hit is None:
+                    continue
+                kind, conv = hit
+                takers = [s for s in subs if kind in s.kinds]
+                if not takers:
+                    self.dropped += 1
+                    continue
+                rec = conv(a)
+                for s in takers:
+                    s.records.append(rec)
+
+    def callback_name(self, domain: str, cbid: int) -> str:
+        """The API function a runtime or driver callback id names (``cuptiGetCallbackName``), without
+        CUPTI's version suffix (``cudaMemcpyAsync_v3020`` → ``cudaMemcpyAsync``)."""
+        D = self.c.CallbackDomain
+        try:
+            raw = self.c.get_callback_name(D.RUNTIME_API if domain == "runtime" else D.DRIVER_API, int(cbid))
+        except Exception:  # noqa: BLE001 - an id this CUPTI does not name
+            return f"{domain} call {cbid}"
+        return api_base_name(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+    def stream_types_now(self) -> dict:
+        """``{stream id: type}`` of the current context's legacy stream and per-thread default stream
+        (``cuptiGetStreamIdEx`` of the NULL stream without and with the per-thread flag); {} when the
+        thread has no context. Raises what the binding raises (no driver)."""
+        ctx = current_context()
+        if not ctx:
+            return {}
+        out = {int(self.c.get_stream_id_ex(ctx, 0, 0)): "legacy"}
+        out.setdefault(int(self.c.get_stream_id_ex(ctx, 0, 1)), "per_thread")
+        return out
+
+    # ------------------------------------------------------------------ call callbacks
+    def watch_calls(self, runtime=(), driver=(), *, skip_files: tuple = ()) -> CallWatch:
+        """A :class:`CallWatch` recording the Python stack (:func:`python_stack`) at the entry of each
+        call named in ``runtime`` / ``driver`` (CUPTI callback ids by name, ``cupti.runtime_api_trace_cbid``
+        / ``driver_api_trace_cbid`` members: all their versions, ``_ptsz``/``_ptds`` variants too).
+        Raises :class:`CuptiUnavailable` when CUPTI refuses the subscriber (another CUPTI client,
+        such as ``torch.profiler`` or Nsight, holds it)."""
+        watch = CallWatch(self)
+        with self.lock:
+            if self.subscriber is None:
+                try:
+                    self.subscriber = self.c.subscribe(self._callback, None)
+                except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
+                    raise CuptiUnavailable(f"CUPTI refused a callback subscriber ({type(e).__name__}: {e}); another "
+                                           "CUPTI client (torch.profiler, Nsight Systems) may hold it") from None
+            self._skip = tuple(skip_files) + (__file__,)
+            D = self.c.CallbackDomain
+            for domain, enum, names in ((D.RUNTIME_API, getattr(self.c, "runtime_api_trace_cbid", None), runtime),
+                                        (D.DRIVER_API, getattr(self.c, "driver_api_trace_cbid", None), driver)):
+                if enum is None:
+                    continue
+                for member, cbid in enum.__members__.items():
+                    if api_base_name(member) in names and (int(domain), int(cbid)) not in self.watched:
+                        self.c.enable_callback(1, self.subscriber, domain, cbid)
+                        self.watched.add((int(domain), int(cbid)))
+            self.watches.append(watch)
+        return watch
+
+    def _callback(self, userdata, domain, cbid, cbdata) -> None:
+        if int(cbdata.callback_site) != int(self.c.ApiCallbackSite.API_ENTER) or not self.watches:
+            return
+        stack = python_stack(sys._getframe(1), skip_files=self._skip)
+        corr = int(cbdata.correlation_id)
+        for w in self.watches:
+            w.stacks[corr] = stack
+            w.names[corr] = str(cbdata.function_name)
+
+    def _close_watch(self, watch: CallWatch) -> None:
+        with self.lock:
+            if watch in self.watches:
+                self.watches.remove(watch)
+            if not self.watches and self.subscriber is not None:
+                self.c.unsubscribe(self.subscriber)
+                self.subscriber = None
+                self.watched.clear()
+
+
+def current_context() -> int:
+    """The calling thread's current CUDA context as an integer handle (``cuCtxGetCurrent`` through
+    ``cuda-bindings``, which ``cupti-python`` depends on); 0 when there is none. Raises what the
+    binding raises when no driver loads."""
+    from cuda.bindings import driver as cu
+
+    err, ctx = cu.cuCtxGetCurrent()
+    return int(ctx) if int(err) == 0 else 0
+
+
+def api_base_name(name: str) -> str:
+    """A CUDA API name without the version and per-thread suffixes CUPTI and Nsight Systems add
+    (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
+    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``)."""
+    import re
+
+    return re.sub(r"(?:_v\d+)?(?:_pt[sd][sz])?(?:_v\d+)?$", "", name)

@@ -1,0 +1,150 @@
+"""The audit's in-process recording on a stand-in ``cupti`` module (every record kind, Python stacks of
+hazard-class calls, NVTX markers, stream types), the saved file, the script runner (exit status,
+exceptions, Ctrl-C), and the errors without CUPTI. The real thing runs in ``test_audit_record_gpu.py``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace as R
+
+import pytest
+
+import fake_cupti
+from fake_cupti import ActivityKind as K
+from ds4lab.audit import record as REC
+from ds4lab.audit.sources import SourceError, detect, read
+
+
+def device_work(m, corr_kernel, corr_copy, corr_sync):
+    m.deliver([
+        R(kind=K.CONCURRENT_KERNEL, name=b"_Z6matmulPfS_", start=m.clock + 5, end=m.clock + 50, device_id=0,
+          stream_id=13, correlation_id=corr_kernel, grid_x=4, grid_y=2, grid_z=1, block_x=128, block_y=1, block_z=1,
+          static_shared_memory=0, dynamic_shared_memory=1024, graph_id=0, graph_node_id=0),
+        R(kind=K.MEMCPY, copy_kind=1, start=m.clock + 60, end=m.clock + 70, device_id=0, stream_id=7,
+          correlation_id=corr_copy, bytes=8, src_kind=1, dst_kind=3, graph_id=0, graph_node_id=0),
+        R(kind=K.SYNCHRONIZATION, type=3, start=m.clock + 80, end=m.clock + 90, context_id=1, stream_id=7,
+          correlation_id=corr_sync, cuda_event_id=0xFFFFFFFF),
+        R(kind=K.STREAM, flag=2, context_id=1, stream_id=13, correlation_id=0),
+    ])
+
+
+def decode_step(m):
+    """A tiny stand-in decode step: a launch, a pageable copy, a sync, inside an NVTX range."""
+    t = m.get_timestamp()
+    m.deliver([R(kind=K.MARKER, flags_=2, timestamp=t, id=1, name="decode_step", domain="llm",
+                 object_id=R(pt=R(process_id=os.getpid(), thread_id=77)))])
+    k = m.call("cudaLaunchKernel_v7000")
+    c = m.call("cudaMemcpyAsync_v3020")
+    s = m.call("cudaStreamSynchronize_v3020")
+    device_work(m, k, c, s)
+    m.deliver([R(kind=K.MARKER, flags_=4, timestamp=m.get_timestamp(), id=1, name="", domain="llm",
+                 object_id=R(pt=R(process_id=os.getpid(), thread_id=77)))])
+    return k, c, s
+
+
+def test_recording_tables_every_kind(monkeypatch, tmp_path):
+    m = fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(REC, "demangle", lambda names: {"_Z6matmulPfS_": "matmul(float*, float*)"})
+    from ds4lab.backends import cupti as C
+
+    monkeypatch.setattr(C, "current_context", lambda: 0x55)  # a context, as cuCtxGetCurrent gives it
+    with REC.recording() as rec:
+        with pytest.raises(RuntimeError, match="still running"):
+            rec.table()
+        m.call("cudaMalloc_v3020")
+        k, c, s = decode_step(m)
+    assert m.enabled == set() and m.subscribers == {}  # everything given back
+    assert m.thread_id_type == fake_cupti.ActivityThreadIdType.SYSTEM
+    t = rec.table()
+    df = t.frame
+    assert t.source == "<recording>" and t.tool == "cupti (cupti-python 13.0.1-fake)"
+    api = df[df.kind == "api"].set_index("correlation")
+    assert api.name.tolist() == ["cudaMalloc", "cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize"]
+    assert (api.domain == "runtime").all() and (api.tid == 77).all()
+    # Python stacks on the hazard-class calls only
+    assert "test_recording_tables_every_kind" in api.loc[1, "stack"]
+    assert "decode_step" in api.loc[c, "stack"] and "decode_step" in api.loc[s, "stack"]
+    assert api.loc[k, "stack"] == ""  # a plain launch pays nothing
+    # device rows and what they give the calls
+    kr = df[df.kind == "kernel"].iloc[0]
+    assert (kr["name"], kr.grid, kr.block, kr.shared_bytes, kr.stream) == ("matmul(float*, float*)", "4,2,1",
+                                                                            "128,1,1", 1024, 13)
+    assert kr.stream_type == "non_blocking" and api.loc[k, "stream_type"] == "non_blocking"
+    mc = df[df.kind == "memcpy"].iloc[0]
+    assert (mc.copy_kind, mc.host_memory, mc["name"]) == ("HtoD", "pageable", "Memcpy HtoD (Pageable -> Device)")
+    assert mc.stream_type == "legacy"  # stream 7: the legacy stream's id as CUPTI gives it
+    sy = df[df.kind == "sync"].iloc[0]
+    assert (sy.sync_kind, sy.stream, sy.event, sy.device) == ("stream", 7, -1, 0)
+    assert api.loc[s, "stream"] == 7 and api.loc[c, "device"] == 0
+    # the NVTX marker pair is a range, and the calls inside it say so
+    nv = df[df.kind == "nvtx"]
+    assert nv["name"].tolist() == ["decode_step"] and nv.domain.iloc[0] == "llm"
+    assert api.loc[k, "nvtx_path"] == "decode_step" and api.loc[1, "nvtx_path"] == ""
+    assert any("Python stacks recorded at 3" in n for n in t.notes)
+    # saved and read back
+    p = rec.save(tmp_path)
+    assert p.name == "recording.csv.gz" and detect(p) == "recording"
+    back = read(p)
+    assert back.frame.equals(df)
+
+
+def test_refused_kind_and_refused_subscriber_are_noted(monkeypatch):
+    m = fake_cupti.install(monkeypatch, refuse=("MARKER",))
+
+    def no(*a):
+        raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+    monkeypatch.setattr(m, "subscribe", no)
+    with REC.recording() as rec:
+        m.call("cudaMalloc_v3020")
+    notes = " ".join(rec.table().notes)
+    assert "MARKER" in notes and "no Python stacks" in notes and "MULTIPLE_SUBSCRIBERS" in notes
+
+
+def test_recording_without_cupti_says_what_is_missing(monkeypatch):
+    monkeypatch.setattr(REC, "cupti_available", lambda: (False, "cupti-python not importable (test)"))
+    with pytest.raises(SourceError, match="cannot record: cupti-python not importable"):
+        with REC.recording():
+            pass
+    with pytest.raises(SourceError, match="cannot record"):
+        REC.run_script(["python", "x.py"], "out")
+
+
+def test_run_script_names_the_reason_the_subprocess_could_not_record(monkeypatch, tmp_path):
+    """Past the parent's check, the child runs with no usable CUPTI here: the error file carries its reason."""
+    monkeypatch.setattr(REC, "cupti_available", lambda: (True, "ok"))
+    script = tmp_path / "s.py"
+    script.write_text("print('never')\n")
+    try:
+        import cupti.cupti  # noqa: F401
+        pytest.skip("cupti-python imports here: the child could record")
+    except Exception:
+        pass
+    with pytest.raises(SourceError, match="cannot record: cupti-python not importable"):
+        REC.run_script([sys.executable, str(script)], tmp_path / "out")
+    with pytest.raises(SourceError, match="no script given"):
+        REC.run_script(["python"], tmp_path / "out")
+
+
+@pytest.mark.parametrize("body, status", [("sys.exit(3)", 3), ("raise ValueError('boom')", 1),
+                                          ("raise KeyboardInterrupt", 130), ("pass", 0)])
+def test_runner_saves_what_was_recorded_and_passes_the_status_on(monkeypatch, tmp_path, body, status, capsys):
+    m = fake_cupti.install(monkeypatch)
+    script = tmp_path / "decode.py"
+    script.write_text("import sys\nimport fake_cupti_mod as m\nm.call('cudaMalloc_v3020')\n"
+                      "assert sys.argv == [sys.argv[0], '--tokens', '4'], sys.argv\n" + body + "\n")
+    monkeypatch.setitem(sys.modules, "fake_cupti_mod", m)
+    out = tmp_path / "rec.csv.gz"
+    argv_before, path_before = list(sys.argv), list(sys.path)
+    rc = REC.main(["--out", str(out), "--", "python", str(script), "--tokens", "4"])
+    assert (sys.argv, sys.path) == (argv_before, path_before)  # the runner puts them back
+    assert rc == status
+    t = read(out)
+    assert (t.frame.kind == "api").sum() == 1 and t.frame["name"].iloc[0] == "cudaMalloc"
+    stack = t.frame["stack"].iloc[0].split(";")
+    assert stack[0] == f"{script}:3 <module>"  # the runner's own frames (runpy, click, ds4lab) are cut
+    assert ("exited with status" in " ".join(t.notes)) == (status != 0)
+    assert str(script) in t.source
+    if status == 1:
+        assert "ValueError: boom" in capsys.readouterr().err
