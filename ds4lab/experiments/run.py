@@ -25,7 +25,7 @@ import numpy as np
 
 from ..capture import stream as S
 from ..capture.cache import GraphCache
-from ..timing import Stats, profiler_range, time_steps
+from ..timing import profiler_range, time_steps
 from ..token.model import DecodeModel, TokenOptions
 from .stages import Stage, token_id_at
 
@@ -79,6 +79,7 @@ class StageRun:
                 self.be, stage.capture, mode=self.mode, update=stage.update, guard=guard, warmup=warmup,
                 key_decisions=stage.key_decisions if key_decisions is None else key_decisions,
                 variants=stage.variants, node_updates=stage.node_updates,
+                invalidate_on_realloc=stage.invalidate_on_realloc,
                 capture_stream=self.be.new_stream(non_blocking=False) if stage.blocking_capture_stream else None,
                 skip=_island_skips(model, stage))
 
@@ -222,5 +223,4 @@ def compare_runs(reference: StageRun, runs: list[StageRun], span: Span,
     return out
 
 
-__all__ = ["ModelPatch", "OUTCOMES", "Span", "StageRun", "compare_runs", "first_difference", "outcome",
-           "Stats"]
+__all__ = ["ModelPatch", "OUTCOMES", "Span", "StageRun", "compare_runs", "first_difference", "outcome"]

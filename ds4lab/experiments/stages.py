@@ -51,6 +51,8 @@ class Stage:
             a new buffer set is refused a graph (ds4's islands: 4); 0: unbounded.
         node_updates: clusters replayed by setting kernel-node parameters every call
             (``cudaGraphExecKernelNodeSetParams``: stage ``i+``'s attention span).
+        invalidate_on_realloc: drop every graph when the model reallocates a buffer (ds4 ``9f325617``:
+            scratch growth synchronizes, invalidates every decode graph, then frees).
     """
 
     name: str
@@ -67,6 +69,7 @@ class Stage:
     key_decisions: bool = False
     variants: int = 0
     node_updates: tuple = ()
+    invalidate_on_realloc: bool = False
 
 
 _BASE = ("launches through the accessor", "non-blocking stream", "warm-up before capture")
@@ -79,18 +82,20 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           nonblocking=False, fixes=("launches through the accessor",)),
     Stage("0s", "eager, stream", "eager on a non-blocking stream set with capture_set_stream (the stream "
           "change alone, no capture)", fixes=("launches through the accessor", "non-blocking stream")),
-    Stage("i", "ds4 islands", "ds4's decode islands as shipped: per layer the layer top up to the QKV RoPE and "
-          "the attention output through the FFN tail captured on a blocking stream in global mode, keyed by "
-          "layer and buffers (4 variants), the middle (RoPE, KV store, compressor, indexer, top-k, attention) "
-          "eager on the legacy stream; island 1 eager on the hash-routed layers",
+    Stage("i", "ds4 islands", "ds4's decode islands as shipped: per layer the attention's hyper-connection "
+          "pre-mix (island 0) and the attention output through the FFN tail (island 1) captured on a blocking "
+          "stream in global mode, keyed by layer and buffers (4 variants), the middle (query and KV projections, "
+          "RoPE, KV store, compressor, indexer, top-k, attention) eager on the legacy stream; island 1 eager on "
+          "the hash-routed layers",
           nonblocking=False, capture=("island0", "island1"), options=dict(_TOKEN_OPTS), capture_mode="global",
-          blocking_capture_stream=True, variants=4,
+          blocking_capture_stream=True, variants=4, invalidate_on_realloc=True,
           fixes=("launches through the accessor", "warm-up before capture", *_MOE, "buffer-keyed graph variants")),
-    Stage("i+", "islands + span", "stage i plus the attention span of the eager middle (RoPE, KV store, "
-          "attention) as a graph whose kernel-node parameters are set every token "
-          "(cudaGraphExecKernelNodeSetParams), as ds4's opt-in hand-built attention graph",
+    Stage("i+", "islands + span", "stage i plus the attention of the eager middle as a graph whose kernel-node "
+          "parameters are set every token (cudaGraphExecKernelNodeSetParams), as ds4's opt-in hand-built attention "
+          "score graph (36ee8c14)",
           nonblocking=False, capture=("island0", "island1", "attn_span"), options=dict(_TOKEN_OPTS),
           capture_mode="global", blocking_capture_stream=True, variants=4, node_updates=("attn_span",),
+          invalidate_on_realloc=True,
           fixes=("launches through the accessor", "warm-up before capture", *_MOE, "buffer-keyed graph variants",
                  "node parameters updated before replay")),
     Stage("1", "shared FFN", "shared-expert FFN cluster of every layer captured once, replayed (one graph per layer)",

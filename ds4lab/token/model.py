@@ -506,41 +506,37 @@ class DecodeModel:
             ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
-        """One decode layer in three parts (ds4's decode islands, ds4 ``e50104f6``): ``island0``, the
-        layer top up to the QKV RoPE (no per-token scalar), a capture cluster; the position-dependent
-        middle (RoPE, KV store, compressors, indexer, top-k, attention), whose attention is the capture
-        cluster ``attn_span``; ``island1``, the attention output through the FFN tail, a capture
-        cluster. Stages that capture none of them cut the layer as ds4's staged plan does
-        (``shared``, ``moe``, ``token``)."""
-        self.run_cluster("island0", layer, 1, ts, lambda: self._layer_top(layer))
+        """One decode layer in three parts, as ds4 cuts it for its decode islands (ds4 ``e50104f6``,
+        ``docs/model.md``): ``island0``, the attention's hyper-connection pre-mix (ds4's ``TO_QKV``
+        phase returns there, before the q_a/kv projections); the position-dependent middle (query and
+        KV projections, norms, RoPE, KV store, compressors, indexer, top-k, attention), whose attention
+        is the capture cluster ``attn_span``; ``island1``, the attention output through the FFN tail.
+        Stages that capture none of them cut the layer as ds4's staged plan does (``shared``, ``moe``,
+        ``token``)."""
+        w = self.layers[layer]
+        self.run_cluster("island0", layer, 1, ts,
+                         lambda: self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn))
         self._layer_middle(layer, ts)
         self.run_cluster("island1", layer, 1, ts, lambda: self._layer_tail(layer, ts))
 
-    def _layer_top(self, layer: int) -> None:
-        """HC pre-norm and mixes, the query and KV projections and their norms (ds4's ``TO_QKV`` phase
-        prefix: everything before the QKV RoPE)."""
+    def _layer_middle(self, layer: int, ts: ops.TokenScalars) -> None:
+        """The middle of a layer: the query (projections, norms, RoPE at the position) and KV
+        (projection, norm, RoPE and store at the position's row) clusters, then the compressors and the
+        indexer of a compressed layer, and attention."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
-        self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn)
+        ratio = cfg.compress_ratio(layer)
+        # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
+        theta = cfg.compress_rope_theta if ratio else None
         with L.cluster("query"):
             ops.q8_matvec(L, "q_a", w["q_a"], self.x, self.qa)
             ops.rms_norm_rows(L, "q_a_norm", self.qa, w["q_a_norm"], self.qan, 1, cfg.q_lora, cfg.rms_eps)
             ops.q8_matvec(L, "q_b", w["q_b"], self.qan, self.q)
             ops.rms_norm_rows(L, "q_head_norm", self.q, w["q_head_norm"], self.q, cfg.n_heads, cfg.head_dim,
                               cfg.rms_eps)
+            ops.rope_q(L, "q_rope", self.q, cfg, ts, theta=theta)
         with L.cluster("kv"):
             ops.q8_matvec(L, "kv", w["kv"], self.x, self.kv)
             ops.rms_norm_rows(L, "kv_norm", self.kv, w["kv_norm"], self.kvn, 1, cfg.head_dim, cfg.rms_eps)
-
-    def _layer_middle(self, layer: int, ts: ops.TokenScalars) -> None:
-        """The position-dependent middle: query RoPE, KV RoPE and store at the position's row, the
-        compressors and the indexer of a compressed layer, attention."""
-        cfg, L = self.cfg, self.L
-        ratio = cfg.compress_ratio(layer)
-        # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
-        theta = cfg.compress_rope_theta if ratio else None
-        with L.cluster("query"):
-            ops.rope_q(L, "q_rope", self.q, cfg, ts, theta=theta)
-        with L.cluster("kv"):
             ops.rope_store_kv(L, "kv_rope_store", self.kvn, self.cache[layer], cfg, ts, theta=theta)
         if ratio:
             self._compressed_attention(layer, ratio, ts)
