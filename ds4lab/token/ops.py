@@ -94,12 +94,45 @@ def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     return (cdiv(units, groups),), (tpr, groups)
 
 
+#: Rows per thread group of the Q8_0 matvec kernels: ``Q8_NR`` in ``kernels/q8.cuh`` (a CPU test
+#: reads it there). Each 16-byte x chunk a thread reads serves this many rows.
+Q8_ROWS = 4
+#: Shared memory a block stages x in: 80 bytes per 16 floats (``q8.cuh:q8_stage_x``), at most the
+#: 48 KiB a block gets without opting in.
+Q8_SMEM_PER_COL, Q8_SMEM_MAX = 5, 48 * 1024
+#: Stage x in shared memory where it fits (``smx``); False reads x through L1 in every kernel.
+Q8_STAGE_X = True
+
+
+@dataclass(frozen=True)
+class Q8Launch:
+    """Launch configuration of a Q8_0 matvec kernel: grid, block, dynamic shared bytes and the
+    kernel's ``smx`` argument (1: x staged in shared memory)."""
+
+    grid: tuple
+    block: tuple
+    shared: int
+    smx: int
+
+
+def q8_launch(units: int, cols: int, rows_per_group: int | None = None) -> Q8Launch:
+    """Geometry of the Q8_0 matvec kernels (``kernels/dense.cu``, ``longctx.cu:q8_matvec_when``) for
+    ``units`` thread groups of :data:`Q8_ROWS` rows each (``ceil(rows / Q8_ROWS)``; the SwiGLU
+    kernel's group holds ``Q8_ROWS / 2`` gate rows and their up rows) over ``cols`` int8 columns:
+    :func:`split_geometry` over ``cols / 16`` chunks, x staged in shared memory when it fits and,
+    for a grouped matvec (``rows_per_group``), when every block's rows share one x slice."""
+    grid, block = split_geometry(units, cols // 16)
+    rows_per_block = Q8_ROWS * block[1]
+    smx = (Q8_STAGE_X and cols * Q8_SMEM_PER_COL <= Q8_SMEM_MAX
+           and (rows_per_group is None or rows_per_group % rows_per_block == 0))
+    return Q8Launch(grid, block, cols * Q8_SMEM_PER_COL if smx else 0, int(smx))
+
+
 def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
-    """Grid and block of the Q8_0 matvec kernels (``kernels/dense.cu``) for ``pairs`` row pairs
-    of ``cols`` int8 columns (:func:`split_geometry` over ``cols / 16`` chunks): narrow-and-short
-    matrices (4096 → 512) get wide groups and enough blocks, tall ones (1024 → 32768) one warp
-    per pair. Returns ``((blocks,), (tpr, groups))``."""
-    return split_geometry(pairs, cols // 16)
+    """Grid and block of :func:`q8_launch` for ``pairs`` row pairs (``2 * pairs`` rows). Returns
+    ``((blocks,), (tpr, groups))``."""
+    g = q8_launch(cdiv(2 * pairs, Q8_ROWS), cols)
+    return g.grid, g.block
 
 
 def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
@@ -109,10 +142,10 @@ def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
     def ref():
         y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
 
-    grid, block = q8_geometry(w.rows // 2, w.cols)
-    L.kernel(site, "q8_matvec", grid, block,
-             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref,
-             nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows))
+    g = q8_launch(cdiv(w.rows, Q8_ROWS), w.cols, rows_per_group)
+    L.kernel(site, "q8_matvec", g.grid, g.block,
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride), i32(g.smx)), ref,
+             nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows), shared=g.shared)
 
 
 def q8_matvec_swiglu(L, site, w, x, mid, limit):
@@ -122,21 +155,25 @@ def q8_matvec_swiglu(L, site, w, x, mid, limit):
     def ref():
         mid[:F] = R.q8_matvec_swiglu(w, x, limit)
 
-    grid, block = q8_geometry(F, w.cols)
-    L.kernel(site, "q8_matvec_swiglu", grid, block,
-             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref, nbytes=w.nbytes + 4 * (w.cols + F))
+    g = q8_launch(cdiv(F, Q8_ROWS // 2), w.cols)
+    L.kernel(site, "q8_matvec_swiglu", g.grid, g.block,
+             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit), i32(g.smx)), ref,
+             nbytes=w.nbytes + 4 * (w.cols + F), shared=g.shared)
 
 
 def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
-    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add."""
+    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add.
+    Raises ValueError when ``S * Q8_ROWS`` exceeds a warp (the epilogue's lanes)."""
+    if S * Q8_ROWS > 32:
+        raise ValueError(f"q8_matvec_expand: S={S} streams x {Q8_ROWS} rows exceed the 32 lanes of the epilogue")
 
     def ref():
         h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
 
-    grid, block = q8_geometry(w.rows // 2, w.cols)
-    L.kernel(site, "q8_matvec_expand", grid, block,
-             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref,
-             nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows))
+    g = q8_launch(cdiv(w.rows, Q8_ROWS), w.cols)
+    L.kernel(site, "q8_matvec_expand", g.grid, g.block,
+             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S), i32(g.smx)),
+             ref, nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows), shared=g.shared)
 
 
 def norm_threads(dim: int) -> int:
@@ -217,21 +254,38 @@ def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars, theta:
              nbytes=8 * cfg.head_dim)
 
 
-#: Keys per block and heads per block of ``attention_decode`` (``kernels/attention.cu``).
-ATTN_KPB, ATTN_HPB = 16, 4
+#: Heads per block and key splits (blocks of one head group: a thread-block cluster on sm_90) of
+#: ``attention_decode`` (``ATTN_HPB``, ``ATTN_NS`` in ``kernels/attention.cu``).
+ATTN_HPB, ATTN_NS = 4, 8
+#: Shared memory ``attention_decode`` may take dynamically: 48 KiB less its static arrays.
+ATTN_SMEM = 48 * 1024 - 1024
 
 
 def attention_splits(cfg: ModelConfig) -> int:
-    """Key splits of ``attention_decode``: ``ceil(window / ATTN_KPB)`` (fixed per model, so a
-    captured graph's grid fits every window length)."""
-    return cdiv(cfg.window, ATTN_KPB)
+    """Key splits of ``attention_decode``: :data:`ATTN_NS` blocks per head group, each over
+    ``ceil(window / ATTN_NS)`` keys (fixed per model, so a captured graph's grid fits every
+    window length)."""
+    return ATTN_NS
+
+
+def attention_launch(cfg: ModelConfig) -> tuple[tuple, int, int]:
+    """``(grid, kc, shared bytes)`` of ``attention_decode`` for ``cfg``: grid
+    ``(ceil(H / ATTN_HPB), ATTN_NS)``; ``kc``, the key rows a block stages at a time (all of its
+    split's keys when they fit beside q in :data:`ATTN_SMEM`); the dynamic shared memory of q
+    ``[HPB, D]``, the key rows ``[max(kc, HPB), D]``, the scores ``[HPB, kc]`` and the state."""
+    D, H, HPB = cfg.head_dim, cfg.n_heads, ATTN_HPB
+    kps = cdiv(cfg.window, ATTN_NS)
+    kc = max(1, min(kps, (ATTN_SMEM // 4 - HPB * D - 4 * HPB) // (D + HPB)))
+    floats = HPB * D + max(kc, HPB) * D + HPB * kc + 4 * HPB
+    return (cdiv(H, HPB), ATTN_NS), kc, 4 * floats
 
 
 def attention_scratch(L, cfg: ModelConfig) -> tuple:
-    """The attention's split partials and per-head-group tickets, owned by launcher ``L``:
-    ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS, 2]``, ``counter`` int32
-    ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it zero). Allocated on the first call —
-    :func:`alloc_scratch` makes that call at model build time, before any capture."""
+    """The attention's split partials and per-head-group tickets, owned by launcher ``L`` (the
+    combine through global memory, before sm_90): ``part_o`` float32 ``[H, NS, D]``, ``part_ml``
+    float32 ``[H, NS, 2]``, ``counter`` int32 ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it
+    zero). Allocated on the first call — :func:`alloc_scratch` makes that call at model build
+    time, before any capture."""
     H, D, NS = cfg.n_heads, cfg.head_dim, attention_splits(cfg)
     return (L.scratch(("attention.part_o", H, NS, D), (H * NS * D,), np.float32),
             L.scratch(("attention.part_ml", H, NS), (H * NS * 2,), np.float32),
@@ -255,10 +309,11 @@ def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
                                     pos, cfg.window).reshape(o.shape)
 
     part_o, part_ml, counter = attention_scratch(L, cfg)
-    L.kernel(site, "attention_decode", (cdiv(cfg.n_heads, ATTN_HPB), attention_splits(cfg)), (256,),
-             (q, cache, o, i32(cfg.head_dim), i32(cfg.window), i32(cfg.n_heads), part_o, part_ml, counter)
+    grid, kc, shared = attention_launch(cfg)
+    L.kernel(site, "attention_decode", grid, (256,),
+             (q, cache, o, i32(cfg.head_dim), i32(cfg.window), i32(cfg.n_heads), i32(kc), part_o, part_ml, counter)
              + ts.args(), ref,
-             nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window))
+             nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window), shared=shared)
 
 
 def embed_token(L, site, h, cfg: ModelConfig, key: int, ts: TokenScalars):
@@ -288,15 +343,18 @@ def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
 
 
 def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
-    """Top-``n_used`` experts and their normalized sigmoid weights per token."""
+    """Top-``n_used`` experts and their normalized sigmoid weights per token: one warp per token
+    (``kernels/router.cu:router_topk``). Raises ValueError for more than 32 experts per token."""
     N, k = cfg.n_experts, cfg.n_used
+    if k > 32:
+        raise ValueError(f"router_topk: n_used={k} exceeds the 32 lanes that hold the selection")
 
     def ref():
         i, w = R.router_topk(np.asarray(logits).reshape(-1)[: T * N].reshape(T, N), k)
         ids.reshape(-1)[: T * k] = i.reshape(-1)
         wts.reshape(-1)[: T * k] = w.reshape(-1)
 
-    L.kernel(site, "router_topk", (T,), (cdiv(N, 32) * 32,), (logits, ids, wts, i32(N), i32(k)), ref,
+    L.kernel(site, "router_topk", (T,), (32,), (logits, ids, wts, i32(N), i32(k)), ref,
              nbytes=4 * T * (N + 2 * k))
 
 
@@ -376,8 +434,21 @@ def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
              nbytes=8 * N + 12 * N)
 
 
+#: Rows per warp of the decode MoE kernels (``MOE_RPW`` in ``kernels/moe.cu``; a CPU test reads it
+#: there): the gate/up kernel's warp takes ``MOE_RPW / 2`` gate rows and their up rows.
+MOE_RPW = 4
+
+
+def moe_stage(cols: int) -> tuple[int, int]:
+    """``(shared bytes, smx)`` of a decode MoE kernel whose Q8_K activation row has ``cols``
+    values: staged in shared memory (48 bytes per 32 values) when that fits in 48 KiB."""
+    nbytes = 3 * cols // 2
+    return (nbytes, 1) if nbytes <= 48 * 1024 else (0, 0)
+
+
 def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig):
-    """``gateup`` without sort: one (token, expert) pair per grid row."""
+    """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_RPW / 2`` gate rows
+    and their up rows per warp (``kernels/moe.cu``)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
     def ref():
@@ -387,9 +458,10 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
             y = R.expert_matvec(bank_gu[int(flat[p])], xq[t], xd[t])
             gate[p], up[p] = y[:F], y[F:]
 
-    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS), P), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts)), ref,
-             nbytes=P * (expert_bytes(bank_gu) + E + 8 * F))
+    shared, smx = moe_stage(E)
+    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS * MOE_RPW // 2), P), (256,),
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(smx)),
+             ref, nbytes=P * (expert_bytes(bank_gu) + E + 8 * F), shared=shared)
 
 
 def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
@@ -446,9 +518,10 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
         for p in range(P):
             out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
 
-    L.kernel(site, "moe_down_decode", (cdiv(E // 2, WARPS), P), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts)), ref,
-             nbytes=P * (expert_bytes(bank_dn) + F + 4 * E))
+    shared, smx = moe_stage(F)
+    L.kernel(site, "moe_down_decode", (cdiv(E, WARPS * MOE_RPW), P), (256,),
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts), i32(smx)), ref,
+             nbytes=P * (expert_bytes(bank_dn) + F + 4 * E), shared=shared)
 
 
 def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig):
@@ -578,19 +651,17 @@ def comp_shift(L, site, state_kv, state_sc, width: int, ratio: int, ts: TokenSca
 
 
 def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars):
-    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``, rows even) unless n_comp <= ``min_comp`` on the
-    device (stage 3c's indexer projections: skipped while every compressed row is attended)."""
-    if w.rows % 2:
-        raise ValueError(f"q8_matvec_when: rows={w.rows} must be even (two rows per thread group)")
+    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``) unless n_comp <= ``min_comp`` on the device (stage
+    3c's indexer projections: skipped while every compressed row is attended)."""
 
     def ref():
         if R.comp_count(ts.resolve()[0], ratio) > min_comp:
             y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1))
 
-    grid, block = q8_geometry(w.rows // 2, w.cols)  # q8_matvec's: the same bits
-    L.kernel(site, "q8_matvec_when", grid, block,
-             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(ratio), i32(min_comp)) + ts.args(), ref,
-             nbytes=w.nbytes + 4 * (w.cols + w.rows))
+    g = q8_launch(cdiv(w.rows, Q8_ROWS), w.cols)  # q8_matvec's: the same bits
+    L.kernel(site, "q8_matvec_when", g.grid, g.block,
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(ratio), i32(min_comp), i32(g.smx)) + ts.args(), ref,
+             nbytes=w.nbytes + 4 * (w.cols + w.rows), shared=g.shared)
 
 
 def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalars, theta: float):
