@@ -103,6 +103,44 @@ def test_q8_matvec(both, rng, rows, cols, groups):
     assert rel(g["y"], r["y"]) < F32_RTOL
 
 
+@pytest.mark.parametrize("rows,cols,groups,stage", [(1030, 256, None, True), (6, 512, None, True),
+                                                     (96, 512, 6, True), (64, 16384, None, True),
+                                                     (1024, 4096, 8, False)])
+def test_q8_matvec_edges(both, rng, rows, cols, groups, stage, monkeypatch):
+    """Rows not a multiple of a thread group's rows (the last group clamps), a grouped matvec whose
+    groups do not align with the blocks (x read through L1), x too wide for shared memory, and x
+    staging turned off."""
+    monkeypatch.setattr(ops, "Q8_STAGE_X", stage)
+    w = q8(rows, cols, rng)
+    x = rng.standard_normal(cols * (groups or 1)).astype(np.float32)
+    rpg = rows // groups if groups else None
+    g, r = both.run(lambda L, b: ops.q8_matvec(L, "t", b["w"], b["x"], b["y"], rpg, cols if groups else 0),
+                    {"w": w, "x": x}, {"y": ((rows,), np.float32)})
+    assert rel(g["y"], r["y"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("F,E,S", [(1027, 512, 4), (2048, 4096, 4), (64, 8192, 2)])
+def test_q8_swiglu_and_expand_edges(both, rng, F, E, S):
+    """SwiGLU with an odd row count; expand with every stream count the epilogue's lanes cover."""
+    wg = q8(2 * F, E, rng)
+    x = (3 * rng.standard_normal(E)).astype(np.float32)
+    g, r = both.run(lambda L, b: ops.q8_matvec_swiglu(L, "t", b["w"], b["x"], b["m"], 10.0),
+                    {"w": wg, "x": x}, {"m": ((F,), np.float32)})
+    assert rel(g["m"], r["m"]) < F32_RTOL
+    C = -(-F // 32) * 32  # the down matrix's columns: Q8_0 blocks of 32
+    wd = q8(E, C, rng)
+    h0 = rng.standard_normal((S, E)).astype(np.float32)
+    inputs = {"w": wd, "x": rng.standard_normal(C).astype(np.float32),
+              "mix": rng.standard_normal(2 * S).astype(np.float32), "extra": rng.standard_normal(E).astype(np.float32)}
+
+    def fn(L, b):
+        b["h"][...] = L.backend.from_host(h0)
+        ops.q8_matvec_expand(L, "t", b["w"], b["x"], b["h"], b["mix"], b["extra"], S)
+
+    g, r = both.run(fn, inputs, {"h": ((S, E), np.float32)})
+    assert rel(g["h"] - h0, r["h"] - h0) < F32_RTOL
+
+
 def test_q8_matvec_swiglu(both, rng):
     F, E = 512, 1024
     w = q8(2 * F, E, rng)
@@ -213,6 +251,25 @@ def test_attention_split_combine(both, rng, preset, pos):
     assert not both.be["gpu"].to_host(tickets["cupy"]).any()
 
 
+@pytest.mark.parametrize("overrides,pos", [({"window": 1024}, 700), ({"window": 1024}, 5000),
+                                           ({"head_dim": 1024}, 90), ({"n_heads": 10, "out_groups": 2}, 300)])
+def test_attention_chunks_and_partial_head_groups(both, rng, overrides, pos):
+    """Splits staged in several chunks (online softmax across them: a window of 1024, a head of
+    1024), and a last head group with fewer than ATTN_HPB heads."""
+    cfg = get_preset("small", **overrides)
+    H, D = cfg.n_heads, cfg.head_dim
+    hs = ops.host_scalars(cfg, pos, 3)
+    inputs = {"q": rng.standard_normal((H, D)).astype(np.float32),
+              "cache": rng.standard_normal((cfg.window, D)).astype(np.float32), "scal": hs}
+
+    def fn(L, b):
+        ts = ops.TokenScalars(*map(int, hs), b["scal"])
+        ops.attention_decode(L, "at", b["q"], b["cache"], b["o"], cfg, ts)
+
+    g, r = both.run(fn, inputs, {"o": ((H, D), np.float32)})
+    assert rel(g["o"], r["o"]) < F32_RTOL
+
+
 @pytest.mark.parametrize("mode", ["value", "device"])
 def test_embed_token(both, mode):
     cfg = get_preset("small")
@@ -245,6 +302,25 @@ def test_router_topk(both, rng, T):
     ids_ref, w_ref = R.router_topk(g["lg"], k)
     assert np.array_equal(g["ids"], ids_ref)
     assert rel(g["wts"], w_ref) < F32_RTOL
+
+
+@pytest.mark.parametrize("N,k", [(256, 6), (1024, 8), (100, 32), (33, 1)])
+def test_router_topk_ties_and_nan(both, rng, N, k):
+    """One warp per token at every expert count (8 or 32 logits per lane): ties go to the lower
+    index, NaN ranks last, exact against the reference's stable sort."""
+    cfg = get_preset("small").replace(n_experts=N, n_used=k)
+    T = 3
+    lg = rng.standard_normal((T, N)).astype(np.float32)
+    lg[0, 5:N:7] = lg[0, 3]  # ties with a chosen value
+    lg[1, : N // 2] = np.nan
+    lg[2] = np.round(lg[2])  # many ties
+    g, r = both.run(lambda L, b: ops.router_topk(L, "k", b["lg"], b["ids"], b["wts"], T, cfg),
+                    {"lg": lg}, {"ids": ((T, k), np.int32), "wts": ((T, k), np.float32)})
+    ref = np.where(np.isnan(lg), np.float32(-3.402823466e38), lg)
+    ids_ref, _ = R.router_topk(ref, k)
+    assert np.array_equal(g["ids"], ids_ref)
+    ok = ~np.isnan(r["wts"]).any(axis=1)
+    assert rel(g["wts"][ok], r["wts"][ok]) < F32_RTOL
 
 
 @pytest.mark.parametrize("T", [1, 3, 64])

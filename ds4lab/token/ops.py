@@ -384,7 +384,40 @@ def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key:
 
 
 # ----------------------------------------------------------------------------- routed MoE
-def xq_quantize(L, site, x, q, d, T, n):
+@dataclass(frozen=True)
+class KernelStamp:
+    """Profiling points a routed-MoE stage kernel writes itself (``kernels/moe.cu:moe_stamp``): thread 0
+    of block (0, 0) stores ``%globaltimer`` into ``slots[first : first + n]`` as it starts.
+
+    ``write``: what the NumPy reference does in its place (the sim writes its modeled start time), or
+    None. Every routed-MoE stage kernel takes ``stamp=`` (None: no points; a null pointer)."""
+
+    slots: Any
+    first: int
+    n: int
+    write: Any = None
+
+
+def stamp_args(stamp: KernelStamp | None) -> tuple:
+    """The kernel arguments ``(stamp, stamp_first, stamp_n)`` of a routed-MoE stage kernel."""
+    if stamp is None:
+        return (NULL, i32(0), i32(0))
+    return (stamp.slots, i32(stamp.first), i32(stamp.n))
+
+
+def stamped(ref, stamp: KernelStamp | None):
+    """``ref`` preceded by the stamp's reference write (the kernel stamps as it starts)."""
+    if stamp is None or stamp.write is None:
+        return ref
+
+    def both():
+        stamp.write()
+        ref()
+
+    return both
+
+
+def xq_quantize(L, site, x, q, d, T, n, stamp=None):
     """``xq``: fp32 ``x [T, n]`` to Q8_K ``(q [T, n], d [T, n/256])``."""
 
     def ref():
@@ -392,7 +425,8 @@ def xq_quantize(L, site, x, q, d, T, n):
         q.reshape(-1)[: T * n] = qq.reshape(-1)
         d.reshape(-1)[: T * n // 256] = dd.reshape(-1)
 
-    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)), ref, nbytes=5 * T * n + T * n // 64)
+    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)) + stamp_args(stamp), stamped(ref, stamp),
+             nbytes=5 * T * n + T * n // 64)
 
 
 def moe_count(L, site, ids, counts, P):
@@ -446,7 +480,7 @@ def moe_stage(cols: int) -> tuple[int, int]:
     return (nbytes, 1) if nbytes <= 48 * 1024 else (0, 0)
 
 
-def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig):
+def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig, stamp=None):
     """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_RPW / 2`` gate rows
     and their up rows per warp (``kernels/moe.cu``)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
@@ -460,8 +494,8 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
 
     shared, smx = moe_stage(E)
     L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS * MOE_RPW // 2), P), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(smx)),
-             ref, nbytes=P * (expert_bytes(bank_gu) + E + 8 * F), shared=shared)
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(smx))
+             + stamp_args(stamp), stamped(ref, stamp), nbytes=P * (expert_bytes(bank_gu) + E + 8 * F), shared=shared)
 
 
 def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
@@ -482,7 +516,8 @@ def _tiled_bytes(bank, P, cfg: ModelConfig) -> int:
     return int(round(tiles * expert_bytes(bank)))
 
 
-def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig):
+def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig,
+                     stamp=None):
     """``gateup`` on expert tiles (tokens > 1): each weight row is read once per tile."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
@@ -493,11 +528,11 @@ def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gat
 
     L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
              (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E),
-              i32(P), i32(cfg.n_experts)), ref,
+              i32(P), i32(cfg.n_experts)) + stamp_args(stamp), stamped(ref, stamp),
              nbytes=_tiled_bytes(bank_gu, P, cfg) + max_t * 12)
 
 
-def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
+def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig, stamp=None):
     """``midq``: clamped SwiGLU of gate/up ``[P, F]`` quantized to Q8_K."""
     F = cfg.expert_ffn
 
@@ -505,11 +540,11 @@ def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
         q, d = R.moe_midq(gate[:P], up[:P], cfg.swiglu_limit)
         mq[:P], md[:P] = q, d
 
-    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)), ref,
-             nbytes=P * F * 9)
+    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)) + stamp_args(stamp),
+             stamped(ref, stamp), nbytes=P * F * 9)
 
 
-def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
+def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig, stamp=None):
     """``down`` without sort: expert down projection per pair into ``out [P, E]``."""
     F, E = cfg.expert_ffn, cfg.embed
 
@@ -520,11 +555,12 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
 
     shared, smx = moe_stage(F)
     L.kernel(site, "moe_down_decode", (cdiv(E, WARPS * MOE_RPW), P), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts), i32(smx)), ref,
-             nbytes=P * (expert_bytes(bank_dn) + F + 4 * E), shared=shared)
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts), i32(smx)) + stamp_args(stamp),
+             stamped(ref, stamp), nbytes=P * (expert_bytes(bank_dn) + F + 4 * E), shared=shared)
 
 
-def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig):
+def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig,
+                   stamp=None):
     """``down`` on expert tiles (tokens > 1)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
@@ -534,19 +570,19 @@ def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, 
 
     L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
              (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E),
-              i32(P), i32(cfg.n_experts)), ref,
+              i32(P), i32(cfg.n_experts)) + stamp_args(stamp), stamped(ref, stamp),
              nbytes=_tiled_bytes(bank_dn, P, cfg) + max_t * 12)
 
 
-def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):
+def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig, stamp=None):
     """``sum``: weighted sum of each token's expert outputs into ``y [T, E]``."""
     E, k = cfg.embed, cfg.n_used
 
     def ref():
         y[:T] = R.moe_sum(out[: T * k], np.asarray(wts).reshape(-1)[: T * k].reshape(T, k))
 
-    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)), ref,
-             nbytes=4 * T * (k * E + E + k))
+    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)) + stamp_args(stamp),
+             stamped(ref, stamp), nbytes=4 * T * (k * E + E + k))
 
 
 # --------------------------------------------------------------------------------------------------
