@@ -3,53 +3,22 @@
 #include "common.cuh"
 
 #define ATTN_MAX_DIM 1024
-#define ATTN_HPB 4      // heads per block: each key row staged once serves this many heads
-#define ATTN_NS 8       // key splits per head group: the blocks of one thread-block cluster
+#ifndef ATTN_HPB
+#define ATTN_HPB 4      // heads per block (at most 8, one softmax warp each): a staged key row serves them all
+#endif
+#ifndef ATTN_NS
+#define ATTN_NS 8       // key splits per head group: the blocks of one thread-block cluster (at most 8)
+#endif
 #define ATTN_THREADS 256
 #define ATTN_COLS (ATTN_MAX_DIM / 2 / ATTN_THREADS)  // float2 columns per thread, at most
-#define ATTN_MAX_KPS 128  // keys per split at most: ceil(1024 / ATTN_NS), the largest window
+#define ATTN_MAX_KPS ((1024 + ATTN_NS - 1) / ATTN_NS)  // keys per split at most (the largest window: 1024)
 
 // On sm_90 the ATTN_NS blocks of a head group form a cluster and combine their partials through
-// distributed shared memory; before sm_90 through global scratch and a ticket (the last block of
-// the group combines).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define ATTN_CLUSTERS 1
-#define ATTN_CLUSTER_DIMS __cluster_dims__(1, ATTN_NS, 1)
-#else
-#define ATTN_CLUSTERS 0
-#define ATTN_CLUSTER_DIMS
-#endif
+// distributed shared memory (common.cuh); before sm_90 through global scratch and a ticket (the
+// last block of the group combines).
+#define ATTN_CLUSTER_DIMS DS4_CLUSTER_DIMS(1, ATTN_NS, 1)
 
 extern __shared__ float4 attn_smem[];
-
-#if ATTN_CLUSTERS
-// Every thread of every block of the cluster: what each wrote to its shared memory before is
-// visible to the others after.
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// The cluster block `rank`'s copy of the shared-memory word at p (same offset in its shared memory).
-__device__ __forceinline__ unsigned dsmem_addr(const void* p, unsigned rank) {
-    unsigned r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-    return r;
-}
-
-__device__ __forceinline__ float dsmem_f32(const float* p, unsigned rank) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(p, rank)) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float2 dsmem_f32x2(const float2* p, unsigned rank) {
-    float2 v;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(dsmem_addr(p, rank))
-                 : "memory");
-    return v;
-}
-#endif
 
 // q [H, D], cache [W, D] ring buffer (row p % W holds position p), o [H, D]. Attends to the
 // n_valid newest rows ending at kv_row, oldest first (key j is row kv_row - (n_valid - 1 - j)).
@@ -183,7 +152,7 @@ extern "C" ATTN_CLUSTER_DIMS __global__ void attention_decode(
     }
     __syncthreads();  // every chunk's values done: the key rows are free
 
-#if ATTN_CLUSTERS
+#if DS4_CLUSTERS
     // this split's partial in shared memory (over the key rows), then the cluster's combine
     float2* po = reinterpret_cast<float2*>(ks);  // [HPB, D/2]
 #pragma unroll

@@ -140,3 +140,41 @@ __device__ __forceinline__ void group_sum(float (&acc)[NR]) {
         }
     }
 }
+
+// Thread-block clusters (sm_90): a kernel declared with DS4_CLUSTER_DIMS(x, y, z) before
+// __global__ runs in clusters of that shape, whose blocks read each other's shared memory.
+// Before sm_90 DS4_CLUSTERS is 0 and the macro is empty: such a kernel takes another path there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DS4_CLUSTERS 1
+#define DS4_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
+
+// Every thread of every block of the cluster: what each wrote to its shared memory before is
+// visible to the others after.
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The address of cluster block `rank`'s copy of the shared-memory word at p.
+__device__ __forceinline__ unsigned dsmem_addr(const void* p, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ float dsmem_f32(const float* p, unsigned rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(p, rank)) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float2 dsmem_f32x2(const float2* p, unsigned rank) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(dsmem_addr(p, rank))
+                 : "memory");
+    return v;
+}
+#else
+#define DS4_CLUSTERS 0
+#define DS4_CLUSTER_DIMS(x, y, z)
+#endif

@@ -105,17 +105,25 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
 }
 
 // ---------------------------------------------------------------- decode path (T = 1, no sort)
-// One warp computes MOE_RPW rows of one pair's expert against the pair's Q8_K row: lane l takes the
-// 32-weight blocks l, l + 32, ... of each row (one 16-byte load per row and block), MOE_UNROLL
-// blocks per row loaded before the first is used, so each activation load serves MOE_RPW rows.
-// With smx = 1 the block first copies the activation row into shared memory (dynamic,
-// 3 * cols / 2 bytes: moe_stage_x), after issuing its first weight loads. Each row's sum is
-// added in the same order whatever MOE_RPW is: the results do not depend on it.
-#ifndef MOE_RPW
-#define MOE_RPW 4
+// One warp computes R rows of one pair's expert against the pair's Q8_K row: lane l takes the
+// 32-weight blocks l, l + 32, ... of each row (one 16-byte load per row and block), U blocks per
+// row loaded before the first is used, so each activation load serves R rows. With smx = 1 the
+// block first copies the activation row into shared memory (dynamic, 3 * cols / 2 bytes:
+// moe_stage_x), after issuing its first weight loads. Each row's sum is added in the same order
+// whatever R and U are: the results do not depend on them. Measured on the H200 (ds4-flash,
+// scripts/bench_kernels.py, NOTES.md): gate/up fastest with 2 rows (a gate row and its up row)
+// and 2 blocks in flight, down with 4 rows and 1.
+#ifndef MOE_GU_RPW
+#define MOE_GU_RPW 2
 #endif
-#ifndef MOE_UNROLL
-#define MOE_UNROLL 2
+#ifndef MOE_GU_UNROLL
+#define MOE_GU_UNROLL 2
+#endif
+#ifndef MOE_DN_RPW
+#define MOE_DN_RPW 4
+#endif
+#ifndef MOE_DN_UNROLL
+#define MOE_DN_UNROLL 1
 #endif
 
 extern __shared__ int4 moe_xs[];
@@ -127,14 +135,14 @@ __device__ __forceinline__ void moe_stage_x(const i8* __restrict__ xq, int cols)
     for (int i = threadIdx.x; i < (cols >> 4); i += blockDim.x) moe_xs[3 * (i >> 1) + (i & 1)] = __ldg(x4 + i);
 }
 
-template <int R>
+template <int R, int U>
 struct Q4Batch {
-    int4 w[MOE_UNROLL][R];
-    float s[MOE_UNROLL][R];
+    int4 w[U][R];
+    float s[U][R];
 
     __device__ __forceinline__ void load(const int4* const (&q)[R], const __half* const (&d)[R], int b0, int nb) {
 #pragma unroll
-        for (int u = 0; u < MOE_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int b = b0 + 32 * u;
             if (b < nb) {
 #pragma unroll
@@ -150,7 +158,7 @@ struct Q4Batch {
     __device__ __forceinline__ void use(const i8* __restrict__ xq, const float* __restrict__ xd, int b0, int nb,
                                         float (&acc)[R]) {
 #pragma unroll
-        for (int u = 0; u < MOE_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int b = b0 + 32 * u;
             if (b < nb) {
                 const int4 xa = SMX ? moe_xs[3 * b] : __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);
@@ -177,7 +185,7 @@ struct Q4Batch {
 // acc[r] = this lane's partial of 4-bit row row[r] (of `cols` weights) . the Q8_K row (xq, xd);
 // reduce with warp_sum. Every thread of the block calls it (with smx it holds a barrier); `on`
 // false: no loads, acc stays 0.
-template <int R, bool SMX>
+template <int R, int U, bool SMX>
 __device__ __forceinline__ void q4_rows_dot(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                             const size_t (&row)[R], bool on, const i8* __restrict__ xq,
                                             const float* __restrict__ xd, int cols, float (&acc)[R]) {
@@ -190,7 +198,7 @@ __device__ __forceinline__ void q4_rows_dot(const u8* __restrict__ wq, const __h
         q[r] = reinterpret_cast<const int4*>(wq + row[r] * (cols / 2));
         d[r] = wd + row[r] * nb;
     }
-    Q4Batch<R> bt;
+    Q4Batch<R, U> bt;
     if (on) bt.load(q, d, lane, nb);
     if (SMX) {
         moe_stage_x(xq, cols);
@@ -199,42 +207,42 @@ __device__ __forceinline__ void q4_rows_dot(const u8* __restrict__ wq, const __h
     if (!on) return;
     for (int b0 = lane;;) {
         bt.template use<SMX>(xq, xd, b0, nb, acc);
-        b0 += 32 * MOE_UNROLL;
+        b0 += 32 * U;
         if (b0 >= nb) break;
         bt.load(q, d, b0, nb);
     }
 }
 
-template <int R>
+template <int R, int U>
 __device__ __forceinline__ void q4_rows_dot_x(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                               const size_t (&row)[R], bool on, const i8* __restrict__ xq,
                                               const float* __restrict__ xd, int cols, int smx, float (&acc)[R]) {
-    if (smx) q4_rows_dot<R, true>(wq, wd, row, on, xq, xd, cols, acc);
-    else q4_rows_dot<R, false>(wq, wd, row, on, xq, xd, cols, acc);
+    if (smx) q4_rows_dot<R, U, true>(wq, wd, row, on, xq, xd, cols, acc);
+    else q4_rows_dot<R, U, false>(wq, wd, row, on, xq, xd, cols, acc);
 }
 
-// gateup: warp w of block (bx, p) computes gate rows r0 .. r0 + MOE_RPW/2 - 1 (r0 = (bx * 8 + w) *
-// MOE_RPW / 2) and the matching up rows of pair p's expert. grid = (ceil(F / (4 * MOE_RPW)), P),
+// gateup: warp w of block (bx, p) computes gate rows r0 .. r0 + MOE_GU_RPW/2 - 1 (r0 = (bx * 8 + w) *
+// MOE_GU_RPW / 2) and the matching up rows of pair p's expert. grid = (ceil(F / (4 * MOE_GU_RPW)), P),
 // block = 256, dynamic shared memory 3 * E / 2 bytes with smx.
 extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
                                              float* __restrict__ up, int k, int F, int E, int n_experts, int smx, MOE_STAMP_ARGS) {
     moe_stamp(stamp, stamp_first, stamp_n);
-    constexpr int H = MOE_RPW / 2;
+    constexpr int H = MOE_GU_RPW / 2;
     const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * H;
     const int p = blockIdx.y, t = p / k, e = ids[p];
     if ((unsigned)e >= (unsigned)n_experts) return;  // never index past the bank (uniform over the block)
-    size_t rr[MOE_RPW];
+    size_t rr[MOE_GU_RPW];
 #pragma unroll
     for (int h = 0; h < H; ++h) {
         rr[h] = (size_t)e * 2 * F + min(r0 + h, F - 1);
         rr[H + h] = rr[h] + F;
     }
-    float a[MOE_RPW];
-    q4_rows_dot_x<MOE_RPW>(wq, wd, rr, r0 < F, xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, smx, a);
+    float a[MOE_GU_RPW];
+    q4_rows_dot_x<MOE_GU_RPW, MOE_GU_UNROLL>(wq, wd, rr, r0 < F, xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, smx, a);
 #pragma unroll
-    for (int r = 0; r < MOE_RPW; ++r) a[r] = warp_sum(a[r]);
+    for (int r = 0; r < MOE_GU_RPW; ++r) a[r] = warp_sum(a[r]);
     if (lane == 0) {
 #pragma unroll
         for (int h = 0; h < H; ++h)
@@ -331,26 +339,26 @@ extern "C" __global__ void moe_midq(const float* __restrict__ gate, const float*
 }
 
 // down: out [P, E] = expert down [E, F] (4-bit) . midq[p]. Warp w of block (bx, p) computes rows
-// r0 .. r0 + MOE_RPW - 1, r0 = (bx * 8 + w) * MOE_RPW. grid = (ceil(E / (8 * MOE_RPW)), P),
+// r0 .. r0 + MOE_DN_RPW - 1, r0 = (bx * 8 + w) * MOE_DN_RPW. grid = (ceil(E / (8 * MOE_DN_RPW)), P),
 // block = 256, dynamic shared memory 3 * F / 2 bytes with smx.
 extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                            const i8* __restrict__ mq, const float* __restrict__ md,
                                            const int* __restrict__ ids, float* __restrict__ out, int F, int E,
                                            int n_experts, int smx, MOE_STAMP_ARGS) {
     moe_stamp(stamp, stamp_first, stamp_n);
-    const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MOE_RPW;
+    const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MOE_DN_RPW;
     const int p = blockIdx.y, e = ids[p];
     if ((unsigned)e >= (unsigned)n_experts) return;  // never index past the bank (uniform over the block)
-    size_t rr[MOE_RPW];
+    size_t rr[MOE_DN_RPW];
 #pragma unroll
-    for (int r = 0; r < MOE_RPW; ++r) rr[r] = (size_t)e * E + min(r0 + r, E - 1);
-    float a[MOE_RPW];
-    q4_rows_dot_x<MOE_RPW>(wq, wd, rr, r0 < E, mq + (size_t)p * F, md + (size_t)p * (F / 256), F, smx, a);
+    for (int r = 0; r < MOE_DN_RPW; ++r) rr[r] = (size_t)e * E + min(r0 + r, E - 1);
+    float a[MOE_DN_RPW];
+    q4_rows_dot_x<MOE_DN_RPW, MOE_DN_UNROLL>(wq, wd, rr, r0 < E, mq + (size_t)p * F, md + (size_t)p * (F / 256), F, smx, a);
 #pragma unroll
-    for (int r = 0; r < MOE_RPW; ++r) a[r] = warp_sum(a[r]);
+    for (int r = 0; r < MOE_DN_RPW; ++r) a[r] = warp_sum(a[r]);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < MOE_RPW; ++r)
+        for (int r = 0; r < MOE_DN_RPW; ++r)
             if (r0 + r < E) out[(size_t)p * E + r0 + r] = a[r];
     }
 }

@@ -8,7 +8,7 @@
 #define Q8_NR 4  // rows per thread group: each x chunk read serves Q8_NR rows
 #endif
 #ifndef Q8_UNROLL
-#define Q8_UNROLL 2  // 16-byte chunks per row each thread loads before the first is used
+#define Q8_UNROLL 1  // 16-byte chunks per row each thread loads before the first is used
 #endif
 
 extern __shared__ float4 q8_xs[];

@@ -3,8 +3,9 @@
 
 For each kernel of the ds4-flash token that ``kernels/`` tunes (the Q8_0 matvecs, the decode MoE
 matvecs, attention, router top-k, the hyper-connection pre-mix), every compile-time variant
-(``-DQ8_NR``, ``-DQ8_UNROLL``, ``-DMOE_RPW``, ``-DMOE_UNROLL``) and every launch geometry worth
-trying (threads per row group, x staged in shared memory or not) is:
+(``-DQ8_NR``, ``-DQ8_UNROLL``; ``-DMOE_GU_RPW`` / ``_UNROLL`` and ``-DMOE_DN_RPW`` / ``_UNROLL``;
+``-DATTN_HPB``, ``-DATTN_NS``) and every launch geometry worth trying (threads per row group, x
+staged in shared memory or not) is:
 
 * checked: one launch against a float64 NumPy reference of a sample of its outputs, on fresh
   random weights and activations (relative L2 error, must be < 2e-5);
@@ -49,7 +50,7 @@ class Gpu:
         self.e0, self.e1 = cupy.cuda.Event(), cupy.cuda.Event()
         rs = cupy.random.RandomState(7)
         self.pool = rs.randint(-127, 128, POOL_BYTES, dtype=np.int8)  # q8 and 4-bit bytes alike
-        self.dpool = (rs.random_sample(64 << 20, dtype=np.float32) * 0.01 + 0.001).astype(np.float16)
+        self.dpool = (rs.random_sample(160 << 20, dtype=np.float32) * 0.01 + 0.001).astype(np.float16)
         self.mods = {}
         self.copy_GBps = self.copy_bw()
 
@@ -236,9 +237,9 @@ def q8_case(gpu, mod, name, kernel, rows, cols, rpg, nr, tpr, smx, baseline, rng
 
 
 def run_q8(gpu, kdir, base, rows_out, quick, rng):
-    variants = [("2", "2"), ("4", "1"), ("4", "2"), ("2", "4")]
+    variants = [("4", "1"), ("2", "2")]
     if quick:
-        variants = variants[:2]
+        variants = variants[:1]
     for nr, u in variants:
         try:
             mod = gpu.module(kdir, "dense.cu", (f"Q8_NR={nr}", f"Q8_UNROLL={u}"))
@@ -280,8 +281,9 @@ def moe_case(gpu, mod, stage, rpw, smx, baseline, rng):
     else:
         rows, cols = E, F
     per_expert_q, per_expert_d = rows * cols // 2, rows * cols // 32
-    ids_h = rng.choice(n_exp, k, replace=False).astype(np.int32)
-    ids = cp.asarray(ids_h)
+    L = n_launches(6 * (per_expert_q + per_expert_d * 2))
+    ids_h = [rng.choice(n_exp, k, replace=False).astype(np.int32) for _ in range(L)]  # other experts every launch
+    ids = [cp.asarray(v) for v in ids_h]
     xq_h = rng.integers(-127, 128, (k, cols)).astype(np.int8)
     xd_h = (rng.random((k, cols // 256)) * 0.02 + 0.001).astype(np.float32)
     xq, xd = cp.asarray(xq_h), cp.asarray(xd_h)
@@ -297,13 +299,14 @@ def moe_case(gpu, mod, stage, rpw, smx, baseline, rng):
         grid = ((-(-F // (8 * rpw // 2))) if stage == "gateup" else -(-E // (8 * rpw)), k)
         shared = 3 * cols // 2 if smx else 0
         tail = (np.int32(smx), np.uint64(0), np.int32(0), np.int32(0))  # no profiling stamp
+    q = gpu.qslice(0, bank_q)
+    d = gpu.dslice(0, bank_d)
+    assert q.size == bank_q and d.size == bank_d, "weight pool too small for one bank"
 
     def args(i):
-        q = gpu.qslice(i, bank_q)
-        d = gpu.dslice(i, bank_d)
         if stage == "gateup":
-            return (q, d, xq, xd, ids, out0, out1, np.int32(k), np.int32(F), np.int32(E), np.int32(n_exp)) + tail
-        return (q, d, xq, xd, ids, out0, np.int32(F), np.int32(E), np.int32(n_exp)) + tail
+            return (q, d, xq, xd, ids[i], out0, out1, np.int32(k), np.int32(F), np.int32(E), np.int32(n_exp)) + tail
+        return (q, d, xq, xd, ids[i], out0, np.int32(F), np.int32(E), np.int32(n_exp)) + tail
 
     def launch(i):
         return lambda: fn(grid, (256,), args(i), shared_mem=shared)
@@ -311,12 +314,9 @@ def moe_case(gpu, mod, stage, rpw, smx, baseline, rng):
     with gpu.st:
         launch(0)()
     gpu.st.synchronize()
-    q = gpu.qslice(0, bank_q)
-    d = gpu.dslice(0, bank_d)
     errs = []
     for p in range(2):  # two pairs, 128 sampled rows each
-        e = int(ids_h[p])
-        t = p // k if stage == "gateup" else p
+        e = int(ids_h[0][p])
         xs = xq_h[0 if stage == "gateup" else p].astype(np.float64) * np.repeat(xd_h[0 if stage == "gateup" else p], 256)
         rs = rng.choice(rows, 128, replace=False)
         qe = cp.asnumpy(q[e * per_expert_q:(e + 1) * per_expert_q]).view(np.uint8).reshape(rows, cols // 32, 16)
@@ -330,21 +330,20 @@ def moe_case(gpu, mod, stage, rpw, smx, baseline, rng):
             got = np.where(rs < F, g[np.minimum(rs, F - 1)], u[np.maximum(rs - F, 0)])
         else:
             got = cp.asnumpy(out0)[p][rs]
-        del t
         errs.append(rel(got, ref))
-    L = n_launches(6 * (per_expert_q + per_expert_d * 2))
     tm = gpu.time_graph([launch(i) for i in range(L)])
     nbytes = k * (per_expert_q + per_expert_d * 2) + (cols + cols // 64) + k * rows * 4
     return max(errs), tm, nbytes
 
 
 def run_moe(gpu, kdir, base, rows_out, quick, rng):
-    variants = [("2", "2"), ("4", "1"), ("4", "2"), ("2", "4")]
+    variants = [("2", "2"), ("4", "1"), ("4", "2")]
     if quick:
         variants = variants[:2]
     for rpw, u in variants:
         try:
-            mod = gpu.module(kdir, "moe.cu", (f"MOE_RPW={rpw}", f"MOE_UNROLL={u}"))
+            mod = gpu.module(kdir, "moe.cu", (f"MOE_GU_RPW={rpw}", f"MOE_GU_UNROLL={u}", f"MOE_DN_RPW={rpw}",
+                                              f"MOE_DN_UNROLL={u}"))
         except Exception as e:
             log(f"  FAIL compile moe.cu RPW={rpw} U={u}: {e}")
             continue
@@ -378,7 +377,7 @@ def run_small(gpu, kdir, base, rows_out, rng):
     os_ = [cp.full((H, D), np.nan, dtype=np.float32) for _ in range(sets)]
     pos = 5000
     scal = cp.asarray(np.array([pos, pos % W, W, 3], np.int32))
-    part_o = cp.zeros(H * 64 * D, np.float32)
+    part_o = cp.zeros(H * 64 * D, np.float32)  # the global combine's scratch (baseline, and before sm_90)
     part_ml = cp.zeros(H * 64 * 2, np.float32)
     counter = cp.zeros(64, np.int32)
 
@@ -390,25 +389,35 @@ def run_small(gpu, kdir, base, rows_out, rng):
         p = np.exp(s - s.max(axis=1, keepdims=True))
         return (p / p.sum(axis=1, keepdims=True)) @ k
 
-    for tag, kd in (("new", kdir), ("baseline", base)):
-        if kd is None:
-            continue
+    from ds4lab.token import ops
+    from ds4lab.token.config import get_preset
+
+    cfg = get_preset("ds4-flash")
+    att = [("new", kdir, 4, 8)] + [(f"HPB{h}_NS{n}", kdir, h, n) for h, n in ((2, 8), (8, 8), (4, 4), (8, 4))]
+    att += [("baseline", base, 0, 0)] if base is not None else []
+    for tag, kd, hpb, ns in att:
         try:
-            fn = gpu.module(kd, "attention.cu").get_function("attention_decode")
-            if tag == "new":
-                kc = 16
-                shared = 4 * (4 * D + 16 * D + 4 * 16 + 16)
-                grid = (H // 4, 8)
+            if tag == "baseline":
+                fn = gpu.module(kd, "attention.cu").get_function("attention_decode")
+
+                def la(i, fn=fn):
+                    return lambda: fn((H // 4, W // 16), (256,), (qs[i], cs[i], os_[i], np.int32(D), np.int32(W),
+                                                                  np.int32(H), part_o, part_ml, counter, scal,
+                                                                  np.int32(0), np.int32(0), np.int32(0), np.int32(0)))
+            else:
+                defs = () if tag == "new" else (f"ATTN_HPB={hpb}", f"ATTN_NS={ns}")
+                fn = gpu.module(kd, "attention.cu", defs).get_function("attention_decode")
+                was = ops.ATTN_HPB, ops.ATTN_NS
+                ops.ATTN_HPB, ops.ATTN_NS = hpb, ns
+                try:
+                    grid, kc, shared = ops.attention_launch(cfg)
+                finally:
+                    ops.ATTN_HPB, ops.ATTN_NS = was
 
                 def la(i, fn=fn, kc=kc, shared=shared, grid=grid):
                     return lambda: fn(grid, (256,), (qs[i], cs[i], os_[i], np.int32(D), np.int32(W), np.int32(H),
                                                      np.int32(kc), part_o, part_ml, counter, scal, np.int32(0),
                                                      np.int32(0), np.int32(0), np.int32(0)), shared_mem=shared)
-            else:
-                def la(i, fn=fn):
-                    return lambda: fn((H // 4, W // 16), (256,), (qs[i], cs[i], os_[i], np.int32(D), np.int32(W),
-                                                                  np.int32(H), part_o, part_ml, counter, scal,
-                                                                  np.int32(0), np.int32(0), np.int32(0), np.int32(0)))
             with gpu.st:
                 la(0)()
                 la(0)()
@@ -459,9 +468,11 @@ def run_small(gpu, kdir, base, rows_out, rng):
         try:
             fn = gpu.module(kd, "dense.cu").get_function("hc_premix")
 
-            def lp(i, fn=fn):
-                return lambda: fn((1,), (1024,), (hs[i], parts[i], lgo, wn, xo, np.int32(S), np.int32(E), np.int32(ns),
-                                                  np.float32(1e-6)))
+            grid, block = ((8,), (128,)) if tag == "new" else ((1,), (1024,))
+
+            def lp(i, fn=fn, grid=grid, block=block):
+                return lambda: fn(grid, block, (hs[i], parts[i], lgo, wn, xo, np.int32(S), np.int32(E), np.int32(ns),
+                                                np.float32(1e-6)))
             with gpu.st:
                 lp(0)()
             gpu.st.synchronize()

@@ -5,8 +5,10 @@
 #   kernels   scripts/bench_kernels.py: every kernel variant checked and timed (BASELINE=DIR: an older
 #             kernels/ folder timed beside it, same run);
 #   bench     ds4lab bench --per-op: floors, replayed token's busy time, per-site roofline;
-#   moe       (MOE=1) ds4lab moe: each profiling mode's cost on replayed and eager tokens.
-# STEPS=pytest,kernels,bench,moe picks the steps. Results in $OUT/res, packed into $OUT/res.tgz.
+#   moe       ds4lab moe --mode in-graph: the in-graph profile's cost on replayed and eager tokens;
+#   ncu       Nsight Compute (clocks left alone) on attention and hc_premix launches of the variant
+#             bench: throughput, warp stall reasons, occupancy.
+# STEPS=pytest,kernels,bench,moe,ncu picks the steps. Results in $OUT/res, packed into $OUT/res.tgz.
 set -u
 R=${OUT:-/tmp/out}/res
 mkdir -p "$R"
@@ -27,7 +29,7 @@ step() {
   echo "$name rc=$? $((SECONDS - t0))s" | tee -a "$R/steps.txt"
 }
 step pytest_kernels 60 python3 -m pytest -q -p no:cacheprovider -m gpu --maxfail=20 tests/test_kernels_gpu.py \
-  tests/test_floors.py -k "q8 or attention or router_topk or hc_mix or floors"
+  tests/test_floors.py -k "q8 or attention or router_topk or hc_ or floors"
 step pytest_tokens 45 python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" --maxfail=10 \
   "tests/test_kernels_gpu.py::test_routed_moe_stagewise[1]" "tests/test_kernels_gpu.py::test_routed_moe_stagewise[2]" \
   tests/test_token_gpu.py tests/test_longctx_gpu.py -k "stagewise or token or q8_matvec_when"
@@ -35,6 +37,9 @@ step kernels 50 python3 scripts/bench_kernels.py --out "$R/kernels" ${BASELINE:+
 step bench 70 python3 -m ds4lab.cli bench --preset ds4-flash --per-op --out "$R/bench"
 step moe 90 python3 -m ds4lab.cli moe --backend cupy --preset ds4-flash --mode in-graph --tokens-per-step 1 \
   --routing uniform --steps 2 --share-tokens 0 --out "$R/moe"
+step ncu 45 ncu --clock-control none -k "regex:attention_decode|hc_premix" --launch-count 14 \
+  --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy --csv \
+  --log-file "$R/ncu.csv" python3 scripts/bench_kernels.py --only small --out "$R/ncu-run" ${BASELINE:+--baseline "$BASELINE"}
 rm -f "$R"/bench/*.svg "$R"/bench/*.pdf "$R"/moe/*.svg "$R"/moe/*.pdf
 tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
 for f in pytest_kernels pytest_tokens; do [ -f "$R/$f.txt" ] && { echo "== $f"; grep -E "passed|failed|error" "$R/$f.txt" | tail -n 3; grep -E "^(FAILED|ERROR)" "$R/$f.txt" | head -n 12; }; done
@@ -52,5 +57,6 @@ print("   per-op method", po.get("method"))
 for s in (po.get("sites") or [])[:14]:
     print(f"   {s['cluster']}/{s['site']:18s} {s['kernel']:18s} x{s['launches']:3d} {s['us']:8.1f} us {s['copy_fraction']:5.0%}")
 EOF
-[ -f "$R/moe.txt" ] && { echo "== moe"; grep -iE "overhead|in-graph|not measurable" "$R/moe.txt" | tail -n 8; }
+[ -f "$R/moe.txt" ] && { echo "== moe"; grep -iE "overhead|in-graph|none|not measurable" "$R/moe.txt" | tail -n 8; }
+[ -f "$R/ncu.csv" ] && { echo "== ncu"; grep -c attention_decode "$R/ncu.csv"; }
 cat "$R/steps.txt"

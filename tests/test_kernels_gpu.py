@@ -87,7 +87,7 @@ def test_weight_init_bit_identical(cupy_backend, numpy_backend, fmt, rows, cols,
 
 
 # ----------------------------------------------------------------------------- dense
-# Shapes cover every thread-group width of ops.q8_geometry: 256 (1024x4096, 512x4096), 128
+# Shapes cover every thread-group width of ops.q8_launch: 256 (1024x4096, 512x4096), 128
 # (512x2048 grouped), 64 (2048x1024), 32 (8192x4096 grouped like o_a; 64x256, where a warp has
 # more threads than the row has 16-byte chunks).
 @pytest.mark.parametrize("rows,cols,groups", [(1024, 4096, None), (2048, 1024, None), (512, 2048, 4),
@@ -198,6 +198,26 @@ def test_hc_mix_and_premix(both, rng, E):
     # The logits against the unsplit float64 product: the split is an exact regrouping.
     assert rel(g["lg"], R.hc_mix_logits(hn, wmix)) < F32_RTOL
     assert rel(g["x"], r["x"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("S,E,nsplit,logits", [(4, 4096, 16, True), (6, 1030, 16, True), (4, 65536, 16, True),
+                                                (4, 4096, 1, False), (4, 100, 3, True)])
+def test_hc_premix_paths(both, rng, S, E, nsplit, logits):
+    """Every path of the pre-mix: streams in registers (E = 4096), the plain loop (S > 4, E not a
+    multiple of 4, E too wide for registers, a slice shorter than the block), final logits passed
+    in (the output mix: nsplit 1, no logits written)."""
+    h = rng.standard_normal((S, E)).astype(np.float32)
+    part = (0.3 * rng.standard_normal(2 * S * nsplit)).astype(np.float32)
+    w = rng.standard_normal(E).astype(np.float32)
+
+    def fn(L, b):
+        ops.hc_premix(L, "t", b["h"], b["part"], b["lg"] if logits else None, b["w"], b["x"], S, E, 1e-6,
+                      nsplit=nsplit)
+
+    g, r = both.run(fn, {"h": h, "part": part, "w": w}, {"lg": ((2 * S,), np.float32), "x": ((E,), np.float32)})
+    assert rel(g["x"], r["x"]) < F32_RTOL
+    if logits:
+        assert rel(g["lg"], r["lg"]) < F32_RTOL
 
 
 @pytest.mark.parametrize("mode", ["value", "device"])

@@ -70,7 +70,7 @@ def test_q8_launch_fills_the_gpu_at_ds4_flash():
     for rows, cols in [(1024, 4096), (512, 4096), (32768, 1024), (8192, 4096), (4096, 8192), (4096, 2048)]:
         g = ops.q8_launch(rows // ops.Q8_ROWS, cols)
         assert g.grid[0] >= min(ops.FILL_BLOCKS, rows // ops.Q8_ROWS), (rows, cols, g.grid)
-        assert g.smx == 1
+        assert g.smx == (g.block[1] * ops.Q8_ROWS >= ops.Q8_STAGE_ROWS)
 
 
 def _kernel_define(path: str, name: str) -> int:
@@ -84,9 +84,12 @@ def _kernel_define(path: str, name: str) -> int:
 def test_launch_constants_match_the_kernels():
     """The geometry in ops.py assumes the kernels' compile-time constants."""
     assert ops.Q8_ROWS == _kernel_define("q8.cuh", "Q8_NR")
-    assert ops.MOE_RPW == _kernel_define("moe.cu", "MOE_RPW")
+    assert ops.MOE_GU_RPW == _kernel_define("moe.cu", "MOE_GU_RPW")
+    assert ops.MOE_DN_RPW == _kernel_define("moe.cu", "MOE_DN_RPW")
     assert ops.ATTN_HPB == _kernel_define("attention.cu", "ATTN_HPB")
     assert ops.ATTN_NS == _kernel_define("attention.cu", "ATTN_NS")
+    assert ops.HC_BLOCKS == _kernel_define("dense.cu", "HC_BLOCKS")
+    assert ops.HC_MIX_SPLIT == _kernel_define("dense.cu", "HC_MIX_SPLIT")
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "ds4-flash"])

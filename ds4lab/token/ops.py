@@ -21,8 +21,8 @@ i32, u32, f32 = np.int32, np.uint32, np.float32
 #: A null device pointer as a kernel argument (8-byte zero).
 NULL = np.uint64(0)
 WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
-#: Blocks a split launch aims for: about four per SM of an H200 (132 SMs); see split_geometry.
-FILL_BLOCKS = 512
+#: Blocks a split launch aims for: about two per SM of an H200 (132 SMs); see split_geometry.
+FILL_BLOCKS = 256
 
 
 def cdiv(a: int, b: int) -> int:
@@ -69,19 +69,19 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- dense
 def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     """Grid and block of a kernel where a thread group of ``tpr`` threads (block
-    ``(tpr, 256 // tpr)``) computes one unit (a row or row pair) whose reduction runs over
+    ``(tpr, 256 // tpr)``) computes one unit (a group of rows) whose reduction runs over
     ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
 
     ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
     the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
-    (ds4-flash, CUPTI, NOTES.md) this picks the fastest of the configurations measured for
-    every matvec of the token: 512 blocks of 8 chunks per thread beat 1024 blocks of 4 on the
-    large matrices (4096 → 8192 grouped: 14.1 vs 16.8 µs; 8192 → 4096: 15.7 vs 17.8 µs; the
-    vocabulary: 164 vs 176 µs), and where 8 chunks per thread leave fewer than 512 blocks, more
-    blocks win (shared down 2048 → 4096: 512 blocks of 2 chunks, 7.4 µs, vs 256 of 4, 7.7 µs;
-    shared gate/up: 512 blocks of 4 chunks, 9.1 µs, where the previous one-warp-per-pair kernel
-    took 10.1 µs with 256 blocks; 4096 → 1024 and 4096 → 512: one row pair per block of 256
-    threads, 4.3 and 3.5 µs, against 8.6 and 8.5 for the previous kernel's 64 and 32 blocks).
+    (ds4-flash, graph replays of back-to-back launches over weights in cold memory,
+    ``scripts/bench_kernels.py``, NOTES.md) this picks, for every Q8_0 matvec of the token, the
+    fastest thread-group width measured or one within 3 % of it (the grouped 4096 → 8192 takes 32
+    threads, 13.9 µs, where 64 measured 13.5 µs): narrow groups and many blocks for the tall
+    matrices (1024 → 32768: 32 threads, 1024 blocks; the vocabulary: 32, 4040 blocks), 64 where
+    32 would leave 128 blocks (8192 → 4096, the shared expert), whole blocks for the short ones
+    (4096 → 1024 and → 512: 256 threads). The 512-block target this replaced lost 2–3 µs per
+    launch on the tall matrices with four rows per group.
 
     Returns ``((blocks,), (tpr, groups))``.
     """
@@ -102,6 +102,10 @@ Q8_ROWS = 4
 Q8_SMEM_PER_COL, Q8_SMEM_MAX = 5, 48 * 1024
 #: Stage x in shared memory where it fits (``smx``); False reads x through L1 in every kernel.
 Q8_STAGE_X = True
+#: ... and where a block's rows read at least 8 times the x bytes it stages (32 rows): measured on
+#: the H200, staging won with 32 rows per block (1024 → 32768: 12.5 vs 14.7 µs; the vocabulary:
+#: 135 vs 157 µs) and lost or tied with 16 or fewer (8192 → 4096: 15.4 vs 13.5 µs).
+Q8_STAGE_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -119,20 +123,14 @@ def q8_launch(units: int, cols: int, rows_per_group: int | None = None) -> Q8Lau
     """Geometry of the Q8_0 matvec kernels (``kernels/dense.cu``, ``longctx.cu:q8_matvec_when``) for
     ``units`` thread groups of :data:`Q8_ROWS` rows each (``ceil(rows / Q8_ROWS)``; the SwiGLU
     kernel's group holds ``Q8_ROWS / 2`` gate rows and their up rows) over ``cols`` int8 columns:
-    :func:`split_geometry` over ``cols / 16`` chunks, x staged in shared memory when it fits and,
-    for a grouped matvec (``rows_per_group``), when every block's rows share one x slice."""
+    :func:`split_geometry` over ``cols / 16`` chunks, x staged in shared memory when it fits, a
+    block has at least :data:`Q8_STAGE_ROWS` rows and, for a grouped matvec (``rows_per_group``),
+    every block's rows share one x slice."""
     grid, block = split_geometry(units, cols // 16)
     rows_per_block = Q8_ROWS * block[1]
-    smx = (Q8_STAGE_X and cols * Q8_SMEM_PER_COL <= Q8_SMEM_MAX
+    smx = (Q8_STAGE_X and rows_per_block >= Q8_STAGE_ROWS and cols * Q8_SMEM_PER_COL <= Q8_SMEM_MAX
            and (rows_per_group is None or rows_per_group % rows_per_block == 0))
     return Q8Launch(grid, block, cols * Q8_SMEM_PER_COL if smx else 0, int(smx))
-
-
-def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
-    """Grid and block of :func:`q8_launch` for ``pairs`` row pairs (``2 * pairs`` rows). Returns
-    ``((blocks,), (tpr, groups))``."""
-    g = q8_launch(cdiv(2 * pairs, Q8_ROWS), cols)
-    return g.grid, g.block
 
 
 def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
@@ -194,6 +192,8 @@ def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
 
 #: Partial sums per mixing logit in ``hc_mix`` (``HC_MIX_SPLIT`` in ``kernels/dense.cu``).
 HC_MIX_SPLIT = 16
+#: Blocks of ``hc_premix``: one cluster on sm_90, each block a slice of the row (``HC_BLOCKS``).
+HC_BLOCKS = 8
 
 
 def hc_mix(L, site, hn, wmix, part, S, E):
@@ -208,7 +208,8 @@ def hc_mix(L, site, hn, wmix, part, S, E):
 
 
 def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
-    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``.
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: :data:`HC_BLOCKS`
+    blocks of 128 threads, a cluster on sm_90 (``kernels/dense.cu:hc_premix``).
 
     Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when
     ``part`` already holds final logits (``nsplit=1``, the output mix).
@@ -220,7 +221,7 @@ def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
             logits[: 2 * S] = lg
         x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), lg, w, eps)
 
-    L.kernel(site, "hc_premix", (1,), (1024,),
+    L.kernel(site, "hc_premix", (HC_BLOCKS,), (128,),
              (h, part, NULL if logits is None else logits, w, x, i32(S), i32(E), i32(nsplit), f32(eps)), ref,
              nbytes=4 * (S * E + 2 * E))
 
@@ -468,20 +469,24 @@ def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
              nbytes=8 * N + 12 * N)
 
 
-#: Rows per warp of the decode MoE kernels (``MOE_RPW`` in ``kernels/moe.cu``; a CPU test reads it
-#: there): the gate/up kernel's warp takes ``MOE_RPW / 2`` gate rows and their up rows.
-MOE_RPW = 4
+#: Rows per warp of the decode MoE kernels (``MOE_GU_RPW``, ``MOE_DN_RPW`` in ``kernels/moe.cu``; a CPU
+#: test reads them there): the gate/up kernel's warp takes ``MOE_GU_RPW / 2`` gate rows and their
+#: up rows.
+MOE_GU_RPW, MOE_DN_RPW = 2, 4
+#: Whether the gate/up and the down kernel stage their activation row in shared memory: the faster
+#: way of each on the H200 (``scripts/bench_kernels.py``: gate/up 16.6 µs staged, down 9.5 µs not).
+MOE_GU_STAGE, MOE_DN_STAGE = True, False
 
 
-def moe_stage(cols: int) -> tuple[int, int]:
-    """``(shared bytes, smx)`` of a decode MoE kernel whose Q8_K activation row has ``cols``
-    values: staged in shared memory (48 bytes per 32 values) when that fits in 48 KiB."""
+def moe_stage(cols: int, stage: bool) -> tuple[int, int]:
+    """``(shared bytes, smx)`` of a decode MoE kernel whose Q8_K activation row has ``cols`` values:
+    staged in shared memory (48 bytes per 32 values) when ``stage`` and it fits in 48 KiB."""
     nbytes = 3 * cols // 2
-    return (nbytes, 1) if nbytes <= 48 * 1024 else (0, 0)
+    return (nbytes, 1) if stage and nbytes <= 48 * 1024 else (0, 0)
 
 
 def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig, stamp=None):
-    """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_RPW / 2`` gate rows
+    """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_GU_RPW / 2`` gate rows
     and their up rows per warp (``kernels/moe.cu``)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
@@ -492,8 +497,8 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
             y = R.expert_matvec(bank_gu[int(flat[p])], xq[t], xd[t])
             gate[p], up[p] = y[:F], y[F:]
 
-    shared, smx = moe_stage(E)
-    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS * MOE_RPW // 2), P), (256,),
+    shared, smx = moe_stage(E, MOE_GU_STAGE)
+    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS * MOE_GU_RPW // 2), P), (256,),
              (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(smx))
              + stamp_args(stamp), stamped(ref, stamp), nbytes=P * (expert_bytes(bank_gu) + E + 8 * F), shared=shared)
 
@@ -553,8 +558,8 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig, sta
         for p in range(P):
             out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
 
-    shared, smx = moe_stage(F)
-    L.kernel(site, "moe_down_decode", (cdiv(E, WARPS * MOE_RPW), P), (256,),
+    shared, smx = moe_stage(F, MOE_DN_STAGE)
+    L.kernel(site, "moe_down_decode", (cdiv(E, WARPS * MOE_DN_RPW), P), (256,),
              (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts), i32(smx)) + stamp_args(stamp),
              stamped(ref, stamp), nbytes=P * (expert_bytes(bank_dn) + F + 4 * E), shared=shared)
 
