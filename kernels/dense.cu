@@ -140,140 +140,65 @@ extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __r
 }
 
 // Pre-mix: logits[j] = sum of hc_mix's partials (written back to logits[j] for the expand),
-// x = rms_norm(sum_s softmax(logits[0:S])_s * h[s]) * w. grid = HC_BLOCKS blocks of 128 threads;
-// on sm_90 one cluster: block b takes the b-th slice of E (its streams and norm weight loaded into
-// registers up front, one float4 each at E = 4096, while threads 0 .. 2S - 1 load the partials),
-// adds its slice's sum of squares, and every block adds the HC_BLOCKS sums from the cluster's
-// shared memory in block order (the same total, the same scale everywhere), then writes its slice.
-// Before sm_90 block 0 does all of it alone (the others exit). part == logits is allowed only when
-// the logits are final already (the output mix passes nsplit = 1 and logits = NULL). S <= 8.
-#define HC_BLOCKS 8
-#define HC_VEC 2  // float4 of each stream a thread keeps in registers, at most
-
-extern "C" DS4_CLUSTER_DIMS(HC_BLOCKS, 1, 1) __global__ void hc_premix(
-        const float* __restrict__ h, const float* part, float* logits, const float* __restrict__ w,
-        float* __restrict__ x, int S, int E, int nsplit, float eps) {
+// x = rms_norm(sum_s softmax(logits[0:S])_s * h[s]) * w. One block of 1024 threads. The streams
+// and the norm weight are loaded into registers first (one float4 per stream per thread when
+// E <= 4 * blockDim.x, E % 4 == 0 and S <= 4), so their latency overlaps the partials' sum;
+// the normed row is written once. part == logits is allowed only when the logits are final
+// already (the output mix passes zeros and nsplit = 1). S <= 8.
+// (Measured on the H200, scripts/bench_kernels.py: this one-block kernel, 3.3 µs, beat a version
+// that loads the 16 partials at once, 3.45 µs, and one spread over a cluster of 8 blocks that adds
+// the sum of squares through distributed shared memory, 4.0 µs.)
+extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* part,
+                                     float* logits, const float* __restrict__ w,
+                                     float* __restrict__ x, int S, int E, int nsplit, float eps) {
     __shared__ float lg[16];
-    __shared__ float red[32];
-    __shared__ float ss_blk;
-#if DS4_CLUSTERS
-    const int rank = blockIdx.x, nblk = gridDim.x;
-#else
-    if (blockIdx.x != 0) return;
-    const int rank = 0, nblk = 1;
-#endif
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    const bool vec = (E & 3) == 0 && S <= 4;
-    const int nv = vec ? (E >> 2) : E;  // float4 (vec) or float units of E
-    const int per = (nv + nblk - 1) / nblk, u0 = min(rank * per, nv), u1 = min(u0 + per, nv);
-    const bool cached = vec && (u1 - u0) <= HC_VEC * nt;
-    const float4* h4 = reinterpret_cast<const float4*>(h);
-    float4 hv[HC_VEC][4], wv[HC_VEC];
-    if (cached) {
+    const int nv = E >> 2, i = threadIdx.x;
+    const bool vec = (E & 3) == 0 && nv <= (int)blockDim.x && S <= 4;
+    float4 hv[4], wv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (vec && i < nv) {
+        wv = __ldg(reinterpret_cast<const float4*>(w) + i);
 #pragma unroll
-        for (int k = 0; k < HC_VEC; ++k) {
-            const int i = u0 + tid + k * nt;
-            if (i < u1) {
-                wv[k] = __ldg(reinterpret_cast<const float4*>(w) + i);
-#pragma unroll
-                for (int s = 0; s < 4; ++s)
-                    if (s < S) hv[k][s] = __ldg(h4 + (size_t)s * nv + i);
-            }
-        }
+        for (int s = 0; s < 4; ++s)
+            if (s < S) hv[s] = __ldg(reinterpret_cast<const float4*>(h + (size_t)s * E) + i);
     }
-    if (tid < 2 * S) {
-        // every partial loaded before the first add, added in split order
-        const float* p = part + tid * nsplit;
-        float v[HC_MIX_SPLIT];
-#pragma unroll
-        for (int s = 0; s < HC_MIX_SPLIT; ++s) v[s] = s < nsplit ? p[s] : 0.0f;
+    if (threadIdx.x < 2 * S) {
         float a = 0.0f;
-#pragma unroll
-        for (int s = 0; s < HC_MIX_SPLIT; ++s)
-            if (s < nsplit) a += v[s];
-        for (int s = HC_MIX_SPLIT; s < nsplit; ++s) a += p[s];
-        lg[tid] = a;
+        for (int s = 0; s < nsplit; ++s) a += part[threadIdx.x * nsplit + s];
+        lg[threadIdx.x] = a;
     }
     __syncthreads();
-    if (rank == 0 && tid < 2 * S && logits) logits[tid] = lg[tid];
-    float c[8];
+    if (threadIdx.x < 2 * S && logits) logits[threadIdx.x] = lg[threadIdx.x];
+    float pre[8];
     float m = -3.402823466e38f, z = 0.0f;
-#pragma unroll
-    for (int s = 0; s < 8; ++s)
-        if (s < S) m = fmaxf(m, lg[s]);
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-        c[s] = 0.0f;
-        if (s < S) { c[s] = expf(lg[s] - m); z += c[s]; }
-    }
-#pragma unroll
-    for (int s = 0; s < 8; ++s) c[s] /= z;
+    for (int s = 0; s < S; ++s) m = fmaxf(m, lg[s]);
+    for (int s = 0; s < S; ++s) { pre[s] = expf(lg[s] - m); z += pre[s]; }
     float ss = 0.0f;
-    float4 v[HC_VEC];
-    if (cached) {
+    if (vec) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < nv) {
 #pragma unroll
-        for (int k = 0; k < HC_VEC; ++k) {
-            v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (u0 + tid + k * nt < u1) {
-#pragma unroll
-                for (int s = 0; s < 4; ++s) {
-                    if (s < S) {
-                        v[k].x += c[s] * hv[k][s].x; v[k].y += c[s] * hv[k][s].y;
-                        v[k].z += c[s] * hv[k][s].z; v[k].w += c[s] * hv[k][s].w;
-                    }
+            for (int s = 0; s < 4; ++s) {
+                if (s < S) {
+                    const float c = pre[s] / z;
+                    v.x += c * hv[s].x; v.y += c * hv[s].y; v.z += c * hv[s].z; v.w += c * hv[s].w;
                 }
             }
-            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         }
-    } else {
-        const int e0 = vec ? 4 * u0 : u0, e1 = vec ? 4 * u1 : u1;
-        for (int e = e0 + tid; e < e1; e += nt) {
-            float a = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 8; ++s)
-                if (s < S) a += c[s] * h[(size_t)s * E + e];
-            ss += a * a;
-        }
+        ss = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        const float scale = rsqrtf(block_sum(ss) / E + eps);
+        if (i < nv)
+            reinterpret_cast<float4*>(x)[i] = make_float4(v.x * scale * wv.x, v.y * scale * wv.y,
+                                                          v.z * scale * wv.z, v.w * scale * wv.w);
+        return;
     }
-    // this block's sum of squares, then the cluster's in block order
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    if (tid == 0) {
-        float a = 0.0f;
-        for (int k = 0; k < (nt >> 5); ++k) a += red[k];
-        ss_blk = a;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < S; ++s) v += pre[s] / z * h[(size_t)s * E + i];
+        x[i] = v;
+        ss += v * v;
     }
-#if DS4_CLUSTERS
-    cluster_sync_all();
-    float tot = 0.0f;
-    for (int k = 0; k < nblk; ++k) tot += dsmem_f32(&ss_blk, k);
-#else
-    __syncthreads();
-    const float tot = ss_blk;
-#endif
-    const float scale = rsqrtf(tot / E + eps);
-    if (cached) {
-#pragma unroll
-        for (int k = 0; k < HC_VEC; ++k) {
-            const int i = u0 + tid + k * nt;
-            if (i < u1)
-                reinterpret_cast<float4*>(x)[i] = make_float4(v[k].x * scale * wv[k].x, v[k].y * scale * wv[k].y,
-                                                              v[k].z * scale * wv[k].z, v[k].w * scale * wv[k].w);
-        }
-    } else {
-        const int e0 = vec ? 4 * u0 : u0, e1 = vec ? 4 * u1 : u1;
-        for (int e = e0 + tid; e < e1; e += nt) {
-            float a = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 8; ++s)
-                if (s < S) a += c[s] * h[(size_t)s * E + e];
-            x[e] = a * scale * w[e];
-        }
-    }
-#if DS4_CLUSTERS
-    cluster_sync_all();  // no block leaves while another still reads its sum
-#endif
+    const float scale = rsqrtf(block_sum(ss) / E + eps);
+    for (int i = threadIdx.x; i < E; i += blockDim.x) x[i] = x[i] * scale * w[i];
 }
 
 __device__ __forceinline__ void rope_pair(float& a, float& b, int pos, int i, int rope_dims, double theta) {

@@ -468,7 +468,7 @@ def run_small(gpu, kdir, base, rows_out, rng):
         try:
             fn = gpu.module(kd, "dense.cu").get_function("hc_premix")
 
-            grid, block = ((8,), (128,)) if tag == "new" else ((1,), (1024,))
+            grid, block = (1,), (1024,)
 
             def lp(i, fn=fn, grid=grid, block=block):
                 return lambda: fn(grid, block, (hs[i], parts[i], lgo, wn, xo, np.int32(S), np.int32(E), np.int32(ns),

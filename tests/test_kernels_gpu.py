@@ -203,9 +203,9 @@ def test_hc_mix_and_premix(both, rng, E):
 @pytest.mark.parametrize("S,E,nsplit,logits", [(4, 4096, 16, True), (6, 1030, 16, True), (4, 65536, 16, True),
                                                 (4, 4096, 1, False), (4, 100, 3, True)])
 def test_hc_premix_paths(both, rng, S, E, nsplit, logits):
-    """Every path of the pre-mix: streams in registers (E = 4096), the plain loop (S > 4, E not a
-    multiple of 4, E too wide for registers, a slice shorter than the block), final logits passed
-    in (the output mix: nsplit 1, no logits written)."""
+    """Every path of the pre-mix: streams in registers (E = 4096, E = 100: fewer float4 than
+    threads), the plain loop (S > 4, E not a multiple of 4, E wider than one float4 per thread),
+    final logits passed in (the output mix: nsplit 1, no logits written)."""
     h = rng.standard_normal((S, E)).astype(np.float32)
     part = (0.3 * rng.standard_normal(2 * S * nsplit)).astype(np.float32)
     w = rng.standard_normal(E).astype(np.float32)

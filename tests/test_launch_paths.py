@@ -88,7 +88,6 @@ def test_launch_constants_match_the_kernels():
     assert ops.MOE_DN_RPW == _kernel_define("moe.cu", "MOE_DN_RPW")
     assert ops.ATTN_HPB == _kernel_define("attention.cu", "ATTN_HPB")
     assert ops.ATTN_NS == _kernel_define("attention.cu", "ATTN_NS")
-    assert ops.HC_BLOCKS == _kernel_define("dense.cu", "HC_BLOCKS")
     assert ops.HC_MIX_SPLIT == _kernel_define("dense.cu", "HC_MIX_SPLIT")
 
 

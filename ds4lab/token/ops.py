@@ -192,8 +192,6 @@ def rms_norm_rows(L, site, x, w, y, rows, dim, eps):
 
 #: Partial sums per mixing logit in ``hc_mix`` (``HC_MIX_SPLIT`` in ``kernels/dense.cu``).
 HC_MIX_SPLIT = 16
-#: Blocks of ``hc_premix``: one cluster on sm_90, each block a slice of the row (``HC_BLOCKS``).
-HC_BLOCKS = 8
 
 
 def hc_mix(L, site, hn, wmix, part, S, E):
@@ -208,8 +206,8 @@ def hc_mix(L, site, hn, wmix, part, S, E):
 
 
 def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
-    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: :data:`HC_BLOCKS`
-    blocks of 128 threads, a cluster on sm_90 (``kernels/dense.cu:hc_premix``).
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: one block of 1024
+    threads (``kernels/dense.cu:hc_premix``).
 
     Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when
     ``part`` already holds final logits (``nsplit=1``, the output mix).
@@ -221,7 +219,7 @@ def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
             logits[: 2 * S] = lg
         x[:E] = R.hc_premix(np.asarray(h).reshape(S, E), lg, w, eps)
 
-    L.kernel(site, "hc_premix", (HC_BLOCKS,), (128,),
+    L.kernel(site, "hc_premix", (1,), (1024,),
              (h, part, NULL if logits is None else logits, w, x, i32(S), i32(E), i32(nsplit), f32(eps)), ref,
              nbytes=4 * (S * E + 2 * E))
 
