@@ -182,8 +182,7 @@ struct Q4Batch {
     }
 };
 
-// acc[r] = this lane's partial of 4-bit row row[r] (of `cols` weights) . the Q8_K row (xq, xd);
-// reduce with warp_sum. Every thread of the block calls it (with smx it holds a barrier); `on`
+// acc[r] = this lane's partial of 4-bit row row[r] (of `cols` weights) . the Q8_K row (xq, xd). Every thread of the block calls it (with smx it holds a barrier); `on`
 // false: no loads, acc stays 0.
 template <int R, int U, bool SMX>
 __device__ __forceinline__ void q4_rows_dot(const u8* __restrict__ wq, const __half* __restrict__ wd,
@@ -213,12 +212,16 @@ __device__ __forceinline__ void q4_rows_dot(const u8* __restrict__ wq, const __h
     }
 }
 
+// The warp's R row sums (every lane gets them): q4_rows_dot with the activation row staged in
+// shared memory (smx) or read through L1, then added across the warp.
 template <int R, int U>
-__device__ __forceinline__ void q4_rows_dot_x(const u8* __restrict__ wq, const __half* __restrict__ wd,
-                                              const size_t (&row)[R], bool on, const i8* __restrict__ xq,
-                                              const float* __restrict__ xd, int cols, int smx, float (&acc)[R]) {
+__device__ __forceinline__ void q4_rows_warp_dot(const u8* __restrict__ wq, const __half* __restrict__ wd,
+                                                 const size_t (&row)[R], bool on, const i8* __restrict__ xq,
+                                                 const float* __restrict__ xd, int cols, int smx, float (&acc)[R]) {
     if (smx) q4_rows_dot<R, U, true>(wq, wd, row, on, xq, xd, cols, acc);
     else q4_rows_dot<R, U, false>(wq, wd, row, on, xq, xd, cols, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
 }
 
 // gateup: warp w of block (bx, p) computes gate rows r0 .. r0 + MOE_GU_RPW/2 - 1 (r0 = (bx * 8 + w) *
@@ -240,9 +243,8 @@ extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __
         rr[H + h] = rr[h] + F;
     }
     float a[MOE_GU_RPW];
-    q4_rows_dot_x<MOE_GU_RPW, MOE_GU_UNROLL>(wq, wd, rr, r0 < F, xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, smx, a);
-#pragma unroll
-    for (int r = 0; r < MOE_GU_RPW; ++r) a[r] = warp_sum(a[r]);
+    q4_rows_warp_dot<MOE_GU_RPW, MOE_GU_UNROLL>(wq, wd, rr, r0 < F, xq + (size_t)t * E, xd + (size_t)t * (E / 256), E,
+                                                smx, a);
     if (lane == 0) {
 #pragma unroll
         for (int h = 0; h < H; ++h)
@@ -353,9 +355,8 @@ extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __ha
 #pragma unroll
     for (int r = 0; r < MOE_DN_RPW; ++r) rr[r] = (size_t)e * E + min(r0 + r, E - 1);
     float a[MOE_DN_RPW];
-    q4_rows_dot_x<MOE_DN_RPW, MOE_DN_UNROLL>(wq, wd, rr, r0 < E, mq + (size_t)p * F, md + (size_t)p * (F / 256), F, smx, a);
-#pragma unroll
-    for (int r = 0; r < MOE_DN_RPW; ++r) a[r] = warp_sum(a[r]);
+    q4_rows_warp_dot<MOE_DN_RPW, MOE_DN_UNROLL>(wq, wd, rr, r0 < E, mq + (size_t)p * F, md + (size_t)p * (F / 256), F,
+                                                smx, a);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < MOE_DN_RPW; ++r)
