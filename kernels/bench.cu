@@ -6,6 +6,10 @@ extern "C" __global__ void tiny_add(float* __restrict__ x, int n) {
     if (i < n) x[i] += 1.0f;
 }
 
+// The least work a kernel can be: t_min of the launch-list floor is the replay time per kernel
+// of a graph of these (ds4lab/measure/floors.py).
+extern "C" __global__ void empty_kernel() {}
+
 // Keep the GPU busy for about `ns` nanoseconds, so launches queued behind it run back to back
 // (per-op timing without the host's launch gaps).
 extern "C" __global__ void spin_wait(long long ns) {

@@ -112,33 +112,6 @@ __device__ __forceinline__ float q8_dot16(int4 v, const float4 (&xs)[4]) {
     return p;
 }
 
-// NR Q8_0 rows (indices row[0..NR-1], each `cols` wide) against the same x, split over the
-// `tpr` threads of a thread group: thread t takes the 16-byte chunks t, t + tpr, ... of every
-// row, so each x load serves NR rows and each thread keeps 2*NR 16-byte loads in flight.
-// acc[r] gets this thread's partial sum of row r (reduce with group_sum).
-template <int NR>
-__device__ __forceinline__ void q8_rows_dot(const i8* __restrict__ qs, const __half* __restrict__ d,
-                                            const size_t (&row)[NR], const float* __restrict__ x,
-                                            int cols, int t, int tpr, float (&acc)[NR]) {
-#pragma unroll
-    for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-    const int chunks = cols >> 4, nb = cols >> 5;
-#pragma unroll 2
-    for (int c = t; c < chunks; c += tpr) {
-        int4 v[NR];
-        float s[NR];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) {
-            v[r] = __ldg(reinterpret_cast<const int4*>(qs + row[r] * cols) + c);
-            s[r] = __half2float(d[row[r] * nb + (c >> 1)]);
-        }
-        const float4* xv = reinterpret_cast<const float4*>(x) + (c << 2);
-        const float4 xs[4] = {xv[0], xv[1], xv[2], xv[3]};
-#pragma unroll
-        for (int r = 0; r < NR; ++r) acc[r] = fmaf(s[r], q8_dot16(v[r], xs), acc[r]);
-    }
-}
-
 // Sum of acc[r] over the blockDim.x threads of each thread group (block = (tpr, 256 / tpr),
 // tpr a multiple of 32): warp shuffles, then, for tpr > 32, the group's warps added in warp
 // order through shared memory. Fixed order, so the same inputs give the same bits every run.
@@ -168,35 +141,40 @@ __device__ __forceinline__ void group_sum(float (&acc)[NR]) {
     }
 }
 
-// Two 4-bit rows against the same Q8_K activation row, one warp: the activation is loaded once
-// for both rows; UNROLL iterations' 16-byte loads are issued before their use.
-template <int UNROLL>
-__device__ __forceinline__ void q4_q8k_row_dot2(const u8* __restrict__ q0, const __half* __restrict__ d0,
-                                                const u8* __restrict__ q1, const __half* __restrict__ d1,
-                                                const i8* __restrict__ xq, const float* __restrict__ xd,
-                                                int cols, int lane, float& acc0, float& acc1) {
-    acc0 = 0.0f; acc1 = 0.0f;
-    const int blocks = cols >> 5;
-#pragma unroll UNROLL
-    for (int b = lane; b < blocks; b += 32) {
-        int4 w0 = __ldg(reinterpret_cast<const int4*>(q0) + b);
-        int4 w1 = __ldg(reinterpret_cast<const int4*>(q1) + b);
-        int4 xa = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);
-        int4 xb = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);
-        const float xs = xd[b >> 3];
-        const int wv0[4] = {w0.x, w0.y, w0.z, w0.w};
-        const int wv1[4] = {w1.x, w1.y, w1.z, w1.w};
-        const int xl[4] = {xa.x, xa.y, xa.z, xa.w};
-        const int xh[4] = {xb.x, xb.y, xb.z, xb.w};
-        int i0 = 0, i1 = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            i0 = __dp4a((int)__vsub4(wv0[k] & 0x0F0F0F0F, 0x08080808), xl[k], i0);
-            i0 = __dp4a((int)__vsub4((wv0[k] >> 4) & 0x0F0F0F0F, 0x08080808), xh[k], i0);
-            i1 = __dp4a((int)__vsub4(wv1[k] & 0x0F0F0F0F, 0x08080808), xl[k], i1);
-            i1 = __dp4a((int)__vsub4((wv1[k] >> 4) & 0x0F0F0F0F, 0x08080808), xh[k], i1);
-        }
-        acc0 += (float)i0 * __half2float(d0[b]) * xs;
-        acc1 += (float)i1 * __half2float(d1[b]) * xs;
-    }
+// Thread-block clusters (sm_90): a kernel declared with DS4_CLUSTER_DIMS(x, y, z) before
+// __global__ runs in clusters of that shape, whose blocks read each other's shared memory.
+// Before sm_90 DS4_CLUSTERS is 0 and the macro is empty: such a kernel takes another path there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DS4_CLUSTERS 1
+#define DS4_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
+
+// Every thread of every block of the cluster: what each wrote to its shared memory before is
+// visible to the others after.
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+
+// The address of cluster block `rank`'s copy of the shared-memory word at p.
+__device__ __forceinline__ unsigned dsmem_addr(const void* p, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ float dsmem_f32(const float* p, unsigned rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(p, rank)) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float2 dsmem_f32x2(const float2* p, unsigned rank) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(dsmem_addr(p, rank))
+                 : "memory");
+    return v;
+}
+#else
+#define DS4_CLUSTERS 0
+#define DS4_CLUSTER_DIMS(x, y, z)
+#endif

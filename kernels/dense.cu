@@ -1,28 +1,18 @@
 // Dense decode ops: Q8_0 matvecs, RMS norms, hyper-connection mix/pre-mix/expand, RoPE,
 // KV store, the token embedding. One decode token (T = 1); fp32 activations.
-#include "common.cuh"
+#include "q8.cuh"
 
-// Q8_0 matvecs. Launch geometry (ds4lab/ops.py:q8_geometry): block = (tpr, 256 / tpr), a
-// thread group of tpr threads (32..256, a multiple of 32) per row pair, 256 / tpr pairs per
-// block; grid = ceil(pairs / (256 / tpr)). Small matrices get wide groups (the reduction
-// dimension split over up to 8 warps, added in-block in a fixed order), large ones one warp per
-// pair, so every shape launches enough blocks to fill the GPU. Weights are read in 16-byte
-// loads (q8_rows_dot); no atomics, so results are bit-identical run to run.
-
-// y[r] = W[r] . x[g*group_stride : +cols], g = r / rows_per_group; rows and rows_per_group even.
+// Q8_0 matvecs. Launch geometry (ds4lab/token/ops.py:q8_launch): block = (tpr, 256 / tpr), a
+// thread group of tpr threads (32..256, a multiple of 32) per Q8_NR consecutive rows, 256 / tpr
+// groups per block; grid = ceil(rows / (Q8_NR * groups)). Thread t of a group takes the 16-byte
+// chunks t, t + tpr, ... of each of its rows (q8_group_dot); the group's partial sums are added
+// in-block in a fixed order (group_sum), no atomics: bit-identical run to run. With smx = 1 the
+// block first copies its x slice into shared memory (dynamic, 5 * cols bytes: q8_stage_x), after
+// issuing its first weight loads; x is then read from there instead of L1.
 extern "C" __global__ void q8_matvec(const i8* __restrict__ qs, const __half* __restrict__ d,
                                      const float* __restrict__ x, float* __restrict__ y,
-                                     int rows, int cols, int rows_per_group, int group_stride) {
-    const int row = (blockIdx.x * blockDim.y + threadIdx.y) * 2;
-    const bool on = row < rows;
-    float a[2] = {0.0f, 0.0f};
-    if (on) {
-        const size_t rr[2] = {(size_t)row, (size_t)row + 1};
-        q8_rows_dot<2>(qs, d, rr, x + (size_t)(row / rows_per_group) * group_stride, cols, threadIdx.x,
-                       blockDim.x, a);
-    }
-    group_sum<2>(a);
-    if (on && threadIdx.x == 0) { y[row] = a[0]; y[row + 1] = a[1]; }
+                                     int rows, int cols, int rows_per_group, int group_stride, int smx) {
+    q8_matvec_rows(qs, d, x, y, rows, cols, rows_per_group, group_stride, smx);
 }
 
 __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
@@ -32,43 +22,58 @@ __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
 }
 
 // Shared expert gate/up with clamped SwiGLU: W is [2F, cols], rows 0..F-1 gate, F..2F-1 up.
-// Thread group j computes gate row r and up row r + F together (one pair).
+// Thread group j computes gate rows r .. r + Q8_NR/2 - 1 and the up rows F + r ..: mid[r ..].
 extern "C" __global__ void q8_matvec_swiglu(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ mid,
-                                            int F, int cols, float limit) {
-    const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    const bool on = row < F;
-    float a[2] = {0.0f, 0.0f};
-    if (on) {
-        const size_t rr[2] = {(size_t)row, (size_t)row + F};
-        q8_rows_dot<2>(qs, d, rr, x, cols, threadIdx.x, blockDim.x, a);
+                                            int F, int cols, float limit, int smx) {
+    constexpr int H = Q8_NR / 2;
+    const int r0 = (blockIdx.x * blockDim.y + threadIdx.y) * H;
+    size_t rr[Q8_NR];
+#pragma unroll
+    for (int r = 0; r < H; ++r) {
+        rr[r] = (size_t)min(r0 + r, F - 1);
+        rr[H + r] = rr[r] + F;
     }
-    group_sum<2>(a);
-    if (on && threadIdx.x == 0) mid[row] = swiglu_clamped(a[0], a[1], limit);
+    float a[Q8_NR];
+    q8_rows_dot_x<Q8_NR>(qs, d, rr, r0 < F, x, cols, smx, a);
+    group_sum<Q8_NR>(a);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < H; ++r)
+            if (r0 + r < F) mid[r0 + r] = swiglu_clamped(a[r], a[H + r], limit);
+    }
 }
 
 // Down/output projection with hyper-connection expand and residual add:
-// h[s][r] += post_s * (W[r] . x + extra[r]), post_s = 2*sigmoid(mix_logits[S + s]). Rows even.
+// h[s][r] += post_s * (W[r] . x + extra[r]), post_s = 2*sigmoid(mix_logits[S + s]). S * Q8_NR <= 32.
+// The epilogue's inputs (h, extra, the mix logits) are loaded before the dot products, one
+// (stream, row) per lane of the group's first warp, which then adds and stores in parallel.
 extern "C" __global__ void q8_matvec_expand(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ h,
                                             const float* __restrict__ mix_logits, const float* __restrict__ extra,
-                                            int rows, int cols, int S) {
-    const int row = (blockIdx.x * blockDim.y + threadIdx.y) * 2;
-    const bool on = row < rows;
-    float a[2] = {0.0f, 0.0f};
-    if (on) {
-        const size_t rr[2] = {(size_t)row, (size_t)row + 1};
-        q8_rows_dot<2>(qs, d, rr, x, cols, threadIdx.x, blockDim.x, a);
+                                            int rows, int cols, int S, int smx) {
+    size_t rr[Q8_NR];
+    const int row0 = q8_group_rows(rows, rr);
+    const int lane = threadIdx.x;  // < 32: the group's first warp
+    const int es = lane / Q8_NR, er = lane - es * Q8_NR, erow = row0 + er;
+    const bool mine = lane < 32 && es < S && erow < rows;
+    float hv = 0.0f, ex = 0.0f, post = 0.0f;
+    if (mine) {
+        hv = h[(size_t)es * rows + erow];
+        if (extra) ex = extra[erow];
+        post = 2.0f / (1.0f + expf(-mix_logits[S + es]));
     }
-    group_sum<2>(a);
-    if (on && threadIdx.x == 0) {
-        float y0 = a[0], y1 = a[1];
-        if (extra) { y0 += extra[row]; y1 += extra[row + 1]; }
-        for (int s = 0; s < S; ++s) {
-            const float post = 2.0f / (1.0f + expf(-mix_logits[S + s]));
-            h[(size_t)s * rows + row] += post * y0;
-            h[(size_t)s * rows + row + 1] += post * y1;
+    float a[Q8_NR];
+    q8_rows_dot_x<Q8_NR>(qs, d, rr, row0 < rows, x, cols, smx, a);
+    group_sum<Q8_NR>(a);
+    if (threadIdx.x < 32) {
+        float y = 0.0f;
+#pragma unroll
+        for (int r = 0; r < Q8_NR; ++r) {
+            const float v = __shfl_sync(0xffffffffu, a[r], 0);
+            if (r == er) y = v;
         }
+        if (mine) h[(size_t)es * rows + erow] = hv + post * (y + ex);
     }
 }
 
@@ -140,6 +145,9 @@ extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __r
 // E <= 4 * blockDim.x, E % 4 == 0 and S <= 4), so their latency overlaps the partials' sum;
 // the normed row is written once. part == logits is allowed only when the logits are final
 // already (the output mix passes zeros and nsplit = 1). S <= 8.
+// (Measured on the H200, scripts/bench_kernels.py: this one-block kernel, 3.3 µs, beat a version
+// that loads the 16 partials at once, 3.45 µs, and one spread over a cluster of 8 blocks that adds
+// the sum of squares through distributed shared memory, 4.0 µs.)
 extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* part,
                                      float* logits, const float* __restrict__ w,
                                      float* __restrict__ x, int S, int E, int nsplit, float eps) {

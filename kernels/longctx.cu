@@ -10,7 +10,7 @@
 // only make sense on an emit token ((pos + 1) % ratio == 0) return at once on any other token,
 // and the kernels over compressed rows skip rows at or past n_comp, so a grid sized for more
 // rows than exist is correct.
-#include "common.cuh"
+#include "q8.cuh"
 
 #define LC_MAX_DIM 1024          // head dim of the attention kernel (float2 lanes, as attention.cu)
 #define LC_WARPS 8
@@ -114,26 +114,17 @@ extern "C" __global__ void comp_shift(float* __restrict__ state_kv, float* __res
 }
 
 // ------------------------------------------------------------------------------ indexer
-// Stage 3c's indexer projections: dense.cu's q8_matvec, the same reduction in the same order and
-// launched with the same geometry (ops.q8_geometry: block (tpr, 256 / tpr), a thread group per row
-// pair), so its output is bit-identical to q8_matvec's; skipped on the device while
-// n_comp = (pos + 1) / ratio <= min_comp (every compressed row is attended: the output is unused).
-// W Q8_0 [rows, cols], rows even, cols a multiple of 32.
+// Stage 3c's indexer projections: q8_matvec's body (q8.cuh:q8_matvec_rows), launched with the same
+// geometry (ops.q8_launch), so its output is bit-identical to q8_matvec's; skipped on the device
+// while n_comp = (pos + 1) / ratio <= min_comp (every compressed row is attended: the output is
+// unused). W Q8_0 [rows, cols], cols a multiple of 32.
 extern "C" __global__ void q8_matvec_when(const i8* __restrict__ qs, const __half* __restrict__ d,
                                           const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
-                                          int ratio, int min_comp,
+                                          int ratio, int min_comp, int smx,
                                           const int* scal, int pos, int kv_row, int n_valid, int token_id) {
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     if (lc_n_comp(t.pos, ratio) <= min_comp) return;  // uniform over the grid: no thread reaches a barrier
-    const int row = (blockIdx.x * blockDim.y + threadIdx.y) * 2;
-    const bool on = row < rows;
-    float a[2] = {0.0f, 0.0f};
-    if (on) {
-        const size_t rr[2] = {(size_t)row, (size_t)row + 1};
-        q8_rows_dot<2>(qs, d, rr, x, cols, threadIdx.x, blockDim.x, a);
-    }
-    group_sum<2>(a);
-    if (on && threadIdx.x == 0) { y[row] = a[0]; y[row + 1] = a[1]; }
+    q8_matvec_rows(qs, d, x, y, rows, cols, rows, 0, smx);
 }
 
 // scores[c] = scale * sum_h w[h] * max(0, q[h] . keys[c]) for c < n_comp = (pos + 1) / ratio;

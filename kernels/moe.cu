@@ -6,6 +6,19 @@
 #define MOE_TILE 8
 #endif
 
+// Profiling points folded into the stages' kernels (ds4lab/moeprof/modes/in_graph.py): given a
+// slot buffer, thread 0 of block (0, 0) writes %globaltimer (ns) into slots first .. first + n - 1
+// as its first instruction, so a stage is timed from its first kernel's start with no stamp
+// kernel of its own. NULL: nothing (every launch outside the in-graph profile).
+#define MOE_STAMP_ARGS unsigned long long* __restrict__ stamp, int stamp_first, int stamp_n
+__device__ __forceinline__ void moe_stamp(unsigned long long* __restrict__ stamp, int first, int n) {
+    if (stamp && threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        for (int i = 0; i < n; ++i) stamp[first + i] = t;
+    }
+}
+
 // Quantize one 256-block of fp32 values held one per thread (blockDim = 256). Returns q.
 __device__ __forceinline__ void quantize_block(float v, i8* q, float* d) {
     const float amax = block_max(fabsf(v));
@@ -17,7 +30,8 @@ __device__ __forceinline__ void quantize_block(float v, i8* q, float* d) {
 }
 
 // xq: x [T, n] fp32 -> Q8_K. grid = (n/256, T), block = 256.
-extern "C" __global__ void xq_quantize(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d, int n) {
+extern "C" __global__ void xq_quantize(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d, int n, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
     const size_t base = (size_t)blockIdx.y * n + (size_t)blockIdx.x * 256;
     quantize_block(x[base + threadIdx.x], q + base, d + (size_t)blockIdx.y * (n / 256) + blockIdx.x);
 }
@@ -90,23 +104,152 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
     if (r < F) gate[(size_t)p * F + r] = v; else up[(size_t)p * F + (r - F)] = v;
 }
 
-// gateup, decode path (no sort): one warp computes gate row r and up row r + F of a pair's
-// expert (they share the activation loads). grid = (F/8, P), block = 256. (Four iterations'
-// loads in flight per lane ran 12 % slower on the H200: 66 registers, fewer blocks per SM.)
+// ---------------------------------------------------------------- decode path (T = 1, no sort)
+// One warp computes R rows of one pair's expert against the pair's Q8_K row: lane l takes the
+// 32-weight blocks l, l + 32, ... of each row (one 16-byte load per row and block), U blocks per
+// row loaded before the first is used, so each activation load serves R rows. With smx = 1 the
+// block first copies the activation row into shared memory (dynamic, 3 * cols / 2 bytes:
+// moe_stage_x), after issuing its first weight loads. Each row's sum is added in the same order
+// whatever R and U are: the results do not depend on them. Measured on the H200 (ds4-flash,
+// scripts/bench_kernels.py, NOTES.md): gate/up fastest with 2 rows (a gate row and its up row)
+// and 2 blocks in flight, down with 4 rows and 1.
+#ifndef MOE_GU_RPW
+#define MOE_GU_RPW 2
+#endif
+#ifndef MOE_GU_UNROLL
+#define MOE_GU_UNROLL 2
+#endif
+#ifndef MOE_DN_RPW
+#define MOE_DN_RPW 4
+#endif
+#ifndef MOE_DN_UNROLL
+#define MOE_DN_UNROLL 1
+#endif
+
+extern __shared__ int4 moe_xs[];
+
+// The Q8_K row (cols int8, a multiple of 32) into shared memory as 32-byte blocks 48 bytes apart:
+// the two int4 of a lane's block, and the 8 lanes of a quarter warp, fall in distinct banks.
+__device__ __forceinline__ void moe_stage_x(const i8* __restrict__ xq, int cols) {
+    const int4* x4 = reinterpret_cast<const int4*>(xq);
+    for (int i = threadIdx.x; i < (cols >> 4); i += blockDim.x) moe_xs[3 * (i >> 1) + (i & 1)] = __ldg(x4 + i);
+}
+
+template <int R, int U>
+struct Q4Batch {
+    int4 w[U][R];
+    float s[U][R];
+
+    __device__ __forceinline__ void load(const int4* const (&q)[R], const __half* const (&d)[R], int b0, int nb) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + 32 * u;
+            if (b < nb) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    w[u][r] = __ldg(q[r] + b);
+                    s[u][r] = __half2float(d[r][b]);
+                }
+            }
+        }
+    }
+
+    template <bool SMX>
+    __device__ __forceinline__ void use(const i8* __restrict__ xq, const float* __restrict__ xd, int b0, int nb,
+                                        float (&acc)[R]) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int b = b0 + 32 * u;
+            if (b < nb) {
+                const int4 xa = SMX ? moe_xs[3 * b] : __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);
+                const int4 xb = SMX ? moe_xs[3 * b + 1] : __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);
+                const float xs = xd[b >> 3];
+                const int xl[4] = {xa.x, xa.y, xa.z, xa.w};
+                const int xh[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const int wv[4] = {w[u][r].x, w[u][r].y, w[u][r].z, w[u][r].w};
+                    int i = 0;
+#pragma unroll
+                    for (int m = 0; m < 4; ++m) {
+                        i = __dp4a((int)__vsub4(wv[m] & 0x0F0F0F0F, 0x08080808), xl[m], i);
+                        i = __dp4a((int)__vsub4((wv[m] >> 4) & 0x0F0F0F0F, 0x08080808), xh[m], i);
+                    }
+                    acc[r] += (float)i * s[u][r] * xs;
+                }
+            }
+        }
+    }
+};
+
+// acc[r] = this lane's partial of 4-bit row row[r] (of `cols` weights) . the Q8_K row (xq, xd). Every thread of the block calls it (with smx it holds a barrier); `on`
+// false: no loads, acc stays 0.
+template <int R, int U, bool SMX>
+__device__ __forceinline__ void q4_rows_dot(const u8* __restrict__ wq, const __half* __restrict__ wd,
+                                            const size_t (&row)[R], bool on, const i8* __restrict__ xq,
+                                            const float* __restrict__ xd, int cols, float (&acc)[R]) {
+    const int lane = threadIdx.x & 31, nb = cols >> 5;
+    const int4* q[R];
+    const __half* d[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        acc[r] = 0.0f;
+        q[r] = reinterpret_cast<const int4*>(wq + row[r] * (cols / 2));
+        d[r] = wd + row[r] * nb;
+    }
+    Q4Batch<R, U> bt;
+    if (on) bt.load(q, d, lane, nb);
+    if (SMX) {
+        moe_stage_x(xq, cols);
+        __syncthreads();
+    }
+    if (!on) return;
+    for (int b0 = lane;;) {
+        bt.template use<SMX>(xq, xd, b0, nb, acc);
+        b0 += 32 * U;
+        if (b0 >= nb) break;
+        bt.load(q, d, b0, nb);
+    }
+}
+
+// The warp's R row sums (every lane gets them): q4_rows_dot with the activation row staged in
+// shared memory (smx) or read through L1, then added across the warp.
+template <int R, int U>
+__device__ __forceinline__ void q4_rows_warp_dot(const u8* __restrict__ wq, const __half* __restrict__ wd,
+                                                 const size_t (&row)[R], bool on, const i8* __restrict__ xq,
+                                                 const float* __restrict__ xd, int cols, int smx, float (&acc)[R]) {
+    if (smx) q4_rows_dot<R, U, true>(wq, wd, row, on, xq, xd, cols, acc);
+    else q4_rows_dot<R, U, false>(wq, wd, row, on, xq, xd, cols, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// gateup: warp w of block (bx, p) computes gate rows r0 .. r0 + MOE_GU_RPW/2 - 1 (r0 = (bx * 8 + w) *
+// MOE_GU_RPW / 2) and the matching up rows of pair p's expert. grid = (ceil(F / (4 * MOE_GU_RPW)), P),
+// block = 256, dynamic shared memory 3 * E / 2 bytes with smx.
 extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
-                                             float* __restrict__ up, int k, int F, int E, int n_experts) {
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int p = blockIdx.y, t = p / k;
-    if (r >= F || (unsigned)ids[p] >= (unsigned)n_experts) return;  // never index past the bank
-    const size_t g = (size_t)ids[p] * 2 * F + r, u = g + F;
-    float a0, a1;
-    q4_q8k_row_dot2<2>(wq + g * (E / 2), wd + g * (E / 32), wq + u * (E / 2), wd + u * (E / 32),
-                    xq + (size_t)t * E, xd + (size_t)t * (E / 256), E, lane, a0, a1);
-    a0 = warp_sum(a0);
-    a1 = warp_sum(a1);
-    if (lane == 0) { gate[(size_t)p * F + r] = a0; up[(size_t)p * F + r] = a1; }
+                                             float* __restrict__ up, int k, int F, int E, int n_experts, int smx, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
+    constexpr int H = MOE_GU_RPW / 2;
+    const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * H;
+    const int p = blockIdx.y, t = p / k, e = ids[p];
+    if ((unsigned)e >= (unsigned)n_experts) return;  // never index past the bank (uniform over the block)
+    size_t rr[MOE_GU_RPW];
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        rr[h] = (size_t)e * 2 * F + min(r0 + h, F - 1);
+        rr[H + h] = rr[h] + F;
+    }
+    float a[MOE_GU_RPW];
+    q4_rows_warp_dot<MOE_GU_RPW, MOE_GU_UNROLL>(wq, wd, rr, r0 < F, xq + (size_t)t * E, xd + (size_t)t * (E / 256), E,
+                                                smx, a);
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+            if (r0 + h < F) { gate[(size_t)p * F + r0 + h] = a[h]; up[(size_t)p * F + r0 + h] = a[H + h]; }
+    }
 }
 
 // Tiled path (tokens > 1): each block row-slice reads its weights once per tile of pairs.
@@ -180,13 +323,15 @@ extern "C" __global__ void moe_gateup_tiled(const u8* __restrict__ wq, const __h
                                             const i8* __restrict__ xq, const float* __restrict__ xd,
                                             const int* __restrict__ sorted, const int* __restrict__ tiles,
                                             const int* __restrict__ n_tiles, float* __restrict__ gate,
-                                            float* __restrict__ up, int k, int F, int E, int P, int n_experts) {
+                                            float* __restrict__ up, int k, int F, int E, int P, int n_experts, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
     tiled_rows<true>(wq, wd, xq, xd, sorted, tiles, n_tiles, gate, up, k, 2 * F, E, F, 1, P, n_experts);
 }
 
 // midq: clamped SwiGLU of gate/up [P, F], quantized to Q8_K. grid = (F/256, P), block = 256.
 extern "C" __global__ void moe_midq(const float* __restrict__ gate, const float* __restrict__ up,
-                                    i8* __restrict__ mq, float* __restrict__ md, int F, float limit) {
+                                    i8* __restrict__ mq, float* __restrict__ md, int F, float limit, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
     const size_t i = (size_t)blockIdx.y * F + (size_t)blockIdx.x * 256 + threadIdx.x;
     float g = fminf(gate[i], limit);
     float u = fminf(fmaxf(up[i], -limit), limit);
@@ -195,35 +340,43 @@ extern "C" __global__ void moe_midq(const float* __restrict__ gate, const float*
                    md + (size_t)blockIdx.y * (F / 256) + blockIdx.x);
 }
 
-// down, decode path: out [P, E] = expert down [E, F] (4-bit) . midq[p]. One warp computes rows
-// r and r + E/2. grid = (E/16, P).
+// down: out [P, E] = expert down [E, F] (4-bit) . midq[p]. Warp w of block (bx, p) computes rows
+// r0 .. r0 + MOE_DN_RPW - 1, r0 = (bx * 8 + w) * MOE_DN_RPW. grid = (ceil(E / (8 * MOE_DN_RPW)), P),
+// block = 256, dynamic shared memory 3 * F / 2 bytes with smx.
 extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                            const i8* __restrict__ mq, const float* __restrict__ md,
                                            const int* __restrict__ ids, float* __restrict__ out, int F, int E,
-                                           int n_experts) {
-    const int r = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    const int p = blockIdx.y, half = E / 2;
-    if (r >= half || (unsigned)ids[p] >= (unsigned)n_experts) return;  // never index past the bank
-    const size_t r0 = (size_t)ids[p] * E + r, r1 = r0 + half;
-    float a0, a1;
-    q4_q8k_row_dot2<2>(wq + r0 * (F / 2), wd + r0 * (F / 32), wq + r1 * (F / 2), wd + r1 * (F / 32),
-                    mq + (size_t)p * F, md + (size_t)p * (F / 256), F, lane, a0, a1);
-    a0 = warp_sum(a0);
-    a1 = warp_sum(a1);
-    if (lane == 0) { out[(size_t)p * E + r] = a0; out[(size_t)p * E + r + half] = a1; }
+                                           int n_experts, int smx, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
+    const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MOE_DN_RPW;
+    const int p = blockIdx.y, e = ids[p];
+    if ((unsigned)e >= (unsigned)n_experts) return;  // never index past the bank (uniform over the block)
+    size_t rr[MOE_DN_RPW];
+#pragma unroll
+    for (int r = 0; r < MOE_DN_RPW; ++r) rr[r] = (size_t)e * E + min(r0 + r, E - 1);
+    float a[MOE_DN_RPW];
+    q4_rows_warp_dot<MOE_DN_RPW, MOE_DN_UNROLL>(wq, wd, rr, r0 < E, mq + (size_t)p * F, md + (size_t)p * (F / 256), F,
+                                                smx, a);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MOE_DN_RPW; ++r)
+            if (r0 + r < E) out[(size_t)p * E + r0 + r] = a[r];
+    }
 }
 
 extern "C" __global__ void moe_down_tiled(const u8* __restrict__ wq, const __half* __restrict__ wd,
                                           const i8* __restrict__ mq, const float* __restrict__ md,
                                           const int* __restrict__ sorted, const int* __restrict__ tiles,
                                           const int* __restrict__ n_tiles, float* __restrict__ out,
-                                          int k, int F, int E, int P, int n_experts) {
+                                          int k, int F, int E, int P, int n_experts, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
     tiled_rows<false>(wq, wd, mq, md, sorted, tiles, n_tiles, out, nullptr, k, E, F, F, 0, P, n_experts);
 }
 
 // sum: y[t] = sum_j w[t, j] * out[t*k + j]. grid = (ceil(E/256), T), block = 256.
 extern "C" __global__ void moe_sum(const float* __restrict__ out, const float* __restrict__ wts,
-                                   float* __restrict__ y, int k, int E) {
+                                   float* __restrict__ y, int k, int E, MOE_STAMP_ARGS) {
+    moe_stamp(stamp, stamp_first, stamp_n);
     const int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (i >= E) return;
     float acc = 0.0f;

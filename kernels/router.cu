@@ -30,41 +30,69 @@ __device__ void write_weights(const float* lg, const int* ids, float* wts, int k
     for (int j = 0; j < k; ++j) wts[j] = s[j] / z;
 }
 
-// Top-k per token: highest logit first, ties to the lower index. grid = T, block = N rounded
-// up to a multiple of 32 (N <= 1024).
+// A float's bits as an unsigned key in the float's order (-inf < -FLT_MAX < ... < +inf): the
+// sign bit flipped for positives, every bit for negatives. 0 is below every float's key.
+__device__ __forceinline__ unsigned order_key(float v) {
+    const unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// This lane's best untaken expert among its VPL (lane, lane + 32, ...): highest key, lowest index.
+template <int VPL>
+__device__ __forceinline__ void lane_best(const unsigned (&key)[VPL], unsigned taken, int lane, unsigned& bk,
+                                          int& bi) {
+    bk = 0u;
+    bi = 0x7fffffff;
+#pragma unroll
+    for (int m = 0; m < VPL; ++m)
+        if (!((taken >> m) & 1u) && key[m] > bk) { bk = key[m]; bi = lane + 32 * m; }
+}
+
+// Top-k of one token in one warp: the N logits held VPL per lane (lane, lane + 32, ...), NaN as
+// -FLT_MAX; k rounds of a warp-wide max of the lanes' best keys, then the lowest index holding
+// it (two redux.sync), the owner lane marking it taken and finding its next best. Lane j < k
+// then writes the j-th expert and its weight: sigmoid over the sum of the k sigmoids, added in
+// selection order (as write_weights).
+template <int VPL>
+__device__ __forceinline__ void topk_warp(const float* __restrict__ lg, int* __restrict__ ids,
+                                          float* __restrict__ wts, int N, int k) {
+    const int lane = threadIdx.x & 31;
+    unsigned key[VPL];
+#pragma unroll
+    for (int m = 0; m < VPL; ++m) {
+        const int e = lane + 32 * m;
+        float v = e < N ? lg[e] : 0.0f;
+        if (v != v) v = -3.402823466e38f;  // NaN logits rank last: every chosen id stays in 0..N-1
+        key[m] = e < N ? order_key(v) : 0u;
+    }
+    unsigned taken = 0u, bk;
+    int bi, mine = 0;
+    lane_best<VPL>(key, taken, lane, bk, bi);
+    for (int j = 0; j < k; ++j) {
+        const unsigned top = __reduce_max_sync(0xffffffffu, bk);
+        const int win = (int)__reduce_min_sync(0xffffffffu, bk == top ? (unsigned)bi : 0x7fffffffu);
+        if (lane == j) mine = win;
+        if ((win & 31) == lane) {
+            taken |= 1u << (win >> 5);
+            lane_best<VPL>(key, taken, lane, bk, bi);
+        }
+    }
+    const float sj = lane < k ? sigmoidf_(lg[mine]) : 0.0f;
+    float z = 0.0f;
+    for (int j = 0; j < k; ++j) z += __shfl_sync(0xffffffffu, sj, j);
+    if (lane < k) {
+        ids[lane] = mine;
+        wts[lane] = sj / z;
+    }
+}
+
+// Top-k per token: highest logit first, ties to the lower index. grid = T, block = 32 (one
+// warp per token); N <= 1024 experts, k <= 32.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                        float* __restrict__ wts, int N, int k) {
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    __shared__ int chosen;
-    const int t = blockIdx.x, e = threadIdx.x, lane = e & 31, warp = e >> 5;
-    const float* lg = logits + (size_t)t * N;
-    float v = (e < N) ? lg[e] : -3.402823466e38f;
-    if (v != v) v = -3.402823466e38f;  // NaN logits rank last: every chosen id stays in 0..N-1
-    bool taken = e >= N;
-    for (int j = 0; j < k; ++j) {
-        float bestv = taken ? -3.402823466e38f : v;
-        int besti = taken ? 0x7fffffff : e;
-        if (taken && e < N) bestv = __int_as_float(0xff800000);  // -inf: below every untaken value
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bestv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, besti, o);
-            if (ov > bestv || (ov == bestv && oi < besti)) { bestv = ov; besti = oi; }
-        }
-        if (lane == 0) { bv[warp] = bestv; bi[warp] = besti; }
-        __syncthreads();
-        if (e == 0) {
-            float gv = bv[0]; int gi = bi[0];
-            for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-                if (bv[w] > gv || (bv[w] == gv && bi[w] < gi)) { gv = bv[w]; gi = bi[w]; }
-            chosen = gi;
-            ids[(size_t)t * k + j] = gi;
-        }
-        __syncthreads();
-        if (e == chosen) taken = true;
-        __syncthreads();
-    }
-    if (e == 0) write_weights(lg, ids + (size_t)t * k, wts + (size_t)t * k, k);
+    const size_t t = blockIdx.x;
+    if (N <= 256) topk_warp<8>(logits + t * N, ids + t * k, wts + t * k, N, k);
+    else topk_warp<32>(logits + t * N, ids + t * k, wts + t * k, N, k);
 }
 
 // Hash routing (first layers): experts from the token id, weights from the router's scores.

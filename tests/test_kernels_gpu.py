@@ -81,7 +81,7 @@ def test_weight_init_bit_identical(cupy_backend, numpy_backend, fmt, rows, cols,
 
 
 # ----------------------------------------------------------------------------- dense
-# Shapes cover every thread-group width of ops.q8_geometry: 256 (1024x4096, 512x4096), 128
+# Shapes cover every thread-group width of ops.q8_launch: 256 (1024x4096, 512x4096), 128
 # (512x2048 grouped), 64 (2048x1024), 32 (8192x4096 grouped like o_a; 64x256, where a warp has
 # more threads than the row has 16-byte chunks).
 @pytest.mark.parametrize("rows,cols,groups", [(1024, 4096, None), (2048, 1024, None), (512, 2048, 4),
@@ -95,6 +95,44 @@ def test_q8_matvec(both, rng, rows, cols, groups):
     g, r = both.run(lambda L, b: ops.q8_matvec(L, "t", b["w"], b["x"], b["y"], rpg, cols if groups else 0),
                     {"w": w, "x": x}, {"y": ((rows,), np.float32)})
     assert rel(g["y"], r["y"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("rows,cols,groups,stage", [(1030, 256, None, True), (6, 512, None, True),
+                                                     (96, 512, 6, True), (64, 16384, None, True),
+                                                     (1024, 4096, 8, False)])
+def test_q8_matvec_edges(both, rng, rows, cols, groups, stage, monkeypatch):
+    """Rows not a multiple of a thread group's rows (the last group clamps), a grouped matvec whose
+    groups do not align with the blocks (x read through L1), x too wide for shared memory, and x
+    staging turned off."""
+    monkeypatch.setattr(ops, "Q8_STAGE_X", stage)
+    w = q8(rows, cols, rng)
+    x = rng.standard_normal(cols * (groups or 1)).astype(np.float32)
+    rpg = rows // groups if groups else None
+    g, r = both.run(lambda L, b: ops.q8_matvec(L, "t", b["w"], b["x"], b["y"], rpg, cols if groups else 0),
+                    {"w": w, "x": x}, {"y": ((rows,), np.float32)})
+    assert rel(g["y"], r["y"]) < F32_RTOL
+
+
+@pytest.mark.parametrize("F,E,S", [(1027, 512, 4), (2048, 4096, 4), (64, 8192, 2)])
+def test_q8_swiglu_and_expand_edges(both, rng, F, E, S):
+    """SwiGLU with an odd row count; expand with every stream count the epilogue's lanes cover."""
+    wg = q8(2 * F, E, rng)
+    x = (3 * rng.standard_normal(E)).astype(np.float32)
+    g, r = both.run(lambda L, b: ops.q8_matvec_swiglu(L, "t", b["w"], b["x"], b["m"], 10.0),
+                    {"w": wg, "x": x}, {"m": ((F,), np.float32)})
+    assert rel(g["m"], r["m"]) < F32_RTOL
+    C = -(-F // 32) * 32  # the down matrix's columns: Q8_0 blocks of 32
+    wd = q8(E, C, rng)
+    h0 = rng.standard_normal((S, E)).astype(np.float32)
+    inputs = {"w": wd, "x": rng.standard_normal(C).astype(np.float32),
+              "mix": rng.standard_normal(2 * S).astype(np.float32), "extra": rng.standard_normal(E).astype(np.float32)}
+
+    def fn(L, b):
+        b["h"][...] = L.backend.from_host(h0)
+        ops.q8_matvec_expand(L, "t", b["w"], b["x"], b["h"], b["mix"], b["extra"], S)
+
+    g, r = both.run(fn, inputs, {"h": ((S, E), np.float32)})
+    assert rel(g["h"] - h0, r["h"] - h0) < F32_RTOL
 
 
 def test_q8_matvec_swiglu(both, rng):
@@ -156,6 +194,26 @@ def test_hc_mix_and_premix(both, rng, E):
     assert rel(g["x"], r["x"]) < F32_RTOL
 
 
+@pytest.mark.parametrize("S,E,nsplit,logits", [(4, 4096, 16, True), (6, 1030, 16, True), (4, 65536, 16, True),
+                                                (4, 4096, 1, False), (4, 100, 3, True)])
+def test_hc_premix_paths(both, rng, S, E, nsplit, logits):
+    """Every path of the pre-mix: streams in registers (E = 4096, E = 100: fewer float4 than
+    threads), the plain loop (S > 4, E not a multiple of 4, E wider than one float4 per thread),
+    final logits passed in (the output mix: nsplit 1, no logits written)."""
+    h = rng.standard_normal((S, E)).astype(np.float32)
+    part = (0.3 * rng.standard_normal(2 * S * nsplit)).astype(np.float32)
+    w = rng.standard_normal(E).astype(np.float32)
+
+    def fn(L, b):
+        ops.hc_premix(L, "t", b["h"], b["part"], b["lg"] if logits else None, b["w"], b["x"], S, E, 1e-6,
+                      nsplit=nsplit)
+
+    g, r = both.run(fn, {"h": h, "part": part, "w": w}, {"lg": ((2 * S,), np.float32), "x": ((E,), np.float32)})
+    assert rel(g["x"], r["x"]) < F32_RTOL
+    if logits:
+        assert rel(g["lg"], r["lg"]) < F32_RTOL
+
+
 @pytest.mark.parametrize("mode", ["value", "device"])
 @pytest.mark.parametrize("pos", [5, 131_071])
 def test_rope_kv_store_attention(both, rng, mode, pos):
@@ -207,6 +265,25 @@ def test_attention_split_combine(both, rng, preset, pos):
     assert not both.be["gpu"].to_host(tickets["cupy"]).any()
 
 
+@pytest.mark.parametrize("overrides,pos", [({"window": 1024}, 700), ({"window": 1024}, 5000),
+                                           ({"head_dim": 1024}, 90), ({"n_heads": 10, "out_groups": 2}, 300)])
+def test_attention_chunks_and_partial_head_groups(both, rng, overrides, pos):
+    """Splits staged in several chunks (online softmax across them: a window of 1024, a head of
+    1024), and a last head group with fewer than ATTN_HPB heads."""
+    cfg = get_preset("small", **overrides)
+    H, D = cfg.n_heads, cfg.head_dim
+    hs = ops.host_scalars(cfg, pos, 3)
+    inputs = {"q": rng.standard_normal((H, D)).astype(np.float32),
+              "cache": rng.standard_normal((cfg.window, D)).astype(np.float32), "scal": hs}
+
+    def fn(L, b):
+        ts = ops.TokenScalars(*map(int, hs), b["scal"])
+        ops.attention_decode(L, "at", b["q"], b["cache"], b["o"], cfg, ts)
+
+    g, r = both.run(fn, inputs, {"o": ((H, D), np.float32)})
+    assert rel(g["o"], r["o"]) < F32_RTOL
+
+
 @pytest.mark.parametrize("mode", ["value", "device"])
 def test_embed_token(both, mode):
     cfg = get_preset("small")
@@ -239,6 +316,25 @@ def test_router_topk(both, rng, T):
     ids_ref, w_ref = R.router_topk(g["lg"], k)
     assert np.array_equal(g["ids"], ids_ref)
     assert rel(g["wts"], w_ref) < F32_RTOL
+
+
+@pytest.mark.parametrize("N,k", [(256, 6), (1024, 8), (100, 32), (33, 1)])
+def test_router_topk_ties_and_nan(both, rng, N, k):
+    """One warp per token at every expert count (8 or 32 logits per lane): ties go to the lower
+    index, NaN ranks last, exact against the reference's stable sort."""
+    cfg = get_preset("small").replace(n_experts=N, n_used=k)
+    T = 3
+    lg = rng.standard_normal((T, N)).astype(np.float32)
+    lg[0, 5:N:7] = lg[0, 3]  # ties with a chosen value
+    lg[1, : N // 2] = np.nan
+    lg[2] = np.round(lg[2])  # many ties
+    g, r = both.run(lambda L, b: ops.router_topk(L, "k", b["lg"], b["ids"], b["wts"], T, cfg),
+                    {"lg": lg}, {"ids": ((T, k), np.int32), "wts": ((T, k), np.float32)})
+    ref = np.where(np.isnan(lg), np.float32(-3.402823466e38), lg)
+    ids_ref, _ = R.router_topk(ref, k)
+    assert np.array_equal(g["ids"], ids_ref)
+    ok = ~np.isnan(r["wts"]).any(axis=1)
+    assert rel(g["wts"][ok], r["wts"][ok]) < F32_RTOL
 
 
 @pytest.mark.parametrize("T", [1, 3, 64])

@@ -46,25 +46,59 @@ def test_alloc_scratch_covers_attention(L):
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "ds4-flash"])
-def test_q8_geometry_covers_every_row_pair(preset):
+def test_q8_launch_covers_every_row(preset):
     cfg = get_preset(preset)
-    shapes = [(cfg.q_lora, cfg.embed), (cfg.q_dim, cfg.q_lora), (cfg.head_dim, cfg.embed),
-              (cfg.out_groups * cfg.out_lora, cfg.group_in), (cfg.embed, cfg.out_groups * cfg.out_lora),
-              (2 * cfg.expert_ffn, cfg.embed), (cfg.embed, cfg.expert_ffn), (cfg.vocab, cfg.embed)]
-    for rows, cols in shapes:
-        (blocks,), (tpr, groups) = ops.q8_geometry(rows // 2, cols)
+    shapes = [(cfg.q_lora, cfg.embed, None), (cfg.q_dim, cfg.q_lora, None), (cfg.head_dim, cfg.embed, None),
+              (cfg.out_groups * cfg.out_lora, cfg.group_in, cfg.out_lora),
+              (cfg.embed, cfg.out_groups * cfg.out_lora, None), (2 * cfg.expert_ffn, cfg.embed, None),
+              (cfg.embed, cfg.expert_ffn, None), (cfg.vocab, cfg.embed, None)]
+    for rows, cols, rpg in shapes:
+        g = ops.q8_launch(-(-rows // ops.Q8_ROWS), cols, rpg)
+        (blocks,), (tpr, groups) = g.grid, g.block
         assert tpr * groups == 256 and tpr in (32, 64, 128, 256)
         assert tpr == 32 or tpr <= cols // 16  # never more threads than 16-byte chunks in a row
-        assert blocks * groups >= rows // 2 > (blocks - 1) * groups  # every pair, no empty block
+        per = groups * ops.Q8_ROWS
+        assert blocks * per >= rows > (blocks - 1) * per  # every row, no empty block
+        if g.smx:  # x staged: it fits, and a block's rows never straddle two x groups
+            assert g.shared == cols * ops.Q8_SMEM_PER_COL <= ops.Q8_SMEM_MAX
+            assert rpg is None or rpg % per == 0
+        else:
+            assert g.shared == 0
 
 
-def test_q8_geometry_fills_the_gpu_at_ds4_flash():
-    cfg = get_preset("ds4-flash")
+def test_q8_launch_fills_the_gpu_at_ds4_flash():
     for rows, cols in [(1024, 4096), (512, 4096), (32768, 1024), (8192, 4096), (4096, 8192), (4096, 2048)]:
-        (blocks,), _ = ops.q8_geometry(rows // 2, cols)
-        assert blocks >= min(ops.FILL_BLOCKS, rows // 2), (rows, cols, blocks)  # kv: one pair per block
-    (blocks,), (tpr, _) = ops.q8_geometry(cfg.expert_ffn, cfg.embed)  # shared gate/up pairs
-    assert blocks >= ops.FILL_BLOCKS and tpr == 64
+        g = ops.q8_launch(rows // ops.Q8_ROWS, cols)
+        assert g.grid[0] >= min(ops.FILL_BLOCKS, rows // ops.Q8_ROWS), (rows, cols, g.grid)
+        assert g.smx == (g.block[1] * ops.Q8_ROWS >= ops.Q8_STAGE_ROWS)
+
+
+def _kernel_define(path: str, name: str) -> int:
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "kernels" / path).read_text()
+    return int(re.search(rf"#define {name} (\d+)", src).group(1))
+
+
+def test_launch_constants_match_the_kernels():
+    """The geometry in ops.py assumes the kernels' compile-time constants."""
+    assert ops.Q8_ROWS == _kernel_define("q8.cuh", "Q8_NR")
+    assert ops.MOE_GU_RPW == _kernel_define("moe.cu", "MOE_GU_RPW")
+    assert ops.MOE_DN_RPW == _kernel_define("moe.cu", "MOE_DN_RPW")
+    assert ops.ATTN_HPB == _kernel_define("attention.cu", "ATTN_HPB")
+    assert ops.ATTN_NS == _kernel_define("attention.cu", "ATTN_NS")
+    assert ops.HC_MIX_SPLIT == _kernel_define("dense.cu", "HC_MIX_SPLIT")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "ds4-flash"])
+def test_attention_launch_fits_shared_memory(preset):
+    cfg = get_preset(preset)
+    grid, kc, shared = ops.attention_launch(cfg)
+    assert grid == (-(-cfg.n_heads // ops.ATTN_HPB), ops.ATTN_NS)
+    assert 1 <= kc <= -(-cfg.window // ops.ATTN_NS) and shared <= ops.ATTN_SMEM
+    if preset == "ds4-flash":
+        assert kc == 16  # a split's 16 keys staged at once
 
 
 class _FakeDomain:

@@ -65,7 +65,7 @@ def test_mode_rows_have_stages_and_positive_modeled_ms(wb, wb_fast, mode, T, tim
             assert (df["phase"] == "replay").all()
     ms = df["ms"].to_numpy(dtype=float)
     assert np.isfinite(ms).all(), df[~np.isfinite(ms)]
-    if T > 1 or mode in ("in-graph",):  # at 1 token the sort stage is empty (ds4: no sort for decode)
+    if T > 1:  # at 1 token the sort stage is empty (ds4: no sort for decode; folded stamps: exactly 0)
         assert (ms > 0).all()
     else:
         assert (df[df["stage"] != "sort"]["ms"] > 0).all() and (df[df["stage"] == "sort"]["ms"] >= 0).all()
@@ -79,20 +79,41 @@ def test_mode_rows_have_stages_and_positive_modeled_ms(wb, wb_fast, mode, T, tim
 
 
 def test_in_graph_stamps_are_the_modeled_kernel_start_times(wb, graphs_restored):
-    """The stamp kernel's sim ``ref`` writes the modeled device time at which that kernel starts:
-    the slots equal the timeline's start times of the stamp kernels, eagerly and replayed."""
+    """Each slot holds the modeled device time at which the kernel that wrote it started: a stage
+    kernel for a folded point, the stamp kernel for the others (two per call at two tokens: the
+    point before the counts clear, and the end), eagerly and replayed."""
     be = wb.be
+    carriers = {"stamp_time", "xq_quantize", "moe_gateup_tiled", "moe_midq", "moe_down_tiled", "moe_sum"}
     for regime, phase in (("eager", "eager"), ("replayed", "replay")):
         start = len(be.timeline)
         df = M.profile(wb, "in-graph", 2, "worst", steps=1, regime=regime)
         assert (df["phase"] == phase).all()
-        starts = [r[2] for r in be.timeline[start:] if r[1] == "stamp_time"]
+        recs = [r for r in be.timeline[start:] if r[1] in carriers]
         prof = wb.last_profiler
         slots = np.asarray(be.to_host(prof.impl.slots), dtype=np.float64) / 1e3
         used = sorted(prof.impl.slot_of.values())
         got = np.concatenate([slots[b:b + 7] for b in used])
-        last = np.array(starts[-len(got):])
-        assert np.allclose(np.sort(got), np.sort(last), atol=1e-6), (regime, got, last)
+        starts = np.array([r[2] for r in recs])
+        assert all(np.isclose(starts, v, atol=1e-6).any() for v in got), (regime, got)
+        names = [r[1] for r in be.timeline[start:]]
+        assert names.count("stamp_time") == 2 * names.count("xq_quantize"), regime  # per MoE call
+
+
+def test_folded_stamps_at_one_token_leave_one_stamp_node(wb, graphs_restored, monkeypatch):
+    """At one token every point but the end folds into a stage kernel: one stamp kernel per call,
+    the empty sort stage reads exactly 0, and fold=False puts back a stamp kernel at each point."""
+    from ds4lab.moeprof.modes.in_graph import InGraph
+
+    be = wb.be
+    for fold, per_call in ((True, 1), (False, 7)):
+        monkeypatch.setattr(InGraph, "FOLD", fold)
+        start = len(be.timeline)
+        df = M.profile(wb, "in-graph", 1, "uniform", steps=1, regime="eager")
+        names = [r[1] for r in be.timeline[start:]]
+        assert names.count("stamp_time") == per_call * names.count("xq_quantize"), fold  # per MoE call
+        sort = df[df["stage"] == "sort"]["ms"].to_numpy(dtype=float)
+        assert (sort == 0).all() if fold else (sort > 0).all()
+        assert (df[~df["stage"].isin(["sort"])]["ms"] > 0).all()
 
 
 def test_deferred_reads_after_the_token_with_distinct_events(wb, graphs_restored, monkeypatch):

@@ -25,7 +25,9 @@ from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGra
                            _cuda_errors, _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
                            cuda_error_name, exec_kernel_node_set_params, graph_kernel_nodes)
 
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
+#: ``extern "C" [ATTRIBUTE_MACRO[(ARGS)]] __global__ void NAME(``: an upper-case attribute macro may
+#: stand before ``__global__`` (cluster dimensions on sm_90, empty before: ``common.cuh``).
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+(?:[A-Z_][A-Z0-9_]*(?:\([^)]*\))?\s+)?__global__\s+void\s+(\w+)')
 
 
 def kernels_dir() -> Path:

@@ -161,20 +161,27 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
 
 
 #: Keys of :func:`summary` (the fields ``bench.json`` carries at its top level).
-SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "busy_over_floor", "copy_GBps", "moe_decode_copy_fraction",
-                "launch_us_bare", "launch_us_override", "launch_us_nvtx", "launch_us_launcher")
+SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "launch_floor_us", "t_min_us", "t_min_kernel_us",
+                "large_kernel_copy_fraction", "moe_decode_copy_fraction", "attention_us_per_layer",
+                "busy_vs_bytes_floor", "busy_vs_launch_floor", "replay_vs_launch_floor", "token_replay_us",
+                "busy_over_floor", "copy_GBps", "launch_us_bare", "launch_us_override", "launch_us_nvtx",
+                "launch_us_launcher")
 
 
 def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
-    """The headline figures of a bench run: token GPU-busy µs and bytes-moved floor (None without
-    the per-op run), the copy bandwidth, the routed-MoE decode step's fraction of it, and host µs
-    per launch (medians) bare, through the launcher with an override stream, with NVTX on, and
-    plain."""
+    """The headline figures of a bench run (:data:`SUMMARY_KEYS`): from the per-op run (None
+    without it) the replayed token's GPU-busy µs, its bytes floor and launch-list floor, t_min,
+    the large kernels' fraction of the copy bandwidth, attention µs per layer and efficiency
+    against both floors (:mod:`ds4lab.measure.floors`); the copy bandwidth, the routed-MoE
+    decode step's fraction of it, and host µs per launch (medians) bare, through the launcher
+    with an override stream, with NVTX on, and plain."""
     host = {k: v["host_us"].median for k, v in lo.items()}
+    po = per_op or {}
     return {
-        "token_busy_us": per_op["token_busy_us"] if per_op else None,
-        "bytes_floor_us": per_op["bytes_floor_us"] if per_op else None,
-        "busy_over_floor": per_op["busy_over_floor"] if per_op else None,
+        **{k: po.get(k) for k in ("token_busy_us", "bytes_floor_us", "launch_floor_us", "t_min_us", "t_min_kernel_us",
+                                  "large_kernel_copy_fraction", "attention_us_per_layer", "busy_vs_bytes_floor",
+                                  "busy_vs_launch_floor", "replay_vs_launch_floor", "token_replay_us")},
+        "busy_over_floor": (po["token_busy_us"] / po["bytes_floor_us"]) if po.get("bytes_floor_us") else None,
         "copy_GBps": mb["copy_GBps"].median,
         "moe_decode_copy_fraction": mb["fraction_of_copy"],
         "launch_us_bare": host["cupy RawKernel (bare)"],

@@ -9,7 +9,10 @@ Measured on the current GPU, each with CUDA events (device time) or a host clock
 * ``kernel_fixed_us``, ``bandwidth_GBps``: a least-squares fit ``us = fixed + bytes / bandwidth``
   over every kernel of one token (each timed back to back behind a spin kernel), plus per-kernel
   fits in ``kernels``;
-* ``memset_us``, ``host_api_us``, ``copy_GBps``.
+* ``memset_us``, ``host_api_us``, ``copy_GBps``;
+* ``kernels.empty_kernel``: the traced duration of the empty kernel in a replayed graph as long as
+  the token (:func:`ds4lab.measure.floors.measure_t_min`), so the sim models the launch-list
+  floor's t_min as this GPU has it.
 
 The result is a JSON file the ``sim`` backend loads (``DS4LAB_CALIBRATION=FILE``); ``ds4lab/data/h200.json``
 is the one shipped for the H200.
@@ -86,6 +89,16 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
         kernels[name] = {"fixed_us": round(ka, 3), "bandwidth_GBps": round(kbw, 1), "samples": int(len(g)),
                          "median_us": round(float(g["us"].median()), 3)}
     log(f"kernel fit over {len(ops)} launches: {a:.2f} µs fixed + bytes / {bw:.0f} GB/s")
+    # the empty kernel of the launch-list floor's t_min: its traced duration inside a graph as
+    # long as the token, so the sim's modeled t_min (ds4lab.measure.floors) is this GPU's
+    from .floors import measure_t_min
+
+    tm = measure_t_min(be, len(ops))
+    if tm.kernel_us is not None:
+        kernels["empty_kernel"] = {"fixed_us": round(tm.kernel_us.median, 3), "bandwidth_GBps": round(bw, 1),
+                                   "samples": int(tm.kernel_us.n), "median_us": round(tm.kernel_us.median, 3)}
+    log(f"t_min: {tm.replay_us.median:.3f} µs per kernel replayed, empty kernel "
+        f"{'—' if tm.kernel_us is None else f'{tm.kernel_us.median:.3f} µs'} (graph of {len(ops)} kernels)")
     # graph replay: per node and per launch
     st = cupy.cuda.Stream(non_blocking=True)
     x = cupy.zeros(1024, dtype=np.float32)

@@ -183,27 +183,49 @@ def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
 
 
 def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: float | None = None,
-               tokens: int = 7, method: str = "auto", meta: dict | None = None) -> dict:
+               tokens: int = 7, method: str = "auto", meta: dict | None = None, replayed: bool = True) -> dict:
     """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``out``, written
     as ``per_op.csv`` (sites), ``per_op_launches.csv`` (every launch) and ``per_op.png/.svg/.pdf``.
 
+    With ``replayed`` (the default) the token's floors come first (:func:`ds4lab.measure.floors.token_floors`:
+    t_min, the bytes and launch-list floors, the replayed token's busy time), and each launch's µs
+    is the median over the replayed tokens' kernel records (``method`` ``"cupti-replay"``), the
+    way stage 3 runs it; when those records do not match the launch list, or without
+    ``replayed``, eager tokens are traced as ``method`` says (:func:`token_launches`).
+
     ``copy_GBps`` defaults to a fresh :func:`ds4lab.timing.copy_bandwidth` median. Returns the
-    token summary with ``method``, ``copy_GBps`` and the site table as records.
+    token summary with ``method``, ``copy_GBps``, the floors' figures
+    (:meth:`ds4lab.measure.floors.TokenFloors.summary`, under ``floors`` and, for
+    :data:`ds4lab.measure.floors.SUMMARY_KEYS`, at the top level) and the site table as records.
     """
     from ..report import provenance
     from ..token.model import DecodeModel, TokenOptions
     from ..timing import copy_bandwidth
+    from . import floors as FL
 
     meta = dict(meta or provenance.base_meta(be))
     meta.setdefault("preset", cfg.name)
     if copy_GBps is None:
         copy_GBps = copy_bandwidth().median
     model = DecodeModel(cfg, be, TokenOptions(vocab=True))
-    launches, used = token_launches(be, model, tokens=tokens, method=method)
+    fl = None
+    if replayed:
+        fl = FL.token_floors(be, model, copy_measured=copy_GBps, tokens=max(tokens, 5))
+        model.executor = None
+    if fl is not None and fl.launches is not None:
+        launches, used = fl.launches, "cupti-replay"
+    else:
+        launches, used = token_launches(be, model, tokens=tokens, method=method)
     del model
     sites = site_table(launches, copy_GBps)
     summary = token_summary(launches, copy_GBps)
     summary.update({"method": used, "copy_GBps": copy_GBps, "tokens": tokens})
+    if fl is not None:
+        fs = fl.summary()
+        summary["floors"] = fs
+        summary.update({k: fs.get(k) for k in FL.SUMMARY_KEYS})
+    else:
+        summary.update(FL.kernel_figures(launches, copy_GBps))
     if console is not None:
         from rich.table import Table
 
@@ -214,9 +236,12 @@ def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: flo
             t.add_row(f"{r.cluster}/{r.site}", r.kernel, f"{r.launches}", f"{r.bytes / 1e6:.1f}", f"{r.us:.1f}",
                       f"{r.GBps:.0f}", f"{r.copy_fraction:.0%}", f"{r.lost_us:.1f}")
         console.print(t)
-        console.print(f"token: GPU-busy {summary['token_busy_us']:,.0f} µs over {summary['launches']} launches, "
-                      f"{summary['token_bytes'] / 1e9:.2f} GB, floor {summary['bytes_floor_us']:,.0f} µs at "
-                      f"{copy_GBps:,.0f} GB/s: busy / floor = {summary['busy_over_floor']:.2f}")
+        if fl is not None:
+            console.print(floors_table(summary["floors"], f"floors of one {cfg.name} token — {provenance.label(meta)}"))
+        else:
+            console.print(f"token: GPU-busy {summary['token_busy_us']:,.0f} µs over {summary['launches']} launches, "
+                          f"{summary['token_bytes'] / 1e9:.2f} GB, floor {summary['bytes_floor_us']:,.0f} µs at "
+                          f"{copy_GBps:,.0f} GB/s: busy / floor = {summary['busy_over_floor']:.2f}")
     if out is not None:
         from ..report.plots import save
 
@@ -233,3 +258,40 @@ def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: flo
 
     summary["sites"] = json.loads(sites.to_json(orient="records"))  # plain floats and ints
     return summary
+
+
+def floors_table(fs: dict, title: str):
+    """A rich table of :meth:`ds4lab.measure.floors.TokenFloors.summary`: the busy time, the
+    replayed µs per token, the two floors, t_min, and efficiency against each floor."""
+    from rich.table import Table
+
+    def us(v):
+        return "—" if v is None else f"{v:,.1f} µs"
+
+    def eff(d):
+        if not d or d.get("efficiency") is None:
+            return "—"
+        return f"{d['efficiency']:.2f} ({d['over_floor']:.2f}×)" + (" FLOOR BEATEN" if d["floor_beaten"] else "")
+
+    t = Table(title=title)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_column("source")
+    rows = [("busy per replayed token (union of kernel records)", us(fs["token_busy_us"]), fs["busy_source"]),
+            ("replayed µs per token (events)", us(fs["token_replay_us"]), fs["t_min_source"]),
+            ("bytes floor", us(fs["bytes_floor_us"]), f"{fs['token_bytes'] / 1e9:.2f} GB at {fs['copy_GBps']:,.0f} GB/s"),
+            ("t_min (empty kernel, replay per kernel)", us(fs["t_min_us"]), f"graph of {fs['kernels']} kernels"),
+            ("t_min_kernel (its traced duration)", us(fs["t_min_kernel_us"]), fs["busy_source"]),
+            ("launch-list floor Σ max(bytes/bw, t_min)", us(fs["launch_floor_us"]),
+             f"{fs['t_min_bound_kernels']} kernels at t_min"),
+            ("launch-list floor with t_min_kernel (bounds busy)", us(fs["launch_floor_busy_us"]), ""),
+            ("efficiency: bytes floor / busy", eff(fs["busy_vs_bytes_floor"]), ""),
+            ("efficiency: launch-list floor / busy", eff(fs["busy_vs_launch_floor"]), ""),
+            ("efficiency: launch-list floor (t_min_kernel) / busy", eff(fs["busy_vs_launch_floor_busy"]), ""),
+            ("efficiency: launch-list floor / replayed µs", eff(fs["replay_vs_launch_floor"]), ""),
+            ("large kernels (≥ 8 MB): fraction of copy", "—" if fs.get("large_kernel_copy_fraction") is None
+             else f"{fs['large_kernel_copy_fraction']:.2f}", f"{fs.get('large_kernels', 0)} kernels"),
+            ("attention µs per layer", us(fs.get("attention_us_per_layer")), "")]
+    for r in rows:
+        t.add_row(*r)
+    return t

@@ -222,6 +222,15 @@ class ProfileMarker:
         """Mark profiling point ``site`` (``profile.xq`` … ``profile.end``) on the current stream."""
         raise NotImplementedError
 
+    def fold(self) -> "ops.KernelStamp | None":
+        """The stamp the stage kernel that follows this point may write instead of :meth:`fire`
+        (one slot, ``n`` = 1), or None (the default: the point is fired). Points folded into the
+        same kernel must have consecutive slots of one buffer."""
+        return None
+
+    def folded_into(self, kernel: str) -> None:
+        """Told which kernel carries this folded point (trace-based readers match it by name)."""
+
 
 class MoeObserver:
     """What a routed-MoE profiler attached to a model sees (``DecodeModel.moe_observer``).
@@ -272,6 +281,8 @@ class DecodeModel:
         #: ``ds4lab.moeprof.MoeProfiler.attach`` sets it). It sees every ``moe`` cluster run and
         #: every routed-MoE call, and may put :class:`ProfileMarker` objects in ``profile_events``.
         self.moe_observer: MoeObserver | None = None
+        #: Folded profiling points waiting for the next routed-MoE stage kernel (:meth:`_stamp`).
+        self._folded: list[ProfileMarker] = []
         #: Bumped whenever a buffer is (re)allocated: part of every graph's buffer-alias key.
         self.generation = 0
         #: None runs every cluster eagerly; a ds4lab.capture.cache.GraphCache captures and replays some.
@@ -595,12 +606,43 @@ class DecodeModel:
             return self.moe_observer.around_routed_moe(layer, T, lambda: self._routed_moe(layer, x, T))
         return self._routed_moe(layer, x, T)
 
-    def _mark(self, site: str, event) -> None:
-        """One of ds4's 7 profiling points: a CUDA event record, or a profiler's marker."""
+    def _mark(self, site: str, event, fold: bool = True) -> None:
+        """One of ds4's 7 profiling points: a CUDA event record, or a profiler's marker. With ``fold``
+        (the next launch is a stage kernel that takes a stamp), a marker that can fold
+        (:meth:`ProfileMarker.fold`) waits for that kernel instead of launching anything."""
         if isinstance(event, ProfileMarker):
+            if fold and event.fold() is not None:
+                self._folded.append(event)
+                return
+            self._flush_folded()
             event.fire(site)
         else:
             self.L.event_record(site, event)
+
+    def _stamp(self, kernel: str) -> "ops.KernelStamp | None":
+        """The stamp of the folded points waiting for the stage kernel ``kernel`` (launched next), or
+        None: one kernel writes them all (consecutive slots)."""
+        pts, self._folded = self._folded, []
+        if not pts:
+            return None
+        fs = [p.fold() for p in pts]
+        if [f.first for f in fs] != list(range(fs[0].first, fs[0].first + len(fs))):
+            raise RuntimeError(f"folded profiling points need consecutive slots, got {[f.first for f in fs]}")
+        for p in pts:
+            p.folded_into(kernel)
+        writes = [f.write for f in fs if f.write is not None]
+
+        def write():
+            for w in writes:
+                w()
+
+        return ops.KernelStamp(fs[0].slots, fs[0].first, len(fs), write if writes else None)
+
+    def _flush_folded(self) -> None:
+        """Fire the folded points no kernel took yet (before a point that cannot fold: order kept)."""
+        pts, self._folded = self._folded, []
+        for p in pts:
+            p.fire("profile.folded")
 
     def _routed_moe(self, layer: int, x, T: int):
         cfg, L = self.cfg, self.L
@@ -610,11 +652,12 @@ class DecodeModel:
         P, N = T * cfg.n_used, cfg.n_experts
         ev = self.profile_events
         with L.cluster("moe"):
+            self._folded = []
             if ev:
                 self._mark("profile.xq", ev[0])
-            ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, cfg.embed)
+            ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, cfg.embed, stamp=self._stamp("xq_quantize"))
             if ev:
-                self._mark("profile.sort", ev[1])
+                self._mark("profile.sort", ev[1], fold=T == 1)  # T > 1: a memset comes next
             if T > 1:
                 L.memset("sort.counts_clear", b.counts, 0, sync=self.opts.counts_clear == "sync")
                 ops.moe_count(L, "sort.count", b.ids, b.counts, P)
@@ -627,24 +670,27 @@ class DecodeModel:
                 # The grid covers this call's tile bound, not the buffers' capacity: a grid sized
                 # for max_tokens launched ~45x more (empty) blocks at 2 tokens (NOTES.md).
                 ops.moe_gateup_tiled(L, "gateup", bank["gate_up"], b.xq, b.xd, b.sorted, b.tiles, b.n_tiles,
-                                     b.gate, b.up, max_tiles(P, N, MOE_TILE), P, cfg)
+                                     b.gate, b.up, max_tiles(P, N, MOE_TILE), P, cfg,
+                                     stamp=self._stamp("moe_gateup_tiled"))
             else:
-                ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg)
+                ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg,
+                                      stamp=self._stamp("moe_gateup_decode"))
             if ev:
                 self._mark("profile.midq", ev[3])
-            ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg)
+            ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg, stamp=self._stamp("moe_midq"))
             if ev:
                 self._mark("profile.down", ev[4])
             if T > 1:
                 ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
-                                   max_tiles(P, N, MOE_TILE), P, cfg)
+                                   max_tiles(P, N, MOE_TILE), P, cfg, stamp=self._stamp("moe_down_tiled"))
             else:
-                ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg)
+                ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg,
+                                    stamp=self._stamp("moe_down_decode"))
             if ev:
                 self._mark("profile.sum", ev[5])
-            ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg)
+            ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg, stamp=self._stamp("moe_sum"))
             if ev:
-                self._mark("profile.end", ev[6])
+                self._mark("profile.end", ev[6], fold=False)
                 if self.opts.moe_host_timed:
                     # ds4: cudaEventSynchronize on the last event, elapsed times read on the host.
                     self.be.event_synchronize(ev[6])

@@ -21,8 +21,8 @@ i32, u32, f32 = np.int32, np.uint32, np.float32
 #: A null device pointer as a kernel argument (8-byte zero).
 NULL = np.uint64(0)
 WARPS = 8  # warps (rows) per 256-thread block in the warp-per-row kernels
-#: Blocks a split launch aims for: about four per SM of an H200 (132 SMs); see split_geometry.
-FILL_BLOCKS = 512
+#: Blocks a split launch aims for: about two per SM of an H200 (132 SMs); see split_geometry.
+FILL_BLOCKS = 256
 
 
 def cdiv(a: int, b: int) -> int:
@@ -69,19 +69,19 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 # ----------------------------------------------------------------------------- dense
 def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     """Grid and block of a kernel where a thread group of ``tpr`` threads (block
-    ``(tpr, 256 // tpr)``) computes one unit (a row or row pair) whose reduction runs over
+    ``(tpr, 256 // tpr)``) computes one unit (a group of rows) whose reduction runs over
     ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
 
     ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
     the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
-    (ds4-flash, CUPTI, NOTES.md) this picks the fastest of the configurations measured for
-    every matvec of the token: 512 blocks of 8 chunks per thread beat 1024 blocks of 4 on the
-    large matrices (4096 → 8192 grouped: 14.1 vs 16.8 µs; 8192 → 4096: 15.7 vs 17.8 µs; the
-    vocabulary: 164 vs 176 µs), and where 8 chunks per thread leave fewer than 512 blocks, more
-    blocks win (shared down 2048 → 4096: 512 blocks of 2 chunks, 7.4 µs, vs 256 of 4, 7.7 µs;
-    shared gate/up: 512 blocks of 4 chunks, 9.1 µs, where the previous one-warp-per-pair kernel
-    took 10.1 µs with 256 blocks; 4096 → 1024 and 4096 → 512: one row pair per block of 256
-    threads, 4.3 and 3.5 µs, against 8.6 and 8.5 for the previous kernel's 64 and 32 blocks).
+    (ds4-flash, graph replays of back-to-back launches over weights in cold memory,
+    ``scripts/bench_kernels.py``, NOTES.md) this picks, for every Q8_0 matvec of the token, the
+    fastest thread-group width measured or one within 3 % of it (the grouped 4096 → 8192 takes 32
+    threads, 13.9 µs, where 64 measured 13.5 µs): narrow groups and many blocks for the tall
+    matrices (1024 → 32768: 32 threads, 1024 blocks; the vocabulary: 32, 4040 blocks), 64 where
+    32 would leave 128 blocks (8192 → 4096, the shared expert), whole blocks for the short ones
+    (4096 → 1024 and → 512: 256 threads). The 512-block target this replaced lost 2–3 µs per
+    launch on the tall matrices with four rows per group.
 
     Returns ``((blocks,), (tpr, groups))``.
     """
@@ -94,12 +94,43 @@ def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     return (cdiv(units, groups),), (tpr, groups)
 
 
-def q8_geometry(pairs: int, cols: int) -> tuple[tuple, tuple]:
-    """Grid and block of the Q8_0 matvec kernels (``kernels/dense.cu``) for ``pairs`` row pairs
-    of ``cols`` int8 columns (:func:`split_geometry` over ``cols / 16`` chunks): narrow-and-short
-    matrices (4096 → 512) get wide groups and enough blocks, tall ones (1024 → 32768) one warp
-    per pair. Returns ``((blocks,), (tpr, groups))``."""
-    return split_geometry(pairs, cols // 16)
+#: Rows per thread group of the Q8_0 matvec kernels: ``Q8_NR`` in ``kernels/q8.cuh`` (a CPU test
+#: reads it there). Each 16-byte x chunk a thread reads serves this many rows.
+Q8_ROWS = 4
+#: Shared memory a block stages x in: 80 bytes per 16 floats (``q8.cuh:q8_stage_x``), at most the
+#: 48 KiB a block gets without opting in.
+Q8_SMEM_PER_COL, Q8_SMEM_MAX = 5, 48 * 1024
+#: Stage x in shared memory where it fits (``smx``); False reads x through L1 in every kernel.
+Q8_STAGE_X = True
+#: ... and where a block's rows read at least 8 times the x bytes it stages (32 rows): measured on
+#: the H200, staging won with 32 rows per block (1024 → 32768: 12.5 vs 14.7 µs; the vocabulary:
+#: 135 vs 157 µs) and lost or tied with 16 or fewer (8192 → 4096: 15.4 vs 13.5 µs).
+Q8_STAGE_ROWS = 32
+
+
+@dataclass(frozen=True)
+class Q8Launch:
+    """Launch configuration of a Q8_0 matvec kernel: grid, block, dynamic shared bytes and the
+    kernel's ``smx`` argument (1: x staged in shared memory)."""
+
+    grid: tuple
+    block: tuple
+    shared: int
+    smx: int
+
+
+def q8_launch(units: int, cols: int, rows_per_group: int | None = None) -> Q8Launch:
+    """Geometry of the Q8_0 matvec kernels (``kernels/dense.cu``, ``longctx.cu:q8_matvec_when``) for
+    ``units`` thread groups of :data:`Q8_ROWS` rows each (``ceil(rows / Q8_ROWS)``; the SwiGLU
+    kernel's group holds ``Q8_ROWS / 2`` gate rows and their up rows) over ``cols`` int8 columns:
+    :func:`split_geometry` over ``cols / 16`` chunks, x staged in shared memory when it fits, a
+    block has at least :data:`Q8_STAGE_ROWS` rows and, for a grouped matvec (``rows_per_group``),
+    every block's rows share one x slice."""
+    grid, block = split_geometry(units, cols // 16)
+    rows_per_block = Q8_ROWS * block[1]
+    smx = (Q8_STAGE_X and rows_per_block >= Q8_STAGE_ROWS and cols * Q8_SMEM_PER_COL <= Q8_SMEM_MAX
+           and (rows_per_group is None or rows_per_group % rows_per_block == 0))
+    return Q8Launch(grid, block, cols * Q8_SMEM_PER_COL if smx else 0, int(smx))
 
 
 def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
@@ -109,10 +140,10 @@ def q8_matvec(L, site, w, x, y, rows_per_group=None, group_stride=0):
     def ref():
         y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1), rows_per_group, group_stride)
 
-    grid, block = q8_geometry(w.rows // 2, w.cols)
-    L.kernel(site, "q8_matvec", grid, block,
-             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride)), ref,
-             nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows))
+    g = q8_launch(cdiv(w.rows, Q8_ROWS), w.cols, rows_per_group)
+    L.kernel(site, "q8_matvec", g.grid, g.block,
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(rpg), i32(group_stride), i32(g.smx)), ref,
+             nbytes=w.nbytes + 4 * (w.cols * (w.rows // rpg) + w.rows), shared=g.shared)
 
 
 def q8_matvec_swiglu(L, site, w, x, mid, limit):
@@ -122,21 +153,25 @@ def q8_matvec_swiglu(L, site, w, x, mid, limit):
     def ref():
         mid[:F] = R.q8_matvec_swiglu(w, x, limit)
 
-    grid, block = q8_geometry(F, w.cols)
-    L.kernel(site, "q8_matvec_swiglu", grid, block,
-             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit)), ref, nbytes=w.nbytes + 4 * (w.cols + F))
+    g = q8_launch(cdiv(F, Q8_ROWS // 2), w.cols)
+    L.kernel(site, "q8_matvec_swiglu", g.grid, g.block,
+             (w.qs, w.d, x, mid, i32(F), i32(w.cols), f32(limit), i32(g.smx)), ref,
+             nbytes=w.nbytes + 4 * (w.cols + F), shared=g.shared)
 
 
 def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
-    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add."""
+    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add.
+    Raises ValueError when ``S * Q8_ROWS`` exceeds a warp (the epilogue's lanes)."""
+    if S * Q8_ROWS > 32:
+        raise ValueError(f"q8_matvec_expand: S={S} streams x {Q8_ROWS} rows exceed the 32 lanes of the epilogue")
 
     def ref():
         h[...] = R.expand(h, mix, R.q8_matvec(w, x), None if extra is None else np.asarray(extra).reshape(-1)[: w.rows])
 
-    grid, block = q8_geometry(w.rows // 2, w.cols)
-    L.kernel(site, "q8_matvec_expand", grid, block,
-             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S)), ref,
-             nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows))
+    g = q8_launch(cdiv(w.rows, Q8_ROWS), w.cols)
+    L.kernel(site, "q8_matvec_expand", g.grid, g.block,
+             (w.qs, w.d, x, h, mix, NULL if extra is None else extra, i32(w.rows), i32(w.cols), i32(S), i32(g.smx)),
+             ref, nbytes=w.nbytes + 4 * (w.cols + (2 * S + 1) * w.rows), shared=g.shared)
 
 
 def norm_threads(dim: int) -> int:
@@ -171,7 +206,8 @@ def hc_mix(L, site, hn, wmix, part, S, E):
 
 
 def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
-    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``.
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: one block of 1024
+    threads (``kernels/dense.cu:hc_premix``).
 
     Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when
     ``part`` already holds final logits (``nsplit=1``, the output mix).
@@ -217,21 +253,38 @@ def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars, theta:
              nbytes=8 * cfg.head_dim)
 
 
-#: Keys per block and heads per block of ``attention_decode`` (``kernels/attention.cu``).
-ATTN_KPB, ATTN_HPB = 16, 4
+#: Heads per block and key splits (blocks of one head group: a thread-block cluster on sm_90) of
+#: ``attention_decode`` (``ATTN_HPB``, ``ATTN_NS`` in ``kernels/attention.cu``).
+ATTN_HPB, ATTN_NS = 4, 8
+#: Shared memory ``attention_decode`` may take dynamically: 48 KiB less its static arrays.
+ATTN_SMEM = 48 * 1024 - 1024
 
 
 def attention_splits(cfg: ModelConfig) -> int:
-    """Key splits of ``attention_decode``: ``ceil(window / ATTN_KPB)`` (fixed per model, so a
-    captured graph's grid fits every window length)."""
-    return cdiv(cfg.window, ATTN_KPB)
+    """Key splits of ``attention_decode``: :data:`ATTN_NS` blocks per head group, each over
+    ``ceil(window / ATTN_NS)`` keys (fixed per model, so a captured graph's grid fits every
+    window length)."""
+    return ATTN_NS
+
+
+def attention_launch(cfg: ModelConfig) -> tuple[tuple, int, int]:
+    """``(grid, kc, shared bytes)`` of ``attention_decode`` for ``cfg``: grid
+    ``(ceil(H / ATTN_HPB), ATTN_NS)``; ``kc``, the key rows a block stages at a time (all of its
+    split's keys when they fit beside q in :data:`ATTN_SMEM`); the dynamic shared memory of q
+    ``[HPB, D]``, the key rows ``[max(kc, HPB), D]``, the scores ``[HPB, kc]`` and the state."""
+    D, H, HPB = cfg.head_dim, cfg.n_heads, ATTN_HPB
+    kps = cdiv(cfg.window, ATTN_NS)
+    kc = max(1, min(kps, (ATTN_SMEM // 4 - HPB * D - 4 * HPB) // (D + HPB)))
+    floats = HPB * D + max(kc, HPB) * D + HPB * kc + 4 * HPB
+    return (cdiv(H, HPB), ATTN_NS), kc, 4 * floats
 
 
 def attention_scratch(L, cfg: ModelConfig) -> tuple:
-    """The attention's split partials and per-head-group tickets, owned by launcher ``L``:
-    ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS, 2]``, ``counter`` int32
-    ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it zero). Allocated on the first call —
-    :func:`alloc_scratch` makes that call at model build time, before any capture."""
+    """The attention's split partials and per-head-group tickets, owned by launcher ``L`` (the
+    combine through global memory, before sm_90): ``part_o`` float32 ``[H, NS, D]``, ``part_ml``
+    float32 ``[H, NS, 2]``, ``counter`` int32 ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it
+    zero). Allocated on the first call — :func:`alloc_scratch` makes that call at model build
+    time, before any capture."""
     H, D, NS = cfg.n_heads, cfg.head_dim, attention_splits(cfg)
     return (L.scratch(("attention.part_o", H, NS, D), (H * NS * D,), np.float32),
             L.scratch(("attention.part_ml", H, NS), (H * NS * 2,), np.float32),
@@ -255,10 +308,11 @@ def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
                                     pos, cfg.window).reshape(o.shape)
 
     part_o, part_ml, counter = attention_scratch(L, cfg)
-    L.kernel(site, "attention_decode", (cdiv(cfg.n_heads, ATTN_HPB), attention_splits(cfg)), (256,),
-             (q, cache, o, i32(cfg.head_dim), i32(cfg.window), i32(cfg.n_heads), part_o, part_ml, counter)
+    grid, kc, shared = attention_launch(cfg)
+    L.kernel(site, "attention_decode", grid, (256,),
+             (q, cache, o, i32(cfg.head_dim), i32(cfg.window), i32(cfg.n_heads), i32(kc), part_o, part_ml, counter)
              + ts.args(), ref,
-             nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window))
+             nbytes=4 * cfg.head_dim * (2 * cfg.n_heads + cfg.window), shared=shared)
 
 
 def embed_token(L, site, h, cfg: ModelConfig, key: int, ts: TokenScalars):
@@ -288,15 +342,18 @@ def router_logits(L, site, w, x, logits, T, cfg: ModelConfig):
 
 
 def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
-    """Top-``n_used`` experts and their normalized sigmoid weights per token."""
+    """Top-``n_used`` experts and their normalized sigmoid weights per token: one warp per token
+    (``kernels/router.cu:router_topk``). Raises ValueError for more than 32 experts per token."""
     N, k = cfg.n_experts, cfg.n_used
+    if k > 32:
+        raise ValueError(f"router_topk: n_used={k} exceeds the 32 lanes that hold the selection")
 
     def ref():
         i, w = R.router_topk(np.asarray(logits).reshape(-1)[: T * N].reshape(T, N), k)
         ids.reshape(-1)[: T * k] = i.reshape(-1)
         wts.reshape(-1)[: T * k] = w.reshape(-1)
 
-    L.kernel(site, "router_topk", (T,), (cdiv(N, 32) * 32,), (logits, ids, wts, i32(N), i32(k)), ref,
+    L.kernel(site, "router_topk", (T,), (32,), (logits, ids, wts, i32(N), i32(k)), ref,
              nbytes=4 * T * (N + 2 * k))
 
 
@@ -326,7 +383,40 @@ def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key:
 
 
 # ----------------------------------------------------------------------------- routed MoE
-def xq_quantize(L, site, x, q, d, T, n):
+@dataclass(frozen=True)
+class KernelStamp:
+    """Profiling points a routed-MoE stage kernel writes itself (``kernels/moe.cu:moe_stamp``): thread 0
+    of block (0, 0) stores ``%globaltimer`` into ``slots[first : first + n]`` as it starts.
+
+    ``write``: what the NumPy reference does in its place (the sim writes its modeled start time), or
+    None. Every routed-MoE stage kernel takes ``stamp=`` (None: no points; a null pointer)."""
+
+    slots: Any
+    first: int
+    n: int
+    write: Any = None
+
+
+def stamp_args(stamp: KernelStamp | None) -> tuple:
+    """The kernel arguments ``(stamp, stamp_first, stamp_n)`` of a routed-MoE stage kernel."""
+    if stamp is None:
+        return (NULL, i32(0), i32(0))
+    return (stamp.slots, i32(stamp.first), i32(stamp.n))
+
+
+def stamped(ref, stamp: KernelStamp | None):
+    """``ref`` preceded by the stamp's reference write (the kernel stamps as it starts)."""
+    if stamp is None or stamp.write is None:
+        return ref
+
+    def both():
+        stamp.write()
+        ref()
+
+    return both
+
+
+def xq_quantize(L, site, x, q, d, T, n, stamp=None):
     """``xq``: fp32 ``x [T, n]`` to Q8_K ``(q [T, n], d [T, n/256])``."""
 
     def ref():
@@ -334,7 +424,8 @@ def xq_quantize(L, site, x, q, d, T, n):
         q.reshape(-1)[: T * n] = qq.reshape(-1)
         d.reshape(-1)[: T * n // 256] = dd.reshape(-1)
 
-    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)), ref, nbytes=5 * T * n + T * n // 64)
+    L.kernel(site, "xq_quantize", (n // 256, T), (256,), (x, q, d, i32(n)) + stamp_args(stamp), stamped(ref, stamp),
+             nbytes=5 * T * n + T * n // 64)
 
 
 def moe_count(L, site, ids, counts, P):
@@ -376,8 +467,25 @@ def moe_tiles(L, site, counts, offsets, tiles, n_tiles, N):
              nbytes=8 * N + 12 * N)
 
 
-def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig):
-    """``gateup`` without sort: one (token, expert) pair per grid row."""
+#: Rows per warp of the decode MoE kernels (``MOE_GU_RPW``, ``MOE_DN_RPW`` in ``kernels/moe.cu``; a CPU
+#: test reads them there): the gate/up kernel's warp takes ``MOE_GU_RPW / 2`` gate rows and their
+#: up rows.
+MOE_GU_RPW, MOE_DN_RPW = 2, 4
+#: Whether the gate/up and the down kernel stage their activation row in shared memory: the faster
+#: way of each on the H200 (``scripts/bench_kernels.py``: gate/up 16.6 µs staged, down 9.5 µs not).
+MOE_GU_STAGE, MOE_DN_STAGE = True, False
+
+
+def moe_stage(cols: int, stage: bool) -> tuple[int, int]:
+    """``(shared bytes, smx)`` of a decode MoE kernel whose Q8_K activation row has ``cols`` values:
+    staged in shared memory (48 bytes per 32 values) when ``stage`` and it fits in 48 KiB."""
+    nbytes = 3 * cols // 2
+    return (nbytes, 1) if stage and nbytes <= 48 * 1024 else (0, 0)
+
+
+def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig, stamp=None):
+    """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_GU_RPW / 2`` gate rows
+    and their up rows per warp (``kernels/moe.cu``)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
     def ref():
@@ -387,9 +495,10 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
             y = R.expert_matvec(bank_gu[int(flat[p])], xq[t], xd[t])
             gate[p], up[p] = y[:F], y[F:]
 
-    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS), P), (256,),
-             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts)), ref,
-             nbytes=P * (expert_bytes(bank_gu) + E + 8 * F))
+    shared, smx = moe_stage(E, MOE_GU_STAGE)
+    L.kernel(site, "moe_gateup_decode", (cdiv(F, WARPS * MOE_GU_RPW // 2), P), (256,),
+             (bank_gu.qs, bank_gu.d, xq, xd, ids, gate, up, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(smx))
+             + stamp_args(stamp), stamped(ref, stamp), nbytes=P * (expert_bytes(bank_gu) + E + 8 * F), shared=shared)
 
 
 def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
@@ -410,7 +519,8 @@ def _tiled_bytes(bank, P, cfg: ModelConfig) -> int:
     return int(round(tiles * expert_bytes(bank)))
 
 
-def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig):
+def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, max_t, P, cfg: ModelConfig,
+                     stamp=None):
     """``gateup`` on expert tiles (tokens > 1): each weight row is read once per tile."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
@@ -421,11 +531,11 @@ def moe_gateup_tiled(L, site, bank_gu, xq, xd, sorted_pairs, tiles, n_tiles, gat
 
     L.kernel(site, "moe_gateup_tiled", (cdiv(2 * F, WARPS), max_t), (256,),
              (bank_gu.qs, bank_gu.d, xq, xd, sorted_pairs, tiles, n_tiles, gate, up, i32(k), i32(F), i32(E),
-              i32(P), i32(cfg.n_experts)), ref,
+              i32(P), i32(cfg.n_experts)) + stamp_args(stamp), stamped(ref, stamp),
              nbytes=_tiled_bytes(bank_gu, P, cfg) + max_t * 12)
 
 
-def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
+def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig, stamp=None):
     """``midq``: clamped SwiGLU of gate/up ``[P, F]`` quantized to Q8_K."""
     F = cfg.expert_ffn
 
@@ -433,11 +543,11 @@ def moe_midq(L, site, gate, up, mq, md, P, cfg: ModelConfig):
         q, d = R.moe_midq(gate[:P], up[:P], cfg.swiglu_limit)
         mq[:P], md[:P] = q, d
 
-    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)), ref,
-             nbytes=P * F * 9)
+    L.kernel(site, "moe_midq", (F // 256, P), (256,), (gate, up, mq, md, i32(F), f32(cfg.swiglu_limit)) + stamp_args(stamp),
+             stamped(ref, stamp), nbytes=P * F * 9)
 
 
-def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
+def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig, stamp=None):
     """``down`` without sort: expert down projection per pair into ``out [P, E]``."""
     F, E = cfg.expert_ffn, cfg.embed
 
@@ -446,12 +556,14 @@ def moe_down_decode(L, site, bank_dn, mq, md, ids, out, P, cfg: ModelConfig):
         for p in range(P):
             out[p] = R.expert_matvec(bank_dn[int(flat[p])], mq[p], md[p])
 
-    L.kernel(site, "moe_down_decode", (cdiv(E // 2, WARPS), P), (256,),
-             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts)), ref,
-             nbytes=P * (expert_bytes(bank_dn) + F + 4 * E))
+    shared, smx = moe_stage(F, MOE_DN_STAGE)
+    L.kernel(site, "moe_down_decode", (cdiv(E, WARPS * MOE_DN_RPW), P), (256,),
+             (bank_dn.qs, bank_dn.d, mq, md, ids, out, i32(F), i32(E), i32(cfg.n_experts), i32(smx)) + stamp_args(stamp),
+             stamped(ref, stamp), nbytes=P * (expert_bytes(bank_dn) + F + 4 * E), shared=shared)
 
 
-def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig):
+def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, max_t, P, cfg: ModelConfig,
+                   stamp=None):
     """``down`` on expert tiles (tokens > 1)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
@@ -461,19 +573,19 @@ def moe_down_tiled(L, site, bank_dn, mq, md, sorted_pairs, tiles, n_tiles, out, 
 
     L.kernel(site, "moe_down_tiled", (cdiv(E, WARPS), max_t), (256,),
              (bank_dn.qs, bank_dn.d, mq, md, sorted_pairs, tiles, n_tiles, out, i32(k), i32(F), i32(E),
-              i32(P), i32(cfg.n_experts)), ref,
+              i32(P), i32(cfg.n_experts)) + stamp_args(stamp), stamped(ref, stamp),
              nbytes=_tiled_bytes(bank_dn, P, cfg) + max_t * 12)
 
 
-def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig):
+def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig, stamp=None):
     """``sum``: weighted sum of each token's expert outputs into ``y [T, E]``."""
     E, k = cfg.embed, cfg.n_used
 
     def ref():
         y[:T] = R.moe_sum(out[: T * k], np.asarray(wts).reshape(-1)[: T * k].reshape(T, k))
 
-    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)), ref,
-             nbytes=4 * T * (k * E + E + k))
+    L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)) + stamp_args(stamp),
+             stamped(ref, stamp), nbytes=4 * T * (k * E + E + k))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -578,19 +690,17 @@ def comp_shift(L, site, state_kv, state_sc, width: int, ratio: int, ts: TokenSca
 
 
 def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars):
-    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``, rows even) unless n_comp <= ``min_comp`` on the
-    device (stage 3c's indexer projections: skipped while every compressed row is attended)."""
-    if w.rows % 2:
-        raise ValueError(f"q8_matvec_when: rows={w.rows} must be even (two rows per thread group)")
+    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``) unless n_comp <= ``min_comp`` on the device (stage
+    3c's indexer projections: skipped while every compressed row is attended)."""
 
     def ref():
         if R.comp_count(ts.resolve()[0], ratio) > min_comp:
             y.reshape(-1)[: w.rows] = R.q8_matvec(w, np.asarray(x).reshape(-1))
 
-    grid, block = q8_geometry(w.rows // 2, w.cols)  # q8_matvec's: the same bits
-    L.kernel(site, "q8_matvec_when", grid, block,
-             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(ratio), i32(min_comp)) + ts.args(), ref,
-             nbytes=w.nbytes + 4 * (w.cols + w.rows))
+    g = q8_launch(cdiv(w.rows, Q8_ROWS), w.cols)  # q8_matvec's: the same bits
+    L.kernel(site, "q8_matvec_when", g.grid, g.block,
+             (w.qs, w.d, x, y, i32(w.rows), i32(w.cols), i32(ratio), i32(min_comp), i32(g.smx)) + ts.args(), ref,
+             nbytes=w.nbytes + 4 * (w.cols + w.rows), shared=g.shared)
 
 
 def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalars, theta: float):

@@ -1,13 +1,27 @@
-"""``in-graph``: a one-thread kernel writes ``%globaltimer`` into a device slot at each stage boundary.
+"""``in-graph``: %globaltimer written into device slots at each stage boundary, inside the graph.
 
-``kernels/timestamp.cu:stamp_time`` stores the timer (ns) into its slot. Captured, the stamps are
-kernel nodes, so every replay writes fresh times; the slots are read after the replay. (An event
-record inside a capture makes no graph node and its elapsed time is refused, as measured on the
-H200; a kernel is what CUDA allows.) ``%globaltimer`` advances in implementation-defined steps (PTX
-ISA; 32 ns on the H200, :func:`~ds4lab.moeprof.globaltimer_resolution`), and every stage includes
-one stamp kernel (about 1 µs on the H200). On ``sim`` the stamp kernel's reference writes the
-modeled device time at which it starts; a timing-only sim computes nothing, so there the stamps
-are the stamp kernels' start times on the modeled timeline.
+Two ways (``fold``):
+
+* **folded** (the default): each stage's first kernel writes its boundary itself: thread 0 of
+  block (0, 0) stores ``%globaltimer`` into the slot as its first instruction
+  (``kernels/moe.cu:moe_stamp``, the stage kernels' ``stamp`` argument), so the points before
+  ``xq``, ``gateup``, ``midq``, ``down`` and ``sum`` (and ``sort`` at one token, where the sort
+  stage is empty and its two points fall on the ``gateup`` kernel) add no graph node; the points
+  that no stage kernel follows (``end``, and ``sort`` before the counts clear at more than one
+  token) launch the one-thread stamp kernel. One stamp node per decode call instead of seven.
+  A stage then reads from its first kernel's start to the next stage's first kernel's start:
+  its kernels and the gaps between them, no stamp kernel; ``sum`` ends at the ``end`` stamp
+  kernel's start.
+* **fired** (``fold=False``, as before): a stamp kernel (``kernels/timestamp.cu:stamp_time``) at
+  each of the 7 points; every stage includes one stamp kernel (about 1 µs on the H200).
+
+Captured, stamps and stamping kernels are kernel nodes, so every replay writes fresh times; the
+slots are read after the replay. (An event record inside a capture makes no graph node and its
+elapsed time is refused, as measured on the H200; a kernel is what CUDA allows.) ``%globaltimer``
+advances in implementation-defined steps (PTX ISA; 32 ns on the H200,
+:func:`~ds4lab.moeprof.globaltimer_resolution`). On ``sim`` the stamp's reference writes the
+modeled device time at which its kernel starts; a timing-only sim computes nothing, so there the
+stamps are the start times of the kernels that carry them on the modeled timeline.
 """
 
 from __future__ import annotations
@@ -15,19 +29,34 @@ from __future__ import annotations
 import numpy as np
 
 from ...token.model import MOE_STAGES, ProfileMarker
+from ...token.ops import KernelStamp
 from ..rows import Call, Probe, capture_status
 from ..traces import trace_source
 from .base import ProfilingMode
 
 
 class Stamp(ProfileMarker):
-    """One profiling point of the in-graph mode: launches the stamp kernel for one slot."""
+    """One profiling point of the in-graph mode: folded into the stage kernel that follows it, or
+    the stamp kernel for one slot. ``carrier``: the kernel that wrote it (set when issued)."""
 
     def __init__(self, mode: "InGraph", slot: int) -> None:
         self.mode, self.slot = mode, slot
+        self.carrier = "stamp_time"
+        self._fold = None
 
     def fire(self, site: str) -> None:
+        self.carrier = "stamp_time"
         self.mode.stamp(self.slot)
+
+    def fold(self) -> KernelStamp | None:
+        if not self.mode.fold:
+            return None
+        if self._fold is None:
+            self._fold = KernelStamp(self.mode.slots, self.slot, 1, self.mode.stamp_ref(self.slot))
+        return self._fold
+
+    def folded_into(self, kernel: str) -> None:
+        self.carrier = kernel
 
 
 class InGraph(ProfilingMode):
@@ -38,6 +67,8 @@ class InGraph(ProfilingMode):
         slots: slot capacity (default: 7 × max(16, 2 × layers)); a key beyond it raises RuntimeError.
         every_step: clear the slots at every :meth:`begin_step`; as ``host-timed``'s fallback
             (``False``) only once stamps are in use.
+        fold: the stage kernels write the boundaries they start (one stamp node per call);
+            ``False``: a stamp kernel at every point (seven nodes per call); None: :attr:`FOLD`.
 
     Rows: ms per stage (differences of consecutive stamps), ``total`` = last − first; NaN with a
     note for a call captured (not run yet) or whose slots were not written.
@@ -46,9 +77,14 @@ class InGraph(ProfilingMode):
     name = "in-graph"
     auto_regime = "replayed"
 
-    def __init__(self, prof, slots: int | None = None, every_step: bool = True) -> None:
+    #: The default of ``fold`` (module docstring).
+    FOLD = True
+
+    def __init__(self, prof, slots: int | None = None, every_step: bool = True, fold: bool | None = None) -> None:
         super().__init__(prof)
         self.every_step = every_step
+        #: stage boundaries written by the stage kernels themselves (module docstring)
+        self.fold = self.FOLD if fold is None else fold
         self.capacity = slots or 7 * max(16, 2 * prof.model.n_layers)
         self.slots = None
         self.slot_of: dict[tuple, int] = {}
@@ -101,17 +137,23 @@ class InGraph(ProfilingMode):
             self.slot_of[key] = base
         return base
 
-    def stamp(self, slot: int) -> None:
-        """Launch the stamp kernel for ``slot`` on the current stream (a kernel node when captured)."""
+    def stamp_ref(self, slot: int):
+        """What the NumPy reference writes for ``slot`` where a GPU writes %globaltimer: on the sim the
+        modeled device time (ns) at which the kernel that carries it starts, elsewhere 0."""
         prof = self.prof
-        L = prof.model.L
-        slots = self.slots
-        stream = L.stream()
+        stream = prof.model.L.stream()
         modeled = prof.modeled
 
-        def ref():  # sim: the modeled device time at which this stamp kernel starts, in ns (no clock: 0)
-            slots[slot] = np.uint64(round(self._sim_now_us(stream) * 1e3)) if modeled else np.uint64(0)
-        L.kernel("profile.stamp", "stamp_time", (1,), (32,), (slots, np.int32(slot)), ref, nbytes=8)
+        def ref():
+            self.slots[slot] = np.uint64(round(self._sim_now_us(stream) * 1e3)) if modeled else np.uint64(0)
+
+        return ref
+
+    def stamp(self, slot: int) -> None:
+        """Launch the stamp kernel for ``slot`` on the current stream (a kernel node when captured)."""
+        L = self.prof.model.L
+        L.kernel("profile.stamp", "stamp_time", (1,), (32,), (self.slots, np.int32(slot)), self.stamp_ref(slot),
+                 nbytes=8)
 
     def _sim_now_us(self, stream) -> float:
         """When a stamp kernel issued now starts on the modeled device: no earlier than the host's
@@ -132,18 +174,27 @@ class InGraph(ProfilingMode):
             self._host = self._stamps_from_trace(calls, records)
 
     def _stamps_from_trace(self, calls, records) -> np.ndarray:
-        """Timing-only sim (no numbers are computed, so stamp kernels write nothing): the stamp
-        kernels' modeled start times, in the order they ran, attributed 7 per executed call."""
+        """Timing-only sim (no numbers are computed, so nothing writes the slots): each point's time is
+        the modeled start of the kernel that carried it, found in the trace in issue order (points
+        folded together share their kernel's record)."""
         out = np.zeros(self.capacity, dtype=np.float64)
-        starts = [r[1] for r in (records or []) if r[0] == "stamp_time"]
+        recs = [(r[0], r[1]) for r in (records or [])]
         j = 0
         for c in calls:
             if c.phase == "capture" or c.probe is None or c.probe.mode is not self:
                 continue
-            for i in range(7):
-                if j < len(starts):
-                    out[c.probe.slot + i] = starts[j]
+            prev = None
+            for i, pt in enumerate(c.probe.points):
+                if prev is not None and pt.carrier == prev.carrier and pt.carrier != "stamp_time":
+                    out[c.probe.slot + i] = out[c.probe.slot + i - 1]
+                    prev = pt
+                    continue
+                while j < len(recs) and recs[j][0] != pt.carrier:
                     j += 1
+                if j < len(recs):
+                    out[c.probe.slot + i] = recs[j][1]
+                    j += 1
+                prev = pt
         return out
 
     def probe_rows(self, c: Call, p: Probe) -> list[dict]:
@@ -155,6 +206,8 @@ class InGraph(ProfilingMode):
             return t.nan(c, "stamp slots not written")
         ms = {st: (s[i + 1] - s[i]) / 1e6 for i, st in enumerate(MOE_STAGES)}
         ms["total"] = (s[6] - s[0]) / 1e6
-        src = ("modeled device clock (stamp kernel start)" if self.prof.modeled else
+        src = ("modeled device clock (start of the kernel that stamps)" if self.prof.modeled else
                "%globaltimer (ns; update step: globaltimer_resolution)")
-        return t.stages(c, ms, f"in-graph stamps: {src}; each stage includes one stamp kernel")
+        how = ("stages from their first kernel's start; one stamp kernel per call (end)" if self.fold
+               else "each stage includes one stamp kernel")
+        return t.stages(c, ms, f"in-graph stamps: {src}; {how}")
