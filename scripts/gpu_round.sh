@@ -19,6 +19,7 @@
 #   exclusion    ds4lab exclusion (ds4-flash, first layers; with the island column)
 #   moe          the MoE profiler's overhead per mode, eager and replayed (ds4-flash)
 #   bench        ds4lab bench --per-op (ds4-flash): launch cost, roofline, floors
+#   kernels      scripts/bench_kernels.py: every compile-time variant of the heavy kernels checked and timed
 #   calibrate    ds4lab calibrate (ds4-flash) and --long-context on top of it
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
 #   notebooks    every notebook top to bottom with its defaults
@@ -62,6 +63,7 @@ for arg in "$@"; do
     moe) TAIL=20 step moe ${limit:-150} $D moe --backend cupy --preset ds4-flash --mode host-timed,deferred,in-graph,nvtx \
          --tokens-per-step 1 --routing uniform --steps 3 --share-tokens 0 --out $R/moe ;;
     bench) TAIL=30 step bench ${limit:-200} $D bench --preset ds4-flash --per-op --out $R/bench ;;
+    kernels) step kernels ${limit:-120} python3 scripts/bench_kernels.py --out $R/kernels ;;
     calibrate) step calibrate ${limit:-200} bash -c "$D calibrate --preset ds4-flash --out $R/calibration/h200.json &&
          $D calibrate --long-context --base $R/calibration/h200.json --out $R/calibration/h200-long.json" ;;
     audit) TAIL=30 step audit ${limit:-300} $D audit validate --out $R/audit ;;

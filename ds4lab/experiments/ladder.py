@@ -7,8 +7,9 @@ At each context (a start position):
   compared with stage 0 (:func:`~ds4lab.experiments.run.first_difference` over
   :meth:`~ds4lab.token.model.DecodeModel.snapshot`: hidden state, logits, every KV cache, the
   long-context caches);
-* **the GPU-busy floor**: the sum of one token's kernel durations (per-op times on a GPU, the cost
-  model's kernel times on the sim), when asked for;
+* **the floors** (:mod:`ds4lab.measure.floors`), when asked for: the replayed token's GPU-busy time
+  (CUPTI kernel records on a GPU, the cost model's timeline on the sim; efficiency is it over each
+  stage's µs), the bytes floor and the launch-list floor;
 * **µs per token** over the timed tokens, split into ``rounds`` interleaved rounds (odd rounds in
   reverse order, every stage of a round on the same positions), so host noise falls on every stage
   alike; host enqueue time, kernel and graph launches per token, the graph cache's counts so far.
@@ -95,25 +96,21 @@ def exactness_backend(be):
     return make_backend("sim", seed=be.seed, timing_only=False)
 
 
-def gpu_busy_floor(be, model: DecodeModel, pos: int) -> float | None:
-    """µs: the sum of one token's kernel durations (per-op CUDA events on a GPU; the cost model's
-    kernel times on the sim; None on a backend that neither measures nor models time). The token
-    runs eagerly, whatever the stage captures."""
-    from ..backends.base import ModeledTime
+def floors_at(be, model: DecodeModel, context: int) -> dict:
+    """The floors of the token at ``context`` (:func:`ds4lab.measure.floors.token_floors`): the
+    replayed token's GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's
+    timeline on the sim; the ladder's efficiency is this over each stage's µs, never above 1), the
+    bytes floor, the launch-list floor and t_min, with where the busy time comes from. ``{}`` on a
+    backend that neither measures nor models time. Leaves ``model`` with stage 3's options and
+    executor: every stage run activates its own."""
+    if not (be.measures_time or be.models_time):
+        return {}
+    from ..measure.floors import token_floors
 
-    executor, model.executor = model.executor, None
-    try:
-        if be.is_gpu:
-            from ..measure.perop import per_op_times
-
-            return float(per_op_times(be, model, pos=pos, token_id=token_id_at(pos, model.cfg.vocab)).us.sum())
-        if isinstance(be, ModeledTime):
-            with model.L.recording() as trace:
-                model.token(pos, token_id_at(pos, model.cfg.vocab))
-            return float(sum(be.modeled_kernel_us(r.kernel, r.nbytes) for r in trace))
-        return None
-    finally:
-        model.executor = executor
+    tf = token_floors(be, model, start_pos=context)
+    return {"floor_us": tf.busy.busy.median, "bytes_floor_us": tf.floor.bytes_floor_us,
+            "launch_floor_us": tf.floor.launch_floor_us, "t_min_us": tf.floor.t_min_us,
+            "floor_source": tf.busy.source}
 
 
 class Ladder:
@@ -168,7 +165,7 @@ class Ladder:
         diffs = compare_runs(ref, runs_x, self.table.exact_span(context), told)
         return {name: (d is None, d or "") for name, d in diffs.items()}
 
-    def measure(self, context: int, *, exact: dict, floor: float | None, progress=None,
+    def measure(self, context: int, *, exact: dict, floors: dict, progress=None,
                 on_round: Callable[[list[dict]], None] | None = None) -> list[dict]:
         """Time every stage at ``context`` in interleaved rounds; returns one row per stage (also
         passed to ``on_round`` after every round, so a job writes them as they come)."""
@@ -183,12 +180,12 @@ class Ladder:
                 samples[run.name]["us"] += got["us_samples"]
                 samples[run.name]["host"] += got["host_samples"]
                 launches[run.name] = got
-            rows = self._rows(context, samples, launches, exact, floor)
+            rows = self._rows(context, samples, launches, exact, floors)
             if on_round is not None:
                 on_round(rows)
         return rows
 
-    def _rows(self, context: int, samples: dict, launches: dict, exact: dict, floor: float | None) -> list[dict]:
+    def _rows(self, context: int, samples: dict, launches: dict, exact: dict, floors: dict) -> list[dict]:
         rows, base_us = [], None
         for run in self.runs:
             st = run.stage
@@ -200,8 +197,12 @@ class Ladder:
             ok, first = exact[st.name]
             rows.append({
                 "stage": st.name, "short": st.short, "context": context, "us_median": us.median,
-                "us_p25": us.p25, "us_p75": us.p75, "n": us.n, "host_us_median": host.median, "floor_us": floor,
-                "efficiency": (floor / us.median) if floor else None,
+                "us_p25": us.p25, "us_p75": us.p75, "n": us.n, "host_us_median": host.median,
+                **{k: floors.get(k) for k in ("floor_us", "bytes_floor_us", "launch_floor_us", "t_min_us",
+                                              "floor_source")},
+                "efficiency": _eff(floors.get("floor_us"), us.median),
+                "launch_floor_efficiency": _eff(floors.get("launch_floor_us"), us.median),
+                "bytes_floor_efficiency": _eff(floors.get("bytes_floor_us"), us.median),
                 "kernel_launches": got["kernel_launches"], "graph_launches": got["graph_launches"],
                 "node_updates": got["node_updates"], "speedup": None, "exact": ok, "first_mismatch": first,
                 "outcome": outcome(first or None, stats) if ok != "n/a" else "not checked",
@@ -224,4 +225,8 @@ class Ladder:
         return rows
 
 
-__all__ = ["Ladder", "Table", "exactness_backend", "gpu_busy_floor"]
+def _eff(floor, us):
+    return floor / us if floor else None
+
+
+__all__ = ["Ladder", "Table", "exactness_backend", "floors_at"]

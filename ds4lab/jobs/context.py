@@ -82,10 +82,10 @@ def check_config(cfg: ContextConfig) -> None:
 
 def table_of(cfg: ContextConfig) -> Table:
     """The context ladder's :class:`Table`: each context's exactness span from ``context - 4``,
-    timing from the context itself, one round, no floor."""
+    timing from the context itself, one round, the floors at each context."""
     return Table(stages=tuple(parse_stages(cfg.stages, long_context=True)), contexts=tuple(parse_contexts(cfg.contexts)),
                  exact_tokens=cfg.span, exact_lead=4, tokens=cfg.tokens, warmup=cfg.warmup, rounds=1,
-                 timing_after_exact=False, floor=False)
+                 timing_after_exact=False, floor=True)
 
 
 def run(cfg: ContextConfig, be, console):

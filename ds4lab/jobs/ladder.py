@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..capture import stream as S
 from ..errors import BadInput
-from ..experiments.ladder import Ladder, Table, exactness_backend, gpu_busy_floor
+from ..experiments.ladder import Ladder, Table, exactness_backend, floors_at
 from ..experiments.stages import LADDER_DEFAULT, START_POS, fixes_table, parse_stages
 from ..report import provenance, results
 from ..sim.calibration import backend_calibration
@@ -178,8 +178,8 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
             with JobProgress(con, "timing stages", steps) as prog:
                 for c in table.contexts:
                     exact = lad.exactness(c, con.print)
-                    floor = gpu_busy_floor(be, lad.model, c) if table.floor else None
-                    rows = lad.measure(c, exact=exact, floor=floor, progress=prog.advance,
+                    floors = floors_at(be, lad.model, c) if table.floor else {}
+                    rows = lad.measure(c, exact=exact, floors=floors, progress=prog.advance,
                                        on_round=lambda rows: _frame(done + rows, be, preset, meta).to_csv(
                                            csv_path, index=False))
                     done += rows
@@ -187,8 +187,10 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                         con.print(_line(r, len(table.contexts) > 1))
             df = _frame(done, be, preset, meta)
             df.to_csv(csv_path, index=False)
-            meta["floor_us"] = {int(c): f for c, f in df.groupby("context").floor_us.first().items()} \
-                if df.floor_us.notna().any() else None
+            if "floor_us" in df and df.floor_us.notna().any():
+                meta["floors"] = {int(c): {k: g[k].iloc[0] for k in ("floor_us", "bytes_floor_us", "launch_floor_us",
+                                                                        "t_min_us", "floor_source")}
+                                  for c, g in df.groupby("context")}
             fig = plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta)
             paths = plots.save(fig, folder / job)
             con.print(f"wrote {csv_path}, {folder / 'meta.json'}, " + ", ".join(str(p) for p in paths))

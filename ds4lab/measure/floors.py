@@ -311,36 +311,20 @@ def copy_GBps(be, measured: float | None = None) -> tuple[float, str]:
 
 
 # ----------------------------------------------------------------------------- one replayed token
-def token_id_for(pos: int, vocab: int) -> int:
-    """The token id decoded at ``pos`` by the floors' replayed tokens (any fixed function would do)."""
-    return (pos * 7919 + 13) % vocab
-
-
 def whole_token_runner(model, start_pos: int = 1000):
     """``(run_token, stream)``: ``run_token(i)`` decodes position ``start_pos + i`` with ``model``'s
-    whole token body captured once and replayed (stage 3's configuration: scalars from a device
-    buffer, async counts clear, preallocated scratch, no MoE profile; a non-blocking stream set
-    as the accessor's override; the first call runs eagerly, the second captures). Sets
-    ``model``'s options and executor; the caller enables the accessor's override
-    (``ds4lab.capture.stream.set_graphs_enabled(True)``) while tokens run.
+    whole token body captured once and replayed: stage 3
+    (:class:`~ds4lab.experiments.run.StageRun` of ``STAGES["3"]``: scalars from a device buffer, async
+    counts clear, preallocated scratch, no MoE profile, a non-blocking stream; the first call runs
+    eagerly, the second captures). Activates the run on ``model``; the caller runs tokens inside
+    ``ds4lab.capture.stream.graphs_enabled()``.
     """
-    from ..capture import stream as S
-    from ..capture.cache import GraphCache
-    from ..token.model import TokenOptions
+    from ..experiments.run import StageRun
+    from ..experiments.stages import STAGES
 
-    be = model.be
-    model.set_options(TokenOptions(**{**model.opts.summary(), "counts_clear": "async", "scratch": "prealloc",
-                                      "moe_profile": False, "scalars": "device"}))
-    model.executor = GraphCache(be, ("token",))
-    st = be.new_stream(non_blocking=True)
-    vocab = model.cfg.vocab
-
-    def run_token(i: int) -> None:
-        pos = start_pos + i
-        with S.stream_override(st):
-            model.token(pos, token_id_for(pos, vocab))
-
-    return run_token, st
+    run = StageRun(model, STAGES["3"], model.opts)
+    run.activate()
+    return (lambda i: run.token(start_pos + i)), run.stream
 
 
 @dataclass
@@ -414,25 +398,23 @@ def token_floors(be, model, *, copy_measured: float | None = None, tokens: int =
     from ..capture import stream as S
     from ..timing import time_steps
 
+    from ..experiments.stages import token_id_at
+
     vocab = model.cfg.vocab
     model.executor = None
-    model.token(start_pos - 1, token_id_for(start_pos - 1, vocab))  # every kernel compiled and loaded
+    model.token(start_pos - 1, token_id_at(start_pos - 1, vocab))  # every kernel compiled and loaded
     be.synchronize()
     with model.L.recording() as trace:
-        model.token(start_pos, token_id_for(start_pos, vocab))
+        model.token(start_pos, token_id_at(start_pos, vocab))
     be.synchronize()
     bw, why = copy_GBps(be, copy_measured)
     tm = measure_t_min(be, len(trace), replays=replays)
     floor = launch_list_floor(trace, bw, tm.replay_us.median)
     busy_floor = None if tm.kernel_us is None else launch_list_floor(trace, bw, tm.kernel_us.median).launch_floor_us
-    was = S.graphs_enabled()
-    S.set_graphs_enabled(True)
-    try:
+    with S.graphs_enabled():
         run_token, st = whole_token_runner(model, start_pos)
         smp = time_steps(be, run_token, tokens, stream=st, warmup=3)
         tb = replayed_token_busy(be, lambda i: run_token(tokens + 3 + i), tokens, warmup=0)
-    finally:
-        S.set_graphs_enabled(was)
     launches = None
     names = [r.kernel for r in trace]
     if tb.durations is not None and tb.names == names:

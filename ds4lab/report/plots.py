@@ -55,7 +55,8 @@ def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
 
 
 def ladder_figure(df, meta: dict):
-    """µs per token per stage (median, IQR whiskers), the GPU-busy floor as a line, speedups and
+    """µs per token per stage (median, IQR whiskers), the replayed token's GPU-busy time and the
+    launch-list floor as lines, speedups and
     launches per token annotated. ``df``: rows of ``ladder.csv``."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(8.5, 4.6))
@@ -64,10 +65,15 @@ def ladder_figure(df, meta: dict):
         lo = med - df["us_p25"].to_numpy()
         hi = df["us_p75"].to_numpy() - med
         bars = ax.bar(x, med, yerr=[lo, hi], capsize=4, color=[COLORS[i % len(COLORS)] for i in x], alpha=0.85)
-        floor = df["floor_us"].dropna()
+        floor = df["floor_us"].dropna() if "floor_us" in df else []
         if len(floor):
             ax.axhline(float(floor.iloc[0]), color="black", ls="--", lw=1,
-                       label=f"GPU-busy floor {float(floor.iloc[0]):,.0f} µs")
+                       label=f"replayed token, GPU busy {float(floor.iloc[0]):,.0f} µs")
+        lf = df["launch_floor_us"].dropna() if "launch_floor_us" in df else []
+        if len(lf):
+            ax.axhline(float(lf.iloc[0]), color="0.5", ls=":", lw=1,
+                       label=f"launch-list floor {float(lf.iloc[0]):,.0f} µs")
+        if len(floor) or len(lf):
             ax.legend(loc="upper right", frameon=False)
         for b, (_, r) in zip(bars, df.iterrows()):
             exact = r.get("exact")
