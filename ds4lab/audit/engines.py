@@ -1,0 +1,298 @@
+"""Decode steps of engines nobody here wrote, recorded for the audit and set against what
+``torch.cuda.graph`` actually does with the same step (``ds4lab audit validate``; GPU, PyTorch and
+transformers needed, none of them ds4lab dependencies).
+
+For each engine (a transformers model built from its config with random weights: no download) and
+each KV cache (``dynamic``: transformers' ``DynamicCache``, which grows by concatenation; ``static``:
+``StaticCache``, written in place at ``cache_position``):
+
+1. a prompt is prefilled, then :data:`EAGER_STEPS` decode steps run eagerly, each inside an NVTX range
+   ``decode_step``, recorded in-process (:func:`ds4lab.audit.record.recording`: CUPTI, with Python
+   stacks at the hazard-class calls), and timed with CUDA events (µs per step, median);
+2. one decode step is captured with ``torch.cuda.graph`` (capture mode ``global``, PyTorch's default)
+   on static input buffers (token id, position, ``cache_position``); a capture that raises is
+   ``refused`` (PyTorch's error named);
+3. a captured graph is replayed at the next :data:`REPLAY_STEPS` positions, the inputs copied into its
+   buffers first. Before each replay the cache is snapshotted, the step is run eagerly from it (the
+   reference), the cache is restored, and the graph replays: ``captured, replays right`` when every
+   replay's logits are within :data:`RIGHT_RTOL` of the eager step's (relative L2) and pick the same
+   next token; ``captured, replays wrong`` otherwise (first position that differs named). Models run in
+   float32, so a right replay differs from eager by rounding only (order-of-1e-6 relative), and a stale
+   one by the whole attention over a wrong context;
+4. replays are timed with CUDA events (µs per step, median), the host copies of the inputs included.
+
+The recording is saved beside the results (``<engine>-<cache>/recording.csv.gz``) for the audit, which
+the job :mod:`ds4lab.jobs.audit` runs on it and compares with the outcome and the replay time.
+
+Sources: PyTorch ``torch.cuda.graph`` / ``torch.cuda.CUDAGraph`` (capture on a side stream, a private
+memory pool, ``capture_error_mode="global"`` by default); transformers ``DynamicCache``, ``StaticCache``
+(``cache_position``); CUDA Programming Guide, "CUDA Graphs".
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The engines ``ds4lab audit validate`` builds (small configurations of three families).
+ENGINES = ("llama", "deepseek-v3", "qwen2-moe")
+CACHES = ("dynamic", "static")
+PROMPT = 16
+EAGER_STEPS = 8
+REPLAY_STEPS = 6
+#: A replay is right when its logits are within this relative L2 error of the eager step's (float32).
+RIGHT_RTOL = 1e-3
+TOKEN_RANGE = "decode_step"
+
+
+@dataclass
+class EngineRun:
+    """One engine and cache: what torch.cuda.graph did, the times, and the recording's file."""
+
+    engine: str
+    cache: str
+    outcome: str = ""
+    detail: str = ""
+    eager_us: float | None = None
+    replay_us: float | None = None
+    recording: str = ""
+    replay_errors: list = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+
+
+def build(engine: str, *, layers: int | None = None):
+    """A transformers causal LM of ``engine`` (:data:`ENGINES`) in float32 on the GPU, from a small
+    config with random weights. Returns ``(model, config summary)``.
+
+    Raises:
+        ValueError: an unknown engine (naming the known ones).
+        ImportError: torch or transformers missing.
+    """
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    if engine == "llama":
+        cfg = T.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers or 8,
+                            num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                            max_position_embeddings=512)
+        cls = T.LlamaForCausalLM
+    elif engine == "deepseek-v3":
+        cfg = T.DeepseekV3Config(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+                                 num_hidden_layers=layers or 4, num_attention_heads=8, num_key_value_heads=8,
+                                 n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+                                 first_k_dense_replace=1, n_group=4, topk_group=2, q_lora_rank=256,
+                                 kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64,
+                                 vocab_size=16000, max_position_embeddings=512)
+        cls = T.DeepseekV3ForCausalLM
+    elif engine == "qwen2-moe":
+        cfg = T.Qwen2MoeConfig(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+                               shared_expert_intermediate_size=512, num_hidden_layers=layers or 4,
+                               num_attention_heads=8, num_key_value_heads=4, num_experts=16,
+                               num_experts_per_tok=4, vocab_size=16000, max_position_embeddings=512)
+        cls = T.Qwen2MoeForCausalLM
+    else:
+        raise ValueError(f"unknown engine {engine!r}; choose from: {', '.join(ENGINES)}")
+    model = cls(cfg).to(device="cuda", dtype=torch.float32).eval()
+    summary = {"engine": engine, "class": cls.__name__, "layers": cfg.num_hidden_layers,
+               "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "dtype": "float32",
+               "transformers": T.__version__, "torch": torch.__version__}
+    return model, summary
+
+
+class _Step:
+    """One decode step of ``model`` on static input buffers (what a graph captures)."""
+
+    def __init__(self, model, cache, vocab: int) -> None:
+        import torch
+
+        self.model, self.cache, self.vocab = model, cache, vocab
+        self.ids = torch.zeros((1, 1), dtype=torch.long, device="cuda")
+        self.pos = torch.zeros((1,), dtype=torch.long, device="cuda")
+        self.logits = None
+
+    def set(self, pos: int) -> None:
+        """Write the inputs of position ``pos`` into the buffers (host to device copies)."""
+        self.ids.fill_((pos * 7919 + 13) % self.vocab)
+        self.pos.fill_(pos)
+
+    def __call__(self):
+        import torch
+
+        with torch.no_grad():
+            out = self.model(input_ids=self.ids, past_key_values=self.cache, cache_position=self.pos,
+                             position_ids=self.pos.view(1, 1), use_cache=True)
+        self.logits = out.logits
+        return self.logits
+
+
+def _make_cache(model, kind: str):
+    import transformers as T
+
+    if kind == "dynamic":
+        return T.DynamicCache(config=model.config)
+    return T.StaticCache(config=model.config, max_cache_len=PROMPT + EAGER_STEPS + REPLAY_STEPS + 16)
+
+
+def _prefill(model, cache) -> None:
+    import torch
+
+    ids = torch.arange(PROMPT, device="cuda").view(1, -1) % model.config.vocab_size
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(PROMPT, device="cuda"),
+              use_cache=True)
+    torch.cuda.synchronize()
+
+
+def _snapshot(cache):
+    """A copy of the cache's state to restore after a reference step (tensors cloned)."""
+    return copy.deepcopy(cache)
+
+
+def _restore(cache, snap) -> None:
+    """Put ``snap``'s tensors back into ``cache`` in place (a graph holds the cache's own tensors)."""
+    import torch
+
+    def tensors(c):
+        out = []
+        for layer in getattr(c, "layers", []):
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if isinstance(t, torch.Tensor):
+                    out.append((layer, name, t))
+        return out
+
+    for (layer, name, t), (_, _, s) in zip(tensors(cache), tensors(snap)):
+        if t.shape == s.shape:
+            t.copy_(s)
+        else:  # a dynamic cache grown by the reference step: put the old tensor back
+            setattr(layer, name, s.clone())
+
+
+def _events_us(fn, n: int) -> float:
+    import statistics
+
+    import torch
+
+    out = []
+    for _ in range(n):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(e0.elapsed_time(e1) * 1e3)
+    return statistics.median(out)
+
+
+def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineRun:
+    """Record, capture, replay and time one engine and cache (module docstring); the recording is
+    saved under ``out/<engine>-<cache>/``. Never raises for what the capture does: a refused capture is
+    an outcome. Raises for a missing torch/transformers/GPU or an unknown engine/cache."""
+    import torch
+
+    from .record import recording
+
+    if cache_kind not in CACHES:
+        raise ValueError(f"unknown cache {cache_kind!r}; choose from: {', '.join(CACHES)}")
+    model, summary = build(engine)
+    res = EngineRun(engine, cache_kind, config=summary)
+    cache = _make_cache(model, cache_kind)
+    _prefill(model, cache)
+    step = _Step(model, cache, model.config.vocab_size)
+    pos = PROMPT
+    step.set(pos)  # one warm step outside the recording (kernels and handles created)
+    step()
+    pos += 1
+    torch.cuda.synchronize()
+    folder = Path(out) / f"{engine}-{cache_kind}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with recording() as rec:
+        for _ in range(EAGER_STEPS):
+            torch.cuda.nvtx.range_push(TOKEN_RANGE)
+            step.set(pos)
+            step()
+            torch.cuda.nvtx.range_pop()
+            pos += 1
+        torch.cuda.synchronize()
+    res.recording = str(rec.save(folder, engine=engine, cache=cache_kind))
+
+    def eager_once():
+        nonlocal pos
+        step.set(pos)
+        step()
+        pos += 1
+
+    res.eager_us = _events_us(eager_once, 5)
+    # capture one step on the buffers (PyTorch warms up on a side stream first, as its docs ask)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step.set(pos)
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    pos += 1
+    graph = torch.cuda.CUDAGraph()
+    try:
+        step.set(pos)
+        with torch.cuda.graph(graph):
+            step()
+    except Exception as e:  # noqa: BLE001 - what torch.cuda.graph refused is the result
+        res.outcome, res.detail = "refused", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        torch.cuda.synchronize()
+        say(f"{engine}/{cache_kind}: capture refused: {res.detail}")
+        return res
+    captured_at = pos
+    pos += 1
+    wrong = None
+    for _ in range(REPLAY_STEPS):
+        step.set(pos)
+        snap = _snapshot(cache)
+        ref = step().detach().clone()
+        _restore(cache, snap)
+        step.set(pos)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = step.logits
+        err = float(torch.linalg.vector_norm(got.float() - ref.float()) / torch.linalg.vector_norm(ref.float()))
+        same = bool(torch.argmax(got[0, -1]) == torch.argmax(ref[0, -1]))
+        res.replay_errors.append({"position": pos, "rel_err": err, "same_next_token": same})
+        if wrong is None and (err > RIGHT_RTOL or not same):
+            wrong = pos
+        pos += 1
+
+    def replay_once():
+        nonlocal pos
+        step.set(pos)
+        graph.replay()
+        pos += 1
+
+    res.replay_us = _events_us(replay_once, 10)
+    if wrong is None:
+        res.outcome = "captured, replays right"
+        res.detail = f"captured at {captured_at}; max relative error {max(r['rel_err'] for r in res.replay_errors):.1e}"
+    else:
+        e = next(r for r in res.replay_errors if r["position"] == wrong)
+        res.outcome = "captured, replays wrong"
+        res.detail = (f"captured at {captured_at}; from position {wrong} the replay differs from the eager step "
+                      f"(relative error {e['rel_err']:.2e}, same next token: {e['same_next_token']})")
+    say(f"{engine}/{cache_kind}: {res.outcome} · eager {res.eager_us:.0f} µs, replay {res.replay_us:.0f} µs per step")
+    del graph
+    torch.cuda.synchronize()
+    return res
+
+
+def available() -> tuple[bool, str]:
+    """Whether torch (with a GPU) and transformers are importable here, and why not."""
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as e:
+        return False, f"{e.name or e} is not installed (ds4lab audit validate needs torch and transformers)"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA GPU"
+    return True, ""
+
+
+__all__ = ["CACHES", "ENGINES", "EngineRun", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build", "run_engine"]
