@@ -44,6 +44,9 @@ REPLAY_STEPS = 6
 #: A replay is right when its logits are within this relative L2 error of the eager step's (float32).
 RIGHT_RTOL = 1e-3
 TOKEN_RANGE = "decode_step"
+#: Positions a static cache holds: the prompt, the recorded and timed eager steps, the capture, the
+#: compared and the timed replays, with room to spare.
+MAX_CACHE = 128
 
 
 @dataclass
@@ -132,7 +135,7 @@ def _make_cache(model, kind: str):
 
     if kind == "dynamic":
         return T.DynamicCache(config=model.config)
-    return T.StaticCache(config=model.config, max_cache_len=PROMPT + EAGER_STEPS + REPLAY_STEPS + 16)
+    return T.StaticCache(config=model.config, max_cache_len=MAX_CACHE)
 
 
 def _prefill(model, cache) -> None:
@@ -237,7 +240,7 @@ def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineR
     try:
         step.set(pos)
         with torch.cuda.graph(graph):
-            step()
+            graph_logits = step()  # the tensor every replay writes
     except Exception as e:  # noqa: BLE001 - what torch.cuda.graph refused is the result
         res.outcome, res.detail = "refused", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         torch.cuda.synchronize()
@@ -254,7 +257,7 @@ def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineR
         step.set(pos)
         graph.replay()
         torch.cuda.synchronize()
-        got = step.logits
+        got = graph_logits
         err = float(torch.linalg.vector_norm(got.float() - ref.float()) / torch.linalg.vector_norm(ref.float()))
         same = bool(torch.argmax(got[0, -1]) == torch.argmax(ref[0, -1]))
         res.replay_errors.append({"position": pos, "rel_err": err, "same_next_token": same})
@@ -283,6 +286,33 @@ def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineR
     return res
 
 
+def run_isolated(engine: str, cache_kind: str, out: Path, *, timeout: float = 240) -> dict:
+    """:func:`run_engine` in a subprocess of this interpreter (``python -m ds4lab.audit.engines``), so that
+    a step that kills its CUDA context (a device-side assert) costs only that engine, and NVTX ranges
+    reach CUPTI (``NVTX_INJECTION64_PATH`` set at the process's start). Returns the run as a dict
+    (``error`` set, with the process's last lines, when it failed)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ..backends.cupti import cupti_library
+
+    folder = Path(out) / f"{engine}-{cache_kind}"
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    lib = cupti_library()
+    if lib is not None:
+        env.setdefault("NVTX_INJECTION64_PATH", str(lib))
+    r = subprocess.run([sys.executable, "-m", "ds4lab.audit.engines", engine, cache_kind, str(out)],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    result = folder / "engine.json"
+    if r.returncode == 0 and result.is_file():
+        return json.loads(result.read_text())
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-6:])
+    return {"engine": engine, "cache": cache_kind, "outcome": "", "error": f"exit {r.returncode}: {tail}"}
+
+
 def available() -> tuple[bool, str]:
     """Whether torch (with a GPU) and transformers are importable here, and why not."""
     try:
@@ -295,4 +325,16 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["CACHES", "ENGINES", "EngineRun", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build", "run_engine"]
+__all__ = ["CACHES", "ENGINES", "EngineRun", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build", "run_engine",
+           "run_isolated"]
+
+
+if __name__ == "__main__":  # one engine and cache, as run_isolated runs it
+    import dataclasses
+    import json
+    import sys
+
+    _engine, _cache, _out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    _r = run_engine(_engine, _cache, _out)
+    (_out / f"{_engine}-{_cache}" / "engine.json").write_text(json.dumps(dataclasses.asdict(_r), indent=1,
+                                                                         default=str))
