@@ -261,6 +261,8 @@ class GraphsMixin:
                 self.escapes.append((call, f"graph {ge.graph.id}"))
             if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
                 return
+            if self.live:
+                self._applied("legacy_escape" if s is self.legacy else "uncaptured_stream", call)
             if ge.unfreed:
                 if not ge.flags & FLAG_AUTO_FREE_ON_LAUNCH:
                     self._fail("graph_launch_unfreed", call, (), f"{len(ge.unfreed)} allocation(s) of the previous "
