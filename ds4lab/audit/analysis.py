@@ -157,7 +157,7 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
     ends = {t: int(calls.loc[calls["token"] == t, "end_ns"].max()) for t in items}
     tail = tails(tk.start_ns, items, ends)
     model = Model(cal, items, tail, pseudo)
-    measured = measured_eager(tk.start_ns, tail, items)
+    measured = measured_eager(tk.start_ns, _device_starts(f, tk), tail, items)
     scalars = (not var.empty) and bool((var["call_class"] == "scalar argument").any())
     launches_per_token = float(np.mean([sum(1 for it in items[t] if it.work) for t in items])) if items else 0.0
     plans = plan_table(model, measured, shapes, scalars, modes, launches_per_token,
@@ -166,6 +166,13 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
     table = _token_table(f, tk, calls, shapes, measured, items, modes)
     return AuditReport(u.source, u.tool, u.pid, u.device, tk, cap, cap_why, legacy, legacy_why, modes, calls, allf,
                        table, spans, plans, shapes, n_shapes, cal_info, notes, u, items)
+
+
+def _device_starts(f: pd.DataFrame, tk: Tokens) -> list:
+    """Each token's first device work (ns; its host start where it has none)."""
+    dev = f[f["kind"].isin(("kernel", "memcpy", "memset")) & (tk.token >= 0)]
+    first = dev["start_ns"].groupby(tk.token[dev.index]).min()
+    return [int(first.get(t, tk.start_ns[t])) for t in range(tk.n)]
 
 
 def _token_table(f: pd.DataFrame, tk: Tokens, calls: pd.DataFrame, shapes: list, measured: list, items: dict,

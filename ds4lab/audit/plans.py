@@ -16,10 +16,11 @@ sim's cost model runs them (:mod:`ds4lab.sim.costmodel`):
   done, and lasts what the trace measured. A graph's nodes are paced by the device: node *i* starts
   no earlier than ``graph_node_us`` after node *i−1* began and no earlier than node *i−1*'s end
   (the sim's replay pacing), each lasting its measured eager duration.
-* **overlap** — host and device run side by side; a token costs the host clock's advance over it,
-  so a host-bound token is its host time and a token that ends in a synchronize is at least its
-  device time. A trace without API calls has no host side: each launch is modeled at the
-  calibration's ``host_launch_us`` (said).
+* **overlap** — host and device run side by side; a token costs the advance of whichever of the
+  two is further along (the host's clock, or the device's when its queue is behind), so a host-bound
+  token costs its host time and a GPU-bound one its device time, with or without a synchronize. A
+  trace without API calls has no host side: each launch is modeled at the calibration's
+  ``host_launch_us`` (said).
 
 **The plans** (``plan`` column):
 
@@ -35,7 +36,8 @@ sim's cost model runs them (:mod:`ds4lab.sim.costmodel`):
   issued once more, into the capture, before its first replay; graph instantiation is not modeled).
 
 The eager µs per token is measured: the host time from a token's first call to the next token's
-first call. The saving is the paired difference per token (measured eager minus predicted), its
+first call, or the device time from its first device work to the next token's when that is longer
+(:func:`measured_eager`). The saving is the paired difference per token (measured eager minus predicted), its
 median with a 95 % interval (:func:`ds4lab.timing.paired_difference`): "not measurable" when the
 interval includes zero.
 """
@@ -141,23 +143,29 @@ class Model:
         h = d = 0.0
         out = []
         for t in self.tokens:
-            h0 = h
+            f0 = max(h, d)
             h, d = step(t, self.items[t], h, d)
             h += self.tails.get(t, 0.0)
-            out.append(h - h0)
+            out.append(max(h, d) - f0)  # the frontier: the host, or the device when it is behind
         return out
 
 
-def measured_eager(starts_ns: list, tails_us: dict, items_by_token: dict) -> list[float]:
-    """Measured µs per token: first call to the next token's first call; the last token: its calls'
-    host time plus the median tail of the others."""
+def measured_eager(starts_ns: list, dev_starts_ns: list, tails_us: dict, items_by_token: dict) -> list[float]:
+    """Measured µs per token: the larger of its host period (first call to the next token's first
+    call) and its device period (first device work to the next token's first device work: a device
+    that falls behind the host sets the pace); the last token, which has no next: its calls' host
+    time plus the median tail of the others, or the median of the others' periods when larger."""
     out = []
-    for i, t in enumerate(sorted(items_by_token)):
+    for t in sorted(items_by_token):
         if t + 1 < len(starts_ns):
-            out.append((starts_ns[t + 1] - starts_ns[t]) / 1e3)
-        else:
+            host = (starts_ns[t + 1] - starts_ns[t]) / 1e3
+            dev = (dev_starts_ns[t + 1] - dev_starts_ns[t]) / 1e3 if t + 1 < len(dev_starts_ns) else 0.0
+            out.append(max(host, dev))
+    for t in sorted(items_by_token):
+        if t + 1 >= len(starts_ns):
             items = items_by_token[t]
-            out.append(sum(it.gap_us + it.dur_us for it in items) + tails_us.get(t, 0.0))
+            own = sum(it.gap_us + it.dur_us for it in items) + tails_us.get(t, 0.0)
+            out.append(max(own, float(np.median(out))) if out else own)
     return out
 
 

@@ -3,8 +3,10 @@ which token, and what was left outside them.
 
 **By NVTX range** (``--token-range NAME``; a name with ``*``/``?`` is a pattern): each outermost
 range of that name is a token (a range nested in another of the same name belongs to it). With no
-name given, a range is taken by itself when it repeats (two or more, none nested in another), holds
-at least half the unit's launch calls, and is outermost among such ranges; the report says so.
+name given, a range is taken by itself when it repeats (two or more, none nested in another) and
+holds at least half the unit's launch calls (calls that start inside it): of such ranges, the one
+that holds the most, then repeats the fewest times, then lasts longest (the outermost); the report
+says so.
 
 **By the period of the kernel sequence** (no range): the unit's kernels in launch order (the launch
 call's start where the trace links calls to kernels, else the kernel's start). A kernel name whose
@@ -156,14 +158,14 @@ def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
     for name, g in n.groupby("name", sort=False):
         if len(g) < 2 or len(_outermost(g)) != len(g):
             continue
-        held = sum(int(np.searchsorted(t, e, "right") - np.searchsorted(t, s, "left"))
+        held = sum(int(np.searchsorted(t, e, "left") - np.searchsorted(t, s, "left"))  # launches in [start, end)
                    for s, e in zip(g["start_ns"], g["end_ns"]))
         if held >= 0.5 * len(t):
-            good.append((name, g["start_ns"].min(), g["end_ns"].max(), held, len(g)))
+            good.append((name, held, len(g), int((g["end_ns"] - g["start_ns"]).sum())))
     if not good:
         return None
-    # the outermost of them: it holds the most launches, and of those it repeats the fewest times
-    good.sort(key=lambda x: (-x[3], x[4]))
+    # the outermost of them: it holds the most launches; of those, it repeats the fewest times and lasts longest
+    good.sort(key=lambda x: (-x[1], x[2], -x[3]))
     return str(good[0][0])
 
 
@@ -188,7 +190,7 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
     api = f[f["kind"].isin(("api", "nvtx", "sync"))]
     a_t = api["start_ns"].to_numpy()
     for i, (s, e) in enumerate(zip(starts, ends)):
-        inside = (a_t >= s) & (a_t <= e)
+        inside = (a_t >= s) & (a_t < e)  # a call that starts as the range ends is after it
         token.loc[api.index[inside]] = i
     _device_rows(f, token, starts, np.append(starts[1:], ends[-1] + max(int(np.median(ends - starts)), 1)))
     main_tid = int(pd.Series(tids).mode().iloc[0])
