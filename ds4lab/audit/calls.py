@@ -100,7 +100,7 @@ HOST_QUERY_APIS = frozenset({
     "cudaStreamGetId", "cudaStreamGetDevice", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
     "cudaGetFuncBySymbol", "cudaGetSymbolAddress", "cudaGetSymbolSize", "cudaThreadExchangeStreamCaptureMode",
     "cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority", "cudaEventCreate",
-    "cudaEventCreateWithFlags", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent",
+    "cudaEventCreateWithFlags", "cudaEventDestroy", "cuEventDestroy", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent",
     "cuCtxGetDevice", "cuCtxGetStreamPriorityRange", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetCount",
     "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuFuncGetAttribute", "cuFuncSetAttribute",
     "cuGetProcAddress", "cuDriverGetVersion", "cuPointerGetAttribute", "cuPointerGetAttributes",
@@ -238,20 +238,14 @@ def _classify(n, name, stream, event, copy_kind, host_memory, ctx: TokenContext)
                       (CUBLAS_CREATE_APIS, "cublas_create"), (CUBLAS_SETTINGS_APIS, "cublas_settings")):
         if n in apis:
             return key
-    if n in MALLOC_ASYNC_APIS:
-        return f"malloc_async@{ctx.rel(stream, n)}"
-    if n in FREE_ASYNC_APIS:
-        return f"free_async@{ctx.rel(stream, n)}"
-    if n in STREAM_SYNC_APIS:
-        return f"stream_sync@{ctx.rel(stream, n)}"
-    if n in STREAM_QUERY_APIS:
-        return f"stream_query@{ctx.rel(stream, n)}"
-    if n in EVENT_SYNC_APIS:
-        return f"event_sync.{ctx.origin(event, n)}"
-    if n in EVENT_QUERY_APIS:
-        return f"event_query.{ctx.origin(event, n)}"
-    if n in EVENT_ELAPSED_APIS:
-        return f"event_elapsed.{ctx.origin(event, n)}"
+    for apis, key in ((MALLOC_ASYNC_APIS, "malloc_async"), (FREE_ASYNC_APIS, "free_async"),
+                      (STREAM_SYNC_APIS, "stream_sync"), (STREAM_QUERY_APIS, "stream_query")):
+        if n in apis:
+            return f"{key}@{ctx.rel(stream, n)}"
+    for apis, key in ((EVENT_SYNC_APIS, "event_sync"), (EVENT_QUERY_APIS, "event_query"),
+                      (EVENT_ELAPSED_APIS, "event_elapsed")):
+        if n in apis:
+            return f"{key}.{ctx.origin(event, n)}"
     if n in EVENT_RECORD_APIS:
         rel = ctx.rel(stream, n)
         if rel == "capture":

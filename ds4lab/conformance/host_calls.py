@@ -8,14 +8,12 @@ from the rules these scenarios check (``ds4lab.sim.rules``); GUESS until the H20
 from __future__ import annotations
 
 from ..backends.base import HOST_QUERIES
-from .framework import MODES, N, _RT, Recorder, _buf, _capture, _replay, f32, scenario
-
-_INV = {"status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph"}
-_OK = {"status_in_capture": "active", "end_capture": "ok", "nodes": "kernel:tiny_addx1"}
+from .framework import (INTACT, MODES, N, _RT, Recorder, _buf, _capture, _replay, call_in_capture, f32,
+                        refused_unless_relaxed, scenario)
 
 
 @scenario("host-only queries (device, last error, attributes, occupancy, context) inside a capture", MODES,
-          expect={**{q: "ok" for q in HOST_QUERIES}, **_OK},
+          expect={**{q: "ok" for q in HOST_QUERIES}, **INTACT},
           source=f"{_RT} (these calls take no stream and enqueue nothing). GUESS (rule host_query): none is "
                  "refused or invalidates in any mode")
 def host_queries_in_capture(r: Recorder, mode: str) -> None:
@@ -35,7 +33,7 @@ def host_queries_in_capture(r: Recorder, mode: str) -> None:
 
 
 @scenario("cudaStreamIsCapturing of the capturing stream and of another stream", MODES,
-          expect={"is_capturing_s": "active", "is_capturing_other": "none", **_OK},
+          expect={"is_capturing_s": "active", "is_capturing_other": "none", **INTACT},
           source=f"{_RT}, cudaStreamIsCapturing (rule capture_status_query): legal during capture, returns the status")
 def stream_is_capturing_in_capture(r: Recorder, mode: str) -> None:
     """The call code makes to decide whether to skip work while capturing."""
@@ -53,15 +51,6 @@ def stream_is_capturing_in_capture(r: Recorder, mode: str) -> None:
     r.nodes("nodes", g)
 
 
-def _pre_capture_expect(step: str):
-    def expect(mode: str) -> dict:
-        if mode == "relaxed":
-            return {step: "ok", **_OK}
-        return {step: "cudaErrorStreamCaptureUnsupported", **_INV}
-
-    return expect
-
-
 _GUESS_EVENT = ("GUESS (rule unsafe_call): a query or synchronize of an event recorded outside the capture is a "
                 "potentially unsafe call for the capturing thread in global and thread-local mode, as measured for "
                 "another thread in global mode (H200, 2026-11-30); relaxed mode allows it")
@@ -69,30 +58,22 @@ _GUESS_EVENT = ("GUESS (rule unsafe_call): a query or synchronize of an event re
 
 def _pre_capture_event(r: Recorder, mode: str, step: str, call) -> None:
     be = r.be
-    s, other = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
+    other = be.new_stream(non_blocking=True)
     e = be.new_event()
-    x = _buf(r)
     r.call("record_before", be.event_record, other, e)
     be.synchronize()
-
-    def body():
-        r.add("add_before", x, s)
-        r.call(step, call, e)
-        r.note("status_in_capture", be.capture_status(s))
-
-    g = _capture(r, s, mode, body)
-    r.nodes("nodes", g)
+    call_in_capture(r, mode, step, call, e)
 
 
 @scenario("event query, on the capturing thread, of an event recorded before the capture", MODES,
-          expect=_pre_capture_expect("event_query"), source=_GUESS_EVENT)
+          expect=refused_unless_relaxed("event_query"), source=_GUESS_EVENT)
 def event_query_pre_capture_event(r: Recorder, mode: str) -> None:
     """cudaEventQuery of an eagerly recorded event while this thread captures (a profiler's check)."""
     _pre_capture_event(r, mode, "event_query", r.be.event_query)
 
 
 @scenario("event synchronize, on the capturing thread, of an event recorded before the capture", MODES,
-          expect=_pre_capture_expect("event_synchronize"), source=_GUESS_EVENT)
+          expect=refused_unless_relaxed("event_synchronize"), source=_GUESS_EVENT)
 def event_sync_pre_capture_event(r: Recorder, mode: str) -> None:
     """cudaEventSynchronize of an eagerly recorded event while this thread captures."""
     _pre_capture_event(r, mode, "event_synchronize", r.be.event_synchronize)
@@ -122,7 +103,7 @@ def wait_pre_capture_event(r: Recorder, mode: str) -> None:
 
 @scenario("a kernel and an event record on another non-blocking stream while a stream captures", MODES,
           expect={"add_other": "ok", "record_other": "ok", "x_after_capture": "2", "x_after_replay": "2",
-                  "y_after_replay": "2", **_OK},
+                  "y_after_replay": "2", **INTACT},
           source="PG 'Stream Capture' (rule uncaptured_stream): only work issued into a capturing stream, or one "
                  "joined to it, is captured; another stream runs its work at once")
 def other_stream_work_in_capture(r: Recorder, mode: str) -> None:
@@ -146,13 +127,8 @@ def other_stream_work_in_capture(r: Recorder, mode: str) -> None:
     r.value("y_after_replay", y)
 
 
-def _cublas_expect(mode: str) -> dict:
-    if mode == "relaxed":
-        return {"cublas_create": "ok", **_OK}
-    return {"cublas_create": "cublas:CUBLAS_STATUS_ALLOC_FAILED", **_INV}
-
-
-@scenario("cuBLAS handle creation (cublasCreate) inside a capture", MODES, expect=_cublas_expect,
+@scenario("cuBLAS handle creation (cublasCreate) inside a capture", MODES,
+          expect=refused_unless_relaxed("cublas_create", "cublas:CUBLAS_STATUS_ALLOC_FAILED"),
           source="cuBLAS library reference: cublasCreate allocates host and device resources; "
                  "CUBLAS_STATUS_ALLOC_FAILED 'is usually caused by a cudaMalloc() failure'. GUESS (rule "
                  "cublas_create): that allocation is refused as cudaMalloc is, invalidating the capture in global and "
@@ -160,24 +136,11 @@ def _cublas_expect(mode: str) -> dict:
 def cublas_create_in_capture(r: Recorder, mode: str) -> None:
     """A library handle made on first use, inside the captured region (what lazily initialized
     engines do on their first captured token)."""
-    be = r.be
-    s = be.new_stream(non_blocking=True)
-    x = _buf(r)
-    held = {}
-
-    def body():
-        r.add("add_before", x, s)
-        held["h"] = r.call("cublas_create", be.blas_create)
-        r.note("status_in_capture", be.capture_status(s))
-
-    g = _capture(r, s, mode, body)
-    r.nodes("nodes", g)
-    if held.get("h") is not None:
-        be.blas_destroy(held["h"])
+    call_in_capture(r, mode, "cublas_create", r.be.blas_create, release=r.be.blas_destroy)
 
 
 @scenario("cuBLAS stream and workspace set inside a capture (handle and workspace made before)", MODES,
-          expect={"cublas_create": "ok", "set_stream": "ok", "set_workspace": "ok", **_OK},
+          expect={"cublas_create": "ok", "set_stream": "ok", "set_workspace": "ok", **INTACT},
           source="cuBLAS library reference, 'CUDA Graphs Support' (a workspace set with cublasSetWorkspace avoids "
                  "allocation during capture). GUESS (rule cublas_settings): host-side settings, allowed in every mode")
 def cublas_workspace_in_capture(r: Recorder, mode: str) -> None:

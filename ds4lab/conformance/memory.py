@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..capture import stream as S
-from .framework import MODES, N, Recorder, _buf, _capture, _replay, f32, scenario
+from .framework import (MODES, N, Recorder, _buf, _capture, _replay, call_in_capture, f32, refused_unless_relaxed,
+                        scenario)
 
 _GUESS_ESCAPE = ("GUESS (rule legacy_escape): a synchronous cudaMemcpy runs on the legacy stream at once while a "
                  "non-blocking stream captures, and is not in the graph")
-_INV = {"status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph"}
-_OK = {"status_in_capture": "active", "end_capture": "ok", "nodes": "kernel:tiny_addx1"}
 
 
 def host_value(r: Recorder, step: str, arr: np.ndarray) -> None:
@@ -89,6 +88,27 @@ def pinned_copies(r: Recorder, mode: str) -> None:
     be.free_host(h_out)
 
 
+def _sync_copy(r: Recorder, mode: str, h2d: bool) -> None:
+    """A synchronous cudaMemcpy during a capture, then a replay: the copy's target as it was left by
+    the capture (``*_after_capture``) and after the replay (``*_after_replay``)."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    x = _buf(r, 0.0 if h2d else 3.0)
+    y = _buf(r, 1.0)
+    h = np.full(N, 6.0, dtype=f32) if h2d else np.zeros(N, dtype=f32)
+    copy = (lambda: be.memcpy_h2d_sync(x, h)) if h2d else (lambda: be.memcpy_d2h_sync(h, x))
+    g = _capture(r, s, mode, lambda: (r.call("memcpy_sync", copy), r.add("add_y", y, s)))
+    after = (lambda step: r.value(step, x)) if h2d else (lambda step: host_value(r, step, h))
+    after("x_after_capture" if h2d else "h_after_capture")
+    r.nodes("nodes", g)
+    if h2d:
+        r.fill("refill_x", x, 5.0, S.LEGACY_STREAM)
+    else:
+        h[:] = 0.0
+    _replay(r, g, s)
+    after("x_after_replay" if h2d else "h_after_replay")
+
+
 @scenario("synchronous cudaMemcpy host to device while a non-blocking stream captures", MODES,
           expect={"memcpy_sync": "ok", "end_capture": "ok", "nodes": "kernel:tiny_addx1", "x_after_capture": "6",
                   "x_after_replay": "5"},
@@ -96,17 +116,7 @@ def pinned_copies(r: Recorder, mode: str) -> None:
 def memcpy_sync_h2d_in_capture(r: Recorder, mode: str) -> None:
     """cudaMemcpy (host to device) during the capture: it runs now on the legacy stream; the
     replay does not copy again."""
-    be = r.be
-    s = be.new_stream(non_blocking=True)
-    x = _buf(r)
-    y = _buf(r, 1.0)
-    g = _capture(r, s, mode, lambda: (r.call("memcpy_sync", be.memcpy_h2d_sync, x, np.full(N, 6.0, dtype=f32)),
-                                      r.add("add_y", y, s)))
-    r.value("x_after_capture", x)
-    r.nodes("nodes", g)
-    r.fill("refill_x", x, 5.0, S.LEGACY_STREAM)
-    _replay(r, g, s)
-    r.value("x_after_replay", x)
+    _sync_copy(r, mode, h2d=True)
 
 
 @scenario("synchronous cudaMemcpy device to host while a non-blocking stream captures", MODES,
@@ -116,26 +126,7 @@ def memcpy_sync_h2d_in_capture(r: Recorder, mode: str) -> None:
 def memcpy_sync_d2h_in_capture(r: Recorder, mode: str) -> None:
     """cudaMemcpy (device to host) during the capture reads now, before any captured work ran; the
     replay does not read again."""
-    be = r.be
-    s = be.new_stream(non_blocking=True)
-    x = _buf(r, 3.0)
-    y = _buf(r, 1.0)
-    h = np.zeros(N, dtype=f32)
-    g = _capture(r, s, mode, lambda: (r.call("memcpy_sync", be.memcpy_d2h_sync, h, x), r.add("add_y", y, s)))
-    host_value(r, "h_after_capture", h)
-    r.nodes("nodes", g)
-    h[:] = 0.0
-    _replay(r, g, s)
-    host_value(r, "h_after_replay", h)
-
-
-def _unsafe_expect(step: str):
-    def expect(mode: str) -> dict:
-        if mode == "relaxed":
-            return {step: "ok", **_OK}
-        return {step: "cudaErrorStreamCaptureUnsupported", **_INV}
-
-    return expect
+    _sync_copy(r, mode, h2d=False)
 
 
 _GUESS_UNSAFE = ("GUESS (rule unsafe_host_call): potentially unsafe as cudaMalloc is (RT "
@@ -143,43 +134,16 @@ _GUESS_UNSAFE = ("GUESS (rule unsafe_host_call): potentially unsafe as cudaMallo
                  "allowed in relaxed")
 
 
-@scenario("pinned host allocation (cudaHostAlloc) inside a capture", MODES, expect=_unsafe_expect("host_alloc"),
+@scenario("pinned host allocation (cudaHostAlloc) inside a capture", MODES, expect=refused_unless_relaxed("host_alloc"),
           source=_GUESS_UNSAFE)
 def host_alloc_in_capture(r: Recorder, mode: str) -> None:
     """cudaHostAlloc while this thread captures."""
-    be = r.be
-    s = be.new_stream(non_blocking=True)
-    x = _buf(r)
-    held = {}
-
-    def body():
-        r.add("add_before", x, s)
-        held["h"] = r.call("host_alloc", be.host_alloc, (N,), f32)
-        r.note("status_in_capture", be.capture_status(s))
-
-    g = _capture(r, s, mode, body)
-    r.nodes("nodes", g)
-    if held.get("h") is not None:
-        be.free_host(held["h"])
+    call_in_capture(r, mode, "host_alloc", r.be.host_alloc, (N,), f32, release=r.be.free_host)
 
 
 @scenario("host memory registration (cudaHostRegister) inside a capture", MODES,
-          expect=_unsafe_expect("host_register"), source=_GUESS_UNSAFE)
+          expect=refused_unless_relaxed("host_register"), source=_GUESS_UNSAFE)
 def host_register_in_capture(r: Recorder, mode: str) -> None:
     """cudaHostRegister of an ordinary host array while this thread captures."""
-    be = r.be
-    s = be.new_stream(non_blocking=True)
-    x = _buf(r)
     h = np.zeros(N * 16, dtype=f32)  # 64 KiB: a whole number of pages on common page sizes
-    held = {}
-
-    def body():
-        r.add("add_before", x, s)
-        r.call("host_register", be.host_register, h)
-        held["registered"] = r.obs.get("host_register") == "ok"
-        r.note("status_in_capture", be.capture_status(s))
-
-    g = _capture(r, s, mode, body)
-    r.nodes("nodes", g)
-    if held.get("registered"):
-        be.host_unregister(h)
+    call_in_capture(r, mode, "host_register", r.be.host_register, h, release=lambda _: r.be.host_unregister(h))

@@ -69,8 +69,9 @@ RULES: dict[str, Rule] = {
         "(or the legacy stream while a blocking stream captures); other streams answer as outside capture"),
     "host_query": Rule(
         "a host-only call while a stream captures: cudaGetDevice, cudaGetLastError, cudaDeviceGetAttribute, "
-        "cudaFuncGetAttributes / cuFuncGetAttribute, occupancy queries, cuCtxGetCurrent, stream and event creation, "
-        "cudaEventElapsedTime of events recorded outside any capture", "returns", None, "-",
+        "cudaFuncGetAttributes / cuFuncGetAttribute, occupancy queries, cuCtxGetCurrent, stream and event creation "
+        "(and an event's destruction), cudaEventElapsedTime of events recorded outside any capture", "returns", None,
+        "-",
         "RT: these calls take no stream and enqueue no work; their reference pages name no stream-capture "
         "restriction. GUESS: none is a 'potentially unsafe' call in global or thread-local mode (conformance "
         "host_calls.host_queries_in_capture decides)"),
