@@ -50,6 +50,8 @@ def test_write_makes_every_file_with_its_columns(rng, tmp_path):
     malloc = audit[audit["name"] == "cudaMalloc"].iloc[0]
     assert (malloc["verdict_global"], malloc["verdict_relaxed"]) == ("invalidates", "allowed")
     assert malloc["where"] == "engine.py:88 grow_scratch" and "unsafe_call" in malloc["rule_source"]
+    sync = audit[audit["name"] == "cudaStreamSynchronize"].iloc[0]
+    assert not sync["rule_guess"] and "stream_sync_capturing" in sync["rule_source"]  # PG, measured: no GUESS
     tokens = pd.read_csv(tmp_path / "tokens.csv")
     assert len(tokens) == 6 and {"eager_us", "gpu_busy_us", "shape", "first_invalidating_global"} <= set(tokens)
     plans = pd.read_csv(tmp_path / "plans.csv")
@@ -88,6 +90,7 @@ def test_the_summary_leads_with_what_matters(rng):
     i_plans = text.index("plans: µs per token, MODELED")
     assert i_inv < i_frozen < i_plans and i_missing < i_frozen
     assert "engine.py:88 grow_scratch" in text and "token shape(s)" in text and "calibration" in text
+    assert "capturable spans (global mode" in text and "replay" in text and "(MODELED)" in text
 
 
 # ----------------------------------------------------------------------------- the job

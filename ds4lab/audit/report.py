@@ -129,12 +129,16 @@ def summary(reports, console, max_rows: int = 12) -> None:
                 for c in ("call", "class", *[m for m in r.modes], "where", "tokens", "count", "rule"):
                     t.add_column(c, overflow="fold")
                 for row in calls.head(max_rows).itertuples():
+                    rules = ", ".join(sorted({getattr(row, f"rule_{m}") for m in r.modes} - {""})) or "—"
                     t.add_row(row.name, row.call_class, *[_v(getattr(row, f"verdict_{m}")) for m in r.modes],
                               row.where or "—", row.token_range, str(row.count),
-                              ", ".join(sorted({getattr(row, f"rule_{m}") for m in r.modes} - {""})) or "—")
+                              rules + (" *" if getattr(row, "rule_guess", False) is True else ""))
                 console.print(t)
                 if len(calls) > max_rows:
                     console.print(f"  … {len(calls) - max_rows} more in audit.csv")
+                if (calls.get("rule_guess", pd.Series(dtype=bool)) == True).any():  # noqa: E712 - NaN rows
+                    console.print("  [dim]* the rule's source marks (part of) it GUESS: not yet checked on the H200 "
+                                  "(ds4lab conformance --backend cupy decides it)[/]")
             var = f[f["kind"] == "variation"]
             if len(var):
                 t = Table(title="frozen decisions (a graph captured from one token replays these wrong at others)",
@@ -149,6 +153,7 @@ def summary(reports, console, max_rows: int = 12) -> None:
                 console.print(f"  host data: {row.name} ({row.call_class}) × {row.count} at {row.where or '—'}: "
                               f"{row.fix}")
         console.print(f"  token shapes: a per-shape graph cache would hold {r.n_shapes} graph(s)")
+        _spans(r, console)
         _plans(r, console)
         for n in r.notes:
             console.print(f"  [dim]note: {n}[/]")
@@ -158,6 +163,21 @@ def _v(v: str) -> str:
     color = {INVALIDATES: "red", REFUSED: "dark_orange", NOT_IN_GRAPH: "magenta", NO_RULE: "bold",
              "frozen": "yellow"}.get(v)
     return f"[{color}]{v}[/]" if color else v
+
+
+def _spans(r, console, top: int = 3) -> None:
+    """The largest capturable spans of the first audited mode (all of them are in spans.csv)."""
+    sp = r.spans
+    if sp is None or sp.empty:
+        return
+    m = r.modes[0]
+    sp = sp[sp["mode"] == m]
+    console.print(f"  capturable spans ({m} mode, token {int(sp['token'].iloc[0]) if len(sp) else '?'}; "
+                  f"{len(sp)} in all, spans.csv):")
+    for row in sp.head(top).itertuples():
+        console.print(f"    {row.launches} launches, {row.first_kernel} … {row.last_kernel}: GPU {row.gpu_us:,.1f} µs "
+                      f"(measured), replay {row.replay_us:,.1f} µs (MODELED); from {row.broken_before} "
+                      f"to {row.broken_after}")
 
 
 def _plans(r, console) -> None:

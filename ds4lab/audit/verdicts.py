@@ -170,6 +170,7 @@ def findings(calls: pd.DataFrame, modes=CAPTURE_MODES) -> pd.DataFrame:
         row = {"kind": kind, "name": api, "call_class": klass or "(none)", "where": place, "count": len(g),
                "tokens": len(toks), "token_range": compact_ranges(toks), "severity": worst,
                "rule_source": " | ".join(f"{k}: {RULES[k].source}" for k in rule_keys),
+               "rule_guess": any("GUESS" in RULES[k].source for k in rule_keys),
                "fix": fix_for(klass or None), "first_row": int(first["row"])}
         for m in modes:
             row[f"verdict_{m}"] = first[f"verdict_{m}"]
