@@ -367,3 +367,57 @@ def test_a_trace_without_api_calls_is_audited_from_its_device_rows(rng):
     f = r.findings
     assert list(f.loc[f["call_class"] == "kernel@legacy", "count"]) == [4]
     assert isinstance(r.plans, pd.DataFrame) and not r.plans.empty
+
+
+def test_every_probe_is_decided_by_a_rule_of_the_table():
+    """No call class the audit knows is allowed without a rule: each probe, in each mode, fires at
+    least one rule of ``ds4lab.sim.rules.RULES`` and its verdict follows from it."""
+    from ds4lab.audit.probes import PROBES, probe
+    from ds4lab.sim.rules import RULES
+
+    for key in PROBES:
+        for mode in ("global", "thread_local", "relaxed"):
+            p = probe(key, mode)
+            assert p.rules and set(p.rules) <= set(RULES) and p.verdict != NR, (key, mode, p)
+            if p.error:
+                assert RULES[p.rule].error == p.error, (key, mode)
+
+
+def test_every_probe_is_reachable_from_a_trace_row():
+    """Each probe's call class is what :func:`classify` gives some API row (so no probe is dead)."""
+    from ds4lab.audit.calls import TokenContext, classify
+    from ds4lab.audit.probes import PROBES
+
+    def ctx():
+        return TokenContext(capture=7, legacy=frozenset({0}), main_tid=1)
+
+    got = set()
+    for name, stream, tid, event, ck, hm in (
+            ("cudaLaunchKernel", s, 1, -1, "", "") for s in (7, 0, 9)):
+        got.add(classify(name, stream, tid, event, ck, hm, ctx()))
+    rows = [("cudaGraphLaunch", s, 1, -1, "", "") for s in (7, 0, 9)]
+    rows += [("cudaMemsetAsync", s, 1, -1, "", "") for s in (7, 0, 9)] + [("cudaMemset", -1, 1, -1, "", "")]
+    rows += [("cudaMemcpyAsync", 7, 1, -1, k, m) for k in ("HtoD", "DtoH") for m in ("pageable", "pinned")]
+    rows += [("cudaMemcpyAsync", 7, 1, -1, "DtoD", ""), ("cudaMemcpyAsync", 0, 1, -1, "HtoD", "pinned"),
+             ("cudaMemcpyAsync", 9, 1, -1, "HtoD", "pinned")]
+    rows += [("cudaMemcpy", -1, 1, -1, k, "pageable") for k in ("HtoD", "DtoH", "DtoD")]
+    rows += [(n, -1, t, -1, "", "") for n in ("cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaFreeHost",
+                                                "cudaHostRegister", "cudaHostUnregister", "cublasCreate_v2")
+             for t in (1, 2)]
+    rows += [(n, s, 1, -1, "", "") for n in ("cudaMallocAsync", "cudaFreeAsync", "cudaStreamSynchronize",
+                                              "cudaStreamQuery") for s in (7, 0, 9)]
+    rows += [(n, -1, t, 77, "", "") for n in ("cudaEventSynchronize", "cudaEventQuery") for t in (1, 2)]
+    rows += [("cudaEventElapsedTime", -1, 1, 77, "", ""), ("cudaDeviceSynchronize", -1, 1, -1, "", ""),
+             ("cudaStreamIsCapturing", 7, 1, -1, "", ""), ("cudaGetDevice", -1, 1, -1, "", ""),
+             ("cublasSetStream_v2", -1, 1, -1, "", "")]
+    rows += [("cudaEventRecord", s, 1, 5, "", "") for s in (7, 0, 9)]
+    for row in rows:
+        got.add(classify(*row, ctx()))
+    for tail in (("cudaEventSynchronize", -1), ("cudaEventQuery", -1), ("cudaEventElapsedTime", -1),
+                 ("cudaStreamWaitEvent", 7), ("cudaStreamWaitEvent", 9), ("cudaStreamWaitEvent", 0)):
+        c = ctx()
+        classify("cudaEventRecord", 7, 1, 5, "", "", c)  # recorded in the token on the capture stream
+        got.add(classify(tail[0], tail[1], 1, 5, "", "", c))
+    got.add(classify("cudaStreamWaitEvent", 7, 1, 77, "", "", ctx()))
+    got.add(classify("cudaStreamWaitEvent", 9, 1, 77, "", "", ctx()))
+    assert set(PROBES) <= got, sorted(set(PROBES) - got)
