@@ -2,8 +2,8 @@
 
 Both the ``cupy`` backend (translating real CUDA and CuPy errors) and the ``sim`` backend
 (raising them by CUDA's rules) raise these, so a scenario or a stage reads the same error name
-on either: ``err.name`` is the CUDA error enum name (``cudaErrorStreamCaptureUnsupported``) or a
-CuPy label (``cupy:D2HDisallowed``).
+on either: ``err.name`` is the CUDA error enum name (``cudaErrorStreamCaptureUnsupported``), a
+CuPy label (``cupy:D2HDisallowed``) or a CUDA library's status (``cublas:CUBLAS_STATUS_ALLOC_FAILED``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,13 @@ CAPTURE_ERRORS = (
 #: CuPy-level refusals (not CUDA's): CuPy checks these itself before calling CUDA.
 CUPY_ERRORS = ("cupy:D2HDisallowed", "cupy:CublasInCapture")
 
+#: CUDA library statuses the capture rules speak of (cuBLAS library reference, cublasStatus_t).
+LIBRARY_ERRORS = ("cublas:CUBLAS_STATUS_ALLOC_FAILED", "cublas:CUBLAS_STATUS_NOT_INITIALIZED")
+
 
 class RuntimeApiError(RuntimeError):
-    """A runtime-API call failed. ``name`` is the CUDA error name or a ``cupy:`` label."""
+    """A runtime-API call failed. ``name`` is the CUDA error name, a ``cupy:`` label or a library status
+    (``cublas:CUBLAS_STATUS_...``)."""
 
     def __init__(self, name: str, call: str, detail: str = "") -> None:
         self.name = name
@@ -43,8 +47,9 @@ class RuntimeApiError(RuntimeError):
 
     @property
     def source(self) -> str:
-        """``"cuda"`` or ``"cupy"``: who refused."""
-        return "cupy" if self.name.startswith("cupy:") else "cuda"
+        """``"cuda"``, ``"cupy"`` or the library (``"cublas"``): who refused."""
+        head = self.name.split(":", 1)[0] if ":" in self.name else ""
+        return head if head in ("cupy", "cublas") else "cuda"
 
 
 class CudaError(RuntimeApiError):
@@ -53,6 +58,11 @@ class CudaError(RuntimeApiError):
 
 class CupyRefusal(RuntimeApiError):
     """CuPy refused the call itself (device-to-host read or cuBLAS during capture)."""
+
+
+class LibraryError(RuntimeApiError):
+    """A CUDA library call failed with the library's own status (cuBLAS: ``cublas:CUBLAS_STATUS_*``,
+    the ``cublasStatus_t`` name from the cuBLAS library reference)."""
 
 
 # ----------------------------------------------------------------------------- job outcomes

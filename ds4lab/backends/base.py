@@ -205,6 +205,58 @@ class RuntimeApi(abc.ABC):
         """``cudaFreeAsync`` on ``stream``."""
 
     @abc.abstractmethod
+    def copy_d2h(self, stream: Any, dst: np.ndarray, src: Any) -> None:
+        """``cudaMemcpyAsync`` device to host on ``stream``, into the host array ``dst`` (pageable, or
+        pinned when it comes from :meth:`host_alloc`); completes when ``stream`` is synchronized."""
+
+    @abc.abstractmethod
+    def memcpy_h2d_sync(self, dst: Any, src: np.ndarray) -> None:
+        """``cudaMemcpy`` host to device: synchronous, on the legacy stream whatever the accessor says."""
+
+    @abc.abstractmethod
+    def memcpy_d2h_sync(self, dst: np.ndarray, src: Any) -> None:
+        """``cudaMemcpy`` device to host into ``dst``: synchronous, on the legacy stream."""
+
+    @abc.abstractmethod
+    def host_alloc(self, shape, dtype) -> np.ndarray:
+        """``cudaHostAlloc`` (pinned host memory) as a NumPy array; free it with :meth:`free_host`."""
+
+    @abc.abstractmethod
+    def free_host(self, arr: np.ndarray) -> None:
+        """``cudaFreeHost`` of an array from :meth:`host_alloc`."""
+
+    @abc.abstractmethod
+    def host_register(self, arr: np.ndarray) -> None:
+        """``cudaHostRegister`` of a host array's memory (page-locks it)."""
+
+    @abc.abstractmethod
+    def host_unregister(self, arr: np.ndarray) -> None:
+        """``cudaHostUnregister`` of memory registered with :meth:`host_register`."""
+
+    @abc.abstractmethod
+    def host_query(self, name: str) -> Any:
+        """One host-only runtime or driver query by its API name (one of
+        :data:`ds4lab.backends.base.HOST_QUERIES`): no stream work. Returns the answer; raises
+        ValueError for another name, CudaError for a failed call."""
+
+    @abc.abstractmethod
+    def blas_create(self) -> Any:
+        """``cublasCreate``: a cuBLAS handle. Raises :class:`ds4lab.errors.LibraryError`
+        (``cublas:<status>``) when cuBLAS refuses."""
+
+    @abc.abstractmethod
+    def blas_destroy(self, handle: Any) -> None:
+        """``cublasDestroy``."""
+
+    @abc.abstractmethod
+    def blas_set_workspace(self, handle: Any, buf: Any) -> None:
+        """``cublasSetWorkspace``: the handle's workspace is ``buf`` (device memory made beforehand)."""
+
+    @abc.abstractmethod
+    def blas_set_stream(self, handle: Any, stream: Any) -> None:
+        """``cublasSetStream``."""
+
+    @abc.abstractmethod
     def read(self, buf: Any) -> np.ndarray:
         """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous,
         refused by CuPy while the current stream captures."""
@@ -317,6 +369,12 @@ class DeviceClock(abc.ABC):
     def globaltimer_steps(self, n: int) -> np.ndarray:
         """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64) from
         ``kernels/timestamp.cu:globaltimer_probe``."""
+
+
+#: The host-only queries :meth:`RuntimeApi.host_query` makes, by API name (CUDA Runtime API "Device
+#: Management", "Error Handling"; CUDA Driver API "Context Management", "Execution Control", "Occupancy").
+HOST_QUERIES = ("cudaGetDevice", "cudaGetLastError", "cudaDeviceGetAttribute", "cuFuncGetAttribute",
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuCtxGetCurrent")
 
 
 #: The name most of the code uses for "a backend": every backend is an :class:`Executor`.

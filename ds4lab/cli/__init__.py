@@ -236,12 +236,14 @@ def presets() -> None:
 
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
-    from . import ingest as cli_ingest, moe as cli_moe, notebooks as cli_notebooks, trace as cli_trace
+    from . import audit as cli_audit, ingest as cli_ingest, moe as cli_moe, notebooks as cli_notebooks
+    from . import trace as cli_trace
 
     cli_ingest.register(main)
     cli_trace.register(main)
     cli_moe.register(main)
     cli_notebooks.register(main)
+    cli_audit.register(main)
 
 
 _register_extensions()

@@ -9,6 +9,13 @@ import click
 from ..token.config import PRESETS
 
 
+def _token_hazards():
+    """The token hazards of ``ds4lab ladder --hazard`` (what ``--hazard`` takes)."""
+    from ..experiments.hazards import HAZARDS
+
+    return HAZARDS
+
+
 def register(main: click.Group) -> None:
     """Add ``trace`` to the ``ds4lab`` group."""
     main.add_command(trace_cmd)
@@ -19,14 +26,19 @@ def register(main: click.Group) -> None:
               help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Default: ds4-flash on a GPU, tiny on the sim.")
-@click.option("--stages", default="0,3", show_default=True, help="Comma-separated stages, one trace process each.")
+@click.option("--stages", default=None,
+              help="Comma-separated stages, one trace process each. Default: 0,3; with --hazard: 0s (stage 0 with "
+                   "the accessor's stream set, so that work bypassing it shows on the legacy stream).")
 @click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
               help="Tokens traced per stage (after warm-up).")
 @click.option("--warmup", type=click.IntRange(min=1), default=3, show_default=True,
               help="Untraced tokens per stage first (the captured stages capture their graphs there).")
+@click.option("--hazard", type=click.Choice(list(_token_hazards())), default=None,
+              help="Trace a ds4-today path of `ds4lab ladder --hazard` (its token options applied), for "
+                   "`ds4lab audit` to find: the routed-MoE hazards trace the hazard's own 2-token MoE step.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/trace-<preset>-<backend>.")
-def trace_cmd(backend, preset, stages, tokens, warmup, out) -> None:
+def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     """One decode token's timeline per stage as a Chrome/Perfetto trace (trace.json).
 
     Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's
@@ -46,7 +58,8 @@ def trace_cmd(backend, preset, stages, tokens, warmup, out) -> None:
     from .support import invoke
     from ..report.trace_export import TraceConfig
 
-    res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out), backend)
+    res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out,
+                                      hazard=hazard), backend)
     for p in res.files:
         click.echo(f"wrote {p}")
     if res.meta.get("modeled"):

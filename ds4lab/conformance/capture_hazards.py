@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..capture import stream as S
-from .framework import MODES, N, Recorder, _buf, _capture, f32, _replay, scenario
+from .framework import MODES, N, Recorder, _buf, _capture, call_in_capture, f32, _replay, scenario
 
 
 # ----------------------------------------------------------------------------- the hazard table
@@ -74,20 +74,7 @@ def legacy_kernel_blocking_capture(r: Recorder) -> None:
 def malloc_in_capture(r: Recorder, mode: str) -> None:
     """cudaMalloc during capture: refused in global and thread-local mode (the capture is
     invalidated), allowed in relaxed mode."""
-    be = r.be
-    s = be.new_stream(non_blocking=True)
-    x = _buf(r, 1.0)
-    holder = {}
-
-    def body():
-        r.add("add_before", x, s)
-        holder["m"] = r.call("malloc", be.malloc, (N,), f32)
-        r.note("status_in_capture", be.capture_status(s))
-
-    g = _capture(r, s, mode, body)
-    r.nodes("nodes", g)
-    if holder.get("m") is not None:
-        be.free(holder["m"])
+    call_in_capture(r, mode, "malloc", r.be.malloc, (N,), f32, release=r.be.free)
 
 
 @scenario("stream-ordered allocation inside capture (cudaMallocAsync)", MODES)

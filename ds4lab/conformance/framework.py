@@ -190,6 +190,45 @@ def _launch_once(r: Recorder, ex, stream, times: int = 1, tag: str = "") -> None
 
 
 
+#: What a capture that a call invalidated records; what an intact one with one kernel records.
+INVALIDATED = {"status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated",
+               "nodes": "no graph"}
+INTACT = {"status_in_capture": "active", "end_capture": "ok", "nodes": "kernel:tiny_addx1"}
+
+
+def refused_unless_relaxed(step: str, error: str = "cudaErrorStreamCaptureUnsupported"):
+    """The ``expect`` of a potentially unsafe call (RT cudaThreadExchangeStreamCaptureMode): in global and
+    thread-local mode step ``step`` fails with ``error`` and the capture is invalidated; relaxed mode
+    allows it and the capture goes on."""
+    def expect(mode: str) -> dict:
+        if mode == "relaxed":
+            return {step: "ok", **INTACT}
+        return {step: error, **INVALIDATED}
+
+    return expect
+
+
+def call_in_capture(r: Recorder, mode: str, step: str, fn, *args, release=None):
+    """One kernel, then ``fn(*args)`` as step ``step`` while a non-blocking stream captures in ``mode``,
+    then the capture's status (step ``status_in_capture``) and the graph's nodes (``nodes``); after the
+    capture, ``release(result)`` when the call succeeded (free what it made). Returns the result."""
+    be = r.be
+    s = be.new_stream(non_blocking=True)
+    x = _buf(r, 1.0)
+    held = {}
+
+    def body():
+        r.add("add_before", x, s)
+        held["r"] = r.call(step, fn, *args)
+        r.note("status_in_capture", be.capture_status(s))
+
+    g = _capture(r, s, mode, body)
+    r.nodes("nodes", g)
+    if release is not None and r.obs.get(step) == "ok":
+        release(held["r"])
+    return held.get("r")
+
+
 def _other_thread(fn):
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("r", fn()))

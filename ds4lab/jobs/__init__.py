@@ -18,6 +18,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``calibrate``   the sim's cost-model parameters
 ``bench``       launch-layer cost, MoE bandwidth, graph replay cost (GPU)
 ``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
+``audit``       what capture would refuse, break or miss in any engine's traced decode step
 ==============  ===========================================================================
 """
 
@@ -60,6 +61,7 @@ JOBS = {
                                               needed=lambda c: c.moe_profile is None)),
     "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
     "trace": ("trace", BackendRequest(timing_only=True)),
+    "audit": ("audit", BackendRequest(needed=False)),
 }
 
 

@@ -79,7 +79,16 @@ class TraceConfig:
     Attributes:
         preset: model dimensions (``ds4lab.token.config.PRESETS``); None: the job's default
             (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, tiny on the sim).
-        stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each.
+        stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each;
+            None: ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a
+            capture runs it: work that bypasses the accessor then shows on the legacy stream).
+        hazard: a token hazard of ``ds4lab ladder --hazard`` (:data:`ds4lab.experiments.hazards.HAZARDS`)
+            whose ds4-today path the traced tokens take (its ``TokenOptions`` over each stage's), so that
+            ``ds4lab audit`` of the trace reports it. The routed-MoE hazards (``steps`` ``moe``:
+            sync-memset, alloc-in-capture, host-timed-profile) trace the hazard's own step, as ``ladder
+            --hazard`` demonstrates it: the router and routed MoE of the first top-k layer for 2 tokens
+            (multi-token-prediction verification), inside a ``token`` NVTX range; their warm-up runs decode
+            tokens, so scratch grown on demand grows in the first traced step. None: no hazard.
         tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages
             capture their graphs there).
         warmup: untraced tokens per stage before the traced ones.
@@ -88,11 +97,12 @@ class TraceConfig:
     """
 
     preset: str | None = None
-    stages: str = "0,3"
+    stages: str | None = None
     tokens: int = 2
     warmup: int = 3
     out: Path | None = None
     capture_mode: str = "thread_local"
+    hazard: str | None = None
 
 
 @dataclass
@@ -308,12 +318,17 @@ def check_config(config: TraceConfig) -> list:
     """The stages of ``config`` after checking it before any work (no backend needed).
 
     Raises:
-        TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``.
+        TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``, a hazard
+            that is not a token hazard of ``ladder --hazard``.
     """
+    from ..experiments.hazards import HAZARD_SETS
     from ..experiments.stages import StageInputError, parse_stages
 
+    if config.hazard is not None and config.hazard not in HAZARD_SETS["all"]:
+        raise TraceError(f"--hazard {config.hazard}: choose one of {', '.join(HAZARD_SETS['all'])} (the token "
+                         "hazards of ds4lab ladder --hazard; the long-context ones are not traced)")
     try:
-        st_list = parse_stages(config.stages)
+        st_list = parse_stages(stages_of(config))
     except StageInputError as e:
         raise TraceError(str(e)) from None
     if config.tokens < 1 or config.warmup < 1:
@@ -323,6 +338,13 @@ def check_config(config: TraceConfig) -> list:
 
     check_out_option(config.out)
     return st_list
+
+
+def stages_of(config: TraceConfig) -> str:
+    """The stages ``config`` traces (see :class:`TraceConfig`)."""
+    if config.stages is not None:
+        return config.stages
+    return "0s" if config.hazard else "0,3"
 
 
 def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
@@ -350,7 +372,7 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     meta = provenance.base_meta(be)
     modeled = bool(be.models_time)
     meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
-                warmup=config.warmup, capture_mode=config.capture_mode, modeled=modeled,
+                warmup=config.warmup, capture_mode=config.capture_mode, modeled=modeled, hazard=config.hazard,
                 kernel_source="modeled schedule (sim cost model)" if modeled else "CUPTI activity records",
                 api_source=("the sim backend's call log (modeled host clock)" if modeled
                             else "CUPTI runtime, driver, synchronization, CUDA event and stream records"),
@@ -369,9 +391,12 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
 
 def _trace(be, cfg, st_list, config, src, say, meta):
     from ..capture.annotate import NullAnnotator
+    from ..experiments.hazards import HAZARDS
     from ..token.model import DecodeModel, TokenOptions
 
-    base = TokenOptions(vocab=True)  # the ladder's token: with the vocabulary projection
+    hz = HAZARDS[config.hazard] if config.hazard else None
+    # the ladder's token: with the vocabulary projection; a hazard's path from the model's build on
+    base = TokenOptions(vocab=True, **(hz.options if hz else {}))
     model = DecodeModel(cfg, be, base)
     rec = RecordingAnnotator(src.clock_ns, inner=None if isinstance(model.L.annotator, NullAnnotator)
                              else model.L.annotator)
@@ -394,9 +419,15 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
         src.start()
     except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
         raise TraceError(f"the kernel record source did not start ({type(e).__name__}: {e}); nothing traced") from e
+    from ..experiments.hazards import HAZARDS
+    from ..token.model import TokenOptions
+
+    traced = _hazard_step(config.hazard, model) if config.hazard else None
     try:
         for st in st_list:
             run = StageRun(model, st, base, mode=config.capture_mode)
+            if config.hazard:  # the hazard's path over the stage's own options
+                run.opts = TokenOptions(**{**run.opts.summary(), **HAZARDS[config.hazard].options})
             run.activate()
             if hasattr(src, "note_stream"):
                 src.note_stream(run.stream)
@@ -411,7 +442,10 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
             first = pos
             with model.L.recording() as launched:  # the traced tokens' own launches: their scalar arguments
                 for _ in range(config.tokens):
-                    run.token(pos)
+                    if traced is not None:
+                        traced(run, pos)
+                    else:
+                        run.token(pos)
                     pos += 1
             be.synchronize()
             rec.recording = False
@@ -502,6 +536,38 @@ def _opt(v):
     return v
 
 
+def _hazard_step(name: str, model):
+    """The traced step of a routed-MoE hazard (see :class:`TraceConfig`), or None for a token hazard:
+    ``step(run, pos)`` runs the router and routed MoE of the first top-k layer for 2 tokens on the
+    stage's stream, inside a ``token`` NVTX range (its input written from the host first, as
+    ``ladder --hazard`` does)."""
+    import contextlib
+
+    import numpy as np
+
+    from ..experiments.hazards import HAZARDS
+
+    if HAZARDS[name].steps != "moe":
+        return None
+    be, cfg, L = model.be, model.cfg, model.L
+    layer = min(cfg.n_hash_layers, model.n_layers - 1)
+    x = be.zeros((2, cfg.embed), np.float32)
+    rng = np.random.default_rng(11)
+
+    def step(run, pos: int) -> None:
+        scope = S.stream_override(run.stream) if run.stage.nonblocking else contextlib.nullcontext()
+        with scope, L.range("token", "token", pos):
+            be.copy_h2d(S.current_stream(), x, rng.standard_normal((2, cfg.embed)).astype(np.float32))
+
+            def cluster():
+                model.router(layer, x, 2)
+                model.routed_moe(layer, x, 2)
+
+            model.run_cluster("moe", layer, 2, None, cluster, inputs=(x,))
+
+    return step
+
+
 def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> dict:
     """The Trace Event JSON object (see the module docstring) of a trace's tables: one process per
     stage (pid 1, 2, ... in the order of ``meta["stages"]``), a host thread with the NVTX ranges, a
@@ -563,7 +629,7 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.Dat
                        "pid": pid, "tid": tids[r.stream], "args": args})
     other = {k: meta.get(k) for k in ("ds4lab", "git_revision", "timestamp", "backend", "device", "driver", "cupy",
                                       "modeled", "calibration", "kernel_source", "nvtx_source", "api_source", "stages",
-                                      "tokens", "clock_offset_ns", "sites_matched") if k in meta}
+                                      "tokens", "clock_offset_ns", "sites_matched", "hazard") if k in meta}
     other["preset"] = meta.get("preset", {}).get("name") if isinstance(meta.get("preset"), dict) else meta.get("preset")
     other["provenance"] = tag
     return {"otherData": other, "displayTimeUnit": "ns", "traceEvents": ev}

@@ -28,6 +28,7 @@ from ..errors import CudaError
 from ..capture.stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration
 from .memory import Arena, ArenaError, aligned, phantom
+from .host_api import HostApiMixin
 from .runtime import MODES, RULES, Graph, GraphExec, Runtime, SimEvent, SimStream
 
 
@@ -69,7 +70,7 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
     return out
 
 
-class SimBackend(Executor, RuntimeApi, ModeledTime):
+class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
     """A modeled GPU on the CPU (see module docstring).
 
     Args:
@@ -85,7 +86,9 @@ class SimBackend(Executor, RuntimeApi, ModeledTime):
     Beyond :class:`~ds4lab.backends.base.Backend`: :meth:`per_thread_stream`,
     :meth:`exchange_capture_mode`, :meth:`capture_info`, :meth:`address`, :attr:`host_time_us`,
     :attr:`timeline`, :meth:`stream_ready_us`, :meth:`reset_clock`, :attr:`escapes`,
-    :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`.
+    :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`, :meth:`is_pinned`; the
+    host-side calls (copies to and from host memory, pinned memory, host queries, cuBLAS handles)
+    come from :class:`~ds4lab.sim.host_api.HostApiMixin`.
     """
 
     name = "sim"

@@ -66,13 +66,16 @@ class Calibration:
     path: str | None = None
 
     @classmethod
-    def load(cls, src: str | Path | dict | None = None) -> "Calibration":
-        """From a JSON path, a dict with the schema's keys, or None (the default file).
+    def load(cls, src: "str | Path | dict | Calibration | None" = None) -> "Calibration":
+        """From a JSON path, a dict with the schema's keys, None (the default file), or a
+        :class:`Calibration` already loaded (returned as it is: checked when it was loaded).
 
         Raises:
             CalibrationError (a ValueError): the file cannot be read, or a field breaks
                 :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path).
         """
+        if isinstance(src, Calibration):
+            return src
         path = None
         if src is None:
             src = default_calibration_path()

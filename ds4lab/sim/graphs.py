@@ -302,6 +302,8 @@ class Graphs:
                 self.rt.escapes.append((call, f"graph {ge.graph.id}"))
             if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
                 return
+            if self.rt.live:
+                self.rt._applied("legacy_escape" if s is self.rt.legacy else "uncaptured_stream", call)
             if ge.unfreed:
                 if not ge.flags & FLAG_AUTO_FREE_ON_LAUNCH:
                     self.rt._fail("graph_launch_unfreed", call, (), f"{len(ge.unfreed)} allocation(s) of the previous "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..errors import CudaError, CupyRefusal
+from ..errors import CudaError, CupyRefusal, LibraryError
 
 #: Capture modes, as ``Backend.begin_capture`` names them (cudaStreamCaptureMode*).
 from ..capture.stream import CAPTURE_MODES as MODES  # defined once
@@ -18,7 +18,7 @@ class Rule(NamedTuple):
     """One rule of stream capture: when it applies and what the simulator does."""
 
     when: str
-    outcome: str  # "node", "marks", "joins", "escapes", "raises", "returns", "drops"
+    outcome: str  # "node", "marks", "joins", "escapes", "raises", "returns", "drops", "frees", "updates"
     error: str | None  # CUDA error name or "cupy:" label raised (None: no error)
     invalidates: str  # which capture sequences become invalidated
     source: str
@@ -34,7 +34,9 @@ RULES: dict[str, Rule] = {
         "kernel, cudaMemsetAsync, cudaMemcpyAsync, cudaMallocAsync/cudaFreeAsync or cudaGraphLaunch on a "
         "capturing stream", "node", None, "-",
         "PG 'Stream Capture': work launched into a capturing stream is appended to the capture graph, not "
-        "executed; facts rows memsetAsync and mallocAsync/freeAsync ('yes (memory nodes)')"),
+        "executed; facts rows memsetAsync and mallocAsync/freeAsync ('yes (memory nodes)'); H200 conformance "
+        "2026-11-30 (h2d_pageable_in_capture): cudaMemcpyAsync from pageable host memory → one memcpy node. "
+        "GUESS: device-to-host into pageable memory alike (conformance memory.d2h_async_pageable decides)"),
     "capture_event_record": Rule(
         "cudaEventRecord on a capturing stream", "marks", None, "-",
         "PG 'Cross-stream Dependencies and Events': a captured event represents a set of nodes; facts row "
@@ -48,10 +50,38 @@ RULES: dict[str, Rule] = {
         "PG 'Cross-stream Dependencies and Events' (join back to the origin stream)"),
     # --- work that escapes the graph
     "legacy_escape": Rule(
-        "kernel or synchronous cudaMemset on the legacy stream while only non-blocking streams capture",
-        "escapes", None, "-",
+        "kernel, synchronous cudaMemset or cudaMemcpy, or other work or an event record on the legacy stream while "
+        "only non-blocking streams capture", "escapes", None, "-",
         "facts rows 'synchronous memset (legacy stream)' and 'kernel on the legacy (null) stream': ran once at "
-        "capture time, not in the graph"),
+        "capture time, not in the graph. GUESS: synchronous cudaMemcpy (host to device and device to host), "
+        "copies, stream-ordered allocations and event records on the legacy stream alike (conformance "
+        "memory.memcpy_sync_*_in_capture decide the copies)"),
+    "uncaptured_stream": Rule(
+        "work (kernel, memset, copy, stream-ordered allocation) or an event record on a stream that is neither "
+        "capturing nor the legacy stream, while another stream captures", "escapes", None, "-",
+        "PG 'Stream Capture': only work issued into a capturing stream, or into a stream joined to its capture "
+        "through an event, is captured; every other stream executes its work as it would outside capture (runs "
+        "now, not in any graph)"),
+    "uncaptured_sync": Rule(
+        "cudaStreamSynchronize, cudaStreamQuery or cudaStreamWaitEvent (on an event recorded outside any capture) "
+        "of a stream that is not in any capture, while another (non-blocking) stream captures", "returns", None, "-",
+        "PG 'Prohibited and Unhandled Operations': it is invalid to synchronize or query a stream being captured "
+        "(or the legacy stream while a blocking stream captures); other streams answer as outside capture"),
+    "host_query": Rule(
+        "a host-only call while a stream captures: cudaGetDevice, cudaGetLastError, cudaDeviceGetAttribute, "
+        "cudaFuncGetAttributes / cuFuncGetAttribute, occupancy queries, cuCtxGetCurrent, stream and event creation "
+        "(and an event's destruction), cudaEventElapsedTime of events recorded outside any capture", "returns", None,
+        "-",
+        "RT: these calls take no stream and enqueue no work; their reference pages name no stream-capture "
+        "restriction. GUESS: none is a 'potentially unsafe' call in global or thread-local mode (conformance "
+        "host_calls.host_queries_in_capture decides)"),
+    "capture_status_query": Rule(
+        "cudaStreamIsCapturing / cudaStreamGetCaptureInfo of a stream, capturing or not, while a capture is live",
+        "returns", None, "-",
+        "RT cudaStreamIsCapturing, cudaStreamGetCaptureInfo: the way code asks whether a stream captures (to skip "
+        "work); returns the status, does not invalidate. On the legacy stream while a blocking stream captures RT "
+        "documents cudaErrorStreamCaptureImplicit instead: not modelled here (the audit's capture stream is "
+        "non-blocking)"),
     # --- refusals
     "legacy_implicit": Rule(
         "any use of the legacy stream (enqueue, record, wait, query, synchronize, synchronous memset/copy) "
@@ -71,6 +101,26 @@ RULES: dict[str, Rule] = {
         "cudaEventSynchronize of an event recorded on the legacy stream before a blocking stream's capture are "
         "refused so (and invalidate) in global and thread-local mode, allowed in relaxed mode. GUESS: cudaFree "
         "and pool growth are 'unsafe'; other threads' captures invalidated"),
+    "unsafe_host_call": Rule(
+        "cudaHostAlloc / cudaMallocHost / cudaFreeHost / cudaHostRegister / cudaHostUnregister by a thread that has "
+        "a global/thread-local capture, or, while its interaction mode is global, while another thread has a global "
+        "capture", "raises", "cudaErrorStreamCaptureUnsupported", "the captures that prohibit the call",
+        "RT cudaThreadExchangeStreamCaptureMode ('potentially unsafe API calls'; cudaMalloc is the example it "
+        "gives). GUESS: allocating and registering host memory is unsafe as cudaMalloc is: refused and "
+        "invalidating in global and thread-local mode, allowed in relaxed (conformance "
+        "memory.host_alloc_in_capture and memory.host_register_in_capture decide)"),
+    "cublas_create": Rule(
+        "cublasCreate by a thread whose capture (global/thread-local), or another thread's global capture, "
+        "prohibits unsafe calls", "raises", "cublas:CUBLAS_STATUS_ALLOC_FAILED", "the captures that prohibit the call",
+        "cuBLAS library reference: cublasCreate allocates hardware resources on the host and the device; "
+        "CUBLAS_STATUS_ALLOC_FAILED is 'usually caused by a cudaMalloc() failure'. GUESS: that allocation is a "
+        "cudaMalloc refused as rule unsafe_call says, so the capture is invalidated; relaxed mode allows it "
+        "(conformance host_calls.cublas_create_in_capture decides)"),
+    "cublas_settings": Rule(
+        "cublasSetWorkspace / cublasSetStream with a workspace and a stream made before the capture", "returns", None,
+        "-", "cuBLAS library reference, 'CUDA Graphs Support': give the handle a workspace (cublasSetWorkspace) so "
+        "that no allocation happens during capture. GUESS: host-side settings, allowed in every mode (conformance "
+        "host_calls.cublas_workspace_in_capture decides)"),
     "event_sync_captured": Rule(
         "cudaEventSynchronize of an event last recorded in a live capture", "raises", "cudaErrorCapturedEvent",
         "the event's capture", "facts row 'event synchronize / elapsed time' (end fails: invalidated)"),
@@ -280,4 +330,8 @@ RULES: dict[str, Rule] = {
 
 
 def _error(name: str, call: str, detail: str):
-    return (CupyRefusal if name.startswith("cupy:") else CudaError)(name, call, detail)
+    if name.startswith("cupy:"):
+        return CupyRefusal(name, call, detail)
+    if name.startswith("cublas:"):
+        return LibraryError(name, call, detail)
+    return CudaError(name, call, detail)

@@ -86,11 +86,21 @@ class Runtime:
         self.dropped: list[tuple[str, str]] = []
         #: The graph calls (instantiate, update, launch, ...), a collaborator holding the runtime.
         self.graphs = Graphs(self)
+        #: When True, every rule applied is appended to :attr:`fired` as ``(rule, call)`` (the audit's
+        #: probes read which rule decided a call; off by default so long runs keep no log).
+        self.record_rules = False
+        self.fired: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ helpers
+    def _applied(self, rule: str, call: str) -> None:
+        """Note that rule ``rule`` decided ``call`` (kept in :attr:`fired` when :attr:`record_rules`)."""
+        if self.record_rules:
+            self.fired.append((rule, call))
+
     def _fail(self, rule: str, call: str, seqs=(), detail: str = ""):
         """Apply rule ``rule``: invalidate ``seqs``, raise its error (when it has one)."""
         r = RULES[rule]
+        self._applied(rule, call)
         for q in seqs:
             self._invalidate(q, f"{call}: {rule}")
         if r.error:
@@ -114,20 +124,20 @@ class Runtime:
             self._fail("legacy_implicit", call, bad,
                        f"stream {bad[0].origin.name} (blocking) is capturing; the legacy stream would depend on it")
 
-    def _unsafe(self, call: str) -> None:
-        """Rule ``unsafe_call`` (cudaThreadExchangeStreamCaptureMode's definitions)."""
+    def _unsafe(self, call: str, rule: str = "unsafe_call") -> None:
+        """Rule ``unsafe_call`` (cudaThreadExchangeStreamCaptureMode's definitions), or another rule
+        with the same trigger (``unsafe_host_call``, ``cublas_create``)."""
         if not self.live:
             return
         tid = self._tid()
         tm = self._thread_mode.get(tid, "global")
-        if tm == "relaxed":
-            return
-        own = [q for q in self.live if q.thread == tid and q.mode != "relaxed"]
+        own = [q for q in self.live if q.thread == tid and q.mode != "relaxed"] if tm != "relaxed" else []
         other = [q for q in self.live if q.thread != tid and q.mode == "global"] if tm == "global" else []
         if own or other:
             q = (own or other)[0]
-            self._fail("unsafe_call", call, own + other,
+            self._fail(rule, call, own + other,
                        f"{'this thread' if own else 'another thread'} has a {q.mode} capture on {q.origin.name}")
+        self._applied(rule, call)  # permitted: relaxed mode, or no capture prohibits it
 
     def _on_invalidated(self, seq: CaptureSeq, call: str, name: str = "") -> None:
         """Rule ``after_invalidation``."""
@@ -214,6 +224,7 @@ class Runtime:
             if s is self.legacy and self.live:
                 self._legacy_use(call)  # raises while a blocking stream captures
                 self.escapes.append((call, name))  # rule legacy_escape: runs now, not in any graph
+                self._applied("legacy_escape", call)
             cost = self.cal.host_launch_us if host_us is None else host_us
             seq = s.capture
             if seq is not None:
@@ -222,9 +233,12 @@ class Runtime:
                     self._on_invalidated(seq, call, name)
                     return None
                 node = Node(len(seq.nodes), kind, name, fn, s.tail, gpu_us, s.name, info)  # rule capture_node
+                self._applied("capture_node", call)
                 seq.nodes.append(node)
                 s.tail = (node.idx,)
                 return node
+            if self.live and s is not self.legacy:
+                self._applied("uncaptured_stream", call)
             submit = self.dev.host(cost)
             if fn is not None and self.compute:
                 fn()
@@ -249,9 +263,12 @@ class Runtime:
                     self._on_invalidated(seq, call, name)
                     return None
                 node = Node(len(seq.nodes), kind, name, capture_fn, s.tail, 0.0, s.name)
+                self._applied("capture_node", call)
                 seq.nodes.append(node)
                 s.tail = (node.idx,)
                 return node
+            if self.live:
+                self._applied("legacy_escape" if s is self.legacy else "uncaptured_stream", call)
             if fn is not None:
                 fn()
             return None
@@ -261,10 +278,18 @@ class Runtime:
         s = self._stream(stream, "cudaStreamIsCapturing")
         return s.capture
 
-    def unsafe_call(self, call: str) -> None:
-        """Check a potentially unsafe call (rule ``unsafe_call``); raises when prohibited."""
+    def unsafe_call(self, call: str, rule: str = "unsafe_call") -> None:
+        """Check a potentially unsafe call (rule ``unsafe_call``, or ``rule`` with the same trigger:
+        ``unsafe_host_call``, ``cublas_create``); raises when prohibited."""
         with self.lock:
-            self._unsafe(call)
+            self._unsafe(call, rule)
+            self.dev.host(self.cal.host_api_us)
+
+    def host_query(self, call: str) -> None:
+        """A host-only call (rule ``host_query``: no stream work, never refused): host cost only."""
+        with self.lock:
+            if self.live:
+                self._applied("host_query", call)
             self.dev.host(self.cal.host_api_us)
 
     # ------------------------------------------------------------------ events
@@ -281,7 +306,10 @@ class Runtime:
                     self._on_invalidated(seq, "cudaEventRecord", e.name)
                     return
                 e.capture, e.tail = seq, s.tail  # rule capture_event_record
+                self._applied("capture_event_record", "cudaEventRecord")
                 return
+            if self.live:
+                self._applied("legacy_escape" if s is self.legacy else "uncaptured_stream", "cudaEventRecord")
             e.capture, e.tail = None, ()
             e.time_us = self._earliest(s, submit)
             e.stream = s
@@ -314,8 +342,10 @@ class Runtime:
                 if sc is None:  # rule fork
                     s.capture, s.tail = ec, e.tail
                     ec.streams.append(s)
+                    self._applied("fork", call)
                 elif sc is ec:  # rule join
                     s.tail = tuple(sorted(set(s.tail) | set(e.tail)))
+                    self._applied("join", call)
                 else:
                     self._fail("merge", call, [sc, ec],
                                f"{s.name} captures in sequence {sc.id}, {e.name} was recorded in sequence {ec.id}")
@@ -325,6 +355,8 @@ class Runtime:
                     return  # never recorded: no dependency to express (GUESS: a no-op, as outside capture)
                 self._fail("isolation", call, [sc], f"{e.name} was recorded outside capture, on "
                            f"{e.stream.name if e.stream else '?'}")
+            if self.live:
+                self._applied("uncaptured_sync", call)
             if e.time_us is not None and e.time_us > s.ready_us:
                 s.ready_us = e.time_us
 
@@ -383,6 +415,8 @@ class Runtime:
             for e in (a, b):
                 if e.time_us is None:
                     raise CudaError("cudaErrorInvalidResourceHandle", call, f"{e.name} was never recorded")
+            if self.live:
+                self._applied("host_query", call)
             now = self.dev.host(self.cal.host_api_us)
             late = max(a.time_us, b.time_us)
             if late > now:
@@ -399,6 +433,8 @@ class Runtime:
                 self._legacy_use(call)
             if s.capture is not None:
                 self._fail("stream_sync_capturing", call, [s.capture], f"{s.name} is capturing")
+            if self.live:
+                self._applied("uncaptured_sync", call)
             self.dev.host(self.cal.host_api_us)
             self.dev.wait_host(self._earliest(s, 0.0))
 
@@ -420,6 +456,8 @@ class Runtime:
                 if q.status == "active":
                     self._fail("stream_query_capturing", call, [q], f"{s.name} is capturing (sequence {q.id})")
                 self._fail("stream_query_invalidated", call, (), f"capture {q.id} was invalidated by {q.why}")
+            if self.live:
+                self._applied("uncaptured_sync", call)
             now = self.dev.host(self.cal.host_api_us)
             return self._earliest(s, 0.0) <= now
 
@@ -488,9 +526,11 @@ class Runtime:
         return [m for m in seq.streams if m is not seq.origin and not set(m.tail) <= seen]
 
     def capture_status(self, stream: Any) -> str:
-        """``"none"``, ``"active"`` or ``"invalidated"`` (``cudaStreamGetCaptureInfo``)."""
+        """``"none"``, ``"active"`` or ``"invalidated"`` (``cudaStreamGetCaptureInfo``; rule capture_status_query)."""
         with self.lock:
             q = self._stream(stream, "cudaStreamGetCaptureInfo").capture
+            if self.live:
+                self._applied("capture_status_query", "cudaStreamIsCapturing")
             return "none" if q is None else q.status
 
     def capture_info(self, stream: Any) -> dict:

@@ -1,0 +1,202 @@
+"""The audit's outputs: files (:func:`write`) and the terminal summary (:func:`summary`).
+
+Files, one set for all the reports (a ``source``, ``pid`` and ``device`` column on every row: one
+report per unit, never summed):
+
+* ``audit.csv`` — one row per finding: ``kind`` (``call``: a call a capture refuses, is invalidated by
+  or misses; ``no rule``: an API no rule covers; ``host data``: a copy between host memory and the
+  captured stream; ``variation``: a launch that changes across tokens), the API or kernel
+  (``name``), its call class or variation class, ``verdict_<mode>``/``rule_<mode>``/``error_<mode>``
+  per capture mode, ``rule_source``, ``where`` (the user's ``file:line function``, or ``nvtx:`` path),
+  ``count``, ``tokens``, ``token_range``, ``what`` (variation), ``fix``;
+* ``tokens.csv`` — one row per token: start, measured eager µs, GPU-busy µs, kernels, API calls,
+  shape, and per mode the first invalidating call and the counts of refused, missing and unruled calls;
+* ``spans.csv`` — the capturable spans per mode (:func:`ds4lab.audit.spans.span_table`);
+* ``plans.csv`` — the plans, MODELED (:mod:`ds4lab.audit.plans`), with the calibration's name;
+* ``meta.json`` — source file, tool (and schema version where the tool gives one), the event table's
+  columns, tokens, capture stream chosen and why, legacy stream, calibration (name, path, sha256),
+  notes, ds4lab version (:func:`audit_meta`);
+* ``audit.png``/``.svg``/``.pdf`` — one token's timeline per unit (:mod:`ds4lab.audit.figure`);
+  ``audit-p<pid>-d<device>.*`` when there are several units.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .. import __version__
+from .events import COLUMNS
+from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
+
+#: Files :func:`write` makes (glob patterns, for ``job_folder``).
+OUTPUTS = ("audit.csv", "tokens.csv", "spans.csv", "plans.csv", "audit*.png", "audit*.svg", "audit*.pdf")
+
+
+def _with_unit(df: pd.DataFrame, r) -> pd.DataFrame:
+    if df is None or df.empty:
+        return pd.DataFrame()
+    out = df.copy()
+    for i, (k, v) in enumerate((("source", r.source), ("pid", r.pid), ("device", r.device))):
+        out.insert(i, k, v)
+    return out
+
+
+def audit_meta(reports) -> dict:
+    """What ``meta.json`` says about the audit (module docstring)."""
+    units = []
+    for r in reports:
+        units.append({"source": r.source, "tool": r.tool, "pid": r.pid, "device": r.device,
+                      "tokens": {"n": r.tokens.n, "how": r.tokens.how, "shapes": r.n_shapes,
+                                 "main_thread": r.tokens.main_tid},
+                      "capture_stream": {"stream": r.capture_stream, "why": r.capture_why},
+                      "legacy_stream": {"streams": sorted(r.legacy), "why": r.legacy_why},
+                      "modes": list(r.modes), "notes": list(r.notes)})
+    cal = reports[0].calibration if reports else None
+    return {"job": "audit", "ds4lab": __version__, "event_table_columns": list(COLUMNS),
+            "sources": sorted({r.source for r in reports}), "units": units, "calibration": cal,
+            "modeled": "plans.csv and spans.csv replay_us are MODELED (calibration "
+                       f"{cal.get('name') if cal else '?'}); every other time is measured in the trace"}
+
+
+def write(reports, folder, meta: dict | None = None) -> list[Path]:
+    """Write the files of the module docstring into ``folder`` (created if needed); ``meta``: more to
+    put in ``meta.json`` (a job's provenance). Returns the paths written."""
+    import matplotlib.pyplot as plt
+
+    from ..report.plots import save
+    from ..report.results import write_meta
+    from .figure import timeline_figure
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    tables = {"audit.csv": [_with_unit(r.findings, r) for r in reports],
+              "tokens.csv": [_with_unit(r.token_table, r) for r in reports],
+              "spans.csv": [_with_unit(r.spans, r) for r in reports],
+              "plans.csv": [_with_unit(r.plans, r) for r in reports]}
+    for name, parts in tables.items():
+        parts = [p for p in parts if not p.empty]
+        df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        if name == "audit.csv" and "first_row" in df:
+            df = df.drop(columns=["first_row"])
+        df.to_csv(folder / name, index=False)
+        out.append(folder / name)
+    m = {**(meta or {}), **audit_meta(reports)}
+    write_meta(folder / "meta.json", m)
+    out.append(folder / "meta.json")
+    for r in reports:
+        if not r.items:
+            continue
+        stem = "audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"
+        fig = timeline_figure(r)
+        try:
+            out += save(fig, folder / stem)
+        finally:
+            plt.close(fig)
+    return out
+
+
+# ----------------------------------------------------------------------------- terminal
+_HEAD = {INVALIDATES: "[bold red]invalidates the capture[/]", REFUSED: "[bold dark_orange]refused (the call fails)[/]",
+         NOT_IN_GRAPH: "[bold magenta]runs once, missing from every replay[/]", NO_RULE: "[bold]no rule[/]"}
+
+
+def summary(reports, console, max_rows: int = 12) -> None:
+    """Print what matters first: calls that invalidate or are refused, work missing from the graph,
+    calls no rule covers; then frozen decisions (variation) and host data; then the plans (MODELED);
+    then what was left out or assumed."""
+    from rich.table import Table
+
+    for r in reports:
+        who = f"process {r.pid if r.pid >= 0 else '?'}, device {r.device if r.device >= 0 else '?'}"
+        console.print(f"\n[bold]ds4lab audit[/] of {r.source} ({who}; {r.tool})")
+        console.print(f"  tokens: {r.tokens.n}, found by {r.tokens.how}; {r.n_shapes} token shape(s)"
+                      + (" (identical launch lists)" if r.n_shapes == 1 else ""))
+        console.print(f"  captured stream (modeled as torch.cuda.graph / ds4's accessor capture): {r.capture_why}; "
+                      f"legacy stream: {', '.join(map(str, sorted(r.legacy)))} ({r.legacy_why})")
+        f = r.findings
+        if f.empty:
+            console.print("  [green]no finding: every call inside the tokens is allowed in every audited mode, and "
+                          "the launch list is the same in every token[/]")
+        else:
+            calls = f[f["kind"].isin(("call", "no rule"))]
+            if len(calls):
+                t = Table(title="calls (verdict per capture mode; rules from ds4lab's sim, checked on the H200)",
+                          title_justify="left", show_lines=False)
+                for c in ("call", "class", *[m for m in r.modes], "where", "tokens", "count", "rule"):
+                    t.add_column(c, overflow="fold")
+                for row in calls.head(max_rows).itertuples():
+                    rules = ", ".join(sorted({getattr(row, f"rule_{m}") for m in r.modes} - {""})) or "—"
+                    t.add_row(row.name, row.call_class, *[_v(getattr(row, f"verdict_{m}")) for m in r.modes],
+                              row.where or "—", row.token_range, str(row.count),
+                              rules + (" *" if getattr(row, "rule_guess", False) is True else ""))
+                console.print(t)
+                if len(calls) > max_rows:
+                    console.print(f"  … {len(calls) - max_rows} more in audit.csv")
+                if (calls.get("rule_guess", pd.Series(dtype=bool)) == True).any():  # noqa: E712 - NaN rows
+                    console.print("  [dim]* the rule's source marks (part of) it GUESS: not yet checked on the H200 "
+                                  "(ds4lab conformance --backend cupy decides it)[/]")
+            var = f[f["kind"] == "variation"]
+            if len(var):
+                t = Table(title="frozen decisions (a graph captured from one token replays these wrong at others)",
+                          title_justify="left")
+                for c in ("kernel", "what changes", "tokens", "where", "detail"):
+                    t.add_column(c, overflow="fold")
+                for row in var.head(max_rows).itertuples():
+                    t.add_row(row.name, row.call_class, row.token_range, row.where or "—", row.what)
+                console.print(t)
+            host = f[f["kind"] == "host data"]
+            for row in host.head(4).itertuples():
+                console.print(f"  host data: {row.name} ({row.call_class}) × {row.count} at {row.where or '—'}: "
+                              f"{row.fix}")
+        console.print(f"  token shapes: a per-shape graph cache would hold {r.n_shapes} graph(s)")
+        _spans(r, console)
+        _plans(r, console)
+        for n in r.notes:
+            console.print(f"  [dim]note: {n}[/]")
+
+
+def _v(v: str) -> str:
+    color = {INVALIDATES: "red", REFUSED: "dark_orange", NOT_IN_GRAPH: "magenta", NO_RULE: "bold",
+             "frozen": "yellow"}.get(v)
+    return f"[{color}]{v}[/]" if color else v
+
+
+def _spans(r, console, top: int = 3) -> None:
+    """The largest capturable spans of the first audited mode (all of them are in spans.csv)."""
+    sp = r.spans
+    if sp is None or sp.empty:
+        return
+    m = r.modes[0]
+    sp = sp[sp["mode"] == m]
+    console.print(f"  capturable spans ({m} mode, token {int(sp['token'].iloc[0]) if len(sp) else '?'}; "
+                  f"{len(sp)} in all, spans.csv):")
+    for row in sp.head(top).itertuples():
+        console.print(f"    {row.launches} launches, {row.first_kernel} … {row.last_kernel}: GPU {row.gpu_us:,.1f} µs "
+                      f"(measured), replay {row.replay_us:,.1f} µs (MODELED); from {row.broken_before} "
+                      f"to {row.broken_after}")
+
+
+def _plans(r, console) -> None:
+    from rich.table import Table
+
+    p = r.plans
+    if p is None or p.empty:
+        return
+    cal = r.calibration.get("name") if r.calibration else "?"
+    t = Table(title=f"plans: µs per token, MODELED (measured trace costs + calibration {cal})", title_justify="left")
+    for c in ("plan", "mode", "graphs/token", "predicted µs (IQR)", "eager measured µs", "saving"):
+        t.add_column(c)
+    for row in p.itertuples():
+        if row.plan.startswith("eager"):
+            saving = f"model check: {row.predicted_us - row.eager_measured_us:+.1f} µs"
+        elif row.measurable:
+            saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, 95 % CI {row.saving_lo:,.1f}–{row.saving_hi:,.1f})"
+        else:
+            saving = f"not measurable (±{(row.saving_hi - row.saving_lo) / 2:,.1f} µs)"
+        t.add_row(row.plan, row.mode, f"{row.graphs_per_token:.1f}",
+                  f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
+                  f"{row.eager_measured_us:,.1f}", saving)
+    console.print(t)

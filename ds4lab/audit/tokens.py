@@ -1,0 +1,440 @@
+"""Decode tokens in one unit of a trace (:class:`~ds4lab.audit.units.Unit`): which rows belong to
+which token, and what was left outside them.
+
+**By NVTX range** (``--token-range NAME``; a name with ``*``/``?`` is a pattern): each outermost
+range of that name is a token (a range nested in another of the same name belongs to it). With no
+name given, a range is taken by itself when it repeats (two or more, none nested in another) and
+holds at least half the unit's launch calls (calls that start inside it): of such ranges, the one
+that holds the most, then repeats the fewest times, then lasts longest (the outermost); the report
+says so.
+
+**By the period of the kernel sequence** (no range): the unit's kernels in launch order (the launch
+call's start where the trace links calls to kernels, else the kernel's start). A kernel name whose
+occurrences come at nearly even spacing (each gap within ±20 % of the run's median) over a run of
+occurrences *anchors* a candidate period (the median gap, in launches). Of the candidates that cover
+at least half as many launches as the best:
+
+1. where the host pauses before the anchor's launches (a decode step ends in a synchronize, sampling
+   and the next step's inputs: the launch gap before the anchor is ≥ 1.5× the median launch gap), the
+   candidates whose pause is within 80 % of the largest, then the smallest period (so a unit of
+   several steps, e.g. every 4th token emitting, is not taken for one);
+2. otherwise the candidate whose tokens are most often identical, then the smallest period.
+
+Tokens start at the anchor's occurrences. The last one is complete when what follows repeats a
+token shape seen before, or (where the host pauses between tokens) runs to the next pause at least
+80 % alike the token before it, or holds as many launches as the token before it at least 90 %
+alike (by name counts); shorter, at the end of the trace and alike so far, it is *cut mid-token*:
+left out and said; otherwise what follows is left out as *after* the tokens (a sampling loop,
+teardown). Everything before the first token is *before* (prefill, warm-up). A leading or trailing
+token that launches a kernel no other token launches and is less than 80 % alike the most common
+token joins *before* / *after*. Fewer than two tokens: no repeating unit (:class:`NoTokens`).
+
+**Rows to tokens**: a token's host window runs from its first launch call (or the range's start) to
+the next token's first launch call (the last: to the first launch after it, or the trace's end; a
+range: its end). API rows of every thread of the process inside it belong to it (those of the thread
+that launches the token's work are its *main thread*); device rows belong to the token of the call
+that launched them (correlation), or, without one, to the token whose device window they start in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..errors import BadInput
+from .calls import is_launch
+from .units import DEVICE_KINDS, Unit
+
+GAP_TOLERANCE = 0.2
+PAUSE_RATIO = 1.5
+ALIKE = 0.9
+EDGE_ALIKE = 0.8
+
+
+class NoTokens(BadInput):
+    """No decode token could be found in a unit (exit 2): the message names the file, the unit and
+    what was found instead."""
+
+
+@dataclass
+class Tokens:
+    """The tokens of one unit (module docstring).
+
+    Attributes:
+        how: how they were found, one sentence.
+        n: number of tokens.
+        token: per row of the unit's frame, the token it belongs to (-1: none), a Series on its index.
+        region: per row: ``token``, ``before``, ``after``, ``cut``, ``between`` (NVTX tokens) or "".
+        start_ns, end_ns: each token's host window (``end_ns`` of the last: its last row's end).
+        main_tid: the thread that launches the tokens' work.
+        notes: what was left out and why, and what was assumed.
+    """
+
+    how: str
+    n: int
+    token: pd.Series
+    region: pd.Series
+    start_ns: list
+    end_ns: list
+    main_tid: int
+    notes: list = field(default_factory=list)
+
+
+def launch_order(u: Unit) -> pd.DataFrame:
+    """The unit's kernels in launch order: columns ``row`` (label), ``name``, ``t`` (the launch call's
+    start, or the kernel's start), ``t_end`` (the call's end, or the kernel's end), ``call`` (the
+    call's label or -1), ``tid`` (the call's thread or -1)."""
+    f = u.frame
+    k = f[f["kind"] == "kernel"]
+    api = f[(f["kind"] == "api") & (f["correlation"] >= 0)]
+    calls = api.loc[api["name"].map(is_launch).astype(bool)].drop_duplicates("correlation", keep="first")
+    by = pd.DataFrame({"correlation": calls["correlation"].to_numpy(), "call": calls.index.to_numpy(),
+                       "t_call": calls["start_ns"].to_numpy(), "e_call": calls["end_ns"].to_numpy(),
+                       "tid": calls["tid"].to_numpy()})
+    out = pd.DataFrame({"row": k.index.to_numpy(), "name": k["name"].to_numpy(),
+                        "correlation": k["correlation"].to_numpy(), "start": k["start_ns"].to_numpy(),
+                        "end": k["end_ns"].to_numpy()})
+    out = out.merge(by, on="correlation", how="left")
+    has = out["call"].notna()
+    out["t"] = np.where(has, out["t_call"], out["start"]).astype("int64")
+    out["t_end"] = np.where(has, out["e_call"], out["end"]).astype("int64")
+    out["call"] = out["call"].fillna(-1).astype("int64")
+    out["tid"] = out["tid"].fillna(-1).astype("int64")
+    return out.sort_values(["t", "start"], kind="stable").reset_index(drop=True)[
+        ["row", "name", "t", "t_end", "call", "tid", "start"]]
+
+
+def find_tokens(u: Unit, token_range: str | None = None) -> Tokens:
+    """The tokens of unit ``u`` (module docstring).
+
+    Raises:
+        NoTokens: ``token_range`` names no range of the unit (the message lists the ranges seen), or no
+            repeating unit (the message says what the kernel sequence holds).
+    """
+    ko = launch_order(u)
+    if token_range is not None:
+        return _by_range(u, ko, token_range, given=True)
+    auto = _auto_range(u, ko)
+    if auto is not None:
+        return _by_range(u, ko, auto, given=False)
+    return _by_period(u, ko)
+
+
+# ----------------------------------------------------------------------------- NVTX ranges
+def _range_rows(u: Unit, pattern: str) -> pd.DataFrame:
+    n = u.frame[u.frame["kind"] == "nvtx"]
+    if any(ch in pattern for ch in "*?["):
+        return n.loc[n["name"].map(lambda s: fnmatch.fnmatchcase(s, pattern)).astype(bool)]
+    return n[n["name"] == pattern]
+
+
+def _outermost(r: pd.DataFrame) -> pd.DataFrame:
+    """Ranges not inside another of the set on the same thread (a range still open at the end of the
+    trace, ``end_ns`` -1, holds everything after its start)."""
+    keep = []
+    big = np.iinfo(np.int64).max
+    for _, g in r.sort_values("start_ns", kind="stable").groupby("tid", sort=False):
+        outer_end = -1
+        for idx, s, e in zip(g.index, g["start_ns"].to_numpy(), g["end_ns"].to_numpy()):
+            e = big if e < 0 else e
+            if s < outer_end and e <= outer_end:
+                continue  # nested in the range kept last
+            keep.append(idx)
+            outer_end = e
+    return r.loc[keep].sort_values("start_ns", kind="stable")
+
+
+def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
+    """A repeating NVTX range that holds at least half the launches and is outermost (docstring)."""
+    n = u.frame[(u.frame["kind"] == "nvtx") & (u.frame["end_ns"] >= 0)]
+    if n.empty or ko.empty:
+        return None
+    t = np.sort(ko["t"].to_numpy())
+    good = []
+    for name, g in n.groupby("name", sort=False):
+        if len(g) < 2 or len(_outermost(g)) != len(g):
+            continue
+        held = sum(int(np.searchsorted(t, e, "left") - np.searchsorted(t, s, "left"))  # launches in [start, end)
+                   for s, e in zip(g["start_ns"], g["end_ns"]))
+        if held >= 0.5 * len(t):
+            good.append((name, held, len(g), int((g["end_ns"] - g["start_ns"]).sum())))
+    if not good:
+        return None
+    # the outermost of them: it holds the most launches; of those, it repeats the fewest times and lasts longest
+    good.sort(key=lambda x: (-x[1], x[2], -x[3]))
+    return str(good[0][0])
+
+
+def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
+    r = _range_rows(u, name)
+    if r.empty:
+        seen = u.frame.loc[u.frame["kind"] == "nvtx", "name"].value_counts()
+        listing = ", ".join(f"{k} ({v})" for k, v in seen.head(12).items()) or "none"
+        raise NoTokens(f"{u.source} ({u.label}): no NVTX range named {name!r}; ranges seen: {listing}")
+    r = _outermost(r)
+    notes = []
+    cut = r[r["end_ns"] < 0]
+    if len(cut):
+        notes.append(f"{len(cut)} range(s) {name!r} never closed (the trace ends inside): left out as cut")
+    r = r[r["end_ns"] >= 0]
+    if r.empty:
+        raise NoTokens(f"{u.source} ({u.label}): every NVTX range {name!r} is cut by the end of the trace")
+    starts, ends = r["start_ns"].to_numpy(), r["end_ns"].to_numpy()
+    tids = r["tid"].to_numpy()
+    f = u.frame
+    token = pd.Series(-1, index=f.index, dtype="int64")
+    api = f[f["kind"].isin(("api", "nvtx", "sync"))]
+    a_t = api["start_ns"].to_numpy()
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        inside = (a_t >= s) & (a_t < e)  # a call that starts as the range ends is after it
+        token.loc[api.index[inside]] = i
+    _device_rows(f, token, starts, np.append(starts[1:], ends[-1] + max(int(np.median(ends - starts)), 1)))
+    main_tid = int(pd.Series(tids).mode().iloc[0])
+    how = (f"NVTX range {name!r}" + (" (--token-range)" if given else
+                                    " (found: it repeats and holds most launches; --token-range overrides)"))
+    region = _regions(f, token, starts[0], cut_after=int(cut["start_ns"].min()) if len(cut) else None)
+    t = host_time(f)
+    between = (token < 0) & f["kind"].isin(DEVICE_KINDS) & (t >= starts[0]) & (t <= ends[-1])
+    region[between] = "between"
+    toks = Tokens(how, len(r), token, region, list(map(int, starts)), list(map(int, ends)), main_tid, notes)
+    _left_out_notes(u, toks)
+    return toks
+
+
+def _device_rows(f: pd.DataFrame, token: pd.Series, d_start, d_end, kinds=DEVICE_KINDS) -> None:
+    """Device rows of ``kinds``: by correlation to an assigned API row, else by their start in a
+    device window ``[d_start[i], d_end[i])``."""
+    api = f[(f["kind"] == "api") & (f["correlation"] >= 0)]
+    corr_tok = pd.Series(token.loc[api.index].to_numpy(), index=api["correlation"].to_numpy())
+    corr_tok = corr_tok[corr_tok >= 0]
+    corr_tok = corr_tok[~corr_tok.index.duplicated()]
+    dev = f[f["kind"].isin(kinds)]
+    c = dev["correlation"]
+    via = c.map(corr_tok).fillna(-1).astype("int64")
+    linked = c.isin(api["correlation"])
+    token.loc[dev.index[linked.to_numpy()]] = via[linked].to_numpy()
+    rest = dev[~linked.to_numpy()]
+    if len(rest):
+        t = rest["start_ns"].to_numpy()
+        k = np.searchsorted(np.asarray(d_start), t, "right") - 1
+        ok = (k >= 0) & (t < np.asarray(d_end)[np.clip(k, 0, None)])
+        token.loc[rest.index[ok]] = k[ok]
+
+
+def host_time(f: pd.DataFrame) -> pd.Series:
+    """Each row's host time: a device row's is its launch call's start (when the trace links them),
+    every other row's its own start."""
+    api = f[(f["kind"] == "api") & (f["correlation"] >= 0)].drop_duplicates("correlation")
+    by = pd.Series(api["start_ns"].to_numpy(), index=api["correlation"].to_numpy())
+    t = f["start_ns"].copy()
+    dev = f["kind"].isin(DEVICE_KINDS) & f["correlation"].isin(by.index)
+    t[dev] = f.loc[dev, "correlation"].map(by).to_numpy()
+    return t
+
+
+def _regions(f: pd.DataFrame, token: pd.Series, first_start: int, cut_after: int | None) -> pd.Series:
+    """``token`` for rows in a token; else ``before``/``after``/``cut`` by their host time."""
+    region = pd.Series("", index=f.index, dtype=object)
+    region[token >= 0] = "token"
+    out = (token < 0) & (f["kind"] != "nvtx")
+    t = host_time(f)
+    region[out & (t < first_start)] = "before"
+    region[out & (t >= first_start)] = "after"
+    if cut_after is not None:
+        region[out & (t >= cut_after)] = "cut"
+    return region
+
+
+def _left_out_notes(u: Unit, t: Tokens) -> None:
+    f = u.frame
+    for reg, what in (("before", "before the first token (prefill, warm-up, set-up)"),
+                      ("after", "after the last token (sampling, teardown)"),
+                      ("between", "between tokens, outside every token range"),
+                      ("cut", "in a last token cut by the end of the trace")):
+        rows = f[t.region == reg]
+        if rows.empty:
+            continue
+        k = int((rows["kind"] == "kernel").sum())
+        a = int((rows["kind"] == "api").sum())
+        t.notes.append(f"left out {what}: {k} kernel(s), {a} API call(s)")
+
+
+# ----------------------------------------------------------------------------- the period
+@dataclass
+class _Cand:
+    code: int
+    pos: np.ndarray       # the anchor's occurrences in the run (launch indices)
+    period: float
+    cover: int
+    score: float = 0.0
+    purity: float = 0.0
+
+
+def _alike(a: np.ndarray, b: np.ndarray) -> float:
+    """Name-count similarity of two launch lists: shared names (with counts) over the longer list."""
+    if not len(a) or not len(b):
+        return 0.0
+    ca, cb = Counter(a.tolist()), Counter(b.tolist())
+    return sum((ca & cb).values()) / max(len(a), len(b))
+
+
+def _candidates(codes: np.ndarray) -> list[_Cand]:
+    n = len(codes)
+    order = np.argsort(codes, kind="stable")
+    sc = codes[order]
+    bounds = np.flatnonzero(np.diff(sc)) + 1
+    out = []
+    for grp in np.split(order, bounds):
+        pos = np.sort(grp)
+        if len(pos) < 2:
+            continue
+        gaps = np.diff(pos)
+        m = float(np.median(gaps))
+        ok = np.abs(gaps - m) <= GAP_TOLERANCE * m  # the longest run of gaps within ±20 % of their median
+        if not ok.any():
+            continue
+        edges = np.diff(np.concatenate(([0], ok.astype(np.int8), [0])))
+        run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        r = int(np.argmax(run_ends - run_starts))
+        a, b = int(run_starts[r]), int(run_ends[r])
+        period = float(np.median(gaps[a:b]))
+        if period < 2:
+            continue
+        run = pos[a:b + 1]
+        if len(run) == 2:  # one gap: the launches after it must repeat the first token
+            first, nxt = codes[run[0]:run[1]], codes[run[1]:run[1] + len(codes[run[0]:run[1]])]
+            if len(nxt) < len(first) or _alike(first, nxt) < ALIKE:
+                continue
+        out.append(_Cand(int(codes[pos[0]]), run, period, int(min(n, run[-1] + period) - run[0])))
+    return out
+
+
+def _score(c: _Cand, codes: np.ndarray, pause: np.ndarray) -> None:
+    lo, hi = c.pos[0], int(min(len(codes), c.pos[-1] + c.period))
+    typical = float(np.median(pause[lo + 1:hi])) if hi - lo > 1 else 0.0
+    c.score = float(np.median(pause[c.pos])) / max(typical, 1.0)
+    shapes = Counter(codes[a:b].tobytes() for a, b in zip(c.pos[:-1], c.pos[1:]))
+    c.purity = shapes.most_common(1)[0][1] / max(1, len(c.pos) - 1)
+
+
+def _by_period(u: Unit, ko: pd.DataFrame) -> Tokens:
+    names = ko["name"].to_numpy()
+    codes, uniq = pd.factorize(pd.Series(names))
+    codes = np.asarray(codes, dtype=np.int64)
+    n = len(codes)
+    t, t_end = ko["t"].to_numpy(), ko["t_end"].to_numpy()
+    pause = np.zeros(n)
+    if n > 1:
+        pause[1:] = np.maximum(t[1:] - t_end[:-1], 0)
+    cands = _candidates(codes) if n >= 4 else []
+    if cands:
+        best_cover = max(c.cover for c in cands)
+        cands = [c for c in cands if c.cover >= 0.5 * best_cover]
+        for c in cands:
+            _score(c, codes, pause)
+    if not cands:
+        kinds = len(uniq)
+        raise NoTokens(f"{u.source} ({u.label}): no repeating unit: {n} kernel launch(es) of {kinds} distinct "
+                       "name(s), and no kernel sequence repeats at an even period at least twice; give the token's "
+                       "NVTX range with --token-range, or trace more decode steps")
+    top = max(c.score for c in cands)
+    if top >= PAUSE_RATIO:
+        pick = min((c for c in cands if c.score >= 0.8 * top), key=lambda c: (c.period, -c.score))
+        why = f"the host pauses {top:.1f}× the median launch gap before it"
+    else:
+        pick = min(cands, key=lambda c: (-round(c.purity, 2), c.period, -c.score))
+        why = f"no host pause marks a step; {pick.purity:.0%} of its repeats are identical"
+    bounds = [int(p) for p in pick.pos]
+    notes = []
+    end_last, cut = _last_end(codes, bounds, pause, pick.score >= PAUSE_RATIO)
+    ends = bounds[1:] + ([end_last] if end_last is not None else [])
+    starts = bounds[:len(ends)]
+    segs = [codes[a:b] for a, b in zip(starts, ends)]
+    modal = Counter(s.tobytes() for s in segs).most_common(1)[0][0]
+    ref = np.frombuffer(modal, dtype=np.int64)
+    while len(segs) > 2 and _foreign(segs, 0, ref):
+        segs.pop(0), starts.pop(0), ends.pop(0)
+    while len(segs) > 2 and _foreign(segs, len(segs) - 1, ref):
+        segs.pop(), starts.pop(), ends.pop()
+        cut = False
+    if len(starts) < 2:
+        raise NoTokens(f"{u.source} ({u.label}): no repeating unit: only {len(starts)} token(s) of {int(pick.period)} "
+                       f"launches anchored at {uniq[pick.code]!r}; trace more decode steps")
+    cut_t = int(t[bounds[-1]]) if cut else None
+    return _assign_period(u, ko, starts, ends, cut_t, uniq[codes[starts[0]]], pick, why, notes)
+
+
+def _foreign(segs: list, i: int, ref: np.ndarray) -> bool:
+    """An edge token that is no decode token (a prefill, a warm-up): it launches a kernel no other
+    token launches, and is less than 80 % alike the most common token."""
+    others = set(np.concatenate([s for j, s in enumerate(segs) if j != i]).tolist())
+    return bool(set(segs[i].tolist()) - others) and _alike(segs[i], ref) < EDGE_ALIKE
+
+
+def _last_end(codes: np.ndarray, bounds: list, pause: np.ndarray, paused: bool) -> tuple[int | None, bool]:
+    """Where the token at the last anchor ends, and whether the trace cuts it: it is complete when
+    what follows repeats a token shape seen before (the longest such), or, where the host pauses
+    between tokens, runs up to the next pause alike the token before it; it is cut when the trace
+    ends in a prefix of the token before it; else what follows is not a token (None, False)."""
+    last = bounds[-1]
+    rest = codes[last:]
+    shapes = {codes[a:b].tobytes(): b - a for a, b in zip(bounds[:-1], bounds[1:])}
+    fits = [n for key, n in shapes.items() if n <= len(rest) and rest[:n].tobytes() == key]
+    if fits:
+        return last + max(fits), False
+    prev = codes[bounds[-2]:last]
+    if paused:
+        marks = pause[bounds[1:]]
+        big = np.flatnonzero(pause[last + 1:] >= 0.5 * float(np.median(marks)))
+        end = last + 1 + int(big[0]) if len(big) else len(codes)
+        if _alike(prev, codes[last:end]) >= EDGE_ALIKE:  # the pause marks the end: alike enough
+            return end, False
+    if len(rest) >= len(prev) and _alike(prev, rest[:len(prev)]) >= ALIKE:
+        return last + len(prev), False
+    if len(rest) < len(prev) and _alike(prev[:len(rest)], rest) >= ALIKE:
+        return None, True
+    return None, False
+
+
+def _assign_period(u, ko, starts, ends, cut_t, anchor, pick, why, notes) -> Tokens:
+    f = u.frame
+    token = pd.Series(-1, index=f.index, dtype="int64")
+    kt = np.full(len(ko), -1)
+    for i, (a, b) in enumerate(zip(starts, ends)):
+        kt[a:b] = i
+    token.loc[ko["row"].to_numpy()[kt >= 0]] = kt[kt >= 0]
+    t = ko["t"].to_numpy()
+    h_start = [int(t[a]) for a in starts]
+    after_t = int(t[ends[-1]]) if ends[-1] < len(ko) else np.iinfo(np.int64).max
+    h_end = h_start[1:] + [after_t]
+    host = f[f["kind"].isin(("api", "sync"))]
+    ht = host["start_ns"].to_numpy()
+    k = np.searchsorted(np.asarray(h_start), ht, "right") - 1
+    ok = (k >= 0) & (ht < np.asarray(h_end)[np.clip(k, 0, None)])
+    # the launch calls of the tokens' kernels belong to them whatever the time says
+    token.loc[host.index[ok]] = k[ok]
+    calls = ko["call"].to_numpy()
+    sel = (kt >= 0) & (calls >= 0)
+    token.loc[calls[sel]] = kt[sel]
+    d_start = [int(ko["start"].iloc[a]) for a in starts]
+    d_end = d_start[1:] + [int(ko["start"].iloc[ends[-1]]) if ends[-1] < len(ko) else np.iinfo(np.int64).max]
+    _device_rows(f, token, d_start, d_end, kinds=("memcpy", "memset", "graph"))  # kernels: by the period
+    tids = ko["tid"].to_numpy()[kt >= 0]
+    tids = tids[tids >= 0]
+    main_tid = int(pd.Series(tids).mode().iloc[0]) if len(tids) else -1
+    region = _regions(f, token, h_start[0], cut_after=cut_t)
+    if cut_t is not None:
+        notes.append("the trace ends inside a last token: it is left out (cut mid-token)")
+    ends_ns = []
+    for i in range(len(starts)):
+        rows = f[token == i]
+        ends_ns.append(int(max(rows["end_ns"].max(), rows["start_ns"].max())))
+    how = (f"the period of the kernel sequence: {int(round(pick.period))} launches, each token starting at "
+           f"{anchor!r} ({why})")
+    toks = Tokens(how, len(starts), token, region, h_start, ends_ns, main_tid, notes)
+    _left_out_notes(u, toks)
+    return toks

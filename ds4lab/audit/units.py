@@ -1,0 +1,195 @@
+"""One event table split into the units the audit reports on: one per (process, device), never a
+sum. Each unit's rows are prepared for the rest of the audit: the link between an API call and the
+device work it issued (``correlation``), and what the call's row lacks taken from that device row.
+
+Which device a host row belongs to (an API row often has no ``device`` column):
+
+1. its own ``device`` when the source gives it;
+2. the device of the device rows it is correlated with;
+3. the device its thread sends most of its correlated calls to (a thread drives one GPU);
+4. the process's only device;
+5. else ``-1`` (the unit of host rows whose GPU the trace does not tell; reported, not audited).
+
+NVTX rows follow their thread as in 3–4.
+
+Preparation (:func:`prepare`), in this order:
+
+* a launch call and a device row without correlation ids are paired in order, per stream (the
+  *n*-th kernel launch naming stream *s* issued the *n*-th kernel on *s*: streams are in order;
+  CUDA Programming Guide, "Streams"), and the unit says it did so;
+* an API row's missing ``stream`` is its correlated device row's (the convention of the event table),
+  and a copy call's ``copy_kind``, ``host_memory`` and ``bytes`` come from its memcpy row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .calls import is_launch, normalize
+
+#: Row kinds that are device work (they run on a stream of a device).
+DEVICE_KINDS = ("kernel", "memcpy", "memset", "graph")
+
+
+@dataclass
+class Unit:
+    """The rows of one (process, device) of a source, prepared (module docstring).
+
+    Attributes:
+        source: the file (or ``<recording>``); tool: what wrote it.
+        pid, device: the process and the CUDA device (-1: the source does not say).
+        frame: the unit's rows, in time order, with the event table's columns (index: the row's label
+            in the source's frame).
+        notes: what the audit did or assumed for this unit (shown in the report).
+    """
+
+    source: str
+    tool: str
+    pid: int
+    device: int
+    frame: pd.DataFrame
+    notes: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """``process P, device D`` as the report names the unit."""
+        d = "device ?" if self.device < 0 else f"device {self.device}"
+        p = "process ?" if self.pid < 0 else f"process {self.pid}"
+        return f"{p}, {d}"
+
+
+def split_units(table) -> tuple[list[Unit], list[str]]:
+    """The units of an :class:`~ds4lab.audit.events.EventTable` (module docstring), each prepared,
+    in (process, device) order, and notes on the rows no unit holds (host rows of an unknown device,
+    units without any kernel)."""
+    df = table.frame
+    dev = df["device"].to_numpy().copy()
+    kind = df["kind"].to_numpy()
+    is_dev = np.isin(kind, DEVICE_KINDS)
+    corr = df["correlation"].to_numpy()
+    # 2. by correlation
+    corr_dev = {}
+    for c, d in zip(corr[is_dev], dev[is_dev]):
+        if c >= 0 and d >= 0:
+            corr_dev.setdefault(int(c), int(d))
+    host = ~is_dev
+    for i in np.flatnonzero(host & (dev < 0) & (corr >= 0)):
+        d = corr_dev.get(int(corr[i]))
+        if d is not None:
+            dev[i] = d
+    # 3. the thread's device; 4. the process's only device
+    pid, tid = df["pid"].to_numpy(), df["tid"].to_numpy()
+    known = host & (dev >= 0)
+    thread_dev = (pd.DataFrame({"pid": pid[known], "tid": tid[known], "dev": dev[known]})
+                  .groupby(["pid", "tid"])["dev"].agg(lambda s: s.value_counts().index[0]).to_dict())
+    proc_devs = pd.Series(dev[is_dev & (dev >= 0)]).groupby(pid[is_dev & (dev >= 0)]).unique().to_dict()
+    for i in np.flatnonzero(host & (dev < 0)):
+        d = thread_dev.get((pid[i], tid[i]))
+        if d is None:
+            devs = proc_devs.get(pid[i], ())
+            d = devs[0] if len(devs) == 1 else -1
+        dev[i] = d
+    frame = df.assign(device=dev)
+    units, notes = [], []
+    for (p, d), rows in frame.groupby(["pid", "device"], sort=True):
+        n_kernels = int((rows["kind"] == "kernel").sum())
+        who = f"process {p if p >= 0 else '?'}, device {d if d >= 0 else '?'}"
+        if n_kernels == 0:
+            notes.append(f"{who}: {len(rows)} row(s) ({_kinds(rows)}) but no kernel: not audited")
+            continue
+        if d < 0 and not (rows["kind"] == "kernel").all():
+            notes.append(f"{who}: the trace does not say which GPU these rows ran on; audited as one unit")
+        u = Unit(table.source, table.tool, int(p), int(d), rows.copy())
+        prepare(u)
+        units.append(u)
+    return units, notes
+
+
+def _kinds(rows) -> str:
+    c = rows["kind"].value_counts()
+    return ", ".join(f"{n} {k}" for k, n in c.items())
+
+
+def prepare(u: Unit) -> None:
+    """Pair uncorrelated launches with device rows in order per stream, then fill API rows' stream
+    and copy fields from their device rows (module docstring). Changes ``u.frame`` in place."""
+    f = u.frame
+    api = f["kind"] == "api"
+    launch = api & f["name"].map(lambda n: is_launch(n) and not normalize(n).startswith(("cudaGraph", "cuGraph"))
+                                 ).astype(bool)
+    dev = f["kind"].isin(("kernel", "memcpy", "memset"))
+    lonely_api = f.index[launch & (f["correlation"] < 0)]
+    lonely_dev = f.index[dev & (f["correlation"] < 0)]
+    if len(lonely_api) and len(lonely_dev):
+        _pair_in_order(u, lonely_api, lonely_dev)
+    corr_rows = f[dev & (f["correlation"] >= 0)].drop_duplicates("correlation")
+    by_corr = corr_rows.set_index("correlation")
+    idx = f.index[api & (f["correlation"] >= 0)]
+    c = f.loc[idx, "correlation"]
+    hit = c.isin(by_corr.index)
+    idx, c = idx[hit.to_numpy()], c[hit]
+    if not len(idx):
+        return
+    src = by_corr.loc[c.to_numpy()]
+    for col, missing in (("stream", -1), ("copy_kind", ""), ("host_memory", ""), ("bytes", -1)):
+        cur = f.loc[idx, col].to_numpy()
+        new = src[col].to_numpy()
+        fill = (cur == missing) & (new != missing)
+        if fill.any():
+            f.loc[idx[fill], col] = new[fill]
+    if "stream_type" in f.columns:
+        cur = f.loc[idx, "stream_type"].to_numpy()
+        new = src["stream_type"].to_numpy()
+        fill = (cur == "") & (new != "")
+        if fill.any():
+            f.loc[idx[fill], "stream_type"] = new[fill]
+
+
+def _pair_in_order(u: Unit, api_idx, dev_idx) -> None:
+    """Give uncorrelated launch calls and device rows matching ids: per stream, in order; a call
+    whose stream is unknown pairs with the device rows in the order they start (one stream assumed)."""
+    f = u.frame
+    base = int(max(f["correlation"].max(), 0)) + 1
+    a = f.loc[api_idx].sort_values("start_ns", kind="stable")
+    d = f.loc[dev_idx].sort_values("start_ns", kind="stable")
+    paired = 0
+    a_known = a[a["stream"] >= 0]
+    streams = set(a_known["stream"]) if len(a_known) else set()
+    groups = [(a[a["stream"] == s], d[d["stream"] == s]) for s in sorted(streams)]
+    if len(a_known) < len(a):
+        groups.append((a[a["stream"] < 0], d[~d["stream"].isin(streams)]))
+    for ga, gd in groups:
+        n = min(len(ga), len(gd))
+        if not n:
+            continue
+        ids = np.arange(base, base + n)
+        f.loc[ga.index[:n], "correlation"] = ids
+        f.loc[gd.index[:n], "correlation"] = ids
+        base += n
+        paired += n
+    if paired:
+        u.notes.append(f"the trace links no launch call to its device work: {paired} launch call(s) paired with "
+                       "device rows in order, per stream")
+
+
+def legacy_streams(u: Unit) -> tuple[frozenset, str]:
+    """The stream ids that are the legacy stream in this unit, and how that is known: the source's
+    ``stream_type`` column where it says ``legacy``; else the streams of the device work of
+    synchronous ``cudaMemset``/``cudaMemcpy`` calls (they always use the legacy stream: CUDA Runtime
+    API, "API synchronization behavior"); else stream id 0 (the NULL handle), assumed."""
+    f = u.frame
+    if "stream_type" in f.columns:
+        ids = set(f.loc[(f["stream_type"] == "legacy") & (f["stream"] >= 0), "stream"])
+        if ids:
+            return frozenset(int(i) for i in ids), "the trace marks it as the legacy stream"
+    api = f[f["kind"] == "api"]
+    sync = api.loc[api["name"].map(lambda n: normalize(n).startswith(("cudaMemset", "cudaMemcpy", "cuMemset",
+                                                                      "cuMemcpy"))
+                                   and not normalize(n).endswith("Async")).astype(bool)]
+    ids = set(sync.loc[sync["stream"] >= 0, "stream"])
+    if ids:
+        return frozenset(int(i) for i in ids), "the stream of synchronous cudaMemset/cudaMemcpy calls"
+    return frozenset({0}), "assumed: stream 0 (the trace does not mark the legacy stream)"

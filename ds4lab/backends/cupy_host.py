@@ -1,0 +1,222 @@
+"""The ``cupy`` backend's host-side runtime calls: copies to and from host memory (pageable or pinned),
+synchronous ``cudaMemcpy``, pinned host memory (``cudaHostAlloc``, ``cudaHostRegister``), host-only
+queries and cuBLAS handles. Mixed into :class:`ds4lab.backends.cupy_backend.CupyBackend` (which
+provides ``cp``, ``_ptr_stream`` and ``function``).
+
+Every CUDA status is checked: CuPy's runtime calls raise ``CUDARuntimeError`` (turned into
+:class:`~ds4lab.errors.CudaError` by ``_cuda_errors``); the ``cuda.bindings`` calls return their
+status, checked by ``_checked``; cuBLAS raises ``CUBLASError``, turned into
+:class:`~ds4lab.errors.LibraryError` (``cublas:<cublasStatus_t name>``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from typing import Any
+
+import numpy as np
+
+from .base import HOST_QUERIES
+from .cupy_runtime import _checked, _cuda_errors, _cudart
+
+#: cudaDevAttrMultiProcessorCount (CUDA Runtime API, enum cudaDeviceAttr): the attribute the
+#: ``cudaDeviceGetAttribute`` host query reads.
+_ATTR_MULTIPROCESSORS = 16
+#: The kernel the function-attribute and occupancy queries ask about (kernels/probe: every build has it).
+_QUERY_KERNEL = "tiny_add"
+
+
+def _host_array(ptr: int, shape, dtype) -> np.ndarray:
+    """A NumPy view of ``nbytes`` host bytes at ``ptr`` (memory ds4lab owns through the CUDA runtime)."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = (ctypes.c_byte * max(n, 1)).from_address(int(ptr))
+    return np.frombuffer(raw, dtype=np.uint8, count=n).view(dt).reshape(shape)
+
+
+def _blas_error(e: Exception, call: str):
+    """CuPy's ``CUBLASError`` as a :class:`~ds4lab.errors.LibraryError` named ``cublas:<status>``."""
+    from ..errors import LibraryError
+
+    m = re.search(r"CUBLAS_STATUS_\w+", str(e))
+    return LibraryError(f"cublas:{m.group(0) if m else 'unknown'}", call, str(e))
+
+
+class CupyHostMixin:
+    """Host-side runtime calls on a GPU (see the module docstring)."""
+
+    # ------------------------------------------------------------------ copies
+    def copy_d2h(self, stream, dst: np.ndarray, src) -> None:
+        """``cudaMemcpyAsync`` device to host into ``dst`` (must be C-contiguous: it is written in place)."""
+        if not dst.flags.c_contiguous or dst.nbytes != src.nbytes:
+            raise ValueError(f"copy_d2h: needs a C-contiguous host array of {src.nbytes} bytes")
+        rt = self.cp.cuda.runtime
+        with _cuda_errors("cudaMemcpyAsync"):
+            rt.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes, rt.memcpyDeviceToHost, self._ptr_stream(stream))
+
+    def memcpy_h2d_sync(self, dst, src: np.ndarray) -> None:
+        """``cudaMemcpy`` host to device (synchronous, the legacy stream)."""
+        src = np.ascontiguousarray(src)
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"memcpy_h2d_sync: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
+        rt = self.cp.cuda.runtime
+        with _cuda_errors("cudaMemcpy"):
+            rt.memcpy(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice)
+
+    def memcpy_d2h_sync(self, dst: np.ndarray, src) -> None:
+        """``cudaMemcpy`` device to host into ``dst`` (C-contiguous; synchronous, the legacy stream)."""
+        if not dst.flags.c_contiguous or dst.nbytes != src.nbytes:
+            raise ValueError(f"memcpy_d2h_sync: needs a C-contiguous host array of {src.nbytes} bytes")
+        rt = self.cp.cuda.runtime
+        with _cuda_errors("cudaMemcpy"):
+            rt.memcpy(dst.ctypes.data, src.data.ptr, src.nbytes, rt.memcpyDeviceToHost)
+
+    # ------------------------------------------------------------------ pinned host memory
+    def _pinned(self) -> dict:
+        if not hasattr(self, "_pinned_ptrs"):
+            self._pinned_ptrs: dict[int, int] = {}
+        return self._pinned_ptrs
+
+    def host_alloc(self, shape, dtype) -> np.ndarray:
+        """``cudaHostAlloc`` (flags 0: ``cudaHostAllocDefault``) of ``shape`` × ``dtype`` as a NumPy array."""
+        n = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+        with _cuda_errors("cudaHostAlloc"):
+            ptr = int(self.cp.cuda.runtime.hostAlloc(n, 0))
+        arr = _host_array(ptr, shape, dtype)
+        self._pinned()[arr.ctypes.data] = ptr
+        return arr
+
+    def free_host(self, arr: np.ndarray) -> None:
+        """``cudaFreeHost`` of an array from :meth:`host_alloc`. Raises ValueError for another array."""
+        ptr = self._pinned().pop(arr.ctypes.data, None)
+        if ptr is None:
+            raise ValueError("free_host: not an array from host_alloc")
+        with _cuda_errors("cudaFreeHost"):
+            self.cp.cuda.runtime.freeHost(ptr)
+
+    def host_register(self, arr: np.ndarray) -> None:
+        """``cudaHostRegister`` (flags 0) of ``arr``'s memory (C-contiguous)."""
+        if not arr.flags.c_contiguous:
+            raise ValueError("host_register: needs a C-contiguous array")
+        rt = self.cp.cuda.runtime
+        if hasattr(rt, "hostRegister"):
+            with _cuda_errors("cudaHostRegister"):
+                rt.hostRegister(arr.ctypes.data, arr.nbytes, 0)
+            return
+        cudart = _cudart()
+        _checked("cudaHostRegister", cudart.cudaHostRegister(arr.ctypes.data, arr.nbytes, 0))
+
+    def host_unregister(self, arr: np.ndarray) -> None:
+        """``cudaHostUnregister`` of memory registered with :meth:`host_register`."""
+        rt = self.cp.cuda.runtime
+        if hasattr(rt, "hostUnregister"):
+            with _cuda_errors("cudaHostUnregister"):
+                rt.hostUnregister(arr.ctypes.data)
+            return
+        cudart = _cudart()
+        _checked("cudaHostUnregister", cudart.cudaHostUnregister(arr.ctypes.data))
+
+    # ------------------------------------------------------------------ host queries
+    def host_query(self, name: str) -> Any:
+        """One of :data:`~ds4lab.backends.base.HOST_QUERIES` through ``cuda.bindings`` (runtime or
+        driver), its status checked. ``cudaGetLastError`` returns the last error's number (its
+        answer, not a failure of the call)."""
+        if name not in HOST_QUERIES:
+            raise ValueError(f"host query {name!r}; known: {', '.join(HOST_QUERIES)}")
+        cudart = _cudart()
+        if name == "cudaGetDevice":
+            return _checked(name, cudart.cudaGetDevice())
+        if name == "cudaGetLastError":
+            res = cudart.cudaGetLastError()
+            return int(res[0] if isinstance(res, tuple) else res)
+        if name == "cudaDeviceGetAttribute":
+            dev = _checked("cudaGetDevice", cudart.cudaGetDevice())
+            return _checked(name, cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr(_ATTR_MULTIPROCESSORS), dev))
+        from cuda.bindings import driver
+
+        if name == "cuCtxGetCurrent":
+            return int(_checked(name, driver.cuCtxGetCurrent()))
+        func = driver.CUfunction(int(self.function(_QUERY_KERNEL).ptr))
+        if name == "cuFuncGetAttribute":
+            return _checked(name, driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, func))
+        return _checked(name, driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, 256, 0))
+
+    # ------------------------------------------------------------------ cuBLAS
+    def _cublas(self):
+        from cupy_backends.cuda.libs import cublas
+
+        return cublas
+
+    def blas_create(self) -> int:
+        """``cublasCreate``: a handle (an int). Raises LibraryError with cuBLAS's status name."""
+        cublas = self._cublas()
+        try:
+            return int(cublas.create())
+        except Exception as e:  # CUBLASError (CuPy's) carries the status
+            if type(e).__name__ != "CUBLASError":
+                raise
+            raise _blas_error(e, "cublasCreate") from None
+
+    def blas_destroy(self, handle: int) -> None:
+        """``cublasDestroy``."""
+        cublas = self._cublas()
+        try:
+            cublas.destroy(handle)
+        except Exception as e:
+            if type(e).__name__ != "CUBLASError":
+                raise
+            raise _blas_error(e, "cublasDestroy") from None
+
+    def blas_set_stream(self, handle: int, stream) -> None:
+        """``cublasSetStream``."""
+        cublas = self._cublas()
+        try:
+            cublas.setStream(handle, self._ptr_stream(stream))
+        except Exception as e:
+            if type(e).__name__ != "CUBLASError":
+                raise
+            raise _blas_error(e, "cublasSetStream") from None
+
+    def blas_set_workspace(self, handle: int, buf) -> None:
+        """``cublasSetWorkspace`` (cuBLAS ≥ 11.3) with ``buf``'s device memory: CuPy's binding when it
+        has one, else the cuBLAS library CuPy loaded, through ctypes (status checked)."""
+        cublas = self._cublas()
+        if hasattr(cublas, "setWorkspace"):
+            try:
+                cublas.setWorkspace(handle, buf.data.ptr, buf.nbytes)
+            except Exception as e:
+                if type(e).__name__ != "CUBLASError":
+                    raise
+                raise _blas_error(e, "cublasSetWorkspace") from None
+            return
+        lib = _libcublas()
+        status = lib.cublasSetWorkspace_v2(ctypes.c_void_p(handle), ctypes.c_void_p(buf.data.ptr),
+                                           ctypes.c_size_t(buf.nbytes))
+        if status != 0:
+            from ..errors import LibraryError
+
+            raise LibraryError(f"cublas:{_CUBLAS_STATUS.get(status, f'status {status}')}", "cublasSetWorkspace")
+
+
+#: cublasStatus_t numbers (cuBLAS library reference, "cublasStatus_t").
+_CUBLAS_STATUS = {1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED", 7: "CUBLAS_STATUS_INVALID_VALUE",
+                  8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
+                  13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
+                  15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR"}
+
+
+def _libcublas():
+    """The cuBLAS shared library already loaded by CuPy (by soname, newest first). Raises OSError
+    naming the names tried when none loads."""
+    tried = []
+    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            tried.append(name)
+            continue
+        lib.cublasSetWorkspace_v2.restype = ctypes.c_int
+        return lib
+    raise OSError(f"no cuBLAS library to call cublasSetWorkspace_v2 ({', '.join(tried)})")

@@ -1,0 +1,64 @@
+"""``ds4lab audit``: the command line over :mod:`ds4lab.jobs.audit` (the work lives there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..capture.stream import CAPTURE_MODES
+from .support import result_folder
+
+
+def register(main: click.Group) -> None:
+    """Add ``audit`` to the ``ds4lab`` group."""
+    main.add_command(audit_cmd)
+
+
+@click.command("audit", context_settings={"ignore_unknown_options": True})
+@click.argument("files", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--token-range", default=None, metavar="NAME",
+              help="NVTX range (or a pattern with * and ?) that marks one decode token, e.g. decode_step for "
+                   "torch.profiler.record_function('decode_step'). Default: an outermost NVTX range that repeats "
+                   "and holds most launches, else the period of the kernel sequence.")
+@click.option("--mode", "modes", multiple=True, type=click.Choice(CAPTURE_MODES),
+              help="Capture mode(s) to audit (repeatable). Default: all three.")
+@click.option("--calibration", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
+              help="Calibration file for the plans' graph costs. Default: $DS4LAB_CALIBRATION or the shipped "
+                   "H200 calibration.")
+@click.option("--out", type=click.Path(path_type=Path), default=None, callback=result_folder,
+              help="Result folder. Default: results/audit-<first file's name> (results/audit-run when recording).")
+@click.option("--max-rows", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Rows per table in the terminal summary (the CSV files hold every finding).")
+def audit_cmd(files, token_range, modes, calibration, out, max_rows) -> None:
+    """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
+    would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
+    to record a program (needs a GPU and cupti-python) and audit what it recorded.
+
+    \b
+    FILES: PyTorch profiler / Kineto trace JSON (.json, .json.gz; with_stack=True gives file:line),
+    Nsight Systems SQLite export (nsys export --type sqlite), a ds4lab recording, ds4lab's trace.json.
+
+    \b
+    Writes audit.csv (one row per finding, verdict per capture mode, rule and its source, where),
+    tokens.csv, spans.csv, plans.csv (MODELED: measured trace costs + the calibration), meta.json and
+    audit.png/.svg/.pdf (one token's timeline, findings marked, capturable spans shaded).
+
+    \b
+    Exit status:
+      0  audited
+      2  bad input: no such file, a trace the readers cannot read (the error
+         names the file), no kernel in it, no repeating unit (give
+         --token-range), an unknown mode, an --out that cannot be written
+      1  the audit failed after it began (meta.json says so)
+    """
+    from ..jobs.audit import AuditConfig
+    from .support import invoke
+
+    files = list(files)
+    program: list = []
+    if files and files[0] == "run":  # ds4lab audit run [OPTIONS] -- python PROGRAM ARGS
+        program, files = files[1:], []
+    cfg = AuditConfig(files=tuple(Path(f) for f in files), program=tuple(program), token_range=token_range,
+                      modes=tuple(modes) or CAPTURE_MODES, calibration=calibration, out=out, max_rows=max_rows)
+    invoke("audit", cfg)

@@ -1,0 +1,149 @@
+"""``ds4lab audit``: what CUDA-graph capture would refuse, break or silently get wrong in a decode
+step, and what it would save, from traces (a PyTorch profiler / Kineto JSON, an Nsight Systems SQLite
+export, a CUPTI recording, ds4lab's own ``trace.json``) or from a program it records itself.
+
+The job reads every file into the event table (:func:`ds4lab.audit.sources.read`), or runs the
+program with the recording on (:func:`ds4lab.audit.record.run_script`) and reads what it saved,
+audits each (source, process, device) (:func:`ds4lab.audit.analysis.analyze`) and writes the
+report (:func:`ds4lab.audit.report.write`) inside :func:`ds4lab.report.results.job_folder`. It needs
+no backend: the verdicts come from the sim's rules, the plans from a calibration file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..capture.stream import CAPTURE_MODES
+from ..errors import BadInput
+
+
+@dataclass
+class AuditConfig:
+    """What ``ds4lab audit`` does; every default lives here.
+
+    Attributes:
+        files: traces to audit (one report per source, process and device).
+        program: a Python program and its arguments to record and audit instead of ``files``
+            (``["my_decode.py", "--tokens", "8"]``: run as ``python my_decode.py --tokens 8``).
+        token_range: NVTX range name (or ``*``/``?`` pattern) marking one decode token; None: found
+            by itself (an outermost repeating range, else the period of the kernel sequence).
+        modes: capture modes to audit (global, thread_local, relaxed).
+        calibration: the calibration file the plans use; None: ``$DS4LAB_CALIBRATION`` or the shipped
+            H200 calibration.
+        out: result folder; None: ``results/audit-<first file's stem>`` or ``results/audit-run``.
+        max_rows: rows per table in the terminal summary (the files hold all).
+    """
+
+    files: tuple = ()
+    program: tuple = ()
+    token_range: str | None = None
+    modes: tuple = CAPTURE_MODES
+    calibration: Path | str | None = None
+    out: Path | str | None = None
+    max_rows: int = 12
+
+
+def check_config(cfg: AuditConfig) -> None:
+    """Check ``cfg`` before any work.
+
+    Raises:
+        BadInput: no file and no program, both, a program without a script, a file that does not exist
+            or is a folder, an unknown mode, an empty ``out``, ``max_rows`` below 1.
+        ds4lab.errors.CalibrationError: a calibration file that does not follow the schema.
+    """
+    if bool(cfg.files) == bool(cfg.program):
+        raise BadInput("give trace files to audit, or `run -- python PROGRAM ARGS` to record one, not both"
+                       if cfg.files else "nothing to audit: give trace files, or `run -- python PROGRAM ARGS`")
+    if cfg.program:
+        program_argv(cfg.program)
+    for f in cfg.files:
+        p = Path(f)
+        if not p.exists():
+            raise BadInput(f"{p}: no such file")
+        if p.is_dir():
+            raise BadInput(f"{p}: a folder, not a trace file (give the trace inside it, e.g. {p}/trace.json)")
+    if len(set(map(str, cfg.files))) != len(cfg.files):
+        raise BadInput("the same trace file is given twice: its units would be audited twice")
+    bad = [m for m in cfg.modes if m not in CAPTURE_MODES]
+    if bad or not cfg.modes:
+        raise BadInput(f"--mode {', '.join(bad) or '(none)'}: choose from {', '.join(CAPTURE_MODES)}")
+    if cfg.out is not None and not str(cfg.out).strip():
+        raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
+    if cfg.max_rows < 1:
+        raise BadInput(f"max_rows={cfg.max_rows}: must be at least 1")
+    if cfg.calibration is not None:
+        from ..sim.calibration import calibration_info
+
+        calibration_info(cfg.calibration)  # CalibrationError naming the file and every bad key
+
+
+def program_argv(argv) -> list[str]:
+    """The program's argv without a leading Python interpreter (``python``, ``python3``, ``python3.12``
+    or this interpreter's path): ``run_script`` runs it with this interpreter."""
+    argv = list(argv)
+    if argv and (Path(argv[0]).name.startswith("python") or argv[0] == sys.executable):
+        argv = argv[1:]
+    if not argv:
+        raise BadInput("`ds4lab audit run -- python PROGRAM ARGS`: no program given after the interpreter")
+    return argv
+
+
+def _meta(cfg: AuditConfig) -> dict:
+    from .. import __version__
+    from ..report.provenance import git_revision
+
+    return {"job": "audit", "ds4lab": __version__, "git_revision": git_revision(),
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "python": platform.python_version(),
+            "inputs": [str(f) for f in cfg.files] or None, "program": list(cfg.program) or None,
+            "token_range": cfg.token_range, "audited_modes": list(cfg.modes),
+            "calibration_file": str(cfg.calibration) if cfg.calibration else None}
+
+
+def run(cfg: AuditConfig, backend=None, console=None):
+    """Audit ``cfg`` (module docstring); ``backend`` is unused (the job needs none). Returns the list
+    of :class:`~ds4lab.audit.analysis.AuditReport`.
+
+    Raises:
+        BadInput: :func:`check_config`'s, a source the readers refuse (``SourceError``, naming the file),
+            no token in any unit (``NoTokens``), a trace without kernels (``AuditInputError``).
+        ds4lab.report.results.OutputError: an ``out`` that cannot be written.
+    """
+    from ..audit import report as audit_report
+    from ..audit.analysis import analyze
+    from ..report import results
+
+    check_config(cfg)
+    first = Path(cfg.files[0]).name.split(".")[0] if cfg.files else "run"
+    out = Path(cfg.out or f"results/audit-{first}")
+    meta = _meta(cfg)
+    say = console.print if console is not None else (lambda *a, **k: None)
+    with results.job_folder(out, meta, audit_report.OUTPUTS) as folder:
+        folder = Path(folder) if folder is not None else out
+        tables = _sources(cfg, folder, console, meta)
+        reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
+        meta.update(audit_report.audit_meta(reports))
+        files = audit_report.write(reports, folder, meta)
+        if console is not None:
+            audit_report.summary(reports, console, cfg.max_rows)
+        say(f"wrote {', '.join(p.name for p in files)} in {folder}")
+    return reports
+
+
+def _sources(cfg: AuditConfig, folder: Path, console, meta: dict) -> list:
+    """The event tables: each file read (:func:`ds4lab.audit.sources.read`), or the program recorded
+    (:func:`ds4lab.audit.record.run_script`) into ``folder`` and read back."""
+    from ..audit import sources
+
+    if cfg.program:
+        from ..audit import record
+
+        argv = program_argv(cfg.program)  # checked already: without its interpreter
+        saved = record.run_script(argv, folder, console)
+        meta["recording"] = str(saved)
+        return [sources.read(saved, progress=console)]
+    return [sources.read(Path(f), progress=console) for f in cfg.files]

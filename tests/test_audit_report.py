@@ -1,0 +1,187 @@
+"""The audit's outputs (files, figure, terminal summary), its job (:mod:`ds4lab.jobs.audit`) and its
+command line, on synthetic event tables; and, once the trace readers exist, on files they read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from audit_synth import TraceBuilder, decode_step
+from ds4lab.audit import analyze
+from ds4lab.audit.report import summary, write
+from ds4lab.cli import main
+from ds4lab.errors import BadInput
+from ds4lab.jobs.audit import AuditConfig, check_config, program_argv
+
+HAVE_SOURCES = importlib.util.find_spec("ds4lab.audit.sources") is not None
+NEEDS_SOURCES = pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.audit.sources (the trace readers) is not in "
+                                                            "this checkout yet")
+
+
+def _hazards(b, layer):
+    if layer == 1:
+        b.call("cudaMalloc", stack="serve.py:3 main;engine.py:20 step;engine.py:88 grow_scratch")
+        b.memset("cudaMemset", stream=0)
+
+
+def _table(rng, source="decode.json", tokens=6):
+    b = TraceBuilder()
+    for p in range(tokens):
+        decode_step(b, rng, layers=3, pos=10 + p, emit=(p % 3 == 2), extra=_hazards)
+    return b.table(source)
+
+
+def test_write_makes_every_file_with_its_columns(rng, tmp_path):
+    reports = analyze([_table(rng)])
+    files = write(reports, tmp_path)
+    names = {p.name for p in files}
+    assert {"audit.csv", "tokens.csv", "spans.csv", "plans.csv", "meta.json", "audit.png", "audit.svg",
+            "audit.pdf"} <= names
+    audit = pd.read_csv(tmp_path / "audit.csv")
+    for c in ("source", "pid", "device", "kind", "name", "call_class", "verdict_global", "verdict_thread_local",
+              "verdict_relaxed", "rule_global", "rule_source", "where", "count", "token_range", "fix"):
+        assert c in audit.columns, c
+    assert set(audit["kind"]) >= {"call", "variation", "host data"}
+    malloc = audit[audit["name"] == "cudaMalloc"].iloc[0]
+    assert (malloc["verdict_global"], malloc["verdict_relaxed"]) == ("invalidates", "allowed")
+    assert malloc["where"] == "engine.py:88 grow_scratch" and "unsafe_call" in malloc["rule_source"]
+    sync = audit[audit["name"] == "cudaStreamSynchronize"].iloc[0]
+    assert not sync["rule_guess"] and "stream_sync_capturing" in sync["rule_source"]  # PG, measured: no GUESS
+    tokens = pd.read_csv(tmp_path / "tokens.csv")
+    assert len(tokens) == 6 and {"eager_us", "gpu_busy_us", "shape", "first_invalidating_global"} <= set(tokens)
+    plans = pd.read_csv(tmp_path / "plans.csv")
+    assert plans["modeled"].all() and set(plans["plan"]) == {"eager (model check)", "whole token", "spans today",
+                                                             "one graph per token shape"}
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    (u,) = meta["units"]
+    assert u["source"] == "decode.json" and u["tokens"]["n"] == 6 and u["capture_stream"]["stream"] == 7
+    assert meta["calibration"]["name"] and len(meta["calibration"]["sha256"]) == 64
+    assert "MODELED" in meta["modeled"] and "kind" in meta["event_table_columns"]
+
+
+def test_several_units_are_written_apart(rng, tmp_path):
+    a = TraceBuilder(pid=1, tid=1)
+    b = TraceBuilder(pid=2, tid=2)
+    for p in range(4):
+        decode_step(a, rng, pos=p)
+        decode_step(b, rng, pos=p)
+    from ds4lab.audit.events import EventTable, make_frame
+
+    reports = analyze([EventTable(make_frame(a.rows + b.rows), "two.json", "synthetic")])
+    files = {p.name for p in write(reports, tmp_path)}
+    assert {"audit-p1-d0.png", "audit-p2-d0.png"} <= files
+    tokens = pd.read_csv(tmp_path / "tokens.csv")
+    assert sorted(tokens.groupby("pid").size().tolist()) == [4, 4]
+
+
+def test_the_summary_leads_with_what_matters(rng):
+    reports = analyze([_table(rng)])
+    con = Console(record=True, width=220)
+    summary(reports, con)
+    text = con.export_text()
+    i_inv = text.index("invalidates")
+    i_missing = text.index("not in graph")
+    i_frozen = text.index("frozen decisions")
+    i_plans = text.index("plans: µs per token, MODELED")
+    assert i_inv < i_frozen < i_plans and i_missing < i_frozen
+    assert "engine.py:88 grow_scratch" in text and "token shape(s)" in text and "calibration" in text
+    assert "capturable spans (global mode" in text and "replay" in text and "(MODELED)" in text
+
+
+# ----------------------------------------------------------------------------- the job
+def test_check_config_refuses_bad_input(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    for cfg, msg in ((AuditConfig(), "nothing to audit"),
+                     (AuditConfig(files=(trace,), program=("x.py",)), "not both"),
+                     (AuditConfig(files=(tmp_path / "missing.json",)), "missing.json: no such file"),
+                     (AuditConfig(files=(tmp_path,)), "a folder, not a trace file"),
+                     (AuditConfig(files=(trace, trace)), "given twice"),
+                     (AuditConfig(files=(trace,), modes=("eager",)), "--mode eager"),
+                     (AuditConfig(files=(trace,), out=" "), "--out ''")):
+        with pytest.raises(BadInput, match=msg):
+            check_config(cfg)
+    bad_cal = tmp_path / "cal.json"
+    bad_cal.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(BadInput, match="cal.json"):
+        check_config(AuditConfig(files=(trace,), calibration=bad_cal))
+
+
+def test_program_argv_drops_the_interpreter():
+    assert program_argv(["python", "decode.py", "--n", "3"]) == ["decode.py", "--n", "3"]
+    assert program_argv(["decode.py"]) == ["decode.py"]
+    with pytest.raises(BadInput, match="no program"):
+        program_argv(["python3"])
+
+
+def test_the_job_writes_its_folder(rng, tmp_path, monkeypatch):
+    from ds4lab import jobs
+    import ds4lab.jobs.audit as job
+
+    trace = tmp_path / "decode.json"
+    trace.write_text("{}")  # the reader is replaced below: the job's folder handling is what is tested here
+    table = _table(rng, source=str(trace))
+    monkeypatch.setattr(job, "_sources", lambda cfg, folder, console, meta: [table])
+    out = tmp_path / "out"
+    con = Console(record=True, width=200)
+    reports = jobs.execute("audit", AuditConfig(files=(trace,), out=out, modes=("global",)), console=con)
+    assert len(reports) == 1 and reports[0].modes == ("global",)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["job"] == "audit" and meta["inputs"] == [str(trace)]
+    assert meta["units"][0]["tokens"]["n"] == 6
+    audit = pd.read_csv(out / "audit.csv")
+    assert "verdict_global" in audit and "verdict_relaxed" not in audit
+    assert "wrote audit.csv" in con.export_text()
+
+
+def test_the_command_line_exits_2_on_bad_input(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(main, ["audit", str(tmp_path / "nope.json")])
+    assert r.exit_code == 2 and "nope.json: no such file" in r.output
+    r = runner.invoke(main, ["audit"])
+    assert r.exit_code == 2
+    r = runner.invoke(main, ["audit", "run", "--", "python"])
+    assert r.exit_code == 2 and "no program" in r.output
+
+
+# ----------------------------------------------------------------------------- with the trace readers
+def _kineto(b: TraceBuilder) -> dict:
+    """The builder's rows as a PyTorch profiler (Kineto) Chrome trace: cuda_runtime events on the host
+    thread, kernel / gpu_memcpy / gpu_memset events on the device's stream, times in µs."""
+    ev = []
+    for r in b.rows:
+        ts, dur = r["start_ns"] / 1e3, (r["end_ns"] - r["start_ns"]) / 1e3
+        if r["kind"] == "api":
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": r["name"], "pid": r["pid"], "tid": r["tid"],
+                       "ts": ts, "dur": dur, "args": {"correlation": r.get("correlation", 0) or 0}})
+        elif r["kind"] in ("kernel", "memcpy", "memset"):
+            cat = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}[r["kind"]]
+            args = {"device": r["device"], "stream": r["stream"], "correlation": r["correlation"]}
+            if r["kind"] == "kernel":
+                args["grid"] = [int(x) for x in r["grid"].split(",")]
+                args["block"] = [int(x) for x in r["block"].split(",")]
+            ev.append({"ph": "X", "cat": cat, "name": r["name"], "pid": r["device"], "tid": r["stream"],
+                       "ts": ts, "dur": dur, "args": args})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+@NEEDS_SOURCES
+def test_a_kineto_trace_is_audited_end_to_end(rng, tmp_path):
+    b = TraceBuilder()
+    for p in range(6):
+        decode_step(b, rng, layers=3, pos=10 + p, extra=_hazards)
+    path = tmp_path / "torch_trace.json"
+    path.write_text(json.dumps(_kineto(b)))
+    out = tmp_path / "audit"
+    r = CliRunner().invoke(main, ["audit", str(path), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    audit = pd.read_csv(out / "audit.csv")
+    got = dict(zip(audit["name"], audit["verdict_global"]))
+    assert got["cudaMalloc"] == "invalidates" and got["cudaStreamSynchronize"] == "invalidates"
+    assert got["cudaMemset"] == "not in graph"
+    assert json.loads((out / "meta.json").read_text())["units"][0]["tokens"]["n"] == 6
