@@ -156,7 +156,8 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
                      f"host_launch_us ({cal.host_launch_us:g} µs)")
     ends = {t: int(calls.loc[calls["token"] == t, "end_ns"].max()) for t in items}
     tail = tails(tk.start_ns, items, ends)
-    model = Model(cal, items, tail, pseudo)
+    # a modeled trace's durations are the sim's per-launch times, node gaps included
+    model = Model(cal, items, tail, pseudo, node_gap_us=0.0 if "MODELED" in u.tool else None)
     measured = measured_eager(tk.start_ns, _device_starts(f, tk), tail, items)
     scalars = (not var.empty) and bool((var["call_class"] == "scalar argument").any())
     launches_per_token = float(np.mean([sum(1 for it in items[t] if it.work) for t in items])) if items else 0.0

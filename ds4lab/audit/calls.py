@@ -100,14 +100,16 @@ HOST_QUERY_APIS = frozenset({
     "cudaStreamGetId", "cudaStreamGetDevice", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
     "cudaGetFuncBySymbol", "cudaGetSymbolAddress", "cudaGetSymbolSize", "cudaThreadExchangeStreamCaptureMode",
     "cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority", "cudaEventCreate",
-    "cudaEventCreateWithFlags", "cudaEventDestroy", "cuEventDestroy", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent",
+    "cudaEventCreateWithFlags", "cudaEventDestroy", "cuEventDestroy", "cuCtxGetCurrent", "cuCtxSetCurrent",
+    "cuCtxPushCurrent", "cuCtxPopCurrent",
     "cuCtxGetDevice", "cuCtxGetStreamPriorityRange", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetCount",
     "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxRetain", "cuFuncGetAttribute", "cuFuncSetAttribute",
     "cuGetProcAddress", "cuDriverGetVersion", "cuPointerGetAttribute", "cuPointerGetAttributes",
     "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
     "cuOccupancyMaxPotentialBlockSize", "cuStreamGetCtx", "cuStreamGetPriority", "cuStreamGetFlags",
     "cuStreamGetId", "cuThreadExchangeStreamCaptureMode", "cuStreamCreate", "cuStreamCreateWithPriority",
-    "cuEventCreate", "cuKernelGetFunction", "cuLibraryGetKernel", "cuModuleGetFunction"})
+    "cuEventCreate", "cuKernelGetFunction", "cuKernelGetName", "cuFuncGetName", "cuLibraryGetKernel",
+    "cuModuleGetFunction"})
 #: Classes whose rule depends on the calling thread (rule unsafe_call's interaction modes).
 UNSAFE_CLASSES = frozenset({"malloc", "free", "host_alloc", "free_host", "host_register", "host_unregister",
                             "event_sync.before", "event_query.before", "cublas_create"})

@@ -154,23 +154,20 @@ def _snapshot(cache):
 
 
 def _restore(cache, snap) -> None:
-    """Put ``snap``'s tensors back into ``cache`` in place (a graph holds the cache's own tensors)."""
+    """Put every tensor of ``snap``'s layers back into ``cache`` in place (a graph holds the cache's
+    own tensors): keys, values, and the device-side counters a cache keeps (transformers' static layer
+    writes at its ``cumulative_length``, a device tensor the step advances)."""
     import torch
 
-    def tensors(c):
-        out = []
-        for layer in getattr(c, "layers", []):
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)
-                if isinstance(t, torch.Tensor):
-                    out.append((layer, name, t))
-        return out
-
-    for (layer, name, t), (_, _, s) in zip(tensors(cache), tensors(snap)):
-        if t.shape == s.shape:
-            t.copy_(s)
-        else:  # a dynamic cache grown by the reference step: put the old tensor back
-            setattr(layer, name, s.clone())
+    for layer, old in zip(getattr(cache, "layers", []), getattr(snap, "layers", [])):
+        for name, s in vars(old).items():
+            t = getattr(layer, name, None)
+            if not (isinstance(s, torch.Tensor) and isinstance(t, torch.Tensor)):
+                continue
+            if t.shape == s.shape:
+                t.copy_(s)
+            else:  # a dynamic cache grown by the reference step: put the old tensor back
+                setattr(layer, name, s.clone())
 
 
 def _events_us(fn, n: int) -> float:

@@ -14,8 +14,10 @@ sim's cost model runs them (:mod:`ds4lab.sim.costmodel`):
   them no longer runs), except the gap before the graph's first call (the work that leads to it).
 * **device** — one queue: eager work starts when its call has returned and the previous work is
   done, and lasts what the trace measured. A graph's nodes are paced by the device: node *i* starts
-  no earlier than ``graph_node_us`` after node *i−1* began and no earlier than node *i−1*'s end
-  (the sim's replay pacing), each lasting its measured eager duration.
+  no earlier than ``graph_node_us`` after node *i−1* began (the sim's replay pacing) and no earlier
+  than ``graph_node_gap_us`` after node *i−1*'s end (the device idle between two dependent kernels of a
+  replayed graph, which a trace's kernel durations leave out; 0 for a trace whose durations are the
+  sim's own per-launch times, which include it), each lasting its measured eager duration.
 * **overlap** — host and device run side by side; a token costs the advance of whichever of the
   two is further along (the host's clock, or the device's when its queue is behind), so a host-bound
   token costs its host time and a GPU-bound one its device time, with or without a synchronize. A
@@ -54,12 +56,14 @@ from .spans import Item, spans_of
 class Model:
     """The cost model of the module docstring over one unit's tokens."""
 
-    def __init__(self, cal, items_by_token: dict, tails_us: dict, pseudo: bool) -> None:
+    def __init__(self, cal, items_by_token: dict, tails_us: dict, pseudo: bool, node_gap_us: float | None = None) -> None:
         self.cal = cal
         self.items = items_by_token
         self.tails = tails_us
         self.pseudo = pseudo
         self.tokens = sorted(items_by_token)
+        #: idle between two dependent graph nodes (µs): the calibration's unless told (0: modeled durations)
+        self.node_gap_us = cal.graph_node_gap_us if node_gap_us is None else node_gap_us
 
     # ------------------------------------------------------------------ pieces
     def replay(self, submit: float, free: float, durs: list) -> float:
@@ -68,7 +72,7 @@ class Model:
         end = max(submit, free)
         first = end
         for i, d in enumerate(durs):
-            start = max(first + i * self.cal.graph_node_us, end)
+            start = max(first + i * self.cal.graph_node_us, end + (self.node_gap_us if i else 0.0))
             end = start + d
         return end
 

@@ -33,7 +33,9 @@ def register(main: click.Group) -> None:
 def audit_cmd(files, token_range, modes, calibration, out, max_rows) -> None:
     """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
     would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
-    to record a program (needs a GPU and cupti-python) and audit what it recorded.
+    to record a program (needs a GPU and cupti-python) and audit what it recorded; or `ds4lab audit
+    validate [ENGINE|CACHE...]` to hold the audit to what torch.cuda.graph does with transformers decode
+    steps (GPU, torch and transformers; engines llama, deepseek-v3, qwen2-moe; caches dynamic, static).
 
     \b
     FILES: PyTorch profiler / Kineto trace JSON (.json, .json.gz; with_stack=True gives file:line),
@@ -57,6 +59,14 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows) -> None:
 
     files = list(files)
     program: list = []
+    if files and files[0] == "validate":  # ds4lab audit validate [ENGINE...] [--out DIR]
+        from ..audit.engines import CACHES
+        from ..jobs.audit_validate import ValidateConfig
+
+        names = files[1:]
+        invoke("audit-validate", ValidateConfig(engines=tuple(n for n in names if n not in CACHES),
+                                                caches=tuple(n for n in names if n in CACHES), out=out))
+        return
     if files and files[0] == "run":  # ds4lab audit run [OPTIONS] -- python PROGRAM ARGS
         program, files = files[1:], []
     cfg = AuditConfig(files=tuple(Path(f) for f in files), program=tuple(program), token_range=token_range,

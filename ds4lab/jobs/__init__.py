@@ -62,6 +62,7 @@ JOBS = {
     "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
     "trace": ("trace", BackendRequest(timing_only=True)),
     "audit": ("audit", BackendRequest(needed=False)),
+    "audit-validate": ("audit_validate", BackendRequest(needed=False)),
 }
 
 

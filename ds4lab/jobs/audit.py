@@ -147,3 +147,4 @@ def _sources(cfg: AuditConfig, folder: Path, console, meta: dict) -> list:
         meta["recording"] = str(saved)
         return [sources.read(saved, progress=console)]
     return [sources.read(Path(f), progress=console) for f in cfg.files]
+

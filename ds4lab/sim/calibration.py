@@ -54,6 +54,7 @@ SCHEMA: dict[str, Any] = {
         "host_api_us": _US,
         "kernel_fixed_us": _US,
         "graph_node_us": _US,
+        "graph_node_gap_us": _US,
         "memset_us": _US,
         "bandwidth_GBps": _GBPS,
         "copy_GBps": {"anyOf": [_GBPS, {"type": "null"}]},

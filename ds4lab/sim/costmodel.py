@@ -42,7 +42,7 @@ from .calibration import default_calibration_path, read, validate
 REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
-OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0}
+OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0}
 
 
 @dataclass
@@ -63,6 +63,10 @@ class Calibration:
     kernels: dict = field(default_factory=dict)
     copy_GBps: float | None = None
     h2d_GBps: float = 25.0
+    #: Device idle between two dependent kernel nodes of a replayed graph, beyond their CUPTI
+    #: durations (µs): what a plan built from traced kernel durations adds per node boundary
+    #: (``ds4lab.audit.plans``). The sim's own kernel fits are per-launch times that include it.
+    graph_node_gap_us: float = 0.0
     path: str | None = None
 
     @classmethod

@@ -1,0 +1,73 @@
+"""``ds4lab audit validate``: the audit held to what ``torch.cuda.graph`` does with the decode steps of
+engines nobody here wrote (:mod:`ds4lab.audit.validate`, :mod:`ds4lab.audit.engines`). Needs a GPU,
+PyTorch and transformers (not ds4lab dependencies), and no ds4lab backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BadInput
+from .audit import AuditConfig, _meta
+
+
+@dataclass
+class ValidateConfig:
+    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which engines and caches of
+    :mod:`ds4lab.audit.engines` to run (GPU, torch and transformers needed), and the result folder
+    (None: ``results/audit-validate``)."""
+
+    engines: tuple = ()
+    caches: tuple = ()
+    out: Path | str | None = None
+
+
+def check_config(cfg: ValidateConfig) -> None:
+    """Raise :class:`BadInput` naming an unknown engine or cache, or an empty ``out``."""
+    from ..audit.engines import CACHES, ENGINES
+
+    bad = [e for e in cfg.engines if e not in ENGINES] + [c for c in cfg.caches if c not in CACHES]
+    if bad:
+        raise BadInput(f"audit validate: unknown {', '.join(bad)}; engines: {', '.join(ENGINES)}; caches: "
+                       f"{', '.join(CACHES)}")
+    if cfg.out is not None and not str(cfg.out).strip():
+        raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
+
+
+def run(cfg: ValidateConfig, backend=None, console=None):
+    """Run :func:`ds4lab.audit.validate.validate` inside ``job_folder``; writes ``validate.csv`` and
+    ``meta.json``. Returns the table.
+
+    Raises:
+        BadInput: :func:`check_config`'s, or torch/transformers/a GPU missing (naming what).
+        ds4lab.errors.CheckFailed: a verdict that disagrees with torch.cuda.graph, or a predicted replay
+            time outside the tolerance, after writing everything.
+    """
+    from ..audit.engines import CACHES, ENGINES, available
+    from ..audit.validate import TIME_TOLERANCE, validate
+    from ..errors import CheckFailed
+    from ..report import results
+
+    check_config(cfg)
+    ok, why = available()
+    if not ok:
+        raise BadInput(f"ds4lab audit validate: {why}")
+    out = Path(cfg.out or "results/audit-validate")
+    meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate", "inputs": None,
+            "engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES),
+            "time_tolerance": TIME_TOLERANCE}
+    say = console.print if console is not None else print
+    with results.job_folder(out, meta, ("validate.csv",)) as folder:
+        folder = Path(folder) if folder is not None else out
+        df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, folder, say=say)
+        df.to_csv(folder / "validate.csv", index=False)
+        meta["verdicts_agree"] = int(df.verdict_agrees.sum())
+        meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
+        bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
+        say(f"wrote {folder / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
+        if len(bad):
+            raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
+                f"{r.engine}/{r.cache} (torch {r.torch_outcome or 'failed'}, audit {r.audit_outcome or '-'}"
+                + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "") + ")"
+                for r in bad.itertuples()))
+    return df
