@@ -231,8 +231,8 @@ def test_join_without_layer_payloads_uses_the_sites_first_layer():
 
 
 def test_readme_ncu_command_is_the_one_the_device_script_runs():
-    """The README's Nsight Compute command is the one scripts/device_nsight.sh runs on the GPU
-    machine (so what the README shows is what was tested there)."""
+    """The README's Nsight Compute command is the one the ``nsight`` step of scripts/gpu_round.sh runs
+    on the GPU machine (so what the README shows is what was tested there)."""
     import re
     from pathlib import Path
 
@@ -244,7 +244,7 @@ def test_readme_ncu_command_is_the_one_the_device_script_runs():
     readme = (root / "README.md").read_text()
     block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if b.lstrip().startswith("ncu "))
     shown = words(block.split("> ncu.csv")[0])
-    script = (root / "scripts" / "device_nsight.sh").read_text()
-    run = words(script[script.index("  ncu --nvtx"):script.index('> "$N/ncu.csv"')])
-    run = run.replace('"$PY"', "python3").replace('"$N/ncu-run"', "results/ncu-run")
+    script = (root / "scripts" / "gpu_round.sh").read_text()
+    run = words(script[script.index("ncu --nvtx"):script.index("> $R/ncu.csv")])
+    run = run.replace("'", '"').replace("$D", "python3 -m ds4lab.cli").replace("$R/ncu-run", "results/ncu-run")
     assert run == shown
