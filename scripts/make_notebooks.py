@@ -48,7 +48,7 @@ cell; run headlessly with other values by replacing that cell.
     code("""
 BACKEND = "auto"        # "cupy" (GPU), "sim" (simulated runtime), or "auto"
 PRESET = None           # "ds4-flash", "small", "tiny"; None: ds4-flash on a GPU, small on the sim
-STAGES = "0,0s,1,2,3,3u"
+STAGES = "0,0s,i,i+,1,2,3,3u"
 TOKENS = 200            # timed tokens per stage
 OUT = "results/nb-quickstart"
 """, params=True),
@@ -139,7 +139,7 @@ launch and the tokens per step. Parameters in the next cell.
     code("""
 BACKEND = "auto"
 PRESET = None
-STAGES = "0,0s,1,2,3,3u"
+STAGES = "0,0s,i,i+,1,2,3,3u"
 TOKENS = 200
 OUT = "results/nb-stage-gains"
 SWEEP_LAYERS = [4, 8, 16, 43]
@@ -328,15 +328,19 @@ At long context the ds4 decode token is no longer one fixed launch list: the com
 compressed row on every 4th and every 128th token, and the indexer's top-k kernels change with the
 number of compressed rows (docs/model.md, "Long context"). This notebook shows where the launch
 list changes with the position (the launch census, counted), µs per token against context for
-stages 0, 2, 3 and 3c (measured on a GPU, **modeled** on the simulated runtime), how many graphs
-stage 3 (one graph per token shape) needs against stage 3c (one graph for every position), and
-each long-context capture hazard demonstrated. Parameters in the next cell.
+stages 0, i, i+, 2, 3 and 3c (measured on a GPU, **modeled** on the simulated runtime), how many
+graphs stage 3 (one graph per token shape) needs against stage 3c (one graph for every position),
+and each long-context capture hazard demonstrated. Stages i and i+ are ds4's shipped decode islands
+(docs/model.md, "ds4's decode islands"): small graphs around the hyper-connection mixes and the
+output/shared-expert tail, the attention and the routed MoE eager between them; i+ adds ds4's
+attention span, its position-dependent arguments written into the graph's kernel nodes before each
+replay. Parameters in the next cell.
 """),
     code("""
 BACKEND = "auto"        # "cupy" (GPU), "sim" (simulated runtime), or "auto"
 PRESET = None           # "ds4-flash", "small", "tiny"; None: ds4-flash on a GPU, small on the sim
 CONTEXTS = "1024,4096,16384,65536"   # start positions of the context ladder
-STAGES = "0,2,3,3c"     # of the context ladder's stages 0, 2, 3, 3c
+STAGES = "0,i,i+,2,3,3c"  # of the ladder's stages; 3c only with long context
 TOKENS = 64             # timed tokens per stage and context
 HAZARD_PRESET = None    # None: the hazards job's default (ds4-flash on a GPU, small on the sim)
 OUT = "results/nb-long-context"
@@ -350,7 +354,6 @@ from ds4lab.report import plots
 from ds4lab.token import reference as LR
 from ds4lab.backends import make_backend, resolve
 from ds4lab.token.config import get_preset
-from ds4lab.experiments.stages import STAGES as CONTEXT_STAGES
 from ds4lab.jobs import execute
 from ds4lab.jobs.common import DEFAULT_PRESETS
 from ds4lab.jobs.context import ContextConfig
@@ -359,11 +362,7 @@ from ds4lab.token.model import DecodeModel, TokenOptions
 
 # default_preset("context", be) without opening a backend: ds4-flash on a GPU, small on the sim
 preset = PRESET or DEFAULT_PRESETS["context"][0 if resolve(BACKEND) == "cupy" else 1]
-# `ds4lab notebooks --set STAGES=...` sets every notebook's stages: keep the ones the context ladder has
-stages = [s.strip() for s in STAGES.split(",") if s.strip() in CONTEXT_STAGES]
-skipped = [s.strip() for s in STAGES.split(",") if s.strip() and s.strip() not in CONTEXT_STAGES]
-if skipped:
-    print(f"note: the context ladder has stages {', '.join(CONTEXT_STAGES)}: skipping {', '.join(skipped)}")
+stages = [s.strip() for s in STAGES.split(",") if s.strip()]
 print(f"backend {resolve(BACKEND)} · preset {preset} · stages {', '.join(stages)} · contexts {CONTEXTS}")
 """),
     md("""
@@ -523,6 +522,129 @@ h[["hazard", "positions", "outcome", "errors", "captures", "replays", "eager_run
     code("""
 for r in rows:
     print(f"{r['hazard']}: {r['what']}\\n    expected: {r['expected']}\\n    got: {r['outcome']}\\n")
+"""),
+])
+
+write("05_audit.ipynb", [
+    md("""
+# Audit an engine's decode step: what a CUDA-graph capture would refuse, break or get wrong
+
+`ds4lab audit` reads a trace of an engine's decode loop (a PyTorch profiler JSON, an Nsight Systems
+SQLite export, ds4lab's own `trace.json`, or a recording made in-process) and, for every API call
+and launch of a decode token, says what stream capture would do with it in each capture mode: allowed,
+refused, invalidates the capture, not in the graph (host work a replay would skip), or frozen (a grid,
+launch count or by-value argument that changes between tokens). It then proposes the capturable spans
+and models what each capture plan would save (MODELED, from the trace's measured kernel times and the
+H200 calibration).
+
+The engine here is a transformers model built from its config with random weights (no download):
+recorded live on a GPU with PyTorch, otherwise one of the decode loops bundled with ds4lab (recorded
+on an H200, with what `torch.cuda.graph` did with the same step on that GPU). Set `TRACE` to audit
+your own engine's trace instead. Parameters in the next cell.
+"""),
+    code("""
+BACKEND = "auto"        # "auto": record live where torch sees a GPU, else the bundled recording;
+                        # "torch"/"cupy": record live; "sim"/"recorded": the bundled recording
+ENGINE = "llama"        # llama, deepseek-v3, qwen2-moe (bundled: llama, deepseek-v3)
+CACHE = "dynamic"       # dynamic (DynamicCache), static (StaticCache)
+TRACE = None            # a trace file of your own engine: audited instead of ENGINE
+TOKEN_RANGE = "decode_step"   # the NVTX range around one decode token (None: found by period)
+OUT = "results/nb-audit"
+""", params=True),
+    code("""
+from pathlib import Path
+import json
+import pandas as pd
+from IPython.display import Image, display
+from ds4lab.audit import engines
+from ds4lab.audit.validate import OUTCOMES, predicted_outcome
+from ds4lab.jobs import execute
+from ds4lab.jobs.audit import AuditConfig
+
+live_ok, why = engines.available()
+live = TRACE is None and (BACKEND in ("torch", "cupy") or (BACKEND == "auto" and live_ok))
+torch_run = None  # what torch.cuda.graph did with the same step, when known
+if TRACE is not None:
+    trace = Path(TRACE)
+    print(f"auditing {trace}")
+elif live:
+    if not live_ok:
+        raise RuntimeError(f"BACKEND={BACKEND!r} records live, but {why}")
+    torch_run = engines.run_isolated(ENGINE, CACHE, Path(OUT) / "engine")
+    if torch_run.get("error"):
+        raise RuntimeError(f"{ENGINE}/{CACHE}: {torch_run['error']}")
+    trace = Path(torch_run["recording"])
+    print(f"recorded {ENGINE} with a {CACHE} cache on {torch_run['device'].get('device')} (measured)")
+else:
+    trace = engines.recorded(ENGINE, CACHE)
+    torch_run = engines.recorded_outcome(ENGINE, CACHE)
+    print(f"the bundled recording of {ENGINE} with a {CACHE} cache, recorded on "
+          f"{torch_run['device'].get('device', 'an H200')} (driver {torch_run['device'].get('driver', '?')}, "
+          f"torch {torch_run['config'].get('torch')}){'' if live_ok else f'; live recording off: {why}'}")
+"""),
+    md("""
+## The audit
+
+The terminal summary below is what `ds4lab audit TRACE --token-range decode_step` prints; the result
+folder holds every table (`audit.csv`, `tokens.csv`, `spans.csv`, `plans.csv`) and the figure.
+"""),
+    code("""
+reports = execute("audit", AuditConfig(files=(str(trace),), token_range=TOKEN_RANGE, out=OUT))
+rep = reports[0]
+"""),
+    md("""
+## Findings: each call and launch a capture would not take as it is
+
+One row per finding (the same call at the same place counts once, over the tokens it occurs in);
+`verdict_<mode>` per capture mode, `where` the Python line or NVTX range it comes from, `fix` what
+would make it capturable.
+"""),
+    code("""
+f = rep.findings
+cols = ["kind", "call_class", "verdict_global", "verdict_relaxed", "tokens", "count", "where", "fix"]
+(f[cols].assign(name=f["name"].str.slice(0, 60)).set_index("name") if not f.empty else "no findings: every call is allowed")
+"""),
+    md("""
+## Tokens, spans and plans
+
+`tokens`: each decode token as measured in the trace (µs from its first call to the next token's, GPU
+busy µs, launches, its launch-list shape). `plans`: µs per token of each capture plan, **MODELED**
+(the trace's measured kernel times, the H200 calibration's launch and replay costs), the saving a
+paired difference against the measured eager tokens with its 95 % interval.
+"""),
+    code("""
+rep.token_table[["token", "eager_us", "gpu_busy_us", "kernels", "api_calls", "shape"]].round(1)
+"""),
+    code("""
+rep.plans[["plan", "mode", "graphs_per_token", "predicted_us", "eager_measured_us", "saving_us", "saving_lo",
+           "saving_hi", "measurable", "calibration"]].round(1)
+"""),
+    code("""
+for png in sorted(Path(OUT).glob("audit*.png")):
+    display(Image(filename=str(png)))
+"""),
+    md("""
+## Against what torch.cuda.graph did
+
+For the engines ds4lab builds, the same decode step was captured with `torch.cuda.graph` (capture
+mode global) and replayed against the eager step (`ds4lab audit validate`): the audit's verdict on
+the whole token should name the outcome, and the whole-token plan's µs the measured replay (within
+20 %).
+"""),
+    code("""
+if torch_run is None:
+    print("your own trace: no torch.cuda.graph outcome to compare with (`ds4lab audit validate` checks the "
+          "audit against torch on the engines ds4lab builds)")
+else:
+    verdict, because = predicted_outcome(rep)
+    whole = rep.plans.set_index("plan")["predicted_us"].get("whole token")
+    replay = torch_run.get("replay_us")
+    print(f"torch.cuda.graph: {torch_run['outcome']} — {torch_run['detail']}")
+    print(f"audit: {verdict}" + (f" — {because}" if because else "")
+          + f"  ({'agrees' if OUTCOMES.get(torch_run['outcome']) == verdict else 'DISAGREES'})")
+    if replay and whole:
+        print(f"replay: {replay:.0f} µs per step measured (CUDA events) · {whole:.0f} µs predicted (MODELED), "
+              f"×{whole / replay:.2f}")
 """),
 ])
 

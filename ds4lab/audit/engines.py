@@ -62,6 +62,7 @@ class EngineRun:
     recording: str = ""
     replay_errors: list = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    device: dict = field(default_factory=dict)
 
 
 def build(engine: str, *, layers: int | None = None):
@@ -170,6 +171,20 @@ def _restore(cache, snap) -> None:
                 setattr(layer, name, s.clone())
 
 
+def _device() -> dict:
+    """The GPU, driver and CUDA versions this run measured on (the provenance of its outcome and µs)."""
+    import torch
+
+    info = {"device": torch.cuda.get_device_name(), "torch_cuda": torch.version.cuda}
+    try:  # CuPy names the driver; torch does not
+        from ..backends.cupy_backend import device_info
+
+        info.update({k: v for k, v in device_info().items() if k in ("driver", "cuda_driver_api", "cupy")})
+    except Exception as e:  # noqa: BLE001 - provenance only: say why it is missing
+        info["driver"] = f"unknown ({type(e).__name__})"
+    return info
+
+
 def _events_us(fn, n: int) -> float:
     import statistics
 
@@ -197,7 +212,7 @@ def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineR
     if cache_kind not in CACHES:
         raise ValueError(f"unknown cache {cache_kind!r}; choose from: {', '.join(CACHES)}")
     model, summary = build(engine)
-    res = EngineRun(engine, cache_kind, config=summary)
+    res = EngineRun(engine, cache_kind, config=summary, device=_device())
     cache = _make_cache(model, cache_kind)
     _prefill(model, cache)
     step = _Step(model, cache, model.config.vocab_size)
@@ -310,6 +325,40 @@ def run_isolated(engine: str, cache_kind: str, out: Path, *, timeout: float = 24
     return {"engine": engine, "cache": cache_kind, "outcome": "", "error": f"exit {r.returncode}: {tail}"}
 
 
+#: The decode loops bundled with ds4lab (``ds4lab/data/audit/torch-<engine>-<cache>.csv.gz``): recordings
+#: of :func:`run_engine` on an H200, trimmed to their decode steps, for auditing without a GPU. Their
+#: torch.cuda.graph outcomes are in the measurement record named in docs/figures.md.
+RECORDED = (("llama", "static"), ("llama", "dynamic"), ("deepseek-v3", "static"))
+
+
+def recorded(engine: str, cache_kind: str) -> Path:
+    """The bundled recording of ``engine`` with ``cache_kind`` (:data:`RECORDED`), a ds4lab recording
+    (``.csv.gz``) that ``ds4lab audit`` reads.
+
+    Raises:
+        ValueError: a pair that is not bundled (naming the bundled ones).
+    """
+    from importlib.resources import files
+
+    if (engine, cache_kind) not in RECORDED:
+        raise ValueError(f"no bundled recording of {engine!r} with a {cache_kind!r} cache; bundled: "
+                         + ", ".join(f"{e}/{c}" for e, c in RECORDED))
+    return Path(str(files("ds4lab") / "data" / "audit" / f"torch-{engine}-{cache_kind}.csv.gz"))
+
+
+def recorded_outcome(engine: str, cache_kind: str) -> dict:
+    """What torch.cuda.graph did with the bundled recording's engine and cache on the GPU that recorded
+    it: :class:`EngineRun`'s fields (``outcome``, ``detail``, ``eager_us``, ``replay_us`` measured with
+    CUDA events, ``device`` with the GPU and driver), from ``torch-<engine>-<cache>.json`` beside it.
+
+    Raises:
+        ValueError: a pair that is not bundled.
+    """
+    import json
+
+    return json.loads(recorded(engine, cache_kind).with_name(f"torch-{engine}-{cache_kind}.json").read_text())
+
+
 def available() -> tuple[bool, str]:
     """Whether torch (with a GPU) and transformers are importable here, and why not."""
     try:
@@ -322,8 +371,8 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["CACHES", "ENGINES", "EngineRun", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build", "run_engine",
-           "run_isolated"]
+__all__ = ["CACHES", "ENGINES", "EngineRun", "RECORDED", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build",
+           "recorded", "recorded_outcome", "run_engine", "run_isolated"]
 
 
 if __name__ == "__main__":  # one engine and cache, as run_isolated runs it
