@@ -89,9 +89,9 @@ def run(cfg: ContextConfig, be, console):
     was = S.graphs_enabled()
     S.set_graphs_enabled(True)
     try:
-        with results.job_folder(out, meta, CONTEXT_OUTPUTS):
-            df = _measure(be, preset, mcfg, st_list, ctx, cfg, out, meta, console)
-            paths = plots.save(context_figure(df, meta), out / "context")
+        with results.job_folder(out, meta, CONTEXT_OUTPUTS, say=console.print) as folder:
+            df = _measure(be, preset, mcfg, st_list, ctx, cfg, folder, meta, console)
+            paths = plots.save(context_figure(df, meta), folder / "context")
             console.print(f"wrote {out / 'context.csv'}, {out / 'meta.json'}, " + ", ".join(map(str, paths)))
             bad = df[df.exact == False]  # noqa: E712
             if len(bad):

@@ -54,12 +54,12 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
     meta = provenance.base_meta(be)
     meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
     rows = []
-    with results.job_folder(out, meta, HAZARD_OUTPUTS):
+    with results.job_folder(out, meta, HAZARD_OUTPUTS, say=console.print) as folder:
         for n in names:
             r = (demonstrate_longctx(n, be, mcfg, mode=cfg.mode) if n in LONGCTX_HAZARDS else
                  demonstrate(n, be, mcfg, mode=cfg.mode))
             rows.append(r)
-            pd.DataFrame(rows).to_csv(out / "hazards.csv", index=False)
+            pd.DataFrame(rows).to_csv(folder / "hazards.csv", index=False)
             console.print(f"[bold]{n}[/]: {r['outcome']} · errors {r['errors']} · exact {r['exact']}"
                           + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
             console.print(f"   expected: {r['expected']}")

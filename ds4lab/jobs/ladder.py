@@ -152,8 +152,8 @@ def run(cfg: LadderConfig, be, console=None):
     was_enabled = S.graphs_enabled()
     S.set_graphs_enabled(True)  # DS4_CUDA_GRAPHS=1: stages 0s and up set an override
     try:
-        with results.job_folder(out, meta, LADDER_OUTPUTS):  # a NotExact run is written, then "failed"
-            df = _measure(be, preset, mcfg, st_list, cfg, rounds, out, con, meta)
+        with results.job_folder(out, meta, LADDER_OUTPUTS, say=con.print) as folder:  # NotExact: written, "failed"
+            df = _measure(be, preset, mcfg, st_list, cfg, rounds, folder, con, meta)
             bad = df[df.exact == False]  # noqa: E712
             if len(bad):
                 raise NotExact("not bit-identical to stage 0: " + "; ".join(

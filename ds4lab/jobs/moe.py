@@ -94,8 +94,10 @@ def run(cfg: MoeConfig, be, console=None):
                                         if be.timing_only else ""))
     meta["globaltimer"] = M.globaltimer_resolution(be)
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
-    with results.job_folder(out, meta, MOE_OUTPUTS):
-        return _profile(be, mcfg, preset, modes, tokens, routings, cfg, out, meta, modeled, con)
+    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print) as folder:
+        data, written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, folder, meta, modeled, con)
+    con.print("wrote " + ", ".join(str(out / p.relative_to(folder)) for p in written))
+    return data
 
 
 def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
@@ -114,6 +116,8 @@ def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
 
 
 def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta, modeled, con):
+    """Profile every (mode, routing, tokens per step) into folder ``out`` (the staging folder);
+    returns the rows and the files written."""
     import sys
 
     import pandas as pd
@@ -129,7 +133,6 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
     con.print(f"[bold]ds4lab moe[/] · {preset} · {be.name} · layers {wb.model.n_layers} · modes {', '.join(modes)}")
     csv_path = out / "moe.csv"
-    csv_path.unlink(missing_ok=True)
     header = True
     frames = []
     failures = []
@@ -200,8 +203,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     meta.update(failures=failures, rows=len(data))
     written = [csv_path, out / "summary.csv", *logs, out / "meta.json"] + [
         out / f for f in ("expert-load.csv", "share.csv", "overhead.csv") if (out / f).exists()] + figs
-    con.print("wrote " + ", ".join(map(str, written)))
-    return data
+    return data, written
 
 
 def _print_summary(con, summ, modes) -> None:

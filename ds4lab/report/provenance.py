@@ -79,7 +79,9 @@ def cuda_version(v) -> str:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` as indented JSON atomically (a partial file never replaces a good one)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """Write ``data`` as indented JSON atomically (a partial file never replaces a good one; on an
+    error the temporary file is removed). Raises :class:`ds4lab.report.results.WriteFailed` naming
+    ``path``."""
+    from .results import write_text_atomic
+
+    write_text_atomic(Path(path), json.dumps(data, indent=2, default=str) + "\n")

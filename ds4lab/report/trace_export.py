@@ -300,9 +300,9 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     was = S.graphs_enabled()
     S.set_graphs_enabled(True)
     try:
-        with results.job_folder(out, meta, TRACE_OUTPUTS):
+        with results.job_folder(out, meta, TRACE_OUTPUTS, say=say) as folder:
             kern, nvtx = _trace(be, cfg, st_list, config, src, say, meta)
-            files = _write(out, kern, nvtx, meta)
+            files = [out / p.name for p in _write(folder, kern, nvtx, meta)]
     finally:
         S.set_graphs_enabled(was)
     return TraceResult(out, kern, nvtx, meta, files)
@@ -447,9 +447,7 @@ def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict) -> lis
 
     files = []
     p = out / "trace.json"
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(chrome_trace(kern, nvtx, meta), default=str))
-    tmp.replace(p)
+    results.write_text_atomic(p, json.dumps(chrome_trace(kern, nvtx, meta), default=str))
     files.append(p)
     kern.to_csv(out / "trace_kernels.csv", index=False)
     nvtx.to_csv(out / "trace_nvtx.csv", index=False)
