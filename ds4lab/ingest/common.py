@@ -4,12 +4,14 @@ numbers."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -24,13 +26,122 @@ class IngestError(ValueError):
 
 @dataclass
 class Ingested:
-    """What one input gave: tables by name (tidy DataFrames) and the bad lines (lenient mode)."""
+    """What one input gave: tables by name (tidy DataFrames), the bad lines (lenient mode) and the
+    warnings.
+
+    A reader that streams a large input hands its rows over in chunks (:meth:`emit`): to ``sink``
+    when one is set (``ds4lab ingest`` writes them straight to CSV, so memory stays bounded), else
+    into :attr:`tables` (:meth:`ingest`, tests). ``rows`` counts the rows of each table either way;
+    ``progress(n)`` is told of every ``n`` bytes read.
+    """
 
     path: Path
     kind: str
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    sink: Callable[[str, pd.DataFrame], None] | None = None
+    progress: Callable[[int], None] | None = None
+
+    def emit(self, table: str, df: pd.DataFrame) -> None:
+        """Hand over rows of ``table``: to :attr:`sink`, or appended to :attr:`tables`."""
+        if df.empty:
+            return
+        self.rows[table] = self.rows.get(table, 0) + len(df)
+        if self.sink is not None:
+            self.sink(table, df)
+        elif table in self.tables:
+            self.tables[table] = pd.concat([self.tables[table], df], ignore_index=True)
+        else:
+            self.tables[table] = df.reset_index(drop=True)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table: those emitted, and those of :attr:`tables` a reader set whole."""
+        out = dict(self.rows)
+        for name, df in self.tables.items():
+            out.setdefault(name, len(df))
+        return out
+
+    def read(self, n: int) -> None:
+        """Tell :attr:`progress` that ``n`` more bytes were read."""
+        if self.progress is not None:
+            self.progress(n)
+
+
+def text_lines(res: Ingested, path: Path):
+    """``(line number, text)`` of every line of ``path``, streamed (bounded memory), decoded as UTF-8
+    with undecodable bytes replaced, line ends removed; progress told to ``res``. The last line is
+    flagged by :func:`ends_with_newline` separately (a cut-off file)."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            res.read(len(raw))
+            yield n, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def ends_with_newline(path: Path) -> bool:
+    """Whether the file's last byte is a newline (an empty file counts as ending well). Every tool
+    ds4lab reads (nsys stats, ncu, ds4, pandas) ends its output with one: a file without it was cut
+    off (a full disk, an interrupted copy), and its last line may be a partial row."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def content_sha256(path: Path) -> str:
+    """SHA-256 of an input's content, streamed: a file's bytes; for a folder, its files (names
+    relative to it, sorted, and bytes; sub-folders included). Two inputs with the same hash hold
+    the same data, whatever their paths."""
+    h = hashlib.sha256()
+    path = Path(path)
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            rel = f.relative_to(path).as_posix()
+            if rel.startswith(".") or "/." in rel:  # locks and staging folders are not content
+                continue
+            h.update(rel.encode() + b"\0")
+            _hash_file(h, f)
+            h.update(b"\0")
+        return h.hexdigest()
+    _hash_file(h, path)
+    return h.hexdigest()
+
+
+def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
+    """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab
+    write them) whose field count differs from the header's, and for a last line cut off (no final
+    newline: :func:`ends_with_newline`); at most ``limit``. Streamed. A cut-off table would
+    otherwise be read with its half row filled in as empty cells."""
+    import csv
+
+    out: list[tuple[int, str]] = []
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rd = csv.reader(f)
+        try:
+            header = next(rd, None)
+            if header is None:
+                return out
+            for row in rd:
+                if row and len(row) != len(header):
+                    out.append((rd.line_num, f"{len(row)} fields, the header has {len(header)}"))
+                    if len(out) >= limit:
+                        break
+        except csv.Error as e:
+            out.append((rd.line_num, f"unreadable CSV ({e})"))
+    if not ends_with_newline(path):
+        with open(path, "rb") as f:
+            lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b"")) + 1
+        out.append((lines, "the file ends in the middle of a line: cut off (truncated)"))
+    return out
+
+
+def _hash_file(h, f: Path) -> None:
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
 
 
 _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

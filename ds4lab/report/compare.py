@@ -148,9 +148,11 @@ def _status(t: Table) -> str | None:
             st = str(t.meta["status"])
         elif "job" in t.meta:  # every ds4lab job writes a status when it finishes
             st = "no status"
-    if st is None and "status" in t.df:
+    if (st is None or st.strip().lower() in COMPLETE) and "status" in t.df:
+        # an ingested table keeps each source run's status: an ingest that completed does not make
+        # an interrupted run's rows complete
         bad = [str(v) for v in t.df["status"].dropna().unique() if str(v) and str(v).lower() not in COMPLETE]
-        st = bad[0] if bad else None
+        st = bad[0] if bad else st
     if st is None or st.strip().lower() in COMPLETE:
         return None
     return st if len(st) <= 40 else st[:39] + "…"

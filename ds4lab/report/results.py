@@ -50,12 +50,15 @@ import traceback
 from pathlib import Path
 
 from ..errors import interrupt_status
-# (FolderLock, install_stop_signals, output_file, LOCK_SUFFIX: this module's interface too)
-from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, FolderLock, Lock,  # noqa: F401
+from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, FolderLock, Lock,
                         OutputError, WriteFailed, exchange_paths, free_name, held_by_live_process,
                         install_stop_signals, is_empty_dir, load_json_or_none, lock_holder, lock_path,
                         make_parents, os_reason, output_file, pid_alive, probe_write, refuse_no_folder,
                         remove_made, remove_tmp_files, signals_held, stop_signals, write_text_atomic)
+
+__all__ = ["LOCK_NAME", "LOCK_SUFFIX", "FolderLock", "Lock", "OutputError", "ResultsCSV", "WriteFailed", "check_out",
+           "held_by_live_process", "install_stop_signals", "job_folder", "lock_holder", "lock_path", "output_file",
+           "read_meta", "stop_signals", "strict_json", "write_meta", "write_text_atomic"]
 
 #: Files of ds4lab's own in a result folder, whatever the job.
 _OWN_FILES = ("meta.json", "meta.json.tmp", LOCK_NAME)
@@ -450,7 +453,7 @@ def _as_write_failed(e: OSError, folder: Path) -> WriteFailed:
 
 
 @contextlib.contextmanager
-def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None):
+def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=()):
     """The life of one result folder around a command's work (the module docstring's steps):
     ``with job_folder(out, meta, OUTPUTS) as folder:`` and the command writes every file into
     ``folder`` (the staging folder), never into ``out``.
@@ -468,6 +471,8 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None):
             written (a job records how far it got); an error inside it is recorded in
             ``meta["on_stop_error"]``, never raised.
         say: prints the lines about where results went (default: stderr).
+        discard_on: exception types that mean the input was bad (``ingest`` reading a malformed
+            line): the staging folder is removed and ``out`` left as it was, nothing kept.
 
     Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``,
     ``interrupted (SIGHUP)`` (the exception goes on; partial results kept); ``failed: <error>``
@@ -513,6 +518,10 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None):
                 t._note(f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})"
                         + _unchanged(t, where))
                 _tell(e, where)
+                raise
+            except discard_on:
+                shutil.rmtree(folder, ignore_errors=True)
+                done = True
                 raise
             except BaseException as e:
                 # an OSError is a write that failed (a full disk); a closed stdout (`| head`) is not
