@@ -520,7 +520,7 @@ def test_a_second_ingest_replaces_the_first_ones_tables(tmp_path):
     assert pd.read_csv(out / "nsys_kernels.csv").file.unique().tolist() == [str(stats)]
     r = cli("compare", out, "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
-    assert {p.stem for p in (tmp_path / "cmp").iterdir()} == {"compare_kernels"}  # no stale MoE or ladder
+    assert {p.stem for p in (tmp_path / "cmp").iterdir()} == {"compare_kernels", "meta"}  # no stale MoE or ladder
 
 
 def test_folder_with_meta_but_no_table_is_an_error(tmp_path):

@@ -170,7 +170,7 @@ def test_cli_reports_a_failed_notebook_and_runs_the_rest(tmp_path):
     nbformat.write(_notebook("import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(B)"), d / "b_good.ipynb")
     res = CliRunner().invoke(main, ["notebooks", "--dir", str(d), "--set", "A=7", "--out", str(tmp_path / "o")])
     assert res.exit_code == 1, res.output
-    assert "FAILED at code cell 2: ValueError: bad 7" in res.output
+    assert "FAILED at code cell 2 of 2 in a_bad.ipynb: ValueError: bad 7" in res.output
     runs = json.loads((tmp_path / "o" / "runs.json").read_text())["runs"]
     assert [(r["notebook"], r["ok"]) for r in runs] == [("a_bad.ipynb", False), ("b_good.ipynb", True)]
     assert (tmp_path / "o" / "b_good").is_dir()

@@ -40,7 +40,7 @@ import pandas as pd
 from . import ncu as _ncu
 from . import nsys_csv as _nsys_csv_mod
 from ..moeprof.ds4log import ds4lab_header, ds4lab_header_fields
-from .common import IngestError, Ingested, check_out_dir, content_sha256, load_meta
+from .common import IngestError, Ingested, RowBlock, check_out_dir, content_sha256, load_meta
 from .ds4log import DS4_PREFIX, MOE_STAGES, TOTAL_SLACK_MS, read_ds4_log
 from .folder import read_ds4lab_folder
 from .ncu import read_ncu_csv
@@ -245,18 +245,27 @@ class _TableFiles:
         self.parts: dict[str, list[tuple[list[str], Path]]] = {}
         self.rows: dict[str, int] = {}
 
-    def add(self, table: str, df: pd.DataFrame) -> None:
-        if df.empty:
+    def add(self, table: str, df) -> None:
+        """Append ``df`` (a DataFrame, or a :class:`ds4lab.ingest.common.RowBlock`) to ``table``."""
+        if len(df) == 0:
             return
         cols = [str(c) for c in df.columns]
         parts = self.parts.setdefault(table, [])
         part = next((p for c, p in parts if c == cols), None)
-        if part is None:
+        new = part is None
+        if new:
             part = self.folder / (f"{table}.csv" if not parts else f".{table}.part{len(parts)}.csv")
             parts.append((cols, part))
-            df.to_csv(part, index=False)
+        if isinstance(df, RowBlock):
+            import csv
+
+            with open(part, "a" if not new else "w", newline="") as f:
+                w = csv.writer(f, lineterminator="\n")
+                if new:
+                    w.writerow(cols)
+                w.writerows(df.rows)
         else:
-            df.to_csv(part, mode="a", header=False, index=False)
+            df.to_csv(part, mode="w" if new else "a", header=new, index=False)
         self.rows[table] = self.rows.get(table, 0) + len(df)
 
     def close(self) -> None:

@@ -44,14 +44,18 @@ class Ingested:
     sink: Callable[[str, pd.DataFrame], None] | None = None
     progress: Callable[[int], None] | None = None
 
-    def emit(self, table: str, df: pd.DataFrame) -> None:
-        """Hand over rows of ``table``: to :attr:`sink`, or appended to :attr:`tables`."""
-        if df.empty:
+    def emit(self, table: str, df) -> None:
+        """Hand over rows of ``table`` (a DataFrame, or a :class:`RowBlock`): to :attr:`sink`, or
+        appended to :attr:`tables`."""
+        if len(df) == 0:
             return
         self.rows[table] = self.rows.get(table, 0) + len(df)
         if self.sink is not None:
             self.sink(table, df)
-        elif table in self.tables:
+            return
+        if isinstance(df, RowBlock):
+            df = df.frame()
+        if table in self.tables:
             self.tables[table] = pd.concat([self.tables[table], df], ignore_index=True)
         else:
             self.tables[table] = df.reset_index(drop=True)
@@ -69,14 +73,38 @@ class Ingested:
             self.progress(n)
 
 
-def text_lines(res: Ingested, path: Path):
+@dataclass
+class RowBlock:
+    """Rows of one table as tuples in ``columns`` order, handed over without a DataFrame: the CSV
+    writer takes them as they are (a streamed log's chunk writes several times faster so). Values:
+    numbers, text, booleans; ``""`` for an empty cell (as pandas writes a missing value)."""
+
+    columns: tuple
+    rows: list
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame (empty cells as NaN)."""
+        return pd.DataFrame(self.rows, columns=list(self.columns)).replace("", float("nan"))
+
+
+def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
     """``(line number, text)`` of every line of ``path``, streamed (bounded memory), decoded as UTF-8
-    with undecodable bytes replaced, line ends removed; progress told to ``res``. The last line is
-    flagged by :func:`ends_with_newline` separately (a cut-off file)."""
+    with undecodable bytes replaced, line ends removed; progress told to ``res`` every
+    ``report_every`` bytes and at the end. A cut-off last line is for the caller to check
+    (:func:`ends_with_newline`)."""
+    pending = 0
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
-            res.read(len(raw))
+            pending += len(raw)
+            if pending >= report_every:
+                res.read(pending)
+                pending = 0
             yield n, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    if pending:
+        res.read(pending)
 
 
 def ends_with_newline(path: Path) -> bool:
@@ -113,28 +141,28 @@ def content_sha256(path: Path) -> str:
 def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
     """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab
     write them) whose field count differs from the header's, and for a last line cut off (no final
-    newline: :func:`ends_with_newline`); at most ``limit``. Streamed. A cut-off table would
-    otherwise be read with its half row filled in as empty cells."""
+    newline: :func:`ends_with_newline`; said instead of its field count); at most ``limit``.
+    Streamed. A cut-off table would otherwise be read with its half row filled in as empty cells."""
     import csv
 
     out: list[tuple[int, str]] = []
+    last = 0
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
         rd = csv.reader(f)
         try:
             header = next(rd, None)
             if header is None:
                 return out
+            last = rd.line_num
             for row in rd:
-                if row and len(row) != len(header):
+                last = rd.line_num
+                if row and len(row) != len(header) and len(out) < limit:
                     out.append((rd.line_num, f"{len(row)} fields, the header has {len(header)}"))
-                    if len(out) >= limit:
-                        break
         except csv.Error as e:
             out.append((rd.line_num, f"unreadable CSV ({e})"))
-    if not ends_with_newline(path):
-        with open(path, "rb") as f:
-            lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b"")) + 1
-        out.append((lines, "the file ends in the middle of a line: cut off (truncated)"))
+    if last and not ends_with_newline(path):
+        out = [p for p in out if p[0] != last]
+        out.append((last, "the file ends in the middle of a line: cut off (truncated)"))
     return out
 
 

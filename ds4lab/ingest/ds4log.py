@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..moeprof.ds4log import (DS4_PREFIX, TOTAL_NOT_SUM_MODES, TOTAL_SLACK_MS, ds4_line_problem, ds4lab_header,
                               ds4lab_header_fields, parse_ds4_line)
-from .common import Ingested, problem as _problem, text_lines
+from .common import Ingested, RowBlock, problem as _problem, text_lines
 
 from ..moeprof.rows import STAGES as MOE_STAGES  # ds4's six stages and their total, defined once
 #: modes whose ``total`` is not the sum of the stages (CUPTI: first kernel start to last kernel end),
@@ -39,6 +39,20 @@ class _Chunk:
 
     def __len__(self) -> int:
         return len(self.line)
+
+    def block(self, first_call: int, states: list[tuple], path: Path) -> RowBlock:
+        """The chunk's rows in ``ds4_moe``'s long format (one row per call and stage), as tuples."""
+        name = str(path)
+        rows = []
+        add = rows.append
+        for i, (ln, tokens, pairs, st, ms) in enumerate(zip(self.line, self.tokens, self.pairs, self.state, self.ms)):
+            prov, modeled, mode, routing = states[st]
+            backend = "ds4" if prov == "ds4" else "ds4lab"
+            src = f"{path.name}:{ln}"
+            call = first_call + i
+            for stage, v in zip(MOE_STAGES, ms):
+                add((call, "", tokens, pairs, stage, v, mode, backend, routing, bool(modeled), prov, name, src))
+        return RowBlock(COLUMNS, rows)
 
     def frame(self, first_call: int, states: list[tuple], path: Path) -> pd.DataFrame:
         """The chunk's rows in ``ds4_moe``'s long format: one row per (call, stage)."""
@@ -104,11 +118,11 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
         chunk.state.append(cur)
         chunk.ms.append([vals[s] for s in MOE_STAGES])
         if len(chunk) >= chunk_lines:
-            res.emit("ds4_moe", chunk.frame(call, states, path))
+            res.emit("ds4_moe", chunk.block(call, states, path) if res.sink else chunk.frame(call, states, path))
             call += len(chunk)
             chunk = _Chunk()
     if len(chunk):
-        res.emit("ds4_moe", chunk.frame(call, states, path))
+        res.emit("ds4_moe", chunk.block(call, states, path) if res.sink else chunk.frame(call, states, path))
         call += len(chunk)
     if call == 0 and not res.problems:
         _problem(res, lenient, 0, "no ds4 MoE profile line")

@@ -360,9 +360,10 @@ def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float
 
 
 def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per launch site (cluster, op): kernel, launches, median duration (µs), median DRAM %
-    of peak, median SM %, and (when joined) median achieved GB/s; sorted by total duration, largest
-    first. Rows without a ds4lab op (another domain, no NVTX) are grouped under op ``(no NVTX op)``."""
+    """One row per launch site (cluster, op), input file, device and process: kernel, launches,
+    median duration (µs), median DRAM % of peak, median SM %, and (when joined) median achieved
+    GB/s; sorted by total duration, largest first. Rows without a ds4lab op (another domain, no
+    NVTX) are grouped under op ``(no NVTX op)``."""
     k = kernels.copy()
     k["cluster"] = k["cluster"].fillna("(no ds4lab range)")
     k["op"] = k["op"].fillna("(no NVTX op)")
@@ -375,7 +376,8 @@ def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
         agg["achieved_GBps"] = ("achieved_GBps", "median")
     if "provenance" in k:
         agg["provenance"] = ("provenance", "first")
-    by = ["cluster", "op"] + (["file"] if "file" in k else [])
+    # one row per site and device/process: two GPUs' kernels never share a median
+    by = ["cluster", "op"] + [c for c in ("file", "device", "pid") if c in k]
     g = k.groupby(by, dropna=False).agg(**agg).reset_index()
     return g.sort_values("total_us", ascending=False).reset_index(drop=True)
 

@@ -116,6 +116,16 @@ def looks_like(text: str) -> bool:
         return True
     if text_format_line(lines) is not None:
         return True
+    for line in lines[:50]:  # a per-report file of `nsys stats -o`: its header is the first CSV line
+        if line.lstrip().startswith('"'):
+            try:
+                cells = [c.strip() for c in next(csv.reader([line]), [])]
+            except csv.Error:
+                break
+            if _header(cells) and (report_by_columns(cells)[0] is not None
+                                   or {"Total Time", "Num Calls", "Name"} <= {_unit_free(c) for c in cells}):
+                return True
+            break
     return bool(re.search(r'^"?Time ?\(%\)"?,.*"?Total Time', text, re.M)
                 or re.search(r'"?Total Time \((ns|us|ms|s)\)"?', text)
                 and re.search(r'"?(Name|Range)"?\s*$', text, re.M)
