@@ -347,3 +347,24 @@ def test_a_second_ingest_into_a_folder_in_use_is_refused_with_the_pid(tmp_path):
     finally:
         held.release()
     assert cli("ingest", log, "--out", out).exit_code == 0
+
+
+# ----------------------------------------------------------------------------- scripts/ds4lab.sh
+def test_ds4lab_sh_runs_in_the_callers_folder(tmp_path):
+    """`bash scripts/ds4lab.sh ingest ok.log` from another folder reads ok.log there and writes its
+    results there, while the set-up still finds the checkout's .venv."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    stamp, pyproject = repo / ".venv" / ".ds4lab-installed", repo / "pyproject.toml"
+    if not stamp.is_file() or stamp.stat().st_mtime < pyproject.stat().st_mtime:
+        pytest.skip(".venv is not set up for this pyproject.toml yet: run bash scripts/test.sh (it sets it up)")
+    write(tmp_path, "ok.log", "ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.013 sort=0.003 gateup=0.031 midq=0.004 "
+                              "down=0.013 sum=0.004 total=0.068 ms\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    r = subprocess.run(["bash", str(repo / "scripts" / "ds4lab.sh"), "ingest", "ok.log", "--out", "o"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "o" / "ds4_moe.csv").is_file() and not (repo / "o").exists()

@@ -386,28 +386,37 @@ class _Target:
 
     def _commit(self) -> Path:
         out, new = self.out, self.staging
-        with signals_held():
+        carried = []
+        with signals_held():  # the swap is not cut in half; removing the earlier results can be
             if not out.exists():
                 os.rename(new, out)
-                return self.shown
-            carried, clash = self._carry(out, new)
-            if exchange_paths(new, out):  # new now holds the earlier results
-                os.rename(new, self.old)
             else:
-                os.rename(out, self.old)
-                os.rename(new, out)
-            if clash:  # an earlier file of the user's shares a name with one this run wrote: keep it
-                dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
-                os.rename(self.old, dest)
-                self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
-                           f"{', '.join(clash)}, not written by ds4lab, named like files this run wrote")
-            else:
-                shutil.rmtree(self.old, ignore_errors=True)
+                carried = self._swap(out, new)
+        if self.old.exists():
+            shutil.rmtree(self.old, ignore_errors=True)
         if carried:
             self._note(f"{self.shown}: kept {', '.join(carried)} (not written by ds4lab)")
         if self.had_results:
             self._note(f"results in {self.shown}/ (the earlier results there replaced)")
+        elif self.say is not None:
+            self.say(f"results in {self.shown}/")
         return self.shown
+
+    def _swap(self, out: Path, new: Path) -> list[str]:
+        """Swap ``new`` in for the earlier ``out`` (atomically where the system can), carrying the
+        earlier folder's files ds4lab did not write; returns their names."""
+        carried, clash = self._carry(out, new)
+        if exchange_paths(new, out):  # new now holds the earlier results
+            os.rename(new, self.old)
+        else:
+            os.rename(out, self.old)
+            os.rename(new, out)
+        if clash:  # an earlier file of the user's shares a name with one this run wrote: keep it
+            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+            os.rename(self.old, dest)
+            self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
+                       f"{', '.join(clash)}, not written by ds4lab, named like files this run wrote")
+        return carried
 
     def _carry(self, old: Path, new: Path) -> tuple[list[str], list[str]]:
         """Move the entries of the earlier folder that ds4lab did not write into the new one."""
