@@ -387,7 +387,7 @@ class _Target:
     def _commit(self) -> Path:
         out, new = self.out, self.staging
         carried = []
-        with signals_held():  # the swap is not cut in half; removing the earlier results can be
+        with signals_held():  # the swap is never cut in half (removing the old copy, after it, may be)
             if not out.exists():
                 os.rename(new, out)
             else:
