@@ -176,6 +176,8 @@ def test_nsys_kernel_tables_are_drawn(tmp_path):
     r = cli("compare", tmp_path / "nsys", lad, "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "cmp" / "compare_kernels.png").exists() and (tmp_path / "cmp" / "compare_ladder.png").exists()
+    # nsys sums a kernel over every device and process of the report: the figure says so
+    assert "add up every device and process" in (tmp_path / "cmp" / "compare_kernels.svg").read_text()
 
 
 def test_moe_comparison_is_like_for_like(tmp_path):

@@ -81,17 +81,6 @@ def test_two_gpus_are_two_bars_never_one_sum(tmp_path, rng, monkeypatch):
     assert v0["moe_gateup_decode"] == pytest.approx(per_dev[0]) and v1["moe_gateup_decode"] == pytest.approx(per_dev[1])
 
 
-def test_an_nsys_kernel_summary_is_said_to_be_a_sum(tmp_path):
-    stats = tmp_path / "s_cuda_gpu_kern_sum.csv"
-    stats.write_text('"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)",'
-                     '"StdDev (ns)","Name"\n"60.0","1,234,567","43","28,710.9","28,704.0","28,512","29,120","120.5",'
-                     '"moe_gateup_decode"\n')
-    assert cli("ingest", stats, "--out", tmp_path / "ing").exit_code == 0
-    assert cli("compare", tmp_path / "ing", "--out", tmp_path / "cmp").exit_code == 0
-    svg = (tmp_path / "cmp" / "compare_kernels.svg").read_text()
-    assert "add up every device and process" in svg
-
-
 # ----------------------------------------------------------------------------- the same folder twice
 def test_the_same_folder_twice_is_refused_by_path_and_by_content(tmp_path, rng):
     import shutil

@@ -4,19 +4,24 @@ from other machines. One module per format:
 
 * :mod:`.ds4log` — ds4's ``DS4_CUDA_MOE_PROFILE`` stderr lines and the ds4-format logs ``ds4lab moe``
   writes (``ds4-log`` → table ``ds4_moe``);
-* :mod:`.nsys_csv` — every ``nsys stats --format csv`` report, told apart by its title line
-  (``nsys-csv`` → ``nsys_kernels``, ``nsys_nvtx``, ``nsys_nvtx_kernels``, ``nsys_cuda_api``,
-  ``nsys_mem_time``, ``nsys_mem_size``, ``nsys_gpu_trace``, ``nsys_api_trace``, ``nsys_osrt``; other
-  reports skipped by name);
+* :mod:`.nsys_csv` — every ``nsys stats --format csv`` report, told apart by its title line, or in
+  the per-report files of ``-o PREFIX`` by their file name and columns (``nsys-csv`` →
+  ``nsys_kernels``, ``nsys_nvtx``, ``nsys_nvtx_kernels``, ``nsys_cuda_api``, ``nsys_mem_time``,
+  ``nsys_mem_size``, ``nsys_gpu_trace``, ``nsys_api_trace``, ``nsys_osrt``; other reports skipped by
+  name; the text format refused with "rerun with --format csv");
 * :mod:`.nsys_sqlite` — ``nsys export --type sqlite`` (``nsys-sqlite`` → ``kernels``, ``graphs``,
   ``nvtx`` with domain names; a warning when graph executions come without their kernels);
-* :mod:`.ncu` — ``ncu --csv`` details or raw page (``ncu-csv`` → ``ncu_kernels``, ``ncu_metrics``;
-  with ``sites=PRESET`` also ``ncu_sites``, joined to ds4lab's launch sites);
+* :mod:`.ncu` — ``ncu --csv`` details or raw page (``ncu-csv`` → ``ncu_kernels``, ``ncu_metrics`` keyed
+  by section and name with units, ``ncu_rules``; ``ncu_sites``, with ``sites=PRESET`` joined to
+  ds4lab's launch sites);
 * :mod:`.folder` — ds4lab result folders (``ds4lab-folder`` → ``ds4lab_<table>``).
 
-The format is detected from the content, never from the file name (:func:`detect`): a folder with a
-ds4lab ``meta.json``; a file starting ``SQLite format 3``; text with ``ds4: CUDA MoE profile`` lines;
-text with an ncu CSV header (``"ID","Process ID"``); text with ``nsys stats`` reports.
+The format is detected from the content, never from the file name (:func:`detect`, scanning in
+blocks): a folder with a ds4lab ``meta.json``; a file starting ``SQLite format 3``; text with ``ds4:
+CUDA MoE profile`` lines; text with an ncu CSV header (``"ID","Process ID"``); text with ``nsys stats``
+reports. A raw ``.nsys-rep``/``.qdrep``/``.ncu-rep`` is refused with the command that exports it.
+Large inputs are streamed: ds4 logs and ``nsys stats`` CSV are read line by line and written in
+chunks (:meth:`Ingested.emit`), so memory does not grow with the file.
 
 Every table has a ``file`` column (the input it came from: one source per file, so that ``compare``
 draws one bar per file) and a ``source`` column (``file:line``, the SQLite row number, or the CSV a
@@ -27,8 +32,10 @@ rows are kept and every bad line is reported (:attr:`Ingested.problems`), never 
 What is read but not turned into rows (a report ds4lab does not read, unit assumptions, graph
 executions without their kernels) is named in :attr:`Ingested.warnings`. An input that cannot be
 read at all (no such file, a broken ``meta.json``, a ds4lab folder without a table, an unreadable
-SQLite database), the same input given twice, and an ``--out`` that cannot be a folder are
-IngestErrors in either mode.
+SQLite database), a file cut off in the middle of its last line, the same input given twice (by
+path or by content: :func:`check_inputs`), and an ``--out`` that cannot be this folder are
+IngestErrors in either mode. :func:`ingest_all` writes into a ds4lab result folder
+(:func:`ds4lab.report.results.job_folder`: locked, staged, ``meta.json`` naming the inputs).
 """
 
 from __future__ import annotations

@@ -18,24 +18,31 @@ columns (:data:`TABLES`):
   fraction of bandwidth ncu measures), drawn by :func:`ds4lab.report.plots.ncu_sites_figure`.
 
 A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file`` column
-(``ds4lab_*`` tables of an older ingest: by ``source``). A MoE table's bar is one profiling mode
+(``ds4lab_*`` tables of an older ingest: by ``source``); a kernel or ncu table holding several
+devices or processes, one bar per device and process (:func:`_by_device`); an nsys stats kernel
+summary, which nsys adds up over devices and processes, is said to be that sum in the figure. A MoE table's bar is one profiling mode
 (:data:`MODE_PREFERENCE`) and one routing (uniform first), named in its label, never a median across
 modes or routings. A run's summary is not drawn beside the same run's rows (the same numbers twice):
 a folder's ``summary*.csv`` beside its ``moe*.csv`` of the same meta file, an ingested
 ``ds4lab_summary*`` beside the ``ds4lab_moe*`` of the same source folder.
 
-A folder with none of them, a candidate table that cannot be read or lacks its columns, and a
-broken ``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
+A folder given twice (by path, or by content: an identical copy), a folder with none of them, a
+candidate table that cannot be read, is cut off (truncated) or lacks its columns, and a broken
+``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
 
 Each table's provenance comes from its meta file (``<stem>.meta.json``, ``meta-<name>.json``,
 ``meta.json``; for a log, the folder's only ``meta-*.json``) and its own ``modeled``/``machine``/
 ``provenance`` columns: modeled numbers are labelled MODELED; a run whose status is not
 ``complete``/``done`` (``running`` left by a killed run, ``interrupted``, ``failed: ...``, or no
 status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about. A
-ladder or MoE label names the preset its meta file names (unless the file name already does).
+ladder or MoE label names the preset its meta file names (unless the file name already does), and
+every setting of :data:`SETTINGS` that differs between the sources of its figure. A title says
+MODELED where any of its sources is modeled; no two sources share a colour and hatch
+(:func:`ds4lab.report.plots.series_style`); MoE calls that fell back to eager are counted in
+their source's label.
 
-``--out`` holds this run's figures only: the ``compare_*`` PNG/SVG/PDF an earlier compare left there
-are removed before the new ones are written.
+``--out`` is a result folder (:func:`ds4lab.report.results.job_folder`): it holds this run's figures
+only, swapped in when they are all written.
 """
 
 from __future__ import annotations
@@ -338,7 +345,10 @@ def _same_inputs(dirs) -> None:
                                "folder once")
         by_path[key] = d
         if d.is_dir():
-            digest = content_sha256(d)
+            try:
+                digest = content_sha256(d)
+            except OSError as e:
+                raise CompareError(f"{d}: unreadable ({e.strerror or e}: {e.filename or d})") from None
             if digest in by_hash:
                 raise CompareError(f"{d}: the same content as {by_hash[digest]} (sha256 {digest[:12]}): a copy would be "
                                    "drawn as a second source; give each folder once")
