@@ -237,6 +237,30 @@ def test_sigterm_and_sighup_stop_a_command_like_ctrl_c(tmp_path, sig, code, name
     assert leftovers(tmp_path) == []
 
 
+def test_a_rerun_piped_into_head_keeps_the_earlier_results(tmp_path):
+    """``ds4lab ladder | head -1``: the console's pipe closes under the run. It stops as a SIGPIPE
+    would (exit 141, status interrupted (SIGPIPE)), says so on stderr, and destroys nothing."""
+    args = [sys.executable, "-m", "ds4lab.cli", "ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0,3",
+            "--repeats", "1", "--exact-tokens", "0", "--out", "lad"]
+    assert subprocess.run([*args, "--tokens", "4"], capture_output=True, env=ENV, cwd=tmp_path,
+                          timeout=300).returncode == 0
+    before = (tmp_path / "lad" / "ladder.csv").read_text()
+    p = subprocess.Popen([*args, "--tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=ENV, cwd=tmp_path)
+    try:
+        p.stdout.readline()  # `head -1`
+        p.stdout.close()
+        err = p.stderr.read()
+        p.wait(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 141, err[-2000:]
+    (partial,) = tmp_path.glob("lad.interrupted-*")
+    assert "interrupted (SIGPIPE)" in err and partial.name in err
+    assert meta_of(partial)["status"] == "interrupted (SIGPIPE)"
+    assert (tmp_path / "lad" / "ladder.csv").read_text() == before and meta_of(tmp_path / "lad")["status"] == "complete"
+
+
 def test_a_sigterm_outside_a_job_exits_143_with_a_message(tmp_path, monkeypatch):
     from ds4lab.report import compare as C
 

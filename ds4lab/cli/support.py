@@ -33,8 +33,11 @@ def interrupted(e: KeyboardInterrupt) -> None:
     if not text or text.startswith("stopped by "):
         text = (f"{status}: results so far are kept" + (f" in {kept}/" if kept else "")
                 + f" (meta.json status: {status})")
-    elif status != "interrupted" and status not in text:
-        text = f"{status}: {text}"
+    else:
+        if status != "interrupted" and status not in text:
+            text = f"{status}: {text}"
+        if kept and kept not in text:
+            text += f"; results so far in {kept}/ (meta.json status: {status})"
     fail(text, exit_code(e))
 
 

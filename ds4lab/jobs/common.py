@@ -11,8 +11,9 @@ Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
 1       a failed check or a failed run: a stage not bit-identical, a reference check that fails,
         conformance disagreements (:class:`CheckFailed`), or any other error after work began
 130     interrupted (Ctrl-C): results so far are on disk and ``meta.json`` says ``interrupted``
-143     stopped by SIGTERM (129: SIGHUP): handled like Ctrl-C, ``meta.json`` says
-        ``interrupted (SIGTERM)`` (:class:`ds4lab.errors.Terminated`)
+143     stopped by SIGTERM (129: SIGHUP; 141: the console's output pipe closed, ``| head``):
+        handled like Ctrl-C, ``meta.json`` says ``interrupted (SIGTERM)``
+        (:class:`ds4lab.errors.Terminated`)
 ======  =====================================================================================
 """
 
