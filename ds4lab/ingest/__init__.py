@@ -47,7 +47,7 @@ import pandas as pd
 from . import ncu as _ncu
 from . import nsys_csv as _nsys_csv_mod
 from ..moeprof.ds4log import ds4lab_header, ds4lab_header_fields
-from .common import IngestError, Ingested, RowBlock, check_out_dir, content_sha256, load_meta
+from .common import IngestError, Ingested, RowBlock, check_out_dir, distinct_inputs, load_meta
 from .ds4log import DS4_PREFIX, MOE_STAGES, TOTAL_SLACK_MS, read_ds4_log
 from .folder import read_ds4lab_folder
 from .ncu import read_ncu_csv
@@ -213,32 +213,14 @@ def check_inputs(paths, out: Path) -> list[dict]:
     Raises:
         IngestError: naming the input given twice (and both names), or the input ``out`` would replace.
     """
-    given: dict[Path, Path] = {}
-    for p in map(Path, paths):
-        key = p.resolve()
-        if key in given:
-            same = "" if str(given[key]) == str(p) else f" (as {given[key]} and as {p})"
-            raise IngestError(f"{p}: given twice{same}: its rows would be counted twice; give each input once")
-        given[key] = p
+    found = distinct_inputs(paths, IngestError, "its rows would be counted twice; give each input once")
     o = Path(out).resolve()
-    for key, p in given.items():
+    for p, _ in found:
+        key = p.resolve()
         if key == o or o in key.parents:
             raise IngestError(f"--out {out}: it {'is' if key == o else 'holds'} the input {p}: the tables would "
                               "replace what they are read from; choose another --out")
-    inputs, by_hash = [], {}
-    for p in given.values():
-        if not p.exists():
-            raise IngestError(f"{p}: no such file")
-        try:
-            digest = content_sha256(p)
-        except OSError as e:
-            raise IngestError(f"{p}: unreadable ({e.strerror or e})") from None
-        if digest in by_hash:
-            raise IngestError(f"{p}: the same content as {by_hash[digest]} (sha256 {digest[:12]}): its rows would be "
-                              "counted twice; give each input once")
-        by_hash[digest] = p
-        inputs.append({"path": str(p), "sha256": digest})
-    return inputs
+    return [{"path": str(p), "sha256": digest} for p, digest in found]
 
 
 class _TableFiles:

@@ -138,6 +138,38 @@ def content_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
+    """Each input once, by path and by content (:func:`content_sha256`: an identical copy under
+    another name counts as the same input). Returns ``[(path, sha256)]`` in order.
+
+    Raises:
+        ``error`` (an exception class, e.g. :class:`IngestError`): naming the input given twice
+        and both its names, plus ``twice`` (why that is wrong); an input that does not exist or
+        cannot be read.
+    """
+    seen: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        key = p.resolve()
+        if key in seen:
+            same = "" if str(seen[key]) == str(p) else f" (as {seen[key]} and as {p})"
+            raise error(f"{p}: given twice{same}: {twice}")
+        seen[key] = p
+    by_hash: dict[str, Path] = {}
+    out = []
+    for p in seen.values():
+        if not p.exists():
+            raise error(f"{p}: no such file")
+        try:
+            digest = content_sha256(p)
+        except OSError as e:
+            raise error(f"{p}: unreadable ({e.strerror or e}: {e.filename or p})") from None
+        if digest in by_hash:
+            raise error(f"{p}: the same content as {by_hash[digest]} (sha256 {digest[:12]}): {twice}")
+        by_hash[digest] = p
+        out.append((p, digest))
+    return out
+
+
 def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
     """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab
     write them) whose field count differs from the header's, and for a last line cut off (no final

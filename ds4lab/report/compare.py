@@ -334,25 +334,9 @@ def _same_inputs(dirs) -> None:
     Raises:
         CompareError: naming both.
     """
-    from ..ingest.common import content_sha256
+    from ..ingest.common import distinct_inputs
 
-    by_path: dict[Path, Path] = {}
-    by_hash: dict[str, Path] = {}
-    for d in map(Path, dirs):
-        key = d.resolve()
-        if key in by_path:
-            raise CompareError(f"{d}: given twice (as {by_path[key]} and as {d}): it would be drawn twice; give each "
-                               "folder once")
-        by_path[key] = d
-        if d.is_dir():
-            try:
-                digest = content_sha256(d)
-            except OSError as e:
-                raise CompareError(f"{d}: unreadable ({e.strerror or e}: {e.filename or d})") from None
-            if digest in by_hash:
-                raise CompareError(f"{d}: the same content as {by_hash[digest]} (sha256 {digest[:12]}): a copy would be "
-                                   "drawn as a second source; give each folder once")
-            by_hash[digest] = d
+    distinct_inputs(dirs, CompareError, "it would be drawn twice, as two sources; give each folder once")
 
 
 #: the tables drawn in one figure together (their legends name what differs between them)
