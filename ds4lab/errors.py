@@ -70,6 +70,38 @@ class BadInput(ValueError):
     """Bad input found before any work (a job exits 2): the message names the value and the fix."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP received while a command ran: handled like Ctrl-C (a
+    :class:`KeyboardInterrupt`, so everything that keeps partial results on Ctrl-C keeps them here
+    too), with the signal named in the status (``interrupted (SIGTERM)``) and the shell's exit status
+    for a process ended by that signal: 128 + the signal number (143 for SIGTERM, 129 for SIGHUP).
+
+    Attributes:
+        signum: the signal number (``signal.SIGTERM``, ``signal.SIGHUP``).
+        signame: its name (``SIGTERM``).
+    """
+
+    def __init__(self, signum: int, msg: str = "") -> None:
+        import signal
+
+        self.signum = int(signum)
+        self.signame = signal.Signals(self.signum).name
+        super().__init__(msg or f"stopped by {self.signame}")
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal number, as a shell reports a process ended by the signal."""
+        return 128 + self.signum
+
+
+def interrupt_status(exc: BaseException) -> str:
+    """The ``status`` a result records for an interruption: ``interrupted`` for Ctrl-C (SIGINT),
+    ``interrupted (SIGTERM)`` / ``interrupted (SIGHUP)`` for a :class:`Terminated` (or an exception
+    carrying its ``signame``)."""
+    name = getattr(exc, "signame", None)
+    return f"interrupted ({name})" if name else "interrupted"
+
+
 class CheckFailed(RuntimeError):
     """A job ran and wrote its results, but a check it exists to make failed (exit 1): a stage
     not bit-identical to stage 0, a failed reference check, a GPU/sim disagreement."""

@@ -80,12 +80,26 @@ class JobProgress:
 def make_console():
     """The rich console the jobs print to: the terminal's width on a terminal; 160 columns when
     the output goes to a file or a CI log (rich would wrap every table at 80 there); rich's own
-    choice in Jupyter."""
+    choice in Jupyter. Its output closed under it (``ds4lab ladder | head``) stops the job as a
+    SIGPIPE would, as an interruption (:class:`ds4lab.errors.Terminated`: status
+    ``interrupted (SIGPIPE)``, results so far kept, exit 141), not as rich's bare ``SystemExit(1)``."""
     import sys
 
     from rich.console import Console
 
-    con = Console()
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            import os
+            import signal
+
+            from .errors import Terminated
+
+            self.quiet = True
+            devnull = os.open(os.devnull, os.O_WRONLY)  # nothing more reaches the closed pipe
+            os.dup2(devnull, sys.stdout.fileno())
+            raise Terminated(signal.SIGPIPE, "the output was closed (a pipe such as | head ended)")
+
+    con = _Console()
     if con.is_jupyter or sys.stdout.isatty():
         return con
-    return Console(width=160)
+    return _Console(width=160)

@@ -88,15 +88,15 @@ def test_cli_moe_profile_bad_input(case, tmp_path):
         args[-1], needle = str(tmp_path / "adir"), "is a folder"
     elif case == "out-below-file":
         (tmp_path / "f.json").write_text("{}")
-        args[-1], needle = str(tmp_path / "f.json" / "x.json"), "existing file, not a folder"
+        args[-1], needle = str(tmp_path / "f.json" / "x.json"), "f.json is a file, not a folder"
     elif case == "base-is-list":
         (tmp_path / "b.json").write_text("[1, 2]")
         args += ["--base", str(tmp_path / "b.json")]
-        needle = "not a calibration"
+        needle = "b.json: 1 problem(s): (top level): [1, 2] is not of type 'object'"  # the schema's check
     elif case == "base-not-json":
         (tmp_path / "b.json").write_text("{oops")
         args += ["--base", str(tmp_path / "b.json")]
-        needle = "b.json: cannot be read as JSON"
+        needle = "b.json: 1 problem(s): (top level): not JSON"
     else:
         s = pd.read_csv(src / "summary.csv").drop(columns=["mode"])
         s.to_csv(src / "summary.csv", index=False)
@@ -139,3 +139,43 @@ def test_add_kernel_fits_fits_only_the_kernels_the_base_lacks():
     assert out["source"] == "s; note" and base["kernels"] == {"old": {"fixed_us": 1.0}}
     with pytest.raises(ValueError, match="kernel, nbytes and us"):
         add_kernel_fits(base, ops.drop(columns=["us"]), "note")
+
+
+# ----------------------------------------------------------------------------- what calibrate never writes
+def test_calibrate_out_onto_a_shipped_calibration_is_refused(tmp_path):
+    from ds4lab.sim.calibration import DATA_DIR, MEASURED_FILE
+
+    src = _folder(tmp_path, 3.0, 2000.0)
+    before = MEASURED_FILE.read_bytes()
+    for out, args in ((MEASURED_FILE, ["--moe-profile", str(src)]), (MEASURED_FILE, []),
+                      (DATA_DIR / "mine.json", ["--moe-profile", str(src)])):
+        r = CliRunner().invoke(main, ["calibrate", *args, "--out", str(out)])
+        assert r.exit_code == 2, r.output
+        assert str(out) in r.output and "ds4lab never overwrites it" in r.output, r.output
+    assert MEASURED_FILE.read_bytes() == before and not (DATA_DIR / "mine.json").exists()
+    assert not list(DATA_DIR.glob(".*"))  # no lock, no temporary
+
+
+def test_moe_profile_with_an_invalid_base_is_refused_before_writing(tmp_path, rng):
+    src = _folder(tmp_path, 3.0, 2000.0)
+    base = json.loads(Path(__import__("ds4lab.sim.calibration", fromlist=["x"]).MEASURED_FILE).read_text())
+    base["host_launch_us"] = "fast"
+    base["kernels"]["moe_sum"]["fixed_us"] = -float(rng.uniform(1, 5))
+    (tmp_path / "bad.json").write_text(json.dumps(base))
+    out = tmp_path / "cal.json"
+    out.write_text('{"name": "earlier", "host_launch_us": 1.0}')
+    r = CliRunner().invoke(main, ["calibrate", "--moe-profile", str(src), "--base", str(tmp_path / "bad.json"),
+                                  "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "bad.json: 2 problem(s)" in r.output and "host_launch_us" in r.output
+    assert "kernels.moe_sum.fixed_us" in r.output
+    assert out.read_text() == '{"name": "earlier", "host_launch_us": 1.0}'
+
+
+def test_calibrate_never_replaces_a_file_that_is_not_a_calibration(tmp_path):
+    src = _folder(tmp_path, 3.0, 2000.0)
+    out = tmp_path / "notes.json"
+    out.write_text('{"my": "notes"}')
+    r = CliRunner().invoke(main, ["calibrate", "--moe-profile", str(src), "--out", str(out)])
+    assert r.exit_code == 2 and "not a calibration file" in r.output and "never replaces" in r.output, r.output
+    assert out.read_text() == '{"my": "notes"}'

@@ -70,25 +70,28 @@ def test_conformance_on_cupy_without_a_gpu_is_an_error(tmp_path):
     assert not (tmp_path / "o" / "conformance.csv").exists()
 
 
-def test_job_folder_statuses_and_stale_outputs(tmp_path):
+def test_job_folder_statuses_and_earlier_outputs(tmp_path):
     out = tmp_path / "job"
-    out.mkdir()
-    (out / "summary.csv").write_text("old run")
-    (out / "keep.txt").write_text("not ours")
     meta = {"job": "t"}
-    with results.job_folder(out, meta, ("summary.csv",)):
-        assert json.loads((out / "meta.json").read_text())["status"] == "running"
-        assert not (out / "summary.csv").exists(), "an earlier run's output is gone before this one writes"
+    with results.job_folder(out, meta, ("summary.csv",)) as f:
+        (f / "summary.csv").write_text("run 1")
+    (out / "keep.txt").write_text("not ours")
+    with results.job_folder(out, meta, ("summary.csv",)) as f:
+        assert json.loads((f / "meta.json").read_text())["status"] == "running"
+        assert (out / "summary.csv").read_text() == "run 1", "the earlier run's output stays until this one succeeds"
     assert json.loads((out / "meta.json").read_text())["status"] == "complete"
+    assert not (out / "summary.csv").exists(), "this run wrote no summary: the earlier one does not pass for it"
     assert (out / "keep.txt").exists()
     with pytest.raises(KeyboardInterrupt):
         with results.job_folder(out, meta):
             raise KeyboardInterrupt
-    assert json.loads((out / "meta.json").read_text())["status"] == "interrupted"
+    assert json.loads((out / "meta.json").read_text())["status"] == "complete"
+    (stopped,) = tmp_path.glob("job.interrupted-*")
+    assert json.loads((stopped / "meta.json").read_text())["status"] == "interrupted"
     with pytest.raises(RuntimeError):
-        with results.job_folder(out, meta):
+        with results.job_folder(tmp_path / "fresh", meta):
             raise RuntimeError("out of memory")
-    assert json.loads((out / "meta.json").read_text())["status"] == "failed: RuntimeError: out of memory"
+    assert json.loads((tmp_path / "fresh" / "meta.json").read_text())["status"] == "failed: RuntimeError: out of memory"
 
 
 def test_ladder_without_stage_0_says_what_gains_are_against(tmp_path):

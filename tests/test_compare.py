@@ -67,7 +67,7 @@ def test_measurement_folder_names_are_recognised(tmp_path):
     r = cli("compare", lad, moe, "--out", out)
     assert r.exit_code == 0, r.output
     assert {p.name for p in out.iterdir()} == {f"compare_{k}.{e}" for k in ("ladder", "moe")
-                                               for e in ("png", "svg", "pdf")}
+                                               for e in ("png", "svg", "pdf")} | {"meta.json"}
 
 
 def test_a_log_alone_is_drawn_with_its_folder_meta(tmp_path):
@@ -150,7 +150,8 @@ def test_modeled_labels_from_meta_rows_and_ds4lab_header(tmp_path):
 
 def test_same_folder_names_stay_apart(tmp_path):
     a = folder(tmp_path, "x/run", {"ladder.csv": LADDER.format(preset="small"), "meta.json": meta(status="complete")})
-    b = folder(tmp_path, "y/run", {"ladder.csv": LADDER.format(preset="small"), "meta.json": meta(status="complete")})
+    b = folder(tmp_path, "y/run", {"ladder.csv": LADDER.format(preset="small").replace("8875.2", "8870.1"),
+                                   "meta.json": meta(status="complete")})  # another run: other numbers
     got = labels([a, b])
     assert len(set(got)) == 2 and str(b) in got[1]
 
@@ -175,6 +176,8 @@ def test_nsys_kernel_tables_are_drawn(tmp_path):
     r = cli("compare", tmp_path / "nsys", lad, "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "cmp" / "compare_kernels.png").exists() and (tmp_path / "cmp" / "compare_ladder.png").exists()
+    # nsys sums a kernel over every device and process of the report: the figure says so
+    assert "add up every device and process" in (tmp_path / "cmp" / "compare_kernels.svg").read_text()
 
 
 def test_moe_comparison_is_like_for_like(tmp_path):
@@ -207,12 +210,14 @@ def drawn(monkeypatch):
     got = {}
     real_bars, real_moe = plots.grouped_bars_figure, plots.compare_moe_figure
 
-    def bars(series, xs, ylabel, title, rotate=False):
+    def bars(series, xs, ylabel, title, rotate=False, **kw):
         got["kernels" if rotate else "ladder"] = series
-        return real_bars(series, xs, ylabel, title, rotate=rotate)
+        got["title " + ("kernels" if rotate else "ladder")] = title
+        return real_bars(series, xs, ylabel, title, rotate=rotate, **kw)
 
     def moe(sources, stages, **kw):
         got["moe"] = sources
+        got["title moe"] = kw.get("title")
         return real_moe(sources, stages, **kw)
 
     monkeypatch.setattr(plots, "grouped_bars_figure", bars)
@@ -320,7 +325,7 @@ def test_bar_legend_is_beside_the_axes(tmp_path, monkeypatch):
         return real(fig, stem, formats)
 
     monkeypatch.setattr(plots, "save", save)
-    dirs = [folder(tmp_path, f"run{k}", {"ladder.csv": LADDER.format(preset="small"),
+    dirs = [folder(tmp_path, f"run{k}", {"ladder.csv": LADDER.format(preset="small").replace("8875.2", f"887{k}.2"),
                                          "meta.json": meta(status="complete")}) for k in range(3)]
     stats = tmp_path / "stats.csv"
     stats.write_text(' ** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):\n\n"Total Time (ns)","Instances","Name"\n'
@@ -340,7 +345,7 @@ def test_compare_out_holds_this_runs_figures_only(tmp_path):
     (out / "notes.png").write_text("mine")
     assert cli("compare", lad, "--out", out).exit_code == 0
     assert {p.name for p in out.iterdir()} == {"compare_ladder.png", "compare_ladder.svg", "compare_ladder.pdf",
-                                               "notes.png"}
+                                               "notes.png", "meta.json"}
     bad = folder(tmp_path, "bad", {"notes.txt": "hello"})
     assert cli("compare", bad, "--out", out).exit_code == 2  # an error leaves the figures there
     assert (out / "compare_ladder.svg").exists()

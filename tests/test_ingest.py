@@ -508,18 +508,19 @@ def test_a_second_ingest_replaces_the_first_ones_tables(tmp_path):
     assert cli("ingest", log, d, q, "--out", out).exit_code == 0
     (out / "notes.txt").write_text("mine\n")  # not ingest's: kept
     assert {p.name for p in out.iterdir()} == {"ds4_moe.csv", "ds4lab_ladder.csv", "kernels.csv", "nvtx.csv",
-                                               "notes.txt"}
+                                               "notes.txt", "meta.json"}
     # an input error leaves --out as it was
     bad = write(tmp_path, "bad.log", "ds4: CUDA MoE profile tokens=x\n")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert cli("ingest", stats, bad, "--out", out).exit_code == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert cli("ingest", stats, "--out", out).exit_code == 0
-    assert {p.name for p in out.iterdir()} == {"nsys_kernels.csv", "nsys_nvtx.csv", "notes.txt"}
+    assert {p.name for p in out.iterdir()} == {"nsys_kernels.csv", "nsys_nvtx.csv", "notes.txt", "meta.json",
+                                               "ingest_warnings.csv"}  # nsys's "Generating SQLite file" line
     assert pd.read_csv(out / "nsys_kernels.csv").file.unique().tolist() == [str(stats)]
     r = cli("compare", out, "--out", tmp_path / "cmp")
     assert r.exit_code == 0, r.output
-    assert {p.stem for p in (tmp_path / "cmp").iterdir()} == {"compare_kernels"}  # no stale MoE or ladder
+    assert {p.stem for p in (tmp_path / "cmp").iterdir()} == {"compare_kernels", "meta"}  # no stale MoE or ladder
 
 
 def test_folder_with_meta_but_no_table_is_an_error(tmp_path):

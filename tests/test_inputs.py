@@ -16,7 +16,7 @@ import pytest
 from ds4lab.backends import make_backend
 from ds4lab.sim import calibration as C
 from ds4lab.errors import BadInput, CalibrationError
-from ds4lab.report.results import LOCK_NAME, FolderLock, OutputError, check_out, job_folder, read_meta, write_meta
+from ds4lab.report.results import FolderLock, OutputError, check_out, job_folder, lock_path, read_meta, write_meta
 from ds4lab.sim.costmodel import Calibration, default_calibration_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,11 +136,11 @@ def test_meta_records_run_calibration_and_is_strict_json(tmp_path):
     out = tmp_path / "job"
     meta = {"job": "t", "calibration": {"name": "x", "path": str(default_calibration_path())},
             "backends": {"sim": {"calibration": {"name": "x", "path": str(default_calibration_path())}}}}
-    with job_folder(out, meta, ()):
-        running = json.loads((out / "meta.json").read_text())
+    with job_folder(out, meta, ()) as folder:
+        running = json.loads((folder / "meta.json").read_text())
         assert running["status"] == "running"
-        assert running["run"] == {"pid": os.getpid(), "host": socket.gethostname()}
-        assert (out / LOCK_NAME).exists()
+        assert running["run"] == {"pid": os.getpid(), "host": socket.gethostname(), "lock": str(lock_path(out))}
+        assert lock_path(out).exists()
         meta["efficiency"] = float("nan")
         meta["rows"] = [1.0, float("inf")]
     text = (out / "meta.json").read_text()
@@ -150,7 +150,7 @@ def test_meta_records_run_calibration_and_is_strict_json(tmp_path):
     sha = C.calibration_info(default_calibration_path())["sha256"]
     assert done["calibration"]["sha256"] == sha and done["calibration"]["shipped"] is True
     assert done["backends"]["sim"]["calibration"]["sha256"] == sha
-    assert not (out / LOCK_NAME).exists()
+    assert not lock_path(out).exists()
 
 
 def test_write_meta_maps_numpy_nan_too(tmp_path):
@@ -164,7 +164,8 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from ds4lab.report.results import job_folder
-with job_folder(Path(sys.argv[1]), {"job": "holder"}, ()):
+with job_folder(Path(sys.argv[1]), {"job": "holder"}, ("ladder.csv",)) as f:
+    (f / "ladder.csv").write_text("the holder's rows\\n")
     print("holding", flush=True)
     time.sleep(120)
 """
@@ -178,15 +179,18 @@ def _start_holder(out: Path):
 
 def test_second_run_into_the_same_folder_is_refused_with_the_pid(tmp_path):
     out = tmp_path / "shared"
+    with job_folder(out, {"job": "holder"}, ("ladder.csv",)) as f:  # an earlier, finished run
+        (f / "ladder.csv").write_text("the earlier rows\n")
     holder = _start_holder(out)
     try:
-        (out / "ladder.csv").write_text("the holder's rows\n")
         with pytest.raises(OutputError, match=rf"in use by another ds4lab run \(PID {holder.pid} on "):
-            with job_folder(out, {"job": "second"}, ("ladder.csv",)):
+            with job_folder(out, {"job": "holder"}, ("ladder.csv",)):
                 pytest.fail("the second run must not start")
-        assert (out / "ladder.csv").read_text() == "the holder's rows\n"  # nothing removed
-        assert json.loads((out / "meta.json").read_text())["job"] == "holder"
-        assert read_meta(out)["status"] == "running"  # alive: not died
+        assert (out / "ladder.csv").read_text() == "the earlier rows\n"  # nothing removed
+        staging = tmp_path / ".shared.ds4lab-staging"
+        assert (staging / "ladder.csv").read_text() == "the holder's rows\n"  # the holder's work untouched
+        assert read_meta(staging)["status"] == "running"  # alive: not died
+        assert read_meta(out)["status"] == "complete"
     finally:
         holder.kill()
         holder.wait()
@@ -195,14 +199,17 @@ def test_second_run_into_the_same_folder_is_refused_with_the_pid(tmp_path):
 def test_a_killed_run_reads_as_died_and_its_folder_is_usable_again(tmp_path):
     out = tmp_path / "killed"
     holder = _start_holder(out)
-    holder.send_signal(signal.SIGTERM)
+    holder.send_signal(signal.SIGKILL)
     holder.wait()
-    assert json.loads((out / "meta.json").read_text())["status"] == "running"  # the file says running ...
-    m = read_meta(out)
+    staging = tmp_path / ".killed.ds4lab-staging"
+    assert json.loads((staging / "meta.json").read_text())["status"] == "running"  # the file says running ...
+    m = read_meta(staging)
     assert m["status"] == "died" and m["status_recorded"] == "running"  # ... the reader knows better
-    with job_folder(out, {"job": "holder"}, ()):  # the same job again: the kernel dropped the dead run's lock
+    with job_folder(out, {"job": "holder"}, ()):  # the kernel dropped the dead run's lock
         pass
     assert read_meta(out)["status"] == "complete"
+    (died,) = tmp_path.glob("killed.died-*")  # the dead run's partial results, kept and named
+    assert read_meta(died)["status"] == "died"
 
 
 def test_read_meta_without_lock_file_uses_the_pid(tmp_path):
@@ -248,3 +255,51 @@ def test_backend_calibration_names_the_file_a_sim_backend_loaded(tmp_path):
     assert info == C.calibration_info(p) and info["shipped"] is False and info["path"] == str(p.resolve())
     assert C.backend_calibration(SimBackend(timing_only=True))["shipped"] is True
     assert C.backend_calibration(make_backend("numpy")) is None  # a backend that models no time
+
+
+# ----------------------------------------------------------------------------- what ships, exactly
+def test_the_manifest_names_every_shipped_file_with_its_bytes():
+    """ds4lab/data/SHA256SUMS (sha256sum format) holds the hash of every calibration that ships;
+    after re-measuring h200.json, run `sha256sum *.json > SHA256SUMS` there."""
+    import hashlib
+
+    want = C.shipped_hashes()
+    assert set(want) == {p.name for p in C.DATA_DIR.glob("*.json")}, "every shipped JSON file is in the manifest"
+    for name, digest in want.items():
+        assert hashlib.sha256((C.DATA_DIR / name).read_bytes()).hexdigest() == digest, name
+    assert C.MEASURED_FILE.resolve() in C.shipped_files()
+
+
+def test_shipped_is_true_only_for_the_bytes_that_ship(tmp_path, monkeypatch, rng):
+    data = tmp_path / "data"
+    data.mkdir()
+    good = data / "h200.json"
+    good.write_bytes(C.MEASURED_FILE.read_bytes())
+    import hashlib
+
+    (data / "SHA256SUMS").write_text(f"{hashlib.sha256(good.read_bytes()).hexdigest()}  h200.json\n")
+    monkeypatch.setattr(C, "DATA_DIR", data)
+    monkeypatch.setattr(C, "MANIFEST", data / "SHA256SUMS")
+    assert C.calibration_info(good)["shipped"] is True
+    other = data / "mine.json"  # any other file put in the data folder
+    other.write_bytes(C.MEASURED_FILE.read_bytes())
+    assert C.calibration_info(other)["shipped"] is False
+    d = json.loads(good.read_text())
+    d["host_launch_us"] = float(rng.uniform(1, 20))  # edited in place: same path, other bytes
+    good.write_text(json.dumps(d))
+    info = C.calibration_info(good)
+    assert info["shipped"] is False and str(good) in C.title_label(info) and info["sha256"][:12] in C.title_label(info)
+
+
+def test_a_binary_calibration_file_is_a_calibration_error_naming_it(tmp_path, rng):
+    p = tmp_path / "cal.bin"
+    p.write_bytes(b"\xff\xfe" + rng.bytes(256))  # 0xff never starts a UTF-8 sequence
+    with pytest.raises(CalibrationError, match=r"cal\.bin: 1 problem\(s\): \(top level\): not a calibration: not "
+                                               r"UTF-8 text \(byte 0xff at offset 0\)"):
+        C.read(p)
+    env = dict(os.environ, DS4LAB_CALIBRATION=str(p))
+    r = subprocess.run([sys.executable, "-m", "ds4lab.cli", "ladder", "--backend", "sim", "--preset", "tiny",
+                        "--stages", "0", "--tokens", "2", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert str(p) in r.stderr and "not UTF-8 text" in r.stderr and "Traceback" not in r.stderr

@@ -172,8 +172,8 @@ def test_no_nvtx_stack_is_warned_about(tmp_path):
 
 
 @pytest.mark.parametrize("bad,why", [
-    ('"4.2x"', r"metric 'Duration': '4.2x' is not a number"),
-    ('"-3"', r"metric 'Duration'=-3 is negative"),
+    ('"4.2x"', r"metric 'Duration' \(GPU Speed Of Light Throughput\): '4.2x' is not a number"),
+    ('"-3"', r"metric 'Duration' \(GPU Speed Of Light Throughput\) = -3 is negative"),
 ])
 def test_malformed_metric_value_names_file_and_line(tmp_path, bad, why):
     text = details()

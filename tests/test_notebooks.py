@@ -170,7 +170,7 @@ def test_cli_reports_a_failed_notebook_and_runs_the_rest(tmp_path):
     nbformat.write(_notebook("import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(B)"), d / "b_good.ipynb")
     res = CliRunner().invoke(main, ["notebooks", "--dir", str(d), "--set", "A=7", "--out", str(tmp_path / "o")])
     assert res.exit_code == 1, res.output
-    assert "FAILED at code cell 2: ValueError: bad 7" in res.output
+    assert "FAILED at code cell 2 of 2 in a_bad.ipynb: ValueError: bad 7" in res.output
     runs = json.loads((tmp_path / "o" / "runs.json").read_text())["runs"]
     assert [(r["notebook"], r["ok"]) for r in runs] == [("a_bad.ipynb", False), ("b_good.ipynb", True)]
     assert (tmp_path / "o" / "b_good").is_dir()
@@ -265,3 +265,49 @@ def test_committed_notebooks_are_what_make_notebooks_writes(tmp_path):
         a = nbformat.read(tmp_path / name, as_version=4)
         b = nbformat.read(root / "notebooks" / name, as_version=4)
         assert [(c.cell_type, c.source) for c in a.cells] == [(c.cell_type, c.source) for c in b.cells], name
+
+
+@pytest.mark.slow
+def test_a_cell_past_the_timeout_is_named_without_a_traceback(tmp_path):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    nbformat.write(_notebook("print('quick', A)", "import time; time.sleep(30)", "print('never')"), d / "slow.ipynb")
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-m", "ds4lab.cli", "notebooks", "--dir", str(d), "--timeout", "1",
+                          "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(repo)))
+    out = res.stdout + res.stderr  # the real stderr: the kernel's own output would show here
+    assert res.returncode == 1, out
+    assert "FAILED at code cell 3 of 4 in slow.ipynb: timed out after 1 s" in out
+    assert "None" not in out and "Traceback" not in out and "ZMQ" not in out and "zmq" not in out
+    runs = json.loads((tmp_path / "o" / "runs.json").read_text())["runs"]
+    assert runs[0]["timed_out_cell"] == 3 and runs[0]["failed_cell"] == 3
+    done = nbformat.read(tmp_path / "o" / "slow.ipynb", as_version=4)
+    assert "quick 1" in done.cells[1].outputs[0]["text"]  # the cells before it kept their outputs
+    assert json.loads((tmp_path / "o" / "meta.json").read_text())["status"].startswith("failed")
+
+
+def test_a_second_run_into_the_same_folder_is_refused_up_front(tmp_path):
+    import os
+    import time
+
+    from ds4lab.report.results import Lock, lock_path
+
+    out = tmp_path / "o"
+    held = Lock(lock_path(out), out).acquire()  # another `ds4lab notebooks` into the same folder
+    try:
+        t0 = time.perf_counter()
+        res = CliRunner().invoke(main, ["notebooks", "00", "--dir", str(NB_DIR), "--out", str(out)])
+        assert res.exit_code == 2 and f"in use by another ds4lab run (PID {os.getpid()}" in res.output
+        assert time.perf_counter() - t0 < 10, "refused before any kernel starts"
+        assert not out.exists()
+    finally:
+        held.release()

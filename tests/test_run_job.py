@@ -197,7 +197,7 @@ def test_out_probe_failure_is_reported_and_cleaned_up(tmp_path, monkeypatch):
     def refuse(folder):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(results_mod, "_probe_write", refuse)
+    monkeypatch.setattr(results_mod, "probe_write", refuse)
     out = tmp_path / "new" / "deep"
     r = invoke("--backend", "numpy", "--out", out)
     _assert_out_error(r, out)

@@ -17,7 +17,24 @@ from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
 from .support import default, fail, given, invoke
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does
+    (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does
+    not report itself is reported here with its exit status (130, 143, 129), not click's
+    "Aborted!" with status 1."""
+
+    def invoke(self, ctx):
+        from ..report.results import install_stop_signals
+        from .support import interrupted
+
+        install_stop_signals()
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            interrupted(e)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ds4lab")
 def main() -> None:
     """ds4lab: a profiling workbench for CUDA graph capture in ds4-shaped LLM decode paths."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -29,39 +30,48 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     Compute CSV output (ncu --csv, details or raw page) and ds4lab result folders (format detected
     from the content) into CSV tables under OUT.
 
-    nsys stats reports are told apart by their title line: each report ds4lab reads becomes its
-    own table (nsys_kernels, nsys_nvtx, nsys_nvtx_kernels, nsys_cuda_api, nsys_mem_time,
-    nsys_mem_size, nsys_gpu_trace, nsys_osrt, ...); any other report is skipped and named in a
-    warning. A SQLite export gives kernels, graphs (one row per graph execution; a warning names
-    --cuda-graph-trace=node when the graphs' kernels are missing) and nvtx (with domain names).
-    ncu output gives ncu_kernels (one row per kernel: grid, block, duration, DRAM/SM/memory %,
-    registers, the NVTX stack split into position, layer, cluster, op), ncu_metrics and ncu_sites
-    (per launch site). Warnings also go to OUT/ingest_warnings.csv.
+    nsys stats reports are told apart by their title line, or, in the per-report files
+    `nsys stats --format csv -o PREFIX` writes, by the file name nsys gave them and their
+    columns: each report ds4lab reads becomes its own table (nsys_kernels, nsys_nvtx,
+    nsys_nvtx_kernels, nsys_cuda_api, nsys_mem_time, nsys_mem_size, nsys_gpu_trace, nsys_osrt,
+    ...); any other report is skipped and named in a warning. nsys stats' text format is refused
+    ("rerun with --format csv"). A SQLite export gives kernels, graphs (one row per graph
+    execution; a warning names --cuda-graph-trace=node when the graphs' kernels are missing) and
+    nvtx (with domain names). ncu output gives ncu_kernels (one row per kernel: grid, block,
+    duration, DRAM/SM/memory % of peak from the Speed Of Light section, registers, device,
+    process, the NVTX stack split into position, layer, cluster, op), ncu_metrics (every metric
+    with its section and unit), ncu_rules (the rules' findings and estimated speedups) and
+    ncu_sites (per launch site). Raw .nsys-rep/.qdrep/.ncu-rep files are refused with the
+    command that exports them. Warnings also go to OUT/ingest_warnings.csv.
 
     Each row keeps the input it came from (its file column), so compare draws one bar per input.
-    Once every input was read, the tables an earlier ingest wrote to OUT (ds4_moe.csv, nsys_*.csv,
-    kernels.csv, graphs.csv, nvtx.csv, ncu_*.csv, ds4lab_*.csv, ingest_problems.csv,
-    ingest_warnings.csv) are replaced: OUT holds this run's tables only. A ds4-format log that ds4lab wrote names its mode
-    and routing in its "# ds4lab moe · mode=... · routing=..." first line.
+    OUT is a ds4lab result folder (meta.json: the inputs, their SHA-256 and rows): locked, written
+    aside and swapped in once every input was read, so it holds this run's tables only and an
+    earlier ingest's stay until then; a job's folder (a ladder's, ...), an input, or a folder
+    ds4lab did not write is refused. Large inputs are streamed (ds4 logs, nsys stats CSV: memory
+    does not grow with the file) with a progress bar. A ds4-format log that ds4lab wrote names
+    its mode and routing in its "# ds4lab moe · mode=... · routing=..." first line.
 
     \b
     Exit status:
       0  every input read completely
       2  bad input: an unreadable or unrecognised file, a malformed line
-         (without --lenient), a broken meta.json, a ds4lab folder without
-         a table, the same file given twice, or an --out that cannot be a
-         folder; the error names the file and line; OUT is left untouched
+         (without --lenient), a cut-off file, a broken meta.json, a ds4lab
+         folder without a table, the same input given twice (by path or by
+         content), or an --out that cannot be this folder; the error names
+         the file and line; OUT is left untouched
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
     from ..ingest import IngestError, ingest_all
 
     try:
-        results = ingest_all(files, out, lenient, sites)
+        with _progress(files) as progress:
+            results = ingest_all(files, out, lenient, sites, progress=progress)
     except IngestError as e:
         fail(str(e))
     for r in results:
-        tabs = ", ".join(f"{n} ({len(df)} rows)" for n, df in r.tables.items() if not df.empty)
+        tabs = ", ".join(f"{n} ({rows} rows)" for n, rows in r.counts().items() if rows)
         click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
         for w in r.warnings:
             click.echo(f"ds4lab: warning: {w}", err=True)
@@ -70,6 +80,37 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     click.echo(f"tables in {out}/")
     if any(r.problems for r in results):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
+
+
+#: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
+PROGRESS_BYTES = 16 << 20
+
+
+@contextlib.contextmanager
+def _progress(files):
+    """A progress bar (MB read of all inputs) on stderr while large inputs are read; a callback that
+    does nothing for small ones."""
+    total = 0
+    for f in map(Path, files):
+        with contextlib.suppress(OSError):
+            total += sum(p.stat().st_size for p in f.glob("*") if p.is_file()) if f.is_dir() else f.stat().st_size
+    if total < PROGRESS_BYTES:
+        yield None
+        return
+    from rich.console import Console
+
+    from ..progress import JobProgress
+
+    with JobProgress(Console(stderr=True), "reading inputs (MB)", max(1, total >> 20), eta=True) as bar:
+        shown = [0]
+
+        def progress(done: int, _total: int) -> None:
+            mb = done >> 20
+            if mb > shown[0]:
+                bar.advance(mb - shown[0])
+                shown[0] = mb
+
+        yield progress
 
 
 @click.command("compare")
@@ -82,11 +123,17 @@ def compare_cmd(dirs, out) -> None:
     Every DIR must hold a table compare can draw: a stage ladder (ladder.csv, ladder-NAME.csv),
     MoE stage rows or summaries (moe.csv, summary.csv, summary-NAME.csv, a ds4-format moe-ds4.log),
     kernel summaries (nsys_kernels.csv, kernels.csv) or their ingested copies (ds4_moe.csv,
-    ds4lab_*.csv). An ingested table is drawn one bar per input file; a MoE table's bar is one
-    profiling mode and routing (in-graph first, uniform routing first), named in its label with
-    the preset the meta.json names. A run whose meta.json status is not "complete" is drawn with
-    "(incomplete: STATUS)" in its legend label and a warning; modeled results say MODELED. The
-    compare_* figures an earlier compare left in OUT are replaced.
+    ds4lab_*.csv). An ingested table is drawn one bar per input file, a table of several devices or
+    processes one bar per device and process (an nsys stats kernel summary, which nsys itself adds
+    up over devices, is said to be that sum); a MoE table's bar is one profiling mode and routing
+    (in-graph first, uniform routing first), named in its label with the preset, and with the
+    calls that fell back to eager. Legends name every setting that differs between the sources
+    (preset, backend, long-context token, start position, stages, calibration); a run whose
+    meta.json status is not "complete" is drawn with "(incomplete: STATUS)" in its legend label
+    and a warning; titles say MODELED where any source is modeled. The same folder twice (by path
+    or content) is refused. OUT is a ds4lab result folder: locked, written aside and swapped in
+    with this run's figures only; a job's folder, a source, or a folder ds4lab did not write is
+    refused.
 
     \b
     Exit status:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import CheckFailed
 from .support import fail, result_folder
 
 
@@ -33,13 +34,18 @@ def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
 
     NAMES are notebook names or unique prefixes (``00``, ``01_moe_timing``); none means all. A
     failing notebook keeps its outputs up to the failing cell, the others still run, and the
-    exit status is 1. ``OUT/runs.json`` records what ran, with which parameters, how long, and
-    the figures each wrote.
+    exit status is 1; a cell that runs past --timeout is named (notebook, cell) and fails its
+    notebook. ``OUT/runs.json`` records what ran, with which parameters, how long, and the
+    figures each wrote; each kernel's own stderr goes to ``OUT/NAME.kernel.log``.
+
+    OUT is a ds4lab result folder: locked before any kernel starts (a second run into it is
+    refused up front, naming the first), written aside and swapped in when the notebooks have run
+    (an earlier run's notebooks stay until then); Ctrl-C, SIGTERM and SIGHUP keep what ran
+    (exit 130, 143, 129).
     """
     from ..report.notebook_runner import (NotebookError, check_value, coerce, default_folder, find_notebooks,
-                                          parameter_defaults, parse_assignments, read_notebook, run_notebook)
-    from ..report.results import write_meta as write_json
-    from ..report.results import OutputError, check_out
+                                          parameter_defaults, parse_assignments, read_notebook)
+    from ..report.results import OutputError, job_folder
 
     try:
         paths = find_notebooks(names, folder or default_folder())
@@ -74,31 +80,59 @@ def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
         for per in typed.values():
             for n, v in per.items():
                 check_value(n, v)
-        check_out(out, ("runs.json",))
-    except (NotebookError, OutputError) as e:
+    except NotebookError as e:
         fail(str(e))
+    meta = {"job": "notebooks", "notebooks": [p.name for p in paths],
+            "parameters": {p.stem: {n: repr(v) for n, v in typed[p].items()} for p in paths}, "timeout_s": timeout}
+    outputs = ("*.ipynb", "runs.json", "*.kernel.log", *(p.stem for p in paths))
+    try:
+        # locked before any kernel starts: a second run into the same folder is refused up front
+        with job_folder(out, meta, outputs, say=lambda m: click.echo(f"ds4lab: {m}", err=True)) as folder:
+            runs = _run_all(paths, typed, folder, out, timeout, meta)
+            failed = [r["notebook"] for r in runs if not r["ok"]]
+            if failed:
+                raise NotebooksFailed(f"failed: {', '.join(failed)}")
+    except (OutputError, NotebookError) as e:
+        fail(str(e))
+    except NotebooksFailed as e:
+        click.echo(f"executed notebooks in {out}/; {e}")
+        sys.exit(1)
+    click.echo(f"executed notebooks in {out}/")
+
+
+class NotebooksFailed(CheckFailed):
+    """A notebook failed (every notebook ran; the failures are in ``runs.json``): exit status 1."""
+
+
+def _run_all(paths, typed, folder: Path, out: Path, timeout: int, meta: dict) -> list[dict]:
+    """Run each notebook into ``folder`` (the staging folder that becomes ``out``), ``runs.json``
+    after each (paths as they are once ``folder`` is ``out``); an interruption stops the run (as
+    :class:`KeyboardInterrupt`, or :class:`ds4lab.errors.Terminated` for SIGTERM/SIGHUP) with what
+    ran kept."""
+    from ..errors import Terminated
+    from ..report.notebook_runner import run_notebook
+    from ..report.results import write_meta
+
     runs = []
     for k, p in enumerate(paths, 1):
         mine = typed[p]
         shown = ", ".join(f"{n}={v!r}" for n, v in mine.items()) or "defaults"
         click.echo(f"[{k}/{len(paths)}] {p.name} ({shown})")
-        try:
-            r = run_notebook(p, mine, out / p.name, out_dir=out / p.stem, timeout=timeout,
-                             on_cell=lambda i, n: click.echo(f"    cell {i}/{n}"))
-        except NotebookError as e:
-            click.echo(f"ds4lab: error: {e}", err=True)
-            sys.exit(2)
-        runs.append(r.summary())
-        write_json(out / "runs.json", {"runs": runs})  # after each notebook: an interruption keeps it
+        r = run_notebook(p, mine, folder / p.name, out_dir=folder / p.stem, timeout=timeout,
+                         on_cell=lambda i, n: click.echo(f"    cell {i}/{n}"))
+        s = r.summary()
+        s["executed"] = str(out / p.name)
+        s["parameters"] = {**s["parameters"], "OUT": str(Path(out).resolve() / p.stem)}  # ran in staging, now OUT
+        runs.append(s)
+        meta["runs"] = runs
+        write_meta(folder / "runs.json", {"runs": runs})  # after each notebook: an interruption keeps it
         if r.interrupted:
-            fail(f"interrupted in {p.name}: its outputs so far are in {r.executed}; the notebooks after "
-                 "it did not run (runs.json says so)", code=130)
+            msg = (f"interrupted in {p.name} at code cell {r.failed_cell or '?'}: the notebooks after it did not run "
+                   "(runs.json says so)")
+            raise Terminated(r.signum, msg) if r.signum else KeyboardInterrupt(msg)
         if r.ok:
-            click.echo(f"    ok in {r.seconds:.0f} s; {len(r.figures)} figures under {out / p.stem}")
+            click.echo(f"    ok in {r.seconds:.0f} s; {len(r.figures)} figures")
         else:
-            click.echo(f"    FAILED at code cell {r.failed_cell}: {r.error} (outputs so far in {r.executed})",
-                       err=True)
-    failed = [r["notebook"] for r in runs if not r["ok"]]
-    click.echo(f"executed notebooks in {out}/" + (f"; failed: {', '.join(failed)}" if failed else ""))
-    if failed:
-        sys.exit(1)
+            click.echo(f"    FAILED at code cell {r.failed_cell if r.failed_cell else '?'} of {r.cells} in {p.name}: "
+                       f"{r.error} (the outputs before it are in the executed copy, {out / p.name})", err=True)
+    return runs

@@ -21,22 +21,46 @@ def fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def interrupted(e: KeyboardInterrupt) -> None:
+    """Report an interruption (Ctrl-C, or SIGTERM/SIGHUP as :class:`ds4lab.errors.Terminated`) and
+    exit with its status (130, 143, 129: :func:`ds4lab.jobs.common.exit_code`)."""
+    from ..errors import interrupt_status
+    from ..jobs import exit_code
+
+    status = interrupt_status(e)
+    text = str(e).strip()
+    kept = getattr(e, "kept_in", None)
+    if not text or text.startswith("stopped by "):
+        text = (f"{status}: results so far are kept" + (f" in {kept}/" if kept else "")
+                + f" (meta.json status: {status})")
+    else:
+        if status != "interrupted" and status not in text:
+            text = f"{status}: {text}"
+        if kept and kept not in text:
+            text += f"; results so far in {kept}/ (meta.json status: {status})"
+    fail(text, exit_code(e))
+
+
 def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
     """Run ``job`` through :func:`ds4lab.jobs.execute`; every exception becomes one message and the
-    exit code of :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted)."""
+    exit code of :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted,
+    143/129 stopped by SIGTERM/SIGHUP)."""
     from ..errors import BadInput, CheckFailed
     from ..jobs import execute, exit_code
+    from ..report.results import WriteFailed
 
     try:
         return execute(job, cfg, backend=backend, console=console(), seed=seed)
     except KeyboardInterrupt as e:
-        msg = str(e) or "interrupted: results so far are kept (meta.json status: interrupted)"
-        fail(msg, exit_code(e))
+        interrupted(e)
     except Exception as e:  # noqa: BLE001 - the one place exceptions become exit codes
         code = exit_code(e)
         text = str(e).strip() or type(e).__name__
-        if not isinstance(e, (BadInput, CheckFailed)) and code == 1:  # not one of ours: say what it was
+        if not isinstance(e, (BadInput, CheckFailed, WriteFailed)) and code == 1:  # not ours: say what it was
             text = f"{type(e).__name__}: {text}"
+        kept = getattr(e, "kept_in", None)
+        if kept and kept not in text:
+            text += f" (results so far in {kept}/)"
         fail(text, code)
 
 

@@ -4,12 +4,14 @@ numbers."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -24,13 +26,182 @@ class IngestError(ValueError):
 
 @dataclass
 class Ingested:
-    """What one input gave: tables by name (tidy DataFrames) and the bad lines (lenient mode)."""
+    """What one input gave: tables by name (tidy DataFrames), the bad lines (lenient mode) and the
+    warnings.
+
+    A reader that streams a large input hands its rows over in chunks (:meth:`emit`): to ``sink``
+    when one is set (``ds4lab ingest`` writes them straight to CSV, so memory stays bounded), else
+    into :attr:`tables` (:meth:`ingest`, tests). ``rows`` counts the rows of each table either way;
+    ``progress(n)`` is told of every ``n`` bytes read.
+    """
 
     path: Path
     kind: str
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     problems: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    sink: Callable[[str, pd.DataFrame], None] | None = None
+    progress: Callable[[int], None] | None = None
+
+    def emit(self, table: str, df) -> None:
+        """Hand over rows of ``table`` (a DataFrame, or a :class:`RowBlock`): to :attr:`sink`, or
+        appended to :attr:`tables`."""
+        if len(df) == 0:
+            return
+        self.rows[table] = self.rows.get(table, 0) + len(df)
+        if self.sink is not None:
+            self.sink(table, df)
+            return
+        if isinstance(df, RowBlock):
+            df = df.frame()
+        if table in self.tables:
+            self.tables[table] = pd.concat([self.tables[table], df], ignore_index=True)
+        else:
+            self.tables[table] = df.reset_index(drop=True)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table: those emitted, and those of :attr:`tables` a reader set whole."""
+        out = dict(self.rows)
+        for name, df in self.tables.items():
+            out.setdefault(name, len(df))
+        return out
+
+    def read(self, n: int) -> None:
+        """Tell :attr:`progress` that ``n`` more bytes were read."""
+        if self.progress is not None:
+            self.progress(n)
+
+
+@dataclass
+class RowBlock:
+    """Rows of one table as tuples in ``columns`` order, handed over without a DataFrame: the CSV
+    writer takes them as they are (a streamed log's chunk writes several times faster so). Values:
+    numbers, text, booleans; ``""`` for an empty cell (as pandas writes a missing value)."""
+
+    columns: tuple
+    rows: list
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame (empty cells as NaN)."""
+        return pd.DataFrame(self.rows, columns=list(self.columns)).replace("", float("nan"))
+
+
+def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
+    """``(line number, text)`` of every line of ``path``, streamed (bounded memory), decoded as UTF-8
+    with undecodable bytes replaced, line ends removed; progress told to ``res`` every
+    ``report_every`` bytes and at the end. A cut-off last line is for the caller to check
+    (:func:`ends_with_newline`)."""
+    pending = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            pending += len(raw)
+            if pending >= report_every:
+                res.read(pending)
+                pending = 0
+            yield n, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    if pending:
+        res.read(pending)
+
+
+def ends_with_newline(path: Path) -> bool:
+    """Whether the file's last byte is a newline (an empty file counts as ending well). Every tool
+    ds4lab reads (nsys stats, ncu, ds4, pandas) ends its output with one: a file without it was cut
+    off (a full disk, an interrupted copy), and its last line may be a partial row."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def content_sha256(path: Path) -> str:
+    """SHA-256 of an input's content, streamed: a file's bytes; for a folder, its files (names
+    relative to it, sorted, and bytes; sub-folders included). Two inputs with the same hash hold
+    the same data, whatever their paths."""
+    h = hashlib.sha256()
+    path = Path(path)
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            rel = f.relative_to(path).as_posix()
+            if rel.startswith(".") or "/." in rel:  # locks and staging folders are not content
+                continue
+            h.update(rel.encode() + b"\0")
+            _hash_file(h, f)
+            h.update(b"\0")
+        return h.hexdigest()
+    _hash_file(h, path)
+    return h.hexdigest()
+
+
+def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
+    """Each input once, by path and by content (:func:`content_sha256`: an identical copy under
+    another name counts as the same input). Returns ``[(path, sha256)]`` in order.
+
+    Raises:
+        ``error`` (an exception class, e.g. :class:`IngestError`): naming the input given twice
+        and both its names, plus ``twice`` (why that is wrong); an input that does not exist or
+        cannot be read.
+    """
+    seen: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        key = p.resolve()
+        if key in seen:
+            same = "" if str(seen[key]) == str(p) else f" (as {seen[key]} and as {p})"
+            raise error(f"{p}: given twice{same}: {twice}")
+        seen[key] = p
+    by_hash: dict[str, Path] = {}
+    out = []
+    for p in seen.values():
+        if not p.exists():
+            raise error(f"{p}: no such file")
+        try:
+            digest = content_sha256(p)
+        except OSError as e:
+            raise error(f"{p}: unreadable ({e.strerror or e}: {e.filename or p})") from None
+        if digest in by_hash:
+            raise error(f"{p}: the same content as {by_hash[digest]} (sha256 {digest[:12]}): {twice}")
+        by_hash[digest] = p
+        out.append((p, digest))
+    return out
+
+
+def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
+    """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab
+    write them) whose field count differs from the header's, and for a last line cut off (no final
+    newline: :func:`ends_with_newline`; said instead of its field count); at most ``limit``.
+    Streamed. A cut-off table would otherwise be read with its half row filled in as empty cells."""
+    import csv
+
+    out: list[tuple[int, str]] = []
+    last = 0
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rd = csv.reader(f)
+        try:
+            header = next(rd, None)
+            if header is None:
+                return out
+            last = rd.line_num
+            for row in rd:
+                last = rd.line_num
+                if row and len(row) != len(header) and len(out) < limit:
+                    out.append((rd.line_num, f"{len(row)} fields, the header has {len(header)}"))
+        except csv.Error as e:
+            out.append((rd.line_num, f"unreadable CSV ({e})"))
+    if last and not ends_with_newline(path):
+        out = [p for p in out if p[0] != last]
+        out.append((last, "the file ends in the middle of a line: cut off (truncated)"))
+    return out
+
+
+def _hash_file(h, f: Path) -> None:
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
 
 
 _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}

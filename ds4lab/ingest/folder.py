@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import IngestError, Ingested, load_meta, problem as _problem
+from .common import IngestError, Ingested, csv_shape_problems, load_meta, problem as _problem
 
 
 def read_ds4lab_folder(path: Path, lenient: bool) -> Ingested:
     """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from
     (``machine``), the run's ``status`` and, where the table lacks it, ``modeled``. A run whose
-    status is not ``complete`` is named in :attr:`Ingested.warnings`."""
+    status is not ``complete`` is named in :attr:`Ingested.warnings`. A table cut off (a last line
+    without its newline, a row with fewer fields than the header) has each such line reported as
+    malformed (file and line), never read as a row with empty cells."""
     res = Ingested(path, "ds4lab-folder")
     meta = load_meta(path / "meta.json")
     modeled = bool(meta.get("modeled"))
@@ -25,8 +27,11 @@ def read_ds4lab_folder(path: Path, lenient: bool) -> Ingested:
         raise IngestError(f"{path}: a ds4lab result folder without any table: expected its result CSVs "
                           "(ladder.csv, moe.csv, summary.csv, ...) beside meta.json")
     for f in csvs:
+        bad = csv_shape_problems(f)
+        for line, why in bad:  # a half row would otherwise be read with its missing cells empty
+            _problem(res, lenient, line, f"{f.name}: {why}")
         try:
-            df = pd.read_csv(f)
+            df = pd.read_csv(f, skiprows=[line - 1 for line, _ in bad])
         except Exception as e:  # noqa: BLE001 — report which file
             _problem(res, lenient, 0, f"{f.name}: unreadable CSV ({e})")
             continue

@@ -39,22 +39,35 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import TIME_UNIT_US, Ingested, num, problem
+from .common import TIME_UNIT_US, Ingested, ends_with_newline, num, problem, text_lines
 
-#: details-page metric name → column; raw-page metric name → column
-DETAILS_METRICS = {"Duration": "duration_us", "DRAM Throughput": "dram_pct", "Compute (SM) Throughput": "sm_pct",
-                   "Memory Throughput": "memory_pct", "Registers Per Thread": "registers"}
-RAW_METRICS = {"gpu__time_duration.sum": "duration_us",
-               "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
-               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
-               "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
-               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory_pct",
-               "launch__registers_per_thread": "registers"}
+#: the details page's section that holds the throughputs as % of peak (``--section SpeedOfLight``)
+SOL_SECTION = "GPU Speed Of Light Throughput"
+#: details-page (section, metric name) → (column, unit kind): a metric counts for a column only in
+#: its section and with its kind of unit. "Memory Throughput" is % of peak in the Speed Of Light
+#: section and Gbyte/second in Memory Workload Analysis: only the first is ``memory_pct``.
+DETAILS_METRICS = {(SOL_SECTION, "Duration"): ("duration_us", "time"),
+                   (SOL_SECTION, "DRAM Throughput"): ("dram_pct", "%"),
+                   (SOL_SECTION, "Compute (SM) Throughput"): ("sm_pct", "%"),
+                   (SOL_SECTION, "Memory Throughput"): ("memory_pct", "%"),
+                   ("Launch Statistics", "Registers Per Thread"): ("registers", "count")}
+#: raw-page metric name → (column, unit kind)
+RAW_METRICS = {"gpu__time_duration.sum": ("duration_us", "time"),
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("dram_pct", "%"),
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": ("dram_pct", "%"),
+               "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("sm_pct", "%"),
+               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": ("memory_pct", "%"),
+               "launch__registers_per_thread": ("registers", "count")}
 ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
               "Grid Size", "Device", "CC")
+#: the rule columns of the details page (ncu 2023 and later): a row with a rule name is a rule's
+#: result (OPT: an optimisation with its estimated speedup, WRN, INF), not a metric
+RULE_COLUMNS = ("Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup")
 NVTX_DOMAIN = "ds4lab"
 KERNEL_COLUMNS = ("id", "kernel", "grid", "block", "duration_us", "dram_pct", "sm_pct", "memory_pct", "registers",
-                  "nvtx", "position", "layer", "cluster", "op", "page", "provenance")
+                  "nvtx", "position", "layer", "cluster", "op", "device", "pid", "page", "provenance")
+RULE_TABLE_COLUMNS = ("id", "kernel", "section", "rule", "type", "description", "speedup_type", "speedup_pct",
+                      "file", "source")
 _RANGE = re.compile(r'"([^"]*)"')
 
 
@@ -123,12 +136,18 @@ def ds4lab_levels(stack: list[dict]) -> dict:
 
 def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
     """``ncu --csv`` output (details or raw page; leading program output and ``==PROF==`` lines
-    skipped) → ``ncu_kernels`` (one row per profiled kernel, :data:`KERNEL_COLUMNS` plus ``page``,
-    ``file``, ``source``) and ``ncu_metrics`` (every metric, long). A row with the wrong number of
-    fields, a metric value of a needed metric that is not a number (``n/a`` is kept as empty), a
-    duration in an unknown unit, a negative duration or percentage: malformed (file and line)."""
+    skipped) → ``ncu_kernels`` (one row per profiled kernel, :data:`KERNEL_COLUMNS` plus ``file``,
+    ``source``), ``ncu_metrics`` (every metric, long: id, kernel, section, metric, unit, value: one
+    name in two sections is two rows, each with its unit) and ``ncu_rules`` (the details page's rule
+    results: rule, type, description, estimated speedup).
+
+    Malformed (file and line): a row with the wrong number of fields; a value of a metric a kernel
+    column reads that is not a number (``n/a`` is kept as empty), in a unit of the wrong kind (a
+    duration not in a time unit, a throughput % not in %), negative, or a percentage outside
+    0–100; the same column given twice for one kernel with two values; a file cut off in the
+    middle of its last line."""
     res = Ingested(path, "ncu-csv")
-    lines = path.read_text(errors="replace").splitlines()
+    lines = [line for _, line in text_lines(res, path)]
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID",')), None)
     if start is None:
         problem(res, lenient, 0, 'no ncu CSV header (a row starting "ID","Process ID"); was --csv given?')
@@ -137,7 +156,7 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
     page = "details" if "Metric Name" in hdr and "Metric Value" in hdr else "raw"
     nvtx_cols = [h for h in hdr if "Push/Pop_Range" in h]
     kernels: dict[str, dict] = {}
-    metrics = []
+    metrics, rules = [], []
     units = None
     first = start + 1
     if page == "raw" and first < len(lines):
@@ -148,6 +167,7 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
         if len(u) == len(hdr) and not (u[0].strip() if u else "x"):  # the units row: no ID
             units = dict(zip(hdr, u))
             first += 1
+    cut = not ends_with_newline(path)
     for k in range(first, len(lines)):
         line = lines[k]
         n = k + 1
@@ -155,6 +175,9 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
             continue
         if line.startswith("==") and "==" in line[2:]:
             continue  # ==PROF== / ==WARNING== lines can also come after the table
+        if cut and k == len(lines) - 1:
+            problem(res, lenient, n, "the file ends in the middle of this line: cut off (truncated), not read", line)
+            continue
         try:
             cells = next(csv.reader([line]))
         except csv.Error as e:
@@ -172,15 +195,13 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
             continue
         kr = kernels.get(kid)
         if kr is None:
-            stack = parse_nvtx_stack(rec[nvtx_cols[0]]) if nvtx_cols else []
-            kr = {"id": _int(kid), "kernel": rec.get("Kernel Name", "").strip(),
-                  "grid": rec.get("Grid Size", "").strip(), "block": rec.get("Block Size", "").strip(),
-                  "duration_us": None, "dram_pct": None, "sm_pct": None, "memory_pct": None, "registers": None,
-                  "nvtx": " > ".join(f"{r['domain']}:{r['name']}" for r in stack), **ds4lab_levels(stack),
-                  "page": page, "provenance": _provenance(rec), "file": str(path), "source": f"{path.name}:{n}"}
-            kernels[kid] = kr
+            kr = kernels[kid] = _kernel_row(rec, kid, nvtx_cols, page, path, n)
         if page == "details":
-            bad = _metric(kr, metrics, kid, rec.get("Section Name", ""), rec["Metric Name"].strip(),
+            if rec.get("Rule Name", "").strip():
+                rules.append(_rule_row(rec, kr, path, n))
+            if not rec["Metric Name"].strip():
+                continue  # a rule's row: no metric in it
+            bad = _metric(kr, metrics, rec.get("Section Name", "").strip(), rec["Metric Name"].strip(),
                           rec.get("Metric Unit", "").strip(), rec["Metric Value"], DETAILS_METRICS)
             if bad:
                 problem(res, lenient, n, bad, line)
@@ -188,16 +209,46 @@ def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
             for h in hdr:
                 if h in ID_COLUMNS or h in nvtx_cols or "Start/Stop_Range" in h:
                     continue
-                bad = _metric(kr, metrics, kid, "raw", h, (units or {}).get(h, "").strip(), rec[h], RAW_METRICS)
+                bad = _metric(kr, metrics, "raw", h, (units or {}).get(h, "").strip(), rec[h], RAW_METRICS)
                 if bad:
                     problem(res, lenient, n, bad, line)
                     break
     if not kernels and not res.problems:
         problem(res, lenient, start + 1, "an ncu CSV header without any kernel row")
+    for kr in kernels.values():
+        kr.pop("_from", None)
     res.tables["ncu_kernels"] = pd.DataFrame(list(kernels.values()))
     res.tables["ncu_metrics"] = pd.DataFrame(metrics, columns=["id", "kernel", "section", "metric", "unit", "value",
                                                                "file"]).assign(file=str(path))
+    if rules:
+        res.tables["ncu_rules"] = pd.DataFrame(rules, columns=list(RULE_TABLE_COLUMNS))
     return res
+
+
+def _kernel_row(rec: dict, kid: str, nvtx_cols: list, page: str, path: Path, n: int) -> dict:
+    stack = parse_nvtx_stack(rec[nvtx_cols[0]]) if nvtx_cols else []
+    return {"id": _int(kid), "kernel": rec.get("Kernel Name", "").strip(),
+            "grid": rec.get("Grid Size", "").strip(), "block": rec.get("Block Size", "").strip(),
+            "duration_us": None, "dram_pct": None, "sm_pct": None, "memory_pct": None, "registers": None,
+            "nvtx": " > ".join(f"{r['domain']}:{r['name']}" for r in stack), **ds4lab_levels(stack),
+            "device": rec.get("Device", "").strip(), "pid": _int(rec.get("Process ID", "").strip()),
+            "page": page, "provenance": _provenance(rec), "file": str(path), "source": f"{path.name}:{n}",
+            "_from": {}}
+
+
+def _rule_row(rec: dict, kr: dict, path: Path, n: int) -> dict:
+    """One rule result of the details page (``ncu_rules``): the estimated speedup (% of the
+    kernel's time, ncu's "Estimated Speedup") as a number where it is one."""
+    sp = rec.get("Estimated Speedup", "").strip()
+    try:
+        speedup = num(sp) if sp else None
+    except ValueError:
+        speedup = None
+    return {"id": kr["id"], "kernel": kr["kernel"], "section": rec.get("Section Name", "").strip(),
+            "rule": rec.get("Rule Name", "").strip(), "type": rec.get("Rule Type", "").strip(),
+            "description": rec.get("Rule Description", "").strip(),
+            "speedup_type": rec.get("Estimated Speedup Type", "").strip(), "speedup_pct": speedup,
+            "file": str(path), "source": f"{path.name}:{n}"}
 
 
 def _provenance(rec: dict) -> str:
@@ -213,30 +264,48 @@ def _int(s: str):
         return s
 
 
-def _metric(kr, metrics, kid, section, name, unit, value, wanted) -> str | None:
-    """Record one metric value; returns what is wrong with a needed one, else None."""
+#: unit kind → the units ncu prints for it (long and short forms, ``--print-units``)
+_PCT_UNITS = ("%",)
+_COUNT_UNITS = ("register/thread", "", "register")
+
+
+def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:
+    """Record one metric value (``ncu_metrics``: always, keyed by section and name, with its unit);
+    set the kernel column it stands for (``wanted``: (section, name) on the details page, name on
+    the raw page) when its unit is of the column's kind. Returns what is wrong, else None."""
     v = None
     cell = value.strip()
+    spec = wanted.get((section, name)) if (section, name) in wanted else wanted.get(name)
     if cell and cell.lower() not in ("n/a", "nan"):
         try:
             v = num(cell)
         except ValueError:
-            if name in wanted:
-                return f"metric {name!r}: {cell!r} is not a number"
-    metrics.append({"id": kr["id"], "kernel": kr["kernel"], "section": section.strip(), "metric": name, "unit": unit,
+            if spec is not None:
+                return f"metric {name!r} ({section}): {cell!r} is not a number"
+    metrics.append({"id": kr["id"], "kernel": kr["kernel"], "section": section, "metric": name, "unit": unit,
                     "value": v if v is not None else cell})
-    col = wanted.get(name)
-    if col is None or v is None:
+    if spec is None or v is None:
         return None
-    if col == "duration_us":
+    col, kind = spec
+    if kind == "time":
         f = TIME_UNIT_US.get(unit)
         if f is None:
-            return (f"metric {name!r}: unit {unit!r} is not a time unit ncu prints "
+            return (f"metric {name!r} ({section}): unit {unit!r} is not a time unit ncu prints "
                     "(ns, us, ms, s, nsecond, usecond, msecond, second)")
         v *= f
+    elif kind == "%":
+        if unit not in _PCT_UNITS:
+            return f"metric {name!r} ({section}): unit {unit!r}, not %: not the % of peak column {col} holds"
+        if not 0 <= v <= 100:
+            return f"metric {name!r} ({section}) = {cell} %: a percentage of peak lies in 0-100"
     if v < 0:
-        return f"metric {name!r}={cell} is negative"
+        return f"metric {name!r} ({section}) = {cell} is negative"
+    prev = kr["_from"].get(col)
+    if prev is not None and kr[col] is not None and kr[col] != v:
+        return (f"kernel ID {kr['id']}: {col} given twice with two values: {kr[col]:g} ({prev}) and {v:g} "
+                f"({section} / {name})")
     kr[col] = v
+    kr["_from"][col] = f"{section} / {name}"
     return None
 
 
@@ -291,9 +360,10 @@ def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float
 
 
 def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per launch site (cluster, op): kernel, launches, median duration (µs), median DRAM %
-    of peak, median SM %, and (when joined) median achieved GB/s; sorted by total duration, largest
-    first. Rows without a ds4lab op (another domain, no NVTX) are grouped under op ``(no NVTX op)``."""
+    """One row per launch site (cluster, op), input file, device and process: kernel, launches,
+    median duration (µs), median DRAM % of peak, median SM %, and (when joined) median achieved
+    GB/s; sorted by total duration, largest first. Rows without a ds4lab op (another domain, no
+    NVTX) are grouped under op ``(no NVTX op)``."""
     k = kernels.copy()
     k["cluster"] = k["cluster"].fillna("(no ds4lab range)")
     k["op"] = k["op"].fillna("(no NVTX op)")
@@ -306,7 +376,8 @@ def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
         agg["achieved_GBps"] = ("achieved_GBps", "median")
     if "provenance" in k:
         agg["provenance"] = ("provenance", "first")
-    by = ["cluster", "op"] + (["file"] if "file" in k else [])
+    # one row per site and device/process: two GPUs' kernels never share a median
+    by = ["cluster", "op"] + [c for c in ("file", "device", "pid") if c in k]
     g = k.groupby(by, dropna=False).agg(**agg).reset_index()
     return g.sort_values("total_us", ascending=False).reset_index(drop=True)
 

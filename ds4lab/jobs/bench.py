@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ..measure.bench import run_bench
 from ..token.config import get_preset
-from ..report.results import check_out
 from .common import default_preset
 
 
@@ -24,20 +23,33 @@ class BenchConfig:
     per_op: bool = False
 
 
+#: What ``ds4lab bench`` writes in its folder (``bench.json``; with ``--per-op`` the roofline table and figure).
+BENCH_OUTPUTS = ("bench.json", "per_op*")
+
+
 def run(cfg: BenchConfig, be, console) -> dict:
-    """Run the benchmarks on ``be`` (a GPU). Returns what ``bench.json`` holds.
+    """Run the benchmarks on ``be`` (a GPU). Returns what ``bench.json`` holds. With ``cfg.out``,
+    everything is written inside :func:`ds4lab.report.results.job_folder` (staged, swapped in on
+    success; ``meta.json`` records the status and provenance).
 
     Raises:
-        ds4lab.report.results.OutputError: ``out`` cannot be written (checked before any work).
+        ds4lab.report.results.OutputError: ``out`` cannot be written, or holds what ds4lab did not
+            write (checked before any work).
     """
-    out = Path(cfg.out) if cfg.out else None
-    if out is not None:
-        check_out(out, ("bench.json",))
-    res = run_bench(be, get_preset(cfg.preset or default_preset("bench", be)), console, per_op=cfg.per_op, out=out)
-    if out is not None:
+    from ..report import provenance, results
+
+    preset = get_preset(cfg.preset or default_preset("bench", be))
+    if not cfg.out:
+        return run_bench(be, preset, console, per_op=cfg.per_op, out=None)
+    out = Path(cfg.out)
+    meta = provenance.base_meta(be)
+    meta.update(job="bench", preset=preset.summary(), per_op=cfg.per_op)
+    with results.job_folder(out, meta, BENCH_OUTPUTS, say=console.print) as folder:
+        res = run_bench(be, preset, console, per_op=cfg.per_op, out=folder)
+
         def enc(o):
             return asdict(o) if is_dataclass(o) else str(o)
 
-        (out / "bench.json").write_text(json.dumps(res, indent=2, default=enc) + "\n")
-        console.print(f"wrote {out / 'bench.json'}")
+        (folder / "bench.json").write_text(json.dumps(res, indent=2, default=enc) + "\n")
+    console.print(f"wrote {out / 'bench.json'}")
     return res

@@ -4,13 +4,11 @@ measured ``ds4lab moe`` folder (:func:`ds4lab.measure.calibrate.fit_tiled_moe`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..measure.calibrate import calibrate, calibrate_long_context, fit_tiled_moe, write_calibration
 from ..sim.costmodel import default_calibration_path
-from ..report.results import check_out
 from .common import BadInput, default_preset
 
 
@@ -28,47 +26,79 @@ class CalibrateConfig:
     long_context: bool = False
 
 
+def check_config(cfg: CalibrateConfig) -> None:
+    """Checks that need no GPU, before any work: ``out`` is not a shipped calibration (nor any file
+    in ds4lab's data folder), not a folder; ``base`` (with ``moe_profile`` or ``long_context``) is a
+    valid calibration (:func:`ds4lab.sim.calibration.read`: every key against the schema).
+
+    Raises:
+        ds4lab.errors.CalibrationError: a shipped ``out``, or an invalid ``base`` (names the file
+            and every bad key; exit 2).
+        BadInput: ``out`` is a folder.
+    """
+    from ..sim.calibration import read, refuse_shipped
+
+    out = Path(cfg.out)
+    refuse_shipped(out)
+    if out.is_dir():
+        raise BadInput(f"--out {out} is a folder: name the calibration file to write")
+    if cfg.moe_profile is not None or cfg.long_context:
+        read(Path(cfg.base) if cfg.base else default_calibration_path())
+
+
+def _replaceable(path: Path) -> str | None:
+    """None when the file at ``path`` is a calibration (ds4lab may replace it), else why not."""
+    import json
+
+    try:
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return f"{path} is not a calibration file (not JSON)"
+    if not (isinstance(d, dict) and "name" in d and "host_launch_us" in d):
+        return f"{path} is not a calibration file (no name and host_launch_us keys)"
+    return None
+
+
 def run(cfg: CalibrateConfig, be, console) -> dict:
     """Measure on ``be`` (a GPU) and write ``cfg.out``; with ``moe_profile``, ``be`` is unused
     (None is fine) and the fits are added to ``base``. Returns the calibration dict written.
 
-    Raises:
-        BadInput: ``base`` unreadable or not a calibration, ``out`` a folder, a bad profile folder.
-        ds4lab.report.results.OutputError: ``out``'s folder is not writable.
-    """
-    out = Path(cfg.out)
-    if cfg.long_context:
-        from ..sim.calibration import read
+    ``out`` is checked before any measurement (:func:`check_config`), locked for the whole run
+    (:func:`ds4lab.report.results.output_file`: a second calibration into the same file is
+    refused), and written only when complete and valid against the schema; an interrupted or
+    failed run leaves the file as it was.
 
-        base = read(Path(cfg.base) if cfg.base else default_calibration_path())
-        check_out(out.parent)
-        cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
-        write_calibration(cal, out)
-        console.print(f"calibration written to {out}")
-        return cal
-    if cfg.moe_profile is None:
-        cal = calibrate(be, cfg.preset or default_preset("calibrate", be), console=console)
-        write_calibration(cal, out)
-        console.print(f"calibration written to {out}")
-        return cal
-    base = Path(cfg.base or default_calibration_path())
-    try:
-        fits = fit_tiled_moe(Path(cfg.moe_profile))
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    try:
-        cal = json.loads(base.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"--base {base}: cannot be read as JSON ({e})") from None
-    if not isinstance(cal, dict) or not isinstance(cal.get("kernels", {}), dict):
-        raise BadInput(f"--base {base}: not a calibration (a JSON object with a kernels object)")
-    if out.is_dir():
-        raise BadInput(f"--out {out} is a folder: name the calibration file to write")
-    check_out(out.parent)
-    cal.setdefault("kernels", {}).update(fits)
-    cal["source"] = f"{cal.get('source', '')}; tiled MoE kernels fitted from {cfg.moe_profile}"
-    write_calibration(cal, out)
-    for kern, f in fits.items():
+    Raises:
+        ds4lab.errors.CalibrationError: ``out`` a shipped calibration, ``base`` invalid, or the
+            result not a valid calibration.
+        BadInput: ``out`` a folder, a bad profile folder.
+        ds4lab.report.results.OutputError: ``out``'s folder is not writable, ``out`` holds a file that
+            is not a calibration, or another run is writing it.
+    """
+    from ..report.results import output_file
+    from ..sim.calibration import read, refuse_shipped, validate
+
+    check_config(cfg)
+    out = Path(cfg.out)
+    fits = None
+    with output_file(out, "calibration", accept=_replaceable, refuse=refuse_shipped) as tmp:
+        if cfg.long_context:
+            base = read(Path(cfg.base) if cfg.base else default_calibration_path())
+            cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
+        elif cfg.moe_profile is None:
+            cal = calibrate(be, cfg.preset or default_preset("calibrate", be), console=console)
+        else:
+            base = Path(cfg.base or default_calibration_path())
+            cal = read(base)  # every key checked: an invalid base is refused before anything is written
+            try:
+                fits = fit_tiled_moe(Path(cfg.moe_profile))
+            except ValueError as e:
+                raise BadInput(str(e)) from None
+            cal.setdefault("kernels", {}).update(fits)
+            cal["source"] = f"{cal.get('source', '')}; tiled MoE kernels fitted from {cfg.moe_profile}"
+        validate(cal, str(out))
+        write_calibration(cal, tmp)
+    for kern, f in (fits or {}).items():
         console.print(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
     console.print(f"calibration written to {out}")
     return cal

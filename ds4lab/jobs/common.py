@@ -11,6 +11,9 @@ Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
 1       a failed check or a failed run: a stage not bit-identical, a reference check that fails,
         conformance disagreements (:class:`CheckFailed`), or any other error after work began
 130     interrupted (Ctrl-C): results so far are on disk and ``meta.json`` says ``interrupted``
+143     stopped by SIGTERM (129: SIGHUP; 141: the console's output pipe closed, ``| head``):
+        handled like Ctrl-C, ``meta.json`` says ``interrupted (SIGTERM)``
+        (:class:`ds4lab.errors.Terminated`)
 ======  =====================================================================================
 """
 
@@ -110,7 +113,8 @@ def modeled_banner(be) -> str | None:
 def exit_code(exc: BaseException) -> int:
     """The exit status for ``exc`` (module docstring's table)."""
     if isinstance(exc, KeyboardInterrupt):
-        return 130
+        signum = getattr(exc, "signum", None)  # SIGTERM 143, SIGHUP 129, as a shell reports them
+        return 128 + signum if signum else 130
     if isinstance(exc, CheckFailed):
         return 1
     if isinstance(exc, (BadInput, ConfigError, BackendUnavailable, MemoryError)):

@@ -74,17 +74,17 @@ def run(cfg: ConformanceConfig, be, console):
     out = Path(cfg.out)
     meta = {"job": "conformance", "backends": {}}
     records = {}
-    with results.job_folder(out, meta, CONFORMANCE_OUTPUTS):
+    with results.job_folder(out, meta, CONFORMANCE_OUTPUTS, say=console.print) as folder:
         for b in backends:
             n = len(cfg.names) or len(SCENARIOS)
             with JobProgress(console, f"{b.name}: scenarios", n) as prog:
                 records[b.name] = run_scenarios(b, cfg.names or None, progress=lambda _: prog.advance())
             meta["backends"][b.name] = provenance.base_meta(b)
-            (out / f"conformance-{b.name}.json").write_text(json.dumps(records[b.name], indent=1) + "\n")
+            (folder / f"conformance-{b.name}.json").write_text(json.dumps(records[b.name], indent=1) + "\n")
         df = compare(records)
-        df.to_csv(out / "conformance.csv", index=False)
+        df.to_csv(folder / "conformance.csv", index=False)
         exp = expectation_mismatches(records)
-        exp.to_csv(out / "expectations.csv", index=False)
+        exp.to_csv(folder / "expectations.csv", index=False)
         meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()),
                     expectation_mismatches={b: int((exp.backend == b).sum()) for b in records})
         exc = df[df.step.isin(["<exception>", "<unhandled>"])]

@@ -58,7 +58,7 @@ def run(cfg: ExclusionConfig, be, console):
     found, metas = {}, {}
     meta = provenance.base_meta(be)
     meta["job"] = "exclusion"
-    with results.job_folder(out, meta, EXCLUSION_OUTPUTS):
+    with results.job_folder(out, meta, EXCLUSION_OUTPUTS, say=console.print) as folder:
         for b in backends:
             m = provenance.base_meta(b)
             m.update(job="exclusion", preset=mcfg.summary(), tokens=cfg.tokens, modeled=b.models_time,
@@ -68,7 +68,7 @@ def run(cfg: ExclusionConfig, be, console):
                 m["calibration"] = b.calibration_name
                 console.print(banner)
             metas[b.name] = m
-            path = out / ("exclusion.csv" if b is be else f"exclusion-{b.name}.csv")
+            path = folder / ("exclusion.csv" if b is be else f"exclusion-{b.name}.csv")
             cells: list[dict] = []
 
             def on_cell(c, path=path, cells=cells):
@@ -84,13 +84,14 @@ def run(cfg: ExclusionConfig, be, console):
         meta.update({**metas[be.name], "backends": metas})
         if len(found) > 1:
             ag = agreement(found["cupy"], found["sim"])
-            ag.to_csv(out / "exclusion-agreement.csv", index=False)
+            ag.to_csv(folder / "exclusion-agreement.csv", index=False)
             bad = ag[~ag.agree]
             meta["agreement"] = {"cells": len(ag), "agree": int(ag.agree.sum()), "disagree": len(bad)}
             console.print(f"cupy vs sim: {int(ag.agree.sum())}/{len(ag)} cells agree")
             if len(bad):
                 console.print(bad[["mode", "column", "outcome_cupy", "outcome_sim"]].to_string(index=False))
         main = found[be.name]
-        paths = plots.save(plots.exclusion_figure(main, meta), out / "exclusion")
-    console.print(f"wrote {out / 'exclusion.csv'}, {out / 'meta.json'}, " + ", ".join(str(p) for p in paths))
+        paths = plots.save(plots.exclusion_figure(main, meta), folder / "exclusion")
+    console.print(f"wrote {out / 'exclusion.csv'}, {out / 'meta.json'}, "
+                  + ", ".join(str(out / p.name) for p in paths))
     return main

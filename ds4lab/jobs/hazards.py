@@ -61,7 +61,7 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
     with S.graphs_enabled():
         meta = provenance.base_meta(be)
         meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
-        with results.job_folder(out, meta, HAZARD_OUTPUTS) as folder:
+        with results.job_folder(out, meta, HAZARD_OUTPUTS, say=console.print) as folder:
             for n in names:
                 r = demonstrate(n, be, mcfg, mode=cfg.mode)
                 rows.append(r)
@@ -70,5 +70,5 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
                               f"errors {r['errors']} · exact {r['exact']}"
                               + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
                 console.print(f"   expected: {r['expected']}")
-            console.print(f"wrote {Path(folder) / 'hazards.csv'}")
+    console.print(f"wrote {out / 'hazards.csv'}")
     return rows

@@ -169,7 +169,7 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     exactness_checked=bool(table.exact_tokens and check), **extra_meta)
         if banner:
             meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
-        with results.job_folder(out, meta, outputs) as folder:  # a NotExact run is written, then "failed"
+        with results.job_folder(out, meta, outputs, say=con.print) as folder:  # a NotExact run is written, then "failed"
             folder = Path(folder)
             csv_path = folder / f"{job}.csv"
             lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
@@ -193,7 +193,8 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                                   for c, g in df.groupby("context")}
             fig = plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta)
             paths = plots.save(fig, folder / job)
-            con.print(f"wrote {csv_path}, {folder / 'meta.json'}, " + ", ".join(str(p) for p in paths))
+            con.print(f"wrote {out / csv_path.name}, {out / 'meta.json'}, "  # where they are once swapped in
+                      + ", ".join(str(out / p.name) for p in paths))
             bad = df[df.exact == False]  # noqa: E712
             if len(bad):
                 raise NotExact("not bit-identical to stage 0: " + "; ".join(

@@ -94,8 +94,10 @@ def run(cfg: MoeConfig, be, console=None):
                                         if be.timing_only else ""))
     meta["globaltimer"] = M.globaltimer_resolution(be)
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
-    with results.job_folder(out, meta, MOE_OUTPUTS):
-        return _profile(be, mcfg, preset, modes, tokens, routings, cfg, out, meta, modeled, con)
+    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print) as folder:
+        data, written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, folder, meta, modeled, con)
+    con.print("wrote " + ", ".join(str(out / p.relative_to(folder)) for p in written))
+    return data
 
 
 def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
@@ -114,6 +116,8 @@ def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
 
 
 def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta, modeled, con):
+    """Profile every (mode, routing, tokens per step) into folder ``out`` (the staging folder);
+    returns the rows and the files written."""
     import sys
 
     import pandas as pd
@@ -129,7 +133,6 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
     con.print(f"[bold]ds4lab moe[/] · {preset} · {be.name} · layers {wb.model.n_layers} · modes {', '.join(modes)}")
     csv_path = out / "moe.csv"
-    csv_path.unlink(missing_ok=True)
     header = True
     frames = []
     failures = []
@@ -154,7 +157,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                 con.print(f"[red]{mode} · {routing} · {T} tok: {e}[/]")
             be.release_cached_memory()
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
-    summ = M.summarize(data)
+    summ = with_fallbacks(M.summarize(data), data)
     summ.to_csv(out / "summary.csv", index=False)
     # ds4's profile lines, one file per (mode, routing): the format has no field for either, so
     # the header names them and one file never mixes two.
@@ -170,6 +173,16 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                 for ln in lines:
                     print(ln, file=sys.stderr)
     _print_summary(con, summ, modes)
+    fell = summ[summ["fallback_calls"] > 0].drop_duplicates(["mode", "routing", "tokens"]) if len(summ) else summ
+    if len(fell):
+        meta["eager_fallbacks"] = [{"mode": r.mode, "routing": r.routing, "tokens": int(r.tokens),
+                                    "fallback_calls": int(r.fallback_calls), "calls": int(r.calls)}
+                                   for r in fell.itertuples()]
+        con.print("[yellow]calls that fell back to eager (their graph was retired and they ran eagerly: the times "
+                  "above are eager times):[/]")
+        for r in fell.itertuples():
+            con.print(f"[yellow]  {r.mode} · {r.routing} · {int(r.tokens)} tok: {int(r.fallback_calls)} of "
+                      f"{int(r.calls)} calls[/]")
     # the routing check: expert load per pattern (numbers needed: not in timing-only sim)
     if not be.timing_only:
         loads = []
@@ -200,8 +213,26 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     meta.update(failures=failures, rows=len(data))
     written = [csv_path, out / "summary.csv", *logs, out / "meta.json"] + [
         out / f for f in ("expert-load.csv", "share.csv", "overhead.csv") if (out / f).exists()] + figs
-    con.print("wrote " + ", ".join(map(str, written)))
-    return data
+    return data, written
+
+
+def with_fallbacks(summ, data):
+    """``summ`` (:func:`ds4lab.moeprof.summarize`) with ``calls`` and ``fallback_calls`` per mode,
+    backend, routing and token count: the profiled calls, and those that fell back to eager (a
+    replayed MoE cluster whose capture failed: the graph retired and the call ran eagerly, ``phase``
+    eager and a ``note`` naming the fallback; their times are eager times)."""
+    import pandas as pd
+
+    keys = ["mode", "backend", "routing", "tokens"]
+    if data.empty:
+        return summ.assign(calls=pd.Series(dtype="int64"), fallback_calls=pd.Series(dtype="int64"))
+    calls = data[data["stage"] == "total"]
+    fb = calls["phase"].astype(str).eq("eager") & calls["note"].astype(str).str.contains("fallback", case=False)
+    per = calls.assign(fb=fb).groupby(keys, sort=False).agg(calls=("fb", "size"), fallback_calls=("fb", "sum"))
+    out = summ.merge(per.reset_index(), on=keys, how="left")
+    out["calls"] = out["calls"].fillna(0).astype("int64")
+    out["fallback_calls"] = out["fallback_calls"].fillna(0).astype("int64")
+    return out
 
 
 def _print_summary(con, summ, modes) -> None:
@@ -211,7 +242,12 @@ def _print_summary(con, summ, modes) -> None:
     piv = summ.pivot_table(index=["mode", "routing", "tokens"], columns="stage", values="median_ms",
                            aggfunc="first", sort=False)
     cols = [c for c in ("xq", "sort", "gateup", "midq", "down", "sum", "total") if c in piv.columns]
+    table = (piv[cols] * 1e3).apply(lambda c: c.map(lambda v: "" if math.isnan(v) else f"{v:.1f}"))
+    fb = summ.drop_duplicates(["mode", "routing", "tokens"]).set_index(["mode", "routing", "tokens"])
+    if (fb["fallback_calls"] > 0).any():  # a column only where a call fell back: eager times under a replayed name
+        table["eager fallback"] = [f"{int(fb.loc[i, 'fallback_calls'])}/{int(fb.loc[i, 'calls'])} calls"
+                                   if fb.loc[i, "fallback_calls"] else "" for i in table.index]
     con.print("median µs per routed-MoE call:")
-    con.print((piv[cols] * 1e3).to_string(float_format=lambda v: "" if math.isnan(v) else f"{v:.1f}"))
+    con.print(table.to_string())
 
 

@@ -81,15 +81,20 @@ class RunFailed(CheckFailed):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """The run was interrupted (Ctrl-C) after its folder existed; results so far are on disk.
+    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP) after its folder existed; results so far
+    are on disk.
 
     A :class:`KeyboardInterrupt`, so code that lets interrupts through still does.
-    Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds).
+    Attributes: ``out`` (the folder holding the results so far), ``meta`` (what ``meta.json``
+    holds), ``signum``/``signame`` (the signal for SIGTERM and SIGHUP, else None: the exit status
+    is then 128 + ``signum``, :func:`ds4lab.jobs.common.exit_code`).
     """
 
     def __init__(self, msg: str, out: Path, meta: dict) -> None:
         super().__init__(msg)
         self.out, self.meta = out, meta
+        self.signum: int | None = None
+        self.signame: str | None = None
 
 
 @dataclass
@@ -290,18 +295,27 @@ def run(rc: RunConfig, be, console=None) -> dict:
     if forced:
         meta["forced_cpu_run"] = forced
     prog = _Progress()
+    staging: list[Path] = []  # the folder job_folder hands the run (for what a stopped run records)
     try:
-        with results.job_folder(out, meta, (), on_stop=lambda status: _record_stop(out, meta, prog)):
-            return _job(rc, be, cfg, preset, out, meta, con, prog)
+        with results.job_folder(out, meta, RESULT_FILES, say=con.print,
+                                on_stop=lambda status: _record_stop(staging[0], meta, prog)) as folder:
+            staging.append(folder)
+            summary = _job(rc, be, cfg, preset, folder, meta, con, prog)
     except KeyboardInterrupt as e:
-        raise RunInterrupted(f"interrupted after {_how_far(rc, prog)}; results so far in {out}/ "
-                             "(meta.json status \"interrupted\", census.csv)", out, meta) from e
+        where = Path(meta.get("kept_in", out))
+        err = RunInterrupted(f"interrupted after {_how_far(rc, prog)}; results so far in {where}/ "
+                             f"(meta.json status \"{meta.get('status', 'interrupted')}\", census.csv)", where, meta)
+        err.signum, err.signame = getattr(e, "signum", None), getattr(e, "signame", None)
+        raise err from e
     except Exception as e:
         if "status" not in meta:  # refused before the folder was this run's (a lock held, another job's folder)
             raise
+        where = Path(meta.get("kept_in", out))
         reason = meta["status"].removeprefix("failed: ")
-        raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {out}/ "
-                        "(meta.json status \"failed\", census.csv)", out, meta) from e
+        raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {where}/ "
+                        "(meta.json status \"failed\", census.csv)", where, meta) from e
+    con.print(f"results in {out}/ (results.csv, census.csv, meta.json)")
+    return summary
 
 
 def _how_far(rc: RunConfig, prog: _Progress) -> str:
@@ -483,7 +497,6 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
         meta["tokens_completed"] = prog.tokens_done
 
     _print_summary(con, cfg, meta, kinds, census)
-    log(f"results in {out}/ (results.csv, census.csv, meta.json)")
     return meta
 
 

@@ -208,8 +208,12 @@ def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", pos: int =
 
 
 def write_calibration(cal: dict, path: Path) -> None:
-    """Write a calibration file (atomically)."""
+    """Write a calibration file (atomically). Raises :class:`ds4lab.errors.CalibrationError` for a
+    path in ds4lab's own data folder (:func:`ds4lab.sim.calibration.refuse_shipped`)."""
+    from ..sim.calibration import refuse_shipped
+
     path = Path(path)
+    refuse_shipped(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     results.write_meta(path, cal)
 

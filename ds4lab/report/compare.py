@@ -18,24 +18,31 @@ columns (:data:`TABLES`):
   fraction of bandwidth ncu measures), drawn by :func:`ds4lab.report.plots.ncu_sites_figure`.
 
 A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file`` column
-(``ds4lab_*`` tables of an older ingest: by ``source``). A MoE table's bar is one profiling mode
+(``ds4lab_*`` tables of an older ingest: by ``source``); a kernel or ncu table holding several
+devices or processes, one bar per device and process (:func:`_by_device`); an nsys stats kernel
+summary, which nsys adds up over devices and processes, is said to be that sum in the figure. A MoE table's bar is one profiling mode
 (:data:`MODE_PREFERENCE`) and one routing (uniform first), named in its label, never a median across
 modes or routings. A run's summary is not drawn beside the same run's rows (the same numbers twice):
 a folder's ``summary*.csv`` beside its ``moe*.csv`` of the same meta file, an ingested
 ``ds4lab_summary*`` beside the ``ds4lab_moe*`` of the same source folder.
 
-A folder with none of them, a candidate table that cannot be read or lacks its columns, and a
-broken ``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
+A folder given twice (by path, or by content: an identical copy), a folder with none of them, a
+candidate table that cannot be read, is cut off (truncated) or lacks its columns, and a broken
+``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
 
 Each table's provenance comes from its meta file (``<stem>.meta.json``, ``meta-<name>.json``,
 ``meta.json``; for a log, the folder's only ``meta-*.json``) and its own ``modeled``/``machine``/
 ``provenance`` columns: modeled numbers are labelled MODELED; a run whose status is not
 ``complete``/``done`` (``running`` left by a killed run, ``interrupted``, ``failed: ...``, or no
 status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about. A
-ladder or MoE label names the preset its meta file names (unless the file name already does).
+ladder or MoE label names the preset its meta file names (unless the file name already does), and
+every setting of :data:`SETTINGS` that differs between the sources of its figure. A title says
+MODELED where any of its sources is modeled; no two sources share a colour and hatch
+(:func:`ds4lab.report.plots.series_style`); MoE calls that fell back to eager are counted in
+their source's label.
 
-``--out`` holds this run's figures only: the ``compare_*`` PNG/SVG/PDF an earlier compare left there
-are removed before the new ones are written.
+``--out`` is a result folder (:func:`ds4lab.report.results.job_folder`): it holds this run's figures
+only, swapped in when they are all written.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class Table:
     incomplete: str | None = None
     notes: list = field(default_factory=list)
     run: object = None  # what identifies the run the numbers come from (a meta file, a source folder)
+    modeled: bool = False
 
 
 def _load_meta(f: Path) -> dict:
@@ -116,6 +124,13 @@ def _read_csv(f: Path, kind: str) -> pd.DataFrame:
         raise CompareError(f"{f}: empty file, no {kind} table") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as e:
         raise CompareError(f"{f}: unreadable CSV ({' '.join(str(e).split())})") from None
+    from ..ingest.common import csv_shape_problems
+
+    cut = csv_shape_problems(f, limit=1)
+    if cut:
+        line, why = cut[0]
+        raise CompareError(f"{f}:{line}: {why}; the table is not whole (a run killed while writing it, a "
+                           "copy cut short): rerun or copy it again")
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise CompareError(f"{f}: not a {kind} table: no column {', '.join(missing)} "
@@ -148,9 +163,11 @@ def _status(t: Table) -> str | None:
             st = str(t.meta["status"])
         elif "job" in t.meta:  # every ds4lab job writes a status when it finishes
             st = "no status"
-    if st is None and "status" in t.df:
+    if (st is None or st.strip().lower() in COMPLETE) and "status" in t.df:
+        # an ingested table keeps each source run's status: an ingest that completed does not make
+        # an interrupted run's rows complete
         bad = [str(v) for v in t.df["status"].dropna().unique() if str(v) and str(v).lower() not in COMPLETE]
-        st = bad[0] if bad else None
+        st = bad[0] if bad else st
     if st is None or st.strip().lower() in COMPLETE:
         return None
     return st if len(st) <= 40 else st[:39] + "…"
@@ -202,6 +219,7 @@ def _folder_tables(d: Path) -> list[Table]:
                                        notes=[_source_note(src, ds4lab, names)]))
             else:
                 found.append(Table(kind, df, f))
+    found = [s for t in found for s in _by_device(t)]
     if not any(t.kind in ("moe", "moe-summary") for t in found):
         for f in sorted(p for p in d.glob("*.log") if p.is_file()):
             try:
@@ -224,6 +242,37 @@ def _folder_tables(d: Path) -> list[Table]:
     return [t for t in found if not (t.kind == "moe-summary" and t.run in rows_runs)]
 
 
+#: columns that tell devices and processes apart in a kernel table (the SQLite export's kernels,
+#: ncu's kernels per site): a table holding several is drawn one bar per device and process
+DEVICE_COLUMNS = (("deviceId", "device"), ("device", "device"), ("globalPid", "process"), ("pid", "process"))
+
+
+def _by_device(t: Table) -> list[Table]:
+    """``t`` split into one table per device and process where it holds several (two GPUs' kernel
+    times are never added into one bar), each named in its label (``device 1``, ``process 4242``)."""
+    if t.kind not in ("kernels", "ncu-sites"):
+        return [t]
+    cols = [(c, what) for c, what in DEVICE_COLUMNS if c in t.df and t.df[c].nunique(dropna=False) > 1]
+    if not cols:
+        return [t]
+    keys = [c for c, _ in cols]
+    out = []
+    for vals, g in t.df.groupby(keys, sort=True, dropna=False):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        note = " · ".join(f"{what} {_plain(v)}" for (_, what), v in zip(cols, vals))
+        out.append(Table(t.kind, g.reset_index(drop=True), t.path, notes=[*t.notes, note]))
+    return out
+
+
+def _plain(v) -> str:
+    """A device or process id as text (``1``, not ``1.0``)."""
+    try:
+        f = float(v)
+        return str(int(f)) if f.is_integer() else str(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
 def _source_note(src, ds4lab: bool, names: list) -> str:
     """What tells one input of an ingested table from the others in a label: ``folder/table`` for a
     ds4lab folder's table, else the file's name (its path where two inputs share the name)."""
@@ -240,10 +289,68 @@ def _preset(meta: dict | None) -> str | None:
     return str(p) if p not in (None, "") else None
 
 
+#: The settings a legend names when they differ between the sources of one figure (meta key or
+#: table column → how the label says it).
+SETTINGS = ("preset", "backend", "long_context", "start_pos", "stages", "calibration")
+
+
+def _settings(t: Table) -> dict[str, str]:
+    """What ran, as a label says it, from the table's meta file (or, for an ingested table, its own
+    single-valued columns): preset, backend, ``long-context``, ``start <pos>``, ``stages <list>``,
+    ``calibration <name or path and hash>``. Settings the source does not record are left out."""
+    from .provenance import calibration_label
+
+    m = t.meta or {}
+    own = m if m.get("job") not in ("ingest", "compare") else {}
+
+    def single(col):
+        if col in t.df:
+            vals = t.df[col].dropna().astype(str).unique()
+            return vals[0] if len(vals) == 1 else None
+        return None
+
+    out = {}
+    preset = _preset(own) or single("preset")
+    if preset:
+        out["preset"] = preset
+    backend = own.get("backend") or single("backend")
+    if backend in ("cupy", "sim", "numpy"):  # ds4 logs' "ds4"/"ds4lab" say who wrote the line, not a backend
+        out["backend"] = f"{backend} backend"
+    if "long_context" in own:
+        out["long_context"] = "long-context token" if _truthy(own["long_context"]) else "standard token"
+    if own.get("start_pos") is not None:
+        out["start_pos"] = f"start {own['start_pos']}"
+    if isinstance(own.get("stages"), list):
+        out["stages"] = "stages " + ",".join(map(str, own["stages"]))
+    if own.get("calibration") and _truthy(own.get("modeled")):
+        out["calibration"] = f"calibration {calibration_label(own)}"
+    return out
+
+
+def _same_inputs(dirs) -> None:
+    """Refuse a folder given twice, by path or by content (an identical copy): it would be drawn
+    twice and pass for a second source.
+
+    Raises:
+        CompareError: naming both.
+    """
+    from ..ingest.common import distinct_inputs
+
+    distinct_inputs(dirs, CompareError, "it would be drawn twice, as two sources; give each folder once")
+
+
+#: the tables drawn in one figure together (their legends name what differs between them)
+FIGURES = {"ladder": ("ladder",), "moe": ("moe", "moe-summary"), "kernels": ("kernels-sum", "kernels"),
+           "ncu": ("ncu-sites",)}
+
+
 def collect(dirs, warn=None) -> list[Table]:
-    """Every drawable table of every folder, labelled. Raises CompareError naming each folder
-    without one, or the first unreadable file."""
+    """Every drawable table of every folder, labelled: folder, table, input (for an ingested table),
+    device and process (for a table holding several), the settings that differ between the sources
+    of the same figure (:data:`SETTINGS`), and the provenance. Raises CompareError naming a folder
+    given twice (by path or content), each folder without a table, or the first unreadable file."""
     warn = warn or (lambda m: print(f"ds4lab: warning: {m}", file=sys.stderr))
+    _same_inputs(dirs)
     tables: list[Table] = []
     empty = []
     for d in map(Path, dirs):
@@ -256,6 +363,16 @@ def collect(dirs, warn=None) -> list[Table]:
     if empty:
         raise CompareError("no table compare can draw in " + ", ".join(map(str, empty))
                            + f" (looked for {LOOKED_FOR}); nothing written")
+    settings = {id(t): _settings(t) for t in tables}
+    tags = {id(t): _tag(t) for t in tables}
+    differ: dict[str, set] = {}
+    for fig, kinds in FIGURES.items():
+        group = [t for t in tables if t.kind in kinds]
+        differ[fig] = {k for k in SETTINGS if len({settings[id(t)][k] for t in group if k in settings[id(t)]}) > 1}
+        # the backend shows in the provenance already (MODELED, or the GPU): named only where it does not
+        if not any(len({settings[id(t)].get("backend") for t in group if tags[id(t)] == tag}) > 1
+                   for tag in {tags[id(t)] for t in group}):
+            differ[fig].discard("backend")
     used: set[str] = set()
     for t in tables:
         d = t.path.parent
@@ -264,9 +381,16 @@ def collect(dirs, warn=None) -> list[Table]:
         preset = _preset(t.meta) if t.kind in ("ladder", "moe", "moe-summary") else None
         if preset and not any(preset in p for p in parts):
             parts.append(preset)
+        fig = next(f for f, kinds in FIGURES.items() if t.kind in kinds)
+        for k in SETTINGS:
+            v = settings[id(t)].get(k)
+            if k in differ[fig] and v and not any(v in p or (k == "preset" and p == v) for p in parts):
+                parts.append(v)
         part = " · ".join(parts)
         t.incomplete = _status(t)
-        label = f"{name}{' · ' + part if part else ''} ({_tag(t)})"
+        tag = tags[id(t)]
+        t.modeled = tag.startswith("MODELED")
+        label = f"{name}{' · ' + part if part else ''} ({tag})"
         if t.incomplete:
             label += f" (incomplete: {t.incomplete})"
             warn(f"{t.path}: the run is incomplete ({t.meta_path or 'status column'}: status "
@@ -280,6 +404,15 @@ def collect(dirs, warn=None) -> list[Table]:
     return tables
 
 
+def _modeled_title(title: str, tables: list[Table]) -> str:
+    """``title`` saying MODELED where any of its sources is modeled."""
+    if not tables or not any(t.modeled for t in tables):
+        return title
+    if all(t.modeled for t in tables):
+        return f"{title} — MODELED (simulated runtime), not measured"
+    return f"{title} — MODELED and measured sources side by side (each source's provenance in the legend)"
+
+
 #: Which profiling mode's times stand for a run, best first: in-graph timestamps and CUPTI see the
 #: kernels alone; deferred and host-timed events also count the host's launch gaps (NOTES.md).
 MODE_PREFERENCE = ("in-graph", "cupti", "deferred", "host-timed")
@@ -290,6 +423,18 @@ def _moe_by_tokens(t: Table) -> tuple[str, dict]:
     profiling mode (:data:`MODE_PREFERENCE`, then the first the table has) and, where the table has
     a routing column, one routing (uniform, else the first), so that sources compare like for like
     and no median mixes modes or routings. Modes and routings with no number are passed over."""
+    df, picked = _moe_selection(t)
+    col = "ms" if t.kind == "moe" else "median_ms"
+    if "tokens" not in df.columns:
+        df = df.assign(tokens=0)  # unknown token count: one panel
+    out = {}
+    for tokens, g in df.groupby("tokens"):
+        out[int(tokens)] = (g.groupby("stage")[col].median() * 1e3).to_dict()
+    return picked, out
+
+
+def _moe_selection(t: Table):
+    """The rows of ``t`` for one mode and routing (see :func:`_moe_by_tokens`), and what was picked."""
     col = "ms" if t.kind == "moe" else "median_ms"
     df = t.df.assign(stage=t.df["stage"].astype(str))
     timed = df[pd.to_numeric(df[col], errors="coerce").notna()]
@@ -306,24 +451,46 @@ def _moe_by_tokens(t: Table) -> tuple[str, dict]:
         routing = "uniform" if "uniform" in have else have[0]  # routing changes the work: uniform with uniform
         df = df[df["routing"].astype(str) == routing]
         picked.append("routing unknown" if routing == "unknown" else routing)
-    mode = " · ".join(picked)
-    if "tokens" not in df.columns:
-        df = df.assign(tokens=0)  # unknown token count: one panel
-    out = {}
-    for tokens, g in df.groupby("tokens"):
-        out[int(tokens)] = (g.groupby("stage")[col].median() * 1e3).to_dict()
-    return mode, out
+    return df, " · ".join(picked)
+
+
+def moe_fallbacks(t: Table) -> tuple[int, int]:
+    """``(calls that fell back to eager, calls)`` in the mode and routing drawn for ``t``: rows of a
+    replayed MoE profile whose graph was retired and ran eagerly (``phase`` eager, ``note`` naming
+    the fallback), or a summary's ``fallback_calls``/``calls`` (``ds4lab moe`` writes them); (0, 0)
+    where the table says nothing of it."""
+    df, _ = _moe_selection(t)
+    if {"phase", "note"} <= set(df.columns) and "stage" in df.columns:
+        calls = df[df["stage"] == "total"] if (df["stage"] == "total").any() else df.drop_duplicates(
+            [c for c in ("token", "layer", "tokens") if c in df.columns])
+        fb = calls["phase"].astype(str).eq("eager") & calls["note"].astype(str).str.contains("fallback", case=False)
+        return int(fb.sum()), len(calls)
+    if {"fallback_calls", "calls"} <= set(df.columns):
+        per = df.drop_duplicates([c for c in ("tokens",) if c in df.columns])
+        return int(pd.to_numeric(per["fallback_calls"], errors="coerce").fillna(0).sum()), \
+            int(pd.to_numeric(per["calls"], errors="coerce").fillna(0).sum())
+    return 0, 0
+
+
+#: What ``compare`` writes in its folder.
+COMPARE_OUTPUTS = ("compare_*.png", "compare_*.svg", "compare_*.pdf")
 
 
 def compare(dirs, out: Path, warn=None) -> list[Path]:
     """Ladder tables (µs per token per stage), MoE stage medians (ms per stage), kernel totals
     (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites
-    with the most time), one bar per table (per input file of an ingested table),
-    the legend beside the bars. Earlier ``compare_*`` figures in ``out`` are removed first. Returns
-    the written figure paths (PNG, SVG, PDF). Raises CompareError (nothing written) for a folder without a drawable table,
-    an unreadable table or meta file, or an ``out`` that cannot be a folder; ``warn`` (default:
-    stderr) is told about incomplete runs."""
-    from . import plots
+    with the most time), one bar per table (per input file of an ingested table, per device and
+    process of a table holding several), the legend beside the bars naming each source, its
+    provenance and the settings that differ between the sources; a title says MODELED where any
+    source is modeled; MoE calls that fell back to eager are named in their source's label.
+
+    ``out`` is a result folder (:func:`ds4lab.report.results.job_folder`: written aside, locked,
+    swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
+    folder ds4lab did not write is refused). Returns the figure paths (PNG, SVG, PDF) in ``out``.
+    Raises CompareError (nothing written) for a folder given twice (by path or content), a folder
+    without a drawable table, an unreadable table or meta file, or an ``out`` that cannot be a
+    folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs."""
+    from . import plots, results
     from ..ingest import IngestError, check_out_dir
 
     out = Path(out)
@@ -331,49 +498,66 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
         check_out_dir(out)
     except IngestError as e:
         raise CompareError(str(e)) from None
+    o = out.resolve()
+    for d in map(Path, dirs):
+        if d.resolve() == o or o in d.resolve().parents:
+            raise CompareError(f"--out {out}: it {'is' if d.resolve() == o else 'holds'} the source {d}: the "
+                               "figures would replace what they are drawn from; choose another --out")
     tables = collect(dirs, warn)
-    figs = []
-    lad = {t.label: t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage", sort=False)["us_median"]
-           .mean().to_dict() for t in tables if t.kind == "ladder"}
-    if lad:
-        stages = list(dict.fromkeys(s for v in lad.values() for s in v))
-        figs.append((plots.grouped_bars_figure(lad, stages, "µs per token (median)",
-                                               "stage ladder, side by side (sources in the legend)"),
-                     "compare_ladder"))
-    moe = {}
-    for t in tables:
-        if t.kind in ("moe", "moe-summary"):
-            mode, per_tokens = _moe_by_tokens(t)
-            moe[t.label + (f" · {mode}" if mode else "")] = per_tokens
-    if moe:
-        figs.append((plots.compare_moe_figure(moe, MOE_STAGES), "compare_moe"))
-    kern = {}
-    for t in tables:
-        if t.kind in ("kernels-sum", "kernels"):
-            col = "total_time_us" if t.kind == "kernels-sum" else "us"
-            kern[t.label] = t.df.assign(name=t.df["name"].astype(str)).groupby("name")[col].sum().to_dict()
-    if kern:
-        names = sorted({n for v in kern.values() for n in v}, key=lambda n: -max(v.get(n, 0) for v in kern.values()))
-        figs.append((plots.grouped_bars_figure(kern, names[:10], "µs in total",
-                                               "largest kernels by total time, side by side", rotate=True),
-                     "compare_kernels"))
-    ncu = {t.label: t.df for t in tables if t.kind == "ncu-sites"}
-    if ncu:
-        figs.append((plots.ncu_sites_figure(ncu), "compare_ncu_sites"))
+    figs = _figures(tables, plots)
+    meta = {"job": "compare", "sources": [{"folder": str(Path(d)), "tables": sorted({
+        str(t.path.name) for t in tables if t.path.parent == Path(d)})} for d in dirs],
+            "labels": [t.label for t in tables], "modeled": any(t.modeled for t in tables)}
     written = []
     try:
-        if out.is_dir():  # an earlier compare's figures would pass for this run's
-            for ext in ("png", "svg", "pdf"):
-                for f in out.glob(f"compare_*.{ext}"):
-                    if f.is_file() or f.is_symlink():
-                        f.unlink()
-        for fig, stem in figs:
-            written += plots.save(fig, out / stem)
-    except OSError as e:
-        raise CompareError(f"--out {out}: cannot write ({e.strerror or e}: {e.filename or out})") from None
+        with results.job_folder(out, meta, COMPARE_OUTPUTS) as folder:
+            for fig, stem in figs:
+                written += [out / p.name for p in plots.save(fig, folder / stem)]
+    except results.OutputError as e:
+        raise CompareError(str(e)) from None
+    except results.WriteFailed as e:
+        raise CompareError(f"--out {out}: {e}") from None
     finally:
         import matplotlib.pyplot as plt
 
         for fig, _ in figs:
             plt.close(fig)
     return written
+
+
+def _figures(tables: list[Table], plots) -> list:
+    """The figures of :func:`compare`, as ``(figure, file stem)``."""
+    figs = []
+    lads = [t for t in tables if t.kind == "ladder"]
+    lad = {t.label: t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage", sort=False)["us_median"]
+           .mean().to_dict() for t in lads}
+    if lad:
+        stages = list(dict.fromkeys(s for v in lad.values() for s in v))
+        figs.append((plots.grouped_bars_figure(lad, stages, "µs per token (median)", _modeled_title(
+            "stage ladder, side by side (sources in the legend)", lads)), "compare_ladder"))
+    moes = [t for t in tables if t.kind in ("moe", "moe-summary")]
+    moe = {}
+    for t in moes:
+        mode, per_tokens = _moe_by_tokens(t)
+        fb, calls = moe_fallbacks(t)
+        fell = f" · eager fallback in {fb} of {calls} calls" if fb else ""
+        moe[t.label + (f" · {mode}" if mode else "") + fell] = per_tokens
+    if moe:
+        figs.append((plots.compare_moe_figure(moe, MOE_STAGES, title=_modeled_title(
+            "Routed-MoE stages side by side (each source's mode and provenance in the legend)", moes)),
+            "compare_moe"))
+    kts = [t for t in tables if t.kind in ("kernels-sum", "kernels")]
+    kern = {}
+    for t in kts:
+        col = "total_time_us" if t.kind == "kernels-sum" else "us"
+        kern[t.label] = t.df.assign(name=t.df["name"].astype(str)).groupby("name")[col].sum().to_dict()
+    if kern:
+        names = sorted({n for v in kern.values() for n in v}, key=lambda n: -max(v.get(n, 0) for v in kern.values()))
+        note = ("nsys stats kernel summaries (nsys_kernels) add up every device and process of a report: such a "
+                "bar is that sum" if any(t.kind == "kernels-sum" for t in kts) else None)
+        figs.append((plots.grouped_bars_figure(kern, names[:10], "µs in total", _modeled_title(
+            "largest kernels by total time, side by side", kts), rotate=True, note=note), "compare_kernels"))
+    ncu = {t.label: t.df for t in tables if t.kind == "ncu-sites"}
+    if ncu:
+        figs.append((plots.ncu_sites_figure(ncu), "compare_ncu_sites"))
+    return figs

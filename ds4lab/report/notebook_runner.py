@@ -160,13 +160,17 @@ class NotebookRun:
     error: str | None = None
     figures: list[str] = field(default_factory=list)
     interrupted: bool = False
+    #: the signal that stopped it (SIGTERM, SIGHUP: :class:`ds4lab.errors.Terminated`), None for Ctrl-C
+    signum: int | None = None
+    #: the cell that ran past ``timeout`` (1-based among the code cells), None otherwise
+    timed_out_cell: int | None = None
 
     def summary(self) -> dict:
         """The run as one JSON-ready record of ``runs.json``."""
         return {"notebook": self.name, "ok": self.ok, "seconds": round(self.seconds, 1),
                 "cells": self.cells, "parameters": self.parameters, "executed": str(self.executed),
                 "failed_cell": self.failed_cell, "error": self.error, "figures": self.figures,
-                "interrupted": self.interrupted}
+                "interrupted": self.interrupted, "timed_out_cell": self.timed_out_cell}
 
 
 def _client_modules():
@@ -187,7 +191,11 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     ``out_dir``, when given, becomes the notebook's ``OUT`` parameter (as an absolute path).
     The executed notebook, outputs included, is written to ``executed`` whether it succeeds or
     not (a failure keeps every output computed before it). ``timeout`` is seconds per cell.
-    ``on_cell(index, count)`` is called before each code cell runs (progress).
+    ``on_cell(index, count)`` is called before each code cell runs (progress). A cell that runs
+    past ``timeout`` is reported as that cell (``failed_cell`` and ``timed_out_cell``, ``error``:
+    "timed out after T s"), the kernel shut down, the cells before it kept. The kernel's own stderr
+    (its start-up warnings, what it prints when it is shut down mid-cell) goes to
+    ``<executed>.kernel.log`` beside the executed copy, never to the console.
 
     Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does
     not have, or missing nbclient/ipykernel; a failing cell is reported in the result, not raised.
@@ -208,9 +216,13 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     nb.metadata.setdefault("ds4lab", {})["executed"] = {
         "parameters": values, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
+    current = [None]  # the code cell running now (1-based), for a timeout's message
+
     def cell_start(cell, cell_index, **_):
-        if on_cell is not None and cell_index in code_cells:
-            on_cell(code_cells.index(cell_index) + 1, len(code_cells))
+        if cell_index in code_cells:
+            current[0] = code_cells.index(cell_index) + 1
+            if on_cell is not None:
+                on_cell(current[0], len(code_cells))
 
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
                                      resources={"metadata": {"path": str(Path.cwd())}},
@@ -219,37 +231,44 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     executed.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()  # host clock around host work: kernel start and cells, end to end
     started = time.time()  # wall clock: which figures this run wrote (file modification times)
-    failed, error = None, None
+    failed, error, timed_out = None, None, None
     # Ctrl-C reaches the kernel and nbclient's sockets too, and may surface as any exception:
     # remember that it came, and report the run as interrupted whatever was raised.
     interrupted = []
 
     def on_sigint(signum, frame):
-        interrupted.append(True)
+        interrupted.append(None)
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+    log_path = executed.with_name(executed.stem + ".kernel.log")
     try:
-        client.execute()
-    except KeyboardInterrupt:
-        interrupted.append(True)
+        with open(log_path, "wb") as kernel_log:
+            client.execute(stderr=kernel_log)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as ds4lab.errors.Terminated
+        interrupted.append(getattr(e, "signum", None))
     except nbclient.exceptions.CellExecutionError as e:
         failed = next((code_cells.index(i) + 1 for i, c in enumerate(nb.cells) if c.cell_type == "code"
                        and any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
         error = f"{e.ename}: {e.evalue}"
-    except nbclient.exceptions.CellTimeoutError as e:
-        error = f"cell timed out after {timeout} s: {e}"
+    except nbclient.exceptions.CellTimeoutError:
+        failed = timed_out = current[0]
+        error = f"timed out after {timeout} s (the time one cell may run); the kernel was shut down"
     except Exception as e:  # a kernel that does not start or dies: keep what ran, report it
-        error = f"{type(e).__name__}: {e}"
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        failed = current[0]
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if log_path.exists() and log_path.stat().st_size == 0:
+            log_path.unlink()
     # While a notebook runs, nbclient takes SIGINT/SIGTERM itself: it shuts the kernel down (the
     # running cell then fails with whatever the closed sockets raise) and leaves this future set.
-    if getattr(client, "_async_cleanup_kernel_future", None) is not None:
-        interrupted.append(True)
+    if getattr(client, "_async_cleanup_kernel_future", None) is not None and timed_out is None:
+        interrupted.append(None)
+    signum = next((s for s in interrupted if s), None)
     if interrupted:
-        error = "interrupted (Ctrl-C)"
+        error = f"interrupted ({signal.Signals(signum).name})" if signum else "interrupted (Ctrl-C)"
     seconds = time.perf_counter() - t0
     nbformat.write(nb, executed)
     figures = []
@@ -258,7 +277,7 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
                          if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
     return NotebookRun(path.name, executed, error is None, seconds, len(code_cells),
                        parameters=values, failed_cell=failed, error=error, figures=figures,
-                       interrupted=bool(interrupted))
+                       interrupted=bool(interrupted), signum=signum, timed_out_cell=timed_out)
 
 
 def _main_thread() -> bool:

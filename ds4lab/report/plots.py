@@ -26,6 +26,25 @@ STYLE = {
     "grid.alpha": 0.25, "font.size": 9, "axes.titlesize": 10,
 }
 COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#DD8452"]
+#: Colours for one bar per source (matplotlib's qualitative ``tab20``: 20 colours), and the hatches
+#: that tell sources apart past them (:func:`series_style`): no two sources look alike up to 120.
+SERIES_COLORS = [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20"].colors]
+SERIES_HATCHES = ("", "//", "..", "xx", "\\\\", "oo")
+
+
+def series_style(i: int) -> dict:
+    """Bar style of the ``i``-th source (0-based): a colour of :data:`SERIES_COLORS`, then the same
+    colours again with a hatch of :data:`SERIES_HATCHES`, so sources never repeat a look silently.
+
+    Raises:
+        ValueError: ``i`` past the 120 distinct styles (a figure of that many sources is unreadable).
+    """
+    n = len(SERIES_COLORS)
+    if i >= n * len(SERIES_HATCHES):
+        raise ValueError(f"{i + 1} sources in one figure: at most {n * len(SERIES_HATCHES)} can be told apart; "
+                         "compare fewer folders at a time")
+    return {"color": SERIES_COLORS[i % n], "hatch": SERIES_HATCHES[i // n], "edgecolor": "0.25" if i >= n else None,
+            "linewidth": 0.3 if i >= n else 0}
 
 
 def provenance_title(meta: dict, what: str) -> str:
@@ -76,8 +95,7 @@ def ladder_figure(df, meta: dict):
         if len(floor) or len(lf):
             ax.legend(loc="upper right", frameon=False)
         for b, (_, r) in zip(bars, df.iterrows()):
-            exact = r.get("exact")
-            mark = "" if exact in (True, "True") else (" ✗" if exact in (False, "False") else "")
+            mark = f" {_exact_mark(r.get('exact'))}"
             ax.annotate(f"×{r['speedup']:.2f}{mark}\n{r['kernel_launches']:.0f} k + {r['graph_launches']:.0f} g",
                         (b.get_x() + b.get_width() / 2, r["us_p75"]), ha="center", va="bottom", fontsize=8,
                         xytext=(0, 3), textcoords="offset points")
@@ -85,8 +103,8 @@ def ladder_figure(df, meta: dict):
         ax.set_ylabel("µs per token (median, IQR)")
         ax.set_ylim(0, max(med.max() * 1.25, 1))
         ax.set_title(provenance_title(meta, "CUDA-graph stage ladder"), fontsize=9)
-        fig.text(0.01, 0.01, "k: kernel launches per token, g: graph launches per token; ✗: not bit-identical "
-                 "to stage 0", fontsize=7, color="0.4")
+        fig.text(0.01, 0.01, "k: kernel launches per token, g: graph launches per token; ✓: bit-identical to "
+                 "stage 0, ✗: not bit-identical, not checked: no exactness check ran", fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         return fig
 
@@ -108,6 +126,16 @@ def context_figure(df, meta: dict):
     return fig
 
 
+def _exact_mark(exact) -> str:
+    """A ladder row's exactness as the figure marks it: ``✓`` bit-identical to stage 0, ``✗`` not,
+    ``not checked`` where no check ran (``n/a``, empty: ``--exact-tokens 0``, or a timing-only sim)."""
+    if exact in (True, "True", "true"):
+        return "✓"
+    if exact in (False, "False", "false"):
+        return "✗"
+    return "not checked"
+
+
 # ----------------------------------------------------------------------------- routed-MoE profile (ds4lab.moeprof)
 #: One color per routed-MoE stage (ds4's profile order).
 MOE_STAGE_COLORS = {"xq": "#64B5CD", "sort": "#CCB974", "gateup": "#C44E52", "midq": "#8172B2", "down": "#4C72B0",
@@ -127,6 +155,8 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
     """Where a routed-MoE call spends its time: each bar is one token count, split into ds4's
     profile stages as shares of the call (100 % stacked, so 1 token and 512 tokens read alike),
     with the call's median total in µs written above it. One row per mode, one column per routing.
+    Where calls fell back to eager (``summary``'s ``fallback_calls``, :func:`ds4lab.jobs.moe.with_fallbacks`)
+    the bar is hatched and says "eager fallback N/M": its times are eager times.
     ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage times
     (graph-boundary, nvtx) are left out; absolute times per stage are in
     :func:`moe_stage_distribution_figure` and ``summary.csv``."""
@@ -166,7 +196,15 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
                     ax.bar(x, share, bottom=bottom, color=MOE_STAGE_COLORS[st], label=st, width=0.75)
                     bottom += share
                 total = piv["total"].to_numpy() * 1e3 if "total" in piv else staged
-                for xi, t in zip(x, total):
+                fell = (d.drop_duplicates("tokens").set_index("tokens")[["fallback_calls", "calls"]]
+                        .reindex(piv.index).fillna(0) if "fallback_calls" in d else None)
+                for xi, t, T in zip(x, total, piv.index):
+                    fb = int(fell.loc[T, "fallback_calls"]) if fell is not None else 0
+                    if fb:
+                        ax.bar(xi, 100, width=0.75, fill=False, hatch="xx", edgecolor="0.2", linewidth=0)
+                        ax.text(xi, 50, f"eager fallback\n{fb}/{int(fell.loc[T, 'calls'])}", ha="center",
+                                va="center", fontsize=6, color="black",
+                                bbox={"facecolor": "white", "alpha": 0.8, "linewidth": 0, "pad": 1})
                     ax.text(xi, 101.5, _us(t), ha="center", va="bottom", fontsize=6.5)
                 ax.set_ylim(0, 112)
                 ax.set_xticks(x, [str(t) for t in piv.index], fontsize=7)
@@ -339,15 +377,18 @@ def whatif_figure(layers=None, launch=None, tokens=None):
         return fig
 
 
-def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False):
-    """One bar group per x, one bar per source (``series``: legend label → {x: value}); a missing
-    value leaves a gap. Used by ``ds4lab compare`` (the labels carry each source's provenance)."""
+def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False,
+                        note: str | None = None):
+    """One bar group per x, one bar per source (``series``: legend label → {x: value}; each source
+    its own look, :func:`series_style`); a missing value leaves a gap. ``note``: a line under the
+    axes (what a bar sums). Used by ``ds4lab compare`` (the labels carry each source's provenance;
+    ``title`` says MODELED where a source is)."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
         w = 0.8 / len(series)
         for i, (name, vals) in enumerate(series.items()):
             ax.bar([k + i * w for k in range(len(xs))], [vals.get(x, float("nan")) for x in xs], w, label=name,
-                   color=COLORS[i % len(COLORS)])
+                   **series_style(i))
         ticks = [x if len(str(x)) <= 28 else str(x)[:27] + "…" for x in xs]
         ax.set_xticks([k + 0.4 - w / 2 for k in range(len(xs))], ticks,
                       rotation=30 if rotate else 0, ha="right" if rotate else "center")
@@ -355,34 +396,52 @@ def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate:
         ax.set_title(title, fontsize=9)
         # beside the axes: no bar, however tall, sits under it
         ax.legend(frameon=False, fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left", borderaxespad=0)
+        if note:
+            ax.annotate(note, (0, 0), xycoords="axes fraction", xytext=(0, -48 if rotate else -30),
+                        textcoords="offset points", fontsize=7, color="0.35", va="top")
     return fig
 
 
-def compare_moe_figure(sources: dict, stages, max_panels: int = 6):
+def compare_moe_figure(sources: dict, stages, max_panels: int = 8,
+                       title: str = "Routed-MoE stages side by side (each source's mode and provenance in the legend)"):
     """Routed-MoE stage times side by side, one panel per tokens-per-step count (those most
-    sources share, at most ``max_panels``), one bar per source in each stage group.
+    sources share, at most ``max_panels``, four to a row), one bar per source in each stage group.
+    Token counts left out are named in a note in the figure, never dropped silently.
     ``sources``: legend label → {tokens: {stage: median µs per call}}."""
     counts = {}
     for per in sources.values():
         for T in per:
             counts[T] = counts.get(T, 0) + 1
-    tokens = sorted(sorted(counts, key=lambda T: -counts[T])[:max_panels])
+    tokens = sorted(sorted(counts, key=lambda T: (-counts[T], T))[:max_panels])
+    left_out = sorted(set(counts) - set(tokens))
+    cols = min(len(tokens), 4)
+    nrows = -(-len(tokens) // cols)
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, len(tokens), figsize=(3.3 * len(tokens) + 1.0, 3.6), squeeze=False)
+        fig, axes = plt.subplots(nrows, cols, figsize=(3.3 * cols + 1.0, 3.2 * nrows + 0.6), squeeze=False)
         w = 0.8 / len(sources)
-        for ax, T in zip(axes[0], tokens):
+        for idx, T in enumerate(tokens):
+            ax = axes[idx // cols][idx % cols]
             for i, (name, per) in enumerate(sources.items()):
                 vals = per.get(T, {})
                 ax.bar([k + i * w for k in range(len(stages))], [vals.get(s, float("nan")) for s in stages], w,
-                       label=name, color=COLORS[i % len(COLORS)])
+                       label=name, **series_style(i))
             ax.set_xticks([k + 0.4 - w / 2 for k in range(len(stages))], stages, fontsize=7)
             ax.set_title(f"{T} token{'s' if T != 1 else ''} per step" if T else "tokens per step unknown",
                          fontsize=8)
-        axes[0][0].set_ylabel("µs per MoE call (median)")
+            if idx % cols == 0:
+                ax.set_ylabel("µs per MoE call (median)")
+        for idx in range(len(tokens), nrows * cols):
+            axes[idx // cols][idx % cols].set_axis_off()
         h, lab = axes[0][0].get_legend_handles_labels()
         fig.legend(h, lab, loc="lower center", ncol=min(len(lab), 3), frameon=False, fontsize=7)
-        fig.suptitle("Routed-MoE stages side by side (each source's mode and provenance in the legend)", fontsize=9)
-        fig.tight_layout(rect=(0, 0.06 + 0.03 * ((len(lab) - 1) // 3), 1, 0.95))
+        fig.suptitle(title, fontsize=9)
+        bottom = 0.06 + 0.03 * ((len(lab) - 1) // 3)
+        if left_out:
+            fig.text(0.01, 0.005, f"not drawn (at most {max_panels} panels): "
+                     + ", ".join(f"{T} tokens per step" for T in left_out) + "; the tables hold them",
+                     fontsize=7, color="0.35")
+            bottom += 0.03
+        fig.tight_layout(rect=(0, bottom / nrows, 1, 0.95))
     return fig
 
 
@@ -492,7 +551,7 @@ def ncu_sites_figure(sources: dict, top: int = 16):
         y = np.arange(len(order))
         for i, (label, d) in enumerate(allf.groupby("source", sort=False)):
             v = d.groupby("site")["dram_pct"].median().reindex(order)
-            ax.barh(y + i * h, v.to_numpy(dtype=float), height=h, color=COLORS[i % len(COLORS)], label=label)
+            ax.barh(y + i * h, v.to_numpy(dtype=float), height=h, label=label, **series_style(i))
         ax.set_yticks(y + h * (len(sources) - 1) / 2)
         ax.set_yticklabels(order, fontsize=8)
         ax.invert_yaxis()

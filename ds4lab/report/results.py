@@ -1,119 +1,67 @@
-"""Result files written as they are measured, so an interrupted run keeps what it finished.
+"""Result folders: written aside, swapped in only on success, locked, and never left ``running``.
 
-Every job's folder goes through :func:`job_folder`: the folder is checked (:func:`check_out`),
-locked against a second run (:class:`FolderLock`: the holder's PID and host in the refusal),
-and ``meta.json`` is written strict JSON (:func:`write_meta`: ``NaN``/``Infinity`` become
-``null``) with the run's PID, host, status and the calibration's path and SHA-256. Readers
-(``ds4lab compare``, ``ds4lab ingest``) call :func:`read_meta`, which reports a folder left
-``running`` by a process that no longer exists as ``died``.
+Every command that writes a result folder (the jobs, ``ingest``, ``compare``, ``notebooks``) goes
+through :func:`job_folder`; ``calibrate``, which writes one file, through :func:`output_file`.
+
+The life of a result folder ``OUT`` (:func:`job_folder`):
+
+1. **Checks before any work.** ``OUT`` must be missing, empty, or a folder ds4lab wrote for the
+   same command (its ``meta.json`` names the job). A folder holding a ``meta.json`` ds4lab did not
+   write, files without a ds4lab ``meta.json`` (a user's own ``ladder.csv``), or another command's
+   results is refused, naming them (:class:`OutputError`, exit 2). A run into a folder another
+   run is writing is refused with that run's PID and host.
+2. **Lock.** ``.OUT.ds4lab.lock`` beside ``OUT`` (:class:`Lock`: ``flock``, released by the kernel
+   when the process dies, so a killed run never leaves it stale; it holds ``{"pid", "host"}``).
+3. **Staging.** The job writes into ``.OUT.ds4lab-staging`` beside ``OUT`` (the folder the ``with``
+   statement hands it); ``OUT`` keeps the earlier results untouched until the end.
+4. **Success**: ``meta.json`` says ``complete`` and lists the files the run wrote; the staging
+   folder is swapped in for ``OUT`` in one atomic step (``renameat2(RENAME_EXCHANGE)`` on Linux;
+   elsewhere two renames, recovered by the next run if a crash falls between them) with SIGINT,
+   SIGTERM and SIGHUP held off; files in the earlier ``OUT`` that ds4lab did not write (a user's
+   notes) are moved into the new one; the earlier results are then removed.
+5. **Interrupted (Ctrl-C, SIGTERM, SIGHUP) or failed**: ``meta.json`` says ``interrupted``,
+   ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed: <error>``; the partial results
+   become ``OUT`` when there were no earlier results there, and otherwise go beside it as
+   ``OUT.interrupted-<time>`` / ``OUT.failed-<time>`` (the earlier results stay as they were). The
+   console names the place. Temporary ``*.tmp`` files of atomic writes are removed.
+6. **Killed outright** (SIGKILL, power loss): the staging folder stays; the next run into ``OUT``
+   moves it beside ``OUT`` as ``OUT.died-<time>`` (or ``OUT.recovered-<time>`` when its run had
+   finished) and says so; :func:`read_meta` reports a ``running`` run whose lock is free as ``died``.
+
+An ``OSError`` while writing (a full disk, a quota) becomes :class:`WriteFailed` naming the path,
+and ``meta.json`` is rewritten in place with the failure when a new file cannot be written, so no
+folder is left ``running``. SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (a
+``KeyboardInterrupt``) while a folder is open, so they keep partial results as Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import fnmatch
 import json
 import math
 import os
+import shutil
 import socket
+import sys
+import time
 import traceback
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import interrupt_status
+from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, FolderLock, Lock,
+                        OutputError, WriteFailed, exchange_paths, free_name, held_by_live_process,
+                        install_stop_signals, is_empty_dir, load_json_or_none, lock_holder, lock_path,
+                        make_parents, os_reason, output_file, pid_alive, probe_write, refuse_no_folder,
+                        remove_made, remove_tmp_files, signals_held, stop_signals, write_text_atomic)
 
-class OutputError(BadInput):
-    """A result folder that cannot be created or written, or is in use by another run; the message
-    names the path and why (exit status 2)."""
+__all__ = ["LOCK_NAME", "LOCK_SUFFIX", "FolderLock", "Lock", "OutputError", "ResultsCSV", "WriteFailed", "check_out",
+           "held_by_live_process", "install_stop_signals", "job_folder", "lock_holder", "lock_path", "output_file",
+           "read_meta", "stop_signals", "strict_json", "write_meta", "write_text_atomic"]
 
-
-#: The lock file a running job holds in its result folder.
-LOCK_NAME = ".ds4lab.lock"
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (``kill(pid, 0)``; a permission error means it does)."""
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OSError, ValueError, OverflowError):
-        return False
-    return True
-
-
-class FolderLock:
-    """An exclusive lock on a result folder: ``<folder>/.ds4lab.lock``, held with ``fcntl.flock``
-    (released by the kernel when the process dies, so a killed run never leaves it stale) and
-    holding ``{"pid", "host"}`` of the holder.
-
-    Raises:
-        OutputError: from :meth:`acquire` when another process holds it: ``<folder> is in use by
-            another ds4lab run (PID <pid> on <host>)``.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.path = Path(folder) / LOCK_NAME
-        self._fd: int | None = None
-
-    def acquire(self) -> "FolderLock":
-        import fcntl
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_lock(self.path)
-            os.close(fd)
-            raise OutputError(f"cannot write results to {self.path.parent}: it is in use by another ds4lab run "
-                              f"(PID {holder.get('pid', '?')} on {holder.get('host', '?')}); wait for it or "
-                              "choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
-        os.fsync(fd)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-        os.close(self._fd)  # closing drops the flock
-        self._fd = None
-
-
-def _read_lock(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text() or "{}")
-    except (OSError, ValueError):
-        return {}
-
-
-def held_by_live_process(folder: Path) -> bool | None:
-    """Whether a process holds ``folder``'s lock now: True / False, None where it cannot be told
-    (no lock file, or ``fcntl`` missing)."""
-    path = Path(folder) / LOCK_NAME
-    if not path.exists():
-        return None
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops a lock taken just now
-    return False
+#: Files of ds4lab's own in a result folder, whatever the job.
+_OWN_FILES = ("meta.json", "meta.json.tmp", LOCK_NAME)
 
 
 def strict_json(obj):
@@ -139,21 +87,35 @@ def strict_json(obj):
 
 def write_meta(path: Path, meta: dict) -> None:
     """Write ``meta`` as strict JSON (RFC 8259: no ``NaN``; non-finite numbers become ``null``),
-    indented, atomically (a partial file never replaces a good one). Values JSON cannot hold are
-    written as ``str(value)``."""
-    text = json.dumps(strict_json(meta), indent=2, default=str, allow_nan=False)
-    tmp = Path(path).with_suffix(Path(path).suffix + ".tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    indented, atomically (:func:`write_text_atomic`). Values JSON cannot hold are written as
+    ``str(value)``. Raises :class:`WriteFailed` naming the file."""
+    write_text_atomic(path, json.dumps(strict_json(meta), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def _overwrite_status(path: Path, meta: dict) -> bool:
+    """Last resort when ``meta.json`` cannot be replaced (a full disk): overwrite the existing file
+    in place with a compact record of the status (its blocks are already allocated, so a shorter
+    text needs no new space). Returns whether it worked."""
+    keep = {k: meta.get(k) for k in ("ds4lab", "job", "status", "run", "status_note") if k in meta}
+    keep["status_note"] = "meta.json cut down to its status: the full record could not be written"
+    text = json.dumps(strict_json(keep), default=str).encode() + b"\n"
+    try:
+        with open(path, "r+b") as f:
+            f.write(text)
+            f.truncate(len(text))
+        return True
+    except OSError:
+        return False
 
 
 def read_meta(folder: Path) -> dict | None:
     """A result folder's ``meta.json`` as a dict (None when there is none), with a dead run told apart.
 
     A meta whose ``status`` is ``running`` is reported with ``status: "died"`` (and
-    ``status_recorded: "running"``) when the run is gone: its folder lock is free, or (no lock file)
-    its recorded ``pid`` no longer exists on this host. A run recorded on another host is left as
-    ``running`` with ``status_note`` saying it cannot be checked from here.
+    ``status_recorded: "running"``) when the run is gone: the lock its ``run`` names (or, for older
+    folders, the lock beside or inside the folder) is free or held by another process, or, with no
+    lock file, its recorded ``pid`` no longer exists on this host. A run recorded on another host is
+    left as ``running`` with ``status_note`` saying it cannot be checked from here.
 
     Raises:
         ValueError: ``meta.json`` exists but is not a JSON object (the message names the file).
@@ -174,8 +136,13 @@ def read_meta(folder: Path) -> dict | None:
     if host and host != socket.gethostname():
         meta["status_note"] = f"running on {host}: cannot be checked from {socket.gethostname()}"
         return meta
-    held = held_by_live_process(folder)
-    if held is False or (held is None and pid is not None and not _alive(pid)):
+    if run.get("lock"):
+        holder = lock_holder(Path(run["lock"]))
+        dead = holder is None or (holder.get("pid") is not None and pid is not None and holder["pid"] != pid)
+    else:
+        held = held_by_live_process(folder)
+        dead = held is False or (held is None and pid is not None and not pid_alive(pid))
+    if dead:
         meta["status_recorded"], meta["status"] = "running", "died"
     return meta
 
@@ -202,7 +169,6 @@ def _calibration_identity(meta: dict) -> None:
             visit(v)
 
     visit(meta)
-
 
 
 class ResultsCSV:
@@ -236,25 +202,10 @@ class ResultsCSV:
         self.close()
 
 
-def _why(e: OSError) -> str:
-    return e.strerror or str(e)
-
-
-def _probe_write(folder: Path) -> None:
-    """Create, write and remove a probe file in ``folder`` (raises the OSError of the step that fails)."""
-    probe = folder / f".ds4lab-write-probe-{os.getpid()}"
-    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    try:
-        os.write(fd, b"probe\n")
-    finally:
-        os.close(fd)
-    os.unlink(probe)
-
-
 def check_out(out: Path, result_files=()) -> None:
     """Create the result folder ``out`` (with its parents) and prove it writable: create and remove
     a probe file, and make sure none of ``result_files`` (names in ``out``) is a folder or a
-    read-only file. Every job calls it before any work, so a bad ``--out`` costs nothing.
+    read-only file. For a check before any work; :func:`job_folder` makes its own checks.
 
     Raises:
         OutputError: ``--out '' names no folder`` (None, an empty string or blanks);
@@ -264,29 +215,23 @@ def check_out(out: Path, result_files=()) -> None:
         raise OutputError(f"cannot write results to {out}: {reason}")
 
     if out is None or not str(out).strip():
-        raise OutputError(f"--out {'' if out is None else str(out)!r} names no folder: name a result folder, "
-                          "for example results/<job>")
+        refuse_no_folder(out)
     out = Path(out)
     made: list[Path] = []
     try:
         if out.exists() and not out.is_dir():
             fail("it is an existing file, not a folder" if out.is_file() else "it exists and is not a folder")
-        anc = out
-        while not anc.is_dir():
-            if anc.exists() or anc.is_symlink():
-                fail(f"{anc} is a file, not a folder" if anc.is_file() else f"{anc} is not a folder")
-            made.append(anc)
-            if anc.parent == anc:
-                break
-            anc = anc.parent
+        made = make_parents(out, fail)
+        if not out.is_dir():
+            made.insert(0, out)
         try:
-            out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(exist_ok=True)
         except OSError as e:
-            fail(_why(e))
+            fail(os_reason(e))
         try:
-            _probe_write(out)
+            probe_write(out)
         except OSError as e:
-            fail(_why(e))
+            fail(os_reason(e))
         for name in result_files:
             p = out / name
             if p.is_dir():
@@ -294,87 +239,383 @@ def check_out(out: Path, result_files=()) -> None:
             if p.exists() and name != "meta.json" and not os.access(p, os.W_OK):
                 fail(f"{p} is not writable")
     except OutputError:
-        for d in made:  # deepest first; only the (empty) folders this call created
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                continue
-            except OSError:
-                break
+        remove_made(made)
         raise
     except OSError as e:
-        raise OutputError(f"cannot write results to {out}: {_why(e)}") from None
+        raise OutputError(f"cannot write results to {out}: {os_reason(e)}") from None
+
+
+# ----------------------------------------------------------------------------- one result folder
+class _Target:
+    """What :func:`job_folder` does, step by step, for one ``out``."""
+
+    def __init__(self, out, job: str | None, outputs, say) -> None:
+        refuse_no_folder(out)
+        self.shown = Path(out)  # as the user named it, for messages
+        self.job = job
+        self.outputs = tuple(outputs)
+        self.say = say
+        real = Path(os.path.abspath(self.shown))
+        if real.is_symlink():  # write where the link points; the link itself stays
+            real = Path(os.path.realpath(real))
+        if not real.name:
+            raise OutputError(f"--out {self.shown}: a file system root is not a result folder")
+        here = Path.cwd().resolve()
+        if real.exists() and (here == real.resolve() or real.resolve() in here.parents):
+            raise OutputError(f"--out {self.shown} holds the current directory: the results would replace the "
+                              "folder you are in; name a folder below it, for example results/<job>")
+        self.out = real
+        self.lock = Lock(lock_path(real), self.shown)
+        self.staging = real.parent / f".{real.name}{STAGING_SUFFIX}"
+        self.old = real.parent / f".{real.name}{OLD_SUFFIX}"
+        self.made: list[Path] = []
+        self.prev_files: set[str] | None = None  # what the earlier run in out wrote (None: no earlier run)
+        self.had_results = False
+
+    # -- before
+    def open(self) -> Path:
+        def fail(reason):
+            raise OutputError(f"cannot write results to {self.shown}: {reason}")
+
+        out = self.out
+        if out.exists() and not out.is_dir():
+            fail("it is an existing file, not a folder" if out.is_file() else "it exists and is not a folder")
+        self.made = make_parents(out, fail)
+        try:
+            try:
+                self.lock.acquire()
+            except ImportError:  # no fcntl (not POSIX): run unlocked
+                self.lock = None
+            try:
+                self._recover()
+                self._check_contents()
+                self.staging.mkdir()
+                probe_write(self.staging)
+            except BaseException:
+                self._release()
+                raise
+        except OutputError:
+            remove_made(self.made)
+            raise
+        except OSError as e:
+            remove_made(self.made)
+            raise OutputError(f"cannot write results to {self.shown}: {os_reason(e)} ({e.filename or self.staging})") \
+                from None
+        return self.staging
+
+    def _recover(self) -> None:
+        """What a run killed outright left beside ``out`` (this run holds the lock: nobody else uses it)."""
+        out = self.out
+        if self.old.exists():  # a swap cut between its two renames (no renameat2): finish or undo it
+            if not out.exists():
+                os.rename(self.old, out)
+                self._note(f"{self.shown}: put back the earlier results a run stopped while replacing them")
+            else:
+                shutil.rmtree(self.old, ignore_errors=True)
+        if self.staging.exists():
+            m = load_json_or_none(self.staging / "meta.json")
+            m = m if isinstance(m, dict) else {}
+            status = str(m.get("status", "no status"))
+            if status == "running":
+                m.update(status="died", status_recorded="running",
+                         status_note="its process ended without finishing (killed outright)")
+                with contextlib.suppress(WriteFailed):
+                    write_meta(self.staging / "meta.json", m)
+                status = "died"
+            tag = "died" if status == "died" else "recovered"
+            dest = self._place(self.staging, tag, beside=True)  # never where this run would replace it
+            self._note(f"a run of ds4lab {m.get('job', '?')} into {self.shown} was killed (PID "
+                       f"{(m.get('run') or {}).get('pid', '?')}); its results (status {status}) are in {dest}")
+
+    def _check_contents(self) -> None:
+        """Refuse what this run must not replace (see the module docstring, step 1)."""
+        out = self.out
+        if not out.is_dir():
+            return
+        entries = sorted(p.name for p in out.iterdir())
+        if not entries:
+            return
+        meta_p = out / "meta.json"
+        meta = load_json_or_none(meta_p) if meta_p.is_file() else None
+        if meta_p.exists() and not (isinstance(meta, dict) and ("ds4lab" in meta or "job" in meta)):
+            raise OutputError(f"cannot write results to {self.shown}: its meta.json was not written by ds4lab "
+                              "(no \"ds4lab\" or \"job\" key); ds4lab never replaces files it did not write: move "
+                              "it, or choose another --out")
+        if meta is None:
+            mine = [n for n in entries if any(fnmatch.fnmatch(n, pat) for pat in self.outputs)]
+            what = (f"files ds4lab would write ({', '.join(mine[:8])}) that it did not write" if mine else
+                    f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} ({', '.join(entries[:6])}"
+                    f"{', ...' if len(entries) > 6 else ''})")
+            raise OutputError(f"cannot write results to {self.shown}: it holds {what} and no ds4lab meta.json, so "
+                              "it is not a ds4lab result folder; ds4lab never replaces files it did not write: "
+                              "name a new or empty folder, or one ds4lab wrote")
+        holder = lock_holder(out / LOCK_NAME)
+        if holder is not None:  # an older ds4lab, which locked inside the folder, is writing it
+            raise OutputError(f"cannot write results to {self.shown}: it is in use by another ds4lab run (PID "
+                              f"{holder.get('pid', '?')} on {holder.get('host', '?')}); wait for it or choose "
+                              "another --out")
+        other = meta.get("job")
+        if self.job and other and other != self.job:
+            raise OutputError(f"cannot write {self.job} results to {self.shown}: it holds the results of ds4lab "
+                              f"{other} (meta.json job={other!r}); choose another --out, or empty the folder")
+        files = meta.get("files")
+        self.prev_files = set(files) if isinstance(files, list) else {
+            n for n in entries if any(fnmatch.fnmatch(n, pat) for pat in self.outputs)}
+        self.had_results = True
+
+    # -- after
+    def finish(self, meta: dict, ok: bool) -> Path:
+        """Success: swap the staging folder in. Otherwise: keep it where the console says. Returns where
+        the results are."""
+        if ok:
+            return self._commit()
+        remove_tmp_files(self.staging)
+        tag = "interrupted" if str(meta.get("status", "")).startswith("interrupted") else "failed"
+        return self._place(self.staging, tag)
+
+    def _place(self, folder: Path, tag: str, beside: bool = False) -> Path:
+        """Put ``folder`` (results that did not replace ``out``) where they destroy nothing: ``out``
+        itself when it is missing or empty (unless ``beside``), else ``OUT.<tag>-<time>`` beside it."""
+        out = self.out
+        if not beside and (not out.exists() or is_empty_dir(out)):
+            os.rename(folder, out)
+            return self.shown
+        dest = free_name(out.with_name(f"{out.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        os.rename(folder, dest)
+        return self.shown.with_name(dest.name)
+
+    def _commit(self) -> Path:
+        out, new = self.out, self.staging
+        carried = []
+        with signals_held():  # the swap is never cut in half (removing the old copy, after it, may be)
+            if not out.exists():
+                os.rename(new, out)
+            else:
+                carried = self._swap(out, new)
+        if self.old.exists():
+            shutil.rmtree(self.old, ignore_errors=True)
+        if carried:
+            self._note(f"{self.shown}: kept {', '.join(carried)} (not written by ds4lab)")
+        if self.had_results:
+            self._note(f"results in {self.shown}/ (the earlier results there replaced)")
+        elif self.say is not None:
+            self.say(f"results in {self.shown}/")
+        return self.shown
+
+    def _swap(self, out: Path, new: Path) -> list[str]:
+        """Swap ``new`` in for the earlier ``out`` (atomically where the system can), carrying the
+        earlier folder's files ds4lab did not write; returns their names."""
+        carried, clash = self._carry(out, new)
+        if exchange_paths(new, out):  # new now holds the earlier results
+            os.rename(new, self.old)
+        else:
+            os.rename(out, self.old)
+            os.rename(new, out)
+        if clash:  # an earlier file of the user's shares a name with one this run wrote: keep it
+            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+            os.rename(self.old, dest)
+            self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
+                       f"{', '.join(clash)}, not written by ds4lab, named like files this run wrote")
+        return carried
+
+    def _carry(self, old: Path, new: Path) -> tuple[list[str], list[str]]:
+        """Move the entries of the earlier folder that ds4lab did not write into the new one."""
+        own = set(_OWN_FILES) | (self.prev_files or set())
+        carried, clash = [], []
+        for p in sorted(old.iterdir()):
+            if p.name in own or p.name.endswith(".tmp") and p.name[:-4] in own:
+                continue
+            if (new / p.name).exists():
+                clash.append(p.name)
+                continue
+            os.rename(p, new / p.name)
+            carried.append(p.name)
+        return carried, clash
+
+    def _note(self, msg: str) -> None:
+        if self.say is not None:
+            self.say(msg)
+        else:
+            print(f"ds4lab: {msg}", file=sys.stderr)
+
+    def _release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def _own_files(folder: Path) -> list[str]:
+    """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` left out."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES)
+
+
+def _failure_status(e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"failed: {type(e).__name__}: {first}" if first else f"failed: {type(e).__name__}"
+
+
+def _as_write_failed(e: OSError, folder: Path) -> WriteFailed:
+    """An OSError the job raised while writing, as a :class:`WriteFailed` naming the file (or the
+    folder where the operating system named none)."""
+    where = e.filename or f"a file in {folder}"
+    return WriteFailed(f"cannot write {where}: {os_reason(e)}", e.errno)
 
 
 @contextlib.contextmanager
-def job_folder(out: Path, meta: dict, outputs=(), on_stop=None):
-    """The life of one job's result folder, around the job's work.
+def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=()):
+    """The life of one result folder around a command's work (the module docstring's steps):
+    ``with job_folder(out, meta, OUTPUTS) as folder:`` and the command writes every file into
+    ``folder`` (the staging folder), never into ``out``.
 
-    Before: :func:`check_out`; the folder's :class:`FolderLock` is taken (a second run into the
-    same folder is refused with the holder's PID and host, before anything is removed); the
-    files matching ``outputs`` (glob patterns, this job's own file names) left by an earlier run
-    are removed, so a partial run never sits beside an older run's summary or figures;
-    ``meta["run"]`` records ``{"pid", "host"}``, every ``calibration`` entry of ``meta`` gets its
-    ``sha256`` and ``shipped``, and ``meta.json`` is written (:func:`write_meta`, strict JSON) with
-    ``status: running``. After: ``status`` is ``complete``, ``interrupted`` (Ctrl-C; the exception
-    goes on) or ``failed: <error>`` (the exception goes on; ``meta["traceback"]`` holds where it
-    came from), ``meta.json`` is written again with whatever the job put in ``meta``, and the lock
-    is released. A run killed outright keeps ``running`` in its file; :func:`read_meta` reports it
-    as ``died``. ``on_stop(status)``, when given, is called on an interrupt or failure before
-    ``meta.json`` is written (a job records how far it got); an error inside it is recorded in
-    ``meta["on_stop_error"]``, never raised.
+    Args:
+        out: the result folder (``--out``).
+        meta: what ``meta.json`` records; ``job`` names the command (a folder holding another
+            command's results is refused). This function adds ``ds4lab`` (the version),
+            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote), the
+            ``sha256`` and ``shipped`` of every ``calibration`` entry, ``traceback`` for a failure
+            and ``kept_in`` (where partial results went).
+        outputs: glob patterns of the command's own file names (in a folder from an older ds4lab
+            without a ``files`` list, the files ds4lab wrote).
+        on_stop: ``on_stop(status)`` is called on an interrupt or failure before ``meta.json`` is
+            written (a job records how far it got); an error inside it is recorded in
+            ``meta["on_stop_error"]``, never raised.
+        say: prints the lines about where results went (default: stderr).
+        discard_on: exception types that mean the input was bad (``ingest`` reading a malformed
+            line): the staging folder is removed and ``out`` left as it was, nothing kept.
+
+    Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``,
+    ``interrupted (SIGHUP)`` (the exception goes on; partial results kept); ``failed: <error>``
+    (the exception goes on, an ``OSError`` as :class:`WriteFailed` naming the path; partial
+    results kept). A :class:`ds4lab.errors.CheckFailed` (a stage not bit-identical, a GPU/sim
+    disagreement) is a run that finished and wrote everything: its folder replaces ``out`` as a
+    complete one does, with ``status: failed: <check>``.
 
     Raises:
-        OutputError: a bad or unwritable ``out`` (empty, ``.``: the command line's ``--out ""``), or a
-            folder in use by another run.
+        OutputError: a bad ``out`` (empty, ``.``, a file, the folder holding the current directory),
+            a folder in use by another run, another command's results, or files ds4lab did not write.
+        WriteFailed: the results could not be written.
     """
-    if out is not None and str(out).strip() and Path(out) == Path("."):
-        # click turns --out "" into "."; a job's folder is never the current directory itself (its
-        # earlier outputs, matched by glob, would be removed from there)
-        raise OutputError(f"--out {str(out)!r} names the current directory, not a result folder: name a "
-                          "folder, for example results/<job>")
-    check_out(out, ("meta.json",))
-    out = Path(out)
-    lock = FolderLock(out)
+    from ..errors import CheckFailed
+
+    t = _Target(out, meta.get("job"), outputs, say)
+    folder = t.open()
+    done = False  # the folder was swapped in or placed: nothing left to do
     try:
-        lock.acquire()
-    except ImportError:  # no fcntl (not POSIX): run unlocked
-        lock = None
-    try:
-        _same_job(out, meta)  # after the lock: a folder in use is reported as in use
-    except OutputError:
-        if lock is not None:
-            lock.release()
-        raise
-    try:
-        for pattern in outputs:
-            for p in out.glob(pattern):
-                if p.is_file():
-                    p.unlink()
-        meta["status"] = "running"
-        meta["run"] = {"pid": os.getpid(), "host": socket.gethostname()}
-        _calibration_identity(meta)
-        write_meta(out / "meta.json", meta)
-        try:
-            yield out
-        except KeyboardInterrupt:
-            meta["status"] = "interrupted"
-            _stopped(on_stop, meta)
-            raise
-        except BaseException as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            meta["status"] = f"failed: {type(e).__name__}: {first}" if first else f"failed: {type(e).__name__}"
-            meta["traceback"] = traceback.format_exc()
-            _stopped(on_stop, meta)
-            raise
-        else:
-            meta["status"] = "complete"
-        finally:
+        with stop_signals():
+            meta.setdefault("ds4lab", _version())
+            meta["status"] = "running"
+            meta["run"] = {"pid": os.getpid(), "host": socket.gethostname(),
+                           "lock": str(t.lock.path) if t.lock is not None else None}
             _calibration_identity(meta)
-            write_meta(out / "meta.json", meta)
+            checked = None
+            try:
+                write_meta(folder / "meta.json", meta)
+                try:
+                    yield folder
+                finally:
+                    meta["files"] = _own_files(folder)
+            except CheckFailed as e:  # finished, a check failed: the results stand, with that status
+                meta["status"] = _failure_status(e)
+                meta["traceback"] = traceback.format_exc()
+                _stopped(on_stop, meta)
+                checked = e
+            except KeyboardInterrupt as e:
+                meta["status"] = interrupt_status(e)
+                _stopped(on_stop, meta)
+                where = _stop(t, meta)
+                done = True
+                t._note(f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})"
+                        + _unchanged(t, where))
+                _tell(e, where)
+                raise
+            except discard_on:
+                shutil.rmtree(folder, ignore_errors=True)
+                done = True
+                raise
+            except BaseException as e:
+                # an OSError is a write that failed (a full disk); a closed stdout (`| head`) is not
+                err = _as_write_failed(e, folder) if isinstance(e, OSError) and not isinstance(
+                    e, BrokenPipeError) else e
+                meta["status"] = _failure_status(err)
+                meta["traceback"] = traceback.format_exc()
+                _stopped(on_stop, meta)
+                where = _stop(t, meta)
+                done = True
+                t._note(f"failed: partial results in {where}/ (meta.json status 'failed')" + _unchanged(t, where))
+                _tell(err, where)
+                if err is not e:
+                    raise err from e
+                raise
+            else:
+                meta["status"] = "complete"
+            _calibration_identity(meta)
+            try:
+                write_meta(folder / "meta.json", meta)
+            except WriteFailed as e:
+                meta["status"] = _failure_status(e)
+                where = _stop(t, meta)
+                done = True
+                raise WriteFailed(f"{e}; partial results in {where}/", e.errno) from e
+            try:
+                t.finish(meta, ok=True)
+            except OSError as e:
+                done = True
+                raise WriteFailed(f"cannot move the finished results from {folder} to {t.shown}: {os_reason(e)}; they "
+                                  f"are in {folder} (the next run into {t.shown} moves them beside it)",
+                                  e.errno) from e
+            done = True
+            if checked is not None:
+                raise checked
     finally:
-        if lock is not None:
-            lock.release()
+        if not done and folder.exists():  # stopped before its status could be recorded
+            if meta.get("status") in (None, "running"):
+                meta["status"] = "failed: stopped before the work began"
+            with contextlib.suppress(BaseException):
+                _stop(t, meta)
+        t._release()
+
+
+def _tell(e: BaseException, where) -> None:
+    """Attach where the partial results are to the exception going on (``kept_in``), for the
+    command line's last line."""
+    with contextlib.suppress(Exception):
+        e.kept_in = str(where)
+
+
+def _unchanged(t: _Target, where) -> str:
+    return f"; the earlier results in {t.shown} are unchanged" if str(where) != str(t.shown) else ""
+
+
+def _stop(t: _Target, meta: dict) -> Path:
+    """Record a stopped run's status (in place when a new file cannot be written), then place its
+    folder (:meth:`_Target.finish`). Returns where its results are; raises nothing (a folder that
+    cannot be moved stays where it is, and that is the place returned)."""
+    folder = t.staging
+    if not folder.exists():
+        return t.shown
+    with contextlib.suppress(Exception):
+        _calibration_identity(meta)
+    remove_tmp_files(folder)
+    try:
+        meta["kept_in"] = str(t.shown)  # corrected below if the results go beside out
+        write_meta(folder / "meta.json", meta)
+    except WriteFailed:
+        _overwrite_status(folder / "meta.json", meta)
+    try:
+        where = t.finish(meta, ok=False)
+    except OSError:
+        return folder
+    if str(where) != str(t.shown):
+        meta["kept_in"] = str(where)
+        with contextlib.suppress(WriteFailed):
+            write_meta(t.out.with_name(Path(where).name) / "meta.json", meta)
+    return where
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
 
 
 def _stopped(on_stop, meta: dict) -> None:
@@ -384,25 +625,3 @@ def _stopped(on_stop, meta: dict) -> None:
         on_stop(meta["status"])
     except Exception as e:  # noqa: BLE001 - keep the original error; say what else went wrong
         meta["on_stop_error"] = f"{type(e).__name__}: {e}"
-
-
-def _same_job(out: Path, meta: dict) -> None:
-    """Refuse a folder that holds another job's results (its ``meta.json`` names another ``job``):
-    its files would sit beside this run's under one ``meta.json`` that describes only one of them.
-
-    Raises:
-        OutputError: naming the folder, the job it holds and the fix.
-    """
-    job = meta.get("job")
-    path = out / "meta.json"
-    if not job or not path.is_file():
-        return
-    try:
-        prev = json.loads(path.read_text())
-    except ValueError:
-        return  # a broken meta.json is this run's to replace
-    other = prev.get("job") if isinstance(prev, dict) else None
-    if other and other != job:
-        raise OutputError(f"cannot write {job} results to {out}: it holds the results of ds4lab {other} "
-                          f"(meta.json job={other!r}); choose another --out, or empty the folder")
-

@@ -383,9 +383,9 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     if banner:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
-    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS):
+    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS, say=say) as folder:
         kern, nvtx, api = _trace(be, cfg, st_list, config, src, say, meta)
-        files = _write(out, kern, nvtx, meta, api)
+        files = [out / p.name for p in _write(folder, kern, nvtx, meta, api)]
     return TraceResult(out, kern, nvtx, meta, files, api)
 
 
@@ -641,9 +641,7 @@ def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
 
     files = []
     p = out / "trace.json"
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(chrome_trace(kern, nvtx, meta, api), default=str))
-    tmp.replace(p)
+    results.write_text_atomic(p, json.dumps(chrome_trace(kern, nvtx, meta, api), default=str))
     files.append(p)
     kern.to_csv(out / "trace_kernels.csv", index=False)
     nvtx.to_csv(out / "trace_nvtx.csv", index=False)

@@ -149,12 +149,18 @@ def validate(d: Any, path: str = "<dict>") -> dict:
 
 def read(path: str | Path) -> dict:
     """Read and validate a calibration file; raises :class:`CalibrationError` naming the file for
-    a missing file, bad JSON (with line and column) or any schema problem."""
+    a missing or unreadable file, a file that is not UTF-8 text (a binary file: the offset of the
+    first byte that is not), bad JSON (with line and column) or any schema problem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise CalibrationError(str(p), [("", f"cannot be read ({e.strerror or e})")]) from None
+    try:
+        text = raw.decode("utf-8")  # RFC 8259: JSON exchanged between systems is UTF-8
+    except UnicodeDecodeError as e:
+        raise CalibrationError(str(p), [("", f"not a calibration: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                                             f"offset {e.start}); a calibration is a JSON file")]) from None
     try:
         d = json.loads(text)
     except ValueError as e:
@@ -182,9 +188,66 @@ def default_calibration_path() -> Path:
     return MEASURED_FILE
 
 
+#: SHA-256 of every calibration file as it ships, in ``sha256sum`` format (``sha256sum -c
+#: SHA256SUMS`` in ``ds4lab/data`` checks them); a file counts as shipped only with these bytes.
+MANIFEST = DATA_DIR / "SHA256SUMS"
+
+
+def shipped_hashes() -> dict[str, str]:
+    """``{file name: SHA-256}`` of the shipped calibration files, from :data:`MANIFEST` (empty
+    when the manifest is missing: then nothing counts as shipped)."""
+    try:
+        text = MANIFEST.read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        digest, _, name = line.strip().partition("  ")
+        if len(digest) == 64 and name:
+            out[name.lstrip("*")] = digest.lower()
+    return out
+
+
 def shipped_files() -> list[Path]:
-    """The calibration files that ship with ds4lab (``ds4lab/data/*.json``), resolved."""
-    return sorted(p.resolve() for p in DATA_DIR.glob("*.json"))
+    """The calibration files that ship with ds4lab (those :data:`MANIFEST` lists), resolved."""
+    return sorted((DATA_DIR / n).resolve() for n in shipped_hashes() if (DATA_DIR / n).is_file())
+
+
+def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
+    """Whether ``path`` is one of ds4lab's shipped calibration files with exactly the bytes that
+    ship (its SHA-256 in :data:`MANIFEST`); an edit in place, or any other file in ``ds4lab/data``,
+    is not shipped. ``sha256``: the file's hash when the caller has it already."""
+    p = Path(path).resolve()
+    if p.parent != DATA_DIR.resolve():
+        return False
+    want = shipped_hashes().get(p.name)
+    if want is None:
+        return False
+    if sha256 is None:
+        try:
+            sha256 = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError:
+            return False
+    return sha256 == want
+
+
+def refuse_shipped(path: str | Path) -> None:
+    """Refuse to write a calibration into ds4lab's own data folder (``ds4lab/data``): the shipped
+    files are the H200 record every modeled figure names, and that folder holds only what ships.
+
+    Raises:
+        CalibrationError: naming ``path`` and where to write instead (exit 2).
+    """
+    p = Path(path)
+    try:
+        inside = p.resolve().parent == DATA_DIR.resolve()
+    except OSError:
+        inside = False
+    if inside:
+        what = "a calibration shipped with ds4lab" if p.resolve() in shipped_files() else "ds4lab's data folder"
+        raise CalibrationError(str(p), [("", f"is {what} ({DATA_DIR}); ds4lab never overwrites it: write your "
+                                             f"calibration elsewhere (--out results/calibration.json) and point "
+                                             f"{CALIBRATION_ENV} at it")])
 
 
 def calibration_info(src: str | Path | dict | None = None) -> dict:
@@ -196,8 +259,9 @@ def calibration_info(src: str | Path | dict | None = None) -> dict:
 
     Returns:
         ``{"name": str, "path": str | None, "sha256": str (64 hex digits), "shipped": bool}``:
-        ``shipped`` is True only for a file inside ds4lab's own ``data`` folder (an edited copy
-        anywhere else is not shipped; an edit in place changes ``sha256``).
+        ``shipped`` is True only for a file in ds4lab's own ``data`` folder whose bytes are the
+        ones that ship (:func:`is_shipped`: an edited copy anywhere, an edit in place, or another
+        file put in that folder is not shipped).
 
     Raises:
         CalibrationError: the file cannot be read or is not a valid calibration.
@@ -211,8 +275,8 @@ def calibration_info(src: str | Path | dict | None = None) -> dict:
                 "shipped": False}
     p = Path(src).resolve()
     d = read(p)
-    return {"name": d["name"], "path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-            "shipped": p in shipped_files()}
+    sha = hashlib.sha256(p.read_bytes()).hexdigest()
+    return {"name": d["name"], "path": str(p), "sha256": sha, "shipped": is_shipped(p, sha)}
 
 
 def title_label(info: dict) -> str:
