@@ -20,10 +20,12 @@ SMALL = {
     "BACKEND": "sim", "PRESET": "tiny", "TOKENS": 8, "STAGES": "0,1,3",
     "SWEEP_LAYERS": [2, 4], "SWEEP_LAUNCH_US": [5.0, 9.4], "SWEEP_TOKENS": [1, 2], "HAZARD_PRESET": "tiny",
     "TOKENS_PER_STEP": "1,2,16", "ROUTINGS": "uniform,worst", "STEPS": 2, "CONTEXTS": "128,600",
+    "ENGINE": "llama", "CACHE": "dynamic", "TRACE": None, "TOKEN_RANGE": "decode_step",
 }
-#: Per notebook, where SMALL's value does not fit: 04's context ladder has its own stages (with SMALL's it
-#: would skip 1 and never run 3c). Its CONTEXTS, 128 and 600, cross a top-k regime change of tiny.
-SMALL_FOR = {"04_long_context.ipynb": {"STAGES": "0,2,3,3c"}}
+#: Per notebook, where SMALL's value does not fit: 04's context ladder runs an island stage and 3c (a
+#: long-context stage). Its CONTEXTS, 128 and 600, cross a top-k regime change of tiny. 05 on BACKEND sim
+#: audits the bundled recording of ENGINE and CACHE.
+SMALL_FOR = {"04_long_context.ipynb": {"STAGES": "0,i,3,3c"}}
 
 
 def _notebook(*sources, params="A = 1\nB = 'x'  # a comment\nOUT = 'o'"):
@@ -39,7 +41,7 @@ def _notebook(*sources, params="A = 1\nB = 'x'  # a comment\nOUT = 'o'"):
 def test_there_are_notebooks():
     assert {p.name for p in NOTEBOOKS} == {"00_quickstart.ipynb", "01_moe_timing.ipynb",
                                            "02_profiling_vs_capture.ipynb", "03_stage_gains.ipynb",
-                                           "04_long_context.ipynb"}
+                                           "04_long_context.ipynb", "05_audit.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
