@@ -22,6 +22,8 @@
 #   kernels      scripts/bench_kernels.py: every compile-time variant of the heavy kernels checked and timed
 #   calibrate    ds4lab calibrate (ds4-flash) and --long-context on top of it
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
+#   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
+#                plan (MODELED) against stage 3's measured tokens
 #   notebooks    every notebook top to bottom with its defaults
 #   nsight       the README's Nsight Compute command on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
@@ -67,6 +69,8 @@ for arg in "$@"; do
     calibrate) step calibrate ${limit:-200} bash -c "$D calibrate --preset ds4-flash --out $R/calibration/h200.json &&
          $D calibrate --long-context --base $R/calibration/h200.json --out $R/calibration/h200-long.json" ;;
     audit) TAIL=30 step audit ${limit:-300} $D audit validate --out $R/audit ;;
+    audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
+         --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;
     notebooks) step notebooks ${limit:-400} $D notebooks --out $R/notebooks ;;
     nsight) step nsight ${limit:-300} bash -c "ncu --nvtx --nvtx-include 'ds4lab@token/' --launch-count 300 \
            --section SpeedOfLight --section LaunchStats --csv $D run --backend cupy --preset ds4-flash --tokens 1 \

@@ -21,7 +21,8 @@ def _run(pytester, monkeypatch, seed):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_probe=PROBE)
     monkeypatch.setenv("DS4LAB_TEST_SEED", str(seed))
-    r = pytester.runpytest("-q", "-s", "-p", "no:cacheprovider")
+    # in a subprocess: an in-process run shares sys.stdout and its capture with the outer session
+    r = pytester.runpytest_subprocess("-q", "-s", "-p", "no:cacheprovider")
     out = r.stdout.str()
     drawn = re.search(r"DRAWN (\[.*?\])", out).group(1)
     return out, drawn

@@ -130,7 +130,7 @@ def run(cfg: AuditConfig, backend=None, console=None):
         files = audit_report.write(reports, folder, meta)
         if console is not None:
             audit_report.summary(reports, console, cfg.max_rows)
-        say(f"wrote {', '.join(p.name for p in files)} in {folder}")
+        say(f"wrote {', '.join(p.name for p in files)} in {out}")
     return reports
 
 

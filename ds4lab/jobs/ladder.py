@@ -149,18 +149,9 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
     from ..report import plots
 
     mem = {"weights_bytes": W.model_bytes(mcfg, True), "caches_bytes": W.cache_bytes(mcfg)}
-    con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + caches "
-              f"{mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
     banner = modeled_banner(be)
-    if banner:
-        con.print(banner)
-    if "0" not in {s.name for s in table.stages}:
-        con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage {table.stages[0].name}[/]")
     be_x = exactness_backend(be)
     check = be_x.is_gpu or preset != "ds4-flash"
-    if table.exact_tokens and not check:
-        con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
-                  "run it on a GPU, or use a smaller preset)")
     with S.graphs_enabled():  # DS4_CUDA_GRAPHS=1: every stage but 0 sets an override
         meta = provenance.base_meta(be)
         meta.update(job=job, preset=mcfg.summary(), stages=[s.name for s in table.stages],
@@ -170,6 +161,16 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
         if banner:
             meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         with results.job_folder(out, meta, outputs, say=con.print) as folder:  # a NotExact run is written, then "failed"
+            # said inside the folder, before anything is allocated: a run stopped here is recorded as such
+            con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
+                      f"caches {mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
+            if banner:
+                con.print(banner)
+            if "0" not in {s.name for s in table.stages}:
+                con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage {table.stages[0].name}[/]")
+            if table.exact_tokens and not check:
+                con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
+                          "run it on a GPU, or use a smaller preset)")
             folder = Path(folder)
             csv_path = folder / f"{job}.csv"
             lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
