@@ -315,10 +315,23 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
-        """A flat dict of the configuration, for ``meta.json`` and tables."""
+        """A flat dict of the configuration, for ``meta.json`` and tables: every field, and
+        ``routed_moe``, a line saying where the routed experts and their decode path come from
+        (:meth:`routed_moe_source`)."""
         d = dataclasses.asdict(self)
         d.pop("extra")
+        d["routed_moe"] = self.routed_moe_source()
         return d
+
+    def routed_moe_source(self) -> str:
+        """Where the routed experts' formats and decode MoE come from: ds4 and its commit, or ds4lab."""
+        gu, dn, path = EXPERT_FORMATS[self.expert_format]
+        names = {"q4": "4-bit block (one fp16 scale per 32)", "q4_k": "Q4_K", "q2_k": "Q2_K", "iq2_xxs": "IQ2_XXS"}
+        if path == "ds4":
+            return (f"as ds4 {DS4_COMMIT} ships it: {names[gu]} gate/up, {names[dn]} down; "
+                    "decode MoE in 4 launches (xq, fused gate/up/SwiGLU, midq, down + sum)")
+        return (f"ds4lab's own: {names[gu]} experts; decode MoE in 5 launches (xq, gate/up, midq + SwiGLU, "
+                "down, weighted sum)")
 
 
 _DS4_FLASH = dict(
