@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..report import provenance, results
 from ..capture import stream as S
-from ..token.config import get_preset
+from ..token.config import get_preset, is_ds4_flash
 from ..experiments.context import (CONTEXT_STAGES, ContextInputError, context_figure, first_difference_all,
                                    parse_contexts, parse_context_stages, stage_run, state_record)
 from ..experiments.ladder import STAGES, time_stage
@@ -111,7 +111,7 @@ def _measure(be, preset, mcfg, st_list, ctx, cfg: ContextConfig, out, meta, con)
     model = DecodeModel(mcfg, be, base)
     runs = [stage_run(model, st, base, cfg.mode) for st in st_list]
     be_x = exactness_backend(be)
-    can_check = be_x.is_gpu or preset != "ds4-flash"
+    can_check = be_x.is_gpu or not is_ds4_flash(preset)
     if can_check and be_x is not be:
         model_x = DecodeModel(mcfg, be_x, base)
         runs_x = [stage_run(model_x, st, base, cfg.mode) for st in st_list]

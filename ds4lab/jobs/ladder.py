@@ -18,7 +18,7 @@ from pathlib import Path
 from ..report import provenance, results
 from ..capture import stream as S
 from ..sim.calibration import backend_calibration
-from ..token.config import MAX_POS, get_preset
+from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from ..experiments.ladder import (LADDER_OUTPUTS, START_POS, STAGES, LadderInputError, StageRun, exactness_record,
                                   first_difference, fixes_table, gpu_busy_floor, parse_stages, time_stage)
 from ..token.model import DecodeModel, TokenOptions
@@ -200,7 +200,7 @@ def _exactness(be, preset, mcfg, st_list, base, cfg, model, runs, con) -> dict:
     if not cfg.exact_tokens:
         return exact
     be_x = exactness_backend(be)
-    if not (be_x.is_gpu or preset != "ds4-flash"):
+    if not (be_x.is_gpu or not is_ds4_flash(preset)):
         con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
                   "run it on a GPU, or use --preset small)")
         return exact

@@ -368,6 +368,12 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def is_ds4_flash(name: str) -> bool:
+    """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``):
+    the full-size model, which the CPU backends only time (computing it takes minutes per token)."""
+    return name == "ds4-flash" or name.startswith("ds4-flash-")
+
+
 def get_preset(name: str, **overrides) -> ModelConfig:
     """The preset called ``name`` with optional field overrides.
 
