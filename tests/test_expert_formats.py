@@ -23,7 +23,7 @@ from ds4lab.timing import token_bytes
 from ds4lab.token import ops
 from ds4lab.token import reference as R
 from ds4lab.token import weights as W
-from ds4lab.token.config import EXPERT_FORMATS, PRESETS, ConfigError, get_preset
+from ds4lab.token.config import EXPERT_FORMATS, PRESETS, ConfigError, get_preset, is_ds4_flash
 from ds4lab.token.model import DecodeModel, TokenOptions
 
 DS4_FORMATS = [f for f, (_, _, path) in EXPERT_FORMATS.items() if path == "ds4"]
@@ -388,6 +388,8 @@ def test_expert_format_field_and_presets():
     assert "5 launches" in get_preset("ds4-flash-q4blk").summary()["routed_moe"]
     with pytest.raises(ConfigError, match="expert_format='q3_k'"):
         get_preset("tiny", expert_format="q3_k")
+    assert [is_ds4_flash(n) for n in ("ds4-flash", "ds4-flash-q4k", "ds4-flash-q4blk", "small", "tiny", None)] == \
+        [True, True, True, False, False, False]
 
 
 # ----------------------------------------------------------------------------- whole tokens

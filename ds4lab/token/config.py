@@ -368,10 +368,11 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def is_ds4_flash(name: str) -> bool:
+def is_ds4_flash(name: str | None) -> bool:
     """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``):
-    the full-size model, which the CPU backends only time (computing it takes minutes per token)."""
-    return name == "ds4-flash" or name.startswith("ds4-flash-")
+    the full-size model, which the CPU backends only time (computing it takes minutes per token).
+    False for None (a job's default preset, chosen later)."""
+    return name is not None and (name == "ds4-flash" or name.startswith("ds4-flash-"))
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:
