@@ -33,11 +33,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Wait until at most one committed group of this thread's copies is still in flight.
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-
 // Issue the copy of n16 16-byte chunks, src and dst 16-byte aligned (the caller waits).
 __device__ __forceinline__ void stage16(u8* dst, const u8* src, int n16) {
     for (int c = threadIdx.x; c < n16; c += blockDim.x) cp_async16(dst + 16 * c, src + 16 * c);
@@ -277,127 +272,6 @@ extern "C" __global__ void moe_sum_slots(const float* __restrict__ out, float* _
     float acc = 0.0f;
     for (int s = 0; s < k; ++s) acc += out[((size_t)t * k + s) * E + r];
     y[(size_t)t * E + r] = acc;
-}
-
-// ----------------------------------------------------------------------------- decode, pipelined
-// The same decode work as moe_gateup_mid_* and moe_down_sum_*, with loads overlapping compute: a block
-// takes tiles t = blockIdx.x, + gridDim.x, ... of R rows, two buffers in shared memory: while the warps
-// work on tile t, the copies of the block's next tile are in flight (cp.async groups). Warps take rows
-// (a gate row and its up row are two units; a slot's row for the down), partial results meet in shared
-// memory. The grid is sized to the GPU's resident blocks, so every block has several tiles.
-
-// gate/up: grid (G, P), block 256. Shared: [IQ2 grid 2 KiB] [2 x 2R rows] [2R floats].
-template <class Fmt>
-__device__ __forceinline__ void gateup_stream(const u8* __restrict__ bank, const u64* __restrict__ grid,
-                                              const i8* __restrict__ xq, const float* __restrict__ xd,
-                                              const short* __restrict__ xb, const int* __restrict__ ids,
-                                              const float* __restrict__ wts, float* __restrict__ mid, int k, int F,
-                                              int E, int n_experts, int R, float limit) {
-    extern __shared__ __align__(16) u8 smem[];
-    const int p = blockIdx.y, e = ids[p], ntiles = F / R, G = gridDim.x;
-    if ((int)blockIdx.x >= ntiles) return;  // no tile (the host sizes the grid to the tiles: none such)
-    if ((unsigned)e >= (unsigned)n_experts) {  // an expert outside the bank: a zero middle
-        for (int t = blockIdx.x; t < ntiles; t += G)
-            for (int i = threadIdx.x; i < R; i += blockDim.x) mid[(size_t)p * F + t * R + i] = 0.0f;
-        return;
-    }
-    const int row_bytes = E / DS4_QK_K * Fmt::BYTES, nsub = E / 32, half = R * row_bytes;
-    const int lut_bytes = Fmt::LUT ? 256 * 8 : 0;
-    const uint2* lut = reinterpret_cast<const uint2*>(smem);
-    u8* buf0 = smem + lut_bytes;
-    float* res = reinterpret_cast<float*>(buf0 + 4 * half);
-    const u8* ebase = bank + (size_t)e * 2 * F * row_bytes;
-    if (Fmt::LUT) stage16(smem, reinterpret_cast<const u8*>(grid), 256 * 8 / 16);
-    int t = blockIdx.x;
-    if (t < ntiles) {
-        stage16(buf0, ebase + (size_t)t * half, half / 16);
-        stage16(buf0 + half, ebase + (size_t)F * row_bytes + (size_t)t * half, half / 16);
-    }
-    cp_async_commit();
-    const int tok = p / k;
-    const i8* q = xq + (size_t)tok * E;
-    const float* d = xd + (size_t)tok * (E / 256);
-    const short* b = xb + (size_t)tok * (E / 16);
-    const float w = wts[p];
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    for (int it = 0; t < ntiles; ++it, t += G) {
-        u8* cur = buf0 + (it & 1) * 2 * half;
-        u8* nxt = buf0 + ((it + 1) & 1) * 2 * half;
-        if (t + G < ntiles) {
-            stage16(nxt, ebase + (size_t)(t + G) * half, half / 16);
-            stage16(nxt + half, ebase + (size_t)F * row_bytes + (size_t)(t + G) * half, half / 16);
-        }
-        cp_async_commit();
-        cp_async_wait_one();  // this tile (and the grid) landed; the next one may still be in flight
-        __syncthreads();
-        for (int u = warp; u < 2 * R; u += warps) {
-            const float v = row_dot<Fmt>(cur + u * row_bytes, q, d, b, nsub, lut);
-            if ((threadIdx.x & 31) == 0) res[u] = v;
-        }
-        __syncthreads();  // rows read, partials written: the buffer may be refilled, the middle formed
-        for (int i = threadIdx.x; i < R; i += blockDim.x)
-            mid[(size_t)p * F + t * R + i] = swiglu_weighted(res[i], res[R + i], limit, w);
-    }
-}
-
-// down + sum: grid (G, T), block 256. Shared: [2 x k*R rows] [k*R floats].
-template <class Fmt>
-__device__ __forceinline__ void down_stream(const u8* __restrict__ bank, const i8* __restrict__ mq,
-                                            const float* __restrict__ md, const short* __restrict__ mb,
-                                            const int* __restrict__ ids, float* __restrict__ y, int k, int F, int E,
-                                            int n_experts, int R) {
-    extern __shared__ __align__(16) u8 smem[];
-    const int row_bytes = F / DS4_QK_K * Fmt::BYTES, nsub = F / 32, tok = blockIdx.y;
-    const int ntiles = E / R, G = gridDim.x, slot = R * row_bytes, stage = k * slot;
-    float* part = reinterpret_cast<float*>(smem + 2 * stage);
-    const int* eid = ids + tok * k;
-    int t = blockIdx.x;
-    for (int s = 0; s < k && t < ntiles; ++s)
-        if ((unsigned)eid[s] < (unsigned)n_experts)
-            stage16(smem + s * slot, bank + (size_t)eid[s] * E * row_bytes + (size_t)t * slot, slot / 16);
-    cp_async_commit();
-    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    for (int it = 0; t < ntiles; ++it, t += G) {
-        u8* cur = smem + (it & 1) * stage;
-        u8* nxt = smem + ((it + 1) & 1) * stage;
-        if (t + G < ntiles)
-            for (int s = 0; s < k; ++s)
-                if ((unsigned)eid[s] < (unsigned)n_experts)
-                    stage16(nxt + s * slot, bank + (size_t)eid[s] * E * row_bytes + (size_t)(t + G) * slot, slot / 16);
-        cp_async_commit();
-        cp_async_wait_one();
-        __syncthreads();
-        for (int u = warp; u < k * R; u += warps) {
-            const int s = u / R, i = u - s * R, pr = tok * k + s;
-            float v = 0.0f;
-            if ((unsigned)eid[s] < (unsigned)n_experts)
-                v = row_dot<Fmt>(cur + s * slot + i * row_bytes, mq + (size_t)pr * F, md + (size_t)pr * (F / 256),
-                                 mb + (size_t)pr * (F / 16), nsub, nullptr);
-            if ((threadIdx.x & 31) == 0) part[u] = v;
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < R; i += blockDim.x) {
-            float acc = 0.0f;
-            for (int s = 0; s < k; ++s) acc += part[s * R + i];
-            y[(size_t)tok * E + t * R + i] = acc;
-        }
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(256, 6) moe_gateup_mid_stream_iq2_xxs(GATEUP_ARGS, GATEUP_DECODE_ARGS) {
-    gateup_stream<FmtIQ2XXS>(bank, grid, xq, xd, xb, ids, wts, mid, k, F, E, n_experts, R, limit);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 6) moe_gateup_mid_stream_q4_k(GATEUP_ARGS, GATEUP_DECODE_ARGS) {
-    gateup_stream<FmtQ4K>(bank, grid, xq, xd, xb, ids, wts, mid, k, F, E, n_experts, R, limit);
-}
-
-extern "C" __global__ void moe_down_sum_stream_q2_k(DOWN_ARGS, DOWN_SUM_ARGS) {
-    down_stream<FmtQ2K>(bank, mq, md, mb, ids, y, k, F, E, n_experts, R);
-}
-
-extern "C" __global__ void moe_down_sum_stream_q4_k(DOWN_ARGS, DOWN_SUM_ARGS) {
-    down_stream<FmtQ4K>(bank, mq, md, mb, ids, y, k, F, E, n_experts, R);
 }
 
 // ----------------------------------------------------------------------------- Q8_K

@@ -1,8 +1,7 @@
 """GPU time and bandwidth of each routed-MoE decode kernel, per expert format (GPU only).
 
-Usage: ``python scripts/time_moe_decode.py [out_dir] [preset ...] [--decode staged,stream]`` (default
-presets: ``ds4-flash``, ``ds4-flash-q4k``, ``ds4-flash-q4blk``; default decode kernels of ds4's path: both
-families of ``ops.DS4_DECODE_KERNELS``).
+Usage: ``python scripts/time_moe_decode.py [out_dir] [preset ...]`` (default presets: ``ds4-flash``,
+``ds4-flash-q4k``, ``ds4-flash-q4blk``).
 
 For each preset: one layer's model (the shared expert bank of 256 experts), ``ROUTINGS`` decode steps
 (one token each, random inputs, ``n_used`` distinct random experts, random router weights) captured
@@ -27,18 +26,16 @@ from ds4lab.capture import stream as S
 from ds4lab.capture.scope import capture_scope
 from ds4lab.moeprof.traces import CuptiSession
 from ds4lab.timing import copy_bandwidth, event_ms
-from ds4lab.token import ops
 from ds4lab.token.config import PRESETS, get_preset
 from ds4lab.token.model import DecodeModel, TokenOptions
 
 ROUTINGS, REPLAYS = 32, 10
 
 
-def time_preset(be, name: str, copy_gbps: float, decode: str, seed: int = 11) -> list[dict]:
-    """Per-kernel rows of one preset with the ``decode`` kernel family (see the module docstring)."""
+def time_preset(be, name: str, copy_gbps: float, seed: int = 11) -> list[dict]:
+    """Per-kernel rows of one preset (see the module docstring)."""
     import cupy
 
-    ops.DS4_DECODE_KERNELS = decode
     cfg = get_preset(name)
     m = DecodeModel(cfg, be, TokenOptions(counts_clear="async"), n_layers=1)
     rng = np.random.default_rng(seed)
@@ -86,8 +83,7 @@ def time_preset(be, name: str, copy_gbps: float, decode: str, seed: int = 11) ->
             raise RuntimeError(f"{name}: no CUPTI record of kernel {r.kernel}")
         med = float(np.median(us))
         gbps = r.nbytes / (med * 1e-6) / 1e9
-        rows.append({"preset": name, "expert_format": cfg.expert_format, "decode": decode, "site": r.site,
-                     "kernel": r.kernel,
+        rows.append({"preset": name, "expert_format": cfg.expert_format, "site": r.site, "kernel": r.kernel,
                      "grid": "x".join(map(str, r.grid)), "shared_bytes": r.shared, "bytes": r.nbytes,
                      "us_median": round(med, 3), "us_p10": round(float(np.percentile(us, 10)), 3),
                      "us_p90": round(float(np.percentile(us, 90)), 3), "records": int(us.size),
@@ -99,10 +95,6 @@ def time_preset(be, name: str, copy_gbps: float, decode: str, seed: int = 11) ->
 def main(argv: list[str]) -> int:
     import pandas as pd
 
-    decodes = ["staged", "stream"]
-    if "--decode" in argv:
-        i = argv.index("--decode")
-        decodes, argv = argv[i + 1].split(","), argv[:i] + argv[i + 2:]
     presets = [a for a in argv if a in PRESETS] or ["ds4-flash", "ds4-flash-q4k", "ds4-flash-q4blk"]
     dirs = [a for a in argv if a not in PRESETS]
     out = Path(dirs[0]) if dirs else None
@@ -112,11 +104,10 @@ def main(argv: list[str]) -> int:
     print(f"device-to-device copy: {bw.median:.0f} GB/s (median of 20, 2 GiB)")
     rows = []
     for p in presets:
-        for dec in (decodes if get_preset(p).moe_path == "ds4" else decodes[:1]):
-            rows += time_preset(be, p, bw.median, dec)
+        rows += time_preset(be, p, bw.median)
     df = pd.DataFrame(rows)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(df[["preset", "decode", "site", "kernel", "grid", "bytes", "us_median", "us_p10", "us_p90", "GBps",
+        print(df[["preset", "site", "kernel", "grid", "bytes", "us_median", "us_p10", "us_p90", "GBps",
                   "copy_fraction", "step_us_events"]].to_string(index=False))
     if out:
         out.mkdir(parents=True, exist_ok=True)

@@ -324,21 +324,6 @@ def test_ds4_flash_moe_launches():
     assert all(r.shared <= ops.DS4_SMEM_MAX for r in recs)
 
 
-def test_ds4_flash_moe_launches_pipelined(monkeypatch):
-    """The pipelined decode kernels: grids of the GPU's resident blocks (132 per pair for gate/up, 528
-    for down), tiles of 4 row pairs and 2 rows of each expert, two buffers each."""
-    monkeypatch.setattr(ops, "DS4_DECODE_KERNELS", "stream")
-    for preset, (gu, dn) in {"ds4-flash": ("iq2_xxs", "q2_k"), "ds4-flash-q4k": ("q4_k", "q4_k")}.items():
-        recs, _ = _moe_records(preset)
-        g, d = recs[1], recs[3]
-        assert g.kernel == f"moe_gateup_mid_stream_{gu}" and d.kernel == f"moe_down_sum_stream_{dn}"
-        gb, db = {"iq2_xxs": 1056, "q4_k": 2304}[gu], {"q2_k": 672, "q4_k": 1152}[dn]
-        assert g.grid == (792 // 6, 6) and g.shared == 2 * 2 * 4 * gb + 8 * 4 + (2048 if gu == "iq2_xxs" else 0)
-        assert d.grid == (528, 1) and d.shared == 2 * 6 * 2 * db + 4 * 6 * 2
-        assert g.args[-2] == 4 and d.args[-1] == 2  # R
-        assert max(g.shared, d.shared) <= ops.DS4_SMEM_MAX
-
-
 def test_ds4_flash_q4k_moe_launches():
     recs, _ = _moe_records("ds4-flash-q4k")
     assert [r.kernel for r in recs] == ["xq_quantize_q8k", "moe_gateup_mid_q4_k", "moe_midq_q8k", "moe_down_sum_q4_k"]

@@ -537,33 +537,6 @@ def moe_midq_q8k(L, site, mid, mq, md, mb, P, cfg: ModelConfig):
     xq_quantize_q8k(L, site, mid, mq, md, mb, P, cfg.expert_ffn, kernel="moe_midq_q8k")
 
 
-#: Which decode kernels ds4's path launches at one token: ``"staged"`` (one tile of rows per block,
-#: every copy in flight, then the compute) or ``"stream"`` (blocks sized to the GPU's resident blocks,
-#: each walking several tiles with the next tile's copies in flight while it computes).
-DS4_DECODE_KERNELS = "staged"
-#: Resident blocks the pipelined kernels aim at: 6 (gate/up) and 4 (down) blocks of 256 threads per SM
-#: on the H200's 132 SMs (40 registers a thread; 19-37 KiB of shared memory a block).
-STREAM_BLOCKS_GATEUP, STREAM_BLOCKS_DOWN = 6 * 132, 4 * 132
-
-
-def ds4_stream_rows(what: str, rows: int, width: int, copies: int, prefer: int, extra_per_row: int = 0,
-                    extra: int = 0) -> tuple[int, int]:
-    """Rows per tile ``R`` of a pipelined kernel and its shared memory: two buffers of ``copies``
-    tiles of ``R`` rows (``width`` bytes each) plus ``extra_per_row * R + extra`` bytes. ``R`` is the
-    first of ``prefer``, then the other powers of two up to 16 nearest it, that divides ``rows``, makes
-    a tile whole 16-byte chunks and fits :data:`DS4_SMEM_MAX`. Returns ``(R, shared bytes)``.
-
-    Raises:
-        ValueError: no ``R`` fits (the message names the row width and the budget).
-    """
-    for r in sorted((1, 2, 4, 8, 16), key=lambda r: (abs(r.bit_length() - prefer.bit_length()), r)):
-        smem = 2 * copies * r * width + extra_per_row * r + extra
-        if rows % r == 0 and (r * width) % 16 == 0 and smem <= DS4_SMEM_MAX:
-            return r, smem
-    raise ValueError(f"{what}: no rows-per-tile fits: rows={rows}, row bytes={width}, 2 x {copies} tile(s), "
-                     f"{DS4_SMEM_MAX} bytes of shared memory")
-
-
 def _gateup_launch(bank_gu, cfg: ModelConfig, kind: str) -> tuple[str, int, int]:
     """Kernel name, rows per block and shared bytes of a ds4-path gate/up launch."""
     fmt = bank_gu.fmt
@@ -601,18 +574,12 @@ def moe_gateup_mid(L, site, bank_gu, grid, xq, xd, xb, ids, wts, mid, P, cfg: Mo
     ``(F / R, P)`` (:func:`ds4_rows`). Raises ValueError for a format the path has no kernel for."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _gateup_launch(bank_gu, cfg, "moe_gateup_mid")
-    grid_x = F // r
-    if DS4_DECODE_KERNELS == "stream":
-        name = name.replace("moe_gateup_mid_", "moe_gateup_mid_stream_")
-        r, smem = ds4_stream_rows(name, F, row_bytes(bank_gu), 2, 4, extra_per_row=8,
-                                  extra=IQ2_GRID_BYTES if bank_gu.fmt == "iq2_xxs" else 0)
-        grid_x = min(F // r, max(1, STREAM_BLOCKS_GATEUP // P))
 
     def ref():
         flat = np.asarray(ids).reshape(-1)
         _gateup_ref(bank_gu, xq, xd, wts, mid, ((p, int(flat[p])) for p in range(P)), cfg)
 
-    L.kernel(site, name, (grid_x, P), (256,),
+    L.kernel(site, name, (F // r, P), (256,),
              (bank_gu.qs, NULL if grid is None else grid, xq, xd, xb, ids, wts, mid, i32(k), i32(F), i32(E),
               i32(cfg.n_experts), i32(r), f32(cfg.swiglu_limit)), ref, shared=smem,
              nbytes=P * (expert_bytes(bank_gu) + _act_bytes(E) + 4 * F + 8))
@@ -625,11 +592,6 @@ def moe_down_sum(L, site, bank_dn, mq, md, mb, ids, y, T, cfg: ModelConfig):
     Raises ValueError for a format the path has no kernel for."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _down_launch(bank_dn, cfg, "moe_down_sum", k)
-    grid_x = E // r
-    if DS4_DECODE_KERNELS == "stream":
-        name = name.replace("moe_down_sum_", "moe_down_sum_stream_")
-        r, smem = ds4_stream_rows(name, E, row_bytes(bank_dn), k, 2, extra_per_row=4 * k)
-        grid_x = min(E // r, max(1, STREAM_BLOCKS_DOWN // T))
 
     def ref():
         flat = np.asarray(ids).reshape(-1)
@@ -639,7 +601,7 @@ def moe_down_sum(L, site, bank_dn, mq, md, mb, ids, y, T, cfg: ModelConfig):
             y[t] = R.moe_down_sum(downs, mq[t * k:(t + 1) * k], md[t * k:(t + 1) * k]) if any(
                 w is not None for w in downs) else 0.0
 
-    L.kernel(site, name, (grid_x, T), (256,),
+    L.kernel(site, name, (E // r, T), (256,),
              (bank_dn.qs, mq, md, mb, ids, y, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(r)), ref,
              shared=smem, nbytes=T * k * (expert_bytes(bank_dn) + _act_bytes(F) + 4) + 4 * T * E)
 
