@@ -349,17 +349,24 @@ def test_gateup_site_refuses_a_format_without_kernels():
 
 
 def test_new_kernels_have_a_stage_and_a_modeled_cost():
-    """Trace records map the new kernels to ds4's profile stages; the shipped calibration, which has
-    not measured them yet, prices each with the fit of the kernel it stands in for."""
+    """Trace records map the new kernels to ds4's profile stages. The shipped calibration carries the
+    H200 fits of the decode kernels (docs/measurements/h200-2026-12-01-moe-ds4) and prices the tiled
+    ones, not measured yet, with the fit of the kernel each stands in for."""
     cal = Calibration.load()
-    names = {"xq_quantize_q8k": "xq", "moe_gateup_mid_iq2_xxs": "gateup", "moe_gateup_mid_tiled_q4_k": "gateup",
-             "moe_midq_q8k": "midq", "moe_down_sum_q2_k": "down", "moe_down_tiled_q4_k": "down",
-             "moe_sum_slots": "sum"}
-    for name, stage in names.items():
-        assert kernel_stage(name) == stage
-        other = stand_in(name)
-        assert other in cal.kernels and name not in cal.kernels
-        assert cal.kernel_us(name, 10**7) == cal.kernel_us(other, 10**7)
+    measured = {"xq_quantize_q8k": "xq", "moe_gateup_mid_iq2_xxs": "gateup", "moe_gateup_mid_q4_k": "gateup",
+                "moe_midq_q8k": "midq", "moe_down_sum_q2_k": "down", "moe_down_sum_q4_k": "down"}
+    standing_in = {"moe_gateup_mid_tiled_iq2_xxs": "gateup", "moe_gateup_mid_tiled_q4_k": "gateup",
+                   "moe_down_tiled_q2_k": "down", "moe_down_tiled_q4_k": "down", "moe_sum_slots": "sum"}
+    for name, stage in {**measured, **standing_in}.items():
+        assert kernel_stage(name) == stage and stand_in(name) in cal.kernels
+    for name in measured:
+        fit = cal.kernels[name]
+        assert "h200-2026-12-01-moe-ds4" in fit["source"] and fit["samples"] >= 43
+    # ds4-flash's IQ2_XXS gate/up (26.0 MB a launch) as measured: ~27 us, not the earlier kernel's ~11.
+    assert cal.kernel_us("moe_gateup_mid_iq2_xxs", 26029488) == pytest.approx(27.4, abs=0.5)
+    for name in standing_in:
+        assert name not in cal.kernels
+        assert cal.kernel_us(name, 10**7) == cal.kernel_us(stand_in(name), 10**7)
     assert stand_in("q8_matvec") is None
     general = cal.kernel_fixed_us + 10**7 / (cal.bandwidth_GBps * 1e3)
     assert cal.kernel_us("init_superblocks", 10**7) == pytest.approx(general)
