@@ -1,6 +1,6 @@
 """ds4's routed-MoE kernels (``kernels/moe_ds4.cu``) on the GPU against the NumPy reference, on fresh
 random inputs; whole tokens of every expert format against the ``numpy`` executor; every ladder stage
-bit-identical to stage 0 with ds4's formats.
+bit-identical to stage 0 with ds4's formats (whole tokens of every variant: ``test_token_gpu.py``).
 
 Tolerances as ``test_kernels_gpu.py``: fp32 accumulation against a float64 reference, 2e-5 relative;
 the Q8_K quantization of the GPU's own fp32 values is exact (the same float32 arithmetic); end to end
@@ -185,30 +185,8 @@ def test_expert_outside_the_bank_adds_nothing(cupy_backend, numpy_backend, rng, 
     assert rel(res["gpu"][1], res["ref"][1]) < 2e-3
 
 
-# ----------------------------------------------------------------------------- whole tokens, stages
-def _tokens(cfg, be, opts, n_layers=None):
-    m = DecodeModel(cfg, be, opts, n_layers=n_layers)
-    for pos, tok in ((1000, 11), (1001, 421)):
-        m.token(pos, tok)
-    be.synchronize()
-    return m
-
-
-@pytest.mark.parametrize("preset,n_layers", [("tiny", None), ("small", None), ("small-q4blk", None),
-                                             pytest.param("ds4-flash", 2, marks=pytest.mark.slow),
-                                             pytest.param("ds4-flash-q4k", 2, marks=pytest.mark.slow),
-                                             pytest.param("ds4-flash-q4blk", 2, marks=pytest.mark.slow)])
-def test_token_each_variant_matches_numpy(cupy_backend, numpy_backend, preset, n_layers):
-    cfg = get_preset(preset)
-    opts = TokenOptions(vocab=not preset.startswith("ds4-flash"))
-    g = _tokens(cfg, cupy_backend, opts, n_layers)
-    r = _tokens(cfg, numpy_backend, opts, n_layers)
-    assert np.array_equal(g.selected_experts()[:1], r.selected_experts()[:1])
-    assert rel(g.hidden(), r.hidden()) < 1e-4
-    if opts.vocab:
-        assert rel(g.output_logits(), r.output_logits()) < 1e-4
-
-
+# ----------------------------------------------------------------------------- ladder stages
+# (Whole tokens of every preset variant against the numpy executor: tests/test_token_gpu.py.)
 @pytest.mark.parametrize("preset", ["tiny", "small", "small-q4blk", pytest.param("ds4-flash-q4k", marks=pytest.mark.slow)])
 def test_ladder_stages_bit_identical_to_stage0(cupy_backend, tmp_path, preset):
     """Every stage of the ladder (captured clusters, the whole token, parameter updates) gives stage 0's
