@@ -317,12 +317,15 @@ def test_routed_moe_matches_reference(T, layer, fmt, be, rng):
     assert np.allclose(wts, want_w, rtol=1e-6)
     bank = m.banks[W.bank_of_layer(TINY, layer)]
     expert = lambda e: (bank["gate_up"][e], bank["down"][e])  # noqa: E731
+    atol = 1e-7
     if cfg.moe_path == "ds4":
         want = R.moe_decode_ds4(expert, x, ids, wts, TINY.swiglu_limit, TINY.n_experts)
+        if T > 1:  # the sorted path rounds each expert's row to float32 before the sum; the reference
+            atol = 1e-6  # adds the six in float64 (one rounding): ~1e-7 apart on outputs of ~1
     else:
         want = R.routed_moe(expert, x, ids, wts, TINY.swiglu_limit)
     assert np.isfinite(y).all()
-    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=atol)
     if T > 1:
         n_tiles = int(m.moe_buf.n_tiles[0])
         assert n_tiles == len(R.moe_sort(ids, TINY.n_experts)["tiles"]) <= m.moe_buf.max_tiles

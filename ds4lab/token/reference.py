@@ -364,7 +364,7 @@ def expected_tiles(tokens: int, n_used: int, n_experts: int, tile: int = MOE_TIL
 
 
 def expert_matvec(w: QTensor, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """One expert's 4-bit matrix ``[rows, cols]`` times one Q8_K activation row. float32 ``[rows]``."""
+    """One expert's matrix ``[rows, cols]`` (any weight format) times one Q8_K activation row. float32 ``[rows]``."""
     return (dequant(w) @ dequant_q8k(xq[None], xd[None])[0]).astype(f32)
 
 
