@@ -86,9 +86,11 @@ def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
 def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> dict[str, int]:
     """Fewest bytes one decode token must read from device memory, by part.
 
-    Every weight of the layers run, the ``n_used`` selected experts' 4-bit matrices per layer,
-    each layer's KV window (fp32), and the vocabulary projection when on. Activations (a few
-    hundred KB) are left out. This is the numerator of the bytes-moved floor.
+    Every weight of the layers run, the ``n_used`` selected experts' matrices per layer in the
+    config's expert formats (``cfg.expert_format``: IQ2_XXS gate/up and Q2_K down move 0.26 and
+    0.33 bytes per weight, Q4_K and ds4lab's 4-bit blocks 0.5625; ``weights.spec_bytes``), each
+    layer's KV window (fp32), and the vocabulary projection when on. Activations (a few hundred
+    KB) are left out. This is the numerator of the bytes-moved floor.
     """
     L = cfg.n_layers if n_layers is None else n_layers
     layer = sum(W.spec_bytes(s) for s in W.layer_specs(cfg, 0).values())

@@ -18,10 +18,12 @@ from ds4lab.token.reference import expected_tiles
 H200_MOE = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "h200-2026-11-30" / "moe"
 
 
-def _folder(tmp_path, fixed_us, gbps, modeled=False, tokens=(2, 3, 16, 64, 512)):
-    cfg = get_preset("ds4-flash")
+def _folder(tmp_path, fixed_us, gbps, modeled=False, tokens=(2, 3, 16, 64, 512), preset="ds4-flash-q4blk"):
+    cfg = get_preset(preset)
     F, E = cfg.expert_ffn, cfg.embed
-    per_tile = {"gateup": 2 * F * E // 2 + 2 * F * E // 32 * 2, "down": E * F // 2 + E * F // 32 * 2}
+    bpw = {"q4": 0.5625, "q4_k": 0.5625, "iq2_xxs": 66 / 256, "q2_k": 84 / 256}  # bytes per weight, by hand
+    gu, dn = cfg.expert_formats
+    per_tile = {"gateup": int(2 * F * E * bpw[gu]), "down": int(E * F * bpw[dn])}
     rows = []
     for T in tokens:
         for stage, b in per_tile.items():
@@ -40,6 +42,21 @@ def test_fit_recovers_fixed_cost_and_bandwidth(tmp_path):
         assert fits[kern]["fixed_us"] == pytest.approx(7.5, abs=0.01)
         assert fits[kern]["bandwidth_GBps"] == pytest.approx(1500.0, rel=1e-3)
         assert fits[kern]["samples"] == 4  # 512 tokens left out: past the bandwidth-bound range
+
+
+def test_fit_names_and_prices_ds4_path_kernels_by_format(tmp_path):
+    """A folder measured on ds4's path (IQ2_XXS gate/up, Q2_K down) fits its own tiled kernels at the
+    format's bytes; a folder whose preset predates the format field counts as ds4lab's 4-bit blocks."""
+    fits = fit_tiled_moe(_folder(tmp_path, 4.0, 1200.0, preset="ds4-flash"))
+    assert set(fits) == {"moe_gateup_mid_tiled_iq2_xxs", "moe_down_tiled_q2_k"}
+    for f in fits.values():
+        assert f["fixed_us"] == pytest.approx(4.0, abs=0.01) and f["bandwidth_GBps"] == pytest.approx(1200.0, rel=1e-3)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    meta["preset"] = {k: v for k, v in get_preset("ds4-flash").summary().items() if k != "expert_format"}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    old = fit_tiled_moe(tmp_path)  # the same times read as 4-bit blocks: 2.2x the bytes per tile
+    assert set(old) == {"moe_gateup_tiled", "moe_down_tiled"}
+    assert old["moe_gateup_tiled"]["bandwidth_GBps"] == pytest.approx(1200.0 * 0.5625 / (66 / 256), rel=1e-2)
 
 
 def test_fit_refuses_modeled_and_thin_folders(tmp_path):
@@ -72,7 +89,7 @@ def test_sim_moe_call_tracks_the_h200_over_token_counts():
     s = pd.read_csv(H200_MOE / "summary.csv")
     measured = s[(s["mode"] == "in-graph") & (s["routing"] == "uniform") & (s["stage"] == "total")]
     measured = dict(zip(measured["tokens"], measured["median_ms"] * 1e3))
-    df = whatif.sweep_moe_tokens([1, 2, 3, 16, 64])
+    df = whatif.sweep_moe_tokens([1, 2, 3, 16, 64], preset="ds4-flash-q4blk")  # the format it measured
     ratio = {int(t): round(g / measured[t], 3) for t, g in zip(df["tokens"], df["graph µs"])}
     assert all(0.8 <= r <= 1.35 for r in ratio.values()), ratio
 

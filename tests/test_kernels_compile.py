@@ -138,3 +138,19 @@ def test_backend_finds_every_kernel_by_name():
         for name in ck.kernel_names(f.read_text()):
             assert found.get(name) == f.resolve(), (name, f.name)
     assert not any(n.startswith("__") for n in found)
+
+
+def test_moe_ds4_kernels_compile_for_both_archs_and_cover_every_site(nvrtc, cuda_include):
+    """``kernels/moe_ds4.cu`` (ds4's routed-MoE path; it includes ``ds4_formats.cuh``) compiles for
+    sm_80 and sm_90 and defines every kernel ds4's launch sites can name, each format's included."""
+    from ds4lab.token.config import EXPERT_FORMATS
+
+    names = {"xq_quantize_q8k", "moe_midq_q8k", "moe_sum_slots", "init_superblocks"}
+    for gu, dn, path in EXPERT_FORMATS.values():
+        if path == "ds4":
+            names |= {f"moe_gateup_mid_{gu}", f"moe_gateup_mid_tiled_{gu}", f"moe_down_sum_{dn}",
+                      f"moe_down_tiled_{dn}"}
+    for arch in ("sm_80", "sm_90"):
+        r = ck.compile_kernel(KERNELS / "moe_ds4.cu", arch, [KERNELS, cuda_include], nvrtc)
+        assert r.ok, r.describe()
+        assert set(r.kernels) == names and not r.not_in_cubin, r.describe()

@@ -409,7 +409,7 @@ def test_routed_moe_stagewise(cupy_backend, numpy_backend, rng, T):
     stage's arithmetic; then the whole cluster against the all-reference result."""
     from ds4lab.token.model import DecodeModel, TokenOptions
 
-    cfg = get_preset("small", max_tokens=512)
+    cfg = get_preset("small-q4blk", max_tokens=512)  # ds4lab's five-launch path (ds4's: test_moe_ds4_gpu.py)
     k = cfg.n_used
     P = T * k
     x = rng.standard_normal((T, cfg.embed)).astype(np.float32)

@@ -34,7 +34,7 @@ PER_LAYER = {
     "output": 2,  # grouped o_a, o_b + expand
     "hc_ffn": 3,
     "router": 2,  # logits, top-k or hash
-    "moe": 5,  # xq, gateup, midq, down, sum
+    "moe": 4,  # ds4's path: xq, gateup (+ weighted SwiGLU), midq, down (+ the experts' sum)
     "shared": 2,  # gate/up + swiglu, down + expand
 }
 
@@ -183,7 +183,7 @@ def test_census_per_token_launches():
     assert per_cluster["final"] == 2
     assert layer_clusters == {k: v * TINY.n_layers for k, v in PER_LAYER.items()}
     per_layer = sum(layer_clusters.values()) / TINY.n_layers
-    assert per_layer == sum(PER_LAYER.values()) == 26
+    assert per_layer == sum(PER_LAYER.values()) == 25
     kinds = c.by_kind().set_index("kind")
     assert list(kinds.index) == list(KINDS)
     assert kinds.loc["kernel", "launches"] == 1 + per_layer * TINY.n_layers + 2
@@ -196,7 +196,7 @@ def test_census_per_token_launches():
 def test_census_partial_model_and_no_vocab(be):
     m = DecodeModel(TINY, be, TokenOptions(vocab=False), n_layers=2)
     m.token(0, 1)
-    assert m.L.census.total("kernel") == 1 + 26 * 2
+    assert m.L.census.total("kernel") == 1 + 25 * 2
     assert "final" not in set(m.L.census.frame()["cluster"])
 
 
@@ -209,7 +209,7 @@ def test_census_router_and_moe_multi_token_one_memset(be, rng):
     kinds = m.L.census.by_kind().set_index("kind")
     assert kinds.loc["memset", "launches"] == 1
     assert kinds.loc["memset", "sites"] == 1
-    # router (2) + xq, 4 sort kernels, gateup, midq, down, sum (9)
+    # router (2) + xq, 4 sort kernels, gateup, midq, down, sum (9): the sorted path keeps a sum launch
     assert kinds.loc["kernel", "launches"] == 11
     sites = set(m.L.census.frame()["site"])
     assert {"sort.counts_clear", "sort.count", "sort.prefix", "sort.scatter", "sort.tiles"} <= sites
@@ -219,7 +219,7 @@ def test_census_router_and_moe_multi_token_one_memset(be, rng):
     m.routed_moe(1, x[:1], 1)
     kinds = m.L.census.by_kind().set_index("kind")
     assert kinds.loc["memset", "launches"] == 0
-    assert kinds.loc["kernel", "launches"] == 7
+    assert kinds.loc["kernel", "launches"] == 6  # router (2) + ds4's four
 
 
 def test_launch_trace_matches_census(be):
@@ -227,11 +227,13 @@ def test_launch_trace_matches_census(be):
     m.L.trace = []
     m.token(0, 5)
     tr = m.L.trace
-    assert len(tr) == m.L.census.total("kernel") == 81
+    assert len(tr) == m.L.census.total("kernel") == 78
     assert (tr[0].cluster, tr[0].site, tr[0].layer) == ("embed", "embed", -1)
     assert (tr[-1].cluster, tr[-1].site, tr[-1].kernel) == ("final", "vocab", "q8_matvec")
-    assert [r.layer for r in tr[1:-2]] == [l for l in range(TINY.n_layers) for _ in range(26)]
-    assert [r.cluster for r in tr[1:27]] == [c for c, n in PER_LAYER.items() for _ in range(n)]
+    assert [r.layer for r in tr[1:-2]] == [l for l in range(TINY.n_layers) for _ in range(25)]
+    assert [r.cluster for r in tr[1:26]] == [c for c, n in PER_LAYER.items() for _ in range(n)]
+    moe = [r.kernel for r in tr[1:26] if r.cluster == "moe"]
+    assert moe == ["xq_quantize_q8k", "moe_gateup_mid_iq2_xxs", "moe_midq_q8k", "moe_down_sum_q2_k"]
     # Off by default: no record kept.
     m2 = DecodeModel(TINY, be, TokenOptions())
     m2.token(0, 5)
@@ -280,10 +282,14 @@ def test_counts_clear_sync_and_async_identical(rng):
 
 
 # ----------------------------------------------------------------------------- routed MoE
+@pytest.mark.parametrize("fmt", ["iq2_xxs+q2_k", "q4_k", "q4blk"])
 @pytest.mark.parametrize("T", [1, 2, 3, 16])
 @pytest.mark.parametrize("layer", [0, 2])  # hash-routed and top-k
-def test_routed_moe_matches_reference(T, layer, be, rng):
-    m = DecodeModel(TINY, be, TokenOptions())
+def test_routed_moe_matches_reference(T, layer, fmt, be, rng):
+    """Each expert format's launch sequence (ds4's four launches or the sorted path; ds4lab's five)
+    against the whole-MoE reference of its path, computed from the routing the model chose."""
+    cfg = TINY.replace(expert_format=fmt)
+    m = DecodeModel(cfg, be, TokenOptions())
     x = (rng.standard_normal((T, TINY.embed)) * 2).astype(np.float32)
     toks = rng.integers(0, TINY.vocab, size=T).astype(np.int32)
     m.token_ids[:T] = toks
@@ -302,9 +308,16 @@ def test_routed_moe_matches_reference(T, layer, be, rng):
     assert np.array_equal(ids, want_ids)
     assert np.allclose(wts, want_w, rtol=1e-6)
     bank = m.banks[W.bank_of_layer(TINY, layer)]
-    want = R.routed_moe(lambda e: (bank["gate_up"][e], bank["down"][e]), x, ids, wts, TINY.swiglu_limit)
+    expert = lambda e: (bank["gate_up"][e], bank["down"][e])  # noqa: E731
+    atol = 1e-7
+    if cfg.moe_path == "ds4":
+        want = R.moe_decode_ds4(expert, x, ids, wts, TINY.swiglu_limit, TINY.n_experts)
+        if T > 1:  # the sorted path rounds each expert's row to float32 before the sum; the reference
+            atol = 1e-6  # adds the six in float64 (one rounding): ~1e-7 apart on outputs of ~1
+    else:
+        want = R.routed_moe(expert, x, ids, wts, TINY.swiglu_limit)
     assert np.isfinite(y).all()
-    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=atol)
     if T > 1:
         n_tiles = int(m.moe_buf.n_tiles[0])
         assert n_tiles == len(R.moe_sort(ids, TINY.n_experts)["tiles"]) <= m.moe_buf.max_tiles
@@ -324,7 +337,7 @@ def test_tiled_grid_covers_this_calls_tiles_not_the_capacity(be, rng):
         m.L.trace = None
         grids = {r.kernel: r.grid for r in trace}
         bound = R.max_tiles(T * TINY.n_used, TINY.n_experts)
-        assert grids["moe_gateup_tiled"][1] == grids["moe_down_tiled"][1] == bound
+        assert grids["moe_gateup_mid_tiled_iq2_xxs"][1] == grids["moe_down_tiled_q2_k"][1] == bound
     assert bound < m.moe_buf.max_tiles
 
 
@@ -489,7 +502,7 @@ def test_token_runs_with_nvtx(be):
     assert ann.max_depth == 4  # token > layer > cluster > op
     # One range per launch, per cluster scope, per layer and per token.
     per_token_clusters = 1 + len(PER_LAYER) * TINY.n_layers + 1  # embed, layers, final
-    assert ann.pushes == 3 * (81 + per_token_clusters + TINY.n_layers + 1)
+    assert ann.pushes == 3 * (78 + per_token_clusters + TINY.n_layers + 1)
     assert m.L.census.counts == ref.L.census.counts
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.token.config import get_preset
+from ds4lab.token.config import get_preset, is_ds4_flash
 from ds4lab.token.model import DecodeModel, TokenOptions
 
 pytestmark = pytest.mark.gpu
@@ -26,12 +26,15 @@ def run_tokens(cfg, be, opts, n_layers=None, tokens=((1000, 11), (1001, 421)), *
     return m
 
 
-@pytest.mark.parametrize("preset,n_layers", [("tiny", None), ("small", None),
-                                             pytest.param("ds4-flash", 4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("preset,n_layers", [("tiny", None), ("small", None), ("small-q4blk", None),
+                                             pytest.param("ds4-flash", 4, marks=pytest.mark.slow),
+                                             pytest.param("ds4-flash-q4k", 2, marks=pytest.mark.slow),
+                                             pytest.param("ds4-flash-q4blk", 2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("scalars", ["value", "device"])
 def test_token_matches_reference(cupy_backend, numpy_backend, preset, n_layers, scalars):
+    """Every preset variant (ds4's expert formats and ds4lab's 4-bit blocks) against the numpy executor."""
     cfg = get_preset(preset)
-    opts = TokenOptions(scalars=scalars, vocab=preset != "ds4-flash")
+    opts = TokenOptions(scalars=scalars, vocab=not is_ds4_flash(preset))
     g = run_tokens(cfg, cupy_backend, opts, n_layers)
     r = run_tokens(cfg, numpy_backend, opts, n_layers)
     assert np.array_equal(g.selected_experts()[:1], r.selected_experts()[:1])

@@ -265,13 +265,23 @@ def test_model_bytes_ds4_flash_plausible():
     assert total - W.model_bytes(cfg, False) == 129280 * 4096 * 17 // 16
 
 
-def test_per_layer_experts_adds_42_banks():
-    cfg = get_preset("ds4-flash")
-    n = 256 * (2 * 2048 * 4096 + 4096 * 2048)  # gate/up + down weights of one bank
-    bank = n // 2 + 2 * (n // 32)  # 4-bit values + one fp16 scale per 32
-    assert bank == int(n * 0.5625)
+#: Bytes of one ds4-flash expert bank by format, by hand: 256 experts of gate/up [4096, 4096] and
+#: down [4096, 2048]; IQ2_XXS 66 bytes and Q2_K 84 bytes per 256 weights, ds4lab's 4-bit blocks 16 bytes
+#: of values + a 2-byte scale per 32.
+_GU, _DN = 256 * 2 * 2048 * 4096, 256 * 4096 * 2048
+DS4_FLASH_BANK = {"ds4-flash": _GU // 256 * 66 + _DN // 256 * 84,
+                  "ds4-flash-q4k": (_GU + _DN) // 256 * 144,
+                  "ds4-flash-q4blk": (_GU + _DN) // 2 + 2 * ((_GU + _DN) // 32)}
+
+
+@pytest.mark.parametrize("preset", list(DS4_FLASH_BANK))
+def test_per_layer_experts_adds_42_banks(preset):
+    cfg = get_preset(preset)
+    bank = DS4_FLASH_BANK[preset]
     diff = W.model_bytes(cfg.replace(per_layer_experts=True), False) - W.model_bytes(cfg, False)
     assert diff == 42 * bank
+    assert DS4_FLASH_BANK["ds4-flash-q4k"] == DS4_FLASH_BANK["ds4-flash-q4blk"]  # Q4_K: 4.5 bits, as the blocks'
+    assert DS4_FLASH_BANK["ds4-flash"] < 0.55 * DS4_FLASH_BANK["ds4-flash-q4k"]  # the q2 model: about half
 
 
 def test_model_bytes_partial_model():
@@ -284,13 +294,12 @@ def test_model_bytes_partial_model():
     assert full == one + 42 * per_layer
     # Per-layer banks: a 2-layer partial model holds exactly 2 banks.
     pl = cfg.replace(per_layer_experts=True)
-    n = 256 * (2 * 2048 * 4096 + 4096 * 2048)
-    bank = n // 2 + 2 * (n // 32)
-    assert W.model_bytes(pl, False, 2) - W.model_bytes(cfg, False, 2) == bank
+    assert W.model_bytes(pl, False, 2) - W.model_bytes(cfg, False, 2) == DS4_FLASH_BANK["ds4-flash"]
 
 
-def test_model_bytes_counts_every_tensor():
-    cfg = get_preset("tiny")
+@pytest.mark.parametrize("fmt", ["q4blk", "q4_k", "iq2_xxs+q2_k"])
+def test_model_bytes_counts_every_tensor(fmt):
+    cfg = get_preset("tiny", expert_format=fmt)
     # Independent tally of the tiny model from the layer anatomy.
     E, S, F, D = cfg.embed, cfg.hc_streams, cfg.expert_ffn, cfg.head_dim
     q8 = lambda r, c: r * c + 2 * (r * c // 32)  # noqa: E731
@@ -299,8 +308,9 @@ def test_model_bytes_counts_every_tensor():
              + q8(cfg.q_dim, cfg.q_lora) + f32(D) + q8(D, E) + f32(D)
              + q8(cfg.out_groups * cfg.out_lora, cfg.group_in) + q8(E, cfg.out_groups * cfg.out_lora)
              + f32(cfg.n_experts * E) + q8(2 * F, E) + q8(E, F))
-    nb = cfg.n_experts * (2 * F * E + E * F)
-    bank = nb // 2 + 2 * (nb // 32)
+    gu, dn = cfg.n_experts * 2 * F * E, cfg.n_experts * E * F
+    bank = {"q4blk": (gu + dn) // 2 + 2 * ((gu + dn) // 32), "q4_k": (gu + dn) // 256 * 144,
+            "iq2_xxs+q2_k": gu // 256 * 66 + dn // 256 * 84}[fmt]
     want = cfg.n_layers * layer + bank + f32(E)
     assert W.model_bytes(cfg, False) == want
     assert W.model_bytes(cfg, True) == want + q8(cfg.vocab, E)

@@ -26,9 +26,15 @@ from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGra
                            _cuda_errors, _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
                            cuda_error_name, exec_kernel_node_set_params, graph_kernel_nodes)
 
+<<<<<<< HEAD
 #: ``extern "C" [ATTRIBUTE_MACRO[(ARGS)]] __global__ void NAME(``: an upper-case attribute macro may
 #: stand before ``__global__`` (cluster dimensions on sm_90, empty before: ``common.cuh``).
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+(?:[A-Z_][A-Z0-9_]*(?:\([^)]*\))?\s+)?__global__\s+void\s+(\w+)')
+=======
+# ``extern "C" __global__ void NAME(``, with ``__launch_bounds__(...)`` allowed on either side of ``void``.
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+'
+                        r'(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)')
+>>>>>>> ds4-formats
 
 
 def kernels_dir() -> Path:
@@ -150,6 +156,8 @@ class CupyBackend(CupyHostMixin, Executor, RuntimeApi, DeviceClock):
             self.fill_f32(out, spec.name, spec.scale, spec.offset, self.seed)
             return out
         lead = (spec.subs,) if spec.subs > 1 else ()
+        if spec.fmt in W.SUPERBLOCKS:
+            return self._make_superblocks(spec, key, lead)
         nb = spec.cols // 32
         if spec.fmt == "q8_0":
             qs = cp.empty(lead + (spec.rows, spec.cols), dtype=np.int8)
@@ -162,6 +170,23 @@ class CupyBackend(CupyHostMixin, Executor, RuntimeApi, DeviceClock):
         with _cuda_errors(f"launch {kern}"):
             self.function(kern)(grid, (256,), (qs, d, np.int32(spec.rows), np.int32(spec.cols), key, base), 0, self._null)
         return W.QTensor(spec.fmt, spec.rows, spec.cols, qs, d)
+
+    def _make_superblocks(self, spec: W.WeightSpec, key, lead: tuple):
+        """A super-block tensor filled in place by ``init_superblocks`` (bit for bit
+        ``weights.gen_superblocks``)."""
+        shape, dtype = W.qtensor_arrays(spec.fmt, spec.rows, spec.cols)["qs"]
+        qs = self.cp.empty(lead + shape, dtype=dtype)
+        per_sub = shape[0] * shape[1]
+        if per_sub >= 2**32:
+            raise ValueError(f"{spec.name}: {per_sub} bytes per sub-tensor exceed the 32-bit element index")
+        fields = W.superblock_fields(spec.fmt, spec.cols) + [(-1, np.float32(0), 0)]
+        (o0, m0, s0), (o1, m1, s1) = fields[0], fields[1]
+        grid = (min(65535, -(-per_sub // 256)), spec.subs)
+        with _cuda_errors("launch init_superblocks"):
+            self.function("init_superblocks")(grid, (256,), (
+                qs, np.uint64(per_sub), np.int32(W.SUPERBLOCKS[spec.fmt].nbytes), key, np.int32(o0), np.float32(m0),
+                np.uint32(s0), np.int32(o1), np.float32(m1), np.uint32(s1)), 0, self._null)
+        return W.QTensor(spec.fmt, spec.rows, spec.cols, qs, None)
 
     def fill_f32(self, out, name, scale, offset, seed):
         key = np.uint32(W.tensor_key(seed, name))

@@ -41,8 +41,7 @@ class LazyBank:
             raise IndexError(f"expert {e} out of range 0..{self.spec.subs - 1} of {self.spec.name}")
         t = self._cache.get(e)
         if t is None:
-            gen = W.gen_q4 if self.fmt == "q4" else W.gen_q8_0
-            t = gen(self._key, e, self.rows, self.cols)
+            t = W.gen_qtensor(self.fmt, self._key, e, self.rows, self.cols)
             self._cache[e] = t
             if len(self._cache) > self._keep:
                 self._cache.popitem(last=False)
@@ -94,8 +93,7 @@ class NumpyBackend(Executor):
             return W.gen_f32(key, spec.n_weights, spec.scale, spec.offset)
         if spec.subs > 1:
             return LazyBank(spec, self.seed)
-        gen = W.gen_q4 if spec.fmt == "q4" else W.gen_q8_0
-        return gen(key, 0, spec.rows, spec.cols)
+        return W.gen_qtensor(spec.fmt, key, 0, spec.rows, spec.cols)
 
     def fill_f32(self, out, name, scale, offset, seed):
         out[...] = W.gen_f32(W.tensor_key(seed, name), out.size, scale, offset).reshape(out.shape)

@@ -209,7 +209,9 @@ def _whole_token(r: Recorder, scalars: str) -> None:
     from ..token.model import DecodeModel, TokenOptions
 
     be = r.be
-    cfg = get_preset("tiny")
+    # ds4lab's 4-bit experts: the token the stored H200 record captured (81 kernels); the capture rules
+    # checked here do not depend on the expert format.
+    cfg = get_preset("tiny", expert_format="q4blk")
     opts = TokenOptions(counts_clear="async", scalars=scalars, scratch="prealloc", vocab=True)
     eager = DecodeModel(cfg, be, opts)
     cap = DecodeModel(cfg, be, opts)

@@ -19,7 +19,7 @@ from ..experiments.stages import LADDER_DEFAULT, START_POS, fixes_table, parse_s
 from ..report import provenance, results
 from ..sim.calibration import backend_calibration
 from ..token import weights as W
-from ..token.config import MAX_POS, get_preset
+from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from .common import CheckFailed, check_out_option, default_preset, modeled_banner
 
 LADDER_OUTPUTS = ("ladder.csv", "ladder.png", "ladder.svg", "ladder.pdf")
@@ -151,7 +151,7 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
     mem = {"weights_bytes": W.model_bytes(mcfg, True), "caches_bytes": W.cache_bytes(mcfg)}
     banner = modeled_banner(be)
     be_x = exactness_backend(be)
-    check = be_x.is_gpu or preset != "ds4-flash"
+    check = be_x.is_gpu or not is_ds4_flash(preset)
     with S.graphs_enabled():  # DS4_CUDA_GRAPHS=1: every stage but 0 sets an override
         meta = provenance.base_meta(be)
         meta.update(job=job, preset=mcfg.summary(), stages=[s.name for s in table.stages],

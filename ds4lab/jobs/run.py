@@ -35,7 +35,7 @@ import numpy as np
 
 from ..report import provenance, results
 from ..token import weights as W
-from ..token.config import MAX_POS, get_preset
+from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from ..experiments.stages import token_id_at
 from ..capture.launch import Census
 from ..token.model import DecodeModel, TokenOptions
@@ -241,7 +241,7 @@ class _Progress:
 def timing_only_for(rc: RunConfig) -> bool:
     """Whether the sim backend for ``rc`` models time only: ``rc.timing_only``, or by default True
     for ``ds4-flash`` (computing it on the CPU takes minutes per token)."""
-    return rc.preset == "ds4-flash" if rc.timing_only is None else bool(rc.timing_only)
+    return is_ds4_flash(rc.preset) if rc.timing_only is None else bool(rc.timing_only)
 
 
 def check_config(rc: RunConfig) -> None:

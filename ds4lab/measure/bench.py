@@ -102,30 +102,26 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
     """Achieved GB/s of the decode routed-MoE step (T = 1), graph-replayed, against a D2D copy."""
     import cupy
 
-    from ..token import weights as W
     from ..token.model import DecodeModel, TokenOptions
 
     m = DecodeModel(cfg, be, TokenOptions(counts_clear="async"), n_layers=1)
-    L, b = m.L, m.moe_buf
-    bank = m.banks[0]
+    L, bank = m.L, m.banks[0]
     rng = np.random.default_rng(seed)
-    k, E, F = cfg.n_used, cfg.embed, cfg.expert_ffn
+    k, E = cfg.n_used, cfg.embed
     x_all = be.from_host(rng.standard_normal((routings, E)).astype(np.float32))
     ids_all = be.from_host(np.stack([rng.choice(cfg.n_experts, k, replace=False)
                                      for _ in range(routings)]).astype(np.int32))
     w_all = be.from_host(rng.dirichlet(np.ones(k), routings).astype(np.float32))
 
-    def step(i):
-        ops.xq_quantize(L, "xq", x_all[i], b.xq, b.xd, 1, E)
-        ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, ids_all[i], b.gate, b.up, k, cfg)
-        ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, k, cfg)
-        ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, ids_all[i], b.out, k, cfg)
-        ops.moe_sum(L, "sum", b.out, w_all[i], b.y, 1, cfg)
+    def step(i):  # the token's routed-MoE launches for the config's expert format and path
+        m.moe_launches(bank, x_all[i], ids_all[i], w_all[i], 1)
 
     st = cupy.cuda.Stream(non_blocking=True)
     with S.graphs_enabled():
         with S.stream_override(st):
-            for i in range(routings):  # warm-up, eager
+            with L.recording() as rec:  # bytes of a step: the launch sites' own counts (weights, activations)
+                step(0)
+            for i in range(1, routings):  # warm-up, eager
                 step(i)
             st.synchronize()
             # eager timing of the same steps (host-bound: launches arrive slower than the GPU runs them)
@@ -150,9 +146,7 @@ def moe_bandwidth(be, cfg, routings: int = 16, replays: int = 50, seed: int = 7)
             g.launch(st)
             e1.record(st)
             rep.append(event_ms(e0, e1) * 1e3 / routings)
-    per_expert = sum(W.spec_bytes(s) // s.subs for s in W.bank_specs(cfg, 0).values())
-    act = E * 4 + E + E // 256 * 4 + 2 * k * F * 4 * 2 + k * F + k * E * 4 * 2 + E * 4
-    nbytes = k * per_expert + act
+    nbytes = sum(r.nbytes for r in rec)
     st_rep = Stats.of(rep)
     bw = copy_bandwidth()
     return {"bytes_per_step": nbytes, "graph_replay_us": st_rep, "eager_us": Stats.of(eager),

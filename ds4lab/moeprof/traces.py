@@ -18,7 +18,9 @@ __all__ = ["KERNEL_STAGE", "kernel_stage", "SimTrace", "CuptiTrace", "Unavailabl
 #: Kernel name (prefix when it ends in ``_``) → stage, for trace records (CUPTI or the sim timeline).
 KERNEL_STAGE = (("xq_quantize", "xq"), ("moe_count", "sort"), ("moe_prefix", "sort"), ("moe_scatter", "sort"),
                 ("moe_tiles", "sort"), ("memset", "sort"), ("moe_gateup_", "gateup"), ("moe_midq", "midq"),
-                ("moe_down_", "down"), ("moe_sum", "sum"))
+                ("moe_down_", "down"), ("moe_sum", "sum"),
+                # ds4's path (kernels/moe_ds4.cu); its gate/up and down kernels match the prefixes above.
+                ("xq_quantize_q8k", "xq"), ("moe_midq_q8k", "midq"), ("moe_sum_slots", "sum"))
 
 
 def kernel_stage(name: str) -> str | None:

@@ -38,12 +38,16 @@ class PhantomBank:
     def __init__(self, spec: W.WeightSpec) -> None:
         self.spec = spec
         self.rows, self.cols, self.fmt = spec.rows, spec.cols, spec.fmt
-        qcols = spec.cols if spec.fmt == "q8_0" else spec.cols // 2
-        self.qs = phantom((spec.subs, spec.rows, qcols), np.int8 if spec.fmt == "q8_0" else np.uint8)
-        self.d = phantom((spec.subs, spec.rows, spec.cols // 32), np.float16)
+        self.qs, self.d = _phantom_arrays(spec, (spec.subs,))
 
     def __getitem__(self, e: int) -> W.QTensor:
-        return W.QTensor(self.fmt, self.rows, self.cols, self.qs[int(e)], self.d[int(e)])
+        return W.QTensor(self.fmt, self.rows, self.cols, self.qs[int(e)], None if self.d is None else self.d[int(e)])
+
+
+def _phantom_arrays(spec: W.WeightSpec, lead: tuple) -> tuple:
+    """Phantom ``qs`` and ``d`` of a quantized tensor (``d`` None for the super-block formats)."""
+    arrs = W.qtensor_arrays(spec.fmt, spec.rows, spec.cols)
+    return tuple(None if a is None else phantom(lead + a[0], a[1]) for a in (arrs["qs"], arrs["d"]))
 
 
 def _phantom_weight(spec: W.WeightSpec):
@@ -51,10 +55,7 @@ def _phantom_weight(spec: W.WeightSpec):
         return phantom((spec.n_weights,), np.float32)
     if spec.subs > 1:
         return PhantomBank(spec)
-    qcols = spec.cols if spec.fmt == "q8_0" else spec.cols // 2
-    return W.QTensor(spec.fmt, spec.rows, spec.cols,
-                     phantom((spec.rows, qcols), np.int8 if spec.fmt == "q8_0" else np.uint8),
-                     phantom((spec.rows, spec.cols // 32), np.float16))
+    return W.QTensor(spec.fmt, spec.rows, spec.cols, *_phantom_arrays(spec, ()))
 
 
 def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:

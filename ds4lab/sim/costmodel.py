@@ -45,6 +45,25 @@ REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_grap
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0}
 
 
+#: Kernels that a calibration file may not have measured yet, and the measured kernel of the same
+#: stage and kind whose fit (fixed cost, bandwidth) prices them until it has (``ds4lab calibrate``
+#: measures every kernel of a token, so a re-measured file carries their own fits): ds4's routed-MoE
+#: path (``kernels/moe_ds4.cu``) by prefix, priced as ds4lab's earlier routed-MoE kernels.
+STAND_INS = (("xq_quantize_q8k", "xq_quantize"), ("moe_midq_q8k", "moe_midq"),
+             ("moe_gateup_mid_tiled_", "moe_gateup_tiled"), ("moe_gateup_mid_", "moe_gateup_decode"),
+             ("moe_down_tiled_", "moe_down_tiled"), ("moe_down_sum_", "moe_down_decode"),
+             ("moe_sum_slots", "moe_sum"))
+
+
+def stand_in(name: str) -> str | None:
+    """The measured kernel whose fit prices ``name`` when the calibration has none of its own
+    (:data:`STAND_INS`: an exact name, or a prefix ending in ``_``), or None."""
+    for key, other in STAND_INS:
+        if name == key or (key.endswith("_") and name.startswith(key)):
+            return other
+    return None
+
+
 @dataclass
 class Calibration:
     """The constants of the cost model (see module docstring for the schema)."""
@@ -105,8 +124,9 @@ class Calibration:
 
     # ------------------------------------------------------------------ device times
     def kernel_us(self, name: str, nbytes: int) -> float:
-        """Modeled GPU time of kernel ``name`` moving ``nbytes``."""
-        o = self.kernels.get(name)
+        """Modeled GPU time of kernel ``name`` moving ``nbytes``: its own fit, else the fit of the
+        kernel it stands in for (:func:`stand_in`), else the general line."""
+        o = self.kernels.get(name) or self.kernels.get(stand_in(name) or "")
         if o:
             return float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
                 float(o.get("bandwidth_GBps", self.bandwidth_GBps)) * 1e3)

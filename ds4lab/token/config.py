@@ -17,6 +17,8 @@ Q8_0_BLOCK = 32
 Q4_BLOCK = 32
 #: Q8_K block: 256 int8 activation values sharing one fp32 scale (routed-MoE ``xq``/``midq``).
 Q8_K_BLOCK = 256
+#: Weights per super-block of the k-quant and i-quant formats (ggml ``QK_K``): Q4_K, Q2_K, IQ2_XXS.
+QK_K = 256
 #: Pairs of (token, expert) per expert tile in the sorted routed-MoE path.
 MOE_TILE = 8
 #: Largest position a token may take: positions are int32 kernel arguments (``DecodeModel.scalars``).
@@ -35,11 +37,33 @@ TOPK_SORT_MAX = 4096
 #: ``DS4_CUDA_TOPK_MERGE_GROUP``).
 TOPK_MERGE_GROUP = 8
 
+#: Bytes of one super-block of 256 weights (ggml ``block_q4_K``, ``block_q2_K``, ``block_iq2_xxs``;
+#: ds4.c "GGUF Quant Block Formats"; layouts in :mod:`ds4lab.token.weights`).
+SUPERBLOCK_BYTES = {"q4_k": 144, "q2_k": 84, "iq2_xxs": 66}
+
 BYTES_PER_WEIGHT = {
     "q8_0": 1 + 2 / Q8_0_BLOCK,  # 1.0625: int8 + fp16 scale per 32
     "q4": 0.5 + 2 / Q4_BLOCK,  # 0.5625: 4 bits + fp16 scale per 32
+    "q4_k": SUPERBLOCK_BYTES["q4_k"] / QK_K,  # 0.5625: 4.5 bits
+    "q2_k": SUPERBLOCK_BYTES["q2_k"] / QK_K,  # 0.328125: 2.625 bits
+    "iq2_xxs": SUPERBLOCK_BYTES["iq2_xxs"] / QK_K,  # 0.2578125: 2.0625 bits
     "f32": 4.0,
 }
+
+#: Routed-expert formats and the routed-MoE path each implies (``ModelConfig.expert_format``):
+#: name -> (gate/up weight format, down weight format, decode path). ``"ds4"``: ds4's decode MoE at
+#: ``b0309611`` (``ds4_cuda.cu``: Q8_K input, one fused gate/up/SwiGLU kernel that weights the
+#: middle by the router, Q8_K middle, down with the experts' sum fused: four launches);
+#: ``"five"``: ds4lab's earlier shape (xq, gate/up, midq with SwiGLU, down, weighted sum).
+EXPERT_FORMATS = {
+    "iq2_xxs+q2_k": ("iq2_xxs", "q2_k", "ds4"),  # ds4's default "q2" model
+    "q4_k": ("q4_k", "q4_k", "ds4"),  # ds4's high-memory variant (its MoE decode graph's format)
+    "q4blk": ("q4", "q4", "five"),  # ds4lab's own 4-bit block format
+}
+#: The expert format of the presets that follow ds4 as shipped (public mirror at ``b0309611``).
+DS4_EXPERT_FORMAT = "iq2_xxs+q2_k"
+#: The ds4 commit whose routed-MoE decode path and expert formats the default presets follow.
+DS4_COMMIT = "b0309611"
 
 
 class ConfigError(ValueError):
@@ -85,6 +109,10 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 10000.0
     seed: int = 1234
+    #: Routed-expert format and, with it, the routed-MoE path (:data:`EXPERT_FORMATS`):
+    #: ``"iq2_xxs+q2_k"`` and ``"q4_k"`` run ds4's four-launch decode MoE, ``"q4blk"`` ds4lab's
+    #: earlier five launches. Multi-token calls sort (token, expert) pairs with either.
+    expert_format: str = DS4_EXPERT_FORMAT
     # Long context (ds4.c: compressed and indexed attention; docs/model.md, "Long context").
     #: Off: every layer attends over the raw window only (the token ds4lab measured first).
     #: On: layers from 2 compress (ratio 4 with an indexer on even layers, 128 on odd ones).
@@ -116,6 +144,17 @@ class ModelConfig:
     def group_in(self) -> int:
         """Input width of one output group: (heads / groups) × head dim."""
         return self.n_heads // self.out_groups * self.head_dim
+
+    @property
+    def expert_formats(self) -> tuple[str, str]:
+        """Weight formats of the routed experts' ``(gate/up, down)`` matrices."""
+        gu, dn, _ = EXPERT_FORMATS[self.expert_format]
+        return gu, dn
+
+    @property
+    def moe_path(self) -> str:
+        """The routed-MoE decode path: ``"ds4"`` (four launches) or ``"five"`` (:data:`EXPERT_FORMATS`)."""
+        return EXPERT_FORMATS[self.expert_format][2]
 
     @property
     def n_routed_banks(self) -> int:
@@ -218,6 +257,9 @@ class ModelConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
                 raise ConfigError(f"{self.name}: {f}={v!r} must be a finite number > 0")
+        if self.expert_format not in EXPERT_FORMATS:
+            raise ConfigError(f"{self.name}: expert_format={self.expert_format!r}; choose one of: "
+                              f"{', '.join(EXPERT_FORMATS)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
             raise ConfigError(f"{self.name}: seed={self.seed!r} must be an integer in 0..2**32-1 "
                               "(weights are hashed from a 32-bit seed)")
@@ -273,26 +315,49 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
-        """A flat dict of the configuration, for ``meta.json`` and tables."""
+        """A flat dict of the configuration, for ``meta.json`` and tables: every field, and
+        ``routed_moe``, a line saying where the routed experts and their decode path come from
+        (:meth:`routed_moe_source`)."""
         d = dataclasses.asdict(self)
         d.pop("extra")
+        d["routed_moe"] = self.routed_moe_source()
         return d
 
+    def routed_moe_source(self) -> str:
+        """Where the routed experts' formats and decode MoE come from: ds4 and its commit, or ds4lab."""
+        gu, dn, path = EXPERT_FORMATS[self.expert_format]
+        names = {"q4": "4-bit block (one fp16 scale per 32)", "q4_k": "Q4_K", "q2_k": "Q2_K", "iq2_xxs": "IQ2_XXS"}
+        if path == "ds4":
+            return (f"as ds4 {DS4_COMMIT} ships it: {names[gu]} gate/up, {names[dn]} down; "
+                    "decode MoE in 4 launches (xq, fused gate/up/SwiGLU, midq, down + sum)")
+        return (f"ds4lab's own: {names[gu]} experts; decode MoE in 5 launches (xq, gate/up, midq + SwiGLU, "
+                "down, weighted sum)")
+
+
+_DS4_FLASH = dict(
+    n_layers=43, embed=4096, n_heads=64, head_dim=512, rope_dims=64, q_lora=1024, out_groups=8, out_lora=1024,
+    n_experts=256, n_used=6, expert_ffn=2048, n_hash_layers=3, window=128, hc_streams=4, vocab=129280)
+
+_SMALL = dict(
+    n_layers=8, embed=1024, n_heads=16, head_dim=128, rope_dims=32, q_lora=256, out_groups=4, out_lora=256,
+    n_experts=64, n_used=6, expert_ffn=512, n_hash_layers=3, window=128, hc_streams=4, vocab=8192,
+    # Indexer scaled down with the widths; top-k 64 puts the n_comp regimes (2, 4, 8, 16 x top-k) at
+    # positions 512 .. 4096 of a ratio-4 layer.
+    index_heads=16, index_head_dim=64, index_top_k=64)
 
 PRESETS: dict[str, ModelConfig] = {
-    # DeepSeek V4 Flash as fixed in ds4 (context file, "Model shape").
-    "ds4-flash": ModelConfig(
-        name="ds4-flash", n_layers=43, embed=4096, n_heads=64, head_dim=512, rope_dims=64,
-        q_lora=1024, out_groups=8, out_lora=1024, n_experts=256, n_used=6, expert_ffn=2048,
-        n_hash_layers=3, window=128, hc_streams=4, vocab=129280),
+    # DeepSeek V4 Flash as fixed in ds4 (context file, "Model shape"), its routed experts and routed-MoE
+    # decode path as ds4 ships them at b0309611 (IQ2_XXS gate/up, Q2_K down; four launches).
+    "ds4-flash": ModelConfig(name="ds4-flash", **_DS4_FLASH),
+    # The same with ds4's Q4_K experts (the format of ds4's opt-in routed-MoE decode graph).
+    "ds4-flash-q4k": ModelConfig(name="ds4-flash-q4k", expert_format="q4_k", **_DS4_FLASH),
+    # ds4lab's earlier token: its own 4-bit block experts, five MoE launches (results measured
+    # before the ds4 formats compare with this one).
+    "ds4-flash-q4blk": ModelConfig(name="ds4-flash-q4blk", expert_format="q4blk", **_DS4_FLASH),
     # Same structure and launch sequence, reduced widths: seconds on a GPU.
-    "small": ModelConfig(
-        name="small", n_layers=8, embed=1024, n_heads=16, head_dim=128, rope_dims=32,
-        q_lora=256, out_groups=4, out_lora=256, n_experts=64, n_used=6, expert_ffn=512,
-        n_hash_layers=3, window=128, hc_streams=4, vocab=8192,
-        # Indexer scaled down with the widths; top-k 64 puts the n_comp regimes (2, 4, 8, 16 x
-        # top-k) at positions 512 .. 4096 of a ratio-4 layer.
-        index_heads=16, index_head_dim=64, index_top_k=64),
+    "small": ModelConfig(name="small", **_SMALL),
+    # small with ds4lab's earlier 4-bit block experts and five MoE launches (older sim results).
+    "small-q4blk": ModelConfig(name="small-q4blk", expert_format="q4blk", **_SMALL),
     # For tests on the CPU: every path (hash and top-k layers, ring-buffer wrap) in milliseconds.
     "tiny": ModelConfig(
         name="tiny", n_layers=3, embed=256, n_heads=4, head_dim=64, rope_dims=16,
@@ -301,6 +366,13 @@ PRESETS: dict[str, ModelConfig] = {
         # Long context: every n_comp regime below position 600 (top-k 8), caches of 4096 positions.
         max_context=4096, index_heads=4, index_head_dim=32, index_top_k=8),
 }
+
+
+def is_ds4_flash(name: str | None) -> bool:
+    """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``):
+    the full-size model, which the CPU backends only time (computing it takes minutes per token).
+    False for None (a job's default preset, chosen later)."""
+    return name is not None and (name == "ds4-flash" or name.startswith("ds4-flash-"))
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:

@@ -89,7 +89,12 @@ class TokenOptions:
 
 
 class MoeScratch:
-    """Routed-MoE buffers sized for ``capacity`` tokens; grows on demand unless preallocated."""
+    """Routed-MoE buffers sized for ``capacity`` tokens; grows on demand unless preallocated.
+
+    Which buffers exist follows ``cfg.moe_path``: ds4's path has the Q8_K block sums ``xb`` and
+    ``mb`` and the weighted middle ``mid`` (``gate`` and ``up`` are None); the five-launch path
+    ``gate`` and ``up`` (``xb``, ``mb`` and ``mid`` are None).
+    """
 
     def __init__(self, model: "DecodeModel", capacity: int) -> None:
         self.model = model
@@ -104,15 +109,21 @@ class MoeScratch:
         # On demand: a real cudaMalloc whenever the scratch grows (ds4's growing scratch);
         # preallocated: from the backend's pool, once, before anything is captured.
         mk = be.malloc if self.model.opts.scratch == "on-demand" else be.empty
+        ds4 = cfg.moe_path == "ds4"
         self.logits = mk((T, N), np.float32)
         self.ids = mk((T, k), np.int32)
         self.wts = mk((T, k), np.float32)
+        # Q8_K input and middle: quants and scales; on ds4's path also the int16 sums of 16.
         self.xq = mk((T, E), np.int8)
         self.xd = mk((T, E // 256), np.float32)
-        self.gate = mk((P, F), np.float32)
-        self.up = mk((P, F), np.float32)
+        self.xb = mk((T, E // 16), np.int16) if ds4 else None
+        # ds4's path: the weighted SwiGLU middle [P, F]; the five-launch path: gate and up [P, F].
+        self.mid = mk((P, F), np.float32) if ds4 else None
+        self.gate = None if ds4 else mk((P, F), np.float32)
+        self.up = None if ds4 else mk((P, F), np.float32)
         self.mq = mk((P, F), np.int8)
         self.md = mk((P, F // 256), np.float32)
+        self.mb = mk((P, F // 16), np.int16) if ds4 else None
         self.out = mk((P, E), np.float32)
         self.y = mk((T, E), np.float32)
         self.counts = mk((N,), np.int32)
@@ -332,6 +343,8 @@ class DecodeModel:
                        for l in range(self.n_layers)]
         banks = sorted({W.bank_of_layer(cfg, l) for l in range(self.n_layers)})
         self.banks = {b: {k: be.make_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
+        #: The IQ2_XXS grid on the device (the gate/up kernels stage it), or None for other expert formats.
+        self.expert_grid = be.from_host(W.IQ2XXS_GRID) if "iq2_xxs" in cfg.expert_formats else None
         g = W.global_specs(cfg)
         self.out_norm = be.make_weight(g["out_norm"])
         self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
@@ -645,59 +658,90 @@ class DecodeModel:
             p.fire("profile.folded")
 
     def _routed_moe(self, layer: int, x, T: int):
-        cfg, L = self.cfg, self.L
         self.moe_buf.ensure(T)
         b = self.moe_buf
-        bank = self.banks[W.bank_of_layer(cfg, layer)]
-        P, N = T * cfg.n_used, cfg.n_experts
         ev = self.profile_events
-        with L.cluster("moe"):
-            self._folded = []
-            if ev:
-                self._mark("profile.xq", ev[0])
-            ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, cfg.embed, stamp=self._stamp("xq_quantize"))
-            if ev:
-                self._mark("profile.sort", ev[1], fold=T == 1)  # T > 1: a memset comes next
-            if T > 1:
-                L.memset("sort.counts_clear", b.counts, 0, sync=self.opts.counts_clear == "sync")
-                ops.moe_count(L, "sort.count", b.ids, b.counts, P)
-                ops.moe_prefix(L, "sort.prefix", b.counts, b.offsets, b.cursor, N)
-                ops.moe_scatter(L, "sort.scatter", b.ids, b.cursor, b.sorted, P)
-                ops.moe_tiles(L, "sort.tiles", b.counts, b.offsets, b.tiles, b.n_tiles, N)
-            if ev:
-                self._mark("profile.gateup", ev[2])
-            if T > 1:
-                # The grid covers this call's tile bound, not the buffers' capacity: a grid sized
-                # for max_tokens launched ~45x more (empty) blocks at 2 tokens (NOTES.md).
-                ops.moe_gateup_tiled(L, "gateup", bank["gate_up"], b.xq, b.xd, b.sorted, b.tiles, b.n_tiles,
-                                     b.gate, b.up, max_tiles(P, N, MOE_TILE), P, cfg,
-                                     stamp=self._stamp("moe_gateup_tiled"))
-            else:
-                ops.moe_gateup_decode(L, "gateup", bank["gate_up"], b.xq, b.xd, b.ids, b.gate, b.up, P, cfg,
-                                      stamp=self._stamp("moe_gateup_decode"))
-            if ev:
-                self._mark("profile.midq", ev[3])
-            ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg, stamp=self._stamp("moe_midq"))
-            if ev:
-                self._mark("profile.down", ev[4])
-            if T > 1:
-                ops.moe_down_tiled(L, "down", bank["down"], b.mq, b.md, b.sorted, b.tiles, b.n_tiles, b.out,
-                                   max_tiles(P, N, MOE_TILE), P, cfg, stamp=self._stamp("moe_down_tiled"))
-            else:
-                ops.moe_down_decode(L, "down", bank["down"], b.mq, b.md, b.ids, b.out, P, cfg,
-                                    stamp=self._stamp("moe_down_decode"))
-            if ev:
-                self._mark("profile.sum", ev[5])
-            ops.moe_sum(L, "sum", b.out, b.wts, b.y, T, cfg, stamp=self._stamp("moe_sum"))
-            if ev:
-                self._mark("profile.end", ev[6], fold=False)
-                if self.opts.moe_host_timed:
-                    # ds4: cudaEventSynchronize on the last event, elapsed times read on the host.
-                    self.be.event_synchronize(ev[6])
-                    ms = [self.be.event_elapsed_ms(ev[i], ev[i + 1]) for i in range(6)]
-                    self.moe_profile_log.append({"layer": layer, "tokens": T, "pairs": P,
-                                                 **dict(zip(MOE_STAGES, ms)), "total": sum(ms)})
+        with self.L.cluster("moe"):
+            self.moe_launches(self.banks[W.bank_of_layer(self.cfg, layer)], x, b.ids, b.wts, T, ev)
+            if ev and self.opts.moe_host_timed:
+                # ds4: cudaEventSynchronize on the last event, elapsed times read on the host.
+                self.be.event_synchronize(ev[6])
+                ms = [self.be.event_elapsed_ms(ev[i], ev[i + 1]) for i in range(6)]
+                self.moe_profile_log.append({"layer": layer, "tokens": T, "pairs": T * self.cfg.n_used,
+                                             **dict(zip(MOE_STAGES, ms)), "total": sum(ms)})
         return b.y
+
+    def moe_launches(self, bank: dict, x, ids, wts, T: int, ev=()) -> None:
+        """Every launch of one routed-MoE call for ``T`` tokens ``x [T, E]`` routed to ``ids``/``wts``
+        (``[T, k]`` device buffers) on ``bank`` (``{"gate_up", "down"}``), into ``moe_buf.y``; ``ev``:
+        ds4's 7 profiling points between the stages (events or :class:`ProfileMarker`), or none.
+
+        The stages follow ``cfg.moe_path``. ``"ds4"`` (ds4_cuda.cu at b0309611): ``xq`` (Q8_K with
+        sums), at one token ``gateup`` (fused SwiGLU, weighted by the router), ``midq``, ``down``
+        with the experts' sum fused, and no ``sort`` or ``sum`` launch; at more tokens the sort, the
+        tiled ``gateup`` and ``down`` and an unweighted ``sum``. ``"five"`` (ds4lab's earlier shape):
+        ``xq``, (``sort``), ``gateup``, ``midq`` (SwiGLU), ``down``, weighted ``sum``.
+        """
+        cfg, L, b = self.cfg, self.L, self.moe_buf
+        P, N, E = T * cfg.n_used, cfg.n_experts, cfg.embed
+        ds4 = cfg.moe_path == "ds4"
+        mt = max_tiles(P, N, MOE_TILE)  # this call's tile bound (NOTES.md: not the buffers' capacity)
+
+        self._folded = []
+
+        def mark(i: int, stage: str, fold: bool = True) -> None:
+            # ds4lab's five-launch kernels take a stamp (a folded point, no launch of its own);
+            # ds4's kernels do not, so their points are launched as they come
+            if ev:
+                self._mark(f"profile.{stage}", ev[i], fold=fold and not ds4)
+
+        mark(0, "xq")
+        if ds4:
+            ops.xq_quantize_q8k(L, "xq", x, b.xq, b.xd, b.xb, T, E)
+        else:
+            ops.xq_quantize(L, "xq", x, b.xq, b.xd, T, E, stamp=self._stamp("xq_quantize"))
+        mark(1, "sort", fold=T == 1)  # T > 1: a memset comes next
+        if T > 1:
+            L.memset("sort.counts_clear", b.counts, 0, sync=self.opts.counts_clear == "sync")
+            ops.moe_count(L, "sort.count", ids, b.counts, P)
+            ops.moe_prefix(L, "sort.prefix", b.counts, b.offsets, b.cursor, N)
+            ops.moe_scatter(L, "sort.scatter", ids, b.cursor, b.sorted, P)
+            ops.moe_tiles(L, "sort.tiles", b.counts, b.offsets, b.tiles, b.n_tiles, N)
+        mark(2, "gateup")
+        gu, dn = bank["gate_up"], bank["down"]
+        tiles = (b.sorted, b.tiles, b.n_tiles)
+        if ds4 and T > 1:
+            ops.moe_gateup_mid_tiled(L, "gateup", gu, self.expert_grid, b.xq, b.xd, b.xb, *tiles, wts, b.mid, mt,
+                                     P, cfg)
+        elif ds4:
+            ops.moe_gateup_mid(L, "gateup", gu, self.expert_grid, b.xq, b.xd, b.xb, ids, wts, b.mid, P, cfg)
+        elif T > 1:
+            ops.moe_gateup_tiled(L, "gateup", gu, b.xq, b.xd, *tiles, b.gate, b.up, mt, P, cfg,
+                                 stamp=self._stamp("moe_gateup_tiled"))
+        else:
+            ops.moe_gateup_decode(L, "gateup", gu, b.xq, b.xd, ids, b.gate, b.up, P, cfg,
+                                  stamp=self._stamp("moe_gateup_decode"))
+        mark(3, "midq")
+        if ds4:
+            ops.moe_midq_q8k(L, "midq", b.mid, b.mq, b.md, b.mb, P, cfg)
+        else:
+            ops.moe_midq(L, "midq", b.gate, b.up, b.mq, b.md, P, cfg, stamp=self._stamp("moe_midq"))
+        mark(4, "down")
+        if ds4 and T > 1:
+            ops.moe_down_tiled_ds4(L, "down", dn, b.mq, b.md, b.mb, *tiles, b.out, mt, P, cfg)
+        elif ds4:
+            ops.moe_down_sum(L, "down", dn, b.mq, b.md, b.mb, ids, b.y, T, cfg)
+        elif T > 1:
+            ops.moe_down_tiled(L, "down", dn, b.mq, b.md, *tiles, b.out, mt, P, cfg,
+                               stamp=self._stamp("moe_down_tiled"))
+        else:
+            ops.moe_down_decode(L, "down", dn, b.mq, b.md, ids, b.out, P, cfg, stamp=self._stamp("moe_down_decode"))
+        mark(5, "sum")
+        if not ds4:
+            ops.moe_sum(L, "sum", b.out, wts, b.y, T, cfg, stamp=self._stamp("moe_sum"))
+        elif T > 1:
+            ops.moe_sum_slots(L, "sum", b.out, b.y, T, cfg)
+        mark(6, "end", fold=False)
 
     # ------------------------------------------------------------------ results
     def hidden(self) -> np.ndarray:

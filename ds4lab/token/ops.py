@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import reference as R
-from .config import MOE_TILE, ModelConfig
+from .config import BYTES_PER_WEIGHT, MOE_TILE, ModelConfig
 
 i32, u32, f32 = np.int32, np.uint32, np.float32
 #: A null device pointer as a kernel argument (8-byte zero).
@@ -29,9 +29,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def row_bytes(bank) -> int:
+    """Bytes of one row of a (stacked) quantized matrix in its format: ``cols x BYTES_PER_WEIGHT[fmt]``
+    (any object with ``fmt`` and ``cols``: a :class:`~ds4lab.token.weights.QTensor` or a backend's bank)."""
+    return int(bank.cols * BYTES_PER_WEIGHT[bank.fmt])
+
+
 def expert_bytes(bank) -> int:
-    """Bytes of one expert's matrix in a routed bank (4-bit values + fp16 scales)."""
-    return bank.rows * bank.cols // 2 + bank.rows * bank.cols // 32 * 2
+    """Bytes of one expert's matrix in a routed bank, in its format (``rows x row_bytes``)."""
+    return bank.rows * row_bytes(bank)
 
 
 @dataclass
@@ -586,6 +592,178 @@ def moe_sum(L, site, out, wts, y, T, cfg: ModelConfig, stamp=None):
 
     L.kernel(site, "moe_sum", (cdiv(E, 256), T), (256,), (out, wts, y, i32(k), i32(E)) + stamp_args(stamp),
              stamped(ref, stamp), nbytes=4 * T * (k * E + E + k))
+
+
+# ----------------------------------------------------------------------------- routed MoE, ds4's path
+# kernels/moe_ds4.cu: ds4's four launches at one token (ds4_cuda.cu at b0309611) over its expert formats
+# (Q4_K, Q2_K, IQ2_XXS super-blocks); Q8_K activations as three arrays (quants, scales, sums of 16).
+
+#: Dynamic shared memory a ds4-path block may take without opting in to more (CUDA: 48 KiB).
+DS4_SMEM_MAX = 48 * 1024
+#: Bytes of the IQ2_XXS grid a gate/up block stages after its weight rows.
+IQ2_GRID_BYTES = 256 * 8
+
+
+def ds4_rows(what: str, rows: int, width: int, copies: int, extra_per_row: int = 0,
+             extra: int = 0) -> tuple[int, int]:
+    """Rows per block ``R`` of a ds4-path kernel and its dynamic shared memory.
+
+    A block stages ``copies`` tiles of ``R`` weight rows (``width`` bytes each) with 16-byte copies:
+    ``R`` is the largest of 16, 8, 4, 2, 1 that divides ``rows``, makes a tile a whole number of 16-byte
+    chunks, and keeps ``copies * R * width + extra_per_row * R + extra`` within
+    :data:`DS4_SMEM_MAX`. Fewer, fuller blocks keep the grid within one wave of the GPU (ds4-flash:
+    768 IQ2_XXS gate/up blocks, 512 Q2_K down blocks). Returns ``(R, shared bytes)``.
+
+    Raises:
+        ValueError: no ``R`` fits (the message names the row width and the budget).
+    """
+    for r in (16, 8, 4, 2, 1):
+        smem = copies * r * width + extra_per_row * r + extra
+        if rows % r == 0 and (r * width) % 16 == 0 and smem <= DS4_SMEM_MAX:
+            return r, smem
+    raise ValueError(f"{what}: no rows-per-block fits: rows={rows}, row bytes={width}, {copies} tile(s), "
+                     f"{DS4_SMEM_MAX} bytes of shared memory")
+
+
+def _act_bytes(n: int) -> int:
+    """Bytes of one Q8_K row of ``n`` values: quants, fp32 scales, int16 sums of 16."""
+    return n + n // 64 + n // 8
+
+
+def xq_quantize_q8k(L, site, x, q, d, bs, T, n, kernel: str = "xq_quantize_q8k"):
+    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K as ds4 quantizes (``reference.quantize_q8k_ds4``):
+    ``q`` int8 ``[T, n]``, ``d`` fp32 ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``. ``kernel``:
+    ``moe_midq_q8k`` for the middle (the same code under the name of its stage)."""
+
+    def ref():
+        qq, dd, bb = R.quantize_q8k_ds4(np.asarray(x).reshape(-1)[: T * n].reshape(T, n))
+        q.reshape(-1)[: T * n] = qq.reshape(-1)
+        d.reshape(-1)[: T * n // 256] = dd.reshape(-1)
+        bs.reshape(-1)[: T * n // 16] = bb.reshape(-1)
+
+    L.kernel(site, kernel, (n // 256, T), (256,), (x, q, d, bs, i32(n)), ref, nbytes=T * (4 * n + _act_bytes(n)))
+
+
+def moe_midq_q8k(L, site, mid, mq, md, mb, P, cfg: ModelConfig):
+    """``midq`` (ds4): the weighted SwiGLU middle ``mid [P, F]`` to Q8_K (``mq``, ``md``, ``mb``)."""
+    xq_quantize_q8k(L, site, mid, mq, md, mb, P, cfg.expert_ffn, kernel="moe_midq_q8k")
+
+
+def _gateup_launch(bank_gu, cfg: ModelConfig, kind: str) -> tuple[str, int, int]:
+    """Kernel name, rows per block and shared bytes of a ds4-path gate/up launch."""
+    fmt = bank_gu.fmt
+    if fmt not in ("iq2_xxs", "q4_k"):
+        raise ValueError(f"{kind}: gate/up format {fmt!r}; the ds4 path has iq2_xxs and q4_k kernels")
+    r, smem = ds4_rows(kind, cfg.expert_ffn, row_bytes(bank_gu), 2, extra=IQ2_GRID_BYTES if fmt == "iq2_xxs" else 0)
+    return f"{kind}_{fmt}", r, smem
+
+
+def _down_launch(bank_dn, cfg: ModelConfig, kind: str, copies: int) -> tuple[str, int, int]:
+    """Kernel name, rows per block and shared bytes of a ds4-path down launch (``copies`` experts staged)."""
+    fmt = bank_dn.fmt
+    if fmt not in ("q2_k", "q4_k"):
+        raise ValueError(f"{kind}: down format {fmt!r}; the ds4 path has q2_k and q4_k kernels")
+    r, smem = ds4_rows(kind, cfg.embed, row_bytes(bank_dn), copies, extra_per_row=4 * copies)
+    return f"{kind}_{fmt}", r, smem
+
+
+def _gateup_ref(bank_gu, xq, xd, wts, mid, pairs, cfg: ModelConfig):
+    """Reference of the fused gate/up for ``(pair, expert)`` items: ``mid[p]`` (zero for an expert
+    outside the bank, as the decode kernel writes)."""
+    k, w = cfg.n_used, np.asarray(wts).reshape(-1)
+    for p, e in pairs:
+        if 0 <= e < cfg.n_experts:
+            mid[p] = R.moe_gateup_mid(bank_gu[e], xq[p // k], xd[p // k], w[p], cfg.swiglu_limit)
+        else:
+            mid[p] = 0.0
+
+
+def moe_gateup_mid(L, site, bank_gu, grid, xq, xd, xb, ids, wts, mid, P, cfg: ModelConfig):
+    """``gateup`` (ds4, no sort): per pair, its expert's gate and up rows against the Q8_K input,
+    clamped SwiGLU, times the pair's router weight, into ``mid [P, F]`` (ds4_cuda.cu
+    ``moe_gate_up_mid_decode_lut_*`` for IQ2_XXS, ``moe_gate_up_mid_decode_q4K_*`` for Q4_K).
+    ``grid``: the IQ2_XXS grid on the device (``weights.IQ2XXS_GRID``; unused for Q4_K). Grid
+    ``(F / R, P)`` (:func:`ds4_rows`). Raises ValueError for a format the path has no kernel for."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+    name, r, smem = _gateup_launch(bank_gu, cfg, "moe_gateup_mid")
+
+    def ref():
+        flat = np.asarray(ids).reshape(-1)
+        _gateup_ref(bank_gu, xq, xd, wts, mid, ((p, int(flat[p])) for p in range(P)), cfg)
+
+    L.kernel(site, name, (F // r, P), (256,),
+             (bank_gu.qs, NULL if grid is None else grid, xq, xd, xb, ids, wts, mid, i32(k), i32(F), i32(E),
+              i32(cfg.n_experts), i32(r), f32(cfg.swiglu_limit)), ref, shared=smem,
+             nbytes=P * (expert_bytes(bank_gu) + _act_bytes(E) + 4 * F + 8))
+
+
+def moe_down_sum(L, site, bank_dn, mq, md, mb, ids, y, T, cfg: ModelConfig):
+    """``down`` (ds4, no sort) with the experts' sum fused: ``y [T, E]``, each token's ``n_used``
+    experts' down rows against their Q8_K middles, added in slot order (ds4_cuda.cu
+    ``moe_down_sum6_qwarp32`` for Q2_K, ``moe_down_q4K_sum6_qwarp32`` for Q4_K). Grid ``(E / R, T)``.
+    Raises ValueError for a format the path has no kernel for."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+    name, r, smem = _down_launch(bank_dn, cfg, "moe_down_sum", k)
+
+    def ref():
+        flat = np.asarray(ids).reshape(-1)
+        for t in range(T):
+            sl = range(t * k, (t + 1) * k)
+            downs = [bank_dn[int(flat[p])] if 0 <= flat[p] < cfg.n_experts else None for p in sl]
+            y[t] = R.moe_down_sum(downs, mq[t * k:(t + 1) * k], md[t * k:(t + 1) * k]) if any(
+                w is not None for w in downs) else 0.0
+
+    L.kernel(site, name, (E // r, T), (256,),
+             (bank_dn.qs, mq, md, mb, ids, y, i32(k), i32(F), i32(E), i32(cfg.n_experts), i32(r)), ref,
+             shared=smem, nbytes=T * k * (expert_bytes(bank_dn) + _act_bytes(F) + 4) + 4 * T * E)
+
+
+def moe_gateup_mid_tiled(L, site, bank_gu, grid, xq, xd, xb, sorted_pairs, tiles, n_tiles, wts, mid, max_t, P,
+                         cfg: ModelConfig):
+    """``gateup`` (ds4 formats, tokens > 1) on expert tiles: each block stages its rows of the tile's
+    expert once and runs them against every pair of the tile into ``mid``. Grid ``(F / R, max_t)``."""
+    F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
+    name, r, smem = _gateup_launch(bank_gu, cfg, "moe_gateup_mid_tiled")
+
+    def ref():
+        _gateup_ref(bank_gu, xq, xd, wts, mid,
+                    ((p, e) for e, p in _for_tiles(sorted_pairs, tiles, n_tiles, P, cfg.n_experts)), cfg)
+
+    L.kernel(site, name, (F // r, max_t), (256,),
+             (bank_gu.qs, NULL if grid is None else grid, xq, xd, xb, sorted_pairs, tiles, n_tiles, wts, mid,
+              i32(k), i32(F), i32(E), i32(P), i32(cfg.n_experts), i32(r), f32(cfg.swiglu_limit)), ref,
+             shared=smem, nbytes=_tiled_bytes(bank_gu, P, cfg) + P * (_act_bytes(E) + 4 * F) + max_t * 12)
+
+
+def moe_down_tiled_ds4(L, site, bank_dn, mq, md, mb, sorted_pairs, tiles, n_tiles, out, max_t, P,
+                       cfg: ModelConfig):
+    """``down`` (ds4 formats, tokens > 1) on expert tiles: ``out [P, E]``, one row per pair (the
+    sum follows: :func:`moe_sum_slots`). Grid ``(E / R, max_t)``."""
+    F, E = cfg.expert_ffn, cfg.embed
+    name, r, smem = _down_launch(bank_dn, cfg, "moe_down_tiled", 1)
+    smem -= 4 * r  # no partial sums in the tiled kernel
+
+    def ref():
+        for e, p in _for_tiles(sorted_pairs, tiles, n_tiles, P, cfg.n_experts):
+            out[p] = R.moe_down_sum([bank_dn[e]], mq[p:p + 1], md[p:p + 1])
+
+    L.kernel(site, name, (E // r, max_t), (256,),
+             (bank_dn.qs, mq, md, mb, sorted_pairs, tiles, n_tiles, out, i32(F), i32(E), i32(P),
+              i32(cfg.n_experts), i32(r)), ref,
+             shared=smem, nbytes=_tiled_bytes(bank_dn, P, cfg) + P * (_act_bytes(F) + 4 * E) + max_t * 12)
+
+
+def moe_sum_slots(L, site, out, y, T, cfg: ModelConfig):
+    """``sum`` (ds4 formats, tokens > 1): ``y[t] = sum_s out[t k + s]`` in slot order; no weights
+    (ds4 puts them into the middle; ds4_cuda.cu ``moe_sum_kernel``)."""
+    E, k = cfg.embed, cfg.n_used
+
+    def ref():
+        o = np.asarray(out)[: T * k].astype(np.float64).reshape(T, k, E)
+        y[:T] = o.sum(axis=1).astype(np.float32)
+
+    L.kernel(site, "moe_sum_slots", (cdiv(E, 256), T), (256,), (out, y, i32(k), i32(E)), ref,
+             nbytes=4 * T * (k * E + E))
 
 
 # --------------------------------------------------------------------------------------------------

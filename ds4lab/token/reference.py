@@ -15,15 +15,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import MOE_TILE, Q8_0_BLOCK, Q8_K_BLOCK, TOPK_MERGE_GROUP
-from .weights import QTensor
+from .config import MOE_TILE, Q8_0_BLOCK, Q8_K_BLOCK, QK_K, TOPK_MERGE_GROUP
+from .weights import IQ2XXS_GRID, SUPERBLOCKS, QTensor, iq2_sign_byte
 
 f32, f64 = np.float32, np.float64
 
 
 # ----------------------------------------------------------------------------- quant formats
 def dequant(w: QTensor) -> np.ndarray:
-    """Dequantize a Q8_0 or 4-bit matrix to float64 ``[..., rows, cols]``."""
+    """Dequantize a matrix in any of ds4lab's weight formats to float64 ``[..., rows, cols]``
+    (Q8_0, ds4lab's 4-bit blocks, or a super-block format: :func:`dequant_superblocks`)."""
+    if w.fmt in SUPERBLOCKS:
+        lead = w.qs.shape[:-1]
+        return dequant_superblocks(w.fmt, w.qs.reshape(-1, SUPERBLOCKS[w.fmt].nbytes)).reshape(*lead, w.cols)
     d = w.d.astype(f64)
     if w.fmt == "q8_0":
         q = w.qs.astype(f64)
@@ -36,6 +40,111 @@ def dequant(w: QTensor) -> np.ndarray:
     else:
         raise ValueError(f"unknown quant format {w.fmt!r}")
     return q * np.repeat(d, Q8_0_BLOCK, axis=-1)
+
+
+def _f16(b: np.ndarray, off: int) -> np.ndarray:
+    """The little-endian fp16 field at byte ``off`` of every block ``b [n, nbytes]``, as float64."""
+    return np.ascontiguousarray(b[:, off:off + 2]).view(np.float16)[:, 0].astype(f64)
+
+
+def q4_k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit scales and mins of the 8 sub-blocks of Q4_K blocks from their 12 scale bytes
+    ``[n, 12]`` (ggml ``get_scale_min_k4``): sub-block ``j < 4``: ``sc = s[j] & 63``,
+    ``m = s[j + 4] & 63``; ``j >= 4``: ``sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4``,
+    ``m = (s[j + 4] >> 4) | (s[j] >> 6) << 4``. Returns two int64 ``[n, 8]``."""
+    s = scales.astype(np.int64)
+    sc = np.empty((s.shape[0], 8), np.int64)
+    m = np.empty_like(sc)
+    sc[:, :4], m[:, :4] = s[:, 0:4] & 63, s[:, 4:8] & 63
+    sc[:, 4:] = (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)
+    m[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return sc, m
+
+
+def dequant_superblocks(fmt: str, b: np.ndarray) -> np.ndarray:
+    """float64 weights ``[n, 256]`` of ``n`` packed super-blocks ``b`` (uint8 ``[n, nbytes]``), by the
+    published definitions (ggml ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs``, as ds4.c reads
+    them; layouts in :data:`ds4lab.token.weights.SUPERBLOCKS`):
+
+    * Q4_K: group ``g`` of the 128 quant bytes (32 bytes each) holds sub-block ``2g`` in its low
+      nibbles and ``2g + 1`` in its high nibbles; ``w = d * sc_j * q - dmin * m_j``.
+    * Q2_K: weights ``128 h + 32 s + l`` take bits ``2s`` of quant byte ``32 h + l`` and scale byte
+      ``8 h + 2 s + (l >= 16)``: ``w = d * (sc & 15) * q - dmin * (sc >> 4)``.
+    * IQ2_XXS: sub-block ``k`` is two uint32 at byte ``2 + 8 k``: ``aux0`` (4 grid indices) and
+      ``aux1`` (4 sign indices of 7 bits, scale ``s = aux1 >> 28``); group ``l`` of 8 weights is
+      ``d * (0.5 + s) / 4 * grid[aux0 byte l] * signs(aux1 >> 7 l)``.
+
+    Raises:
+        ValueError: unknown format or a block width that is not the format's.
+    """
+    if fmt not in SUPERBLOCKS or b.shape[-1] != SUPERBLOCKS[fmt].nbytes:
+        raise ValueError(f"dequant_superblocks: format {fmt!r}, blocks of {b.shape[-1]} bytes")
+    n = b.shape[0]
+    if fmt == "q4_k":
+        d, dmin = _f16(b, 0), _f16(b, 2)
+        sc, m = q4_k_scale_min(b[:, 4:16])
+        qs = b[:, 16:144].reshape(n, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(n, 8, 32).astype(f64)  # sub-block 2g, 2g + 1
+        w = d[:, None, None] * sc[:, :, None] * q - dmin[:, None, None] * m[:, :, None]
+        return w.reshape(n, QK_K)
+    if fmt == "q2_k":
+        sc = b[:, 0:16].astype(np.int64).reshape(n, 2, 4, 2)  # [half, shift step, first/second 16]
+        qs = b[:, 16:80].reshape(n, 2, 1, 32)
+        q = (qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3  # [n, half, step, 32]
+        q = q.reshape(n, 2, 4, 2, 16).astype(f64)
+        d, dmin = _f16(b, 80), _f16(b, 82)
+        w = (d[:, None, None, None, None] * (sc & 15)[..., None] * q
+             - dmin[:, None, None, None, None] * (sc >> 4)[..., None])
+        return w.reshape(n, QK_K)
+    d = _f16(b, 0)
+    aux = np.ascontiguousarray(b[:, 2:66]).view("<u4").reshape(n, 8, 2)
+    grid_idx = aux[:, :, 0:1] >> (8 * np.arange(4, dtype=np.uint32)) & np.uint32(255)  # [n, 8, 4]
+    sign_idx = aux[:, :, 1:2] >> (7 * np.arange(4, dtype=np.uint32)) & np.uint32(127)
+    scale = (0.5 + (aux[:, :, 1] >> np.uint32(28)).astype(f64)) * 0.25  # [n, 8]
+    signed = _iq2_signed_grid()[grid_idx.astype(np.int64) * 128 + sign_idx.astype(np.int64)]  # [n, 8, 4, 8]
+    w = (d[:, None] * scale)[:, :, None, None] * signed
+    return w.reshape(n, QK_K)
+
+
+@functools.lru_cache(maxsize=1)
+def _iq2_signed_grid() -> np.ndarray:
+    """Every signed IQ2_XXS group: float64 ``[256 * 128, 8]``, row ``grid * 128 + sign index``."""
+    mags = IQ2XXS_GRID.view(np.uint8).reshape(256, 1, 8).astype(f64)
+    bits = (iq2_sign_byte(np.arange(128))[:, None] >> np.arange(8, dtype=np.uint8)) & 1  # [128, 8]
+    return (mags * (1.0 - 2.0 * bits)[None]).reshape(256 * 128, 8)
+
+
+def quantize_q8k_ds4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize float32 ``x [T, n]`` to Q8_K as ds4's CUDA ``q8_K_quantize_kernel`` does (ds4_cuda.cu
+    at b0309611; the arithmetic of ggml's ``quantize_row_q8_K``): per block of 256 the element of
+    largest magnitude ``max`` (found by the kernel's shared-memory tree: at strides 128, 64, ..., 1
+    position ``i`` takes ``i + stride``'s candidate when its magnitude is strictly larger, which
+    decides between ``+a`` and ``-a``), ``iscale = -127 / max``, ``q = rint(iscale * x)`` clamped
+    to ``[-128, 127]``, ``d = 1 / iscale`` (negative when ``max`` is positive), and ``bsums``, the
+    sums of each 16 quants; all in float32, round half to even. An all-zero block gets zeros.
+    (ds4.c's CPU ``ds4_quantize_row_q8_K`` takes the first largest element instead.)
+
+    Returns int8 ``[T, n]``, float32 ``[T, n / 256]``, int16 ``[T, n / 16]``.
+    """
+    x = np.asarray(x, dtype=f32)
+    T, n = x.shape
+    blk = x.reshape(T, n // Q8_K_BLOCK, Q8_K_BLOCK)
+    a, v = np.abs(blk), blk.copy()
+    s = Q8_K_BLOCK // 2
+    while s:
+        take = a[..., s:2 * s] > a[..., :s]
+        a[..., :s] = np.where(take, a[..., s:2 * s], a[..., :s])
+        v[..., :s] = np.where(take, v[..., s:2 * s], v[..., :s])
+        s //= 2
+    amax, vmax = a[..., 0], v[..., 0]
+    zero = amax == 0
+    with np.errstate(divide="ignore"):
+        iscale = np.where(zero, f32(0.0), f32(-127.0) / np.where(zero, f32(1.0), vmax)).astype(f32)
+    q = np.rint(iscale[..., None] * blk).clip(-128, 127).astype(np.int8)
+    with np.errstate(divide="ignore"):
+        d = np.where(zero, f32(0.0), f32(1.0) / np.where(zero, f32(1.0), iscale)).astype(f32)
+    bsums = q.reshape(T, n // 16, 16).astype(np.int16).sum(axis=-1, dtype=np.int16)
+    return q.reshape(T, n), d, bsums
 
 
 def quantize_q8k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -255,7 +364,7 @@ def expected_tiles(tokens: int, n_used: int, n_experts: int, tile: int = MOE_TIL
 
 
 def expert_matvec(w: QTensor, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """One expert's 4-bit matrix ``[rows, cols]`` times one Q8_K activation row. float32 ``[rows]``."""
+    """One expert's matrix ``[rows, cols]`` (any weight format) times one Q8_K activation row. float32 ``[rows]``."""
     return (dequant(w) @ dequant_q8k(xq[None], xd[None])[0]).astype(f32)
 
 
@@ -298,6 +407,54 @@ def routed_moe(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
     gate, up = moe_gateup(bank_expert, ids, xq, xd)
     mq, md = moe_midq(gate, up, limit)
     return moe_sum(moe_down(bank_expert, ids, mq, md), weights)
+
+
+# ----------------------------------------------------------------------------- routed MoE, ds4's path
+# ds4_cuda.cu at b0309611, routed MoE with one token: q8_K_quantize (xq) -> moe_gate_up_mid_decode_*
+# (gate and up rows of each selected expert against the Q8_K input, clamped SwiGLU, times the
+# expert's router weight) -> q8_K_quantize (midq) -> moe_down_*_sum6 (each expert's down rows against
+# its Q8_K middle, the experts summed). Multi-token calls: the same arithmetic over sorted pairs, the
+# down outputs per pair summed by moe_sum (no weights: they are in the middle already).
+def moe_gateup_mid(gate_up: QTensor, xq: np.ndarray, xd: np.ndarray, weight: float, limit: float) -> np.ndarray:
+    """One pair's fused gate/up: ``swiglu(W[:F] x, W[F:] x) * weight`` with ``gate_up`` ``[2F, E]``
+    (any format) and ``x`` the Q8_K row ``(xq [E], xd [E / 256])``; ds4's clamp (gate at most
+    ``limit``, up within ``+-limit``), float64. Returns float32 ``[F]``."""
+    y = dequant(gate_up) @ dequant_q8k(xq[None], xd[None])[0]
+    F = gate_up.rows // 2
+    return (swiglu(y[:F], y[F:], limit).astype(f64) * f64(weight)).astype(f32)
+
+
+def moe_decode_ds4(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, limit: float,
+                   n_experts: int) -> np.ndarray:
+    """ds4's routed MoE (four launches at one token, the sorted path's arithmetic at more) for
+    ``x [T, E]``, experts ``ids [T, k]`` with router ``weights [T, k]``; ``bank_expert(e)`` gives
+    expert ``e``'s ``(gate_up, down)``. A pair whose expert is outside ``0 .. n_experts - 1`` has a
+    zero middle and adds nothing (the kernels' bounds check). float32 ``[T, E]``."""
+    xq, xd, _ = quantize_q8k_ds4(x)
+    T, k = ids.shape
+    flat, wts = ids.reshape(-1), np.asarray(weights, f32).reshape(-1)
+    F = bank_expert(0)[0].rows // 2
+    ok = [0 <= int(e) < n_experts for e in flat]
+    mid = np.stack([moe_gateup_mid(bank_expert(int(e))[0], xq[p // k], xd[p // k], wts[p], limit) if ok[p]
+                    else np.zeros(F, f32) for p, e in enumerate(flat)])
+    mq, md, _ = quantize_q8k_ds4(mid)
+    return np.stack([moe_down_sum([bank_expert(int(flat[p]))[1] if ok[p] else None for p in range(t * k, (t + 1) * k)],
+                                  mq[t * k:(t + 1) * k], md[t * k:(t + 1) * k]) for t in range(T)])
+
+
+def moe_down_sum(downs: list, mq: np.ndarray, md: np.ndarray) -> np.ndarray:
+    """ds4's down with the experts' sum fused: ``sum_s downs[s] . x_s`` in float64, ``x_s`` the Q8_K
+    middle ``(mq [k, F], md [k, F / 256])`` of slot ``s``; ``downs[s]`` the slot's down matrix ``[E, F]``
+    (any format), or None for a slot whose expert is outside the bank (it adds nothing).
+    float32 ``[E]``."""
+    y = None
+    for s, w in enumerate(downs):
+        if w is not None:
+            v = dequant(w) @ dequant_q8k(mq[s][None], md[s][None])[0]
+            y = v if y is None else y + v
+    if y is None:
+        raise ValueError("moe_down_sum: no slot has an expert in the bank (the output size is unknown)")
+    return y.astype(f32)
 
 
 # --------------------------------------------------------------------------------------------------
