@@ -26,15 +26,11 @@ from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGra
                            _cuda_errors, _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
                            cuda_error_name, exec_kernel_node_set_params, graph_kernel_nodes)
 
-<<<<<<< HEAD
 #: ``extern "C" [ATTRIBUTE_MACRO[(ARGS)]] __global__ void NAME(``: an upper-case attribute macro may
-#: stand before ``__global__`` (cluster dimensions on sm_90, empty before: ``common.cuh``).
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+(?:[A-Z_][A-Z0-9_]*(?:\([^)]*\))?\s+)?__global__\s+void\s+(\w+)')
-=======
-# ``extern "C" __global__ void NAME(``, with ``__launch_bounds__(...)`` allowed on either side of ``void``.
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+'
-                        r'(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)')
->>>>>>> ds4-formats
+#: stand before ``__global__`` (cluster dimensions on sm_90, empty before: ``common.cuh``), and
+#: ``__launch_bounds__(...)`` on either side of ``void``.
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+(?:[A-Z_][A-Z0-9_]*(?:\([^)]*\))?\s+)?__global__\s+'
+                        r'(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)')
 
 
 def kernels_dir() -> Path:
