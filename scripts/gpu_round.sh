@@ -42,7 +42,7 @@ R=/tmp/round; rm -rf $R; mkdir -p $R
 D="python3 -m ds4lab.cli"
 pack() { find $R \( -name "*.svg" -o -name "*.pdf" \) -delete; tar czf "$OUT/round.tgz" -C /tmp round; }
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?
+  timeout -s INT -k 20 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?  # INT: pytest and ds4lab keep what finished
   echo "=== $name rc=$rc $((SECONDS - t0))s" | tee -a $R/steps.txt; tail -n "${TAIL:-12}" "$R/$name.log" | cut -c1-230
   pack; }
 for arg in "$@"; do

@@ -107,7 +107,8 @@ def test_one_graph_per_shape_pays_a_capture_per_new_shape(rng):
     p = r.plans.set_index(["plan", "mode"])
     per_shape = p.loc[("one graph per token shape", "any"), "predicted_us"]
     whole = p.loc[("whole token", "any"), "predicted_us"]
-    assert per_shape >= whole  # the median token replays as in the whole-token plan, captures cost more
+    # the median token replays as in the whole-token plan, captures cost more (equal up to summation order)
+    assert per_shape >= whole * (1 - 1e-12)
 
 
 def test_kernel_only_traces_model_the_host_and_say_so(rng):

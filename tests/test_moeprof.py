@@ -33,6 +33,14 @@ def wb():
 
 
 @pytest.fixture(scope="module")
+def wb_five():
+    """A computing sim workbench on ``tiny`` with ds4lab's five-launch MoE (4-bit blocks): the path whose
+    stage kernels take a stamp, so profiling points fold into them."""
+    cfg = get_preset("tiny", expert_format="q4blk")
+    return M.MoeWorkbench(SimBackend(seed=cfg.seed), cfg, max_tokens=16)
+
+
+@pytest.fixture(scope="module")
 def wb_fast():
     """A timing-only sim workbench (no numbers: fast)."""
     return M.MoeWorkbench(SimBackend(seed=TINY.seed, timing_only=True), TINY, max_tokens=16)
@@ -82,10 +90,11 @@ def test_mode_rows_have_stages_and_positive_modeled_ms(wb, wb_fast, mode, T, tim
     assert (summ["iqr_ms"] >= 0).all() and (summ["n"] > 0).all()
 
 
-def test_in_graph_stamps_are_the_modeled_kernel_start_times(wb, graphs_restored):
+def test_in_graph_stamps_are_the_modeled_kernel_start_times(wb_five, graphs_restored):
     """Each slot holds the modeled device time at which the kernel that wrote it started: a stage
     kernel for a folded point, the stamp kernel for the others (two per call at two tokens: the
     point before the counts clear, and the end), eagerly and replayed."""
+    wb = wb_five
     be = wb.be
     carriers = {"stamp_time", "xq_quantize", "moe_gateup_tiled", "moe_midq", "moe_down_tiled", "moe_sum"}
     for regime, phase in (("eager", "eager"), ("replayed", "replay")):
@@ -103,21 +112,25 @@ def test_in_graph_stamps_are_the_modeled_kernel_start_times(wb, graphs_restored)
         assert names.count("stamp_time") == 2 * names.count("xq_quantize"), regime  # per MoE call
 
 
-def test_folded_stamps_at_one_token_leave_one_stamp_node(wb, graphs_restored, monkeypatch):
-    """At one token every point but the end folds into a stage kernel: one stamp kernel per call,
-    the empty sort stage reads exactly 0, and fold=False puts back a stamp kernel at each point."""
+@pytest.mark.parametrize("path", ["five", "ds4"])
+def test_folded_stamps_at_one_token_leave_one_stamp_node(wb, wb_five, path, graphs_restored, monkeypatch):
+    """At one token on the five-launch path every point but the end folds into a stage kernel: one
+    stamp kernel per call, the empty sort stage reads exactly 0, and fold=False puts back a stamp kernel
+    at each point. ds4's kernels take no stamp: a stamp kernel at each point, folding or not."""
     from ds4lab.moeprof.modes.in_graph import InGraph
 
+    wb, xq, empty = (wb_five, "xq_quantize", ["sort"]) if path == "five" else (wb, "xq_quantize_q8k", ["sort", "sum"])
     be = wb.be
-    for fold, per_call in ((True, 1), (False, 7)):
+    for fold, per_call in ((True, 1 if path == "five" else 7), (False, 7)):
         monkeypatch.setattr(InGraph, "FOLD", fold)
         start = len(be.timeline)
         df = M.profile(wb, "in-graph", 1, "uniform", steps=1, regime="eager")
         names = [r[1] for r in be.timeline[start:]]
-        assert names.count("stamp_time") == per_call * names.count("xq_quantize"), fold  # per MoE call
+        assert names.count(xq) > 0
+        assert names.count("stamp_time") == per_call * names.count(xq), fold  # per MoE call
         sort = df[df["stage"] == "sort"]["ms"].to_numpy(dtype=float)
-        assert (sort == 0).all() if fold else (sort > 0).all()
-        assert (df[~df["stage"].isin(["sort"])]["ms"] > 0).all()
+        assert (sort == 0).all() if per_call == 1 else (sort > 0).all()
+        assert (df[~df["stage"].isin(empty)]["ms"] > 0).all()
 
 
 def test_deferred_reads_after_the_token_with_distinct_events(wb, graphs_restored, monkeypatch):
