@@ -10,6 +10,15 @@ from ds4lab.capture import stream as S
 F32_RTOL = 2e-5
 
 
+def token_rtol(cfg) -> float:
+    """Relative L2 error a whole token's hidden state (and logits) may show against the NumPy executor.
+    ds4lab's five-launch MoE: 1e-4. ds4's path quantizes the MoE input and the SwiGLU output to Q8_K
+    (one scale per 256 values): where the GPU's and NumPy's float sums differ in the last bit, a value
+    can round to the neighbouring integer and move by 1/127 of its block's largest value, a few 1e-4 of
+    the hidden state per flip (the stages themselves are bit-exact on equal inputs: test_moe_ds4_gpu)."""
+    return 2e-3 if cfg.moe_path == "ds4" else 1e-4
+
+
 def rel(a, b) -> float:
     """Relative L2 error of ``a`` against the reference ``b`` (float64); fails on a non-finite ``a``
     (an unwritten or overflowed output)."""

@@ -268,10 +268,8 @@ def test_every_call_class_gets_the_sims_verdict(rng, api, extra, klass, want):
         assert hit.iloc[0]["kind"] == ("no rule" if klass is None else "host data" if set(want) == {OK} else "call")
         if klass is not None:
             assert hit.iloc[0]["rule_source"] and hit.iloc[0]["fix"]
-            # the rules written for the audit say GUESS until their scenarios run on the H200
-            if klass in ("host_alloc", "host_register", "cublas_create", "memcpy_sync.h2d", "memcpy_sync.d2h"):
-                assert hit.iloc[0]["rule_guess"]
-            if klass in ("device_sync", "stream_sync@capture"):
+            # rules whose conformance scenarios ran on the H200 no longer say GUESS
+            if klass in ("device_sync", "stream_sync@capture", "host_alloc", "host_register", "cublas_create"):
                 assert not hit.iloc[0]["rule_guess"]
 
 

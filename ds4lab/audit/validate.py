@@ -48,9 +48,10 @@ def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
     return "replays right", ""
 
 
-def validate(engines, caches, out: Path, *, say=print) -> "pd.DataFrame":  # noqa: F821
+def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every engine × cache (module docstring); writes each audit report under
-    ``out/<engine>-<cache>/audit/`` and returns the table (``validate.csv``'s rows)."""
+    ``out/<engine>-<cache>/audit/`` and returns the table (``validate.csv``'s rows). ``on_row(rows)``
+    is called with the rows so far after each engine and cache (to write them as they come)."""
     import pandas as pd
 
     from . import report as audit_report
@@ -84,6 +85,8 @@ def validate(engines, caches, out: Path, *, say=print) -> "pd.DataFrame":  # noq
                 + (f" · replay {row['replay_us']:.0f} µs measured, {row['predicted_us']:.0f} predicted "
                    f"(×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else ""))
             rows.append(row)
+            if on_row is not None:
+                on_row(rows)
     return pd.DataFrame(rows)
 
 

@@ -170,34 +170,27 @@ class CupyHostMixin:
             raise _blas_error(e, "cublasDestroy") from None
 
     def blas_set_stream(self, handle: int, stream) -> None:
-        """``cublasSetStream``."""
-        cublas = self._cublas()
-        try:
-            cublas.setStream(handle, self._ptr_stream(stream))
-        except Exception as e:
-            if type(e).__name__ != "CUBLASError":
-                raise
-            raise _blas_error(e, "cublasSetStream") from None
+        """``cublasSetStream``, called in the cuBLAS library itself (ctypes, status checked): CuPy's binding
+        refuses any call while the stream captures (its own NotImplementedError, not cuBLAS's rule), and
+        what is checked here is what cuBLAS does, as engines that capture call it."""
+        lib = _libcublas()
+        _blas_status(lib.cublasSetStream_v2(ctypes.c_void_p(handle), ctypes.c_void_p(self._ptr_stream(stream))),
+                     "cublasSetStream")
 
     def blas_set_workspace(self, handle: int, buf) -> None:
-        """``cublasSetWorkspace`` (cuBLAS ≥ 11.3) with ``buf``'s device memory: CuPy's binding when it
-        has one, else the cuBLAS library CuPy loaded, through ctypes (status checked)."""
-        cublas = self._cublas()
-        if hasattr(cublas, "setWorkspace"):
-            try:
-                cublas.setWorkspace(handle, buf.data.ptr, buf.nbytes)
-            except Exception as e:
-                if type(e).__name__ != "CUBLASError":
-                    raise
-                raise _blas_error(e, "cublasSetWorkspace") from None
-            return
+        """``cublasSetWorkspace`` (cuBLAS ≥ 11.3) with ``buf``'s device memory, called in the cuBLAS library
+        itself as :meth:`blas_set_stream` is (CuPy's bindings refuse calls during a capture)."""
         lib = _libcublas()
-        status = lib.cublasSetWorkspace_v2(ctypes.c_void_p(handle), ctypes.c_void_p(buf.data.ptr),
-                                           ctypes.c_size_t(buf.nbytes))
-        if status != 0:
-            from ..errors import LibraryError
+        _blas_status(lib.cublasSetWorkspace_v2(ctypes.c_void_p(handle), ctypes.c_void_p(buf.data.ptr),
+                                               ctypes.c_size_t(buf.nbytes)), "cublasSetWorkspace")
 
-            raise LibraryError(f"cublas:{_CUBLAS_STATUS.get(status, f'status {status}')}", "cublasSetWorkspace")
+
+def _blas_status(status: int, call: str) -> None:
+    """Raise :class:`~ds4lab.errors.LibraryError` (``cublas:<status name>``) for a cublasStatus_t other than 0."""
+    if status != 0:
+        from ..errors import LibraryError
+
+        raise LibraryError(f"cublas:{_CUBLAS_STATUS.get(status, f'status {status}')}", call)
 
 
 #: cublasStatus_t numbers (cuBLAS library reference, "cublasStatus_t").
@@ -218,5 +211,6 @@ def _libcublas():
             tried.append(name)
             continue
         lib.cublasSetWorkspace_v2.restype = ctypes.c_int
+        lib.cublasSetStream_v2.restype = ctypes.c_int
         return lib
-    raise OSError(f"no cuBLAS library to call cublasSetWorkspace_v2 ({', '.join(tried)})")
+    raise OSError(f"no cuBLAS library to call cublasSetStream_v2 and cublasSetWorkspace_v2 ({', '.join(tried)})")

@@ -94,9 +94,9 @@ def program_argv(argv) -> list[str]:
 
 def _meta(cfg: AuditConfig) -> dict:
     from .. import __version__
-    from ..report.provenance import git_revision
+    from ..report.provenance import git_revision, source_digest
 
-    return {"job": "audit", "ds4lab": __version__, "git_revision": git_revision(),
+    return {"job": "audit", "ds4lab": __version__, "git_revision": git_revision(), "source_digest": source_digest(),
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "python": platform.python_version(),
             "inputs": [str(f) for f in cfg.files] or None, "program": list(cfg.program) or None,

@@ -59,8 +59,13 @@ def run(cfg: ValidateConfig, backend=None, console=None):
     say = console.print if console is not None else print
     with results.job_folder(out, meta, ("validate.csv",)) as folder:
         folder = Path(folder) if folder is not None else out
-        df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, folder, say=say)
-        df.to_csv(folder / "validate.csv", index=False)
+        import pandas as pd
+
+        def write(rows):  # after every engine and cache: a run cut short keeps what it measured
+            pd.DataFrame(rows).to_csv(folder / "validate.csv", index=False)
+
+        df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, folder, say=say, on_row=write)
+        write(df.to_dict("records"))
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
         bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import platform
@@ -27,6 +28,27 @@ def git_revision() -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """SHA-256 (first 16 hex digits) of the code that ran: every ``.py`` and ``.json`` file of the
+    ds4lab package and every CUDA source it compiles, by relative path and content. Unlike
+    :func:`git_revision` it names the code even where the checkout's git state is stale or absent (a
+    copied working tree, an installed wheel): two runs with the same digest ran the same code."""
+    import hashlib
+
+    from ..backends.cupy_backend import kernels_dir
+
+    h = hashlib.sha256()
+    pkg = Path(__file__).resolve().parents[1]
+    files = [(f"ds4lab/{p.relative_to(pkg)}", p) for p in pkg.rglob("*") if p.suffix in (".py", ".json")
+             and "__pycache__" not in p.parts]
+    kd = Path(kernels_dir())
+    files += [(f"kernels/{p.relative_to(kd)}", p) for p in kd.rglob("*") if p.suffix in (".cu", ".cuh")]
+    for name, p in sorted(files):
+        h.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def base_meta(backend) -> dict:
     """Provenance common to every result: backend/device info, versions, flags, time."""
     import numpy
@@ -36,6 +58,7 @@ def base_meta(backend) -> dict:
     return {
         "ds4lab": __version__,
         "git_revision": git_revision(),
+        "source_digest": source_digest(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),

@@ -36,7 +36,8 @@ RULES: dict[str, Rule] = {
         "PG 'Stream Capture': work launched into a capturing stream is appended to the capture graph, not "
         "executed; facts rows memsetAsync and mallocAsync/freeAsync ('yes (memory nodes)'); H200 conformance "
         "2026-11-30 (h2d_pageable_in_capture): cudaMemcpyAsync from pageable host memory → one memcpy node. "
-        "GUESS: device-to-host into pageable memory alike (conformance memory.d2h_async_pageable decides)"),
+        "H200 conformance 2026-12-01 (memory.d2h_async_pageable, docs/measurements/h200-2026-12-01/round2): device-to-host into pageable memory "
+        "alike"),
     "capture_event_record": Rule(
         "cudaEventRecord on a capturing stream", "marks", None, "-",
         "PG 'Cross-stream Dependencies and Events': a captured event represents a set of nodes; facts row "
@@ -53,9 +54,9 @@ RULES: dict[str, Rule] = {
         "kernel, synchronous cudaMemset or cudaMemcpy, or other work or an event record on the legacy stream while "
         "only non-blocking streams capture", "escapes", None, "-",
         "facts rows 'synchronous memset (legacy stream)' and 'kernel on the legacy (null) stream': ran once at "
-        "capture time, not in the graph. GUESS: synchronous cudaMemcpy (host to device and device to host), "
-        "copies, stream-ordered allocations and event records on the legacy stream alike (conformance "
-        "memory.memcpy_sync_*_in_capture decide the copies)"),
+        "capture time, not in the graph; H200 conformance 2026-12-01 (memory.memcpy_sync_h2d_in_capture and "
+        "memory.memcpy_sync_d2h_in_capture, docs/measurements/h200-2026-12-01/round2): synchronous cudaMemcpy alike in both directions. GUESS: "
+        "other copies, stream-ordered allocations and event records on the legacy stream alike"),
     "uncaptured_stream": Rule(
         "work (kernel, memset, copy, stream-ordered allocation) or an event record on a stream that is neither "
         "capturing nor the legacy stream, while another stream captures", "escapes", None, "-",
@@ -73,8 +74,8 @@ RULES: dict[str, Rule] = {
         "(and an event's destruction), cudaEventElapsedTime of events recorded outside any capture", "returns", None,
         "-",
         "RT: these calls take no stream and enqueue no work; their reference pages name no stream-capture "
-        "restriction. GUESS: none is a 'potentially unsafe' call in global or thread-local mode (conformance "
-        "host_calls.host_queries_in_capture decides)"),
+        "restriction. H200 conformance 2026-12-01 (host_calls.host_queries_in_capture, docs/measurements/h200-2026-12-01/round2): none is refused or "
+        "invalidates a capture in any mode"),
     "capture_status_query": Rule(
         "cudaStreamIsCapturing / cudaStreamGetCaptureInfo of a stream, capturing or not, while a capture is live",
         "returns", None, "-",
@@ -106,16 +107,17 @@ RULES: dict[str, Rule] = {
         "a global/thread-local capture, or, while its interaction mode is global, while another thread has a global "
         "capture", "raises", "cudaErrorStreamCaptureUnsupported", "the captures that prohibit the call",
         "RT cudaThreadExchangeStreamCaptureMode ('potentially unsafe API calls'; cudaMalloc is the example it "
-        "gives). GUESS: allocating and registering host memory is unsafe as cudaMalloc is: refused and "
-        "invalidating in global and thread-local mode, allowed in relaxed (conformance "
-        "memory.host_alloc_in_capture and memory.host_register_in_capture decide)"),
+        "gives). H200 conformance 2026-12-01 (memory.host_alloc_in_capture and memory.host_register_in_capture, "
+        "docs/measurements/h200-2026-12-01/round2): allocating and registering host memory is unsafe as cudaMalloc is: refused and invalidating in "
+        "global and thread-local mode, allowed in relaxed"),
     "cublas_create": Rule(
         "cublasCreate by a thread whose capture (global/thread-local), or another thread's global capture, "
-        "prohibits unsafe calls", "raises", "cublas:CUBLAS_STATUS_ALLOC_FAILED", "the captures that prohibit the call",
-        "cuBLAS library reference: cublasCreate allocates hardware resources on the host and the device; "
-        "CUBLAS_STATUS_ALLOC_FAILED is 'usually caused by a cudaMalloc() failure'. GUESS: that allocation is a "
-        "cudaMalloc refused as rule unsafe_call says, so the capture is invalidated; relaxed mode allows it "
-        "(conformance host_calls.cublas_create_in_capture decides)"),
+        "prohibits unsafe calls", "raises", "cublas:CUBLAS_STATUS_NOT_INITIALIZED", "the captures that prohibit the call",
+        "cuBLAS library reference: cublasCreate allocates hardware resources on the host and the device "
+        "(CUBLAS_STATUS_NOT_INITIALIZED: 'the cuBLAS library was not initialized', usually a failed resource "
+        "allocation). Measured on the H200 (conformance host_calls.cublas_create_in_capture, "
+        "docs/measurements/h200-2026-12-01/round2): NOT_INITIALIZED and the capture invalidated in global and "
+        "thread-local mode, the handle made in relaxed mode"),
     "cublas_settings": Rule(
         "cublasSetWorkspace / cublasSetStream with a workspace and a stream made before the capture", "returns", None,
         "-", "cuBLAS library reference, 'CUDA Graphs Support': give the handle a workspace (cublasSetWorkspace) so "
@@ -229,12 +231,12 @@ RULES: dict[str, Rule] = {
         "cudaGraphLaunch of an executable graph into a stream in an active capture (any mode)", "raises",
         "cudaErrorStreamCaptureUnsupported", "the capture",
         "facts (2026-11-30): cudaGraphLaunch into a capturing stream (global, relaxed) returns "
-        "cudaErrorStreamCaptureUnsupported, capture invalidated, end → cudaErrorStreamCaptureInvalidated. "
-        "GUESS: thread-local mode alike"),
+        "cudaErrorStreamCaptureUnsupported, capture invalidated, end → cudaErrorStreamCaptureInvalidated; "
+        "thread-local mode alike (H200 conformance 2026-12-01, graphs.graph_launch_into_capture, docs/measurements/h200-2026-12-01/round2)"),
     "graph_upload_in_capture": Rule(
         "cudaGraphUpload into a stream in an active capture", "raises", "cudaErrorStreamCaptureUnsupported",
-        "the capture", "RT cudaGraphUpload (stream-ordered, like a launch). GUESS: refused as cudaGraphLaunch is "
-        "(facts)"),
+        "the capture", "RT cudaGraphUpload (stream-ordered, like a launch); H200 conformance 2026-12-01 "
+        "(graphs.graph_upload_into_capture, docs/measurements/h200-2026-12-01/round2): refused as cudaGraphLaunch is"),
     "graph_launch_unfreed": Rule(
         "cudaGraphLaunch of an executable graph whose memory-allocation nodes' allocations from the previous "
         "launch are not freed, without cudaGraphInstantiateFlagAutoFreeOnLaunch", "raises", "cudaErrorInvalidValue",

@@ -1,0 +1,49 @@
+"""``ds4lab audit validate`` without a GPU: the engines' runs replaced by the bundled H200 recordings and
+their outcomes, so what is checked is the comparison, the table written as it goes, and the exit."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from ds4lab.audit import engines
+from ds4lab.audit import validate as V
+from ds4lab.errors import CheckFailed
+
+
+def _fake_run(outcome_of=None):
+    def run_isolated(engine, cache, out, timeout=240):
+        r = dict(engines.recorded_outcome(engine, cache))
+        if outcome_of:
+            r["outcome"] = outcome_of
+        r["recording"] = str(engines.recorded(engine, cache))
+        return r
+    return run_isolated
+
+
+def test_rows_compare_the_audit_with_torch_and_are_written_as_they_come(tmp_path, monkeypatch):
+    monkeypatch.setattr(engines, "run_isolated", _fake_run())
+    seen = []
+    df = V.validate(["llama"], ["static", "dynamic"], tmp_path, say=lambda *a: None,
+                    on_row=lambda rows: seen.append(len(rows)))
+    assert seen == [1, 2]
+    assert list(df.torch_outcome) == ["captured, replays right", "captured, replays wrong"]
+    assert list(df.audit_outcome) == ["replays right", "replays wrong"] and df.verdict_agrees.all()
+    ratio = df.predicted_us / df.replay_us
+    assert (ratio == df.predicted_over_measured).all() and (df.time_agrees == ((ratio - 1).abs() <= V.TIME_TOLERANCE)).all()
+    assert (tmp_path / "llama-static" / "audit" / "plans.csv").is_file()
+
+
+def test_a_disagreement_fails_the_job_after_writing_the_table(tmp_path, monkeypatch):
+    from ds4lab.jobs import audit_validate as J
+
+    monkeypatch.setattr(engines, "run_isolated", _fake_run("refused"))  # torch said refused; the audit will not
+    monkeypatch.setattr(engines, "available", lambda: (True, ""))
+    out = tmp_path / "v"
+    with pytest.raises(CheckFailed, match="llama/static"):
+        J.run(J.ValidateConfig(engines=("llama",), caches=("static",), out=out), None, None)
+    df = pd.read_csv(out / "validate.csv")
+    assert list(df.verdict_agrees) == [False]
+    assert json.loads((out / "meta.json").read_text())["status"].startswith("failed")
