@@ -34,6 +34,7 @@ CURRENT = {
     "hazards_island": "h200-2026-12-01/round1/hazards-island",
     "moe_overhead": "h200-2026-11-30b/moe",
     "moe_in_graph": "h200-2026-12-01/kernels/call2/moe",
+    "moe_ds4": "h200-2026-12-01-moe-ds4/call2/timing",
 }
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +231,7 @@ def fig_floors(rec: Path, root: Path):
          if g.get("attention_us_per_layer") else None),
         ("per-op method", f"`{p.get('method')}`, {num(p.get('tokens'))} tokens" if p.get("method") else None),
     ]
-    body = ["`ds4lab bench --per-op` on `ds4-flash`: the token against its floors.",
+    body = ["`ds4lab bench --preset ds4-flash --per-op`: the replayed token against its floors.",
             table(["figure", "value"], [[k, v] for k, v in rows if v not in (None, "—")])]
     return [rec], meta, "\n\n".join(body)
 
@@ -240,7 +241,8 @@ def fig_per_op(rec: Path, root: Path):
     sites = sorted(b["per_op"]["sites"], key=lambda s: -float(s["lost_us"]))
     csv_path = rec.parent / "per_op.csv"
     shown = sites[:PER_OP_ROWS]
-    body = [f"Per launch site of one `ds4-flash` token, µs summed over the site's launches, sorted by "
+    body = [f"`ds4lab bench --preset ds4-flash --per-op`: per launch site of one token, µs summed over the "
+            f"site's launches, sorted by "
             f"time lost against the copy bandwidth; {len(shown)} of {len(sites)} sites"
             + (" (all in `per_op.csv`)." if csv_path.exists() else "."),
             table(["site", "kernel", "launches", "MB per token", "µs", "fraction of copy", "lost µs"],
@@ -353,12 +355,34 @@ def fig_moe_overhead(rec: Path, root: Path):
     return [f], meta, "\n\n".join(body)
 
 
+def fig_moe_ds4(rec: Path, root: Path):
+    f = one_file(rec, "moe_decode_kernels.csv")
+    meta, rows = provenance(rec, root), read_csv(f)
+    sites = list(dict.fromkeys(r["site"] for r in rows))
+    groups = list(dict.fromkeys((r["preset"], r["expert_format"], r["decode"]) for r in rows))
+    by = {(r["preset"], r["expert_format"], r["decode"], r["site"]): r for r in rows}
+    out = []
+    for g in groups:
+        cells = [f"`{g[0]}`", g[1], g[2]]
+        for site in sites:
+            r = by.get((*g, site))
+            cells.append("—" if r is None else f"{ratio(r['us_median'], 1)} ({pct(r['copy_fraction'])})")
+        step = next(r["step_us_events"] for r in rows if (r["preset"], r["expert_format"], r["decode"]) == g)
+        out.append(cells + [ratio(step, 1)])
+    body = [f"One routed-MoE decode step (one token), each kernel's CUPTI duration under graph replay, "
+            f"median over {meta.get('replays', '?')} replays of a graph of {meta.get('routings', '?')} "
+            f"routings; µs per launch (fraction of the copy bandwidth, "
+            f"{num(meta.get('copy_GBps'))} GB/s in the same run); the step's µs from CUDA events.",
+            table(["preset", "expert format", "kernels"] + sites + ["step µs"], out)]
+    return [f], meta, "\n\n".join(body)
+
+
 FIGURES = [  # (figure, heading, renderer, note that carries no figure of its own)
-    ("ladder", "The stage ladder on ds4-flash", fig_ladder,
+    ("ladder", "The stage ladder", fig_ladder,
      "The eager stages are host-bound and drift between runs minutes apart; compare them within one run. "
      "The kernels changed after this record (`h200-2026-12-01/kernels`): the replayed token's newer "
      "figure is in the floors table below."),
-    ("islands", "ds4's decode islands on ds4-flash", fig_ladder,
+    ("islands", "ds4's decode islands", fig_ladder,
      "A short ladder (fewer tokens than the full one): read it for exactness and the order of the stages."),
     ("context", "The context ladder", fig_context,
      "Stage 3 needs one graph per token shape (emit or not per compressor, top-k regime); 3c one graph "
@@ -378,6 +402,9 @@ FIGURES = [  # (figure, heading, renderer, note that carries no figure of its ow
      "The in-graph mode changed after this record (stage kernels write their own stamps): its current "
      "figure is the next table."),
     ("moe_in_graph", "MoE profiler overhead, in-graph stamps", fig_moe_overhead, None),
+    ("moe_ds4", "ds4's routed-MoE decode kernels, by expert format", fig_moe_ds4,
+     "`staged` are the kernels kept; `stream` (several tiles per block, the next one in flight) were "
+     "no faster overall and were removed."),
 ]
 
 
@@ -396,6 +423,10 @@ def render(current: dict[str, str] | None = None, root: Path = MEASUREMENTS) -> 
            "figure from the simulated runtime says MODELED. How each round was run, and which of its "
            "figures later records superseded: the README in each round's folder. Why things are the "
            "way they are: [design-log.md](design-log.md).",
+           "",
+           "Records made before ds4's expert formats came into ds4lab (every round before "
+           "`h200-2026-12-01-moe-ds4`) ran ds4lab's own 4-bit experts and five-launch routed MoE: the "
+           "presets they name `ds4-flash` and `small` are today's `ds4-flash-q4blk` and `small-q4blk`.",
            "",
            "| figure | record |",
            "|---|---|"]
