@@ -111,7 +111,7 @@ __device__ __forceinline__ void store_gateup(float v, float* gate, float* up, in
 // block first copies the activation row into shared memory (dynamic, 3 * cols / 2 bytes:
 // moe_stage_x), after issuing its first weight loads. Each row's sum is added in the same order
 // whatever R and U are: the results do not depend on them. Measured on the H200 (ds4-flash,
-// scripts/bench_kernels.py, NOTES.md): gate/up fastest with 2 rows (a gate row and its up row)
+// scripts/bench_kernels.py, docs/measurements/h200-2026-12-01/kernels): gate/up fastest with 2 rows (a gate row and its up row)
 // and 2 blocks in flight, down with 4 rows and 1.
 #ifndef MOE_GU_RPW
 #define MOE_GU_RPW 2

@@ -532,7 +532,7 @@ def _stream_launcher(raw) -> Callable:
     CuPy's ``RawKernel.__call__`` launches on CuPy's *current* stream; its underlying
     ``cupy.cuda.Function`` takes the stream as an argument (checked on the H200 with CuPy 14.2),
     which avoids a per-launch ``with stream:`` (bench: the launcher costs 0.79–1.09× a bare
-    ``RawKernel`` call, NOTES.md).
+    ``RawKernel`` call, docs/design-log.md).
     """
     return raw.kernel
 

@@ -414,7 +414,7 @@ def _modeled_title(title: str, tables: list[Table]) -> str:
 
 
 #: Which profiling mode's times stand for a run, best first: in-graph timestamps and CUPTI see the
-#: kernels alone; deferred and host-timed events also count the host's launch gaps (NOTES.md).
+#: kernels alone; deferred and host-timed events also count the host's launch gaps (docs/design-log.md).
 MODE_PREFERENCE = ("in-graph", "cupti", "deferred", "host-timed")
 
 

@@ -685,7 +685,7 @@ class DecodeModel:
         cfg, L, b = self.cfg, self.L, self.moe_buf
         P, N, E = T * cfg.n_used, cfg.n_experts, cfg.embed
         ds4 = cfg.moe_path == "ds4"
-        mt = max_tiles(P, N, MOE_TILE)  # this call's tile bound (NOTES.md: not the buffers' capacity)
+        mt = max_tiles(P, N, MOE_TILE)  # this call's tile bound (docs/design-log.md: not the buffers' capacity)
 
         self._folded = []
 

@@ -81,7 +81,7 @@ def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
     the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
     (ds4-flash, graph replays of back-to-back launches over weights in cold memory,
-    ``scripts/bench_kernels.py``, NOTES.md) this picks, for every Q8_0 matvec of the token, the
+    ``scripts/bench_kernels.py``, docs/measurements/h200-2026-12-01/kernels) this picks, for every Q8_0 matvec of the token, the
     fastest thread-group width measured or one within 3 % of it (the grouped 4096 → 8192 takes 32
     threads, 13.9 µs, where 64 measured 13.5 µs): narrow groups and many blocks for the tall
     matrices (1024 → 32768: 32 threads, 1024 blocks; the vocabulary: 32, 4040 blocks), 64 where
