@@ -38,7 +38,8 @@ for engine, cache in RECORDED:
     keep &= (f.kind != "nvtx") | (f.start_ns >= steps.start_ns.iloc[0])
     note = (f"trimmed to the first {STEPS} decode steps; the host queries {', '.join(HOST_QUERIES)} left out "
             "(host-only, allowed in every mode)")
-    trimmed = EventTable(frame=f[keep].reset_index(drop=True), source=table.source, tool=table.tool,
+    trimmed = EventTable(frame=f[keep].reset_index(drop=True), source=f"{engine}/{cache} decode loop, recorded by "
+                         "ds4lab audit validate", tool=table.tool,
                          notes=list(table.notes) + [note])
     out = write_table(trimmed, DATA / f"torch-{engine}-{cache}.csv.gz", engine=f"{engine}-{cache}")
     outcome = json.loads((src / "engine.json").read_text())

@@ -1,8 +1,8 @@
 """The conformance scenarios on the simulated runtime, against the record the H200 produced.
 
-``docs/measurements/h200-2026-12-01/round1/conformance/conformance-cupy.json`` is what ``ds4lab
-conformance --backend cupy`` recorded on the lent H200 (driver 580.159.04, CuPy 14.2.0; 118
-scenarios, 1 063 steps, 0 disagreements): every call's error name, every graph's nodes, every value
+``docs/measurements/h200-2026-12-01/round3/conformance/conformance-cupy.json`` is what ``ds4lab
+conformance --backend cupy`` recorded on the lent H200 (driver 580.159.04, CuPy 14.2.0; 162
+scenarios, 1 467 steps, 0 disagreements): every call's error name, every graph's nodes, every value
 after replay. The sim must reproduce each step exactly;
 a change to a sim rule that breaks agreement with the real GPU fails here.
 """
@@ -17,7 +17,7 @@ import pytest
 from ds4lab.conformance import SCENARIOS, run_scenarios
 
 RECORD = (Path(__file__).resolve().parents[1]
-          / "docs/measurements/h200-2026-12-01/round1/conformance/conformance-cupy.json")
+          / "docs/measurements/h200-2026-12-01/round3/conformance/conformance-cupy.json")
 
 
 @pytest.fixture(scope="module")

@@ -327,7 +327,7 @@ def run_isolated(engine: str, cache_kind: str, out: Path, *, timeout: float = 24
 
 #: The decode loops bundled with ds4lab (``ds4lab/data/audit/torch-<engine>-<cache>.csv.gz``): recordings
 #: of :func:`run_engine` on an H200, trimmed to their decode steps, for auditing without a GPU. Their
-#: torch.cuda.graph outcomes are in the measurement record named in docs/figures.md.
+#: torch.cuda.graph outcomes beside them (recorded_outcome); the runs: docs/measurements/h200-2026-12-01/round2.
 RECORDED = (("llama", "static"), ("llama", "dynamic"), ("deepseek-v3", "static"))
 
 

@@ -19,6 +19,24 @@ VERDICT_COLORS = {INVALIDATES: "#C44E52", REFUSED: "#DD8452", NOT_IN_GRAPH: "#81
 MAX_LABELS = 12
 
 
+def short_name(kernel: str, width: int = 40) -> str:
+    """A kernel's name as a label: a C++ signature's function name without its namespaces, template
+    arguments and parameters (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
+    ``vectorized_elementwise_kernel``), cut to ``width`` characters."""
+    name, depth, out = kernel.strip(), 0, []
+    for ch in name:  # drop everything inside <...> and (...)
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    base = "".join(out).split()[-1] if "".join(out).split() else name
+    parts = [p for p in base.split("::") if p]
+    base = "::".join(parts[-2:]) if len(parts) > 1 and len(parts[-1]) < 8 else (parts[-1] if parts else name)
+    return base if len(base) <= width else base[: width - 1] + "…"
+
+
 def timeline_figure(report, mode: str | None = None):
     """The figure of the module docstring for ``report`` (an :class:`~ds4lab.audit.analysis.AuditReport`);
     spans shaded for ``mode`` (default: the first audited mode). Returns a matplotlib Figure."""
@@ -46,7 +64,7 @@ def timeline_figure(report, mode: str | None = None):
             x, w = (r.start_ns - t0) / 1e3, max((r.end_ns - r.start_ns) / 1e3, 0.05)
             ax.broken_barh([(x, w)], (0.6, 0.8), facecolors=color, edgecolor="white", linewidth=0.3)
             if worst != ALLOWED or it.frozen:
-                label = (it.kernels[0] if it.frozen and it.kernels and worst == ALLOWED else it.api)
+                label = (short_name(it.kernels[0]) if it.frozen and it.kernels and worst == ALLOWED else it.api)
                 marks.append((x, label))
         for r in dev.itertuples():
             ax.broken_barh([((r.start_ns - t0) / 1e3, max((r.end_ns - r.start_ns) / 1e3, 0.05))], (1.8, 0.8),
@@ -70,7 +88,8 @@ def timeline_figure(report, mode: str | None = None):
         handles.append(Patch(color="#55A868", alpha=0.25, label=f"capturable span ({mode})"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
         who = "process ?" if report.pid < 0 else f"process {report.pid}"
-        ax.set_title(f"token {t} of {report.tokens.n} — {report.source} ({who}, device {report.device}; "
-                     f"{report.tool}): times measured in the trace; spans proposed by the audit", fontsize=9)
+        src = report.source if len(report.source) <= 70 else "…" + report.source[-69:]
+        ax.set_title(f"token {t} of {report.tokens.n} — {src} ({who}, device {report.device}; "
+                     f"{report.tool})\ntimes measured in the trace; spans proposed by the audit", fontsize=9)
         fig.tight_layout()
     return fig

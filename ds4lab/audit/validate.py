@@ -69,7 +69,10 @@ def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataF
                    "predicted_over_measured": None, "verdict_agrees": False, "time_agrees": None,
                    "recording": r.get("recording", "")}
             if r.get("recording"):
-                rep = analyze([read(Path(r["recording"]))], token_range=TOKEN_RANGE)[0]
+                table = read(Path(r["recording"]))
+                # named inside the result folder: ``out`` may be a staging copy that is renamed when done
+                table.source = f"{engine}-{cache}/recording.csv.gz"
+                rep = analyze([table], token_range=TOKEN_RANGE)[0]
                 audit_report.write([rep], Path(out) / f"{engine}-{cache}" / "audit")
                 row["audit_outcome"], row["audit_why"] = predicted_outcome(rep)
                 plans = rep.plans.set_index("plan") if not rep.plans.empty else None
