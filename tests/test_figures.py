@@ -103,7 +103,7 @@ def test_one_line_of_the_record_table_moves_a_figure(figures):
 
 
 def test_a_job_without_meta_takes_the_rounds_env_log(figures):
-    text = sections(figures.render({"hazards_island": figures.CURRENT["hazards_island"]}))
+    text = sections(figures.render({"hazards_island": "h200-2026-12-01/round1/hazards-island"}))  # no meta.json there
     src = next(ln for ln in next(iter(text.values())).splitlines() if ln.startswith("Source: "))
     assert "env.log`; the job wrote no meta.json" in src and "NVIDIA H200 · driver 580.159.04" in src
 
