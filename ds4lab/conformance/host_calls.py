@@ -141,7 +141,7 @@ def cublas_create_in_capture(r: Recorder, mode: str) -> None:
 @scenario("cuBLAS stream and workspace set inside a capture (handle and workspace made before)", MODES,
           expect={"cublas_create": "ok", "set_stream": "ok", "set_workspace": "ok", **INTACT},
           source="cuBLAS library reference, 'CUDA Graphs Support' (a workspace set with cublasSetWorkspace avoids "
-                 "allocation during capture). GUESS (rule cublas_settings): host-side settings, allowed in every mode")
+                 "allocation during capture). The H200 allows both in every mode, the capture intact (rule cublas_settings)")
 def cublas_workspace_in_capture(r: Recorder, mode: str) -> None:
     """The fix for lazily made cuBLAS resources: handle and workspace made before the capture, only
     pointed at the capturing stream inside it."""

@@ -121,8 +121,9 @@ RULES: dict[str, Rule] = {
     "cublas_settings": Rule(
         "cublasSetWorkspace / cublasSetStream with a workspace and a stream made before the capture", "returns", None,
         "-", "cuBLAS library reference, 'CUDA Graphs Support': give the handle a workspace (cublasSetWorkspace) so "
-        "that no allocation happens during capture. GUESS: host-side settings, allowed in every mode (conformance "
-        "host_calls.cublas_workspace_in_capture decides)"),
+        "that no allocation happens during capture. H200 conformance 2026-12-01 "
+        "(host_calls.cublas_workspace_in_capture, docs/measurements/h200-2026-12-01/round3): host-side settings, "
+        "allowed in every mode, the capture intact"),
     "event_sync_captured": Rule(
         "cudaEventSynchronize of an event last recorded in a live capture", "raises", "cudaErrorCapturedEvent",
         "the event's capture", "facts row 'event synchronize / elapsed time' (end fails: invalidated)"),
