@@ -469,8 +469,8 @@ if nb is not None:
 The context ladder (`ds4lab context`): at each context, every stage bit for bit against stage 0
 over a span that crosses an emit of both compressors (and a top-k regime change where one lies
 there), then µs per token (median, IQR) over `TOKENS` tokens. Measured on a GPU; on the simulated
-runtime every number is **modeled** (and stage 3c's worst-case grids are priced by the default
-cost model: no H200 fit for the long-context kernels yet).
+runtime every number is **modeled** (the long-context kernels priced by their H200 fits, stage 3c's
+worst-case grids included).
 """),
     code("""
 ctx_out = Path(OUT) / "context"
