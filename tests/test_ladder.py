@@ -187,3 +187,66 @@ def test_moe_profile_inside_islands_on_sim_matches_the_h200(sim):
     assert (r["outcome"], r["errors"], str(r["exact"]), r["capture_mode"], r["stage"]) == \
         (want["outcome"], want["errors"], want["exact"], want["capture_mode"], want["stage"])
     assert r["profile_lines"] == int(want["profile_lines"]) > 0
+
+
+# ----------------------------------------------------------------------------- ds4's decode islands
+def _island_run(sim, name, cfg=TINY):
+    from ds4lab.experiments.run import StageRun
+
+    m = DecodeModel(cfg, sim, TokenOptions(vocab=True))
+    return m, StageRun(m, STAGES[name], TokenOptions(vocab=True), mode="thread_local")
+
+
+@pytest.mark.parametrize("name", ["i", "i+"])
+def test_islands_are_exact_and_captured_as_ds4_does(sim, name):
+    """Stage i (ds4 e50104f6) and i+ (36ee8c14) against stage 0, token by token: first sight of each
+    (layer, island) eager, the second captured, later ones replayed; island 1 never captured on the
+    hash-routed layers; global capture on a blocking stream whatever the run's mode; i+ sets the
+    attention span's kernel nodes before every replay."""
+    from ds4lab.experiments.run import Span, StageRun, first_difference
+
+    m, run = _island_run(sim, name)
+    ref = StageRun(m, STAGES["0"], TokenOptions(vocab=True)).record(Span(100, 4))
+    got = run.record(Span(100, 4))
+    assert first_difference(ref, got) is None
+    st, L = run.stats(), TINY.n_layers
+    islands = L + (L - TINY.n_hash_layers) + (L if name == "i+" else 0)
+    assert st["captures"] == islands  # token 1 eager, token 2 captures
+    # token 2 launches each new graph once (the capture executed nothing: ds4 launches the exec right
+    # after instantiating it), tokens 3 and 4 replay
+    assert st["replays"] == 3 * islands
+    assert st["retirements"] == 0 and st["fallbacks"] == 0
+    keys = {(k[0], k[1]) for k in run.cache.entries}
+    assert not any(c == "island1" and TINY.is_hash_layer(layer) for c, layer in keys)
+    assert run.mode == "global" and run.cache.capture_stream is not None
+    assert (st["node_updates"] > 0) == (name == "i+")
+
+
+def test_islands_drop_every_graph_when_a_buffer_is_reallocated(sim):
+    """ds4 9f325617: scratch growth synchronizes, invalidates every decode graph, then frees; the next
+    sights capture again, and the tokens stay exact."""
+    from ds4lab.experiments.run import Span, StageRun, first_difference
+
+    m, run = _island_run(sim, "i")
+    run.record(Span(100, 3))
+    before = run.stats()["captures"]
+    m.generation += 1  # what a reallocation does (MoeScratch/TopkScratch._alloc)
+    got = run.record(Span(100, 4))
+    st = run.stats()
+    assert st["invalidations"] >= before and st["captures"] > before
+    ref = StageRun(m, STAGES["0"], TokenOptions(vocab=True)).record(Span(100, 4))
+    assert first_difference(ref, got) is None
+
+
+@pytest.mark.slow
+def test_island_ladder_and_context_on_sim_small(tmp_path):
+    """The issue's CI runs: `ladder --backend sim --preset small --stages 0,i,3` and `context --backend
+    sim --preset small --stages 0,i,3,3c`, every stage exact (few tokens: exactness, not timing)."""
+    from ds4lab.jobs.context import ContextConfig
+
+    df = execute("ladder", LadderConfig(stages="0,i,3", preset="small", tokens=4, warmup=1, exact_tokens=3, rounds=1,
+                                        out=tmp_path / "l"), backend="sim")
+    assert list(df.stage) == ["0", "i", "3"] and (df.exact == True).all()  # noqa: E712
+    cf = execute("context", ContextConfig(stages="0,i,3,3c", preset="small", contexts="600", tokens=3, warmup=1,
+                                          out=str(tmp_path / "c")), backend="sim")
+    assert set(cf.stage) == {"0", "i", "3", "3c"} and (cf.exact == True).all()  # noqa: E712
