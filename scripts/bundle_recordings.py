@@ -38,11 +38,13 @@ for engine, cache in RECORDED:
     keep &= (f.kind != "nvtx") | (f.start_ns >= steps.start_ns.iloc[0])
     note = (f"trimmed to the first {STEPS} decode steps; the host queries {', '.join(HOST_QUERIES)} left out "
             "(host-only, allowed in every mode)")
+    outcome = json.loads((src / "engine.json").read_text())
+    dev = outcome.get("device", {})
+    tool = table.tool if " on " in table.tool else f"{table.tool} on {dev.get('device', '?')}, driver {dev.get('driver', '?')}"
     trimmed = EventTable(frame=f[keep].reset_index(drop=True), source=f"{engine}/{cache} decode loop, recorded by "
-                         "ds4lab audit validate", tool=table.tool,
+                         "ds4lab audit validate", tool=tool,
                          notes=list(table.notes) + [note])
     out = write_table(trimmed, DATA / f"torch-{engine}-{cache}.csv.gz", engine=f"{engine}-{cache}")
-    outcome = json.loads((src / "engine.json").read_text())
     outcome.pop("recording", None)
     (DATA / f"torch-{engine}-{cache}.json").write_text(json.dumps(outcome, indent=1) + "\n")
     print(f"{out.name}: {keep.sum()} of {len(f)} rows · {outcome['outcome']}")

@@ -192,3 +192,9 @@ def _token_table(f: pd.DataFrame, tk: Tokens, calls: pd.DataFrame, shapes: list,
     out.insert(5, "api_calls", [int(api.get(t, 0)) for t in range(tk.n)])
     out.insert(6, "shape", shapes)
     return out
+
+
+def trace_times(report) -> str:
+    """How the times of ``report``'s trace are labelled: ``"MODELED"`` for a trace the simulated runtime
+    wrote (its tool says MODELED: ds4lab's ``trace.json`` from ``--backend sim``), else ``"measured"``."""
+    return "MODELED" if "MODELED" in (report.tool or "") else "measured"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .probes import ALLOWED, INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED, VERDICTS
+from .analysis import trace_times
 from .spans import representative, spans_of
 
 #: Verdict → colour of its calls on the host lane.
@@ -82,7 +83,8 @@ def timeline_figure(report, mode: str | None = None):
             ax.plot([x], [0.45], marker="v", color="black", markersize=4)
         ax.set_yticks([1.0, 2.2], ["host: API calls", "device"])
         ax.set_ylim(3.0, -1.6)
-        ax.set_xlabel("µs from the token's first call (measured, as traced)")
+        times = trace_times(report)
+        ax.set_xlabel(f"µs from the token's first call ({times}, as traced)")
         ax.grid(axis="y", visible=False)
         handles = [Patch(color=VERDICT_COLORS[v], label=v) for v in (*VERDICTS, "frozen")]
         handles.append(Patch(color="#55A868", alpha=0.25, label=f"capturable span ({mode})"))
@@ -90,6 +92,6 @@ def timeline_figure(report, mode: str | None = None):
         who = "process ?" if report.pid < 0 else f"process {report.pid}"
         src = report.source if len(report.source) <= 70 else "…" + report.source[-69:]
         ax.set_title(f"token {t} of {report.tokens.n} — {src} ({who}, device {report.device}; "
-                     f"{report.tool})\ntimes measured in the trace; spans proposed by the audit", fontsize=9)
+                     f"{report.tool})\ntimes {times} in the trace; spans proposed by the audit", fontsize=9)
         fig.tight_layout()
     return fig

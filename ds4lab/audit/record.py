@@ -267,7 +267,22 @@ def _to_table(rec: Recording):
     if not len(df):
         notes.append("nothing was recorded: no CUDA activity ran inside the recording")
     ver = getattr(s.c, "__version__", "") or _dist_version("cupti-python")
-    return EventTable(df, "<recording>", f"cupti (cupti-python {ver})" if ver else "cupti", notes)
+    tool = (f"cupti (cupti-python {ver})" if ver else "cupti") + _gpu_label()
+    return EventTable(df, "<recording>", tool, notes)
+
+
+def _gpu_label() -> str:
+    """`` on <GPU>, driver <version>`` from ``nvidia-smi`` (the first GPU), so that a recording's times
+    name the machine they were measured on; "" where it cannot say."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+        name, driver = (x.strip() for x in out[0].split(",", 1))
+        return f" on {name}, driver {driver}"
+    except Exception:  # noqa: BLE001 - provenance only: no nvidia-smi, no GPU
+        return ""
 
 
 def _dist_version(name: str) -> str:

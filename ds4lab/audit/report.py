@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import __version__
+from .analysis import trace_times
 from .events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
 
@@ -57,7 +58,8 @@ def audit_meta(reports) -> dict:
     return {"job": "audit", "ds4lab": __version__, "event_table_columns": list(COLUMNS),
             "sources": sorted({r.source for r in reports}), "units": units, "calibration": cal,
             "modeled": "plans.csv and spans.csv replay_us are MODELED (calibration "
-                       f"{cal.get('name') if cal else '?'}); every other time is measured in the trace"}
+                       f"{cal.get('name') if cal else '?'}); every other time is the trace's: "
+                       + "; ".join(f"{r.source} process {r.pid}: {trace_times(r)}" for r in reports)}
 
 
 def write(reports, folder, meta: dict | None = None) -> list[Path]:
@@ -175,7 +177,7 @@ def _spans(r, console, top: int = 3) -> None:
                   f"{len(sp)} in all, spans.csv):")
     for row in sp.head(top).itertuples():
         console.print(f"    {row.launches} launches, {row.first_kernel} … {row.last_kernel}: GPU {row.gpu_us:,.1f} µs "
-                      f"(measured), replay {row.replay_us:,.1f} µs (MODELED); from {row.broken_before} "
+                      f"({trace_times(r)}), replay {row.replay_us:,.1f} µs (MODELED); from {row.broken_before} "
                       f"to {row.broken_after}")
 
 
@@ -186,8 +188,9 @@ def _plans(r, console) -> None:
     if p is None or p.empty:
         return
     cal = r.calibration.get("name") if r.calibration else "?"
-    t = Table(title=f"plans: µs per token, MODELED (measured trace costs + calibration {cal})", title_justify="left")
-    for c in ("plan", "mode", "graphs/token", "predicted µs (IQR)", "eager measured µs", "saving"):
+    times = trace_times(r)
+    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {cal})", title_justify="left")
+    for c in ("plan", "mode", "graphs/token", "predicted µs (IQR)", f"eager µs ({times})", "saving"):
         t.add_column(c)
     for row in p.itertuples():
         if row.plan.startswith("eager"):

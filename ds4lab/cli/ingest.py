@@ -65,6 +65,11 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     """
     from ..ingest import IngestError, ingest_all
 
+    if sites is not None:  # a preset name, checked before any input is read
+        from ..token.config import PRESETS
+
+        if sites not in PRESETS:
+            fail(f"--sites {sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
     try:
         with _progress(files) as progress:
             results = ingest_all(files, out, lenient, sites, progress=progress)

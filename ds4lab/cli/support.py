@@ -16,9 +16,28 @@ def console():
 
 
 def fail(msg: str, code: int = 2) -> None:
-    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``."""
-    click.echo(f"ds4lab: error: {msg}", err=True)
+    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``, also when stderr is a closed pipe
+    (``2>&1 | head``): the message is dropped, the status stays ``code`` (141 for the closed pipe
+    itself), not the 1 or 120 an unwritable stderr would give."""
+    try:
+        click.echo(f"ds4lab: error: {msg}", err=True)
+        sys.stderr.flush()
+    except OSError:  # BrokenPipeError included: nobody reads stderr any more
+        _silence_std_streams()
     sys.exit(code)
+
+
+def _silence_std_streams() -> None:
+    """Point stdout and stderr at /dev/null, so that the interpreter's last flush at exit cannot fail
+    on a closed pipe and change the exit status."""
+    import os
+
+    null = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(null, stream.fileno())
+        except (OSError, ValueError):
+            pass
 
 
 def interrupted(e: KeyboardInterrupt) -> None:

@@ -70,6 +70,10 @@ class Table:
             return context
         return context - self.exact_lead + self.exact_tokens + 1 + self.warmup
 
+    def timed_positions(self, context: int) -> list[int]:
+        """Every position the stages are timed at, at ``context`` (all rounds)."""
+        return [p for rnd in range(self.rounds) for p in self.round_span(context, rnd).positions()]
+
     def round_span(self, context: int, rnd: int) -> Span:
         """Round ``rnd``'s timed positions at ``context`` (every stage of the round decodes them)."""
         step = self.per_round + max(self.warmup, 2)
@@ -96,10 +100,12 @@ def exactness_backend(be):
     return make_backend("sim", seed=be.seed, timing_only=False)
 
 
-def floors_at(be, model: DecodeModel, context: int) -> dict:
+def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenOptions | None = None) -> dict:
     """The floors of the token at ``context`` (:func:`ds4lab.measure.floors.token_floors`): the
     replayed token's GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's
-    timeline on the sim; the ladder's efficiency is this over each stage's µs, never above 1), the
+    timeline on the sim), median over ``positions`` (the positions the stages are timed at: every
+    stage spends at least each token's busy time on it, so the ladder's efficiency, this over each
+    stage's median µs, stays at or below 1 within the run's noise), the
     bytes floor, the launch-list floor and t_min, with where the busy time comes from. ``{}`` on a
     backend that neither measures nor models time. Leaves ``model`` with stage 3's options and
     executor: every stage run activates its own."""
@@ -107,7 +113,7 @@ def floors_at(be, model: DecodeModel, context: int) -> dict:
         return {}
     from ..measure.floors import token_floors
 
-    tf = token_floors(be, model, start_pos=context)
+    tf = token_floors(be, model, start_pos=context, busy_positions=positions, base=base)
     return {"floor_us": tf.busy.busy.median, "bytes_floor_us": tf.floor.bytes_floor_us,
             "launch_floor_us": tf.floor.launch_floor_us, "t_min_us": tf.floor.t_min_us,
             "floor_source": tf.busy.source}

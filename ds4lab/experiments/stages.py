@@ -118,7 +118,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
 )}
 
 #: What ``ds4lab ladder`` runs by default, and ``ds4lab context``.
-LADDER_DEFAULT = "0,0s,1,2,3,3u"
+LADDER_DEFAULT = "0,0s,i,i+,1,2,3,3u"
 CONTEXT_DEFAULT = "0,i,i+,3,3c"
 
 

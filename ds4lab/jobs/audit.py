@@ -122,7 +122,9 @@ def run(cfg: AuditConfig, backend=None, console=None):
     out = Path(cfg.out or f"results/audit-{first}")
     meta = _meta(cfg)
     say = console.print if console is not None else (lambda *a, **k: None)
-    with results.job_folder(out, meta, audit_report.OUTPUTS) as folder:
+    # a trace the readers refuse, or one without tokens, is bad input: no result folder is left
+    with results.job_folder(out, meta, audit_report.OUTPUTS, say=say if console is not None else None,
+                            discard_on=(BadInput,)) as folder:
         folder = Path(folder) if folder is not None else out
         tables = _sources(cfg, folder, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)

@@ -62,6 +62,9 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
         meta = provenance.base_meta(be)
         meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
         with results.job_folder(out, meta, HAZARD_OUTPUTS, say=console.print) as folder:
+            console.print(f"[bold]ds4lab hazards[/] · {mcfg.name} · " + (
+                "on the simulated runtime: what CUDA does is the sim's capture rules (each checked on the H200 "
+                "by ds4lab conformance), not a GPU run" if be.name == "sim" else provenance.label(meta)))
             for n in names:
                 r = demonstrate(n, be, mcfg, mode=cfg.mode)
                 rows.append(r)

@@ -179,7 +179,7 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
             with JobProgress(con, "timing stages", steps) as prog:
                 for c in table.contexts:
                     exact = lad.exactness(c, con.print)
-                    floors = floors_at(be, lad.model, c) if table.floor else {}
+                    floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
                     rows = lad.measure(c, exact=exact, floors=floors, progress=prog.advance,
                                        on_round=lambda rows: _frame(done + rows, be, preset, meta).to_csv(
                                            csv_path, index=False))

@@ -311,18 +311,20 @@ def copy_GBps(be, measured: float | None = None) -> tuple[float, str]:
 
 
 # ----------------------------------------------------------------------------- one replayed token
-def whole_token_runner(model, start_pos: int = 1000):
+def whole_token_runner(model, start_pos: int = 1000, base=None):
     """``(run_token, stream)``: ``run_token(i)`` decodes position ``start_pos + i`` with ``model``'s
     whole token body captured once and replayed: stage 3
     (:class:`~ds4lab.experiments.run.StageRun` of ``STAGES["3"]``: scalars from a device buffer, async
     counts clear, preallocated scratch, no MoE profile, a non-blocking stream; the first call runs
     eagerly, the second captures). Activates the run on ``model``; the caller runs tokens inside
-    ``ds4lab.capture.stream.graphs_enabled()``.
+    ``ds4lab.capture.stream.graphs_enabled()``. ``base``: the token options stage 3's go over (default:
+    the model's current ones; a ladder passes its own base, since its model holds the options of the
+    stage it ran last).
     """
     from ..experiments.run import StageRun
     from ..experiments.stages import STAGES
 
-    run = StageRun(model, STAGES["3"], model.opts)
+    run = StageRun(model, STAGES["3"], model.opts if base is None else base)
     run.activate()
     return (lambda i: run.token(start_pos + i)), run.stream
 
@@ -385,13 +387,17 @@ def kernel_figures(launches, bandwidth_GBps: float) -> dict:
 
 
 def token_floors(be, model, *, copy_measured: float | None = None, tokens: int = 10, start_pos: int = 1000,
-                 replays: int = 20) -> TokenFloors:
+                 replays: int = 20, busy_positions=None, base=None) -> TokenFloors:
     """Everything the floors need for ``model``'s token, in one call: the launch list (one eager
     token traced), the copy bandwidth (:func:`copy_GBps`), t_min for a graph of that many
     kernels (:func:`measure_t_min`), both floors, and ``tokens`` replayed tokens (the whole
     token captured, :func:`whole_token_runner`) timed with events and traced for busy time.
     Each launch's µs comes from the traced replays when their kernels match the launch list
-    name by name. Leaves ``model`` with the replay executor installed.
+    name by name. ``busy_positions``: the positions whose replays give the busy time (default:
+    ``tokens`` positions after the timed ones); a ladder passes the positions it times, so that at a
+    long context, where the launch list changes with the position, the busy time is that of the
+    tokens it bounds. ``base``: :func:`whole_token_runner`'s. Leaves ``model`` with the replay executor
+    installed.
 
     Raises what :func:`measure_t_min` and :func:`replayed_token_busy` raise.
     """
@@ -412,9 +418,14 @@ def token_floors(be, model, *, copy_measured: float | None = None, tokens: int =
     floor = launch_list_floor(trace, bw, tm.replay_us.median)
     busy_floor = None if tm.kernel_us is None else launch_list_floor(trace, bw, tm.kernel_us.median).launch_floor_us
     with S.graphs_enabled():
-        run_token, st = whole_token_runner(model, start_pos)
+        run_token, st = whole_token_runner(model, start_pos, base)
         smp = time_steps(be, run_token, tokens, stream=st, warmup=3)
-        tb = replayed_token_busy(be, lambda i: run_token(tokens + 3 + i), tokens, warmup=0)
+        offsets = ([p - start_pos for p in busy_positions] if busy_positions is not None
+                   else [tokens + 3 + i for i in range(tokens)])
+        for _ in range(2):  # each token shape seen and captured before it is traced: replays only
+            for off in offsets:
+                run_token(off)
+        tb = replayed_token_busy(be, lambda j: run_token(offsets[j]), len(offsets), warmup=0)
     launches = None
     names = [r.kernel for r in trace]
     if tb.durations is not None and tb.names == names:
