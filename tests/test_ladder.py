@@ -250,3 +250,25 @@ def test_island_ladder_and_context_on_sim_small(tmp_path):
     cf = execute("context", ContextConfig(stages="0,i,3,3c", preset="small", contexts="600", tokens=3, warmup=1,
                                           out=str(tmp_path / "c")), backend="sim")
     assert set(cf.stage) == {"0", "i", "3", "3c"} and (cf.exact == True).all()  # noqa: E712
+
+
+def test_gains_are_paired_per_token_against_stage_0(tmp_path):
+    """Each stage's gain over stage 0: token k of the stage paired with token k of stage 0 (same position,
+    same round), median and 95 % interval; stage 0 against itself is not measurable."""
+    df = execute("ladder", LadderConfig(stages="0,3", preset="tiny", tokens=12, warmup=1, exact_tokens=0, rounds=2,
+                                        out=tmp_path), backend="sim")
+    g = df.set_index("stage")
+    assert not g.loc["0", "gain_measurable"] and g.loc["0", "gain_us"] == 0
+    assert g.loc["3", "gain_measurable"] and g.loc["3", "gain_lo"] <= g.loc["3", "gain_us"] <= g.loc["3", "gain_hi"]
+    # the sim's modeled tokens are alike within a stage: the paired gain is the difference of the medians
+    assert g.loc["3", "gain_us"] == pytest.approx(g.loc["0", "us_median"] - g.loc["3", "us_median"])
+
+
+def test_the_context_floor_bounds_every_stage_whichever_stage_ran_last(tmp_path):
+    """The busy floor is taken over the timed positions with the ladder's base options: a stage list
+    ending on 3c (whose worst-case grids cost more) does not lend stage 3 its floor."""
+    from ds4lab.jobs.context import ContextConfig
+
+    df = execute("context", ContextConfig(stages="0,3,3c", preset="tiny", contexts="64,512", tokens=4, span=4,
+                                          out=str(tmp_path)), backend="sim")
+    assert (df.efficiency <= 1 + 1e-9).all(), df[["stage", "context", "us_median", "floor_us"]]

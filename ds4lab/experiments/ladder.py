@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..timing import Stats
+from ..timing import Difference, Stats, paired_difference
 from ..token.model import DecodeModel, TokenOptions
 from .run import Span, StageRun, compare_runs, outcome
 from .stages import STAGES, Stage, token_id_at
@@ -225,9 +225,15 @@ class Ladder:
             })
         vs = "0" if base_us else rows[0]["stage"]  # without stage 0, gains are against the first stage listed
         base_us = base_us or rows[0]["us_median"]
+        base = samples[vs]["us"]
         for r in rows:
             r["speedup"] = base_us / r["us_median"]
             r["speedup_vs"] = vs
+            # the gain: token k of this stage paired with token k of the baseline (the same position, the
+            # same interleaved round), median of the differences with its 95 % interval
+            c = paired_difference(base, samples[r["stage"]]["us"])  # this stage's cost over the baseline
+            d = Difference(-c.median, -c.hi, -c.lo, c.n, c.baseline, c.confidence)  # its gain, % of the baseline
+            r.update(gain_us=d.median, gain_lo=d.lo, gain_hi=d.hi, gain_measurable=d.measurable, gain=d.fmt())
         return rows
 
 

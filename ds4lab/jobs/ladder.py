@@ -220,7 +220,9 @@ def _line(r: dict, with_context: bool) -> str:
              f"{r['update_results']}" if r["captures"] or r["failures"] else "")
     return ((f"context {r['context']:>7} " if with_context else "")
             + f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token (IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})"
-            f"  ×{r['speedup'] or 0:.2f}" + (f"  eff {r['efficiency']:.2f}" if r["efficiency"] else "")
+            f"  ×{r['speedup'] or 0:.2f}"
+            + (f"  gain {r['gain']}" if r["stage"] != r["speedup_vs"] else "")
+            + (f"  eff {r['efficiency']:.2f}" if r["efficiency"] else "")
             + f"  exact={r['exact']}"
             f"{'  ' + r['first_mismatch'] if r['first_mismatch'] else ''}"
             f"  launches {r['kernel_launches']:.0f} kernels + {r['graph_launches']:.0f} graphs" + cache)
