@@ -47,3 +47,25 @@ def test_a_disagreement_fails_the_job_after_writing_the_table(tmp_path, monkeypa
     df = pd.read_csv(out / "validate.csv")
     assert list(df.verdict_agrees) == [False]
     assert json.loads((out / "meta.json").read_text())["status"].startswith("failed")
+
+
+def test_a_sim_trace_is_labelled_modeled_and_bad_input_leaves_no_folder(tmp_path):
+    """ds4lab's trace.json written by the simulated runtime: the audit calls its times MODELED (meta and
+    the plans' table); a file the readers refuse is exit 2 with no result folder left behind."""
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+    from ds4lab.jobs import execute
+    from ds4lab.report.trace_export import TraceConfig
+
+    execute("trace", TraceConfig(preset="tiny", stages="0", tokens=6, out=tmp_path / "tr"), backend="sim")
+    r = CliRunner().invoke(main, ["audit", str(tmp_path / "tr" / "trace.json"), "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "eager µs (MODELED)" in r.output and "(measured" not in r.output
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    assert meta["modeled"].endswith("process 1: MODELED")
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not a trace")
+    r = CliRunner().invoke(main, ["audit", str(junk), "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "junk.txt" in r.output
+    assert not list(tmp_path.glob("b*")) and not list(tmp_path.glob(".b*"))

@@ -533,3 +533,15 @@ def test_folder_with_meta_but_no_table_is_an_error(tmp_path):
     r = cli("ingest", d, "--out", tmp_path / "o")
     assert r.exit_code == 2 and str(d) in r.stderr and "expected" in r.stderr and "→" not in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_an_unknown_sites_preset_is_refused_before_any_input_is_read(tmp_path):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    log = tmp_path / "moe.log"
+    log.write_text("not read\n")
+    r = CliRunner().invoke(main, ["ingest", str(log), "--sites", "nope", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--sites 'nope'" in r.output and "tiny" in r.output
+    assert not (tmp_path / "o").exists()

@@ -261,6 +261,20 @@ def test_a_rerun_piped_into_head_keeps_the_earlier_results(tmp_path):
     assert (tmp_path / "lad" / "ladder.csv").read_text() == before and meta_of(tmp_path / "lad")["status"] == "complete"
 
 
+def test_stderr_in_the_same_closed_pipe_still_exits_141(tmp_path):
+    """``ds4lab ladder 2>&1 | head -1``: the error message has nowhere to go; the status stays 141."""
+    args = [sys.executable, "-m", "ds4lab.cli", "ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0,3",
+            "--repeats", "1", "--exact-tokens", "0", "--tokens", "100000", "--out", "lad"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=tmp_path)
+    try:
+        p.stdout.readline()
+        p.stdout.close()
+        p.wait(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 141
+
+
 def test_a_sigterm_outside_a_job_exits_143_with_a_message(tmp_path, monkeypatch):
     from ds4lab.report import compare as C
 
