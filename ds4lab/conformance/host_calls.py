@@ -2,7 +2,8 @@
 queries, ``cudaStreamIsCapturing``, event query and synchronize of an event recorded before the
 capture (on the capturing thread), waiting on such an event in every mode, work and event records
 on a stream outside the capture, and cuBLAS handles. The audit's verdicts for these calls come
-from the rules these scenarios check (``ds4lab.sim.rules``); GUESS until the H200 record decides.
+from the rules these scenarios check (``ds4lab.sim.rules``); every scenario here ran on the H200 and
+agreed with the sim (round3's record).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from .framework import (INTACT, MODES, N, _RT, Recorder, _buf, _capture, _replay
 
 @scenario("host-only queries (device, last error, attributes, occupancy, context) inside a capture", MODES,
           expect={**{q: "ok" for q in HOST_QUERIES}, **INTACT},
-          source=f"{_RT} (these calls take no stream and enqueue nothing). GUESS (rule host_query): none is "
+          source=f"{_RT} (these calls take no stream and enqueue nothing); rule host_query, H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): none is "
                  "refused or invalidates in any mode")
 def host_queries_in_capture(r: Recorder, mode: str) -> None:
     """Each host query of ``HOST_QUERIES`` while this thread captures."""
@@ -51,9 +52,9 @@ def stream_is_capturing_in_capture(r: Recorder, mode: str) -> None:
     r.nodes("nodes", g)
 
 
-_GUESS_EVENT = ("GUESS (rule unsafe_call): a query or synchronize of an event recorded outside the capture is a "
-                "potentially unsafe call for the capturing thread in global and thread-local mode, as measured for "
-                "another thread in global mode (H200, 2026-11-30); relaxed mode allows it")
+_EVENT = ("rule unsafe_call; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): a query or synchronize of an event recorded outside the capture is a "
+          "potentially unsafe call for the capturing thread in global and thread-local mode, as measured for "
+          "another thread in global mode (H200, 2026-11-30); relaxed mode allows it")
 
 
 def _pre_capture_event(r: Recorder, mode: str, step: str, call) -> None:
@@ -66,14 +67,14 @@ def _pre_capture_event(r: Recorder, mode: str, step: str, call) -> None:
 
 
 @scenario("event query, on the capturing thread, of an event recorded before the capture", MODES,
-          expect=refused_unless_relaxed("event_query"), source=_GUESS_EVENT)
+          expect=refused_unless_relaxed("event_query"), source=_EVENT)
 def event_query_pre_capture_event(r: Recorder, mode: str) -> None:
     """cudaEventQuery of an eagerly recorded event while this thread captures (a profiler's check)."""
     _pre_capture_event(r, mode, "event_query", r.be.event_query)
 
 
 @scenario("event synchronize, on the capturing thread, of an event recorded before the capture", MODES,
-          expect=refused_unless_relaxed("event_synchronize"), source=_GUESS_EVENT)
+          expect=refused_unless_relaxed("event_synchronize"), source=_EVENT)
 def event_sync_pre_capture_event(r: Recorder, mode: str) -> None:
     """cudaEventSynchronize of an eagerly recorded event while this thread captures."""
     _pre_capture_event(r, mode, "event_synchronize", r.be.event_synchronize)
@@ -83,7 +84,7 @@ def event_sync_pre_capture_event(r: Recorder, mode: str) -> None:
           expect={"wait_outside_event": "cudaErrorStreamCaptureIsolation", "status_in_capture": "invalidated",
                   "end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph"},
           source="H200 conformance 2026-11-30 (wait_external_event, relaxed): cudaErrorStreamCaptureIsolation, "
-                 "invalidated; PG 'Prohibited and Unhandled Operations'. GUESS: every mode alike (rule isolation)")
+                 "invalidated; PG 'Prohibited and Unhandled Operations'; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): every mode alike (rule isolation)")
 def wait_pre_capture_event(r: Recorder, mode: str) -> None:
     """cudaStreamWaitEvent on the capturing stream, of an event recorded eagerly before the capture."""
     be = r.be

@@ -1,7 +1,7 @@
 """Scenarios of host memory during a capture: asynchronous copies from and to pageable and pinned
 host memory on the capturing stream, synchronous ``cudaMemcpy`` in both directions, and allocating
 or registering pinned host memory. The audit (``ds4lab audit``) gives these calls their verdicts
-from the sim's rules; each rule a scenario here checks says GUESS until the H200 record decides.
+from the sim's rules; every scenario here ran on the H200 and agreed with the sim (round3's record).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from ..capture import stream as S
 from .framework import (MODES, N, Recorder, _buf, _capture, _replay, call_in_capture, f32, refused_unless_relaxed,
                         scenario)
 
-_GUESS_ESCAPE = ("GUESS (rule legacy_escape): a synchronous cudaMemcpy runs on the legacy stream at once while a "
-                 "non-blocking stream captures, and is not in the graph")
+_ESCAPE = ("rule legacy_escape; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): a synchronous cudaMemcpy runs on the legacy stream at once while a "
+           "non-blocking stream captures, and is not in the graph")
 
 
 def host_value(r: Recorder, step: str, arr: np.ndarray) -> None:
@@ -27,7 +27,7 @@ def host_value(r: Recorder, step: str, arr: np.ndarray) -> None:
           "memory then", MODES,
           expect={"copy_h2d": "ok", "end_capture": "ok", "nodes": "memcpyx1", "x_after_capture": "0",
                   "x_after_replay": "7"},
-          source="H200 conformance 2026-11-30 (h2d_pageable_in_capture, relaxed): one memcpy node; GUESS: every "
+          source="H200 conformance 2026-11-30 (h2d_pageable_in_capture, relaxed): one memcpy node; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): every "
                  "mode alike, and a replay copies what the host memory holds at the replay")
 def h2d_async_pageable(r: Recorder, mode: str) -> None:
     """A pageable host array copied on the capturing stream, then rewritten on the host: what the
@@ -47,8 +47,8 @@ def h2d_async_pageable(r: Recorder, mode: str) -> None:
 @scenario("device-to-host cudaMemcpyAsync into pageable memory on the capturing stream", MODES,
           expect={"copy_d2h": "ok", "end_capture": "ok", "nodes": "memcpyx1", "h_after_capture": "0",
                   "h_after_replay": "5"},
-          source="GUESS (rule capture_node): a device-to-host copy into pageable memory on the capturing stream is "
-                 "a memcpy node, as the host-to-device one measured on the H200 is; each replay writes the host array")
+          source="rule capture_node; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): a device-to-host copy into pageable memory on the capturing stream is "
+                 "a memcpy node, as the host-to-device one is; each replay writes the host array")
 def d2h_async_pageable(r: Recorder, mode: str) -> None:
     """A device buffer copied into a pageable host array on the capturing stream: not executed at
     capture; each replay writes the host array."""
@@ -112,7 +112,7 @@ def _sync_copy(r: Recorder, mode: str, h2d: bool) -> None:
 @scenario("synchronous cudaMemcpy host to device while a non-blocking stream captures", MODES,
           expect={"memcpy_sync": "ok", "end_capture": "ok", "nodes": "kernel:tiny_addx1", "x_after_capture": "6",
                   "x_after_replay": "5"},
-          source=_GUESS_ESCAPE)
+          source=_ESCAPE)
 def memcpy_sync_h2d_in_capture(r: Recorder, mode: str) -> None:
     """cudaMemcpy (host to device) during the capture: it runs now on the legacy stream; the
     replay does not copy again."""
@@ -122,27 +122,27 @@ def memcpy_sync_h2d_in_capture(r: Recorder, mode: str) -> None:
 @scenario("synchronous cudaMemcpy device to host while a non-blocking stream captures", MODES,
           expect={"memcpy_sync": "ok", "end_capture": "ok", "nodes": "kernel:tiny_addx1", "h_after_capture": "3",
                   "h_after_replay": "0"},
-          source=_GUESS_ESCAPE)
+          source=_ESCAPE)
 def memcpy_sync_d2h_in_capture(r: Recorder, mode: str) -> None:
     """cudaMemcpy (device to host) during the capture reads now, before any captured work ran; the
     replay does not read again."""
     _sync_copy(r, mode, h2d=False)
 
 
-_GUESS_UNSAFE = ("GUESS (rule unsafe_host_call): potentially unsafe as cudaMalloc is (RT "
-                 "cudaThreadExchangeStreamCaptureMode): refused and invalidating in global and thread-local mode, "
-                 "allowed in relaxed")
+_UNSAFE = ("rule unsafe_host_call; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): potentially unsafe as cudaMalloc is (RT "
+           "cudaThreadExchangeStreamCaptureMode): refused and invalidating in global and thread-local mode, "
+           "allowed in relaxed")
 
 
 @scenario("pinned host allocation (cudaHostAlloc) inside a capture", MODES, expect=refused_unless_relaxed("host_alloc"),
-          source=_GUESS_UNSAFE)
+          source=_UNSAFE)
 def host_alloc_in_capture(r: Recorder, mode: str) -> None:
     """cudaHostAlloc while this thread captures."""
     call_in_capture(r, mode, "host_alloc", r.be.host_alloc, (N,), f32, release=r.be.free_host)
 
 
 @scenario("host memory registration (cudaHostRegister) inside a capture", MODES,
-          expect=refused_unless_relaxed("host_register"), source=_GUESS_UNSAFE)
+          expect=refused_unless_relaxed("host_register"), source=_UNSAFE)
 def host_register_in_capture(r: Recorder, mode: str) -> None:
     """cudaHostRegister of an ordinary host array while this thread captures."""
     h = np.zeros(N * 16, dtype=f32)  # 64 KiB: a whole number of pages on common page sizes
