@@ -12,10 +12,13 @@ from ..backends.base import HOST_QUERIES
 from .framework import (INTACT, MODES, N, _RT, Recorder, _buf, _capture, _replay, call_in_capture, f32,
                         refused_unless_relaxed, scenario)
 
+#: the H200 run that decided these scenarios' rules (0 disagreements with the sim)
+_R3 = "H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3)"
+
 
 @scenario("host-only queries (device, last error, attributes, occupancy, context) inside a capture", MODES,
           expect={**{q: "ok" for q in HOST_QUERIES}, **INTACT},
-          source=f"{_RT} (these calls take no stream and enqueue nothing); rule host_query, H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): none is "
+          source=f"{_RT} (these calls take no stream and enqueue nothing); rule host_query, " + _R3 + ": none is "
                  "refused or invalidates in any mode")
 def host_queries_in_capture(r: Recorder, mode: str) -> None:
     """Each host query of ``HOST_QUERIES`` while this thread captures."""
@@ -52,7 +55,7 @@ def stream_is_capturing_in_capture(r: Recorder, mode: str) -> None:
     r.nodes("nodes", g)
 
 
-_EVENT = ("rule unsafe_call; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): a query or synchronize of an event recorded outside the capture is a "
+_EVENT = ("rule unsafe_call; " + _R3 + ": a query or synchronize of an event recorded outside the capture is a "
           "potentially unsafe call for the capturing thread in global and thread-local mode, as measured for "
           "another thread in global mode (H200, 2026-11-30); relaxed mode allows it")
 
@@ -84,7 +87,8 @@ def event_sync_pre_capture_event(r: Recorder, mode: str) -> None:
           expect={"wait_outside_event": "cudaErrorStreamCaptureIsolation", "status_in_capture": "invalidated",
                   "end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph"},
           source="H200 conformance 2026-11-30 (wait_external_event, relaxed): cudaErrorStreamCaptureIsolation, "
-                 "invalidated; PG 'Prohibited and Unhandled Operations'; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): every mode alike (rule isolation)")
+                 "invalidated; PG 'Prohibited and Unhandled Operations'; " + _R3
+                 + ": every mode alike (rule isolation)")
 def wait_pre_capture_event(r: Recorder, mode: str) -> None:
     """cudaStreamWaitEvent on the capturing stream, of an event recorded eagerly before the capture."""
     be = r.be
@@ -142,7 +146,8 @@ def cublas_create_in_capture(r: Recorder, mode: str) -> None:
 @scenario("cuBLAS stream and workspace set inside a capture (handle and workspace made before)", MODES,
           expect={"cublas_create": "ok", "set_stream": "ok", "set_workspace": "ok", **INTACT},
           source="cuBLAS library reference, 'CUDA Graphs Support' (a workspace set with cublasSetWorkspace avoids "
-                 "allocation during capture). The H200 allows both in every mode, the capture intact (rule cublas_settings)")
+                 "allocation during capture). The H200 allows both in every mode, the capture intact "
+                 "(rule cublas_settings)")
 def cublas_workspace_in_capture(r: Recorder, mode: str) -> None:
     """The fix for lazily made cuBLAS resources: handle and workspace made before the capture, only
     pointed at the capturing stream inside it."""

@@ -12,7 +12,10 @@ from ..capture import stream as S
 from .framework import (MODES, N, Recorder, _buf, _capture, _replay, call_in_capture, f32, refused_unless_relaxed,
                         scenario)
 
-_ESCAPE = ("rule legacy_escape; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): a synchronous cudaMemcpy runs on the legacy stream at once while a "
+#: the H200 run that decided these scenarios' rules (0 disagreements with the sim)
+_R3 = "H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3)"
+
+_ESCAPE = ("rule legacy_escape; " + _R3 + ": a synchronous cudaMemcpy runs on the legacy stream at once while a "
            "non-blocking stream captures, and is not in the graph")
 
 
@@ -27,7 +30,7 @@ def host_value(r: Recorder, step: str, arr: np.ndarray) -> None:
           "memory then", MODES,
           expect={"copy_h2d": "ok", "end_capture": "ok", "nodes": "memcpyx1", "x_after_capture": "0",
                   "x_after_replay": "7"},
-          source="H200 conformance 2026-11-30 (h2d_pageable_in_capture, relaxed): one memcpy node; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): every "
+          source="H200 conformance 2026-11-30 (h2d_pageable_in_capture, relaxed): one memcpy node; " + _R3 + ": every "
                  "mode alike, and a replay copies what the host memory holds at the replay")
 def h2d_async_pageable(r: Recorder, mode: str) -> None:
     """A pageable host array copied on the capturing stream, then rewritten on the host: what the
@@ -47,7 +50,8 @@ def h2d_async_pageable(r: Recorder, mode: str) -> None:
 @scenario("device-to-host cudaMemcpyAsync into pageable memory on the capturing stream", MODES,
           expect={"copy_d2h": "ok", "end_capture": "ok", "nodes": "memcpyx1", "h_after_capture": "0",
                   "h_after_replay": "5"},
-          source="rule capture_node; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): a device-to-host copy into pageable memory on the capturing stream is "
+          source="rule capture_node; " + _R3 + ": a device-to-host copy into pageable memory on the capturing "
+                 "stream is "
                  "a memcpy node, as the host-to-device one is; each replay writes the host array")
 def d2h_async_pageable(r: Recorder, mode: str) -> None:
     """A device buffer copied into a pageable host array on the capturing stream: not executed at
@@ -129,7 +133,7 @@ def memcpy_sync_d2h_in_capture(r: Recorder, mode: str) -> None:
     _sync_copy(r, mode, h2d=False)
 
 
-_UNSAFE = ("rule unsafe_host_call; H200 conformance 2026-12-01 (docs/measurements/h200-2026-12-01/round3): potentially unsafe as cudaMalloc is (RT "
+_UNSAFE = ("rule unsafe_host_call; " + _R3 + ": potentially unsafe as cudaMalloc is (RT "
            "cudaThreadExchangeStreamCaptureMode): refused and invalidating in global and thread-local mode, "
            "allowed in relaxed")
 

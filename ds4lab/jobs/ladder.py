@@ -160,14 +160,16 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     exactness_checked=bool(table.exact_tokens and check), **extra_meta)
         if banner:
             meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
-        with results.job_folder(out, meta, outputs, say=con.print) as folder:  # a NotExact run is written, then "failed"
+        # a NotExact run is written, then marked "failed"
+        with results.job_folder(out, meta, outputs, say=con.print) as folder:
             # said inside the folder, before anything is allocated: a run stopped here is recorded as such
             con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
                       f"caches {mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
             if banner:
                 con.print(banner)
             if "0" not in {s.name for s in table.stages}:
-                con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage {table.stages[0].name}[/]")
+                con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage "
+                          f"{table.stages[0].name}[/]")
             if table.exact_tokens and not check:
                 con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
                           "run it on a GPU, or use a smaller preset)")
