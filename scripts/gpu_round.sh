@@ -20,7 +20,8 @@
 #   moe          the MoE profiler's overhead per mode, eager and replayed (ds4-flash)
 #   bench        ds4lab bench --per-op (ds4-flash): launch cost, roofline, floors
 #   kernels      scripts/bench_kernels.py: every compile-time variant of the heavy kernels checked and timed
-#   calibrate    ds4lab calibrate (ds4-flash) and --long-context on top of it
+#   calibrate    ds4lab calibrate (ds4-flash), --long-context on top of it (three positions), then
+#                --from-ladder on the islands step's folder when this round has one (run islands first)
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
 #                plan (MODELED) against stage 3's measured tokens
@@ -67,7 +68,9 @@ for arg in "$@"; do
     bench) TAIL=30 step bench ${limit:-200} $D bench --preset ds4-flash --per-op --out $R/bench ;;
     kernels) step kernels ${limit:-120} python3 scripts/bench_kernels.py --out $R/kernels ;;
     calibrate) step calibrate ${limit:-200} bash -c "$D calibrate --preset ds4-flash --out $R/calibration/h200.json &&
-         $D calibrate --long-context --base $R/calibration/h200.json --out $R/calibration/h200-long.json" ;;
+         $D calibrate --long-context --base $R/calibration/h200.json --out $R/calibration/h200-long.json &&
+         if [ -d $R/islands ]; then $D calibrate --from-ladder $R/islands --base $R/calibration/h200-long.json \
+         --out $R/calibration/h200-host.json; fi" ;;
     audit) TAIL=30 step audit ${limit:-300} $D audit validate --out $R/audit ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;

@@ -245,7 +245,8 @@ def test_a_rerun_piped_into_head_keeps_the_earlier_results(tmp_path):
     assert subprocess.run([*args, "--tokens", "4"], capture_output=True, env=ENV, cwd=tmp_path,
                           timeout=300).returncode == 0
     before = (tmp_path / "lad" / "ladder.csv").read_text()
-    p = subprocess.Popen([*args, "--tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # stage 0 takes seconds, so its line is written after the close (see the test below)
+    p = subprocess.Popen([*args, "--tokens", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=ENV, cwd=tmp_path)
     try:
         p.stdout.readline()  # `head -1`
@@ -262,9 +263,12 @@ def test_a_rerun_piped_into_head_keeps_the_earlier_results(tmp_path):
 
 
 def test_stderr_in_the_same_closed_pipe_still_exits_141(tmp_path):
-    """``ds4lab ladder 2>&1 | head -1``: the error message has nowhere to go; the status stays 141."""
+    """``ds4lab ladder 2>&1 | head -1``: the error message has nowhere to go; the status stays 141.
+    The run is seconds long and writes a line after each stage, so a write always comes after the
+    close (with a stage of minutes, the lines printed before it could all be in the pipe before the
+    close, and the next write came only after the wait's timeout)."""
     args = [sys.executable, "-m", "ds4lab.cli", "ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0,3",
-            "--repeats", "1", "--exact-tokens", "0", "--tokens", "100000", "--out", "lad"]
+            "--repeats", "1", "--exact-tokens", "0", "--tokens", "3000", "--out", "lad"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=tmp_path)
     try:
         p.stdout.readline()

@@ -361,6 +361,14 @@ class ModeledTime(abc.ABC):
     def modeled_start_us(self, stream) -> float:
         """When a kernel issued now on ``stream`` would start on the modeled device (µs)."""
 
+    @abc.abstractmethod
+    def model_host_work(self, kind: str) -> None:
+        """Put ds4lab's own host work of ``kind`` on the modeled host clock: work the launch layer
+        and the graph cache do in Python around a runtime call, which a GPU run spends for real and
+        the cost model prices apart from the call (``graph_call``: a graph-cache launch's keys,
+        lookup and stream choice; ``node_update``: planning a call's launches and packing one kernel
+        node's parameters). Raises ValueError for another ``kind``."""
+
 
 class DeviceClock(abc.ABC):
     """A GPU whose own clock can be read (the ``cupy`` backend)."""

@@ -372,6 +372,7 @@ class GraphCache:
         (the call runs eagerly, the entry retires) when the backend refuses one."""
         try:
             for i, rec in enumerate(plan):
+                model.L.model_host_work("node_update")
                 self.be.graph_exec_kernel_node_set_params(e.graph_exec, i, rec)
                 model.L.count_node_update(rec.site)
         except RuntimeApiError as ex:

@@ -308,7 +308,16 @@ class Launcher:
         """Replay an executable graph on the accessor's stream (``cudaGraphLaunch``)."""
         self.census.counts[(self.cluster_name, "graph", site)] += 1
         with self._op(site):
+            self.model_host_work("graph_call")
             self.backend.graph_launch(graph_exec, self.stream())
+
+    def model_host_work(self, kind: str) -> None:
+        """On a modeled backend (the sim), price ds4lab's own host work of ``kind`` around a runtime
+        call (:meth:`ds4lab.backends.base.ModeledTime.model_host_work`); a GPU spends it for real."""
+        from ..backends.base import ModeledTime
+
+        if isinstance(self.backend, ModeledTime):
+            self.backend.model_host_work(kind)
 
     def _plan_only(self, kind: str, site: str) -> bool:
         """While planning: record a non-kernel operation and tell the caller not to issue it."""

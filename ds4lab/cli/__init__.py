@@ -208,13 +208,18 @@ def conformance(backend, out, names, list_only) -> None:
 @click.option("--base", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="With --moe-profile or --long-context: the calibration to extend (default: the shipped one).")
 @click.option("--long-context", is_flag=True,
-              help="GPU: add fits for the long-context token's kernels to --base (default: the shipped one).")
-def calibrate(preset, out, moe_profile, base, long_context) -> None:
+              help="GPU: refit the long-context token's kernels of --base (default: the shipped one) over "
+                   "positions 4095, 16383 and 65535.")
+@click.option("--from-ladder", "from_ladder", multiple=True,
+              type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="No GPU needed: refit --base's host constants (host µs per eager launch, per kernel-node "
+                   "update) from this measured `ds4lab ladder` or `context` folder (repeatable).")
+def calibrate(preset, out, moe_profile, base, long_context, from_ladder) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
     from ..jobs.calibrate import CalibrateConfig
 
     invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
-                                        long_context=long_context), "cupy")
+                                        long_context=long_context, from_ladder=tuple(from_ladder)), "cupy")
 
 
 @main.command()

@@ -58,7 +58,7 @@ JOBS = {
     "exclusion": ("exclusion", BackendRequest(timing_only=True)),
     "conformance": ("conformance", BackendRequest()),
     "calibrate": ("calibrate", BackendRequest(allowed=("auto", "cupy"), gpu_only=True,
-                                              needed=lambda c: c.moe_profile is None)),
+                                              needed=lambda c: c.moe_profile is None and not c.from_ladder)),
     "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
     "trace": ("trace", BackendRequest(timing_only=True)),
     "audit": ("audit", BackendRequest(needed=False)),

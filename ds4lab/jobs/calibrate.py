@@ -1,13 +1,15 @@
 """``ds4lab calibrate``: the sim's cost-model parameters measured on this GPU
 (:func:`ds4lab.measure.calibrate.calibrate`), or, with no GPU, the tiled MoE kernels fitted from a
-measured ``ds4lab moe`` folder (:func:`ds4lab.measure.calibrate.fit_tiled_moe`)."""
+measured ``ds4lab moe`` folder (:func:`ds4lab.measure.calibrate.fit_tiled_moe`) or the host
+constants from measured ladders (:func:`ds4lab.measure.calibrate.fit_host_from_ladder`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..measure.calibrate import calibrate, calibrate_long_context, fit_tiled_moe, write_calibration
+from ..measure.calibrate import (calibrate, calibrate_long_context, fit_host_from_ladder, fit_tiled_moe,
+                                 write_calibration)
 from ..sim.costmodel import default_calibration_path
 from .common import BadInput, default_preset
 
@@ -22,8 +24,12 @@ class CalibrateConfig:
     out: Path | str = "results/calibration.json"
     moe_profile: Path | str | None = None
     base: Path | str | None = None
-    #: GPU: add fits for the long-context token's kernels to ``base`` (measured at position 65 535).
+    #: GPU: refit the long-context token's kernels in ``base`` (lines over positions 4 095, 16 383 and
+    #: 65 535: :data:`ds4lab.measure.calibrate.LONG_CONTEXT_POSITIONS`).
     long_context: bool = False
+    #: No GPU: measured ``ds4lab ladder``/``context`` folders whose host times refit ``base``'s
+    #: ``host_launch_us`` and ``host_node_update_us``.
+    from_ladder: tuple = ()
 
 
 def check_config(cfg: CalibrateConfig) -> None:
@@ -42,7 +48,11 @@ def check_config(cfg: CalibrateConfig) -> None:
     refuse_shipped(out)
     if out.is_dir():
         raise BadInput(f"--out {out} is a folder: name the calibration file to write")
-    if cfg.moe_profile is not None or cfg.long_context:
+    modes = [m for m, on in (("--moe-profile", cfg.moe_profile is not None), ("--long-context", cfg.long_context),
+                             ("--from-ladder", bool(cfg.from_ladder))) if on]
+    if len(modes) > 1:
+        raise BadInput(f"{' and '.join(modes)}: choose one way to extend --base per run")
+    if modes:
         read(Path(cfg.base) if cfg.base else default_calibration_path())
 
 
@@ -59,9 +69,29 @@ def _replaceable(path: Path) -> str | None:
     return None
 
 
+def _check_against(cal: dict, folders, console) -> None:
+    """Print the sim's modeled stages with ``cal`` against each measured folder
+    (:func:`ds4lab.measure.sim_check.modeled_vs_measured`)."""
+    from rich.table import Table
+
+    from ..measure.sim_check import TOLERANCE, modeled_vs_measured
+
+    for folder in folders:
+        d = modeled_vs_measured(folder, cal)
+        t = Table(title=str(folder), caption="modeled (sim, this calibration) / measured, stage by stage")
+        for c in ("context", "stage", "measured µs", "modeled µs", "ratio", ""):
+            t.add_column(c, justify="left" if c in ("stage", "") else "right")
+        for r in d.itertuples():
+            t.add_row(str(r.context), r.stage, f"{r.measured_us:,.0f}", f"{r.modeled_us:,.0f}", f"{r.ratio:.3f}",
+                      "" if r.agrees else f"OUTSIDE ±{TOLERANCE:.0%}")
+        console.print(t)
+
+
 def run(cfg: CalibrateConfig, be, console) -> dict:
-    """Measure on ``be`` (a GPU) and write ``cfg.out``; with ``moe_profile``, ``be`` is unused
-    (None is fine) and the fits are added to ``base``. Returns the calibration dict written.
+    """Measure on ``be`` (a GPU) and write ``cfg.out``; with ``moe_profile`` or ``from_ladder``,
+    ``be`` is unused (None is fine) and the fits are added to ``base`` (``from_ladder``: then the
+    sim with the new file is compared with each folder, stage by stage). Returns the calibration
+    dict written.
 
     ``out`` is checked before any measurement (:func:`check_config`), locked for the whole run
     (:func:`ds4lab.report.results.output_file`: a second calibration into the same file is
@@ -85,6 +115,16 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
         if cfg.long_context:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
+        elif cfg.from_ladder:
+            base = read(Path(cfg.base) if cfg.base else default_calibration_path())
+            try:
+                cal, table = fit_host_from_ladder(base, cfg.from_ladder)
+            except ValueError as e:
+                raise BadInput(str(e)) from None
+            for r in table.itertuples():
+                console.print(f"{r.figure}: {r.value:.3f} µs ({r.folder}, context {r.context})")
+            for k in ("host_launch_us", "host_graph_call_us", "host_node_update_us"):
+                console.print(f"{k}: {base.get(k)} → {cal.get(k)} (the median)")
         elif cfg.moe_profile is None:
             cal = calibrate(be, cfg.preset or default_preset("calibrate", be), console=console)
         else:
@@ -98,6 +138,8 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
             cal["source"] = f"{cal.get('source', '')}; tiled MoE kernels fitted from {cfg.moe_profile}"
         validate(cal, str(out))
         write_calibration(cal, tmp)
+        if cfg.from_ladder:
+            _check_against(cal, cfg.from_ladder, console)
     for kern, f in (fits or {}).items():
         console.print(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
     console.print(f"calibration written to {out}")

@@ -179,32 +179,148 @@ def add_kernel_fits(base: dict, ops, note: str) -> dict:
     return out
 
 
-def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", pos: int = 65535, console=None) -> dict:
-    """Fits for the kernels the long-context token adds (``kernels/longctx.cu``), measured as
-    :func:`calibrate` measures the others (:func:`ds4lab.measure.perop.per_op_times`: each launch of one
-    token re-issued behind a spin kernel, CUDA events), at ``pos`` (default 65 535: both
-    compressors emit and the indexer takes its chunked top-k), and added to ``base``.
+#: The stages whose host times give the host constants: eager stage 0 (kernel launches only), ds4's
+#: islands (stage i: kernel launches and graph-cache calls) and stage i+ (those plus kernel-node
+#: updates of a cached graph).
+HOST_FIT_STAGES = ("0", "i", "i+")
+
+
+def fit_host_from_ladder(base: dict, folders) -> tuple[dict, "pandas.DataFrame"]:
+    """``base`` with its ds4lab host constants refitted from measured ladder or context folders
+    (``ladder.csv`` or ``context.csv`` and ``meta.json`` of a GPU run), no GPU needed. Each comes
+    from one stage's host enqueue time per token (``host_us_median``), once the calls priced
+    before it are taken out, and is the median over the folders' rows (one per context):
+
+    * ``host_launch_us`` from stage 0: host time over kernel launches (what :func:`calibrate`
+      measures from eager tokens);
+    * ``host_graph_call_us`` from stage i: ``(host - K * host_launch_us) / G - host_graph_launch_us``,
+      ds4lab's own work around each graph launch of its graph cache (keys, lookup, stream choice);
+      ``host_graph_launch_us`` stays the bare ``cudaGraphLaunch`` that :func:`calibrate` measures;
+    * ``host_node_update_us`` from stage i+: ``(host - K * host_launch_us - G * (host_graph_launch_us
+      + host_graph_call_us)) / updates - host_api_us``, ds4lab's own work per kernel-node update
+      (planning the call, packing the parameters) beside the update call.
+
+    K, G, updates: the row's kernel launches, graph launches and node updates per token. A constant
+    whose stage no folder timed stays as in ``base``.
+
+    Returns ``(calibration dict, table)``: the table (pandas) has one row per fitted value with its
+    folder and context. ``source`` names the folders.
 
     Raises:
-        ValueError: ``pos`` where neither compressor emits (their emit kernels would not run).
+        ValueError: a folder that is not a ladder or context result, one modeled on the sim, a table
+            without host times or launch counts, or no stage-0 row in any folder (each names it).
     """
+    import pandas as pd
+
+    rows, used = [], []
+    for folder in map(Path, folders):
+        meta = results.read_meta(folder) or {}
+        table = folder / f"{meta.get('job')}.csv"
+        if meta.get("job") not in ("ladder", "context") or not table.is_file():
+            raise ValueError(f"{folder}: not a ds4lab ladder or context folder (a meta.json of job ladder or "
+                             "context beside its ladder.csv or context.csv)")
+        if meta.get("modeled") or not meta.get("measured", False):
+            raise ValueError(f"{folder}: modeled on the simulated runtime; fit host constants from a GPU run")
+        d = pd.read_csv(table, dtype={"stage": str})
+        need = {"stage", "host_us_median", "kernel_launches", "graph_launches", "node_updates"}
+        if not need <= set(d.columns):
+            raise ValueError(f"{table}: lacks {sorted(need - set(d.columns))}")
+        if "context" not in d.columns:
+            d["context"] = meta.get("start_pos")
+        d["folder"] = str(folder)
+        rows.append(d[d["stage"].isin(HOST_FIT_STAGES)])
+        used.append(str(folder))
+    if not rows:
+        raise ValueError("name at least one measured ladder or context folder")
+    d = pd.concat(rows, ignore_index=True)
+    if not (d["stage"] == "0").any():
+        raise ValueError(f"no stage 0 row in {', '.join(used)}: host_launch_us comes from eager tokens")
+    out = dict(base)
+    out.setdefault("host_graph_call_us", 0.0)
+    out.setdefault("host_node_update_us", 0.0)
+    fit = []
+
+    def refit(stage: str, figure: str, value) -> None:
+        got = [{"figure": figure, "folder": r.folder, "context": r.context, "value": float(value(r))}
+               for r in d[d["stage"] == stage].itertuples()]
+        fit.extend(got)
+        if got:
+            out[figure] = round(max(0.0, float(np.median([g["value"] for g in got]))), 3)
+
+    refit("0", "host_launch_us", lambda r: r.host_us_median / r.kernel_launches)
+    hl, hg = out["host_launch_us"], float(base["host_graph_launch_us"])
+    refit("i", "host_graph_call_us", lambda r: (r.host_us_median - r.kernel_launches * hl) / r.graph_launches - hg)
+    call = out["host_graph_call_us"]
+    api = float(base["host_api_us"])
+    refit("i+", "host_node_update_us",
+          lambda r: (r.host_us_median - r.kernel_launches * hl - r.graph_launches * (hg + call)) / r.node_updates - api)
+    out["source"] = (f"{base.get('source', '')}; host constants fitted from measured ladders by ds4lab calibrate "
+                     f"--from-ladder {' '.join(used)}")
+    return out, pd.DataFrame(fit, columns=["figure", "folder", "context", "value"])
+
+
+#: Positions ``calibrate --long-context`` measures by default: both compressors emit at each
+#: ((pos + 1) % 128 == 0), the indexer scores from a few hundred to 16 384 compressed rows, so each
+#: long-context kernel gets a line over its bytes instead of one point (one position priced a
+#: kernel whose work grows with the context at its 64k cost at every context).
+LONG_CONTEXT_POSITIONS = (4095, 16383, 65535)
+
+
+def refit_kernels(base: dict, ops, names, note: str) -> dict:
+    """``base`` with the fits of the kernels of ``names`` that ``ops`` (a per-op table of ``kernel``,
+    ``nbytes``, ``us``) holds replaced by fits over ``ops`` (:func:`add_kernel_fits`); every other
+    kernel's fit is kept, those of ``names`` that ``ops`` lacks included. ``note`` joins ``source``."""
+    ops = ops[ops["kernel"].isin(set(names))]
+    keep = {k: v for k, v in base["kernels"].items() if k not in set(ops["kernel"])}
+    return add_kernel_fits({**base, "kernels": keep}, ops, note)
+
+
+def long_context_kernels() -> list[str]:
+    """The kernels ``kernels/longctx.cu`` defines (the ones the long-context token adds)."""
+    from ..backends.cupy_backend import kernel_sources
+
+    return sorted(k for k, f in kernel_sources().items() if f.name == "longctx.cu")
+
+
+def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", positions=LONG_CONTEXT_POSITIONS,
+                           console=None) -> dict:
+    """Fits for the kernels the long-context token adds (``kernels/longctx.cu``), measured as
+    :func:`calibrate` measures the others (:func:`ds4lab.measure.perop.per_op_times`: each launch of one
+    token re-issued behind a spin kernel, CUDA events), at every position of ``positions`` (default
+    :data:`LONG_CONTEXT_POSITIONS`), one line per kernel over the bytes of all of them; those
+    kernels' fits in ``base`` are replaced, the others kept.
+
+    Raises:
+        ValueError: a position where the compressors do not both emit (their emit kernels would not
+            run), or no position.
+    """
+    import pandas as pd
+
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
     from .perop import per_op_times
 
-    if (pos + 1) % 128:
-        raise ValueError(f"pos={pos}: pick a position where both compressors emit ((pos + 1) % 128 == 0)")
+    positions = sorted({int(p) for p in positions})
+    if not positions:
+        raise ValueError("name at least one position")
+    bad = [p for p in positions if (p + 1) % 128]
+    if bad:
+        raise ValueError(f"positions {bad}: pick positions where both compressors emit ((pos + 1) % 128 == 0)")
     log = console.print if console else print
-    cfg = get_preset(preset, long_context=True, max_context=-(-(pos + 2) // 128) * 128)
+    cfg = get_preset(preset, long_context=True, max_context=-(-(positions[-1] + 2) // 128) * 128)
     m = DecodeModel(cfg, be, TokenOptions(vocab=False))
-    m.token(pos - 1, 3)  # warm: every kernel compiled and loaded
-    be.synchronize()
-    ops = per_op_times(be, m, pos=pos, token_id=9)
-    new = ops[~ops["kernel"].isin(set(base.get("kernels", {})))]
-    log(f"long-context token at {pos}: {len(ops)} launches, {len(new)} of {new['kernel'].nunique()} kernels "
-        "without a fit")
-    return add_kernel_fits(base, ops, f"long-context kernels fitted by ds4lab calibrate --long-context "
-                                      f"({preset}, position {pos})")
+    names = long_context_kernels()
+    tables = []
+    for pos in positions:
+        m.token(pos - 1, 3)  # warm: every kernel of this position's launch list compiled and loaded
+        be.synchronize()
+        ops = per_op_times(be, m, pos=pos, token_id=9)
+        mine = ops[ops["kernel"].isin(names)]
+        log(f"long-context token at {pos}: {len(ops)} launches, {len(mine)} of the long-context kernels")
+        tables.append(ops.assign(position=pos))
+    return refit_kernels(base, pd.concat(tables, ignore_index=True), names,
+                         f"long-context kernels fitted by ds4lab calibrate --long-context ({preset}, positions "
+                         f"{', '.join(map(str, positions))})")
 
 
 def write_calibration(cal: dict, path: Path) -> None:

@@ -387,6 +387,18 @@ class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
     def graph_launch(self, graph_exec, stream) -> None:
         self.rt.graphs.launch(graph_exec, stream)
 
+    #: ``model_host_work`` kinds → the calibration constant that prices each (µs).
+    HOST_WORK = {"graph_call": "host_graph_call_us", "node_update": "host_node_update_us"}
+
+    def model_host_work(self, kind: str) -> None:
+        """ds4lab's host work of ``kind`` at the calibration's price (:data:`HOST_WORK`; see
+        :meth:`ds4lab.backends.base.ModeledTime.model_host_work`). Raises ValueError naming ``kind``."""
+        if kind not in self.HOST_WORK:
+            raise ValueError(f"host work {kind!r}: one of {', '.join(self.HOST_WORK)}")
+        us = getattr(self.cal, self.HOST_WORK[kind])
+        if us:
+            self.rt.dev.host(us)
+
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
         """``cudaGraphExecKernelNodeSetParams`` with a :class:`~ds4lab.capture.launch.LaunchRecord`
         (see :meth:`Graphs.exec_kernel_node_set_params`)."""

@@ -4,7 +4,9 @@ Every figure here is *modeled*, never measured. The model (all times in µs):
 
 * **host**: one clock. Each API call advances it by its host cost: an eager kernel launch
   ``host_launch_us`` (on the H200 about 10 µs, CuPy's launch plus the op's Python), a graph
-  launch ``host_graph_launch_us``, every other call ``host_api_us``. Work becomes visible to
+  launch ``host_graph_launch_us``, every other call ``host_api_us``; ds4lab's own Python around a
+  graph-cache launch ``host_graph_call_us`` and around a kernel-node update ``host_node_update_us``
+  (charged by the launch layer: ``SimBackend.model_host_work``). Work becomes visible to
   the device when its call returns (the *submit* time). ``event_synchronize``,
   ``stream_synchronize``, ``synchronize`` and reads move the host clock forward to the time the
   device reaches the awaited point.
@@ -24,7 +26,8 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
      "host_launch_us", "host_graph_launch_us", "host_api_us",
      "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us",
      "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
-     optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies)}
+     optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies),
+     "graph_node_gap_us", "host_graph_call_us", "host_node_update_us"}
 
 :func:`fit_calibration` derives ``kernel_fixed_us``, ``bandwidth_GBps`` and ``kernels`` from a
 per-op timing CSV and a launch trace (``ds4lab calibrate`` measures them on a GPU).
@@ -42,7 +45,8 @@ from .calibration import default_calibration_path, read, validate
 REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
-OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0}
+OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0,
+            "host_graph_call_us": 0.0, "host_node_update_us": 0.0}
 
 
 #: Kernels that a calibration file may not have measured yet, and the measured kernel of the same
@@ -86,6 +90,13 @@ class Calibration:
     #: durations (µs): what a plan built from traced kernel durations adds per node boundary
     #: (``ds4lab.audit.plans``). The sim's own kernel fits are per-launch times that include it.
     graph_node_gap_us: float = 0.0
+    #: ds4lab's own host work around each graph launch of its launch layer and graph cache (keys,
+    #: lookup, stream choice), on top of ``host_graph_launch_us`` (the bare ``cudaGraphLaunch``), µs.
+    host_graph_call_us: float = 0.0
+    #: ds4lab's own host work per kernel-node update of a cached graph (stage i+: planning the
+    #: call's launches, packing the node's parameters), on top of the update call (``host_api_us``),
+    #: µs. Both fitted from a measured ladder (:func:`ds4lab.measure.calibrate.fit_host_from_ladder`).
+    host_node_update_us: float = 0.0
     path: str | None = None
 
     @classmethod

@@ -206,7 +206,8 @@ class Graphs:
         ``index``-th kernel node (capture order) takes new work — ``fn`` (the launch's reference, None
         in timing-only mode), its modeled ``gpu_us`` and ``info`` (grid, block, args, shared, nbytes) —
         for later launches; the graph it came from is unchanged (the executable gets its own copy of
-        the node list on its first update). Host cost: one API call (modeled).
+        the node list on its first update). Host cost: one API call (modeled; ds4lab's planning around
+        it is priced by the launch layer: ``model_host_work``).
 
         Raises:
             CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or

@@ -1,0 +1,99 @@
+"""The sim's modeled stages against a measured ladder or context record: per stage and context,
+modeled µs per token over measured (``ds4lab calibrate --from-ladder`` prints it; the tests hold
+the shipped calibration to the H200 record this way).
+
+The sim reruns the record's own job on its configuration (preset, stages, start position or
+contexts, capture mode, long-context token) in timing-only mode, with the calibration given, and
+the two tables are joined on stage and context. A ratio inside ``1 ± tolerance`` is said to agree.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from ..report import results
+
+#: The aim a recalibrated sim is held to: modeled within ±10 % of measured, per stage.
+TOLERANCE = 0.10
+
+
+def _record(folder: Path) -> tuple[str, dict, pd.DataFrame]:
+    """(job, meta, table) of a measured ladder or context folder. Raises ValueError naming it."""
+    meta = results.read_meta(folder) or {}
+    job = meta.get("job")
+    table = folder / f"{job}.csv"
+    if job not in ("ladder", "context") or not table.is_file():
+        raise ValueError(f"{folder}: not a ds4lab ladder or context folder (meta.json of job ladder or context "
+                         "beside its ladder.csv or context.csv)")
+    if meta.get("modeled") or not meta.get("measured", False):
+        raise ValueError(f"{folder}: modeled on the simulated runtime; compare the sim with a GPU record")
+    d = pd.read_csv(table, dtype={"stage": str})
+    if "preset" not in d.columns or d["preset"].nunique() != 1:
+        raise ValueError(f"{table}: one preset column with one value expected")
+    return job, meta, d
+
+
+def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
+                        tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Model ``folder``'s measured ladder or context run on the sim and compare, stage by stage.
+
+    Args:
+        folder: a ``ds4lab ladder`` or ``ds4lab context`` result folder measured on a GPU.
+        calibration: the sim's calibration (path, dict, or None: the default file).
+        tokens: tokens the sim times per stage (and context); its model has no noise to average.
+        tolerance: the relative difference within which a stage agrees.
+
+    Returns:
+        One row per measured (context, stage): ``folder``, ``preset``, ``context``, ``stage``,
+        ``measured_us`` and ``modeled_us`` (median µs per token), ``ratio`` (modeled / measured),
+        ``agrees`` (``|ratio - 1| <= tolerance``).
+
+    Raises:
+        ValueError: not a measured ladder or context folder (names it).
+        ds4lab.errors.CalibrationError: an invalid calibration.
+    """
+    from rich.console import Console
+
+    from ..jobs import module
+    from ..jobs.context import ContextConfig
+    from ..jobs.ladder import LadderConfig
+    from ..sim.backend import SimBackend
+
+    folder = Path(folder)
+    job, meta, measured = _record(folder)
+    preset = str(measured["preset"].iloc[0])
+    stages = ",".join(dict.fromkeys(measured["stage"]))
+    mode = meta.get("capture_mode", "thread_local")
+    be = SimBackend(timing_only=True, calibration=calibration)
+    quiet = Console(file=io.StringIO(), width=160)
+    with tempfile.TemporaryDirectory(prefix="ds4lab-sim-check-") as tmp:
+        out = Path(tmp) / job
+        if job == "ladder":
+            cfg = LadderConfig(stages=stages, preset=preset, tokens=tokens, warmup=2, exact_tokens=0, rounds=2,
+                               mode=mode, out=out, start_pos=int(meta.get("start_pos", 1000)),
+                               long_context=bool(meta.get("long_context", False)))
+        else:
+            contexts = sorted({int(c) for c in measured["context"]})
+            cfg = ContextConfig(stages=stages, preset=preset, contexts=contexts, tokens=tokens, warmup=2,
+                                mode=mode, out=out)
+        import matplotlib.pyplot as plt
+
+        before = set(plt.get_fignums())
+        try:
+            module(job).run(cfg, be, quiet)
+        finally:  # the job's figure is not wanted here: close it, and only it
+            for n in set(plt.get_fignums()) - before:
+                plt.close(n)
+        modeled = pd.read_csv(out / f"{job}.csv", dtype={"stage": str})
+    key = ["context", "stage"]
+    both = measured[key + ["us_median"]].merge(modeled[key + ["us_median"]], on=key, suffixes=("_measured", "_modeled"))
+    both = both.rename(columns={"us_median_measured": "measured_us", "us_median_modeled": "modeled_us"})
+    both.insert(0, "preset", preset)
+    both.insert(0, "folder", str(folder))
+    both["ratio"] = both["modeled_us"] / both["measured_us"]
+    both["agrees"] = (both["ratio"] - 1).abs() <= tolerance
+    return both
