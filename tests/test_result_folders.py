@@ -151,6 +151,73 @@ def test_a_user_file_named_like_an_output_is_kept_beside(tmp_path, rng):
     assert any("extra.csv" in s and kept[0].name in s for s in said)
 
 
+def sha256(p: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_an_edited_file_ds4lab_wrote_is_kept_beside_like_a_users_file(tmp_path, rng):
+    out = tmp_path / "ladder"
+    finished(out, rows(rng))
+    assert meta_of(out)["file_sha256"] == {"ladder.csv": sha256(out / "ladder.csv")}
+    edited = (out / "ladder.csv").read_text() + "# stage 3 ran with the fan at full speed\n"
+    (out / "ladder.csv").write_text(edited)  # the user annotates the table ds4lab wrote
+    said, v2 = [], rows(rng)
+    with job_folder(out, {"job": "t"}, ("ladder.csv",), say=said.append) as f:
+        (f / "ladder.csv").write_text(v2)
+    (kept,) = tmp_path.glob("ladder.replaced-*")  # as for a user's file named like an output
+    assert (kept / "ladder.csv").read_text() == edited
+    assert (out / "ladder.csv").read_text() == v2
+    assert any("ladder.csv (changed since ds4lab wrote it)" in s and kept.name in s for s in said), said
+
+
+def test_an_edited_file_the_rerun_does_not_write_is_carried_into_the_new_folder(tmp_path, rng):
+    out = tmp_path / "ladder"
+    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=lambda m: None) as f:
+        (f / "ladder.csv").write_text(rows(rng))
+        (f / "ladder.png").write_bytes(rng.bytes(64))
+    mine = rng.bytes(80)
+    (out / "ladder.png").write_bytes(mine)  # the user replaces the figure
+    said = []
+    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=said.append) as f:
+        (f / "ladder.csv").write_text(rows(rng))
+    assert (out / "ladder.png").read_bytes() == mine and not list(tmp_path.glob("ladder.replaced-*"))
+    assert meta_of(out)["files"] == ["ladder.csv"]  # the user's now: not hashed, carried again next time
+    assert any("kept ladder.png (changed since ds4lab wrote it)" in s for s in said), said
+
+
+def test_unedited_files_ds4lab_wrote_are_replaced_as_before(tmp_path, rng):
+    out = tmp_path / "ladder"
+    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=lambda m: None) as f:
+        (f / "ladder.csv").write_text(rows(rng))
+        (f / "ladder.png").write_bytes(rng.bytes(64))
+    m = meta_of(out)
+    assert m["files"] == ["ladder.csv", "ladder.png"]
+    assert m["file_sha256"] == {n: sha256(out / n) for n in m["files"]}
+    v2 = rows(rng)
+    said = []
+    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=said.append) as f:
+        (f / "ladder.csv").write_text(v2)
+    assert (out / "ladder.csv").read_text() == v2 and not (out / "ladder.png").exists()
+    assert not list(tmp_path.glob("ladder.replaced-*")) and not any("kept" in s for s in said), said
+
+
+def test_a_folder_whose_meta_json_has_no_hashes_is_replaced_as_before(tmp_path, rng):
+    out = tmp_path / "old"
+    out.mkdir()
+    results.write_meta(out / "meta.json", {"ds4lab": "0.1", "job": "t", "status": "complete",
+                                           "files": ["ladder.csv", "ladder.png"]})  # no "file_sha256"
+    (out / "ladder.csv").write_text("stage,us_median\n0,1.0  # annotated, but nothing says so\n")
+    (out / "ladder.png").write_bytes(rng.bytes(64))
+    v2 = rows(rng)
+    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=lambda m: None) as f:
+        (f / "ladder.csv").write_text(v2)
+    assert (out / "ladder.csv").read_text() == v2 and not (out / "ladder.png").exists()
+    assert not list(tmp_path.glob("old.replaced-*"))
+    assert meta_of(out)["file_sha256"] == {"ladder.csv": sha256(out / "ladder.csv")}  # recorded from now on
+
+
 # ----------------------------------------------------------------------------- what ds4lab never replaces
 @pytest.mark.parametrize("files, needle", [
     ({"meta.json": '{"experiment": "mine"}', "ladder.csv": "stage\n0\n"}, "meta.json was not written by ds4lab"),

@@ -14,11 +14,14 @@ The life of a result folder ``OUT`` (:func:`job_folder`):
    when the process dies, so a killed run never leaves it stale; it holds ``{"pid", "host"}``).
 3. **Staging.** The job writes into ``.OUT.ds4lab-staging`` beside ``OUT`` (the folder the ``with``
    statement hands it); ``OUT`` keeps the earlier results untouched until the end.
-4. **Success**: ``meta.json`` says ``complete`` and lists the files the run wrote; the staging
-   folder is swapped in for ``OUT`` in one atomic step (``renameat2(RENAME_EXCHANGE)`` on Linux;
-   elsewhere two renames, recovered by the next run if a crash falls between them) with SIGINT,
-   SIGTERM and SIGHUP held off; files in the earlier ``OUT`` that ds4lab did not write (a user's
-   notes) are moved into the new one; the earlier results are then removed.
+4. **Success**: ``meta.json`` says ``complete`` and lists the files the run wrote (``files``) with
+   the SHA-256 of each (``file_sha256``); the staging folder is swapped in for ``OUT`` in one atomic
+   step (``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere two renames, recovered by the next run if
+   a crash falls between them) with SIGINT, SIGTERM and SIGHUP held off; files in the earlier
+   ``OUT`` that ds4lab did not write (a user's notes), and files it wrote whose bytes no longer match
+   the recorded SHA-256 (a user's edit), are moved into the new one, or, when one is named like a
+   file this run wrote, the whole earlier folder is kept beside as ``OUT.replaced-<time>``; the
+   console names them. The earlier results are then removed.
 5. **Interrupted (Ctrl-C, SIGTERM, SIGHUP) or failed**: ``meta.json`` says ``interrupted``,
    ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed: <error>``; the partial results
    become ``OUT`` when there were no earlier results there, and otherwise go beside it as
@@ -39,11 +42,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import fnmatch
+import hashlib
 import json
 import math
 import os
 import shutil
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -270,6 +275,8 @@ class _Target:
         self.old = real.parent / f".{real.name}{OLD_SUFFIX}"
         self.made: list[Path] = []
         self.prev_files: set[str] | None = None  # what the earlier run in out wrote (None: no earlier run)
+        self.prev_sha256: dict[str, str] = {}  # their SHA-256 as its meta.json recorded them (older folders: none)
+        self.edited: set[str] = set()  # those changed since: the user's now (:meth:`_drop_edited`)
         self.had_results = False
 
     # -- before
@@ -361,6 +368,9 @@ class _Target:
         files = meta.get("files")
         self.prev_files = set(files) if isinstance(files, list) else {
             n for n in entries if any(fnmatch.fnmatch(n, pat) for pat in self.outputs)}
+        sums = meta.get("file_sha256")
+        if isinstance(sums, dict):
+            self.prev_sha256 = {n: h for n, h in sums.items() if n in self.prev_files and isinstance(h, str)}
         self.had_results = True
 
     # -- after
@@ -387,6 +397,8 @@ class _Target:
     def _commit(self) -> Path:
         out, new = self.out, self.staging
         carried = []
+        if out.exists():
+            self._drop_edited()
         with signals_held():  # the swap is never cut in half (removing the old copy, after it, may be)
             if not out.exists():
                 os.rename(new, out)
@@ -395,7 +407,7 @@ class _Target:
         if self.old.exists():
             shutil.rmtree(self.old, ignore_errors=True)
         if carried:
-            self._note(f"{self.shown}: kept {', '.join(carried)} (not written by ds4lab)")
+            self._note(f"{self.shown}: kept {self._whose(carried)}")
         if self.had_results:
             self._note(f"results in {self.shown}/ (the earlier results there replaced)")
         elif self.say is not None:
@@ -415,11 +427,34 @@ class _Target:
             dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
             os.rename(self.old, dest)
             self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
-                       f"{', '.join(clash)}, not written by ds4lab, named like files this run wrote")
+                       f"{self._whose(clash)}, named like files this run wrote")
         return carried
 
+    def _drop_edited(self) -> None:
+        """Take the files the earlier run wrote whose bytes no longer match the SHA-256 its
+        ``meta.json`` recorded out of ``prev_files``: edited since, they are no longer the files
+        ds4lab wrote, so they are kept as a user's files are. Checked just before the swap, so an
+        edit made while this run worked counts too."""
+        for name, digest in self.prev_sha256.items():
+            p = self.out / name
+            if os.path.lexists(p) and _sha256_of(p) != digest:
+                self.edited.add(name)
+        if self.edited:
+            self.prev_files -= self.edited
+
+    def _whose(self, names: list[str]) -> str:
+        """``names`` for a message, each said to be not written by ds4lab or changed since it was."""
+        user = [n for n in names if n not in self.edited]
+        changed = [n for n in names if n in self.edited]
+        parts = [f"{', '.join(user)} (not written by ds4lab)"] if user else []
+        if changed:
+            parts.append(f"{', '.join(changed)} (changed since ds4lab wrote {'it' if len(changed) == 1 else 'them'})")
+        return " and ".join(parts)
+
     def _carry(self, old: Path, new: Path) -> tuple[list[str], list[str]]:
-        """Move the entries of the earlier folder that ds4lab did not write into the new one."""
+        """Move the entries of the earlier folder that ds4lab did not write (or that were edited since
+        it did: :meth:`_drop_edited`) into the new one; returns them and those named like an entry of
+        the new one, which stay."""
         own = set(_OWN_FILES) | (self.prev_files or set())
         carried, clash = [], []
         for p in sorted(old.iterdir()):
@@ -449,6 +484,28 @@ def _own_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES)
 
 
+def _sha256_of(path: Path) -> str | None:
+    """The SHA-256 (hex) of the plain file ``path``; None for a link, a folder or anything else that
+    is not a plain file, and for a file that cannot be read (never raises)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a link may point at /dev/full or a FIFO
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _file_sha256(folder: Path, names: list[str]) -> dict[str, str]:
+    """``{name: SHA-256}`` of the entries ``names`` of ``folder`` that are plain files: a rerun
+    tells a file ds4lab wrote from one a user edited since."""
+    sums = {n: _sha256_of(folder / n) for n in names}
+    return {n: h for n, h in sums.items() if h is not None}
+
+
 def _failure_status(e: BaseException) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"failed: {type(e).__name__}: {first}" if first else f"failed: {type(e).__name__}"
@@ -471,9 +528,11 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
         out: the result folder (``--out``).
         meta: what ``meta.json`` records; ``job`` names the command (a folder holding another
             command's results is refused). This function adds ``ds4lab`` (the version),
-            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote), the
-            ``sha256`` and ``shipped`` of every ``calibration`` entry, ``traceback`` for a failure
-            and ``kept_in`` (where partial results went).
+            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote),
+            ``file_sha256`` (the SHA-256 of each of those that is a plain file: a rerun keeps one
+            edited since as it keeps a user's files), the ``sha256`` and ``shipped`` of every
+            ``calibration`` entry, ``traceback`` for a failure and ``kept_in`` (where partial
+            results went).
         outputs: glob patterns of the command's own file names (in a folder from an older ds4lab
             without a ``files`` list, the files ds4lab wrote).
         on_stop: ``on_stop(status)`` is called on an interrupt or failure before ``meta.json`` is
@@ -514,6 +573,7 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                     yield folder
                 finally:
                     meta["files"] = _own_files(folder)
+                    meta["file_sha256"] = _file_sha256(folder, meta["files"])
             except CheckFailed as e:  # finished, a check failed: the results stand, with that status
                 meta["status"] = _failure_status(e)
                 meta["traceback"] = traceback.format_exc()
