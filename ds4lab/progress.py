@@ -80,9 +80,16 @@ class JobProgress:
 def make_console():
     """The rich console the jobs print to: the terminal's width on a terminal; 160 columns when
     the output goes to a file or a CI log (rich would wrap every table at 80 there); rich's own
-    choice in Jupyter. Its output closed under it (``ds4lab ladder | head``) stops the job as a
-    SIGPIPE would, as an interruption (:class:`ds4lab.errors.Terminated`: status
-    ``interrupted (SIGPIPE)``, results so far kept, exit 141), not as rich's bare ``SystemExit(1)``."""
+    choice in Jupyter, without a colour system. Its output closed under it (``ds4lab ladder |
+    head``) stops the job as a SIGPIPE would, as an interruption (:class:`ds4lab.errors.Terminated`:
+    status ``interrupted (SIGPIPE)``, results so far kept, exit 141), not as rich's bare
+    ``SystemExit(1)``.
+
+    In Jupyter rich shows each print as styled HTML with a ``text/plain`` copy beside it, the text a
+    saved notebook keeps (``ds4lab notebooks``' executed copies). rich renders that copy for
+    truecolor there whatever ``NO_COLOR`` or ``TERM`` say (``NO_COLOR`` drops colours, not bold), so
+    it would be full of ANSI escape codes; without a colour system it is plain text, and the HTML is
+    styled as before."""
     import sys
 
     from rich.console import Console
@@ -100,6 +107,8 @@ def make_console():
             raise Terminated(signal.SIGPIPE, "the output was closed (a pipe such as | head ended)")
 
     con = _Console()
-    if con.is_jupyter or sys.stdout.isatty():
+    if con.is_jupyter:
+        return _Console(color_system=None)
+    if sys.stdout.isatty():
         return con
     return _Console(width=160)

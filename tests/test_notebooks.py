@@ -195,6 +195,34 @@ def test_runs_on_sim(path, tmp_path):
     assert "MODELED" in text or "modeled" in text, "on sim the notebook says its figures are modeled"
 
 
+@pytest.mark.slow
+def test_an_executed_notebook_is_plain_text_and_names_the_folder_the_results_are_in(tmp_path):
+    """Through `ds4lab notebooks`: what the jobs printed is kept without ANSI escape codes, and every
+    path in the executed copy (the job's lines, the OUT parameter) is --out's, never the staging
+    folder the notebook ran in."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    import nbformat
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    trace = Path(__file__).resolve().parent / "data" / "audit" / "kineto_stack.json"
+    cell = ("from ds4lab.jobs import execute\nfrom ds4lab.jobs.audit import AuditConfig\n"
+            f"execute('audit', AuditConfig(files=({str(trace)!r},), out=OUT + '/audit'));")
+    nbformat.write(_notebook(cell), d / "a.ipynb")
+    res = CliRunner().invoke(main, ["notebooks", "--dir", str(d), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    final = (tmp_path / "o" / "a").resolve()
+    done = nbformat.read(tmp_path / "o" / "a.ipynb", as_version=4)
+    texts = [o.get("text", "") + "".join(o.get("data", {}).get("text/plain", "")) for o in done.cells[1].outputs]
+    printed = "".join(texts).replace("\n", "")  # rich wraps at the notebook's width
+    assert f"pdf in {final / 'audit'}" in printed and f"results in {final / 'audit'}/" in printed, printed
+    assert not [t for t in texts if "\x1b" in t], "ANSI escape codes in the saved text"
+    assert ".ds4lab-staging" not in (tmp_path / "o" / "a.ipynb").read_text()
+    assert f"OUT = {str(final)!r}" in done.cells[0].source
+    assert (final / "audit" / "audit.csv").is_file()
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--set", "OUT=/tmp/x"], "OUT is set by --out"),
     (["--set", "PRESET=huge"], "PRESET='huge'"),

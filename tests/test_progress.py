@@ -44,6 +44,24 @@ def test_jupyter_without_widgets_prints_quarters_and_no_warnings():
     assert printed == ["moe profile: 2/8", "moe profile: 4/8", "moe profile: 6/8", "moe profile: 8/8"]
 
 
+def test_in_jupyter_the_text_a_saved_notebook_keeps_is_plain(monkeypatch):
+    """In Jupyter rich shows HTML and keeps a text/plain copy beside it, the text a saved notebook
+    (ds4lab notebooks' executed copies) stores: no ANSI codes there, the HTML still styled."""
+    import rich.console
+    import rich.jupyter
+
+    from ds4lab.progress import make_console
+
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: True)  # as in a notebook's kernel
+    shown = []
+    monkeypatch.setattr(rich.jupyter, "display",
+                        lambda segments, text: shown.append((rich.jupyter._render_segments(segments), text)))
+    make_console().print("[bold]ds4lab ladder[/] · wrote 3 files in results/ladder")
+    (html, text), = shown
+    assert text == "ds4lab ladder · wrote 3 files in results/ladder\n"
+    assert "font-weight: bold" in html and "color:" in html
+
+
 @pytest.mark.parametrize("v,want", [(13020, "13.2"), (12080, "12.8"), (11000, "11.0"), (None, "None"), ("13.2", "13.2")])
 def test_cuda_version(v, want):
     assert cuda_version(v) == want

@@ -21,6 +21,7 @@ from ds4lab.cli import main
 from ds4lab.errors import CheckFailed, Terminated
 from ds4lab.report import results
 from ds4lab.report.results import OutputError, WriteFailed, job_folder, lock_path, read_meta
+from ds4lab.report.folder_io import STAGING_SUFFIX
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO))
@@ -260,6 +261,40 @@ def test_the_folder_holding_the_current_directory_is_refused(tmp_path, monkeypat
     with pytest.raises(OutputError, match="holds the current directory"):
         with job_folder(out, {"job": "t"}):
             pass
+
+
+@pytest.mark.parametrize("job", ["audit", "ladder"])
+def test_a_job_inside_a_staged_folder_names_where_its_results_will_be(tmp_path, monkeypatch, job):
+    """A notebook run by `ds4lab notebooks` writes inside that command's staging folder, with the
+    environment the runner gives its kernel (staged_env): each job writes there, and its lines say
+    where the results will be once that folder is swapped in, never the staging folder."""
+    from rich.console import Console
+
+    from ds4lab.jobs import execute
+    from ds4lab.report.results import final_path, staged_env
+
+    final = tmp_path / "notebooks"
+    with job_folder(final, {"job": "notebooks"}) as staging:  # what `ds4lab notebooks` runs the kernels in
+        monkeypatch.setenv(*staged_env(staging / "nb", final / "nb").popitem())
+        con = Console(record=True, width=400)
+        if job == "audit":
+            from ds4lab.jobs.audit import AuditConfig
+
+            trace = REPO / "tests" / "data" / "audit" / "kineto_stack.json"
+            execute("audit", AuditConfig(files=(trace,), out=staging / "nb" / job), console=con)
+            wrote = f"audit.pdf in {final / 'nb' / job}"
+        else:
+            from ds4lab.jobs.ladder import LadderConfig
+
+            execute("ladder", LadderConfig(stages="0,3", preset="tiny", tokens=2, warmup=1, exact_tokens=0, rounds=1,
+                                           out=staging / "nb" / job), backend="sim", console=con)
+            wrote = f"wrote {final / 'nb' / job / 'ladder.csv'}, {final / 'nb' / job / 'meta.json'}, "
+        assert (staging / "nb" / job / "meta.json").is_file() and not final.exists(), "written where it runs"
+        text = con.export_text()
+        assert wrote in text and f"results in {final / 'nb' / job}/" in text, text
+        assert STAGING_SUFFIX not in text
+        assert final_path(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    assert meta_of(final / "nb" / job)["status"] == "complete"
 
 
 # ----------------------------------------------------------------------------- signals

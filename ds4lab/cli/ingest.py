@@ -64,6 +64,7 @@ def ingest_cmd(files, lenient, out, sites) -> None:
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
     from ..ingest import IngestError, ingest_all
+    from ..report.results import final_path
 
     if sites is not None:  # a preset name, checked before any input is read
         from ..token.config import PRESETS
@@ -82,7 +83,7 @@ def ingest_cmd(files, lenient, out, sites) -> None:
             click.echo(f"ds4lab: warning: {w}", err=True)
         for p in r.problems:
             click.echo(f"  skipped {p['file']}:{p['line']}: {p['problem']}", err=True)
-    click.echo(f"tables in {out}/")
+    click.echo(f"tables in {final_path(out)}/")
     if any(r.problems for r in results):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
 
@@ -148,10 +149,11 @@ def compare_cmd(dirs, out) -> None:
          nothing is written)
     """
     from ..report.compare import CompareError, compare
+    from ..report.results import final_path
 
     try:
         paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True))
     except CompareError as e:
         fail(str(e))
     for p in paths:
-        click.echo(f"wrote {p}")
+        click.echo(f"wrote {final_path(p)}")

@@ -106,9 +106,9 @@ class NotebooksFailed(CheckFailed):
 
 def _run_all(paths, typed, folder: Path, out: Path, timeout: int, meta: dict) -> list[dict]:
     """Run each notebook into ``folder`` (the staging folder that becomes ``out``), ``runs.json``
-    after each (paths as they are once ``folder`` is ``out``); an interruption stops the run (as
-    :class:`KeyboardInterrupt`, or :class:`ds4lab.errors.Terminated` for SIGTERM/SIGHUP) with what
-    ran kept."""
+    after each (paths as they are once ``folder`` is ``out``, as the notebooks' own outputs name
+    them: ``final_dir``); an interruption stops the run (as :class:`KeyboardInterrupt`, or
+    :class:`ds4lab.errors.Terminated` for SIGTERM/SIGHUP) with what ran kept."""
     from ..errors import Terminated
     from ..report.notebook_runner import run_notebook
     from ..report.results import write_meta
@@ -118,11 +118,10 @@ def _run_all(paths, typed, folder: Path, out: Path, timeout: int, meta: dict) ->
         mine = typed[p]
         shown = ", ".join(f"{n}={v!r}" for n, v in mine.items()) or "defaults"
         click.echo(f"[{k}/{len(paths)}] {p.name} ({shown})")
-        r = run_notebook(p, mine, folder / p.name, out_dir=folder / p.stem, timeout=timeout,
-                         on_cell=lambda i, n: click.echo(f"    cell {i}/{n}"))
+        r = run_notebook(p, mine, folder / p.name, out_dir=folder / p.stem, final_dir=Path(out).resolve() / p.stem,
+                         timeout=timeout, on_cell=lambda i, n: click.echo(f"    cell {i}/{n}"))
         s = r.summary()
         s["executed"] = str(out / p.name)
-        s["parameters"] = {**s["parameters"], "OUT": str(Path(out).resolve() / p.stem)}  # ran in staging, now OUT
         runs.append(s)
         meta["runs"] = runs
         write_meta(folder / "runs.json", {"runs": runs})  # after each notebook: an interruption keeps it

@@ -56,11 +56,12 @@ def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
       1  a stage's traced tokens gave no kernel record (meta.json: failed)
     """
     from .support import invoke
+    from ..report.results import final_path
     from ..report.trace_export import TraceConfig
 
     res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out,
                                       hazard=hazard), backend)
     for p in res.files:
-        click.echo(f"wrote {p}")
+        click.echo(f"wrote {final_path(p)}")
     if res.meta.get("modeled"):
         click.echo("every event in this trace is MODELED (the sim's cost model), not measured")

@@ -132,7 +132,7 @@ def run(cfg: AuditConfig, backend=None, console=None):
         files = audit_report.write(reports, folder, meta)
         if console is not None:
             audit_report.summary(reports, console, cfg.max_rows)
-        say(f"wrote {', '.join(p.name for p in files)} in {out}")
+        say(f"wrote {', '.join(p.name for p in files)} in {results.final_path(out)}")
     return reports
 
 

@@ -69,7 +69,7 @@ def run(cfg: ValidateConfig, backend=None, console=None):
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
         bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
-        say(f"wrote {out / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
+        say(f"wrote {results.final_path(out) / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
         if len(bad):
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
                 f"{r.engine}/{r.cache} (torch {r.torch_outcome or 'failed'}, audit {r.audit_outcome or '-'}"

@@ -51,5 +51,5 @@ def run(cfg: BenchConfig, be, console) -> dict:
             return asdict(o) if is_dataclass(o) else str(o)
 
         (folder / "bench.json").write_text(json.dumps(res, indent=2, default=enc) + "\n")
-    console.print(f"wrote {out / 'bench.json'}")
+    console.print(f"wrote {results.final_path(out) / 'bench.json'}")
     return res

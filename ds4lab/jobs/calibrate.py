@@ -105,7 +105,7 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
         ds4lab.report.results.OutputError: ``out``'s folder is not writable, ``out`` holds a file that
             is not a calibration, or another run is writing it.
     """
-    from ..report.results import output_file
+    from ..report.results import final_path, output_file
     from ..sim.calibration import read, refuse_shipped, validate
 
     check_config(cfg)
@@ -142,5 +142,5 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
             _check_against(cal, cfg.from_ladder, console)
     for kern, f in (fits or {}).items():
         console.print(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
-    console.print(f"calibration written to {out}")
+    console.print(f"calibration written to {final_path(out)}")
     return cal

@@ -100,8 +100,9 @@ def run(cfg: ConformanceConfig, be, console):
         if len(exc):
             console.print("[red]scenarios that raised:[/]")
             console.print(exc.to_string(index=False))
-        console.print(f"table: {out / 'conformance.csv'}")
+        table = results.final_path(out) / "conformance.csv"
+        console.print(f"table: {table}")
         if not (bool(df.agree.all()) and len(exc) == 0):
             raise Disagreement(f"{int((~df.agree).sum())} disagreeing step(s), {len(exc)} scenario(s) raised; "
-                               f"see {out / 'conformance.csv'}")
+                               f"see {table}")
     return df

@@ -92,6 +92,7 @@ def run(cfg: ExclusionConfig, be, console):
                 console.print(bad[["mode", "column", "outcome_cupy", "outcome_sim"]].to_string(index=False))
         main = found[be.name]
         paths = plots.save(plots.exclusion_figure(main, meta), folder / "exclusion")
-    console.print(f"wrote {out / 'exclusion.csv'}, {out / 'meta.json'}, "
-                  + ", ".join(str(out / p.name) for p in paths))
+    shown = results.final_path(out)
+    console.print(f"wrote {shown / 'exclusion.csv'}, {shown / 'meta.json'}, "
+                  + ", ".join(str(shown / p.name) for p in paths))
     return main

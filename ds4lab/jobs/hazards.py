@@ -73,5 +73,5 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
                               f"errors {r['errors']} · exact {r['exact']}"
                               + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
                 console.print(f"   expected: {r['expected']}")
-    console.print(f"wrote {out / 'hazards.csv'}")
+    console.print(f"wrote {results.final_path(out) / 'hazards.csv'}")
     return rows

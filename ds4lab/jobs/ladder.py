@@ -196,8 +196,9 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                                   for c, g in df.groupby("context")}
             fig = plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta)
             paths = plots.save(fig, folder / job)
-            con.print(f"wrote {out / csv_path.name}, {out / 'meta.json'}, "  # where they are once swapped in
-                      + ", ".join(str(out / p.name) for p in paths))
+            shown = results.final_path(out)  # where they are once swapped in
+            con.print(f"wrote {shown / csv_path.name}, {shown / 'meta.json'}, "
+                      + ", ".join(str(shown / p.name) for p in paths))
             bad = df[df.exact == False]  # noqa: E712
             if len(bad):
                 raise NotExact("not bit-identical to stage 0: " + "; ".join(

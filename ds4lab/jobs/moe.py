@@ -96,7 +96,8 @@ def run(cfg: MoeConfig, be, console=None):
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
     with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print) as folder:
         data, written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, folder, meta, modeled, con)
-    con.print("wrote " + ", ".join(str(out / p.relative_to(folder)) for p in written))
+    shown = results.final_path(out)
+    con.print("wrote " + ", ".join(str(shown / p.relative_to(folder)) for p in written))
     return data
 
 

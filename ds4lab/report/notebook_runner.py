@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -184,11 +185,15 @@ def _client_modules():
 
 
 def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | None = None,
-                 timeout: int = 1800, kernel_name: str = "python3",
+                 final_dir: Path | None = None, timeout: int = 1800, kernel_name: str = "python3",
                  on_cell: Callable[[int, int], None] | None = None) -> NotebookRun:
     """Execute one notebook top to bottom with ``values`` set in its parameters cell.
 
     ``out_dir``, when given, becomes the notebook's ``OUT`` parameter (as an absolute path).
+    ``final_dir``: where ``out_dir`` will be once the folder holding it is swapped in (``ds4lab
+    notebooks`` runs every notebook inside its staging folder); the kernel gets it in its
+    environment (:func:`ds4lab.report.results.staged_env`), so the jobs' lines that say where their
+    results are name it, not ``out_dir``, and the executed copy's ``OUT`` is set to it afterwards.
     The executed notebook, outputs included, is written to ``executed`` whether it succeeds or
     not (a failure keeps every output computed before it). ``timeout`` is seconds per cell.
     ``on_cell(index, count)`` is called before each code cell runs (progress). A cell that runs
@@ -204,10 +209,15 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     path = Path(path)
     nb = read_notebook(path)
     values = dict(values)
+    env = dict(os.environ)  # the kernel's
     if out_dir is not None:
         if "OUT" not in parameter_names(nb):
             raise NotebookError(f"{path.name}: its parameters cell has no OUT")
         values["OUT"] = str(Path(out_dir).resolve())
+        if final_dir is not None:
+            from .results import staged_env
+
+            env.update(staged_env(Path(values["OUT"]), Path(final_dir).resolve()))
     unused = set_parameters(nb, values)
     if unused:
         raise NotebookError(f"{path.name}: no parameter named {', '.join(sorted(unused))} "
@@ -244,7 +254,7 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     log_path = executed.with_name(executed.stem + ".kernel.log")
     try:
         with open(log_path, "wb") as kernel_log:
-            client.execute(stderr=kernel_log)
+            client.execute(stderr=kernel_log, env=env)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as ds4lab.errors.Terminated
         interrupted.append(getattr(e, "signum", None))
     except nbclient.exceptions.CellExecutionError as e:
@@ -270,6 +280,10 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     if interrupted:
         error = f"interrupted ({signal.Signals(signum).name})" if signum else "interrupted (Ctrl-C)"
     seconds = time.perf_counter() - t0
+    if final_dir is not None and out_dir is not None:  # the copy names where its results will be
+        values["OUT"] = str(Path(final_dir).resolve())
+        set_parameters(nb, {"OUT": values["OUT"]})
+        nb.metadata["ds4lab"]["executed"]["parameters"]["OUT"] = values["OUT"]
     nbformat.write(nb, executed)
     figures = []
     if out_dir is not None and Path(out_dir).exists():

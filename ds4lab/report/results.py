@@ -35,6 +35,11 @@ An ``OSError`` while writing (a full disk, a quota) becomes :class:`WriteFailed`
 and ``meta.json`` is rewritten in place with the failure when a new file cannot be written, so no
 folder is left ``running``. SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (a
 ``KeyboardInterrupt``) while a folder is open, so they keep partial results as Ctrl-C does.
+
+The lines that tell the user where results are name ``OUT``, never the staging folder. A folder
+written inside another run's staging folder (a notebook's ``OUT`` under ``ds4lab notebooks``, whose
+own folder is swapped in only when every notebook has run) is named where it will be then:
+:func:`final_path`, from what :func:`staged_env` put in the environment of the process writing it.
 """
 
 from __future__ import annotations
@@ -61,12 +66,38 @@ from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, Fold
                         make_parents, os_reason, output_file, pid_alive, probe_write, refuse_no_folder,
                         remove_made, remove_tmp_files, signals_held, stop_signals, write_text_atomic)
 
-__all__ = ["LOCK_NAME", "LOCK_SUFFIX", "FolderLock", "Lock", "OutputError", "ResultsCSV", "WriteFailed", "check_out",
-           "held_by_live_process", "install_stop_signals", "job_folder", "lock_holder", "lock_path", "output_file",
-           "read_meta", "stop_signals", "strict_json", "write_meta", "write_text_atomic"]
+__all__ = ["LOCK_NAME", "LOCK_SUFFIX", "STAGED_AS_ENV", "FolderLock", "Lock", "OutputError", "ResultsCSV",
+           "WriteFailed", "check_out", "final_path", "held_by_live_process", "install_stop_signals", "job_folder",
+           "lock_holder", "lock_path", "output_file", "read_meta", "staged_env", "stop_signals", "strict_json",
+           "write_meta", "write_text_atomic"]
 
 #: Files of ds4lab's own in a result folder, whatever the job.
 _OWN_FILES = ("meta.json", "meta.json.tmp", LOCK_NAME)
+
+#: Set (by :func:`staged_env`) for a process whose result folders lie inside another run's staging
+#: folder: JSON ``[staging, final]``, the absolute paths of that staging folder and of the folder it
+#: becomes. ``ds4lab notebooks`` sets it for each notebook's kernel.
+STAGED_AS_ENV = "DS4LAB_STAGED_AS"
+
+
+def staged_env(staging: Path, final: Path) -> dict:
+    """The environment entry for a child process that writes inside ``staging``, which becomes
+    ``final`` when the run that owns it is swapped in: the child's :func:`final_path` then names
+    ``final``."""
+    return {STAGED_AS_ENV: json.dumps([os.path.abspath(staging), os.path.abspath(final)])}
+
+
+def final_path(path) -> Path:
+    """``path`` as the lines that tell the user where results are name it: where it will be once the
+    results are in place. That is ``path`` itself, unless it lies inside the staging folder that
+    :data:`STAGED_AS_ENV` names; then the same place inside the folder that staging folder becomes."""
+    path = Path(path)
+    try:
+        staging, final = json.loads(os.environ.get(STAGED_AS_ENV) or "null")
+        inside = Path(os.path.abspath(path)).relative_to(staging)
+    except (TypeError, ValueError):  # not set, not a pair, or path not inside the staging folder
+        return path
+    return Path(final) / inside
 
 
 def strict_json(obj):
@@ -256,11 +287,11 @@ class _Target:
 
     def __init__(self, out, job: str | None, outputs, say) -> None:
         refuse_no_folder(out)
-        self.shown = Path(out)  # as the user named it, for messages
+        self.shown = final_path(out)  # as the user named it (where it will be: final_path), for messages
         self.job = job
         self.outputs = tuple(outputs)
         self.say = say
-        real = Path(os.path.abspath(self.shown))
+        real = Path(os.path.abspath(out))  # where it is written (not shown: that is where it will be)
         if real.is_symlink():  # write where the link points; the link itself stays
             real = Path(os.path.realpath(real))
         if not real.name:
@@ -538,7 +569,8 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
         on_stop: ``on_stop(status)`` is called on an interrupt or failure before ``meta.json`` is
             written (a job records how far it got); an error inside it is recorded in
             ``meta["on_stop_error"]``, never raised.
-        say: prints the lines about where results went (default: stderr).
+        say: prints the lines about where results went (default: stderr); they name ``out`` as
+            :func:`final_path` does.
         discard_on: exception types that mean the input was bad (``ingest`` reading a malformed
             line): the staging folder is removed and ``out`` left as it was, nothing kept.
 
