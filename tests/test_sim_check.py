@@ -173,3 +173,40 @@ def test_long_context_kernels_are_refitted_over_positions(monkeypatch):
     assert cal["kernels"]["comp_pool"] == base["kernels"]["comp_pool"]  # not measured here: kept
     with pytest.raises(ValueError, match="128"):
         C.calibrate_long_context(SimBackend(timing_only=True), base, "small", positions=(1000,))
+
+
+def test_a_ladder_from_before_islands_fits_host_launch_only(tmp_path):
+    """An older ladder has no graph-launch or node-update column: stage 0 still gives
+    host_launch_us; the constants of stages it never timed stay as the base has them."""
+    base = read(MEASURED_FILE)
+    f = tmp_path / "old"
+    f.mkdir()
+    pd.DataFrame([{"stage": "0", "us_median": 1.0, "host_us_median": 13000.0, "kernel_launches": 1000},
+                  {"stage": "3", "us_median": 1.0, "host_us_median": 300.0, "kernel_launches": 0}]).to_csv(
+        f / "ladder.csv", index=False)
+    (f / "meta.json").write_text(json.dumps({"job": "ladder", "measured": True, "start_pos": 1000}))
+    cal, table = C.fit_host_from_ladder(base, [f])
+    assert cal["host_launch_us"] == pytest.approx(13.0)
+    assert cal["host_graph_call_us"] == base["host_graph_call_us"]
+    assert cal["host_node_update_us"] == base["host_node_update_us"]
+    assert list(table["figure"]) == ["host_launch_us"]
+
+
+def test_a_record_of_another_token_is_said_to_be_one(tmp_path):
+    """A record whose preset summary differs from today's preset of that name: the check names the
+    fields (the sim models today's token); the same token: nothing."""
+    from ds4lab.measure.sim_check import preset_changes
+    from ds4lab.token.config import get_preset
+
+    now = get_preset("small").summary()
+    assert preset_changes({"preset": dict(now, max_context=99, start_pos=7)}) == {}
+    old = {k: v for k, v in now.items() if k != "n_experts"}
+    assert preset_changes({"preset": old}) == {"n_experts": (None, now["n_experts"])}
+    f = _ladder(tmp_path / "l", [_row("0", 1e4, 1000, 0)])
+    meta = json.loads((f / "meta.json").read_text())
+    (f / "meta.json").write_text(json.dumps({**meta, "preset": old}))
+    d = modeled_vs_measured(f)
+    assert d.attrs["preset_changes"] == {"n_experts": (None, now["n_experts"])}
+    assert list(d["context"]) == [1000]
+    r = CliRunner().invoke(main, ["calibrate", "--from-ladder", str(f), "--out", str(tmp_path / "c.json")])
+    assert r.exit_code == 0 and "is not today's (n_experts" in " ".join(r.output.split()), r.output

@@ -135,7 +135,8 @@ def bench(preset, out, per_op) -> None:
               help="NVTX ranges (domain ds4lab) on the timed model, for Nsight Systems.")
 @click.option("--start-pos", type=click.IntRange(min=0), default=default(LadderConfig, "start_pos"),
               show_default=True, help="Position of the first decoded token (caches prefilled up to it): any stage "
-                                      "at any context.")
+                                      "at any context. The short token keeps only its attention window, so any "
+                                      "int32 position runs; with --long-context the preset's max_context bounds it.")
 @click.option("--long-context", is_flag=True,
               help="The long-context token (compressed and indexed attention); adds stage 3c to the choices.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,

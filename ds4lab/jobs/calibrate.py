@@ -78,12 +78,17 @@ def _check_against(cal: dict, folders, console) -> None:
 
     for folder in folders:
         d = modeled_vs_measured(folder, cal)
+        changed = d.attrs.get("preset_changes") or {}
+        if changed:
+            console.print(f"[yellow]{folder}: its {d['preset'].iloc[0]} is not today's (" +
+                          "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in changed.items()) +
+                          "): the sim models today's token, so the ratios below compare two tokens[/]")
         t = Table(title=str(folder), caption="modeled (sim, this calibration) / measured, stage by stage")
-        for c in ("context", "stage", "measured µs", "modeled µs", "ratio", ""):
+        for c in ("context", "stage", "measured µs", "modeled µs", "ratio", f"within ±{TOLERANCE:.0%}"):
             t.add_column(c, justify="left" if c in ("stage", "") else "right")
         for r in d.itertuples():
             t.add_row(str(r.context), r.stage, f"{r.measured_us:,.0f}", f"{r.modeled_us:,.0f}", f"{r.ratio:.3f}",
-                      "" if r.agrees else f"OUTSIDE ±{TOLERANCE:.0%}")
+                      "yes" if r.agrees else f"OUTSIDE ±{TOLERANCE:.0%}")
         console.print(t)
 
 

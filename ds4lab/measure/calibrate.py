@@ -200,8 +200,9 @@ def fit_host_from_ladder(base: dict, folders) -> tuple[dict, "pandas.DataFrame"]
       + host_graph_call_us)) / updates - host_api_us``, ds4lab's own work per kernel-node update
       (planning the call, packing the parameters) beside the update call.
 
-    K, G, updates: the row's kernel launches, graph launches and node updates per token. A constant
-    whose stage no folder timed stays as in ``base``.
+    K, G, updates: the row's kernel launches, graph launches and node updates per token (a ladder
+    from before stages i and i+ has no graph-launch or node-update column: 0). A constant whose
+    stage no folder timed stays as in ``base``.
 
     Returns ``(calibration dict, table)``: the table (pandas) has one row per fitted value with its
     folder and context. ``source`` names the folders.
@@ -222,9 +223,13 @@ def fit_host_from_ladder(base: dict, folders) -> tuple[dict, "pandas.DataFrame"]
         if meta.get("modeled") or not meta.get("measured", False):
             raise ValueError(f"{folder}: modeled on the simulated runtime; fit host constants from a GPU run")
         d = pd.read_csv(table, dtype={"stage": str})
-        need = {"stage", "host_us_median", "kernel_launches", "graph_launches", "node_updates"}
+        need = {"stage", "host_us_median", "kernel_launches"}
         if not need <= set(d.columns):
-            raise ValueError(f"{table}: lacks {sorted(need - set(d.columns))}")
+            raise ValueError(f"{table}: lacks {sorted(need - set(d.columns))}, the host enqueue time and launch "
+                             "counts per stage the fit reads (a ladder from an older ds4lab)")
+        for col in ("graph_launches", "node_updates"):  # older ladders: no stage launched graphs or updated nodes
+            if col not in d.columns:
+                d[col] = 0.0
         if "context" not in d.columns:
             d["context"] = meta.get("start_pos")
         d["folder"] = str(folder)
@@ -233,27 +238,30 @@ def fit_host_from_ladder(base: dict, folders) -> tuple[dict, "pandas.DataFrame"]
     if not rows:
         raise ValueError("name at least one measured ladder or context folder")
     d = pd.concat(rows, ignore_index=True)
-    if not (d["stage"] == "0").any():
+    if not ((d["stage"] == "0") & (d["kernel_launches"] > 0)).any():
         raise ValueError(f"no stage 0 row in {', '.join(used)}: host_launch_us comes from eager tokens")
     out = dict(base)
     out.setdefault("host_graph_call_us", 0.0)
     out.setdefault("host_node_update_us", 0.0)
     fit = []
 
-    def refit(stage: str, figure: str, value) -> None:
+    def refit(stage: str, figure: str, value, per: str) -> None:
+        rows = d[(d["stage"] == stage) & (d[per] > 0)]  # a row without what it prices says nothing of it
         got = [{"figure": figure, "folder": r.folder, "context": r.context, "value": float(value(r))}
-               for r in d[d["stage"] == stage].itertuples()]
+               for r in rows.itertuples()]
         fit.extend(got)
         if got:
             out[figure] = round(max(0.0, float(np.median([g["value"] for g in got]))), 3)
 
-    refit("0", "host_launch_us", lambda r: r.host_us_median / r.kernel_launches)
+    refit("0", "host_launch_us", lambda r: r.host_us_median / r.kernel_launches, "kernel_launches")
     hl, hg = out["host_launch_us"], float(base["host_graph_launch_us"])
-    refit("i", "host_graph_call_us", lambda r: (r.host_us_median - r.kernel_launches * hl) / r.graph_launches - hg)
+    refit("i", "host_graph_call_us", lambda r: (r.host_us_median - r.kernel_launches * hl) / r.graph_launches - hg,
+          "graph_launches")
     call = out["host_graph_call_us"]
     api = float(base["host_api_us"])
     refit("i+", "host_node_update_us",
-          lambda r: (r.host_us_median - r.kernel_launches * hl - r.graph_launches * (hg + call)) / r.node_updates - api)
+          lambda r: (r.host_us_median - r.kernel_launches * hl - r.graph_launches * (hg + call)) / r.node_updates - api,
+          "node_updates")
     out["source"] = (f"{base.get('source', '')}; host constants fitted from measured ladders by ds4lab calibrate "
                      f"--from-ladder {' '.join(used)}")
     return out, pd.DataFrame(fit, columns=["figure", "folder", "context", "value"])

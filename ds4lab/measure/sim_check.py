@@ -34,7 +34,32 @@ def _record(folder: Path) -> tuple[str, dict, pd.DataFrame]:
     d = pd.read_csv(table, dtype={"stage": str})
     if "preset" not in d.columns or d["preset"].nunique() != 1:
         raise ValueError(f"{table}: one preset column with one value expected")
+    if "context" not in d.columns:  # a ladder from before the column: every stage at its start position
+        d["context"] = int(meta.get("start_pos", 1000))
     return job, meta, d
+
+
+#: Preset fields a run sets for itself (its context length), not what the token is.
+_RUN_FIELDS = {"max_context", "start_pos"}
+
+
+def preset_changes(meta: dict) -> dict[str, tuple]:
+    """What differs between the preset a record's ``meta.json`` describes (``preset``: the summary
+    its run wrote) and today's preset of that name: ``{field: (recorded, today)}`` (empty when the
+    same token, or when the record names no preset summary). A preset's meaning can change (a
+    record from before ds4's expert formats timed another ``ds4-flash``), so a comparison with
+    today's sim is only a check of the model where this is empty."""
+    from ..token.config import get_preset
+
+    rec = meta.get("preset")
+    if not isinstance(rec, dict) or "name" not in rec:
+        return {}
+    try:
+        now = get_preset(rec["name"], long_context=bool(rec.get("long_context", False))).summary()
+    except (KeyError, ValueError):
+        return {"name": (rec["name"], None)}
+    return {k: (rec.get(k), now.get(k)) for k in sorted(set(rec) | set(now))
+            if k not in _RUN_FIELDS and rec.get(k) != now.get(k)}
 
 
 def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
@@ -50,7 +75,9 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
     Returns:
         One row per measured (context, stage): ``folder``, ``preset``, ``context``, ``stage``,
         ``measured_us`` and ``modeled_us`` (median µs per token), ``ratio`` (modeled / measured),
-        ``agrees`` (``|ratio - 1| <= tolerance``).
+        ``agrees`` (``|ratio - 1| <= tolerance``). ``attrs["preset_changes"]``:
+        :func:`preset_changes` of the record (non-empty: the sim modeled today's token, not the
+        one measured).
 
     Raises:
         ValueError: not a measured ladder or context folder (names it).
@@ -96,4 +123,5 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
     both.insert(0, "folder", str(folder))
     both["ratio"] = both["modeled_us"] / both["measured_us"]
     both["agrees"] = (both["ratio"] - 1).abs() <= tolerance
+    both.attrs["preset_changes"] = preset_changes(meta)
     return both
