@@ -137,6 +137,9 @@ def test_calibration_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("DS4LAB_CALIBRATION", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="missing.json: no such calibration file"):
         SimBackend(timing_only=True)
+    monkeypatch.setenv("DS4LAB_CALIBRATION", str(tmp_path))
+    with pytest.raises(ValueError, match="is a folder: name a calibration file"):
+        SimBackend(timing_only=True)
 
 
 def test_add_kernel_fits_fits_only_the_kernels_the_base_lacks():

@@ -143,3 +143,15 @@ def test_bad_values_are_refused_before_any_work(args, needle, tmp_path):
     r = invoke(*args, "--out", tmp_path / "o")
     assert r.exit_code == 2 and needle in r.output, r.output
     assert not (tmp_path / "o" / "meta.json").exists()
+
+
+def test_presets_fit_a_terminal_and_keep_their_descriptions():
+    """``ds4lab presets``: the dimensions as one table, each preset's long descriptions (its routed
+    MoE) below it, so no line runs hundreds of characters wide and nothing is cut."""
+    from ds4lab.token.config import PRESETS
+
+    r = CliRunner().invoke(main, ["presets"])
+    assert r.exit_code == 0
+    assert max(len(line) for line in r.output.splitlines()) <= 160
+    for name, p in PRESETS.items():
+        assert f"  {name}: {p.summary()['routed_moe']}" in r.output

@@ -253,8 +253,14 @@ def presets() -> None:
     """List the model presets and their dimensions."""
     import pandas as pd
 
-    df = pd.DataFrame([p.summary() for p in PRESETS.values()]).set_index("name").T
-    click.echo(df.to_string())
+    df = pd.DataFrame([p.summary() for p in PRESETS.values()]).set_index("name")
+    # descriptions would make every line hundreds of characters wide: said below the table instead
+    text = [c for c in df.columns if df[c].map(lambda v: isinstance(v, str) and len(v) > 24).any()]
+    click.echo(df.drop(columns=text).T.to_string())
+    for c in text:
+        click.echo(f"\n{c}:")
+        for name, v in df[c].items():
+            click.echo(f"  {name}: {v}")
 
 
 def _register_extensions() -> None:

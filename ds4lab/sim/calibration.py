@@ -184,6 +184,8 @@ def default_calibration_path() -> Path:
     Raises CalibrationError naming a ``$DS4LAB_CALIBRATION`` that is not a file."""
     env = os.environ.get(CALIBRATION_ENV)
     if env:
+        if Path(env).is_dir():
+            raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env} is a folder: name a calibration file")])
         if not Path(env).is_file():
             raise CalibrationError(env, [("", f"{CALIBRATION_ENV}={env}: no such calibration file")])
         return Path(env)
