@@ -93,6 +93,76 @@ def test_the_summary_leads_with_what_matters(rng):
     assert "capturable spans (global mode" in text and "replay" in text and "(MODELED)" in text
 
 
+def _edited_calibration(tmp_path):
+    """An edited copy of the shipped calibration (same name, one constant changed): its path, name, SHA-256."""
+    import hashlib
+
+    from ds4lab.sim.calibration import MEASURED_FILE
+
+    d = json.loads(MEASURED_FILE.read_text())
+    d["host_graph_launch_us"] += 1.0
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d, indent=1))
+    return path, d["name"], hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_calibration_that_is_not_shipped_is_named_by_path_and_hash(rng, tmp_path, monkeypatch):
+    """An edited copy of the shipped file through $DS4LAB_CALIBRATION keeps the shipped file's name; the
+    plans heading, plans.csv, spans.csv, meta.json and the figure name it by path and hash, as a ladder's
+    titles do; the shipped file by its name alone."""
+    import matplotlib.pyplot as plt
+
+    from ds4lab.audit.figure import timeline_figure
+
+    path, name, sha = _edited_calibration(tmp_path)
+    monkeypatch.setenv("DS4LAB_CALIBRATION", str(path))
+    want = f"{name} ({path.resolve()}, sha256 {sha[:12]})"
+    (r,) = analyze([_table(rng)])
+    assert r.calibration["shipped"] is False and r.calibration_label == want
+    out = tmp_path / "out"
+    write([r], out)
+    assert set(pd.read_csv(out / "plans.csv")["calibration"]) == {want}
+    assert set(pd.read_csv(out / "spans.csv")["calibration"]) == {want}
+    assert f"(calibration {want})" in json.loads((out / "meta.json").read_text())["modeled"]
+    con = Console(record=True, width=400)
+    summary([r], con)
+    text = " ".join(con.export_text().split())  # the table title wraps at the table's width
+    assert f"plans: µs per token, MODELED (measured trace costs + calibration {want})" in text
+    fig = timeline_figure(r)
+    try:
+        assert f"MODELED (calibration {want})" in fig.axes[0].get_title()
+    finally:
+        plt.close(fig)
+
+    monkeypatch.delenv("DS4LAB_CALIBRATION")
+    (shipped,) = analyze([_table(rng)])
+    assert shipped.calibration["shipped"] is True and shipped.calibration_label == name
+    assert set(shipped.plans["calibration"]) == {name}
+
+
+def test_every_timed_table_says_which_times_are_modeled(rng, tmp_path):
+    """tokens.csv, spans.csv and plans.csv say on every row which tool wrote the trace and whether its
+    times are modeled (False for a GPU trace: measured), and that replay_us and the predictions are
+    modeled, with the calibration: each row keeps its provenance when copied out of the folder."""
+    for tool, modeled in (("pytorch-profiler (Kineto schema 1.0.1)", False), ("ds4lab-trace (0.1.0, MODELED)", True)):
+        table = _table(rng)
+        table.tool = tool
+        (r,) = analyze([table])
+        out = tmp_path / f"modeled-{modeled}"
+        write([r], out)
+        tokens = pd.read_csv(out / "tokens.csv")
+        assert list(tokens.columns) == ["source", "pid", "device", *r.token_table.columns, "tool", "modeled"]
+        assert set(tokens["tool"]) == {tool} and tokens["modeled"].tolist() == [modeled] * len(tokens)
+        spans = pd.read_csv(out / "spans.csv")
+        assert len(spans) and list(spans.columns)[-4:] == ["tool", "modeled", "replay_modeled", "calibration"]
+        assert set(spans["tool"]) == {tool} and spans["modeled"].tolist() == [modeled] * len(spans)
+        assert spans["replay_modeled"].all() and set(spans["calibration"]) == {r.calibration["name"]}
+        plans = pd.read_csv(out / "plans.csv")
+        assert list(plans.columns)[-4:] == ["calibration", "modeled", "tool", "eager_modeled"]
+        assert plans["modeled"].all() and plans["eager_modeled"].tolist() == [modeled] * len(plans)
+        assert set(plans["tool"]) == {tool}
+
+
 # ----------------------------------------------------------------------------- the job
 def test_check_config_refuses_bad_input(tmp_path):
     trace = tmp_path / "t.json"

@@ -230,6 +230,39 @@ def test_not_a_trace(tmp_path):
         read(tmp_path / "empty.json")
 
 
+def test_the_outcome_beside_a_recording_names_the_recording(tmp_path):
+    """The outcome .json that sits beside a bundled recording is not a trace: the error says which file
+    to give (the .csv.gz beside it), and the command exits 2; so does a recorded run's engine.json."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from ds4lab.audit.engines import recorded
+    from ds4lab.cli import main
+
+    rec = recorded("llama", "dynamic")
+    side = rec.with_name("torch-llama-dynamic.json")
+    with pytest.raises(SourceError) as ei:
+        read(side)
+    msg = str(ei.value)
+    assert msg.startswith(f"{side}: the outcome of a recorded decode loop") and "not its events" in msg
+    assert msg.endswith(f"audit the recording beside it: ds4lab audit {shlex.quote(str(rec))}")
+    r = CliRunner().invoke(main, ["audit", str(side), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and f"ds4lab audit {shlex.quote(str(rec))}" in " ".join(r.output.split())
+    assert not (tmp_path / "out").exists()
+
+    run = tmp_path / "llama-dynamic"  # a recorded run's folder: engine.json beside recording.csv.gz
+    run.mkdir()
+    shutil.copy(rec, run / "recording.csv.gz")
+    (run / "engine.json").write_text(side.read_text())
+    with pytest.raises(SourceError, match=r"ds4lab audit \S*llama-dynamic/recording\.csv\.gz$"):
+        read(run / "engine.json")
+    (run / "recording.csv.gz").unlink()  # nothing beside it: the plain refusal
+    with pytest.raises(SourceError, match=r"engine\.json: not a trace the audit reads") as ei:
+        read(run / "engine.json")
+    assert "audit the recording beside it" not in str(ei.value)
+
+
 def test_source_error_is_bad_input():
     from ds4lab.errors import BadInput
 

@@ -46,6 +46,12 @@ def census_total(d) -> float:
         return sum(float(r["launches"]) for r in csv.DictReader(f))
 
 
+def census_labels(d) -> set:
+    """``(backend, preset, modeled)`` over census.csv's rows."""
+    with open(d / "census.csv", newline="") as f:
+        return {(r["backend"], r["preset"], r["modeled"]) for r in csv.DictReader(f)}
+
+
 @pytest.fixture
 def stop_after(monkeypatch):
     """``stop_after(n, exc)``: DecodeModel.token raises ``exc`` on its call number ``n + 1``."""
@@ -83,6 +89,7 @@ def test_interrupt_records_status_tokens_census_and_exits_130(tmp_path, stop_aft
     assert m["status"] == "interrupted"
     assert m["tokens_completed"] == 3 and m["warmup_completed"] == 2 and m["census_tokens"] == 3
     assert census_total(out) == pytest.approx(TINY_LAUNCHES)  # the 3 completed tokens, per token
+    assert census_labels(out) == {(backend, "tiny", str(backend == "sim"))}
     rows = rows_of(out)  # what was written stays (numpy writes no timing row: header only)
     if backend == "sim":
         assert [int(x["token"]) for x in rows if x["metric"] == "token_us"] == [0, 1, 2]
@@ -270,6 +277,18 @@ def test_sim_run_is_modeled_and_labelled(tmp_path):
     assert m["summary"]["bytes_floor_us"] == pytest.approx(tb / (be.cal.copy_GBps * 1e9) * 1e6)
     bw = [float(x["value"]) for x in rows if x["metric"] == "copy_bandwidth_median"]
     assert bw == [pytest.approx(be.cal.copy_GBps)]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "sim"])
+def test_census_rows_say_backend_preset_and_modeled(tmp_path, backend):
+    """census.csv keeps its provenance when copied: backend, preset and modeled on every row, after
+    its own columns (as ladder.csv)."""
+    out = tmp_path / "r"
+    r = invoke("--backend", backend, "--tokens", 1, "--warmup", 0, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert (out / "census.csv").read_text().startswith("cluster,kind,site,launches,backend,preset,modeled\n")
+    assert census_labels(out) == {(backend, "tiny", str(backend == "sim"))}
+    assert census_total(out) == pytest.approx(TINY_LAUNCHES)
 
 
 def test_sim_ds4_flash_defaults_to_timing_only_and_is_fast(tmp_path):

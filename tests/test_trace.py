@@ -90,6 +90,20 @@ def test_files_and_meta(traced):
     assert "modeled" in meta["kernel_source"]
 
 
+def test_every_csv_row_says_backend_preset_and_modeled(traced):
+    """trace_kernels.csv, trace_nvtx.csv and trace_api.csv keep their provenance when copied: after
+    the table's own columns, backend, preset and modeled on every row (as ladder.csv)."""
+    import pandas as pd
+
+    for name, frame in (("trace_kernels.csv", traced.kernels), ("trace_nvtx.csv", traced.nvtx),
+                        ("trace_api.csv", traced.api)):
+        df = pd.read_csv(traced.out / name)
+        assert len(df) == len(frame) > 0, name
+        assert list(df.columns) == [*frame.columns, "backend", "preset", "modeled"], name
+        assert set(df["backend"]) == {"sim"} and set(df["preset"]) == {"tiny"}, name
+        assert df["modeled"].dtype == bool and df["modeled"].all(), name
+
+
 def test_recording_annotator_records_only_when_on_and_forwards():
     t = iter(range(100))
     calls = []

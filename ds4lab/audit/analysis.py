@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..capture.stream import CAPTURE_MODES
 from ..errors import BadInput
+from ..report.provenance import calibration_label
 from .events import check_frame
 from .plans import Model, measured_eager, plan_table, tails
 from .spans import span_table, token_items
@@ -77,6 +78,12 @@ class AuditReport:
     def label(self) -> str:
         """``<source>, process P, device D``."""
         return f"{self.source}, {self.unit.label if self.unit is not None else ''}"
+
+    @property
+    def calibration_label(self) -> str:
+        """The plans' calibration as every title names it (:func:`ds4lab.report.provenance.calibration_label`):
+        its name when it is ds4lab's shipped file, else name, path and short SHA-256."""
+        return calibration_label({"calibration": self.calibration})
 
 
 def analyze(tables, *, token_range: str | None = None, calibration=None, modes=None) -> list[AuditReport]:
@@ -162,7 +169,7 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
     scalars = (not var.empty) and bool((var["call_class"] == "scalar argument").any())
     launches_per_token = float(np.mean([sum(1 for it in items[t] if it.work) for t in items])) if items else 0.0
     plans = plan_table(model, measured, shapes, scalars, modes, launches_per_token,
-                       cal_info["name"]) if items else pd.DataFrame()
+                       calibration_label({"calibration": cal_info})) if items else pd.DataFrame()
     spans = span_table(items, shapes, modes, model.replay_us)
     table = _token_table(f, tk, calls, shapes, measured, items, modes)
     return AuditReport(u.source, u.tool, u.pid, u.device, tk, cap, cap_why, legacy, legacy_why, modes, calls, allf,

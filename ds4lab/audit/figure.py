@@ -2,8 +2,10 @@
 coloured by their worst verdict over the audited modes; a device lane with its kernels, copies and
 memsets; every call that is not allowed (and every launch a graph would freeze) marked with its
 name; the capturable spans of one mode shaded across both lanes. Times are the trace's own
-(measured), from the token's first call; the title names the file, the unit, and that the spans are
-the audit's proposal. Style and files: :data:`ds4lab.report.plots.STYLE`, :func:`ds4lab.report.plots.save`.
+(measured, or MODELED for a trace of the simulated runtime), from the token's first call; the title
+names the file, the unit, that the spans are the audit's proposal, and the calibration its plans are
+modeled with (:func:`ds4lab.report.provenance.calibration_label`: its name when shipped, else name,
+path and short SHA-256). Style and files: :data:`ds4lab.report.plots.STYLE`, :func:`ds4lab.report.plots.save`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def timeline_figure(report, mode: str | None = None):
         who = "process ?" if report.pid < 0 else f"process {report.pid}"
         src = report.source if len(report.source) <= 70 else "…" + report.source[-69:]
         ax.set_title(f"token {t} of {report.tokens.n} — {src} ({who}, device {report.device}; "
-                     f"{report.tool})\ntimes {times} in the trace; spans proposed by the audit", fontsize=9)
+                     f"{report.tool})\ntimes {times} in the trace; spans proposed by the audit\n"
+                     f"its plans MODELED (calibration {report.calibration_label})", fontsize=9)
         fig.tight_layout()
     return fig

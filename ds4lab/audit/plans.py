@@ -187,12 +187,15 @@ def tails(starts_ns: list, items_by_token: dict, ends_ns: dict) -> dict:
 
 
 def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: bool, modes,
-               launches_per_token: float, cal_name: str) -> pd.DataFrame:
+               launches_per_token: float, cal_label: str) -> pd.DataFrame:
     """``plans.csv``-style rows: ``plan``, ``mode``, ``graphs_per_token``, ``eager_launches_per_token``,
     ``predicted_us`` (median) with ``predicted_p25``/``p75``, ``eager_measured_us`` (median),
     ``saving_us`` (median of the paired per-token differences, measured − predicted) with
-    ``saving_lo``/``saving_hi`` (95 %), ``measurable``, ``saving_pct``, ``calibration``, ``modeled``
-    (always True)."""
+    ``saving_lo``/``saving_hi`` (95 %), ``measurable``, ``saving_pct``, ``calibration`` (``cal_label``:
+    the calibration as titles name it, :func:`ds4lab.report.provenance.calibration_label`: its name
+    when shipped, else name, path and short SHA-256), ``modeled`` (always True: the predictions and
+    savings are modeled; ``eager_measured_us`` is the trace's own, which the audit's ``plans.csv``
+    says in ``eager_modeled``)."""
     rows = []
 
     def add(plan, mode, per, graphs, eager_launches):
@@ -205,7 +208,7 @@ def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: 
                      "eager_measured_us": base, "saving_us": diff.median,
                      "saving_lo": diff.lo, "saving_hi": diff.hi, "measurable": diff.measurable,
                      "saving_pct": 100.0 * diff.median / base if base else float("nan"),
-                     "calibration": cal_name, "modeled": True})
+                     "calibration": cal_label, "modeled": True})
 
     add("eager (model check)", "-", model.eager(), 0.0, launches_per_token)
     add("whole token", "any", model.whole(scalars), 1.0, 0.0)

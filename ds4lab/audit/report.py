@@ -12,12 +12,24 @@ report per unit, never summed):
 * ``tokens.csv`` — one row per token: start, measured eager µs, GPU-busy µs, kernels, API calls,
   shape, and per mode the first invalidating call and the counts of refused, missing and unruled calls;
 * ``spans.csv`` — the capturable spans per mode (:func:`ds4lab.audit.spans.span_table`);
-* ``plans.csv`` — the plans, MODELED (:mod:`ds4lab.audit.plans`), with the calibration's name;
+* ``plans.csv`` — the plans, MODELED (:mod:`ds4lab.audit.plans`), with the calibration as titles name
+  it (its name when shipped, else name, path and short SHA-256);
 * ``meta.json`` — source file, tool (and schema version where the tool gives one), the event table's
   columns, tokens, capture stream chosen and why, legacy stream, calibration (name, path, sha256),
   notes, ds4lab version (:func:`audit_meta`);
 * ``audit.png``/``.svg``/``.pdf`` — one token's timeline per unit (:mod:`ds4lab.audit.figure`);
   ``audit-p<pid>-d<device>.*`` when there are several units.
+
+Where each time comes from, on every row of the timed tables (so that a copied file still says it):
+
+* ``tokens.csv``: ``tool`` (the tool that wrote the trace) and ``modeled``: whether the trace's times
+  are modeled (True for a ``ds4lab trace --backend sim`` trace; False for a GPU trace: measured).
+  Every time in it is the trace's;
+* ``spans.csv``: ``tool``; ``modeled`` as in ``tokens.csv``, for ``gpu_us`` and ``eager_host_us`` (the
+  trace's times summed over the span); ``replay_modeled`` (always True: ``replay_us`` is the audit's
+  model) and ``calibration``, the calibration ``replay_us`` is modeled with;
+* ``plans.csv``: ``tool``; ``eager_modeled``, as ``modeled`` in ``tokens.csv``, for
+  ``eager_measured_us``; ``modeled`` (always True: ``predicted_*`` and ``saving_*``) and ``calibration``.
 """
 
 from __future__ import annotations
@@ -55,11 +67,34 @@ def audit_meta(reports) -> dict:
                       "legacy_stream": {"streams": sorted(r.legacy), "why": r.legacy_why},
                       "modes": list(r.modes), "notes": list(r.notes)})
     cal = reports[0].calibration if reports else None
+    label = reports[0].calibration_label if reports else "?"
     return {"job": "audit", "ds4lab": __version__, "event_table_columns": list(COLUMNS),
             "sources": sorted({r.source for r in reports}), "units": units, "calibration": cal,
-            "modeled": "plans.csv and spans.csv replay_us are MODELED (calibration "
-                       f"{cal.get('name') if cal else '?'}); every other time is the trace's: "
+            "modeled": f"plans.csv and spans.csv replay_us are MODELED (calibration {label}); every other "
+                       "time is the trace's: "
                        + "; ".join(f"{r.source} process {r.pid}: {trace_times(r)}" for r in reports)}
+
+
+def _tokens_csv(r) -> pd.DataFrame:
+    df = _with_unit(r.token_table, r)
+    if not df.empty:
+        df["tool"], df["modeled"] = r.tool, trace_times(r) == "MODELED"
+    return df
+
+
+def _spans_csv(r) -> pd.DataFrame:
+    df = _with_unit(r.spans, r)
+    if not df.empty:
+        df["tool"], df["modeled"] = r.tool, trace_times(r) == "MODELED"
+        df["replay_modeled"], df["calibration"] = True, r.calibration_label
+    return df
+
+
+def _plans_csv(r) -> pd.DataFrame:
+    df = _with_unit(r.plans, r)
+    if not df.empty:
+        df["tool"], df["eager_modeled"] = r.tool, trace_times(r) == "MODELED"
+    return df
 
 
 def write(reports, folder, meta: dict | None = None) -> list[Path]:
@@ -75,9 +110,9 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     tables = {"audit.csv": [_with_unit(r.findings, r) for r in reports],
-              "tokens.csv": [_with_unit(r.token_table, r) for r in reports],
-              "spans.csv": [_with_unit(r.spans, r) for r in reports],
-              "plans.csv": [_with_unit(r.plans, r) for r in reports]}
+              "tokens.csv": [_tokens_csv(r) for r in reports],
+              "spans.csv": [_spans_csv(r) for r in reports],
+              "plans.csv": [_plans_csv(r) for r in reports]}
     for name, parts in tables.items():
         parts = [p for p in parts if not p.empty]
         df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -187,9 +222,9 @@ def _plans(r, console) -> None:
     p = r.plans
     if p is None or p.empty:
         return
-    cal = r.calibration.get("name") if r.calibration else "?"
     times = trace_times(r)
-    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {cal})", title_justify="left")
+    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {r.calibration_label})",
+              title_justify="left")
     for c in ("plan", "mode", "graphs/token", "predicted µs (IQR)", f"eager µs ({times})", "saving"):
         t.add_column(c)
     for row in p.itertuples():

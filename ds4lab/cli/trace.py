@@ -44,8 +44,9 @@ def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's
     modeled schedule (labelled MODELED); ds4lab's NVTX ranges (token, layer, cluster, op) from its own
     record of push and pop times. Open trace.json in ui.perfetto.dev or chrome://tracing; also
-    written: trace_kernels.csv, trace_nvtx.csv, meta.json and trace.png/.svg/.pdf (the first
-    layers of each stage's token, launch gaps visible).
+    written: trace_kernels.csv, trace_nvtx.csv, trace_api.csv (each row with backend, preset and
+    modeled), meta.json and trace.png/.svg/.pdf (the first layers of each stage's token, launch gaps
+    visible).
 
     \b
     Exit status:

@@ -10,8 +10,10 @@ The job, in order (each result written to ``DIR`` as soon as it exists):
    ``ds4-flash``, which cover both routing kinds, because 43 layers take minutes on a CPU);
 2. N decode tokens after warm-up, each bracketed by events on the accessor's stream and ended
    with a device synchronize, as ds4 ends each token with ``cudaDeviceSynchronize()``;
-3. the launch census, the GPU memory footprint, and the bytes-moved floor (the fewest bytes a
-   token must read over the device-to-device copy bandwidth).
+3. the launch census (``census.csv``: launches per token per cluster, kind and site, each row
+   with ``backend``, ``preset`` and ``modeled`` as ``ladder.csv``), the GPU memory footprint, and
+   the bytes-moved floor (the fewest bytes a token must read over the device-to-device copy
+   bandwidth).
 
 Backends: on ``cupy`` every time is measured (CUDA events, host clock). On ``sim`` the same token
 loop runs on the simulated runtime and every time is MODELED from its calibration (the sim's events
@@ -299,7 +301,7 @@ def run(rc: RunConfig, be, console=None) -> dict:
     staging: list[Path] = []  # the folder job_folder hands the run (for what a stopped run records)
     try:
         with results.job_folder(out, meta, RESULT_FILES, say=con.print,
-                                on_stop=lambda status: _record_stop(staging[0], meta, prog)) as folder:
+                                on_stop=lambda status: _record_stop(staging[0], meta, prog, be, preset)) as folder:
             staging.append(folder)
             summary = _job(rc, be, cfg, preset, folder, meta, con, prog)
     except KeyboardInterrupt as e:
@@ -326,7 +328,14 @@ def _how_far(rc: RunConfig, prog: _Progress) -> str:
     return s
 
 
-def _record_stop(out: Path, meta: dict, prog: _Progress) -> None:
+def write_census(census: Census, path: Path, be, preset: str) -> None:
+    """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token)
+    with ``backend``, ``preset`` and ``modeled`` on every row, as ``ladder.csv``
+    (:func:`ds4lab.report.provenance.with_source_columns`)."""
+    provenance.with_source_columns(census.frame(), be.name, preset, be.models_time).to_csv(path, index=False)
+
+
+def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> None:
     """Best effort, never raising, when the run stops early: how far it got into ``meta`` (which
     :func:`ds4lab.report.results.job_folder` then writes with the status), ``census.csv`` so far."""
     meta["tokens_completed"] = prog.tokens_done
@@ -336,7 +345,7 @@ def _record_stop(out: Path, meta: dict, prog: _Progress) -> None:
                              if prog.census_tokens else "no completed token")
     try:
         census = prog.census()
-        census.frame().to_csv(out / "census.csv", index=False)
+        write_census(census, out / "census.csv", be, preset)
         if prog.census_tokens:
             meta["census_per_token"] = {r.kind: {"launches": float(r.launches), "sites": int(r.sites)}
                                         for r in census.by_kind().itertuples()}
@@ -458,7 +467,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
 
         # 4. census, floor, summary
         census = L.census
-        census.frame().to_csv(out / "census.csv", index=False)
+        write_census(census, out / "census.csv", be, preset)
         kinds = census.by_kind()
         meta["census_per_token"] = {r.kind: {"launches": float(r.launches), "sites": int(r.sites)}
                                     for r in kinds.itertuples()}

@@ -83,6 +83,27 @@ def calibration_label(meta: dict) -> str:
     return str(cal.get("name", "?"))
 
 
+#: The columns a job's table carries so that each row, copied out of its folder, still says where it
+#: came from (as ``ladder.csv`` and ``context.csv`` do): the backend, the preset, whether it is modeled.
+SOURCE_COLUMNS = ("backend", "preset", "modeled")
+
+
+def preset_name(meta: dict) -> str | None:
+    """The preset's name in ``meta["preset"]`` (a preset summary dict or a name)."""
+    p = meta.get("preset")
+    return p.get("name") if isinstance(p, dict) else p
+
+
+def with_source_columns(df, backend: str, preset: str | None, modeled: bool):
+    """A copy of ``df`` with :data:`SOURCE_COLUMNS` appended (the same value on every row; a table
+    without rows keeps its header, the three columns added): ``backend`` (``cupy``, ``sim``,
+    ``numpy``), ``preset`` (its name), ``modeled`` (True where the backend models time)."""
+    out = df.copy()
+    for column, value in zip(SOURCE_COLUMNS, (backend, preset, bool(modeled))):
+        out[column] = value
+    return out
+
+
 def label(meta: dict) -> str:
     """One line naming the source of a figure, for titles and printed tables."""
     if meta.get("modeled"):

@@ -34,7 +34,7 @@ in µs, one process per stage with ``process_name``/``thread_name`` metadata eve
 as ``torch.profiler`` exports; opens in ui.perfetto.dev and chrome://tracing; each stage's process
 starts at 0 µs, its clock offset in ``otherData.clock_offset_ns``), ``trace_kernels.csv`` and
 ``trace_nvtx.csv``, ``trace_api.csv`` (the same events as tables; named apart from ``compare``'s
-kernel tables),
+kernel tables; every row ends with ``backend``, ``preset`` and ``modeled``, as ``ladder.csv``),
 ``meta.json`` and the figure ``trace.png/.svg/.pdf`` (:func:`ds4lab.report.plots.trace_figure`).
 
 Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto
@@ -635,6 +635,14 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.Dat
     return {"otherData": other, "displayTimeUnit": "ns", "traceEvents": ev}
 
 
+def labelled(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A trace table as its CSV holds it: ``df`` with ``backend``, ``preset`` and ``modeled`` appended
+    (:func:`ds4lab.report.provenance.with_source_columns`, as ``ladder.csv``), so that a copied
+    ``trace_*.csv`` still says whether its times are the sim's (MODELED) or measured."""
+    return provenance.with_source_columns(df, meta.get("backend"), provenance.preset_name(meta),
+                                          bool(meta.get("modeled")))
+
+
 def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
            api: pd.DataFrame | None = None) -> list[Path]:
     from . import plots
@@ -643,11 +651,10 @@ def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
     p = out / "trace.json"
     results.write_text_atomic(p, json.dumps(chrome_trace(kern, nvtx, meta, api), default=str))
     files.append(p)
-    kern.to_csv(out / "trace_kernels.csv", index=False)
-    nvtx.to_csv(out / "trace_nvtx.csv", index=False)
-    files += [out / "trace_kernels.csv", out / "trace_nvtx.csv"]
-    (api if api is not None else pd.DataFrame(columns=API_COLUMNS)).to_csv(out / "trace_api.csv", index=False)
-    files.append(out / "trace_api.csv")
+    for name, df in (("trace_kernels.csv", kern), ("trace_nvtx.csv", nvtx),
+                     ("trace_api.csv", api if api is not None else pd.DataFrame(columns=API_COLUMNS))):
+        labelled(df, meta).to_csv(out / name, index=False)
+        files.append(out / name)
     import matplotlib.pyplot as plt
 
     fig = plots.trace_figure(kern, nvtx, meta)

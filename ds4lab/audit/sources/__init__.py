@@ -22,11 +22,12 @@ progress over the file's bytes (or the export's rows).
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from .common import SourceError, head_bytes, tail_bytes
 
-__all__ = ["SourceError", "detect", "read", "FORMATS"]
+__all__ = ["SourceError", "detect", "read", "recording_beside", "FORMATS"]
 
 FORMATS = ("nsys-sqlite", "kineto", "ds4lab-trace", "recording", "nsys-report")
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
@@ -37,7 +38,9 @@ def detect(path: Path) -> str:
 
     Raises:
         SourceError: no such file, a folder, an empty file, a ``.qdstrm`` (an unconverted Nsight
-            stream), or content that is none of the formats (with a short escaped excerpt).
+            stream), or content that is none of the formats (with a short escaped excerpt); where a
+            saved recording sits beside such a file (:func:`recording_beside`: the outcome ``.json``
+            of a bundled recording, a recorded run's ``engine.json``), the message names it.
     """
     from . import chrome, saved
 
@@ -70,8 +73,50 @@ def detect(path: Path) -> str:
     if suffix.endswith(".qdstrm"):
         raise SourceError(f"{path}: an unconverted Nsight Systems stream (.qdstrm): let nsys finish the report "
                           "(QdstrmImporter), then nsys export --type sqlite the .nsys-rep")
+    rec = recording_beside(path)
+    if rec is not None:
+        what = ("the outcome of a recorded decode loop (what torch.cuda.graph did with it), not its events"
+                if _is_outcome(head) else f"not a trace the audit reads (it starts with {head[:40]!r})")
+        raise SourceError(f"{path}: {what}; audit the recording beside it: ds4lab audit {shlex.quote(str(rec))}")
     raise SourceError(f"{path}: not a trace the audit reads (a PyTorch profiler / Kineto JSON, an nsys SQLite "
                       f"export, a ds4lab trace.json or a saved recording); it starts with {head[:40]!r}")
+
+
+#: Names a saved recording beside a non-trace file may have: ``<stem>.csv.gz`` (the bundled
+#: ``ds4lab/data/audit/torch-<engine>-<cache>.csv.gz`` beside its outcome ``.json``), ``<stem>.csv``,
+#: and the ``recording.csv.gz`` of a recorded run (``ds4lab audit validate``'s ``engine.json`` beside it).
+BESIDE = ("{stem}.csv.gz", "{stem}.csv", "recording.csv.gz")
+
+
+def recording_beside(path: Path) -> Path | None:
+    """The saved recording (:mod:`.saved`) in ``path``'s folder that goes with ``path`` (:data:`BESIDE`,
+    ``stem``: the name before its first dot), or None; named as ``path`` is (relative stays relative)."""
+    from . import saved
+
+    path = Path(path)
+    stem = path.name.split(".", 1)[0]
+    for pattern in BESIDE:
+        p = path.with_name(pattern.format(stem=stem))
+        if p == path or not p.is_file():
+            continue
+        try:
+            if saved.looks_like(head_bytes(p, len(saved.MAGIC))):
+                return p
+        except OSError:
+            continue
+    return None
+
+
+def _is_outcome(head: bytes) -> bool:
+    """Whether ``head`` is a recorded run's outcome (a JSON object with an ``outcome``, as
+    :func:`ds4lab.audit.engines.recorded_outcome` reads)."""
+    import json
+
+    try:
+        d = json.loads(head.decode("utf-8"))
+    except ValueError:
+        return False
+    return isinstance(d, dict) and "outcome" in d
 
 
 def read(path: Path, *, progress=None, console=None):
