@@ -112,3 +112,14 @@ def test_a_stage_0_trace_predicts_stage_3(tmp_path):
     assert predicted == pytest.approx(measured, rel=0.02)
     assert stage0.loc[("eager (model check)", "-"), "predicted_us"] == pytest.approx(
         stage0.loc[("eager (model check)", "-"), "eager_measured_us"], rel=0.02)
+
+
+def test_a_hazard_trace_has_its_own_default_folder(tmp_path, monkeypatch):
+    """Without --out, a hazard's trace goes to ``results/trace-<preset>-<backend>-<hazard>``: it
+    never replaces the plain trace (or another hazard's) in the default folder."""
+    monkeypatch.chdir(tmp_path)
+    plain = run_trace(TraceConfig(preset="tiny", tokens=1, warmup=1), _sim())
+    hz = run_trace(TraceConfig(preset="tiny", tokens=1, warmup=1, hazard="sync-memset"), _sim())
+    assert plain.out.resolve() == (tmp_path / "results" / "trace-tiny-sim").resolve()
+    assert hz.out.resolve() == (tmp_path / "results" / "trace-tiny-sim-sync-memset").resolve()
+    assert (plain.out / "trace.json").is_file() and (hz.out / "trace.json").is_file()

@@ -37,7 +37,7 @@ def register(main: click.Group) -> None:
               help="Trace a ds4-today path of `ds4lab ladder --hazard` (its token options applied), for "
                    "`ds4lab audit` to find: the routed-MoE hazards trace the hazard's own 2-token MoE step.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Result folder. Default: results/trace-<preset>-<backend>.")
+              help="Result folder. Default: results/trace-<preset>-<backend>[-<hazard>].")
 def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     """One decode token's timeline per stage as a Chrome/Perfetto trace (trace.json).
 

@@ -92,7 +92,7 @@ class TraceConfig:
         tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages
             capture their graphs there).
         warmup: untraced tokens per stage before the traced ones.
-        out: result folder; None: ``results/trace-<preset>-<backend>``.
+        out: result folder; None: ``results/trace-<preset>-<backend>`` (``-<hazard>`` added with one).
         capture_mode: stream-capture mode of the captured stages.
     """
 
@@ -368,7 +368,8 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     preset = config.preset or default_preset("trace", be)
     cfg = get_preset(preset)
     src = kernel_source(be)
-    out = Path(config.out or f"results/trace-{preset}-{be.name}")
+    # a hazard's trace has its own default folder: a plain trace (or another hazard's) is not replaced by it
+    out = Path(config.out or f"results/trace-{preset}-{be.name}" + (f"-{config.hazard}" if config.hazard else ""))
     meta = provenance.base_meta(be)
     modeled = bool(be.models_time)
     meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
