@@ -255,3 +255,24 @@ def test_a_kineto_trace_is_audited_end_to_end(rng, tmp_path):
     assert got["cudaMalloc"] == "invalidates" and got["cudaStreamSynchronize"] == "invalidates"
     assert got["cudaMemset"] == "not in graph"
     assert json.loads((out / "meta.json").read_text())["units"][0]["tokens"]["n"] == 6
+
+
+def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path):
+    """A bundled recording: the audit's verdict and, beside it, what torch.cuda.graph did with the
+    same engine on the GPU that recorded it (the outcome file next to the recording), in the console
+    and in meta.json; a trace with no outcome beside it gets no such line."""
+    from ds4lab.audit.engines import recorded, recorded_outcome
+
+    rec = recorded("deepseek-v3", "static")
+    out = tmp_path / "a"
+    r = CliRunner().invoke(main, ["audit", str(rec), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    want = recorded_outcome("deepseek-v3", "static")
+    said = " ".join(r.output.split())
+    assert f"torch.cuda.graph on {want['device']['device']}" in said and f"as recorded beside it: {want['outcome']}" in said
+    assert json.loads((out / "meta.json").read_text())["recorded_outcomes"] == {str(rec): want}
+    alone = tmp_path / rec.name
+    alone.write_bytes(rec.read_bytes())  # the same events, no outcome beside them
+    r = CliRunner().invoke(main, ["audit", str(alone), "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0 and "as recorded beside it" not in r.output
+    assert "recorded_outcomes" not in json.loads((tmp_path / "b" / "meta.json").read_text())

@@ -359,6 +359,28 @@ def recorded_outcome(engine: str, cache_kind: str) -> dict:
     return json.loads(recorded(engine, cache_kind).with_name(f"torch-{engine}-{cache_kind}.json").read_text())
 
 
+def outcome_beside(recording: Path) -> dict | None:
+    """What torch.cuda.graph did with the engine a recording was made from, when its outcome sits
+    beside it (``<stem>.json`` beside ``<stem>.csv.gz``, as the bundled ones ship, or ``engine.json``
+    beside ``recording.csv.gz``, as ``ds4lab audit validate`` writes them): :class:`EngineRun`'s
+    fields, or None when there is none (or it is not an outcome)."""
+    import json
+
+    recording = Path(recording)
+    stem = recording.name.split(".", 1)[0]
+    for name in (f"{stem}.json", "engine.json"):
+        p = recording.with_name(name)
+        if p == recording or not p.is_file():
+            continue
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and "outcome" in d:
+            return d
+    return None
+
+
 def available() -> tuple[bool, str]:
     """Whether torch (with a GPU) and transformers are importable here, and why not."""
     try:
@@ -372,6 +394,7 @@ def available() -> tuple[bool, str]:
 
 
 __all__ = ["CACHES", "ENGINES", "EngineRun", "RECORDED", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build",
+           "outcome_beside",
            "recorded", "recorded_outcome", "run_engine", "run_isolated"]
 
 

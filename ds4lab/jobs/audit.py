@@ -130,10 +130,27 @@ def run(cfg: AuditConfig, backend=None, console=None):
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
         meta.update(audit_report.audit_meta(reports))
         files = audit_report.write(reports, folder, meta)
+        recorded = _recorded_outcomes(cfg)
+        if recorded:
+            meta["recorded_outcomes"] = recorded
         if console is not None:
             audit_report.summary(reports, console, cfg.max_rows)
+            for f, o in recorded.items():  # the verdict beside what the GPU did, as the recording's outcome says
+                dev = o.get("device") or {}
+                console.print(f"{Path(f).name}: torch.cuda.graph on {dev.get('device', 'a GPU')} (driver "
+                              f"{dev.get('driver', '?')}), as recorded beside it: {o['outcome']}"
+                              + (f" ({o['detail']})" if o.get("detail") else ""))
         say(f"wrote {', '.join(p.name for p in files)} in {results.final_path(out)}")
     return reports
+
+
+def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
+    """``{input file: outcome}`` for the inputs whose torch.cuda.graph outcome sits beside them
+    (:func:`ds4lab.audit.engines.outcome_beside`: the bundled recordings, ``audit validate``'s)."""
+    from ..audit.engines import outcome_beside
+
+    got = {str(f): outcome_beside(Path(f)) for f in cfg.files}
+    return {f: o for f, o in got.items() if o is not None}
 
 
 def _sources(cfg: AuditConfig, folder: Path, console, meta: dict) -> list:
