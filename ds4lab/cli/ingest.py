@@ -126,20 +126,21 @@ def _progress(files):
 def compare_cmd(dirs, out) -> None:
     """Draw ds4lab results and ingested profiles from several folders side by side.
 
-    Every DIR must hold a table compare can draw: a stage ladder (ladder.csv, ladder-NAME.csv),
-    MoE stage rows or summaries (moe.csv, summary.csv, summary-NAME.csv, a ds4-format moe-ds4.log),
-    kernel summaries (nsys_kernels.csv, kernels.csv) or their ingested copies (ds4_moe.csv,
-    ds4lab_*.csv). An ingested table is drawn one bar per input file, a table of several devices or
-    processes one bar per device and process (an nsys stats kernel summary, which nsys itself adds
-    up over devices, is said to be that sum); a MoE table's bar is one profiling mode and routing
-    (in-graph first, uniform routing first), named in its label with the preset, and with the
-    calls that fell back to eager. Legends name every setting that differs between the sources
-    (preset, backend, long-context token, start position, stages, calibration); a run whose
-    meta.json status is not "complete" is drawn with "(incomplete: STATUS)" in its legend label
-    and a warning; titles say MODELED where any source is modeled. The same folder twice (by path
-    or content) is refused. OUT is a ds4lab result folder: locked, written aside and swapped in
-    with this run's figures only; a job's folder, a source, or a folder ds4lab did not write is
-    refused.
+    Every DIR must hold a table compare can draw: a stage ladder (ladder.csv, ladder-NAME.csv), a
+    context ladder (context.csv, context-NAME.csv: one panel per stage, the contexts every source
+    holds, what a source lacks named in the figure), MoE stage rows or summaries (moe.csv,
+    summary.csv, summary-NAME.csv, a ds4-format moe-ds4.log), kernel summaries (nsys_kernels.csv,
+    kernels.csv) or their ingested copies (ds4_moe.csv, ds4lab_*.csv). An ingested table is drawn
+    one bar per input file, a table of several devices or processes one bar per device and process
+    (an nsys stats kernel summary, which nsys itself adds up over devices, is said to be that sum);
+    a MoE table's bar is one profiling mode and routing (in-graph first, uniform routing first),
+    named in its label with the preset, and with the calls that fell back to eager. Legends name
+    every setting that differs between the sources of one figure (preset, backend, long-context
+    token, start position, stages, calibration); a run whose meta.json status is not "complete" is
+    drawn with "(incomplete: STATUS)" in its legend label and a warning; titles say MODELED where
+    any source is modeled. The same folder twice (by path or content) is refused. OUT is a ds4lab
+    result folder: locked, written aside and swapped in with this run's figures only; a job's
+    folder, a source, or a folder ds4lab did not write is refused.
 
     \b
     Exit status:

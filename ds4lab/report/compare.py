@@ -6,12 +6,22 @@ columns (:data:`TABLES`):
 
 * stage ladders (``stage``, ``us_median``): ``ladder.csv`` as ``ds4lab ladder`` writes it,
   ``ladder-<name>.csv`` as kept under ``docs/measurements/``, ``ds4lab_ladder*.csv`` from ``ingest``;
+* context ladders (``stage``, ``context``, ``us_median``; ``us_p25``/``us_p75`` drawn as IQR
+  whiskers where present): ``context.csv`` as ``ds4lab context`` writes it, ``context-<name>.csv``,
+  ``ds4lab_context*.csv`` from ``ingest``; every ``context`` must be a number. Drawn by
+  :func:`ds4lab.report.plots.compare_context_figure`, one panel per stage, µs per token at each
+  context, one marker series per source. Only like with like: the contexts every source holds are
+  drawn, and what a source lacks (a context, so the others' numbers there are not drawn; a stage,
+  so its panel lacks that source; a stage at a context) is written in the figure, never dropped
+  silently. A ladder (one position) and a context ladder are never drawn in one figure: beside each
+  other they are two figures, each legend naming only what differs within its own figure;
 * routed-MoE stage rows (``stage``, ``ms``): ``moe.csv``, ``moe-<name>.csv``, ``ds4_moe.csv`` and
   ``ds4lab_moe*.csv`` from ``ingest``;
 * routed-MoE summaries (``stage``, ``median_ms``): ``summary.csv``, ``summary-<name>.csv``,
   ``ds4lab_summary*.csv`` (drawn unless the same run's rows are there);
 * a ds4-format log (``*.log`` holding ``ds4: CUDA MoE profile`` lines, e.g. ``moe-ds4.log``) when the
-  folder has no MoE table;
+  folder has no MoE table; any other ``*.log`` (a job's console output kept beside its table, as in
+  ``docs/measurements/h200-2026-11-30b/context/``) is no table and passes unread;
 * kernel summaries: ``nsys_kernels.csv`` (``name``, ``total_time_us``), ``kernels.csv`` (``name``, ``us``);
 * Nsight Compute per-site tables: ``ncu_sites.csv`` (``cluster``, ``op``, ``dram_pct``) from ``ingest``
   of ``ncu --csv`` output: per launch site, the median DRAM throughput in % of peak (the achieved
@@ -35,11 +45,12 @@ Each table's provenance comes from its meta file (``<stem>.meta.json``, ``meta-<
 ``provenance`` columns: modeled numbers are labelled MODELED; a run whose status is not
 ``complete``/``done`` (``running`` left by a killed run, ``interrupted``, ``failed: ...``, or no
 status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about. A
-ladder or MoE label names the preset its meta file names (unless the file name already does), and
-every setting of :data:`SETTINGS` that differs between the sources of its figure. A title says
-MODELED where any of its sources is modeled; no two sources share a colour and hatch
-(:func:`ds4lab.report.plots.series_style`); MoE calls that fell back to eager are counted in
-their source's label.
+ladder, context ladder or MoE label names the preset its meta file names (unless the file name
+already does), and every setting of :data:`SETTINGS` that differs between the sources of its figure
+(:data:`FIGURES`). A title says MODELED where any of its sources is modeled; no two sources share a
+colour and hatch (:func:`ds4lab.report.plots.series_style`), or in the context figure a colour and
+marker shape (:func:`ds4lab.report.plots.series_marker`); MoE calls that fell back to eager are
+counted in their source's label.
 
 ``--out`` is a result folder (:func:`ds4lab.report.results.job_folder`): it holds this run's figures
 only, swapped in when they are all written.
@@ -59,6 +70,8 @@ from ..token.model import MOE_STAGES  # ds4's six routed-MoE stages, defined onc
 #: kind → (file name patterns, required columns, value column)
 TABLES = {
     "ladder": (("ladder.csv", "ladder-*.csv", "ds4lab_ladder*.csv"), ("stage", "us_median"), "us_median"),
+    "context": (("context.csv", "context-*.csv", "ds4lab_context*.csv"), ("stage", "context", "us_median"),
+                "us_median"),
     "moe": (("moe.csv", "moe-*.csv", "ds4_moe.csv", "ds4lab_moe.csv", "ds4lab_moe-*.csv"), ("stage", "ms"), "ms"),
     "moe-summary": (("summary.csv", "summary-*.csv", "ds4lab_summary.csv", "ds4lab_summary-*.csv"),
                     ("stage", "median_ms"), "median_ms"),
@@ -66,9 +79,11 @@ TABLES = {
     "kernels": (("kernels.csv",), ("name", "us"), "us"),
     "ncu-sites": (("ncu_sites.csv",), ("cluster", "op", "dram_pct"), "dram_pct"),
 }
-LOOKED_FOR = ("ladder.csv, ladder-<name>.csv, moe.csv, moe-<name>.csv, summary.csv, summary-<name>.csv, "
-              "a ds4-format *.log, nsys_kernels.csv, kernels.csv, ncu_sites.csv, ds4_moe.csv, ds4lab_ladder*.csv, "
-              "ds4lab_moe*.csv, ds4lab_summary*.csv")
+LOOKED_FOR = ("ladder.csv, ladder-<name>.csv, context.csv, context-<name>.csv, moe.csv, moe-<name>.csv, "
+              "summary.csv, summary-<name>.csv, a ds4-format *.log, nsys_kernels.csv, kernels.csv, ncu_sites.csv, "
+              "ds4_moe.csv, ds4lab_ladder*.csv, ds4lab_context*.csv, ds4lab_moe*.csv, ds4lab_summary*.csv")
+#: key columns that must hold a number in every row, where a table has them (a context is a position)
+NUMBER_KEYS = ("context",)
 
 
 class CompareError(ValueError):
@@ -143,6 +158,12 @@ def _read_csv(f: Path, kind: str) -> pd.DataFrame:
         i = int(bad.to_numpy().argmax())
         raise CompareError(f"{f}:{i + 2}: {value}={df[value].iloc[i]!r} is not a number")
     df[value] = vals
+    for key in (c for c in need if c in NUMBER_KEYS):
+        vals = pd.to_numeric(df[key], errors="coerce")
+        if vals.isna().any():  # an empty cell too: a row at no known context cannot be set beside others
+            i = int(vals.isna().to_numpy().argmax())
+            raise CompareError(f"{f}:{i + 2}: {key}={df[key].iloc[i]!r} is not a number")
+        df[key] = vals
     return df
 
 
@@ -223,8 +244,16 @@ def _folder_tables(d: Path) -> list[Table]:
     if not any(t.kind in ("moe", "moe-summary") for t in found):
         for f in sorted(p for p in d.glob("*.log") if p.is_file()):
             try:
+                with open(f, "rb"):
+                    pass
+            except OSError as e:
+                raise CompareError(f"{f}: unreadable ({e.strerror or e})") from None
+            try:
                 if detect(f) != "ds4-log":
                     continue
+            except IngestError:  # a job's console output kept beside its table, any other text: no table
+                continue
+            try:
                 df = read_ds4_log(f, lenient=False).tables["ds4_moe"]
             except IngestError as e:
                 raise CompareError(str(e)) from None
@@ -340,8 +369,8 @@ def _same_inputs(dirs) -> None:
 
 
 #: the tables drawn in one figure together (their legends name what differs between them)
-FIGURES = {"ladder": ("ladder",), "moe": ("moe", "moe-summary"), "kernels": ("kernels-sum", "kernels"),
-           "ncu": ("ncu-sites",)}
+FIGURES = {"ladder": ("ladder",), "context": ("context",), "moe": ("moe", "moe-summary"),
+           "kernels": ("kernels-sum", "kernels"), "ncu": ("ncu-sites",)}
 
 
 def collect(dirs, warn=None) -> list[Table]:
@@ -377,8 +406,8 @@ def collect(dirs, warn=None) -> list[Table]:
     for t in tables:
         d = t.path.parent
         name = d.name or d.resolve().name
-        parts = [t.path.stem] * (t.path.stem not in ("ladder", "moe")) + t.notes
-        preset = _preset(t.meta) if t.kind in ("ladder", "moe", "moe-summary") else None
+        parts = [t.path.stem] * (t.path.stem not in ("ladder", "context", "moe")) + t.notes
+        preset = _preset(t.meta) if t.kind in ("ladder", "context", "moe", "moe-summary") else None
         if preset and not any(preset in p for p in parts):
             parts.append(preset)
         fig = next(f for f, kinds in FIGURES.items() if t.kind in kinds)
@@ -411,6 +440,29 @@ def _modeled_title(title: str, tables: list[Table]) -> str:
     if all(t.modeled for t in tables):
         return f"{title} — MODELED (simulated runtime), not measured"
     return f"{title} — MODELED and measured sources side by side (each source's provenance in the legend)"
+
+
+def _context_points(t: Table) -> tuple[dict, dict]:
+    """``({stage: {context: (median, p25, p75)}}, {stage: short name})`` of one context table, µs per
+    token. Rows without a median (a stage that did not run there) are left out, so the figure names
+    them as missing; several rows of one stage and context (none in a ``ds4lab context`` table: it
+    runs one round) are drawn as their medians. p25/p75 are NaN where the table lacks them."""
+    nan = float("nan")
+    df = t.df.assign(stage=t.df["stage"].astype(str))
+    for c in ("us_p25", "us_p75"):
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else nan
+    df = df[df["us_median"].notna()]
+    out: dict = {}
+    for (stage, ctx), g in df.groupby(["stage", "context"], sort=False):
+        out.setdefault(stage, {})[int(ctx)] = (float(g["us_median"].median()), float(g["us_p25"].median()),
+                                               float(g["us_p75"].median()))
+    names = {}
+    if "short" in df:
+        for stage, g in df.groupby("stage", sort=False):
+            shorts = [str(v) for v in g["short"].dropna().unique() if str(v)]
+            if shorts:
+                names[stage] = shorts[0]
+    return out, names
 
 
 #: Which profiling mode's times stand for a run, best first: in-graph timestamps and CUPTI see the
@@ -477,10 +529,12 @@ COMPARE_OUTPUTS = ("compare_*.png", "compare_*.svg", "compare_*.pdf")
 
 
 def compare(dirs, out: Path, warn=None) -> list[Path]:
-    """Ladder tables (µs per token per stage), MoE stage medians (ms per stage), kernel totals
+    """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each
+    context every source holds, IQR whiskers, what a source lacks written in the figure), MoE stage
+    medians (ms per stage), kernel totals
     (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites
-    with the most time), one bar per table (per input file of an ingested table, per device and
-    process of a table holding several), the legend beside the bars naming each source, its
+    with the most time), one bar per table (one marker series in the context figure; per input file
+    of an ingested table, per device and process of a table holding several), the legend beside the bars naming each source, its
     provenance and the settings that differ between the sources; a title says MODELED where any
     source is modeled; MoE calls that fell back to eager are named in their source's label.
 
@@ -535,6 +589,24 @@ def _figures(tables: list[Table], plots) -> list:
         stages = list(dict.fromkeys(s for v in lad.values() for s in v))
         figs.append((plots.grouped_bars_figure(lad, stages, "µs per token (median)", _modeled_title(
             "stage ladder, side by side (sources in the legend)", lads)), "compare_ladder"))
+    ctxs = [t for t in tables if t.kind == "context"]
+    if ctxs:
+        from ..experiments.stages import STAGES
+
+        per, names = {}, {}
+        for t in ctxs:
+            per[t.label], own = _context_points(t)
+            for st, short in own.items():
+                names.setdefault(st, [])
+                if short not in names[st]:
+                    names[st].append(short)
+        seen = list(dict.fromkeys(st for pts in per.values() for st in pts))  # ladder order, then the others
+        order = [st for st in STAGES if st in seen] + [st for st in seen if st not in STAGES]
+        names = {st: " / ".join(names[st]) if st in names else STAGES[st].short if st in STAGES else ""
+                 for st in order}
+        figs.append((plots.compare_context_figure(per, order, names=names, title=_modeled_title(
+            "context ladder: µs per token of each stage at each context, side by side (sources in the legend)",
+            ctxs)), "compare_context"))
     moes = [t for t in tables if t.kind in ("moe", "moe-summary")]
     moe = {}
     for t in moes:

@@ -30,6 +30,9 @@ COLORS = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#DD
 #: that tell sources apart past them (:func:`series_style`): no two sources look alike up to 120.
 SERIES_COLORS = [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20"].colors]
 SERIES_HATCHES = ("", "//", "..", "xx", "\\\\", "oo")
+#: Marker shapes that tell sources apart past the colours where a source is a marker series
+#: (:func:`series_marker`): one per hatch, so the same 120 sources can be told apart.
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def series_style(i: int) -> dict:
@@ -45,6 +48,17 @@ def series_style(i: int) -> dict:
                          "compare fewer folders at a time")
     return {"color": SERIES_COLORS[i % n], "hatch": SERIES_HATCHES[i // n], "edgecolor": "0.25" if i >= n else None,
             "linewidth": 0.3 if i >= n else 0}
+
+
+def series_marker(i: int) -> dict:
+    """Marker style of the ``i``-th source (0-based) of a marker series: the colour of
+    :func:`series_style`, then a shape of :data:`SERIES_MARKERS` past the colours.
+
+    Raises:
+        ValueError: ``i`` past the 120 distinct styles, as :func:`series_style`.
+    """
+    color = series_style(i)["color"]
+    return {"color": color, "marker": SERIES_MARKERS[i // len(SERIES_COLORS)]}
 
 
 def provenance_title(meta: dict, what: str) -> str:
@@ -442,6 +456,101 @@ def compare_moe_figure(sources: dict, stages, max_panels: int = 8,
                      fontsize=7, color="0.35")
             bottom += 0.03
         fig.tight_layout(rect=(0, bottom / nrows, 1, 0.95))
+    return fig
+
+
+def compare_context_figure(sources: dict, stages=None, names=None, max_cols: int = 3,
+                           title: str = "context ladder side by side (sources in the legend)"):
+    """Context ladders side by side: one panel per stage (``stages``, in that order; else as they
+    come), µs per token (median) at each context, IQR whiskers (p25–p75), one marker series per
+    source (each its own look, :func:`series_marker`), offset within each context so whiskers do not
+    hide each other. Only like with like: the x axis holds the contexts every source has; what a
+    source lacks is written under the panels (a context: the others' numbers there are not drawn; a
+    stage: its panel lacks that source and says so; a stage at a drawn context: a gap), never dropped
+    silently. ``sources``: legend label → {stage: {context: (median, p25, p75)}} (p25/p75 NaN: no
+    whisker); ``names``: stage → a few words for its panel title."""
+    import math
+    import textwrap
+
+    import numpy as np
+
+    stages = list(stages) if stages is not None else list(dict.fromkeys(st for per in sources.values() for st in per))
+    names = names or {}
+    held = {label: {c for pts in per.values() for c in pts} for label, per in sources.items()}
+    every = set.intersection(*held.values()) if held else set()
+    contexts = sorted(every)
+    anywhere = sorted(set().union(*held.values())) if held else []
+    missing = []  # (label, what it lacks)
+    for label, per in sources.items():
+        lacks = []
+        ctx = [c for c in anywhere if c not in held[label]]
+        if ctx:
+            lacks.append("context" + "s" * (len(ctx) > 1) + " " + ", ".join(map(str, ctx)))
+        sts = [st for st in stages if st not in per]
+        if sts:
+            lacks.append("stage" + "s" * (len(sts) > 1) + " " + ", ".join(sts))
+        gaps = [f"{st} at {c}" for st in stages if st in per for c in contexts if c not in per[st]]
+        if gaps:
+            lacks.append("stage " + ", ".join(gaps))
+        if lacks:
+            missing.append((label, "; ".join(lacks)))
+    notes = []
+    if missing:
+        notes.append("Drawn: the contexts every source holds (" + (", ".join(map(str, contexts)) or "none")
+                     + "); a context missing from one source is drawn for none. Missing from a source:")
+        for label, lacks in missing:
+            notes += textwrap.wrap(f"• {label}: {lacks}", 150, subsequent_indent="   ", break_long_words=False)
+    line = 0.16  # inches per note line
+    with plt.rc_context(STYLE):
+        if not contexts or not stages:
+            fig, ax = plt.subplots(figsize=(9.0, 1.6 + line * len(notes)))
+            ax.set_axis_off()
+            ax.text(0.5, 0.7, "no context is in every source: nothing can be set side by side",
+                    ha="center", va="center", fontsize=9, transform=ax.transAxes)
+            fig.suptitle(title, fontsize=9)
+            for k, text in enumerate(notes):
+                fig.text(0.01, 0.45 - k * line / fig.get_figheight(), text, fontsize=7, color="0.3", va="top")
+            return fig
+        cols = min(len(stages), max_cols)
+        nrows = math.ceil(len(stages) / cols)
+        height = 2.9 * nrows + 0.7 + line * len(notes)
+        fig, axes = plt.subplots(nrows, cols, figsize=(3.4 * cols + 0.8, height), squeeze=False)
+        x = np.arange(len(contexts))
+        step = min(0.12, 0.6 / max(1, len(sources)))
+        for idx, st in enumerate(stages):
+            ax = axes[idx // cols][idx % cols]
+            absent = 0
+            for i, (label, per) in enumerate(sources.items()):
+                pts = per.get(st)
+                style = series_marker(i)
+                if pts is None:
+                    absent += 1
+                    ax.plot([], [], ls="-", lw=0.8, ms=5, label=label, **style)  # in the legend all the same
+                    continue
+                med, lo, hi = (np.array([pts.get(c, (np.nan,) * 3)[k] for c in contexts], dtype=float)
+                               for k in range(3))
+                err = [np.nan_to_num(np.clip(med - lo, 0, None)), np.nan_to_num(np.clip(hi - med, 0, None))]
+                ax.errorbar(x + (i - (len(sources) - 1) / 2) * step, med, yerr=err, ls="-", lw=0.8, ms=5,
+                            capsize=3, label=label, **style)
+            ax.set_xticks(x, [str(c) for c in contexts], fontsize=7)
+            ax.set_xlim(-0.5, len(contexts) - 0.5)
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"stage {st}" + (f" · {names[st]}" if names.get(st) else "")
+                         + (f"\nnot in {absent} of {len(sources)} sources (named below)" if absent else ""),
+                         fontsize=8)
+            if idx % cols == 0:
+                ax.set_ylabel("µs per token (median, IQR)")
+            if idx // cols == nrows - 1 or idx + cols >= len(stages):
+                ax.set_xlabel("context (start position)")
+        for idx in range(len(stages), nrows * cols):
+            axes[idx // cols][idx % cols].set_axis_off()
+        h, lab = axes[0][0].get_legend_handles_labels()
+        # beside the panels: no marker sits under it
+        fig.legend(h, lab, loc="upper left", bbox_to_anchor=(1.0, 0.93), frameon=False, fontsize=7)
+        fig.suptitle(title, fontsize=9)
+        for k, text in enumerate(notes):
+            fig.text(0.01, (line * (len(notes) - k) + 0.05) / height, text, fontsize=7, color="0.3", va="top")
+        fig.tight_layout(rect=(0, (line * len(notes) + 0.1) / height, 1, 1 - 0.35 / height))
     return fig
 
 
