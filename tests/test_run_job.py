@@ -272,6 +272,14 @@ def test_sim_run_is_modeled_and_labelled(tmp_path):
     assert bw == [pytest.approx(be.cal.copy_GBps)]
 
 
+def test_a_run_names_its_result_folder_once(tmp_path):
+    out = tmp_path / "r"
+    for said in (f"results in {out}/", f"results in {out}/ (the earlier results there replaced)"):
+        r = invoke("--backend", "sim", "--preset", "tiny", "--tokens", 2, "--warmup", 0, "--out", out)
+        assert r.exit_code == 0, r.output
+        assert flat(r.output).count("results in") == 1 and said in flat(r.output), r.output
+
+
 def test_sim_ds4_flash_defaults_to_timing_only_and_is_fast(tmp_path):
     out = tmp_path / "r"
     t0 = time.perf_counter()
