@@ -5,6 +5,10 @@ files of an earlier one."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -155,3 +159,21 @@ def test_presets_fit_a_terminal_and_keep_their_descriptions():
     assert max(len(line) for line in r.output.splitlines()) <= 160
     for name, p in PRESETS.items():
         assert f"  {name}: {p.summary()['routed_moe']}" in r.output
+
+
+@pytest.mark.parametrize("cmd", [("notebooks", "--list"), ("presets",), ("conformance", "--list"),
+                                 ("hazards", "--help")], ids=" ".join)
+def test_a_listing_into_a_closed_pipe_exits_141_without_a_traceback(cmd):
+    """``ds4lab notebooks --list | head -1``: the commands that print without a job stop as a process
+    ended by SIGPIPE does (141), as the jobs do, not with click's silent status 1. The pipe is closed
+    before the command starts, so every write finds it closed."""
+    repo = Path(__file__).resolve().parents[1]
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "ds4lab.cli", *cmd], stdout=w, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(repo)), cwd=repo, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 141, p.stderr
+    assert "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr

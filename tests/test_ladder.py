@@ -272,3 +272,92 @@ def test_the_context_floor_bounds_every_stage_whichever_stage_ran_last(tmp_path)
     df = execute("context", ContextConfig(stages="0,3,3c", preset="tiny", contexts="64,512", tokens=4, span=4,
                                           out=str(tmp_path)), backend="sim")
     assert (df.efficiency <= 1 + 1e-9).all(), df[["stage", "context", "us_median", "floor_us"]]
+
+
+def _stop_at_call(monkeypatch, method: str, n: int) -> None:
+    """Ctrl-C during the ``n``-th call of ``StageRun.<method>`` (``record``: an exactness run, ``time``: a
+    stage timed in a round)."""
+    from ds4lab.experiments.run import StageRun
+
+    real, calls = getattr(StageRun, method), []
+
+    def stopping(self, *a, **k):
+        calls.append(self.name)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(StageRun, method, stopping)
+
+
+def test_a_ladder_stopped_during_exactness_keeps_the_verdicts_so_far(tmp_path, monkeypatch):
+    """Stopped after stage 0's exactness check (the reference, then stage 0, recorded; stopped while
+    recording stage 0s): the folder keeps that verdict and names what is still to do."""
+    import json
+
+    import pandas as pd
+
+    _stop_at_call(monkeypatch, "record", 3)
+    with pytest.raises(KeyboardInterrupt):
+        execute("ladder", LadderConfig(stages="0,0s,3", preset="tiny", tokens=4, warmup=1, exact_tokens=2, rounds=2,
+                                       out=tmp_path), backend="sim")
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["status"] == "interrupted" and meta["files"] == ["ladder.partial.csv"]
+    assert "exactness checked for 1 of 3 stages" in meta["progress"]
+    d = pd.read_csv(tmp_path / "ladder.partial.csv", dtype={"stage": str}).set_index("stage")
+    assert list(d.index) == ["0", "0s", "3"] and (d.rounds_timed == 0).all() and d.us_median.isna().all()
+    assert d.loc["0", "exact"] == True and d.loc["0", "state"] == "exactness checked; not timed yet"  # noqa: E712
+    assert d.loc[["0s", "3"], "exact"].isna().all()
+    assert (d.loc[["0s", "3"], "state"] == "exactness not checked yet; not timed yet").all()
+
+
+def test_a_ladder_stopped_between_rounds_keeps_each_stage_over_its_own_rounds(tmp_path, monkeypatch):
+    """Stopped in round 2 of 2 (odd rounds run in reverse: stage 3 timed again, stopped while timing
+    stage 0): nothing is written as a finished row (no ladder.csv), and ladder.partial.csv holds every
+    stage over the rounds it finished, its gain over the round it shares with stage 0."""
+    import json
+
+    import pandas as pd
+
+    _stop_at_call(monkeypatch, "time", 4)
+    with pytest.raises(KeyboardInterrupt):
+        execute("ladder", LadderConfig(stages="0,3", preset="tiny", tokens=8, warmup=1, exact_tokens=2, rounds=2,
+                                       out=tmp_path), backend="sim")
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["status"] == "interrupted" and meta["files"] == ["ladder.partial.csv"]
+    assert "stages timed in 1 to 2 of 2 rounds" in meta["progress"]
+    d = pd.read_csv(tmp_path / "ladder.partial.csv", dtype={"stage": str}).set_index("stage")
+    assert d.rounds_timed.to_dict() == {"0": 1, "3": 2} and d.n.to_dict() == {"0": 4, "3": 8}
+    assert (d.exact == True).all() and (d.rounds == 2).all()  # noqa: E712
+    assert d.loc["0", "state"] == "partial: timed in 1 of 2 rounds"
+    assert d.loc["3", "state"] == "timed in all 2 rounds; ×, gain over the 1 round(s) stage 0 was timed in too"
+    # the sim's modeled tokens are alike within a stage: the gain is the difference of the medians
+    assert d.loc["3", "gain_us"] == pytest.approx(d.loc["0", "us_median"] - d.loc["3", "us_median"])
+    assert d.loc["3", "speedup"] == pytest.approx(d.loc["0", "us_median"] / d.loc["3", "us_median"])
+
+
+def test_a_context_run_stopped_at_its_second_context_keeps_the_first_as_finished(tmp_path, monkeypatch):
+    """context.csv holds the finished contexts with a finished run's columns; the context in progress
+    is in context.partial.csv."""
+    import json
+
+    import pandas as pd
+
+    from ds4lab.jobs.context import ContextConfig
+
+    full = execute("context", ContextConfig(stages="0,3", preset="tiny", contexts="64,128", tokens=4, span=4,
+                                            warmup=1, out=str(tmp_path / "full")), backend="sim")
+    assert not (tmp_path / "full" / "context.partial.csv").exists()
+    _stop_at_call(monkeypatch, "time", 3)  # context 128, stage 0
+    with pytest.raises(KeyboardInterrupt):
+        execute("context", ContextConfig(stages="0,3", preset="tiny", contexts="64,128", tokens=4, span=4, warmup=1,
+                                         out=str(tmp_path / "c")), backend="sim")
+    meta = json.loads((tmp_path / "c" / "meta.json").read_text())
+    assert meta["status"] == "interrupted" and meta["files"] == ["context.csv", "context.partial.csv"]
+    assert meta["progress"].startswith("context.csv: context 64 finished; context.partial.csv: context 128")
+    done = pd.read_csv(tmp_path / "c" / "context.csv", dtype={"stage": str})
+    assert list(done.columns) == list(full.columns) and done.context.tolist() == [64, 64]
+    assert done.us_median.tolist() == full[full.context == 64].us_median.tolist()
+    d = pd.read_csv(tmp_path / "c" / "context.partial.csv", dtype={"stage": str})
+    assert d.context.tolist() == [128, 128] and d.rounds_timed.tolist() == [0, 0]
+    assert (d.exact == True).all() and (d.state == "exactness checked; not timed yet").all()  # noqa: E712

@@ -291,6 +291,14 @@ def test_census_rows_say_backend_preset_and_modeled(tmp_path, backend):
     assert census_total(out) == pytest.approx(TINY_LAUNCHES)
 
 
+def test_a_run_names_its_result_folder_once(tmp_path):
+    out = tmp_path / "r"
+    for said in (f"results in {out}/", f"results in {out}/ (the earlier results there replaced)"):
+        r = invoke("--backend", "sim", "--preset", "tiny", "--tokens", 2, "--warmup", 0, "--out", out)
+        assert r.exit_code == 0, r.output
+        assert flat(r.output).count("results in") == 1 and said in flat(r.output), r.output
+
+
 def test_sim_ds4_flash_defaults_to_timing_only_and_is_fast(tmp_path):
     out = tmp_path / "r"
     t0 = time.perf_counter()

@@ -14,14 +14,22 @@ from ..jobs.hazards import ALL_HAZARDS, HazardsConfig
 from ..jobs.ladder import LadderConfig
 from ..token.config import PRESETS
 from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
-from .support import default, fail, given, invoke
+from .support import closed_pipe, default, fail, given, invoke
 
 
 class _Group(click.Group):
     """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does
     (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does
     not report itself is reported here with its exit status (130, 143, 129), not click's
-    "Aborted!" with status 1."""
+    "Aborted!" with status 1. An output closed under any command that prints (``ds4lab presets |
+    head -1``; the jobs' console has its own handling) exits 141 silently, as a process ended by
+    SIGPIPE, not with click's status 1."""
+
+    def make_context(self, *args, **kwargs):  # --help and --version print here
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            closed_pipe()
 
     def invoke(self, ctx):
         from ..report.results import install_stop_signals
@@ -32,6 +40,8 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except KeyboardInterrupt as e:
             interrupted(e)
+        except BrokenPipeError:
+            closed_pipe()
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

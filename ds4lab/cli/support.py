@@ -40,6 +40,15 @@ def _silence_std_streams() -> None:
             pass
 
 
+def closed_pipe() -> None:
+    """The output was closed under a command (``ds4lab notebooks --list | head -1``): exit 141 as a
+    process ended by SIGPIPE does, with no traceback, and nothing more written to the closed pipe."""
+    import signal
+
+    _silence_std_streams()
+    sys.exit(128 + signal.SIGPIPE)
+
+
 def interrupted(e: KeyboardInterrupt) -> None:
     """Report an interruption (Ctrl-C, or SIGTERM/SIGHUP as :class:`ds4lab.errors.Terminated`) and
     exit with its status (130, 143, 129: :func:`ds4lab.jobs.common.exit_code`)."""

@@ -16,6 +16,8 @@ At each context (a start position):
 
 The ladder is this table at one context with four rounds; the context ladder at several contexts
 on the long-context token (where the launch list changes with the position) with one round each.
+While a context is measured, :meth:`Ladder.partial_rows` gives what is done so far (each stage's
+verdict once checked, its figures over the rounds it finished), for a job to write as it goes.
 """
 
 from __future__ import annotations
@@ -158,26 +160,34 @@ class Ladder:
             self._check_runs = (self._run(model_x, STAGES["0"]), runs_x)
         return self._check_runs
 
-    def exactness(self, context: int, say: Callable[[str], None] = lambda s: None) -> dict:
-        """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``."""
+    def exactness(self, context: int, say: Callable[[str], None] = lambda s: None,
+                  on_result: Callable[[dict], None] | None = None) -> dict:
+        """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``; ``on_result``
+        gets the verdicts so far after each stage's (so a job writes them as they come)."""
         if not self.check:
             return {r.name: ("n/a", "") for r in self.runs}
         ref, runs_x = self._checking()
+        got: dict = {}
 
         def told(r, diff):
             say(f"exactness at {context}, stage {r.name}: " + ("bit-identical to stage 0" if diff is None
                                                                 else f"DIFFERS at {diff}"))
+            got[r.name] = (diff is None, diff or "")
+            if on_result is not None:
+                on_result(dict(got))
 
-        diffs = compare_runs(ref, runs_x, self.table.exact_span(context), told)
-        return {name: (d is None, d or "") for name, d in diffs.items()}
+        compare_runs(ref, runs_x, self.table.exact_span(context), told)
+        return got
 
     def measure(self, context: int, *, exact: dict, floors: dict, progress=None,
-                on_round: Callable[[list[dict]], None] | None = None) -> list[dict]:
-        """Time every stage at ``context`` in interleaved rounds; returns one row per stage (also
-        passed to ``on_round`` after every round, so a job writes them as they come)."""
+                on_stage: Callable[[list[dict]], None] | None = None) -> list[dict]:
+        """Time every stage at ``context`` in interleaved rounds; returns one row per stage. After
+        each stage of each round, ``on_stage`` gets :meth:`partial_rows` of what is timed so far, so
+        a job writes it as it comes."""
         t = self.table
         samples = {r.name: {"us": [], "host": []} for r in self.runs}
-        launches, rows = {}, []
+        launches: dict = {}
+        timed = {r.name: 0 for r in self.runs}  # rounds each stage has been timed in
         self.model.reset_state()
         for rnd in range(t.rounds):
             span = t.round_span(context, rnd)
@@ -186,43 +196,92 @@ class Ladder:
                 samples[run.name]["us"] += got["us_samples"]
                 samples[run.name]["host"] += got["host_samples"]
                 launches[run.name] = got
-            rows = self._rows(context, samples, launches, exact, floors)
-            if on_round is not None:
-                on_round(rows)
+                timed[run.name] = rnd + 1
+                if on_stage is not None:
+                    on_stage(self.partial_rows(context, exact, floors, samples, launches, timed))
+        return self._rows(context, samples, launches, exact, floors)
+
+    def partial_rows(self, context: int, exact: dict, floors: dict, samples: dict | None = None,
+                     launches: dict | None = None, timed: dict | None = None) -> list[dict]:
+        """The rows of ``context`` while it is being measured, one per stage: the columns of
+        :meth:`measure`'s rows, with ``state`` (in words), ``rounds_timed`` and ``rounds`` after
+        ``context``.
+
+        A stage's µs figures are over the rounds it was timed in so far (``rounds_timed`` of
+        ``rounds``; empty before its first); its speedup and gain only over the rounds both it and the
+        baseline stage were timed in (the same positions, paired token by token as in a finished
+        row), never over a round one of them has not run. ``exact`` holds the verdicts so far
+        (:meth:`exactness`): empty for a stage not checked yet."""
+        t = self.table
+        samples, launches, timed = samples or {}, launches or {}, timed or {}
+        names = [r.name for r in self.runs]
+        vs = "0" if "0" in names else names[0]  # as in a finished row
+        base = samples.get(vs, {}).get("us", [])
+        rows = []
+        for run in self.runs:
+            k = timed.get(run.name, 0)
+            r = self._row(run, context, samples.get(run.name), launches.get(run.name), exact, floors)
+            if k == 0:
+                state = ("not timed yet" if not self.check else "exactness checked; not timed yet"
+                         if run.name in exact else "exactness not checked yet; not timed yet")
+            else:
+                state = (f"timed in all {t.rounds} rounds" if k == t.rounds
+                         else f"partial: timed in {k} of {t.rounds} rounds")
+                us = samples[run.name]["us"]
+                m = min(len(base), len(us))  # the rounds both were timed in come first in both
+                if m:
+                    c = paired_difference(base[:m], us[:m])
+                    d = Difference(-c.median, -c.hi, -c.lo, c.n, c.baseline, c.confidence)
+                    r.update(speedup=Stats.of(base[:m]).median / Stats.of(us[:m]).median, speedup_vs=vs,
+                             gain_us=d.median, gain_lo=d.lo, gain_hi=d.hi, gain_measurable=d.measurable,
+                             gain=d.fmt())
+                    if m < len(us):
+                        state += f"; ×, gain over the {m // t.per_round} round(s) stage {vs} was timed in too"
+                else:
+                    state += f"; ×, gain once stage {vs} is timed"
+            rows.append({"stage": r["stage"], "short": r["short"], "context": context, "state": state,
+                         "rounds_timed": k, "rounds": t.rounds, **r})
         return rows
 
+    def _row(self, run: StageRun, context: int, samples: dict | None, got: dict | None, exact: dict,
+             floors: dict) -> dict:
+        """One stage's row; its timing columns empty while ``samples`` (``{"us", "host"}``) and
+        ``got`` (its launches) are None, ``exact`` and ``outcome`` while ``exact`` lacks it."""
+        st = run.stage
+        timed = bool(samples and samples["us"])
+        us = Stats.of(samples["us"]) if timed else None
+        host = Stats.of(samples["host"]) if timed else None
+        stats = run.stats()
+        ok, first = exact.get(st.name, (None, ""))
+        med = us.median if timed else None
+        return {
+            "stage": st.name, "short": st.short, "context": context, "us_median": med,
+            "us_p25": us.p25 if timed else None, "us_p75": us.p75 if timed else None, "n": us.n if timed else 0,
+            "host_us_median": host.median if timed else None,
+            **{k: floors.get(k) for k in ("floor_us", "bytes_floor_us", "launch_floor_us", "t_min_us",
+                                          "floor_source")},
+            "efficiency": _eff(floors.get("floor_us"), med),
+            "launch_floor_efficiency": _eff(floors.get("launch_floor_us"), med),
+            "bytes_floor_efficiency": _eff(floors.get("bytes_floor_us"), med),
+            **{k: got[k] if got else None for k in ("kernel_launches", "graph_launches", "node_updates")},
+            "speedup": None, "exact": ok, "first_mismatch": first,
+            "outcome": "" if ok is None else outcome(first or None, stats) if ok != "n/a" else "not checked",
+            "capture_mode": run.mode if st.capture else "",
+            **{k: stats.get(k, 0) for k in ("captures", "replays", "updates", "reinstantiations", "fallbacks",
+                                             "retirements", "recaptures", "eager_runs", "aborts",
+                                             "invalidations", "variant_overflows", "skipped")},
+            "graphs": stats.get("captures", 0) - stats.get("updates", 0) - stats.get("reinstantiations", 0),
+            "update_results": ";".join(f"{k}={v}" for k, v in stats.get("update_results", {}).items()),
+            "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
+            "decisions": repr(self.model.longctx_decisions(context, by_value=False))
+            if self.model.lc is not None else "",
+            "description": st.description,
+            **dict.fromkeys(("speedup_vs", "gain_us", "gain_lo", "gain_hi", "gain_measurable", "gain")),
+        }
+
     def _rows(self, context: int, samples: dict, launches: dict, exact: dict, floors: dict) -> list[dict]:
-        rows, base_us = [], None
-        for run in self.runs:
-            st = run.stage
-            us, host = Stats.of(samples[st.name]["us"]), Stats.of(samples[st.name]["host"])
-            if st.name == "0":
-                base_us = us.median
-            stats = run.stats()
-            got = launches[st.name]
-            ok, first = exact[st.name]
-            rows.append({
-                "stage": st.name, "short": st.short, "context": context, "us_median": us.median,
-                "us_p25": us.p25, "us_p75": us.p75, "n": us.n, "host_us_median": host.median,
-                **{k: floors.get(k) for k in ("floor_us", "bytes_floor_us", "launch_floor_us", "t_min_us",
-                                              "floor_source")},
-                "efficiency": _eff(floors.get("floor_us"), us.median),
-                "launch_floor_efficiency": _eff(floors.get("launch_floor_us"), us.median),
-                "bytes_floor_efficiency": _eff(floors.get("bytes_floor_us"), us.median),
-                "kernel_launches": got["kernel_launches"], "graph_launches": got["graph_launches"],
-                "node_updates": got["node_updates"], "speedup": None, "exact": ok, "first_mismatch": first,
-                "outcome": outcome(first or None, stats) if ok != "n/a" else "not checked",
-                "capture_mode": run.mode if st.capture else "",
-                **{k: stats.get(k, 0) for k in ("captures", "replays", "updates", "reinstantiations", "fallbacks",
-                                                 "retirements", "recaptures", "eager_runs", "aborts",
-                                                 "invalidations", "variant_overflows", "skipped")},
-                "graphs": stats.get("captures", 0) - stats.get("updates", 0) - stats.get("reinstantiations", 0),
-                "update_results": ";".join(f"{k}={v}" for k, v in stats.get("update_results", {}).items()),
-                "failures": ";".join(f"{k}={v}" for k, v in stats.get("failures", {}).items()),
-                "decisions": repr(self.model.longctx_decisions(context, by_value=False))
-                if self.model.lc is not None else "",
-                "description": st.description,
-            })
+        rows = [self._row(run, context, samples[run.name], launches[run.name], exact, floors) for run in self.runs]
+        base_us = next((r["us_median"] for r in rows if r["stage"] == "0"), None)
         vs = "0" if base_us else rows[0]["stage"]  # without stage 0, gains are against the first stage listed
         base_us = base_us or rows[0]["us_median"]
         base = samples[vs]["us"]
@@ -238,7 +297,7 @@ class Ladder:
 
 
 def _eff(floor, us):
-    return floor / us if floor else None
+    return floor / us if floor and us else None
 
 
 __all__ = ["Ladder", "Table", "exactness_backend", "floors_at"]

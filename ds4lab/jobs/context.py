@@ -90,7 +90,9 @@ def table_of(cfg: ContextConfig) -> Table:
 
 def run(cfg: ContextConfig, be, console):
     """The stage table at each context on ``be``; returns the rows (one per stage and context) as a
-    DataFrame, written to ``context.csv`` after each context, with ``meta.json`` and the figure.
+    DataFrame, written to ``context.csv`` after each context (the one being measured to
+    ``context.partial.csv`` as it goes: :func:`ds4lab.jobs.ladder.execute_table`), with ``meta.json``
+    and the figure.
 
     Raises:
         BadInput: bad input (nothing ran; exit 2).

@@ -4,7 +4,14 @@ Both are one job shape over :class:`ds4lab.experiments.ladder.Ladder`: at each c
 stage bit for bit against stage 0, then µs per token in interleaved rounds, with launches, graph-cache
 counts and the GPU-busy floor. The ladder is one context (``--start-pos``) with four rounds; the
 context ladder (:mod:`ds4lab.jobs.context`) several contexts of the long-context token with one round.
-Written as they come: the CSV after every round, then ``meta.json`` and the figure.
+
+Written as they come: ``<job>.csv`` holds the finished contexts (rewritten after each, every
+stage timed in every round); the context being measured is in ``<job>.partial.csv``, rewritten
+after each stage's exactness verdict, after the floors and after each stage of each round
+(:meth:`ds4lab.experiments.ladder.Ladder.partial_rows`: ``state``, ``rounds_timed`` and ``rounds``
+say what each row holds), and removed once that context is finished; then ``meta.json`` and the
+figure. A stopped run keeps both, and ``meta.json`` says how far it got (``progress``); a finished
+one holds no partial file.
 """
 
 from __future__ import annotations
@@ -113,8 +120,9 @@ def model_config(preset: str, table: Table, long_context: bool, option: str):
 
 
 def run(cfg: LadderConfig, be, console):
-    """Run the ladder on ``be``; writes ``ladder.csv`` (every round), ``meta.json`` and
-    ``ladder.png/.svg/.pdf``. Returns the per-stage DataFrame.
+    """Run the ladder on ``be``; writes ``ladder.csv``, ``meta.json`` and ``ladder.png/.svg/.pdf``
+    (``ladder.partial.csv`` while it measures: :func:`execute_table`). Returns the per-stage
+    DataFrame.
 
     Raises:
         BadInput: bad input (nothing measured; exit 2).
@@ -141,8 +149,10 @@ def run(cfg: LadderConfig, be, console):
 def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path, extra_meta: dict, outputs,
                   *, mode: str, nvtx: bool = False):
     """The one job shape of the ladder and the context ladder: announce, build, measure context by
-    context inside ``job_folder``, write ``<job>.csv`` after every round, then ``meta.json`` and the
-    figure; raise :class:`NotExact` naming every stage (and context) that differs."""
+    context inside ``job_folder``, writing the context being measured to ``<job>.partial.csv`` as it
+    goes and each finished one to ``<job>.csv`` (the module docstring), then ``meta.json`` and the
+    figure; raise :class:`NotExact` naming every stage (and context) that differs. A stopped run
+    records in ``meta["progress"]`` what it kept (and says it)."""
     import pandas as pd
 
     from ..progress import JobProgress
@@ -160,8 +170,11 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     exactness_checked=bool(table.exact_tokens and check), **extra_meta)
         if banner:
             meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
-        # a NotExact run is written, then marked "failed"
-        with results.job_folder(out, meta, outputs, say=con.print) as folder:
+        # a NotExact run is written, then marked "failed"; a stopped one records how far it got
+        now: dict = {"rows": None}  # the rows of the context being measured (None between contexts)
+        done: list[dict] = []
+        with results.job_folder(out, meta, outputs, say=con.print,
+                                on_stop=lambda status: _stopped(con, job, table, done, now["rows"], meta)) as folder:
             # said inside the folder, before anything is allocated: a run stopped here is recorded as such
             con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
                       f"caches {mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
@@ -174,22 +187,31 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                 con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
                           "run it on a GPU, or use a smaller preset)")
             folder = Path(folder)
-            csv_path = folder / f"{job}.csv"
+            csv_path, partial_path = folder / f"{job}.csv", folder / f"{job}.partial.csv"
+
+            def write(path: Path, rows: list[dict]) -> None:
+                results.write_text_atomic(path, _frame(rows, be, preset, meta).to_csv(index=False))
+
+            def partial(rows: list[dict]) -> None:
+                now["rows"] = rows
+                write(partial_path, rows)
+
             lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
-            done: list[dict] = []
             steps = len(table.contexts) * table.per_round * table.rounds * len(table.stages)
             with JobProgress(con, "timing stages", steps) as prog:
                 for c in table.contexts:
-                    exact = lad.exactness(c, con.print)
+                    partial(lad.partial_rows(c, {}, {}))
+                    exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})))
                     floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
-                    rows = lad.measure(c, exact=exact, floors=floors, progress=prog.advance,
-                                       on_round=lambda rows: _frame(done + rows, be, preset, meta).to_csv(
-                                           csv_path, index=False))
+                    partial(lad.partial_rows(c, exact, floors))
+                    rows = lad.measure(c, exact=exact, floors=floors, progress=prog.advance, on_stage=partial)
+                    write(csv_path, done + rows)  # the finished contexts, as a finished run writes them
                     done += rows
+                    partial_path.unlink()
+                    now["rows"] = None
                     for r in rows:
                         con.print(_line(r, len(table.contexts) > 1))
             df = _frame(done, be, preset, meta)
-            df.to_csv(csv_path, index=False)
             if "floor_us" in df and df.floor_us.notna().any():
                 meta["floors"] = {int(c): {k: g[k].iloc[0] for k in ("floor_us", "bytes_floor_us", "launch_floor_us",
                                                                         "t_min_us", "floor_source")}
@@ -205,6 +227,29 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     f"stage {r.stage}" + (f" at context {r.context}" if len(table.contexts) > 1 else "")
                     + f": {r.first_mismatch}" for r in bad.itertuples()))
     return df
+
+
+def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | None, meta: dict) -> None:
+    """Record in ``meta["progress"]`` (and say) what a stopped run kept: the contexts finished (in
+    ``<job>.csv``) and how far the one in progress got (``<job>.partial.csv``)."""
+    finished = sorted({r["context"] for r in done})
+    if rows is None and len(finished) == len(table.contexts):  # everything measured (a check failed)
+        return
+    parts = []
+    if finished:
+        parts.append(f"{job}.csv: context{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))} "
+                     "finished")
+    if rows is not None:
+        checked = sum(r["exact"] in (True, False) for r in rows)
+        timed = [r["rounds_timed"] for r in rows]
+        parts.append(f"{job}.partial.csv: context {rows[0]['context']}, "
+                     + (f"exactness checked for {checked} of {len(rows)} stages, " if meta["exactness_checked"] else "")
+                     + ("no stage timed yet" if not any(timed) else
+                        f"every stage timed in {timed[0]} of {table.rounds} rounds" if min(timed) == max(timed) else
+                        f"stages timed in {min(timed)} to {max(timed)} of {table.rounds} rounds")
+                     + " (its column state says what each row holds)")
+    meta["progress"] = "; ".join(parts) or "nothing measured yet"
+    con.print(f"kept: {meta['progress']}")
 
 
 def _frame(rows: list[dict], be, preset: str, meta: dict):

@@ -317,7 +317,6 @@ def run(rc: RunConfig, be, console=None) -> dict:
         reason = meta["status"].removeprefix("failed: ")
         raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {where}/ "
                         "(meta.json status \"failed\", census.csv)", where, meta) from e
-    con.print(f"results in {results.final_path(out)}/ (results.csv, census.csv, meta.json)")
     return summary
 
 
