@@ -361,3 +361,11 @@ def test_a_context_run_stopped_at_its_second_context_keeps_the_first_as_finished
     d = pd.read_csv(tmp_path / "c" / "context.partial.csv", dtype={"stage": str})
     assert d.context.tolist() == [128, 128] and d.rounds_timed.tolist() == [0, 0]
     assert (d.exact == True).all() and (d.state == "exactness checked; not timed yet").all()  # noqa: E712
+
+
+def test_launch_counts_per_token_keep_their_fraction():
+    """A stage where one token in four ran eagerly has 0.75 graph launches per token: the line says
+    0.75, not 1 (what :.0f printed)."""
+    from ds4lab.jobs.ladder import per_token
+
+    assert [per_token(x) for x in (24.0, 0.75, 1.0, 81.6875, 0.0)] == ["24", "0.75", "1", "81.69", "0"]

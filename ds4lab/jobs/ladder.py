@@ -261,10 +261,16 @@ def _frame(rows: list[dict], be, preset: str, meta: dict):
     return df
 
 
+def per_token(x: float) -> str:
+    """A count per token as a person reads it: whole when it is (``24``), else with the fraction a
+    rounding would hide (``0.75``: one token in four ran another way)."""
+    return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.2f}"
+
+
 def _line(r: dict, with_context: bool) -> str:
     cache = (f"  captures {r['captures']} replays {r['replays']} updates {r['updates']} re-instantiations "
              f"{r['reinstantiations']} fallbacks {r['fallbacks']} retired {r['retirements']} "
-             f"invalidated {r['invalidations']} node updates/token {r['node_updates']:.0f} {r['failures']} "
+             f"invalidated {r['invalidations']} node updates/token {per_token(r['node_updates'])} {r['failures']} "
              f"{r['update_results']}" if r["captures"] or r["failures"] else "")
     return ((f"context {r['context']:>7} " if with_context else "")
             + f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token (IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})"
@@ -273,7 +279,7 @@ def _line(r: dict, with_context: bool) -> str:
             + (f"  eff {r['efficiency']:.2f}" if r["efficiency"] else "")
             + f"  exact={r['exact']}"
             f"{'  ' + r['first_mismatch'] if r['first_mismatch'] else ''}"
-            f"  launches {r['kernel_launches']:.0f} kernels + {r['graph_launches']:.0f} graphs" + cache)
+            f"  launches {per_token(r['kernel_launches'])} kernels + {per_token(r['graph_launches'])} graphs" + cache)
 
 
 __all__ = ["LADDER_OUTPUTS", "LadderConfig", "NotExact", "check_config", "execute_table", "model_config", "run",
