@@ -76,14 +76,20 @@ def provenance_title(meta: dict, what: str) -> str:
 
 
 def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
-    """Write ``fig`` as ``stem.png``, ``stem.svg`` and ``stem.pdf`` (or ``formats``). Returns paths."""
+    """Write ``fig`` as ``stem.png``, ``stem.svg`` and ``stem.pdf`` (or ``formats``), then close it in
+    pyplot (written or not): pyplot holds every open figure, so a notebook or a session running many
+    jobs would keep them all, and Jupyter would draw a job's figure again at the end of its cell. The
+    figure object still displays (``fig`` as a cell's last line). Returns paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = []
-    for f in formats:
-        p = stem.with_suffix("." + f)
-        fig.savefig(p, bbox_inches="tight")
-        out.append(p)
+    try:
+        for f in formats:
+            p = stem.with_suffix("." + f)
+            fig.savefig(p, bbox_inches="tight")
+            out.append(p)
+    finally:
+        plt.close(fig)
     return out
 
 
