@@ -113,13 +113,13 @@ and one graph launch instead of one range per op. Open `trace.json` in ui.perfet
 whole token.
 """),
     code("""
-from ds4lab.report import plots
+from ds4lab.report import plots, results
 from ds4lab.report.trace_export import TraceConfig, TraceError
 
 try:
     tr = execute("trace", TraceConfig(preset=PRESET or default_preset("trace", be), stages="0,3", tokens=2,
                                       out=Path(OUT) / "trace"), backend=be.name)
-    print(f"open {tr.out / 'trace.json'} in ui.perfetto.dev or chrome://tracing")
+    print(f"open {results.final_path(tr.out / 'trace.json')} in ui.perfetto.dev or chrome://tracing")
 except TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no kernel timeline here
     tr = None
     print(f"no trace: {e}")

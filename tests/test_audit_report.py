@@ -276,3 +276,25 @@ def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path)
     r = CliRunner().invoke(main, ["audit", str(alone), "--out", str(tmp_path / "b")])
     assert r.exit_code == 0 and "as recorded beside it" not in r.output
     assert "recorded_outcomes" not in json.loads((tmp_path / "b" / "meta.json").read_text())
+
+
+def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monkeypatch):
+    """``ds4lab audit run``: meta.json names the recording inside --out, where it is once the run's
+    staging folder is swapped in, not the staging folder the recorder wrote it into."""
+    import shutil
+    from pathlib import Path
+
+    from ds4lab.audit import record
+    from ds4lab.audit.engines import recorded
+    from ds4lab.jobs import execute
+
+    def fake_run_script(argv, folder, console=None):  # the recorder needs a GPU: its output, as it writes it
+        saved = Path(folder) / "recording.csv.gz"
+        shutil.copy(recorded("llama", "static"), saved)
+        return saved
+
+    monkeypatch.setattr(record, "run_script", fake_run_script)
+    out = tmp_path / "a"
+    execute("audit", AuditConfig(program=["python", "decode.py"], out=out))
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["recording"] == str(out / "recording.csv.gz") and (out / "recording.csv.gz").is_file()

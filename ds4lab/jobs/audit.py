@@ -126,7 +126,7 @@ def run(cfg: AuditConfig, backend=None, console=None):
     with results.job_folder(out, meta, audit_report.OUTPUTS, say=say if console is not None else None,
                             discard_on=(BadInput,)) as folder:
         folder = Path(folder) if folder is not None else out
-        tables = _sources(cfg, folder, console, meta)
+        tables = _sources(cfg, folder, out, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
         meta.update(audit_report.audit_meta(reports))
         files = audit_report.write(reports, folder, meta)
@@ -153,17 +153,20 @@ def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
     return {f: o for f, o in got.items() if o is not None}
 
 
-def _sources(cfg: AuditConfig, folder: Path, console, meta: dict) -> list:
+def _sources(cfg: AuditConfig, folder: Path, out: Path, console, meta: dict) -> list:
     """The event tables: each file read (:func:`ds4lab.audit.sources.read`), or the program recorded
-    (:func:`ds4lab.audit.record.run_script`) into ``folder`` and read back."""
+    (:func:`ds4lab.audit.record.run_script`) into ``folder`` (the staging folder that becomes ``out``)
+    and read back."""
     from ..audit import sources
+    from ..report import results
 
     if cfg.program:
         from ..audit import record
 
         argv = program_argv(cfg.program)  # checked already: without its interpreter
         saved = record.run_script(argv, folder, console)
-        meta["recording"] = str(saved)
+        # named where it will be once the staging folder is swapped in for out
+        meta["recording"] = str(results.final_path(Path(out) / Path(saved).relative_to(folder)))
         return [sources.read(saved, progress=console)]
     return [sources.read(Path(f), progress=console) for f in cfg.files]
 
