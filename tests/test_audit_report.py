@@ -196,7 +196,7 @@ def test_the_job_writes_its_folder(rng, tmp_path, monkeypatch):
     trace = tmp_path / "decode.json"
     trace.write_text("{}")  # the reader is replaced below: the job's folder handling is what is tested here
     table = _table(rng, source=str(trace))
-    monkeypatch.setattr(job, "_sources", lambda cfg, folder, console, meta: [table])
+    monkeypatch.setattr(job, "_sources", lambda cfg, folder, out, console, meta: [table])
     out = tmp_path / "out"
     con = Console(record=True, width=200)
     reports = jobs.execute("audit", AuditConfig(files=(trace,), out=out, modes=("global",)), console=con)
