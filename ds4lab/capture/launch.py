@@ -21,6 +21,7 @@ import contextlib
 from collections import Counter
 from typing import Any, Callable, Iterator, NamedTuple
 
+from ..backends.base import ModeledTime
 from .annotate import make_annotator
 from .stream import LEGACY_STREAM, current_stream
 
@@ -107,6 +108,8 @@ class Launcher:
 
     def __init__(self, backend, *, nvtx: bool = False, routed: bool = True) -> None:
         self.backend = backend
+        # the sim prices ds4lab's own host work around graph launches and node updates; a GPU spends it
+        self._host_work = backend.model_host_work if isinstance(backend, ModeledTime) else None
         self.census = Census()
         self.annotator = make_annotator(nvtx)
         self._nvtx = bool(nvtx)
@@ -314,10 +317,8 @@ class Launcher:
     def model_host_work(self, kind: str) -> None:
         """On a modeled backend (the sim), price ds4lab's own host work of ``kind`` around a runtime
         call (:meth:`ds4lab.backends.base.ModeledTime.model_host_work`); a GPU spends it for real."""
-        from ..backends.base import ModeledTime
-
-        if isinstance(self.backend, ModeledTime):
-            self.backend.model_host_work(kind)
+        if self._host_work is not None:
+            self._host_work(kind)
 
     def _plan_only(self, kind: str, site: str) -> bool:
         """While planning: record a non-kernel operation and tell the caller not to issue it."""

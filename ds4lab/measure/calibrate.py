@@ -213,16 +213,12 @@ def fit_host_from_ladder(base: dict, folders) -> tuple[dict, "pandas.DataFrame"]
     """
     import pandas as pd
 
+    from .sim_check import read_record
+
     rows, used = [], []
     for folder in map(Path, folders):
-        meta = results.read_meta(folder) or {}
-        table = folder / f"{meta.get('job')}.csv"
-        if meta.get("job") not in ("ladder", "context") or not table.is_file():
-            raise ValueError(f"{folder}: not a ds4lab ladder or context folder (a meta.json of job ladder or "
-                             "context beside its ladder.csv or context.csv)")
-        if meta.get("modeled") or not meta.get("measured", False):
-            raise ValueError(f"{folder}: modeled on the simulated runtime; fit host constants from a GPU run")
-        d = pd.read_csv(table, dtype={"stage": str})
+        job, _, d = read_record(folder)
+        table = folder / f"{job}.csv"
         need = {"stage", "host_us_median", "kernel_launches"}
         if not need <= set(d.columns):
             raise ValueError(f"{table}: lacks {sorted(need - set(d.columns))}, the host enqueue time and launch "
@@ -230,8 +226,6 @@ def fit_host_from_ladder(base: dict, folders) -> tuple[dict, "pandas.DataFrame"]
         for col in ("graph_launches", "node_updates"):  # older ladders: no stage launched graphs or updated nodes
             if col not in d.columns:
                 d[col] = 0.0
-        if "context" not in d.columns:
-            d["context"] = meta.get("start_pos")
         d["folder"] = str(folder)
         rows.append(d[d["stage"].isin(HOST_FIT_STAGES)])
         used.append(str(folder))
@@ -277,7 +271,11 @@ LONG_CONTEXT_POSITIONS = (4095, 16383, 65535)
 def refit_kernels(base: dict, ops, names, note: str) -> dict:
     """``base`` with the fits of the kernels of ``names`` that ``ops`` (a per-op table of ``kernel``,
     ``nbytes``, ``us``) holds replaced by fits over ``ops`` (:func:`add_kernel_fits`); every other
-    kernel's fit is kept, those of ``names`` that ``ops`` lacks included. ``note`` joins ``source``."""
+    kernel's fit is kept, those of ``names`` that ``ops`` lacks included. ``note`` joins ``source``.
+
+    Raises:
+        ValueError: as :func:`add_kernel_fits` (``ops`` without its columns, ``base`` without kernels).
+    """
     ops = ops[ops["kernel"].isin(set(names))]
     keep = {k: v for k, v in base["kernels"].items() if k not in set(ops["kernel"])}
     return add_kernel_fits({**base, "kernels": keep}, ops, note)

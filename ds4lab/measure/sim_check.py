@@ -21,19 +21,24 @@ from ..report import results
 TOLERANCE = 0.10
 
 
-def _record(folder: Path) -> tuple[str, dict, pd.DataFrame]:
-    """(job, meta, table) of a measured ladder or context folder. Raises ValueError naming it."""
+def read_record(folder) -> tuple[str, dict, pd.DataFrame]:
+    """``(job, meta, table)`` of a ladder or context folder measured on a GPU: its ``meta.json`` and
+    ``ladder.csv`` or ``context.csv`` (``stage`` read as text; a table from before the ``context``
+    column gets the run's start position there).
+
+    Raises:
+        ValueError: not a ladder or context result folder, or one modeled on the sim (names it).
+    """
+    folder = Path(folder)
     meta = results.read_meta(folder) or {}
     job = meta.get("job")
     table = folder / f"{job}.csv"
     if job not in ("ladder", "context") or not table.is_file():
-        raise ValueError(f"{folder}: not a ds4lab ladder or context folder (meta.json of job ladder or context "
+        raise ValueError(f"{folder}: not a ds4lab ladder or context folder (a meta.json of job ladder or context "
                          "beside its ladder.csv or context.csv)")
     if meta.get("modeled") or not meta.get("measured", False):
-        raise ValueError(f"{folder}: modeled on the simulated runtime; compare the sim with a GPU record")
+        raise ValueError(f"{folder}: modeled on the simulated runtime; a GPU record is needed")
     d = pd.read_csv(table, dtype={"stage": str})
-    if "preset" not in d.columns or d["preset"].nunique() != 1:
-        raise ValueError(f"{table}: one preset column with one value expected")
     if "context" not in d.columns:  # a ladder from before the column: every stage at its start position
         d["context"] = int(meta.get("start_pos", 1000))
     return job, meta, d
@@ -80,7 +85,8 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
         one measured).
 
     Raises:
-        ValueError: not a measured ladder or context folder (names it).
+        ValueError: not a measured ladder or context folder, or its table names no single preset
+            (names it).
         ds4lab.errors.CalibrationError: an invalid calibration.
     """
     from rich.console import Console
@@ -91,7 +97,9 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
     from ..sim.backend import SimBackend
 
     folder = Path(folder)
-    job, meta, measured = _record(folder)
+    job, meta, measured = read_record(folder)
+    if "preset" not in measured.columns or measured["preset"].nunique() != 1:
+        raise ValueError(f"{folder / (job + '.csv')}: one preset column with one value expected")
     preset = str(measured["preset"].iloc[0])
     stages = ",".join(dict.fromkeys(measured["stage"]))
     mode = meta.get("capture_mode", "thread_local")
