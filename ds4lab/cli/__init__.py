@@ -276,13 +276,14 @@ def presets() -> None:
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
     from . import audit as cli_audit, ingest as cli_ingest, moe as cli_moe, notebooks as cli_notebooks
-    from . import trace as cli_trace
+    from . import ds4 as cli_ds4, trace as cli_trace
 
     cli_ingest.register(main)
     cli_trace.register(main)
     cli_moe.register(main)
     cli_notebooks.register(main)
     cli_audit.register(main)
+    cli_ds4.register(main)
 
 
 _register_extensions()

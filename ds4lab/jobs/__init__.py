@@ -19,6 +19,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``bench``       launch-layer cost, MoE bandwidth, graph replay cost (GPU)
 ``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
 ``audit``       what capture would refuse, break or miss in any engine's traced decode step
+``ds4``         ds4 itself: built from its source, its decode token measured on a synthetic model
 ==============  ===========================================================================
 """
 
@@ -63,6 +64,7 @@ JOBS = {
     "trace": ("trace", BackendRequest(timing_only=True)),
     "audit": ("audit", BackendRequest(needed=False)),
     "audit-validate": ("audit_validate", BackendRequest(needed=False)),
+    "ds4": ("ds4", BackendRequest(needed=False)),
 }
 
 

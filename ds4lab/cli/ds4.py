@@ -1,0 +1,61 @@
+"""The ``ds4lab ds4`` command: ds4 itself, built from a checkout and run on a synthetic Flash-shaped
+model. Options parsed here; the work in :mod:`ds4lab.jobs.ds4`. :func:`register` adds it to the
+``ds4lab`` click group."""
+
+from __future__ import annotations
+
+import click
+
+from ..ds4.configs import DEFAULT_CONFIGS, VARIANTS
+from ..jobs.ds4 import DEFAULT_CONTEXTS, Ds4JobConfig
+from .support import invoke
+
+
+def _ints(text: str) -> tuple:
+    try:
+        return tuple(int(t) for t in str(text).split(",") if t.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: comma-separated integers expected") from None
+
+
+@click.command("ds4")
+@click.option("--source", type=click.Path(), required=True,
+              help="A ds4 checkout: a folder or a .tar.gz (e.g. ../shared/ds4/ds4-b0309611.tar.gz). Copied into "
+                   "the build cache, never written to.")
+@click.option("--model", type=click.Path(), default=None,
+              help="A GGUF for ds4 to run. Default: ds4lab's synthetic Flash-shaped model, written once into the "
+                   "cache (docs/model.md, 'The synthetic model ds4 opens').")
+@click.option("--configs", default=",".join(DEFAULT_CONFIGS), show_default=True,
+              help=f"Comma-separated configurations: {', '.join(VARIANTS)}.")
+@click.option("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)), show_default=True,
+              help="Positions of the timed decode tokens, ascending.")
+@click.option("--tokens", type=click.IntRange(min=2), default=32, show_default=True,
+              help="Decode tokens timed per configuration and context (CUDA events on the legacy stream).")
+@click.option("--warmup", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Untimed decode tokens first at each context (ds4's islands capture at their second sight).")
+@click.option("--trace-contexts", default="1024", show_default=True,
+              help="Contexts at which tokens are recorded with CUPTI (islands off and on); '' for none.")
+@click.option("--trace-tokens", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Tokens recorded at each trace context.")
+@click.option("--arch", default=None, help="CUDA architecture to build for (default: the GPU's, e.g. sm_90).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="make -j for ds4's build (default: CPU count).")
+@click.option("--copy-model/--no-copy-model", default=True, show_default=True,
+              help="DS4_CUDA_COPY_MODEL=1: ds4 copies the model into GPU memory at load.")
+@click.option("--cache", type=click.Path(), default=None,
+              help="Build and model cache (default: $DS4LAB_CACHE or ~/.cache/ds4lab).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Synthetic weights and the prompt's tokens.")
+@click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4.")
+def ds4(source, model, configs, contexts, tokens, warmup, trace_contexts, trace_tokens, arch, jobs, copy_model, cache,
+        seed, out) -> None:
+    """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped
+    model at each context with its decode islands off and on (and with its MoE profile), and write
+    ds4lab's tables (µs per token, host µs, launches, kernels, island captures)."""
+    cfg = Ds4JobConfig(source=source, model=model, configs=configs, contexts=_ints(contexts), tokens=tokens,
+                       warmup=warmup, trace_contexts=_ints(trace_contexts), trace_tokens=trace_tokens, arch=arch,
+                       jobs=jobs, copy_model=copy_model, cache=cache, seed=seed, out=out)
+    invoke("ds4", cfg, "auto")
+
+
+def register(main) -> None:
+    """Add ``ds4`` to the ``ds4lab`` group."""
+    main.add_command(ds4)

@@ -1,0 +1,264 @@
+"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load.
+
+How (the command lines are :func:`build_plan`'s, written into ``build.json`` beside the library):
+
+1. the checkout is copied into the build folder (:func:`ds4lab.ds4.source.materialize`): the user's
+   checkout is never written to;
+2. ``make CORE_OBJS`` there, with ds4's own flags (``CFLAGS``/``NVCCFLAGS`` as its Makefile sets them
+   on Linux) plus ``-fPIC`` (position-independent code, so the objects link into a shared library)
+   and without ``-g``/``-lineinfo`` (debug information only: the machine code is the same). The list
+   of objects is asked of the Makefile itself (``CORE_OBJS``: ``ds4.o``, ``ds4_cuda.o`` and the
+   vendored ``cuda/mmq`` objects at ``b0309611``), so a later ds4 that adds one still builds;
+3. ds4lab's driver (``csrc/ds4lab_ds4.c``: ds4.h's API, CUDA events around each token) is compiled
+   against ds4's header, and ``nvcc -shared`` links it with those objects, cudart and cuBLAS into
+   ``libds4lab_ds4.so``, exactly as ds4's Makefile links ``ds4-eval`` (``ds4_eval.o`` +
+   ``CORE_OBJS``), with ds4lab's driver in place of ``ds4_eval.o``.
+
+Builds are cached by ds4's source digest, the GPU architecture and the driver's and flags' digest
+(``$DS4LAB_CACHE``, default ``~/.cache/ds4lab``, then ``ds4/build-<commit>-<digest>-<arch>-<flags>``);
+a build folder is complete only once its ``build.json`` exists (written last), so an interrupted build
+is redone, never reused. A failed build keeps ds4's compiler output in ``build.log`` and moves the
+folder aside as ``…failed-<time>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BadInput
+from .source import Ds4Source, materialize
+
+#: ds4lab's driver source, compiled into the library.
+DRIVER_SOURCE = Path(__file__).with_name("csrc") / "ds4lab_ds4.c"
+#: The library's file name inside a build folder.
+LIBRARY_NAME = "libds4lab_ds4.so"
+#: A makefile read after ds4's own: prints ``CORE_OBJS`` as ds4's Makefile computes it.
+_PRINT_OBJS = "ds4lab-print-objs:\n\t@echo $(CORE_OBJS)\n"
+
+
+class BuildError(RuntimeError):
+    """ds4 did not build: the message names the step and the log that holds the compiler's output."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The compilers a build uses: ``nvcc`` (from ``$CUDA_HOME``, ``/usr/local/cuda`` or ``PATH``), ``cc``, and
+    the CUDA folder whose ``lib64`` holds cudart and cuBLAS."""
+
+    nvcc: str
+    cc: str
+    cuda_home: str
+
+    @classmethod
+    def find(cls) -> "Toolchain":
+        """The toolchain on this machine. Raises BadInput naming what is missing."""
+        home = os.environ.get("CUDA_HOME") or ("/usr/local/cuda" if Path("/usr/local/cuda/bin/nvcc").exists() else "")
+        nvcc = str(Path(home) / "bin" / "nvcc") if home else (shutil.which("nvcc") or "")
+        if not nvcc or not Path(nvcc).exists():
+            raise BadInput("ds4lab ds4 builds ds4 with nvcc: none found (set CUDA_HOME or put nvcc on PATH)")
+        if not home:
+            home = str(Path(nvcc).resolve().parent.parent)
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or ""
+        if not cc:
+            raise BadInput("ds4lab ds4 builds ds4 with a C compiler: no cc or gcc on PATH")
+        return cls(nvcc, cc, home)
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What a build runs, before it runs: the make variables and the two commands after ``make``."""
+
+    arch: str
+    jobs: int
+    make_vars: dict
+    toolchain: Toolchain
+    extra_include: tuple = ()
+    extra_lib: tuple = ()
+
+    @property
+    def flags_digest(self) -> str:
+        """First 12 hex digits of SHA-256 over the make variables, the toolchain and the driver source."""
+        h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
+        h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
+                             list(self.extra_lib)]).encode())
+        h.update(DRIVER_SOURCE.read_bytes())
+        return h.hexdigest()[:12]
+
+    def make_command(self, src: Path, targets) -> list[str]:
+        """``make -C src -j N VAR=... targets`` (ds4's own Makefile)."""
+        return ["make", "-C", str(src), f"-j{self.jobs}", *(f"{k}={v}" for k, v in self.make_vars.items()), *targets]
+
+    def driver_command(self, src: Path, out: Path) -> list[str]:
+        """Compile ds4lab's driver against ds4's header (position-independent)."""
+        inc = [f"-I{src}", f"-I{self.toolchain.cuda_home}/include", *(f"-I{d}" for d in self.extra_include)]
+        return [self.toolchain.cc, "-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall", *inc, "-c",
+                str(DRIVER_SOURCE), "-o", str(out)]
+
+    def link_command(self, src: Path, objects, driver_obj: Path, out: Path) -> list[str]:
+        """``nvcc -shared`` of the driver and ds4's objects with cudart and cuBLAS (ds4's ``CUDA_LDLIBS``)."""
+        libs = [f"-L{self.toolchain.cuda_home}/lib64", *(f"-L{d}" for d in self.extra_lib)]
+        return [self.toolchain.nvcc, "-shared", f"-arch={self.arch}", "-o", str(out), str(driver_obj),
+                *(str(src / o) for o in objects), *libs, "-lcudart", "-lcublas", "-lm", "-Xcompiler", "-pthread"]
+
+
+def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
+               extra_include=(), extra_lib=()) -> BuildPlan:
+    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200).
+
+    The make variables restate ds4's own Linux flags (Makefile: ``CFLAGS ?= -O3 -ffast-math
+    $(DEBUG_FLAGS) -march=native -Wall -Wextra -std=c99`` with ``-D_GNU_SOURCE
+    -fno-finite-math-only`` appended, ``NVCCFLAGS ?= -O3 -g -lineinfo --use_fast_math -arch=...
+    -Xcompiler -march=native -Xcompiler -pthread``): a variable set on make's command line replaces
+    the Makefile's, appends included, so each is given whole, with ``-fPIC`` added and the debug
+    flags left out.
+
+    Raises:
+        BadInput: ``arch`` is not ``sm_<digits>[a]``.
+    """
+    import re
+
+    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+        raise BadInput(f"--arch {arch}: give a CUDA architecture such as sm_90")
+    tc = toolchain or Toolchain.find()
+    inc = " ".join(f"-I{d}" for d in extra_include)
+    make_vars = {
+        "CC": tc.cc,
+        "NVCC": tc.nvcc,
+        "CUDA_HOME": tc.cuda_home,
+        "CUDA_ARCH": arch,
+        "CFLAGS": f"-O3 -ffast-math -march=native -Wall -Wextra -std=c99 -D_GNU_SOURCE -fno-finite-math-only -fPIC {inc}".strip(),
+        "NVCCFLAGS": f"-O3 --use_fast_math -arch={arch} -Xcompiler -march=native -Xcompiler -pthread "
+                     f"-Xcompiler -fPIC {inc}".strip(),
+    }
+    return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib))
+
+
+@dataclass
+class Build:
+    """A finished build: the library, and what made it (``build.json``)."""
+
+    folder: Path
+    library: Path
+    info: dict = field(default_factory=dict)
+    cached: bool = False
+
+
+def cache_root() -> Path:
+    """``$DS4LAB_CACHE`` or ``~/.cache/ds4lab``."""
+    return Path(os.environ.get("DS4LAB_CACHE") or Path.home() / ".cache" / "ds4lab")
+
+
+def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print) -> Build:
+    """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources,
+    architecture and flags.
+
+    Raises:
+        BuildError: a step failed; the message names it and the kept log (``build.log``).
+    """
+    root = Path(cache or cache_root()) / "ds4"
+    name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}-{plan.flags_digest}"
+    folder = root / name
+    info_path = folder / "build.json"
+    if info_path.is_file() and (folder / LIBRARY_NAME).is_file():
+        info = json.loads(info_path.read_text())
+        say(f"ds4 build: cached ({folder})")
+        return Build(folder, folder / LIBRARY_NAME, info, cached=True)
+    root.mkdir(parents=True, exist_ok=True)
+    if folder.exists():  # an earlier build stopped before build.json: start again
+        shutil.rmtree(folder)
+    folder.mkdir()
+    log_path = folder / "build.log"
+    steps = []
+    t_all = time.monotonic()
+    with open(log_path, "w") as log:
+        def run(step: str, cmd: list[str], cwd=None) -> str:
+            log.write(f"\n$ {shlex.join(cmd)}\n")
+            log.flush()
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log.write(p.stdout)
+            log.flush()
+            steps.append({"step": step, "command": shlex.join(cmd), "seconds": round(time.monotonic() - t0, 1),
+                          "returncode": p.returncode})
+            if p.returncode != 0:
+                failed = _set_aside(folder)
+                tail = "\n".join(p.stdout.strip().splitlines()[-15:])
+                raise BuildError(f"ds4 build failed at {step} (exit {p.returncode}); compiler output kept in "
+                                 f"{failed / 'build.log'}:\n{tail}")
+            return p.stdout
+
+        src_dir = materialize(src, folder / "src")
+        (folder / "print-objs.mk").write_text(_PRINT_OBJS)
+        out = run("list CORE_OBJS", ["make", "-s", "--no-print-directory", "-C", str(src_dir), "-f", "Makefile",
+                                     "-f", str(folder / "print-objs.mk"), *(f"{k}={v}" for k, v in plan.make_vars.items()),
+                                     "ds4lab-print-objs"])
+        objects = out.split()
+        if not objects or not all(o.endswith(".o") for o in objects):
+            failed = _set_aside(folder)
+            raise BuildError(f"ds4's Makefile gave no object list for CORE_OBJS ({out.strip()!r}); "
+                             f"see {failed / 'build.log'}")
+        say(f"ds4 build: make {len(objects)} objects with -j{plan.jobs} for {plan.arch} (about 3.5 min on 16 cores)")
+        run("make CORE_OBJS", plan.make_command(src_dir, objects))
+        driver_obj = folder / "ds4lab_ds4.o"
+        run("compile ds4lab's driver", plan.driver_command(src_dir, driver_obj))
+        run("link the library", plan.link_command(src_dir, objects, driver_obj, folder / LIBRARY_NAME))
+    info = {
+        "schema": 1,
+        "ds4_commit": src.commit,
+        "ds4_source": str(src.path),
+        "ds4_source_digest": src.digest,
+        "arch": plan.arch,
+        "flags_digest": plan.flags_digest,
+        "make_vars": plan.make_vars,
+        "objects": objects,
+        "steps": steps,
+        "seconds": round(time.monotonic() - t_all, 1),
+        "nvcc": _first_line([plan.toolchain.nvcc, "--version"], last=True),
+        "cc": _first_line([plan.toolchain.cc, "--version"]),
+        "library_bytes": (folder / LIBRARY_NAME).stat().st_size,
+    }
+    tmp = info_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(info_path)  # written last: its presence marks a complete build
+    say(f"ds4 build: done in {info['seconds']:.0f} s ({folder / LIBRARY_NAME})")
+    return Build(folder, folder / LIBRARY_NAME, info)
+
+
+def _set_aside(folder: Path) -> Path:
+    dest = folder.with_name(f"{folder.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.rename(dest)
+    return dest
+
+
+def _first_line(cmd, last: bool = False) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (out[-1] if last else out[0]) if out else ""
+
+
+def gpu_arch() -> str:
+    """``sm_<major><minor>`` of GPU 0, from ``nvidia-smi --query-gpu=compute_cap``.
+
+    Raises:
+        BadInput: no GPU answers (ds4lab ds4 runs ds4 on a GPU only).
+    """
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BadInput(f"ds4lab ds4 runs ds4 on an NVIDIA GPU: nvidia-smi did not answer ({e})") from None
+    cap = p.stdout.strip().splitlines()[0].strip() if p.returncode == 0 and p.stdout.strip() else ""
+    if not cap or "." not in cap:
+        raise BadInput("ds4lab ds4 runs ds4 on an NVIDIA GPU: none found (nvidia-smi lists no GPU)")
+    major, minor = cap.split(".", 1)
+    return f"sm_{major}{minor}"

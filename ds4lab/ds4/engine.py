@@ -1,0 +1,134 @@
+"""ds4's engine in this process, through ds4lab's driver library (:mod:`ds4lab.ds4.build`) and ctypes.
+
+One :class:`Ds4Engine` is one ``ds4_engine`` with one ``ds4_session`` (ds4.h). Positions advance
+only by ds4's own calls: :meth:`Ds4Engine.sync` (``ds4_session_sync``: prefill up to a prefix) and
+:meth:`Ds4Engine.eval_timed` (``ds4_session_eval``: one decode token, between two CUDA events on the
+legacy stream). ds4 reads its environment once per process (``DS4_CUDA_DECODE_GRAPHS`` is read
+into a static at first use, ``ds4_cuda.cu`` ``ds4_gpu_decode_graphs_supported``), so each
+configuration runs in a process of its own (:mod:`ds4lab.ds4.worker`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from ..errors import BadInput
+
+
+class Ds4Error(RuntimeError):
+    """A ds4 call failed; the message is ds4's (or the CUDA status the driver checked)."""
+
+
+def _bind(lib) -> None:
+    H = ctypes.c_void_p
+    sigs = {
+        "ds4lab_open": (H, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+        "ds4lab_close": (None, [H]),
+        "ds4lab_error": (ctypes.c_char_p, [H]),
+        "ds4lab_vocab_size": (ctypes.c_int, [H]),
+        "ds4lab_layer_count": (ctypes.c_int, [H]),
+        "ds4lab_routed_quant_bits": (ctypes.c_int, [H]),
+        "ds4lab_pos": (ctypes.c_int, [H]),
+        "ds4lab_argmax": (ctypes.c_int, [H]),
+        "ds4lab_model_bytes": (ctypes.c_ulonglong, [H]),
+        "ds4lab_sync": (ctypes.c_int, [H, ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_double)]),
+        "ds4lab_eval_timed": (ctypes.c_int, [H, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+                                             ctypes.POINTER(ctypes.c_double)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+class Ds4Engine:
+    """ds4's engine and one session, opened on the CUDA back end.
+
+    Args:
+        library: ``libds4lab_ds4.so`` of a build.
+        model: the GGUF file ds4 opens (``ds4lab.ds4.gguf_model`` writes a synthetic one).
+        ctx_size: the session's context in tokens (ds4 allocates its KV cache for it).
+        threads: ds4's host threads (0: ds4's default).
+
+    Raises:
+        BadInput: the library or the model file does not exist.
+        Ds4Error: ds4 refused the model or the session (ds4's own message is on stderr).
+    """
+
+    def __init__(self, library, model, ctx_size: int, threads: int = 0) -> None:
+        lib_path, model_path = Path(library), Path(model)
+        if not lib_path.is_file():
+            raise BadInput(f"ds4 library {lib_path}: no such file (build it with ds4lab ds4 --source ...)")
+        if not model_path.is_file():
+            raise BadInput(f"model {model_path}: no such file")
+        self.lib = ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_GLOBAL)
+        _bind(self.lib)
+        err = ctypes.c_char_p()
+        self.h = self.lib.ds4lab_open(str(model_path).encode(), int(ctx_size), int(threads), ctypes.byref(err))
+        if not self.h:
+            raise Ds4Error((err.value or b"ds4lab_open failed").decode(errors="replace"))
+        self.ctx_size = int(ctx_size)
+        self._gpu = ctypes.c_float()
+        self._host = ctypes.c_double()
+
+    def _error(self) -> str:
+        return (self.lib.ds4lab_error(self.h) or b"").decode(errors="replace")
+
+    @property
+    def vocab_size(self) -> int:
+        """``ds4_engine_vocab_size``."""
+        return int(self.lib.ds4lab_vocab_size(self.h))
+
+    @property
+    def layer_count(self) -> int:
+        """``ds4_engine_layer_count``."""
+        return int(self.lib.ds4lab_layer_count(self.h))
+
+    @property
+    def routed_quant_bits(self) -> int:
+        """``ds4_engine_routed_quant_bits``: 2 for IQ2_XXS/Q2_K routed experts, 4 for Q4_K."""
+        return int(self.lib.ds4lab_routed_quant_bits(self.h))
+
+    @property
+    def model_bytes(self) -> int:
+        """``ds4_engine_model_bytes``."""
+        return int(self.lib.ds4lab_model_bytes(self.h))
+
+    @property
+    def pos(self) -> int:
+        """``ds4_session_pos``: tokens in the session so far."""
+        return int(self.lib.ds4lab_pos(self.h))
+
+    def argmax(self) -> int:
+        """``ds4_session_argmax`` of the last logits."""
+        return int(self.lib.ds4lab_argmax(self.h))
+
+    def sync(self, tokens) -> float:
+        """Prefill the session to the prefix ``tokens`` (ints); returns seconds on the host, a device
+        synchronize included. Raises Ds4Error with ds4's message."""
+        arr = (ctypes.c_int * len(tokens))(*[int(t) for t in tokens])
+        secs = ctypes.c_double()
+        if self.lib.ds4lab_sync(self.h, arr, len(tokens), ctypes.byref(secs)) != 0:
+            raise Ds4Error(f"ds4_session_sync to {len(tokens)} tokens: {self._error()}")
+        return secs.value
+
+    def eval_timed(self, token: int) -> tuple[float, float]:
+        """One decode token. Returns ``(gpu_us, host_us)``: µs between CUDA events recorded on the
+        legacy stream before and after ``ds4_session_eval``, and µs of the call on the host clock.
+        Raises Ds4Error with ds4's message or the failed CUDA call."""
+        if self.lib.ds4lab_eval_timed(self.h, int(token), ctypes.byref(self._gpu), ctypes.byref(self._host)) != 0:
+            raise Ds4Error(f"ds4_session_eval at position {self.pos}: {self._error()}")
+        return self._gpu.value * 1e3, self._host.value * 1e6
+
+    def close(self) -> None:
+        """Free the session and the engine (idempotent)."""
+        if getattr(self, "h", None):
+            self.lib.ds4lab_close(self.h)
+            self.h = None
+
+    def __enter__(self) -> "Ds4Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,167 @@
+"""``ds4lab ds4``'s measurement: ds4 built from its source, its decode token timed per configuration
+and context, recorded with CUPTI, and read into ds4lab's tables.
+
+One worker process per configuration (:mod:`ds4lab.ds4.worker`; ds4 reads its switches once per
+process), run one after the other on the same model and prompt, so every configuration decodes the
+same token at the same position and configurations can be paired by position
+(:func:`ds4lab.ds4.results.paired_gain`).
+
+Files (in the job's folder): ``tokens.csv`` (every timed token: configuration, context, position,
+µs between CUDA events, host µs of the call), ``summary.csv`` (per configuration and context: median
+and IQR), ``gains.csv`` (islands on against off, and the MoE profile against islands on, paired by
+position, with 95 % intervals), ``islands.csv`` (what ds4's log says each configuration captured
+and retired), ``prefill.csv``, ``census.csv`` and ``kernels-<config>.csv`` (from the recorded
+tokens: launches, graph launches, kernels, busy µs, host enqueue span; per kernel name),
+``ds4-<config>.log`` (ds4's own stderr, kept whole: ``ds4lab ingest`` reads its MoE profile lines),
+``worker-<config>/`` (each worker's raw files, its recording among them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import results as R
+from .configs import VARIANTS
+
+
+@dataclass(frozen=True)
+class MeasurePlan:
+    """What one ``ds4lab ds4`` run measures (every field in ``meta.json``)."""
+
+    library: str
+    model: str
+    configs: tuple
+    contexts: tuple
+    warmup: int
+    tokens: int
+    trace_contexts: tuple
+    trace_tokens: int
+    seed: int
+    threads: int
+    copy_model: bool
+
+
+def worker_env(variant: str, copy_model: bool, base=None) -> dict:
+    """The environment of ``variant``'s worker: ours (``base``, default ``os.environ``) without any
+    ``DS4_*`` switch of the caller's (so a stray one cannot change a configuration), plus the
+    variant's own and, with ``copy_model``, ``DS4_CUDA_COPY_MODEL=1`` (ds4 copies the whole model into
+    GPU memory at load: ``ds4_cuda.cu`` ``cuda_model_prefetch_range``)."""
+    env = {k: v for k, v in (base if base is not None else os.environ).items() if not k.startswith("DS4_")}
+    env.update(VARIANTS[variant].environ)
+    if copy_model:
+        env["DS4_CUDA_COPY_MODEL"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_variant(plan: MeasurePlan, variant: str, folder: Path, say=print, progress=None) -> dict:
+    """Run ``variant``'s worker into ``folder/worker-<variant>``, ds4's stderr into
+    ``folder/ds4-<variant>.log``. Returns the worker's ``worker.json`` (or, when it failed, a dict
+    with ``failed`` naming the exit status and the log's last lines)."""
+    wdir = folder / f"worker-{variant}"
+    wdir.mkdir(parents=True, exist_ok=True)
+    spec = {"library": plan.library, "model": plan.model, "config": variant, "contexts": list(plan.contexts),
+            "warmup": plan.warmup, "tokens": plan.tokens,
+            "trace_contexts": list(plan.trace_contexts) if variant in ("islands-off", "islands-on") else [],
+            "trace_tokens": plan.trace_tokens, "seed": plan.seed, "threads": plan.threads, "out": str(wdir)}
+    (wdir / "plan.json").write_text(json.dumps(spec, indent=2))
+    log = folder / f"ds4-{variant}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "ds4lab.ds4.worker", str(wdir / "plan.json")],
+                             stdout=subprocess.PIPE, stderr=err, text=True,
+                             env=worker_env(variant, plan.copy_model))
+        try:
+            for line in p.stdout:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if progress:
+                    progress(ev)
+                say(_describe(ev))
+            rc = p.wait()
+        except BaseException:
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise
+    info_path = wdir / "worker.json"
+    if rc == 0 and info_path.exists():
+        info = json.loads(info_path.read_text())
+    else:
+        tail = log.read_text(errors="replace").strip().splitlines()[-8:]
+        info = {"config": variant, "failed": f"exit {rc}", "log_tail": tail}
+        say(f"  {variant}: worker failed (exit {rc}); ds4's last lines:\n    " + "\n    ".join(tail))
+    info["wall_seconds"] = round(time.monotonic() - t0, 1)
+    return info
+
+
+def _describe(ev: dict) -> str:
+    e = ev.get("event")
+    c = ev.get("config", "")
+    if e == "opened":
+        return (f"  {c}: ds4 opened the model in {ev['open_seconds']} s ({ev['layer_count']} layers, vocabulary "
+                f"{ev['vocab_size']}, {ev['routed_quant_bits']}-bit routed experts)")
+    if e == "prefilled":
+        return f"  {c}: prefill to {ev['context']} ({ev['tokens']} tokens) {ev['seconds']} s"
+    if e == "timed":
+        return f"  {c}: {ev['tokens']} decode tokens timed at context {ev['context']}"
+    if e == "traced":
+        return f"  {c}: recorded tokens at context {ev['context']}: {ev.get('recording') or ev.get('why')}"
+    return f"  {c}: {e}"
+
+
+def collect(folder: Path, configs) -> dict:
+    """Read every worker's files in ``folder`` into the job's tables and write them (the module
+    docstring's files). Returns the tables by name. Works on a folder copied from the GPU machine."""
+    folder = Path(folder)
+    tokens, prefill, census, logs = [], [], [], {}
+    for v in configs:
+        w = folder / f"worker-{v}"
+        if (w / "tokens.csv").exists():
+            tokens.append(pd.read_csv(w / "tokens.csv"))
+        if (w / "prefill.csv").exists():
+            prefill.append(pd.read_csv(w / "prefill.csv"))
+        logs[v] = R.read_log(folder / f"ds4-{v}.log")
+        for rec in sorted(w.glob("trace-*/recording.csv.gz")):
+            from ..audit.sources import read as read_trace
+
+            table = read_trace(rec)
+            per_tok, per_kernel = R.trace_census(table.frame)
+            ctx = int(rec.parent.name.split("-", 1)[1])
+            per_kernel.to_csv(folder / f"kernels-{v}-{ctx}.csv", index=False)
+            census.append(per_tok.assign(config=v, context=ctx))
+    out = {}
+    if tokens:
+        t = pd.concat(tokens, ignore_index=True)
+        t.to_csv(folder / "tokens.csv", index=False)
+        out["tokens"] = t
+        out["summary"] = R.summarize_tokens(t)
+        out["summary"].to_csv(folder / "summary.csv", index=False)
+        gains = []
+        for base, other in (("islands-off", "islands-on"), ("islands-on", "moe-profile"), ("islands-on", "moe-graph")):
+            if {base, other} <= set(t.config):
+                gains.append(R.paired_gain(t, base, other))
+        if gains:
+            out["gains"] = pd.concat(gains, ignore_index=True)
+            out["gains"].to_csv(folder / "gains.csv", index=False)
+    if prefill:
+        out["prefill"] = pd.concat(prefill, ignore_index=True)
+        out["prefill"].to_csv(folder / "prefill.csv", index=False)
+    if census:
+        out["census"] = pd.concat(census, ignore_index=True)
+        out["census"].to_csv(folder / "census.csv", index=False)
+    out["islands"] = R.island_table(logs)
+    out["islands"].to_csv(folder / "islands.csv", index=False)
+    return out

@@ -1,0 +1,174 @@
+"""Reading what ds4 did: its log lines (decode-island captures and failures, MoE profile lines), its
+timed tokens, and its recorded tokens (CUPTI) as ds4lab's tables.
+
+Everything here is pure pandas on files the workers wrote (:mod:`ds4lab.ds4.worker`), so it is
+tested without a GPU and runs again on a folder copied from the GPU machine.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+#: ds4's decode-island log lines (``ds4_cuda.cu``, ``cuda_decode_graph_*`` at ``b0309611``, printed
+#: with ``DS4_CUDA_DECODE_GRAPH_LOG=1`` or on failure).
+_ISLAND = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instantiate failed|first launch failed|"
+                     r"replay failed) \(?il=(?P<il>\d+) island=(?P<island>\d+)\)?(?::\s*(?P<error>.*))?")
+_DISABLED = re.compile(r"ds4: DS4_CUDA_DECODE_GRAPHS=\S+ - decode graph capture disabled")
+_MODEL_COPY = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
+
+#: Kernel launch calls in CUPTI's runtime and driver API records.
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel")
+GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
+
+
+def _base(name: str) -> str:
+    """``cudaLaunchKernel_v7000`` / ``cuLaunchKernel_ptsz`` → ``cudaLaunchKernel`` / ``cuLaunchKernel``."""
+    return re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", str(name))
+
+
+def read_log(path) -> dict:
+    """What a ds4 log says about its decode islands and its model load.
+
+    Returns a dict: ``captured`` (list of (layer, island)), ``failed`` (list of dicts: layer,
+    island, step, error), ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None),
+    ``profile_lines`` (the ``ds4: CUDA MoE profile`` lines, verbatim).
+    """
+    captured, failed, profile = [], [], []
+    disabled, copy_s = False, None
+    text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
+    for line in text.splitlines():
+        if "CUDA MoE profile" in line:
+            profile.append(line.strip())
+            continue
+        m = _ISLAND.search(line)
+        if m:
+            key = (int(m["il"]), int(m["island"]))
+            if m["what"] == "captured":
+                captured.append(key)
+            else:
+                failed.append({"layer": key[0], "island": key[1], "step": m["what"], "error": (m["error"] or "").strip()})
+            continue
+        if _DISABLED.search(line):
+            disabled = True
+        m = _MODEL_COPY.search(line)
+        if m:
+            copy_s = float(m["s"])
+    return {"captured": captured, "failed": failed, "disabled": disabled, "model_copy_s": copy_s,
+            "profile_lines": profile}
+
+
+def island_table(logs: dict) -> pd.DataFrame:
+    """One row per configuration: islands captured (island 0, island 1), failures and their
+    errors, from :func:`read_log` of each configuration's log (``logs``: config → read_log dict)."""
+    rows = []
+    for cfg, lg in logs.items():
+        cap = lg["captured"]
+        errors = sorted({f"{f['step']}: {f['error']}" for f in lg["failed"]})
+        rows.append({"config": cfg, "islands_disabled": lg["disabled"],
+                     "captured": len(cap), "captured_island0": sum(1 for _, i in cap if i == 0),
+                     "captured_island1": sum(1 for _, i in cap if i == 1),
+                     "failed": len(lg["failed"]), "failed_island1": sum(1 for f in lg["failed"] if f["island"] == 1),
+                     "failed_layers": ",".join(str(f["layer"]) for f in lg["failed"]),
+                     "errors": " | ".join(errors), "profile_lines": len(lg["profile_lines"])})
+    return pd.DataFrame(rows)
+
+
+def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration and context: tokens, median µs per token (events) with its IQR, median host
+    µs of the eval call, and host / GPU.
+
+    Args:
+        tokens: the workers' ``tokens.csv`` rows (columns ``config, context, gpu_us, host_us``).
+    """
+    g = tokens.groupby(["config", "context"], sort=False)
+    out = g.agg(tokens=("gpu_us", "size"), us_per_token=("gpu_us", "median"),
+                q1=("gpu_us", lambda s: s.quantile(0.25)), q3=("gpu_us", lambda s: s.quantile(0.75)),
+                host_us=("host_us", "median")).reset_index()
+    out["iqr_us"] = out["q3"] - out["q1"]
+    return out.drop(columns=["q1", "q3"])
+
+
+def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: float = 0.95) -> pd.DataFrame:
+    """Per context, ``base`` minus ``other`` µs per token, paired by decode position (both
+    configurations decode the same prompt token at the same position): the median of the per-position
+    differences with its distribution-free interval (:func:`ds4lab.timing.paired_difference`);
+    ``measurable`` is False where the interval includes zero. The configurations run one after the
+    other (ds4 reads its switches once per process), so the pairs share position and token, not time.
+
+    Raises:
+        KeyError: ``base`` or ``other`` has no tokens.
+    """
+    from ..timing import paired_difference
+
+    rows = []
+    for ctx, grp in tokens.groupby("context", sort=True):
+        a = grp[grp.config == base].set_index("pos")["gpu_us"]
+        b = grp[grp.config == other].set_index("pos")["gpu_us"]
+        common = a.index.intersection(b.index)
+        if len(common) < 2:
+            continue
+        # paired_difference(x, y) is the median of y - x: here base - other, the gain of ``other``.
+        d = paired_difference(b.loc[common].to_numpy(), a.loc[common].to_numpy(), confidence=confidence)
+        rows.append({"context": ctx, "base": base, "other": other, "pairs": len(common),
+                     "base_us": float(np.median(a.loc[common])), "other_us": float(np.median(b.loc[common])),
+                     "gain_us": d.median, "gain_lo": d.lo, "gain_hi": d.hi, "measurable": d.measurable,
+                     "ratio": float(np.median(a.loc[common]) / np.median(b.loc[common]))})
+    if not rows and (base not in set(tokens.config) or other not in set(tokens.config)):
+        raise KeyError(f"no tokens for {base!r} or {other!r}")
+    return pd.DataFrame(rows)
+
+
+def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From a recording's event table (:mod:`ds4lab.audit.events` columns) of tokens marked by NVTX
+    ranges ``decode_step``: per token (``tokens``) and per kernel name (``kernels``).
+
+    Per token: kernel launch calls, graph launches, kernels executed (eager ones and those inside
+    graphs, joined by correlation id), kernel busy µs (sum of durations), the host's span from the
+    token's start to the end of its last launch call (``enqueue_us``) and the median µs of one
+    launch call (``launch_call_us``: CUPTI's own cost included). Per kernel name: launches per
+    token, median µs, and whether it ran inside a graph.
+
+    Raises:
+        ValueError: the table has no ``decode_step`` range.
+    """
+    nv = frame[(frame.kind == "nvtx") & (frame.name == "decode_step")].sort_values("start_ns")
+    if nv.empty:
+        raise ValueError("the recording has no NVTX range decode_step: record tokens with ds4lab.ds4.worker")
+    api = frame[frame.kind == "api"].copy()
+    api["base"] = api["name"].map(_base)
+    kern = frame[frame.kind == "kernel"].copy()
+    kern["us"] = (kern.end_ns - kern.start_ns) / 1e3
+    tok_rows, kern_rows = [], []
+    for i, r in enumerate(nv.itertuples()):
+        a = api[(api.start_ns >= r.start_ns) & (api.end_ns <= r.end_ns)]
+        if r.tid != -1:
+            a = a[a.tid == r.tid]
+        launches = a[a.base.isin(LAUNCH_CALLS)]
+        graphs = a[a.base.isin(GRAPH_LAUNCH_CALLS)]
+        k = kern[kern.correlation.isin(set(launches.correlation) | set(graphs.correlation))]
+        issued = pd.concat([launches.end_ns, graphs.end_ns])
+        last = issued.max() if len(issued) else r.start_ns
+        tok_rows.append({"token": i, "launch_calls": len(launches), "graph_launches": len(graphs),
+                         "kernels": len(k), "kernels_in_graphs": int((k.graph_id > 0).sum()),
+                         "busy_us": float(k.us.sum()), "span_us": (r.end_ns - r.start_ns) / 1e3,
+                         "enqueue_us": (last - r.start_ns) / 1e3,
+                         "launch_call_us": float(((launches.end_ns - launches.start_ns) / 1e3).median())
+                         if len(launches) else float("nan")})
+        kk = k.assign(token=i)
+        kern_rows.append(kk[["token", "name", "us", "graph_id", "grid", "block"]])
+    tokens = pd.DataFrame(tok_rows)
+    allk = pd.concat(kern_rows, ignore_index=True) if kern_rows else pd.DataFrame(columns=["token", "name", "us"])
+    n = max(len(tokens), 1)
+    kernels = (allk.assign(in_graph=allk.graph_id > 0)
+               .groupby("name", sort=False)
+               .agg(launches=("us", "size"), median_us=("us", "median"), total_us=("us", "sum"),
+                    in_graph=("in_graph", "mean"), grid=("grid", "first"), block=("block", "first"))
+               .reset_index())
+    kernels["per_token"] = kernels["launches"] / n
+    kernels["us_per_token"] = kernels["total_us"] / n
+    return tokens, kernels.sort_values("us_per_token", ascending=False).reset_index(drop=True)

@@ -1,0 +1,142 @@
+"""One ds4 configuration in a process of its own: ``python -m ds4lab.ds4.worker PLAN.json``.
+
+ds4 reads its switches from the environment once per process (:mod:`ds4lab.ds4.engine`), so
+:mod:`ds4lab.ds4.measure` starts one worker per configuration with that configuration's
+environment, and the worker:
+
+1. opens ds4's engine on the model and one session large enough for every context;
+2. per context (ascending): prefills to it (``ds4_session_sync``), runs ``warmup`` decode tokens
+   untimed (ds4's islands capture at their second sight and replay from the third), then ``tokens``
+   decode tokens, each between CUDA events on the legacy stream; the decode tokens are the prompt's
+   next tokens, so the session always holds a prefix of one prompt and the next prefill only
+   extends it;
+3. where asked (``trace_contexts``), records ``trace_tokens`` more decode tokens in-process with
+   CUPTI (:func:`ds4lab.audit.record.recording`), each inside an NVTX range ``decode_step``, into
+   ``trace-<context>/recording.csv.gz``: a recording ``ds4lab audit`` reads as it reads any engine's.
+
+It writes as it goes (``tokens.csv`` and ``prefill.csv`` rewritten after each context, progress as
+JSON lines on stdout) and ``worker.json`` last. ds4's own messages go to stderr, which the parent
+keeps as ``ds4-<config>.log``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+TOKEN_FIELDS = ("config", "context", "index", "pos", "token", "gpu_us", "host_us")
+PREFILL_FIELDS = ("config", "context", "from_pos", "tokens", "seconds")
+
+
+def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
+    """``n`` token ids drawn uniformly from ``[0, vocab)`` with ``seed`` (NumPy PCG64): the one prompt
+    every configuration walks, so all of them decode the same tokens at the same positions."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, vocab, size=n).tolist()
+
+
+def _emit(**event) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def _write_csv(path: Path, fields, rows) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def run(plan: dict) -> int:
+    """Run ``plan`` (keys: ``library``, ``model``, ``config``, ``contexts``, ``warmup``, ``tokens``,
+    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``out``). Returns 0."""
+    from .engine import Ds4Engine
+
+    out = Path(plan["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    contexts = sorted(int(c) for c in plan["contexts"])
+    warmup, tokens = int(plan["warmup"]), int(plan["tokens"])
+    trace_ctx = {int(c) for c in plan.get("trace_contexts", ())}
+    trace_tokens = int(plan.get("trace_tokens", 0))
+    per_ctx = warmup + tokens + (trace_tokens if trace_ctx else 0)
+    ctx_size = contexts[-1] + per_ctx + 64
+    cfg = plan["config"]
+    t0 = time.monotonic()
+    _emit(event="open", config=cfg, ctx_size=ctx_size)
+    eng = Ds4Engine(plan["library"], plan["model"], ctx_size, int(plan.get("threads", 0)))
+    info = {"config": cfg, "open_seconds": round(time.monotonic() - t0, 1), "ctx_size": ctx_size,
+            "vocab_size": eng.vocab_size, "layer_count": eng.layer_count,
+            "routed_quant_bits": eng.routed_quant_bits, "model_bytes": eng.model_bytes}
+    _emit(event="opened", **info)
+    prompt = prompt_tokens(contexts[-1] + per_ctx + 1, eng.vocab_size, int(plan.get("seed", 0)))
+    token_rows, prefill_rows, traces = [], [], {}
+    try:
+        for ctx in contexts:
+            if eng.pos > ctx:
+                raise ValueError(f"context {ctx} lies before position {eng.pos} (contexts closer than "
+                                 f"warmup + tokens apart)")
+            start = eng.pos
+            secs = eng.sync(prompt[:ctx])
+            prefill_rows.append({"config": cfg, "context": ctx, "from_pos": start, "tokens": ctx - start,
+                                 "seconds": round(secs, 4)})
+            _emit(event="prefilled", config=cfg, context=ctx, tokens=ctx - start, seconds=round(secs, 2))
+            for i in range(warmup + tokens):
+                pos = eng.pos
+                gpu_us, host_us = eng.eval_timed(prompt[pos])
+                if i >= warmup:
+                    token_rows.append({"config": cfg, "context": ctx, "index": i - warmup, "pos": pos,
+                                       "token": prompt[pos], "gpu_us": round(gpu_us, 2),
+                                       "host_us": round(host_us, 2)})
+            _write_csv(out / "tokens.csv", TOKEN_FIELDS, token_rows)
+            _write_csv(out / "prefill.csv", PREFILL_FIELDS, prefill_rows)
+            _emit(event="timed", config=cfg, context=ctx, tokens=tokens)
+            if ctx in trace_ctx and trace_tokens:
+                traces[ctx] = _trace(eng, prompt, trace_tokens, out / f"trace-{ctx}")
+                _emit(event="traced", config=cfg, context=ctx, **traces[ctx])
+    finally:
+        eng.close()
+    info.update(seconds=round(time.monotonic() - t0, 1), traces={str(k): v for k, v in traces.items()})
+    tmp = out / "worker.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(out / "worker.json")
+    _emit(event="done", config=cfg)
+    return 0
+
+
+def _trace(eng, prompt, n: int, folder: Path) -> dict:
+    """Record ``n`` decode tokens with CUPTI (each in an NVTX range ``decode_step``, domain ``ds4lab``).
+    Returns what happened: the recording's path, or why there is none."""
+    try:
+        import nvtx
+        from ..audit.record import recording
+        from ..audit.sources import SourceError
+    except ImportError as e:
+        return {"recording": "", "why": f"no recording: {e}"}
+    try:
+        with recording(stacks=False) as rec:
+            for _ in range(n):
+                pos = eng.pos
+                with nvtx.annotate("decode_step", domain="ds4lab"):
+                    eng.eval_timed(prompt[pos])
+        path = rec.save(folder, note="ds4 decode tokens recorded by ds4lab ds4")
+    except SourceError as e:
+        return {"recording": "", "why": str(e)}
+    return {"recording": str(path), "why": ""}
+
+
+def main(argv=None) -> int:
+    """Entry point: ``python -m ds4lab.ds4.worker PLAN.json``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m ds4lab.ds4.worker PLAN.json", file=sys.stderr)
+        return 2
+    return run(json.loads(Path(argv[0]).read_text()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

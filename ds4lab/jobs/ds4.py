@@ -1,0 +1,163 @@
+"""``ds4lab ds4``: the real engine as a backend of the workbench. Build ds4 from a checkout (cached by
+commit and architecture), write (or reuse) a Flash-shaped synthetic model, run its decode token per
+configuration and context, and write ds4lab's tables (:mod:`ds4lab.ds4.measure`)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..ds4.configs import DEFAULT_CONFIGS, VARIANTS, parse_configs
+from ..report import results
+from .common import BadInput, check_out_option
+
+#: What the job writes in its folder.
+DS4_OUTPUTS = ("tokens.csv", "summary.csv", "gains.csv", "islands.csv", "prefill.csv", "census.csv", "kernels-*.csv",
+               "ds4-*.log", "worker-*", "build.json")
+
+#: ds4lab's default contexts: those of ``ds4lab context``, so the two tables sit side by side.
+DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
+
+
+@dataclass
+class Ds4JobConfig:
+    """Arguments of ``ds4lab ds4``.
+
+    ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF to run (None: the
+    synthetic Flash-shaped model, written once into the cache). ``configs``: names from
+    :data:`ds4lab.ds4.configs.VARIANTS`. ``contexts``: positions of the decode tokens (ascending, each
+    more than ``warmup + tokens + trace_tokens`` after the one before). ``trace_contexts``: contexts at
+    which ``trace_tokens`` tokens are recorded with CUPTI (islands off and on). ``arch``: None for the
+    GPU's own. ``copy_model``: ds4 copies the model into GPU memory (``DS4_CUDA_COPY_MODEL=1``).
+    """
+
+    source: str | Path | None = None
+    model: str | Path | None = None
+    configs: tuple = DEFAULT_CONFIGS
+    contexts: tuple = DEFAULT_CONTEXTS
+    warmup: int = 4
+    tokens: int = 32
+    trace_contexts: tuple = (1024,)
+    trace_tokens: int = 4
+    seed: int = 0
+    threads: int = 0
+    arch: str | None = None
+    jobs: int | None = None
+    copy_model: bool = True
+    cache: str | Path | None = None
+    out: Path | str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def check_config(cfg: Ds4JobConfig) -> None:
+    """Checks that need no GPU. Raises :class:`BadInput` naming the bad value."""
+    from ..ds4.source import locate
+
+    if cfg.source is None:
+        raise BadInput("ds4lab ds4 needs --source PATH: a ds4 checkout (folder or .tar.gz)")
+    locate(cfg.source)
+    if isinstance(cfg.configs, str):
+        cfg.configs = parse_configs(cfg.configs)
+    for name in cfg.configs:
+        if name not in VARIANTS:
+            raise BadInput(f"--configs: unknown {name}; choose from {', '.join(VARIANTS)}")
+    ctx = tuple(int(c) for c in cfg.contexts)
+    if not ctx or any(c < 1 for c in ctx) or list(ctx) != sorted(set(ctx)):
+        raise BadInput(f"--contexts {','.join(map(str, cfg.contexts))}: give ascending positive positions, each once")
+    per = cfg.warmup + cfg.tokens + cfg.trace_tokens
+    close = [f"{a}→{b}" for a, b in zip(ctx, ctx[1:]) if b - a <= per]
+    if close:
+        raise BadInput(f"--contexts: {', '.join(close)} lie within warmup + tokens + trace tokens ({per}) of each "
+                       "other; space them further apart")
+    bad = [c for c in cfg.trace_contexts if int(c) not in ctx]
+    if bad:
+        raise BadInput(f"--trace-contexts {','.join(map(str, bad))}: not among --contexts")
+    if cfg.tokens < 2:
+        raise BadInput(f"--tokens {cfg.tokens}: time at least 2 decode tokens per context")
+    if cfg.model is not None and not Path(cfg.model).is_file():
+        raise BadInput(f"--model {cfg.model}: no such file")
+    check_out_option(cfg.out)
+
+
+def _gpu_info() -> dict:
+    import subprocess
+
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.free",
+                            "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        name, driver, total, free = [x.strip() for x in p.stdout.strip().splitlines()[0].split(",")]
+        return {"gpu": name, "driver": driver, "gpu_memory_mib": int(total), "gpu_free_mib": int(free)}
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return {}
+
+
+def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
+    """The GGUF ds4 runs: ``cfg.model``, or the synthetic Flash-shaped model in ``cache`` (written
+    on first use by :func:`ds4lab.ds4.gguf_model.write_synthetic_model`). Returns ``(path, info)``."""
+    if cfg.model is not None:
+        return Path(cfg.model), {"model": str(cfg.model), "synthetic": False}
+    from ..ds4 import gguf_model
+
+    return gguf_model.cached_synthetic_model(cache, seed=cfg.seed, say=say)
+
+
+def run(cfg: Ds4JobConfig, be=None, console=None):
+    """Build ds4, then measure every configuration (:mod:`ds4lab.ds4.measure`). Returns the tables
+    (dict of DataFrames) and the meta.
+
+    Raises:
+        BadInput: no GPU, a bad checkout, too little GPU memory for the model.
+        BuildError: ds4 did not build (its compiler output kept, named).
+    """
+    import platform
+
+    from ..ds4 import build as B
+    from ..ds4 import measure as M
+    from ..ds4.source import locate
+    from ..report import provenance
+
+    say = console.print if console is not None else print
+    check_config(cfg)
+    arch = cfg.arch or B.gpu_arch()  # BadInput without a GPU: before any work
+    gpu = _gpu_info()
+    src = locate(cfg.source)
+    cache = Path(cfg.cache) if cfg.cache else B.cache_root()
+    bld = B.build(src, B.build_plan(arch, jobs=cfg.jobs), cache=cache, say=say)
+    model, model_info = model_for(cfg, cache / "ds4", say=say)
+    need_mib = Path(model).stat().st_size / 2**20
+    if cfg.copy_model and gpu.get("gpu_free_mib") and need_mib > 0.97 * gpu["gpu_free_mib"]:
+        raise BadInput(f"model {model} is {need_mib / 1024:.1f} GiB; the GPU has {gpu['gpu_free_mib'] / 1024:.1f} GiB "
+                       "free (ds4 copies it whole with DS4_CUDA_COPY_MODEL=1): run with --no-copy-model")
+    plan = M.MeasurePlan(str(bld.library), str(model), tuple(cfg.configs), tuple(int(c) for c in cfg.contexts),
+                         cfg.warmup, cfg.tokens, tuple(int(c) for c in cfg.trace_contexts), cfg.trace_tokens,
+                         cfg.seed, cfg.threads, cfg.copy_model)
+    out = Path(cfg.out or "results/ds4")
+    meta = {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
+            "host": platform.node(), **gpu, "ds4_commit": src.commit, "ds4_source": str(src.path),
+            "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
+            ("seconds", "objects", "flags_digest", "nvcc", "cc", "library_bytes")}, "build_cached": bld.cached,
+            "model": model_info, "plan": plan.__dict__, "measured": True,
+            "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what} for n in cfg.configs}}
+    workers = {}
+    with results.job_folder(out, meta, DS4_OUTPUTS, say=say) as folder:
+        folder = Path(folder)
+        shutil.copy(bld.folder / "build.json", folder / "build.json")
+        say(f"[bold]ds4lab ds4[/] · {src.label} · {gpu.get('gpu', '?')} (driver {gpu.get('driver', '?')}) · "
+            f"contexts {','.join(map(str, plan.contexts))} · {plan.tokens} tokens each")
+        for v in plan.configs:
+            if VARIANTS[v].expert_bits and model_info.get("routed_quant_bits") not in VARIANTS[v].expert_bits:
+                say(f"  {v}: skipped: ds4 takes it for {VARIANTS[v].expert_bits}-bit routed experts only")
+                workers[v] = {"config": v, "skipped": "format"}
+                continue
+            workers[v] = M.run_variant(plan, v, folder, say=say)
+            meta["workers"] = workers
+            M.collect(folder, [w for w in workers if "skipped" not in workers[w]])
+        tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]])
+        meta["workers"] = workers
+        if "summary" in tables:
+            say(tables["summary"].to_string(index=False))
+        if "gains" in tables:
+            say(tables["gains"].to_string(index=False))
+        say(tables["islands"].to_string(index=False))
+    return {"tables": tables, "meta": meta}

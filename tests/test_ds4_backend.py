@@ -1,0 +1,430 @@
+"""ds4 itself as a backend, without a GPU: locating a checkout, the build's command lines and its
+cache (a small stand-in checkout built for real where a C compiler and nvcc are present), the
+worker's loop on a stand-in engine, ds4's log lines and the tables read from the workers' files,
+and ``ds4lab ds4`` refusing cleanly where no GPU is."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ds4lab.ds4 import build as B
+from ds4lab.ds4 import results as R
+from ds4lab.ds4 import worker as W
+from ds4lab.ds4.configs import DEFAULT_CONFIGS, parse_configs
+from ds4lab.ds4.measure import collect, worker_env
+from ds4lab.ds4.source import REQUIRED, locate, materialize
+from ds4lab.errors import BadInput
+
+SHARED_TARBALL = Path(__file__).resolve().parents[1].parent / "shared" / "ds4" / "ds4-b0309611.tar.gz"
+
+
+def _fake_checkout(root: Path, makefile: str | None = None) -> Path:
+    """A folder shaped like a ds4 checkout: the four required files, a Makefile whose CORE_OBJS is one
+    C object, and a ds4.h declaring the calls ds4lab's driver makes (with stand-in definitions in ds4.c)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ds4.h").write_text(
+        "#include <stddef.h>\n#include <stdint.h>\n#include <stdbool.h>\n"
+        "typedef struct ds4_engine ds4_engine; typedef struct ds4_session ds4_session;\n"
+        "typedef enum { DS4_BACKEND_METAL, DS4_BACKEND_CUDA, DS4_BACKEND_CPU } ds4_backend;\n"
+        "typedef struct { int *v; int len; int cap; } ds4_tokens;\n"
+        "typedef struct { const char *model_path; ds4_backend backend; int n_threads; int context_size; }"
+        " ds4_engine_options;\n"
+        "int ds4_engine_open(ds4_engine **, const ds4_engine_options *); void ds4_engine_close(ds4_engine *);\n"
+        "int ds4_session_create(ds4_session **, ds4_engine *, int); void ds4_session_free(ds4_session *);\n"
+        "int ds4_engine_vocab_size(ds4_engine *); int ds4_engine_layer_count(ds4_engine *);\n"
+        "int ds4_engine_routed_quant_bits(ds4_engine *); uint64_t ds4_engine_model_bytes(ds4_engine *);\n"
+        "int ds4_session_pos(ds4_session *); int ds4_session_argmax(ds4_session *);\n"
+        "void ds4_tokens_push(ds4_tokens *, int); void ds4_tokens_free(ds4_tokens *);\n"
+        "int ds4_session_sync(ds4_session *, const ds4_tokens *, char *, size_t);\n"
+        "int ds4_session_eval(ds4_session *, int, char *, size_t);\n")
+    (root / "ds4.c").write_text(
+        '#include "ds4.h"\n#include <stdlib.h>\n'
+        "int ds4_engine_open(ds4_engine **e, const ds4_engine_options *o) { (void)o; *e = 0; return 1; }\n"
+        "void ds4_engine_close(ds4_engine *e) { (void)e; }\n"
+        "int ds4_session_create(ds4_session **s, ds4_engine *e, int c) { (void)e; (void)c; *s = 0; return 1; }\n"
+        "void ds4_session_free(ds4_session *s) { (void)s; }\n"
+        "int ds4_engine_vocab_size(ds4_engine *e) { (void)e; return 0; }\n"
+        "int ds4_engine_layer_count(ds4_engine *e) { (void)e; return 0; }\n"
+        "int ds4_engine_routed_quant_bits(ds4_engine *e) { (void)e; return 0; }\n"
+        "uint64_t ds4_engine_model_bytes(ds4_engine *e) { (void)e; return 0; }\n"
+        "int ds4_session_pos(ds4_session *s) { (void)s; return 0; }\n"
+        "int ds4_session_argmax(ds4_session *s) { (void)s; return 0; }\n"
+        "void ds4_tokens_push(ds4_tokens *t, int x) { (void)t; (void)x; }\n"
+        "void ds4_tokens_free(ds4_tokens *t) { (void)t; }\n"
+        "int ds4_session_sync(ds4_session *s, const ds4_tokens *t, char *e, size_t n)"
+        " { (void)s; (void)t; (void)e; (void)n; return 0; }\n"
+        "int ds4_session_eval(ds4_session *s, int x, char *e, size_t n) { (void)s; (void)x; (void)e; (void)n; return 0; }\n")
+    (root / "ds4_cuda.cu").write_text("// stand-in\n")
+    (root / "Makefile").write_text(makefile or (
+        "CFLAGS ?= -O2\nCORE_OBJS = ds4.o\n"
+        "ds4.o: ds4.c ds4.h\n\t$(CC) $(CFLAGS) -c -o $@ ds4.c\n"))
+    return root
+
+
+# -- the checkout ---------------------------------------------------------------------------------
+
+
+def test_locate_folder_and_archive_agree_on_the_digest(tmp_path):
+    src = _fake_checkout(tmp_path / "ds4-b0309611")
+    folder = locate(src)
+    assert folder.kind == "folder" and folder.commit == "b0309611"
+    tgz = tmp_path / "ds4-b0309611.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        for f in sorted(src.iterdir()):
+            tf.add(f, arcname=f"./{f.name}")
+    arch = locate(tgz)
+    assert arch.kind == "archive" and arch.commit == "b0309611"
+    assert arch.digest == folder.digest
+    # an edit changes the digest (the build cache is keyed by it)
+    (src / "ds4.c").write_text((src / "ds4.c").read_text() + "// edited\n")
+    assert locate(src).digest != folder.digest
+
+
+def test_materialize_unpacks_an_archive_with_a_top_folder(tmp_path):
+    src = _fake_checkout(tmp_path / "x")
+    tgz = tmp_path / "release.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        tf.add(src, arcname="ds4-main")
+    s = locate(tgz)
+    assert s.commit == ""  # neither the name nor a .git says which commit
+    assert "no commit" in s.label
+    dest = materialize(s, tmp_path / "copy")
+    assert sorted(p.name for p in dest.iterdir()) == sorted(REQUIRED)
+
+
+@pytest.mark.parametrize("missing", REQUIRED)
+def test_locate_names_what_a_checkout_lacks(tmp_path, missing):
+    src = _fake_checkout(tmp_path / "c")
+    (src / missing).unlink()
+    with pytest.raises(BadInput, match=missing.replace(".", r"\.")):
+        locate(src)
+
+
+def test_locate_refuses_missing_paths_and_other_files(tmp_path):
+    with pytest.raises(BadInput, match="no such file"):
+        locate(tmp_path / "nope")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(BadInput, match="checkout folder or a .tar.gz"):
+        locate(tmp_path / "notes.txt")
+    bad = tmp_path / "broken.tar.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(BadInput, match="cannot read the archive"):
+        locate(bad)
+
+
+@pytest.mark.skipif(not SHARED_TARBALL.exists(), reason="the shared ds4 archive is not beside the checkout")
+def test_the_shared_ds4_archive_is_a_checkout():
+    s = locate(SHARED_TARBALL)
+    assert s.commit == "b0309611" and len(s.digest) == 16
+
+
+# -- the build ------------------------------------------------------------------------------------
+
+
+def _toolchain():
+    return B.Toolchain(nvcc="/usr/local/cuda/bin/nvcc", cc="cc", cuda_home="/usr/local/cuda")
+
+
+def test_build_plan_restates_ds4s_flags_with_fpic_and_the_arch():
+    plan = B.build_plan("sm_90", jobs=16, toolchain=_toolchain())
+    v = plan.make_vars
+    # ds4's Makefile appends these to CFLAGS; a CFLAGS given on make's command line drops the append
+    for flag in ("-O3", "-ffast-math", "-march=native", "-std=c99", "-D_GNU_SOURCE", "-fno-finite-math-only", "-fPIC"):
+        assert flag in v["CFLAGS"].split()
+    for flag in ("-O3", "--use_fast_math", "-arch=sm_90", "-fPIC"):
+        assert flag in v["NVCCFLAGS"].split()
+    assert "-g" not in v["CFLAGS"].split() and "-lineinfo" not in v["NVCCFLAGS"].split()
+    cmd = plan.make_command(Path("/s"), ["ds4.o"])
+    assert cmd[:4] == ["make", "-C", "/s", "-j16"] and cmd[-1] == "ds4.o" and "CUDA_ARCH=sm_90" in cmd
+    link = plan.link_command(Path("/s"), ["ds4.o", "cuda/mmq/x.o"], Path("/b/d.o"), Path("/b/lib.so"))
+    assert link[1] == "-shared" and "/s/cuda/mmq/x.o" in link and "-lcublas" in link and "-lcudart" in link
+    # another architecture, other flags: another cache folder
+    assert B.build_plan("sm_80", toolchain=_toolchain()).flags_digest != plan.flags_digest
+
+
+@pytest.mark.parametrize("arch", ["90", "sm90", "sm_9", "compute_90", "sm_90; rm -rf /"])
+def test_build_plan_refuses_a_bad_arch(arch):
+    with pytest.raises(BadInput, match="--arch"):
+        B.build_plan(arch, toolchain=_toolchain())
+
+
+def _can_build() -> bool:
+    return bool(shutil.which("make") and shutil.which("cc") and Path("/usr/local/cuda/include/cuda_runtime.h").exists()
+                and (Path("/usr/local/cuda/bin/nvcc").exists()))
+
+
+@pytest.mark.skipif(not _can_build(), reason="needs make, cc and the CUDA toolkit's nvcc and headers")
+def test_build_links_the_driver_with_the_checkouts_objects_and_caches_it(tmp_path):
+    src = locate(_fake_checkout(tmp_path / "ds4-abc1234"))
+    # a stand-in libcublas, so the link needs no cuBLAS on this machine
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "empty.c").write_text("int ds4lab_stub_symbol;\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(stub / "libcublas.so"), str(stub / "empty.c")], check=True)
+    plan = B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),))
+    said = []
+    b = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
+    assert b.library.is_file() and not b.cached
+    assert b.info["objects"] == ["ds4.o"] and b.info["ds4_commit"] == "abc1234"
+    nm = subprocess.run(["nm", "-D", str(b.library)], capture_output=True, text=True).stdout
+    for sym in ("ds4lab_open", "ds4lab_eval_timed", "ds4lab_sync", "ds4_session_eval"):
+        assert f" T {sym}" in nm
+    assert not (tmp_path / "ds4-abc1234" / "ds4.o").exists()  # the user's checkout is never written to
+    again = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
+    assert again.cached and again.library == b.library
+
+
+@pytest.mark.skipif(not shutil.which("make"), reason="needs make")
+def test_a_failed_build_keeps_the_compiler_output_aside(tmp_path):
+    mk = "CORE_OBJS = ds4.o\nds4.o: ds4.c\n\t@echo 'ds4.c:1: error: planted failure'; exit 3\n"
+    src = locate(_fake_checkout(tmp_path / "ds4-def5678", makefile=mk))
+    plan = B.build_plan("sm_90", jobs=1, toolchain=_toolchain())
+    with pytest.raises(B.BuildError, match="make CORE_OBJS") as e:
+        B.build(src, plan, cache=tmp_path / "cache", say=lambda s: None)
+    assert "planted failure" in str(e.value)
+    aside = list((tmp_path / "cache" / "ds4").glob("*.failed-*"))
+    assert len(aside) == 1 and "planted failure" in (aside[0] / "build.log").read_text()
+    assert not [p for p in (tmp_path / "cache" / "ds4").iterdir() if not p.name.count(".failed-")]
+
+
+# -- configurations -------------------------------------------------------------------------------
+
+
+def test_configs_parse_and_refuse_unknown_names():
+    assert parse_configs("islands-on, islands-off,islands-on") == ("islands-on", "islands-off")
+    with pytest.raises(BadInput, match="unknown islands-maybe"):
+        parse_configs("islands-off,islands-maybe")
+    with pytest.raises(BadInput, match="at least one"):
+        parse_configs(" , ")
+    assert set(DEFAULT_CONFIGS) <= {"islands-off", "islands-on", "moe-profile"}
+
+
+def test_worker_env_drops_the_callers_ds4_switches():
+    env = worker_env("islands-on", True, base={"PATH": "/bin", "DS4_CUDA_DECODE_GRAPHS": "0", "DS4_X": "1"})
+    assert env["PATH"] == "/bin" and "DS4_X" not in env
+    assert "DS4_CUDA_DECODE_GRAPHS" not in env  # islands on is ds4's default: the caller's "off" must not leak
+    assert env["DS4_CUDA_COPY_MODEL"] == "1" and env["DS4_CUDA_DECODE_GRAPH_LOG"] == "1"
+    off = worker_env("islands-off", False, base={})
+    assert off["DS4_CUDA_DECODE_GRAPHS"] == "0" and "DS4_CUDA_COPY_MODEL" not in off
+
+
+# -- the worker on a stand-in engine --------------------------------------------------------------
+
+
+class _StandInEngine:
+    """Positions advance as ds4's do; µs per token grows with the position so tables can be checked."""
+
+    def __init__(self, library, model, ctx_size, threads=0):
+        self.ctx_size, self.pos, self.calls = ctx_size, 0, []
+        self.vocab_size, self.layer_count, self.routed_quant_bits, self.model_bytes = 1000, 43, 2, 123
+
+    def sync(self, tokens):
+        assert len(tokens) >= self.pos
+        self.pos = len(tokens)
+        return 0.5
+
+    def eval_timed(self, token):
+        self.calls.append((self.pos, token))
+        self.pos += 1
+        return 1000.0 + self.pos, 900.0
+
+    def close(self):
+        pass
+
+
+def test_worker_times_each_context_on_one_prompt(tmp_path, monkeypatch):
+    import ds4lab.ds4.engine as E
+
+    made = []
+    monkeypatch.setattr(E, "Ds4Engine", lambda *a, **k: made.append(_StandInEngine(*a, **k)) or made[-1])
+    plan = {"library": "x", "model": "m", "config": "islands-on", "contexts": [64, 16], "warmup": 2, "tokens": 3,
+            "trace_contexts": [], "trace_tokens": 0, "seed": 5, "out": str(tmp_path / "w")}
+    assert W.run(plan) == 0
+    t = pd.read_csv(tmp_path / "w" / "tokens.csv")
+    assert list(t.context.unique()) == [16, 64]  # ascending, whatever order they were given in
+    assert list(t[t.context == 16].pos) == [18, 19, 20]  # after 2 warm-up tokens
+    assert list(t[t.context == 64].pos) == [66, 67, 68]
+    prompt = W.prompt_tokens(64 + 5 + 1, 1000, 5)
+    assert list(t.token) == [prompt[p] for p in t.pos]  # the decode tokens are the prompt's own
+    eng = made[0]
+    assert [c[1] for c in eng.calls] == [prompt[p] for p, _ in eng.calls]
+    pf = pd.read_csv(tmp_path / "w" / "prefill.csv")
+    assert list(pf.tokens) == [16, 64 - 21]
+    info = json.loads((tmp_path / "w" / "worker.json").read_text())
+    assert info["layer_count"] == 43 and info["ctx_size"] >= 64 + 5
+
+
+def test_prompt_tokens_are_reproducible_and_in_range():
+    a, b = W.prompt_tokens(500, 129280, 1), W.prompt_tokens(500, 129280, 1)
+    assert a == b and 0 <= min(a) and max(a) < 129280 and len(set(a)) > 400
+    assert W.prompt_tokens(500, 129280, 2) != a
+
+
+# -- ds4's log and the tables ---------------------------------------------------------------------
+
+_LOG = """\
+ds4: CUDA copying 81.02 GiB model to device memory
+ds4: CUDA model copy complete in 41.250s
+ds4: decode graph captured il=0 island=0 (total 1)
+ds4: decode graph captured il=3 island=1 (total 2)
+ds4: decode graph capture failed (il=4 island=1): operation would make the legacy stream depend on a capturing blocking stream
+ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.010 sort=0.000 gateup=0.050 midq=0.008 down=0.030 sum=0.000 total=0.098 ms
+"""
+
+
+def test_read_log_finds_captures_failures_profile_lines_and_the_copy(tmp_path):
+    p = tmp_path / "ds4-moe-profile.log"
+    p.write_text(_LOG)
+    lg = R.read_log(p)
+    assert lg["captured"] == [(0, 0), (3, 1)]
+    assert lg["failed"] == [{"layer": 4, "island": 1, "step": "capture failed",
+                             "error": "operation would make the legacy stream depend on a capturing blocking stream"}]
+    assert lg["model_copy_s"] == pytest.approx(41.25) and len(lg["profile_lines"]) == 1 and not lg["disabled"]
+    off = tmp_path / "off.log"
+    off.write_text("ds4: DS4_CUDA_DECODE_GRAPHS=0 - decode graph capture disabled\n")
+    t = R.island_table({"moe-profile": lg, "islands-off": R.read_log(off), "none": R.read_log(tmp_path / "absent")})
+    row = t.set_index("config").loc["moe-profile"]
+    assert (row.captured, row.captured_island0, row.captured_island1, row.failed_island1) == (2, 1, 1, 1)
+    assert t.set_index("config").loc["islands-off"].islands_disabled
+
+
+def _tokens(seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for cfg, base in (("islands-off", 20000.0), ("islands-on", 19000.0), ("moe-profile", 19000.0)):
+        for ctx in (1024, 4096):
+            for i in range(24):
+                rows.append({"config": cfg, "context": ctx, "index": i, "pos": ctx + 4 + i, "token": 1,
+                             "gpu_us": base + ctx / 10 + rng.normal(0, 30), "host_us": base - 500})
+    return pd.DataFrame(rows)
+
+
+def test_paired_gain_measures_a_gain_and_calls_none_not_measurable():
+    t = _tokens()
+    g = R.paired_gain(t, "islands-off", "islands-on")
+    assert list(g.context) == [1024, 4096] and (g.pairs == 24).all()
+    assert ((g.gain_us > 900) & (g.gain_us < 1100)).all() and g.measurable.all()
+    assert (g.gain_lo <= g.gain_us).all() and (g.gain_us <= g.gain_hi).all()
+    same = R.paired_gain(t, "islands-on", "moe-profile")
+    assert not same.measurable.any()  # same mean, noise only: the interval straddles zero
+    with pytest.raises(KeyError):
+        R.paired_gain(t, "islands-on", "moe-graph")
+
+
+def test_summarize_tokens_gives_medians_and_spread():
+    s = R.summarize_tokens(_tokens()).set_index(["config", "context"])
+    r = s.loc[("islands-off", 1024)]
+    assert r.tokens == 24 and abs(r.us_per_token - 20102.4) < 40 and 0 < r.iqr_us < 120 and r.host_us == 19500
+
+
+def _recorded_frame():
+    from ds4lab.audit.events import COLUMNS
+
+    rows = []
+
+    def row(**kw):
+        base = {c: miss for c, (_, miss) in COLUMNS.items()}
+        base.update(kw)
+        rows.append(base)
+
+    corr = 0
+    for tok in range(2):
+        t0 = 1_000_000 * (tok + 1)
+        row(kind="nvtx", name="decode_step", domain="ds4lab", tid=7, start_ns=t0, end_ns=t0 + 500_000)
+        for k in range(3):  # three eager launches of 4 µs host each, kernels of 10 µs
+            corr += 1
+            s = t0 + 1000 + k * 5000
+            row(kind="api", name="cudaLaunchKernel_v7000", domain="runtime", tid=7, start_ns=s, end_ns=s + 4000,
+                correlation=corr)
+            row(kind="kernel", name=f"k{k}", start_ns=s + 50_000, end_ns=s + 60_000, correlation=corr, grid="1,1,1",
+                block="32,1,1")
+        corr += 1
+        s = t0 + 20_000
+        row(kind="api", name="cudaGraphLaunch_v10000", domain="runtime", tid=7, start_ns=s, end_ns=s + 2000,
+            correlation=corr)
+        for n in range(2):
+            row(kind="kernel", name="island", start_ns=s + 100_000 + n * 10_000, end_ns=s + 105_000 + n * 10_000,
+                correlation=corr, graph_id=9, graph_node_id=n, grid="2,1,1", block="64,1,1")
+        row(kind="api", name="cudaDeviceSynchronize_v3020", domain="runtime", tid=7, start_ns=t0 + 30_000,
+            end_ns=t0 + 400_000, correlation=corr + 1000)
+    return pd.DataFrame(rows)
+
+
+def test_trace_census_counts_launches_graph_kernels_and_the_host_span():
+    tokens, kernels = R.trace_census(_recorded_frame())
+    assert list(tokens.launch_calls) == [3, 3] and list(tokens.graph_launches) == [1, 1]
+    assert list(tokens.kernels) == [5, 5] and list(tokens.kernels_in_graphs) == [2, 2]
+    assert tokens.busy_us.tolist() == [40.0, 40.0]
+    assert tokens.launch_call_us.tolist() == [4.0, 4.0]
+    assert tokens.enqueue_us.tolist() == [22.0, 22.0]  # to the end of the last launch (the graph's), not the sync
+    k = kernels.set_index("name")
+    assert k.loc["island"].per_token == 2 and k.loc["island"].in_graph == 1.0 and k.loc["k0"].in_graph == 0.0
+    with pytest.raises(ValueError, match="decode_step"):
+        R.trace_census(_recorded_frame().query("kind != 'nvtx'"))
+
+
+def test_collect_reads_the_workers_files_into_the_jobs_tables(tmp_path):
+    t = _tokens()
+    for cfg in ("islands-off", "islands-on"):
+        w = tmp_path / f"worker-{cfg}"
+        w.mkdir()
+        t[t.config == cfg].to_csv(w / "tokens.csv", index=False)
+        (tmp_path / f"ds4-{cfg}.log").write_text(_LOG if cfg == "islands-on" else "")
+    out = collect(tmp_path, ["islands-off", "islands-on"])
+    assert set(out) >= {"tokens", "summary", "gains", "islands"}
+    assert (tmp_path / "gains.csv").exists() and (tmp_path / "summary.csv").exists()
+    assert out["gains"].iloc[0].base == "islands-off" and out["islands"].captured.tolist() == [0, 2]
+
+
+# -- the command without a GPU --------------------------------------------------------------------
+
+
+def test_ds4_command_without_a_gpu_says_so_in_one_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    src = _fake_checkout(tmp_path / "ds4-abc1234")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no nvidia-smi
+    r = CliRunner().invoke(main, ["ds4", "--source", str(src), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2, r.output
+    assert "GPU" in r.output and len([ln for ln in r.output.strip().splitlines() if ln.strip()]) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--contexts", "4096,1024"], "ascending"),
+    (["--contexts", "1024,1030"], "within warmup"),
+    (["--trace-contexts", "2048"], "not among --contexts"),
+    (["--configs", "islands-maybe"], "unknown islands-maybe"),
+    (["--model", "missing.gguf"], "no such file"),
+])
+def test_ds4_command_refuses_bad_options_before_any_work(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    src = _fake_checkout(tmp_path / "ds4-abc1234")
+    r = CliRunner().invoke(main, ["ds4", "--source", str(src), *args, "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_ds4_command_refuses_a_folder_that_is_not_a_checkout(tmp_path):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    (tmp_path / "src").mkdir()
+    r = CliRunner().invoke(main, ["ds4", "--source", str(tmp_path / "src")])
+    assert r.exit_code == 2 and "not a ds4 checkout" in r.output
