@@ -104,9 +104,12 @@ class BuildPlan:
 
     def link_command(self, src: Path, objects, driver_obj: Path, out: Path) -> list[str]:
         """``nvcc -shared`` of the driver and ds4's objects with cudart and cuBLAS (ds4's ``CUDA_LDLIBS``)."""
-        libs = [f"-L{self.toolchain.cuda_home}/lib64", *(f"-L{d}" for d in self.extra_lib)]
+        dirs = [f"{self.toolchain.cuda_home}/lib64", *self.extra_lib]
+        libs = [*(f"-L{d}" for d in dirs), *(f"-Xlinker -rpath={d}" for d in dirs)]
+        # the rpath: the library finds cudart and cuBLAS where it was linked, whatever LD_LIBRARY_PATH says
         return [self.toolchain.nvcc, "-shared", f"-arch={self.arch}", "-o", str(out), str(driver_obj),
-                *(str(src / o) for o in objects), *libs, "-lcudart", "-lcublas", "-lm", "-Xcompiler", "-pthread"]
+                *(str(src / o) for o in objects), *" ".join(libs).split(), "-lcudart", "-lcublas", "-lm",
+                "-Xcompiler", "-pthread"]
 
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,

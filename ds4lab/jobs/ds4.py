@@ -93,13 +93,34 @@ def _gpu_info() -> dict:
 
 
 def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
-    """The GGUF ds4 runs: ``cfg.model``, or the synthetic Flash-shaped model in ``cache`` (written
-    on first use by :func:`ds4lab.ds4.gguf_model.write_synthetic_model`). Returns ``(path, info)``."""
+    """The GGUF ds4 runs: ``cfg.model``, or the synthetic Flash-shaped model in ``cache``, written on
+    first use (:func:`ds4lab.ds4.gguf_writer.write_synthetic_model`) and reused while ds4lab's tensor
+    plan is the same (the file's name carries a digest of :mod:`ds4lab.ds4.gguf_model`, and the file
+    carries ds4lab's marker). Returns ``(path, info)``: ``info`` says what the file is."""
+    import hashlib
+    import json
+
     if cfg.model is not None:
         return Path(cfg.model), {"model": str(cfg.model), "synthetic": False}
-    from ..ds4 import gguf_model
+    from ..ds4 import gguf_model, gguf_writer
 
-    return gguf_model.cached_synthetic_model(cache, seed=cfg.seed, say=say)
+    plan = hashlib.sha256(Path(gguf_model.__file__).read_bytes() + Path(gguf_writer.__file__).read_bytes())
+    path = Path(cache) / f"model-ds4-flash-seed{cfg.seed}-{plan.hexdigest()[:12]}.gguf"
+    side = path.with_suffix(".json")
+    if path.is_file() and side.is_file() and gguf_writer.read_marker(path) is not None:
+        info = json.loads(side.read_text())
+        say(f"synthetic model: cached ({path}, {info['apparent_bytes'] / 2**30:.1f} GiB, "
+            f"{info['written_bytes'] / 2**30:.1f} GiB written)")
+        return path, info
+    path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"synthetic model: writing {path} (a sparse file: the routed experts are holes)")
+    m = gguf_writer.write_synthetic_model(path, preset="ds4-flash", seed=cfg.seed)
+    info = {k: (str(v) if isinstance(v, Path) else v) for k, v in m.__dict__.items()}
+    info.update(synthetic=True, model=str(path), routed_quant_bits=2)
+    side.write_text(json.dumps(info, indent=2))
+    say(f"synthetic model: {m.apparent_bytes / 2**30:.1f} GiB, {m.written_bytes / 2**30:.1f} GiB written in "
+        f"{m.seconds:.0f} s")
+    return path, info
 
 
 def run(cfg: Ds4JobConfig, be=None, console=None):
