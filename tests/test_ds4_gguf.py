@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import shutil
@@ -275,8 +276,8 @@ def test_no_half_written_file_on_error(tmp_path, monkeypatch):
 
 
 def test_refuses_when_disk_is_too_small(tmp_path, monkeypatch):
-    monkeypatch.setattr(gguf_writer.shutil, "disk_usage",
-                        lambda p: shutil._ntuple_diskusage(10 << 30, 10 << 30, 1 << 30))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(gguf_writer.shutil, "disk_usage", lambda p: usage(10 << 30, 9 << 30, 1 << 30))
     msg = r"not enough free disk .* writes 8801[0-9]+ bytes \(8\.20 GiB.* 1073741824 bytes"
     with pytest.raises(BadInput, match=msg):
         write_synthetic_model(tmp_path / "f.gguf", preset="ds4-flash")
