@@ -1,0 +1,435 @@
+"""What ds4 asks of a DeepSeek V4 Flash GGUF: every tensor and metadata key, as data.
+
+Read from ds4's loader and validator (``ds4.c`` at ``b0309611``; line numbers below are that
+file's) and written here in ds4lab's own words; nothing is copied from ds4. ds4 opens a model in
+this order (``ds4_engine_open_internal``, ds4.c:56100):
+
+1. ``model_open`` (2452): GGUF magic, version 3 only (2492); ``parse_metadata`` (2358) takes
+   ``general.alignment`` (u32, default 32, 2376); ``parse_tensors`` (2392): every tensor needs a
+   known type and must lie inside the file (``tensor points outside GGUF file``), so a sparse file of
+   full length passes.
+2. ``config_validate_model`` (5809) → ``config_validate_deepseek4_model`` (5629): the shape keys
+   must match ``DS4_SHAPE_FLASH`` (541) or Pro exactly (``ds4_select_shape_from_metadata``, 5470,
+   ``unsupported DeepSeek4 shape``), then each is compared again (``config_expect_u32``);
+   ``validate_compress_ratio_metadata`` (5530) wants ``deepseek4.attention.compress_ratios`` (int32
+   or uint32 array, one per layer, equal to ``ds4_expected_layer_compress_ratio``, 1079);
+   ``validate_swiglu_clamp_metadata`` (5568) a float array of 10.0 per layer; the float keys within
+   1e-6 of ds4's constants; ``expert_weights_norm`` a bool, true.
+3. ``weights_bind`` (5949) → ``weights_bind_output`` (5819), ``weights_bind_layer`` (5895):
+   ``required_tensor`` (4254) for each name, ``exp_probs_b.bias`` optional; then
+   ``weights_validate_layout`` (5012): type and shape of each (``tensor_expect_layout`` 4287, dense
+   quant Q8_0/Q4_K/Q4_0 ``tensor_expect_dense_quant_layout`` 4358, F16 or Q8_0 4408, a routed expert
+   type ``tensor_expect_routed_expert`` 4739 with gate and up of one type).
+4. Without ``inspect_only``: ``vocab_load`` (36750): ``tokenizer.ggml.tokens`` and
+   ``tokenizer.ggml.merges`` string arrays, and seven special tokens looked up by text
+   (``vocab_lookup``, exit when missing): :data:`SPECIAL_TOKENS`.
+
+Types: ds4 fixes most tensors' types itself (F16 embedding, HC, compressor, router; F32 norms and
+biases; I32 hash table). Where it allows a choice, the types are those of ds4's smallest Flash file,
+``DeepSeek-V4-Flash-IQ2XXS-w2Q2K-AProjQ8-SExpQ8-OutQ8`` (``gguf-tools/README.md``; its template
+family is ``...F16HC-F16Compressor-F16Indexer-Q8Attn-Q8Shared-Q8Out``): IQ2_XXS routed gate/up, Q2_K
+routed down, Q8_0 attention projections, shared expert and output head, F16 indexer query.
+``ds4_engine_routed_quant_bits`` (49903) reports 2 for it (4 when the experts are Q4_K).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import BadInput
+from ..token.config import ConfigError, ModelConfig, get_preset
+
+#: The ds4 commit whose loader this module follows.
+DS4_COMMIT = "b0309611"
+#: GGUF tensor data alignment: ds4's default when ``general.alignment`` is absent (ds4.c:2372), and
+#: the ``gguf`` package's; written explicitly.
+ALIGNMENT = 32
+#: The ``general.architecture`` ds4 runs as DeepSeek4 (anything but ``glm-dsa``, ds4.c:5809); the
+#: prefix of every model key.
+ARCH = "deepseek4"
+
+# Constants of DS4_SHAPE_FLASH (ds4.c:541-577) and the DS4_DEFAULT_* defines (375-383) that are not
+# ModelConfig fields; ds4 compares the metadata against them.
+HC_SINKHORN_ITERS = 20
+HC_EPS = 1.0e-6
+EXPERT_WEIGHTS_SCALE = 1.5
+ROPE_SCALE_FACTOR = 16.0
+ROPE_YARN_BETA_FAST = 32.0
+ROPE_YARN_BETA_SLOW = 1.0
+ROPE_ORIG_CTX = 65536
+#: ``deepseek4.context_length``: printed by ``model_summary`` (2682) only; DeepSeek V4's 1M context.
+CONTEXT_LENGTH = 1048576
+
+#: Tokens ``vocab_load`` (ds4.c:36797-36810) looks up by text, with the ids the synthetic vocabulary
+#: gives them (begin/end of sentence first, the chat markers last, as DeepSeek's added tokens are).
+SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                  "<think>", "</think>", "｜DSML｜")
+
+#: ds4's GGML types for the routed experts of each ds4lab expert format: (gate/up, down).
+EXPERT_GGML_TYPES = {"iq2_xxs+q2_k": ("IQ2_XXS", "Q2_K"), "q4_k": ("Q4_K", "Q4_K")}
+#: The GGML types this module declares (names as in ``gguf.GGMLQuantizationType``).
+GGML_TYPES = ("F32", "F16", "I32", "Q8_0", "Q4_K", "Q2_K", "IQ2_XXS")
+#: What a tensor's bytes are in the synthetic file: random values, or a hole (zero bytes, no disk).
+FILLS = ("random", "hole")
+#: ``dense`` choices of :func:`ds4_tensors`: the large Q8_0 matrices random, or holes too.
+DENSE_CHOICES = ("random", "holes")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor ds4 asks for.
+
+    Attributes:
+        name: the GGUF tensor name ds4 binds (``blk.7.attn_q_a.weight``).
+        ggml_type: GGML type name (:data:`GGML_TYPES`).
+        shape: dimensions in GGUF order: ``shape[0]`` is ``ne0``, the contiguous one (for a matrix,
+            the input width; ds4 checks ``dim[0]``, ``dim[1]``, ``dim[2]`` in this order).
+        fill: ``"random"`` or ``"hole"`` (:data:`FILLS`).
+        init: how the random values are drawn (:func:`ds4lab.ds4.gguf_writer.tensor_bytes`):
+            ``norm``, ``embedding``, ``q8_0``, ``f16_matrix``, ``bias``, ``sinks``, ``hc_scale``,
+            ``hc_base``, ``ape``, ``tid2eid``; ``experts`` for the routed experts (always holes).
+        layer: the layer index, or None for the embedding and the output head.
+        check: the ds4.c check that fixes this tensor's type and shape.
+    """
+
+    name: str
+    ggml_type: str
+    shape: tuple[int, ...]
+    fill: str
+    init: str
+    layer: int | None
+    check: str
+
+    @property
+    def role(self) -> str:
+        """The name without the ``blk.N.`` prefix (``attn_q_a.weight``)."""
+        return self.name.split(".", 2)[2] if self.layer is not None else self.name
+
+    @property
+    def n_elements(self) -> int:
+        """Number of elements (product of :attr:`shape`)."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's data, from the ``gguf`` package's block table (``GGML_QUANT_SIZES``).
+
+        Raises:
+            BadInput: the contiguous dimension is not a whole number of the type's blocks.
+        """
+        import gguf
+
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
+        if self.shape[0] % block:
+            raise BadInput(f"tensor {self.name}: dim[0]={self.shape[0]} is not a multiple of the "
+                           f"{self.ggml_type} block of {block}")
+        return self.n_elements // block * size
+
+
+@dataclass(frozen=True)
+class MetaKV:
+    """One metadata key of the file.
+
+    Attributes:
+        key: the GGUF key.
+        vtype: GGUF value type name (``UINT32``, ``FLOAT32``, ``BOOL``, ``STRING``, ``ARRAY``).
+        value: the value (a list for arrays; the element type follows the ``gguf`` package's
+            inference: ``INT32`` for ints, ``FLOAT32`` for floats, ``STRING`` for strings).
+        check: who reads it (ds4.c function) or ``ds4lab`` for ds4lab's own marker keys.
+    """
+
+    key: str
+    vtype: str
+    value: object
+    check: str
+
+
+def synthetic_config(preset: str | ModelConfig) -> ModelConfig:
+    """The ds4lab configuration of ``preset`` (a name or a :class:`ModelConfig`), checked for a GGUF.
+
+    Raises:
+        BadInput: unknown preset (the message lists the known ones), or an expert format ds4 has
+            no GGML type for (``q4blk`` is ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``).
+    """
+    if isinstance(preset, ModelConfig):
+        cfg = preset
+    else:
+        try:
+            cfg = get_preset(preset)
+        except ConfigError as e:
+            raise BadInput(str(e)) from None
+    if cfg.expert_format not in EXPERT_GGML_TYPES:
+        raise BadInput(f"preset {cfg.name!r}: expert_format={cfg.expert_format!r} has no ds4 GGML type; "
+                       f"choose a preset with one of {', '.join(EXPERT_GGML_TYPES)}")
+    return cfg
+
+
+def layer_compress_ratio(cfg: ModelConfig, layer: int) -> int:
+    """Compression ratio of ``layer`` in the file: 0, 4 or 128, whatever ``cfg.long_context`` says.
+
+    ds4 always loads the compressed-attention tensors (ds4.c ``ds4_expected_layer_compress_ratio``,
+    1079: Flash layers 0-1 none, then even layers 4, odd layers 128); ds4lab's census of the same
+    rule is :meth:`ModelConfig.compress_ratio` with long context on, used here.
+    """
+    return cfg.replace(long_context=True).compress_ratio(layer)
+
+
+def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random") -> list[TensorSpec]:
+    """Every tensor ds4 binds for ``preset``, in file order: the embedding, 43 layers, the output head.
+
+    Per layer (``weights_bind_layer``, ds4.c:5895; shapes from ``weights_validate_layout``,
+    5045-5110), with E = embedding, H = heads, D = head dim, Q = query LoRA rank, G = output groups,
+    O = output LoRA rank, X = experts, F = expert FFN dim, S = HC streams, M = 2S + S² HC mix width:
+    ``hc_attn_fn`` F16 [S·E, M], ``hc_attn_scale`` F32 [3], ``hc_attn_base`` F32 [M], ``attn_norm``
+    F32 [E], ``attn_q_a`` Q8_0 [E, Q], ``attn_q_a_norm`` F32 [Q], ``attn_q_b`` Q8_0 [Q, H·D],
+    ``attn_kv`` Q8_0 [E, D], ``attn_kv_a_norm`` F32 [D], ``attn_sinks`` F32 [H], ``attn_output_a``
+    Q8_0 [D·H/G, G·O], ``attn_output_b`` Q8_0 [G·O, E]; compressed layers (ratio r ≠ 0):
+    ``attn_compressor_{ape,kv,gate}`` F16 [c·D, r] / [E, c·D] with c = 2 for r = 4, 1 for r = 128, and
+    ``attn_compressor_norm`` F32 [D]; ratio-4 layers the indexer: ``indexer.attn_q_b`` F16 [Q, Hi·Di],
+    ``indexer.proj`` F16 [E, Hi], ``indexer_compressor_{ape,kv,gate}`` F16 [2·Di, 4] / [E, 2·Di],
+    ``indexer_compressor_norm`` F32 [Di]; then ``hc_ffn_*`` as ``hc_attn_*``, ``ffn_norm`` F32 [E],
+    ``ffn_gate_inp`` F16 [E, X], ``exp_probs_b.bias`` F32 [X] (optional in ds4; written on the top-k
+    layers, whose router reads it; the hash layers' router ignores it, ds4_cuda.cu:18718),
+    ``ffn_{gate,up}_exps`` [E, F, X] and ``ffn_down_exps`` [F, E, X] in the routed format, the
+    shared expert ``ffn_{gate,up}_shexp`` Q8_0 [E, F], ``ffn_down_shexp`` Q8_0 [F, E]; hash layers
+    (the first 3) ``ffn_gate_tid2eid`` I32 [experts used, vocab]. Around the layers
+    (``weights_bind_output``, 5819): ``token_embd`` F16 [E, vocab], ``output_hc_base`` F32 [S],
+    ``output_hc_fn`` F16 [S·E, S], ``output_hc_scale`` F32 [1], ``output_norm`` F32 [E], ``output``
+    Q8_0 [E, vocab].
+
+    Args:
+        preset: a preset name or configuration (:func:`synthetic_config`).
+        dense: ``"random"``: the large Q8_0 matrices (attention, shared expert, output head) hold
+            random values; ``"holes"``: they are holes too (zero scales: they output zeros).
+
+    Returns:
+        The :class:`TensorSpec` list; the routed experts are always holes.
+
+    Raises:
+        BadInput: bad ``preset`` or ``dense``.
+    """
+    if dense not in DENSE_CHOICES:
+        raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
+    cfg = synthetic_config(preset)
+    E, H, D, Q = cfg.embed, cfg.n_heads, cfg.head_dim, cfg.q_lora
+    G, O, X, F, S = cfg.out_groups, cfg.out_lora, cfg.n_experts, cfg.expert_ffn, cfg.hc_streams
+    M = 2 * S + S * S
+    Hi, Di = cfg.index_heads, cfg.index_head_dim
+    gate_up_t, down_t = EXPERT_GGML_TYPES[cfg.expert_format]
+    q8_fill = "random" if dense == "random" else "hole"
+    out: list[TensorSpec] = []
+
+    def add(name, t, shape, init, layer, check, fill="random"):
+        out.append(TensorSpec(name, t, tuple(int(d) for d in shape), fill, init, layer, check))
+
+    vl = "weights_validate_layout (ds4.c:5012)"
+    exact = f"{vl}: tensor_expect_layout"
+    dq = f"{vl}: tensor_expect_dense_quant_layout (Q8_0, Q4_K or Q4_0; Q8_0 as ds4's Flash files)"
+    add("token_embd.weight", "F16", (E, cfg.vocab), "embedding", None, f"{exact} F16")
+    for il in range(cfg.n_layers):
+        p = f"blk.{il}."
+        ratio = layer_compress_ratio(cfg, il)
+        add(p + "hc_attn_fn.weight", "F16", (S * E, M), "f16_matrix", il, f"{exact} F16")
+        add(p + "hc_attn_scale.weight", "F32", (3,), "hc_scale", il, f"{exact} F32")
+        add(p + "hc_attn_base.weight", "F32", (M,), "hc_base", il, f"{exact} F32")
+        add(p + "attn_norm.weight", "F32", (E,), "norm", il, f"{exact} F32")
+        add(p + "attn_q_a.weight", "Q8_0", (E, Q), "q8_0", il, dq, q8_fill)
+        add(p + "attn_q_a_norm.weight", "F32", (Q,), "norm", il, f"{exact} F32")
+        add(p + "attn_q_b.weight", "Q8_0", (Q, H * D), "q8_0", il, dq, q8_fill)
+        add(p + "attn_kv.weight", "Q8_0", (E, D), "q8_0", il, dq, q8_fill)
+        add(p + "attn_kv_a_norm.weight", "F32", (D,), "norm", il, f"{exact} F32")
+        add(p + "attn_sinks.weight", "F32", (H,), "sinks", il, f"{exact} F32")
+        add(p + "attn_output_a.weight", "Q8_0", (D * (H // G), G * O), "q8_0", il, dq, q8_fill)
+        add(p + "attn_output_b.weight", "Q8_0", (G * O, E), "q8_0", il, dq, q8_fill)
+        if ratio:
+            w = (2 if ratio == 4 else 1) * D
+            add(p + "attn_compressor_ape.weight", "F16", (w, ratio), "ape", il, f"{exact} F16")
+            add(p + "attn_compressor_kv.weight", "F16", (E, w), "f16_matrix", il, f"{exact} F16")
+            add(p + "attn_compressor_gate.weight", "F16", (E, w), "f16_matrix", il, f"{exact} F16")
+            add(p + "attn_compressor_norm.weight", "F32", (D,), "norm", il, f"{exact} F32")
+        if ratio == 4:
+            add(p + "indexer.attn_q_b.weight", "F16", (Q, Hi * Di), "f16_matrix", il,
+                f"{vl}: tensor_expect_f16_or_q8_0_layout (F16 as ds4's Flash files)")
+            add(p + "indexer.proj.weight", "F16", (E, Hi), "f16_matrix", il, f"{exact} F16")
+            add(p + "indexer_compressor_ape.weight", "F16", (2 * Di, 4), "ape", il, f"{exact} F16")
+            add(p + "indexer_compressor_kv.weight", "F16", (E, 2 * Di), "f16_matrix", il, f"{exact} F16")
+            add(p + "indexer_compressor_gate.weight", "F16", (E, 2 * Di), "f16_matrix", il, f"{exact} F16")
+            add(p + "indexer_compressor_norm.weight", "F32", (Di,), "norm", il, f"{exact} F32")
+        add(p + "hc_ffn_fn.weight", "F16", (S * E, M), "f16_matrix", il, f"{exact} F16")
+        add(p + "hc_ffn_scale.weight", "F32", (3,), "hc_scale", il, f"{exact} F32")
+        add(p + "hc_ffn_base.weight", "F32", (M,), "hc_base", il, f"{exact} F32")
+        add(p + "ffn_norm.weight", "F32", (E,), "norm", il, f"{exact} F32")
+        add(p + "ffn_gate_inp.weight", "F16", (E, X), "f16_matrix", il, f"{exact} F16")
+        if not cfg.is_hash_layer(il):
+            add(p + "exp_probs_b.bias", "F32", (X,), "bias", il, f"{vl}: tensor_expect_optional F32")
+        ex = f"{vl}: tensor_expect_routed_expert (gate and up of one type)"
+        add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, "hole")
+        add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, "hole")
+        add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, "hole")
+        add(p + "ffn_gate_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
+        add(p + "ffn_up_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
+        add(p + "ffn_down_shexp.weight", "Q8_0", (F, E), "q8_0", il, dq, q8_fill)
+        if cfg.is_hash_layer(il):
+            add(p + "ffn_gate_tid2eid.weight", "I32", (cfg.n_used, cfg.vocab), "tid2eid", il, f"{exact} I32")
+    add("output_hc_base.weight", "F32", (S,), "hc_base", None, f"{exact} F32")
+    add("output_hc_fn.weight", "F16", (S * E, S), "f16_matrix", None, f"{exact} F16")
+    add("output_hc_scale.weight", "F32", (1,), "hc_scale", None, f"{exact} F32")
+    add("output_norm.weight", "F32", (E,), "norm", None, f"{exact} F32")
+    add("output.weight", "Q8_0", (E, cfg.vocab), "q8_0", None, dq, q8_fill)
+    return out
+
+
+def _bytes_to_unicode() -> list[str]:
+    """The byte-level BPE alphabet: byte b → one printable character (the GPT-2 convention that
+    ``tokenizer.ggml.model = gpt2`` vocabularies use: printable bytes stand for themselves, the
+    others are shifted past U+0100)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, shift = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + shift))
+            shift += 1
+    return chars
+
+
+@lru_cache(maxsize=4)
+def synthetic_vocab(n_vocab: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A byte-level BPE vocabulary of exactly ``n_vocab`` distinct tokens, and its merges.
+
+    Ids: 0 and 1 begin/end of sentence, then the 256 byte tokens, then merged tokens (every pair of
+    byte tokens, then pair + byte, in a fixed order; merge ``i`` makes token ``258 + i``), and the
+    five chat markers of :data:`SPECIAL_TOKENS` last. Every merge joins two tokens into a token, so
+    the table is a consistent BPE; ds4lab drives ds4 by token ids, never by text.
+
+    Returns:
+        ``(tokens, merges)``: tuples of strings (merges as ``"left right"``).
+
+    Raises:
+        BadInput: ``n_vocab`` too small for the specials, the byte tokens and one merge (264).
+    """
+    n_merges = n_vocab - len(SPECIAL_TOKENS) - 256
+    if n_merges < 1:
+        raise BadInput(f"vocab={n_vocab}: a synthetic vocabulary needs at least "
+                       f"{len(SPECIAL_TOKENS) + 257} tokens (specials, 256 bytes, one merge)")
+    chars = _bytes_to_unicode()
+    merged: list[str] = []
+    merges: list[str] = []
+    for a in chars:  # pairs
+        for b in chars:
+            if len(merges) == n_merges:
+                break
+            merged.append(a + b)
+            merges.append(f"{a} {b}")
+    i = 0
+    while len(merges) < n_merges:  # pair + byte
+        pair = merged[i // 256]
+        c = chars[i % 256]
+        merged.append(pair + c)
+        merges.append(f"{pair} {c}")
+        i += 1
+    tokens = list(SPECIAL_TOKENS[:2]) + chars + merged + list(SPECIAL_TOKENS[2:])
+    assert len(tokens) == n_vocab and len(set(tokens)) == n_vocab
+    return tuple(tokens), tuple(merges)
+
+
+def ds4_metadata(preset: str | ModelConfig = "ds4-flash", *, seed: int = 0,
+                 dense: str = "random") -> list[MetaKV]:
+    """Every metadata key of the synthetic file, in file order, with its value.
+
+    ``general.architecture`` first (the ``gguf`` writer puts it there), ds4lab's marker keys next
+    (``ds4lab.*``: :func:`ds4lab.ds4.gguf_writer.read_marker` looks for them at the start), then the
+    keys ds4's ``config_validate_deepseek4_model`` (ds4.c:5629) requires or reads, each with the value
+    ``DS4_SHAPE_FLASH`` fixes for ds4-flash (ds4lab's dimensions for another preset), then the
+    tokenizer keys ``vocab_load`` reads (:func:`synthetic_vocab`) and the conventional bos/eos ids
+    (ds4 finds those by text for DeepSeek4).
+
+    Raises:
+        BadInput: bad ``preset``, ``dense`` or ``seed``.
+    """
+    cfg = synthetic_config(preset)
+    if dense not in DENSE_CHOICES:
+        raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise BadInput(f"seed={seed!r} must be an integer in 0..2**32-1")
+    tokens, merges = synthetic_vocab(cfg.vocab)
+    c = "config_validate_deepseek4_model (ds4.c:5629)"
+    k = f"{ARCH}."
+    u32 = lambda key, v, who=c: MetaKV(k + key, "UINT32", int(v), who)  # noqa: E731
+    f32 = lambda key, v, who=c: MetaKV(k + key, "FLOAT32", float(v), who)  # noqa: E731
+    n = cfg.n_layers
+    return [
+        MetaKV("general.architecture", "STRING", ARCH, "config_validate_model (ds4.c:5809)"),
+        MetaKV("ds4lab.synthetic", "STRING", "synthetic weights written by ds4lab; not a trained model", "ds4lab"),
+        MetaKV("ds4lab.preset", "STRING", cfg.name, "ds4lab"),
+        MetaKV("ds4lab.seed", "UINT32", seed, "ds4lab"),
+        MetaKV("ds4lab.dense", "STRING", dense, "ds4lab"),
+        MetaKV("ds4lab.ds4_commit", "STRING", DS4_COMMIT, "ds4lab"),
+        MetaKV("general.name", "STRING", f"ds4lab synthetic {cfg.name} (seed {seed})", "model_summary (ds4.c:2682)"),
+        MetaKV("general.alignment", "UINT32", ALIGNMENT, "parse_metadata (ds4.c:2376)"),
+        u32("block_count", n),
+        u32("context_length", CONTEXT_LENGTH, "model_summary (ds4.c:2706)"),
+        u32("embedding_length", cfg.embed),
+        u32("vocab_size", cfg.vocab),
+        u32("attention.head_count", cfg.n_heads),
+        u32("attention.head_count_kv", cfg.n_kv_heads),
+        u32("attention.key_length", cfg.head_dim),
+        u32("attention.value_length", cfg.value_dim),
+        u32("rope.dimension_count", cfg.rope_dims),
+        u32("attention.q_lora_rank", cfg.q_lora),
+        u32("attention.output_lora_rank", cfg.out_lora),
+        u32("attention.output_group_count", cfg.out_groups),
+        u32("expert_count", cfg.n_experts),
+        u32("expert_used_count", cfg.n_used),
+        u32("expert_feed_forward_length", cfg.expert_ffn),
+        u32("expert_shared_count", cfg.n_shared),
+        u32("hash_layer_count", cfg.n_hash_layers),
+        u32("attention.sliding_window", cfg.window),
+        u32("attention.indexer.head_count", cfg.index_heads),
+        u32("attention.indexer.key_length", cfg.index_head_dim),
+        u32("attention.indexer.top_k", cfg.index_top_k),
+        u32("hyper_connection.count", cfg.hc_streams),
+        u32("hyper_connection.sinkhorn_iterations", HC_SINKHORN_ITERS),
+        MetaKV(k + "attention.compress_ratios", "ARRAY", [layer_compress_ratio(cfg, il) for il in range(n)],
+               "validate_compress_ratio_metadata (ds4.c:5530)"),
+        MetaKV(k + "swiglu_clamp_exp", "ARRAY", [float(cfg.swiglu_limit)] * n,
+               "validate_swiglu_clamp_metadata (ds4.c:5568)"),
+        u32("rope.scaling.original_context_length", ROPE_ORIG_CTX),
+        f32("rope.freq_base", cfg.rope_theta),
+        f32("rope.scaling.factor", ROPE_SCALE_FACTOR),
+        f32("rope.scaling.yarn_beta_fast", ROPE_YARN_BETA_FAST),
+        f32("rope.scaling.yarn_beta_slow", ROPE_YARN_BETA_SLOW),
+        f32("attention.compress_rope_freq_base", cfg.compress_rope_theta),
+        f32("expert_weights_scale", EXPERT_WEIGHTS_SCALE),
+        f32("attention.layer_norm_rms_epsilon", cfg.rms_eps),
+        f32("hyper_connection.epsilon", HC_EPS),
+        MetaKV(k + "expert_weights_norm", "BOOL", True, c),
+        MetaKV("tokenizer.ggml.model", "STRING", "gpt2", "vocab_load (ds4.c:36750): not read"),
+        MetaKV("tokenizer.ggml.pre", "STRING", "joyai-llm", "bpe_tokenize_text (ds4.c:36641): Flash's pre-tokenizer"),
+        MetaKV("tokenizer.ggml.tokens", "ARRAY", list(tokens), "vocab_load (ds4.c:36755)"),
+        MetaKV("tokenizer.ggml.merges", "ARRAY", list(merges), "vocab_load (ds4.c:36760)"),
+        MetaKV("tokenizer.ggml.bos_token_id", "UINT32", 0, "vocab_load: GLM only; DeepSeek4 finds the text"),
+        MetaKV("tokenizer.ggml.eos_token_id", "UINT32", 1, "vocab_load: GLM only; DeepSeek4 finds the text"),
+    ]
+
+
+def plan_totals(specs: list[TensorSpec]) -> dict:
+    """Byte totals of a tensor list: ``tensor_bytes`` (all data, unpadded), ``random_bytes`` (what
+    the writer writes), ``hole_bytes``, and the same split by GGML type (``by_type``)."""
+    by_type: dict[str, dict[str, int]] = {}
+    rnd = hole = 0
+    for s in specs:
+        b = s.nbytes
+        t = by_type.setdefault(s.ggml_type, {"random": 0, "hole": 0, "tensors": 0})
+        t[s.fill] += b
+        t["tensors"] += 1
+        if s.fill == "random":
+            rnd += b
+        else:
+            hole += b
+    return {"tensor_bytes": rnd + hole, "random_bytes": rnd, "hole_bytes": hole, "by_type": by_type}
