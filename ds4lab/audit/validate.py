@@ -30,22 +30,16 @@ OUTCOMES = {"refused": "refused", "captured, replays wrong": "replays wrong",
 
 
 def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
-    """The audit's verdict on capturing one whole token of ``report`` in ``mode`` (module docstring),
-    and the finding that decides it (``"<kind> <name> (<class>) at <where>"``; "" when none does)."""
-    f = report.findings
-    if f is None or f.empty:
-        return "replays right", ""
-    col = f"verdict_{mode}"
+    """The audit's verdict on capturing one whole token of ``report`` in ``mode``
+    (:func:`ds4lab.audit.frozen.verdict`: ``refused``, ``replays wrong``, ``replays right`` only with the
+    kernel arguments compared, else ``captures; replay correctness unknown from this trace``), and what
+    decides it (the finding, or what is missing and the command that records it)."""
+    from .frozen import RIGHT, verdict
 
-    def first(mask):
-        r = f[mask].iloc[0]
-        return f"{r['kind']} {r['name'][:80]} ({r['call_class']}) at {r['where']}"
-
-    for verdicts, outcome in ((("invalidates", "refused"), "refused"), (("not in graph", "frozen"), "replays wrong")):
-        mask = f[col].isin(verdicts)
-        if mask.any():
-            return outcome, first(mask)
-    return "replays right", ""
+    v = verdict(report, mode)
+    if v.verdict == RIGHT:
+        return v.verdict, v.evidence
+    return v.verdict, v.why + (f"; record it with {v.command}" if v.command else "")
 
 
 def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
