@@ -39,8 +39,10 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_argument
     """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
     would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
     to record a program (needs a GPU and cupti-python) and audit what it recorded; or `ds4lab audit
-    validate [ENGINE|CACHE...]` to hold the audit to what torch.cuda.graph does with transformers decode
-    steps (GPU, torch and transformers; engines llama, deepseek-v3, qwen2-moe; caches dynamic, static).
+    validate [ENGINE|CACHE...] [--dtype D]` to hold the audit to what torch.cuda.graph does with decode
+    steps (GPU, torch and transformers; engines llama, deepseek-v3, qwen2-moe, mistral, gemma2, qwen2
+    with caches dynamic, static; handwritten with host-counter, device-counter, host-read; float32 and
+    bfloat16). `audit run` records the kernel arguments in a second, untimed pass (--no-arguments: not).
 
     \b
     FILES: PyTorch profiler / Kineto trace JSON (.json, .json.gz; with_stack=True gives file:line),
@@ -65,7 +67,7 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_argument
     files = list(files)
     program: list = []
     if files and files[0] == "validate":  # ds4lab audit validate [ENGINE...] [--out DIR]
-        from ..audit.engines import CACHES
+        from ..audit.families import CACHES
         from ..jobs.audit_validate import ValidateConfig
 
         names = files[1:]
