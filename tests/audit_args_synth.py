@@ -52,13 +52,21 @@ def marker(m, flags: int, name: str = "decode_step") -> None:
                  domain="", object_id=R(pt=R(process_id=os.getpid(), thread_id=77)))])
 
 
+FRESH = 0x7F40_0000_0000
+
+
 def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool = True, gemm: bool = True,
-         extra: bool = False) -> None:
-    """One decode step at ``pos`` (module docstring); ``token`` picks the temporaries' addresses."""
+         extra: bool = False, fresh_input: bool = False) -> None:
+    """One decode step at ``pos`` (module docstring); ``token`` picks the temporaries' addresses;
+    ``fresh_input``: the token ids are a new buffer made between steps (not a static input)."""
+    ids = IDS
+    if fresh_input:  # made by the host between tokens, freed after the step
+        ids = FRESH + token * 0x1000
+        memory(m, 1, ids, 64)
     marker(m, 2)
     tmp = TEMP + token * 0x10000
     memory(m, 1, tmp, 4096)
-    m.launch("cudaLaunchKernel_v7000", EMBED, [p64(IDS), p64(tmp)], kernel="embed")
+    m.launch("cudaLaunchKernel_v7000", EMBED, [p64(ids), p64(tmp)], kernel="embed")
     if host_counter:
         m.launch("cudaLaunchKernel_v7000", ROPE, [p64(tmp), struct.pack("<i", pos)], kernel="rope")
     else:
@@ -69,6 +77,8 @@ def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool 
         m.launch("cudaLaunchKernel_v7000", GEMM, [p64(IDS), p64(CACHE)], kernel="gemm")
     memory(m, 2, tmp, 4096)
     marker(m, 4)
+    if fresh_input:
+        memory(m, 2, ids, 64)
     m.call("cudaStreamSynchronize_v3020")
     m.clock += 50_000  # sampling on the host
 

@@ -143,3 +143,99 @@ def test_the_verdict_needs_evidence(monkeypatch, tmp_path, rng):
     r2.arguments = F.compare(clean.arguments, clean.table())
     v2 = F.verdict(r2)
     assert v2.verdict == F.RIGHT and "3 step temporaries (harmless)" in v2.evidence and not v2.command
+
+
+def test_a_new_input_buffer_every_step_is_a_frozen_address(monkeypatch):
+    """Token ids in a buffer the host makes between steps: the graph reads the captured step's buffer."""
+    rec, _, _ = S.record(monkeypatch, host_counter=False, host_slot=False, fresh_input=True)
+    f = _audit(rec).findings
+    emb = f[(f["name"] == "embed") & (f["param"] == 0)].iloc[0]
+    assert emb["call_class"] == F.FROZEN_ADDRESS and "between tokens" in emb["what"]
+    assert emb["verdict"] == "frozen"
+
+
+def test_torch_blocks_are_placed_on_cuptis_clock():
+    """The caching allocator's blocks: alive at the start (before the pass), allocated and freed during it
+    (history events in wall-clock µs, mapped onto CUPTI's clock by the start and end pairs)."""
+    from types import SimpleNamespace as R
+
+    class Mem:
+        def memory_snapshot(self):
+            return [{"address": 0x100000, "total_size": 1 << 20,
+                     "blocks": [{"address": 0x100000, "size": 4096, "state": "active_allocated"},
+                                {"address": 0x101000, "size": 4096, "state": "inactive"}]}]
+
+        def _record_memory_history(self, enabled="all", **kw):
+            self.on = enabled
+
+        def _snapshot(self):
+            return {"segments": [{"address": 0x100000, "total_size": 1 << 20}], "device_traces": [[
+                {"action": "alloc", "addr": 0x101000, "size": 512, "time_us": 2_000},
+                {"action": "free_requested", "addr": 0x101000, "size": 512, "time_us": 3_000},
+                {"action": "alloc", "addr": 0x102000, "size": 256, "time_us": 3_500}]]}
+
+    mem = Mem()
+    clock = iter([10_000_000, 20_000_000])
+    t = A.MemoryTracker(lambda: next(clock), torch_module=R(cuda=R(memory=mem)))
+    t.start()
+    t.stop()
+    assert mem.on is None  # history given back
+    t.pairs = [(1_000_000, 10_000_000), (5_000_000, 20_000_000)]  # wall ns → CUPTI ns, 2.5 per ns
+    allocs = t.allocations()
+    assert allocs[0] == [0x100000, 4096, -1, -1, "torch block"]
+    assert allocs[1] == [0x101000, 512, 12_500_000, 15_000_000, "torch block"]
+    assert allocs[2][:4] == [0x102000, 256, 16_250_000, -1]
+    assert t.segments == [(0x100000, 1 << 20)] and not t.notes
+
+
+def test_the_cost_per_launch_is_a_paired_interleaved_difference(monkeypatch):
+    """measure_overhead: plain blocks against blocks with the launch handler on, alternating; per launch."""
+    m = S.fake_cupti.install(monkeypatch)
+    from ds4lab.backends.cupti import CuptiSession
+
+    q = S.queries()
+    t = [0.0]
+
+    def step():
+        m.launch("cudaLaunchKernel_v7000", S.EMBED, [S.p64(S.IDS), S.p64(S.TEMP)], kernel="embed")
+        t[0] += 100e-6 + (5e-6 if m.callbacks_on else 0.0)  # the handler costs 5 µs a launch
+
+    cost = A.measure_overhead(step, 1, session=CuptiSession.get(), rounds=8, steps=2, clock=lambda: t[0], queries=q)
+    assert cost["measurable"] and cost["per_launch_us"] == pytest.approx(5.0, abs=0.01)
+    assert cost["n"] == 8 and "µs per launch" in cost["text"]
+    assert q.calls["param_layout"] == 1  # asked once, in the warm block
+
+
+def test_ds4lab_audit_reads_the_argument_pass_beside_a_recording(monkeypatch, tmp_path):
+    """`ds4lab audit recording.csv.gz` with arguments.json.gz beside it: arguments.csv, the replay verdict
+    in meta.json and in the summary; a trace without arguments: 'unknown from this trace' and the command."""
+    import json
+
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    rec, _, _ = S.record(monkeypatch, tmp_path)
+    rec.save(tmp_path / "recording.csv.gz")
+    monkeypatch.undo()  # the CLI needs no CUPTI
+    r = CliRunner().invoke(main, ["audit", str(tmp_path / "recording.csv.gz"), "--token-range", "decode_step",
+                                  "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "replay (one graph per token, global mode): replays wrong" in " ".join(r.output.split())
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    rep = meta["units"][0]["replay"]
+    assert rep["verdict"] == F.WRONG and rep["compared_tokens"] == [0, 1, 2, 3, 4] and rep["unread"] == 0
+    import pandas as pd
+
+    args = pd.read_csv(tmp_path / "a" / "arguments.csv")
+    assert set(args.call_class) == {F.FROZEN_VALUE, F.RING_SLOT, F.TEMPORARY}
+    audit = pd.read_csv(tmp_path / "a" / "audit.csv")
+    assert (audit["kind"] == "argument").sum() == 2  # the frozen ones among the findings
+    (tmp_path / "arguments.json.gz").unlink()
+    (tmp_path / "recording.arguments.json.gz").unlink()  # saved beside it too (the same pass)
+    r = CliRunner().invoke(main, ["audit", str(tmp_path / "recording.csv.gz"), "--token-range", "decode_step",
+                                  "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "b" / "meta.json").read_text())["units"][0]["replay"]
+    assert rep["verdict"] == F.UNKNOWN and "ds4lab audit run" in rep["command"]
+    assert not (tmp_path / "b" / "arguments.csv").exists()

@@ -218,11 +218,11 @@ class ArgumentCapture:
     ``queries``: the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python
     stack at every launch (kept only where the launch differs between tokens, :func:`prune`)."""
 
-    def __init__(self, session, queries=None, *, stacks: bool = True) -> None:
+    def __init__(self, session, queries=None, *, stacks: bool = True, functions: dict | None = None) -> None:
         self.session = session
         self.queries = queries
         self.want_stacks = stacks
-        self.functions: dict[str, FunctionInfo] = {}
+        self.functions: dict[str, FunctionInfo] = functions if functions is not None else {}
         self.launches: dict[int, list] = {}   # corr -> [function id, digest or None]
         self.blobs: dict[str, bytes] = {}
         self.stacks: dict[int, str] = {}
@@ -698,21 +698,22 @@ def measure_overhead(step, launches_per_step: float, *, session=None, rounds: in
         sync()
         return (clock() - t0) * 1e6 / steps
 
-    def with_capture() -> float:
-        cap = ArgumentCapture(session, queries, stacks=True)
-        cap.start()
-        try:
-            return block()
-        finally:
-            cap.stop()
-
-    block()  # warm: every function's layout asked once outside the pairs
+    block()  # warm: every function's layout asked once outside the pairs, and kept for them
     warm = ArgumentCapture(session, queries)
     warm.start()
     try:
         block()
     finally:
         warm.stop()
+
+    def with_capture() -> float:
+        cap = ArgumentCapture(session, warm.queries, stacks=True, functions=warm.functions)
+        cap.start()
+        try:
+            return block()
+        finally:
+            cap.stop()
+
     a, b = interleaved_pairs(block, with_capture, rounds)
     d = paired_difference(a, b)
     n = max(float(launches_per_step), 1.0)
