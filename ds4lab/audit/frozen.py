@@ -182,8 +182,8 @@ def _size(n: int) -> str:
 
 
 def _scalar_text(piece_vals: list[bytes]) -> list[str]:
-    """Each value as the integer it reads as (signed, little-endian), with its float reading where the
-    size is 4 or 8 and the integers do not look like small counters."""
+    """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit
+    pattern: the comparison needs only that it changes)."""
     out = []
     for b in piece_vals:
         i = int.from_bytes(b, "little", signed=True)

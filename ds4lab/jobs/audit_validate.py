@@ -76,6 +76,7 @@ def run(cfg: ValidateConfig, backend=None, console=None):
         write(df.to_dict("records"))
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
+        meta["verdicts_unknown"] = int(df.audit_verdict.astype(str).str.startswith("captures;").sum())
         bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
         say(f"wrote {results.final_path(out) / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
         if len(bad):
