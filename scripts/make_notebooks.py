@@ -640,8 +640,10 @@ else:
     whole = rep.plans.set_index("plan")["predicted_us"].get("whole token")
     replay = torch_run.get("replay_us")
     print(f"torch.cuda.graph: {torch_run['outcome']} — {torch_run['detail']}")
+    agrees = OUTCOMES.get(torch_run['outcome']) == verdict
     print(f"audit: {verdict}" + (f" — {because}" if because else "")
-          + f"  ({'agrees' if OUTCOMES.get(torch_run['outcome']) == verdict else 'DISAGREES'})")
+          + ("  (no kernel arguments in this recording: the audit does not claim a right replay)"
+             if verdict.startswith("captures;") else f"  ({'agrees' if agrees else 'DISAGREES'})"))
     if replay and whole:
         print(f"replay: {replay:.0f} µs per step measured (CUDA events) · {whole:.0f} µs predicted (MODELED), "
               f"×{whole / replay:.2f}")

@@ -28,6 +28,7 @@ class ActivityKind(enum.IntEnum):
     STREAM = 37
     SYNCHRONIZATION = 38
     GRAPH_TRACE = 51
+    MEMORY2 = 49
 
 
 class CallbackDomain(enum.IntEnum):
@@ -48,9 +49,12 @@ class ActivityThreadIdType(enum.IntEnum):
 runtime_api_trace_cbid = enum.IntEnum("runtime_api_trace_cbid", {
     "cudaMalloc_v3020": 20, "cudaFree_v3020": 22, "cudaMemcpyAsync_v3020": 41, "cudaMemcpyAsync_ptsz_v7000": 227,
     "cudaStreamSynchronize_v3020": 131, "cudaStreamSynchronize_ptsz_v7000": 232, "cudaLaunchKernel_v7000": 211,
-    "cudaGetDevice_v3020": 10})
+    "cudaGetDevice_v3020": 10, "cudaLaunchKernel_ptsz_v7000": 214, "cudaLaunchKernelExC_v11060": 430,
+    "cudaGetFuncBySymbol_v11000": 336})
 driver_api_trace_cbid = enum.IntEnum("driver_api_trace_cbid", {"cuMemAlloc_v2": 308, "cuLaunchKernel": 307,
-                                                               "cuCtxSynchronize": 17})
+                                                               "cuCtxSynchronize": 17, "cuLaunchKernelEx": 652,
+                                                               "cuLaunchKernel_ptsz": 442,
+                                                               "cuFuncGetParamInfo": 698})
 
 
 class FakeCupti(types.ModuleType):
@@ -124,7 +128,10 @@ class FakeCupti(types.ModuleType):
         self.callbacks_on.clear()
 
     def enable_callback(self, on, h, domain, cbid):
-        self.callbacks_on.add((int(domain), int(cbid)))
+        if on:
+            self.callbacks_on.add((int(domain), int(cbid)))
+        else:
+            self.callbacks_on.discard((int(domain), int(cbid)))
 
     # playing CUPTI's part
     def deliver(self, records):
@@ -149,6 +156,103 @@ class FakeCupti(types.ModuleType):
         self.deliver([R(kind=kind, start=t0, end=self.clock, process_id=pid, thread_id=thread_id,
                         correlation_id=self.corr, cbid=cbid, return_value=0)])
         return self.corr
+
+
+#: ``cupti.callback_data_dtype`` as cupti-python 13.0.1 has it (only the field the argument capture reads).
+FakeCupti.callback_data_dtype = R(fields={"function_params": (None, 16)})
+
+#: Launch call → (offset of the function, offset of the argument array, offset of extra) in its params
+#: struct (CUPTI's generated_cuda_*_meta.h), independently of ds4lab.audit.arguments.LAUNCHES.
+_FORMS = {"cudaLaunchKernel": (0, 32, None), "cudaLaunchKernelExC": (8, 16, None), "cuLaunchKernel": (0, 48, 56),
+          "cuLaunchKernelEx": (8, 16, 24)}
+
+
+def _launch(self, name, fn, args, *, domain="runtime", kernel="k", grid=(1, 1, 1), block=(128, 1, 1), stream=13,
+            extra=False, nested=None, thread_id=77, dur=100, kernel_us=2):
+    """Enter a launch call as CUPTI would: a real ``CUpti_CallbackData`` in memory (ctypes) whose
+    ``functionParams`` points to a real params struct, its argument array pointing to each argument's
+    bytes (``args``: a list of bytes; ``extra``: one packed buffer through CU_LAUNCH_PARAM_BUFFER_POINTER).
+    The subscriber runs at entry and exit (when enabled); ``nested(self)`` runs between them (a driver
+    launch the runtime makes). Then its API record and kernel record. Returns the correlation id."""
+    import ctypes
+
+    base = name.split("_v")[0].replace("_ptsz", "")
+    f_off, a_off, x_off = _FORMS[base]
+    keep = [ctypes.create_string_buffer(bytes(a), max(len(a), 1)) for a in args]
+    argv = (ctypes.c_void_p * max(len(keep), 1))(*[ctypes.addressof(b) for b in keep])
+    params = ctypes.create_string_buffer(64)
+    ctypes.c_uint64.from_address(ctypes.addressof(params) + f_off).value = fn
+    if extra:
+        packed = ctypes.create_string_buffer(b"".join(bytes(a) for a in args), max(sum(len(a) for a in args), 1))
+        size = ctypes.c_size_t(sum(len(a) for a in args))
+        ex = (ctypes.c_void_p * 5)(1, ctypes.addressof(packed), 2, ctypes.addressof(size), 0)
+        keep += [packed, size, ex]
+        ctypes.c_uint64.from_address(ctypes.addressof(params) + x_off).value = ctypes.addressof(ex)
+    else:
+        ctypes.c_uint64.from_address(ctypes.addressof(params) + a_off).value = ctypes.addressof(argv)
+    cb = ctypes.create_string_buffer(72)
+    ctypes.c_uint64.from_address(ctypes.addressof(cb) + 16).value = ctypes.addressof(params)
+    self.corr += 1
+    corr = self.corr
+    dom = CallbackDomain.RUNTIME_API if domain == "runtime" else CallbackDomain.DRIVER_API
+    enum_ = runtime_api_trace_cbid if domain == "runtime" else driver_api_trace_cbid
+    cbid = int(enum_[name])
+    t0 = self.get_timestamp()
+    on = (int(dom), cbid) in self.callbacks_on
+    data = lambda site: R(callback_site=site, correlation_id=corr, function_name=base, symbol_name=kernel,  # noqa: E731
+                          ptr=ctypes.addressof(cb))
+    if on:
+        for s in list(self.subscribers.values()):
+            s(None, dom, cbid, data(ApiCallbackSite.API_ENTER))
+    if nested is not None:
+        nested(self)
+    if on:
+        for s in list(self.subscribers.values()):
+            s(None, dom, cbid, data(ApiCallbackSite.API_EXIT))
+    self.clock += dur
+    kind = ActivityKind.RUNTIME if domain == "runtime" else ActivityKind.DRIVER
+    self.deliver([R(kind=kind, start=t0, end=self.clock, process_id=os.getpid(), thread_id=thread_id,
+                    correlation_id=corr, cbid=cbid, return_value=0),
+                  R(kind=ActivityKind.CONCURRENT_KERNEL, name=kernel, start=self.clock + 5,
+                    end=self.clock + 5 + kernel_us * 1000, device_id=0, stream_id=stream, correlation_id=corr,
+                    grid_x=grid[0], grid_y=grid[1], grid_z=grid[2], block_x=block[0], block_y=block[1],
+                    block_z=block[2], static_shared_memory=0, dynamic_shared_memory=0, graph_id=0,
+                    graph_node_id=0)])
+    del keep, argv, params
+    return corr
+
+
+FakeCupti.launch = _launch
+
+
+class FakeQueries:
+    """The CUDA side of ds4lab.audit.arguments.CudaQueries: ``layouts`` {CUfunction: [(offset, size)]},
+    ``runtime`` {host stub: CUfunction}, ``ranges`` [(base, size)] of device memory now; ``calls`` counts."""
+
+    def __init__(self, layouts=None, runtime=None, ranges=()):
+        self.layouts, self.runtime, self.ranges = dict(layouts or {}), dict(runtime or {}), list(ranges)
+        self.calls = {"runtime_function": 0, "param_layout": 0, "address_range": 0}
+
+    def runtime_function(self, host_fn):
+        self.calls["runtime_function"] += 1
+        f = self.runtime.get(host_fn, 0)
+        return f, "" if f else "cudaGetFuncBySymbol: libcudart.so.13: cudaError 98"
+
+    def param_layout(self, f):
+        self.calls["param_layout"] += 1
+        if f in self.layouts:
+            return list(self.layouts[f]), ""
+        return None, "cuFuncGetParamInfo(0): CUDA_ERROR_INVALID_HANDLE"
+
+    def function_name(self, f):
+        return ""
+
+    def address_range(self, ptr):
+        self.calls["address_range"] += 1
+        for b, s in self.ranges:
+            if b <= ptr < b + s:
+                return b, s
+        return None
 
 
 def install(monkeypatch, refuse=()) -> FakeCupti:

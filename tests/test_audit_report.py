@@ -288,7 +288,7 @@ def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monke
     from ds4lab.audit.engines import recorded
     from ds4lab.jobs import execute
 
-    def fake_run_script(argv, folder, console=None):  # the recorder needs a GPU: its output, as it writes it
+    def fake_run_script(argv, folder, console=None, **kw):  # the recorder needs a GPU: its output, as it writes it
         saved = Path(folder) / "recording.csv.gz"
         shutil.copy(recorded("llama", "static"), saved)
         return saved

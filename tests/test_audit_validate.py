@@ -9,12 +9,13 @@ import pandas as pd
 import pytest
 
 from ds4lab.audit import engines
+from ds4lab.audit import frozen as F
 from ds4lab.audit import validate as V
 from ds4lab.errors import CheckFailed
 
 
 def _fake_run(outcome_of=None):
-    def run_isolated(engine, cache, out, timeout=240):
+    def run_isolated(engine, cache, out, dtype="float32", timeout=900):
         r = dict(engines.recorded_outcome(engine, cache))
         if outcome_of:
             r["outcome"] = outcome_of
@@ -24,16 +25,54 @@ def _fake_run(outcome_of=None):
 
 
 def test_rows_compare_the_audit_with_torch_and_are_written_as_they_come(tmp_path, monkeypatch):
+    """The bundled recordings have no argument pass: the step torch replayed right is 'unknown from this
+    trace' (no agreement: the audit could not name it); the one with a changing grid is named."""
     monkeypatch.setattr(engines, "run_isolated", _fake_run())
     seen = []
     df = V.validate(["llama"], ["static", "dynamic"], tmp_path, say=lambda *a: None,
                     on_row=lambda rows: seen.append(len(rows)))
     assert seen == [1, 2]
-    assert list(df.torch_outcome) == ["captured, replays right", "captured, replays wrong"]
-    assert list(df.audit_outcome) == ["replays right", "replays wrong"] and df.verdict_agrees.all()
+    assert list(df.cache) == ["dynamic", "static"]  # the family's own order
+    assert list(df.torch_outcome) == ["captured, replays wrong", "captured, replays right"]
+    assert list(df.audit_verdict) == ["replays wrong", F.UNKNOWN] and list(df.verdict_agrees) == [True, False]
+    assert "ds4lab audit run" in df.audit_why[1]
     ratio = df.predicted_us / df.replay_us
     assert (ratio == df.predicted_over_measured).all() and (df.time_agrees == ((ratio - 1).abs() <= V.TIME_TOLERANCE)).all()
-    assert (tmp_path / "llama-static" / "audit" / "plans.csv").is_file()
+    assert (tmp_path / "llama-static-float32" / "audit" / "plans.csv").is_file()
+    md = V.markdown(df)
+    assert md.count("\n") == 4 and "| llama | static | float32 |" in md
+
+
+def test_an_argument_pass_decides_the_verdict_and_its_cost_is_in_the_table(tmp_path, monkeypatch):
+    """A hand-written decoder whose cache keeps its write index on the host, recorded with its arguments
+    (synthetic, through the stand-in CUPTI): the audit names torch's 'replays wrong' from the frozen value
+    and slot; the cost per launch is carried into the row; the device-counter twin replays right."""
+    import audit_args_synth as S
+    from ds4lab.audit import arguments as A
+
+    runs = {}
+    for cache, kw in (("host-counter", {}), ("device-counter", {"host_counter": False, "host_slot": False})):
+        d = tmp_path / "rec" / cache
+        d.mkdir(parents=True)
+        rec, _, _ = S.record(monkeypatch, d, **kw)
+        rec.save(d / "recording.csv.gz")  # its own timed pass stands in for the timed one
+        st = A.load(d / "arguments.json.gz")
+        st.cost = {"per_launch_us": 4.2, "per_launch_lo": 3.9, "per_launch_hi": 4.6, "text": "4.20 µs per launch"}
+        A.save(st, d / "arguments.json.gz")
+        runs[cache] = d
+
+    def run_isolated(engine, cache, out, dtype="float32", timeout=900):
+        d = runs[cache]
+        return {"outcome": "captured, replays wrong" if cache == "host-counter" else "captured, replays right",
+                "recording": str(d / "recording.csv.gz"), "arguments": str(d / "arguments.json.gz"),
+                "overhead": A.load(d / "arguments.json.gz").cost, "replay_us": 100.0, "eager_us": 300.0}
+
+    monkeypatch.setattr(engines, "run_isolated", run_isolated)
+    df = V.validate(["handwritten"], ["device-counter", "host-counter"], tmp_path / "v", say=lambda *a: None)
+    assert list(df.audit_verdict) == ["replays wrong", "replays right"] and df.verdict_agrees.all()
+    assert df.frozen_findings[0] >= 2 and "frozen value" in df.frozen[0] and df.frozen_findings[1] == 0
+    assert list(df.capture_us_per_launch) == [4.2, 4.2]
+    assert (tmp_path / "v" / "handwritten-host-counter-float32" / "audit" / "arguments.csv").is_file()
 
 
 def test_a_disagreement_fails_the_job_after_writing_the_table(tmp_path, monkeypatch):
@@ -42,8 +81,9 @@ def test_a_disagreement_fails_the_job_after_writing_the_table(tmp_path, monkeypa
     monkeypatch.setattr(engines, "run_isolated", _fake_run("refused"))  # torch said refused; the audit will not
     monkeypatch.setattr(engines, "available", lambda: (True, ""))
     out = tmp_path / "v"
-    with pytest.raises(CheckFailed, match="llama/static"):
-        J.run(J.ValidateConfig(engines=("llama",), caches=("static",), out=out), None, None)
+    with pytest.raises(CheckFailed, match="llama/static/float32"):
+        J.run(J.ValidateConfig(engines=("llama",), caches=("static",), out=out, dtypes=("float32",)), None, None)
+    assert (out / "validate.md").is_file()
     df = pd.read_csv(out / "validate.csv")
     assert list(df.verdict_agrees) == [False]
     assert json.loads((out / "meta.json").read_text())["status"].startswith("failed")

@@ -50,6 +50,8 @@ class AuditReport:
         calibration: what identifies the calibration the plans used (name, path, sha256, shipped).
         notes: what was assumed or left out, one sentence each.
         unit: the unit's rows (for the figure); items: each token's main-thread calls (for the figure).
+        arguments: the kernel-argument comparison (:class:`ds4lab.audit.frozen.ArgumentAudit`), set by
+            :func:`ds4lab.audit.frozen.attach` where an argument pass goes with the trace; None otherwise.
     """
 
     source: str
@@ -73,6 +75,7 @@ class AuditReport:
     notes: list = field(default_factory=list)
     unit: Unit | None = None
     items: dict = field(default_factory=dict)
+    arguments: object = None
 
     @property
     def label(self) -> str:

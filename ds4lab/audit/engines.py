@@ -46,7 +46,7 @@ RIGHT_RTOL = 1e-3
 TOKEN_RANGE = "decode_step"
 #: Positions a static cache holds: the prompt, the recorded and timed eager steps, the capture, the
 #: compared and the timed replays, with room to spare.
-MAX_CACHE = 128
+MAX_CACHE = 256  # the validate runs (ds4lab.audit.families) take about 120 positions
 
 
 @dataclass
@@ -65,9 +65,9 @@ class EngineRun:
     device: dict = field(default_factory=dict)
 
 
-def build(engine: str, *, layers: int | None = None):
-    """A transformers causal LM of ``engine`` (:data:`ENGINES`) in float32 on the GPU, from a small
-    config with random weights. Returns ``(model, config summary)``.
+def build(engine: str, *, layers: int | None = None, dtype: str = "float32"):
+    """A transformers causal LM of ``engine`` (:data:`ENGINES`) in ``dtype`` (float32 or bfloat16) on the
+    GPU, from a small config with random weights. Returns ``(model, config summary)``.
 
     Raises:
         ValueError: an unknown engine (naming the known ones).
@@ -98,9 +98,9 @@ def build(engine: str, *, layers: int | None = None):
         cls = T.Qwen2MoeForCausalLM
     else:
         raise ValueError(f"unknown engine {engine!r}; choose from: {', '.join(ENGINES)}")
-    model = cls(cfg).to(device="cuda", dtype=torch.float32).eval()
+    model = cls(cfg).to(device="cuda", dtype=getattr(torch, dtype)).eval()
     summary = {"engine": engine, "class": cls.__name__, "layers": cfg.num_hidden_layers,
-               "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "dtype": "float32",
+               "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "dtype": dtype,
                "transformers": T.__version__, "torch": torch.__version__}
     return model, summary
 
@@ -298,11 +298,13 @@ def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineR
     return res
 
 
-def run_isolated(engine: str, cache_kind: str, out: Path, *, timeout: float = 240) -> dict:
-    """:func:`run_engine` in a subprocess of this interpreter (``python -m ds4lab.audit.engines``), so that
-    a step that kills its CUDA context (a device-side assert) costs only that engine, and NVTX ranges
-    reach CUPTI (``NVTX_INJECTION64_PATH`` set at the process's start). Returns the run as a dict
-    (``error`` set, with the process's last lines, when it failed)."""
+def run_isolated(engine: str, cache_kind: str, out: Path, *, dtype: str = "float32", timeout: float = 900) -> dict:
+    """One family of :mod:`ds4lab.audit.families` (:func:`~ds4lab.audit.families.run_family`: a timed
+    pass, an argument pass, the capture's cost, :func:`~ds4lab.audit.replay_check.check_replay`) in a
+    subprocess of this interpreter (``python -m ds4lab.audit.families``), so that a step that kills its
+    CUDA context (a device-side assert) costs only that run, and NVTX ranges reach CUPTI
+    (``NVTX_INJECTION64_PATH`` set at the process's start). Returns the run as a dict (``error`` set, with
+    the process's last lines, when it failed); its files are in ``out/<engine>-<cache>-<dtype>/``."""
     import json
     import os
     import subprocess
@@ -310,19 +312,24 @@ def run_isolated(engine: str, cache_kind: str, out: Path, *, timeout: float = 24
 
     from ..backends.cupti import cupti_library
 
-    folder = Path(out) / f"{engine}-{cache_kind}"
+    folder = Path(out) / f"{engine}-{cache_kind}-{dtype}"
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     lib = cupti_library()
     if lib is not None:
         env.setdefault("NVTX_INJECTION64_PATH", str(lib))
-    r = subprocess.run([sys.executable, "-m", "ds4lab.audit.engines", engine, cache_kind, str(out)],
-                       capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        r = subprocess.run([sys.executable, "-m", "ds4lab.audit.families", engine, cache_kind, dtype, str(out)],
+                           capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"engine": engine, "cache": cache_kind, "dtype": dtype, "outcome": "",
+                "error": f"timed out after {timeout:.0f} s"}
     result = folder / "engine.json"
     if r.returncode == 0 and result.is_file():
         return json.loads(result.read_text())
     tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-6:])
-    return {"engine": engine, "cache": cache_kind, "outcome": "", "error": f"exit {r.returncode}: {tail}"}
+    return {"engine": engine, "cache": cache_kind, "dtype": dtype, "outcome": "",
+            "error": f"exit {r.returncode}: {tail}"}
 
 
 #: The decode loops bundled with ds4lab (``ds4lab/data/audit/torch-<engine>-<cache>.csv.gz``): recordings

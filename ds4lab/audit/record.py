@@ -18,6 +18,16 @@ callback API records the Python stack at the entry of the rare hazard-class call
 memsets, synchronizations and queries, graph launches, and ``cudaMemcpyAsync``, whose pageable form
 is a hazard), and nothing else: the cost stays on those calls.
 
+With ``arguments=True`` it also records every kernel launch's parameter bytes and the allocations
+they point into (:mod:`ds4lab.audit.arguments`): that slows the host at every launch, so record it in
+a pass of its own over the same loop, never around the tokens you time::
+
+    with recording() as timed:                       # the timed tokens, clean
+        loop()
+    with recording(arguments=True, token_range="decode_step") as args:   # a second pass
+        loop()
+    timed.save("out/recording.csv.gz"); args.save("out/arguments.csv.gz")   # + out/arguments.json.gz
+
 Command line (what :func:`run_script` runs, a subprocess of the same interpreter)::
 
     python -m ds4lab.audit.record --out rec.csv.gz [--no-stacks] -- my_decode.py ARGS...
@@ -76,6 +86,8 @@ class Recording:
         self.done = False
         self.trim = False
         self._table = None
+        self.arguments = None      # ds4lab.audit.arguments.ArgumentStore of an argument pass
+        self.own_calls: list = []  # (thread, t0, t1): the argument capture's own CUDA calls, left out
 
     def table(self):
         """The recording as an :class:`~ds4lab.audit.events.EventTable` (``source`` ``"<recording>"``,
@@ -95,12 +107,32 @@ class Recording:
         if p.is_dir() or not p.suffix:
             p.mkdir(parents=True, exist_ok=True)
             p = p / SAVED_NAME
-        return write_table(self.table(), p, **extra)
+        out = write_table(self.table(), p, **extra)
+        if self.arguments is not None:  # the argument pass's store beside its table
+            from . import arguments as A
+
+            self.arguments.table = p.name
+            A.save(self.arguments, store_path(p))
+        return out
+
+
+def store_path(table_path: Path) -> Path:
+    """Where a recording's argument store goes: ``arguments.json.gz`` beside ``arguments.csv.gz`` (the
+    second pass of ``ds4lab audit run``), else ``<stem>.arguments.json.gz`` beside it."""
+    from .arguments import STORE_NAME, STORE_SUFFIX
+
+    p = Path(table_path)
+    stem = p.name.split(".", 1)[0]
+    return p.with_name(STORE_NAME if stem == "arguments" else stem + STORE_SUFFIX)
 
 
 @contextlib.contextmanager
-def recording(*, stacks: bool = True):
+def recording(*, stacks: bool = True, arguments: bool = False, token_range: str | None = None):
     """Record the block's CUDA activity (module docstring); yields a :class:`Recording`.
+
+    ``arguments``: also every launch's parameter bytes and the allocations (:mod:`ds4lab.audit.arguments`;
+    an argument pass: do not time it); ``token_range``: the NVTX range that marks a token, used at the end
+    of an argument pass to keep the bytes only where they differ between tokens (None: found by itself).
 
     Raises:
         SourceError: ``cupti-python`` missing, or CUPTI refusing to start (no driver, no GPU): names
@@ -112,12 +144,13 @@ def recording(*, stacks: bool = True):
     try:
         session = CuptiSession.get()
         _system_thread_ids(session)
-        sub = session.subscribe(AUDIT_KINDS)
+        kinds = AUDIT_KINDS + (("MEMORY2",) if arguments else ())
+        sub = session.subscribe(kinds)
     except CuptiUnavailable as e:
         raise SourceError(f"cannot record: {e}") from None
     rec = Recording(session, stacks)
     for k, why in session.refused.items():
-        if k in AUDIT_KINDS:
+        if k in kinds:
             rec.notes.append(f"CUPTI refused activity kind {k} ({why}): its rows are missing")
     watch = None
     if stacks:
@@ -125,11 +158,17 @@ def recording(*, stacks: bool = True):
             watch = session.watch_calls(HAZARD_RUNTIME, HAZARD_DRIVER)
         except CuptiUnavailable as e:
             rec.notes.append(f"no Python stacks: {e}")
+    capture = mem = None
+    if arguments:
+        capture, mem = _start_arguments(session, rec, stacks)
     try:
         yield rec
     finally:
         try:
             rec.legacy = _legacy_streams(session, rec.notes)
+            if capture is not None:
+                capture.stop()
+                mem.stop()
             rec.records = sub.take()
         finally:
             sub.close()
@@ -137,6 +176,59 @@ def recording(*, stacks: bool = True):
                 rec.stacks = dict(watch.stacks)
                 watch.close()
             rec.done = True
+        if capture is not None:
+            _finish_arguments(rec, capture, mem, token_range)
+
+
+def _start_arguments(session, rec, stacks: bool):
+    """The argument capture and the allocation tracker of an argument pass, started (or None, None with
+    a note saying why not)."""
+    from .arguments import ArgumentCapture, MemoryTracker
+
+    capture = ArgumentCapture(session, stacks=stacks)
+    try:
+        capture.start()
+    except (CuptiUnavailable, OSError) as e:
+        rec.notes.append(f"no kernel arguments: {e}")
+        return None, None
+    mem = MemoryTracker(session.timestamp)
+    mem.start()
+    return capture, mem
+
+
+def _finish_arguments(rec, capture, mem, token_range) -> None:
+    """The pass's :class:`~ds4lab.audit.arguments.ArgumentStore`: launches, functions, the bytes where
+    tokens differ (tokens found in the pass's own table), the allocations, the varying words' ranges."""
+    from . import arguments as A
+    from .tokens import NoTokens
+
+    rec.own_calls = list(capture.own)
+    store = A.ArgumentStore(functions={k: {"name": v.name, "params": v.params, "why": v.why}
+                                       for k, v in capture.functions.items()},
+                            launches=dict(capture.launches), blobs=dict(capture.blobs), stacks=dict(capture.stacks),
+                            token_range=token_range, notes=[*capture.notes, *mem.notes])
+    store.allocations = A.cupti_allocations(rec.records) + mem.allocations()
+    store.segments = [list(s) for s in mem.segments] if mem.torch is not None else None
+    for why, n in capture.unread.most_common():
+        store.notes.append(f"{n:,} launch(es) unread: {why}")
+    rec.arguments = store
+    try:
+        tl = A.token_launches(rec.table(), token_range)
+    except NoTokens as e:
+        store.notes.append(f"tokens not found in the argument pass ({e})")
+        tl = None
+    A.prune(store, tl)
+    if tl is not None:
+        store.ranges = capture.resolve_ranges(A.varying_words(store, tl))
+
+
+def _own_call(rec, domain, cbid, tid, t0) -> bool:
+    """Whether an API record is one of the argument capture's own queries (its name, its thread, its window)."""
+    from .arguments import OWN_CALLS
+
+    if rec.session.callback_name(domain, cbid) not in OWN_CALLS:
+        return False
+    return any(t == tid and a <= t0 <= b for t, a, b in rec.own_calls)
 
 
 def _system_thread_ids(session) -> None:
@@ -205,10 +297,14 @@ def _to_table(rec: Recording):
         elif r[0] == "kernel":
             names[r[1]] = None
     dem = demangle(names)
+    own = 0
     for r in rec.records:
         k = r[0]
         if k == "api":
             _, domain, t0, t1, pid, tid, corr, cbid, _ret = r
+            if rec.own_calls and _own_call(rec, domain, cbid, tid, t0):
+                own += 1
+                continue
             stream, ev = events.get(corr, (None, None))
             stack = rec.stacks.get(corr)
             if stack and rec.trim:
@@ -254,6 +350,14 @@ def _to_table(rec: Recording):
                          start_ns=t0, end_ns=ts)
             else:
                 marks += 1
+    if own:
+        notes.append(f"{own:,} CUDA calls ds4lab made to read kernel parameters (cuFuncGetParamInfo, "
+                     "cudaGetFuncBySymbol) left out")
+    if rec.arguments is not None:
+        n = len(rec.arguments.launches)
+        unread = sum(1 for _, d in rec.arguments.launches.values() if d is None)
+        notes.append(f"kernel arguments recorded at {n:,} launches ({unread:,} unread): an argument pass, "
+                     "its times carry the capture's cost")
     if open_markers:
         notes.append(f"{len(open_markers)} NVTX ranges still open when the recording ended: not tabled")
     if marks:
@@ -302,13 +406,19 @@ def _strip_python(argv: list[str]) -> list[str]:
     return argv
 
 
-def run_script(argv: list[str], out: Path, console=None) -> Path:
+def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = False,
+               token_range: str | None = None) -> Path:
     """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.audit.record``)
     with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
     when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
     runs a module. ``NVTX_INJECTION64_PATH`` is set to the CUPTI library (unless already set) so
     that NVTX ranges are recorded. The script's output goes to the terminal; its exit status is in
     the saved file's header and the table's notes (a failing script still leaves its recording).
+
+    ``arguments``: run the script a second time with the kernel arguments recorded
+    (:mod:`ds4lab.audit.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
+    first (timed) recording, which stays clean of the capture's cost; a second pass that fails leaves
+    the first recording as it is (its reason in ``arguments.csv.gz.error.txt``).
 
     Raises:
         SourceError: no script given; ``cupti-python`` missing (checked before starting); the
@@ -325,33 +435,50 @@ def run_script(argv: list[str], out: Path, console=None) -> Path:
     target = out if out.name.endswith(".gz") else out / SAVED_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     err = target.with_name(target.name + ".error.txt")
-    for p in (target, err):
+    for p in (target, err, *((target.with_name("arguments.csv.gz"), target.with_name("arguments.json.gz"),
+                              target.with_name("arguments.csv.gz.error.txt")) if arguments else ())):
         if p.exists():
             p.unlink()
     env = dict(os.environ)
     lib = cupti_library()
     if lib is not None and not env.get("NVTX_INJECTION64_PATH"):
         env["NVTX_INJECTION64_PATH"] = str(lib)
-    cmd = [sys.executable, "-m", "ds4lab.audit.record", "--out", str(target), "--", *argv]
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"recording: {' '.join(argv)}")
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        say("interrupted: waiting for the script to save what it recorded")
-        try:
-            rc = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+    rc = _run_pass([sys.executable, "-m", "ds4lab.audit.record", "--out", str(target), "--", *argv], env, say)
     if err.is_file():
         raise SourceError(err.read_text().strip())
     if not target.is_file():
         raise SourceError(f"ds4lab audit run: {' '.join(argv)} exited with status {rc} and saved no recording "
                           f"({target})")
     say(f"recorded to {target}" + (f" (the script exited with status {rc})" if rc else ""))
+    if arguments:
+        second = target.with_name("arguments.csv.gz")
+        say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
+        extra = ["--token-range", token_range] if token_range else []
+        rc2 = _run_pass([sys.executable, "-m", "ds4lab.audit.record", "--out", str(second), "--arguments", *extra,
+                         "--", *argv], env, say)
+        err2 = second.with_name(second.name + ".error.txt")
+        if err2.is_file() or not second.is_file():
+            say(f"no kernel arguments: the second pass exited with status {rc2}"
+                + (f": {err2.read_text().strip()}" if err2.is_file() else ""))
+        else:
+            say(f"kernel arguments recorded to {store_path(second)}")
     return target
+
+
+def _run_pass(cmd: list, env: dict, say) -> int:
+    """Run one recording pass (a subprocess); Ctrl-C waits for it to save what it recorded."""
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        say("interrupted: waiting for the script to save what it recorded")
+        try:
+            return proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
 
 def _exit_code(e: SystemExit) -> int:
@@ -374,13 +501,15 @@ def main(argv=None) -> int:
     @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
                   help="The saved table (gzip CSV).")
     @click.option("--no-stacks", is_flag=True, help="Record no Python stacks (no CUPTI callbacks).")
+    @click.option("--arguments", is_flag=True, help="An argument pass: every launch's parameters (untimed).")
+    @click.option("--token-range", default=None, help="The NVTX range marking a token (argument pass).")
     @click.argument("script", nargs=-1, type=click.UNPROCESSED, required=True)
-    def cli(out, no_stacks, script):
+    def cli(out, no_stacks, arguments, token_range, script):
         script = _strip_python(list(script))
         status = 0
         err = out.with_name(out.name + ".error.txt")
         try:
-            ctx = recording(stacks=not no_stacks)
+            ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range)
             rec = ctx.__enter__()
             rec.trim = True
         except SourceError as e:

@@ -18,7 +18,10 @@ report per unit, never summed):
   columns, tokens, capture stream chosen and why, legacy stream, calibration (name, path, sha256),
   notes, ds4lab version (:func:`audit_meta`);
 * ``audit.png``/``.svg``/``.pdf`` — one token's timeline per unit (:mod:`ds4lab.audit.figure`);
-  ``audit-p<pid>-d<device>.*`` when there are several units.
+  ``audit-p<pid>-d<device>.*`` when there are several units;
+* ``arguments.csv`` — where an argument pass goes with the trace: every parameter that differs between
+  tokens, classed (:mod:`ds4lab.audit.frozen`); ``meta.json``'s ``replay`` per unit gives the replay
+  verdict, its evidence and, where evidence is missing, the command that records it.
 
 Where each time comes from, on every row of the timed tables (so that a copied file still says it):
 
@@ -44,7 +47,8 @@ from .events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
 
 #: Files :func:`write` makes (glob patterns, for ``job_folder``).
-OUTPUTS = ("audit.csv", "tokens.csv", "spans.csv", "plans.csv", "audit*.png", "audit*.svg", "audit*.pdf")
+OUTPUTS = ("audit.csv", "tokens.csv", "spans.csv", "plans.csv", "audit*.png", "audit*.svg", "audit*.pdf",
+           "arguments.csv")
 
 
 def _with_unit(df: pd.DataFrame, r) -> pd.DataFrame:
@@ -65,7 +69,7 @@ def audit_meta(reports) -> dict:
                                  "main_thread": r.tokens.main_tid},
                       "capture_stream": {"stream": r.capture_stream, "why": r.capture_why},
                       "legacy_stream": {"streams": sorted(r.legacy), "why": r.legacy_why},
-                      "modes": list(r.modes), "notes": list(r.notes)})
+                      "modes": list(r.modes), "notes": list(r.notes), "replay": _replay_meta(r)})
     cal = reports[0].calibration if reports else None
     label = reports[0].calibration_label if reports else "?"
     return {"job": "audit", "ds4lab": __version__, "event_table_columns": list(COLUMNS),
@@ -73,6 +77,12 @@ def audit_meta(reports) -> dict:
             "modeled": f"plans.csv and spans.csv replay_us are MODELED (calibration {label}); every other "
                        "time is the trace's: "
                        + "; ".join(f"{r.source} process {r.pid}: {trace_times(r)}" for r in reports)}
+
+
+def _replay_meta(r) -> dict:
+    from .frozen import meta
+
+    return meta(r)
 
 
 def _tokens_csv(r) -> pd.DataFrame:
@@ -120,6 +130,11 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
             df = df.drop(columns=["first_row"])
         df.to_csv(folder / name, index=False)
         out.append(folder / name)
+    if any(getattr(r, "arguments", None) is not None for r in reports):
+        from .frozen import table as argument_table
+
+        argument_table(reports).to_csv(folder / "arguments.csv", index=False)
+        out.append(folder / "arguments.csv")
     m = {**(meta or {}), **audit_meta(reports)}
     write_meta(folder / "meta.json", m)
     out.append(folder / "meta.json")
@@ -188,11 +203,41 @@ def summary(reports, console, max_rows: int = 12) -> None:
             for row in host.head(4).itertuples():
                 console.print(f"  host data: {row.name} ({row.call_class}) × {row.count} at {row.where or '—'}: "
                               f"{row.fix}")
+        _replay(r, console, max_rows)
         console.print(f"  token shapes: a per-shape graph cache would hold {r.n_shapes} graph(s)")
         _spans(r, console)
         _plans(r, console)
         for n in r.notes:
             console.print(f"  [dim]note: {n}[/]")
+
+
+def _replay(r, console, max_rows: int) -> None:
+    """The replay verdict (:func:`ds4lab.audit.frozen.verdict`), what it rests on, and the kernel
+    arguments that differ between tokens."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .frozen import RIGHT, UNKNOWN, WRONG, verdict
+
+    v = verdict(r)
+    color = {RIGHT: "green", WRONG: "bold red", UNKNOWN: "yellow"}.get(v.verdict, "bold dark_orange")
+    console.print(f"  replay (one graph per token, global mode): [{color}]{v.verdict}[/] — {escape(v.why)}")
+    if v.evidence:
+        console.print(f"    evidence: {escape(v.evidence)}")
+    if v.command:
+        console.print(f"    to know: {escape(v.command)}")
+    aa = getattr(r, "arguments", None)
+    if aa is None or aa.findings.empty:
+        return
+    t = Table(title="kernel arguments that differ between tokens (arguments.csv)", title_justify="left")
+    for c in ("kernel", "class", "launch", "param (byte)", "values", "where", "detail"):
+        t.add_column(c, overflow="fold")
+    for row in aa.findings.head(max_rows).itertuples():
+        t.add_row(escape(str(row.name)), row.call_class, str(row.launches), f"{row.param} ({row.byte_offset})",
+                  escape(str(row.values)), escape(row.where or "—"), escape(row.what))
+    console.print(t)
+    if aa.cost.get("text"):
+        console.print(f"    argument capture cost: {aa.cost['text']}")
 
 
 def _v(v: str) -> str:

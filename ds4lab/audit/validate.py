@@ -1,16 +1,18 @@
 """The audit held to what ``torch.cuda.graph`` actually does (``ds4lab audit validate``).
 
-For each engine and cache of :mod:`ds4lab.audit.engines` (each in its own process: records eager
-decode steps, captures one step, replays it against the eager step), the recording is audited
+For each family, cache and dtype of :mod:`ds4lab.audit.families` (each in its own process: a timed
+pass, an argument pass, the argument capture's cost, :func:`ds4lab.audit.replay_check.check_replay`),
+the recording is audited with its argument pass (:func:`ds4lab.audit.frozen.attach`)
 (:func:`ds4lab.audit.analysis.analyze`, ``--token-range decode_step``, capture mode ``global``:
 PyTorch's default ``capture_error_mode``) and the audit's prediction is set beside the outcome:
 
-* **the verdict** (:func:`predicted_outcome`): ``refused`` when a call of a token is refused or
-  invalidates the capture (PyTorch raises at the first refused call, so the capture fails);
-  ``replays wrong`` when a token holds work a graph would miss (``not in graph``) or a launch a graph
-  would freeze (``frozen``: a grid, a launch count or a by-value argument that changes between tokens);
-  ``replays right`` otherwise. It agrees when it names torch's outcome (``refused``; ``captured,
-  replays wrong``; ``captured, replays right``);
+* **the verdict** (:func:`predicted_outcome`, :func:`ds4lab.audit.frozen.verdict`): ``refused`` when a
+  call of a token is refused or invalidates the capture (PyTorch raises at the first refused call, so
+  the capture fails); ``replays wrong`` when a token holds work a graph would miss (``not in graph``) or
+  a launch a graph would freeze (a grid, a launch count, a kernel argument: a frozen value or address);
+  ``replays right`` only when the tokens were compared argument by argument and nothing frozen feeds
+  them; ``captures; replay correctness unknown from this trace`` otherwise (never agreeing). It agrees
+  when it names torch's outcome (``refused``; ``captured, replays wrong``; ``captured, replays right``);
 * **the time**: for a step that captured, the ``whole token`` plan's predicted µs per token (MODELED)
   against the replay's measured µs per step (CUDA events); within :data:`TIME_TOLERANCE` it agrees.
 
@@ -30,67 +32,109 @@ OUTCOMES = {"refused": "refused", "captured, replays wrong": "replays wrong",
 
 
 def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
-    """The audit's verdict on capturing one whole token of ``report`` in ``mode`` (module docstring),
-    and the finding that decides it (``"<kind> <name> (<class>) at <where>"``; "" when none does)."""
-    f = report.findings
-    if f is None or f.empty:
-        return "replays right", ""
-    col = f"verdict_{mode}"
+    """The audit's verdict on capturing one whole token of ``report`` in ``mode``
+    (:func:`ds4lab.audit.frozen.verdict`: ``refused``, ``replays wrong``, ``replays right`` only with the
+    kernel arguments compared, else ``captures; replay correctness unknown from this trace``), and what
+    decides it (the finding, or what is missing and the command that records it)."""
+    from .frozen import RIGHT, verdict
 
-    def first(mask):
-        r = f[mask].iloc[0]
-        return f"{r['kind']} {r['name'][:80]} ({r['call_class']}) at {r['where']}"
-
-    for verdicts, outcome in ((("invalidates", "refused"), "refused"), (("not in graph", "frozen"), "replays wrong")):
-        mask = f[col].isin(verdicts)
-        if mask.any():
-            return outcome, first(mask)
-    return "replays right", ""
+    v = verdict(report, mode)
+    if v.verdict == RIGHT:
+        return v.verdict, v.evidence
+    return v.verdict, v.why + (f"; record it with {v.command}" if v.command else "")
 
 
-def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
-    """Run, audit and compare every engine × cache (module docstring); writes each audit report under
-    ``out/<engine>-<cache>/audit/`` and returns the table (``validate.csv``'s rows). ``on_row(rows)``
-    is called with the rows so far after each engine and cache (to write them as they come)."""
+def _frozen_summary(rep) -> tuple[int, str]:
+    """How many frozen argument findings, and the first few as ``kernel (class, param p byte b)``."""
+    aa = getattr(rep, "arguments", None)
+    if aa is None:
+        return 0, ""
+    fr = aa.frozen
+    return len(fr), "; ".join(f"{str(r['name'])[:60]} ({r['call_class']}, param {r['param']} byte {r['byte_offset']})"
+                              for _, r in fr.head(3).iterrows())
+
+
+def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
+    """Run, audit and compare every family (:func:`ds4lab.audit.families.pairs` of ``engines`` and
+    ``caches``) in every dtype (module docstring); writes each audit report under
+    ``out/<engine>-<cache>-<dtype>/audit/`` and returns the table (``validate.csv``'s rows: family, cache,
+    dtype, torch's outcome, the audit's verdict and why, the frozen findings, predicted and measured replay
+    µs, the argument capture's cost per launch with its interval, agreement). ``on_row(rows)`` is called
+    with the rows so far after each run (to write them as they come)."""
     import pandas as pd
 
     from . import report as audit_report
     from .analysis import analyze
+    from .arguments import store_beside
     from .engines import TOKEN_RANGE, run_isolated
+    from .families import pairs
+    from .frozen import attach
     from .sources import read
 
     rows = []
-    for engine in engines:
-        for cache in caches:
-            r = run_isolated(engine, cache, out)
-            row = {"engine": engine, "cache": cache, "torch_outcome": r.get("outcome", ""),
-                   "torch_detail": r.get("detail", "") or r.get("error", ""), "eager_us": r.get("eager_us"),
-                   "replay_us": r.get("replay_us"), "audit_outcome": "", "audit_why": "", "predicted_us": None,
-                   "predicted_over_measured": None, "verdict_agrees": False, "time_agrees": None,
-                   "recording": r.get("recording", "")}
+    for engine, cache in pairs(engines, caches):
+        for dtype in dtypes:
+            r = run_isolated(engine, cache, out, dtype=dtype)
+            name = f"{engine}-{cache}-{dtype}"
+            cost = r.get("overhead") or {}
+            row = {"family": engine, "cache": cache, "dtype": dtype, "torch_outcome": r.get("outcome", ""),
+                   "torch_detail": r.get("detail", "") or r.get("error", ""),
+                   "first_position": r.get("first_position"), "eager_us": r.get("eager_us"),
+                   "replay_us": r.get("replay_us"), "audit_verdict": "", "audit_why": "", "frozen_findings": 0,
+                   "frozen": "", "predicted_us": None, "predicted_over_measured": None,
+                   "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
+                   "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
+                   "verdict_agrees": False, "time_agrees": None, "recording": r.get("recording", ""),
+                   "arguments": r.get("arguments", "")}
             if r.get("recording"):
-                table = read(Path(r["recording"]))
-                # named inside the result folder: ``out`` may be a staging copy that is renamed when done
-                table.source = f"{engine}-{cache}/recording.csv.gz"
+                path = Path(r["recording"])
+                table = read(path)
+                table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]
-                audit_report.write([rep], Path(out) / f"{engine}-{cache}" / "audit")
-                row["audit_outcome"], row["audit_why"] = predicted_outcome(rep)
+                store = store_beside(path)
+                if store is not None:
+                    try:
+                        attach(rep, store)
+                    except ValueError as e:
+                        rep.notes.append(f"kernel arguments not compared: {e}")
+                audit_report.write([rep], Path(out) / name / "audit")
+                row["audit_verdict"], row["audit_why"] = predicted_outcome(rep)
+                row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
                 plans = rep.plans.set_index("plan") if not rep.plans.empty else None
                 if plans is not None and "whole token" in plans.index:
                     row["predicted_us"] = float(plans.loc["whole token", "predicted_us"])
-            row["verdict_agrees"] = OUTCOMES.get(row["torch_outcome"]) == row["audit_outcome"] != ""
+            row["verdict_agrees"] = OUTCOMES.get(row["torch_outcome"]) == row["audit_verdict"] != ""
             if row["replay_us"] and row["predicted_us"]:
                 ratio = row["predicted_us"] / row["replay_us"]
                 row["predicted_over_measured"] = ratio
                 row["time_agrees"] = abs(ratio - 1) <= TIME_TOLERANCE
-            say(f"{engine}/{cache}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
-                f"{row['audit_outcome']} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
+            say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
+                f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured, {row['predicted_us']:.0f} predicted "
-                   f"(×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else ""))
+                   f"(×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
+                + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else ""))
             rows.append(row)
             if on_row is not None:
                 on_row(rows)
     return pd.DataFrame(rows)
 
 
-__all__ = ["OUTCOMES", "TIME_TOLERANCE", "predicted_outcome", "validate"]
+def markdown(df) -> str:
+    """``validate.md``: the table a person reads (family, cache, dtype, torch, audit, frozen findings,
+    predicted vs measured replay µs, the argument capture's cost per launch)."""
+    head = ("| family | cache | dtype | torch.cuda.graph | audit verdict | agrees | frozen findings | "
+            "replay µs predicted / measured | argument capture µs/launch (95 % CI) |")
+    lines = [head, "|" + "---|" * 9]
+    for r in df.to_dict("records"):
+        pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f}" if r.get("predicted_us") and r.get("replay_us")
+              else "—")
+        cost = (f"{r['capture_us_per_launch']:.2f} ({r['capture_lo']:.2f}–{r['capture_hi']:.2f})"
+                if r.get("capture_us_per_launch") is not None and r.get("capture_lo") is not None else
+                (r.get("capture_cost") or "—"))
+        lines.append(f"| {r['family']} | {r['cache']} | {r['dtype']} | {r['torch_outcome'] or r['torch_detail'][:60]} "
+                     f"| {r['audit_verdict'] or '—'} | {'yes' if r['verdict_agrees'] else 'NO'} | "
+                     f"{r['frozen_findings']}{': ' + r['frozen'] if r['frozen'] else ''} | {pm} | {cost} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["OUTCOMES", "TIME_TOLERANCE", "markdown", "predicted_outcome", "validate"]

@@ -37,6 +37,8 @@ Record tuples, by kind (times in ns on CUPTI's clock, ``cuptiGetTimestamp``):
 ``stream``     (kind, flag, context, stream, correlation)
 ``marker``     (kind, flags, timestamp, id, name, domain, process id, thread id)
 ``graph``      (kind, graph_id, start, end, device, stream, correlation)
+``memory``     (kind, operation (1 allocation, 2 release), address, bytes, timestamp, device, stream,
+               correlation, memory kind) — ``MEMORY2`` records, asked for by the audit's argument pass
 =============  ========================================================================================
 
 Memory kinds and copy kinds are CUPTI's numbers (``CUpti_ActivityMemoryKind``,
@@ -240,6 +242,9 @@ class CuptiSession:
         self.watches: list[CallWatch] = []
         self.subscriber = None
         self.watched: set = set()
+        self.launch_watchers: list = []  # ds4lab.audit.arguments: handlers called at launch entry and exit
+        self.launch_cbids: set = set()   # (domain, cbid) the launch watchers asked for
+        self.stack_cbids: set = set()    # (domain, cbid) whose stacks a CallbackWatch records
         self.dropped = 0
         self._convert = self._converters()
 
@@ -366,10 +371,14 @@ class CuptiSession:
             return ("graph", g(a, "graph_id"), int(a.start), int(a.end), g(a, "device_id", -1), g(a, "stream_id", -1),
                     g(a, "correlation_id", -1))
 
+        def memory(a):  # audit arguments (ds4lab.audit.arguments): allocations and frees with their ranges
+            return ("memory", g(a, "memory_operation_type"), g(a, "address"), g(a, "bytes"), int(a.timestamp),
+                    g(a, "device_id", -1), g(a, "stream_id", -1), g(a, "correlation_id", -1), g(a, "memory_kind"))
+
         for name, conv in (("CONCURRENT_KERNEL", kernel), ("KERNEL", kernel), ("MEMCPY", memcpy),
                            ("MEMSET", memset), ("RUNTIME", api("runtime")), ("DRIVER", api("driver")),
                            ("SYNCHRONIZATION", sync), ("CUDA_EVENT", cuda_event), ("STREAM", stream),
-                           ("MARKER", marker), ("GRAPH_TRACE", graph)):
+                           ("MARKER", marker), ("GRAPH_TRACE", graph), ("MEMORY2", memory)):
             if hasattr(K, name):
                 table[int(getattr(K, name))] = (name, conv)
         return table
@@ -421,12 +430,7 @@ class CuptiSession:
         such as ``torch.profiler`` or Nsight, holds it)."""
         watch = CallWatch(self)
         with self.lock:
-            if self.subscriber is None:
-                try:
-                    self.subscriber = self.c.subscribe(self._callback, None)
-                except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
-                    raise CuptiUnavailable(f"CUPTI refused a callback subscriber ({type(e).__name__}: {e}); another "
-                                           "CUPTI client (torch.profiler, Nsight Systems) may hold it") from None
+            self._subscriber()
             self._skip = tuple(skip_files) + (__file__,)
             D = self.c.CallbackDomain
             for domain, enum, names in ((D.RUNTIME_API, getattr(self.c, "runtime_api_trace_cbid", None), runtime),
@@ -434,13 +438,20 @@ class CuptiSession:
                 if enum is None:
                     continue
                 for member, cbid in enum.__members__.items():
-                    if api_base_name(member) in names and (int(domain), int(cbid)) not in self.watched:
-                        self.c.enable_callback(1, self.subscriber, domain, cbid)
-                        self.watched.add((int(domain), int(cbid)))
+                    if api_base_name(member) in names and (int(domain), int(cbid)) not in self.stack_cbids:
+                        if (int(domain), int(cbid)) not in self.watched:
+                            self.c.enable_callback(1, self.subscriber, domain, cbid)
+                            self.watched.add((int(domain), int(cbid)))
+                        self.stack_cbids.add((int(domain), int(cbid)))
             self.watches.append(watch)
         return watch
 
     def _callback(self, userdata, domain, cbid, cbdata) -> None:
+        if self.launch_watchers and (int(domain), int(cbid)) in self.launch_cbids:
+            for h in self.launch_watchers:
+                h(int(domain), int(cbid), cbdata)
+            if (int(domain), int(cbid)) not in self.stack_cbids:
+                return
         if int(cbdata.callback_site) != int(self.c.ApiCallbackSite.API_ENTER) or not self.watches:
             return
         stack = python_stack(sys._getframe(1), skip_files=self._skip)
@@ -453,10 +464,63 @@ class CuptiSession:
         with self.lock:
             if watch in self.watches:
                 self.watches.remove(watch)
-            if not self.watches and self.subscriber is not None:
-                self.c.unsubscribe(self.subscriber)
-                self.subscriber = None
-                self.watched.clear()
+            if not self.watches:
+                self.stack_cbids.clear()
+            self._release_subscriber()
+
+    def _subscriber(self):
+        """The one callback subscriber (created on first use). Raises :class:`CuptiUnavailable`."""
+        if self.subscriber is None:
+            try:
+                self.subscriber = self.c.subscribe(self._callback, None)
+            except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
+                raise CuptiUnavailable(f"CUPTI refused a callback subscriber ({type(e).__name__}: {e}); another "
+                                       "CUPTI client (torch.profiler, Nsight Systems) may hold it") from None
+        return self.subscriber
+
+    def _release_subscriber(self) -> None:
+        """Unsubscribe when neither a stack watch nor a launch watcher is open."""
+        if not self.watches and not self.launch_watchers and self.subscriber is not None:
+            self.c.unsubscribe(self.subscriber)
+            self.subscriber = None
+            self.watched.clear()
+            self.launch_cbids.clear()
+
+    # ------------------------------------------------------------------ launch callbacks (audit arguments)
+    def watch_launches(self, names, handler) -> Callable[[], None]:
+        """Call ``handler(domain, cbid, cbdata)`` at the entry and exit of every launch call named in
+        ``names`` (base names, runtime or driver: ``cudaLaunchKernel``, ``cuLaunchKernelEx``; every
+        version and ``_ptsz`` form), on the launching thread, as CUPTI calls the subscriber. Returns
+        the function that stops it. Used by :mod:`ds4lab.audit.arguments`; raises
+        :class:`CuptiUnavailable` as :meth:`watch_calls` does."""
+        with self.lock:
+            sub = self._subscriber()
+            D = self.c.CallbackDomain
+            for domain, enum in ((D.RUNTIME_API, getattr(self.c, "runtime_api_trace_cbid", None)),
+                                 (D.DRIVER_API, getattr(self.c, "driver_api_trace_cbid", None))):
+                if enum is None:
+                    continue
+                for member, cbid in enum.__members__.items():
+                    key = (int(domain), int(cbid))
+                    if api_base_name(member) in names:
+                        if key not in self.watched:
+                            self.c.enable_callback(1, sub, domain, cbid)
+                            self.watched.add(key)
+                        self.launch_cbids.add(key)
+            self.launch_watchers.append(handler)
+
+        def stop() -> None:
+            with self.lock:
+                if handler in self.launch_watchers:
+                    self.launch_watchers.remove(handler)
+                if not self.launch_watchers:
+                    for key in self.launch_cbids - self.stack_cbids:
+                        if self.subscriber is not None and key in self.watched:
+                            self.c.enable_callback(0, self.subscriber, key[0], key[1])
+                            self.watched.discard(key)
+                    self.launch_cbids.clear()
+                self._release_subscriber()
+        return stop
 
 
 def current_context() -> int:

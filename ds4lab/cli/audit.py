@@ -30,12 +30,19 @@ def register(main: click.Group) -> None:
               help="Result folder. Default: results/audit-<first file's name> (results/audit-run when recording).")
 @click.option("--max-rows", type=click.IntRange(min=1), default=12, show_default=True,
               help="Rows per table in the terminal summary (the CSV files hold every finding).")
-def audit_cmd(files, token_range, modes, calibration, out, max_rows) -> None:
+@click.option("--no-arguments", is_flag=True,
+              help="`audit run`: do not record kernel arguments in a second pass (the replay verdict is then "
+                   "'unknown from this trace').")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(("float32", "bfloat16")),
+              help="`audit validate`: the dtypes to run (repeatable). Default: both.")
+def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes) -> None:
     """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
     would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
     to record a program (needs a GPU and cupti-python) and audit what it recorded; or `ds4lab audit
-    validate [ENGINE|CACHE...]` to hold the audit to what torch.cuda.graph does with transformers decode
-    steps (GPU, torch and transformers; engines llama, deepseek-v3, qwen2-moe; caches dynamic, static).
+    validate [ENGINE|CACHE...] [--dtype D]` to hold the audit to what torch.cuda.graph does with decode
+    steps (GPU, torch and transformers; engines llama, deepseek-v3, qwen2-moe, mistral, gemma2, qwen2
+    with caches dynamic, static; handwritten with host-counter, device-counter, host-read; float32 and
+    bfloat16). `audit run` records the kernel arguments in a second, untimed pass (--no-arguments: not).
 
     \b
     FILES: PyTorch profiler / Kineto trace JSON (.json, .json.gz; with_stack=True gives file:line),
@@ -60,15 +67,17 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows) -> None:
     files = list(files)
     program: list = []
     if files and files[0] == "validate":  # ds4lab audit validate [ENGINE...] [--out DIR]
-        from ..audit.engines import CACHES
+        from ..audit.families import CACHES
         from ..jobs.audit_validate import ValidateConfig
 
         names = files[1:]
         invoke("audit-validate", ValidateConfig(engines=tuple(n for n in names if n not in CACHES),
-                                                caches=tuple(n for n in names if n in CACHES), out=out))
+                                                caches=tuple(n for n in names if n in CACHES), out=out,
+                                                dtypes=tuple(dtypes)))
         return
     if files and files[0] == "run":  # ds4lab audit run [OPTIONS] -- python PROGRAM ARGS
         program, files = files[1:], []
     cfg = AuditConfig(files=tuple(Path(f) for f in files), program=tuple(program), token_range=token_range,
-                      modes=tuple(modes) or CAPTURE_MODES, calibration=calibration, out=out, max_rows=max_rows)
+                      modes=tuple(modes) or CAPTURE_MODES, calibration=calibration, out=out, max_rows=max_rows,
+                      arguments=not no_arguments)
     invoke("audit", cfg)

@@ -36,6 +36,8 @@ class AuditConfig:
             H200 calibration.
         out: result folder; None: ``results/audit-<first file's stem>`` or ``results/audit-run``.
         max_rows: rows per table in the terminal summary (the files hold all).
+        arguments: with ``program``, record the kernel arguments in a second, untimed pass
+            (:mod:`ds4lab.audit.arguments`), so the replay verdict can rest on them.
     """
 
     files: tuple = ()
@@ -45,6 +47,7 @@ class AuditConfig:
     calibration: Path | str | None = None
     out: Path | str | None = None
     max_rows: int = 12
+    arguments: bool = True
 
 
 def check_config(cfg: AuditConfig) -> None:
@@ -128,6 +131,7 @@ def run(cfg: AuditConfig, backend=None, console=None):
         folder = Path(folder) if folder is not None else out
         tables = _sources(cfg, folder, out, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
+        _attach_arguments(reports, tables)
         meta.update(audit_report.audit_meta(reports))
         files = audit_report.write(reports, folder, meta)
         recorded = _recorded_outcomes(cfg)
@@ -142,6 +146,25 @@ def run(cfg: AuditConfig, backend=None, console=None):
                               + (f" ({o['detail']})" if o.get("detail") else ""))
         say(f"wrote {', '.join(p.name for p in files)} in {results.final_path(out)}")
     return reports
+
+
+def _attach_arguments(reports, tables) -> None:
+    """Compare the argument pass that goes with each trace, where there is one
+    (:func:`ds4lab.audit.arguments.store_beside`; :func:`ds4lab.audit.frozen.attach`)."""
+    from ..audit.arguments import store_beside
+    from ..audit.frozen import attach
+
+    for r in reports:
+        for t in tables:
+            if t.source != r.source:
+                continue
+            path = getattr(t, "path", None)
+            store = store_beside(path) if path is not None else None
+            if store is not None:
+                try:
+                    attach(r, store, t, path)
+                except ValueError as e:
+                    r.notes.append(f"kernel arguments not compared: {e}")
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
@@ -164,9 +187,13 @@ def _sources(cfg: AuditConfig, folder: Path, out: Path, console, meta: dict) -> 
         from ..audit import record
 
         argv = program_argv(cfg.program)  # checked already: without its interpreter
-        saved = record.run_script(argv, folder, console)
+        saved = record.run_script(argv, folder, console, arguments=cfg.arguments, token_range=cfg.token_range)
         # named where it will be once the staging folder is swapped in for out
         meta["recording"] = str(results.final_path(Path(out) / Path(saved).relative_to(folder)))
-        return [sources.read(saved, progress=console)]
-    return [sources.read(Path(f), progress=console) for f in cfg.files]
+        pairs = [(sources.read(saved, progress=console), Path(saved))]
+    else:
+        pairs = [(sources.read(Path(f), progress=console), Path(f)) for f in cfg.files]
+    for t, p in pairs:
+        t.path = p  # where its argument pass is looked for (ds4lab.audit.arguments.store_beside)
+    return [t for t, _ in pairs]
 

@@ -13,23 +13,28 @@ from .audit import AuditConfig, _meta
 
 @dataclass
 class ValidateConfig:
-    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which engines and caches of
-    :mod:`ds4lab.audit.engines` to run (GPU, torch and transformers needed), and the result folder
-    (None: ``results/audit-validate``)."""
+    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which families and caches of
+    :mod:`ds4lab.audit.families` to run (GPU, torch and transformers needed; empty: all), in which dtypes
+    (empty: float32 and bfloat16), and the result folder (None: ``results/audit-validate``)."""
 
     engines: tuple = ()
     caches: tuple = ()
     out: Path | str | None = None
+    dtypes: tuple = ()
 
 
 def check_config(cfg: ValidateConfig) -> None:
     """Raise :class:`BadInput` naming an unknown engine or cache, or an empty ``out``."""
-    from ..audit.engines import CACHES, ENGINES
+    from ..audit.families import CACHES, DTYPES, FAMILIES, pairs
 
-    bad = [e for e in cfg.engines if e not in ENGINES] + [c for c in cfg.caches if c not in CACHES]
+    bad = ([e for e in cfg.engines if e not in FAMILIES] + [c for c in cfg.caches if c not in CACHES]
+           + [d for d in cfg.dtypes if d not in DTYPES])
     if bad:
-        raise BadInput(f"audit validate: unknown {', '.join(bad)}; engines: {', '.join(ENGINES)}; caches: "
-                       f"{', '.join(CACHES)}")
+        raise BadInput(f"audit validate: unknown {', '.join(bad)}; engines: {', '.join(FAMILIES)}; caches: "
+                       f"{', '.join(CACHES)}; dtypes: {', '.join(DTYPES)}")
+    if not pairs(cfg.engines, cfg.caches):
+        raise BadInput(f"audit validate: no family runs with cache(s) {', '.join(cfg.caches)}: "
+                       + "; ".join(f"{e}: {', '.join(c)}" for e, c in FAMILIES.items()))
     if cfg.out is not None and not str(cfg.out).strip():
         raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
 
@@ -43,8 +48,9 @@ def run(cfg: ValidateConfig, backend=None, console=None):
         ds4lab.errors.CheckFailed: a verdict that disagrees with torch.cuda.graph, or a predicted replay
             time outside the tolerance, after writing everything.
     """
-    from ..audit.engines import CACHES, ENGINES, available
-    from ..audit.validate import TIME_TOLERANCE, validate
+    from ..audit.engines import available
+    from ..audit.families import DTYPES, pairs
+    from ..audit.validate import TIME_TOLERANCE, markdown, validate
     from ..errors import CheckFailed
     from ..report import results
 
@@ -54,25 +60,28 @@ def run(cfg: ValidateConfig, backend=None, console=None):
         raise BadInput(f"ds4lab audit validate: {why}")
     out = Path(cfg.out or "results/audit-validate")
     meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate", "inputs": None,
-            "engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES),
+            "runs": [list(p) for p in pairs(cfg.engines, cfg.caches)], "dtypes": list(cfg.dtypes or DTYPES),
             "time_tolerance": TIME_TOLERANCE}
     say = console.print if console is not None else print
-    with results.job_folder(out, meta, ("validate.csv",)) as folder:
+    with results.job_folder(out, meta, ("validate.csv", "validate.md")) as folder:
         folder = Path(folder) if folder is not None else out
         import pandas as pd
 
-        def write(rows):  # after every engine and cache: a run cut short keeps what it measured
-            pd.DataFrame(rows).to_csv(folder / "validate.csv", index=False)
+        def write(rows):  # after every run: a run cut short keeps what it measured
+            df = pd.DataFrame(rows)
+            df.to_csv(folder / "validate.csv", index=False)
+            (folder / "validate.md").write_text(markdown(df))
 
-        df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, folder, say=say, on_row=write)
+        df = validate(cfg.engines, cfg.caches, folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write)
         write(df.to_dict("records"))
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
+        meta["verdicts_unknown"] = int(df.audit_verdict.astype(str).str.startswith("captures;").sum())
         bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
         say(f"wrote {results.final_path(out) / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
         if len(bad):
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
-                f"{r.engine}/{r.cache} (torch {r.torch_outcome or 'failed'}, audit {r.audit_outcome or '-'}"
+                f"{r.family}/{r.cache}/{r.dtype} (torch {r.torch_outcome or 'failed'}, audit {r.audit_verdict or '-'}"
                 + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "") + ")"
                 for r in bad.itertuples()))
     return df

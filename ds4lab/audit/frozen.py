@@ -1,0 +1,436 @@
+"""Frozen values and addresses, found by comparing tokens argument by argument, and the replay verdict.
+
+A graph replays the launch parameters it was captured with (CUDA Programming Guide, "CUDA Graphs": a
+kernel node keeps its arguments; changing them needs ``cudaGraphExecKernelNodeSetParams`` or a new
+capture). :func:`compare` reads an argument pass (:mod:`ds4lab.audit.arguments`) and, at each launch
+index of the tokens with identical launch lists, compares the parameters piece by piece (a parameter of
+8 bytes or less whole; a larger one, a struct passed by value, in 8-byte words: the pointers inside
+PyTorch's by-value ``Array<char*, N>`` and offset calculators are 8-byte words). What differs is one
+of (:data:`CLASSES`):
+
+* **frozen value** — a by-value scalar that changes (a position, a length, a write index): the graph
+  replays the captured one;
+* **frozen address** — an address that changes, into memory that exists before the tokens and
+  outlives them (a KV cache, weights, a static input buffer: the graph reads or writes the captured
+  location), or into memory made between tokens or by an earlier token and read by this one (a new
+  input tensor every step, a cache grown by concatenation: the graph reads the captured step's);
+* **ring-buffer slot** — a frozen address that moves by a constant stride per token (a slot in a
+  ring buffer, a write index reaching the kernel as ``base + pos * stride``);
+* **step temporary** — an address into memory the step itself allocates (a caching allocator's
+  temporary, the step's own output): harmless under a graph's private memory pool, by the rule of
+  :data:`POOL_RULE`;
+* **unknown address** — a pointer-sized value that changes and that no allocation the recording saw
+  holds (no torch block, no ``cudaMalloc`` record, no driver range at the end of the pass).
+
+An address is a value inside an allocation alive at that launch: the allocations are the pass's
+(CUPTI ``MEMORY2`` records, torch's caching-allocator blocks, ``cuMemGetAddressRange`` at the pass's
+end); a value inside none is a scalar. *Which buffers the step reads before writing* is judged at the
+granularity the recording sees: memory allocated before a token and used by it is input the step did
+not make (read, or written in place), memory allocated inside the token is the step's own.
+
+:func:`verdict` gives a step **replays right** only when its tokens were compared argument by
+argument (two or more tokens with identical launch lists, every launch in them read, no unknown
+address) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
+count or work missing from the graph does; **refused** when a call refuses or invalidates the capture;
+and, for a trace without arguments (Kineto, Nsight Systems, a recording made without them) or with
+launches it could not read, **captures; replay correctness unknown from this trace**, with the command
+that records what is missing. It never says a step is safe without that evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import arguments as A
+from .verdicts import compact_ranges
+from .where import user_frame
+
+RIGHT, WRONG, REFUSED = "replays right", "replays wrong", "refused"
+UNKNOWN = "captures; replay correctness unknown from this trace"
+FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT = "frozen value", "frozen address", "ring-buffer slot"
+TEMPORARY, UNKNOWN_ADDRESS = "step temporary", "unknown address"
+CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS)
+#: Classes that make a replay wrong.
+FROZEN = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT)
+POOL_RULE = ("torch.cuda.graph captures into a private memory pool: every allocation the step makes during "
+             "capture comes from that pool and stays the graph's, so each replay uses the same temporaries, "
+             "and an address that moves between eager tokens only because the caching allocator handed out "
+             "another block is the same buffer in every replay (PyTorch, 'CUDA Graphs': graph memory "
+             "management; CUDA Programming Guide, 'CUDA Graphs': stream-ordered allocation in graphs)")
+NODE_RULE = ("CUDA Programming Guide, 'CUDA Graphs': a kernel node keeps the arguments it was captured with; "
+             "a new value needs cudaGraphExecKernelNodeSetParams or a new capture")
+RECORD_COMMAND = ("ds4lab audit run -- python PROGRAM ARGS (records every launch's kernel arguments in a second, "
+                  "untimed pass), or in Python: with ds4lab.audit.record.recording(arguments=True): ...")
+FIXES = {
+    FROZEN_VALUE: "read it from a device buffer written before each replay (a static input tensor), or update the "
+                  "node (cudaGraphExecKernelNodeSetParams / cudaGraphExecUpdate)",
+    FROZEN_ADDRESS: "give the kernel one static buffer (copy the new input into it before each replay), or index "
+                    "on the device from a position held in device memory",
+    RING_SLOT: "pass the base address and read the slot index from device memory (cache_position as a device "
+               "tensor), not a host-computed slot address",
+    TEMPORARY: "nothing: harmless under the graph's private memory pool",
+    UNKNOWN_ADDRESS: "record the allocations (an argument pass where torch is loaded, or cudaMalloc inside the "
+                     "recording) so the address can be placed",
+}
+
+
+@dataclass
+class ArgumentAudit:
+    """What :func:`compare` found in one argument pass.
+
+    Attributes:
+        findings: one row per (kernel, class, parameter, offset): ``kind`` ("argument"), ``name``,
+            ``call_class`` (:data:`CLASSES`), ``launch_index`` (first), ``launches`` (the launch indexes),
+            ``param``, ``byte_offset`` (in the device-side parameter layout), ``size``, ``values`` (per
+            compared token, the first few), ``token_range``, ``tokens``, ``count``, ``what``, ``where``,
+            ``fix``, ``verdict``, ``rule_source``.
+        compared: the tokens compared (with identical launch lists); launches: launches per compared token.
+        unread: launches in the compared tokens whose parameters were not read; unread_kernels: their names.
+        how: how the pass's tokens were found; notes; source: the pass's file; cost: what it cost per launch.
+    """
+
+    findings: pd.DataFrame
+    compared: list
+    launches: int
+    unread: int = 0
+    unread_kernels: list = field(default_factory=list)
+    how: str = ""
+    notes: list = field(default_factory=list)
+    source: str = ""
+    cost: dict = field(default_factory=dict)
+
+    @property
+    def frozen(self) -> pd.DataFrame:
+        f = self.findings
+        return f[f["call_class"].isin(FROZEN)] if len(f) else f
+
+    @property
+    def complete(self) -> bool:
+        """Compared argument by argument: two or more tokens, every launch read, no unknown address."""
+        f = self.findings
+        return (len(self.compared) >= 2 and self.unread == 0
+                and not (len(f) and (f["call_class"] == UNKNOWN_ADDRESS).any()))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The replay verdict of one audited step: ``verdict`` (:data:`RIGHT`, :data:`WRONG`, :data:`REFUSED`,
+    :data:`UNKNOWN`), ``why`` (the finding that decides it, or what is missing), ``evidence`` (what was
+    compared), ``command`` (what records the missing evidence; "" when nothing is missing)."""
+
+    verdict: str
+    why: str
+    evidence: str = ""
+    command: str = ""
+
+    def text(self) -> str:
+        return (f"{self.verdict}: {self.why}" + (f"; {self.evidence}" if self.evidence else "")
+                + (f"; record it with {self.command}" if self.command else ""))
+
+
+# ----------------------------------------------------------------------------- the comparison
+class _Allocations:
+    """The pass's allocations as arrays, for placing values (innermost alive allocation)."""
+
+    def __init__(self, store: A.ArgumentStore) -> None:
+        a = np.array([x[:4] for x in store.allocations], dtype=np.float64).reshape(-1, 4)
+        self.base, self.size, self.alloc, self.free = (a[:, i] for i in range(4))
+        self.src = [x[4] for x in store.allocations]
+        self.ranges = store.ranges
+        self.segments = [tuple(s) for s in (store.segments or [])]
+
+    def place(self, v: int, at_ns: int):
+        """``(source, base, size, alloc_ns, free_ns)`` of the smallest allocation holding ``v`` alive at
+        ``at_ns`` (``-1``: before the pass / alive at its end), else the driver range of ``v`` at the
+        pass's end (``alloc_ns`` -1, source "driver range" or "caching-allocator segment"), else None."""
+        if len(self.base):
+            m = ((self.base <= v) & (v < self.base + self.size) & ((self.alloc < 0) | (self.alloc <= at_ns))
+                 & ((self.free < 0) | (self.free >= at_ns)))
+            idx = np.flatnonzero(m)
+            if len(idx):
+                i = int(idx[np.argmin(self.size[idx])])
+                return (self.src[i], int(self.base[i]), int(self.size[i]), int(self.alloc[i]), int(self.free[i]))
+        r = self.ranges.get(int(v))
+        if r is not None:
+            seg = any(b <= v < b + s for b, s in self.segments)
+            return ("caching-allocator segment" if seg else "driver range", int(r[0]), int(r[1]), -1, -1)
+        return None
+
+
+def _lifetime(loc, start: int, end: int, first: int, last: int) -> str:
+    """``own`` (allocated inside this token), ``persistent`` (before the tokens, alive after them),
+    ``carried`` (made between tokens or by an earlier one, or freed before the last) or ``unknown``."""
+    if loc is None or loc[0] == "caching-allocator segment":
+        return "unknown"
+    _, _, _, alloc, free = loc
+    if alloc >= 0 and start <= alloc < end:
+        return "own"
+    if (alloc < 0 or alloc < first) and (free < 0 or free > last):
+        return "persistent"
+    return "carried"
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} B"
+
+
+def _scalar_text(piece_vals: list[bytes]) -> list[str]:
+    """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit
+    pattern: the comparison needs only that it changes)."""
+    out = []
+    for b in piece_vals:
+        i = int.from_bytes(b, "little", signed=True)
+        out.append(str(i))
+    return out
+
+
+def _position_like(ints: list[int]) -> str:
+    d = np.diff(np.array(ints, dtype=np.float64))
+    if len(d) and np.all(d == d[0]) and d[0] != 0:
+        return f"{d[0]:+g} per token"
+    return ""
+
+
+def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, source: str = "") -> ArgumentAudit:
+    """Compare the argument pass ``store`` over its event ``table`` (module docstring)."""
+    from .tokens import NoTokens
+
+    try:
+        tl = A.token_launches(table, token_range or store.token_range)
+    except NoTokens as e:
+        return ArgumentAudit(pd.DataFrame(), [], 0, notes=[f"no tokens in the argument pass: {e}"], source=source,
+                             cost=store.cost)
+    allocs = _Allocations(store)
+    rows, unread, unread_k, compared = [], 0, set(), []
+    groups = tl.groups()
+    notes = list(store.notes)
+    if not groups:
+        notes.append("no two tokens of the argument pass have identical launch lists: nothing compared")
+    for g in groups:
+        compared += g
+        first, last = tl.start_ns[g[0]], tl.end_ns[g[-1]]
+        for i in range(len(tl.tokens[g[0]])):
+            launches = [tl.tokens[t][i] for t in g]
+            name = launches[0][1]
+            recs = [store.launches.get(c) for c, _, _ in launches]
+            if any(r is None or r[1] is None for r in recs):
+                unread += len(g)
+                unread_k.add(name)
+                continue
+            if len({r[1] for r in recs}) == 1:
+                continue
+            vals = [store.params(c) for c, _, _ in launches]
+            if any(b is None or p is None for _, p, b in vals):
+                unread += len(g)
+                unread_k.add(name)
+                continue
+            layout = vals[0][1]
+            chunks = [A.split(layout, b) for _, _, b in vals]
+            stack = next((store.stacks[c] for c, _, _ in launches if c in store.stacks), "")
+            for j, (off, size) in enumerate(layout):
+                per_tok = [c[j] for c in chunks]
+                if len(set(per_tok)) == 1:
+                    continue
+                pieces = [A.words(c) for c in per_tok]
+                for w in range(len(pieces[0])):
+                    wo = pieces[0][w][0]
+                    pv = [p[w][1] for p in pieces]
+                    if len(set(pv)) == 1:
+                        continue
+                    rows.append(_classify(name, i, j, off + wo, len(pv[0]), pv, launches, g, tl, allocs, first,
+                                          last, stack))
+    df = _merge(pd.DataFrame(rows))
+    if unread_k:
+        notes.append(f"{unread:,} launch(es) in the compared tokens unread ({', '.join(sorted(unread_k)[:6])}"
+                     f"{', …' if len(unread_k) > 6 else ''}): their arguments were not compared")
+    n = len(tl.tokens[groups[0][0]]) if groups else 0
+    return ArgumentAudit(df, sorted(compared), n, unread, sorted(unread_k), tl.how, notes, source, store.cost)
+
+
+def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last, stack) -> dict:
+    ints = [int.from_bytes(b, "little", signed=False) for b in pv]
+    locs = [allocs.place(v, at) for v, (_, _, at) in zip(ints, launches)] if size == 8 else [None] * len(pv)
+    modal = pv[0]
+    odd = [t for t, b in zip(g, pv) if b != modal]
+    base = {"kind": "argument", "name": name, "launch_index": i, "param": j, "byte_offset": offset, "size": size,
+            "token_range": compact_ranges(odd), "tokens": len(odd), "count": len(g), "where": user_frame(stack) or "",
+            "rule_source": NODE_RULE}
+    if all(x is None for x in locs):
+        shown = _scalar_text(pv)
+        step = _position_like([int(s) for s in shown])
+        what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B) by value: "
+                f"{', '.join(shown[:6])}{', …' if len(shown) > 6 else ''}"
+                + (f" ({step}: a position, a length or a write index)" if step else "")
+                + ": the graph replays the captured value")
+        return {**base, "call_class": FROZEN_VALUE, "values": ", ".join(shown[:8]), "what": what,
+                "fix": FIXES[FROZEN_VALUE], "verdict": "frozen"}
+    lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
+    hexes = ", ".join(f"0x{v:x}" for v in ints[:6]) + (", …" if len(ints) > 6 else "")
+    loc0 = next(x for x in locs if x is not None)
+    into = f"{loc0[0]} of {_size(loc0[2])} at 0x{loc0[1]:x}"
+    stride = _position_like(ints)
+    if all(x == "own" for x in lives):
+        cls, verdict = TEMPORARY, "allowed"
+        what = (f"launch {i}, parameter {j} (byte {offset}): address {hexes}, each inside memory the token "
+                f"itself allocated ({into}): a temporary, harmless under the graph's private pool")
+        rule = POOL_RULE
+    elif "carried" in lives or "persistent" in lives:
+        cls = RING_SLOT if stride and "persistent" in lives and "carried" not in lives else FROZEN_ADDRESS
+        verdict = "frozen"
+        if "carried" in lives:
+            kind = ("memory allocated between tokens or by an earlier token and used by this one (a new input "
+                    "tensor each step, a cache grown by concatenation): the graph reads the captured step's")
+        else:
+            kind = ("memory that exists before the tokens and outlives them (a KV cache, weights, a static "
+                    "input buffer): the graph reads or writes the captured location")
+        what = (f"launch {i}, parameter {j} (byte {offset}): address {hexes} into {into}, {kind}"
+                + (f"; it moves by {stride} bytes (a ring buffer's slot, a write index as an address)"
+                   if stride else ""))
+        rule = NODE_RULE
+    else:
+        cls, verdict = UNKNOWN_ADDRESS, "unknown"
+        what = (f"launch {i}, parameter {j} (byte {offset}): address {hexes} into memory of unknown lifetime "
+                f"({into}; no block or allocation record places it)")
+        rule = NODE_RULE
+    return {**base, "call_class": cls, "values": hexes, "what": what, "fix": FIXES[cls], "verdict": verdict,
+            "rule_source": rule}
+
+
+def _merge(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (kernel, class, parameter, offset, where): a kernel whose launches in every layer
+    change alike reads once, with its launch indexes."""
+    if df.empty:
+        return df
+    out = []
+    for _, g in df.groupby(["name", "call_class", "param", "byte_offset", "where"], sort=False):
+        r = g.iloc[0].to_dict()
+        idx = sorted(g["launch_index"].tolist())
+        r["launches"] = compact_ranges(idx)
+        r["launch_index"] = idx[0]
+        if len(g) > 1:
+            r["what"] += f" (and {len(g) - 1} more launch(es) of it alike: {compact_ranges(idx)})"
+        out.append(r)
+    order = {c: k for k, c in enumerate(CLASSES)}
+    res = pd.DataFrame(out)
+    return res.assign(_o=res["call_class"].map(order)).sort_values(["_o", "launch_index"], kind="stable") \
+        .drop(columns="_o").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- reports and the verdict
+def attach(report, store_path=None, own_table=None, own_path=None) -> None:
+    """Compare the argument pass at ``store_path`` and put the result on ``report`` (``report.arguments``),
+    its frozen rows among ``report.findings`` (verdict ``frozen`` in every mode). The pass's event table
+    is the file the store names beside it (``own_table`` when that file is ``own_path``, the report's own
+    recording, already read). No store: ``report.arguments`` stays None (verdict: unknown from this trace)."""
+    if store_path is None:
+        return
+    from .sources import read
+
+    store_path = Path(store_path)
+    store = A.load(store_path)
+    src = store_path.with_name(store.table) if store.table else None
+    if own_table is not None and (src is None or _same(src, own_path)):
+        table = own_table
+    elif src is not None and src.is_file():
+        table = read(src)
+    else:
+        report.notes.append(f"{store_path}: its event table {store.table or '?'} is missing: arguments not compared")
+        return
+    aa = compare(store, table, source=str(store_path))
+    report.arguments = aa
+    fr = aa.frozen
+    if len(fr):
+        add = fr.copy()
+        for m in report.modes:
+            add[f"verdict_{m}"] = "frozen"
+            add[f"rule_{m}"] = ""
+            add[f"error_{m}"] = ""
+        add["severity"] = 5
+        add = add.drop(columns=["verdict"])
+        report.findings = pd.concat([x for x in (report.findings, add) if x is not None and len(x)], ignore_index=True)
+
+
+def _same(a, b) -> bool:
+    try:
+        return b is not None and Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def verdict(report, mode: str = "global") -> Verdict:
+    """The replay verdict of ``report`` in capture ``mode`` (module docstring)."""
+    f = report.findings
+    col = f"verdict_{mode}"
+    if f is not None and len(f) and col in f:
+        for verdicts, outcome in ((("invalidates", "refused"), REFUSED), (("not in graph", "frozen"), WRONG)):
+            mask = f[col].isin(verdicts)
+            if mask.any():
+                r = f[mask].iloc[0]
+                return Verdict(outcome, f"{r['kind']} {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}",
+                               _evidence(report))
+    aa = getattr(report, "arguments", None)
+    tool = report.tool or "this trace"
+    if aa is None:
+        return Verdict(UNKNOWN, f"{tool} carries no kernel arguments: a step whose launch list repeats may still "
+                                "pass a host value (a position, a write index, a slot's address) to its kernels",
+                       "", RECORD_COMMAND)
+    if len(aa.frozen):
+        r = aa.frozen.iloc[0]
+        return Verdict(WRONG, f"kernel {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}", _evidence(report))
+    if not aa.complete:
+        why = ([f"{aa.unread:,} launch(es) of {len(aa.unread_kernels)} kernel(s) could not be read "
+                f"({', '.join(aa.unread_kernels[:4])})"] if aa.unread else [])
+        if len(aa.compared) < 2:
+            why.append("no two tokens with identical launch lists were compared")
+        if len(aa.findings) and (aa.findings["call_class"] == UNKNOWN_ADDRESS).any():
+            why.append(f"{int((aa.findings['call_class'] == UNKNOWN_ADDRESS).sum())} changing address(es) of unknown "
+                       "lifetime")
+        return Verdict(UNKNOWN, "; ".join(why), _evidence(report),
+                       "an argument pass over more tokens, with the allocations recorded" if not aa.unread else "")
+    return Verdict(RIGHT, "nothing frozen feeds the step", _evidence(report))
+
+
+def _evidence(report) -> str:
+    aa = getattr(report, "arguments", None)
+    if aa is None:
+        return ""
+    harmless = int((aa.findings["call_class"] == TEMPORARY).sum()) if len(aa.findings) else 0
+    return (f"{len(aa.compared)} tokens with identical launch lists compared argument by argument "
+            f"({aa.launches:,} launches each, {aa.unread:,} unread); {len(aa.frozen)} frozen, {harmless} step "
+            f"temporar{'y' if harmless == 1 else 'ies'} (harmless)")
+
+
+def table(reports) -> pd.DataFrame:
+    """``arguments.csv``: every report's argument findings, with ``source``, ``pid``, ``device``."""
+    parts = []
+    for r in reports:
+        aa = getattr(r, "arguments", None)
+        if aa is None or aa.findings.empty:
+            continue
+        df = aa.findings.copy()
+        for k, (c, v) in enumerate((("source", r.source), ("pid", r.pid), ("device", r.device))):
+            df.insert(k, c, v)
+        parts.append(df)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def meta(report) -> dict:
+    """What ``meta.json`` says of a report's replay verdict and its argument evidence."""
+    v = verdict(report)
+    aa = getattr(report, "arguments", None)
+    out = {"verdict": v.verdict, "why": v.why, "evidence": v.evidence, "command": v.command}
+    if aa is not None:
+        out.update({"arguments": aa.source, "compared_tokens": aa.compared, "launches_per_token": aa.launches,
+                    "unread": aa.unread, "unread_kernels": aa.unread_kernels, "cost": aa.cost, "notes": aa.notes})
+    return out
+
+
+__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "REFUSED", "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "compare",
+           "meta", "table", "verdict"]

@@ -1,0 +1,311 @@
+"""The empirical check for PyTorch engines: capture the user's step with ``torch.cuda.graph``, replay it
+at the next positions against an eager twin restored from a snapshot of the state, and say what the
+graph did: **refused** (the capture raised), **replays right** (every replay's outputs match the eager
+step's at the same position), **replays wrong** (the first position and output that differ).
+
+Python API (GPU and torch needed)::
+
+    from ds4lab.audit import check_replay
+
+    ids = torch.zeros((1, 1), dtype=torch.long, device="cuda")      # static inputs the step reads
+    pos = torch.zeros((1,), dtype=torch.long, device="cuda")
+
+    def advance(p):              # write the inputs of position p into the static buffers
+        ids.fill_(token_at(p)); pos.fill_(p)
+
+    def step():                  # one decode step on those buffers; returns its output(s)
+        return model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+    r = check_replay(step, state=[cache, decoder], advance=advance, start=prompt_len)
+    print(r.outcome, r.first_position, r.detail)
+
+``state`` is what the step reads and changes from one position to the next: the cache, and any object
+keeping counters on the host (its tensors are cloned and put back in place, its plain Python values
+(ints, floats, lists) copied and set back), through attributes, lists and dicts, six levels deep: give
+the cache and the objects holding counters, not objects that merely hold references to others (every
+value reachable is put back). The model's weights need not be in it.
+
+How it decides (:func:`check_replay`): ``warmup`` eager steps on a side stream (as PyTorch asks before
+a capture), then the capture at position ``p``; the capture runs the step's Python once, so the state
+is put back to before it and position ``p`` is run eagerly. Then, for each next position ``i``: the
+state is snapshotted, ``advance(i)`` and the eager step give the reference outputs, the state after it
+is kept, the state is put back to before, ``advance(i)`` and ``graph.replay()`` give the graph's
+outputs, which are compared (relative L2 error within ``rtol``: 1e-3 in float32, 2e-2 in bf16/half;
+and the same argmax along the last dimension), and the state after the eager step is put back (each
+replay starts from the true state: the first position that differs is the first the graph gets
+wrong). Then ``time_replays`` replays are timed (CUDA events, ``advance`` included: µs per step, median).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+RTOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 2e-2, "float16": 2e-2}
+REFUSED, RIGHT, WRONG = "refused", "captured, replays right", "captured, replays wrong"
+
+
+@dataclass
+class ReplayCheck:
+    """What :func:`check_replay` found. ``outcome``: :data:`REFUSED`, :data:`RIGHT`, :data:`WRONG`;
+    ``verdict``: the same in the audit's words (refused / replays right / replays wrong);
+    ``first_position``/``first_output``: where the replay first differs (None when it does not);
+    ``captured_at``; ``errors``: per compared position ``{position, output, rel_err, same_argmax}``;
+    ``replay_us``: µs per replayed step (median); ``detail``: one sentence; ``error``: the capture's
+    exception, when refused."""
+
+    outcome: str
+    detail: str = ""
+    first_position: int | None = None
+    first_output: str | None = None
+    captured_at: int | None = None
+    errors: list = field(default_factory=list)
+    replay_us: float | None = None
+    error: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return {REFUSED: "refused", RIGHT: "replays right", WRONG: "replays wrong"}[self.outcome]
+
+
+# ----------------------------------------------------------------------------- the state
+def _walk(obj, tensor_type, memo, depth=0):
+    """``[(holder, key, value)]`` of every tensor and plain Python value reachable from ``obj`` through
+    attributes, lists, tuples and dicts (``key``: attribute name or index)."""
+    out = []
+    if depth > 6 or id(obj) in memo:
+        return out
+    memo.add(id(obj))
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, list):
+        items = list(enumerate(obj))
+    elif isinstance(obj, tuple):
+        return [x for v in obj for x in _walk(v, tensor_type, memo, depth + 1)]
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = list(vars(obj).items())
+    else:
+        return out
+    for k, v in items:
+        if isinstance(v, tensor_type):
+            out.append((obj, k, v))
+        elif isinstance(v, (int, float, bool, str)) or v is None:
+            out.append((obj, k, v))
+        elif isinstance(v, (list, dict)) and all(isinstance(x, (int, float, bool, str)) for x in
+                                                 (v.values() if isinstance(v, dict) else v)):
+            out.append((obj, k, v))
+        elif isinstance(v, (dict, list, tuple)) or hasattr(v, "__dict__"):
+            if not callable(v) or hasattr(v, "__dict__"):
+                out.extend(_walk(v, tensor_type, memo, depth + 1))
+    return out
+
+
+def _get(holder, key):
+    return holder[key] if isinstance(holder, (dict, list)) else getattr(holder, key)
+
+
+def _set(holder, key, value):
+    if isinstance(holder, (dict, list)):
+        holder[key] = value
+    else:
+        setattr(holder, key, value)
+
+
+def snapshot(state, ops) -> list:
+    """Everything of ``state`` that a step may change: ``[(holder, key, the object, its copy)]``."""
+    out = []
+    for holder, key, v in _walk(state, ops.tensor_type, set()):
+        out.append((holder, key, v, ops.clone(v) if isinstance(v, ops.tensor_type) else copy.deepcopy(v)))
+    return out
+
+
+def restore(snap, ops) -> None:
+    """Put ``snap`` back: tensors in place where the holder still has the same tensor of the same shape
+    (a graph holds their memory), else the copy set back; plain values set back."""
+    for holder, key, obj, saved in snap:
+        if isinstance(obj, ops.tensor_type):
+            now = _get(holder, key)
+            if now is obj and ops.same_shape(obj, saved):
+                ops.copy_into(obj, saved)
+            elif ops.same_shape(obj, saved):
+                ops.copy_into(obj, saved)
+                _set(holder, key, obj)
+            else:
+                _set(holder, key, ops.clone(saved))
+        else:
+            _set(holder, key, copy.deepcopy(saved))
+
+
+def _outputs(out, ops) -> list:
+    """``[(name, tensor)]`` of a step's output(s): a tensor, a tuple/list, a dict, or an object with ``logits``."""
+    if isinstance(out, ops.tensor_type):
+        return [("output", out)]
+    if isinstance(out, dict):
+        return [(str(k), v) for k, v in out.items() if isinstance(v, ops.tensor_type)]
+    if isinstance(out, (list, tuple)):
+        return [(f"output[{i}]", v) for i, v in enumerate(out) if isinstance(v, ops.tensor_type)]
+    if hasattr(out, "logits"):
+        return [("logits", out.logits)]
+    raise TypeError(f"check_replay: the step returned {type(out).__name__}; return its output tensor(s)")
+
+
+# ----------------------------------------------------------------------------- torch
+class TorchOps:
+    """What :func:`check_replay` asks of PyTorch (one place; a stand-in in the tests)."""
+
+    def __init__(self, torch) -> None:
+        self.t = torch
+        self.tensor_type = torch.Tensor
+
+    def warm(self, fn, n: int) -> None:
+        t = self.t
+        s = t.cuda.Stream()
+        s.wait_stream(t.cuda.current_stream())
+        with t.cuda.stream(s):
+            for _ in range(n):
+                fn()
+        t.cuda.current_stream().wait_stream(s)
+        t.cuda.synchronize()
+
+    def capture(self, fn):
+        g = self.t.cuda.CUDAGraph()
+        with self.t.cuda.graph(g):
+            out = fn()
+        return g, out
+
+    def replay(self, g) -> None:
+        g.replay()
+        self.t.cuda.synchronize()
+
+    def sync(self) -> None:
+        self.t.cuda.synchronize()
+
+    def clone(self, x):
+        return x.detach().clone()
+
+    def copy_into(self, dst, src) -> None:
+        dst.copy_(src)
+
+    def same_shape(self, a, b) -> bool:
+        return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+
+    def dtype(self, x) -> str:
+        return str(x.dtype).replace("torch.", "")
+
+    def rel_err(self, got, ref) -> float:
+        t = self.t
+        g, r = got.detach().float(), ref.detach().float()
+        if tuple(g.shape) != tuple(r.shape):
+            return float("inf")
+        den = float(t.linalg.vector_norm(r))
+        num = float(t.linalg.vector_norm(g - r))
+        return num / den if den else (0.0 if num == 0 else float("inf"))
+
+    def same_argmax(self, got, ref) -> bool:
+        if not got.is_floating_point() or got.numel() <= 1 or tuple(got.shape) != tuple(ref.shape):
+            return bool((got == ref).all()) if tuple(got.shape) == tuple(ref.shape) else False
+        return bool((got.argmax(-1) == ref.argmax(-1)).all())
+
+    def time_us(self, fn, n: int) -> float:
+        import statistics
+
+        t = self.t
+        out = []
+        for _ in range(n):
+            e0, e1 = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            e0.record()
+            fn()
+            e1.record()
+            t.cuda.synchronize()
+            out.append(e0.elapsed_time(e1) * 1e3)
+        return statistics.median(out)
+
+
+def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 6, warmup: int = 2,
+                 rtol: float | None = None, time_replays: int = 10, ops=None) -> ReplayCheck:
+    """Capture ``step`` and hold its replays to an eager twin (module docstring).
+
+    Args:
+        step: one decode step on static inputs, returning its output tensor(s).
+        state: what the step reads and changes between positions (module docstring).
+        advance: ``advance(position)`` writes the inputs of a position (None: the step needs none).
+        start: the first position the warm-up runs at.
+        positions: replays compared (at ``capture + 1`` …).
+        rtol: relative L2 error a right replay stays within (None: by the outputs' dtype, :data:`RTOL`).
+        time_replays: replays timed (0: none).
+        ops: the PyTorch side (:class:`TorchOps`; None: torch).
+
+    Never raises for what the capture does: a capture that raises is ``refused``.
+    """
+    if ops is None:
+        import torch
+
+        ops = TorchOps(torch)
+    adv = advance or (lambda p: None)
+    p = start
+
+    def warm_step():
+        nonlocal p
+        adv(p)
+        step()
+        p += 1
+
+    ops.warm(warm_step, warmup)
+    captured_at = p
+    adv(p)
+    before = snapshot(state, ops)
+    try:
+        graph, gout = ops.capture(step)
+    except Exception as e:  # noqa: BLE001 - what torch.cuda.graph refused is the result
+        text = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        try:
+            ops.sync()
+        except Exception:  # noqa: BLE001 - a context the refusal left broken: the refusal is what counts
+            pass
+        return ReplayCheck(REFUSED, f"torch.cuda.graph refused the capture at position {captured_at}: {text}",
+                           captured_at=captured_at, error=text)
+    restore(before, ops)  # the capture ran the step's Python once; run its position for real
+    adv(p)
+    step()
+    ops.sync()
+    p += 1
+    outs = _outputs(gout, ops)
+    res = ReplayCheck(RIGHT, captured_at=captured_at)
+    for _ in range(positions):
+        adv(p)
+        before = snapshot(state, ops)
+        ref = [(n, ops.clone(t)) for n, t in _outputs(step(), ops)]
+        ops.sync()
+        after = snapshot(state, ops)
+        restore(before, ops)
+        adv(p)
+        ops.replay(graph)
+        for (name, got), (_, want) in zip(outs, ref):
+            tol = rtol if rtol is not None else RTOL.get(ops.dtype(want), 1e-3)
+            err = ops.rel_err(got, want)
+            same = ops.same_argmax(got, want)
+            res.errors.append({"position": p, "output": name, "rel_err": err, "same_argmax": same})
+            if res.first_position is None and (err > tol or not same):
+                res.first_position, res.first_output = p, name
+        restore(after, ops)
+        p += 1
+    worst = max((e["rel_err"] for e in res.errors), default=0.0)
+    if res.first_position is None:
+        res.detail = f"captured at {captured_at}; {positions} replays match the eager twin (max relative error {worst:.1e})"
+    else:
+        e = next(x for x in res.errors if x["position"] == res.first_position and x["output"] == res.first_output)
+        res.outcome = WRONG
+        res.detail = (f"captured at {captured_at}; from position {res.first_position} the replay's {res.first_output} "
+                      f"differs from the eager twin's (relative error {e['rel_err']:.2e}, same argmax: "
+                      f"{e['same_argmax']})")
+    if time_replays:
+        def once():
+            nonlocal p
+            adv(p)
+            ops.replay(graph)
+            p += 1
+        res.replay_us = ops.time_us(once, time_replays)
+    return res
+
+
+__all__ = ["REFUSED", "RIGHT", "RTOL", "ReplayCheck", "TorchOps", "WRONG", "check_replay", "restore", "snapshot"]

@@ -1,0 +1,104 @@
+"""Synthetic argument passes for the tests (no GPU): decode loops played through the stand-in CUPTI
+(:mod:`fake_cupti`) with real parameter memory, so :mod:`ds4lab.audit.arguments` reads real bytes
+through real pointers, and recorded with :func:`ds4lab.audit.record.recording`.
+
+Every step, as a hand-written decoder would launch it:
+
+* ``embed(ids, out)``: ``ids`` a static input buffer (the same address every token), ``out`` a
+  temporary the step allocates and frees (a new address every token: harmless under the graph's pool);
+* ``rope(x, pos)``: ``pos`` by value when the cache keeps its counter on the host (a frozen value),
+  else the address of a device counter (the same every token);
+* ``kv_write(slot, x)`` through ``cuLaunchKernel``: ``slot = cache + pos * 256`` when the write index
+  is computed on the host (a ring-buffer slot into memory that exists before the tokens), else
+  ``cache`` with the index read on the device;
+* ``gemm(a, b)``: a runtime function whose CUDA runtime the capture cannot ask (unread) when
+  ``unreadable`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from types import SimpleNamespace as R
+
+import fake_cupti
+from fake_cupti import ActivityKind as K
+
+EMBED, ROPE, KV, GEMM = 0x1000, 0x2000, 0xB000, 0x3000
+CACHE, IDS, COUNTER = 0x7F00_0000_0000, 0x7F10_0000_0000, 0x7F20_0000_0000
+TEMP = 0x7F30_0000_0000
+LAYOUTS = {0xA000: [(0, 8), (8, 8)], 0xA100: [(0, 8), (8, 4)], KV: [(0, 8), (8, 8)], 0xA300: [(0, 8), (8, 8)],
+           0xA400: [(0, 8), (8, 8)]}
+
+
+def queries(unreadable: bool = False, rope_counter: bool = False):
+    runtime = {EMBED: 0xA000, ROPE: 0xA400 if rope_counter else 0xA100}
+    if not unreadable:
+        runtime[GEMM] = 0xA300
+    return fake_cupti.FakeQueries(LAYOUTS, runtime, ranges=[(CACHE, 1 << 20), (IDS, 4096), (COUNTER, 512)])
+
+
+def p64(v: int) -> bytes:
+    return struct.pack("<Q", v)
+
+
+def memory(m, op: int, addr: int, size: int) -> None:
+    m.deliver([R(kind=K.MEMORY2, memory_operation_type=op, address=addr, bytes=size, timestamp=m.get_timestamp(),
+                 device_id=0, stream_id=13, correlation_id=0, memory_kind=3)])
+
+
+def marker(m, flags: int, name: str = "decode_step") -> None:
+    m.deliver([R(kind=K.MARKER, flags_=flags, timestamp=m.get_timestamp(), id=7, name=name if flags == 2 else "",
+                 domain="", object_id=R(pt=R(process_id=os.getpid(), thread_id=77)))])
+
+
+FRESH = 0x7F40_0000_0000
+
+
+def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool = True, gemm: bool = True,
+         extra: bool = False, fresh_input: bool = False) -> None:
+    """One decode step at ``pos`` (module docstring); ``token`` picks the temporaries' addresses;
+    ``fresh_input``: the token ids are a new buffer made between steps (not a static input)."""
+    ids = IDS
+    if fresh_input:  # made by the host between tokens, freed after the step
+        ids = FRESH + token * 0x1000
+        memory(m, 1, ids, 64)
+    marker(m, 2)
+    tmp = TEMP + token * 0x10000
+    memory(m, 1, tmp, 4096)
+    m.launch("cudaLaunchKernel_v7000", EMBED, [p64(ids), p64(tmp)], kernel="embed")
+    if host_counter:
+        m.launch("cudaLaunchKernel_v7000", ROPE, [p64(tmp), struct.pack("<i", pos)], kernel="rope")
+    else:
+        m.launch("cudaLaunchKernel_v7000", ROPE, [p64(tmp), p64(COUNTER)], kernel="rope")
+    slot = CACHE + pos * 256 if host_slot else CACHE
+    m.launch("cuLaunchKernel", KV, [p64(slot), p64(tmp)], domain="driver", kernel="kv_write", extra=extra)
+    if gemm:
+        m.launch("cudaLaunchKernel_v7000", GEMM, [p64(IDS), p64(CACHE)], kernel="gemm")
+    memory(m, 2, tmp, 4096)
+    marker(m, 4)
+    if fresh_input:
+        memory(m, 2, ids, 64)
+    m.call("cudaStreamSynchronize_v3020")
+    m.clock += 50_000  # sampling on the host
+
+
+def record(monkeypatch, tmp_path=None, *, tokens: int = 5, unreadable: bool = False, **kw):
+    """An argument pass over ``tokens`` steps (positions 17, 18, …): the :class:`Recording` (saved to
+    ``tmp_path/arguments.csv.gz`` with its store when ``tmp_path`` is given) and the fake."""
+    from ds4lab.audit import arguments as A
+    from ds4lab.audit import record as REC
+    from ds4lab.backends import cupti as C
+
+    m = fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(C, "current_context", lambda: 0x55)
+    q = queries(unreadable, rope_counter=not kw.get("host_counter", True))
+    monkeypatch.setattr(A, "CudaQueries", lambda: q)
+    monkeypatch.setattr(A, "SKIP_FILES", (fake_cupti.__file__,))  # the fake plays the CUDA library's part
+    with REC.recording(arguments=True, token_range="decode_step") as rec:
+        m.launch("cudaLaunchKernel_v7000", EMBED, [p64(IDS), p64(TEMP)], kernel="embed")  # warm-up, outside
+        for t in range(tokens):
+            step(m, 17 + t, t, **kw)
+    if tmp_path is not None:
+        rec.save(tmp_path / "arguments.csv.gz")
+    return rec, m, q
