@@ -73,7 +73,7 @@ for arg in "$@"; do
          $D calibrate --long-context --base $R/calibration/h200.json --out $R/calibration/h200-long.json &&
          if [ -d $R/islands ]; then $D calibrate --from-ladder $R/islands --base $R/calibration/h200-long.json \
          --out $R/calibration/h200-host.json; fi" ;;
-    audit) TAIL=30 step audit ${limit:-300} $D audit validate --out $R/audit ;;
+    audit) TAIL=30 step audit ${limit:-300} $D audit validate ${AUDIT_ARGS:-} --out $R/audit ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;
     notebooks) step notebooks ${limit:-400} $D notebooks --out $R/notebooks ;;
