@@ -48,6 +48,30 @@ def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
     return "replays right", ""
 
 
+def against_torch(report, torch_run: dict) -> dict:
+    """The audit of one recording set beside what ``torch.cuda.graph`` did with the same step
+    (``torch_run``: :class:`~ds4lab.audit.engines.EngineRun`'s fields, as ``engine.json`` or a bundled
+    recording's outcome holds them). Returns ``torch_outcome``, ``torch_detail``, ``audit_outcome`` and
+    ``audit_why`` (:func:`predicted_outcome`, capture mode global), ``verdict_agrees`` (the verdict names
+    torch's outcome), ``predicted_us`` (the whole-token plan, µs per token, MODELED; None without that
+    plan), ``replay_us`` (torch's replay, µs per step, measured with CUDA events; None when it did not
+    capture), ``predicted_over_measured`` and ``time_agrees`` (within :data:`TIME_TOLERANCE`), None
+    where either time is missing."""
+    verdict, why = predicted_outcome(report)
+    plans = report.plans.set_index("plan") if report.plans is not None and not report.plans.empty else None
+    predicted = (float(plans.loc["whole token", "predicted_us"]) if plans is not None and "whole token" in plans.index
+                 else None)
+    replay = torch_run.get("replay_us")
+    out = {"torch_outcome": torch_run.get("outcome", ""), "torch_detail": torch_run.get("detail", "")
+           or torch_run.get("error", ""), "audit_outcome": verdict, "audit_why": why, "predicted_us": predicted,
+           "replay_us": replay, "predicted_over_measured": None, "time_agrees": None}
+    out["verdict_agrees"] = OUTCOMES.get(out["torch_outcome"]) == verdict != ""
+    if replay and predicted:
+        out["predicted_over_measured"] = predicted / replay
+        out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
+    return out
+
+
 def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every engine × cache (module docstring); writes each audit report under
     ``out/<engine>-<cache>/audit/`` and returns the table (``validate.csv``'s rows). ``on_row(rows)``
@@ -74,15 +98,7 @@ def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataF
                 table.source = f"{engine}-{cache}/recording.csv.gz"
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]
                 audit_report.write([rep], Path(out) / f"{engine}-{cache}" / "audit")
-                row["audit_outcome"], row["audit_why"] = predicted_outcome(rep)
-                plans = rep.plans.set_index("plan") if not rep.plans.empty else None
-                if plans is not None and "whole token" in plans.index:
-                    row["predicted_us"] = float(plans.loc["whole token", "predicted_us"])
-            row["verdict_agrees"] = OUTCOMES.get(row["torch_outcome"]) == row["audit_outcome"] != ""
-            if row["replay_us"] and row["predicted_us"]:
-                ratio = row["predicted_us"] / row["replay_us"]
-                row["predicted_over_measured"] = ratio
-                row["time_agrees"] = abs(ratio - 1) <= TIME_TOLERANCE
+                row.update(against_torch(rep, r))
             say(f"{engine}/{cache}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
                 f"{row['audit_outcome']} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured, {row['predicted_us']:.0f} predicted "
@@ -93,4 +109,4 @@ def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataF
     return pd.DataFrame(rows)
 
 
-__all__ = ["OUTCOMES", "TIME_TOLERANCE", "predicted_outcome", "validate"]
+__all__ = ["OUTCOMES", "TIME_TOLERANCE", "against_torch", "predicted_outcome", "validate"]
