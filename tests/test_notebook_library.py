@@ -2,7 +2,8 @@
 scan and its figure (``experiments.launch_list``, ``plots.launches_figure``), the figures and tables
 drawn from a job's folder (``report.views``), the widget-or-parameter choice (``report.widgets``), 05's
 choice of trace and its comparison with torch (``audit.engines.audit_source``,
-``audit.validate.against_torch``), 01's text parameters (``jobs.moe.config_from_text``)."""
+``audit.validate.against_torch``), 01's text parameters (``jobs.moe.config_from_text``), and
+``ds4lab notebooks`` as a job (``jobs.notebooks``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pandas as pd
 import pytest
 
 from ds4lab.errors import BadInput
-from ds4lab.jobs import execute
+from ds4lab.jobs import JOBS, execute
 from ds4lab.token import reference as LR
 
 
@@ -304,3 +305,51 @@ def test_moe_config_from_text_keeps_the_counts_the_preset_takes():
         config_from_text("sim", "tiny", str(limit + 1), "uniform", "deferred")
     with pytest.raises(BadInput, match="whole numbers"):
         config_from_text("sim", "tiny", "1,two", "uniform", "deferred")
+
+
+# ----------------------------------------------------------------------------- the notebooks job
+def _nb(path: Path, *cells: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell("A = 1\nOUT = 'o'")
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_notebooks_is_a_job_that_checks_everything_before_a_kernel_starts(tmp_path):
+    from ds4lab.jobs.notebooks import NotebooksConfig, check_config, plan
+
+    assert JOBS["notebooks"][0] == "notebooks" and JOBS["notebooks"][1].resolve(NotebooksConfig()) == (False, False,
+                                                                                                          False)
+    _nb(tmp_path / "a.ipynb")
+    p = plan(NotebooksConfig(assignments=("A=5",), folder=tmp_path, out=tmp_path / "o"))
+    assert p.paths == [tmp_path / "a.ipynb"] and p.values == {tmp_path / "a.ipynb": {"A": 5}}
+    for cfg, needle in ((NotebooksConfig(assignments=("Z=1",), folder=tmp_path), "no notebook has a parameter named Z"),
+                        (NotebooksConfig(assignments=("A=x",), folder=tmp_path), "A='x'"),
+                        (NotebooksConfig(assignments=("OUT=x",), folder=tmp_path), "OUT is set by --out"),
+                        (NotebooksConfig(names=("b",), folder=tmp_path), "'b' is not"),
+                        (NotebooksConfig(folder=tmp_path, out=""), "names no result folder")):
+        with pytest.raises(BadInput, match=needle):
+            check_config(cfg)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_the_notebooks_job_runs_through_execute(tmp_path):
+    pytest.importorskip("papermill")
+    pytest.importorskip("ipykernel")
+    from ds4lab.jobs.notebooks import NotebooksConfig, NotebooksFailed
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    _nb(d / "a.ipynb", "import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(A * 2)")
+    runs = execute("notebooks", NotebooksConfig(assignments=("A=21",), folder=d, out=tmp_path / "o", timeout=60))
+    assert [(r["notebook"], r["ok"], r["parameters"]["A"]) for r in runs] == [("a.ipynb", True, 21)]
+    assert (tmp_path / "o" / "a.ipynb").is_file() and (tmp_path / "o" / "a").is_dir()
+    _nb(d / "b.ipynb", "raise ValueError('no')")
+    with pytest.raises(NotebooksFailed, match="failed: b.ipynb"):
+        execute("notebooks", NotebooksConfig(folder=d, out=tmp_path / "o2", timeout=60))

@@ -19,6 +19,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``bench``       launch-layer cost, MoE bandwidth, graph replay cost (GPU)
 ``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
 ``audit``       what capture would refuse, break or miss in any engine's traced decode step
+``notebooks``   the workbench notebooks, run headlessly (papermill) into one result folder
 ==============  ===========================================================================
 """
 
@@ -63,6 +64,7 @@ JOBS = {
     "trace": ("trace", BackendRequest(timing_only=True)),
     "audit": ("audit", BackendRequest(needed=False)),
     "audit-validate": ("audit_validate", BackendRequest(needed=False)),
+    "notebooks": ("notebooks", BackendRequest(needed=False)),
 }
 
 
