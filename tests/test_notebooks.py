@@ -463,3 +463,23 @@ def test_a_stop_signal_is_reported_as_itself_and_the_job_in_the_kernel_stops_cle
     assert json.loads((inner / "meta.json").read_text())["status"] == f"interrupted ({signame})"
     assert (inner / "partial.txt").read_text() == "so far"
     assert left == [], f"staging folders or locks left behind: {left}"
+
+
+@pytest.mark.slow
+def test_an_interruption_raised_in_the_progress_callback_is_an_interruption(tmp_path):
+    """A console closed under ``ds4lab notebooks`` stops it from the progress line (rich raises
+    ``Terminated(SIGPIPE)`` there, in the thread running the notebook): the run is interrupted by that
+    signal, not a failed notebook."""
+    pytest.importorskip("papermill")
+    pytest.importorskip("ipykernel")
+    import signal
+
+    from ds4lab.errors import Terminated
+
+    def on_cell(i, n):
+        if i == 2:
+            raise Terminated(signal.SIGPIPE)
+
+    src = _write(tmp_path / "n.ipynb", "print('one')", "print('two')")
+    r = run_notebook(src, {}, tmp_path / "run" / "n.ipynb", out_dir=tmp_path / "o", timeout=60, on_cell=on_cell)
+    assert r.interrupted and not r.ok and r.signum == signal.SIGPIPE and r.error == "interrupted (SIGPIPE)"

@@ -373,6 +373,8 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     exc = outcome.get("error")
     nb = read_notebook(executed) if executed.exists() else read_notebook(path)
     own = [c for c in _own_code_cells(nb) if ERROR_TAG not in c.metadata.get("tags", [])]
+    if stops.signum is None and isinstance(exc, KeyboardInterrupt):  # raised in this process (a closed console)
+        stops.signum = getattr(exc, "signum", None) or signal.SIGINT
     if stops.signum is not None:
         error = ("interrupted (Ctrl-C)" if stops.signum == signal.SIGINT
                  else f"interrupted ({signal.Signals(stops.signum).name})")
