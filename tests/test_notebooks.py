@@ -1,6 +1,8 @@
-"""The notebooks and their runner: committed without outputs; each runs top to bottom on the
-simulated runtime with small parameters, headless, through ``ds4lab.report.notebook_runner`` (nbclient);
-the runner's parameter handling and failure reporting."""
+"""The notebooks and their runner: each notebook's source is a jupytext percent-format ``.py`` paired
+with its ``.ipynb`` (committed without outputs, the two in sync, the source free of unused imports);
+each runs top to bottom on the simulated runtime with small parameters, headless, through
+``ds4lab.report.notebook_runner`` (papermill); the runner's parameter handling, failure reporting and
+stop signals (``ds4lab notebooks``: SIGTERM 143, SIGHUP 129, a job inside the kernel stopped cleanly)."""
 
 from __future__ import annotations
 
@@ -11,16 +13,18 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.report.notebook_runner import (NotebookError, coerce, find_notebooks, parameter_defaults,
-                                           parse_assignments, run_notebook, set_parameters)
+from ds4lab.report.notebook_runner import (INJECTED_TAG, NotebookError, coerce, find_notebooks, parameter_defaults,
+                                           parse_assignments, run_notebook)
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
+SOURCES = sorted(NB_DIR.glob("*.py"))
 SMALL = {
     "BACKEND": "sim", "PRESET": "tiny", "TOKENS": 8, "STAGES": "0,1,3",
     "SWEEP_LAYERS": [2, 4], "SWEEP_LAUNCH_US": [5.0, 9.4], "SWEEP_TOKENS": [1, 2], "HAZARD_PRESET": "tiny",
     "TOKENS_PER_STEP": "1,2,16", "ROUTINGS": "uniform,worst", "STEPS": 2, "CONTEXTS": "128,600",
     "ENGINE": "llama", "CACHE": "dynamic", "TRACE": None, "TOKEN_RANGE": "decode_step",
+    "TRACE_LAYERS": 1, "ROUTING_SHOWN": "worst", "REGIME_CHANGE": None,
 }
 #: Per notebook, where SMALL's value does not fit: 04's context ladder runs an island stage and 3c (a
 #: long-context stage). Its CONTEXTS, 128 and 600, cross a top-k regime change of tiny. 05 on BACKEND sim
@@ -38,10 +42,70 @@ def _notebook(*sources, params="A = 1\nB = 'x'  # a comment\nOUT = 'o'"):
     return nb
 
 
-def test_there_are_notebooks():
+def _write(path: Path, *sources, **kw) -> Path:
+    import nbformat
+
+    nbformat.write(_notebook(*sources, **kw), path)
+    return path
+
+
+def _own(nb) -> list:
+    """The notebook's own code cells (papermill's injected parameters cell left out)."""
+    return [c for c in nb.cells if c.cell_type == "code" and INJECTED_TAG not in c.metadata.get("tags", [])]
+
+
+def _injected(nb):
+    return next(c for c in nb.cells if INJECTED_TAG in c.metadata.get("tags", []))
+
+
+def test_there_are_notebooks_each_with_its_source():
     assert {p.name for p in NOTEBOOKS} == {"00_quickstart.ipynb", "01_moe_timing.ipynb",
                                            "02_profiling_vs_capture.ipynb", "03_stage_gains.ipynb",
                                            "04_long_context.ipynb", "05_audit.ipynb"}
+    assert [p.stem for p in SOURCES] == [p.stem for p in NOTEBOOKS], "every .ipynb has its .py source, and no more"
+    assert not (NB_DIR.parent / "scripts" / "make_notebooks.py").exists()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_notebook_matches_its_source(path):
+    """``jupytext --sync``: the committed .ipynb holds the cells of its .py source (type, text, tags),
+    and says it is paired with it; an edit to one without the other fails here."""
+    jupytext = pytest.importorskip("jupytext")
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    src = jupytext.read(path.with_suffix(".py"))
+    cells = lambda n: [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in n.cells]  # noqa: E731
+    assert cells(nb) == cells(src), f"{path.name} and {path.stem}.py differ: run jupytext --sync {path.stem}.py"
+    assert nb.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent"
+
+
+def unused_imports(source: str) -> list[str]:
+    """Names a module imports at top level and never uses (a ``# noqa`` line and ``__future__`` aside)."""
+    import ast
+
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    imported = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and "noqa" not in lines[node.lineno - 1]:
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                continue
+            for a in node.names:
+                imported[(a.asname or a.name).split(".")[0]] = node.lineno
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    return sorted(name for name in imported if name not in used)
+
+
+def test_the_unused_import_check_can_fail():
+    assert unused_imports("import json\nfrom pathlib import Path\nimport os.path\nPath('x')") == ["json", "os"]
+    assert unused_imports("import json  # noqa: F401\nfrom x import (a,\n b)\nb()") == ["a"]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_notebook_sources_import_only_what_they_use(path):
+    assert unused_imports(path.read_text()) == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -63,31 +127,27 @@ def test_parameters_cell_first_and_covered(path):
     nb = nbformat.read(path, as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
     assert "parameters" in first.metadata.get("tags", [])
-    names = parameter_defaults(nb)
+    names = parameter_defaults(path)
     assert {"BACKEND", "OUT"} <= set(names)
     assert set(names) - {"OUT", "MODES"} <= set(SMALL), "a parameter CI does not shrink"
 
 
-def test_set_parameters_rewrites_only_named_lines():
-    nb = _notebook()
-    unused = set_parameters(nb, {"A": [2, 3], "Z": 5})
-    assert unused == {"Z": 5}
-    src = nb.cells[0].source.splitlines()
-    assert src[0].startswith("A = [2, 3]")
-    assert src[1] == "B = 'x'  # a comment"
-    assert parameter_defaults(nb)["A"] == [2, 3]
+def test_parameters_are_papermills_reading_of_the_cell(tmp_path):
+    from ds4lab.report.notebook_runner import parameters
+
+    p = _write(tmp_path / "n.ipynb", params="A = 1\nB = 'x'  # a comment\nC = [2, 3]\nOUT = 'o'")
+    assert parameter_defaults(p) == {"A": 1, "B": "x", "C": [2, 3], "OUT": "o"}
+    assert parameters(p)["B"]["help"] == "a comment"
 
 
-def test_set_parameters_refuses_a_non_literal():
-    with pytest.raises(NotebookError, match="A="):
-        set_parameters(_notebook(), {"A": object()})
-
-
-def test_a_notebook_needs_exactly_one_parameters_cell():
+def test_a_notebook_needs_exactly_one_parameters_cell(tmp_path):
     nb = _notebook()
     nb.cells[0].metadata["tags"] = []
+    import nbformat
+
+    nbformat.write(nb, tmp_path / "n.ipynb")
     with pytest.raises(NotebookError, match="found 0"):
-        parameter_defaults(nb)
+        parameter_defaults(tmp_path / "n.ipynb")
 
 
 @pytest.mark.parametrize("text,default,want", [
@@ -121,22 +181,26 @@ def test_find_notebooks_by_name_prefix_and_all():
         find_notebooks(["0"], NB_DIR)
     with pytest.raises(NotebookError, match="'99' is not"):
         find_notebooks(["99"], NB_DIR)
+    assert find_notebooks([str(NB_DIR / "05_audit.py"), "04_long_context.py"], NB_DIR) == \
+        [NB_DIR / "05_audit.ipynb", NB_DIR / "04_long_context.ipynb"], "a source names the notebook paired with it"
 
 
 @pytest.mark.slow
 def test_a_failing_cell_keeps_the_outputs_before_it(tmp_path):
-    pytest.importorskip("nbclient")
+    pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")
     import nbformat
 
-    src = tmp_path / "broken.ipynb"
-    nbformat.write(_notebook("print('first', A)", "raise RuntimeError('boom ' + B)", "print('never')"), src)
+    src = _write(tmp_path / "broken.ipynb", "print('first', A)", "raise RuntimeError('boom ' + B)", "print('never')")
     r = run_notebook(src, {"A": 41, "B": "y"}, tmp_path / "run" / "broken.ipynb", out_dir=tmp_path / "o",
                      timeout=60)
-    assert not r.ok and r.failed_cell == 3 and r.error == "RuntimeError: boom y"
+    assert not r.ok and r.failed_cell == 3 and r.cells == 4 and r.error == "RuntimeError: boom y"
     done = nbformat.read(r.executed, as_version=4)
-    assert "first 41" in done.cells[1].outputs[0]["text"]
-    assert not done.cells[3].outputs, "cells after the failure do not run"
+    own = _own(done)
+    assert "first 41" in own[1].outputs[0]["text"]
+    assert not own[3].outputs, "cells after the failure do not run"
+    assert "papermill-error-cell-tag" in json.dumps([c.metadata for c in done.cells]), "papermill marks the failure"
+    assert "A = 41" in _injected(done).source and "B = \"y\"" in _injected(done).source
     assert done.metadata["ds4lab"]["executed"]["parameters"]["OUT"] == str((tmp_path / "o").resolve())
     assert not src.read_text().count("first 41"), "the source notebook is left as it was"
 
@@ -144,7 +208,7 @@ def test_a_failing_cell_keeps_the_outputs_before_it(tmp_path):
 def test_cli_refuses_unknown_parameter_before_running(tmp_path):
     res = CliRunner().invoke(main, ["notebooks", "--set", "PRESTE=small", "--out", str(tmp_path / "o"),
                                     "--dir", str(NB_DIR)])
-    assert res.exit_code == 2 and "PRESTE" in res.output and "PRESET" in res.output
+    assert res.exit_code == 2 and "no notebook has a parameter named PRESTE" in res.output and "PRESET" in res.output
     assert not (tmp_path / "o").exists()
 
 
@@ -162,17 +226,17 @@ def test_cli_lists_parameters():
 
 @pytest.mark.slow
 def test_cli_reports_a_failed_notebook_and_runs_the_rest(tmp_path):
-    pytest.importorskip("nbclient")
+    pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")
-    import nbformat
 
     d = tmp_path / "nbs"
     d.mkdir()
-    nbformat.write(_notebook("raise ValueError('bad ' + str(A))"), d / "a_bad.ipynb")
-    nbformat.write(_notebook("import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(B)"), d / "b_good.ipynb")
+    _write(d / "a_bad.ipynb", "raise ValueError('bad ' + str(A))")
+    _write(d / "b_good.ipynb", "import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(B)")
     res = CliRunner().invoke(main, ["notebooks", "--dir", str(d), "--set", "A=7", "--out", str(tmp_path / "o")])
     assert res.exit_code == 1, res.output
     assert "FAILED at code cell 2 of 2 in a_bad.ipynb: ValueError: bad 7" in res.output
+    assert "failed: a_bad.ipynb" in res.output
     runs = json.loads((tmp_path / "o" / "runs.json").read_text())["runs"]
     assert [(r["notebook"], r["ok"]) for r in runs] == [("a_bad.ipynb", False), ("b_good.ipynb", True)]
     assert (tmp_path / "o" / "b_good").is_dir()
@@ -181,11 +245,13 @@ def test_cli_reports_a_failed_notebook_and_runs_the_rest(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_runs_on_sim(path, tmp_path):
-    pytest.importorskip("nbclient")
+    """Each notebook top to bottom on the sim with small parameters: it writes its figures' files and
+    shows the figures the library drew (image outputs of figure objects, each once), says MODELED."""
+    pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")
     import nbformat
 
-    names = parameter_defaults(nbformat.read(path, as_version=4))
+    names = parameter_defaults(path)
     values = {n: v for n, v in {**SMALL, **SMALL_FOR.get(path.name, {})}.items() if n in names}
     r = run_notebook(path, values, tmp_path / path.name, out_dir=tmp_path / "out", timeout=600)
     assert r.ok, f"{path.name} failed at code cell {r.failed_cell}: {r.error}"
@@ -193,6 +259,10 @@ def test_runs_on_sim(path, tmp_path):
     executed = nbformat.read(r.executed, as_version=4)
     text = json.dumps([c.get("outputs", []) for c in executed.cells])
     assert "MODELED" in text or "modeled" in text, "on sim the notebook says its figures are modeled"
+    shown = [sum("image/png" in o.get("data", {}) for o in c.outputs) for c in _own(executed)]
+    assert sum(shown) >= 1 and max(shown) == 1, f"figures shown per cell: {shown}"
+    assert "IPython.core.display.Image" not in text and "Image(filename" not in json.dumps(
+        [c.source for c in executed.cells]), "figures are the library's objects, not PNG files read back"
 
 
 @pytest.mark.slow
@@ -200,7 +270,7 @@ def test_an_executed_notebook_is_plain_text_and_names_the_folder_the_results_are
     """Through `ds4lab notebooks`: what the jobs printed is kept without ANSI escape codes, and every
     path in the executed copy (the job's lines, the OUT parameter) is --out's, never the staging
     folder the notebook ran in."""
-    pytest.importorskip("nbclient")
+    pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")
     import nbformat
 
@@ -214,12 +284,12 @@ def test_an_executed_notebook_is_plain_text_and_names_the_folder_the_results_are
     assert res.exit_code == 0, res.output
     final = (tmp_path / "o" / "a").resolve()
     done = nbformat.read(tmp_path / "o" / "a.ipynb", as_version=4)
-    texts = [o.get("text", "") + "".join(o.get("data", {}).get("text/plain", "")) for o in done.cells[1].outputs]
+    texts = [o.get("text", "") + "".join(o.get("data", {}).get("text/plain", "")) for o in _own(done)[1].outputs]
     printed = "".join(texts).replace("\n", "")  # rich wraps at the notebook's width
     assert f"pdf in {final / 'audit'}" in printed and f"results in {final / 'audit'}/" in printed, printed
     assert not [t for t in texts if "\x1b" in t], "ANSI escape codes in the saved text"
     assert ".ds4lab-staging" not in (tmp_path / "o" / "a.ipynb").read_text()
-    assert f"OUT = {str(final)!r}" in done.cells[0].source
+    assert f'OUT = "{final}"' in _injected(done).source
     assert (final / "audit" / "audit.csv").is_file()
 
 
@@ -255,7 +325,7 @@ def test_cli_out_below_a_file(tmp_path):
 
 @pytest.mark.slow
 def test_figures_listed_are_this_runs_and_ctrl_c_is_an_interruption(tmp_path):
-    pytest.importorskip("nbclient")
+    pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")
     import nbformat
 
@@ -277,29 +347,9 @@ def test_figures_listed_are_this_runs_and_ctrl_c_is_an_interruption(tmp_path):
     assert r.figures == ["new.png"]
 
 
-def test_committed_notebooks_are_what_make_notebooks_writes(tmp_path):
-    """scripts/make_notebooks.py is the notebooks' source: regenerated, every committed notebook is the
-    same, cell for cell (an edit made to an .ipynb by hand, or a source edit not regenerated, fails)."""
-    import subprocess
-    import sys
-
-    import nbformat
-
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, str(root / "scripts" / "make_notebooks.py"), "--out", str(tmp_path)], check=True,
-                   capture_output=True, timeout=120)
-    made = sorted(p.name for p in tmp_path.glob("*.ipynb"))
-    committed = sorted(p.name for p in (root / "notebooks").glob("*.ipynb"))
-    assert made == committed
-    for name in made:
-        a = nbformat.read(tmp_path / name, as_version=4)
-        b = nbformat.read(root / "notebooks" / name, as_version=4)
-        assert [(c.cell_type, c.source) for c in a.cells] == [(c.cell_type, c.source) for c in b.cells], name
-
-
 @pytest.mark.slow
 def test_a_cell_past_the_timeout_is_named_without_a_traceback(tmp_path):
-    pytest.importorskip("nbclient")
+    pytest.importorskip("papermill")
     pytest.importorskip("ipykernel")
     import nbformat
 
@@ -321,7 +371,7 @@ def test_a_cell_past_the_timeout_is_named_without_a_traceback(tmp_path):
     runs = json.loads((tmp_path / "o" / "runs.json").read_text())["runs"]
     assert runs[0]["timed_out_cell"] == 3 and runs[0]["failed_cell"] == 3
     done = nbformat.read(tmp_path / "o" / "slow.ipynb", as_version=4)
-    assert "quick 1" in done.cells[1].outputs[0]["text"]  # the cells before it kept their outputs
+    assert "quick 1" in _own(done)[1].outputs[0]["text"]  # the cells before it kept their outputs
     assert json.loads((tmp_path / "o" / "meta.json").read_text())["status"].startswith("failed")
 
 
@@ -341,3 +391,95 @@ def test_a_second_run_into_the_same_folder_is_refused_up_front(tmp_path):
         assert not out.exists()
     finally:
         held.release()
+
+
+#: A cell that runs a job of its own in the notebook's OUT (as the workbench notebooks do) and is still
+#: working when the run is stopped.
+_INNER_JOB = """import time
+from pathlib import Path
+from ds4lab.report.results import job_folder
+with job_folder(Path(OUT) / 'inner', {'job': 'inner'}) as f:
+    (f / 'partial.txt').write_text('so far')
+    time.sleep(120)
+"""
+
+
+def _stopped_run(tmp_path, signum, to_group: bool):
+    """``ds4lab notebooks`` (its own process group) over two notebooks, the first's job running, stopped
+    with ``signum`` sent to the process, or to its whole group as a closed terminal sends SIGHUP."""
+    import os
+    import signal  # noqa: F401 - the callers' signal numbers
+    import subprocess
+    import sys
+    import time
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    _write(d / "a.ipynb", _INNER_JOB, "print('never')")
+    _write(d / "b.ipynb", "print('never either')")
+    repo = Path(__file__).resolve().parents[1]
+    p = subprocess.Popen([sys.executable, "-m", "ds4lab.cli", "notebooks", "--dir", str(d), "--out",
+                          str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(repo)), start_new_session=True)
+    try:
+        working = tmp_path / ".o.ds4lab-staging" / "a" / ".inner.ds4lab-staging" / "partial.txt"
+        end = time.time() + 180
+        while not working.exists():
+            assert p.poll() is None and time.time() < end, p.communicate()[0] if p.poll() is not None else "slow"
+            time.sleep(0.2)
+        (os.killpg if to_group else os.kill)(p.pid, signum)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    left = sorted(str(x.relative_to(tmp_path)) for x in tmp_path.rglob(".*") if "ds4lab" in x.name)
+    return p.returncode, out, left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signame,to_group,status", [("SIGTERM", False, 143), ("SIGHUP", True, 129)])
+def test_a_stop_signal_is_reported_as_itself_and_the_job_in_the_kernel_stops_cleanly(tmp_path, signame, to_group,
+                                                                                     status):
+    """SIGTERM (to the process) and SIGHUP (to its process group: a closed terminal) stop ``ds4lab
+    notebooks`` with the shell's status for that signal and ``interrupted (SIG…)`` in its meta.json and
+    runs.json; the signal reaches the kernel, so the job running in a cell records the same status and
+    keeps its partial results where its folder was: no staging folder says ``running``, no lock file
+    is left, and the next notebook does not run."""
+    pytest.importorskip("papermill")
+    pytest.importorskip("ipykernel")
+    import signal
+
+    rc, out, left = _stopped_run(tmp_path, getattr(signal, signame), to_group)
+    assert rc == status, out
+    assert f"interrupted ({signame})" in out and "Traceback" not in out, out
+    o = tmp_path / "o"
+    assert json.loads((o / "meta.json").read_text())["status"] == f"interrupted ({signame})"
+    runs = json.loads((o / "runs.json").read_text())["runs"]
+    assert [(r["notebook"], r["interrupted"], r["error"]) for r in runs] == [("a.ipynb", True,
+                                                                              f"interrupted ({signame})")]
+    assert runs[0]["failed_cell"] == 2
+    inner = o / "a" / "inner"
+    assert json.loads((inner / "meta.json").read_text())["status"] == f"interrupted ({signame})"
+    assert (inner / "partial.txt").read_text() == "so far"
+    assert left == [], f"staging folders or locks left behind: {left}"
+
+
+@pytest.mark.slow
+def test_an_interruption_raised_in_the_progress_callback_is_an_interruption(tmp_path):
+    """A console closed under ``ds4lab notebooks`` stops it from the progress line (rich raises
+    ``Terminated(SIGPIPE)`` there, in the thread running the notebook): the run is interrupted by that
+    signal, not a failed notebook."""
+    pytest.importorskip("papermill")
+    pytest.importorskip("ipykernel")
+    import signal
+
+    from ds4lab.errors import Terminated
+
+    def on_cell(i, n):
+        if i == 2:
+            raise Terminated(signal.SIGPIPE)
+
+    src = _write(tmp_path / "n.ipynb", "print('one')", "print('two')")
+    r = run_notebook(src, {}, tmp_path / "run" / "n.ipynb", out_dir=tmp_path / "o", timeout=60, on_cell=on_cell)
+    assert r.interrupted and not r.ok and r.signum == signal.SIGPIPE and r.error == "interrupted (SIGPIPE)"

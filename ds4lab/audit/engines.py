@@ -400,9 +400,65 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["CACHES", "ENGINES", "EngineRun", "RECORDED", "RIGHT_RTOL", "TOKEN_RANGE", "available", "build",
-           "outcome_beside",
-           "recorded", "recorded_outcome", "run_engine", "run_isolated"]
+@dataclass
+class AuditSource:
+    """The trace :func:`audit_source` chose, and what torch.cuda.graph did with its step where known.
+
+    Attributes:
+        trace: the file to audit.
+        kind: ``own`` (a trace given), ``live`` (recorded here, on the GPU), ``bundled`` (recorded on an
+            H200, shipped with ds4lab).
+        torch_run: :class:`EngineRun`'s fields for ``live`` and ``bundled`` (outcome, detail, µs, device);
+            None for ``own``.
+        note: one line saying which trace it is and where it was recorded.
+    """
+
+    trace: Path
+    kind: str
+    torch_run: dict | None
+    note: str
+
+
+def audit_source(backend: str = "auto", engine: str = "llama", cache_kind: str = "dynamic", trace=None,
+                 record_into: Path | None = None) -> AuditSource:
+    """What notebook 05 audits: ``trace`` when given (your own engine's); else ``engine`` with
+    ``cache_kind`` recorded live (:func:`run_isolated`, into ``record_into``, a folder of its own: the
+    audit's result folder stays apart) where ``backend`` is ``cupy``, or ``auto`` and torch sees a GPU
+    (:func:`available`); else the bundled recording (:func:`recorded`) with its outcome beside it.
+
+    Raises:
+        ValueError: an unknown backend (auto, cupy, sim); ``cupy`` where no live recording can be made
+            (naming why); a live recording that failed (the process's last lines); no ``record_into``
+            for a live one; a pair that is not bundled where the bundled one is taken.
+    """
+    if backend not in ("auto", "cupy", "sim"):
+        raise ValueError(f"backend {backend!r}: choose auto (live where torch sees a GPU, else the bundled recording), "
+                         "cupy (live) or sim (the bundled recording)")
+    if trace is not None:
+        return AuditSource(Path(trace), "own", None, f"auditing {trace}")
+    live_ok, why = available()
+    if backend == "cupy" and not live_ok:
+        raise ValueError(f"backend 'cupy' records {engine}/{cache_kind} live, but {why}")
+    if backend == "cupy" or (backend == "auto" and live_ok):
+        if record_into is None:
+            raise ValueError("a live recording needs a folder to record into (record_into)")
+        run = run_isolated(engine, cache_kind, Path(record_into))
+        if run.get("error"):
+            raise ValueError(f"{engine}/{cache_kind}: the live recording failed: {run['error']}")
+        dev = run.get("device") or {}
+        return AuditSource(Path(run["recording"]), "live", run,
+                           f"recorded {engine} with a {cache_kind} cache on {dev.get('device', 'this GPU')} (measured)")
+    run = recorded_outcome(engine, cache_kind)
+    dev, cfg = run.get("device") or {}, run.get("config") or {}
+    note = (f"the bundled recording of {engine} with a {cache_kind} cache, recorded on {dev.get('device', 'an H200')} "
+            f"(driver {dev.get('driver', '?')}, torch {cfg.get('torch', '?')})")
+    if backend == "auto":
+        note += f"; live recording off: {why}"
+    return AuditSource(recorded(engine, cache_kind), "bundled", run, note)
+
+
+__all__ = ["AuditSource", "CACHES", "ENGINES", "EngineRun", "RECORDED", "RIGHT_RTOL", "TOKEN_RANGE", "audit_source",
+           "available", "build", "outcome_beside", "recorded", "recorded_outcome", "run_engine", "run_isolated"]
 
 
 if __name__ == "__main__":  # one engine and cache, as run_isolated runs it

@@ -54,6 +54,30 @@ def _frozen_summary(rep) -> tuple[int, str]:
                               for _, r in fr.head(3).iterrows())
 
 
+def against_torch(report, torch_run: dict) -> dict:
+    """The audit of one recording set beside what ``torch.cuda.graph`` did with the same step
+    (``torch_run``: :class:`~ds4lab.audit.engines.EngineRun`'s fields, as ``engine.json`` or a bundled
+    recording's outcome holds them). Returns ``torch_outcome``, ``torch_detail``, ``audit_verdict`` and
+    ``audit_why`` (:func:`predicted_outcome`, capture mode global), ``verdict_agrees`` (the verdict names
+    torch's outcome), ``predicted_us`` (the whole-token plan, µs per token, MODELED; None without that
+    plan), ``replay_us`` (torch's replay, µs per step, measured with CUDA events; None when it did not
+    capture), ``predicted_over_measured`` and ``time_agrees`` (within :data:`TIME_TOLERANCE`), None
+    where either time is missing."""
+    verdict, why = predicted_outcome(report)
+    plans = report.plans.set_index("plan") if report.plans is not None and not report.plans.empty else None
+    predicted = (float(plans.loc["whole token", "predicted_us"]) if plans is not None and "whole token" in plans.index
+                 else None)
+    replay = torch_run.get("replay_us")
+    out = {"torch_outcome": torch_run.get("outcome", ""), "torch_detail": torch_run.get("detail", "")
+           or torch_run.get("error", ""), "audit_verdict": verdict, "audit_why": why, "predicted_us": predicted,
+           "replay_us": replay, "predicted_over_measured": None, "time_agrees": None}
+    out["verdict_agrees"] = OUTCOMES.get(out["torch_outcome"]) == verdict != ""
+    if replay and predicted:
+        out["predicted_over_measured"] = predicted / replay
+        out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
+    return out
+
+
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every family (:func:`ds4lab.audit.families.pairs` of ``engines`` and
     ``caches``) in every dtype (module docstring); writes each audit report under
@@ -98,16 +122,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                     except ValueError as e:
                         rep.notes.append(f"kernel arguments not compared: {e}")
                 audit_report.write([rep], Path(out) / name / "audit")
-                row["audit_verdict"], row["audit_why"] = predicted_outcome(rep)
+                row.update(against_torch(rep, r))
                 row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
-                plans = rep.plans.set_index("plan") if not rep.plans.empty else None
-                if plans is not None and "whole token" in plans.index:
-                    row["predicted_us"] = float(plans.loc["whole token", "predicted_us"])
-            row["verdict_agrees"] = OUTCOMES.get(row["torch_outcome"]) == row["audit_verdict"] != ""
-            if row["replay_us"] and row["predicted_us"]:
-                ratio = row["predicted_us"] / row["replay_us"]
-                row["predicted_over_measured"] = ratio
-                row["time_agrees"] = abs(ratio - 1) <= TIME_TOLERANCE
             say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
                 f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured, {row['predicted_us']:.0f} predicted "
@@ -137,4 +153,4 @@ def markdown(df) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["OUTCOMES", "TIME_TOLERANCE", "markdown", "predicted_outcome", "validate"]
+__all__ = ["OUTCOMES", "TIME_TOLERANCE", "against_torch", "markdown", "predicted_outcome", "validate"]

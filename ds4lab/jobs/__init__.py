@@ -20,6 +20,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
 ``audit``       what capture would refuse, break or miss in any engine's traced decode step
 ``ds4``         ds4 itself: built from its source, its decode token measured on a synthetic model
+``notebooks``   the workbench notebooks, run headlessly (papermill) into one result folder
 ==============  ===========================================================================
 """
 
@@ -65,6 +66,7 @@ JOBS = {
     "audit": ("audit", BackendRequest(needed=False)),
     "audit-validate": ("audit_validate", BackendRequest(needed=False)),
     "ds4": ("ds4", BackendRequest(needed=False)),
+    "notebooks": ("notebooks", BackendRequest(needed=False)),
 }
 
 

@@ -46,6 +46,44 @@ class MoeConfig:
     out: Path | str | None = None
 
 
+def config_from_text(backend: str, preset: str | None, tokens_per_step: str, routings: str, modes: str,
+                     **fields) -> tuple[MoeConfig, str]:
+    """A :class:`MoeConfig` from a notebook's text parameters: ``tokens_per_step`` ``"1,2,64"``,
+    ``routings`` and ``modes`` comma-separated names or ``"all"`` (every one ds4lab has); ``preset`` None:
+    the job's default on ``backend`` (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`, decided without
+    opening a backend). Token counts above the preset's ``max_tokens`` are left out (the job would refuse
+    them); the second value says which, or is "". ``fields``: the config's other fields (``steps``,
+    ``out``, ``overhead``, ...).
+
+    Raises:
+        ds4lab.token.config.ConfigError: an unknown preset.
+        BadInput: no token count the preset takes, or one that is not a whole number.
+    """
+    from .. import moeprof as M
+    from ..backends import resolve
+    from ..token.config import get_preset
+    from .common import DEFAULT_PRESETS
+
+    preset = preset or DEFAULT_PRESETS["moe"][0 if resolve(backend) == "cupy" else 1]
+    limit = get_preset(preset).max_tokens
+    try:
+        asked = [int(t) for t in str(tokens_per_step).split(",") if t.strip()]
+    except ValueError:
+        raise BadInput(f"tokens per step {tokens_per_step!r}: comma-separated whole numbers expected") from None
+    counts = [t for t in asked if t <= limit]
+    if not counts:
+        raise BadInput(f"tokens per step {tokens_per_step!r}: {preset} takes at most {limit} tokens per step")
+    note = (f"note: {preset} takes at most {limit} tokens per step: profiling {counts}" if len(counts) < len(asked)
+            else "")
+
+    def names(text: str, every) -> list[str]:
+        return list(every) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
+
+    cfg = MoeConfig(modes=names(modes, M.MODES), tokens_per_step=counts, routings=names(routings, M.ROUTINGS),
+                    preset=preset, **fields)
+    return cfg, note
+
+
 def run(cfg: MoeConfig, be, console=None):
     """The ``ds4lab moe`` job on backend ``be``. Returns the profile DataFrame.
 

@@ -1,10 +1,20 @@
-"""Run the workbench notebooks headlessly with other parameters, through nbclient.
+"""Run the workbench notebooks headlessly with other parameters, through papermill.
 
-Each notebook has one code cell tagged ``parameters`` holding plain assignments (``NAME = value``).
-:func:`set_parameters` rewrites the named assignments in that cell; :func:`run_notebook` executes
-the notebook top to bottom in a fresh Jupyter kernel and writes the executed copy (with its
-outputs) beside the results. The committed notebooks stay without outputs; executed copies go to
-the output folder, never back into ``notebooks/``.
+Each notebook has one code cell tagged ``parameters`` holding plain assignments (``NAME = value  #
+help``). Papermill reads them (:func:`parameter_defaults`, ``papermill.inspect_notebook``), injects the
+values given in a cell after it, runs the notebook top to bottom in a fresh Jupyter kernel (nbclient),
+records each cell's timing and status, marks a failing cell, and saves the executed copy as it goes.
+:func:`run_notebook` adds what papermill lacks: the values typed like each notebook's own defaults and
+checked before a kernel starts (:func:`coerce`, :func:`check_value`), progress per cell, the kernel's
+own stderr kept out of the console, the executed copy naming where its results will be once a staging
+folder is swapped in, and stop signals: Ctrl-C, SIGTERM and SIGHUP are caught by this process, passed
+on to the kernel's process group (so a job running in a cell records ``interrupted``, ``interrupted
+(SIGTERM)``, ``interrupted (SIGHUP)`` and releases its folder), and reported as an interruption with
+their signal. The committed notebooks stay without outputs; executed copies go to the output folder,
+never back into ``notebooks/``.
+
+The notebooks' sources are jupytext percent-format ``.py`` files paired with the ``.ipynb`` files this
+module runs (``docs/architecture.md``, "A notebook").
 """
 
 from __future__ import annotations
@@ -13,16 +23,28 @@ import ast
 import datetime as _dt
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..errors import BadInput
+from .widgets import HEADLESS_ENV
+
 PARAMETERS_TAG = "parameters"
+#: papermill's tag for the cell it adds after the parameters cell
+INJECTED_TAG = "injected-parameters"
+#: papermill's tag for the markdown cells it adds around a failure
+ERROR_TAG = "papermill-error-cell-tag"
+#: Seconds a kernel has to stop after a stop signal was passed on to it, before it is killed.
+STOP_GRACE_S = 20.0
+_STOPS = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
 
 
-class NotebookError(ValueError):
-    """A notebook, a parameter name or a parameter value that cannot be used (the message names it)."""
+class NotebookError(BadInput):
+    """A notebook, a parameter name or a parameter value that cannot be used (the message names it;
+    exit status 2, nothing run)."""
 
 
 def parse_assignments(items) -> dict:
@@ -81,75 +103,69 @@ def coerce(name: str, text: str, default):
     return type(default)(v) if isinstance(default, (float, list)) else v
 
 
-def parameters_cell(nb):
-    """The notebook's one code cell tagged ``parameters``.
-
-    Raises :class:`NotebookError` when there is none or more than one."""
-    cells = [c for c in nb.cells
-             if c.cell_type == "code" and PARAMETERS_TAG in c.metadata.get("tags", [])]
-    if len(cells) != 1:
-        raise NotebookError(f"expected one code cell tagged {PARAMETERS_TAG!r}, found {len(cells)}")
-    return cells[0]
-
-
-def parameter_defaults(nb) -> dict:
-    """Name → value of each top-level assignment in the parameters cell, in order (a value that is
-    not a plain literal maps to an opaque marker)."""
+def _papermill():
     try:
-        tree = ast.parse(parameters_cell(nb).source)
+        import nbformat
+        import papermill
+    except ImportError as e:
+        raise NotebookError(f"running notebooks needs papermill, nbclient and ipykernel ({e.name} is missing): "
+                            "pip install 'ds4lab[notebooks]'") from None
+    return papermill, nbformat
+
+
+def read_notebook(path: Path):
+    """The notebook at ``path`` (nbformat, version 4). Raises :class:`NotebookError` naming the file
+    when it is missing or not a notebook."""
+    _, nbformat = _papermill()
+    try:
+        return nbformat.read(Path(path), as_version=4)
+    except Exception as e:  # nbformat raises several kinds for a file that is not a notebook
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise NotebookError(f"{path}: not a readable notebook ({why})") from None
+
+
+def parameters(path: Path) -> dict:
+    """The parameters of the notebook at ``path``, as papermill reads its cell tagged ``parameters``
+    (``papermill.inspect_notebook``): name → ``{"default": value, "help": the line's comment}``, in
+    order. A default that is not a plain Python literal is an opaque marker (:func:`coerce` then takes
+    any literal or text).
+
+    Raises :class:`NotebookError` naming the file: not a notebook, or not exactly one parameters cell.
+    """
+    papermill, _ = _papermill()
+    nb = read_notebook(path)
+    cells = [c for c in nb.cells if c.cell_type == "code" and PARAMETERS_TAG in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise NotebookError(f"{path}: expected one code cell tagged {PARAMETERS_TAG!r}, found {len(cells)}")
+    try:
+        ast.parse(cells[0].source)
     except SyntaxError as e:
-        raise NotebookError(f"the parameters cell does not parse: {e}") from None
+        raise NotebookError(f"{path}: the parameters cell does not parse: {e}") from None
     out = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                out[node.targets[0].id] = _NOT_A_LITERAL
+    for name, p in papermill.inspect_notebook(str(path)).items():
+        try:
+            value = ast.literal_eval(p["default"])
+        except (ValueError, SyntaxError):
+            value = _NOT_A_LITERAL
+        out[name] = {"default": value, "help": p.get("help", "")}
     return out
 
 
-def parameter_names(nb) -> list[str]:
-    """Names assigned at top level in the parameters cell, in order."""
-    return list(parameter_defaults(nb))
+def parameter_defaults(path: Path) -> dict:
+    """Name → default of each parameter of the notebook at ``path`` (:func:`parameters`), in order."""
+    return {n: p["default"] for n, p in parameters(path).items()}
 
 
-def set_parameters(nb, values: dict) -> dict:
-    """Rewrite the parameters cell's assignments for the names in ``values`` (in place).
-
-    Only names the cell already assigns are replaced; the others are returned (name → value) so
-    that a caller running several notebooks can tell a misspelt name from one that belongs to
-    another notebook. Each value is written as its ``repr`` (it must round-trip as a literal).
-    Comments on untouched lines are kept.
-    """
-    cell = parameters_cell(nb)
-    tree = ast.parse(cell.source)
-    lines = cell.source.splitlines()
-    unused = dict(values)
-    # Replace from the bottom so earlier line numbers stay valid.
-    for node in sorted(tree.body, key=lambda n: n.lineno, reverse=True):
-        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-            continue
-        target = node.targets[0]
-        if not isinstance(target, ast.Name) or target.id not in values:
-            continue
-        value = values[target.id]
-        literal = repr(value)
-        try:
-            if ast.literal_eval(literal) != value:
-                raise ValueError
-        except (ValueError, SyntaxError):
-            raise NotebookError(f"parameter {target.id}={value!r} is not a plain Python literal") from None
-        lines[node.lineno - 1:node.end_lineno] = [f"{target.id} = {literal}  # set by ds4lab notebooks"]
-        unused.pop(target.id, None)
-    cell.source = "\n".join(lines)
-    return unused
+def parameter_names(path: Path) -> list[str]:
+    """The notebook's parameter names, in order."""
+    return list(parameters(path))
 
 
 @dataclass
 class NotebookRun:
     """The outcome of one notebook: ``ok``, the executed copy, wall seconds (host clock, the
-    kernel's start included), and for a failure the cell that failed and its error."""
+    kernel's start included), and for a failure the cell that failed and its error. Cell numbers
+    count the notebook's own code cells from 1 (papermill's injected parameters cell not counted)."""
 
     name: str
     executed: Path
@@ -174,146 +190,232 @@ class NotebookRun:
                 "interrupted": self.interrupted, "timed_out_cell": self.timed_out_cell}
 
 
-def _client_modules():
-    try:
-        import nbclient
-        import nbformat
-    except ImportError as e:
-        raise NotebookError(f"running notebooks needs nbclient and ipykernel ({e.name} is missing): "
-                            "pip install 'ds4lab[notebooks]'") from None
-    return nbclient, nbformat
+def _own_code_cells(nb) -> list:
+    """The notebook's own code cells: papermill's injected parameters cell left out."""
+    return [c for c in nb.cells if c.cell_type == "code" and INJECTED_TAG not in c.metadata.get("tags", [])]
+
+
+def _engine():
+    """papermill's nbclient engine, registered as ``ds4lab``, with two additions: the kernel starts
+    with the environment and stderr given (``kernel_env``, ``kernel_stderr``), and ``on_client`` is
+    told the client before it starts the kernel (so a stop signal can reach the kernel)."""
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class Engine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None, stderr_file=None,
+                                     start_timeout=60, execution_timeout=None, kernel_env=None, kernel_stderr=None,
+                                     on_client=None, **kwargs):
+            from papermill.engines import logger
+
+            kwargs.pop("input_path", None)
+            client = PapermillNotebookClient(nb_man, timeout=execution_timeout, startup_timeout=start_timeout,
+                                             kernel_name=kernel_name, log=logger, log_output=log_output,
+                                             stdout_file=stdout_file, stderr_file=stderr_file, **kwargs)
+            if on_client is not None:
+                on_client(client)
+            return client.execute(env=kernel_env, stderr=kernel_stderr)
+
+    papermill_engines.register("ds4lab", Engine)
+    return "ds4lab"
+
+
+class _Stops:
+    """While a notebook runs (in a worker thread): SIGINT, SIGTERM and SIGHUP recorded here (first
+    one wins) instead of raising, and passed on to the kernel's process group once it has started;
+    a kernel that has not stopped :data:`STOP_GRACE_S` later (or at a second signal) is killed."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.signum: int | None = None
+        self.client = None
+        self.passed_at: float | None = None
+        self.killed = False
+        self.count = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> "_Stops":
+        if threading.current_thread() is threading.main_thread():
+            for s in _STOPS:
+                self._previous[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, prev in self._previous.items():
+            signal.signal(s, prev)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.count += 1
+
+    def _kernel_group(self) -> int | None:
+        km = getattr(self.client, "km", None)
+        prov = getattr(km, "provisioner", None)
+        pgid = getattr(prov, "pgid", None)
+        if pgid:
+            return pgid
+        proc = getattr(prov, "process", None)
+        return getattr(proc, "pid", None)
+
+    def poll(self) -> None:
+        """Pass a recorded signal on to the kernel, or kill it when its grace is over."""
+        if self.signum is None or self.killed:
+            return
+        group = self._kernel_group()
+        if group is None:
+            return  # not started yet: passed on once it has
+        try:
+            if self.passed_at is None:
+                os.killpg(group, self.signum)
+                self.passed_at = time.monotonic()
+            elif self.count > 1 or time.monotonic() - self.passed_at > self.grace:
+                os.killpg(group, signal.SIGKILL)
+                self.killed = True
+        except (ProcessLookupError, PermissionError):
+            self.killed = True  # gone already
 
 
 def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | None = None,
                  final_dir: Path | None = None, timeout: int = 1800, kernel_name: str = "python3",
-                 on_cell: Callable[[int, int], None] | None = None) -> NotebookRun:
-    """Execute one notebook top to bottom with ``values`` set in its parameters cell.
+                 on_cell: Callable[[int, int], None] | None = None, stop_grace: float = STOP_GRACE_S) -> NotebookRun:
+    """Execute one notebook top to bottom (papermill) with ``values`` injected after its parameters cell.
 
     ``out_dir``, when given, becomes the notebook's ``OUT`` parameter (as an absolute path).
     ``final_dir``: where ``out_dir`` will be once the folder holding it is swapped in (``ds4lab
     notebooks`` runs every notebook inside its staging folder); the kernel gets it in its
     environment (:func:`ds4lab.report.results.staged_env`), so the jobs' lines that say where their
     results are name it, not ``out_dir``, and the executed copy's ``OUT`` is set to it afterwards.
-    The executed notebook, outputs included, is written to ``executed`` whether it succeeds or
-    not (a failure keeps every output computed before it). ``timeout`` is seconds per cell.
-    ``on_cell(index, count)`` is called before each code cell runs (progress). A cell that runs
-    past ``timeout`` is reported as that cell (``failed_cell`` and ``timed_out_cell``, ``error``:
-    "timed out after T s"), the kernel shut down, the cells before it kept. The kernel's own stderr
-    (its start-up warnings, what it prints when it is shut down mid-cell) goes to
+    The kernel also gets ``DS4LAB_HEADLESS=1`` (:data:`ds4lab.report.widgets.HEADLESS_ENV`: a widget
+    nobody would see is drawn once with the parameter's value). The executed notebook,
+    outputs included, is written to ``executed`` whether it succeeds or not (a failure keeps every
+    output computed before it; papermill marks the failing cell). ``timeout`` is seconds per cell.
+    ``on_cell(index, count)`` is called before each of the notebook's code cells runs (progress). A
+    cell that runs past ``timeout`` is reported as that cell (``failed_cell`` and ``timed_out_cell``,
+    ``error``: "timed out after T s"), the kernel shut down, the cells before it kept. The kernel's own
+    stderr (its start-up warnings, what it prints when it is shut down mid-cell) goes to
     ``<executed>.kernel.log`` beside the executed copy, never to the console.
 
+    Ctrl-C, SIGTERM and SIGHUP (in the main thread) are passed on to the kernel's process group and
+    the run returns ``interrupted`` with ``signum`` (None for Ctrl-C); a kernel still running
+    ``stop_grace`` seconds later is killed. The caller decides what an interruption stops.
+
     Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does
-    not have, or missing nbclient/ipykernel; a failing cell is reported in the result, not raised.
+    not have, or missing papermill/ipykernel; a failing cell is reported in the result, not raised.
     """
-    nbclient, nbformat = _client_modules()
+    papermill, nbformat = _papermill()
+    from nbclient.exceptions import CellTimeoutError
+    from papermill.exceptions import PapermillExecutionError
+    from papermill.parameterize import parameterize_notebook
+
     path = Path(path)
-    nb = read_notebook(path)
+    names = parameter_names(path)
     values = dict(values)
-    env = dict(os.environ)  # the kernel's
+    env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's
     if out_dir is not None:
-        if "OUT" not in parameter_names(nb):
+        if "OUT" not in names:
             raise NotebookError(f"{path.name}: its parameters cell has no OUT")
         values["OUT"] = str(Path(out_dir).resolve())
         if final_dir is not None:
             from .results import staged_env
 
             env.update(staged_env(Path(values["OUT"]), Path(final_dir).resolve()))
-    unused = set_parameters(nb, values)
+    unused = sorted(set(values) - set(names))
     if unused:
-        raise NotebookError(f"{path.name}: no parameter named {', '.join(sorted(unused))} "
-                            f"(it has {', '.join(parameter_names(nb))})")
-    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    nb.metadata.setdefault("ds4lab", {})["executed"] = {
-        "parameters": values, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-
-    current = [None]  # the code cell running now (1-based), for a timeout's message
-
-    def cell_start(cell, cell_index, **_):
-        if cell_index in code_cells:
-            current[0] = code_cells.index(cell_index) + 1
-            if on_cell is not None:
-                on_cell(current[0], len(code_cells))
-
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel_name,
-                                     resources={"metadata": {"path": str(Path.cwd())}},
-                                     on_cell_start=cell_start)
+        raise NotebookError(f"{path.name}: no parameter named {', '.join(unused)} (it has {', '.join(names)})")
+    cells = len(_own_code_cells(read_notebook(path)))
     executed = Path(executed)
     executed.parent.mkdir(parents=True, exist_ok=True)
+    if executed.exists():
+        executed.unlink()  # papermill writes it as it goes: what is there after the run is this run's
+    log_path = executed.with_name(executed.stem + ".kernel.log")
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    current = [None]  # the code cell running now (1-based), for a timeout's message
+    stops = _Stops(stop_grace)
+
+    def cell_start(cell, cell_index, **_):
+        own = _own_code_cells(stops.client.nb) if stops.client is not None else []
+        for k, c in enumerate(own, 1):
+            if c is cell:
+                current[0] = k
+                if on_cell is not None:
+                    on_cell(k, len(own))
+
+    outcome: dict = {}
+
+    def work(kernel_log):
+        try:
+            papermill.execute_notebook(str(path), str(executed), parameters=values, engine_name=_engine(),
+                                       kernel_name=kernel_name, progress_bar=False, log_output=False,
+                                       execution_timeout=timeout, on_cell_start=cell_start, kernel_env=env,
+                                       kernel_stderr=kernel_log, on_client=lambda c: setattr(stops, "client", c))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = e
+
     t0 = time.perf_counter()  # host clock around host work: kernel start and cells, end to end
     started = time.time()  # wall clock: which figures this run wrote (file modification times)
+    with open(log_path, "wb") as kernel_log, stops:
+        worker = threading.Thread(target=work, args=(kernel_log,), name=f"notebook {path.name}", daemon=True)
+        worker.start()
+        killed_at = None
+        while worker.is_alive():
+            worker.join(0.1)
+            stops.poll()
+            if stops.killed:
+                killed_at = killed_at or time.monotonic()
+                if time.monotonic() - killed_at > 10:
+                    break  # the client did not notice its kernel died: stop waiting for it
+    if log_path.exists() and log_path.stat().st_size == 0:
+        log_path.unlink()
+    seconds = time.perf_counter() - t0
     failed, error, timed_out = None, None, None
-    # Ctrl-C reaches the kernel and nbclient's sockets too, and may surface as any exception:
-    # remember that it came, and report the run as interrupted whatever was raised.
-    interrupted = []
-
-    def on_sigint(signum, frame):
-        interrupted.append(None)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    log_path = executed.with_name(executed.stem + ".kernel.log")
-    try:
-        with open(log_path, "wb") as kernel_log:
-            client.execute(stderr=kernel_log, env=env)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP as ds4lab.errors.Terminated
-        interrupted.append(getattr(e, "signum", None))
-    except nbclient.exceptions.CellExecutionError as e:
-        failed = next((code_cells.index(i) + 1 for i, c in enumerate(nb.cells) if c.cell_type == "code"
-                       and any(o.get("output_type") == "error" for o in c.get("outputs", []))), None)
-        error = f"{e.ename}: {e.evalue}"
-    except nbclient.exceptions.CellTimeoutError:
+    exc = outcome.get("error")
+    nb = read_notebook(executed) if executed.exists() else read_notebook(path)
+    own = [c for c in _own_code_cells(nb) if ERROR_TAG not in c.metadata.get("tags", [])]
+    if stops.signum is None and isinstance(exc, KeyboardInterrupt):  # raised in this process (a closed console)
+        stops.signum = getattr(exc, "signum", None) or signal.SIGINT
+    if stops.signum is not None:
+        error = ("interrupted (Ctrl-C)" if stops.signum == signal.SIGINT
+                 else f"interrupted ({signal.Signals(stops.signum).name})")
+        failed = current[0]
+    elif isinstance(exc, PapermillExecutionError):
+        failed = next((k for k, c in enumerate(own, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+                       or c.metadata.get("papermill", {}).get("exception")), current[0])
+        error = f"{exc.ename}: {exc.evalue}"
+    elif isinstance(exc, CellTimeoutError):
         failed = timed_out = current[0]
         error = f"timed out after {timeout} s (the time one cell may run); the kernel was shut down"
-    except Exception as e:  # a kernel that does not start or dies: keep what ran, report it
-        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    elif exc is not None:  # a kernel that does not start or dies: keep what ran, report it
+        text = str(exc).strip()
+        error = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
         failed = current[0]
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        if log_path.exists() and log_path.stat().st_size == 0:
-            log_path.unlink()
-    # While a notebook runs, nbclient takes SIGINT/SIGTERM itself: it shuts the kernel down (the
-    # running cell then fails with whatever the closed sockets raise) and leaves this future set.
-    if getattr(client, "_async_cleanup_kernel_future", None) is not None and timed_out is None:
-        interrupted.append(None)
-    signum = next((s for s in interrupted if s), None)
-    if interrupted:
-        error = f"interrupted ({signal.Signals(signum).name})" if signum else "interrupted (Ctrl-C)"
-    seconds = time.perf_counter() - t0
     if final_dir is not None and out_dir is not None:  # the copy names where its results will be
         values["OUT"] = str(Path(final_dir).resolve())
-        set_parameters(nb, {"OUT": values["OUT"]})
-        nb.metadata["ds4lab"]["executed"]["parameters"]["OUT"] = values["OUT"]
+        try:  # and where it will be itself, when it lies beside OUT in the folder that is swapped in
+            inside = executed.resolve().relative_to(Path(out_dir).resolve().parent)
+            nb.metadata.setdefault("papermill", {})["output_path"] = str(Path(final_dir).resolve().parent / inside)
+        except ValueError:
+            pass
+    if any(INJECTED_TAG in c.metadata.get("tags", []) for c in nb.cells):
+        nb = parameterize_notebook(nb, values, kernel_name=kernel_name)
+    nb.metadata.pop("jupytext", None)  # an executed copy is no longer paired with the notebook's source
+    nb.metadata.setdefault("ds4lab", {})["executed"] = {"parameters": values, "started": started_at}
     nbformat.write(nb, executed)
     figures = []
     if out_dir is not None and Path(out_dir).exists():
         figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png")
                          if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
-    return NotebookRun(path.name, executed, error is None, seconds, len(code_cells),
-                       parameters=values, failed_cell=failed, error=error, figures=figures,
-                       interrupted=bool(interrupted), signum=signum, timed_out_cell=timed_out)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def read_notebook(path: Path):
-    """The notebook at ``path`` (nbformat, version 4). Raises :class:`NotebookError` naming the file
-    when it is missing or not a notebook."""
-    _, nbformat = _client_modules()
-    try:
-        return nbformat.read(Path(path), as_version=4)
-    except Exception as e:  # nbformat raises several kinds for a file that is not a notebook
-        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise NotebookError(f"{path}: not a readable notebook ({why})") from None
+    sig = stops.signum if stops.signum not in (None, signal.SIGINT) else None
+    return NotebookRun(path.name, executed, error is None, seconds, cells, parameters=values, failed_cell=failed,
+                       error=error, figures=figures, interrupted=stops.signum is not None, signum=sig,
+                       timed_out_cell=timed_out)
 
 
 def find_notebooks(names, folder: Path) -> list[Path]:
-    """Notebooks by name (``00_quickstart``, ``00_quickstart.ipynb``, a path, or a unique prefix
-    such as ``01``); all of ``folder``'s notebooks when ``names`` is empty.
+    """Notebooks by name (``00_quickstart``, ``00_quickstart.ipynb``, its source ``00_quickstart.py``, a
+    path, or a unique prefix such as ``01``); all of ``folder``'s notebooks when ``names`` is empty.
+    A ``.py`` source names the ``.ipynb`` paired with it (the one that runs).
 
     Raises :class:`NotebookError` naming a notebook that is not there or a prefix that matches
     several.
@@ -327,11 +429,12 @@ def find_notebooks(names, folder: Path) -> list[Path]:
     found = []
     for name in names:
         p = Path(name)
-        if p.suffix == ".ipynb" and p.exists():
-            found.append(p)
+        if p.suffix in (".ipynb", ".py") and p.with_suffix(".ipynb").exists():
+            found.append(p.with_suffix(".ipynb"))
             continue
-        matches = [a for a in available if a.stem == name or a.name == name] or \
-                  [a for a in available if a.name.startswith(name)]
+        stem = p.stem if p.suffix == ".py" else name
+        matches = [a for a in available if a.stem == stem or a.name == stem] or \
+                  [a for a in available if a.name.startswith(stem)]
         if len(matches) != 1:
             what = "matches several" if matches else "is not"
             raise NotebookError(f"notebook {name!r} {what} in {folder} "
@@ -400,4 +503,3 @@ def check_value(name: str, value) -> None:
 def _article(word: str) -> str:
     """``a`` or ``an`` before ``word`` (by its first letter: "an int", "a str")."""
     return "an" if word[:1].lower() in "aeiou" else "a"
-

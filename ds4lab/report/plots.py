@@ -677,3 +677,52 @@ def ncu_sites_figure(sources: dict, top: int = 16):
                      "kernel time — measured by Nsight Compute (clocks locked to base)")
         fig.tight_layout()
     return fig
+
+
+def launches_figure(scan):
+    """Kernel launches per token by position, from a :class:`ds4lab.experiments.launch_list.LaunchScan`:
+    left, consecutive tokens (``scan.window``, one dot per token, coloured by emit); right, the anchor
+    positions across the top-k regimes (``scan.launches``, log₂ position, steps), a dotted line where
+    the ratio-4 layers' launch shape changes, named by the new regime (or its number of top-k
+    launches). Counts, not times: the title says so on every backend."""
+    from ..experiments.launch_list import shape
+
+    launches, window = scan.launches, scan.window
+    colors = {t: COLORS[i % len(COLORS)] for i, t in enumerate(sorted(set(launches.token) | set(window.token)))}
+    with plt.rc_context(STYLE):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1.5]})
+        for t, g in window.groupby("token"):
+            a1.scatter(g.position, g.kernels, s=10, color=colors[t], label=t)
+        a1.set_xlabel("position (consecutive tokens)")
+        a1.set_ylabel("kernel launches per token")
+        a1.set_title(f"{len(window)} consecutive tokens (n_comp {window['n_comp (ratio 4)'].min()}–"
+                     f"{window['n_comp (ratio 4)'].max()})", fontsize=9)
+        for t, g in launches.groupby("token"):
+            a2.plot(g.position, g.kernels, marker="o", ms=3, drawstyle="steps-post", color=colors[t], label=t)
+        for nb in scan.changes:
+            x = 4 * nb + 3  # the first position with n_comp = nb + 1
+            if x < scan.max_context:
+                a2.axvline(x, color="0.6", linestyle=":", linewidth=0.8)
+                (r0, _), (r1, n1) = shape(nb, scan.top_k), shape(nb + 1, scan.top_k)
+                a2.text(x, 1.0, " " + (r1 if r1 != r0 else f"{n1} top-k launches"),
+                        transform=a2.get_xaxis_transform(), rotation=90, va="top", ha="left", fontsize=7,
+                        color="0.35")
+        a2.set_xscale("log", base=2)
+        a2.set_xlabel("position (log; dotted: top-k regime changes of the ratio-4 layers)")
+        a2.set_title("across the top-k regimes", fontsize=9)
+        a2.legend(loc="lower right", fontsize=8, frameon=False)
+        fig.suptitle(f"launches per token by position — counted by the launch census (the launch list, the same "
+                     f"on every backend; not timed) · {scan.preset}, long context", fontsize=10)
+        fig.tight_layout()
+    return fig
+
+
+def detach(view):
+    """``view`` taken out of pyplot's figure manager when it is a matplotlib Figure (it can still be
+    drawn, saved and shown): a notebook cell whose value is the figure shows it once, not once more at
+    the cell's end as pyplot's open figures are. Anything else is returned as it is."""
+    from matplotlib.figure import Figure
+
+    if isinstance(view, Figure):
+        plt.close(view)
+    return view

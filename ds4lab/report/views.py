@@ -1,0 +1,105 @@
+"""The tables and figures a notebook shows from a job's result folder, drawn by the same
+:mod:`ds4lab.report.plots` functions the job drew its saved files with: figure objects (Jupyter shows
+them inline, a reader can restyle them), not the job's PNG files read back.
+
+Every function takes a result folder as a job leaves it (``meta.json`` and its CSV files) and raises
+:class:`ValueError` naming the folder when it does not hold that job's results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _meta(folder: Path, jobs) -> dict:
+    from .results import read_meta
+
+    folder = Path(folder)
+    meta = read_meta(folder)
+    if meta is None:
+        raise ValueError(f"{folder}: no meta.json (not a ds4lab result folder)")
+    if meta.get("job") not in jobs:
+        raise ValueError(f"{folder}: holds the results of ds4lab {meta.get('job')}, not of {' or '.join(jobs)}")
+    return meta
+
+
+def _csv(folder: Path, name: str, **kw):
+    import pandas as pd
+
+    p = Path(folder) / name
+    if not p.is_file():
+        raise ValueError(f"{folder}: no {name}")
+    return pd.read_csv(p, **kw)
+
+
+def figures(folder: Path) -> dict:
+    """``{name: matplotlib Figure}`` of the job whose results ``folder`` holds, named as the job names
+    their saved files (``ladder``, ``context``; ``moe-stages``, ``moe-distribution``, ``moe-share`` where
+    ``share.csv`` is there; ``exclusion``), drawn from its CSV files and ``meta.json`` (so titles carry
+    the same provenance, or MODELED), each out of pyplot's figure manager (:func:`~ds4lab.report.plots.detach`:
+    a cell shows it once).
+
+    Raises:
+        ValueError: no ``meta.json``, a job without figures here, or a CSV file missing.
+    """
+    from . import plots
+
+    return {name: plots.detach(fig) for name, fig in _figures(Path(folder)).items()}
+
+
+def _figures(folder: Path) -> dict:
+    from . import plots
+
+    meta = _meta(folder, ("ladder", "context", "moe", "exclusion"))
+    job = meta["job"]
+    if job == "ladder":
+        return {"ladder": plots.ladder_figure(_csv(folder, "ladder.csv", dtype={"stage": str}), meta)}
+    if job == "context":
+        return {"context": plots.context_figure(_csv(folder, "context.csv", dtype={"stage": str}), meta)}
+    if job == "exclusion":
+        return {"exclusion": plots.exclusion_figure(_csv(folder, "exclusion.csv"), meta)}
+    data, summ = _csv(folder, "moe.csv"), _csv(folder, "summary.csv")
+    routings = meta.get("routings") or list(dict.fromkeys(data["routing"]))
+    out = {"moe-stages": plots.moe_stage_bars_figure(summ, meta),
+           "moe-distribution": plots.moe_stage_distribution_figure(data, meta, routing=routings[0])}
+    if (folder / "share.csv").is_file():
+        out["moe-share"] = plots.moe_share_figure(_csv(folder, "share.csv"), meta)
+    return out
+
+
+def moe_stage_table(folder: Path):
+    """Median µs per routed-MoE call by stage (columns: ds4's stages in order, then ``total``) for each
+    ``(tokens, routing)`` (rows), from a ``ds4lab moe`` folder's ``moe.csv``; with more than one profiling
+    mode in the folder, ``mode`` leads the row index. Raises ValueError as :func:`figures` does."""
+    from ..token.model import MOE_STAGES
+
+    _meta(folder, ("moe",))
+    moe = _csv(folder, "moe.csv")
+    moe["µs"] = moe["ms"] * 1e3
+    stages = [*MOE_STAGES, "total"]
+    index = (["mode"] if moe["mode"].nunique() > 1 else []) + ["tokens", "routing"]
+    t = moe[moe.stage.isin(stages)].pivot_table(index=index, columns="stage", values="µs", aggfunc="median")
+    return t[[s for s in stages if s in t.columns]]
+
+
+def context_graphs(folder: Path):
+    """How many graphs each stage of a ``ds4lab context`` folder captured by each context (``graphs,
+    stage S``: counted, cumulative over the contexts in order; stages in the run's order), with stage 3c's
+    µs per token over stage 3's where both ran (``stage 3c µs × stage 3``: what deciding on the device
+    costs, measured or MODELED as the folder's times are) and stage 3's recaptures and retirements where
+    it ran. Rows: the contexts. Raises ValueError as :func:`figures` does."""
+    _meta(folder, ("context",))
+    df = _csv(folder, "context.csv", dtype={"stage": str})
+    stages = list(dict.fromkeys(df["stage"]))
+    g = df.pivot_table(index="context", columns="stage", values="graphs", aggfunc="first")
+    g = g[[s for s in stages if s in g.columns]]
+    g.columns = [f"graphs, stage {s}" for s in g.columns]
+    if {"3", "3c"} <= set(stages):
+        us = df.pivot_table(index="context", columns="stage", values="us_median", aggfunc="first")
+        g["stage 3c µs × stage 3"] = (us["3c"] / us["3"]).round(3)
+    if "3" in stages:
+        g = g.join(df[df.stage == "3"].set_index("context")[["recaptures", "retirements"]].add_prefix("stage 3 "))
+    return g
+
+
+__all__ = ["context_graphs", "figures", "moe_stage_table"]

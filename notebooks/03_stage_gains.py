@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # What each stage of the capture plan buys
+#
+# The stage ladder on this machine (measured on a GPU, modeled on the simulated runtime), the
+# exactness of every stage against stage 0, the GPU-busy floor, and a what-if sweep on the
+# simulated runtime: how the gain of capture moves with the number of layers, the host cost of a
+# launch and the tokens per step. Parameters in the next cell.
+
+# %% tags=["parameters"]
+BACKEND = "auto"
+PRESET = None
+STAGES = "0,0s,i,i+,1,2,3,3u"
+TOKENS = 200
+OUT = "results/nb-stage-gains"
+SWEEP_LAYERS = [4, 8, 16, 43]
+SWEEP_LAUNCH_US = [2.0, 5.0, 9.4, 15.0]
+SWEEP_TOKENS = [1, 2, 3, 16, 64, 512]
+
+# %%
+from pathlib import Path
+
+from ds4lab.experiments import whatif
+from ds4lab.experiments.stages import fixes_table
+from ds4lab.jobs import execute
+from ds4lab.jobs.ladder import LadderConfig
+from ds4lab.report import plots, views
+
+df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND)
+df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
+
+# %% [markdown]
+# ## Which hazard fixes each stage needs
+
+# %%
+fixes_table()
+
+# %%
+views.figures(OUT)["ladder"]
+
+# %% [markdown]
+# ## What-if sweeps (simulated runtime, modeled)
+#
+# Eager (stage 0) against whole-token capture (stage 3) on the timing-only simulated runtime with
+# the shipped H200 calibration: over the number of layers at `ds4-flash` dimensions, and over the
+# host cost of one eager launch (what a faster or slower launch path would change); then one
+# routed-MoE call, eager against a replayed graph, over the tokens per step (1: decode; 2–3: MTP
+# verification; more: batches on the sorted path). Every number here is modeled, whatever machine
+# runs the notebook.
+
+# %%
+layers = whatif.sweep_layers(SWEEP_LAYERS)
+layers
+
+# %%
+launch = whatif.sweep_launch_cost(SWEEP_LAUNCH_US)
+launch
+
+# %%
+tokens = whatif.sweep_moe_tokens(SWEEP_TOKENS)
+tokens
+
+# %%
+fig = plots.whatif_figure(layers, launch, tokens)
+plots.save(fig, Path(OUT) / "whatif")
+fig

@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Long context: where the launch list changes with the position, and what capture does about it
+#
+# At long context the ds4 decode token is no longer one fixed launch list: the compressors emit a
+# compressed row on every 4th and every 128th token, and the indexer's top-k kernels change with the
+# number of compressed rows (docs/model.md, "Long context"). This notebook shows where the launch
+# list changes with the position (the launch census, counted), µs per token against context for
+# stages 0, i, i+, 2, 3 and 3c (measured on a GPU, **modeled** on the simulated runtime), how many
+# graphs stage 3 (one graph per token shape) needs against stage 3c (one graph for every position),
+# and each long-context capture hazard demonstrated. Stages i and i+ are ds4's shipped decode islands
+# (docs/model.md, "ds4's decode islands"): small graphs around the hyper-connection mixes and the
+# output/shared-expert tail, the attention and the routed MoE eager between them; i+ adds ds4's
+# attention span, its position-dependent arguments written into the graph's kernel nodes before each
+# replay. Parameters in the next cell.
+
+# %% tags=["parameters"]
+BACKEND = "auto"  # "cupy" (GPU), "sim" (simulated runtime), or "auto"
+PRESET = None  # "ds4-flash", "small", "tiny"; None: ds4-flash on a GPU, small on the sim
+CONTEXTS = "1024,4096,16384,65536"  # start positions of the context ladder
+STAGES = "0,i,i+,2,3,3c"  # of the ladder's stages; 3c only with long context
+TOKENS = 64  # timed tokens per stage and context
+HAZARD_PRESET = None  # None: the hazards job's default (ds4-flash on a GPU, small on the sim)
+REGIME_CHANGE = None  # the n_comp whose launch-shape change is shown (None: the first; a dropdown in JupyterLab)
+OUT = "results/nb-long-context"
+
+# %%
+from pathlib import Path
+
+import pandas as pd
+
+from ds4lab.backends import resolve
+from ds4lab.experiments import launch_list
+from ds4lab.jobs import execute
+from ds4lab.jobs.common import DEFAULT_PRESETS
+from ds4lab.jobs.context import ContextConfig
+from ds4lab.jobs.hazards import HazardsConfig
+from ds4lab.report import plots, provenance, results, views, widgets
+
+# the context job's default preset without opening a backend: ds4-flash on a GPU, small on the sim
+preset = PRESET or DEFAULT_PRESETS["context"][0 if resolve(BACKEND) == "cupy" else 1]
+print(f"backend {resolve(BACKEND)} · preset {preset} · stages {STAGES} · contexts {CONTEXTS}")
+
+# %% [markdown]
+# ## Where the launch list changes with the position
+#
+# Every launch of one token, counted by the launcher's census on a timing-only model of the
+# simulated runtime with `long_context` on (`ds4lab.experiments.launch_list.scan`): these are counts
+# of the launch list, the same on every backend (nothing here is timed). A ratio-4 compressor emits
+# when `(pos + 1) % 4 == 0`, a ratio-128 one when `(pos + 1) % 128 == 0` (3–4 launches more each, per
+# compressed layer); the indexer starts once a ratio-4 layer has more than top-k compressed rows, and
+# its top-k kernels change at 2, 4, 8 and 16 × top-k rows (the chunked tree merge above). Each is a
+# host decision (`DecodeModel.longctx_decisions`) that a captured graph freezes.
+
+# %%
+scan = launch_list.scan(preset)
+print(scan.title())
+scan.table()
+
+# %%
+fig = plots.launches_figure(scan)
+plots.save(fig, Path(OUT) / "launches")
+fig
+
+# %% [markdown]
+# What stage 3 keys its graphs on at the last token before a launch-shape change and the first one
+# after it (with device scalars the attended row counts are not host decisions: `by_value=False`).
+# `REGIME_CHANGE` picks the change (the n_comp of its last token).
+
+# %%
+changes = scan.visible_changes()
+decisions = "no launch-shape change below max_context"
+if changes:
+    options = [(f"n_comp {n} → {n + 1} (positions {4 * n - 1}, {4 * n + 3})", n) for n in changes]
+    decisions = widgets.choose(scan.decisions_table, change=widgets.Choice(REGIME_CHANGE or changes[0], options))
+decisions
+
+# %% [markdown]
+# ## µs per token against context, per stage
+#
+# The context ladder (`ds4lab context`): at each context, every stage bit for bit against stage 0
+# over a span that crosses an emit of both compressors (and a top-k regime change where one lies
+# there), then µs per token (median, IQR) over `TOKENS` tokens. Measured on a GPU; on the simulated
+# runtime every number is **modeled** (the long-context kernels priced by their H200 fits, stage 3c's
+# worst-case grids included).
+
+# %%
+ctx_out = Path(OUT) / "context"
+df = execute("context", ContextConfig(stages=STAGES, preset=preset, contexts=CONTEXTS, tokens=TOKENS, out=ctx_out),
+             backend=BACKEND)
+print(provenance.label(results.read_meta(ctx_out)))
+df[["stage", "context", "us_median", "us_p25", "us_p75", "kernel_launches", "graph_launches", "exact",
+    "first_mismatch"]].round(1)
+
+# %%
+views.figures(ctx_out)["context"]
+
+# %% [markdown]
+# ## How many graphs: stage 3 against stage 3c
+#
+# `graphs`: graphs captured so far by that stage's cache (counted, cumulative over the contexts in
+# order). Stage 3 captures one graph per token shape it meets (emit or not per ratio, top-k regime
+# and plan, score grid); stage 3c one graph, replayed at every position. `× stage 3`: stage 3c's µs
+# per token over stage 3's (what deciding on the device costs; modeled on the sim).
+
+# %%
+print(("MODELED" if results.read_meta(ctx_out).get("modeled") else "measured") + " µs; graph counts are counted")
+views.context_graphs(ctx_out)
+
+# %% [markdown]
+# ## Each long-context hazard, demonstrated
+#
+# Each re-introduces one position-dependent host decision into a captured token (stage 3) and
+# decodes the same tokens eagerly, with the hazard, and with stage 3c, comparing every tensor bit
+# for bit: `outcome` is what CUDA (or the simulated runtime's capture rules, checked against the
+# H200 by `ds4lab conformance`) did with the hazard, `exact_3c` and `graphs_3c` what stage 3c did.
+
+# %%
+rows = execute("hazards", HazardsConfig(hazard="all-longctx", preset=HAZARD_PRESET, out=Path(OUT) / "hazards"),
+               backend=BACKEND)
+h = pd.DataFrame(rows)
+print(f"backend {h.backend.iloc[0]}: " + ("simulated runtime (capture rules modeled)" if h.backend.iloc[0] == "sim"
+                                          else "measured on the GPU"))
+h[["hazard", "positions", "outcome", "errors", "captures", "replays", "eager_runs", "exact", "first_mismatch",
+   "exact_3c", "graphs_3c"]]
+
+# %%
+for r in rows:
+    print(f"{r['hazard']}: {r['what']}\n    expected: {r['expected']}\n    got: {r['outcome']}\n")
