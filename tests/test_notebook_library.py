@@ -266,11 +266,14 @@ def _report(verdict: str, whole_us):
     findings = pd.DataFrame([{"kind": "call", "name": "cudaMemcpy", "call_class": "memcpy_sync", "where": "x.py:3",
                               "verdict_global": verdict}]) if verdict else pd.DataFrame()
     plans = pd.DataFrame([{"plan": "whole token", "predicted_us": whole_us}]) if whole_us else pd.DataFrame()
-    return SimpleNamespace(findings=findings, plans=plans)
+    # a trace without kernel arguments (``arguments`` None): the audit never calls such a step right
+    return SimpleNamespace(findings=findings, plans=plans, tool="kineto", arguments=None)
 
 
 @pytest.mark.parametrize("verdict,torch_outcome,agrees", [
-    ("invalidates", "refused", True), ("frozen", "captured, replays wrong", True), ("", "captured, replays right", True),
+    ("invalidates", "refused", True), ("frozen", "captured, replays wrong", True),
+    # no finding, but no argument evidence either: "captures; replay correctness unknown", not torch's "right"
+    ("", "captured, replays right", False),
     ("", "refused", False), ("not in graph", "captured, replays right", False)])
 def test_against_torch_sets_the_verdict_beside_torchs_outcome(verdict, torch_outcome, agrees):
     from ds4lab.audit.validate import against_torch
