@@ -428,3 +428,40 @@ def test_ds4_command_refuses_a_folder_that_is_not_a_checkout(tmp_path):
     (tmp_path / "src").mkdir()
     r = CliRunner().invoke(main, ["ds4", "--source", str(tmp_path / "src")])
     assert r.exit_code == 2 and "not a ds4 checkout" in r.output
+
+
+def test_cpu_build_plan_uses_ds4s_cpu_objects_and_no_cuda():
+    plan = B.build_plan(B.CPU, toolchain=_toolchain())
+    assert plan.objects_var == "CPU_CORE_OBJS" and set(plan.make_vars) == {"CC", "CFLAGS"}
+    assert "-DDS4LAB_CPU_ONLY" in plan.driver_command(Path("/s"), Path("/o"))
+    link = plan.link_command(Path("/s"), ["ds4_cpu.o"], Path("/d.o"), Path("/l.so"))
+    assert link[:2] == ["cc", "-shared"] and not any("cud" in a for a in link)
+
+
+# -- ds4's own engine, on its CPU back end (opt-in: minutes) --------------------------------------
+
+_CPU_RUN = os.environ.get("DS4LAB_DS4_CPU") == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _CPU_RUN, reason="opt-in (DS4LAB_DS4_CPU=1): ds4's CPU back end takes 5-20 s per Flash "
+                                         "token and writes a 2 GiB sparse model; about 4 minutes on 2 cores")
+@pytest.mark.skipif(not SHARED_TARBALL.exists(), reason="the shared ds4 archive is not beside the checkout")
+def test_the_driver_and_worker_run_ds4s_own_engine_on_the_synthetic_model(tmp_path):
+    """ds4lab's driver (built with -DDS4LAB_CPU_ONLY) and worker, held to ds4 itself: ds4 opens the
+    synthetic model, prefills, decodes, and extends its prefix (the second prefill evaluates only
+    the tokens after the first context's decode tokens)."""
+    from ds4lab.ds4.gguf_writer import write_synthetic_model
+
+    bld = B.build(locate(SHARED_TARBALL), B.build_plan(B.CPU, jobs=2), cache=tmp_path / "cache", say=lambda s: None)
+    model = write_synthetic_model(tmp_path / "flash.gguf", dense="holes")
+    plan = {"library": str(bld.library), "model": str(model.path), "config": "cpu", "contexts": [4, 9],
+            "warmup": 1, "tokens": 2, "trace_contexts": [], "trace_tokens": 0, "seed": 3, "threads": 2,
+            "out": str(tmp_path / "w")}
+    assert W.run(plan) == 0
+    info = json.loads((tmp_path / "w" / "worker.json").read_text())
+    assert (info["layer_count"], info["vocab_size"], info["routed_quant_bits"]) == (43, 129280, 2)
+    t = pd.read_csv(tmp_path / "w" / "tokens.csv")
+    assert list(t.pos) == [5, 6, 10, 11] and (t.host_us > 0).all()
+    pf = pd.read_csv(tmp_path / "w" / "prefill.csv")
+    assert list(pf.from_pos) == [0, 7] and list(pf.tokens) == [4, 2]

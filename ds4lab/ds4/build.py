@@ -41,7 +41,9 @@ DRIVER_SOURCE = Path(__file__).with_name("csrc") / "ds4lab_ds4.c"
 #: The library's file name inside a build folder.
 LIBRARY_NAME = "libds4lab_ds4.so"
 #: A makefile read after ds4's own: prints ``CORE_OBJS`` as ds4's Makefile computes it.
-_PRINT_OBJS = "ds4lab-print-objs:\n\t@echo $(CORE_OBJS)\n"
+_PRINT_OBJS = "ds4lab-print-objs:\n\t@echo $({var})\n"
+#: ``arch`` of a build for ds4's CPU back end (tests of the driver against ds4's own code, no GPU).
+CPU = "cpu"
 
 
 class BuildError(RuntimeError):
@@ -66,10 +68,14 @@ class Toolchain:
             raise BadInput("ds4lab ds4 builds ds4 with nvcc: none found (set CUDA_HOME or put nvcc on PATH)")
         if not home:
             home = str(Path(nvcc).resolve().parent.parent)
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or ""
-        if not cc:
-            raise BadInput("ds4lab ds4 builds ds4 with a C compiler: no cc or gcc on PATH")
-        return cls(nvcc, cc, home)
+        return cls(nvcc, _cc(), home)
+
+
+def _cc() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or ""
+    if not cc:
+        raise BadInput("ds4lab ds4 builds ds4 with a C compiler: no cc or gcc on PATH")
+    return cc
 
 
 @dataclass(frozen=True)
@@ -96,14 +102,23 @@ class BuildPlan:
         """``make -C src -j N VAR=... targets`` (ds4's own Makefile)."""
         return ["make", "-C", str(src), f"-j{self.jobs}", *(f"{k}={v}" for k, v in self.make_vars.items()), *targets]
 
+    @property
+    def objects_var(self) -> str:
+        """The Makefile variable that lists the engine's objects: ``CORE_OBJS`` (CUDA), ``CPU_CORE_OBJS``."""
+        return "CPU_CORE_OBJS" if self.arch == CPU else "CORE_OBJS"
+
     def driver_command(self, src: Path, out: Path) -> list[str]:
         """Compile ds4lab's driver against ds4's header (position-independent)."""
         inc = [f"-I{src}", f"-I{self.toolchain.cuda_home}/include", *(f"-I{d}" for d in self.extra_include)]
-        return [self.toolchain.cc, "-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall", *inc, "-c",
+        cpu = ["-DDS4LAB_CPU_ONLY"] if self.arch == CPU else []
+        return [self.toolchain.cc, "-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall", *cpu, *inc, "-c",
                 str(DRIVER_SOURCE), "-o", str(out)]
 
     def link_command(self, src: Path, objects, driver_obj: Path, out: Path) -> list[str]:
         """``nvcc -shared`` of the driver and ds4's objects with cudart and cuBLAS (ds4's ``CUDA_LDLIBS``)."""
+        if self.arch == CPU:
+            return [self.toolchain.cc, "-shared", "-o", str(out), str(driver_obj), *(str(src / o) for o in objects),
+                    "-lm", "-pthread"]
         dirs = [f"{self.toolchain.cuda_home}/lib64", *self.extra_lib]
         libs = [*(f"-L{d}" for d in dirs), *(f"-Xlinker -rpath={d}" for d in dirs)]
         # the rpath: the library finds cudart and cuBLAS where it was linked, whatever LD_LIBRARY_PATH says
@@ -114,7 +129,9 @@ class BuildPlan:
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
                extra_include=(), extra_lib=()) -> BuildPlan:
-    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200).
+    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or for ds4's CPU back end
+    (``arch`` :data:`CPU`: ds4's ``CPU_CORE_OBJS``, ``ds4.c`` with ``-DDS4_NO_GPU``, and the driver with
+    ``-DDS4LAB_CPU_ONLY``; for testing the driver against ds4's own code without a GPU, never to time).
 
     The make variables restate ds4's own Linux flags (Makefile: ``CFLAGS ?= -O3 -ffast-math
     $(DEBUG_FLAGS) -march=native -Wall -Wextra -std=c99`` with ``-D_GNU_SOURCE
@@ -128,9 +145,9 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
     """
     import re
 
-    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+    if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise BadInput(f"--arch {arch}: give a CUDA architecture such as sm_90")
-    tc = toolchain or Toolchain.find()
+    tc = toolchain or (Toolchain(nvcc="", cc=_cc(), cuda_home="") if arch == CPU else Toolchain.find())
     inc = " ".join(f"-I{d}" for d in extra_include)
     make_vars = {
         "CC": tc.cc,
@@ -141,6 +158,8 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
         "NVCCFLAGS": f"-O3 --use_fast_math -arch={arch} -Xcompiler -march=native -Xcompiler -pthread "
                      f"-Xcompiler -fPIC {inc}".strip(),
     }
+    if arch == CPU:
+        make_vars = {"CC": tc.cc, "CFLAGS": make_vars["CFLAGS"]}
     return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib))
 
 
@@ -199,17 +218,17 @@ def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=pri
             return p.stdout
 
         src_dir = materialize(src, folder / "src")
-        (folder / "print-objs.mk").write_text(_PRINT_OBJS)
-        out = run("list CORE_OBJS", ["make", "-s", "--no-print-directory", "-C", str(src_dir), "-f", "Makefile",
+        (folder / "print-objs.mk").write_text(_PRINT_OBJS.format(var=plan.objects_var))
+        out = run(f"list {plan.objects_var}", ["make", "-s", "--no-print-directory", "-C", str(src_dir), "-f", "Makefile",
                                      "-f", str(folder / "print-objs.mk"), *(f"{k}={v}" for k, v in plan.make_vars.items()),
                                      "ds4lab-print-objs"])
         objects = out.split()
         if not objects or not all(o.endswith(".o") for o in objects):
             failed = _set_aside(folder)
-            raise BuildError(f"ds4's Makefile gave no object list for CORE_OBJS ({out.strip()!r}); "
+            raise BuildError(f"ds4's Makefile gave no object list for {plan.objects_var} ({out.strip()!r}); "
                              f"see {failed / 'build.log'}")
         say(f"ds4 build: make {len(objects)} objects with -j{plan.jobs} for {plan.arch} (about 3.5 min on 16 cores)")
-        run("make CORE_OBJS", plan.make_command(src_dir, objects))
+        run(f"make {plan.objects_var}", plan.make_command(src_dir, objects))
         driver_obj = folder / "ds4lab_ds4.o"
         run("compile ds4lab's driver", plan.driver_command(src_dir, driver_obj))
         run("link the library", plan.link_command(src_dir, objects, driver_obj, folder / LIBRARY_NAME))
@@ -224,7 +243,7 @@ def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=pri
         "objects": objects,
         "steps": steps,
         "seconds": round(time.monotonic() - t_all, 1),
-        "nvcc": _first_line([plan.toolchain.nvcc, "--version"], last=True),
+        "nvcc": _first_line([plan.toolchain.nvcc, "--version"], last=True) if plan.toolchain.nvcc else "",
         "cc": _first_line([plan.toolchain.cc, "--version"]),
         "library_bytes": (folder / LIBRARY_NAME).stat().st_size,
     }

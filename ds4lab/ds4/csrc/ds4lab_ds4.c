@@ -7,15 +7,36 @@
  * changes what ds4 runs: every token is one ds4_session_eval.
  *
  * Every CUDA status is checked; a failure is returned as a negative code with the message in the
- * handle's error buffer (ds4lab_error). */
+ * handle's error buffer (ds4lab_error).
+ *
+ * Built with -DDS4LAB_CPU_ONLY (tests only: ds4's CPU back end, no CUDA), the engine opens on ds4's
+ * CPU back end and "gpu_ms" is the host clock: it exists so that this driver and ds4lab's worker are
+ * held to ds4's own code on a machine without a GPU, never to report a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#ifndef DS4LAB_CPU_ONLY
 #include <cuda_runtime.h>
+#else
+typedef int cudaEvent_t;
+typedef int cudaError_t;
+#define cudaSuccess 0
+static cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = 0; return 0; }
+static cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return 0; }
+static cudaError_t cudaDeviceSynchronize(void) { return 0; }
+static const char *cudaGetErrorName(cudaError_t e) { (void)e; return "cudaSuccess"; }
+static const char *cudaGetErrorString(cudaError_t e) { (void)e; return "no error"; }
+#endif
 
 #include "ds4.h"
+
+#ifdef DS4LAB_CPU_ONLY
+#define DS4LAB_BACKEND DS4_BACKEND_CPU
+#else
+#define DS4LAB_BACKEND DS4_BACKEND_CUDA
+#endif
 
 typedef struct {
     ds4_engine *engine;
@@ -47,7 +68,7 @@ ds4lab_handle *ds4lab_open(const char *model_path, int ctx_size, int n_threads, 
     ds4_engine_options opt;
     memset(&opt, 0, sizeof opt);
     opt.model_path = model_path;
-    opt.backend = DS4_BACKEND_CUDA;
+    opt.backend = DS4LAB_BACKEND;
     opt.n_threads = n_threads;
     opt.context_size = ctx_size;
     if (ds4_engine_open(&h->engine, &opt) != 0 || !h->engine) {
@@ -117,6 +138,13 @@ int ds4lab_sync(ds4lab_handle *h, const int *tokens, int n, double *seconds) {
  * gpu_ms: event to event (cudaEventElapsedTime, ms); host_s: the call's wall time on the host
  * (CLOCK_MONOTONIC, s), ds4's own synchronization at the end of a token included. */
 int ds4lab_eval_timed(ds4lab_handle *h, int token, float *gpu_ms, double *host_s) {
+#ifdef DS4LAB_CPU_ONLY
+    const double c0 = now_s();
+    const int ce = ds4_session_eval(h->session, token, h->err, sizeof h->err);
+    *host_s = now_s() - c0;
+    *gpu_ms = (float)(*host_s * 1e3);
+    return ce != 0 ? -1 : 0;
+#else
     cudaError_t rc = cudaEventRecord(h->start, 0);
     if (rc != cudaSuccess) return cuda_fail(h, "cudaEventRecord(start, legacy stream)", rc);
     const double t0 = now_s();
@@ -130,4 +158,5 @@ int ds4lab_eval_timed(ds4lab_handle *h, int token, float *gpu_ms, double *host_s
     rc = cudaEventElapsedTime(gpu_ms, h->start, h->stop);
     if (rc != cudaSuccess) return cuda_fail(h, "cudaEventElapsedTime", rc);
     return 0;
+#endif
 }
