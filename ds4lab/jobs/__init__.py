@@ -60,7 +60,8 @@ JOBS = {
     "exclusion": ("exclusion", BackendRequest(timing_only=True)),
     "conformance": ("conformance", BackendRequest()),
     "calibrate": ("calibrate", BackendRequest(allowed=("auto", "cupy"), gpu_only=True,
-                                              needed=lambda c: c.moe_profile is None and not c.from_ladder)),
+                                              needed=lambda c: c.moe_profile is None and not c.from_ladder
+                                              and c.from_ds4 is None)),
     "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
     "trace": ("trace", BackendRequest(timing_only=True)),
     "audit": ("audit", BackendRequest(needed=False)),

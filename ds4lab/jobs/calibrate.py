@@ -30,6 +30,9 @@ class CalibrateConfig:
     #: No GPU: measured ``ds4lab ladder``/``context`` folders whose host times refit ``base``'s
     #: ``host_launch_us`` and ``host_node_update_us``.
     from_ladder: tuple = ()
+    #: No GPU: a measured ``ds4lab ds4`` folder whose host and kernel costs price ds4lab's launch list
+    #: (:func:`fit_from_ds4`), checked against ds4's measured islands off and on.
+    from_ds4: Path | str | None = None
 
 
 def check_config(cfg: CalibrateConfig) -> None:
@@ -49,7 +52,8 @@ def check_config(cfg: CalibrateConfig) -> None:
     if out.is_dir():
         raise BadInput(f"--out {out} is a folder: name the calibration file to write")
     modes = [m for m, on in (("--moe-profile", cfg.moe_profile is not None), ("--long-context", cfg.long_context),
-                             ("--from-ladder", bool(cfg.from_ladder))) if on]
+                             ("--from-ladder", bool(cfg.from_ladder)), ("--from-ds4", cfg.from_ds4 is not None))
+             if on]
     if len(modes) > 1:
         raise BadInput(f"{' and '.join(modes)}: choose one way to extend --base per run")
     if modes:
@@ -92,6 +96,24 @@ def _check_against(cal: dict, folders, console) -> None:
         console.print(t)
 
 
+def _print_ds4_check(check, console) -> None:
+    """The sim with a ``--from-ds4`` calibration beside ds4: modeled / measured per context and stage."""
+    from rich.table import Table
+
+    t = Table(title="the sim at ds4's costs against ds4 itself",
+              caption="stage 0 ↔ islands off, i ↔ islands on (measured); 3 and 3c: MODELED, what ds4 does not ship")
+    for c in ("context", "stage", "ds4", "measured µs", "modeled µs", "ratio", "within ±10 %", "gain over i µs"):
+        t.add_column(c, justify="left" if c in ("stage", "ds4") else "right")
+    for r in check.to_dict("records"):
+        meas = r["measured_us"] == r["measured_us"]  # not NaN
+        t.add_row(str(r["context"]), r["stage"], r["ds4"] or "—", f"{r['measured_us']:,.0f}" if meas else "—",
+                  f"{r['modeled_us']:,.0f}", f"{r['ratio']:.3f}" if meas else "—",
+                  ("yes" if r["agrees"] else "OUTSIDE") if meas else "MODELED",
+                  f"{r['gain_over_i_us']:,.0f}" if r.get("gain_over_i_us") == r.get("gain_over_i_us")
+                  and r.get("gain_over_i_us") is not None else "")
+    console.print(t)
+
+
 def run(cfg: CalibrateConfig, be, console) -> dict:
     """Measure on ``be`` (a GPU) and write ``cfg.out``; with ``moe_profile`` or ``from_ladder``,
     ``be`` is unused (None is fine) and the fits are added to ``base`` (``from_ladder``: then the
@@ -120,6 +142,17 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
         if cfg.long_context:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
+        elif cfg.from_ds4 is not None:
+            base = read(Path(cfg.base) if cfg.base else default_calibration_path())
+            try:
+                cal, table, check = fit_from_ds4(base, cfg.from_ds4, preset=cfg.preset or "ds4-flash")
+            except ValueError as e:
+                raise BadInput(str(e)) from None
+            for k in ("host_launch_us", "host_graph_call_us", "kernel_time_scale"):
+                console.print(f"{k}: {base.get(k, 1.0 if k == 'kernel_time_scale' else None)} → {cal.get(k)} "
+                              f"(median of {int((table.figure == k).sum())} recorded tokens)")
+            _print_ds4_check(check, console)
+            check.to_csv(out.with_name(out.stem + "-check.csv"), index=False)
         elif cfg.from_ladder:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             try:
@@ -149,3 +182,140 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
         console.print(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
     console.print(f"calibration written to {final_path(out)}")
     return cal
+
+
+#: ds4's configurations (``ds4lab ds4``) each ds4lab stage models: eager is islands off, stage i is
+#: ds4's islands as they ship.
+DS4_STAGE_OF = {"islands-off": "0", "islands-on": "i"}
+
+
+def _ds4_tables(folder: Path):
+    """``(meta, summary, census)`` of a ``ds4lab ds4`` folder. Raises ValueError naming what is missing."""
+    import pandas as pd
+
+    from ..report import results
+
+    meta = results.read_meta(folder) or {}
+    if meta.get("job") != "ds4":
+        raise ValueError(f"{folder}: not a ds4lab ds4 folder (its meta.json names job {meta.get('job')!r})")
+    need = {"summary.csv": ("config", "context", "us_per_token"),
+            "census.csv": ("config", "context", "launch_calls", "graph_launches", "busy_us", "enqueue_us")}
+    tables = []
+    for name, cols in need.items():
+        p = folder / name
+        if not p.is_file():
+            raise ValueError(f"{p}: missing (a ds4lab ds4 run with --trace-contexts records the census)")
+        d = pd.read_csv(p)
+        lacks = [c for c in cols if c not in d.columns]
+        if lacks:
+            raise ValueError(f"{p}: lacks {', '.join(lacks)}")
+        tables.append(d)
+    summary, census = tables
+    for cfg in DS4_STAGE_OF:
+        if not (census.config == cfg).any():
+            raise ValueError(f"{folder / 'census.csv'}: no recorded {cfg} tokens (run ds4lab ds4 with both "
+                             "islands-off and islands-on)")
+    return meta, summary, census
+
+
+def _sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
+    """The sim's ``ds4lab context`` table for ``cal`` (timing only): per stage and context µs per
+    token and the modeled busy floor."""
+    import io
+    import tempfile
+
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from rich.console import Console
+
+    from .context import ContextConfig
+    from .context import run as run_context
+    from ..sim.backend import SimBackend
+
+    be = SimBackend(timing_only=True, calibration=cal)
+    before = set(plt.get_fignums())
+    with tempfile.TemporaryDirectory(prefix="ds4lab-from-ds4-") as tmp:
+        cfg = ContextConfig(stages=stages, preset=preset, contexts=sorted(contexts), tokens=tokens, warmup=2,
+                            out=Path(tmp) / "context")
+        try:
+            run_context(cfg, be, Console(file=io.StringIO(), width=160))
+        finally:
+            for n in set(plt.get_fignums()) - before:
+                plt.close(n)
+        return pd.read_csv(Path(tmp) / "context" / "context.csv", dtype={"stage": str})
+
+
+def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 8, stages: str = "0,i,3,3c"):
+    """A calibration that prices ds4lab's launch list at ds4's own costs, from a measured
+    ``ds4lab ds4`` folder (no GPU), and the check of the sim with it against ds4.
+
+    Fitted (medians over the recorded tokens of ``census.csv``; ``base`` keeps everything else):
+
+    * ``host_launch_us``: ds4's host span per token to the end of its last launch call over its
+      kernel launch calls, islands off (CUPTI's own cost per call included);
+    * ``host_graph_call_us``: islands on, ``(span - launches * host_launch_us) / graph launches -
+      host_graph_launch_us``: ds4's own work around each island's replay;
+    * ``kernel_time_scale``: ds4's kernel-busy µs per token (islands off) over the sim's modeled
+      busy floor of ds4lab's token at the same context with ``base``'s kernel fits: ds4's kernels,
+      one factor on every one of ds4lab's.
+
+    Then the sim's context ladder (``stages``, at every context ``summary.csv`` measured) with the
+    new calibration, beside ds4's measured µs per token: stage 0 against islands off, stage i
+    against islands on (``ratio`` modeled / measured, ``agrees`` within ±10 %), and the stages ds4
+    does not ship (3, 3c) MODELED, with their gain over stage i.
+
+    Returns:
+        ``(calibration dict, fits table, check table)``.
+
+    Raises:
+        ValueError: not a ds4 folder, a missing table or configuration (each names it).
+    """
+    import pandas as pd
+
+    import numpy as np
+
+    from ..measure.sim_check import TOLERANCE
+
+    folder = Path(folder)
+    meta, summary, census = _ds4_tables(folder)
+    off = census[census.config == "islands-off"]
+    on = census[census.config == "islands-on"]
+    fits = []
+
+    def put(figure, values, ctx):
+        fits.extend({"figure": figure, "context": int(c), "value": float(v)} for v, c in zip(values, ctx))
+        return float(np.median(list(values)))
+
+    out = dict(base)
+    h = put("host_launch_us", off.enqueue_us / off.launch_calls, off.context)
+    out["host_launch_us"] = round(h, 3)
+    g = on[on.graph_launches > 0]
+    if len(g):
+        call = (g.enqueue_us - g.launch_calls * h) / g.graph_launches - float(base["host_graph_launch_us"])
+        out["host_graph_call_us"] = round(max(0.0, put("host_graph_call_us", call, g.context)), 3)
+    trace_ctx = sorted(set(off.context))
+    lab = _sim_context({**out, "kernel_time_scale": 1.0}, preset, "0", trace_ctx, tokens)
+    lab_busy = lab.set_index("context")["floor_us"]
+    ratios = [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in trace_ctx]
+    out["kernel_time_scale"] = round(put("kernel_time_scale", ratios, trace_ctx), 4)
+    out["name"] = f"{base.get('name', 'calibration')} at ds4's costs ({meta.get('ds4_commit') or 'ds4'})"
+    out["source"] = (f"{base.get('source', '')}; host constants and kernel_time_scale fitted from ds4 itself by "
+                     f"ds4lab calibrate --from-ds4 {folder} (ds4 {meta.get('ds4_commit', '?')}, {meta.get('gpu', '?')}, "
+                     f"driver {meta.get('driver', '?')})")
+    contexts = sorted(set(summary.context))
+    modeled = _sim_context(out, preset, stages, contexts, tokens)
+    rows = []
+    for c in contexts:
+        m = modeled[modeled.context == c].set_index("stage")["us_median"]
+        for cfg, stage in DS4_STAGE_OF.items():
+            meas = summary[(summary.config == cfg) & (summary.context == c)]
+            if meas.empty or stage not in m.index:
+                continue
+            mu = float(meas.us_per_token.iloc[0])
+            rows.append({"context": c, "ds4": cfg, "stage": stage, "measured_us": mu, "modeled_us": float(m[stage]),
+                         "ratio": float(m[stage]) / mu, "agrees": abs(float(m[stage]) / mu - 1) <= TOLERANCE})
+        for stage in [s for s in m.index if s not in DS4_STAGE_OF.values()]:
+            rows.append({"context": c, "ds4": "", "stage": stage, "measured_us": float("nan"),
+                         "modeled_us": float(m[stage]), "ratio": float("nan"), "agrees": None,
+                         "gain_over_i_us": float(m["i"] - m[stage]) if "i" in m.index else float("nan")})
+    return out, pd.DataFrame(fits), pd.DataFrame(rows)

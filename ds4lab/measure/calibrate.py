@@ -408,5 +408,3 @@ def fit_tiled_moe(moe_dir: Path, max_tokens: int = 64) -> dict:
                         "source": f"ds4lab moe in-graph, uniform, tokens {list(map(int, g['tokens']))}, "
                                   f"{meta.get('device')} {meta.get('timestamp', '')}"}
     return fits
-
-

@@ -54,6 +54,9 @@ SCHEMA: dict[str, Any] = {
         "host_api_us": _US,
         "host_graph_call_us": _US,
         "host_node_update_us": _US,
+        # every kernel's modeled time multiplied by this (a calibration made from another engine's
+        # kernels, ``calibrate --from-ds4``: ds4's busy time over ds4lab's); 1 when absent
+        "kernel_time_scale": {"type": "number", "finite": True, "exclusiveMinimum": 0, "maximum": 100},
         "kernel_fixed_us": _US,
         "graph_node_us": _US,
         "graph_node_gap_us": _US,

@@ -27,7 +27,7 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
      "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us",
      "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
      optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies),
-     "graph_node_gap_us", "host_graph_call_us", "host_node_update_us"}
+     "graph_node_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale"}
 
 :func:`fit_calibration` derives ``kernel_fixed_us``, ``bandwidth_GBps`` and ``kernels`` from a
 per-op timing CSV and a launch trace (``ds4lab calibrate`` measures them on a GPU).
@@ -46,7 +46,7 @@ REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_grap
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0,
-            "host_graph_call_us": 0.0, "host_node_update_us": 0.0}
+            "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0}
 
 
 #: Kernels that a calibration file may not have measured yet, and the measured kernel of the same
@@ -97,6 +97,10 @@ class Calibration:
     #: call's launches, packing the node's parameters), on top of the update call (``host_api_us``),
     #: µs. Both fitted from a measured ladder (:func:`ds4lab.measure.calibrate.fit_host_from_ladder`).
     host_node_update_us: float = 0.0
+    #: Every kernel's modeled time is multiplied by this: 1 for ds4lab's own kernels; another
+    #: engine's total kernel time over ds4lab's for a calibration made from that engine
+    #: (:func:`ds4lab.measure.calibrate.fit_from_ds4`: ds4's kernels, ds4lab's launch list).
+    kernel_time_scale: float = 1.0
     path: str | None = None
 
     @classmethod
@@ -139,9 +143,11 @@ class Calibration:
         kernel it stands in for (:func:`stand_in`), else the general line."""
         o = self.kernels.get(name) or self.kernels.get(stand_in(name) or "")
         if o:
-            return float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
+            us = float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
                 float(o.get("bandwidth_GBps", self.bandwidth_GBps)) * 1e3)
-        return self.kernel_fixed_us + nbytes / (self.bandwidth_GBps * 1e3)
+        else:
+            us = self.kernel_fixed_us + nbytes / (self.bandwidth_GBps * 1e3)
+        return us * self.kernel_time_scale
 
     def memset_gpu_us(self, nbytes: int) -> float:
         """A memset of ``nbytes`` (fixed cost plus writing at the copy bandwidth)."""

@@ -1,0 +1,96 @@
+"""``ds4lab calibrate --from-ds4``: ds4's host and kernel costs fitted from a ``ds4lab ds4`` folder, and
+the sim's stages 0 and i held to ds4's islands off and on. The ds4 folder here is made by the sim
+itself at a known calibration (3 µs per launch, kernels at 0.6 of ds4lab's): the fit must recover
+both and the check must agree; a folder that is not a ds4 run, or lacks a configuration, is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from ds4lab.jobs.calibrate import _sim_context, fit_from_ds4
+from ds4lab.sim.calibration import read
+from ds4lab.sim.costmodel import default_calibration_path
+
+PRESET, CONTEXTS = "small", [600]
+
+
+@pytest.fixture(scope="module")
+def truth():
+    base = read(default_calibration_path())
+    return base, {**base, "host_launch_us": 3.0, "host_graph_call_us": 1.5, "kernel_time_scale": 0.6}
+
+
+def _ds4_folder(tmp, truth_cal):
+    """A ds4lab ds4 folder whose figures are the sim's at ``truth_cal``: stage 0 as islands off, i as on."""
+    t = _sim_context(truth_cal, PRESET, "0,i", CONTEXTS, tokens=4).set_index("stage")
+    meta = {"job": "ds4", "status": "complete", "ds4_commit": "b0309611", "gpu": "stand-in", "driver": "-"}
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    summary, census = [], []
+    for cfg, st in (("islands-off", "0"), ("islands-on", "i")):
+        r = t.loc[st]
+        summary.append({"config": cfg, "context": CONTEXTS[0], "tokens": 4, "us_per_token": r.us_median,
+                        "iqr_us": 0.0, "host_us": r.host_us_median})
+        for tok in range(3):
+            census.append({"config": cfg, "context": CONTEXTS[0], "token": tok, "launch_calls": r.kernel_launches,
+                           "graph_launches": r.graph_launches, "kernels": r.kernel_launches, "busy_us": r.floor_us,
+                           "enqueue_us": r.host_us_median, "launch_call_us": 1.0})
+    pd.DataFrame(summary).to_csv(tmp / "summary.csv", index=False)
+    pd.DataFrame(census).to_csv(tmp / "census.csv", index=False)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def ds4_folder(tmp_path_factory, truth):
+    return _ds4_folder(tmp_path_factory.mktemp("ds4"), truth[1])
+
+
+def test_fit_from_ds4_recovers_the_host_and_kernel_costs_and_agrees(ds4_folder, truth):
+    base, _ = truth
+    folder = ds4_folder
+    cal, fits, check = fit_from_ds4(base, folder, preset=PRESET, tokens=4, stages="0,i,3")
+    # host: the sim's host enqueue over its launches is host_launch_us plus its per-call extras, within 5 %
+    assert cal["host_launch_us"] == pytest.approx(3.0, rel=0.05)
+    assert cal["kernel_time_scale"] == pytest.approx(0.6, rel=0.05)
+    assert set(fits.figure) == {"host_launch_us", "host_graph_call_us", "kernel_time_scale"}
+    measured = check[check.ds4 != ""]
+    assert list(measured.stage) == ["0", "i"] and measured.agrees.all(), measured
+    modeled = check[check.stage == "3"]
+    assert len(modeled) == 1 and modeled.measured_us.isna().all() and modeled.gain_over_i_us.notna().all()
+    assert "from-ds4" in cal["source"] and "b0309611" in cal["name"]
+
+
+def test_fit_from_ds4_with_the_shipped_costs_does_not_agree_with_a_cheaper_host(ds4_folder, truth):
+    """The check can fail: ds4lab's own constants priced against ds4's figures are far off."""
+    base, _ = truth
+    folder = ds4_folder
+    t = _sim_context(base, PRESET, "0", CONTEXTS, tokens=4).set_index("stage")
+    s = pd.read_csv(folder / "summary.csv")
+    assert t.loc["0"].us_median > 1.1 * float(s[s.config == "islands-off"].us_per_token.iloc[0])
+
+
+def test_fit_from_ds4_refuses_what_is_not_a_ds4_run(tmp_path, truth):
+    base, _ = truth
+    (tmp_path / "meta.json").write_text(json.dumps({"job": "ladder"}))
+    with pytest.raises(ValueError, match="not a ds4lab ds4 folder"):
+        fit_from_ds4(base, tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"job": "ds4"}))
+    with pytest.raises(ValueError, match="summary.csv: missing"):
+        fit_from_ds4(base, tmp_path)
+    pd.DataFrame([{"config": "islands-off", "context": 600, "us_per_token": 1.0}]).to_csv(tmp_path / "summary.csv")
+    pd.DataFrame([{"config": "islands-off", "context": 600, "launch_calls": 10, "graph_launches": 0, "busy_us": 5,
+                   "enqueue_us": 30}]).to_csv(tmp_path / "census.csv")
+    with pytest.raises(ValueError, match="no recorded islands-on tokens"):
+        fit_from_ds4(base, tmp_path)
+
+
+def test_calibrate_from_ds4_is_one_mode_at_a_time(tmp_path):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, ["calibrate", "--from-ds4", str(tmp_path), "--from-ladder", str(tmp_path),
+                                  "--out", str(tmp_path / "c.json")])
+    assert r.exit_code == 2 and "choose one way" in r.output
