@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from ds4lab.jobs.calibrate import _sim_context, fit_from_ds4
+from ds4lab.jobs.calibrate import sim_context, fit_from_ds4
 from ds4lab.sim.calibration import read
 from ds4lab.sim.costmodel import default_calibration_path
 
@@ -25,7 +25,7 @@ def truth():
 
 def _ds4_folder(tmp, truth_cal):
     """A ds4lab ds4 folder whose figures are the sim's at ``truth_cal``: stage 0 as islands off, i as on."""
-    t = _sim_context(truth_cal, PRESET, "0,i", CONTEXTS, tokens=4).set_index("stage")
+    t = sim_context(truth_cal, PRESET, "0,i", CONTEXTS, tokens=4).set_index("stage")
     meta = {"job": "ds4", "status": "complete", "ds4_commit": "b0309611", "gpu": "stand-in", "driver": "-"}
     (tmp / "meta.json").write_text(json.dumps(meta))
     summary, census = [], []
@@ -66,7 +66,7 @@ def test_fit_from_ds4_with_the_shipped_costs_does_not_agree_with_a_cheaper_host(
     """The check can fail: ds4lab's own constants priced against ds4's figures are far off."""
     base, _ = truth
     folder = ds4_folder
-    t = _sim_context(base, PRESET, "0", CONTEXTS, tokens=4).set_index("stage")
+    t = sim_context(base, PRESET, "0", CONTEXTS, tokens=4).set_index("stage")
     s = pd.read_csv(folder / "summary.csv")
     assert t.loc["0"].us_median > 1.1 * float(s[s.config == "islands-off"].us_per_token.iloc[0])
 
@@ -94,3 +94,14 @@ def test_calibrate_from_ds4_is_one_mode_at_a_time(tmp_path):
     r = CliRunner().invoke(main, ["calibrate", "--from-ds4", str(tmp_path), "--from-ladder", str(tmp_path),
                                   "--out", str(tmp_path / "c.json")])
     assert r.exit_code == 2 and "choose one way" in r.output
+
+
+def test_host_whatif_prices_the_same_launch_list_at_another_host_cost():
+    from ds4lab.jobs.calibrate import host_whatif
+
+    t = host_whatif((600,), (0.5,), preset=PRESET, stages="0,3", tokens=4)
+    assert set(t.host_launch_us) == {0.5, read(default_calibration_path())["host_launch_us"]}
+    py, c = (t[t.host_launch_us == h].set_index("stage") for h in sorted(set(t.host_launch_us), reverse=True))
+    assert py.loc["0"].us_median > c.loc["0"].us_median  # cheaper launches: a faster eager token
+    assert py.loc["0"].kernel_launches == c.loc["0"].kernel_launches  # the same launch list
+    assert py.loc["3"].speedup > c.loc["3"].speedup  # and less for the graph to buy

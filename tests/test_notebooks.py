@@ -25,6 +25,7 @@ SMALL = {
     "TOKENS_PER_STEP": "1,2,16", "ROUTINGS": "uniform,worst", "STEPS": 2, "CONTEXTS": "128,600",
     "ENGINE": "llama", "CACHE": "dynamic", "TRACE": None, "TOKEN_RANGE": "decode_step",
     "TRACE_LAYERS": 1, "ROUTING_SHOWN": "worst", "REGIME_CHANGE": None,
+    "DS4_SOURCE": None, "DS4_RESULTS": None, "C_HOST_US": 3.2,
 }
 #: Per notebook, where SMALL's value does not fit: 04's context ladder runs an island stage and 3c (a
 #: long-context stage). Its CONTEXTS, 128 and 600, cross a top-k regime change of tiny. 05 on BACKEND sim
@@ -61,7 +62,7 @@ def _injected(nb):
 def test_there_are_notebooks_each_with_its_source():
     assert {p.name for p in NOTEBOOKS} == {"00_quickstart.ipynb", "01_moe_timing.ipynb",
                                            "02_profiling_vs_capture.ipynb", "03_stage_gains.ipynb",
-                                           "04_long_context.ipynb", "05_audit.ipynb"}
+                                           "04_long_context.ipynb", "05_audit.ipynb", "06_ds4_itself.ipynb"}
     assert [p.stem for p in SOURCES] == [p.stem for p in NOTEBOOKS], "every .ipynb has its .py source, and no more"
     assert not (NB_DIR.parent / "scripts" / "make_notebooks.py").exists()
 

@@ -218,9 +218,10 @@ def _ds4_tables(folder: Path):
     return meta, summary, census
 
 
-def _sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
-    """The sim's ``ds4lab context`` table for ``cal`` (timing only): per stage and context µs per
-    token and the modeled busy floor."""
+def sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
+    """The sim's ``ds4lab context`` table (``context.csv``'s rows) for calibration ``cal`` (a dict),
+    timing only: per stage and context µs per token (MODELED), host enqueue µs, the modeled busy floor,
+    launches. Seconds for ``ds4-flash`` at one context."""
     import io
     import tempfile
 
@@ -294,7 +295,7 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
         call = (g.enqueue_us - g.launch_calls * h) / g.graph_launches - float(base["host_graph_launch_us"])
         out["host_graph_call_us"] = round(max(0.0, put("host_graph_call_us", call, g.context)), 3)
     trace_ctx = sorted(set(off.context))
-    lab = _sim_context({**out, "kernel_time_scale": 1.0}, preset, "0", trace_ctx, tokens)
+    lab = sim_context({**out, "kernel_time_scale": 1.0}, preset, "0", trace_ctx, tokens)
     lab_busy = lab.set_index("context")["floor_us"]
     ratios = [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in trace_ctx]
     out["kernel_time_scale"] = round(put("kernel_time_scale", ratios, trace_ctx), 4)
@@ -303,7 +304,7 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
                      f"ds4lab calibrate --from-ds4 {folder} (ds4 {meta.get('ds4_commit', '?')}, {meta.get('gpu', '?')}, "
                      f"driver {meta.get('driver', '?')})")
     contexts = sorted(set(summary.context))
-    modeled = _sim_context(out, preset, stages, contexts, tokens)
+    modeled = sim_context(out, preset, stages, contexts, tokens)
     rows = []
     for c in contexts:
         m = modeled[modeled.context == c].set_index("stage")["us_median"]
@@ -319,3 +320,29 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
                          "modeled_us": float(m[stage]), "ratio": float("nan"), "agrees": None,
                          "gain_over_i_us": float(m["i"] - m[stage]) if "i" in m.index else float("nan")})
     return out, pd.DataFrame(fits), pd.DataFrame(rows)
+
+
+def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-flash", stages: str = "0,i,3",
+                tokens: int = 8, calibration=None):
+    """ds4lab's token on the sim with its eager launches priced at other host costs: the shipped
+    calibration's (ds4lab's Python launch layer, fitted from a measured ladder) and each of
+    ``host_launch_us`` (e.g. a C program's: 3.0–3.3 µs per launch measured on the H200,
+    ``shared/context/gpu-facts.md``). Every figure MODELED. Returns the rows of :func:`sim_context`
+    with ``host_launch_us``, ``host`` (a label) and ``speedup`` (stage 0 over the stage, per host and
+    context)."""
+    import pandas as pd
+
+    from ..sim.calibration import read
+
+    base = read(Path(calibration) if calibration else default_calibration_path())
+    rows = []
+    for h in (None, *host_launch_us):
+        cal = dict(base) if h is None else {**base, "host_launch_us": float(h)}
+        t = sim_context(cal, preset, stages, contexts, tokens)
+        label = (f"ds4lab's Python launch layer ({base['host_launch_us']:.1f} µs per launch, calibration)"
+                 if h is None else f"{float(h):.1f} µs per launch")
+        t = t.assign(host_launch_us=cal["host_launch_us"], host=label)
+        s0 = t[t.stage == "0"].set_index("context")["us_median"]
+        t["speedup"] = t.apply(lambda r: s0.get(r.context, float("nan")) / r.us_median, axis=1)
+        rows.append(t)
+    return pd.concat(rows, ignore_index=True)

@@ -1,0 +1,238 @@
+"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the launch
+census per token, host µs per launch, what capture buys (ds4's islands against ds4lab's stage i), and
+kernel µs per token by kind.
+
+Each table names where every figure came from: ds4's from a ``ds4lab ds4`` folder (its GPU, driver
+and ds4 commit in the folder's ``meta.json``), ds4lab's from a measured ladder or context record
+(``meta.json`` beside it) or from ds4lab's own model of the token (counts, no timing). Nothing here
+measures anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+#: ds4lab's records of its own token on the H200 that the side-by-side tables read by default (the
+#: newest measured ladder with ds4's islands, and the newest context ladder), relative to the checkout.
+_ROOT = Path(__file__).resolve().parents[2]
+LAB_LADDER_RECORD = _ROOT / "docs/measurements/h200-2026-12-01/round3/islands"
+LAB_CONTEXT_RECORD = _ROOT / "docs/measurements/h200-2026-12-01/round3/context"
+
+#: Kernel kinds by name (first match wins), for ds4's and ds4lab's kernels alike: a coarse map, since
+#: the two engines' kernels are different code (ds4's names are its own).
+KINDS = (("routed MoE", r"moe|expert|iq2|q2_k|q2k|mmid|mmvq"),
+         ("attention", r"attn|attention|score|softmax|flash|kv_|sink"),
+         ("compressor / indexer / top-k", r"compress|indexer|topk|top_k|sort|select"),
+         ("router", r"router|gate_inp|route|hash"),
+         ("matvec (Q8_0)", r"q8|matvec|gemv|mul_mat|gemm|cublas|sgemm|hgemm"),
+         ("norm / RoPE / hyper-connections", r"norm|rope|hc_|mix|split|expand|swiglu|silu"),
+         ("other", r"."))
+
+
+def kernel_kind(name: str) -> str:
+    """The :data:`KINDS` label of a kernel name (case-insensitive regex, first match)."""
+    low = str(name).lower()
+    for label, pat in KINDS:
+        if re.search(pat, low):
+            return label
+    return "other"
+
+
+@dataclass
+class Ds4Record:
+    """A ``ds4lab ds4`` result folder, read: ``meta`` and its tables (absent ones empty)."""
+
+    folder: Path
+    meta: dict
+    summary: pd.DataFrame
+    gains: pd.DataFrame
+    census: pd.DataFrame
+    islands: pd.DataFrame
+    kernels: dict = field(default_factory=dict)  # (config, context) -> per-kernel table
+
+    @property
+    def label(self) -> str:
+        """``ds4 <commit> · <GPU> · driver <driver>``: how each ds4 figure is named."""
+        m = self.meta
+        return f"ds4 {m.get('ds4_commit') or '?'} · {m.get('gpu', '?')} · driver {m.get('driver', '?')}"
+
+
+def read_ds4(folder) -> Ds4Record:
+    """Read a ``ds4lab ds4`` folder.
+
+    Raises:
+        ValueError: ``folder`` has no ``meta.json`` of job ``ds4`` (names it).
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if meta.get("job") != "ds4":
+        raise ValueError(f"{folder}: not a ds4lab ds4 result folder (no meta.json of job ds4)")
+
+    def table(name):
+        p = folder / name
+        return pd.read_csv(p) if p.is_file() else pd.DataFrame()
+
+    kernels = {}
+    for p in sorted(folder.glob("kernels-*-*.csv")):
+        cfg, ctx = p.stem[len("kernels-"):].rsplit("-", 1)
+        kernels[(cfg, int(ctx))] = pd.read_csv(p)
+    return Ds4Record(folder, meta, table("summary.csv"), table("gains.csv"), table("census.csv"),
+                     table("islands.csv"), kernels)
+
+
+def _lab_record(folder) -> tuple[dict, pd.DataFrame]:
+    folder = Path(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    name = "context.csv" if (folder / "context.csv").is_file() else "ladder.csv"
+    return meta, pd.read_csv(folder / name, dtype={"stage": str})
+
+
+def _rel(folder: Path) -> str:
+    """``folder`` relative to the checkout where it lies inside it (records are named so in docs)."""
+    try:
+        return str(Path(folder).resolve().relative_to(_ROOT))
+    except ValueError:
+        return str(folder)
+
+
+def _lab_label(meta: dict) -> str:
+    return (f"ds4lab {meta.get('source_digest', meta.get('git_revision', '?'))} · {meta.get('device', '?')} · "
+            f"driver {meta.get('driver', '?')} · CuPy {meta.get('cupy', '?')}")
+
+
+def lab_census(contexts=(1024,), preset: str = "ds4-flash") -> pd.DataFrame:
+    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``:
+    kernel launches and all launches per token, by cluster; counted by the launcher on a timing-only
+    sim (:func:`ds4lab.experiments.launch_list.census`: the same launch list on every backend)."""
+    from ..backends import make_backend
+    from ..experiments.launch_list import census
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+
+    model = DecodeModel(get_preset(preset, long_context=True), make_backend("sim", timing_only=True),
+                        TokenOptions(vocab=True))
+    rows = []
+    for c in contexts:
+        r = census(model, int(c))
+        by = model.L.census.frame()
+        kern = by[by["kind"] == "kernel"] if "kind" in by.columns else by
+        per_cluster = kern.groupby("cluster")["launches"].sum().to_dict() if "cluster" in kern.columns else {}
+        rows.append({"context": int(c), "kernels": r["kernels"], "launches": r["launches"],
+                     **{f"cluster {k}": v for k, v in sorted(per_cluster.items())}})
+    return pd.DataFrame(rows)
+
+
+def census_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD, contexts=(1024,)) -> pd.DataFrame:
+    """Launches per token, ds4 beside ds4lab: eager kernel launches and graph launches with the islands
+    off and on, and the kernels that ran (ds4: CUPTI records of its recorded tokens; ds4lab: its ladder
+    record's stages 0 and i, and its model's census at ``contexts``). ``source`` names each row's origin."""
+    rows = []
+    if rec is not None and not rec.census.empty:
+        for (cfg, ctx), g in rec.census.groupby(["config", "context"]):
+            rows.append({"engine": "ds4", "configuration": cfg, "context": ctx,
+                         "kernel launches": float(g.launch_calls.median()),
+                         "graph launches": float(g.graph_launches.median()), "kernels run": float(g.kernels.median()),
+                         "source": f"{rec.label} (CUPTI, {len(g)} tokens)"})
+    lab_ladder = Path(lab_ladder)
+    if (lab_ladder / "meta.json").is_file():
+        meta, t = _lab_record(lab_ladder)
+        for st, cfg in (("0", "stage 0 (islands off)"), ("i", "stage i (islands on)")):
+            r = t[t.stage == st]
+            if len(r):
+                r = r.iloc[0]
+                rows.append({"engine": "ds4lab", "configuration": cfg, "context": int(r.context),
+                             "kernel launches": float(r.kernel_launches), "graph launches": float(r.graph_launches),
+                             "kernels run": float("nan"), "source": f"{_lab_label(meta)} ({_rel(lab_ladder)})"})
+    for r in lab_census(contexts).to_dict("records"):
+        rows.append({"engine": "ds4lab", "configuration": "stage 0, long-context token (counted)",
+                     "context": r["context"], "kernel launches": float(r["kernels"]), "graph launches": 0.0,
+                     "kernels run": float(r["kernels"]), "source": "ds4lab's model of the token (launch census)"})
+    return pd.DataFrame(rows)
+
+
+def host_table(rec: Ds4Record | None, calibration=None) -> pd.DataFrame:
+    """Host µs per eager launch: ds4 (C, its host span per token to its last launch over its launch calls,
+    and CUPTI's median launch call, islands off) beside ds4lab (Python: the calibration's
+    ``host_launch_us``, fitted from a measured ladder; the calibration's name and source on the row)."""
+    from ..sim.costmodel import Calibration
+
+    rows = []
+    if rec is not None and not rec.census.empty:
+        off = rec.census[rec.census.config == "islands-off"]
+        if len(off):
+            rows.append({"engine": "ds4 (C)", "µs per launch": float((off.enqueue_us / off.launch_calls).median()),
+                         "what": "host span to the last launch / launch calls, per token (CUPTI on)",
+                         "source": rec.label})
+            rows.append({"engine": "ds4 (C)", "µs per launch": float(off.launch_call_us.median()),
+                         "what": "one launch call (CUPTI runtime record)", "source": rec.label})
+    cal = Calibration.load(calibration)
+    rows.append({"engine": "ds4lab (Python)", "µs per launch": float(cal.host_launch_us),
+                 "what": "host_launch_us of the calibration (fitted from a measured ladder)",
+                 "source": f"{cal.name} ({cal.path or 'shipped'})"})
+    return pd.DataFrame(rows)
+
+
+def gain_table(rec: Ds4Record | None, lab_context=LAB_CONTEXT_RECORD, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
+    """What capture buys, per context: ds4's islands on against off (µs per token, the ratio, the gain
+    paired by position with its 95 % interval) beside ds4lab's stage i against stage 0 (its measured
+    ladder and context records). ``source`` names each row's origin."""
+    rows = []
+    if rec is not None and not rec.gains.empty:
+        for r in rec.gains[rec.gains.other == "islands-on"].to_dict("records"):
+            rows.append({"engine": "ds4", "context": int(r["context"]), "eager µs": r["base_us"],
+                         "islands µs": r["other_us"], "× faster": r["ratio"],
+                         "gain µs (95 % CI)": (f"{r['gain_us']:.0f} ({r['gain_lo']:.0f}…{r['gain_hi']:.0f})"
+                                               if r["measurable"] else
+                                               f"not measurable ({r['gain_lo']:.0f}…{r['gain_hi']:.0f})"),
+                         "source": rec.label})
+    for folder in (Path(lab_ladder), Path(lab_context)):
+        if not (folder / "meta.json").is_file():
+            continue
+        meta, t = _lab_record(folder)
+        for ctx, g in t.groupby("context"):
+            s = g.set_index("stage")
+            if "0" in s.index and "i" in s.index:
+                gain = (f"{s.loc['i', 'gain_us']:.0f} ({s.loc['i', 'gain_lo']:.0f}…{s.loc['i', 'gain_hi']:.0f})"
+                        if "gain_us" in s.columns and s.loc["i", "gain_us"] == s.loc["i", "gain_us"] else "—")
+                rows.append({"engine": "ds4lab", "context": int(ctx), "eager µs": float(s.loc["0", "us_median"]),
+                             "islands µs": float(s.loc["i", "us_median"]),
+                             "× faster": float(s.loc["0", "us_median"] / s.loc["i", "us_median"]),
+                             "gain µs (95 % CI)": gain, "source": f"{_lab_label(meta)} ({_rel(folder)})"})
+    return pd.DataFrame(rows).sort_values(["context", "engine"], ignore_index=True) if rows else pd.DataFrame()
+
+
+def kernel_kinds(rec: Ds4Record, config: str = "islands-off") -> pd.DataFrame:
+    """ds4's kernel µs per token by :data:`KINDS` (its recorded tokens, ``config``, every context
+    recorded), with the launches per token of each kind."""
+    rows = []
+    for (cfg, ctx), k in rec.kernels.items():
+        if cfg != config or k.empty:
+            continue
+        k = k.assign(kind=k["name"].map(kernel_kind))
+        g = k.groupby("kind").agg(launches=("per_token", "sum"), us=("us_per_token", "sum")).reset_index()
+        rows.append(g.assign(context=ctx))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["kind", "launches", "us", "context"])
+
+
+def gain_figure(gains: pd.DataFrame):
+    """µs per token eager and with islands, ds4 beside ds4lab, per context (bars,
+    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names
+    where each engine's figures came from."""
+    if gains is None or gains.empty:
+        return None
+    from ..report import plots
+
+    xs = [f"{r['engine']} @{r['context']}" for r in gains.to_dict("records")]
+    series = {"islands off / stage 0": dict(zip(xs, gains["eager µs"])),
+              "islands on / stage i": dict(zip(xs, gains["islands µs"]))}
+    title = ("What ds4's decode islands buy: ds4 itself against ds4lab's rebuild\n"
+             + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in gains["source"]})))
+    return plots.grouped_bars_figure(series, xs, "µs per decode token (median, CUDA events)", title, rotate=True)

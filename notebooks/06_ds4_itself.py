@@ -1,0 +1,141 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # ds4 itself beside ds4lab's rebuild of it
+#
+# Every other notebook measures ds4lab's rebuild of ds4's decode token: its own CuPy kernels, launched
+# from Python. This one holds those figures to ds4 itself: `ds4lab ds4` builds ds4 from its source
+# (ds4's own Makefile objects, with ds4lab's driver), writes a Flash-shaped GGUF with synthetic weights
+# that ds4's loader opens (docs/model.md, "The synthetic model ds4 opens"), and runs ds4's decode token
+# at each context with its decode islands off and on and with its MoE profile (docs/ds4.md).
+#
+# Side by side: the launch census per token, host µs per launch (ds4's C against ds4lab's Python),
+# what the islands buy ds4 against what ds4lab's stage i says they buy, ds4's kernel time by kind, and
+# what ds4's log says its islands captured and retired. Then the question the rebuild alone cannot
+# answer, MODELED: ds4lab's token with its launches priced at a C program's host cost.
+#
+# On a GPU with `DS4_SOURCE` set, ds4 is built and run live into `OUT/ds4` (minutes: the build is
+# cached). Elsewhere, `DS4_RESULTS` names a `ds4lab ds4` folder measured on a GPU; with neither,
+# only ds4lab's side is shown. Parameters in the next cell.
+
+# %% tags=["parameters"]
+BACKEND = "auto"  # auto/cupy: run ds4 live when DS4_SOURCE is set and a GPU is usable; sim: never
+DS4_SOURCE = None  # a ds4 checkout (folder or .tar.gz), e.g. "../shared/ds4/ds4-b0309611.tar.gz"
+DS4_RESULTS = None  # a ds4lab ds4 result folder to read (one measured elsewhere), used when not run live
+CONTEXTS = "1024"  # contexts of the live run and of the modeled comparison
+TOKENS = 16  # decode tokens timed per configuration and context (live run)
+PRESET = "ds4-flash"  # ds4lab's token for the modeled comparison
+C_HOST_US = 3.2  # µs per eager launch from C (3.0–3.3 measured on the H200: shared/context/gpu-facts.md)
+OUT = "results/nb-ds4-itself"
+
+# %%
+from pathlib import Path
+
+from ds4lab.backends import resolve
+from ds4lab.ds4 import compare
+from ds4lab.jobs import execute
+from ds4lab.jobs.calibrate import host_whatif
+from ds4lab.jobs.ds4 import Ds4JobConfig
+from ds4lab.report import plots
+
+contexts = tuple(int(c) for c in str(CONTEXTS).split(",") if c.strip())
+out = Path(OUT)
+out.mkdir(parents=True, exist_ok=True)
+rec = None
+if DS4_SOURCE and resolve(BACKEND) == "cupy":
+    execute("ds4", Ds4JobConfig(source=DS4_SOURCE, contexts=contexts, tokens=TOKENS, trace_contexts=contexts[:1],
+                                out=out / "ds4"))
+    rec = compare.read_ds4(out / "ds4")
+elif DS4_RESULTS:
+    rec = compare.read_ds4(DS4_RESULTS)
+print(f"ds4: {rec.label} ({rec.folder})" if rec is not None else
+      "ds4: no record (set DS4_SOURCE on a GPU, or DS4_RESULTS to a ds4lab ds4 folder): ds4lab's side only")
+
+# %% [markdown]
+# ## Launches per token
+#
+# ds4's rows count its CUPTI records of the recorded tokens (kernel launch calls, graph launches,
+# kernels that ran, inside graphs included); ds4lab's come from its measured ladder record (stages 0
+# and i) and from its model's launch census at each context (long-context token: compressors and
+# indexer included).
+
+# %%
+compare.census_table(rec, contexts=contexts)
+
+# %% [markdown]
+# ## Host µs per eager launch: C against Python
+
+# %%
+compare.host_table(rec)
+
+# %% [markdown]
+# ## What capture buys: ds4's islands against ds4lab's stage i
+#
+# µs per token (median, CUDA events around each token on the legacy stream). ds4's gain is paired by
+# decode position (islands off and on decode the same token at the same position, one process each:
+# ds4 reads its switches once), with its 95 % interval; ds4lab's rows are its measured records.
+
+# %%
+gains = compare.gain_table(rec)
+fig = compare.gain_figure(gains)
+if fig is not None:
+    plots.save(fig, out / "islands-gain", formats=("png",))
+gains
+
+# %%
+fig
+
+# %% [markdown]
+# ## ds4's kernels by kind, and what its islands did
+#
+# Kernel µs per token by kind (a coarse map of kernel names: the two engines' kernels are different
+# code), and, per configuration, the islands ds4's log says it captured and the ones it retired (with
+# `DS4_CUDA_MOE_PROFILE=1`, ds4's profile records events on the legacy stream inside island 1).
+
+# %%
+(compare.kernel_kinds(rec) if rec is not None else "no ds4 record"), (rec.islands if rec is not None else "")
+
+# %% [markdown]
+# ## MODELED: ds4lab's token with C's launch cost
+#
+# The same launch list on the simulated runtime, its eager launches priced at ds4lab's Python launch
+# layer (the shipped calibration) and at `C_HOST_US` per launch. Where the host is cheaper than the
+# kernels, the eager token is GPU-bound and a graph has little left to buy. With a ds4 record, its own
+# costs are fitted instead (`ds4lab calibrate --from-ds4`) and the sim's stages 0 and i are held to
+# ds4's islands off and on.
+
+# %%
+whatif = host_whatif(contexts, (C_HOST_US,), preset=PRESET, stages="0,i,3", tokens=8)
+print("every figure below is MODELED (sim, timing only)")
+whatif[["host", "context", "stage", "us_median", "host_us_median", "floor_us", "kernel_launches", "speedup"]]
+
+# %%
+fig2 = plots.grouped_bars_figure(
+    {h: dict(zip(g["stage"] + " @" + g["context"].astype(str), g["us_median"])) for h, g in whatif.groupby("host")},
+    list(dict.fromkeys(whatif["stage"] + " @" + whatif["context"].astype(str))),
+    "µs per token (MODELED)", f"ds4lab's {PRESET} token at two host costs per launch — MODELED (sim)", rotate=False)
+plots.save(fig2, out / "host-whatif", formats=("png",))
+fig2
+
+# %%
+if rec is not None and not rec.census.empty:
+    from ds4lab.jobs.calibrate import fit_from_ds4
+    from ds4lab.sim.calibration import read
+    from ds4lab.sim.costmodel import default_calibration_path
+
+    cal, fits, check = fit_from_ds4(read(default_calibration_path()), rec.folder, preset=PRESET)
+    print({k: cal[k] for k in ("host_launch_us", "host_graph_call_us", "kernel_time_scale")})
+    display(check)  # noqa: F821 - IPython's display

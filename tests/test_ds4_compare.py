@@ -1,0 +1,77 @@
+"""ds4 beside ds4lab (notebook 06): a ds4lab ds4 folder read, and each side-by-side table naming where
+its figures came from. The ds4 folder is made here from the workers' table formats; ds4lab's side is
+its measured H200 records in docs/measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from ds4lab.ds4 import compare as C
+
+
+@pytest.fixture
+def record(tmp_path):
+    meta = {"job": "ds4", "status": "complete", "ds4_commit": "b0309611", "gpu": "NVIDIA H200", "driver": "580.159.04"}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    census = [{"config": cfg, "context": 1024, "token": t, "launch_calls": n, "graph_launches": g, "kernels": 900,
+               "kernels_in_graphs": 0 if g == 0 else 500, "busy_us": 5000.0, "span_us": 9000.0, "enqueue_us": e,
+               "launch_call_us": 2.5}
+              for cfg, n, g, e in (("islands-off", 900, 0, 2700.0), ("islands-on", 400, 80, 1500.0)) for t in range(3)]
+    pd.DataFrame(census).to_csv(tmp_path / "census.csv", index=False)
+    pd.DataFrame([{"context": 1024, "base": "islands-off", "other": "islands-on", "pairs": 24, "base_us": 6000.0,
+                   "other_us": 5800.0, "gain_us": 200.0, "gain_lo": 150.0, "gain_hi": 240.0, "measurable": True,
+                   "ratio": 6000 / 5800}]).to_csv(tmp_path / "gains.csv", index=False)
+    pd.DataFrame([{"name": "moe_gate_up_mid_decode_lut_iq2", "per_token": 43, "us_per_token": 700.0},
+                  {"name": "kernel_q8_0_matvec", "per_token": 300, "us_per_token": 2000.0},
+                  {"name": "rms_norm_f32", "per_token": 200, "us_per_token": 300.0}]).to_csv(
+        tmp_path / "kernels-islands-off-1024.csv", index=False)
+    return C.read_ds4(tmp_path)
+
+
+def test_read_ds4_refuses_other_folders(tmp_path):
+    with pytest.raises(ValueError, match="not a ds4lab ds4 result folder"):
+        C.read_ds4(tmp_path)
+
+
+def test_census_table_sets_ds4s_counts_beside_ds4labs(record):
+    t = C.census_table(record, contexts=(1024,))
+    ds4 = t[t.engine == "ds4"].set_index("configuration")
+    assert ds4.loc["islands-off", "kernel launches"] == 900 and ds4.loc["islands-on", "graph launches"] == 80
+    assert "b0309611" in ds4.loc["islands-off", "source"] and "CUPTI, 3 tokens" in ds4.loc["islands-off", "source"]
+    lab = t[t.engine == "ds4lab"]
+    assert (lab["kernel launches"] > 0).all() and lab.source.str.len().gt(0).all()
+    assert lab.configuration.str.contains("counted").any()
+
+
+def test_host_table_gives_ds4s_span_per_launch_and_ds4labs_calibration(record):
+    t = C.host_table(record).set_index("what")
+    span = t.loc["host span to the last launch / launch calls, per token (CUPTI on)"]
+    assert span["µs per launch"] == pytest.approx(3.0) and span.engine == "ds4 (C)"
+    lab = t[t.engine == "ds4lab (Python)"].iloc[0]
+    assert lab["µs per launch"] > 5 and "H200" in lab.source
+
+
+def test_gain_table_names_a_measurable_gain_and_ds4labs_records(record):
+    g = C.gain_table(record)
+    ds4 = g[g.engine == "ds4"].iloc[0]
+    assert ds4["gain µs (95 % CI)"] == "200 (150…240)" and ds4["× faster"] == pytest.approx(6000 / 5800)
+    lab = g[g.engine == "ds4lab"]
+    assert len(lab) >= 1 and lab["× faster"].gt(1).all() and lab.source.str.contains("docs/measurements").all()
+    fig = C.gain_figure(g)
+    assert fig is not None and "ds4 b0309611" in fig.axes[0].get_title()
+
+
+def test_kernel_kinds_sum_ds4s_kernels_by_kind(record):
+    k = C.kernel_kinds(record).set_index("kind")
+    assert k.loc["routed MoE", "us"] == 700 and k.loc["matvec (Q8_0)", "launches"] == 300
+    assert k.loc["norm / RoPE / hyper-connections", "us"] == 300
+
+
+@pytest.mark.parametrize("name, kind", [("moe_down_q2k_sum", "routed MoE"), ("attn_score_split", "attention"),
+                                        ("indexer_topk_1024", "compressor / indexer / top-k"),
+                                        ("q8_0_matvec_f32", "matvec (Q8_0)"), ("something_else", "other")])
+def test_kernel_kind(name, kind):
+    assert C.kernel_kind(name) == kind
