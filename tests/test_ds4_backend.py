@@ -408,6 +408,7 @@ def test_ds4_command_without_a_gpu_says_so_in_one_line(tmp_path, monkeypatch):
     (["--trace-contexts", "2048"], "not among --contexts"),
     (["--configs", "islands-maybe"], "unknown islands-maybe"),
     (["--model", "missing.gguf"], "no such file"),
+    (["--random-expert-layers", "43"], "layers 0..42"),
 ])
 def test_ds4_command_refuses_bad_options_before_any_work(tmp_path, args, message):
     from click.testing import CliRunner
@@ -465,3 +466,47 @@ def test_the_driver_and_worker_run_ds4s_own_engine_on_the_synthetic_model(tmp_pa
     assert list(t.pos) == [5, 6, 10, 11] and (t.host_us > 0).all()
     pf = pd.read_csv(tmp_path / "w" / "prefill.csv")
     assert list(pf.from_pos) == [0, 7] and list(pf.tokens) == [4, 2]
+
+
+def test_expert_data_check_compares_the_random_layers_with_the_holes():
+    from ds4lab.audit.events import COLUMNS
+
+    rows = []
+
+    def row(**kw):
+        base = {c: miss for c, (_, miss) in COLUMNS.items()}
+        base.update(kw)
+        rows.append(base)
+
+    for tok in range(2):
+        t0 = 10_000_000 * (tok + 1)
+        row(kind="nvtx", name="decode_step", start_ns=t0, end_ns=t0 + 1_000_000, tid=1)
+        for layer in range(43):
+            s = t0 + 1000 + layer * 20_000
+            us = 15 if layer == 21 else 10  # the random layer's expert kernel is slower
+            row(kind="kernel", name="moe_gate_up", start_ns=s, end_ns=s + us * 1000)
+            row(kind="kernel", name="rms_norm", start_ns=s + 16_000, end_ns=s + 17_000)
+        row(kind="kernel", name="output_head", start_ns=t0 + 900_000, end_ns=t0 + 950_000)
+    t = R.expert_data_check(pd.DataFrame(rows), (21,)).set_index("name")
+    assert set(t.index) == {"moe_gate_up", "rms_norm"}  # once per layer; the head runs once a token
+    assert t.loc["moe_gate_up"].ratio == pytest.approx(1.5) and t.loc["moe_gate_up"].tokens == 2
+    assert t.loc["rms_norm"].ratio == pytest.approx(1.0)
+    assert R.expert_data_check(pd.DataFrame(rows), ()).empty
+
+
+def test_random_expert_blocks_keep_their_scales_small_and_finite():
+    from ds4lab.ds4.gguf_model import EXPERT_BLOCKS, ds4_tensors
+    from ds4lab.ds4.gguf_writer import tensor_bytes
+
+    specs = [t for t in ds4_tensors("small", random_expert_layers=(1,)) if "exps" in t.name]
+    assert {t.fill for t in specs if ".1." in t.name} == {"random"} and {t.fill for t in specs if ".0." in t.name} == {"hole"}
+    for t in (s for s in specs if s.fill == "random"):
+        data = np.frombuffer(b"".join(b for _, b in tensor_bytes(t, 0)), dtype=np.uint8)
+        size, offs = EXPERT_BLOCKS[t.ggml_type]
+        blocks = data.reshape(-1, size)
+        for o in offs:
+            d = blocks[:, o:o + 2].copy().view("<f2").ravel()
+            assert np.all(d == np.float16(2.0 ** -10))
+        assert len(np.unique(blocks[:, max(offs) + 2 if offs[0] == 0 else 0])) > 100  # the rest is random
+    with pytest.raises(BadInput, match="random_expert_layers"):
+        ds4_tensors("ds4-flash", random_expert_layers=(43,))

@@ -41,18 +41,22 @@ def _ints(text: str) -> tuple:
 @click.option("--jobs", type=click.IntRange(min=1), default=None, help="make -j for ds4's build (default: CPU count).")
 @click.option("--copy-model/--no-copy-model", default=True, show_default=True,
               help="DS4_CUDA_COPY_MODEL=1: ds4 copies the model into GPU memory at load.")
+@click.option("--random-expert-layers", default="21", show_default=True,
+              help="Layers of the synthetic model whose routed experts hold random blocks instead of holes "
+                   "(about 1.8 GB each; '' for none): expert-data.csv says whether ds4's kernels run faster on zeros.")
 @click.option("--cache", type=click.Path(), default=None,
               help="Build and model cache (default: $DS4LAB_CACHE or ~/.cache/ds4lab).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Synthetic weights and the prompt's tokens.")
 @click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4.")
-def ds4(source, model, configs, contexts, tokens, warmup, trace_contexts, trace_tokens, arch, jobs, copy_model, cache,
-        seed, out) -> None:
+def ds4(source, model, configs, contexts, tokens, warmup, trace_contexts, trace_tokens, arch, jobs, copy_model,
+        random_expert_layers, cache, seed, out) -> None:
     """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped
     model at each context with its decode islands off and on (and with its MoE profile), and write
     ds4lab's tables (µs per token, host µs, launches, kernels, island captures)."""
     cfg = Ds4JobConfig(source=source, model=model, configs=configs, contexts=_ints(contexts), tokens=tokens,
                        warmup=warmup, trace_contexts=_ints(trace_contexts), trace_tokens=trace_tokens, arch=arch,
-                       jobs=jobs, copy_model=copy_model, cache=cache, seed=seed, out=out)
+                       jobs=jobs, copy_model=copy_model, random_expert_layers=_ints(random_expert_layers), cache=cache,
+                       seed=seed, out=out)
     invoke("ds4", cfg, "auto")
 
 

@@ -178,7 +178,15 @@ def layer_compress_ratio(cfg: ModelConfig, layer: int) -> int:
     return cfg.replace(long_context=True).compress_ratio(layer)
 
 
-def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random") -> list[TensorSpec]:
+#: Bytes per 256-weight super-block of each routed-expert type, and the byte offsets of its fp16 scale
+#: fields (ggml's ``block_iq2_xxs``: ``d`` then 32 ``uint16`` grid indices; ``block_q2_K``: 16 scale
+#: bytes, 64 quant bytes, then ``d`` and ``dmin``; ``block_q4_K``: ``d``, ``dmin``, 12 scale bytes,
+#: 128 quant bytes): what random expert data must hold so that every weight stays finite and small.
+EXPERT_BLOCKS = {"IQ2_XXS": (66, (0,)), "Q2_K": (84, (80, 82)), "Q4_K": (144, (0, 2))}
+
+
+def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random",
+                random_expert_layers=()) -> list[TensorSpec]:
     """Every tensor ds4 binds for ``preset``, in file order: the embedding, 43 layers, the output head.
 
     Per layer (``weights_bind_layer``, ds4.c:5895; shapes from ``weights_validate_layout``,
@@ -205,9 +213,13 @@ def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random
         preset: a preset name or configuration (:func:`synthetic_config`).
         dense: ``"random"``: the large Q8_0 matrices (attention, shared expert, output head) hold
             random values; ``"holes"``: they are holes too (zero scales: they output zeros).
+        random_expert_layers: layers whose routed experts hold random blocks instead of holes (small
+            fp16 scales, random quants: :data:`EXPERT_BLOCKS`), so a run can compare a layer whose
+            expert kernels read real-looking data with the ones that read zeros (a kernel that looks
+            a table up by weight byte hits one entry on zeros).
 
     Returns:
-        The :class:`TensorSpec` list; the routed experts are always holes.
+        The :class:`TensorSpec` list; the routed experts are holes but on ``random_expert_layers``.
 
     Raises:
         BadInput: bad ``preset`` or ``dense``.
@@ -215,6 +227,9 @@ def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
     cfg = synthetic_config(preset)
+    bad = [il for il in random_expert_layers if not 0 <= int(il) < cfg.n_layers]
+    if bad:
+        raise BadInput(f"random_expert_layers={list(random_expert_layers)!r}: {cfg.name} has layers 0..{cfg.n_layers - 1}")
     E, H, D, Q = cfg.embed, cfg.n_heads, cfg.head_dim, cfg.q_lora
     G, O, X, F, S = cfg.out_groups, cfg.out_lora, cfg.n_experts, cfg.expert_ffn, cfg.hc_streams
     M = 2 * S + S * S
@@ -267,9 +282,10 @@ def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random
         if not cfg.is_hash_layer(il):
             add(p + "exp_probs_b.bias", "F32", (X,), "bias", il, f"{vl}: tensor_expect_optional F32")
         ex = f"{vl}: tensor_expect_routed_expert (gate and up of one type)"
-        add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, "hole")
-        add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, "hole")
-        add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, "hole")
+        ef = "random" if il in {int(x) for x in random_expert_layers} else "hole"
+        add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, ef)
+        add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, ef)
+        add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, ef)
         add(p + "ffn_gate_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
         add(p + "ffn_up_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
         add(p + "ffn_down_shexp.weight", "Q8_0", (F, E), "q8_0", il, dq, q8_fill)

@@ -112,6 +112,8 @@ def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -
     * ``hc_scale`` F32: U(0.5, 1.5); ``hc_base`` F32: N(0, 0.5²); ``ape`` F16: N(0, 0.5²).
     * ``tid2eid`` I32: per token (row), ``shape[0]`` distinct experts of ``0 .. n_experts - 1``
       drawn uniformly (ds4's hash routing reads row ``token``).
+    * ``experts`` (IQ2_XXS, Q2_K, Q4_K): random super-blocks whose fp16 scale fields
+      (:data:`~ds4lab.ds4.gguf_model.EXPERT_BLOCKS`) are set to 2⁻¹⁰, so every weight is finite and small.
 
     Raises:
         BadInput: a spec that is a hole, an ``init`` this writer has no values for, or a ``tid2eid``
@@ -131,6 +133,18 @@ def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -
             blk[:, :2] = scale
             blk[:, 2:] = np.frombuffer(rng.bytes((hi - lo) * 32), dtype=np.uint8).reshape(-1, 32)
             yield lo * 34, blk.tobytes()
+        return
+    if init == "experts":
+        from .gguf_model import EXPERT_BLOCKS
+
+        size, scales = EXPERT_BLOCKS[spec.ggml_type]
+        nb = n // 256
+        small = np.frombuffer(_f16(np.array([2.0 ** -10])), dtype=np.uint8)
+        for lo, hi in _chunks(nb, max(1, _CHUNK // 256)):
+            blk = np.frombuffer(rng.bytes((hi - lo) * size), dtype=np.uint8).reshape(-1, size).copy()
+            for off in scales:
+                blk[:, off:off + 2] = small
+            yield lo * size, blk.tobytes()
         return
     if init == "tid2eid":
         k, rows = spec.shape
@@ -242,7 +256,7 @@ def _check_target(path: Path) -> None:
 
 
 def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash", seed: int = 0,
-                          dense: str = "random",
+                          dense: str = "random", random_expert_layers=(),
                           progress: Callable[[str, int, int], None] | None = None) -> SyntheticModel:
     """Write a GGUF that ds4 accepts, with synthetic weights, as a sparse file at ``path``.
 
@@ -260,6 +274,8 @@ def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash",
         seed: weight seed, 0..2**32-1.
         dense: ``"random"`` or ``"holes"``: the large Q8_0 matrices (attention, shared expert, output
             head) random, or holes too.
+        random_expert_layers: layers whose routed experts are random blocks, not holes
+            (:func:`ds4lab.ds4.gguf_model.ds4_tensors`; about 1.8 GB each at ds4-flash).
         progress: called after each written tensor with ``(tensor name, bytes written, bytes to write)``.
 
     Returns:
@@ -272,7 +288,7 @@ def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash",
         OSError: the write itself failed (the temporary file is removed).
     """
     cfg = synthetic_config(preset)
-    specs = ds4_tensors(cfg, dense=dense)
+    specs = ds4_tensors(cfg, dense=dense, random_expert_layers=random_expert_layers)
     meta = ds4_metadata(cfg, seed=seed, dense=dense)
     return write_gguf(path, specs, meta, seed=seed, n_experts=cfg.n_experts, progress=progress)
 

@@ -12,7 +12,8 @@ and IQR), ``gains.csv`` (islands on against off, and the MoE profile against isl
 position, with 95 % intervals), ``islands.csv`` (what ds4's log says each configuration captured
 and retired), ``prefill.csv``, ``census.csv`` and ``kernels-<config>.csv`` (from the recorded
 tokens: launches, graph launches, kernels, busy µs, host enqueue span; per kernel name),
-``ds4-<config>.log`` (ds4's own stderr, kept whole: ``ds4lab ingest`` reads its MoE profile lines),
+``expert-data.csv`` (ds4's per-layer kernels on the layers whose experts hold random blocks against
+those that read holes: does a zero weight make a kernel cheaper), ``ds4-<config>.log`` (ds4's own stderr, kept whole: ``ds4lab ingest`` reads its MoE profile lines),
 ``worker-<config>/`` (each worker's raw files, its recording among them).
 """
 
@@ -122,11 +123,14 @@ def _describe(ev: dict) -> str:
     return f"  {c}: {e}"
 
 
-def collect(folder: Path, configs) -> dict:
+def collect(folder: Path, configs, random_expert_layers=()) -> dict:
     """Read every worker's files in ``folder`` into the job's tables and write them (the module
-    docstring's files). Returns the tables by name. Works on a folder copied from the GPU machine."""
+    docstring's files; with ``random_expert_layers``, also ``expert-data.csv``: ds4's per-layer kernels
+    on the layers whose experts are random against those on holes,
+    :func:`ds4lab.ds4.results.expert_data_check`). Returns the tables by name. Works on a folder copied
+    from the GPU machine."""
     folder = Path(folder)
-    tokens, prefill, census, logs = [], [], [], {}
+    tokens, prefill, census, logs, data = [], [], [], {}, []
     for v in configs:
         w = folder / f"worker-{v}"
         if (w / "tokens.csv").exists():
@@ -142,6 +146,8 @@ def collect(folder: Path, configs) -> dict:
             ctx = int(rec.parent.name.split("-", 1)[1])
             per_kernel.to_csv(folder / f"kernels-{v}-{ctx}.csv", index=False)
             census.append(per_tok.assign(config=v, context=ctx))
+            if random_expert_layers:
+                data.append(R.expert_data_check(table.frame, random_expert_layers).assign(config=v, context=ctx))
     out = {}
     if tokens:
         t = pd.concat(tokens, ignore_index=True)
@@ -162,6 +168,9 @@ def collect(folder: Path, configs) -> dict:
     if census:
         out["census"] = pd.concat(census, ignore_index=True)
         out["census"].to_csv(folder / "census.csv", index=False)
+    if data:
+        out["expert_data"] = pd.concat(data, ignore_index=True)
+        out["expert_data"].to_csv(folder / "expert-data.csv", index=False)
     out["islands"] = R.island_table(logs)
     out["islands"].to_csv(folder / "islands.csv", index=False)
     return out

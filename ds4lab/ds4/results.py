@@ -172,3 +172,39 @@ def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     kernels["per_token"] = kernels["launches"] / n
     kernels["us_per_token"] = kernels["total_us"] / n
     return tokens, kernels.sort_values("us_per_token", ascending=False).reset_index(drop=True)
+
+
+def expert_data_check(frame: pd.DataFrame, random_layers, n_layers: int = 43) -> pd.DataFrame:
+    """Do ds4's kernels run faster on zeros? The synthetic model's routed experts are holes (zeros)
+    but on ``random_layers`` (random blocks, :func:`ds4lab.ds4.gguf_model.ds4_tensors`); here, per
+    kernel name that runs once per layer in every recorded token (``n_layers`` instances, in launch
+    order = layer order), its median µs on the random layers against the others.
+
+    Returns one row per such kernel: ``name``, ``random_us`` and ``hole_us`` (medians over the
+    recorded tokens), ``ratio`` (random / hole: above 1, zeros make the kernel cheaper and the run
+    times it low), ``tokens``. Empty when no layer is random or no kernel runs once per layer.
+    """
+    random_layers = {int(x) for x in random_layers}
+    cols = ["name", "random_us", "hole_us", "ratio", "tokens"]
+    if not random_layers:
+        return pd.DataFrame(columns=cols)
+    nv = frame[(frame.kind == "nvtx") & (frame.name == "decode_step")].sort_values("start_ns")
+    kern = frame[frame.kind == "kernel"].sort_values("start_ns")
+    per_name: dict = {}
+    for r in nv.itertuples():
+        k = kern[(kern.start_ns >= r.start_ns) & (kern.start_ns <= r.end_ns + 50_000_000)]
+        # a token's kernels start after its range opens and before the next token's does
+        k = k[k.start_ns < (nv[nv.start_ns > r.start_ns].start_ns.min() if (nv.start_ns > r.start_ns).any()
+                            else float("inf"))]
+        for name, g in k.groupby("name", sort=False):
+            if len(g) != n_layers:
+                continue
+            us = ((g.end_ns - g.start_ns) / 1e3).to_numpy()
+            rnd = [us[i] for i in range(n_layers) if i in random_layers]
+            rest = [us[i] for i in range(n_layers) if i not in random_layers]
+            per_name.setdefault(name, []).append((float(np.median(rnd)), float(np.median(rest))))
+    rows = [{"name": n, "random_us": float(np.median([a for a, _ in v])), "hole_us": float(np.median([b for _, b in v])),
+             "tokens": len(v)} for n, v in per_name.items()]
+    out = pd.DataFrame(rows, columns=["name", "random_us", "hole_us", "tokens"])
+    out["ratio"] = out["random_us"] / out["hole_us"]
+    return out[cols].sort_values("ratio", ascending=False, ignore_index=True)

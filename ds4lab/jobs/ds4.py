@@ -14,6 +14,7 @@ from .common import BadInput, check_out_option
 
 #: What the job writes in its folder.
 DS4_OUTPUTS = ("tokens.csv", "summary.csv", "gains.csv", "islands.csv", "prefill.csv", "census.csv", "kernels-*.csv",
+               "expert-data.csv",
                "ds4-*.log", "worker-*", "build.json")
 
 #: ds4lab's default contexts: those of ``ds4lab context``, so the two tables sit side by side.
@@ -45,6 +46,9 @@ class Ds4JobConfig:
     arch: str | None = None
     jobs: int | None = None
     copy_model: bool = True
+    #: layers of the synthetic model whose routed experts are random blocks, not holes (about 1.8 GB
+    #: each), so the recording can tell whether ds4's expert kernels run faster on zeros
+    random_expert_layers: tuple = (21,)
     cache: str | Path | None = None
     out: Path | str | None = None
     extra: dict = field(default_factory=dict)
@@ -75,6 +79,9 @@ def check_config(cfg: Ds4JobConfig) -> None:
         raise BadInput(f"--trace-contexts {','.join(map(str, bad))}: not among --contexts")
     if cfg.tokens < 2:
         raise BadInput(f"--tokens {cfg.tokens}: time at least 2 decode tokens per context")
+    bad = [x for x in cfg.random_expert_layers if not 0 <= int(x) < 43]
+    if bad:
+        raise BadInput(f"--random-expert-layers {','.join(map(str, bad))}: ds4-flash has layers 0..42")
     if cfg.model is not None and not Path(cfg.model).is_file():
         raise BadInput(f"--model {cfg.model}: no such file")
     check_out_option(cfg.out)
@@ -105,7 +112,8 @@ def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
     from ..ds4 import gguf_model, gguf_writer
 
     plan = hashlib.sha256(Path(gguf_model.__file__).read_bytes() + Path(gguf_writer.__file__).read_bytes())
-    path = Path(cache) / f"model-ds4-flash-seed{cfg.seed}-{plan.hexdigest()[:12]}.gguf"
+    rl = "-".join(str(int(x)) for x in cfg.random_expert_layers) or "none"
+    path = Path(cache) / f"model-ds4-flash-seed{cfg.seed}-rl{rl}-{plan.hexdigest()[:12]}.gguf"
     side = path.with_suffix(".json")
     if path.is_file() and side.is_file() and gguf_writer.read_marker(path) is not None:
         info = json.loads(side.read_text())
@@ -114,9 +122,11 @@ def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
         return path, info
     path.parent.mkdir(parents=True, exist_ok=True)
     say(f"synthetic model: writing {path} (a sparse file: the routed experts are holes)")
-    m = gguf_writer.write_synthetic_model(path, preset="ds4-flash", seed=cfg.seed)
+    m = gguf_writer.write_synthetic_model(path, preset="ds4-flash", seed=cfg.seed,
+                                          random_expert_layers=tuple(int(x) for x in cfg.random_expert_layers))
     info = {k: (str(v) if isinstance(v, Path) else v) for k, v in m.__dict__.items()}
-    info.update(synthetic=True, model=str(path), routed_quant_bits=2)
+    info.update(synthetic=True, model=str(path), routed_quant_bits=2,
+                random_expert_layers=[int(x) for x in cfg.random_expert_layers])
     side.write_text(json.dumps(info, indent=2))
     say(f"synthetic model: {m.apparent_bytes / 2**30:.1f} GiB, {m.written_bytes / 2**30:.1f} GiB written in "
         f"{m.seconds:.0f} s")
@@ -173,12 +183,16 @@ def run(cfg: Ds4JobConfig, be=None, console=None):
                 continue
             workers[v] = M.run_variant(plan, v, folder, say=say)
             meta["workers"] = workers
-            M.collect(folder, [w for w in workers if "skipped" not in workers[w]])
-        tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]])
+            M.collect(folder, [w for w in workers if "skipped" not in workers[w]], model_info.get("random_expert_layers", ()))
+        tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]],
+                           model_info.get("random_expert_layers", ()))
         meta["workers"] = workers
         if "summary" in tables:
             say(tables["summary"].to_string(index=False))
         if "gains" in tables:
             say(tables["gains"].to_string(index=False))
         say(tables["islands"].to_string(index=False))
+        if "expert_data" in tables and not tables["expert_data"].empty:
+            say("per-layer kernels, random expert layers against holes (ratio > 1: zeros run faster):\n"
+                + tables["expert_data"].head(8).to_string(index=False))
     return {"tables": tables, "meta": meta}
