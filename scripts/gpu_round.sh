@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one GPU-round script (run from the repository root on the lent GPU machine, through the
-# device tool; carry .whl with the nvtx, cupti-python and Jupyter wheels):
+# device tool; carry .whl, made by scripts/gpu_wheels.sh, and .ds4src for the ds4 step):
 #
 #   bash scripts/gpu_round.sh STEP [STEP...]
 #
