@@ -510,3 +510,22 @@ def test_random_expert_blocks_keep_their_scales_small_and_finite():
         assert len(np.unique(blocks[:, max(offs) + 2 if offs[0] == 0 else 0])) > 100  # the rest is random
     with pytest.raises(BadInput, match="random_expert_layers"):
         ds4_tensors("ds4-flash", random_expert_layers=(43,))
+
+
+def test_audit_recordings_audits_each_recorded_configuration(tmp_path):
+    from ds4lab.audit.events import EventTable
+    from ds4lab.audit.sources.saved import write_table
+    from ds4lab.ds4.measure import audit_recordings
+
+    frame = _recorded_frame()
+    frame["pid"] = 1
+    frame.loc[frame.kind != "api", "device"] = 0
+    frame.loc[frame.kind == "api", "device"] = 0
+    frame.loc[frame.kind.isin(["kernel", "api"]), "stream"] = 7
+    rec = tmp_path / "worker-islands-on" / "trace-1024"
+    rec.mkdir(parents=True)
+    write_table(EventTable(frame, source="recording.csv.gz", tool="cupti"), rec / "recording.csv.gz")
+    done = audit_recordings(tmp_path, ["islands-on", "islands-off"], say=lambda s: None)
+    assert list(done) == ["audit-islands-on-1024"]
+    assert done["audit-islands-on-1024"] == "audited", done
+    assert (tmp_path / "audit-islands-on-1024" / "audit.csv").is_file()

@@ -109,24 +109,37 @@ def run(plan: dict) -> int:
 
 
 def _trace(eng, prompt, n: int, folder: Path) -> dict:
-    """Record ``n`` decode tokens with CUPTI (each in an NVTX range ``decode_step``, domain ``ds4lab``).
-    Returns what happened: the recording's path, or why there is none."""
+    """Record ``n`` decode tokens with CUPTI (each in an NVTX range ``decode_step``), then ``n`` more with
+    their kernel arguments (an untimed pass of its own: the argument capture costs host time per launch,
+    :mod:`ds4lab.audit.arguments`) into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the first.
+    Returns what happened: the recordings' paths, or why there is none."""
     try:
         import nvtx
         from ..audit.record import recording
         from ..audit.sources import SourceError
     except ImportError as e:
-        return {"recording": "", "why": f"no recording: {e}"}
+        return {"recording": "", "arguments": "", "why": f"no recording: {e}"}
+
+    def tokens():
+        for _ in range(n):
+            pos = eng.pos
+            with nvtx.annotate("decode_step"):
+                eng.eval_timed(prompt[pos])
+
     try:
         with recording(stacks=False) as rec:
-            for _ in range(n):
-                pos = eng.pos
-                with nvtx.annotate("decode_step", domain="ds4lab"):
-                    eng.eval_timed(prompt[pos])
+            tokens()
         path = rec.save(folder, note="ds4 decode tokens recorded by ds4lab ds4")
     except SourceError as e:
-        return {"recording": "", "why": str(e)}
-    return {"recording": str(path), "why": ""}
+        return {"recording": "", "arguments": "", "why": str(e)}
+    args, why = "", ""
+    try:
+        with recording(stacks=False, arguments=True, token_range="decode_step") as rec2:
+            tokens()
+        args = str(rec2.save(folder / "arguments.csv.gz", note="ds4 decode tokens, kernel arguments (untimed)"))
+    except (SourceError, OSError, RuntimeError) as e:  # the first recording stands without the second
+        why = f"no kernel arguments: {e}"
+    return {"recording": str(path), "arguments": args, "why": why}
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,7 @@ from .common import BadInput, check_out_option
 
 #: What the job writes in its folder.
 DS4_OUTPUTS = ("tokens.csv", "summary.csv", "gains.csv", "islands.csv", "prefill.csv", "census.csv", "kernels-*.csv",
-               "expert-data.csv",
+               "expert-data.csv", "audit-*",
                "ds4-*.log", "worker-*", "build.json")
 
 #: ds4lab's default contexts: those of ``ds4lab context``, so the two tables sit side by side.
@@ -187,6 +187,7 @@ def run(cfg: Ds4JobConfig, be=None, console=None):
         tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]],
                            model_info.get("random_expert_layers", ()))
         meta["workers"] = workers
+        meta["audits"] = M.audit_recordings(folder, [w for w in workers if "skipped" not in workers[w]], say=say)
         if "summary" in tables:
             say(tables["summary"].to_string(index=False))
         if "gains" in tables:
