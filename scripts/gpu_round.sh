@@ -27,7 +27,8 @@
 #                plan (MODELED) against stage 3's measured tokens
 #   notebooks    every notebook top to bottom with its defaults
 #   ds4          ds4lab ds4: ds4 itself built from .ds4src/ (carry it: a copy of shared/ds4's archive) and
-#                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...)
+#                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...),
+#                DS4_NAME names its folder (default ds4); the build and the model are cached in /tmp
 #   nsight       the README's Nsight Compute command on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
 #
@@ -83,7 +84,7 @@ for arg in "$@"; do
          $D ingest $R/ncu.csv --sites ds4-flash --out $R/ncu && $D compare $R/ncu --out $R/ncu-compare &&
          $D trace --backend cupy --preset ds4-flash --stages 0,3 --out $R/trace" ;;
     ds4) TAIL=40 step ds4 ${limit:-540} $D ds4 --source ${DS4_SOURCE:-.ds4src/ds4-b0309611.tar.gz} \
-         --cache /tmp/ds4lab-cache ${DS4_ARGS:-} --out $R/ds4 ;;
+         --cache /tmp/ds4lab-cache ${DS4_ARGS:-} --out $R/${DS4_NAME:-ds4} ;;
     *) echo "unknown step $name" | tee -a $R/steps.txt ;;
   esac
 done
