@@ -155,30 +155,23 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
             if random_expert_layers:
                 data.append(R.expert_data_check(table.frame, random_expert_layers).assign(config=v, context=ctx))
     out = {}
+
+    def put(key: str, name: str, frames) -> None:  # concatenated, kept, and written as it is named
+        if frames:
+            out[key] = pd.concat(frames, ignore_index=True)
+            out[key].to_csv(folder / name, index=False)
+
+    put("tokens", "tokens.csv", tokens)
     if tokens:
-        t = pd.concat(tokens, ignore_index=True)
-        t.to_csv(folder / "tokens.csv", index=False)
-        out["tokens"] = t
-        out["summary"] = R.summarize_tokens(t)
-        out["summary"].to_csv(folder / "summary.csv", index=False)
-        gains = []
-        for base, other in (("islands-off", "islands-on"), ("islands-on", "moe-profile"), ("islands-on", "moe-graph")):
-            if {base, other} <= set(t.config):
-                gains.append(R.paired_gain(t, base, other))
-        if gains:
-            out["gains"] = pd.concat(gains, ignore_index=True)
-            out["gains"].to_csv(folder / "gains.csv", index=False)
-    if prefill:
-        out["prefill"] = pd.concat(prefill, ignore_index=True)
-        out["prefill"].to_csv(folder / "prefill.csv", index=False)
-    if census:
-        out["census"] = pd.concat(census, ignore_index=True)
-        out["census"].to_csv(folder / "census.csv", index=False)
-    if data:
-        out["expert_data"] = pd.concat(data, ignore_index=True)
-        out["expert_data"].to_csv(folder / "expert-data.csv", index=False)
-    out["islands"] = R.island_table(logs)
-    out["islands"].to_csv(folder / "islands.csv", index=False)
+        t = out["tokens"]
+        put("summary", "summary.csv", [R.summarize_tokens(t)])
+        put("gains", "gains.csv", [R.paired_gain(t, base, other) for base, other in
+                                   (("islands-off", "islands-on"), ("islands-on", "moe-profile"),
+                                    ("islands-on", "moe-graph")) if {base, other} <= set(t.config)])
+    put("prefill", "prefill.csv", prefill)
+    put("census", "census.csv", census)
+    put("expert_data", "expert-data.csv", data)
+    put("islands", "islands.csv", [R.island_table(logs)])
     return out
 
 
