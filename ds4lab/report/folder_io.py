@@ -8,6 +8,7 @@ import contextlib
 import errno as _errno
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -319,6 +320,36 @@ def exchange_paths(a: Path, b: Path) -> bool:
     if err in (_errno.ENOSYS, _errno.EINVAL, _errno.ENOTSUP if hasattr(_errno, "ENOTSUP") else -1):
         return False
     raise OSError(err, os.strerror(err), str(a))
+
+
+def _mountinfo_points() -> set[str]:
+    """The mount points /proc/self/mountinfo lists (empty where there is no such file)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return set()
+    points = set()
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:  # the fifth field, with spaces and the like escaped as octal (\\040)
+            points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether the folder ``path`` is a mount point (a disk, a container volume, a bind mount): the
+    system's own test (another device than its parent) or a line of ``/proc/self/mountinfo`` (a
+    bind mount of a folder of the same file system). Such a folder cannot be renamed or replaced
+    (``EBUSY``)."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return False
+        if os.path.ismount(path):
+            return True
+    except OSError:
+        return False
+    return os.path.realpath(path) in _mountinfo_points()
 
 
 def free_name(base: Path) -> Path:

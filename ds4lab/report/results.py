@@ -9,7 +9,9 @@ The life of a result folder ``OUT`` (:func:`job_folder`):
    same command (its ``meta.json`` names the job). A folder holding a ``meta.json`` ds4lab did not
    write, files without a ds4lab ``meta.json`` (a user's own ``ladder.csv``), or another command's
    results is refused, naming them (:class:`OutputError`, exit 2). A run into a folder another
-   run is writing is refused with that run's PID and host.
+   run is writing is refused with that run's PID and host. A mount point (a disk or a container
+   volume of its own) is refused too, naming a folder inside it: it cannot be renamed (``EBUSY``),
+   so the finished run could not be swapped in.
 2. **Lock.** ``.OUT.ds4lab.lock`` beside ``OUT`` (:class:`Lock`: ``flock``, released by the kernel
    when the process dies, so a killed run never leaves it stale; it holds ``{"pid", "host"}``).
 3. **Staging.** The job writes into ``.OUT.ds4lab-staging`` beside ``OUT`` (the folder the ``with``
@@ -62,9 +64,10 @@ from pathlib import Path
 from ..errors import interrupt_status
 from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, FolderLock, Lock,
                         OutputError, WriteFailed, exchange_paths, free_name, held_by_live_process,
-                        install_stop_signals, is_empty_dir, load_json_or_none, lock_holder, lock_path,
-                        make_parents, os_reason, output_file, pid_alive, probe_write, refuse_no_folder,
-                        remove_made, remove_tmp_files, signals_held, stop_signals, write_text_atomic)
+                        install_stop_signals, is_empty_dir, is_mount_point, load_json_or_none, lock_holder,
+                        lock_path, make_parents, os_reason, output_file, pid_alive, probe_write,
+                        refuse_no_folder, remove_made, remove_tmp_files, signals_held, stop_signals,
+                        write_text_atomic)
 
 __all__ = ["LOCK_NAME", "LOCK_SUFFIX", "STAGED_AS_ENV", "FolderLock", "Lock", "OutputError", "ResultsCSV",
            "WriteFailed", "check_out", "final_path", "held_by_live_process", "install_stop_signals", "job_folder",
@@ -318,6 +321,10 @@ class _Target:
         out = self.out
         if out.exists() and not out.is_dir():
             fail("it is an existing file, not a folder" if out.is_file() else "it exists and is not a folder")
+        if is_mount_point(out):  # the finished folder is swapped in by a rename, which a mount point refuses
+            fail("it is a mount point (a disk or a volume of its own), and ds4lab puts a finished run in "
+                 "place by renaming a folder, which a mount point cannot take (EBUSY); name a folder inside "
+                 f"it, for example {self.shown / (self.job or 'results')}")
         self.made = make_parents(out, fail)
         try:
             try:
