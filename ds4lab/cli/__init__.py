@@ -150,7 +150,7 @@ def bench(preset, out, per_op) -> None:
 @click.option("--long-context", is_flag=True,
               help="The long-context token (compressed and indexed attention); adds stage 3c to the choices.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Result folder. Default: results/ladder-<preset>-<backend>.")
+              help="Result folder. Default: results/ladder-<preset>-<backend>[-longctx].")
 @click.pass_context
 def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, start_pos,
            long_context, out) -> None:
@@ -179,7 +179,7 @@ def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, 
               show_default=True, help="Stream-capture mode (a hazard under ds4's islands always captures in global "
                                       "mode).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Result folder. Default: results/hazards-<preset>-<backend>.")
+              help="Result folder. Default: results/hazards-<hazard>-<preset>-<backend>.")
 def hazards(hazard, backend, preset, mode, out) -> None:
     """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and
     its eager fallback, or a replay that goes wrong (first differing tensor named)."""
@@ -193,7 +193,8 @@ def _hazards(hazard, preset, mode, out, backend) -> None:
 @main.command()
 @click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
               help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/conformance"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/conformance-<backend>.")
 @click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
 def conformance(backend, out, names, list_only) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -20,8 +21,9 @@ def register(main: click.Group) -> None:
 @click.command("ingest")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--lenient", is_flag=True, help="Keep the good rows; report every bad line instead of failing.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True,
-              callback=result_folder)
+@click.option("--out", type=click.Path(path_type=Path), default=None, callback=result_folder,
+              help="Result folder. Default: results/ingested (an earlier ingest of other inputs there is kept "
+                   "beside it as results/ingested.replaced-<time>).")
 @click.option("--sites", default=None, metavar="PRESET",
               help="Join Nsight Compute kernels to ds4lab's launch sites of this preset (bytes moved, "
                    "achieved GB/s); the preset the profiled run used.")
@@ -71,9 +73,10 @@ def ingest_cmd(files, lenient, out, sites) -> None:
 
         if sites not in PRESETS:
             fail(f"--sites {sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
+    out, ran = _default_out(out, "ingested", {"inputs": sorted(os.path.abspath(f) for f in files), "sites": sites})
     try:
         with _progress(files) as progress:
-            results = ingest_all(files, out, lenient, sites, progress=progress)
+            results = ingest_all(files, out, lenient, sites, progress=progress, ran=ran)
     except IngestError as e:
         fail(str(e))
     for r in results:
@@ -86,6 +89,14 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     click.echo(f"tables in {final_path(out)}/")
     if any(r.problems for r in results):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
+
+
+def _default_out(out, name: str, ran: dict):
+    """``(out, None)`` for an ``--out`` given, else the default folder ``results/<name>`` and what
+    this run ran (:func:`ds4lab.report.results.job_folder`'s ``ran``)."""
+    from ..jobs.common import default_folder
+
+    return (out, None) if out is not None else (default_folder(name), dict(ran, job=name))
 
 
 #: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
@@ -121,8 +132,9 @@ def _progress(files):
 
 @click.command("compare")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/compare"), show_default=True,
-              callback=result_folder)
+@click.option("--out", type=click.Path(path_type=Path), default=None, callback=result_folder,
+              help="Result folder. Default: results/compare (an earlier comparison of other folders there is "
+                   "kept beside it as results/compare.replaced-<time>).")
 def compare_cmd(dirs, out) -> None:
     """Draw ds4lab results and ingested profiles from several folders side by side.
 
@@ -152,8 +164,9 @@ def compare_cmd(dirs, out) -> None:
     from ..report.compare import CompareError, compare
     from ..report.results import final_path
 
+    out, ran = _default_out(out, "compare", {"sources": sorted(os.path.abspath(d) for d in dirs)})
     try:
-        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True))
+        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True), ran=ran)
     except CompareError as e:
         fail(str(e))
     for p in paths:

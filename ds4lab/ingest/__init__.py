@@ -280,7 +280,8 @@ class _TableFiles:
             merged.replace(self.folder / f"{table}.csv")
 
 
-def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None) -> list[Ingested]:
+def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None,
+               ran: dict | None = None) -> list[Ingested]:
     """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of
     all inputs, each row's ``file`` naming its input; streamed inputs written as they are read),
     the bad lines to ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and
@@ -292,7 +293,8 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
     first bad input unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, an
     input given twice by path or by content, and an ``out`` that is or holds an input are errors
     either way); ``out`` is left as it was then. ``progress(done_bytes, total_bytes)`` is called as
-    the inputs are read."""
+    the inputs are read. ``ran``: what sets this ingest apart, for the default folder (its inputs:
+    :func:`ds4lab.report.results.job_folder` keeps another ingest's results beside)."""
     from ..report import results
 
     out = Path(out)
@@ -309,7 +311,7 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
     meta = {"job": "ingest", "inputs": inputs, "lenient": lenient, "sites": sites}
     found: list[Ingested] = []
     try:
-        with results.job_folder(out, meta, OUTPUT_GLOBS, discard_on=(IngestError,)) as folder:
+        with results.job_folder(out, meta, OUTPUT_GLOBS, discard_on=(IngestError,), ran=ran) as folder:
             files = _TableFiles(folder)
             for spec in inputs:
                 r = ingest(Path(spec["path"]), lenient, sites, sink=files.add, progress=read)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from .audit import AuditConfig, _meta
+from .common import out_folder
 
 
 @dataclass
@@ -52,12 +53,13 @@ def run(cfg: ValidateConfig, backend=None, console=None):
     ok, why = available()
     if not ok:
         raise BadInput(f"ds4lab audit validate: {why}")
-    out = Path(cfg.out or "results/audit-validate")
+    out, ran = out_folder(cfg.out, "audit-validate", (),
+                          {"engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES)})
     meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate", "inputs": None,
             "engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES),
             "time_tolerance": TIME_TOLERANCE}
     say = console.print if console is not None else print
-    with results.job_folder(out, meta, ("validate.csv",)) as folder:
+    with results.job_folder(out, meta, ("validate.csv",), ran=ran) as folder:
         folder = Path(folder) if folder is not None else out
         import pandas as pd
 

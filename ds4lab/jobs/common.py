@@ -99,6 +99,26 @@ def check_out_option(out) -> None:
                           "would mix this run's files with others): name a folder, for example results/<job>")
 
 
+def default_folder(job: str, *parts) -> "Path":
+    """A job's default result folder: ``results/<job>-<part>-...`` (the parts that set one run apart
+    from another by name: the hazard set, the preset, the backend; empty parts left out)."""
+    from pathlib import Path
+
+    return Path("results") / "-".join(str(p) for p in (job, *parts) if p not in (None, ""))
+
+
+def out_folder(out, job: str, parts=(), ran: dict | None = None) -> tuple:
+    """``(folder, ran)`` for a job's ``--out``: the folder as given (``ran`` None: a rerun into it
+    replaces what the same command wrote there), or, for None, :func:`default_folder` with ``parts``
+    and ``ran``, what the run ran (:func:`ds4lab.report.results.job_folder`: earlier results there
+    that ran something else are kept beside as ``.replaced-<time>``, never replaced)."""
+    from pathlib import Path
+
+    if out is not None:
+        return Path(out), None
+    return default_folder(job, *parts), dict(ran or {}, job=job)
+
+
 def modeled_banner(be) -> str | None:
     """The line every job prints first on a backend whose time is modeled (None on a GPU)."""
     if not be.models_time:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import BadInput
 from ..experiments.ladder import Table
 from ..experiments.stages import CONTEXT_DEFAULT, parse_stages
-from .common import check_out_option, default_preset
+from .common import check_out_option, default_preset, out_folder
 from .ladder import check_counts, execute_table, model_config
 
 #: What the context job writes in its folder.
@@ -104,9 +104,11 @@ def run(cfg: ContextConfig, be, console):
     preset = cfg.preset or default_preset("context", be)
     mcfg = model_config(preset, table, True, f"--contexts {max(table.contexts)} with --tokens {cfg.tokens} and "
                                              f"--warmup {cfg.warmup}")
-    out = Path(cfg.out or f"results/context-{preset}-{be.name}")
+    out, ran = out_folder(cfg.out, "context", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "stages": [s.name for s in table.stages],
+                           "contexts": list(table.contexts), "mode": cfg.mode})
     return execute_table("context", be, console, mcfg, preset, table, out, {"span": cfg.span}, CONTEXT_OUTPUTS,
-                         mode=cfg.mode)
+                         mode=cfg.mode, ran=ran)
 
 
 __all__ = ["CONTEXT_OUTPUTS", "ContextConfig", "check_config", "parse_contexts", "run", "table_of"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..sim.calibration import backend_calibration
-from .common import BadInput, default_preset, modeled_banner
+from .common import BadInput, default_preset, modeled_banner, out_folder
 
 #: Token counts per step profiled by default: decode, MTP verification (2-3) and batches.
 TOKENS_PER_STEP_DEFAULT = (1, 2, 3, 16, 64, 256, 512)
@@ -81,7 +81,9 @@ def run(cfg: MoeConfig, be, console=None):
     if max(tokens) > mcfg.max_tokens:
         raise BadInput(f"--tokens-per-step {max(tokens)}: the {preset} preset takes at most {mcfg.max_tokens} "
                        "tokens per step (its max_tokens; `ds4lab presets`)")
-    out = Path(cfg.out or f"results/moe-{preset}-{be.name}")
+    out, ran = out_folder(cfg.out, "moe", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "modes": modes, "tokens_per_step": tokens,
+                           "routings": routings, "capture_mode": cfg.capture_mode})
     meta = provenance.base_meta(be)
     modeled = be.models_time
     meta.update(job="moe", preset=mcfg.summary(), modes=modes, tokens=tokens, routings=routings, steps=cfg.steps,
@@ -94,7 +96,7 @@ def run(cfg: MoeConfig, be, console=None):
                                         if be.timing_only else ""))
     meta["globaltimer"] = M.globaltimer_resolution(be)
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
-    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print) as folder:
+    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print, ran=ran) as folder:
         data, written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, folder, meta, modeled, con)
     shown = results.final_path(out)
     con.print("wrote " + ", ".join(str(shown / p.relative_to(folder)) for p in written))

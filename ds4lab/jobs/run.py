@@ -43,7 +43,7 @@ from ..capture.launch import Census
 from ..token.model import DecodeModel, TokenOptions
 from ..report.results import OutputError, ResultsCSV
 from ..timing import Stats, copy_bandwidth, sources, time_steps, token_bytes
-from .common import check_out_option, BadInput, CheckFailed, default_preset, modeled_banner
+from .common import check_out_option, BadInput, CheckFailed, default_preset, modeled_banner, out_folder
 
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured 1.05e-5 on
@@ -284,7 +284,9 @@ def run(rc: RunConfig, be, console=None) -> dict:
     preset = rc.preset or default_preset("run", be)
     cfg = get_preset(preset, per_layer_experts=rc.per_layer_experts, seed=rc.seed)
     forced = check_cpu_cost(rc, be, cfg)
-    out = Path(rc.out) if rc.out is not None else Path(f"results/run-{preset}-{be.name}")
+    out, ran = out_folder(rc.out, "run", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "options": rc.options.summary(),
+                           "start_pos": rc.start_pos, "per_layer_experts": rc.per_layer_experts})
     check_out(out)
 
     meta = provenance.base_meta(be)
@@ -300,7 +302,7 @@ def run(rc: RunConfig, be, console=None) -> dict:
     prog = _Progress()
     staging: list[Path] = []  # the folder job_folder hands the run (for what a stopped run records)
     try:
-        with results.job_folder(out, meta, RESULT_FILES, say=con.print,
+        with results.job_folder(out, meta, RESULT_FILES, say=con.print, ran=ran,
                                 on_stop=lambda status: _record_stop(staging[0], meta, prog, be, preset)) as folder:
             staging.append(folder)
             summary = _job(rc, be, cfg, preset, folder, meta, con, prog)

@@ -528,7 +528,7 @@ def moe_fallbacks(t: Table) -> tuple[int, int]:
 COMPARE_OUTPUTS = ("compare_*.png", "compare_*.svg", "compare_*.pdf")
 
 
-def compare(dirs, out: Path, warn=None) -> list[Path]:
+def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> list[Path]:
     """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each
     context every source holds, IQR whiskers, what a source lacks written in the figure), MoE stage
     medians (ms per stage), kernel totals
@@ -543,7 +543,9 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
     folder ds4lab did not write is refused). Returns the figure paths (PNG, SVG, PDF) in ``out``.
     Raises CompareError (nothing written) for a folder given twice (by path or content), a folder
     without a drawable table, an unreadable table or meta file, or an ``out`` that cannot be a
-    folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs."""
+    folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs.
+    ``ran``: what sets this comparison apart, for the default folder (its sources:
+    :func:`ds4lab.report.results.job_folder` keeps another comparison's figures beside)."""
     from . import plots, results
     from ..ingest import IngestError, check_out_dir
 
@@ -564,7 +566,7 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
             "labels": [t.label for t in tables], "modeled": any(t.modeled for t in tables)}
     written = []
     try:
-        with results.job_folder(out, meta, COMPARE_OUTPUTS) as folder:
+        with results.job_folder(out, meta, COMPARE_OUTPUTS, ran=ran) as folder:
             for fig, stem in figs:
                 written += [out / p.name for p in plots.save(fig, folder / stem)]
     except results.OutputError as e:

@@ -23,7 +23,9 @@ The life of a result folder ``OUT`` (:func:`job_folder`):
    ``OUT`` that ds4lab did not write (a user's notes), and files it wrote whose bytes no longer match
    the recorded SHA-256 (a user's edit), are moved into the new one, or, when one is named like a
    file this run wrote, the whole earlier folder is kept beside as ``OUT.replaced-<time>``; the
-   console names them. The earlier results are then removed.
+   console names them. The earlier results are then removed, unless they ran another experiment
+   than this run (a job's default folder, ``ran``: another hazard set, preset or backend): then
+   they are kept whole beside as ``OUT.replaced-<time>``.
 5. **Interrupted (Ctrl-C, SIGTERM, SIGHUP) or failed**: ``meta.json`` says ``interrupted``,
    ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed: <error>``; the partial results
    become ``OUT`` when there were no earlier results there, and otherwise go beside it as
@@ -288,8 +290,10 @@ def check_out(out: Path, result_files=()) -> None:
 class _Target:
     """What :func:`job_folder` does, step by step, for one ``out``."""
 
-    def __init__(self, out, job: str | None, outputs, say) -> None:
+    def __init__(self, out, job: str | None, outputs, say, ran=None) -> None:
         refuse_no_folder(out)
+        self.ran = _plain(ran) if ran is not None else None
+        self.ran_before = None  # what the earlier results ran, when it differs from ``ran`` (they stay whole)
         self.shown = final_path(out)  # as the user named it (where it will be: final_path), for messages
         self.job = job
         self.outputs = tuple(outputs)
@@ -410,6 +414,8 @@ class _Target:
         if isinstance(sums, dict):
             self.prev_sha256 = {n: h for n, h in sums.items() if n in self.prev_files and isinstance(h, str)}
         self.had_results = True
+        if self.ran is not None and meta.get("ran") != self.ran:  # another experiment: not a rerun of this one
+            self.ran_before = meta.get("ran") if isinstance(meta.get("ran"), dict) else {}
 
     # -- after
     def finish(self, meta: dict, ok: bool) -> Path:
@@ -446,7 +452,7 @@ class _Target:
             shutil.rmtree(self.old, ignore_errors=True)
         if carried:
             self._note(f"{self.shown}: kept {self._whose(carried)}")
-        if self.had_results:
+        if self.had_results and self.ran_before is None:
             self._note(f"results in {self.shown}/ (the earlier results there replaced)")
         elif self.say is not None:
             self.say(f"results in {self.shown}/")
@@ -455,7 +461,7 @@ class _Target:
     def _swap(self, out: Path, new: Path) -> list[str]:
         """Swap ``new`` in for the earlier ``out`` (atomically where the system can), carrying the
         earlier folder's files ds4lab did not write; returns their names."""
-        carried, clash = self._carry(out, new)
+        carried, clash = self._carry(out, new) if self.ran_before is None else ([], [])
         if exchange_paths(new, out):  # new now holds the earlier results
             os.rename(new, self.old)
         else:
@@ -466,6 +472,11 @@ class _Target:
             os.rename(self.old, dest)
             self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
                        f"{self._whose(clash)}, named like files this run wrote")
+        elif self.ran_before is not None:  # another experiment's results: kept whole, beside
+            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+            os.rename(self.old, dest)
+            self._note(f"{self.shown}: kept the earlier results as {dest.name}: they ran "
+                       f"{_differs(self.ran_before, self.ran)}")
         return carried
 
     def _drop_edited(self) -> None:
@@ -517,6 +528,21 @@ class _Target:
             self.lock = None
 
 
+def _plain(value):
+    """``value`` as it reads back from ``meta.json`` (tuples as lists, non-finite numbers as null,
+    other values as text), so a recorded ``ran`` compares equal to the one that wrote it."""
+    return json.loads(json.dumps(strict_json(value), default=str))
+
+
+def _differs(before: dict, now: dict) -> str:
+    """What the earlier run ran that this one does not, for a message: ``hazards='all' (this run:
+    'all-longctx')``, each setting that differs."""
+    if not before:
+        return "settings that its meta.json does not record"
+    keys = [k for k in dict.fromkeys([*before, *now]) if before.get(k) != now.get(k)]
+    return ", ".join(f"{k}={before.get(k)!r} (this run: {now.get(k)!r})" for k in keys) or "other settings"
+
+
 def _own_files(folder: Path) -> list[str]:
     """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` left out."""
     return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES)
@@ -557,7 +583,7 @@ def _as_write_failed(e: OSError, folder: Path) -> WriteFailed:
 
 
 @contextlib.contextmanager
-def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=()):
+def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=(), ran=None):
     """The life of one result folder around a command's work (the module docstring's steps):
     ``with job_folder(out, meta, OUTPUTS) as folder:`` and the command writes every file into
     ``folder`` (the staging folder), never into ``out``.
@@ -580,6 +606,11 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
             :func:`final_path` does.
         discard_on: exception types that mean the input was bad (``ingest`` reading a malformed
             line): the staging folder is removed and ``out`` left as it was, nothing kept.
+        ran: what this run ran, as far as it sets one experiment apart from another (the hazard set,
+            the preset, the backend, the inputs), for a job's default folder: recorded in
+            ``meta.json`` (``ran``); earlier results in ``out`` that ran something else (or do not
+            say) are not replaced but kept whole beside it as ``OUT.replaced-<time>``, and the
+            console says what differed. None: any earlier results of the same command are replaced.
 
     Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``,
     ``interrupted (SIGHUP)`` (the exception goes on; partial results kept); ``failed: <error>``
@@ -595,7 +626,9 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
     """
     from ..errors import CheckFailed
 
-    t = _Target(out, meta.get("job"), outputs, say)
+    t = _Target(out, meta.get("job"), outputs, say, ran)
+    if ran is not None:
+        meta["ran"] = t.ran
     folder = t.open()
     done = False  # the folder was swapped in or placed: nothing left to do
     try:

@@ -361,7 +361,7 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
         ds4lab.report.results.OutputError: an ``out`` that cannot be written.
     """
     from ..token.config import get_preset
-    from ..jobs.common import default_preset, modeled_banner, open_backend
+    from ..jobs.common import default_preset, modeled_banner, open_backend, out_folder
 
     st_list = check_config(config)
     be = backend if backend is not None else open_backend("auto", timing_only=True)
@@ -369,7 +369,9 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     cfg = get_preset(preset)
     src = kernel_source(be)
     # a hazard's trace has its own default folder: a plain trace (or another hazard's) is not replaced by it
-    out = Path(config.out or f"results/trace-{preset}-{be.name}" + (f"-{config.hazard}" if config.hazard else ""))
+    out, ran = out_folder(config.out, "trace", (preset, be.name, config.hazard),
+                          {"preset": preset, "backend": be.name, "hazard": config.hazard,
+                           "stages": [s.name for s in st_list], "capture_mode": config.capture_mode})
     meta = provenance.base_meta(be)
     modeled = bool(be.models_time)
     meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
@@ -384,7 +386,7 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     if banner:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
-    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS, say=say) as folder:
+    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS, say=say, ran=ran) as folder:
         kern, nvtx, api = _trace(be, cfg, st_list, config, src, say, meta)
         files = [out / p.name for p in _write(folder, kern, nvtx, meta, api)]
     return TraceResult(out, kern, nvtx, meta, files, api)
