@@ -103,7 +103,7 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from ..report.plots import save
-    from ..report.results import write_meta
+    from ..report.results import write_csv, write_meta
     from .figure import timeline_figure
 
     folder = Path(folder)
@@ -118,7 +118,7 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
         df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         if name == "audit.csv" and "first_row" in df:
             df = df.drop(columns=["first_row"])
-        df.to_csv(folder / name, index=False)
+        write_csv(df, folder / name)
         out.append(folder / name)
     m = {**(meta or {}), **audit_meta(reports)}
     write_meta(folder / "meta.json", m)

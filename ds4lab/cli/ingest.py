@@ -62,11 +62,13 @@ def ingest_cmd(files, lenient, out, sites) -> None:
          folder without a table, the same input given twice (by path or by
          content), or an --out that cannot be this folder; the error names
          the file and line; OUT is left untouched
+      1  writing the tables failed after the inputs were read (a full disk):
+         the error names the file; the tables whole so far are kept
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
     from ..ingest import IngestError, ingest_all
-    from ..report.results import final_path
+    from ..report.results import WriteFailed, final_path
 
     if sites is not None:  # a preset name, checked before any input is read
         from ..token.config import PRESETS
@@ -79,6 +81,8 @@ def ingest_cmd(files, lenient, out, sites) -> None:
             results = ingest_all(files, out, lenient, sites, progress=progress, ran=ran)
     except IngestError as e:
         fail(str(e))
+    except WriteFailed as e:  # the inputs were good; writing failed after the work began: 1, as every command
+        fail(_with_kept(e), 1)
     for r in results:
         tabs = ", ".join(f"{n} ({rows} rows)" for n, rows in r.counts().items() if rows)
         click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
@@ -89,6 +93,12 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     click.echo(f"tables in {final_path(out)}/")
     if any(r.problems for r in results):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
+
+
+def _with_kept(e: BaseException) -> str:
+    """A write failure's message with where the results so far are, as the jobs say it."""
+    kept = getattr(e, "kept_in", None)
+    return str(e) + (f" (results so far in {kept}/)" if kept and str(kept) not in str(e) else "")
 
 
 def _default_out(out, name: str, ran: dict):
@@ -162,12 +172,14 @@ def compare_cmd(dirs, out) -> None:
          nothing is written)
     """
     from ..report.compare import CompareError, compare
-    from ..report.results import final_path
+    from ..report.results import WriteFailed, final_path
 
     out, ran = _default_out(out, "compare", {"sources": sorted(os.path.abspath(d) for d in dirs)})
     try:
         paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True), ran=ran)
     except CompareError as e:
         fail(str(e))
+    except WriteFailed as e:
+        fail(_with_kept(e), 1)
     for p in paths:
         click.echo(f"wrote {final_path(p)}")

@@ -64,7 +64,7 @@ def run(cfg: ValidateConfig, backend=None, console=None):
         import pandas as pd
 
         def write(rows):  # after every engine and cache: a run cut short keeps what it measured
-            pd.DataFrame(rows).to_csv(folder / "validate.csv", index=False)
+            results.write_csv(pd.DataFrame(rows), folder / "validate.csv")
 
         df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, folder, say=say, on_row=write)
         write(df.to_dict("records"))

@@ -82,11 +82,11 @@ def run(cfg: ConformanceConfig, be, console):
             with JobProgress(console, f"{b.name}: scenarios", n) as prog:
                 records[b.name] = run_scenarios(b, cfg.names or None, progress=lambda _: prog.advance())
             meta["backends"][b.name] = provenance.base_meta(b)
-            (folder / f"conformance-{b.name}.json").write_text(json.dumps(records[b.name], indent=1) + "\n")
+            results.write_text_atomic(folder / f"conformance-{b.name}.json", json.dumps(records[b.name], indent=1) + "\n")
         df = compare(records)
-        df.to_csv(folder / "conformance.csv", index=False)
+        results.write_csv(df, folder / "conformance.csv")
         exp = expectation_mismatches(records)
-        exp.to_csv(folder / "expectations.csv", index=False)
+        results.write_csv(exp, folder / "expectations.csv")
         meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()),
                     expectation_mismatches={b: int((exp.backend == b).sum()) for b in records})
         exc = df[df.step.isin(["<exception>", "<unhandled>"])]

@@ -74,7 +74,7 @@ def run(cfg: ExclusionConfig, be, console):
 
             def on_cell(c, path=path, cells=cells):
                 cells.append(c)
-                pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)).to_csv(path, index=False)
+                results.write_csv(pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)), path)
 
             with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS)) as prog:
                 df = run_matrix(b, mcfg, tokens=cfg.tokens, overhead_calls=cfg.overhead_calls,
@@ -85,7 +85,7 @@ def run(cfg: ExclusionConfig, be, console):
         meta.update({**metas[be.name], "backends": metas})
         if len(found) > 1:
             ag = agreement(found["cupy"], found["sim"])
-            ag.to_csv(folder / "exclusion-agreement.csv", index=False)
+            results.write_csv(ag, folder / "exclusion-agreement.csv")
             bad = ag[~ag.agree]
             meta["agreement"] = {"cells": len(ag), "agree": int(ag.agree.sum()), "disagree": len(bad)}
             console.print(f"cupy vs sim: {int(ag.agree.sum())}/{len(ag)} cells agree")

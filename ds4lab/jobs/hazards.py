@@ -69,7 +69,7 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
             for n in names:
                 r = demonstrate(n, be, mcfg, mode=cfg.mode)
                 rows.append(r)
-                pd.DataFrame(rows).to_csv(Path(folder) / "hazards.csv", index=False)
+                results.write_csv(pd.DataFrame(rows), Path(folder) / "hazards.csv")
                 console.print(f"[bold]{n}[/] ({r['capture_mode']} capture, stage {r['stage']}): {r['outcome']} · "
                               f"errors {r['errors']} · exact {r['exact']}"
                               + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))

@@ -126,7 +126,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     import pandas as pd
 
     from .. import moeprof as M
-    from ..report import plots, provenance
+    from ..report import plots, provenance, results
     from ..progress import JobProgress
 
     steps, warmup, regime, capture_mode = job.steps, job.warmup, job.regime, job.capture_mode
@@ -149,7 +149,8 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                     for rows in M.iter_profile(wb, mode, T, routing, steps, regime=regime, warmup=warmup,
                                                capture_mode=capture_mode, fallback=fallback):
                         df = pd.DataFrame(rows, columns=list(M.ROW_COLUMNS))
-                        df.to_csv(csv_path, mode="a", header=header, index=False)  # rows as they come
+                        with results.appending(csv_path):  # rows as they come, whole rows only
+                            df.to_csv(csv_path, mode="a", header=header, index=False)
                         header = False
                         frames.append(df)
                         prog.advance()
@@ -161,7 +162,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
             be.release_cached_memory()
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
     summ = with_fallbacks(M.summarize(data), data)
-    summ.to_csv(out / "summary.csv", index=False)
+    results.write_csv(summ, out / "summary.csv")
     # ds4's profile lines, one file per (mode, routing): the format has no field for either, so
     # the header names them and one file never mixes two.
     logs = []
@@ -171,7 +172,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                             header=f"ds4lab moe · mode={mode} · routing={routing} · " + provenance.label(meta))
         if lines:
             logs.append(out / f"moe-ds4-{mode}-{routing}.log")
-            logs[-1].write_text("\n".join(lines) + "\n")
+            results.write_text_atomic(logs[-1], "\n".join(lines) + "\n")
             if print_ds4:
                 for ln in lines:
                     print(ln, file=sys.stderr)
@@ -196,20 +197,20 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                     loads.append(wb.expert_load(ls[-1] if r != "hash" else ls[0], T, r))
                 except (RuntimeError, ValueError) as e:
                     failures.append({"mode": "expert_load", "routing": r, "tokens": T, "error": str(e)})
-        pd.DataFrame(loads).to_csv(out / "expert-load.csv", index=False)
+        results.write_csv(pd.DataFrame(loads), out / "expert-load.csv")
     figs = []
     figs += plots.save(plots.moe_stage_bars_figure(summ, meta), out / "moe-stages")
     figs += plots.save(plots.moe_stage_distribution_figure(data, meta, routing=routings[0]), out / "moe-distribution")
     if share_tokens:
         share = M.token_share(wb, tokens=share_tokens)
-        share.to_csv(out / "share.csv", index=False)
+        results.write_csv(share, out / "share.csv")
         meta["moe_share_median"] = float(share["share"].median())
         figs += plots.save(plots.moe_share_figure(share, meta), out / "moe-share")
         con.print(f"routed MoE share of an eager token: median {100 * meta['moe_share_median']:.1f} % "
                   f"({share['moe_us'].median():.0f} of {share['token_us'].median():.0f} µs)")
     if overhead:
         ov = M.overhead_table(wb, modes, tokens=4)
-        ov.to_csv(out / "overhead.csv", index=False)
+        results.write_csv(ov, out / "overhead.csv")
         con.print("µs per whole token with each mode (median; overhead vs none):")
         con.print(ov[["mode", "regime", "us_per_token", "overhead", "note"]].to_string(
             index=False, float_format=lambda v: f"{v:.1f}"))

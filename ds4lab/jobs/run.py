@@ -333,7 +333,7 @@ def write_census(census: Census, path: Path, be, preset: str) -> None:
     """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token)
     with ``backend``, ``preset`` and ``modeled`` on every row, as ``ladder.csv``
     (:func:`ds4lab.report.provenance.with_source_columns`)."""
-    provenance.with_source_columns(census.frame(), be.name, preset, be.models_time).to_csv(path, index=False)
+    results.write_csv(provenance.with_source_columns(census.frame(), be.name, preset, be.models_time), path)
 
 
 def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> None:

@@ -541,9 +541,10 @@ def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> list[Path]:
     ``out`` is a result folder (:func:`ds4lab.report.results.job_folder`: written aside, locked,
     swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
     folder ds4lab did not write is refused). Returns the figure paths (PNG, SVG, PDF) in ``out``.
-    Raises CompareError (nothing written) for a folder given twice (by path or content), a folder
-    without a drawable table, an unreadable table or meta file, or an ``out`` that cannot be a
-    folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs.
+    Raises :class:`ds4lab.report.results.WriteFailed` after the work began (a full disk; exit 1, as
+    for every command), and CompareError (nothing written) for a folder given twice (by path or
+    content), a folder without a drawable table, an unreadable table or meta file, or an ``out``
+    that cannot be a folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs.
     ``ran``: what sets this comparison apart, for the default folder (its sources:
     :func:`ds4lab.report.results.job_folder` keeps another comparison's figures beside)."""
     from . import plots, results
@@ -571,8 +572,6 @@ def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> list[Path]:
                 written += [out / p.name for p in plots.save(fig, folder / stem)]
     except results.OutputError as e:
         raise CompareError(str(e)) from None
-    except results.WriteFailed as e:
-        raise CompareError(f"--out {out}: {e}") from None
     finally:
         import matplotlib.pyplot as plt
 

@@ -192,6 +192,60 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise WriteFailed(f"cannot write {path}: {os_reason(e)}", e.errno) from e
 
 
+@contextlib.contextmanager
+def whole_file(path: Path):
+    """Write one result file whole or not at all: yields ``path.tmp`` beside ``path`` to write the
+    whole file to, renamed to ``path`` when the block ends; on any error (a full disk) or an
+    interrupt the temporary file is removed and the exception goes on. A file under its final name
+    is therefore always complete; :func:`remove_tmp_files` clears what a killed run left."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _not_written(e, path)
+        raise
+
+
+def write_csv(df, path: Path, **kwargs) -> None:
+    """``df.to_csv(path, **kwargs)`` through :func:`whole_file` (``index=False`` unless given)."""
+    kwargs.setdefault("index", False)
+    with whole_file(path) as tmp:
+        df.to_csv(tmp, **kwargs)
+
+
+@contextlib.contextmanager
+def appending(path: Path):
+    """Around an append to a file that grows as a run goes (rows as they come): an append that fails
+    part way (a full disk) or is interrupted is cut back to the size the file had before it, and a
+    file it created is removed, so the file holds whole rows only. Yields ``path``."""
+    path = Path(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None
+    try:
+        yield path
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            if size is None:
+                path.unlink()
+            else:
+                os.truncate(path, size)
+        if size is None:
+            _not_written(e, path)
+        raise
+
+
+def _not_written(e: BaseException, path: Path) -> None:
+    """Note on ``e`` (``files_not_written``) the file whose write it cut, for ``meta.json``."""
+    with contextlib.suppress(Exception):
+        e.files_not_written = [*getattr(e, "files_not_written", ()), Path(path).name]
+
+
 def probe_write(folder: Path) -> None:
     """Create, write and remove a probe file in ``folder`` (raises the OSError of the step that fails)."""
     probe = folder / f".ds4lab-write-probe-{os.getpid()}"

@@ -79,14 +79,18 @@ def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
     """Write ``fig`` as ``stem.png``, ``stem.svg`` and ``stem.pdf`` (or ``formats``), then close it in
     pyplot (written or not): pyplot holds every open figure, so a notebook or a session running many
     jobs would keep them all, and Jupyter would draw a job's figure again at the end of its cell. The
-    figure object still displays (``fig`` as a cell's last line). Returns paths."""
+    figure object still displays (``fig`` as a cell's last line). Each file is written under a
+    temporary name and renamed when whole (a full disk leaves no cut figure). Returns paths."""
+    from .folder_io import whole_file
+
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = []
     try:
         for f in formats:
             p = stem.with_suffix("." + f)
-            fig.savefig(p, bbox_inches="tight")
+            with whole_file(p) as tmp:
+                fig.savefig(tmp, bbox_inches="tight", format=f)
             out.append(p)
     finally:
         plt.close(fig)

@@ -69,12 +69,12 @@ from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, Fold
                         install_stop_signals, is_empty_dir, is_mount_point, load_json_or_none, lock_holder,
                         lock_path, make_parents, os_reason, output_file, pid_alive, probe_write,
                         refuse_no_folder, remove_made, remove_tmp_files, signals_held, stop_signals,
-                        write_text_atomic)
+                        write_text_atomic, appending, whole_file, write_csv)
 
 __all__ = ["LOCK_NAME", "LOCK_SUFFIX", "STAGED_AS_ENV", "FolderLock", "Lock", "OutputError", "ResultsCSV",
            "WriteFailed", "check_out", "final_path", "held_by_live_process", "install_stop_signals", "job_folder",
            "lock_holder", "lock_path", "output_file", "read_meta", "staged_env", "stop_signals", "strict_json",
-           "write_meta", "write_text_atomic"]
+           "write_meta", "write_text_atomic", "appending", "whole_file", "write_csv"]
 
 #: Files of ds4lab's own in a result folder, whatever the job.
 _OWN_FILES = ("meta.json", "meta.json.tmp", LOCK_NAME)
@@ -230,8 +230,16 @@ class ResultsCSV:
         self._f.flush()
 
     def add(self, metric: str, value, unit: str, source: str, token: int | str = "") -> None:
-        self._w.writerow((metric, value, unit, token, source))
-        self._f.flush()
+        """Append one row and flush it; a row that cannot be written whole (a full disk) is cut off
+        again, so the file holds whole rows only, and the error goes on."""
+        at = self._f.tell()
+        try:
+            self._w.writerow((metric, value, unit, token, source))
+            self._f.flush()
+        except OSError:
+            with contextlib.suppress(OSError, ValueError):
+                self._f.truncate(at)
+            raise
 
     def close(self) -> None:
         self._f.close()
@@ -544,8 +552,15 @@ def _differs(before: dict, now: dict) -> str:
 
 
 def _own_files(folder: Path) -> list[str]:
-    """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` left out."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES)
+    """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` and the
+    temporaries of writes not finished (``*.tmp``: :func:`whole_file`) left out: each file listed is
+    whole."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES and not p.name.endswith(".tmp"))
+
+
+def _unfinished(folder: Path) -> list[str]:
+    """The files whose write had not finished (their ``*.tmp`` temporaries), by their final names."""
+    return sorted(p.name[:-4] for p in folder.iterdir() if p.name.endswith(".tmp") and p.name not in _OWN_FILES)
 
 
 def _sha256_of(path: Path) -> str | None:
@@ -592,7 +607,10 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
         out: the result folder (``--out``).
         meta: what ``meta.json`` records; ``job`` names the command (a folder holding another
             command's results is refused). This function adds ``ds4lab`` (the version),
-            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote),
+            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote, each
+            file whole: the jobs write through :func:`whole_file` or :func:`appending`),
+            ``files_not_written`` (files whose write was cut by a failure or an interrupt; none is
+            left, whole or cut),
             ``file_sha256`` (the SHA-256 of each of those that is a plain file: a rerun keeps one
             edited since as it keeps a user's files), the ``sha256`` and ``shipped`` of every
             ``calibration`` entry, ``traceback`` for a failure and ``kept_in`` (where partial
@@ -646,6 +664,9 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 finally:
                     meta["files"] = _own_files(folder)
                     meta["file_sha256"] = _file_sha256(folder, meta["files"])
+                    unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
+                    if unfinished:  # their writes were cut (a full disk, an interrupt): not kept
+                        meta["files_not_written"] = unfinished
             except CheckFailed as e:  # finished, a check failed: the results stand, with that status
                 meta["status"] = _failure_status(e)
                 meta["traceback"] = traceback.format_exc()

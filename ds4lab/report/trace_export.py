@@ -656,7 +656,7 @@ def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
     files.append(p)
     for name, df in (("trace_kernels.csv", kern), ("trace_nvtx.csv", nvtx),
                      ("trace_api.csv", api if api is not None else pd.DataFrame(columns=API_COLUMNS))):
-        labelled(df, meta).to_csv(out / name, index=False)
+        results.write_csv(labelled(df, meta), out / name)
         files.append(out / name)
     import matplotlib.pyplot as plt
 
