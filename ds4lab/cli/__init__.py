@@ -9,7 +9,7 @@ import click
 from ..backends import BACKENDS
 from ..capture.stream import CAPTURE_MODES
 from ..experiments.stages import STAGES
-from ..jobs.context import ContextConfig
+from ..jobs.context import DEFAULT_CONTEXTS, ContextConfig
 from ..jobs.hazards import ALL_HAZARDS, HazardsConfig
 from ..jobs.ladder import LadderConfig
 from ..token.config import PRESETS
@@ -55,7 +55,7 @@ def main() -> None:
               help="auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
                    "numpy: the CPU reference executor (no timing).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model dimensions. Default: small on a GPU, tiny on the CPU.")
+              help="Model dimensions. Default: small.")
 @click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Decode tokens to time.")
 @click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True, help="Untimed tokens first.")
 @click.option("--out", type=click.Path(), default=None,
@@ -86,8 +86,8 @@ def main() -> None:
                    "backends compute with the reference ops).")
 @click.option("--timing-only/--compute", "timing_only", default=None,
               help="sim backend only: model the timing without computing any number (seconds even for "
-                   "ds4-flash), or compute with the reference ops as well. Default: timing-only for "
-                   "ds4-flash, compute otherwise.")
+                   "ds4-flash), or compute with the reference ops as well. Default: timing-only, but "
+                   "compute for tiny (small's numbers take minutes on the CPU).")
 @click.option("--force", is_flag=True,
               help="Run anyway when a CPU backend would compute a model over 1 GiB of weights "
                    "(numpy, or sim --compute, on ds4-flash: tens of minutes, many GB of memory).")
@@ -241,8 +241,9 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder) -> None
               help="Default: ds4-flash on a GPU, small on the sim.")
 @click.option("--stages", default=default(ContextConfig, "stages"), show_default=True,
               help=f"Comma-separated stages of {', '.join(STAGES)}.")
-@click.option("--contexts", default=",".join(map(str, default(ContextConfig, "contexts"))), show_default=True,
-              help="Comma-separated contexts (start positions), ascending.")
+@click.option("--contexts", default=None,
+              help="Comma-separated contexts (start positions), ascending. Default: "
+                   f"{','.join(map(str, DEFAULT_CONTEXTS))}, those the preset holds (tiny: 512,1024,2048).")
 @click.option("--span", type=click.IntRange(min=1), default=default(ContextConfig, "span"), show_default=True,
               help="Tokens compared bit for bit with stage 0 at each context, from context - 4.")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(ContextConfig, "tokens"), show_default=True,

@@ -16,6 +16,7 @@ one holds no partial file.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,10 @@ class LadderConfig:
     out: Path | str | None = None
     start_pos: int = START_POS
     long_context: bool = False
+
+
+#: Seconds of timing after which the ladder says once how long the rest will take (the pace so far).
+ESTIMATE_AFTER_S = 5.0
 
 
 class NotExact(CheckFailed):
@@ -158,7 +163,7 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
     a default folder (:func:`ds4lab.jobs.common.out_folder`)."""
     import pandas as pd
 
-    from ..progress import JobProgress
+    from ..progress import JobProgress, duration
     from ..report import plots
 
     mem = {"weights_bytes": W.model_bytes(mcfg, True), "caches_bytes": W.cache_bytes(mcfg)}
@@ -200,14 +205,40 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                 write(partial_path, rows)
 
             lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
-            steps = len(table.contexts) * table.per_round * table.rounds * len(table.stages)
-            with JobProgress(con, "timing stages", steps) as prog:
+            steps = lad.tokens_timed()
+            many = len(table.contexts) > 1
+            est = {"said": False, "t0": None, "stage": None}
+
+            def starting(c: int, rnd: int, stage: str) -> None:
+                est["stage"] = stage
+                prog.describe(("context " + str(c) + " · " if many else "") + f"round {rnd + 1}/{table.rounds} · "
+                              f"stage {stage}")
+
+            def tick() -> None:  # after every timed token (and its closing synchronize): cheap
+                prog.advance()
+                if est["said"]:
+                    return
+                now = time.perf_counter()  # a host clock for the estimate shown, nothing measured
+                if est["t0"] is None:
+                    est["t0"] = now
+                elif now - est["t0"] >= ESTIMATE_AFTER_S and prog.done < steps:
+                    est["said"] = True  # once: the bar (or a line each quarter) goes on estimating
+                    left = prog.remaining_s() or 0.0
+                    con.print(f"timing {steps} tokens ({len(table.stages)} stage{'s' if len(table.stages) > 1 else ''}"
+                              f" × {table.rounds} round{'s' if table.rounds > 1 else ''}"
+                              + (f" × {len(table.contexts)} contexts" if many else "")
+                              + f", warm-up included): about {duration(left)} left at the pace so far (stage "
+                              f"{est['stage']}; stages differ)")
+
+            with JobProgress(con, "timing stages", steps, eta=True) as prog:
                 for c in table.contexts:
                     partial(lad.partial_rows(c, {}, {}))
+                    prog.describe(f"exactness at {c}")
                     exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})))
                     floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
                     partial(lad.partial_rows(c, exact, floors))
-                    rows = lad.measure(c, exact=exact, floors=floors, progress=prog.advance, on_stage=partial)
+                    rows = lad.measure(c, exact=exact, floors=floors, progress=tick, on_stage=partial,
+                                       starting=lambda rnd, stage, c=c: starting(c, rnd, stage))
                     write(csv_path, done + rows)  # the finished contexts, as a finished run writes them
                     done += rows
                     partial_path.unlink()

@@ -78,7 +78,7 @@ class TraceConfig:
 
     Attributes:
         preset: model dimensions (``ds4lab.token.config.PRESETS``); None: the job's default
-            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, tiny on the sim).
+            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, small on the sim).
         stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each;
             None: ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a
             capture runs it: work that bypasses the accessor then shows on the legacy stream).
