@@ -115,3 +115,18 @@ def test_the_context_sweep_names_each_cell_and_runs_on_tiny_with_its_defaults(tm
     import pandas as pd
 
     assert sorted(pd.read_csv(tmp_path / "c" / "context.csv").context.unique()) == [512, 1024, 2048]
+
+
+@pytest.mark.parametrize("args,line", [
+    (["exclusion", "--backend", "sim", "--preset", "tiny"], "sim: cells: 14/56, about "),
+    (["moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1,2", "--routing", "uniform", "--steps", "4"],
+     "12/48, about "),
+])
+def test_every_job_that_times_estimates_the_time_left(tmp_path, args, line):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert line in " ".join(r.output.split()) and " left" in r.output, r.output

@@ -76,7 +76,7 @@ def run(cfg: ExclusionConfig, be, console):
                 cells.append(c)
                 results.write_csv(pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)), path)
 
-            with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS)) as prog:
+            with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS), eta=True) as prog:
                 df = run_matrix(b, mcfg, tokens=cfg.tokens, overhead_calls=cfg.overhead_calls,
                                 progress=prog.advance, on_cell=on_cell)
             found[b.name] = df

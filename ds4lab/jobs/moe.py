@@ -140,7 +140,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     frames = []
     failures = []
     combos = [(m, r, t) for m in modes for r in routings for t in tokens]
-    with JobProgress(con, "moe profile", len(combos) * steps) as prog:
+    with JobProgress(con, "moe profile", len(combos) * steps, eta=True) as prog:
         for mode, routing, T in combos:
             prog.describe(f"{mode} · {routing} · {T} tok")
             try:
