@@ -42,6 +42,7 @@ from .. import __version__
 from .analysis import trace_times
 from .events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
+from .units import unit_label, unit_stem
 
 #: Files :func:`write` makes (glob patterns, for ``job_folder``).
 OUTPUTS = ("audit.csv", "tokens.csv", "spans.csv", "plans.csv", "audit*.png", "audit*.svg", "audit*.pdf")
@@ -126,7 +127,7 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
     for r in reports:
         if not r.items:
             continue
-        stem = "audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"
+        stem = "audit" if len(reports) == 1 else unit_stem(r.pid, r.device)
         fig = timeline_figure(r)
         try:
             out += save(fig, folder / stem)
@@ -147,7 +148,7 @@ def summary(reports, console, max_rows: int = 12) -> None:
     from rich.table import Table
 
     for r in reports:
-        who = f"process {r.pid if r.pid >= 0 else '?'}, device {r.device if r.device >= 0 else '?'}"
+        who = unit_label(r.pid, r.device)
         console.print(f"\n[bold]ds4lab audit[/] of {r.source} ({who}; {r.tool})")
         console.print(f"  tokens: {r.tokens.n}, found by {r.tokens.how}; {r.n_shapes} token shape(s)"
                       + (" (identical launch lists)" if r.n_shapes == 1 else ""))

@@ -195,7 +195,9 @@ def _status(t: Table) -> str | None:
 
 
 def _tag(t: Table) -> str:
-    """MODELED, or where the numbers come from."""
+    """MODELED, or where the numbers come from: the device its ``meta.json`` names, the table's own
+    provenance columns, what the folder's ``meta.json`` says it is (an ingest's input formats) when
+    it names no device, and only with no ``meta.json`` at all ``provenance unknown: no meta.json``."""
     m = t.meta or {}
     modeled = _truthy(m.get("modeled"))
     if "modeled" in t.df:
@@ -210,8 +212,15 @@ def _tag(t: Table) -> str:
         if col in t.df:
             vals = [str(v) for v in t.df[col].dropna().unique() if str(v)]
             if vals:
-                s = ", ".join(vals[:3]) + (" backend, no meta.json" if col == "backend" else "")
+                s = ", ".join(vals[:3]) + (" backend" + ("" if t.meta else ", no meta.json") if col == "backend"
+                                           else "")
                 return s if len(s) <= 60 else s[:59] + "…"
+    if t.meta is not None:  # a meta.json that names no device: say what it does name
+        if m.get("job") == "ingest":
+            inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
+            kinds = list(dict.fromkeys(str(i["kind"]) for i in inputs if isinstance(i, dict) and i.get("kind")))
+            return (f"ingested {', '.join(kinds[:3])}" if kinds else "ingested") + ", no device recorded"
+        return (f"ds4lab {m['job']}" if m.get("job") else "meta.json") + ", no device recorded"
     return "provenance unknown: no meta.json"
 
 

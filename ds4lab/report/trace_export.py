@@ -242,6 +242,10 @@ class CuptiKernelSource:
             self.sub.close()
 
 
+#: The device the sim's modeled work runs on: one GPU, CUDA's first (as ``cudaGetDevice`` says).
+SIM_DEVICE = 0
+
+
 class SimKernelSource:
     """A modeled device timeline (the backend contract's ``trace_records``: the sim's cost-model
     schedule) as kernel records, MODELED; ``clock_ns`` is the backend's host clock (the sim's
@@ -277,7 +281,8 @@ class SimKernelSource:
             out.append({"name": name, "kind": kind, "start_ns": start * 1e3, "end_ns": end * 1e3,
                         "stream": str(stream), "graph_id": 0 if graph is None else int(graph),
                         "graph_node_id": 0 if graph is None else node,
-                        "correlation": self.log.corr_of.pop(first + j, -1), "stream_id": sid, "stream_type": skind})
+                        "correlation": self.log.corr_of.pop(first + j, -1), "stream_id": sid, "stream_type": skind,
+                        "device": SIM_DEVICE})
             if graph is not None:
                 node += 1
         for i in [i for i in self.log.corr_of if i < since]:
