@@ -26,7 +26,7 @@ def _said(r: subprocess.CompletedProcess) -> str:
     """pip's output without its notes on index locations that do not exist on this machine."""
     return "\n".join(line for line in (r.stdout + r.stderr).splitlines() if not line.startswith("WARNING: Location"))
 
-#: The combinations the README documents (its "Install" section), one CUDA major each.
+#: The combinations docs/install.md documents, one CUDA major each.
 COMBINATIONS = (
     "test,nvrtc12",                        # CI, scripts/venv.sh without a GPU
     "test,nvrtc12,cupti12,cuda12",         # scripts/venv.sh on a CUDA 12 GPU

@@ -26,7 +26,7 @@
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
 #                plan (MODELED) against stage 3's measured tokens
 #   notebooks    every notebook top to bottom with its defaults
-#   nsight       the README's Nsight Compute command on one ds4-flash token, ingested and joined to the
+#   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
 #
 # Example: bash scripts/gpu_round.sh env conformance ladder:200 hazards
