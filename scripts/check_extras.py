@@ -50,7 +50,8 @@ def resolve(combo: str) -> tuple[bool, str]:
             return False, "pip cannot resolve it: " + " ".join(said.split())[-600:]
         if "does not provide the extra" in said:
             return False, " ".join(line for line in said.splitlines() if "does not provide the extra" in line)
-        got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+        installs = json.loads(report.read_text())["install"]
+        got = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in installs}
     if "13" in combo:
         late = [f"{n} {got[n]}" for n in CUDA13_BOUND if n in got and tuple(map(int, got[n].split(".")[:2])) >= (13, 1)]
         if late:

@@ -74,7 +74,8 @@ def test_units_without_a_device_or_process_are_named_so():
     from ds4lab.audit.units import unit_label, unit_stem
 
     assert unit_stem(1, -1) == "audit-p1" and unit_stem(-1, 0) == "audit-d0" and unit_stem(3, 1) == "audit-p3-d1"
-    assert unit_label(1, -1) == "process 1, device not recorded" and unit_label(-1, 2) == "process not recorded, device 2"
+    assert unit_label(1, -1) == "process 1, device not recorded"
+    assert unit_label(-1, 2) == "process not recorded, device 2"
 
 
 def test_the_sim_trace_names_its_device(tmp_path):

@@ -119,8 +119,8 @@ def test_the_context_sweep_names_each_cell_and_runs_on_tiny_with_its_defaults(tm
 
 @pytest.mark.parametrize("args,line", [
     (["exclusion", "--backend", "sim", "--preset", "tiny"], "sim: cells: 14/56, about "),
-    (["moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1,2", "--routing", "uniform", "--steps", "4"],
-     "12/48, about "),
+    (["moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1,2", "--routing", "uniform",
+      "--steps", "4"], "12/48, about "),
 ])
 def test_every_job_that_times_estimates_the_time_left(tmp_path, args, line):
     from click.testing import CliRunner

@@ -82,7 +82,8 @@ def run(cfg: ConformanceConfig, be, console):
             with JobProgress(console, f"{b.name}: scenarios", n) as prog:
                 records[b.name] = run_scenarios(b, cfg.names or None, progress=lambda _: prog.advance())
             meta["backends"][b.name] = provenance.base_meta(b)
-            results.write_text_atomic(folder / f"conformance-{b.name}.json", json.dumps(records[b.name], indent=1) + "\n")
+            results.write_text_atomic(folder / f"conformance-{b.name}.json",
+                                      json.dumps(records[b.name], indent=1) + "\n")
         df = compare(records)
         results.write_csv(df, folder / "conformance.csv")
         exp = expectation_mismatches(records)

@@ -44,7 +44,8 @@ class LadderConfig:
     ``tokens``: timed tokens per stage, split over ``rounds`` interleaved rounds; ``exact_tokens``:
     tokens compared bit for bit with stage 0 (0: skip); ``mode``: stream-capture mode (``global``,
     ``thread_local``, ``relaxed``; ds4's islands always capture in global mode); ``out``: result folder
-    (None: ``results/ladder-<preset>-<backend>``, ``-longctx`` added with ``long_context``); ``start_pos``: the first decoded position;
+    (None: ``results/ladder-<preset>-<backend>``, ``-longctx`` added with ``long_context``);
+    ``start_pos``: the first decoded position;
     ``long_context``: the long-context token (compressed and indexed attention), where stage ``3c``
     exists.
     """
