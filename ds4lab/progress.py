@@ -6,8 +6,9 @@ thread that takes the GIL to render competes with the very launches being timed.
 never refreshes on its own: it redraws inline when the job advances it, at most every 0.2 s, and
 the jobs advance it only between timed tokens (after the token's closing event and synchronize).
 
-In a Jupyter kernel rich draws through ipywidgets; without them it only warns on every redraw, so
-there the bar is replaced by a printed line at each quarter of the work.
+In a Jupyter kernel rich draws through ipywidgets; without them it only warns on every redraw, and
+off a terminal (a pipe, a CI log, a file) rich draws nothing at all: there the bar is replaced by a
+printed line at each quarter of the work, with the time it estimates is left.
 """
 
 from __future__ import annotations
@@ -23,11 +24,35 @@ def _jupyter_without_widgets(console) -> bool:
     return bool(getattr(console, "is_jupyter", False)) and importlib.util.find_spec("ipywidgets") is None
 
 
+def _no_live_display(console) -> bool:
+    """Whether rich would draw no bar on ``console``: Jupyter without ipywidgets, or no terminal."""
+    if getattr(console, "is_jupyter", False):
+        return _jupyter_without_widgets(console)
+    return not getattr(console, "is_terminal", True)
+
+
+def duration(seconds: float) -> str:
+    """A time span as a person reads it: ``45 s``, ``12 min``, ``3 h 10 min``, ``2 d 4 h``."""
+    s = max(0.0, float(seconds))
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    if s < 86400:
+        h, m = divmod(round(s / 60), 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(round(s / 3600), 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
 class JobProgress:
     """A progress bar for ``total`` steps on ``console``, used as a context manager.
 
     ``advance()`` and ``describe()`` are cheap when no redraw is due, and never run concurrently
-    with the job (no refresh thread). ``eta=True`` adds a time-remaining column.
+    with the job (no refresh thread). ``eta=True`` adds a time-remaining column. Where rich draws no
+    bar (off a terminal; Jupyter without ipywidgets) a line is printed at each quarter of the work,
+    ``<description>: <done>/<total>``, with ``, about <time> left`` when ``eta``.
+    :meth:`remaining_s` is the estimate itself (the pace so far), for a job that says it.
     """
 
     def __init__(self, console, description: str, total: int, eta: bool = False) -> None:
@@ -37,7 +62,9 @@ class JobProgress:
         self.total = max(int(total), 1)
         self.description = description
         self.done = 0
-        self._plain = _jupyter_without_widgets(console)
+        self.eta = eta
+        self._plain = _no_live_display(console)
+        self._t0 = self._d0 = None  # when the first step ended, and the steps done then (the estimate's base)
         self._next_quarter = 1
         cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
         if eta:
@@ -56,13 +83,24 @@ class JobProgress:
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more steps done; redraw if the last redraw is 0.2 s old."""
         self.done += n
+        if self._t0 is None:  # the pace counts from the first step on: not the set-up before it
+            self._t0, self._d0 = time.perf_counter(), self.done  # a host clock for the estimate, nothing measured
         self._bar.advance(self._task, n)
         if self._plain:
             while self._next_quarter <= 4 and self.done * 4 >= self._next_quarter * self.total:
-                self.console.print(f"{self.description}: {self.done}/{self.total}")
+                left = self.remaining_s()
+                self.console.print(f"{self.description}: {self.done}/{self.total}" + (
+                    f", about {duration(left)} left" if self.eta and left is not None and self.done < self.total
+                    else ""))
                 self._next_quarter += 1
             return
         self._redraw()
+
+    def remaining_s(self) -> float | None:
+        """Seconds left at the pace so far, from the end of the first step (None before the second)."""
+        if self._t0 is None or self.done <= self._d0:
+            return None
+        return (time.perf_counter() - self._t0) * max(self.total - self.done, 0) / (self.done - self._d0)
 
     def describe(self, description: str) -> None:
         """Change the text before the bar (the step being run)."""

@@ -22,8 +22,8 @@ Usage::
     python scripts/compile_kernels.py --arch sm_90
     python scripts/compile_kernels.py --arch sm_80 sm_90 --kernels-dir kernels
 
-Needs ``pip install -e ".[nvrtc]" nvidia-cuda-runtime-cu12`` (``cuda-bindings`` 12.x, whose
-``cuda.bindings.nvrtc`` finds the NVRTC library of the ``nvidia-cuda-nvrtc-cu12`` wheel).
+Needs ``pip install -e ".[nvrtc12]"`` (``cuda-bindings`` 12.x, whose ``cuda.bindings.nvrtc`` finds the
+NVRTC library of the ``nvidia-cuda-nvrtc-cu12`` wheel), or ``".[nvrtc13]"`` on a CUDA 13 machine.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def load_nvrtc() -> Any:
     except Exception as e:  # ImportError, or a broken install raising at import
         raise NvrtcUnavailable(
             f"cuda.bindings.nvrtc is not importable ({type(e).__name__}: {e}); "
-            'install it with: pip install -e ".[nvrtc]"'
+            'install it with: pip install -e ".[nvrtc12]" (".[nvrtc13]" for CUDA 13)'
         ) from e
     try:
         err, _major, _minor = nvrtc.nvrtcVersion()

@@ -29,7 +29,7 @@
 #   ds4          ds4lab ds4: ds4 itself built from .ds4src/ (carry it: a copy of shared/ds4's archive) and
 #                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...),
 #                DS4_NAME names its folder (default ds4); the build and the model are cached in /tmp
-#   nsight       the README's Nsight Compute command on one ds4-flash token, ingested and joined to the
+#   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
 #
 # Example: bash scripts/gpu_round.sh env conformance ladder:200 hazards

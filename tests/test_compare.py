@@ -259,8 +259,8 @@ def test_two_nsys_reports_ingested_together_are_two_bars(tmp_path, monkeypatch):
     got = drawn(monkeypatch)
     compare([tmp_path / "o"], tmp_path / "cmp")
     assert {k: v["moe_gateup_decode"] for k, v in got["kernels"].items()} == {
-        "o · nsys_kernels · h200.csv (provenance unknown: no meta.json)": pytest.approx(1000.0),
-        "o · nsys_kernels · h100.csv (provenance unknown: no meta.json)": pytest.approx(3000.0)}
+        "o · nsys_kernels · h200.csv (ingested nsys-csv, no device recorded)": pytest.approx(1000.0),
+        "o · nsys_kernels · h100.csv (ingested nsys-csv, no device recorded)": pytest.approx(3000.0)}
 
 
 def test_one_log_per_mode_and_routing_one_labelled_bar_each(tmp_path, monkeypatch):

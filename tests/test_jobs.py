@@ -28,7 +28,13 @@ def test_every_job_has_a_default_preset_row_and_a_module():
 def test_default_preset_depends_on_the_backend_only_through_the_table():
     sim = make_backend("sim", timing_only=True)
     assert default_preset("ladder", sim) == DEFAULT_PRESETS["ladder"][1] == "small"
-    assert default_preset("run", sim) == "tiny"
+    # every job models small on the CPU (run defaulted to tiny); run's sim then models time only
+    assert {job: default_preset(job, sim) for job, (_, cpu) in DEFAULT_PRESETS.items() if cpu} == {
+        job: "small" for job, (_, cpu) in DEFAULT_PRESETS.items() if cpu}
+    from ds4lab.jobs.run import RunConfig, timing_only_for
+
+    assert timing_only_for(RunConfig()) and timing_only_for(RunConfig(preset="small"))
+    assert not timing_only_for(RunConfig(preset="tiny")) and not timing_only_for(RunConfig(timing_only=False))
 
     class FakeGpu:
         is_gpu = True

@@ -1,7 +1,7 @@
 """Every ``kernels/*.cu`` compiles with NVRTC for sm_90 — no GPU needed, so this runs in CI.
 
 Uses ``scripts/compile_kernels.py`` (see its docstring). Skipped, with the reason, where
-``cuda.bindings.nvrtc`` (the ``nvrtc`` extra) is not importable or usable, or where no
+``cuda.bindings.nvrtc`` (the ``nvrtc12`` or ``nvrtc13`` extra) is not importable or usable, or where no
 ``cuda_fp16.h`` is installed (``pip install nvidia-cuda-runtime-cu12``).
 """
 

@@ -117,3 +117,36 @@ def test_stages_are_defined_once():
 
     assert M.STAGES == MOE_STAGES + ("total",) and M.MOE_STAGES is MOE_STAGES
     assert D.STAGES is M.STAGES and D.TOTAL_SLACK_MS == pytest.approx(0.007)
+
+
+LONG_MALFORMED = {  # each shape once took time quadratic in its length (20 KB: seconds; 400 KB: minutes)
+    "a long word": D.DS4_PREFIX + " " + "a" * 20_000,
+    "a long number cut by a letter": D.DS4_PREFIX + " tokens=1 pairs=6 xq=" + "1" * 20_000 + "x",
+    "digits, a point, digits, a letter": D.DS4_PREFIX + " tokens=1 pairs=6 xq=" + "1" * 10_000 + "." + "1" * 10_000
+                                         + "q sort=0 gateup=0 midq=0 down=0 sum=0 total=0 ms",
+}
+
+
+@pytest.mark.parametrize("text", list(LONG_MALFORMED.values()), ids=list(LONG_MALFORMED))
+def test_a_long_malformed_line_is_rejected_in_linear_time(text):
+    import time
+
+    t0 = time.perf_counter()
+    assert D.parse_ds4_line(text) is None and D.ds4_line_problem(text)
+    assert time.perf_counter() - t0 < 0.2, "a 20 KB line must be judged in milliseconds"
+
+
+def test_ingest_names_a_400_kb_malformed_line_at_once(tmp_path):
+    import time
+
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    log = tmp_path / "prof.log"
+    log.write_text(OK + "\n" + D.DS4_PREFIX + " tokens=1 pairs=6 xq=" + "7" * 400_000 + "x\n")
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(main, ["ingest", str(log), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "prof.log:2" in r.stderr and "xq=" in r.stderr, r.output
+    assert len(r.stderr) < 2_000, "the message does not repeat the whole line"
+    assert time.perf_counter() - t0 < 5

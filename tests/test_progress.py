@@ -65,3 +65,68 @@ def test_in_jupyter_the_text_a_saved_notebook_keeps_is_plain(monkeypatch):
 @pytest.mark.parametrize("v,want", [(13020, "13.2"), (12080, "12.8"), (11000, "11.0"), (None, "None"), ("13.2", "13.2")])
 def test_cuda_version(v, want):
     assert cuda_version(v) == want
+
+
+def test_off_a_terminal_a_line_each_quarter_says_the_time_left(monkeypatch):
+    """rich draws no bar into a pipe or a CI log: a line at each quarter, with an estimate."""
+    import ds4lab.progress as P
+
+    out = io.StringIO()
+    con = Console(file=out, force_terminal=False, force_jupyter=False)
+    clock = iter(range(100))
+    monkeypatch.setattr(P.time, "perf_counter", lambda: float(next(clock)))
+    with JobProgress(con, "timing stages", 8, eta=True) as p:
+        for _ in range(8):
+            p.advance()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("timing stages: 2/8, about ") and lines[0].endswith(" left")
+    assert lines[-1] == "timing stages: 8/8" and len(lines) == 4
+    assert P.duration(40) == "40 s" and P.duration(600) == "10 min" and P.duration(3 * 3600 + 600) == "3 h 10 min"
+
+
+def test_the_ladder_says_how_far_its_timing_is_and_how_long_is_left(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import ds4lab.jobs.ladder as L
+    from ds4lab.cli import main
+
+    monkeypatch.setattr(L, "ESTIMATE_AFTER_S", 0.0)  # the estimate line at once (it waits 5 s of timing)
+    r = CliRunner().invoke(main, ["ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0,3", "--tokens",
+                                  "8", "--repeats", "2", "--exact-tokens", "0", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    # 2 stages × (8 warm-up + 4 tokens, then 2 warm-up + 4): 36, the bar's total (warm-up counted)
+    assert "timing 36 tokens (2 stages × 2 rounds, warm-up included): about " in said, r.output
+    assert "round 1/2 · stage 0: 9/36, about " in said and "round 2/2 · stage 0: 36/36" in said, r.output
+
+
+def test_the_context_sweep_names_each_cell_and_runs_on_tiny_with_its_defaults(tmp_path):
+    """``context --preset tiny`` failed on its own default contexts (65 536 past tiny's 4 096)."""
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, ["context", "--backend", "sim", "--preset", "tiny", "--stages", "0,3",
+                                  "--tokens", "4", "--warmup", "1", "--span", "4", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "note: the tiny preset holds contexts up to 4096: running contexts 512,1024,2048" in said
+    assert "context 2048 · round 1/1 · stage 3" in said and "about " in said, r.output
+    import pandas as pd
+
+    assert sorted(pd.read_csv(tmp_path / "c" / "context.csv").context.unique()) == [512, 1024, 2048]
+
+
+@pytest.mark.parametrize("args,line", [
+    (["exclusion", "--backend", "sim", "--preset", "tiny"], "sim: cells: 14/56, about "),
+    (["moe", "--backend", "sim", "--preset", "tiny", "--tokens-per-step", "1,2", "--routing", "uniform",
+      "--steps", "4"], "12/48, about "),
+])
+def test_every_job_that_times_estimates_the_time_left(tmp_path, args, line):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert line in " ".join(r.output.split()) and " left" in r.output, r.output

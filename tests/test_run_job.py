@@ -24,7 +24,10 @@ TINY_LAUNCHES = 78
 
 
 def invoke(*args):
-    return CliRunner().invoke(main, ["run", *map(str, args)])
+    """``ds4lab run ARGS``, on ``tiny`` unless ARGS name a preset (the default, ``small``, computes
+    for minutes on the numpy backend)."""
+    args = tuple(map(str, args))
+    return CliRunner().invoke(main, ["run", *(args if "--preset" in args else ("--preset", "tiny", *args))])
 
 
 def flat(text: str) -> str:

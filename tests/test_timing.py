@@ -71,3 +71,26 @@ def test_interleaved_pairs_alternate_the_order():
     a, b = interleaved_pairs(lambda: order.append("a") or 1.0, lambda: order.append("b") or 2.0, 4)
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert a == [1.0] * 4 and b == [2.0] * 4
+
+
+def test_median_ci_for_a_long_run():
+    """10 million tokens per stage (``--tokens 10000000``): the sign-test rank from the normal
+    approximation, within one rank of the exact sum past 1 000 values (2.0 ** n overflowed at 1 024
+    values, after the first round of a long run)."""
+    import time
+    from fractions import Fraction
+    from math import comb
+
+    def exact_rank(n):
+        cdf, k, total = Fraction(0), 0, 2 ** n
+        while cdf + Fraction(comb(n, k), total) <= Fraction(1, 40):
+            cdf += Fraction(comb(n, k), total)
+            k += 1
+        return k
+
+    for n in (1001, 1024, 2500):
+        lo, hi = median_ci(np.arange(n, dtype=float))
+        assert abs((int(lo) + 1) - exact_rank(n)) <= 1 and int(lo) + int(hi) == n - 1
+    t0 = time.perf_counter()
+    lo, hi = median_ci(np.linspace(0.0, 1.0, 10_000_001))
+    assert lo < 0.5 < hi and hi - lo < 1e-3 and time.perf_counter() - t0 < 5

@@ -245,5 +245,5 @@ def test_the_job_runs_through_the_jobs_layer(tmp_path):
     from ds4lab.jobs import execute
 
     res = execute("trace", TraceConfig(stages="0", tokens=1, out=tmp_path / "j"), backend="sim")
-    assert res.meta["preset"]["name"] == "tiny"  # the trace job's default off a GPU
+    assert res.meta["preset"]["name"] == "small"  # the trace job's default off a GPU, as every job's
     assert load_trace(tmp_path / "j")["otherData"]["stages"] == ["0"]

@@ -15,6 +15,7 @@ import numpy as np
 from .probes import ALLOWED, INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED, VERDICTS
 from .analysis import trace_times
 from .spans import representative, spans_of
+from .units import unit_label
 
 #: Verdict → colour of its calls on the host lane.
 VERDICT_COLORS = {INVALIDATES: "#C44E52", REFUSED: "#DD8452", NOT_IN_GRAPH: "#8172B2", NO_RULE: "#7f7f7f",
@@ -58,7 +59,7 @@ def timeline_figure(report, mode: str | None = None):
     rows = f.loc[[it.row for it in items]]
     t0 = float(min(rows["start_ns"].min(), dev["start_ns"].min() if len(dev) else np.inf))
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(12, 3.4))
+        fig, ax = plt.subplots(figsize=(12, 4.0))
         marks = []
         for it, (_, r) in zip(items, rows.iterrows()):
             vs = [calls.loc[it.row, f"verdict_{m}"] for m in report.modes] if it.row in calls.index else [ALLOWED]
@@ -78,9 +79,8 @@ def timeline_figure(report, mode: str | None = None):
             xb = (f.loc[items[b].row, "end_ns"] - t0) / 1e3
             ax.axvspan(xa, xb, color="#55A868", alpha=0.12, linewidth=0)
         shown = marks if len(marks) <= MAX_LABELS else marks[:: int(np.ceil(len(marks) / MAX_LABELS))]
-        for x, label in shown:
-            ax.annotate(label, (x, 0.45), xytext=(1, 2), textcoords="offset points", rotation=40, ha="left",
-                        va="bottom", fontsize=7)
+        labels = [ax.annotate(label, (x, 0.45), xytext=(1, 2), textcoords="offset points", rotation=40, ha="left",
+                              va="bottom", fontsize=7) for x, label in shown]
         for x, _ in marks:
             ax.plot([x], [0.45], marker="v", color="black", markersize=4)
         ax.set_yticks([1.0, 2.2], ["host: API calls", "device"])
@@ -91,10 +91,29 @@ def timeline_figure(report, mode: str | None = None):
         handles = [Patch(color=VERDICT_COLORS[v], label=v) for v in (*VERDICTS, "frozen")]
         handles.append(Patch(color="#55A868", alpha=0.25, label=f"capturable span ({mode})"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-        who = "process ?" if report.pid < 0 else f"process {report.pid}"
+        who = unit_label(report.pid, report.device)
         src = report.source if len(report.source) <= 70 else "…" + report.source[-69:]
-        ax.set_title(f"token {t} of {report.tokens.n} — {src} ({who}, device {report.device}; "
+        ax.set_title(f"token {t} of {report.tokens.n} — {src} ({who}; "
                      f"{report.tool})\ntimes {times} in the trace; spans proposed by the audit\n"
                      f"its plans MODELED (calibration {report.calibration_label})", fontsize=9)
         fig.tight_layout()
+        _room_for(ax, labels)
     return fig
+
+
+def _room_for(ax, labels, anchor: float = 0.45, bottom: float = 3.0, top: float = -1.6) -> None:
+    """Raise the top of ``ax``'s (inverted) y range until every rotated label above the host lane
+    fits inside the axes, below the title: the labels keep their size in points however the data
+    range is scaled, so the range grows to hold the tallest one."""
+    if not labels:
+        return
+    fig = ax.figure
+    for _ in range(3):  # tight_layout moves the axes a little each time: settle
+        fig.canvas.draw()
+        rend = fig.canvas.get_renderer()
+        need = max(t.get_window_extent(rend).y1 for t in labels) - ax.transData.transform((0, anchor))[1]
+        height = ax.bbox.height
+        share = min(need / height + 0.03, 0.85)  # of the axes height, above the anchor
+        # (anchor - L) / (bottom - L) = share  →  L = (anchor - share * bottom) / (1 - share)
+        ax.set_ylim(bottom, min(top, (anchor - share * bottom) / (1 - share)))
+        fig.tight_layout()

@@ -45,6 +45,7 @@ from .. import __version__
 from .analysis import trace_times
 from .events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
+from .units import unit_label, unit_stem
 
 #: Files :func:`write` makes (glob patterns, for ``job_folder``).
 OUTPUTS = ("audit.csv", "tokens.csv", "spans.csv", "plans.csv", "audit*.png", "audit*.svg", "audit*.pdf",
@@ -113,7 +114,7 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from ..report.plots import save
-    from ..report.results import write_meta
+    from ..report.results import write_csv, write_meta
     from .figure import timeline_figure
 
     folder = Path(folder)
@@ -128,7 +129,7 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
         df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         if name == "audit.csv" and "first_row" in df:
             df = df.drop(columns=["first_row"])
-        df.to_csv(folder / name, index=False)
+        write_csv(df, folder / name)
         out.append(folder / name)
     if any(getattr(r, "arguments", None) is not None for r in reports):
         from .frozen import table as argument_table
@@ -141,7 +142,7 @@ def write(reports, folder, meta: dict | None = None) -> list[Path]:
     for r in reports:
         if not r.items:
             continue
-        stem = "audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"
+        stem = "audit" if len(reports) == 1 else unit_stem(r.pid, r.device)
         fig = timeline_figure(r)
         try:
             out += save(fig, folder / stem)
@@ -162,7 +163,7 @@ def summary(reports, console, max_rows: int = 12) -> None:
     from rich.table import Table
 
     for r in reports:
-        who = f"process {r.pid if r.pid >= 0 else '?'}, device {r.device if r.device >= 0 else '?'}"
+        who = unit_label(r.pid, r.device)
         console.print(f"\n[bold]ds4lab audit[/] of {r.source} ({who}; {r.tool})")
         console.print(f"  tokens: {r.tokens.n}, found by {r.tokens.how}; {r.n_shapes} token shape(s)"
                       + (" (identical launch lists)" if r.n_shapes == 1 else ""))

@@ -34,6 +34,18 @@ from .calls import is_launch, normalize
 DEVICE_KINDS = ("kernel", "memcpy", "memset", "graph")
 
 
+
+def unit_label(pid: int, device: int) -> str:
+    """``process P, device D``, each ``not recorded`` where the trace does not say (-1)."""
+    return (f"process {pid}" if pid >= 0 else "process not recorded") + ", " + (
+        f"device {device}" if device >= 0 else "device not recorded")
+
+
+def unit_stem(pid: int, device: int) -> str:
+    """The file stem of one unit's figure where a trace holds several: ``audit-p<pid>-d<device>``,
+    each part left out where the trace does not say it (never ``-d-1``)."""
+    return "audit" + (f"-p{pid}" if pid >= 0 else "") + (f"-d{device}" if device >= 0 else "")
+
 @dataclass
 class Unit:
     """The rows of one (process, device) of a source, prepared (module docstring).
@@ -55,10 +67,8 @@ class Unit:
 
     @property
     def label(self) -> str:
-        """``process P, device D`` as the report names the unit."""
-        d = "device ?" if self.device < 0 else f"device {self.device}"
-        p = "process ?" if self.pid < 0 else f"process {self.pid}"
-        return f"{p}, {d}"
+        """``process P, device D`` as the report names the unit (:func:`unit_label`)."""
+        return unit_label(self.pid, self.device)
 
 
 def split_units(table) -> tuple[list[Unit], list[str]]:

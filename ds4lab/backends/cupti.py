@@ -114,7 +114,8 @@ def cupti_available() -> tuple[bool, str]:
 
         importlib.import_module("cupti.cupti")
     except Exception as e:  # ImportError, or a library that fails to load
-        return False, f"cupti-python not importable ({type(e).__name__}: {e}); pip install cupti-python"
+        return False, (f"cupti-python not importable ({type(e).__name__}: {e}); pip install -e \".[cupti12]\" "
+                       "(\".[cupti13]\" for a CUDA 13 driver)")
     return True, "ok"
 
 

@@ -9,7 +9,7 @@ import click
 from ..backends import BACKENDS
 from ..capture.stream import CAPTURE_MODES
 from ..experiments.stages import STAGES
-from ..jobs.context import ContextConfig
+from ..jobs.context import DEFAULT_CONTEXTS, ContextConfig
 from ..jobs.hazards import ALL_HAZARDS, HazardsConfig
 from ..jobs.ladder import LadderConfig
 from ..token.config import PRESETS
@@ -55,7 +55,7 @@ def main() -> None:
               help="auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
                    "numpy: the CPU reference executor (no timing).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model dimensions. Default: small on a GPU, tiny on the CPU.")
+              help="Model dimensions. Default: small.")
 @click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Decode tokens to time.")
 @click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True, help="Untimed tokens first.")
 @click.option("--out", type=click.Path(), default=None,
@@ -86,8 +86,8 @@ def main() -> None:
                    "backends compute with the reference ops).")
 @click.option("--timing-only/--compute", "timing_only", default=None,
               help="sim backend only: model the timing without computing any number (seconds even for "
-                   "ds4-flash), or compute with the reference ops as well. Default: timing-only for "
-                   "ds4-flash, compute otherwise.")
+                   "ds4-flash), or compute with the reference ops as well. Default: timing-only, but "
+                   "compute for tiny (small's numbers take minutes on the CPU).")
 @click.option("--force", is_flag=True,
               help="Run anyway when a CPU backend would compute a model over 1 GiB of weights "
                    "(numpy, or sim --compute, on ds4-flash: tens of minutes, many GB of memory).")
@@ -150,7 +150,7 @@ def bench(preset, out, per_op) -> None:
 @click.option("--long-context", is_flag=True,
               help="The long-context token (compressed and indexed attention); adds stage 3c to the choices.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Result folder. Default: results/ladder-<preset>-<backend>.")
+              help="Result folder. Default: results/ladder-<preset>-<backend>[-longctx].")
 @click.pass_context
 def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, mode, hazard, nvtx, start_pos,
            long_context, out) -> None:
@@ -179,7 +179,7 @@ def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, 
               show_default=True, help="Stream-capture mode (a hazard under ds4's islands always captures in global "
                                       "mode).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Result folder. Default: results/hazards-<preset>-<backend>.")
+              help="Result folder. Default: results/hazards-<hazard>-<preset>-<backend>.")
 def hazards(hazard, backend, preset, mode, out) -> None:
     """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and
     its eager fallback, or a replay that goes wrong (first differing tensor named)."""
@@ -193,7 +193,8 @@ def _hazards(hazard, preset, mode, out, backend) -> None:
 @main.command()
 @click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
               help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/conformance"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/conformance-<backend>.")
 @click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
 @click.option("--list", "list_only", is_flag=True, help="List the scenarios and exit.")
 def conformance(backend, out, names, list_only) -> None:
@@ -245,8 +246,9 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
               help="Default: ds4-flash on a GPU, small on the sim.")
 @click.option("--stages", default=default(ContextConfig, "stages"), show_default=True,
               help=f"Comma-separated stages of {', '.join(STAGES)}.")
-@click.option("--contexts", default=",".join(map(str, default(ContextConfig, "contexts"))), show_default=True,
-              help="Comma-separated contexts (start positions), ascending.")
+@click.option("--contexts", default=None,
+              help="Comma-separated contexts (start positions), ascending. Default: "
+                   f"{','.join(map(str, DEFAULT_CONTEXTS))}, those the preset holds (tiny: 512,1024,2048).")
 @click.option("--span", type=click.IntRange(min=1), default=default(ContextConfig, "span"), show_default=True,
               help="Tokens compared bit for bit with stage 0 at each context, from context - 4.")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(ContextConfig, "tokens"), show_default=True,

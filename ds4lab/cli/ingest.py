@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -20,8 +21,9 @@ def register(main: click.Group) -> None:
 @click.command("ingest")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--lenient", is_flag=True, help="Keep the good rows; report every bad line instead of failing.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True,
-              callback=result_folder)
+@click.option("--out", type=click.Path(path_type=Path), default=None, callback=result_folder,
+              help="Result folder. Default: results/ingested (an earlier ingest of other inputs there is kept "
+                   "beside it as results/ingested.replaced-<time>).")
 @click.option("--sites", default=None, metavar="PRESET",
               help="Join Nsight Compute kernels to ds4lab's launch sites of this preset (bytes moved, "
                    "achieved GB/s); the preset the profiled run used.")
@@ -60,22 +62,27 @@ def ingest_cmd(files, lenient, out, sites) -> None:
          folder without a table, the same input given twice (by path or by
          content), or an --out that cannot be this folder; the error names
          the file and line; OUT is left untouched
+      1  writing the tables failed after the inputs were read (a full disk):
+         the error names the file; the tables whole so far are kept
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
     from ..ingest import IngestError, ingest_all
-    from ..report.results import final_path
+    from ..report.results import WriteFailed, final_path
 
     if sites is not None:  # a preset name, checked before any input is read
         from ..token.config import PRESETS
 
         if sites not in PRESETS:
             fail(f"--sites {sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
+    out, ran = _default_out(out, "ingested", {"inputs": sorted(os.path.abspath(f) for f in files), "sites": sites})
     try:
         with _progress(files) as progress:
-            results = ingest_all(files, out, lenient, sites, progress=progress)
+            results = ingest_all(files, out, lenient, sites, progress=progress, ran=ran)
     except IngestError as e:
         fail(str(e))
+    except WriteFailed as e:  # the inputs were good; writing failed after the work began: 1, as every command
+        fail(_with_kept(e), 1)
     for r in results:
         tabs = ", ".join(f"{n} ({rows} rows)" for n, rows in r.counts().items() if rows)
         click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
@@ -86,6 +93,20 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     click.echo(f"tables in {final_path(out)}/")
     if any(r.problems for r in results):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
+
+
+def _with_kept(e: BaseException) -> str:
+    """A write failure's message with where the results so far are, as the jobs say it."""
+    kept = getattr(e, "kept_in", None)
+    return str(e) + (f" (results so far in {kept}/)" if kept and str(kept) not in str(e) else "")
+
+
+def _default_out(out, name: str, ran: dict):
+    """``(out, None)`` for an ``--out`` given, else the default folder ``results/<name>`` and what
+    this run ran (:func:`ds4lab.report.results.job_folder`'s ``ran``)."""
+    from ..jobs.common import default_folder
+
+    return (out, None) if out is not None else (default_folder(name), dict(ran, job=name))
 
 
 #: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
@@ -121,8 +142,9 @@ def _progress(files):
 
 @click.command("compare")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/compare"), show_default=True,
-              callback=result_folder)
+@click.option("--out", type=click.Path(path_type=Path), default=None, callback=result_folder,
+              help="Result folder. Default: results/compare (an earlier comparison of other folders there is "
+                   "kept beside it as results/compare.replaced-<time>).")
 def compare_cmd(dirs, out) -> None:
     """Draw ds4lab results and ingested profiles from several folders side by side.
 
@@ -150,11 +172,14 @@ def compare_cmd(dirs, out) -> None:
          nothing is written)
     """
     from ..report.compare import CompareError, compare
-    from ..report.results import final_path
+    from ..report.results import WriteFailed, final_path
 
+    out, ran = _default_out(out, "compare", {"sources": sorted(os.path.abspath(d) for d in dirs)})
     try:
-        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True))
+        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True), ran=ran)
     except CompareError as e:
         fail(str(e))
+    except WriteFailed as e:
+        fail(_with_kept(e), 1)
     for p in paths:
         click.echo(f"wrote {final_path(p)}")

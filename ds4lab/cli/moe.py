@@ -79,12 +79,13 @@ def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, cap
 @click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
               help="cupy: the matrix on the GPU and on the sim, compared cell by cell. sim: the sim alone.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU (its first top-k layer), tiny on the sim.")
+              help="Default: ds4-flash on a GPU (its first top-k layer), small on the sim.")
 @click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
               help="Tokens per MoE call (2: the sorted-pairs path of MTP verification).")
 @click.option("--overhead-calls", type=click.IntRange(min=1), default=None,
               help="MoE calls per overhead measurement (default: 100 on a GPU, 4 on the sim).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/exclusion"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Result folder. Default: results/exclusion-<preset>-<backend>.")
 def exclusion_cmd(backend, preset, tokens, overhead_calls, out) -> None:
     """The MoE profiling × capture exclusion matrix, computed by running every combination."""
     from ..jobs.exclusion import ExclusionConfig

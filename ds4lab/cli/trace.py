@@ -25,7 +25,7 @@ def register(main: click.Group) -> None:
 @click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
               help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, tiny on the sim.")
+              help="Default: ds4-flash on a GPU, small on the sim.")
 @click.option("--stages", default=None,
               help="Comma-separated stages, one trace process each. Default: 0,3; with --hazard: 0s (stage 0 with "
                    "the accessor's stream set, so that work bypassing it shows on the legacy stream).")

@@ -180,10 +180,13 @@ class Ladder:
         return got
 
     def measure(self, context: int, *, exact: dict, floors: dict, progress=None,
-                on_stage: Callable[[list[dict]], None] | None = None) -> list[dict]:
+                on_stage: Callable[[list[dict]], None] | None = None,
+                starting: Callable[[int, str], None] | None = None) -> list[dict]:
         """Time every stage at ``context`` in interleaved rounds; returns one row per stage. After
         each stage of each round, ``on_stage`` gets :meth:`partial_rows` of what is timed so far, so
-        a job writes it as it comes."""
+        a job writes it as it comes; before each, ``starting(round, stage)`` is told (a progress
+        display names it). ``progress()`` is called after every token, warm-up included
+        (:meth:`tokens_timed` counts them)."""
         t = self.table
         samples = {r.name: {"us": [], "host": []} for r in self.runs}
         launches: dict = {}
@@ -192,6 +195,8 @@ class Ladder:
         for rnd in range(t.rounds):
             span = t.round_span(context, rnd)
             for run in (self.runs if rnd % 2 == 0 else self.runs[::-1]):
+                if starting is not None:
+                    starting(rnd, run.name)
                 got = run.time(span, t.warmup if rnd == 0 else 2, progress=progress)
                 samples[run.name]["us"] += got["us_samples"]
                 samples[run.name]["host"] += got["host_samples"]
@@ -200,6 +205,13 @@ class Ladder:
                 if on_stage is not None:
                     on_stage(self.partial_rows(context, exact, floors, samples, launches, timed))
         return self._rows(context, samples, launches, exact, floors)
+
+    def tokens_timed(self) -> int:
+        """The tokens :meth:`measure` decodes over every context, warm-up included: one
+        ``progress()`` call each."""
+        t = self.table
+        per_context = sum(t.per_round + (t.warmup if rnd == 0 else 2) for rnd in range(t.rounds))
+        return per_context * len(self.runs) * len(t.contexts)
 
     def partial_rows(self, context: int, exact: dict, floors: dict, samples: dict | None = None,
                      launches: dict | None = None, timed: dict | None = None) -> list[dict]:

@@ -235,7 +235,23 @@ class _TableFiles:
         self.rows: dict[str, int] = {}
 
     def add(self, table: str, df) -> None:
-        """Append ``df`` (a DataFrame, or a :class:`ds4lab.ingest.common.RowBlock`) to ``table``."""
+        """Append ``df`` (a DataFrame, or a :class:`ds4lab.ingest.common.RowBlock`) to ``table``.
+
+        Raises:
+            ds4lab.report.results.WriteFailed: the rows could not be written (a full disk), naming
+                the file; the file keeps its whole rows. Not an OSError, so that a reader streaming
+                into it does not take it for its input being unreadable.
+        """
+        from ..report.folder_io import WriteFailed, os_reason
+
+        try:
+            self._add(table, df)
+        except OSError as e:
+            err = WriteFailed(f"cannot write {e.filename or self.folder / (table + '.csv')}: {os_reason(e)}", e.errno)
+            err.files_not_written = getattr(e, "files_not_written", ())
+            raise err from e
+
+    def _add(self, table: str, df) -> None:
         if len(df) == 0:
             return
         cols = [str(c) for c in df.columns]
@@ -245,16 +261,19 @@ class _TableFiles:
         if new:
             part = self.folder / (f"{table}.csv" if not parts else f".{table}.part{len(parts)}.csv")
             parts.append((cols, part))
-        if isinstance(df, RowBlock):
-            import csv
+        from ..report.folder_io import appending
 
-            with open(part, "a" if not new else "w", newline="") as f:
-                w = csv.writer(f, lineterminator="\n")
-                if new:
-                    w.writerow(cols)
-                w.writerows(df.rows)
-        else:
-            df.to_csv(part, mode="w" if new else "a", header=new, index=False)
+        with appending(part):  # a write cut part way (a full disk) is cut back: whole rows only
+            if isinstance(df, RowBlock):
+                import csv
+
+                with open(part, "a" if not new else "w", newline="") as f:
+                    w = csv.writer(f, lineterminator="\n")
+                    if new:
+                        w.writerow(cols)
+                    w.writerows(df.rows)
+            else:
+                df.to_csv(part, mode="w" if new else "a", header=new, index=False)
         self.rows[table] = self.rows.get(table, 0) + len(df)
 
     def close(self) -> None:
@@ -280,7 +299,8 @@ class _TableFiles:
             merged.replace(self.folder / f"{table}.csv")
 
 
-def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None) -> list[Ingested]:
+def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None,
+               ran: dict | None = None) -> list[Ingested]:
     """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of
     all inputs, each row's ``file`` naming its input; streamed inputs written as they are read),
     the bad lines to ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and
@@ -291,8 +311,11 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
     ladder's, a moe run's) or a folder ds4lab did not write is refused. Raises IngestError on the
     first bad input unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, an
     input given twice by path or by content, and an ``out`` that is or holds an input are errors
-    either way); ``out`` is left as it was then. ``progress(done_bytes, total_bytes)`` is called as
-    the inputs are read."""
+    either way); ``out`` is left as it was then. A write that fails (a full disk) raises
+    :class:`ds4lab.report.results.WriteFailed` (exit 1, as for every command: the inputs were good),
+    the tables whole so far kept. ``progress(done_bytes, total_bytes)`` is called as
+    the inputs are read. ``ran``: what sets this ingest apart, for the default folder (its inputs:
+    :func:`ds4lab.report.results.job_folder` keeps another ingest's results beside)."""
     from ..report import results
 
     out = Path(out)
@@ -309,7 +332,7 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
     meta = {"job": "ingest", "inputs": inputs, "lenient": lenient, "sites": sites}
     found: list[Ingested] = []
     try:
-        with results.job_folder(out, meta, OUTPUT_GLOBS, discard_on=(IngestError,)) as folder:
+        with results.job_folder(out, meta, OUTPUT_GLOBS, discard_on=(IngestError,), ran=ran) as folder:
             files = _TableFiles(folder)
             for spec in inputs:
                 r = ingest(Path(spec["path"]), lenient, sites, sink=files.add, progress=read)
@@ -320,13 +343,11 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
             files.close()
             problems = [p for r in found for p in r.problems]
             if problems:
-                pd.DataFrame(problems).to_csv(folder / "ingest_problems.csv", index=False)
+                results.write_csv(pd.DataFrame(problems), folder / "ingest_problems.csv")
             warned = [{"file": str(r.path), "warning": w} for r in found for w in r.warnings]
             if warned:
-                pd.DataFrame(warned).to_csv(folder / "ingest_warnings.csv", index=False)
+                results.write_csv(pd.DataFrame(warned), folder / "ingest_warnings.csv")
             meta.update(tables=files.rows, problems=len(problems), warnings=len(warned))
     except results.OutputError as e:
         raise IngestError(str(e)) from None
-    except results.WriteFailed as e:
-        raise IngestError(f"--out {out}: {e}") from None
     return found

@@ -12,6 +12,7 @@ no backend: the verdicts come from the sim's rules, the plans from a calibration
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from ..capture.stream import CAPTURE_MODES
 from ..errors import BadInput
+from .common import out_folder
 
 
 @dataclass
@@ -122,12 +124,15 @@ def run(cfg: AuditConfig, backend=None, console=None):
 
     check_config(cfg)
     first = Path(cfg.files[0]).name.split(".")[0] if cfg.files else "run"
-    out = Path(cfg.out or f"results/audit-{first}")
+    out, ran = out_folder(cfg.out, "audit", (first,),
+                          {"files": [os.path.abspath(f) for f in cfg.files], "program": list(cfg.program),
+                           "token_range": cfg.token_range, "modes": list(cfg.modes),
+                           "calibration": str(cfg.calibration) if cfg.calibration else None})
     meta = _meta(cfg)
     say = console.print if console is not None else (lambda *a, **k: None)
     # a trace the readers refuse, or one without tokens, is bad input: no result folder is left
     with results.job_folder(out, meta, audit_report.OUTPUTS, say=say if console is not None else None,
-                            discard_on=(BadInput,)) as folder:
+                            discard_on=(BadInput,), ran=ran) as folder:
         folder = Path(folder) if folder is not None else out
         tables = _sources(cfg, folder, out, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from .audit import AuditConfig, _meta
+from .common import out_folder
 
 
 @dataclass
@@ -58,19 +59,20 @@ def run(cfg: ValidateConfig, backend=None, console=None):
     ok, why = available()
     if not ok:
         raise BadInput(f"ds4lab audit validate: {why}")
-    out = Path(cfg.out or "results/audit-validate")
+    out, ran = out_folder(cfg.out, "audit-validate", (),
+                          {"engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES)})
     meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate", "inputs": None,
             "runs": [list(p) for p in pairs(cfg.engines, cfg.caches)], "dtypes": list(cfg.dtypes or DTYPES),
             "time_tolerance": TIME_TOLERANCE}
     say = console.print if console is not None else print
-    with results.job_folder(out, meta, ("validate.csv", "validate.md")) as folder:
+    with results.job_folder(out, meta, ("validate.csv", "validate.md"), ran=ran) as folder:
         folder = Path(folder) if folder is not None else out
         import pandas as pd
 
         def write(rows):  # after every run: a run cut short keeps what it measured
             df = pd.DataFrame(rows)
-            df.to_csv(folder / "validate.csv", index=False)
-            (folder / "validate.md").write_text(markdown(df))
+            results.write_csv(df, folder / "validate.csv")
+            results.write_text_atomic(folder / "validate.md", markdown(df))
 
         df = validate(cfg.engines, cfg.caches, folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write)
         write(df.to_dict("records"))

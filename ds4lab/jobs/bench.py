@@ -50,6 +50,6 @@ def run(cfg: BenchConfig, be, console) -> dict:
         def enc(o):
             return asdict(o) if is_dataclass(o) else str(o)
 
-        (folder / "bench.json").write_text(json.dumps(res, indent=2, default=enc) + "\n")
+        results.write_text_atomic(folder / "bench.json", json.dumps(res, indent=2, default=enc) + "\n")
     console.print(f"wrote {results.final_path(out) / 'bench.json'}")
     return res

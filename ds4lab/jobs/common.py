@@ -26,18 +26,19 @@ from ..errors import BadInput, CheckFailed
 
 #: Default model dimensions per job, on a GPU and off it (the sim or the NumPy executor). One
 #: table, so "which preset did I get" has one answer: on a GPU the jobs measure ds4-flash (``run``
-#: uses ``small`` so its reference check on the CPU stays short); on the CPU they model the
-#: smallest preset that keeps the job's structure and finishes in about a minute on two cores.
+#: uses ``small`` so its reference check on the CPU stays short); on the CPU every job models
+#: ``small`` (``run`` on the sim then models time only by default: computing ``small``'s numbers on
+#: the CPU takes minutes).
 DEFAULT_PRESETS = {
     #  job           GPU           CPU
-    "run":         ("small",     "tiny"),
+    "run":         ("small",     "small"),
     "ladder":      ("ds4-flash", "small"),
     "hazards":     ("ds4-flash", "small"),
     "moe":         ("ds4-flash", "small"),
-    "exclusion":   ("ds4-flash", "tiny"),
+    "exclusion":   ("ds4-flash", "small"),
     "calibrate":   ("small",     None),
     "bench":       ("ds4-flash", None),
-    "trace":       ("ds4-flash", "tiny"),
+    "trace":       ("ds4-flash", "small"),
     "context":     ("ds4-flash", "small"),
 }
 
@@ -97,6 +98,26 @@ def check_out_option(out) -> None:
     if not str(out).strip() or Path(out) == Path("."):
         raise OutputError(f"--out {str(out)!r} names no result folder (an empty path or the current directory "
                           "would mix this run's files with others): name a folder, for example results/<job>")
+
+
+def default_folder(job: str, *parts) -> "Path":
+    """A job's default result folder: ``results/<job>-<part>-...`` (the parts that set one run apart
+    from another by name: the hazard set, the preset, the backend; empty parts left out)."""
+    from pathlib import Path
+
+    return Path("results") / "-".join(str(p) for p in (job, *parts) if p not in (None, ""))
+
+
+def out_folder(out, job: str, parts=(), ran: dict | None = None) -> tuple:
+    """``(folder, ran)`` for a job's ``--out``: the folder as given (``ran`` None: a rerun into it
+    replaces what the same command wrote there), or, for None, :func:`default_folder` with ``parts``
+    and ``ran``, what the run ran (:func:`ds4lab.report.results.job_folder`: earlier results there
+    that ran something else are kept beside as ``.replaced-<time>``, never replaced)."""
+    from pathlib import Path
+
+    if out is not None:
+        return Path(out), None
+    return default_folder(job, *parts), dict(ran or {}, job=job)
 
 
 def modeled_banner(be) -> str | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..report import provenance, results
 from ..conformance import SCENARIOS, compare, run_scenarios
-from .common import BadInput, CheckFailed
+from .common import BadInput, CheckFailed, out_folder
 
 #: What the conformance job writes in its folder.
 CONFORMANCE_OUTPUTS = ("conformance.csv", "conformance-*.json", "expectations.csv")
@@ -17,10 +17,11 @@ CONFORMANCE_OUTPUTS = ("conformance.csv", "conformance-*.json", "expectations.cs
 
 @dataclass
 class ConformanceConfig:
-    """Arguments of ``ds4lab conformance``: scenario names (empty: all) and the result folder."""
+    """Arguments of ``ds4lab conformance``: scenario names (empty: all) and the result folder (None:
+    ``results/conformance-<backend>``)."""
 
     names: list[str] = field(default_factory=list)
-    out: Path | str = "results/conformance"
+    out: Path | str | None = None
 
 
 class Disagreement(CheckFailed):
@@ -71,20 +72,22 @@ def run(cfg: ConformanceConfig, be, console):
     if not can_capture(be):
         raise BadInput(f"the {be.name} backend has no runtime API to test; use cupy or sim")
     backends = [be] + ([make_backend("sim")] if be.is_gpu else [])
-    out = Path(cfg.out)
+    out, ran = out_folder(cfg.out, "conformance", (be.name,),
+                          {"backend": be.name, "scenarios": sorted(cfg.names) or "all"})
     meta = {"job": "conformance", "backends": {}}
     records = {}
-    with results.job_folder(out, meta, CONFORMANCE_OUTPUTS, say=console.print) as folder:
+    with results.job_folder(out, meta, CONFORMANCE_OUTPUTS, say=console.print, ran=ran) as folder:
         for b in backends:
             n = len(cfg.names) or len(SCENARIOS)
             with JobProgress(console, f"{b.name}: scenarios", n) as prog:
                 records[b.name] = run_scenarios(b, cfg.names or None, progress=lambda _: prog.advance())
             meta["backends"][b.name] = provenance.base_meta(b)
-            (folder / f"conformance-{b.name}.json").write_text(json.dumps(records[b.name], indent=1) + "\n")
+            results.write_text_atomic(folder / f"conformance-{b.name}.json",
+                                      json.dumps(records[b.name], indent=1) + "\n")
         df = compare(records)
-        df.to_csv(folder / "conformance.csv", index=False)
+        results.write_csv(df, folder / "conformance.csv")
         exp = expectation_mismatches(records)
-        exp.to_csv(folder / "expectations.csv", index=False)
+        results.write_csv(exp, folder / "expectations.csv")
         meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()),
                     expectation_mismatches={b: int((exp.backend == b).sum()) for b in records})
         exc = df[df.step.isin(["<exception>", "<unhandled>"])]

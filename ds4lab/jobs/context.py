@@ -12,14 +12,19 @@ so far (graphs captured, recaptures, retirements, invalidations).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import BadInput
 from ..experiments.ladder import Table
 from ..experiments.stages import CONTEXT_DEFAULT, parse_stages
-from .common import check_out_option, default_preset
+from ..token.config import get_preset
+from .common import check_out_option, default_preset, out_folder
 from .ladder import check_counts, execute_table, model_config
+
+#: The contexts ``ds4lab context`` runs when none are given: those the preset holds
+#: (:func:`default_contexts`).
+DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
 
 #: What the context job writes in its folder.
 CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
@@ -28,13 +33,14 @@ CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
 @dataclass
 class ContextConfig:
     """Arguments of ``ds4lab context`` (the command line reads its defaults from here): stages,
-    contexts (start positions, ascending), ``span`` (tokens compared bit for bit at each context),
+    contexts (start positions, ascending; None: :data:`DEFAULT_CONTEXTS`, those the preset holds:
+    :func:`default_contexts`), ``span`` (tokens compared bit for bit at each context),
     ``tokens`` timed per stage and context after ``warmup``, capture ``mode``, result folder (None:
     ``results/context-<preset>-<backend>``)."""
 
     stages: str = CONTEXT_DEFAULT
     preset: str | None = None
-    contexts: list[int] | str = field(default_factory=lambda: [1024, 4096, 16384, 65536])
+    contexts: list[int] | str | None = None
     span: int = 8
     tokens: int = 64
     warmup: int = 4
@@ -75,9 +81,28 @@ def parse_contexts(text) -> list[int]:
 def check_config(cfg: ContextConfig) -> None:
     """Checks that need no backend. Raises :class:`BadInput` naming the bad value."""
     parse_stages(cfg.stages, long_context=True)
-    parse_contexts(cfg.contexts)
+    if cfg.contexts is not None:
+        parse_contexts(cfg.contexts)
     check_counts(span=cfg.span, tokens=cfg.tokens, warmup=cfg.warmup)
     check_out_option(cfg.out)
+
+
+def default_contexts(cfg: ContextConfig, preset: str) -> list[int]:
+    """The contexts to run when ``cfg`` names none: :data:`DEFAULT_CONTEXTS` that ``preset``'s
+    long-context ``max_context`` holds with ``cfg``'s span, warm-up and tokens; where fewer than two
+    do (``tiny``: 4 096), an eighth, a quarter and a half of ``max_context``."""
+    limit = get_preset(preset, long_context=True).max_context
+
+    def fits(c: int) -> bool:
+        return table_of(replace(cfg, contexts=[c])).last_position() < limit
+
+    got = [c for c in DEFAULT_CONTEXTS if fits(c)]
+    if len(got) < 2:
+        got = [c for c in (limit // 8, limit // 4, limit // 2) if c >= 4 and fits(c)]
+    if not got:
+        raise BadInput(f"the {preset} preset's max_context {limit} holds no context with --tokens {cfg.tokens}, "
+                       f"--warmup {cfg.warmup} and --span {cfg.span}: give fewer tokens, or --contexts")
+    return got
 
 
 def table_of(cfg: ContextConfig) -> Table:
@@ -100,13 +125,21 @@ def run(cfg: ContextConfig, be, console):
             writing everything.
     """
     check_config(cfg)
-    table = table_of(cfg)
     preset = cfg.preset or default_preset("context", be)
+    if cfg.contexts is None:
+        cfg = replace(cfg, contexts=default_contexts(cfg, preset))
+        if list(cfg.contexts) != list(DEFAULT_CONTEXTS):
+            console.print(f"[yellow]note: the {preset} preset holds contexts up to "
+                          f"{get_preset(preset, long_context=True).max_context}: running contexts "
+                          f"{','.join(map(str, cfg.contexts))}[/]")
+    table = table_of(cfg)
     mcfg = model_config(preset, table, True, f"--contexts {max(table.contexts)} with --tokens {cfg.tokens} and "
                                              f"--warmup {cfg.warmup}")
-    out = Path(cfg.out or f"results/context-{preset}-{be.name}")
+    out, ran = out_folder(cfg.out, "context", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "stages": [s.name for s in table.stages],
+                           "contexts": list(table.contexts), "mode": cfg.mode})
     return execute_table("context", be, console, mcfg, preset, table, out, {"span": cfg.span}, CONTEXT_OUTPUTS,
-                         mode=cfg.mode)
+                         mode=cfg.mode, ran=ran)
 
 
 __all__ = ["CONTEXT_OUTPUTS", "ContextConfig", "check_config", "parse_contexts", "run", "table_of"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..report import provenance, results
 from ..token.config import get_preset
 from ..moeprof.exclusion import COLUMNS, MATRIX_COLUMNS, ROWS, TOLERANCE, agreement, pivot, run_matrix
-from .common import BadInput, default_preset, modeled_banner
+from .common import BadInput, default_preset, modeled_banner, out_folder
 
 #: What the exclusion job writes in its folder.
 EXCLUSION_OUTPUTS = ("exclusion.csv", "exclusion-sim.csv", "exclusion-agreement.csv", "exclusion.png",
@@ -20,12 +20,12 @@ EXCLUSION_OUTPUTS = ("exclusion.csv", "exclusion-sim.csv", "exclusion-agreement.
 class ExclusionConfig:
     """Arguments of ``ds4lab exclusion``: preset (None: the job's default), tokens per MoE call
     (2: the sorted-pairs path of MTP verification), MoE calls per overhead measurement (None: 100
-    on a GPU, 4 on the sim) and the result folder."""
+    on a GPU, 4 on the sim) and the result folder (None: ``results/exclusion-<preset>-<backend>``)."""
 
     preset: str | None = None
     tokens: int = 2
     overhead_calls: int | None = None
-    out: Path | str = "results/exclusion"
+    out: Path | str | None = None
 
 
 def run(cfg: ExclusionConfig, be, console):
@@ -52,13 +52,14 @@ def run(cfg: ExclusionConfig, be, console):
     if cfg.tokens > mcfg.max_tokens:
         raise BadInput(f"--tokens {cfg.tokens}: the {preset} preset takes at most {mcfg.max_tokens} tokens per "
                        "MoE call (its max_tokens; `ds4lab presets`)")
-    out = Path(cfg.out)
+    out, ran = out_folder(cfg.out, "exclusion", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "tokens": cfg.tokens})
     # outcomes need no numbers on the sim; its stamps come from the modeled timeline
     backends = [be] + ([make_backend("sim", timing_only=True)] if be.is_gpu else [])
     found, metas = {}, {}
     meta = provenance.base_meta(be)
     meta["job"] = "exclusion"
-    with results.job_folder(out, meta, EXCLUSION_OUTPUTS, say=console.print) as folder:
+    with results.job_folder(out, meta, EXCLUSION_OUTPUTS, say=console.print, ran=ran) as folder:
         for b in backends:
             m = provenance.base_meta(b)
             m.update(job="exclusion", preset=mcfg.summary(), tokens=cfg.tokens, modeled=b.models_time,
@@ -73,9 +74,9 @@ def run(cfg: ExclusionConfig, be, console):
 
             def on_cell(c, path=path, cells=cells):
                 cells.append(c)
-                pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)).to_csv(path, index=False)
+                results.write_csv(pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)), path)
 
-            with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS)) as prog:
+            with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS), eta=True) as prog:
                 df = run_matrix(b, mcfg, tokens=cfg.tokens, overhead_calls=cfg.overhead_calls,
                                 progress=prog.advance, on_cell=on_cell)
             found[b.name] = df
@@ -84,7 +85,7 @@ def run(cfg: ExclusionConfig, be, console):
         meta.update({**metas[be.name], "backends": metas})
         if len(found) > 1:
             ag = agreement(found["cupy"], found["sim"])
-            ag.to_csv(folder / "exclusion-agreement.csv", index=False)
+            results.write_csv(ag, folder / "exclusion-agreement.csv")
             bad = ag[~ag.agree]
             meta["agreement"] = {"cells": len(ag), "agree": int(ag.agree.sum()), "disagree": len(bad)}
             console.print(f"cupy vs sim: {int(ag.agree.sum())}/{len(ag)} cells agree")

@@ -10,7 +10,7 @@ from ..capture import stream as S
 from ..experiments.hazards import HAZARD_SETS, HAZARDS, demonstrate, hazard_names
 from ..report import provenance, results
 from ..token.config import get_preset
-from .common import BadInput, check_out_option, default_preset
+from .common import BadInput, check_out_option, default_preset, out_folder
 
 #: Every name ``--hazard`` takes: each hazard, and the sets ``all`` (the decode token's) and
 #: ``all-longctx`` (the long-context token's).
@@ -24,7 +24,7 @@ HAZARD_OUTPUTS = ("hazards.csv",)
 class HazardsConfig:
     """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``: which hazard, the preset (None:
     the job's default), the capture mode and the result folder (None:
-    ``results/hazards-<preset>-<backend>``)."""
+    ``results/hazards-<hazard>-<preset>-<backend>``: ``all`` and ``all-longctx`` each their own)."""
 
     hazard: str = "all"
     preset: str | None = None
@@ -55,20 +55,21 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
         raise BadInput("hazard demonstrations compare tensors: they need a backend that computes "
                        "(not the sim's timing-only mode)")
     mcfg = get_preset(cfg.preset or default_preset("hazards", be))
-    out = Path(cfg.out or f"results/hazards-{mcfg.name}-{be.name}")
+    out, ran = out_folder(cfg.out, "hazards", (cfg.hazard, mcfg.name, be.name),
+                          {"hazard": cfg.hazard, "preset": mcfg.name, "backend": be.name, "mode": cfg.mode})
     names = hazard_names(cfg.hazard)
     rows = []
     with S.graphs_enabled():
         meta = provenance.base_meta(be)
         meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
-        with results.job_folder(out, meta, HAZARD_OUTPUTS, say=console.print) as folder:
+        with results.job_folder(out, meta, HAZARD_OUTPUTS, say=console.print, ran=ran) as folder:
             console.print(f"[bold]ds4lab hazards[/] · {mcfg.name} · " + (
                 "on the simulated runtime: what CUDA does is the sim's capture rules (each checked on the H200 "
                 "by ds4lab conformance), not a GPU run" if be.name == "sim" else provenance.label(meta)))
             for n in names:
                 r = demonstrate(n, be, mcfg, mode=cfg.mode)
                 rows.append(r)
-                pd.DataFrame(rows).to_csv(Path(folder) / "hazards.csv", index=False)
+                results.write_csv(pd.DataFrame(rows), Path(folder) / "hazards.csv")
                 console.print(f"[bold]{n}[/] ({r['capture_mode']} capture, stage {r['stage']}): {r['outcome']} · "
                               f"errors {r['errors']} · exact {r['exact']}"
                               + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))

@@ -16,6 +16,7 @@ one holds no partial file.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from ..report import provenance, results
 from ..sim.calibration import backend_calibration
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset, is_ds4_flash
-from .common import CheckFailed, check_out_option, default_preset, modeled_banner
+from .common import CheckFailed, check_out_option, default_preset, modeled_banner, out_folder
 
 LADDER_OUTPUTS = ("ladder.csv", "ladder.png", "ladder.svg", "ladder.pdf")
 
@@ -43,7 +44,8 @@ class LadderConfig:
     ``tokens``: timed tokens per stage, split over ``rounds`` interleaved rounds; ``exact_tokens``:
     tokens compared bit for bit with stage 0 (0: skip); ``mode``: stream-capture mode (``global``,
     ``thread_local``, ``relaxed``; ds4's islands always capture in global mode); ``out``: result folder
-    (None: ``results/ladder-<preset>-<backend>``); ``start_pos``: the first decoded position;
+    (None: ``results/ladder-<preset>-<backend>``, ``-longctx`` added with ``long_context``);
+    ``start_pos``: the first decoded position;
     ``long_context``: the long-context token (compressed and indexed attention), where stage ``3c``
     exists.
     """
@@ -59,6 +61,10 @@ class LadderConfig:
     out: Path | str | None = None
     start_pos: int = START_POS
     long_context: bool = False
+
+
+#: Seconds of timing after which the ladder says once how long the rest will take (the pace so far).
+ESTIMATE_AFTER_S = 5.0
 
 
 class NotExact(CheckFailed):
@@ -139,23 +145,26 @@ def run(cfg: LadderConfig, be, console):
     if table.per_round * table.rounds != cfg.tokens:
         console.print(f"[yellow]note: {cfg.tokens} tokens in {table.rounds} rounds: {table.per_round} per round, "
                       f"{table.per_round * table.rounds} timed per stage[/]")
-    out = Path(cfg.out or f"results/ladder-{preset}-{be.name}")
+    out, ran = out_folder(cfg.out, "ladder", (preset, be.name, "longctx" if cfg.long_context else None),
+                          {"preset": preset, "backend": be.name, "stages": [s.name for s in table.stages],
+                           "long_context": cfg.long_context, "start_pos": cfg.start_pos, "mode": cfg.mode})
     meta = dict(start_pos=cfg.start_pos, long_context=cfg.long_context, rounds=table.rounds, nvtx=cfg.nvtx,
                 exact_tokens=cfg.exact_tokens)
     return execute_table("ladder", be, console, mcfg, preset, table, out, meta, LADDER_OUTPUTS, mode=cfg.mode,
-                         nvtx=cfg.nvtx)
+                         nvtx=cfg.nvtx, ran=ran)
 
 
 def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path, extra_meta: dict, outputs,
-                  *, mode: str, nvtx: bool = False):
+                  *, mode: str, nvtx: bool = False, ran: dict | None = None):
     """The one job shape of the ladder and the context ladder: announce, build, measure context by
     context inside ``job_folder``, writing the context being measured to ``<job>.partial.csv`` as it
     goes and each finished one to ``<job>.csv`` (the module docstring), then ``meta.json`` and the
     figure; raise :class:`NotExact` naming every stage (and context) that differs. A stopped run
-    records in ``meta["progress"]`` what it kept (and says it)."""
+    records in ``meta["progress"]`` what it kept (and says it). ``ran``: what sets the run apart, for
+    a default folder (:func:`ds4lab.jobs.common.out_folder`)."""
     import pandas as pd
 
-    from ..progress import JobProgress
+    from ..progress import JobProgress, duration
     from ..report import plots
 
     mem = {"weights_bytes": W.model_bytes(mcfg, True), "caches_bytes": W.cache_bytes(mcfg)}
@@ -173,7 +182,7 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
         # a NotExact run is written, then marked "failed"; a stopped one records how far it got
         now: dict = {"rows": None}  # the rows of the context being measured (None between contexts)
         done: list[dict] = []
-        with results.job_folder(out, meta, outputs, say=con.print,
+        with results.job_folder(out, meta, outputs, say=con.print, ran=ran,
                                 on_stop=lambda status: _stopped(con, job, table, done, now["rows"], meta)) as folder:
             # said inside the folder, before anything is allocated: a run stopped here is recorded as such
             con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
@@ -197,14 +206,40 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                 write(partial_path, rows)
 
             lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
-            steps = len(table.contexts) * table.per_round * table.rounds * len(table.stages)
-            with JobProgress(con, "timing stages", steps) as prog:
+            steps = lad.tokens_timed()
+            many = len(table.contexts) > 1
+            est = {"said": False, "t0": None, "stage": None}
+
+            def starting(c: int, rnd: int, stage: str) -> None:
+                est["stage"] = stage
+                prog.describe(("context " + str(c) + " · " if many else "") + f"round {rnd + 1}/{table.rounds} · "
+                              f"stage {stage}")
+
+            def tick() -> None:  # after every timed token (and its closing synchronize): cheap
+                prog.advance()
+                if est["said"]:
+                    return
+                now = time.perf_counter()  # a host clock for the estimate shown, nothing measured
+                if est["t0"] is None:
+                    est["t0"] = now
+                elif now - est["t0"] >= ESTIMATE_AFTER_S and prog.done < steps:
+                    est["said"] = True  # once: the bar (or a line each quarter) goes on estimating
+                    left = prog.remaining_s() or 0.0
+                    con.print(f"timing {steps} tokens ({len(table.stages)} stage{'s' if len(table.stages) > 1 else ''}"
+                              f" × {table.rounds} round{'s' if table.rounds > 1 else ''}"
+                              + (f" × {len(table.contexts)} contexts" if many else "")
+                              + f", warm-up included): about {duration(left)} left at the pace so far (stage "
+                              f"{est['stage']}; stages differ)")
+
+            with JobProgress(con, "timing stages", steps, eta=True) as prog:
                 for c in table.contexts:
                     partial(lad.partial_rows(c, {}, {}))
+                    prog.describe(f"exactness at {c}")
                     exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})))
                     floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
                     partial(lad.partial_rows(c, exact, floors))
-                    rows = lad.measure(c, exact=exact, floors=floors, progress=prog.advance, on_stage=partial)
+                    rows = lad.measure(c, exact=exact, floors=floors, progress=tick, on_stage=partial,
+                                       starting=lambda rnd, stage, c=c: starting(c, rnd, stage))
                     write(csv_path, done + rows)  # the finished contexts, as a finished run writes them
                     done += rows
                     partial_path.unlink()

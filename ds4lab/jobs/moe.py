@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..sim.calibration import backend_calibration
-from .common import BadInput, default_preset, modeled_banner
+from .common import BadInput, default_preset, modeled_banner, out_folder
 
 #: Token counts per step profiled by default: decode, MTP verification (2-3) and batches.
 TOKENS_PER_STEP_DEFAULT = (1, 2, 3, 16, 64, 256, 512)
@@ -119,7 +119,9 @@ def run(cfg: MoeConfig, be, console=None):
     if max(tokens) > mcfg.max_tokens:
         raise BadInput(f"--tokens-per-step {max(tokens)}: the {preset} preset takes at most {mcfg.max_tokens} "
                        "tokens per step (its max_tokens; `ds4lab presets`)")
-    out = Path(cfg.out or f"results/moe-{preset}-{be.name}")
+    out, ran = out_folder(cfg.out, "moe", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "modes": modes, "tokens_per_step": tokens,
+                           "routings": routings, "capture_mode": cfg.capture_mode})
     meta = provenance.base_meta(be)
     modeled = be.models_time
     meta.update(job="moe", preset=mcfg.summary(), modes=modes, tokens=tokens, routings=routings, steps=cfg.steps,
@@ -132,7 +134,7 @@ def run(cfg: MoeConfig, be, console=None):
                                         if be.timing_only else ""))
     meta["globaltimer"] = M.globaltimer_resolution(be)
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
-    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print) as folder:
+    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print, ran=ran) as folder:
         data, written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, folder, meta, modeled, con)
     shown = results.final_path(out)
     con.print("wrote " + ", ".join(str(shown / p.relative_to(folder)) for p in written))
@@ -162,7 +164,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     import pandas as pd
 
     from .. import moeprof as M
-    from ..report import plots, provenance
+    from ..report import plots, provenance, results
     from ..progress import JobProgress
 
     steps, warmup, regime, capture_mode = job.steps, job.warmup, job.regime, job.capture_mode
@@ -176,7 +178,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
     frames = []
     failures = []
     combos = [(m, r, t) for m in modes for r in routings for t in tokens]
-    with JobProgress(con, "moe profile", len(combos) * steps) as prog:
+    with JobProgress(con, "moe profile", len(combos) * steps, eta=True) as prog:
         for mode, routing, T in combos:
             prog.describe(f"{mode} · {routing} · {T} tok")
             try:
@@ -185,7 +187,8 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                     for rows in M.iter_profile(wb, mode, T, routing, steps, regime=regime, warmup=warmup,
                                                capture_mode=capture_mode, fallback=fallback):
                         df = pd.DataFrame(rows, columns=list(M.ROW_COLUMNS))
-                        df.to_csv(csv_path, mode="a", header=header, index=False)  # rows as they come
+                        with results.appending(csv_path):  # rows as they come, whole rows only
+                            df.to_csv(csv_path, mode="a", header=header, index=False)
                         header = False
                         frames.append(df)
                         prog.advance()
@@ -197,7 +200,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
             be.release_cached_memory()
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
     summ = with_fallbacks(M.summarize(data), data)
-    summ.to_csv(out / "summary.csv", index=False)
+    results.write_csv(summ, out / "summary.csv")
     # ds4's profile lines, one file per (mode, routing): the format has no field for either, so
     # the header names them and one file never mixes two.
     logs = []
@@ -207,7 +210,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                             header=f"ds4lab moe · mode={mode} · routing={routing} · " + provenance.label(meta))
         if lines:
             logs.append(out / f"moe-ds4-{mode}-{routing}.log")
-            logs[-1].write_text("\n".join(lines) + "\n")
+            results.write_text_atomic(logs[-1], "\n".join(lines) + "\n")
             if print_ds4:
                 for ln in lines:
                     print(ln, file=sys.stderr)
@@ -232,20 +235,20 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                     loads.append(wb.expert_load(ls[-1] if r != "hash" else ls[0], T, r))
                 except (RuntimeError, ValueError) as e:
                     failures.append({"mode": "expert_load", "routing": r, "tokens": T, "error": str(e)})
-        pd.DataFrame(loads).to_csv(out / "expert-load.csv", index=False)
+        results.write_csv(pd.DataFrame(loads), out / "expert-load.csv")
     figs = []
     figs += plots.save(plots.moe_stage_bars_figure(summ, meta), out / "moe-stages")
     figs += plots.save(plots.moe_stage_distribution_figure(data, meta, routing=routings[0]), out / "moe-distribution")
     if share_tokens:
         share = M.token_share(wb, tokens=share_tokens)
-        share.to_csv(out / "share.csv", index=False)
+        results.write_csv(share, out / "share.csv")
         meta["moe_share_median"] = float(share["share"].median())
         figs += plots.save(plots.moe_share_figure(share, meta), out / "moe-share")
         con.print(f"routed MoE share of an eager token: median {100 * meta['moe_share_median']:.1f} % "
                   f"({share['moe_us'].median():.0f} of {share['token_us'].median():.0f} µs)")
     if overhead:
         ov = M.overhead_table(wb, modes, tokens=4)
-        ov.to_csv(out / "overhead.csv", index=False)
+        results.write_csv(ov, out / "overhead.csv")
         con.print("µs per whole token with each mode (median; overhead vs none):")
         con.print(ov[["mode", "regime", "us_per_token", "overhead", "note"]].to_string(
             index=False, float_format=lambda v: f"{v:.1f}"))

@@ -37,13 +37,13 @@ import numpy as np
 
 from ..report import provenance, results
 from ..token import weights as W
-from ..token.config import MAX_POS, get_preset, is_ds4_flash
+from ..token.config import MAX_POS, get_preset
 from ..experiments.stages import token_id_at
 from ..capture.launch import Census
 from ..token.model import DecodeModel, TokenOptions
 from ..report.results import OutputError, ResultsCSV
 from ..timing import Stats, copy_bandwidth, sources, time_steps, token_bytes
-from .common import check_out_option, BadInput, CheckFailed, default_preset, modeled_banner
+from .common import check_out_option, BadInput, CheckFailed, default_preset, modeled_banner, out_folder
 
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured 1.05e-5 on
@@ -105,7 +105,7 @@ class RunConfig:
     """Arguments of ``ds4lab run`` (see ``ds4lab run --help``)."""
 
     backend: str = "auto"
-    preset: str | None = None  # None: "small" on a GPU, "tiny" on the CPU
+    preset: str | None = None  # None: "small" (DEFAULT_PRESETS)
     tokens: int = 64
     warmup: int = 8
     out: Path | str | None = None  # None: results/run-<preset>-<backend>; "" is refused
@@ -115,7 +115,7 @@ class RunConfig:
     per_layer_experts: bool = False
     seed: int = 1234
     options: TokenOptions = field(default_factory=TokenOptions)
-    #: sim only: model the timing without computing numbers. None: True for ds4-flash, else False.
+    #: sim only: model the timing without computing numbers. None: True, but False for tiny.
     timing_only: bool | None = None
     #: Run a CPU-computed model whose weights exceed CPU_WEIGHT_LIMIT anyway.
     force: bool = False
@@ -170,7 +170,7 @@ def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
     if rc.force:
         return est
     what = "the numpy backend" if be.name == "numpy" else f"the {be.name} backend with --compute"
-    alt = ("--backend sim (modeled timing in seconds, timing-only on ds4-flash)" if be.name == "numpy" else
+    alt = ("--backend sim (modeled timing in seconds, timing-only by default)" if be.name == "numpy" else
            "--timing-only (modeled timing in seconds, no numbers computed)")
     raise RunRefused(
         f"preset {cfg.name} on {what}: NumPy computes every launch on the CPU over {wb / 1e9:.1f} GB of weights "
@@ -243,8 +243,9 @@ class _Progress:
 
 def timing_only_for(rc: RunConfig) -> bool:
     """Whether the sim backend for ``rc`` models time only: ``rc.timing_only``, or by default True
-    for ``ds4-flash`` (computing it on the CPU takes minutes per token)."""
-    return is_ds4_flash(rc.preset) if rc.timing_only is None else bool(rc.timing_only)
+    for every preset but ``tiny`` (computing ``small``'s numbers on the CPU takes minutes, a
+    ``ds4-flash`` token minutes each; the modeled times and the census are the same either way)."""
+    return (rc.preset != "tiny") if rc.timing_only is None else bool(rc.timing_only)
 
 
 def check_config(rc: RunConfig) -> None:
@@ -284,7 +285,9 @@ def run(rc: RunConfig, be, console=None) -> dict:
     preset = rc.preset or default_preset("run", be)
     cfg = get_preset(preset, per_layer_experts=rc.per_layer_experts, seed=rc.seed)
     forced = check_cpu_cost(rc, be, cfg)
-    out = Path(rc.out) if rc.out is not None else Path(f"results/run-{preset}-{be.name}")
+    out, ran = out_folder(rc.out, "run", (preset, be.name),
+                          {"preset": preset, "backend": be.name, "options": rc.options.summary(),
+                           "start_pos": rc.start_pos, "per_layer_experts": rc.per_layer_experts})
     check_out(out)
 
     meta = provenance.base_meta(be)
@@ -300,7 +303,7 @@ def run(rc: RunConfig, be, console=None) -> dict:
     prog = _Progress()
     staging: list[Path] = []  # the folder job_folder hands the run (for what a stopped run records)
     try:
-        with results.job_folder(out, meta, RESULT_FILES, say=con.print,
+        with results.job_folder(out, meta, RESULT_FILES, say=con.print, ran=ran,
                                 on_stop=lambda status: _record_stop(staging[0], meta, prog, be, preset)) as folder:
             staging.append(folder)
             summary = _job(rc, be, cfg, preset, folder, meta, con, prog)
@@ -331,7 +334,7 @@ def write_census(census: Census, path: Path, be, preset: str) -> None:
     """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token)
     with ``backend``, ``preset`` and ``modeled`` on every row, as ``ladder.csv``
     (:func:`ds4lab.report.provenance.with_source_columns`)."""
-    provenance.with_source_columns(census.frame(), be.name, preset, be.models_time).to_csv(path, index=False)
+    results.write_csv(provenance.with_source_columns(census.frame(), be.name, preset, be.models_time), path)
 
 
 def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> None:

@@ -247,8 +247,10 @@ def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: flo
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        sites.to_csv(out / "per_op.csv", index=False)
-        launches.to_csv(out / "per_op_launches.csv", index=False)
+        from ..report.folder_io import write_csv
+
+        write_csv(sites, out / "per_op.csv")
+        write_csv(launches, out / "per_op_launches.csv")
         import matplotlib.pyplot as plt
 
         fig = roofline_figure(sites, summary, meta)

@@ -40,8 +40,10 @@ DS4_PREFIX = "ds4: CUDA MoE profile"
 #: ds4's stderr line (context file, "The routed MoE kernel sequence and its profile").
 DS4_LINE = ("ds4: CUDA MoE profile tokens={tokens} pairs={pairs} xq={xq} sort={sort} gateup={gateup} "
             "midq={midq} down={down} sum={sum} total={total} ms")
-#: a finite decimal number: never a lone "." or "e"
-FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+#: a finite decimal number: never a lone "." or "e". Each digit run has one way to match (no
+#: ``\d+\.?\d*``, which splits a run of n digits n ways and backtracks through all of them): a
+#: malformed line is rejected in time linear in its length.
+FLOAT = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 #: what ``%.3f`` prints for a non-finite value (C and Python)
 NONFINITE = r"[-+]?(?:nan|inf)"
 _NUM = rf"(?:{FLOAT}|{NONFINITE})"
@@ -108,35 +110,49 @@ def ds4_line_problem(line: str, *, total_is_sum: bool = True) -> str | None:
     tokens, pairs = int(m["tokens"]), int(m["pairs"])
     vals = {s: float(m[s]) for s in STAGES}
     if tokens < 1:
-        return f"tokens={m['tokens']}: a MoE call has at least one token"
+        return f"tokens={_clip(m['tokens'])}: a MoE call has at least one token"
     for s in STAGES:
         if not math.isfinite(vals[s]):
-            return f"{s}={m[s]} is not a finite time"
+            return f"{s}={_clip(m[s])} is not a finite time"
         if vals[s] < 0:
-            return f"{s}={m[s]} is a negative time"
+            return f"{s}={_clip(m[s])} is a negative time"
     if pairs < tokens or pairs % tokens:
-        return f"pairs={pairs} is not a positive multiple of tokens={tokens}"
+        return f"pairs={_clip(m['pairs'])} is not a positive multiple of tokens={_clip(m['tokens'])}"
     if total_is_sum:
         staged = sum(vals[s] for s in MOE_STAGES)
         if abs(vals["total"] - staged) > TOTAL_SLACK_MS + 1e-9:
-            return (f"total={m['total']} is not the sum of the stages ({staged:.3f} ms): off by "
+            return (f"total={_clip(m['total'])} is not the sum of the stages ({staged:.3f} ms): off by "
                     f"{abs(vals['total'] - staged):.3f} ms, more than the rounding ({TOTAL_SLACK_MS:.3f} ms)")
     return None
 
 
+def _clip(value: str, quote: bool = False, keep: int = 40) -> str:
+    """A field's value as a message shows it: whole up to ``keep`` characters (quoted with
+    ``quote``), else its start and its length, so a 400 KB field makes a one-line message."""
+    if len(value) <= keep:
+        return repr(value) if quote else value
+    head = repr(value[:keep]) if quote else value[:keep]
+    return f"{head}... ({len(value)} characters)"
+
+
 def _why_no_match(body: str) -> str:
-    """What is wrong with a ds4 profile line that does not match: the first bad or missing field."""
-    fields = dict(re.findall(r"(\w+)=(\S*)", body))
+    """What is wrong with a ds4 profile line that does not match: the first bad or missing field.
+    Linear in the line's length (its words split once; no search that rescans a long word)."""
+    fields = {}
+    for word in body.split():
+        key, eq, value = word.partition("=")
+        if eq and re.fullmatch(r"\w+", key):
+            fields[key] = value
     for k in ("tokens", "pairs"):
         if k not in fields:
             return f"no {k}="
         if not re.fullmatch(r"\d+", fields[k]):
-            return f"{k}={fields[k]!r} is not a whole number"
+            return f"{k}={_clip(fields[k], quote=True)} is not a whole number"
     for s in STAGES:
         if s not in fields:
             return f"no {s}="
         if not re.fullmatch(_NUM, fields[s]):
-            return f"{s}={fields[s]!r} is not a number"
+            return f"{s}={_clip(fields[s], quote=True)} is not a number"
     return "fields out of order, or extra text; expected tokens= pairs= " + " ".join(
         f"{s}=" for s in STAGES) + " ms"
 

@@ -195,7 +195,9 @@ def _status(t: Table) -> str | None:
 
 
 def _tag(t: Table) -> str:
-    """MODELED, or where the numbers come from."""
+    """MODELED, or where the numbers come from: the device its ``meta.json`` names, the table's own
+    provenance columns, what the folder's ``meta.json`` says it is (an ingest's input formats) when
+    it names no device, and only with no ``meta.json`` at all ``provenance unknown: no meta.json``."""
     m = t.meta or {}
     modeled = _truthy(m.get("modeled"))
     if "modeled" in t.df:
@@ -210,8 +212,15 @@ def _tag(t: Table) -> str:
         if col in t.df:
             vals = [str(v) for v in t.df[col].dropna().unique() if str(v)]
             if vals:
-                s = ", ".join(vals[:3]) + (" backend, no meta.json" if col == "backend" else "")
+                s = ", ".join(vals[:3]) + (" backend" + ("" if t.meta else ", no meta.json") if col == "backend"
+                                           else "")
                 return s if len(s) <= 60 else s[:59] + "…"
+    if t.meta is not None:  # a meta.json that names no device: say what it does name
+        if m.get("job") == "ingest":
+            inputs = m.get("inputs") if isinstance(m.get("inputs"), list) else []
+            kinds = list(dict.fromkeys(str(i["kind"]) for i in inputs if isinstance(i, dict) and i.get("kind")))
+            return (f"ingested {', '.join(kinds[:3])}" if kinds else "ingested") + ", no device recorded"
+        return (f"ds4lab {m['job']}" if m.get("job") else "meta.json") + ", no device recorded"
     return "provenance unknown: no meta.json"
 
 
@@ -528,7 +537,7 @@ def moe_fallbacks(t: Table) -> tuple[int, int]:
 COMPARE_OUTPUTS = ("compare_*.png", "compare_*.svg", "compare_*.pdf")
 
 
-def compare(dirs, out: Path, warn=None) -> list[Path]:
+def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> list[Path]:
     """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each
     context every source holds, IQR whiskers, what a source lacks written in the figure), MoE stage
     medians (ms per stage), kernel totals
@@ -541,9 +550,12 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
     ``out`` is a result folder (:func:`ds4lab.report.results.job_folder`: written aside, locked,
     swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
     folder ds4lab did not write is refused). Returns the figure paths (PNG, SVG, PDF) in ``out``.
-    Raises CompareError (nothing written) for a folder given twice (by path or content), a folder
-    without a drawable table, an unreadable table or meta file, or an ``out`` that cannot be a
-    folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs."""
+    Raises :class:`ds4lab.report.results.WriteFailed` after the work began (a full disk; exit 1, as
+    for every command), and CompareError (nothing written) for a folder given twice (by path or
+    content), a folder without a drawable table, an unreadable table or meta file, or an ``out``
+    that cannot be a folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs.
+    ``ran``: what sets this comparison apart, for the default folder (its sources:
+    :func:`ds4lab.report.results.job_folder` keeps another comparison's figures beside)."""
     from . import plots, results
     from ..ingest import IngestError, check_out_dir
 
@@ -564,13 +576,11 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
             "labels": [t.label for t in tables], "modeled": any(t.modeled for t in tables)}
     written = []
     try:
-        with results.job_folder(out, meta, COMPARE_OUTPUTS) as folder:
+        with results.job_folder(out, meta, COMPARE_OUTPUTS, ran=ran) as folder:
             for fig, stem in figs:
                 written += [out / p.name for p in plots.save(fig, folder / stem)]
     except results.OutputError as e:
         raise CompareError(str(e)) from None
-    except results.WriteFailed as e:
-        raise CompareError(f"--out {out}: {e}") from None
     finally:
         import matplotlib.pyplot as plt
 

@@ -8,6 +8,7 @@ import contextlib
 import errno as _errno
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -191,6 +192,60 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise WriteFailed(f"cannot write {path}: {os_reason(e)}", e.errno) from e
 
 
+@contextlib.contextmanager
+def whole_file(path: Path):
+    """Write one result file whole or not at all: yields ``path.tmp`` beside ``path`` to write the
+    whole file to, renamed to ``path`` when the block ends; on any error (a full disk) or an
+    interrupt the temporary file is removed and the exception goes on. A file under its final name
+    is therefore always complete; :func:`remove_tmp_files` clears what a killed run left."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        _not_written(e, path)
+        raise
+
+
+def write_csv(df, path: Path, **kwargs) -> None:
+    """``df.to_csv(path, **kwargs)`` through :func:`whole_file` (``index=False`` unless given)."""
+    kwargs.setdefault("index", False)
+    with whole_file(path) as tmp:
+        df.to_csv(tmp, **kwargs)
+
+
+@contextlib.contextmanager
+def appending(path: Path):
+    """Around an append to a file that grows as a run goes (rows as they come): an append that fails
+    part way (a full disk) or is interrupted is cut back to the size the file had before it, and a
+    file it created is removed, so the file holds whole rows only. Yields ``path``."""
+    path = Path(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None
+    try:
+        yield path
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            if size is None:
+                path.unlink()
+            else:
+                os.truncate(path, size)
+        if size is None:
+            _not_written(e, path)
+        raise
+
+
+def _not_written(e: BaseException, path: Path) -> None:
+    """Note on ``e`` (``files_not_written``) the file whose write it cut, for ``meta.json``."""
+    with contextlib.suppress(Exception):
+        e.files_not_written = [*getattr(e, "files_not_written", ()), Path(path).name]
+
+
 def probe_write(folder: Path) -> None:
     """Create, write and remove a probe file in ``folder`` (raises the OSError of the step that fails)."""
     probe = folder / f".ds4lab-write-probe-{os.getpid()}"
@@ -319,6 +374,36 @@ def exchange_paths(a: Path, b: Path) -> bool:
     if err in (_errno.ENOSYS, _errno.EINVAL, _errno.ENOTSUP if hasattr(_errno, "ENOTSUP") else -1):
         return False
     raise OSError(err, os.strerror(err), str(a))
+
+
+def _mountinfo_points() -> set[str]:
+    """The mount points /proc/self/mountinfo lists (empty where there is no such file)."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return set()
+    points = set()
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:  # the fifth field, with spaces and the like escaped as octal (\\040)
+            points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether the folder ``path`` is a mount point (a disk, a container volume, a bind mount): the
+    system's own test (another device than its parent) or a line of ``/proc/self/mountinfo`` (a
+    bind mount of a folder of the same file system). Such a folder cannot be renamed or replaced
+    (``EBUSY``)."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return False
+        if os.path.ismount(path):
+            return True
+    except OSError:
+        return False
+    return os.path.realpath(path) in _mountinfo_points()
 
 
 def free_name(base: Path) -> Path:

@@ -79,14 +79,18 @@ def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
     """Write ``fig`` as ``stem.png``, ``stem.svg`` and ``stem.pdf`` (or ``formats``), then close it in
     pyplot (written or not): pyplot holds every open figure, so a notebook or a session running many
     jobs would keep them all, and Jupyter would draw a job's figure again at the end of its cell. The
-    figure object still displays (``fig`` as a cell's last line). Returns paths."""
+    figure object still displays (``fig`` as a cell's last line). Each file is written under a
+    temporary name and renamed when whole (a full disk leaves no cut figure). Returns paths."""
+    from .folder_io import whole_file
+
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = []
     try:
         for f in formats:
             p = stem.with_suffix("." + f)
-            fig.savefig(p, bbox_inches="tight")
+            with whole_file(p) as tmp:
+                fig.savefig(tmp, bbox_inches="tight", format=f)
             out.append(p)
     finally:
         plt.close(fig)
@@ -179,10 +183,13 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
     the bar is hatched and says "eager fallback N/M": its times are eager times.
     ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage times
     (graph-boundary, nvtx) are left out; absolute times per stage are in
-    :func:`moe_stage_distribution_figure` and ``summary.csv``."""
+    :func:`moe_stage_distribution_figure` and ``summary.csv``. On the sim's timing-only mode
+    (``meta["sim_timing_only"]``) every routing is priced as uniform routing: the figure says so in
+    its title and in each other routing's panel, whose bars would otherwise look measured alike."""
     import numpy as np
 
     stages = _moe_stages()
+    as_uniform = bool(meta.get("sim_timing_only"))
     s = summary[summary["stage"].isin(stages + ("total",))]
     have = set(s[s["stage"].isin(stages)]["mode"])
     known = ("host-timed", "deferred", "graph-boundary", "in-graph", "cupti", "nvtx")
@@ -228,16 +235,20 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
                     ax.text(xi, 101.5, _us(t), ha="center", va="bottom", fontsize=6.5)
                 ax.set_ylim(0, 112)
                 ax.set_xticks(x, [str(t) for t in piv.index], fontsize=7)
-                ax.set_title(f"{m} · {r}", fontsize=8)
+                ax.set_title(f"{m} · {r}" + (" (priced as uniform)" if as_uniform and r != "uniform" else ""),
+                             fontsize=8)
                 if j == 0:
                     ax.set_ylabel("share of the MoE call (%)")
                 if i == len(modes) - 1:
                     ax.set_xlabel("tokens per step")
         h, lab = axes[0][0].get_legend_handles_labels()
         fig.legend(h, lab, loc="lower center", ncol=len(lab), frameon=False, fontsize=7)
-        fig.suptitle(provenance_title(meta, "Routed-MoE call by ds4 profile stage (median total above each bar)"),
-                     fontsize=9)
-        fig.tight_layout(rect=(0, 0.035, 1, 0.97))
+        title = provenance_title(meta, "Routed-MoE call by ds4 profile stage (median total above each bar)")
+        if as_uniform:
+            title += ("\ntiming-only sim: every routing is priced as uniform routing, so its columns show one "
+                      "model (--sim-compute, or a GPU, routes them)")
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout(rect=(0, 0.035, 1, 0.97 if not as_uniform else 0.94))
         return fig
 
 

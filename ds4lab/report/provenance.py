@@ -15,14 +15,19 @@ from .. import __version__
 
 def git_revision() -> str | None:
     """The checkout's commit (with ``-dirty`` when it has changes), or None outside git."""
+    import os
+
     root = Path(__file__).resolve().parents[2]
+    # a read-only look: git status would otherwise refresh the checkout's index, taking its lock
+    # (and, cut by a full disk or a file size limit, could leave index.lock behind)
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=5)
+                             capture_output=True, text=True, timeout=5, env=env)
         if rev.returncode:
             return None
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5, env=env).stdout.strip()
         return rev.stdout.strip() + ("-dirty" if dirty else "")
     except Exception:
         return None

@@ -9,7 +9,9 @@ The life of a result folder ``OUT`` (:func:`job_folder`):
    same command (its ``meta.json`` names the job). A folder holding a ``meta.json`` ds4lab did not
    write, files without a ds4lab ``meta.json`` (a user's own ``ladder.csv``), or another command's
    results is refused, naming them (:class:`OutputError`, exit 2). A run into a folder another
-   run is writing is refused with that run's PID and host.
+   run is writing is refused with that run's PID and host. A mount point (a disk or a container
+   volume of its own) is refused too, naming a folder inside it: it cannot be renamed (``EBUSY``),
+   so the finished run could not be swapped in.
 2. **Lock.** ``.OUT.ds4lab.lock`` beside ``OUT`` (:class:`Lock`: ``flock``, released by the kernel
    when the process dies, so a killed run never leaves it stale; it holds ``{"pid", "host"}``).
 3. **Staging.** The job writes into ``.OUT.ds4lab-staging`` beside ``OUT`` (the folder the ``with``
@@ -21,7 +23,9 @@ The life of a result folder ``OUT`` (:func:`job_folder`):
    ``OUT`` that ds4lab did not write (a user's notes), and files it wrote whose bytes no longer match
    the recorded SHA-256 (a user's edit), are moved into the new one, or, when one is named like a
    file this run wrote, the whole earlier folder is kept beside as ``OUT.replaced-<time>``; the
-   console names them. The earlier results are then removed.
+   console names them. The earlier results are then removed, unless they ran another experiment
+   than this run (a job's default folder, ``ran``: another hazard set, preset or backend): then
+   they are kept whole beside as ``OUT.replaced-<time>``.
 5. **Interrupted (Ctrl-C, SIGTERM, SIGHUP) or failed**: ``meta.json`` says ``interrupted``,
    ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed: <error>``; the partial results
    become ``OUT`` when there were no earlier results there, and otherwise go beside it as
@@ -62,14 +66,15 @@ from pathlib import Path
 from ..errors import interrupt_status
 from .folder_io import (LOCK_NAME, LOCK_SUFFIX, OLD_SUFFIX, STAGING_SUFFIX, FolderLock, Lock,
                         OutputError, WriteFailed, exchange_paths, free_name, held_by_live_process,
-                        install_stop_signals, is_empty_dir, load_json_or_none, lock_holder, lock_path,
-                        make_parents, os_reason, output_file, pid_alive, probe_write, refuse_no_folder,
-                        remove_made, remove_tmp_files, signals_held, stop_signals, write_text_atomic)
+                        install_stop_signals, is_empty_dir, is_mount_point, load_json_or_none, lock_holder,
+                        lock_path, make_parents, os_reason, output_file, pid_alive, probe_write,
+                        refuse_no_folder, remove_made, remove_tmp_files, signals_held, stop_signals,
+                        write_text_atomic, appending, whole_file, write_csv)
 
 __all__ = ["LOCK_NAME", "LOCK_SUFFIX", "STAGED_AS_ENV", "FolderLock", "Lock", "OutputError", "ResultsCSV",
            "WriteFailed", "check_out", "final_path", "held_by_live_process", "install_stop_signals", "job_folder",
            "lock_holder", "lock_path", "output_file", "read_meta", "staged_env", "stop_signals", "strict_json",
-           "write_meta", "write_text_atomic"]
+           "write_meta", "write_text_atomic", "appending", "whole_file", "write_csv"]
 
 #: Files of ds4lab's own in a result folder, whatever the job.
 _OWN_FILES = ("meta.json", "meta.json.tmp", LOCK_NAME)
@@ -225,8 +230,16 @@ class ResultsCSV:
         self._f.flush()
 
     def add(self, metric: str, value, unit: str, source: str, token: int | str = "") -> None:
-        self._w.writerow((metric, value, unit, token, source))
-        self._f.flush()
+        """Append one row and flush it; a row that cannot be written whole (a full disk) is cut off
+        again, so the file holds whole rows only, and the error goes on."""
+        at = self._f.tell()
+        try:
+            self._w.writerow((metric, value, unit, token, source))
+            self._f.flush()
+        except OSError:
+            with contextlib.suppress(OSError, ValueError):
+                self._f.truncate(at)
+            raise
 
     def close(self) -> None:
         self._f.close()
@@ -285,8 +298,10 @@ def check_out(out: Path, result_files=()) -> None:
 class _Target:
     """What :func:`job_folder` does, step by step, for one ``out``."""
 
-    def __init__(self, out, job: str | None, outputs, say) -> None:
+    def __init__(self, out, job: str | None, outputs, say, ran=None) -> None:
         refuse_no_folder(out)
+        self.ran = _plain(ran) if ran is not None else None
+        self.ran_before = None  # what the earlier results ran, when it differs from ``ran`` (they stay whole)
         self.shown = final_path(out)  # as the user named it (where it will be: final_path), for messages
         self.job = job
         self.outputs = tuple(outputs)
@@ -318,6 +333,10 @@ class _Target:
         out = self.out
         if out.exists() and not out.is_dir():
             fail("it is an existing file, not a folder" if out.is_file() else "it exists and is not a folder")
+        if is_mount_point(out):  # the finished folder is swapped in by a rename, which a mount point refuses
+            fail("it is a mount point (a disk or a volume of its own), and ds4lab puts a finished run in "
+                 "place by renaming a folder, which a mount point cannot take (EBUSY); name a folder inside "
+                 f"it, for example {self.shown / (self.job or 'results')}")
         self.made = make_parents(out, fail)
         try:
             try:
@@ -403,6 +422,8 @@ class _Target:
         if isinstance(sums, dict):
             self.prev_sha256 = {n: h for n, h in sums.items() if n in self.prev_files and isinstance(h, str)}
         self.had_results = True
+        if self.ran is not None and meta.get("ran") != self.ran:  # another experiment: not a rerun of this one
+            self.ran_before = meta.get("ran") if isinstance(meta.get("ran"), dict) else {}
 
     # -- after
     def finish(self, meta: dict, ok: bool) -> Path:
@@ -439,7 +460,7 @@ class _Target:
             shutil.rmtree(self.old, ignore_errors=True)
         if carried:
             self._note(f"{self.shown}: kept {self._whose(carried)}")
-        if self.had_results:
+        if self.had_results and self.ran_before is None:
             self._note(f"results in {self.shown}/ (the earlier results there replaced)")
         elif self.say is not None:
             self.say(f"results in {self.shown}/")
@@ -448,7 +469,7 @@ class _Target:
     def _swap(self, out: Path, new: Path) -> list[str]:
         """Swap ``new`` in for the earlier ``out`` (atomically where the system can), carrying the
         earlier folder's files ds4lab did not write; returns their names."""
-        carried, clash = self._carry(out, new)
+        carried, clash = self._carry(out, new) if self.ran_before is None else ([], [])
         if exchange_paths(new, out):  # new now holds the earlier results
             os.rename(new, self.old)
         else:
@@ -459,6 +480,11 @@ class _Target:
             os.rename(self.old, dest)
             self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
                        f"{self._whose(clash)}, named like files this run wrote")
+        elif self.ran_before is not None:  # another experiment's results: kept whole, beside
+            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+            os.rename(self.old, dest)
+            self._note(f"{self.shown}: kept the earlier results as {dest.name}: they ran "
+                       f"{_differs(self.ran_before, self.ran)}")
         return carried
 
     def _drop_edited(self) -> None:
@@ -510,9 +536,31 @@ class _Target:
             self.lock = None
 
 
+def _plain(value):
+    """``value`` as it reads back from ``meta.json`` (tuples as lists, non-finite numbers as null,
+    other values as text), so a recorded ``ran`` compares equal to the one that wrote it."""
+    return json.loads(json.dumps(strict_json(value), default=str))
+
+
+def _differs(before: dict, now: dict) -> str:
+    """What the earlier run ran that this one does not, for a message: ``hazards='all' (this run:
+    'all-longctx')``, each setting that differs."""
+    if not before:
+        return "settings that its meta.json does not record"
+    keys = [k for k in dict.fromkeys([*before, *now]) if before.get(k) != now.get(k)]
+    return ", ".join(f"{k}={before.get(k)!r} (this run: {now.get(k)!r})" for k in keys) or "other settings"
+
+
 def _own_files(folder: Path) -> list[str]:
-    """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` left out."""
-    return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES)
+    """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` and the
+    temporaries of writes not finished (``*.tmp``: :func:`whole_file`) left out: each file listed is
+    whole."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES and not p.name.endswith(".tmp"))
+
+
+def _unfinished(folder: Path) -> list[str]:
+    """The files whose write had not finished (their ``*.tmp`` temporaries), by their final names."""
+    return sorted(p.name[:-4] for p in folder.iterdir() if p.name.endswith(".tmp") and p.name not in _OWN_FILES)
 
 
 def _sha256_of(path: Path) -> str | None:
@@ -550,7 +598,7 @@ def _as_write_failed(e: OSError, folder: Path) -> WriteFailed:
 
 
 @contextlib.contextmanager
-def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=()):
+def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=(), ran=None):
     """The life of one result folder around a command's work (the module docstring's steps):
     ``with job_folder(out, meta, OUTPUTS) as folder:`` and the command writes every file into
     ``folder`` (the staging folder), never into ``out``.
@@ -559,7 +607,10 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
         out: the result folder (``--out``).
         meta: what ``meta.json`` records; ``job`` names the command (a folder holding another
             command's results is refused). This function adds ``ds4lab`` (the version),
-            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote),
+            ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (what the run wrote, each
+            file whole: the jobs write through :func:`whole_file` or :func:`appending`),
+            ``files_not_written`` (files whose write was cut by a failure or an interrupt; none is
+            left, whole or cut),
             ``file_sha256`` (the SHA-256 of each of those that is a plain file: a rerun keeps one
             edited since as it keeps a user's files), the ``sha256`` and ``shipped`` of every
             ``calibration`` entry, ``traceback`` for a failure and ``kept_in`` (where partial
@@ -573,6 +624,11 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
             :func:`final_path` does.
         discard_on: exception types that mean the input was bad (``ingest`` reading a malformed
             line): the staging folder is removed and ``out`` left as it was, nothing kept.
+        ran: what this run ran, as far as it sets one experiment apart from another (the hazard set,
+            the preset, the backend, the inputs), for a job's default folder: recorded in
+            ``meta.json`` (``ran``); earlier results in ``out`` that ran something else (or do not
+            say) are not replaced but kept whole beside it as ``OUT.replaced-<time>``, and the
+            console says what differed. None: any earlier results of the same command are replaced.
 
     Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``,
     ``interrupted (SIGHUP)`` (the exception goes on; partial results kept); ``failed: <error>``
@@ -588,7 +644,9 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
     """
     from ..errors import CheckFailed
 
-    t = _Target(out, meta.get("job"), outputs, say)
+    t = _Target(out, meta.get("job"), outputs, say, ran)
+    if ran is not None:
+        meta["ran"] = t.ran
     folder = t.open()
     done = False  # the folder was swapped in or placed: nothing left to do
     try:
@@ -606,6 +664,9 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 finally:
                     meta["files"] = _own_files(folder)
                     meta["file_sha256"] = _file_sha256(folder, meta["files"])
+                    unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
+                    if unfinished:  # their writes were cut (a full disk, an interrupt): not kept
+                        meta["files_not_written"] = unfinished
             except CheckFailed as e:  # finished, a check failed: the results stand, with that status
                 meta["status"] = _failure_status(e)
                 meta["traceback"] = traceback.format_exc()

@@ -78,7 +78,7 @@ class TraceConfig:
 
     Attributes:
         preset: model dimensions (``ds4lab.token.config.PRESETS``); None: the job's default
-            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, tiny on the sim).
+            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, small on the sim).
         stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each;
             None: ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a
             capture runs it: work that bypasses the accessor then shows on the legacy stream).
@@ -242,6 +242,10 @@ class CuptiKernelSource:
             self.sub.close()
 
 
+#: The device the sim's modeled work runs on: one GPU, CUDA's first (as ``cudaGetDevice`` says).
+SIM_DEVICE = 0
+
+
 class SimKernelSource:
     """A modeled device timeline (the backend contract's ``trace_records``: the sim's cost-model
     schedule) as kernel records, MODELED; ``clock_ns`` is the backend's host clock (the sim's
@@ -277,7 +281,8 @@ class SimKernelSource:
             out.append({"name": name, "kind": kind, "start_ns": start * 1e3, "end_ns": end * 1e3,
                         "stream": str(stream), "graph_id": 0 if graph is None else int(graph),
                         "graph_node_id": 0 if graph is None else node,
-                        "correlation": self.log.corr_of.pop(first + j, -1), "stream_id": sid, "stream_type": skind})
+                        "correlation": self.log.corr_of.pop(first + j, -1), "stream_id": sid, "stream_type": skind,
+                        "device": SIM_DEVICE})
             if graph is not None:
                 node += 1
         for i in [i for i in self.log.corr_of if i < since]:
@@ -361,7 +366,7 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
         ds4lab.report.results.OutputError: an ``out`` that cannot be written.
     """
     from ..token.config import get_preset
-    from ..jobs.common import default_preset, modeled_banner, open_backend
+    from ..jobs.common import default_preset, modeled_banner, open_backend, out_folder
 
     st_list = check_config(config)
     be = backend if backend is not None else open_backend("auto", timing_only=True)
@@ -369,7 +374,9 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     cfg = get_preset(preset)
     src = kernel_source(be)
     # a hazard's trace has its own default folder: a plain trace (or another hazard's) is not replaced by it
-    out = Path(config.out or f"results/trace-{preset}-{be.name}" + (f"-{config.hazard}" if config.hazard else ""))
+    out, ran = out_folder(config.out, "trace", (preset, be.name, config.hazard),
+                          {"preset": preset, "backend": be.name, "hazard": config.hazard,
+                           "stages": [s.name for s in st_list], "capture_mode": config.capture_mode})
     meta = provenance.base_meta(be)
     modeled = bool(be.models_time)
     meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
@@ -384,7 +391,7 @@ def run_trace(config: TraceConfig, backend=None, console=None) -> TraceResult:
     if banner:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
-    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS, say=say) as folder:
+    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS, say=say, ran=ran) as folder:
         kern, nvtx, api = _trace(be, cfg, st_list, config, src, say, meta)
         files = [out / p.name for p in _write(folder, kern, nvtx, meta, api)]
     return TraceResult(out, kern, nvtx, meta, files, api)
@@ -654,7 +661,7 @@ def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
     files.append(p)
     for name, df in (("trace_kernels.csv", kern), ("trace_nvtx.csv", nvtx),
                      ("trace_api.csv", api if api is not None else pd.DataFrame(columns=API_COLUMNS))):
-        labelled(df, meta).to_csv(out / name, index=False)
+        results.write_csv(labelled(df, meta), out / name)
         files.append(out / name)
     import matplotlib.pyplot as plt
 
