@@ -24,7 +24,7 @@ def test_every_command_has_a_short_row():
     from ds4lab.cli import main
 
     rows = [line for line in LINES if line.startswith("| `ds4lab ")]
-    named = {re.match(r"\| `ds4lab ([a-z-]+)", r).group(1) for r in rows}
+    named = {re.match(r"\| `ds4lab ([a-z0-9-]+)", r).group(1) for r in rows}
     assert set(main.commands) <= named, f"commands without a row: {sorted(set(main.commands) - named)}"
     for r in rows:
         assert len(r) <= 160, f"a row longer than two lines ({len(r)} characters): {r[:60]}..."
@@ -37,9 +37,11 @@ def test_the_pages_and_the_figure_it_links_exist():
         assert f"docs/{page}.md" in README and (ROOT / "docs" / f"{page}.md").is_file()
 
 
-def test_ds4_itself_has_its_placeholder():
+def test_ds4_itself_says_how_to_run_it_and_where_it_stands():
     i = LINES.index("## ds4 itself")
-    assert [line for line in LINES[i + 1:i + 4] if line.strip()][0] == "see docs/ds4.md"
+    section = "\n".join(LINES[i + 1:i + 16])
+    assert "ds4lab ds4 --source" in section and "docs/ds4.md" in section
+    assert "MODELED" in section, "a figure without a measurement says it is modeled"
 
 
 def test_ci_runs_the_readmes_test_command():

@@ -47,7 +47,7 @@ def _ints(text: str) -> tuple:
 @click.option("--cache", type=click.Path(), default=None,
               help="Build and model cache (default: $DS4LAB_CACHE or ~/.cache/ds4lab).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Synthetic weights and the prompt's tokens.")
-@click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4.")
+@click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4-<commit> (e.g. results/ds4-b0309611).")
 def ds4(source, model, configs, contexts, tokens, warmup, trace_contexts, trace_tokens, arch, jobs, copy_model,
         random_expert_layers, cache, seed, out) -> None:
     """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..ds4.configs import DEFAULT_CONFIGS, VARIANTS, parse_configs
 from ..report import results
-from .common import BadInput, check_out_option
+from .common import BadInput, check_out_option, out_folder
 
 #: What the job writes in its folder.
 DS4_OUTPUTS = ("tokens.csv", "summary.csv", "gains.csv", "islands.csv", "prefill.csv", "census.csv", "kernels-*.csv",
@@ -163,7 +163,10 @@ def run(cfg: Ds4JobConfig, be=None, console=None):
     plan = M.MeasurePlan(str(bld.library), str(model), tuple(cfg.configs), tuple(int(c) for c in cfg.contexts),
                          cfg.warmup, cfg.tokens, tuple(int(c) for c in cfg.trace_contexts), cfg.trace_tokens,
                          cfg.seed, cfg.threads, cfg.copy_model)
-    out = Path(cfg.out or "results/ds4")
+    # the default folder is one per ds4 commit (results/ds4-<commit>); a rerun that ran other
+    # configurations or contexts keeps the earlier results beside it (results.job_folder)
+    out, ran = out_folder(cfg.out, "ds4", (src.commit[:12] or src.digest,),
+                          {"configs": list(plan.configs), "contexts": list(plan.contexts), "source": src.digest})
     meta = {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
             "host": platform.node(), **gpu, "ds4_commit": src.commit, "ds4_source": str(src.path),
             "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
@@ -171,7 +174,7 @@ def run(cfg: Ds4JobConfig, be=None, console=None):
             "model": model_info, "plan": plan.__dict__, "measured": True,
             "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what} for n in cfg.configs}}
     workers = {}
-    with results.job_folder(out, meta, DS4_OUTPUTS, say=say) as folder:
+    with results.job_folder(out, meta, DS4_OUTPUTS, say=say, ran=ran) as folder:
         folder = Path(folder)
         shutil.copy(bld.folder / "build.json", folder / "build.json")
         say(f"[bold]ds4lab ds4[/] · {src.label} · {gpu.get('gpu', '?')} (driver {gpu.get('driver', '?')}) · "
