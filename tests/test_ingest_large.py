@@ -18,11 +18,13 @@ import pytest
 
 STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 REPO = Path(__file__).resolve().parents[1]
+# VmHWM, the peak of this process's own memory: getrusage's ru_maxrss carries the parent's peak
+# across fork and exec on Linux, so a child of a large pytest process would report the parent's size.
 _PEAK = """
-import resource, sys
+import sys
 from ds4lab.ingest import ingest_all
 ingest_all([sys.argv[1]], sys.argv[2])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")))  # KiB
 """
 
 
