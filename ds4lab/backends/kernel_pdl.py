@@ -52,14 +52,24 @@ def waits_first(body: str) -> bool:
     return re.match(rf"\s*{ENTRY_MACRO}\s*\(\s*\)\s*;", body) is not None
 
 
+def default_kernels_dir() -> Path:
+    """The folder the ``cupy`` backend loads its kernels from (the repository's ``kernels/``, or the
+    installed ``ds4lab.kernels``: the same answer as :func:`ds4lab.backends.cupy_backend.kernels_dir`,
+    found here without importing that module)."""
+    repo = Path(__file__).resolve().parents[2] / "kernels"
+    if (repo / "common.cuh").is_file():
+        return repo
+    from importlib import resources
+
+    return Path(str(resources.files("ds4lab.kernels")))
+
+
 @functools.lru_cache(maxsize=None)
 def device_half(kernels_dir: str | None = None) -> dict[str, bool]:
     """``{kernel: whether its first statement is DS4_PDL_ENTRY()}`` over ``kernels_dir/*.cu`` (default:
-    the kernels the ``cupy`` backend loads, :func:`ds4lab.backends.cupy_backend.kernels_dir`)."""
+    :func:`default_kernels_dir`)."""
     if kernels_dir is None:
-        from .cupy_backend import kernels_dir as default_dir
-
-        kernels_dir = str(default_dir())
+        kernels_dir = str(default_kernels_dir())
     out: dict[str, bool] = {}
     for f in sorted(Path(kernels_dir).glob("*.cu")):
         for name, body in kernel_bodies(f.read_text()).items():
@@ -83,4 +93,4 @@ def require_device_half(name: str) -> None:
                                 "before that kernel finished")
 
 
-__all__ = ["ENTRY_MACRO", "MissingDeviceHalf", "device_half", "kernel_bodies", "require_device_half", "waits_first"]
+__all__ = ["ENTRY_MACRO", "MissingDeviceHalf", "default_kernels_dir", "device_half", "kernel_bodies", "require_device_half", "waits_first"]
