@@ -54,6 +54,8 @@ SCHEMA: dict[str, Any] = {
         "host_api_us": _US,
         "host_graph_call_us": _US,
         "host_node_update_us": _US,
+        "pdl_edge_us": _US,
+        "graph_conditional_us": _US,
         "kernel_fixed_us": _US,
         "graph_node_us": _US,
         "graph_node_gap_us": _US,
