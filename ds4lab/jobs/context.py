@@ -29,8 +29,9 @@ CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
 class ContextConfig:
     """Arguments of ``ds4lab context`` (the command line reads its defaults from here): stages,
     contexts (start positions, ascending), ``span`` (tokens compared bit for bit at each context),
-    ``tokens`` timed per stage and context after ``warmup``, capture ``mode``, result folder (None:
-    ``results/context-<preset>-<backend>``)."""
+    ``tokens`` timed per stage and context after ``warmup``, in ``rounds`` interleaved rounds (odd
+    rounds in reverse stage order: the gains are then paired over interleaved rounds, as the ladder's),
+    capture ``mode``, result folder (None: ``results/context-<preset>-<backend>``)."""
 
     stages: str = CONTEXT_DEFAULT
     preset: str | None = None
@@ -40,6 +41,7 @@ class ContextConfig:
     warmup: int = 4
     mode: str = "thread_local"
     out: Path | str | None = None
+    rounds: int = 1
 
 
 def parse_contexts(text) -> list[int]:
@@ -76,15 +78,18 @@ def check_config(cfg: ContextConfig) -> None:
     """Checks that need no backend. Raises :class:`BadInput` naming the bad value."""
     parse_stages(cfg.stages, long_context=True)
     parse_contexts(cfg.contexts)
-    check_counts(span=cfg.span, tokens=cfg.tokens, warmup=cfg.warmup)
+    check_counts(span=cfg.span, tokens=cfg.tokens, warmup=cfg.warmup, rounds=cfg.rounds)
+    if cfg.rounds > cfg.tokens:
+        raise BadInput(f"--repeats {cfg.rounds}: more rounds than --tokens {cfg.tokens} (each round times at "
+                       "least one token per stage)")
     check_out_option(cfg.out)
 
 
 def table_of(cfg: ContextConfig) -> Table:
     """The context ladder's :class:`Table`: each context's exactness span from ``context - 4``,
-    timing from the context itself, one round, the floors at each context."""
+    timing from the context itself in ``rounds`` interleaved rounds, the floors at each context."""
     return Table(stages=tuple(parse_stages(cfg.stages, long_context=True)), contexts=tuple(parse_contexts(cfg.contexts)),
-                 exact_tokens=cfg.span, exact_lead=4, tokens=cfg.tokens, warmup=cfg.warmup, rounds=1,
+                 exact_tokens=cfg.span, exact_lead=4, tokens=cfg.tokens, warmup=cfg.warmup, rounds=cfg.rounds,
                  timing_after_exact=False, floor=True)
 
 

@@ -13,15 +13,17 @@ keeps ds4's launches and puts the choice into the graph:
   compressor, of the indexer's compressor (ratio 4), and the top-k regime;
 * each compressor's emit kernels are the body of an IF node;
 * the indexer is a SWITCH node with one body per top-k regime that ``max_context`` allows (sort2k,
-  sort4k, sort8k, sort16k, chunked), each the indexer ds4's path launches for the largest n_comp of that
-  regime (score grid and top-k plan; rows past n_comp are skipped on the device, as in stage 3c); the
-  value for "every row attended" runs no body;
+  sort4k, sort8k, sort16k, and the chunked path once per number of merge launches its tree needs), each
+  the indexer ds4's path launches for the largest n_comp of that body (score grid and top-k plan; rows
+  and candidate sets past n_comp are skipped on the device, as in stage 3c); the value for "every row
+  attended" runs no body;
 * attention picks the selection or all rows from n_comp on the device (as in stage 3c).
 
-So one whole-token graph serves every position, running at each only the kernels ds4's host decisions
-would have launched there, with the same grids for the emit kernels and the sort regimes: bit for bit
-ds4's results (the chunked regime's worst-case plan gives the same selection: top-k of a union does not
-depend on the merge tree; stage 3c relies on the same). Outside a capture (the graph cache's warm-up,
+So one whole-token graph serves every position, running at each exactly the launches ds4's host
+decisions would have issued there, with the same grids for the emit kernels and the sort regimes and
+grids sized for the body's largest n_comp for the score, chunk and merge kernels: bit for bit ds4's
+results (a merge of more, empty, candidate sets gives the same selection: the top-k of a union does not
+depend on how it is grouped; stage 3c relies on the same). Outside a capture (the graph cache's warm-up,
 a backend that cannot capture) the host takes the same branches itself.
 
 Sources: CUDA Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes" (IF since 12.4, SWITCH since
@@ -36,9 +38,11 @@ import numpy as np
 from ..backends.device_graphs import DeviceGraphApi
 from ..capture.conditional import conditional_node, in_device_graph
 from . import reference as R
+from .config import TOPK_MERGE_GROUP
 
-#: The SWITCH's bodies, in ``cond_set_longctx``'s numbering (``TOPK_REGIMES`` without ``"all"``).
-SWITCH_REGIMES = R.TOPK_REGIMES[1:]
+#: The SWITCH's first bodies, in ``cond_set_longctx``'s numbering; the chunked path's bodies follow, one
+#: per number of merge launches (``chunked/1``, ``chunked/2``, ...).
+SORT_REGIMES = ("sort2k", "sort4k", "sort8k", "sort16k")
 #: The SWITCH value that runs no body (n_comp <= top-k: every compressed row attended).
 NO_BODY = 0xFFFFFFFF
 #: The upper bound of n_comp of each sort regime, as a multiple of top-k (``reference.topk_regime``).
@@ -47,27 +51,44 @@ _UPPER = {"sort2k": 2, "sort4k": 4, "sort8k": 8, "sort16k": 16}
 _BITS = {"comp": 1, "index": 2, "regime": 4}
 
 
+def _merges(n_comp: int, top_k: int) -> int:
+    """Merge launches of the chunked top-k for ``n_comp`` rows (``reference.topk_plan``)."""
+    return sum(st.kernel == "indexer_topk_merge" for st in R.topk_plan(n_comp, top_k)[0])
+
+
 def regime_value(n_comp: int, top_k: int) -> int:
-    """The SWITCH value ``cond_set_longctx`` sets for ``n_comp`` rows: the index of the regime in
-    :data:`SWITCH_REGIMES`, or :data:`NO_BODY` while ``n_comp <= top_k``."""
+    """The SWITCH value ``cond_set_longctx`` sets for ``n_comp`` rows: the index of the body (a sort regime
+    of :data:`SORT_REGIMES`, then the chunked path by its number of merge launches), or :data:`NO_BODY`
+    while ``n_comp <= top_k``."""
     reg = R.topk_regime(n_comp, top_k)
-    return NO_BODY if reg == "all" else SWITCH_REGIMES.index(reg)
+    if reg == "all":
+        return NO_BODY
+    if reg != "chunked":
+        return SORT_REGIMES.index(reg)
+    return len(SORT_REGIMES) + _merges(n_comp, top_k) - 1
 
 
 def regime_plans(cfg, ratio: int) -> list[tuple[str, int]]:
-    """``[(regime, n_plan)]``: the top-k regimes a ratio-``ratio`` layer can reach within ``max_context``,
-    in :data:`SWITCH_REGIMES` order, each with the n_comp its indexer body is planned for (the regime's
-    largest, at most the compressed capacity). Empty for a ratio other than 4 (no indexer). A regime
-    beyond the capacity is left out; the ones kept are a prefix, so the kernel's numbering holds."""
+    """``[(body, n_plan)]``: the SWITCH bodies of a ratio-``ratio`` layer, in ``cond_set_longctx``'s
+    numbering (:func:`regime_value`), each with the n_comp its indexer is planned for: the largest n_comp
+    the body serves, at most the compressed capacity, so its launches are ds4's for every n_comp it
+    serves, the score, chunk and merge grids sized for the largest. Bodies the capacity cannot reach are
+    left out (they are the last ones). Empty for a ratio other than 4 (no indexer)."""
     if ratio != 4:
         return []
     k, cap = cfg.index_top_k, cfg.comp_capacity(ratio)
     out = []
-    for reg in SWITCH_REGIMES:
-        n_plan = min(_UPPER[reg] * k, cap) if reg in _UPPER else cap
+    for reg in SORT_REGIMES:
+        n_plan = min(_UPPER[reg] * k, cap)
         if R.topk_regime(n_plan, k) != reg:
-            break  # unreachable: the capacity ends below this regime
+            return out  # the capacity ends below this regime
         out.append((reg, n_plan))
+    chunk, group = 8 * k, TOPK_MERGE_GROUP
+    lower, sets = 16 * k, group  # body j serves up to group ** (j + 1) chunks
+    while lower < cap:
+        n_plan = min(chunk * sets, cap)
+        out.append((f"chunked/{_merges(n_plan, k)}", n_plan))
+        lower, sets = chunk * sets, sets * group
     return out
 
 
@@ -115,7 +136,8 @@ class LongctxBranches:
         k = cfg.index_top_k
         zero = np.uint64(0)
         args = (hs["comp"].arg, hs["index"].arg if "index" in hs else zero,
-                hs["regime"].arg if "regime" in hs else zero, np.int32(mask), np.int32(ratio), np.int32(k))
+                hs["regime"].arg if "regime" in hs else zero, np.int32(mask), np.int32(ratio), np.int32(k),
+                np.int32(TOPK_MERGE_GROUP))
 
         def ref():  # what the kernel does at each replay (the sim's handles)
             pos = ts.resolve()[0]
@@ -150,10 +172,10 @@ class LongctxBranches:
             bodies = [lambda n_plan=n_plan: m._indexer(layer, ratio, n_plan, ts) for _, n_plan in plans]
             conditional_node(self.L, self.body_stream, self.handles[layer]["regime"], "switch", bodies)
         else:
-            reg = R.topk_regime(R.comp_count(ts.pos, ratio), m.cfg.index_top_k)
-            if reg != "all":
-                m._indexer(layer, ratio, dict(plans)[reg], ts)
+            v = regime_value(R.comp_count(ts.pos, ratio), m.cfg.index_top_k)
+            if v != NO_BODY:
+                m._indexer(layer, ratio, plans[v][1], ts)
         return True
 
 
-__all__ = ["LongctxBranches", "NO_BODY", "SWITCH_REGIMES", "regime_plans", "regime_value"]
+__all__ = ["LongctxBranches", "NO_BODY", "SORT_REGIMES", "regime_plans", "regime_value"]
