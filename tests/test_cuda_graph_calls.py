@@ -244,8 +244,9 @@ def test_launch_kernel_ex_packs_the_configuration_and_the_arguments():
     assert cfg.sharedMemBytes == 1024 and int(cfg.hStream) == 0xAB and cfg.numAttrs == 1
     (a,) = cfg.attrs
     assert int(a.id) == 6 and a.value.programmaticStreamSerializationAllowed == 1
-    G.launch_kernel_ex(drv, 0xF00, (1,), (32,), 0, 0, (_Dev(1), np.int32(0)), programmatic=False)
+    G.launch_kernel_ex(drv, 0xF00, (1,), (32,), 0, 0, (None, np.int32(0)), programmatic=False)
     assert drv.launches[1][0].numAttrs == 0 and drv.launches[1][0].attrs is None
+    assert drv.launches[1][2] == 0  # None: a NULL pointer, as CuPy passes it
     with pytest.raises(TypeError):
         G.launch_kernel_ex(drv, 0xF00, (1,), (32,), 0, 0, ("not an argument",), programmatic=False)
     with pytest.raises(ValueError, match="three dimensions"):

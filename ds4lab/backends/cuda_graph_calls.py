@@ -184,18 +184,24 @@ def launch_config(drv, grid: Sequence[int], block: Sequence[int], shared: int, s
     return cfg
 
 
+def _kernel_arg(a):
+    """One kernel argument as the ctypes value its parameter holds (``cupy_runtime._c_arg``), ``None``
+    as a NULL device pointer (8 zero bytes, as CuPy's own launches pass it)."""
+    return ctypes.c_void_p(None) if a is None else _c_arg(a)
+
+
 def launch_kernel_ex(drv, func: int, grid: Sequence[int], block: Sequence[int], shared: int, stream_ptr: int,
                      args: Sequence, programmatic: bool) -> None:
-    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``: ``args`` (device arrays and NumPy scalars, in
-    the kernel's parameter order) packed as the ``void*`` array of pointers to their values the call
-    copies at launch (``kernelParams`` given by address).
+    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``: ``args`` (device arrays, NumPy scalars and
+    ``None`` for a NULL pointer, in the kernel's parameter order) packed as the ``void*`` array of pointers
+    to their values the call copies at launch (``kernelParams`` given by address).
 
     Raises:
-        TypeError: an argument that is neither a device array nor a NumPy scalar.
+        TypeError: an argument that is none of those.
         CudaError: the launch's status.
     """
     cfg = launch_config(drv, grid, block, shared, stream_ptr, programmatic)
-    vals = [_c_arg(a) for a in args]
+    vals = [_kernel_arg(a) for a in args]
     ptrs = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
     _driver_checked("cuLaunchKernelEx", drv.cuLaunchKernelEx(cfg, drv.CUfunction(int(func)), ctypes.addressof(ptrs), 0))
 
