@@ -323,3 +323,22 @@ def test_context_repeats_checked(tmp_path):
 
     with pytest.raises(BadInput, match="--repeats 5"):
         execute("context", ContextConfig(preset="tiny", tokens=4, rounds=5, out=tmp_path), backend="sim")
+
+
+def test_every_conditional_handle_has_its_node():
+    """Every handle a 3cc capture creates is the handle of one of the graph's conditional nodes (RT
+    cudaGraphConditionalHandleCreate: a handle without a node may make the instantiation fail)."""
+    be = SimBackend(seed=LONG.seed)
+    made = []
+    create = be.conditional_handle_create
+
+    def recording(*a, **k):
+        h = create(*a, **k)
+        made.append(h)
+        return h
+
+    be.conditional_handle_create = recording
+    m, st, be = _run("conditional", False, positions=[60, 61], be=be)
+    g = _token_graph(m, be)
+    used = [n.info.handle for n in g.nodes if n.kind == "conditional"]
+    assert made and sorted(h.id for h in made) == sorted(h.id for h in used)

@@ -129,7 +129,10 @@ class LongctxBranches:
             return
         be, cfg = self.be, self.m.cfg
         graph, _ = be.capture_dependencies(self.L.stream())
-        names = ("comp", "index", "regime") if ratio == 4 else ("comp",)
+        # every handle gets its node (RT cudaGraphConditionalHandleCreate: a handle without one may make
+        # the instantiation fail): no regime handle where no SWITCH body is reachable
+        names = (("comp", "index", "regime") if regime_plans(cfg, ratio) else ("comp", "index")) if ratio == 4 \
+            else ("comp",)
         hs = {n: be.conditional_handle_create(graph, 0, True) for n in names}
         self.handles[layer] = hs
         mask = sum(_BITS[n] for n in names)
