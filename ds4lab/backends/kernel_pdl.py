@@ -93,4 +93,5 @@ def require_device_half(name: str) -> None:
                                 "before that kernel finished")
 
 
-__all__ = ["ENTRY_MACRO", "MissingDeviceHalf", "default_kernels_dir", "device_half", "kernel_bodies", "require_device_half", "waits_first"]
+__all__ = ["ENTRY_MACRO", "MissingDeviceHalf", "default_kernels_dir", "device_half", "kernel_bodies",
+           "require_device_half", "waits_first"]

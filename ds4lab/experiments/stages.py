@@ -3,9 +3,10 @@ hazard fixes it needs.
 
 Stages ``0`` … ``3u`` are ds4's staged plan (``shared/context/ds4-decode.md``, "The staged plan",
 the seed pull request and ds4 #534); ``3c`` is one whole-token graph for every position of the
-long-context token, ``3cc`` the same through conditional nodes, ``3p`` / ``3cp`` / ``3ccp`` stages 3, 3c and
-3cc with programmatic dependent launch (``docs/capture-stages.md``); ``i`` and ``i+`` are ds4's decode islands as shipped (ds4 ``e50104f6``, "cuda:
-decode-island CUDA graph capture for serial decode"; ``docs/model.md``, "ds4's decode islands").
+long-context token, ``3cc`` the same through conditional nodes, ``3p`` / ``3cp`` / ``3ccp`` stages 3, 3c
+and 3cc with programmatic dependent launch (``docs/capture-stages.md``); ``i`` and ``i+`` are ds4's
+decode islands as shipped (ds4 ``e50104f6``, "cuda: decode-island CUDA graph capture for serial
+decode"; ``docs/model.md``, "ds4's decode islands").
 A :class:`~ds4lab.experiments.run.StageRun` runs one of them on a model.
 """
 
