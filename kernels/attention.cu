@@ -43,6 +43,7 @@ extern "C" ATTN_CLUSTER_DIMS __global__ void attention_decode(
         const float* __restrict__ q, const float* __restrict__ cache, float* __restrict__ o,
         int D, int W, int H, int kc, float* part_o, float* part_ml, int* counter,
         const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     const int g = blockIdx.x, s = blockIdx.y;
     const int h0 = g * ATTN_HPB, nh = min(ATTN_HPB, H - h0);

@@ -2,6 +2,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void tiny_add(float* __restrict__ x, int n) {
+    DS4_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += 1.0f;
 }
@@ -22,11 +23,13 @@ extern "C" __global__ void spin_wait(long long ns) {
 // Probe kernels for the conformance scenarios: a scalar passed by value (frozen into a graph at
 // capture) and the same scalar read from device memory (read at replay).
 extern "C" __global__ void fill_value(float* __restrict__ x, int n, float v) {
+    DS4_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = v;
 }
 
 extern "C" __global__ void fill_from(float* __restrict__ x, int n, const float* __restrict__ v) {
+    DS4_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = v[0];
 }

@@ -77,6 +77,35 @@ __device__ float block_max(float v) {
     return r;
 }
 
+// Programmatic dependent launch (PDL), the device-side half (CUDA Programming Guide, "Programmatic
+// Dependent Launch and Synchronization"; PTX ISA, griddepcontrol, sm_90 and later). Compiled in only
+// where the module is built with -DDS4_PDL=1 (the stages that launch with the programmatic
+// stream-serialization attribute: ds4lab/backends/cupy_device_graphs.py); every other build, and
+// every build before sm_90, has an empty macro, so the kernels of the other stages are unchanged.
+//
+// DS4_PDL_ENTRY() is the first statement of every kernel of the decode token, executed by every
+// thread before anything else:
+//   griddepcontrol.wait             blocks until the grids this one depends on programmatically
+//                                   have completed and their writes are visible (a no-op for a
+//                                   grid launched without the attribute);
+//   griddepcontrol.launch_dependents lets the grid after this one be scheduled once every block of
+//                                   this grid has executed it (or exited).
+// Nothing runs before the wait, so the only work that overlaps a predecessor is the dependent's
+// launch and the scheduling of its blocks; and because every block waits before it can exit, no
+// grid completes before its predecessor does, so a wait covers every earlier kernel of the chain,
+// not only the one just before (docs/capture-stages.md, "Why each overlap is safe").
+#if defined(DS4_PDL) && DS4_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DS4_PDL_ENTRY()                                                \
+    do {                                                               \
+        asm volatile("griddepcontrol.wait;" ::: "memory");             \
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
+    } while (0)
+#else
+#define DS4_PDL_ENTRY() \
+    do {                \
+    } while (0)
+#endif
+
 // Per-token scalars: read from the device buffer when one is given (capture-safe),
 // else the values passed by value (ds4 today: frozen into a graph at capture).
 struct TokScalars { int pos, kv_row, n_valid, token_id; };

@@ -12,6 +12,7 @@
 extern "C" __global__ void q8_matvec(const i8* __restrict__ qs, const __half* __restrict__ d,
                                      const float* __restrict__ x, float* __restrict__ y,
                                      int rows, int cols, int rows_per_group, int group_stride, int smx) {
+    DS4_PDL_ENTRY();
     q8_matvec_rows(qs, d, x, y, rows, cols, rows_per_group, group_stride, smx);
 }
 
@@ -26,6 +27,7 @@ __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
 extern "C" __global__ void q8_matvec_swiglu(const i8* __restrict__ qs, const __half* __restrict__ d,
                                             const float* __restrict__ x, float* __restrict__ mid,
                                             int F, int cols, float limit, int smx) {
+    DS4_PDL_ENTRY();
     constexpr int H = Q8_NR / 2;
     const int r0 = (blockIdx.x * blockDim.y + threadIdx.y) * H;
     size_t rr[Q8_NR];
@@ -52,6 +54,7 @@ extern "C" __global__ void q8_matvec_expand(const i8* __restrict__ qs, const __h
                                             const float* __restrict__ x, float* __restrict__ h,
                                             const float* __restrict__ mix_logits, const float* __restrict__ extra,
                                             int rows, int cols, int S, int smx) {
+    DS4_PDL_ENTRY();
     size_t rr[Q8_NR];
     const int row0 = q8_group_rows(rows, rr);
     const int lane = threadIdx.x;  // < 32: the group's first warp
@@ -87,6 +90,7 @@ extern "C" __global__ void q8_matvec_expand(const i8* __restrict__ qs, const __h
 // shapes (dim not a multiple of 4, or more than RMS_VEC float4 per thread) take a plain loop.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* __restrict__ w,
                                          float* y, int dim, float eps) {
+    DS4_PDL_ENTRY();
     const float* xr = x + (size_t)blockIdx.x * dim;
     float* yr = y + (size_t)blockIdx.x * dim;
     const int nv = dim >> 2;
@@ -127,6 +131,7 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* __restrict
 // partials in a fixed order (deterministic, no atomics).
 extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __restrict__ wmix,
                                   float* __restrict__ part, int n) {
+    DS4_PDL_ENTRY();
     const int per = n / HC_MIX_SPLIT, s = blockIdx.y;
     const float4* w = reinterpret_cast<const float4*>(wmix + (size_t)blockIdx.x * n + (size_t)s * per);
     const float4* v = reinterpret_cast<const float4*>(hn + (size_t)s * per);
@@ -151,6 +156,7 @@ extern "C" __global__ void hc_mix(const float* __restrict__ hn, const float* __r
 extern "C" __global__ void hc_premix(const float* __restrict__ h, const float* part,
                                      float* logits, const float* __restrict__ w,
                                      float* __restrict__ x, int S, int E, int nsplit, float eps) {
+    DS4_PDL_ENTRY();
     __shared__ float lg[16];
     const int nv = E >> 2, i = threadIdx.x;
     const bool vec = (E & 3) == 0 && nv <= (int)blockDim.x && S <= 4;
@@ -214,6 +220,7 @@ __device__ __forceinline__ void rope_pair(float& a, float& b, int pos, int i, in
 // RoPE on the last rope_dims of each query head, in place. grid = heads, block >= rope_dims/2.
 extern "C" __global__ void rope_q(float* __restrict__ q, int D, int rope_dims, double theta,
                                   const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     const int i = threadIdx.x;
     if (i >= rope_dims / 2) return;
@@ -225,6 +232,7 @@ extern "C" __global__ void rope_q(float* __restrict__ q, int D, int rope_dims, d
 extern "C" __global__ void rope_store_kv(const float* __restrict__ kv, float* __restrict__ cache,
                                          int D, int rope_dims, double theta,
                                          const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     float* dst = cache + (size_t)t.kv_row * D;
     const int first = D - rope_dims;
@@ -242,6 +250,7 @@ extern "C" __global__ void rope_store_kv(const float* __restrict__ kv, float* __
 // Input embedding of the token id (hashed U(-1,1)), copied into all S streams.
 extern "C" __global__ void embed_token(float* __restrict__ h, int S, int E, u32 key,
                                        const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < E; i += gridDim.x * blockDim.x) {
         u32 idx = (u32)t.token_id * (u32)E + (u32)i;

@@ -44,6 +44,7 @@ extern "C" __global__ void comp_store(const float* __restrict__ kvsc, const floa
                                       float* __restrict__ state_kv, float* __restrict__ state_sc,
                                       int width, int ratio,
                                       const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= width) return;
@@ -59,6 +60,7 @@ extern "C" __global__ void comp_store(const float* __restrict__ kvsc, const floa
 // grid = ceil(D / 256), block = 256.
 extern "C" __global__ void comp_pool(const float* __restrict__ state_kv, const float* __restrict__ state_sc,
                                      float* __restrict__ pooled, int D, int ratio) {
+    DS4_PDL_ENTRY();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= D) return;
     const int width = ratio == 4 ? 2 * D : D;
@@ -85,6 +87,7 @@ extern "C" __global__ void comp_pool(const float* __restrict__ state_kv, const f
 extern "C" __global__ void comp_rope_store(const float* __restrict__ row, float* __restrict__ comp,
                                            int D, int rope_dims, double theta, int ratio,
                                            const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     if (!lc_emit(t.pos, ratio)) return;
     float* dst = comp + (size_t)(t.pos / ratio) * D;
@@ -105,6 +108,7 @@ extern "C" __global__ void comp_rope_store(const float* __restrict__ row, float*
 extern "C" __global__ void comp_shift(float* __restrict__ state_kv, float* __restrict__ state_sc,
                                       int width, int ratio,
                                       const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     if (ratio != 4 || !lc_emit(t.pos, ratio)) return;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -122,6 +126,7 @@ extern "C" __global__ void q8_matvec_when(const i8* __restrict__ qs, const __hal
                                           const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
                                           int ratio, int min_comp, int smx,
                                           const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     if (lc_n_comp(t.pos, ratio) <= min_comp) return;  // uniform over the grid: no thread reaches a barrier
     q8_matvec_rows(qs, d, x, y, rows, cols, rows, 0, smx);
@@ -136,6 +141,7 @@ extern "C" __global__ void indexer_score(const float* __restrict__ q, const floa
                                          const float* __restrict__ keys, float* __restrict__ scores,
                                          int H, int Di, float scale, int ratio, int min_comp,
                                          const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     __shared__ float qs[LC_INDEX_MAX_Q];
     __shared__ float ws[LC_INDEX_MAX_HEADS];
@@ -246,6 +252,7 @@ __device__ void lc_topk_block(const float* __restrict__ scores, const int* __res
 extern "C" __global__ void indexer_topk(const float* __restrict__ scores, int* __restrict__ selected,
                                         int top_k, int sort_n, int ratio,
                                         const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     lc_topk_block(scores, nullptr, 0, lc_n_comp(t.pos, ratio), top_k, sort_n, selected);
 }
@@ -257,6 +264,7 @@ extern "C" __global__ void indexer_topk(const float* __restrict__ scores, int* _
 extern "C" __global__ void indexer_topk_chunk(const float* __restrict__ scores, int* __restrict__ cand,
                                               int top_k, int chunk, int ratio, int min_comp,
                                               const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     const int n_comp = lc_n_comp(t.pos, ratio);
     const int e0 = blockIdx.x * chunk;
@@ -277,6 +285,7 @@ extern "C" __global__ void indexer_topk_chunk(const float* __restrict__ scores, 
 extern "C" __global__ void indexer_topk_merge(const float* __restrict__ scores, const int* cand, int in_off,
                                               int* out, int out_off, int top_k, int n_sets, int group,
                                               int sort_n) {
+    DS4_PDL_ENTRY();
     __shared__ int pre[LC_MERGE_MAX_GROUP + 1];
     const int s0 = blockIdx.x * group;
     const int sets = max(0, min(min(group, LC_MERGE_MAX_GROUP), n_sets - s0));
@@ -313,6 +322,7 @@ extern "C" __global__ void attention_comp(const float* __restrict__ q, const flo
                                           const float* __restrict__ comp, const int* __restrict__ sel,
                                           float* __restrict__ o, int D, int W, int ratio, int top_k, int use_sel,
                                           const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     TokScalars t = tok_scalars(scal, pos, kv_row, n_valid, token_id);
     __shared__ float red[LC_WARPS][LC_MAX_DIM];
     __shared__ float wm[LC_WARPS], wz[LC_WARPS];

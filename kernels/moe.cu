@@ -31,6 +31,7 @@ __device__ __forceinline__ void quantize_block(float v, i8* q, float* d) {
 
 // xq: x [T, n] fp32 -> Q8_K. grid = (n/256, T), block = 256.
 extern "C" __global__ void xq_quantize(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d, int n, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     const size_t base = (size_t)blockIdx.y * n + (size_t)blockIdx.x * 256;
     quantize_block(x[base + threadIdx.x], q + base, d + (size_t)blockIdx.y * (n / 256) + blockIdx.x);
@@ -39,6 +40,7 @@ extern "C" __global__ void xq_quantize(const float* __restrict__ x, i8* __restri
 // ---------------------------------------------------------------- sort (tokens > 1)
 // Count (token, expert) pairs per expert. counts must be cleared first (the memset).
 extern "C" __global__ void moe_count(const int* __restrict__ ids, int* __restrict__ counts, int P) {
+    DS4_PDL_ENTRY();
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p < P) atomicAdd(&counts[ids[p]], 1);
 }
@@ -66,6 +68,7 @@ __device__ int block_exclusive_scan(int v, int* total) {
 // Exclusive prefix sum of the counts -> offsets; cursor starts at the offsets. One block.
 extern "C" __global__ void moe_prefix(const int* __restrict__ counts, int* __restrict__ offsets,
                                       int* __restrict__ cursor, int N) {
+    DS4_PDL_ENTRY();
     const int e = threadIdx.x;
     int c = e < N ? counts[e] : 0;
     int off = block_exclusive_scan(c, nullptr);
@@ -75,6 +78,7 @@ extern "C" __global__ void moe_prefix(const int* __restrict__ counts, int* __res
 // Scatter pair ids into expert order (order within an expert is the atomics' order).
 extern "C" __global__ void moe_scatter(const int* __restrict__ ids, int* __restrict__ cursor,
                                        int* __restrict__ sorted, int P) {
+    DS4_PDL_ENTRY();
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= P) return;
     int pos = atomicAdd(&cursor[ids[p]], 1);
@@ -84,6 +88,7 @@ extern "C" __global__ void moe_scatter(const int* __restrict__ ids, int* __restr
 // Expert tiles of at most MOE_TILE pairs: tiles[i] = (expert, start, count); n_tiles[0]. One block.
 extern "C" __global__ void moe_tiles(const int* __restrict__ counts, const int* __restrict__ offsets,
                                      int* __restrict__ tiles, int* __restrict__ n_tiles, int N, int max_tiles) {
+    DS4_PDL_ENTRY();
     const int e = threadIdx.x;
     const int c = e < N ? counts[e] : 0;
     const int nt = (c + MOE_TILE - 1) / MOE_TILE;
@@ -231,6 +236,7 @@ extern "C" __global__ void moe_gateup_decode(const u8* __restrict__ wq, const __
                                              const i8* __restrict__ xq, const float* __restrict__ xd,
                                              const int* __restrict__ ids, float* __restrict__ gate,
                                              float* __restrict__ up, int k, int F, int E, int n_experts, int smx, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     constexpr int H = MOE_GU_RPW / 2;
     const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * H;
@@ -324,6 +330,7 @@ extern "C" __global__ void moe_gateup_tiled(const u8* __restrict__ wq, const __h
                                             const int* __restrict__ sorted, const int* __restrict__ tiles,
                                             const int* __restrict__ n_tiles, float* __restrict__ gate,
                                             float* __restrict__ up, int k, int F, int E, int P, int n_experts, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     tiled_rows<true>(wq, wd, xq, xd, sorted, tiles, n_tiles, gate, up, k, 2 * F, E, F, 1, P, n_experts);
 }
@@ -331,6 +338,7 @@ extern "C" __global__ void moe_gateup_tiled(const u8* __restrict__ wq, const __h
 // midq: clamped SwiGLU of gate/up [P, F], quantized to Q8_K. grid = (F/256, P), block = 256.
 extern "C" __global__ void moe_midq(const float* __restrict__ gate, const float* __restrict__ up,
                                     i8* __restrict__ mq, float* __restrict__ md, int F, float limit, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     const size_t i = (size_t)blockIdx.y * F + (size_t)blockIdx.x * 256 + threadIdx.x;
     float g = fminf(gate[i], limit);
@@ -347,6 +355,7 @@ extern "C" __global__ void moe_down_decode(const u8* __restrict__ wq, const __ha
                                            const i8* __restrict__ mq, const float* __restrict__ md,
                                            const int* __restrict__ ids, float* __restrict__ out, int F, int E,
                                            int n_experts, int smx, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     const int lane = threadIdx.x & 31, r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * MOE_DN_RPW;
     const int p = blockIdx.y, e = ids[p];
@@ -369,6 +378,7 @@ extern "C" __global__ void moe_down_tiled(const u8* __restrict__ wq, const __hal
                                           const int* __restrict__ sorted, const int* __restrict__ tiles,
                                           const int* __restrict__ n_tiles, float* __restrict__ out,
                                           int k, int F, int E, int P, int n_experts, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     tiled_rows<false>(wq, wd, mq, md, sorted, tiles, n_tiles, out, nullptr, k, E, F, F, 0, P, n_experts);
 }
@@ -376,6 +386,7 @@ extern "C" __global__ void moe_down_tiled(const u8* __restrict__ wq, const __hal
 // sum: y[t] = sum_j w[t, j] * out[t*k + j]. grid = (ceil(E/256), T), block = 256.
 extern "C" __global__ void moe_sum(const float* __restrict__ out, const float* __restrict__ wts,
                                    float* __restrict__ y, int k, int E, MOE_STAMP_ARGS) {
+    DS4_PDL_ENTRY();
     moe_stamp(stamp, stamp_first, stamp_n);
     const int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (i >= E) return;

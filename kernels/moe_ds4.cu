@@ -158,19 +158,23 @@ __device__ __forceinline__ void gateup_tiled(const u8* bank, const u64* grid, co
         float limit
 
 extern "C" __global__ void __launch_bounds__(256, 6) moe_gateup_mid_iq2_xxs(GATEUP_ARGS, GATEUP_DECODE_ARGS) {
+    DS4_PDL_ENTRY();
     gateup_decode<FmtIQ2XXS>(bank, grid, xq, xd, xb, ids, wts, mid, k, F, E, n_experts, R, limit);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 6) moe_gateup_mid_q4_k(GATEUP_ARGS, GATEUP_DECODE_ARGS) {
+    DS4_PDL_ENTRY();
     gateup_decode<FmtQ4K>(bank, grid, xq, xd, xb, ids, wts, mid, k, F, E, n_experts, R, limit);
 }
 
 extern "C" __global__ void moe_gateup_mid_tiled_iq2_xxs(GATEUP_ARGS, GATEUP_TILED_ARGS) {
+    DS4_PDL_ENTRY();
     gateup_tiled<FmtIQ2XXS>(bank, grid, xq, xd, xb, sorted, tiles, n_tiles, wts, mid, k, F, E, P, n_experts, R,
                             limit);
 }
 
 extern "C" __global__ void moe_gateup_mid_tiled_q4_k(GATEUP_ARGS, GATEUP_TILED_ARGS) {
+    DS4_PDL_ENTRY();
     gateup_tiled<FmtQ4K>(bank, grid, xq, xd, xb, sorted, tiles, n_tiles, wts, mid, k, F, E, P, n_experts, R, limit);
 }
 
@@ -249,24 +253,29 @@ __device__ __forceinline__ void down_tiled(const u8* __restrict__ bank, const i8
         float *__restrict__ out, int F, int E, int P, int n_experts, int R
 
 extern "C" __global__ void moe_down_sum_q2_k(DOWN_ARGS, DOWN_SUM_ARGS) {
+    DS4_PDL_ENTRY();
     down_sum<FmtQ2K>(bank, mq, md, mb, ids, y, k, F, E, n_experts, R);
 }
 
 extern "C" __global__ void moe_down_sum_q4_k(DOWN_ARGS, DOWN_SUM_ARGS) {
+    DS4_PDL_ENTRY();
     down_sum<FmtQ4K>(bank, mq, md, mb, ids, y, k, F, E, n_experts, R);
 }
 
 extern "C" __global__ void moe_down_tiled_q2_k(DOWN_ARGS, DOWN_TILED_ARGS) {
+    DS4_PDL_ENTRY();
     down_tiled<FmtQ2K>(bank, mq, md, mb, sorted, tiles, n_tiles, out, F, E, P, n_experts, R);
 }
 
 extern "C" __global__ void moe_down_tiled_q4_k(DOWN_ARGS, DOWN_TILED_ARGS) {
+    DS4_PDL_ENTRY();
     down_tiled<FmtQ4K>(bank, mq, md, mb, sorted, tiles, n_tiles, out, F, E, P, n_experts, R);
 }
 
 // sum (tokens > 1): y[t, r] = sum over s (in order) of out[t k + s, r]; the router weights are in the
 // middle already (ds4_cuda.cu moe_sum_kernel). grid (ceil(E / 256), T), block 256.
 extern "C" __global__ void moe_sum_slots(const float* __restrict__ out, float* __restrict__ y, int k, int E) {
+    DS4_PDL_ENTRY();
     const int r = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (r >= E) return;
     float acc = 0.0f;
@@ -321,6 +330,7 @@ __device__ __forceinline__ void q8k_block(float v, i8* __restrict__ q, float* __
 // x [rows, n] fp32 -> Q8_K. grid (n / 256, rows), block 256. xq: the routed MoE's input.
 extern "C" __global__ void xq_quantize_q8k(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d,
                                            short* __restrict__ bs, int n) {
+    DS4_PDL_ENTRY();
     const size_t base = (size_t)blockIdx.y * n + (size_t)blockIdx.x * 256;
     q8k_block(x[base + threadIdx.x], q + base, d + (size_t)blockIdx.y * (n / 256) + blockIdx.x, bs + base / 16);
 }
@@ -328,6 +338,7 @@ extern "C" __global__ void xq_quantize_q8k(const float* __restrict__ x, i8* __re
 // The same for the middle (midq), under its own name so traces tell the stages apart.
 extern "C" __global__ void moe_midq_q8k(const float* __restrict__ x, i8* __restrict__ q, float* __restrict__ d,
                                         short* __restrict__ bs, int n) {
+    DS4_PDL_ENTRY();
     const size_t base = (size_t)blockIdx.y * n + (size_t)blockIdx.x * 256;
     q8k_block(x[base + threadIdx.x], q + base, d + (size_t)blockIdx.y * (n / 256) + blockIdx.x, bs + base / 16);
 }

@@ -6,6 +6,7 @@
 // (group_sum); grid = (ceil(N / (256 / tpr)), T) (ds4lab/ops.py:split_geometry). E % 4 == 0.
 extern "C" __global__ void router_logits(const float* __restrict__ w, const float* __restrict__ x,
                                          float* __restrict__ logits, int N, int E) {
+    DS4_PDL_ENTRY();
     const int e = blockIdx.x * blockDim.y + threadIdx.y, t = blockIdx.y;
     float acc[1] = {0.0f};
     if (e < N) {
@@ -90,6 +91,7 @@ __device__ __forceinline__ void topk_warp(const float* __restrict__ lg, int* __r
 // warp per token); N <= 1024 experts, k <= 32.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                        float* __restrict__ wts, int N, int k) {
+    DS4_PDL_ENTRY();
     const size_t t = blockIdx.x;
     if (N <= 256) topk_warp<8>(logits + t * N, ids + t * k, wts + t * k, N, k);
     else topk_warp<32>(logits + t * N, ids + t * k, wts + t * k, N, k);
@@ -101,6 +103,7 @@ extern "C" __global__ void router_hash(const float* __restrict__ logits, int* __
                                        float* __restrict__ wts, int N, int k, u32 key,
                                        const int* __restrict__ token_ids,
                                        const int* scal, int pos, int kv_row, int n_valid, int token_id) {
+    DS4_PDL_ENTRY();
     if (threadIdx.x != 0) return;
     const int t = blockIdx.x;
     const int tok = token_ids ? token_ids[t] : tok_scalars(scal, pos, kv_row, n_valid, token_id).token_id;

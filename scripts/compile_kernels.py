@@ -11,7 +11,11 @@ does (``-std=c++17``, ``-I<kernels dir>``), plus the include folder that holds
 ``nvidia-cuda-runtime-cu12`` wheel ships it under ``site-packages/nvidia/cuda_runtime/include``),
 for ``sm_80`` and ``sm_90`` by default.
 
-It prints one line per (file, arch): ``OK`` with the cubin size and the kernels the file
+Each file is compiled in two variants: ``plain`` (as every stage loads it) and ``pdl``
+(``-DDS4_PDL=1``: the device-side half of programmatic dependent launch compiled in, the build the
+``3p`` stages launch; ``kernels/common.cuh``, ``DS4_PDL_ENTRY``).
+
+It prints one line per (file, arch, variant): ``OK`` with the cubin size and the kernels the file
 defines, or ``FAIL`` followed by NVRTC's full compile log. It exits 0 when everything
 compiled, 1 when any compile failed, 2 when it could not run at all (no NVRTC bindings, no
 ``cuda_fp16.h``, no ``.cu`` files, a bad ``--arch``).
@@ -21,6 +25,7 @@ Usage::
     python scripts/compile_kernels.py                       # sm_80 and sm_90
     python scripts/compile_kernels.py --arch sm_90
     python scripts/compile_kernels.py --arch sm_80 sm_90 --kernels-dir kernels
+    python scripts/compile_kernels.py --variant pdl           # the PDL build only
 
 Needs ``pip install -e ".[nvrtc12]"`` (``cuda-bindings`` 12.x, whose ``cuda.bindings.nvrtc`` finds the
 NVRTC library of the ``nvidia-cuda-nvrtc-cu12`` wheel), or ``".[nvrtc13]"`` on a CUDA 13 machine.
@@ -42,6 +47,9 @@ DEFAULT_ARCHS = ("sm_80", "sm_90")
 DEFAULT_KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 STD = "-std=c++17"
 FP16_HEADER = "cuda_fp16.h"
+#: Build variants: the extra options of each (``pdl``: ``kernels/common.cuh``'s DS4_PDL_ENTRY compiled in,
+#: as ``ds4lab/backends/cupy_device_graphs.py`` builds the modules the programmatic launches use).
+VARIANTS = {"plain": (), "pdl": ("-DDS4_PDL=1",)}
 
 _ARCH_RE = re.compile(r"^sm_\d{2,3}[a-z]?$")
 _COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
@@ -68,17 +76,18 @@ class CompileResult:
     cubin_size: int = 0
     not_in_cubin: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    variant: str = "plain"
 
     def describe(self) -> str:
         """The report for this (file, arch): one line, then the log (indented) when there is one."""
         name = self.path.name
         if self.ok:
-            line = (f"OK    {name:<16} {self.arch:<6} cubin {self.cubin_size:>7} B  {self.seconds:5.2f}s  "
-                    f"kernels ({len(self.kernels)}): {', '.join(self.kernels) or '-'}")
+            line = (f"OK    {name:<16} {self.arch:<6} {self.variant:<5} cubin {self.cubin_size:>7} B  "
+                    f"{self.seconds:5.2f}s  kernels ({len(self.kernels)}): {', '.join(self.kernels) or '-'}")
             if self.not_in_cubin:
                 line += f"  [note: not found in the cubin: {', '.join(self.not_in_cubin)}]"
         else:
-            line = f"FAIL  {name:<16} {self.arch:<6} ({self.path}) compile log:"
+            line = f"FAIL  {name:<16} {self.arch:<6} {self.variant:<5} ({self.path}) compile log:"
         log = self.log.strip()
         if log:
             line += "\n" + "\n".join("    " + ln for ln in log.splitlines())
@@ -185,15 +194,20 @@ def _decode(buf: bytes) -> str:
     return buf.rstrip(b"\x00").decode(errors="replace")
 
 
-def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: Any = None) -> CompileResult:
-    """Compile one ``.cu`` file for one ``sm_XX`` with NVRTC, returning the outcome (never raising
-    on a compile error: that is ``ok=False`` with NVRTC's log)."""
+def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: Any = None,
+                   variant: str = "plain") -> CompileResult:
+    """Compile one ``.cu`` file for one ``sm_XX`` with NVRTC, in one of :data:`VARIANTS`, returning the
+    outcome (never raising on a compile error: that is ``ok=False`` with NVRTC's log).
+
+    Raises:
+        KeyError: an unknown ``variant``.
+    """
     nvrtc = nvrtc or load_nvrtc()
     path = Path(path)
     t0 = time.perf_counter()
     source = path.read_text()
     names = kernel_names(source)
-    options = [f"--gpu-architecture={arch}", STD] + [f"-I{d}" for d in include_dirs]
+    options = [f"--gpu-architecture={arch}", STD, *VARIANTS[variant]] + [f"-I{d}" for d in include_dirs]
     opts = [o.encode() for o in options]
     # The program name is the file's path, so NVRTC's messages read "<path>(line): error ...".
     prog = _call(nvrtc, nvrtc.nvrtcCreateProgram(source.encode(), str(path).encode(), 0, [], []),
@@ -208,7 +222,7 @@ def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: A
             _e, msg = nvrtc.nvrtcGetErrorString(err)
             status = msg.decode(errors="replace") if isinstance(msg, bytes) else str(msg)
             log = f"{log.rstrip()}\n{status} (options: {' '.join(options)})".strip()
-            return CompileResult(path, arch, False, log, names, seconds=time.perf_counter() - t0)
+            return CompileResult(path, arch, False, log, names, seconds=time.perf_counter() - t0, variant=variant)
         n = _call(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = b" " * n
         _call(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
@@ -218,8 +232,36 @@ def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: A
     missing = [k for k in names if k.encode() not in cubin]
     if not cubin.strip(b" \x00"):
         return CompileResult(path, arch, False, (log + "\nNVRTC returned an empty cubin").strip(), names,
-                             seconds=time.perf_counter() - t0)
-    return CompileResult(path, arch, True, log, names, len(cubin), missing, time.perf_counter() - t0)
+                             seconds=time.perf_counter() - t0, variant=variant)
+    return CompileResult(path, arch, True, log, names, len(cubin), missing, time.perf_counter() - t0, variant)
+
+
+def ptx_of(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: Any = None, variant: str = "plain") -> str:
+    """The PTX NVRTC makes of one ``.cu`` file (one arch, one variant): what the device-side checks
+    read (``tests/test_kernels_compile.py``: every kernel of the ``pdl`` build waits first).
+
+    Raises:
+        RuntimeError: the file does not compile (with NVRTC's log).
+    """
+    nvrtc = nvrtc or load_nvrtc()
+    path = Path(path)
+    options = [f"--gpu-architecture={arch}", STD, *VARIANTS[variant]] + [f"-I{d}" for d in include_dirs]
+    opts = [o.encode() for o in options]
+    prog = _call(nvrtc, nvrtc.nvrtcCreateProgram(path.read_text().encode(), str(path).encode(), 0, [], []),
+                 f"nvrtcCreateProgram({path.name})")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            size = _call(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            buf = b" " * size
+            _call(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+            raise RuntimeError(f"{path.name} [{arch}, {variant}] does not compile:\n{_decode(buf)}")
+        n = _call(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        buf = b" " * n
+        _call(nvrtc, nvrtc.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
+        return _decode(buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def kernel_files(kernels_dir: Path) -> list[Path]:
@@ -228,8 +270,10 @@ def kernel_files(kernels_dir: Path) -> list[Path]:
 
 
 def compile_all(kernels_dir: Path = DEFAULT_KERNELS_DIR, archs: Iterable[str] = DEFAULT_ARCHS,
-                include_dirs: Sequence[Path] | None = None, nvrtc: Any = None) -> list[CompileResult]:
-    """Compile every ``kernels_dir/*.cu`` for every arch; one result per (file, arch).
+                include_dirs: Sequence[Path] | None = None, nvrtc: Any = None,
+                variants: Iterable[str] = ("plain",)) -> list[CompileResult]:
+    """Compile every ``kernels_dir/*.cu`` for every arch and variant (:data:`VARIANTS`); one result per
+    (file, arch, variant), in that order.
 
     ``include_dirs`` defaults to ``[kernels_dir, <folder of cuda_fp16.h>]``.
 
@@ -252,7 +296,11 @@ def compile_all(kernels_dir: Path = DEFAULT_KERNELS_DIR, archs: Iterable[str] = 
                 "install it with: pip install nvidia-cuda-runtime-cu12"
             )
         include_dirs = [kernels_dir, cuda_inc]
-    return [compile_kernel(f, a, include_dirs, nvrtc) for f in files for a in archs]
+    variants = list(variants)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown variant(s) {', '.join(bad)}: choose from {', '.join(VARIANTS)}")
+    return [compile_kernel(f, a, include_dirs, nvrtc, v) for f in files for a in archs for v in variants]
 
 
 # ------------------------------------------------------------------ command line
@@ -265,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="target architectures, e.g. sm_80 sm_90 (default: %(default)s)")
     ap.add_argument("--kernels-dir", type=Path, default=DEFAULT_KERNELS_DIR,
                     help="folder of the .cu files and common.cuh (default: %(default)s)")
+    ap.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                    help="build variants: plain (every stage), pdl (-DDS4_PDL=1, the programmatic-launch stages); "
+                         "default: both")
     ap.add_argument("--cuda-include", type=Path, default=None,
                     help=f"folder holding {FP16_HEADER} (default: found in the nvidia-cuda-runtime-cu12 wheel)")
     args = ap.parse_args(argv)
@@ -291,20 +342,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     print(f"NVRTC {nvrtc_version(nvrtc)}; kernels: {kernels_dir}; {FP16_HEADER} from: {cuda_inc}; "
-          f"archs: {' '.join(archs)}", flush=True)
+          f"archs: {' '.join(archs)}; variants: {' '.join(args.variant)}", flush=True)
     t0 = time.perf_counter()
     results = []
     for f in kernel_files(kernels_dir):
         for a in archs:
-            r = compile_kernel(f, a, [kernels_dir, Path(cuda_inc)], nvrtc)
-            print(r.describe(), flush=True)
-            results.append(r)
+            for v in args.variant:
+                r = compile_kernel(f, a, [kernels_dir, Path(cuda_inc)], nvrtc, v)
+                print(r.describe(), flush=True)
+                results.append(r)
     failed = [r for r in results if not r.ok]
     n_kernels = len({k for r in results for k in r.kernels})
     print(f"{len(results) - len(failed)}/{len(results)} compiles OK ({len(kernel_files(kernels_dir))} files x "
-          f"{len(archs)} archs, {n_kernels} kernels) in {time.perf_counter() - t0:.1f}s")
+          f"{len(archs)} archs x {len(args.variant)} variants, {n_kernels} kernels) in {time.perf_counter() - t0:.1f}s")
     if failed:
-        print("FAILED: " + ", ".join(f"{r.path.name} [{r.arch}]" for r in failed), file=sys.stderr)
+        print("FAILED: " + ", ".join(f"{r.path.name} [{r.arch}, {r.variant}]" for r in failed), file=sys.stderr)
         return 1
     return 0
 

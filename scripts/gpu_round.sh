@@ -15,6 +15,9 @@
 #   ladder       ds4lab ladder on ds4-flash (stages 0,0s,i,i+,1,2,3,3u)
 #   islands      a short ladder of ds4's islands on ds4-flash (stages 0,i,i+,3; 40 tokens)
 #   context      ds4lab context on ds4-flash at 1k, 4k, 16k, 64k (stages 0,i,i+,2,3,3c)
+#   capture-stages  the device-side stages (docs/capture-stages.md) on ds4-flash in one run: ds4lab context of
+#                3, 3c, 3cc, 3p, 3cp, 3ccp at 1k, 4k, 16k, 64k (64 tokens in 4 interleaved rounds: gains paired per
+#                token, with 95 % intervals, against stage 3), then ds4lab ladder of 0, 3, 3p (the short token)
 #   hazards      every hazard (small), and moe-profile-island on ds4-flash
 #   exclusion    ds4lab exclusion (ds4-flash, first layers; with the island column)
 #   moe          the MoE profiler's overhead per mode, eager and replayed (ds4-flash)
@@ -62,6 +65,9 @@ for arg in "$@"; do
          --tokens 40 --repeats 2 --out $R/islands ;;
     context) TAIL=34 step context ${limit:-300} $D context --backend cupy --preset ds4-flash --stages 0,i,i+,2,3,3c \
          --contexts 1024,4096,16384,65536 --tokens 32 --out $R/context ;;
+    capture-stages) TAIL=40 step capture-stages ${limit:-540} bash -c "$D context --backend cupy --preset ds4-flash \
+         --stages 3,3c,3cc,3p,3cp,3ccp --contexts 1024,4096,16384,65536 --tokens 64 --repeats 4 --out $R/capture-stages &&
+         $D ladder --backend cupy --preset ds4-flash --stages 0,3,3p --tokens 96 --repeats 4 --out $R/capture-stages-ladder" ;;
     hazards) TAIL=30 step hazards ${limit:-200} bash -c "$D hazards all --backend cupy --preset small --out $R/hazards &&
          $D hazards all-longctx --backend cupy --preset small --out $R/hazards-longctx &&
          $D hazards moe-profile-island --backend cupy --preset ds4-flash --out $R/hazards-island" ;;

@@ -1,4 +1,6 @@
-"""Every ``kernels/*.cu`` compiles with NVRTC for sm_90 — no GPU needed, so this runs in CI.
+"""Every ``kernels/*.cu`` compiles with NVRTC for sm_90 — no GPU needed, so this runs in CI — in both
+build variants (``plain``, and ``pdl`` with the device-side half of programmatic dependent launch), and
+the ``pdl`` build of every kernel the decode token launches waits before anything else.
 
 Uses ``scripts/compile_kernels.py`` (see its docstring). Skipped, with the reason, where
 ``cuda.bindings.nvrtc`` (the ``nvrtc12`` or ``nvrtc13`` extra) is not importable or usable, or where no
@@ -102,7 +104,7 @@ def test_broken_kernel_fails_the_script(broken_dir, nvrtc, cuda_include, capsys)
     out = capsys.readouterr()
     assert rc == 1
     fails = [ln for ln in out.out.splitlines() if ln.startswith("FAIL")]
-    assert len(fails) == 2 and all("broken_syntax.cu" in ln for ln in fails), out.out
+    assert len(fails) == 4 and all("broken_syntax.cu" in ln for ln in fails), out.out  # 2 archs x 2 variants
     assert "error" in out.out and "broken_syntax.cu" in out.err
 
 
@@ -111,7 +113,7 @@ def test_main_ok_on_real_kernels(nvrtc, cuda_include, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     n = len(ck.kernel_files(KERNELS))
-    assert sum(ln.startswith("OK ") for ln in out.splitlines()) == n, out
+    assert sum(ln.startswith("OK ") for ln in out.splitlines()) == n * len(ck.VARIANTS), out
 
 
 def test_bad_arch_rejected():
@@ -154,3 +156,78 @@ def test_moe_ds4_kernels_compile_for_both_archs_and_cover_every_site(nvrtc, cuda
         r = ck.compile_kernel(KERNELS / "moe_ds4.cu", arch, [KERNELS, cuda_include], nvrtc)
         assert r.ok, r.describe()
         assert set(r.kernels) == names and not r.not_in_cubin, r.describe()
+
+
+# ----------------------------------------------------------------------------- programmatic dependent launch
+import re  # noqa: E402
+
+#: PTX that touches memory, synchronizes, branches or returns: none may come before the wait.
+_BEFORE_WAIT = re.compile(r"^\s*(?:@%\w+\s+)?(ld\.global|ld\.shared|st\.|atom\.|red\.|bar\.|barrier\.|bra|ret|call)\b")
+
+
+def _entries(ptx: str) -> dict[str, list[str]]:
+    """``{kernel: the lines of its PTX body}`` of every ``.entry`` in ``ptx``."""
+    out = {}
+    for m in re.finditer(r"\.entry\s+(\w+)\s*\(", ptx):
+        start = ptx.index("{", ptx.index(")", m.end()))
+        depth, i = 1, start + 1
+        while depth:
+            depth += (ptx[i] == "{") - (ptx[i] == "}")
+            i += 1
+        out[m.group(1)] = ptx[start + 1:i - 1].splitlines()
+    return out
+
+
+def test_device_half_is_the_first_statement_of_every_kernel_that_launches_in_a_token():
+    """The source scan the backends refuse programmatic launches by: every kernel but the weight
+    initializers, the timestamp kernels and the bench's empty and spinning kernels begins with
+    DS4_PDL_ENTRY()."""
+    from ds4lab.backends.kernel_pdl import device_half
+
+    d = device_half(str(KERNELS))
+    without = sorted(k for k, v in d.items() if not v)
+    assert without == ["empty_kernel", "globaltimer_probe", "init_f32", "init_q4", "init_q8_0", "init_superblocks",
+                       "spin_wait", "stamp_time"], without
+    assert {"q8_matvec", "attention_decode", "attention_comp", "indexer_topk_merge", "cond_set_longctx",
+            "moe_down_sum_q2_k", "tiny_add"} <= {k for k, v in d.items() if v}
+
+
+@pytest.mark.parametrize("cu", [p for p in ck.kernel_files(KERNELS) if p.name not in ("init.cu", "timestamp.cu")],
+                         ids=lambda p: p.name)
+def test_pdl_build_waits_before_any_memory_access_branch_or_exit(cu, nvrtc, cuda_include):
+    """In the ``pdl`` build for sm_90 the first instructions of every kernel with the device-side half
+    are griddepcontrol.wait then griddepcontrol.launch_dependents, before any global or shared memory
+    access, barrier, branch, call or return; the sm_80 build and the plain build have neither (the
+    kernels every other stage runs are unchanged)."""
+    from ds4lab.backends.kernel_pdl import device_half
+
+    half = device_half(str(KERNELS))
+    inc = [KERNELS, cuda_include]
+    entries = _entries(ck.ptx_of(cu, "sm_90", inc, nvrtc, "pdl"))
+    assert entries, cu.name
+    for name, lines in entries.items():
+        if not half.get(name):
+            assert not any("griddepcontrol" in ln for ln in lines), name
+            continue
+        wait = next(i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln)
+        trigger = next(i for i, ln in enumerate(lines) if "griddepcontrol.launch_dependents" in ln)
+        early = [ln.strip() for ln in lines[:wait] if _BEFORE_WAIT.match(ln)]
+        assert not early and wait < trigger, (name, early)
+    for arch, variant in (("sm_80", "pdl"), ("sm_90", "plain")):
+        assert "griddepcontrol" not in ck.ptx_of(cu, arch, inc, nvrtc, variant), (cu.name, arch, variant)
+
+
+def test_condition_setters_call_the_device_runtime_for_both_archs(nvrtc, cuda_include):
+    """``kernels/graph_cond.cu``: every setter calls cudaGraphSetConditional (a builtin the driver
+    resolves when the module loads) on sm_80 and sm_90."""
+    for arch in ("sm_80", "sm_90"):
+        r = ck.compile_kernel(KERNELS / "graph_cond.cu", arch, [KERNELS, cuda_include], nvrtc)
+        assert r.ok and set(r.kernels) == {"cond_set_from", "cond_count_down", "cond_set_longctx"}, r.describe()
+        entries = _entries(ck.ptx_of(KERNELS / "graph_cond.cu", arch, [KERNELS, cuda_include], nvrtc))
+        for name, lines in entries.items():
+            assert any("cudaGraphSetConditional" in ln for ln in lines), (arch, name)
+
+
+def test_unknown_variant_refused(nvrtc):
+    with pytest.raises(ValueError, match="unknown variant"):
+        ck.compile_all(KERNELS, ["sm_90"], nvrtc=nvrtc, variants=["fast"])

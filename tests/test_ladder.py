@@ -28,7 +28,7 @@ from helpers import decode_hidden as tokens  # noqa: E402
 
 
 def test_stage_table_and_fixes():
-    assert list(STAGES) == ["0", "0s", "i", "i+", "1", "2", "3", "3u", "3c"]
+    assert list(STAGES) == ["0", "0s", "i", "i+", "1", "2", "3", "3u", "3c", "3cc", "3p", "3cp", "3ccp"]
     t = fixes_table()
     assert (t["0"] == "required").sum() == 1  # stage 0 only routes launches through the accessor
     assert t.loc["scalars from device buffers", "3"] == "required"

@@ -421,7 +421,8 @@ def test_token_options_accept_all_valid():
                 o = TokenOptions(counts_clear=cc, scalars=sc, scratch=sp, vocab=True)
                 assert o.summary() == {"counts_clear": cc, "scalars": sc, "scratch": sp,
                                        "vocab": True, "moe_profile": False, "moe_host_timed": False,
-                                       "legacy_sites": (), "sync_in_body": False, "longctx": "host"}
+                                       "legacy_sites": (), "sync_in_body": False, "longctx": "host",
+                                           "pdl": False}
 
 
 # ----------------------------------------------------------------------------- memory check

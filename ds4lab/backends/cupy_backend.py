@@ -21,6 +21,7 @@ import numpy as np
 from ..token import weights as W
 from ..capture.stream import CAPTURE_MODES, LEGACY_STREAM
 from .base import BackendUnavailable, DeviceClock, Executor, RuntimeApi
+from .cupy_device_graphs import CupyDeviceGraphsMixin
 from .cupy_host import CupyHostMixin
 from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked,
                            _cuda_errors, _cudart, _driver_graph_exec_update, _driver_node_type, _error_name, _ready,
@@ -67,7 +68,7 @@ def gpu_usable() -> tuple[bool, str]:
     return (n > 0, "ok" if n > 0 else "no CUDA device")
 
 
-class CupyBackend(CupyHostMixin, Executor, RuntimeApi, DeviceClock):
+class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, DeviceClock):
     """Runs launches on the current CUDA device (see module docstring).
 
     Raises:

@@ -127,6 +127,9 @@ class Launcher:
         self._planning = False
         #: Sites launched on the legacy stream regardless of the accessor (hazard demos).
         self.legacy_sites: frozenset = frozenset()
+        #: Kernels issued while a stream captures go through ``backend.launch_programmatic``
+        #: (programmatic dependent launch: stages 3p, 3cp, 3ccp); set by the model from its options.
+        self.programmatic = False
         #: Op-owned scratch buffers (split partials, tickets), by key; see :meth:`scratch`.
         self._scratch: dict = {}
 
@@ -264,15 +267,16 @@ class Launcher:
             stream = LEGACY_STREAM
         else:
             stream = current_stream()
+        launch = self.backend.launch_programmatic if self.programmatic and self._capturing else self.backend.launch
         if self._nvtx:
             ann = self.annotator
             ann.push(site, cluster, self.layer)
             try:
-                self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
+                launch(stream, name, grid, block, args, shared, ref, nbytes)
             finally:
                 ann.pop()
         else:
-            self.backend.launch(stream, name, grid, block, args, shared, ref, nbytes)
+            launch(stream, name, grid, block, args, shared, ref, nbytes)
 
     def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
         """Fill ``buf`` with byte ``value``.

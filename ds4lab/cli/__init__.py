@@ -254,15 +254,18 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
 @click.option("--tokens", type=click.IntRange(min=1), default=default(ContextConfig, "tokens"), show_default=True,
               help="Timed tokens per stage and context.")
 @click.option("--warmup", type=click.IntRange(min=0), default=default(ContextConfig, "warmup"), show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=default(ContextConfig, "rounds"), show_default=True,
+              help="Interleaved timing rounds per context (odd rounds in reverse stage order); the gains are "
+                   "paired per token over them.")
 @click.option("--mode", type=click.Choice(CAPTURE_MODES), default=default(ContextConfig, "mode"),
               show_default=True, help="Stream-capture mode.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/context-<preset>-<backend>.")
-def context(backend, preset, stages, contexts, span, tokens, warmup, mode, out) -> None:
+def context(backend, preset, stages, contexts, span, tokens, warmup, repeats, mode, out) -> None:
     """The stage ladder across context length, on the long-context token: µs per token per stage and
     context, launches, graphs captured so far, exactness across emit and top-k regime boundaries."""
     invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
-                                    warmup=warmup, mode=mode, out=out), backend)
+                                    warmup=warmup, mode=mode, out=out, rounds=repeats), backend)
 
 
 @main.command()

@@ -3,8 +3,10 @@ hazard fixes it needs.
 
 Stages ``0`` … ``3u`` are ds4's staged plan (``shared/context/ds4-decode.md``, "The staged plan",
 the seed pull request and ds4 #534); ``3c`` is one whole-token graph for every position of the
-long-context token; ``i`` and ``i+`` are ds4's decode islands as shipped (ds4 ``e50104f6``, "cuda:
-decode-island CUDA graph capture for serial decode"; ``docs/model.md``, "ds4's decode islands").
+long-context token, ``3cc`` the same through conditional nodes, ``3p`` / ``3cp`` / ``3ccp`` stages 3, 3c
+and 3cc with programmatic dependent launch (``docs/capture-stages.md``); ``i`` and ``i+`` are ds4's
+decode islands as shipped (ds4 ``e50104f6``, "cuda: decode-island CUDA graph capture for serial
+decode"; ``docs/model.md``, "ds4's decode islands").
 A :class:`~ds4lab.experiments.run.StageRun` runs one of them on a model.
 """
 
@@ -19,7 +21,7 @@ FIXES = ("launches through the accessor", "non-blocking stream", "async counts c
          "expert selection on the device", "preallocated scratch", "no host-timed profiling",
          "scalars from device buffers", "node parameters updated before replay",
          "no device sync in the body", "warm-up before capture", "device-side predicates",
-         "buffer-keyed graph variants")
+         "buffer-keyed graph variants", "conditional nodes set on the device", "both halves of programmatic launch")
 
 #: The first decoded position of a ladder (the KV window is full from the start).
 START_POS = 1000
@@ -116,6 +118,29 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="device"), long_context_only=True,
           fixes=(*_BASE, *_MOE, "scalars from device buffers", "no device sync in the body", "device-side predicates")),
 )}
+
+# The device-side stages (docs/capture-stages.md): conditional nodes (3cc) and programmatic dependent
+# launch (3p, and on top of 3c / 3cc: 3cp, 3ccp), each built from the stage it changes.
+_WHOLE = (*_BASE, *_MOE, "scalars from device buffers", "no device sync in the body")
+_PDL = "both halves of programmatic launch"
+STAGES.update({s.name: s for s in (
+    Stage("3cc", "conditional", "the whole token captured once; each compressor's emit kernels the body of an IF "
+          "node and the indexer a SWITCH node with one body per top-k regime, their conditions set from the "
+          "position by a kernel of the graph (cudaGraphSetConditional): ds4's launches at each position",
+          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="conditional"),
+          long_context_only=True, fixes=(*_WHOLE, "conditional nodes set on the device")),
+    Stage("3p", "token + PDL", "as 3, every kernel of the capture launched with programmatic stream serialization "
+          "(cuLaunchKernelEx) and waiting on the device for its predecessor (griddepcontrol.wait) before anything "
+          "else: a programmatic edge between consecutive kernels", capture=("token",), key_decisions=True,
+          options=dict(_TOKEN_OPTS, scalars="device", pdl=True), fixes=(*_WHOLE, _PDL)),
+    Stage("3cp", "3c + PDL", "as 3c, with programmatic edges between consecutive kernels (as 3p)",
+          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="device", pdl=True),
+          long_context_only=True, fixes=(*_WHOLE, "device-side predicates", _PDL)),
+    Stage("3ccp", "3cc + PDL", "as 3cc, with programmatic edges between consecutive kernels (as 3p; not across a "
+          "conditional node, whose dependents wait for it to complete)",
+          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="conditional", pdl=True),
+          long_context_only=True, fixes=(*_WHOLE, "conditional nodes set on the device", _PDL)),
+)})
 
 #: What ``ds4lab ladder`` runs by default, and ``ds4lab context``.
 LADDER_DEFAULT = "0,0s,i,i+,1,2,3,3u"

@@ -35,8 +35,9 @@ class ContextConfig:
     """Arguments of ``ds4lab context`` (the command line reads its defaults from here): stages,
     contexts (start positions, ascending; None: :data:`DEFAULT_CONTEXTS`, those the preset holds:
     :func:`default_contexts`), ``span`` (tokens compared bit for bit at each context),
-    ``tokens`` timed per stage and context after ``warmup``, capture ``mode``, result folder (None:
-    ``results/context-<preset>-<backend>``)."""
+    ``tokens`` timed per stage and context after ``warmup``, in ``rounds`` interleaved rounds (odd
+    rounds in reverse stage order: the gains are then paired over interleaved rounds, as the ladder's),
+    capture ``mode``, result folder (None: ``results/context-<preset>-<backend>``)."""
 
     stages: str = CONTEXT_DEFAULT
     preset: str | None = None
@@ -46,6 +47,7 @@ class ContextConfig:
     warmup: int = 4
     mode: str = "thread_local"
     out: Path | str | None = None
+    rounds: int = 1
 
 
 def parse_contexts(text) -> list[int]:
@@ -83,7 +85,10 @@ def check_config(cfg: ContextConfig) -> None:
     parse_stages(cfg.stages, long_context=True)
     if cfg.contexts is not None:
         parse_contexts(cfg.contexts)
-    check_counts(span=cfg.span, tokens=cfg.tokens, warmup=cfg.warmup)
+    check_counts(span=cfg.span, tokens=cfg.tokens, warmup=cfg.warmup, rounds=cfg.rounds)
+    if cfg.rounds > cfg.tokens:
+        raise BadInput(f"--repeats {cfg.rounds}: more rounds than --tokens {cfg.tokens} (each round times at "
+                       "least one token per stage)")
     check_out_option(cfg.out)
 
 
@@ -107,9 +112,9 @@ def default_contexts(cfg: ContextConfig, preset: str) -> list[int]:
 
 def table_of(cfg: ContextConfig) -> Table:
     """The context ladder's :class:`Table`: each context's exactness span from ``context - 4``,
-    timing from the context itself, one round, the floors at each context."""
+    timing from the context itself in ``rounds`` interleaved rounds, the floors at each context."""
     return Table(stages=tuple(parse_stages(cfg.stages, long_context=True)), contexts=tuple(parse_contexts(cfg.contexts)),
-                 exact_tokens=cfg.span, exact_lead=4, tokens=cfg.tokens, warmup=cfg.warmup, rounds=1,
+                 exact_tokens=cfg.span, exact_lead=4, tokens=cfg.tokens, warmup=cfg.warmup, rounds=cfg.rounds,
                  timing_after_exact=False, floor=True)
 
 

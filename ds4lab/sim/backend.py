@@ -11,7 +11,9 @@ Device memory lives in an arena (:mod:`ds4lab.sim.memory`), so a buffer that is 
 re-allocated with the same size gets the same memory, and a replayed graph that still points at the
 freed buffer writes into its new owner, as on a GPU. In ``timing_only`` mode nothing is computed:
 buffers and weights are phantom arrays (right shape, dtype and ``nbytes``, no memory), so the full
-``ds4-flash`` token runs in well under a second of Python.
+``ds4-flash`` token runs in well under a second of Python; only tiny int32 buffers (the token's scalars,
+:data:`SMALL_REAL_INTS`) stay real and take their host copies, so that the kernels that set conditional
+nodes from the position (stage ``3cc``) send a modeled replay down the branch the position asks for.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from ..errors import CudaError
 from ..capture.stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration
 from .memory import Arena, ArenaError, aligned, phantom
+from .device_graphs import SimDeviceGraphsMixin
 from .host_api import HostApiMixin
 from .runtime import MODES, RULES, Graph, GraphExec, Runtime, SimEvent, SimStream
+
+
+#: In timing-only mode, int32 buffers of at most this many elements are real host arrays (the token's
+#: scalars: what a condition-setting kernel reads), every other buffer a phantom.
+SMALL_REAL_INTS = 16
 
 
 class PhantomBank:
@@ -71,7 +79,7 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
     return out
 
 
-class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
+class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, ModeledTime):
     """A modeled GPU on the CPU (see module docstring).
 
     Args:
@@ -132,6 +140,8 @@ class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
                 if pool and self._phantom_free[size]:
                     self._phantom_free[size] -= 1
                 self._phantom_bytes += size
+                if dt == np.int32 and int(np.prod(shape, dtype=np.int64)) <= SMALL_REAL_INTS:
+                    return np.zeros(shape, dt)  # real even here: device scalars decide conditional nodes
                 return phantom(shape, dt)
             if not (pool and self.arena._free.get(size)):
                 self.rt.unsafe_call(call)
@@ -153,7 +163,7 @@ class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
     def from_host(self, a):
         a = np.asarray(a)
         out = self._alloc(a.shape, a.dtype, "from_host", pool=True, call="cudaMalloc (memory-pool growth)")
-        if not self.timing_only:
+        if not self.timing_only or out.flags.writeable:
             out[...] = a
         return out
 
@@ -286,7 +296,8 @@ class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
         us = self._kernel_us.get(key)
         if us is None:
             us = self._kernel_us[key] = self.cal.kernel_us(name, nbytes)
-        self.rt.enqueue(stream, "kernel", name, None if self.timing_only else ref, us, "cudaLaunchKernel",
+        keep = not self.timing_only or getattr(ref, "always", False)  # always: a condition-setting kernel
+        self.rt.enqueue(stream, "kernel", name, ref if keep else None, us, "cudaLaunchKernel",
                         None, (grid, block, args, shared, nbytes))
 
     def memset_async(self, stream, buf, value):
@@ -315,6 +326,7 @@ class SimBackend(HostApiMixin, Executor, RuntimeApi, ModeledTime):
         def fn():
             dst[...] = src.reshape(dst.shape)
 
+        fn.always = bool(dst.flags.writeable)  # timing-only: a real (small) buffer still takes the copy
         self.rt.enqueue(stream, "memcpy", "memcpy HtoD", fn, self.cal.h2d_gpu_us(src.nbytes), "cudaMemcpyAsync",
                         self.cal.host_api_us, (dst, src))
 

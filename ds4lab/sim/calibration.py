@@ -57,6 +57,8 @@ SCHEMA: dict[str, Any] = {
         # every kernel's modeled time multiplied by this (a calibration made from another engine's
         # kernels, ``calibrate --from-ds4``: ds4's busy time over ds4lab's); 1 when absent
         "kernel_time_scale": {"type": "number", "finite": True, "exclusiveMinimum": 0, "maximum": 100},
+        "pdl_edge_us": _US,
+        "graph_conditional_us": _US,
         "kernel_fixed_us": _US,
         "graph_node_us": _US,
         "graph_node_gap_us": _US,

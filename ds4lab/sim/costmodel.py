@@ -27,7 +27,13 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
      "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us",
      "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
      optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies),
-     "graph_node_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale"}
+     "graph_node_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale",
+     "pdl_edge_us", "graph_conditional_us" (GUESS defaults until the H200 measures them: GUESSED)}
+
+* **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts
+  while its predecessor drains; it is priced ``pdl_edge_us`` less than its fit, never below half of it
+  (:meth:`Calibration.programmatic_us`). **Conditional nodes** (stage 3cc): the device evaluates each
+  one reached in a replay, ``graph_conditional_us`` before its body (or the next node) can start.
 
 :func:`fit_calibration` derives ``kernel_fixed_us``, ``bandwidth_GBps`` and ``kernels`` from a
 per-op timing CSV and a launch trace (``ds4lab calibrate`` measures them on a GPU).
@@ -46,14 +52,26 @@ REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_grap
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0,
-            "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0}
+            "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0, "pdl_edge_us": 0.5,
+            "graph_conditional_us": 1.0}
+
+#: The optional constants whose defaults no measurement gave yet, and why each default is what it is
+#: (``docs/capture-stages.md``: the H200 run that replaces them). A calibration file that sets one
+#: carries its own value.
+GUESSED = {
+    "pdl_edge_us": "GUESS: about the idle gap measured between two dependent kernel nodes of a replayed graph "
+                   "(graph_node_gap_us, 0.43 us on the H200), which an overlapped launch can hide; to be fitted "
+                   "from stage 3p against stage 3 on the H200 (ds4lab context --stages 3,3p)",
+    "graph_conditional_us": "GUESS: no source gives the device time of evaluating a conditional node; to be "
+                            "fitted from stage 3cc on the H200 (ds4lab context --stages 3c,3cc)",
+}
 
 
 #: Kernels that a calibration file may not have measured yet, and the measured kernel of the same
 #: stage and kind whose fit (fixed cost, bandwidth) prices them until it has (``ds4lab calibrate``
 #: measures every kernel of a token, so a re-measured file carries their own fits): ds4's routed-MoE
 #: path (``kernels/moe_ds4.cu``) by prefix, priced as ds4lab's earlier routed-MoE kernels.
-STAND_INS = (("xq_quantize_q8k", "xq_quantize"), ("moe_midq_q8k", "moe_midq"),
+STAND_INS = (("cond_set_", "comp_rope_store"), ("xq_quantize_q8k", "xq_quantize"), ("moe_midq_q8k", "moe_midq"),
              ("moe_gateup_mid_tiled_", "moe_gateup_tiled"), ("moe_gateup_mid_", "moe_gateup_decode"),
              ("moe_down_tiled_", "moe_down_tiled"), ("moe_down_sum_", "moe_down_decode"),
              ("moe_sum_slots", "moe_sum"))
@@ -101,6 +119,11 @@ class Calibration:
     #: engine's total kernel time over ds4lab's for a calibration made from that engine
     #: (:func:`ds4lab.measure.calibrate.fit_from_ds4`: ds4's kernels, ds4lab's launch list).
     kernel_time_scale: float = 1.0
+    #: device µs a kernel node reached by a programmatic edge gains over its fit (its launch overlaps its
+    #: predecessor's drain): GUESSED until the H200 measures it
+    pdl_edge_us: float = 0.5
+    #: device µs to evaluate one conditional node in a replay: GUESSED until the H200 measures it
+    graph_conditional_us: float = 1.0
     path: str | None = None
 
     @classmethod
@@ -148,6 +171,11 @@ class Calibration:
         else:
             us = self.kernel_fixed_us + nbytes / (self.bandwidth_GBps * 1e3)
         return us * self.kernel_time_scale
+
+    def programmatic_us(self, gpu_us: float) -> float:
+        """A kernel node's modeled time when a programmatic edge reaches it: ``pdl_edge_us`` less, never
+        below half of ``gpu_us`` (the overlap hides its launch, not its work). GUESS (see :data:`GUESSED`)."""
+        return max(gpu_us - self.pdl_edge_us, 0.5 * gpu_us)
 
     def memset_gpu_us(self, nbytes: int) -> float:
         """A memset of ``nbytes`` (fixed cost plus writing at the copy bandwidth)."""

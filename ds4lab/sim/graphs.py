@@ -26,6 +26,8 @@ class Graph:
     #: those executables (rule instantiate_mem_nodes_twice asks whether one holds unfreed allocations)
     live: list = field(default_factory=list)
     destroyed: bool = False
+    #: the graph whose conditional node owns this one as a body (None: a top-level graph)
+    parent: Any = None
 
     @property
     def has_mem_nodes(self) -> bool:
@@ -152,6 +154,8 @@ class Graphs:
                 raise CudaError("cudaErrorInvalidValue", call, "not sim graphs")
             if child.has_mem_nodes:
                 self.rt._fail("child_graph_mem_nodes", call, (), f"graph {child.id} has memory nodes")
+            if any(n.kind == "conditional" for n in child.nodes):
+                self.rt._fail("child_graph_conditional", call, (), f"graph {child.id} has a conditional node")
             deps = (len(g.nodes) - 1,) if g.nodes else ()
             clone = Graph(next(self.rt._ids), list(child.nodes), child.capture_id)  # the child is cloned
             g.nodes.append(Node(len(g.nodes), "graph", f"graph {child.id}", None, deps, 0.0, "", clone))
@@ -232,11 +236,29 @@ class Graphs:
 
     @staticmethod
     def _flat(nodes):
+        """The nodes a replay runs, in order: child graphs inlined; a conditional node, then the bodies its
+        handle selects when the replay reaches it (``info.run_bodies()``: rule set_conditional), lazily, so a
+        condition set by an earlier node of the same launch decides."""
         for n in nodes:
             if n.kind == "graph":
                 yield from Graphs._flat(n.info.nodes)
+            elif n.kind == "conditional":
+                yield n
+                for body in n.info.run_bodies():
+                    yield from Graphs._flat(body.nodes)
             else:
                 yield n
+
+    @staticmethod
+    def _conditionals(nodes):
+        """Every conditional node of ``nodes``, child graphs and bodies included."""
+        for n in nodes:
+            if n.kind == "graph":
+                yield from Graphs._conditionals(n.info.nodes)
+            elif n.kind == "conditional":
+                yield n
+                for body in n.info.bodies:
+                    yield from Graphs._conditionals(body.nodes)
 
     def _launch_checks(self, ge: GraphExec, s: SimStream, call: str, rule: str) -> bool:
         """Capture rules of a launch/upload on ``s``; True when the call must stop (dropped)."""
@@ -317,15 +339,22 @@ class Graphs:
             step = self.rt.cal.graph_node_us
             gid = ge.graph.id
             compute = self.rt.compute
+            for c in self._conditionals(ge.graph.nodes):  # rule conditional_default
+                c.info.start_launch()
+                self.rt._applied("conditional_default" if c.info.handle.assign_default else "set_conditional", call)
             for n in self._flat(ge.graph.nodes):
-                if compute and n.fn is not None:
+                if n.fn is not None and (compute or getattr(n.fn, "always", False)):
                     n.fn()
+                if n.kind == "conditional":  # the device evaluates it before its body can start (set_conditional)
+                    self.rt._applied("set_conditional", call)
+                    prev_end = max(pace, prev_end) + self.rt.cal.graph_conditional_us
                 if n.kind == "event_record" and isinstance(n.info, SimEvent):  # rule event_record_external
                     ev = n.info
                     ev.capture, ev.tail, ev.stream = None, (), s
                     ev.time_us = max(pace, prev_end)
                 if n.kind in ("kernel", "memset", "memcpy"):
-                    _, prev_end = self.rt.dev.run(s.name, n.name, max(pace, prev_end), n.gpu_us, n.kind, gid,
+                    us = self.rt.cal.programmatic_us(n.gpu_us) if "programmatic" in n.edges else n.gpu_us
+                    _, prev_end = self.rt.dev.run(s.name, n.name, max(pace, prev_end), us, n.kind, gid,
                                                occupies=n.kind != "memcpy")
                 pace += step
             s.ready_us = prev_end

@@ -56,6 +56,8 @@ class Node:
     gpu_us: float
     stream: str
     info: Any = None  # the launch as issued (grid, block, args, shared, nbytes) or the child graph
+    #: edge type per dependency, parallel to ``deps`` ("default", "programmatic"); empty: all default
+    edges: tuple = ()
 
 
 @dataclass
@@ -70,6 +72,9 @@ class CaptureSeq:
     streams: list = field(default_factory=list)
     nodes: list = field(default_factory=list)
     why: str = ""  # the first invalidating call
+    #: the graph the capture fills, once one is asked for (cudaStreamGetCaptureInfo) or given
+    #: (cudaStreamBeginCaptureToGraph); its node list is ``nodes`` itself, and end_capture returns it
+    graph: Any = None
 
     @property
     def live(self) -> bool:

@@ -331,6 +331,12 @@ RULES: dict[str, Rule] = {
         "of refused (rule isolation)"),
 }
 
+# Graph construction inside a capture, conditional nodes, programmatic dependent launch: their own
+# module, one table (stages 3cc, 3p, 3cp, 3ccp; docs/capture-stages.md).
+from .rules_device import DEVICE_RULES  # noqa: E402
+
+RULES.update({name: Rule(*fields) for name, fields in DEVICE_RULES.items()})
+
 
 def _error(name: str, call: str, detail: str):
     if name.startswith("cupy:"):

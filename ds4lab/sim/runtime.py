@@ -240,7 +240,7 @@ class Runtime:
             if self.live and s is not self.legacy:
                 self._applied("uncaptured_stream", call)
             submit = self.dev.host(cost)
-            if fn is not None and self.compute:
+            if fn is not None and (self.compute or getattr(fn, "always", False)):  # always: device scalars, conditions
                 fn()
             _, s.ready_us = self.dev.run(s.name, name, self._earliest(s, submit), gpu_us, kind,
                                          occupies=kind != "memcpy")
@@ -511,6 +511,8 @@ class Runtime:
                 self._fail("end_unjoined", call, (), f"work on {', '.join(m.name for m in unjoined)} not joined "
                                                      f"back to {s.name}")
             self._finish(seq)
+            if seq.graph is not None:  # a graph asked for during the capture, or captured into (capture_to_graph)
+                return seq.graph
             return Graph(next(self._ids), list(seq.nodes), seq.id)
 
     @staticmethod

@@ -33,7 +33,7 @@ from .reference import max_tiles
 COUNTS_CLEAR = ("sync", "async")
 SCALARS = ("value", "device")
 SCRATCH = ("on-demand", "prealloc")
-LONGCTX = ("host", "device")
+LONGCTX = ("host", "device", "conditional")
 #: ds4's MoE profile stages, between 7 events (context file, "The routed MoE kernel sequence").
 MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 
@@ -60,6 +60,11 @@ class TokenOptions:
             always launched (they exit at once off an emit token), the indexer always run with
             the worst-case top-k plan for ``max_context`` (blocks past n_comp exit or write
             nothing), the attention choosing selected or all rows from n_comp on the device.
+            ``"conditional"`` (stage ``3cc``): one graph for every position with ds4's launches, the
+            emit kernels inside IF nodes and the indexer inside a SWITCH node per top-k regime, their
+            conditions set on the device from the position (:mod:`ds4lab.token.longctx_branches`).
+        pdl: launch every kernel issued inside a stream capture with programmatic stream
+            serialization (stages ``3p``, ``3cp``, ``3ccp``: ``Launcher.programmatic``).
     """
 
     counts_clear: str = "sync"
@@ -76,6 +81,7 @@ class TokenOptions:
     #: stage 3 captures: a capture hazard).
     sync_in_body: bool = False
     longctx: str = "host"
+    pdl: bool = False
 
     def __post_init__(self):
         for field, allowed in (("counts_clear", COUNTS_CLEAR), ("scalars", SCALARS), ("scratch", SCRATCH),
@@ -301,9 +307,12 @@ class DecodeModel:
         #: A hazard the options cannot express, or None (``ds4lab.experiments.run.ModelPatch``:
         #: ``forget``, decision prefixes the graph guard is not told; ``comp_row_by_value``).
         self.patch = None
+        #: Stage 3cc's conditional nodes (``longctx="conditional"``), or None: ``_device_paths``.
+        self.branches = None
         self._check_memory()
         self._alloc_weights()
         self._alloc_buffers()
+        self._device_paths()
         # Weights and caches were filled on the legacy stream; a non-blocking stream does not
         # wait for it, so finish here before any stream may use them.
         self.be.synchronize()
@@ -411,6 +420,28 @@ class DecodeModel:
             self.profile_events = [self.be.new_event() for _ in range(7)]
         self.opts = opts
         self.L.legacy_sites = frozenset(opts.legacy_sites)
+        self._device_paths()
+
+    def _device_paths(self) -> None:
+        """The options' device-side paths: programmatic launches in captures (``pdl``: the backend's
+        programmatic build loaded now, never inside a capture) and stage 3cc's conditional nodes.
+
+        Raises ValueError for ``pdl`` on a backend that cannot launch programmatically."""
+        from ..backends.device_graphs import DeviceGraphApi
+
+        o = self.opts
+        if o.pdl and not isinstance(self.be, DeviceGraphApi):
+            raise ValueError(f"TokenOptions.pdl: backend {self.be.name!r} has no programmatic launch")
+        self.L.programmatic = bool(o.pdl)
+        if o.pdl:
+            self.be.prepare_device_kernels(programmatic=True)
+        if o.longctx == "conditional" and self.lc is not None:
+            if self.branches is None:
+                from .longctx_branches import LongctxBranches
+
+                self.branches = LongctxBranches(self)
+            else:
+                self.branches.prepare(programmatic=o.pdl)
 
     def reset_state(self) -> None:
         """Refill the KV caches with their prefill rows: the state every stage's exactness run
@@ -807,9 +838,9 @@ class DecodeModel:
 
     def _longctx_decisions(self, pos: int, by_value: bool) -> tuple:
         cfg, d = self.cfg, []
-        if self.opts.longctx == "device":
-            # One launch list for every position: nothing position-dependent is chosen on the host.
-            d.append(("longctx.launch", "device"))
+        if self.opts.longctx in ("device", "conditional"):
+            # One graph for every position: nothing position-dependent is chosen on the host.
+            d.append(("longctx.launch", self.opts.longctx))
             if by_value:
                 d.append(("longctx.position", pos))  # by value, every kernel would see a stale position
             return tuple(d)
@@ -848,12 +879,17 @@ class DecodeModel:
         # and the rotate-store and the shift exit at once off an emit position. The same kernels
         # with the same geometry give the same bits as ds4's path (a fused emit kernel did not: its
         # reduction order differs from rms_norm_rows', measured on the H200).
-        if self.opts.longctx == "device" or R.is_emit(ts.pos, ratio):
+        def emit():
             ops.comp_pool(L, f"{pre}_pool", skv, ssc, pooled, D, ratio)
             ops.rms_norm_rows(L, f"{pre}_norm", pooled, w[f"{pre}_norm"], normed, 1, D, cfg.rms_eps)
             ops.comp_rope_store(L, f"{pre}_rope_store", normed, rows, D, ratio, cfg, ts)
             if ratio == 4:
                 ops.comp_shift(L, f"{pre}_shift", skv, ssc, width, ratio, ts)
+
+        if self.opts.longctx == "conditional":  # stage 3cc: an IF node in a capture
+            self.branches.emit(layer, lane, emit, R.is_emit(ts.pos, ratio))
+        elif self.opts.longctx == "device" or R.is_emit(ts.pos, ratio):
+            emit()
 
     def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
         """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus
@@ -866,6 +902,9 @@ class DecodeModel:
         cfg, L, lc = self.cfg, self.L, self.lc
         bufs = lc.layers[layer]
         k = cfg.index_top_k
+        cond = self.opts.longctx == "conditional"  # stage 3cc: conditional nodes (longctx_branches)
+        if cond:
+            self.branches.start_layer(layer, ratio, ts)
         with L.cluster("compressor"):
             self._compressor(layer, ratio, ts, "comp")
             if ratio == 4:
@@ -876,9 +915,11 @@ class DecodeModel:
         # n_comp max_context allows, every block reading n_comp from the position on the device.
         n_plan = cfg.comp_capacity(ratio) if device else n
         use_sel = ratio == 4 and R.topk_regime(n_plan, k) != "all"
-        if use_sel:
+        if cond:
+            use_sel = ratio == 4 and self.branches.indexer(layer, ratio, ts)
+        elif use_sel:
             self._indexer(layer, ratio, n_plan, ts)
-        mode = ("device" if device else True) if use_sel else False
+        mode = ("device" if device or cond else True) if use_sel else False
 
         def attention():
             with L.cluster("attention"):
