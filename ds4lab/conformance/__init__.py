@@ -10,7 +10,8 @@ The scenarios live by area and register in this order (the order of ``SCENARIOS`
 record follows): :mod:`.hazards`, :mod:`.streams`, :mod:`.queries`, :mod:`.graphs`,
 :mod:`.updates`, :mod:`.islands` (ds4's decode islands), :mod:`.memory` (host memory: copies, cudaMemcpy, pinned memory) and
 :mod:`.host_calls` (host queries, capture status, pre-capture events, other streams, cuBLAS): the
-calls ``ds4lab audit`` gives verdicts for. :mod:`.framework` holds the recorder and the registry, :mod:`.runner` runs and
+calls ``ds4lab audit`` gives verdicts for; :mod:`.tp` (two devices: peer copies and NCCL all-reduce, each
+rank a thread; skipped where fewer than two GPUs are). :mod:`.framework` holds the recorder and the registry, :mod:`.runner` runs and
 compares.
 """
 
@@ -25,6 +26,7 @@ from . import updates  # noqa: F401  isort: skip
 from . import islands  # noqa: F401  isort: skip
 from . import memory  # noqa: F401  isort: skip
 from . import host_calls  # noqa: F401  isort: skip
+from . import tp  # noqa: F401  isort: skip  (two devices: peer copies, NCCL; docs/tensor-parallel.md)
 # _buf, _capture, _replay: the scenario helpers, as ds4lab.conformance._capture (tests write scenarios with them)
 from .framework import MODES, N, SCENARIOS, Recorder, Scenario, _buf, _capture, _replay, scenario
 from .runner import compare, run_scenarios
