@@ -434,7 +434,8 @@ class SimNode:
         call = "cudaMemcpyPeer"
         if dst.nbytes != src.nbytes:
             raise ValueError(f"{call}: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
-        rts = [self.backend(d).rt for d in sorted({dst_device, src_device})]
+        # the source device's captures first (the caller's own, in ds4's reduction), then the destination's
+        rts = [self.backend(d).rt for d in dict.fromkeys((src_device, dst_device))]
         for rt in rts:
             bad = [q for q in rt.live if any(m.blocking for m in q.streams)]
             if bad:

@@ -100,14 +100,16 @@ class TPGroup:
                 raise v
         return out
 
-    def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", **kw) -> list:
+    def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,
+                   **kw) -> list:
         """One :class:`~ds4lab.experiments.run.StageRun` of ``stage`` per rank, made on the rank's thread
-        (its streams on its device). ds4 keeps island 1 eager on the hash-routed layers; with the collectives
+        (its streams on its device); ``per_rank[r]``: keyword arguments for rank ``r``'s only (a hazard that
+        differs between ranks). ds4 keeps island 1 eager on the hash-routed layers; with the collectives
         outside, the three clusters of island 1 are kept eager there too."""
         from ..experiments.run import StageRun
 
         def make(r: int):
-            run = StageRun(self.models[r], stage, base, mode=mode, **kw)
+            run = StageRun(self.models[r], stage, base, mode=mode, **{**kw, **((per_rank or [{}] * self.world)[r])})
             if run.cache is not None and any(c.startswith("island1.") for c in stage.capture):
                 m = self.models[r]
                 run.cache.skip = frozenset(run.cache.skip) | {

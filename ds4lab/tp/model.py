@@ -95,6 +95,8 @@ class TPRankModel(DecodeModel):
         if opts.scratch != "prealloc":
             raise ValueError("tensor parallel: scratch must be preallocated (scratch='prealloc')")
         self.full_cfg, self.plan, self.reducer, self.placement, self.check = cfg, plan, reducer, placement, check
+        #: ``(layer, point)`` where this rank issues one collective more (hazard tp-collective-order), or None
+        self.extra_collective: tuple | None = None
         self.full = FullWeights(cfg, getattr(backend, "seed", 1234))
         super().__init__(plan.local_config(), backend, opts, nvtx=nvtx, n_layers=n_layers)
 
@@ -140,6 +142,7 @@ class TPRankModel(DecodeModel):
         # the routed experts' partial sum lands in row 1 of the send buffer (decode: one token)
         self.moe_buf.y = self.tp_ffn_send[1:2]
         self.tp_ids = be.zeros((cfg.n_used,), np.int32)
+        self.tp_extra = be.zeros((E,), f)
         # ds4's peer path: two inbox buffers per reduction point (PeerReducer alternates them)
         self.tp_inbox = {"attn": [be.zeros((E,), f) for _ in range(2)], "ffn": [be.zeros((2, E), f) for _ in range(2)]}
 
@@ -261,6 +264,8 @@ class TPRankModel(DecodeModel):
         else:
             send, recv = self.tp_ffn_send, self.tp_ffn_recv
         with self.L.cluster("tp.reduce"):
+            if self.extra_collective == (layer, point):  # a collective the other ranks do not issue (hazard)
+                self.reducer.reduce(self, layer, "extra", self.h[0], self.tp_extra)
             self.reducer.reduce(self, layer, point, send, recv)
         if self.check is not None and not self.L.capturing:
             self.check(self, layer, point)
