@@ -127,8 +127,9 @@ def _nodes(r: Recorder, step: str, be, graph) -> None:
     if graph is None:
         r.obs[step] = "no graph"
         return
-    c = Counter(f"{n['kind']}:{n['name']}" if n["kind"] == "kernel" and n["name"] else n["kind"]
-                for n in be.graph_nodes(graph))
+    # NCCL's kernels are unnamed on a GPU (the backend names ds4lab's own kernels only): likewise here
+    c = Counter(f"{n['kind']}:{n['name']}" if n["kind"] == "kernel" and n["name"] and not n["name"].startswith("nccl")
+                else n["kind"] for n in be.graph_nodes(graph))
     c.pop("empty", None)
     r.obs[step] = ",".join(f"{k}x{v}" for k, v in sorted(c.items())) or "none"
 

@@ -248,6 +248,10 @@ def _describe(sig: tuple, graph: bool) -> str:
     return f"{op}({red}) of {count} {dtype}, {'from a graph' if graph else 'eager'}"
 
 
+#: The name the sim gives an all-reduce's kernel, as NCCL names its float32 sum (``ncclDevKernel_<Op>_...``).
+NCCL_KERNEL_NAME = "ncclDevKernel_AllReduce_Sum_f32"
+
+
 class SimComm:
     """One rank's NCCL communicator (``ncclComm_t``) on the sim: :meth:`all_reduce` on its device."""
 
@@ -289,7 +293,7 @@ class SimComm:
                     start = self.group.meet(self.rank, sig, True, send, recv, rt.dev.free_us, rt, call)
                     rt.dev.free_us = max(rt.dev.free_us, start)  # the node starts when every rank is there
 
-                rt.enqueue(s, "kernel", "", replay, dur, call, info=("nccl", sig))
+                rt.enqueue(s, "kernel", NCCL_KERNEL_NAME, replay, dur, call, info=("nccl", sig))
                 rt._applied("nccl_capture", call)
                 return
             if s is rt.legacy and rt.live:
@@ -302,7 +306,7 @@ class SimComm:
             earliest = rt._earliest(s, submit)
         start = self.group.meet(self.rank, sig, False, send, recv, earliest, rt, call)  # outside the lock: blocks
         with rt.lock:
-            _, s.ready_us = rt.dev.run(s.name, "ncclAllReduce", start, dur, "kernel")
+            _, s.ready_us = rt.dev.run(s.name, NCCL_KERNEL_NAME, start, dur, "kernel")
 
 
 def _check_contiguous(call: str, dst, src) -> None:
