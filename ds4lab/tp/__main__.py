@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         with S.graphs_enabled(), results.job_folder(out, meta, ("tp-*.csv", "tp-*.json", "trace-*"), say=print) as folder:
             if a.cmd == "token":
                 return _token(a, cfg, node, base, folder, meta)
-            group = TPGroup(cfg, node=node, reduce=a.reduce, opts=base)
+            group = TPGroup(cfg, node=node, reduce=a.reduce, opts=base, nvtx=a.cmd == "trace" and a.backend == "cupy")
             meta["group"] = group.info()
             if a.cmd == "ladder":
                 return _ladder(a, cfg, group, folder, meta)
