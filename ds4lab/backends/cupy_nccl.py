@@ -162,6 +162,7 @@ class CupyNode:
     # ------------------------------------------------------------------ devices
     @property
     def n_devices(self) -> int:
+        """How many GPUs the node uses."""
         return len(self.devices)
 
     def backend(self, device: int):

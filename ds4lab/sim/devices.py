@@ -99,6 +99,7 @@ class DeviceRuntime(Runtime):
         return s
 
     def new_stream(self, non_blocking: bool = True, name: str | None = None) -> SimStream:
+        """As :meth:`Runtime.new_stream`, the device in the stream's name (``d1:s7``)."""
         s = super().new_stream(non_blocking, name)
         if name is None:
             s.name = f"d{self.device}:{s.name}"
@@ -135,6 +136,7 @@ class SimDeviceBackend(SimBackend):
                                 invalidated_ops=invalidated_ops)
 
     def info(self) -> dict:
+        """As :meth:`SimBackend.info`, with the device's index among the node's."""
         d = super().info()
         d.update(device=f"simulated GPU {self.device} of {len(self.node.devices)} (calibration: {self.cal.name})",
                  device_index=self.device)
@@ -260,6 +262,7 @@ class SimComm:
 
     @property
     def world(self) -> int:
+        """The communicator's number of ranks."""
         return self.group.world
 
     def all_reduce(self, send, recv, stream, op: str = "sum") -> None:
@@ -358,6 +361,7 @@ class SimNode:
     # ------------------------------------------------------------------ devices
     @property
     def n_devices(self) -> int:
+        """How many devices the node has."""
         return len(self.devices)
 
     def backend(self, device: int) -> SimDeviceBackend:

@@ -68,6 +68,7 @@ class TPGroup:
         if reduce == "nccl":
             reducers = [NcclReducer(c) for c in self.node.comm_init_all(list(range(world)))]
         elif reduce == "peer":
+            self.peer_access = self._enable_peer_access()
             barrier = threading.Barrier(world, timeout=4 * wait + 5)
             reducers = [PeerReducer(self.node, r, barrier) for r in range(world)]
         else:
@@ -84,6 +85,21 @@ class TPGroup:
         if reduce == "peer":
             for red in reducers:
                 red.inboxes = [m.tp_inbox for m in self.models]
+
+    def _enable_peer_access(self) -> dict:
+        """Peer access between the two devices for ds4's copies (``cudaDeviceEnablePeerAccess``, both ways):
+        ``{"01": "enabled" | error name, "10": ...}``. Enabled earlier in the process counts; without it
+        ``cudaMemcpyPeer`` still copies (staged through the host, slower), so a refusal is recorded, not raised."""
+        from ..errors import CudaError
+
+        out = {}
+        for a, b in ((0, 1), (1, 0)):
+            try:
+                self.node.enable_peer_access(a, b)
+                out[f"{a}{b}"] = "enabled"
+            except CudaError as e:
+                out[f"{a}{b}"] = "enabled" if e.name == "cudaErrorPeerAccessAlreadyEnabled" else e.name
+        return out
 
     # ------------------------------------------------------------------ running
     def run(self, fn, timeout_s: float | None = None) -> list:
@@ -139,7 +155,8 @@ class TPGroup:
     def info(self) -> dict:
         """What ``meta.json`` says of the group: world, reduction, placement, the node, each rank's plan."""
         return {"world": self.world, "reduce": self.reduce, "placement": self.placement, "node": self.node.info(),
-                "plans": [m.plan.summary() for m in self.models]}
+                "plans": [m.plan.summary() for m in self.models],
+                "peer_access": getattr(self, "peer_access", None)}
 
 
 def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placement: str = "inside",

@@ -56,12 +56,15 @@ class FullWeights:
         return self._cache[key]
 
     def o_b(self, layer: int):
+        """Layer ``layer``'s whole ``o_b`` (Q8_0 ``[E, G * out_lora]``)."""
         return self._get(("o_b", layer), W.layer_specs(self.cfg, layer)["o_b"])
 
     def sh_down(self, layer: int):
+        """Layer ``layer``'s whole shared-expert down projection (Q8_0 ``[E, F]``)."""
         return self._get(("sh_down", layer), W.layer_specs(self.cfg, layer)["sh_down"])
 
     def bank(self, layer: int) -> dict:
+        """The whole routed bank layer ``layer`` reads (``{"gate_up", "down"}``, every expert)."""
         b = W.bank_of_layer(self.cfg, layer)
         return {k: self._get(("bank", b, k), s) for k, s in W.bank_specs(self.cfg, b).items()}
 

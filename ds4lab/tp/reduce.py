@@ -103,6 +103,8 @@ class NcclReducer:
         self.comm = comm
 
     def reduce(self, model, layer: int, point: str, send, recv) -> None:
+        """``recv`` = the ranks' sum of ``send`` (``ncclAllReduce`` on the accessor's stream; counted in the
+        census as a ``collective``; nothing issued while the launcher only plans)."""
         L = model.L
         if _count(L, f"tp.allreduce.{point}"):
             self.comm.all_reduce(send, recv, L.stream())
@@ -123,6 +125,9 @@ class PeerReducer:
         self.uses = {p: 0 for p in POINTS}
 
     def reduce(self, model, layer: int, point: str, send, recv) -> None:
+        """ds4's reduction of ``send`` into ``recv`` (class docstring). Raises RuntimeError when the group set no
+        inboxes, CollectiveError ``nccl:timeout`` when the peer never reaches the barrier, and what
+        ``cudaMemcpyPeer`` raises during a capture (rules memcpy_peer_*)."""
         L = model.L
         if not _count(L, f"tp.peer.{point}"):
             return
@@ -154,6 +159,7 @@ class OracleReducer:
         self.exchange = exchange
 
     def reduce(self, model, layer: int, point: str, send, recv) -> None:
+        """``recv`` = the single-GPU values (:func:`single_gpu_values`). Raises RuntimeError while capturing."""
         if not _count(model.L, f"tp.oracle.{point}"):
             return
         if model.L.capturing:

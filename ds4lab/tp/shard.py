@@ -51,6 +51,7 @@ class ShardPlan:
         return p
 
     def validate(self) -> None:
+        """Raise ConfigError naming the first dimension that does not split (module docstring)."""
         cfg, w = self.cfg, self.world
         if not isinstance(w, int) or w < 1:
             raise ConfigError(f"tensor parallel: world={w!r} must be a positive integer")
@@ -77,18 +78,22 @@ class ShardPlan:
 
     @property
     def heads(self) -> range:
+        """The rank's attention heads (a range of the single-GPU model's)."""
         return self._share(self.cfg.n_heads)
 
     @property
     def groups(self) -> range:
+        """The rank's output groups (a range of the single-GPU model's)."""
         return self._share(self.cfg.out_groups)
 
     @property
     def ffn(self) -> range:
+        """The rank's shared-expert FFN rows (a range of the single-GPU model's)."""
         return self._share(self.cfg.expert_ffn)
 
     @property
     def experts(self) -> range:
+        """The rank's routed experts (a range of the single-GPU model's)."""
         return self._share(self.cfg.n_experts)
 
     def owner_of_expert(self, e: int) -> int:
@@ -102,21 +107,26 @@ class ShardPlan:
         return cfg.replace(n_heads=cfg.n_heads // self.world, out_groups=cfg.out_groups // self.world)
 
     def q_b_rows(self) -> list[range]:
+        """The rank's rows of ``q_b`` (its heads' ``D`` rows each)."""
         D = self.cfg.head_dim
         return [range(self.heads.start * D, self.heads.stop * D)]
 
     def o_a_rows(self) -> list[range]:
+        """The rank's rows of ``o_a`` (its groups' ``out_lora`` rows each)."""
         R = self.cfg.out_lora
         return [range(self.groups.start * R, self.groups.stop * R)]
 
     def o_b_cols(self) -> range:
+        """The rank's columns of ``o_b`` (the ``o_a`` rows it computes)."""
         return self.o_a_rows()[0]
 
     def sh_gateup_rows(self) -> list[range]:
+        """The rank's gate rows, then up rows, of ``sh_gateup``."""
         F = self.cfg.expert_ffn
         return [self.ffn, range(F + self.ffn.start, F + self.ffn.stop)]
 
     def sh_down_cols(self) -> range:
+        """The rank's columns of ``sh_down`` (its FFN rows)."""
         return self.ffn
 
     def summary(self) -> dict:
