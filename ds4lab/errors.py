@@ -49,7 +49,7 @@ class RuntimeApiError(RuntimeError):
     def source(self) -> str:
         """``"cuda"``, ``"cupy"`` or the library (``"cublas"``): who refused."""
         head = self.name.split(":", 1)[0] if ":" in self.name else ""
-        return head if head in ("cupy", "cublas") else "cuda"
+        return head if head in ("cupy", "cublas", "nccl") else "cuda"
 
 
 class CudaError(RuntimeApiError):
@@ -156,3 +156,21 @@ class CalibrationError(BadInput):
         self.problems = problems
         lines = "; ".join(f"{k or '(top level)'}: {m}" for k, m in problems)
         super().__init__(f"calibration {path}: {len(problems)} problem(s): {lines}")
+
+
+# ----------------------------------------------------------------------------- collectives (tensor parallel)
+#: What a collective between devices can end in, besides completing (``ds4lab.sim.devices``, the
+#: ``nccl:`` rules of ``ds4lab/sim/rules.py``): the peer never executed its matching collective within
+#: the sim's timeout; the ranks' collectives at the same position differ (operation, count, type); one
+#: rank launched it from a graph and the other eagerly (NCCL requires capture to be uniform); NCCL's own
+#: status for a call it refused (``ncclResult_t`` names).
+COLLECTIVE_ERRORS = ("nccl:timeout", "nccl:mismatch", "nccl:nonuniform-capture", "nccl:ncclUnhandledCudaError",
+                     "nccl:ncclInvalidUsage", "nccl:ncclInvalidArgument", "nccl:ncclSystemError",
+                     "nccl:ncclInternalError", "nccl:ncclRemoteError", "nccl:ncclInProgress")
+
+
+class CollectiveError(RuntimeApiError):
+    """A collective between devices failed or would never complete (``name``: one of
+    :data:`COLLECTIVE_ERRORS`). On the sim a collective that would hang a GPU raises this after a timeout
+    or at once when the sim can tell it never completes; on a GPU ds4lab's watchdog raises it after
+    aborting the communicator, so neither ever hangs."""

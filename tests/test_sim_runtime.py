@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.errors import CAPTURE_ERRORS, CUPY_ERRORS, LIBRARY_ERRORS, CudaError, CupyRefusal
+from ds4lab.errors import CAPTURE_ERRORS, COLLECTIVE_ERRORS, CUPY_ERRORS, LIBRARY_ERRORS, CudaError, CupyRefusal
 from ds4lab.sim import RULES, SimBackend
 from ds4lab.sim.costmodel import Calibration, default_calibration_path
 from ds4lab.sim.memory import is_phantom
@@ -77,7 +77,8 @@ def in_thread(fn):
 
 # ----------------------------------------------------------------------------- the table
 def test_rules_table_is_complete_and_cited():
-    names = set(CAPTURE_ERRORS) | set(CUPY_ERRORS) | set(LIBRARY_ERRORS) | {"cudaErrorStreamCaptureMerge"}
+    names = (set(CAPTURE_ERRORS) | set(CUPY_ERRORS) | set(LIBRARY_ERRORS) | set(COLLECTIVE_ERRORS)
+             | {"cudaErrorStreamCaptureMerge"})
     for key, r in RULES.items():
         assert r.source and r.when, key
         assert r.error is None or r.error in names, (key, r.error)
@@ -85,8 +86,9 @@ def test_rules_table_is_complete_and_cited():
                              "updates"), key
         assert (r.error is not None) == (r.outcome == "raises"), key
         # every rule names its source: the Programming Guide (PG), the Runtime API reference (RT),
-        # gpu-facts.md (facts), a CUDA library's reference (cuBLAS) or a measurement on the H200
-        assert re.search(r"\b(PG|RT|facts|cuBLAS|Measured|measured)\b", r.source), key
+        # gpu-facts.md (facts), a CUDA library's reference (cuBLAS), the NCCL User Guide (NCCL) or a
+        # measurement on the H200
+        assert re.search(r"\b(PG|RT|facts|cuBLAS|NCCL|Measured|measured)\b", r.source), key
 
 
 def test_info_and_calibration_are_modeled(be):

@@ -13,7 +13,7 @@ def _token_hazards():
     """The token hazards of ``ds4lab ladder --hazard`` (what ``--hazard`` takes)."""
     from ..experiments.hazards import HAZARDS
 
-    return HAZARDS
+    return {n: h for n, h in HAZARDS.items() if h.steps != "tp"}  # two-rank hazards trace no single token
 
 
 def register(main: click.Group) -> None:

@@ -10,8 +10,9 @@ The scenarios live by area and register in this order (the order of ``SCENARIOS`
 record follows): :mod:`.hazards`, :mod:`.streams`, :mod:`.queries`, :mod:`.graphs`,
 :mod:`.updates`, :mod:`.islands` (ds4's decode islands), :mod:`.memory` (host memory: copies, cudaMemcpy, pinned memory),
 :mod:`.host_calls` (host queries, capture status, pre-capture events, other streams, cuBLAS): the
-calls ``ds4lab audit`` gives verdicts for, and :mod:`.device_graphs` (conditional nodes, capture into a
-graph, programmatic dependent launch: stages 3cc, 3p, 3cp, 3ccp). :mod:`.framework` holds the recorder and the registry, :mod:`.runner` runs and
+calls ``ds4lab audit`` gives verdicts for, :mod:`.device_graphs` (conditional nodes, capture into a
+graph, programmatic dependent launch: stages 3cc, 3p, 3cp, 3ccp) and :mod:`.tp` (two devices: peer copies
+and NCCL all-reduce, each rank a thread; skipped where fewer than two GPUs are). :mod:`.framework` holds the recorder and the registry, :mod:`.runner` runs and
 compares.
 """
 
@@ -27,6 +28,7 @@ from . import islands  # noqa: F401  isort: skip
 from . import memory  # noqa: F401  isort: skip
 from . import host_calls  # noqa: F401  isort: skip
 from . import device_graphs  # noqa: F401  isort: skip
+from . import tp  # noqa: F401  isort: skip  (two devices: peer copies, NCCL; docs/tensor-parallel.md)
 # _buf, _capture, _replay: the scenario helpers, as ds4lab.conformance._capture (tests write scenarios with them)
 from .framework import MODES, N, SCENARIOS, Recorder, Scenario, _buf, _capture, _replay, scenario
 from .runner import compare, run_scenarios

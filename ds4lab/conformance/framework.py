@@ -115,6 +115,12 @@ class Recorder:
                                                   (x, i32(N), vbuf), ref, nbytes=4 * N))
 
 
+class ScenarioSkipped(Exception):
+    """Raised by a scenario that cannot run here (a two-GPU scenario on a host with one GPU, one that could
+    hang a GPU unless asked for): :func:`~ds4lab.conformance.runner.run_scenarios` records ``<skipped>`` with
+    the message, and :func:`~ds4lab.conformance.runner.compare` does not count it as a disagreement."""
+
+
 @dataclass
 class Scenario:
     """A named program over the runtime API; ``covers`` names the hazard row or rule it checks.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..capture import stream as S
 from ..errors import RuntimeApiError
-from .framework import SCENARIOS, Recorder
+from .framework import SCENARIOS, Recorder, ScenarioSkipped
 
 
 # ----------------------------------------------------------------------------- runner
@@ -33,6 +33,8 @@ def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str
             be.new_stream = tracked  # the scenario's streams, so a capture it leaves open is ended
             try:
                 sc.fn(rec)
+            except ScenarioSkipped as e:  # cannot run here (fewer GPUs, a hang not asked for): not compared
+                rec.obs = {"<skipped>": str(e)}
             except RuntimeApiError as e:
                 rec.obs["<unhandled>"] = e.name
             except Exception as e:  # a scenario bug or a backend gap: keep going, report it
@@ -76,6 +78,13 @@ def compare(results: dict[str, dict[str, dict[str, str]]]):
     backends = list(results)
     rows = []
     for sc in SCENARIOS:
+        if any("<skipped>" in results[b].get(sc.name, {}) for b in backends):
+            # skipped on some backend (a two-GPU scenario on one GPU): one row saying so, not a disagreement
+            row = {"scenario": sc.name, "covers": sc.covers, "step": "<skipped>"}
+            row.update({b: results[b].get(sc.name, {}).get("<skipped>", "ran") for b in backends})
+            row["agree"] = True
+            rows.append(row)
+            continue
         steps: list[str] = []
         for b in backends:
             for st in results[b].get(sc.name, {}):

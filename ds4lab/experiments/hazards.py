@@ -130,6 +130,13 @@ HAZARD_SETS = {"all": tuple(n for n, h in HAZARDS.items() if h.steps != "longctx
                "all-longctx": tuple(n for n, h in HAZARDS.items() if h.steps == "longctx")}
 
 
+# Tensor-parallel hazards (two ranks on the sim; ds4lab/tp/hazards.py runs them): registered here, in their set.
+from ..tp.hazards import TP_HAZARDS  # noqa: E402  (after the table: the sets above hold the single-GPU ones)
+
+HAZARDS.update(TP_HAZARDS)
+HAZARD_SETS["all-tp"] = tuple(TP_HAZARDS)
+
+
 def hazard_names(text: str) -> list[str]:
     """``"all"``, ``"all-longctx"`` or one hazard name → the names. Raises ValueError listing the known ones."""
     if text in HAZARD_SETS:
@@ -184,6 +191,8 @@ def demonstrate(name: str, be, cfg, mode: str = "thread_local") -> dict:
         hz = HAZARDS[name]
     except KeyError:
         raise ValueError(f"unknown hazard {name!r}; choose one of: {', '.join(HAZARDS)}") from None
+    if hz.steps == "tp":  # two ranks: the tensor-parallel hazard runs itself
+        return hz.demonstrate(be, cfg, mode)
     span = hz.span(cfg) if hz.span is not None else Span(1000, 6)
     mcfg = _model_cfg(hz, cfg, span)
     stage = STAGES[hz.stage]

@@ -42,7 +42,7 @@ def expectation_mismatches(records: dict[str, dict[str, dict[str, str]]]):
     rows = []
     for b, res in records.items():
         for sc in SCENARIOS:
-            if not sc.expect or sc.name not in res:
+            if not sc.expect or sc.name not in res or "<skipped>" in res[sc.name]:
                 continue
             for step, want in sc.expect.items():
                 got = res[sc.name].get(step, "—")
@@ -91,6 +91,12 @@ def run(cfg: ConformanceConfig, be, console):
         meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()),
                     expectation_mismatches={b: int((exp.backend == b).sum()) for b in records})
         exc = df[df.step.isin(["<exception>", "<unhandled>"])]
+        skipped = df[df.step == "<skipped>"]
+        meta["skipped"] = int(len(skipped))
+        if len(skipped):  # two-GPU scenarios on a smaller machine, or ones that could hang unless asked for
+            reasons = [next((row[b] for b in records if row[b] != "ran"), "?") for _, row in skipped.iterrows()]
+            console.print(f"skipped here ({len(skipped)}): " + "; ".join(
+                f"{name}: {why}" for name, why in zip(skipped.scenario, reasons)))
         console.print(f"{df.scenario.nunique()} scenarios, {len(df)} steps on {', '.join(records)}")
         if len(records) > 1:
             bad = df[~df.agree]

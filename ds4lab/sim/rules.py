@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..errors import CudaError, CupyRefusal, LibraryError
+from ..errors import CollectiveError, CudaError, CupyRefusal, LibraryError
 
 #: Capture modes, as ``Backend.begin_capture`` names them (cudaStreamCaptureMode*).
 from ..capture.stream import CAPTURE_MODES as MODES  # defined once
@@ -329,6 +329,69 @@ RULES: dict[str, Rule] = {
         "node", None, "-",
         "RT cudaStreamWaitEvent: with cudaEventWaitExternal the wait is captured as an event wait node instead "
         "of refused (rule isolation)"),
+    # --- two devices: peer copies and NCCL collectives (ds4lab/sim/devices.py; tensor parallelism,
+    # docs/tensor-parallel.md). NCCL = NCCL User Guide, "Using NCCL with CUDA Graphs" (and "Capture
+    # modes" in its 2.11-2.12 editions); each rule's conformance scenario is in ds4lab/conformance/tp.py.
+    **{name: Rule(*fields) for name, fields in {
+        "peer_copy": (
+            "cudaMemcpyPeerAsync on a stream of the source or destination device that is not capturing",
+            "returns", None, "-",
+            "RT cudaMemcpyPeerAsync: asynchronous with respect to the host and to work in other streams and on "
+            "other devices; ordered in its stream like any copy"),
+        "peer_copy_capture": (
+            "cudaMemcpyPeerAsync on a capturing stream", "node", None, "-",
+            "GUESS: captured as one memcpy node (PG 'Stream Capture': work launched into a capturing stream becomes "
+            "a node; no source speaks of peer copies; one third-party project reports capture refusing it): the "
+            "two-GPU scenario tp.peer_copy_in_capture decides"),
+        "memcpy_peer_implicit": (
+            "cudaMemcpyPeer (synchronous, ds4's TP reduction) while a blocking stream of the source or destination "
+            "device captures", "raises", "cudaErrorStreamCaptureImplicit", "that device's live captures holding a "
+            "blocking stream",
+            "RT cudaMemcpyPeer: serialized with respect to all pending and future asynchronous work on the current, "
+            "source and destination devices, i.e. the legacy stream's semantics on both devices. GUESS: refused as "
+            "rule legacy_implicit refuses legacy-stream work"),
+        "memcpy_peer_escape": (
+            "cudaMemcpyPeer while only non-blocking streams of the source or destination device capture", "escapes",
+            None, "-",
+            "RT cudaMemcpyPeer (as memcpy_peer_implicit). GUESS: it runs at once and is in no graph, as rule "
+            "legacy_escape: a replay never copies"),
+        "nccl_capture": (
+            "ncclAllReduce on a capturing stream", "node", None, "-",
+            "NCCL 'Using NCCL with CUDA Graphs': collective, P2P and group operations can be captured (NCCL >= 2.9, "
+            "CUDA >= 11.3); the capture holds the collective (GUESS: one kernel node, nothing communicated at "
+            "capture time); it runs when the graph is launched"),
+        "nccl_pair": (
+            "an eager ncclAllReduce, or the launch of a graph holding one: the k-th collective a rank executes on a "
+            "communicator meets the k-th of every other rank", "returns", None, "-",
+            "NCCL 'Using NCCL with CUDA Graphs': a graph launch holding a captured NCCL operation is collective for "
+            "the ranks of the capture, each launching the graph derived from that collective capture; NCCL API "
+            "ncclSend/ncclRecv: 'blocking for the GPU'. GUESS: matched by execution order, as MPI matches "
+            "collectives (MPI report, 'Correctness': collectives executed in the same order at all members)"),
+        "nccl_mismatch": (
+            "the k-th collectives of two ranks differ (operation, element type or count)", "raises", "nccl:mismatch",
+            "none",
+            "GUESS: NCCL does not check it; on a GPU the ranks' protocol steps disagree (a hang or wrong data). The "
+            "sim raises at once, on every rank of the pair"),
+        "nccl_nonuniform": (
+            "the k-th collective is launched from a graph on one rank and eagerly on another", "raises",
+            "nccl:nonuniform-capture", "none",
+            "NCCL 'Using NCCL with CUDA Graphs': whether an operation launch is graph-captured is a collective "
+            "property and must be uniform over all ranks of the launch. GUESS what a GPU does when it is not: the "
+            "sim models the pair as never completing and raises at once on both ranks"),
+        "nccl_timeout": (
+            "a rank's collective whose peers do not execute their k-th collective within the sim's timeout",
+            "raises", "nccl:timeout", "none",
+            "NCCL: collectives and send/receive block the GPU until every rank takes part (a peer that never does "
+            "hangs the stream). The sim waits collective_timeout_s, then raises on the waiting rank and marks the "
+            "communicator broken (every later collective on it raises), as ncclCommAbort leaves it"),
+        "nccl_global_multithread": (
+            "an NCCL call (eager or captured) by a thread in global interaction mode while another thread has a "
+            "global-mode capture live", "raises", "nccl:ncclUnhandledCudaError", "the other threads' global captures",
+            "NCCL 2.11-2.12 'Capture modes': global capture mode is compatible with NCCL except when a process has "
+            "several threads each attached to a GPU (then cudaStreamCaptureModeThreadLocal is needed); RT "
+            "cudaThreadExchangeStreamCaptureMode (another thread's global capture prohibits potentially unsafe "
+            "calls). GUESS: the status (NCCL wraps the CUDA error) and which capture is invalidated"),
+    }.items()},
 }
 
 # Graph construction inside a capture, conditional nodes, programmatic dependent launch: their own
@@ -343,4 +406,6 @@ def _error(name: str, call: str, detail: str):
         return CupyRefusal(name, call, detail)
     if name.startswith("cublas:"):
         return LibraryError(name, call, detail)
+    if name.startswith("nccl:"):
+        return CollectiveError(name, call, detail)
     return CudaError(name, call, detail)

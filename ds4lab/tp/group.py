@@ -1,0 +1,189 @@
+"""The ranks of a tensor-parallel token together (:class:`TPGroup`), and the token held to the single-GPU
+token (:func:`compare_with_single`).
+
+A group is a node of devices (:func:`ds4lab.tp.ranks.make_node`: the sim's, or the host's GPUs), one
+:class:`~ds4lab.tp.model.TPRankModel` per rank built on its own device in its own thread, and the reduction
+they share (``reduce``: ``"nccl"``, ``"peer"`` or, on the sim, the verification ``"oracle"``;
+:mod:`ds4lab.tp.reduce`). Everything a group runs, it runs as one thread per rank (:meth:`TPGroup.run`):
+each thread's launches go through that thread's stream accessor. A rank still running after the timeout
+is reported, after every communicator has been aborted (so a GPU's stuck collectives end).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..token.config import ModelConfig
+from ..token.model import DecodeModel, TokenOptions
+from .model import TPRankModel
+from .ranks import RankTimeout, make_node, run_ranks
+from .reduce import Exchange, NcclReducer, OracleReducer, PeerReducer, reduction_bound, single_gpu_values
+from .shard import ShardPlan
+
+REDUCES = ("nccl", "peer", "oracle")
+
+
+class TPGroup:
+    """``world`` ranks of one token (see module docstring).
+
+    Args:
+        cfg: the single-GPU model configuration (split by :class:`~ds4lab.tp.shard.ShardPlan`).
+        node: a node (default: a new one on ``backend``).
+        backend: ``"sim"`` or ``"cupy"`` when no node is given.
+        world: ranks (2; ds4's peer path is for two).
+        reduce: ``"nccl"`` (all-reduce on the accessor's stream), ``"peer"`` (ds4's cudaMemcpyPeer) or
+            ``"oracle"`` (verification: the single-GPU values, the sim only).
+        placement: where the reductions sit in the token's clusters (``"inside"`` / ``"outside"``).
+        opts, n_layers, nvtx: as :class:`~ds4lab.token.model.DecodeModel`.
+        check: after every eager reduction, compare it with the single-GPU values from the same inputs
+            and keep the comparison in :attr:`checks` (the sim; verification only).
+        timeout_s: how long a rank may take for one :meth:`run` (default 120 s on the sim, 600 on a GPU).
+
+    Raises:
+        ValueError: an unknown reduce, peer with world != 2, the oracle or checks off the sim.
+        ConfigError: a model that does not split over ``world`` ranks.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, node=None, backend: str = "sim", world: int = 2, reduce: str = "nccl",
+                 placement: str = "inside", opts: TokenOptions | None = None, n_layers: int | None = None,
+                 nvtx: bool = False, check: bool = False, timeout_s: float | None = None, seed: int = 1234) -> None:
+        if reduce not in REDUCES:
+            raise ValueError(f"reduce={reduce!r}; choose one of: {', '.join(REDUCES)}")
+        if reduce == "peer" and world != 2:
+            raise ValueError("ds4's peer path reduces between two ranks (world=2)")
+        for r in range(world):
+            ShardPlan.for_rank(cfg, r, world)
+        self.node = node if node is not None else make_node(backend, world, seed=seed)
+        if self.node.n_devices < world:
+            raise ValueError(f"world={world} ranks on a node of {self.node.n_devices} devices")
+        on_sim = self.node.name == "sim"
+        if (reduce == "oracle" or check) and not on_sim:
+            raise ValueError("the oracle reduction and the reduction checks compute on the host: the sim only")
+        self.cfg, self.world, self.reduce, self.placement = cfg, world, reduce, placement
+        self.timeout_s = float(timeout_s if timeout_s is not None else (120.0 if on_sim else 600.0))
+        wait = getattr(self.node, "collective_timeout_s", 5.0)
+        self.exchange = Exchange(world, 4 * wait + 5)
+        if reduce == "nccl":
+            reducers = [NcclReducer(c) for c in self.node.comm_init_all(list(range(world)))]
+        elif reduce == "peer":
+            self.peer_access = self._enable_peer_access()
+            barrier = threading.Barrier(world, timeout=4 * wait + 5)
+            reducers = [PeerReducer(self.node, r, barrier) for r in range(world)]
+        else:
+            reducers = [OracleReducer(self.exchange) for _ in range(world)]
+        self.reducers = reducers
+        #: ``(layer, point, rank, worst |tp - single| / bound, elements that differ, elements)`` per checked
+        #: reduction (``check=True``).
+        self.checks: list[tuple] = []
+        self._lock = threading.Lock()
+        chk = self._check if check else None
+        self.models: list[TPRankModel] = self.run(
+            lambda r: TPRankModel(cfg, self.node.backend(r), ShardPlan.for_rank(cfg, r, world), reducers[r], opts,
+                                  placement=placement, nvtx=nvtx, n_layers=n_layers, check=chk))
+        if reduce == "peer":
+            for red in reducers:
+                red.inboxes = [m.tp_inbox for m in self.models]
+
+    def _enable_peer_access(self) -> dict:
+        """Peer access between the two devices for ds4's copies (``cudaDeviceEnablePeerAccess``, both ways):
+        ``{"01": "enabled" | error name, "10": ...}``. Enabled earlier in the process counts; without it
+        ``cudaMemcpyPeer`` still copies (staged through the host, slower), so a refusal is recorded, not raised."""
+        from ..errors import CudaError
+
+        out = {}
+        for a, b in ((0, 1), (1, 0)):
+            try:
+                self.node.enable_peer_access(a, b)
+                out[f"{a}{b}"] = "enabled"
+            except CudaError as e:
+                out[f"{a}{b}"] = "enabled" if e.name == "cudaErrorPeerAccessAlreadyEnabled" else e.name
+        return out
+
+    # ------------------------------------------------------------------ running
+    def run(self, fn, timeout_s: float | None = None) -> list:
+        """``fn(rank)`` on one thread per rank; returns the results in rank order. Raises the first rank's
+        exception; :class:`~ds4lab.tp.ranks.RankTimeout` when a rank is still running after the timeout (every
+        communicator aborted first, so a GPU's stuck collectives end)."""
+        out = run_ranks(self.node, fn, timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+        if any(isinstance(v, RankTimeout) for v in out):
+            self.node.abort_all()
+        for r, v in enumerate(out):
+            if isinstance(v, BaseException):
+                if hasattr(v, "add_note"):
+                    v.add_note(f"raised on rank {r}")
+                raise v
+        return out
+
+    def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,
+                   **kw) -> list:
+        """One :class:`~ds4lab.experiments.run.StageRun` of ``stage`` per rank, made on the rank's thread
+        (its streams on its device); ``per_rank[r]``: keyword arguments for rank ``r``'s only (a hazard that
+        differs between ranks). ds4 keeps island 1 eager on the hash-routed layers; with the collectives
+        outside, the three clusters of island 1 are kept eager there too."""
+        from ..experiments.run import StageRun
+
+        def make(r: int):
+            run = StageRun(self.models[r], stage, base, mode=mode, **{**kw, **((per_rank or [{}] * self.world)[r])})
+            if run.cache is not None and any(c.startswith("island1.") for c in stage.capture):
+                m = self.models[r]
+                run.cache.skip = frozenset(run.cache.skip) | {
+                    (c, layer) for c in ("island1.out", "island1.ffn", "island1.post")
+                    for layer in range(m.n_layers) if m.cfg.is_hash_layer(layer)}
+            return run
+
+        return self.run(make)
+
+    def record(self, runs: list, span) -> list[list[dict]]:
+        """Every rank's :meth:`StageRun.record` over ``span``, together (returns per rank the snapshots)."""
+        return self.run(lambda r: runs[r].record(span))
+
+    # ------------------------------------------------------------------ the reduction check
+    def _check(self, model: TPRankModel, layer: int, point: str) -> None:
+        vals = single_gpu_values(model, self.exchange, layer, point)
+        recv = model.tp_attn_recv if point == "attn" else model.tp_ffn_recv
+        got = np.asarray(model.be.to_host(recv), dtype=np.float64).reshape(vals["single"].shape)
+        single = np.asarray(vals["single"], dtype=np.float64)
+        bound = reduction_bound(vals["partials"], vals["single"], vals["terms"], vals["abs_sum"])
+        diff = np.abs(got - single)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(bound > 0, diff / bound, np.where(diff > 0, np.inf, 0.0))
+        with self._lock:
+            self.checks.append((layer, point, model.plan.rank, float(ratio.max()), int((diff > 0).sum()), diff.size))
+
+    def info(self) -> dict:
+        """What ``meta.json`` says of the group: world, reduction, placement, the node, each rank's plan."""
+        return {"world": self.world, "reduce": self.reduce, "placement": self.placement, "node": self.node.info(),
+                "plans": [m.plan.summary() for m in self.models],
+                "peer_access": getattr(self, "peer_access", None)}
+
+
+def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placement: str = "inside",
+                        n_layers: int | None = None, opts: TokenOptions | None = None, check: bool = True,
+                        seed: int = 1234, group: TPGroup | None = None) -> dict:
+    """The tensor-parallel token (stage 0, eager) against the single-GPU token over ``span``, from the same
+    prefilled state, on the sim.
+
+    Returns ``{"ranks_identical", "first_difference" (vs single, None when bit-identical), "max_abs_hidden",
+    "max_rel_hidden", "checks" (per checked reduction, see :attr:`TPGroup.checks`), "worst_bound_ratio",
+    "elements_differing"}``. Raises what the group or the token raise."""
+    from ..experiments.run import StageRun, first_difference
+    from ..experiments.stages import STAGES
+    from ..sim.backend import SimBackend
+
+    base = opts or TokenOptions(vocab=True)
+    single = DecodeModel(cfg, SimBackend(seed=seed), base, n_layers=n_layers)
+    ref = StageRun(single, STAGES["0"], base).record(span)
+    g = group or TPGroup(cfg, reduce=reduce, placement=placement, opts=base, n_layers=n_layers, check=check, seed=seed)
+    got = g.record(g.stage_runs(STAGES["0"], base), span)
+    h_ref = np.stack([t["hidden"] for t in ref]).astype(np.float64)
+    h_tp = np.stack([t["hidden"] for t in got[0]]).astype(np.float64)
+    return {"ranks_identical": all(first_difference(got[0], got[r]) is None for r in range(1, g.world)),
+            "first_difference": first_difference(ref, got[0]), "max_abs_hidden": float(np.abs(h_tp - h_ref).max()),
+            "max_rel_hidden": float(np.abs(h_tp - h_ref).max() / np.abs(h_ref).max()), "checks": list(g.checks),
+            "worst_bound_ratio": max((c[3] for c in g.checks), default=0.0),
+            "elements_differing": sum(c[4] for c in g.checks), "snapshots": got, "reference": ref}
+
+
+__all__ = ["REDUCES", "TPGroup", "compare_with_single"]

@@ -1,0 +1,81 @@
+"""Ranks as threads: one thread per device, on the sim and on the GPU alike.
+
+:func:`make_node` gives the node a backend name asks for (the sim's :class:`~ds4lab.sim.devices.SimNode`,
+or the GPU's :class:`~ds4lab.backends.cupy_nccl.CupyNode` when this host has the GPUs); :func:`run_ranks`
+runs ``fn(rank)`` in one thread per rank, each thread making its device current first (CUDA's current
+device is per thread) and routing its launches through its own thread-local stream accessor
+(:mod:`ds4lab.capture.stream`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+
+class RankTimeout(TimeoutError):
+    """A rank's thread did not finish in time (it is left behind as a daemon thread)."""
+
+
+def make_node(backend: str = "sim", n_devices: int = 2, *, seed: int = 1234, timing_only: bool = False,
+              calibration=None, collective_timeout_s: float | None = None):
+    """A node of ``n_devices`` devices: ``backend`` ``"sim"`` (simulated devices) or ``"cupy"`` (the host's
+    GPUs, NCCL through CuPy).
+
+    ``collective_timeout_s``: how long a collective may wait for its peers (default: 5 s on the sim,
+    20 s on a GPU).
+
+    Raises:
+        ValueError: another backend name.
+        ds4lab.backends.base.BackendUnavailable: ``cupy`` on a host with fewer GPUs, no CuPy or no NCCL
+            (the message says which).
+    """
+    if backend == "sim":
+        from ..sim.devices import SimNode
+
+        return SimNode(n_devices, seed=seed, timing_only=timing_only, calibration=calibration,
+                       collective_timeout_s=5.0 if collective_timeout_s is None else collective_timeout_s)
+    if backend == "cupy":
+        from ..backends.cupy_nccl import CupyNode
+
+        return CupyNode(n_devices, seed=seed,
+                        collective_timeout_s=20.0 if collective_timeout_s is None else collective_timeout_s)
+    raise ValueError(f"backend {backend!r}: a node is 'sim' or 'cupy'")
+
+
+def run_ranks(node, fn: Callable[[int], Any], *, timeout_s: float, raise_first: bool = False) -> list:
+    """``fn(rank)`` in one thread per device of ``node``, each thread's device made current first
+    (``node.on_device``). Returns each rank's result, or the exception it raised; a thread still running
+    after ``timeout_s`` is left behind (daemon) and reported as :class:`RankTimeout`.
+
+    With ``raise_first`` the first rank's exception (in rank order) is raised instead, with the rank
+    named in a note (``exc.__notes__``)."""
+    out: list[Any] = [None] * node.n_devices
+
+    def run(r: int) -> None:
+        try:
+            node.on_device(r)
+            out[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller, per rank
+            out[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True, name=f"ds4lab-rank{r}")
+               for r in range(node.n_devices)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for r, t in enumerate(threads):
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            out[r] = RankTimeout(f"rank {r} still running after {timeout_s:g} s")
+    if raise_first:
+        for r, v in enumerate(out):
+            if isinstance(v, BaseException):
+                if hasattr(v, "add_note"):
+                    v.add_note(f"raised on rank {r}")
+                raise v
+    return out
+
+
+__all__ = ["RankTimeout", "make_node", "run_ranks"]

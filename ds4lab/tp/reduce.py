@@ -1,0 +1,215 @@
+"""The reductions between ranks: where a tensor-parallel token's partial sums become the whole.
+
+A reduction point is ``(layer, point)``: ``"attn"`` (the attention output projection ``o_b``, ``[E]``) or
+``"ffn"`` (the shared expert's down projection and the routed experts, ``[2, E]``, summed separately so the
+expand sees the single-GPU token's two terms). A reducer turns each rank's ``send`` into ``recv``:
+
+* :class:`NcclReducer`: ``ncclAllReduce`` (sum) on the stream the accessor gives the calling thread, the
+  capturing stream while a stage captures: the collective can be inside a graph;
+* :class:`PeerReducer`: ds4's way (``ds4_cuda.cu``'s tensor-parallel path): each rank copies its partial
+  sum into the other's inbox with ``cudaMemcpyPeer``, the ranks meet on the host (a barrier: the copy is
+  serialized with both devices' work, so every kernel issued after the barrier sees it), and each adds the
+  two, rank 0's first (``tp_add2``). ``cudaMemcpyPeer`` is refused or left out of any graph (rules
+  memcpy_peer_implicit / memcpy_peer_escape): this reduction belongs between graphs;
+* :class:`OracleReducer` (verification, the sim only): ``recv`` becomes what the single-GPU token computes
+  from the same inputs, gathered from both ranks on the host: the tensor-parallel token is then the
+  single-GPU token bit for bit if everything but the reductions is exact (tests/test_tp_token.py).
+
+Both real reducers give the same bits: float32 ``p0 + p1``, the same on every rank. Against the single-GPU
+token the order of the sum changes; :func:`reduction_bound` states by how much it can.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..errors import CollectiveError
+from ..token import reference as R
+from . import ops as tp_ops
+
+#: The reduction points of a layer, in the order the token meets them.
+POINTS = ("attn", "ffn")
+#: Unit roundoff of float32 (round to nearest): 2^-24.
+U32 = 2.0 ** -24
+#: Unit roundoff of float64: 2^-53.
+U64 = 2.0 ** -53
+
+
+def reduction_bound(partials: list[np.ndarray], single: np.ndarray, terms: int, abs_sum: np.ndarray) -> np.ndarray:
+    """The bound on ``|tp - single|`` per element of a two-rank reduction, where ``tp = fl32(p0 + p1)``,
+    ``p_r = fl32(s_r)`` with ``s_r`` each rank's dot products summed in float64, and ``single = fl32(S)`` with
+    ``S`` the single-GPU token's float64 sum of all ``terms`` products (the NumPy reference computes every
+    dot product in float64 and rounds once: ``ds4lab/token/reference.py``).
+
+    With ``u = 2^-24`` (float32 rounding) and ``gamma_n <= n 2^-53 / (1 - n 2^-53)`` (any float64 summation
+    order of ``n`` terms, ``A = sum |w_i x_i|``)::
+
+        |tp - single| <= |tp - (p0 + p1)| + |p0 + p1 - S^| + |S^ - single|
+                      <= u (|p0| + |p1|) + [u (|p0| + |p1|) / (1 - u) + 2 gamma_n A] + u |single| / (1 - u)
+
+    so ``B = (1 + 2^-20) (2^-23 (|p0| + |p1|) + 2^-24 |single|) + terms 2^-51 A`` (``2 gamma_n`` rounded
+    up, the ``1/(1 - u)`` factors into the ``2^-20``). float32 ``[E]`` in, float64 out.
+    """
+    p = sum(np.abs(np.asarray(x, dtype=np.float64)) for x in partials)
+    return ((1.0 + 2.0 ** -20) * (2 * U32 * p + U32 * np.abs(np.asarray(single, dtype=np.float64)))
+            + terms * 4 * U64 * np.asarray(abs_sum, dtype=np.float64))
+
+
+class Exchange:
+    """Host-side exchange between rank threads (verification only): every rank offers a value under a key
+    and gets every rank's, in rank order. Raises CollectiveError ``nccl:timeout`` when a rank never comes."""
+
+    def __init__(self, world: int, timeout_s: float) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=timeout_s)
+        self.slots: dict = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, rank: int, key, value):
+        with self.lock:
+            self.slots.setdefault(key, [None] * self.world)[rank] = value
+        self._wait(key)
+        with self.lock:
+            out = list(self.slots[key])
+        self._wait(key)
+        with self.lock:
+            self.slots.pop(key, None)
+        return out
+
+    def _wait(self, key) -> None:
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise CollectiveError("nccl:timeout", "exchange", f"a rank never reached the exchange of {key!r}") from None
+
+
+def _count(L, site: str) -> bool:
+    """Count one collective in the launcher's census (kind ``collective``); False while the launcher only
+    plans (a plan records it, nothing is issued)."""
+    if L._plan_only("collective", site):
+        return False
+    (L.captured if L.capturing else L.census.counts)[(L.cluster_name, "collective", site)] += 1
+    return True
+
+
+class NcclReducer:
+    """``ncclAllReduce`` (sum) of ``send`` into ``recv`` on the calling thread's accessor stream."""
+
+    kind = "nccl"
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+
+    def reduce(self, model, layer: int, point: str, send, recv) -> None:
+        """``recv`` = the ranks' sum of ``send`` (``ncclAllReduce`` on the accessor's stream; counted in the
+        census as a ``collective``; nothing issued while the launcher only plans)."""
+        L = model.L
+        if _count(L, f"tp.allreduce.{point}"):
+            self.comm.all_reduce(send, recv, L.stream())
+
+
+class PeerReducer:
+    """ds4's peer copies (see module docstring). ``inboxes[rank][point]`` are two buffers per point and rank
+    (alternating per use, so a copy into one never overwrites what the peer has still to read: the copy of use
+    k + 1 follows the barrier of use k, which the peer passes only after issuing its add of use k).
+
+    Two ranks only (``world == 2``)."""
+
+    kind = "peer"
+
+    def __init__(self, node, rank: int, barrier: threading.Barrier) -> None:
+        self.node, self.rank, self.barrier = node, rank, barrier
+        self.inboxes: list[dict] | None = None  # set by the group once every rank's model exists
+        self.uses = {p: 0 for p in POINTS}
+
+    def reduce(self, model, layer: int, point: str, send, recv) -> None:
+        """ds4's reduction of ``send`` into ``recv`` (class docstring). Raises RuntimeError when the group set no
+        inboxes, CollectiveError ``nccl:timeout`` when the peer never reaches the barrier, and what
+        ``cudaMemcpyPeer`` raises during a capture (rules memcpy_peer_*)."""
+        L = model.L
+        if not _count(L, f"tp.peer.{point}"):
+            return
+        if self.inboxes is None:
+            raise RuntimeError("PeerReducer: the group did not set the ranks' inboxes")
+        me, peer = self.rank, 1 - self.rank
+        slot = self.uses[point] % 2
+        self.uses[point] += 1
+        self.node.memcpy_peer(self.inboxes[peer][point][slot], peer, send, me)
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise CollectiveError("nccl:timeout", "cudaMemcpyPeer",
+                                  f"rank {me}: the peer never reached the exchange of {point}@{layer}") from None
+        mine = self.inboxes[me][point][slot]
+        a, b = (send, mine) if me == 0 else (mine, send)
+        with L.cluster("tp.reduce"):
+            tp_ops.tp_add2(L, f"tp.peer_add.{point}", a, b, recv, int(np.prod(send.shape)))
+
+
+class OracleReducer:
+    """Verification only (the sim): ``recv`` becomes the single-GPU token's values from the same inputs,
+    gathered on the host from every rank (:func:`single_gpu_values`). Not a design: it needs the whole
+    routed bank and the unsplit ``o_b`` and ``sh_down`` on every rank."""
+
+    kind = "oracle"
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    def reduce(self, model, layer: int, point: str, send, recv) -> None:
+        """``recv`` = the single-GPU values (:func:`single_gpu_values`). Raises RuntimeError while capturing."""
+        if not _count(model.L, f"tp.oracle.{point}"):
+            return
+        if model.L.capturing:
+            raise RuntimeError("the oracle reduction computes on the host: it cannot be captured")
+        vals = single_gpu_values(model, self.exchange, layer, point)
+        recv[...] = vals["single"].reshape(recv.shape)
+
+
+def single_gpu_values(model, exchange: Exchange, layer: int, point: str) -> dict:
+    """What the single-GPU token computes at reduction ``(layer, point)`` from this rank's and its peers'
+    inputs, as the NumPy reference computes it (the launch sites' references: ``q8_matvec``,
+    ``moe_midq_q8k``, ``moe_down_sum``). Every rank must call it at the same point (a host exchange).
+
+    Returns ``{"single": float32 like recv, "partials": [every rank's send], "terms": n, "abs_sum": A}``
+    (the inputs of :func:`reduction_bound`; for ``"ffn"`` ``[2, E]`` arrays, row 0 the shared expert's,
+    row 1 the routed experts')."""
+    from ..token.reference import dequant, dequant_q8k, quantize_q8k_ds4
+
+    rank, full = model.plan.rank, model.full
+    if point == "attn":
+        send = np.array(model.be.to_host(model.tp_attn_send), copy=True)
+        oa = np.array(model.be.to_host(model.oa), copy=True).reshape(-1)
+        got = exchange(rank, (layer, "attn"), (send, oa))
+        oa_full = np.concatenate([g[1] for g in got])
+        W = full.o_b(layer)
+        single = R.q8_matvec(W, oa_full)
+        abs_sum = np.abs(dequant(W)) @ np.abs(oa_full.astype(np.float64))
+        return {"single": single, "partials": [g[0] for g in got], "terms": W.cols, "abs_sum": abs_sum}
+    cfg = model.full_cfg
+    k, F = cfg.n_used, cfg.expert_ffn
+    send = np.array(model.be.to_host(model.tp_ffn_send), copy=True)
+    mid = np.array(model.be.to_host(model.sh_mid), copy=True).reshape(-1)
+    moe_mid = np.array(model.be.to_host(model.moe_buf.mid), copy=True)[:k]
+    ids = np.array(model.be.to_host(model.moe_buf.ids), copy=True).reshape(-1)[:k]
+    got = exchange(rank, (layer, "ffn"), (send, mid, moe_mid))
+    sh_mid = np.concatenate([g[1] for g in got])
+    Wd = full.sh_down(layer)
+    y_sh = R.q8_matvec(Wd, sh_mid)
+    abs_sh = np.abs(dequant(Wd)) @ np.abs(sh_mid.astype(np.float64))
+    # the routed experts' middles, each slot from the rank that holds its expert (the others wrote zeros)
+    mids = np.stack([got[model.plan.owner_of_expert(e)][2][s] for s, e in enumerate(ids)])
+    qq, dd, _ = quantize_q8k_ds4(mids.reshape(k, F))
+    mq, md = qq.astype(np.int8), dd.astype(np.float32)
+    bank_dn = full.bank(layer)["down"]
+    downs = [bank_dn[int(e)] for e in ids]
+    y_moe = R.moe_down_sum(downs, mq, md)
+    abs_moe = sum(np.abs(dequant(w)) @ np.abs(dequant_q8k(mq[s][None], md[s][None])[0]) for s, w in enumerate(downs))
+    return {"single": np.stack([y_sh, y_moe]).astype(np.float32), "partials": [g[0] for g in got],
+            "terms": np.array([[Wd.cols], [k * F]]), "abs_sum": np.stack([abs_sh, abs_moe])}
+
+
+__all__ = ["Exchange", "NcclReducer", "OracleReducer", "POINTS", "PeerReducer", "reduction_bound",
+           "single_gpu_values"]
