@@ -16,8 +16,9 @@ from ds4lab.sim.rules_device import DEVICE_RULES
 
 def _device_scenarios():
     """The scenarios registered by ds4lab/conformance/device_graphs.py (registration order)."""
-    start = next(i for i, s in enumerate(SCENARIOS) if s.name == "capture_graph_query")
-    return SCENARIOS[start:]
+    # a scenario is named after its function (per capture mode: "name[mode]"), defined in that module
+    return [s for s in SCENARIOS
+            if getattr(getattr(DG, s.name.split("[")[0], None), "__module__", None) == DG.__name__]
 
 
 @pytest.fixture(scope="module")
