@@ -16,9 +16,14 @@ from ds4lab.sim.rules_device import DEVICE_RULES
 
 def _device_scenarios():
     """The scenarios registered by ds4lab/conformance/device_graphs.py (registration order)."""
-    # a scenario is named after its function (per capture mode: "name[mode]"), defined in that module
-    return [s for s in SCENARIOS
-            if getattr(getattr(DG, s.name.split("[")[0], None), "__module__", None) == DG.__name__]
+    # registration order follows the imports: device_graphs' scenarios from capture_graph_query up to
+    # the first one of the next module (tp: the two-device scenarios)
+    from ds4lab.conformance import tp as TP
+
+    names = [s.name for s in SCENARIOS]
+    start = names.index("capture_graph_query")
+    later = [i for i, n in enumerate(names) if i > start and callable(getattr(TP, n.split("[")[0], None))]
+    return SCENARIOS[start:later[0] if later else None]
 
 
 @pytest.fixture(scope="module")
