@@ -114,7 +114,7 @@ whole token.
 """),
     code("""
 from ds4lab.report import plots, results
-from ds4lab.report.trace_export import TraceConfig, TraceError
+from ds4lab.jobs.trace import TraceConfig, TraceError
 
 try:
     tr = execute("trace", TraceConfig(preset=PRESET or default_preset("trace", be), stages="0,3", tokens=2,

@@ -56,7 +56,7 @@ def test_a_sim_trace_is_labelled_modeled_and_bad_input_leaves_no_folder(tmp_path
 
     from ds4lab.cli import main
     from ds4lab.jobs import execute
-    from ds4lab.report.trace_export import TraceConfig
+    from ds4lab.jobs.trace import TraceConfig
 
     execute("trace", TraceConfig(preset="tiny", stages="0", tokens=6, out=tmp_path / "tr"), backend="sim")
     r = CliRunner().invoke(main, ["audit", str(tmp_path / "tr" / "trace.json"), "--out", str(tmp_path / "a")])

@@ -20,7 +20,7 @@ STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 REPO = Path(__file__).resolve().parents[1]
 _PEAK = """
 import resource, sys
-from ds4lab.ingest import ingest_all
+from ds4lab.jobs.ingest import ingest_all
 ingest_all([sys.argv[1]], sys.argv[2])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 """
@@ -71,7 +71,7 @@ def test_a_large_log_is_streamed_in_bounded_memory(tmp_path, rng):
 
 
 def test_progress_is_told_as_the_input_is_read(tmp_path, rng):
-    from ds4lab.ingest import ingest_all
+    from ds4lab.jobs.ingest import ingest_all
 
     log = tmp_path / "a.log"
     make_log(log, 3 << 20, rng)

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab import moeprof as M
-from ds4lab.moeprof import traces
+from ds4lab.trace import live as traces
 from ds4lab.token.config import get_preset
 from ds4lab.errors import RuntimeApiError
 from ds4lab.sim import SimBackend
@@ -406,7 +406,8 @@ def test_moe_command_writes_rows_meta_and_figures(tmp_path, graphs_restored):
 
 def test_ds4_lines_are_read_by_ds4lab_ingest(wb_fast, tmp_path, graphs_restored):
     """The log ``ds4lab moe`` writes (``moe-ds4.log``) is what ``ds4lab ingest`` reads as a ds4 log."""
-    ingest = pytest.importorskip("ds4lab.ingest")
+    from ds4lab.jobs import ingest
+
     df = M.profile(wb_fast, "deferred", 3, "uniform", steps=1)
     p = tmp_path / "moe-ds4.log"
     p.write_text("\n".join(M.ds4_lines(df)) + "\n")

@@ -11,8 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.report.trace_export import (CuptiKernelSource, RecordingAnnotator, TraceConfig, TraceError, chrome_trace,
-                                        kernel_source, load_trace, run_trace)
+from ds4lab.jobs.trace import CuptiKernelSource, TraceConfig, TraceError, kernel_source
+from ds4lab.jobs.trace import run as run_trace
+from ds4lab.trace.chrome import chrome_trace, load_trace
+from ds4lab.trace.live import RecordingAnnotator
+from ds4lab.trace.sources import SourceError
 
 
 def sim():
@@ -124,8 +127,8 @@ def test_recording_annotator_records_only_when_on_and_forwards():
     a.push("q_a", "query", 0)
     a.pop()
     a.pop()
-    assert [(r[0], r[5]) for r in a.ranges] == [("q_a", 1), ("token", 0)]
-    assert a.ranges[1][3] < a.ranges[0][3] < a.ranges[0][4] < a.ranges[1][4]
+    assert [(r.name, r.depth) for r in a.ranges] == [("q_a", 1), ("token", 0)]
+    assert a.ranges[1].start_ns < a.ranges[0].start_ns < a.ranges[0].end_ns < a.ranges[1].end_ns
     with pytest.raises(IndexError):
         a.pop()
 
@@ -182,7 +185,8 @@ def test_sim_trace_records_the_api_level_and_scalar_args(traced):
 
 
 def test_the_audit_reads_ds4labs_trace(traced):
-    from ds4lab.audit.sources import detect, read
+    from ds4lab.trace.sources import detect
+    from ds4lab.trace.sources import read_events as read
 
     p = traced.out / "trace.json"
     assert detect(p) == "ds4lab-trace"
@@ -217,10 +221,10 @@ def test_bad_requests(tmp_path):
 def test_load_trace_names_a_bad_event(tmp_path):
     p = tmp_path / "trace.json"
     p.write_text(json.dumps({"traceEvents": [{"name": "k", "ph": "X", "pid": 1, "ts": 0.0}]}))
-    with pytest.raises(TraceError, match=r"traceEvents\[0\] is a complete event without numeric ts and dur"):
+    with pytest.raises(SourceError, match=r"traceEvents\[0\] is a complete event without numeric ts and dur"):
         load_trace(p)
     p.write_text("[]")
-    with pytest.raises(TraceError, match="no traceEvents list"):
+    with pytest.raises(SourceError, match="no traceEvents list"):
         load_trace(p)
 
 

@@ -40,7 +40,7 @@ import pandas as pd
 
 from .. import __version__
 from .analysis import trace_times
-from .events import COLUMNS
+from ..trace.events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
 
 #: Files :func:`write` makes (glob patterns, for ``job_folder``).

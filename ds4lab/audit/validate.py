@@ -57,7 +57,7 @@ def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataF
     from . import report as audit_report
     from .analysis import analyze
     from .engines import TOKEN_RANGE, run_isolated
-    from .sources import read
+    from ..trace.sources import read_events
 
     rows = []
     for engine in engines:
@@ -69,7 +69,7 @@ def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataF
                    "predicted_over_measured": None, "verdict_agrees": False, "time_agrees": None,
                    "recording": r.get("recording", "")}
             if r.get("recording"):
-                table = read(Path(r["recording"]))
+                table = read_events(Path(r["recording"]))
                 # named inside the result folder: ``out`` may be a staging copy that is renamed when done
                 table.source = f"{engine}-{cache}/recording.csv.gz"
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]

@@ -203,7 +203,7 @@ class Launcher:
     def annotating(self, annotator) -> Iterator[object]:
         """Send every NVTX range of the block to ``annotator`` (the
         :class:`ds4lab.capture.annotate.NvtxAnnotator` interface: ``push``, ``pop``), annotation on; the
-        previous annotator and on/off state are back on exit (``ds4lab.report.trace_export`` records push/pop times
+        previous annotator and on/off state are back on exit (``ds4lab trace`` records push/pop times
         this way)."""
         prev = self.annotator, self._nvtx
         self.annotator, self._nvtx = annotator, True

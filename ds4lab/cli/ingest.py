@@ -63,8 +63,9 @@ def ingest_cmd(files, lenient, out, sites) -> None:
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
-    from ..ingest import IngestError, ingest_all
+    from ..jobs.ingest import ingest_all
     from ..report.results import final_path
+    from ..trace.sources import SourceError
 
     if sites is not None:  # a preset name, checked before any input is read
         from ..token.config import PRESETS
@@ -74,7 +75,7 @@ def ingest_cmd(files, lenient, out, sites) -> None:
     try:
         with _progress(files) as progress:
             results = ingest_all(files, out, lenient, sites, progress=progress)
-    except IngestError as e:
+    except SourceError as e:
         fail(str(e))
     for r in results:
         tabs = ", ".join(f"{n} ({rows} rows)" for n, rows in r.counts().items() if rows)

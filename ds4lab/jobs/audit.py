@@ -2,8 +2,8 @@
 step, and what it would save, from traces (a PyTorch profiler / Kineto JSON, an Nsight Systems SQLite
 export, a CUPTI recording, ds4lab's own ``trace.json``) or from a program it records itself.
 
-The job reads every file into the event table (:func:`ds4lab.audit.sources.read`), or runs the
-program with the recording on (:func:`ds4lab.audit.record.run_script`) and reads what it saved,
+The job reads every file into the event table (:func:`ds4lab.trace.sources.read_events`), or runs the
+program with the recording on (:func:`ds4lab.trace.recording.run_script`) and reads what it saved,
 audits each (source, process, device) (:func:`ds4lab.audit.analysis.analyze`) and writes the
 report (:func:`ds4lab.audit.report.write`) inside :func:`ds4lab.report.results.job_folder`. It needs
 no backend: the verdicts come from the sim's rules, the plans from a calibration file.
@@ -154,19 +154,19 @@ def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
 
 
 def _sources(cfg: AuditConfig, folder: Path, out: Path, console, meta: dict) -> list:
-    """The event tables: each file read (:func:`ds4lab.audit.sources.read`), or the program recorded
-    (:func:`ds4lab.audit.record.run_script`) into ``folder`` (the staging folder that becomes ``out``)
+    """The event tables: each file read (:func:`ds4lab.trace.sources.read_events`), or the program recorded
+    (:func:`ds4lab.trace.recording.run_script`) into ``folder`` (the staging folder that becomes ``out``)
     and read back."""
-    from ..audit import sources
+    from ..trace import sources
     from ..report import results
 
     if cfg.program:
-        from ..audit import record
+        from ..trace import recording
 
         argv = program_argv(cfg.program)  # checked already: without its interpreter
-        saved = record.run_script(argv, folder, console)
+        saved = recording.run_script(argv, folder, console)
         # named where it will be once the staging folder is swapped in for out
         meta["recording"] = str(results.final_path(Path(out) / Path(saved).relative_to(folder)))
-        return [sources.read(saved, progress=console)]
-    return [sources.read(Path(f), progress=console) for f in cfg.files]
+        return [sources.read_events(saved, progress=console)]
+    return [sources.read_events(Path(f), progress=console) for f in cfg.files]
 

@@ -7,7 +7,7 @@ and the time lost against that bandwidth (measured µs − bytes / copy bandwidt
 sorted by time lost: the top rows are where kernel work pays most.
 
 Kernel time comes from CUPTI activity records (``CONCURRENT_KERNEL``, ``cupti-python``; the
-session of :mod:`ds4lab.moeprof` is reused) of eager tokens on one stream: each record's
+one session of :mod:`ds4lab.trace.cupti`) of eager tokens on one stream: each record's
 ``end - start`` in ns, matched to the traced launches in issue order (same count and kernel
 names, or the method falls back). Without CUPTI, each launch is re-issued back to back behind
 a spin kernel between two CUDA events (:func:`per_op_times`). Either way the
@@ -32,7 +32,7 @@ SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25"
 def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
     """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens,
     or ``(None, reason)`` when CUPTI is unavailable or the records do not match the trace."""
-    from ..backends.cupti import KERNEL_KINDS, CuptiSession, cupti_available
+    from ..trace.cupti import KERNEL_KINDS, CuptiSession, cupti_available
 
     ok, why = cupti_available()
     if not ok:
@@ -46,14 +46,14 @@ def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: 
         for t in range(tokens):
             model.token(pos + t, token_id)
             be.synchronize()
-            recs = sorted((r for r in sub.take() if r[0] == "kernel"), key=lambda r: r[2])
+            recs = sorted((r for r in sub.take() if r.kind == "kernel"), key=lambda r: r.start_ns)
             if len(recs) != n_launch:
                 return None, f"CUPTI gave {len(recs)} kernel records for a {n_launch}-launch token"
-            got = [r[1] for r in recs]
+            got = [r.name for r in recs]
             if got != names:
                 i = next(i for i, (a, b) in enumerate(zip(got, names)) if a != b)
                 return None, f"CUPTI record {i} is {got[i]!r}, the trace has {names[i]!r}"
-            out[t] = [(r[3] - r[2]) * 1e-3 for r in recs]
+            out[t] = [r.dur_ns * 1e-3 for r in recs]
         return out, "cupti"
     finally:
         sub.close()

@@ -106,12 +106,25 @@ class Table:
     modeled: bool = False
 
 
+def load_result_meta(f: Path) -> dict:
+    """A ds4lab ``meta.json`` (:func:`ds4lab.trace.sources.common.load_meta`) with a dead run told apart:
+    a run recorded as ``running`` whose process is gone reads as ``died`` (:func:`ds4lab.report.results.read_meta`).
+    Raises SourceError naming the file."""
+    from ..trace.sources.common import load_meta
+    from . import results
+
+    meta = load_meta(f)
+    if meta.get("status") == "running" and Path(f).name == "meta.json":
+        meta = results.read_meta(Path(f).parent) or meta
+    return meta
+
+
 def _load_meta(f: Path) -> dict:
-    from ..ingest import IngestError, load_meta
+    from ..trace.sources import SourceError
 
     try:
-        return load_meta(f)
-    except IngestError as e:
+        return load_result_meta(f)
+    except SourceError as e:
         raise CompareError(str(e)) from None
 
 
@@ -139,7 +152,7 @@ def _read_csv(f: Path, kind: str) -> pd.DataFrame:
         raise CompareError(f"{f}: empty file, no {kind} table") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as e:
         raise CompareError(f"{f}: unreadable CSV ({' '.join(str(e).split())})") from None
-    from ..ingest.common import csv_shape_problems
+    from ..trace.sources.common import csv_shape_problems
 
     cut = csv_shape_problems(f, limit=1)
     if cut:
@@ -216,7 +229,8 @@ def _tag(t: Table) -> str:
 
 
 def _folder_tables(d: Path) -> list[Table]:
-    from ..ingest import IngestError, detect, read_ds4_log
+    from ..trace.sources import SourceError, detect
+    from ..trace.sources.ds4log import read_ds4_log
 
     found: list[Table] = []
     seen: set[Path] = set()
@@ -251,11 +265,11 @@ def _folder_tables(d: Path) -> list[Table]:
             try:
                 if detect(f) != "ds4-log":
                     continue
-            except IngestError:  # a job's console output kept beside its table, any other text: no table
+            except SourceError:  # a job's console output kept beside its table, any other text: no table
                 continue
             try:
                 df = read_ds4_log(f, lenient=False).tables["ds4_moe"]
-            except IngestError as e:
+            except SourceError as e:
                 raise CompareError(str(e)) from None
             found.append(Table("moe", df, f))
     for t in found:
@@ -363,7 +377,7 @@ def _same_inputs(dirs) -> None:
     Raises:
         CompareError: naming both.
     """
-    from ..ingest.common import distinct_inputs
+    from ..trace.sources.common import distinct_inputs
 
     distinct_inputs(dirs, CompareError, "it would be drawn twice, as two sources; give each folder once")
 
@@ -545,12 +559,13 @@ def compare(dirs, out: Path, warn=None) -> list[Path]:
     without a drawable table, an unreadable table or meta file, or an ``out`` that cannot be a
     folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs."""
     from . import plots, results
-    from ..ingest import IngestError, check_out_dir
+    from ..trace.sources import SourceError
+    from ..trace.sources.common import check_out_dir
 
     out = Path(out)
     try:
         check_out_dir(out)
-    except IngestError as e:
+    except SourceError as e:
         raise CompareError(str(e)) from None
     o = out.resolve()
     for d in map(Path, dirs):
