@@ -71,10 +71,10 @@ def _replaceable(path: Path) -> str | None:
 
 def _check_against(cal: dict, folders, console) -> None:
     """Print the sim's modeled stages with ``cal`` against each measured folder
-    (:func:`ds4lab.measure.sim_check.modeled_vs_measured`)."""
+    (:func:`ds4lab.jobs.sim_check.modeled_vs_measured`)."""
     from rich.table import Table
 
-    from ..measure.sim_check import TOLERANCE, modeled_vs_measured
+    from .sim_check import TOLERANCE, modeled_vs_measured
 
     for folder in folders:
         d = modeled_vs_measured(folder, cal)
