@@ -93,7 +93,7 @@ pd.DataFrame(layer0, columns=["cluster (NVTX category)", "op range", "kernel"])
     md("## A first stage ladder"),
     code("""
 from ds4lab.jobs.ladder import LadderConfig
-df = execute("ladder", LadderConfig(stages=STAGES, preset=preset, tokens=TOKENS, out=OUT), backend=be.name)
+df = execute("ladder", LadderConfig(stages=STAGES, preset=preset, tokens=TOKENS, out=OUT), backend=be.name).table()
 df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", "kernel_launches", "graph_launches", "exact"]]
 """),
     code("""
@@ -113,7 +113,7 @@ and one graph launch instead of one range per op. Open `trace.json` in ui.perfet
 whole token.
 """),
     code("""
-from ds4lab.report import plots, results
+from ds4lab.report import results
 from ds4lab.jobs.trace import TraceConfig, TraceError
 
 try:
@@ -123,7 +123,7 @@ try:
 except TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no kernel timeline here
     tr = None
     print(f"no trace: {e}")
-plots.trace_figure(tr.kernels, tr.nvtx, tr.meta, first_layers=2) if tr is not None else None
+tr.figure("trace") if tr is not None else None
 """),
 ])
 
@@ -152,7 +152,7 @@ import pandas as pd
 from ds4lab.jobs import execute
 from ds4lab.jobs.ladder import LadderConfig
 from ds4lab.experiments.stages import fixes_table
-df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND)
+df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND).table()
 df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
 """),
     md("## Which hazard fixes each stage needs"),
@@ -475,7 +475,7 @@ worst-case grids included).
     code("""
 ctx_out = Path(OUT) / "context"
 df = execute("context", ContextConfig(stages=",".join(stages), preset=preset, contexts=CONTEXTS, tokens=TOKENS,
-                                      out=str(ctx_out)), backend=BACKEND)
+                                      out=str(ctx_out)), backend=BACKEND).table()
 meta = json.loads((ctx_out / "meta.json").read_text())
 cal = meta.get("calibration")
 print(f"MODELED (simulated runtime, calibration {cal.get('name') if isinstance(cal, dict) else cal})"
@@ -512,7 +512,7 @@ H200 by `ds4lab conformance`) did with the hazard, `exact_3c` and `graphs_3c` wh
 """),
     code("""
 rows = execute("hazards", HazardsConfig(hazard="all-longctx", preset=HAZARD_PRESET, out=str(Path(OUT) / "hazards")),
-               backend=BACKEND)
+               backend=BACKEND).value
 h = pd.DataFrame(rows)
 print(f"backend {h.backend.iloc[0]}: " + ("simulated runtime (capture rules modeled)" if h.backend.iloc[0] == "sim"
                                           else "measured on the GPU"))
@@ -589,7 +589,7 @@ The terminal summary below is what `ds4lab audit TRACE --token-range decode_step
 folder holds every table (`audit.csv`, `tokens.csv`, `spans.csv`, `plans.csv`) and the figure.
 """),
     code("""
-reports = execute("audit", AuditConfig(files=(str(trace),), token_range=TOKEN_RANGE, out=OUT))
+reports = execute("audit", AuditConfig(files=(str(trace),), token_range=TOKEN_RANGE, out=OUT)).value
 rep = reports[0]
 """),
     md("""

@@ -40,13 +40,13 @@ def traces(tmp_path_factory):
 def test_a_hazard_trace_defaults_to_stage_0s_and_says_which_hazard(traces):
     for name, res in traces.items():
         assert res.meta["hazard"] == name and res.meta["stages"] == ["0s"]
-        tok = res.nvtx[res.nvtx["name"] == "token"]
+        tok = res.table("trace_nvtx")[res.table("trace_nvtx")["name"] == "token"]
         assert len(tok) == 3  # one token range per traced step, warm-up excluded
 
 
 def test_the_hazard_path_shows_in_the_traced_work(traces):
     def streams(res, kind):
-        k = res.kernels[res.kernels["kind"] == kind]
+        k = res.table("trace_kernels")[res.table("trace_kernels")["kind"] == kind]
         return set(k["stream"])
 
     assert streams(traces["legacy-launch"], "kernel") == {"legacy", "s1"}  # the bypassing launch
@@ -54,7 +54,7 @@ def test_the_hazard_path_shows_in_the_traced_work(traces):
     assert streams(traces["alloc-in-capture"], "memset") == {"s1"}  # its counts clear is async
     assert "legacy" not in streams(traces["device-sync"], "kernel")
     # the routed-MoE hazards trace the hazard's 2-token MoE step, the token hazards whole tokens
-    per_token = {n: (r.kernels["kind"] == "kernel").sum() / 3 for n, r in traces.items()}
+    per_token = {n: (r.table("trace_kernels")["kind"] == "kernel").sum() / 3 for n, r in traces.items()}
     for n, h in TOKEN_HAZARDS.items():
         assert (per_token[n] < per_token["device-sync"] / 3) == (h.steps == "moe"), n
 

@@ -13,7 +13,8 @@ from rich.console import Console
 
 from audit_synth import TraceBuilder, decode_step
 from ds4lab.audit import analyze
-from ds4lab.audit.report import summary, write
+from ds4lab.audit.report import summary
+from ds4lab.jobs.audit import write_report as write
 from ds4lab.cli import main
 from ds4lab.errors import BadInput
 from ds4lab.jobs.audit import AuditConfig, check_config, program_argv
@@ -199,8 +200,10 @@ def test_the_job_writes_its_folder(rng, tmp_path, monkeypatch):
     monkeypatch.setattr(job, "_sources", lambda cfg, folder, out, console, meta: [table])
     out = tmp_path / "out"
     con = Console(record=True, width=200)
-    reports = jobs.execute("audit", AuditConfig(files=(trace,), out=out, modes=("global",)), console=con)
+    res = jobs.execute("audit", AuditConfig(files=(trace,), out=out, modes=("global",)), console=con)
+    reports = res.value
     assert len(reports) == 1 and reports[0].modes == ("global",)
+    assert set(res.tables) == {"audit", "tokens", "spans", "plans"} and "audit" in res.figures
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["job"] == "audit" and meta["inputs"] == [str(trace)]
     assert meta["units"][0]["tokens"]["n"] == 6

@@ -25,9 +25,12 @@ def _fake_run(outcome_of=None):
 
 def test_rows_compare_the_audit_with_torch_and_are_written_as_they_come(tmp_path, monkeypatch):
     monkeypatch.setattr(engines, "run_isolated", _fake_run())
+    from ds4lab.jobs.audit import write_report
+
     seen = []
     df = V.validate(["llama"], ["static", "dynamic"], tmp_path, say=lambda *a: None,
-                    on_row=lambda rows: seen.append(len(rows)))
+                    on_row=lambda rows: seen.append(len(rows)),
+                    on_report=lambda rep, under: write_report([rep], tmp_path / under))
     assert seen == [1, 2]
     assert list(df.torch_outcome) == ["captured, replays right", "captured, replays wrong"]
     assert list(df.audit_outcome) == ["replays right", "replays wrong"] and df.verdict_agrees.all()

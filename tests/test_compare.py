@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ds4lab.report.compare import CompareError, collect, compare
+from ds4lab.jobs.compare import compare
+from ds4lab.report.compare import CompareError, collect
 
 LADDER = ("stage,short,us_median,us_p25,us_p75,n,backend,preset,modeled\n"
           "0,\"eager, legacy\",10524.0,10328.9,10711.4,200,cupy,{preset},False\n"

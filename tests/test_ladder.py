@@ -143,7 +143,7 @@ def test_hazards_on_sim_match_the_h200(sim, name):
 def test_ladder_end_to_end_on_sim(tmp_path):
     cfg = LadderConfig(stages="0,0s,1,2,3,3u", preset="tiny", tokens=8, warmup=1, exact_tokens=3, out=tmp_path,
                        rounds=2)
-    df = execute("ladder", cfg, backend="sim")
+    df = execute("ladder", cfg, backend="sim").table()
     assert list(df.stage) == ["0", "0s", "1", "2", "3", "3u"]
     assert df.exact.tolist() == [True] * 6
     assert df.loc[df.stage == "3", "graph_launches"].item() == 1
@@ -245,10 +245,10 @@ def test_island_ladder_and_context_on_sim_small(tmp_path):
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("ladder", LadderConfig(stages="0,i,3", preset="small", tokens=4, warmup=1, exact_tokens=3, rounds=1,
-                                        out=tmp_path / "l"), backend="sim")
+                                        out=tmp_path / "l"), backend="sim").table()
     assert list(df.stage) == ["0", "i", "3"] and (df.exact == True).all()  # noqa: E712
     cf = execute("context", ContextConfig(stages="0,i,3,3c", preset="small", contexts="600", tokens=3, warmup=1,
-                                          out=str(tmp_path / "c")), backend="sim")
+                                          out=str(tmp_path / "c")), backend="sim").table()
     assert set(cf.stage) == {"0", "i", "3", "3c"} and (cf.exact == True).all()  # noqa: E712
 
 
@@ -256,7 +256,7 @@ def test_gains_are_paired_per_token_against_stage_0(tmp_path):
     """Each stage's gain over stage 0: token k of the stage paired with token k of stage 0 (same position,
     same round), median and 95 % interval; stage 0 against itself is not measurable."""
     df = execute("ladder", LadderConfig(stages="0,3", preset="tiny", tokens=12, warmup=1, exact_tokens=0, rounds=2,
-                                        out=tmp_path), backend="sim")
+                                        out=tmp_path), backend="sim").table()
     g = df.set_index("stage")
     assert not g.loc["0", "gain_measurable"] and g.loc["0", "gain_us"] == 0
     assert g.loc["3", "gain_measurable"] and g.loc["3", "gain_lo"] <= g.loc["3", "gain_us"] <= g.loc["3", "gain_hi"]
@@ -270,7 +270,7 @@ def test_the_context_floor_bounds_every_stage_whichever_stage_ran_last(tmp_path)
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("context", ContextConfig(stages="0,3,3c", preset="tiny", contexts="64,512", tokens=4, span=4,
-                                          out=str(tmp_path)), backend="sim")
+                                          out=str(tmp_path)), backend="sim").table()
     assert (df.efficiency <= 1 + 1e-9).all(), df[["stage", "context", "us_median", "floor_us"]]
 
 
@@ -346,7 +346,7 @@ def test_a_context_run_stopped_at_its_second_context_keeps_the_first_as_finished
     from ds4lab.jobs.context import ContextConfig
 
     full = execute("context", ContextConfig(stages="0,3", preset="tiny", contexts="64,128", tokens=4, span=4,
-                                            warmup=1, out=str(tmp_path / "full")), backend="sim")
+                                            warmup=1, out=str(tmp_path / "full")), backend="sim").table()
     assert not (tmp_path / "full" / "context.partial.csv").exists()
     _stop_at_call(monkeypatch, "time", 3)  # context 128, stage 0
     with pytest.raises(KeyboardInterrupt):

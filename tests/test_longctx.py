@@ -498,7 +498,7 @@ def test_context_ladder_on_sim(tmp_path):
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("context", ContextConfig(stages="0,2,3,3c", preset="tiny", contexts=[128, 600], span=8, tokens=6,
-                                          warmup=2, out=tmp_path), backend="sim")
+                                          warmup=2, out=tmp_path), backend="sim").table()
     assert list(df.stage) == ["0", "2", "3", "3c"] * 2 and list(df.context) == [128] * 4 + [600] * 4
     assert df.exact.all() and (df.first_mismatch == "").all()
     last = df[df.context == 600].set_index("stage")

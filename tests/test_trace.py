@@ -52,7 +52,7 @@ def test_one_process_per_stage_labelled_modeled(traced):
 
 
 def test_kernels_match_launch_sites_and_graph_ids(traced):
-    k = traced.kernels[traced.kernels.kind == "kernel"]
+    k = traced.table("trace_kernels")[traced.table("trace_kernels").kind == "kernel"]
     per = traced.meta["kernels_per_token"]
     assert traced.meta["sites_matched"] == {"0": True, "3": True}
     s0, s3 = k[k.stage == "0"], k[k.stage == "3"]
@@ -66,7 +66,7 @@ def test_kernels_match_launch_sites_and_graph_ids(traced):
 
 
 def test_nvtx_ranges_nest_and_replay_pushes_no_op_ranges(traced):
-    n = traced.nvtx
+    n = traced.table("trace_nvtx")
     e = n[n.stage == "0"]
     assert set(e.name) >= {"token", "layer", "q_a"} and e[e.name == "token"].depth.eq(0).all()
     assert e[e.name == "layer"].depth.eq(1).all()
@@ -79,7 +79,7 @@ def test_nvtx_ranges_nest_and_replay_pushes_no_op_ranges(traced):
 
 def test_eager_token_has_launch_gaps_the_replay_closes(traced):
     def busy_over_span(st):
-        k = traced.kernels[(traced.kernels.stage == st) & (traced.kernels.kind == "kernel")]
+        k = traced.table("trace_kernels")[(traced.table("trace_kernels").stage == st) & (traced.table("trace_kernels").kind == "kernel")]
         k = k[k.token == k.token.min()]
         return (k.end_us - k.start_us).sum() / (k.end_us.max() - k.start_us.min())
     assert busy_over_span("3") > busy_over_span("0")
@@ -98,11 +98,11 @@ def test_every_csv_row_says_backend_preset_and_modeled(traced):
     the table's own columns, backend, preset and modeled on every row (as ladder.csv)."""
     import pandas as pd
 
-    for name, frame in (("trace_kernels.csv", traced.kernels), ("trace_nvtx.csv", traced.nvtx),
-                        ("trace_api.csv", traced.api)):
-        df = pd.read_csv(traced.out / name)
+    for name in ("trace_kernels", "trace_nvtx", "trace_api"):
+        frame = traced.table(name)  # the table as written: the job's columns, then the three
+        df = pd.read_csv(traced.out / f"{name}.csv")
         assert len(df) == len(frame) > 0, name
-        assert list(df.columns) == [*frame.columns, "backend", "preset", "modeled"], name
+        assert list(df.columns) == list(frame.columns) and list(df.columns)[-3:] == ["backend", "preset", "modeled"], name
         assert set(df["backend"]) == {"sim"} and set(df["preset"]) == {"tiny"}, name
         assert df["modeled"].dtype == bool and df["modeled"].all(), name
 
@@ -165,9 +165,9 @@ def test_cupti_records_keep_stream_graph_and_node_ids(monkeypatch):
 def test_sim_trace_records_the_api_level_and_scalar_args(traced):
     """On the sim: the backend calls of each traced token (MODELED), linked to their device work, and
     each eager kernel's scalar arguments; a replayed token makes one cudaGraphLaunch."""
-    api = traced.api
+    api = traced.table("trace_api")
     s0, s3 = api[api.stage == "0"], api[api.stage == "3"]
-    k = traced.kernels
+    k = traced.table("trace_kernels")
     k0 = k[(k.stage == "0") & (k.kind == "kernel")]
     launches = s0[s0.name == "cudaLaunchKernel"]
     assert len(launches) == len(k0)  # one call per eager kernel

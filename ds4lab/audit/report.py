@@ -1,4 +1,5 @@
-"""The audit's outputs: files (:func:`write`) and the terminal summary (:func:`summary`).
+"""The audit's outputs: its tables (:func:`tables`), figures (:func:`figures`) and ``meta.json`` keys
+(:func:`audit_meta`), which the ``audit`` job writes, and the terminal summary (:func:`summary`).
 
 Files, one set for all the reports (a ``source``, ``pid`` and ``device`` column on every row: one
 report per unit, never summed):
@@ -97,42 +98,28 @@ def _plans_csv(r) -> pd.DataFrame:
     return df
 
 
-def write(reports, folder, meta: dict | None = None) -> list[Path]:
-    """Write the files of the module docstring into ``folder`` (created if needed); ``meta``: more to
-    put in ``meta.json`` (a job's provenance). Returns the paths written."""
-    import matplotlib.pyplot as plt
+def tables(reports) -> dict:
+    """The tables of the module docstring, one set for all ``reports``: ``{"audit", "tokens", "spans",
+    "plans"}`` → DataFrame (each written as ``<name>.csv``)."""
+    parts = {"audit": [_with_unit(r.findings, r) for r in reports], "tokens": [_tokens_csv(r) for r in reports],
+             "spans": [_spans_csv(r) for r in reports], "plans": [_plans_csv(r) for r in reports]}
+    out = {}
+    for name, ps in parts.items():
+        ps = [p for p in ps if not p.empty]
+        df = pd.concat(ps, ignore_index=True) if ps else pd.DataFrame()
+        if name == "audit" and "first_row" in df:
+            df = df.drop(columns=["first_row"])
+        out[name] = df
+    return out
 
-    from ..report.plots import save
-    from ..report.results import write_meta
+
+def figures(reports) -> dict:
+    """One token's timeline per report that has calls (:func:`ds4lab.audit.figure.timeline_figure`):
+    ``{"audit": fig}``, or ``{"audit-p<pid>-d<device>": fig, ...}`` when there are several units."""
     from .figure import timeline_figure
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    tables = {"audit.csv": [_with_unit(r.findings, r) for r in reports],
-              "tokens.csv": [_tokens_csv(r) for r in reports],
-              "spans.csv": [_spans_csv(r) for r in reports],
-              "plans.csv": [_plans_csv(r) for r in reports]}
-    for name, parts in tables.items():
-        parts = [p for p in parts if not p.empty]
-        df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-        if name == "audit.csv" and "first_row" in df:
-            df = df.drop(columns=["first_row"])
-        df.to_csv(folder / name, index=False)
-        out.append(folder / name)
-    m = {**(meta or {}), **audit_meta(reports)}
-    write_meta(folder / "meta.json", m)
-    out.append(folder / "meta.json")
-    for r in reports:
-        if not r.items:
-            continue
-        stem = "audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"
-        fig = timeline_figure(r)
-        try:
-            out += save(fig, folder / stem)
-        finally:
-            plt.close(fig)
-    return out
+    return {("audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"): timeline_figure(r)
+            for r in reports if r.items}
 
 
 # ----------------------------------------------------------------------------- terminal

@@ -48,13 +48,14 @@ def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
     return "replays right", ""
 
 
-def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
-    """Run, audit and compare every engine × cache (module docstring); writes each audit report under
-    ``out/<engine>-<cache>/audit/`` and returns the table (``validate.csv``'s rows). ``on_row(rows)``
-    is called with the rows so far after each engine and cache (to write them as they come)."""
+def validate(engines, caches, out: Path, *, say=print, on_row=None, on_report=None) -> "pd.DataFrame":  # noqa: F821
+    """Run, audit and compare every engine × cache (module docstring) in folder ``out`` (each run's
+    recording under ``out/<engine>-<cache>/``) and return the table (``validate.csv``'s rows).
+    ``on_row(rows)`` is called with the rows so far after each engine and cache (to write them as
+    they come), ``on_report(report, "<engine>-<cache>/audit")`` with each audit report (to write it
+    there)."""
     import pandas as pd
 
-    from . import report as audit_report
     from .analysis import analyze
     from .engines import TOKEN_RANGE, run_isolated
     from ..trace.sources import read_events
@@ -73,7 +74,8 @@ def validate(engines, caches, out: Path, *, say=print, on_row=None) -> "pd.DataF
                 # named inside the result folder: ``out`` may be a staging copy that is renamed when done
                 table.source = f"{engine}-{cache}/recording.csv.gz"
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]
-                audit_report.write([rep], Path(out) / f"{engine}-{cache}" / "audit")
+                if on_report is not None:
+                    on_report(rep, f"{engine}-{cache}/audit")
                 row["audit_outcome"], row["audit_why"] = predicted_outcome(rep)
                 plans = rep.plans.set_index("plan") if not rep.plans.empty else None
                 if plans is not None and "whole token" in plans.index:

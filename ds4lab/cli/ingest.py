@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
 import click
 
-from .support import fail, result_folder
+from ..jobs.compare import CompareConfig
+from ..jobs.ingest import IngestConfig
+from .support import default, invoke, result_folder
 
 
 def register(main: click.Group) -> None:
@@ -20,9 +21,9 @@ def register(main: click.Group) -> None:
 @click.command("ingest")
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--lenient", is_flag=True, help="Keep the good rows; report every bad line instead of failing.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/ingested"), show_default=True,
+@click.option("--out", type=click.Path(path_type=Path), default=Path(default(IngestConfig, "out")), show_default=True,
               callback=result_folder)
-@click.option("--sites", default=None, metavar="PRESET",
+@click.option("--sites", default=default(IngestConfig, "sites"), metavar="PRESET",
               help="Join Nsight Compute kernels to ds4lab's launch sites of this preset (bytes moved, "
                    "achieved GB/s); the preset the profiled run used.")
 def ingest_cmd(files, lenient, out, sites) -> None:
@@ -63,21 +64,10 @@ def ingest_cmd(files, lenient, out, sites) -> None:
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
-    from ..jobs.ingest import ingest_all
     from ..report.results import final_path
-    from ..trace.sources import SourceError
 
-    if sites is not None:  # a preset name, checked before any input is read
-        from ..token.config import PRESETS
-
-        if sites not in PRESETS:
-            fail(f"--sites {sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
-    try:
-        with _progress(files) as progress:
-            results = ingest_all(files, out, lenient, sites, progress=progress)
-    except SourceError as e:
-        fail(str(e))
-    for r in results:
+    res = invoke("ingest", IngestConfig(files=tuple(files), out=out, lenient=lenient, sites=sites))
+    for r in res.value:
         tabs = ", ".join(f"{n} ({rows} rows)" for n, rows in r.counts().items() if rows)
         click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
         for w in r.warnings:
@@ -85,44 +75,13 @@ def ingest_cmd(files, lenient, out, sites) -> None:
         for p in r.problems:
             click.echo(f"  skipped {p['file']}:{p['line']}: {p['problem']}", err=True)
     click.echo(f"tables in {final_path(out)}/")
-    if any(r.problems for r in results):
+    if any(r.problems for r in res.value):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
-
-
-#: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
-PROGRESS_BYTES = 16 << 20
-
-
-@contextlib.contextmanager
-def _progress(files):
-    """A progress bar (MB read of all inputs) on stderr while large inputs are read; a callback that
-    does nothing for small ones."""
-    total = 0
-    for f in map(Path, files):
-        with contextlib.suppress(OSError):
-            total += sum(p.stat().st_size for p in f.glob("*") if p.is_file()) if f.is_dir() else f.stat().st_size
-    if total < PROGRESS_BYTES:
-        yield None
-        return
-    from rich.console import Console
-
-    from ..progress import JobProgress
-
-    with JobProgress(Console(stderr=True), "reading inputs (MB)", max(1, total >> 20), eta=True) as bar:
-        shown = [0]
-
-        def progress(done: int, _total: int) -> None:
-            mb = done >> 20
-            if mb > shown[0]:
-                bar.advance(mb - shown[0])
-                shown[0] = mb
-
-        yield progress
 
 
 @click.command("compare")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/compare"), show_default=True,
+@click.option("--out", type=click.Path(path_type=Path), default=Path(default(CompareConfig, "out")), show_default=True,
               callback=result_folder)
 def compare_cmd(dirs, out) -> None:
     """Draw ds4lab results and ingested profiles from several folders side by side.
@@ -150,12 +109,8 @@ def compare_cmd(dirs, out) -> None:
          or an --out that cannot be a folder (the error names them;
          nothing is written)
     """
-    from ..report.compare import CompareError, compare
     from ..report.results import final_path
 
-    try:
-        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True))
-    except CompareError as e:
-        fail(str(e))
-    for p in paths:
+    res = invoke("compare", CompareConfig(dirs=tuple(dirs), out=out))
+    for p in res.files:
         click.echo(f"wrote {final_path(p)}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from .audit import AuditConfig, _meta
+from .result import JobResult, result_folder
 
 
 @dataclass
@@ -34,9 +35,10 @@ def check_config(cfg: ValidateConfig) -> None:
         raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
 
 
-def run(cfg: ValidateConfig, backend=None, console=None):
-    """Run :func:`ds4lab.audit.validate.validate` inside ``job_folder``; writes ``validate.csv`` and
-    ``meta.json``. Returns the table.
+def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
+    """Run :func:`ds4lab.audit.validate.validate` in its result folder; writes ``validate.csv``, each
+    engine and cache's audit under ``<engine>-<cache>/audit/`` and ``meta.json``. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (table ``validate``).
 
     Raises:
         BadInput: :func:`check_config`'s, or torch/transformers/a GPU missing (naming what).
@@ -46,7 +48,6 @@ def run(cfg: ValidateConfig, backend=None, console=None):
     from ..audit.engines import CACHES, ENGINES, available
     from ..audit.validate import TIME_TOLERANCE, validate
     from ..errors import CheckFailed
-    from ..report import results
 
     check_config(cfg)
     ok, why = available()
@@ -57,22 +58,24 @@ def run(cfg: ValidateConfig, backend=None, console=None):
             "engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES),
             "time_tolerance": TIME_TOLERANCE}
     say = console.print if console is not None else print
-    with results.job_folder(out, meta, ("validate.csv",)) as folder:
-        folder = Path(folder) if folder is not None else out
+    with result_folder("audit-validate", out, meta, ("validate.csv",)) as o:
         import pandas as pd
 
-        def write(rows):  # after every engine and cache: a run cut short keeps what it measured
-            pd.DataFrame(rows).to_csv(folder / "validate.csv", index=False)
+        from .audit import write_audit
 
-        df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, folder, say=say, on_row=write)
-        write(df.to_dict("records"))
+        def write(rows):  # after every engine and cache: a run cut short keeps what it measured
+            o.table("validate", pd.DataFrame(rows))
+
+        df = validate(cfg.engines or ENGINES, cfg.caches or CACHES, o.folder, say=say, on_row=write,
+                      on_report=lambda rep, under: write_audit(o, [rep], under))
+        o.table("validate", df)
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
         bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
-        say(f"wrote {results.final_path(out) / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
+        say(f"wrote {o.where('validate.csv')}: {len(df) - len(bad)} of {len(df)} runs agree")
         if len(bad):
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
                 f"{r.engine}/{r.cache} (torch {r.torch_outcome or 'failed'}, audit {r.audit_outcome or '-'}"
                 + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "") + ")"
                 for r in bad.itertuples()))
-    return df
+    return o.done()

@@ -20,6 +20,7 @@ from ..experiments.ladder import Table
 from ..experiments.stages import CONTEXT_DEFAULT, parse_stages
 from .common import check_out_option, default_preset
 from .ladder import check_counts, execute_table, model_config
+from .result import JobResult
 
 #: What the context job writes in its folder.
 CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
@@ -88,11 +89,11 @@ def table_of(cfg: ContextConfig) -> Table:
                  timing_after_exact=False, floor=True)
 
 
-def run(cfg: ContextConfig, be, console):
-    """The stage table at each context on ``be``; returns the rows (one per stage and context) as a
-    DataFrame, written to ``context.csv`` after each context (the one being measured to
-    ``context.partial.csv`` as it goes: :func:`ds4lab.jobs.ladder.execute_table`), with ``meta.json``
-    and the figure.
+def run(cfg: ContextConfig, be, console) -> JobResult:
+    """The stage table at each context on ``be``: one row per stage and context, written to
+    ``context.csv`` after each context (the one being measured to ``context.partial.csv`` as it goes:
+    :func:`ds4lab.jobs.ladder.execute_table`), with ``meta.json`` and the figure. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (table and figure ``context``).
 
     Raises:
         BadInput: bad input (nothing ran; exit 2).

@@ -42,6 +42,8 @@ SourceErrors in either mode. :func:`ingest_all` writes into a ds4lab result fold
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -49,10 +51,73 @@ import pandas as pd
 from ..trace.sources import SourceError, read_tables
 from ..trace.sources import ncu as _ncu
 from ..trace.sources.common import Ingested, RowBlock, check_out_dir, distinct_inputs, input_size
+from .result import JobResult, result_folder
 
 #: every table name ingest writes (``<name>.csv`` under ``--out``), and the problems file
 OUTPUT_GLOBS = ("ds4_moe.csv", "nsys_*.csv", "kernels.csv", "graphs.csv", "nvtx.csv", "ncu_*.csv", "ds4lab_*.csv",
                 "ingest_problems.csv", "ingest_warnings.csv")
+
+
+@dataclass
+class IngestConfig:
+    """What ``ds4lab ingest`` reads: ``files`` (each once), into the result folder ``out``; ``lenient``:
+    keep the good rows and report every bad line; ``sites``: a preset whose launch sites the Nsight
+    Compute kernels are joined to (:func:`site_table`)."""
+
+    files: tuple = ()
+    out: Path | str = "results/ingested"
+    lenient: bool = False
+    sites: str | None = None
+
+
+def check_config(cfg: IngestConfig) -> None:
+    """Checks before any input is read: an input given, a ``sites`` preset that exists. Raises SourceError."""
+    if not cfg.files:
+        raise SourceError("no input to ingest")
+    if cfg.sites is not None:
+        from ..token.config import PRESETS
+
+        if cfg.sites not in PRESETS:
+            raise SourceError(f"--sites {cfg.sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
+
+
+def run(cfg: IngestConfig, backend=None, console=None) -> JobResult:
+    """Ingest ``cfg`` (:func:`ingest_all`) with a progress bar on stderr for large inputs; ``backend``
+    is unused (the job needs none)."""
+    check_config(cfg)
+    with _progress(cfg.files) as progress:
+        return ingest_all(cfg.files, Path(cfg.out), cfg.lenient, cfg.sites, progress=progress)
+
+
+#: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
+PROGRESS_BYTES = 16 << 20
+
+
+@contextlib.contextmanager
+def _progress(files):
+    """A progress bar (MB read of all inputs) on stderr while large inputs are read; None (no
+    callback) for small ones."""
+    total = 0
+    for f in map(Path, files):
+        with contextlib.suppress(OSError):
+            total += input_size(f)
+    if total < PROGRESS_BYTES:
+        yield None
+        return
+    from rich.console import Console
+
+    from ..progress import JobProgress
+
+    with JobProgress(Console(stderr=True), "reading inputs (MB)", max(1, total >> 20), eta=True) as bar:
+        shown = [0]
+
+        def progress(done: int, _total: int) -> None:
+            mb = done >> 20
+            if mb > shown[0]:
+                bar.advance(mb - shown[0])
+                shown[0] = mb
+
+        yield progress
 
 
 def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=None, progress=None) -> Ingested:
@@ -165,19 +230,21 @@ class _TableFiles:
             merged.replace(self.folder / f"{table}.csv")
 
 
-def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None) -> list[Ingested]:
+def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None) -> JobResult:
     """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of
     all inputs, each row's ``file`` naming its input; streamed inputs written as they are read),
     the bad lines to ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and
     ``meta.json`` (``job: ingest``, the inputs with their format, SHA-256 and rows, the status).
 
-    The folder is a ds4lab result folder (:func:`ds4lab.report.results.job_folder`): written aside,
+    The folder is a ds4lab result folder (:func:`ds4lab.jobs.result.result_folder`): written aside,
     locked against a second run, swapped in only when every input was read; a job's folder (a
     ladder's, a moe run's) or a folder ds4lab did not write is refused. Raises SourceError on the
     first bad input unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, an
     input given twice by path or by content, and an ``out`` that is or holds an input are errors
     either way); ``out`` is left as it was then. ``progress(done_bytes, total_bytes)`` is called as
-    the inputs are read."""
+    the inputs are read. Returns the :class:`~ds4lab.jobs.result.JobResult`: the tables' files (their
+    rows streamed, not held), ``ingest_problems`` and ``ingest_warnings`` where there are any, and what
+    each input gave (:class:`~ds4lab.trace.sources.common.Ingested`, in order) as its ``value``."""
     from ..report import results
 
     out = Path(out)
@@ -194,8 +261,8 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
     meta = {"job": "ingest", "inputs": inputs, "lenient": lenient, "sites": sites}
     found: list[Ingested] = []
     try:
-        with results.job_folder(out, meta, OUTPUT_GLOBS, discard_on=(SourceError,)) as folder:
-            files = _TableFiles(folder)
+        with result_folder("ingest", out, meta, OUTPUT_GLOBS, discard_on=(SourceError,)) as o:
+            files = _TableFiles(o.folder)
             for spec in inputs:
                 r = ingest(Path(spec["path"]), lenient, sites, sink=files.add, progress=read)
                 for name, df in r.tables.items():
@@ -203,18 +270,20 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
                 found.append(r)
                 spec.update(kind=r.kind, rows=r.counts(), problems=len(r.problems), warnings=len(r.warnings))
             files.close()
+            for table in files.parts:
+                o.file(f"{table}.csv")
             problems = [p for r in found for p in r.problems]
             if problems:
-                pd.DataFrame(problems).to_csv(folder / "ingest_problems.csv", index=False)
+                o.table("ingest_problems", pd.DataFrame(problems))
             warned = [{"file": str(r.path), "warning": w} for r in found for w in r.warnings]
             if warned:
-                pd.DataFrame(warned).to_csv(folder / "ingest_warnings.csv", index=False)
+                o.table("ingest_warnings", pd.DataFrame(warned))
             meta.update(tables=files.rows, problems=len(problems), warnings=len(warned))
     except results.OutputError as e:
         raise SourceError(str(e)) from None
     except results.WriteFailed as e:
         raise SourceError(f"--out {out}: {e}") from None
-    return found
+    return o.done(found)
 
 
 def site_table(preset: str = "ds4-flash") -> pd.DataFrame:

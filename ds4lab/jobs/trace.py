@@ -41,17 +41,18 @@ kernel tables; every row ends with ``backend``, ``preset`` and ``modeled``, as `
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ..capture import stream as S
 from ..errors import BadInput, CheckFailed
-from ..report import provenance, results
+from ..report import provenance
 from ..sim.calibration import backend_calibration
 from ..trace.chrome import API_COLUMNS, chrome_trace
 from .common import check_out_option, default_preset, modeled_banner, open_backend
+from .result import JobResult, result_folder
 
 TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace_api.csv", "trace.png", "trace.svg",
                  "trace.pdf")
@@ -97,18 +98,6 @@ class TraceConfig:
     out: Path | None = None
     capture_mode: str = "thread_local"
     hazard: str | None = None
-
-
-@dataclass
-class TraceResult:
-    """What one trace wrote: the output folder, the kernel, NVTX and CUDA API tables, provenance."""
-
-    out: Path
-    kernels: pd.DataFrame
-    nvtx: pd.DataFrame
-    meta: dict
-    files: list = field(default_factory=list)
-    api: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # ----------------------------------------------------------------------------- record sources
@@ -304,10 +293,12 @@ def stages_of(config: TraceConfig) -> str:
     return "0s" if config.hazard else "0,3"
 
 
-def run(config: TraceConfig, backend=None, console=None) -> TraceResult:
+def run(config: TraceConfig, backend=None, console=None) -> JobResult:
     """Trace ``config.tokens`` tokens of every stage in ``config.stages`` on ``backend`` and write the
     trace, the tables, ``meta.json`` and the figure to ``config.out``. ``backend``: a ds4lab backend
-    (None: ``auto``, opened as the jobs open it; on the sim a timing-only backend is enough). Returns a :class:`TraceResult`.
+    (None: ``auto``, opened as the jobs open it; on the sim a timing-only backend is enough). Returns
+    the :class:`~ds4lab.jobs.result.JobResult`: tables ``trace_kernels``, ``trace_nvtx`` and
+    ``trace_api`` (as their CSVs hold them), the figure ``trace``, and ``trace.json`` among its files.
 
     Raises:
         TraceError: bad input (:func:`check_config`) or no kernel source on this backend (exit 2).
@@ -339,10 +330,10 @@ def run(config: TraceConfig, backend=None, console=None) -> TraceResult:
     if banner:
         meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
         say(banner)
-    with S.graphs_enabled(), results.job_folder(out, meta, TRACE_OUTPUTS, say=say) as folder:
+    with S.graphs_enabled(), result_folder("trace", out, meta, TRACE_OUTPUTS, say=say) as o:
         kern, nvtx, api = _trace(be, cfg, st_list, config, src, say, meta)
-        files = [out / p.name for p in _write(folder, kern, nvtx, meta, api)]
-    return TraceResult(out, kern, nvtx, meta, files, api)
+        _write(o, kern, nvtx, meta, api)
+    return o.done()
 
 
 def _trace(be, cfg, st_list, config, src, say, meta):
@@ -529,27 +520,15 @@ def trace_json(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataF
     return chrome_trace(kern, nvtx, meta, api, processes=names, tag=tag)
 
 
-def _write(out: Path, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict,
-           api: pd.DataFrame | None = None) -> list[Path]:
+def _write(o, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> None:
     from ..report import plots
 
-    files = []
-    p = out / "trace.json"
-    results.write_text_atomic(p, json.dumps(trace_json(kern, nvtx, meta, api), default=str))
-    files.append(p)
-    for name, df in (("trace_kernels.csv", kern), ("trace_nvtx.csv", nvtx),
-                     ("trace_api.csv", api if api is not None else pd.DataFrame(columns=API_COLUMNS))):
-        labelled(df, meta).to_csv(out / name, index=False)
-        files.append(out / name)
-    import matplotlib.pyplot as plt
-
-    fig = plots.trace_figure(kern, nvtx, meta)
-    try:
-        files += plots.save(fig, out / "trace")
-    finally:
-        plt.close(fig)
-    return files
+    o.text("trace.json", json.dumps(trace_json(kern, nvtx, meta, api), default=str))
+    for name, df in (("trace_kernels", kern), ("trace_nvtx", nvtx),
+                     ("trace_api", api if api is not None else pd.DataFrame(columns=API_COLUMNS))):
+        o.table(name, labelled(df, meta))
+    o.figure("trace", plots.trace_figure(kern, nvtx, meta))
 
 
 __all__ = ["CuptiKernelSource", "NoKernelRecords", "SimKernelSource", "TRACE_OUTPUTS", "TraceConfig", "TraceError",
-           "TraceResult", "check_config", "kernel_source", "run", "trace_json"]
+           "check_config", "kernel_source", "run", "trace_json"]

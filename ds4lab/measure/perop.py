@@ -20,8 +20,6 @@ and their ratio.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 #: CSV columns of the per-site table, in order.
@@ -182,10 +180,11 @@ def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
     return fig
 
 
-def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: float | None = None,
+def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps: float | None = None,
                tokens: int = 7, method: str = "auto", meta: dict | None = None, replayed: bool = True) -> dict:
-    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``out``, written
-    as ``per_op.csv`` (sites), ``per_op_launches.csv`` (every launch) and ``per_op.png/.svg/.pdf``.
+    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``outputs`` (a dict),
+    kept there for the job to write: ``outputs["tables"]`` ``per_op`` (sites) and ``per_op_launches``
+    (every launch), ``outputs["figures"]["per_op"]`` (:func:`roofline_figure`).
 
     With ``replayed`` (the default) the token's floors come first (:func:`ds4lab.measure.floors.token_floors`:
     t_min, the bytes and launch-list floors, the replayed token's busy time), and each launch's µs
@@ -242,18 +241,9 @@ def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: flo
             console.print(f"token: GPU-busy {summary['token_busy_us']:,.0f} µs over {summary['launches']} launches, "
                           f"{summary['token_bytes'] / 1e9:.2f} GB, floor {summary['bytes_floor_us']:,.0f} µs at "
                           f"{copy_GBps:,.0f} GB/s: busy / floor = {summary['busy_over_floor']:.2f}")
-    if out is not None:
-        from ..report.plots import save
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        sites.to_csv(out / "per_op.csv", index=False)
-        launches.to_csv(out / "per_op_launches.csv", index=False)
-        import matplotlib.pyplot as plt
-
-        fig = roofline_figure(sites, summary, meta)
-        save(fig, out / "per_op")
-        plt.close(fig)
+    if outputs is not None:
+        outputs.setdefault("tables", {}).update(per_op=sites, per_op_launches=launches)
+        outputs.setdefault("figures", {})["per_op"] = roofline_figure(sites, summary, meta)
     import json
 
     summary["sites"] = json.loads(sites.to_json(orient="records"))  # plain floats and ints

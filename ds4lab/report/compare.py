@@ -65,6 +65,7 @@ from pathlib import Path
 import pandas as pd
 
 COMPLETE = ("complete", "done")
+from ..errors import BadInput
 from ..token.model import MOE_STAGES  # ds4's six routed-MoE stages, defined once
 
 #: kind → (file name patterns, required columns, value column)
@@ -86,8 +87,8 @@ LOOKED_FOR = ("ladder.csv, ladder-<name>.csv, context.csv, context-<name>.csv, m
 NUMBER_KEYS = ("context",)
 
 
-class CompareError(ValueError):
-    """A folder or file compare cannot use: the message names it."""
+class CompareError(BadInput):
+    """A folder or file compare cannot use: the message names it (exit 2)."""
 
 
 @dataclass
@@ -538,64 +539,11 @@ def moe_fallbacks(t: Table) -> tuple[int, int]:
     return 0, 0
 
 
-#: What ``compare`` writes in its folder.
-COMPARE_OUTPUTS = ("compare_*.png", "compare_*.svg", "compare_*.pdf")
+def figures(tables: list[Table]) -> list:
+    """The figures of ``ds4lab compare`` (:mod:`ds4lab.jobs.compare`) of the tables :func:`collect`
+    found, as ``(figure, file stem)``."""
+    from . import plots
 
-
-def compare(dirs, out: Path, warn=None) -> list[Path]:
-    """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each
-    context every source holds, IQR whiskers, what a source lacks written in the figure), MoE stage
-    medians (ms per stage), kernel totals
-    (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites
-    with the most time), one bar per table (one marker series in the context figure; per input file
-    of an ingested table, per device and process of a table holding several), the legend beside the bars naming each source, its
-    provenance and the settings that differ between the sources; a title says MODELED where any
-    source is modeled; MoE calls that fell back to eager are named in their source's label.
-
-    ``out`` is a result folder (:func:`ds4lab.report.results.job_folder`: written aside, locked,
-    swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
-    folder ds4lab did not write is refused). Returns the figure paths (PNG, SVG, PDF) in ``out``.
-    Raises CompareError (nothing written) for a folder given twice (by path or content), a folder
-    without a drawable table, an unreadable table or meta file, or an ``out`` that cannot be a
-    folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs."""
-    from . import plots, results
-    from ..trace.sources import SourceError
-    from ..trace.sources.common import check_out_dir
-
-    out = Path(out)
-    try:
-        check_out_dir(out)
-    except SourceError as e:
-        raise CompareError(str(e)) from None
-    o = out.resolve()
-    for d in map(Path, dirs):
-        if d.resolve() == o or o in d.resolve().parents:
-            raise CompareError(f"--out {out}: it {'is' if d.resolve() == o else 'holds'} the source {d}: the "
-                               "figures would replace what they are drawn from; choose another --out")
-    tables = collect(dirs, warn)
-    figs = _figures(tables, plots)
-    meta = {"job": "compare", "sources": [{"folder": str(Path(d)), "tables": sorted({
-        str(t.path.name) for t in tables if t.path.parent == Path(d)})} for d in dirs],
-            "labels": [t.label for t in tables], "modeled": any(t.modeled for t in tables)}
-    written = []
-    try:
-        with results.job_folder(out, meta, COMPARE_OUTPUTS) as folder:
-            for fig, stem in figs:
-                written += [out / p.name for p in plots.save(fig, folder / stem)]
-    except results.OutputError as e:
-        raise CompareError(str(e)) from None
-    except results.WriteFailed as e:
-        raise CompareError(f"--out {out}: {e}") from None
-    finally:
-        import matplotlib.pyplot as plt
-
-        for fig, _ in figs:
-            plt.close(fig)
-    return written
-
-
-def _figures(tables: list[Table], plots) -> list:
-    """The figures of :func:`compare`, as ``(figure, file stem)``."""
     figs = []
     lads = [t for t in tables if t.kind == "ladder"]
     lad = {t.label: t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage", sort=False)["us_median"]
