@@ -130,7 +130,7 @@ def _bad_cell(path: Path) -> str:
                     i = int(bad.to_numpy().nonzero()[0][0])
                     cell = v.iloc[i]
                     what = "NaN" if cell.lower() == "nan" else "empty" if cell == "" else repr(cell)
-                    row = first + i + 1
+                    row = first + i + 1  # the table's rows from 1, after the header line and the CSV's
                     return (f"{path}: row {row:,} (line {row + 2:,}): field {c!r} is {what}, not a whole number; "
                             "the saved table is damaged or was written by another program")
             first += len(chunk)
