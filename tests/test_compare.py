@@ -242,15 +242,6 @@ def test_two_ds4_logs_ingested_together_are_two_bars(tmp_path, monkeypatch):
                               "total": 87.0})}}  # each file's own median, never both files'
 
 
-def test_older_ingest_without_file_column_is_split_by_source(tmp_path):
-    rows = "token,tokens,pairs,stage,ms,mode,routing,source\n" + "".join(
-        f"0,1,6,{s},{v},host-timed,ds4,{src}\n" for src, v in (("a.log:3", 0.01), ("b.log:1", 0.05))
-        for s in ["xq", "gateup"])
-    d = folder(tmp_path, "old", {"ds4_moe.csv": rows})
-    assert labels([d]) == ["old · ds4_moe · a.log (provenance unknown: no meta.json)",
-                           "old · ds4_moe · b.log (provenance unknown: no meta.json)"]
-
-
 def test_two_nsys_reports_ingested_together_are_two_bars(tmp_path, monkeypatch):
     head = ('"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)",'
             '"Name"\n')

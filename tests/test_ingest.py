@@ -330,8 +330,10 @@ def test_ds4_lines_header_round_trip(tmp_path):
 
     from ds4lab import moeprof as M
 
-    rows = [{"token": t, "layer": 0, "tokens": 2, "pairs": 12, "stage": s, "ms": 0.01 * (k + 1), "mode": "deferred",
-             "routing": "uniform"} for t in range(3) for k, s in enumerate(M.STAGES)]
+    ms = {s: 0.01 * (k + 1) for k, s in enumerate(M.MOE_STAGES)}
+    ms["total"] = sum(ms.values())  # a header that names no mode: its total is checked as the sum
+    rows = [{"token": t, "layer": 0, "tokens": 2, "pairs": 12, "stage": s, "ms": ms[s], "mode": "deferred",
+             "routing": "uniform"} for t in range(3) for s in M.STAGES]
     df = pd.DataFrame(rows)
     plain = M.ds4_lines(df)
     assert len(plain) == 3 and all(ln.startswith("ds4: CUDA MoE profile") for ln in plain)

@@ -27,10 +27,10 @@ columns (:data:`TABLES`):
   of ``ncu --csv`` output: per launch site, the median DRAM throughput in % of peak (the achieved
   fraction of bandwidth ncu measures), drawn by :func:`ds4lab.report.plots.ncu_sites_figure`.
 
-A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file`` column
-(``ds4lab_*`` tables of an older ingest: by ``source``); a kernel or ncu table holding several
-devices or processes, one bar per device and process (:func:`_by_device`); an nsys stats kernel
-summary, which nsys adds up over devices and processes, is said to be that sum in the figure. A MoE table's bar is one profiling mode
+A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file``
+column; a kernel or ncu table holding several devices or processes, one bar per device and process
+(:func:`_by_device`); an nsys stats kernel summary, which nsys adds up over devices and processes, is
+said to be that sum in the figure. A MoE table's bar is one profiling mode
 (:data:`MODE_PREFERENCE`) and one routing (uniform first), named in its label, never a median across
 modes or routings. A run's summary is not drawn beside the same run's rows (the same numbers twice):
 a folder's ``summary*.csv`` beside its ``moe*.csv`` of the same meta file, an ingested
@@ -242,11 +242,7 @@ def _folder_tables(d: Path) -> list[Table]:
             seen.add(f)
             df = _read_csv(f, kind)
             ds4lab = f.name.startswith("ds4lab_")
-            by = None
-            if "file" in df:
-                by = df["file"]
-            elif "source" in df:  # an older ingest: ds4lab_* source = the CSV, else <file name>:<line>
-                by = df["source"] if ds4lab else df["source"].astype(str).str.replace(r":\d+$", "", regex=True)
+            by = df["file"] if "file" in df else None
             if by is not None and by.nunique(dropna=False) > 1:  # one ingested file per bar
                 groups = list(df.groupby(by, sort=False, dropna=False))
                 names = [Path(str(src)).name for src, _ in groups]

@@ -162,9 +162,6 @@ def ds4lab_header_fields(text: str) -> dict:
     return {"mode": got.get("mode", "unknown"), "routing": got.get("routing", "unknown"), "provenance": prov}
 
 
-#: modes whose ``total`` is not the sum of the stages (CUPTI: first kernel start to last kernel end),
-#: and ``unknown`` (an older ds4lab header: its lines may be CUPTI's)
-_TOTAL_NOT_SUM = (*TOTAL_NOT_SUM_MODES, "unknown")
 #: profile lines per chunk handed over (7 rows each): about 1.5 MB of table at a time
 CHUNK_LINES = 20_000
 #: the columns of table ``ds4_moe``, in order
@@ -228,8 +225,8 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
     and ``routing`` from it; ``unknown`` mode and routing for a header that does not name them) for
     lines ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``; ``file`` is the log, ``source``
     ``<log name>:<line>``. A line with the prefix that does not follow the grammar, or cannot be a
-    real call (:func:`ds4_line_problem`; ``total`` not checked for CUPTI's
-    lines or under an older header), is malformed: SourceError naming file and line unless
+    real call (:func:`ds4_line_problem`; ``total`` not checked for the lines of a mode in
+    :data:`TOTAL_NOT_SUM_MODES`, CUPTI's), is malformed: SourceError naming file and line unless
     ``lenient``. A log cut off in the middle of a profile line is caught by the grammar (the line
     must end with `` ms``).
 
@@ -250,7 +247,7 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
             continue
         if DS4_PREFIX not in line:
             continue  # the program's other output: a log is ds4's whole stderr
-        why = ds4_line_problem(line, total_is_sum=states[cur][2] not in _TOTAL_NOT_SUM)
+        why = ds4_line_problem(line, total_is_sum=states[cur][2] not in TOTAL_NOT_SUM_MODES)
         if why:
             problem(res, lenient, n, f"malformed ds4 MoE profile line ({why})", line)
             continue

@@ -220,8 +220,6 @@ def read_chrome(path: Path, dialect: str, progress=None):
     path = Path(path)
     head = head_bytes(path, 1 << 16)
     meta = _meta(head)
-    if dialect == "ds4lab" and "otherData" not in meta:
-        meta["otherData"] = _other_data(path)
     other = meta.get("otherData") or {}
     st = _State(dialect, other, path)
     prefix = "item" if head.lstrip()[:1] == b"[" else "traceEvents.item"
@@ -282,15 +280,6 @@ def _invalid(path, reader, gz, n, prefix, e) -> str:
     excerpt = next((ln.strip() for ln in lines[1:] if ln.strip() and "(right here)" not in ln), "")
     return (f"{path}: not valid JSON {where}, after {n:,} events ({first}"
             + (f": {excerpt[:80]!r}" if excerpt else "") + ")")
-
-
-def _other_data(path: Path) -> dict:
-    import ijson
-
-    with open(path, "rb") as f:
-        for v in ijson.items(f, "otherData", use_float=True):
-            return v
-    return {}
 
 
 class _State:
@@ -444,9 +433,6 @@ class _State:
         if self.ds4:
             tool = f"ds4lab-trace ({self.other.get('ds4lab', '?')}"
             tool += ", MODELED)" if self.other.get("modeled") else ")"
-            if not (df.kind == "api").any():
-                notes.append("this trace.json holds no CUDA API calls (written by a ds4lab before the audit): only "
-                             "kernels and NVTX ranges are read")
         else:
             ver = meta.get("schemaVersion")
             tool = "pytorch-profiler" + (f" (Kineto schema {ver})" if ver is not None else "")
