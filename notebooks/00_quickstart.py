@@ -40,7 +40,7 @@ from ds4lab.backends import make_backend
 from ds4lab.jobs import default_preset, execute
 from ds4lab.jobs.ladder import LadderConfig
 from ds4lab.report import plots, provenance, results, views, widgets
-from ds4lab.report.trace_export import TraceConfig, TraceError
+from ds4lab.jobs.trace import TraceConfig, TraceError
 from ds4lab.token.config import get_preset
 from ds4lab.token.model import DecodeModel, TokenOptions
 
@@ -80,7 +80,7 @@ pd.DataFrame([(r.cluster, r.site, r.kernel) for r in trace if r.layer == 0],
 # ## A first stage ladder
 
 # %%
-df = execute("ladder", LadderConfig(stages=STAGES, preset=preset, tokens=TOKENS, out=OUT), backend=be.name)
+df = execute("ladder", LadderConfig(stages=STAGES, preset=preset, tokens=TOKENS, out=OUT), backend=be.name).table()
 df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", "kernel_launches", "graph_launches",
     "exact"]]
 
@@ -113,5 +113,5 @@ except TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no ke
 timeline = None
 if tr is not None:
     layers = widgets.Choice(TRACE_LAYERS, range(1, get_preset(trace_preset).n_layers + 1))
-    timeline = widgets.choose(partial(plots.trace_figure, tr.kernels, tr.nvtx, tr.meta), first_layers=layers)
+    timeline = widgets.choose(partial(plots.trace_figure, tr.table("trace_kernels"), tr.table("trace_nvtx"), tr.meta), first_layers=layers)
 timeline

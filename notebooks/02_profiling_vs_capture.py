@@ -39,7 +39,7 @@ from ds4lab.jobs.hazards import HazardsConfig
 from ds4lab.jobs.moe import MoeConfig
 from ds4lab.report import provenance, results, views
 
-m = execute("exclusion", ExclusionConfig(preset=PRESET, out=Path(OUT) / "exclusion"), backend=BACKEND)
+m = execute("exclusion", ExclusionConfig(preset=PRESET, out=Path(OUT) / "exclusion"), backend=BACKEND).table()
 m.pivot(index="mode", columns="column", values="outcome")
 
 # %%

@@ -40,7 +40,7 @@ from ds4lab.jobs import execute
 from ds4lab.jobs.ladder import LadderConfig
 from ds4lab.report import plots, views
 
-df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND)
+df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND).table()
 df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
 
 # %% [markdown]

@@ -101,7 +101,7 @@ decisions
 # %%
 ctx_out = Path(OUT) / "context"
 df = execute("context", ContextConfig(stages=STAGES, preset=preset, contexts=CONTEXTS, tokens=TOKENS, out=ctx_out),
-             backend=BACKEND)
+             backend=BACKEND).table()
 print(provenance.label(results.read_meta(ctx_out)))
 df[["stage", "context", "us_median", "us_p25", "us_p75", "kernel_launches", "graph_launches", "exact",
     "first_mismatch"]].round(1)
@@ -131,7 +131,7 @@ views.context_graphs(ctx_out)
 
 # %%
 rows = execute("hazards", HazardsConfig(hazard="all-longctx", preset=HAZARD_PRESET, out=Path(OUT) / "hazards"),
-               backend=BACKEND)
+               backend=BACKEND).value
 h = pd.DataFrame(rows)
 print(f"backend {h.backend.iloc[0]}: " + ("simulated runtime (capture rules modeled)" if h.backend.iloc[0] == "sim"
                                           else "measured on the GPU"))

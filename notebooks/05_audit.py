@@ -60,7 +60,7 @@ print(source.note)
 # folder holds every table (`audit.csv`, `tokens.csv`, `spans.csv`, `plans.csv`) and the figure.
 
 # %%
-reports = execute("audit", AuditConfig(files=(str(source.trace),), token_range=TOKEN_RANGE, out=Path(OUT) / "audit"))
+reports = execute("audit", AuditConfig(files=(str(source.trace),), token_range=TOKEN_RANGE, out=Path(OUT) / "audit")).value
 rep = reports[0]
 
 # %% [markdown]

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from ds4lab.audit.engines import RECORDED, TOKEN_RANGE
-from ds4lab.audit.events import EventTable
-from ds4lab.audit.sources import read
-from ds4lab.audit.sources.saved import write_table
+from ds4lab.trace.events import EventTable
+from ds4lab.trace.sources import read_events
+from ds4lab.trace.sources.saved import write_table
 
 #: Decode steps kept: every recorded one (a 95 % interval of a saving needs 6 tokens or more).
 STEPS = 8
@@ -28,7 +28,7 @@ args = ap.parse_args()
 
 for engine, cache in RECORDED:
     src = args.validate_out / f"{engine}-{cache}"
-    table = read(src / "recording.csv.gz")
+    table = read_events(src / "recording.csv.gz")
     f = table.frame
     steps = f[(f.kind == "nvtx") & (f.name == TOKEN_RANGE)].sort_values("start_ns")
     if len(steps) < STEPS:

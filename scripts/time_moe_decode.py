@@ -24,7 +24,7 @@ from ds4lab.report import provenance
 from ds4lab.backends import make_backend
 from ds4lab.capture import stream as S
 from ds4lab.capture.scope import capture_scope
-from ds4lab.moeprof.traces import CuptiSession
+from ds4lab.trace.live import CuptiTimeline
 from ds4lab.timing import copy_bandwidth, event_ms
 from ds4lab.token.config import PRESETS, get_preset
 from ds4lab.token.model import DecodeModel, TokenOptions
@@ -60,7 +60,7 @@ def time_preset(be, name: str, copy_gbps: float, seed: int = 11) -> list[dict]:
         g = cap.graph
         g.launch(st)
         st.synchronize()
-        cu = CuptiSession.get()
+        cu = CuptiTimeline()
         cu.start()
         cu.take()
         e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
@@ -71,14 +71,14 @@ def time_preset(be, name: str, copy_gbps: float, seed: int = 11) -> list[dict]:
             e1.record(st)
             st.synchronize()
             steps.append(event_ms(e0, e1) * 1e3 / ROUTINGS)
-        recs = [r for r in cu.take() if r[3] == "kernel"]
+        recs = [r for r in cu.take() if r.kind == "kernel"]
         cu.stop()
     finally:
         S.set_graphs_enabled(was)
     rows = []
     step_us = float(np.median(steps))
     for r in rec:
-        us = np.array([(e - s) * 1e-3 for n, s, e, _, _ in recs if n == r.kernel])
+        us = np.array([k.dur_ns * 1e-3 for k in recs if k.name == r.kernel])
         if not us.size:
             raise RuntimeError(f"{name}: no CUPTI record of kernel {r.kernel}")
         med = float(np.median(us))

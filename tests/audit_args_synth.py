@@ -1,6 +1,6 @@
 """Synthetic argument passes for the tests (no GPU): decode loops played through the stand-in CUPTI
 (:mod:`fake_cupti`) with real parameter memory, so :mod:`ds4lab.audit.arguments` reads real bytes
-through real pointers, and recorded with :func:`ds4lab.audit.record.recording`.
+through real pointers, and recorded with :func:`ds4lab.audit.arguments.recording`.
 
 Every step, as a hand-written decoder would launch it:
 
@@ -86,9 +86,9 @@ def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool 
 def record(monkeypatch, tmp_path=None, *, tokens: int = 5, unreadable: bool = False, **kw):
     """An argument pass over ``tokens`` steps (positions 17, 18, …): the :class:`Recording` (saved to
     ``tmp_path/arguments.csv.gz`` with its store when ``tmp_path`` is given) and the fake."""
-    from ds4lab.audit import arguments as A
-    from ds4lab.audit import record as REC
-    from ds4lab.backends import cupti as C
+    from ds4lab.trace import arguments as A
+    from ds4lab.audit import arguments as REC
+    from ds4lab.trace import cupti as C
 
     m = fake_cupti.install(monkeypatch)
     monkeypatch.setattr(C, "current_context", lambda: 0x55)

@@ -1,6 +1,6 @@
 """Synthetic event tables for the audit's tests: a host thread that issues API calls and a device
 that runs their work, on one clock, as CUPTI or Nsight Systems would record them (rows of
-:data:`ds4lab.audit.events.COLUMNS`, built with :func:`ds4lab.audit.events.make_frame`).
+:data:`ds4lab.trace.events.COLUMNS`, built with :func:`ds4lab.trace.events.make_frame`).
 
 The host clock advances by each call's duration plus the gap before it; device work starts no
 earlier than its call's end and the device's previous work (one queue); a synchronizing call waits
@@ -9,7 +9,7 @@ for the device. Durations come from the caller (drawn from the ``rng`` fixture i
 
 from __future__ import annotations
 
-from ds4lab.audit.events import EventTable, make_frame
+from ds4lab.trace.events import EventTable, make_frame
 
 
 class TraceBuilder:

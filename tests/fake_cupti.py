@@ -258,7 +258,7 @@ class FakeQueries:
 def install(monkeypatch, refuse=()) -> FakeCupti:
     """Put a fresh :class:`FakeCupti` in ``sys.modules`` (as ``cupti.cupti``) and a fresh ds4lab
     session; returns the fake."""
-    from ds4lab.backends.cupti import CuptiSession
+    from ds4lab.trace.cupti import CuptiSession
 
     mod = FakeCupti(refuse)
     pkg = types.ModuleType("cupti")

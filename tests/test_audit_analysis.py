@@ -11,7 +11,7 @@ from audit_synth import TraceBuilder, decode_step
 from ds4lab.audit import analyze
 from ds4lab.audit.analysis import AuditInputError
 from ds4lab.audit.calls import normalize
-from ds4lab.audit.events import EventTable, make_frame
+from ds4lab.trace.events import EventTable, make_frame
 from ds4lab.audit.tokens import NoTokens
 from ds4lab.audit.where import user_frame, where
 

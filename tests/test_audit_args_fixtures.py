@@ -14,7 +14,7 @@ from ds4lab.audit.analysis import analyze
 from ds4lab.audit.arguments import store_beside
 from ds4lab.audit.engines import TOKEN_RANGE
 from ds4lab.audit.frozen import RIGHT, UNKNOWN, attach
-from ds4lab.audit.sources import read
+from ds4lab.trace.sources import read_events as read
 from ds4lab.audit.validate import OUTCOMES, predicted_outcome
 
 ROOT = Path(__file__).parent / "data" / "audit_args"

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 import audit_args_synth as S
-from ds4lab.audit import arguments as A
+from ds4lab.trace import arguments as A
 from ds4lab.audit import frozen as F
 
 
@@ -78,8 +78,8 @@ def test_an_unread_launch_never_gives_replays_right(monkeypatch):
 
 
 def test_a_driver_launch_inside_an_unread_runtime_launch_fills_it_in(monkeypatch):
-    from ds4lab.audit import record as REC
-    from ds4lab.backends import cupti as C
+    from ds4lab.audit import arguments as REC
+    from ds4lab.trace import cupti as C
 
     m = S.fake_cupti.install(monkeypatch)
     monkeypatch.setattr(C, "current_context", lambda: 0x55)
@@ -191,7 +191,7 @@ def test_torch_blocks_are_placed_on_cuptis_clock():
 def test_the_cost_per_launch_is_a_paired_interleaved_difference(monkeypatch):
     """measure_overhead: plain blocks against blocks with the launch handler on, alternating; per launch."""
     m = S.fake_cupti.install(monkeypatch)
-    from ds4lab.backends.cupti import CuptiSession
+    from ds4lab.trace.cupti import CuptiSession
 
     q = S.queries()
     t = [0.0]

@@ -2,7 +2,7 @@
 ``ds4lab ladder --hazard`` on the sim (``tiny``), and the audit of that trace reports the hazard.
 
 The trace part runs everywhere. Reading ``trace.json`` back into the event table is the trace
-readers' work (``ds4lab.audit.sources``, with the API level of ds4lab's trace): the end-to-end test
+readers' work (``ds4lab.trace.sources``, with the API level of ds4lab's trace): the end-to-end test
 skips, naming that module, where this checkout does not have it yet."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from ds4lab.experiments.hazards import HAZARD_SETS, HAZARDS
 
 #: The hazards ``ds4lab trace --hazard`` takes: the decode token's (not the long-context ones).
 TOKEN_HAZARDS = {n: HAZARDS[n] for n in HAZARD_SETS['all']}
-from ds4lab.report.trace_export import TraceConfig, TraceError, run_trace
+from ds4lab.jobs.trace import TraceConfig, TraceError
+from ds4lab.jobs.trace import run as run_trace
 
-HAVE_SOURCES = importlib.util.find_spec("ds4lab.audit.sources") is not None
+HAVE_SOURCES = importlib.util.find_spec("ds4lab.trace.sources") is not None
 
 
 def _sim():
@@ -39,13 +40,13 @@ def traces(tmp_path_factory):
 def test_a_hazard_trace_defaults_to_stage_0s_and_says_which_hazard(traces):
     for name, res in traces.items():
         assert res.meta["hazard"] == name and res.meta["stages"] == ["0s"]
-        tok = res.nvtx[res.nvtx["name"] == "token"]
+        tok = res.table("trace_nvtx")[res.table("trace_nvtx")["name"] == "token"]
         assert len(tok) == 3  # one token range per traced step, warm-up excluded
 
 
 def test_the_hazard_path_shows_in_the_traced_work(traces):
     def streams(res, kind):
-        k = res.kernels[res.kernels["kind"] == kind]
+        k = res.table("trace_kernels")[res.table("trace_kernels")["kind"] == kind]
         return set(k["stream"])
 
     assert streams(traces["legacy-launch"], "kernel") == {"legacy", "s1"}  # the bypassing launch
@@ -53,7 +54,7 @@ def test_the_hazard_path_shows_in_the_traced_work(traces):
     assert streams(traces["alloc-in-capture"], "memset") == {"s1"}  # its counts clear is async
     assert "legacy" not in streams(traces["device-sync"], "kernel")
     # the routed-MoE hazards trace the hazard's 2-token MoE step, the token hazards whole tokens
-    per_token = {n: (r.kernels["kind"] == "kernel").sum() / 3 for n, r in traces.items()}
+    per_token = {n: (r.table("trace_kernels")["kind"] == "kernel").sum() / 3 for n, r in traces.items()}
     for n, h in TOKEN_HAZARDS.items():
         assert (per_token[n] < per_token["device-sync"] / 3) == (h.steps == "moe"), n
 
@@ -80,11 +81,11 @@ def test_every_hazard_has_an_expectation():
     assert set(EXPECTED) == set(TOKEN_HAZARDS)
 
 
-@pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.audit.sources (the trace readers) is not in this checkout yet")
+@pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.trace.sources (the trace readers) is not in this checkout yet")
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_the_audit_of_a_hazard_trace_reports_the_hazard(traces, name):
     from ds4lab.audit import analyze
-    from ds4lab.audit.sources import read
+    from ds4lab.trace.sources import read_events as read
 
     (report,) = analyze([read(traces[name].out / "trace.json")])
     kind, klass, verdict = EXPECTED[name]
@@ -96,13 +97,13 @@ def test_the_audit_of_a_hazard_trace_reports_the_hazard(traces, name):
     assert isinstance(report.plans, pd.DataFrame) and not report.plans.empty
 
 
-@pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.audit.sources (the trace readers) is not in this checkout yet")
+@pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.trace.sources (the trace readers) is not in this checkout yet")
 def test_a_stage_0_trace_predicts_stage_3(tmp_path):
     """The issue's check on ds4lab's own token, on the sim: auditing a stage-0 trace, the whole-token
     plan predicts the stage-3 µs per token of the same trace (on the H200 the bound is ±10 %; on the
     sim, whose cost model the plans share, it must hold far closer)."""
     from ds4lab.audit import analyze
-    from ds4lab.audit.sources import read
+    from ds4lab.trace.sources import read_events as read
 
     res = run_trace(TraceConfig(preset="tiny", stages="0,3", tokens=6, out=tmp_path), _sim())
     reports = sorted(analyze([read(res.out / "trace.json")]), key=lambda r: r.pid)

@@ -113,7 +113,7 @@ def test_one_graph_per_shape_pays_a_capture_per_new_shape(rng):
 
 def test_kernel_only_traces_model_the_host_and_say_so(rng):
     b = _host_bound(rng, tokens=6)
-    from ds4lab.audit.events import EventTable, make_frame
+    from ds4lab.trace.events import EventTable, make_frame
 
     rows = [x for x in b.rows if x["kind"] != "api"]
     (r,) = analyze([EventTable(make_frame(rows), "k.json", "synthetic")])

@@ -12,8 +12,9 @@ import pytest
 
 import fake_cupti
 from fake_cupti import ActivityKind as K
-from ds4lab.audit import record as REC
-from ds4lab.audit.sources import SourceError, detect, read
+from ds4lab.trace import recording as REC
+from ds4lab.trace.sources import SourceError, detect
+from ds4lab.trace.sources import read_events as read
 
 
 def device_work(m, corr_kernel, corr_copy, corr_sync):
@@ -46,7 +47,7 @@ def decode_step(m):
 def test_recording_tables_every_kind(monkeypatch, tmp_path):
     m = fake_cupti.install(monkeypatch)
     monkeypatch.setattr(REC, "demangle", lambda names: {"_Z6matmulPfS_": "matmul(float*, float*)"})
-    from ds4lab.backends import cupti as C
+    from ds4lab.trace import cupti as C
 
     monkeypatch.setattr(C, "current_context", lambda: 0x55)  # a context, as cuCtxGetCurrent gives it
     with REC.recording() as rec:

@@ -21,7 +21,7 @@ extern "C" __global__ void add_one(float* x, int n) {
 
 @pytest.fixture(scope="module")
 def cupti_ok():
-    from ds4lab.backends.cupti import cupti_available
+    from ds4lab.trace.cupti import cupti_available
 
     ok, why = cupti_available()
     if not ok:
@@ -54,8 +54,8 @@ def workload(cp):
 def test_recording_a_cupy_workload(cupti_ok, tmp_path):
     import cupy as cp
 
-    from ds4lab.audit.record import recording
-    from ds4lab.audit.sources import read
+    from ds4lab.trace.recording import recording
+    from ds4lab.trace.sources import read_events as read
 
     workload(cp)  # compile and warm up outside the recording
     with recording() as rec:
@@ -81,8 +81,8 @@ def test_recording_a_cupy_workload(cupti_ok, tmp_path):
 
 
 def test_running_a_script_records_nvtx_ranges_and_passes_the_status(cupti_ok, tmp_path):
-    from ds4lab.audit.record import run_script
-    from ds4lab.audit.sources import read
+    from ds4lab.trace.recording import run_script
+    from ds4lab.trace.sources import read_events as read
 
     script = tmp_path / "decode.py"
     script.write_text(textwrap.dedent('''

@@ -9,7 +9,7 @@ import pytest
 from ds4lab.audit.analysis import analyze
 from ds4lab.audit.engines import RECORDED, TOKEN_RANGE, recorded, recorded_outcome
 from ds4lab.audit.frozen import UNKNOWN
-from ds4lab.audit.sources import read
+from ds4lab.trace.sources import read_events as read
 from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, predicted_outcome
 
 

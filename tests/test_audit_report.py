@@ -13,13 +13,14 @@ from rich.console import Console
 
 from audit_synth import TraceBuilder, decode_step
 from ds4lab.audit import analyze
-from ds4lab.audit.report import summary, write
+from ds4lab.audit.report import summary
+from ds4lab.jobs.audit import write_report as write
 from ds4lab.cli import main
 from ds4lab.errors import BadInput
 from ds4lab.jobs.audit import AuditConfig, check_config, program_argv
 
-HAVE_SOURCES = importlib.util.find_spec("ds4lab.audit.sources") is not None
-NEEDS_SOURCES = pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.audit.sources (the trace readers) is not in "
+HAVE_SOURCES = importlib.util.find_spec("ds4lab.trace.sources") is not None
+NEEDS_SOURCES = pytest.mark.skipif(not HAVE_SOURCES, reason="ds4lab.trace.sources (the trace readers) is not in "
                                                             "this checkout yet")
 
 
@@ -70,7 +71,7 @@ def test_several_units_are_written_apart(rng, tmp_path):
     for p in range(4):
         decode_step(a, rng, pos=p)
         decode_step(b, rng, pos=p)
-    from ds4lab.audit.events import EventTable, make_frame
+    from ds4lab.trace.events import EventTable, make_frame
 
     reports = analyze([EventTable(make_frame(a.rows + b.rows), "two.json", "synthetic")])
     files = {p.name for p in write(reports, tmp_path)}
@@ -199,8 +200,10 @@ def test_the_job_writes_its_folder(rng, tmp_path, monkeypatch):
     monkeypatch.setattr(job, "_sources", lambda cfg, folder, out, console, meta: [table])
     out = tmp_path / "out"
     con = Console(record=True, width=200)
-    reports = jobs.execute("audit", AuditConfig(files=(trace,), out=out, modes=("global",)), console=con)
+    res = jobs.execute("audit", AuditConfig(files=(trace,), out=out, modes=("global",)), console=con)
+    reports = res.value
     assert len(reports) == 1 and reports[0].modes == ("global",)
+    assert set(res.tables) == {"audit", "tokens", "spans", "plans"} and "audit" in res.figures
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["job"] == "audit" and meta["inputs"] == [str(trace)]
     assert meta["units"][0]["tokens"]["n"] == 6
@@ -284,7 +287,7 @@ def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monke
     import shutil
     from pathlib import Path
 
-    from ds4lab.audit import record
+    from ds4lab.trace import recording as record
     from ds4lab.audit.engines import recorded
     from ds4lab.jobs import execute
 

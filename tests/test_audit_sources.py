@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 
 import audit_fixtures as F
-from ds4lab.audit.events import COLUMNS, EventTable, check_frame
-from ds4lab.audit.sources import SourceError, detect, read
-from ds4lab.audit.sources.saved import write_table
-from ds4lab.audit.sources.table import Rows, finish
+from ds4lab.trace.events import COLUMNS, EventTable, check_frame
+from ds4lab.trace.sources import SourceError, detect
+from ds4lab.trace.sources import read_events as read
+from ds4lab.trace.sources.saved import write_table
+from ds4lab.trace.table import Rows, finish
 
 DATA = Path(__file__).parent / "data" / "audit"
 TOKENS = 3
@@ -130,7 +131,7 @@ def test_nsys_2026_backtrace_rows_skipped_and_processes_apart():
 
 
 def test_nsys_reader_keeps_ingest_working():
-    from ds4lab.ingest import ingest
+    from ds4lab.jobs.ingest import ingest
 
     res = ingest(DATA / "nsys_2024.sqlite")
     assert {"kernels", "nvtx", "graphs"} <= set(res.tables) and len(res.tables["kernels"]) == TOKENS * F.K

@@ -28,9 +28,12 @@ def test_rows_compare_the_audit_with_torch_and_are_written_as_they_come(tmp_path
     """The bundled recordings have no argument pass: the step torch replayed right is 'unknown from this
     trace' (no agreement: the audit could not name it); the one with a changing grid is named."""
     monkeypatch.setattr(engines, "run_isolated", _fake_run())
+    from ds4lab.jobs.audit import write_report
+
     seen = []
     df = V.validate(["llama"], ["static", "dynamic"], tmp_path, say=lambda *a: None,
-                    on_row=lambda rows: seen.append(len(rows)))
+                    on_row=lambda rows: seen.append(len(rows)),
+                    on_report=lambda rep, under: write_report([rep], tmp_path / under))
     assert seen == [1, 2]
     assert list(df.cache) == ["dynamic", "static"]  # the family's own order
     assert list(df.torch_outcome) == ["captured, replays wrong", "captured, replays right"]
@@ -96,7 +99,7 @@ def test_a_sim_trace_is_labelled_modeled_and_bad_input_leaves_no_folder(tmp_path
 
     from ds4lab.cli import main
     from ds4lab.jobs import execute
-    from ds4lab.report.trace_export import TraceConfig
+    from ds4lab.jobs.trace import TraceConfig
 
     execute("trace", TraceConfig(preset="tiny", stages="0", tokens=6, out=tmp_path / "tr"), backend="sim")
     r = CliRunner().invoke(main, ["audit", str(tmp_path / "tr" / "trace.json"), "--out", str(tmp_path / "a")])

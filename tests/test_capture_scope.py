@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.capture.cache import GraphCache
+from ds4lab.capture.cache import CapturePolicy, GraphCache
 from ds4lab.capture.scope import capture_scope
 from ds4lab.token.config import get_preset
 from ds4lab.errors import CudaError
@@ -57,7 +57,7 @@ def test_graph_cache_ends_capture_on_any_exception_sim(sim, exc):
         r.token(101, 101 % TINY.vocab)
     ref = _tokens(r, S.LEGACY_STREAM, [102, 103])
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
-    m.executor = cache = GraphCache(sim, ("shared",), warmup=1)
+    m.executor = cache = GraphCache(sim, CapturePolicy(("shared",), warmup=1))
     s = sim.new_stream()
     state = _interrupt_once_while_capturing(m, 1, exc)
     got = _tokens(m, s, [100])  # token 1 warms every layer eagerly
@@ -72,8 +72,8 @@ def test_graph_cache_ends_capture_on_any_exception_sim(sim, exc):
     assert cache.stats.aborts == 1
     abort = [e for e in cache.log if e["event"] == "abort"]
     assert len(abort) == 1 and type(exc).__name__ in abort[0]["reason"] and abort[0]["status_after"] == "none"
-    assert abort[0]["key"][:2] == ("shared", 1)
-    assert not any(k[:2] == ("shared", 1) for k in cache.entries)  # left uncaptured, not retired
+    assert abort[0]["key"].site[:2] == ("shared", 1)
+    assert not any(k.site[:2] == ("shared", 1) for k in cache.entries)  # left uncaptured, not retired
     # eager work on s runs now (not captured) and cudaMalloc is not refused
     x = sim.zeros((8,), np.float32)
     sim.memset_async(s, x, 0)
@@ -128,7 +128,7 @@ def test_capture_scope_end_error_on_normal_exit_propagates(sim):
 def test_graph_cache_ends_capture_on_keyboard_interrupt_gpu(cupy_backend):
     be = cupy_backend
     m = DecodeModel(TINY, be, TokenOptions(vocab=True))
-    m.executor = cache = GraphCache(be, ("shared",), warmup=1)
+    m.executor = cache = GraphCache(be, CapturePolicy(("shared",), warmup=1))
     s = be.new_stream()
     _interrupt_once_while_capturing(m, 1, KeyboardInterrupt())
     _tokens(m, s, [100])
@@ -170,7 +170,7 @@ def test_refused_update_reinstantiates_instead_of_retiring(sim):
     """Stage 3u's cache: an update CUDA refuses (cudaGraphExecUpdate: topology changed) instantiates
     the new graph and goes on; updates, re-instantiations and fallbacks are counted apart."""
     m = DecodeModel(TINY, sim, TokenOptions())
-    cache = GraphCache(sim, ("shared",), warmup=1, update=True, guard=False)
+    cache = GraphCache(sim, CapturePolicy(("shared",), warmup=1, update=True, guard=False))
     x = sim.zeros((4,), np.float32)
     s = sim.new_stream()
     with S.stream_override(s):
@@ -189,7 +189,7 @@ def test_refused_update_reinstantiates_instead_of_retiring(sim):
 
 def test_failed_recapture_for_update_falls_back_and_is_counted(sim):
     m = DecodeModel(TINY, sim, TokenOptions())
-    cache = GraphCache(sim, ("shared",), warmup=0, update=True, guard=False)
+    cache = GraphCache(sim, CapturePolicy(("shared",), warmup=0, update=True, guard=False))
     x = sim.zeros((4,), np.float32)
     s = sim.new_stream()
     calls = {"n": 0}

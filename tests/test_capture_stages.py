@@ -14,7 +14,7 @@ from ds4lab.backends.device_graphs import DeviceGraphApi
 from ds4lab.backends.kernel_pdl import MissingDeviceHalf
 from ds4lab.backends.numpy_backend import NumpyBackend
 from ds4lab.capture import stream as S
-from ds4lab.capture.cache import GraphCache
+from ds4lab.capture.cache import CapturePolicy, GraphCache
 from ds4lab.sim import SimBackend
 from ds4lab.token import reference as R
 from ds4lab.token.config import get_preset
@@ -41,7 +41,7 @@ def _run(longctx: str, pdl: bool, positions=POSITIONS, key_decisions: bool = Fal
     opts = TokenOptions(scalars="device", counts_clear="async", longctx=longctx, pdl=pdl)
     m = DecodeModel(LONG, be, opts)
     ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scalars="device"))
-    m.executor = GraphCache(be, {"token"}, key_decisions=key_decisions)
+    m.executor = GraphCache(be, CapturePolicy(("token",), key_decisions=key_decisions))
     s = be.new_stream(non_blocking=True)
     with S.graphs_enabled(), S.stream_override(s):
         for pos in positions:
@@ -59,7 +59,7 @@ def test_device_stages_in_the_table():
 
     assert [STAGES[n].long_context_only for n in ("3cc", "3p", "3cp", "3ccp")] == [True, False, True, True]
     assert STAGES["3cc"].options["longctx"] == "conditional" and STAGES["3ccp"].options["pdl"] is True
-    assert STAGES["3p"].key_decisions and not STAGES["3cc"].key_decisions
+    assert STAGES["3p"].policy.key_decisions and not STAGES["3cc"].policy.key_decisions
     t = fixes_table()
     assert t.loc["conditional nodes set on the device", "3cc"] == "required"
     assert t.loc["both halves of programmatic launch", "3p"] == "required"
@@ -94,7 +94,7 @@ def test_3p_on_the_short_token_bit_exact():
     be = SimBackend(seed=cfg.seed)
     m = DecodeModel(cfg, be, TokenOptions(scalars="device", counts_clear="async", pdl=True))
     ref = DecodeModel(cfg, NumpyBackend(seed=cfg.seed), TokenOptions(scalars="device"))
-    m.executor = GraphCache(be, {"token"})
+    m.executor = GraphCache(be, CapturePolicy(("token",)))
     s = be.new_stream(non_blocking=True)
     with S.graphs_enabled(), S.stream_override(s):
         for pos in (100, 101, 102):
@@ -223,7 +223,7 @@ def _modeled_us(longctx: str, pdl: bool, pos: int, cal=None) -> float:
     earlier position)."""
     be = SimBackend(seed=LONG.seed, timing_only=True, calibration=cal)
     m = DecodeModel(LONG, be, TokenOptions(scalars="device", counts_clear="async", longctx=longctx, pdl=pdl))
-    m.executor = GraphCache(be, {"token"})
+    m.executor = GraphCache(be, CapturePolicy(("token",)))
     s = be.new_stream(non_blocking=True)
     with S.graphs_enabled(), S.stream_override(s):
         for p in (pos - 2, pos - 1):
@@ -307,7 +307,7 @@ def test_context_ladder_device_stages_on_sim(tmp_path):
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("context", ContextConfig(stages="0,3,3c,3cc,3p,3cp,3ccp", preset="tiny", contexts="64,128,600",
-                                          span=8, tokens=4, warmup=1, rounds=2, out=tmp_path), backend="sim")
+                                          span=8, tokens=4, warmup=1, rounds=2, out=tmp_path), backend="sim").table()
     assert df.exact.all() and (df.first_mismatch == "").all(), df[["stage", "context", "first_mismatch"]]
     last = df[df.context == 600].set_index("stage")
     for st in ("3cc", "3cp", "3ccp"):

@@ -33,7 +33,8 @@ def test_device_stage_bit_exact_against_stage_0(tiny_long, name):
     with S.graphs_enabled():
         base = TokenOptions(vocab=True)
         ref = StageRun(tiny_long, STAGES["0"], base)
-        run = StageRun(tiny_long, STAGES[name], base, key_decisions=True if name == "3p" else None)
+        run = StageRun(tiny_long, STAGES[name], base,
+                       policy=STAGES[name].policy.with_(key_decisions=True) if name == "3p" else None)
         for start, n in SPANS:
             span = Span(start, n)
             diff = first_difference(ref.record(span), run.record(span))

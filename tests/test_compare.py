@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ds4lab.report.compare import CompareError, collect, compare
+from ds4lab.jobs.compare import compare
+from ds4lab.report.compare import CompareError, collect
 
 LADDER = ("stage,short,us_median,us_p25,us_p75,n,backend,preset,modeled\n"
           "0,\"eager, legacy\",10524.0,10328.9,10711.4,200,cupy,{preset},False\n"
@@ -239,15 +240,6 @@ def test_two_ds4_logs_ingested_together_are_two_bars(tmp_path, monkeypatch):
                           "o · ds4_moe · b.log (ds4) · host-timed · ds4": {1: pytest.approx({
                               "xq": 13.0, "sort": 3.0, "gateup": 50.0, "midq": 4.0, "down": 13.0, "sum": 4.0,
                               "total": 87.0})}}  # each file's own median, never both files'
-
-
-def test_older_ingest_without_file_column_is_split_by_source(tmp_path):
-    rows = "token,tokens,pairs,stage,ms,mode,routing,source\n" + "".join(
-        f"0,1,6,{s},{v},host-timed,ds4,{src}\n" for src, v in (("a.log:3", 0.01), ("b.log:1", 0.05))
-        for s in ["xq", "gateup"])
-    d = folder(tmp_path, "old", {"ds4_moe.csv": rows})
-    assert labels([d]) == ["old · ds4_moe · a.log (provenance unknown: no meta.json)",
-                           "old · ds4_moe · b.log (provenance unknown: no meta.json)"]
 
 
 def test_two_nsys_reports_ingested_together_are_two_bars(tmp_path, monkeypatch):

@@ -10,8 +10,9 @@ from types import SimpleNamespace as R
 import pytest
 
 import fake_cupti
-from ds4lab.backends.cupti import (AUDIT_KINDS, KERNEL_KINDS, CuptiSession, CuptiUnavailable, api_base_name,
-                                   python_stack, short_path)
+from ds4lab.trace.cupti import AUDIT_KINDS, KERNEL_KINDS, CuptiSession, CuptiUnavailable
+from ds4lab.trace.records import ApiCall, Kernel, Memset, api_base_name
+from ds4lab.trace.stacks import python_stack, short_path
 
 
 def kernel(name, start, graph=0, corr=1):
@@ -35,14 +36,17 @@ def test_one_session_serves_two_users_with_their_kinds(monkeypatch):
     m.deliver([kernel("k", 100), memset(120)])
     m.call("cudaGetDevice_v3020")
     ka, kb = a.take(), b.take()
-    assert [r[0] for r in ka] == ["kernel", "memset"] and [r[0] for r in kb] == ["kernel", "api"]
-    assert ka[0][1:4] == ("k", 100, 110) and ka[0][7:] == ((2, 1, 1), (64, 1, 1), 48, 0, 0)
+    assert [r.kind for r in ka] == ["kernel", "memset"] and [r.kind for r in kb] == ["kernel", "api"]
+    assert ka[0] == Kernel(name="k", start_ns=100, end_ns=110, device=0, stream=7, correlation=1, grid=(2, 1, 1),
+                           block=(64, 1, 1), shared_bytes=48, graph_id=0, graph_node_id=0)
+    assert isinstance(ka[1], Memset) and ka[1].bytes == 64 and ka[1].name == "Memset (Device)"
+    assert isinstance(kb[1], ApiCall) and kb[1].name == "cudaGetDevice" and kb[1].domain == "runtime"
     assert ("flush", 1) in m.log  # forced flush: records of work still running are delivered
     a.close()
     assert int(fake_cupti.ActivityKind.CONCURRENT_KERNEL) in m.enabled  # b still wants kernels
     assert int(fake_cupti.ActivityKind.MEMSET) not in m.enabled
     m.deliver([kernel("k2", 200)])
-    assert a.take() == [] and [r[1] for r in b.take()] == ["k2"]
+    assert a.take() == [] and [r.name for r in b.take()] == ["k2"]
     b.close()
     b.close()  # idempotent
     assert m.enabled == set()
@@ -102,13 +106,17 @@ def test_stack_format_and_names():
 
 
 def test_moe_trace_source_on_the_session(monkeypatch):
-    from ds4lab.moeprof.traces import CuptiTrace
+    from ds4lab.moeprof import record_stage
+    from ds4lab.trace.live import CuptiTimeline
 
     m = fake_cupti.install(monkeypatch)
-    t = CuptiTrace()
+    t = CuptiTimeline()
     t.start()
     m.deliver([kernel("moe_gateup_q4", 10, graph=5), memset(30)])
-    assert t.take() == [("moe_gateup_q4", 10.0, 20.0, "kernel", 5), ("memset", 30.0, 32.0, "memset", 0)]
+    got = t.take()
+    assert [(r.name, r.start_ns, r.end_ns, r.kind, r.graph_id) for r in got] == [
+        ("moe_gateup_q4", 10, 20, "kernel", 5), ("Memset (Device)", 30, 32, "memset", 0)]
+    assert [record_stage(r) for r in got] == ["gateup", "sort"]  # the counts-clear memset is the sort's
     t.stop()
     assert m.enabled == set() and t.take() == []
 

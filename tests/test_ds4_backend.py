@@ -328,7 +328,7 @@ def test_summarize_tokens_gives_medians_and_spread():
 
 
 def _recorded_frame():
-    from ds4lab.audit.events import COLUMNS
+    from ds4lab.trace.events import COLUMNS
 
     rows = []
 
@@ -469,7 +469,7 @@ def test_the_driver_and_worker_run_ds4s_own_engine_on_the_synthetic_model(tmp_pa
 
 
 def test_expert_data_check_compares_the_random_layers_with_the_holes():
-    from ds4lab.audit.events import COLUMNS
+    from ds4lab.trace.events import COLUMNS
 
     rows = []
 
@@ -513,8 +513,8 @@ def test_random_expert_blocks_keep_their_scales_small_and_finite():
 
 
 def test_audit_recordings_audits_each_recorded_configuration(tmp_path):
-    from ds4lab.audit.events import EventTable
-    from ds4lab.audit.sources.saved import write_table
+    from ds4lab.trace.events import EventTable
+    from ds4lab.trace.sources.saved import write_table
     from ds4lab.ds4.measure import audit_recordings
 
     frame = _recorded_frame()

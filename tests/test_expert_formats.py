@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ds4lab.backends.numpy_backend import NumpyBackend
-from ds4lab.moeprof.traces import kernel_stage
+from ds4lab.moeprof.rows import kernel_stage
 from ds4lab.sim.backend import SimBackend
 from ds4lab.sim.costmodel import Calibration, stand_in
 from ds4lab.timing import token_bytes

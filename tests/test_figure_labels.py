@@ -82,7 +82,8 @@ def test_the_sim_trace_names_its_device(tmp_path):
     import json
 
     from ds4lab.backends import make_backend
-    from ds4lab.report.trace_export import TraceConfig, run_trace
+    from ds4lab.jobs.trace import TraceConfig
+    from ds4lab.jobs.trace import run as run_trace
 
     run_trace(TraceConfig(preset="tiny", tokens=1, warmup=1, out=tmp_path / "t"), make_backend("sim", timing_only=True))
     events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]

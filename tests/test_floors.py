@@ -35,9 +35,11 @@ def test_launch_list_floor_refuses_bad_inputs(bw, tmin):
 
 
 def test_busy_is_the_union_of_kernel_intervals():
-    recs = [("a", 0, 1000, "kernel", 1), ("b", 500, 1500, "kernel", 1),  # overlap: 1.5 µs
-            ("m", 1500, 9000, "memset", 1),                              # not a kernel
-            ("c", 3000, 4000, "kernel", 1)]                              # gap before it
+    from ds4lab.trace.records import Kernel, Memset
+
+    recs = [Kernel(name="a", start_ns=0, end_ns=1000), Kernel(name="b", start_ns=500, end_ns=1500),  # overlap: 1.5 µs
+            Memset(start_ns=1500, end_ns=9000),                                                     # not a kernel
+            Kernel(name="c", start_ns=3000, end_ns=4000)]                                           # gap before it
     busy, span, n = FL.busy_us(recs)
     assert busy == pytest.approx(2.5) and span == pytest.approx(4.0) and n == 3
     assert FL.busy_us([]) == (0.0, 0.0, 0)

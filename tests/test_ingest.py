@@ -8,7 +8,8 @@ import sqlite3
 
 import pytest
 
-from ds4lab.ingest import IngestError, detect, ingest, ingest_all
+from ds4lab.jobs.ingest import ingest, ingest_all
+from ds4lab.trace.sources import SourceError, detect
 
 DS4_OK = ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.004 sort=0.000 gateup=0.021 midq=0.003 "
           "down=0.011 sum=0.002 total=0.041 ms")
@@ -45,7 +46,7 @@ def test_ds4_log_with_other_lines(tmp_path):
 ])
 def test_ds4_log_malformed_line(tmp_path, bad, why):
     p = write(tmp_path, "run.txt", "\n".join([DS4_OK, "noise", bad, DS4_OK]))
-    with pytest.raises(IngestError, match=rf"run.txt:3: .*{why}"):
+    with pytest.raises(SourceError, match=rf"run.txt:3: .*{why}"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert len(r.tables["ds4_moe"]) == 14  # the two good lines
@@ -86,7 +87,7 @@ def test_nsys_csv_malformed_row(tmp_path, row, why):
     text = NSYS.replace('"20.1","548,000","43","12,744.2","12,736.0","12,640","12,992","80.1","q8_matvec"', row)
     p = write(tmp_path, "stats.csv", text)
     line = text.splitlines().index(row) + 1
-    with pytest.raises(IngestError, match=rf"stats.csv:{line}: .*{why}"):
+    with pytest.raises(SourceError, match=rf"stats.csv:{line}: .*{why}"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert len(r.tables["nsys_kernels"]) == 1 and r.problems[0]["line"] == line
@@ -126,7 +127,7 @@ def test_nsys_sqlite(tmp_path):
 def test_nsys_sqlite_bad_row(tmp_path):
     p = tmp_path / "r.sqlite"
     make_sqlite(p, bad_kernel=True)
-    with pytest.raises(IngestError, match=r"r.sqlite:3: kernel row"):
+    with pytest.raises(SourceError, match=r"r.sqlite:3: kernel row"):
         ingest(p)
     assert len(ingest(p, lenient=True).tables["kernels"]) == 2
 
@@ -146,9 +147,11 @@ def test_ds4lab_folder_and_ingest_all(tmp_path):
 
 def test_unknown_input_is_an_error(tmp_path):
     p = write(tmp_path, "x.txt", "hello\nworld\n")
-    with pytest.raises(IngestError, match="x.txt: not a ds4 MoE profile log"):
+    with pytest.raises(SourceError, match="x.txt: not a ds4 MoE profile log"):
+        detect(p, want="tables")
+    with pytest.raises(SourceError, match="x.txt: not a trace or profile ds4lab reads"):
         detect(p)
-    with pytest.raises(IngestError, match="no such file"):
+    with pytest.raises(SourceError, match="no such file"):
         detect(tmp_path / "missing")
 
 
@@ -209,9 +212,9 @@ def test_ds4lab_folder_with_broken_meta(tmp_path, text, why):
     d.mkdir()
     (d / "meta.json").write_text(text)
     (d / "ladder.csv").write_text("stage,us_median\n0,10\n")
-    with pytest.raises(IngestError, match=why):
+    with pytest.raises(SourceError, match=why):
         ingest(d)
-    with pytest.raises(IngestError, match=why):  # lenient cannot read an unreadable folder either
+    with pytest.raises(SourceError, match=why):  # lenient cannot read an unreadable folder either
         ingest(d, lenient=True)
     r = cli("ingest", d, "--out", tmp_path / "o")
     assert r.exit_code == 2 and "meta.json" in r.stderr and not (tmp_path / "o").exists()
@@ -253,7 +256,7 @@ def make_sqlite_cells(path, kernel_rows, nvtx_rows):
 def test_nsys_sqlite_text_or_null_times(tmp_path, kernel, nvtx, where):
     p = tmp_path / "x.sqlite"
     make_sqlite_cells(p, [(0, 1000, 1), kernel], [(0, 2000, "token"), nvtx, (5, None, "a mark")])
-    with pytest.raises(IngestError, match=where):
+    with pytest.raises(SourceError, match=where):
         ingest(p)
     r = ingest(p, lenient=True)
     assert len(r.problems) == 1 and r.problems[0]["line"] == 2
@@ -327,8 +330,10 @@ def test_ds4_lines_header_round_trip(tmp_path):
 
     from ds4lab import moeprof as M
 
-    rows = [{"token": t, "layer": 0, "tokens": 2, "pairs": 12, "stage": s, "ms": 0.01 * (k + 1), "mode": "deferred",
-             "routing": "uniform"} for t in range(3) for k, s in enumerate(M.STAGES)]
+    ms = {s: 0.01 * (k + 1) for k, s in enumerate(M.MOE_STAGES)}
+    ms["total"] = sum(ms.values())  # a header that names no mode: its total is checked as the sum
+    rows = [{"token": t, "layer": 0, "tokens": 2, "pairs": 12, "stage": s, "ms": ms[s], "mode": "deferred",
+             "routing": "uniform"} for t in range(3) for s in M.STAGES]
     df = pd.DataFrame(rows)
     plain = M.ds4_lines(df)
     assert len(plain) == 3 and all(ln.startswith("ds4: CUDA MoE profile") for ln in plain)
@@ -397,7 +402,7 @@ def test_the_same_input_twice_is_refused(tmp_path, monkeypatch, second):
     r = cli("ingest", "a.log", other, "--out", out)
     assert r.exit_code == 2 and "a.log" in r.stderr and "twice" in r.stderr
     assert (out / "ds4_moe.csv").read_text() == "old\n"  # --out untouched
-    with pytest.raises(IngestError, match="given twice"):
+    with pytest.raises(SourceError, match="given twice"):
         ingest_all(["a.log", other], tmp_path / "o2", lenient=True)
     assert not (tmp_path / "o2").exists()
 
@@ -441,7 +446,7 @@ def test_header_mode_and_routing(tmp_path):
 ])
 def test_impossible_ds4_line(tmp_path, bad, why):
     p = write(tmp_path, "run.log", "\n".join([DS4_OK, bad, DS4_BATCH]) + "\n")
-    with pytest.raises(IngestError, match=rf"run.log:2: malformed ds4 MoE profile line \({why}"):
+    with pytest.raises(SourceError, match=rf"run.log:2: malformed ds4 MoE profile line \({why}"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert [q["line"] for q in r.problems] == [2] and len(r.tables["ds4_moe"]) == 14
@@ -458,7 +463,7 @@ def test_total_within_rounding_and_cupti_totals(tmp_path):
     p = write(tmp_path, "cupti.log", HDR.format(mode="cupti", routing="uniform") + "\n" + span + "\n")
     assert ingest(p).tables["ds4_moe"].query("stage == 'total'").ms.item() == pytest.approx(0.090)
     p = write(tmp_path, "graph.log", HDR.format(mode="in-graph", routing="uniform") + "\n" + span + "\n")
-    with pytest.raises(IngestError, match="graph.log:2: .*total=0.090 is not the sum"):
+    with pytest.raises(SourceError, match="graph.log:2: .*total=0.090 is not the sum"):
         ingest(p)
 
 
@@ -475,7 +480,7 @@ def test_nsys_csv_negative_or_infinite_number(tmp_path, cell, col, why):
     row = '","'.join(cells)
     p = write(tmp_path, "stats.csv", NSYS.replace(good, row))
     line = NSYS.splitlines().index(good) + 1
-    with pytest.raises(IngestError, match=rf"stats.csv:{line}: {re.escape(col)}=.* is {why}"):
+    with pytest.raises(SourceError, match=rf"stats.csv:{line}: {re.escape(col)}=.* is {why}"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert r.tables["nsys_kernels"].name.tolist() == ["q8_matvec"] and r.problems[0]["line"] == line
@@ -528,7 +533,7 @@ def test_folder_with_meta_but_no_table_is_an_error(tmp_path):
     d.mkdir()
     (d / "meta.json").write_text(json.dumps({"ds4lab": "0.1.0", "device": "NVIDIA H200", "status": "complete"}))
     for lenient in (False, True):
-        with pytest.raises(IngestError, match=r"empty-run: a ds4lab result folder without any table: expected"):
+        with pytest.raises(SourceError, match=r"empty-run: a ds4lab result folder without any table: expected"):
             ingest(d, lenient=lenient)
     r = cli("ingest", d, "--out", tmp_path / "o")
     assert r.exit_code == 2 and str(d) in r.stderr and "expected" in r.stderr and "→" not in r.output

@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.ingest import IngestError, detect, ingest, ingest_all
+from ds4lab.jobs.ingest import ingest, ingest_all
+from ds4lab.trace.sources import SourceError, detect
 
 HEAD = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size", "Grid Size",
         "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value", "Rule Name", "Rule Type",
@@ -94,7 +95,7 @@ def test_a_percentage_of_peak_outside_0_to_100_is_an_error(tmp_path, value):
     text = ncu_details([(0, "q8_matvec", value, "61.4", "2400.1", "12,500")])
     line = text.splitlines().index(next(l for l in text.splitlines() if '"DRAM Throughput","%"' in l)) + 1
     p = write(tmp_path, "ncu.csv", text)
-    with pytest.raises(IngestError, match=rf"ncu.csv:{line}: metric 'DRAM Throughput' \({SOL}\) = {value} %: a "
+    with pytest.raises(SourceError, match=rf"ncu.csv:{line}: metric 'DRAM Throughput' \({SOL}\) = {value} %: a "
                                           r"percentage of peak lies in 0-100"):
         ingest(p)
     r = ingest(p, lenient=True)
@@ -102,7 +103,7 @@ def test_a_percentage_of_peak_outside_0_to_100_is_an_error(tmp_path, value):
 
 
 def test_ncu_devices_and_processes_stay_apart_per_site(tmp_path):
-    from ds4lab.ingest.ncu import per_site
+    from ds4lab.trace.sources.ncu import per_site
 
     a = ncu_details([(0, "q8_matvec", "60.0", "60.0", "2000", "10,000")], device="0")
     b = ncu_details([(1, "q8_matvec", "20.0", "20.0", "700", "30,000")], device="1").split("\n", 1)[1]
@@ -164,7 +165,7 @@ def test_a_renamed_per_report_file_is_recognised_by_its_columns(tmp_path, report
 def test_an_api_summary_of_other_calls_without_its_file_name_is_named_not_guessed(tmp_path):
     header, row, _ = REPORT_FILES["osrt_sum"]
     p = write(tmp_path, "renamed.csv", f"{header}\n{row}\n")
-    with pytest.raises(IngestError, match=r"not all CUDA calls: osrt_sum, syscall_sum"):
+    with pytest.raises(SourceError, match=r"not all CUDA calls: osrt_sum, syscall_sum"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert any("poll" in w and "PREFIX_<report>.csv" in w for w in r.warnings)
@@ -186,7 +187,7 @@ TEXT = """
 def test_the_text_format_is_refused_with_the_command_that_writes_csv(tmp_path, lenient):
     p = write(tmp_path, "stats.txt", TEXT)
     assert detect(p) == "nsys-csv"
-    with pytest.raises(IngestError, match=r"stats.txt:5: this is the text format of nsys stats .*rerun with "
+    with pytest.raises(SourceError, match=r"stats.txt:5: this is the text format of nsys stats .*rerun with "
                                           r"`--format csv`"):
         ingest(p, lenient=lenient)
     r = cli("ingest", p, *(["--lenient"] if lenient else []), "--out", tmp_path / "o")
@@ -233,7 +234,7 @@ def test_a_cut_off_nsys_csv_reports_its_last_line(tmp_path):
     full = f"{head}\n{row}\n{row.replace('moe_gateup_decode', 'q8_matvec')}\n"
     cut = full[:-12]  # the copy stopped inside the last row: same field count, a shorter name
     p = write(tmp_path, "stats.csv", cut)
-    with pytest.raises(IngestError, match=r"stats.csv:3: the file ends in the middle of this line: cut off"):
+    with pytest.raises(SourceError, match=r"stats.csv:3: the file ends in the middle of this line: cut off"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert r.tables["nsys_kernels"].name.tolist() == ["moe_gateup_decode"] and r.problems[0]["line"] == 3
@@ -243,7 +244,7 @@ def test_a_cut_off_ncu_csv_reports_its_last_line(tmp_path):
     text = ncu_details([(0, "q8_matvec", "61.4", "61.4", "2400.1", "12,500")])
     p = write(tmp_path, "ncu.csv", text.rstrip("\n")[:-5])
     n = len(text.rstrip("\n").splitlines())
-    with pytest.raises(IngestError, match=rf"ncu.csv:{n}: the file ends in the middle of this line"):
+    with pytest.raises(SourceError, match=rf"ncu.csv:{n}: the file ends in the middle of this line"):
         ingest(p)
 
 
@@ -252,12 +253,12 @@ def test_a_cut_off_table_in_a_complete_folder_is_refused_by_ingest_and_compare(t
     d.mkdir()
     (d / "meta.json").write_text(json.dumps({"ds4lab": "0.1.0", "job": "ladder", "status": "complete"}))
     (d / "ladder.csv").write_text("stage,us_median,us_p25,us_p75\n0,10524.0,10328.9,10711.4\n3,8875.2,88")  # cut
-    with pytest.raises(IngestError, match=r"ladder.csv: the file ends in the middle of a line: cut off"):
+    with pytest.raises(SourceError, match=r"ladder.csv: the file ends in the middle of a line: cut off"):
         ingest(d)
     r = cli("compare", d, "--out", tmp_path / "cmp")
     assert r.exit_code == 2 and "ladder.csv:3" in r.stderr and "cut off" in r.stderr
     (d / "ladder.csv").write_text("stage,us_median,us_p25,us_p75\n0,10524.0,10328.9,10711.4\n3,8875.2\n")  # half row
-    with pytest.raises(IngestError, match=r"ladder.csv: 2 fields, the header has 4"):
+    with pytest.raises(SourceError, match=r"ladder.csv: 2 fields, the header has 4"):
         ingest(d)
 
 
@@ -269,8 +270,8 @@ def test_a_cut_off_table_in_a_complete_folder_is_refused_by_ingest_and_compare(t
 ])
 def test_a_raw_report_is_refused_with_its_export_command(tmp_path, rng, name, command):
     p = write(tmp_path, name, b"\x00\x01NVIDIA" + rng.bytes(4096), mode="wb")
-    with pytest.raises(IngestError, match="export it first") as ei:
-        detect(p)
+    with pytest.raises(SourceError, match="export it first") as ei:
+        ingest(p)
     assert f"`{command}`" in str(ei.value)
     r = cli("ingest", p, "--out", tmp_path / "o")
     assert r.exit_code == 2 and command in r.stderr
@@ -281,7 +282,7 @@ def test_an_identical_copy_is_refused_by_content(tmp_path):
     a = write(tmp_path, "a.csv", f"{head}\n{row}\n")
     b = tmp_path / "copy-of-a.csv"
     shutil.copy(a, b)
-    with pytest.raises(IngestError, match=r"copy-of-a.csv: the same content as .*a.csv \(sha256 [0-9a-f]{12}\)"):
+    with pytest.raises(SourceError, match=r"copy-of-a.csv: the same content as .*a.csv \(sha256 [0-9a-f]{12}\)"):
         ingest_all([a, b], tmp_path / "o")
     assert not (tmp_path / "o").exists()
 
@@ -289,7 +290,7 @@ def test_an_identical_copy_is_refused_by_content(tmp_path):
 def test_a_report_with_its_title_and_no_rows_is_called_that(tmp_path):
     head, _, _ = REPORT_FILES["cuda_gpu_kern_sum"]
     p = write(tmp_path, "empty.csv", f" ** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):\n\n{head}\n")
-    with pytest.raises(IngestError, match=r"report cuda_gpu_kern_sum \(line 1\) has its title and header but no "
+    with pytest.raises(SourceError, match=r"report cuda_gpu_kern_sum \(line 1\) has its title and header but no "
                                           r"rows") as ei:
         ingest(p)
     assert "no report title and no CSV table" not in str(ei.value)

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # across fork and exec on Linux, so a child of a large pytest process would report the parent's size.
 _PEAK = """
 import sys
-from ds4lab.ingest import ingest_all
+from ds4lab.jobs.ingest import ingest_all
 ingest_all([sys.argv[1]], sys.argv[2])
 print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")))  # KiB
 """
@@ -73,7 +73,7 @@ def test_a_large_log_is_streamed_in_bounded_memory(tmp_path, rng):
 
 
 def test_progress_is_told_as_the_input_is_read(tmp_path, rng):
-    from ds4lab.ingest import ingest_all
+    from ds4lab.jobs.ingest import ingest_all
 
     log = tmp_path / "a.log"
     make_log(log, 3 << 20, rng)

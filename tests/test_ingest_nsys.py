@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.ingest import IngestError, detect, ingest, ingest_all
+from ds4lab.jobs.ingest import ingest, ingest_all
+from ds4lab.trace.sources import SourceError, detect
 
 # the two-report example of issue 13, verbatim
 TWO_REPORTS = '''
@@ -152,7 +153,7 @@ def test_an_unknown_report_is_skipped_by_name(tmp_path):
 
 def test_only_unknown_reports_is_an_error(tmp_path):
     p = write(tmp_path, "s.csv", ' ** Unified Memory Summary (um_sum):\n\n"Total Time (ns)","Name"\n"1","x"\n')
-    with pytest.raises(IngestError, match=r"s.csv:0: no report ds4lab reads .*um_sum"):
+    with pytest.raises(SourceError, match=r"s.csv:0: no report ds4lab reads .*um_sum"):
         ingest(p)
 
 
@@ -167,7 +168,7 @@ def test_a_malformed_row_in_a_later_report_names_file_line_and_column(tmp_path):
     bad = TWO_REPORTS.replace('"80","100,000,000.0"', '"-80","100,000,000.0"')
     p = write(tmp_path, "s.csv", bad)
     line = bad.splitlines().index(next(l for l in bad.splitlines() if '"-80"' in l)) + 1
-    with pytest.raises(IngestError, match=rf"s.csv:{line}: Num Calls=-80 is negative"):
+    with pytest.raises(SourceError, match=rf"s.csv:{line}: Num Calls=-80 is negative"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert r.tables["nsys_kernels"].name.tolist() == ["moe_gateup_decode"]  # nothing read before is lost
@@ -177,7 +178,7 @@ def test_a_malformed_row_in_a_later_report_names_file_line_and_column(tmp_path):
 def test_a_row_with_too_few_fields_names_the_report(tmp_path):
     bad = MEM.replace('"0.016","1","0.016","0.016","0.016","0.016","0.000","[CUDA memcpy Host-to-Device]"',
                       '"0.016","1","[CUDA memcpy Host-to-Device]"')
-    with pytest.raises(IngestError, match=r"3 fields, the header of report cuda_gpu_mem_size_sum has 8"):
+    with pytest.raises(SourceError, match=r"3 fields, the header of report cuda_gpu_mem_size_sum has 8"):
         ingest(write(tmp_path, "m.csv", bad))
 
 
@@ -279,7 +280,7 @@ def test_version_suffixed_table_is_found(tmp_path):
 def test_bad_graph_row_names_the_row(tmp_path):
     p = tmp_path / "b.sqlite"
     make_export(p, node_level=True, bad_graph=True)
-    with pytest.raises(IngestError, match=r"b.sqlite:3: graph execution row ending before it starts"):
+    with pytest.raises(SourceError, match=r"b.sqlite:3: graph execution row ending before it starts"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert len(r.tables["graphs"]) == 2 and len(r.tables["kernels"]) == 4

@@ -16,9 +16,10 @@ from ds4lab.report.results import OutputError
 
 def test_every_job_has_a_default_preset_row_and_a_module():
     for job in jobs.JOBS:
-        # conformance builds its own small models; audit models no preset (it reads traces); each notebook
-        # picks its own; ds4 runs ds4 itself on a Flash-shaped model (ds4 opens no other shape)
-        assert job in DEFAULT_PRESETS or job in ("conformance", "audit", "audit-validate", "notebooks", "ds4")
+        # conformance builds its own small models; audit, ingest and compare model no preset (they read files);
+        # each notebook picks its own; ds4 runs ds4 itself on a Flash-shaped model (ds4 opens no other shape)
+        assert job in DEFAULT_PRESETS or job in ("conformance", "audit", "audit-validate", "ingest", "compare",
+                                                 "notebooks", "ds4")
         mod = jobs.module(job)
         assert callable(mod.run)
     with pytest.raises(KeyError, match="unknown job 'nope'"):
@@ -69,6 +70,28 @@ def test_gpu_only_job_without_a_gpu_is_refused_before_any_work(tmp_path):
     with pytest.raises(BackendUnavailable, match="ds4lab bench measures a GPU"):
         jobs.execute("bench", BenchConfig(out=tmp_path / "b"), backend="auto")
     assert not (tmp_path / "b").exists()
+
+
+def test_every_command_is_a_job_returning_the_one_result_type():
+    """Every command but the listings (``presets``) and ``notebooks`` runs through ``JOBS``; each job's
+    ``run`` declares the one result type."""
+    import inspect
+
+    from ds4lab.cli import main
+
+    commands = set(main.commands) - {"presets", "notebooks"}
+    assert commands <= set(jobs.JOBS), sorted(commands - set(jobs.JOBS))
+    assert {"trace", "compare", "ingest", "audit-validate"} <= set(jobs.JOBS)
+    for name in jobs.JOBS:
+        ret = inspect.signature(jobs.module(name).run).return_annotation
+        assert ret in ("JobResult", jobs.JobResult), f"{name}: run returns {ret!r}"
+
+
+def test_the_result_type_names_its_tables_and_figures():
+    r = jobs.JobResult("ladder", {"job": "ladder"}, tables={"ladder": 1}, figures={"ladder": 2, "other": 3})
+    assert r.table() == 1 and r.figure() == 2 and r.figure("other") == 3
+    with pytest.raises(KeyError, match="no table 'x'; its tables: ladder"):
+        r.table("x")
 
 
 def test_a_job_refuses_a_backend_it_does_not_run_on():

@@ -63,6 +63,16 @@ def test_kernel_compiles_sm90(cu, nvrtc, cuda_include):
     assert r.kernels, f"no __global__ function found in {cu.name}"
 
 
+def test_compiling_leaves_the_interpreters_single_bytes_intact(nvrtc, cuda_include):
+    """An empty NVRTC log is one byte: written into ``b" " * 1`` (CPython's shared ``b" "``) it made every
+    space read one byte at a time a NUL for the rest of the process."""
+    import io
+
+    r = ck.compile_kernel(ck.kernel_files(KERNELS)[0], "sm_90", [KERNELS, cuda_include], nvrtc)
+    assert r.ok, r.describe()
+    assert b" "[0] == 32 and io.BytesIO(b"a b").read(2)[1:] == b"\x20" and io.BytesIO(b" ").read(1)[0] == 32
+
+
 def test_compile_all_reports_every_file(nvrtc, cuda_include):
     results = ck.compile_all(KERNELS, ["sm_90"], nvrtc=nvrtc)
     assert [r.path.name for r in results] == [p.name for p in ck.kernel_files(KERNELS)]

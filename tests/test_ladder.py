@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.capture.cache import GraphCache
+from ds4lab.capture.cache import CapturePolicy, GraphCache
 from ds4lab.token.config import get_preset
 from ds4lab.experiments.hazards import HAZARD_SETS, demonstrate
 from ds4lab.jobs import execute
@@ -47,7 +47,7 @@ def test_stage_table_and_fixes():
 
 def test_cache_warms_captures_then_replays(sim):
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
-    cache = GraphCache(sim, ("shared",), warmup=1)
+    cache = GraphCache(sim, CapturePolicy(("shared",), warmup=1))
     m.executor = cache
     s = sim.new_stream()
     tokens(m, s, [100, 101, 102])
@@ -57,7 +57,7 @@ def test_cache_warms_captures_then_replays(sim):
     assert st.replays == 2 * TINY.n_layers
     assert st.retirements == 0
     keys = sorted(cache.entries)
-    assert [k[:3] for k in keys] == [("shared", layer, 1) for layer in range(TINY.n_layers)]
+    assert [k.site for k in keys] == [("shared", layer, 1) for layer in range(TINY.n_layers)]
     assert all(e.addresses for e in cache.entries.values())  # the buffers each graph touches, by address
 
 
@@ -66,7 +66,7 @@ def test_captured_stages_are_bit_identical_to_eager(sim):
     for clusters, opts in ((("shared",), {}), (("shared", "moe"), dict(counts_clear="async")),
                            (("token",), dict(scalars="device", counts_clear="async"))):
         m = DecodeModel(TINY, sim, TokenOptions(vocab=True, **opts))
-        m.executor = GraphCache(sim, clusters)
+        m.executor = GraphCache(sim, CapturePolicy(clusters))
         got = tokens(m, sim.new_stream(), range(100, 105))
         assert m.executor.stats.replays > 0
         for a, b in zip(ref, got):
@@ -76,7 +76,7 @@ def test_captured_stages_are_bit_identical_to_eager(sim):
 def test_capture_failure_retires_and_falls_back_exactly(sim):
     ref = tokens(DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="device")), S.LEGACY_STREAM, range(100, 104))
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="device", sync_in_body=True))
-    m.executor = cache = GraphCache(sim, ("token",))
+    m.executor = cache = GraphCache(sim, CapturePolicy(("token",)))
     got = tokens(m, sim.new_stream(), range(100, 104))
     assert dict(cache.stats.failures) == {"cudaErrorStreamCaptureUnsupported": 1}
     # token 1 warms (eager), token 2 fails to capture (eager fallback), tokens 3-4 run eagerly
@@ -88,7 +88,7 @@ def test_capture_failure_retires_and_falls_back_exactly(sim):
 
 def test_legacy_stream_cannot_be_captured(sim):
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
-    m.executor = cache = GraphCache(sim, ("shared",))
+    m.executor = cache = GraphCache(sim, CapturePolicy(("shared",)))
     tokens(m, S.LEGACY_STREAM, [100, 101])
     assert cache.stats.failures["legacy stream"] == TINY.n_layers and cache.stats.replays == 0
 
@@ -98,7 +98,7 @@ def test_guard_retires_on_a_changed_host_decision(sim):
     # the window boundary changes it, so the graph must be recaptured, never replayed stale.
     W = TINY.window
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="value", counts_clear="async"))
-    m.executor = cache = GraphCache(sim, ("token",), update=True)
+    m.executor = cache = GraphCache(sim, CapturePolicy(("token",), update=True))
     ref_m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
     positions = range(W - 4, W + 2)
     got = tokens(m, sim.new_stream(), positions)
@@ -112,7 +112,7 @@ def test_guard_retires_on_a_changed_host_decision(sim):
 def test_guard_off_would_replay_stale(sim):
     """The same run without the guard and without updates replays the captured position: wrong."""
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scalars="value", counts_clear="async"))
-    m.executor = GraphCache(sim, ("token",), guard=False)
+    m.executor = GraphCache(sim, CapturePolicy(("token",), guard=False))
     ref = tokens(DecodeModel(TINY, sim, TokenOptions(vocab=True)), S.LEGACY_STREAM, range(100, 104))
     got = tokens(m, sim.new_stream(), range(100, 104))
     assert np.array_equal(ref[0], got[0]) and not np.array_equal(ref[-1], got[-1])
@@ -120,13 +120,13 @@ def test_guard_off_would_replay_stale(sim):
 
 def test_buffer_generation_is_part_of_the_key(sim):
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True, scratch="on-demand", counts_clear="async"))
-    m.executor = cache = GraphCache(sim, ("moe",))
+    m.executor = cache = GraphCache(sim, CapturePolicy(("moe",)))
     tokens(m, sim.new_stream(), [100, 101, 102])
     g0 = m.generation
     m.moe_buf.ensure(4)  # the scratch grows: every buffer address may change
     assert m.generation == g0 + 1
     tokens(m, sim.new_stream(), [103, 104, 105])
-    gens = {k[3] for k in cache.entries}
+    gens = {k.generation for k in cache.entries}
     assert gens == {g0, g0 + 1}
 
 
@@ -143,7 +143,7 @@ def test_hazards_on_sim_match_the_h200(sim, name):
 def test_ladder_end_to_end_on_sim(tmp_path):
     cfg = LadderConfig(stages="0,0s,1,2,3,3u", preset="tiny", tokens=8, warmup=1, exact_tokens=3, out=tmp_path,
                        rounds=2)
-    df = execute("ladder", cfg, backend="sim")
+    df = execute("ladder", cfg, backend="sim").table()
     assert list(df.stage) == ["0", "0s", "1", "2", "3", "3u"]
     assert df.exact.tolist() == [True] * 6
     assert df.loc[df.stage == "3", "graph_launches"].item() == 1
@@ -189,6 +189,31 @@ def test_moe_profile_inside_islands_on_sim_matches_the_h200(sim):
     assert r["profile_lines"] == int(want["profile_lines"]) > 0
 
 
+def test_the_capture_policy_goes_whole_from_the_stage_to_its_cache(sim):
+    """One frozen policy: a stage holds it, its run fills in the run's capture mode where the stage
+    fixes none, and the graph cache gets that very object; keys are named."""
+    import dataclasses
+
+    from ds4lab.experiments.run import StageRun
+
+    m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
+    islands = StageRun(m, STAGES["i"], TokenOptions(vocab=True), mode="relaxed")
+    assert islands.cache.policy is islands.policy == STAGES["i"].policy  # ds4's islands keep global mode
+    assert islands.mode == "global" and islands.cache.capture_stream is not None  # their own blocking stream
+    whole = StageRun(m, STAGES["3"], TokenOptions(vocab=True), mode="relaxed")
+    assert whole.cache.policy == STAGES["3"].policy.with_(mode="relaxed") and STAGES["3"].policy.mode is None
+    assert StageRun(m, STAGES["0"], TokenOptions(vocab=True)).cache is None  # eager: nothing to capture
+    tuned = StageRun(m, STAGES["3"], TokenOptions(vocab=True), policy=STAGES["3"].policy.with_(warmup=0))
+    assert tuned.cache.policy.warmup == 0 and STAGES["3"].policy.warmup == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        STAGES["3"].policy.warmup = 2  # type: ignore[misc]
+    whole.activate()
+    for pos in (1000, 1001):  # warm, then capture
+        whole.token(pos)
+    (key,) = whole.cache.entries
+    assert key.site == ("token", -1, 1) and key.decisions == () and key.generation == m.generation
+
+
 # ----------------------------------------------------------------------------- ds4's decode islands
 def _island_run(sim, name, cfg=TINY):
     from ds4lab.experiments.run import StageRun
@@ -216,7 +241,7 @@ def test_islands_are_exact_and_captured_as_ds4_does(sim, name):
     # after instantiating it), tokens 3 and 4 replay
     assert st["replays"] == 3 * islands
     assert st["retirements"] == 0 and st["fallbacks"] == 0
-    keys = {(k[0], k[1]) for k in run.cache.entries}
+    keys = {(k.cluster, k.layer) for k in run.cache.entries}
     assert not any(c == "island1" and TINY.is_hash_layer(layer) for c, layer in keys)
     assert run.mode == "global" and run.cache.capture_stream is not None
     assert (st["node_updates"] > 0) == (name == "i+")
@@ -245,10 +270,10 @@ def test_island_ladder_and_context_on_sim_small(tmp_path):
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("ladder", LadderConfig(stages="0,i,3", preset="small", tokens=4, warmup=1, exact_tokens=3, rounds=1,
-                                        out=tmp_path / "l"), backend="sim")
+                                        out=tmp_path / "l"), backend="sim").table()
     assert list(df.stage) == ["0", "i", "3"] and (df.exact == True).all()  # noqa: E712
     cf = execute("context", ContextConfig(stages="0,i,3,3c", preset="small", contexts="600", tokens=3, warmup=1,
-                                          out=str(tmp_path / "c")), backend="sim")
+                                          out=str(tmp_path / "c")), backend="sim").table()
     assert set(cf.stage) == {"0", "i", "3", "3c"} and (cf.exact == True).all()  # noqa: E712
 
 
@@ -256,7 +281,7 @@ def test_gains_are_paired_per_token_against_stage_0(tmp_path):
     """Each stage's gain over stage 0: token k of the stage paired with token k of stage 0 (same position,
     same round), median and 95 % interval; stage 0 against itself is not measurable."""
     df = execute("ladder", LadderConfig(stages="0,3", preset="tiny", tokens=12, warmup=1, exact_tokens=0, rounds=2,
-                                        out=tmp_path), backend="sim")
+                                        out=tmp_path), backend="sim").table()
     g = df.set_index("stage")
     assert not g.loc["0", "gain_measurable"] and g.loc["0", "gain_us"] == 0
     assert g.loc["3", "gain_measurable"] and g.loc["3", "gain_lo"] <= g.loc["3", "gain_us"] <= g.loc["3", "gain_hi"]
@@ -270,7 +295,7 @@ def test_the_context_floor_bounds_every_stage_whichever_stage_ran_last(tmp_path)
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("context", ContextConfig(stages="0,3,3c", preset="tiny", contexts="64,512", tokens=4, span=4,
-                                          out=str(tmp_path)), backend="sim")
+                                          out=str(tmp_path)), backend="sim").table()
     assert (df.efficiency <= 1 + 1e-9).all(), df[["stage", "context", "us_median", "floor_us"]]
 
 
@@ -346,7 +371,7 @@ def test_a_context_run_stopped_at_its_second_context_keeps_the_first_as_finished
     from ds4lab.jobs.context import ContextConfig
 
     full = execute("context", ContextConfig(stages="0,3", preset="tiny", contexts="64,128", tokens=4, span=4,
-                                            warmup=1, out=str(tmp_path / "full")), backend="sim")
+                                            warmup=1, out=str(tmp_path / "full")), backend="sim").table()
     assert not (tmp_path / "full" / "context.partial.csv").exists()
     _stop_at_call(monkeypatch, "time", 3)  # context 128, stage 0
     with pytest.raises(KeyboardInterrupt):

@@ -1,15 +1,19 @@
-"""The package's layout: no import cycle inside ``ds4lab``.
+"""The package's layout: the layers of ``docs/architecture.md`` in order (no module imports from a layer
+above its own) and no import cycle inside ``ds4lab``.
 
 The import graph counts every ``import`` / ``from … import`` statement at any depth (inside
 functions too), with relative imports resolved; ``from pkg import name`` is an edge to
-``pkg.name`` when that is a module, else to ``pkg``. The check is tried on broken synthetic
-packages too, so a check that can no longer fail does not pass silently.
+``pkg.name`` when that is a module, else to ``pkg``. Each module's layer is that of the longest
+prefix of its name in :data:`LAYERS`. Both checks are tried on broken synthetic packages too (an
+upward import planted, a cycle), so a check that can no longer fail does not pass silently.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import ds4lab
 
@@ -123,7 +127,71 @@ def _cycle_in(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
     raise AssertionError(f"no cycle through {start}")  # a component with more than one module has one
 
 
+#: The layers, lowest first: a module may import from its own layer and those below, never from one
+#: above. Within a layer any order goes (the cycle check still holds).
+LAYERS = (
+    ("foundation", ("ds4lab.errors", "ds4lab.progress", "ds4lab.capture.stream", "ds4lab.token.config",
+                    "ds4lab.token.weights")),  # the stream accessor and the presets: what the runtime needs
+    ("runtime", ("ds4lab.backends", "ds4lab.sim")),
+    ("token", ("ds4lab", "ds4lab.token", "ds4lab.capture", "ds4lab.timing")),
+    ("trace", ("ds4lab.trace",)),
+    ("analysis", ("ds4lab.experiments", "ds4lab.audit", "ds4lab.measure", "ds4lab.moeprof", "ds4lab.conformance",
+                  "ds4lab.report", "ds4lab.tp")),  # tp: two ranks of stage runs, their hazards, their audit
+    ("jobs", ("ds4lab.jobs", "ds4lab.ds4")),  # ds4: ds4 itself measured, its audit and calibration jobs' inputs
+    ("cli", ("ds4lab.cli",)),
+)
+
+
+def layer_of(module: str, layers=LAYERS) -> int:
+    """The index in ``layers`` of ``module``'s layer: the layer naming the longest prefix of it."""
+    best, at = -1, None
+    for i, (_, prefixes) in enumerate(layers):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, at = len(p), i
+    if at is None:
+        raise KeyError(f"{module}: in no layer; add its package to LAYERS")
+    return at
+
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """``importer (layer) -> imported (layer)`` for every edge of ``graph`` that goes up a layer."""
+    out = []
+    for mod in sorted(graph):
+        a = layer_of(mod, layers)
+        for dep in sorted(graph[mod]):
+            b = layer_of(dep, layers)
+            if b > a:
+                out.append(f"{mod} ({layers[a][0]}) -> {dep} ({layers[b][0]})")
+    return out
+
+
 # ----------------------------------------------------------------------------- the checks
+def test_no_import_from_a_layer_above():
+    up = upward_imports(import_graph(ROOT, "ds4lab"))
+    assert not up, "imports from a layer above:\n  " + "\n  ".join(up)
+
+
+def test_every_module_is_in_a_layer():
+    for mod in import_graph(ROOT, "ds4lab"):
+        layer_of(mod)
+
+
+def test_the_trace_model_is_the_only_home_of_records_and_readers():
+    """Trace records and readers live in ``ds4lab.trace`` alone: no other package holds a module of
+    the old homes, and nothing outside it unpacks a CUPTI session record by position."""
+    import re
+
+    g = import_graph(ROOT, "ds4lab")
+    for gone in ("ds4lab.ingest", "ds4lab.audit.sources", "ds4lab.audit.record", "ds4lab.audit.events",
+                 "ds4lab.backends.cupti", "ds4lab.moeprof.traces", "ds4lab.report.trace_export",
+                 "ds4lab.report.trace_api"):
+        assert not any(m == gone or m.startswith(gone + ".") for m in g), gone
+    positional = re.compile(r"""\br\[[0-9]\] *== *["'](kernel|memset|memcpy|api|sync|stream|cuda_event|marker|graph)["']""")
+    for path in ROOT.rglob("*.py"):
+        if "trace" in path.relative_to(ROOT).parts[:1]:
+            continue
+        assert not positional.search(path.read_text()), f"{path}: a trace record read by position"
 
 
 def test_no_import_cycle():
@@ -141,6 +209,42 @@ def test_the_graph_sees_the_package():
 
 
 # ----------------------------------------------------------------------------- the checks can fail
+def test_an_upward_import_is_found_in_a_synthetic_package(tmp_path):
+    """An upward import planted in a package laid out in layers: the check names it, in a function
+    body too; the same package without it passes."""
+    layers = (("low", ("pkg.low",)), ("mid", ("pkg", "pkg.mid")), ("top", ("pkg.top",)))
+    root = tmp_path / "pkg"
+    _write(root, {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/base.py": "x = 1\n",
+        "mid/__init__.py": "",
+        "mid/work.py": "from ..low import base\n",
+        "top/__init__.py": "",
+        "top/cmd.py": "from ..mid import work\nfrom ..low.base import x\n",
+    })
+    assert upward_imports(import_graph(root, "pkg"), layers) == []
+    (root / "low" / "base.py").write_text("x = 1\n\ndef f():\n    from ..top import cmd\n    return cmd\n")
+    (root / "mid" / "work.py").write_text("from ..low import base\nimport pkg.top.cmd\n")
+    assert upward_imports(import_graph(root, "pkg"), layers) == [
+        "pkg.low.base (low) -> pkg.top.cmd (top)", "pkg.mid.work (mid) -> pkg.top.cmd (top)"]
+    with pytest.raises(KeyError, match="in no layer"):
+        layer_of("other.module", layers)
+
+
+def test_the_package_check_fails_on_a_planted_upward_import(tmp_path):
+    """ds4lab itself, copied with one upward import planted (the trace model importing a job, as
+    ``report/trace_export.py`` once imported ``jobs.common``): the layering check names that edge."""
+    import shutil
+
+    root = tmp_path / "ds4lab"
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns("__pycache__", "*.cu", "*.cuh", "*.json", "*.gz"))
+    assert upward_imports(import_graph(root, "ds4lab")) == []
+    p = root / "trace" / "chrome.py"
+    p.write_text(p.read_text() + "\n\ndef _planted():\n    from ..jobs.common import open_backend\n    return open_backend\n")
+    assert upward_imports(import_graph(root, "ds4lab")) == ["ds4lab.trace.chrome (trace) -> ds4lab.jobs.common (jobs)"]
+
+
 def test_cycle_finder_on_synthetic_graphs():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

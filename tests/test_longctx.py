@@ -261,7 +261,7 @@ def test_attended_rows():
 # ----------------------------------------------------------------------------- the token (numpy, sim)
 from ds4lab.capture import stream as S  # noqa: E402
 from ds4lab.backends.numpy_backend import NumpyBackend  # noqa: E402
-from ds4lab.capture.cache import GraphCache  # noqa: E402
+from ds4lab.capture.cache import CapturePolicy, GraphCache  # noqa: E402
 from ds4lab.token.model import DecodeModel, TokenOptions  # noqa: E402
 from ds4lab.sim import SimBackend  # noqa: E402
 
@@ -391,7 +391,7 @@ def test_whole_token_graph_guard_across_emits_and_regimes(graphs_on, guard):
     be = SimBackend(seed=LONG.seed)
     m = DecodeModel(LONG, be, opts)
     ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), opts)
-    m.executor = GraphCache(be, {"token"}, guard=guard)
+    m.executor = GraphCache(be, CapturePolicy({"token"}, guard=guard))
     s = be.new_stream(non_blocking=True)
     exact = []
     with S.stream_override(s):
@@ -432,7 +432,7 @@ def test_stage3c_one_graph_for_every_position(graphs_on):
     be = SimBackend(seed=LONG.seed)
     m = DecodeModel(LONG, be, TokenOptions(scalars="device", counts_clear="async", longctx="device"))
     ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), TokenOptions(scalars="device"))
-    m.executor = GraphCache(be, {"token"})
+    m.executor = GraphCache(be, CapturePolicy({"token"}))
     s = be.new_stream(non_blocking=True)
     positions = list(range(60, 70)) + [127, 128, 255, 600, 3000, 4095]
     with S.stream_override(s):
@@ -475,7 +475,7 @@ def test_graph_cache_keyed_by_decisions_keeps_one_graph_per_shape(graphs_on):
     be = SimBackend(seed=LONG.seed)
     m = DecodeModel(LONG, be, opts)
     ref = DecodeModel(LONG, NumpyBackend(seed=LONG.seed), opts)
-    m.executor = GraphCache(be, {"token"}, key_decisions=True)
+    m.executor = GraphCache(be, CapturePolicy({"token"}, key_decisions=True))
     s = be.new_stream(non_blocking=True)
     shapes = set()
     with S.stream_override(s):
@@ -498,7 +498,7 @@ def test_context_ladder_on_sim(tmp_path):
     from ds4lab.jobs.context import ContextConfig
 
     df = execute("context", ContextConfig(stages="0,2,3,3c", preset="tiny", contexts=[128, 600], span=8, tokens=6,
-                                          warmup=2, out=tmp_path), backend="sim")
+                                          warmup=2, out=tmp_path), backend="sim").table()
     assert list(df.stage) == ["0", "2", "3", "3c"] * 2 and list(df.context) == [128] * 4 + [600] * 4
     assert df.exact.all() and (df.first_mismatch == "").all()
     last = df[df.context == 600].set_index("stage")

@@ -195,5 +195,5 @@ def test_ladder_stages_bit_identical_to_stage0(cupy_backend, tmp_path, preset):
     from ds4lab.jobs.ladder import LadderConfig
 
     df = execute("ladder", LadderConfig(stages="0,0s,1,2,3,3u", preset=preset, tokens=6, warmup=1, exact_tokens=3,
-                                        rounds=1, out=tmp_path), backend="cupy")
+                                        rounds=1, out=tmp_path), backend="cupy").table()
     assert df.exact.tolist() == [True] * 6, df[["stage", "exact"]]

@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab import moeprof as M
-from ds4lab.moeprof import traces
+from ds4lab.trace import live as traces
+from ds4lab.trace.live import SimTimeline
 from ds4lab.token.config import get_preset
 from ds4lab.errors import RuntimeApiError
 from ds4lab.sim import SimBackend
@@ -98,17 +99,18 @@ def test_in_graph_stamps_are_the_modeled_kernel_start_times(wb_five, graphs_rest
     be = wb.be
     carriers = {"stamp_time", "xq_quantize", "moe_gateup_tiled", "moe_midq", "moe_down_tiled", "moe_sum"}
     for regime, phase in (("eager", "eager"), ("replayed", "replay")):
-        start = len(be.timeline)
+        tl = SimTimeline(be)
         df = M.profile(wb, "in-graph", 2, "worst", steps=1, regime=regime)
         assert (df["phase"] == phase).all()
-        recs = [r for r in be.timeline[start:] if r[1] in carriers]
+        every = tl.take()
+        recs = [r for r in every if r.name in carriers]
         prof = wb.last_profiler
         slots = np.asarray(be.to_host(prof.impl.slots), dtype=np.float64) / 1e3
         used = sorted(prof.impl.slot_of.values())
         got = np.concatenate([slots[b:b + 7] for b in used])
-        starts = np.array([r[2] for r in recs])
+        starts = np.array([r.start_ns / 1e3 for r in recs])  # µs, as the slots above
         assert all(np.isclose(starts, v, atol=1e-6).any() for v in got), (regime, got)
-        names = [r[1] for r in be.timeline[start:]]
+        names = [r.name for r in every]
         assert names.count("stamp_time") == 2 * names.count("xq_quantize"), regime  # per MoE call
 
 
@@ -123,9 +125,9 @@ def test_folded_stamps_at_one_token_leave_one_stamp_node(wb, wb_five, path, grap
     be = wb.be
     for fold, per_call in ((True, 1 if path == "five" else 7), (False, 7)):
         monkeypatch.setattr(InGraph, "FOLD", fold)
-        start = len(be.timeline)
+        tl = SimTimeline(be)
         df = M.profile(wb, "in-graph", 1, "uniform", steps=1, regime="eager")
-        names = [r[1] for r in be.timeline[start:]]
+        names = [r.name for r in tl.take()]
         assert names.count(xq) > 0
         assert names.count("stamp_time") == per_call * names.count(xq), fold  # per MoE call
         sort = df[df["stage"] == "sort"]["ms"].to_numpy(dtype=float)
@@ -406,7 +408,8 @@ def test_moe_command_writes_rows_meta_and_figures(tmp_path, graphs_restored):
 
 def test_ds4_lines_are_read_by_ds4lab_ingest(wb_fast, tmp_path, graphs_restored):
     """The log ``ds4lab moe`` writes (``moe-ds4.log``) is what ``ds4lab ingest`` reads as a ds4 log."""
-    ingest = pytest.importorskip("ds4lab.ingest")
+    from ds4lab.jobs import ingest
+
     df = M.profile(wb_fast, "deferred", 3, "uniform", steps=1)
     p = tmp_path / "moe-ds4.log"
     p.write_text("\n".join(M.ds4_lines(df)) + "\n")

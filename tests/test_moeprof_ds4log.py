@@ -80,7 +80,8 @@ LINES = [OK, line(xq=".5", total="0.537"), line(xq="nan"), line(xq="inf"), line(
 def test_ingest_reads_each_line_as_the_shared_parser_does(tmp_path, text):
     """One verdict for every line: ingest keeps it iff :func:`ds4_line_problem` finds nothing, with the
     same values; the reason is the same text (ingest once called a literal nan/inf "not a number")."""
-    ingest = pytest.importorskip("ds4lab.ingest")
+    from ds4lab.jobs import ingest
+
     p = tmp_path / "run.log"
     p.write_text(text + "\n")
     res = ingest.ingest(p, lenient=True)
@@ -98,7 +99,8 @@ def test_ingest_reads_each_line_as_the_shared_parser_does(tmp_path, text):
 
 
 def test_the_header_is_read_as_ingest_reads_it():
-    ingest = pytest.importorskip("ds4lab.ingest")
+    from ds4lab.trace.sources import ds4log as ingest
+
     for text in ("# ds4lab moe · mode=in-graph · routing=zipf · MODELED by the sim", "  #ds4lab x", "# ds4labs",
                  "ds4lab moe", "# ds4lab moe · measured on NVIDIA H200"):
         assert D.ds4lab_header(text) == ingest.ds4lab_header(text), text

@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.ingest import IngestError, detect, ingest
-from ds4lab.ingest.ncu import ds4lab_levels, join_sites, parse_nvtx_stack, per_site, site_table
+from ds4lab.jobs.ingest import ingest, site_table
+from ds4lab.trace.sources import SourceError, detect
+from ds4lab.trace.sources.ncu import ds4lab_levels, join_sites, parse_nvtx_stack, per_site
 
 NVTX_COL = "thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"
 HEAD = ["ID", "Process ID", "Process Name", "Host Name", NVTX_COL, "Kernel Name", "Context", "Stream", "Block Size",
@@ -160,7 +161,7 @@ def test_ingest_with_sites_flags_unknown_ops(tmp_path):
 
 
 def test_ingest_with_an_unknown_preset_is_an_error(tmp_path):
-    with pytest.raises(IngestError, match=r"--sites nope: unknown preset"):
+    with pytest.raises(SourceError, match=r"--sites nope: unknown preset"):
         ingest(write(tmp_path, "ncu.csv", details()), sites="nope")
 
 
@@ -181,7 +182,7 @@ def test_malformed_metric_value_names_file_and_line(tmp_path, bad, why):
     n = next(i for i, l in enumerate(lines) if '"Duration","usecond","12.50"' in l)
     lines[n] = lines[n].replace('"12.50"', bad)
     p = write(tmp_path, "ncu.csv", "\n".join(lines) + "\n")
-    with pytest.raises(IngestError, match=rf"ncu.csv:{n + 1}: {why}"):
+    with pytest.raises(SourceError, match=rf"ncu.csv:{n + 1}: {why}"):
         ingest(p)
     r = ingest(p, lenient=True)
     assert len(r.tables["ncu_kernels"]) == 4 and r.problems[0]["line"] == n + 1
@@ -189,21 +190,21 @@ def test_malformed_metric_value_names_file_and_line(tmp_path, bad, why):
 
 def test_unknown_duration_unit_is_malformed(tmp_path):
     p = write(tmp_path, "ncu.csv", details().replace('"Duration","usecond"', '"Duration","fortnight"'))
-    with pytest.raises(IngestError, match=r"unit 'fortnight' is not a time unit"):
+    with pytest.raises(SourceError, match=r"unit 'fortnight' is not a time unit"):
         ingest(p)
 
 
 def test_short_row_is_malformed(tmp_path):
     text = details() + '"9","4242","python3.12"\n'
     n = len(text.splitlines())
-    with pytest.raises(IngestError, match=rf"ncu.csv:{n}: 3 fields, the ncu header"):
+    with pytest.raises(SourceError, match=rf"ncu.csv:{n}: 3 fields, the ncu header"):
         ingest(write(tmp_path, "ncu.csv", text))
 
 
 def test_prof_lines_without_csv_are_not_ncu_csv(tmp_path):
     p = write(tmp_path, "log.txt", "==PROF== Connected to process 1\nhello\n")
-    with pytest.raises(IngestError, match="not a ds4 MoE profile log"):
-        detect(p)
+    with pytest.raises(SourceError, match="not a ds4 MoE profile log"):
+        detect(p, want="tables")
 
 
 def test_cli_ingest_and_compare_draw_per_site_bandwidth(tmp_path):

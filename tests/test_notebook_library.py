@@ -350,7 +350,8 @@ def test_the_notebooks_job_runs_through_execute(tmp_path):
     d = tmp_path / "nbs"
     d.mkdir()
     _nb(d / "a.ipynb", "import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(A * 2)")
-    runs = execute("notebooks", NotebooksConfig(assignments=("A=21",), folder=d, out=tmp_path / "o", timeout=60))
+    runs = execute("notebooks", NotebooksConfig(assignments=("A=21",), folder=d, out=tmp_path / "o",
+                                                timeout=60)).value
     assert [(r["notebook"], r["ok"], r["parameters"]["A"]) for r in runs] == [("a.ipynb", True, 21)]
     assert (tmp_path / "o" / "a.ipynb").is_file() and (tmp_path / "o" / "a").is_dir()
     _nb(d / "b.ipynb", "raise ValueError('no')")

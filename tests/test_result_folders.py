@@ -382,7 +382,7 @@ def test_stderr_in_the_same_closed_pipe_still_exits_141(tmp_path):
 
 
 def test_a_sigterm_outside_a_job_exits_143_with_a_message(tmp_path, monkeypatch):
-    from ds4lab.report import compare as C
+    from ds4lab.jobs import compare as C
 
     def stop(*a, **k):
         raise Terminated(signal.SIGTERM)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ds4lab.cli import main
 from ds4lab.measure import calibrate as C
-from ds4lab.measure.sim_check import TOLERANCE, modeled_vs_measured
+from ds4lab.jobs.sim_check import TOLERANCE, modeled_vs_measured
 from ds4lab.sim.calibration import MEASURED_FILE, read
 
 ROUND3 = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "h200-2026-12-01" / "round3"

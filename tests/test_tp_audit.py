@@ -9,7 +9,7 @@ import pytest
 
 from ds4lab.audit.analysis import analyze
 from ds4lab.audit.collectives import collective_op, pair_collectives, per_rank_plan
-from ds4lab.audit.events import EventTable, make_frame
+from ds4lab.trace.events import EventTable, make_frame
 from ds4lab.capture import stream as S
 from ds4lab.token.config import get_preset
 from ds4lab.token.model import TokenOptions
@@ -82,7 +82,7 @@ def test_a_per_rank_plan_where_one_rank_falls_back_is_a_deadlock_risk(tables):
 
 
 def test_the_trace_is_written_for_ds4lab_audit(tmp_path):
-    from ds4lab.audit.sources import read
+    from ds4lab.trace.sources import read_events as read
 
     with S.graphs_enabled():
         g = TPGroup(TINY, opts=TokenOptions(vocab=True))

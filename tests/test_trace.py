@@ -11,8 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.report.trace_export import (CuptiKernelSource, RecordingAnnotator, TraceConfig, TraceError, chrome_trace,
-                                        kernel_source, load_trace, run_trace)
+from ds4lab.jobs.trace import CuptiKernelSource, TraceConfig, TraceError, kernel_source
+from ds4lab.jobs.trace import run as run_trace
+from ds4lab.trace.chrome import chrome_trace, load_trace
+from ds4lab.trace.live import RecordingAnnotator
+from ds4lab.trace.sources import SourceError
 
 
 def sim():
@@ -49,7 +52,7 @@ def test_one_process_per_stage_labelled_modeled(traced):
 
 
 def test_kernels_match_launch_sites_and_graph_ids(traced):
-    k = traced.kernels[traced.kernels.kind == "kernel"]
+    k = traced.table("trace_kernels")[traced.table("trace_kernels").kind == "kernel"]
     per = traced.meta["kernels_per_token"]
     assert traced.meta["sites_matched"] == {"0": True, "3": True}
     s0, s3 = k[k.stage == "0"], k[k.stage == "3"]
@@ -63,7 +66,7 @@ def test_kernels_match_launch_sites_and_graph_ids(traced):
 
 
 def test_nvtx_ranges_nest_and_replay_pushes_no_op_ranges(traced):
-    n = traced.nvtx
+    n = traced.table("trace_nvtx")
     e = n[n.stage == "0"]
     assert set(e.name) >= {"token", "layer", "q_a"} and e[e.name == "token"].depth.eq(0).all()
     assert e[e.name == "layer"].depth.eq(1).all()
@@ -76,7 +79,7 @@ def test_nvtx_ranges_nest_and_replay_pushes_no_op_ranges(traced):
 
 def test_eager_token_has_launch_gaps_the_replay_closes(traced):
     def busy_over_span(st):
-        k = traced.kernels[(traced.kernels.stage == st) & (traced.kernels.kind == "kernel")]
+        k = traced.table("trace_kernels")[(traced.table("trace_kernels").stage == st) & (traced.table("trace_kernels").kind == "kernel")]
         k = k[k.token == k.token.min()]
         return (k.end_us - k.start_us).sum() / (k.end_us.max() - k.start_us.min())
     assert busy_over_span("3") > busy_over_span("0")
@@ -95,11 +98,11 @@ def test_every_csv_row_says_backend_preset_and_modeled(traced):
     the table's own columns, backend, preset and modeled on every row (as ladder.csv)."""
     import pandas as pd
 
-    for name, frame in (("trace_kernels.csv", traced.kernels), ("trace_nvtx.csv", traced.nvtx),
-                        ("trace_api.csv", traced.api)):
-        df = pd.read_csv(traced.out / name)
+    for name in ("trace_kernels", "trace_nvtx", "trace_api"):
+        frame = traced.table(name)  # the table as written: the job's columns, then the three
+        df = pd.read_csv(traced.out / f"{name}.csv")
         assert len(df) == len(frame) > 0, name
-        assert list(df.columns) == [*frame.columns, "backend", "preset", "modeled"], name
+        assert list(df.columns) == list(frame.columns) and list(df.columns)[-3:] == ["backend", "preset", "modeled"], name
         assert set(df["backend"]) == {"sim"} and set(df["preset"]) == {"tiny"}, name
         assert df["modeled"].dtype == bool and df["modeled"].all(), name
 
@@ -124,8 +127,8 @@ def test_recording_annotator_records_only_when_on_and_forwards():
     a.push("q_a", "query", 0)
     a.pop()
     a.pop()
-    assert [(r[0], r[5]) for r in a.ranges] == [("q_a", 1), ("token", 0)]
-    assert a.ranges[1][3] < a.ranges[0][3] < a.ranges[0][4] < a.ranges[1][4]
+    assert [(r.name, r.depth) for r in a.ranges] == [("q_a", 1), ("token", 0)]
+    assert a.ranges[1].start_ns < a.ranges[0].start_ns < a.ranges[0].end_ns < a.ranges[1].end_ns
     with pytest.raises(IndexError):
         a.pop()
 
@@ -162,9 +165,9 @@ def test_cupti_records_keep_stream_graph_and_node_ids(monkeypatch):
 def test_sim_trace_records_the_api_level_and_scalar_args(traced):
     """On the sim: the backend calls of each traced token (MODELED), linked to their device work, and
     each eager kernel's scalar arguments; a replayed token makes one cudaGraphLaunch."""
-    api = traced.api
+    api = traced.table("trace_api")
     s0, s3 = api[api.stage == "0"], api[api.stage == "3"]
-    k = traced.kernels
+    k = traced.table("trace_kernels")
     k0 = k[(k.stage == "0") & (k.kind == "kernel")]
     launches = s0[s0.name == "cudaLaunchKernel"]
     assert len(launches) == len(k0)  # one call per eager kernel
@@ -182,7 +185,8 @@ def test_sim_trace_records_the_api_level_and_scalar_args(traced):
 
 
 def test_the_audit_reads_ds4labs_trace(traced):
-    from ds4lab.audit.sources import detect, read
+    from ds4lab.trace.sources import detect
+    from ds4lab.trace.sources import read_events as read
 
     p = traced.out / "trace.json"
     assert detect(p) == "ds4lab-trace"
@@ -217,10 +221,10 @@ def test_bad_requests(tmp_path):
 def test_load_trace_names_a_bad_event(tmp_path):
     p = tmp_path / "trace.json"
     p.write_text(json.dumps({"traceEvents": [{"name": "k", "ph": "X", "pid": 1, "ts": 0.0}]}))
-    with pytest.raises(TraceError, match=r"traceEvents\[0\] is a complete event without numeric ts and dur"):
+    with pytest.raises(SourceError, match=r"traceEvents\[0\] is a complete event without numeric ts and dur"):
         load_trace(p)
     p.write_text("[]")
-    with pytest.raises(TraceError, match="no traceEvents list"):
+    with pytest.raises(SourceError, match="no traceEvents list"):
         load_trace(p)
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 from ..capture.stream import CAPTURE_MODES
 from ..errors import BadInput
 from ..report.provenance import calibration_label
-from .events import check_frame
+from ..trace.events import check_frame
 from .plans import Model, measured_eager, plan_table, tails
 from .spans import span_table, token_items
 from .tokens import NoTokens, Tokens, find_tokens, launch_order
@@ -93,7 +93,7 @@ def analyze(tables, *, token_range: str | None = None, calibration=None, modes=N
     """Audit event tables: one :class:`AuditReport` per (source, process, device).
 
     Args:
-        tables: :class:`~ds4lab.audit.events.EventTable` objects (one per source).
+        tables: :class:`~ds4lab.trace.events.EventTable` objects (one per source).
         token_range: an NVTX range name (or pattern) that marks a decode token; None: found by itself
             (:mod:`ds4lab.audit.tokens`).
         calibration: a calibration file path (or dict) for the plans; None: the default

@@ -48,7 +48,7 @@ def _unit_label(pid: int, device: int) -> str:
 
 
 def pair_collectives(frame: pd.DataFrame) -> pd.DataFrame:
-    """The collectives of a multi-device event table (:data:`ds4lab.audit.events.COLUMNS`) paired by position.
+    """The collectives of a multi-device event table (:data:`ds4lab.trace.events.COLUMNS`) paired by position.
 
     Returns one row per position ``k``: ``verdict`` (module docstring), ``rule``, ``op`` (the first rank's),
     and per unit (``d<device>``, or ``p<pid>d<device>`` when the table names processes) its kernel name,

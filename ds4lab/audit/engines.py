@@ -7,7 +7,7 @@ each KV cache (``dynamic``: transformers' ``DynamicCache``, which grows by conca
 ``StaticCache``, written in place at ``cache_position``):
 
 1. a prompt is prefilled, then :data:`EAGER_STEPS` decode steps run eagerly, each inside an NVTX range
-   ``decode_step``, recorded in-process (:func:`ds4lab.audit.record.recording`: CUPTI, with Python
+   ``decode_step``, recorded in-process (:func:`ds4lab.trace.recording.recording`: CUPTI, with Python
    stacks at the hazard-class calls), and timed with CUDA events (µs per step, median);
 2. one decode step is captured with ``torch.cuda.graph`` (capture mode ``global``, PyTorch's default)
    on static input buffers (token id, position, ``cache_position``); a capture that raises is
@@ -207,7 +207,7 @@ def run_engine(engine: str, cache_kind: str, out: Path, *, say=print) -> EngineR
     an outcome. Raises for a missing torch/transformers/GPU or an unknown engine/cache."""
     import torch
 
-    from .record import recording
+    from ..trace.recording import recording
 
     if cache_kind not in CACHES:
         raise ValueError(f"unknown cache {cache_kind!r}; choose from: {', '.join(CACHES)}")
@@ -310,7 +310,7 @@ def run_isolated(engine: str, cache_kind: str, out: Path, *, dtype: str = "float
     import subprocess
     import sys
 
-    from ..backends.cupti import cupti_library
+    from ..trace.cupti import cupti_library
 
     folder = Path(out) / f"{engine}-{cache_kind}-{dtype}"
     folder.mkdir(parents=True, exist_ok=True)

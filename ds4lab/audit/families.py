@@ -170,7 +170,8 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
 
     from . import engines as E
     from .arguments import load, measure_overhead, save, token_launches
-    from .record import recording, store_path
+    from ..trace.recording import store_path
+    from .arguments import recording
     from .replay_check import check_replay
 
     folder = Path(out) / f"{engine}-{cache}-{dtype}"

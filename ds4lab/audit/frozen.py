@@ -64,7 +64,7 @@ POOL_RULE = ("torch.cuda.graph captures into a private memory pool: every alloca
 NODE_RULE = ("CUDA Programming Guide, 'CUDA Graphs': a kernel node keeps the arguments it was captured with; "
              "a new value needs cudaGraphExecKernelNodeSetParams or a new capture")
 RECORD_COMMAND = ("ds4lab audit run -- python PROGRAM ARGS (records every launch's kernel arguments in a second, "
-                  "untimed pass), or in Python: with ds4lab.audit.record.recording(arguments=True): ...")
+                  "untimed pass), or in Python: with ds4lab.audit.arguments.recording(arguments=True): ...")
 FIXES = {
     FROZEN_VALUE: "read it from a device buffer written before each replay (a static input tensor), or update the "
                   "node (cudaGraphExecKernelNodeSetParams / cudaGraphExecUpdate)",
@@ -331,7 +331,7 @@ def attach(report, store_path=None, own_table=None, own_path=None) -> None:
     recording, already read). No store: ``report.arguments`` stays None (verdict: unknown from this trace)."""
     if store_path is None:
         return
-    from .sources import read
+    from ..trace.sources import read_events as read
 
     store_path = Path(store_path)
     store = A.load(store_path)

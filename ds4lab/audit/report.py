@@ -1,4 +1,5 @@
-"""The audit's outputs: files (:func:`write`) and the terminal summary (:func:`summary`).
+"""The audit's outputs: its tables (:func:`tables`), figures (:func:`figures`) and ``meta.json`` keys
+(:func:`audit_meta`), which the ``audit`` job writes, and the terminal summary (:func:`summary`).
 
 Files, one set for all the reports (a ``source``, ``pid`` and ``device`` column on every row: one
 report per unit, never summed):
@@ -43,7 +44,7 @@ import pandas as pd
 
 from .. import __version__
 from .analysis import trace_times
-from .events import COLUMNS
+from ..trace.events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
 from .units import unit_label, unit_stem
 
@@ -108,47 +109,33 @@ def _plans_csv(r) -> pd.DataFrame:
     return df
 
 
-def write(reports, folder, meta: dict | None = None) -> list[Path]:
-    """Write the files of the module docstring into ``folder`` (created if needed); ``meta``: more to
-    put in ``meta.json`` (a job's provenance). Returns the paths written."""
-    import matplotlib.pyplot as plt
-
-    from ..report.plots import save
-    from ..report.results import write_csv, write_meta
-    from .figure import timeline_figure
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    tables = {"audit.csv": [_with_unit(r.findings, r) for r in reports],
-              "tokens.csv": [_tokens_csv(r) for r in reports],
-              "spans.csv": [_spans_csv(r) for r in reports],
-              "plans.csv": [_plans_csv(r) for r in reports]}
-    for name, parts in tables.items():
-        parts = [p for p in parts if not p.empty]
-        df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-        if name == "audit.csv" and "first_row" in df:
+def tables(reports) -> dict:
+    """The tables of the module docstring, one set for all ``reports``: ``{"audit", "tokens", "spans",
+    "plans"}`` → DataFrame (each written as ``<name>.csv``), and ``"arguments"`` where a report holds
+    its kernel arguments compared (:func:`ds4lab.audit.frozen.table`)."""
+    parts = {"audit": [_with_unit(r.findings, r) for r in reports], "tokens": [_tokens_csv(r) for r in reports],
+             "spans": [_spans_csv(r) for r in reports], "plans": [_plans_csv(r) for r in reports]}
+    out = {}
+    for name, ps in parts.items():
+        ps = [p for p in ps if not p.empty]
+        df = pd.concat(ps, ignore_index=True) if ps else pd.DataFrame()
+        if name == "audit" and "first_row" in df:
             df = df.drop(columns=["first_row"])
-        write_csv(df, folder / name)
-        out.append(folder / name)
+        out[name] = df
     if any(getattr(r, "arguments", None) is not None for r in reports):
         from .frozen import table as argument_table
 
-        argument_table(reports).to_csv(folder / "arguments.csv", index=False)
-        out.append(folder / "arguments.csv")
-    m = {**(meta or {}), **audit_meta(reports)}
-    write_meta(folder / "meta.json", m)
-    out.append(folder / "meta.json")
-    for r in reports:
-        if not r.items:
-            continue
-        stem = "audit" if len(reports) == 1 else unit_stem(r.pid, r.device)
-        fig = timeline_figure(r)
-        try:
-            out += save(fig, folder / stem)
-        finally:
-            plt.close(fig)
+        out["arguments"] = argument_table(reports)  # the kernel arguments compared (ds4lab.audit.frozen)
     return out
+
+
+def figures(reports) -> dict:
+    """One token's timeline per report that has calls (:func:`ds4lab.audit.figure.timeline_figure`):
+    ``{"audit": fig}``, or ``{"audit-p<pid>-d<device>": fig, ...}`` when there are several units."""
+    from .figure import timeline_figure
+
+    return {("audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"): timeline_figure(r)
+            for r in reports if r.items}
 
 
 # ----------------------------------------------------------------------------- terminal
@@ -284,3 +271,29 @@ def _plans(r, console) -> None:
                   f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
                   f"{row.eager_measured_us:,.1f}", saving)
     console.print(t)
+
+
+def write(reports, folder, meta: dict | None = None) -> list:
+    """Write the audit's tables (:func:`tables`), its ``meta.json`` and its figures (:func:`figures`)
+    into ``folder`` as it is, outside any result folder's life cycle (``ds4lab audit validate``'s
+    per-run reports when no job writes them). Returns the files written. A job writes them through its
+    :class:`~ds4lab.jobs.result.Output` instead (:func:`ds4lab.jobs.audit.write_audit`)."""
+    import matplotlib.pyplot as plt
+
+    from ..report.plots import save
+    from ..report.results import write_csv, write_meta
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, df in tables(reports).items():
+        write_csv(df, folder / f"{name}.csv")
+        out.append(folder / f"{name}.csv")
+    write_meta(folder / "meta.json", {**(meta or {}), **audit_meta(reports)})
+    out.append(folder / "meta.json")
+    for stem, fig in figures(reports).items():
+        try:
+            out += save(fig, folder / stem)
+        finally:
+            plt.close(fig)
+    return out

@@ -72,7 +72,7 @@ class Unit:
 
 
 def split_units(table) -> tuple[list[Unit], list[str]]:
-    """The units of an :class:`~ds4lab.audit.events.EventTable` (module docstring), each prepared,
+    """The units of an :class:`~ds4lab.trace.events.EventTable` (module docstring), each prepared,
     in (process, device) order, and notes on the rows no unit holds (host rows of an unknown device,
     units without any kernel)."""
     df = table.frame

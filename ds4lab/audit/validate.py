@@ -78,13 +78,16 @@ def against_torch(report, torch_run: dict) -> dict:
     return out
 
 
-def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None) -> "pd.DataFrame":  # noqa: F821
+def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
+             on_report=None) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every family (:func:`ds4lab.audit.families.pairs` of ``engines`` and
     ``caches``) in every dtype (module docstring); writes each audit report under
     ``out/<engine>-<cache>-<dtype>/audit/`` and returns the table (``validate.csv``'s rows: family, cache,
     dtype, torch's outcome, the audit's verdict and why, the frozen findings, predicted and measured replay
     µs, the argument capture's cost per launch with its interval, agreement). ``on_row(rows)`` is called
-    with the rows so far after each run (to write them as they come)."""
+    with the rows so far after each run (to write them as they come), ``on_report(report,
+    "<engine>-<cache>-<dtype>/audit")`` with each audit report (to write it there; without it, it is
+    written there by :func:`ds4lab.audit.report.write`)."""
     import pandas as pd
 
     from . import report as audit_report
@@ -93,7 +96,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     from .engines import TOKEN_RANGE, run_isolated
     from .families import pairs
     from .frozen import attach
-    from .sources import read
+    from ..trace.sources import read_events as read
 
     rows = []
     for engine, cache in pairs(engines, caches):
@@ -121,7 +124,10 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                         attach(rep, store)
                     except ValueError as e:
                         rep.notes.append(f"kernel arguments not compared: {e}")
-                audit_report.write([rep], Path(out) / name / "audit")
+                if on_report is not None:
+                    on_report(rep, f"{name}/audit")
+                else:
+                    audit_report.write([rep], Path(out) / name / "audit")
                 row.update(against_torch(rep, r))
                 row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
             say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "

@@ -1,12 +1,13 @@
 """Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
 
-A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. For the
-clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``, ds4's islands ``"island0"`` and
-``"island1"``, the attention span ``"attn_span"``), each call:
+A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. What it
+captures and how is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.run.StageRun`
+passes it whole). For the clusters the policy names (``"shared"``, ``"moe"``, ``"token"``, ds4's islands
+``"island0"`` and ``"island1"``, the attention span ``"attn_span"``), each call:
 
-1. builds the cache key: cluster, layer, token count, and the buffer-alias key (the model's
-   buffer generation, bumped whenever ds4lab reallocates a buffer, and the addresses of the
-   inputs the caller passes in); with ``key_decisions`` the host decisions too;
+1. builds the cache key (:class:`GraphKey`): cluster, layer, token count, and the buffer-alias key
+   (the model's buffer generation, bumped whenever ds4lab reallocates a buffer, and the addresses of
+   the inputs the caller passes in); with ``key_decisions`` the host decisions too;
 2. runs eagerly while the key is warming up (first sight: kernels compiled, scratch allocated);
 3. captures, instantiates once, then replays with ``cudaGraphLaunch``: on the accessor's stream
    (a non-blocking stream: the legacy stream cannot be captured), or, with ``capture_stream`` (ds4's
@@ -21,7 +22,7 @@ clusters it is told to capture (``"shared"``, ``"moe"``, ``"token"``, ds4's isla
    discarded, the stream leaves capture mode, the thread's stream override is restored), leaves
    the key uncaptured with the reason in :attr:`GraphCache.log`, and lets the exception go on.
 
-Options for the designs engines ship:
+Policy options for the designs engines ship:
 
 * ``update=True`` (stage ``3u``): every call captures the cluster again with this call's by-value
   arguments and updates the executable graph in place (``cudaGraphExecUpdate``) before launching
@@ -48,6 +49,7 @@ file); ds4's decode islands (``docs/model.md``); the measured rules in ``ds4lab/
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -57,11 +59,84 @@ from .scope import capture_scope
 from .stream import LEGACY_STREAM, stream_override
 
 
+@dataclass(frozen=True)
+class CapturePolicy:
+    """How a graph cache captures, as one frozen value (module docstring): held by a stage
+    (:attr:`ds4lab.experiments.stages.Stage.policy`) and passed whole to its run and its cache."""
+
+    clusters: frozenset = frozenset()
+    """The model's clusters to capture (others run eagerly); empty: nothing (eager)."""
+    mode: str | None = None
+    """The stream-capture mode, ``"global"``, ``"thread_local"`` or ``"relaxed"``; None: the run's
+    (``--mode``), set by :meth:`in_mode`."""
+    update: bool = False
+    """Re-capture every call and update the executable graph (stage ``3u``)."""
+    warmup: int = 1
+    """Eager calls per key before its capture."""
+    guard: bool = True
+    """Re-ask the host decisions before each replay."""
+    key_decisions: bool = False
+    """Make the host decisions part of the key: one graph per answer (long context: emit and non-emit
+    tokens, each top-k regime) instead of a changed answer capturing again."""
+    variants: int = 0
+    """Graphs per (cluster, layer, token count), told apart by the buffers they touch; 0: unbounded."""
+    node_updates: frozenset = frozenset()
+    """Clusters replayed after setting their kernel nodes' parameters."""
+    invalidate_on_realloc: bool = False
+    """Drop every graph when the model's buffer generation changes."""
+    blocking_capture_stream: bool = False
+    """Capture and replay on a dedicated blocking stream while the eager work stays where it is (ds4's
+    islands), not on the accessor's stream."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clusters", frozenset(self.clusters))
+        object.__setattr__(self, "node_updates", frozenset(self.node_updates))
+
+    @property
+    def captures(self) -> bool:
+        """Whether anything is captured."""
+        return bool(self.clusters)
+
+    def with_(self, **changes) -> "CapturePolicy":
+        """This policy with ``changes`` (field names)."""
+        return dataclasses.replace(self, **changes)
+
+    def in_mode(self, mode: str) -> "CapturePolicy":
+        """This policy with ``mode`` where it fixes none of its own."""
+        return self if self.mode is not None else self.with_(mode=mode)
+
+
+#: Eager: nothing captured.
+EAGER = CapturePolicy()
+
+
+@dataclass(frozen=True, order=True)
+class GraphKey:
+    """The cache key of one call: which graph may replay it.
+
+    ``cluster``, ``layer`` and ``tokens`` are the call's site (:attr:`site`: what ``variants``
+    counts against); ``generation`` and ``addresses`` the buffers it touches (the model's buffer
+    generation and the inputs' addresses); ``decisions`` the host decisions where the policy keys
+    on them (``key_decisions``), else empty. Keys order as their fields do (cluster first)."""
+
+    cluster: str
+    layer: int
+    tokens: int
+    generation: int
+    addresses: tuple
+    decisions: tuple = ()
+
+    @property
+    def site(self) -> tuple:
+        """``(cluster, layer, tokens)``."""
+        return self.cluster, self.layer, self.tokens
+
+
 @dataclass
 class CacheEntry:
     """One cached graph: where it came from, what it assumed, and what happened to it."""
 
-    key: tuple
+    key: GraphKey
     graph_exec: Any = None
     decisions: tuple = ()
     addresses: tuple = ()
@@ -123,42 +198,23 @@ class _Captured:
 
 
 class GraphCache:
-    """Captures the named clusters of a model and replays them (see module docstring).
+    """Captures the clusters of a model its :class:`CapturePolicy` names and replays them (see module
+    docstring).
 
     Args:
         backend: the model's backend (``cupy`` or ``sim``).
-        clusters: cluster names to capture (others run eagerly).
-        mode: capture mode, ``"global"``, ``"thread_local"`` (default) or ``"relaxed"``.
-        warmup: eager calls per key before its capture.
-        update: re-capture every call and update the executable graph (stage ``3u``).
-        guard: re-ask host decisions before each replay (on by default).
-        key_decisions: make the host decisions part of the cache key, so each answer keeps its
-            own graph (long context: emit and non-emit tokens, each top-k regime) instead of a
-            changed answer retiring the graph and capturing again.
-        variants: graphs per (cluster, layer, token count) key; 0: unbounded.
-        node_updates: clusters replayed after setting their kernel nodes' parameters.
+        policy: what to capture and how (a policy without a mode captures in ``thread_local``).
         capture_stream: capture and replay on this stream (a backend stream) instead of the
-            accessor's; None: the accessor's.
+            accessor's (a policy's ``blocking_capture_stream``: its run makes one); None: the accessor's.
         skip: ``(cluster, layer)`` pairs that always run eagerly.
-        invalidate_on_realloc: drop every graph when the model's buffer generation changes.
     """
 
-    def __init__(self, backend, clusters, mode: str = "thread_local", warmup: int = 1,
-                 update: bool = False, guard: bool = True, key_decisions: bool = False, *, variants: int = 0,
-                 node_updates=(), capture_stream=None, skip=frozenset(), invalidate_on_realloc: bool = False) -> None:
+    def __init__(self, backend, policy: CapturePolicy, *, capture_stream=None, skip=frozenset()) -> None:
         self.be = backend
-        self.clusters = frozenset(clusters)
-        self.mode = mode
-        self.warmup = warmup
-        self.update = update
-        self.guard = guard
-        self.key_decisions = key_decisions
-        self.variants = variants
-        self.node_updates = frozenset(node_updates)
+        self.policy = policy.in_mode("thread_local")
         self.capture_stream = capture_stream
         self.skip = frozenset(skip)
-        self.invalidate_on_realloc = invalidate_on_realloc
-        self.entries: dict[tuple, CacheEntry] = {}
+        self.entries: dict[GraphKey, CacheEntry] = {}
         self.warm: Counter = Counter()
         self.stats = CacheStats()
         self.log: list[dict] = []
@@ -168,27 +224,26 @@ class GraphCache:
     def run(self, model, cluster: str, layer: int, T: int, ts, fn: Callable[[], None], inputs: tuple = ()) -> None:
         """Run one cluster: eagerly, by capture then replay, or by replay."""
         L = model.L
-        if cluster not in self.clusters or L.capturing:
+        if cluster not in self.policy.clusters or L.capturing:
             fn()
             return
         if (cluster, layer) in self.skip:
             self.stats.skipped += 1
             fn()
             return
-        if self.invalidate_on_realloc and model.generation != self._generation:
+        if self.policy.invalidate_on_realloc and model.generation != self._generation:
             if self._generation is not None:
                 self.invalidate_all(f"buffer generation {self._generation} → {model.generation}")
             self._generation = model.generation
-        updates = cluster in self.node_updates
-        key = (cluster, layer, T, model.generation, tuple(_addr(a) for a in inputs))
-        if self.key_decisions:
-            key += (model.host_decisions(cluster, layer, T, ts),)
+        updates = cluster in self.policy.node_updates
+        key = GraphKey(cluster, layer, T, model.generation, tuple(_addr(a) for a in inputs),
+                       model.host_decisions(cluster, layer, T, ts) if self.policy.key_decisions else ())
         e = self.entries.get(key)
         if e is not None and e.retired:
             self.stats.eager_runs += 1
             fn()
             return
-        decisions = model.host_decisions(cluster, layer, T, ts) if self.guard and not updates else ()
+        decisions = model.host_decisions(cluster, layer, T, ts) if self.policy.guard and not updates else ()
         if e is not None and e.decisions != decisions:
             changed = [f"{a[0]}: {a[1]} → {b[1]}" for a, b in zip(e.decisions, decisions) if a != b]
             self._replace(e, "host decision changed: " + "; ".join(changed))
@@ -200,11 +255,11 @@ class GraphCache:
                 self._replace(e, "launch list changed: kernels differ from the captured graph's")
                 e, plan = None, None
         if e is None:
-            if self.variants and key not in self.warm and self._n_variants(key) >= self.variants:
+            if self.policy.variants and key not in self.warm and self._n_variants(key) >= self.policy.variants:
                 self.stats.variant_overflows += 1
                 fn()
                 return
-            if self.warm[key] < self.warmup:
+            if self.warm[key] < self.policy.warmup:
                 self.warm[key] += 1
                 fn()
                 return
@@ -213,7 +268,7 @@ class GraphCache:
                 self.stats.eager_runs += 1
                 fn()
                 return
-        elif self.update:
+        elif self.policy.update:
             if not self._update(model, e, fn):
                 self.stats.eager_runs += 1
                 fn()
@@ -241,9 +296,8 @@ class GraphCache:
         return [e for e in self.entries.values() if e.retired]
 
     # ------------------------------------------------------------------ helpers
-    def _n_variants(self, key: tuple) -> int:
-        base = key[:3]
-        return sum(1 for k, e in self.entries.items() if k[:3] == base and not e.retired)
+    def _n_variants(self, key: GraphKey) -> int:
+        return sum(1 for k, e in self.entries.items() if k.site == key.site and not e.retired)
 
     def _replace(self, e: CacheEntry, reason: str) -> None:
         self._retire(e, reason)
@@ -283,7 +337,7 @@ class GraphCache:
         scope = None
         override = stream_override(stream) if self.capture_stream is not None else contextlib.nullcontext()
         try:
-            with override, capture_scope(be, stream, self.mode) as scope, L.recording() as trace:
+            with override, capture_scope(be, stream, self.policy.mode) as scope, L.recording() as trace:
                 with L.capturing_launches():
                     try:
                         fn()

@@ -101,7 +101,9 @@ class Launcher:
 
     Args:
         backend: a :class:`ds4lab.backends.base.Backend`.
-        nvtx: emit NVTX ranges (token, layer, cluster, op). Off: no NVTX call at all.
+        nvtx: emit NVTX ranges (token, layer, cluster, op). Chosen once: the launcher's annotator is
+            an :class:`~ds4lab.capture.annotate.NvtxAnnotator`, or, off, a
+            :class:`~ds4lab.capture.annotate.NullAnnotator` (no NVTX call at all); no launch asks again.
         routed: ``False`` bypasses the accessor and launches everything on the legacy stream:
             the "unrouted" path the stage-0 bit-identity test compares against.
     """
@@ -112,7 +114,6 @@ class Launcher:
         self._host_work = backend.model_host_work if isinstance(backend, ModeledTime) else None
         self.census = Census()
         self.annotator = make_annotator(nvtx)
-        self._nvtx = bool(nvtx)
         self.routed = routed
         self.cluster_name = "token"
         self.layer = -1
@@ -205,15 +206,13 @@ class Launcher:
     @contextlib.contextmanager
     def annotating(self, annotator) -> Iterator[object]:
         """Send every NVTX range of the block to ``annotator`` (the
-        :class:`ds4lab.capture.annotate.NvtxAnnotator` interface: ``push``, ``pop``), annotation on; the
-        previous annotator and on/off state are back on exit (``ds4lab.report.trace_export`` records push/pop times
-        this way)."""
-        prev = self.annotator, self._nvtx
-        self.annotator, self._nvtx = annotator, True
+        :class:`ds4lab.capture.annotate.NvtxAnnotator` interface: ``push``, ``pop``); the previous
+        annotator is back on exit (``ds4lab trace`` records push/pop times this way)."""
+        prev, self.annotator = self.annotator, annotator
         try:
             yield annotator
         finally:
-            self.annotator, self._nvtx = prev
+            self.annotator = prev
 
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
@@ -226,25 +225,23 @@ class Launcher:
         """Scope launches to cluster ``name`` (census key, NVTX category), payload = layer."""
         prev = self.cluster_name
         self.cluster_name = name
-        if self._nvtx:
-            self.annotator.push(name, name, self.layer if layer is None else layer)
+        ann = self.annotator
+        ann.push(name, name, self.layer if layer is None else layer)
         try:
             yield
         finally:
-            if self._nvtx:
-                self.annotator.pop()
+            ann.pop()
             self.cluster_name = prev
 
     @contextlib.contextmanager
     def range(self, message: str, category: str, payload: int | None = None) -> Iterator[None]:
         """A plain NVTX range (token, layer) that is not a census cluster."""
-        if self._nvtx:
-            self.annotator.push(message, category, payload)
+        ann = self.annotator
+        ann.push(message, category, payload)
         try:
             yield
         finally:
-            if self._nvtx:
-                self.annotator.pop()
+            ann.pop()
 
     # ------------------------------------------------------------------ launch sites
     def kernel(self, site: str, name: str, grid: tuple, block: tuple, args: tuple,
@@ -268,15 +265,12 @@ class Launcher:
         else:
             stream = current_stream()
         launch = self.backend.launch_programmatic if self.programmatic and self._capturing else self.backend.launch
-        if self._nvtx:
-            ann = self.annotator
-            ann.push(site, cluster, self.layer)
-            try:
-                launch(stream, name, grid, block, args, shared, ref, nbytes)
-            finally:
-                ann.pop()
-        else:
+        ann = self.annotator
+        ann.push(site, cluster, self.layer)
+        try:
             launch(stream, name, grid, block, args, shared, ref, nbytes)
+        finally:
+            ann.pop()
 
     def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
         """Fill ``buf`` with byte ``value``.
@@ -333,10 +327,9 @@ class Launcher:
 
     @contextlib.contextmanager
     def _op(self, site: str) -> Iterator[None]:
-        if self._nvtx:
-            self.annotator.push(site, self.cluster_name, self.layer)
+        ann = self.annotator
+        ann.push(site, self.cluster_name, self.layer)
         try:
             yield
         finally:
-            if self._nvtx:
-                self.annotator.pop()
+            ann.pop()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from .support import fail, result_folder
+from ..jobs.compare import CompareConfig
+from ..jobs.ingest import IngestConfig
+from .support import default, invoke, result_folder
 
 
 def register(main: click.Group) -> None:
@@ -24,7 +24,7 @@ def register(main: click.Group) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None, callback=result_folder,
               help="Result folder. Default: results/ingested (an earlier ingest of other inputs there is kept "
                    "beside it as results/ingested.replaced-<time>).")
-@click.option("--sites", default=None, metavar="PRESET",
+@click.option("--sites", default=default(IngestConfig, "sites"), metavar="PRESET",
               help="Join Nsight Compute kernels to ds4lab's launch sites of this preset (bytes moved, "
                    "achieved GB/s); the preset the profiled run used.")
 def ingest_cmd(files, lenient, out, sites) -> None:
@@ -67,77 +67,19 @@ def ingest_cmd(files, lenient, out, sites) -> None:
       3  --lenient and some lines were skipped: the good rows are written,
          each skipped line is listed on stderr and in OUT/ingest_problems.csv
     """
-    from ..ingest import IngestError, ingest_all
-    from ..report.results import WriteFailed, final_path
+    from ..report.results import final_path
 
-    if sites is not None:  # a preset name, checked before any input is read
-        from ..token.config import PRESETS
-
-        if sites not in PRESETS:
-            fail(f"--sites {sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
-    out, ran = _default_out(out, "ingested", {"inputs": sorted(os.path.abspath(f) for f in files), "sites": sites})
-    try:
-        with _progress(files) as progress:
-            results = ingest_all(files, out, lenient, sites, progress=progress, ran=ran)
-    except IngestError as e:
-        fail(str(e))
-    except WriteFailed as e:  # the inputs were good; writing failed after the work began: 1, as every command
-        fail(_with_kept(e), 1)
-    for r in results:
+    res = invoke("ingest", IngestConfig(files=tuple(files), out=out, lenient=lenient, sites=sites))
+    for r in res.value:
         tabs = ", ".join(f"{n} ({rows} rows)" for n, rows in r.counts().items() if rows)
         click.echo(f"{r.path}: {r.kind} → {tabs or 'no rows'}")
         for w in r.warnings:
             click.echo(f"ds4lab: warning: {w}", err=True)
         for p in r.problems:
             click.echo(f"  skipped {p['file']}:{p['line']}: {p['problem']}", err=True)
-    click.echo(f"tables in {final_path(out)}/")
-    if any(r.problems for r in results):
+    click.echo(f"tables in {final_path(res.out)}/")
+    if any(r.problems for r in res.value):
         sys.exit(3)  # lenient: the good rows are written, but not everything was read
-
-
-def _with_kept(e: BaseException) -> str:
-    """A write failure's message with where the results so far are, as the jobs say it."""
-    kept = getattr(e, "kept_in", None)
-    return str(e) + (f" (results so far in {kept}/)" if kept and str(kept) not in str(e) else "")
-
-
-def _default_out(out, name: str, ran: dict):
-    """``(out, None)`` for an ``--out`` given, else the default folder ``results/<name>`` and what
-    this run ran (:func:`ds4lab.report.results.job_folder`'s ``ran``)."""
-    from ..jobs.common import default_folder
-
-    return (out, None) if out is not None else (default_folder(name), dict(ran, job=name))
-
-
-#: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
-PROGRESS_BYTES = 16 << 20
-
-
-@contextlib.contextmanager
-def _progress(files):
-    """A progress bar (MB read of all inputs) on stderr while large inputs are read; a callback that
-    does nothing for small ones."""
-    total = 0
-    for f in map(Path, files):
-        with contextlib.suppress(OSError):
-            total += sum(p.stat().st_size for p in f.glob("*") if p.is_file()) if f.is_dir() else f.stat().st_size
-    if total < PROGRESS_BYTES:
-        yield None
-        return
-    from rich.console import Console
-
-    from ..progress import JobProgress
-
-    with JobProgress(Console(stderr=True), "reading inputs (MB)", max(1, total >> 20), eta=True) as bar:
-        shown = [0]
-
-        def progress(done: int, _total: int) -> None:
-            mb = done >> 20
-            if mb > shown[0]:
-                bar.advance(mb - shown[0])
-                shown[0] = mb
-
-        yield progress
 
 
 @click.command("compare")
@@ -171,15 +113,8 @@ def compare_cmd(dirs, out) -> None:
          or an --out that cannot be a folder (the error names them;
          nothing is written)
     """
-    from ..report.compare import CompareError, compare
-    from ..report.results import WriteFailed, final_path
+    from ..report.results import final_path
 
-    out, ran = _default_out(out, "compare", {"sources": sorted(os.path.abspath(d) for d in dirs)})
-    try:
-        paths = compare(dirs, out, warn=lambda m: click.echo(f"ds4lab: warning: {m}", err=True), ran=ran)
-    except CompareError as e:
-        fail(str(e))
-    except WriteFailed as e:
-        fail(_with_kept(e), 1)
-    for p in paths:
+    res = invoke("compare", CompareConfig(dirs=tuple(dirs), out=out))
+    for p in res.files:
         click.echo(f"wrote {final_path(p)}")

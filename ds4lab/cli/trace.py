@@ -1,4 +1,4 @@
-"""``ds4lab trace``: the command line over :func:`ds4lab.report.trace_export.run_trace` (the logic lives there)."""
+"""``ds4lab trace``: the command line over the ``trace`` job (:mod:`ds4lab.jobs.trace`, where the logic lives)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     """
     from .support import invoke
     from ..report.results import final_path
-    from ..report.trace_export import TraceConfig
+    from ..jobs.trace import TraceConfig
 
     res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out,
                                       hazard=hazard), backend)

@@ -61,7 +61,7 @@ def worker_env(variant: str, copy_model: bool, base=None) -> dict:
         env["DS4_CUDA_COPY_MODEL"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     if not env.get("NVTX_INJECTION64_PATH"):  # NVTX reaches CUPTI only when injected at process start
-        from ..backends.cupti import cupti_library
+        from ..trace.cupti import cupti_library
 
         lib = cupti_library()
         if lib is not None:
@@ -145,7 +145,7 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
             prefill.append(pd.read_csv(w / "prefill.csv"))
         logs[v] = R.read_log(folder / f"ds4-{v}.log")
         for rec in sorted(w.glob("trace-*/recording.csv.gz")):
-            from ..audit.sources import read as read_trace
+            from ..trace.sources import read_events as read_trace
 
             table = read_trace(rec)
             per_tok, per_kernel = R.trace_census(table.frame)

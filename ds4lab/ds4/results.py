@@ -124,7 +124,7 @@ def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: floa
 
 
 def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """From a recording's event table (:mod:`ds4lab.audit.events` columns) of tokens marked by NVTX
+    """From a recording's event table (:mod:`ds4lab.trace.events` columns) of tokens marked by NVTX
     ranges ``decode_step``: per token (``tokens``) and per kernel name (``kernels``).
 
     Per token: kernel launch calls, graph launches, kernels executed (eager ones and those inside

@@ -11,7 +11,7 @@ environment, and the worker:
    next tokens, so the session always holds a prefix of one prompt and the next prefill only
    extends it;
 3. where asked (``trace_contexts``), records ``trace_tokens`` more decode tokens in-process with
-   CUPTI (:func:`ds4lab.audit.record.recording`), each inside an NVTX range ``decode_step``, into
+   CUPTI (:func:`ds4lab.audit.arguments.recording`), each inside an NVTX range ``decode_step``, into
    ``trace-<context>/recording.csv.gz``: a recording ``ds4lab audit`` reads as it reads any engine's.
 
 It writes as it goes (``tokens.csv`` and ``prefill.csv`` rewritten after each context, progress as
@@ -115,8 +115,8 @@ def _trace(eng, prompt, n: int, folder: Path) -> dict:
     Returns what happened: the recordings' paths, or why there is none."""
     try:
         import nvtx
-        from ..audit.record import recording
-        from ..audit.sources import SourceError
+        from ..audit.arguments import recording
+        from ..trace.sources import SourceError
     except ImportError as e:
         return {"recording": "", "arguments": "", "why": f"no recording: {e}"}
 

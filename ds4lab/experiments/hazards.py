@@ -203,8 +203,8 @@ def demonstrate(name: str, be, cfg, mode: str = "thread_local") -> dict:
         base = TokenOptions(vocab=True)
         model = DecodeModel(mcfg, be, TokenOptions(**{**base.summary(), **st.options, **(options or {})}),
                             n_layers=n_layers)
-        run = StageRun(model, st, base, mode=mode, warmup=warmup, patch=patch, options=options,
-                       key_decisions=key_decisions)
+        policy = st.policy.with_(warmup=warmup, **({} if key_decisions is None else {"key_decisions": key_decisions}))
+        run = StageRun(model, st, base, mode=mode, policy=policy, patch=patch, options=options)
         rec = _record_moe(run, span.tokens) if hz.steps == "moe" else run.record(span)
         return rec, run
 
@@ -232,8 +232,9 @@ def _eager_twin(stage):
     """The reference of a stage's hazard: the same stream and options, nothing captured."""
     from dataclasses import replace
 
-    return replace(stage, name=f"{stage.name} (eager)", capture=(), capture_mode=None,
-                   blocking_capture_stream=False, node_updates=())
+    from ..capture.cache import EAGER
+
+    return replace(stage, name=f"{stage.name} (eager)", policy=EAGER)
 
 
 __all__ = ["HAZARDS", "HAZARD_SETS", "Hazard", "PROFILE_SITES", "demonstrate", "hazard_names"]

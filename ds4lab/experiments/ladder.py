@@ -129,10 +129,12 @@ class Ladder:
         be: the backend that times.
         mcfg: the model configuration.
         table: what to measure.
-        mode: the capture mode (a stage may fix its own).
+        mode: the capture mode (a stage's policy may fix its own).
         nvtx: NVTX ranges on launches.
-        key_decisions: for stage ``3`` on the long-context token, one graph per token shape.
         check: whether exactness can be computed here (False on a timing-only sim for ds4-flash).
+
+    Stage ``3`` on the long-context token runs with its policy's ``key_decisions`` on: one graph per
+    token shape (emit or not per compressor, the top-k regime) instead of capturing again.
     """
 
     def __init__(self, be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False,
@@ -146,8 +148,8 @@ class Ladder:
 
     def _run(self, model: DecodeModel, stage: Stage) -> StageRun:
         # Stage 3 on the long-context token keeps one graph per token shape (emit or not, top-k regime).
-        kd = True if (stage.name == "3" and model.cfg.long_context) else None
-        return StageRun(model, stage, self.base, mode=self.mode, key_decisions=kd)
+        policy = stage.policy.with_(key_decisions=True) if (stage.name == "3" and model.cfg.long_context) else None
+        return StageRun(model, stage, self.base, mode=self.mode, policy=policy)
 
     def _checking(self) -> tuple[StageRun, list[StageRun]]:
         if self._check_runs is None:

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..capture import stream as S
-from ..capture.cache import GraphCache
+from ..capture.cache import CapturePolicy, GraphCache
 from ..timing import profiler_range, time_steps
 from ..token.model import DecodeModel, TokenOptions
 from .stages import Stage, token_id_at
@@ -46,7 +46,7 @@ class Span:
 
 
 class StageRun:
-    """One stage on a shared model: its options, its stream and its graph cache.
+    """One stage on a shared model: its options, its stream, its capture policy and its graph cache.
 
     All runs of an experiment share one :class:`DecodeModel` (one set of weights) and switch
     options and executor with :meth:`activate`, so stages can be timed in interleaved rounds and
@@ -56,32 +56,29 @@ class StageRun:
         model: the model (its ``cfg`` decides the long-context token).
         stage: the stage.
         base: the token options every stage starts from (the stage's ``options`` go over them).
-        mode: the capture mode, unless the stage fixes its own (:attr:`Stage.capture_mode`).
-        guard: re-ask the host decisions before each replay.
-        warmup: eager calls per graph key before its capture.
-        key_decisions: one graph per answer of the host decisions (default: the stage's).
+        mode: the capture mode, unless the policy fixes its own.
+        policy: the capture policy (:class:`~ds4lab.capture.cache.CapturePolicy`); None: the stage's
+            (:attr:`Stage.policy`). A caller that tunes one (a hazard's warm-up, one graph per token
+            shape) passes ``stage.policy.with_(...)``: the policy goes whole to the graph cache.
         patch: called with the model on every :meth:`activate` and undone after (see
             :class:`ModelPatch`): a hazard the token options cannot express.
         options: token options over the stage's (a hazard's ds4-today path).
     """
 
     def __init__(self, model: DecodeModel, stage: Stage, base: TokenOptions, *, mode: str = "thread_local",
-                 guard: bool = True, warmup: int = 1, key_decisions: bool | None = None,
-                 patch: "ModelPatch | None" = None, options: dict | None = None) -> None:
+                 policy: CapturePolicy | None = None, patch: "ModelPatch | None" = None,
+                 options: dict | None = None) -> None:
         self.stage, self.model, self.be = stage, model, model.be
         self.opts = TokenOptions(**{**base.summary(), **stage.options, **(options or {})})
-        self.mode = stage.capture_mode or mode
+        self.policy = (policy or stage.policy).in_mode(mode)
+        self.mode = self.policy.mode
         self.patch = patch
         self.stream = self.be.new_stream(non_blocking=True) if stage.nonblocking else S.LEGACY_STREAM
         self.cache = None
-        if stage.capture:
+        if self.policy.captures:
             self.cache = GraphCache(
-                self.be, stage.capture, mode=self.mode, update=stage.update, guard=guard, warmup=warmup,
-                key_decisions=stage.key_decisions if key_decisions is None else key_decisions,
-                variants=stage.variants, node_updates=stage.node_updates,
-                invalidate_on_realloc=stage.invalidate_on_realloc,
-                capture_stream=self.be.new_stream(non_blocking=False) if stage.blocking_capture_stream else None,
-                skip=_island_skips(model, stage))
+                self.be, self.policy, skip=_island_skips(model, stage),
+                capture_stream=self.be.new_stream(non_blocking=False) if self.policy.blocking_capture_stream else None)
 
     @property
     def name(self) -> str:

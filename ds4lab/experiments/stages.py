@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..capture.cache import EAGER, CapturePolicy
 from ..errors import BadInput
 
 #: The hazard fixes a stage can require (context file, "Capture hazards").
@@ -37,46 +38,40 @@ class Stage:
         description: what changes, one sentence.
         nonblocking: the token's eager work runs on a non-blocking stream set with
             ``capture_set_stream`` (False: on the legacy stream, as ds4 does today).
-        capture: the model's clusters the graph cache captures (``"shared"``, ``"moe"``, ``"token"``,
-            ``"island0"``, ``"island1"``, ``"attn_span"``); empty: eager.
+        policy: what the stage captures and how (:class:`~ds4lab.capture.cache.CapturePolicy`: the
+            clusters, ``"shared"``, ``"moe"``, ``"token"``, ``"island0"``, ``"island1"``,
+            ``"attn_span"``; a capture mode the stage always uses, ds4's islands' ``"global"``; a
+            dedicated blocking capture stream; re-capture and update, stage ``3u``; graphs kept per
+            key, ds4's islands' 4; kernel-node updates, stage ``i+``'s attention span; every graph
+            dropped when the model reallocates a buffer, ds4 ``9f325617``); :data:`EAGER`: none.
         options: :class:`~ds4lab.token.model.TokenOptions` fields the stage sets.
-        update: re-capture every call and update the executable graph (stage ``3u``).
         fixes: the fixes of :data:`FIXES` the stage needs.
         long_context_only: exists on the long-context token only (``3c``).
-        capture_mode: the capture mode the stage always uses (ds4's islands: ``"global"``); None:
-            the run's mode (``--mode``).
-        blocking_capture_stream: capture on a dedicated blocking stream while the eager work stays
-            on the legacy stream (ds4's islands), instead of on the accessor's non-blocking stream.
-        key_decisions: the graph cache keeps one graph per answer of the host decisions (stage 3
-            of the long-context token: one graph per token shape) instead of recapturing.
-        variants: graphs kept per (cluster, layer) key, told apart by the buffers they touch, before
-            a new buffer set is refused a graph (ds4's islands: 4); 0: unbounded.
-        node_updates: clusters replayed by setting kernel-node parameters every call
-            (``cudaGraphExecKernelNodeSetParams``: stage ``i+``'s attention span).
-        invalidate_on_realloc: drop every graph when the model reallocates a buffer (ds4 ``9f325617``:
-            scratch growth synchronizes, invalidates every decode graph, then frees).
     """
 
     name: str
     short: str
     description: str
     nonblocking: bool = True
-    capture: tuple = ()
+    policy: CapturePolicy = EAGER
     options: dict = field(default_factory=dict)
-    update: bool = False
     fixes: tuple = ()
     long_context_only: bool = False
-    capture_mode: str | None = None
-    blocking_capture_stream: bool = False
-    key_decisions: bool = False
-    variants: int = 0
-    node_updates: tuple = ()
-    invalidate_on_realloc: bool = False
+
+    @property
+    def capture(self) -> frozenset:
+        """The clusters the stage captures (its policy's); empty: eager."""
+        return self.policy.clusters
 
 
 _BASE = ("launches through the accessor", "non-blocking stream", "warm-up before capture")
 _MOE = ("async counts clear", "expert selection on the device", "preallocated scratch", "no host-timed profiling")
 _TOKEN_OPTS = dict(counts_clear="async", scratch="prealloc", moe_profile=False)
+#: ds4's islands: captured in global mode on a blocking stream of their own, keyed by layer and buffers
+#: (4 variants), every graph dropped when a buffer is reallocated.
+_ISLANDS = CapturePolicy(("island0", "island1"), mode="global", blocking_capture_stream=True, variants=4,
+                         invalidate_on_realloc=True)
+_TOKEN = CapturePolicy(("token",))
 
 #: Every stage, in ladder order.
 STAGES: dict[str, Stage] = {s.name: s for s in (
@@ -89,33 +84,31 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           "stream in global mode, keyed by layer and buffers (4 variants), the middle (query and KV projections, "
           "RoPE, KV store, compressor, indexer, top-k, attention) eager on the legacy stream; island 1 eager on "
           "the hash-routed layers",
-          nonblocking=False, capture=("island0", "island1"), options=dict(_TOKEN_OPTS), capture_mode="global",
-          blocking_capture_stream=True, variants=4, invalidate_on_realloc=True,
+          nonblocking=False, policy=_ISLANDS, options=dict(_TOKEN_OPTS),
           fixes=("launches through the accessor", "warm-up before capture", *_MOE, "buffer-keyed graph variants")),
     Stage("i+", "islands + span", "stage i plus the attention of the eager middle as a graph whose kernel-node "
           "parameters are set every token (cudaGraphExecKernelNodeSetParams), as ds4's opt-in hand-built attention "
           "score graph (36ee8c14)",
-          nonblocking=False, capture=("island0", "island1", "attn_span"), options=dict(_TOKEN_OPTS),
-          capture_mode="global", blocking_capture_stream=True, variants=4, node_updates=("attn_span",),
-          invalidate_on_realloc=True,
+          nonblocking=False, options=dict(_TOKEN_OPTS),
+          policy=_ISLANDS.with_(clusters=("island0", "island1", "attn_span"), node_updates=("attn_span",)),
           fixes=("launches through the accessor", "warm-up before capture", *_MOE, "buffer-keyed graph variants",
                  "node parameters updated before replay")),
     Stage("1", "shared FFN", "shared-expert FFN cluster of every layer captured once, replayed (one graph per layer)",
-          capture=("shared",), fixes=_BASE),
+          policy=CapturePolicy(("shared",)), fixes=_BASE),
     Stage("2", "+ routed MoE", "stage 1 plus the routed-MoE cluster captured (experts read on the device, counts "
-          "clear async, scratch preallocated, no host-timed profiling)", capture=("shared", "moe"),
+          "clear async, scratch preallocated, no host-timed profiling)", policy=CapturePolicy(("shared", "moe")),
           options=dict(_TOKEN_OPTS), fixes=(*_BASE, *_MOE)),
     Stage("3", "whole token", "the whole token body captured, per-token scalars read from device buffers "
-          "written before each replay (one graph per token shape)", capture=("token",),
+          "written before each replay (one graph per token shape)", policy=_TOKEN,
           options=dict(_TOKEN_OPTS, scalars="device"),
           fixes=(*_BASE, *_MOE, "scalars from device buffers", "no device sync in the body")),
     Stage("3u", "token + update", "as 3, scalars passed by value; the executable graph's kernel parameters "
-          "updated before each replay (re-capture + cudaGraphExecUpdate)", capture=("token",), update=True,
+          "updated before each replay (re-capture + cudaGraphExecUpdate)", policy=_TOKEN.with_(update=True),
           options=dict(_TOKEN_OPTS, scalars="value"),
           fixes=(*_BASE, *_MOE, "node parameters updated before replay", "no device sync in the body")),
     Stage("3c", "one graph", "the whole token captured once; emit, top-k regime and attention length decided on the "
           "device (emit kernels exit off an emit token, worst-case top-k grids, rows past n_comp skipped)",
-          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="device"), long_context_only=True,
+          policy=_TOKEN, options=dict(_TOKEN_OPTS, scalars="device", longctx="device"), long_context_only=True,
           fixes=(*_BASE, *_MOE, "scalars from device buffers", "no device sync in the body", "device-side predicates")),
 )}
 
@@ -127,18 +120,18 @@ STAGES.update({s.name: s for s in (
     Stage("3cc", "conditional", "the whole token captured once; each compressor's emit kernels the body of an IF "
           "node and the indexer a SWITCH node with one body per top-k regime, their conditions set from the "
           "position by a kernel of the graph (cudaGraphSetConditional): ds4's launches at each position",
-          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="conditional"),
+          policy=_TOKEN, options=dict(_TOKEN_OPTS, scalars="device", longctx="conditional"),
           long_context_only=True, fixes=(*_WHOLE, "conditional nodes set on the device")),
     Stage("3p", "token + PDL", "as 3, every kernel of the capture launched with programmatic stream serialization "
           "(cuLaunchKernelEx) and waiting on the device for its predecessor (griddepcontrol.wait) before anything "
-          "else: a programmatic edge between consecutive kernels", capture=("token",), key_decisions=True,
+          "else: a programmatic edge between consecutive kernels", policy=_TOKEN.with_(key_decisions=True),
           options=dict(_TOKEN_OPTS, scalars="device", pdl=True), fixes=(*_WHOLE, _PDL)),
     Stage("3cp", "3c + PDL", "as 3c, with programmatic edges between consecutive kernels (as 3p)",
-          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="device", pdl=True),
+          policy=_TOKEN, options=dict(_TOKEN_OPTS, scalars="device", longctx="device", pdl=True),
           long_context_only=True, fixes=(*_WHOLE, "device-side predicates", _PDL)),
     Stage("3ccp", "3cc + PDL", "as 3cc, with programmatic edges between consecutive kernels (as 3p; not across a "
           "conditional node, whose dependents wait for it to complete)",
-          capture=("token",), options=dict(_TOKEN_OPTS, scalars="device", longctx="conditional", pdl=True),
+          policy=_TOKEN, options=dict(_TOKEN_OPTS, scalars="device", longctx="conditional", pdl=True),
           long_context_only=True, fixes=(*_WHOLE, "conditional nodes set on the device", _PDL)),
 )})
 

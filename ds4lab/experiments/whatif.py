@@ -97,7 +97,7 @@ def sweep_moe_tokens(tokens, preset: str = "ds4-flash", routing: str = "uniform"
     routing pattern changes no modeled time (``docs/model.md``).
     Raises ``ValueError`` for a token count < 1 or an unknown routing.
     """
-    from ..capture.cache import GraphCache
+    from ..capture.cache import CapturePolicy, GraphCache
     from ..moeprof import MoeWorkbench
     from ..sim.backend import SimBackend
 
@@ -120,7 +120,7 @@ def sweep_moe_tokens(tokens, preset: str = "ds4-flash", routing: str = "uniform"
     rows = []
     for T in tokens:
         eager = per_call(T, None)
-        graph = per_call(T, GraphCache(be, ("moe",), warmup=1))
+        graph = per_call(T, GraphCache(be, CapturePolicy(("moe",), warmup=1)))
         rows.append({"tokens": T, "eager µs": eager, "graph µs": graph, "gain": eager / graph,
                      "source": f"modeled (sim, calibration {be.calibration.get('name', '?')})"})
     return pd.DataFrame(rows)

@@ -21,7 +21,13 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``audit``       what capture would refuse, break or miss in any engine's traced decode step
 ``ds4``         ds4 itself: built from its source, its decode token measured on a synthetic model
 ``notebooks``   the workbench notebooks, run headlessly (papermill) into one result folder
+``ingest``      real profiles (ds4 logs, Nsight Systems and Compute exports, ds4lab folders) into tables
+``compare``     ds4lab results and ingested profiles side by side
 ==============  ===========================================================================
+
+Every job returns one result type, :class:`ds4lab.jobs.result.JobResult` (its tables, its meta, its
+figures as figure objects, the files it wrote), and writes its result folder through one writer
+(:func:`ds4lab.jobs.result.result_folder`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .common import BadInput, CheckFailed, default_preset, exit_code, open_backend
+from .result import JobResult
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ JOBS = {
     "audit-validate": ("audit_validate", BackendRequest(needed=False)),
     "ds4": ("ds4", BackendRequest(needed=False)),
     "notebooks": ("notebooks", BackendRequest(needed=False)),
+    "ingest": ("ingest", BackendRequest(needed=False)),
+    "compare": ("compare", BackendRequest(needed=False)),
 }
 
 
@@ -82,7 +91,7 @@ def module(job: str):
 
 def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
     """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and
-    run the job with ``cfg``; returns the job's result.
+    run the job with ``cfg``; returns the job's :class:`~ds4lab.jobs.result.JobResult`.
 
     Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work,
     :class:`CheckFailed` (exit 1) after its results are written, ``KeyboardInterrupt`` (130).
@@ -102,5 +111,5 @@ def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1
     return mod.run(cfg, be, console or make_console())
 
 
-__all__ = ["BackendRequest", "BadInput", "CheckFailed", "JOBS", "default_preset", "execute", "exit_code", "module",
-           "open_backend"]
+__all__ = ["BackendRequest", "BadInput", "CheckFailed", "JOBS", "JobResult", "default_preset", "execute", "exit_code",
+           "module", "open_backend"]

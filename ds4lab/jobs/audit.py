@@ -2,11 +2,12 @@
 step, and what it would save, from traces (a PyTorch profiler / Kineto JSON, an Nsight Systems SQLite
 export, a CUPTI recording, ds4lab's own ``trace.json``) or from a program it records itself.
 
-The job reads every file into the event table (:func:`ds4lab.audit.sources.read`), or runs the
-program with the recording on (:func:`ds4lab.audit.record.run_script`) and reads what it saved,
+The job reads every file into the event table (:func:`ds4lab.trace.sources.read_events`), or runs the
+program with the recording on (:func:`ds4lab.trace.recording.run_script`) and reads what it saved,
 audits each (source, process, device) (:func:`ds4lab.audit.analysis.analyze`) and writes the
-report (:func:`ds4lab.audit.report.write`) inside :func:`ds4lab.report.results.job_folder`. It needs
-no backend: the verdicts come from the sim's rules, the plans from a calibration file.
+report (:mod:`ds4lab.audit.report`'s tables and figures, :func:`write_audit`) into its result folder
+(:func:`ds4lab.jobs.result.result_folder`). It needs no backend: the verdicts come from the sim's
+rules, the plans from a calibration file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from ..capture.stream import CAPTURE_MODES
 from ..errors import BadInput
 from .common import out_folder
+from .result import JobResult, result_folder
 
 
 @dataclass
@@ -109,9 +111,10 @@ def _meta(cfg: AuditConfig) -> dict:
             "calibration_file": str(cfg.calibration) if cfg.calibration else None}
 
 
-def run(cfg: AuditConfig, backend=None, console=None):
-    """Audit ``cfg`` (module docstring); ``backend`` is unused (the job needs none). Returns the list
-    of :class:`~ds4lab.audit.analysis.AuditReport`.
+def run(cfg: AuditConfig, backend=None, console=None) -> JobResult:
+    """Audit ``cfg`` (module docstring); ``backend`` is unused (the job needs none). Returns the
+    :class:`~ds4lab.jobs.result.JobResult`: tables ``audit``, ``tokens``, ``spans`` and ``plans``, the
+    timeline figure(s), and the :class:`~ds4lab.audit.analysis.AuditReport` list as its ``value``.
 
     Raises:
         BadInput: :func:`check_config`'s, a source the readers refuse (``SourceError``, naming the file),
@@ -120,7 +123,6 @@ def run(cfg: AuditConfig, backend=None, console=None):
     """
     from ..audit import report as audit_report
     from ..audit.analysis import analyze
-    from ..report import results
 
     check_config(cfg)
     first = Path(cfg.files[0]).name.split(".")[0] if cfg.files else "run"
@@ -131,26 +133,54 @@ def run(cfg: AuditConfig, backend=None, console=None):
     meta = _meta(cfg)
     say = console.print if console is not None else (lambda *a, **k: None)
     # a trace the readers refuse, or one without tokens, is bad input: no result folder is left
-    with results.job_folder(out, meta, audit_report.OUTPUTS, say=say if console is not None else None,
-                            discard_on=(BadInput,), ran=ran) as folder:
-        folder = Path(folder) if folder is not None else out
-        tables = _sources(cfg, folder, out, console, meta)
+    with result_folder("audit", out, meta, audit_report.OUTPUTS, say=say if console is not None else None,
+                       discard_on=(BadInput,), ran=ran) as o:
+        tables = _sources(cfg, o.folder, out, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
         _attach_arguments(reports, tables)
         meta.update(audit_report.audit_meta(reports))
-        files = audit_report.write(reports, folder, meta)
+        names = write_audit(o, reports)
         recorded = _recorded_outcomes(cfg)
         if recorded:
             meta["recorded_outcomes"] = recorded
         if console is not None:
             audit_report.summary(reports, console, cfg.max_rows)
-            for f, o in recorded.items():  # the verdict beside what the GPU did, as the recording's outcome says
-                dev = o.get("device") or {}
+            for f, rec in recorded.items():  # the verdict beside what the GPU did, as the recording's outcome says
+                dev = rec.get("device") or {}
                 console.print(f"{Path(f).name}: torch.cuda.graph on {dev.get('device', 'a GPU')} (driver "
-                              f"{dev.get('driver', '?')}), as recorded beside it: {o['outcome']}"
-                              + (f" ({o['detail']})" if o.get("detail") else ""))
-        say(f"wrote {', '.join(p.name for p in files)} in {results.final_path(out)}")
-    return reports
+                              f"{dev.get('driver', '?')}), as recorded beside it: {rec['outcome']}"
+                              + (f" ({rec['detail']})" if rec.get("detail") else ""))
+        say(f"wrote {', '.join(names)} in {o.where()}")
+    return o.done(reports)
+
+
+def write_audit(o, reports, under: str = "", meta: dict | None = None, *, meta_file: bool = False) -> list[str]:
+    """Write the audit's tables and figures (:mod:`ds4lab.audit.report`) through ``o`` (an
+    :class:`~ds4lab.jobs.result.Output`), in its folder or its sub-folder ``under``; a ``meta.json`` of
+    their own (``meta`` and :func:`~ds4lab.audit.report.audit_meta`) in a sub-folder, or with
+    ``meta_file`` (a result folder's own is written by its ``job_folder``). Returns the file names
+    written, in order (``meta.json`` after the tables)."""
+    from ..audit import report as audit_report
+
+    at = f"{under}/" if under else ""
+    names = [o.table(f"{at}{name}", df).name for name, df in audit_report.tables(reports).items()]
+    if under or meta_file:
+        o.meta(f"{at}meta.json", {**(meta or {}), **audit_report.audit_meta(reports)})
+    names.append("meta.json")
+    for stem, fig in audit_report.figures(reports).items():
+        names += [p.name for p in o.figure(f"{at}{stem}", fig)]
+    return names
+
+
+def write_report(reports, folder, meta: dict | None = None) -> list[Path]:
+    """Write an audit's files into ``folder`` as it is (no result-folder life cycle: a folder of
+    one's own, a test's), ``meta.json`` included. Returns the files written."""
+    from .result import Output
+
+    folder = Path(folder)
+    o = Output("audit", meta or {}, folder, folder)
+    write_audit(o, reports, meta=meta, meta_file=True)
+    return o.result.files
 
 
 def _attach_arguments(reports, tables) -> None:
@@ -182,22 +212,22 @@ def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
 
 
 def _sources(cfg: AuditConfig, folder: Path, out: Path, console, meta: dict) -> list:
-    """The event tables: each file read (:func:`ds4lab.audit.sources.read`), or the program recorded
-    (:func:`ds4lab.audit.record.run_script`) into ``folder`` (the staging folder that becomes ``out``)
+    """The event tables: each file read (:func:`ds4lab.trace.sources.read_events`), or the program recorded
+    (:func:`ds4lab.trace.recording.run_script`) into ``folder`` (the staging folder that becomes ``out``)
     and read back."""
-    from ..audit import sources
+    from ..trace import sources
     from ..report import results
 
     if cfg.program:
-        from ..audit import record
+        from ..trace import recording
 
         argv = program_argv(cfg.program)  # checked already: without its interpreter
-        saved = record.run_script(argv, folder, console, arguments=cfg.arguments, token_range=cfg.token_range)
+        saved = recording.run_script(argv, folder, console, arguments=cfg.arguments, token_range=cfg.token_range)
         # named where it will be once the staging folder is swapped in for out
         meta["recording"] = str(results.final_path(Path(out) / Path(saved).relative_to(folder)))
-        pairs = [(sources.read(saved, progress=console), Path(saved))]
+        pairs = [(sources.read_events(saved, progress=console), Path(saved))]
     else:
-        pairs = [(sources.read(Path(f), progress=console), Path(f)) for f in cfg.files]
+        pairs = [(sources.read_events(Path(f), progress=console), Path(f)) for f in cfg.files]
     for t, p in pairs:
         t.path = p  # where its argument pass is looked for (ds4lab.audit.arguments.store_beside)
     return [t for t, _ in pairs]

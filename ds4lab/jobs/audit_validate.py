@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import BadInput
 from .audit import AuditConfig, _meta
 from .common import out_folder
+from .result import JobResult, result_folder
 
 
 @dataclass
@@ -40,9 +41,10 @@ def check_config(cfg: ValidateConfig) -> None:
         raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
 
 
-def run(cfg: ValidateConfig, backend=None, console=None):
-    """Run :func:`ds4lab.audit.validate.validate` inside ``job_folder``; writes ``validate.csv`` and
-    ``meta.json``. Returns the table.
+def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
+    """Run :func:`ds4lab.audit.validate.validate` in its result folder; writes ``validate.csv``, each
+    engine and cache's audit under ``<engine>-<cache>/audit/`` and ``meta.json``. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (table ``validate``).
 
     Raises:
         BadInput: :func:`check_config`'s, or torch/transformers/a GPU missing (naming what).
@@ -53,7 +55,6 @@ def run(cfg: ValidateConfig, backend=None, console=None):
     from ..audit.families import DTYPES, pairs
     from ..audit.validate import TIME_TOLERANCE, markdown, validate
     from ..errors import CheckFailed
-    from ..report import results
 
     check_config(cfg)
     ok, why = available()
@@ -65,25 +66,27 @@ def run(cfg: ValidateConfig, backend=None, console=None):
             "runs": [list(p) for p in pairs(cfg.engines, cfg.caches)], "dtypes": list(cfg.dtypes or DTYPES),
             "time_tolerance": TIME_TOLERANCE}
     say = console.print if console is not None else print
-    with results.job_folder(out, meta, ("validate.csv", "validate.md"), ran=ran) as folder:
-        folder = Path(folder) if folder is not None else out
+    with result_folder("audit-validate", out, meta, ("validate.csv", "validate.md"), ran=ran) as o:
         import pandas as pd
+
+        from .audit import write_audit
 
         def write(rows):  # after every run: a run cut short keeps what it measured
             df = pd.DataFrame(rows)
-            results.write_csv(df, folder / "validate.csv")
-            results.write_text_atomic(folder / "validate.md", markdown(df))
+            o.table("validate", df)
+            o.text("validate.md", markdown(df))
 
-        df = validate(cfg.engines, cfg.caches, folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write)
+        df = validate(cfg.engines, cfg.caches, o.folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write,
+                      on_report=lambda rep, under: write_audit(o, [rep], under))
         write(df.to_dict("records"))
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
         meta["verdicts_unknown"] = int(df.audit_verdict.astype(str).str.startswith("captures;").sum())
         bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
-        say(f"wrote {results.final_path(out) / 'validate.csv'}: {len(df) - len(bad)} of {len(df)} runs agree")
+        say(f"wrote {o.where('validate.csv')}: {len(df) - len(bad)} of {len(df)} runs agree")
         if len(bad):
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
                 f"{r.family}/{r.cache}/{r.dtype} (torch {r.torch_outcome or 'failed'}, audit {r.audit_verdict or '-'}"
                 + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "") + ")"
                 for r in bad.itertuples()))
-    return df
+    return o.done()

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..measure.bench import run_bench
 from ..token.config import get_preset
 from .common import default_preset
+from .result import JobResult, no_folder, result_folder
 
 
 @dataclass
@@ -27,29 +28,34 @@ class BenchConfig:
 BENCH_OUTPUTS = ("bench.json", "per_op*")
 
 
-def run(cfg: BenchConfig, be, console) -> dict:
-    """Run the benchmarks on ``be`` (a GPU). Returns what ``bench.json`` holds. With ``cfg.out``,
-    everything is written inside :func:`ds4lab.report.results.job_folder` (staged, swapped in on
-    success; ``meta.json`` records the status and provenance).
+def run(cfg: BenchConfig, be, console) -> JobResult:
+    """Run the benchmarks on ``be`` (a GPU). Returns the :class:`~ds4lab.jobs.result.JobResult`: its
+    ``value`` what ``bench.json`` holds; with ``per_op`` the tables ``per_op`` and ``per_op_launches``
+    and the figure ``per_op``. With ``cfg.out``, everything is written in its result folder (staged,
+    swapped in on success; ``meta.json`` records the status and provenance).
 
     Raises:
         ds4lab.report.results.OutputError: ``out`` cannot be written, or holds what ds4lab did not
             write (checked before any work).
     """
-    from ..report import provenance, results
+    from ..report import provenance
 
     preset = get_preset(cfg.preset or default_preset("bench", be))
-    if not cfg.out:
-        return run_bench(be, preset, console, per_op=cfg.per_op, out=None)
-    out = Path(cfg.out)
     meta = provenance.base_meta(be)
     meta.update(job="bench", preset=preset.summary(), per_op=cfg.per_op)
-    with results.job_folder(out, meta, BENCH_OUTPUTS, say=console.print) as folder:
-        res = run_bench(be, preset, console, per_op=cfg.per_op, out=folder)
+    if not cfg.out:
+        return no_folder("bench", meta).done(run_bench(be, preset, console, per_op=cfg.per_op))
+    with result_folder("bench", Path(cfg.out), meta, BENCH_OUTPUTS, say=console.print) as o:
+        kept: dict = {}
+        res = run_bench(be, preset, console, per_op=cfg.per_op, outputs=kept)
+        for name, df in kept.get("tables", {}).items():
+            o.table(name, df)
+        for name, fig in kept.get("figures", {}).items():
+            o.figure(name, fig)
 
-        def enc(o):
-            return asdict(o) if is_dataclass(o) else str(o)
+        def enc(v):
+            return asdict(v) if is_dataclass(v) else str(v)
 
-        results.write_text_atomic(folder / "bench.json", json.dumps(res, indent=2, default=enc) + "\n")
-    console.print(f"wrote {results.final_path(out) / 'bench.json'}")
-    return res
+        o.text("bench.json", json.dumps(res, indent=2, default=enc) + "\n")
+    console.print(f"wrote {o.where('bench.json')}")
+    return o.done(res)

@@ -12,6 +12,7 @@ from ..measure.calibrate import (calibrate, calibrate_long_context, fit_host_fro
                                  write_calibration)
 from ..sim.costmodel import default_calibration_path
 from .common import BadInput, default_preset
+from .result import JobResult, no_folder
 
 
 @dataclass
@@ -73,15 +74,17 @@ def _replaceable(path: Path) -> str | None:
     return None
 
 
-def _check_against(cal: dict, folders, console) -> None:
+def _check_against(cal: dict, folders, console) -> list:
     """Print the sim's modeled stages with ``cal`` against each measured folder
-    (:func:`ds4lab.measure.sim_check.modeled_vs_measured`)."""
+    (:func:`ds4lab.jobs.sim_check.modeled_vs_measured`); returns the tables, one per folder."""
     from rich.table import Table
 
-    from ..measure.sim_check import TOLERANCE, modeled_vs_measured
+    from .sim_check import TOLERANCE, modeled_vs_measured
 
+    found = []
     for folder in folders:
         d = modeled_vs_measured(folder, cal)
+        found.append(d)
         changed = d.attrs.get("preset_changes") or {}
         if changed:
             console.print(f"[yellow]{folder}: its {d['preset'].iloc[0]} is not today's (" +
@@ -94,6 +97,7 @@ def _check_against(cal: dict, folders, console) -> None:
             t.add_row(str(r.context), r.stage, f"{r.measured_us:,.0f}", f"{r.modeled_us:,.0f}", f"{r.ratio:.3f}",
                       "yes" if r.agrees else f"OUTSIDE ±{TOLERANCE:.0%}")
         console.print(t)
+    return found
 
 
 def _print_ds4_check(check, console) -> None:
@@ -114,11 +118,13 @@ def _print_ds4_check(check, console) -> None:
     console.print(t)
 
 
-def run(cfg: CalibrateConfig, be, console) -> dict:
+def run(cfg: CalibrateConfig, be, console) -> JobResult:
     """Measure on ``be`` (a GPU) and write ``cfg.out``; with ``moe_profile`` or ``from_ladder``,
     ``be`` is unused (None is fine) and the fits are added to ``base`` (``from_ladder``: then the
-    sim with the new file is compared with each folder, stage by stage). Returns the calibration
-    dict written.
+    sim with the new file is compared with each folder, stage by stage). Returns the
+    :class:`~ds4lab.jobs.result.JobResult`: the calibration written is its ``value`` and its one
+    file; ``from_ladder`` adds the tables ``host_fit`` and, per folder, ``check-<n>`` (modeled against
+    measured).
 
     ``out`` is checked before any measurement (:func:`check_config`), locked for the whole run
     (:func:`ds4lab.report.results.output_file`: a second calibration into the same file is
@@ -137,6 +143,7 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
 
     check_config(cfg)
     out = Path(cfg.out)
+    o = no_folder("calibrate", {"job": "calibrate", "calibration": str(out)})
     fits = None
     with output_file(out, "calibration", accept=_replaceable, refuse=refuse_shipped) as tmp:
         if cfg.long_context:
@@ -159,6 +166,7 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
                 cal, table = fit_host_from_ladder(base, cfg.from_ladder)
             except ValueError as e:
                 raise BadInput(str(e)) from None
+            o.table("host_fit", table)
             for r in table.itertuples():
                 console.print(f"{r.figure}: {r.value:.3f} µs ({r.folder}, context {r.context})")
             for k in ("host_launch_us", "host_graph_call_us", "host_node_update_us"):
@@ -177,11 +185,13 @@ def run(cfg: CalibrateConfig, be, console) -> dict:
         validate(cal, str(out))
         write_calibration(cal, tmp)
         if cfg.from_ladder:
-            _check_against(cal, cfg.from_ladder, console)
+            for i, d in enumerate(_check_against(cal, cfg.from_ladder, console)):
+                o.table(f"check-{i}", d)
     for kern, f in (fits or {}).items():
         console.print(f"{kern}: {f['fixed_us']} µs + bytes / {f['bandwidth_GBps']} GB/s ({f['samples']} points)")
     console.print(f"calibration written to {final_path(out)}")
-    return cal
+    o.result.files.append(out)
+    return o.done(cal)
 
 
 #: ds4's configurations (``ds4lab ds4``) each ds4lab stage models: eager is islands off, stage i is

@@ -3,13 +3,13 @@ on the simulated runtime, one table, every disagreement."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..report import provenance, results
+from ..report import provenance
 from ..conformance import SCENARIOS, compare, run_scenarios
 from .common import BadInput, CheckFailed, out_folder
+from .result import JobResult, result_folder
 
 #: What the conformance job writes in its folder.
 CONFORMANCE_OUTPUTS = ("conformance.csv", "conformance-*.json", "expectations.csv")
@@ -52,12 +52,14 @@ def expectation_mismatches(records: dict[str, dict[str, dict[str, str]]]):
     return pd.DataFrame(rows, columns=["backend", "scenario", "step", "expected", "got", "source"])
 
 
-def run(cfg: ConformanceConfig, be, console):
+def run(cfg: ConformanceConfig, be, console) -> JobResult:
     """Run the scenarios on ``be``; when ``be`` is the GPU, on a fresh sim too, and compare.
 
     Writes ``conformance.csv`` (scenario, step, one column per backend, agree), the raw records
     (``conformance-<backend>.json``), ``expectations.csv`` (steps that differ from a scenario's
-    documented expectation, per backend) and ``meta.json``. Returns the comparison DataFrame.
+    documented expectation, per backend) and ``meta.json``. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (tables ``conformance``, the comparison, and
+    ``expectations``; the raw records as its ``value``).
 
     Raises:
         BadInput: an unknown scenario name, or a backend without the runtime API (numpy).
@@ -76,18 +78,17 @@ def run(cfg: ConformanceConfig, be, console):
                           {"backend": be.name, "scenarios": sorted(cfg.names) or "all"})
     meta = {"job": "conformance", "backends": {}}
     records = {}
-    with results.job_folder(out, meta, CONFORMANCE_OUTPUTS, say=console.print, ran=ran) as folder:
+    with result_folder("conformance", out, meta, CONFORMANCE_OUTPUTS, say=console.print, ran=ran) as o:
         for b in backends:
             n = len(cfg.names) or len(SCENARIOS)
             with JobProgress(console, f"{b.name}: scenarios", n) as prog:
                 records[b.name] = run_scenarios(b, cfg.names or None, progress=lambda _: prog.advance())
             meta["backends"][b.name] = provenance.base_meta(b)
-            results.write_text_atomic(folder / f"conformance-{b.name}.json",
-                                      json.dumps(records[b.name], indent=1) + "\n")
+            o.json(f"conformance-{b.name}.json", records[b.name], indent=1)
         df = compare(records)
-        results.write_csv(df, folder / "conformance.csv")
+        o.table("conformance", df)
         exp = expectation_mismatches(records)
-        results.write_csv(exp, folder / "expectations.csv")
+        o.table("expectations", exp)
         meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()),
                     expectation_mismatches={b: int((exp.backend == b).sum()) for b in records})
         exc = df[df.step.isin(["<exception>", "<unhandled>"])]
@@ -109,9 +110,9 @@ def run(cfg: ConformanceConfig, be, console):
         if len(exc):
             console.print("[red]scenarios that raised:[/]")
             console.print(exc.to_string(index=False))
-        table = results.final_path(out) / "conformance.csv"
+        table = o.where("conformance.csv")
         console.print(f"table: {table}")
         if not (bool(df.agree.all()) and len(exc) == 0):
             raise Disagreement(f"{int((~df.agree).sum())} disagreeing step(s), {len(exc)} scenario(s) raised; "
                                f"see {table}")
-    return df
+    return o.done(records)

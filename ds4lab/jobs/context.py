@@ -21,6 +21,7 @@ from ..experiments.stages import CONTEXT_DEFAULT, parse_stages
 from ..token.config import get_preset
 from .common import check_out_option, default_preset, out_folder
 from .ladder import check_counts, execute_table, model_config
+from .result import JobResult
 
 #: The contexts ``ds4lab context`` runs when none are given: those the preset holds
 #: (:func:`default_contexts`).
@@ -118,11 +119,11 @@ def table_of(cfg: ContextConfig) -> Table:
                  timing_after_exact=False, floor=True)
 
 
-def run(cfg: ContextConfig, be, console):
-    """The stage table at each context on ``be``; returns the rows (one per stage and context) as a
-    DataFrame, written to ``context.csv`` after each context (the one being measured to
-    ``context.partial.csv`` as it goes: :func:`ds4lab.jobs.ladder.execute_table`), with ``meta.json``
-    and the figure.
+def run(cfg: ContextConfig, be, console) -> JobResult:
+    """The stage table at each context on ``be``: one row per stage and context, written to
+    ``context.csv`` after each context (the one being measured to ``context.partial.csv`` as it goes:
+    :func:`ds4lab.jobs.ladder.execute_table`), with ``meta.json`` and the figure. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (table and figure ``context``).
 
     Raises:
         BadInput: bad input (nothing ran; exit 2).

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..ds4.configs import DEFAULT_CONFIGS, VARIANTS, parse_configs
 from ..report import results
+from .result import JobResult
 from .common import BadInput, check_out_option, out_folder
 
 #: What the job writes in its folder.
@@ -133,7 +134,7 @@ def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
     return path, info
 
 
-def run(cfg: Ds4JobConfig, be=None, console=None):
+def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
     """Build ds4, then measure every configuration (:mod:`ds4lab.ds4.measure`). Returns the tables
     (dict of DataFrames) and the meta.
 
@@ -199,4 +200,5 @@ def run(cfg: Ds4JobConfig, be=None, console=None):
         if "expert_data" in tables and not tables["expert_data"].empty:
             say("per-layer kernels, random expert layers against holes (ratio > 1: zeros run faster):\n"
                 + tables["expert_data"].head(8).to_string(index=False))
-    return {"tables": tables, "meta": meta}
+    # the one result type (ds4lab.jobs.result): the tables collected and the meta (also as its value)
+    return JobResult("ds4", meta, out=out, tables=dict(tables), value={"tables": tables, "meta": meta})

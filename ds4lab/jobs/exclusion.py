@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..report import provenance, results
+from ..report import provenance
 from ..token.config import get_preset
 from ..moeprof.exclusion import COLUMNS, MATRIX_COLUMNS, ROWS, TOLERANCE, agreement, pivot, run_matrix
 from .common import BadInput, default_preset, modeled_banner, out_folder
+from .result import JobResult, result_folder
 
 #: What the exclusion job writes in its folder.
 EXCLUSION_OUTPUTS = ("exclusion.csv", "exclusion-sim.csv", "exclusion-agreement.csv", "exclusion.png",
@@ -28,11 +29,12 @@ class ExclusionConfig:
     out: Path | str | None = None
 
 
-def run(cfg: ExclusionConfig, be, console):
+def run(cfg: ExclusionConfig, be, console) -> JobResult:
     """The matrix on ``be``; on a GPU, on a timing-only sim too, with the cell-by-cell agreement.
     Writes ``exclusion.csv`` (row by row as cells finish), ``exclusion-sim.csv`` and
     ``exclusion-agreement.csv`` on a GPU, ``meta.json`` and the heatmap ``exclusion.png/.svg/.pdf``.
-    Returns the matrix DataFrame of ``be``.
+    Returns the :class:`~ds4lab.jobs.result.JobResult` (table and figure ``exclusion``: the matrix of
+    ``be``; on a GPU also ``exclusion-sim`` and ``exclusion-agreement``).
 
     Raises:
         BadInput: a backend that cannot capture (numpy), tokens < 1.
@@ -59,7 +61,7 @@ def run(cfg: ExclusionConfig, be, console):
     found, metas = {}, {}
     meta = provenance.base_meta(be)
     meta["job"] = "exclusion"
-    with results.job_folder(out, meta, EXCLUSION_OUTPUTS, say=console.print, ran=ran) as folder:
+    with result_folder("exclusion", out, meta, EXCLUSION_OUTPUTS, say=console.print, ran=ran) as o:
         for b in backends:
             m = provenance.base_meta(b)
             m.update(job="exclusion", preset=mcfg.summary(), tokens=cfg.tokens, modeled=b.models_time,
@@ -69,12 +71,12 @@ def run(cfg: ExclusionConfig, be, console):
                 m["calibration"] = b.calibration_name
                 console.print(banner)
             metas[b.name] = m
-            path = folder / ("exclusion.csv" if b is be else f"exclusion-{b.name}.csv")
+            name = "exclusion" if b is be else f"exclusion-{b.name}"
             cells: list[dict] = []
 
-            def on_cell(c, path=path, cells=cells):
+            def on_cell(c, name=name, cells=cells):  # row by row as the cells finish
                 cells.append(c)
-                results.write_csv(pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)), path)
+                o.table(name, pd.DataFrame(cells, columns=list(MATRIX_COLUMNS)))
 
             with JobProgress(console, f"{b.name}: cells", len(ROWS) * len(COLUMNS), eta=True) as prog:
                 df = run_matrix(b, mcfg, tokens=cfg.tokens, overhead_calls=cfg.overhead_calls,
@@ -85,15 +87,14 @@ def run(cfg: ExclusionConfig, be, console):
         meta.update({**metas[be.name], "backends": metas})
         if len(found) > 1:
             ag = agreement(found["cupy"], found["sim"])
-            results.write_csv(ag, folder / "exclusion-agreement.csv")
+            o.table("exclusion-agreement", ag)
             bad = ag[~ag.agree]
             meta["agreement"] = {"cells": len(ag), "agree": int(ag.agree.sum()), "disagree": len(bad)}
             console.print(f"cupy vs sim: {int(ag.agree.sum())}/{len(ag)} cells agree")
             if len(bad):
                 console.print(bad[["mode", "column", "outcome_cupy", "outcome_sim"]].to_string(index=False))
         main = found[be.name]
-        paths = plots.save(plots.exclusion_figure(main, meta), folder / "exclusion")
-    shown = results.final_path(out)
-    console.print(f"wrote {shown / 'exclusion.csv'}, {shown / 'meta.json'}, "
-                  + ", ".join(str(shown / p.name) for p in paths))
-    return main
+        paths = o.figure("exclusion", plots.exclusion_figure(main, meta))
+    console.print(f"wrote {o.where('exclusion.csv')}, {o.where('meta.json')}, "
+                  + ", ".join(str(o.where(p.name)) for p in paths))
+    return o.done()

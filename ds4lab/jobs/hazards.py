@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ..capture import stream as S
 from ..experiments.hazards import HAZARD_SETS, HAZARDS, demonstrate, hazard_names
-from ..report import provenance, results
+from ..report import provenance
 from ..token.config import get_preset
 from .common import BadInput, check_out_option, default_preset, out_folder
+from .result import JobResult, result_folder
 
 #: Every name ``--hazard`` takes: each hazard, and the sets ``all`` (the decode token's) and
 #: ``all-longctx`` (the long-context token's).
@@ -41,9 +42,10 @@ def check_config(cfg: HazardsConfig) -> None:
     check_out_option(cfg.out)
 
 
-def run(cfg: HazardsConfig, be, console) -> list[dict]:
-    """Demonstrate ``cfg.hazard`` (or a set) on ``be`` (which must compute: not timing-only).
-    Returns one dict per hazard (:func:`ds4lab.experiments.hazards.demonstrate`).
+def run(cfg: HazardsConfig, be, console) -> JobResult:
+    """Demonstrate ``cfg.hazard`` (or a set) on ``be`` (which must compute: not timing-only). Returns
+    the :class:`~ds4lab.jobs.result.JobResult`: table ``hazards`` (one row per hazard,
+    :func:`ds4lab.experiments.hazards.demonstrate`), the rows as dicts in its ``value``.
 
     Raises:
         BadInput: unknown hazard, or a timing-only backend (nothing to compare).
@@ -62,17 +64,17 @@ def run(cfg: HazardsConfig, be, console) -> list[dict]:
     with S.graphs_enabled():
         meta = provenance.base_meta(be)
         meta.update(job="hazards", preset=mcfg.summary(), capture_mode=cfg.mode, hazards=names)
-        with results.job_folder(out, meta, HAZARD_OUTPUTS, say=console.print, ran=ran) as folder:
+        with result_folder("hazards", out, meta, HAZARD_OUTPUTS, say=console.print, ran=ran) as o:
             console.print(f"[bold]ds4lab hazards[/] · {mcfg.name} · " + (
                 "on the simulated runtime: what CUDA does is the sim's capture rules (each checked on the H200 "
                 "by ds4lab conformance), not a GPU run" if be.name == "sim" else provenance.label(meta)))
             for n in names:
                 r = demonstrate(n, be, mcfg, mode=cfg.mode)
                 rows.append(r)
-                results.write_csv(pd.DataFrame(rows), Path(folder) / "hazards.csv")
+                o.table("hazards", pd.DataFrame(rows))
                 console.print(f"[bold]{n}[/] ({r['capture_mode']} capture, stage {r['stage']}): {r['outcome']} · "
                               f"errors {r['errors']} · exact {r['exact']}"
                               + (f" · first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
                 console.print(f"   expected: {r['expected']}")
-    console.print(f"wrote {results.final_path(out) / 'hazards.csv'}")
-    return rows
+    console.print(f"wrote {o.where('hazards.csv')}")
+    return o.done(rows)

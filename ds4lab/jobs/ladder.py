@@ -29,6 +29,7 @@ from ..sim.calibration import backend_calibration
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from .common import CheckFailed, check_out_option, default_preset, modeled_banner, out_folder
+from .result import JobResult, result_folder
 
 LADDER_OUTPUTS = ("ladder.csv", "ladder.png", "ladder.svg", "ladder.pdf")
 
@@ -125,10 +126,10 @@ def model_config(preset: str, table: Table, long_context: bool, option: str):
     return get_preset(preset, long_context=True, max_context=-(-(last + 1) // 128) * 128)
 
 
-def run(cfg: LadderConfig, be, console):
+def run(cfg: LadderConfig, be, console) -> JobResult:
     """Run the ladder on ``be``; writes ``ladder.csv``, ``meta.json`` and ``ladder.png/.svg/.pdf``
-    (``ladder.partial.csv`` while it measures: :func:`execute_table`). Returns the per-stage
-    DataFrame.
+    (``ladder.partial.csv`` while it measures: :func:`execute_table`). Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (table and figure ``ladder``: one row per stage).
 
     Raises:
         BadInput: bad input (nothing measured; exit 2).
@@ -155,7 +156,7 @@ def run(cfg: LadderConfig, be, console):
 
 
 def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path, extra_meta: dict, outputs,
-                  *, mode: str, nvtx: bool = False, ran: dict | None = None):
+                  *, mode: str, nvtx: bool = False, ran: dict | None = None) -> JobResult:
     """The one job shape of the ladder and the context ladder: announce, build, measure context by
     context inside ``job_folder``, writing the context being measured to ``<job>.partial.csv`` as it
     goes and each finished one to ``<job>.csv`` (the module docstring), then ``meta.json`` and the
@@ -182,8 +183,8 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
         # a NotExact run is written, then marked "failed"; a stopped one records how far it got
         now: dict = {"rows": None}  # the rows of the context being measured (None between contexts)
         done: list[dict] = []
-        with results.job_folder(out, meta, outputs, say=con.print, ran=ran,
-                                on_stop=lambda status: _stopped(con, job, table, done, now["rows"], meta)) as folder:
+        with result_folder(job, out, meta, outputs, say=con.print,
+                           on_stop=lambda status: _stopped(con, job, table, done, now["rows"], meta), ran=ran) as o:
             # said inside the folder, before anything is allocated: a run stopped here is recorded as such
             con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
                       f"caches {mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
@@ -195,15 +196,11 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
             if table.exact_tokens and not check:
                 con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
                           "run it on a GPU, or use a smaller preset)")
-            folder = Path(folder)
-            csv_path, partial_path = folder / f"{job}.csv", folder / f"{job}.partial.csv"
+            partial_path = o.folder / f"{job}.partial.csv"
 
-            def write(path: Path, rows: list[dict]) -> None:
-                results.write_text_atomic(path, _frame(rows, be, preset, meta).to_csv(index=False))
-
-            def partial(rows: list[dict]) -> None:
+            def partial(rows: list[dict]) -> None:  # the context being measured: gone once it is finished
                 now["rows"] = rows
-                write(partial_path, rows)
+                results.write_text_atomic(partial_path, _frame(rows, be, preset, meta).to_csv(index=False))
 
             lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
             steps = lad.tokens_timed()
@@ -240,7 +237,7 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     partial(lad.partial_rows(c, exact, floors))
                     rows = lad.measure(c, exact=exact, floors=floors, progress=tick, on_stage=partial,
                                        starting=lambda rnd, stage, c=c: starting(c, rnd, stage))
-                    write(csv_path, done + rows)  # the finished contexts, as a finished run writes them
+                    o.table(job, _frame(done + rows, be, preset, meta))  # the finished contexts, as a run ends
                     done += rows
                     partial_path.unlink()
                     now["rows"] = None
@@ -251,17 +248,16 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                 meta["floors"] = {int(c): {k: g[k].iloc[0] for k in ("floor_us", "bytes_floor_us", "launch_floor_us",
                                                                         "t_min_us", "floor_source")}
                                   for c, g in df.groupby("context")}
-            fig = plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta)
-            paths = plots.save(fig, folder / job)
-            shown = results.final_path(out)  # where they are once swapped in
-            con.print(f"wrote {shown / csv_path.name}, {shown / 'meta.json'}, "
-                      + ", ".join(str(shown / p.name) for p in paths))
+            o.table(job, df)
+            paths = o.figure(job, plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta))
+            con.print(f"wrote {o.where(job + '.csv')}, {o.where('meta.json')}, "
+                      + ", ".join(str(o.where(p.name)) for p in paths))
             bad = df[df.exact == False]  # noqa: E712
             if len(bad):
                 raise NotExact("not bit-identical to stage 0: " + "; ".join(
                     f"stage {r.stage}" + (f" at context {r.context}" if len(table.contexts) > 1 else "")
                     + f": {r.first_mismatch}" for r in bad.itertuples()))
-    return df
+    return o.done()
 
 
 def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | None, meta: dict) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..sim.calibration import backend_calibration
 from .common import BadInput, default_preset, modeled_banner, out_folder
+from .result import JobResult, result_folder
 
 #: Token counts per step profiled by default: decode, MTP verification (2-3) and batches.
 TOKENS_PER_STEP_DEFAULT = (1, 2, 3, 16, 64, 256, 512)
@@ -84,8 +85,11 @@ def config_from_text(backend: str, preset: str | None, tokens_per_step: str, rou
     return cfg, note
 
 
-def run(cfg: MoeConfig, be, console=None):
-    """The ``ds4lab moe`` job on backend ``be``. Returns the profile DataFrame.
+def run(cfg: MoeConfig, be, console=None) -> JobResult:
+    """The ``ds4lab moe`` job on backend ``be``. Returns the :class:`~ds4lab.jobs.result.JobResult`:
+    tables ``moe`` (the profile rows), ``summary`` and, where written, ``expert-load``, ``share`` and
+    ``overhead``; figures ``moe-stages``, ``moe-distribution`` and ``moe-share``; ds4's profile lines
+    among its files.
 
     Raises:
         BadInput: a token count above the preset's ``max_tokens``, an unknown mode or routing,
@@ -97,7 +101,7 @@ def run(cfg: MoeConfig, be, console=None):
     from ..progress import make_console
 
     from .. import moeprof as M
-    from ..report import provenance, results
+    from ..report import provenance
     from ..token.config import get_preset
 
     con = console or make_console()
@@ -134,11 +138,10 @@ def run(cfg: MoeConfig, be, console=None):
                                         if be.timing_only else ""))
     meta["globaltimer"] = M.globaltimer_resolution(be)
     meta["cupti"] = ("modeled timeline" if modeled else ":".join(map(str, M.cupti_available())))
-    with results.job_folder(out, meta, MOE_OUTPUTS, say=con.print, ran=ran) as folder:
-        data, written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, folder, meta, modeled, con)
-    shown = results.final_path(out)
-    con.print("wrote " + ", ".join(str(shown / p.relative_to(folder)) for p in written))
-    return data
+    with result_folder("moe", out, meta, MOE_OUTPUTS, say=con.print, ran=ran) as o:
+        written = _profile(be, mcfg, preset, modes, tokens, routings, cfg, o, meta, modeled, con)
+    con.print("wrote " + ", ".join(str(o.where(p.name)) for p in written))
+    return o.done()
 
 
 def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
@@ -156,9 +159,9 @@ def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
         raise BadInput(f"token counts must be >= 1: {list(tokens)}")
 
 
-def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta, modeled, con):
-    """Profile every (mode, routing, tokens per step) into folder ``out`` (the staging folder);
-    returns the rows and the files written."""
+def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, modeled, con):
+    """Profile every (mode, routing, tokens per step) into the result folder ``o`` (its
+    :class:`~ds4lab.jobs.result.Output`); returns the files written, in the order they are named."""
     import sys
 
     import pandas as pd
@@ -173,7 +176,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
 
     wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
     con.print(f"[bold]ds4lab moe[/] · {preset} · {be.name} · layers {wb.model.n_layers} · modes {', '.join(modes)}")
-    csv_path = out / "moe.csv"
+    csv_path = o.folder / "moe.csv"
     header = True
     frames = []
     failures = []
@@ -199,8 +202,9 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                 con.print(f"[red]{mode} · {routing} · {T} tok: {e}[/]")
             be.release_cached_memory()
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(M.ROW_COLUMNS))
+    o.streamed("moe", data)
     summ = with_fallbacks(M.summarize(data), data)
-    results.write_csv(summ, out / "summary.csv")
+    o.table("summary", summ)
     # ds4's profile lines, one file per (mode, routing): the format has no field for either, so
     # the header names them and one file never mixes two.
     logs = []
@@ -209,8 +213,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
         lines = M.ds4_lines(g, n_used=cfg.n_used,
                             header=f"ds4lab moe · mode={mode} · routing={routing} · " + provenance.label(meta))
         if lines:
-            logs.append(out / f"moe-ds4-{mode}-{routing}.log")
-            results.write_text_atomic(logs[-1], "\n".join(lines) + "\n")
+            logs.append(o.text(f"moe-ds4-{mode}-{routing}.log", "\n".join(lines) + "\n"))
             if print_ds4:
                 for ln in lines:
                     print(ln, file=sys.stderr)
@@ -235,27 +238,27 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, out, meta
                     loads.append(wb.expert_load(ls[-1] if r != "hash" else ls[0], T, r))
                 except (RuntimeError, ValueError) as e:
                     failures.append({"mode": "expert_load", "routing": r, "tokens": T, "error": str(e)})
-        results.write_csv(pd.DataFrame(loads), out / "expert-load.csv")
+        o.table("expert-load", pd.DataFrame(loads))
     figs = []
-    figs += plots.save(plots.moe_stage_bars_figure(summ, meta), out / "moe-stages")
-    figs += plots.save(plots.moe_stage_distribution_figure(data, meta, routing=routings[0]), out / "moe-distribution")
+    figs += o.figure("moe-stages", plots.moe_stage_bars_figure(summ, meta))
+    figs += o.figure("moe-distribution", plots.moe_stage_distribution_figure(data, meta, routing=routings[0]))
     if share_tokens:
         share = M.token_share(wb, tokens=share_tokens)
-        results.write_csv(share, out / "share.csv")
+        o.table("share", share)
         meta["moe_share_median"] = float(share["share"].median())
-        figs += plots.save(plots.moe_share_figure(share, meta), out / "moe-share")
+        figs += o.figure("moe-share", plots.moe_share_figure(share, meta))
         con.print(f"routed MoE share of an eager token: median {100 * meta['moe_share_median']:.1f} % "
                   f"({share['moe_us'].median():.0f} of {share['token_us'].median():.0f} µs)")
     if overhead:
         ov = M.overhead_table(wb, modes, tokens=4)
-        results.write_csv(ov, out / "overhead.csv")
+        o.table("overhead", ov)
         con.print("µs per whole token with each mode (median; overhead vs none):")
         con.print(ov[["mode", "regime", "us_per_token", "overhead", "note"]].to_string(
             index=False, float_format=lambda v: f"{v:.1f}"))
     meta.update(failures=failures, rows=len(data))
-    written = [csv_path, out / "summary.csv", *logs, out / "meta.json"] + [
-        out / f for f in ("expert-load.csv", "share.csv", "overhead.csv") if (out / f).exists()] + figs
-    return data, written
+    names = {p.name for p in o.result.files}
+    return [csv_path, Path("summary.csv"), *logs, Path("meta.json")] + [
+        Path(f) for f in ("expert-load.csv", "share.csv", "overhead.csv") if f in names] + figs
 
 
 def with_fallbacks(summ, data):

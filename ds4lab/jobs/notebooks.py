@@ -101,9 +101,10 @@ def check_config(cfg: NotebooksConfig) -> None:
     plan(cfg)
 
 
-def run(cfg: NotebooksConfig, backend=None, console=None) -> list[dict]:
+def run(cfg: NotebooksConfig, backend=None, console=None) -> JobResult:
     """Run the notebooks of ``cfg`` (module docstring); ``backend`` is unused (each notebook opens its
-    own, by its ``BACKEND`` parameter). Returns ``runs.json``'s records.
+    own, by its ``BACKEND`` parameter). Returns the :class:`~ds4lab.jobs.result.JobResult`: ``runs.json``'s
+    records are its ``value``.
 
     Raises:
         NotebooksFailed: a notebook failed (exit 1; every notebook ran).
@@ -126,7 +127,9 @@ def run(cfg: NotebooksConfig, backend=None, console=None) -> list[dict]:
         if failed:
             raise NotebooksFailed(f"failed: {', '.join(failed)} (executed copies in {out}/)")
     say(f"executed notebooks in {out}/")
-    return runs
+    from .result import JobResult
+
+    return JobResult("notebooks", meta, out=out, files=[out / "runs.json"], value=runs)
 
 
 def _printer(console):

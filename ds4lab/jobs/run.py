@@ -44,6 +44,7 @@ from ..token.model import DecodeModel, TokenOptions
 from ..report.results import OutputError, ResultsCSV
 from ..timing import Stats, copy_bandwidth, sources, time_steps, token_bytes
 from .common import check_out_option, BadInput, CheckFailed, default_preset, modeled_banner, out_folder
+from .result import JobResult, result_folder
 
 #: Relative L2 error allowed between the GPU token and the NumPy reference: fp32 accumulation
 #: plus the rare one-step flips of the Q8_K activation quantization (measured 1.05e-5 on
@@ -262,10 +263,11 @@ def check_config(rc: RunConfig) -> None:
     check_out_option(rc.out)
 
 
-def run(rc: RunConfig, be, console=None) -> dict:
+def run(rc: RunConfig, be, console=None) -> JobResult:
     """Run the job on ``be`` (``cupy``, ``sim`` or ``numpy``: :func:`ds4lab.backends.make_backend`,
-    with ``timing_only=timing_only_for(rc)`` for the sim); returns the summary dict also written
-    to ``meta.json``.
+    with ``timing_only=timing_only_for(rc)`` for the sim); returns the
+    :class:`~ds4lab.jobs.result.JobResult`: its ``meta`` is what ``meta.json`` holds (the summary
+    under ``summary``), tables ``results`` and ``census``.
 
     Raises (before anything is written):
         RunError: too few tokens, positions past int32, ``--timing-only`` off the sim.
@@ -303,10 +305,10 @@ def run(rc: RunConfig, be, console=None) -> dict:
     prog = _Progress()
     staging: list[Path] = []  # the folder job_folder hands the run (for what a stopped run records)
     try:
-        with results.job_folder(out, meta, RESULT_FILES, say=con.print, ran=ran,
-                                on_stop=lambda status: _record_stop(staging[0], meta, prog, be, preset)) as folder:
-            staging.append(folder)
-            summary = _job(rc, be, cfg, preset, folder, meta, con, prog)
+        with result_folder("run", out, meta, RESULT_FILES, say=con.print,
+                           on_stop=lambda status: _record_stop(staging[0], meta, prog, be, preset), ran=ran) as o:
+            staging.append(o.folder)
+            _job(rc, be, cfg, preset, o.folder, meta, con, prog, o)
     except KeyboardInterrupt as e:
         where = Path(meta.get("kept_in", out))
         err = RunInterrupted(f"interrupted after {_how_far(rc, prog)}; results so far in {where}/ "
@@ -320,7 +322,7 @@ def run(rc: RunConfig, be, console=None) -> dict:
         reason = meta["status"].removeprefix("failed: ")
         raise RunFailed(f"run failed after {_how_far(rc, prog)}: {reason}; results so far in {where}/ "
                         "(meta.json status \"failed\", census.csv)", where, meta) from e
-    return summary
+    return o.done()
 
 
 def _how_far(rc: RunConfig, prog: _Progress) -> str:
@@ -330,11 +332,13 @@ def _how_far(rc: RunConfig, prog: _Progress) -> str:
     return s
 
 
-def write_census(census: Census, path: Path, be, preset: str) -> None:
+def write_census(census: Census, path: Path, be, preset: str):
     """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token)
     with ``backend``, ``preset`` and ``modeled`` on every row, as ``ladder.csv``
-    (:func:`ds4lab.report.provenance.with_source_columns`)."""
-    results.write_csv(provenance.with_source_columns(census.frame(), be.name, preset, be.models_time), path)
+    (:func:`ds4lab.report.provenance.with_source_columns`). Returns the table."""
+    df = provenance.with_source_columns(census.frame(), be.name, preset, be.models_time)
+    results.write_csv(df, path)
+    return df
 
 
 def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> None:
@@ -359,7 +363,7 @@ def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> Non
                                    "sources": list(prog.sources)}
 
 
-def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: _Progress) -> dict:
+def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: _Progress, o) -> dict:
     from ..progress import JobProgress
 
     log = con.print
@@ -469,7 +473,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
 
         # 4. census, floor, summary
         census = L.census
-        write_census(census, out / "census.csv", be, preset)
+        o.streamed("census", write_census(census, out / "census.csv", be, preset))
         kinds = census.by_kind()
         meta["census_per_token"] = {r.kind: {"launches": float(r.launches), "sites": int(r.sites)}
                                     for r in kinds.itertuples()}
@@ -508,6 +512,9 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
         meta["summary"] = summary
         meta["tokens_completed"] = prog.tokens_done
 
+    import pandas as pd
+
+    o.streamed("results", pd.read_csv(out / "results.csv"))  # written row by row (ResultsCSV): read once, whole
     _print_summary(con, cfg, meta, kinds, census)
     return meta
 

@@ -1,21 +1,540 @@
-"""``ds4lab trace``: one decode token per capture stage as a Chrome/Perfetto trace (CUPTI kernel
-records on a GPU, the sim's modeled schedule labelled MODELED, under ds4lab's recorded NVTX ranges).
-The work is :func:`ds4lab.report.trace_export.run_trace`; this module gives it the jobs' interface."""
+"""``ds4lab trace``: one decode token's timeline per capture stage, as a Chrome/Perfetto trace.
+
+For every stage asked for (``ds4lab.experiments.ladder.STAGES``), after warm-up (graphs captured), ``tokens``
+decode tokens are traced:
+
+* **kernels** (and memsets, host-to-device copies): on a GPU, CUPTI activity records
+  (``CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL``, ``MEMSET``, ``MEMCPY`` through ``cupti-python``; start
+  and end in ns, stream id, and for a kernel launched from a graph its ``graph_id`` and
+  ``graph_node_id``, zero for eager launches: CUPTI ``CUpti_ActivityKernel*`` record, measured on the
+  H200 in ``shared/context/gpu-facts.md``, "Tracing"); on the sim, the modeled schedule of its cost
+  model (``ds4lab.sim.costmodel.Device.timeline``: per launch, start and end in the modeled device
+  clock), every event labelled MODELED. A replayed graph's node index on the sim is its position in
+  the graph's launch order (the sim replays nodes in capture order);
+* **NVTX ranges** (token → layer → cluster → op, ``ds4lab.capture.annotate``) from ds4lab's own record of
+  its push and pop times (:class:`ds4lab.trace.live.RecordingAnnotator`), in the clock the kernels use: CUPTI's
+  timestamp (``cupti.get_timestamp``, the clock of its activity records) on a GPU, the modeled host
+  clock on the sim. A captured stage pushes no op ranges while it replays: its token shows the token
+  range and the graph launch, with the kernels of the graph under it on the GPU track;
+* **the CUDA API level** (for ``ds4lab audit`` of ds4lab's own token):
+  on a GPU the CUPTI runtime and driver call records, synchronizations, event records and stream
+  kinds (legacy, blocking, non-blocking) of the traced tokens; on the sim the backend's call log
+  (MODELED); each call linked to its device work by a correlation id. Each eagerly launched kernel
+  carries its scalar arguments as the launch layer passed them (``args``); a replayed kernel has
+  none (it runs with the arguments of its capture).
+
+Each kernel of a traced token is given its launch site (cluster, layer, op) by position: the
+token's kernels, in start order, are matched one to one with the launch sites of an eager token of
+the same model (``Launcher.trace``); where the counts or names differ, no site is given and the
+result says so (``sites_matched``).
+
+The records come from the trace model's live sources (:mod:`ds4lab.trace.live`: CUPTI on a GPU, the sim's
+modeled timeline and call log on the sim), read by field name.
+
+Written to ``out``: ``trace.json`` (the Trace Event format, :func:`ds4lab.trace.chrome.chrome_trace`:
+one process per stage, opens in ui.perfetto.dev and chrome://tracing), ``trace_kernels.csv`` and
+``trace_nvtx.csv``, ``trace_api.csv`` (the same events as tables; named apart from ``compare``'s
+kernel tables; every row ends with ``backend``, ``preset`` and ``modeled``, as ``ladder.csv``),
+``meta.json`` and the figure ``trace.png/.svg/.pdf`` (:func:`ds4lab.report.plots.trace_figure`).
+"""
 
 from __future__ import annotations
 
-from ..report.trace_export import NoKernelRecords, TraceConfig, TraceError, TraceResult, run_trace
-from ..report.trace_export import check_config as _check
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..capture import stream as S
+from ..errors import BadInput, CheckFailed
+from ..report import provenance
+from ..sim.calibration import backend_calibration
+from ..trace.chrome import API_COLUMNS, chrome_trace
+from .common import check_out_option, default_preset, modeled_banner, open_backend, out_folder
+from .result import JobResult, result_folder
+
+TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace_api.csv", "trace.png", "trace.svg",
+                 "trace.pdf")
 
 
-def check_config(cfg: TraceConfig) -> None:
-    """Checks that need no backend (:func:`ds4lab.report.trace_export.check_config`). Raises TraceError (exit 2)."""
-    _check(cfg)
+class TraceError(BadInput):
+    """A trace request that cannot run (unknown stage, no tokens, no kernel source on the backend):
+    nothing traced (exit 2)."""
 
 
-def run(cfg: TraceConfig, be, console=None) -> TraceResult:
-    """Trace ``cfg`` on ``be`` (:func:`ds4lab.report.trace_export.run_trace`); returns its :class:`TraceResult`."""
-    return run_trace(cfg, be, console)
+class NoKernelRecords(CheckFailed):
+    """The traced tokens of a stage gave no kernel record (exit 1; ``meta.json`` says so)."""
 
 
-__all__ = ["NoKernelRecords", "TraceConfig", "TraceError", "TraceResult", "check_config", "run"]
+@dataclass
+class TraceConfig:
+    """What ``ds4lab trace`` runs.
+
+    Attributes:
+        preset: model dimensions (``ds4lab.token.config.PRESETS``); None: the job's default
+            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, small on the sim).
+        stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each;
+            None: ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a
+            capture runs it: work that bypasses the accessor then shows on the legacy stream).
+        hazard: a token hazard of ``ds4lab ladder --hazard`` (:data:`ds4lab.experiments.hazards.HAZARDS`)
+            whose ds4-today path the traced tokens take (its ``TokenOptions`` over each stage's), so that
+            ``ds4lab audit`` of the trace reports it. The routed-MoE hazards (``steps`` ``moe``:
+            sync-memset, alloc-in-capture, host-timed-profile) trace the hazard's own step, as ``ladder
+            --hazard`` demonstrates it: the router and routed MoE of the first top-k layer for 2 tokens
+            (multi-token-prediction verification), inside a ``token`` NVTX range; their warm-up runs decode
+            tokens, so scratch grown on demand grows in the first traced step. None: no hazard.
+        tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages
+            capture their graphs there).
+        warmup: untraced tokens per stage before the traced ones.
+        out: result folder; None: ``results/trace-<preset>-<backend>`` (``-<hazard>`` added with one).
+        capture_mode: stream-capture mode of the captured stages.
+    """
+
+    preset: str | None = None
+    stages: str | None = None
+    tokens: int = 2
+    warmup: int = 3
+    out: Path | None = None
+    capture_mode: str = "thread_local"
+    hazard: str | None = None
+
+
+# ----------------------------------------------------------------------------- record sources
+class CuptiKernelSource:
+    """CUPTI records of ds4lab's one CUPTI session (:class:`ds4lab.trace.live.CuptiTimeline`, kinds
+    :data:`~ds4lab.trace.cupti.TRACE_KINDS`) as the trace's rows: kernels, memsets and copies with
+    stream, graph and node ids (:meth:`take`), and the API level of the same span (:meth:`take_api`:
+    runtime and driver calls, synchronizations, event records, stream kinds); timestamps on CUPTI's
+    clock (``clock_ns`` is ``cuptiGetTimestamp``). Raises :class:`~ds4lab.trace.cupti.CuptiUnavailable`
+    when ``cupti-python`` is missing or CUPTI does not start."""
+
+    modeled = False
+
+    def __init__(self) -> None:
+        from ..trace.cupti import TRACE_KINDS
+        from ..trace.live import CuptiTimeline
+
+        self.timeline = CuptiTimeline(TRACE_KINDS)
+        self.session = self.timeline.session
+        self.clock_ns = self.timeline.clock_ns
+        self.known: dict[int, str] = {}
+
+    def start(self) -> None:
+        self.timeline.start()
+
+    def take(self) -> list[dict]:
+        """Kernel, memset and copy rows since the last take; the API level of the same span is kept
+        for :meth:`take_api`."""
+        out = []
+        for r in self.timeline.take():
+            if r.kind not in ("kernel", "memset", "memcpy"):
+                continue
+            row = {"name": "memset" if r.kind == "memset" else r.name, "kind": r.kind, "start_ns": int(r.start_ns),
+                   "end_ns": int(r.end_ns), "stream": int(r.stream), "graph_id": int(r.graph_id),
+                   "graph_node_id": int(r.graph_node_id), "correlation": int(r.correlation), "device": int(r.device)}
+            if r.kind == "memset":
+                row["bytes"] = int(r.bytes)
+            elif r.kind == "memcpy":
+                row.update(bytes=int(r.bytes), copy_kind=r.copy_kind, host_memory=r.host_memory)
+            out.append(row)
+        return out
+
+    def take_api(self) -> tuple[list[dict], dict]:
+        """``(calls, stream_types)`` of the span read by the takes since the last call: the API calls
+        and synchronizations as rows of ``trace_api.csv``, each call's stream and event from its
+        ``cudaEventRecord``'s event record, and ``{stream id: type}`` from the stream records, the
+        current context's legacy stream and the streams learnt by :meth:`note_stream`."""
+        from ..trace import records as R
+
+        recs = self.timeline.take_api()
+        try:
+            types = dict(self.session.stream_types_now())
+        except Exception:  # noqa: BLE001 - no driver call possible here: stream kinds from STREAM records only
+            types = {}
+        events, made = R.api_context(recs)
+        for sid, t in made.items():
+            types.setdefault(sid, t)
+        calls = []
+        for r in recs:
+            if isinstance(r, R.ApiCall):
+                stream, ev = events.get(r.correlation, (-1, -1))
+                calls.append({"kind": "api", "name": r.name, "domain": r.domain, "start_ns": r.start_ns,
+                              "end_ns": r.end_ns, "tid": r.tid, "correlation": r.correlation, "stream": stream,
+                              "event": ev, "sync_kind": "", "stream_type": types.get(stream, "")})
+            elif isinstance(r, R.Sync):
+                calls.append({"kind": "sync", "name": "sync", "domain": "", "start_ns": r.start_ns, "end_ns": r.end_ns,
+                              "tid": -1, "correlation": r.correlation, "stream": r.stream, "event": r.event,
+                              "sync_kind": r.sync_kind, "stream_type": types.get(r.stream, "")})
+        for c in calls:
+            if not c["stream_type"] and c["stream"] in self.known:
+                c["stream_type"] = self.known[c["stream"]]
+        return calls, {**types, **self.known}
+
+    def note_stream(self, stream) -> None:
+        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM``
+        records only name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and
+        its ``cuStreamGetFlags`` (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a
+        failing call, leaves it unknown."""
+        from ..trace.cupti import current_context
+
+        ptr = getattr(stream, "ptr", None)
+        if not isinstance(ptr, int) or not ptr:
+            return
+        try:
+            from cuda.bindings import driver as cu
+
+            sid = int(self.session.c.get_stream_id_ex(current_context(), ptr, 0))
+            err, flags = cu.cuStreamGetFlags(ptr)
+            if int(err) == 0:
+                self.known[sid] = "non_blocking" if int(flags) & 0x1 else "blocking"
+        except Exception:  # noqa: BLE001 - no binding, or a driver that refuses: the stream stays unknown
+            return
+
+    def stop(self) -> None:
+        self.timeline.stop()
+
+
+#: The device the sim's modeled work runs on: one GPU, CUDA's first (as ``cudaGetDevice`` says).
+SIM_DEVICE = 0
+
+
+class SimKernelSource:
+    """The sim's modeled timeline (:class:`ds4lab.trace.live.SimTimeline`) as the trace's rows, MODELED;
+    ``clock_ns`` is the backend's host clock (the sim's modeled one, ``host_clock_us``). While it runs,
+    a :class:`ds4lab.trace.live.SimCallLog` logs the backend calls (the API level, :meth:`take_api`) and
+    links each to its device work by a correlation id."""
+
+    modeled = True
+
+    def __init__(self, be) -> None:
+        from ..trace.live import SimCallLog, SimTimeline
+
+        self.be = be
+        self.clock_ns = lambda: be.host_clock_us() * 1e3
+        self.log = SimCallLog(be)
+        self.timeline = SimTimeline(be, corr_of=self.log.corr_of)
+
+    def start(self) -> None:
+        self.timeline.start()
+        if not self.log.on:
+            self.log.install()
+
+    def take(self) -> list[dict]:
+        out = []
+        for r in self.timeline.take():
+            sid, skind = self.log.streams.get(r.stream, (-1, ""))
+            out.append({"name": r.name, "kind": r.kind, "start_ns": r.start_ns, "end_ns": r.end_ns, "stream": r.stream,
+                        "graph_id": r.graph_id, "graph_node_id": r.graph_node_id, "correlation": r.correlation,
+                        "stream_id": sid, "stream_type": skind, "device": SIM_DEVICE})
+        return out
+
+    def take_api(self) -> tuple[list[dict], dict]:
+        """``(calls, stream_types)`` logged since the last call: one ``api`` row per backend call, and a
+        ``sync`` row beside each call that synchronizes (MODELED)."""
+        calls = []
+        recs = self.log.take()
+        for r in recs:
+            sid, kind, sync = self.log.stream_of.get(r.correlation, (-1, "", ""))
+            row = {"start_ns": r.start_ns, "end_ns": r.end_ns, "stream": sid, "stream_type": kind,
+                   "correlation": r.correlation, "sync_kind": sync}
+            if r.kind == "api":
+                calls.append({"kind": "api", "tid": r.tid, "event": -1, "name": r.name, "domain": r.domain, **row})
+            else:
+                calls.append({"kind": "sync", "tid": -1, "event": -1, "name": "sync", "domain": "", **row})
+        for r in recs:
+            self.log.stream_of.pop(r.correlation, None)
+        return calls, {sid: kind for sid, kind in self.log.streams.values()}
+
+    def stop(self) -> None:
+        self.log.remove()
+
+
+def kernel_source(be):
+    """:class:`SimKernelSource` on the sim; :class:`CuptiKernelSource` on a GPU. Raises TraceError
+    (with the reason) where neither can run."""
+    from ..backends.base import ModeledTime
+
+    if isinstance(be, ModeledTime):
+        return SimKernelSource(be)
+    if not be.is_gpu:
+        raise TraceError(f"no kernel timeline on the {be.name} backend: use cupy (a GPU) or sim")
+    try:
+        return CuptiKernelSource()
+    except Exception as e:  # ImportError, or a CUPTI library that does not load
+        raise TraceError(f"CUPTI is not usable here ({type(e).__name__}: {e}); pip install cupti-python") from None
+
+
+# ----------------------------------------------------------------------------- the job
+def check_config(config: TraceConfig) -> list:
+    """The stages of ``config`` after checking it before any work (no backend needed).
+
+    Raises:
+        TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``, a hazard
+            that is not a token hazard of ``ladder --hazard``.
+    """
+    from ..experiments.hazards import HAZARD_SETS
+    from ..experiments.stages import StageInputError, parse_stages
+
+    if config.hazard is not None and config.hazard not in HAZARD_SETS["all"]:
+        raise TraceError(f"--hazard {config.hazard}: choose one of {', '.join(HAZARD_SETS['all'])} (the token "
+                         "hazards of ds4lab ladder --hazard; the long-context ones are not traced)")
+    try:
+        st_list = parse_stages(stages_of(config))
+    except StageInputError as e:
+        raise TraceError(str(e)) from None
+    if config.tokens < 1 or config.warmup < 1:
+        raise TraceError(f"tokens={config.tokens} and warmup={config.warmup} must be at least 1 (the warm-up "
+                         "captures the graphs of the captured stages)")
+    check_out_option(config.out)
+    return st_list
+
+
+def stages_of(config: TraceConfig) -> str:
+    """The stages ``config`` traces (see :class:`TraceConfig`)."""
+    if config.stages is not None:
+        return config.stages
+    return "0s" if config.hazard else "0,3"
+
+
+def run(config: TraceConfig, backend=None, console=None) -> JobResult:
+    """Trace ``config.tokens`` tokens of every stage in ``config.stages`` on ``backend`` and write the
+    trace, the tables, ``meta.json`` and the figure to ``config.out``. ``backend``: a ds4lab backend
+    (None: ``auto``, opened as the jobs open it; on the sim a timing-only backend is enough). Returns
+    the :class:`~ds4lab.jobs.result.JobResult`: tables ``trace_kernels``, ``trace_nvtx`` and
+    ``trace_api`` (as their CSVs hold them), the figure ``trace``, and ``trace.json`` among its files.
+
+    Raises:
+        TraceError: bad input (:func:`check_config`) or no kernel source on this backend (exit 2).
+        NoKernelRecords: a stage's traced tokens gave no kernel record (exit 1; ``meta.json`` says
+            ``failed``).
+        ds4lab.token.config.ConfigError: unknown preset.
+        ds4lab.report.results.OutputError: an ``out`` that cannot be written.
+    """
+    from ..token.config import get_preset
+
+    st_list = check_config(config)
+    be = backend if backend is not None else open_backend("auto", timing_only=True)
+    preset = config.preset or default_preset("trace", be)
+    cfg = get_preset(preset)
+    src = kernel_source(be)
+    # a hazard's trace has its own default folder: a plain trace (or another hazard's) is not replaced by it
+    out, ran = out_folder(config.out, "trace", (preset, be.name, config.hazard),
+                          {"preset": preset, "backend": be.name, "hazard": config.hazard,
+                           "stages": [s.name for s in st_list], "capture_mode": config.capture_mode})
+    meta = provenance.base_meta(be)
+    modeled = bool(be.models_time)
+    meta.update(job="trace", preset=cfg.summary(), stages=[s.name for s in st_list], tokens=config.tokens,
+                warmup=config.warmup, capture_mode=config.capture_mode, modeled=modeled, hazard=config.hazard,
+                kernel_source="modeled schedule (sim cost model)" if modeled else "CUPTI activity records",
+                api_source=("the sim backend's call log (modeled host clock)" if modeled
+                            else "CUPTI runtime, driver, synchronization, CUDA event and stream records"),
+                nvtx_source="ds4lab's recorded push/pop times (" + ("modeled host clock" if modeled
+                                                                      else "CUPTI timestamp clock") + ")")
+    say = (console.print if console is not None else (lambda *a, **k: None))
+    banner = modeled_banner(be)
+    if banner:
+        meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
+        say(banner)
+    with S.graphs_enabled(), result_folder("trace", out, meta, TRACE_OUTPUTS, say=say, ran=ran) as o:
+        kern, nvtx, api = _trace(be, cfg, st_list, config, src, say, meta)
+        _write(o, kern, nvtx, meta, api)
+    return o.done()
+
+
+def _trace(be, cfg, st_list, config, src, say, meta):
+    from ..capture.annotate import NullAnnotator
+    from ..experiments.hazards import HAZARDS
+    from ..token.model import DecodeModel, TokenOptions
+    from ..trace.live import RecordingAnnotator
+
+    hz = HAZARDS[config.hazard] if config.hazard else None
+    # the ladder's token: with the vocabulary projection; a hazard's path from the model's build on
+    base = TokenOptions(vocab=True, **(hz.options if hz else {}))
+    model = DecodeModel(cfg, be, base)
+    rec = RecordingAnnotator(src.clock_ns, inner=None if isinstance(model.L.annotator, NullAnnotator)
+                             else model.L.annotator)
+    with model.L.annotating(rec):
+        return _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base)
+
+
+def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
+    from ..experiments.run import StageRun
+    from ..experiments.stages import START_POS, token_id_at
+
+    # the launch sites of one eager token, in launch order (the kernels are labelled by position)
+    with model.L.recording() as launched:
+        model.token(START_POS, token_id_at(START_POS, cfg.vocab))
+    sites = [(r.cluster, r.layer, r.site, r.kernel) for r in launched]
+    be.synchronize()
+    kern_rows, nvtx_rows, api_rows, matched, runs = [], [], [], {}, []
+    pos = START_POS + 1
+    try:
+        src.start()
+    except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
+        raise TraceError(f"the kernel record source did not start ({type(e).__name__}: {e}); nothing traced") from e
+    from ..experiments.hazards import HAZARDS
+    from ..token.model import TokenOptions
+
+    traced = _hazard_step(config.hazard, model) if config.hazard else None
+    try:
+        for st in st_list:
+            run = StageRun(model, st, base, mode=config.capture_mode)
+            if config.hazard:  # the hazard's path over the stage's own options
+                run.opts = TokenOptions(**{**run.opts.summary(), **HAZARDS[config.hazard].options})
+            run.activate()
+            if hasattr(src, "note_stream"):
+                src.note_stream(run.stream)
+            for _ in range(config.warmup):
+                run.token(pos)
+                pos += 1
+            be.synchronize()
+            src.take()  # drop the warm-up's records
+            src.take_api()
+            rec.ranges.clear()
+            rec.recording = True
+            first = pos
+            with model.L.recording() as launched:  # the traced tokens' own launches: their scalar arguments
+                for _ in range(config.tokens):
+                    if traced is not None:
+                        traced(run, pos)
+                    else:
+                        run.token(pos)
+                    pos += 1
+            be.synchronize()
+            rec.recording = False
+            recs = sorted(src.take(), key=lambda r: r["start_ns"])
+            calls, types = src.take_api()
+            _attach_args(recs, launched, types)
+            api_rows += [{"stage": st.name, **c} for c in calls]
+            ks = [r for r in recs if r["kind"] == "kernel"]
+            if not ks:
+                raise NoKernelRecords(f"stage {st.name}: the traced tokens gave no kernel record "
+                                 f"({meta['kernel_source']})")
+            ok = len(ks) == config.tokens * len(sites) and all(
+                k["name"] == sites[i % len(sites)][3] for i, k in enumerate(ks))
+            matched[st.name] = ok
+            ki = 0
+            for r in recs:
+                row = {"stage": st.name, **r}
+                if r["kind"] == "kernel":
+                    row["token"] = first + ki // len(sites) if ok else None
+                    c, layer, site, _ = sites[ki % len(sites)] if ok else (None, None, None, None)
+                    row.update(cluster=c, layer=layer, site=site)
+                    ki += 1
+                kern_rows.append(row)
+            for r in rec.ranges:
+                nvtx_rows.append({"stage": st.name, "name": r.name, "cluster": r.cluster, "payload": r.payload,
+                                  "start_ns": r.start_ns, "end_ns": r.end_ns, "depth": r.depth})
+            say(f"stage {st.name}: {len(ks)} kernels in {config.tokens} token(s), {len(rec.ranges)} NVTX ranges"
+                + ("" if ok else " (kernels not matched to launch sites: count or names differ)"))
+            runs.append(run)  # its graphs stay alive until every stage ran
+    finally:
+        rec.recording = False
+        src.stop()
+    meta["sites_matched"] = matched
+    meta["kernels_per_token"] = len(sites)
+    kern = pd.DataFrame(kern_rows)
+    nvtx = pd.DataFrame(nvtx_rows, columns=["stage", "name", "cluster", "payload", "start_ns", "end_ns", "depth"])
+    api = pd.DataFrame(api_rows, columns=API_COLUMNS)
+    # each stage from 0: its earliest host or device timestamp
+    t0 = {}
+    for st in st_list:
+        cands = list(kern.loc[kern.stage == st.name, "start_ns"]) + list(nvtx.loc[nvtx.stage == st.name, "start_ns"])
+        if not api.empty:
+            cands += list(api.loc[api.stage == st.name, "start_ns"])
+        t0[st.name] = min(cands)
+    for df in (kern, nvtx, api):
+        if not df.empty:
+            base0 = df["stage"].map(t0)
+            df["start_us"] = (df["start_ns"] - base0) / 1e3
+            df["end_us"] = (df["end_ns"] - base0) / 1e3
+            df["dur_us"] = df["end_us"] - df["start_us"]
+    meta["clock_offset_ns"] = t0
+    meta["api_calls"] = {st.name: int((api.stage == st.name).sum()) for st in st_list} if not api.empty else {}
+    return kern, nvtx, api
+
+
+def _attach_args(recs: list, launched: list, types: dict) -> None:
+    """Give each eagerly launched kernel record (``graph_id`` 0) the scalar arguments of its launch
+    (:func:`ds4lab.trace.live.scalar_args`), matched in order and by kernel name to the launch
+    layer's records of the same tokens; a replayed kernel ran with the arguments of its capture and
+    gets none. Also each record's ``stream_type`` from ``types`` (stream id → type)."""
+    from ..trace.live import scalar_args
+
+    j = 0
+    for r in recs:
+        sid = r.get("stream_id", r.get("stream"))
+        if "stream_type" not in r or not r["stream_type"]:
+            r["stream_type"] = types.get(sid, "") if isinstance(sid, int) else ""
+        if r["kind"] != "kernel" or r["graph_id"]:
+            continue
+        while j < len(launched) and launched[j].kernel != r["name"]:
+            j += 1
+        if j < len(launched):
+            r["args"] = scalar_args(launched[j].args)
+            j += 1
+
+
+def _hazard_step(name: str, model):
+    """The traced step of a routed-MoE hazard (see :class:`TraceConfig`), or None for a token hazard:
+    ``step(run, pos)`` runs the router and routed MoE of the first top-k layer for 2 tokens on the
+    stage's stream, inside a ``token`` NVTX range (its input written from the host first, as
+    ``ladder --hazard`` does)."""
+    import contextlib
+
+    import numpy as np
+
+    from ..experiments.hazards import HAZARDS
+
+    if HAZARDS[name].steps != "moe":
+        return None
+    be, cfg, L = model.be, model.cfg, model.L
+    layer = min(cfg.n_hash_layers, model.n_layers - 1)
+    x = be.zeros((2, cfg.embed), np.float32)
+    rng = np.random.default_rng(11)
+
+    def step(run, pos: int) -> None:
+        scope = S.stream_override(run.stream) if run.stage.nonblocking else contextlib.nullcontext()
+        with scope, L.range("token", "token", pos):
+            be.copy_h2d(S.current_stream(), x, rng.standard_normal((2, cfg.embed)).astype(np.float32))
+
+            def cluster():
+                model.router(layer, x, 2)
+                model.routed_moe(layer, x, 2)
+
+            model.run_cluster("moe", layer, 2, None, cluster, inputs=(x,))
+
+    return step
+
+
+def labelled(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """A trace table as its CSV holds it: ``df`` with ``backend``, ``preset`` and ``modeled`` appended
+    (:func:`ds4lab.report.provenance.with_source_columns`, as ``ladder.csv``), so that a copied
+    ``trace_*.csv`` still says whether its times are the sim's (MODELED) or measured."""
+    return provenance.with_source_columns(df, meta.get("backend"), provenance.preset_name(meta),
+                                          bool(meta.get("modeled")))
+
+
+def trace_json(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> dict:
+    """The trace's Chrome/Perfetto JSON (:func:`ds4lab.trace.chrome.chrome_trace`): one process per stage,
+    named by the stage and what it captures, with the trace's provenance (MODELED on the sim)."""
+    from ..experiments.stages import STAGES
+
+    tag = "MODELED" if meta.get("modeled") else provenance.label(meta)
+    names = {s: f"stage {s}: {STAGES[s].short} ({tag})" for s in meta["stages"]}
+    return chrome_trace(kern, nvtx, meta, api, processes=names, tag=tag)
+
+
+def _write(o, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> None:
+    from ..report import plots
+
+    o.text("trace.json", json.dumps(trace_json(kern, nvtx, meta, api), default=str))
+    for name, df in (("trace_kernels", kern), ("trace_nvtx", nvtx),
+                     ("trace_api", api if api is not None else pd.DataFrame(columns=API_COLUMNS))):
+        o.table(name, labelled(df, meta))
+    o.figure("trace", plots.trace_figure(kern, nvtx, meta))
+
+
+__all__ = ["CuptiKernelSource", "NoKernelRecords", "SimKernelSource", "TRACE_OUTPUTS", "TraceConfig", "TraceError",
+           "check_config", "kernel_source", "run", "trace_json"]

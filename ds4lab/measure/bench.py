@@ -185,10 +185,10 @@ def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
     }
 
 
-def run_bench(be, cfg, console, *, per_op: bool = False, out=None) -> dict:
+def run_bench(be, cfg, console, *, per_op: bool = False, outputs: dict | None = None) -> dict:
     """The benchmarks; prints tables and returns the figures (with provenance) and, at the top
     level, :func:`summary`'s fields. ``per_op`` adds the per-site roofline of one token
-    (:func:`ds4lab.measure.perop.run_per_op`; its CSV and figure go to ``out`` when given)."""
+    (:func:`ds4lab.measure.perop.run_per_op`; its tables and figure into ``outputs`` when given)."""
     from rich.table import Table
 
     meta = provenance.base_meta(be)
@@ -226,7 +226,7 @@ def run_bench(be, cfg, console, *, per_op: bool = False, out=None) -> dict:
     if per_op:
         from .perop import run_per_op
 
-        po = run_per_op(be, cfg, console, out, copy_GBps=mb["copy_GBps"].median, meta=meta)
+        po = run_per_op(be, cfg, console, outputs, copy_GBps=mb["copy_GBps"].median, meta=meta)
     res = summary(lo, mb, po)
     res.update({"meta": meta, "launch_overhead": lo, "moe_bandwidth": mb, "graph_replay": gr})
     if po is not None:

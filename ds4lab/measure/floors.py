@@ -33,11 +33,12 @@ numbers first; a floor is never beaten by what it bounds).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
 from ..timing import Stats, sources
+from ..trace.live import busy_us, trace_source
 
 #: Kernels of this many bytes or more are "large" (``large_kernel_copy_fraction``): the weight
 #: streams of the token (8 MB: every Q8_0 and 4-bit matrix of a ds4-flash layer but ``kv``,
@@ -47,35 +48,10 @@ LARGE_KERNEL_BYTES = 8_000_000
 
 # ----------------------------------------------------------------------------- trace source
 def kernel_trace(be):
-    """The kernel-trace source every busy-time figure reads: CUPTI activity records on a GPU,
-    the modeled timeline on ``sim``, or an unavailable source whose ``reason`` says why.
-
-    The one place that names it (``ds4lab.moeprof.traces.trace_source``): the source has
-    ``available``, ``reason``, ``start()``, ``stop()`` and ``take()`` → ``(name, start_ns, end_ns,
-    kind, graph)`` tuples since the last take.
-    """
-    from ..moeprof.traces import trace_source
-
+    """The kernel-trace source every busy-time figure reads (:func:`ds4lab.trace.live.trace_source`):
+    CUPTI activity records on a GPU, the modeled timeline on ``sim``, or an unavailable source whose
+    ``reason`` says why; ``take()`` gives the trace model's device records since the last take."""
     return trace_source(be)
-
-
-def busy_us(records: Iterable[tuple]) -> tuple[float, float, int]:
-    """``(busy, span, kernels)`` of trace records ``(name, start_ns, end_ns, kind, ...)``: the
-    union of the kernel intervals in µs (overlapping kernels counted once), first start to last
-    end in µs, and the number of kernel records. Memsets and other kinds are left out.
-    ``(0, 0, 0)`` for no kernel record."""
-    iv = sorted((float(r[1]), float(r[2])) for r in records if r[3] == "kernel")
-    if not iv:
-        return 0.0, 0.0, 0
-    total, cur_s, cur_e = 0.0, iv[0][0], iv[0][1]
-    for s, e in iv[1:]:
-        if s > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    total += cur_e - cur_s
-    return total * 1e-3, (max(e for _, e in iv) - iv[0][0]) * 1e-3, len(iv)
 
 
 @dataclass
@@ -124,7 +100,7 @@ def replayed_token_busy(be, run_token: Callable[[int], None], tokens: int = 10, 
         for j in range(tokens):
             run_token(warmup + j)
             be.synchronize()
-            recs = sorted((r for r in src.take() if r[3] == "kernel"), key=lambda r: r[1])
+            recs = sorted((r for r in src.take() if r.kind == "kernel"), key=lambda r: r.start_ns)
             b, s, n = busy_us(recs)
             if n == 0:
                 raise RuntimeError(f"token {j}: no kernel record (is the trace attached to this process?)")
@@ -135,9 +111,9 @@ def replayed_token_busy(be, run_token: Callable[[int], None], tokens: int = 10, 
     finally:
         src.stop()
     names, durations = [], None
-    if len(set(counts)) == 1 and all([r[0] for r in p] == [r[0] for r in per[0]] for p in per):
-        names = [r[0] for r in per[0]]
-        durations = np.array([[(r[2] - r[1]) * 1e-3 for r in p] for p in per])
+    if len(set(counts)) == 1 and all([r.name for r in p] == [r.name for r in per[0]] for p in per):
+        names = [r.name for r in per[0]]
+        durations = np.array([[r.dur_ns * 1e-3 for r in p] for p in per])
     source = "cupti" if not be.models_time else sources(be)[0]
     return TokenBusy(Stats.of(busy), Stats.of(span), int(np.median(counts)), counts, source, names, durations)
 
@@ -209,7 +185,7 @@ def measure_t_min(be, n_kernels: int, *, replays: int = 20, trace: bool = True) 
                 for _ in range(2):
                     be.graph_launch(ex, st)
                 be.synchronize()
-                d = [(r[2] - r[1]) * 1e-3 for r in src.take() if r[3] == "kernel" and r[0] == "empty_kernel"]
+                d = [r.dur_ns * 1e-3 for r in src.take() if r.kind == "kernel" and r.name == "empty_kernel"]
             finally:
                 src.stop()
             kern = Stats.of(d) if d else None

@@ -7,7 +7,7 @@ and the time lost against that bandwidth (measured µs − bytes / copy bandwidt
 sorted by time lost: the top rows are where kernel work pays most.
 
 Kernel time comes from CUPTI activity records (``CONCURRENT_KERNEL``, ``cupti-python``; the
-session of :mod:`ds4lab.moeprof` is reused) of eager tokens on one stream: each record's
+one session of :mod:`ds4lab.trace.cupti`) of eager tokens on one stream: each record's
 ``end - start`` in ns, matched to the traced launches in issue order (same count and kernel
 names, or the method falls back). Without CUPTI, each launch is re-issued back to back behind
 a spin kernel between two CUDA events (:func:`per_op_times`). Either way the
@@ -20,8 +20,6 @@ and their ratio.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 #: CSV columns of the per-site table, in order.
@@ -32,7 +30,7 @@ SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25"
 def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
     """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens,
     or ``(None, reason)`` when CUPTI is unavailable or the records do not match the trace."""
-    from ..backends.cupti import KERNEL_KINDS, CuptiSession, cupti_available
+    from ..trace.cupti import KERNEL_KINDS, CuptiSession, cupti_available
 
     ok, why = cupti_available()
     if not ok:
@@ -46,14 +44,14 @@ def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: 
         for t in range(tokens):
             model.token(pos + t, token_id)
             be.synchronize()
-            recs = sorted((r for r in sub.take() if r[0] == "kernel"), key=lambda r: r[2])
+            recs = sorted((r for r in sub.take() if r.kind == "kernel"), key=lambda r: r.start_ns)
             if len(recs) != n_launch:
                 return None, f"CUPTI gave {len(recs)} kernel records for a {n_launch}-launch token"
-            got = [r[1] for r in recs]
+            got = [r.name for r in recs]
             if got != names:
                 i = next(i for i, (a, b) in enumerate(zip(got, names)) if a != b)
                 return None, f"CUPTI record {i} is {got[i]!r}, the trace has {names[i]!r}"
-            out[t] = [(r[3] - r[2]) * 1e-3 for r in recs]
+            out[t] = [r.dur_ns * 1e-3 for r in recs]
         return out, "cupti"
     finally:
         sub.close()
@@ -182,10 +180,11 @@ def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
     return fig
 
 
-def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: float | None = None,
+def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps: float | None = None,
                tokens: int = 7, method: str = "auto", meta: dict | None = None, replayed: bool = True) -> dict:
-    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``out``, written
-    as ``per_op.csv`` (sites), ``per_op_launches.csv`` (every launch) and ``per_op.png/.svg/.pdf``.
+    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``outputs`` (a dict),
+    kept there for the job to write: ``outputs["tables"]`` ``per_op`` (sites) and ``per_op_launches``
+    (every launch), ``outputs["figures"]["per_op"]`` (:func:`roofline_figure`).
 
     With ``replayed`` (the default) the token's floors come first (:func:`ds4lab.measure.floors.token_floors`:
     t_min, the bytes and launch-list floors, the replayed token's busy time), and each launch's µs
@@ -242,20 +241,9 @@ def run_per_op(be, cfg, console=None, out: Path | None = None, *, copy_GBps: flo
             console.print(f"token: GPU-busy {summary['token_busy_us']:,.0f} µs over {summary['launches']} launches, "
                           f"{summary['token_bytes'] / 1e9:.2f} GB, floor {summary['bytes_floor_us']:,.0f} µs at "
                           f"{copy_GBps:,.0f} GB/s: busy / floor = {summary['busy_over_floor']:.2f}")
-    if out is not None:
-        from ..report.plots import save
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        from ..report.folder_io import write_csv
-
-        write_csv(sites, out / "per_op.csv")
-        write_csv(launches, out / "per_op_launches.csv")
-        import matplotlib.pyplot as plt
-
-        fig = roofline_figure(sites, summary, meta)
-        save(fig, out / "per_op")
-        plt.close(fig)
+    if outputs is not None:
+        outputs.setdefault("tables", {}).update(per_op=sites, per_op_launches=launches)
+        outputs.setdefault("figures", {})["per_op"] = roofline_figure(sites, summary, meta)
     import json
 
     summary["sites"] = json.loads(sites.to_json(orient="records"))  # plain floats and ints

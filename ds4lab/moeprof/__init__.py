@@ -82,14 +82,16 @@ from .ds4log import (DS4_LINE, DS4_LINE_RE, DS4_PREFIX, ds4_line_problem, ds4_li
                      parse_ds4_line, read_ds4_log)
 from .modes import MODES, STAGE_MODES, ProfilerCaptureError
 from .profiler import MoeProfiler
-from .rows import REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, summarize
+from .rows import (KERNEL_STAGE, REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, kernel_stage,
+                   record_stage, summarize)
 from .tokens import globaltimer_resolution, overhead_table, time_tokens, token_share
-from .traces import KERNEL_STAGE, cupti_available, kernel_stage, trace_source
+from ..trace.cupti import cupti_available
+from ..trace.live import trace_source
 from ..timing import gc_paused
 from .workbench import ROUTINGS, ZIPF_S, MoeWorkbench, iter_profile, profile
 
 __all__ = ["MOE_STAGES", "STAGES", "MODES", "STAGE_MODES", "ROUTINGS", "REGIMES", "TOKENS_DEFAULT", "ROW_COLUMNS",
-           "ZIPF_S", "KERNEL_STAGE", "DS4_LINE", "DS4_LINE_RE", "kernel_stage", "ProfilerCaptureError",
+           "ZIPF_S", "KERNEL_STAGE", "DS4_LINE", "DS4_LINE_RE", "kernel_stage", "record_stage", "ProfilerCaptureError",
            "capture_status", "is_modeled", "cupti_available", "trace_source", "MoeProfiler", "MoeWorkbench",
            "gc_paused", "iter_profile", "profile", "summarize", "format_ds4_line", "parse_ds4_line", "ds4_lines",
            "ds4_line_problem", "ds4lab_header", "DS4_PREFIX",

@@ -54,7 +54,7 @@ import warnings
 
 import numpy as np
 
-from ..capture.cache import GraphCache
+from ..capture.cache import CapturePolicy, GraphCache
 from . import MoeProfiler, MoeWorkbench, is_modeled
 from ..timing import Difference, gc_paused, interleaved_pairs, paired_difference, time_steps
 
@@ -110,7 +110,7 @@ def _cache(be, column):
     if not cap_mode:
         return None
     blocking = be.new_stream(non_blocking=False) if column in BLOCKING_CAPTURE else None
-    return GraphCache(be, ("moe",), mode=cap_mode, warmup=1, capture_stream=blocking)
+    return GraphCache(be, CapturePolicy(("moe",), mode=cap_mode, warmup=1), capture_stream=blocking)
 
 
 def _stream(wb, which):

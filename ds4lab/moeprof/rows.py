@@ -14,15 +14,37 @@ import numpy as np
 
 from ..errors import RuntimeApiError
 from ..token.model import MOE_STAGES
-
-#: ds4's profile stages plus their sum.
-STAGES = MOE_STAGES + ("total",)
+from ..trace.sources.ds4log import STAGES  # ds4's profile stages plus their sum: the fields of its line
 #: Decode, MTP verification, batches.
 TOKENS_DEFAULT = (1, 2, 3, 16, 64, 256, 512)
 REGIMES = ("eager", "replayed")
 #: Columns of every profile row (``moe.csv``).
 ROW_COLUMNS = ("token", "layer", "tokens", "pairs", "stage", "ms", "mode", "backend", "routing", "modeled",
                "phase", "note")
+
+
+#: Kernel name (prefix when it ends in ``_``) → stage, for trace records (CUPTI or the sim timeline).
+KERNEL_STAGE = (("xq_quantize", "xq"), ("moe_count", "sort"), ("moe_prefix", "sort"), ("moe_scatter", "sort"),
+                ("moe_tiles", "sort"), ("memset", "sort"), ("moe_gateup_", "gateup"), ("moe_midq", "midq"),
+                ("moe_down_", "down"), ("moe_sum", "sum"),
+                # ds4's path (kernels/moe_ds4.cu); its gate/up and down kernels match the prefixes above.
+                ("xq_quantize_q8k", "xq"), ("moe_midq_q8k", "midq"), ("moe_sum_slots", "sum"))
+
+
+def kernel_stage(name: str) -> str | None:
+    """The MoE stage a kernel (or the counts-clear ``memset``) belongs to; None for any other kernel."""
+    for prefix, stage in KERNEL_STAGE:
+        if name == prefix or (prefix.endswith("_") and name.startswith(prefix)):
+            return stage
+    return None
+
+
+def record_stage(rec) -> str | None:
+    """The MoE stage of a device record of the trace model (:mod:`ds4lab.trace.records`): a kernel's by
+    its name, a memset's as the counts-clear ``memset``'s (:func:`kernel_stage`); None for others."""
+    if rec.kind == "kernel":
+        return kernel_stage(rec.name)
+    return kernel_stage("memset") if rec.kind == "memset" else None
 
 
 def capture_status(be, stream) -> str:

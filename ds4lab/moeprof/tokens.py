@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..capture.cache import GraphCache
+from ..capture.cache import CapturePolicy, GraphCache
 from .modes import MODES, runs_last
 from .profiler import MoeProfiler
 from .rows import REGIMES, is_modeled
@@ -37,7 +37,9 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
     from ..experiments.stages import token_id_at
 
     be, m = wb.be, wb.model
-    cache = GraphCache(be, ("shared", "moe"), mode=capture_mode, warmup=1) if regime == "replayed" else None
+    cache = None
+    if regime == "replayed":
+        cache = GraphCache(be, CapturePolicy(("shared", "moe"), mode=capture_mode, warmup=1))
     prof = MoeProfiler(m, mode, routing="model", fallback=fallback) if mode else None
     per_token: list[list[dict]] = []
 

@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from ..capture import stream as S
-from ..capture.cache import GraphCache
+from ..capture.cache import CapturePolicy, GraphCache
 from ..token.model import DecodeModel, TokenOptions
 from .modes import auto_regime
 from ..timing import gc_paused
@@ -202,7 +202,9 @@ def iter_profile(wb: MoeWorkbench, mode: str, tokens: int, routing: str, steps: 
         raise ValueError(f"tokens={tokens} outside 1..{wb.cfg.max_tokens} (the workbench's max_tokens)")
     ls = wb.layers_for(routing, layers)
     warm = (2 if regime == "replayed" else 1) if warmup is None else warmup
-    cache = GraphCache(wb.be, ("moe",), mode=capture_mode, warmup=1) if regime == "replayed" else None
+    cache = None
+    if regime == "replayed":
+        cache = GraphCache(wb.be, CapturePolicy(("moe",), mode=capture_mode, warmup=1))
     prof = MoeProfiler(wb.model, mode, routing=routing, guard=guard, fallback=fallback, read_every=read_every,
                        raw=raw)
     with wb.session(cache), prof.attached(calls_per_read=len(ls)), gc_paused():

@@ -27,10 +27,10 @@ columns (:data:`TABLES`):
   of ``ncu --csv`` output: per launch site, the median DRAM throughput in % of peak (the achieved
   fraction of bandwidth ncu measures), drawn by :func:`ds4lab.report.plots.ncu_sites_figure`.
 
-A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file`` column
-(``ds4lab_*`` tables of an older ingest: by ``source``); a kernel or ncu table holding several
-devices or processes, one bar per device and process (:func:`_by_device`); an nsys stats kernel
-summary, which nsys adds up over devices and processes, is said to be that sum in the figure. A MoE table's bar is one profiling mode
+A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file``
+column; a kernel or ncu table holding several devices or processes, one bar per device and process
+(:func:`_by_device`); an nsys stats kernel summary, which nsys adds up over devices and processes, is
+said to be that sum in the figure. A MoE table's bar is one profiling mode
 (:data:`MODE_PREFERENCE`) and one routing (uniform first), named in its label, never a median across
 modes or routings. A run's summary is not drawn beside the same run's rows (the same numbers twice):
 a folder's ``summary*.csv`` beside its ``moe*.csv`` of the same meta file, an ingested
@@ -65,6 +65,7 @@ from pathlib import Path
 import pandas as pd
 
 COMPLETE = ("complete", "done")
+from ..errors import BadInput
 from ..token.model import MOE_STAGES  # ds4's six routed-MoE stages, defined once
 
 #: kind → (file name patterns, required columns, value column)
@@ -86,8 +87,8 @@ LOOKED_FOR = ("ladder.csv, ladder-<name>.csv, context.csv, context-<name>.csv, m
 NUMBER_KEYS = ("context",)
 
 
-class CompareError(ValueError):
-    """A folder or file compare cannot use: the message names it."""
+class CompareError(BadInput):
+    """A folder or file compare cannot use: the message names it (exit 2)."""
 
 
 @dataclass
@@ -106,12 +107,25 @@ class Table:
     modeled: bool = False
 
 
+def load_result_meta(f: Path) -> dict:
+    """A ds4lab ``meta.json`` (:func:`ds4lab.trace.sources.common.load_meta`) with a dead run told apart:
+    a run recorded as ``running`` whose process is gone reads as ``died`` (:func:`ds4lab.report.results.read_meta`).
+    Raises SourceError naming the file."""
+    from ..trace.sources.common import load_meta
+    from . import results
+
+    meta = load_meta(f)
+    if meta.get("status") == "running" and Path(f).name == "meta.json":
+        meta = results.read_meta(Path(f).parent) or meta
+    return meta
+
+
 def _load_meta(f: Path) -> dict:
-    from ..ingest import IngestError, load_meta
+    from ..trace.sources import SourceError
 
     try:
-        return load_meta(f)
-    except IngestError as e:
+        return load_result_meta(f)
+    except SourceError as e:
         raise CompareError(str(e)) from None
 
 
@@ -139,7 +153,7 @@ def _read_csv(f: Path, kind: str) -> pd.DataFrame:
         raise CompareError(f"{f}: empty file, no {kind} table") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as e:
         raise CompareError(f"{f}: unreadable CSV ({' '.join(str(e).split())})") from None
-    from ..ingest.common import csv_shape_problems
+    from ..trace.sources.common import csv_shape_problems
 
     cut = csv_shape_problems(f, limit=1)
     if cut:
@@ -225,7 +239,8 @@ def _tag(t: Table) -> str:
 
 
 def _folder_tables(d: Path) -> list[Table]:
-    from ..ingest import IngestError, detect, read_ds4_log
+    from ..trace.sources import SourceError, detect
+    from ..trace.sources.ds4log import read_ds4_log
 
     found: list[Table] = []
     seen: set[Path] = set()
@@ -236,11 +251,7 @@ def _folder_tables(d: Path) -> list[Table]:
             seen.add(f)
             df = _read_csv(f, kind)
             ds4lab = f.name.startswith("ds4lab_")
-            by = None
-            if "file" in df:
-                by = df["file"]
-            elif "source" in df:  # an older ingest: ds4lab_* source = the CSV, else <file name>:<line>
-                by = df["source"] if ds4lab else df["source"].astype(str).str.replace(r":\d+$", "", regex=True)
+            by = df["file"] if "file" in df else None
             if by is not None and by.nunique(dropna=False) > 1:  # one ingested file per bar
                 groups = list(df.groupby(by, sort=False, dropna=False))
                 names = [Path(str(src)).name for src, _ in groups]
@@ -260,11 +271,11 @@ def _folder_tables(d: Path) -> list[Table]:
             try:
                 if detect(f) != "ds4-log":
                     continue
-            except IngestError:  # a job's console output kept beside its table, any other text: no table
+            except SourceError:  # a job's console output kept beside its table, any other text: no table
                 continue
             try:
                 df = read_ds4_log(f, lenient=False).tables["ds4_moe"]
-            except IngestError as e:
+            except SourceError as e:
                 raise CompareError(str(e)) from None
             found.append(Table("moe", df, f))
     for t in found:
@@ -372,7 +383,7 @@ def _same_inputs(dirs) -> None:
     Raises:
         CompareError: naming both.
     """
-    from ..ingest.common import distinct_inputs
+    from ..trace.sources.common import distinct_inputs
 
     distinct_inputs(dirs, CompareError, "it would be drawn twice, as two sources; give each folder once")
 
@@ -533,64 +544,11 @@ def moe_fallbacks(t: Table) -> tuple[int, int]:
     return 0, 0
 
 
-#: What ``compare`` writes in its folder.
-COMPARE_OUTPUTS = ("compare_*.png", "compare_*.svg", "compare_*.pdf")
+def figures(tables: list[Table]) -> list:
+    """The figures of ``ds4lab compare`` (:mod:`ds4lab.jobs.compare`) of the tables :func:`collect`
+    found, as ``(figure, file stem)``."""
+    from . import plots
 
-
-def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> list[Path]:
-    """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each
-    context every source holds, IQR whiskers, what a source lacks written in the figure), MoE stage
-    medians (ms per stage), kernel totals
-    (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites
-    with the most time), one bar per table (one marker series in the context figure; per input file
-    of an ingested table, per device and process of a table holding several), the legend beside the bars naming each source, its
-    provenance and the settings that differ between the sources; a title says MODELED where any
-    source is modeled; MoE calls that fell back to eager are named in their source's label.
-
-    ``out`` is a result folder (:func:`ds4lab.report.results.job_folder`: written aside, locked,
-    swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
-    folder ds4lab did not write is refused). Returns the figure paths (PNG, SVG, PDF) in ``out``.
-    Raises :class:`ds4lab.report.results.WriteFailed` after the work began (a full disk; exit 1, as
-    for every command), and CompareError (nothing written) for a folder given twice (by path or
-    content), a folder without a drawable table, an unreadable table or meta file, or an ``out``
-    that cannot be a folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete runs.
-    ``ran``: what sets this comparison apart, for the default folder (its sources:
-    :func:`ds4lab.report.results.job_folder` keeps another comparison's figures beside)."""
-    from . import plots, results
-    from ..ingest import IngestError, check_out_dir
-
-    out = Path(out)
-    try:
-        check_out_dir(out)
-    except IngestError as e:
-        raise CompareError(str(e)) from None
-    o = out.resolve()
-    for d in map(Path, dirs):
-        if d.resolve() == o or o in d.resolve().parents:
-            raise CompareError(f"--out {out}: it {'is' if d.resolve() == o else 'holds'} the source {d}: the "
-                               "figures would replace what they are drawn from; choose another --out")
-    tables = collect(dirs, warn)
-    figs = _figures(tables, plots)
-    meta = {"job": "compare", "sources": [{"folder": str(Path(d)), "tables": sorted({
-        str(t.path.name) for t in tables if t.path.parent == Path(d)})} for d in dirs],
-            "labels": [t.label for t in tables], "modeled": any(t.modeled for t in tables)}
-    written = []
-    try:
-        with results.job_folder(out, meta, COMPARE_OUTPUTS, ran=ran) as folder:
-            for fig, stem in figs:
-                written += [out / p.name for p in plots.save(fig, folder / stem)]
-    except results.OutputError as e:
-        raise CompareError(str(e)) from None
-    finally:
-        import matplotlib.pyplot as plt
-
-        for fig, _ in figs:
-            plt.close(fig)
-    return written
-
-
-def _figures(tables: list[Table], plots) -> list:
-    """The figures of :func:`compare`, as ``(figure, file stem)``."""
     figs = []
     lads = [t for t in tables if t.kind == "ladder"]
     lad = {t.label: t.df.assign(stage=t.df["stage"].astype(str)).groupby("stage", sort=False)["us_median"]

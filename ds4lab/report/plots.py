@@ -578,7 +578,7 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
     embedding included), so launch gaps are visible. Each stage's GPU lane is annotated with its
     kernels, busy time and span in that window, to the right of the lane's last bar (the x axis widened
     to hold it). ``kern`` and ``nvtx``: the tables of
-    :func:`ds4lab.report.trace_export.run_trace` (``stage``, ``start_us``, ``end_us``, ``cluster``, ``layer``,
+    :func:`ds4lab.jobs.trace.run` (``stage``, ``start_us``, ``end_us``, ``cluster``, ``layer``,
     ``token``; ``nvtx``: ``name``, ``cluster``, ``depth``). Title: the trace's provenance (MODELED on
     the sim)."""
     import pandas as pd
@@ -658,7 +658,7 @@ def ncu_sites_figure(sources: dict, top: int = 16):
     """Per launch site (cluster/op), the median DRAM throughput in % of peak that Nsight Compute
     measured (its achieved fraction of memory bandwidth), one bar per source, for the ``top`` sites
     with the most kernel time summed over the sources. ``sources``: label → a table of
-    :func:`ds4lab.ingest.ncu.per_site` (``cluster``, ``op``, ``dram_pct``, ``total_us``, optionally
+    :func:`ds4lab.trace.sources.ncu.per_site` (``cluster``, ``op``, ``dram_pct``, ``total_us``, optionally
     ``sm_pct``, ``provenance``). The title says the numbers are ncu's (clocks locked to base: ratios,
     not the ladder's µs); each label carries its source's provenance."""
     import numpy as np

@@ -4,7 +4,9 @@ Each function launches one kernel of ``kernels/`` through the :class:`~ds4lab.ca
 with its grid, block and arguments, and gives the launcher the NumPy-reference computation of
 the same op into the same buffers (run by the ``numpy`` backend). Buffers are backend arrays;
 per-token scalars come as a :class:`TokenScalars`, which passes them by value (ds4 today) or
-as a device buffer (the capture-safe fix). The long-context ops are in :mod:`ds4lab.token.ops`.
+as a device buffer (the capture-safe fix). The long-context ops (compressor, indexer, top-k;
+``kernels/longctx.cu``) are the last section of this module; their NumPy references are in
+:mod:`ds4lab.token.reference`.
 """
 
 from __future__ import annotations

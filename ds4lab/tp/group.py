@@ -125,7 +125,11 @@ class TPGroup:
         from ..experiments.run import StageRun
 
         def make(r: int):
-            run = StageRun(self.models[r], stage, base, mode=mode, **{**kw, **((per_rank or [{}] * self.world)[r])})
+            args = {**kw, **((per_rank or [{}] * self.world)[r])}
+            tune = {k: args.pop(k) for k in ("guard", "warmup", "key_decisions") if k in args}
+            if tune:  # the capture policy's fields (ds4lab.capture.cache.CapturePolicy), tuned for this rank
+                args["policy"] = (args.get("policy") or stage.policy).with_(**tune)
+            run = StageRun(self.models[r], stage, base, mode=mode, **args)
             if run.cache is not None and any(c.startswith("island1.") for c in stage.capture):
                 m = self.models[r]
                 run.cache.skip = frozenset(run.cache.skip) | {

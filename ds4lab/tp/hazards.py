@@ -96,7 +96,7 @@ class TPHazard:
         def total(key):
             return sum(s.get(key, 0) for s in st)
 
-        return {"hazard": self.name, "what": self.what, "stage": tps.name, "capture_mode": tps.stage.capture_mode
+        return {"hazard": self.name, "what": self.what, "stage": tps.name, "capture_mode": tps.stage.policy.mode
                 or "thread_local", "positions": f"{span.start}..{span.start + span.tokens - 1}", "outcome": res,
                 "errors": ";".join(f"{k}={v}" for k, v in failures.items()) or "none",
                 "retired": "; ".join(e.reason for r in runs if r.cache for e in r.cache.retired()),

@@ -41,18 +41,19 @@ class TPStage:
 
 
 def _tp_stages() -> dict[str, TPStage]:
-    i = replace(STAGES["i"], capture_mode="thread_local")
+    i = replace(STAGES["i"], policy=STAGES["i"].policy.with_(mode="thread_local"))
     out = [TPStage("0", STAGES["0"], "inside", "eager on the legacy stream; every reduction eager")]
     out.append(TPStage("i:in", replace(i, name="i:in"), "inside",
                        "ds4's islands (thread-local capture); island 1 holds both reductions"))
-    out.append(TPStage("i:out", replace(i, name="i:out", capture=_ISLAND1_OUT), "outside",
+    out.append(TPStage("i:out", replace(i, name="i:out", policy=i.policy.with_(clusters=_ISLAND1_OUT)), "outside",
                        "ds4's islands with island 1 in three graphs around the reductions, which stay eager"))
     for base in ("3", "3c"):
         st = STAGES[base]
         lc = st.long_context_only
         out.append(TPStage(f"{base}:in", replace(st, name=f"{base}:in"), "inside",
                            f"stage {base}: the whole token one graph, every collective inside", lc))
-        out.append(TPStage(f"{base}:out", replace(st, name=f"{base}:out", capture=("tp_seg",)), "outside",
+        out.append(TPStage(f"{base}:out", replace(st, name=f"{base}:out", policy=st.policy.with_(clusters=("tp_seg",))),
+                           "outside",
                            f"stage {base}: the segments between reductions as graphs, the collectives between them",
                            lc))
     return {s.name: s for s in out}

@@ -4,7 +4,7 @@
 On the sim the table is built from each device's modeled timeline (kernels, copies, the collectives' kernels,
 with the graph each replayed node came from) and one NVTX ``token`` range per token and rank (the rank's
 modeled host clock); every time in it is MODELED, and it has no API rows (the audit then takes one launch per
-device row, and says so). On GPUs it is a CUPTI recording of both devices (:func:`ds4lab.audit.record.recording`,
+device row, and says so). On GPUs it is a CUPTI recording of both devices (:func:`ds4lab.trace.recording.recording`,
 ``cupti-python``): the ranks' NVTX token ranges from ds4lab's launcher, NCCL's kernels as NCCL names them.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..audit.events import EventTable, make_frame
+from ..trace.events import EventTable, make_frame
 from ..experiments.run import Span
 from ..token.model import TokenOptions
 from .stages import TP_STAGES
@@ -22,10 +22,10 @@ _COPY = {"memcpy PtoP": "PtoP", "memcpy HtoD": "HtoD", "memcpy DtoH": "DtoH"}
 
 def record_tp_table(group, stage: str = "0", start: int = 1000, tokens: int = 4, warmup: int = 2) -> EventTable:
     """Run ``warmup`` untimed tokens then ``tokens`` recorded ones from ``start`` under TP stage ``stage`` on
-    every rank of ``group``; the recorded tokens as one :class:`~ds4lab.audit.events.EventTable`.
+    every rank of ``group``; the recorded tokens as one :class:`~ds4lab.trace.events.EventTable`.
 
     Raises:
-        KeyError: an unknown stage; ds4lab.audit.sources.common.SourceError: no CUPTI on a GPU host.
+        KeyError: an unknown stage; ds4lab.trace.sources.common.SourceError: no CUPTI on a GPU host.
     """
     tps = TP_STAGES[stage]
     base = TokenOptions(vocab=group.models[0].opts.vocab)
@@ -75,7 +75,7 @@ def _sim_rank(group, tps, run, rank: int, first: int, warmup: int, tokens: int) 
 
 def _record_gpu(group, tps, runs, first: int, warmup: int, tokens: int) -> EventTable:
     """Both ranks under one CUPTI recording (CUPTI's session is the process's: every device's activity)."""
-    from ..audit.record import recording
+    from ..trace.recording import recording
 
     def go(r: int, lo: int, n: int) -> None:
         m, run = group.models[r], runs[r]
@@ -101,7 +101,7 @@ def write_tp_trace(group, stage: str, start: int, tokens: int, folder: Path) -> 
 
     from ..audit.analysis import analyze
     from ..audit.collectives import pair_collectives, per_rank_plan
-    from ..audit.sources.saved import write_table
+    from ..trace.sources.saved import write_table
 
     folder = Path(folder)
     table = record_tp_table(group, stage, start, tokens)

@@ -1,6 +1,6 @@
 """``cupti``: per-kernel activity records, attributed to stages by kernel name and to calls by order.
 
-The records come from a trace source (:func:`~ds4lab.moeprof.trace_source`): CUPTI activity
+The records come from a trace source (:func:`ds4lab.trace.live.trace_source`): CUPTI activity
 records on a GPU (``cupti-python``, imported lazily; "unavailable: <reason>" when it is missing),
 the modeled timeline on ``sim``. Nothing is placed in the routed MoE itself.
 """
@@ -8,13 +8,13 @@ the modeled timeline on ``sim``. Nothing is placed in the routed MoE itself.
 from __future__ import annotations
 
 from ...token.model import MOE_STAGES
-from ..rows import Call
-from ..traces import kernel_stage, trace_source
+from ...trace.live import trace_source
+from ..rows import Call, record_stage
 from .base import ProfilingMode
 
 
 class Cupti(ProfilingMode):
-    """Kernel records split into MoE calls at each ``xq_quantize`` (:func:`~ds4lab.moeprof.kernel_stage`).
+    """Kernel records split into MoE calls at each ``xq_quantize`` (:func:`~ds4lab.moeprof.record_stage`).
 
     Rows: per stage the kernels' busy time (ms), ``total`` first start to last end; NaN with a note
     when the trace is unavailable or a call has no records (a captured call ran nothing). A mismatch
@@ -56,10 +56,10 @@ class Cupti(ProfilingMode):
         """Trace records split into MoE calls at each ``xq_quantize``, assigned to the calls that ran."""
         if records is None:
             return [None] * len(calls)
-        recs = sorted((r for r in records if kernel_stage(r[0])), key=lambda r: r[1])
+        recs = sorted((r for r in records if record_stage(r)), key=lambda r: r.start_ns)
         groups, cur = [], None
         for r in recs:
-            if kernel_stage(r[0]) == "xq" or cur is None:
+            if record_stage(r) == "xq" or cur is None:
                 cur = []
                 groups.append(cur)
             cur.append(r)
@@ -83,8 +83,8 @@ class Cupti(ProfilingMode):
             captured = " (captured, not run)" if c.phase == "capture" else ""
             return t.nan(c, "no kernel records for this call" + captured)
         ms = {s: 0.0 for s in MOE_STAGES}
-        for name, t0, t1, _kind, _g in group:
-            ms[kernel_stage(name)] += (t1 - t0) / 1e6
-        ms["total"] = (max(r[2] for r in group) - min(r[1] for r in group)) / 1e6
+        for r in group:
+            ms[record_stage(r)] += r.dur_ns / 1e6
+        ms["total"] = (max(r.end_ns for r in group) - min(r.start_ns for r in group)) / 1e6
         src = "modeled timeline" if self.prof.modeled else "CUPTI activity records"
         return t.stages(c, ms, f"{src}: stage = kernel busy time, total = first start to last end")

@@ -30,8 +30,8 @@ import numpy as np
 
 from ...token.model import MOE_STAGES, ProfileMarker
 from ...token.ops import KernelStamp
+from ...trace.live import trace_source
 from ..rows import Call, Probe, capture_status
-from ..traces import trace_source
 from .base import ProfilingMode
 
 
@@ -178,7 +178,7 @@ class InGraph(ProfilingMode):
         the modeled start of the kernel that carried it, found in the trace in issue order (points
         folded together share their kernel's record)."""
         out = np.zeros(self.capacity, dtype=np.float64)
-        recs = [(r[0], r[1]) for r in (records or [])]
+        recs = [(r.name, r.start_ns) for r in (records or [])]
         j = 0
         for c in calls:
             if c.phase == "capture" or c.probe is None or c.probe.mode is not self:

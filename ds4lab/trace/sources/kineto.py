@@ -1,4 +1,5 @@
-"""Chrome Trace Event JSON into the event table: PyTorch profiler (Kineto) traces and ds4lab's own ``trace.json``.
+"""Chrome Trace Event JSON into the event table (yields an event table): PyTorch profiler (Kineto)
+traces and ds4lab's own ``trace.json``.
 
 Format: "Trace Event Format" (Google; the JSON object form ``{"traceEvents": [...], ...}`` or the bare
 array form), complete events ``"ph": "X"`` with ``ts``/``dur`` in µs (three decimals: ns), read with
@@ -11,7 +12,7 @@ events have the device as ``pid`` and the stream as ``tid``, with ``args`` ``dev
 
 ===========================  ==================================================================================
 ``cuda_runtime``             ``api`` row, domain ``runtime`` (``args.correlation``; no stream: it comes from the
-                             launched device row, :func:`ds4lab.audit.sources.table.correlate`)
+                             launched device row, :func:`ds4lab.trace.table.correlate`)
 ``cuda_driver``              ``api`` row, domain ``driver``
 ``kernel``                   ``kernel`` row (``args.grid``, ``block``, ``shared memory``, ``graph id``,
                              ``graph node id``)
@@ -26,10 +27,17 @@ events have the device as ``pid`` and the stream as ``tid``, with ``args`` ``dev
                              ``api`` rows they enclose on the same thread (``with_stack=True``)
 ===========================  ==================================================================================
 
+An event is malformed when a time it must have is not a number (``ts``, ``dur``: text, ``true``, a
+string ``"NaN"``): the file is refused naming the event (its index in ``traceEvents``), the field and
+the value. A JSON ``NaN`` or ``Infinity`` (which JSON does not allow: ``json.dumps`` writes them) is
+named as such, with its field and event, and is not taken for a cut file; a file cut short is (the
+byte offset). A kernel of negative duration is kept, counted and noted (taken as taking no time:
+:func:`ds4lab.trace.table.kernel_lengths`), and so is any other event's (its duration taken as 0).
+
 Every other category (``cpu_op``, ``gpu_user_annotation``, flows, ``Trace``, instant and counter
 events) is counted and named in the table's notes, never dropped silently.
 
-**ds4lab dialect** (:mod:`ds4lab.report.trace_export`; told apart by ``otherData.ds4lab``): one process
+**ds4lab dialect** (``ds4lab trace``, :mod:`ds4lab.trace.chrome`; told apart by ``otherData.ds4lab``): one process
 per stage (the table's ``pid``), host rows on thread 1, each stage's clock offset in
 ``otherData.clock_offset_ns`` added back so the stages share one clock; categories ``nvtx`` (domain
 ``ds4lab``), ``kernel``, ``memset``, ``memcpy``, ``cuda_runtime``, ``cuda_driver``, ``cuda_sync``
@@ -41,22 +49,29 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import re
 import zlib
 from array import array
 from pathlib import Path
 
-from ...backends.cupti import MEMCPY_KINDS, api_base_name, host_memory, short_path
+from ..records import api_base_name, host_memory, parse_copy_label, sync_kind_of_label
+from ..stacks import short_path
+from ..table import Rows, finish
 from .common import CountingReader, Progress, SourceError, head_bytes
-from .table import Rows, finish
 
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"kineto": "a PyTorch profiler / Kineto trace", "ds4lab-trace": "a ds4lab trace.json"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("events",)
 TORCH_DOMAIN = "torch.record_function"
-_MEMCPY = re.compile(r"^Memcpy (\w+) \(([^)]*?) -> ([^)]*)\)")
 _FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
-_SYNC = {"stream sync": "stream", "event sync": "event", "context sync": "context", "device sync": "device",
-         "stream wait event": "stream_wait_event"}
-_COPY = {v.lower(): v for v in MEMCPY_KINDS.values()}
+#: JSON's forbidden numbers, as ``json.dumps`` and other writers spell them.
+_NOT_JSON = ("NaN", "-Infinity", "Infinity")
+#: The categories read (module docstring); every other one is counted and named in the notes.
+_READ = ("cuda_runtime", "cuda_driver", "python_function", "user_annotation", "nvtx", "kernel", "gpu_memcpy",
+         "gpu_memset", "cuda_sync", "cuda_event")
 _ALIAS = {"runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_memcpy", "memset": "gpu_memset",
           "concurrent_kernel": "kernel"}
 
@@ -83,6 +98,7 @@ def frame_name(raw: str) -> str:
 
 
 def _ns(v) -> int:
+    """A time in µs (a JSON number) as integer ns; -1 for none. The caller has checked it (:meth:`_State.time`)."""
     return -1 if v is None else int(round(float(v) * 1000.0))
 
 
@@ -188,12 +204,14 @@ def _meta(head: bytes) -> dict:
 
 def read_chrome(path: Path, dialect: str, progress=None):
     """Read a Chrome trace of ``dialect`` (``"kineto"`` or ``"ds4lab"``, from :func:`looks_like`)
-    into an :class:`~ds4lab.audit.events.EventTable` (see the module docstring). ``progress``: see
-    :class:`~ds4lab.audit.sources.common.Progress` (over the file's bytes).
+    into an :class:`~ds4lab.trace.events.EventTable` (see the module docstring). ``progress``: see
+    :class:`~ds4lab.trace.sources.common.Progress` (over the file's bytes).
 
     Raises:
-        SourceError: the file is cut (names the byte offset) or not valid JSON, or it holds no CUDA
-            activity at all (names what it does hold).
+        SourceError: the file is cut (names the byte offset) or not valid JSON (a ``NaN`` or
+            ``Infinity`` named as such, with its event and field), an event whose time is not a
+            number (the event, the field, the value), or it holds no CUDA activity at all (names
+            what it does hold).
     """
     import ijson
 
@@ -202,10 +220,8 @@ def read_chrome(path: Path, dialect: str, progress=None):
     path = Path(path)
     head = head_bytes(path, 1 << 16)
     meta = _meta(head)
-    if dialect == "ds4lab" and "otherData" not in meta:
-        meta["otherData"] = _other_data(path)
     other = meta.get("otherData") or {}
-    st = _State(dialect, other)
+    st = _State(dialect, other, path)
     prefix = "item" if head.lstrip()[:1] == b"[" else "traceEvents.item"
     size = path.stat().st_size
     with Progress(progress, f"reading {path.name}", size) as prog:
@@ -213,13 +229,12 @@ def read_chrome(path: Path, dialect: str, progress=None):
         n = 0
         try:
             for ev in ijson.items(reader, prefix, use_float=True):
-                st.event(ev)
+                st.event(ev, n)
                 n += 1
-        except ijson.IncompleteJSONError as e:
-            raise SourceError(_cut(path, reader, raw, gz, n, e)) from None
-        except ijson.JSONError as e:
-            raise SourceError(f"{path}: not valid JSON near byte {reader.count:,} of the "
-                              f"{'decompressed ' if gz else ''}text, after {n:,} events ({e})") from None
+        except ijson.JSONError as e:  # yajl calls every error incomplete: a premature end is the cut one
+            if "premature EOF" in str(e):
+                raise SourceError(_cut(path, reader, raw, gz, n, e)) from None
+            raise SourceError(_invalid(path, reader, gz, n, prefix, e)) from None
         except (EOFError, zlib.error, gzip.BadGzipFile) as e:
             raise SourceError(f"{path}: the gzip stream is cut or damaged at byte {raw.tell():,} of {size:,} "
                               f"(after {n:,} events: {e}); the file is incomplete") from None
@@ -235,19 +250,43 @@ def _cut(path, reader, raw, gz, n, e) -> str:
             "(a trace still being written, or a copy cut short): take the trace again")
 
 
-def _other_data(path: Path) -> dict:
-    import ijson
-
-    with open(path, "rb") as f:
-        for v in ijson.items(f, "otherData", use_float=True):
-            return v
-    return {}
+def _invalid(path, reader, gz, n, prefix, e) -> str:
+    """The message for a file that is whole but not JSON: a ``NaN``/``Infinity`` named with its field
+    and event (``traceEvents[n]``: ``n`` complete events came before it), else yajl's own words."""
+    where = f"near byte {reader.count:,} of the {'decompressed ' if gz else ''}text"
+    msg = str(e)
+    lines = msg.splitlines()
+    token = field = None
+    for i, line in enumerate(lines):
+        j = line.find("(right here) ------^")
+        if j >= 0 and i > 0:
+            col = j + len("(right here) ------^") - 1  # yajl's caret: at or just past the bad token's start
+            text = lines[i - 1]
+            at = None
+            for t in _NOT_JSON:  # -Infinity before Infinity: the longer spelling first
+                k = text.rfind(t, 0, col + len(t) + 1)
+                if k >= 0 and k <= col <= k + len(t):
+                    token, at = t, k
+                    break
+            m = re.search(r'"([^"\\]+)"\s*:\s*$', text[:at if at is not None else col])
+            field = m.group(1) if m else None
+            break
+    event = f"{prefix.split('.')[0] if prefix != 'item' else ''}[{n}]".lstrip(".")
+    if token is not None:
+        return (f"{path}: {event}: field {field or '?'!r} is {token}, which JSON does not allow (a writer that "
+                f"does not check its numbers wrote it), {where}, after {n:,} complete events; the file is not "
+                "cut off: fix or drop that value (JSON has no NaN or infinity)")
+    first = lines[0].strip() if lines else msg
+    excerpt = next((ln.strip() for ln in lines[1:] if ln.strip() and "(right here)" not in ln), "")
+    return (f"{path}: not valid JSON {where}, after {n:,} events ({first}"
+            + (f": {excerpt[:80]!r}" if excerpt else "") + ")")
 
 
 class _State:
     """The rows of one Chrome trace as its events stream past."""
 
-    def __init__(self, dialect: str, other: dict) -> None:
+    def __init__(self, dialect: str, other: dict, path: Path) -> None:
+        self.path = path
         self.ds4 = dialect == "ds4lab"
         self.rows = Rows()
         self.frames = _Frames()
@@ -259,6 +298,8 @@ class _State:
         self.stage_of: dict[int, str] = {}
         self.other = other
         self.cuda = 0
+        self.negative: dict[str, int] = {}  # category → events of negative duration (not kernels), taken as 0
+        self.n = 0
 
     def _tid(self, v) -> int:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -272,7 +313,19 @@ class _State:
     def _skip(self, what: str) -> None:
         self.skipped[what] = self.skipped.get(what, 0) + 1
 
-    def event(self, ev: dict) -> None:
+    def time(self, ev: dict, field: str):
+        """``ev[field]`` (a time in µs) checked: None when absent, else a number; anything else (text,
+        a boolean, a string ``"NaN"``) raises SourceError naming the file, the event and the field."""
+        v = ev.get(field)
+        if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+            return v
+        what = "NaN" if (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() == "nan" else repr(v)
+        name = str(ev.get("name", ""))[:60]
+        raise SourceError(f"{self.path}: traceEvents[{self.n}] ({ev.get('cat', '?')} {name!r}): field {field!r} is "
+                          f"{what}, not a number of µs; the event is malformed")
+
+    def event(self, ev: dict, n: int = 0) -> None:
+        self.n = n
         ph = ev.get("ph")
         cat = str(ev.get("cat", "")).lower()
         if ph == "M":
@@ -285,9 +338,16 @@ class _State:
             self._skip(f"'{cat or ev.get('name', '?')}' events of phase {ph!r}")
             return
         cat = _ALIAS.get(cat, cat)
+        if cat not in _READ or (cat == "nvtx" and not self.ds4):
+            self._skip(f"'{cat}' events")
+            return
         a = ev.get("args") or {}
-        t0 = _ns(ev.get("ts"))
-        t1 = t0 + max(_ns(ev.get("dur", 0)), 0)
+        t0 = _ns(self.time(ev, "ts"))
+        dur = _ns(self.time(ev, "dur") or 0)
+        if dur < 0 and cat != "kernel":  # a kernel's is counted where every source's are (table.kernel_lengths)
+            self.negative[cat] = self.negative.get(cat, 0) + 1
+            dur = 0
+        t1 = t0 + dur
         if self.ds4:
             off = self.offsets.get(self.stage_of.get(_int(ev.get("pid")), ""), 0)
             t0, t1 = t0 + off, t1 + off
@@ -329,16 +389,16 @@ class _State:
                           shared_bytes=_int(a.get("shared memory")), graph_id=gid, graph_node_id=gnode,
                           args=a.get("args"), **common)
         elif cat == "gpu_memcpy":
-            m = _MEMCPY.match(name)
-            ck = _COPY.get(m.group(1).lower(), "") if m else str(a.get("copy_kind", ""))
-            hm = host_memory(ck, m.group(2), m.group(3)) if m else str(a.get("host_memory", ""))
+            m = parse_copy_label(name)
+            ck = m[0] if m else str(a.get("copy_kind", ""))
+            hm = host_memory(ck, m[1], m[2]) if m else str(a.get("host_memory", ""))
             self.rows.add(kind="memcpy", name=name, copy_kind=ck, host_memory=hm, bytes=_int(a.get("bytes")),
                           graph_id=gid, graph_node_id=gnode, **common)
         elif cat == "gpu_memset":
             self.rows.add(kind="memset", name=name, bytes=_int(a.get("bytes")), graph_id=gid, graph_node_id=gnode,
                           **common)
         else:
-            kind = _SYNC.get(name.strip().lower(), str(a.get("sync_kind", "")))
+            kind = sync_kind_of_label(name) or str(a.get("sync_kind", ""))
             ev_id = _int(a.get("wait_on_cuda_event_id", a.get("event")))
             self.rows.add(kind="sync", name=name, sync_kind=kind, event=ev_id, **common)
 
@@ -361,19 +421,18 @@ class _State:
                          "their record_function path only")
         for what, n in sorted(self.skipped.items(), key=lambda x: -x[1]):
             notes.append(f"{n:,} {what} not tabled (not CUDA activity the audit reads)")
+        for cat, n in sorted(self.negative.items()):
+            notes.append(f"{n:,} '{cat}' events of negative duration (dur < 0): each taken as taking no time")
         df = self.rows.frame()
         if self.events:  # cudaEventRecord: stream and event from its cuda_event record
             api = df.index[(df.kind == "api") & df.correlation.isin(list(self.events)) & (df.stream < 0)]
             got = [self.events[c] for c in df.loc[api, "correlation"]]
             df.loc[api, "stream"] = [g[0] for g in got]
             df.loc[api, "event"] = [g[1] for g in got]
-        df = finish(df)
+        df = finish(df, source=path, notes=notes)
         if self.ds4:
             tool = f"ds4lab-trace ({self.other.get('ds4lab', '?')}"
             tool += ", MODELED)" if self.other.get("modeled") else ")"
-            if not (df.kind == "api").any():
-                notes.append("this trace.json holds no CUDA API calls (written by a ds4lab before the audit): only "
-                             "kernels and NVTX ranges are read")
         else:
             ver = meta.get("schemaVersion")
             tool = "pytorch-profiler" + (f" (Kineto schema {ver})" if ver is not None else "")

@@ -8,9 +8,9 @@ through :class:`CuptiSession`, which owns both, and asks for what it needs:
 
 * :meth:`CuptiSession.subscribe` — a :class:`Subscription` to some activity kinds. A kind is enabled
   (``cuptiActivityEnable``) while at least one open subscription asks for it and disabled when the
-  last one closes; each completed record is converted at once into a plain tuple
-  (:data:`RECORD_FIELDS`: the buffer is CUPTI's and is given back when the callback returns) and
-  handed to every open subscription that asked for its kind. ``take()`` flushes
+  last one closes; each completed record is converted at once into a typed record of the trace
+  model (:mod:`ds4lab.trace.records`: the buffer is CUPTI's and is given back when the callback
+  returns) and handed to every open subscription that asked for its kind. ``take()`` flushes
   (``cuptiActivityFlushAll(1)``: forced, so records of work still running are delivered) and returns
   what arrived since the last take.
 * :meth:`CuptiSession.watch_calls` — a :class:`CallWatch`: callback-API callbacks
@@ -22,39 +22,34 @@ through :class:`CuptiSession`, which owns both, and asks for what it needs:
 ``cupti-python`` is an optional dependency, imported only here and only when a session starts;
 without it (or without a driver) :class:`CuptiUnavailable` names what is missing.
 
-Record tuples, by kind (times in ns on CUPTI's clock, ``cuptiGetTimestamp``):
+Records, by CUPTI activity kind (times in ns on CUPTI's clock, ``cuptiGetTimestamp``; the fields
+are named in :mod:`ds4lab.trace.records`):
 
-=============  ========================================================================================
-``kernel``     (kind, name, start, end, device, stream, correlation, grid (x,y,z), block (x,y,z),
-               shared bytes (static + dynamic), graph_id, graph_node_id)
-``memcpy``     (kind, copy_kind, start, end, device, stream, correlation, bytes, src memory kind,
-               dst memory kind, graph_id, graph_node_id)
-``memset``     (kind, memory kind, start, end, device, stream, correlation, bytes, graph_id, graph_node_id)
-``api``        (kind, domain ``runtime``/``driver``, start, end, process id, thread id, correlation,
-               callback id, return value)
-``sync``       (kind, sync type, start, end, context, stream, correlation, cuda event id)
-``cuda_event`` (kind, event id, device, stream, correlation)
-``stream``     (kind, flag, context, stream, correlation)
-``marker``     (kind, flags, timestamp, id, name, domain, process id, thread id)
-``graph``      (kind, graph_id, start, end, device, stream, correlation)
-``memory``     (kind, operation (1 allocation, 2 release), address, bytes, timestamp, device, stream,
-               correlation, memory kind) — ``MEMORY2`` records, asked for by the audit's argument pass
-=============  ========================================================================================
-
-Memory kinds and copy kinds are CUPTI's numbers (``CUpti_ActivityMemoryKind``,
-``CUpti_ActivityMemcpyKind``); :data:`MEMCPY_KINDS`, :data:`MEMORY_KINDS`, :data:`SYNC_TYPES` and
-:data:`STREAM_FLAGS` name them (``cupti_activity.h``, CUDA 13; checked against ``cupti-python`` 13.0.1's
-enums).
+=======================================  ==========================================================
+``CONCURRENT_KERNEL``/``KERNEL``         :class:`~ds4lab.trace.records.Kernel`
+``MEMCPY``                               :class:`~ds4lab.trace.records.Copy`
+``MEMSET``                               :class:`~ds4lab.trace.records.Memset`
+``RUNTIME``/``DRIVER``                   :class:`~ds4lab.trace.records.ApiCall` (named at :meth:`Subscription.take`)
+``SYNCHRONIZATION``                      :class:`~ds4lab.trace.records.Sync`
+``CUDA_EVENT``                           :class:`~ds4lab.trace.records.EventRecord`
+``STREAM``                               :class:`~ds4lab.trace.records.StreamMade`
+``MARKER``                               :class:`~ds4lab.trace.records.Marker`
+``GRAPH_TRACE``                          :class:`~ds4lab.trace.records.GraphExec`
+``MEMORY2``                              :class:`~ds4lab.trace.records.MemoryOp` (the argument pass)
+=======================================  ==========================================================
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+
+from . import records as R
+from .records import api_base_name
+from .stacks import python_stack
 
 #: Activity kinds (``cupti.ActivityKind`` member names) of the MoE profiler and ``ds4lab bench --per-op``.
 KERNEL_KINDS = ("CONCURRENT_KERNEL", "MEMSET")
@@ -64,43 +59,6 @@ TRACE_KINDS = ("CONCURRENT_KERNEL", "MEMSET", "MEMCPY", "RUNTIME", "DRIVER", "SY
 #: Activity kinds of the audit's in-process recording.
 AUDIT_KINDS = ("RUNTIME", "DRIVER", "CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "SYNCHRONIZATION", "MARKER",
                "CUDA_EVENT", "STREAM")
-
-#: ``CUpti_ActivityMemcpyKind`` → ds4lab's copy kind (``ds4lab.audit.events.COPY_KINDS``).
-MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
-                10: "PtoP"}
-#: ``CUpti_ActivityMemoryKind`` → its label as CUPTI's samples and Kineto print it.
-MEMORY_KINDS = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed", 6: "Device Static",
-                7: "Managed Static"}
-#: ``CUpti_ActivitySynchronizationType`` → ds4lab's sync kind (``ds4lab.audit.events.SYNC_KINDS``).
-SYNC_TYPES = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
-#: ``CUpti_ActivityStreamFlag`` → ds4lab's stream type (``ds4lab.audit.events.STREAM_TYPES``).
-STREAM_FLAGS = {1: "blocking", 2: "non_blocking", 3: "legacy"}
-#: ``CUPTI_ACTIVITY_FLAG_MARKER_START`` / ``_END`` / ``_INSTANTANEOUS`` (``cupti_activity.h``; the
-#: binding's ``ActivityFlag`` enum lacks ``MARKER_END``).
-MARKER_START, MARKER_END, MARKER_INSTANT = 1 << 1, 1 << 2, 1 << 0
-#: ``CUPTI_SYNCHRONIZATION_INVALID_VALUE``: no stream or event applies.
-INVALID_ID = 0xFFFFFFFF
-
-
-#: A memory-kind label (lower case) → ds4lab's host memory (``ds4lab.audit.events.HOST_MEMORY``).
-HOST_MEMORY_OF = {"pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed"}
-
-
-def host_memory(copy_kind: str, src: str, dst: str) -> str:
-    """The host side's memory kind of a copy (``pageable``, ``pinned``, ``managed`` or ``""``): the
-    source of a copy from the host, the destination of a copy to the host."""
-    src, dst = src.strip().lower(), dst.strip().lower()
-    if copy_kind in ("HtoD", "HtoA"):
-        side = src
-    elif copy_kind in ("DtoH", "AtoH"):
-        side = dst
-    elif copy_kind == "HtoH":
-        side = "pageable" if "pageable" in (src, dst) else src
-    else:
-        return ""
-    return HOST_MEMORY_OF.get(side, "")
-
-
 
 class CuptiUnavailable(RuntimeError):
     """CUPTI cannot be used here; the message names what is missing (the package, the driver)."""
@@ -138,49 +96,6 @@ def cupti_library() -> Path | None:
     return found[0] if found else None
 
 
-def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
-    """The Python stack from ``frame`` outwards, outermost first, as ``file:line function`` joined
-    by ``;`` (:func:`short_path` of each file), at most ``limit`` innermost frames (a leading ``...``
-    says more were cut); frames whose file ends with one of ``skip_files`` are left out."""
-    out = []
-    f = frame
-    while f is not None:
-        co = f.f_code
-        if not (skip_files and co.co_filename.endswith(skip_files)):
-            out.append(f"{short_path(co.co_filename)}:{f.f_lineno} {co.co_name}")
-        f = f.f_back
-    cut = len(out) > limit
-    out = out[:limit][::-1]
-    return ";".join((["..."] if cut else []) + out)
-
-
-_SHORT: dict[str, str] = {}
-
-
-def short_path(path: str) -> str:
-    """A source path as the audit shows it: the part after ``site-packages/`` or ``dist-packages/``
-    (the package's own path, as in ``transformers/generation/utils.py``), else relative to the
-    current folder when under it, else as given."""
-    s = _SHORT.get(path)
-    if s is not None:
-        return s
-    s = path
-    for marker in ("site-packages/", "dist-packages/"):
-        i = path.rfind(marker)
-        if i >= 0:
-            s = path[i + len(marker):]
-            break
-    else:
-        try:
-            cwd = os.getcwd()
-            if path.startswith(cwd + os.sep):
-                s = path[len(cwd) + 1:]
-        except OSError:
-            pass
-    _SHORT[path] = s
-    return s
-
-
 @dataclass
 class Subscription:
     """Records of some activity kinds since the last :meth:`take` (see :class:`CuptiSession`)."""
@@ -190,12 +105,13 @@ class Subscription:
     records: list = field(default_factory=list)
     closed: bool = False
 
-    def take(self) -> list[tuple]:
-        """Flush CUPTI's buffers and return the record tuples that arrived since the last take."""
+    def take(self) -> list:
+        """Flush CUPTI's buffers and return the records (:mod:`ds4lab.trace.records`) that arrived
+        since the last take, each API call named (:meth:`CuptiSession.callback_name`)."""
         self.session.flush()
         with self.session.lock:
             out, self.records = self.records, []
-        return out
+        return [self.session.named(r) if isinstance(r, R.ApiCall) else r for r in out]
 
     def close(self) -> None:
         """Flush, stop receiving, and disable the kinds no other open subscription asks for (idempotent)."""
@@ -247,6 +163,7 @@ class CuptiSession:
         self.launch_cbids: set = set()   # (domain, cbid) the launch watchers asked for
         self.stack_cbids: set = set()    # (domain, cbid) whose stacks a CallbackWatch records
         self.dropped = 0
+        self._names: dict = {}
         self._convert = self._converters()
 
     @classmethod
@@ -316,8 +233,9 @@ class CuptiSession:
         return 8 << 20, 0  # 8 MiB buffers, no record limit
 
     def _converters(self) -> dict:
+        """``{CUPTI activity kind number: (kind name, converter)}``: each converter builds the trace
+        model's record of one CUPTI activity record (module docstring)."""
         K = self.c.ActivityKind
-        table = {}
 
         def s(v):
             return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
@@ -325,39 +243,49 @@ class CuptiSession:
         def g(a, name, default=0):
             return int(getattr(a, name, default))
 
+        def valid(v):
+            return -1 if v == R.INVALID_ID else v
+
+        def device(a):
+            return dict(start_ns=int(a.start), end_ns=int(a.end), device=g(a, "device_id", -1),
+                        stream=g(a, "stream_id", -1), correlation=g(a, "correlation_id", -1),
+                        graph_id=g(a, "graph_id"), graph_node_id=g(a, "graph_node_id"))
+
         def kernel(a):
-            return ("kernel", s(a.name), int(a.start), int(a.end), g(a, "device_id", -1), g(a, "stream_id", -1),
-                    g(a, "correlation_id", -1), (g(a, "grid_x"), g(a, "grid_y"), g(a, "grid_z")),
-                    (g(a, "block_x"), g(a, "block_y"), g(a, "block_z")),
-                    g(a, "static_shared_memory") + g(a, "dynamic_shared_memory"), g(a, "graph_id"),
-                    g(a, "graph_node_id"))
+            return R.Kernel(name=s(a.name), grid=(g(a, "grid_x"), g(a, "grid_y"), g(a, "grid_z")),
+                            block=(g(a, "block_x"), g(a, "block_y"), g(a, "block_z")),
+                            shared_bytes=g(a, "static_shared_memory") + g(a, "dynamic_shared_memory"), **device(a))
 
         def memcpy(a):
-            return ("memcpy", g(a, "copy_kind"), int(a.start), int(a.end), g(a, "device_id", -1),
-                    g(a, "stream_id", -1), g(a, "correlation_id", -1), g(a, "bytes", -1), g(a, "src_kind"),
-                    g(a, "dst_kind"), g(a, "graph_id"), g(a, "graph_node_id"))
+            return R.Copy(copy_kind=R.MEMCPY_KINDS.get(g(a, "copy_kind"), ""),
+                          src_memory=R.MEMORY_KINDS.get(g(a, "src_kind"), "Unknown"),
+                          dst_memory=R.MEMORY_KINDS.get(g(a, "dst_kind"), "Unknown"), bytes=g(a, "bytes", -1),
+                          **device(a))
 
         def memset(a):
-            return ("memset", g(a, "memory_kind"), int(a.start), int(a.end), g(a, "device_id", -1),
-                    g(a, "stream_id", -1), g(a, "correlation_id", -1), g(a, "bytes", -1), g(a, "graph_id"),
-                    g(a, "graph_node_id"))
+            return R.Memset(memory=R.MEMORY_KINDS.get(g(a, "memory_kind"), "Unknown"), bytes=g(a, "bytes", -1),
+                            **device(a))
 
         def api(domain):
             def conv(a):
-                return ("api", domain, int(a.start), int(a.end), g(a, "process_id", -1), g(a, "thread_id", -1),
-                        g(a, "correlation_id", -1), g(a, "cbid", -1), g(a, "return_value"))
+                return R.ApiCall(name="", domain=domain, start_ns=int(a.start), end_ns=int(a.end),
+                                 pid=g(a, "process_id", -1), tid=g(a, "thread_id", -1),
+                                 correlation=g(a, "correlation_id", -1), cbid=g(a, "cbid", -1),
+                                 return_value=g(a, "return_value"))
             return conv
 
         def sync(a):
-            return ("sync", g(a, "type"), int(a.start), int(a.end), g(a, "context_id", -1), g(a, "stream_id", -1),
-                    g(a, "correlation_id", -1), g(a, "cuda_event_id", -1))
+            return R.Sync(sync_kind=R.SYNC_TYPES.get(g(a, "type"), ""), start_ns=int(a.start), end_ns=int(a.end),
+                          context=g(a, "context_id", -1), stream=valid(g(a, "stream_id", -1)),
+                          correlation=g(a, "correlation_id", -1), event=valid(g(a, "cuda_event_id", -1)))
 
         def cuda_event(a):
-            return ("cuda_event", g(a, "event_id", -1), g(a, "device_id", -1), g(a, "stream_id", -1),
-                    g(a, "correlation_id", -1))
+            return R.EventRecord(event=g(a, "event_id", -1), device=g(a, "device_id", -1),
+                                 stream=g(a, "stream_id", -1), correlation=g(a, "correlation_id", -1))
 
         def stream(a):
-            return ("stream", g(a, "flag"), g(a, "context_id", -1), g(a, "stream_id", -1), g(a, "correlation_id", -1))
+            return R.StreamMade(stream=g(a, "stream_id", -1), stream_type=R.STREAM_FLAGS.get(g(a, "flag"), ""),
+                                context=g(a, "context_id", -1), correlation=g(a, "correlation_id", -1))
 
         def marker(a):
             pid = tid = -1
@@ -365,17 +293,20 @@ class CuptiSession:
             pt = getattr(oid, "pt", None)
             if pt is not None:
                 pid, tid = int(pt.process_id), int(pt.thread_id)
-            return ("marker", g(a, "flags_", g(a, "flags", 0)), int(a.timestamp), g(a, "id", -1),
-                    s(getattr(a, "name", "")), s(getattr(a, "domain", "")), pid, tid)
+            return R.Marker(phase=R.marker_phase(g(a, "flags_", g(a, "flags", 0))), timestamp_ns=int(a.timestamp),
+                            id=g(a, "id", -1), name=s(getattr(a, "name", "")), domain=s(getattr(a, "domain", "")),
+                            pid=pid, tid=tid)
 
         def graph(a):
-            return ("graph", g(a, "graph_id"), int(a.start), int(a.end), g(a, "device_id", -1), g(a, "stream_id", -1),
-                    g(a, "correlation_id", -1))
+            return R.GraphExec(**{**device(a), "graph_node_id": -1})  # a whole graph: no node
 
         def memory(a):  # audit arguments (ds4lab.audit.arguments): allocations and frees with their ranges
-            return ("memory", g(a, "memory_operation_type"), g(a, "address"), g(a, "bytes"), int(a.timestamp),
-                    g(a, "device_id", -1), g(a, "stream_id", -1), g(a, "correlation_id", -1), g(a, "memory_kind"))
+            return R.MemoryOp(operation=g(a, "memory_operation_type"), address=g(a, "address"), bytes=g(a, "bytes"),
+                              timestamp_ns=int(a.timestamp), device=g(a, "device_id", -1),
+                              stream=g(a, "stream_id", -1), correlation=g(a, "correlation_id", -1),
+                              memory_kind=g(a, "memory_kind"))
 
+        table = {}
         for name, conv in (("CONCURRENT_KERNEL", kernel), ("KERNEL", kernel), ("MEMCPY", memcpy),
                            ("MEMSET", memset), ("RUNTIME", api("runtime")), ("DRIVER", api("driver")),
                            ("SYNCHRONIZATION", sync), ("CUDA_EVENT", cuda_event), ("STREAM", stream),
@@ -404,12 +335,23 @@ class CuptiSession:
     def callback_name(self, domain: str, cbid: int) -> str:
         """The API function a runtime or driver callback id names (``cuptiGetCallbackName``), without
         CUPTI's version suffix (``cudaMemcpyAsync_v3020`` → ``cudaMemcpyAsync``)."""
-        D = self.c.CallbackDomain
-        try:
-            raw = self.c.get_callback_name(D.RUNTIME_API if domain == "runtime" else D.DRIVER_API, int(cbid))
-        except Exception:  # noqa: BLE001 - an id this CUPTI does not name
-            return f"{domain} call {cbid}"
-        return api_base_name(raw.decode() if isinstance(raw, bytes) else str(raw))
+        key = (domain, int(cbid))
+        name = self._names.get(key)
+        if name is None:
+            D = self.c.CallbackDomain
+            try:
+                raw = self.c.get_callback_name(D.RUNTIME_API if domain == "runtime" else D.DRIVER_API, int(cbid))
+                name = api_base_name(raw.decode() if isinstance(raw, bytes) else str(raw))
+            except Exception:  # noqa: BLE001 - an id this CUPTI does not name
+                name = f"{domain} call {cbid}"
+            self._names[key] = name
+        return name
+
+    def named(self, call: "R.ApiCall") -> "R.ApiCall":
+        """``call`` with its name (:meth:`callback_name` of its callback id) where it has none."""
+        if call.name:
+            return call
+        return dataclasses.replace(call, name=self.callback_name(call.domain, call.cbid))
 
     def stream_types_now(self) -> dict:
         """``{stream id: type}`` of the current context's legacy stream and per-thread default stream
@@ -532,12 +474,3 @@ def current_context() -> int:
 
     err, ctx = cu.cuCtxGetCurrent()
     return int(ctx) if int(err) == 0 else 0
-
-
-def api_base_name(name: str) -> str:
-    """A CUDA API name without the version and per-thread suffixes CUPTI and Nsight Systems add
-    (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
-    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``)."""
-    import re
-
-    return re.sub(r"(?:_v\d+)?(?:_pt[sd][sz])?(?:_v\d+)?$", "", name)

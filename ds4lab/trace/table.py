@@ -3,7 +3,7 @@
 :class:`Rows` collects rows column by column (integers in ``array('q')``, 8 bytes a cell; strings
 interned, so a kernel name or a Python stack repeated over a million rows is held once), so a reader
 never holds a list of row dicts nor the file's text. :meth:`Rows.frame` turns them into the event
-table's DataFrame (:data:`ds4lab.audit.events.COLUMNS`, sorted by ``start_ns``, stable).
+table's DataFrame (:data:`ds4lab.trace.events.COLUMNS`, sorted by ``start_ns``, stable).
 
 :func:`finish` then does what every source needs and no source says directly:
 
@@ -24,7 +24,7 @@ from array import array
 
 import numpy as np
 
-from ..events import COLUMNS, check_frame
+from .events import COLUMNS, check_frame
 
 _INT = [c for c, (t, _) in COLUMNS.items() if t == "int64"]
 _STR = [c for c, (t, _) in COLUMNS.items() if t != "int64"]
@@ -189,9 +189,34 @@ def one_device(df) -> None:
         df.loc[need, "device"] = df.loc[need, "pid"].map(one).astype(np.int64).to_numpy()
 
 
-def finish(df, types: dict | None = None):
-    """Every shared step (module docstring) on a sorted event table; checked with
-    :func:`ds4lab.audit.events.check_frame`. Returns ``df``."""
+def kernel_lengths(df, notes: list) -> None:
+    """Kernels of negative or zero length (end before or at start), in place: counted in ``notes``
+    (a sentence each kind), a negative one's end set to its start (it takes no time: no kernel ends
+    before it starts, so its clock or record is wrong)."""
+    k = (df.kind == "kernel") & (df.start_ns >= 0) & (df.end_ns >= 0)
+    neg = k & (df.end_ns < df.start_ns)
+    zero = k & (df.end_ns == df.start_ns)
+    if neg.any():
+        first = df[neg].iloc[0]
+        notes.append(f"{int(neg.sum()):,} kernels of negative duration (they end before they start, the first "
+                     f"{first['name']!r} by {int(first.start_ns - first.end_ns):,} ns): each taken as taking no "
+                     "time (end set to start); the trace's clock or these records are wrong")
+        df.loc[neg, "end_ns"] = df.loc[neg, "start_ns"]
+    if zero.any():
+        notes.append(f"{int(zero.sum()):,} kernels of zero length (start = end): kept, taking no time")
+
+
+def finish(df, types: dict | None = None, *, source=None, notes: list | None = None):
+    """Every shared step (module docstring) on a sorted event table; kernels of negative or zero length
+    counted in ``notes`` (:func:`kernel_lengths`); checked with :func:`ds4lab.trace.events.check_frame`.
+    Returns ``df``.
+
+    Raises:
+        SourceError: (where ``source``, the file, is given) a row that is not a kernel and ends
+            before it starts, naming the file, the row's kind and name and both times; without
+            ``source``, the ValueError of :func:`~ds4lab.trace.events.check_frame`.
+    """
+    kernel_lengths(df, notes if notes is not None else [])
     nvtx_paths(df)
     stream_types(df, types or {})
     correlate(df)
@@ -199,5 +224,12 @@ def finish(df, types: dict | None = None):
     for c in _STR:
         if df[c].dtype != object:
             df[c] = df[c].astype(object)
-    check_frame(df)
+    try:
+        check_frame(df)
+    except ValueError as e:
+        if source is None:
+            raise
+        from .sources.common import SourceError
+
+        raise SourceError(f"{source}: {e}") from None
     return df

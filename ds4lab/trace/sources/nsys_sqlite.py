@@ -1,5 +1,7 @@
-"""``nsys export --type sqlite`` databases: kernels, graph executions and NVTX ranges with their
-domain names.
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, which yields
+both an event table (every CUDA event, for ``ds4lab audit``: :func:`read_sqlite`) and summary tables
+(kernels, graph executions and NVTX ranges with their domain names, for ``ds4lab ingest``:
+:func:`read_nsys_sqlite`), from the same tables, row iterators and checks.
 
 Sources: the Nsight Systems export schema ("Exporter" section of the Nsight Systems user guide; the
 tables are named after the CUPTI activity kinds, ``CUPTI_ACTIVITY_KIND_KERNEL`` and
@@ -13,11 +15,13 @@ read from it instead (name ``NvtxDomainCreate``).
 
 Nsight Systems traces CUDA graphs whole by default (``--cuda-graph-trace=graph``): the export then
 holds one ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph execution and no kernel rows for the
-graph's nodes. Such a file gives a ``graphs`` table and a warning that names the fix
-(``--cuda-graph-trace=node``), so an empty or partial kernel table is never taken for the whole.
+graph's nodes. Such a file gives a ``graphs`` table (or ``graph`` rows) and a warning that names the
+fix (``--cuda-graph-trace=node``), so an empty or partial kernel table is never taken for the whole.
 
 A table is found whatever version suffix the export gives it (``CUPTI_ACTIVITY_KIND_KERNEL``,
-``..._V2``, ``..._2``: the highest is read).
+``..._V2``, ``..._2``: the highest is read). A row whose start or end is not a number is malformed:
+the summary tables report it (an error unless lenient), the event table refuses the file naming the
+table, the row and the field (:class:`~ds4lab.trace.sources.common.SourceError`, exit 2).
 """
 
 from __future__ import annotations
@@ -29,8 +33,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..backends.cupti import api_base_name, host_memory
-from .common import IngestError, Ingested, problem
+from ..records import (INVALID_ID, MEMCPY_KINDS, SYNC_TYPES, api_base_name, copy_label, host_memory, memset_label,
+                       sync_label)
+from .common import Ingested, Progress, SourceError, problem
+
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"nsys-sqlite": "an Nsight Systems SQLite export"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("tables", "events")
 
 #: NVTX_EVENTS.eventType of a domain creation when the export has no ENUM_NSYS_EVENT_TYPE table
 NVTX_DOMAIN_CREATE = 75
@@ -67,13 +77,13 @@ def read_nsys_sqlite(path: Path, lenient: bool) -> Ingested:
     ``nvtx`` (name, start_ns, end_ns, us, domain (its name), domain_id), each with ``file`` and
     ``source`` (``<file name>:<row number>``). Raises IngestError for an unreadable database, a
     database without any of these tables, or (unless ``lenient``) a row whose start/end is not a
-    number or ends before it starts."""
+    number or ends before it starts. Zero-length kernels are counted in a warning."""
     res = Ingested(path, "nsys-sqlite")
     con = None
     try:
-        con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
-        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
-        strings = dict(con.execute("select id, value from StringIds")) if "StringIds" in tables else {}
+        con = connect(path)
+        tables = table_names(con)
+        strings = string_ids(con, tables)
         kt = find_table(tables, "CUPTI_ACTIVITY_KIND_KERNEL")
         gt = find_table(tables, "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
         nt = find_table(tables, "NVTX_EVENTS")
@@ -97,7 +107,7 @@ def read_nsys_sqlite(path: Path, lenient: bool) -> Ingested:
                 res.warnings.append(f"{path}: {len(g)} graph execution(s) of {len(missing)} graph(s) "
                                     f"(graphId {', '.join(map(str, missing[:8]))}): {GRAPH_FIX}")
     except sqlite3.Error as e:
-        raise IngestError(f"{path}: unreadable SQLite export ({e})") from None
+        raise SourceError(f"{path}: unreadable SQLite export ({e})") from None
     finally:
         if con is not None:
             con.close()
@@ -119,6 +129,20 @@ def _rows(res, lenient, what, cur, nstart, nend):
         yield k, r, start, end
 
 
+def connect(path: Path):
+    """A read-only connection to the export (a path with URI characters in it works too)."""
+    return sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+
+
+def table_names(con) -> set[str]:
+    return {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+
+
+def string_ids(con, tables) -> dict:
+    """``StringIds`` as ``{id: value}`` ({} when the export has none)."""
+    return dict(con.execute("select id, value from StringIds")) if "StringIds" in tables else {}
+
+
 def _kernels(res, lenient, con, table, strings) -> pd.DataFrame:
     cols = _cols(con, table)
     name_col = next((c for c in ("demangledName", "shortName", "mangledName") if c in cols), None)
@@ -126,11 +150,15 @@ def _kernels(res, lenient, con, table, strings) -> pd.DataFrame:
                          "gridZ", "blockX", "blockY", "blockZ", "registersPerThread") if c in cols]
     q = (f'select start, end, {name_col or "NULL"}{"".join(", " + c for c in extra)} from "{table}"')
     rows = []
+    zero = 0
     for k, r, start, end in _rows(res, lenient, "kernel row", con.execute(q), 0, 1):
         row = {"name": strings.get(r[2], r[2]), "start_ns": start, "end_ns": end, "us": (end - start) / 1e3}
         row.update(dict(zip(extra, r[3:])))
         row.update(file=str(res.path), source=f"{res.path.name}:{k}")
         rows.append(row)
+        zero += end == start
+    if zero:
+        res.warnings.append(f"{res.path}: {zero:,} kernel row(s) of zero length (start = end) in {table}")
     return pd.DataFrame(rows)
 
 
@@ -161,6 +189,15 @@ def _pid(gtid):
     return (int(gtid) >> 24) & 0xFFFFFF if isinstance(gtid, int) else None
 
 
+def _nvtx_cursor(con, table):
+    """``(domain map, the domain-creation event type, cursor over (start, end, text, textId, domainId,
+    eventType, globalTid))`` of an ``NVTX_EVENTS`` table: both views read it through this."""
+    cols = _cols(con, table)
+    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
+    return opt, (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
+                 f'{opt["globalTid"]} from "{table}"')
+
+
 def _nvtx_domains(con, table, opt, strings, create) -> dict:
     """``{(pid, domainId): name}`` (and ``(None, domainId)`` for the first process naming it) from the
     domain-creation rows of ``NVTX_EVENTS``; ``opt`` maps each optional column to itself or ``NULL``."""
@@ -177,12 +214,9 @@ def _nvtx_domains(con, table, opt, strings, create) -> dict:
 
 
 def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
-    cols = _cols(con, table)
-    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
+    opt, q = _nvtx_cursor(con, table)
     create = _domain_create_type(con, tables)
     domains = _nvtx_domains(con, table, opt, strings, create)
-    q = (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
-         f'{opt["globalTid"]} from "{table}"')
     rows = []
     cur = ((k, r) for k, r in enumerate(con.execute(q), 1))
     for k, r in cur:
@@ -209,17 +243,11 @@ def _nvtx(res, lenient, con, table, strings, tables) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- every CUDA event, for the audit
-#: CUPTI's memcpy kinds (``CUpti_ActivityMemcpyKind``), the numbers ``copyKind`` holds when the export has
-#: no ``ENUM_CUDA_MEMCPY_OPER`` table (the table, where present, has the same ids: checked on a 2024.6 export).
-CUPTI_COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
-                    10: "PtoP"}
-#: ``CUpti_ActivitySynchronizationType`` (``syncType`` without the ``ENUM_CUPTI_SYNC_TYPE`` table).
-CUPTI_SYNC_TYPES = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
-SYNC_LABELS = {"event": "Event Sync", "stream_wait_event": "Stream Wait Event", "stream": "Stream Sync",
-               "context": "Context Sync"}
+#: ``copyKind`` and ``syncType`` numbers without the ``ENUM_CUDA_MEMCPY_OPER`` / ``ENUM_CUPTI_SYNC_TYPE``
+#: tables are CUPTI's (:data:`ds4lab.trace.records.MEMCPY_KINDS`, ``SYNC_TYPES``; the tables, where
+#: present, have the same ids: checked on a 2024.6 export).
 #: ``NVTX_EVENTS.eventType`` values without ``ENUM_NSYS_EVENT_TYPE``: mark, push/pop range, start/end range.
 NVTX_MARK, NVTX_PUSHPOP, NVTX_STARTEND = 34, 59, 60
-INVALID_ID = 0xFFFFFFFF
 
 
 def split_global_id(gid) -> tuple[int, int]:
@@ -266,8 +294,8 @@ def export_version(con, tables) -> str:
 
 def read_events(path: Path, sink, progress=None) -> dict:
     """Every CUDA event of an ``nsys export --type sqlite`` database, row by row into ``sink`` (an
-    object with ``add(**cells)`` taking :data:`ds4lab.audit.events.COLUMNS` cells: the audit's
-    :class:`~ds4lab.audit.sources.table.Rows`), streamed from SQLite cursors.
+    object with ``add(**cells)`` taking :data:`ds4lab.trace.events.COLUMNS` cells: a
+    :class:`~ds4lab.trace.table.Rows`), streamed from SQLite cursors.
 
     Tables (each found whatever version suffix it has, :func:`find_table`; columns by name, so an
     export that lacks one leaves that cell unknown and says so in ``notes``):
@@ -294,9 +322,10 @@ def read_events(path: Path, sink, progress=None) -> dict:
 
     Returns ``{"version": export_version(...), "notes": [...], "stream_types": {(pid, stream): type},
     "tables": [names read]}``. Raises ``sqlite3.Error`` for an unreadable database (the caller names
-    the file). Rows are not sorted here (Nsight Systems 2025.6 and later no longer export in time order).
+    the file) and SourceError for a row whose times are not numbers (:func:`timed_rows`). Rows are not
+    sorted here (Nsight Systems 2025.6 and later no longer export in time order).
     """
-    con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    con = connect(path)
     try:
         return _read_events(con, Path(path), sink, progress)
     finally:
@@ -304,8 +333,8 @@ def read_events(path: Path, sink, progress=None) -> dict:
 
 
 def _read_events(con, path, sink, progress) -> dict:
-    tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
-    strings = dict(con.execute("select id, value from StringIds")) if "StringIds" in tables else {}
+    tables = table_names(con)
+    strings = string_ids(con, tables)
     notes: list[str] = []
     found = {k: find_table(tables, f"CUPTI_ACTIVITY_KIND_{k}") for k in
              ("RUNTIME", "DRIVER", "KERNEL", "MEMCPY", "MEMSET", "SYNCHRONIZATION", "CUDA_EVENT", "GRAPH_TRACE")}
@@ -331,21 +360,36 @@ def _read_events(con, path, sink, progress) -> dict:
     cls = _enum(con, tables, "ENUM_NSYS_EVENT_CLASS")
     for key in ("RUNTIME", "DRIVER"):
         if found[key]:
-            _api_rows(con, found[key], strings, cls, events, sink, notes, tick, key)
+            _api_rows(con, path, found[key], strings, cls, events, sink, notes, tick, key)
     if found["KERNEL"]:
-        _kernel_rows(con, tables, found["KERNEL"], strings, sink, notes, tick)
+        _kernel_rows(con, path, tables, found["KERNEL"], strings, sink, notes, tick)
     if found["MEMCPY"]:
-        _memcpy_rows(con, tables, found["MEMCPY"], sink, notes, tick)
+        _memcpy_rows(con, path, tables, found["MEMCPY"], sink, notes, tick)
     if found["MEMSET"]:
-        _memset_rows(con, tables, found["MEMSET"], sink, tick)
+        _memset_rows(con, path, tables, found["MEMSET"], sink, tick)
     if found["SYNCHRONIZATION"]:
-        _sync_rows(con, tables, found["SYNCHRONIZATION"], sink, notes, tick)
+        _sync_rows(con, path, tables, found["SYNCHRONIZATION"], sink, notes, tick)
     if found["GRAPH_TRACE"]:
-        _graph_rows(con, found["GRAPH_TRACE"], sink, tick)
+        _graph_rows(con, path, found["GRAPH_TRACE"], sink, tick)
     if found["NVTX"]:
-        _nvtx_rows(con, tables, found["NVTX"], strings, sink, notes, tick)
+        _nvtx_rows(con, path, tables, found["NVTX"], strings, sink, notes, tick)
     return {"version": export_version(con, tables), "notes": notes, "tables": sorted(read),
             "stream_types": _stream_types(con, tables, notes), "all_tables": sorted(tables)}
+
+
+def timed_rows(cursor, path, table: str, *, end_optional: bool = False):
+    """The rows of ``cursor`` (``start`` and ``end`` first) whose times are whole numbers of ns (an
+    integral float passes; ``end`` may be NULL where ``end_optional``). Raises SourceError naming the
+    file, the table, the row and the field of the first that is not: text, NULL, NaN, a fraction."""
+    for k, r in enumerate(cursor, 1):
+        for field, v in (("start", r[0]), ("end", r[1])):
+            if v is None and field == "end" and end_optional:
+                continue
+            if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+                what = "NaN" if isinstance(v, float) and math.isnan(v) else repr(v)
+                raise SourceError(f"{path}: {table} row {k}: field {field} is {what}, not a time in ns; the "
+                                  "export is damaged or not one Nsight Systems wrote")
+        yield r
 
 
 def _sel(cols, want: dict) -> str:
@@ -363,13 +407,13 @@ def _gpid(v) -> int:
     return split_global_id(v)[0]
 
 
-def _api_rows(con, table, strings, cls, events, sink, notes, tick, key) -> None:
+def _api_rows(con, path, table, strings, cls, events, sink, notes, tick, key) -> None:
     cols = _cols(con, table)
     _missing(notes, table, cols, ("globalTid", "correlationId"),
              "process, thread or correlation of those calls unknown")
     q = f'select start, end, {_sel(cols, ["nameId", "globalTid", "correlationId", "eventClass"])} from "{table}"'
     skipped = 0
-    for start, end, name_id, gtid, corr, ecls in con.execute(q):
+    for start, end, name_id, gtid, corr, ecls in timed_rows(con.execute(q), path, table):
         tick()
         sym = cls.get(ecls, "") if ecls is not None else ""
         if "BACKTRACE" in sym:
@@ -392,7 +436,7 @@ def _api_rows(con, table, strings, cls, events, sink, notes, tick, key) -> None:
                      "that has its own row)")
 
 
-def _kernel_rows(con, tables, table, strings, sink, notes, tick) -> None:
+def _kernel_rows(con, path, tables, table, strings, sink, notes, tick) -> None:
     cols = _cols(con, table)
     _missing(notes, table, cols, ("correlationId", "streamId", "gridX", "blockX"),
              "those cells of every kernel are unknown (no launching call, stream or geometry)")
@@ -402,7 +446,7 @@ def _kernel_rows(con, tables, table, strings, sink, notes, tick) -> None:
     q = f'select start, end, {_sel(cols, want)} from "{table}"'
     node_graph = _node_graphs(con, tables)
     lacks_graph = 0
-    for r in con.execute(q):
+    for r in timed_rows(con.execute(q), path, table):
         tick()
         (start, end, nm, dev, stream, corr, gpid, gx, gy, gz, bx, by, bz, ss, ds, gid, gnode) = r
         if gid is None and gnode == 0:
@@ -428,7 +472,7 @@ def _node_graphs(con, tables) -> dict:
     return {}
 
 
-def _memcpy_rows(con, tables, table, sink, notes, tick) -> None:
+def _memcpy_rows(con, path, tables, table, sink, notes, tick) -> None:
     cols = _cols(con, table)
     oper = _enum(con, tables, "ENUM_CUDA_MEMCPY_OPER")
     memk = _enum(con, tables, "ENUM_CUDA_MEM_KIND")
@@ -437,37 +481,37 @@ def _memcpy_rows(con, tables, table, sink, notes, tick) -> None:
                      "pageable or pinned is left unknown (srcKind/dstKind numbers are not documented without it)")
     want = ["deviceId", "streamId", "correlationId", "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
             "graphId", "graphNodeId"]
-    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+    for r in timed_rows(con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'), path, table):
         tick()
         start, end, dev, stream, corr, gpid, nbytes, ck, sk, dk, gid, gnode = r
         gid = 0 if gid is None and gnode == 0 else gid
-        kind = _copy_kind(oper[ck]) if oper and ck in oper else CUPTI_COPY_KINDS.get(ck, "")
+        kind = _copy_kind(oper[ck]) if oper and ck in oper else MEMCPY_KINDS.get(ck, "")
         src = _mem_label(memk[sk]) if memk and sk in memk else "Unknown"
         dst = _mem_label(memk[dk]) if memk and dk in memk else "Unknown"
-        sink.add(kind="memcpy", name=f"Memcpy {kind or '?'} ({src} -> {dst})", copy_kind=kind,
+        sink.add(kind="memcpy", name=copy_label(kind, src, dst), copy_kind=kind,
                  host_memory=host_memory(kind, src, dst) if memk else "", bytes=nbytes, device=dev, stream=stream,
                  correlation=corr, pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid, graph_node_id=gnode)
 
 
-def _memset_rows(con, tables, table, sink, tick) -> None:
+def _memset_rows(con, path, tables, table, sink, tick) -> None:
     cols = _cols(con, table)
     memk = _enum(con, tables, "ENUM_CUDA_MEM_KIND")
     want = ["deviceId", "streamId", "correlationId", "globalPid", "bytes", "memKind", "graphId", "graphNodeId"]
-    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+    for r in timed_rows(con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'), path, table):
         tick()
         start, end, dev, stream, corr, gpid, nbytes, mk, gid, gnode = r
         gid = 0 if gid is None and gnode == 0 else gid
         label = _mem_label(memk[mk]) if memk and mk in memk else "Device"
-        sink.add(kind="memset", name=f"Memset ({label})", bytes=nbytes, device=dev, stream=stream, correlation=corr,
+        sink.add(kind="memset", name=memset_label(label), bytes=nbytes, device=dev, stream=stream, correlation=corr,
                  pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid, graph_node_id=gnode)
 
 
-def _sync_rows(con, tables, table, sink, notes, tick) -> None:
+def _sync_rows(con, path, tables, table, sink, notes, tick) -> None:
     cols = _cols(con, table)
     _missing(notes, table, cols, ("syncType", "correlationId"), "what each synchronization waited on is unknown")
     sync = _enum(con, tables, "ENUM_CUPTI_SYNC_TYPE")
     want = ["deviceId", "streamId", "correlationId", "globalPid", "syncType", "eventId"]
-    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+    for r in timed_rows(con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'), path, table):
         tick()
         start, end, dev, stream, corr, gpid, st, ev = r
         if sync and st in sync:
@@ -475,34 +519,31 @@ def _sync_rows(con, tables, table, sink, notes, tick) -> None:
             kind = {"EVENT_SYNCHRONIZE": "event", "STREAM_WAIT_EVENT": "stream_wait_event",
                     "STREAM_SYNCHRONIZE": "stream", "CONTEXT_SYNCHRONIZE": "context"}.get(m.group(1) if m else "", "")
         else:
-            kind = CUPTI_SYNC_TYPES.get(st, "")
-        sink.add(kind="sync", name=SYNC_LABELS.get(kind, "Unknown Sync"), sync_kind=kind, device=dev,
+            kind = SYNC_TYPES.get(st, "")
+        sink.add(kind="sync", name=sync_label(kind), sync_kind=kind, device=dev,
                  stream=None if stream in (None, INVALID_ID) else stream, correlation=corr, pid=_gpid(gpid),
                  start_ns=start, end_ns=end, event=None if ev in (None, INVALID_ID) else ev)
 
 
-def _graph_rows(con, table, sink, tick) -> None:
+def _graph_rows(con, path, table, sink, tick) -> None:
     cols = _cols(con, table)
     want = ["deviceId", "streamId", "correlationId", "globalPid", "graphId"]
-    for r in con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'):
+    for r in timed_rows(con.execute(f'select start, end, {_sel(cols, want)} from "{table}"'), path, table):
         tick()
         start, end, dev, stream, corr, gpid, gid = r
         sink.add(kind="graph", name=f"graph {gid}" if gid is not None else "graph", device=dev, stream=stream,
                  correlation=corr, pid=_gpid(gpid), start_ns=start, end_ns=end, graph_id=gid)
 
 
-def _nvtx_rows(con, tables, table, strings, sink, notes, tick) -> None:
-    cols = _cols(con, table)
-    opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
+def _nvtx_rows(con, path, tables, table, strings, sink, notes, tick) -> None:
+    opt, q = _nvtx_cursor(con, table)
     etypes = _enum(con, tables, "ENUM_NSYS_EVENT_TYPE")
     create = _domain_create_type(con, tables)
     ranges = {i for i, n in etypes.items() if n in ("NvtxPushPopRange", "NvtxStartEndRange")} or {NVTX_PUSHPOP,
                                                                                                   NVTX_STARTEND}
     domains = _nvtx_domains(con, table, opt, strings, create)
     other = 0
-    q = (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
-         f'{opt["globalTid"]} from "{table}"')
-    for start, end, text, tid_, dom, etype, gtid in con.execute(q):
+    for start, end, text, tid_, dom, etype, gtid in timed_rows(con.execute(q), path, table, end_optional=True):
         tick()
         if etype is not None and etype not in ranges:
             other += etype != create
@@ -542,3 +583,53 @@ def _stream_types(con, tables, notes) -> dict:
             notes.append(f"{unknown} streams of {t} with a flag this export does not name (no ENUM_CUPTI_STREAM_TYPE): "
                          "blocking or non-blocking left unknown")
     return out
+
+
+# ----------------------------------------------------------------------------- the event table
+#: The CUDA tables whose absence makes an export useless to the audit.
+CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+               "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
+
+
+def read_sqlite(path: Path, progress=None):
+    """The event table (:class:`~ds4lab.trace.events.EventTable`) of an Nsight Systems SQLite export;
+    ``tool`` names the export's schema and Nsight Systems version (``META_DATA_EXPORT``).
+
+    Raises:
+        SourceError: an unreadable database, one without any CUDA table (names the tables it has and
+            the ``nsys profile --trace=cuda`` that records them), or a row whose times are not numbers.
+    """
+    from ..events import EventTable
+    from ..table import Rows, finish
+
+    path = Path(path)
+    rows = Rows()
+    bar = {}
+
+    def prog(done, total):
+        if progress is None:
+            return
+        if "p" not in bar:
+            bar["p"] = Progress(progress, f"reading {path.name}", total).__enter__()
+        bar["p"].to(done)
+
+    try:
+        info = read_events(path, rows, prog)
+    except sqlite3.Error as e:
+        raise SourceError(f"{path}: unreadable SQLite database ({e})") from None
+    finally:
+        if "p" in bar:
+            bar["p"].__exit__(None, None, None)
+    if not any(t for t in info["tables"] if t.startswith("CUPTI_ACTIVITY_KIND_")):
+        have = [t for t in info["all_tables"] if not t.startswith(("ENUM_", "sqlite_"))]
+        raise SourceError(f"{path}: an Nsight Systems export without CUDA tables (no "
+                          f"{', '.join(CUDA_TABLES)}); it holds {', '.join(have[:14]) or 'no table'}"
+                          f"{' …' if len(have) > 14 else ''}. Profile with nsys profile --trace=cuda,nvtx")
+    notes = list(info["notes"])
+    df = finish(rows.frame(), info["stream_types"], source=path, notes=notes)
+    graphs = df[df.kind == "graph"]
+    if len(graphs):
+        k = df[df.kind == "kernel"]
+        if not ((k.graph_id > 0) | (k.graph_node_id > 0)).any():
+            notes.append(f"{len(graphs):,} whole-graph executions and no kernel launched from a graph: {GRAPH_FIX}")
+    return EventTable(df, str(path), f"nsys-sqlite ({info['version']})", notes)

@@ -1,9 +1,10 @@
-"""The event table as a file: gzip-compressed CSV after one header line (what an in-process recording
-saves, :meth:`ds4lab.audit.record.Recording.save`, and what any table can be saved as).
+"""The event table as a file (ds4lab's own recordings; yields an event table): gzip-compressed CSV after
+one header line (what an in-process recording saves, :meth:`ds4lab.trace.recording.Recording.save`, and
+what any table can be saved as).
 
 Layout: line 1 is ``# ds4lab audit event table v1 `` followed by a JSON object (``source``, ``tool``,
 ``notes``, ``columns``, and whatever the writer adds: ``exit_status``, ``argv``, ``provenance``); then
-the CSV of :data:`ds4lab.audit.events.COLUMNS` with a header row (RFC 4180 quoting; ``""`` and ``-1``
+the CSV of :data:`ds4lab.trace.events.COLUMNS` with a header row (RFC 4180 quoting; ``""`` and ``-1``
 as the table's missing values). Read back in chunks (``pandas.read_csv(chunksize=...)``) with progress.
 """
 
@@ -16,6 +17,10 @@ from pathlib import Path
 from ..events import COLUMNS, EventTable, check_frame
 from .common import CountingReader, Progress, SourceError
 
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"recording": "a ds4lab recording (saved event table)"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("events",)
 MAGIC = b"# ds4lab audit event table v1 "
 
 
@@ -44,8 +49,9 @@ def read_saved(path: Path, progress=None) -> EventTable:
     the script's exit status when the header has one.
 
     Raises:
-        SourceError: a header that is not JSON, columns that are not the event table's, or a file
-            that is cut (gzip stream ended early).
+        SourceError: a header that is not JSON, columns that are not the event table's, a file that
+            is cut (gzip stream ended early), or a cell of an integer column that is not a whole
+            number (the row, the field and the value; ``NaN`` named as such).
     """
     import pandas as pd
 
@@ -80,19 +86,52 @@ def read_saved(path: Path, progress=None) -> EventTable:
             except (EOFError, OSError) as e:
                 raise SourceError(f"{path}: the file is cut at byte {raw.tell():,} of {size:,} ({e}); "
                                   "the recording was not saved whole") from None
+            except ValueError:  # a cell pandas cannot read as its column's integer: find it and name it
+                raise SourceError(_bad_cell(path)) from None
         finally:
             raw.close()
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in COLUMNS})
     for c, (t, _) in COLUMNS.items():
         df[c] = df[c].astype("int64" if t == "int64" else "object")
     df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    notes = list(head.get("notes") or [])
+    from ..table import kernel_lengths
+
+    kernel_lengths(df, notes)
     try:
         check_frame(df)
     except ValueError as e:
         raise SourceError(f"{path}: {e}") from None
-    notes = list(head.get("notes") or [])
     if head.get("exit_status") not in (None, 0):
         notes.append(f"the recorded script exited with status {head['exit_status']}: what it ran until then was "
                      "recorded")
     src = head.get("source") or str(path)
     return EventTable(df, f"{path} ({src})" if src != str(path) else str(path), head.get("tool", "cupti"), notes)
+
+
+def _bad_cell(path: Path) -> str:
+    """Where a saved table holds a cell that is not a whole number in an integer column: ``path: row
+    R (line L): field F is V``, read again as text to find it."""
+    import pandas as pd
+
+    ints = [c for c, (t, _) in COLUMNS.items() if t == "int64"]
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rt", encoding="utf-8", newline="") if gz else open(path, encoding="utf-8", newline="")) as f:
+        f.readline()  # the header line
+        first = 0
+        for chunk in pd.read_csv(f, dtype=str, keep_default_na=False, na_values=[], chunksize=200_000):
+            for c in ints:
+                if c not in chunk:
+                    continue
+                v = chunk[c].str.strip()
+                bad = ~v.str.fullmatch(r"-?\d+")
+                if bad.any():
+                    i = int(bad.to_numpy().nonzero()[0][0])
+                    cell = v.iloc[i]
+                    what = "NaN" if cell.lower() == "nan" else "empty" if cell == "" else repr(cell)
+                    row = first + i + 1  # the table's rows from 1, after the header line and the CSV's
+                    return (f"{path}: row {row:,} (line {row + 2:,}): field {c!r} is {what}, not a whole number; "
+                            "the saved table is damaged or was written by another program")
+            first += len(chunk)
+    return f"{path}: a cell of an integer column is not a whole number; the saved table is damaged"

@@ -1,4 +1,5 @@
-"""ds4lab result folders from other machines: every CSV beside a ``meta.json`` ds4lab wrote."""
+"""ds4lab result folders from other machines: every CSV beside a ``meta.json`` ds4lab wrote (yields
+summary tables)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import IngestError, Ingested, csv_shape_problems, load_meta, problem as _problem
+from .common import Ingested, SourceError, csv_shape_problems, load_meta, problem
+
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"ds4lab-folder": "a ds4lab result folder"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("tables",)
 
 
-def read_ds4lab_folder(path: Path, lenient: bool) -> Ingested:
+def read_ds4lab_folder(path: Path, lenient: bool, read_meta=load_meta) -> Ingested:
     """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from
     (``machine``), the run's ``status`` and, where the table lacks it, ``modeled``. A run whose
     status is not ``complete`` is named in :attr:`Ingested.warnings`. A table cut off (a last line
     without its newline, a row with fewer fields than the header) has each such line reported as
-    malformed (file and line), never read as a row with empty cells."""
+    malformed (file and line), never read as a row with empty cells. ``read_meta(file)``: how the
+    folder's ``meta.json`` is read (:func:`~ds4lab.trace.sources.common.load_meta`, or one that also
+    tells a dead run from a running one)."""
     res = Ingested(path, "ds4lab-folder")
-    meta = load_meta(path / "meta.json")
+    meta = read_meta(path / "meta.json")
     modeled = bool(meta.get("modeled"))
     where = str(meta.get("device") or "?") + (" (modeled)" if modeled else "")
     status = str(meta.get("status", "")) if "status" in meta else ("" if "job" not in meta else "no status")
@@ -24,16 +32,16 @@ def read_ds4lab_folder(path: Path, lenient: bool) -> Ingested:
         res.warnings.append(f"{path}: meta.json status {status!r}: an incomplete run")
     csvs = sorted(f for f in path.glob("*.csv") if f.is_file())
     if not csvs:
-        raise IngestError(f"{path}: a ds4lab result folder without any table: expected its result CSVs "
+        raise SourceError(f"{path}: a ds4lab result folder without any table: expected its result CSVs "
                           "(ladder.csv, moe.csv, summary.csv, ...) beside meta.json")
     for f in csvs:
         bad = csv_shape_problems(f)
         for line, why in bad:  # a half row would otherwise be read with its missing cells empty
-            _problem(res, lenient, line, f"{f.name}: {why}")
+            problem(res, lenient, line, f"{f.name}: {why}")
         try:
             df = pd.read_csv(f, skiprows=[line - 1 for line, _ in bad])
         except Exception as e:  # noqa: BLE001 — report which file
-            _problem(res, lenient, 0, f"{f.name}: unreadable CSV ({e})")
+            problem(res, lenient, 0, f"{f.name}: unreadable CSV ({e})")
             continue
         df["machine"] = where
         df["status"] = status

@@ -2,14 +2,14 @@
 
 Python API::
 
-    from ds4lab.audit.record import recording
+    from ds4lab.trace.recording import recording
     with recording() as rec:          # CUPTI activity of every kind the audit reads, from here on
         for _ in range(8):
             model.generate(...)       # the user's decode loop
     table = rec.table()               # an EventTable (tool "cupti")
-    rec.save("run.csv.gz")            # a file ds4lab.audit.sources.read understands
+    rec.save("run.csv.gz")            # a file ds4lab.trace.sources.read_events understands
 
-What is recorded (:data:`ds4lab.backends.cupti.AUDIT_KINDS`): CUDA runtime and driver API calls,
+What is recorded (:data:`ds4lab.trace.cupti.AUDIT_KINDS`): CUDA runtime and driver API calls,
 kernels, memcpys, memsets, synchronizations, NVTX ranges (``MARKER``: they reach CUPTI when the process
 started with ``NVTX_INJECTION64_PATH`` naming the CUPTI library; :func:`run_script` sets it), CUDA event
 records and stream creations (their flags give ``stream_type``). With ``stacks=True`` the CUPTI
@@ -19,7 +19,7 @@ memsets, synchronizations and queries, graph launches, and ``cudaMemcpyAsync``, 
 is a hazard), and nothing else: the cost stays on those calls.
 
 With ``arguments=True`` it also records every kernel launch's parameter bytes and the allocations
-they point into (:mod:`ds4lab.audit.arguments`): that slows the host at every launch, so record it in
+they point into (:mod:`ds4lab.trace.arguments`): that slows the host at every launch, so record it in
 a pass of its own over the same loop, never around the tokens you time::
 
     with recording() as timed:                       # the timed tokens, clean
@@ -30,7 +30,7 @@ a pass of its own over the same loop, never around the tokens you time::
 
 Command line (what :func:`run_script` runs, a subprocess of the same interpreter)::
 
-    python -m ds4lab.audit.record --out rec.csv.gz [--no-stacks] -- my_decode.py ARGS...
+    python -m ds4lab.trace.recording --out rec.csv.gz [--no-stacks] -- my_decode.py ARGS...
 
 runs the script with :mod:`runpy` (its ``sys.argv``, as ``__main__``) inside :func:`recording` and saves
 the table at exit, also when the script raises or is interrupted (Ctrl-C): what was recorded is kept,
@@ -46,10 +46,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..backends.cupti import (AUDIT_KINDS, INVALID_ID, MARKER_END, MARKER_START, MEMCPY_KINDS, MEMORY_KINDS,
-                              STREAM_FLAGS, SYNC_TYPES, CuptiSession, CuptiUnavailable, cupti_available,
-                              cupti_library, host_memory)
+from . import records as R
+from .cupti import AUDIT_KINDS, CuptiSession, CuptiUnavailable, cupti_available, cupti_library
 from .sources.common import SourceError
+from .stacks import trim_runner
 
 #: Runtime API calls whose Python stack is recorded (CUDA Runtime API names; every version and
 #: ``_ptsz``/``_ptds`` variant).
@@ -70,7 +70,7 @@ SAVED_NAME = "recording.csv.gz"
 
 
 class Recording:
-    """What :func:`recording` recorded: CUPTI record tuples (:mod:`ds4lab.backends.cupti`), the
+    """What :func:`recording` recorded: the trace model's records (:mod:`ds4lab.trace.records`), the
     Python stacks of the watched calls, and the notes of the session (kinds CUPTI refused, a
     callback subscriber it refused). :meth:`table` and :meth:`save` may be called once the block
     has ended."""
@@ -78,7 +78,7 @@ class Recording:
     def __init__(self, session: CuptiSession, stacks: bool) -> None:
         self.session = session
         self.want_stacks = stacks
-        self.records: list[tuple] = []
+        self.records: list = []
         self.stacks: dict[int, str] = {}
         self.notes: list[str] = []
         self.legacy: dict[int, str] = {}
@@ -86,11 +86,11 @@ class Recording:
         self.done = False
         self.trim = False
         self._table = None
-        self.arguments = None      # ds4lab.audit.arguments.ArgumentStore of an argument pass
+        self.arguments = None      # ds4lab.trace.arguments.ArgumentStore of an argument pass
         self.own_calls: list = []  # (thread, t0, t1): the argument capture's own CUDA calls, left out
 
     def table(self):
-        """The recording as an :class:`~ds4lab.audit.events.EventTable` (``source`` ``"<recording>"``,
+        """The recording as an :class:`~ds4lab.trace.events.EventTable` (``source`` ``"<recording>"``,
         ``tool`` ``"cupti"`` with the ``cupti-python`` version). Raises RuntimeError inside the block."""
         if not self.done:
             raise RuntimeError("the recording is still running: call table() after the with block")
@@ -100,7 +100,7 @@ class Recording:
 
     def save(self, path, **extra) -> Path:
         """Write :meth:`table` to ``path`` (a folder: ``path/recording.csv.gz``) as a saved event table
-        (:mod:`ds4lab.audit.sources.saved`); ``extra`` goes into its header. Returns the file."""
+        (:mod:`ds4lab.trace.sources.saved`); ``extra`` goes into its header. Returns the file."""
         from .sources.saved import write_table
 
         p = Path(path)
@@ -127,12 +127,17 @@ def store_path(table_path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def recording(*, stacks: bool = True, arguments: bool = False, token_range: str | None = None):
+def recording(*, stacks: bool = True, arguments: bool = False, token_range: str | None = None, tokens=None):
     """Record the block's CUDA activity (module docstring); yields a :class:`Recording`.
 
-    ``arguments``: also every launch's parameter bytes and the allocations (:mod:`ds4lab.audit.arguments`;
+    ``arguments``: also every launch's parameter bytes and the allocations (:mod:`ds4lab.trace.arguments`;
     an argument pass: do not time it); ``token_range``: the NVTX range that marks a token, used at the end
     of an argument pass to keep the bytes only where they differ between tokens (None: found by itself).
+    ``tokens(table, token_range)``: how the pass's tokens are found (a
+    :class:`~ds4lab.trace.arguments.TokenLaunches`; raising :class:`~ds4lab.errors.BadInput` when there
+    are none): an analysis the trace model does not hold, given by the audit
+    (:func:`ds4lab.audit.arguments.recording` passes :func:`ds4lab.audit.arguments.token_launches`).
+    Without it every distinct argument value is kept, and the store says so.
 
     Raises:
         SourceError: ``cupti-python`` missing, or CUPTI refusing to start (no driver, no GPU): names
@@ -177,7 +182,7 @@ def recording(*, stacks: bool = True, arguments: bool = False, token_range: str 
                 watch.close()
             rec.done = True
         if capture is not None:
-            _finish_arguments(rec, capture, mem, token_range)
+            _finish_arguments(rec, capture, mem, token_range, tokens)
 
 
 def _start_arguments(session, rec, stacks: bool):
@@ -196,11 +201,12 @@ def _start_arguments(session, rec, stacks: bool):
     return capture, mem
 
 
-def _finish_arguments(rec, capture, mem, token_range) -> None:
-    """The pass's :class:`~ds4lab.audit.arguments.ArgumentStore`: launches, functions, the bytes where
-    tokens differ (tokens found in the pass's own table), the allocations, the varying words' ranges."""
+def _finish_arguments(rec, capture, mem, token_range, tokens=None) -> None:
+    """The pass's :class:`~ds4lab.trace.arguments.ArgumentStore`: launches, functions, the bytes where
+    tokens differ (tokens found in the pass's own table by ``tokens``), the allocations, the varying
+    words' ranges."""
+    from ..errors import BadInput
     from . import arguments as A
-    from .tokens import NoTokens
 
     rec.own_calls = list(capture.own)
     store = A.ArgumentStore(functions={k: {"name": v.name, "params": v.params, "why": v.why}
@@ -212,11 +218,15 @@ def _finish_arguments(rec, capture, mem, token_range) -> None:
     for why, n in capture.unread.most_common():
         store.notes.append(f"{n:,} launch(es) unread: {why}")
     rec.arguments = store
-    try:
-        tl = A.token_launches(rec.table(), token_range)
-    except NoTokens as e:
-        store.notes.append(f"tokens not found in the argument pass ({e})")
+    if tokens is None:
+        store.notes.append("tokens not looked for in the argument pass (no token finder given)")
         tl = None
+    else:
+        try:
+            tl = tokens(rec.table(), token_range)
+        except BadInput as e:  # ds4lab.audit.tokens.NoTokens
+            store.notes.append(f"tokens not found in the argument pass ({e})")
+            tl = None
     A.prune(store, tl)
     if tl is not None:
         store.ranges = capture.resolve_ranges(A.varying_words(store, tl))
@@ -241,27 +251,13 @@ def _system_thread_ids(session) -> None:
 
 
 def _legacy_streams(session, notes) -> dict:
-    """:meth:`~ds4lab.backends.cupti.CuptiSession.stream_types_now`, or {} with a note saying why not."""
+    """:meth:`~ds4lab.trace.cupti.CuptiSession.stream_types_now`, or {} with a note saying why not."""
     try:
         return session.stream_types_now()
     except Exception as e:  # noqa: BLE001 - no driver, or a binding without the call
         notes.append(f"the legacy stream's id was not asked of CUPTI ({type(e).__name__}: {e}): streams created "
                      "before the recording are of unknown type")
         return {}
-
-
-_RUNNER = ("<frozen runpy>", "runpy.py", "ds4lab/audit/record.py", "click/")
-
-
-def trim_runner(stack: str) -> str:
-    """A recorded stack without the frames outside the user's script: everything up to the last
-    frame of the runner (``runpy``, this module, ``click``), so the script is the outermost frame."""
-    frames = stack.split(";")
-    last = -1
-    for i, f in enumerate(frames):
-        if f.startswith(_RUNNER) or f.split(":")[0].endswith("runpy.py"):
-            last = i
-    return ";".join(frames[last + 1:])
 
 
 def demangle(names) -> dict:
@@ -281,73 +277,43 @@ def demangle(names) -> dict:
 
 def _to_table(rec: Recording):
     from .events import EventTable
-    from .sources.table import Rows, finish
+    from .table import Rows, finish
 
     s = rec.session
     rows = Rows()
     notes = list(rec.notes)
-    events, types, names = {}, dict(rec.legacy), {}
-    open_markers: dict[int, tuple] = {}
-    marks = 0
+    events, made = R.api_context(rec.records)
+    types = {**made, **rec.legacy}  # the context's own streams first: CUPTI names only streams made while recording
+    dem = demangle({r.name: None for r in rec.records if isinstance(r, R.Kernel)})
+    open_markers: dict[int, R.Marker] = {}
+    marks = own = 0
     for r in rec.records:
-        if r[0] == "cuda_event":
-            events[r[4]] = (r[3], r[1])
-        elif r[0] == "stream" and r[1] in STREAM_FLAGS:
-            types.setdefault(r[3], STREAM_FLAGS[r[1]])
-        elif r[0] == "kernel":
-            names[r[1]] = None
-    dem = demangle(names)
-    own = 0
-    for r in rec.records:
-        k = r[0]
-        if k == "api":
-            _, domain, t0, t1, pid, tid, corr, cbid, _ret = r
-            if rec.own_calls and _own_call(rec, domain, cbid, tid, t0):
+        if isinstance(r, R.ApiCall):
+            if rec.own_calls and _own_call(rec, r.domain, r.cbid, r.tid, r.start_ns):
                 own += 1
                 continue
-            stream, ev = events.get(corr, (None, None))
-            stack = rec.stacks.get(corr)
+            stream, ev = events.get(r.correlation, (None, None))
+            stack = rec.stacks.get(r.correlation)
             if stack and rec.trim:
                 stack = trim_runner(stack)
-            rows.add(kind="api", name=s.callback_name(domain, cbid), domain=domain, pid=pid, tid=tid, start_ns=t0,
-                     end_ns=t1, correlation=corr, stack=stack, stream=stream, event=ev)
-        elif k == "kernel":
-            _, name, t0, t1, dev, stream, corr, grid, block, shared, gid, gnode = r
-            rows.add(kind="kernel", name=dem.get(name, name), start_ns=t0, end_ns=t1, device=dev, stream=stream,
-                     correlation=corr, grid=",".join(map(str, grid)), block=",".join(map(str, block)),
-                     shared_bytes=shared, graph_id=gid, graph_node_id=gnode, pid=rec.pid)
-        elif k == "memcpy":
-            _, ck, t0, t1, dev, stream, corr, nbytes, sk, dk, gid, gnode = r
-            kind = MEMCPY_KINDS.get(ck, "")
-            src, dst = MEMORY_KINDS.get(sk, "Unknown"), MEMORY_KINDS.get(dk, "Unknown")
-            rows.add(kind="memcpy", name=f"Memcpy {kind or '?'} ({src} -> {dst})", copy_kind=kind,
-                     host_memory=host_memory(kind, src, dst), bytes=nbytes, start_ns=t0, end_ns=t1, device=dev,
-                     stream=stream, correlation=corr, graph_id=gid, graph_node_id=gnode, pid=rec.pid)
-        elif k == "memset":
-            _, mk, t0, t1, dev, stream, corr, nbytes, gid, gnode = r
-            rows.add(kind="memset", name=f"Memset ({MEMORY_KINDS.get(mk, 'Unknown')})", bytes=nbytes, start_ns=t0,
-                     end_ns=t1, device=dev, stream=stream, correlation=corr, graph_id=gid, graph_node_id=gnode,
-                     pid=rec.pid)
-        elif k == "sync":
-            _, st, t0, t1, _ctx, stream, corr, ev = r
-            kind = SYNC_TYPES.get(st, "")
-            label = {"event": "Event Sync", "stream_wait_event": "Stream Wait Event", "stream": "Stream Sync",
-                     "context": "Context Sync"}.get(kind, "Unknown Sync")
-            rows.add(kind="sync", name=label, sync_kind=kind, start_ns=t0, end_ns=t1, correlation=corr, pid=rec.pid,
-                     stream=None if stream in (-1, INVALID_ID) else stream,
-                     event=None if ev in (-1, INVALID_ID) else ev)
-        elif k == "graph":
-            _, gid, t0, t1, dev, stream, corr = r
-            rows.add(kind="graph", name=f"graph {gid}", graph_id=gid, start_ns=t0, end_ns=t1, device=dev,
-                     stream=stream, correlation=corr, pid=rec.pid)
-        elif k == "marker":
-            _, flags, ts, mid, name, domain, pid, tid = r
-            if flags & MARKER_START:
-                open_markers[mid] = (ts, name, domain, pid, tid)
-            elif flags & MARKER_END and mid in open_markers:
-                t0, name0, dom0, pid0, tid0 = open_markers.pop(mid)
-                rows.add(kind="nvtx", name=name0, domain=dom0, pid=pid0 if pid0 >= 0 else rec.pid, tid=tid0,
-                         start_ns=t0, end_ns=ts)
+            rows.add(kind="api", name=r.name or s.callback_name(r.domain, r.cbid), domain=r.domain, pid=r.pid,
+                     tid=r.tid, start_ns=r.start_ns, end_ns=r.end_ns, correlation=r.correlation, stack=stack,
+                     stream=stream, event=ev)
+        elif isinstance(r, R.Kernel):
+            rows.add(**{**r.cells(), "name": dem.get(r.name, r.name)}, pid=rec.pid)
+        elif isinstance(r, (R.Copy, R.Memset, R.GraphExec)):
+            rows.add(**r.cells(), pid=rec.pid)
+        elif isinstance(r, R.Sync):
+            rows.add(kind="sync", name=r.name, sync_kind=r.sync_kind, start_ns=r.start_ns, end_ns=r.end_ns,
+                     correlation=r.correlation, pid=rec.pid, stream=None if r.stream < 0 else r.stream,
+                     event=None if r.event < 0 else r.event)
+        elif isinstance(r, R.Marker):
+            if r.phase == "start":
+                open_markers[r.id] = r
+            elif r.phase == "end" and r.id in open_markers:
+                m0 = open_markers.pop(r.id)
+                rows.add(kind="nvtx", name=m0.name, domain=m0.domain, pid=m0.pid if m0.pid >= 0 else rec.pid,
+                         tid=m0.tid, start_ns=m0.timestamp_ns, end_ns=r.timestamp_ns)
             else:
                 marks += 1
     if own:
@@ -408,7 +374,7 @@ def _strip_python(argv: list[str]) -> list[str]:
 
 def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = False,
                token_range: str | None = None) -> Path:
-    """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.audit.record``)
+    """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.trace.recording``)
     with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
     when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
     runs a module. ``NVTX_INJECTION64_PATH`` is set to the CUPTI library (unless already set) so
@@ -416,7 +382,7 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
     the saved file's header and the table's notes (a failing script still leaves its recording).
 
     ``arguments``: run the script a second time with the kernel arguments recorded
-    (:mod:`ds4lab.audit.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
+    (:mod:`ds4lab.trace.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
     first (timed) recording, which stays clean of the capture's cost; a second pass that fails leaves
     the first recording as it is (its reason in ``arguments.csv.gz.error.txt``).
 
@@ -445,7 +411,7 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         env["NVTX_INJECTION64_PATH"] = str(lib)
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"recording: {' '.join(argv)}")
-    rc = _run_pass([sys.executable, "-m", "ds4lab.audit.record", "--out", str(target), "--", *argv], env, say)
+    rc = _run_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(target), "--", *argv], env, say)
     if err.is_file():
         raise SourceError(err.read_text().strip())
     if not target.is_file():
@@ -456,7 +422,8 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
         extra = ["--token-range", token_range] if token_range else []
-        rc2 = _run_pass([sys.executable, "-m", "ds4lab.audit.record", "--out", str(second), "--arguments", *extra,
+        # the audit's runner: the recording runner with the audit's token finder (ds4lab.audit.arguments)
+        rc2 = _run_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments", *extra,
                          "--", *argv], env, say)
         err2 = second.with_name(second.name + ".error.txt")
         if err2.is_file() or not second.is_file():
@@ -490,8 +457,10 @@ def _exit_code(e: SystemExit) -> int:
     return 1
 
 
-def main(argv=None) -> int:
-    """The runner (module docstring). Returns the script's exit status (130 after Ctrl-C)."""
+def main(argv=None, tokens=None) -> int:
+    """The runner (module docstring). Returns the script's exit status (130 after Ctrl-C). ``tokens``:
+    an argument pass's token finder (:func:`recording`; ``python -m ds4lab.audit.arguments`` gives the
+    audit's)."""
     import runpy
     import traceback
 
@@ -509,7 +478,7 @@ def main(argv=None) -> int:
         status = 0
         err = out.with_name(out.name + ".error.txt")
         try:
-            ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range)
+            ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range, tokens=tokens)
             rec = ctx.__enter__()
             rec.trim = True
         except SourceError as e:
@@ -539,7 +508,7 @@ def main(argv=None) -> int:
         raise SystemExit(status)
 
     try:
-        cli.main(args=argv, prog_name="python -m ds4lab.audit.record", standalone_mode=False)
+        cli.main(args=argv, prog_name="python -m ds4lab.trace.recording", standalone_mode=False)
     except SystemExit as e:
         return _exit_code(e)
     except click.ClickException as e:

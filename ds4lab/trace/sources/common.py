@@ -1,6 +1,7 @@
-"""What every ingest reader shares: the error, the result record, problem reporting (strict or
-lenient), ``meta.json`` reading, the ``--out`` check and number parsing as the profilers print
-numbers."""
+"""What every trace reader shares: the error it raises, the tables a summary reader returns
+(:class:`Ingested`), problem reporting (strict or lenient), progress over bytes, a byte-counting
+reader, streamed lines, an input's content hash, ``meta.json`` reading and number parsing as the
+profilers print numbers."""
 
 from __future__ import annotations
 
@@ -9,19 +10,26 @@ import json
 import math
 import os
 import re
+import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
+from ...errors import BadInput
+
+
+class SourceError(BadInput):
+    """A trace or profile that cannot be read (exit 2): the message names the file and what is wrong
+    with it (the line, event or row and the field; what it holds instead; the byte where it is cut;
+    the command that converts it)."""
+
+
 #: time unit → factor to µs (``nsys stats`` column units; ``ncu`` metric units, long and short)
 TIME_UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "µs": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
                 "s": 1e6, "second": 1e6}
-
-
-class IngestError(ValueError):
-    """Input that cannot be read: the message names the file and the line."""
 
 
 @dataclass
@@ -143,7 +151,7 @@ def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
     another name counts as the same input). Returns ``[(path, sha256)]`` in order.
 
     Raises:
-        ``error`` (an exception class, e.g. :class:`IngestError`): naming the input given twice
+        ``error`` (an exception class, e.g. :class:`SourceError`): naming the input given twice
         and both its names, plus ``twice`` (why that is wrong); an input that does not exist or
         cannot be read.
     """
@@ -198,6 +206,14 @@ def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
     return out
 
 
+def input_size(path: Path) -> int:
+    """An input's size in bytes: a file's, or the files directly in a folder together."""
+    p = Path(path)
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.glob("*") if f.is_file())
+    return p.stat().st_size
+
+
 def _hash_file(h, f: Path) -> None:
     with open(f, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -208,26 +224,22 @@ _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool
 
 
 def load_meta(f: Path) -> dict:
-    """A ds4lab ``meta.json`` as a dict. Raises IngestError naming the file (and the line of a JSON
+    """A ds4lab ``meta.json`` as a dict. Raises SourceError naming the file (and the line of a JSON
     syntax error) when it cannot be read, is not JSON, or is not a JSON object."""
     f = Path(f)
     try:
         text = f.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise IngestError(f"{f}: unreadable ({getattr(e, 'strerror', None) or e})") from None
+        raise SourceError(f"{f}: unreadable ({getattr(e, 'strerror', None) or e})") from None
     if not text.strip():
-        raise IngestError(f"{f}: empty file, not a ds4lab meta.json")
+        raise SourceError(f"{f}: empty file, not a ds4lab meta.json")
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as e:
-        raise IngestError(f"{f}:{e.lineno}: broken JSON ({e.msg}, column {e.colno})") from None
+        raise SourceError(f"{f}:{e.lineno}: broken JSON ({e.msg}, column {e.colno})") from None
     if not isinstance(meta, dict):
-        raise IngestError(f"{f}: a JSON {_JSON_TYPE.get(type(meta), type(meta).__name__)}, not the object "
+        raise SourceError(f"{f}: a JSON {_JSON_TYPE.get(type(meta), type(meta).__name__)}, not the object "
                           "ds4lab writes")
-    if meta.get("status") == "running" and f.name == "meta.json":
-        from ..report.results import read_meta
-
-        meta = read_meta(f.parent) or meta  # a run whose process is gone reads as "died"
     return meta
 
 
@@ -238,24 +250,21 @@ def check_out_dir(out: Path) -> None:
     for q in (out, *out.parents):
         if q.is_dir():
             if not os.access(q, os.W_OK | os.X_OK):
-                raise IngestError(f"--out {out}: {q} is not writable")
+                raise SourceError(f"--out {out}: {q} is not writable")
             return
         if q.exists() or q.is_symlink():
             what = "is a file, not a folder" if q == out else "is a file, so no folder can be made below it"
-            raise IngestError(f"--out {out}: {q} {what}")
+            raise SourceError(f"--out {out}: {q} {what}")
 
 
 
 
 def problem(res: Ingested, lenient: bool, line: int, why: str, text: str = "") -> None:
-    """Report one bad line of ``res.path``: raise :class:`IngestError` (``file:line: why: 'text'``)
+    """Report one bad line of ``res.path``: raise :class:`SourceError` (``file:line: why: 'text'``)
     unless ``lenient``, else append it to ``res.problems`` (the rows read so far are kept)."""
     if not lenient:
-        raise IngestError(f"{res.path}:{line}: {why}" + (f": {text.strip()[:120]!r}" if text else ""))
+        raise SourceError(f"{res.path}:{line}: {why}" + (f": {text.strip()[:120]!r}" if text else ""))
     res.problems.append({"file": str(res.path), "line": line, "problem": why, "text": text.strip()[:200]})
-
-
-_problem = problem  # the older private name
 
 
 def num(cell) -> float:
@@ -278,3 +287,96 @@ def snake(text: str) -> str:
     t = text.strip().replace("(%)", " pct").replace("%", " pct")
     t = re.sub(r"[^0-9A-Za-z]+", "_", t).strip("_").lower()
     return t or "column"
+
+
+class Progress:
+    """Progress of a reader over ``total`` units (bytes or rows), shown on ``target``.
+
+    ``target`` is None (nothing shown), a callable ``target(done, total)``, or a rich Console (a bar
+    through :class:`ds4lab.progress.JobProgress`, redrawn at most every 0.2 s). Use as a context
+    manager; :meth:`to` reports the units done so far (cheap when nothing is due)."""
+
+    def __init__(self, target, description: str, total: int) -> None:
+        self.target = target
+        self.total = max(int(total), 1)
+        self.done = 0
+        self._bar = None
+        self._call = None
+        self._last = 0.0
+        if target is None:
+            return
+        if callable(target) and not hasattr(target, "print"):
+            self._call = target
+        else:
+            from ...progress import JobProgress
+
+            self._bar = JobProgress(target, description, self.total)
+
+    def __enter__(self) -> "Progress":
+        if self._bar is not None:
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.to(self.total)
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def to(self, done: int) -> None:
+        """``done`` units of :attr:`total` are read."""
+        done = min(int(done), self.total)
+        if done <= self.done:
+            return
+        if self._bar is not None:
+            self._bar.advance(done - self.done)
+        elif self._call is not None:
+            now = time.perf_counter()  # a host clock for a redraw rate, nothing measured
+            if now - self._last >= 0.2 or done == self.total:
+                self._last = now
+                self._call(done, self.total)
+        self.done = done
+
+
+class CountingReader:
+    """A binary file-like object over ``raw`` that counts the bytes read through it (``count``) and
+    reports them to a :class:`Progress` (``tell`` of ``progress_of``: the compressed offset for a
+    ``.gz`` file, so the bar runs over the file's own size)."""
+
+    def __init__(self, raw, progress: Progress | None = None, progress_of=None) -> None:
+        self.raw = raw
+        self.count = 0
+        self.progress = progress
+        self.progress_of = progress_of
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.raw.read(n)
+        self.count += len(b)
+        if self.progress is not None:
+            self.progress.to(self.progress_of.tell() if self.progress_of is not None else self.count)
+        return b
+
+
+def head_bytes(path: Path, n: int = 65536) -> bytes:
+    """The first ``n`` bytes of ``path``, decompressed when it is a gzip file (magic ``1f 8b``)."""
+    import gzip
+
+    with open(path, "rb") as f:
+        head = f.read(n)
+    if head[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as g:
+                return g.read(n)
+        except (OSError, EOFError, zlib.error):  # a cut or damaged file: what decompresses
+            with open(path, "rb") as f:
+                return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(f.read(1 << 20), n)
+    return head
+
+
+def tail_bytes(path: Path, n: int = 65536) -> bytes:
+    """The last ``n`` bytes of ``path`` as stored (no decompression)."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - n))
+        return f.read()

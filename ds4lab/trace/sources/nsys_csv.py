@@ -51,6 +51,11 @@ import pandas as pd
 
 from .common import TIME_UNIT_US, Ingested, ends_with_newline, finite_nonneg, num, problem, snake, text_lines
 
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"nsys-csv": "nsys stats CSV reports"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("tables",)
+
 #: report name (current and older) → table name under ``--out``
 REPORTS = {
     "cuda_gpu_kern_sum": "nsys_kernels", "gpukernsum": "nsys_kernels",
@@ -218,7 +223,7 @@ def read_nsys_csv(path: Path, lenient: bool, res: Ingested | None = None) -> Ing
     """Every report of an ``nsys stats`` CSV file → one table per report kind (:data:`REPORTS`),
     every column kept (see the module docstring), with ``report`` (the report name), ``file`` and
     ``source`` (``<file name>:<line>``). Streamed: rows are handed over :data:`CHUNK_ROWS` at a time
-    (:meth:`ds4lab.ingest.common.Ingested.emit`). Raises IngestError (file, line, column, value) for a
+    (:meth:`ds4lab.trace.sources.common.Ingested.emit`). Raises SourceError (file, line, column, value) for a
     malformed row unless ``lenient``, and for the text format always; skipped reports, unit
     assumptions, empty reports and lines that are no table's go to ``warnings``."""
     path = Path(path)
@@ -252,10 +257,10 @@ def read_nsys_csv(path: Path, lenient: bool, res: Ingested | None = None) -> Ing
 
 def _line(res, lenient, st, n: int, line: str, last: bool) -> None:
     """One line of the file, in the state ``st`` (the report titled, the table being read)."""
-    from .common import IngestError
+    from .common import SourceError
 
     if _DASHES.match(line) and re.search(r"\b(Time|Name|Range|Operation|Start)\b", st["prev"]):
-        raise IngestError(f"{res.path}:{n}: this is the text format of nsys stats (columns under a line of dashes), "
+        raise SourceError(f"{res.path}:{n}: this is the text format of nsys stats (columns under a line of dashes), "
                           "not CSV: rerun with `--format csv`, e.g. nsys stats --report cuda_gpu_kern_sum "
                           "--format csv REPORT.nsys-rep > stats.csv")
     if line.strip():

@@ -1,6 +1,7 @@
-"""The audit's one event table: every source (a PyTorch profiler / Kineto trace, an Nsight Systems
-SQLite export, an in-process CUPTI recording, ds4lab's own ``trace.json``) is read into this shape,
-and everything the audit decides is decided on it.
+"""The trace model's one event table: every event source (a PyTorch profiler / Kineto trace, an Nsight
+Systems SQLite export, an in-process CUPTI recording, ds4lab's own ``trace.json``) is read into this
+shape, and everything the audit decides is decided on it. A record of :mod:`ds4lab.trace.records`
+becomes a row through its ``cells()``.
 
 One row per event, in one pandas DataFrame. What a row is depends on ``kind``:
 
@@ -34,22 +35,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .records import COPY_KINDS, HOST_MEMORY, STREAM_TYPES, SYNC_KINDS  # noqa: F401 - the columns' values
+
 #: Row kinds (module docstring).
 KINDS = ("api", "kernel", "memcpy", "memset", "sync", "nvtx", "graph")
-
-#: Copy kinds, as CUPTI names them without the prefix (``CUPTI_ACTIVITY_MEMCPY_KIND_HTOD`` → ``HtoD``).
-COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "HtoA", "AtoH", "AtoA", "DtoA", "AtoD")
-
-#: Host memory of a copy's host side (``CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE`` / ``PINNED`` / ``MANAGED``).
-HOST_MEMORY = ("pageable", "pinned", "managed")
-
-#: What a ``sync`` row synchronized (``CUpti_ActivitySynchronizationType``).
-SYNC_KINDS = ("stream", "event", "device", "context", "stream_wait_event")
-
-#: What kind of stream a row's ``stream`` is (CUPTI ``CUpti_ActivityStreamFlag``: ``NULL`` is the legacy
-#: default stream, ``DEFAULT`` a blocking stream, ``NON_BLOCKING`` one created with
-#: ``cudaStreamNonBlocking``; ``per_thread`` is ``cudaStreamPerThread``).
-STREAM_TYPES = ("legacy", "per_thread", "blocking", "non_blocking")
 
 #: Column → (dtype, missing value). The table always has exactly these columns, in this order.
 COLUMNS: dict[str, tuple[str, object]] = {

@@ -41,6 +41,11 @@ import pandas as pd
 
 from .common import TIME_UNIT_US, Ingested, ends_with_newline, num, problem, text_lines
 
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"ncu-csv": "Nsight Compute CSV output"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("tables",)
+
 #: the details page's section that holds the throughputs as % of peak (``--section SpeedOfLight``)
 SOL_SECTION = "GPU Speed Of Light Throughput"
 #: details-page (section, metric name) → (column, unit kind): a metric counts for a column only in
@@ -307,26 +312,6 @@ def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:
     kr[col] = v
     kr["_from"][col] = f"{section} / {name}"
     return None
-
-
-def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
-    """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in
-    launch order (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch
-    layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
-    launch sequence as on a GPU: ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown
-    preset."""
-    from ..backends import make_backend
-    from ..token.config import get_preset
-    from ..experiments.stages import START_POS, token_id_at
-    from ..token.model import DecodeModel, TokenOptions
-
-    cfg = get_preset(preset)
-    m = DecodeModel(cfg, make_backend("sim", timing_only=True), TokenOptions(vocab=True))  # the ladder's token
-    with m.L.recording() as launched:
-        m.token(START_POS, token_id_at(START_POS, cfg.vocab))
-    rows = [{"cluster": r.cluster, "layer": r.layer, "op": r.site, "kernel": r.kernel, "grid": str(tuple(r.grid)),
-             "block": str(tuple(r.block)), "nbytes": r.nbytes} for r in launched]
-    return pd.DataFrame(rows)
 
 
 def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float | None = None) -> pd.DataFrame:

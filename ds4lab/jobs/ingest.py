@@ -1,0 +1,333 @@
+"""``ds4lab ingest``: read real profiles into ds4lab's tidy tables: ds4's MoE profile lines, Nsight
+Systems exports (``nsys stats`` CSV reports, the SQLite export), Nsight Compute CSV output, and ds4lab
+result folders from other machines. The readers are the trace model's (:mod:`ds4lab.trace.sources`,
+one module per format, each yielding summary tables):
+
+* ``ds4-log`` (:mod:`~ds4lab.trace.sources.ds4log`): ds4's ``DS4_CUDA_MOE_PROFILE`` stderr lines and
+  the ds4-format logs ``ds4lab moe`` writes → table ``ds4_moe``;
+* ``nsys-csv`` (:mod:`~ds4lab.trace.sources.nsys_csv`): every ``nsys stats --format csv`` report, told
+  apart by its title line, or in the per-report files of ``-o PREFIX`` by their file name and columns
+  → ``nsys_kernels``, ``nsys_nvtx``, ``nsys_nvtx_kernels``, ``nsys_cuda_api``, ``nsys_mem_time``,
+  ``nsys_mem_size``, ``nsys_gpu_trace``, ``nsys_api_trace``, ``nsys_osrt``; other reports skipped by
+  name; the text format refused with "rerun with --format csv";
+* ``nsys-sqlite`` (:mod:`~ds4lab.trace.sources.nsys_sqlite`): ``nsys export --type sqlite`` →
+  ``kernels``, ``graphs``, ``nvtx`` with domain names; a warning when graph executions come without
+  their kernels;
+* ``ncu-csv`` (:mod:`~ds4lab.trace.sources.ncu`): ``ncu --csv`` details or raw page → ``ncu_kernels``,
+  ``ncu_metrics`` keyed by section and name with units, ``ncu_rules``; ``ncu_sites``, with
+  ``sites=PRESET`` joined to ds4lab's launch sites (:func:`site_table`);
+* ``ds4lab-folder`` (:mod:`~ds4lab.trace.sources.folder`): ds4lab result folders → ``ds4lab_<table>``.
+
+The format is detected from the content, never from the file name
+(:func:`ds4lab.trace.sources.detect`, scanning in blocks). A raw ``.nsys-rep``/``.qdrep``/``.ncu-rep``
+is refused with the command that exports it; an event trace (a Kineto JSON, a recording) is named
+with ``ds4lab audit``, which reads it. Large inputs are streamed: ds4 logs and ``nsys stats`` CSV are
+read line by line and written in chunks (:meth:`~ds4lab.trace.sources.common.Ingested.emit`), so
+memory does not grow with the file.
+
+Every table has a ``file`` column (the input it came from: one source per file, so that ``compare``
+draws one bar per file) and a ``source`` column (``file:line``, the SQLite row number, or the CSV a
+ds4lab folder's table came from).
+
+Malformed input raises :class:`~ds4lab.trace.sources.SourceError` naming the file and line; with
+``lenient=True`` the good rows are kept and every bad line is reported (``Ingested.problems``), never
+dropped silently. What is read but not turned into rows (a report ds4lab does not read, unit
+assumptions, graph executions without their kernels) is named in ``Ingested.warnings``. An input that
+cannot be read at all (no such file, a broken ``meta.json``, a ds4lab folder without a table, an
+unreadable SQLite database), a file cut off in the middle of its last line, the same input given
+twice (by path or by content: :func:`check_inputs`), and an ``--out`` that cannot be this folder are
+SourceErrors in either mode. :func:`ingest_all` writes into a ds4lab result folder
+(:func:`ds4lab.report.results.job_folder`: locked, staged, ``meta.json`` naming the inputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..trace.sources import SourceError, read_tables
+from ..trace.sources import ncu as _ncu
+from ..trace.sources.common import Ingested, RowBlock, check_out_dir, distinct_inputs, input_size
+from .result import JobResult, result_folder
+
+#: every table name ingest writes (``<name>.csv`` under ``--out``), and the problems file
+OUTPUT_GLOBS = ("ds4_moe.csv", "nsys_*.csv", "kernels.csv", "graphs.csv", "nvtx.csv", "ncu_*.csv", "ds4lab_*.csv",
+                "ingest_problems.csv", "ingest_warnings.csv")
+
+
+@dataclass
+class IngestConfig:
+    """What ``ds4lab ingest`` reads: ``files`` (each once), into the result folder ``out``; ``lenient``:
+    keep the good rows and report every bad line; ``sites``: a preset whose launch sites the Nsight
+    Compute kernels are joined to (:func:`site_table`)."""
+
+    files: tuple = ()
+    out: Path | str | None = None
+    lenient: bool = False
+    sites: str | None = None
+
+
+def check_config(cfg: IngestConfig) -> None:
+    """Checks before any input is read: an input given, a ``sites`` preset that exists. Raises SourceError."""
+    if not cfg.files:
+        raise SourceError("no input to ingest")
+    if cfg.sites is not None:
+        from ..token.config import PRESETS
+
+        if cfg.sites not in PRESETS:
+            raise SourceError(f"--sites {cfg.sites!r}: not a preset; known presets: {', '.join(PRESETS)}")
+
+
+def run(cfg: IngestConfig, backend=None, console=None) -> JobResult:
+    """Ingest ``cfg`` (:func:`ingest_all`) with a progress bar on stderr for large inputs; ``backend``
+    is unused (the job needs none)."""
+    import os
+
+    from .common import out_folder
+
+    check_config(cfg)
+    out, ran = out_folder(cfg.out, "ingested", (),
+                          {"inputs": sorted(os.path.abspath(f) for f in cfg.files), "sites": cfg.sites})
+    with _progress(cfg.files) as progress:
+        return ingest_all(cfg.files, Path(out), cfg.lenient, cfg.sites, progress=progress, ran=ran)
+
+
+#: inputs larger than this (bytes, all together) get a progress bar on stderr while they are read
+PROGRESS_BYTES = 16 << 20
+
+
+@contextlib.contextmanager
+def _progress(files):
+    """A progress bar (MB read of all inputs) on stderr while large inputs are read; None (no
+    callback) for small ones."""
+    total = 0
+    for f in map(Path, files):
+        with contextlib.suppress(OSError):
+            total += input_size(f)
+    if total < PROGRESS_BYTES:
+        yield None
+        return
+    from rich.console import Console
+
+    from ..progress import JobProgress
+
+    with JobProgress(Console(stderr=True), "reading inputs (MB)", max(1, total >> 20), eta=True) as bar:
+        shown = [0]
+
+        def progress(done: int, _total: int) -> None:
+            mb = done >> 20
+            if mb > shown[0]:
+                bar.advance(mb - shown[0])
+                shown[0] = mb
+
+        yield progress
+
+
+def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=None, progress=None) -> Ingested:
+    """Read one input (:func:`ds4lab.trace.sources.read_tables`). ``sites`` (a preset name) joins ncu
+    kernels to ds4lab's launch sites of that preset (:func:`site_table`,
+    :func:`ds4lab.trace.sources.ncu.join_sites`) and adds the per-site table ``ncu_sites``; without it
+    ``ncu_sites`` groups by the NVTX cluster and op alone. ``sink(table, rows)``: receives the rows of
+    a streamed input (ds4 logs, nsys stats CSV) chunk by chunk instead of :attr:`Ingested.tables`
+    (bounded memory); ``progress(n)`` is told of each ``n`` bytes read. Raises SourceError (file and
+    line) unless ``lenient``; an unknown preset is a SourceError."""
+    from ..report.compare import load_result_meta
+
+    res = read_tables(Path(path), lenient, sink=sink, progress=progress, read_meta=load_result_meta)
+    k = res.tables.get("ncu_kernels")
+    if k is not None and not k.empty:
+        if sites:
+            from ..token.config import ConfigError
+
+            try:
+                st = site_table(sites)
+            except (ConfigError, KeyError) as e:
+                raise SourceError(f"--sites {sites}: {e.args[0] if e.args else 'unknown preset'}") from None
+            k = _ncu.join_sites(k, st)
+            res.tables["ncu_kernels"] = k
+            unknown = sorted({f"{c}/{o}" for c, o, ok in zip(k["cluster"], k["op"], k["site_known"])
+                              if not ok and isinstance(o, str)})
+            if unknown:
+                res.warnings.append(f"{path}: {len(unknown)} NVTX cluster/op pair(s) that ds4lab's {sites} token "
+                                    f"does not launch: {', '.join(unknown[:6])}")
+        elif k["op"].isna().all():
+            res.warnings.append(f"{path}: no kernel carries ds4lab's NVTX stack (profile with ncu --nvtx and "
+                                "ds4lab --nvtx): sites cannot be told apart")
+        res.tables["ncu_sites"] = _ncu.per_site(k)
+    return res
+
+
+def check_inputs(paths, out: Path) -> list[dict]:
+    """Checks before anything is read or written: every input exists once, by path and by content
+    (:func:`ds4lab.trace.sources.common.content_sha256`: an identical copy would count its rows twice), and
+    ``out`` is not an input nor holds one (the tables would replace what they are read from).
+    Returns ``[{"path", "sha256"}]`` in order.
+
+    Raises:
+        SourceError: naming the input given twice (and both names), or the input ``out`` would replace.
+    """
+    found = distinct_inputs(paths, SourceError, "its rows would be counted twice; give each input once")
+    o = Path(out).resolve()
+    for p, _ in found:
+        key = p.resolve()
+        if key == o or o in key.parents:
+            raise SourceError(f"--out {out}: it {'is' if key == o else 'holds'} the input {p}: the tables would "
+                              "replace what they are read from; choose another --out")
+    return [{"path": str(p), "sha256": digest} for p, digest in found]
+
+
+class _TableFiles:
+    """The tables of one ingest, written to CSV in ``folder`` as their rows come (bounded memory).
+    A table's rows with other columns than its first ones (two nsys versions, two reports into one
+    table) go to a part file of their own; :meth:`close` merges the parts under the union of their
+    columns, row by row, values as written."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.parts: dict[str, list[tuple[list[str], Path]]] = {}
+        self.rows: dict[str, int] = {}
+
+    def add(self, table: str, df) -> None:
+        """Append ``df`` (a DataFrame, or a :class:`ds4lab.trace.sources.common.RowBlock`) to ``table``.
+
+        Raises:
+            ds4lab.report.results.WriteFailed: the rows could not be written (a full disk), naming
+                the file; the file keeps its whole rows. Not an OSError, so that a reader streaming
+                into it does not take it for its input being unreadable.
+        """
+        from ..report.folder_io import WriteFailed, os_reason
+
+        try:
+            self._add(table, df)
+        except OSError as e:
+            err = WriteFailed(f"cannot write {e.filename or self.folder / (table + '.csv')}: {os_reason(e)}", e.errno)
+            err.files_not_written = getattr(e, "files_not_written", ())
+            raise err from e
+
+    def _add(self, table: str, df) -> None:
+        if len(df) == 0:
+            return
+        cols = [str(c) for c in df.columns]
+        parts = self.parts.setdefault(table, [])
+        part = next((p for c, p in parts if c == cols), None)
+        new = part is None
+        if new:
+            part = self.folder / (f"{table}.csv" if not parts else f".{table}.part{len(parts)}.csv")
+            parts.append((cols, part))
+        from ..report.folder_io import appending
+
+        with appending(part):  # a write cut part way (a full disk) is cut back: whole rows only
+            if isinstance(df, RowBlock):
+                import csv
+
+                with open(part, "a" if not new else "w", newline="") as f:
+                    w = csv.writer(f, lineterminator="\n")
+                    if new:
+                        w.writerow(cols)
+                    w.writerows(df.rows)
+            else:
+                df.to_csv(part, mode="w" if new else "a", header=new, index=False)
+        self.rows[table] = self.rows.get(table, 0) + len(df)
+
+    def close(self) -> None:
+        import csv
+
+        for table, parts in self.parts.items():
+            if len(parts) == 1:
+                continue
+            union = list(dict.fromkeys(c for cols, _ in parts for c in cols))
+            merged = self.folder / f".{table}.merged.csv"
+            with open(merged, "w", newline="") as out:
+                w = csv.writer(out)
+                w.writerow(union)
+                for cols, part in parts:
+                    with open(part, newline="") as f:
+                        rd = csv.reader(f)
+                        next(rd, None)
+                        at = [cols.index(c) if c in cols else None for c in union]
+                        for row in rd:
+                            w.writerow(["" if i is None else row[i] for i in at])
+            for _, part in parts:
+                part.unlink()
+            merged.replace(self.folder / f"{table}.csv")
+
+
+def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None,
+               ran: dict | None = None) -> JobResult:
+    """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of
+    all inputs, each row's ``file`` naming its input; streamed inputs written as they are read),
+    the bad lines to ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and
+    ``meta.json`` (``job: ingest``, the inputs with their format, SHA-256 and rows, the status).
+
+    The folder is a ds4lab result folder (:func:`ds4lab.jobs.result.result_folder`): written aside,
+    locked against a second run, swapped in only when every input was read; a job's folder (a
+    ladder's, a moe run's) or a folder ds4lab did not write is refused. Raises SourceError on the
+    first bad input unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, an
+    input given twice by path or by content, and an ``out`` that is or holds an input are errors
+    either way); ``out`` is left as it was then. A write that fails (a full disk) raises
+    :class:`ds4lab.report.results.WriteFailed` (exit 1, as for every command: the inputs were good),
+    the tables whole so far kept. ``progress(done_bytes, total_bytes)`` is called as the inputs are
+    read. ``ran``: what sets this ingest apart, for the default folder (its inputs:
+    :func:`ds4lab.report.results.job_folder` keeps another ingest's results beside). Returns the :class:`~ds4lab.jobs.result.JobResult`: the tables' files (their
+    rows streamed, not held), ``ingest_problems`` and ``ingest_warnings`` where there are any, and what
+    each input gave (:class:`~ds4lab.trace.sources.common.Ingested`, in order) as its ``value``."""
+    from ..report import results
+
+    out = Path(out)
+    check_out_dir(out)
+    inputs = check_inputs(paths, out)
+    total = sum(input_size(Path(i["path"])) for i in inputs) or 1
+    done = [0]
+
+    def read(n: int) -> None:
+        done[0] += n
+        if progress is not None:
+            progress(min(done[0], total), total)
+
+    meta = {"job": "ingest", "inputs": inputs, "lenient": lenient, "sites": sites}
+    found: list[Ingested] = []
+    try:
+        with result_folder("ingest", out, meta, OUTPUT_GLOBS, discard_on=(SourceError,), ran=ran) as o:
+            files = _TableFiles(o.folder)
+            for spec in inputs:
+                r = ingest(Path(spec["path"]), lenient, sites, sink=files.add, progress=read)
+                for name, df in r.tables.items():
+                    files.add(name, df)
+                found.append(r)
+                spec.update(kind=r.kind, rows=r.counts(), problems=len(r.problems), warnings=len(r.warnings))
+            files.close()
+            for table in files.parts:
+                o.file(f"{table}.csv")
+            problems = [p for r in found for p in r.problems]
+            if problems:
+                o.table("ingest_problems", pd.DataFrame(problems))
+            warned = [{"file": str(r.path), "warning": w} for r in found for w in r.warnings]
+            if warned:
+                o.table("ingest_warnings", pd.DataFrame(warned))
+            meta.update(tables=files.rows, problems=len(problems), warnings=len(warned))
+    except results.OutputError as e:
+        raise SourceError(str(e)) from None
+    return o.done(found)
+
+
+def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
+    """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in
+    launch order (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch
+    layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
+    launch sequence as on a GPU: ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown
+    preset."""
+    from ..backends import make_backend
+    from ..experiments.stages import START_POS, token_id_at
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+
+    cfg = get_preset(preset)
+    m = DecodeModel(cfg, make_backend("sim", timing_only=True), TokenOptions(vocab=True))  # the ladder's token
+    with m.L.recording() as launched:
+        m.token(START_POS, token_id_at(START_POS, cfg.vocab))
+    rows = [{"cluster": r.cluster, "layer": r.layer, "op": r.site, "kernel": r.kernel, "grid": str(tuple(r.grid)),
+             "block": str(tuple(r.block)), "nbytes": r.nbytes} for r in launched]
+    return pd.DataFrame(rows)

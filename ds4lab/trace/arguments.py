@@ -1,0 +1,706 @@
+"""Kernel arguments in the recording: the parameter bytes of every kernel launch, read at the launch
+entry points through the CUPTI callback API, with the allocations the addresses among them point into.
+
+CUPTI's activity records, Kineto and Nsight Systems carry no kernel arguments, so a step whose
+kernel names and grids repeat looks the same at every token even when a value the host computes per
+token (a write index, a mask bound, a slot's address) reaches a kernel by value: a graph captured from
+one token replays that value at every other. This module records what those traces lack; the
+comparison and the verdict are :mod:`ds4lab.audit.frozen`'s.
+
+**Where the bytes come from.** The callback API calls ds4lab's handler at the entry of each launch
+call (:data:`LAUNCHES`: ``cudaLaunchKernel``, ``cudaLaunchCooperativeKernel``, ``cudaLaunchKernelExC``,
+``cuLaunchKernel``, ``cuLaunchCooperativeKernel``, ``cuLaunchKernelEx``, each with its ``_ptsz`` form)
+with a ``CUpti_CallbackData`` whose ``functionParams`` points to the call's own parameter struct
+(``cudaLaunchKernel_v7000_params``, ``cuLaunchKernel_params``, ...: CUPTI's
+``generated_cuda_runtime_api_meta.h`` / ``generated_cuda_meta.h``). ``cupti-python`` 13 exposes the
+callback data's address (``CallbackData.ptr``) but not ``functionParams``; its offset comes from
+``cupti.callback_data_dtype`` (16 on x86-64). The struct gives the function (a runtime host stub, or a
+``CUfunction``) and the argument array (``void **args`` / ``kernelParams``: one pointer per parameter,
+or ``extra``'s packed buffer). Each parameter's size and offset come from ``cuFuncGetParamInfo``
+(CUDA 12.4 and later; ``cuFuncGetParamCount`` for the count where the driver has it); a runtime
+function is mapped to its ``CUfunction`` by ``cudaGetFuncBySymbol`` of the CUDA runtime that
+registered it (each ``libcudart`` loaded in the process is asked, ``RTLD_NOLOAD``). Both are asked
+once per function; their statuses are checked, and a function they do not describe is *unread*
+(counted and named, never taken as unchanged). A driver launch made inside a runtime launch on the
+same thread (a runtime that launches through the driver) fills in the runtime launch when the latter
+was unread, and is otherwise skipped (one launch, one record, keyed by the outer call's correlation id,
+the id its kernel record carries).
+
+**What is stored.** Per launch its correlation id, function and a digest (BLAKE2b, 8 bytes) of its
+parameter bytes; the bytes themselves (and the Python stack at the launch) only for launches whose
+digest differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the
+argument pass's own event table, as the audit finds them). A recording whose tokens cannot be found
+keeps every distinct value (stored once per distinct digest).
+
+**Allocations** (what an address points into; :class:`MemoryTracker`): CUPTI ``MEMORY2`` records
+(``cudaMalloc``/``cuMemAlloc`` and frees, with address, size and time, on the records' clock); where
+torch is loaded, the caching allocator's blocks: ``torch.cuda.memory_snapshot()`` at the start (blocks
+alive before the tokens) and the allocator's history (``torch.cuda.memory._record_memory_history``,
+``alloc``/``free_requested`` events, ``time_us``) during the pass, mapped onto CUPTI's clock by two
+(wall clock, ``cuptiGetTimestamp``) pairs; and for the words that vary between tokens, the driver
+allocation containing each value at the end of the pass (``cuMemGetAddressRange``).
+
+**The cost.** The handler runs Python at every launch (reads, a digest, a stack): it slows the
+host. :func:`record_arguments` and ``ds4lab audit run`` therefore record arguments in a pass of
+their own over the same loop (the second), never in the timed tokens; :func:`measure_overhead`
+measures the cost per launch (paired, interleaved, with its interval: :mod:`ds4lab.timing`).
+
+The file (``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording): see
+:class:`ArgumentStore`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Launch call (base name) → (API domain, offset of the function in its params struct, offset of the
+#: argument array, offset of ``extra`` or None). From ``cudaLaunchKernel_v7000_params`` {func, dim3
+#: gridDim, dim3 blockDim, args, sharedMem, stream}, ``cudaLaunchKernelExC_v11060_params`` {config, func,
+#: args}, ``cuLaunchKernel_params`` {f, 7 unsigned ints, hStream, kernelParams, extra},
+#: ``cuLaunchCooperativeKernel_params`` (no extra), ``cuLaunchKernelEx_params`` {config, f, kernelParams,
+#: extra}; the ``_ptsz`` forms have the same structs.
+LAUNCHES = {
+    "cudaLaunchKernel": ("runtime", 0, 32, None),
+    "cudaLaunchCooperativeKernel": ("runtime", 0, 32, None),
+    "cudaLaunchKernelExC": ("runtime", 8, 16, None),
+    "cuLaunchKernel": ("driver", 0, 48, 56),
+    "cuLaunchCooperativeKernel": ("driver", 0, 48, None),
+    "cuLaunchKernelEx": ("driver", 8, 16, 24),
+}
+LAUNCH_NAMES = frozenset(LAUNCHES)
+#: ``CUpti_CallbackData.functionParams`` on x86-64 (cupti.callback_data_dtype says so where present).
+FUNCTION_PARAMS_OFFSET = 16
+#: ``CU_LAUNCH_PARAM_END``, ``CU_LAUNCH_PARAM_BUFFER_POINTER``, ``CU_LAUNCH_PARAM_BUFFER_SIZE`` (cuda.h).
+PARAM_END, PARAM_BUFFER_POINTER, PARAM_BUFFER_SIZE = 0, 1, 2
+#: ``CUDA_ERROR_INVALID_VALUE``: cuFuncGetParamInfo past the last parameter.
+CUDA_ERROR_INVALID_VALUE = 1
+#: The CUDA calls the capture itself makes (left out of the event table where they fall in its windows).
+OWN_CALLS = frozenset({"cuFuncGetParamInfo", "cuFuncGetParamCount", "cudaGetFuncBySymbol", "cuMemGetAddressRange",
+                       "cuFuncGetName"})
+STORE_SUFFIX = ".arguments.json.gz"
+STORE_NAME = "arguments.json.gz"
+#: Files whose frames a launch's stack leaves out (besides this module and the CUPTI session's).
+SKIP_FILES: tuple = ()
+#: At most this many distinct varying values are resolved with cuMemGetAddressRange at the end of a pass.
+MAX_RANGE_QUERIES = 20_000
+
+
+def _u64(addr: int) -> int:
+    return ctypes.c_uint64.from_address(addr).value
+
+
+def digest(data: bytes) -> str:
+    """The digest a launch's parameter bytes are stored under (BLAKE2b, 8 bytes, hex)."""
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+# ----------------------------------------------------------------------------- the CUDA queries
+class CudaQueries:
+    """The CUDA calls the capture makes, through ``ctypes`` (no extra Python binding in the hot path):
+    ``cuFuncGetParamCount``/``cuFuncGetParamInfo``, ``cuFuncGetName`` and ``cuMemGetAddressRange_v2`` of
+    ``libcuda.so.1``, and ``cudaGetFuncBySymbol`` of every CUDA runtime loaded in the process. Every
+    status is checked: a call that fails says why (``cuGetErrorName``), it never yields a guess."""
+
+    def __init__(self) -> None:
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.runtimes = _loaded_runtimes()
+        self._count = getattr(self.cuda, "cuFuncGetParamCount", None)
+        self._info = getattr(self.cuda, "cuFuncGetParamInfo", None)
+
+    def error_name(self, status: int) -> str:
+        name = ctypes.c_char_p()
+        try:
+            if self.cuda.cuGetErrorName(int(status), ctypes.byref(name)) == 0 and name.value:
+                return name.value.decode()
+        except Exception:  # noqa: BLE001 - naming only
+            pass
+        return f"CUresult {status}"
+
+    def runtime_function(self, host_fn: int) -> tuple[int, str]:
+        """The ``CUfunction`` of a runtime function (its host stub's address), and "" or why not."""
+        why = []
+        for path, lib in self.runtimes:
+            f = getattr(lib, "cudaGetFuncBySymbol", None)
+            if f is None:
+                continue
+            out = ctypes.c_void_p()
+            st = f(ctypes.byref(out), ctypes.c_void_p(host_fn))
+            if st == 0 and out.value:
+                return int(out.value), ""
+            why.append(f"{Path(path).name}: cudaError {st}")
+        return 0, ("cudaGetFuncBySymbol: " + "; ".join(why)) if why else "no CUDA runtime with cudaGetFuncBySymbol loaded"
+
+    def param_layout(self, cufunc: int) -> tuple[list | None, str]:
+        """``[(offset, size), ...]`` of ``cufunc``'s parameters, and "" or why not."""
+        if self._info is None:
+            return None, "the driver has no cuFuncGetParamInfo (CUDA 12.4 or later needed)"
+        f = ctypes.c_void_p(cufunc)
+        n = None
+        if self._count is not None:
+            c = ctypes.c_size_t()
+            st = self._count(f, ctypes.byref(c))
+            if st != 0:
+                return None, f"cuFuncGetParamCount: {self.error_name(st)}"
+            n = int(c.value)
+        out, i = [], 0
+        while n is None or i < n:
+            off, size = ctypes.c_size_t(), ctypes.c_size_t()
+            st = self._info(f, ctypes.c_size_t(i), ctypes.byref(off), ctypes.byref(size))
+            if st == CUDA_ERROR_INVALID_VALUE and n is None:
+                break  # past the last parameter
+            if st != 0:
+                return None, f"cuFuncGetParamInfo({i}): {self.error_name(st)}"
+            out.append((int(off.value), int(size.value)))
+            i += 1
+        return out, ""
+
+    def function_name(self, cufunc: int) -> str:
+        name = ctypes.c_char_p()
+        try:
+            if self.cuda.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(cufunc)) == 0 and name.value:
+                return name.value.decode()
+        except Exception:  # noqa: BLE001 - a driver without it
+            pass
+        return ""
+
+    def address_range(self, ptr: int) -> tuple[int, int] | None:
+        """``(base, size)`` of the device allocation containing ``ptr`` now, or None (not device memory)."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        fn = getattr(self.cuda, "cuMemGetAddressRange_v2", None) or self.cuda.cuMemGetAddressRange
+        st = fn(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+        return (int(base.value), int(size.value)) if st == 0 else None
+
+
+def _loaded_runtimes() -> list:
+    """``[(path, CDLL)]`` of the CUDA runtimes (``libcudart.so*``) already loaded in this process
+    (``/proc/self/maps``), opened without loading anything new (``RTLD_NOLOAD``)."""
+    paths = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.rsplit(None, 1)[-1] if "/" in line else ""
+                if "libcudart" in Path(p).name and p not in paths:
+                    paths.append(p)
+    except OSError:
+        return []
+    out = []
+    for p in paths:
+        try:
+            out.append((p, ctypes.CDLL(p, mode=getattr(os, "RTLD_NOLOAD", 4) | ctypes.RTLD_GLOBAL)))
+        except OSError:
+            continue
+    return out
+
+
+# ----------------------------------------------------------------------------- the capture
+@dataclass
+class FunctionInfo:
+    """One kernel function as the capture saw it: its name, its parameters ``[(offset, size)]`` (None:
+    unread), and why it is unread."""
+
+    name: str
+    params: list | None
+    why: str = ""
+
+
+class ArgumentCapture:
+    """The launch handler (module docstring). ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`;
+    ``queries``: the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python
+    stack at every launch (kept only where the launch differs between tokens, :func:`prune`)."""
+
+    def __init__(self, session, queries=None, *, stacks: bool = True, functions: dict | None = None) -> None:
+        self.session = session
+        self.queries = queries
+        self.want_stacks = stacks
+        self.functions: dict[str, FunctionInfo] = functions if functions is not None else {}
+        self.launches: dict[int, list] = {}   # corr -> [function id, digest or None]
+        self.blobs: dict[str, bytes] = {}
+        self.stacks: dict[int, str] = {}
+        self.own: list[tuple] = []            # (thread id, t0, t1) of the capture's own CUDA calls
+        self.unread: Counter = Counter()
+        self.local = threading.local()
+        self.notes: list[str] = []
+        self._stop = None
+        self._forms: dict = {}
+        self._skip = (__file__, _cupti_file(), *SKIP_FILES)
+        off = getattr(getattr(session.c, "callback_data_dtype", None), "fields", None)
+        self.fp_offset = int(off["function_params"][1]) if off and "function_params" in off else FUNCTION_PARAMS_OFFSET
+        self._forms_from(session)
+
+    def _forms_from(self, session) -> None:
+        from .cupti import api_base_name
+
+        D = session.c.CallbackDomain
+        for domain, enum in ((D.RUNTIME_API, getattr(session.c, "runtime_api_trace_cbid", None)),
+                             (D.DRIVER_API, getattr(session.c, "driver_api_trace_cbid", None))):
+            for member, cbid in (enum.__members__.items() if enum is not None else ()):
+                base = api_base_name(member)
+                if base in LAUNCHES:
+                    self._forms[(int(domain), int(cbid))] = LAUNCHES[base]
+
+    def start(self) -> None:
+        if self.queries is None:
+            self.queries = CudaQueries()
+        self._stop = self.session.watch_launches(LAUNCH_NAMES, self.on_launch)
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
+
+    # ------------------------------------------------------------------ the hot path
+    def on_launch(self, domain: int, cbid: int, cbdata) -> None:
+        """CUPTI's callback at a launch's entry and exit (module docstring)."""
+        form = self._forms.get((domain, cbid))
+        if form is None:
+            return
+        open_ = self.local.__dict__.setdefault("open", [])
+        if int(cbdata.callback_site) != 0:  # API exit
+            if open_:
+                open_.pop()
+            return
+        corr = int(cbdata.correlation_id)
+        if form[0] == "driver" and open_:
+            outer = open_[-1]
+            open_.append(outer)
+            if outer[1]:
+                return  # the runtime launch around it was read: one launch, one record
+            corr = outer[0]
+        else:
+            open_.append([corr, False])
+        try:
+            ok = self._read(form, corr, cbdata)
+        except Exception as e:  # noqa: BLE001 - never break the user's launch: say it and go on
+            self.unread[f"{type(e).__name__}: {e}"] += 1
+            self.launches[corr] = ["", None]
+            ok = False
+        open_[-1][1] = ok
+        if self.want_stacks:
+            from .cupti import python_stack
+
+            self.stacks[corr] = python_stack(sys._getframe(1), skip_files=self._skip)
+
+    def _read(self, form, corr: int, cbdata) -> bool:
+        domain, f_off, a_off, x_off = form
+        params = _u64(int(cbdata.ptr) + self.fp_offset)
+        fn = _u64(params + f_off)
+        fid = f"{domain[0]}{fn:x}"
+        info = self.functions.get(fid)
+        if info is None:
+            info = self._resolve(fid, domain, fn, getattr(cbdata, "symbol_name", "") or "")
+        if info.params is None:
+            self.launches[corr] = [fid, None]
+            self.unread[info.why] += 1
+            return False
+        argv = _u64(params + a_off)
+        if argv:
+            data = b"".join(ctypes.string_at(_u64(argv + 8 * i), size) for i, (_, size) in enumerate(info.params))
+        elif x_off is not None and _u64(params + x_off):
+            buf = _extra_buffer(_u64(params + x_off))
+            if buf is None:
+                self.launches[corr] = [fid, None]
+                self.unread["extra without CU_LAUNCH_PARAM_BUFFER_POINTER"] += 1
+                return False
+            data = b"".join(ctypes.string_at(buf + off, size) for off, size in info.params)
+        elif not info.params:
+            data = b""
+        else:
+            self.launches[corr] = [fid, None]
+            self.unread["no argument array"] += 1
+            return False
+        d = digest(data)
+        self.blobs.setdefault(d, data)
+        self.launches[corr] = [fid, d]
+        return True
+
+    def _resolve(self, fid: str, domain: str, fn: int, symbol: str) -> FunctionInfo:
+        t0 = self.session.timestamp()
+        try:
+            cufunc, why = (fn, "") if domain == "driver" else self.queries.runtime_function(fn)
+            if not cufunc:
+                info = FunctionInfo(symbol, None, why)
+            else:
+                layout, why = self.queries.param_layout(cufunc)
+                info = FunctionInfo(symbol or self.queries.function_name(cufunc), layout, why)
+        except Exception as e:  # noqa: BLE001 - a query that raised: this function is unread, said why
+            info = FunctionInfo(symbol, None, f"{type(e).__name__}: {e}")
+        self.own.append((threading.get_native_id(), t0, self.session.timestamp()))
+        self.functions[fid] = info
+        return info
+
+    # ------------------------------------------------------------------ after the pass
+    def resolve_ranges(self, values) -> dict:
+        """``{value: (base, size)}`` for the values (varying words) that lie in device memory now."""
+        out = {}
+        if self.queries is None:
+            return out
+        t0 = self.session.timestamp()
+        for v in list(values)[:MAX_RANGE_QUERIES]:
+            try:
+                r = self.queries.address_range(int(v))
+            except Exception:  # noqa: BLE001 - a value the driver cannot place: no range
+                r = None
+            if r is not None:
+                out[int(v)] = r
+        self.own.append((threading.get_native_id(), t0, self.session.timestamp()))
+        return out
+
+
+def _cupti_file() -> str:
+    from . import cupti
+
+    return cupti.__file__
+
+
+def _extra_buffer(extra: int) -> int | None:
+    """The packed parameter buffer of a ``cuLaunchKernel`` ``extra`` array, or None."""
+    i = 0
+    while i < 64:
+        key = _u64(extra + 8 * i)
+        if key == PARAM_END:
+            return None
+        if key == PARAM_BUFFER_POINTER:
+            return _u64(extra + 8 * (i + 1))
+        i += 2
+    return None
+
+
+# ----------------------------------------------------------------------------- allocations
+class MemoryTracker:
+    """What the addresses point into (module docstring): torch's caching allocator where torch is loaded
+    (``torch_module``: the module, or None to look in ``sys.modules``), on CUPTI's clock (``clock()``)."""
+
+    def __init__(self, clock, torch_module=None) -> None:
+        self.clock = clock
+        self.torch = torch_module if torch_module is not None else _torch_if_loaded()
+        self.pairs: list[tuple[int, int]] = []
+        self.start_blocks: list = []
+        self.segments: list = []
+        self.events: list = []
+        self.notes: list[str] = []
+        self._history = False
+
+    def _pair(self) -> None:
+        self.pairs.append((time.time_ns(), int(self.clock())))
+
+    def start(self) -> None:
+        self._pair()
+        if self.torch is None:
+            return
+        try:
+            mem = self.torch.cuda.memory
+            snap = mem.memory_snapshot()
+            self.start_blocks = [(int(b["address"]), int(b["size"])) for s in snap for b in s.get("blocks", ())
+                                 if b.get("state") == "active_allocated"]
+            self.segments = [(int(s["address"]), int(s["total_size"])) for s in snap]
+            mem._record_memory_history(enabled="all", context=None, max_entries=2_000_000)
+            self._history = True
+        except Exception as e:  # noqa: BLE001 - a torch without it: the tokens' temporaries stay unplaced
+            self.notes.append(f"torch's caching allocator not followed ({type(e).__name__}: {e}): addresses inside "
+                              "its segments are of unknown lifetime")
+
+    def stop(self) -> None:
+        self._pair()
+        if not self._history:
+            return
+        mem = self.torch.cuda.memory
+        try:
+            snap = mem._snapshot()
+            for dev in snap.get("device_traces", ()):
+                for e in dev:
+                    if e.get("action") in ("alloc", "free_requested", "free_completed") and "time_us" in e:
+                        self.events.append((e["action"], int(e["addr"]), int(e["size"]), int(e["time_us"])))
+            for s in snap.get("segments", ()):
+                seg = (int(s["address"]), int(s["total_size"]))
+                if seg not in self.segments:
+                    self.segments.append(seg)
+            if not self.events:
+                self.notes.append("torch's allocator history has no timed events (time_us): temporaries unplaced")
+        except Exception as e:  # noqa: BLE001
+            self.notes.append(f"torch's allocator history unreadable ({type(e).__name__}: {e})")
+        finally:
+            try:
+                mem._record_memory_history(enabled=None)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def to_clock(self, unix_ns: int) -> int:
+        """A wall-clock time in CUPTI's clock (the line through the start and end pairs)."""
+        (u0, c0), (u1, c1) = self.pairs[0], self.pairs[-1]
+        slope = (c1 - c0) / (u1 - u0) if u1 != u0 else 1.0
+        return int(c0 + (unix_ns - u0) * slope)
+
+    def allocations(self) -> list:
+        """``[base, size, alloc_ns, free_ns, source]`` of torch's blocks (``-1``: before the pass /
+        alive at its end)."""
+        out = [[a, s, -1, -1, "torch block"] for a, s in self.start_blocks]
+        live = {a: i for i, (a, _, _, _, _) in enumerate(out)}
+        for action, addr, size, t_us in sorted(self.events, key=lambda e: e[3]):
+            t = self.to_clock(t_us * 1000)
+            if action == "alloc":
+                live[addr] = len(out)
+                out.append([addr, size, t, -1, "torch block"])
+            elif addr in live:
+                i = live.pop(addr)
+                out[i][3] = t
+        return out
+
+
+def _torch_if_loaded():
+    t = sys.modules.get("torch")
+    try:
+        return t if t is not None and t.cuda.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def cupti_allocations(records) -> list:
+    """``[base, size, alloc_ns, free_ns, source]`` from CUPTI ``memory`` records
+    (:class:`ds4lab.trace.records.MemoryOp`, :mod:`ds4lab.trace.cupti`): an allocation and its release
+    paired by address."""
+    out, live = [], {}
+    for r in sorted((r for r in records if getattr(r, "kind", None) == "memory"), key=lambda r: r.timestamp_ns):
+        op, addr, size, ts = r.operation, r.address, r.bytes, r.timestamp_ns
+        if op == 1:
+            live[addr] = len(out)
+            out.append([addr, size, ts, -1, "cudaMalloc"])
+        elif op == 2:
+            if addr in live:
+                out[live.pop(addr)][3] = ts
+            else:  # freed during the pass, allocated before it
+                out.append([addr, size, -1, ts, "cudaMalloc"])
+    return out
+
+
+# ----------------------------------------------------------------------------- the file
+@dataclass
+class ArgumentStore:
+    """What an argument pass recorded (:func:`save` / :func:`load`).
+
+    Attributes:
+        functions: function id → ``{"name", "params": [[offset, size], ...] | None, "why"}``.
+        launches: correlation id → ``[function id, digest | None]`` (None: unread).
+        blobs: digest → the parameter bytes (only for launches that differ between tokens).
+        stacks: correlation id → the Python stack at the launch (the same launches).
+        allocations: ``[base, size, alloc_ns, free_ns, source]`` (``-1``: before the pass / alive at its end).
+        ranges: value → ``[base, size]``: the driver allocation holding a varying word at the pass's end.
+        segments: ``[base, size]`` of torch's caching allocator segments (None: torch not followed).
+        token_range: the NVTX range that marks a token in the pass, if given.
+        table: the event table of the pass (a file name beside the store; "" when the store sits beside it).
+        cost: what the capture cost per launch, where measured (:func:`measure_overhead`).
+        notes: what was left out or assumed.
+    """
+
+    functions: dict = field(default_factory=dict)
+    launches: dict = field(default_factory=dict)
+    blobs: dict = field(default_factory=dict)
+    stacks: dict = field(default_factory=dict)
+    allocations: list = field(default_factory=list)
+    ranges: dict = field(default_factory=dict)
+    segments: list | None = None
+    token_range: str | None = None
+    table: str = ""
+    cost: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    pruned: bool = False
+
+    def params(self, corr: int):
+        """``(function name, [(offset, size)] | None, bytes | None)`` of a launch."""
+        fid, d = self.launches.get(int(corr), ("", None))
+        f = self.functions.get(fid, {})
+        return f.get("name", ""), f.get("params"), self.blobs.get(d) if d else None
+
+
+def save(store: ArgumentStore, path) -> Path:
+    """Write ``store`` as gzip JSON (via ``path.tmp``, moved into place). Returns the path."""
+    path = Path(path)
+    d = {"format": "ds4lab audit arguments v1", "functions": store.functions,
+         "launches": {str(k): v for k, v in store.launches.items()},
+         "blobs": {k: v.hex() for k, v in store.blobs.items()}, "stacks": {str(k): v for k, v in store.stacks.items()},
+         "allocations": store.allocations, "ranges": {str(k): list(v) for k, v in store.ranges.items()},
+         "segments": store.segments, "token_range": store.token_range, "table": store.table, "cost": store.cost,
+         "notes": store.notes, "pruned": store.pruned}
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(d, f)
+    tmp.replace(path)
+    return path
+
+
+def load(path) -> ArgumentStore:
+    """Read a store written by :func:`save`. Raises ValueError for a file that is not one."""
+    try:
+        with gzip.open(Path(path), "rt", encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: not a ds4lab arguments file ({type(e).__name__}: {e})") from None
+    if not isinstance(d, dict) or d.get("format") != "ds4lab audit arguments v1":
+        raise ValueError(f"{path}: not a ds4lab arguments file")
+    return ArgumentStore(
+        functions=d["functions"], launches={int(k): v for k, v in d["launches"].items()},
+        blobs={k: bytes.fromhex(v) for k, v in d["blobs"].items()}, stacks={int(k): v for k, v in d["stacks"].items()},
+        allocations=d["allocations"], ranges={int(k): tuple(v) for k, v in d["ranges"].items()},
+        segments=d.get("segments"), token_range=d.get("token_range"), table=d.get("table", ""),
+        cost=d.get("cost", {}), notes=d.get("notes", []), pruned=bool(d.get("pruned")))
+
+
+def store_beside(table_path) -> Path | None:
+    """The arguments file that goes with a recording: ``<stem>.arguments.json.gz`` beside it (recorded in
+    the same pass), else ``arguments.json.gz`` beside it (``ds4lab audit run``'s second pass), or None."""
+    p = Path(table_path)
+    stem = p.name.split(".", 1)[0]
+    for name in (stem + STORE_SUFFIX, STORE_NAME):
+        q = p.with_name(name)
+        if q.is_file():
+            return q
+    return None
+
+
+# ----------------------------------------------------------------------------- tokens of a pass
+@dataclass
+class TokenLaunches:
+    """The launches of a pass's tokens, as the comparison reads them.
+
+    ``tokens``: per token, its launches in launch order: ``(correlation id, kernel name, api row start_ns)``;
+    ``shapes``: each token's shape id (launch list with grids and blocks); ``start_ns``/``end_ns``: each
+    token's host window (the next token's start for all but the last); ``how``: how tokens were found;
+    ``notes``."""
+
+    tokens: list
+    shapes: list
+    start_ns: list
+    end_ns: list
+    how: str
+    notes: list = field(default_factory=list)
+    unit: str = ""
+
+    def groups(self) -> list[list[int]]:
+        """Tokens with identical launch lists, two or more per group, largest first."""
+        by: dict = {}
+        for t, s in enumerate(self.shapes):
+            by.setdefault(s, []).append(t)
+        return sorted((g for g in by.values() if len(g) >= 2), key=len, reverse=True)
+
+
+def prune(store: ArgumentStore, tl: TokenLaunches | None) -> None:
+    """Keep the bytes and stacks of the launches whose digest differs between tokens with identical
+    launch lists, and only digests elsewhere (module docstring). With no tokens (``tl`` None), keep
+    every distinct value and say so."""
+    if tl is None:
+        store.notes.append("no tokens found at the end of the pass: every distinct argument value is kept")
+        return
+    keep_d, keep_c = set(), set()
+    for g in tl.groups():
+        for i in range(len(tl.tokens[g[0]])):
+            corrs = [tl.tokens[t][i][0] for t in g]
+            ds = [store.launches.get(c, ["", None])[1] for c in corrs]
+            if len(set(ds)) > 1:
+                keep_d.update(d for d in ds if d)
+                keep_c.update(corrs)
+    store.blobs = {d: b for d, b in store.blobs.items() if d in keep_d}
+    store.stacks = {c: s for c, s in store.stacks.items() if c in keep_c}
+    store.pruned = True
+
+
+def split(params, blob: bytes) -> list[bytes]:
+    """A launch's parameter bytes, one chunk per parameter (the store keeps them in parameter order)."""
+    out, pos = [], 0
+    for _, size in params:
+        out.append(blob[pos:pos + size])
+        pos += size
+    return out
+
+
+def words(chunk: bytes) -> list[tuple[int, bytes]]:
+    """The comparable pieces of one parameter: itself when it is 8 bytes or less, else its 8-byte words
+    (4-byte where its size is not a multiple of 8), as ``(offset in the parameter, bytes)``."""
+    if len(chunk) <= 8:
+        return [(0, chunk)]
+    w = 8 if len(chunk) % 8 == 0 else 4
+    return [(j, chunk[j:j + w]) for j in range(0, len(chunk) - w + 1, w)]
+
+
+def varying_words(store: ArgumentStore, tl: TokenLaunches) -> set:
+    """The 8-byte pieces (as unsigned values) that differ between tokens at one launch and parameter
+    offset: the values whose allocation the driver is asked for."""
+    out = set()
+    for g in tl.groups():
+        for i in range(len(tl.tokens[g[0]])):
+            vals = [store.params(tl.tokens[t][i][0]) for t in g]
+            if any(b is None or p is None for _, p, b in vals) or len({b for _, _, b in vals}) < 2:
+                continue
+            chunks = [split(vals[0][1], b) for _, _, b in vals]
+            for j in range(len(chunks[0])):
+                pieces = [words(c[j]) for c in chunks]
+                for w in range(len(pieces[0])):
+                    got = {int.from_bytes(p[w][1], "little") for p in pieces if len(p[w][1]) == 8}
+                    if len(got) > 1:
+                        out |= got
+    return out
+
+
+# ----------------------------------------------------------------------------- the cost
+def measure_overhead(step, launches_per_step: float, *, session=None, rounds: int = 8, steps: int = 3,
+                     sync=None, clock=time.perf_counter, queries=None) -> dict:
+    """What argument capture costs: ``rounds`` interleaved pairs (:func:`ds4lab.timing.interleaved_pairs`)
+    of ``steps`` calls of ``step`` each, plain against with the launch handler on (its reads, digest and
+    stack; the activity records are on in neither), each figure the mean µs per step of its block
+    (host wall clock after ``sync()``, which waits for the device). Returns ``{"per_step_us", "lo", "hi",
+    "n", "measurable", "per_launch_us", "per_launch_lo", "per_launch_hi", "launches_per_step",
+    "baseline_us", "text"}`` (:func:`ds4lab.timing.paired_difference`)."""
+    from .cupti import CuptiSession
+    from ..timing import interleaved_pairs, paired_difference
+
+    session = session or CuptiSession.get()
+    sync = sync or (lambda: None)
+
+    def block() -> float:
+        sync()
+        t0 = clock()
+        for _ in range(steps):
+            step()
+        sync()
+        return (clock() - t0) * 1e6 / steps
+
+    block()  # warm: every function's layout asked once outside the pairs, and kept for them
+    warm = ArgumentCapture(session, queries)
+    warm.start()
+    try:
+        block()
+    finally:
+        warm.stop()
+
+    def with_capture() -> float:
+        cap = ArgumentCapture(session, warm.queries, stacks=True, functions=warm.functions)
+        cap.start()
+        try:
+            return block()
+        finally:
+            cap.stop()
+
+    a, b = interleaved_pairs(block, with_capture, rounds)
+    d = paired_difference(a, b)
+    n = max(float(launches_per_step), 1.0)
+    out = {"per_step_us": d.median, "lo": d.lo, "hi": d.hi, "n": d.n, "measurable": d.measurable,
+           "baseline_us": d.baseline, "launches_per_step": float(launches_per_step),
+           "per_launch_us": d.median / n, "per_launch_lo": d.lo / n, "per_launch_hi": d.hi / n}
+    out["text"] = (f"{out['per_launch_us']:.2f} µs per launch (95 % CI {out['per_launch_lo']:.2f}–"
+                   f"{out['per_launch_hi']:.2f}; {d.fmt()} per step of {n:g} launches)" if d.measurable
+                   else f"not measurable ({d.fmt()} per step of {n:g} launches)")
+    return out
+
+
+__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES",
+           "MemoryTracker", "OWN_CALLS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest",
+           "load", "measure_overhead", "prune", "save", "split", "store_beside", "varying_words",
+           "words"]

@@ -1,0 +1,350 @@
+"""Live traces: this process's device work as it runs, as the trace model's records
+(:mod:`ds4lab.trace.records`), for every figure that reads a trace of ds4lab's own work (the MoE
+profiler's ``cupti`` mode and timing-only stamps, the busy-time floors, ``ds4lab trace``).
+
+* :class:`CuptiTimeline` — records of ds4lab's one CUPTI session (:class:`ds4lab.trace.cupti.CuptiSession`:
+  ``cupti-python``, an optional dependency imported lazily) of the activity kinds asked for (device
+  records from :meth:`take`, the API level of the same span from :meth:`take_api`).
+* :class:`SimTimeline` — the sim's modeled timeline (the backend contract's ``trace_records``: its cost
+  model's schedule, MODELED) as :class:`~ds4lab.trace.records.Kernel`, ``Memset`` and ``Copy`` records,
+  with the names the sim gives them; a replayed graph's node id is the kernel's position in the
+  graph's launch order (the sim replays nodes in capture order).
+* :class:`Unavailable` — no trace here; ``reason`` says why.
+
+:func:`trace_source` picks one for a backend and never raises. Every source has ``available``,
+``reason``, ``start()``, ``stop()`` and ``take()`` (the device records since the last take).
+
+Also here: what ``ds4lab trace`` records beside the device work — :class:`RecordingAnnotator` (the
+NVTX ranges ds4lab pushes, with their times, as :class:`~ds4lab.trace.records.Range` records),
+:class:`SimCallLog` (the sim backend's calls as the CUDA API level, MODELED) and :func:`kernel_args`
+(a launch's arguments as a :class:`~ds4lab.trace.records.KernelArgs`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import numpy as np
+
+from . import records as R
+from .cupti import KERNEL_KINDS, CuptiSession, cupti_available
+
+__all__ = ["CuptiTimeline", "RecordingAnnotator", "SimCallLog", "SimTimeline", "Unavailable", "kernel_args",
+           "scalar_args", "trace_source"]
+
+
+# ----------------------------------------------------------------------------- device work
+class SimTimeline:
+    """The sim's modeled timeline as device records (module docstring): MODELED. ``corr_of``: where
+    given, ``{absolute timeline index: correlation id}`` (a :class:`SimCallLog`'s), read and emptied
+    as the records are taken."""
+
+    available, reason = True, ""
+    modeled = True
+
+    def __init__(self, be, corr_of: dict | None = None) -> None:
+        self.be = be
+        self.corr_of = corr_of
+        self._seen = be.trace_records(0)[1]
+
+    def start(self) -> None:
+        self._seen = self.be.trace_records(0)[1]
+
+    def stop(self) -> None:
+        pass
+
+    def take(self) -> list:
+        """The device records since the last take, in timeline order."""
+        since = self._seen
+        new, self._seen = self.be.trace_records(self._seen)
+        first = self._seen - len(new)
+        out, node, last_graph = [], 0, None
+        corr = self.corr_of
+        for j, (stream, name, start, end, kind, graph) in enumerate(new):
+            if graph is None:
+                last_graph = None
+            elif graph != last_graph:
+                node, last_graph = 0, graph
+            common = dict(start_ns=start * 1e3, end_ns=end * 1e3, stream=str(stream),
+                          graph_id=0 if graph is None else int(graph), graph_node_id=0 if graph is None else node,
+                          correlation=corr.pop(first + j, -1) if corr is not None else -1)
+            if kind == "kernel":
+                out.append(R.Kernel(name=name, **common))
+            elif kind == "memset":
+                out.append(R.Memset(label=name, memory="Device", **common))
+            else:
+                out.append(R.Copy(label=name, copy_kind=_sim_copy_kind(name), **common))
+            if graph is not None:
+                node += 1
+        if corr is not None:
+            for i in [i for i in corr if i < since]:
+                del corr[i]
+        return out
+
+
+def _sim_copy_kind(name: str) -> str:
+    """The copy kind a sim copy's name ends with (``memcpy HtoD`` → ``HtoD``), or ``""``."""
+    last = name.rsplit(" ", 1)[-1]
+    return last if last in R.COPY_KINDS else ""
+
+
+class CuptiTimeline:
+    """Records of ds4lab's one CUPTI session (:class:`ds4lab.trace.cupti.CuptiSession`) of ``kinds``
+    (``cupti.ActivityKind`` names; default :data:`~ds4lab.trace.cupti.KERNEL_KINDS`) as a trace source
+    (GPU): :meth:`take` returns the device records (kernels, memsets, copies, graph executions) and
+    keeps the others (API calls, synchronizations, event records, stream creations) for
+    :meth:`take_api`. ``clock_ns`` is CUPTI's clock (``cuptiGetTimestamp``, the records' clock).
+    Raises :class:`~ds4lab.trace.cupti.CuptiUnavailable` when CUPTI is not there."""
+
+    available, reason = True, ""
+    modeled = False
+
+    def __init__(self, kinds=KERNEL_KINDS) -> None:
+        self.session = CuptiSession.get()
+        self.kinds = tuple(kinds)
+        self.clock_ns = self.session.timestamp
+        self.sub = None
+        self._other: list = []
+
+    def start(self) -> None:
+        """Start receiving (a fresh subscription: earlier records are not seen)."""
+        if self.sub is None or self.sub.closed:
+            self.sub = self.session.subscribe(self.kinds)
+        else:
+            self.sub.take()
+        self._other = []
+
+    def stop(self) -> None:
+        if self.sub is not None:
+            self.sub.close()
+
+    def take(self) -> list:
+        """The device records since the last take (the others kept for :meth:`take_api`)."""
+        if self.sub is None or self.sub.closed:
+            return []
+        recs = self.sub.take()
+        self._other += [r for r in recs if not isinstance(r, R.DEVICE_TYPES)]
+        return [r for r in recs if isinstance(r, R.DEVICE_TYPES)]
+
+    def take_api(self) -> list:
+        """The API-level records (:class:`~ds4lab.trace.records.ApiCall`, ``Sync``, ``EventRecord``,
+        ``StreamMade``) read by the takes since the last call."""
+        out, self._other = self._other, []
+        return out
+
+
+class Unavailable:
+    """No trace here; ``reason`` says why (no records, every call a no-op)."""
+
+    available = False
+    modeled = False
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def take(self) -> list:
+        return []
+
+
+def trace_source(be, kinds=KERNEL_KINDS):
+    """The device-work trace of backend ``be``: CUPTI on a GPU (when importable and it starts; the
+    activity ``kinds``), the modeled timeline on ``sim``; otherwise an :class:`Unavailable` source
+    saying why (never raises)."""
+    from ..backends.base import ModeledTime
+
+    if isinstance(be, ModeledTime):  # a backend that keeps a (modeled) device timeline
+        return SimTimeline(be)
+    if not be.is_gpu:
+        return Unavailable(f"no trace on the {be.name} backend")
+    ok, why = cupti_available()
+    if not ok:
+        return Unavailable(why)
+    try:
+        return CuptiTimeline(kinds)
+    except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
+        return Unavailable(f"CUPTI did not start ({type(e).__name__}: {e})")
+
+
+def busy_us(records) -> tuple[float, float, int]:
+    """``(busy, span, kernels)`` of device records: the union of the kernel intervals in µs
+    (overlapping kernels counted once), first start to last end in µs, and the number of kernel
+    records. Memsets and other kinds are left out. ``(0, 0, 0)`` for no kernel record."""
+    iv = sorted((float(r.start_ns), float(r.end_ns)) for r in records if r.kind == "kernel")
+    if not iv:
+        return 0.0, 0.0, 0
+    total, cur_s, cur_e = 0.0, iv[0][0], iv[0][1]
+    for s, e in iv[1:]:
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    total += cur_e - cur_s
+    return total * 1e-3, (max(e for _, e in iv) - iv[0][0]) * 1e-3, len(iv)
+
+
+# ----------------------------------------------------------------------------- kernel arguments
+def scalar_args(args) -> str:
+    """A kernel's scalar arguments as ``index=value`` joined by ``,`` (integers exactly, floats with
+    ``repr``); array and pointer arguments are left out. ``""`` when it has none."""
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, (bool, np.bool_)):
+            out.append(f"{i}={int(a)}")
+        elif isinstance(a, numbers.Integral):
+            out.append(f"{i}={int(a)}")
+        elif isinstance(a, numbers.Real):
+            out.append(f"{i}={float(a)!r}")
+    return ",".join(out)
+
+
+def kernel_args(args) -> R.KernelArgs:
+    """The :class:`~ds4lab.trace.records.KernelArgs` of a launch as ds4lab's launch layer passed it (its
+    scalar arguments; no parameter bytes: the launch layer does not pack them)."""
+    return R.KernelArgs(scalars=scalar_args(args))
+
+
+# ----------------------------------------------------------------------------- NVTX ranges
+class RecordingAnnotator:
+    """An annotator (the :class:`ds4lab.capture.annotate.NvtxAnnotator` interface) that records each range's
+    push and pop time with ``clock_ns`` (a callable returning ns), and passes every call on to
+    ``inner`` (e.g. an :class:`~ds4lab.capture.annotate.NvtxAnnotator`, so Nsight tools still see the ranges).
+
+    ``ranges``: a :class:`~ds4lab.trace.records.Range` per popped range while :attr:`recording` is true
+    (``depth`` 0 for the outermost). A pop without a push raises IndexError, as an unbalanced NVTX
+    stack is a bug of the caller.
+    """
+
+    enabled = True
+
+    def __init__(self, clock_ns: Callable[[], float], inner=None) -> None:
+        self.clock_ns = clock_ns
+        self.inner = inner
+        self.recording = False
+        self.ranges: list[R.Range] = []
+        self._stack: list[tuple] = []
+
+    def push(self, message: str, cluster: str, payload: int | None = None) -> None:
+        self._stack.append((message, cluster, payload, self.clock_ns()))
+        if self.inner is not None:
+            self.inner.push(message, cluster, payload)
+
+    def pop(self) -> None:
+        if self.inner is not None:
+            self.inner.pop()
+        message, cluster, payload, t0 = self._stack.pop()
+        if self.recording:
+            self.ranges.append(R.Range(name=message, cluster=cluster, payload=payload, start_ns=t0,
+                                       end_ns=self.clock_ns(), depth=len(self._stack)))
+
+
+# ----------------------------------------------------------------------------- the sim's API level
+#: Backend call → (CUDA API name, index of its stream argument or None, sync kind or "").
+SIM_CALLS = {
+    "launch": ("cudaLaunchKernel", 0, ""), "memset_async": ("cudaMemsetAsync", 0, ""),
+    "memset_sync": ("cudaMemset", None, ""), "copy_h2d": ("cudaMemcpyAsync", 0, ""),
+    "event_record": ("cudaEventRecord", 0, ""), "graph_launch": ("cudaGraphLaunch", 1, ""),
+    "synchronize": ("cudaDeviceSynchronize", None, "device"), "stream_synchronize": ("cudaStreamSynchronize", 0,
+                                                                                      "stream"),
+    "event_synchronize": ("cudaEventSynchronize", None, "event"), "event_query": ("cudaEventQuery", None, ""),
+    "stream_query": ("cudaStreamQuery", 0, ""), "stream_wait_event": ("cudaStreamWaitEvent", 0, "stream_wait_event"),
+    "malloc": ("cudaMalloc", None, ""), "free": ("cudaFree", None, ""), "malloc_async": ("cudaMallocAsync", 0, ""),
+    "free_async": ("cudaFreeAsync", 0, ""),
+}
+
+
+class SimCallLog:
+    """The sim backend's calls as the CUDA API level (MODELED): the calls the launch layer and the
+    graph cache make of the sim backend (``launch`` → ``cudaLaunchKernel``, ``memset_sync`` →
+    ``cudaMemset`` on the legacy stream, ``graph_launch`` → ``cudaGraphLaunch``, ...) with the
+    modeled host clock before and after each, the stream each names (id and kind: legacy, blocking,
+    non-blocking, per-thread) and a correlation id shared with the device work the call put on the
+    modeled timeline.
+
+    :meth:`install` wraps the backend instance's methods (instance attributes over the class's);
+    :meth:`remove` takes them away. ``calls``: the logged :class:`~ds4lab.trace.records.ApiCall`
+    records (``stream_of``: correlation → the stream's id and kind and the call's sync kind) and, beside each call that synchronizes, a
+    :class:`~ds4lab.trace.records.Sync`; ``corr_of``: absolute timeline index (``trace_records``
+    numbering) → correlation id; ``streams``: stream name → (id, kind)."""
+
+    def __init__(self, be) -> None:
+        self.be = be
+        self.calls: list = []
+        self.stream_of: dict[int, tuple] = {}  # correlation → (stream id, stream kind, sync kind)
+        self.corr_of: dict[int, int] = {}
+        self.streams: dict[str, tuple] = {}
+        self._corr = 0
+        self._names: list[str] = []
+        self.on = False
+
+    def _stream(self, s):
+        from ..capture.stream import LEGACY_STREAM
+
+        rt = getattr(self.be, "rt", None)
+        legacy = getattr(rt, "legacy", None)
+        obj = legacy if (s is LEGACY_STREAM or s is None) else s
+        sid, kind = getattr(obj, "id", -1), getattr(obj, "kind", "")
+        name = getattr(obj, "name", str(obj))
+        self.streams[name] = (sid, kind)
+        return sid, kind
+
+    def install(self) -> "SimCallLog":
+        for meth, (api, si, sync) in SIM_CALLS.items():
+            orig = getattr(self.be, meth, None)
+            if orig is None:
+                continue
+            setattr(self.be, meth, self._wrap(orig, api, si, sync))
+            self._names.append(meth)
+        self.on = True
+        return self
+
+    def remove(self) -> None:
+        for meth in self._names:
+            self.be.__dict__.pop(meth, None)
+        self._names = []
+        self.on = False
+
+    def _wrap(self, orig, api, si, sync):
+        log = self
+
+        def call(*a, **k):
+            if not log.on:
+                return orig(*a, **k)
+            log._corr += 1
+            corr = log._corr
+            stream = a[si] if si is not None and len(a) > si else None
+            if api == "cudaMemset":
+                sid, kind = log._stream(None)  # ds4 today: the synchronous memset goes to the legacy stream
+            elif si is not None:
+                sid, kind = log._stream(stream)
+            else:
+                sid, kind = -1, ""
+            n0 = log.be.trace_records(0)[1]
+            t0 = log.be.host_clock_us()
+            try:
+                return orig(*a, **k)
+            finally:
+                t1 = log.be.host_clock_us()
+                n1 = log.be.trace_records(0)[1]
+                for i in range(n0, n1):
+                    log.corr_of[i] = corr
+                rec = R.ApiCall(name=api, domain="runtime", start_ns=t0 * 1e3, end_ns=t1 * 1e3, tid=1,
+                                correlation=corr)
+                log.calls.append(rec)
+                log.stream_of[corr] = (sid, kind, sync)
+                if sync:
+                    log.calls.append(R.Sync(sync_kind=sync, start_ns=t0 * 1e3, end_ns=t1 * 1e3, stream=sid,
+                                            correlation=corr))
+        return call
+
+    def take(self) -> list:
+        """The records logged since the last take."""
+        out, self.calls = self.calls, []
+        return out

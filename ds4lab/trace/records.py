@@ -1,0 +1,398 @@
+"""The trace model's records: one frozen, typed record per thing a trace holds, read by field name.
+
+Every live source (ds4lab's CUPTI session, the sim's modeled timeline) builds these records, and every
+reader that turns them into a table (:mod:`ds4lab.trace.events`) reads their fields by name:
+
+===================  ====================================================================================
+:class:`Kernel`      a kernel on a device: name, grid, block, shared bytes, graph and node ids, and its
+                     :class:`KernelArgs` where the source recorded them
+:class:`Copy`        a copy on a device: copy kind, source and destination memory kinds, bytes
+:class:`Memset`      a memset on a device: memory kind, bytes
+:class:`GraphExec`   a whole-graph execution (CUPTI ``GRAPH_TRACE``; Nsight Systems' default)
+:class:`ApiCall`     a CUDA runtime or driver call on a host thread
+:class:`Sync`        a synchronization as CUPTI records it (stream, event, context, stream-wait-event)
+:class:`EventRecord` a ``cudaEventRecord``'s stream and event (CUPTI ``CUDA_EVENT``), by correlation id
+:class:`StreamMade`  a stream created while recording, with its kind (CUPTI ``STREAM``)
+:class:`Marker`      one NVTX marker record (a range's start or end, or an instantaneous mark)
+:class:`Range`       an NVTX range as ds4lab's launch layer pushed and popped it (``ds4lab trace``)
+===================  ====================================================================================
+
+Device records share :class:`DeviceRecord`'s fields (start and end in ns on the source's clock, device,
+stream, correlation id, graph and node id: 0 for work not launched from a graph). ``kind`` (a class
+attribute) is the event table's row kind. ``-1`` and ``""`` mean "the source does not say", as in the
+event table.
+
+Kernel arguments (:class:`KernelArgs`): what a launch passed, as far as the source recorded it: the
+scalar arguments as ds4lab's launch layer passed them (``index=value``), a digest of the packed
+parameter bytes, and, where they were stored, each parameter's offset, size and bytes
+(:class:`ParamBytes`). A position-like argument that changes every token is what a frozen graph
+replays stale.
+
+The labels every source gives a copy, a memset and a synchronization (``Memcpy HtoD (Pageable ->
+Device)``, ``Memset (Device)``, ``Stream Sync``, as CUPTI's samples and Kineto print them) are made
+here once (:func:`copy_label`, :func:`memset_label`, :func:`sync_label`) and read back by
+:func:`parse_copy_label`. CUPTI's numbering of copy, memory, synchronization and stream kinds
+(``cupti_activity.h``, CUDA 13; checked against ``cupti-python`` 13.0.1's enums) is named here too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+# ----------------------------------------------------------------------------- ds4lab's names
+#: Copy kinds, as CUPTI names them without the prefix (``CUPTI_ACTIVITY_MEMCPY_KIND_HTOD`` → ``HtoD``).
+COPY_KINDS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "HtoA", "AtoH", "AtoA", "DtoA", "AtoD")
+#: Host memory of a copy's host side (``CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE`` / ``PINNED`` / ``MANAGED``).
+HOST_MEMORY = ("pageable", "pinned", "managed")
+#: What a synchronization synchronized (``CUpti_ActivitySynchronizationType``, and ``device``).
+SYNC_KINDS = ("stream", "event", "device", "context", "stream_wait_event")
+#: What kind of stream a stream id is (CUPTI ``CUpti_ActivityStreamFlag``: ``NULL`` is the legacy
+#: default stream, ``DEFAULT`` a blocking stream, ``NON_BLOCKING`` one created with
+#: ``cudaStreamNonBlocking``; ``per_thread`` is ``cudaStreamPerThread``).
+STREAM_TYPES = ("legacy", "per_thread", "blocking", "non_blocking")
+
+# ----------------------------------------------------------------------------- CUPTI's numbers
+#: ``CUpti_ActivityMemcpyKind`` → ds4lab's copy kind.
+MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
+                10: "PtoP"}
+#: ``CUpti_ActivityMemoryKind`` → its label as CUPTI's samples and Kineto print it.
+MEMORY_KINDS = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed", 6: "Device Static",
+                7: "Managed Static"}
+#: ``CUpti_ActivitySynchronizationType`` → ds4lab's sync kind.
+SYNC_TYPES = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
+#: ``CUpti_ActivityStreamFlag`` → ds4lab's stream type.
+STREAM_FLAGS = {1: "blocking", 2: "non_blocking", 3: "legacy"}
+#: ``CUPTI_ACTIVITY_FLAG_MARKER_START`` / ``_END`` / ``_INSTANTANEOUS`` (``cupti_activity.h``; the
+#: binding's ``ActivityFlag`` enum lacks ``MARKER_END``).
+MARKER_START, MARKER_END, MARKER_INSTANT = 1 << 1, 1 << 2, 1 << 0
+#: ``CUPTI_SYNCHRONIZATION_INVALID_VALUE``: no stream or event applies.
+INVALID_ID = 0xFFFFFFFF
+
+# ----------------------------------------------------------------------------- labels
+SYNC_LABELS = {"event": "Event Sync", "stream_wait_event": "Stream Wait Event", "stream": "Stream Sync",
+               "context": "Context Sync", "device": "Device Sync"}
+_SYNC_OF_LABEL = {v.lower(): k for k, v in SYNC_LABELS.items()}
+_COPY_LABEL = re.compile(r"^Memcpy (\w+) \(([^)]*?) -> ([^)]*)\)")
+_COPY_OF_LOWER = {v.lower(): v for v in COPY_KINDS}
+#: A memory-kind label (lower case) → ds4lab's host memory (:data:`HOST_MEMORY`).
+HOST_MEMORY_OF = {"pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed"}
+
+
+def copy_label(copy_kind: str, src: str, dst: str) -> str:
+    """A copy's name as CUPTI's samples and Kineto print it: ``Memcpy HtoD (Pageable -> Device)``."""
+    return f"Memcpy {copy_kind or '?'} ({src or 'Unknown'} -> {dst or 'Unknown'})"
+
+
+def parse_copy_label(name: str) -> tuple[str, str, str] | None:
+    """``(copy kind, source memory, destination memory)`` of a :func:`copy_label` name (the copy kind
+    as :data:`COPY_KINDS` spells it, ``""`` for one it does not know); None for another name."""
+    m = _COPY_LABEL.match(name)
+    if m is None:
+        return None
+    return _COPY_OF_LOWER.get(m.group(1).lower(), ""), m.group(2), m.group(3)
+
+
+def memset_label(memory: str) -> str:
+    """A memset's name: ``Memset (Device)``."""
+    return f"Memset ({memory or 'Unknown'})"
+
+
+def sync_label(sync_kind: str) -> str:
+    """A synchronization's name: ``Stream Sync``, ``Event Sync``, ... (``Unknown Sync`` for none)."""
+    return SYNC_LABELS.get(sync_kind, "Unknown Sync")
+
+
+def sync_kind_of_label(label: str) -> str:
+    """The sync kind a :func:`sync_label` (any case) names; ``""`` for another label."""
+    return _SYNC_OF_LABEL.get(label.strip().lower(), "")
+
+
+def host_memory(copy_kind: str, src: str, dst: str) -> str:
+    """The host side's memory kind of a copy (``pageable``, ``pinned``, ``managed`` or ``""``): the
+    source of a copy from the host, the destination of a copy to the host."""
+    src, dst = src.strip().lower(), dst.strip().lower()
+    if copy_kind in ("HtoD", "HtoA"):
+        side = src
+    elif copy_kind in ("DtoH", "AtoH"):
+        side = dst
+    elif copy_kind == "HtoH":
+        side = "pageable" if "pageable" in (src, dst) else src
+    else:
+        return ""
+    return HOST_MEMORY_OF.get(side, "")
+
+
+def api_base_name(name: str) -> str:
+    """A CUDA API name without the version and per-thread suffixes CUPTI and Nsight Systems add
+    (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
+    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``)."""
+    return re.sub(r"(?:_v\d+)?(?:_pt[sd][sz])?(?:_v\d+)?$", "", name)
+
+
+def dims(v) -> str:
+    """A grid or block as the event table writes it: ``"x,y,z"`` (``""`` for none)."""
+    return ",".join(str(int(x)) for x in v) if v else ""
+
+
+# ----------------------------------------------------------------------------- kernel arguments
+@dataclass(frozen=True, slots=True)
+class ParamBytes:
+    """One kernel parameter as stored: its byte offset in the packed parameter buffer, its size and
+    its bytes."""
+
+    offset: int
+    size: int
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelArgs:
+    """A kernel launch's arguments, as far as the source recorded them.
+
+    Attributes:
+        scalars: the scalar arguments as ds4lab's launch layer passed them, ``index=value`` joined by
+            ``,`` in parameter order (integers exactly, floats with ``repr``; arrays left out; ``""``
+            when none or not recorded).
+        digest: a hex digest of the packed parameter bytes (``""`` where they were not captured).
+        params: per parameter, its offset, size and bytes (:class:`ParamBytes`), where stored.
+    """
+
+    scalars: str = ""
+    digest: str = ""
+    params: tuple[ParamBytes, ...] = ()
+
+
+# ----------------------------------------------------------------------------- device records
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timed:
+    """What every record with an extent has: start and end in ns on the source's clock, and the
+    correlation id that links a call to the device work it launched (-1: the source does not say)."""
+
+    kind: ClassVar[str] = ""
+    start_ns: float
+    end_ns: float
+    correlation: int = -1
+
+    @property
+    def dur_ns(self) -> float:
+        """``end_ns - start_ns``."""
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceRecord(Timed):
+    """What every piece of device work has (module docstring). ``stream`` is the source's stream id
+    (CUPTI's number; the sim's stream name)."""
+
+    device: int = -1
+    stream: int | str = -1
+    graph_id: int = 0
+    graph_node_id: int = 0
+
+    def cells(self) -> dict:
+        """The record as event-table cells (:data:`ds4lab.trace.events.COLUMNS`)."""
+        return {"kind": self.kind, "name": self.name, "start_ns": self.start_ns, "end_ns": self.end_ns,
+                "device": self.device, "stream": self.stream, "correlation": self.correlation,
+                "graph_id": self.graph_id, "graph_node_id": self.graph_node_id}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kernel(DeviceRecord):
+    """A kernel (CUPTI ``CONCURRENT_KERNEL``; the sim's modeled kernel)."""
+
+    kind: ClassVar[str] = "kernel"
+    name: str
+    grid: tuple = ()
+    block: tuple = ()
+    shared_bytes: int = -1
+    args: KernelArgs | None = None
+
+    def cells(self) -> dict:
+        return {**DeviceRecord.cells(self), "grid": dims(self.grid), "block": dims(self.block),
+                "shared_bytes": self.shared_bytes, "args": self.args.scalars if self.args is not None else ""}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Copy(DeviceRecord):
+    """A copy (CUPTI ``MEMCPY``); ``src_memory``/``dst_memory`` as :data:`MEMORY_KINDS` labels them."""
+
+    kind: ClassVar[str] = "memcpy"
+    copy_kind: str = ""
+    src_memory: str = "Unknown"
+    dst_memory: str = "Unknown"
+    bytes: int = -1
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """``label`` where the source named the copy itself (the sim), else :func:`copy_label`."""
+        return self.label or copy_label(self.copy_kind, self.src_memory, self.dst_memory)
+
+    @property
+    def host_memory(self) -> str:
+        return host_memory(self.copy_kind, self.src_memory, self.dst_memory)
+
+    def cells(self) -> dict:
+        return {**DeviceRecord.cells(self), "copy_kind": self.copy_kind, "host_memory": self.host_memory,
+                "bytes": self.bytes}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Memset(DeviceRecord):
+    """A memset (CUPTI ``MEMSET``; the sim's modeled memset); ``memory`` as :data:`MEMORY_KINDS` labels it."""
+
+    kind: ClassVar[str] = "memset"
+    memory: str = "Unknown"
+    bytes: int = -1
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """``label`` where the source named the memset itself (the sim), else :func:`memset_label`."""
+        return self.label or memset_label(self.memory)
+
+    def cells(self) -> dict:
+        return {**DeviceRecord.cells(self), "bytes": self.bytes}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphExec(DeviceRecord):
+    """A whole-graph execution (CUPTI ``GRAPH_TRACE``)."""
+
+    kind: ClassVar[str] = "graph"
+
+    @property
+    def name(self) -> str:
+        return f"graph {self.graph_id}"
+
+
+# ----------------------------------------------------------------------------- host records
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiCall(Timed):
+    """A CUDA runtime or driver call (CUPTI ``RUNTIME``/``DRIVER``): ``name`` without CUPTI's version
+    suffix, ``domain`` ``runtime`` or ``driver``, the host process and thread, ``cbid`` CUPTI's
+    callback id and the call's return value."""
+
+    kind: ClassVar[str] = "api"
+    name: str
+    domain: str
+    pid: int = -1
+    tid: int = -1
+    cbid: int = -1
+    return_value: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sync(Timed):
+    """A synchronization (CUPTI ``SYNCHRONIZATION``): ``sync_kind`` of :data:`SYNC_KINDS`; the context,
+    and the ``stream`` and ``event`` it waited on (-1 where none applies)."""
+
+    kind: ClassVar[str] = "sync"
+    sync_kind: str
+    context: int = -1
+    stream: int = -1
+    event: int = -1
+
+    @property
+    def name(self) -> str:
+        return sync_label(self.sync_kind)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    """A CUDA event record (CUPTI ``CUDA_EVENT``): the stream and event of the ``cudaEventRecord`` with
+    that correlation id."""
+
+    kind: ClassVar[str] = "cuda_event"
+    event: int
+    device: int = -1
+    stream: int = -1
+    correlation: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamMade:
+    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES`
+    (``""`` for a flag CUPTI's numbering does not name)."""
+
+    kind: ClassVar[str] = "stream"
+    stream: int
+    stream_type: str = ""
+    context: int = -1
+    correlation: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Marker:
+    """One NVTX marker record (CUPTI ``MARKER``): ``phase`` ``start``, ``end`` or ``instant``; a range's
+    start and end share ``id``."""
+
+    kind: ClassVar[str] = "marker"
+    phase: str
+    timestamp_ns: int
+    id: int = -1
+    name: str = ""
+    domain: str = ""
+    pid: int = -1
+    tid: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryOp:
+    """One device memory allocation or release (CUPTI ``MEMORY2``, asked for by the audit's argument
+    pass, :mod:`ds4lab.audit.arguments`): ``operation`` 1 allocation, 2 release; ``memory_kind``
+    CUPTI's number (:data:`MEMORY_KINDS`)."""
+
+    kind: ClassVar[str] = "memory"
+    operation: int
+    address: int
+    bytes: int
+    timestamp_ns: int
+    device: int = -1
+    stream: int = -1
+    correlation: int = -1
+    memory_kind: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Range(Timed):
+    """An NVTX range as ds4lab's launch layer pushed and popped it (:class:`ds4lab.trace.live.RecordingAnnotator`):
+    its message, ds4lab's cluster, the payload (a position, a layer; None), push and pop times in ns on
+    the recording clock, and its depth (0 for the outermost)."""
+
+    kind: ClassVar[str] = "nvtx"
+    name: str
+    cluster: str
+    payload: int | None
+    depth: int
+
+
+#: Every record type, by its ``kind``.
+RECORD_TYPES = {t.kind: t for t in (Kernel, Copy, Memset, GraphExec, ApiCall, Sync, EventRecord, StreamMade, Marker,
+                                     MemoryOp, Range)}
+DEVICE_TYPES = (Kernel, Copy, Memset, GraphExec)
+__all__ = ["ApiCall", "Copy", "DeviceRecord", "EventRecord", "GraphExec", "Kernel", "KernelArgs", "Marker", "MemoryOp", "Memset",
+           "ParamBytes", "Range", "StreamMade", "Sync", "Timed"]
+
+
+def marker_phase(flags: int) -> str:
+    """A CUPTI marker record's ``flags`` as its :attr:`Marker.phase`."""
+    if flags & MARKER_START:
+        return "start"
+    if flags & MARKER_END:
+        return "end"
+    return "instant"
+
+
+def api_context(records) -> tuple[dict, dict]:
+    """What the API level's side records say about the calls: ``({correlation: (stream, event)}`` of
+    every :class:`EventRecord`, ``{stream: type}`` of every :class:`StreamMade` with a known type)."""
+    events, types = {}, {}
+    for r in records:
+        if isinstance(r, EventRecord):
+            events[r.correlation] = (r.stream, r.event)
+        elif isinstance(r, StreamMade) and r.stream_type:
+            types.setdefault(r.stream, r.stream_type)
+    return events, types

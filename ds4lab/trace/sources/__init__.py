@@ -1,0 +1,308 @@
+"""Every trace and profile ds4lab reads, in one place: one :func:`detect` (the format from the content,
+never from the name alone) and one reader module per format, each declaring what it yields (``YIELDS``):
+an event table (:mod:`ds4lab.trace.events`, what ``ds4lab audit`` reads: :func:`read_events`) or
+summary tables (tidy tables by name, what ``ds4lab ingest`` writes: :func:`read_tables`).
+
+================  =====================================================  ===============  ===============
+format            recognised by                                          reader           yields
+================  =====================================================  ===============  ===============
+``nsys-sqlite``   the SQLite magic ``SQLite format 3``                   :mod:`.nsys_sqlite`  events, tables
+``recording``     the saved-table header line (plain or gzip)            :mod:`.saved`    events
+``kineto``        a JSON object with ``traceEvents`` (plain or gzip),     :mod:`.kineto`   events
+                  or a JSON array of events
+``ds4lab-trace``  the same, with ``otherData.ds4lab`` (``ds4lab trace``)  :mod:`.kineto`   events
+``nsys-report``   a raw ``.nsys-rep``/``.qdrep`` (binary)                 :mod:`.nsys_report`  (its export)
+``ds4-log``       text with ``ds4: CUDA MoE profile`` lines               :mod:`.ds4log`   tables
+``ncu-csv``       text with an ncu CSV header (``"ID","Process ID"``)     :mod:`.ncu`      tables
+``nsys-csv``      text with ``nsys stats`` reports                        :mod:`.nsys_csv` tables
+``ds4lab-folder`` a folder with a ds4lab ``meta.json``                    :mod:`.folder`   tables
+================  =====================================================  ===============  ===============
+
+A raw ``.nsys-rep`` is exported with ``nsys`` for the event table when ``nsys`` is on PATH (else the
+command to run is named); a raw ``.ncu-rep`` and a ``.qdstrm`` are refused with the command that
+converts them. Several processes or devices in one file stay apart: rows keep their ``pid`` and
+``device``. Readers stream (bounded memory: they hold the table being built, never the file's text) and
+show progress over the file's bytes (or the export's rows).
+
+A malformed input is a :class:`SourceError` (:class:`~ds4lab.errors.BadInput`, exit 2) naming the file
+and where (the line, the event or row, the field and its value). Adding a source is one file here: a
+reader module declaring its ``FORMATS`` and ``YIELDS``, named in :data:`READERS`, with its test in
+:func:`detect`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from .common import Ingested, SourceError, head_bytes
+
+__all__ = ["READERS", "Ingested", "SourceError", "detect", "formats", "read_events", "read_tables", "recording_beside",
+           "yields"]
+
+#: The reader modules, each declaring the formats it reads (``FORMATS``: name → what it is) and what it
+#: yields (``YIELDS``).
+READERS = ("nsys_sqlite", "saved", "kineto", "nsys_report", "ds4log", "ncu", "nsys_csv", "folder")
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+#: raw report files of the Nsight tools (binary: ds4lab reads their exports) → how to export them
+RAW_REPORTS = {
+    ".nsys-rep": "an Nsight Systems report: export it first, `nsys export --type sqlite --output {stem}.sqlite "
+                 "{name}` (then read {stem}.sqlite), or `nsys stats --report cuda_gpu_kern_sum,nvtx_sum "
+                 "--format csv {name} > {stem}.csv`",
+    ".qdrep": "an Nsight Systems report (before 2021.4): export it first, `nsys export --type sqlite --output "
+              "{stem}.sqlite {name}` (then read {stem}.sqlite), or `nsys stats --report cuda_gpu_kern_sum,nvtx_sum "
+              "--format csv {name} > {stem}.csv`",
+    ".ncu-rep": "an Nsight Compute report: export it first, `ncu --import {name} --csv > {stem}.csv` (add "
+                "`--page raw` for one row per kernel), then read {stem}.csv",
+}
+#: bytes read at a time while a text format is detected (detection streams; it never loads a file)
+_SCAN_BLOCK = 1 << 20
+_EVENTS_HINT = ("a PyTorch profiler / Kineto JSON, an nsys SQLite export, a ds4lab trace.json or a saved "
+                "recording")
+_TABLES_HINT = ("a ds4 MoE profile log, an nsys stats CSV, an nsys SQLite export, ncu --csv output or a ds4lab "
+                "result folder")
+
+
+def formats() -> dict:
+    """``{format: (reader module, what it is)}`` of every reader in :data:`READERS`."""
+    import importlib
+
+    out = {}
+    for name in READERS:
+        mod = importlib.import_module(f".{name}", __name__)
+        out.update({fmt: (mod, what) for fmt, what in mod.FORMATS.items()})
+    return out
+
+
+def yields(fmt: str) -> tuple:
+    """What format ``fmt``'s reader yields: ``"events"`` and/or ``"tables"`` (the module's ``YIELDS``)."""
+    return tuple(formats()[fmt][0].YIELDS)
+
+
+def _what(fmt: str) -> str:
+    return formats()[fmt][1]
+
+
+def detect(path: Path, want: str | None = None) -> str:
+    """The format of ``path`` (one of :func:`formats`; module docstring), from its content.
+
+    ``want``: ``"events"`` (the audit) or ``"tables"`` (ingest) words what is expected where the
+    input is none of the formats; it does not change what is detected.
+
+    Raises:
+        SourceError: no such file, an empty or unreadable file, a folder that is not a ds4lab result
+            folder, a ``.qdstrm`` (an unconverted Nsight stream), a raw ``.ncu-rep`` (with the command
+            that exports it), or content that is none of the formats (with a short escaped excerpt);
+            where a saved recording sits beside such a file (:func:`recording_beside`: the outcome
+            ``.json`` of a bundled recording, a recorded run's ``engine.json``), the message names it.
+    """
+    from . import kineto, saved
+
+    path = Path(path)
+    if path.is_dir():
+        meta = path / "meta.json"
+        if meta.is_file():
+            from .common import load_meta
+
+            m = load_meta(meta)
+            if "ds4lab" in m or "job" in m:  # the conformance suite's and other early folders name only job
+                return "ds4lab-folder"
+            raise SourceError(f"{meta}: not written by ds4lab (no \"ds4lab\" or \"job\" key)")
+        if want == "events":
+            raise SourceError(f"{path}: a folder; give the trace file (a .json/.json.gz profiler trace, an nsys .sqlite "
+                              "export, a ds4lab trace.json or a saved recording)")
+        raise SourceError(f"{path}: a folder without a ds4lab meta.json")
+    head = _head(path)
+    if head.startswith(b"SQLite format 3\x00"):
+        return "nsys-sqlite"
+    if saved.looks_like(head):
+        return "recording"
+    dialect = kineto.looks_like(head)
+    if dialect is not None:
+        return "ds4lab-trace" if dialect == "ds4lab" else "kineto"
+    name = path.name.lower()
+    if name.endswith(REPORT_SUFFIXES):
+        return "nsys-report"
+    if name.endswith(".qdstrm"):
+        raise SourceError(f"{path}: an unconverted Nsight Systems stream (.qdstrm): let nsys finish the report "
+                          "(QdstrmImporter), then nsys export --type sqlite the .nsys-rep")
+    hint = RAW_REPORTS.get(path.suffix.lower())
+    if hint:
+        raise SourceError(f"{path}: " + hint.format(name=path.name, stem=path.stem))
+    try:
+        found = _scan(path)
+    except OSError as e:
+        raise SourceError(f"{path}: unreadable ({e.strerror or e})") from None
+    if found:
+        return found
+    rec = recording_beside(path)
+    if rec is not None:
+        what = ("the outcome of a recorded decode loop (what torch.cuda.graph did with it), not its events"
+                if _is_outcome(head) else f"not a trace the audit reads (it starts with {head[:40]!r})")
+        raise SourceError(f"{path}: {what}; audit the recording beside it: ds4lab audit {shlex.quote(str(rec))}")
+    if want == "tables":
+        raise SourceError(f"{path}: not {_TABLES_HINT} (starts with {head[:40]!r})")
+    if want == "events":
+        raise SourceError(f"{path}: not a trace the audit reads ({_EVENTS_HINT}); it starts with {head[:40]!r}")
+    raise SourceError(f"{path}: not a trace or profile ds4lab reads ({_EVENTS_HINT}; or {_TABLES_HINT}); it starts "
+                      f"with {head[:40]!r}")
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of the file at ``path`` (decompressed); SourceError for none, an unreadable
+    or an empty one."""
+    what = "no such file" if not path.is_file() else None
+    head = b""
+    if what is None:
+        try:
+            head = head_bytes(path)
+        except OSError as e:
+            what = f"unreadable ({e.strerror or e})"
+    if what or not head:
+        raise SourceError(f"{path}: {what or 'empty file'}")
+    return head
+
+
+def _scan(path: Path) -> str | None:
+    """The text format ``path`` holds, by the markers each format has, scanned a block at a time
+    (bounded memory, whatever its size): ds4's profile prefix first (a log is any program's stderr),
+    then ncu's CSV header, then nsys stats' reports."""
+    from . import ncu, nsys_csv
+    from .ds4log import DS4_PREFIX
+
+    kinds: set[str] = set()
+    tail = ""
+    seen = 0
+    with open(path, "rb") as f:
+        block = f.read(4096)
+        while block:
+            text = tail + block.decode("utf-8", errors="replace")
+            cut = text.rfind("\n")
+            lines, tail = (text[:cut], text[cut + 1:]) if cut >= 0 else ("", text)
+            tail = tail[-65536:]  # a line longer than this is no format's marker
+            if DS4_PREFIX in lines or DS4_PREFIX in tail:
+                return "ds4-log"
+            if "ncu-csv" not in kinds and ncu.looks_like(lines):
+                kinds.add("ncu-csv")
+            if "nsys-csv" not in kinds and seen < 64 * _SCAN_BLOCK and nsys_csv.looks_like(lines):
+                kinds.add("nsys-csv")
+            seen += len(block)
+            block = f.read(_SCAN_BLOCK)
+    if tail and "ncu-csv" not in kinds and ncu.looks_like(tail):
+        kinds.add("ncu-csv")
+    if tail and "nsys-csv" not in kinds and nsys_csv.looks_like(tail):
+        kinds.add("nsys-csv")
+    for k in ("ncu-csv", "nsys-csv"):
+        if k in kinds:
+            return k
+    return None
+
+
+#: Names a saved recording beside a non-trace file may have: ``<stem>.csv.gz`` (the bundled
+#: ``ds4lab/data/audit/torch-<engine>-<cache>.csv.gz`` beside its outcome ``.json``), ``<stem>.csv``,
+#: and the ``recording.csv.gz`` of a recorded run (``ds4lab audit validate``'s ``engine.json`` beside it).
+BESIDE = ("{stem}.csv.gz", "{stem}.csv", "recording.csv.gz")
+
+
+def recording_beside(path: Path) -> Path | None:
+    """The saved recording (:mod:`.saved`) in ``path``'s folder that goes with ``path`` (:data:`BESIDE`,
+    ``stem``: the name before its first dot), or None; named as ``path`` is (relative stays relative)."""
+    from . import saved
+
+    path = Path(path)
+    stem = path.name.split(".", 1)[0]
+    for pattern in BESIDE:
+        p = path.with_name(pattern.format(stem=stem))
+        if p == path or not p.is_file():
+            continue
+        try:
+            if saved.looks_like(head_bytes(p, len(saved.MAGIC))):
+                return p
+        except OSError:
+            continue
+    return None
+
+
+def _is_outcome(head: bytes) -> bool:
+    """Whether ``head`` is a recorded run's outcome (a JSON object with an ``outcome``, as
+    :func:`ds4lab.audit.engines.recorded_outcome` reads)."""
+    try:
+        d = json.loads(head.decode("utf-8"))
+    except ValueError:
+        return False
+    return isinstance(d, dict) and "outcome" in d
+
+
+def read_events(path: Path, *, progress=None, console=None):
+    """The event table (:class:`~ds4lab.trace.events.EventTable`) of one trace file (format from
+    :func:`detect`).
+
+    ``progress``: None, a callable ``progress(done, total)``, or a rich Console (a progress bar);
+    ``console``: where to say that ``nsys export`` runs for a raw report (default: ``progress`` when
+    it is a console).
+
+    Raises:
+        SourceError: (a :class:`~ds4lab.errors.BadInput`, exit 2) naming the file and what is wrong:
+            not a trace (a format that yields summary tables is named, with the command that reads
+            it), no CUDA activity at all (and what it holds), cut (the byte offset), a malformed event
+            (its field), a raw Nsight report without ``nsys`` on PATH (the export command), unreadable.
+    """
+    from . import kineto, nsys_report, nsys_sqlite, saved
+
+    path = Path(path)
+    fmt = detect(path, want="events")
+    if console is None and hasattr(progress, "print"):
+        console = progress
+    if "events" not in yields(fmt) and fmt != "nsys-report":
+        raise SourceError(f"{path}: not a trace the audit reads: {_what(fmt)}, which holds summary tables, not "
+                          f"events (ds4lab ingest reads it); the audit reads {_EVENTS_HINT}")
+    try:
+        if fmt == "nsys-report":
+            return nsys_sqlite.read_sqlite(nsys_report.export_report(path, console), progress)
+        if fmt == "nsys-sqlite":
+            return nsys_sqlite.read_sqlite(path, progress)
+        if fmt == "recording":
+            return saved.read_saved(path, progress)
+        return kineto.read_chrome(path, "ds4lab" if fmt == "ds4lab-trace" else "kineto", progress)
+    except OSError as e:
+        raise SourceError(f"{path}: unreadable ({e.strerror or e})") from None
+
+
+def read_tables(path: Path, lenient: bool = False, *, sink=None, progress=None, read_meta=None) -> Ingested:
+    """The summary tables of one input (format from :func:`detect`) as an :class:`Ingested`: ds4 logs and
+    nsys stats CSV streamed (their rows handed to ``sink(table, rows)`` chunk by chunk when given:
+    bounded memory), the other formats read whole. ``progress(n)`` is told of each ``n`` bytes read;
+    ``read_meta``: how a ds4lab folder's ``meta.json`` is read (:func:`.folder.read_ds4lab_folder`).
+
+    Raises:
+        SourceError: naming the file and line of a malformed line unless ``lenient``; an input that
+            is not one (a format that yields an event table is named, with the command that reads
+            it), or cannot be read at all, either way.
+    """
+    from .common import input_size
+
+    path = Path(path)
+    fmt = detect(path, want="tables")
+    if fmt == "nsys-report":
+        raise SourceError(f"{path}: " + RAW_REPORTS[path.suffix.lower() if path.suffix.lower() in RAW_REPORTS
+                                                    else ".nsys-rep"].format(name=path.name, stem=path.stem))
+    if "tables" not in yields(fmt):
+        raise SourceError(f"{path}: {_what(fmt)}: an event table, which ds4lab ingest does not table; "
+                          "ds4lab audit reads it")
+    mod = formats()[fmt][0]
+    res = Ingested(path, fmt, sink=sink, progress=progress)
+    reader = {"ds4-log": "read_ds4_log", "nsys-csv": "read_nsys_csv", "nsys-sqlite": "read_nsys_sqlite",
+              "ncu-csv": "read_ncu_csv", "ds4lab-folder": "read_ds4lab_folder"}[fmt]
+    try:
+        if fmt in ("ds4-log", "nsys-csv"):  # streamed: they fill the record whose sink gets their rows
+            getattr(mod, reader)(path, lenient, res)
+            return res
+        kw = {"read_meta": read_meta} if fmt == "ds4lab-folder" and read_meta is not None else {}
+        got = getattr(mod, reader)(path, lenient, **kw)
+    except OSError as e:
+        raise SourceError(f"{path}: unreadable ({e.strerror or e})") from None
+    res.tables, res.problems, res.warnings = got.tables, got.problems, got.warnings
+    if progress is not None:
+        progress(input_size(path))
+    return res

@@ -1,0 +1,287 @@
+"""ds4's MoE profile line: its format, its one parser, its validity rules, and a log of such lines read
+into the ``ds4_moe`` table (yields a summary table).
+
+ds4 prints one line per routed-MoE call to stderr when ``DS4_CUDA_MOE_PROFILE`` is set
+(``shared/context/ds4-decode.md``, "The routed MoE kernel sequence and its profile")::
+
+    ds4: CUDA MoE profile tokens=<n> pairs=<n*6> xq=<ms> sort=<ms> gateup=<ms> midq=<ms> down=<ms> sum=<ms> total=<ms> ms
+
+This module is the one grammar of that line for ds4lab: ``ds4lab moe`` writes it
+(:mod:`ds4lab.moeprof.ds4log`), and ``ds4lab ingest`` reads real logs and ds4lab's own with it
+(:func:`read_ds4_log`).
+
+Grammar (:func:`parse_ds4_line`): the line starts at the ``ds4: CUDA MoE profile`` prefix (text
+before it is ignored: stderr noise) and ends with `` ms`` (trailing whitespace only). ``tokens`` and
+``pairs`` are whole numbers; each stage time is a decimal number (sign, ``.5``, exponent allowed) or
+``nan``/``inf`` with an optional sign: what ``%.3f`` prints in C and in Python for non-finite values.
+``nan`` is how ds4lab writes a stage it could not time, so a line with one parses, and back to NaN:
+the format round-trips.
+
+Validity (:func:`ds4_line_problem`): a line that parses can still not be a real call: ``tokens=0``,
+a stage time that is negative or not finite (``nan``: not timed, ``inf``/``1e999``: impossible),
+``pairs`` not a positive multiple of ``tokens``, or ``total`` off the sum of the six stages by more than
+the printed rounding (:data:`TOTAL_SLACK_MS`; not checked where ``total`` is a span, as CUPTI's is).
+``ds4lab ingest`` calls such a line malformed.
+
+The ``# ds4lab ...`` comment line (:func:`ds4lab_header`) says the lines after it are ds4lab's, with
+their provenance, mode and routing.
+
+A log is streamed: read line by line and handed over :data:`CHUNK_LINES` profile lines at a time
+(:meth:`ds4lab.trace.sources.common.Ingested.emit`), so ``ds4lab ingest`` holds one chunk, not the log:
+its memory does not grow with the file (``tests/test_ingest_large.py`` measures it)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...token.model import MOE_STAGES
+from .common import Ingested, RowBlock, problem, text_lines
+
+#: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
+FORMATS = {"ds4-log": "a ds4 MoE profile log"}
+#: What it yields: an event table (``events``), summary tables (``tables``).
+YIELDS = ("tables",)
+
+#: ds4's six stages and their total: the fields of the line after ``tokens`` and ``pairs``.
+STAGES = MOE_STAGES + ("total",)
+DS4_PREFIX = "ds4: CUDA MoE profile"
+#: ds4's stderr line (context file, "The routed MoE kernel sequence and its profile").
+DS4_LINE = ("ds4: CUDA MoE profile tokens={tokens} pairs={pairs} xq={xq} sort={sort} gateup={gateup} "
+            "midq={midq} down={down} sum={sum} total={total} ms")
+#: a finite decimal number: never a lone "." or "e". Each digit run has one way to match (no
+#: ``\d+\.?\d*``, which splits a run of n digits n ways and backtracks through all of them): a
+#: malformed line is rejected in time linear in its length.
+FLOAT = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+#: what ``%.3f`` prints for a non-finite value (C and Python)
+NONFINITE = r"[-+]?(?:nan|inf)"
+_NUM = rf"(?:{FLOAT}|{NONFINITE})"
+#: the whole line from its prefix (``re.match`` on the text from :data:`DS4_PREFIX` on)
+DS4_LINE_RE = re.compile(
+    r"ds4: CUDA MoE profile tokens=(?P<tokens>\d+) pairs=(?P<pairs>\d+)"
+    + "".join(rf" {s}=(?P<{s}>{_NUM})" for s in STAGES) + r" ms\s*$")
+#: the slack allowed between ``total`` and the sum of the six stages: each of the seven fields is
+#: printed with 3 decimals
+TOTAL_SLACK_MS = 0.001 * len(STAGES)
+#: modes whose ``total`` is not the sum of the stages (CUPTI: first kernel start to last kernel end)
+TOTAL_NOT_SUM_MODES = ("cupti",)
+
+_DS4LAB_HEADER = re.compile(r"^\s*#\s*(?P<text>ds4lab\b.*?)\s*$")
+_HEADER_FIELD = re.compile(r"(?:^|(?<=[\s\u00b7]))(?P<key>mode|routing)=(?P<value>[^\s\u00b7]+)")
+
+
+
+def _match(line: str) -> tuple[str, re.Match | None] | None:
+    i = line.find(DS4_PREFIX)
+    if i < 0:
+        return None
+    body = line[i:]
+    return body, DS4_LINE_RE.match(body)
+
+
+def parse_ds4_line(line: str) -> dict | None:
+    """The fields of one ds4 MoE profile line: ``tokens`` and ``pairs`` (int) and each stage of
+    :data:`STAGES` in ms (float; NaN for ``nan``, ±inf for ``inf``), or None when the line holds no
+    profile line that follows the grammar (module docstring). Never raises; no validity checks
+    (:func:`ds4_line_problem`)."""
+    got = _match(line)
+    if got is None or got[1] is None:
+        return None
+    m = got[1]
+    return {"tokens": int(m["tokens"]), "pairs": int(m["pairs"]), **{s: float(m[s]) for s in STAGES}}
+
+
+def ds4_line_problem(line: str, *, total_is_sum: bool = True) -> str | None:
+    """Why ``line`` is not a well-formed, possible ds4 MoE profile line (naming the field and the value
+    as printed), or None when :func:`parse_ds4_line` reads it as a real call.
+
+    ``total_is_sum``: check ``total`` against the sum of the stages (False for a span, e.g. lines of
+    a mode in :data:`TOTAL_NOT_SUM_MODES`). The rules are ``ds4lab ingest``'s (module docstring)."""
+    got = _match(line)
+    if got is None:
+        return f"no {DS4_PREFIX!r} prefix"
+    body, m = got
+    if m is None:
+        return _why_no_match(body)
+    tokens, pairs = int(m["tokens"]), int(m["pairs"])
+    vals = {s: float(m[s]) for s in STAGES}
+    if tokens < 1:
+        return f"tokens={_clip(m['tokens'])}: a MoE call has at least one token"
+    for s in STAGES:
+        if not math.isfinite(vals[s]):
+            return f"{s}={_clip(m[s])} is not a finite time"
+        if vals[s] < 0:
+            return f"{s}={_clip(m[s])} is a negative time"
+    if pairs < tokens or pairs % tokens:
+        return f"pairs={_clip(m['pairs'])} is not a positive multiple of tokens={_clip(m['tokens'])}"
+    if total_is_sum:
+        staged = sum(vals[s] for s in MOE_STAGES)
+        if abs(vals["total"] - staged) > TOTAL_SLACK_MS + 1e-9:
+            return (f"total={_clip(m['total'])} is not the sum of the stages ({staged:.3f} ms): off by "
+                    f"{abs(vals['total'] - staged):.3f} ms, more than the rounding ({TOTAL_SLACK_MS:.3f} ms)")
+    return None
+
+
+def _clip(value: str, quote: bool = False, keep: int = 40) -> str:
+    """A field's value as a message shows it: whole up to ``keep`` characters (quoted with
+    ``quote``), else its start and its length, so a 400 KB field makes a one-line message."""
+    if len(value) <= keep:
+        return repr(value) if quote else value
+    head = repr(value[:keep]) if quote else value[:keep]
+    return f"{head}... ({len(value)} characters)"
+
+
+def _why_no_match(body: str) -> str:
+    """What is wrong with a ds4 profile line that does not match: the first bad or missing field.
+    Linear in the line's length (its words split once; no search that rescans a long word)."""
+    fields = {}
+    for word in body.split():
+        key, eq, value = word.partition("=")
+        if eq and re.fullmatch(r"\w+", key):
+            fields[key] = value
+    for k in ("tokens", "pairs"):
+        if k not in fields:
+            return f"no {k}="
+        if not re.fullmatch(r"\d+", fields[k]):
+            return f"{k}={_clip(fields[k], quote=True)} is not a whole number"
+    for s in STAGES:
+        if s not in fields:
+            return f"no {s}="
+        if not re.fullmatch(_NUM, fields[s]):
+            return f"{s}={_clip(fields[s], quote=True)} is not a number"
+    return "fields out of order, or extra text; expected tokens= pairs= " + " ".join(
+        f"{s}=" for s in STAGES) + " ms"
+
+
+# ----------------------------------------------------------------------------- the provenance header
+def ds4lab_header(line: str) -> tuple[str, bool] | None:
+    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says
+    ``MODELED``), else None."""
+    m = _DS4LAB_HEADER.match(line)
+    if not m:
+        return None
+    return m["text"], bool(re.search(r"\bMODELED\b", m["text"]))
+
+
+def ds4lab_header_fields(text: str) -> dict:
+    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say) and
+    ``provenance``: the text without those two tokens."""
+    got = {m["key"]: m["value"] for m in _HEADER_FIELD.finditer(text)}
+    prov = text
+    if got:
+        parts = [" ".join(re.sub(r"(?<!\S)(mode|routing)=\S+", "", p).split()) for p in text.split("\u00b7")]
+        prov = " \u00b7 ".join(p for p in parts if p)
+    return {"mode": got.get("mode", "unknown"), "routing": got.get("routing", "unknown"), "provenance": prov}
+
+
+#: profile lines per chunk handed over (7 rows each): about 1.5 MB of table at a time
+CHUNK_LINES = 20_000
+#: the columns of table ``ds4_moe``, in order
+COLUMNS = ("token", "layer", "tokens", "pairs", "stage", "ms", "mode", "backend", "routing", "modeled", "provenance",
+           "file", "source")
+__all__ = ["CHUNK_LINES", "COLUMNS", "DS4_LINE", "DS4_LINE_RE", "DS4_PREFIX", "STAGES", "TOTAL_NOT_SUM_MODES",
+           "TOTAL_SLACK_MS", "ds4_line_problem", "ds4lab_header", "ds4lab_header_fields", "parse_ds4_line", "read_ds4_log"]
+
+
+class _Chunk:
+    """Profile lines of one chunk, column by column (one entry per line, not per row)."""
+
+    def __init__(self) -> None:
+        self.line, self.tokens, self.pairs, self.state, self.ms = [], [], [], [], []
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    def block(self, first_call: int, states: list[tuple], path: Path) -> RowBlock:
+        """The chunk's rows in ``ds4_moe``'s long format (one row per call and stage), as tuples."""
+        name = str(path)
+        rows = []
+        add = rows.append
+        for i, (ln, tokens, pairs, st, ms) in enumerate(zip(self.line, self.tokens, self.pairs, self.state, self.ms)):
+            prov, modeled, mode, routing = states[st]
+            backend = "ds4" if prov == "ds4" else "ds4lab"
+            src = f"{path.name}:{ln}"
+            call = first_call + i
+            for stage, v in zip(STAGES, ms):
+                add((call, "", tokens, pairs, stage, v, mode, backend, routing, bool(modeled), prov, name, src))
+        return RowBlock(COLUMNS, rows)
+
+    def frame(self, first_call: int, states: list[tuple], path: Path) -> pd.DataFrame:
+        """The chunk's rows in ``ds4_moe``'s long format: one row per (call, stage)."""
+        n, k = len(self.line), len(STAGES)
+        st = np.repeat(np.asarray(self.state, dtype=np.int64), k)
+        cols = [np.array([s[i] for s in states], dtype=object)[st] for i in range(4)]  # prov, modeled, mode, routing
+        prov = cols[0]
+        name = path.name
+        return pd.DataFrame({
+            "token": np.repeat(np.arange(first_call, first_call + n, dtype=np.int64), k),
+            "layer": np.full(n * k, np.nan),
+            "tokens": np.repeat(np.asarray(self.tokens, dtype=np.int64), k),
+            "pairs": np.repeat(np.asarray(self.pairs, dtype=np.int64), k),
+            "stage": np.tile(np.array(STAGES, dtype=object), n),
+            "ms": np.asarray(self.ms, dtype=np.float64).reshape(-1),
+            "mode": cols[2],
+            "backend": np.where(prov == "ds4", "ds4", "ds4lab"),
+            "routing": cols[3],
+            "modeled": cols[1].astype(bool),
+            "provenance": prov,
+            "file": str(path),
+            "source": np.repeat(np.array([f"{name}:{ln}" for ln in self.line], dtype=object), k),
+        }, columns=list(COLUMNS))
+
+
+def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_lines: int = CHUNK_LINES) -> Ingested:
+    """ds4 ``DS4_CUDA_MOE_PROFILE`` lines → rows (call, tokens, pairs, stage, ms): the same columns as
+    ``ds4lab moe``'s table, plus ``provenance`` and ``modeled``: ``ds4`` and false for ds4's own lines
+    (mode ``host-timed``, routing ``ds4``), the ``# ds4lab ...`` header's text (``modeled``, ``mode``
+    and ``routing`` from it; ``unknown`` mode and routing for a header that does not name them) for
+    lines ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``; ``file`` is the log, ``source``
+    ``<log name>:<line>``. A line with the prefix that does not follow the grammar, or cannot be a
+    real call (:func:`ds4_line_problem`; ``total`` not checked for the lines of a mode in
+    :data:`TOTAL_NOT_SUM_MODES`, CUPTI's), is malformed: SourceError naming file and line unless
+    ``lenient``. A log cut off in the middle of a profile line is caught by the grammar (the line
+    must end with `` ms``).
+
+    ``res``: the record to fill (its ``sink`` receives the rows chunk by chunk, ``chunk_lines``
+    profile lines at a time); a new one when None, whose ``tables["ds4_moe"]`` then holds every row."""
+    path = Path(path)
+    res = res if res is not None else Ingested(path, "ds4-log")
+    states: list[tuple] = [("ds4", False, "host-timed", "ds4")]  # (provenance, modeled, mode, routing)
+    cur = 0
+    chunk, call = _Chunk(), 0
+    for n, line in text_lines(res, path):
+        h = ds4lab_header(line)
+        if h is not None:
+            text, modeled = h
+            f = ds4lab_header_fields(text)
+            states.append((f["provenance"], modeled, f["mode"], f["routing"]))
+            cur = len(states) - 1
+            continue
+        if DS4_PREFIX not in line:
+            continue  # the program's other output: a log is ds4's whole stderr
+        why = ds4_line_problem(line, total_is_sum=states[cur][2] not in TOTAL_NOT_SUM_MODES)
+        if why:
+            problem(res, lenient, n, f"malformed ds4 MoE profile line ({why})", line)
+            continue
+        vals = parse_ds4_line(line)
+        chunk.line.append(n)
+        chunk.tokens.append(vals["tokens"])
+        chunk.pairs.append(vals["pairs"])
+        chunk.state.append(cur)
+        chunk.ms.append([vals[s] for s in STAGES])
+        if len(chunk) >= chunk_lines:
+            res.emit("ds4_moe", chunk.block(call, states, path) if res.sink else chunk.frame(call, states, path))
+            call += len(chunk)
+            chunk = _Chunk()
+    if len(chunk):
+        res.emit("ds4_moe", chunk.block(call, states, path) if res.sink else chunk.frame(call, states, path))
+        call += len(chunk)
+    if call == 0 and not res.problems:
+        problem(res, lenient, 0, "no ds4 MoE profile line")
+    if "ds4_moe" not in res.tables and res.sink is None:
+        res.tables["ds4_moe"] = pd.DataFrame(columns=list(COLUMNS))
+    return res
