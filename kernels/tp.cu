@@ -6,6 +6,7 @@
 // so the same y gives the same bits. One thread per (stream, row); grid (ceil(rows / 256), S).
 extern "C" __global__ void tp_expand(float* __restrict__ h, const float* __restrict__ mix_logits,
                                      const float* __restrict__ y, const float* __restrict__ extra, int rows, int S) {
+    DS4_PDL_ENTRY();
     const int r = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (r >= rows || s >= S) return;
     const float hv = h[(size_t)s * rows + r];
@@ -18,6 +19,7 @@ extern "C" __global__ void tp_expand(float* __restrict__ h, const float* __restr
 // -1 elsewhere (the routed-MoE kernels leave an id outside their bank out: a zero middle, no down term).
 extern "C" __global__ void tp_localize_ids(const int* __restrict__ ids, int* __restrict__ out, int lo, int n_local,
                                            int P) {
+    DS4_PDL_ENTRY();
     const int p = blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= P) return;
     const int e = ids[p] - lo;
@@ -27,6 +29,7 @@ extern "C" __global__ void tp_localize_ids(const int* __restrict__ ids, int* __r
 // ds4's peer path: the sum of the two ranks' partial sums, rank 0's first, on every rank (out = a + b).
 extern "C" __global__ void tp_add2(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
                                    int n) {
+    DS4_PDL_ENTRY();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
