@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import re
 import zlib
 from array import array
@@ -82,8 +83,22 @@ def frame_name(raw: str) -> str:
     return _ADDR.sub("", raw)
 
 
-def _ns(v) -> int:
-    return -1 if v is None else int(round(float(v) * 1000.0))
+class _BadField(ValueError):
+    """A field of one event that is not what the format says it is (read by :func:`_ns`)."""
+
+    def __init__(self, field: str, value) -> None:
+        super().__init__(field)
+        self.field, self.value = field, value
+
+
+def _ns(v, field: str = "ts") -> int:
+    """µs (Chrome-trace ``ts``/``dur``) → ns; None → -1. Raises :class:`_BadField` for a value that is not
+    a finite number (a string, a bool, NaN, an infinity)."""
+    if v is None:
+        return -1
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise _BadField(field, v)
+    return int(round(float(v) * 1000.0))
 
 
 def _dims(v) -> str:
@@ -213,9 +228,18 @@ def read_chrome(path: Path, dialect: str, progress=None):
         n = 0
         try:
             for ev in ijson.items(reader, prefix, use_float=True):
-                st.event(ev)
+                try:
+                    st.event(ev)
+                except _BadField as b:
+                    name = ev.get("name", "?") if isinstance(ev, dict) else "?"
+                    raise SourceError(f"{path}: event {n:,} ({str(name)[:60]!r}): its {b.field!r} is {b.value!r}, "
+                                      "not a number (µs); the file is not a trace the audit can read") from None
                 n += 1
         except ijson.IncompleteJSONError as e:
+            bad = _non_json_number(str(e))
+            if bad:
+                raise SourceError(f"{path}: not valid JSON: a {bad} after {n:,} events (JSON has no {bad}: the "
+                                  "file's writer wrote a non-finite number where a time belongs)") from None
             raise SourceError(_cut(path, reader, raw, gz, n, e)) from None
         except ijson.JSONError as e:
             raise SourceError(f"{path}: not valid JSON near byte {reader.count:,} of the "
@@ -226,6 +250,16 @@ def read_chrome(path: Path, dialect: str, progress=None):
         finally:
             raw.close()
     return st.table(path, meta, EventTable)
+
+
+def _non_json_number(message: str) -> str:
+    """``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` when the parser's error quotes one at the place it
+    stopped (ijson's lexical error shows the text there): what it calls an incomplete document is then a
+    complete file holding a value JSON does not have. ``""`` otherwise."""
+    for word in ("-Infinity", "Infinity", "NaN"):
+        if re.search(rf"(?<![\w\"]){word}(?![\w\"])", message):
+            return word
+    return ""
 
 
 def _cut(path, reader, raw, gz, n, e) -> str:
@@ -258,6 +292,7 @@ class _State:
         self.offsets = {str(k): int(v) for k, v in (other.get("clock_offset_ns") or {}).items()} if self.ds4 else {}
         self.stage_of: dict[int, str] = {}
         self.other = other
+        self.empty_kernels = [0, 0]  # [zero-length, negative-length] kernel events
         self.cuda = 0
 
     def _tid(self, v) -> int:
@@ -286,8 +321,11 @@ class _State:
             return
         cat = _ALIAS.get(cat, cat)
         a = ev.get("args") or {}
-        t0 = _ns(ev.get("ts"))
-        t1 = t0 + max(_ns(ev.get("dur", 0)), 0)
+        t0 = _ns(ev.get("ts"), "ts")
+        dur = _ns(ev.get("dur", 0), "dur")
+        if cat in ("kernel",) and dur <= 0:
+            self.empty_kernels[dur < 0] += 1  # counted and noted: a kernel of no length is no timing
+        t1 = t0 + max(dur, 0)
         if self.ds4:
             off = self.offsets.get(self.stage_of.get(_int(ev.get("pid")), ""), 0)
             t0, t1 = t0 + off, t1 + off
@@ -361,6 +399,10 @@ class _State:
                          "their record_function path only")
         for what, n in sorted(self.skipped.items(), key=lambda x: -x[1]):
             notes.append(f"{n:,} {what} not tabled (not CUDA activity the audit reads)")
+        zero, neg = self.empty_kernels
+        if zero or neg:
+            notes.append(f"{zero:,} kernel events of zero length and {neg:,} of negative length (read as zero): "
+                         "their times are not measurements")
         df = self.rows.frame()
         if self.events:  # cudaEventRecord: stream and event from its cuda_event record
             api = df.index[(df.kind == "api") & df.correlation.isin(list(self.events)) & (df.stream < 0)]
