@@ -194,6 +194,14 @@ def _decode(buf: bytes) -> str:
     return buf.rstrip(b"\x00").decode(errors="replace")
 
 
+def _out_buffer(size: int) -> bytes:
+    """A bytes object NVRTC may write ``size`` bytes into: a fresh one, never shorter than two bytes.
+    CPython shares one object per single byte (``b" " * 1`` is the interpreter's ``b" "``): an empty
+    log (size 1, its terminating NUL) written into it would turn every single-byte ``b" "`` of the
+    process into ``b"\\x00"`` (a file's spaces read one byte at a time, among others)."""
+    return b" " * max(int(size), 2)
+
+
 def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: Any = None,
                    variant: str = "plain") -> CompileResult:
     """Compile one ``.cu`` file for one ``sm_XX`` with NVRTC, in one of :data:`VARIANTS`, returning the
@@ -215,7 +223,7 @@ def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: A
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _call(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
+        buf = _out_buffer(size)
         _call(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
         log = _decode(buf)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -224,7 +232,7 @@ def compile_kernel(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: A
             log = f"{log.rstrip()}\n{status} (options: {' '.join(options)})".strip()
             return CompileResult(path, arch, False, log, names, seconds=time.perf_counter() - t0, variant=variant)
         n = _call(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * n
+        cubin = _out_buffer(n)
         _call(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
@@ -253,11 +261,11 @@ def ptx_of(path: Path, arch: str, include_dirs: Sequence[Path], nvrtc: Any = Non
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             size = _call(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-            buf = b" " * size
+            buf = _out_buffer(size)
             _call(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
             raise RuntimeError(f"{path.name} [{arch}, {variant}] does not compile:\n{_decode(buf)}")
         n = _call(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-        buf = b" " * n
+        buf = _out_buffer(n)
         _call(nvrtc, nvrtc.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
         return _decode(buf)
     finally:

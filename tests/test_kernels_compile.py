@@ -180,14 +180,15 @@ def _entries(ptx: str) -> dict[str, list[str]]:
 
 def test_device_half_is_the_first_statement_of_every_kernel_that_launches_in_a_token():
     """The source scan the backends refuse programmatic launches by: every kernel but the weight
-    initializers, the timestamp kernels and the bench's empty and spinning kernels begins with
-    DS4_PDL_ENTRY()."""
+    initializers, the timestamp kernels, the bench's empty and spinning kernels and the TP token's own
+    kernels (kernels/tp.cu: no programmatic stage runs the TP token, so the backends refuse to launch
+    them programmatically) begins with DS4_PDL_ENTRY()."""
     from ds4lab.backends.kernel_pdl import device_half
 
     d = device_half(str(KERNELS))
     without = sorted(k for k, v in d.items() if not v)
     assert without == ["empty_kernel", "globaltimer_probe", "init_f32", "init_q4", "init_q8_0", "init_superblocks",
-                       "spin_wait", "stamp_time"], without
+                       "spin_wait", "stamp_time", "tp_add2", "tp_expand", "tp_localize_ids"], without
     assert {"q8_matvec", "attention_decode", "attention_comp", "indexer_topk_merge", "cond_set_longctx",
             "moe_down_sum_q2_k", "tiny_add"} <= {k for k, v in d.items() if v}
 
@@ -231,3 +232,14 @@ def test_condition_setters_call_the_device_runtime_for_both_archs(nvrtc, cuda_in
 def test_unknown_variant_refused(nvrtc):
     with pytest.raises(ValueError, match="unknown variant"):
         ck.compile_all(KERNELS, ["sm_90"], nvrtc=nvrtc, variants=["fast"])
+
+
+def test_an_nvrtc_output_buffer_is_never_the_interpreters_shared_byte():
+    """NVRTC writes into the buffer it is given: an empty log (size 1) must not land in CPython's shared
+    ``b" "`` (every single-byte space of the process would read back as NUL afterwards)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from compile_kernels import _out_buffer
+
+    for n in (0, 1, 2, 10):
+        buf = _out_buffer(n)
+        assert buf is not b" " and len(buf) >= max(n, 2)
