@@ -107,6 +107,12 @@ class CheckFailed(RuntimeError):
     not bit-identical to stage 0, a failed reference check, a GPU/sim disagreement."""
 
 
+class PartFailed(RuntimeError):
+    """A job ran its parts and one of them failed (exit 1; a notebook that stops at a cell): the
+    message is ds4lab's own, the run's folder is kept as a failed run (beside ``--out`` as
+    ``NAME.failed-<time>`` when ``--out`` held earlier results, which stay as they were)."""
+
+
 #: ``cudaGraphExecUpdateResult`` values by number (CUDA Runtime API, "Data types used by CUDA
 #: Runtime" → enum cudaGraphExecUpdateResult).
 GRAPH_EXEC_UPDATE_RESULTS = {

@@ -177,3 +177,19 @@ def test_a_listing_into_a_closed_pipe_exits_141_without_a_traceback(cmd):
         os.close(w)
     assert p.returncode == 141, p.stderr
     assert "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr
+
+
+def test_an_interrupt_before_any_folder_says_nothing_was_written(capsys):
+    """Ctrl-C before a job has a result folder: no "results so far are kept" (there are none)."""
+    from ds4lab.cli.support import interrupted
+
+    with pytest.raises(SystemExit) as e:
+        interrupted(KeyboardInterrupt())
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "before any result was written" in err and "kept" not in err.replace(
+        "untouched", "")
+    exc = KeyboardInterrupt()
+    exc.kept_in = "results/x"
+    with pytest.raises(SystemExit):
+        interrupted(exc)
+    assert "results so far are kept in results/x/" in capsys.readouterr().err

@@ -194,7 +194,9 @@ def test_a_failed_build_keeps_the_compiler_output_aside(tmp_path):
     assert "planted failure" in str(e.value)
     aside = list((tmp_path / "cache" / "ds4").glob("*.failed-*"))
     assert len(aside) == 1 and "planted failure" in (aside[0] / "build.log").read_text()
-    assert not [p for p in (tmp_path / "cache" / "ds4").iterdir() if not p.name.count(".failed-")]
+    # nothing else is left but the builds' lock file
+    assert not [p for p in (tmp_path / "cache" / "ds4").iterdir() if ".failed-" not in p.name
+                and not (p.name.startswith(".") and p.name.endswith(".lock"))]
 
 
 # -- configurations -------------------------------------------------------------------------------

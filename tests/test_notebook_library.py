@@ -7,6 +7,7 @@ choice of trace and its comparison with torch (``audit.engines.audit_source``,
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -357,3 +358,24 @@ def test_the_notebooks_job_runs_through_execute(tmp_path):
     _nb(d / "b.ipynb", "raise ValueError('no')")
     with pytest.raises(NotebooksFailed, match="failed: b.ipynb"):
         execute("notebooks", NotebooksConfig(folder=d, out=tmp_path / "o2", timeout=60))
+
+
+@pytest.mark.slow
+def test_a_failed_rerun_keeps_the_earlier_results(tmp_path):
+    """A notebook that fails on a rerun is a failed run, not a finished one: the earlier good folder
+    stays as it was and the failed run is kept beside it."""
+    pytest.importorskip("papermill")
+    pytest.importorskip("ipykernel")
+    from ds4lab.jobs.notebooks import NotebooksConfig, NotebooksFailed
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    _nb(d / "a.ipynb", "import pathlib; pathlib.Path(OUT).mkdir(parents=True); print(A * 2)")
+    execute("notebooks", NotebooksConfig(assignments=("A=21",), folder=d, out=tmp_path / "o", timeout=60))
+    before = (tmp_path / "o" / "a.ipynb").read_bytes()
+    _nb(d / "a.ipynb", "raise ValueError('no')")
+    with pytest.raises(NotebooksFailed):
+        execute("notebooks", NotebooksConfig(folder=d, out=tmp_path / "o", timeout=60))
+    assert (tmp_path / "o" / "a.ipynb").read_bytes() == before
+    assert json.loads((tmp_path / "o" / "meta.json").read_text())["status"] == "complete"
+    assert len(list(tmp_path.glob("o.failed-*"))) == 1

@@ -126,7 +126,7 @@ def bench(preset, out, per_op) -> None:
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Default: ds4-flash on a GPU, small on the sim.")
 @click.option("--stages", default=default(LadderConfig, "stages"), show_default=True,
-              help=f"Comma-separated stages of {', '.join(STAGES)} (3c: with --long-context).")
+              help=f"Comma-separated stages of {', '.join(STAGES)} (3c, 3cc, 3cp, 3ccp: with --long-context).")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(LadderConfig, "tokens"), show_default=True,
               help="Timed tokens per stage (after warm-up).")
 @click.option("--warmup", type=click.IntRange(min=0), default=default(LadderConfig, "warmup"), show_default=True)

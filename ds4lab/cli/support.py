@@ -59,8 +59,10 @@ def interrupted(e: KeyboardInterrupt) -> None:
     text = str(e).strip()
     kept = getattr(e, "kept_in", None)
     if not text or text.startswith("stopped by "):
-        text = (f"{status}: results so far are kept" + (f" in {kept}/" if kept else "")
-                + f" (meta.json status: {status})")
+        # a job's result folder attaches where it kept the partial results (kept_in): without it the
+        # run stopped before it had a folder, so nothing was written and nothing earlier was touched
+        text = (f"{status}: results so far are kept in {kept}/ (meta.json status: {status})" if kept else
+                f"{status} before any result was written (earlier results untouched)")
     else:
         if status != "interrupted" and status not in text:
             text = f"{status}: {text}"
@@ -73,7 +75,7 @@ def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
     """Run ``job`` through :func:`ds4lab.jobs.execute`; every exception becomes one message and the
     exit code of :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted,
     143/129 stopped by SIGTERM/SIGHUP)."""
-    from ..errors import BadInput, CheckFailed
+    from ..errors import BadInput, CheckFailed, PartFailed
     from ..jobs import execute, exit_code
     from ..report.results import WriteFailed
 
@@ -84,7 +86,7 @@ def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
     except Exception as e:  # noqa: BLE001 - the one place exceptions become exit codes
         code = exit_code(e)
         text = str(e).strip() or type(e).__name__
-        if not isinstance(e, (BadInput, CheckFailed, WriteFailed)) and code == 1:  # not ours: say what it was
+        if not isinstance(e, (BadInput, CheckFailed, PartFailed, WriteFailed)) and code == 1:  # not ours: say what it was
             text = f"{type(e).__name__}: {text}"
         kept = getattr(e, "kept_in", None)
         if kept and kept not in text:

@@ -180,20 +180,29 @@ def cache_root() -> Path:
 
 def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print) -> Build:
     """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources,
-    architecture and flags.
+    architecture and flags. Builds of one cache folder take turns (a lock file beside it).
 
     Raises:
         BuildError: a step failed; the message names it and the kept log (``build.log``).
     """
+    import fcntl
+
     root = Path(cache or cache_root()) / "ds4"
     name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}-{plan.flags_digest}"
+    root.mkdir(parents=True, exist_ok=True)
+    # one build of a folder at a time: a second run waits for the first and then finds its build
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(src, plan, root, name, say)
+
+
+def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -> Build:
     folder = root / name
     info_path = folder / "build.json"
     if info_path.is_file() and (folder / LIBRARY_NAME).is_file():
         info = json.loads(info_path.read_text())
         say(f"ds4 build: cached ({folder})")
         return Build(folder, folder / LIBRARY_NAME, info, cached=True)
-    root.mkdir(parents=True, exist_ok=True)
     if folder.exists():  # an earlier build stopped before build.json: start again
         shutil.rmtree(folder)
     folder.mkdir()

@@ -69,6 +69,8 @@ def read_ds4(folder) -> Ds4Record:
         ValueError: ``folder`` has no ``meta.json`` of job ``ds4`` (names it).
     """
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: no such folder (a ds4lab ds4 result folder, e.g. results/ds4-b0309611)")
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError):

@@ -207,7 +207,8 @@ def _ds4_tables(folder: Path):
 
     meta = results.read_meta(folder) or {}
     if meta.get("job") != "ds4":
-        raise ValueError(f"{folder}: not a ds4lab ds4 folder (its meta.json names job {meta.get('job')!r})")
+        why = (f"its meta.json names job {meta['job']!r}" if meta.get("job") else "no ds4lab meta.json there")
+        raise ValueError(f"{folder}: not a ds4lab ds4 folder ({why})")
     need = {"summary.csv": ("config", "context", "us_per_token"),
             "census.csv": ("config", "context", "launch_calls", "graph_launches", "busy_us", "enqueue_us")}
     tables = []

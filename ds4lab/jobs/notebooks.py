@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CheckFailed
+from ..errors import PartFailed
 
 
 @dataclass
@@ -49,8 +49,10 @@ class Plan:
     values: dict  # path -> {name: value}
 
 
-class NotebooksFailed(CheckFailed):
-    """A notebook failed (every notebook ran; the failures are in ``runs.json``): exit status 1."""
+class NotebooksFailed(PartFailed):
+    """A notebook failed (every notebook ran; the failures are in ``runs.json``): exit status 1. Not a
+    finished check: the run's folder is kept beside ``--out`` as ``NAME.failed-<time>`` and earlier
+    results in ``--out`` stay as they were (:func:`ds4lab.report.results.job_folder`)."""
 
 
 def plan(cfg: NotebooksConfig) -> Plan:
