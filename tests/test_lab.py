@@ -69,6 +69,7 @@ def lab(tmp_path_factory):
     """scripts/lab.sh serving a copy of the quickstart notebook (small sim parameters) on a free port."""
     import nbformat
 
+    from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     browser, driver = _browser()
@@ -78,7 +79,9 @@ def lab(tmp_path_factory):
     nbs, cwd = tmp / "notebooks", tmp / "work"
     nbs.mkdir()
     cwd.mkdir()
-    nb = nbformat.read(ROOT / "notebooks" / "00_quickstart.ipynb", as_version=4)
+    # papermill's own reader: it gives every cell the tags list its parameterizing looks for (cells of a
+    # notebook written by jupytext carry no tags but the parameters cell's)
+    nb = load_notebook_node(str(ROOT / "notebooks" / "00_quickstart.ipynb"))
     nb.metadata.pop("jupytext", None)  # a copy, not paired with the notebook's source
     nb = parameterize_notebook(nb, SMALL)  # papermill's cell after the parameters cell, as a headless run has
     nbformat.write(nb, nbs / "00_quickstart.ipynb")
