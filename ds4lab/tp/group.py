@@ -18,7 +18,7 @@ import numpy as np
 from ..token.config import ModelConfig
 from ..token.model import DecodeModel, TokenOptions
 from .model import TPRankModel
-from .ranks import RankTimeout, make_node, run_ranks
+from .ranks import RankTimeout, make_node, raise_first_failure, run_ranks
 from .reduce import Exchange, NcclReducer, OracleReducer, PeerReducer, reduction_bound, single_gpu_values
 from .shard import ShardPlan
 
@@ -109,11 +109,7 @@ class TPGroup:
         out = run_ranks(self.node, fn, timeout_s=self.timeout_s if timeout_s is None else timeout_s)
         if any(isinstance(v, RankTimeout) for v in out):
             self.node.abort_all()
-        for r, v in enumerate(out):
-            if isinstance(v, BaseException):
-                if hasattr(v, "add_note"):
-                    v.add_note(f"raised on rank {r}")
-                raise v
+        raise_first_failure(out)
         return out
 
     def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,

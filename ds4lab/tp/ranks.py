@@ -70,12 +70,18 @@ def run_ranks(node, fn: Callable[[int], Any], *, timeout_s: float, raise_first: 
         if t.is_alive():
             out[r] = RankTimeout(f"rank {r} still running after {timeout_s:g} s")
     if raise_first:
-        for r, v in enumerate(out):
-            if isinstance(v, BaseException):
-                if hasattr(v, "add_note"):
-                    v.add_note(f"raised on rank {r}")
-                raise v
+        raise_first_failure(out)
     return out
+
+
+def raise_first_failure(out: list) -> None:
+    """Raise the first exception among the per-rank results ``out`` (rank order), noted with its rank;
+    return when every rank returned a value."""
+    for r, v in enumerate(out):
+        if isinstance(v, BaseException):
+            if hasattr(v, "add_note"):
+                v.add_note(f"raised on rank {r}")
+            raise v
 
 
 __all__ = ["RankTimeout", "make_node", "run_ranks"]
