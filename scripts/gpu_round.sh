@@ -32,7 +32,7 @@
 #   ds4          ds4lab ds4: ds4 itself built from .ds4src/ (carry it: a copy of shared/ds4's archive) and
 #                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...),
 #                DS4_NAME names its folder (default ds4); the build and the model are cached in /tmp, and the
-#                build comes back as $OUT/ds4build.tar.xz (unpack it into .ds4build/ and carry that next time)
+#                build comes back as $OUT/ds4build-{lib,obj}.tar.xz (put both into .ds4build/ and carry it)
 #   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
 #
@@ -90,13 +90,18 @@ for arg in "$@"; do
            --warmup 0 --nvtx --no-check --out $R/ncu-run > $R/ncu.csv 2> $R/ncu.stderr;
          $D ingest $R/ncu.csv --sites ds4-flash --out $R/ncu && $D compare $R/ncu --out $R/ncu-compare &&
          $D trace --backend cupy --preset ds4-flash --stages 0,3 --out $R/trace" ;;
-    ds4) # a build made on an earlier machine of this kind comes back as $OUT/ds4build.tar.xz; unpacked
-         # into .ds4build/ and carried, it is ds4lab's cached build here (ds4's build takes minutes)
-         mkdir -p /tmp/ds4lab-cache/ds4; [ -d .ds4build ] && cp -r .ds4build/build-* /tmp/ds4lab-cache/ds4/ 2>/dev/null
+    ds4) # a build made on an earlier machine of this kind comes back as $OUT/ds4build-{lib,obj}.tar.xz (the
+         # library, and ds4's objects and headers for relinking a new driver); put into .ds4build/ and
+         # carried, it is ds4lab's cached build here (ds4's own build takes minutes)
+         mkdir -p /tmp/ds4lab-cache/ds4
+         for t in .ds4build/ds4build-*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C /tmp/ds4lab-cache/ds4; done
          TAIL=40 step ds4 ${limit:-540} $D ds4 --source ${DS4_SOURCE:-.ds4src/ds4-b0309611.tar.gz} \
          --cache /tmp/ds4lab-cache ${DS4_ARGS:-} --out $R/${DS4_NAME:-ds4}
-         (cd /tmp/ds4lab-cache/ds4 && ls -d build-*/build.json >/dev/null 2>&1 &&
-          XZ_OPT=-T0 tar cJf "$OUT/ds4build.tar.xz" --exclude='*/src' --exclude='*.o' build-*) ;;
+         (cd /tmp/ds4lab-cache/ds4 && ls build-*/build.json >/dev/null 2>&1 &&
+          XZ_OPT=-T0 tar cJf "$OUT/ds4build-lib.tar.xz" --exclude='*/src' build-*/build.json build-*/build.log \
+            build-*/libds4lab_ds4.so &&
+          find build-*/src \( -name '*.o' -o -name '*.h' \) -print0 | XZ_OPT=-T0 tar cJf "$OUT/ds4build-obj.tar.xz" \
+            --null -T -) ;;
     *) echo "unknown step $name" | tee -a $R/steps.txt ;;
   esac
 done

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from unittest import mock
 
 from ds4lab.ds4 import build as B
 from ds4lab.ds4 import results as R
@@ -37,7 +38,8 @@ def _fake_checkout(root: Path, makefile: str | None = None) -> Path:
         "typedef struct ds4_engine ds4_engine; typedef struct ds4_session ds4_session;\n"
         "typedef enum { DS4_BACKEND_METAL, DS4_BACKEND_CUDA, DS4_BACKEND_CPU } ds4_backend;\n"
         "typedef struct { int *v; int len; int cap; } ds4_tokens;\n"
-        "typedef struct { const char *model_path; ds4_backend backend; int n_threads; int context_size; }"
+        "typedef struct { const char *model_path; ds4_backend backend; int n_threads; int context_size;"
+        " bool load_slice; uint32_t load_layer_start; uint32_t load_layer_end; bool load_output; }"
         " ds4_engine_options;\n"
         "int ds4_engine_open(ds4_engine **, const ds4_engine_options *); void ds4_engine_close(ds4_engine *);\n"
         "int ds4_session_create(ds4_session **, ds4_engine *, int); void ds4_session_free(ds4_session *);\n"
@@ -182,6 +184,16 @@ def test_build_links_the_driver_with_the_checkouts_objects_and_caches_it(tmp_pat
     assert not (tmp_path / "ds4-abc1234" / "ds4.o").exists()  # the user's checkout is never written to
     again = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
     assert again.cached and again.library == b.library
+    # a new driver: ds4's objects stand, the driver is compiled and linked again (no make)
+    drv = tmp_path / "driver.c"
+    drv.write_text(B.DRIVER_SOURCE.read_text() + "\nint ds4lab_new_driver_symbol(void) { return 7; }\n")
+    (b.folder / "src" / "ds4.c").write_text("#error the objects must not be rebuilt\n")
+    with mock.patch.object(B, "DRIVER_SOURCE", drv):
+        relinked = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
+    assert relinked.cached and relinked.info["driver_digest"] != b.info["driver_digest"]
+    assert [s["step"] for s in relinked.info["relinked"]] == ["compile ds4lab's driver", "link the library"]
+    nm = subprocess.run(["nm", "-D", str(relinked.library)], capture_output=True, text=True).stdout
+    assert " T ds4lab_new_driver_symbol" in nm and " T ds4_session_eval" in nm
 
 
 @pytest.mark.skipif(not shutil.which("make"), reason="needs make")
@@ -226,8 +238,8 @@ def test_worker_env_drops_the_callers_ds4_switches():
 class _StandInEngine:
     """Positions advance as ds4's do; µs per token grows with the position so tables can be checked."""
 
-    def __init__(self, library, model, ctx_size, threads=0):
-        self.ctx_size, self.pos, self.calls = ctx_size, 0, []
+    def __init__(self, library, model, ctx_size, threads=0, resident=False):
+        self.ctx_size, self.pos, self.calls, self.resident = ctx_size, 0, [], resident
         self.vocab_size, self.layer_count, self.routed_quant_bits, self.model_bytes = 1000, 43, 2, 123
 
     def sync(self, tokens):

@@ -39,6 +39,8 @@ layers wrap. Each run (:func:`run_family`, in its own process through :func:`ds4
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import sys
 from pathlib import Path
@@ -179,12 +181,14 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
     step, set_pos, state, pos, summary = _family(engine, cache, dtype)
     res = {"engine": engine, "cache": cache, "dtype": dtype, "config": summary, "device": E._device()}
 
-    def one(record_range: bool = True):
+    def one(record_range: bool = True, rec=None):
         nonlocal pos
         set_pos(pos)
         if record_range:
             torch.cuda.nvtx.range_push(E.TOKEN_RANGE)
-        step()
+        # the host range stands in for the NVTX range where NVTX does not reach CUPTI
+        with rec.host_range(E.TOKEN_RANGE) if rec is not None else contextlib.nullcontext():
+            step()
         if record_range:
             torch.cuda.nvtx.range_pop()
         pos += 1
@@ -195,12 +199,12 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
         torch.cuda.synchronize()
         with recording() as timed:
             for _ in range(E.EAGER_STEPS):
-                one()
+                one(rec=timed)
             torch.cuda.synchronize()
         res["recording"] = str(timed.save(folder / "recording.csv.gz", engine=engine, cache=cache, dtype=dtype))
         with recording(arguments=True, token_range=E.TOKEN_RANGE) as args:
             for _ in range(E.EAGER_STEPS):
-                one()
+                one(rec=args)
             torch.cuda.synchronize()
         args.save(folder / "arguments.csv.gz", engine=engine, cache=cache, dtype=dtype)
         store = store_path(folder / "arguments.csv.gz")

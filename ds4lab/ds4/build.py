@@ -91,12 +91,17 @@ class BuildPlan:
 
     @property
     def flags_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over the make variables, the toolchain and the driver source."""
+        """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects
+        depend on (ds4lab's driver is not: a new driver is compiled and linked with the same objects)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
-        h.update(DRIVER_SOURCE.read_bytes())
         return h.hexdigest()[:12]
+
+    @property
+    def driver_digest(self) -> str:
+        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``)."""
+        return hashlib.sha256(DRIVER_SOURCE.read_bytes()).hexdigest()[:12]
 
     def make_command(self, src: Path, targets) -> list[str]:
         """``make -C src -j N VAR=... targets`` (ds4's own Makefile)."""
@@ -201,8 +206,12 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
     info_path = folder / "build.json"
     if info_path.is_file() and (folder / LIBRARY_NAME).is_file():
         info = json.loads(info_path.read_text())
-        say(f"ds4 build: cached ({folder})")
-        return Build(folder, folder / LIBRARY_NAME, info, cached=True)
+        if info.get("driver_digest") == plan.driver_digest:
+            say(f"ds4 build: cached ({folder})")
+            return Build(folder, folder / LIBRARY_NAME, info, cached=True)
+        if all((folder / "src" / o).is_file() for o in info.get("objects", ())) and info.get("objects"):
+            return _relink(folder, info, plan, say)
+        say("ds4 build: ds4lab's driver changed and ds4's objects are not kept: building again")
     if folder.exists():  # an earlier build stopped before build.json: start again
         shutil.rmtree(folder)
     folder.mkdir()
@@ -248,6 +257,7 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
         "ds4_source_digest": src.digest,
         "arch": plan.arch,
         "flags_digest": plan.flags_digest,
+        "driver_digest": plan.driver_digest,
         "make_vars": plan.make_vars,
         "objects": objects,
         "steps": steps,
@@ -261,6 +271,35 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
     tmp.replace(info_path)  # written last: its presence marks a complete build
     say(f"ds4 build: done in {info['seconds']:.0f} s ({folder / LIBRARY_NAME})")
     return Build(folder, folder / LIBRARY_NAME, info)
+
+
+def _relink(folder: Path, info: dict, plan: BuildPlan, say) -> Build:
+    """A cached build whose ds4 objects stand and whose driver changed: compile the driver and link the
+    library again (seconds), the library replaced only once linked. Raises BuildError with the log."""
+    src_dir, lib = folder / "src", folder / LIBRARY_NAME
+    new_lib = folder / (LIBRARY_NAME + ".new")
+    steps = []
+    with open(folder / "build.log", "a") as log:
+        for step, cmd in (("compile ds4lab's driver", plan.driver_command(src_dir, folder / "ds4lab_ds4.o")),
+                          ("link the library", plan.link_command(src_dir, info["objects"], folder / "ds4lab_ds4.o",
+                                                                 new_lib))):
+            log.write(f"\n$ {shlex.join(cmd)}\n")
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log.write(p.stdout)
+            steps.append({"step": step, "command": shlex.join(cmd), "seconds": round(time.monotonic() - t0, 1),
+                          "returncode": p.returncode})
+            if p.returncode != 0:
+                tail = "\n".join(p.stdout.strip().splitlines()[-15:])
+                raise BuildError(f"ds4 relink failed at {step} (exit {p.returncode}); output in "
+                                 f"{folder / 'build.log'}:\n{tail}")
+    new_lib.replace(lib)
+    info = {**info, "driver_digest": plan.driver_digest, "relinked": steps, "library_bytes": lib.stat().st_size}
+    tmp = folder / "build.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(folder / "build.json")
+    say(f"ds4 build: ds4's objects cached, ds4lab's driver compiled and linked again ({lib})")
+    return Build(folder, lib, info, cached=True)
 
 
 def _set_aside(folder: Path) -> Path:

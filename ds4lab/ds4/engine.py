@@ -23,7 +23,7 @@ class Ds4Error(RuntimeError):
 def _bind(lib) -> None:
     H = ctypes.c_void_p
     sigs = {
-        "ds4lab_open": (H, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+        "ds4lab_open": (H, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
         "ds4lab_close": (None, [H]),
         "ds4lab_error": (ctypes.c_char_p, [H]),
         "ds4lab_vocab_size": (ctypes.c_int, [H]),
@@ -50,13 +50,16 @@ class Ds4Engine:
         model: the GGUF file ds4 opens (``ds4lab.ds4.gguf_model`` writes a synthetic one).
         ctx_size: the session's context in tokens (ds4 allocates its KV cache for it).
         threads: ds4's host threads (0: ds4's default).
+        resident: open every layer and the output head as a layer slice, the open whose
+            ``DS4_CUDA_COPY_MODEL`` copies the model into GPU memory (``csrc/ds4lab_ds4.c``,
+            ``ds4lab_open``); False: ds4's whole-model open (its default).
 
     Raises:
         BadInput: the library or the model file does not exist.
         Ds4Error: ds4 refused the model or the session (ds4's own message is on stderr).
     """
 
-    def __init__(self, library, model, ctx_size: int, threads: int = 0) -> None:
+    def __init__(self, library, model, ctx_size: int, threads: int = 0, resident: bool = False) -> None:
         lib_path, model_path = Path(library), Path(model)
         if not lib_path.is_file():
             raise BadInput(f"ds4 library {lib_path}: no such file (build it with ds4lab ds4 --source ...)")
@@ -65,7 +68,8 @@ class Ds4Engine:
         self.lib = ctypes.CDLL(str(lib_path), mode=ctypes.RTLD_GLOBAL)
         _bind(self.lib)
         err = ctypes.c_char_p()
-        self.h = self.lib.ds4lab_open(str(model_path).encode(), int(ctx_size), int(threads), ctypes.byref(err))
+        self.h = self.lib.ds4lab_open(str(model_path).encode(), int(ctx_size), int(threads), int(bool(resident)),
+                                      ctypes.byref(err))
         if not self.h:
             raise Ds4Error((err.value or b"ds4lab_open failed").decode(errors="replace"))
         self.ctx_size = int(ctx_size)

@@ -54,7 +54,8 @@ def worker_env(variant: str, copy_model: bool, base=None) -> dict:
     """The environment of ``variant``'s worker: ours (``base``, default ``os.environ``) without any
     ``DS4_*`` switch of the caller's (so a stray one cannot change a configuration), plus the
     variant's own and, with ``copy_model``, ``DS4_CUDA_COPY_MODEL=1`` (ds4 copies the whole model into
-    GPU memory at load: ``ds4_cuda.cu`` ``cuda_model_prefetch_range``)."""
+    GPU memory at load, ``ds4_cuda.cu`` ``ds4_gpu_set_model_map``, on the layer-slice open the worker
+    then asks for: :class:`~ds4lab.ds4.engine.Ds4Engine` ``resident``)."""
     env = {k: v for k, v in (base if base is not None else os.environ).items() if not k.startswith("DS4_")}
     env.update(VARIANTS[variant].environ)
     if copy_model:
@@ -78,7 +79,8 @@ def run_variant(plan: MeasurePlan, variant: str, folder: Path, say=print, progre
     spec = {"library": plan.library, "model": plan.model, "config": variant, "contexts": list(plan.contexts),
             "warmup": plan.warmup, "tokens": plan.tokens,
             "trace_contexts": list(plan.trace_contexts) if variant in ("islands-off", "islands-on") else [],
-            "trace_tokens": plan.trace_tokens, "seed": plan.seed, "threads": plan.threads, "out": str(wdir)}
+            "trace_tokens": plan.trace_tokens, "seed": plan.seed, "threads": plan.threads,
+            "resident": plan.copy_model, "out": str(wdir)}
     (wdir / "plan.json").write_text(json.dumps(spec, indent=2))
     log = folder / f"ds4-{variant}.log"
     t0 = time.monotonic()
@@ -148,7 +150,11 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
             from ..trace.sources import read_events as read_trace
 
             table = read_trace(rec)
-            per_tok, per_kernel = R.trace_census(table.frame)
+            try:
+                per_tok, per_kernel = R.trace_census(table.frame)
+            except ValueError as e:  # one unreadable recording costs its own tables, not the run's
+                print(f"  {rec}: no census: {e}", file=sys.stderr)
+                continue
             ctx = int(rec.parent.name.split("-", 1)[1])
             per_kernel.to_csv(folder / f"kernels-{v}-{ctx}.csv", index=False)
             census.append(per_tok.assign(config=v, context=ctx))

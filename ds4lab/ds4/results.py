@@ -19,6 +19,10 @@ _ISLAND = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instan
                      r"replay failed) \(?il=(?P<il>\d+) island=(?P<island>\d+)\)?(?::\s*(?P<error>.*))?")
 _DISABLED = re.compile(r"ds4: DS4_CUDA_DECODE_GRAPHS=\S+ - decode graph capture disabled")
 _MODEL_COPY = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
+#: Where ds4 put the weights (``ds4_cuda.cu`` at ``b0309611``): copied into GPU memory, or the model's
+#: mapping registered for device access (every weight read over PCIe at each use).
+_WEIGHTS = (("gpu-memory", re.compile(r"ds4: CUDA (copying|chunk-copying) [\d.]+ GiB model")),
+            ("host-mapped", re.compile(r"ds4: CUDA (\(no-copy\) )?registered [\d.]+ GiB model mapping")))
 
 #: Kernel launch calls in CUPTI's runtime and driver API records.
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
@@ -36,10 +40,12 @@ def read_log(path) -> dict:
 
     Returns a dict: ``captured`` (list of (layer, island)), ``failed`` (list of dicts: layer,
     island, step, error), ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None),
-    ``profile_lines`` (the ``ds4: CUDA MoE profile`` lines, verbatim).
+    ``profile_lines`` (the ``ds4: CUDA MoE profile`` lines, verbatim), ``weights`` (``gpu-memory``:
+    ds4 copied the model into GPU memory; ``host-mapped``: it registered the file's mapping and reads
+    weights over PCIe; ``unknown``: the log says neither).
     """
     captured, failed, profile = [], [], []
-    disabled, copy_s = False, None
+    disabled, copy_s, weights = False, None, "unknown"
     text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
     for line in text.splitlines():
         if "CUDA MoE profile" in line:
@@ -55,11 +61,16 @@ def read_log(path) -> dict:
             continue
         if _DISABLED.search(line):
             disabled = True
+        for where, pat in _WEIGHTS:
+            if weights == "unknown" and pat.search(line):
+                weights = where
         m = _MODEL_COPY.search(line)
         if m:
             copy_s = float(m["s"])
+    if weights == "gpu-memory" and copy_s is None:  # the copy began and never said it completed
+        weights = "unknown"
     return {"captured": captured, "failed": failed, "disabled": disabled, "model_copy_s": copy_s,
-            "profile_lines": profile}
+            "profile_lines": profile, "weights": weights}
 
 
 def island_table(logs: dict) -> pd.DataFrame:
@@ -69,7 +80,8 @@ def island_table(logs: dict) -> pd.DataFrame:
     for cfg, lg in logs.items():
         cap = lg["captured"]
         errors = sorted({f"{f['step']}: {f['error']}" for f in lg["failed"]})
-        rows.append({"config": cfg, "islands_disabled": lg["disabled"],
+        rows.append({"config": cfg, "weights": lg.get("weights", "unknown"), "model_copy_s": lg.get("model_copy_s"),
+                     "islands_disabled": lg["disabled"],
                      "captured": len(cap), "captured_island0": sum(1 for _, i in cap if i == 0),
                      "captured_island1": sum(1 for _, i in cap if i == 1),
                      "failed": len(lg["failed"]), "failed_island1": sum(1 for f in lg["failed"] if f["island"] == 1),

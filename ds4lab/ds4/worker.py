@@ -54,7 +54,7 @@ def _write_csv(path: Path, fields, rows) -> None:
 
 def run(plan: dict) -> int:
     """Run ``plan`` (keys: ``library``, ``model``, ``config``, ``contexts``, ``warmup``, ``tokens``,
-    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``out``). Returns 0."""
+    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``resident``, ``out``). Returns 0."""
     from .engine import Ds4Engine
 
     out = Path(plan["out"])
@@ -68,7 +68,8 @@ def run(plan: dict) -> int:
     cfg = plan["config"]
     t0 = time.monotonic()
     _emit(event="open", config=cfg, ctx_size=ctx_size)
-    eng = Ds4Engine(plan["library"], plan["model"], ctx_size, int(plan.get("threads", 0)))
+    eng = Ds4Engine(plan["library"], plan["model"], ctx_size, int(plan.get("threads", 0)),
+                    resident=bool(plan.get("resident", False)))
     info = {"config": cfg, "open_seconds": round(time.monotonic() - t0, 1), "ctx_size": ctx_size,
             "vocab_size": eng.vocab_size, "layer_count": eng.layer_count,
             "routed_quant_bits": eng.routed_quant_bits, "model_bytes": eng.model_bytes}
@@ -120,22 +121,23 @@ def _trace(eng, prompt, n: int, folder: Path) -> dict:
     except ImportError as e:
         return {"recording": "", "arguments": "", "why": f"no recording: {e}"}
 
-    def tokens():
+    def tokens(rec):
         for _ in range(n):
             pos = eng.pos
-            with nvtx.annotate("decode_step"):
+            # the host range stands in for the NVTX range where NVTX does not reach CUPTI
+            with nvtx.annotate("decode_step"), rec.host_range("decode_step"):
                 eng.eval_timed(prompt[pos])
 
     try:
         with recording(stacks=False) as rec:
-            tokens()
+            tokens(rec)
         path = rec.save(folder, note="ds4 decode tokens recorded by ds4lab ds4")
     except SourceError as e:
         return {"recording": "", "arguments": "", "why": str(e)}
     args, why = "", ""
     try:
         with recording(stacks=False, arguments=True, token_range="decode_step") as rec2:
-            tokens()
+            tokens(rec2)
         args = str(rec2.save(folder / "arguments.csv.gz", note="ds4 decode tokens, kernel arguments (untimed)"))
     except (SourceError, OSError, RuntimeError) as e:  # the first recording stands without the second
         why = f"no kernel arguments: {e}"

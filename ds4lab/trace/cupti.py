@@ -42,6 +42,7 @@ are named in :mod:`ds4lab.trace.records`):
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -84,6 +85,9 @@ def cupti_library() -> Path | None:
     injection library is loaded at the first NVTX call)."""
     import importlib.util
 
+    loaded = _loaded_cupti()
+    if loaded is not None:  # the one cupti-python loaded: the injection must be the same library
+        return loaded
     found = []
     for root in sys.path:
         base = Path(root or ".") / "nvidia"
@@ -93,7 +97,25 @@ def cupti_library() -> Path | None:
     if spec is not None and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
             found += sorted(Path(loc).glob("*/lib/libcupti.so*"))
+    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    for sub in ("extras/CUPTI/lib64", "lib64", "targets/x86_64-linux/lib"):
+        found += sorted(Path(home, sub).glob("libcupti.so*"))
     return found[0] if found else None
+
+
+def _loaded_cupti() -> Path | None:
+    """The ``libcupti.so`` this process has mapped once ``cupti-python`` is imported (Linux
+    ``/proc/self/maps``), or None."""
+    try:
+        from cupti import cupti  # noqa: F401 - loads the library
+        maps = Path("/proc/self/maps").read_text()
+    except (ImportError, OSError, RuntimeError):
+        return None
+    for line in maps.splitlines():
+        path = line.split(None, 5)[-1] if len(line.split(None, 5)) == 6 else ""
+        if "/libcupti.so" in path and Path(path).is_file():
+            return Path(path)
+    return None
 
 
 @dataclass

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,20 @@ class Recording:
         self._table = None
         self.arguments = None      # ds4lab.trace.arguments.ArgumentStore of an argument pass
         self.own_calls: list = []  # (thread, t0, t1): the argument capture's own CUDA calls, left out
+        self.host_ranges: list = []  # (name, t0, t1) on CUPTI's clock: see :meth:`host_range`
+
+    @contextlib.contextmanager
+    def host_range(self, name: str):
+        """Mark the block as a range ``name`` on CUPTI's own clock (``cuptiGetTimestamp`` at entry and
+        exit, on this thread). An NVTX range reaches CUPTI only when the process started with
+        ``NVTX_INJECTION64_PATH`` naming the CUPTI library; when the recording holds no NVTX range of
+        ``name`` at its end, these ranges are tabled in its place (domain :data:`HOST_RANGE_DOMAIN`,
+        with a note), so a token marked both ways is found either way."""
+        t0 = self.session.timestamp()
+        try:
+            yield
+        finally:
+            self.host_ranges.append((name, t0, self.session.timestamp(), threading.get_native_id()))
 
     def table(self):
         """The recording as an :class:`~ds4lab.trace.events.EventTable` (``source`` ``"<recording>"``,
@@ -175,6 +190,7 @@ def recording(*, stacks: bool = True, arguments: bool = False, token_range: str 
                 capture.stop()
                 mem.stop()
             rec.records = sub.take()
+            _host_ranges_as_markers(rec)
         finally:
             sub.close()
             if watch is not None:
@@ -183,6 +199,35 @@ def recording(*, stacks: bool = True, arguments: bool = False, token_range: str 
             rec.done = True
         if capture is not None:
             _finish_arguments(rec, capture, mem, token_range, tokens)
+
+
+#: The domain of a range :meth:`Recording.host_range` tabled in place of a missing NVTX range.
+HOST_RANGE_DOMAIN = "ds4lab-host-clock"
+
+
+def _host_ranges_as_markers(rec: Recording) -> None:
+    """Append ``rec.host_ranges`` to ``rec.records`` as marker start/end pairs, for each name no NVTX
+    range in the records carries (those found by NVTX are kept, and the host ranges of that name
+    dropped)."""
+    if not rec.host_ranges:
+        return
+    have = {r.name for r in rec.records if isinstance(r, R.Marker) and r.phase == "start"}
+    missing = sorted({n for n, *_ in rec.host_ranges} - have)
+    if not missing:
+        return
+    ids = [r.id for r in rec.records if isinstance(r, R.Marker)]
+    next_id = max(ids, default=0) + 1
+    n = 0
+    for name, t0, t1, tid in rec.host_ranges:
+        if name in missing:
+            rec.records.append(R.Marker(phase="start", timestamp_ns=t0, id=next_id, name=name,
+                                        domain=HOST_RANGE_DOMAIN, pid=rec.pid, tid=tid))
+            rec.records.append(R.Marker(phase="end", timestamp_ns=t1, id=next_id, pid=rec.pid, tid=tid))
+            next_id += 1
+            n += 1
+    rec.notes.append(f"no NVTX range {', '.join(missing)} reached CUPTI (NVTX_INJECTION64_PATH="
+                     f"{os.environ.get('NVTX_INJECTION64_PATH') or 'unset'}): {n} ranges tabled from CUPTI "
+                     f"timestamps taken on the host around each (domain {HOST_RANGE_DOMAIN})")
 
 
 def _start_arguments(session, rec, stacks: bool):

@@ -12,6 +12,7 @@
  * Built with -DDS4LAB_CPU_ONLY (tests only: ds4's CPU back end, no CUDA), the engine opens on ds4's
  * CPU back end and "gpu_ms" is the host clock: it exists so that this driver and ds4lab's worker are
  * held to ds4's own code on a machine without a GPU, never to report a time. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,8 +61,15 @@ static int cuda_fail(ds4lab_handle *h, const char *what, cudaError_t rc) {
 const char *ds4lab_error(ds4lab_handle *h) { return h ? h->err : "no handle"; }
 
 /* Open the engine and one session of ctx_size tokens on the CUDA back end. Returns NULL on failure,
- * with the reason in *err_out (a static buffer: read it before the next call). */
-ds4lab_handle *ds4lab_open(const char *model_path, int ctx_size, int n_threads, const char **err_out) {
+ * with the reason in *err_out (a static buffer: read it before the next call).
+ *
+ * resident: ask ds4 for a layer slice of every layer and the output head (the options ds4's
+ * distributed workers fill). At b0309611 the whole-model open (ds4_gpu_set_model_map_range) registers
+ * the mapping for device access and reads every weight over PCIe, whatever DS4_CUDA_COPY_MODEL says;
+ * the slice open goes through ds4_gpu_set_model_map, whose DS4_CUDA_COPY_MODEL branch copies the
+ * model into GPU memory. ds4's log says which happened ("CUDA copying ... to device memory"). */
+ds4lab_handle *ds4lab_open(const char *model_path, int ctx_size, int n_threads, int resident,
+                           const char **err_out) {
     static char open_err[1024];
     ds4lab_handle *h = calloc(1, sizeof *h);
     if (!h) { snprintf(open_err, sizeof open_err, "out of host memory"); *err_out = open_err; return NULL; }
@@ -71,6 +79,12 @@ ds4lab_handle *ds4lab_open(const char *model_path, int ctx_size, int n_threads, 
     opt.backend = DS4LAB_BACKEND;
     opt.n_threads = n_threads;
     opt.context_size = ctx_size;
+    if (resident) {
+        opt.load_slice = true;
+        opt.load_layer_start = 0;
+        opt.load_layer_end = UINT32_MAX; /* ds4: the last executable layer */
+        opt.load_output = true;
+    }
     if (ds4_engine_open(&h->engine, &opt) != 0 || !h->engine) {
         snprintf(open_err, sizeof open_err, "ds4_engine_open(%s) failed: ds4's own message is on stderr",
                  model_path);
