@@ -51,7 +51,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
         ds4lab.errors.CheckFailed: a verdict that disagrees with torch.cuda.graph, or a predicted replay
             time outside the tolerance, after writing everything.
     """
-    from ..audit.engines import available
+    from ..audit.engines import CACHES, ENGINES, available
     from ..audit.families import DTYPES, pairs
     from ..audit.validate import TIME_TOLERANCE, markdown, validate
     from ..errors import CheckFailed
