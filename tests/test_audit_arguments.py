@@ -239,3 +239,42 @@ def test_ds4lab_audit_reads_the_argument_pass_beside_a_recording(monkeypatch, tm
     rep = json.loads((tmp_path / "b" / "meta.json").read_text())["units"][0]["replay"]
     assert rep["verdict"] == F.UNKNOWN and "ds4lab audit run" in rep["command"]
     assert not (tmp_path / "b" / "arguments.csv").exists()
+
+
+class _Runtime:
+    """A CUDA runtime's last-error state and cudaGetFuncBySymbol, as ctypes would call them."""
+
+    def __init__(self, known: dict, pending: int = 0):
+        self.known, self.last, self.asked = known, pending, 0
+
+    def cudaPeekAtLastError(self):
+        return self.last
+
+    def cudaGetLastError(self):
+        last, self.last = self.last, 0
+        return last
+
+    def cudaGetFuncBySymbol(self, out, host_fn):
+        self.asked += 1
+        f = self.known.get(host_fn.value)
+        if f is None:
+            self.last = 98  # cudaErrorInvalidDeviceFunction, left as the runtime's last error
+            return 98
+        out._obj.value = f
+        return 0
+
+
+def test_a_failed_function_lookup_leaves_no_error_for_the_application_to_read():
+    from ds4lab.trace.arguments import CudaQueries
+
+    other, app = _Runtime({}), _Runtime({0x1000: 0xBEEF})
+    q = object.__new__(CudaQueries)
+    q.runtimes = [("/x/libcudart.so.13", other), ("/y/libcudart.so.13", app)]
+    assert q.runtime_function(0x1000) == (0xBEEF, "")
+    assert other.last == 0 and app.last == 0  # the first runtime's failure was read back
+    f, why = q.runtime_function(0x2000)  # no runtime knows it
+    assert f == 0 and "cudaError 98" in why and other.last == 0 and app.last == 0
+    # an error of the application's pending: that runtime is not asked, and its error stays for it
+    app.last, asked = 700, app.asked
+    f, why = q.runtime_function(0x1000)
+    assert f == 0 and app.asked == asked and app.last == 700 and "not asked" in why

@@ -149,3 +149,30 @@ def test_runner_saves_what_was_recorded_and_passes_the_status_on(monkeypatch, tm
     assert str(script) in t.source
     if status == 1:
         assert "ValueError: boom" in capsys.readouterr().err
+
+
+def test_host_ranges_stand_in_for_nvtx_ranges_that_never_reached_cupti(monkeypatch):
+    m = fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(REC, "demangle", lambda names: {})
+    monkeypatch.setattr(REC.threading, "get_native_id", lambda: 77)  # the fake's calls are on thread 77
+    with REC.recording(stacks=False) as rec:
+        for _ in range(2):
+            with rec.host_range("decode_step"):
+                k = m.call("cudaLaunchKernel_v7000")
+                device_work(m, k, m.call("cudaMemcpyAsync_v3020"), m.call("cudaStreamSynchronize_v3020"))
+    t = rec.table()
+    nv = t.frame[t.frame.kind == "nvtx"]
+    assert nv["name"].tolist() == ["decode_step"] * 2 and (nv.domain == REC.HOST_RANGE_DOMAIN).all()
+    launches = t.frame[(t.frame.kind == "api") & (t.frame["name"] == "cudaLaunchKernel")]
+    assert (launches.nvtx_path == "decode_step").all() and len(launches) == 2
+    assert any("no NVTX range decode_step reached CUPTI" in n for n in t.notes)
+
+
+def test_host_ranges_give_way_to_the_nvtx_ranges_cupti_saw(monkeypatch):
+    m = fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(REC, "demangle", lambda names: {})
+    with REC.recording(stacks=False) as rec:
+        with rec.host_range("decode_step"):
+            decode_step(m)
+    nv = rec.table().frame.query("kind == 'nvtx'")
+    assert nv["name"].tolist() == ["decode_step"] and nv.domain.iloc[0] == "llm"  # NVTX's own, once

@@ -179,7 +179,7 @@ def test_build_links_the_driver_with_the_checkouts_objects_and_caches_it(tmp_pat
     assert b.library.is_file() and not b.cached
     assert b.info["objects"] == ["ds4.o"] and b.info["ds4_commit"] == "abc1234"
     nm = subprocess.run(["nm", "-D", str(b.library)], capture_output=True, text=True).stdout
-    for sym in ("ds4lab_open", "ds4lab_eval_timed", "ds4lab_sync", "ds4_session_eval"):
+    for sym in ("ds4lab_open", "ds4lab_eval", "ds4lab_eval_timed", "ds4lab_sync", "ds4_session_eval"):
         assert f" T {sym}" in nm
     assert not (tmp_path / "ds4-abc1234" / "ds4.o").exists()  # the user's checkout is never written to
     again = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
@@ -252,6 +252,10 @@ class _StandInEngine:
         self.pos += 1
         return 1000.0 + self.pos, 900.0
 
+    def eval(self, token):
+        self.calls.append((self.pos, token))
+        self.pos += 1
+
     def close(self):
         pass
 
@@ -310,6 +314,21 @@ def test_read_log_finds_captures_failures_profile_lines_and_the_copy(tmp_path):
     row = t.set_index("config").loc["moe-profile"]
     assert (row.captured, row.captured_island0, row.captured_island1, row.failed_island1) == (2, 1, 1, 1)
     assert t.set_index("config").loc["islands-off"].islands_disabled
+    assert lg["weights"] == "gpu-memory" and row.weights == "gpu-memory"
+
+
+def test_read_log_says_where_the_weights_are(tmp_path):
+    """ds4's whole-model open registers the mapping (b0309611: weights read over PCIe); a copy that
+    never says it completed is not taken for one."""
+    cases = {"ds4: CUDA (no-copy) registered 80.76 GiB model mapping for multi-tier selective cache\n": "host-mapped",
+             "ds4: CUDA copying 80.76 GiB model to device memory\n": "unknown",
+             "ds4: CUDA copying 80.76 GiB model to device memory\nds4: CUDA model copy complete in 38.1s\n":
+                 "gpu-memory",
+             "ds4: memory: KV 0.41 GiB\n": "unknown"}
+    for i, (text, where) in enumerate(cases.items()):
+        p = tmp_path / f"{i}.log"
+        p.write_text(text)
+        assert R.read_log(p)["weights"] == where, text
 
 
 def _tokens(seed=0):

@@ -34,6 +34,7 @@ def _bind(lib) -> None:
         "ds4lab_model_bytes": (ctypes.c_ulonglong, [H]),
         "ds4lab_sync": (ctypes.c_int, [H, ctypes.POINTER(ctypes.c_int), ctypes.c_int,
                                        ctypes.POINTER(ctypes.c_double)]),
+        "ds4lab_eval": (ctypes.c_int, [H, ctypes.c_int]),
         "ds4lab_eval_timed": (ctypes.c_int, [H, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
                                              ctypes.POINTER(ctypes.c_double)]),
     }
@@ -116,6 +117,12 @@ class Ds4Engine:
         if self.lib.ds4lab_sync(self.h, arr, len(tokens), ctypes.byref(secs)) != 0:
             raise Ds4Error(f"ds4_session_sync to {len(tokens)} tokens: {self._error()}")
         return secs.value
+
+    def eval(self, token: int) -> None:
+        """One decode token with nothing of ds4lab's around it (no events, no synchronization: the
+        tokens a trace records). Raises Ds4Error with ds4's message."""
+        if self.lib.ds4lab_eval(self.h, int(token)) != 0:
+            raise Ds4Error(f"ds4_session_eval at position {self.pos}: {self._error()}")
 
     def eval_timed(self, token: int) -> tuple[float, float]:
         """One decode token. Returns ``(gpu_us, host_us)``: µs between CUDA events recorded on the

@@ -197,6 +197,13 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
         if "gains" in tables:
             say(tables["gains"].to_string(index=False))
         say(tables["islands"].to_string(index=False))
+        isl = tables["islands"]
+        meta["weights"] = dict(zip(isl.config, isl.weights)) if "weights" in isl else {}
+        astray = sorted(c for c, w in meta["weights"].items() if w != ("gpu-memory" if cfg.copy_model else "host-mapped"))
+        if astray:  # the tokens stand, but they are not timed where they were asked to be
+            say(f"[bold red]warning[/]: ds4's log does not say the weights are "
+                f"{'in GPU memory' if cfg.copy_model else 'host-mapped'} for {', '.join(astray)} "
+                f"(islands.csv, weights column)")
         if "expert_data" in tables and not tables["expert_data"].empty:
             say("per-layer kernels, random expert layers against holes (ratio > 1: zeros run faster):\n"
                 + tables["expert_data"].head(8).to_string(index=False))

@@ -110,10 +110,12 @@ class LongctxBranches:
         self.prepare(programmatic=model.opts.pdl)
 
     def prepare(self, programmatic: bool = False) -> None:
-        """Load the condition-setting kernel now (in both builds when ``programmatic``), so no module
-        is loaded inside a capture."""
+        """Load every kernel now (in both builds when ``programmatic``), so no module is loaded inside a
+        capture: the condition-setting kernel, and the kernels of every body a conditional node holds,
+        whose regimes the eager warm-up before a capture never reaches (a SWITCH captures all of its
+        bodies at once; a module loaded while a stream captures invalidates the capture)."""
         if isinstance(self.be, DeviceGraphApi):
-            self.be.prepare_device_kernels(["cond_set_longctx"], programmatic=programmatic)
+            self.be.prepare_device_kernels(None, programmatic=programmatic)
 
     @property
     def in_graph(self) -> bool:

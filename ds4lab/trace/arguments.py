@@ -86,7 +86,7 @@ PARAM_END, PARAM_BUFFER_POINTER, PARAM_BUFFER_SIZE = 0, 1, 2
 CUDA_ERROR_INVALID_VALUE = 1
 #: The CUDA calls the capture itself makes (left out of the event table where they fall in its windows).
 OWN_CALLS = frozenset({"cuFuncGetParamInfo", "cuFuncGetParamCount", "cudaGetFuncBySymbol", "cuMemGetAddressRange",
-                       "cuFuncGetName"})
+                       "cuFuncGetName", "cudaPeekAtLastError", "cudaGetLastError"})
 STORE_SUFFIX = ".arguments.json.gz"
 STORE_NAME = "arguments.json.gz"
 #: Files whose frames a launch's stack leaves out (besides this module and the CUPTI session's).
@@ -131,12 +131,23 @@ class CudaQueries:
         why = []
         for path, lib in self.runtimes:
             f = getattr(lib, "cudaGetFuncBySymbol", None)
-            if f is None:
+            peek, clear = getattr(lib, "cudaPeekAtLastError", None), getattr(lib, "cudaGetLastError", None)
+            if f is None or peek is None or clear is None:
+                continue
+            # A failed runtime call becomes that runtime's "last error", which the application reads
+            # after its next launch (cudaGetLastError) as if its own launch had failed: so a runtime with
+            # an error of the application's pending is not asked (asking would replace it), and a
+            # failure of ours is read back at once.
+            pending = peek()
+            if pending != 0:
+                why.append(f"{Path(path).name}: not asked (cudaError {pending} of the application's pending)")
                 continue
             out = ctypes.c_void_p()
             st = f(ctypes.byref(out), ctypes.c_void_p(host_fn))
             if st == 0 and out.value:
                 return int(out.value), ""
+            if st != 0:
+                clear()
             why.append(f"{Path(path).name}: cudaError {st}")
         return 0, ("cudaGetFuncBySymbol: " + "; ".join(why)) if why else "no CUDA runtime with cudaGetFuncBySymbol loaded"
 

@@ -148,6 +148,12 @@ int ds4lab_sync(ds4lab_handle *h, const int *tokens, int n, double *seconds) {
     return 0;
 }
 
+/* One decode token, untimed: ds4_session_eval(token) and nothing of ds4lab's around it (the recorded
+ * tokens: a trace of the token holds ds4's own calls only). Returns 0, or -1 with ds4's message. */
+int ds4lab_eval(ds4lab_handle *h, int token) {
+    return ds4_session_eval(h->session, token, h->err, sizeof h->err) != 0 ? -1 : 0;
+}
+
 /* One decode token: ds4_session_eval(token) between two CUDA events on the legacy stream.
  * gpu_ms: event to event (cudaEventElapsedTime, ms); host_s: the call's wall time on the host
  * (CLOCK_MONOTONIC, s), ds4's own synchronization at the end of a token included. */
