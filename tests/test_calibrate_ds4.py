@@ -1,7 +1,7 @@
 """``ds4lab calibrate --from-ds4``: ds4's host and kernel costs fitted from a ``ds4lab ds4`` folder, and
 the sim's stages 0 and i held to ds4's islands off and on. The ds4 folder here is made by the sim
-itself at a known calibration (3 µs per launch, kernels at 0.6 of ds4lab's): the fit must recover
-both and the check must agree; a folder that is not a ds4 run, or lacks a configuration, is refused."""
+itself at a known calibration (3 µs per launch, kernels at 0.6 of ds4lab's, 1 µs of device idle before
+each eager kernel): the fit must recover all three and the check must agree; a folder that is not a ds4 run, or lacks a configuration, is refused."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ PRESET, CONTEXTS = "small", [600]
 @pytest.fixture(scope="module")
 def truth():
     base = read(default_calibration_path())
-    return base, {**base, "host_launch_us": 3.0, "host_graph_call_us": 1.5, "kernel_time_scale": 0.6}
+    return base, {**base, "host_launch_us": 3.0, "host_graph_call_us": 1.5, "kernel_time_scale": 0.6,
+                  "eager_gap_us": 1.0}
 
 
 def _ds4_folder(tmp, truth_cal):
@@ -36,7 +37,8 @@ def _ds4_folder(tmp, truth_cal):
         for tok in range(3):
             census.append({"config": cfg, "context": CONTEXTS[0], "token": tok, "launch_calls": r.kernel_launches,
                            "graph_launches": r.graph_launches, "kernels": r.kernel_launches, "busy_us": r.floor_us,
-                           "enqueue_us": r.host_us_median, "launch_call_us": 1.0})
+                           "enqueue_us": r.host_us_median, "launch_call_us": 1.0,
+                           "span_us": r.us_median})  # the device's kernel span: the token, back to back
     pd.DataFrame(summary).to_csv(tmp / "summary.csv", index=False)
     pd.DataFrame(census).to_csv(tmp / "census.csv", index=False)
     return tmp
@@ -54,7 +56,8 @@ def test_fit_from_ds4_recovers_the_host_and_kernel_costs_and_agrees(ds4_folder, 
     # host: the sim's host enqueue over its launches is host_launch_us plus its per-call extras, within 5 %
     assert cal["host_launch_us"] == pytest.approx(3.0, rel=0.05)
     assert cal["kernel_time_scale"] == pytest.approx(0.6, rel=0.05)
-    assert set(fits.figure) == {"host_launch_us", "host_graph_call_us", "kernel_time_scale"}
+    assert cal["eager_gap_us"] == pytest.approx(1.0, rel=0.05)
+    assert set(fits.figure) == {"host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale"}
     measured = check[check.ds4 != ""]
     assert list(measured.stage) == ["0", "i"] and measured.agrees.all(), measured
     modeled = check[check.stage == "3"]
@@ -105,3 +108,18 @@ def test_host_whatif_prices_the_same_launch_list_at_another_host_cost():
     assert py.loc["0"].us_median > c.loc["0"].us_median  # cheaper launches: a faster eager token
     assert py.loc["0"].kernel_launches == c.loc["0"].kernel_launches  # the same launch list
     assert py.loc["3"].speedup > c.loc["3"].speedup  # and less for the graph to buy
+
+
+def test_the_eager_gap_is_not_fitted_from_tokens_the_host_ran_behind(ds4_folder, truth, tmp_path):
+    """Where the host enqueues slower than the device runs, the device's idle is the host's: no eager gap."""
+    base, _ = truth
+    import shutil
+
+    folder = tmp_path / "behind"
+    shutil.copytree(ds4_folder, folder)
+    c = pd.read_csv(folder / "census.csv")
+    c["enqueue_us"] = c.span_us * 1.2
+    c.to_csv(folder / "census.csv", index=False)
+    cal, fits, _ = fit_from_ds4({k: v for k, v in base.items() if k != "eager_gap_us"}, folder, preset=PRESET,
+                                tokens=4, stages="0,i")
+    assert "eager_gap_us" not in cal and "eager_gap_us" not in set(fits.figure)

@@ -317,6 +317,20 @@ def test_read_log_finds_captures_failures_profile_lines_and_the_copy(tmp_path):
     assert lg["weights"] == "gpu-memory" and row.weights == "gpu-memory"
 
 
+def test_read_log_counts_launches_that_failed_inside_a_lost_capture(tmp_path):
+    """ds4 prints no capture-failed line when its MoE profile breaks island 1: only its launch checks."""
+    p = tmp_path / "ds4-moe-profile.log"
+    p.write_text("ds4: decode graph captured il=3 island=0 (total 4)\n"
+                 + "ds4: CUDA routed_moe x quantize launch failed: operation failed due to a previous error "
+                   "during capture\n" * 2
+                 + "ds4: CUDA embed token launch failed: invalid device function\n")
+    lg = R.read_log(p)
+    assert [e["launch"] for e in lg["capture_launch_errors"]] == ["routed_moe x quantize"] * 2
+    row = R.island_table({"moe-profile": lg}).iloc[0]
+    assert row.launch_errors_in_capture == 2 and "previous error during capture" in row.launch_error_in_capture
+    assert row.captured_island0 == 1 and row.failed == 0
+
+
 def test_read_log_says_where_the_weights_are(tmp_path):
     """ds4's whole-model open registers the mapping (b0309611: weights read over PCIe); a copy that
     never says it completed is not taken for one."""

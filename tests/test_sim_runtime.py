@@ -789,3 +789,31 @@ def test_timing_only_has_no_numbers():
     assert kern_line[3] - kern_line[2] == pytest.approx(2.0 + (4 << 20) / 1e6)  # nbytes of the array args
     assert np.isnan(be.read(x)).all()
     assert be.memory_used() > 4 << 20
+
+
+def test_eager_gap_idles_the_device_before_each_eager_kernel_and_spares_graph_nodes():
+    """``eager_gap_us``: the device's own idle before an eager kernel when the host ran ahead (a
+    calibration fitted from another engine's recorded tokens); a replayed graph's nodes do not pay it."""
+    gap = 3.0
+    be = SimBackend(calibration={**CAL, "eager_gap_us": gap})
+    s = be.new_stream()
+    for _ in range(3):
+        kern(be, s, name="spin")  # 500 µs each, the host 10 µs per launch: far ahead
+    be.synchronize()
+    eager = [t for t in be.timeline if t[1] == "spin"]
+    assert [round(b[2] - a[3], 6) for a, b in zip(eager, eager[1:])] == [gap, gap]
+    be.begin_capture(s, "thread_local")
+    for _ in range(3):
+        kern(be, s, name="spin")
+    ge = be.graph_instantiate(be.end_capture(s))
+    be.graph_launch(ge, s)
+    be.synchronize()
+    nodes = [t for t in be.timeline if t[1] == "spin"][3:]
+    assert len(nodes) == 3 and all(b[2] - a[3] < gap for a, b in zip(nodes, nodes[1:]))
+    plain = SimBackend(calibration=CAL)  # without it: back to back
+    s2 = plain.new_stream()
+    for _ in range(2):
+        kern(plain, s2, name="spin")
+    plain.synchronize()
+    a, b = [t for t in plain.timeline if t[1] == "spin"]
+    assert b[2] == a[3]

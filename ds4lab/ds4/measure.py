@@ -50,6 +50,11 @@ class MeasurePlan:
     copy_model: bool
 
 
+#: The configurations whose tokens are recorded with CUPTI at ``trace_contexts`` (the MoE profile's too:
+#: ``ds4lab audit`` of it against what ds4's log says its island 1 did).
+RECORDED = ("islands-off", "islands-on", "moe-profile")
+
+
 def worker_env(variant: str, copy_model: bool, base=None) -> dict:
     """The environment of ``variant``'s worker: ours (``base``, default ``os.environ``) without any
     ``DS4_*`` switch of the caller's (so a stray one cannot change a configuration), plus the
@@ -78,7 +83,7 @@ def run_variant(plan: MeasurePlan, variant: str, folder: Path, say=print, progre
     wdir.mkdir(parents=True, exist_ok=True)
     spec = {"library": plan.library, "model": plan.model, "config": variant, "contexts": list(plan.contexts),
             "warmup": plan.warmup, "tokens": plan.tokens,
-            "trace_contexts": list(plan.trace_contexts) if variant in ("islands-off", "islands-on") else [],
+            "trace_contexts": list(plan.trace_contexts) if variant in RECORDED else [],
             "trace_tokens": plan.trace_tokens, "seed": plan.seed, "threads": plan.threads,
             "resident": plan.copy_model, "out": str(wdir)}
     (wdir / "plan.json").write_text(json.dumps(spec, indent=2))

@@ -17,6 +17,10 @@ import pandas as pd
 #: with ``DS4_CUDA_DECODE_GRAPH_LOG=1`` or on failure).
 _ISLAND = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instantiate failed|first launch failed|"
                      r"replay failed) \(?il=(?P<il>\d+) island=(?P<island>\d+)\)?(?::\s*(?P<error>.*))?")
+#: A launch ds4 checked inside a capture that had already failed (``cuda_ok`` after a launch: "... launch
+#: failed: operation failed due to a previous error during capture"): the island's capture is lost, and
+#: ds4 prints no "decode graph capture failed" line for it (seen with ``DS4_CUDA_MOE_PROFILE=1``).
+_CAPTURE_LAUNCH = re.compile(r"ds4: CUDA (?P<what>.+?) launch failed: (?P<error>.*during capture.*)")
 _DISABLED = re.compile(r"ds4: DS4_CUDA_DECODE_GRAPHS=\S+ - decode graph capture disabled")
 _MODEL_COPY = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
 #: Where ds4 put the weights (``ds4_cuda.cu`` at ``b0309611``): copied into GPU memory, or the model's
@@ -42,10 +46,12 @@ def read_log(path) -> dict:
     island, step, error), ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None),
     ``profile_lines`` (the ``ds4: CUDA MoE profile`` lines, verbatim), ``weights`` (``gpu-memory``:
     ds4 copied the model into GPU memory; ``host-mapped``: it registered the file's mapping and reads
-    weights over PCIe; ``unknown``: the log says neither).
+    weights over PCIe; ``unknown``: the log says neither), ``capture_launch_errors`` (dicts: the
+    launch ds4 names, the error: launches that failed inside an already failed capture).
     """
     captured, failed, profile = [], [], []
     disabled, copy_s, weights = False, None, "unknown"
+    in_capture = []
     text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
     for line in text.splitlines():
         if "CUDA MoE profile" in line:
@@ -59,6 +65,10 @@ def read_log(path) -> dict:
             else:
                 failed.append({"layer": key[0], "island": key[1], "step": m["what"], "error": (m["error"] or "").strip()})
             continue
+        m = _CAPTURE_LAUNCH.search(line)
+        if m:
+            in_capture.append({"launch": m["what"], "error": m["error"].strip()})
+            continue
         if _DISABLED.search(line):
             disabled = True
         for where, pat in _WEIGHTS:
@@ -70,7 +80,7 @@ def read_log(path) -> dict:
     if weights == "gpu-memory" and copy_s is None:  # the copy began and never said it completed
         weights = "unknown"
     return {"captured": captured, "failed": failed, "disabled": disabled, "model_copy_s": copy_s,
-            "profile_lines": profile, "weights": weights}
+            "profile_lines": profile, "weights": weights, "capture_launch_errors": in_capture}
 
 
 def island_table(logs: dict) -> pd.DataFrame:
@@ -86,7 +96,10 @@ def island_table(logs: dict) -> pd.DataFrame:
                      "captured_island1": sum(1 for _, i in cap if i == 1),
                      "failed": len(lg["failed"]), "failed_island1": sum(1 for f in lg["failed"] if f["island"] == 1),
                      "failed_layers": ",".join(str(f["layer"]) for f in lg["failed"]),
-                     "errors": " | ".join(errors), "profile_lines": len(lg["profile_lines"])})
+                     "errors": " | ".join(errors), "profile_lines": len(lg["profile_lines"]),
+                     "launch_errors_in_capture": len(lg.get("capture_launch_errors", ())),
+                     "launch_error_in_capture": " | ".join(sorted({f"{e['launch']}: {e['error']}" for e in
+                                                                    lg.get("capture_launch_errors", ())}))})
     return pd.DataFrame(rows)
 
 

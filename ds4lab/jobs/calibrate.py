@@ -155,9 +155,10 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
                 cal, table, check = fit_from_ds4(base, cfg.from_ds4, preset=cfg.preset or "ds4-flash")
             except ValueError as e:
                 raise BadInput(str(e)) from None
-            for k in ("host_launch_us", "host_graph_call_us", "kernel_time_scale"):
+            for k in ("host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale"):
                 console.print(f"{k}: {base.get(k, 1.0 if k == 'kernel_time_scale' else None)} → {cal.get(k)} "
-                              f"(median of {int((table.figure == k).sum())} recorded tokens)")
+                              f"(median of {int((table.figure == k).sum())} "
+                              f"{'recorded contexts' if k == 'kernel_time_scale' else 'recorded tokens'})")
             _print_ds4_check(check, console)
             check.to_csv(out.with_name(out.stem + "-check.csv"), index=False)
         elif cfg.from_ladder:
@@ -267,6 +268,10 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
       kernel launch calls, islands off (CUPTI's own cost per call included);
     * ``host_graph_call_us``: islands on, ``(span - launches * host_launch_us) / graph launches -
       host_graph_launch_us``: ds4's own work around each island's replay;
+    * ``eager_gap_us``: islands off, the recorded tokens' kernel span less their kernel-busy µs, per
+      boundary between two kernels (``(span - busy) / (kernels - 1)``): the device's idle before each
+      eager kernel, which the islands' graph nodes are spared (the median over tokens; tokens the
+      host ran behind, ``enqueue_us`` above ``span_us``, are left out: their idle is the host's);
     * ``kernel_time_scale``: ds4's kernel-busy µs per token (islands off) over the sim's modeled
       busy floor of ds4lab's token at the same context with ``base``'s kernel fits: ds4's kernels,
       one factor on every one of ds4lab's.
@@ -305,6 +310,10 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
     if len(g):
         call = (g.enqueue_us - g.launch_calls * h) / g.graph_launches - float(base["host_graph_launch_us"])
         out["host_graph_call_us"] = round(max(0.0, put("host_graph_call_us", call, g.context)), 3)
+    ahead = off[off.enqueue_us < off.span_us]
+    if len(ahead):
+        out["eager_gap_us"] = round(max(0.0, put("eager_gap_us", (ahead.span_us - ahead.busy_us)
+                                                 / (ahead.kernels - 1).clip(lower=1), ahead.context)), 3)
     trace_ctx = sorted(set(off.context))
     lab = sim_context({**out, "kernel_time_scale": 1.0}, preset, "0", trace_ctx, tokens)
     lab_busy = lab.set_index("context")["floor_us"]

@@ -30,8 +30,8 @@ class Ds4JobConfig:
     synthetic Flash-shaped model, written once into the cache). ``configs``: names from
     :data:`ds4lab.ds4.configs.VARIANTS`. ``contexts``: positions of the decode tokens (ascending, each
     more than ``warmup + tokens + trace_tokens`` after the one before). ``trace_contexts``: contexts at
-    which ``trace_tokens`` tokens are recorded with CUPTI (islands off and on). ``arch``: None for the
-    GPU's own. ``copy_model``: ds4 copies the model into GPU memory (``DS4_CUDA_COPY_MODEL=1``).
+    which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the MoE profile:
+    ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the model into GPU memory (``DS4_CUDA_COPY_MODEL=1``).
     """
 
     source: str | Path | None = None

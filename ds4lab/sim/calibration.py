@@ -62,6 +62,7 @@ SCHEMA: dict[str, Any] = {
         "kernel_fixed_us": _US,
         "graph_node_us": _US,
         "graph_node_gap_us": _US,
+        "eager_gap_us": _US,
         "memset_us": _US,
         "bandwidth_GBps": _GBPS,
         "copy_GBps": {"anyOf": [_GBPS, {"type": "null"}]},

@@ -27,7 +27,7 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
      "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us",
      "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
      optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies),
-     "graph_node_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale",
+     "graph_node_gap_us", "eager_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale",
      "pdl_edge_us", "graph_conditional_us" (GUESS defaults until the H200 measures them: GUESSED)}
 
 * **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts
@@ -51,7 +51,7 @@ from .calibration import default_calibration_path, read, validate
 REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
-OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0,
+OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0, "eager_gap_us": 0.0,
             "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0, "pdl_edge_us": 0.5,
             "graph_conditional_us": 1.0}
 
@@ -108,6 +108,12 @@ class Calibration:
     #: durations (µs): what a plan built from traced kernel durations adds per node boundary
     #: (``ds4lab.audit.plans``). The sim's own kernel fits are per-launch times that include it.
     graph_node_gap_us: float = 0.0
+    #: Device idle between two eager kernels on the device even when the host has run ahead (µs): the
+    #: device fetching the next launch from the stream's queue, which a graph's nodes are spared
+    #: (they pay ``graph_node_us`` pacing instead). 0 in ds4lab's own calibrations (their kernel fits
+    #: are per-launch times that include it); fitted from another engine's recorded eager tokens
+    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: kernel span minus busy time per boundary).
+    eager_gap_us: float = 0.0
     #: ds4lab's own host work around each graph launch of its launch layer and graph cache (keys,
     #: lookup, stream choice), on top of ``host_graph_launch_us`` (the bare ``cudaGraphLaunch``), µs.
     host_graph_call_us: float = 0.0

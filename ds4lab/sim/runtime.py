@@ -242,8 +242,10 @@ class Runtime:
             submit = self.dev.host(cost)
             if fn is not None and (self.compute or getattr(fn, "always", False)):  # always: device scalars, conditions
                 fn()
-            _, s.ready_us = self.dev.run(s.name, name, self._earliest(s, submit), gpu_us, kind,
-                                         occupies=kind != "memcpy")
+            earliest = self._earliest(s, submit)
+            if kind == "kernel" and self.cal.eager_gap_us:  # the device's own gap before an eager kernel
+                earliest = max(earliest, self.dev.free_us + self.cal.eager_gap_us)
+            _, s.ready_us = self.dev.run(s.name, name, earliest, gpu_us, kind, occupies=kind != "memcpy")
             return None
 
     def host_op(self, stream: Any, kind: str, name: str, fn: Callable[[], None] | None, call: str,
