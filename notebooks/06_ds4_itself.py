@@ -137,5 +137,5 @@ if rec is not None and not rec.census.empty:
     from ds4lab.sim.costmodel import default_calibration_path
 
     cal, fits, check = fit_from_ds4(read(default_calibration_path()), rec.folder, preset=PRESET)
-    print({k: cal[k] for k in ("host_launch_us", "host_graph_call_us", "kernel_time_scale")})
+    print({k: cal.get(k) for k in ("host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale")})
     display(check)  # noqa: F821 - IPython's display

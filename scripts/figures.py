@@ -27,7 +27,8 @@ CURRENT = {
     "floors": "h200-2026-12-01/kernels/call2/bench.json",
     "per_op": "h200-2026-12-01/kernels/call2/bench.json",
     "launch": "h200-2026-12-01/kernels/call2/bench.json",
-    "conformance": "h200-2026-12-01/round3/conformance",
+    "conformance": "h200-2026-12-02-ds4/conformance",
+    "ds4": "h200-2026-12-02-ds4",
     "exclusion": "h200-2026-11-30b/exclusion",
     "hazards": "h200-2026-11-30b/hazards",
     "hazards_longctx": "h200-2026-11-30b/longctx",
@@ -111,6 +112,8 @@ def source_line(files: list[Path], meta: dict, root: Path) -> str:
     date = str(meta.get("timestamp", "?"))[:10]
     if meta.get("modeled") or meta.get("backend") == "sim":
         what = f"**MODELED** (simulated runtime, calibration {cal_name(meta)})"
+    elif meta.get("job") == "ds4":  # ds4 itself: its commit, not a CuPy version (it runs none)
+        what = f"{meta.get('device', '?')} · driver {meta.get('driver', '?')} · ds4 {meta.get('ds4_commit', '?')}"
     else:
         what = (f"{meta.get('device', '?')} · driver {meta.get('driver', '?')} · "
                 f"CuPy {meta.get('cupy', '?')}")
@@ -377,6 +380,34 @@ def fig_moe_ds4(rec: Path, root: Path):
     return [f], meta, "\n\n".join(body)
 
 
+def fig_ds4(rec: Path, root: Path):
+    """ds4 itself (a round holding ``ds4lab ds4`` folders): µs per token, islands off and on, the
+    paired gain, the MoE profile, one row per context of every folder."""
+    folders = sorted(p.parent for p in rec.glob("*/gains.csv"))
+    meta = provenance(folders[0], root)
+    meta = {**meta, "device": meta.get("gpu", "?"),
+            "timestamp": meta.get("timestamp") or rec.name.split("-", 1)[1][:10]}
+    rows, files = [], []
+    for f in folders:
+        summ = {(r["config"], r["context"]): r for r in read_csv(f / "summary.csv")}
+        gains = {(r["other"], r["context"]): r for r in read_csv(f / "gains.csv")}
+        files += [f / "summary.csv", f / "gains.csv"]
+        for ctx in sorted({c for _, c in summ}, key=int):
+            off, on = summ.get(("islands-off", ctx)), summ.get(("islands-on", ctx))
+            g, prof = gains.get(("islands-on", ctx)), summ.get(("moe-profile", ctx))
+            if not (off and on and g):
+                continue
+            rows.append([num(float(ctx)), num(off["us_per_token"]), num(on["us_per_token"]),
+                         f"{num(g['gain_us'])} ({num(g['gain_lo'])}…{num(g['gain_hi'])})", ratio(g["ratio"], 3),
+                         num(prof["us_per_token"]) if prof else "—"])
+    body = [f"`ds4lab ds4` (ds4 `{meta.get('ds4_commit', '?')}`, the synthetic Flash-shaped model, weights in "
+            "GPU memory): µs per token, the median of the timed tokens between CUDA events; the islands' "
+            "gain paired by position, with its 95 % interval.",
+            table(["context", "islands off µs", "islands on µs", "islands gain µs (95 % CI)", "× off / on",
+                   "MoE profile µs"], rows)]
+    return files, meta, "\n\n".join(body)
+
+
 FIGURES = [  # (figure, heading, renderer, note that carries no figure of its own)
     ("ladder", "The stage ladder", fig_ladder,
      "The eager stages are host-bound and drift between runs minutes apart; compare them within one run. "
@@ -392,6 +423,10 @@ FIGURES = [  # (figure, heading, renderer, note that carries no figure of its ow
     ("launch", "Launch cost", fig_launch,
      "Host cost per launch moves between runs on this host by more than the launcher's own cost: "
      "read the ratios within one run."),
+    ("ds4", "ds4 itself: its decode islands off and on", fig_ds4,
+     "ds4lab's own ladder (above) measures its rebuild, launched from Python; these are ds4's, from C. "
+     "What the record shows besides (the eager gap, the bound on more capture, the MoE profile's lost "
+     "island 1, ds4's host-mapped default): its README."),
     ("conformance", "Conformance: the GPU against the simulated runtime", fig_conformance, None),
     ("exclusion", "Profiling × capture: the exclusion matrix", fig_exclusion, None),
     ("hazards", "Hazards", fig_hazards, None),

@@ -62,7 +62,8 @@ def test_every_figure_names_its_source_and_provenance(figures):
         for p in paths:
             assert (ROOT / p).exists(), f"{title}: {p} does not exist"
         assert ("MODELED" in src[0]
-                or re.search(r"· NVIDIA \S.* · driver \d[\d.]+ · CuPy \d[\d.]+ · \d{4}-\d\d-\d\d$", src[0])), \
+                or re.search(r"· NVIDIA \S.* · driver \d[\d.]+ · (CuPy \d[\d.]+|ds4 [0-9a-f]{7,}) · "
+                             r"\d{4}-\d\d-\d\d$", src[0])), \
             f"{title}: neither GPU, driver, CuPy and date nor MODELED: {src[0]}"
 
 
