@@ -170,9 +170,11 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
     out, ran = out_folder(cfg.out, "ds4", (src.commit[:12] or src.digest,),
                           {"configs": list(plan.configs), "contexts": list(plan.contexts), "source": src.digest})
     meta = {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), **gpu, "ds4_commit": src.commit, "ds4_source": str(src.path),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), **gpu,
+            "ds4_commit": src.commit, "ds4_source": str(src.path),
             "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
-            ("seconds", "objects", "flags_digest", "nvcc", "cc", "library_bytes")}, "build_cached": bld.cached,
+            ("seconds", "objects", "flags_digest", "driver_digest", "nvcc", "cc", "library_bytes")},
+            "build_cached": bld.cached,
             "model": model_info, "plan": plan.__dict__, "measured": True,
             "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what} for n in cfg.configs}}
     workers = {}
