@@ -513,6 +513,10 @@ def test_the_driver_and_worker_run_ds4s_own_engine_on_the_synthetic_model(tmp_pa
     assert list(t.pos) == [5, 6, 10, 11] and (t.host_us > 0).all()
     pf = pd.read_csv(tmp_path / "w" / "prefill.csv")
     assert list(pf.from_pos) == [0, 7] and list(pf.tokens) == [4, 2]
+    # the layer-slice open the GPU runs ask for (every layer and the output head): the same tokens
+    assert W.run({**plan, "resident": True, "out": str(tmp_path / "r")}) == 0
+    r = pd.read_csv(tmp_path / "r" / "tokens.csv")
+    assert list(r.pos) == list(t.pos) and list(r.token) == list(t.token)
 
 
 def test_expert_data_check_compares_the_random_layers_with_the_holes():
