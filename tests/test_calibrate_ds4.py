@@ -99,6 +99,32 @@ def test_calibrate_from_ds4_is_one_mode_at_a_time(tmp_path):
     assert r.exit_code == 2 and "choose one way" in r.output
 
 
+def test_calibrate_from_ds4_keeps_a_check_table_it_did_not_write(ds4_folder, tmp_path):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    mine = tmp_path / "mine-check.csv"
+    mine.write_text("someone's own table\n")
+    r = CliRunner().invoke(main, ["calibrate", "--from-ds4", str(ds4_folder), "--out", str(tmp_path / "mine.json")])
+    assert r.exit_code == 2 and "mine-check.csv" in r.output and "never replaces" in r.output, r.output
+    assert mine.read_text() == "someone's own table\n" and not (tmp_path / "mine.json").exists()
+
+
+def test_calibrate_from_ds4_names_a_run_that_did_not_finish_and_an_unwritable_out(tmp_path):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"job": "ds4", "status": "failed: ValueError: the recording ..."}))
+    r = CliRunner().invoke(main, ["calibrate", "--from-ds4", str(run), "--out", str(tmp_path / "c.json")])
+    assert r.exit_code == 2 and "did not finish" in r.output and "failed: ValueError" in r.output, r.output
+    r = CliRunner().invoke(main, ["calibrate", "--from-ds4", str(run), "--out", "/proc/c.json"])
+    assert r.exit_code == 2 and "/proc/c.json" in r.output and "Traceback" not in r.output, r.output
+
+
 def test_host_whatif_prices_the_same_launch_list_at_another_host_cost():
     from ds4lab.jobs.calibrate import host_whatif
 

@@ -443,10 +443,12 @@ def test_ds4_command_without_a_gpu_says_so_in_one_line(tmp_path, monkeypatch):
 
     src = _fake_checkout(tmp_path / "ds4-abc1234")
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no nvidia-smi
-    r = CliRunner().invoke(main, ["ds4", "--source", str(src), "--out", str(tmp_path / "out")])
-    assert r.exit_code == 2, r.output
-    assert "GPU" in r.output and len([ln for ln in r.output.strip().splitlines() if ln.strip()]) == 1
-    assert not (tmp_path / "out").exists()
+    for arch in ([], ["--arch", "sm_90"]):  # naming the architecture does not skip the GPU check
+        r = CliRunner().invoke(main, ["ds4", "--source", str(src), *arch, "--out", str(tmp_path / "out"),
+                                      "--cache", str(tmp_path / "cache")])
+        assert r.exit_code == 2, r.output
+        assert "GPU" in r.output and len([ln for ln in r.output.strip().splitlines() if ln.strip()]) == 1
+        assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -456,6 +458,12 @@ def test_ds4_command_without_a_gpu_says_so_in_one_line(tmp_path, monkeypatch):
     (["--configs", "islands-maybe"], "unknown islands-maybe"),
     (["--model", "missing.gguf"], "no such file"),
     (["--random-expert-layers", "43"], "layers 0..42"),
+    (["--random-expert-layers", "x"], "--random-expert-layers"),
+    (["--contexts", "1024,,4096"], "empty element"),
+    (["--contexts", "abc"], "not an integer"),
+    (["--contexts", "99999999999"], "past 262144"),
+    (["--trace-contexts", "1024,"], "--trace-contexts"),
+    (["--model", "README"], "not a GGUF file"),
 ])
 def test_ds4_command_refuses_bad_options_before_any_work(tmp_path, args, message):
     from click.testing import CliRunner
@@ -463,6 +471,8 @@ def test_ds4_command_refuses_bad_options_before_any_work(tmp_path, args, message
     from ds4lab.cli import main
 
     src = _fake_checkout(tmp_path / "ds4-abc1234")
+    (tmp_path / "README").write_text("not a model\n")
+    args = [str(tmp_path / a) if a == "README" else a for a in args]
     r = CliRunner().invoke(main, ["ds4", "--source", str(src), *args, "--out", str(tmp_path / "out")])
     assert r.exit_code == 2 and message in r.output, r.output
     assert not (tmp_path / "out").exists()

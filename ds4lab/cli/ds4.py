@@ -11,11 +11,14 @@ from ..jobs.ds4 import DEFAULT_CONTEXTS, Ds4JobConfig
 from .support import invoke
 
 
-def _ints(text: str) -> tuple:
+def _ints(text: str, option: str) -> tuple:
+    items = [t.strip() for t in str(text).split(",")] if str(text).strip() else []
+    if any(not t for t in items):
+        raise click.BadParameter(f"{text!r}: an empty element (two commas, or a trailing comma)", param_hint=option)
     try:
-        return tuple(int(t) for t in str(text).split(",") if t.strip())
+        return tuple(int(t) for t in items)
     except ValueError:
-        raise click.BadParameter(f"{text!r}: comma-separated integers expected") from None
+        raise click.BadParameter(f"{text!r}: comma-separated integers expected", param_hint=option) from None
 
 
 @click.command("ds4")
@@ -53,9 +56,10 @@ def ds4(source, model, configs, contexts, tokens, warmup, trace_contexts, trace_
     """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped
     model at each context with its decode islands off and on (and with its MoE profile), and write
     ds4lab's tables (µs per token, host µs, launches, kernels, island captures)."""
-    cfg = Ds4JobConfig(source=source, model=model, configs=configs, contexts=_ints(contexts), tokens=tokens,
-                       warmup=warmup, trace_contexts=_ints(trace_contexts), trace_tokens=trace_tokens, arch=arch,
-                       jobs=jobs, copy_model=copy_model, random_expert_layers=_ints(random_expert_layers), cache=cache,
+    cfg = Ds4JobConfig(source=source, model=model, configs=configs, contexts=contexts, tokens=tokens,
+                       warmup=warmup, trace_contexts=_ints(trace_contexts, "--trace-contexts"),
+                       trace_tokens=trace_tokens, arch=arch, jobs=jobs, copy_model=copy_model,
+                       random_expert_layers=_ints(random_expert_layers, "--random-expert-layers"), cache=cache,
                        seed=seed, out=out)
     invoke("ds4", cfg, "auto")
 

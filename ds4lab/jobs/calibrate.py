@@ -150,6 +150,12 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
         elif cfg.from_ds4 is not None:
+            # the check table belongs to the calibration beside it: never one that came without it
+            check_path = out.with_name(out.stem + "-check.csv")
+            if check_path.exists() and not out.is_file():
+                raise BadInput(f"--out {out}: {check_path} is already there without the calibration it would "
+                               "belong to, and ds4lab never replaces files it did not write: move it, or choose "
+                               "another --out")
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             try:
                 cal, table, check = fit_from_ds4(base, cfg.from_ds4, preset=cfg.preset or "ds4-flash")
@@ -160,7 +166,8 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
                               f"(median of {int((table.figure == k).sum())} "
                               f"{'recorded contexts' if k == 'kernel_time_scale' else 'recorded tokens'})")
             _print_ds4_check(check, console)
-            check.to_csv(out.with_name(out.stem + "-check.csv"), index=False)
+            check.to_csv(check_path, index=False)
+            console.print(f"the check table: {check_path}")
         elif cfg.from_ladder:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             try:
@@ -210,6 +217,9 @@ def _ds4_tables(folder: Path):
     if meta.get("job") != "ds4":
         why = (f"its meta.json names job {meta['job']!r}" if meta.get("job") else "no ds4lab meta.json there")
         raise ValueError(f"{folder}: not a ds4lab ds4 folder ({why})")
+    status = str(meta.get("status", ""))
+    if status != "complete" and not (folder / "census.csv").is_file():
+        raise ValueError(f"{folder}: the ds4 run did not finish (meta.json status {status[:200]!r}): nothing to fit")
     need = {"summary.csv": ("config", "context", "us_per_token"),
             "census.csv": ("config", "context", "launch_calls", "graph_launches", "busy_us", "enqueue_us")}
     tables = []

@@ -55,6 +55,11 @@ class Ds4JobConfig:
     extra: dict = field(default_factory=dict)
 
 
+#: The longest context ``ds4lab ds4`` asks for: ds4-flash's long-context ``max_context``
+#: (:func:`ds4lab.token.config.get_preset`), which ds4lab's own token is built for.
+MAX_CONTEXT = 262144
+
+
 def check_config(cfg: Ds4JobConfig) -> None:
     """Checks that need no GPU. Raises :class:`BadInput` naming the bad value."""
     from ..ds4.source import locate
@@ -67,9 +72,13 @@ def check_config(cfg: Ds4JobConfig) -> None:
     for name in cfg.configs:
         if name not in VARIANTS:
             raise BadInput(f"--configs: unknown {name}; choose from {', '.join(VARIANTS)}")
-    ctx = tuple(int(c) for c in cfg.contexts)
-    if not ctx or any(c < 1 for c in ctx) or list(ctx) != sorted(set(ctx)):
-        raise BadInput(f"--contexts {','.join(map(str, cfg.contexts))}: give ascending positive positions, each once")
+    from .context import parse_contexts
+
+    ctx = tuple(parse_contexts(cfg.contexts))  # empty items, repeats, order: as ds4lab context refuses them
+    cfg.contexts = ctx
+    if ctx[-1] > MAX_CONTEXT:
+        raise BadInput(f"--contexts: {ctx[-1]} is past {MAX_CONTEXT}, the longest context ds4lab asks ds4 for "
+                       "(ds4-flash's max_context in ds4lab's presets)")
     per = cfg.warmup + cfg.tokens + cfg.trace_tokens
     close = [f"{a}→{b}" for a, b in zip(ctx, ctx[1:]) if b - a <= per]
     if close:
@@ -83,8 +92,12 @@ def check_config(cfg: Ds4JobConfig) -> None:
     bad = [x for x in cfg.random_expert_layers if not 0 <= int(x) < 43]
     if bad:
         raise BadInput(f"--random-expert-layers {','.join(map(str, bad))}: ds4-flash has layers 0..42")
-    if cfg.model is not None and not Path(cfg.model).is_file():
-        raise BadInput(f"--model {cfg.model}: no such file")
+    if cfg.model is not None:
+        if not Path(cfg.model).is_file():
+            raise BadInput(f"--model {cfg.model}: no such file")
+        with open(cfg.model, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise BadInput(f"--model {cfg.model}: not a GGUF file (it does not start with the GGUF magic)")
     check_out_option(cfg.out)
 
 
@@ -152,9 +165,15 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
 
     say = console.print if console is not None else print
     check_config(cfg)
-    arch = cfg.arch or B.gpu_arch()  # BadInput without a GPU: before any work
+    found = B.gpu_arch()  # BadInput without a GPU, --arch given or not: before any work
+    arch = cfg.arch or found
     gpu = _gpu_info()
     src = locate(cfg.source)
+    # the result folder is checked (a file, a folder ds4lab did not write) before minutes of build
+    # and model; the default is one per ds4 commit (results/ds4-<commit>), and a rerun that ran other
+    # configurations or contexts keeps the earlier results beside it (results.job_folder)
+    out, ran = out_folder(cfg.out, "ds4", (src.commit[:12] or src.digest,),
+                          {"configs": list(cfg.configs), "contexts": list(cfg.contexts), "source": src.digest})
     cache = Path(cfg.cache) if cfg.cache else B.cache_root()
     bld = B.build(src, B.build_plan(arch, jobs=cfg.jobs), cache=cache, say=say)
     model, model_info = model_for(cfg, cache / "ds4", say=say)
@@ -165,10 +184,6 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
     plan = M.MeasurePlan(str(bld.library), str(model), tuple(cfg.configs), tuple(int(c) for c in cfg.contexts),
                          cfg.warmup, cfg.tokens, tuple(int(c) for c in cfg.trace_contexts), cfg.trace_tokens,
                          cfg.seed, cfg.threads, cfg.copy_model)
-    # the default folder is one per ds4 commit (results/ds4-<commit>); a rerun that ran other
-    # configurations or contexts keeps the earlier results beside it (results.job_folder)
-    out, ran = out_folder(cfg.out, "ds4", (src.commit[:12] or src.digest,),
-                          {"configs": list(plan.configs), "contexts": list(plan.contexts), "source": src.digest})
     meta = {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), **gpu,
             "ds4_commit": src.commit, "ds4_source": str(src.path),

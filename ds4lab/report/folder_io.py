@@ -479,6 +479,9 @@ def output_file(path: Path, what: str, accept=None, refuse=None):
     except OutputError:
         remove_made(made)
         raise
+    except OSError as e:  # a folder that takes no files (/proc, a read-only mount)
+        remove_made(made)
+        fail(os_reason(e))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         if path.exists() and accept is not None:
