@@ -113,9 +113,12 @@ fig
 #
 # The same launch list on the simulated runtime, its eager launches priced at ds4lab's Python launch
 # layer (the shipped calibration) and at `C_HOST_US` per launch. Where the host is cheaper than the
-# kernels, the eager token is GPU-bound and a graph has little left to buy. With a ds4 record, its own
-# costs are fitted instead (`ds4lab calibrate --from-ds4`) and the sim's stages 0 and i are held to
-# ds4's islands off and on.
+# kernels, the eager token is GPU-bound and, in this what-if, a graph has little left to buy: it prices
+# no device idle between eager kernels (the shipped calibration's `eager_gap_us` is 0). ds4 on the H200
+# showed that idle (1.7–2.5 µs per boundary) and islands that buy ×1.05–1.07 from C
+# (`docs/measurements/h200-2026-12-02-ds4`). With a ds4 record, its own costs, that idle included, are
+# fitted instead (`ds4lab calibrate --from-ds4`) and the sim's stages 0 and i are held to ds4's islands
+# off and on.
 
 # %%
 whatif = host_whatif(contexts, (C_HOST_US,), preset=PRESET, stages="0,i,3", tokens=8)
