@@ -75,3 +75,16 @@ def test_kernel_kinds_sum_ds4s_kernels_by_kind(record):
                                         ("q8_0_matvec_f32", "matvec (Q8_0)"), ("something_else", "other")])
 def test_kernel_kind(name, kind):
     assert C.kernel_kind(name) == kind
+
+
+def test_compare_names_a_ds4_folder_instead_of_misreading_its_summary(tmp_path):
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    run = tmp_path / "ds4-run"
+    run.mkdir()
+    (run / "meta.json").write_text('{"job": "ds4", "status": "complete"}')
+    (run / "summary.csv").write_text("config,context,tokens,us_per_token,host_us,iqr_us\nislands-on,1024,4,1,1,0\n")
+    r = CliRunner().invoke(main, ["compare", str(run), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "a ds4lab ds4 folder" in r.output and "06_ds4_itself" in r.output, r.output
