@@ -80,6 +80,9 @@ def test_fit_from_ds4_refuses_what_is_not_a_ds4_run(tmp_path, truth):
     with pytest.raises(ValueError, match="not a ds4lab ds4 folder"):
         fit_from_ds4(base, tmp_path)
     (tmp_path / "meta.json").write_text(json.dumps({"job": "ds4"}))
+    with pytest.raises(ValueError, match="did not finish"):  # no status: not a finished run
+        fit_from_ds4(base, tmp_path)
+    (tmp_path / "meta.json").write_text(json.dumps({"job": "ds4", "status": "complete"}))
     with pytest.raises(ValueError, match="summary.csv: missing"):
         fit_from_ds4(base, tmp_path)
     pd.DataFrame([{"config": "islands-off", "context": 600, "us_per_token": 1.0}]).to_csv(tmp_path / "summary.csv")
