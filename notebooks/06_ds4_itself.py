@@ -47,11 +47,16 @@ from pathlib import Path
 from ds4lab.backends import resolve
 from ds4lab.ds4 import compare
 from ds4lab.jobs import execute
+from ds4lab.errors import BadInput
 from ds4lab.jobs.calibrate import host_whatif
+from ds4lab.jobs.context import parse_contexts
 from ds4lab.jobs.ds4 import Ds4JobConfig
 from ds4lab.report import plots
 
-contexts = tuple(int(c) for c in str(CONTEXTS).split(",") if c.strip())
+try:  # the parameter is named where the value is bad (parse_contexts speaks of --contexts)
+    contexts = tuple(parse_contexts(CONTEXTS))
+except BadInput as e:
+    raise BadInput(f"CONTEXTS={CONTEXTS!r}: {e}") from None
 out = Path(OUT)
 out.mkdir(parents=True, exist_ok=True)
 rec = None
