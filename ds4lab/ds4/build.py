@@ -219,21 +219,13 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
     steps = []
     t_all = time.monotonic()
     with open(log_path, "w") as log:
+        def failed(step: str, rc: int, tail: str) -> BuildError:
+            kept = _set_aside(folder)
+            return BuildError(f"ds4 build failed at {step} (exit {rc}); compiler output kept in "
+                              f"{kept / 'build.log'}:\n{tail}")
+
         def run(step: str, cmd: list[str], cwd=None) -> str:
-            log.write(f"\n$ {shlex.join(cmd)}\n")
-            log.flush()
-            t0 = time.monotonic()
-            p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            log.write(p.stdout)
-            log.flush()
-            steps.append({"step": step, "command": shlex.join(cmd), "seconds": round(time.monotonic() - t0, 1),
-                          "returncode": p.returncode})
-            if p.returncode != 0:
-                failed = _set_aside(folder)
-                tail = "\n".join(p.stdout.strip().splitlines()[-15:])
-                raise BuildError(f"ds4 build failed at {step} (exit {p.returncode}); compiler output kept in "
-                                 f"{failed / 'build.log'}:\n{tail}")
-            return p.stdout
+            return _run_step(log, steps, step, cmd, failed, cwd=cwd)
 
         src_dir = materialize(src, folder / "src")
         (folder / "print-objs.mk").write_text(_PRINT_OBJS.format(var=plan.objects_var))
@@ -273,26 +265,38 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
     return Build(folder, folder / LIBRARY_NAME, info)
 
 
+def _run_step(log, steps: list, step: str, cmd: list[str], failed, cwd=None) -> str:
+    """Run one build command: its command line and output into ``log``, its record (step, command,
+    seconds, exit status) onto ``steps``; returns its output. A non-zero exit raises
+    ``failed(step, returncode, last 15 lines)``."""
+    log.write(f"\n$ {shlex.join(cmd)}\n")
+    log.flush()
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log.write(p.stdout)
+    log.flush()
+    steps.append({"step": step, "command": shlex.join(cmd), "seconds": round(time.monotonic() - t0, 1),
+                  "returncode": p.returncode})
+    if p.returncode != 0:
+        raise failed(step, p.returncode, "\n".join(p.stdout.strip().splitlines()[-15:]))
+    return p.stdout
+
+
 def _relink(folder: Path, info: dict, plan: BuildPlan, say) -> Build:
     """A cached build whose ds4 objects stand and whose driver changed: compile the driver and link the
     library again (seconds), the library replaced only once linked. Raises BuildError with the log."""
     src_dir, lib = folder / "src", folder / LIBRARY_NAME
     new_lib = folder / (LIBRARY_NAME + ".new")
     steps = []
+
+    def failed(step: str, rc: int, tail: str) -> BuildError:
+        return BuildError(f"ds4 relink failed at {step} (exit {rc}); output in {folder / 'build.log'}:\n{tail}")
+
     with open(folder / "build.log", "a") as log:
         for step, cmd in (("compile ds4lab's driver", plan.driver_command(src_dir, folder / "ds4lab_ds4.o")),
                           ("link the library", plan.link_command(src_dir, info["objects"], folder / "ds4lab_ds4.o",
                                                                  new_lib))):
-            log.write(f"\n$ {shlex.join(cmd)}\n")
-            t0 = time.monotonic()
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            log.write(p.stdout)
-            steps.append({"step": step, "command": shlex.join(cmd), "seconds": round(time.monotonic() - t0, 1),
-                          "returncode": p.returncode})
-            if p.returncode != 0:
-                tail = "\n".join(p.stdout.strip().splitlines()[-15:])
-                raise BuildError(f"ds4 relink failed at {step} (exit {p.returncode}); output in "
-                                 f"{folder / 'build.log'}:\n{tail}")
+            _run_step(log, steps, step, cmd, failed)
     new_lib.replace(lib)
     info = {**info, "driver_digest": plan.driver_digest, "relinked": steps, "library_bytes": lib.stat().st_size}
     tmp = folder / "build.json.tmp"

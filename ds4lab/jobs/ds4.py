@@ -31,7 +31,8 @@ class Ds4JobConfig:
     :data:`ds4lab.ds4.configs.VARIANTS`. ``contexts``: positions of the decode tokens (ascending, each
     more than ``warmup + tokens + trace_tokens`` after the one before). ``trace_contexts``: contexts at
     which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the MoE profile:
-    ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the model into GPU memory (``DS4_CUDA_COPY_MODEL=1``).
+    ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the
+    model into GPU memory (``DS4_CUDA_COPY_MODEL=1`` on a layer-slice open).
     """
 
     source: str | Path | None = None
@@ -55,11 +56,6 @@ class Ds4JobConfig:
     extra: dict = field(default_factory=dict)
 
 
-#: The longest context ``ds4lab ds4`` asks for: ds4-flash's long-context ``max_context``
-#: (:func:`ds4lab.token.config.get_preset`), which ds4lab's own token is built for.
-MAX_CONTEXT = 262144
-
-
 def check_config(cfg: Ds4JobConfig) -> None:
     """Checks that need no GPU. Raises :class:`BadInput` naming the bad value."""
     from ..ds4.source import locate
@@ -74,10 +70,13 @@ def check_config(cfg: Ds4JobConfig) -> None:
             raise BadInput(f"--configs: unknown {name}; choose from {', '.join(VARIANTS)}")
     from .context import parse_contexts
 
+    from ..token.config import get_preset
+
     ctx = tuple(parse_contexts(cfg.contexts))  # empty items, repeats, order: as ds4lab context refuses them
     cfg.contexts = ctx
-    if ctx[-1] > MAX_CONTEXT:
-        raise BadInput(f"--contexts: {ctx[-1]} is past {MAX_CONTEXT}, the longest context ds4lab asks ds4 for "
+    limit = get_preset("ds4-flash", long_context=True).max_context  # the longest context ds4lab models
+    if ctx[-1] > limit:
+        raise BadInput(f"--contexts: {ctx[-1]} is past {limit}, the longest context ds4lab asks ds4 for "
                        "(ds4-flash's max_context in ds4lab's presets)")
     per = cfg.warmup + cfg.tokens + cfg.trace_tokens
     close = [f"{a}→{b}" for a, b in zip(ctx, ctx[1:]) if b - a <= per]

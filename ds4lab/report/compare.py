@@ -58,7 +58,6 @@ only, swapped in when they are all written.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,16 +241,15 @@ def _tag(t: Table) -> str:
 def _folder_tables(d: Path) -> list[Table]:
     from ..trace.sources import SourceError, detect
     from ..trace.sources.ds4log import read_ds4_log
+    from .results import read_meta
 
-    meta = d / "meta.json"
-    if meta.is_file():  # ds4 itself has its own side-by-side: its summary.csv is not a MoE summary
-        try:
-            job = json.loads(meta.read_text()).get("job")
-        except (ValueError, OSError, AttributeError):
-            job = None
-        if job == "ds4":
-            raise BadInput(f"{d}: a ds4lab ds4 folder (ds4 itself), which compare does not draw: read it with "
-                           "notebooks/06_ds4_itself (--set DS4_RESULTS=...) or ds4lab calibrate --from-ds4")
+    try:
+        job = (read_meta(d) or {}).get("job")
+    except ValueError:  # a meta.json that is not an object: the tables below say what the folder holds
+        job = None
+    if job == "ds4":  # ds4 itself has its own side-by-side: its summary.csv is not a MoE summary
+        raise BadInput(f"{d}: a ds4lab ds4 folder (ds4 itself), which compare does not draw: read it with "
+                       "notebooks/06_ds4_itself (--set DS4_RESULTS=...) or ds4lab calibrate --from-ds4")
     found: list[Table] = []
     seen: set[Path] = set()
     for kind, (pats, _need, _v) in TABLES.items():
