@@ -6,7 +6,8 @@
 #
 # Each STEP is one ds4lab command with its own time limit (seconds, after the colon; the default in
 # the table below); a failing or timed-out step does not stop the others. Everything lands in
-# $OUT/round.tgz (figures as PNG only: SVG and PDF are dropped to stay within the transfer limit),
+# $OUT/round.tgz (figures as PNG only: SVG and PDF are dropped to stay within the transfer limit; files over
+# 3 MB in $OUT/round-big.tgz),
 # repacked after every step, so a round cut short keeps what finished. Steps:
 #
 #   env          GPU, driver, Python, CuPy, torch versions
@@ -17,7 +18,8 @@
 #   context      ds4lab context on ds4-flash at 1k, 4k, 16k, 64k (stages 0,i,i+,2,3,3c)
 #   capture-stages  the device-side stages (docs/capture-stages.md) on ds4-flash in one run: ds4lab context of
 #                3, 3c, 3cc, 3p, 3cp, 3ccp at 1k, 4k, 16k, 64k (64 tokens in 4 interleaved rounds: gains paired per
-#                token, with 95 % intervals, against stage 3), then ds4lab ladder of 0, 3, 3p (the short token)
+#                token, with 95 % intervals, against stage 3; CS_TOKENS, default 64), then ds4lab ladder of 0, 3, 3p
+#                (the short token; CS_LADDER=0 leaves it out)
 #   hazards      every hazard (small), and moe-profile-island on ds4-flash
 #   exclusion    ds4lab exclusion (ds4-flash, first layers; with the island column)
 #   moe          the MoE profiler's overhead per mode, eager and replayed (ds4-flash)
@@ -33,6 +35,7 @@
 #                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...),
 #                DS4_NAME names its folder (default ds4); the build and the model are cached in /tmp, and the
 #                build comes back as $OUT/ds4build-{lib,obj}.tar.xz (put both into .ds4build/ and carry it)
+#   nb06         notebook 06 on this GPU, reading the ds4 step's folder (DS4_NAME; NB06_CONTEXTS, default 1024,4096)
 #   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
 #
@@ -48,7 +51,11 @@ fi
 export PYTHONUNBUFFERED=1 COLUMNS=200
 R=/tmp/round; rm -rf $R; mkdir -p $R
 D="python3 -m ds4lab.cli"
-pack() { find $R \( -name "*.svg" -o -name "*.pdf" \) -delete; tar czf "$OUT/round.tgz" -C /tmp round; }
+# files over 3 MB go into $OUT/round-big.tgz, so that round.tgz stays under the 16 MiB a returned file may have
+pack() { find $R \( -name "*.svg" -o -name "*.pdf" \) -delete
+  (cd /tmp && find round -type f -size +3M > /tmp/round-big.list)
+  tar czf "$OUT/round.tgz" -C /tmp -X /tmp/round-big.list round
+  if [ -s /tmp/round-big.list ]; then tar czf "$OUT/round-big.tgz" -C /tmp -T /tmp/round-big.list; fi; }
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout -s INT -k 20 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?  # INT: pytest and ds4lab keep what finished
   echo "=== $name rc=$rc $((SECONDS - t0))s" | tee -a $R/steps.txt; tail -n "${TAIL:-12}" "$R/$name.log" | cut -c1-230
@@ -67,8 +74,9 @@ for arg in "$@"; do
     context) TAIL=34 step context ${limit:-300} $D context --backend cupy --preset ds4-flash --stages 0,i,i+,2,3,3c \
          --contexts 1024,4096,16384,65536 --tokens 32 --out $R/context ;;
     capture-stages) TAIL=40 step capture-stages ${limit:-540} bash -c "$D context --backend cupy --preset ds4-flash \
-         --stages 3,3c,3cc,3p,3cp,3ccp --contexts 1024,4096,16384,65536 --tokens 64 --repeats 4 --out $R/capture-stages &&
-         $D ladder --backend cupy --preset ds4-flash --stages 0,3,3p --tokens 96 --repeats 4 --out $R/capture-stages-ladder" ;;
+         --stages 3,3c,3cc,3p,3cp,3ccp --contexts 1024,4096,16384,65536 --tokens ${CS_TOKENS:-64} --repeats 4 \
+         --out $R/capture-stages && if [ ${CS_LADDER:-1} = 1 ]; then $D ladder --backend cupy --preset ds4-flash \
+         --stages 0,3,3p --tokens 96 --repeats 4 --out $R/capture-stages-ladder; fi" ;;
     hazards) TAIL=30 step hazards ${limit:-200} bash -c "$D hazards all --backend cupy --preset small --out $R/hazards &&
          $D hazards all-longctx --backend cupy --preset small --out $R/hazards-longctx &&
          $D hazards moe-profile-island --backend cupy --preset ds4-flash --out $R/hazards-island" ;;
@@ -85,6 +93,10 @@ for arg in "$@"; do
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;
     notebooks) step notebooks ${limit:-400} $D notebooks --out $R/notebooks ;;
+    nb06) # notebook 06 on this GPU, reading the ds4 step's folder (this call's, or one kept by an earlier call)
+         src=$R/${DS4_NAME:-ds4}; [ -f $src/meta.json ] || src=/tmp/ds4lab-cache/results/${DS4_NAME:-ds4}
+         step nb06 ${limit:-120} $D notebooks 06 --set DS4_RESULTS=$src --set CONTEXTS=${NB06_CONTEXTS:-1024,4096} \
+           --set BACKEND=cupy --out $R/nb06 ;;
     nsight) step nsight ${limit:-300} bash -c "ncu --nvtx --nvtx-include 'ds4lab@token/' --launch-count 300 \
            --section SpeedOfLight --section LaunchStats --csv $D run --backend cupy --preset ds4-flash --tokens 1 \
            --warmup 0 --nvtx --no-check --out $R/ncu-run > $R/ncu.csv 2> $R/ncu.stderr;
@@ -97,6 +109,9 @@ for arg in "$@"; do
          for t in .ds4build/ds4build-*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C /tmp/ds4lab-cache/ds4; done
          TAIL=40 step ds4 ${limit:-540} $D ds4 --source ${DS4_SOURCE:-.ds4src/ds4-b0309611.tar.gz} \
          --cache /tmp/ds4lab-cache ${DS4_ARGS:-} --out $R/${DS4_NAME:-ds4}
+         # kept for a later call's nb06 on the same machine ($R is emptied at each call's start)
+         [ -f $R/${DS4_NAME:-ds4}/meta.json ] && rm -rf /tmp/ds4lab-cache/results/${DS4_NAME:-ds4} &&
+           mkdir -p /tmp/ds4lab-cache/results && cp -r $R/${DS4_NAME:-ds4} /tmp/ds4lab-cache/results/
          (cd /tmp/ds4lab-cache/ds4 && ls build-*/build.json >/dev/null 2>&1 &&
           XZ_OPT=-T0 tar cJf "$OUT/ds4build-lib.tar.xz" --exclude='*/src' build-*/build.json build-*/build.log \
             build-*/libds4lab_ds4.so &&
