@@ -278,3 +278,46 @@ def test_a_failed_function_lookup_leaves_no_error_for_the_application_to_read():
     app.last, asked = 700, app.asked
     f, why = q.runtime_function(0x1000)
     assert f == 0 and app.asked == asked and app.last == 700 and "not asked" in why
+
+
+class _Driver:
+    """libcuda as the capture's queries see it: ``functions`` {CUfunction: [(offset, size)]} answer
+    cuFuncGetParamInfo; ``kernels`` {CUkernel: CUfunction} answer cuKernelGetFunction (a CUkernel given
+    to cuFuncGetParamInfo is refused with CUDA_ERROR_INVALID_HANDLE, as the driver does)."""
+
+    def __init__(self, functions, kernels):
+        self.functions, self.kernels = functions, kernels
+        self.kernel_calls = 0
+
+    def cuFuncGetParamInfo(self, f, i, off, size):
+        layout = self.functions.get(f.value)
+        if layout is None:
+            return 400
+        if i.value >= len(layout):
+            return 1
+        off._obj.value, size._obj.value = layout[i.value]
+        return 0
+
+    def cuKernelGetFunction(self, out, k):
+        self.kernel_calls += 1
+        f = self.kernels.get(k.value)
+        if f is None:
+            return 400
+        out._obj.value = f
+        return 0
+
+    def cuGetErrorName(self, st, name):
+        name._obj.value = {400: b"CUDA_ERROR_INVALID_HANDLE", 1: b"CUDA_ERROR_INVALID_VALUE"}.get(st, b"?")
+        return 0
+
+
+def test_a_kernel_launched_by_its_cukernel_handle_is_read_through_its_function():
+    from ds4lab.trace.arguments import CudaQueries
+
+    drv = _Driver({0xF00: [(0, 8), (8, 4)], 0xF10: [(0, 8)]}, {0xC00: 0xF00})
+    q = object.__new__(CudaQueries)
+    q.cuda, q._count, q._info = drv, None, drv.cuFuncGetParamInfo
+    assert q.param_layout(0xF10) == ([(0, 8)], "") and drv.kernel_calls == 0  # a CUfunction: asked as it is
+    assert q.param_layout(0xC00) == ([(0, 8), (8, 4)], "")  # a CUkernel: through cuKernelGetFunction
+    layout, why = q.param_layout(0xBAD)  # neither: unread, and the reason names both calls
+    assert layout is None and "CUDA_ERROR_INVALID_HANDLE" in why and "cuKernelGetFunction" in why

@@ -17,7 +17,9 @@ callback data's address (``CallbackData.ptr``) but not ``functionParams``; its o
 ``cupti.callback_data_dtype`` (16 on x86-64). The struct gives the function (a runtime host stub, or a
 ``CUfunction``) and the argument array (``void **args`` / ``kernelParams``: one pointer per parameter,
 or ``extra``'s packed buffer). Each parameter's size and offset come from ``cuFuncGetParamInfo``
-(CUDA 12.4 and later; ``cuFuncGetParamCount`` for the count where the driver has it); a runtime
+(CUDA 12.4 and later; ``cuFuncGetParamCount`` for the count where the driver has it; a ``CUkernel``, the
+handle CUDA 12's and 13's runtimes launch their kernels by, first mapped to its ``CUfunction`` by
+``cuKernelGetFunction``); a runtime
 function is mapped to its ``CUfunction`` by ``cudaGetFuncBySymbol`` of the CUDA runtime that
 registered it (each ``libcudart`` loaded in the process is asked, ``RTLD_NOLOAD``). Both are asked
 once per function; their statuses are checked, and a function they do not describe is *unread*
@@ -84,9 +86,11 @@ FUNCTION_PARAMS_OFFSET = 16
 PARAM_END, PARAM_BUFFER_POINTER, PARAM_BUFFER_SIZE = 0, 1, 2
 #: ``CUDA_ERROR_INVALID_VALUE``: cuFuncGetParamInfo past the last parameter.
 CUDA_ERROR_INVALID_VALUE = 1
+#: ``CUDA_ERROR_INVALID_HANDLE``: what cuFuncGetParamInfo answers for a ``CUkernel`` (not a ``CUfunction``).
+CUDA_ERROR_INVALID_HANDLE = 400
 #: The CUDA calls the capture itself makes (left out of the event table where they fall in its windows).
 OWN_CALLS = frozenset({"cuFuncGetParamInfo", "cuFuncGetParamCount", "cudaGetFuncBySymbol", "cuMemGetAddressRange",
-                       "cuFuncGetName", "cudaPeekAtLastError", "cudaGetLastError"})
+                       "cuFuncGetName", "cudaPeekAtLastError", "cudaGetLastError", "cuKernelGetFunction"})
 STORE_SUFFIX = ".arguments.json.gz"
 STORE_NAME = "arguments.json.gz"
 #: Files whose frames a launch's stack leaves out (besides this module and the CUPTI session's).
@@ -152,7 +156,34 @@ class CudaQueries:
         return 0, ("cudaGetFuncBySymbol: " + "; ".join(why)) if why else "no CUDA runtime with cudaGetFuncBySymbol loaded"
 
     def param_layout(self, cufunc: int) -> tuple[list | None, str]:
-        """``[(offset, size), ...]`` of ``cufunc``'s parameters, and "" or why not."""
+        """``[(offset, size), ...]`` of ``cufunc``'s parameters, and "" or why not.
+
+        ``cufunc`` is what a driver launch names: a ``CUfunction``, or a ``CUkernel`` (CUDA 12 and later:
+        a runtime that loads its kernels as a library, as CUDA 12's and 13's ``libcudart`` do, launches
+        them by their ``CUkernel`` handle through ``cuLaunchKernel``). ``cuFuncGetParamInfo`` refuses a
+        ``CUkernel`` (``CUDA_ERROR_INVALID_HANDLE``); that handle is then mapped to its ``CUfunction`` in
+        the current context (``cuKernelGetFunction``) and asked again."""
+        layout, why = self._layout(cufunc)
+        if layout is None and why.endswith("CUDA_ERROR_INVALID_HANDLE"):
+            fn = self.kernel_function(cufunc)
+            if fn:
+                layout, why2 = self._layout(fn)
+                why = why2 if layout is None else ""
+            else:
+                why += " (and cuKernelGetFunction: not a CUkernel either)"
+        return layout, why
+
+    def kernel_function(self, kernel: int) -> int:
+        """The ``CUfunction`` of ``kernel`` (a ``CUkernel``) in the current context, or 0 where
+        ``kernel`` is none (``cuKernelGetFunction``'s status checked) or the driver lacks the call."""
+        get = getattr(self.cuda, "cuKernelGetFunction", None)
+        if get is None:
+            return 0
+        out = ctypes.c_void_p()
+        st = get(ctypes.byref(out), ctypes.c_void_p(kernel))
+        return int(out.value) if st == 0 and out.value else 0
+
+    def _layout(self, cufunc: int) -> tuple[list | None, str]:
         if self._info is None:
             return None, "the driver has no cuFuncGetParamInfo (CUDA 12.4 or later needed)"
         f = ctypes.c_void_p(cufunc)
@@ -176,12 +207,18 @@ class CudaQueries:
         return out, ""
 
     def function_name(self, cufunc: int) -> str:
+        """The mangled name of ``cufunc`` (a ``CUfunction``, or a ``CUkernel`` mapped to one), or ""."""
         name = ctypes.c_char_p()
-        try:
-            if self.cuda.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(cufunc)) == 0 and name.value:
-                return name.value.decode()
-        except Exception:  # noqa: BLE001 - a driver without it
-            pass
+        for f in (cufunc, None):
+            if f is None:
+                f = self.kernel_function(cufunc)
+                if not f:
+                    break
+            try:
+                if self.cuda.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(f)) == 0 and name.value:
+                    return name.value.decode()
+            except Exception:  # noqa: BLE001 - a driver without it
+                break
         return ""
 
     def address_range(self, ptr: int) -> tuple[int, int] | None:
