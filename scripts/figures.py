@@ -21,15 +21,17 @@ from pathlib import Path
 
 # figure → its current record (a folder or file under docs/measurements/)
 CURRENT = {
-    "ladder": "h200-2026-11-30b/ladder",
+    "ladder": "h200-2026-12-02b/notebooks/00_quickstart",
     "islands": "h200-2026-12-01/round3/islands",
-    "context": "h200-2026-11-30b/context",
+    "context": "h200-2026-12-02b/notebooks-b/04_long_context/context",
+    "capture_stages": "h200-2026-12-02b/capture-stages",
     "floors": "h200-2026-12-01/kernels/call2/bench.json",
     "per_op": "h200-2026-12-01/kernels/call2/bench.json",
     "launch": "h200-2026-12-01/kernels/call2/bench.json",
     "conformance": "h200-2026-12-02-ds4/conformance",
-    "ds4": "h200-2026-12-02-ds4",
-    "exclusion": "h200-2026-11-30b/exclusion",
+    "ds4": "h200-2026-12-02b/ds4",
+    "ds4_long": "h200-2026-12-02-ds4/ds4-long",
+    "exclusion": "h200-2026-12-02b/notebooks/02_profiling_vs_capture/exclusion",
     "hazards": "h200-2026-11-30b/hazards",
     "hazards_longctx": "h200-2026-11-30b/longctx",
     "hazards_island": "h200-2026-12-01/round2/hazards-island",
@@ -380,13 +382,48 @@ def fig_moe_ds4(rec: Path, root: Path):
     return [f], meta, "\n\n".join(body)
 
 
+def fig_capture_stages(rec: Path, root: Path):
+    """The device-side capture stages (docs/capture-stages.md) against stage 3: µs per token, each
+    stage's paired gain over stage 3 with its 95 % interval, and 3c / 3, 3cc / 3."""
+    f = one_file(rec, "context.csv")
+    meta, rows = provenance(rec, root), read_csv(f)
+    stages = [s for s in dict.fromkeys(r["stage"] for r in rows) if s != "3"]
+    by = {(r["context"], r["stage"]): r for r in rows}
+
+    def gain(r):
+        if r["gain_measurable"] != "True":
+            lo, hi = float(r["gain_lo"]), float(r["gain_hi"])
+            return f"not measurable (±{num((hi - lo) / 2)})"
+        return f"{float(r['gain_us']):+,.0f} ({num(r['gain_lo'])}…{num(r['gain_hi'])})".replace(",", " ")
+
+    out = []
+    for c in dict.fromkeys(r["context"] for r in rows):
+        base = by[(c, "3")]
+        cells = [num(c), num(base["us_median"]) + ("" if base["exact"] == "True" else " **not exact**")]
+        for s in stages:
+            r = by.get((c, s))
+            cells.append("—" if r is None else f"{num(r['us_median'])}: {gain(r)}"
+                         + ("" if r["exact"] == "True" else " **not exact**"))
+        cells += [ratio(float(by[(c, s)]["us_median"]) / float(base["us_median"]), 3)
+                  for s in ("3c", "3cc") if (c, s) in by]
+        out.append(cells)
+    ratios = [f"{s} / 3" for s in ("3c", "3cc") if any(k[1] == s for k in by)]
+    body = [f"`ds4lab context` on `{rows[0]['preset']}`: µs per token, median of {num(meta.get('tokens'))} "
+            f"tokens per stage and context" + (f" in {num(meta['rounds'])} interleaved rounds" if meta.get("rounds") else "")
+            + "; each stage's gain "
+            "over stage 3 paired per token, µs with its 95 % interval (positive: faster than 3); every "
+            "stage checked bit for bit against stage 0.",
+            table(["context", "stage 3 µs"] + [f"stage {s} µs: gain over 3" for s in stages] + ratios, out)]
+    return [f], meta, "\n\n".join(body)
+
+
 def fig_ds4(rec: Path, root: Path):
-    """ds4 itself (a round holding ``ds4lab ds4`` folders): µs per token, islands off and on, the
-    paired gain, the MoE profile, one row per context of every folder."""
-    folders = sorted(p.parent for p in rec.glob("*/gains.csv"))
+    """ds4 itself (a ``ds4lab ds4`` folder, or a round holding several): µs per token, islands off
+    and on, the paired gain, the MoE profile and its cost, one row per context of every folder."""
+    folders = [rec] if (rec / "gains.csv").is_file() else sorted(p.parent for p in rec.glob("*/gains.csv"))
     meta = provenance(folders[0], root)
     meta = {**meta, "device": meta.get("gpu", "?"),
-            "timestamp": meta.get("timestamp") or rec.name.split("-", 1)[1][:10]}
+            "timestamp": meta.get("timestamp") or rec.relative_to(root).parts[0].split("-", 1)[1][:10]}
     rows, files = [], []
     for f in folders:
         summ = {(r["config"], r["context"]): r for r in read_csv(f / "summary.csv")}
@@ -395,38 +432,46 @@ def fig_ds4(rec: Path, root: Path):
         for ctx in sorted({c for _, c in summ}, key=int):
             off, on = summ.get(("islands-off", ctx)), summ.get(("islands-on", ctx))
             g, prof = gains.get(("islands-on", ctx)), summ.get(("moe-profile", ctx))
+            cost = gains.get(("moe-profile", ctx))
             if not (off and on and g):
                 continue
             rows.append([num(float(ctx)), num(off["us_per_token"]), num(on["us_per_token"]),
                          f"{num(g['gain_us'])} ({num(g['gain_lo'])}…{num(g['gain_hi'])})", ratio(g["ratio"], 3),
-                         num(prof["us_per_token"]) if prof else "—"])
+                         num(prof["us_per_token"]) if prof else "—",
+                         f"{num(-float(cost['gain_us']))} ({num(-float(cost['gain_hi']))}…{num(-float(cost['gain_lo']))})"
+                         if cost else "—"])
     body = [f"`ds4lab ds4` (ds4 `{meta.get('ds4_commit', '?')}`, the synthetic Flash-shaped model, weights in "
             "GPU memory): µs per token, the median of the timed tokens between CUDA events; the islands' "
             "gain paired by position, with its 95 % interval.",
             table(["context", "islands off µs", "islands on µs", "islands gain µs (95 % CI)", "× off / on",
-                   "MoE profile µs"], rows)]
+                   "MoE profile µs", "MoE profile cost over islands on µs (95 % CI)"], rows)]
     return files, meta, "\n\n".join(body)
 
 
 FIGURES = [  # (figure, heading, renderer, note that carries no figure of its own)
     ("ladder", "The stage ladder", fig_ladder,
-     "The eager stages are host-bound and drift between runs minutes apart; compare them within one run. "
-     "The kernels changed after this record (`h200-2026-12-01/kernels`): the replayed token's newer "
-     "figure is in the floors table below."),
+     "Notebook 00 with its defaults, on the H200. The eager stages are host-bound and drift between runs "
+     "minutes apart; compare them within one run."),
     ("islands", "ds4's decode islands", fig_ladder,
      "A short ladder (fewer tokens than the full one): read it for exactness and the order of the stages."),
     ("context", "The context ladder", fig_context,
-     "Stage 3 needs one graph per token shape (emit or not per compressor, top-k regime); 3c one graph "
-     "for every position."),
+     "Notebook 04 with its defaults, on the H200. Stage 3 needs one graph per token shape (emit or not "
+     "per compressor, top-k regime); 3c one graph for every position."),
+    ("capture_stages", "Device-side capture stages: conditional nodes and programmatic launch", fig_capture_stages,
+     "3c launches the worst case on every token; 3cc decides emit and top-k regime on the device "
+     "(conditional nodes), one graph for every position; `p`: programmatic dependent launch inside the "
+     "graph. How each works and why each overlap is safe: docs/capture-stages.md."),
     ("floors", "The token against its floors", fig_floors, None),
     ("per_op", "Per-op roofline", fig_per_op, None),
     ("launch", "Launch cost", fig_launch,
      "Host cost per launch moves between runs on this host by more than the launcher's own cost: "
      "read the ratios within one run."),
-    ("ds4", "ds4 itself: its decode islands off and on", fig_ds4,
+    ("ds4", "ds4 itself: its decode islands off and on, 1k and 4k", fig_ds4,
      "ds4lab's own ladder (above) measures its rebuild, launched from Python; these are ds4's, from C. "
-     "What the record shows besides (the eager gap, the bound on more capture, the MoE profile's lost "
-     "island 1, ds4's host-mapped default): its README."),
+     "What the record shows besides (the MoE profile's lost island 1 and what the audit says of it): "
+     "its round's README."),
+    ("ds4_long", "ds4 itself: 16k and 64k", fig_ds4,
+     "The eager gap, the bound on more capture and ds4's host-mapped default: this round's README."),
     ("conformance", "Conformance: the GPU against the simulated runtime", fig_conformance, None),
     ("exclusion", "Profiling × capture: the exclusion matrix", fig_exclusion, None),
     ("hazards", "Hazards", fig_hazards, None),

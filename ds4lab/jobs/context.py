@@ -144,7 +144,8 @@ def run(cfg: ContextConfig, be, console) -> JobResult:
     out, ran = out_folder(cfg.out, "context", (preset, be.name),
                           {"preset": preset, "backend": be.name, "stages": [s.name for s in table.stages],
                            "contexts": list(table.contexts), "mode": cfg.mode})
-    return execute_table("context", be, console, mcfg, preset, table, out, {"span": cfg.span}, CONTEXT_OUTPUTS,
+    return execute_table("context", be, console, mcfg, preset, table, out, {"span": cfg.span, "rounds": table.rounds},
+                         CONTEXT_OUTPUTS,
                          mode=cfg.mode, ran=ran)
 
 
