@@ -347,6 +347,12 @@ class ModeledTime(abc.ABC):
         """The cost model's GPU µs for ``kernel`` moving ``nbytes``."""
 
     @abc.abstractmethod
+    def model_context(self, context: int | None) -> float:
+        """Price the kernels run from now on at the cost model's kernel time factor at ``context`` (the
+        decode position a ladder or context job models; None: the calibration's ``kernel_time_scale``).
+        Returns the factor; raises ValueError for a context that is not positive."""
+
+    @abc.abstractmethod
     def modeled_copy_GBps(self) -> tuple[float, str]:
         """The cost model's device copy bandwidth (GB/s) and where it comes from (on a GPU it is
         measured: :func:`ds4lab.timing.copy_bandwidth`)."""

@@ -226,17 +226,20 @@ def conformance(backend, out, names, list_only) -> None:
               type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="No GPU needed: refit --base's host constants (host µs per eager launch, per kernel-node "
                    "update) from this measured `ds4lab ladder` or `context` folder (repeatable).")
-@click.option("--from-ds4", "from_ds4", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+@click.option("--from-ds4", "from_ds4", multiple=True,
+              type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="No GPU needed: price ds4lab's launch list at ds4's own host and kernel costs from this "
-                   "measured `ds4lab ds4` folder, and print the sim's stages 0 and i against ds4's islands off "
-                   "and on (and 3, 3c MODELED); the table also goes to OUT's stem + -check.csv.")
+                   "measured `ds4lab ds4` folder (repeatable: the kernel time factor is fitted at each folder's "
+                   "recorded context and interpolated in log2(context) between them), and print the sim's stages "
+                   "0 and i against ds4's islands off and on at every measured context, fitted or held out (and "
+                   "3, 3c MODELED); the table also goes to OUT's stem + -check.csv.")
 def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds4) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
     from ..jobs.calibrate import CalibrateConfig
 
     invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
                                         long_context=long_context, from_ladder=tuple(from_ladder),
-                                        from_ds4=from_ds4), "cupy")
+                                        from_ds4=tuple(from_ds4) or None), "cupy")
 
 
 @main.command()

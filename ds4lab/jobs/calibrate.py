@@ -31,9 +31,10 @@ class CalibrateConfig:
     #: No GPU: measured ``ds4lab ladder``/``context`` folders whose host times refit ``base``'s
     #: ``host_launch_us`` and ``host_node_update_us``.
     from_ladder: tuple = ()
-    #: No GPU: a measured ``ds4lab ds4`` folder whose host and kernel costs price ds4lab's launch list
-    #: (:func:`fit_from_ds4`), checked against ds4's measured islands off and on.
-    from_ds4: Path | str | None = None
+    #: No GPU: measured ``ds4lab ds4`` folders (one path, or a tuple of them) whose host and kernel
+    #: costs price ds4lab's launch list (:func:`fit_from_ds4`: one kernel time factor per recorded
+    #: context), checked against ds4's measured islands off and on.
+    from_ds4: Path | str | tuple | None = None
 
 
 def check_config(cfg: CalibrateConfig) -> None:
@@ -101,16 +102,24 @@ def _check_against(cal: dict, folders, console) -> list:
 
 
 def _print_ds4_check(check, console) -> None:
-    """The sim with a ``--from-ds4`` calibration beside ds4: modeled / measured per context and stage."""
+    """The sim with a ``--from-ds4`` calibration beside ds4: modeled / measured per context and stage,
+    the kernel time factor each context was priced at and whether that context was fitted (recorded)
+    or held out (the check table of :func:`fit_from_ds4`; a ``folder`` column with several folders)."""
     from rich.table import Table
 
+    folders = "folder" in check and check.folder[check.folder != ""].nunique() > 1
     t = Table(title="the sim at ds4's costs against ds4 itself",
-              caption="stage 0 ↔ islands off, i ↔ islands on (measured); 3 and 3c: MODELED, what ds4 does not ship")
-    for c in ("context", "stage", "ds4", "measured µs", "modeled µs", "ratio", "within ±10 %", "gain over i µs"):
-        t.add_column(c, justify="left" if c in ("stage", "ds4") else "right")
+              caption="stage 0 ↔ islands off, i ↔ islands on (measured); 3 and 3c: MODELED, what ds4 does not "
+                      "ship; held out: a context whose kernel time factor was not fitted there")
+    cols = ("context", "context is", "kernel factor", "stage", "ds4", "measured µs", "modeled µs", "ratio",
+            "within ±10 %", "gain over i µs")
+    for c in (("folder",) if folders else ()) + cols:
+        t.add_column(c, justify="left" if c in ("folder", "context is", "stage", "ds4") else "right")
     for r in check.to_dict("records"):
         meas = r["measured_us"] == r["measured_us"]  # not NaN
-        t.add_row(str(r["context"]), r["stage"], r["ds4"] or "—", f"{r['measured_us']:,.0f}" if meas else "—",
+        t.add_row(*((str(r.get("folder") or ""),) if folders else ()), str(r["context"]), str(r.get("sample", "")),
+                  f"{r['kernel_time_scale']:.4f}" if "kernel_time_scale" in r else "",
+                  r["stage"], r["ds4"] or "—", f"{r['measured_us']:,.0f}" if meas else "—",
                   f"{r['modeled_us']:,.0f}", f"{r['ratio']:.3f}" if meas else "—",
                   ("yes" if r["agrees"] else "OUTSIDE") if meas else "MODELED",
                   f"{r['gain_over_i_us']:,.0f}" if r.get("gain_over_i_us") == r.get("gain_over_i_us")
@@ -165,6 +174,10 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
                 console.print(f"{k}: {base.get(k, 1.0 if k == 'kernel_time_scale' else None)} → {cal.get(k)} "
                               f"(median of {int((table.figure == k).sum())} "
                               f"{'recorded contexts' if k == 'kernel_time_scale' else 'recorded tokens'})")
+            if cal.get("kernel_time_scale_by_context"):
+                console.print("kernel_time_scale_by_context: " + ", ".join(
+                    f"{c}: {s}" for c, s in cal["kernel_time_scale_by_context"])
+                              + " (log2-linear between these contexts, constant outside)")
             _print_ds4_check(check, console)
             check.to_csv(check_path, index=False)
             console.print(f"the check table: {check_path}")
@@ -268,11 +281,27 @@ def sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
         return pd.read_csv(Path(tmp) / "context" / "context.csv", dtype={"stage": str})
 
 
-def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 8, stages: str = "0,i,3,3c"):
-    """A calibration that prices ds4lab's launch list at ds4's own costs, from a measured
-    ``ds4lab ds4`` folder (no GPU), and the check of the sim with it against ds4.
+def _as_folders(folders) -> list[Path]:
+    """``folders`` (one path, or an iterable of paths) as a list of Paths. Raises ValueError for none,
+    or a folder named twice."""
+    got = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
+    if not got:
+        raise ValueError("--from-ds4: no ds4lab ds4 folder given")
+    twice = sorted({str(f) for f in got if sum(g.resolve() == f.resolve() for g in got) > 1})
+    if twice:
+        raise ValueError(f"--from-ds4 {', '.join(twice)}: a folder given more than once")
+    return got
 
-    Fitted (medians over the recorded tokens of ``census.csv``; ``base`` keeps everything else):
+
+def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 8, stages: str = "0,i,3,3c"):
+    """A calibration that prices ds4lab's launch list at ds4's own costs, from one or more measured
+    ``ds4lab ds4`` folders (no GPU), and the check of the sim with it against ds4.
+
+    ``folder``: one folder (a path) or several (an iterable of paths): their recorded tokens are
+    pooled, their recorded contexts give the kernel time factor by context.
+
+    Fitted (medians over the recorded tokens of every folder's ``census.csv``; ``base`` keeps
+    everything else):
 
     * ``host_launch_us``: ds4's host span per token to the end of its last launch call over its
       kernel launch calls, islands off (CUPTI's own cost per call included);
@@ -282,73 +311,113 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
       boundary between two kernels (``(span - busy) / (kernels - 1)``): the device's idle before each
       eager kernel, which the islands' graph nodes are spared (the median over tokens; tokens the
       host ran behind, ``enqueue_us`` above ``span_us``, are left out: their idle is the host's);
-    * ``kernel_time_scale``: ds4's kernel-busy µs per token (islands off) over the sim's modeled
-      busy floor of ds4lab's token at the same context with ``base``'s kernel fits: ds4's kernels,
-      one factor on every one of ds4lab's.
+    * the kernel time factor at each recorded context: ds4's median kernel-busy µs per token there
+      (islands off, every folder's tokens at that context) over the sim's modeled busy floor of
+      ds4lab's token at that context with ``base``'s kernel fits (factor 1): ds4's kernels, one
+      factor on every one of ds4lab's at that context. ``kernel_time_scale`` is the median of these
+      factors (the one factor, as a reader without the next key uses it); with two or more recorded
+      contexts they are also written as ``kernel_time_scale_by_context`` (``[[context, factor], ...]``,
+      ascending: :meth:`ds4lab.sim.costmodel.Calibration.scale_at` interpolates it in log2(context)),
+      with one recorded context that key is dropped (a ``base`` that had one included).
 
-    Then the sim's context ladder (``stages``, at every context ``summary.csv`` measured) with the
-    new calibration, beside ds4's measured µs per token: stage 0 against islands off, stage i
-    against islands on (``ratio`` modeled / measured, ``agrees`` within ±10 %), and the stages ds4
-    does not ship (3, 3c) MODELED, with their gain over stage i.
+    Then the sim's context ladder (``stages``, at every context any ``summary.csv`` measured) with
+    the new calibration (each context priced at its own factor), beside ds4's measured µs per token:
+    stage 0 against islands off, stage i against islands on (``ratio`` modeled / measured, ``agrees``
+    within ±10 %), and the stages ds4 does not ship (3, 3c) MODELED, with their gain over stage i.
 
     Returns:
-        ``(calibration dict, fits table, check table)``.
+        ``(calibration dict, fits table, check table)``. The fits table: one row per fitted figure
+        and recorded token (``kernel_time_scale``: per recorded context), columns ``figure``,
+        ``context``, ``value``, ``folder`` (the token's folder; for a factor, the folders that
+        recorded that context, comma-separated). The check
+        table: per context (ascending) the measured rows of each folder that measured it, then the
+        MODELED stages once; columns ``context``, ``ds4``, ``stage``, ``measured_us``, ``modeled_us``
+        (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us`` (MODELED rows), ``folder`` (the
+        measured row's folder, ``""`` on MODELED rows), ``kernel_time_scale`` (the factor the
+        context was priced at) and ``sample``: ``fitted`` (a recorded context: in-sample),
+        ``held out (interpolated)`` (between two recorded contexts) or ``held out (extrapolated)``
+        (outside them: the nearest recorded factor).
 
     Raises:
-        ValueError: not a ds4 folder, a missing table or configuration (each names it).
+        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or
+            configuration (each names it).
     """
     import pandas as pd
 
     import numpy as np
 
     from ..measure.sim_check import TOLERANCE
+    from ..sim.costmodel import Calibration
 
-    folder = Path(folder)
-    meta, summary, census = _ds4_tables(folder)
+    folders = _as_folders(folder)
+    metas, summaries, censuses = [], [], []
+    for f in folders:
+        meta, summary, census = _ds4_tables(f)
+        metas.append(meta)
+        summaries.append(summary.assign(folder=str(f)))
+        censuses.append(census.assign(folder=str(f)))
+    summary, census = pd.concat(summaries, ignore_index=True), pd.concat(censuses, ignore_index=True)
     off = census[census.config == "islands-off"]
     on = census[census.config == "islands-on"]
     fits = []
 
-    def put(figure, values, ctx):
-        fits.extend({"figure": figure, "context": int(c), "value": float(v)} for v, c in zip(values, ctx))
+    def put(figure, values, ctx, where):
+        fits.extend({"figure": figure, "context": int(c), "value": float(v), "folder": w}
+                    for v, c, w in zip(values, ctx, where))
         return float(np.median(list(values)))
 
     out = dict(base)
-    h = put("host_launch_us", off.enqueue_us / off.launch_calls, off.context)
+    out.pop("kernel_time_scale_by_context", None)
+    h = put("host_launch_us", off.enqueue_us / off.launch_calls, off.context, off.folder)
     out["host_launch_us"] = round(h, 3)
     g = on[on.graph_launches > 0]
     if len(g):
         call = (g.enqueue_us - g.launch_calls * h) / g.graph_launches - float(base["host_graph_launch_us"])
-        out["host_graph_call_us"] = round(max(0.0, put("host_graph_call_us", call, g.context)), 3)
+        out["host_graph_call_us"] = round(max(0.0, put("host_graph_call_us", call, g.context, g.folder)), 3)
     ahead = off[off.enqueue_us < off.span_us]
     if len(ahead):
         out["eager_gap_us"] = round(max(0.0, put("eager_gap_us", (ahead.span_us - ahead.busy_us)
-                                                 / (ahead.kernels - 1).clip(lower=1), ahead.context)), 3)
-    trace_ctx = sorted(set(off.context))
+                                                 / (ahead.kernels - 1).clip(lower=1), ahead.context,
+                                                 ahead.folder)), 3)
+    trace_ctx = sorted(int(c) for c in set(off.context))
     lab = sim_context({**out, "kernel_time_scale": 1.0}, preset, "0", trace_ctx, tokens)
     lab_busy = lab.set_index("context")["floor_us"]
     ratios = [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in trace_ctx]
-    out["kernel_time_scale"] = round(put("kernel_time_scale", ratios, trace_ctx), 4)
-    out["name"] = f"{base.get('name', 'calibration')} at ds4's costs ({meta.get('ds4_commit') or 'ds4'})"
-    out["source"] = (f"{base.get('source', '')}; host constants and kernel_time_scale fitted from ds4 itself by "
-                     f"ds4lab calibrate --from-ds4 {folder} (ds4 {meta.get('ds4_commit', '?')}, {meta.get('gpu', '?')}, "
-                     f"driver {meta.get('driver', '?')})")
-    contexts = sorted(set(summary.context))
+    which = [",".join(sorted(set(off[off.context == c].folder))) if len(folders) > 1 else str(folders[0])
+             for c in trace_ctx]
+    out["kernel_time_scale"] = round(put("kernel_time_scale", ratios, trace_ctx, which), 4)
+    if len(trace_ctx) > 1:
+        out["kernel_time_scale_by_context"] = [[c, round(r, 4)] for c, r in zip(trace_ctx, ratios)]
+    commits = list(dict.fromkeys(str(m.get("ds4_commit") or "ds4") for m in metas))
+    out["name"] = f"{base.get('name', 'calibration')} at ds4's costs ({'+'.join(commits)})"
+    fitted = "kernel_time_scale" + (" by context" if len(trace_ctx) > 1 else "")
+    out["source"] = (f"{base.get('source', '')}; host constants and {fitted} fitted from ds4 itself by "
+                     "ds4lab calibrate " + " ".join(f"--from-ds4 {f}" for f in folders) + " (" +
+                     "; ".join(f"ds4 {m.get('ds4_commit', '?')}, {m.get('gpu', '?')}, driver {m.get('driver', '?')}"
+                               for m in metas) + ")")
+    cal = Calibration.load(out)
+    contexts = sorted(int(c) for c in set(summary.context))
     modeled = sim_context(out, preset, stages, contexts, tokens)
     rows = []
     for c in contexts:
         m = modeled[modeled.context == c].set_index("stage")["us_median"]
-        for cfg, stage in DS4_STAGE_OF.items():
-            meas = summary[(summary.config == cfg) & (summary.context == c)]
-            if meas.empty or stage not in m.index:
-                continue
-            mu = float(meas.us_per_token.iloc[0])
-            rows.append({"context": c, "ds4": cfg, "stage": stage, "measured_us": mu, "modeled_us": float(m[stage]),
-                         "ratio": float(m[stage]) / mu, "agrees": abs(float(m[stage]) / mu - 1) <= TOLERANCE})
+        sample = ("fitted" if c in trace_ctx else
+                  "held out (interpolated)" if trace_ctx[0] < c < trace_ctx[-1] else "held out (extrapolated)")
+        where = {"kernel_time_scale": cal.scale_at(c), "sample": sample}
+        for f in folders:
+            for cfg, stage in DS4_STAGE_OF.items():
+                meas = summary[(summary.folder == str(f)) & (summary.config == cfg) & (summary.context == c)]
+                if meas.empty or stage not in m.index:
+                    continue
+                mu = float(meas.us_per_token.iloc[0])
+                rows.append({"context": c, "ds4": cfg, "stage": stage, "measured_us": mu,
+                             "modeled_us": float(m[stage]), "ratio": float(m[stage]) / mu,
+                             "agrees": abs(float(m[stage]) / mu - 1) <= TOLERANCE, "folder": str(f), **where})
         for stage in [s for s in m.index if s not in DS4_STAGE_OF.values()]:
             rows.append({"context": c, "ds4": "", "stage": stage, "measured_us": float("nan"),
                          "modeled_us": float(m[stage]), "ratio": float("nan"), "agrees": None,
-                         "gain_over_i_us": float(m["i"] - m[stage]) if "i" in m.index else float("nan")})
+                         "gain_over_i_us": float(m["i"] - m[stage]) if "i" in m.index else float("nan"),
+                         "folder": "", **where})
     return out, pd.DataFrame(fits), pd.DataFrame(rows)
 
 

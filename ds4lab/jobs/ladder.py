@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends.base import ModeledTime
 from ..capture import stream as S
 from ..errors import BadInput
 from ..experiments.ladder import Ladder, Table, exactness_backend, floors_at
@@ -162,7 +163,10 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
     goes and each finished one to ``<job>.csv`` (the module docstring), then ``meta.json`` and the
     figure; raise :class:`NotExact` naming every stage (and context) that differs. A stopped run
     records in ``meta["progress"]`` what it kept (and says it). ``ran``: what sets the run apart, for
-    a default folder (:func:`ds4lab.jobs.common.out_folder`)."""
+    a default folder (:func:`ds4lab.jobs.common.out_folder`). On a backend that models time (the
+    sim), every kernel at a context is priced at the calibration's kernel time factor at that context
+    (:meth:`ds4lab.backends.base.ModeledTime.model_context`, set before the context's exactness,
+    floors and timing; it stays at the last context afterwards)."""
     import pandas as pd
 
     from ..progress import JobProgress, duration
@@ -230,6 +234,8 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
 
             with JobProgress(con, "timing stages", steps, eta=True) as prog:
                 for c in table.contexts:
+                    if isinstance(be, ModeledTime):  # the sim: every kernel at this context's kernel time factor
+                        be.model_context(c)
                     partial(lad.partial_rows(c, {}, {}))
                     prog.describe(f"exactness at {c}")
                     exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})))

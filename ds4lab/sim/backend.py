@@ -453,7 +453,15 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         return self.rt.dev.host_us
 
     def modeled_kernel_us(self, kernel: str, nbytes: int) -> float:
-        return self.cal.kernel_us(kernel, nbytes)
+        return self.cal.kernel_us(kernel, nbytes) * self.rt.dev.kernel_factor
+
+    def model_context(self, context: int | None) -> float:
+        """Price every kernel the device runs from now on (eager launches and graph nodes, whenever
+        captured) at the calibration's kernel time factor at ``context`` (a decode position; None: at
+        ``kernel_time_scale``): :meth:`ds4lab.sim.costmodel.Device.set_context`, the factor
+        :meth:`ds4lab.sim.costmodel.Calibration.scale_at` gives. Returns that factor (dimensionless).
+        Raises ValueError for a context that is not positive."""
+        return self.rt.dev.set_context(context)
 
     def modeled_copy_GBps(self) -> tuple[float, str]:
         cal = self.cal

@@ -34,7 +34,9 @@ _GBPS = {"type": "number", "finite": True, "exclusiveMinimum": 0, "maximum": 1e7
 _TEXT = {"type": "string"}
 
 #: The calibration schema (JSON Schema 2020-12 plus ds4lab's ``finite`` keyword: JSON Schema's
-#: ``number`` admits NaN and infinities, which Python's ``json`` parses from ``NaN``/``Infinity``).
+#: ``number`` admits NaN and infinities, which Python's ``json`` parses from ``NaN``/``Infinity``; and
+#: its ``ascendingContexts`` keyword: a list of ``[context, value]`` pairs whose contexts strictly
+#: ascend, which JSON Schema cannot say).
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "ds4lab sim calibration",
@@ -57,6 +59,15 @@ SCHEMA: dict[str, Any] = {
         # every kernel's modeled time multiplied by this (a calibration made from another engine's
         # kernels, ``calibrate --from-ds4``: ds4's busy time over ds4lab's); 1 when absent
         "kernel_time_scale": {"type": "number", "finite": True, "exclusiveMinimum": 0, "maximum": 100},
+        # the same factor by context, ``[[context, scale], ...]`` (contexts positive, strictly ascending):
+        # interpolated in log2(context) between them, constant outside (Calibration.scale_at); where
+        # absent, kernel_time_scale at every context
+        "kernel_time_scale_by_context": {
+            "type": "array", "minItems": 1, "ascendingContexts": True,
+            "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                      "prefixItems": [{"type": "integer", "minimum": 1},
+                                      {"type": "number", "finite": True, "exclusiveMinimum": 0, "maximum": 100}]},
+        },
         "pdl_edge_us": _US,
         "graph_conditional_us": _US,
         "kernel_fixed_us": _US,
@@ -104,7 +115,16 @@ def _validator():
         if want and validator.is_type(instance, "number") and not math.isfinite(instance):
             yield jsonschema.ValidationError(f"{instance!r} is not a finite number")
 
-    cls = validators.extend(jsonschema.Draft202012Validator, {"finite": finite})
+    def ascending(validator, want, instance, schema):
+        if not (want and validator.is_type(instance, "array")):
+            return
+        ctx = [p[0] for p in instance if isinstance(p, list) and p and validator.is_type(p[0], "number")]
+        for a, b in zip(ctx, ctx[1:]):
+            if not b > a:
+                yield jsonschema.ValidationError(f"contexts {ctx} are not strictly ascending: {b!r} after {a!r}")
+                return
+
+    cls = validators.extend(jsonschema.Draft202012Validator, {"finite": finite, "ascendingContexts": ascending})
     return cls(SCHEMA)
 
 

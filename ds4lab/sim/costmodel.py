@@ -28,7 +28,15 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
      "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
      optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies),
      "graph_node_gap_us", "eager_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale",
-     "pdl_edge_us", "graph_conditional_us" (GUESS defaults until the H200 measures them: GUESSED)}
+     "kernel_time_scale_by_context" ([[context, scale], ...]), "pdl_edge_us",
+     "graph_conditional_us" (GUESS defaults until the H200 measures them: GUESSED)}
+
+* **kernel time factor**: every compute kernel's time is multiplied by the calibration's factor at
+  the context being modeled (:meth:`Calibration.scale_at`): ``kernel_time_scale_by_context``
+  interpolated linearly in log2(context), held constant outside its contexts; ``kernel_time_scale``
+  where that key is absent or no context is set. A ladder or context job names the context
+  (:meth:`ds4lab.sim.backend.SimBackend.model_context`); the device applies the factor when it runs
+  a kernel (:attr:`Device.kernel_factor`), so a graph captured at another context is priced at this one.
 
 * **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts
   while its predecessor drains; it is priced ``pdl_edge_us`` less than its fit, never below half of it
@@ -42,6 +50,7 @@ per-op timing CSV and a launch trace (``ds4lab calibrate`` measures them on a GP
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -52,8 +61,8 @@ REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_grap
             "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
 #: Defaults for the optional fields (µs or GB/s).
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0, "eager_gap_us": 0.0,
-            "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0, "pdl_edge_us": 0.5,
-            "graph_conditional_us": 1.0}
+            "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0,
+            "kernel_time_scale_by_context": None, "pdl_edge_us": 0.5, "graph_conditional_us": 1.0}
 
 #: The optional constants whose defaults no measurement gave yet, and why each default is what it is
 #: (``docs/capture-stages.md``: the H200 run that replaces them). A calibration file that sets one
@@ -123,8 +132,15 @@ class Calibration:
     host_node_update_us: float = 0.0
     #: Every kernel's modeled time is multiplied by this: 1 for ds4lab's own kernels; another
     #: engine's total kernel time over ds4lab's for a calibration made from that engine
-    #: (:func:`ds4lab.measure.calibrate.fit_from_ds4`: ds4's kernels, ds4lab's launch list).
+    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
+    #: ``kernel_time_scale_by_context``, the factor where no context is named (older readers use it).
     kernel_time_scale: float = 1.0
+    #: The kernel time factor by context: ``((context, scale), ...)``, contexts (positions) positive and
+    #: strictly ascending, each scale finite in (0, 100]; :meth:`scale_at` interpolates it linearly in
+    #: log2(context) and holds it constant outside the first and last context. None: ``kernel_time_scale``
+    #: at every context. Fitted from another engine's runs at several contexts
+    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
+    kernel_time_scale_by_context: tuple | None = None
     #: device µs a kernel node reached by a programmatic edge gains over its fit (its launch overlaps its
     #: predecessor's drain): GUESSED until the H200 measures it
     pdl_edge_us: float = 0.5
@@ -157,6 +173,9 @@ class Calibration:
         for k, v in OPTIONAL.items():
             kw[k] = d.get(k, v) if d.get(k) is not None else v
         kw["measured"] = bool(kw["measured"])
+        if kw["kernel_time_scale_by_context"]:
+            kw["kernel_time_scale_by_context"] = tuple((int(c), float(v))
+                                                       for c, v in kw["kernel_time_scale_by_context"])
         for k in REQUIRED[4:]:
             kw[k] = float(kw[k])
         return cls(**kw, path=path)
@@ -166,10 +185,42 @@ class Calibration:
         return {"name": self.name, "path": self.path, "provenance": self.source, "measured": self.measured,
                 "device": self.device}
 
+    def scale_at(self, context: int | None) -> float:
+        """The kernel time factor at ``context`` (a decode position, > 0): ``kernel_time_scale_by_context``
+        exact at its listed contexts, linear in log2(context) between two of them, the first (last)
+        listed scale below (above) them; ``kernel_time_scale`` without that key or with ``context``
+        None. Dimensionless.
+
+        Raises:
+            ValueError: ``context`` not a positive number (names it).
+        """
+        pts = self.kernel_time_scale_by_context
+        if context is None or not pts:
+            return self.kernel_time_scale
+        try:
+            context = float(context)
+        except (TypeError, ValueError):
+            raise ValueError(f"kernel time factor at context {context!r}: a context is a positive number") from None
+        if not (math.isfinite(context) and context > 0):
+            raise ValueError(f"kernel time factor at context {context!r}: a context is a positive number")
+        if context <= pts[0][0]:
+            return float(pts[0][1])
+        if context >= pts[-1][0]:
+            return float(pts[-1][1])
+        for (c0, s0), (c1, s1) in zip(pts, pts[1:]):
+            if context == c1:
+                return float(s1)
+            if c0 < context < c1:
+                t = (math.log2(context) - math.log2(c0)) / (math.log2(c1) - math.log2(c0))
+                return float(s0 + t * (s1 - s0))
+        raise AssertionError("unreachable: the contexts are ascending")  # pragma: no cover
+
     # ------------------------------------------------------------------ device times
     def kernel_us(self, name: str, nbytes: int) -> float:
-        """Modeled GPU time of kernel ``name`` moving ``nbytes``: its own fit, else the fit of the
-        kernel it stands in for (:func:`stand_in`), else the general line."""
+        """Modeled GPU time of kernel ``name`` moving ``nbytes`` (µs) at ``kernel_time_scale``: its own
+        fit, else the fit of the kernel it stands in for (:func:`stand_in`), else the general line. At
+        a modeled context the device multiplies it by :attr:`Device.kernel_factor` (the factor
+        :meth:`scale_at` that context over ``kernel_time_scale``)."""
         o = self.kernels.get(name) or self.kernels.get(stand_in(name) or "")
         if o:
             us = float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
@@ -208,6 +259,19 @@ class Device:
         self.timeline_limit = timeline_limit
         self.dropped = 0
         self.busy_us = 0.0  # total modeled device-busy time
+        #: Multiplies the priced µs of every compute kernel the device runs (eager or a graph node, NCCL
+        #: collectives excepted: the link model prices those): the calibration's kernel time factor at
+        #: the context being modeled over its ``kernel_time_scale`` (:meth:`set_context`); 1: as priced.
+        self.kernel_factor = 1.0
+
+    def set_context(self, context: int | None) -> float:
+        """Price the kernels run from now on at ``context`` (a decode position; None: at
+        ``kernel_time_scale``, as priced): :attr:`kernel_factor` becomes
+        ``cal.scale_at(context) / cal.kernel_time_scale``. Returns the factor at ``context``
+        (:meth:`Calibration.scale_at`). Raises ValueError for a context that is not positive."""
+        scale = self.cal.scale_at(context)
+        self.kernel_factor = 1.0 if scale == self.cal.kernel_time_scale else scale / self.cal.kernel_time_scale
+        return scale
 
     def host(self, us: float) -> float:
         """Advance the host clock by one call's cost; returns the new time (the submit time)."""
@@ -221,7 +285,10 @@ class Device:
 
     def run(self, stream_name: str, name: str, earliest: float, dur: float, kind: str,
             graph: int | None = None, occupies: bool = True) -> tuple[float, float]:
-        """Schedule one piece of device work no earlier than ``earliest``; returns (start, end)."""
+        """Schedule one piece of device work no earlier than ``earliest``; returns (start, end). A
+        ``kernel`` (not an NCCL collective, ``nccl*``) lasts ``dur`` times :attr:`kernel_factor`."""
+        if kind == "kernel" and self.kernel_factor != 1.0 and not name.startswith("nccl"):
+            dur *= self.kernel_factor
         start = max(earliest, self.free_us) if occupies else earliest
         end = start + dur
         if occupies:
