@@ -233,13 +233,19 @@ def conformance(backend, out, names, list_only) -> None:
                    "recorded context and interpolated in log2(context) between them), and print the sim's stages "
                    "0 and i against ds4's islands off and on at every measured context, fitted or held out (and "
                    "3, 3c MODELED); the table also goes to OUT's stem + -check.csv.")
-def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds4) -> None:
+@click.option("--from-context", "from_context", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              default=None,
+              help="No GPU needed: refit --base's pdl_edge_us and graph_conditional_us from this measured "
+                   "`ds4lab context` folder of stages 3, 3p and 3cc (the sim's paired gains of 3p and 3cc over 3 "
+                   "matched to the measured ones at each context); the fit table also goes to OUT's stem + "
+                   "-fit.csv.")
+def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds4, from_context) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
     from ..jobs.calibrate import CalibrateConfig
 
     invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
                                         long_context=long_context, from_ladder=tuple(from_ladder),
-                                        from_ds4=tuple(from_ds4) or None), "cupy")
+                                        from_ds4=tuple(from_ds4) or None, from_context=from_context), "cupy")
 
 
 @main.command()

@@ -68,7 +68,7 @@ JOBS = {
     "conformance": ("conformance", BackendRequest()),
     "calibrate": ("calibrate", BackendRequest(allowed=("auto", "cupy"), gpu_only=True,
                                               needed=lambda c: c.moe_profile is None and not c.from_ladder
-                                              and c.from_ds4 is None)),
+                                              and c.from_ds4 is None and c.from_context is None)),
     "bench": ("bench", BackendRequest(allowed=("auto", "cupy"), gpu_only=True)),
     "trace": ("trace", BackendRequest(timing_only=True)),
     "audit": ("audit", BackendRequest(needed=False)),

@@ -35,6 +35,10 @@ class CalibrateConfig:
     #: costs price ds4lab's launch list (:func:`fit_from_ds4`: one kernel time factor per recorded
     #: context), checked against ds4's measured islands off and on.
     from_ds4: Path | str | tuple | None = None
+    #: No GPU: a measured ``ds4lab context`` folder of stages 3, 3p and 3cc whose paired gains over
+    #: stage 3 refit ``base``'s ``pdl_edge_us`` and ``graph_conditional_us``
+    #: (:func:`ds4lab.measure.fit_capture_stages.fit_capture_stages`).
+    from_context: Path | str | None = None
 
 
 def check_config(cfg: CalibrateConfig) -> None:
@@ -54,7 +58,8 @@ def check_config(cfg: CalibrateConfig) -> None:
     if out.is_dir():
         raise BadInput(f"--out {out} is a folder: name the calibration file to write")
     modes = [m for m, on in (("--moe-profile", cfg.moe_profile is not None), ("--long-context", cfg.long_context),
-                             ("--from-ladder", bool(cfg.from_ladder)), ("--from-ds4", cfg.from_ds4 is not None))
+                             ("--from-ladder", bool(cfg.from_ladder)), ("--from-ds4", cfg.from_ds4 is not None),
+                             ("--from-context", cfg.from_context is not None))
              if on]
     if len(modes) > 1:
         raise BadInput(f"{' and '.join(modes)}: choose one way to extend --base per run")
@@ -181,6 +186,24 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
             _print_ds4_check(check, console)
             check.to_csv(check_path, index=False)
             console.print(f"the check table: {check_path}")
+        elif cfg.from_context is not None:
+            from ..measure.fit_capture_stages import fit_capture_stages, print_fit
+
+            # the fit table belongs to the calibration beside it: never one that came without it
+            fit_path = out.with_name(out.stem + "-fit.csv")
+            if fit_path.exists() and not out.is_file():
+                raise BadInput(f"--out {out}: {fit_path} is already there without the calibration it would "
+                               "belong to, and ds4lab never replaces files it did not write: move it, or choose "
+                               "another --out")
+            base = read(Path(cfg.base) if cfg.base else default_calibration_path())
+            try:
+                cal, table = fit_capture_stages(base, cfg.from_context, preset=cfg.preset, say=console.print)
+            except ValueError as e:
+                raise BadInput(str(e)) from None
+            print_fit(table, base, cal, console)
+            o.table("stages_fit", table)
+            table.to_csv(fit_path, index=False)
+            console.print(f"the fit table: {fit_path}")
         elif cfg.from_ladder:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             try:

@@ -69,11 +69,26 @@ OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_
 #: carries its own value.
 GUESSED = {
     "pdl_edge_us": "GUESS: about the idle gap measured between two dependent kernel nodes of a replayed graph "
-                   "(graph_node_gap_us, 0.43 us on the H200), which an overlapped launch can hide; to be fitted "
-                   "from stage 3p against stage 3 on the H200 (ds4lab context --stages 3,3p)",
-    "graph_conditional_us": "GUESS: no source gives the device time of evaluating a conditional node; to be "
-                            "fitted from stage 3cc on the H200 (ds4lab context --stages 3c,3cc)",
+                   "(graph_node_gap_us, 0.43 us on the H200), which an overlapped launch can hide; fitted from "
+                   "stage 3p against stage 3 of a measured context folder by ds4lab calibrate --from-context",
+    "graph_conditional_us": "GUESS: no source gives the device time of evaluating a conditional node; fitted "
+                            "from stage 3cc against stage 3 of a measured context folder by ds4lab calibrate "
+                            "--from-context",
 }
+
+#: How a calibration marks one of :data:`GUESSED` measured: its ``notes`` entry for the key begins so.
+MEASURED_NOTE = "MEASURED"
+
+
+def guessed(cal: dict) -> dict[str, str]:
+    """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses,
+    each with its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured
+    (its ``notes`` object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate
+    --from-context`` writes it: :func:`ds4lab.measure.fit_capture_stages.fit_capture_stages`). The shipped
+    calibration sets neither: both GUESS."""
+    notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
+    return {k: why for k, why in GUESSED.items()
+            if not (cal.get(k) is not None and str(notes.get(k, "")).startswith(MEASURED_NOTE))}
 
 
 #: Kernels that a calibration file may not have measured yet, and the measured kernel of the same
