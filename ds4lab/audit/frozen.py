@@ -402,6 +402,10 @@ def _evidence(report) -> str:
     if aa is None:
         return ""
     harmless = int((aa.findings["call_class"] == TEMPORARY).sum()) if len(aa.findings) else 0
+    if aa.launches and aa.unread >= aa.launches * max(len(aa.compared), 1):
+        # nothing was read: saying "compared argument by argument" would claim evidence there is none of
+        return (f"{len(aa.compared)} tokens with identical launch lists, but no launch's arguments could be read "
+                f"({aa.unread:,} unread): no argument value compared")
     return (f"{len(aa.compared)} tokens with identical launch lists compared argument by argument "
             f"({aa.launches:,} launches each, {aa.unread:,} unread); {len(aa.frozen)} frozen, {harmless} step "
             f"temporar{'y' if harmless == 1 else 'ies'} (harmless)")
