@@ -7,7 +7,7 @@
 # Each STEP is one ds4lab command with its own time limit (seconds, after the colon; the default in
 # the table below); a failing or timed-out step does not stop the others. Everything lands in
 # $OUT/round.tgz (figures as PNG only: SVG and PDF are dropped to stay within the transfer limit; files over
-# 3 MB in $OUT/round-big.tgz),
+# 3 MiB in $OUT/round-big.tgz),
 # repacked after every step, so a round cut short keeps what finished. Steps:
 #
 #   env          GPU, driver, Python, CuPy, torch versions
@@ -28,6 +28,8 @@
 #   calibrate    ds4lab calibrate (ds4-flash), --long-context on top of it (three positions), then
 #                --from-ladder on the islands step's folder when this round has one (run islands first)
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
+#   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
+#                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
 #                plan (MODELED) against stage 3's measured tokens
 #   notebooks    every notebook top to bottom with its defaults
@@ -51,11 +53,15 @@ fi
 export PYTHONUNBUFFERED=1 COLUMNS=200
 R=/tmp/round; rm -rf $R; mkdir -p $R
 D="python3 -m ds4lab.cli"
-# files over 3 MB go into $OUT/round-big.tgz, so that round.tgz stays under the 16 MiB a returned file may have
+# files over 3 MiB go into $OUT/round-big.tgz, so that round.tgz stays under the 16 MiB a returned file may
+# have; each archive is written beside its name and renamed, so a call cut short keeps the last whole one
 pack() { find $R \( -name "*.svg" -o -name "*.pdf" \) -delete
   (cd /tmp && find round -type f -size +3M > /tmp/round-big.list)
-  tar czf "$OUT/round.tgz" -C /tmp -X /tmp/round-big.list round
-  if [ -s /tmp/round-big.list ]; then tar czf "$OUT/round-big.tgz" -C /tmp -T /tmp/round-big.list; fi; }
+  tar czf "$OUT/.round.tgz" --no-wildcards -X /tmp/round-big.list -C /tmp round && mv "$OUT/.round.tgz" "$OUT/round.tgz"
+  if [ -s /tmp/round-big.list ]; then
+    tar czf "$OUT/.round-big.tgz" --no-wildcards -C /tmp -T /tmp/round-big.list && mv "$OUT/.round-big.tgz" "$OUT/round-big.tgz"
+  fi
+  for f in "$OUT"/round*.tgz; do [ "$(stat -c %s "$f")" -gt 16777216 ] && echo "WARNING: $f is over 16 MiB: it will not come back"; done; true; }
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout -s INT -k 20 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?  # INT: pytest and ds4lab keep what finished
   echo "=== $name rc=$rc $((SECONDS - t0))s" | tee -a $R/steps.txt; tail -n "${TAIL:-12}" "$R/$name.log" | cut -c1-230
@@ -90,6 +96,7 @@ for arg in "$@"; do
          if [ -d $R/islands ]; then $D calibrate --from-ladder $R/islands --base $R/calibration/h200-long.json \
          --out $R/calibration/h200-host.json; fi" ;;
     audit) TAIL=30 step audit ${limit:-300} $D audit validate ${AUDIT_ARGS:-} --out $R/audit ;;
+    fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;
     notebooks) step notebooks ${limit:-400} $D notebooks --out $R/notebooks ;;
@@ -110,14 +117,14 @@ for arg in "$@"; do
          TAIL=40 step ds4 ${limit:-540} $D ds4 --source ${DS4_SOURCE:-.ds4src/ds4-b0309611.tar.gz} \
          --cache /tmp/ds4lab-cache ${DS4_ARGS:-} --out $R/${DS4_NAME:-ds4}
          # kept for a later call's nb06 on the same machine ($R is emptied at each call's start)
-         [ -f $R/${DS4_NAME:-ds4}/meta.json ] && rm -rf /tmp/ds4lab-cache/results/${DS4_NAME:-ds4} &&
+         grep -q '"status": "complete"' $R/${DS4_NAME:-ds4}/meta.json 2>/dev/null && rm -rf /tmp/ds4lab-cache/results/${DS4_NAME:-ds4} &&
            mkdir -p /tmp/ds4lab-cache/results && cp -r $R/${DS4_NAME:-ds4} /tmp/ds4lab-cache/results/
          (cd /tmp/ds4lab-cache/ds4 && ls build-*/build.json >/dev/null 2>&1 &&
           XZ_OPT=-T0 tar cJf "$OUT/ds4build-lib.tar.xz" --exclude='*/src' build-*/build.json build-*/build.log \
             build-*/libds4lab_ds4.so &&
           find build-*/src \( -name '*.o' -o -name '*.h' \) -print0 | XZ_OPT=-T0 tar cJf "$OUT/ds4build-obj.tar.xz" \
             --null -T -) ;;
-    *) echo "unknown step $name" | tee -a $R/steps.txt ;;
+    *) echo "unknown step $name" | tee -a $R/steps.txt; pack ;;
   esac
 done
-cat $R/steps.txt
+cat $R/steps.txt 2>/dev/null || echo "no steps named: bash scripts/gpu_round.sh STEP[:SECONDS] ..."
