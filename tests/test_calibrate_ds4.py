@@ -117,6 +117,24 @@ def test_calibrate_from_ds4_keeps_a_check_table_it_did_not_write(ds4_folder, tmp
     assert mine.read_text() == "someone's own table\n" and not (tmp_path / "mine.json").exists()
 
 
+def test_calibrate_from_ds4_keeps_a_table_it_did_not_write_beside_a_calibration(ds4_folder, tmp_path):
+    """A calibration file at --out does not make the CSV beside it ds4lab's: the CSV's own first line must."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+    from ds4lab.sim.calibration import default_calibration_path
+
+    shutil.copy(default_calibration_path(), tmp_path / "mine.json")
+    before = (tmp_path / "mine.json").read_bytes()
+    mine = tmp_path / "mine-check.csv"
+    mine.write_text("user data\n")
+    r = CliRunner().invoke(main, ["calibrate", "--from-ds4", str(ds4_folder), "--out", str(tmp_path / "mine.json")])
+    assert r.exit_code == 2 and "not a table ds4lab wrote" in r.output, r.output
+    assert mine.read_text() == "user data\n" and (tmp_path / "mine.json").read_bytes() == before
+
+
 def test_calibrate_from_ds4_names_a_run_that_did_not_finish_and_an_unwritable_out(tmp_path):
     from click.testing import CliRunner
 

@@ -218,7 +218,7 @@ def conformance(backend, out, names, list_only) -> None:
               help="No GPU needed: add fits for the tiled (tokens > 1) MoE kernels from this `ds4lab moe` "
                    "folder (measured, with in-graph uniform rows) to --base and write --out.")
 @click.option("--base", type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
-              help="With --moe-profile or --long-context: the calibration to extend (default: the shipped one).")
+              help="With --moe-profile, --long-context, --from-ladder, --from-ds4 or --from-context: the calibration to extend (default: the shipped one).")
 @click.option("--long-context", is_flag=True,
               help="GPU: refit the long-context token's kernels of --base (default: the shipped one) over "
                    "positions 4095, 16383 and 65535.")

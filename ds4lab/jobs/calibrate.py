@@ -164,17 +164,15 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             cal = calibrate_long_context(be, base, cfg.preset or "ds4-flash", console=console)
         elif cfg.from_ds4 is not None:
-            # the check table belongs to the calibration beside it: never one that came without it
-            check_path = out.with_name(out.stem + "-check.csv")
-            if check_path.exists() and not out.is_file():
-                raise BadInput(f"--out {out}: {check_path} is already there without the calibration it would "
-                               "belong to, and ds4lab never replaces files it did not write: move it, or choose "
-                               "another --out")
+            check_path = _sidecar(out, "-check.csv", "context,ds4,stage,")
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             try:
                 cal, table, check = fit_from_ds4(base, cfg.from_ds4, preset=cfg.preset or "ds4-flash")
             except ValueError as e:
                 raise BadInput(str(e)) from None
+            if "did not finish" in cal.get("source", ""):
+                console.print("[yellow]note: fitted from a ds4 run that did not finish (its recorded tokens are "
+                              "there; the calibration's source says which)[/]")
             for k in ("host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale"):
                 console.print(f"{k}: {base.get(k, 1.0 if k == 'kernel_time_scale' else None)} → {cal.get(k)} "
                               f"(median of {int((table.figure == k).sum())} "
@@ -189,12 +187,7 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
         elif cfg.from_context is not None:
             from ..measure.fit_capture_stages import fit_capture_stages, print_fit
 
-            # the fit table belongs to the calibration beside it: never one that came without it
-            fit_path = out.with_name(out.stem + "-fit.csv")
-            if fit_path.exists() and not out.is_file():
-                raise BadInput(f"--out {out}: {fit_path} is already there without the calibration it would "
-                               "belong to, and ds4lab never replaces files it did not write: move it, or choose "
-                               "another --out")
+            fit_path = _sidecar(out, "-fit.csv", "figure,stage,context,")
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
             try:
                 cal, table = fit_capture_stages(base, cfg.from_context, preset=cfg.preset, say=console.print)
@@ -236,6 +229,29 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
     console.print(f"calibration written to {final_path(out)}")
     o.result.files.append(out)
     return o.done(cal)
+
+
+def _sidecar(out: Path, suffix: str, header: str) -> Path:
+    """The table written beside calibration ``out`` (``<stem><suffix>``), checked before anything is
+    computed: one already there is replaced only when it is ds4lab's (its first line starts with
+    ``header``, the table's own columns) and the calibration it belongs to is there too.
+
+    Raises:
+        BadInput: a file there that ds4lab did not write, or one without its calibration (naming it).
+    """
+    path = out.with_name(out.stem + suffix)
+    if not path.exists():
+        return path
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            ours = f.readline().startswith(header)
+    except OSError:
+        ours = False
+    if not ours or not out.is_file():
+        why = ("is not a table ds4lab wrote" if not ours else "is there without the calibration it belongs to")
+        raise BadInput(f"--out {out}: {path} {why}, and ds4lab never replaces files it did not write: move it, "
+                       "or choose another --out")
+    return path
 
 
 #: ds4's configurations (``ds4lab ds4``) each ds4lab stage models: eager is islands off, stage i is
@@ -417,6 +433,8 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
     out["source"] = (f"{base.get('source', '')}; host constants and {fitted} fitted from ds4 itself by "
                      "ds4lab calibrate " + " ".join(f"--from-ds4 {f}" for f in folders) + " (" +
                      "; ".join(f"ds4 {m.get('ds4_commit', '?')}, {m.get('gpu', '?')}, driver {m.get('driver', '?')}"
+                               + ("" if m.get("status") == "complete" else
+                                  f", a run that did not finish: status {str(m.get('status', ''))[:80]!r}")
                                for m in metas) + ")")
     cal = Calibration.load(out)
     contexts = sorted(int(c) for c in set(summary.context))
