@@ -232,7 +232,7 @@ def conformance(backend, out, names, list_only) -> None:
                    "measured `ds4lab ds4` folder (repeatable: the kernel time factor is fitted at each folder's "
                    "recorded context and interpolated in log2(context) between them), and print the sim's stages "
                    "0 and i against ds4's islands off and on at every measured context, fitted or held out (and "
-                   "3, 3c MODELED); the table also goes to OUT's stem + -check.csv.")
+                   "3, 3cc, 3ccp MODELED); the table also goes to OUT's stem + -check.csv.")
 @click.option("--from-context", "from_context", type=click.Path(path_type=Path, exists=True, file_okay=False),
               default=None,
               help="No GPU needed: refit --base's pdl_edge_us and graph_conditional_us from this measured "

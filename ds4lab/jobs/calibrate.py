@@ -114,7 +114,7 @@ def _print_ds4_check(check, console) -> None:
 
     folders = "folder" in check and check.folder[check.folder != ""].nunique() > 1
     t = Table(title="the sim at ds4's costs against ds4 itself",
-              caption="stage 0 ↔ islands off, i ↔ islands on (measured); 3 and 3c: MODELED, what ds4 does not "
+              caption="stage 0 ↔ islands off, i ↔ islands on (measured); 3, 3cc, 3ccp: MODELED, what ds4 does not "
                       "ship; held out: a context whose kernel time factor was not fitted there")
     cols = ("context", "context is", "kernel factor", "stage", "ds4", "measured µs", "modeled µs", "ratio",
             "within ±10 %", "gain over i µs")
@@ -332,7 +332,7 @@ def _as_folders(folders) -> list[Path]:
     return got
 
 
-def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 8, stages: str = "0,i,3,3c"):
+def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 32, stages: str = "0,i,3,3cc,3ccp"):
     """A calibration that prices ds4lab's launch list at ds4's own costs, from one or more measured
     ``ds4lab ds4`` folders (no GPU), and the check of the sim with it against ds4.
 
@@ -362,7 +362,10 @@ def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int =
     Then the sim's context ladder (``stages``, at every context any ``summary.csv`` measured) with
     the new calibration (each context priced at its own factor), beside ds4's measured µs per token:
     stage 0 against islands off, stage i against islands on (``ratio`` modeled / measured, ``agrees``
-    within ±10 %), and the stages ds4 does not ship (3, 3c) MODELED, with their gain over stage i.
+    within ±10 %), and the stages ds4 does not ship (3: one graph per token shape; 3cc, 3ccp: one graph
+    for every position, through conditional nodes, without and with programmatic launch) MODELED, with their
+    gain over stage i. ``tokens`` per stage and context: enough that stage 3's captures of new token shapes
+    do not make its median (with 8, most of them did at 4k).
 
     Returns:
         ``(calibration dict, fits table, check table)``. The fits table: one row per fitted figure
