@@ -112,3 +112,13 @@ def test_a_sim_trace_is_labelled_modeled_and_bad_input_leaves_no_folder(tmp_path
     r = CliRunner().invoke(main, ["audit", str(junk), "--out", str(tmp_path / "b")])
     assert r.exit_code == 2 and "junk.txt" in r.output
     assert not list(tmp_path.glob("b*")) and not list(tmp_path.glob(".b*"))
+
+
+def test_a_recording_inside_the_result_folder_is_named_by_its_place_there(tmp_path):
+    """validate.csv names a run's files inside its result folder, which may be a staging folder renamed
+    when the run finishes (an absolute path into it would name nothing afterwards)."""
+    out = tmp_path / ".v.staging"
+    inside = out / "llama-static-float32" / "recording.csv.gz"
+    assert V._inside(str(inside), out) == "llama-static-float32/recording.csv.gz"
+    elsewhere = tmp_path / "rec" / "recording.csv.gz"
+    assert V._inside(str(elsewhere), out) == str(elsewhere) and V._inside("", out) == ""

@@ -78,6 +78,17 @@ def against_torch(report, torch_run: dict) -> dict:
     return out
 
 
+def _inside(path: str, out: Path) -> str:
+    """``path`` as a name inside the result folder ``out`` when it lies there (``out`` may be a staging
+    folder that is renamed when the run finishes: its absolute path would not survive), else as given."""
+    if not path:
+        return ""
+    try:
+        return str(Path(path).resolve().relative_to(Path(out).resolve()))
+    except ValueError:
+        return str(path)
+
+
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
              on_report=None) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every family (:func:`ds4lab.audit.families.pairs` of ``engines`` and
@@ -111,8 +122,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                    "frozen": "", "predicted_us": None, "predicted_over_measured": None,
                    "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
                    "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
-                   "verdict_agrees": False, "time_agrees": None, "recording": r.get("recording", ""),
-                   "arguments": r.get("arguments", "")}
+                   "verdict_agrees": False, "time_agrees": None, "recording": _inside(r.get("recording", ""), out),
+                   "arguments": _inside(r.get("arguments", ""), out)}
             if r.get("recording"):
                 path = Path(r["recording"])
                 table = read(path)
