@@ -52,11 +52,18 @@ from ds4lab.jobs.calibrate import host_whatif
 from ds4lab.jobs.context import parse_contexts
 from ds4lab.jobs.ds4 import Ds4JobConfig
 from ds4lab.report import plots
+from ds4lab.token.config import get_preset
 
-try:  # the parameter is named where the value is bad (parse_contexts speaks of --contexts)
+# every parameter checked here, before anything runs, and named where its value is bad
+try:
     contexts = tuple(parse_contexts(CONTEXTS))
 except BadInput as e:
-    raise BadInput(f"CONTEXTS={CONTEXTS!r}: {e}") from None
+    raise BadInput(f"CONTEXTS={CONTEXTS!r}: {str(e).replace('--contexts', 'CONTEXTS')}") from None
+longest = get_preset(PRESET, long_context=True).max_context
+if max(contexts) > longest:
+    raise BadInput(f"CONTEXTS={CONTEXTS!r}: {max(contexts)} is past {PRESET}'s longest context, {longest}")
+if not (isinstance(C_HOST_US, (int, float)) and 0 < C_HOST_US < 1000):
+    raise BadInput(f"C_HOST_US={C_HOST_US!r}: µs per launch from C, a number above 0 (3.0–3.3 on the H200)")
 out = Path(OUT)
 out.mkdir(parents=True, exist_ok=True)
 rec = None
