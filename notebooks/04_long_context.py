@@ -36,6 +36,7 @@ STAGES = "0,i,i+,2,3,3c"  # of the ladder's stages; 3c only with long context
 TOKENS = 64  # timed tokens per stage and context
 HAZARD_PRESET = None  # None: the hazards job's default (ds4-flash on a GPU, small on the sim)
 REGIME_CHANGE = None  # the n_comp whose launch-shape change is shown (None: the first; a dropdown in JupyterLab)
+CAPTURE_STAGES = "record"  # a `ds4lab context` folder of stages 3, 3cc, 3p, ...; "record": the H200 one in this checkout; None: skip
 OUT = "results/nb-long-context"
 
 # %%
@@ -120,6 +121,42 @@ views.figures(ctx_out)["context"]
 # %%
 print(("MODELED" if results.read_meta(ctx_out).get("modeled") else "measured") + " µs; graph counts are counted")
 views.context_graphs(ctx_out)
+
+# %% [markdown]
+# ## One graph for every position, and programmatic launch: stages 3cc, 3p, 3cp, 3ccp
+#
+# Stage 3c pays for its worst case on every token; 3cc keeps stage 3's kernels and lets conditional
+# nodes choose, on the device, whether the compressors emit and which top-k regime runs (one graph for
+# every position); `p` adds programmatic dependent launch inside the graph (docs/capture-stages.md).
+# `CAPTURE_STAGES` names a `ds4lab context` folder that ran them (`--stages 3,3c,3cc,3p,3cp,3ccp`);
+# `"record"` reads the H200 record shipped in this checkout. Each stage's µs per token over stage 3's,
+# and its gain over stage 3 paired per token with its 95 % interval ("not measurable" when it
+# includes zero).
+
+# %%
+cs_dir = None
+if CAPTURE_STAGES == "record":
+    here = Path(provenance.__file__).resolve().parents[2] / "docs" / "measurements" / "h200-2026-12-02b" / "capture-stages"
+    cs_dir = here if here.is_dir() else None
+elif CAPTURE_STAGES:
+    cs_dir = Path(CAPTURE_STAGES)
+if cs_dir is None:
+    print("CAPTURE_STAGES: no folder (the H200 record is not in this installation): set it to a ds4lab context "
+          "folder with stages 3, 3cc, 3p")
+else:
+    cs = pd.read_csv(cs_dir / "context.csv", dtype={"stage": str})
+    if "3" not in set(cs.stage):
+        raise ValueError(f"CAPTURE_STAGES={str(cs_dir)!r}: no stage 3 in its context.csv to compare with")
+    print(provenance.label(results.read_meta(cs_dir)) + f" ({cs_dir})")
+    s3 = cs[cs.stage == "3"].set_index("context").us_median
+    cs["x_stage_3"] = cs.us_median / cs.context.map(s3)
+    cs["gain over 3"] = [("—" if r.stage == "3" else f"{r.gain_us:+.0f} µs ({r.gain_lo:.0f}…{r.gain_hi:.0f})"
+                          if r.gain_measurable else f"not measurable (±{(r.gain_hi - r.gain_lo) / 2:.0f} µs)")
+                         for r in cs.itertuples()]
+    display_table = cs.pivot(index="context", columns="stage", values="x_stage_3").round(3)
+    print("µs per token over stage 3's, per context and stage:")
+    print(display_table.to_string())
+cs[["stage", "context", "us_median", "x_stage_3", "gain over 3", "graphs", "exact"]] if cs_dir is not None else None
 
 # %% [markdown]
 # ## Each long-context hazard, demonstrated
