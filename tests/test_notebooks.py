@@ -25,7 +25,7 @@ SMALL = {
     "TOKENS_PER_STEP": "1,2,16", "ROUTINGS": "uniform,worst", "STEPS": 2, "CONTEXTS": "128,600",
     "ENGINE": "llama", "CACHE": "dynamic", "TRACE": None, "TOKEN_RANGE": "decode_step",
     "TRACE_LAYERS": 1, "ROUTING_SHOWN": "worst", "REGIME_CHANGE": None,
-    "DS4_SOURCE": None, "DS4_RESULTS": None, "C_HOST_US": 3.2,
+    "DS4_SOURCE": None, "DS4_RESULTS": None, "C_HOST_US": 3.2, "CAPTURE_STAGES": "record",
 }
 #: Per notebook, where SMALL's value does not fit: 04's context ladder runs an island stage and 3c (a
 #: long-context stage). Its CONTEXTS, 128 and 600, cross a top-k regime change of tiny. 05 on BACKEND sim

@@ -13,6 +13,7 @@ from ..measure.calibrate import (calibrate, calibrate_long_context, fit_host_fro
 from ..sim.costmodel import default_calibration_path
 from .common import BadInput, default_preset
 from .result import JobResult, no_folder
+from .sim_runs import sim_context
 
 
 @dataclass
@@ -37,7 +38,7 @@ class CalibrateConfig:
     from_ds4: Path | str | tuple | None = None
     #: No GPU: a measured ``ds4lab context`` folder of stages 3, 3p and 3cc whose paired gains over
     #: stage 3 refit ``base``'s ``pdl_edge_us`` and ``graph_conditional_us``
-    #: (:func:`ds4lab.measure.fit_capture_stages.fit_capture_stages`).
+    #: (:func:`ds4lab.jobs.fit_capture_stages.fit_capture_stages`).
     from_context: Path | str | None = None
 
 
@@ -185,7 +186,7 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
             check.to_csv(check_path, index=False)
             console.print(f"the check table: {check_path}")
         elif cfg.from_context is not None:
-            from ..measure.fit_capture_stages import fit_capture_stages, print_fit
+            from .fit_capture_stages import fit_capture_stages, print_fit
 
             fit_path = _sidecar(out, "-fit.csv", "figure,stage,context,")
             base = read(Path(cfg.base) if cfg.base else default_calibration_path())
@@ -290,34 +291,6 @@ def _ds4_tables(folder: Path):
             raise ValueError(f"{folder / 'census.csv'}: no recorded {cfg} tokens (run ds4lab ds4 with both "
                              "islands-off and islands-on)")
     return meta, summary, census
-
-
-def sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
-    """The sim's ``ds4lab context`` table (``context.csv``'s rows) for calibration ``cal`` (a dict),
-    timing only: per stage and context µs per token (MODELED), host enqueue µs, the modeled busy floor,
-    launches. Seconds for ``ds4-flash`` at one context."""
-    import io
-    import tempfile
-
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    from rich.console import Console
-
-    from .context import ContextConfig
-    from .context import run as run_context
-    from ..sim.backend import SimBackend
-
-    be = SimBackend(timing_only=True, calibration=cal)
-    before = set(plt.get_fignums())
-    with tempfile.TemporaryDirectory(prefix="ds4lab-from-ds4-") as tmp:
-        cfg = ContextConfig(stages=stages, preset=preset, contexts=sorted(contexts), tokens=tokens, warmup=2,
-                            out=Path(tmp) / "context")
-        try:
-            run_context(cfg, be, Console(file=io.StringIO(), width=160))
-        finally:
-            for n in set(plt.get_fignums()) - before:
-                plt.close(n)
-        return pd.read_csv(Path(tmp) / "context" / "context.csv", dtype={"stage": str})
 
 
 def _as_folders(folders) -> list[Path]:

@@ -84,7 +84,7 @@ def guessed(cal: dict) -> dict[str, str]:
     """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses,
     each with its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured
     (its ``notes`` object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate
-    --from-context`` writes it: :func:`ds4lab.measure.fit_capture_stages.fit_capture_stages`). The shipped
+    --from-context`` writes it: :func:`ds4lab.jobs.fit_capture_stages.fit_capture_stages`). The shipped
     calibration sets neither: both GUESS."""
     notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
     return {k: why for k, why in GUESSED.items()

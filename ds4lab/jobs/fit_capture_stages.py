@@ -15,7 +15,7 @@ The sim prices (:mod:`ds4lab.sim.costmodel`, ``docs/capture-stages.md`` "The sim
 
 **The fit.** At every context of the folder the sim runs its own context job (timing only, the
 folder's contexts all in one run, so the model's ``max_context`` and with it the SWITCH bodies are the
-measured run's; :func:`ds4lab.jobs.calibrate.sim_context`) at two or more values of each constant,
+measured run's; :func:`ds4lab.jobs.sim_runs.sim_context`) at two or more values of each constant,
 and the value is solved at which the sim's paired gain equals the measured one (``gain_us`` of
 ``context.csv``), by linear interpolation between the sampled values; the 95 % interval of the
 measured gain (``gain_lo``, ``gain_hi``) gives the interval of the value the same way.
@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .sim_check import preset_changes, read_record
+from ..measure.sim_check import preset_changes, read_record
 
 #: The fitted constants and the stage whose paired gain over :data:`BASELINE` prices each.
 FITTED = {"pdl_edge_us": "3p", "graph_conditional_us": "3cc"}
@@ -262,7 +262,7 @@ def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens:
         RuntimeError: a sim gain that moved with the other constant (the two would then need one run
             each: the sim's model changed).
     """
-    from ..jobs.calibrate import sim_context
+    from .sim_runs import sim_context
 
     folder = Path(folder)
     meta, rows = read_context_gains(folder)
