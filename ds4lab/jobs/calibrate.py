@@ -171,9 +171,13 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
                 cal, table, check = fit_from_ds4(base, cfg.from_ds4, preset=cfg.preset or "ds4-flash")
             except ValueError as e:
                 raise BadInput(str(e)) from None
-            if "did not finish" in cal.get("source", ""):
-                console.print("[yellow]note: fitted from a ds4 run that did not finish (its recorded tokens are "
-                              "there; the calibration's source says which)[/]")
+            from ..report.results import read_meta
+
+            unfinished = [str(f) for f in _as_folders(cfg.from_ds4)
+                          if (read_meta(Path(f)) or {}).get("status") != "complete"]
+            if unfinished:
+                console.print(f"[yellow]note: fitted from a ds4 run that did not finish ({', '.join(unfinished)}: "
+                              "its recorded tokens are there; the calibration's source says so)[/]")
             for k in ("host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale"):
                 console.print(f"{k}: {base.get(k, 1.0 if k == 'kernel_time_scale' else None)} → {cal.get(k)} "
                               f"(median of {int((table.figure == k).sum())} "
