@@ -6,9 +6,8 @@
 #
 # Each STEP is one ds4lab command with its own time limit (seconds, after the colon; the default in
 # the table below); a failing or timed-out step does not stop the others. Everything lands in
-# $OUT/round.tgz (figures as PNG only: SVG and PDF are dropped to stay within the transfer limit; files over
-# 3 MiB in $OUT/round-big.tgz),
-# repacked after every step, so a round cut short keeps what finished. Steps:
+# $OUT/round-1.tgz, round-2.tgz, ... (scripts/pack_round.py; figures as PNG only: SVG and PDF are dropped to
+# stay within the transfer limit), repacked after every step, so a round cut short keeps what finished. Steps:
 #
 #   env          GPU, driver, Python, CuPy, torch versions
 #   tests        every GPU test (pytest -m gpu)
@@ -53,15 +52,8 @@ fi
 export PYTHONUNBUFFERED=1 COLUMNS=200
 R=/tmp/round; rm -rf $R; mkdir -p $R
 D="python3 -m ds4lab.cli"
-# files over 3 MiB go into $OUT/round-big.tgz, so that round.tgz stays under the 16 MiB a returned file may
-# have; each archive is written beside its name and renamed, so a call cut short keeps the last whole one
-pack() { find $R \( -name "*.svg" -o -name "*.pdf" \) -delete
-  (cd /tmp && find round -type f -size +3M > /tmp/round-big.list)
-  tar czf "$OUT/.round.tgz" --no-wildcards -X /tmp/round-big.list -C /tmp round && mv "$OUT/.round.tgz" "$OUT/round.tgz"
-  if [ -s /tmp/round-big.list ]; then
-    tar czf "$OUT/.round-big.tgz" --no-wildcards -C /tmp -T /tmp/round-big.list && mv "$OUT/.round-big.tgz" "$OUT/round-big.tgz"
-  fi
-  for f in "$OUT"/round*.tgz; do [ "$(stat -c %s "$f")" -gt 16777216 ] && echo "WARNING: $f is over 16 MiB: it will not come back"; done; true; }
+# scripts/pack_round.py: archives of at most 15 MiB each (the tool returns 8 files of 16 MiB), rewritten after every step
+pack() { python3 scripts/pack_round.py $R "$OUT"; }
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout -s INT -k 20 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?  # INT: pytest and ds4lab keep what finished
   echo "=== $name rc=$rc $((SECONDS - t0))s" | tee -a $R/steps.txt; tail -n "${TAIL:-12}" "$R/$name.log" | cut -c1-230

@@ -321,3 +321,84 @@ def test_a_kernel_launched_by_its_cukernel_handle_is_read_through_its_function()
     assert q.param_layout(0xC00) == ([(0, 8), (8, 4)], "")  # a CUkernel: through cuKernelGetFunction
     layout, why = q.param_layout(0xBAD)  # neither: unread, and the reason names both calls
     assert layout is None and "CUDA_ERROR_INVALID_HANDLE" in why and "cuKernelGetFunction" in why
+
+
+class _LazyQueries(S.fake_cupti.FakeQueries):
+    """A runtime whose module is loaded by the launch itself (lazy loading): the host stub is unknown at
+    the launch's entry and known at its exit."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.loaded = False
+
+    def runtime_function(self, host_fn):
+        f, why = super().runtime_function(host_fn)
+        return (f, why) if self.loaded else (0, "cudaGetFuncBySymbol: libcudart.so.13: cudaError 98")
+
+
+def test_a_function_unknown_at_the_launchs_entry_is_read_at_its_exit(monkeypatch):
+    from ds4lab.audit import arguments as REC
+    from ds4lab.trace import cupti as C
+
+    m = S.fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(C, "current_context", lambda: 0x55)
+    q = _LazyQueries(layouts=S.LAYOUTS, runtime={S.GEMM: 0xA000})
+    monkeypatch.setattr(A, "CudaQueries", lambda: q)
+
+    def load(mm):  # the launch loads its module between its entry and its exit
+        q.loaded = True
+
+    with REC.recording(arguments=True) as rec:
+        first = m.launch("cudaLaunchKernel_v7000", S.GEMM, [S.p64(1), S.p64(2)], kernel="gemm", nested=load)
+        second = m.launch("cudaLaunchKernel_v7000", S.GEMM, [S.p64(3), S.p64(4)], kernel="gemm")
+    st = rec.arguments
+    assert st.launches[first][1] is not None and st.blobs[st.launches[first][1]] == S.p64(1) + S.p64(2)
+    assert st.blobs[st.launches[second][1]] == S.p64(3) + S.p64(4)
+    assert q.calls["runtime_function"] == 2  # looked up again once, at the exit, then kept
+    assert not any("unread" in n for n in st.notes)
+
+
+def test_a_function_unknown_at_entry_and_exit_stays_unread_and_is_not_asked_again(monkeypatch):
+    from ds4lab.audit import arguments as REC
+    from ds4lab.trace import cupti as C
+
+    m = S.fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(C, "current_context", lambda: 0x55)
+    q = _LazyQueries(layouts=S.LAYOUTS, runtime={S.GEMM: 0xA000})
+    monkeypatch.setattr(A, "CudaQueries", lambda: q)
+    with REC.recording(arguments=True) as rec:
+        corrs = [m.launch("cudaLaunchKernel_v7000", S.GEMM, [S.p64(i), S.p64(i)], kernel="gemm") for i in range(3)]
+    st = rec.arguments
+    assert all(st.launches[c][1] is None for c in corrs)
+    assert q.calls["runtime_function"] == 2  # at the first launch's entry and exit, never after
+    assert any("3 launch(es) unread: cudaGetFuncBySymbol" in n for n in st.notes)
+
+
+class _KernelRuntime(_Runtime):
+    """A runtime that answers cudaGetFuncBySymbol with cudaErrorInvalidDeviceFunction and knows the
+    stub's CUkernel (cudaGetKernel), as CUDA 12's and 13's runtimes that keep their kernels as libraries."""
+
+    def __init__(self, kernels: dict):
+        super().__init__({})
+        self.kernels = kernels
+
+    def cudaGetKernel(self, out, host_fn):
+        k = self.kernels.get(host_fn.value)
+        if k is None:
+            self.last = 98
+            return 98
+        out._obj.value = k
+        return 0
+
+
+def test_a_runtime_stub_is_mapped_through_its_cukernel_when_the_symbol_lookup_fails():
+    from ds4lab.trace.arguments import CudaQueries
+
+    rt = _KernelRuntime({0x1000: 0xC00})
+    drv = _Driver({0xF00: [(0, 8)]}, {0xC00: 0xF00})
+    q = object.__new__(CudaQueries)
+    q.cuda, q._count, q._info = drv, None, drv.cuFuncGetParamInfo
+    q.runtimes = [("/x/libcudart.so.13", rt)]
+    assert q.runtime_function(0x1000) == (0xF00, "") and rt.last == 0  # the failed lookup's error read back
+    f, why = q.runtime_function(0x2000)
+    assert f == 0 and "cudaGetKernel: cudaError 98" in why and rt.last == 0

@@ -21,6 +21,7 @@ class FakeOps:
         self.capturing = False
         self.graph = None
         self.replays = 0
+        self.blocks = []
 
     def kernel(self, fn, *args):
         if self.capturing:
@@ -67,7 +68,19 @@ class FakeOps:
         return float(np.linalg.norm(got - ref) / d) if d else float(np.linalg.norm(got))
 
     same_argmax = staticmethod(lambda a, b: bool(np.argmax(a) == np.argmax(b)))
-    time_us = staticmethod(lambda fn, n: [fn() for _ in range(n)] and 12.5)
+    def launch(self, g):
+        self.replay(g)
+
+    def time_blocks(self, fn, steps, rounds):
+        for _ in range(steps * rounds):
+            fn()
+        self.blocks.append((steps, rounds))
+        return [10.0 + 2.5 * (i % 3) for i in range(rounds)]  # 10, 12.5, 15, ...
+
+    def time_device(self, g, n):
+        for _ in range(n):
+            self.launch(g)
+        return [7.0] * n
 
 
 def _write(cache, i, v):
@@ -117,7 +130,12 @@ def test_a_host_counter_replays_wrong_from_the_first_replayed_position():
     r = check_replay(d.step, d, ops=ops, positions=4, warmup=2)
     assert r.outcome == WRONG and r.verdict == "replays wrong"
     assert r.captured_at == 2 and r.first_position == 3 and r.first_output == "output"
-    assert "from position 3" in r.detail and r.replay_us == 12.5
+    assert "from position 3" in r.detail
+    # timed: blocks of replays that never wait (median and quartiles), then waiting for each, then the device alone
+    blocks = [10.0 + 2.5 * (i % 3) for i in range(10)]
+    assert r.replay_us == 12.5 and r.replay_device_us == 7.0
+    assert r.replay_spread == (np.percentile(blocks, 25), np.percentile(blocks, 75))
+    assert ops.blocks == [(10, 10), (1, 20)] and r.replay_sync_us == 12.5
     # the eager twin advanced the host counter, the state after it was put back each time
     assert d.pos == 3 + 2 + 1 + 4
 

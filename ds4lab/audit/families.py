@@ -34,7 +34,8 @@ layers wrap. Each run (:func:`run_family`, in its own process through :func:`ds4
    µs per launch with its 95 % interval), written into the arguments file;
 5. eager µs per step (CUDA events, median);
 6. :func:`~ds4lab.audit.replay_check.check_replay`: refused / replays right / replays wrong with the
-   first position and output, and the replay's µs per step.
+   first position and output, and the replay's µs per step (a loop that never waits, one that waits
+   for every replay, and the graph's device time alone).
 """
 
 from __future__ import annotations
@@ -230,7 +231,9 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
         res["eager_us"] = E._events_us(eager_once, 5)
         chk = check_replay(step, state, advance=set_pos, start=pos, positions=E.REPLAY_STEPS)
     res.update({"outcome": chk.outcome, "detail": chk.detail, "first_position": chk.first_position,
-                "first_output": chk.first_output, "replay_us": chk.replay_us, "replay_errors": chk.errors})
+                "first_output": chk.first_output, "replay_us": chk.replay_us, "replay_spread": chk.replay_spread,
+                "replay_sync_us": chk.replay_sync_us, "replay_device_us": chk.replay_device_us,
+                "replay_errors": chk.errors})
     say(f"{engine}/{cache}/{dtype}: {chk.outcome} ({chk.detail})")
     (folder / "engine.json").write_text(json.dumps(res, indent=1, default=str))
     return res

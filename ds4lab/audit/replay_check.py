@@ -33,15 +33,27 @@ is kept, the state is put back to before, ``advance(i)`` and ``graph.replay()`` 
 outputs, which are compared (relative L2 error within ``rtol``: 1e-3 in float32, 2e-2 in bf16/half;
 and the same argmax along the last dimension), and the state after the eager step is put back (each
 replay starts from the true state: the first position that differs is the first the graph gets
-wrong). Then ``time_replays`` replays are timed (CUDA events, ``advance`` included: µs per step, median).
+wrong). Then the replays are timed with CUDA events, three ways (``time_replays`` blocks or replays
+each): a loop of ``advance`` and replay that never waits for the device (blocks of
+:data:`TIMED_STEPS` steps between two events: the host and the device overlap, and a step costs the
+slower of the two; ``replay_us``), the same loop waiting for every replay (``replay_sync_us``: the host
+launch latency and the wait are inside), and the graph's device time alone (``replay_device_us``).
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 from dataclasses import dataclass, field
 
+import numpy as np
+
 RTOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 2e-2, "float16": 2e-2}
+#: Cycles of the spinning kernel a device-time replay is queued behind (about 0.5 ms at the H200's
+#: 1.98 GHz: longer than the host takes to queue the events and the graph launch behind it).
+SPIN_CYCLES = 1_000_000
+#: Steps per timed block of replays (the block's events divided by them).
+TIMED_STEPS = 10
 REFUSED, RIGHT, WRONG = "refused", "captured, replays right", "captured, replays wrong"
 
 
@@ -51,8 +63,11 @@ class ReplayCheck:
     ``verdict``: the same in the audit's words (refused / replays right / replays wrong);
     ``first_position``/``first_output``: where the replay first differs (None when it does not);
     ``captured_at``; ``errors``: per compared position ``{position, output, rel_err, same_argmax}``;
-    ``replay_us``: µs per replayed step (median); ``detail``: one sentence; ``error``: the capture's
-    exception, when refused."""
+    ``replay_us``: µs per step of a loop of ``advance`` and replay that never waits for the device
+    (median of blocks, CUDA events), ``replay_spread`` its (p25, p75); ``replay_sync_us``: µs per step
+    when the host waits for each replay (synchronize, inside the events); ``replay_device_us``: the
+    graph's device time alone per replay; ``detail``: one sentence; ``error``: the capture's exception,
+    when refused."""
 
     outcome: str
     detail: str = ""
@@ -61,6 +76,9 @@ class ReplayCheck:
     captured_at: int | None = None
     errors: list = field(default_factory=list)
     replay_us: float | None = None
+    replay_spread: tuple | None = None
+    replay_sync_us: float | None = None
+    replay_device_us: float | None = None
     error: str = ""
 
     @property
@@ -177,6 +195,9 @@ class TorchOps:
         g.replay()
         self.t.cuda.synchronize()
 
+    def launch(self, g) -> None:
+        g.replay()  # queued; the host goes on
+
     def sync(self) -> None:
         self.t.cuda.synchronize()
 
@@ -206,19 +227,38 @@ class TorchOps:
             return bool((got == ref).all()) if tuple(got.shape) == tuple(ref.shape) else False
         return bool((got.argmax(-1) == ref.argmax(-1)).all())
 
-    def time_us(self, fn, n: int) -> float:
-        import statistics
+    def time_blocks(self, fn, steps: int, rounds: int) -> list[float]:
+        """µs per call of ``fn``: ``rounds`` blocks of ``steps`` calls back to back between two CUDA
+        events, one synchronize after each block (the host never waits inside it)."""
+        t = self.t
+        out = []
+        for _ in range(rounds):
+            t.cuda.synchronize()
+            e0, e1 = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(steps):
+                fn()
+            e1.record()
+            t.cuda.synchronize()
+            out.append(e0.elapsed_time(e1) * 1e3 / steps)
+        return out
 
+    def time_device(self, g, n: int) -> list[float]:
+        """µs of the graph's own device time per replay: ``n`` replays, each queued behind a spinning
+        kernel (``torch.cuda._sleep``) so that the events around it time the device alone, with no
+        launch latency of the host inside."""
         t = self.t
         out = []
         for _ in range(n):
+            t.cuda.synchronize()
             e0, e1 = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            t.cuda._sleep(SPIN_CYCLES)
             e0.record()
-            fn()
+            self.launch(g)
             e1.record()
             t.cuda.synchronize()
             out.append(e0.elapsed_time(e1) * 1e3)
-        return statistics.median(out)
+        return out
 
 
 def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 6, warmup: int = 2,
@@ -299,12 +339,23 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
                       f"differs from the eager twin's (relative error {e['rel_err']:.2e}, same argmax: "
                       f"{e['same_argmax']})")
     if time_replays:
-        def once():
+        def loop():  # what a decode loop that does not wait on the host per token runs
             nonlocal p
             adv(p)
-            ops.replay(graph)
+            ops.launch(graph)
             p += 1
-        res.replay_us = ops.time_us(once, time_replays)
+
+        def waiting():  # ... and one that waits for every token (reads it on the host)
+            loop()
+            ops.sync()
+
+        loop()
+        ops.sync()  # one untimed replay after the comparison's restores
+        blocks = ops.time_blocks(loop, TIMED_STEPS, time_replays)
+        res.replay_us = float(statistics.median(blocks))
+        res.replay_spread = (float(np.percentile(blocks, 25)), float(np.percentile(blocks, 75)))
+        res.replay_sync_us = float(statistics.median(ops.time_blocks(waiting, 1, time_replays * 2)))
+        res.replay_device_us = float(statistics.median(ops.time_device(graph, time_replays)))
     return res
 
 

@@ -35,7 +35,10 @@ def register(main: click.Group) -> None:
                    "'unknown from this trace').")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(("float32", "bfloat16")),
               help="`audit validate`: the dtypes to run (repeatable). Default: both.")
-def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes) -> None:
+@click.option("--runs-from", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
+              help="`audit validate`: audit the runs a finished `audit validate` saved in DIR again, without a "
+                   "GPU (the families and dtypes asked that DIR holds).")
+def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes, runs_from) -> None:
     """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
     would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
     to record a program (needs a GPU and cupti-python) and audit what it recorded; or `ds4lab audit
@@ -73,8 +76,10 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_argument
         names = files[1:]
         invoke("audit-validate", ValidateConfig(engines=tuple(n for n in names if n not in CACHES),
                                                 caches=tuple(n for n in names if n in CACHES), out=out,
-                                                dtypes=tuple(dtypes)))
+                                                dtypes=tuple(dtypes), runs_from=runs_from))
         return
+    if runs_from is not None:
+        raise click.UsageError(f"--runs-from {runs_from}: only for `ds4lab audit validate`")
     if files and files[0] == "run":  # ds4lab audit run [OPTIONS] -- python PROGRAM ARGS
         program, files = files[1:], []
     cfg = AuditConfig(files=tuple(Path(f) for f in files), program=tuple(program), token_range=token_range,

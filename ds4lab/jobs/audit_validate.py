@@ -23,6 +23,8 @@ class ValidateConfig:
     caches: tuple = ()
     out: Path | str | None = None
     dtypes: tuple = ()
+    #: audit the runs a finished ``audit validate`` saved in this folder (no GPU) instead of running them
+    runs_from: Path | str | None = None
 
 
 def check_config(cfg: ValidateConfig) -> None:
@@ -37,6 +39,12 @@ def check_config(cfg: ValidateConfig) -> None:
     if not pairs(cfg.engines, cfg.caches):
         raise BadInput(f"audit validate: no family runs with cache(s) {', '.join(cfg.caches)}: "
                        + "; ".join(f"{e}: {', '.join(c)}" for e, c in FAMILIES.items()))
+    if cfg.runs_from is not None:
+        src = Path(cfg.runs_from)
+        if not src.is_dir():
+            raise BadInput(f"--runs-from {cfg.runs_from}: no such folder")
+        if not any(src.glob("*/engine.json")):
+            raise BadInput(f"--runs-from {cfg.runs_from}: no run in it (no <engine>-<cache>-<dtype>/engine.json)")
     if cfg.out is not None and not str(cfg.out).strip():
         raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
 
@@ -57,12 +65,16 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
     from ..errors import CheckFailed
 
     check_config(cfg)
-    ok, why = available()
-    if not ok:
-        raise BadInput(f"ds4lab audit validate: {why}")
+    if cfg.runs_from is None:
+        ok, why = available()
+        if not ok:
+            raise BadInput(f"ds4lab audit validate: {why}")
+    elif cfg.out is not None and Path(cfg.out).resolve() == Path(cfg.runs_from).resolve():
+        raise BadInput(f"--out {cfg.out} is --runs-from's folder: the runs it holds would be replaced; name another")
     out, ran = out_folder(cfg.out, "audit-validate", (),
                           {"engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES)})
-    meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate", "inputs": None,
+    meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate",
+            "inputs": str(cfg.runs_from) if cfg.runs_from is not None else None,
             "runs": [list(p) for p in pairs(cfg.engines, cfg.caches)], "dtypes": list(cfg.dtypes or DTYPES),
             "time_tolerance": TIME_TOLERANCE}
     say = console.print if console is not None else print
@@ -77,7 +89,10 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
             o.text("validate.md", markdown(df))
 
         df = validate(cfg.engines, cfg.caches, o.folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write,
-                      on_report=lambda rep, under: write_audit(o, [rep], under))
+                      on_report=lambda rep, under: write_audit(o, [rep], under),
+                      runs_from=Path(cfg.runs_from) if cfg.runs_from is not None else None)
+        if df.empty:
+            raise BadInput(f"--runs-from {cfg.runs_from}: none of the runs asked for is in it")
         write(df.to_dict("records"))
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712

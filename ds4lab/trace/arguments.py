@@ -29,8 +29,8 @@ was unread, and is otherwise skipped (one launch, one record, keyed by the outer
 the id its kernel record carries).
 
 **What is stored.** Per launch its correlation id, function and a digest (BLAKE2b, 8 bytes) of its
-parameter bytes; the bytes themselves (and the Python stack at the launch) only for launches whose
-digest differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the
+parameter bytes; the bytes themselves (and the Python stack at the launch, taken where its bytes are
+new for its function) only for launches whose digest differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the
 argument pass's own event table, as the audit finds them). A recording whose tokens cannot be found
 keeps every distinct value (stored once per distinct digest).
 
@@ -152,7 +152,21 @@ class CudaQueries:
                 return int(out.value), ""
             if st != 0:
                 clear()
-            why.append(f"{Path(path).name}: cudaError {st}")
+            # CUDA 12's and 13's runtimes keep their kernels as CUkernels: ask for the stub's CUkernel
+            # (cudaGetKernel) and map it to the current context's CUfunction
+            g, kst = getattr(lib, "cudaGetKernel", None), None
+            if g is not None:
+                k = ctypes.c_void_p()
+                kst = g(ctypes.byref(k), ctypes.c_void_p(host_fn))
+                if kst == 0 and k.value:
+                    fn = self.kernel_function(int(k.value))
+                    if fn:
+                        return fn, ""
+                    kst = "no CUfunction (cuKernelGetFunction)"
+                elif kst != 0:
+                    clear()
+            why.append(f"{Path(path).name}: cudaError {st}" + (f", cudaGetKernel: {kst if isinstance(kst, str) else 'cudaError ' + str(kst)}"
+                                                             if kst is not None else ""))
         return 0, ("cudaGetFuncBySymbol: " + "; ".join(why)) if why else "no CUDA runtime with cudaGetFuncBySymbol loaded"
 
     def param_layout(self, cufunc: int) -> tuple[list | None, str]:
@@ -259,23 +273,29 @@ class FunctionInfo:
     name: str
     params: list | None
     why: str = ""
+    #: looked up a second time (at a launch's exit): a function still unread after it stays unread
+    retried: bool = False
 
 
 class ArgumentCapture:
     """The launch handler (module docstring). ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`;
     ``queries``: the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python
-    stack at every launch (kept only where the launch differs between tokens, :func:`prune`)."""
+    stack at each launch whose bytes are new for its function, or unread (kept only where the launch
+    differs between tokens, :func:`prune`); ``functions``, ``seen``: the function lookups and the digests
+    already stacked, shared with an earlier capture."""
 
-    def __init__(self, session, queries=None, *, stacks: bool = True, functions: dict | None = None) -> None:
+    def __init__(self, session, queries=None, *, stacks: bool = True, functions: dict | None = None,
+                 seen: dict | None = None) -> None:
         self.session = session
         self.queries = queries
         self.want_stacks = stacks
         self.functions: dict[str, FunctionInfo] = functions if functions is not None else {}
+        self.seen: dict[str, set] = seen if seen is not None else {}  # function id -> digests stacked
         self.launches: dict[int, list] = {}   # corr -> [function id, digest or None]
         self.blobs: dict[str, bytes] = {}
         self.stacks: dict[int, str] = {}
         self.own: list[tuple] = []            # (thread id, t0, t1) of the capture's own CUDA calls
-        self.unread: Counter = Counter()
+        self.why_unread: dict[int, str] = {}  # corr -> why its launch is unread (gone once read)
         self.local = threading.local()
         self.notes: list[str] = []
         self._stop = None
@@ -308,70 +328,96 @@ class ArgumentCapture:
 
     # ------------------------------------------------------------------ the hot path
     def on_launch(self, domain: int, cbid: int, cbdata) -> None:
-        """CUPTI's callback at a launch's entry and exit (module docstring)."""
+        """CUPTI's callback at a launch's entry and exit (module docstring). A launch left unread at its
+        entry is tried once more at its exit, its function looked up again (a lazily loaded module is
+        loaded by the launch itself, after its entry): the same parameter struct, still the caller's."""
         form = self._forms.get((domain, cbid))
         if form is None:
             return
         open_ = self.local.__dict__.setdefault("open", [])
         if int(cbdata.callback_site) != 0:  # API exit
             if open_:
-                open_.pop()
+                ent = open_.pop()
+                if not ent["read"] and ent["key"] == (domain, cbid) and not (ent["outer"] and ent["outer"]["read"]):
+                    self._try(ent, form, cbdata, again=True)
             return
         corr = int(cbdata.correlation_id)
-        if form[0] == "driver" and open_:
-            outer = open_[-1]
-            open_.append(outer)
-            if outer[1]:
-                return  # the runtime launch around it was read: one launch, one record
-            corr = outer[0]
-        else:
-            open_.append([corr, False])
+        outer = open_[-1] if form[0] == "driver" and open_ else None
+        if outer is not None:
+            corr = outer["corr"]  # the runtime launch around it: one launch, one record
+        ent = {"corr": corr, "read": False, "key": (domain, cbid), "outer": outer}
+        open_.append(ent)
+        if outer is not None and outer["read"]:
+            return
+        self._try(ent, form, cbdata)
+        if self.want_stacks and outer is None:
+            # a stack only where the launch's bytes are new for its function (or unread): a launch that
+            # differs between tokens has new bytes, one that repeats has its stack from the first time
+            fid, d = self.launches.get(corr, ("", None))
+            seen = self.seen.setdefault(fid, set())
+            if d is None or d not in seen:
+                if d is not None:
+                    seen.add(d)
+                from .cupti import python_stack
+
+                self.stacks[corr] = python_stack(sys._getframe(1), skip_files=self._skip)
+
+    @property
+    def unread(self) -> Counter:
+        """Why launches are unread: reason → launches."""
+        return Counter(self.why_unread.values())
+
+    def _try(self, ent: dict, form, cbdata, again: bool = False) -> None:
         try:
-            ok = self._read(form, corr, cbdata)
+            ok = self._read(form, ent["corr"], cbdata, again)
         except Exception as e:  # noqa: BLE001 - never break the user's launch: say it and go on
-            self.unread[f"{type(e).__name__}: {e}"] += 1
-            self.launches[corr] = ["", None]
+            self.why_unread[ent["corr"]] = f"{type(e).__name__}: {e}"
+            self.launches.setdefault(ent["corr"], ["", None])
             ok = False
-        open_[-1][1] = ok
-        if self.want_stacks:
-            from .cupti import python_stack
+        if ok:
+            ent["read"] = True
+            if ent["outer"] is not None:
+                ent["outer"]["read"] = True
 
-            self.stacks[corr] = python_stack(sys._getframe(1), skip_files=self._skip)
-
-    def _read(self, form, corr: int, cbdata) -> bool:
+    def _read(self, form, corr: int, cbdata, again: bool = False) -> bool:
+        """Read one launch's parameter bytes into :attr:`launches` (True) or mark it unread (False, the
+        reason counted once per launch). ``again``: the second try, at the call's exit."""
         domain, f_off, a_off, x_off = form
         params = _u64(int(cbdata.ptr) + self.fp_offset)
         fn = _u64(params + f_off)
         fid = f"{domain[0]}{fn:x}"
         info = self.functions.get(fid)
-        if info is None:
-            info = self._resolve(fid, domain, fn, getattr(cbdata, "symbol_name", "") or "")
+        if info is None or (again and info.params is None and not info.retried):
+            info = self._resolve(fid, domain, fn, getattr(cbdata, "symbol_name", "") or "", retried=again)
         if info.params is None:
-            self.launches[corr] = [fid, None]
-            self.unread[info.why] += 1
-            return False
+            return self._unread(corr, fid, info.why)
         argv = _u64(params + a_off)
         if argv:
             data = b"".join(ctypes.string_at(_u64(argv + 8 * i), size) for i, (_, size) in enumerate(info.params))
         elif x_off is not None and _u64(params + x_off):
             buf = _extra_buffer(_u64(params + x_off))
             if buf is None:
-                self.launches[corr] = [fid, None]
-                self.unread["extra without CU_LAUNCH_PARAM_BUFFER_POINTER"] += 1
-                return False
+                return self._unread(corr, fid, "extra without CU_LAUNCH_PARAM_BUFFER_POINTER")
             data = b"".join(ctypes.string_at(buf + off, size) for off, size in info.params)
         elif not info.params:
             data = b""
         else:
-            self.launches[corr] = [fid, None]
-            self.unread["no argument array"] += 1
-            return False
+            return self._unread(corr, fid, "no argument array")
         d = digest(data)
         self.blobs.setdefault(d, data)
         self.launches[corr] = [fid, d]
+        self.why_unread.pop(corr, None)
         return True
 
-    def _resolve(self, fid: str, domain: str, fn: int, symbol: str) -> FunctionInfo:
+    def _unread(self, corr: int, fid: str, why: str) -> bool:
+        """Mark a launch unread, keeping every distinct reason its tries met (the runtime's and the
+        nested driver launch's). Returns False."""
+        self.launches[corr] = [fid, None]
+        before = self.why_unread.get(corr)
+        self.why_unread[corr] = why if not before or why in before else f"{before}; then {why}"
+        return False
+
+    def _resolve(self, fid: str, domain: str, fn: int, symbol: str, retried: bool = False) -> FunctionInfo:
         t0 = self.session.timestamp()
         try:
             cufunc, why = (fn, "") if domain == "driver" else self.queries.runtime_function(fn)
@@ -382,6 +428,7 @@ class ArgumentCapture:
                 info = FunctionInfo(symbol or self.queries.function_name(cufunc), layout, why)
         except Exception as e:  # noqa: BLE001 - a query that raised: this function is unread, said why
             info = FunctionInfo(symbol, None, f"{type(e).__name__}: {e}")
+        info.retried = retried
         self.own.append((threading.get_native_id(), t0, self.session.timestamp()))
         self.functions[fid] = info
         return info
@@ -702,7 +749,9 @@ def measure_overhead(step, launches_per_step: float, *, session=None, rounds: in
                      sync=None, clock=time.perf_counter, queries=None) -> dict:
     """What argument capture costs: ``rounds`` interleaved pairs (:func:`ds4lab.timing.interleaved_pairs`)
     of ``steps`` calls of ``step`` each, plain against with the launch handler on (its reads, digest and
-    stack; the activity records are on in neither), each figure the mean µs per step of its block
+    stacks; the activity records are on in neither), each figure the mean µs per step of its block
+    (the steady state of a long pass: the function lookups and the stacks of bytes already seen are
+    made once, in a warm block, and kept)
     (host wall clock after ``sync()``, which waits for the device). Returns ``{"per_step_us", "lo", "hi",
     "n", "measurable", "per_launch_us", "per_launch_lo", "per_launch_hi", "launches_per_step",
     "baseline_us", "text"}`` (:func:`ds4lab.timing.paired_difference`)."""
@@ -729,7 +778,7 @@ def measure_overhead(step, launches_per_step: float, *, session=None, rounds: in
         warm.stop()
 
     def with_capture() -> float:
-        cap = ArgumentCapture(session, warm.queries, stacks=True, functions=warm.functions)
+        cap = ArgumentCapture(session, warm.queries, stacks=True, functions=warm.functions, seen=warm.seen)
         cap.start()
         try:
             return block()
