@@ -243,6 +243,20 @@ class CudaQueries:
         return (int(base.value), int(size.value)) if st == 0 else None
 
 
+def host_maps() -> list:
+    """``[start, end, name]`` of this process's host mappings (``/proc/self/maps``; [] where unreadable)."""
+    out = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                a, b = parts[0].split("-")
+                out.append([int(a, 16), int(b, 16), parts[5] if len(parts) > 5 else ""])
+    except (OSError, ValueError, IndexError):
+        return []
+    return out
+
+
 def _loaded_runtimes() -> list:
     """``[(path, CDLL)]`` of the CUDA runtimes (``libcudart.so*``) already loaded in this process
     (``/proc/self/maps``), opened without loading anything new (``RTLD_NOLOAD``)."""
@@ -590,6 +604,8 @@ class ArgumentStore:
         allocations: ``[base, size, alloc_ns, free_ns, source]`` (``-1``: before the pass / alive at its end).
         ranges: value → ``[base, size]``: the driver allocation holding a varying word at the pass's end.
         segments: ``[base, size]`` of torch's caching allocator segments (None: torch not followed).
+        host_maps: ``[start, end, name]`` of the process's host mappings at the pass's end
+            (``/proc/self/maps``: stack, heap, libraries), for telling host addresses among the words.
         token_range: the NVTX range that marks a token in the pass, if given.
         table: the event table of the pass (a file name beside the store; "" when the store sits beside it).
         cost: what the capture cost per launch, where measured (:func:`measure_overhead`).
@@ -603,6 +619,7 @@ class ArgumentStore:
     allocations: list = field(default_factory=list)
     ranges: dict = field(default_factory=dict)
     segments: list | None = None
+    host_maps: list = field(default_factory=list)
     token_range: str | None = None
     table: str = ""
     cost: dict = field(default_factory=dict)
@@ -623,7 +640,7 @@ def save(store: ArgumentStore, path) -> Path:
          "launches": {str(k): v for k, v in store.launches.items()},
          "blobs": {k: v.hex() for k, v in store.blobs.items()}, "stacks": {str(k): v for k, v in store.stacks.items()},
          "allocations": store.allocations, "ranges": {str(k): list(v) for k, v in store.ranges.items()},
-         "segments": store.segments, "token_range": store.token_range, "table": store.table, "cost": store.cost,
+         "segments": store.segments, "host_maps": store.host_maps, "token_range": store.token_range, "table": store.table, "cost": store.cost,
          "notes": store.notes, "pruned": store.pruned}
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
@@ -645,7 +662,7 @@ def load(path) -> ArgumentStore:
         functions=d["functions"], launches={int(k): v for k, v in d["launches"].items()},
         blobs={k: bytes.fromhex(v) for k, v in d["blobs"].items()}, stacks={int(k): v for k, v in d["stacks"].items()},
         allocations=d["allocations"], ranges={int(k): tuple(v) for k, v in d["ranges"].items()},
-        segments=d.get("segments"), token_range=d.get("token_range"), table=d.get("table", ""),
+        segments=d.get("segments"), host_maps=d.get("host_maps", []), token_range=d.get("token_range"), table=d.get("table", ""),
         cost=d.get("cost", {}), notes=d.get("notes", []), pruned=bool(d.get("pruned")))
 
 

@@ -260,6 +260,7 @@ def _finish_arguments(rec, capture, mem, token_range, tokens=None) -> None:
                             token_range=token_range, notes=[*capture.notes, *mem.notes])
     store.allocations = A.cupti_allocations(rec.records) + mem.allocations()
     store.segments = [list(s) for s in mem.segments] if mem.torch is not None else None
+    store.host_maps = A.host_maps()
     for why, n in capture.unread.most_common():
         store.notes.append(f"{n:,} launch(es) unread: {why}")
     rec.arguments = store
