@@ -3,7 +3,7 @@ without a GPU: each engine and cache of ``ds4lab.audit.engines.RECORDED`` from a
 trimmed to its first decode steps, without the host-only queries that are most of its rows, beside its
 torch.cuda.graph outcome (``torch-<engine>-<cache>.json``: outcome, µs, GPU and driver).
 
-    python scripts/bundle_recordings.py results/audit-validate
+    python scripts/bundle_recordings.py results/audit-validate [--dtype float32]
 """
 
 import argparse
@@ -24,10 +24,13 @@ DATA = Path(__file__).resolve().parents[1] / "ds4lab" / "data" / "audit"
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("validate_out", type=Path, help="the result folder of ds4lab audit validate")
+ap.add_argument("--dtype", default="float32", help="the runs' dtype (folders <engine>-<cache>-<dtype>)")
 args = ap.parse_args()
 
 for engine, cache in RECORDED:
-    src = args.validate_out / f"{engine}-{cache}"
+    src = args.validate_out / f"{engine}-{cache}-{args.dtype}"
+    if not src.is_dir():  # a validate folder of an earlier layout
+        src = args.validate_out / f"{engine}-{cache}"
     table = read_events(src / "recording.csv.gz")
     f = table.frame
     steps = f[(f.kind == "nvtx") & (f.name == TOKEN_RANGE)].sort_values("start_ns")
@@ -46,5 +49,6 @@ for engine, cache in RECORDED:
                          notes=list(table.notes) + [note])
     out = write_table(trimmed, DATA / f"torch-{engine}-{cache}.csv.gz", engine=f"{engine}-{cache}")
     outcome.pop("recording", None)
+    outcome.pop("arguments", None)  # the argument pass is not bundled
     (DATA / f"torch-{engine}-{cache}.json").write_text(json.dumps(outcome, indent=1) + "\n")
     print(f"{out.name}: {keep.sum()} of {len(f)} rows · {outcome['outcome']}")

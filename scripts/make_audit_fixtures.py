@@ -1,13 +1,14 @@
 """Write the audit's argument fixtures from a GPU run (``tests/data/audit_args/<family>-<cache>-<dtype>/``):
-for each family asked (default: the hand-written decoder's three caches and llama with a static and a
-dynamic cache, float32), the timed recording, the argument pass (``arguments.csv.gz`` and
+for each family asked (default: the hand-written decoder's three caches, float32: small enough to ship), the timed recording, the argument pass (``arguments.csv.gz`` and
 ``arguments.json.gz``) and what torch.cuda.graph did (``engine.json``), as ``ds4lab audit validate``
 records them (:func:`ds4lab.audit.engines.run_isolated`). ``tests/test_audit_args_fixtures.py`` then holds
 the audit's verdict to torch's outcome on the CPU.
 
     python scripts/make_audit_fixtures.py [--out tests/data/audit_args] [--dtype float32] [FAMILY/CACHE ...]
+    python scripts/make_audit_fixtures.py --from results/audit-validate [FAMILY/CACHE ...]
 
-Needs a GPU, torch, transformers and cupti-python. Files larger than ``--max-mb`` (default 4) are not
+Needs a GPU, torch, transformers and cupti-python, except with ``--from``: the runs a finished
+``ds4lab audit validate`` saved there are copied (no GPU). Files larger than ``--max-mb`` (default 4) are not
 kept (a fixture should stay small: pass fewer families or a smaller model).
 """
 
@@ -20,8 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT = ("handwritten/host-counter", "handwritten/device-counter", "handwritten/host-read", "llama/static",
-           "llama/dynamic")
+DEFAULT = ("handwritten/host-counter", "handwritten/device-counter", "handwritten/host-read")
 FILES = ("recording.csv.gz", "arguments.csv.gz", "arguments.json.gz", "engine.json")
 
 
@@ -31,11 +31,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests" / "data" / "audit_args")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--max-mb", type=float, default=4.0)
+    ap.add_argument("--from", dest="source", type=Path, default=None,
+                    help="a finished ds4lab audit validate folder: copy its runs instead of running them")
     a = ap.parse_args(argv)
     from ds4lab.audit.engines import available, run_isolated
     from ds4lab.audit.families import FAMILIES
+    from ds4lab.audit.validate import saved_run
 
-    ok, why = available()
+    ok, why = (True, "") if a.source is not None else available()
     if not ok:
         print(f"make_audit_fixtures: {why}", file=sys.stderr)
         return 2
@@ -47,9 +50,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for run in a.runs:
             engine, cache = run.split("/")
-            r = run_isolated(engine, cache, Path(tmp), dtype=a.dtype)
             name = f"{engine}-{cache}-{a.dtype}"
-            src = Path(tmp) / name
+            if a.source is not None:
+                src = a.source / name
+                r = saved_run(src) if (src / "engine.json").is_file() else {"error": f"{src}: no such run"}
+            else:
+                r = run_isolated(engine, cache, Path(tmp), dtype=a.dtype)
+                src = Path(tmp) / name
             if r.get("error") or not (src / "engine.json").is_file():
                 print(f"{name}: failed: {r.get('error', 'no engine.json')}", file=sys.stderr)
                 status = 1
