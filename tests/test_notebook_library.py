@@ -279,9 +279,25 @@ def _report(verdict: str, whole_us):
 def test_against_torch_sets_the_verdict_beside_torchs_outcome(verdict, torch_outcome, agrees):
     from ds4lab.audit.validate import against_torch
 
-    r = against_torch(_report(verdict, 110.0), {"outcome": torch_outcome, "detail": "d", "replay_us": 100.0})
+    r = against_torch(_report(verdict, 108.0), {"outcome": torch_outcome, "detail": "d", "replay_us": 100.0})
     assert r["verdict_agrees"] is agrees and r["torch_outcome"] == torch_outcome
-    assert r["predicted_over_measured"] == pytest.approx(1.1) and r["time_agrees"] is True
+    assert r["predicted_over_measured"] == pytest.approx(1.08) and r["time_agrees"] is True
+    assert against_torch(_report(verdict, 112.0), {"outcome": torch_outcome, "replay_us": 100.0})["time_agrees"] is False
+
+
+def test_the_plan_is_held_to_the_loop_it_models():
+    from types import SimpleNamespace as N
+
+    from ds4lab.audit.validate import against_torch
+
+    run = {"outcome": "captured, replays right", "replay_us": 100.0, "replay_sync_us": 150.0, "replay_device_us": 90.0}
+    free = against_torch(_report("", 104.0), run)  # no blocking call in the tokens: the loop that never waits
+    assert free["replay_us"] == 100.0 and free["measured_loop"] == "never waits" and free["time_agrees"] is True
+    rep = _report("", 148.0)
+    rep.items = {0: [N(blocking=False), N(blocking=True)]}  # a synchronize in the token: the waiting loop
+    waits = against_torch(rep, run)
+    assert waits["replay_us"] == 150.0 and waits["measured_loop"] == "waits per step" and waits["time_agrees"] is True
+    assert waits["replay_device_us"] == 90.0
 
 
 def test_against_torch_without_times_leaves_the_time_check_empty():

@@ -221,6 +221,10 @@ def markdown(df) -> str:
         return fmt.format(v) if v is not None and v == v else "—"
 
     for r in df.to_dict("records"):
+        # a table read back from validate.csv has NaN where a run wrote nothing
+        r = {k: ("" if isinstance(v, float) and v != v and k in ("frozen", "torch_outcome", "torch_detail",
+                                                                  "audit_verdict", "capture_cost") else v)
+             for k, v in r.items()}
         pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f} (×{r['predicted_over_measured']:.2f}"
               f"{'' if r.get('time_agrees') else ', outside'})" if r.get("predicted_us") and r.get("replay_us")
               else "—")
