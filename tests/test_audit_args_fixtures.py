@@ -69,3 +69,4 @@ def test_the_host_counters_mask_bound_is_named_as_a_frozen_value():
     assert steps, "the mask bound (the host's position, one more at every token) is among the frozen values"
     r = steps[0]
     assert r["param"] >= 0 and r["byte_offset"] >= 0 and "kernel" in str(r["name"])
+    assert "ds4lab/audit/families.py" in str(r["where"]) and "__call__" in str(r["where"])  # the step's own line
