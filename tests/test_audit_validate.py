@@ -4,6 +4,7 @@ their outcomes, so what is checked is the comparison, the table written as it go
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -122,3 +123,35 @@ def test_a_recording_inside_the_result_folder_is_named_by_its_place_there(tmp_pa
     assert V._inside(str(inside), out) == "llama-static-float32/recording.csv.gz"
     elsewhere = tmp_path / "rec" / "recording.csv.gz"
     assert V._inside(str(elsewhere), out) == str(elsewhere) and V._inside("", out) == ""
+
+
+def test_runs_from_audits_the_saved_runs_without_a_gpu(tmp_path):
+    import pandas as pd
+
+    from ds4lab.errors import CheckFailed
+    from ds4lab.jobs.audit_validate import ValidateConfig, run
+
+    src = Path(__file__).parent / "data" / "audit_args"
+    with pytest.raises(CheckFailed, match="handwritten/device-counter/float32"):  # the known false finding
+        run(ValidateConfig(engines=("handwritten",), dtypes=("float32",), runs_from=src, out=tmp_path / "v"))
+    df = pd.read_csv(tmp_path / "v" / "validate.csv").set_index("cache")
+    assert set(df.index) == {"host-counter", "device-counter", "host-read"}
+    assert df.loc["host-counter", "audit_verdict"] == "replays wrong" and df.loc["host-counter", "verdict_agrees"]
+    assert df.loc["host-read", "audit_verdict"] == "refused" and df.loc["host-read", "verdict_agrees"]
+    assert df.loc["host-counter", "measured_loop"] == "never waits" and df.loc["host-counter", "time_agrees"]
+    assert (tmp_path / "v" / "handwritten-host-counter-float32" / "audit" / "audit.csv").is_file()
+
+
+def test_runs_from_refuses_what_it_cannot_use(tmp_path):
+    from ds4lab.errors import BadInput
+    from ds4lab.jobs.audit_validate import ValidateConfig, check_config, run
+
+    with pytest.raises(BadInput, match="no such folder"):
+        check_config(ValidateConfig(runs_from=tmp_path / "nope"))
+    with pytest.raises(BadInput, match="no run in it"):
+        check_config(ValidateConfig(runs_from=tmp_path))
+    src = Path(__file__).parent / "data" / "audit_args"
+    with pytest.raises(BadInput, match="--runs-from's folder"):
+        run(ValidateConfig(runs_from=src, out=src))
+    with pytest.raises(BadInput, match="none of the runs asked for"):
+        run(ValidateConfig(engines=("llama",), runs_from=src, out=tmp_path / "w"))

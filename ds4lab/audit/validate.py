@@ -134,8 +134,7 @@ def saved_run(folder: Path) -> dict:
         raise BadInput(f"{folder}: no engine.json: not a run of ds4lab audit validate")
     r = json.loads(f.read_text())
     for key, name in (("recording", "recording.csv.gz"), ("arguments", "arguments.json.gz")):
-        if r.get(key) or (folder / name).is_file():
-            r[key] = str(folder / name) if (folder / name).is_file() else ""
+        r[key] = str(folder / name) if (folder / name).is_file() else ""
     return r
 
 
