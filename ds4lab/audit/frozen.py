@@ -39,6 +39,7 @@ that records what is missing. It never says a step is safe without that evidence
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,10 @@ RIGHT, WRONG, REFUSED = "replays right", "replays wrong", "refused"
 UNKNOWN = "captures; replay correctness unknown from this trace"
 FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT = "frozen value", "frozen address", "ring-buffer slot"
 TEMPORARY, UNKNOWN_ADDRESS = "step temporary", "unknown address"
-CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS)
+UNSET = "unset bytes"
+#: A copy PyTorch refuses while a stream captures (an op-log finding, not an argument class).
+HOST_COPY = "pageable host copy"
+CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS, UNSET)
 #: Classes that make a replay wrong.
 FROZEN = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT)
 POOL_RULE = ("torch.cuda.graph captures into a private memory pool: every allocation the step makes during "
@@ -61,6 +65,18 @@ POOL_RULE = ("torch.cuda.graph captures into a private memory pool: every alloca
              "and an address that moves between eager tokens only because the caching allocator handed out "
              "another block is the same buffer in every replay (PyTorch, 'CUDA Graphs': graph memory "
              "management; CUDA Programming Guide, 'CUDA Graphs': stream-ordered allocation in graphs)")
+UNSET_RULE = ("a PyTorch operator's kernels get their by-value arguments from the operator's host arguments (sizes, "
+              "strides, dtypes and storage offsets of its tensors, its scalars, the values of the CPU tensors it "
+              "reads) and data pointers; a word that differs between tokens while every one of those is the same "
+              "was set by none of them: an unused slot of a by-value struct (TensorIterator's offset calculators "
+              "hold MAX_DIMS slots and set the tensor's rank: aten/src/ATen/cuda/detail/OffsetCalculator.cuh), "
+              "padding, whatever the host stack held; the kernel computes the same result from it at every token "
+              "(the operator log of the argument pass: ds4lab.trace.torch_ops)")
+HOST_COPY_RULE = ("PyTorch refuses a copy between a CPU tensor that is not pinned and a CUDA tensor while the "
+                  "current stream captures ('Cannot copy between CPU and CUDA tensors during CUDA graph capture "
+                  "unless the CPU tensor is pinned': aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda), "
+                  "whatever the copy is eagerly (a 0-dim source becomes a fill kernel); conformance: "
+                  "ds4lab.audit.torch_rules, scenario pageable_copy_0dim / pageable_copy_1d")
 NODE_RULE = ("CUDA Programming Guide, 'CUDA Graphs': a kernel node keeps the arguments it was captured with; "
              "a new value needs cudaGraphExecKernelNodeSetParams or a new capture")
 RECORD_COMMAND = ("ds4lab audit run -- python PROGRAM ARGS (records every launch's kernel arguments in a second, "
@@ -73,6 +89,9 @@ FIXES = {
     RING_SLOT: "pass the base address and read the slot index from device memory (cache_position as a device "
                "tensor), not a host-computed slot address",
     TEMPORARY: "nothing: harmless under the graph's private memory pool",
+    UNSET: "nothing: no host argument of the operator set it",
+    HOST_COPY: "pin the CPU tensor (tensor.pin_memory(), or allocate it with pin_memory=True) and copy it "
+               "before the replay, or compute the value on the device",
     UNKNOWN_ADDRESS: "record the allocations (an argument pass where torch is loaded, or cudaMalloc inside the "
                      "recording) so the address can be placed",
 }
@@ -102,6 +121,10 @@ class ArgumentAudit:
     notes: list = field(default_factory=list)
     source: str = ""
     cost: dict = field(default_factory=dict)
+    #: the operator calls PyTorch refuses under capture (pageable host copies in the tokens), one row each
+    refusals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: whether the pass logged the framework's operators (unset words can only be told where it did)
+    op_log: bool = False
 
     @property
     def frozen(self) -> pd.DataFrame:
@@ -245,16 +268,118 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
                     if len(set(pv)) == 1:
                         continue
                     rows.append(_classify(name, i, j, off + wo, len(pv[0]), pv, launches, g, tl, allocs, first,
-                                          last, stack))
+                                          last, stack, store))
     df = _merge(pd.DataFrame(rows))
+    refusals = _host_copies(store, tl, table)
     if unread_k:
         notes.append(f"{unread:,} launch(es) in the compared tokens unread ({', '.join(sorted(unread_k)[:6])}"
                      f"{', …' if len(unread_k) > 6 else ''}): their arguments were not compared")
     n = len(tl.tokens[groups[0][0]]) if groups else 0
-    return ArgumentAudit(df, sorted(compared), n, unread, sorted(unread_k), tl.how, notes, source, store.cost)
+    if store.ops is None:
+        notes.append("no operator log in the argument pass (torch not loaded, or a pass made before it was kept): a "
+                     "changing word no allocation holds is taken as a value, never as bytes nobody set")
+    return ArgumentAudit(df, sorted(compared), n, unread, sorted(unread_k), tl.how, notes, source, store.cost,
+                         refusals, store.ops is not None)
 
 
-def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last, stack) -> dict:
+def _ops_of(store: A.ArgumentStore, launches) -> list:
+    """The operator call that made each launch (None where the op log has none)."""
+    if store.ops is None:
+        return [None] * len(launches)
+    return [store.ops.get(store.op_of.get(c, -1)) for c, _, _ in launches]
+
+
+def _unset(ops: list, ints: list[int]) -> bool:
+    """Whether no host argument of the operators explains a changing word (:data:`UNSET_RULE`): every launch
+    made by the same operator with the same host-argument key, none opaque or random, and no value inside
+    one of its CUDA tensors' storages (a data pointer the allocations missed stays an address)."""
+    from ..trace.torch_ops import random_op
+
+    if not ops or any(o is None or "key" not in o for o in ops):
+        return False
+    o0 = ops[0]
+    if any(o["name"] != o0["name"] or o["key"] != o0["key"] or o.get("opaque") for o in ops) or random_op(o0["name"]):
+        return False
+    return not any(b <= v < b + n for o, v in zip(ops, ints) for b, n in o.get("spans", ()))
+
+
+def _set_by(ops: list) -> str:
+    """``; set by aten::lt.Scalar(…, 10) … (…, 12)``: the operator whose host arguments changed, where known."""
+    if not ops or any(o is None or "key" not in o for o in ops) or len({o["key"] for o in ops}) < 2:
+        return ""
+    texts = list(dict.fromkeys(o["text"] for o in ops))
+    return (f"; set by {ops[0]['name']} from host arguments that change: ({texts[0]})"
+            + (f" … ({texts[-1]})" if len(texts) > 1 else ""))
+
+
+#: Frames of CUDA libraries other than PyTorch: a pageable copy whose stack names one is not PyTorch's.
+OTHER_CUDA_LIBRARIES = re.compile(r"(^|[/;\s])(cupy(x|_backends)?|numba|cuda/(bindings|core)|pycuda)/")
+
+
+def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
+    """One row per (call, frame) of the copies between pageable host memory and the GPU made inside a
+    token of a pass that ran PyTorch (:data:`HOST_COPY_RULE`): PyTorch refuses each one while the stream
+    captures. Two kinds of evidence: the op log's copies (``copy_`` and ``_to_copy`` with a CPU tensor that
+    is not pinned, a 0-dim source included, which launches a kernel and no CUDA copy), and the pass's CUDA
+    copies with pageable host memory (``torch.tensor(data, device="cuda")`` copies below the dispatcher,
+    where no operator is seen), unless the copy's stack names another CUDA library."""
+    if store.ops is None:
+        return pd.DataFrame()
+    by: dict = {}
+
+    def add(key, toks, make):
+        r = by.get(key)
+        if r is None:
+            r = by[key] = {**make(), "_toks": set(), "count": 0}
+        r["_toks"].update(toks)
+        r["count"] += 1
+
+    def tokens_at(t_ns):
+        return [t for t in range(len(tl.tokens)) if tl.start_ns[t] <= t_ns < tl.end_ns[t]]
+
+    def row(name, text, what, where):
+        return {"kind": "framework call", "name": name, "call_class": HOST_COPY, "launch_index": -1, "param": -1,
+                "byte_offset": -1, "size": 0, "values": text, "what": what + ": PyTorch refuses it while the stream "
+                "captures", "where": where, "fix": FIXES[HOST_COPY], "verdict": "invalidates",
+                "rule_source": HOST_COPY_RULE}
+
+    for o in store.ops.values():
+        c = o.get("copy")
+        toks = tokens_at(o["t_ns"]) if c else []
+        if not toks:
+            continue
+        where = user_frame(c.get("stack", "")) or ""
+        direction = "host-to-device" if c["direction"] == "h2d" else "device-to-host"
+        eager = " (eagerly a fill kernel with the value by value)" if c["dim"] == 0 and c["direction"] == "h2d" else ""
+        add((o["name"], where), toks, lambda: row(
+            o["name"], o["text"], f"{o['name']}({o['text']}): a {direction} copy of a {c['dim']}-dim CPU tensor that "
+            f"is not pinned{eager}", where))
+    if table is not None:
+        f = table.frame
+        cp = f[(f["kind"] == "memcpy") & (f["host_memory"] == "pageable") & f["copy_kind"].isin(("HtoD", "DtoH"))]
+        api = f[f["kind"] == "api"].drop_duplicates("correlation").set_index("correlation")
+        for _, m in cp.iterrows():
+            a = api.loc[m["correlation"]] if m["correlation"] in api.index else None
+            t0 = int(a["start_ns"]) if a is not None else int(m["start_ns"])
+            toks = tokens_at(t0)
+            stack = str(a["stack"]) if a is not None else ""
+            if not toks or OTHER_CUDA_LIBRARIES.search(stack):
+                continue
+            where = user_frame(stack) or ""
+            name = str(a["name"]) if a is not None else "cudaMemcpyAsync"
+            direction = "host-to-device" if m["copy_kind"] == "HtoD" else "device-to-host"
+            add((name, where), toks, lambda: row(
+                name, f"{int(m['bytes'])} B", f"{name}: a {direction} copy of {int(m['bytes'])} B with pageable host "
+                f"memory, made in a pass that ran PyTorch (a torch.tensor(..., device='cuda'), .to(), .cpu(), "
+                f".tolist(): PyTorch's copy_kernel_cuda)", where))
+    rows = []
+    for r in by.values():
+        toks = sorted(r.pop("_toks"))
+        rows.append({**r, "token_range": compact_ranges(toks), "tokens": len(toks), "launches": ""})
+    return pd.DataFrame(rows)
+
+
+def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last, stack, store) -> dict:
     ints = [int.from_bytes(b, "little", signed=False) for b in pv]
     locs = [allocs.place(v, at) for v, (_, _, at) in zip(ints, launches)] if size == 8 else [None] * len(pv)
     modal = pv[0]
@@ -264,11 +389,18 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
             "rule_source": NODE_RULE}
     if all(x is None for x in locs):
         shown = _scalar_text(pv)
+        ops = _ops_of(store, launches)
+        if _unset(ops, ints):
+            what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B): "
+                    f"{', '.join(shown[:4])}{', …' if len(shown) > 4 else ''}, while every host argument of "
+                    f"{ops[0]['name']} ({ops[0]['text'][:120]}) is the same at every token: bytes no argument set")
+            return {**base, "call_class": UNSET, "values": ", ".join(shown[:8]), "what": what, "fix": FIXES[UNSET],
+                    "verdict": "allowed", "rule_source": UNSET_RULE}
         step = _position_like([int(s) for s in shown])
         what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B) by value: "
                 f"{', '.join(shown[:6])}{', …' if len(shown) > 6 else ''}"
                 + (f" ({step}: a position, a length or a write index)" if step else "")
-                + ": the graph replays the captured value")
+                + _set_by(ops) + ": the graph replays the captured value")
         return {**base, "call_class": FROZEN_VALUE, "values": ", ".join(shown[:8]), "what": what,
                 "fix": FIXES[FROZEN_VALUE], "verdict": "frozen"}
     lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
@@ -345,14 +477,15 @@ def attach(report, store_path=None, own_table=None, own_path=None) -> None:
         return
     aa = compare(store, table, source=str(store_path))
     report.arguments = aa
-    fr = aa.frozen
-    if len(fr):
-        add = fr.copy()
+    for rows, verdict_, severity in ((aa.refusals, "invalidates", 6), (aa.frozen, "frozen", 5)):
+        if not len(rows):
+            continue
+        add = rows.copy()
         for m in report.modes:
-            add[f"verdict_{m}"] = "frozen"
+            add[f"verdict_{m}"] = verdict_
             add[f"rule_{m}"] = ""
             add[f"error_{m}"] = ""
-        add["severity"] = 5
+        add["severity"] = severity
         add = add.drop(columns=["verdict"])
         report.findings = pd.concat([x for x in (report.findings, add) if x is not None and len(x)], ignore_index=True)
 
@@ -402,13 +535,15 @@ def _evidence(report) -> str:
     if aa is None:
         return ""
     harmless = int((aa.findings["call_class"] == TEMPORARY).sum()) if len(aa.findings) else 0
+    unset = int((aa.findings["call_class"] == UNSET).sum()) if len(aa.findings) else 0
     if aa.launches and aa.unread >= aa.launches * max(len(aa.compared), 1):
         # nothing was read: saying "compared argument by argument" would claim evidence there is none of
         return (f"{len(aa.compared)} tokens with identical launch lists, but no launch's arguments could be read "
                 f"({aa.unread:,} unread): no argument value compared")
     return (f"{len(aa.compared)} tokens with identical launch lists compared argument by argument "
             f"({aa.launches:,} launches each, {aa.unread:,} unread); {len(aa.frozen)} frozen, {harmless} step "
-            f"temporar{'y' if harmless == 1 else 'ies'} (harmless)")
+            f"temporar{'y' if harmless == 1 else 'ies'} (harmless)"
+            + (f", {unset} unset word(s) (no host argument of their operator set them)" if unset else ""))
 
 
 def table(reports) -> pd.DataFrame:
@@ -416,9 +551,9 @@ def table(reports) -> pd.DataFrame:
     parts = []
     for r in reports:
         aa = getattr(r, "arguments", None)
-        if aa is None or aa.findings.empty:
+        if aa is None or (aa.findings.empty and aa.refusals.empty):
             continue
-        df = aa.findings.copy()
+        df = pd.concat([x for x in (aa.refusals, aa.findings) if len(x)], ignore_index=True)
         for k, (c, v) in enumerate((("source", r.source), ("pid", r.pid), ("device", r.device))):
             df.insert(k, c, v)
         parts.append(df)
@@ -432,9 +567,10 @@ def meta(report) -> dict:
     out = {"verdict": v.verdict, "why": v.why, "evidence": v.evidence, "command": v.command}
     if aa is not None:
         out.update({"arguments": aa.source, "compared_tokens": aa.compared, "launches_per_token": aa.launches,
-                    "unread": aa.unread, "unread_kernels": aa.unread_kernels, "cost": aa.cost, "notes": aa.notes})
+                    "unread": aa.unread, "unread_kernels": aa.unread_kernels, "cost": aa.cost, "notes": aa.notes,
+                    "operator_log": aa.op_log, "refused_copies": int(len(aa.refusals))})
     return out
 
 
-__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "REFUSED", "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "compare",
+__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "REFUSED", "UNSET", "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "compare",
            "meta", "table", "verdict"]

@@ -310,6 +310,9 @@ class ArgumentCapture:
         self.stacks: dict[int, str] = {}
         self.own: list[tuple] = []            # (thread id, t0, t1) of the capture's own CUDA calls
         self.why_unread: dict[int, str] = {}  # corr -> why its launch is unread (gone once read)
+        #: the innermost framework operator open at a launch (:class:`ds4lab.trace.torch_ops.OpLog`), or None
+        self.current_op = None
+        self.op_of: dict[int, int] = {}       # corr -> index of that operator call
         self.local = threading.local()
         self.notes: list[str] = []
         self._stop = None
@@ -361,6 +364,10 @@ class ArgumentCapture:
             corr = outer["corr"]  # the runtime launch around it: one launch, one record
         ent = {"corr": corr, "read": False, "key": (domain, cbid), "outer": outer}
         open_.append(ent)
+        if outer is None and self.current_op is not None:
+            op = self.current_op()
+            if op is not None:
+                self.op_of[corr] = op
         if outer is not None and outer["read"]:
             return
         self._try(ent, form, cbdata)
@@ -498,6 +505,8 @@ class MemoryTracker:
         self.events: list = []
         self.notes: list[str] = []
         self._history = False
+        #: the pass's operator log where torch is loaded (:class:`ds4lab.trace.torch_ops.OpLog`)
+        self.ops = None
 
     def _pair(self) -> None:
         self.pairs.append((time.time_ns(), int(self.clock())))
@@ -606,6 +615,10 @@ class ArgumentStore:
         segments: ``[base, size]`` of torch's caching allocator segments (None: torch not followed).
         host_maps: ``[start, end, name]`` of the process's host mappings at the pass's end
             (``/proc/self/maps``: stack, heap, libraries), for telling host addresses among the words.
+        ops: the framework's operator calls (:mod:`ds4lab.trace.torch_ops`; None: no op log), as index →
+            call (``{"name", "key", "text", "spans", "cpu", "opaque", "t_ns", "copy"?}``): those that made a
+            kept launch, and every copy between pageable host memory and the GPU.
+        op_of: correlation id → the index of the operator call that made the launch (kept launches).
         token_range: the NVTX range that marks a token in the pass, if given.
         table: the event table of the pass (a file name beside the store; "" when the store sits beside it).
         cost: what the capture cost per launch, where measured (:func:`measure_overhead`).
@@ -620,6 +633,8 @@ class ArgumentStore:
     ranges: dict = field(default_factory=dict)
     segments: list | None = None
     host_maps: list = field(default_factory=list)
+    ops: dict | None = None
+    op_of: dict = field(default_factory=dict)
     token_range: str | None = None
     table: str = ""
     cost: dict = field(default_factory=dict)
@@ -640,7 +655,9 @@ def save(store: ArgumentStore, path) -> Path:
          "launches": {str(k): v for k, v in store.launches.items()},
          "blobs": {k: v.hex() for k, v in store.blobs.items()}, "stacks": {str(k): v for k, v in store.stacks.items()},
          "allocations": store.allocations, "ranges": {str(k): list(v) for k, v in store.ranges.items()},
-         "segments": store.segments, "host_maps": store.host_maps, "token_range": store.token_range, "table": store.table, "cost": store.cost,
+         "segments": store.segments, "host_maps": store.host_maps,
+         "ops": None if store.ops is None else {str(k): v for k, v in store.ops.items()},
+         "op_of": {str(k): v for k, v in store.op_of.items()}, "token_range": store.token_range, "table": store.table, "cost": store.cost,
          "notes": store.notes, "pruned": store.pruned}
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
@@ -662,7 +679,9 @@ def load(path) -> ArgumentStore:
         functions=d["functions"], launches={int(k): v for k, v in d["launches"].items()},
         blobs={k: bytes.fromhex(v) for k, v in d["blobs"].items()}, stacks={int(k): v for k, v in d["stacks"].items()},
         allocations=d["allocations"], ranges={int(k): tuple(v) for k, v in d["ranges"].items()},
-        segments=d.get("segments"), host_maps=d.get("host_maps", []), token_range=d.get("token_range"), table=d.get("table", ""),
+        segments=d.get("segments"), host_maps=d.get("host_maps", []),
+        ops=None if d.get("ops") is None else {int(k): v for k, v in d["ops"].items()},
+        op_of={int(k): int(v) for k, v in d.get("op_of", {}).items()}, token_range=d.get("token_range"), table=d.get("table", ""),
         cost=d.get("cost", {}), notes=d.get("notes", []), pruned=bool(d.get("pruned")))
 
 
@@ -721,6 +740,10 @@ def prune(store: ArgumentStore, tl: TokenLaunches | None) -> None:
                 keep_c.update(corrs)
     store.blobs = {d: b for d, b in store.blobs.items() if d in keep_d}
     store.stacks = {c: s for c, s in store.stacks.items() if c in keep_c}
+    store.op_of = {c: o for c, o in store.op_of.items() if c in keep_c}
+    if store.ops is not None:
+        keep_o = set(store.op_of.values())
+        store.ops = {i: o for i, o in store.ops.items() if i in keep_o or "copy" in o}
     store.pruned = True
 
 

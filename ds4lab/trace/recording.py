@@ -188,6 +188,8 @@ def recording(*, stacks: bool = True, arguments: bool = False, token_range: str 
             rec.legacy = _legacy_streams(session, rec.notes)
             if capture is not None:
                 capture.stop()
+                if getattr(mem, "ops", None) is not None:
+                    mem.ops.stop()
                 mem.stop()
             rec.records = sub.take()
             _host_ranges_as_markers(rec)
@@ -243,6 +245,16 @@ def _start_arguments(session, rec, stacks: bool):
         return None, None
     mem = MemoryTracker(session.timestamp)
     mem.start()
+    if mem.torch is not None:  # the framework's operators, for telling set words from unset ones
+        from .torch_ops import OpLog
+
+        mem.ops = OpLog(mem.torch, session.timestamp)
+        try:
+            mem.ops.start()
+            capture.current_op = mem.ops.current
+        except Exception as e:  # noqa: BLE001 - a torch without dispatch modes: no op log, said
+            rec.notes.append(f"no operator log ({type(e).__name__}: {e}): unset words are not told from values")
+            mem.ops = None
     return capture, mem
 
 
@@ -261,6 +273,11 @@ def _finish_arguments(rec, capture, mem, token_range, tokens=None) -> None:
     store.allocations = A.cupti_allocations(rec.records) + mem.allocations()
     store.segments = [list(s) for s in mem.segments] if mem.torch is not None else None
     store.host_maps = A.host_maps()
+    log = getattr(mem, "ops", None)
+    if log is not None:
+        store.ops = dict(enumerate(log.ops))
+        store.op_of = dict(capture.op_of)
+        store.notes.extend(log.notes)
     for why, n in capture.unread.most_common():
         store.notes.append(f"{n:,} launch(es) unread: {why}")
     rec.arguments = store

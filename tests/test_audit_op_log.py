@@ -1,0 +1,163 @@
+"""The operator log of an argument pass (:mod:`ds4lab.trace.torch_ops`) in the comparison
+(:mod:`ds4lab.audit.frozen`): a changing word no host argument of its operator set is unset (harmless),
+one set from changing host arguments stays frozen and names its operator, and a copy from pageable host
+memory inside a token is a refusal. The passes are the stand-in CUPTI's (:mod:`audit_args_synth`) with
+operator calls attached as the op log would attach them."""
+
+from __future__ import annotations
+
+import pytest
+
+import audit_args_synth as S
+from ds4lab.audit import arguments as AA
+from ds4lab.audit import frozen as F
+from ds4lab.trace import arguments as A
+
+
+def _with_ops(rec, key_of, *, spans=(), opaque=False, name="aten::rope"):
+    """Tag every rope launch with an operator call whose key is ``key_of(token)``, the others with one
+    call each of a constant key."""
+    st = rec.arguments
+    tl = AA.token_launches(rec.table(), "decode_step")
+    st.ops, st.op_of = {}, {}
+    for t, launches in enumerate(tl.tokens):
+        for corr, kname, _ in launches:
+            i = len(st.ops)
+            rope = kname == "rope"
+            st.ops[i] = {"name": name if rope else f"aten::{kname}", "key": key_of(t) if rope else kname,
+                         "text": f"cuda float32[4], {17 + t}" if rope else "cuda float32[4]", "spans": list(spans),
+                         "cpu": [], "opaque": opaque, "t_ns": 0}
+            st.op_of[corr] = i
+    return rec
+
+
+def test_a_changing_word_no_host_argument_set_is_unset_and_the_step_replays_right(monkeypatch):
+    rec, _, _ = S.record(monkeypatch, host_slot=False)
+    aa = F.compare(_with_ops(rec, lambda t: "same").arguments, rec.table())
+    rope = aa.findings.set_index(["name", "call_class"]).loc[("rope", F.UNSET)]
+    assert rope["values"] == "17, 18, 19, 20, 21" and rope["verdict"] == "allowed"
+    assert "every host argument of aten::rope" in rope["what"] and "OffsetCalculator" in rope["rule_source"]
+    assert len(aa.frozen) == 0 and aa.complete and aa.op_log
+
+    class R:
+        findings, tool = None, "cupti"
+    R.arguments = aa
+    v = F.verdict(R)
+    assert v.verdict == F.RIGHT and "1 unset word(s)" in v.evidence
+
+
+def test_a_word_set_from_changing_host_arguments_stays_frozen_and_names_its_operator(monkeypatch):
+    rec, _, _ = S.record(monkeypatch, host_slot=False)
+    aa = F.compare(_with_ops(rec, lambda t: f"pos{t}").arguments, rec.table())
+    (row,) = aa.frozen.itertuples()
+    assert row.name == "rope" and row.call_class == F.FROZEN_VALUE
+    assert "set by aten::rope from host arguments that change: (cuda float32[4], 17) … (cuda float32[4], 21)" in row.what
+
+
+@pytest.mark.parametrize("why", ["span", "opaque", "random", "one call missing"])
+def test_a_changing_word_is_never_called_unset_without_the_evidence(monkeypatch, why):
+    """A value inside one of the operator's tensors (a data pointer the allocations missed), an operator
+    with a host tensor too large to key, one that reads a random generator, a launch with no operator."""
+    rec, _, _ = S.record(monkeypatch, host_slot=False)
+    kw = {"spans": [[0, 64]]} if why == "span" else {"opaque": True} if why == "opaque" else (
+        {"name": "aten::bernoulli_"} if why == "random" else {})
+    _with_ops(rec, lambda t: "same", **kw)
+    if why == "one call missing":
+        st = rec.arguments
+        rope = [c for c, i in st.op_of.items() if st.ops[i]["name"] == "aten::rope"]
+        del st.op_of[rope[2]]
+    aa = F.compare(rec.arguments, rec.table())
+    assert list(aa.frozen["name"]) == ["rope"] and not (aa.findings["call_class"] == F.UNSET).any()
+
+
+def test_without_an_op_log_a_changing_word_is_a_value_and_the_notes_say_why(monkeypatch):
+    rec, _, _ = S.record(monkeypatch, host_slot=False)
+    aa = F.compare(rec.arguments, rec.table())
+    assert list(aa.frozen["call_class"]) == [F.FROZEN_VALUE] and not aa.op_log
+    assert any("no operator log" in n for n in aa.notes)
+
+
+def _copy_op(t_ns, dim=0, direction="h2d"):
+    return {"name": "aten::copy_", "key": "k", "text": "cuda int64[] (written), cpu int64[]=26", "spans": [[1, 8]],
+            "cpu": [[dim, 1, False]], "opaque": False, "t_ns": t_ns,
+            "copy": {"dim": dim, "numel": 1, "direction": direction,
+                     "stack": "run.py:3 <module>;/home/u/engine/mask.py:12 build_mask;torch/_tensor.py:40 copy_"}}
+
+
+def test_a_pageable_copy_inside_a_token_is_a_refusal_and_one_outside_is_not(monkeypatch, tmp_path):
+    from ds4lab.audit import analyze
+
+    rec, _, _ = S.record(monkeypatch, tmp_path, host_counter=False, host_slot=False)
+    tl = AA.token_launches(rec.table(), "decode_step")
+    st = A.load(tmp_path / "arguments.json.gz")
+    inside = (tl.start_ns[2] + tl.end_ns[2]) // 2
+    st.ops = {0: _copy_op(inside), 1: _copy_op(tl.start_ns[0] - 10_000_000, dim=1)}
+    A.save(st, tmp_path / "arguments.json.gz")
+    (r,) = analyze([rec.table()], token_range="decode_step")
+    F.attach(r, tmp_path / "arguments.json.gz", rec.table(), tmp_path / "arguments.csv.gz")
+    (row,) = r.arguments.refusals.itertuples()
+    assert row.call_class == F.HOST_COPY and row.token_range == "2" and row.where.startswith("/home/u/engine/mask.py:12")
+    assert "0-dim CPU tensor that is not pinned (eagerly a fill kernel" in row.what and "Copy.cu" in row.rule_source
+    v = F.verdict(r)
+    assert v.verdict == F.REFUSED and "pageable host copy" in v.why and "mask.py:12" in v.why
+    assert F.table([r])["call_class"].tolist()[0] == F.HOST_COPY
+    assert F.meta(r)["refused_copies"] == 1 and F.meta(r)["operator_log"]
+
+
+def test_the_op_log_round_trips_and_pruning_keeps_the_kept_launches_calls_and_every_copy(monkeypatch, tmp_path):
+    rec, _, _ = S.record(monkeypatch, host_slot=False)
+    st = _with_ops(rec, lambda t: "same").arguments
+    st.ops[len(st.ops)] = _copy_op(5)
+    tl = AA.token_launches(rec.table(), "decode_step")
+    A.prune(st, tl)
+    kept = set(st.op_of)
+    assert set(st.stacks) <= kept and len(kept) == 15  # embed's, rope's, kv_write's in 5 tokens: they differ
+    assert {st.ops[st.op_of[c]]["name"] for c in kept} == {"aten::rope", "aten::embed", "aten::kv_write"}
+    assert any("copy" in o for o in st.ops.values()) and len(st.ops) == len(set(st.op_of.values())) + 1
+    back = A.load(A.save(st, tmp_path / "a.json.gz"))
+    assert back.ops == st.ops and back.op_of == st.op_of
+
+
+def test_operator_keys_leave_out_data_pointers_and_written_values_and_keep_cpu_values():
+    torch = pytest.importorskip("torch")
+    from ds4lab.trace.torch_ops import _written, describe
+
+    a, b = torch.arange(4.0), torch.arange(4.0) + 10
+    k = lambda *args, func=None: describe(torch, args, {}, written=_written(func) if func else set())[0]  # noqa: E731
+    assert k(a, 3) == k(a.clone(), 3) and k(a, 3) != k(b, 3)  # another storage, same values: same key
+    assert k(torch.tensor(3), 1) != k(torch.tensor(4), 1)  # a 0-dim CPU tensor's value is a host argument
+    assert k(a, 3) != k(a, 4) and k(a, 3) != k(a.reshape(2, 2), 3)
+    copy = torch.ops.aten.copy_.default
+    assert (k(torch.empty(()), torch.tensor(3), func=copy) == k(torch.full((), 9.0), torch.tensor(3), func=copy))
+
+
+@pytest.mark.parametrize("stack, ops, refused", [
+    ("run.py:3 <module>;transformers/cache_utils.py:558 update", {}, True),     # torch.tensor(..., device="cuda")
+    ("run.py:3 <module>;cupy/_creation/from_data.py:40 array", {}, False),    # CuPy's own copy
+    ("run.py:3 <module>;transformers/cache_utils.py:558 update", None, False),  # no torch in the pass
+])
+def test_a_pageable_cuda_copy_in_a_token_of_a_torch_pass_is_refused_unless_another_library_made_it(
+        monkeypatch, stack, ops, refused):
+    import dataclasses
+
+    import pandas as pd
+    from ds4lab.trace.events import make_frame
+
+    rec, _, _ = S.record(monkeypatch, host_counter=False, host_slot=False)
+    table = rec.table()
+    tl = AA.token_launches(table, "decode_step")
+    t = (tl.start_ns[1] + tl.end_ns[1]) // 2
+    extra = make_frame([
+        {"kind": "api", "name": "cudaMemcpyAsync", "correlation": 999_999, "start_ns": t, "end_ns": t + 10, "stack": stack},
+        {"kind": "memcpy", "name": "Memcpy HtoD", "correlation": 999_999, "start_ns": t + 20, "end_ns": t + 30,
+         "copy_kind": "HtoD", "host_memory": "pageable", "bytes": 8}])
+    table = dataclasses.replace(table, frame=pd.concat([table.frame, extra], ignore_index=True)
+                                .sort_values("start_ns", kind="stable").reset_index(drop=True))
+    rec.arguments.ops = ops
+    aa = F.compare(rec.arguments, table)
+    if not refused:
+        assert aa.refusals.empty
+        return
+    (row,) = aa.refusals.itertuples()
+    assert row.name == "cudaMemcpyAsync" and row.token_range == "1" and row.where.startswith("transformers/cache_utils.py:558")
+    assert "8 B with pageable host memory, made in a pass that ran PyTorch" in row.what
