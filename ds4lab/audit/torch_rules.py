@@ -49,7 +49,7 @@ def _capture(torch, fn) -> str:
 def _eager_kernels(fn) -> list:
     """The kernels one eager call launches (CUPTI, through ds4lab's recording), or [] without CUPTI."""
     from ..trace.recording import recording
-    from ..errors import SourceError
+    from ..trace.sources.common import SourceError
 
     try:
         with recording(stacks=False) as rec:
