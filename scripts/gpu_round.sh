@@ -27,6 +27,8 @@
 #   calibrate    ds4lab calibrate (ds4-flash), --long-context on top of it (three positions), then
 #                --from-ladder on the islands step's folder when this round has one (run islands first)
 #   torch-rules  the conformance scenarios of the audit's PyTorch-level rules (ds4lab.audit.torch_rules)
+#   replay-kernels  scripts/replay_kernels.py: a replayed graph's kernel records against the eager token's, per launch
+#                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
 #   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
 #                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
@@ -89,6 +91,8 @@ for arg in "$@"; do
          if [ -d $R/islands ]; then $D calibrate --from-ladder $R/islands --base $R/calibration/h200-long.json \
          --out $R/calibration/h200-host.json; fi" ;;
     torch-rules) TAIL=20 step torch-rules ${limit:-120} python3 -m ds4lab.audit.torch_rules --out $R/torch-rules ;;
+    replay-kernels) TAIL=20 step replay-kernels ${limit:-150} python3 scripts/replay_kernels.py --out $R/replay-kernels \
+         --dtype ${RK_DTYPE:-bfloat16} ${RK_RUNS:-llama/dynamic llama/static} ;;
     audit) TAIL=30 step audit ${limit:-300} $D audit validate ${AUDIT_ARGS:-} --out $R/audit ;;
     fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \

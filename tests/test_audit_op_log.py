@@ -97,7 +97,7 @@ def test_a_pageable_copy_inside_a_token_is_a_refusal_and_one_outside_is_not(monk
     F.attach(r, tmp_path / "arguments.json.gz", rec.table(), tmp_path / "arguments.csv.gz")
     (row,) = r.arguments.refusals.itertuples()
     assert row.call_class == F.HOST_COPY and row.token_range == "2" and row.where.startswith("/home/u/engine/mask.py:12")
-    assert "0-dim CPU tensor that is not pinned (eagerly a fill kernel" in row.what and "Copy.cu" in row.rule_source
+    assert "copy of a 0-dim CPU tensor that is not pinned: PyTorch refuses it" in row.what and "Copy.cu" in row.rule_source
     v = F.verdict(r)
     assert v.verdict == F.REFUSED and "pageable host copy" in v.why and "mask.py:12" in v.why
     assert F.table([r])["call_class"].tolist()[0] == F.HOST_COPY
@@ -161,3 +161,18 @@ def test_a_pageable_cuda_copy_in_a_token_of_a_torch_pass_is_refused_unless_anoth
     (row,) = aa.refusals.itertuples()
     assert row.name == "cudaMemcpyAsync" and row.token_range == "1" and row.where.startswith("transformers/cache_utils.py:558")
     assert "8 B with pageable host memory, made in a pass that ran PyTorch" in row.what
+
+
+def test_a_word_that_is_a_temporary_in_some_tokens_and_no_live_address_in_others_is_harmless():
+    """The operator evidence (same operator, same host arguments) with, per token, a temporary of the token,
+    free space of the caching allocator, or no address at all: harmless; a live allocation that is not the
+    token's own, or one of the operator's own tensors, is never explained away."""
+    op = {"name": "aten::_grouped_mm", "key": "k", "text": "cuda bfloat16[4, 256]", "spans": [[0x9000, 0x100]]}
+    tmp = ("torch block", 0x7000, 0x1000, 5, 9)
+    seg = ("caching-allocator segment", 0x6000, 0x200000, -1, -1)
+    assert F._explained([op, op], [0x7800, 0x1], [tmp, None], ["own", "unknown"]) == F.TEMPORARY
+    assert F._explained([op, op], [0x6100, 0x6900], [seg, seg], ["unknown", "unknown"]) == F.UNSET
+    assert F._explained([op, op], [0x7800, 0x1], [tmp, None], ["persistent", "unknown"]) is None
+    assert F._explained([op, op], [0x9010, 0x1], [None, None], ["unknown", "unknown"]) is None
+    other = {**op, "key": "k2"}
+    assert F._explained([op, other], [0x1, 0x2], [None, None], ["unknown", "unknown"]) is None

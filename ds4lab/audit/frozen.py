@@ -75,7 +75,7 @@ UNSET_RULE = ("a PyTorch operator's kernels get their by-value arguments from th
 HOST_COPY_RULE = ("PyTorch refuses a copy between a CPU tensor that is not pinned and a CUDA tensor while the "
                   "current stream captures ('Cannot copy between CPU and CUDA tensors during CUDA graph capture "
                   "unless the CPU tensor is pinned': aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda), "
-                  "whatever the copy is eagerly (a 0-dim source becomes a fill kernel); conformance: "
+                  "a 0-dim source included, where CUDA alone would capture the copy as a memcpy node; conformance: "
                   "ds4lab.audit.torch_rules, scenario pageable_copy_0dim / pageable_copy_1d")
 NODE_RULE = ("CUDA Programming Guide, 'CUDA Graphs': a kernel node keeps the arguments it was captured with; "
              "a new value needs cudaGraphExecKernelNodeSetParams or a new capture")
@@ -289,18 +289,37 @@ def _ops_of(store: A.ArgumentStore, launches) -> list:
     return [store.ops.get(store.op_of.get(c, -1)) for c, _, _ in launches]
 
 
-def _unset(ops: list, ints: list[int]) -> bool:
-    """Whether no host argument of the operators explains a changing word (:data:`UNSET_RULE`): every launch
-    made by the same operator with the same host-argument key, none opaque or random, and no value inside
-    one of its CUDA tensors' storages (a data pointer the allocations missed stays an address)."""
+def _same_operator(ops: list) -> bool:
+    """Whether every launch was made by the same operator with the same host-argument key, none opaque
+    (a host tensor too large to key) or random (a generator's state: :func:`ds4lab.trace.torch_ops.random_op`)."""
     from ..trace.torch_ops import random_op
 
     if not ops or any(o is None or "key" not in o for o in ops):
         return False
     o0 = ops[0]
-    if any(o["name"] != o0["name"] or o["key"] != o0["key"] or o.get("opaque") for o in ops) or random_op(o0["name"]):
-        return False
-    return not any(b <= v < b + n for o, v in zip(ops, ints) for b, n in o.get("spans", ()))
+    return not (any(o["name"] != o0["name"] or o["key"] != o0["key"] or o.get("opaque") for o in ops)
+                or random_op(o0["name"]))
+
+
+def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
+    """:data:`UNSET` or :data:`TEMPORARY` where the operator evidence explains a changing word
+    (:data:`UNSET_RULE`), else None. With the same operator and host arguments at every token, each
+    token's value must be an address inside memory the token allocated (a temporary) or no address of
+    anything alive at the launch: not inside a live allocation (a caching-allocator segment's free space
+    is none), and not inside one of the operator's own tensors (a data pointer the allocations missed
+    stays an address)."""
+    if not _same_operator(ops):
+        return None
+    own = False
+    for o, v, loc, life in zip(ops, ints, locs, lives):
+        if life == "own":
+            own = True
+            continue
+        if loc is not None and loc[0] != "caching-allocator segment":
+            return None
+        if any(b <= v < b + n for b, n in o.get("spans", ())):
+            return None
+    return TEMPORARY if own else UNSET
 
 
 def _set_by(ops: list) -> str:
@@ -350,10 +369,9 @@ def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
             continue
         where = user_frame(c.get("stack", "")) or ""
         direction = "host-to-device" if c["direction"] == "h2d" else "device-to-host"
-        eager = " (eagerly a fill kernel with the value by value)" if c["dim"] == 0 and c["direction"] == "h2d" else ""
         add((o["name"], where), toks, lambda: row(
             o["name"], o["text"], f"{o['name']}({o['text']}): a {direction} copy of a {c['dim']}-dim CPU tensor that "
-            f"is not pinned{eager}", where))
+            f"is not pinned", where))
     if table is not None:
         f = table.frame
         cp = f[(f["kind"] == "memcpy") & (f["host_memory"] == "pageable") & f["copy_kind"].isin(("HtoD", "DtoH"))]
@@ -387,15 +405,21 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
     base = {"kind": "argument", "name": name, "launch_index": i, "param": j, "byte_offset": offset, "size": size,
             "token_range": compact_ranges(odd), "tokens": len(odd), "count": len(g), "where": user_frame(stack) or "",
             "rule_source": NODE_RULE}
+    lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
+    ops = _ops_of(store, launches)
+    why = _explained(ops, ints, locs, lives) if not all(x == "own" for x in lives) else None
+    if why is not None:
+        shown = (_scalar_text(pv) if all(x is None for x in locs)
+                 else [f"0x{v:x}" for v in ints])
+        same = (f"every host argument of {ops[0]['name']} ({ops[0]['text'][:120]}) is the same at every token")
+        what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B): "
+                f"{', '.join(shown[:4])}{', …' if len(shown) > 4 else ''}, while {same}: "
+                + ("bytes no argument set" if why == UNSET else
+                   "an address of the token's own temporaries in some tokens, no live address in the others"))
+        return {**base, "call_class": why, "values": ", ".join(shown[:8]), "what": what, "fix": FIXES[why],
+                "verdict": "allowed", "rule_source": UNSET_RULE if why == UNSET else f"{UNSET_RULE}; {POOL_RULE}"}
     if all(x is None for x in locs):
         shown = _scalar_text(pv)
-        ops = _ops_of(store, launches)
-        if _unset(ops, ints):
-            what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B): "
-                    f"{', '.join(shown[:4])}{', …' if len(shown) > 4 else ''}, while every host argument of "
-                    f"{ops[0]['name']} ({ops[0]['text'][:120]}) is the same at every token: bytes no argument set")
-            return {**base, "call_class": UNSET, "values": ", ".join(shown[:8]), "what": what, "fix": FIXES[UNSET],
-                    "verdict": "allowed", "rule_source": UNSET_RULE}
         step = _position_like([int(s) for s in shown])
         what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B) by value: "
                 f"{', '.join(shown[:6])}{', …' if len(shown) > 6 else ''}"
@@ -403,7 +427,6 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
                 + _set_by(ops) + ": the graph replays the captured value")
         return {**base, "call_class": FROZEN_VALUE, "values": ", ".join(shown[:8]), "what": what,
                 "fix": FIXES[FROZEN_VALUE], "verdict": "frozen"}
-    lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
     hexes = ", ".join(f"0x{v:x}" for v in ints[:6]) + (", …" if len(ints) > 6 else "")
     loc0 = next(x for x in locs if x is not None)
     into = f"{loc0[0]} of {_size(loc0[2])} at 0x{loc0[1]:x}"

@@ -17,8 +17,9 @@ argument) from one no host argument of the operator explains (set by nobody, rea
 It also keeps every copy between a CPU tensor that is not pinned and a CUDA tensor
 (:data:`COPY_OPS`): PyTorch refuses those while a stream captures ("Cannot copy between CPU and CUDA
 tensors during CUDA graph capture unless the CPU tensor is pinned": aten/src/ATen/native/cuda/Copy.cu,
-``copy_kernel_cuda``), even where the eager copy is no CUDA copy at all (a 0-dim source becomes a fill
-kernel with the value by value, which no CUDA rule refuses).
+``copy_kernel_cuda``), a 0-dim source included, where CUDA itself would capture the copy as a memcpy
+node. (``torch.tensor(data, device="cuda")`` copies below the dispatcher, where no mode sees it: the
+audit finds that one by its CUDA copy, :func:`ds4lab.audit.frozen.compare`.)
 
 The log is a ``TorchDispatchMode`` (``torch.utils._python_dispatch``), entered on the thread that
 enters the argument pass, so it sees the operators that thread runs below autograd. It costs Python at
