@@ -70,3 +70,18 @@ def test_the_host_counters_mask_bound_is_named_as_a_frozen_value():
     r = steps[0]
     assert r["param"] >= 0 and r["byte_offset"] >= 0 and "kernel" in str(r["name"])
     assert "ds4lab/audit/families.py" in str(r["where"]) and "__call__" in str(r["where"])  # the step's own line
+
+
+def test_the_plan_is_held_only_to_a_graph_of_the_recorded_tokens_work():
+    """A graph with other kernel nodes than the token launches (the step took another path under
+    capture) is said, and its time not held to the plan; the same count holds it as before."""
+    from ds4lab.audit.validate import same_work
+
+    run = ROOT / "handwritten-device-counter-float32"
+    rep, torch_run = _audit(run)
+    same = against_torch(rep, {**torch_run, "graph_kernels": 35})
+    assert same["token_kernels"] == 35 and same["same_work"] is True and same["time_agrees"] is True
+    other = against_torch(rep, {**torch_run, "graph_kernels": 41})
+    assert other["same_work"] is False and other["time_agrees"] is None and other["predicted_over_measured"]
+    assert against_torch(rep, {k: v for k, v in torch_run.items() if k != "graph_kernels"})["same_work"] is None
+    assert same_work(None, 35) is None and same_work(35.0, 35) is True

@@ -233,7 +233,7 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
     res.update({"outcome": chk.outcome, "detail": chk.detail, "first_position": chk.first_position,
                 "first_output": chk.first_output, "replay_us": chk.replay_us, "replay_spread": chk.replay_spread,
                 "replay_sync_us": chk.replay_sync_us, "replay_device_us": chk.replay_device_us,
-                "replay_errors": chk.errors})
+                "graph_kernels": chk.graph_kernels, "replay_errors": chk.errors})
     say(f"{engine}/{cache}/{dtype}: {chk.outcome} ({chk.detail})")
     (folder / "engine.json").write_text(json.dumps(res, indent=1, default=str))
     return res

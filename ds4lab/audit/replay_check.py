@@ -66,8 +66,8 @@ class ReplayCheck:
     ``replay_us``: µs per step of a loop of ``advance`` and replay that never waits for the device
     (median of blocks, CUDA events), ``replay_spread`` its (p25, p75); ``replay_sync_us``: µs per step
     when the host waits for each replay (synchronize, inside the events); ``replay_device_us``: the
-    graph's device time alone per replay; ``detail``: one sentence; ``error``: the capture's exception,
-    when refused."""
+    graph's device time alone per replay; ``graph_kernels``: the captured graph's kernel nodes;
+    ``detail``: one sentence; ``error``: the capture's exception, when refused."""
 
     outcome: str
     detail: str = ""
@@ -79,6 +79,9 @@ class ReplayCheck:
     replay_spread: tuple | None = None
     replay_sync_us: float | None = None
     replay_device_us: float | None = None
+    #: kernel nodes of the captured graph (None where torch cannot keep the graph to count them): a step
+    #: whose Python takes another path under capture holds other work than its eager token
+    graph_kernels: int | None = None
     error: str = ""
 
     @property
@@ -186,10 +189,42 @@ class TorchOps:
         t.cuda.synchronize()
 
     def capture(self, fn):
-        g = self.t.cuda.CUDAGraph()
+        try:  # keep the cudaGraph_t so that its nodes can be counted (torch 2.6 and later)
+            g = self.t.cuda.CUDAGraph(keep_graph=True)
+        except TypeError:
+            g = self.t.cuda.CUDAGraph()
         with self.t.cuda.graph(g):
             out = fn()
         return g, out
+
+    def graph_kernels(self, g) -> int | None:
+        """The kernel nodes of a captured graph (``cuGraphGetNodes``, ``cuGraphNodeGetType`` ==
+        ``CU_GRAPH_NODE_TYPE_KERNEL``, statuses checked), then instantiated; None where the graph was
+        not kept or a call failed."""
+        import ctypes
+
+        try:
+            raw = int(g.raw_cuda_graph())
+        except Exception:  # noqa: BLE001 - a torch that does not keep the graph: not counted
+            return None
+        try:
+            cu = ctypes.CDLL("libcuda.so.1")
+            n = ctypes.c_size_t(0)
+            if cu.cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(n)) != 0:
+                return None
+            nodes = (ctypes.c_void_p * n.value)()
+            if cu.cuGraphGetNodes(ctypes.c_void_p(raw), nodes, ctypes.byref(n)) != 0:
+                return None
+            kinds = ctypes.c_int(0)
+            count = 0
+            for node in nodes[:n.value]:
+                if cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kinds)) != 0:
+                    return None
+                count += kinds.value == 0  # CU_GRAPH_NODE_TYPE_KERNEL
+            return count
+        finally:
+            if hasattr(g, "instantiate"):
+                g.instantiate()
 
     def replay(self, g) -> None:
         g.replay()
@@ -304,13 +339,14 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
             pass
         return ReplayCheck(REFUSED, f"torch.cuda.graph refused the capture at position {captured_at}: {text}",
                            captured_at=captured_at, error=text)
+    nodes = ops.graph_kernels(graph) if hasattr(ops, "graph_kernels") else None
     restore(before, ops)  # the capture ran the step's Python once; run its position for real
     adv(p)
     step()
     ops.sync()
     p += 1
     outs = _outputs(gout, ops)
-    res = ReplayCheck(RIGHT, captured_at=captured_at)
+    res = ReplayCheck(RIGHT, captured_at=captured_at, graph_kernels=nodes)
     for _ in range(positions):
         adv(p)
         before = snapshot(state, ops)

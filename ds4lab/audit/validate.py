@@ -19,7 +19,10 @@ PyTorch's default ``capture_error_mode``) and the audit's prediction is set besi
   call (the plan then overlaps the host and the device), one that waits for every replay where they
   have (the plan's one synchronize per token) (:func:`measured_replay`); within
   :data:`TIME_TOLERANCE` it agrees. The graph's device time alone (``replay_device_us``) is shown
-  beside it.
+  beside it. The plan models the recorded token, so it is held only to a graph of the same work: where
+  the graph's kernel nodes (``graph_kernels``, counted by :func:`~ds4lab.audit.replay_check.check_replay`)
+  differ from the token's kernels, the step took another path under capture, the row says so and the
+  time is not held (:func:`same_work`).
 
 The runs can be audited again without a GPU from the folder a run wrote (``ds4lab audit validate
 --runs-from DIR``: :func:`saved_run`), as the shipped fixtures are.
@@ -102,10 +105,32 @@ def against_torch(report, torch_run: dict) -> dict:
            "replay_sync_us": torch_run.get("replay_sync_us"), "replay_device_us": torch_run.get("replay_device_us"),
            "predicted_over_measured": None, "time_agrees": None}
     out["verdict_agrees"] = OUTCOMES.get(out["torch_outcome"]) == verdict != ""
+    out["graph_kernels"], out["token_kernels"] = torch_run.get("graph_kernels"), token_kernels(report)
+    out["same_work"] = same_work(out["graph_kernels"], out["token_kernels"])
     if replay and predicted:
         out["predicted_over_measured"] = predicted / replay
-        out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
+        if out["same_work"] is not False:  # a graph of other work is no test of the plan: said, not held
+            out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
     return out
+
+
+def token_kernels(report) -> int | None:
+    """The kernels of a recorded token (the median over the report's tokens), or None without tokens."""
+    t = getattr(report, "token_table", None)
+    if t is None or not len(t) or "kernels" not in t:
+        return None
+    return int(round(float(t["kernels"].median())))
+
+
+def same_work(graph_kernels, token_kernels) -> bool | None:
+    """Whether the captured graph holds the recorded token's kernels (as many kernel nodes as the token
+    launches); None where either count is missing. A step whose Python takes another path while the
+    stream captures (transformers' ``is_tracing`` asks ``torch.cuda.is_current_stream_capturing()`` and
+    then builds the attention mask the eager step skips) captures other work than it launches eagerly:
+    the plan models the recorded token, so its time is not held to that graph's."""
+    if graph_kernels is None or token_kernels is None or graph_kernels != graph_kernels:
+        return None
+    return int(graph_kernels) == int(token_kernels)
 
 
 def _inside(path: str, out: Path) -> str:
@@ -179,7 +204,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                    "frozen": "", "predicted_us": None, "predicted_over_measured": None,
                    "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
                    "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
-                   "verdict_agrees": False, "time_agrees": None, "recording": _inside(r.get("recording", ""), out),
+                   "verdict_agrees": False, "time_agrees": None, "graph_kernels": r.get("graph_kernels"),
+                   "token_kernels": None, "same_work": None, "recording": _inside(r.get("recording", ""), out),
                    "arguments": _inside(r.get("arguments", ""), out), "error": r.get("error", "")}
             if r.get("recording"):
                 path = Path(r["recording"])
@@ -202,6 +228,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                 f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "
                    f"predicted (×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
+                + (f" · the graph holds {row['graph_kernels']} kernels, the recorded token {row['token_kernels']}: "
+                   "other work under capture, the time not held to it" if row["same_work"] is False else "")
                 + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else ""))
             rows.append(row)
             if on_row is not None:
@@ -224,9 +252,11 @@ def markdown(df) -> str:
         r = {k: ("" if isinstance(v, float) and v != v and k in ("frozen", "torch_outcome", "torch_detail",
                                                                   "audit_verdict", "capture_cost") else v)
              for k, v in r.items()}
+        other = r.get("same_work") is False or str(r.get("same_work")) == "False"
         pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f} (×{r['predicted_over_measured']:.2f}"
-              f"{'' if r.get('time_agrees') else ', outside'})" if r.get("predicted_us") and r.get("replay_us")
-              else "—")
+              + (f"; graph {r['graph_kernels']:.0f} kernels, token {r['token_kernels']:.0f}: other work, not held"
+                 if other else ('' if r.get('time_agrees') else ', outside')) + ")"
+              if r.get("predicted_us") and r.get("replay_us") else "—")
         cost = (f"{r['capture_us_per_launch']:.2f} ({r['capture_lo']:.2f}–{r['capture_hi']:.2f})"
                 if r.get("capture_us_per_launch") is not None and r.get("capture_lo") is not None else
                 (r.get("capture_cost") or "—"))
@@ -238,4 +268,4 @@ def markdown(df) -> str:
 
 
 __all__ = ["OUTCOMES", "TIME_TOLERANCE", "against_torch", "markdown", "measured_replay", "predicted_outcome",
-           "saved_run", "validate", "waits_per_token"]
+           "same_work", "saved_run", "token_kernels", "validate", "waits_per_token"]
