@@ -199,32 +199,27 @@ class TorchOps:
 
     def graph_kernels(self, g) -> int | None:
         """The kernel nodes of a captured graph (``cuGraphGetNodes``, ``cuGraphNodeGetType`` ==
-        ``CU_GRAPH_NODE_TYPE_KERNEL``, statuses checked), then instantiated; None where the graph was
-        not kept or a call failed."""
+        ``CU_GRAPH_NODE_TYPE_KERNEL``, statuses checked); None where the graph was not kept or a call
+        failed. A kept graph is instantiated by its first replay (PyTorch, ``CUDAGraph(keep_graph=True)``)."""
         import ctypes
 
         try:
             raw = int(g.raw_cuda_graph())
         except Exception:  # noqa: BLE001 - a torch that does not keep the graph: not counted
             return None
-        try:
-            cu = ctypes.CDLL("libcuda.so.1")
-            n = ctypes.c_size_t(0)
-            if cu.cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(n)) != 0:
+        cu = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_size_t(0)
+        if cu.cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(n)) != 0:
+            return None
+        nodes = (ctypes.c_void_p * n.value)()
+        if cu.cuGraphGetNodes(ctypes.c_void_p(raw), nodes, ctypes.byref(n)) != 0:
+            return None
+        kind, count = ctypes.c_int(0), 0
+        for node in nodes[:n.value]:
+            if cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)) != 0:
                 return None
-            nodes = (ctypes.c_void_p * n.value)()
-            if cu.cuGraphGetNodes(ctypes.c_void_p(raw), nodes, ctypes.byref(n)) != 0:
-                return None
-            kinds = ctypes.c_int(0)
-            count = 0
-            for node in nodes[:n.value]:
-                if cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kinds)) != 0:
-                    return None
-                count += kinds.value == 0  # CU_GRAPH_NODE_TYPE_KERNEL
-            return count
-        finally:
-            if hasattr(g, "instantiate"):
-                g.instantiate()
+            count += kind.value == 0  # CU_GRAPH_NODE_TYPE_KERNEL
+        return count
 
     def replay(self, g) -> None:
         g.replay()
@@ -339,7 +334,10 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
             pass
         return ReplayCheck(REFUSED, f"torch.cuda.graph refused the capture at position {captured_at}: {text}",
                            captured_at=captured_at, error=text)
-    nodes = ops.graph_kernels(graph) if hasattr(ops, "graph_kernels") else None
+    try:  # the count is evidence beside the outcome, never a reason to lose it
+        nodes = ops.graph_kernels(graph) if hasattr(ops, "graph_kernels") else None
+    except Exception:  # noqa: BLE001
+        nodes = None
     restore(before, ops)  # the capture ran the step's Python once; run its position for real
     adv(p)
     step()
