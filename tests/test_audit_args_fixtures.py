@@ -12,18 +12,14 @@ import pytest
 from ds4lab.audit.analysis import analyze
 from ds4lab.audit.arguments import store_beside
 from ds4lab.audit.engines import TOKEN_RANGE
-from ds4lab.audit.frozen import RIGHT, attach
+from ds4lab.audit.frozen import HOST_COPY, RIGHT, UNSET, attach
 from ds4lab.trace.sources import read_events as read
 from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, against_torch, saved_run
 
 ROOT = Path(__file__).parent / "data" / "audit_args"
 RUNS = sorted(p for p in ROOT.glob("*") if (p / "engine.json").is_file()) if ROOT.is_dir() else []
 #: Runs the audit still gets wrong, and why (strict: a fix turns them into failures until removed here).
-KNOWN_WRONG = {
-    "handwritten-device-counter-float32": "the by-value structs of torch's TensorIterator kernels carry unused "
-    "slots copied from the host (stack and heap addresses, timestamps) that differ at every token; the audit "
-    "takes them for frozen values",
-}
+KNOWN_WRONG: dict = {}
 
 
 def _audit(run: Path):
@@ -34,7 +30,7 @@ def _audit(run: Path):
 
 def test_the_fixtures_are_shipped():
     assert {p.name for p in RUNS} >= {"handwritten-host-counter-float32", "handwritten-device-counter-float32",
-                                       "handwritten-host-read-float32"}
+                                       "handwritten-host-read-float32", "mistral-static-float32"}
 
 
 @pytest.mark.parametrize("run", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_WRONG[p.name], strict=True))
@@ -70,6 +66,31 @@ def test_the_host_counters_mask_bound_is_named_as_a_frozen_value():
     r = steps[0]
     assert r["param"] >= 0 and r["byte_offset"] >= 0 and "kernel" in str(r["name"])
     assert "ds4lab/audit/families.py" in str(r["where"]) and "__call__" in str(r["where"])  # the step's own line
+    # the operator that set it from host arguments that change, named with them
+    assert "set by aten::" in r["what"] and "from host arguments that change" in r["what"]
+
+
+def test_the_device_counters_changing_words_are_bytes_no_argument_set():
+    """The device-counter decoder replays right on the H200; its TensorIterator kernels' by-value structs
+    change at every token (host stack and heap left in unused slots) under operators whose host arguments
+    do not: unset bytes, harmless, and the verdict is "replays right"."""
+    rep, torch_run = _audit(ROOT / "handwritten-device-counter-float32")
+    f = rep.arguments.findings
+    unset = f[f["call_class"] == UNSET]
+    assert torch_run["outcome"] == "captured, replays right" and len(unset) >= 3
+    assert all("every host argument of aten::" in w for w in unset["what"]) and len(rep.arguments.frozen) == 0
+    assert rep.arguments.op_log and (unset["verdict"] == "allowed").all()
+
+
+def test_a_pageable_copy_in_a_sliding_window_cache_update_is_pytorchs_refusal():
+    """Mistral with a static cache: once the sliding layer is full its update builds an index with
+    torch.tensor([-1], device=...) every token, a pageable host-to-device copy PyTorch refuses under capture
+    (CUDA alone would capture it), named at transformers' line."""
+    rep, torch_run = _audit(ROOT / "mistral-static-float32")
+    r = rep.arguments.refusals
+    assert torch_run["outcome"] == "refused" and "pinned" in torch_run["detail"]
+    assert len(r) and (r["call_class"] == HOST_COPY).all()
+    assert any("transformers/cache_utils.py" in w for w in r["where"]) and "Copy.cu" in r["rule_source"].iloc[0]
 
 
 def test_the_plan_is_held_only_to_a_graph_of_the_recorded_tokens_work():

@@ -3,7 +3,7 @@ NVTX range path, always with the API or kernel name.
 
 A row's ``stack`` is outermost first, ``;``-separated ``file:line function`` frames. The place shown
 is the **innermost frame that is not internal**: not in PyTorch, CuPy, the CUDA Python bindings,
-NVTX, Triton, ds4lab's own machinery (its audit, recording, capture, launch layer, backends and
+NVTX, Triton, ds4lab's own machinery (its audit, trace recording and operator log, capture, launch layer, backends and
 sim; not ``audit/families.py``, the decode steps ``audit validate`` runs, which stand for a user's code) or the Python standard library's plumbing (``contextlib``, ``threading``, ``runpy``, frozen
 modules, built-ins). The filter is :data:`INTERNAL_FRAMES`, regular expressions matched against
 the frame's file; edit it to move the boundary. ``transformers``, ds4lab's token model and ops,
@@ -18,7 +18,7 @@ import re
 #: Frames that are never the place shown (module docstring): patterns searched in a frame's text.
 INTERNAL_FRAMES = (
     r"(^|/)torch/", r"(^|/)cupy(x|_backends)?/", r"(^|/)cuda/(bindings|core|cudart|cuda)\b", r"(^|/)nvtx/",
-    r"(^|/)triton/", r"(^|/)ds4lab/(audit/(?!families\.py)|(capture|backends|sim|report|cli|jobs)/)", r"(^|/)contextlib\.py",
+    r"(^|/)triton/", r"(^|/)ds4lab/(audit/(?!families\.py)|(capture|backends|sim|report|cli|jobs|trace)/)", r"(^|/)contextlib\.py",
     r"(^|/)threading\.py", r"(^|/)runpy\.py", r"(^|/)functools\.py", r"<frozen ", r"^<built-in", r"built-in method",
     r"^\s*$",
 )
