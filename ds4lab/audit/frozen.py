@@ -20,7 +20,15 @@ of (:data:`CLASSES`):
   temporary, the step's own output): harmless under a graph's private memory pool, by the rule of
   :data:`POOL_RULE`;
 * **unknown address** — a pointer-sized value that changes and that no allocation the recording saw
-  holds (no torch block, no ``cudaMalloc`` record, no driver range at the end of the pass).
+  holds (no torch block, no ``cudaMalloc`` record, no driver range at the end of the pass);
+* **unset bytes** — where the pass logged PyTorch's operators (:mod:`ds4lab.trace.torch_ops`): a word
+  that changes while the operator that made the launch got the same host arguments at every token and
+  that is no address of anything alive at the launch (:data:`UNSET_RULE`): harmless. Such a word that is
+  a temporary of the token in some tokens is a step temporary.
+
+And, beside the classes, **pageable host copies** (:data:`HOST_COPY_RULE`): in a pass that ran PyTorch, a
+copy between pageable host memory and the GPU inside a token is PyTorch's refusal under capture, though
+CUDA alone would capture it (:func:`_host_copies`).
 
 An address is a value inside an allocation alive at that launch: the allocations are the pass's
 (CUPTI ``MEMORY2`` records, torch's caching-allocator blocks, ``cuMemGetAddressRange`` at the pass's
@@ -31,7 +39,8 @@ not make (read, or written in place), memory allocated inside the token is the s
 :func:`verdict` gives a step **replays right** only when its tokens were compared argument by
 argument (two or more tokens with identical launch lists, every launch in them read, no unknown
 address) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
-count or work missing from the graph does; **refused** when a call refuses or invalidates the capture;
+count or work missing from the graph does; **refused** when a call refuses or invalidates the capture
+(a pageable host copy of a PyTorch pass included);
 and, for a trace without arguments (Kineto, Nsight Systems, a recording made without them) or with
 launches it could not read, **captures; replay correctness unknown from this trace**, with the command
 that records what is missing. It never says a step is safe without that evidence.
