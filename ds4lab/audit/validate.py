@@ -157,7 +157,12 @@ def saved_run(folder: Path) -> dict:
     f = folder / "engine.json"
     if not f.is_file():
         raise BadInput(f"{folder}: no engine.json: not a run of ds4lab audit validate")
-    r = json.loads(f.read_text())
+    try:
+        r = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{f}: not a run's engine.json ({type(e).__name__}: {e})") from None
+    if not isinstance(r, dict):
+        raise BadInput(f"{f}: not a run's engine.json (a {type(r).__name__}, not an object)")
     for key, name in (("recording", "recording.csv.gz"), ("arguments", "arguments.json.gz")):
         r[key] = str(folder / name) if (folder / name).is_file() else ""
     return r
@@ -213,24 +218,29 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                 table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]
                 store = store_beside(path)
+                args_error = ""
                 if store is not None:
                     try:
                         attach(rep, store)
                     except ValueError as e:
-                        rep.notes.append(f"kernel arguments not compared: {e}")
+                        args_error = f"kernel arguments not compared: {e}"
+                        rep.notes.append(args_error)
                 if on_report is not None:
                     on_report(rep, f"{name}/audit")
                 else:
                     audit_report.write([rep], Path(out) / name / "audit")
                 row.update(against_torch(rep, r))
                 row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
+                if args_error:
+                    row["error"] = "; ".join(x for x in (row["error"], args_error) if x)
             say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
                 f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "
                    f"predicted (×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
                 + (f" · the graph holds {row['graph_kernels']} kernels, the recorded token {row['token_kernels']}: "
                    "other work under capture, the time not held to it" if row["same_work"] is False else "")
-                + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else ""))
+                + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else "")
+                + (f" · {row['error']}" if row["error"] else ""))
             rows.append(row)
             if on_row is not None:
                 on_row(rows)
@@ -252,6 +262,8 @@ def markdown(df) -> str:
         r = {k: ("" if isinstance(v, float) and v != v and k in ("frozen", "torch_outcome", "torch_detail",
                                                                   "audit_verdict", "capture_cost") else v)
              for k, v in r.items()}
+        r = {k: (None if isinstance(v, float) and v != v and k in ("predicted_us", "replay_us", "graph_kernels",
+                                                                   "token_kernels") else v) for k, v in r.items()}
         other = r.get("same_work") is False or str(r.get("same_work")) == "False"
         pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f} (×{r['predicted_over_measured']:.2f}"
               + (f"; graph {r['graph_kernels']:.0f} kernels, token {r['token_kernels']:.0f}: other work, not held"

@@ -61,8 +61,12 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_argument
       0  audited
       2  bad input: no such file, a trace the readers cannot read (the error
          names the file), no kernel in it, no repeating unit (give
-         --token-range), an unknown mode, an --out that cannot be written
-      1  the audit failed after it began (meta.json says so)
+         --token-range), an unknown mode, an --out that cannot be written;
+         for `audit validate --runs-from`, a run folder that cannot be
+         audited (names the file)
+      1  the audit failed after it began, or `audit validate` found a
+         verdict or a replay time that disagrees with torch.cuda.graph
+         (meta.json says which)
     """
     from ..jobs.audit import AuditConfig
     from .support import invoke

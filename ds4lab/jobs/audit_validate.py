@@ -45,8 +45,28 @@ def check_config(cfg: ValidateConfig) -> None:
             raise BadInput(f"--runs-from {cfg.runs_from}: no such folder")
         if not any(src.glob("*/engine.json")):
             raise BadInput(f"--runs-from {cfg.runs_from}: no run in it (no <engine>-<cache>-<dtype>/engine.json)")
+        check_saved_runs(src, cfg)
     if cfg.out is not None and not str(cfg.out).strip():
         raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
+
+
+def check_saved_runs(src: Path, cfg: ValidateConfig) -> None:
+    """Raise :class:`BadInput` before anything is written: none of the runs asked for is in ``src``, or
+    one that is cannot be audited (an ``engine.json`` that does not parse, no ``recording.csv.gz``),
+    naming the file."""
+    from ..audit.families import DTYPES, pairs
+    from ..audit.validate import saved_run
+
+    asked = [f"{e}-{c}-{d}" for e, c in pairs(cfg.engines, cfg.caches) for d in (cfg.dtypes or DTYPES)]
+    have = [n for n in asked if (src / n / "engine.json").is_file()]
+    if not have:
+        raise BadInput(f"--runs-from {src}: none of the runs asked for is in it (asked: {', '.join(asked[:6])}"
+                       f"{', …' if len(asked) > 6 else ''}; it holds: "
+                       f"{', '.join(sorted(p.parent.name for p in src.glob('*/engine.json'))[:6])})")
+    for n in have:
+        r = saved_run(src / n)
+        if not r.get("recording"):
+            raise BadInput(f"--runs-from {src}: {src / n / 'recording.csv.gz'} is missing: the run cannot be audited")
 
 
 def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:

@@ -185,6 +185,8 @@ class OpLog:
         except Exception:  # noqa: BLE001 - results without storage: no span
             pass
         base = entry["name"].split(".", 1)[0]
+        if base in COPY_OPS and spans:  # a result on the host (x.cpu(), x.to("cpu")) is the copy's CPU side
+            cpu = cpu + _cpu_tensors(self.torch, out)
         if base in COPY_OPS and any(not p for _, _, p in cpu) and spans:
             from .stacks import python_stack
 
@@ -192,6 +194,15 @@ class OpLog:
             entry["copy"] = {"dim": d, "numel": n, "direction": "h2d" if _cpu_is_source(self.torch, base, args) else "d2h",
                              "stack": python_stack(sys._getframe(1), skip_files=(__file__,))}
         return out
+
+
+def _cpu_tensors(torch, x) -> list:
+    """``[[dim, numel, pinned]]`` of the CPU tensors in ``x`` (a result: a tensor, or a tuple or list)."""
+    if isinstance(x, torch.Tensor):
+        return [[x.dim(), int(x.numel()), bool(x.is_pinned()) if x.numel() else False]] if x.device.type == "cpu" else []
+    if isinstance(x, (list, tuple)):
+        return [c for y in x for c in _cpu_tensors(torch, y)]
+    return []
 
 
 def _cpu_is_source(torch, base: str, args) -> bool:
