@@ -187,9 +187,9 @@ def summary(reports, console, max_rows: int = 12) -> None:
                 for row in var.head(max_rows).itertuples():
                     t.add_row(row.name, row.call_class, row.token_range, row.where or "—", row.what)
                 console.print(t)
-            host = f[f["kind"] == "host data"]
+            host = f[f["kind"].isin(("host data", "capture path"))]
             for row in host.head(4).itertuples():
-                console.print(f"  host data: {row.name} ({row.call_class}) × {row.count} at {row.where or '—'}: "
+                console.print(f"  {row.kind}: {row.name} ({row.call_class}) × {row.count} at {row.where or '—'}: "
                               f"{row.fix}")
         _replay(r, console, max_rows)
         console.print(f"  token shapes: a per-shape graph cache would hold {r.n_shapes} graph(s)")

@@ -26,6 +26,10 @@ from .where import where
 
 #: What each finding class asks the engine to change (the fixes the context file's hazard table gives).
 FIXES = {
+    "capture_status": "the step asks whether the stream captures (torch.cuda.is_current_stream_capturing, "
+                      "cudaStreamIsCapturing): under capture it may run other work than this trace shows "
+                      "(transformers' is_tracing builds the attention mask the eager step skips), and the "
+                      "plans model the path recorded here; check_replay counts the captured graph's kernels",
     "kernel@legacy": "launch on the current stream (the one being captured), not the legacy stream",
     "kernel@other": "launch on the captured stream, or make this stream join the capture (event record + "
                     "cudaStreamWaitEvent) and join back before the capture ends",
@@ -145,13 +149,17 @@ def add_verdicts(calls: pd.DataFrame, modes=CAPTURE_MODES) -> pd.DataFrame:
 
 
 def _caution(klass) -> bool:
-    return isinstance(klass, str) and klass.startswith(("memcpy_async.h2d", "memcpy_async.d2h"))
+    """A call that every mode allows but the user should see: a copy between the host and the captured
+    stream (what it reads is the captured moment's), or a query of the capture status (the step may run
+    other work under capture than the trace recorded)."""
+    return isinstance(klass, str) and (klass.startswith(("memcpy_async.h2d", "memcpy_async.d2h"))
+                                       or klass == "capture_status")
 
 
 def findings(calls: pd.DataFrame, modes=CAPTURE_MODES) -> pd.DataFrame:
     """One row per (call class, API, place) whose verdict is not *allowed* in some mode, or that is a
-    copy between host and the captured stream (module docstring). Columns: ``kind`` (``call``, ``no
-    rule`` or ``host data``), ``name``, ``call_class``, ``verdict_<mode>``, ``rule_<mode>``,
+    copy between host and the captured stream or a query of the capture status (module docstring,
+    :func:`_caution`). Columns: ``kind`` (``call``, ``no rule``, ``host data`` or ``capture path``), ``name``, ``call_class``, ``verdict_<mode>``, ``rule_<mode>``,
     ``error_<mode>``, ``rule_source``, ``where``, ``count``, ``tokens`` (how many), ``token_range``
     (``3-9,12``), ``fix``, ``severity`` (index in :data:`VERDICTS` of the worst verdict)."""
     if calls.empty:
@@ -164,7 +172,8 @@ def findings(calls: pd.DataFrame, modes=CAPTURE_MODES) -> pd.DataFrame:
     for (klass, api, place), g in sel.groupby(["klass", "api", "where"], sort=False):
         first = g.iloc[0]
         worst = min(VERDICTS.index(first[c]) for c in vcols)
-        kind = "no rule" if not klass else ("host data" if worst == VERDICTS.index(ALLOWED) else "call")
+        kind = ("no rule" if not klass else "call" if worst != VERDICTS.index(ALLOWED)
+                else "capture path" if klass == "capture_status" else "host data")
         rule_keys = sorted({first[f"rule_{m}"] for m in modes if first[f"rule_{m}"]})
         toks = sorted(set(int(t) for t in g["token"]))
         row = {"kind": kind, "name": api, "call_class": klass or "(none)", "where": place, "count": len(g),

@@ -60,7 +60,9 @@ HAZARD_RUNTIME = frozenset({
     "cudaMallocFromPoolAsync", "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol",
     "cudaMemcpyFromSymbol", "cudaMemcpyPeer", "cudaMemset", "cudaMemset2D", "cudaMemset3D", "cudaMemcpyAsync",
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaThreadSynchronize", "cudaEventSynchronize",
-    "cudaStreamQuery", "cudaEventQuery", "cudaGraphLaunch", "cudaStreamWaitEvent"})
+    "cudaStreamQuery", "cudaEventQuery", "cudaGraphLaunch", "cudaStreamWaitEvent",
+    # a step that asks whether the stream captures may take another path under capture: name its line
+    "cudaStreamIsCapturing", "cudaStreamGetCaptureInfo"})
 #: Driver API calls whose Python stack is recorded.
 HAZARD_DRIVER = frozenset({
     "cuMemAlloc", "cuMemFree", "cuMemAllocHost", "cuMemFreeHost", "cuMemHostAlloc", "cuMemHostRegister",
