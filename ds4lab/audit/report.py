@@ -262,7 +262,9 @@ def _plans(r, console) -> None:
         t.add_column(c)
     for row in p.itertuples():
         if row.plan.startswith("eager"):
-            saving = f"model check: {row.predicted_us - row.eager_measured_us:+.1f} µs"
+            # the paired per-token difference, as plans.csv's saving columns hold it (measured - model)
+            saving = (f"model check: model − measured {-row.saving_us:+,.1f} µs per token (paired, 95 % CI "
+                      f"{-row.saving_hi:+,.1f}–{-row.saving_lo:+,.1f})")
         elif row.measurable:
             saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, 95 % CI {row.saving_lo:,.1f}–{row.saving_hi:,.1f})"
         else:
