@@ -84,7 +84,8 @@ def read_saved(path: Path, progress=None) -> EventTable:
                 for chunk in pd.read_csv(rd, dtype=dtypes, keep_default_na=False, na_values=[], chunksize=200_000):
                     parts.append(chunk)
             except (EOFError, OSError) as e:
-                raise SourceError(f"{path}: the file is cut at byte {raw.tell():,} of {size:,} ({e}); "
+                # the gzip stream ends before its end marker: the file on disk is all there is of it
+                raise SourceError(f"{path}: its compressed stream ends early ({size:,} bytes on disk, {e}): "
                                   "the recording was not saved whole") from None
             except ValueError:  # a cell pandas cannot read as its column's integer: find it and name it
                 raise SourceError(_bad_cell(path)) from None
