@@ -156,3 +156,15 @@ def test_a_saved_table_with_a_cell_that_is_not_a_number_names_row_and_field(tmp_
         saved.write_text(head + df.to_csv(index=False))
         with pytest.raises(SourceError, match=rf"rec\.csv: row 2 \(line 4\): field 'start_ns' is {named}, not a whole"):
             read_events(saved)
+
+
+def test_a_saved_table_whose_gzip_stream_ends_early_is_named_as_not_saved_whole(tmp_path):
+    from pathlib import Path
+
+    from ds4lab.trace.sources import read_events
+
+    good = Path(__file__).parent / "data" / "audit_args" / "handwritten-host-counter-float32" / "recording.csv.gz"
+    cut = tmp_path / "recording.csv.gz"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(SourceError, match=r"recording\.csv\.gz: its compressed stream ends early \([\d,]+ bytes on disk"):
+        read_events(cut)
