@@ -4,8 +4,8 @@ Two rules of :mod:`ds4lab.audit.frozen` are PyTorch's, not CUDA's, and each is h
 ``torch.cuda.graph`` does here:
 
 * :data:`~ds4lab.audit.frozen.HOST_COPY_RULE`: a copy between a CPU tensor that is not pinned and a CUDA
-  tensor is refused while the stream captures, a 0-dim source included (eagerly that copy launches a
-  kernel and no CUDA copy, so no CUDA rule sees it) — scenarios ``pageable_copy_0dim``,
+  tensor is refused while the stream captures, a 0-dim source included, where CUDA alone would capture
+  the copy as a memcpy node — scenarios ``pageable_copy_0dim``,
   ``pageable_copy_1d``, and ``pinned_copy_0dim`` (the pinned copy captures);
 * :data:`~ds4lab.audit.frozen.UNSET_RULE`: a word of a kernel's by-value arguments that changes between
   calls of one operator with the same host arguments is set by none of them, and a graph captured with
@@ -34,7 +34,9 @@ EXPECT = {
 }
 
 
-def _capture(torch, fn) -> str:
+def _graph(torch, fn):
+    """``fn`` captured with ``torch.cuda.graph`` (which ends the capture on every exception), or the
+    refusal as ``"refused: pinned"`` / ``"refused: <message>"``."""
     g = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(g):
@@ -43,7 +45,13 @@ def _capture(torch, fn) -> str:
         torch.cuda.synchronize()
         msg = str(e)
         return "refused: pinned" if "unless the CPU tensor is pinned" in msg else f"refused: {msg[:120]}"
-    return "ok"
+    return g
+
+
+def _capture(torch, fn) -> str:
+    """``"ok"`` where ``fn`` captures, else the refusal (:func:`_graph`)."""
+    g = _graph(torch, fn)
+    return g if isinstance(g, str) else "ok"
 
 
 def _eager_kernels(fn) -> list:
@@ -124,12 +132,9 @@ def _capture_replay(torch, step, change, result, captured, new, replays: int = 5
     """Capture ``step``, then ``replays`` times: ``change()``, replay, and compare ``result`` with
     ``captured`` (what the captured arguments give) and ``new`` (what the changed ones would; None: none).
     Returns ``("ok", "captured value" | "new value" | "bit-identical" | "differs")`` or the refusal."""
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g):
-            step()
-    except RuntimeError as e:
-        return f"refused: {str(e)[:120]}"
+    g = _graph(torch, step)
+    if isinstance(g, str):
+        return g
     seen = set()
     for _ in range(replays):
         change()
@@ -145,6 +150,8 @@ def _capture_replay(torch, step, change, result, captured, new, replays: int = 5
 
 
 def main(argv=None) -> int:
+    """``python -m ds4lab.audit.torch_rules --out DIR`` (module docstring): 0 when every scenario holds,
+    1 when one does not."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ds4lab.audit.torch_rules", description=__doc__.split("\n\n")[0])

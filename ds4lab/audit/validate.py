@@ -247,6 +247,10 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     return pd.DataFrame(rows)
 
 
+_TEXT_COLUMNS = ("frozen", "torch_outcome", "torch_detail", "audit_verdict", "capture_cost")
+_NUMBER_COLUMNS = ("predicted_us", "replay_us", "graph_kernels", "token_kernels")
+
+
 def markdown(df) -> str:
     """``validate.md``: the table a person reads (family, cache, dtype, torch, audit, frozen findings,
     predicted vs measured replay µs, the argument capture's cost per launch)."""
@@ -258,12 +262,9 @@ def markdown(df) -> str:
         return fmt.format(v) if v is not None and v == v else "—"
 
     for r in df.to_dict("records"):
-        # a table read back from validate.csv has NaN where a run wrote nothing
-        r = {k: ("" if isinstance(v, float) and v != v and k in ("frozen", "torch_outcome", "torch_detail",
-                                                                  "audit_verdict", "capture_cost") else v)
-             for k, v in r.items()}
-        r = {k: (None if isinstance(v, float) and v != v and k in ("predicted_us", "replay_us", "graph_kernels",
-                                                                   "token_kernels") else v) for k, v in r.items()}
+        # a table read back from validate.csv has NaN where a run wrote nothing: "" for text, None for numbers
+        r = {k: (("" if k in _TEXT_COLUMNS else None) if isinstance(v, float) and v != v and
+                 k in _TEXT_COLUMNS + _NUMBER_COLUMNS else v) for k, v in r.items()}
         other = r.get("same_work") is False or str(r.get("same_work")) == "False"
         pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f} (×{r['predicted_over_measured']:.2f}"
               + (f"; graph {r['graph_kernels']:.0f} kernels, token {r['token_kernels']:.0f}: other work, not held"

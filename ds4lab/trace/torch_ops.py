@@ -72,7 +72,7 @@ def _written(func) -> set:
 
 def describe(torch, args, kwargs, out=None, written=frozenset()):
     """``(key, text, spans, cpu, opaque)`` of one operator call, read before it runs (``out`` None) or
-    of its results (``out``: spans only): ``key`` a digest of its host arguments (no data pointers),
+    of its results (``out``: spans and CPU tensors only, their values not read): ``key`` a digest of its host arguments (no data pointers),
     ``text`` a short rendering, ``spans`` ``[[start, nbytes]]`` of the storages of its CUDA tensors, ``cpu``
     ``[[dim, numel, pinned]]`` of its CPU tensors, ``opaque`` whether a CPU tensor too large to key was
     among them."""
@@ -90,7 +90,7 @@ def describe(torch, args, kwargs, out=None, written=frozenset()):
                 pinned = bool(x.is_pinned()) if x.numel() else False
                 cpu.append([x.dim(), int(x.numel()), pinned])
                 if not values:
-                    meta += " (written)"
+                    meta += " (written)"  # (or a result: its values are no input either)
                 elif x.numel() <= CPU_VALUES_MAX:
                     v = x.detach().reshape(-1).tolist()
                     h.update(repr(v).encode())
@@ -120,8 +120,8 @@ def describe(torch, args, kwargs, out=None, written=frozenset()):
                 parts.append(r[:40])
 
     if out is not None:
-        walk(out, False)
-        return "", "", spans, [], False
+        walk(out, False, False)
+        return "", "", spans, cpu, False
     for k, a in enumerate(args):
         walk(a, True, k not in written)
     walk(kwargs or {}, True)
@@ -145,10 +145,12 @@ class OpLog:
         self._mode = None
 
     def current(self):
+        """The index into :attr:`ops` of the innermost operator call open on this thread, or None."""
         st = getattr(self.local, "open", None)
         return st[-1] if st else None
 
     def start(self) -> None:
+        """Enter the dispatch mode on this thread (``torch.utils._python_dispatch.TorchDispatchMode``)."""
         from torch.utils._python_dispatch import TorchDispatchMode
 
         log = self
@@ -161,6 +163,7 @@ class OpLog:
         self._mode.__enter__()
 
     def stop(self) -> None:
+        """Leave the dispatch mode (a second call does nothing)."""
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None
@@ -180,13 +183,15 @@ class OpLog:
             out = func(*args, **kwargs)
         finally:
             st.pop()
+        out_cpu = []
         try:
-            spans += describe(self.torch, (), {}, out)[2]
+            _, _, out_spans, out_cpu, _ = describe(self.torch, (), {}, out)
+            spans += out_spans
         except Exception:  # noqa: BLE001 - results without storage: no span
             pass
         base = entry["name"].split(".", 1)[0]
         if base in COPY_OPS and spans:  # a result on the host (x.cpu(), x.to("cpu")) is the copy's CPU side
-            cpu = cpu + _cpu_tensors(self.torch, out)
+            cpu = cpu + out_cpu
         if base in COPY_OPS and any(not p for _, _, p in cpu) and spans:
             from .stacks import python_stack
 
@@ -194,15 +199,6 @@ class OpLog:
             entry["copy"] = {"dim": d, "numel": n, "direction": "h2d" if _cpu_is_source(self.torch, base, args) else "d2h",
                              "stack": python_stack(sys._getframe(1), skip_files=(__file__,))}
         return out
-
-
-def _cpu_tensors(torch, x) -> list:
-    """``[[dim, numel, pinned]]`` of the CPU tensors in ``x`` (a result: a tensor, or a tuple or list)."""
-    if isinstance(x, torch.Tensor):
-        return [[x.dim(), int(x.numel()), bool(x.is_pinned()) if x.numel() else False]] if x.device.type == "cpu" else []
-    if isinstance(x, (list, tuple)):
-        return [c for y in x for c in _cpu_tensors(torch, y)]
-    return []
 
 
 def _cpu_is_source(torch, base: str, args) -> bool:
