@@ -29,7 +29,8 @@
 #   torch-rules  the conformance scenarios of the audit's PyTorch-level rules (ds4lab.audit.torch_rules)
 #   replay-kernels  scripts/replay_kernels.py: a replayed graph's kernel records against the eager token's, per launch
 #                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
-#   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph)
+#   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph); AUDIT_ARGS its
+#                arguments, several sets separated by ';' (each into its own folder, each with the step's limit)
 #   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
 #                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
@@ -93,7 +94,12 @@ for arg in "$@"; do
     torch-rules) TAIL=20 step torch-rules ${limit:-120} python3 -m ds4lab.audit.torch_rules --out $R/torch-rules ;;
     replay-kernels) TAIL=20 step replay-kernels ${limit:-150} python3 scripts/replay_kernels.py --out $R/replay-kernels \
          --dtype ${RK_DTYPE:-bfloat16} ${RK_RUNS:-llama/dynamic llama/static} ;;
-    audit) TAIL=30 step audit ${limit:-300} $D audit validate ${AUDIT_ARGS:-} --out $R/audit ;;
+    audit) # AUDIT_ARGS: one or more argument sets separated by ';', each its own run of audit validate (and
+         # folder: audit, audit-2, ...; each with the step's limit), to be joined on the CPU with --runs-from
+         IFS=';' read -ra sets <<< "${AUDIT_ARGS:-}"; [ ${#sets[@]} -eq 0 ] && sets=("")
+         i=0; for a in "${sets[@]}"; do i=$((i + 1)); n=audit; [ $i -gt 1 ] && n=audit-$i
+           # shellcheck disable=SC2086 # each set is words
+           TAIL=30 step $n ${limit:-300} $D audit validate $a --out $R/$n; done ;;
     fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;

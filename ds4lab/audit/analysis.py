@@ -52,6 +52,8 @@ class AuditReport:
         unit: the unit's rows (for the figure); items: each token's main-thread calls (for the figure).
         arguments: the kernel-argument comparison (:class:`ds4lab.audit.frozen.ArgumentAudit`), set by
             :func:`ds4lab.audit.frozen.attach` where an argument pass goes with the trace; None otherwise.
+        model, measured_us, scalars: what the plans were computed from (for a capture-path pass's plans).
+        capture_path: the capture-path pass (:mod:`ds4lab.audit.capture_path`), where one was attached.
     """
 
     source: str
@@ -76,6 +78,14 @@ class AuditReport:
     unit: Unit | None = None
     items: dict = field(default_factory=dict)
     arguments: object = None
+    #: the cost model of the plans over these tokens (:class:`~ds4lab.audit.plans.Model`), each token's
+    #: measured eager µs (the plans' pairing), and whether a by-value scalar changes across tokens
+    model: object = None
+    measured_us: list = field(default_factory=list)
+    scalars: bool = False
+    #: the capture-path pass the graph plans are modeled on (:class:`ds4lab.audit.capture_path.CapturePath`),
+    #: set by :func:`ds4lab.audit.capture_path.attach`; None where none was recorded
+    capture_path: object = None
 
     @property
     def label(self) -> str:
@@ -176,7 +186,8 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
     spans = span_table(items, shapes, modes, model.replay_us)
     table = _token_table(f, tk, calls, shapes, measured, items, modes)
     return AuditReport(u.source, u.tool, u.pid, u.device, tk, cap, cap_why, legacy, legacy_why, modes, calls, allf,
-                       table, spans, plans, shapes, n_shapes, cal_info, notes, u, items)
+                       table, spans, plans, shapes, n_shapes, cal_info, notes, u, items, model=model,
+                       measured_us=list(measured), scalars=scalars)
 
 
 def _device_starts(f: pd.DataFrame, tk: Tokens) -> list:

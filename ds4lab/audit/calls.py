@@ -56,6 +56,8 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+from ..trace.capture_path import CAPTURE_STATUS_CALLS
+
 #: Kernel launch APIs (CUDA Runtime API "Execution Control", Driver API "Execution Control"), normalized.
 LAUNCH_APIS = frozenset({
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
@@ -82,8 +84,7 @@ EVENT_RECORD_APIS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "c
                                "cuEventRecordWithFlags"})
 STREAM_WAIT_APIS = frozenset({"cudaStreamWaitEvent", "cuStreamWaitEvent"})
 STREAM_QUERY_APIS = frozenset({"cudaStreamQuery", "cuStreamQuery"})
-CAPTURE_STATUS_APIS = frozenset({"cudaStreamIsCapturing", "cudaStreamGetCaptureInfo", "cuStreamIsCapturing",
-                                 "cuStreamGetCaptureInfo"})
+CAPTURE_STATUS_APIS = CAPTURE_STATUS_CALLS  # the trace model's (the capture-path pass looks for them too)
 CUBLAS_CREATE_APIS = frozenset({"cublasCreate", "cublasLtCreate"})
 CUBLAS_SETTINGS_APIS = frozenset({"cublasSetWorkspace", "cublasSetStream"})
 #: Host-only calls (rule ``host_query``): queries, attribute reads and settings, handle look-ups,

@@ -28,12 +28,15 @@ layers wrap. Each run (:func:`run_family`, in its own process through :func:`ds4
 2. the **timed pass**: :data:`~ds4lab.audit.engines.EAGER_STEPS` eager steps, each inside an NVTX range
    ``decode_step`` around the step alone (the inputs are written before it, outside the range, as a
    graph replay would have them written), recorded (``recording.csv.gz``);
-3. the **argument pass**: as many steps again, with the kernel arguments recorded
+3. the **capture-path pass**, where the timed pass asked whether the stream captures
+   (:mod:`ds4lab.trace.capture_path`): as many steps again with PyTorch answering yes
+   (``capture-path.csv.gz``): the work a graph of the step holds, which the plans model;
+4. the **argument pass**: as many steps again, with the kernel arguments recorded
    (``arguments.csv.gz``, ``arguments.json.gz``): never timed;
-4. the **cost** of argument capture, paired and interleaved (:func:`ds4lab.audit.arguments.measure_overhead`:
+5. the **cost** of argument capture, paired and interleaved (:func:`ds4lab.audit.arguments.measure_overhead`:
    µs per launch with its 95 % interval), written into the arguments file;
-5. eager µs per step (CUDA events, median);
-6. :func:`~ds4lab.audit.replay_check.check_replay`: refused / replays right / replays wrong with the
+6. eager µs per step (CUDA events, median);
+7. :func:`~ds4lab.audit.replay_check.check_replay`: refused / replays right / replays wrong with the
    first position and output, and the replay's µs per step (a loop that never waits, one that waits
    for every replay, and the graph's device time alone).
 """
@@ -173,6 +176,7 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
 
     from . import engines as E
     from .arguments import load, measure_overhead, save, token_launches
+    from ..trace.capture_path import CAPTURE_PATH_NAME, as_if_capturing, asks_capture_status
     from ..trace.recording import store_path
     from .arguments import recording
     from .replay_check import check_replay
@@ -203,6 +207,22 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
                 one(rec=timed)
             torch.cuda.synchronize()
         res["recording"] = str(timed.save(folder / "recording.csv.gz", engine=engine, cache=cache, dtype=dtype))
+        if asks_capture_status(timed.table().frame):
+            # the step asks whether the stream captures: record the path a graph of it would hold
+            try:
+                with as_if_capturing() as asked, recording() as cp:
+                    for _ in range(E.EAGER_STEPS):
+                        one(rec=cp)
+                    torch.cuda.synchronize()
+                res["capture_path"] = str(cp.save(folder / CAPTURE_PATH_NAME, engine=engine, cache=cache,
+                                                  dtype=dtype, capture_path_asked=asked.count))
+                res["capture_path_asked"] = asked.count
+                say(f"{engine}/{cache}/{dtype}: capture path recorded (asked {asked.count} times in "
+                    f"{E.EAGER_STEPS} steps)")
+            except Exception as e:  # noqa: BLE001 - the pass failing is said; the plans stay on the recorded path
+                res["capture_path_error"] = f"{type(e).__name__}: {e}"
+                say(f"{engine}/{cache}/{dtype}: no capture-path pass ({res['capture_path_error']})")
+                torch.cuda.synchronize()
         with recording(arguments=True, token_range=E.TOKEN_RANGE) as args:
             for _ in range(E.EAGER_STEPS):
                 one(rec=args)

@@ -53,6 +53,10 @@ from ..timing import Stats, paired_difference
 from .spans import Item, spans_of
 
 
+#: ``plans.csv``'s ``path`` of a plan modeled on the recorded tokens themselves.
+RECORDED_PATH = "recorded"
+
+
 class Model:
     """The cost model of the module docstring over one unit's tokens."""
 
@@ -186,6 +190,22 @@ def tails(starts_ns: list, items_by_token: dict, ends_ns: dict) -> dict:
     return out
 
 
+def plan_row(plan: str, mode: str, per: list[float], measured: list[float], graphs: float, eager_launches: float,
+             cal_label: str, path: str = RECORDED_PATH) -> dict:
+    """One ``plans.csv`` row (:func:`plan_table`'s columns): ``per`` the predicted µs of each token, paired
+    by position with ``measured`` (the eager µs of the same tokens) for the saving; ``path``: the
+    recording the prediction is modeled on (:data:`RECORDED_PATH`, or the capture-path pass:
+    :mod:`ds4lab.audit.capture_path`)."""
+    st = Stats.of(per)
+    diff = paired_difference(per, measured)  # measured − predicted, per token: the saving
+    base = float(np.median(measured))
+    return {"plan": plan, "mode": mode, "graphs_per_token": graphs, "eager_launches_per_token": eager_launches,
+            "predicted_us": st.median, "predicted_p25": st.p25, "predicted_p75": st.p75,
+            "eager_measured_us": base, "saving_us": diff.median, "saving_lo": diff.lo, "saving_hi": diff.hi,
+            "measurable": diff.measurable, "saving_pct": 100.0 * diff.median / base if base else float("nan"),
+            "path": path, "calibration": cal_label, "modeled": True}
+
+
 def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: bool, modes,
                launches_per_token: float, cal_label: str) -> pd.DataFrame:
     """``plans.csv``-style rows: ``plan``, ``mode``, ``graphs_per_token``, ``eager_launches_per_token``,
@@ -195,20 +215,11 @@ def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: 
     the calibration as titles name it, :func:`ds4lab.report.provenance.calibration_label`: its name
     when shipped, else name, path and short SHA-256), ``modeled`` (always True: the predictions and
     savings are modeled; ``eager_measured_us`` is the trace's own, which the audit's ``plans.csv``
-    says in ``eager_modeled``)."""
+    says in ``eager_modeled``), ``path`` (:data:`RECORDED_PATH`: the recorded tokens the plans are modeled on)."""
     rows = []
 
     def add(plan, mode, per, graphs, eager_launches):
-        st = Stats.of(per)
-        diff = paired_difference(per, measured)  # measured − predicted, per token: the saving
-        base = float(np.median(measured))
-        rows.append({"plan": plan, "mode": mode, "graphs_per_token": graphs,
-                     "eager_launches_per_token": eager_launches, "predicted_us": st.median,
-                     "predicted_p25": st.p25, "predicted_p75": st.p75,
-                     "eager_measured_us": base, "saving_us": diff.median,
-                     "saving_lo": diff.lo, "saving_hi": diff.hi, "measurable": diff.measurable,
-                     "saving_pct": 100.0 * diff.median / base if base else float("nan"),
-                     "calibration": cal_label, "modeled": True})
+        rows.append(plan_row(plan, mode, per, measured, graphs, eager_launches, cal_label))
 
     add("eager (model check)", "-", model.eager(), 0.0, launches_per_token)
     add("whole token", "any", model.whole(scalars), 1.0, 0.0)

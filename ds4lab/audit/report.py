@@ -38,6 +38,7 @@ Where each time comes from, on every row of the timed tables (so that a copied f
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -71,7 +72,8 @@ def audit_meta(reports) -> dict:
                                  "main_thread": r.tokens.main_tid},
                       "capture_stream": {"stream": r.capture_stream, "why": r.capture_why},
                       "legacy_stream": {"streams": sorted(r.legacy), "why": r.legacy_why},
-                      "modes": list(r.modes), "notes": list(r.notes), "replay": _replay_meta(r)})
+                      "modes": list(r.modes), "notes": list(r.notes), "replay": _replay_meta(r),
+                      "capture_path": dataclasses.asdict(r.capture_path) if r.capture_path is not None else None})
     cal = reports[0].calibration if reports else None
     label = reports[0].calibration_label if reports else "?"
     return {"job": "audit", "ds4lab": __version__, "event_table_columns": list(COLUMNS),
@@ -269,7 +271,9 @@ def _plans(r, console) -> None:
             saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, 95 % CI {row.saving_lo:,.1f}–{row.saving_hi:,.1f})"
         else:
             saving = f"not measurable (±{(row.saving_hi - row.saving_lo) / 2:,.1f} µs)"
-        t.add_row(row.plan, row.mode, f"{row.graphs_per_token:.1f}",
+        path = str(getattr(row, "path", "recorded"))
+        t.add_row(row.plan + (f" — modeled on the {path}" if path.startswith("capture path") else ""), row.mode,
+                  f"{row.graphs_per_token:.1f}",
                   f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
                   f"{row.eager_measured_us:,.1f}", saving)
     console.print(t)

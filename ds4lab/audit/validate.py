@@ -1,7 +1,7 @@
 """The audit held to what ``torch.cuda.graph`` actually does (``ds4lab audit validate``).
 
 For each family, cache and dtype of :mod:`ds4lab.audit.families` (each in its own process: a timed
-pass, an argument pass, the argument capture's cost, :func:`ds4lab.audit.replay_check.check_replay`),
+pass, a capture-path pass where the step asks whether the stream captures, an argument pass, the argument capture's cost, :func:`ds4lab.audit.replay_check.check_replay`),
 the recording is audited with its argument pass (:func:`ds4lab.audit.frozen.attach`)
 (:func:`ds4lab.audit.analysis.analyze`, ``--token-range decode_step``, capture mode ``global``:
 PyTorch's default ``capture_error_mode``) and the audit's prediction is set beside the outcome:
@@ -19,10 +19,11 @@ PyTorch's default ``capture_error_mode``) and the audit's prediction is set besi
   call (the plan then overlaps the host and the device), one that waits for every replay where they
   have (the plan's one synchronize per token) (:func:`measured_replay`); within
   :data:`TIME_TOLERANCE` it agrees. The graph's device time alone (``replay_device_us``) is shown
-  beside it. The plan models the recorded token, so it is held only to a graph of the same work: where
-  the graph's kernel nodes (``graph_kernels``, counted by :func:`~ds4lab.audit.replay_check.check_replay`)
-  differ from the token's kernels, the step took another path under capture, the row says so and the
-  time is not held (:func:`same_work`).
+  beside it. A step that asks whether the stream captures is modeled on its capture-path pass (the work
+  the graph holds: :mod:`ds4lab.audit.capture_path`; ``plan_path``); the time is held for every step
+  that captured. The graph's kernel nodes (``graph_kernels``, counted by
+  :func:`~ds4lab.audit.replay_check.check_replay`) are set beside the modeled token's kernels
+  (:func:`same_work`): evidence of what the recording saw.
 
 The runs can be audited again without a GPU from the folder a run wrote (``ds4lab audit validate
 --runs-from DIR``: :func:`saved_run`), as the shipped fixtures are.
@@ -107,27 +108,30 @@ def against_torch(report, torch_run: dict) -> dict:
     out["verdict_agrees"] = OUTCOMES.get(out["torch_outcome"]) == verdict != ""
     out["graph_kernels"], out["token_kernels"] = torch_run.get("graph_kernels"), token_kernels(report)
     out["same_work"] = same_work(out["graph_kernels"], out["token_kernels"])
-    if replay and predicted:
+    cp = getattr(report, "capture_path", None)
+    out["plan_path"] = cp.label if cp is not None else "recorded"
+    if replay and predicted:  # held for every step that captured: a graph of other work is the plan's miss
         out["predicted_over_measured"] = predicted / replay
-        if out["same_work"] is not False:  # a graph of other work is no test of the plan: said, not held
-            out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
+        out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
     return out
 
 
 def token_kernels(report) -> int | None:
-    """The kernels of a recorded token (the median over the report's tokens), or None without tokens."""
-    t = getattr(report, "token_table", None)
-    if t is None or not len(t) or "kernels" not in t:
-        return None
-    return int(round(float(t["kernels"].median())))
+    """The kernels per token of the tokens the whole-token plan is modeled on (the capture-path pass
+    where one is attached, else the recorded tokens; the median), or None without tokens
+    (:func:`ds4lab.audit.capture_path.modeled_kernels`)."""
+    from .capture_path import modeled_kernels
+
+    return modeled_kernels(report)
 
 
 def same_work(graph_kernels, token_kernels) -> bool | None:
-    """Whether the captured graph holds the recorded token's kernels (as many kernel nodes as the token
-    launches); None where either count is missing. A step whose Python takes another path while the
-    stream captures (transformers' ``is_tracing`` asks ``torch.cuda.is_current_stream_capturing()`` and
-    then builds the attention mask the eager step skips) captures other work than it launches eagerly:
-    the plan models the recorded token, so its time is not held to that graph's."""
+    """Whether the captured graph holds the modeled token's kernels (as many kernel nodes as it
+    launches); None where either count is missing. Evidence beside the time, not a reason to leave it
+    unheld: a step whose Python takes another path while the stream captures (transformers'
+    ``is_tracing``) captures other work than it launches eagerly, which the capture-path pass records
+    (:mod:`ds4lab.trace.capture_path`); a graph that still differs from the modeled token is other work
+    the recording did not see (a question asked of CUDA from C/C++, say)."""
     if graph_kernels is None or token_kernels is None or graph_kernels != graph_kernels:
         return None
     return int(graph_kernels) == int(token_kernels)
@@ -184,6 +188,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     from . import report as audit_report
     from .analysis import analyze
     from .arguments import store_beside
+    from .capture_path import attach_beside
     from .engines import TOKEN_RANGE, run_isolated
     from .families import pairs
     from .frozen import attach
@@ -210,13 +215,15 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                    "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
                    "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
                    "verdict_agrees": False, "time_agrees": None, "graph_kernels": r.get("graph_kernels"),
-                   "token_kernels": None, "same_work": None, "recording": _inside(r.get("recording", ""), out),
+                   "token_kernels": None, "same_work": None, "plan_path": "",
+                   "recording": _inside(r.get("recording", ""), out),
                    "arguments": _inside(r.get("arguments", ""), out), "error": r.get("error", "")}
             if r.get("recording"):
                 path = Path(r["recording"])
                 table = read(path)
                 table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]
+                attach_beside(rep, path, token_range=TOKEN_RANGE)  # the capture-path pass, where recorded
                 store = store_beside(path)
                 args_error = ""
                 if store is not None:
@@ -237,8 +244,10 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                 f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "
                    f"predicted (×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
-                + (f" · the graph holds {row['graph_kernels']} kernels, the recorded token {row['token_kernels']}: "
-                   "other work under capture, the time not held to it" if row["same_work"] is False else "")
+                + (f" · plan modeled on the {row['plan_path']}" if str(row["plan_path"]).startswith("capture path")
+                   else "")
+                + (f" · the graph holds {row['graph_kernels']} kernels, the modeled token {row['token_kernels']}: "
+                   "other work than the recording saw" if row["same_work"] is False else "")
                 + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else "")
                 + (f" · {row['error']}" if row["error"] else ""))
             rows.append(row)
@@ -247,7 +256,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     return pd.DataFrame(rows)
 
 
-_TEXT_COLUMNS = ("frozen", "torch_outcome", "torch_detail", "audit_verdict", "capture_cost")
+_TEXT_COLUMNS = ("frozen", "torch_outcome", "torch_detail", "audit_verdict", "capture_cost", "plan_path")
 _NUMBER_COLUMNS = ("predicted_us", "replay_us", "graph_kernels", "token_kernels")
 
 
@@ -266,10 +275,12 @@ def markdown(df) -> str:
         r = {k: (("" if k in _TEXT_COLUMNS else None) if isinstance(v, float) and v != v and
                  k in _TEXT_COLUMNS + _NUMBER_COLUMNS else v) for k, v in r.items()}
         other = r.get("same_work") is False or str(r.get("same_work")) == "False"
+        path = str(r.get("plan_path") or "recorded")
         pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f} (×{r['predicted_over_measured']:.2f}"
-              + (f"; graph {r['graph_kernels']:.0f} kernels, token {r['token_kernels']:.0f}: other work, not held"
-                 if other else ('' if r.get('time_agrees') else ', outside')) + ")"
-              if r.get("predicted_us") and r.get("replay_us") else "—")
+              + ('' if r.get('time_agrees') else ', outside')
+              + ("; capture path" if path.startswith("capture path") else "")
+              + (f"; graph {r['graph_kernels']:.0f} kernels, modeled token {r['token_kernels']:.0f}" if other else "")
+              + ")" if r.get("predicted_us") and r.get("replay_us") else "—")
         cost = (f"{r['capture_us_per_launch']:.2f} ({r['capture_lo']:.2f}–{r['capture_hi']:.2f})"
                 if r.get("capture_us_per_launch") is not None and r.get("capture_lo") is not None else
                 (r.get("capture_cost") or "—"))

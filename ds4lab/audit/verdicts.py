@@ -28,8 +28,10 @@ from .where import where
 FIXES = {
     "capture_status": "the step asks whether the stream captures (torch.cuda.is_current_stream_capturing, "
                       "cudaStreamIsCapturing): under capture it may run other work than this trace shows "
-                      "(transformers' is_tracing builds the attention mask the eager step skips), and the "
-                      "plans model the path recorded here; check_replay counts the captured graph's kernels",
+                      "(transformers' is_tracing builds the attention mask the eager step skips): `ds4lab audit "
+                      "run` records that path too (capture-path.csv.gz) and models the graph plans on it; from "
+                      "another recorder the plans model the path recorded here; check_replay counts the "
+                      "captured graph's kernels",
     "kernel@legacy": "launch on the current stream (the one being captured), not the legacy stream",
     "kernel@other": "launch on the captured stream, or make this stream join the capture (event record + "
                     "cudaStreamWaitEvent) and join back before the capture ends",

@@ -138,6 +138,7 @@ def run(cfg: AuditConfig, backend=None, console=None) -> JobResult:
         tables = _sources(cfg, o.folder, out, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
         _attach_arguments(reports, tables)
+        _attach_capture_paths(reports, tables, cfg)
         meta.update(audit_report.audit_meta(reports))
         names = write_audit(o, reports)
         recorded = _recorded_outcomes(cfg)
@@ -200,6 +201,19 @@ def _attach_arguments(reports, tables) -> None:
                     attach(r, store, t, path)
                 except ValueError as e:
                     r.notes.append(f"kernel arguments not compared: {e}")
+
+
+def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
+    """Model each report's graph plans on the capture-path pass beside its trace, where one was recorded
+    (:func:`ds4lab.audit.capture_path.attach_beside`: ``capture-path.csv.gz``, which ``ds4lab audit run``
+    records when the step asks whether the stream captures)."""
+    from ..audit.capture_path import attach_beside
+
+    for r in reports:
+        for t in tables:
+            path = getattr(t, "path", None)
+            if t.source == r.source and path is not None and r.plans is not None and not r.plans.empty:
+                attach_beside(r, path, token_range=cfg.token_range, calibration=cfg.calibration)
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:

@@ -438,13 +438,18 @@ def _strip_python(argv: list[str]) -> list[str]:
 
 
 def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = False,
-               token_range: str | None = None) -> Path:
+               token_range: str | None = None, capture_path: bool = True) -> Path:
     """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.trace.recording``)
     with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
     when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
     runs a module. ``NVTX_INJECTION64_PATH`` is set to the CUPTI library (unless already set) so
     that NVTX ranges are recorded. The script's output goes to the terminal; its exit status is in
     the saved file's header and the table's notes (a failing script still leaves its recording).
+
+    ``capture_path``: where the first recording holds calls asking whether the stream captures
+    (:func:`ds4lab.trace.capture_path.asks_capture_status`), run the script once more with PyTorch
+    answering yes (:mod:`ds4lab.trace.capture_path`), into ``capture-path.csv.gz`` beside it: the work a
+    graph of the step would hold, for the plans; a pass that fails is said and leaves the rest as it is.
 
     ``arguments``: run the script a second time with the kernel arguments recorded
     (:mod:`ds4lab.trace.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
@@ -466,8 +471,12 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
     target = out if out.name.endswith(".gz") else out / SAVED_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     err = target.with_name(target.name + ".error.txt")
-    for p in (target, err, *((target.with_name("arguments.csv.gz"), target.with_name("arguments.json.gz"),
-                              target.with_name("arguments.csv.gz.error.txt")) if arguments else ())):
+    from .capture_path import asks_capture_status, capture_path_name
+
+    third = capture_path_name(target)
+    for p in (target, err, third, third.with_name(third.name + ".error.txt"),
+              *((target.with_name("arguments.csv.gz"), target.with_name("arguments.json.gz"),
+                 target.with_name("arguments.csv.gz.error.txt")) if arguments else ())):
         if p.exists():
             p.unlink()
     env = dict(os.environ)
@@ -483,6 +492,21 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         raise SourceError(f"ds4lab audit run: {' '.join(argv)} exited with status {rc} and saved no recording "
                           f"({target})")
     say(f"recorded to {target}" + (f" (the script exited with status {rc})" if rc else ""))
+    if capture_path:
+        from .sources import read_events
+
+        asked = asks_capture_status(read_events(target).frame)
+        if asked:
+            say(f"the script asked {asked} times whether the stream captures: recording its capture path (a pass "
+                f"with torch.cuda.is_current_stream_capturing() answering yes): {' '.join(argv)}")
+            rc3 = _run_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third), "--as-if-capturing",
+                             "--", *argv], env, say)
+            err3 = third.with_name(third.name + ".error.txt")
+            if err3.is_file() or not third.is_file():
+                say(f"no capture-path pass: it exited with status {rc3}"
+                    + (f": {err3.read_text().strip()}" if err3.is_file() else ""))
+            else:
+                say(f"capture path recorded to {third}")
     if arguments:
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
@@ -537,16 +561,25 @@ def main(argv=None, tokens=None) -> int:
     @click.option("--no-stacks", is_flag=True, help="Record no Python stacks (no CUPTI callbacks).")
     @click.option("--arguments", is_flag=True, help="An argument pass: every launch's parameters (untimed).")
     @click.option("--token-range", default=None, help="The NVTX range marking a token (argument pass).")
+    @click.option("--as-if-capturing", is_flag=True,
+                  help="The capture-path pass: torch.cuda.is_current_stream_capturing() answers yes "
+                       "(ds4lab.trace.capture_path).")
     @click.argument("script", nargs=-1, type=click.UNPROCESSED, required=True)
-    def cli(out, no_stacks, arguments, token_range, script):
+    def cli(out, no_stacks, arguments, token_range, as_if_capturing, script):
         script = _strip_python(list(script))
         status = 0
         err = out.with_name(out.name + ".error.txt")
+        path = contextlib.ExitStack()
         try:
+            if as_if_capturing:
+                from .capture_path import as_if_capturing as _as_if
+
+                asked = path.enter_context(_as_if())
             ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range, tokens=tokens)
             rec = ctx.__enter__()
             rec.trim = True
-        except SourceError as e:
+        except (SourceError, ImportError) as e:
+            path.close()
             err.write_text(str(e) + "\n")
             raise SystemExit(2) from None
         argv0, path0 = list(sys.argv), list(sys.path)
@@ -569,7 +602,9 @@ def main(argv=None, tokens=None) -> int:
         finally:
             sys.argv, sys.path[:] = argv0, path0
             ctx.__exit__(None, None, None)
-            rec.save(out, exit_status=status, argv=list(script), source=" ".join(script))
+            path.close()
+            extra = {"capture_path_asked": asked.count} if as_if_capturing else {}
+            rec.save(out, exit_status=status, argv=list(script), source=" ".join(script), **extra)
         raise SystemExit(status)
 
     try:
