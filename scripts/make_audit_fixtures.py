@@ -1,6 +1,7 @@
 """Write the audit's argument fixtures from a GPU run (``tests/data/audit_args/<family>-<cache>-<dtype>/``):
 for each family asked (default: the hand-written decoder's three caches, float32: small enough to ship), the timed recording, the argument pass (``arguments.csv.gz`` and
-``arguments.json.gz``) and what torch.cuda.graph did (``engine.json``), as ``ds4lab audit validate``
+``arguments.json.gz``), the capture-path pass where one was recorded (``capture-path.csv.gz``) and what
+torch.cuda.graph did (``engine.json``), as ``ds4lab audit validate``
 records them (:func:`ds4lab.audit.engines.run_isolated`). ``tests/test_audit_args_fixtures.py`` then holds
 the audit's verdict to torch's outcome on the CPU.
 
@@ -23,6 +24,8 @@ from pathlib import Path
 
 DEFAULT = ("handwritten/host-counter", "handwritten/device-counter", "handwritten/host-read")
 FILES = ("recording.csv.gz", "arguments.csv.gz", "arguments.json.gz", "engine.json")
+#: Kept where the run recorded it (a step that asks whether the stream captures: ds4lab.trace.capture_path).
+OPTIONAL = ("capture-path.csv.gz",)
 
 
 def main(argv=None) -> int:
@@ -63,7 +66,7 @@ def main(argv=None) -> int:
                 continue
             dst = a.out / name
             dst.mkdir(parents=True, exist_ok=True)
-            for f in FILES:
+            for f in FILES + tuple(x for x in OPTIONAL if (src / x).is_file()):
                 p = src / f
                 if not p.is_file():
                     print(f"{name}: {f} missing", file=sys.stderr)
@@ -77,6 +80,8 @@ def main(argv=None) -> int:
             # the paths inside engine.json named the temporary folder: name the fixture's own files
             e = json.loads((dst / "engine.json").read_text())
             e["recording"], e["arguments"] = "recording.csv.gz", "arguments.json.gz"
+            if "capture_path" in e:
+                e["capture_path"] = "capture-path.csv.gz"
             (dst / "engine.json").write_text(json.dumps(e, indent=1))
             print(f"{name}: {r.get('outcome')} -> {dst}")
     return status

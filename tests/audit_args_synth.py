@@ -56,9 +56,10 @@ FRESH = 0x7F40_0000_0000
 
 
 def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool = True, gemm: bool = True,
-         extra: bool = False, fresh_input: bool = False) -> None:
+         extra: bool = False, fresh_input: bool = False, slot_of=None) -> None:
     """One decode step at ``pos`` (module docstring); ``token`` picks the temporaries' addresses;
-    ``fresh_input``: the token ids are a new buffer made between steps (not a static input)."""
+    ``fresh_input``: the token ids are a new buffer made between steps (not a static input); ``slot_of``:
+    ``kv_write``'s first word as a function of the position (instead of the slot or the cache's base)."""
     ids = IDS
     if fresh_input:  # made by the host between tokens, freed after the step
         ids = FRESH + token * 0x1000
@@ -71,7 +72,7 @@ def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool 
         m.launch("cudaLaunchKernel_v7000", ROPE, [p64(tmp), struct.pack("<i", pos)], kernel="rope")
     else:
         m.launch("cudaLaunchKernel_v7000", ROPE, [p64(tmp), p64(COUNTER)], kernel="rope")
-    slot = CACHE + pos * 256 if host_slot else CACHE
+    slot = slot_of(pos) if slot_of is not None else CACHE + pos * 256 if host_slot else CACHE
     m.launch("cuLaunchKernel", KV, [p64(slot), p64(tmp)], domain="driver", kernel="kv_write", extra=extra)
     if gemm:
         m.launch("cudaLaunchKernel_v7000", GEMM, [p64(IDS), p64(CACHE)], kernel="gemm")

@@ -11,6 +11,7 @@ import pytest
 
 from ds4lab.audit.analysis import analyze
 from ds4lab.audit.arguments import store_beside
+from ds4lab.audit.capture_path import RECORDED_SUFFIX, attach_beside
 from ds4lab.audit.engines import TOKEN_RANGE
 from ds4lab.audit.frozen import HOST_COPY, RIGHT, UNSET, attach
 from ds4lab.trace.sources import read_events as read
@@ -25,12 +26,14 @@ KNOWN_WRONG: dict = {}
 def _audit(run: Path):
     rep = analyze([read(run / "recording.csv.gz")], token_range=TOKEN_RANGE)[0]
     attach(rep, store_beside(run / "recording.csv.gz"))
+    attach_beside(rep, run / "recording.csv.gz", token_range=TOKEN_RANGE)  # as audit validate --runs-from does
     return rep, saved_run(run)
 
 
 def test_the_fixtures_are_shipped():
     assert {p.name for p in RUNS} >= {"handwritten-host-counter-float32", "handwritten-device-counter-float32",
-                                       "handwritten-host-read-float32", "mistral-static-float32"}
+                                       "handwritten-host-read-float32", "mistral-static-float32",
+                                       "qwen2-dynamic-float32", "llama-static-float32"}
 
 
 @pytest.mark.parametrize("run", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_WRONG[p.name], strict=True))
@@ -109,3 +112,33 @@ def test_the_plan_is_held_to_every_graph_and_other_work_is_named():
     assert other["predicted_over_measured"] == pytest.approx(same["predicted_over_measured"] / 1.5)
     assert against_torch(rep, {k: v for k, v in torch_run.items() if k != "graph_kernels"})["same_work"] is None
     assert same_work(None, 35) is None and same_work(35.0, 35) is True
+
+
+def test_a_step_that_asks_whether_the_stream_captures_is_modeled_on_its_capture_path():
+    """Qwen2 with a dynamic cache on the H200: transformers asks whether the stream captures; its capture-path
+    pass launches the mask and the memory-efficient attention the graph holds (198 kernel nodes, the count
+    of some of the pass's tokens: the mask is padded at some positions only), not the recorded tokens'
+    math attention; the whole-token plan is modeled on it and meets the replay, the recorded path's plan
+    beside it."""
+    rep, torch_run = _audit(ROOT / "qwen2-dynamic-float32")
+    cp = rep.capture_path
+    assert cp is not None and torch_run["graph_kernels"] in cp.kernel_counts
+    assert torch_run["graph_kernels"] != cp.recorded_kernels_per_token  # the eager tokens are other work
+    row = against_torch(rep, torch_run)
+    assert row["plan_path"] == "capture path (capture-path.csv.gz)" and row["same_work"] is True
+    assert row["time_agrees"]
+    plans = rep.plans.set_index("plan")
+    assert plans.loc["whole token", "path"] == row["plan_path"]
+    assert plans.loc["whole token" + RECORDED_SUFFIX, "path"] == "recorded"
+
+
+def test_an_odd_word_inside_a_live_block_is_unset_bytes_not_a_frozen_address():
+    """Llama with a static cache replays right on the H200. One token's direct-copy kernel (repeat_kv)
+    carries 0x7fb7_0000_0001 where the others carry 0x7fb5_0000_0001 in an unused offset-calculator slot
+    (a set 1 in the low half, the top of a host pointer in the high): inside a live torch block by chance,
+    odd, and outside every tensor of aten::copy_: bytes no argument set, and the verdict replays right."""
+    rep, torch_run = _audit(ROOT / "llama-static-float32")
+    f = rep.arguments.findings
+    odd = f[f["values"].astype(str).str.contains("0x7fb500000001")]
+    assert len(odd) and (odd["call_class"] == UNSET).all()
+    assert len(rep.arguments.frozen) == 0 and against_torch(rep, torch_run)["audit_verdict"] == RIGHT

@@ -180,3 +180,13 @@ def test_the_audit_job_models_the_plans_on_the_pass_beside_a_recording(seed, tmp
 
     meta = json.loads((tmp_path / "audit" / "meta.json").read_text())
     assert meta["units"][0]["capture_path"]["kernels_per_token"] == rep.capture_path.kernels_per_token
+
+
+def test_a_graph_matches_any_token_count_of_the_modeled_tokens():
+    """The graph is captured at one position; the capture path's launch list changes with the position
+    (a mask padded at some lengths only: 358 kernels at most tokens, 350 at others on the H200)."""
+    from ds4lab.audit.validate import same_work
+
+    assert same_work(350, 358, (350, 358)) is True and same_work(358, 358) is True
+    assert same_work(349, 358, (350, 358)) is False
+    assert same_work(None, 358, (358,)) is None and same_work(350.0, None) is None

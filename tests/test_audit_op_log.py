@@ -14,16 +14,16 @@ from ds4lab.audit import frozen as F
 from ds4lab.trace import arguments as A
 
 
-def _with_ops(rec, key_of, *, spans=(), opaque=False, name="aten::rope"):
-    """Tag every rope launch with an operator call whose key is ``key_of(token)``, the others with one
-    call each of a constant key."""
+def _with_ops(rec, key_of, *, spans=(), opaque=False, name="aten::rope", kernel="rope"):
+    """Tag every ``kernel`` launch with an operator call ``name`` whose key is ``key_of(token)``, the
+    others with one call each of a constant key."""
     st = rec.arguments
     tl = AA.token_launches(rec.table(), "decode_step")
     st.ops, st.op_of = {}, {}
     for t, launches in enumerate(tl.tokens):
         for corr, kname, _ in launches:
             i = len(st.ops)
-            rope = kname == "rope"
+            rope = kname == kernel
             st.ops[i] = {"name": name if rope else f"aten::{kname}", "key": key_of(t) if rope else kname,
                          "text": f"cuda float32[4], {17 + t}" if rope else "cuda float32[4]", "spans": list(spans),
                          "cpu": [], "opaque": opaque, "t_ns": 0}
@@ -176,3 +176,28 @@ def test_a_word_that_is_a_temporary_in_some_tokens_and_no_live_address_in_others
     assert F._explained([op, op], [0x9010, 0x1], [None, None], ["unknown", "unknown"]) is None
     other = {**op, "key": "k2"}
     assert F._explained([op, other], [0x1, 0x2], [None, None], ["unknown", "unknown"]) is None
+
+
+ELSEWHERE = [[0x7F50_0000_0000, 4096]]  # the operator's own tensors, away from the cache
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("odd, outside the operator's tensors", F.UNSET),
+    ("even, outside the operator's tensors", F.FROZEN_ADDRESS),
+    ("odd, inside the operator's tensors", F.FROZEN_ADDRESS),
+    ("odd, the operator's tensors unknown", F.FROZEN_ADDRESS),
+])
+def test_a_word_inside_a_live_block_is_unset_only_when_odd_and_outside_the_operators_tensors(monkeypatch, case,
+                                                                                            expect):
+    """An unused 8-byte slot whose low half holds a set size (1) and whose high half what the host stack
+    held can fall inside a live GPU block by chance (``0x7fb500000001`` on the H200): odd, and no tensor of
+    its operator is there, it addresses nothing; an even word, or one inside the operator's tensors, or one
+    whose operator's tensors are unknown, stays an address the graph freezes."""
+    odd = not case.startswith("even")
+    rec, _, _ = S.record(monkeypatch, slot_of=lambda pos: S.CACHE + 64 * (pos % 3) + (1 if odd else 0))
+    spans = ([[S.CACHE, 1 << 20]] if "inside" in case else [] if "unknown" in case else ELSEWHERE)
+    aa = F.compare(_with_ops(rec, lambda t: "same", spans=spans, name="aten::copy_", kernel="kv_write").arguments,
+                   rec.table())
+    kv = aa.findings[(aa.findings["name"] == "kv_write") & (aa.findings["param"] == 0)]  # param 1: a temporary
+    assert list(kv["call_class"]) == [expect]
+    assert (expect == F.UNSET) == (not (aa.frozen["name"] == "kv_write").any())

@@ -49,6 +49,9 @@ class CapturePath:
     recorded_kernels_per_token: int
     gpu_busy_us: float
     recorded_gpu_busy_us: float
+    #: the distinct kernel counts of its tokens (a launch list that changes with the position: the mask
+    #: padded to an aligned length at some positions only)
+    kernel_counts: tuple = ()
 
     @property
     def label(self) -> str:
@@ -88,7 +91,8 @@ def attach(report, table, *, token_range: str | None = None, calibration=None) -
     info = CapturePath(str(table.source), cp.tokens.n, _median_int(cp.token_table, "kernels"),
                        _median_int(report.token_table, "kernels"),
                        float(cp.token_table["gpu_busy_us"].median()),
-                       float(report.token_table["gpu_busy_us"].median()))
+                       float(report.token_table["gpu_busy_us"].median()),
+                       tuple(sorted({int(k) for k in cp.token_table["kernels"]})))
     measured = list(report.measured_us)
     label = report.plans["calibration"].iloc[0]
     new = {"whole token": cp.model.whole(cp.scalars), "one graph per token shape": cp.model.whole(cp.scalars, cp.shapes)}
@@ -135,6 +139,17 @@ def attach_beside(report, recording, *, token_range: str | None = None, calibrat
         return None
 
 
+def modeled_kernel_counts(report) -> tuple:
+    """The distinct kernels per token among the tokens the whole-token plan is modeled on (the
+    capture-path pass's where one is attached, else the recorded tokens'); () without tokens."""
+    if report.capture_path is not None:
+        return tuple(report.capture_path.kernel_counts)
+    t = getattr(report, "token_table", None)
+    if t is None or not len(t) or "kernels" not in t:
+        return ()
+    return tuple(sorted({int(k) for k in t["kernels"]}))
+
+
 def modeled_kernels(report) -> int | None:
     """The kernels per token of the tokens the whole-token plan is modeled on: the capture-path pass's
     where one is attached, else the recorded tokens' (median); None without tokens."""
@@ -146,4 +161,5 @@ def modeled_kernels(report) -> int | None:
     return int(round(float(np.median(t["kernels"]))))
 
 
-__all__ = ["CapturePath", "GRAPH_PLANS", "RECORDED_SUFFIX", "attach", "attach_beside", "modeled_kernels"]
+__all__ = ["CapturePath", "GRAPH_PLANS", "RECORDED_SUFFIX", "attach", "attach_beside", "modeled_kernel_counts",
+           "modeled_kernels"]

@@ -80,7 +80,9 @@ UNSET_RULE = ("a PyTorch operator's kernels get their by-value arguments from th
               "was set by none of them: an unused slot of a by-value struct (TensorIterator's offset calculators "
               "hold MAX_DIMS slots and set the tensor's rank: aten/src/ATen/cuda/detail/OffsetCalculator.cuh), "
               "padding, whatever the host stack held; the kernel computes the same result from it at every token "
-              "(the operator log of the argument pass: ds4lab.trace.torch_ops)")
+              "(the operator log of the argument pass: ds4lab.trace.torch_ops); such a word that falls inside a "
+              "live allocation is taken for no address only when it is odd and outside every tensor of the "
+              "operator (no element wider than a byte starts there; the allocator's blocks are 512-byte aligned)")
 HOST_COPY_RULE = ("PyTorch refuses a copy between a CPU tensor that is not pinned and a CUDA tensor while the "
                   "current stream captures ('Cannot copy between CPU and CUDA tensors during CUDA graph capture "
                   "unless the CPU tensor is pinned': aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda), "
@@ -315,8 +317,9 @@ def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | Non
     (:data:`UNSET_RULE`), else None. With the same operator and host arguments at every token, each
     token's value must be an address inside memory the token allocated (a temporary) or no address of
     anything alive at the launch: not inside a live allocation (a caching-allocator segment's free space
-    is none), and not inside one of the operator's own tensors (a data pointer the allocations missed
-    stays an address)."""
+    is none, and an odd value outside every tensor of the operator addresses nothing it reads: see
+    :func:`_no_address`), and not inside one of the operator's own tensors (a data pointer the
+    allocations missed stays an address)."""
     if not _same_operator(ops):
         return None
     own = False
@@ -324,11 +327,22 @@ def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | Non
         if life == "own":
             own = True
             continue
-        if loc is not None and loc[0] != "caching-allocator segment":
+        spans = o.get("spans", ())
+        if any(b <= v < b + n for b, n in spans):
             return None
-        if any(b <= v < b + n for b, n in o.get("spans", ())):
+        if loc is not None and loc[0] != "caching-allocator segment" and not _no_address(v, spans):
             return None
     return TEMPORARY if own else UNSET
+
+
+def _no_address(v: int, spans) -> bool:
+    """Whether a word that falls inside a live allocation is still no address the operator's kernel
+    uses: it is odd (no element of two bytes or more starts there, and every block the caching allocator
+    hands out is 512-byte aligned) and lies outside every tensor of the operator (``spans``, from the op
+    log: the only device memory a TensorIterator kernel is given). An unused 8-byte slot whose low half
+    holds a set 32-bit field (a size of 1) and whose high half holds what the host stack held (the top
+    of a host pointer, ``0x7fb5…``) reads as ``0x7fb500000001``: inside a GPU block by chance."""
+    return bool(spans) and v % 2 == 1
 
 
 def _set_by(ops: list) -> str:

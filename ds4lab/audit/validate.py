@@ -107,7 +107,7 @@ def against_torch(report, torch_run: dict) -> dict:
            "predicted_over_measured": None, "time_agrees": None}
     out["verdict_agrees"] = OUTCOMES.get(out["torch_outcome"]) == verdict != ""
     out["graph_kernels"], out["token_kernels"] = torch_run.get("graph_kernels"), token_kernels(report)
-    out["same_work"] = same_work(out["graph_kernels"], out["token_kernels"])
+    out["same_work"] = same_work(out["graph_kernels"], out["token_kernels"], modeled_kernel_counts(report))
     cp = getattr(report, "capture_path", None)
     out["plan_path"] = cp.label if cp is not None else "recorded"
     if replay and predicted:  # held for every step that captured: a graph of other work is the plan's miss
@@ -125,16 +125,25 @@ def token_kernels(report) -> int | None:
     return modeled_kernels(report)
 
 
-def same_work(graph_kernels, token_kernels) -> bool | None:
-    """Whether the captured graph holds the modeled token's kernels (as many kernel nodes as it
-    launches); None where either count is missing. Evidence beside the time, not a reason to leave it
+def modeled_kernel_counts(report) -> tuple:
+    """:func:`ds4lab.audit.capture_path.modeled_kernel_counts` (the distinct counts :func:`same_work` accepts)."""
+    from .capture_path import modeled_kernel_counts as counts
+
+    return counts(report)
+
+
+def same_work(graph_kernels, token_kernels, counts=()) -> bool | None:
+    """Whether the captured graph holds a modeled token's kernels: as many kernel nodes as the modeled
+    tokens launch (``token_kernels``, their median, or any of ``counts``, the distinct counts of those
+    tokens: the graph was captured at one position, and a launch list can change with the position);
+    None where a count is missing. Evidence beside the time, not a reason to leave it
     unheld: a step whose Python takes another path while the stream captures (transformers'
     ``is_tracing``) captures other work than it launches eagerly, which the capture-path pass records
     (:mod:`ds4lab.trace.capture_path`); a graph that still differs from the modeled token is other work
     the recording did not see (a question asked of CUDA from C/C++, say)."""
     if graph_kernels is None or token_kernels is None or graph_kernels != graph_kernels:
         return None
-    return int(graph_kernels) == int(token_kernels)
+    return int(graph_kernels) == int(token_kernels) or int(graph_kernels) in {int(c) for c in counts}
 
 
 def _inside(path: str, out: Path) -> str:
