@@ -154,7 +154,7 @@ def test_runs_from_refuses_what_it_cannot_use(tmp_path):
     with pytest.raises(BadInput, match="--runs-from's folder"):
         run(ValidateConfig(runs_from=src, out=src))
     with pytest.raises(BadInput, match="none of the runs asked for"):
-        run(ValidateConfig(engines=("llama",), runs_from=src, out=tmp_path / "w"))
+        run(ValidateConfig(engines=("gemma2",), runs_from=src, out=tmp_path / "w"))  # no gemma2 fixture
     assert not (tmp_path / "w").exists()  # refused before anything was written
 
 
