@@ -67,6 +67,11 @@ def test_the_pass_is_found_beside_its_recording_and_never_beside_itself(tmp_path
     rec, other = tmp_path / "recording.csv.gz", tmp_path / "run.csv.gz"
     assert CP.capture_path_name(rec) == tmp_path / "capture-path.csv.gz"
     assert CP.capture_path_name(other) == tmp_path / "run.capture-path.csv.gz"
+    # a dotted stem keeps its dots, and a sibling of recording.csv.gz never takes its pass
+    assert CP.capture_path_name(tmp_path / "my.run.csv.gz") == tmp_path / "my.run.capture-path.csv.gz"
+    assert CP.capture_path_name(tmp_path / "recording.old.csv.gz") == tmp_path / "recording.old.capture-path.csv.gz"
+    assert CP.capture_path_name(tmp_path / "trace.json") == tmp_path / "trace.capture-path.csv.gz"
+    assert CP.is_capture_path(tmp_path / "x.capture-path.csv.gz") and not CP.is_capture_path(rec)
     assert CP.capture_path_beside(rec) is None  # not recorded
     (tmp_path / "capture-path.csv.gz").write_bytes(b"")
     assert CP.capture_path_beside(rec) == tmp_path / "capture-path.csv.gz"
@@ -74,7 +79,8 @@ def test_the_pass_is_found_beside_its_recording_and_never_beside_itself(tmp_path
 
 
 # ----------------------------------------------------------------------------- the plans on it
-def _loop(rng, *, capture_path: bool, tokens: int = 10, layers: int = 3, t0: int = 1_000_000):
+def _loop(rng, *, capture_path: bool, tokens: int = 10, layers: int = 3, t0: int = 1_000_000, asks: bool = True,
+          nvtx: bool = True):
     """A decode loop whose step asks whether the stream captures; on its capture path each layer also
     builds a mask (a kernel of MASK_US µs) before its attention. The other kernels' durations are drawn
     from a generator seeded by ``rng`` (a seed), so both paths of one seed run the same work besides."""
@@ -82,15 +88,18 @@ def _loop(rng, *, capture_path: bool, tokens: int = 10, layers: int = 3, t0: int
     b = TraceBuilder(t0=t0)
 
     def extra(b, layer):
-        b.call("cudaStreamIsCapturing", stream=b.stream)
+        if asks:
+            b.call("cudaStreamIsCapturing", stream=b.stream)
         if capture_path:
             b.launch("build_causal_mask", MASK_US)
 
     for p in range(tokens):
         b.pause(20_000)
-        b.push(RANGE)
+        if nvtx:
+            b.push(RANGE)
         decode_step(b, rng, layers=layers, pos=40, sync=False, extra=extra)
-        b.pop()
+        if nvtx:
+            b.pop()
     return b.table("recording.csv.gz" if not capture_path else "capture-path.csv.gz", tool="cupti")
 
 
@@ -190,3 +199,53 @@ def test_a_graph_matches_any_token_count_of_the_modeled_tokens():
     assert same_work(350, 358, (350, 358)) is True and same_work(358, 358) is True
     assert same_work(349, 358, (350, 358)) is False
     assert same_work(None, 358, (358,)) is None and same_work(350.0, None) is None
+
+
+def test_the_pass_has_its_own_model_check_beside_the_recorded_one(seed):
+    (rep,) = analyze([_loop(seed, capture_path=False)], token_range=RANGE)
+    ACP.attach(rep, _loop(seed, capture_path=True), token_range=RANGE)
+    checks = rep.plans[rep.plans["plan"] == "eager (model check)"].set_index("path")
+    assert set(checks.index) == {"recorded", rep.capture_path.label}
+    own = checks.loc[rep.capture_path.label]
+    assert own["predicted_us"] == pytest.approx(own["eager_measured_us"], rel=0.1)  # the pass's own tokens
+
+
+def test_a_pass_that_cannot_be_this_steps_capture_path_is_refused_and_said(seed, tmp_path):
+    """Beside a recording whose tokens never ask whether the stream captures; from another step (the header's
+    engine); in which PyTorch was never asked; whose tokens are not found by the recording's NVTX range."""
+    from ds4lab.trace.sources.saved import write_table
+
+    (quiet,) = analyze([_loop(seed, capture_path=False, asks=False)], token_range=RANGE)
+    with pytest.raises(ValueError, match="never ask whether the stream captures"):
+        ACP.attach(quiet, _loop(seed, capture_path=True), token_range=RANGE)
+    rec = _loop(seed, capture_path=False)
+    rec.header = {"engine": "qwen2", "cache": "dynamic", "dtype": "float32"}
+    (rep,) = analyze([rec], token_range=RANGE)
+    other = _loop(seed, capture_path=True)
+    other.header = {"engine": "llama", "cache": "dynamic", "dtype": "float32", "capture_path_asked": 8}
+    with pytest.raises(ValueError, match="another step than the recording .*engine 'llama' against 'qwen2'"):
+        ACP.attach(rep, other, token_range=RANGE, recorded=rec)
+    unasked = _loop(seed, capture_path=True)
+    unasked.header = {"capture_path_asked": 0}
+    with pytest.raises(ValueError, match="never asked"):
+        ACP.attach(rep, unasked, token_range=RANGE)
+    with pytest.raises(ValueError, match="no token|would not pair"):
+        ACP.attach(rep, _loop(seed, capture_path=True, nvtx=False))
+    assert rep.capture_path is None and (rep.plans["path"] == "recorded").all()
+    # beside a recording on disk: said in a note that validate puts in its row
+    write_table(_loop(seed, capture_path=True), tmp_path / "capture-path.csv.gz")
+    assert ACP.attach_beside(quiet, tmp_path / "recording.csv.gz", token_range=RANGE) is None
+    assert ACP.not_used(quiet).startswith(ACP.NOT_USED) and "another step" in ACP.not_used(quiet)
+
+
+def test_auditing_a_pass_itself_says_what_it_is_and_takes_no_argument_pass(seed, tmp_path):
+    from ds4lab.jobs.audit import AuditConfig, run
+    from ds4lab.trace.sources.saved import write_table
+
+    write_table(_loop(seed, capture_path=False), tmp_path / "recording.csv.gz")
+    write_table(_loop(seed, capture_path=True), tmp_path / "capture-path.csv.gz")
+    (tmp_path / "arguments.json.gz").write_bytes(b"")  # the recording's argument pass: not the pass's
+    res = run(AuditConfig(files=(str(tmp_path / "capture-path.csv.gz"),), token_range=RANGE, out=tmp_path / "a"))
+    (rep,) = res.value
+    assert rep.arguments is None and rep.capture_path is None
+    assert any(n.startswith("capture-path.csv.gz is a capture-path pass") for n in rep.notes)

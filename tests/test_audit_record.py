@@ -176,3 +176,35 @@ def test_host_ranges_give_way_to_the_nvtx_ranges_cupti_saw(monkeypatch):
             decode_step(m)
     nv = rec.table().frame.query("kind == 'nvtx'")
     assert nv["name"].tolist() == ["decode_step"] and nv.domain.iloc[0] == "llm"  # NVTX's own, once
+
+
+@pytest.mark.parametrize("asks", [True, False])
+def test_the_capture_path_runner_answers_yes_and_keeps_only_a_pass_that_was_asked(monkeypatch, tmp_path, asks):
+    """``--as-if-capturing``: inside the script PyTorch says the stream captures (a stand-in torch); a script
+    that never asks leaves no table, only the reason (it ran the recorded path again)."""
+    from types import SimpleNamespace
+
+    from ds4lab.trace.capture_path import NOT_ASKED
+
+    fake_cupti.install(monkeypatch)
+    torch = SimpleNamespace(cuda=SimpleNamespace(is_current_stream_capturing=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    script = tmp_path / "decode.py"
+    script.write_text("import torch\n" + ("assert torch.cuda.is_current_stream_capturing() is True\n" if asks else ""))
+    out = tmp_path / "capture-path.csv.gz"
+    assert REC.main(["--out", str(out), "--as-if-capturing", "--", "python", str(script)]) == 0
+    assert torch.cuda.is_current_stream_capturing() is False  # put back
+    err = out.with_name(out.name + ".error.txt")
+    assert out.is_file() == asks and err.is_file() == (not asks)
+    if not asks:
+        assert err.read_text().strip() == NOT_ASKED
+
+
+def test_the_capture_path_runner_without_torch_says_so(monkeypatch, tmp_path):
+    fake_cupti.install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    script = tmp_path / "decode.py"
+    script.write_text("pass\n")
+    out = tmp_path / "capture-path.csv.gz"
+    assert REC.main(["--out", str(out), "--as-if-capturing", "--", "python", str(script)]) == 2
+    assert not out.exists() and "torch" in out.with_name(out.name + ".error.txt").read_text()

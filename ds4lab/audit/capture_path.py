@@ -38,10 +38,13 @@ RECORDED_SUFFIX = " (recorded path)"
 
 @dataclass
 class CapturePath:
-    """A capture-path pass attached to a report: ``source`` (its file), ``tokens`` (how many it holds),
-    ``kernels_per_token`` (median over its tokens) against the recorded tokens'
-    ``recorded_kernels_per_token``, and ``gpu_busy_us`` against ``recorded_gpu_busy_us`` (median µs of
-    device work per token, measured)."""
+    """A capture-path pass attached to a report: ``source`` (its file) and ``sha256`` (its bytes, where it
+    was read from a file), ``tokens`` (how many it holds), ``kernels_per_token`` (median over its tokens)
+    against the recorded tokens' ``recorded_kernels_per_token``, ``gpu_busy_us`` against
+    ``recorded_gpu_busy_us`` (median µs of device work per token, measured), ``kernel_counts`` (the
+    distinct kernels per token among its tokens), ``asked`` (how many times PyTorch was asked during the
+    pass, from its file's header; None where it does not say) and ``cuda_questions`` (the questions put to
+    CUDA itself during the pass, from C/C++ code: they got CUDA's answer, not the pass's)."""
 
     source: str
     tokens: int
@@ -52,6 +55,9 @@ class CapturePath:
     #: the distinct kernel counts of its tokens (a launch list that changes with the position: the mask
     #: padded to an aligned length at some positions only)
     kernel_counts: tuple = ()
+    asked: int | None = None
+    cuda_questions: int = 0
+    sha256: str = ""
 
     @property
     def label(self) -> str:
@@ -59,40 +65,79 @@ class CapturePath:
         return f"capture path ({Path(self.source).name})"
 
 
+#: Header keys of a saved recording that name the step it recorded (``audit validate``'s runs, ``audit
+#: run``'s script): a pass whose keys differ from its recording's belongs to another step.
+STEP_KEYS = ("engine", "cache", "dtype", "argv")
+
+
 def _median_int(table: pd.DataFrame, col: str) -> int:
     return int(round(float(table[col].median()))) if table is not None and len(table) and col in table else 0
 
 
-def attach(report, table, *, token_range: str | None = None, calibration=None) -> CapturePath:
+def _check_pairing(report, table, recorded) -> None:
+    """Refuse a pass that cannot be the capture path of ``report``'s step (ValueError naming why)."""
+    from ..trace.capture_path import asks_capture_status
+
+    if report.unit is None or not asks_capture_status(report.unit.frame):
+        raise ValueError(f"{table.source}: the recorded tokens never ask whether the stream captures, so they have "
+                         "no other path under capture: this pass belongs to another step")
+    theirs, ours = getattr(table, "header", None) or {}, getattr(recorded, "header", None) or {}
+    differ = [k for k in STEP_KEYS if k in theirs and k in ours and theirs[k] != ours[k]]
+    if differ:
+        raise ValueError(f"{table.source}: recorded from another step than the recording ("
+                         + "; ".join(f"{k} {theirs[k]!r} against {ours[k]!r}" for k in differ) + ")")
+    if theirs.get("capture_path_asked") == 0:
+        raise ValueError(f"{table.source}: PyTorch was never asked during this pass: it ran the recorded path again")
+
+
+def attach(report, table, *, token_range: str | None = None, calibration=None, recorded=None) -> CapturePath:
     """Model ``report``'s graph plans on the capture-path pass ``table`` (an event table; module
-    docstring). Changes ``report.plans`` (a ``path`` column on every row), ``report.capture_path`` and
-    ``report.notes``; returns the :class:`CapturePath`.
+    docstring). Changes ``report.plans`` (a ``path`` column on every row; an ``eager (model check)`` row of
+    the pass itself), ``report.capture_path`` and ``report.notes``; returns the :class:`CapturePath`.
+
+    The pass's tokens are found as the report's were: by the same NVTX range where the report's came from
+    one (its name, or ``token_range``), and a pass whose tokens are found otherwise is refused (a pairing
+    by position would pair other windows). Its unit is the one on the report's device with the most
+    kernels (a pass is recorded in a process of its own).
 
     Args:
         report: the recorded tokens' :class:`~ds4lab.audit.analysis.AuditReport`.
         table: the capture-path pass, read (:func:`ds4lab.trace.sources.read_events`).
         token_range, calibration: as the report was analyzed with (:func:`ds4lab.audit.analysis.analyze`).
+        recorded: the recording's event table, where its header can name the step (:data:`STEP_KEYS`).
 
     Raises:
-        ValueError: a pass with no token, or a report without plans (naming the pass's file).
+        ValueError: a report without plans; recorded tokens that never ask whether the stream captures; a
+            pass from another step (its header's keys), one in which PyTorch was never asked, one with no
+            token or whose tokens are found another way than the report's (each naming the pass's file).
     """
+    from ..trace.capture_path import asks_capture_status
     from .analysis import analyze
     from .tokens import NoTokens
 
     if report.plans is None or report.plans.empty or report.model is None:
         raise ValueError(f"{table.source}: the recorded tokens have no plans to set the capture path beside")
+    _check_pairing(report, table, recorded)
+    by_range = report.tokens.range_name
     try:
-        passes = analyze([table], token_range=token_range, calibration=calibration, modes=report.modes)
+        passes = analyze([table], token_range=by_range or token_range, calibration=calibration, modes=report.modes)
     except NoTokens as e:
         raise ValueError(f"{table.source}: no token in the capture-path pass ({e})") from None
-    cp = max(passes, key=lambda r: int(r.token_table["kernels"].sum()) if len(r.token_table) else 0)
+    mine = [r for r in passes if r.device == report.device] or passes
+    cp = max(mine, key=lambda r: int(r.token_table["kernels"].sum()) if len(r.token_table) else 0)
     if cp.model is None or not cp.model.tokens:
         raise ValueError(f"{table.source}: no token in the capture-path pass")
+    if (cp.tokens.range_name is None) != (by_range is None):
+        raise ValueError(f"{table.source}: the pass's tokens are found by {cp.tokens.how}, the recording's by "
+                         f"{report.tokens.how}: their positions would not pair")
+    header = getattr(table, "header", None) or {}
     info = CapturePath(str(table.source), cp.tokens.n, _median_int(cp.token_table, "kernels"),
                        _median_int(report.token_table, "kernels"),
                        float(cp.token_table["gpu_busy_us"].median()),
                        float(report.token_table["gpu_busy_us"].median()),
-                       tuple(sorted({int(k) for k in cp.token_table["kernels"]})))
+                       tuple(sorted({int(k) for k in cp.token_table["kernels"]})),
+                       header.get("capture_path_asked"), asks_capture_status(cp.unit.frame),
+                       _sha256(getattr(table, "path", None)))
     measured = list(report.measured_us)
     label = report.plans["calibration"].iloc[0]
     new = {"whole token": cp.model.whole(cp.scalars), "one graph per token shape": cp.model.whole(cp.scalars, cp.shapes)}
@@ -108,22 +153,39 @@ def attach(report, table, *, token_range: str | None = None, calibration=None) -
                                  r["eager_launches_per_token"], label, info.label))
             r = {**r, "plan": r["plan"] + RECORDED_SUFFIX}
         rows.append(r)
+        if r["plan"] == "eager (model check)" and r["path"] == RECORDED_PATH:
+            # how far to trust the model on the pass: its own tokens through it, against their measured µs
+            rows.append(plan_row("eager (model check)", "-", cp.model.eager(), list(cp.measured_us), 0.0,
+                                 r["eager_launches_per_token"], label, info.label))
     report.plans = pd.DataFrame(rows)
     report.capture_path = info
+    asked = f"PyTorch asked {info.asked} times, " if info.asked is not None else ""
     report.notes.append(
         f"capture path: the step asks whether the stream captures; a pass with PyTorch answering yes "
-        f"({Path(info.source).name}, {info.tokens} tokens) launches {info.kernels_per_token} kernels per token "
-        f"({info.gpu_busy_us:.0f} µs of device work) against the recorded tokens' {info.recorded_kernels_per_token} "
+        f"({Path(info.source).name}, {info.tokens} tokens; {asked}CUDA itself {info.cuda_questions} times, from "
+        f"C/C++, answered no) launches {info.kernels_per_token} kernels per token ({info.gpu_busy_us:.0f} µs of "
+        f"device work) against the recorded tokens' {info.recorded_kernels_per_token} "
         f"({info.recorded_gpu_busy_us:.0f} µs): the graph plans ({', '.join(GRAPH_PLANS)}) are modeled on it, "
         f"the recorded path's beside them{RECORDED_SUFFIX}")
     return info
 
 
-def attach_beside(report, recording, *, token_range: str | None = None, calibration=None) -> CapturePath | None:
+def _sha256(path) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path is not None else ""
+    except OSError:
+        return ""
+
+
+def attach_beside(report, recording, *, token_range: str | None = None, calibration=None,
+                  recorded=None) -> CapturePath | None:
     """:func:`attach` the capture-path pass saved beside ``recording``
     (:func:`ds4lab.trace.capture_path.capture_path_beside`), where there is one; a pass that cannot be
-    read or has no token is said in ``report.notes`` and leaves the plans as they are. Returns the
-    :class:`CapturePath`, or None."""
+    read, has no token or does not belong to the recording (:func:`attach`'s refusals) is said in
+    ``report.notes`` (a line starting ``capture-path pass not used:``) and leaves the plans as they are.
+    Returns the :class:`CapturePath`, or None."""
     from ..trace.capture_path import capture_path_beside
     from ..trace.sources import SourceError, read_events
 
@@ -132,17 +194,28 @@ def attach_beside(report, recording, *, token_range: str | None = None, calibrat
         return None
     try:
         table = read_events(path)
-        table.source = str(path)
-        return attach(report, table, token_range=token_range, calibration=calibration)
-    except (SourceError, ValueError) as e:
-        report.notes.append(f"capture-path pass not used: {e}")
-        return None
+        table.source, table.path = str(path), path
+        return attach(report, table, token_range=token_range, calibration=calibration, recorded=recorded)
+    except SourceError as e:
+        report.notes.append(f"{NOT_USED} {path.name} cannot be read ({str(e).split(';')[0]})")
+    except ValueError as e:
+        report.notes.append(f"{NOT_USED} {e}")
+    return None
+
+
+#: How a report's note begins where a capture-path pass beside its recording was refused.
+NOT_USED = "capture-path pass not used:"
+
+
+def not_used(report) -> str:
+    """The note saying why a capture-path pass beside the report's recording was not used, or ""."""
+    return next((n for n in report.notes if n.startswith(NOT_USED)), "")
 
 
 def modeled_kernel_counts(report) -> tuple:
     """The distinct kernels per token among the tokens the whole-token plan is modeled on (the
     capture-path pass's where one is attached, else the recorded tokens'); () without tokens."""
-    if report.capture_path is not None:
+    if getattr(report, "capture_path", None) is not None:
         return tuple(report.capture_path.kernel_counts)
     t = getattr(report, "token_table", None)
     if t is None or not len(t) or "kernels" not in t:
@@ -153,7 +226,7 @@ def modeled_kernel_counts(report) -> tuple:
 def modeled_kernels(report) -> int | None:
     """The kernels per token of the tokens the whole-token plan is modeled on: the capture-path pass's
     where one is attached, else the recorded tokens' (median); None without tokens."""
-    if report.capture_path is not None:
+    if getattr(report, "capture_path", None) is not None:
         return int(report.capture_path.kernels_per_token)
     t = getattr(report, "token_table", None)
     if t is None or not len(t) or "kernels" not in t:
@@ -161,5 +234,6 @@ def modeled_kernels(report) -> int | None:
     return int(round(float(np.median(t["kernels"]))))
 
 
-__all__ = ["CapturePath", "GRAPH_PLANS", "RECORDED_SUFFIX", "attach", "attach_beside", "modeled_kernel_counts",
+__all__ = ["CapturePath", "GRAPH_PLANS", "NOT_USED", "RECORDED_SUFFIX", "STEP_KEYS", "attach", "attach_beside",
+           "modeled_kernel_counts", "not_used",
            "modeled_kernels"]

@@ -176,7 +176,7 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
 
     from . import engines as E
     from .arguments import load, measure_overhead, save, token_launches
-    from ..trace.capture_path import CAPTURE_PATH_NAME, as_if_capturing, asks_capture_status
+    from ..trace.capture_path import CAPTURE_PATH_NAME, NOT_ASKED, as_if_capturing, asks_capture_status
     from ..trace.recording import store_path
     from .arguments import recording
     from .replay_check import check_replay
@@ -210,15 +210,21 @@ def run_family(engine: str, cache: str, dtype: str, out: Path, *, say=print) -> 
         if asks_capture_status(timed.table().frame):
             # the step asks whether the stream captures: record the path a graph of it would hold
             try:
+                with as_if_capturing():  # one untimed step: the capture path's kernels loaded before it is recorded
+                    one(False)
+                    torch.cuda.synchronize()
                 with as_if_capturing() as asked, recording() as cp:
                     for _ in range(E.EAGER_STEPS):
                         one(rec=cp)
                     torch.cuda.synchronize()
-                res["capture_path"] = str(cp.save(folder / CAPTURE_PATH_NAME, engine=engine, cache=cache,
-                                                  dtype=dtype, capture_path_asked=asked.count))
                 res["capture_path_asked"] = asked.count
-                say(f"{engine}/{cache}/{dtype}: capture path recorded (asked {asked.count} times in "
-                    f"{E.EAGER_STEPS} steps)")
+                if asked.count:
+                    res["capture_path"] = str(cp.save(folder / CAPTURE_PATH_NAME, engine=engine, cache=cache,
+                                                      dtype=dtype, capture_path_asked=asked.count))
+                    say(f"{engine}/{cache}/{dtype}: capture path recorded (asked {asked.count} times in "
+                        f"{E.EAGER_STEPS} steps)")
+                else:  # the questions came from C/C++ (CUDA's answer stands there): the same path, not kept
+                    say(f"{engine}/{cache}/{dtype}: no capture-path pass kept: {NOT_ASKED}")
             except Exception as e:  # noqa: BLE001 - the pass failing is said; the plans stay on the recorded path
                 res["capture_path_error"] = f"{type(e).__name__}: {e}"
                 say(f"{engine}/{cache}/{dtype}: no capture-path pass ({res['capture_path_error']})")

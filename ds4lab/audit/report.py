@@ -80,7 +80,11 @@ def audit_meta(reports) -> dict:
             "sources": sorted({r.source for r in reports}), "units": units, "calibration": cal,
             "modeled": f"plans.csv and spans.csv replay_us are MODELED (calibration {label}); every other "
                        "time is the trace's: "
-                       + "; ".join(f"{r.source} process {r.pid}: {trace_times(r)}" for r in reports)}
+                       + "; ".join(f"{r.source} process {r.pid}: {trace_times(r)}" for r in reports)
+                       + "".join(f"; the graph plans of {r.source} process {r.pid} (path '{r.capture_path.label}') are "
+                                 f"modeled on the times of {r.capture_path.source} (sha256 "
+                                 f"{r.capture_path.sha256[:16] or '?'})" for r in reports
+                                 if getattr(r, "capture_path", None) is not None)}
 
 
 def _replay_meta(r) -> dict:

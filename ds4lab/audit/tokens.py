@@ -72,6 +72,7 @@ class Tokens:
         start_ns, end_ns: each token's host window (``end_ns`` of the last: its last row's end).
         main_tid: the thread that launches the tokens' work.
         notes: what was left out and why, and what was assumed.
+        range_name: the NVTX range's name where they were found from one, else None.
     """
 
     how: str
@@ -82,6 +83,8 @@ class Tokens:
     end_ns: list
     main_tid: int
     notes: list = field(default_factory=list)
+    #: the NVTX range that marks them, when they were found from one (None: the kernel sequence's period)
+    range_name: str | None = None
 
 
 def launch_order(u: Unit) -> pd.DataFrame:
@@ -200,7 +203,8 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
     t = host_time(f)
     between = (token < 0) & f["kind"].isin(DEVICE_KINDS) & (t >= starts[0]) & (t <= ends[-1])
     region[between] = "between"
-    toks = Tokens(how, len(r), token, region, list(map(int, starts)), list(map(int, ends)), main_tid, notes)
+    toks = Tokens(how, len(r), token, region, list(map(int, starts)), list(map(int, ends)), main_tid, notes,
+                  range_name=str(r["name"].iloc[0]))
     _left_out_notes(u, toks)
     return toks
 

@@ -197,7 +197,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     from . import report as audit_report
     from .analysis import analyze
     from .arguments import store_beside
-    from .capture_path import attach_beside
+    from .capture_path import attach_beside, not_used
     from .engines import TOKEN_RANGE, run_isolated
     from .families import pairs
     from .frozen import attach
@@ -232,7 +232,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                 table = read(path)
                 table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
                 rep = analyze([table], token_range=TOKEN_RANGE)[0]
-                attach_beside(rep, path, token_range=TOKEN_RANGE)  # the capture-path pass, where recorded
+                attach_beside(rep, path, token_range=TOKEN_RANGE, recorded=table)  # the capture-path pass
                 store = store_beside(path)
                 args_error = ""
                 if store is not None:
@@ -247,8 +247,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                     audit_report.write([rep], Path(out) / name / "audit")
                 row.update(against_torch(rep, r))
                 row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
-                if args_error:
-                    row["error"] = "; ".join(x for x in (row["error"], args_error) if x)
+                refused_pass = not_used(rep)  # a pass beside the recording that the plans could not use
+                row["error"] = "; ".join(x for x in (row["error"], args_error, refused_pass) if x)
             say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
                 f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
                 + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "

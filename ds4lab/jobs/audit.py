@@ -189,12 +189,18 @@ def _attach_arguments(reports, tables) -> None:
     (:func:`ds4lab.audit.arguments.store_beside`; :func:`ds4lab.audit.frozen.attach`)."""
     from ..audit.arguments import store_beside
     from ..audit.frozen import attach
+    from ..trace.capture_path import is_capture_path
 
     for r in reports:
         for t in tables:
             if t.source != r.source:
                 continue
             path = getattr(t, "path", None)
+            if path is not None and is_capture_path(path):  # its recording's argument pass is not of these tokens
+                r.notes.append(f"{Path(path).name} is a capture-path pass (PyTorch answered yes to 'is the stream "
+                               "capturing?' while it ran): its tokens are not the step as it runs eagerly; audit "
+                               "the recording beside it, whose graph plans are modeled on this pass")
+                continue
             store = store_beside(path) if path is not None else None
             if store is not None:
                 try:
@@ -213,7 +219,7 @@ def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
         for t in tables:
             path = getattr(t, "path", None)
             if t.source == r.source and path is not None and r.plans is not None and not r.plans.empty:
-                attach_beside(r, path, token_range=cfg.token_range, calibration=cfg.calibration)
+                attach_beside(r, path, token_range=cfg.token_range, calibration=cfg.calibration, recorded=t)
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:

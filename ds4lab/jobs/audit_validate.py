@@ -79,7 +79,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
         ds4lab.errors.CheckFailed: a verdict that disagrees with torch.cuda.graph, or a predicted replay
             time outside the tolerance, after writing everything.
     """
-    from ..audit.engines import CACHES, ENGINES, available
+    from ..audit.engines import CACHES, ENGINES, TOKEN_RANGE, available
     from ..audit.families import DTYPES, pairs
     from ..audit.validate import TIME_TOLERANCE, markdown, validate
     from ..errors import CheckFailed
@@ -97,6 +97,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
             "inputs": str(cfg.runs_from) if cfg.runs_from is not None else None,
             "runs": [list(p) for p in pairs(cfg.engines, cfg.caches)], "dtypes": list(cfg.dtypes or DTYPES),
             "time_tolerance": TIME_TOLERANCE}
+    meta["token_range"] = TOKEN_RANGE  # every run's tokens are its NVTX ranges
     say = console.print if console is not None else print
     with result_folder("audit-validate", out, meta, ("validate.csv", "validate.md"), ran=ran) as o:
         import pandas as pd
@@ -114,6 +115,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
         if df.empty:
             raise BadInput(f"--runs-from {cfg.runs_from}: none of the runs asked for is in it")
         write(df.to_dict("records"))
+        meta["audited"] = [f"{r.family}-{r.cache}-{r.dtype}" for r in df.itertuples()]  # what ran (or was saved)
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
         meta["verdicts_unknown"] = int(df.audit_verdict.astype(str).str.startswith("captures;").sum())

@@ -15,7 +15,9 @@ returns True inside the block. What it does not change: C/C++ code that asks CUD
 (``cudaStreamIsCapturing``, ``cudaStreamGetCaptureInfo``) gets CUDA's answer: such a step's capture
 path stays unseen, and the audit's ``same_work`` check (the captured graph's kernel nodes against the
 modeled token's kernels) is what shows it. Nothing is captured: every call runs as it does eagerly,
-so a pass of a step that capture would refuse still records.
+so a pass of a step that capture would refuse still records. A pass in which PyTorch was never asked
+(the questions the recording saw came from C/C++: :data:`NOT_ASKED`) ran the recorded path again and is
+not kept.
 
 Where the pass is saved: ``capture-path.csv.gz`` beside ``recording.csv.gz`` (``ds4lab audit run``,
 ``ds4lab audit validate``), else ``<stem>.capture-path.csv.gz`` beside ``<stem>.csv.gz``
@@ -37,6 +39,10 @@ from pathlib import Path
 CAPTURE_PATH_NAME = "capture-path.csv.gz"
 #: Its suffix beside any other saved recording ``<stem>.csv.gz``.
 CAPTURE_PATH_SUFFIX = ".capture-path.csv.gz"
+#: Why a pass in which PyTorch was never asked is not kept (it ran the recorded path again).
+NOT_ASKED = ("the step never asked torch.cuda.is_current_stream_capturing(): its questions come from C/C++ code "
+             "(PyTorch's own copy and allocator checks), which gets CUDA's answer, so the pass ran the recorded "
+             "path again")
 #: The CUDA calls a step asks "does this stream capture?" with (runtime and driver API names).
 CAPTURE_STATUS_CALLS = frozenset({"cudaStreamIsCapturing", "cudaStreamGetCaptureInfo", "cuStreamIsCapturing",
                                   "cuStreamGetCaptureInfo"})
@@ -104,11 +110,31 @@ def _base_name(name: str) -> str:
     return name
 
 
+#: Endings a trace file's stem is taken without (the longest that fits first).
+TRACE_ENDINGS = (".csv.gz", ".json.gz", ".sqlite", ".csv", ".json", ".gz")
+
+
+def trace_stem(recording: Path) -> str:
+    """A trace file's name without its format's ending (``my.run.csv.gz`` → ``my.run``)."""
+    name = Path(recording).name
+    for end in TRACE_ENDINGS:
+        if name.endswith(end) and len(name) > len(end):
+            return name[:-len(end)]
+    return Path(name).stem
+
+
 def capture_path_name(recording: Path) -> Path:
-    """Where the capture-path pass of ``recording`` goes (module docstring)."""
+    """Where the capture-path pass of ``recording`` goes (module docstring): ``capture-path.csv.gz``
+    beside ``recording.csv.gz``, else ``<stem>.capture-path.csv.gz`` (:func:`trace_stem`)."""
     recording = Path(recording)
-    stem = recording.name.split(".", 1)[0]
+    stem = trace_stem(recording)
     return recording.with_name(CAPTURE_PATH_NAME if stem == "recording" else stem + CAPTURE_PATH_SUFFIX)
+
+
+def is_capture_path(path) -> bool:
+    """Whether ``path`` names a capture-path pass (:data:`CAPTURE_PATH_NAME`, ``*``:data:`CAPTURE_PATH_SUFFIX`)."""
+    name = Path(str(path)).name
+    return name == CAPTURE_PATH_NAME or name.endswith(CAPTURE_PATH_SUFFIX)
 
 
 def capture_path_beside(recording) -> Path | None:
@@ -117,11 +143,11 @@ def capture_path_beside(recording) -> Path | None:
     if recording is None:
         return None
     recording = Path(recording)
-    if recording.name == CAPTURE_PATH_NAME or recording.name.endswith(CAPTURE_PATH_SUFFIX):
+    if is_capture_path(recording):
         return None
     p = capture_path_name(recording)
     return p if p.is_file() else None
 
 
-__all__ = ["Asked", "CAPTURE_PATH_NAME", "CAPTURE_PATH_SUFFIX", "CAPTURE_STATUS_CALLS", "as_if_capturing",
+__all__ = ["Asked", "CAPTURE_PATH_NAME", "NOT_ASKED", "TRACE_ENDINGS", "is_capture_path", "trace_stem", "CAPTURE_PATH_SUFFIX", "CAPTURE_STATUS_CALLS", "as_if_capturing",
            "asks_capture_status", "capture_path_beside", "capture_path_name"]

@@ -603,8 +603,13 @@ def main(argv=None, tokens=None) -> int:
             sys.argv, sys.path[:] = argv0, path0
             ctx.__exit__(None, None, None)
             path.close()
-            extra = {"capture_path_asked": asked.count} if as_if_capturing else {}
-            rec.save(out, exit_status=status, argv=list(script), source=" ".join(script), **extra)
+            if as_if_capturing and not asked.count:  # the recorded path again: nothing to keep
+                from .capture_path import NOT_ASKED
+
+                err.write_text(NOT_ASKED + "\n")
+            else:
+                extra = {"capture_path_asked": asked.count} if as_if_capturing else {}
+                rec.save(out, exit_status=status, argv=list(script), source=" ".join(script), **extra)
         raise SystemExit(status)
 
     try:

@@ -107,7 +107,9 @@ def read_saved(path: Path, progress=None) -> EventTable:
         notes.append(f"the recorded script exited with status {head['exit_status']}: what it ran until then was "
                      "recorded")
     src = head.get("source") or str(path)
-    return EventTable(df, f"{path} ({src})" if src != str(path) else str(path), head.get("tool", "cupti"), notes)
+    table = EventTable(df, f"{path} ({src})" if src != str(path) else str(path), head.get("tool", "cupti"), notes)
+    table.header = {k: v for k, v in head.items() if k not in ("columns", "notes")}  # what the writer added
+    return table
 
 
 def _bad_cell(path: Path) -> str:
