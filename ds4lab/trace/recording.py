@@ -499,28 +499,30 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         if asked:
             say(f"the script asked {asked} times whether the stream captures: recording its capture path (a pass "
                 f"with torch.cuda.is_current_stream_capturing() answering yes): {' '.join(argv)}")
-            rc3 = _run_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third), "--as-if-capturing",
-                             "--", *argv], env, say)
-            err3 = third.with_name(third.name + ".error.txt")
-            if err3.is_file() or not third.is_file():
-                say(f"no capture-path pass: it exited with status {rc3}"
-                    + (f": {err3.read_text().strip()}" if err3.is_file() else ""))
-            else:
+            if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third),
+                               "--as-if-capturing", "--", *argv], third, env, say, "no capture-path pass"):
                 say(f"capture path recorded to {third}")
     if arguments:
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
         extra = ["--token-range", token_range] if token_range else []
         # the audit's runner: the recording runner with the audit's token finder (ds4lab.audit.arguments)
-        rc2 = _run_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments", *extra,
-                         "--", *argv], env, say)
-        err2 = second.with_name(second.name + ".error.txt")
-        if err2.is_file() or not second.is_file():
-            say(f"no kernel arguments: the second pass exited with status {rc2}"
-                + (f": {err2.read_text().strip()}" if err2.is_file() else ""))
-        else:
+        if _optional_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments",
+                           *extra, "--", *argv], second, env, say, "no kernel arguments"):
             say(f"kernel arguments recorded to {store_path(second)}")
     return target
+
+
+def _optional_pass(cmd: list, out: Path, env: dict, say, missing: str) -> bool:
+    """Run a pass beside the timed recording (:func:`_run_pass`) into ``out``; a pass that wrote its
+    reason (``out.error.txt``) or nothing is said (``missing``: what is then left out) and leaves the rest
+    as it is. Returns whether ``out`` was saved."""
+    rc = _run_pass(cmd, env, say)
+    err = out.with_name(out.name + ".error.txt")
+    if err.is_file() or not out.is_file():
+        say(f"{missing}: the pass exited with status {rc}" + (f": {err.read_text().strip()}" if err.is_file() else ""))
+        return False
+    return True
 
 
 def _run_pass(cmd: list, env: dict, say) -> int:
