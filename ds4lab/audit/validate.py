@@ -1,7 +1,8 @@
 """The audit held to what ``torch.cuda.graph`` actually does (``ds4lab audit validate``).
 
 For each family, cache and dtype of :mod:`ds4lab.audit.families` (each in its own process: a timed
-pass, a capture-path pass where the step asks whether the stream captures, an argument pass, the argument capture's cost, :func:`ds4lab.audit.replay_check.check_replay`),
+pass, a capture-path pass where the step asks whether the stream captures, an argument pass, the
+argument capture's cost, :func:`ds4lab.audit.replay_check.check_replay`),
 the recording is audited with its argument pass (:func:`ds4lab.audit.frozen.attach`)
 (:func:`ds4lab.audit.analysis.analyze`, ``--token-range decode_step``, capture mode ``global``:
 PyTorch's default ``capture_error_mode``) and the audit's prediction is set beside the outcome:
@@ -35,6 +36,8 @@ cache and says which failed.
 from __future__ import annotations
 
 from pathlib import Path
+
+from .capture_path import modeled_kernel_counts, modeled_kernels
 
 #: A predicted replay time agrees within this fraction of the measured one.
 TIME_TOLERANCE = 0.10
@@ -120,16 +123,7 @@ def token_kernels(report) -> int | None:
     """The kernels per token of the tokens the whole-token plan is modeled on (the capture-path pass
     where one is attached, else the recorded tokens; the median), or None without tokens
     (:func:`ds4lab.audit.capture_path.modeled_kernels`)."""
-    from .capture_path import modeled_kernels
-
     return modeled_kernels(report)
-
-
-def modeled_kernel_counts(report) -> tuple:
-    """:func:`ds4lab.audit.capture_path.modeled_kernel_counts` (the distinct counts :func:`same_work` accepts)."""
-    from .capture_path import modeled_kernel_counts as counts
-
-    return counts(report)
 
 
 def same_work(graph_kernels, token_kernels, counts=()) -> bool | None:
