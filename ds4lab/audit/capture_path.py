@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from ..trace.capture_path import asks_capture_status
 from .plans import RECORDED_PATH, plan_row
 
 #: The plans modeled on the capture-path pass where one is attached (the rest stay on the recorded path).
@@ -76,8 +76,6 @@ def _median_int(table: pd.DataFrame, col: str) -> int:
 
 def _check_pairing(report, table, recorded) -> None:
     """Refuse a pass that cannot be the capture path of ``report``'s step (ValueError naming why)."""
-    from ..trace.capture_path import asks_capture_status
-
     if report.unit is None or not asks_capture_status(report.unit.frame):
         raise ValueError(f"{table.source}: the recorded tokens never ask whether the stream captures, so they have "
                          "no other path under capture: this pass belongs to another step")
@@ -111,7 +109,6 @@ def attach(report, table, *, token_range: str | None = None, calibration=None, r
             pass from another step (its header's keys), one in which PyTorch was never asked, one with no
             token or whose tokens are found another way than the report's (each naming the pass's file).
     """
-    from ..trace.capture_path import asks_capture_status
     from .analysis import analyze
     from .tokens import NoTokens
 
@@ -229,11 +226,8 @@ def modeled_kernels(report) -> int | None:
     if getattr(report, "capture_path", None) is not None:
         return int(report.capture_path.kernels_per_token)
     t = getattr(report, "token_table", None)
-    if t is None or not len(t) or "kernels" not in t:
-        return None
-    return int(round(float(np.median(t["kernels"]))))
+    return _median_int(t, "kernels") if t is not None and len(t) and "kernels" in t else None
 
 
 __all__ = ["CapturePath", "GRAPH_PLANS", "NOT_USED", "RECORDED_SUFFIX", "STEP_KEYS", "attach", "attach_beside",
-           "modeled_kernel_counts", "not_used",
-           "modeled_kernels"]
+           "modeled_kernel_counts", "modeled_kernels", "not_used"]
