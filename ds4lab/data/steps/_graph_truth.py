@@ -295,8 +295,16 @@ def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
         after = Snapshot(step.state)
         before.restore()
         step.advance(p)
-        graph.replay()
-        got = static_ref.detach().clone()
+        try:
+            graph.replay()
+            got = static_ref.detach().clone()
+            torch.cuda.synchronize()
+        except Exception as exc:  # e.g. a device-side assert: the replay faulted at this position
+            result["replay_error"] = _exception_text(exc)
+            result["replay_faulted_at"] = p
+            result["first_wrong_position"] = result["first_wrong_position"] or p
+            result["outcome"] = "replays wrong"
+            return result  # the CUDA context may be unusable now: nothing more is measured
         after.restore()
         rel, same, max_abs, wrong = _compare(ref, got, dtype)
         result["positions"].append(p)
@@ -313,7 +321,10 @@ def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
             step.advance(p)
             graph.replay()
 
-    result["replay_us"], result["replay_spread"] = _timed_blocks(replay_block, at_start.restore)
+    try:
+        result["replay_us"], result["replay_spread"] = _timed_blocks(replay_block, at_start.restore)
+    except Exception as exc:  # a wrong replay may fault past the compared positions
+        result["replay_error"] = _exception_text(exc)
     return result
 
 
@@ -363,7 +374,12 @@ def main(family, family_file, caches, make_step, nvtx_name, causes=None, intents
             json.dump(result, f, indent=1)
             f.write("\n")
         os.replace(tmp, args.truth)
-        print(f"{family} {args.cache} {args.dtype}: {result['outcome']}")
+        print(f"{family} {args.cache} {args.dtype}: {result['outcome']}", flush=True)
+        if "replay_error" in result:
+            # a faulted replay leaves the CUDA context broken; its teardown at exit may fail or hang
+            sys.stderr.write(result["replay_error"] + "\n")
+            sys.stderr.flush()
+            os._exit(0)
         return 0
 
     step = make_step(args.cache, args.dtype, prompt=args.prompt, seed=args.seed, device=args.device)
