@@ -125,11 +125,13 @@ def _compare(ref, got, dtype):
     norm = torch.linalg.vector_norm(ref64).item()
     diff = torch.linalg.vector_norm(got64 - ref64).item()
     rel = diff / norm if norm > 0 else diff
-    if not math.isfinite(rel):
+    if not math.isfinite(rel):  # NaN or inf in the replay's output: written as Infinity
         rel = float("inf")
     same_argmax = bool(torch.equal(ref.float().reshape(-1, ref.shape[-1]).argmax(-1),
                                    got.float().reshape(-1, got.shape[-1]).argmax(-1)))
     max_abs = (got64 - ref64).abs().max().item()
+    if not math.isfinite(max_abs):
+        max_abs = float("inf")
     wrong = rel > TOLERANCE[dtype] or not same_argmax
     return rel, same_argmax, max_abs, wrong
 
