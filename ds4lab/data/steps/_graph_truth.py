@@ -43,6 +43,20 @@ _STEPS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 # ---------------------------------------------------------------------------------------------------------
+# argument checks shared by the families' make_step
+
+
+def check_make_step(family, cache, caches, prompt, capacity=None, device="cuda", needs_cuda=False):
+    """Raise ValueError naming the bad value: unknown cache, prompt outside 1..capacity-1, CPU for a GPU-only family."""
+    if cache not in caches:
+        raise ValueError(f"{family}: cache must be one of {list(caches)}, got {cache!r}")
+    if prompt < 1 or (capacity is not None and prompt >= capacity):
+        raise ValueError(f"{family}: prompt must be in 1..{capacity - 1 if capacity else 'inf'}, got {prompt}")
+    if needs_cuda and device != "cuda":
+        raise ValueError(f"{family} launches its own CUDA kernels: device must be 'cuda', got {device!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
 # snapshot / restore
 
 
@@ -205,7 +219,7 @@ def _exception_text(exc):
 
 def _cause_line(family_file, code):
     lines = open(family_file, encoding="utf-8").read().splitlines()
-    hits = [i + 1 for i, line in enumerate(lines) if code in line]
+    hits = [i + 1 for i, line in enumerate(lines) if line.strip().startswith(code)]
     if len(hits) != 1:
         raise RuntimeError(f"cause code {code!r} is on {len(hits)} lines of {family_file}, expected one")
     return hits[0]
@@ -338,7 +352,8 @@ def main(family, family_file, caches, make_step, nvtx_name, causes=None, intents
     """Run a family script's command line (see the steps README for the contract).
 
     ``causes`` maps a cache name to {"code", "what", "kernel_hint"} for steps built to replay wrong:
-    ``code`` is a unique piece of the line of ``family_file`` where the host value enters the launch.
+    ``code`` is the start of the one line of ``family_file`` (indentation aside) where the host value enters
+    the launch.
     ``intents`` maps a cache name to a short phrase of what the step is built to do.
     """
     parser = argparse.ArgumentParser(description=f"decode steps of the {family} family")

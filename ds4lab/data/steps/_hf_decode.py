@@ -71,3 +71,14 @@ def build_model(config, dtype, *, seed, device, attn_implementation):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
     return model.to(device=device, dtype=DTYPES[dtype]).eval()
+
+
+def make_hf_step(family, config, cache, dtype, *, caches, attn_implementation, max_cache_len, prompt, seed,
+                 device):
+    """Check the arguments, build the model from ``config`` and prefill: the body of each family's make_step."""
+    from _graph_truth import check_make_step
+
+    check_make_step(family, cache, caches, prompt)
+    model = build_model(config, dtype, seed=seed, device=device, attn_implementation=attn_implementation)
+    kind = "dynamic" if cache == "dynamic" else "static"
+    return HFDecodeStep(model, kind, prompt=prompt, max_cache_len=max_cache_len, seed=seed, device=device)

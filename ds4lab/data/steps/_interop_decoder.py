@@ -33,8 +33,6 @@ class InteropDecoder:
     """The decoder and its decode loop: ``advance(p)`` sets the inputs, ``step()`` returns logits (1, VOCAB)."""
 
     def __init__(self, dtype, prompt, seed, device):
-        if not 0 < prompt < MAX_LEN:
-            raise ValueError(f"prompt must be in 1..{MAX_LEN - 1}, got {prompt}")
         gen = torch.Generator().manual_seed(seed)
 
         def weight(*shape, std):

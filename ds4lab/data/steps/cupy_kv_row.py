@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _graph_truth import DTYPES, main  # noqa: E402
-from _interop_decoder import InteropDecoder  # noqa: E402
+from _graph_truth import DTYPES, check_make_step, main  # noqa: E402
+from _interop_decoder import MAX_LEN, InteropDecoder  # noqa: E402
 
 FAMILY = "cupy_kv_row"
 CACHES = ["default"]
@@ -74,10 +74,7 @@ class CupyKVRowDecoder(InteropDecoder):
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A cupy-kv-row decode step after a prefill of ``prompt`` tokens (needs CUDA and CuPy)."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if device != "cuda":
-        raise ValueError(f"{FAMILY} launches CuPy kernels: device must be 'cuda', got {device!r}")
+    check_make_step(FAMILY, cache, CACHES, prompt, MAX_LEN, device, needs_cuda=True)
     return CupyKVRowDecoder(DTYPES[dtype], prompt, seed, device)
 
 

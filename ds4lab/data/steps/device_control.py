@@ -18,8 +18,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _graph_truth import DTYPES, main  # noqa: E402
-from _interop_decoder import DIM, InteropDecoder  # noqa: E402
+from _graph_truth import DTYPES, check_make_step, main  # noqa: E402
+from _interop_decoder import DIM, MAX_LEN, InteropDecoder  # noqa: E402
 
 FAMILY = "device_control"
 CACHES = ["default"]
@@ -76,10 +76,7 @@ class DevicePositionDecoder(InteropDecoder):
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A device-control decode step after a prefill of ``prompt`` tokens (needs CUDA, CuPy and Triton)."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if device != "cuda":
-        raise ValueError(f"{FAMILY} launches CuPy and Triton kernels: device must be 'cuda', got {device!r}")
+    check_make_step(FAMILY, cache, CACHES, prompt, MAX_LEN, device, needs_cuda=True)
     return DevicePositionDecoder(DTYPES[dtype], prompt, seed, device)
 
 

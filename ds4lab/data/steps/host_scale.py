@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _graph_truth import DTYPES, main  # noqa: E402
+from _graph_truth import DTYPES, check_make_step, main  # noqa: E402
 
 FAMILY = "host_scale"
 CACHES = ["logit-temperature", "attention-log-length"]
@@ -32,66 +32,68 @@ CAUSES = {
     "logit-temperature": {
         "code": "logits = logits / temperature",
         "what": "the sampling temperature 0.95**generated is a Python float computed from the host position "
-                "and passed to torch.div, so the graph keeps the capture position's temperature",
-        "kernel_hint": "div",
+                "and passed to torch.div (a multiply by its reciprocal on CUDA), so the graph keeps the capture "
+                "position's temperature",
+        "kernel_hint": "MulFunctor",
     },
     "attention-log-length": {
         "code": "scores = scores * scale",
         "what": "the attention scale log(length)/sqrt(head_dim) is a Python float computed from the host "
                 "position and passed to torch.mul, so the graph keeps the capture position's scale",
-        "kernel_hint": "mul",
+        "kernel_hint": "MulFunctor",
     },
 }
 
 
-class KVCache:
-    """Keys and values of every position, (MAX_LEN, HEADS, HEAD_DIM) each."""
-
-    def __init__(self, dtype, device):
-        self.k = torch.zeros(MAX_LEN, HEADS, HEAD_DIM, dtype=dtype, device=device)
-        self.v = torch.zeros(MAX_LEN, HEADS, HEAD_DIM, dtype=dtype, device=device)
+# weight name -> (shape, standard deviation of its random init), drawn in this order from the seed
+WEIGHTS = {
+    "embed": ((VOCAB, DIM), 0.5),
+    "norm1": ((DIM,), 0.1),
+    "wqkv": ((DIM, 3 * DIM), 1.5 * DIM ** -0.5),
+    "wo": ((DIM, DIM), DIM ** -0.5),
+    "norm2": ((DIM,), 0.1),
+    "w_up": ((DIM, 4 * DIM), DIM ** -0.5),
+    "w_down": ((4 * DIM, DIM), (4 * DIM) ** -0.5),
+    "head": ((DIM, VOCAB), DIM ** -0.5),
+}
 
 
 class Decoder:
-    """One pre-norm transformer layer over a static KV cache; optionally log-length attention scaling."""
+    """One pre-norm transformer layer over a static KV cache; optionally log-length attention scaling.
+
+    ``kv`` holds keys and values of every position, (2, MAX_LEN, HEADS, HEAD_DIM).
+    """
 
     def __init__(self, dtype, seed, device, log_length_attention):
         self.log_length_attention = log_length_attention
         gen = torch.Generator().manual_seed(seed)
-
-        def weight(*shape, std):
-            return (torch.randn(*shape, generator=gen) * std).to(device=device, dtype=dtype)
-
-        self.embed = weight(VOCAB, DIM, std=0.5)
-        self.norm1 = 1.0 + weight(DIM, std=0.1)
-        self.wqkv = weight(DIM, 3 * DIM, std=1.5 * DIM ** -0.5)
-        self.wo = weight(DIM, DIM, std=DIM ** -0.5)
-        self.norm2 = 1.0 + weight(DIM, std=0.1)
-        self.w_up = weight(DIM, 4 * DIM, std=DIM ** -0.5)
-        self.w_down = weight(4 * DIM, DIM, std=(4 * DIM) ** -0.5)
-        self.head = weight(DIM, VOCAB, std=DIM ** -0.5)
-        self.cache = KVCache(dtype, device)
+        w = {name: torch.randn(shape, generator=gen) * std for name, (shape, std) in WEIGHTS.items()}
+        w["norm1"] += 1.0
+        w["norm2"] += 1.0
+        self.w = {name: t.to(device=device, dtype=dtype) for name, t in w.items()}
+        self.kv = torch.zeros(2, MAX_LEN, HEADS, HEAD_DIM, dtype=dtype, device=device)
         self.slots = torch.arange(MAX_LEN, device=device)
 
     def forward(self, ids, pos_t, pos):
         """Logits (1, VOCAB) of token ``ids`` (1,) at position ``pos_t`` (1,) on the device, ``pos`` on the host."""
-        x = self.embed[ids]
-        h = F.rms_norm(x, (DIM,), self.norm1)
-        q, k, v = (h @ self.wqkv).view(3, HEADS, HEAD_DIM)
-        self.cache.k.index_copy_(0, pos_t, k.unsqueeze(0))
-        self.cache.v.index_copy_(0, pos_t, v.unsqueeze(0))
+        w = self.w
+        x = w["embed"][ids]
+        h = F.rms_norm(x, (DIM,), w["norm1"])
+        q, k, v = (h @ w["wqkv"]).view(3, HEADS, HEAD_DIM)
+        self.kv.index_copy_(1, pos_t, torch.stack((k, v)).unsqueeze(1))
         if self.log_length_attention:
             scale = math.log(pos + 1) / math.sqrt(HEAD_DIM)
         else:
             scale = 1.0 / math.sqrt(HEAD_DIM)
-        scores = torch.einsum("hd,thd->ht", q, self.cache.k)
+        keys, values = self.kv
+        scores = torch.einsum("hd,thd->ht", q, keys)
         scores = scores * scale
         scores = scores.masked_fill(self.slots > pos_t, float("-inf"))
-        attn = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), self.cache.v)
-        x = x + attn.reshape(1, DIM) @ self.wo
-        h = F.rms_norm(x, (DIM,), self.norm2)
-        x = x + F.gelu(h @ self.w_up) @ self.w_down
-        return x @ self.head
+        attn = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), values)
+        x = x + attn.reshape(1, DIM) @ w["wo"]
+        h = F.rms_norm(x, (DIM,), w["norm2"])
+        x = x + F.gelu(h @ w["w_up"]) @ w["w_down"]
+        return x @ w["head"]
 
 
 class Step:
@@ -106,7 +108,7 @@ class Step:
         self.ids = torch.zeros(1, dtype=torch.long, device=device)
         self.pos_t = torch.zeros(1, dtype=torch.long, device=device)
         self.pos = 0
-        self.state = [self.model.cache]
+        self.state = [self.model.kv]
         self.capacity = MAX_LEN
         with torch.no_grad():
             for p in range(prompt):  # the prefill runs the decode step token by token
@@ -129,10 +131,7 @@ class Step:
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A host-scale decode step after a prefill of ``prompt`` tokens."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if not 0 < prompt < MAX_LEN:
-        raise ValueError(f"prompt must be in 1..{MAX_LEN - 1}, got {prompt}")
+    check_make_step(FAMILY, cache, CACHES, prompt, MAX_LEN)
     return Step(cache, dtype, prompt, seed, device)
 
 

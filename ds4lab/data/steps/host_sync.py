@@ -16,7 +16,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _graph_truth import DTYPES, main  # noqa: E402
+from _graph_truth import DTYPES, check_make_step, main  # noqa: E402
 
 FAMILY = "host_sync"
 CACHES = ["tensor-from-int", "eos-item"]
@@ -79,8 +79,7 @@ class Step:
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A host-sync decode step after a prefill of ``prompt`` tokens."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    check_make_step(FAMILY, cache, CACHES, prompt)
     return Step(cache, dtype, prompt, seed, device)
 
 

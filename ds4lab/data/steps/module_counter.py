@@ -20,7 +20,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _graph_truth import DTYPES, main  # noqa: E402
+from _graph_truth import DTYPES, check_make_step, main  # noqa: E402
 
 FAMILY = "module_counter"
 CACHES = ["device-buffer", "python-int"]
@@ -31,7 +31,7 @@ CAUSES = {"python-int": {
     "code": "x = self.tok_emb(ids) + self.pos_emb.weight[t]",
     "what": "the module's Python int counter self.position picks the position-embedding row, the K/V row "
             "written and the length of the cache slice attended to, so replays keep the capture position",
-    "kernel_hint": "add",
+    "kernel_hint": "CUDAFunctor_add",
 }}
 
 
@@ -125,10 +125,7 @@ class Step:
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A module-counter decode step after a prefill of ``prompt`` tokens."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if not 0 < prompt < MAX_LEN:
-        raise ValueError(f"prompt must be in 1..{MAX_LEN - 1}, got {prompt}")
+    check_make_step(FAMILY, cache, CACHES, prompt, MAX_LEN)
     return Step(cache, dtype, prompt, seed, device)
 
 

@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _graph_truth import main  # noqa: E402
-from _hf_decode import HFDecodeStep, build_model  # noqa: E402
+from _hf_decode import make_hf_step  # noqa: E402
 
 FAMILY = "phi3"
 CACHES = ["static", "dynamic", "static-longrope"]
@@ -40,12 +40,9 @@ def make_config(longrope):
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A Phi-3 decode step after a prefill of ``prompt`` tokens (see _hf_decode.HFDecodeStep)."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    config = make_config(longrope=cache == "static-longrope")
-    model = build_model(config, dtype, seed=seed, device=device, attn_implementation="eager")
-    kind = "dynamic" if cache == "dynamic" else "static"
-    return HFDecodeStep(model, kind, prompt=prompt, max_cache_len=MAX_CACHE_LEN, seed=seed, device=device)
+    return make_hf_step(FAMILY, make_config(longrope=cache == "static-longrope"), cache, dtype, caches=CACHES,
+                        attn_implementation="eager", max_cache_len=MAX_CACHE_LEN, prompt=prompt, seed=seed,
+                        device=device)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _graph_truth import DTYPES, main  # noqa: E402
+from _graph_truth import DTYPES, check_make_step, main  # noqa: E402
 
 FAMILY = "rotary_host_index"
 CACHES = ["default"]
@@ -27,7 +27,7 @@ CAUSES = {"default": {
     "code": "cos, sin = self.cos[pos], self.sin[pos]",
     "what": "the rotary cos/sin rows are views at the host position pos, so the kernels that rotate q and k "
             "keep reading the capture position's row",
-    "kernel_hint": "mul",
+    "kernel_hint": "MulFunctor",
 }}
 
 
@@ -115,10 +115,7 @@ class Step:
 
 def make_step(cache, dtype, *, prompt=16, seed=0, device="cuda"):
     """A rotary-host-index decode step after a prefill of ``prompt`` tokens."""
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-    if not 0 < prompt < MAX_LEN:
-        raise ValueError(f"prompt must be in 1..{MAX_LEN - 1}, got {prompt}")
+    check_make_step(FAMILY, cache, CACHES, prompt, MAX_LEN)
     return Step(dtype, prompt, seed, device)
 
 
