@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _graph_truth import DTYPES, Snapshot  # noqa: E402
 
 CPU_FAMILIES = ["phi3", "qwen3", "olmo2", "granite", "starcoder2", "gpt_neox", "llama", "host_scale",
-                "rotary_host_index", "module_counter", "host_sync"]
+                "rotary_host_index", "module_counter", "host_sync", "pinned_position"]
 
 
 def check(module, cache, dtype):

@@ -72,10 +72,17 @@ def _walks_into(obj):
     return os.path.dirname(os.path.abspath(module_file)) == _STEPS_DIR if module_file else False
 
 
+def _settle():
+    """Wait for the device: host tensors in a state (a pinned staging buffer) may still be read by queued copies."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class Snapshot:
     """The values of everything reachable from ``roots`` (tensors copied, containers shallow-copied)."""
 
     def __init__(self, roots):
+        _settle()
         self.tensors = []  # (tensor object, detached copy of its values)
         self.dicts = []  # (dict object, shallow copy)
         self.lists = []  # (list object, shallow copy)
@@ -109,6 +116,7 @@ class Snapshot:
 
     def restore(self):
         """Put every container back to the objects it held, then copy the saved values into the tensors."""
+        _settle()
         for obj, saved in self.dicts:
             for key in [k for k in obj if k not in saved]:
                 del obj[key]
