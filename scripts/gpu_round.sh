@@ -31,6 +31,9 @@
 #                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph); AUDIT_ARGS its
 #                arguments, several sets separated by ';' (each into its own folder, each with the step's limit)
+#   steps-truth  ds4lab/data/steps/run_all.sh: the CUDA-graph ground truth of every decode-step family x cache x dtype
+#                into $R/steps-truth (one JSON and one log each, 120 s a run); STEPS_FAMILIES names a subset, so a
+#                full run (about 50 runs) can be split over two calls
 #   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
 #                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
@@ -100,6 +103,8 @@ for arg in "$@"; do
          i=0; for a in "${sets[@]}"; do i=$((i + 1)); n=audit; [ $i -gt 1 ] && n=audit-$i
            # shellcheck disable=SC2086 # each set is words
            TAIL=30 step $n ${limit:-300} $D audit validate $a --out $R/$n; done ;;
+    steps-truth) # shellcheck disable=SC2086 # STEPS_FAMILIES is words
+         TAIL=70 step steps-truth ${limit:-540} bash ds4lab/data/steps/run_all.sh $R/steps-truth ${STEPS_FAMILIES:-} ;;
     fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;
