@@ -1,0 +1,32 @@
+"""ds4lab's hand-written decoder (plain torch: a KV cache tensor, masked attention over it), as a user's
+script: see _ds4lab_steps.py and README.md. ``python ds4lab-handwritten.py [--cache host-counter|
+device-counter|host-read] [--dtype D] [--truth OUT.json]``."""
+
+import inspect
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _ds4lab_steps as S  # noqa: E402
+
+FAMILY = "ds4lab-handwritten"
+
+
+def make_step(cache: str, dtype: str, *, prompt: int = S.PROMPT, seed: int = 0, device: str = "cuda"):
+    """The step of the contract (README.md): prefilled, on static inputs."""
+    return S.make("handwritten", cache, dtype, prompt=prompt, seed=seed)
+
+
+def cause(cache: str):
+    """The host-counter cache keeps its mask bound on the host: the graph compares with the captured one."""
+    if cache != "host-counter":
+        return None
+    src, first = inspect.getsourcelines(S.HandStep.step)
+    line = first + next(i for i, text in enumerate(src) if "self.arange <= self.hpos" in text)
+    return {"file": "_ds4lab_steps.py", "line": line,
+            "what": "the mask bound is the host's position, passed by value to the comparison kernel",
+            "kernel_hint": None}
+
+
+if __name__ == "__main__":
+    sys.exit(S.main(FAMILY, S.HAND_CACHES, make_step, cause_of=cause))
