@@ -15,7 +15,6 @@ import pytest
 from ds4lab.audit.analysis import analyze
 from ds4lab.audit.arguments import store_beside
 from ds4lab.audit.capture_path import RECORDED_SUFFIX, attach_beside
-from ds4lab.audit.engines import TOKEN_RANGE
 from ds4lab.audit.frozen import HOST_COPY, NOT_VALUES, RIGHT, TEMPORARY, UNSET, WRONG, attach, verdict
 from ds4lab.trace.sources import read_events as read
 from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, against_torch, cause_first, saved_run

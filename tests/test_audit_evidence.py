@@ -177,3 +177,44 @@ def test_the_verdict_leads_with_the_strongest_evidence_and_counts_the_others():
     assert "+1 per token" in v.why and "at step.py:57 step" in v.why and v.why.endswith("and 2 other finding(s)")
     assert v.lead["where"] == "step.py:57 step" and v.others == 2
     assert F.strength(rows.iloc[1]) == F.STRENGTH["structure"]
+
+
+def _fill_op(t):
+    """aten::fill_(ids, pos): the static input buffer written with the host's position."""
+    return _op("aten::fill_", _tensor([1], [1], start=S.IDS), value=17 + t)
+
+
+@pytest.mark.parametrize("at, expect", [("head", F.RIGHT), ("middle", F.WRONG)])
+def test_inputs_written_at_the_head_of_the_token_are_no_part_of_its_graph(monkeypatch, at, expect):
+    """A loop that writes the position into a static input buffer inside its NVTX range, before any of the
+    step's work: the step's input (a graph of the step leaves it out; it is written before each replay);
+    the same fill after the step's first kernel is the step's own work, and frozen."""
+    rec, _, _ = S.record(monkeypatch, host_counter=False, host_slot=False, fill_at=at)
+    st = _tag(rec, "fill", _fill_op)
+    aa = F.compare(st, rec.table())
+    fill = aa.findings[aa.findings["name"] == "fill"]
+    v = F.verdict(_Report(aa))
+    assert v.verdict == expect, v.why
+    if at == "head":
+        assert list(fill["call_class"]) == [F.INPUT] and "aten::fill_" in fill["what"].iloc[0]
+        assert "write its inputs from the host" in v.evidence
+    else:
+        assert (fill["call_class"] == F.FROZEN_VALUE).any() and "aten::fill_'s value" in v.why
+
+
+def test_a_pageable_copy_into_a_static_input_at_the_head_is_an_input_and_one_later_is_refused(monkeypatch,
+                                                                                           tmp_path):
+    from ds4lab.audit import arguments as AA_
+    from ds4lab.trace import arguments as A
+
+    rec, _, _ = S.record(monkeypatch, tmp_path, host_counter=False, host_slot=False)
+    tl = AA_.token_launches(rec.table(), "decode_step")
+    st = A.load(tmp_path / "arguments.json.gz")
+    head = tl.tokens[2][0][2] - 1  # just before the token's first launch
+    later = (tl.start_ns[3] + tl.end_ns[3]) // 2
+    copy = {"name": "aten::copy_", "key": "k", "text": "cuda int64[1] (written), cpu int64[1]=[26]",
+            "spans": [[S.IDS, 8]], "cpu": [[1, 1, False]], "opaque": False, "vals": [],
+            "copy": {"dim": 1, "numel": 1, "direction": "h2d", "stack": "run.py:3 <module>;run.py:9 advance"}}
+    st.ops = {0: {**copy, "t_ns": head}, 1: {**copy, "t_ns": later}}
+    aa = F.compare(st, rec.table())
+    assert list(aa.refusals["token_range"]) == ["3"]

@@ -66,9 +66,11 @@ TEMPORARY, UNKNOWN_ADDRESS = "step temporary", "unknown address"
 UNSET = "unset bytes"
 #: A changing word of an operator whose host arguments change, that follows none of them and addresses nothing.
 NOT_VALUE = "not a value of the step"
+#: A launch at the head of the token that writes the step's input from the host (INPUT_RULE).
+INPUT = "input written by the host"
 #: A copy PyTorch refuses while a stream captures (an op-log finding, not an argument class).
 HOST_COPY = "pageable host copy"
-CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS, UNSET, NOT_VALUE)
+CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS, UNSET, NOT_VALUE, INPUT)
 #: Classes listed apart: bytes with no evidence that the step computes them (never decide a verdict).
 NOT_VALUES = (UNSET, NOT_VALUE)
 #: How strong the evidence of a finding that makes a replay wrong is (the verdict names the strongest first):
@@ -99,6 +101,12 @@ TRACK_RULE = ("a PyTorch operator's kernels get their by-value arguments from th
               "values, read as an integer or as a float32/float64 within 1e-6); a word that follows none and "
               "addresses nothing alive is bytes no argument set (TensorIterator's unused offset-calculator slots, a "
               "functor's padding) or a number no kernel reads (the operator log: ds4lab.trace.torch_ops)")
+INPUT_RULE = ("torch.cuda.graph replays a step on static inputs the host writes before each replay (PyTorch, 'CUDA "
+              "Graphs': fill the static inputs, then replay): the launches at the head of a token that write host "
+              "values into memory that outlives the tokens (aten::fill_ with a host scalar, copy_ from a CPU "
+              "tensor, zero_; and a fill or copy that is the same in every token), before any other work of the "
+              "token, are its inputs, not its work; their changing values and their pageable copies decide no "
+              "verdict (a graph of the step leaves them out; one captured around them would freeze them)")
 HOST_COPY_RULE = ("PyTorch refuses a copy between a CPU tensor that is not pinned and a CUDA tensor while the "
                   "current stream captures ('Cannot copy between CPU and CUDA tensors during CUDA graph capture "
                   "unless the CPU tensor is pinned': aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda), "
@@ -118,6 +126,7 @@ FIXES = {
     TEMPORARY: "nothing: harmless under the graph's private memory pool",
     UNSET: "nothing: no host argument of the operator set it",
     NOT_VALUE: "nothing: no host number of the operator reaches it",
+    INPUT: "capture the step after its inputs are written (write them into the static buffers before each replay)",
     HOST_COPY: "pin the CPU tensor (tensor.pin_memory(), or allocate it with pin_memory=True) and copy it "
                "before the replay, or compute the value on the device",
     UNKNOWN_ADDRESS: "record the allocations (an argument pass where torch is loaded, or cudaMalloc inside the "
@@ -270,9 +279,13 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
     notes = list(store.notes)
     if not groups:
         notes.append("no two tokens of the argument pass have identical launch lists: nothing compared")
+    head_end: dict = {}  # token -> when its inputs written by the host end (INPUT_RULE)
     for g in groups:
         compared += g
         first, last = tl.start_ns[g[0]], tl.end_ns[g[-1]]
+        head = _head_inputs(store, tl, g, allocs, first, last)
+        for t in g:
+            head_end[t] = tl.tokens[t][len(head)][2] if len(head) < len(tl.tokens[t]) else tl.end_ns[t]
         for i in range(len(tl.tokens[g[0]])):
             launches = [tl.tokens[t][i] for t in g]
             name = launches[0][1]
@@ -282,6 +295,9 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
                 unread_k.add(name)
                 continue
             if len({r[1] for r in recs}) == 1:
+                continue
+            if i in head:
+                rows.append(_input_row(name, i, launches, g, store))
                 continue
             vals = [store.params(c) for c, _, _ in launches]
             if any(b is None or p is None for _, p, b in vals):
@@ -304,7 +320,7 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
                     rows.append(_classify(name, i, j, off + wo, len(pv[0]), pv, launches, g, tl, allocs, first,
                                           last, stack, store))
     df = _merge(pd.DataFrame(rows))
-    refusals = _host_copies(store, tl, table)
+    refusals = _host_copies(store, tl, table, head_end, allocs)
     if unread_k:
         notes.append(f"{unread:,} launch(es) in the compared tokens unread ({', '.join(sorted(unread_k)[:6])}"
                      f"{', …' if len(unread_k) > 6 else ''}): their arguments were not compared")
@@ -475,7 +491,7 @@ def _set_by(ops: list) -> str:
 OTHER_CUDA_LIBRARIES = re.compile(r"(^|[/;\s])(cupy(x|_backends)?|numba|cuda/(bindings|core)|pycuda)/")
 
 
-def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
+def _host_copies(store: A.ArgumentStore, tl, table=None, head_end=None, allocs=None) -> pd.DataFrame:
     """One row per (call, frame) of the copies between pageable host memory and the GPU made inside a
     token of a pass that ran PyTorch (:data:`HOST_COPY_RULE`): PyTorch refuses each one while the stream
     captures. Two kinds of evidence: the op log's copies (``copy_`` and ``_to_copy`` with a CPU tensor that
@@ -505,6 +521,9 @@ def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
     for o in store.ops.values():
         c = o.get("copy")
         toks = tokens_at(o["t_ns"]) if c else []
+        if toks and head_end and allocs is not None and c.get("direction") == "h2d" and _input_copy(o, toks, tl,
+                                                                                                  head_end, allocs):
+            continue  # the step's input, written by the host before its work: outside a graph of the step
         if not toks:
             continue
         where = user_frame(c.get("stack", "")) or ""
@@ -535,6 +554,79 @@ def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
         toks = sorted(r.pop("_toks"))
         rows.append({**r, "token_range": compact_ranges(toks), "tokens": len(toks), "launches": ""})
     return pd.DataFrame(rows)
+
+
+#: Operators that write host values into their ``self`` (a fill with a host scalar, a copy from a CPU
+#: tensor, a zeroing): at the head of a token into memory that outlives it, the step's inputs (INPUT_RULE).
+INPUT_OPS = ("aten::fill_", "aten::copy_", "aten::zero_")
+#: Kernels PyTorch fills and copies with (a launch identical in every token keeps no operator in the store).
+INPUT_KERNELS = re.compile(r"FillFunctor|copy_kernel|fill_kernel")
+
+
+def _input_write(o) -> bool:
+    """Whether an operator call writes host values only into its ``self``: an :data:`INPUT_OPS` call
+    whose only device storage is one (``self``'s; a copy from another device tensor is the step's work)."""
+    return (o is not None and str(o.get("name", "")).split(".", 1)[0] in INPUT_OPS and bool(o.get("spans"))
+            and len({b for b, _ in o["spans"]}) == 1 and not o.get("opaque"))
+
+
+def _persistent(o, at_ns: int, t: int, tl, allocs, first, last) -> bool:
+    """Whether the storage an operator call writes (its first span) outlives the tokens (INPUT_RULE)."""
+    loc = allocs.place(int(o["spans"][0][0]), at_ns)
+    return _lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) == "persistent"
+
+
+def _head_inputs(store, tl, g, allocs, first, last) -> set:
+    """The launch indexes at the head of the tokens ``g`` that write the step's inputs from the host
+    (:data:`INPUT_RULE`): from the first launch on, each a call of :data:`INPUT_OPS` writing host values
+    into memory that outlives the tokens (its operator known from the op log), or a PyTorch fill or copy
+    kernel that is the same in every token (:data:`INPUT_KERNELS`: nothing of it is frozen either way);
+    the head ends at the first launch that is neither, and is empty without an operator log."""
+    out: set = set()
+    if store.ops is None:
+        return out
+    known = -1  # the last launch known (from the op log) to write an input: the head ends after it
+    for i in range(len(tl.tokens[g[0]])):
+        launches = [tl.tokens[t][i] for t in g]
+        ops = _ops_of(store, launches)
+        if all(o is None for o in ops):
+            digests = {(store.launches.get(c) or ["", None])[1] for c, _, _ in launches}
+            if len(digests) == 1 and None not in digests and INPUT_KERNELS.search(launches[0][1]):
+                out.add(i)
+                continue
+            break
+        if not all(_input_write(o) and _persistent(o, at, t, tl, allocs, first, last)
+                   for o, (_, _, at), t in zip(ops, launches, g)):
+            break
+        out.add(i)
+        known = i
+    return {i for i in out if i <= known}
+
+
+def _input_copy(o, toks, tl, head_end, allocs) -> bool:
+    """Whether a copy from pageable host memory (the op log's) is a token's input written at its head
+    into memory that outlives the tokens (:data:`INPUT_RULE`): PyTorch refuses it only inside a capture,
+    and a graph of the step leaves it out."""
+    t = toks[0]
+    if t not in head_end or o["t_ns"] >= head_end[t] or not o.get("spans"):
+        return False
+    starts = [tl.start_ns[k] for k in head_end]
+    first, last = min(starts), max(tl.end_ns[k] for k in head_end)
+    return _persistent(o, o["t_ns"], t, tl, allocs, first, last)
+
+
+def _input_row(name, i, launches, g, store) -> dict:
+    """A changing launch at the head of the token that writes the step's input from the host (INPUT_RULE)."""
+    ops = _ops_of(store, launches)
+    texts = list(dict.fromkeys(o["text"] for o in ops))
+    what = (f"launch {i} of the token writes the step's input from the host: {ops[0]['name']}({texts[0]})"
+            + (f" … ({texts[-1]})" if len(texts) > 1 else "") + ", into memory that outlives the step, before any "
+            "of its work: a graph of the step leaves it out, and it is written before each replay")
+    return {"kind": "argument", "name": name, "launch_index": i, "launches": str(i), "param": -1, "byte_offset": -1,
+            "size": 0, "token_range": compact_ranges(g), "tokens": len(g), "count": len(g),
+            "where": "", "call_class": INPUT, "values": "; ".join(texts[:4]), "what": what, "fix": FIXES[INPUT],
+            "verdict": "allowed", "rule_source": INPUT_RULE, "evidence": f"{ops[0]['name']} at the head of the token",
+            "strength": 0}
 
 
 def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last, stack, store) -> dict:
@@ -816,6 +908,7 @@ def _evidence(report) -> str:
     harmless = int((aa.findings["call_class"] == TEMPORARY).sum()) if len(aa.findings) else 0
     unset = int((aa.findings["call_class"] == UNSET).sum()) if len(aa.findings) else 0
     notv = int((aa.findings["call_class"] == NOT_VALUE).sum()) if len(aa.findings) else 0
+    inputs = int((aa.findings["call_class"] == INPUT).sum()) if len(aa.findings) else 0
     if aa.launches and aa.unread >= aa.launches * max(len(aa.compared), 1):
         # nothing was read: saying "compared argument by argument" would claim evidence there is none of
         return (f"{len(aa.compared)} tokens with identical launch lists, but no launch's arguments could be read "
@@ -825,7 +918,9 @@ def _evidence(report) -> str:
             f"temporar{'y' if harmless == 1 else 'ies'} (harmless)"
             + (f", {unset} unset word(s) (no host argument of their operator set them)" if unset else "")
             + (f", {notv} word(s) not a value of the step (their operator's changing host numbers reach none of "
-               "them; listed apart)" if notv else ""))
+               "them; listed apart)" if notv else "")
+            + (f"; {inputs} launch(es) at the head of the token write its inputs from the host (left out of the "
+               "graph, written before each replay)" if inputs else ""))
 
 
 def table(reports) -> pd.DataFrame:
@@ -855,5 +950,5 @@ def meta(report) -> dict:
     return out
 
 
-__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
+__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "INPUT", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
            "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "cause", "compare", "meta", "strength", "table", "verdict"]
