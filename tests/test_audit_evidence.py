@@ -207,7 +207,8 @@ def test_a_pageable_copy_into_a_static_input_at_the_head_is_an_input_and_one_lat
     from ds4lab.audit import arguments as AA_
     from ds4lab.trace import arguments as A
 
-    rec, _, _ = S.record(monkeypatch, tmp_path, host_counter=False, host_slot=False)
+    # (fill_at: the static input buffer is allocated before the tokens, as a user's is)
+    rec, _, _ = S.record(monkeypatch, tmp_path, host_counter=False, host_slot=False, fill_at="head")
     tl = AA_.token_launches(rec.table(), "decode_step")
     st = A.load(tmp_path / "arguments.json.gz")
     head = tl.tokens[2][0][2] - 1  # just before the token's first launch
