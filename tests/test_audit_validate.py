@@ -77,10 +77,14 @@ def test_the_steps_folder_lists_its_families_and_leaves_shared_code_out(tmp_path
     assert script.name == "synth-counter.py"
     assert listing(script) == {"family": "synth-counter", "caches": ["host-counter", "device-counter"],
                                "dtypes": ["float32"], "script": str(script)}
-    shipped = {p.name for p in discover()}
+    shipped = {p.name: p for p in discover()}
     assert {f"ds4lab-{f}.py" for f in ("llama", "deepseek-v3", "qwen2-moe", "mistral", "gemma2", "qwen2",
-                                       "handwritten")} <= shipped
+                                       "handwritten")} <= set(shipped)
     assert not any(n.startswith("_") for n in shipped)
+    for name in ("ds4lab-llama.py", "ds4lab-handwritten.py"):  # --list needs no torch: run on the CPU
+        ls = listing(shipped[name])
+        assert ls["family"] == name[:-3] and ls["dtypes"] == ["float32", "bfloat16"]
+    assert listing(shipped["ds4lab-handwritten.py"])["caches"] == ["host-counter", "device-counter", "host-read"]
     with pytest.raises(BadInput, match="no step script"):
         discover(tmp_path)
     (tmp_path / "bad.py").write_text("print('no json')\n")

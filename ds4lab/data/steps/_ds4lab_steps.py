@@ -181,6 +181,17 @@ def make(family: str, cache: str, dtype: str, *, prompt: int = PROMPT, seed: int
     return TransformersStep(family, cache, dtype, prompt, seed)
 
 
+def family(name: str, model: str, caches, cause=None):
+    """``(make_step, main)`` of one of ds4lab's step scripts: ``model`` built by :func:`make` in ``caches``;
+    ``cause(cache)`` the truth's cause where a variant is built to replay wrong."""
+
+    def make_step(cache: str, dtype: str, *, prompt: int = PROMPT, seed: int = 0, device: str = "cuda"):
+        """The step of the contract (README.md): prefilled, on static inputs."""
+        return make(model, cache, dtype, prompt=prompt, seed=seed)
+
+    return make_step, lambda argv=None: main(name, caches, make_step, cause_of=cause, argv=argv)
+
+
 # ----------------------------------------------------------------------------- torch.cuda.graph's truth
 def _walk(obj, torch, seen, depth=0):
     """``[(holder, key, value)]``: the tensors and plain values reachable from ``obj`` (six levels)."""
@@ -371,8 +382,6 @@ def truth(make_step, family: str, cache: str, dtype: str, prompt: int, seed: int
 def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
     """The script's command line (the contract, module docstring): ``--list``, the decode loop, ``--truth``.
     ``cause_of(cache)``: the truth file's ``cause`` for a variant built to replay wrong (None otherwise)."""
-    import torch
-
     ap = argparse.ArgumentParser(description=f"ds4lab's {family} decode step")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--cache", default=caches[0], choices=caches)
@@ -393,6 +402,8 @@ def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
             json.dump(res, f, indent=1)
         print(f"{family}/{a.cache}/{a.dtype}: {res['outcome']}")
         return 0
+    import torch
+
     s = make_step(a.cache, a.dtype, prompt=a.prompt, seed=a.seed)
     with torch.no_grad():
         p = s.start

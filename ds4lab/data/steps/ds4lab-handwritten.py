@@ -9,13 +9,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _ds4lab_steps as S  # noqa: E402
 
-FAMILY = "ds4lab-handwritten"
-
-
-def make_step(cache: str, dtype: str, *, prompt: int = S.PROMPT, seed: int = 0, device: str = "cuda"):
-    """The step of the contract (README.md): prefilled, on static inputs."""
-    return S.make("handwritten", cache, dtype, prompt=prompt, seed=seed)
-
 
 def cause(cache: str):
     """The host-counter cache keeps its mask bound on the host: the graph compares with the captured one."""
@@ -28,5 +21,7 @@ def cause(cache: str):
             "kernel_hint": None}
 
 
+make_step, main = S.family("ds4lab-handwritten", "handwritten", S.HAND_CACHES, cause)
+
 if __name__ == "__main__":
-    sys.exit(S.main(FAMILY, S.HAND_CACHES, make_step, cause_of=cause))
+    sys.exit(main())
