@@ -205,3 +205,25 @@ def test_a_word_inside_a_live_block_is_unset_only_when_odd_and_outside_the_opera
     kv = aa.findings[(aa.findings["name"] == "kv_write") & (aa.findings["param"] == 0)]  # param 1: a temporary
     assert list(kv["call_class"]) == [expect]
     assert (expect == F.UNSET) == (not (aa.frozen["name"] == "kv_write").any())
+
+
+def test_an_argument_pass_run_on_a_script_starts_torch_first(monkeypatch):
+    """``ds4lab audit run``'s argument pass starts before the script imports torch: the runner imports it
+    and starts its CUDA side first, so that the op log and the caching allocator are followed (and says so);
+    where torch is not installed or sees no GPU, nothing is started and nothing said."""
+    import importlib.util
+    import sys
+    from types import SimpleNamespace
+
+    from ds4lab.trace import recording as REC
+
+    started = []
+    fake = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True, init=lambda: started.append(1)))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "torch" else None)
+    note = REC._load_torch()
+    assert started == [1] and "torch imported and its CUDA side initialized before the script" in note
+    fake.cuda.is_available = lambda: False
+    assert REC._load_torch() == "" and started == [1]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert REC._load_torch() == ""
