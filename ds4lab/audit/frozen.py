@@ -24,7 +24,18 @@ of (:data:`CLASSES`):
 * **unset bytes** — where the pass logged PyTorch's operators (:mod:`ds4lab.trace.torch_ops`): a word
   that changes while the operator that made the launch got the same host arguments at every token and
   that is no address of anything alive at the launch (:data:`UNSET_RULE`): harmless. Such a word that is
-  a temporary of the token in some tokens is a step temporary.
+  a temporary of the token in some tokens is a step temporary;
+* **not a value of the step** — a word that changes under an operator whose host arguments change, that
+  follows none of its host numbers and addresses nothing (:data:`TRACK_RULE`): listed apart, it decides no
+  verdict, but keeps "replays right" from being said;
+* **input written by the host** — a launch at the head of the token writing host values into memory that
+  outlives it (:data:`INPUT_RULE`): a graph of the step leaves it out.
+
+**A byte is a value only with evidence that the step computes it**: under a PyTorch operator whose host
+arguments change, a changing word is a frozen value only where it follows one of them (:func:`_tracked`:
+equal, negated, reciprocal, or affine over three or more values, as an integer or a float); launches
+outside any operator (CuPy, Triton, C) keep the parameter-level comparison. Each frozen finding carries
+its ``evidence`` and its ``strength`` (:data:`STRENGTH`), and the verdict names the strongest first.
 
 And, beside the classes, **pageable host copies** (:data:`HOST_COPY_RULE`): in a pass that ran PyTorch, a
 copy between pageable host memory and the GPU inside a token is PyTorch's refusal under capture, though
@@ -38,7 +49,7 @@ not make (read, or written in place), memory allocated inside the token is the s
 
 :func:`verdict` gives a step **replays right** only when its tokens were compared argument by
 argument (two or more tokens with identical launch lists, every launch in them read, no unknown
-address) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
+address, no word that is not a value of the step) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
 count or work missing from the graph does; **refused** when a call refuses or invalidates the capture
 (a pageable host copy of a PyTorch pass included);
 and, for a trace without arguments (Kineto, Nsight Systems, a recording made without them) or with
