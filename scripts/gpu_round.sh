@@ -29,13 +29,16 @@
 #   torch-rules  the conformance scenarios of the audit's PyTorch-level rules (ds4lab.audit.torch_rules)
 #   replay-kernels  scripts/replay_kernels.py: a replayed graph's kernel records against the eager token's, per launch
 #                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
-#   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph); AUDIT_ARGS its
-#                arguments, several sets separated by ';' (each into its own folder, each with the step's limit)
+#   audit        ds4lab audit validate: every step script of ds4lab/data/steps (or --steps DIR) run as a user's
+#                (audit run's passes, its --truth, check_replay on its make_step) and held to torch.cuda.graph;
+#                AUDIT_ARGS its arguments (FAMILY or CACHE names, --dtype, --steps), several sets separated by ';'
+#                (each into its own folder, each with the step's limit; join them on the CPU with --runs-from)
 #   steps-truth  ds4lab/data/steps/run_all.sh: the CUDA-graph ground truth of every decode-step family x cache x dtype
 #                into $R/steps-truth (one JSON and one log each, 120 s a run); STEPS_FAMILIES names a subset, so a
 #                full run (about 50 runs) can be split over two calls
-#   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
-#                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
+#   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: FAMILY/CACHE runs of the step scripts, --dtype,
+#                --steps) into $R/audit_args: put under tests/data/audit_args/ for the CPU tests of the audit's
+#                argument verdicts (tests/test_audit_args_fixtures.py takes whichever fixtures are there)
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
 #                plan (MODELED) against stage 3's measured tokens
 #   notebooks    every notebook top to bottom with its defaults

@@ -1,14 +1,16 @@
 """Write the audit's argument fixtures from a GPU run (``tests/data/audit_args/<family>-<cache>-<dtype>/``):
-for each family asked (default: the hand-written decoder's three caches, float32: small enough to ship), the timed recording, the argument pass (``arguments.csv.gz`` and
-``arguments.json.gz``), the capture-path pass where one was recorded (``capture-path.csv.gz``) and what
-torch.cuda.graph did (``engine.json``), as ``ds4lab audit validate``
-records them (:func:`ds4lab.audit.engines.run_isolated`). ``tests/test_audit_args_fixtures.py`` then holds
-the audit's verdict to torch's outcome on the CPU.
+for each step script asked (a family of the steps folder, ``ds4lab/data/steps`` or ``--steps``; default: ds4lab's
+hand-written decoder's three caches and Llama with a static cache, float32: small enough to ship), the run
+``ds4lab audit validate`` makes of it on the user's path (:func:`ds4lab.audit.steps.run_step`): the timed
+recording, the argument pass (``arguments.csv.gz``, ``arguments.json.gz``), the capture-path pass where one
+was recorded (``capture-path.csv.gz``), the script's own truth (``truth.json``), check_replay's
+(``check.json``) and ``engine.json``. ``tests/test_audit_args_fixtures.py`` then holds the audit to them on
+the CPU, whichever fixtures are there.
 
-    python scripts/make_audit_fixtures.py [--out tests/data/audit_args] [--dtype float32] [FAMILY/CACHE ...]
+    python scripts/make_audit_fixtures.py [--out tests/data/audit_args] [--dtype float32] [--steps DIR] [FAMILY/CACHE ...]
     python scripts/make_audit_fixtures.py --from results/audit-validate [FAMILY/CACHE ...]
 
-Needs a GPU, torch, transformers and cupti-python, except with ``--from``: the runs a finished
+Needs a GPU, torch and cupti-python (transformers for its families), except with ``--from``: the runs a finished
 ``ds4lab audit validate`` saved there are copied (no GPU). Files larger than ``--max-mb`` (default 4) are not
 kept (a fixture should stay small: pass fewer families or a smaller model).
 """
@@ -22,10 +24,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT = ("handwritten/host-counter", "handwritten/device-counter", "handwritten/host-read")
+DEFAULT = ("ds4lab-handwritten/host-counter", "ds4lab-handwritten/device-counter", "ds4lab-handwritten/host-read",
+           "ds4lab-llama/static")
 FILES = ("recording.csv.gz", "arguments.csv.gz", "arguments.json.gz", "engine.json")
-#: Kept where the run recorded it (a step that asks whether the stream captures: ds4lab.trace.capture_path).
-OPTIONAL = ("capture-path.csv.gz",)
+#: Kept where the run wrote them (a step that asks whether the stream captures: ds4lab.trace.capture_path; the
+#: script's truth and check_replay's result).
+OPTIONAL = ("capture-path.csv.gz", "truth.json", "check.json")
 
 
 def main(argv=None) -> int:
@@ -33,35 +37,46 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="*", default=list(DEFAULT), help="FAMILY/CACHE (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests" / "data" / "audit_args")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--steps", type=Path, default=None, help="the steps folder (default: ds4lab/data/steps)")
     ap.add_argument("--max-mb", type=float, default=4.0)
     ap.add_argument("--from", dest="source", type=Path, default=None,
                     help="a finished ds4lab audit validate folder: copy its runs instead of running them")
     a = ap.parse_args(argv)
-    from ds4lab.audit.engines import available, run_isolated
-    from ds4lab.audit.families import FAMILIES
+    from ds4lab.audit.engines import available
+    from ds4lab.audit.steps import discover, listing, run_step
     from ds4lab.audit.validate import saved_run
 
     ok, why = (True, "") if a.source is not None else available()
     if not ok:
         print(f"make_audit_fixtures: {why}", file=sys.stderr)
         return 2
-    bad = [r for r in a.runs if r.count("/") != 1 or r.split("/")[1] not in FAMILIES.get(r.split("/")[0], ())]
+    bad = [r for r in a.runs if r.count("/") != 1]
     if bad:
-        print(f"make_audit_fixtures: unknown run(s) {', '.join(bad)}; families: {FAMILIES}", file=sys.stderr)
+        print(f"make_audit_fixtures: {', '.join(bad)}: give FAMILY/CACHE", file=sys.stderr)
         return 2
+    scripts = {}
+    if a.source is None:  # which script is which family, and its caches (its --list)
+        for s in discover(a.steps):
+            ls = listing(s)
+            scripts[ls["family"]] = (s, ls["caches"])
+        bad = [r for r in a.runs if r.split("/")[1] not in scripts.get(r.split("/")[0], (None, ()))[1]]
+        if bad:
+            print(f"make_audit_fixtures: unknown run(s) {', '.join(bad)}; families: "
+                  + "; ".join(f"{f}: {', '.join(c)}" for f, (_, c) in scripts.items()), file=sys.stderr)
+            return 2
     status = 0
     with tempfile.TemporaryDirectory() as tmp:
         for run in a.runs:
-            engine, cache = run.split("/")
-            name = f"{engine}-{cache}-{a.dtype}"
+            family, cache = run.split("/")
+            name = f"{family}-{cache}-{a.dtype}"
             if a.source is not None:
                 src = a.source / name
                 r = saved_run(src) if (src / "engine.json").is_file() else {"error": f"{src}: no such run"}
             else:
-                r = run_isolated(engine, cache, Path(tmp), dtype=a.dtype)
+                r = run_step(scripts[family][0], family, cache, a.dtype, Path(tmp))
                 src = Path(tmp) / name
-            if r.get("error") or not (src / "engine.json").is_file():
-                print(f"{name}: failed: {r.get('error', 'no engine.json')}", file=sys.stderr)
+            if not (src / "engine.json").is_file() or not (src / "recording.csv.gz").is_file():
+                print(f"{name}: failed: {r.get('error') or 'no engine.json or recording'}", file=sys.stderr)
                 status = 1
                 continue
             dst = a.out / name
@@ -77,13 +92,16 @@ def main(argv=None) -> int:
                     status = 1
                 else:
                     shutil.copy2(p, dst / f)
-            # the paths inside engine.json named the temporary folder: name the fixture's own files
+            # the paths inside engine.json named the run's folder: name the fixture's own files
             e = json.loads((dst / "engine.json").read_text())
             e["recording"], e["arguments"] = "recording.csv.gz", "arguments.json.gz"
             if "capture_path" in e:
                 e["capture_path"] = "capture-path.csv.gz"
+            if "script" in e:
+                e["script"] = Path(e["script"]).name
+                e["argv"] = [Path(e["script"]).name, *e.get("argv", [])[1:]]
             (dst / "engine.json").write_text(json.dumps(e, indent=1))
-            print(f"{name}: {r.get('outcome')} -> {dst}")
+            print(f"{name}: {r.get('outcome')} -> {dst}" + (f" ({r['error']})" if r.get("error") else ""))
     return status
 
 

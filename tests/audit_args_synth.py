@@ -12,7 +12,10 @@ Every step, as a hand-written decoder would launch it:
   is computed on the host (a ring-buffer slot into memory that exists before the tokens), else
   ``cache`` with the index read on the device;
 * ``gemm(a, b)``: a runtime function whose CUDA runtime the capture cannot ask (unread) when
-  ``unreadable`` is set.
+  ``unreadable`` is set;
+* ``elementwise(out, calc)`` (``struct_of`` given): a TensorIterator-like kernel taking a 32-byte struct
+  by value, its four 8-byte words ``struct_of(pos, token)`` (a rank that is set, slots left holding
+  whatever the host stack held, a value the host computes).
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ from types import SimpleNamespace as R
 import fake_cupti
 from fake_cupti import ActivityKind as K
 
-EMBED, ROPE, KV, GEMM = 0x1000, 0x2000, 0xB000, 0x3000
+EMBED, ROPE, KV, GEMM, ELEM, FILL = 0x1000, 0x2000, 0xB000, 0x3000, 0x4000, 0x5000
 CACHE, IDS, COUNTER = 0x7F00_0000_0000, 0x7F10_0000_0000, 0x7F20_0000_0000
 TEMP = 0x7F30_0000_0000
 LAYOUTS = {0xA000: [(0, 8), (8, 8)], 0xA100: [(0, 8), (8, 4)], KV: [(0, 8), (8, 8)], 0xA300: [(0, 8), (8, 8)],
-           0xA400: [(0, 8), (8, 8)]}
+           0xA400: [(0, 8), (8, 8)], 0xA500: [(0, 8), (8, 32)], 0xA600: [(0, 8), (8, 8)]}
 
 
 def queries(unreadable: bool = False, rope_counter: bool = False):
-    runtime = {EMBED: 0xA000, ROPE: 0xA400 if rope_counter else 0xA100}
+    runtime = {EMBED: 0xA000, ROPE: 0xA400 if rope_counter else 0xA100, ELEM: 0xA500, FILL: 0xA600}
     if not unreadable:
         runtime[GEMM] = 0xA300
     return fake_cupti.FakeQueries(LAYOUTS, runtime, ranges=[(CACHE, 1 << 20), (IDS, 4096), (COUNTER, 512)])
@@ -56,10 +59,13 @@ FRESH = 0x7F40_0000_0000
 
 
 def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool = True, gemm: bool = True,
-         extra: bool = False, fresh_input: bool = False, slot_of=None) -> None:
+         extra: bool = False, fresh_input: bool = False, slot_of=None, struct_of=None, fill_at=None) -> None:
     """One decode step at ``pos`` (module docstring); ``token`` picks the temporaries' addresses;
     ``fresh_input``: the token ids are a new buffer made between steps (not a static input); ``slot_of``:
-    ``kv_write``'s first word as a function of the position (instead of the slot or the cache's base)."""
+    ``kv_write``'s first word as a function of the position (instead of the slot or the cache's base);
+    ``struct_of``: ``elementwise``'s struct words as a function of (position, token) (None: no such launch);
+    ``fill_at``: ``"head"`` or ``"middle"``: a ``fill(ids, pos)`` kernel writing the position into the static
+    input buffer by value, first in the token or after ``embed``."""
     ids = IDS
     if fresh_input:  # made by the host between tokens, freed after the step
         ids = FRESH + token * 0x1000
@@ -67,7 +73,11 @@ def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool 
     marker(m, 2)
     tmp = TEMP + token * 0x10000
     memory(m, 1, tmp, 4096)
+    if fill_at == "head":
+        m.launch("cudaLaunchKernel_v7000", FILL, [p64(IDS), p64(pos)], kernel="fill")
     m.launch("cudaLaunchKernel_v7000", EMBED, [p64(ids), p64(tmp)], kernel="embed")
+    if fill_at == "middle":
+        m.launch("cudaLaunchKernel_v7000", FILL, [p64(IDS), p64(pos)], kernel="fill")
     if host_counter:
         m.launch("cudaLaunchKernel_v7000", ROPE, [p64(tmp), struct.pack("<i", pos)], kernel="rope")
     else:
@@ -76,6 +86,10 @@ def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool 
     m.launch("cuLaunchKernel", KV, [p64(slot), p64(tmp)], domain="driver", kernel="kv_write", extra=extra)
     if gemm:
         m.launch("cudaLaunchKernel_v7000", GEMM, [p64(IDS), p64(CACHE)], kernel="gemm")
+    if struct_of is not None:
+        words = struct_of(pos, token)
+        m.launch("cudaLaunchKernel_v7000", ELEM, [p64(tmp), b"".join(w if isinstance(w, bytes) else p64(w)
+                                                                     for w in words)], kernel="elementwise")
     memory(m, 2, tmp, 4096)
     marker(m, 4)
     if fresh_input:
@@ -97,6 +111,8 @@ def record(monkeypatch, tmp_path=None, *, tokens: int = 5, unreadable: bool = Fa
     monkeypatch.setattr(A, "CudaQueries", lambda: q)
     monkeypatch.setattr(A, "SKIP_FILES", (fake_cupti.__file__,))  # the fake plays the CUDA library's part
     with REC.recording(arguments=True, token_range="decode_step") as rec:
+        if kw.get("fill_at"):  # the static input buffer the fill writes: allocated before the tokens
+            memory(m, 1, IDS, 4096)
         m.launch("cudaLaunchKernel_v7000", EMBED, [p64(IDS), p64(TEMP)], kernel="embed")  # warm-up, outside
         for t in range(tokens):
             step(m, 17 + t, t, **kw)

@@ -421,3 +421,37 @@ def test_every_probe_is_reachable_from_a_trace_row():
     got.add(classify("cudaStreamWaitEvent", 7, 1, 77, "", "", ctx()))
     got.add(classify("cudaStreamWaitEvent", 9, 1, 77, "", "", ctx()))
     assert set(PROBES) <= got, sorted(set(PROBES) - got)
+
+
+def test_a_repeating_range_is_the_token_though_a_prefill_of_the_same_kernels_holds_more(rng):
+    """A loop that marks each decode step with an NVTX range after a long prefill of the same kernels,
+    outside any range, and writes the next step's inputs between ranges: the range is the token (not the
+    period of the kernel sequence, which would mix prefill and decode); the prefill is left out and said."""
+    b = TraceBuilder()
+    for p in range(12):  # the prefill: the step's own kernels, more launches than all the decode steps
+        decode_step(b, rng, pos=p, sync=False)
+    for p in range(4):
+        b.copy("cudaMemcpyAsync", "HtoD", "pinned")  # the inputs, written between steps
+        b.push("decode_step")
+        decode_step(b, rng, pos=12 + p, sync=False)
+        b.pop()
+        b.pause(int(rng.integers(20_000, 40_000)))
+    (r,) = analyze([b.table()])
+    assert r.tokens.n == 4 and r.tokens.how.startswith("NVTX range 'decode_step' (found")
+    assert list(r.token_table["kernels"]) == [22] * 4
+    assert any("before the first token" in n and "264 kernel(s)" in n for n in r.notes)
+    f = r.unit.frame
+    assert (r.tokens.region[f["kind"] == "memcpy"] != "token").all()  # the input writes are no token's
+
+
+def test_a_small_range_inside_unmarked_steps_is_not_the_token(rng):
+    """A range around each step's sampling holds few of the launches made while it repeats: the tokens
+    are the period of the kernel sequence."""
+    b = TraceBuilder()
+    for p in range(6):
+        decode_step(b, rng, pos=p)
+        b.push("sample")
+        b.launch("sampling_topk", 2.0)
+        b.pop()
+    (r,) = analyze([b.table()])
+    assert "period" in r.tokens.how and r.tokens.n >= 5

@@ -1,7 +1,10 @@
-"""The argument fixtures recorded on an H200 (``scripts/make_audit_fixtures.py --from`` an ``audit
-validate`` folder writes them into ``tests/data/audit_args/``): on the CPU, the audit of each recording
+"""The argument fixtures recorded on an H200 (``scripts/make_audit_fixtures.py``, or ``--from`` an ``audit
+validate`` folder, writes them into ``tests/data/audit_args/``): on the CPU, the audit of each recording
 with its argument pass is held to what torch.cuda.graph did with the same step (``engine.json`` beside
-it), through the same path as ``ds4lab audit validate --runs-from``."""
+it), through the same path as ``ds4lab audit validate --runs-from``. The rules held on every fixture
+there (whichever are present): the verdict names torch's outcome; a step that replays right has no frozen
+finding, and every changing word of it is listed apart (unset bytes, not a value of the step); a step
+that replays wrong leads with the cause its truth names; check_replay agrees where it ran."""
 
 from __future__ import annotations
 
@@ -12,10 +15,9 @@ import pytest
 from ds4lab.audit.analysis import analyze
 from ds4lab.audit.arguments import store_beside
 from ds4lab.audit.capture_path import RECORDED_SUFFIX, attach_beside
-from ds4lab.audit.engines import TOKEN_RANGE
-from ds4lab.audit.frozen import HOST_COPY, RIGHT, UNSET, attach
+from ds4lab.audit.frozen import HOST_COPY, NOT_VALUES, RIGHT, TEMPORARY, UNSET, WRONG, attach, verdict
 from ds4lab.trace.sources import read_events as read
-from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, against_torch, saved_run
+from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, against_torch, cause_first, saved_run
 
 ROOT = Path(__file__).parent / "data" / "audit_args"
 RUNS = sorted(p for p in ROOT.glob("*") if (p / "engine.json").is_file()) if ROOT.is_dir() else []
@@ -24,10 +26,43 @@ KNOWN_WRONG: dict = {}
 
 
 def _audit(run: Path):
-    rep = analyze([read(run / "recording.csv.gz")], token_range=TOKEN_RANGE)[0]
+    # as audit validate --runs-from does: the tokens found as a user's are (the step's own NVTX range)
+    rep = analyze([read(run / "recording.csv.gz")])[0]
     attach(rep, store_beside(run / "recording.csv.gz"))
-    attach_beside(rep, run / "recording.csv.gz", token_range=TOKEN_RANGE)  # as audit validate --runs-from does
+    attach_beside(rep, run / "recording.csv.gz")
+    assert rep.tokens.range_name, rep.tokens.how  # every fixture marks its steps with an NVTX range
     return rep, saved_run(run)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_a_step_that_replays_right_has_no_frozen_finding_and_its_changing_words_are_listed_apart(run):
+    rep, torch_run = _audit(run)
+    if OUTCOMES.get(torch_run["outcome"]) != RIGHT:
+        pytest.skip(f"torch: {torch_run['outcome']}")
+    f = rep.arguments.findings
+    assert len(rep.arguments.frozen) == 0, rep.arguments.frozen[["name", "call_class", "evidence"]].to_string()
+    words = f[~f["call_class"].isin((TEMPORARY,))] if len(f) else f
+    assert words.empty or words["call_class"].isin(NOT_VALUES).all(), words[["name", "call_class"]].to_string()
+    assert all(v == "allowed" for v in words.get("verdict", []))
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_a_step_that_replays_wrong_leads_with_its_true_cause(run):
+    rep, torch_run = _audit(run)
+    cause = torch_run.get("cause")
+    if OUTCOMES.get(torch_run["outcome"]) != WRONG or not cause:
+        pytest.skip("no wrong replay with a cause its truth names")
+    v = verdict(rep)
+    assert v.verdict == WRONG and cause_first(v.lead, cause), (v.why, cause)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
+def test_check_replay_named_torchs_outcome(run):
+    torch_run = saved_run(run)
+    chk = torch_run.get("check")
+    if not chk:
+        pytest.skip("a run made before check_replay was kept beside the truth")
+    assert chk.get("verdict") == OUTCOMES[torch_run["outcome"]], chk
 
 
 def test_the_fixtures_are_shipped():

@@ -120,10 +120,14 @@ def test_the_op_log_round_trips_and_pruning_keeps_the_kept_launches_calls_and_ev
 
 def test_operator_keys_leave_out_data_pointers_and_written_values_and_keep_cpu_values():
     torch = pytest.importorskip("torch")
-    from ds4lab.trace.torch_ops import _written, describe
+    from ds4lab.trace.torch_ops import _read, _written, describe
 
     a, b = torch.arange(4.0), torch.arange(4.0) + 10
-    k = lambda *args, func=None: describe(torch, args, {}, written=_written(func) if func else set())[0]  # noqa: E731
+
+    def k(*args, func=None):  # the key as the op log makes it: read raw in the call, described after the pass
+        w = _written(func) if func else set()
+        return describe([(i, _read(torch, x, i in w), i in w) for i, x in enumerate(args)])["key"]
+
     assert k(a, 3) == k(a.clone(), 3) and k(a, 3) != k(b, 3)  # another storage, same values: same key
     assert k(torch.tensor(3), 1) != k(torch.tensor(4), 1)  # a 0-dim CPU tensor's value is a host argument
     assert k(a, 3) != k(a, 4) and k(a, 3) != k(a.reshape(2, 2), 3)
@@ -201,3 +205,25 @@ def test_a_word_inside_a_live_block_is_unset_only_when_odd_and_outside_the_opera
     kv = aa.findings[(aa.findings["name"] == "kv_write") & (aa.findings["param"] == 0)]  # param 1: a temporary
     assert list(kv["call_class"]) == [expect]
     assert (expect == F.UNSET) == (not (aa.frozen["name"] == "kv_write").any())
+
+
+def test_an_argument_pass_run_on_a_script_starts_torch_first(monkeypatch):
+    """``ds4lab audit run``'s argument pass starts before the script imports torch: the runner imports it
+    and starts its CUDA side first, so that the op log and the caching allocator are followed (and says so);
+    where torch is not installed or sees no GPU, nothing is started and nothing said."""
+    import importlib.util
+    import sys
+    from types import SimpleNamespace
+
+    from ds4lab.trace import recording as REC
+
+    started = []
+    fake = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: True, init=lambda: started.append(1)))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "torch" else None)
+    note = REC._load_torch()
+    assert started == [1] and "torch imported and its CUDA side initialized before the script" in note
+    fake.cuda.is_available = lambda: False
+    assert REC._load_torch() == "" and started == [1]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert REC._load_torch() == ""

@@ -186,3 +186,88 @@ def test_a_step_that_returns_no_tensor_is_named():
     ops = FakeOps()
     with pytest.raises(TypeError, match="returned int"):
         check_replay(lambda: 3, [], ops=ops, warmup=0)
+
+
+class BoundedDecoder(DeviceCounterDecoder):
+    """A static cache of ``capacity`` positions written at a device counter: a write past its end is a
+    device-side assert (here: IndexError), as ``index_copy_`` out of bounds is on the GPU."""
+
+    def __init__(self, ops, capacity, start):
+        super().__init__(ops)
+        self.cache = np.zeros(capacity, dtype=np.float32)
+        self.dpos = np.array([start], dtype=np.int64)
+
+
+def test_a_cache_near_its_capacity_is_never_run_past_it_and_the_positions_are_said():
+    """A 128-position static cache with a prompt of 120: the comparison is cut to the positions left, and
+    each timed block starts again from the same state, so no step writes past the cache."""
+    ops = FakeOps()
+    d = BoundedDecoder(ops, 128, 116)
+    r = check_replay(d.step, d, ops=ops, start=116, positions=6, warmup=2, capacity=128)
+    assert r.outcome == RIGHT and r.positions_compared == 6 and len(r.errors) == 6
+    assert r.steps_timed == 3 and r.replay_us is not None and r.replay_device_us == 7.0
+    assert "6 replays match" in r.detail and "capacity 128" in r.detail and "timed over 3 position(s)" in r.detail
+    assert int(d.dpos[0]) <= 128
+    d = BoundedDecoder(ops, 128, 120)
+    r = check_replay(d.step, d, ops=FakeOps(), start=120, positions=6, warmup=2, capacity=128)
+    assert r.positions_compared == 4 and r.steps_timed == 1 and int(d.dpos[0]) <= 128
+    with pytest.raises(IndexError):  # without the capacity the timed loops run past the cache
+        check_replay(d.step, BoundedDecoder(ops, 128, 120), ops=FakeOps(), start=120, positions=6, warmup=2)
+
+
+def test_a_capacity_with_no_room_to_compare_is_refused_in_one_line():
+    from ds4lab.audit.replay_check import StateError
+
+    ops = FakeOps()
+    with pytest.raises(StateError, match=r"capacity 123 leaves 0 position\(s\) to compare"):
+        check_replay(lambda: None, [], ops=ops, start=120, warmup=2, capacity=123)
+
+
+class Param(np.ndarray):
+    """A module's weight: never snapshotted (ops.keep), and copying it would fail."""
+
+
+class ModuleOps(FakeOps):
+    def __init__(self):
+        super().__init__()
+        self.no_grad_entered = 0
+
+    def keep(self, x):
+        return not isinstance(x, Param)
+
+    def clone(self, x):
+        if isinstance(x, Param):
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        return x.copy()
+
+    def no_grad(self):
+        import contextlib
+
+        self.no_grad_entered += 1
+        return contextlib.nullcontext()
+
+
+def test_a_module_holding_its_own_counter_and_weights_is_checked_without_its_parameters():
+    """The state is a module: its weights (parameters) are left out of the snapshot, its host counter is
+    put back, and the check runs without autograd."""
+    ops = ModuleOps()
+    d = HostCounterDecoder(ops)
+    d.weight = np.ones(4, dtype=np.float32).view(Param)
+    r = check_replay(d.step, d, ops=ops, positions=3, warmup=1, time_replays=0)
+    assert r.outcome == WRONG and r.first_position == 2 and ops.no_grad_entered == 1
+
+
+def test_a_state_that_cannot_be_snapshotted_is_refused_in_one_line():
+    from ds4lab.audit.replay_check import StateError
+
+    class NoKeepOps(ModuleOps):
+        keep = None
+
+    ops = NoKeepOps()
+    d = HostCounterDecoder(ops)
+    d.weight = np.ones(4, dtype=np.float32).view(Param)
+    with pytest.raises(StateError) as e:
+        check_replay(d.step, d, ops=ops, positions=3, warmup=1, time_replays=0)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("check_replay: the state cannot be snapshotted")
+    assert "HostCounterDecoder.weight (Param)" in text and "requires grad" in text

@@ -15,46 +15,26 @@ from ds4lab.audit import validate as V
 from ds4lab.errors import CheckFailed
 
 
-def _fake_run(outcome_of=None):
-    def run_isolated(engine, cache, out, dtype="float32", timeout=900):
-        r = dict(engines.recorded_outcome(engine, cache))
-        if outcome_of:
-            r["outcome"] = outcome_of
-        r["recording"] = str(engines.recorded(engine, cache))
-        return r
-    return run_isolated
+SYNTH = Path(__file__).parent / "data" / "steps_synth"
 
 
-def test_rows_compare_the_audit_with_torch_and_are_written_as_they_come(tmp_path, monkeypatch):
-    """The bundled recordings have no argument pass: the step torch replayed right is 'unknown from this
-    trace' (no agreement: the audit could not name it); the one with a changing grid is named."""
-    monkeypatch.setattr(engines, "run_isolated", _fake_run())
-    from ds4lab.jobs.audit import write_report
+def _rope_line() -> int:
+    """The line of the synthetic pass that passes the host's position to ``rope`` by value (its cause)."""
+    import audit_args_synth
 
-    seen = []
-    df = V.validate(["llama"], ["static", "dynamic"], tmp_path, say=lambda *a: None,
-                    on_row=lambda rows: seen.append(len(rows)),
-                    on_report=lambda rep, under: write_report([rep], tmp_path / under))
-    assert seen == [1, 2]
-    assert list(df.cache) == ["dynamic", "static"]  # the family's own order
-    assert list(df.torch_outcome) == ["captured, replays wrong", "captured, replays right"]
-    assert list(df.audit_verdict) == ["replays wrong", F.UNKNOWN] and list(df.verdict_agrees) == [True, False]
-    assert "ds4lab audit run" in df.audit_why[1]
-    ratio = df.predicted_us / df.replay_us
-    assert (ratio == df.predicted_over_measured).all() and (df.time_agrees == ((ratio - 1).abs() <= V.TIME_TOLERANCE)).all()
-    assert (tmp_path / "llama-static-float32" / "audit" / "plans.csv").is_file()
-    md = V.markdown(df)
-    assert md.count("\n") == 4 and "| llama | static | float32 |" in md
+    src = Path(audit_args_synth.__file__).read_text().splitlines()
+    return next(i for i, t in enumerate(src, 1) if 'ROPE, [p64(tmp), struct.pack("<i", pos)]' in t)
 
 
-def test_an_argument_pass_decides_the_verdict_and_its_cost_is_in_the_table(tmp_path, monkeypatch):
-    """A hand-written decoder whose cache keeps its write index on the host, recorded with its arguments
-    (synthetic, through the stand-in CUPTI): the audit names torch's 'replays wrong' from the frozen value
-    and slot; the cost per launch is carried into the row; the device-counter twin replays right."""
+def _fake_steps(monkeypatch, tmp_path, cause_line=None, check_verdict=None):
+    """``run_step`` replaced by what it writes, from the stand-in CUPTI's argument passes: the synthetic
+    step's host-counter cache passes its position by value (replays wrong, its cause named by the truth at
+    ``cause_line``), the device-counter one replays right."""
     import audit_args_synth as S
     from ds4lab.audit import arguments as A
+    from ds4lab.audit import steps
 
-    runs = {}
+    passes = {}
     for cache, kw in (("host-counter", {}), ("device-counter", {"host_counter": False, "host_slot": False})):
         d = tmp_path / "rec" / cache
         d.mkdir(parents=True)
@@ -63,34 +43,121 @@ def test_an_argument_pass_decides_the_verdict_and_its_cost_is_in_the_table(tmp_p
         st = A.load(d / "arguments.json.gz")
         st.cost = {"per_launch_us": 4.2, "per_launch_lo": 3.9, "per_launch_hi": 4.6, "text": "4.20 µs per launch"}
         A.save(st, d / "arguments.json.gz")
-        runs[cache] = d
+        passes[cache] = d
+    seen = []
 
-    def run_isolated(engine, cache, out, dtype="float32", timeout=900):
-        d = runs[cache]
-        return {"outcome": "captured, replays wrong" if cache == "host-counter" else "captured, replays right",
-                "recording": str(d / "recording.csv.gz"), "arguments": str(d / "arguments.json.gz"),
-                "overhead": A.load(d / "arguments.json.gz").cost, "replay_us": 100.0, "eager_us": 300.0}
+    def run_step(script, family, cache, dtype, out, say=print):
+        seen.append((Path(script).name, family, cache, dtype))
+        wrong = cache == "host-counter"
+        d = passes[cache]
+        truth = {"outcome": "replays wrong" if wrong else "replays right", "replay_us": 100.0, "eager_us": 300.0,
+                 "cause": ({"file": "audit_args_synth.py", "line": cause_line or _rope_line(), "kernel_hint": "rope"}
+                           if wrong else None)}
+        verdict = check_verdict or truth["outcome"]
+        r = {"family": family, "cache": cache, "dtype": dtype, "outcome": truth["outcome"], "truth": truth,
+             "replay_us": 100.0, "eager_us": 300.0, "cause": truth["cause"], "recording": str(d / "recording.csv.gz"),
+             "arguments": str(d / "arguments.json.gz"), "overhead": A.load(d / "arguments.json.gz").cost,
+             "check": {"verdict": verdict, "detail": "6 positions compared", "replay_sync_us": 110.0}}
+        folder = Path(out) / f"{family}-{cache}-{dtype}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "engine.json").write_text(json.dumps(r))
+        return r
 
-    monkeypatch.setattr(engines, "run_isolated", run_isolated)
-    df = V.validate(["handwritten"], ["device-counter", "host-counter"], tmp_path / "v", say=lambda *a: None)
-    assert list(df.audit_verdict) == ["replays wrong", "replays right"] and df.verdict_agrees.all()
-    assert df.frozen_findings[0] >= 2 and "frozen value" in df.frozen[0] and df.frozen_findings[1] == 0
-    assert list(df.capture_us_per_launch) == [4.2, 4.2]
-    assert (tmp_path / "v" / "handwritten-host-counter-float32" / "audit" / "arguments.csv").is_file()
+    monkeypatch.setattr(steps, "run_step", run_step)
+    return seen
 
 
-def test_a_disagreement_fails_the_job_after_writing_the_table(tmp_path, monkeypatch):
+def test_the_steps_folder_lists_its_families_and_leaves_shared_code_out(tmp_path):
+    """Every ``*.py`` not starting with ``_`` is a family, its ``--list`` run as a script; ds4lab's own
+    families ship as such scripts (prefixed ``ds4lab-``); a folder without any is refused, named."""
+    from ds4lab.audit.steps import discover, listing
+    from ds4lab.errors import BadInput
+
+    (script,) = discover(SYNTH)
+    assert script.name == "synth-counter.py"
+    assert listing(script) == {"family": "synth-counter", "caches": ["host-counter", "device-counter"],
+                               "dtypes": ["float32"], "script": str(script)}
+    shipped = {p.name: p for p in discover()}
+    assert {f"ds4lab-{f}.py" for f in ("llama", "deepseek-v3", "qwen2-moe", "mistral", "gemma2", "qwen2",
+                                       "handwritten")} <= set(shipped)
+    assert not any(n.startswith("_") for n in shipped)
+    for name in ("ds4lab-llama.py", "ds4lab-handwritten.py"):  # --list needs no torch: run on the CPU
+        ls = listing(shipped[name])
+        assert ls["family"] == name[:-3] and ls["dtypes"] == ["float32", "bfloat16"]
+    assert listing(shipped["ds4lab-handwritten.py"])["caches"] == ["host-counter", "device-counter", "host-read"]
+    with pytest.raises(BadInput, match="no step script"):
+        discover(tmp_path)
+    (tmp_path / "bad.py").write_text("print('no json')\n")
+    with pytest.raises(BadInput, match=r"bad.py --list: exit 0, no \{family, caches, dtypes\}"):
+        listing(tmp_path / "bad.py")
+
+
+def test_each_family_runs_on_the_users_path_and_is_held_to_its_truth(tmp_path, monkeypatch):
+    """The synthetic step in both caches: the audit names the truth's outcome; the wrong one leads with its
+    true cause (the host position passed to rope, at the line its truth names) and counts the others; the
+    right one has no frozen finding; check_replay agrees; the argument cost is carried; a name filters."""
+    from ds4lab.jobs.audit import write_report
+
+    seen = _fake_steps(monkeypatch, tmp_path)
+    rows = []
+    df = V.validate((), (), tmp_path / "v", steps=SYNTH, say=lambda *a: None, on_row=lambda r: rows.append(len(r)),
+                    on_report=lambda rep, under: write_report([rep], tmp_path / "v" / under))
+    assert rows == [1, 2] and [x[2] for x in seen] == ["host-counter", "device-counter"]
+    assert all(x[0] == "synth-counter.py" and x[1] == "synth-counter" for x in seen)
+    df = df.set_index("cache")
+    wrong, right = df.loc["host-counter"], df.loc["device-counter"]
+    assert wrong.audit_verdict == "replays wrong" and right.audit_verdict == "replays right" and df.verdict_agrees.all()
+    assert wrong.cause_first and wrong.lead.startswith("rope at ") and "audit_args_synth.py" in wrong.lead
+    assert "and 1 other finding(s)" in wrong.audit_why and wrong.cause == f"audit_args_synth.py:{_rope_line()} (rope)"
+    assert right.frozen_findings == 0 and not right.frozen_on_right and pd.isna(right.cause_first)
+    assert df.check_agrees.all() and list(df.capture_us_per_launch) == [4.2, 4.2]
+    assert (tmp_path / "v" / "synth-counter-host-counter-float32" / "audit" / "arguments.csv").is_file()
+    md = V.markdown(df.reset_index())
+    assert "| rope at " in md and "(yes)" in md and "replays right (agrees)" in md
+    only = V.validate(("device-counter",), (), tmp_path / "w", steps=SYNTH, say=lambda *a: None)
+    assert list(only.cache) == ["device-counter"]
+    with pytest.raises(Exception, match="unknown nope; families: synth-counter"):
+        V.validate(("nope",), (), tmp_path / "x", steps=SYNTH, say=lambda *a: None)
+
+
+def test_a_wrong_replay_led_by_another_cause_or_a_disagreeing_check_fails_the_job(tmp_path, monkeypatch):
+    """The truth names another line as the cause, and check_replay says the opposite of torch: the job
+    writes its table, then fails naming both."""
     from ds4lab.jobs import audit_validate as J
 
-    monkeypatch.setattr(engines, "run_isolated", _fake_run("refused"))  # torch said refused; the audit will not
+    _fake_steps(monkeypatch, tmp_path, cause_line=1, check_verdict="replays right")
     monkeypatch.setattr(engines, "available", lambda: (True, ""))
     out = tmp_path / "v"
-    with pytest.raises(CheckFailed, match="llama/static/float32"):
-        J.run(J.ValidateConfig(engines=("llama",), caches=("static",), out=out, dtypes=("float32",)), None, None)
+    with pytest.raises(CheckFailed, match=r"synth-counter/host-counter/float32 \(torch replays wrong, audit replays "
+                                          r"wrong.*not led by its true cause, check_replay replays right\)"):
+        J.run(J.ValidateConfig(out=out, steps=SYNTH, dtypes=("float32",)), None, None)
     assert (out / "validate.md").is_file()
-    df = pd.read_csv(out / "validate.csv")
-    assert list(df.verdict_agrees) == [False]
-    assert json.loads((out / "meta.json").read_text())["status"].startswith("failed")
+    df = pd.read_csv(out / "validate.csv").set_index("cache")
+    assert not df.loc["host-counter", "cause_first"] and not df.loc["host-counter", "check_agrees"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"].startswith("failed") and meta["cause_first"] == 0
+
+
+def test_a_frozen_finding_on_a_step_that_replays_right_fails(tmp_path):
+    """The rows validate flags: a step torch replays right that got any frozen finding, whatever the
+    verdict says; a cause not led with; a check_replay that disagrees; a time outside the tolerance."""
+    rows = pd.DataFrame([
+        {"verdict_agrees": True, "time_agrees": True, "frozen_on_right": True, "cause_first": None, "check_agrees": True},
+        {"verdict_agrees": True, "time_agrees": None, "frozen_on_right": False, "cause_first": True, "check_agrees": True},
+        {"verdict_agrees": True, "time_agrees": True, "frozen_on_right": False, "cause_first": False,
+         "check_agrees": None},
+        {"verdict_agrees": True, "time_agrees": False, "frozen_on_right": False, "cause_first": None,
+         "check_agrees": True},
+        {"verdict_agrees": True, "time_agrees": True, "frozen_on_right": False, "cause_first": None,
+         "check_agrees": False},
+    ])
+    assert list(V.failures(rows).index) == [0, 2, 3, 4]
+    assert V.cause_first({"where": "/u/step.py:131 fwd", "name": "triton_bias_kernel"},
+                         {"file": "step.py", "line": 131, "kernel_hint": "BIAS"}) is True
+    assert V.cause_first({"where": "/u/step.py:13 fwd", "name": "k"}, {"file": "step.py", "line": 131}) is False
+    assert V.cause_first({"where": "/u/step.py:131 fwd", "name": "k"}, {"file": "step.py", "line": 131,
+                                                                      "kernel_hint": "bias"}) is False
+    assert V.cause_first({"where": "x.py:1 f"}, None) is None
 
 
 def test_a_sim_trace_is_labelled_modeled_and_bad_input_leaves_no_folder(tmp_path):

@@ -24,7 +24,18 @@ of (:data:`CLASSES`):
 * **unset bytes** — where the pass logged PyTorch's operators (:mod:`ds4lab.trace.torch_ops`): a word
   that changes while the operator that made the launch got the same host arguments at every token and
   that is no address of anything alive at the launch (:data:`UNSET_RULE`): harmless. Such a word that is
-  a temporary of the token in some tokens is a step temporary.
+  a temporary of the token in some tokens is a step temporary;
+* **not a value of the step** — a word that changes under an operator whose host arguments change, that
+  follows none of its host numbers and addresses nothing (:data:`TRACK_RULE`): listed apart, it decides no
+  verdict, but keeps "replays right" from being said;
+* **input written by the host** — a launch at the head of the token writing host values into memory that
+  outlives it (:data:`INPUT_RULE`): a graph of the step leaves it out.
+
+**A byte is a value only with evidence that the step computes it**: under a PyTorch operator whose host
+arguments change, a changing word is a frozen value only where it follows one of them (:func:`_tracked`:
+equal, negated, reciprocal, or affine over three or more values, as an integer or a float); launches
+outside any operator (CuPy, Triton, C) keep the parameter-level comparison. Each frozen finding carries
+its ``evidence`` and its ``strength`` (:data:`STRENGTH`), and the verdict names the strongest first.
 
 And, beside the classes, **pageable host copies** (:data:`HOST_COPY_RULE`): in a pass that ran PyTorch, a
 copy between pageable host memory and the GPU inside a token is PyTorch's refusal under capture, though
@@ -38,7 +49,7 @@ not make (read, or written in place), memory allocated inside the token is the s
 
 :func:`verdict` gives a step **replays right** only when its tokens were compared argument by
 argument (two or more tokens with identical launch lists, every launch in them read, no unknown
-address) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
+address, no word that is not a value of the step) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
 count or work missing from the graph does; **refused** when a call refuses or invalidates the capture
 (a pageable host copy of a PyTorch pass included);
 and, for a trace without arguments (Kineto, Nsight Systems, a recording made without them) or with
@@ -64,9 +75,21 @@ UNKNOWN = "captures; replay correctness unknown from this trace"
 FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT = "frozen value", "frozen address", "ring-buffer slot"
 TEMPORARY, UNKNOWN_ADDRESS = "step temporary", "unknown address"
 UNSET = "unset bytes"
+#: A changing word of an operator whose host arguments change, that follows none of them and addresses nothing.
+NOT_VALUE = "not a value of the step"
+#: A launch at the head of the token that writes the step's input from the host (INPUT_RULE).
+INPUT = "input written by the host"
 #: A copy PyTorch refuses while a stream captures (an op-log finding, not an argument class).
 HOST_COPY = "pageable host copy"
-CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS, UNSET)
+CLASSES = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT, TEMPORARY, UNKNOWN_ADDRESS, UNSET, NOT_VALUE, INPUT)
+#: Classes listed apart: bytes with no evidence that the step computes them (never decide a verdict).
+NOT_VALUES = (UNSET, NOT_VALUE)
+#: How strong the evidence of a finding that makes a replay wrong is (the verdict names the strongest first):
+#: a word that follows a host argument of its PyTorch operator, or a by-value argument outside any operator
+#: that moves by a constant per token (a position); a grid, block or launch count that changes; an address
+#: that moves by a constant stride into memory that outlives the step; any other frozen address; any other
+#: by-value argument that changes.
+STRENGTH = {"tracked": 5, "position": 5, "structure": 4, "slot": 4, "address": 3, "value": 2}
 #: Classes that make a replay wrong.
 FROZEN = (FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT)
 POOL_RULE = ("torch.cuda.graph captures into a private memory pool: every allocation the step makes during "
@@ -83,6 +106,18 @@ UNSET_RULE = ("a PyTorch operator's kernels get their by-value arguments from th
               "(the operator log of the argument pass: ds4lab.trace.torch_ops); such a word that falls inside a "
               "live allocation is taken for no address only when it is odd and outside every tensor of the "
               "operator (no element wider than a byte starts there; the allocator's blocks are 512-byte aligned)")
+TRACK_RULE = ("a PyTorch operator's kernels get their by-value arguments from the operator's host arguments: a word "
+              "that changes while those change is a value of the step only where it follows one of them from token "
+              "to token (equal to it, its negation or reciprocal, or an affine function of it over three or more "
+              "values, read as an integer or as a float32/float64 within 1e-6); a word that follows none and "
+              "addresses nothing alive is bytes no argument set (TensorIterator's unused offset-calculator slots, a "
+              "functor's padding) or a number no kernel reads (the operator log: ds4lab.trace.torch_ops)")
+INPUT_RULE = ("torch.cuda.graph replays a step on static inputs the host writes before each replay (PyTorch, 'CUDA "
+              "Graphs': fill the static inputs, then replay): the launches at the head of a token that write host "
+              "values into memory that outlives the tokens (aten::fill_ with a host scalar, copy_ from a CPU "
+              "tensor, zero_; and a fill or copy that is the same in every token), before any other work of the "
+              "token, are its inputs, not its work; their changing values and their pageable copies decide no "
+              "verdict (a graph of the step leaves them out; one captured around them would freeze them)")
 HOST_COPY_RULE = ("PyTorch refuses a copy between a CPU tensor that is not pinned and a CUDA tensor while the "
                   "current stream captures ('Cannot copy between CPU and CUDA tensors during CUDA graph capture "
                   "unless the CPU tensor is pinned': aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda), "
@@ -101,6 +136,8 @@ FIXES = {
                "tensor), not a host-computed slot address",
     TEMPORARY: "nothing: harmless under the graph's private memory pool",
     UNSET: "nothing: no host argument of the operator set it",
+    NOT_VALUE: "nothing: no host number of the operator reaches it",
+    INPUT: "capture the step after its inputs are written (write them into the static buffers before each replay)",
     HOST_COPY: "pin the CPU tensor (tensor.pin_memory(), or allocate it with pin_memory=True) and copy it "
                "before the replay, or compute the value on the device",
     UNKNOWN_ADDRESS: "record the allocations (an argument pass where torch is loaded, or cudaMalloc inside the "
@@ -153,13 +190,19 @@ class ArgumentAudit:
 @dataclass(frozen=True)
 class Verdict:
     """The replay verdict of one audited step: ``verdict`` (:data:`RIGHT`, :data:`WRONG`, :data:`REFUSED`,
-    :data:`UNKNOWN`), ``why`` (the finding that decides it, or what is missing), ``evidence`` (what was
-    compared), ``command`` (what records the missing evidence; "" when nothing is missing)."""
+    :data:`UNKNOWN`), ``why`` (the finding that decides it, the strongest first, and how many others; or what
+    is missing), ``evidence`` (what was compared), ``command`` (what records the missing evidence; "" when
+    nothing is missing)."""
 
     verdict: str
     why: str
     evidence: str = ""
     command: str = ""
+    #: the finding that decides it (:func:`_lead`: kind, name, call_class, param, byte_offset, where,
+    #: evidence); {} where nothing found decides it
+    lead: dict = field(default_factory=dict)
+    #: how many other findings would decide it too
+    others: int = 0
 
     def text(self) -> str:
         return (f"{self.verdict}: {self.why}" + (f"; {self.evidence}" if self.evidence else "")
@@ -247,9 +290,13 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
     notes = list(store.notes)
     if not groups:
         notes.append("no two tokens of the argument pass have identical launch lists: nothing compared")
+    head_end: dict = {}  # token -> when its inputs written by the host end (INPUT_RULE)
     for g in groups:
         compared += g
         first, last = tl.start_ns[g[0]], tl.end_ns[g[-1]]
+        head = _head_inputs(store, tl, g, allocs, first, last)
+        for t in g:
+            head_end[t] = tl.tokens[t][len(head)][2] if len(head) < len(tl.tokens[t]) else tl.end_ns[t]
         for i in range(len(tl.tokens[g[0]])):
             launches = [tl.tokens[t][i] for t in g]
             name = launches[0][1]
@@ -259,6 +306,9 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
                 unread_k.add(name)
                 continue
             if len({r[1] for r in recs}) == 1:
+                continue
+            if i in head:
+                rows.append(_input_row(name, i, launches, g, store))
                 continue
             vals = [store.params(c) for c, _, _ in launches]
             if any(b is None or p is None for _, p, b in vals):
@@ -281,7 +331,7 @@ def compare(store: A.ArgumentStore, table, *, token_range: str | None = None, so
                     rows.append(_classify(name, i, j, off + wo, len(pv[0]), pv, launches, g, tl, allocs, first,
                                           last, stack, store))
     df = _merge(pd.DataFrame(rows))
-    refusals = _host_copies(store, tl, table)
+    refusals = _host_copies(store, tl, table, head_end, allocs)
     if unread_k:
         notes.append(f"{unread:,} launch(es) in the compared tokens unread ({', '.join(sorted(unread_k)[:6])}"
                      f"{', …' if len(unread_k) > 6 else ''}): their arguments were not compared")
@@ -300,28 +350,37 @@ def _ops_of(store: A.ArgumentStore, launches) -> list:
     return [store.ops.get(store.op_of.get(c, -1)) for c, _, _ in launches]
 
 
-def _same_operator(ops: list) -> bool:
-    """Whether every launch was made by the same operator with the same host-argument key, none opaque
-    (a host tensor too large to key) or random (a generator's state: :func:`ds4lab.trace.torch_ops.random_op`)."""
+def _operator_known(ops: list) -> bool:
+    """Whether every launch was made by the same operator (by name) the op log described, none opaque (a
+    host tensor too large to key) or random (a generator's state: :func:`ds4lab.trace.torch_ops.random_op`):
+    what the operator-level evidence needs."""
     from ..trace.torch_ops import random_op
 
     if not ops or any(o is None or "key" not in o for o in ops):
         return False
     o0 = ops[0]
-    return not (any(o["name"] != o0["name"] or o["key"] != o0["key"] or o.get("opaque") for o in ops)
-                or random_op(o0["name"]))
+    return not (any(o["name"] != o0["name"] or o.get("opaque") for o in ops) or random_op(o0["name"]))
+
+
+def _same_operator(ops: list) -> bool:
+    """Whether every launch was made by the same operator with the same host-argument key
+    (:func:`_operator_known`)."""
+    return _operator_known(ops) and len({o["key"] for o in ops}) == 1
 
 
 def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
     """:data:`UNSET` or :data:`TEMPORARY` where the operator evidence explains a changing word
-    (:data:`UNSET_RULE`), else None. With the same operator and host arguments at every token, each
-    token's value must be an address inside memory the token allocated (a temporary) or no address of
-    anything alive at the launch: not inside a live allocation (a caching-allocator segment's free space
-    is none, and an odd value outside every tensor of the operator addresses nothing it reads: see
-    :func:`_no_address`), and not inside one of the operator's own tensors (a data pointer the
-    allocations missed stays an address)."""
-    if not _same_operator(ops):
-        return None
+    (:data:`UNSET_RULE`), else None: the same operator with the same host arguments at every token
+    (:func:`_same_operator`), and a word that addresses nothing (:func:`_addresses_nothing`)."""
+    return _addresses_nothing(ops, ints, locs, lives) if _same_operator(ops) else None
+
+
+def _addresses_nothing(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
+    """:data:`TEMPORARY` or :data:`UNSET` where each token's value is an address inside memory the token
+    allocated (a temporary) or no address of anything alive at the launch: not inside a live allocation
+    (a caching-allocator segment's free space is none, and an odd value outside every tensor of the
+    operator addresses nothing it reads: see :func:`_no_address`), and not inside one of the operator's
+    own tensors (a data pointer the allocations missed stays an address); else None (an address)."""
     own = False
     for o, v, loc, life in zip(ops, ints, locs, lives):
         if life == "own":
@@ -333,6 +392,91 @@ def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | Non
         if loc is not None and loc[0] != "caching-allocator segment" and not _no_address(v, spans):
             return None
     return TEMPORARY if own else UNSET
+
+
+#: Relative tolerance of a float word against the host number it follows (a double rounded to float32:
+#: 6e-8; headroom for an opmath conversion).
+FLOAT_RTOL = 1e-6
+
+
+def _decodings(pv: list[bytes]) -> list[tuple[str, list]]:
+    """The ways a word's bytes can hold a number, each as ``(name, value per token)``: the whole word as a
+    signed integer, and for 8 bytes its halves as int32, as float64 and float32 (a kernel's functor holds a
+    host scalar as its ``opmath`` type: float32 for float/half/bf16 tensors, double for double ones)."""
+    import struct
+
+    n = len(pv[0])
+    out = [("int", [int.from_bytes(b, "little", signed=True) for b in pv])]
+    if n == 8:
+        out += [("int32", [int.from_bytes(b[:4], "little", signed=True) for b in pv]),
+                ("int32 (high half)", [int.from_bytes(b[4:], "little", signed=True) for b in pv]),
+                ("float64", [struct.unpack("<d", b)[0] for b in pv]),
+                ("float32", [struct.unpack("<f", b[:4])[0] for b in pv]),
+                ("float32 (high half)", [struct.unpack("<f", b[4:])[0] for b in pv])]
+    elif n == 4:
+        out.append(("float32", [struct.unpack("<f", b)[0] for b in pv]))
+    return [(name, v) for name, v in out if len(set(v)) > 1 and (name.startswith("int") or all(_plausible(x) for x in v))]
+
+
+def _plausible(x: float) -> bool:
+    """Whether a float decoding can be a number a host computed: finite, zero or of a magnitude between
+    1e-30 and 1e30 (bytes that are no float read as denormals, NaNs or huge exponents)."""
+    return x == 0.0 or (x == x and 1e-30 < abs(x) < 1e30)
+
+
+def _follows(word: list, host: list, exact_int: bool) -> str:
+    """How ``word`` (per token) follows the host number ``host`` (per token), or "": equal to it, to its
+    negation (``sub``'s ``alpha``), to its reciprocal (``div`` by a host scalar multiplies by ``1/s``), or,
+    with three or more distinct host values, an affine function of it (``a·s + b``: a size less one, a
+    byte offset); integers exactly, floats within :data:`FLOAT_RTOL`. Two distinct values fit any affine
+    function, so with two only the first three count."""
+    w = np.asarray(word, dtype=np.float64)
+    h = np.asarray(host, dtype=np.float64)
+    if len(set(host)) < 2:
+        return ""
+    tol = 0.0 if exact_int else FLOAT_RTOL
+
+    def close(a, b):
+        return bool(np.all(np.abs(a - b) <= tol * np.maximum(np.abs(b), 1e-30)))
+
+    if close(w, h):
+        return "equal to it"
+    if close(w, -h):
+        return "its negation"
+    if not exact_int and np.all(h != 0) and close(w, 1.0 / h):
+        return "its reciprocal"
+    if len(set(host)) >= 3:
+        a, b = np.polyfit(h, w, 1)
+        if exact_int:
+            a, b = round(a), round(b)
+            ok = a != 0 and np.array_equal(w, a * h + b)
+        else:
+            ok = a != 0 and close(w, a * h + b)
+        if ok:
+            return f"{a:g}×it {b:+g}" if b else f"{a:g}×it"
+    return ""
+
+
+def _tracked(ops: list, pv: list[bytes]) -> dict | None:
+    """The host number of the operator that a changing word follows from token to token (:func:`_follows`
+    of each of :func:`_decodings` against each number in the op log's ``vals`` that changes), or None:
+    ``{"label", "host", "decoding", "how"}``. Needs ``vals`` in every call (an op log that keeps them)."""
+    if any("vals" not in o for o in ops):
+        return None
+    per = [dict((str(k), v) for k, v in o["vals"]) for o in ops]
+    labels = [k for k in per[0] if all(k in p for p in per[1:])]
+    moving = [(k, [p[k] for p in per]) for k in labels if len({p[k] for p in per}) > 1]
+    if not moving:
+        return None
+    for name, word in _decodings(pv):
+        exact = name.startswith("int")
+        for k, host in moving:
+            if exact and not all(float(x).is_integer() for x in host):
+                continue
+            how = _follows(word, host, exact)
+            if how:
+                return {"label": k, "host": host, "decoding": name, "how": how}
+    return None
 
 
 def _no_address(v: int, spans) -> bool:
@@ -358,7 +502,7 @@ def _set_by(ops: list) -> str:
 OTHER_CUDA_LIBRARIES = re.compile(r"(^|[/;\s])(cupy(x|_backends)?|numba|cuda/(bindings|core)|pycuda)/")
 
 
-def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
+def _host_copies(store: A.ArgumentStore, tl, table=None, head_end=None, allocs=None) -> pd.DataFrame:
     """One row per (call, frame) of the copies between pageable host memory and the GPU made inside a
     token of a pass that ran PyTorch (:data:`HOST_COPY_RULE`): PyTorch refuses each one while the stream
     captures. Two kinds of evidence: the op log's copies (``copy_`` and ``_to_copy`` with a CPU tensor that
@@ -388,6 +532,9 @@ def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
     for o in store.ops.values():
         c = o.get("copy")
         toks = tokens_at(o["t_ns"]) if c else []
+        if toks and head_end and allocs is not None and c.get("direction") == "h2d" and _input_copy(o, toks, tl,
+                                                                                                  head_end, allocs):
+            continue  # the step's input, written by the host before its work: outside a graph of the step
         if not toks:
             continue
         where = user_frame(c.get("stack", "")) or ""
@@ -420,7 +567,82 @@ def _host_copies(store: A.ArgumentStore, tl, table=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Operators that write host values into their ``self`` (a fill with a host scalar, a copy from a CPU
+#: tensor, a zeroing): at the head of a token into memory that outlives it, the step's inputs (INPUT_RULE).
+INPUT_OPS = ("aten::fill_", "aten::copy_", "aten::zero_")
+#: Kernels PyTorch fills and copies with (a launch identical in every token keeps no operator in the store).
+INPUT_KERNELS = re.compile(r"FillFunctor|copy_kernel|fill_kernel")
+
+
+def _input_write(o) -> bool:
+    """Whether an operator call writes host values only into its ``self``: an :data:`INPUT_OPS` call
+    whose only device storage is one (``self``'s; a copy from another device tensor is the step's work)."""
+    return (o is not None and str(o.get("name", "")).split(".", 1)[0] in INPUT_OPS and bool(o.get("spans"))
+            and len({b for b, _ in o["spans"]}) == 1 and not o.get("opaque"))
+
+
+def _persistent(o, at_ns: int, t: int, tl, allocs, first, last) -> bool:
+    """Whether the storage an operator call writes (its first span) outlives the tokens (INPUT_RULE)."""
+    loc = allocs.place(int(o["spans"][0][0]), at_ns)
+    return _lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) == "persistent"
+
+
+def _head_inputs(store, tl, g, allocs, first, last) -> set:
+    """The launch indexes at the head of the tokens ``g`` that write the step's inputs from the host
+    (:data:`INPUT_RULE`): from the first launch on, each a call of :data:`INPUT_OPS` writing host values
+    into memory that outlives the tokens (its operator known from the op log), or a PyTorch fill or copy
+    kernel that is the same in every token (:data:`INPUT_KERNELS`: nothing of it is frozen either way);
+    the head ends at the first launch that is neither, and is empty without an operator log."""
+    out: set = set()
+    if store.ops is None:
+        return out
+    known = -1  # the last launch known (from the op log) to write an input: the head ends after it
+    for i in range(len(tl.tokens[g[0]])):
+        launches = [tl.tokens[t][i] for t in g]
+        ops = _ops_of(store, launches)
+        if all(o is None for o in ops):
+            digests = {(store.launches.get(c) or ["", None])[1] for c, _, _ in launches}
+            if len(digests) == 1 and None not in digests and INPUT_KERNELS.search(launches[0][1]):
+                out.add(i)
+                continue
+            break
+        if not all(_input_write(o) and _persistent(o, at, t, tl, allocs, first, last)
+                   for o, (_, _, at), t in zip(ops, launches, g)):
+            break
+        out.add(i)
+        known = i
+    return {i for i in out if i <= known}
+
+
+def _input_copy(o, toks, tl, head_end, allocs) -> bool:
+    """Whether a copy from pageable host memory (the op log's) is a token's input written at its head
+    into memory that outlives the tokens (:data:`INPUT_RULE`): PyTorch refuses it only inside a capture,
+    and a graph of the step leaves it out."""
+    t = toks[0]
+    if t not in head_end or o["t_ns"] >= head_end[t] or not o.get("spans"):
+        return False
+    starts = [tl.start_ns[k] for k in head_end]
+    first, last = min(starts), max(tl.end_ns[k] for k in head_end)
+    return _persistent(o, o["t_ns"], t, tl, allocs, first, last)
+
+
+def _input_row(name, i, launches, g, store) -> dict:
+    """A changing launch at the head of the token that writes the step's input from the host (INPUT_RULE)."""
+    ops = _ops_of(store, launches)
+    texts = list(dict.fromkeys(o["text"] for o in ops))
+    what = (f"launch {i} of the token writes the step's input from the host: {ops[0]['name']}({texts[0]})"
+            + (f" … ({texts[-1]})" if len(texts) > 1 else "") + ", into memory that outlives the step, before any "
+            "of its work: a graph of the step leaves it out, and it is written before each replay")
+    return {"kind": "argument", "name": name, "launch_index": i, "launches": str(i), "param": -1, "byte_offset": -1,
+            "size": 0, "token_range": compact_ranges(g), "tokens": len(g), "count": len(g),
+            "where": "", "call_class": INPUT, "values": "; ".join(texts[:4]), "what": what, "fix": FIXES[INPUT],
+            "verdict": "allowed", "rule_source": INPUT_RULE, "evidence": f"{ops[0]['name']} at the head of the token",
+            "strength": 0}
+
+
 def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last, stack, store) -> dict:
+    """One changing word (``pv``: its bytes per compared token) classed (:data:`CLASSES`, module docstring),
+    with the ``evidence`` that decides its class and the ``strength`` of that evidence (:data:`STRENGTH`)."""
     ints = [int.from_bytes(b, "little", signed=False) for b in pv]
     locs = [allocs.place(v, at) for v, (_, _, at) in zip(ints, launches)] if size == 8 else [None] * len(pv)
     modal = pv[0]
@@ -430,35 +652,66 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
             "rule_source": NODE_RULE}
     lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
     ops = _ops_of(store, launches)
-    why = _explained(ops, ints, locs, lives) if not all(x == "own" for x in lives) else None
+    known = _operator_known(ops)
+    same = known and len({o["key"] for o in ops}) == 1
+    why = _addresses_nothing(ops, ints, locs, lives) if known and not all(x == "own" for x in lives) else None
+    at = f"launch {i} of the token, parameter {j} (byte {offset}, {size} B)"
+    if why == UNSET and not same:  # the operator's host arguments change: a value only where the word follows one
+        tr = _tracked(ops, pv) if all("vals" in o for o in ops) else None
+        if tr is None and all("vals" in o for o in ops):
+            shown = _scalar_text(pv) if all(x is None for x in locs) else [f"0x{v:x}" for v in ints]
+            what = (f"{at}: {', '.join(shown[:4])}{', …' if len(shown) > 4 else ''}, follows none of the host "
+                    f"numbers of {ops[0]['name']} that change ({_moving(ops)}) and is no address of anything alive: "
+                    "not a value of the step (bytes no argument set, or set from something no kernel reads)")
+            return {**base, "call_class": NOT_VALUE, "values": ", ".join(shown[:8]), "what": what,
+                    "fix": FIXES[NOT_VALUE], "verdict": "allowed", "rule_source": TRACK_RULE,
+                    "evidence": f"follows none of {ops[0]['name']}'s changing host numbers", "strength": 0}
+        if tr is not None:
+            shown = _scalar_text(pv)
+            values = ", ".join(_show(v) for v in tr["host"][:6]) + (", …" if len(tr["host"]) > 6 else "")
+            step = _position_like([int(x) for x in shown])
+            what = (f"{at} by value: {', '.join(shown[:6])}{', …' if len(shown) > 6 else ''}, as {tr['decoding']}, "
+                    f"{tr['how']} of {ops[0]['name']}'s host argument {tr['label']} ({values})"
+                    + (f"; {step}" if step else "") + _set_by(ops) + ": the graph replays the captured value")
+            return {**base, "call_class": FROZEN_VALUE, "values": ", ".join(shown[:8]), "what": what,
+                    "fix": FIXES[FROZEN_VALUE], "verdict": "frozen", "rule_source": f"{TRACK_RULE}; {NODE_RULE}",
+                    "evidence": f"{ops[0]['name']}'s {tr['label']}: {values}" + (f" ({step})" if step else ""),
+                    "strength": STRENGTH["tracked"]}
+        why = None  # an op log without the numbers (an older pass): the parameter-level comparison below
     if why is not None:
         shown = (_scalar_text(pv) if all(x is None for x in locs)
                  else [f"0x{v:x}" for v in ints])
-        same = (f"every host argument of {ops[0]['name']} ({ops[0]['text'][:120]}) is the same at every token")
-        what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B): "
-                f"{', '.join(shown[:4])}{', …' if len(shown) > 4 else ''}, while {same}: "
+        same_ = (f"every host argument of {ops[0]['name']} ({ops[0]['text'][:120]}) is the same at every token"
+                 if same else f"it follows none of the host numbers of {ops[0]['name']} that change")
+        what = (f"{at}: {', '.join(shown[:4])}{', …' if len(shown) > 4 else ''}, while {same_}: "
                 + ("bytes no argument set" if why == UNSET else
                    "an address of the token's own temporaries in some tokens, no live address in the others"))
         return {**base, "call_class": why, "values": ", ".join(shown[:8]), "what": what, "fix": FIXES[why],
-                "verdict": "allowed", "rule_source": UNSET_RULE if why == UNSET else f"{UNSET_RULE}; {POOL_RULE}"}
+                "verdict": "allowed", "rule_source": UNSET_RULE if why == UNSET else f"{UNSET_RULE}; {POOL_RULE}",
+                "evidence": f"{ops[0]['name']}'s host arguments are the same at every token", "strength": 0}
     if all(x is None for x in locs):
         shown = _scalar_text(pv)
         step = _position_like([int(s) for s in shown])
-        what = (f"launch {i} of the token, parameter {j} (byte {offset}, {size} B) by value: "
+        what = (f"{at} by value: "
                 f"{', '.join(shown[:6])}{', …' if len(shown) > 6 else ''}"
                 + (f" ({step}: a position, a length or a write index)" if step else "")
                 + _set_by(ops) + ": the graph replays the captured value")
+        outside = "outside any PyTorch operator" if ops[0] is None else f"under {ops[0]['name']}"
         return {**base, "call_class": FROZEN_VALUE, "values": ", ".join(shown[:8]), "what": what,
-                "fix": FIXES[FROZEN_VALUE], "verdict": "frozen"}
+                "fix": FIXES[FROZEN_VALUE], "verdict": "frozen",
+                "evidence": f"by value {outside}: {', '.join(shown[:4])}" + (f" ({step})" if step else ""),
+                "strength": STRENGTH["position"] if step else STRENGTH["value"]}
     hexes = ", ".join(f"0x{v:x}" for v in ints[:6]) + (", …" if len(ints) > 6 else "")
     loc0 = next(x for x in locs if x is not None)
     into = f"{loc0[0]} of {_size(loc0[2])} at 0x{loc0[1]:x}"
     stride = _position_like(ints)
+    strength = 0
     if all(x == "own" for x in lives):
         cls, verdict = TEMPORARY, "allowed"
         what = (f"launch {i}, parameter {j} (byte {offset}): address {hexes}, each inside memory the token "
                 f"itself allocated ({into}): a temporary, harmless under the graph's private pool")
         rule = POOL_RULE
+        evidence = "inside the token's own allocations"
     elif "carried" in lives or "persistent" in lives:
         cls = RING_SLOT if stride and "persistent" in lives and "carried" not in lives else FROZEN_ADDRESS
         verdict = "frozen"
@@ -472,13 +725,31 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
                 + (f"; it moves by {stride} bytes (a ring buffer's slot, a write index as an address)"
                    if stride else ""))
         rule = NODE_RULE
+        strength = STRENGTH["slot"] if cls == RING_SLOT else STRENGTH["address"]
+        evidence = (f"an address into {into}" + (f" moving by {stride} bytes" if stride else "")
+                    + (" (memory that outlives the step)" if "carried" not in lives else " (made between tokens)"))
     else:
         cls, verdict = UNKNOWN_ADDRESS, "unknown"
         what = (f"launch {i}, parameter {j} (byte {offset}): address {hexes} into memory of unknown lifetime "
                 f"({into}; no block or allocation record places it)")
         rule = NODE_RULE
+        evidence = f"an address into {into} of unknown lifetime"
     return {**base, "call_class": cls, "values": hexes, "what": what, "fix": FIXES[cls], "verdict": verdict,
-            "rule_source": rule}
+            "rule_source": rule, "evidence": evidence, "strength": strength}
+
+
+def _show(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _moving(ops: list) -> str:
+    """The operator's host numbers that change between the calls, as ``label a … b`` (the first three)."""
+    per = [dict((str(k), v) for k, v in o.get("vals", ())) for o in ops]
+    moving = [k for k in per[0] if all(k in p for p in per[1:]) and len({p[k] for p in per}) > 1]
+    if not moving:
+        return "no number of them: their key differs elsewhere"
+    return "; ".join(f"{k} {_show(per[0][k])} … {_show(per[-1][k])}" for k in moving[:3]) + (
+        f"; {len(moving) - 3} more" if len(moving) > 3 else "")
 
 
 def _merge(df: pd.DataFrame) -> pd.DataFrame:
@@ -497,8 +768,9 @@ def _merge(df: pd.DataFrame) -> pd.DataFrame:
         out.append(r)
     order = {c: k for k, c in enumerate(CLASSES)}
     res = pd.DataFrame(out)
-    return res.assign(_o=res["call_class"].map(order)).sort_values(["_o", "launch_index"], kind="stable") \
-        .drop(columns="_o").reset_index(drop=True)
+    # the strongest evidence first (STRENGTH), then by class, then by launch
+    return res.assign(_o=res["call_class"].map(order), _s=-res["strength"]).sort_values(
+        ["_s", "_o", "launch_index"], kind="stable").drop(columns=["_o", "_s"]).reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- reports and the verdict
@@ -543,17 +815,62 @@ def _same(a, b) -> bool:
         return False
 
 
+def strength(row) -> int:
+    """How strong a finding's evidence that the replay is wrong is (:data:`STRENGTH`): an argument finding
+    carries its own; a grid, block, launch count or kernel present in some tokens only is ``structure``; a
+    by-value argument in the trace's own ``args`` is ``position`` where it moves by a constant per token,
+    else ``value``; work missing from the graph is ``address``'s rank (evidence of a call, not a value)."""
+    st = row.get("strength") if hasattr(row, "get") else None
+    if st is not None and st == st:
+        return int(st)
+    cls = str(row.get("call_class", ""))
+    if cls in ("grid", "block", "launch count", "present in some tokens only"):
+        return STRENGTH["structure"]
+    if cls == "scalar argument":
+        return STRENGTH["position"] if "position-like" in str(row.get("what", "")) else STRENGTH["value"]
+    return STRENGTH["address"]
+
+
+def cause(row) -> str:
+    """One line naming a finding: what (kernel or call), which parameter, what moves and how, where."""
+    kind, name = str(row.get("kind", "")), str(row.get("name", ""))[:80]
+    if kind == "argument":
+        ev = row.get("evidence") if isinstance(row.get("evidence"), str) else ""
+        what = f"kernel {name}, parameter {_int(row['param'])} (byte {_int(row['byte_offset'])}): {row['call_class']}"
+        what += f", {ev}" if ev else f", {row.get('values', '')}"
+    else:
+        detail = str(row.get("what", ""))
+        what = f"{kind} {name} ({row['call_class']}" + (f": {detail[:140]}" if detail else "") + ")"
+    return f"{what} at {row.get('where') or '—'}"
+
+
+def _int(v):
+    """A number a concatenated table turned into a float, shown as the integer it is."""
+    return int(v) if isinstance(v, float) and v == v and v.is_integer() else v
+
+
 def verdict(report, mode: str = "global") -> Verdict:
-    """The replay verdict of ``report`` in capture ``mode`` (module docstring)."""
+    """The replay verdict of ``report`` in capture ``mode`` (module docstring). A refusal names the first
+    call that refuses; a wrong replay names the finding with the strongest evidence (:func:`strength`,
+    :func:`cause`) and how many others there are; bytes with no evidence that the step computes them
+    (:data:`NOT_VALUES`) never decide it, but a word of an operator whose host numbers change and that
+    follows none of them (:data:`NOT_VALUE`) keeps it from saying "replays right"."""
     f = report.findings
     col = f"verdict_{mode}"
     if f is not None and len(f) and col in f:
-        for verdicts, outcome in ((("invalidates", "refused"), REFUSED), (("not in graph", "frozen"), WRONG)):
-            mask = f[col].isin(verdicts)
-            if mask.any():
-                r = f[mask].iloc[0]
-                return Verdict(outcome, f"{r['kind']} {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}",
-                               _evidence(report))
+        mask = f[col].isin(("invalidates", "refused"))
+        if mask.any():
+            r = f[mask].iloc[0]
+            return Verdict(REFUSED, f"{r['kind']} {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}",
+                           _evidence(report), lead=_lead(r))
+        mask = f[col].isin(("not in graph", "frozen"))
+        if mask.any():
+            rows = [r for _, r in f[mask].iterrows()]
+            ranked = sorted(range(len(rows)), key=lambda k: -strength(rows[k]))  # stable: the table's order within
+            lead = rows[ranked[0]]
+            n = len(rows) - 1
+            return Verdict(WRONG, cause(lead) + (f"; and {n} other finding(s)" if n else ""), _evidence(report),
+                           lead=_lead(lead), others=n)
     aa = getattr(report, "arguments", None)
     tool = report.tool or "this trace"
     if aa is None:
@@ -562,8 +879,11 @@ def verdict(report, mode: str = "global") -> Verdict:
                        "", RECORD_COMMAND)
     if len(aa.frozen):
         r = aa.frozen.iloc[0]
-        return Verdict(WRONG, f"kernel {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}", _evidence(report))
-    if not aa.complete:
+        n = len(aa.frozen) - 1
+        return Verdict(WRONG, cause(r) + (f"; and {n} other finding(s)" if n else ""), _evidence(report),
+                       lead=_lead(r), others=n)
+    untracked = aa.findings[aa.findings["call_class"] == NOT_VALUE] if len(aa.findings) else aa.findings
+    if not aa.complete or len(untracked):
         why = ([f"{aa.unread:,} launch(es) of {len(aa.unread_kernels)} kernel(s) could not be read "
                 f"({', '.join(aa.unread_kernels[:4])})"] if aa.unread else [])
         if len(aa.compared) < 2:
@@ -571,9 +891,25 @@ def verdict(report, mode: str = "global") -> Verdict:
         if len(aa.findings) and (aa.findings["call_class"] == UNKNOWN_ADDRESS).any():
             why.append(f"{int((aa.findings['call_class'] == UNKNOWN_ADDRESS).sum())} changing address(es) of unknown "
                        "lifetime")
+        if len(untracked):
+            ops = sorted({str(w).split("follows none of ", 1)[-1].split("'s", 1)[0] for w in untracked["evidence"]})
+            why.append(f"{len(untracked)} word(s) of operators whose host numbers change follow none of them "
+                       f"({', '.join(ops[:3])}): whether those numbers reach the graph is not shown")
         return Verdict(UNKNOWN, "; ".join(why), _evidence(report),
                        "an argument pass over more tokens, with the allocations recorded" if not aa.unread else "")
     return Verdict(RIGHT, "nothing frozen feeds the step", _evidence(report))
+
+
+def _lead(row) -> dict:
+    """The fields of the finding a verdict names (kind, name, class, parameter, byte, where, evidence)."""
+    keys = ("kind", "name", "call_class", "param", "byte_offset", "where", "evidence", "values", "strength")
+    out = {}
+    for k in keys:
+        v = row.get(k) if hasattr(row, "get") else None
+        if v is None or (isinstance(v, float) and v != v):
+            continue
+        out[k] = _int(v.item() if hasattr(v, "item") else v)
+    return out
 
 
 def _evidence(report) -> str:
@@ -582,6 +918,8 @@ def _evidence(report) -> str:
         return ""
     harmless = int((aa.findings["call_class"] == TEMPORARY).sum()) if len(aa.findings) else 0
     unset = int((aa.findings["call_class"] == UNSET).sum()) if len(aa.findings) else 0
+    notv = int((aa.findings["call_class"] == NOT_VALUE).sum()) if len(aa.findings) else 0
+    inputs = int((aa.findings["call_class"] == INPUT).sum()) if len(aa.findings) else 0
     if aa.launches and aa.unread >= aa.launches * max(len(aa.compared), 1):
         # nothing was read: saying "compared argument by argument" would claim evidence there is none of
         return (f"{len(aa.compared)} tokens with identical launch lists, but no launch's arguments could be read "
@@ -589,7 +927,11 @@ def _evidence(report) -> str:
     return (f"{len(aa.compared)} tokens with identical launch lists compared argument by argument "
             f"({aa.launches:,} launches each, {aa.unread:,} unread); {len(aa.frozen)} frozen, {harmless} step "
             f"temporar{'y' if harmless == 1 else 'ies'} (harmless)"
-            + (f", {unset} unset word(s) (no host argument of their operator set them)" if unset else ""))
+            + (f", {unset} unset word(s) (no host argument of their operator set them)" if unset else "")
+            + (f", {notv} word(s) not a value of the step (their operator's changing host numbers reach none of "
+               "them; listed apart)" if notv else "")
+            + (f"; {inputs} launch(es) at the head of the token write its inputs from the host (left out of the "
+               "graph, written before each replay)" if inputs else ""))
 
 
 def table(reports) -> pd.DataFrame:
@@ -610,7 +952,8 @@ def meta(report) -> dict:
     """What ``meta.json`` says of a report's replay verdict and its argument evidence."""
     v = verdict(report)
     aa = getattr(report, "arguments", None)
-    out = {"verdict": v.verdict, "why": v.why, "evidence": v.evidence, "command": v.command}
+    out = {"verdict": v.verdict, "why": v.why, "evidence": v.evidence, "command": v.command, "lead": v.lead,
+           "other_findings": v.others}
     if aa is not None:
         out.update({"arguments": aa.source, "compared_tokens": aa.compared, "launches_per_token": aa.launches,
                     "unread": aa.unread, "unread_kernels": aa.unread_kernels, "cost": aa.cost, "notes": aa.notes,
@@ -618,5 +961,5 @@ def meta(report) -> dict:
     return out
 
 
-__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "REFUSED", "UNSET", "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "compare",
-           "meta", "table", "verdict"]
+__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "INPUT", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
+           "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "cause", "compare", "meta", "strength", "table", "verdict"]

@@ -23,7 +23,12 @@ Python API (GPU and torch needed)::
 keeping counters on the host (its tensors are cloned and put back in place, its plain Python values
 (ints, floats, lists) copied and set back), through attributes, lists and dicts, six levels deep: give
 the cache and the objects holding counters, not objects that merely hold references to others (every
-value reachable is put back). The model's weights need not be in it.
+value reachable is put back). The model's weights need not be in it: a module's parameters
+(``nn.Parameter``) are left out of the snapshot, and the check runs and puts the state back without
+autograd (a module's tensors may require grad). A state that cannot be snapshotted or put back is
+refused in one line (:class:`StateError`, naming the object). ``capacity`` (a static cache's length) is
+the positions the state holds: no step runs at or past it (fewer positions compared, timed blocks
+restarted from the same state; ``positions_compared`` and ``steps_timed`` say how many).
 
 How it decides (:func:`check_replay`): ``warmup`` eager steps on a side stream (as PyTorch asks before
 a capture), then the capture at position ``p``; the capture runs the step's Python once, so the state
@@ -42,11 +47,14 @@ launch latency and the wait are inside), and the graph's device time alone (``re
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..errors import BadInput
 
 RTOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 2e-2, "float16": 2e-2}
 #: Cycles of the spinning kernel a device-time replay is queued behind (about 0.5 ms at the H200's
@@ -83,6 +91,10 @@ class ReplayCheck:
     #: whose Python takes another path under capture holds other work than its eager token
     graph_kernels: int | None = None
     error: str = ""
+    #: the positions the state holds (None: unbounded), and how many positions were compared and timed
+    capacity: int | None = None
+    positions_compared: int = 0
+    steps_timed: int = 0
 
     @property
     def verdict(self) -> str:
@@ -133,10 +145,18 @@ def _set(holder, key, value):
 
 
 def snapshot(state, ops) -> list:
-    """Everything of ``state`` that a step may change: ``[(holder, key, the object, its copy)]``."""
+    """Everything of ``state`` that a step may change: ``[(holder, key, the object, its copy)]``; tensors
+    ``ops.keep`` refuses (a module's parameters) are left out. Raises what a copy raises, naming the holder
+    and the key."""
     out = []
+    keep = getattr(ops, "keep", None)
     for holder, key, v in _walk(state, ops.tensor_type, set()):
-        out.append((holder, key, v, ops.clone(v) if isinstance(v, ops.tensor_type) else copy.deepcopy(v)))
+        if keep is not None and isinstance(v, ops.tensor_type) and not keep(v):
+            continue
+        try:
+            out.append((holder, key, v, ops.clone(v) if isinstance(v, ops.tensor_type) else copy.deepcopy(v)))
+        except Exception as e:  # noqa: BLE001 - name what could not be copied
+            raise type(e)(f"{type(holder).__name__}.{key} ({type(v).__name__}): {e}") from None
     return out
 
 
@@ -235,7 +255,16 @@ class TorchOps:
         return x.detach().clone()
 
     def copy_into(self, dst, src) -> None:
-        dst.copy_(src)
+        with self.t.no_grad():  # a leaf that requires grad (a module's tensor) is put back without autograd
+            dst.copy_(src)
+
+    def no_grad(self):
+        """The check runs without autograd (a user's step may not turn it off itself)."""
+        return self.t.no_grad()
+
+    def keep(self, x) -> bool:
+        """Whether a tensor of the state is snapshotted: not a module's parameter (``nn.Parameter``)."""
+        return not isinstance(x, self.t.nn.Parameter)
 
     def same_shape(self, a, b) -> bool:
         return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
@@ -291,28 +320,56 @@ class TorchOps:
         return out
 
 
+class StateError(BadInput):
+    """The state handed to :func:`check_replay` cannot be snapshotted or put back (one line naming the
+    object, its type and why)."""
+
+
 def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 6, warmup: int = 2,
-                 rtol: float | None = None, time_replays: int = 10, ops=None) -> ReplayCheck:
+                 rtol: float | None = None, time_replays: int = 10, capacity: int | None = None,
+                 ops=None) -> ReplayCheck:
     """Capture ``step`` and hold its replays to an eager twin (module docstring).
 
     Args:
         step: one decode step on static inputs, returning its output tensor(s).
-        state: what the step reads and changes between positions (module docstring).
+        state: what the step reads and changes between positions (module docstring): caches, modules
+            or objects holding counters. A module's parameters (``nn.Parameter``) are left out of the
+            snapshot (a decode step does not change its weights); everything is put back without autograd.
         advance: ``advance(position)`` writes the inputs of a position (None: the step needs none).
         start: the first position the warm-up runs at.
-        positions: replays compared (at ``capture + 1`` …).
+        positions: replays compared (at ``capture + 1`` …), fewer where ``capacity`` leaves less room.
         rtol: relative L2 error a right replay stays within (None: by the outputs' dtype, :data:`RTOL`).
         time_replays: replays timed (0: none).
+        capacity: the positions the state holds (a static cache's length; None: unbounded). No step runs
+            at a position at or past it: the compared positions are cut to fit, and where the timed loops
+            would run past it each timed block starts again from the state after the comparison (put back
+            outside the timed events), its steps cut to fit. ``positions_compared`` and ``steps_timed`` say
+            how many were.
         ops: the PyTorch side (:class:`TorchOps`; None: torch).
 
     Never raises for what the capture does: a capture that raises is ``refused``.
+
+    Raises:
+        StateError: the state cannot be snapshotted or put back (naming the object and why), or
+            ``capacity`` leaves no position to compare after the warm-up and the capture.
     """
     if ops is None:
         import torch
 
         ops = TorchOps(torch)
+    with (ops.no_grad() if hasattr(ops, "no_grad") else contextlib.nullcontext()):
+        return _check(step, state, advance, start, positions, warmup, rtol, time_replays, capacity, ops)
+
+
+def _check(step, state, advance, start, positions, warmup, rtol, time_replays, capacity, ops) -> ReplayCheck:
     adv = advance or (lambda p: None)
     p = start
+    room = None if capacity is None else capacity - (start + warmup + 1)  # positions left after the capture's
+    if room is not None:
+        if room < 2:  # the capture's own position is run again eagerly: one, then at least one compared
+            raise StateError(f"check_replay: capacity {capacity} leaves {max(room - 1, 0)} position(s) to compare "
+                             f"after starting at {start} with {warmup} warm-up step(s) and the capture")
+        positions = min(positions, room - 1)
 
     def warm_step():
         nonlocal p
@@ -323,7 +380,7 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
     ops.warm(warm_step, warmup)
     captured_at = p
     adv(p)
-    before = snapshot(state, ops)
+    before = _snapshot(state, ops)
     try:
         graph, gout = ops.capture(step)
     except Exception as e:  # noqa: BLE001 - what torch.cuda.graph refused is the result
@@ -338,20 +395,20 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
         nodes = ops.graph_kernels(graph) if hasattr(ops, "graph_kernels") else None
     except Exception:  # noqa: BLE001
         nodes = None
-    restore(before, ops)  # the capture ran the step's Python once; run its position for real
+    _restore(before, ops)  # the capture ran the step's Python once; run its position for real
     adv(p)
     step()
     ops.sync()
     p += 1
     outs = _outputs(gout, ops)
-    res = ReplayCheck(RIGHT, captured_at=captured_at, graph_kernels=nodes)
+    res = ReplayCheck(RIGHT, captured_at=captured_at, graph_kernels=nodes, capacity=capacity)
     for _ in range(positions):
         adv(p)
-        before = snapshot(state, ops)
+        before = _snapshot(state, ops)
         ref = [(n, ops.clone(t)) for n, t in _outputs(step(), ops)]
         ops.sync()
-        after = snapshot(state, ops)
-        restore(before, ops)
+        after = _snapshot(state, ops)
+        _restore(before, ops)
         adv(p)
         ops.replay(graph)
         for (name, got), (_, want) in zip(outs, ref):
@@ -361,36 +418,100 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
             res.errors.append({"position": p, "output": name, "rel_err": err, "same_argmax": same})
             if res.first_position is None and (err > tol or not same):
                 res.first_position, res.first_output = p, name
-        restore(after, ops)
+        _restore(after, ops)
         p += 1
+    res.positions_compared = positions
     worst = max((e["rel_err"] for e in res.errors), default=0.0)
+    held = f" (capacity {capacity})" if capacity is not None else ""
     if res.first_position is None:
-        res.detail = f"captured at {captured_at}; {positions} replays match the eager twin (max relative error {worst:.1e})"
+        res.detail = (f"captured at {captured_at}; {positions} replays match the eager twin{held} (max relative "
+                      f"error {worst:.1e})")
     else:
         e = next(x for x in res.errors if x["position"] == res.first_position and x["output"] == res.first_output)
         res.outcome = WRONG
         res.detail = (f"captured at {captured_at}; from position {res.first_position} the replay's {res.first_output} "
                       f"differs from the eager twin's (relative error {e['rel_err']:.2e}, same argmax: "
-                      f"{e['same_argmax']})")
+                      f"{e['same_argmax']}; {positions} positions compared{held})")
     if time_replays:
-        def loop():  # what a decode loop that does not wait on the host per token runs
-            nonlocal p
-            adv(p)
-            ops.launch(graph)
-            p += 1
-
-        def waiting():  # ... and one that waits for every token (reads it on the host)
-            loop()
-            ops.sync()
-
-        loop()
-        ops.sync()  # one untimed replay after the comparison's restores
-        blocks = ops.time_blocks(loop, TIMED_STEPS, time_replays)
-        res.replay_us = float(statistics.median(blocks))
-        res.replay_spread = (float(np.percentile(blocks, 25)), float(np.percentile(blocks, 75)))
-        res.replay_sync_us = float(statistics.median(ops.time_blocks(waiting, 1, time_replays * 2)))
-        res.replay_device_us = float(statistics.median(ops.time_device(graph, time_replays)))
+        _time(res, graph, adv, p, state, ops, time_replays, capacity)
     return res
 
 
-__all__ = ["REFUSED", "RIGHT", "RTOL", "ReplayCheck", "TorchOps", "WRONG", "check_replay", "restore", "snapshot"]
+def _time(res: ReplayCheck, graph, adv, p0: int, state, ops, rounds: int, capacity) -> None:
+    """Time the replays three ways (module docstring) from position ``p0``; where ``capacity`` leaves
+    fewer positions than the loops take, each block starts again from the state at ``p0`` (put back
+    outside the events) and its steps are cut to fit."""
+    p = p0
+    fits = capacity is None or capacity - p0 >= 1 + TIMED_STEPS * rounds + 2 * rounds
+
+    def loop():  # what a decode loop that does not wait on the host per token runs
+        nonlocal p
+        adv(p)
+        ops.launch(graph)
+        p += 1
+
+    def waiting():  # ... and one that waits for every token (reads it on the host)
+        loop()
+        ops.sync()
+
+    if fits:
+        loop()
+        ops.sync()  # one untimed replay after the comparison's restores
+        blocks = ops.time_blocks(loop, TIMED_STEPS, rounds)
+        sync_blocks = ops.time_blocks(waiting, 1, rounds * 2)
+        device = ops.time_device(graph, rounds)
+        res.steps_timed = 1 + TIMED_STEPS * rounds + 2 * rounds
+    else:
+        steps = max(1, min(TIMED_STEPS, capacity - p0))  # positions p0 … capacity - 1
+        at = _snapshot(state, ops)
+        blocks, sync_blocks, device = [], [], []
+
+        def again():
+            nonlocal p
+            _restore(at, ops)
+            ops.sync()
+            p = p0
+
+        for _ in range(rounds):
+            again()
+            blocks += ops.time_blocks(loop, steps, 1)
+        for _ in range(rounds * 2):
+            again()
+            sync_blocks += ops.time_blocks(waiting, 1, 1)
+        for _ in range(rounds):
+            again()  # the graph may advance a device counter of the state: never past the capacity
+            device += ops.time_device(graph, 1)
+        again()
+        res.steps_timed = steps
+    res.replay_us = float(statistics.median(blocks))
+    res.replay_spread = (float(np.percentile(blocks, 25)), float(np.percentile(blocks, 75)))
+    res.replay_sync_us = float(statistics.median(sync_blocks))
+    res.replay_device_us = float(statistics.median(device))
+    if capacity is not None:
+        res.detail += (f"; timed over {res.steps_timed} position(s) from {p0}"
+                       + ("" if fits else f", each block from the same state (capacity {capacity})"))
+
+
+def _snapshot(state, ops) -> list:
+    """:func:`snapshot`, its failure one line (:class:`StateError`)."""
+    try:
+        return snapshot(state, ops)
+    except Exception as e:  # noqa: BLE001 - anything the state holds that cannot be copied: said in one line
+        raise StateError(f"check_replay: the state cannot be snapshotted ({_what(e)}); hand it the caches and the "
+                         "objects holding counters, not objects holding handles, streams or files") from None
+
+
+def _restore(snap, ops) -> None:
+    """:func:`restore`, its failure one line (:class:`StateError`)."""
+    try:
+        restore(snap, ops)
+    except Exception as e:  # noqa: BLE001
+        raise StateError(f"check_replay: the state cannot be put back ({_what(e)})") from None
+
+
+def _what(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+__all__ = ["REFUSED", "RIGHT", "RTOL", "ReplayCheck", "StateError", "TorchOps", "WRONG", "check_replay", "restore",
+           "snapshot"]

@@ -223,13 +223,21 @@ def _replay(r, console, max_rows: int) -> None:
     aa = getattr(r, "arguments", None)
     if aa is None or aa.findings.empty:
         return
+    from .frozen import NOT_VALUES
+
+    apart = aa.findings["call_class"].isin(NOT_VALUES)
     t = Table(title="kernel arguments that differ between tokens (arguments.csv)", title_justify="left")
     for c in ("kernel", "class", "launch", "param (byte)", "values", "where", "detail"):
         t.add_column(c, overflow="fold")
-    for row in aa.findings.head(max_rows).itertuples():
+    for row in aa.findings[~apart].head(max_rows).itertuples():
         t.add_row(escape(str(row.name)), row.call_class, str(row.launches), f"{row.param} ({row.byte_offset})",
                   escape(str(row.values)), escape(row.where or "—"), escape(row.what))
-    console.print(t)
+    if (~apart).any():
+        console.print(t)
+    if apart.any():  # bytes with no evidence that the step computes them: listed apart, never a verdict's
+        by = aa.findings.loc[apart, "call_class"].value_counts()
+        console.print(f"    not read / not a value of the step: {', '.join(f'{n} {c}' for c, n in by.items())} "
+                      "(arguments.csv; they decide no verdict)")
     if aa.cost.get("text"):
         console.print(f"    argument capture cost: {aa.cost['text']}")
 

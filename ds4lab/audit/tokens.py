@@ -4,9 +4,11 @@ which token, and what was left outside them.
 **By NVTX range** (``--token-range NAME``; a name with ``*``/``?`` is a pattern): each outermost
 range of that name is a token (a range nested in another of the same name belongs to it). With no
 name given, a range is taken by itself when it repeats (two or more, none nested in another) and
-holds at least half the unit's launch calls (calls that start inside it): of such ranges, the one
-that holds the most, then repeats the fewest times, then lasts longest (the outermost); the report
-says so.
+holds at least half the launch calls made between its first start and its last end (calls that start
+inside it): the work before the first (a prefill of the same kernels, a warm-up) and after the last
+(sampling, teardown) is the user's, left out and said, however many launches it holds. Of such
+ranges, the one that holds the most, then repeats the fewest times, then lasts longest (the
+outermost); the report says so, and what it left out.
 
 **By the period of the kernel sequence** (no range): the unit's kernels in launch order (the launch
 call's start where the trace links calls to kernels, else the kernel's start). A kernel name whose
@@ -152,7 +154,8 @@ def _outermost(r: pd.DataFrame) -> pd.DataFrame:
 
 
 def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
-    """A repeating NVTX range that holds at least half the launches and is outermost (docstring)."""
+    """A repeating NVTX range that holds at least half the launches made between its first start and its
+    last end, and is outermost (module docstring)."""
     n = u.frame[(u.frame["kind"] == "nvtx") & (u.frame["end_ns"] >= 0)]
     if n.empty or ko.empty:
         return None
@@ -163,7 +166,8 @@ def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
             continue
         held = sum(int(np.searchsorted(t, e, "left") - np.searchsorted(t, s, "left"))  # launches in [start, end)
                    for s, e in zip(g["start_ns"], g["end_ns"]))
-        if held >= 0.5 * len(t):
+        span = int(np.searchsorted(t, g["end_ns"].max(), "left") - np.searchsorted(t, g["start_ns"].min(), "left"))
+        if held and held >= 0.5 * span:
             good.append((name, held, len(g), int((g["end_ns"] - g["start_ns"]).sum())))
     if not good:
         return None
@@ -198,7 +202,8 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
     _device_rows(f, token, starts, np.append(starts[1:], ends[-1] + max(int(np.median(ends - starts)), 1)))
     main_tid = int(pd.Series(tids).mode().iloc[0])
     how = (f"NVTX range {name!r}" + (" (--token-range)" if given else
-                                    " (found: it repeats and holds most launches; --token-range overrides)"))
+                                    " (found: it repeats and holds most launches made while it repeats; "
+                                    "--token-range overrides)"))
     region = _regions(f, token, starts[0], cut_after=int(cut["start_ns"].min()) if len(cut) else None)
     t = host_time(f)
     between = (token < 0) & f["kind"].isin(DEVICE_KINDS) & (t >= starts[0]) & (t <= ends[-1])

@@ -1,49 +1,52 @@
-"""The audit held to what ``torch.cuda.graph`` actually does (``ds4lab audit validate``).
+"""The audit held to what ``torch.cuda.graph`` actually does (``ds4lab audit validate``), on the user's path.
 
-For each family, cache and dtype of :mod:`ds4lab.audit.families` (each in its own process: a timed
-pass, a capture-path pass where the step asks whether the stream captures, an argument pass, the
-argument capture's cost, :func:`ds4lab.audit.replay_check.check_replay`),
-the recording is audited with its argument pass (:func:`ds4lab.audit.frozen.attach`)
-(:func:`ds4lab.audit.analysis.analyze`, ``--token-range decode_step``, capture mode ``global``:
-PyTorch's default ``capture_error_mode``) and the audit's prediction is set beside the outcome:
+Each family is a script of the steps folder (:mod:`ds4lab.audit.steps`: ``ds4lab/data/steps/``, every
+``*.py`` not starting with ``_``), run in each cache and dtype its ``--list`` gives: recorded exactly as
+``ds4lab audit run`` records a user's script (its own NVTX range per step, its own prefill; the timed pass,
+the capture-path pass, the argument pass), held to the script's own ``--truth`` (capture one step with
+``torch.cuda.graph``, replay it at the next six positions against an eager twin) and to
+:func:`~ds4lab.audit.replay_check.check_replay` on its ``make_step``. The recording is audited as a user's
+is (:func:`ds4lab.audit.analysis.analyze` with no token range: the tokens are the step's own NVTX range;
+its argument pass by :func:`ds4lab.audit.frozen.attach`; capture mode ``global``, PyTorch's default
+``capture_error_mode``) and set beside the truth:
 
 * **the verdict** (:func:`predicted_outcome`, :func:`ds4lab.audit.frozen.verdict`): ``refused`` when a
-  call of a token is refused or invalidates the capture (PyTorch raises at the first refused call, so
-  the capture fails); ``replays wrong`` when a token holds work a graph would miss (``not in graph``) or
-  a launch a graph would freeze (a grid, a launch count, a kernel argument: a frozen value or address);
-  ``replays right`` only when the tokens were compared argument by argument and nothing frozen feeds
-  them; ``captures; replay correctness unknown from this trace`` otherwise (never agreeing). It agrees
-  when it names torch's outcome (``refused``; ``captured, replays wrong``; ``captured, replays right``);
+  call of a token is refused or invalidates the capture; ``replays wrong`` when a token holds work a graph
+  would miss or a launch a graph would freeze (a grid, a launch count, a kernel argument with evidence
+  that the step computes it); ``replays right`` only when the tokens were compared argument by argument
+  and nothing frozen feeds them; ``captures; replay correctness unknown from this trace`` otherwise (never
+  agreeing). It agrees when it names the truth's outcome. Beside it: a step that replays right must get
+  no frozen finding at all (``frozen_on_right``), a step that replays wrong must lead with its true cause
+  where the truth names one (:func:`cause_first`: the file and line, and the kernel hint), and
+  check_replay's outcome must name the truth's (``check_agrees``);
 * **the time**: for a step that captured, the ``whole token`` plan's predicted µs per token (MODELED)
-  against the replay's measured µs per step (CUDA events) in the loop the plan models: a loop of
-  ``advance`` and replay that never waits for the device where the recorded tokens have no blocking
-  call (the plan then overlaps the host and the device), one that waits for every replay where they
-  have (the plan's one synchronize per token) (:func:`measured_replay`); within
-  :data:`TIME_TOLERANCE` it agrees. The graph's device time alone (``replay_device_us``) is shown
-  beside it. A step that asks whether the stream captures is modeled on its capture-path pass (the work
-  the graph holds: :mod:`ds4lab.audit.capture_path`; ``plan_path``); the time is held for every step
-  that captured. The graph's kernel nodes (``graph_kernels``, counted by
-  :func:`~ds4lab.audit.replay_check.check_replay`) are set beside the modeled token's kernels
-  (:func:`same_work`): evidence of what the recording saw.
+  against the truth's measured replay (a loop of advance and replay that never waits, CUDA events), or
+  check_replay's loop that waits for every replay where the recorded tokens block (:func:`measured_replay`);
+  within :data:`TIME_TOLERANCE` it agrees. A step that asks whether the stream captures is modeled on its
+  capture-path pass (:mod:`ds4lab.audit.capture_path`; ``plan_path``); the graph's kernel nodes
+  (``graph_kernels``) are set beside the modeled token's kernels (:func:`same_work`).
 
 The runs can be audited again without a GPU from the folder a run wrote (``ds4lab audit validate
---runs-from DIR``: :func:`saved_run`), as the shipped fixtures are.
-
-Both checks are the issue's contract for the audit; :func:`validate` returns one row per engine and
-cache and says which failed.
+--runs-from DIR``: :func:`saved_run`), as the shipped fixtures are (runs recorded before the steps
+folder, in-process, read the same way). :func:`failures` says which rows fail.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+from ..errors import BadInput
 from .capture_path import modeled_kernel_counts, modeled_kernels
 
 #: A predicted replay time agrees within this fraction of the measured one.
 TIME_TOLERANCE = 0.10
 #: torch.cuda.graph's outcome → the audit's verdict it corresponds to.
 OUTCOMES = {"refused": "refused", "captured, replays wrong": "replays wrong",
-            "captured, replays right": "replays right"}
+            "captured, replays right": "replays right",
+            # the truth file of a step script (ds4lab.audit.steps) says it in the audit's words
+            "replays wrong": "replays wrong", "replays right": "replays right"}
 
 
 def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
@@ -90,8 +93,7 @@ def measured_replay(torch_run: dict, waits: bool) -> tuple[float | None, str]:
 
 def against_torch(report, torch_run: dict) -> dict:
     """The audit of one recording set beside what ``torch.cuda.graph`` did with the same step
-    (``torch_run``: :class:`~ds4lab.audit.engines.EngineRun`'s fields, as ``engine.json`` or a bundled
-    recording's outcome holds them). Returns ``torch_outcome``, ``torch_detail``, ``audit_verdict`` and
+    (``torch_run``: the run's fields, as ``engine.json`` or a bundled recording's outcome holds them). Returns ``torch_outcome``, ``torch_detail``, ``audit_verdict`` and
     ``audit_why`` (:func:`predicted_outcome`, capture mode global), ``verdict_agrees`` (the verdict names
     torch's outcome), ``predicted_us`` (the whole-token plan, µs per token, MODELED; None without that
     plan), ``replay_us`` (torch's replay, µs per step, measured with CUDA events; None when it did not
@@ -152,9 +154,9 @@ def _inside(path: str, out: Path) -> str:
 
 
 def saved_run(folder: Path) -> dict:
-    """A run as :func:`ds4lab.audit.engines.run_isolated` returned it, read back from the folder it
-    wrote (``<engine>-<cache>-<dtype>/``: ``engine.json``, ``recording.csv.gz`` and the argument pass
-    beside it), its files named where they are now. Raises :class:`~ds4lab.errors.BadInput` naming a
+    """A run as :func:`ds4lab.audit.steps.run_step` returned it, read back from the folder it wrote
+    (``<family>-<cache>-<dtype>/``: ``engine.json``, ``recording.csv.gz`` and the argument pass beside it),
+    its files named where they are now. Raises :class:`~ds4lab.errors.BadInput` naming a
     folder without ``engine.json``."""
     import json
 
@@ -175,100 +177,198 @@ def saved_run(folder: Path) -> dict:
     return r
 
 
+def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None = None):
+    """The runs asked for, as ``(family, cache, dtype, saved, script)``: with ``runs_from``, the saved runs
+    of that folder (any ``*/engine.json``) whose family, cache and dtype match the filters (``saved()`` reads
+    one back: :func:`saved_run`; ``script`` its folder); else every family script of the steps folder
+    (:func:`ds4lab.audit.steps.discover`, its ``--list``) in each of its caches and dtypes that match
+    (``saved`` None; ``script`` to run with :func:`ds4lab.audit.steps.run_step`). A filter name may be a family or a cache (``engines``
+    and ``caches`` are both searched: the command line cannot tell them apart before ``--list``).
+
+    Raises:
+        BadInput: a filter name no family or cache has (naming those there are)."""
+    names = set(engines) | set(caches)
+    found = []
+    if runs_from is not None:
+        for f in sorted(Path(runs_from).glob("*/engine.json")):
+            try:
+                r = json.loads(f.read_text())
+            except (OSError, ValueError):
+                r = {}
+            fam = str(r.get("family") or r.get("engine") or "")
+            found.append((fam, str(r.get("cache", "")), str(r.get("dtype", "float32")),
+                          lambda folder=f.parent: saved_run(folder), f.parent))
+    else:
+        from .steps import discover, listing
+
+        for script in discover(steps):
+            ls = listing(script)
+            for c in ls["caches"]:
+                for d in ls["dtypes"]:
+                    found.append((str(ls["family"]), str(c), str(d), None, script))
+    fams, cas = {x[0] for x in found}, {x[1] for x in found}
+    unknown = sorted(n for n in names if n not in fams and n not in cas)
+    if unknown and runs_from is None:
+        raise BadInput(f"audit validate: unknown {', '.join(unknown)}; families: {', '.join(sorted(fams))}; caches: "
+                       f"{', '.join(sorted(cas))}")
+    want_f = {n for n in names if n in fams}
+    want_c = {n for n in names if n in cas}
+    if names and not (want_f or want_c):  # (saved runs) none of the names asked for is there
+        return []
+    return [x for x in found if (not want_f or x[0] in want_f) and (not want_c or x[1] in want_c)
+            and (not dtypes or x[2] in dtypes)]
+
+
+def cause_first(lead: dict, cause) -> bool | None:
+    """Whether the finding a verdict leads with is the step's true cause, as its truth file states it
+    (``{"file", "line", "kernel_hint"}``): the finding's place names ``file:line``, and its kernel holds the
+    hint where one is given. None where the truth names no cause."""
+    if not isinstance(cause, dict) or not cause.get("file") or cause.get("line") is None:
+        return None
+    at = (Path(str(cause["file"])).name, int(cause["line"]))
+    places = re.findall(r"([^/\\\s;]+\.py):(\d+)", str((lead or {}).get("where", "")))
+    if not any((f, int(n)) == at for f, n in places):
+        return False
+    hint = cause.get("kernel_hint")
+    return not hint or str(hint).lower() in str((lead or {}).get("name", "")).lower()
+
+
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
-             on_report=None, runs_from: Path | None = None) -> "pd.DataFrame":  # noqa: F821
-    """Run, audit and compare every family (:func:`ds4lab.audit.families.pairs` of ``engines`` and
-    ``caches``) in every dtype (module docstring); writes each audit report under
-    ``out/<engine>-<cache>-<dtype>/audit/`` and returns the table (``validate.csv``'s rows: family, cache,
-    dtype, torch's outcome, the audit's verdict and why, the frozen findings, predicted and measured replay
-    µs, the argument capture's cost per launch with its interval, agreement). ``on_row(rows)`` is called
-    with the rows so far after each run (to write them as they come), ``on_report(report,
-    "<engine>-<cache>-<dtype>/audit")`` with each audit report (to write it there; without it, it is
-    written there by :func:`ds4lab.audit.report.write`). ``runs_from``: audit the runs saved in that
-    folder (:func:`saved_run`; those of the families asked that it holds, no GPU) instead of running them."""
+             on_report=None, runs_from: Path | None = None, steps=None) -> "pd.DataFrame":  # noqa: F821
+    """Run, audit and compare every family of the steps folder (:func:`runs`: its scripts, their caches
+    and dtypes matching ``engines``, ``caches`` and ``dtypes``) on the user's path (module docstring);
+    writes each audit report under ``out/<family>-<cache>-<dtype>/audit/`` and returns the table
+    (``validate.csv``'s rows: family, cache, dtype, torch's outcome, the audit's verdict and why, the finding
+    it leads with and whether it is the true cause, the frozen findings, whether a step torch replays right
+    got any, check_replay's outcome and whether it agrees, predicted and measured replay µs, the argument
+    capture's cost per launch with its interval). ``on_row(rows)`` is called with the rows so far after each
+    run (to write them as they come), ``on_report(report, "<family>-<cache>-<dtype>/audit")`` with each audit
+    report (to write it there; without it, it is written there by :func:`ds4lab.audit.report.write`).
+    ``runs_from``: audit the runs saved in that folder (:func:`saved_run`; no GPU) instead of running them;
+    ``steps``: the steps folder (None: ``ds4lab/data/steps``)."""
     import pandas as pd
 
     from . import report as audit_report
     from .analysis import analyze
     from .arguments import store_beside
     from .capture_path import attach_beside, not_used
-    from .engines import TOKEN_RANGE, run_isolated
-    from .families import pairs
-    from .frozen import attach
+    from .frozen import WRONG, attach, verdict
+    from .steps import run_step
     from ..trace.sources import read_events as read
 
     rows = []
-    for engine, cache in pairs(engines, caches):
-        for dtype in dtypes:
-            name = f"{engine}-{cache}-{dtype}"
-            if runs_from is not None:
-                if not (Path(runs_from) / name / "engine.json").is_file():
-                    continue
-                r = saved_run(Path(runs_from) / name)
+    for engine, cache, dtype, saved, script in runs(engines, caches, dtypes, steps=steps, runs_from=runs_from):
+        name = f"{engine}-{cache}-{dtype}"
+        r = saved() if saved is not None else run_step(script, engine, cache, dtype, out, say=say)
+        r.setdefault("outcome", "")
+        chk = r.get("check") or {}
+        if chk:  # the loops that wait and the graph's device time are check_replay's (the truth times one loop)
+            r.setdefault("replay_sync_us", chk.get("replay_sync_us"))
+            r.setdefault("replay_device_us", chk.get("replay_device_us"))
+        cost = r.get("overhead") or {}
+        cause = r.get("cause")
+        row = {"family": engine, "cache": cache, "dtype": dtype, "torch_outcome": r.get("outcome", ""),
+               "torch_detail": r.get("detail", "") or r.get("error", ""),
+               "first_position": r.get("first_position"), "eager_us": r.get("eager_us"),
+               "replay_us": r.get("replay_us"), "measured_loop": "", "replay_sync_us": r.get("replay_sync_us"),
+               "replay_device_us": r.get("replay_device_us"), "audit_verdict": "", "audit_why": "",
+               "lead": "", "cause": (f"{cause.get('file')}:{cause.get('line')}"
+                                     + (f" ({cause['kernel_hint']})" if cause.get("kernel_hint") else "")
+                                     if isinstance(cause, dict) else ""),
+               "cause_first": None, "frozen_findings": 0, "frozen": "", "frozen_on_right": False,
+               "check_outcome": chk.get("verdict", "") if chk else "", "check_detail": chk.get("detail", "")
+               or chk.get("error", ""), "check_agrees": None, "predicted_us": None, "predicted_over_measured": None,
+               "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
+               "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
+               "verdict_agrees": False, "time_agrees": None, "graph_kernels": r.get("graph_kernels"),
+               "token_kernels": None, "same_work": None, "plan_path": "",
+               "recording": _inside(r.get("recording", ""), out),
+               "arguments": _inside(r.get("arguments", ""), out), "error": r.get("error", "")}
+        if chk:
+            row["check_agrees"] = OUTCOMES.get(row["torch_outcome"]) == chk.get("verdict")
+        if r.get("recording"):
+            path = Path(r["recording"])
+            table = read(path)
+            table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
+            rep = analyze([table])[0]  # the tokens as a user's: found by themselves (the step's own NVTX range)
+            attach_beside(rep, path, recorded=table)  # the capture-path pass
+            store = store_beside(path)
+            args_error = ""
+            if store is not None:
+                try:
+                    attach(rep, store)
+                except ValueError as e:
+                    args_error = f"kernel arguments not compared: {e}"
+                    rep.notes.append(args_error)
+            if on_report is not None:
+                on_report(rep, f"{name}/audit")
             else:
-                r = run_isolated(engine, cache, out, dtype=dtype)
-            cost = r.get("overhead") or {}
-            row = {"family": engine, "cache": cache, "dtype": dtype, "torch_outcome": r.get("outcome", ""),
-                   "torch_detail": r.get("detail", "") or r.get("error", ""),
-                   "first_position": r.get("first_position"), "eager_us": r.get("eager_us"),
-                   "replay_us": r.get("replay_us"), "measured_loop": "", "replay_sync_us": r.get("replay_sync_us"),
-                   "replay_device_us": r.get("replay_device_us"), "audit_verdict": "", "audit_why": "",
-                   "frozen_findings": 0,
-                   "frozen": "", "predicted_us": None, "predicted_over_measured": None,
-                   "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
-                   "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
-                   "verdict_agrees": False, "time_agrees": None, "graph_kernels": r.get("graph_kernels"),
-                   "token_kernels": None, "same_work": None, "plan_path": "",
-                   "recording": _inside(r.get("recording", ""), out),
-                   "arguments": _inside(r.get("arguments", ""), out), "error": r.get("error", "")}
-            if r.get("recording"):
-                path = Path(r["recording"])
-                table = read(path)
-                table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
-                rep = analyze([table], token_range=TOKEN_RANGE)[0]
-                attach_beside(rep, path, token_range=TOKEN_RANGE, recorded=table)  # the capture-path pass
-                store = store_beside(path)
-                args_error = ""
-                if store is not None:
-                    try:
-                        attach(rep, store)
-                    except ValueError as e:
-                        args_error = f"kernel arguments not compared: {e}"
-                        rep.notes.append(args_error)
-                if on_report is not None:
-                    on_report(rep, f"{name}/audit")
-                else:
-                    audit_report.write([rep], Path(out) / name / "audit")
-                row.update(against_torch(rep, r))
-                row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
-                refused_pass = not_used(rep)  # a pass beside the recording that the plans could not use
-                row["error"] = "; ".join(x for x in (row["error"], args_error, refused_pass) if x)
-            say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
-                f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
-                + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "
-                   f"predicted (×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
-                + (f" · plan modeled on the {row['plan_path']}" if str(row["plan_path"]).startswith("capture path")
-                   else "")
-                + (f" · the graph holds {row['graph_kernels']} kernels, the modeled token {row['token_kernels']}: "
-                   "other work than the recording saw" if row["same_work"] is False else "")
-                + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else "")
-                + (f" · {row['error']}" if row["error"] else ""))
-            rows.append(row)
-            if on_row is not None:
-                on_row(rows)
+                audit_report.write([rep], Path(out) / name / "audit")
+            row.update(against_torch(rep, r))
+            row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
+            v = verdict(rep)
+            row["lead"] = (f"{str(v.lead.get('name', ''))[:60]} at {v.lead.get('where') or '—'}" if v.lead else "")
+            row["cause_first"] = cause_first(v.lead, cause) if v.verdict == WRONG else (None if cause is None
+                                                                                        else False)
+            row["frozen_on_right"] = bool(OUTCOMES.get(row["torch_outcome"]) == "replays right"
+                                          and (row["frozen_findings"] > 0 or row["audit_verdict"] == WRONG))
+            refused_pass = not_used(rep)  # a pass beside the recording that the plans could not use
+            row["error"] = "; ".join(x for x in (row["error"], args_error, refused_pass) if x)
+        say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
+            f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
+            + (f" · leads with {row['lead']}" + ("" if row["cause_first"] is None else
+                                                 " (the true cause)" if row["cause_first"] else
+                                                 f" (NOT the true cause, {row['cause']})") if row["lead"] else "")
+            + (f" · check_replay {row['check_outcome'] or row['check_detail'][:80]}"
+               + ("" if row["check_agrees"] is None else " (agrees)" if row["check_agrees"] else " (DISAGREES)")
+               if chk else "")
+            + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "
+               f"predicted (×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
+            + (f" · plan modeled on the {row['plan_path']}" if str(row["plan_path"]).startswith("capture path")
+               else "")
+            + (f" · the graph holds {row['graph_kernels']} kernels, the modeled token {row['token_kernels']}: "
+               "other work than the recording saw" if row["same_work"] is False else "")
+            + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else "")
+            + (f" · {row['error']}" if row["error"] else ""))
+        rows.append(row)
+        if on_row is not None:
+            on_row(rows)
     return pd.DataFrame(rows)
 
 
-_TEXT_COLUMNS = ("frozen", "torch_outcome", "torch_detail", "audit_verdict", "capture_cost", "plan_path")
+def failures(df) -> "pd.DataFrame":  # noqa: F821
+    """The rows that fail validation: a verdict that does not name torch's outcome, a replay time outside
+    :data:`TIME_TOLERANCE`, a step torch replays right that got "replays wrong" or a frozen finding, a
+    "replays wrong" that does not lead with the true cause its truth names, a check_replay that disagrees."""
+    bad = (~df.verdict_agrees.astype(bool)) | (df.time_agrees == False)  # noqa: E712
+    for col in ("frozen_on_right",):
+        if col in df:
+            bad |= df[col] == True  # noqa: E712
+    for col in ("cause_first", "check_agrees"):
+        if col in df:
+            bad |= df[col] == False  # noqa: E712
+    return df[bad]
+
+
+def _flag(v):
+    """A yes/no column as validate.csv reads back (True, False, "True", NaN): True, False or None."""
+    if v is None or (isinstance(v, float) and v != v) or v == "":
+        return None
+    return str(v) in ("True", "1", "1.0")
+
+
+_TEXT_COLUMNS = ("frozen", "torch_outcome", "torch_detail", "audit_verdict", "capture_cost", "plan_path", "lead", "cause",
+                 "check_outcome")
 _NUMBER_COLUMNS = ("predicted_us", "replay_us", "graph_kernels", "token_kernels")
 
 
 def markdown(df) -> str:
     """``validate.md``: the table a person reads (family, cache, dtype, torch, audit, frozen findings,
     predicted vs measured replay µs, the argument capture's cost per launch)."""
-    head = ("| family | cache | dtype | torch.cuda.graph | audit verdict | agrees | frozen findings | "
-            "replay µs predicted / measured (×) | graph device µs | argument capture µs/launch (95 % CI) |")
-    lines = [head, "|" + "---|" * 10]
+    head = ("| family | cache | dtype | torch.cuda.graph | audit verdict | agrees | leads with (true cause?) | "
+            "frozen findings | check_replay | replay µs predicted / measured (×) | graph device µs | "
+            "argument capture µs/launch (95 % CI) |")
+    lines = [head, "|" + "---|" * 12]
 
     def num(v, fmt="{:.0f}"):
         return fmt.format(v) if v is not None and v == v else "—"
@@ -287,12 +387,19 @@ def markdown(df) -> str:
         cost = (f"{r['capture_us_per_launch']:.2f} ({r['capture_lo']:.2f}–{r['capture_hi']:.2f})"
                 if r.get("capture_us_per_launch") is not None and r.get("capture_lo") is not None else
                 (r.get("capture_cost") or "—"))
+        first = _flag(r.get("cause_first"))
+        lead = (str(r.get("lead") or "—") + ("" if first is None else " (yes)" if first else
+                                              f" (NO: {r.get('cause') or '?'})"))
+        chk = str(r.get("check_outcome") or "—")
+        agrees = _flag(r.get("check_agrees"))
+        chk += "" if agrees is None else " (agrees)" if agrees else " (DISAGREES)"
+        right = " (a step that replays right)" if _flag(r.get("frozen_on_right")) else ""
         lines.append(f"| {r['family']} | {r['cache']} | {r['dtype']} | {r['torch_outcome'] or r['torch_detail'][:60]} "
-                     f"| {r['audit_verdict'] or '—'} | {'yes' if r['verdict_agrees'] else 'NO'} | "
-                     f"{r['frozen_findings']}{': ' + r['frozen'] if r['frozen'] else ''} | {pm} | "
+                     f"| {r['audit_verdict'] or '—'} | {'yes' if r['verdict_agrees'] else 'NO'} | {lead} | "
+                     f"{r['frozen_findings']}{right}{': ' + r['frozen'] if r['frozen'] else ''} | {chk} | {pm} | "
                      f"{num(r.get('replay_device_us'))} | {cost} |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["OUTCOMES", "TIME_TOLERANCE", "against_torch", "markdown", "measured_replay", "predicted_outcome",
-           "same_work", "saved_run", "token_kernels", "validate", "waits_per_token"]
+__all__ = ["OUTCOMES", "TIME_TOLERANCE", "against_torch", "cause_first", "failures", "markdown", "measured_replay",
+           "predicted_outcome", "runs", "same_work", "saved_run", "token_kernels", "validate", "waits_per_token"]

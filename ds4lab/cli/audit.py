@@ -38,14 +38,17 @@ def register(main: click.Group) -> None:
 @click.option("--runs-from", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
               help="`audit validate`: audit the runs a finished `audit validate` saved in DIR again, without a "
                    "GPU (the families and dtypes asked that DIR holds).")
-def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes, runs_from) -> None:
+@click.option("--steps", "steps", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
+              help="`audit validate`: the folder of step scripts to run (default: ds4lab/data/steps).")
+def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes, runs_from, steps) -> None:
     """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
     would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
     to record a program (needs a GPU and cupti-python) and audit what it recorded; or `ds4lab audit
-    validate [ENGINE|CACHE...] [--dtype D]` to hold the audit to what torch.cuda.graph does with decode
-    steps (GPU, torch and transformers; engines llama, deepseek-v3, qwen2-moe, mistral, gemma2, qwen2
-    with caches dynamic, static; handwritten with host-counter, device-counter, host-read; float32 and
-    bfloat16). `audit run` records the kernel arguments in a second, untimed pass (--no-arguments: not).
+    validate [FAMILY|CACHE...] [--dtype D] [--steps DIR]` to hold the audit to what torch.cuda.graph does
+    with decode steps run as a user runs them (GPU, torch, cupti-python: every script of the steps folder,
+    ds4lab/data/steps by default, recorded through `audit run`, its own --truth, check_replay on its
+    make_step; float32 and bfloat16). `audit run` records the kernel arguments in a second, untimed pass
+    (--no-arguments: not).
 
     \b
     FILES: PyTorch profiler / Kineto trace JSON (.json, .json.gz; with_stack=True gives file:line),
@@ -73,17 +76,16 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_argument
 
     files = list(files)
     program: list = []
-    if files and files[0] == "validate":  # ds4lab audit validate [ENGINE...] [--out DIR]
-        from ..audit.families import CACHES
+    if files and files[0] == "validate":  # ds4lab audit validate [FAMILY|CACHE...] [--out DIR]
         from ..jobs.audit_validate import ValidateConfig
 
-        names = files[1:]
-        invoke("audit-validate", ValidateConfig(engines=tuple(n for n in names if n not in CACHES),
-                                                caches=tuple(n for n in names if n in CACHES), out=out,
-                                                dtypes=tuple(dtypes), runs_from=runs_from))
+        # a name is a family or a cache: the scripts' --list tells which (ds4lab.audit.validate.runs)
+        invoke("audit-validate", ValidateConfig(engines=tuple(files[1:]), out=out, dtypes=tuple(dtypes),
+                                                runs_from=runs_from, steps=steps))
         return
-    if runs_from is not None:
-        raise click.UsageError(f"--runs-from {runs_from}: only for `ds4lab audit validate`")
+    for opt, v in (("--runs-from", runs_from), ("--steps", steps)):
+        if v is not None:
+            raise click.UsageError(f"{opt} {v}: only for `ds4lab audit validate`")
     if files and files[0] == "run":  # ds4lab audit run [OPTIONS] -- python PROGRAM ARGS
         program, files = files[1:], []
     cfg = AuditConfig(files=tuple(Path(f) for f in files), program=tuple(program), token_range=token_range,

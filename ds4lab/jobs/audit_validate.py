@@ -1,6 +1,7 @@
-"""``ds4lab audit validate``: the audit held to what ``torch.cuda.graph`` does with the decode steps of
-engines nobody here wrote (:mod:`ds4lab.audit.validate`, :mod:`ds4lab.audit.engines`). Needs a GPU,
-PyTorch and transformers (not ds4lab dependencies), and no ds4lab backend."""
+"""``ds4lab audit validate``: the audit held to what ``torch.cuda.graph`` does with decode steps run as a
+user runs them (:mod:`ds4lab.audit.validate`, :mod:`ds4lab.audit.steps`: the scripts of a steps folder).
+Needs a GPU, PyTorch and cupti-python (transformers for the transformers families; none of them ds4lab
+dependencies), and no ds4lab backend; ``--runs-from`` audits saved runs on the CPU."""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from .common import out_folder
 from .result import JobResult, result_folder
 
 
+DTYPES = ("float32", "bfloat16")
+
+
 @dataclass
 class ValidateConfig:
-    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which families and caches of
-    :mod:`ds4lab.audit.families` to run (GPU, torch and transformers needed; empty: all), in which dtypes
-    (empty: float32 and bfloat16), and the result folder (None: ``results/audit-validate``)."""
+    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which families and caches of the
+    steps folder to run (names a family's ``--list`` gives; empty: all; GPU, torch and cupti-python needed),
+    in which dtypes (empty: float32 and bfloat16), the steps folder (None: ``ds4lab/data/steps``), and the
+    result folder (None: ``results/audit-validate``)."""
 
     engines: tuple = ()
     caches: tuple = ()
@@ -25,27 +30,28 @@ class ValidateConfig:
     dtypes: tuple = ()
     #: audit the runs a finished ``audit validate`` saved in this folder (no GPU) instead of running them
     runs_from: Path | str | None = None
+    #: the folder of family scripts (:mod:`ds4lab.audit.steps`); None: the one shipped with ds4lab
+    steps: Path | str | None = None
 
 
 def check_config(cfg: ValidateConfig) -> None:
-    """Raise :class:`BadInput` naming an unknown engine or cache, or an empty ``out``."""
-    from ..audit.families import CACHES, DTYPES, FAMILIES, pairs
-
-    bad = ([e for e in cfg.engines if e not in FAMILIES] + [c for c in cfg.caches if c not in CACHES]
-           + [d for d in cfg.dtypes if d not in DTYPES])
+    """Raise :class:`BadInput` naming an unknown dtype, a steps folder without scripts, an empty ``out``, or
+    (``runs_from``) a folder that holds none of the runs asked for or one that cannot be audited. Family and
+    cache names are checked against the scripts' ``--list`` when the run starts (that needs their imports)."""
+    bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
-        raise BadInput(f"audit validate: unknown {', '.join(bad)}; engines: {', '.join(FAMILIES)}; caches: "
-                       f"{', '.join(CACHES)}; dtypes: {', '.join(DTYPES)}")
-    if not pairs(cfg.engines, cfg.caches):
-        raise BadInput(f"audit validate: no family runs with cache(s) {', '.join(cfg.caches)}: "
-                       + "; ".join(f"{e}: {', '.join(c)}" for e, c in FAMILIES.items()))
+        raise BadInput(f"audit validate: unknown dtype {', '.join(bad)}; dtypes: {', '.join(DTYPES)}")
     if cfg.runs_from is not None:
         src = Path(cfg.runs_from)
         if not src.is_dir():
             raise BadInput(f"--runs-from {cfg.runs_from}: no such folder")
         if not any(src.glob("*/engine.json")):
-            raise BadInput(f"--runs-from {cfg.runs_from}: no run in it (no <engine>-<cache>-<dtype>/engine.json)")
+            raise BadInput(f"--runs-from {cfg.runs_from}: no run in it (no <family>-<cache>-<dtype>/engine.json)")
         check_saved_runs(src, cfg)
+    else:
+        from ..audit.steps import discover
+
+        discover(cfg.steps)
     if cfg.out is not None and not str(cfg.out).strip():
         raise BadInput("--out '': an empty path would silently mean the current folder; name a folder")
 
@@ -54,34 +60,40 @@ def check_saved_runs(src: Path, cfg: ValidateConfig) -> None:
     """Raise :class:`BadInput` before anything is written: none of the runs asked for is in ``src``, or
     one that is cannot be audited (an ``engine.json`` that does not parse, no ``recording.csv.gz``),
     naming the file."""
-    from ..audit.families import DTYPES, pairs
-    from ..audit.validate import saved_run
+    import json
 
-    asked = [f"{e}-{c}-{d}" for e, c in pairs(cfg.engines, cfg.caches) for d in (cfg.dtypes or DTYPES)]
-    have = [n for n in asked if (src / n / "engine.json").is_file()]
+    from ..audit.validate import runs, saved_run
+
+    for f in sorted(src.glob("*/engine.json")):  # a file that does not parse is named, never skipped
+        try:
+            json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise BadInput(f"{f}: not a run's engine.json ({type(e).__name__}: {e})") from None
+    have = runs(cfg.engines, cfg.caches, cfg.dtypes or DTYPES, runs_from=src)
     if not have:
-        raise BadInput(f"--runs-from {src}: none of the runs asked for is in it (asked: {', '.join(asked[:6])}"
-                       f"{', …' if len(asked) > 6 else ''}; it holds: "
+        asked = ", ".join([*cfg.engines, *cfg.caches, *cfg.dtypes]) or "everything"
+        raise BadInput(f"--runs-from {src}: none of the runs asked for is in it (asked: {asked}; it holds: "
                        f"{', '.join(sorted(p.parent.name for p in src.glob('*/engine.json'))[:6])})")
-    for n in have:
-        r = saved_run(src / n)
-        if not r.get("recording"):
-            raise BadInput(f"--runs-from {src}: {src / n / 'recording.csv.gz'} is missing: the run cannot be audited")
+    for _, _, _, saved, folder in have:
+        if not saved().get("recording"):
+            raise BadInput(f"--runs-from {src}: {Path(folder) / 'recording.csv.gz'} is missing: the run cannot be "
+                           "audited")
 
 
 def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
     """Run :func:`ds4lab.audit.validate.validate` in its result folder; writes ``validate.csv``, each
-    engine and cache's audit under ``<engine>-<cache>/audit/`` and ``meta.json``. Returns the
+    family, cache and dtype's audit under ``<family>-<cache>-<dtype>/audit/`` and ``meta.json``. Returns the
     :class:`~ds4lab.jobs.result.JobResult` (table ``validate``).
 
     Raises:
         BadInput: :func:`check_config`'s, or torch/transformers/a GPU missing (naming what).
-        ds4lab.errors.CheckFailed: a verdict that disagrees with torch.cuda.graph, or a predicted replay
-            time outside the tolerance, after writing everything.
+        ds4lab.errors.CheckFailed: after writing everything, a run that fails
+            (:func:`ds4lab.audit.validate.failures`): a verdict that disagrees with torch.cuda.graph, a predicted
+            replay time outside the tolerance, a frozen finding on a step that replays right, a wrong replay not
+            led by its true cause, a check_replay that disagrees.
     """
-    from ..audit.engines import CACHES, ENGINES, TOKEN_RANGE, available
-    from ..audit.families import DTYPES, pairs
-    from ..audit.validate import TIME_TOLERANCE, markdown, validate
+    from ..audit.engines import available
+    from ..audit.validate import TIME_TOLERANCE, failures, markdown, validate
     from ..errors import CheckFailed
 
     check_config(cfg)
@@ -92,12 +104,13 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
     elif cfg.out is not None and Path(cfg.out).resolve() == Path(cfg.runs_from).resolve():
         raise BadInput(f"--out {cfg.out} is --runs-from's folder: the runs it holds would be replaced; name another")
     out, ran = out_folder(cfg.out, "audit-validate", (),
-                          {"engines": list(cfg.engines or ENGINES), "caches": list(cfg.caches or CACHES)})
+                          {"engines": list(cfg.engines), "caches": list(cfg.caches)})
     meta = {**_meta(AuditConfig(files=("validate",))), "job": "audit-validate",
             "inputs": str(cfg.runs_from) if cfg.runs_from is not None else None,
-            "runs": [list(p) for p in pairs(cfg.engines, cfg.caches)], "dtypes": list(cfg.dtypes or DTYPES),
+            "asked": [*cfg.engines, *cfg.caches], "dtypes": list(cfg.dtypes or DTYPES),
+            "steps": str(cfg.steps) if cfg.steps is not None else "ds4lab/data/steps",
             "time_tolerance": TIME_TOLERANCE}
-    meta["token_range"] = TOKEN_RANGE  # every run's tokens are its NVTX ranges
+    meta["token_range"] = None  # every run's tokens are found as a user's are: the step's own NVTX range
     say = console.print if console is not None else print
     with result_folder("audit-validate", out, meta, ("validate.csv", "validate.md"), ran=ran) as o:
         import pandas as pd
@@ -111,7 +124,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
 
         df = validate(cfg.engines, cfg.caches, o.folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write,
                       on_report=lambda rep, under: write_audit(o, [rep], under),
-                      runs_from=Path(cfg.runs_from) if cfg.runs_from is not None else None)
+                      runs_from=Path(cfg.runs_from) if cfg.runs_from is not None else None, steps=cfg.steps)
         if df.empty:
             raise BadInput(f"--runs-from {cfg.runs_from}: none of the runs asked for is in it")
         write(df.to_dict("records"))
@@ -119,11 +132,19 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
         meta["verdicts_agree"] = int(df.verdict_agrees.sum())
         meta["times_agree"] = int((df.time_agrees == True).sum())  # noqa: E712
         meta["verdicts_unknown"] = int(df.audit_verdict.astype(str).str.startswith("captures;").sum())
-        bad = df[(~df.verdict_agrees) | (df.time_agrees == False)]  # noqa: E712
+        meta["cause_first"] = int((df.get("cause_first") == True).sum())  # noqa: E712
+        meta["frozen_on_right"] = int((df.get("frozen_on_right") == True).sum())  # noqa: E712
+        meta["check_agrees"] = int((df.get("check_agrees") == True).sum())  # noqa: E712
+        bad = failures(df)
         say(f"wrote {o.where('validate.csv')}: {len(df) - len(bad)} of {len(df)} runs agree")
         if len(bad):
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
                 f"{r.family}/{r.cache}/{r.dtype} (torch {r.torch_outcome or 'failed'}, audit {r.audit_verdict or '-'}"
-                + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "") + ")"
+                + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "")
+                + (", frozen findings on a step that replays right" if getattr(r, "frozen_on_right", False) is True
+                   else "")
+                + (", not led by its true cause" if getattr(r, "cause_first", None) is False else "")
+                + (f", check_replay {r.check_outcome or 'failed'}" if getattr(r, "check_agrees", None) is False
+                   else "") + ")"
                 for r in bad.itertuples()))
     return o.done()

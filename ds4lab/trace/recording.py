@@ -539,6 +539,28 @@ def _run_pass(cmd: list, env: dict, say) -> int:
             return proc.wait()
 
 
+def _load_torch() -> str:
+    """Import torch and initialize its CUDA side before an argument pass runs a script, where torch is
+    installed: the pass keeps PyTorch's operator log (:mod:`ds4lab.trace.torch_ops`) and the caching
+    allocator's blocks only where torch is loaded with CUDA up when it starts, and a script imports torch
+    only after the runner started the recording. Returns the note saying so ("" where torch is not installed
+    or cannot start)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return ""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        torch.cuda.init()
+    except Exception as e:  # noqa: BLE001 - the pass goes on without the op log: said
+        return f"torch could not be started before the script ({type(e).__name__}: {e}): no operator log"
+    return ("torch imported and its CUDA side initialized before the script (an argument pass: PyTorch's operators "
+            "and the caching allocator's blocks are followed from the start)")
+
+
 def _exit_code(e: SystemExit) -> int:
     if e.code is None:
         return 0
@@ -577,9 +599,12 @@ def main(argv=None, tokens=None) -> int:
                 from .capture_path import as_if_capturing as _as_if
 
                 asked = path.enter_context(_as_if())
+            loaded = _load_torch() if arguments else ""
             ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range, tokens=tokens)
             rec = ctx.__enter__()
             rec.trim = True
+            if loaded:
+                rec.notes.append(loaded)
         except (SourceError, ImportError) as e:
             path.close()
             err.write_text(str(e) + "\n")

@@ -21,9 +21,16 @@ tensors during CUDA graph capture unless the CPU tensor is pinned": aten/src/ATe
 node. (``torch.tensor(data, device="cuda")`` copies below the dispatcher, where no mode sees it: the
 audit finds that one by its CUDA copy, :func:`ds4lab.audit.frozen.compare`.)
 
+Beside the key, each call keeps the numbers its host arguments hold (``vals``: scalars, small CPU
+tensors' values, each tensor's sizes, strides, element count and storage offset, labelled by the schema's
+argument names), so that the audit can say which of them a kernel's word follows from token to token
+(evidence that the word is a value of the step) and which words follow none.
+
 The log is a ``TorchDispatchMode`` (``torch.utils._python_dispatch``), entered on the thread that
 enters the argument pass, so it sees the operators that thread runs below autograd. It costs Python at
-every operator call: it runs in the argument pass only, never in timed tokens.
+every operator call, so the call keeps only what it reads (:func:`_read`: attributes of the tensors,
+the values of small CPU tensors, the stack of the rare pageable copy) and the digest, text and numbers
+are made after the pass (:attr:`OpLog.ops`); it runs in the argument pass only, never in timed tokens.
 """
 
 from __future__ import annotations
@@ -70,79 +77,143 @@ def _written(func) -> set:
     return out
 
 
-def describe(torch, args, kwargs, out=None, written=frozenset()):
-    """``(key, text, spans, cpu, opaque)`` of one operator call, read before it runs (``out`` None) or
-    of its results (``out``: spans and CPU tensors only, their values not read): ``key`` a digest of its host arguments (no data pointers),
-    ``text`` a short rendering, ``spans`` ``[[start, nbytes]]`` of the storages of its CUDA tensors, ``cpu``
-    ``[[dim, numel, pinned]]`` of its CPU tensors, ``opaque`` whether a CPU tensor too large to key was
-    among them."""
+def _read(torch, x, written: bool):
+    """One argument as the hot path keeps it: a tensor as ``(TENSOR, device type, dtype, sizes, strides,
+    storage offset, storage start, storage bytes, values, pinned)`` (``values``: a CPU tensor's, read now,
+    None when written or larger than :data:`CPU_VALUES_MAX`, ``OPAQUE`` when larger), a list or tuple as
+    a tuple of its items read alike, a dict as ``(DICT, ((key, item), ...))``, anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        dev = x.device.type
+        try:
+            st = x.untyped_storage()
+            start, nbytes = int(st.data_ptr()), int(st.nbytes())
+        except Exception:  # noqa: BLE001 - a tensor without storage (a view of a subclass): no span
+            start, nbytes = None, 0
+        vals, pinned = None, False
+        if dev == "cpu":
+            n = x.numel()
+            pinned = bool(x.is_pinned()) if n else False
+            if not written:
+                vals = x.detach().reshape(-1).tolist() if n <= CPU_VALUES_MAX else OPAQUE
+        return (TENSOR, dev, x.dtype, tuple(x.shape), tuple(x.stride()), int(x.storage_offset()), start, nbytes,
+                vals, pinned)
+    if isinstance(x, (list, tuple)):
+        return tuple(_read(torch, y, written) for y in x)
+    if isinstance(x, dict):
+        return (DICT, tuple((k, _read(torch, y, written)) for k, y in x.items()))
+    return x
+
+
+#: Markers of :func:`_read`'s records (objects no argument can be).
+TENSOR, DICT, OPAQUE = object(), object(), object()
+#: A CPU tensor of at most this many elements gives its values to :func:`describe`'s ``vals`` one by one.
+TRACKED_VALUES_MAX = 16
+
+
+def describe(raw, names=()):
+    """``{"key", "text", "spans", "cpu", "opaque", "vals"}`` of one operator call from what the hot path
+    read (:func:`_read` of each argument, ``raw``: ``[(position or keyword, record, written)]``; ``names``:
+    the schema's argument names): ``key`` a digest of its host arguments (no data pointers), ``text`` a
+    short rendering, ``spans`` ``[[start, nbytes]]`` of the storages of its CUDA tensors, ``cpu`` ``[[dim,
+    numel, pinned]]`` of its CPU tensors, ``opaque`` whether a CPU tensor too large to key was among them,
+    ``vals`` ``[[label, number]]``: the numbers the host gives the operator (its scalars, the values of small
+    CPU tensors, each tensor's sizes, strides, element count and storage offset), labelled by argument
+    name (``other``, ``self.size1``, ``end``), for telling which of them a kernel's word tracks."""
     h = hashlib.blake2b(digest_size=8)
-    spans, cpu, parts = [], [], []
+    spans, cpu, parts, vals = [], [], [], []
     opaque = False
 
-    def walk(x, show: bool, values: bool = True):
+    def walk(x, label: str, written: bool, show: bool):
         nonlocal opaque
-        if isinstance(x, torch.Tensor):
-            dev = x.device.type
-            meta = f"{dev} {str(x.dtype).replace('torch.', '')}{list(x.shape)}"
-            h.update(f"T{meta}{tuple(x.stride())}{x.storage_offset()}".encode())
+        if x is OPAQUE_CALL:
+            opaque = True
+        elif isinstance(x, tuple) and x and x[0] is TENSOR:
+            _, dev, dtype, shape, stride, off, start, nbytes, v, pinned = x
+            meta = f"{dev} {str(dtype).replace('torch.', '')}{list(shape)}"
+            if not show:  # a result: its storage is a span of the call, nothing of it is a host argument
+                if dev == "cpu":
+                    cpu.append([len(shape), _numel(shape), pinned])
+                elif start is not None:
+                    spans.append([start, nbytes])
+                return
+            h.update(f"T{meta}{stride}{off}".encode())
+            vals.extend([[f"{label}.size{d}", n] for d, n in enumerate(shape)])
+            vals.extend([[f"{label}.stride{d}", n] for d, n in enumerate(stride)])
+            vals.extend([[f"{label}.numel", _numel(shape)], [f"{label}.offset", off]])
             if dev == "cpu":
-                pinned = bool(x.is_pinned()) if x.numel() else False
-                cpu.append([x.dim(), int(x.numel()), pinned])
-                if not values:
+                cpu.append([len(shape), _numel(shape), pinned])
+                if written or v is None:
                     meta += " (written)"  # (or a result: its values are no input either)
-                elif x.numel() <= CPU_VALUES_MAX:
-                    v = x.detach().reshape(-1).tolist()
-                    h.update(repr(v).encode())
-                    meta += f"={v[0] if x.dim() == 0 else ('…' if len(v) > 4 else v)}"
-                else:
+                elif v is OPAQUE:
                     opaque = True
+                else:
+                    h.update(repr(v).encode())
+                    meta += f"={v[0] if not shape else ('…' if len(v) > 4 else v)}"
+                    if len(v) <= TRACKED_VALUES_MAX:
+                        vals.extend([[label if not shape else f"{label}[{i}]", _number(e)] for i, e in enumerate(v)
+                                     if _number(e) is not None])
                 meta += " pinned" if pinned else ""
-            else:
-                try:
-                    st = x.untyped_storage()
-                    spans.append([int(st.data_ptr()), int(st.nbytes())])
-                except Exception:  # noqa: BLE001 - a tensor without storage (a view of a subclass): no span
-                    pass
+            elif start is not None:
+                spans.append([start, nbytes])
             if show:
                 parts.append(meta)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y, show, values)
-        elif isinstance(x, dict):
-            for k, y in x.items():
+        elif isinstance(x, tuple) and len(x) == 2 and x[0] is DICT:
+            for k, y in x[1]:
                 h.update(str(k).encode())
-                walk(y, show, k not in written)
-        else:
+                walk(y, str(k), written, show)
+        elif isinstance(x, tuple):
+            for i, y in enumerate(x):
+                walk(y, f"{label}.{i}", written, show)
+        elif show:
             r = repr(x)
             h.update(r.encode())
-            if show:
-                parts.append(r[:40])
+            n = _number(x)
+            if n is not None:
+                vals.append([label, n])
+            parts.append(r[:40])
 
-    if out is not None:
-        walk(out, False, False)
-        return "", "", spans, cpu, False
-    for k, a in enumerate(args):
-        walk(a, True, k not in written)
-    walk(kwargs or {}, True)
-    return h.hexdigest(), ", ".join(parts)[:240], spans, cpu, opaque
+    for k, x, written in raw:
+        label = names[k] if isinstance(k, int) and k < len(names) else str(k)
+        walk(x, label, written, k != "out")
+    return {"key": h.hexdigest(), "text": ", ".join(parts)[:240], "spans": spans, "cpu": cpu, "opaque": opaque,
+            "vals": vals}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _number(x):
+    """``x`` as an int or float where it is a number (a bool as 0/1), else None."""
+    if isinstance(x, bool):
+        return int(x)
+    if isinstance(x, (int, float)):
+        return x
+    return None
 
 
 class OpLog:
     """The op log of one argument pass (module docstring). ``start()`` enters the dispatch mode on this
     thread, ``stop()`` leaves it; :meth:`current` is the innermost operator call open on the calling
-    thread (an index into :attr:`ops`, or None). :attr:`ops`: per call ``{"name", "key", "text", "spans",
-    "cpu", "opaque", "t_ns", "copy"}`` (``copy``: ``{"dim", "numel", "direction"}`` for a copy between a
-    CPU tensor that is not pinned and a CUDA tensor, with ``"stack"``, the Python stack at it). ``clock``:
-    the records' clock (``cuptiGetTimestamp``), for placing a copy in a token."""
+    thread (an index into :attr:`ops`, or None). The hot path (each operator call) keeps what it reads
+    raw (:func:`_read`: no digest, no text); :attr:`ops` makes, once the pass has stopped, per call
+    ``{"name", "key", "text", "spans", "cpu", "opaque", "vals", "t_ns", "copy"}`` (:func:`describe`;
+    ``copy``: ``{"dim", "numel", "direction", "stack"}`` for a copy between a CPU tensor that is not pinned
+    and a CUDA tensor, the Python stack at it). ``clock``: the records' clock (``cuptiGetTimestamp``),
+    for placing a copy in a token."""
 
     def __init__(self, torch_module, clock) -> None:
         self.torch = torch_module
         self.clock = clock
-        self.ops: list[dict] = []
+        self.raw: list = []
         self.local = threading.local()
         self.notes: list[str] = []
         self._mode = None
+        self._ops: list | None = None
+        self._funcs: dict = {}
 
     def current(self):
         """The index into :attr:`ops` of the innermost operator call open on this thread, or None."""
@@ -168,37 +239,99 @@ class OpLog:
             self._mode.__exit__(None, None, None)
             self._mode = None
 
+    @property
+    def ops(self) -> list:
+        """Every operator call, described (class docstring); made from the raw records at the first read."""
+        if self._ops is None or len(self._ops) != len(self.raw):
+            done = self._ops or []
+            self._ops = done + [self._describe(r) for r in self.raw[len(done):]]
+        return self._ops
+
+    def _describe(self, r) -> dict:
+        func, t_ns, raw, copy = r
+        name, names, _ = self._func(func)
+        try:
+            d = describe(raw, names)
+        except Exception as e:  # noqa: BLE001 - a call that cannot be described is opaque
+            d = {"key": f"?{id(r)}", "text": f"unreadable ({type(e).__name__})", "spans": [], "cpu": [],
+                 "opaque": True, "vals": []}
+        entry = {"name": name, "t_ns": t_ns, **d}
+        if copy is not None:
+            entry["copy"] = copy
+        return entry
+
+    def _func(self, func):
+        """``(name, argument names, written positions and names)`` of an operator, asked once."""
+        got = self._funcs.get(func)
+        if got is None:
+            sch = getattr(func, "_schema", None)
+            names = tuple(a.name for a in sch.arguments) if sch is not None else ()
+            got = self._funcs[func] = (_name(func), names, _written(func))
+        return got
+
     def _call(self, func, args, kwargs):
         st = self.local.__dict__.setdefault("open", [])
-        i = len(self.ops)
-        entry = {"name": _name(func), "t_ns": int(self.clock())}
-        try:  # the host arguments as the operator gets them (before an in-place one changes them)
-            key, text, spans, cpu, opaque = describe(self.torch, args, kwargs, written=_written(func))
-        except Exception as e:  # noqa: BLE001 - never break the user's operator: this call is opaque
-            key, text, spans, cpu, opaque = f"?{i}", f"unreadable ({type(e).__name__})", [], [], True
-        entry.update(key=key, text=text, spans=spans, cpu=cpu, opaque=opaque)
-        self.ops.append(entry)
+        i = len(self.raw)
+        name, _, written = self._func(func)
+        t = self.torch
+        try:  # the host arguments as the operator gets them (before an in-place one changes them), read raw
+            raw = [(k, _read(t, a, k in written), k in written) for k, a in enumerate(args)]
+            raw += [(k, _read(t, a, k in written), k in written) for k, a in kwargs.items()]
+        except Exception:  # noqa: BLE001 - never break the user's operator: this call is opaque
+            raw = [("?", OPAQUE_CALL, False)]
+        rec = [func, int(self.clock()), raw, None]
+        self.raw.append(rec)
         st.append(i)
         try:
             out = func(*args, **kwargs)
         finally:
             st.pop()
-        out_cpu = []
-        try:
-            _, _, out_spans, out_cpu, _ = describe(self.torch, (), {}, out)
-            spans += out_spans
+        try:  # the results' storages are the call's spans too (their values are no input)
+            raw.append(("out", _read(t, out, True), True))
         except Exception:  # noqa: BLE001 - results without storage: no span
             pass
-        base = entry["name"].split(".", 1)[0]
-        if base in COPY_OPS and spans:  # a result on the host (x.cpu(), x.to("cpu")) is the copy's CPU side
-            cpu = cpu + out_cpu
-        if base in COPY_OPS and any(not p for _, _, p in cpu) and spans:
-            from .stacks import python_stack
-
-            d, n, _ = next(c for c in cpu if not c[2])
-            entry["copy"] = {"dim": d, "numel": n, "direction": "h2d" if _cpu_is_source(self.torch, base, args) else "d2h",
-                             "stack": python_stack(sys._getframe(1), skip_files=(__file__,))}
+        base = name.split(".", 1)[0]
+        if base in COPY_OPS:
+            self._copy(rec, base, args, raw)
         return out
+
+    def _copy(self, rec, base: str, args, raw) -> None:
+        """Mark a copy between a CPU tensor that is not pinned and a CUDA tensor (:data:`COPY_OPS`), with
+        the Python stack at it (the rare case: taken now)."""
+        tensors = [x for x in _flat(raw) if x[1] in ("cpu", "cuda")]
+        if not any(x[1] == "cuda" for x in tensors):
+            return
+        pageable = next((x for x in tensors if x[1] == "cpu" and not x[9]), None)
+        if pageable is None:
+            return
+        from .stacks import python_stack
+
+        rec[3] = {"dim": len(pageable[3]), "numel": _numel(pageable[3]),
+                  "direction": "h2d" if _cpu_is_source(self.torch, base, args) else "d2h",
+                  "stack": python_stack(sys._getframe(2), skip_files=(__file__,))}
+
+
+#: The record of a call whose arguments could not be read (its key is its own: never the same as another's).
+OPAQUE_CALL = object()
+
+
+def _flat(raw):
+    """The tensor records among a call's raw arguments."""
+    out = []
+
+    def walk(x):
+        if isinstance(x, tuple) and x and x[0] is TENSOR:
+            out.append(x)
+        elif isinstance(x, tuple) and len(x) == 2 and x[0] is DICT:
+            for _, y in x[1]:
+                walk(y)
+        elif isinstance(x, tuple):
+            for y in x:
+                walk(y)
+
+    for _, x, _ in raw:
+        walk(x)
+    return out
 
 
 def _cpu_is_source(torch, base: str, args) -> bool:
@@ -214,4 +347,4 @@ def random_op(name: str) -> bool:
     return any(r in base for r in RANDOM_OPS)
 
 
-__all__ = ["COPY_OPS", "CPU_VALUES_MAX", "OpLog", "RANDOM_OPS", "describe", "random_op"]
+__all__ = ["COPY_OPS", "CPU_VALUES_MAX", "OpLog", "RANDOM_OPS", "TRACKED_VALUES_MAX", "describe", "random_op"]

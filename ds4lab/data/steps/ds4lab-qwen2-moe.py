@@ -1,0 +1,13 @@
+"""ds4lab's qwen2-moe decode step (transformers, random weights), as a user's script (README.md):
+``python ds4lab-qwen2-moe.py [--list] [--cache dynamic|static] [--dtype D] [--truth OUT.json]``."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ds4lab_steps import TRANSFORMERS_CACHES, family  # noqa: E402
+
+make_step, main = family("ds4lab-qwen2-moe", "qwen2-moe", TRANSFORMERS_CACHES)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Shared code of the synthetic steps folder: not a family (its name starts with ``_``)."""
