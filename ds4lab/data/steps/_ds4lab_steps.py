@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 TOKEN_RANGE = "decode_step"
@@ -29,9 +28,6 @@ HAND_MAX = 128
 HAND_CACHES = ("host-counter", "device-counter", "host-read")
 TRANSFORMERS_CACHES = ("dynamic", "static")
 DTYPES = ("float32", "bfloat16")
-#: The replay tolerance of the contract: relative L2 error per dtype.
-TOLERANCE = {"float32": 1e-3, "bfloat16": 2e-2}
-POSITIONS = 6
 
 
 # ----------------------------------------------------------------------------- the models
@@ -192,192 +188,6 @@ def family(name: str, model: str, caches, cause=None):
     return make_step, lambda argv=None: main(name, caches, make_step, cause_of=cause, argv=argv)
 
 
-# ----------------------------------------------------------------------------- torch.cuda.graph's truth
-def _walk(obj, torch, seen, depth=0):
-    """``[(holder, key, value)]``: the tensors and plain values reachable from ``obj`` (six levels)."""
-    if depth > 6 or id(obj) in seen or isinstance(obj, type) or callable(obj) and not hasattr(obj, "__dict__"):
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, dict):
-        items = list(obj.items())
-    elif isinstance(obj, list):
-        items = list(enumerate(obj))
-    elif isinstance(obj, tuple):
-        return [x for v in obj for x in _walk(v, torch, seen, depth + 1)]
-    elif hasattr(obj, "__dict__"):
-        items = list(vars(obj).items())
-    else:
-        return []
-    out = []
-    for k, v in items:
-        if isinstance(v, torch.nn.Parameter):
-            continue
-        if isinstance(v, torch.Tensor) or isinstance(v, (int, float, bool)) or v is None:
-            out.append((obj, k, v))
-        elif isinstance(v, (dict, list, tuple)) or hasattr(v, "__dict__"):
-            out.extend(_walk(v, torch, seen, depth + 1))
-    return out
-
-
-def snapshot(state, torch) -> list:
-    return [(h, k, v, v.detach().clone() if isinstance(v, torch.Tensor) else v) for h, k, v in _walk(state, torch, set())]
-
-
-def restore(snap, torch) -> None:
-    with torch.no_grad():
-        for h, k, v, saved in snap:
-            now = h[k] if isinstance(h, (dict, list)) else getattr(h, k)
-            if isinstance(v, torch.Tensor) and isinstance(now, torch.Tensor) and now.shape == saved.shape:
-                now.copy_(saved)
-                continue
-            value = saved.clone() if isinstance(saved, torch.Tensor) else saved
-            if isinstance(h, (dict, list)):
-                h[k] = value
-            else:
-                setattr(h, k, value)
-
-
-def _outputs(out, torch) -> list:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [x for x in out if isinstance(x, torch.Tensor)]
-    return [out.logits]
-
-
-def _graph_kernels(g):
-    """Kernel nodes of a kept graph (cuGraphGetNodes, statuses checked), or None."""
-    import ctypes
-
-    try:
-        raw = int(g.raw_cuda_graph())
-        cu = ctypes.CDLL("libcuda.so.1")
-        n = ctypes.c_size_t(0)
-        if cu.cuGraphGetNodes(ctypes.c_void_p(raw), None, ctypes.byref(n)) != 0:
-            return None
-        nodes = (ctypes.c_void_p * n.value)()
-        if cu.cuGraphGetNodes(ctypes.c_void_p(raw), nodes, ctypes.byref(n)) != 0:
-            return None
-        kind, count = ctypes.c_int(0), 0
-        for node in nodes[:n.value]:
-            if cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)) != 0:
-                return None
-            count += kind.value == 0
-        return count
-    except Exception:  # noqa: BLE001 - a torch that does not keep the graph
-        return None
-
-
-def _blocks(torch, s, run, p0: int, snap, rounds: int = 12, steps: int = 10) -> tuple:
-    """µs per step: ``rounds`` blocks of ``steps`` calls of ``run(p)`` (positions p0 …) between two CUDA
-    events, never waiting inside; the state put back before each block (outside the events), so no block
-    runs past the cache. Returns (median, p25, p75)."""
-    out = []
-    cap = s.capacity
-    steps = steps if cap is None else max(1, min(steps, cap - p0))
-    for _ in range(rounds):
-        restore(snap, torch)
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for i in range(steps):
-            run(p0 + i)
-        e1.record()
-        torch.cuda.synchronize()
-        out.append(e0.elapsed_time(e1) * 1e3 / steps)
-    q = statistics.quantiles(out, n=4)
-    return statistics.median(out), [q[0], q[2]]
-
-
-def truth(make_step, family: str, cache: str, dtype: str, prompt: int, seed: int) -> dict:
-    """What torch.cuda.graph does with one step (the contract: capture after a side-stream warm-up, replay
-    at the next six positions against an eager twin restored from a snapshot, time both loops)."""
-    import torch
-
-    try:
-        import transformers
-        tv = transformers.__version__
-    except ImportError:
-        tv = None
-    res = {"family": family, "cache": cache, "dtype": dtype, "torch": torch.__version__, "transformers": tv,
-           "gpu": torch.cuda.get_device_name(), "driver": None, "outcome": None, "error": None, "positions": [],
-           "rel_err": [], "same_argmax": [], "first_wrong_position": None, "eager_us": None, "eager_spread": None,
-           "replay_us": None, "replay_spread": None, "graph_kernels": None, "cause": None}
-    s = make_step(cache, dtype, prompt=prompt, seed=seed)
-    tol = TOLERANCE[dtype]
-    with torch.no_grad():
-        p = s.start
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                s.advance(p)
-                s.step()
-                p += 1
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        before = snapshot(s.state, torch)
-        try:
-            g = torch.cuda.CUDAGraph(keep_graph=True)
-        except TypeError:
-            g = torch.cuda.CUDAGraph()
-        s.advance(p)
-        try:
-            with torch.cuda.graph(g):
-                out = _outputs(s.step(), torch)
-        except Exception as e:  # noqa: BLE001 - the refusal is the outcome
-            res["outcome"], res["error"] = "refused", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-            torch.cuda.synchronize()
-            g = None
-        restore(before, torch)
-        s.advance(p)
-        s.step()
-        torch.cuda.synchronize()
-        p += 1
-        if g is not None:
-            res["graph_kernels"] = _graph_kernels(g)
-            for _ in range(POSITIONS):
-                if s.capacity is not None and p >= s.capacity:
-                    break
-                snap = snapshot(s.state, torch)
-                s.advance(p)
-                ref = [x.detach().clone() for x in _outputs(s.step(), torch)]
-                torch.cuda.synchronize()
-                after = snapshot(s.state, torch)
-                restore(snap, torch)
-                s.advance(p)
-                g.replay()
-                torch.cuda.synchronize()
-                err = max(float(torch.linalg.vector_norm(a.float() - b.float()) / torch.linalg.vector_norm(b.float()))
-                          for a, b in zip(out, ref))
-                same = all(bool((a.argmax(-1) == b.argmax(-1)).all()) for a, b in zip(out, ref))
-                res["positions"].append(p)
-                res["rel_err"].append(err)
-                res["same_argmax"].append(same)
-                if res["first_wrong_position"] is None and (err > tol or not same):
-                    res["first_wrong_position"] = p
-                restore(after, torch)
-                p += 1
-            res["outcome"] = "replays right" if res["first_wrong_position"] is None else "replays wrong"
-            at = snapshot(s.state, torch)
-
-            def replay(q):
-                s.advance(q)
-                g.replay()
-
-            res["replay_us"], res["replay_spread"] = _blocks(torch, s, replay, p, at)
-            restore(at, torch)
-        at = snapshot(s.state, torch)
-
-        def eager(q):
-            s.advance(q)
-            s.step()
-
-        if res["outcome"] != "refused" or s.capacity is None or p < s.capacity:
-            res["eager_us"], res["eager_spread"] = _blocks(torch, s, eager, p, at)
-    return res
-
-
 # ----------------------------------------------------------------------------- the command line
 def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
     """The script's command line (the contract, module docstring): ``--list``, the decode loop, ``--truth``.
@@ -395,12 +205,14 @@ def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
         print(json.dumps({"family": family, "caches": list(caches), "dtypes": list(DTYPES)}))
         return 0
     if a.truth:
-        res = truth(make_step, family, a.cache, a.dtype, a.prompt, a.seed)
+        # The ground truth is the independently written harness every family shares (_graph_truth.py), so
+        # these steps are held to the same torch.cuda.graph experiment as the others.
+        import _graph_truth
+
+        res = _graph_truth.measure_truth(family, __file__, a.cache, a.dtype, make_step, a, None)
         if cause_of is not None and res["outcome"] == "replays wrong":
             res["cause"] = cause_of(a.cache)
-        with open(a.truth, "w") as f:
-            json.dump(res, f, indent=1)
-        print(f"{family}/{a.cache}/{a.dtype}: {res['outcome']}")
+        _graph_truth.write_truth(res, a.truth)
         return 0
     import torch
 

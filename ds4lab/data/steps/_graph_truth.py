@@ -356,6 +356,21 @@ def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
 # command line
 
 
+def write_truth(result, path):
+    """Write the truth file whole (a .part file renamed), print its line; after a faulted replay, exit at once."""
+    tmp = path + ".part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    print(f"{result['family']} {result['cache']} {result['dtype']}: {result['outcome']}", flush=True)
+    if "replay_error" in result:
+        # a faulted replay leaves the CUDA context broken; its teardown at exit may fail or hang
+        sys.stderr.write(result["replay_error"] + "\n")
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def main(family, family_file, caches, make_step, nvtx_name, causes=None, intents=None):
     """Run a family script's command line (see the steps README for the contract).
 
@@ -394,17 +409,7 @@ def main(family, family_file, caches, make_step, nvtx_name, causes=None, intents
             result["cause"] = {"file": os.path.basename(family_file),
                                "line": _cause_line(family_file, cause["code"]),
                                "what": cause["what"], "kernel_hint": cause.get("kernel_hint")}
-        tmp = args.truth + ".part"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, args.truth)
-        print(f"{family} {args.cache} {args.dtype}: {result['outcome']}", flush=True)
-        if "replay_error" in result:
-            # a faulted replay leaves the CUDA context broken; its teardown at exit may fail or hang
-            sys.stderr.write(result["replay_error"] + "\n")
-            sys.stderr.flush()
-            os._exit(0)
+        write_truth(result, args.truth)
         return 0
 
     step = make_step(args.cache, args.dtype, prompt=args.prompt, seed=args.seed, device=args.device)
