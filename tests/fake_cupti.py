@@ -81,6 +81,8 @@ class FakeCupti(types.ModuleType):
         self.corr = 0
         self.thread_id_type = None
         self.pending: list = []
+        #: launches hand their callback data with a NumPy view of it (``_data``), as cupti-python does
+        self.numpy_callback_data = False
 
     # activity API
     def activity_enable(self, kind):
@@ -190,17 +192,29 @@ def _launch(self, name, fn, args, *, domain="runtime", kernel="k", grid=(1, 1, 1
         ctypes.c_uint64.from_address(ctypes.addressof(params) + x_off).value = ctypes.addressof(ex)
     else:
         ctypes.c_uint64.from_address(ctypes.addressof(params) + a_off).value = ctypes.addressof(argv)
+    # CUpti_CallbackData as CUPTI fills it: callbackSite at 0, functionParams at 16, symbolName at 32,
+    # correlationId at 64 (x86-64)
     cb = ctypes.create_string_buffer(72)
+    sym = ctypes.create_string_buffer(kernel.encode())
+    keep.append(sym)
     ctypes.c_uint64.from_address(ctypes.addressof(cb) + 16).value = ctypes.addressof(params)
+    ctypes.c_uint64.from_address(ctypes.addressof(cb) + 32).value = ctypes.addressof(sym)
     self.corr += 1
     corr = self.corr
+    ctypes.c_uint32.from_address(ctypes.addressof(cb) + 64).value = corr
     dom = CallbackDomain.RUNTIME_API if domain == "runtime" else CallbackDomain.DRIVER_API
     enum_ = runtime_api_trace_cbid if domain == "runtime" else driver_api_trace_cbid
     cbid = int(enum_[name])
     t0 = self.get_timestamp()
     on = (int(dom), cbid) in self.callbacks_on
-    data = lambda site: R(callback_site=site, correlation_id=corr, function_name=base, symbol_name=kernel,  # noqa: E731
-                          ptr=ctypes.addressof(cb))
+    def data(site):
+        ctypes.c_int32.from_address(ctypes.addressof(cb)).value = int(site)
+        d = R(callback_site=site, correlation_id=corr, function_name=base, symbol_name=kernel, ptr=ctypes.addressof(cb))
+        if self.numpy_callback_data:  # as cupti-python's CallbackData holds it: a NumPy view of the struct
+            import numpy as np
+
+            d._data = np.frombuffer((ctypes.c_char * 72).from_address(ctypes.addressof(cb)), dtype=np.uint8)
+        return d
     if on:
         for s in list(self.subscribers.values()):
             s(None, dom, cbid, data(ApiCallbackSite.API_ENTER))
@@ -218,7 +232,7 @@ def _launch(self, name, fn, args, *, domain="runtime", kernel="k", grid=(1, 1, 1
                     grid_x=grid[0], grid_y=grid[1], grid_z=grid[2], block_x=block[0], block_y=block[1],
                     block_z=block[2], static_shared_memory=0, dynamic_shared_memory=0, graph_id=0,
                     graph_node_id=0)])
-    del keep, argv, params
+    del keep, argv, params, cb
     return corr
 
 
