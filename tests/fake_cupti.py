@@ -149,9 +149,16 @@ class FakeCupti(types.ModuleType):
         cbid = int(enum_[name])
         t0 = self.get_timestamp()
         if (int(dom), cbid) in self.callbacks_on:
+            import ctypes
+
+            # CUpti_CallbackData in memory too (callbackSite, functionName, correlationId), for a subscriber
+            # handed its address (ds4lab.trace.cupti.NativeCallbacks)
+            mem, fname = ctypes.create_string_buffer(72), ctypes.create_string_buffer(name.split("_v")[0].encode())
+            ctypes.c_uint64.from_address(ctypes.addressof(mem) + 8).value = ctypes.addressof(fname)
+            ctypes.c_uint32.from_address(ctypes.addressof(mem) + 64).value = self.corr
             for cb in list(self.subscribers.values()):
                 cb(None, dom, cbid, R(callback_site=ApiCallbackSite.API_ENTER, correlation_id=self.corr,
-                                      function_name=name.split("_v")[0]))
+                                      function_name=name.split("_v")[0], ptr=ctypes.addressof(mem)))
         self.clock += dur
         kind = ActivityKind.RUNTIME if domain == "runtime" else ActivityKind.DRIVER
         pid = os.getpid() if process_id is None else process_id
@@ -281,3 +288,31 @@ def install(monkeypatch, refuse=()) -> FakeCupti:
     monkeypatch.setitem(sys.modules, "cupti.cupti", mod)
     monkeypatch.setattr(CuptiSession, "_instance", None)
     return mod
+
+
+class FakeLibcupti:
+    """The three calls :class:`ds4lab.trace.cupti.NativeCallbacks` makes of CUPTI's library
+    (``cuptiSubscribe``, ``cuptiEnableCallback``, ``cuptiUnsubscribe``) over a :class:`FakeCupti`: the
+    subscriber is the ``ctypes`` callback itself, called through ``ctypes`` (a C thunk, as CUPTI would
+    call it) with the callback data's address."""
+
+    def __init__(self, fake: FakeCupti) -> None:
+        self.fake = fake
+        self.calls: list = []
+
+    def cuptiSubscribe(self, handle_ref, fn, userdata):
+        h = 5000 + len(self.calls)
+        self.calls.append(("subscribe", h))
+        handle_ref._obj.value = h
+        self.fake.subscribers[h] = lambda u, d, c, cb: fn(None, int(d), int(c), int(cb.ptr))
+        return 0
+
+    def cuptiEnableCallback(self, on, handle, domain, cbid):
+        self.calls.append(("enable", on.value, domain.value, cbid.value))
+        self.fake.enable_callback(on.value, handle.value, domain.value, cbid.value)
+        return 0
+
+    def cuptiUnsubscribe(self, handle):
+        self.calls.append(("unsubscribe", handle.value))
+        self.fake.unsubscribe(handle.value)
+        return 0

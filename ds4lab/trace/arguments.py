@@ -281,29 +281,6 @@ def _loaded_runtimes() -> list:
 
 
 # ----------------------------------------------------------------------------- the capture
-#: ``CUpti_CallbackData`` (CUPTI's ``cupti_callbacks.h``) on x86-64: its size and the offsets of the fields
-#: the handler reads (``cupti.callback_data_dtype`` says so where present).
-CALLBACK_DATA_SIZE = 72
-CALLBACK_FIELDS = (("callback_site", 0, "i"), ("function_params", 16, "Q"), ("symbol_name", 32, "Q"),
-                   ("correlation_id", 64, "I"))
-
-
-def callback_struct(dtype=None) -> struct.Struct:
-    """The :class:`struct.Struct` that unpacks ``(callbackSite, functionParams, symbolName, correlationId)``
-    from a ``CUpti_CallbackData``'s bytes, at the offsets of ``dtype`` (``cupti.callback_data_dtype``: its
-    ``fields`` and ``itemsize``) where it has them, else :data:`CALLBACK_FIELDS`'s."""
-    fields = getattr(dtype, "fields", None) or {}
-    offs = [int(fields[n][1]) if n in fields else o for n, o, _ in CALLBACK_FIELDS]
-    if offs != sorted(offs):  # never seen: a reordered struct is read at the documented offsets
-        offs = [o for _, o, _ in CALLBACK_FIELDS]
-    fmt, pos = "<", 0
-    for (_, _, code), off in zip(CALLBACK_FIELDS, offs):
-        fmt += f"{off - pos}x{code}" if off > pos else code
-        pos = off + struct.calcsize("<" + code)
-    size = int(getattr(dtype, "itemsize", 0) or CALLBACK_DATA_SIZE)
-    return struct.Struct(fmt + (f"{size - pos}x" if size > pos else ""))
-
-
 @dataclass
 class FunctionInfo:
     """One kernel function as the capture saw it: its name, its parameters ``[(offset, size)]`` (None:
@@ -348,7 +325,8 @@ class ArgumentCapture:
         self.want_stacks = stacks
         self.functions: dict[str, FunctionInfo] = shared.functions if shared is not None else {}
         self._by_fn: dict = shared._by_fn if shared is not None else {"runtime": {}, "driver": {}}
-        self._sites: dict = shared._sites if shared is not None else {}  # frames' (code id, instruction) -> stack
+        #: launch sites: frames' instructions -> [(their code objects, stack)]
+        self._sites: dict = shared._sites if shared is not None else {}
         self.records: dict[int, list] = {}   # corr -> [function id, parameter bytes | None (unread)]
         self._values: dict = {}               # parameter bytes -> the one object kept for them
         self.stacks: dict[int, str] = {}
@@ -362,8 +340,11 @@ class ArgumentCapture:
         self._stop = None
         self._forms: dict = {}
         self._skip = (__file__, _cupti_file(), *SKIP_FILES)
+        from .cupti import callback_struct
+
         self._fields = callback_struct(getattr(session.c, "callback_data_dtype", None))
         self._raw = None  # how the callback data's bytes are read (chosen at the first callback)
+        self._anchor = None  # the frame stack walks stop at (:meth:`start`)
         self._forms_from(session)
 
     def _forms_from(self, session) -> None:
@@ -378,14 +359,22 @@ class ArgumentCapture:
                     self._forms[(int(domain), int(cbid))] = LAUNCHES[base]
 
     def start(self) -> None:
+        """Start handling launches (:meth:`~ds4lab.trace.cupti.CuptiSession.watch_launches`). The first frame
+        outside ds4lab's recording and ``contextlib`` (the frame whose ``with`` block is the pass) becomes
+        the anchor that stack walks stop at, held until :meth:`stop`."""
         if self.queries is None:
             self.queries = CudaQueries()
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename.endswith(_ANCHOR_SKIP):
+            f = f.f_back
+        self._anchor = f
         self._stop = self.session.watch_launches(LAUNCH_NAMES, self.on_launch)
 
     def stop(self) -> None:
         if self._stop is not None:
             self._stop()
             self._stop = None
+        self._anchor = None
 
     # ------------------------------------------------------------------ the hot path
     def on_launch(self, domain: int, cbid: int, cbdata) -> None:
@@ -399,7 +388,7 @@ class ArgumentCapture:
         raw = self._raw
         if raw is None:
             raw = self._raw = self._callback_reader(cbdata)
-        site, fp, sym, corr = self._fields.unpack(raw(cbdata))
+        site, _, fp, sym, corr = self._fields.unpack(raw(cbdata))
         try:
             open_ = self.local.open
         except AttributeError:
@@ -433,39 +422,43 @@ class ArgumentCapture:
             self.stacks[corr] = self._stack(sys._getframe(1))
 
     def _callback_reader(self, cbdata):
-        """How a ``CUpti_CallbackData``'s bytes are read: ``cupti-python``'s ``CallbackData`` holds them
-        in a NumPy record (``_data``: one ``tobytes()``, where its field properties cost microseconds
-        each); anything else through its ``ptr`` (``ctypes``)."""
+        """How a ``CUpti_CallbackData``'s bytes are read: an address (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
+        with ``ctypes``; ``cupti-python``'s ``CallbackData`` holds them in a NumPy record (``_data``: one
+        ``tobytes()``, where its field properties cost microseconds each); anything else through its ``ptr``."""
         size = self._fields.size
+        string_at = ctypes.string_at
+        if type(cbdata) is int:  # the address itself (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
+            return lambda cb: string_at(cb, size)
         data = getattr(cbdata, "_data", None)
         if data is not None and getattr(data, "nbytes", None) == size and callable(getattr(data, "tobytes", None)):
             return lambda cb: cb._data.tobytes()
-        string_at = ctypes.string_at
         return lambda cb: string_at(int(cb.ptr), size)
 
     def _stack(self, frame) -> str:
         """The Python stack at ``frame`` (:func:`~ds4lab.trace.stacks.python_stack`), made once per launch
-        site: the site is every frame's code object and instruction (``f_lasti``), which fix its lines;
-        the code objects of a cached site are held, so that their ids stay theirs."""
-        key = []
-        add = key.append
-        f = frame
+        site. A site is every frame's code object and instruction (``f_lasti``), which fix its lines: looked
+        up by the instructions, told apart by the code objects themselves (held by the cache, compared by
+        identity). The walk stops at the frame that started the capture (:attr:`_anchor`): the frames
+        around it cannot move while it runs."""
+        codes, spots = [], []
+        code, spot = codes.append, spots.append
+        f, anchor = frame, self._anchor
         while f is not None:
-            add(id(f.f_code))
-            add(f.f_lasti)
+            code(f.f_code)
+            spot(f.f_lasti)
+            if f is anchor:
+                break
             f = f.f_back
-        key = tuple(key)
-        hit = self._sites.get(key)
-        if hit is None:
-            from .stacks import python_stack
+        known = self._sites.get(spots := tuple(spots))
+        if known is not None:
+            for c, stack in known:
+                if c == codes:  # list equality: identity first, so identical code objects compare at once
+                    return stack
+        from .stacks import python_stack
 
-            codes = []
-            f = frame
-            while f is not None:
-                codes.append(f.f_code)
-                f = f.f_back
-            hit = self._sites[key] = (python_stack(frame, skip_files=self._skip), tuple(codes))
-        return hit[0]
+        stack = python_stack(frame, skip_files=self._skip)
+        self._sites.setdefault(spots, []).append((codes, stack))
+        return stack
 
     @property
     def unread(self) -> Counter:
@@ -585,6 +578,11 @@ class ArgumentCapture:
                 out[int(v)] = r
         self.own.append((threading.get_native_id(), t0, self.session.timestamp()))
         return out
+
+
+#: Files of the frames between a pass's ``with`` block and :meth:`ArgumentCapture.start` (never its anchor).
+_ANCHOR_SKIP = ("ds4lab/trace/arguments.py", "ds4lab/trace/recording.py", "ds4lab/audit/arguments.py",
+                "contextlib.py")
 
 
 def _cupti_file() -> str:
@@ -994,7 +992,7 @@ def measure_overhead(step, launches_per_step: float | None = None, *, session=No
     return out
 
 
-__all__ = ["ArgumentCapture", "ArgumentStore", "CALLBACK_FIELDS", "callback_struct", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES",
+__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES",
            "MemoryTracker", "OWN_CALLS", "PASS_PARTS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest",
            "load", "measure_overhead", "prune", "save", "split", "store_beside", "varying_words",
            "words"]
