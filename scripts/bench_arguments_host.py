@@ -22,8 +22,12 @@ transformers step under ``ds4lab audit run``: 40 to 60). The first token is a wa
 first stacks); the figures are the steady state over the tokens after it.
 
 Where torch imports, the operator log's cost per operator is measured too (``ds4lab.trace.torch_ops``,
-a ``TorchDispatchMode``), on ``meta`` tensors (shapes only: no arithmetic, so only the log's work and
-PyTorch's Python dispatch are timed) over a decoder layer's operators.
+a ``TorchDispatchMode``) over a decoder layer's operators on ``meta`` tensors (shapes only, and the log
+takes the branch it takes for CUDA tensors): the operators alone, under a dispatch mode that only calls
+them (PyTorch's Python dispatch), and under the log.
+
+Where ``ds4lab.trace.cupti.NativeCallbacks`` exists, the launches are also played through it: a ``ctypes``
+callback called through its C thunk with the callback data's address (as CUPTI calls it, from Python here).
 
 Usage::
 
@@ -115,11 +119,13 @@ class Player:
                      for s in sites}
         self.make = make
 
-    def token(self, *, call: bool, make: bool = True) -> None:
+    def token(self, *, call: bool, make: bool = True, native=None) -> None:
+        """One token of launches; ``call``: into the subscriber, with a callback data object (``make``) or,
+        ``native`` (a ``ctypes`` callback), with its address through a C thunk as CUPTI calls it."""
         u64, u32 = ctypes.c_uint64.from_address, ctypes.c_uint32.from_address
-        subs = list(self.fake.subscribers.values()) if call else []
+        subs = list(self.fake.subscribers.values()) if call and native is None else []
         self.step += 1
-        make_ = self.make if (make or call) else None
+        make_ = self.make if (make or call) and native is None else None
         for s in self.sites:
             self.corr += 1
             u32(s.cb_addr[0] + 64).value = self.corr
@@ -130,6 +136,10 @@ class Player:
                     ctypes.c_int32.from_address(ctypes.addressof(s.args[arg])).value = self.step
                 else:
                     u64(ctypes.addressof(s.args[1 if s.kind == "tensoriterator" else 0]) + off).value = self.corr
+            if native is not None:
+                native(None, int(self.dom[s.domain]), self.cbid[s.api], s.cb_addr[0])
+                native(None, int(self.dom[s.domain]), self.cbid[s.api], s.cb_addr[1])
+                continue
             if make_ is None:
                 continue
             d0 = make_(s.cb_addr[0], 0, self.corr, s)
@@ -164,13 +174,13 @@ def at_depth(depth: int, fn):
     return at_depth(depth - 1, fn)
 
 
-def per_launch_us(player, tokens: int, *, call: bool, make: bool, depth: int) -> float:
+def per_launch_us(player, tokens: int, *, call: bool, make: bool, depth: int, native=None) -> float:
     n = len(player.sites) * tokens
 
     def run():
         t0 = time.perf_counter_ns()
         for _ in range(tokens):
-            player.token(call=call, make=make)
+            player.token(call=call, make=make, native=native)
         return time.perf_counter_ns() - t0
 
     return at_depth(depth, run) / n / 1e3
@@ -198,17 +208,31 @@ def bench_handler(args, cbdata_kind: str) -> dict:
                   lambda: A.ArgumentCapture(session, q, stacks=False), False),
                  ("+ argument capture (the pass: stacks on)", dict(call=True, make=True),
                   lambda: A.ArgumentCapture(session, q, stacks=True), False)]
+    native = getattr(C, "NativeCallbacks", None)
+    if native is not None:  # CUPTI's C API through ctypes: the handler gets the address from a C thunk
+        lib = _ThunkLib()
+        variants += [("native: ctypes callback, session dispatch to a no-op handler", dict(call=True, make=False),
+                      None, True),
+                     ("native: + argument capture (the pass: stacks on)", dict(call=True, make=False),
+                      lambda: A.ArgumentCapture(session, q, stacks=True), False)]
     out: dict = {label: [] for label, *_ in variants}
     for r in range(args.repeats):  # the variants interleaved, their order rotated: a busy host falls on all alike
         k = r % len(variants)
         for label, how, capture, noop in variants[k:] + variants[:k]:
             cap = stop = None
+            how = dict(how)
+            if label.startswith("native"):
+                session.api = native(lib)
+                how["native"] = lambda *a: lib.fn(*a)
+            else:
+                session.api = None
             if noop:
                 stop = session.watch_launches(A.LAUNCH_NAMES, lambda d, c, cb: None)
             if capture is not None:
                 cap = capture()
                 cap.start()
-                at_depth(args.depth, lambda: player.token(call=True))  # warm-up token: lookups, first stacks
+                # warm-up token: lookups, first stacks
+                at_depth(args.depth, lambda: player.token(call=True, native=how.get("native")))
             try:
                 out[label].append(per_launch_us(player, args.tokens, depth=args.depth, **how))
             finally:
@@ -217,6 +241,24 @@ def bench_handler(args, cbdata_kind: str) -> dict:
                 if stop is not None:
                     stop()
     return out
+
+
+class _ThunkLib:
+    """CUPTI's three callback calls as :class:`ds4lab.trace.cupti.NativeCallbacks` makes them: keeps the
+    ``ctypes`` callback, which the player then calls with each callback data's address (through its C
+    thunk; from Python, so a little more than CUPTI's call from C costs)."""
+
+    fn = None
+
+    def cuptiSubscribe(self, handle, fn, userdata):
+        handle._obj.value, self.fn = 0x5000, fn
+        return 0
+
+    def cuptiEnableCallback(self, *a):
+        return 0
+
+    def cuptiUnsubscribe(self, handle):
+        return 0
 
 
 def bench_pieces(args) -> dict:
@@ -272,6 +314,12 @@ def bench_op_log(args) -> dict:
                                                                for _ in range(3)]
     cos = torch.randn(1, 1, 1, 64, device=dev, dtype=torch.bfloat16)
     kc = torch.randn(1, 8, 16, 64, device=dev, dtype=torch.bfloat16)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Plain(TorchDispatchMode):  # PyTorch's Python dispatch alone: the operator, nothing else
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     log = OpLog(torch, time.perf_counter_ns)
     log.start()
     layer(x, w, cos, cos, kc)
@@ -279,7 +327,7 @@ def bench_op_log(args) -> dict:
     ops = len(log.ops)
     out: dict = {}
 
-    def run(n=200):
+    def run(n=100):
         t0 = time.perf_counter_ns()
         for _ in range(n):
             layer(x, w, cos, cos, kc)
@@ -287,14 +335,17 @@ def bench_op_log(args) -> dict:
 
     for _ in range(args.repeats):
         plain = at_depth(args.depth, run)
+        with Plain():
+            mode = at_depth(args.depth, run)
         log = OpLog(torch, time.perf_counter_ns)
         log.start()
         try:
             logged = at_depth(args.depth, run)
         finally:
             log.stop()
-        out.setdefault(f"operator, no log (meta tensors; {ops} operators a layer)", []).append(plain)
-        out.setdefault("+ the operator log (TorchDispatchMode, describe), per operator", []).append(logged - plain)
+        out.setdefault(f"operator on meta tensors, no mode ({ops} operators a layer)", []).append(plain)
+        out.setdefault("+ PyTorch's Python dispatch (a TorchDispatchMode that only calls it)", []).append(mode - plain)
+        out.setdefault("+ the operator log's own work (describe, the entry), per operator", []).append(logged - mode)
     return out
 
 

@@ -31,6 +31,10 @@
 #                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph); AUDIT_ARGS its
 #                arguments, several sets separated by ';' (each into its own folder, each with the step's limit)
+#   arguments-cost  scripts/arguments_cost.py: the argument pass's cost per launch and per step, paired and
+#                interleaved with 95 % intervals, on a 2-layer transformers Llama (bf16) and a loop of 300 small torch
+#                operators: the launch handler through CUPTI's C API and through cupti-python's wrapper, and the whole
+#                pass (operator log, allocator history); then a short pass through each path, every launch read
 #   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
 #                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
@@ -100,6 +104,7 @@ for arg in "$@"; do
          i=0; for a in "${sets[@]}"; do i=$((i + 1)); n=audit; [ $i -gt 1 ] && n=audit-$i
            # shellcheck disable=SC2086 # each set is words
            TAIL=30 step $n ${limit:-300} $D audit validate $a --out $R/$n; done ;;
+    arguments-cost) TAIL=30 step arguments-cost ${limit:-240} python3 scripts/arguments_cost.py --out $R/arguments-cost ;;
     fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;

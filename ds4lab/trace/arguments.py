@@ -29,10 +29,11 @@ was unread, and is otherwise skipped (one launch, one record, keyed by the outer
 the id its kernel record carries).
 
 **What is stored.** Per launch its correlation id, function and a digest (BLAKE2b, 8 bytes) of its
-parameter bytes; the bytes themselves (and the Python stack at the launch, taken where its bytes are
-new for its function) only for launches whose digest differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the
-argument pass's own event table, as the audit finds them). A recording whose tokens cannot be found
-keeps every distinct value (stored once per distinct digest).
+parameter bytes (made after the pass, once per distinct value); the bytes themselves (and the Python
+stack at the launch, taken where its bytes are new for its function) only for launches whose digest
+differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the argument
+pass's own event table, as the audit finds them). A recording whose tokens cannot be found keeps every
+distinct value (stored once per distinct digest).
 
 **Allocations** (what an address points into; :class:`MemoryTracker`): CUPTI ``MEMORY2`` records
 (``cudaMalloc``/``cuMemAlloc`` and frees, with address, size and time, on the records' clock); where
@@ -42,10 +43,13 @@ alive before the tokens) and the allocator's history (``torch.cuda.memory._recor
 (wall clock, ``cuptiGetTimestamp``) pairs; and for the words that vary between tokens, the driver
 allocation containing each value at the end of the pass (``cuMemGetAddressRange``).
 
-**The cost.** The handler runs Python at every launch (reads, a digest, a stack): it slows the
-host. :func:`record_arguments` and ``ds4lab audit run`` therefore record arguments in a pass of
-their own over the same loop (the second), never in the timed tokens; :func:`measure_overhead`
-measures the cost per launch (paired, interleaved, with its interval: :mod:`ds4lab.timing`).
+**The cost.** The handler runs Python at every launch: it slows the host. ``ds4lab audit run``
+therefore records arguments in a pass of its own over the same loop (the second), never in the timed
+tokens. Its hot path does the least it can (:class:`ArgumentCapture`: the callback data read from its
+bytes, the parameter bytes copied out and kept as they are, digests after the pass, a stack formatted
+once per launch site), and CUPTI hands it the callback data's address (:class:`~ds4lab.trace.cupti.NativeCallbacks`);
+:func:`measure_overhead` measures what it costs per launch (paired, interleaved, with its interval:
+:mod:`ds4lab.timing`), the handler alone or with the operator log and the allocator's history.
 
 The file (``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording): see
 :class:`ArgumentStore`.
@@ -988,7 +992,7 @@ def measure_overhead(step, launches_per_step: float | None = None, *, session=No
            "per_launch_us": d.median / n, "per_launch_lo": d.lo / n, "per_launch_hi": d.hi / n, "parts": on}
     out["text"] = (f"{out['per_launch_us']:.2f} µs per launch (95 % CI {out['per_launch_lo']:.2f}–"
                    f"{out['per_launch_hi']:.2f}; {d.fmt()} per step of {n:g} launches; {what})" if d.measurable
-                   else f"not measurable ({d.fmt()} per step of {n:g} launches; {what})")
+                   else f"{d.fmt()} per step of {n:g} launches ({what})")
     return out
 
 
