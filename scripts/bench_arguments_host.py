@@ -22,9 +22,10 @@ transformers step under ``ds4lab audit run``: 40 to 60). The first token is a wa
 first stacks); the figures are the steady state over the tokens after it.
 
 Where torch imports, the operator log's cost per operator is measured too (``ds4lab.trace.torch_ops``,
-a ``TorchDispatchMode``) over a decoder layer's operators on ``meta`` tensors (shapes only, and the log
-takes the branch it takes for CUDA tensors): the operators alone, under a dispatch mode that only calls
-them (PyTorch's Python dispatch), and under the log.
+a ``TorchDispatchMode``) over a decoder layer's operators: on small CPU tensors, the operators alone, under
+a dispatch mode that only calls them (PyTorch's Python dispatch) and under the log (whose host-tensor
+branch reads the tensors' values: heavier than for CUDA tensors); and ``describe`` alone, the log's work
+per operator, on the same calls with ``meta`` tensors (the branch CUDA tensors take).
 
 Where ``ds4lab.trace.cupti.NativeCallbacks`` exists, the launches are also played through it: a ``ctypes``
 callback called through its C thunk with the callback data's address (as CUPTI calls it, from Python here).
@@ -293,7 +294,11 @@ def bench_op_log(args) -> dict:
         import torch
     except ImportError:
         return {}
-    from ds4lab.trace.torch_ops import OpLog
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ds4lab.trace.torch_ops import OpLog, _written, describe
+
+    torch.set_num_threads(1)  # one thread: the operators' own time steady on a shared host
 
     def layer(x, w, cos, sin, kc):
         h = x.to(torch.float32)
@@ -308,29 +313,46 @@ def bench_op_log(args) -> dict:
         o = torch.nn.functional.linear(a.transpose(1, 2).reshape(1, 1, 512), w[3])
         return x + o
 
-    dev = "meta"
-    x = torch.randn(1, 1, 512, device=dev, dtype=torch.bfloat16)
-    w = [torch.randn(512, device=dev, dtype=torch.bfloat16)] + [torch.randn(512, 512, device=dev, dtype=torch.bfloat16)
-                                                               for _ in range(3)]
-    cos = torch.randn(1, 1, 1, 64, device=dev, dtype=torch.bfloat16)
-    kc = torch.randn(1, 8, 16, 64, device=dev, dtype=torch.bfloat16)
-    from torch.utils._python_dispatch import TorchDispatchMode
+    def tensors(dev):
+        r = lambda *s: torch.randn(*s, device=dev, dtype=torch.bfloat16)  # noqa: E731
+        return r(1, 1, 512), [r(512)] + [r(512, 512) for _ in range(3)], r(1, 1, 1, 64), r(1, 1, 1, 64), \
+            r(1, 8, 16, 64)
 
     class Plain(TorchDispatchMode):  # PyTorch's Python dispatch alone: the operator, nothing else
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    log = OpLog(torch, time.perf_counter_ns)
-    log.start()
-    layer(x, w, cos, cos, kc)
-    log.stop()
-    ops = len(log.ops)
+    class Keep(TorchDispatchMode):  # one layer's operator calls, their arguments and results kept
+        calls: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.calls.append((func, args, kwargs or {}, out))
+            return out
+
+    cpu, meta = tensors("cpu"), tensors("meta")
+    with Keep() as keep:
+        layer(*meta)
+    calls = list(keep.calls)
+    ops = len(calls)
+    Keep.calls = []
+    with Keep() as keep:
+        layer(*cpu)
+    cpu_ops = len(keep.calls)
     out: dict = {}
 
-    def run(n=100):
+    def run(n=400):
         t0 = time.perf_counter_ns()
         for _ in range(n):
-            layer(x, w, cos, cos, kc)
+            layer(*cpu)
+        return (time.perf_counter_ns() - t0) / n / cpu_ops / 1e3
+
+    def describe_all(n=200):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            for func, a, k, o in calls:
+                describe(torch, a, k, written=_written(func))
+                describe(torch, (), {}, o)
         return (time.perf_counter_ns() - t0) / n / ops / 1e3
 
     for _ in range(args.repeats):
@@ -343,9 +365,12 @@ def bench_op_log(args) -> dict:
             logged = at_depth(args.depth, run)
         finally:
             log.stop()
-        out.setdefault(f"operator on meta tensors, no mode ({ops} operators a layer)", []).append(plain)
+        out.setdefault(f"operator on small CPU tensors, no mode ({cpu_ops} operators a layer)", []).append(plain)
         out.setdefault("+ PyTorch's Python dispatch (a TorchDispatchMode that only calls it)", []).append(mode - plain)
-        out.setdefault("+ the operator log's own work (describe, the entry), per operator", []).append(logged - mode)
+        out.setdefault("+ the operator log on CPU tensors (their values read: heavier than CUDA's)", []).append(
+            logged - mode)
+        out.setdefault(f"describe() of an operator's arguments and results, meta tensors ({ops} a layer)", []).append(
+            describe_all())
     return out
 
 
@@ -375,7 +400,11 @@ def main(argv=None) -> int:
         prev = med
     total = statistics.median(res["+ argument capture (the pass: stacks on)"]) - \
         statistics.median(res["baseline (the stand-in's own loop)"])
-    print(f"  {'the argument pass over the baseline':<66} {total:7.2f}")
+    print(f"  {'the argument pass over the baseline (cupti-python wrapper)':<66} {total:7.2f}")
+    native = res.get("native: + argument capture (the pass: stacks on)")
+    if native:
+        base = statistics.median(res["baseline (the stand-in's own loop)"])
+        print(f"  {'the argument pass over the baseline (native callbacks)':<66} {statistics.median(native) - base:7.2f}")
     print("pieces, µs each: median (min)")
     for label, vals in bench_pieces(args).items():
         print(f"  {label:<66} {statistics.median(vals):7.2f} ({min(vals):6.2f})")
