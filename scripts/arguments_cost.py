@@ -184,13 +184,15 @@ def main(argv=None) -> int:
             t0 = time.time()
             c = measure_overhead(step, None, session=session, rounds=args.rounds, steps=args.block,
                                  sync=torch.cuda.synchronize, parts=parts, torch_module=torch)
-            row = {"step": name, "part": part, "callbacks": callbacks, "launches_per_step": c["launches_per_step"],
+            api = type(session.api).__name__ if session.api is not None else "none"
+            row = {"step": name, "part": part, "callbacks": f"{callbacks} ({api})",
+                   "launches_per_step": c["launches_per_step"],
                    "per_launch_us": c["per_launch_us"], "per_launch_lo": c["per_launch_lo"],
                    "per_launch_hi": c["per_launch_hi"], "per_step_us": c["per_step_us"], "per_step_lo": c["lo"],
                    "per_step_hi": c["hi"], "plain_step_us": c["baseline_us"], "pairs": c["n"],
                    "measurable": c["measurable"], "parts": "+".join(c["parts"]), "text": c["text"]}
             rows.append(row)
-            print(f"  {part:<8}{callbacks:<7} {c['text']}  ({time.time() - t0:.1f} s)", flush=True)
+            print(f"  {part:<8}{callbacks:<7} [{api}] {c['text']}  ({time.time() - t0:.1f} s)", flush=True)
             with csv_path.open("w", newline="") as f:  # written as it goes
                 w = csv.DictWriter(f, fieldnames=fields)
                 w.writeheader()

@@ -168,3 +168,32 @@ def test_the_cost_counts_launches_and_names_its_parts(monkeypatch):
     assert cost["parts"] == ["launches"] and "launch handler" in cost["text"]  # no torch loaded here
     with pytest.raises(ValueError, match="'stacks'"):
         A.measure_overhead(step, 1, session=C.CuptiSession.get(), parts=("launches", "stacks"), queries=q)
+
+
+@pytest.mark.parametrize("case", ["native", "asked for python", "no library", "no cupti-python"])
+def test_the_session_subscribes_through_cuptis_c_api_where_it_can(monkeypatch, case):
+    """cupti-python's module (a file), its CUPTI library mapped: NativeCallbacks; asked for cupti-python's
+    wrapper (DS4LAB_CUPTI_CALLBACKS=python), no library, or a module that is no cupti-python: the module's own
+    subscribe."""
+    from pathlib import Path
+
+    m = S.fake_cupti.install(monkeypatch)
+    if case != "no cupti-python":
+        m.__file__ = "/site-packages/cupti/cupti.cpython-312-x86_64-linux-gnu.so"
+    monkeypatch.setattr(C, "_loaded_cupti", lambda: None if case == "no library" else Path("/lib/libcupti.so.13"))
+    monkeypatch.setattr(C.NativeCallbacks, "load",
+                        classmethod(lambda cls, p: cls(S.fake_cupti.FakeLibcupti(m)) if p is not None else None))
+    if case == "asked for python":
+        monkeypatch.setenv(C.CALLBACKS_ENV, "python")
+    else:
+        monkeypatch.delenv(C.CALLBACKS_ENV, raising=False)
+    session = C.CuptiSession.get()
+    watch = session.watch_calls({"cudaStreamSynchronize"}, ())
+    try:
+        corr = m.call("cudaStreamSynchronize_v3020")
+        assert isinstance(session.api, C.NativeCallbacks) == (case == "native")
+        assert " test_the_session_subscribes" in watch.stacks[corr]  # the hazard stacks either way
+        assert watch.names[corr] == "cudaStreamSynchronize"
+    finally:
+        watch.close()
+    assert m.subscribers == {}

@@ -429,6 +429,10 @@ class CuptiSession:
         else ``self.c`` (cupti-python's ``subscribe``, which builds a ``CallbackData`` at every callback)."""
         if os.environ.get(CALLBACKS_ENV, "").lower() == "python" or not getattr(self.c, "__file__", None):
             return self.c
+        try:  # cupti-python loads CUPTI's library at its first call: make one that changes nothing
+            self.c.get_timestamp()
+        except Exception:  # noqa: BLE001 - no library: cupti-python's own path says why when subscribing
+            return self.c
         native = NativeCallbacks.load(_loaded_cupti())
         return native if native is not None else self.c
 
