@@ -16,8 +16,9 @@ For each step, :func:`ds4lab.trace.arguments.measure_overhead` (``--rounds`` int
 * ``handler``: the launch handler alone (what ``audit validate``'s ``capture_us_per_launch`` measures),
   through CUPTI's C API (``native``, the default) and through cupti-python's wrapper (``python``,
   ``DS4LAB_CUPTI_CALLBACKS=python``): their difference is the wrapper's cost;
+* ``handler+memory``: the handler with the allocator's history (``native``);
 * ``pass``: the whole argument pass, the handler with the operator log and the allocator's history
-  (``native``).
+  (``native``): over ``handler+memory``, the operator log's share.
 
 Launches per step are counted by the handler. Then one short argument pass per callback path
 (``recording(arguments=True)``, 4 steps) says whether every launch was read (``unread`` must be 0).
@@ -179,6 +180,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         print(f"{name}: {json.dumps(summary)}", flush=True)
         for part, callbacks, parts in (("handler", "native", ("launches",)), ("handler", "python", ("launches",)),
+                                       ("handler+memory", "native", ("launches", "memory")),
                                        ("pass", "native", PASS_PARTS)):
             session = fresh_session(callbacks)
             t0 = time.time()
@@ -192,7 +194,7 @@ def main(argv=None) -> int:
                    "per_step_hi": c["hi"], "plain_step_us": c["baseline_us"], "pairs": c["n"],
                    "measurable": c["measurable"], "parts": "+".join(c["parts"]), "text": c["text"]}
             rows.append(row)
-            print(f"  {part:<8}{callbacks:<7} [{api}] {c['text']}  ({time.time() - t0:.1f} s)", flush=True)
+            print(f"  {part:<15}{callbacks:<7} [{api}] {c['text']}  ({time.time() - t0:.1f} s)", flush=True)
             with csv_path.open("w", newline="") as f:  # written as it goes
                 w = csv.DictWriter(f, fieldnames=fields)
                 w.writeheader()
