@@ -31,10 +31,6 @@
 #                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
 #   audit        ds4lab audit validate (transformers decode steps against torch.cuda.graph); AUDIT_ARGS its
 #                arguments, several sets separated by ';' (each into its own folder, each with the step's limit)
-#   arguments-cost  scripts/arguments_cost.py: the argument pass's cost per launch and per step, paired and
-#                interleaved with 95 % intervals, on a 2-layer transformers Llama (bf16) and a loop of 300 small torch
-#                operators: the launch handler through CUPTI's C API and through cupti-python's wrapper, and the whole
-#                pass (operator log, allocator history); then a short pass through each path, every launch read
 #   fixtures     scripts/make_audit_fixtures.py (FIXTURE_ARGS: runs, --dtype) into $R/audit_args: put under
 #                tests/data/audit_args/ for the CPU tests of the audit's argument verdicts
 #   audit-ds4    ds4lab trace of stages 0 and 3 (ds4-flash, 8 tokens each), audited: stage 0's whole-token
@@ -47,6 +43,10 @@
 #   nb06         notebook 06 on this GPU, reading the ds4 step's folder (DS4_NAME; NB06_CONTEXTS, default 1024,4096)
 #   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
+#   arguments-cost  scripts/arguments_cost.py: the argument pass's cost per launch and per step, paired and
+#                interleaved with 95 % intervals, on a 2-layer transformers Llama (bf16) and a loop of 300 small torch
+#                operators: the launch handler through CUPTI's C API and through cupti-python's wrapper, and the whole
+#                pass (operator log, allocator history); then a short pass through each path, every launch read
 #
 # Example: bash scripts/gpu_round.sh env conformance ladder:200 hazards
 set -u

@@ -84,21 +84,14 @@ def step(m, pos: int, token: int, *, host_counter: bool = True, host_slot: bool 
     m.clock += 50_000  # sampling on the host
 
 
-def record(monkeypatch, tmp_path=None, *, tokens: int = 5, unreadable: bool = False, callbacks: str = "python",
-           **kw):
+def record(monkeypatch, tmp_path=None, *, tokens: int = 5, unreadable: bool = False, **kw):
     """An argument pass over ``tokens`` steps (positions 17, 18, …): the :class:`Recording` (saved to
-    ``tmp_path/arguments.csv.gz`` with its store when ``tmp_path`` is given) and the fake. ``callbacks``:
-    how the session is handed the callback data: ``"python"`` (an object with the fields and ``ptr``),
-    ``"numpy"`` (also cupti-python's NumPy view, ``_data``), ``"native"`` (its address, through
-    :class:`ds4lab.trace.cupti.NativeCallbacks` over :class:`fake_cupti.FakeLibcupti`)."""
+    ``tmp_path/arguments.csv.gz`` with its store when ``tmp_path`` is given) and the fake."""
     from ds4lab.trace import arguments as A
     from ds4lab.audit import arguments as REC
     from ds4lab.trace import cupti as C
 
     m = fake_cupti.install(monkeypatch)
-    m.numpy_callback_data = callbacks == "numpy"
-    if callbacks == "native":
-        C.CuptiSession.get().api = C.NativeCallbacks(fake_cupti.FakeLibcupti(m))
     monkeypatch.setattr(C, "current_context", lambda: 0x55)
     q = queries(unreadable, rope_counter=not kw.get("host_counter", True))
     monkeypatch.setattr(A, "CudaQueries", lambda: q)

@@ -19,6 +19,23 @@ from ds4lab.trace import cupti as C
 from ds4lab.trace import stacks as ST
 
 
+def _record(monkeypatch, callbacks: str = "python", **kw):
+    """:func:`audit_args_synth.record` with the callback data handed as ``callbacks`` says: ``"python"`` (an
+    object with the fields and ``ptr``), ``"numpy"`` (also cupti-python's NumPy view, ``_data``), ``"native"``
+    (its address, through :class:`ds4lab.trace.cupti.NativeCallbacks` over :class:`fake_cupti.FakeLibcupti`)."""
+    real = S.fake_cupti.install
+
+    def install(mp, refuse=()):
+        m = real(mp, refuse)
+        m.numpy_callback_data = callbacks == "numpy"
+        if callbacks == "native":
+            C.CuptiSession.get().api = C.NativeCallbacks(S.fake_cupti.FakeLibcupti(m))
+        return m
+
+    monkeypatch.setattr(S.fake_cupti, "install", install)
+    return S.record(monkeypatch, **kw)
+
+
 def _counting(monkeypatch, module, name):
     calls = []
     real = getattr(module, name)
@@ -100,7 +117,7 @@ def test_digests_are_made_after_the_pass_once_per_distinct_value(monkeypatch):
 def test_every_way_of_handing_the_callback_data_stores_the_same_pass(monkeypatch, callbacks):
     base, _, _ = S.record(monkeypatch, tokens=4)
     monkeypatch.undo()
-    other, m, _ = S.record(monkeypatch, tokens=4, callbacks=callbacks)
+    other, m, _ = _record(monkeypatch, callbacks, tokens=4)
     a, b = base.arguments, other.arguments
     # correlation ids restart with each fake: compare in launch order
     la = [a.launches[c] for c in sorted(a.launches)]
@@ -130,7 +147,7 @@ def test_cupti_python_field_properties_are_not_read_at_launches(monkeypatch):
 
     real = S.fake_cupti.R
     monkeypatch.setattr(S.fake_cupti, "R", lambda **k: Data(**k) if "symbol_name" in k else real(**k))
-    rec, _, _ = S.record(monkeypatch, tokens=3, callbacks="numpy")
+    rec, _, _ = _record(monkeypatch, "numpy", tokens=3)
     assert len(rec.arguments.launches) == 1 + 3 * 4 and touched == []
 
 

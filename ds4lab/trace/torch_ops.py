@@ -143,7 +143,6 @@ class OpLog:
         self.local = threading.local()
         self.notes: list[str] = []
         self._mode = None
-        self._funcs: dict = {}  # operator -> (name, written arguments)
 
     def current(self):
         """The index into :attr:`ops` of the innermost operator call open on this thread, or None."""
@@ -172,12 +171,9 @@ class OpLog:
     def _call(self, func, args, kwargs):
         st = self.local.__dict__.setdefault("open", [])
         i = len(self.ops)
-        known = self._funcs.get(func)
-        if known is None:  # an operator's name and written arguments, read from its schema once
-            known = self._funcs[func] = (_name(func), _written(func))
-        entry = {"name": known[0], "t_ns": int(self.clock())}
+        entry = {"name": _name(func), "t_ns": int(self.clock())}
         try:  # the host arguments as the operator gets them (before an in-place one changes them)
-            key, text, spans, cpu, opaque = describe(self.torch, args, kwargs, written=known[1])
+            key, text, spans, cpu, opaque = describe(self.torch, args, kwargs, written=_written(func))
         except Exception as e:  # noqa: BLE001 - never break the user's operator: this call is opaque
             key, text, spans, cpu, opaque = f"?{i}", f"unreadable ({type(e).__name__})", [], [], True
         entry.update(key=key, text=text, spans=spans, cpu=cpu, opaque=opaque)
