@@ -123,12 +123,16 @@ def env() -> dict:
 
 
 def fresh_session(callbacks: str):
-    """The process's CUPTI session made anew, subscribing through ``callbacks`` (``native`` or ``python``)."""
+    """The process's CUPTI session, its next callback subscriber through ``callbacks`` (``native`` or
+    ``python``): the path is chosen again at the next subscription (none is open between measurements)."""
     from ds4lab.trace import cupti as C
 
     os.environ[C.CALLBACKS_ENV] = callbacks
-    C.CuptiSession._instance = None
-    return C.CuptiSession.get()
+    session = C.CuptiSession.get()
+    if session.subscriber is not None:
+        raise RuntimeError("a CUPTI callback subscriber is still open: the callback path cannot be chosen again")
+    session.api = None
+    return session
 
 
 def check_pass(step, callbacks: str) -> dict:

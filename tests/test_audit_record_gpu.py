@@ -118,7 +118,8 @@ def test_an_argument_pass_reads_every_launch_through_either_callback_path(cupti_
     from ds4lab.trace.recording import recording
 
     monkeypatch.setenv(C.CALLBACKS_ENV, callbacks)
-    monkeypatch.setattr(C.CuptiSession, "_instance", None)  # a session that chooses its callback path anew
+    assert C.CuptiSession.get().subscriber is None
+    monkeypatch.setattr(C.CuptiSession.get(), "api", None)  # the path chosen again at the next subscription
     k = cp.RawKernel(KERNEL, "add_one")
     x = cp.zeros(1024, dtype=cp.float32)
     k((4,), (256,), (x, np.int32(1024)))
