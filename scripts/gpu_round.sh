@@ -46,7 +46,8 @@
 #   arguments-cost  scripts/arguments_cost.py: the argument pass's cost per launch and per step, paired and
 #                interleaved with 95 % intervals, on a 2-layer transformers Llama (bf16) and a loop of 300 small torch
 #                operators: the launch handler through CUPTI's C API and through cupti-python's wrapper, and the whole
-#                pass (operator log, allocator history); then a short pass through each path, every launch read
+#                pass (operator log, allocator history); then a short pass through each path, every launch read;
+#                then the recording's GPU tests (tests/test_audit_record_gpu.py: an argument pass through each path)
 #
 # Example: bash scripts/gpu_round.sh env conformance ladder:200 hazards
 set -u
@@ -104,7 +105,8 @@ for arg in "$@"; do
          i=0; for a in "${sets[@]}"; do i=$((i + 1)); n=audit; [ $i -gt 1 ] && n=audit-$i
            # shellcheck disable=SC2086 # each set is words
            TAIL=30 step $n ${limit:-300} $D audit validate $a --out $R/$n; done ;;
-    arguments-cost) TAIL=30 step arguments-cost ${limit:-240} python3 scripts/arguments_cost.py --out $R/arguments-cost ;;
+    arguments-cost) TAIL=30 step arguments-cost ${limit:-240} bash -c "python3 scripts/arguments_cost.py --out \
+         $R/arguments-cost; python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_audit_record_gpu.py" ;;
     fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;
