@@ -49,6 +49,11 @@
 #   nb06         notebook 06 on this GPU, reading the ds4 step's folder (DS4_NAME; NB06_CONTEXTS, default 1024,4096)
 #   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
+#   arguments-cost  scripts/arguments_cost.py: the argument pass's cost per launch and per step, paired and
+#                interleaved with 95 % intervals, on a 2-layer transformers Llama (bf16) and a loop of 300 small torch
+#                operators: the launch handler through CUPTI's C API and through cupti-python's wrapper, and the whole
+#                pass (operator log, allocator history); then a short pass through each path, every launch read;
+#                then the recording's GPU tests (tests/test_audit_record_gpu.py: an argument pass through each path)
 #
 # Example: bash scripts/gpu_round.sh env conformance ladder:200 hazards
 set -u
@@ -108,6 +113,8 @@ for arg in "$@"; do
            TAIL=30 step $n ${limit:-300} $D audit validate $a --out $R/$n; done ;;
     steps-truth) # shellcheck disable=SC2086 # STEPS_FAMILIES is words
          TAIL=70 step steps-truth ${limit:-540} bash ds4lab/data/steps/run_all.sh $R/steps-truth ${STEPS_FAMILIES:-} ;;
+    arguments-cost) TAIL=30 step arguments-cost ${limit:-240} bash -c "python3 scripts/arguments_cost.py --out \
+         $R/arguments-cost; python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_audit_record_gpu.py" ;;
     fixtures) step fixtures ${limit:-300} python3 scripts/make_audit_fixtures.py ${FIXTURE_ARGS:-} --out $R/audit_args ;;
     audit-ds4) TAIL=40 step audit-ds4 ${limit:-120} bash -c "$D trace --backend cupy --preset ds4-flash --stages 0,3 \
          --tokens 8 --out $R/trace-audit && $D audit $R/trace-audit/trace.json --out $R/audit-ds4" ;;

@@ -81,6 +81,8 @@ class FakeCupti(types.ModuleType):
         self.corr = 0
         self.thread_id_type = None
         self.pending: list = []
+        #: launches hand their callback data with a NumPy view of it (``_data``), as cupti-python does
+        self.numpy_callback_data = False
 
     # activity API
     def activity_enable(self, kind):
@@ -147,9 +149,16 @@ class FakeCupti(types.ModuleType):
         cbid = int(enum_[name])
         t0 = self.get_timestamp()
         if (int(dom), cbid) in self.callbacks_on:
+            import ctypes
+
+            # CUpti_CallbackData in memory too (callbackSite, functionName, correlationId), for a subscriber
+            # handed its address (ds4lab.trace.cupti.NativeCallbacks)
+            mem, fname = ctypes.create_string_buffer(72), ctypes.create_string_buffer(name.split("_v")[0].encode())
+            ctypes.c_uint64.from_address(ctypes.addressof(mem) + 8).value = ctypes.addressof(fname)
+            ctypes.c_uint32.from_address(ctypes.addressof(mem) + 64).value = self.corr
             for cb in list(self.subscribers.values()):
                 cb(None, dom, cbid, R(callback_site=ApiCallbackSite.API_ENTER, correlation_id=self.corr,
-                                      function_name=name.split("_v")[0]))
+                                      function_name=name.split("_v")[0], ptr=ctypes.addressof(mem)))
         self.clock += dur
         kind = ActivityKind.RUNTIME if domain == "runtime" else ActivityKind.DRIVER
         pid = os.getpid() if process_id is None else process_id
@@ -190,17 +199,29 @@ def _launch(self, name, fn, args, *, domain="runtime", kernel="k", grid=(1, 1, 1
         ctypes.c_uint64.from_address(ctypes.addressof(params) + x_off).value = ctypes.addressof(ex)
     else:
         ctypes.c_uint64.from_address(ctypes.addressof(params) + a_off).value = ctypes.addressof(argv)
+    # CUpti_CallbackData as CUPTI fills it: callbackSite at 0, functionParams at 16, symbolName at 32,
+    # correlationId at 64 (x86-64)
     cb = ctypes.create_string_buffer(72)
+    sym = ctypes.create_string_buffer(kernel.encode())
+    keep.append(sym)
     ctypes.c_uint64.from_address(ctypes.addressof(cb) + 16).value = ctypes.addressof(params)
+    ctypes.c_uint64.from_address(ctypes.addressof(cb) + 32).value = ctypes.addressof(sym)
     self.corr += 1
     corr = self.corr
+    ctypes.c_uint32.from_address(ctypes.addressof(cb) + 64).value = corr
     dom = CallbackDomain.RUNTIME_API if domain == "runtime" else CallbackDomain.DRIVER_API
     enum_ = runtime_api_trace_cbid if domain == "runtime" else driver_api_trace_cbid
     cbid = int(enum_[name])
     t0 = self.get_timestamp()
     on = (int(dom), cbid) in self.callbacks_on
-    data = lambda site: R(callback_site=site, correlation_id=corr, function_name=base, symbol_name=kernel,  # noqa: E731
-                          ptr=ctypes.addressof(cb))
+    def data(site):
+        ctypes.c_int32.from_address(ctypes.addressof(cb)).value = int(site)
+        d = R(callback_site=site, correlation_id=corr, function_name=base, symbol_name=kernel, ptr=ctypes.addressof(cb))
+        if self.numpy_callback_data:  # as cupti-python's CallbackData holds it: a NumPy view of the struct
+            import numpy as np
+
+            d._data = np.frombuffer((ctypes.c_char * 72).from_address(ctypes.addressof(cb)), dtype=np.uint8)
+        return d
     if on:
         for s in list(self.subscribers.values()):
             s(None, dom, cbid, data(ApiCallbackSite.API_ENTER))
@@ -218,7 +239,7 @@ def _launch(self, name, fn, args, *, domain="runtime", kernel="k", grid=(1, 1, 1
                     grid_x=grid[0], grid_y=grid[1], grid_z=grid[2], block_x=block[0], block_y=block[1],
                     block_z=block[2], static_shared_memory=0, dynamic_shared_memory=0, graph_id=0,
                     graph_node_id=0)])
-    del keep, argv, params
+    del keep, argv, params, cb
     return corr
 
 
@@ -267,3 +288,31 @@ def install(monkeypatch, refuse=()) -> FakeCupti:
     monkeypatch.setitem(sys.modules, "cupti.cupti", mod)
     monkeypatch.setattr(CuptiSession, "_instance", None)
     return mod
+
+
+class FakeLibcupti:
+    """The three calls :class:`ds4lab.trace.cupti.NativeCallbacks` makes of CUPTI's library
+    (``cuptiSubscribe``, ``cuptiEnableCallback``, ``cuptiUnsubscribe``) over a :class:`FakeCupti`: the
+    subscriber is the ``ctypes`` callback itself, called through ``ctypes`` (a C thunk, as CUPTI would
+    call it) with the callback data's address."""
+
+    def __init__(self, fake: FakeCupti) -> None:
+        self.fake = fake
+        self.calls: list = []
+
+    def cuptiSubscribe(self, handle_ref, fn, userdata):
+        h = 5000 + len(self.calls)
+        self.calls.append(("subscribe", h))
+        handle_ref._obj.value = h
+        self.fake.subscribers[h] = lambda u, d, c, cb: fn(None, int(d), int(c), int(cb.ptr))
+        return 0
+
+    def cuptiEnableCallback(self, on, handle, domain, cbid):
+        self.calls.append(("enable", on.value, domain.value, cbid.value))
+        self.fake.enable_callback(on.value, handle.value, domain.value, cbid.value)
+        return 0
+
+    def cuptiUnsubscribe(self, handle):
+        self.calls.append(("unsubscribe", handle.value))
+        self.fake.unsubscribe(handle.value)
+        return 0

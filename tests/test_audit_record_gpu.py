@@ -102,3 +102,40 @@ def test_running_a_script_records_nvtx_ranges_and_passes_the_status(cupti_ok, tm
     api = df[df.kind == "api"]
     assert api[api.name == "cudaMalloc"].nvtx_path.eq("decode_step").all()
     assert any("status 5" in n for n in t.notes)
+
+
+@pytest.mark.parametrize("callbacks", ["native", "python"])
+def test_an_argument_pass_reads_every_launch_through_either_callback_path(cupti_ok, monkeypatch, callbacks):
+    """The argument pass on a real GPU through CUPTI's C API (a ctypes subscriber, the default) and through
+    cupti-python's wrapper (``DS4LAB_CUPTI_CALLBACKS=python``): every launch read, the int argument's bytes
+    where the kernel's layout puts them, and the stack of a launch naming this file."""
+    import struct
+
+    import cupy as cp
+    import numpy as np
+
+    from ds4lab.trace import cupti as C
+    from ds4lab.trace.recording import recording
+
+    monkeypatch.setenv(C.CALLBACKS_ENV, callbacks)
+    assert C.CuptiSession.get().subscriber is None
+    monkeypatch.setattr(C.CuptiSession.get(), "api", None)  # the path chosen again at the next subscription
+    k = cp.RawKernel(KERNEL, "add_one")
+    x = cp.zeros(1024, dtype=cp.float32)
+    k((4,), (256,), (x, np.int32(1024)))
+    cp.cuda.runtime.deviceSynchronize()
+    with recording(arguments=True) as rec:
+        for n in (1000, 1001, 1002):
+            k((4,), (256,), (x, np.int32(n)))
+        cp.cuda.runtime.deviceSynchronize()
+    session = C.CuptiSession.get()
+    assert isinstance(session.api, C.NativeCallbacks) == (callbacks == "native")
+    st = rec.arguments
+    assert len(st.launches) == 3 and all(d is not None for _, d in st.launches.values()), st.notes
+    ns = []
+    for c in sorted(st.launches):
+        name, params, blob = st.params(c)
+        assert name.endswith("add_one") and [s for _, s in params] == [8, 4]
+        ns.append(struct.unpack("<i", blob[8:12])[0] if blob else None)
+    assert ns == [1000, 1001, 1002], st.notes  # differing bytes are kept (no tokens: every value)
+    assert all("test_audit_record_gpu.py" in s for s in st.stacks.values()) and st.stacks

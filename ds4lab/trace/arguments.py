@@ -29,10 +29,11 @@ was unread, and is otherwise skipped (one launch, one record, keyed by the outer
 the id its kernel record carries).
 
 **What is stored.** Per launch its correlation id, function and a digest (BLAKE2b, 8 bytes) of its
-parameter bytes; the bytes themselves (and the Python stack at the launch, taken where its bytes are
-new for its function) only for launches whose digest differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the
-argument pass's own event table, as the audit finds them). A recording whose tokens cannot be found
-keeps every distinct value (stored once per distinct digest).
+parameter bytes (made after the pass, once per distinct value); the bytes themselves (and the Python
+stack at the launch, taken where its bytes are new for its function) only for launches whose digest
+differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the argument
+pass's own event table, as the audit finds them). A recording whose tokens cannot be found keeps every
+distinct value (stored once per distinct digest).
 
 **Allocations** (what an address points into; :class:`MemoryTracker`): CUPTI ``MEMORY2`` records
 (``cudaMalloc``/``cuMemAlloc`` and frees, with address, size and time, on the records' clock); where
@@ -42,10 +43,13 @@ alive before the tokens) and the allocator's history (``torch.cuda.memory._recor
 (wall clock, ``cuptiGetTimestamp``) pairs; and for the words that vary between tokens, the driver
 allocation containing each value at the end of the pass (``cuMemGetAddressRange``).
 
-**The cost.** The handler runs Python at every launch (reads, a digest, a stack): it slows the
-host. :func:`record_arguments` and ``ds4lab audit run`` therefore record arguments in a pass of
-their own over the same loop (the second), never in the timed tokens; :func:`measure_overhead`
-measures the cost per launch (paired, interleaved, with its interval: :mod:`ds4lab.timing`).
+**The cost.** The handler runs Python at every launch: it slows the host. ``ds4lab audit run``
+therefore records arguments in a pass of its own over the same loop (the second), never in the timed
+tokens. Its hot path does the least it can (:class:`ArgumentCapture`: the callback data read from its
+bytes, the parameter bytes copied out and kept as they are, digests after the pass, a stack formatted
+once per launch site), and CUPTI hands it the callback data's address (:class:`~ds4lab.trace.cupti.NativeCallbacks`);
+:func:`measure_overhead` measures what it costs per launch (paired, interleaved, with its interval:
+:mod:`ds4lab.timing`), the handler alone or with the operator log and the allocator's history.
 
 The file (``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording): see
 :class:`ArgumentStore`.
@@ -58,6 +62,7 @@ import gzip
 import hashlib
 import json
 import os
+import struct
 import sys
 import threading
 import time
@@ -80,8 +85,6 @@ LAUNCHES = {
     "cuLaunchKernelEx": ("driver", 8, 16, 24),
 }
 LAUNCH_NAMES = frozenset(LAUNCHES)
-#: ``CUpti_CallbackData.functionParams`` on x86-64 (cupti.callback_data_dtype says so where present).
-FUNCTION_PARAMS_OFFSET = 16
 #: ``CU_LAUNCH_PARAM_END``, ``CU_LAUNCH_PARAM_BUFFER_POINTER``, ``CU_LAUNCH_PARAM_BUFFER_SIZE`` (cuda.h).
 PARAM_END, PARAM_BUFFER_POINTER, PARAM_BUFFER_SIZE = 0, 1, 2
 #: ``CUDA_ERROR_INVALID_VALUE``: cuFuncGetParamInfo past the last parameter.
@@ -99,8 +102,11 @@ SKIP_FILES: tuple = ()
 MAX_RANGE_QUERIES = 20_000
 
 
+_U64 = ctypes.c_uint64.from_address
+
+
 def _u64(addr: int) -> int:
-    return ctypes.c_uint64.from_address(addr).value
+    return _U64(addr).value
 
 
 def digest(data: bytes) -> str:
@@ -282,31 +288,51 @@ def _loaded_runtimes() -> list:
 @dataclass
 class FunctionInfo:
     """One kernel function as the capture saw it: its name, its parameters ``[(offset, size)]`` (None:
-    unread), and why it is unread."""
+    unread), and why it is unread. ``fid`` is its key in the store; ``sizes`` and ``argv`` (the
+    :class:`struct.Struct` of its argument array) are what the hot path reads it with; ``seen`` the
+    parameter bytes it was launched with whose stack was taken."""
 
     name: str
     params: list | None
     why: str = ""
     #: looked up a second time (at a launch's exit): a function still unread after it stays unread
     retried: bool = False
+    fid: str = ""
+    sizes: tuple = ()
+    argv: struct.Struct | None = None
+    seen: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.params is not None:
+            self.sizes = tuple(int(s) for _, s in self.params)
+            self.argv = struct.Struct(f"<{len(self.sizes)}Q")
 
 
 class ArgumentCapture:
     """The launch handler (module docstring). ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`;
     ``queries``: the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python
     stack at each launch whose bytes are new for its function, or unread (kept only where the launch
-    differs between tokens, :func:`prune`); ``functions``, ``seen``: the function lookups and the digests
-    already stacked, shared with an earlier capture."""
+    differs between tokens, :func:`prune`); ``shared``: an earlier capture whose function lookups, launch
+    sites and bytes already stacked this one keeps using (the steady state of a long pass).
 
-    def __init__(self, session, queries=None, *, stacks: bool = True, functions: dict | None = None,
-                 seen: dict | None = None) -> None:
+    **The hot path** (:meth:`on_launch`, entry and exit of every launch) does the least it can: the
+    callback data's fields in one read of its bytes (``cupti-python``'s field properties cost
+    microseconds each), the parameter bytes copied out with one ``ctypes`` read per parameter, and the
+    bytes kept as they are, one object per distinct value (:attr:`records`); the digests are made after the
+    pass, once per distinct value (:meth:`digests`). A stack is taken only where the bytes are new for
+    the function, and then looked up by its launch site: the code and instruction of every frame (no line
+    numbers, no text), the text made once per site (:meth:`_stack`)."""
+
+    def __init__(self, session, queries=None, *, stacks: bool = True, shared: "ArgumentCapture | None" = None) -> None:
         self.session = session
         self.queries = queries
         self.want_stacks = stacks
-        self.functions: dict[str, FunctionInfo] = functions if functions is not None else {}
-        self.seen: dict[str, set] = seen if seen is not None else {}  # function id -> digests stacked
-        self.launches: dict[int, list] = {}   # corr -> [function id, digest or None]
-        self.blobs: dict[str, bytes] = {}
+        self.functions: dict[str, FunctionInfo] = shared.functions if shared is not None else {}
+        self._by_fn: dict = shared._by_fn if shared is not None else {"runtime": {}, "driver": {}}
+        #: launch sites: frames' instructions -> [(their code objects, stack)]
+        self._sites: dict = shared._sites if shared is not None else {}
+        self.records: dict[int, list] = {}   # corr -> [function id, parameter bytes | None (unread)]
+        self._values: dict = {}               # parameter bytes -> the one object kept for them
         self.stacks: dict[int, str] = {}
         self.own: list[tuple] = []            # (thread id, t0, t1) of the capture's own CUDA calls
         self.why_unread: dict[int, str] = {}  # corr -> why its launch is unread (gone once read)
@@ -318,8 +344,11 @@ class ArgumentCapture:
         self._stop = None
         self._forms: dict = {}
         self._skip = (__file__, _cupti_file(), *SKIP_FILES)
-        off = getattr(getattr(session.c, "callback_data_dtype", None), "fields", None)
-        self.fp_offset = int(off["function_params"][1]) if off and "function_params" in off else FUNCTION_PARAMS_OFFSET
+        from .cupti import callback_struct
+
+        self._fields = callback_struct(getattr(session.c, "callback_data_dtype", None))
+        self._raw = None  # how the callback data's bytes are read (chosen at the first callback)
+        self._anchor = None  # the frame stack walks stop at (:meth:`start`)
         self._forms_from(session)
 
     def _forms_from(self, session) -> None:
@@ -334,113 +363,176 @@ class ArgumentCapture:
                     self._forms[(int(domain), int(cbid))] = LAUNCHES[base]
 
     def start(self) -> None:
+        """Start handling launches (:meth:`~ds4lab.trace.cupti.CuptiSession.watch_launches`). The first frame
+        outside ds4lab's recording and ``contextlib`` (the frame whose ``with`` block is the pass) becomes
+        the anchor that stack walks stop at, held until :meth:`stop`."""
         if self.queries is None:
             self.queries = CudaQueries()
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename.endswith(_ANCHOR_SKIP):
+            f = f.f_back
+        self._anchor = f
         self._stop = self.session.watch_launches(LAUNCH_NAMES, self.on_launch)
 
     def stop(self) -> None:
         if self._stop is not None:
             self._stop()
             self._stop = None
+        self._anchor = None
 
     # ------------------------------------------------------------------ the hot path
     def on_launch(self, domain: int, cbid: int, cbdata) -> None:
         """CUPTI's callback at a launch's entry and exit (module docstring). A launch left unread at its
         entry is tried once more at its exit, its function looked up again (a lazily loaded module is
         loaded by the launch itself, after its entry): the same parameter struct, still the caller's."""
-        form = self._forms.get((domain, cbid))
+        key = (domain, cbid)
+        form = self._forms.get(key)
         if form is None:
             return
-        open_ = self.local.__dict__.setdefault("open", [])
-        if int(cbdata.callback_site) != 0:  # API exit
+        raw = self._raw
+        if raw is None:
+            raw = self._raw = self._callback_reader(cbdata)
+        site, _, fp, sym, corr = self._fields.unpack(raw(cbdata))
+        try:
+            open_ = self.local.open
+        except AttributeError:
+            open_ = self.local.open = []
+        if site:  # API exit
             if open_:
                 ent = open_.pop()
-                if not ent["read"] and ent["key"] == (domain, cbid) and not (ent["outer"] and ent["outer"]["read"]):
-                    self._try(ent, form, cbdata, again=True)
+                if not ent[1] and ent[2] == key and not (ent[3] is not None and ent[3][1]):
+                    self._try(ent, form, fp, sym, again=True)
             return
-        corr = int(cbdata.correlation_id)
         outer = open_[-1] if form[0] == "driver" and open_ else None
         if outer is not None:
-            corr = outer["corr"]  # the runtime launch around it: one launch, one record
-        ent = {"corr": corr, "read": False, "key": (domain, cbid), "outer": outer}
+            corr = outer[0]  # the runtime launch around it: one launch, one record
+        ent = [corr, False, key, outer]  # corr, read, the call, the launch around it
         open_.append(ent)
         if outer is None and self.current_op is not None:
             op = self.current_op()
             if op is not None:
                 self.op_of[corr] = op
-        if outer is not None and outer["read"]:
+        if outer is not None and outer[1]:
             return
-        self._try(ent, form, cbdata)
+        got = self._try(ent, form, fp, sym)
         if self.want_stacks and outer is None:
             # a stack only where the launch's bytes are new for its function (or unread): a launch that
             # differs between tokens has new bytes, one that repeats has its stack from the first time
-            fid, d = self.launches.get(corr, ("", None))
-            seen = self.seen.setdefault(fid, set())
-            if d is None or d not in seen:
-                if d is not None:
-                    seen.add(d)
-                from .cupti import python_stack
+            if got is not None:
+                info, data = got
+                if data in info.seen:
+                    return
+                info.seen.add(data)
+            self.stacks[corr] = self._stack(sys._getframe(1))
 
-                self.stacks[corr] = python_stack(sys._getframe(1), skip_files=self._skip)
+    def _callback_reader(self, cbdata):
+        """How a ``CUpti_CallbackData``'s bytes are read: an address (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
+        with ``ctypes``; ``cupti-python``'s ``CallbackData`` holds them in a NumPy record (``_data``: one
+        ``tobytes()``, where its field properties cost microseconds each); anything else through its ``ptr``."""
+        size = self._fields.size
+        string_at = ctypes.string_at
+        if type(cbdata) is int:  # the address itself (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
+            return lambda cb: string_at(cb, size)
+        data = getattr(cbdata, "_data", None)
+        if data is not None and getattr(data, "nbytes", None) == size and callable(getattr(data, "tobytes", None)):
+            return lambda cb: cb._data.tobytes()
+        return lambda cb: string_at(int(cb.ptr), size)
+
+    def _stack(self, frame) -> str:
+        """The Python stack at ``frame`` (:func:`~ds4lab.trace.stacks.python_stack`), made once per launch
+        site. A site is every frame's code object and instruction (``f_lasti``), which fix its lines: looked
+        up by the instructions, told apart by the code objects themselves (held by the cache, compared by
+        identity). The walk stops at the frame that started the capture (:attr:`_anchor`): the frames
+        around it cannot move while it runs."""
+        codes, spots = [], []
+        code, spot = codes.append, spots.append
+        f, anchor = frame, self._anchor
+        while f is not None:
+            code(f.f_code)
+            spot(f.f_lasti)
+            if f is anchor:
+                break
+            f = f.f_back
+        known = self._sites.get(spots := tuple(spots))
+        if known is not None:
+            for c, stack in known:
+                if c == codes:  # list equality: identity first, so identical code objects compare at once
+                    return stack
+        from .stacks import python_stack
+
+        stack = python_stack(frame, skip_files=self._skip)
+        self._sites.setdefault(spots, []).append((codes, stack))
+        return stack
 
     @property
     def unread(self) -> Counter:
         """Why launches are unread: reason → launches."""
         return Counter(self.why_unread.values())
 
-    def _try(self, ent: dict, form, cbdata, again: bool = False) -> None:
+    def _try(self, ent: list, form, fp: int, sym: int, again: bool = False):
+        """Read the launch ``ent`` (:meth:`_read`); ``(function, bytes)`` or None (unread)."""
         try:
-            ok = self._read(form, ent["corr"], cbdata, again)
+            got = self._read(form, ent[0], fp, sym, again)
         except Exception as e:  # noqa: BLE001 - never break the user's launch: say it and go on
-            self.why_unread[ent["corr"]] = f"{type(e).__name__}: {e}"
-            self.launches.setdefault(ent["corr"], ["", None])
-            ok = False
-        if ok:
-            ent["read"] = True
-            if ent["outer"] is not None:
-                ent["outer"]["read"] = True
+            self.why_unread[ent[0]] = f"{type(e).__name__}: {e}"
+            self.records.setdefault(ent[0], ["", None])
+            return None
+        if got is not None:
+            ent[1] = True
+            if ent[3] is not None:
+                ent[3][1] = True
+        return got
 
-    def _read(self, form, corr: int, cbdata, again: bool = False) -> bool:
-        """Read one launch's parameter bytes into :attr:`launches` (True) or mark it unread (False, the
-        reason counted once per launch). ``again``: the second try, at the call's exit."""
+    def _read(self, form, corr: int, fp: int, sym: int, again: bool = False):
+        """Read one launch's parameter bytes into :attr:`records` (``(function, bytes)``) or mark it
+        unread (None, the reason counted once per launch). ``fp``: the launch call's parameter struct;
+        ``sym``: CUPTI's symbol name (a C string, or 0); ``again``: the second try, at the call's exit."""
         domain, f_off, a_off, x_off = form
-        params = _u64(int(cbdata.ptr) + self.fp_offset)
-        fn = _u64(params + f_off)
-        fid = f"{domain[0]}{fn:x}"
-        info = self.functions.get(fid)
+        u64 = _U64
+        fn = u64(fp + f_off).value
+        info = self._by_fn[domain].get(fn)
         if info is None or (again and info.params is None and not info.retried):
-            info = self._resolve(fid, domain, fn, getattr(cbdata, "symbol_name", "") or "", retried=again)
+            info = self._resolve(domain, fn, sym, retried=again)
         if info.params is None:
-            return self._unread(corr, fid, info.why)
-        argv = _u64(params + a_off)
+            return self._unread(corr, info.fid, info.why)
+        argv = u64(fp + a_off).value
+        string_at = ctypes.string_at
         if argv:
-            data = b"".join(ctypes.string_at(_u64(argv + 8 * i), size) for i, (_, size) in enumerate(info.params))
-        elif x_off is not None and _u64(params + x_off):
-            buf = _extra_buffer(_u64(params + x_off))
+            sizes = info.sizes
+            if len(sizes) == 1:
+                data = string_at(u64(argv).value, sizes[0])
+            else:
+                data = b"".join(map(string_at, info.argv.unpack(string_at(argv, info.argv.size)), sizes))
+        elif x_off is not None and u64(fp + x_off).value:
+            buf = _extra_buffer(u64(fp + x_off).value)
             if buf is None:
-                return self._unread(corr, fid, "extra without CU_LAUNCH_PARAM_BUFFER_POINTER")
-            data = b"".join(ctypes.string_at(buf + off, size) for off, size in info.params)
+                return self._unread(corr, info.fid, "extra without CU_LAUNCH_PARAM_BUFFER_POINTER")
+            data = b"".join([string_at(buf + off, size) for off, size in info.params])
         elif not info.params:
             data = b""
         else:
-            return self._unread(corr, fid, "no argument array")
-        d = digest(data)
-        self.blobs.setdefault(d, data)
-        self.launches[corr] = [fid, d]
-        self.why_unread.pop(corr, None)
-        return True
+            return self._unread(corr, info.fid, "no argument array")
+        data = self._values.setdefault(data, data)
+        self.records[corr] = [info.fid, data]
+        if self.why_unread:
+            self.why_unread.pop(corr, None)
+        return info, data
 
-    def _unread(self, corr: int, fid: str, why: str) -> bool:
+    def _unread(self, corr: int, fid: str, why: str) -> None:
         """Mark a launch unread, keeping every distinct reason its tries met (the runtime's and the
-        nested driver launch's). Returns False."""
-        self.launches[corr] = [fid, None]
+        nested driver launch's). Returns None."""
+        self.records[corr] = [fid, None]
         before = self.why_unread.get(corr)
         self.why_unread[corr] = why if not before or why in before else f"{before}; then {why}"
-        return False
+        return None
 
-    def _resolve(self, fid: str, domain: str, fn: int, symbol: str, retried: bool = False) -> FunctionInfo:
+    def _resolve(self, domain: str, fn: int, sym: int, retried: bool = False) -> FunctionInfo:
         t0 = self.session.timestamp()
+        fid = f"{domain[0]}{fn:x}"
+        symbol = ""
         try:
+            if sym:
+                symbol = ctypes.string_at(sym).decode("utf-8", "replace")
             cufunc, why = (fn, "") if domain == "driver" else self.queries.runtime_function(fn)
             if not cufunc:
                 info = FunctionInfo(symbol, None, why)
@@ -449,12 +541,32 @@ class ArgumentCapture:
                 info = FunctionInfo(symbol or self.queries.function_name(cufunc), layout, why)
         except Exception as e:  # noqa: BLE001 - a query that raised: this function is unread, said why
             info = FunctionInfo(symbol, None, f"{type(e).__name__}: {e}")
-        info.retried = retried
+        info.retried, info.fid = retried, fid
+        old = self._by_fn[domain].get(fn)
+        if old is not None:
+            info.seen = old.seen
         self.own.append((threading.get_native_id(), t0, self.session.timestamp()))
         self.functions[fid] = info
+        self._by_fn[domain][fn] = info
         return info
 
     # ------------------------------------------------------------------ after the pass
+    def digests(self) -> tuple[dict, dict]:
+        """``({correlation id: [function id, digest | None]}, {digest: bytes})``: the launches as the store
+        keeps them (:class:`ArgumentStore`), each distinct value digested once (:func:`digest`)."""
+        names: dict = {}
+        launches, blobs = {}, {}
+        for corr, (fid, data) in self.records.items():
+            if data is None:
+                launches[corr] = [fid, None]
+                continue
+            d = names.get(data)
+            if d is None:
+                d = names[data] = digest(data)
+                blobs[d] = data
+            launches[corr] = [fid, d]
+        return launches, blobs
+
     def resolve_ranges(self, values) -> dict:
         """``{value: (base, size)}`` for the values (varying words) that lie in device memory now."""
         out = {}
@@ -470,6 +582,11 @@ class ArgumentCapture:
                 out[int(v)] = r
         self.own.append((threading.get_native_id(), t0, self.session.timestamp()))
         return out
+
+
+#: Files of the frames between a pass's ``with`` block and :meth:`ArgumentCapture.start` (never its anchor).
+_ANCHOR_SKIP = ("ds4lab/trace/arguments.py", "ds4lab/trace/recording.py", "ds4lab/audit/arguments.py",
+                "contextlib.py")
 
 
 def _cupti_file() -> str:
@@ -785,21 +902,39 @@ def varying_words(store: ArgumentStore, tl: TokenLaunches) -> set:
 
 
 # ----------------------------------------------------------------------------- the cost
-def measure_overhead(step, launches_per_step: float, *, session=None, rounds: int = 8, steps: int = 3,
-                     sync=None, clock=time.perf_counter, queries=None) -> dict:
+#: What an argument pass runs beside the step (:func:`measure_overhead`'s ``parts``): the launch handler
+#: (:class:`ArgumentCapture`), the operator log (:class:`ds4lab.trace.torch_ops.OpLog`) and the caching
+#: allocator's history (:class:`MemoryTracker`), the last two where torch is loaded.
+PASS_PARTS = ("launches", "ops", "memory")
+PART_NAMES = {"launches": "launch handler", "ops": "operator log", "memory": "allocator history"}
+
+
+def measure_overhead(step, launches_per_step: float | None = None, *, session=None, rounds: int = 8,
+                     steps: int = 3, sync=None, clock=time.perf_counter, queries=None,
+                     parts=("launches",), torch_module=None) -> dict:
     """What argument capture costs: ``rounds`` interleaved pairs (:func:`ds4lab.timing.interleaved_pairs`)
-    of ``steps`` calls of ``step`` each, plain against with the launch handler on (its reads, digest and
-    stacks; the activity records are on in neither), each figure the mean µs per step of its block
-    (the steady state of a long pass: the function lookups and the stacks of bytes already seen are
-    made once, in a warm block, and kept)
-    (host wall clock after ``sync()``, which waits for the device). Returns ``{"per_step_us", "lo", "hi",
-    "n", "measurable", "per_launch_us", "per_launch_lo", "per_launch_hi", "launches_per_step",
-    "baseline_us", "text"}`` (:func:`ds4lab.timing.paired_difference`)."""
+    of ``steps`` calls of ``step`` each, plain against with the argument pass's ``parts`` on
+    (:data:`PASS_PARTS`: ``"launches"``, the launch handler, always; ``"ops"``, the operator log, and
+    ``"memory"``, the allocator's history, where torch is loaded: ``torch_module`` or ``sys.modules``); the
+    activity records are on in neither. Each figure is the mean µs per step of its block (host wall clock
+    after ``sync()``, which waits for the device): the steady state of a long pass, the function lookups
+    and the stacks of the launch sites already seen made once, in a warm block, and kept.
+
+    ``launches_per_step``: to divide by; None counts the launches the handler saw in the warm block.
+    Returns ``{"per_step_us", "lo", "hi", "n", "measurable", "per_launch_us", "per_launch_lo",
+    "per_launch_hi", "launches_per_step", "baseline_us", "parts", "text"}``
+    (:func:`ds4lab.timing.paired_difference`). Raises ValueError for a part not in :data:`PASS_PARTS`."""
     from .cupti import CuptiSession
     from ..timing import interleaved_pairs, paired_difference
 
+    bad = [p for p in parts if p not in PASS_PARTS]
+    if bad:
+        raise ValueError(f"unknown part(s) {', '.join(map(repr, bad))} of the argument pass; choose from: "
+                         f"{', '.join(PASS_PARTS)}")
     session = session or CuptiSession.get()
     sync = sync or (lambda: None)
+    torch = torch_module if torch_module is not None else (_torch_if_loaded() if set(parts) - {"launches"} else None)
+    on = ["launches"] + [p for p in ("ops", "memory") if p in parts and torch is not None]
 
     def block() -> float:
         sync()
@@ -809,35 +944,59 @@ def measure_overhead(step, launches_per_step: float, *, session=None, rounds: in
         sync()
         return (clock() - t0) * 1e6 / steps
 
+    def started(cap):
+        """``cap`` started with the other parts; returns the function that stops them all."""
+        stops = []
+        if "memory" in on:
+            mem = MemoryTracker(session.timestamp, torch)
+            mem.start()
+            stops.append(mem.stop)
+        if "ops" in on:
+            from .torch_ops import OpLog
+
+            log = OpLog(torch, session.timestamp)
+            log.start()
+            cap.current_op = log.current
+            stops.append(log.stop)
+        cap.start()
+        stops.append(cap.stop)
+
+        def stop():
+            for s in reversed(stops):
+                s()
+        return stop
+
     block()  # warm: every function's layout asked once outside the pairs, and kept for them
     warm = ArgumentCapture(session, queries)
-    warm.start()
+    stop = started(warm)
     try:
         block()
     finally:
-        warm.stop()
+        stop()
+    counted = len(warm.records) / steps
 
     def with_capture() -> float:
-        cap = ArgumentCapture(session, warm.queries, stacks=True, functions=warm.functions, seen=warm.seen)
-        cap.start()
+        stop = started(ArgumentCapture(session, warm.queries, stacks=True, shared=warm))
         try:
             return block()
         finally:
-            cap.stop()
+            stop()
 
     a, b = interleaved_pairs(block, with_capture, rounds)
     d = paired_difference(a, b)
-    n = max(float(launches_per_step), 1.0)
+    per_step = float(launches_per_step) if launches_per_step is not None else counted
+    n = max(per_step, 1.0)
+    what = ", ".join(PART_NAMES[p] for p in on)
     out = {"per_step_us": d.median, "lo": d.lo, "hi": d.hi, "n": d.n, "measurable": d.measurable,
-           "baseline_us": d.baseline, "launches_per_step": float(launches_per_step),
-           "per_launch_us": d.median / n, "per_launch_lo": d.lo / n, "per_launch_hi": d.hi / n}
+           "baseline_us": d.baseline, "launches_per_step": per_step, "launches_counted": counted,
+           "per_launch_us": d.median / n, "per_launch_lo": d.lo / n, "per_launch_hi": d.hi / n, "parts": on}
     out["text"] = (f"{out['per_launch_us']:.2f} µs per launch (95 % CI {out['per_launch_lo']:.2f}–"
-                   f"{out['per_launch_hi']:.2f}; {d.fmt()} per step of {n:g} launches)" if d.measurable
-                   else f"not measurable ({d.fmt()} per step of {n:g} launches)")
+                   f"{out['per_launch_hi']:.2f}; {d.fmt()} per step of {n:g} launches; {what})" if d.measurable
+                   else f"{d.fmt()} per step of {n:g} launches ({what})")
     return out
 
 
 __all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES",
-           "MemoryTracker", "OWN_CALLS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest",
+           "MemoryTracker", "OWN_CALLS", "PASS_PARTS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest",
            "load", "measure_overhead", "prune", "save", "split", "store_beside", "varying_words",
            "words"]

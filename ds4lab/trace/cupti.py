@@ -19,6 +19,12 @@ through :class:`CuptiSession`, which owns both, and asks for what it needs:
   correlation id (the same id as the call's activity record: CUPTI Callback API,
   ``CUpti_CallbackData.correlationId``). Only the named calls pay for it.
 
+The callback subscriber is CUPTI's own API called through ``ctypes`` (:class:`NativeCallbacks`: the
+handler gets the ``CUpti_CallbackData``'s address) where cupti-python's CUPTI library is mapped in the
+process: cupti-python's ``subscribe`` builds a ``CallbackData`` (a NumPy record) at every callback and
+its field properties cost microseconds each, which an argument pass pays at every launch.
+``DS4LAB_CUPTI_CALLBACKS=python`` keeps cupti-python's wrapper (:data:`CALLBACKS_ENV`).
+
 ``cupti-python`` is an optional dependency, imported only here and only when a session starts;
 without it (or without a driver) :class:`CuptiUnavailable` names what is missing.
 
@@ -41,12 +47,15 @@ are named in :mod:`ds4lab.trace.records`):
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
+import struct
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import records as R
 from .records import api_base_name
@@ -185,6 +194,9 @@ class CuptiSession:
         self.launch_cbids: set = set()   # (domain, cbid) the launch watchers asked for
         self.stack_cbids: set = set()    # (domain, cbid) whose stacks a CallbackWatch records
         self.dropped = 0
+        #: what subscribes and enables callbacks: :class:`NativeCallbacks` where CUPTI's library is reached
+        #: (cupti-python's own module otherwise), chosen at the first subscription (:meth:`_callback_api`)
+        self.api = None
         self._names: dict = {}
         self._convert = self._converters()
 
@@ -405,18 +417,34 @@ class CuptiSession:
                 for member, cbid in enum.__members__.items():
                     if api_base_name(member) in names and (int(domain), int(cbid)) not in self.stack_cbids:
                         if (int(domain), int(cbid)) not in self.watched:
-                            self.c.enable_callback(1, self.subscriber, domain, cbid)
+                            self.api.enable_callback(1, self.subscriber, domain, cbid)
                             self.watched.add((int(domain), int(cbid)))
                         self.stack_cbids.add((int(domain), int(cbid)))
             self.watches.append(watch)
         return watch
 
+    def _callback_api(self):
+        """:class:`NativeCallbacks` when ``self.c`` is cupti-python's module (it has a file: a stand-in has
+        none), its CUPTI library is mapped in this process and ``DS4LAB_CUPTI_CALLBACKS`` is not ``python``;
+        else ``self.c`` (cupti-python's ``subscribe``, which builds a ``CallbackData`` at every callback)."""
+        if os.environ.get(CALLBACKS_ENV, "").lower() == "python" or not getattr(self.c, "__file__", None):
+            return self.c
+        try:  # cupti-python loads CUPTI's library at its first call: make one that changes nothing
+            self.c.get_timestamp()
+        except Exception:  # noqa: BLE001 - no library: cupti-python's own path says why when subscribing
+            return self.c
+        native = NativeCallbacks.load(_loaded_cupti())
+        return native if native is not None else self.c
+
     def _callback(self, userdata, domain, cbid, cbdata) -> None:
-        if self.launch_watchers and (int(domain), int(cbid)) in self.launch_cbids:
+        key = (int(domain), int(cbid))
+        if self.launch_watchers and key in self.launch_cbids:
             for h in self.launch_watchers:
-                h(int(domain), int(cbid), cbdata)
-            if (int(domain), int(cbid)) not in self.stack_cbids:
+                h(key[0], key[1], cbdata)
+            if key not in self.stack_cbids:
                 return
+        if type(cbdata) is int:  # NativeCallbacks: the callback data's address
+            cbdata = CallbackView(cbdata, self.c)
         if int(cbdata.callback_site) != int(self.c.ApiCallbackSite.API_ENTER) or not self.watches:
             return
         stack = python_stack(sys._getframe(1), skip_files=self._skip)
@@ -436,8 +464,10 @@ class CuptiSession:
     def _subscriber(self):
         """The one callback subscriber (created on first use). Raises :class:`CuptiUnavailable`."""
         if self.subscriber is None:
+            if self.api is None:
+                self.api = self._callback_api()
             try:
-                self.subscriber = self.c.subscribe(self._callback, None)
+                self.subscriber = self.api.subscribe(self._callback, None)
             except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
                 raise CuptiUnavailable(f"CUPTI refused a callback subscriber ({type(e).__name__}: {e}); another "
                                        "CUPTI client (torch.profiler, Nsight Systems) may hold it") from None
@@ -446,7 +476,7 @@ class CuptiSession:
     def _release_subscriber(self) -> None:
         """Unsubscribe when neither a stack watch nor a launch watcher is open."""
         if not self.watches and not self.launch_watchers and self.subscriber is not None:
-            self.c.unsubscribe(self.subscriber)
+            self.api.unsubscribe(self.subscriber)
             self.subscriber = None
             self.watched.clear()
             self.launch_cbids.clear()
@@ -469,7 +499,7 @@ class CuptiSession:
                     key = (int(domain), int(cbid))
                     if api_base_name(member) in names:
                         if key not in self.watched:
-                            self.c.enable_callback(1, sub, domain, cbid)
+                            self.api.enable_callback(1, sub, domain, cbid)
                             self.watched.add(key)
                         self.launch_cbids.add(key)
             self.launch_watchers.append(handler)
@@ -481,11 +511,109 @@ class CuptiSession:
                 if not self.launch_watchers:
                     for key in self.launch_cbids - self.stack_cbids:
                         if self.subscriber is not None and key in self.watched:
-                            self.c.enable_callback(0, self.subscriber, key[0], key[1])
+                            self.api.enable_callback(0, self.subscriber, key[0], key[1])
                             self.watched.discard(key)
                     self.launch_cbids.clear()
                 self._release_subscriber()
         return stop
+
+
+#: ``DS4LAB_CUPTI_CALLBACKS=python``: subscribe through cupti-python's wrapper, not :class:`NativeCallbacks`.
+CALLBACKS_ENV = "DS4LAB_CUPTI_CALLBACKS"
+#: ``CUpti_CallbackData`` (CUPTI's ``cupti_callbacks.h``) on x86-64: its size and the fields ds4lab reads,
+#: ``(name, offset, struct code)`` (``cupti.callback_data_dtype`` gives the offsets where present).
+CALLBACK_DATA_SIZE = 72
+CALLBACK_FIELDS = (("callback_site", 0, "i"), ("function_name", 8, "Q"), ("function_params", 16, "Q"),
+                   ("symbol_name", 32, "Q"), ("correlation_id", 64, "I"))
+
+
+def callback_struct(dtype=None) -> struct.Struct:
+    """The :class:`struct.Struct` that unpacks ``(callbackSite, functionName, functionParams, symbolName,
+    correlationId)`` from a ``CUpti_CallbackData``'s bytes, at the offsets of ``dtype``
+    (``cupti.callback_data_dtype``: its ``fields`` and ``itemsize``) where it has them, else
+    :data:`CALLBACK_FIELDS`'s."""
+    fields = getattr(dtype, "fields", None) or {}
+    offs = [int(fields[n][1]) if n in fields else o for n, o, _ in CALLBACK_FIELDS]
+    if offs != sorted(offs):  # never seen: a reordered struct is read at the documented offsets
+        offs = [o for _, o, _ in CALLBACK_FIELDS]
+    fmt, pos = "<", 0
+    for (_, _, code), off in zip(CALLBACK_FIELDS, offs):
+        fmt += f"{off - pos}x{code}" if off > pos else code
+        pos = off + struct.calcsize("<" + code)
+    size = int(getattr(dtype, "itemsize", 0) or CALLBACK_DATA_SIZE)
+    return struct.Struct(fmt + (f"{size - pos}x" if size > pos else ""))
+
+
+class CallbackView:
+    """The fields of the ``CUpti_CallbackData`` at ``ptr`` under cupti-python's names (``callback_site``,
+    ``correlation_id``, ``function_name``, ``symbol_name``, ``ptr``), read from memory
+    (:func:`callback_struct`): what :class:`NativeCallbacks` hands over is the address alone."""
+
+    def __init__(self, ptr: int, module=None) -> None:
+        self.ptr = int(ptr)
+        site, fname, _, sym, corr = callback_struct(getattr(module, "callback_data_dtype", None)).unpack(
+            ctypes.string_at(self.ptr, CALLBACK_DATA_SIZE))
+        self.callback_site, self.correlation_id = site, corr
+        self.function_name = ctypes.string_at(fname).decode("utf-8", "replace") if fname else ""
+        self.symbol_name = ctypes.string_at(sym).decode("utf-8", "replace") if sym else ""
+
+
+class NativeCallbacks:
+    """CUPTI's callback API called through ``ctypes`` (``cuptiSubscribe``, ``cuptiEnableCallback``,
+    ``cuptiUnsubscribe`` of the CUPTI library cupti-python loaded): the subscriber is a ``ctypes``
+    callback handed the callback data's address (an ``int``), where cupti-python's wrapper builds a
+    ``CallbackData`` (a NumPy record) at every callback, microseconds at every launch of an argument
+    pass. The same signature as cupti-python's ``subscribe``/``enable_callback``/``unsubscribe``; a status
+    other than ``CUPTI_SUCCESS`` raises RuntimeError naming it (``cuptiGetResultString``)."""
+
+    #: ``void CUPTIAPI (*CUpti_CallbackFunc)(void *userdata, CUpti_CallbackDomain, CUpti_CallbackId, const void *)``
+    FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
+
+    def __init__(self, lib) -> None:
+        self.lib = lib
+        self._keep: dict = {}  # subscriber -> its ctypes callback, alive while subscribed
+
+    @classmethod
+    def load(cls, path) -> "NativeCallbacks | None":
+        """The callback API of the CUPTI library at ``path`` (already loaded: cupti-python's), or None
+        where there is none or it lacks the calls."""
+        if path is None:
+            return None
+        try:
+            lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_NOLOAD", 4))
+        except OSError:
+            return None
+        if not all(hasattr(lib, n) for n in ("cuptiSubscribe", "cuptiEnableCallback", "cuptiUnsubscribe")):
+            return None
+        return cls(lib)
+
+    def _check(self, what: str, status: int) -> None:
+        if status != 0:
+            name = ctypes.c_char_p()
+            text = f"CUptiResult {status}"
+            get = getattr(self.lib, "cuptiGetResultString", None)
+            if get is not None and get(status, ctypes.byref(name)) == 0 and name.value:
+                text = name.value.decode()
+            raise RuntimeError(f"{what}: {text}")
+
+    def subscribe(self, callback, userdata=None) -> int:
+        """Subscribe ``callback(userdata, domain, cbid, cbdata address)``; returns the subscriber handle."""
+        fn = self.FUNC(callback)
+        handle = ctypes.c_void_p()
+        self._check("cuptiSubscribe", self.lib.cuptiSubscribe(ctypes.byref(handle), fn, None))
+        self._keep[handle.value] = fn
+        return handle.value
+
+    def enable_callback(self, enable, subscriber, domain, cbid) -> None:
+        self._check("cuptiEnableCallback", self.lib.cuptiEnableCallback(
+            ctypes.c_uint32(int(enable)), ctypes.c_void_p(subscriber), ctypes.c_int(int(domain)),
+            ctypes.c_uint32(int(cbid))))
+
+    def unsubscribe(self, subscriber) -> None:
+        try:
+            self._check("cuptiUnsubscribe", self.lib.cuptiUnsubscribe(ctypes.c_void_p(subscriber)))
+        finally:
+            self._keep.pop(subscriber, None)
 
 
 def current_context() -> int:

@@ -268,9 +268,10 @@ def _finish_arguments(rec, capture, mem, token_range, tokens=None) -> None:
     from . import arguments as A
 
     rec.own_calls = list(capture.own)
+    launches, blobs = capture.digests()  # digested here, once per distinct value, never in the hot path
     store = A.ArgumentStore(functions={k: {"name": v.name, "params": v.params, "why": v.why}
                                        for k, v in capture.functions.items()},
-                            launches=dict(capture.launches), blobs=dict(capture.blobs), stacks=dict(capture.stacks),
+                            launches=launches, blobs=blobs, stacks=dict(capture.stacks),
                             token_range=token_range, notes=[*capture.notes, *mem.notes])
     store.allocations = A.cupti_allocations(rec.records) + mem.allocations()
     store.segments = [list(s) for s in mem.segments] if mem.torch is not None else None
