@@ -282,6 +282,71 @@ def test_worker_times_each_context_on_one_prompt(tmp_path, monkeypatch):
     assert info["layer_count"] == 43 and info["ctx_size"] >= 64 + 5
 
 
+class _StandInRecording:
+    """``ds4lab.audit.arguments.recording`` without CUPTI: the worker's two trace passes run their tokens
+    inside it, and it saves an empty file where the real one saves the recording."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def host_range(self, name):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def save(self, folder, note=""):
+        path = Path(folder)
+        path = path / "recording.csv.gz" if path.suffix != ".gz" else path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+        return path
+
+
+def test_one_traced_context_sizes_the_prompt_for_every_pass(tmp_path, monkeypatch):
+    """A run of one context that is also traced (``ds4lab ds4 --contexts 1024``, the default trace
+    context): the warm-up, the timed tokens and both trace passes (recording, then kernel arguments)
+    each decode the prompt's next token, none past its end, within the session's context."""
+    import ds4lab.audit.arguments as A
+    import ds4lab.ds4.engine as E
+
+    made = []
+    monkeypatch.setattr(E, "Ds4Engine", lambda *a, **k: made.append(_StandInEngine(*a, **k)) or made[-1])
+    monkeypatch.setattr(A, "recording", lambda **kw: _StandInRecording(**kw))
+    plan = {"library": "x", "model": "m", "config": "islands-off", "contexts": [16], "warmup": 2, "tokens": 3,
+            "trace_contexts": [16], "trace_tokens": 4, "seed": 7, "out": str(tmp_path / "w")}
+    assert W.run(plan) == 0
+    eng = made[0]
+    n = W.tokens_per_context(2, 3, 4, traced=True)
+    assert n == 2 + 3 + 2 * 4
+    assert [p for p, _ in eng.calls] == list(range(16, 16 + n))  # every pass on the prompt's next tokens
+    prompt = W.prompt_tokens(16 + n + 1, 1000, 7)
+    assert [t for _, t in eng.calls] == [prompt[p] for p, _ in eng.calls]
+    assert eng.ctx_size >= 16 + n
+    info = json.loads((tmp_path / "w" / "worker.json").read_text())
+    assert info["traces"]["16"]["why"] == "" and info["traces"]["16"]["arguments"]
+    t = pd.read_csv(tmp_path / "w" / "tokens.csv")
+    assert list(t.pos) == [18, 19, 20]
+
+
+def test_one_context_is_a_valid_plan_and_close_contexts_count_both_trace_passes(tmp_path):
+    from ds4lab.jobs.ds4 import Ds4JobConfig, check_config
+
+    src = _fake_checkout(tmp_path / "ds4-abc1234")
+    cfg = Ds4JobConfig(source=src, contexts=(1024,), trace_contexts=(1024,))
+    check_config(cfg)
+    assert cfg.contexts == (1024,)
+    # 4 warm-up + 32 timed + 2 × 4 traced = 44 tokens after 1024: 1068 is too close, 1069 is not
+    with pytest.raises(BadInput, match="2 × trace tokens"):
+        check_config(Ds4JobConfig(source=src, contexts=(1024, 1068), trace_contexts=(1024,)))
+    check_config(Ds4JobConfig(source=src, contexts=(1024, 1069), trace_contexts=(1024,)))
+
+
 def test_prompt_tokens_are_reproducible_and_in_range():
     a, b = W.prompt_tokens(500, 129280, 1), W.prompt_tokens(500, 129280, 1)
     assert a == b and 0 <= min(a) and max(a) < 129280 and len(set(a)) > 400

@@ -29,6 +29,16 @@ from pathlib import Path
 
 TOKEN_FIELDS = ("config", "context", "index", "pos", "token", "gpu_us", "host_us")
 PREFILL_FIELDS = ("config", "context", "from_pos", "tokens", "seconds")
+#: Passes over ``trace_tokens`` decode tokens at a traced context (:func:`_trace`): the CUPTI recording,
+#: then the kernel-argument recording, each on tokens of its own.
+TRACE_PASSES = 2
+
+
+def tokens_per_context(warmup: int, tokens: int, trace_tokens: int, traced: bool) -> int:
+    """Decode tokens a worker evaluates after prefilling to one context: ``warmup`` untimed, ``tokens``
+    timed and, at a traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded. The prompt, the
+    session's context and the spacing of contexts (``ds4lab.jobs.ds4.check_config``) are sized by it."""
+    return int(warmup) + int(tokens) + (TRACE_PASSES * int(trace_tokens) if traced else 0)
 
 
 def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
@@ -63,8 +73,9 @@ def run(plan: dict) -> int:
     warmup, tokens = int(plan["warmup"]), int(plan["tokens"])
     trace_ctx = {int(c) for c in plan.get("trace_contexts", ())}
     trace_tokens = int(plan.get("trace_tokens", 0))
-    per_ctx = warmup + tokens + (trace_tokens if trace_ctx else 0)
-    ctx_size = contexts[-1] + per_ctx + 64
+    # the last position any context reaches: its own decode tokens after it (a traced context evaluates more)
+    last = max(c + tokens_per_context(warmup, tokens, trace_tokens, c in trace_ctx) for c in contexts)
+    ctx_size = last + 64
     cfg = plan["config"]
     t0 = time.monotonic()
     _emit(event="open", config=cfg, ctx_size=ctx_size)
@@ -74,7 +85,7 @@ def run(plan: dict) -> int:
             "vocab_size": eng.vocab_size, "layer_count": eng.layer_count,
             "routed_quant_bits": eng.routed_quant_bits, "model_bytes": eng.model_bytes}
     _emit(event="opened", **info)
-    prompt = prompt_tokens(contexts[-1] + per_ctx + 1, eng.vocab_size, int(plan.get("seed", 0)))
+    prompt = prompt_tokens(last + 1, eng.vocab_size, int(plan.get("seed", 0)))
     token_rows, prefill_rows, traces = [], [], {}
     try:
         for ctx in contexts:

@@ -29,7 +29,8 @@ class Ds4JobConfig:
     ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF to run (None: the
     synthetic Flash-shaped model, written once into the cache). ``configs``: names from
     :data:`ds4lab.ds4.configs.VARIANTS`. ``contexts``: positions of the decode tokens (ascending, each
-    more than ``warmup + tokens + trace_tokens`` after the one before). ``trace_contexts``: contexts at
+    more than ``warmup + tokens + 2 × trace_tokens`` after the one before:
+    :func:`ds4lab.ds4.worker.tokens_per_context`). ``trace_contexts``: contexts at
     which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the MoE profile:
     ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the
     model into GPU memory (``DS4_CUDA_COPY_MODEL=1`` on a layer-slice open).
@@ -78,11 +79,13 @@ def check_config(cfg: Ds4JobConfig) -> None:
     if ctx[-1] > limit:
         raise BadInput(f"--contexts: {ctx[-1]} is past {limit}, the longest context ds4lab asks ds4 for "
                        "(ds4-flash's max_context in ds4lab's presets)")
-    per = cfg.warmup + cfg.tokens + cfg.trace_tokens
+    from ..ds4.worker import tokens_per_context
+
+    per = tokens_per_context(cfg.warmup, cfg.tokens, cfg.trace_tokens, traced=True)
     close = [f"{a}→{b}" for a, b in zip(ctx, ctx[1:]) if b - a <= per]
     if close:
-        raise BadInput(f"--contexts: {', '.join(close)} lie within warmup + tokens + trace tokens ({per}) of each "
-                       "other; space them further apart")
+        raise BadInput(f"--contexts: {', '.join(close)} lie within warmup + tokens + 2 × trace tokens ({per}) of "
+                       "each other; space them further apart")
     bad = [c for c in cfg.trace_contexts if int(c) not in ctx]
     if bad:
         raise BadInput(f"--trace-contexts {','.join(map(str, bad))}: not among --contexts")
