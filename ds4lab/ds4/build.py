@@ -38,6 +38,8 @@ from .source import Ds4Source, materialize
 
 #: ds4lab's driver source, compiled into the library.
 DRIVER_SOURCE = Path(__file__).with_name("csrc") / "ds4lab_ds4.c"
+#: ds4lab's stage-0 rewrite of ds4's CUDA back end (its source is part of a rewritten build's key).
+REWRITE_SOURCE = Path(__file__).with_name("rewrite.py")
 #: The library's file name inside a build folder.
 LIBRARY_NAME = "libds4lab_ds4.so"
 #: A makefile read after ds4's own: prints ``CORE_OBJS`` as ds4's Makefile computes it.
@@ -88,14 +90,19 @@ class BuildPlan:
     toolchain: Toolchain
     extra_include: tuple = ()
     extra_lib: tuple = ()
+    #: apply ds4lab's stage-0 rewrite (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``
+    rewrite: bool = False
 
     @property
     def flags_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects
-        depend on (ds4lab's driver is not: a new driver is compiled and linked with the same objects)."""
+        """First 12 hex digits of SHA-256 over the make variables and the toolchain (and, for a rewritten
+        build, the rewrite's own source): what ds4's objects depend on (ds4lab's driver is not: a new
+        driver is compiled and linked with the same objects)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
+        if self.rewrite:
+            h.update(REWRITE_SOURCE.read_bytes())
         return h.hexdigest()[:12]
 
     @property
@@ -133,7 +140,7 @@ class BuildPlan:
 
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
-               extra_include=(), extra_lib=()) -> BuildPlan:
+               extra_include=(), extra_lib=(), rewrite: bool = False, host_march: str = "native") -> BuildPlan:
     """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or for ds4's CPU back end
     (``arch`` :data:`CPU`: ds4's ``CPU_CORE_OBJS``, ``ds4.c`` with ``-DDS4_NO_GPU``, and the driver with
     ``-DDS4LAB_CPU_ONLY``; for testing the driver against ds4's own code without a GPU, never to time).
@@ -143,15 +150,20 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
     -fno-finite-math-only`` appended, ``NVCCFLAGS ?= -O3 -g -lineinfo --use_fast_math -arch=...
     -Xcompiler -march=native -Xcompiler -pthread``): a variable set on make's command line replaces
     the Makefile's, appends included, so each is given whole, with ``-fPIC`` added and the debug
-    flags left out.
+    flags left out. ``host_march`` replaces ds4's ``-march=native`` for host code (a build made on one
+    machine to run on another: ``x86-64-v3``); ``rewrite`` applies ds4lab's stage 0
+    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``.
 
     Raises:
-        BadInput: ``arch`` is not ``sm_<digits>[a]``.
+        BadInput: ``arch`` is not ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value.
     """
     import re
 
     if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise BadInput(f"--arch {arch}: give a CUDA architecture such as sm_90")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", host_march):
+        raise BadInput(f"--host-march {host_march!r}: give a -march value such as native or x86-64-v3")
+    march = f"-march={host_march}"
     tc = toolchain or (Toolchain(nvcc="", cc=_cc(), cuda_home="") if arch == CPU else Toolchain.find())
     inc = " ".join(f"-I{d}" for d in extra_include)
     make_vars = {
@@ -159,13 +171,14 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
         "NVCC": tc.nvcc,
         "CUDA_HOME": tc.cuda_home,
         "CUDA_ARCH": arch,
-        "CFLAGS": f"-O3 -ffast-math -march=native -Wall -Wextra -std=c99 -D_GNU_SOURCE -fno-finite-math-only -fPIC {inc}".strip(),
-        "NVCCFLAGS": f"-O3 --use_fast_math -arch={arch} -Xcompiler -march=native -Xcompiler -pthread "
+        "CFLAGS": f"-O3 -ffast-math {march} -Wall -Wextra -std=c99 -D_GNU_SOURCE -fno-finite-math-only -fPIC {inc}".strip(),
+        "NVCCFLAGS": f"-O3 --use_fast_math -arch={arch} -Xcompiler {march} -Xcompiler -pthread "
                      f"-Xcompiler -fPIC {inc}".strip(),
     }
     if arch == CPU:
         make_vars = {"CC": tc.cc, "CFLAGS": make_vars["CFLAGS"]}
-    return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib))
+    return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib),
+                     rewrite=bool(rewrite))
 
 
 @dataclass
@@ -193,7 +206,8 @@ def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=pri
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"
-    name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}-{plan.flags_digest}"
+    rw = "-rw" if plan.rewrite else ""  # a rewritten build beside the shipped one, told apart by name too
+    name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
     root.mkdir(parents=True, exist_ok=True)
     # one build of a folder at a time: a second run waits for the first and then finds its build
     with open(root / f".{name}.lock", "w") as lock:
@@ -228,6 +242,7 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
             return _run_step(log, steps, step, cmd, failed, cwd=cwd)
 
         src_dir = materialize(src, folder / "src")
+        rewritten = _apply_rewrite(src_dir, folder, say) if plan.rewrite else None
         (folder / "print-objs.mk").write_text(_PRINT_OBJS.format(var=plan.objects_var))
         out = run(f"list {plan.objects_var}", ["make", "-s", "--no-print-directory", "-C", str(src_dir), "-f", "Makefile",
                                      "-f", str(folder / "print-objs.mk"), *(f"{k}={v}" for k, v in plan.make_vars.items()),
@@ -257,12 +272,40 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
         "nvcc": _first_line([plan.toolchain.nvcc, "--version"], last=True) if plan.toolchain.nvcc else "",
         "cc": _first_line([plan.toolchain.cc, "--version"]),
         "library_bytes": (folder / LIBRARY_NAME).stat().st_size,
+        "rewrite": rewritten,
     }
     tmp = info_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, indent=2))
     tmp.replace(info_path)  # written last: its presence marks a complete build
     say(f"ds4 build: done in {info['seconds']:.0f} s ({folder / LIBRARY_NAME})")
     return Build(folder, folder / LIBRARY_NAME, info)
+
+
+def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
+    """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site
+    into ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not
+    rewritten). Returns the summary ``build.json`` keeps; a site it could not route is named by file
+    and line on the console and in the summary."""
+    import csv
+
+    from . import rewrite as RW
+
+    rw = RW.rewrite_checkout(src_dir)
+    rows = rw.rows() + [s.__dict__.copy() for s in RW.other_launch_sites(src_dir)]
+    with open(folder / "rewrite-sites.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    counts: dict = {}
+    for (kind, stream, action), n in rw.counts().items():  # named streams together (the CSV names each)
+        key = " / ".join((kind, RW.NAMED if stream.startswith(RW.NAMED) else stream, action))
+        counts[key] = counts.get(key, 0) + n
+    unrouted = [f"{s.file}:{s.line} {s.kind}: {s.why}" for s in rw.unrouted]
+    say(f"ds4 build: rewrite (stage 0) routed {sum(rw.launches().values())} launch sites "
+        f"({', '.join(f'{v} {k}' for k, v in rw.launches().items())}), {len(rw.sites)} sites in all"
+        + (f"; NOT routed: {'; '.join(unrouted)}" if unrouted else ""))
+    return {"version": RW.VERSION, "launch_sites": rw.launches(), "sites": len(rw.sites), "counts": counts,
+            "unrouted": unrouted}
 
 
 def _run_step(log, steps: list, step: str, cmd: list[str], failed, cwd=None) -> str:
