@@ -215,11 +215,12 @@ def test_a_rewritten_build_sits_beside_the_shipped_one_and_names_what_it_could_n
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(stub / "libcublas.so"), str(stub / "empty.c")], check=True)
     shipped = B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),))
     plan = B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),), rewrite=True)
-    assert plan.flags_digest != shipped.flags_digest
     said = []
     b = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
-    assert "-sm_90-rw-" in b.folder.name
+    plain = B.build(src, shipped, cache=tmp_path / "cache", say=said.append)
+    assert plain.folder != b.folder and "-rw" not in plain.folder.name and plain.info["rewrite"] is None
     rw = b.info["rewrite"]
+    assert f"-sm_90-rw{rw['rewritten_digest']}-" in b.folder.name  # keyed by the text it compiles
     assert rw["launch_sites"] == {"legacy": 1, "cuda_decode_stream()": 0, "named": 0}
     assert any("ds4_gpu_begin_commands" in u for u in rw["unrouted"]) and any("NOT routed" in s for s in said)
     rows = list(csv.DictReader(open(b.folder / "rewrite-sites.csv")))

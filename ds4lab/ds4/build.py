@@ -38,8 +38,6 @@ from .source import Ds4Source, materialize
 
 #: ds4lab's driver source, compiled into the library.
 DRIVER_SOURCE = Path(__file__).with_name("csrc") / "ds4lab_ds4.c"
-#: ds4lab's stage-0 rewrite of ds4's CUDA back end (its source is part of a rewritten build's key).
-REWRITE_SOURCE = Path(__file__).with_name("rewrite.py")
 #: The library's file name inside a build folder.
 LIBRARY_NAME = "libds4lab_ds4.so"
 #: A makefile read after ds4's own: prints ``CORE_OBJS`` as ds4's Makefile computes it.
@@ -95,14 +93,12 @@ class BuildPlan:
 
     @property
     def flags_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over the make variables and the toolchain (and, for a rewritten
-        build, the rewrite's own source): what ds4's objects depend on (ds4lab's driver is not: a new
-        driver is compiled and linked with the same objects)."""
+        """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects
+        depend on besides the sources (ds4lab's driver is not: a new driver is compiled and linked with
+        the same objects; a rewritten build is keyed by the text it compiles too: :func:`rewritten_digest`)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
-        if self.rewrite:
-            h.update(REWRITE_SOURCE.read_bytes())
         return h.hexdigest()[:12]
 
     @property
@@ -206,7 +202,7 @@ def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=pri
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"
-    rw = "-rw" if plan.rewrite else ""  # a rewritten build beside the shipped one, told apart by name too
+    rw = f"-rw{rewritten_digest(src)}" if plan.rewrite else ""  # keyed by the text it compiles
     name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
     root.mkdir(parents=True, exist_ok=True)
     # one build of a folder at a time: a second run waits for the first and then finds its build
@@ -281,6 +277,19 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
     return Build(folder, folder / LIBRARY_NAME, info)
 
 
+def rewritten_digest(src: Ds4Source) -> str:
+    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as ds4lab's rewrite makes it from ``src``
+    (the text a rewritten build compiles): a change of the rewrite that changes its output is a new
+    build, one that does not reuses the cached build."""
+    import tempfile
+
+    from . import rewrite as RW
+
+    with tempfile.TemporaryDirectory(prefix="ds4lab-rewrite-") as tmp:
+        rw = RW.rewrite_checkout(materialize(src, Path(tmp) / "src"), write=False)
+    return hashlib.sha256(rw.text.encode()).hexdigest()[:12]
+
+
 def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
     """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site
     into ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not
@@ -304,8 +313,8 @@ def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
     say(f"ds4 build: rewrite (stage 0) routed {sum(rw.launches().values())} launch sites "
         f"({', '.join(f'{v} {k}' for k, v in rw.launches().items())}), {len(rw.sites)} sites in all"
         + (f"; NOT routed: {'; '.join(unrouted)}" if unrouted else ""))
-    return {"version": RW.VERSION, "launch_sites": rw.launches(), "sites": len(rw.sites), "counts": counts,
-            "unrouted": unrouted}
+    return {"version": RW.VERSION, "rewritten_digest": hashlib.sha256(rw.text.encode()).hexdigest()[:12],
+            "launch_sites": rw.launches(), "sites": len(rw.sites), "counts": counts, "unrouted": unrouted}
 
 
 def _run_step(log, steps: list, step: str, cmd: list[str], failed, cwd=None) -> str:
