@@ -192,6 +192,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("DS4LAB_CACHE") or Path.home() / ".cache" / "ds4lab")
 
 
+def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
+    """The build's folder in the cache: ``build-<commit>-<source digest>-<arch>[-rw<rewritten digest>]-<flags
+    digest>`` (a rewritten build keyed by the text it compiles too: :func:`rewritten_digest`)."""
+    rw = f"-rw{rewritten_digest(src)}" if plan.rewrite else ""
+    return f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
+
+
 def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print) -> Build:
     """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources,
     architecture and flags. Builds of one cache folder take turns (a lock file beside it).
@@ -202,8 +209,7 @@ def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=pri
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"
-    rw = f"-rw{rewritten_digest(src)}" if plan.rewrite else ""  # keyed by the text it compiles
-    name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
+    name = folder_name(src, plan)
     root.mkdir(parents=True, exist_ok=True)
     # one build of a folder at a time: a second run waits for the first and then finds its build
     with open(root / f".{name}.lock", "w") as lock:

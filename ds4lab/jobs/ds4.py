@@ -47,6 +47,9 @@ class Ds4JobConfig:
     stages: tuple | str | None = None
     host_march: str = "native"
     keep_logits: bool = False
+    #: audit each recording (``ds4lab audit``) in the job; False leaves it to a later ``ds4lab audit`` of
+    #: ``worker-*/trace-*/recording.csv.gz`` (CPU work that need not spend GPU-machine time)
+    audit: bool = True
     contexts: tuple = DEFAULT_CONTEXTS
     warmup: int = 4
     tokens: int = 32
@@ -241,7 +244,8 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
         tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]],
                            model_info.get("random_expert_layers", ()))
         meta["workers"] = workers
-        meta["audits"] = M.audit_recordings(folder, [w for w in workers if "skipped" not in workers[w]], say=say)
+        meta["audits"] = (M.audit_recordings(folder, [w for w in workers if "skipped" not in workers[w]], say=say)
+                          if cfg.audit else "not run (--no-audit)")
         if "summary" in tables:
             say(tables["summary"].to_string(index=False))
         if "gains" in tables:
