@@ -42,7 +42,7 @@
 #                build comes back as $OUT/ds4build-{lib,obj}.tar.xz (put both into .ds4build/ and carry it;
 #                DS4_PACK_BUILD=0 sends none back). ds4's capture ladder: DS4_ARGS="--stages 0,i,3u ..." (builds
 #                ds4 as it ships and rewritten by ds4lab; a build made on another machine: --host-march x86-64-v3,
-#                with CC naming the compiler path that build recorded)
+#                with CC naming the compiler path that build recorded, and --no-build so nothing is built there)
 #   nb06         notebook 06 on this GPU, reading the ds4 step's folder (DS4_NAME; NB06_CONTEXTS, default 1024,4096)
 #   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3

@@ -221,6 +221,10 @@ def test_a_rewritten_build_sits_beside_the_shipped_one_and_names_what_it_could_n
     assert plain.folder != b.folder and "-rw" not in plain.folder.name and plain.info["rewrite"] is None
     rw = b.info["rewrite"]
     assert f"-sm_90-rw{rw['rewritten_digest']}-" in b.folder.name  # keyed by the text it compiles
+    with pytest.raises(B.BuildError, match="no cached build"):  # --no-build: another flag, nothing built
+        B.build(src, B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),), rewrite=True,
+                                  host_march="x86-64-v3"), cache=tmp_path / "cache", cached_only=True)
+    assert B.build(src, plan, cache=tmp_path / "cache", cached_only=True).cached
     assert rw["launch_sites"] == {"legacy": 1, "cuda_decode_stream()": 0, "named": 0}
     assert any("ds4_gpu_begin_commands" in u for u in rw["unrouted"]) and any("NOT routed" in s for s in said)
     rows = list(csv.DictReader(open(b.folder / "rewrite-sites.csv")))

@@ -37,6 +37,8 @@ def _ints(text: str, option: str) -> tuple:
                    "per token). Every stage's logits are compared with ds4 as it ships (exact.csv, ladder.csv).")
 @click.option("--host-march", default="native", show_default=True,
               help="-march of ds4's host code (ds4's own: native; x86-64-v3 for a build carried to another machine).")
+@click.option("--no-build", is_flag=True, default=False,
+              help="Never run ds4's make: use the builds in --cache (carried from another machine) or stop, naming them.")
 @click.option("--audit/--no-audit", default=True, show_default=True,
               help="ds4lab audit of each recording in the job (--no-audit: later, with ds4lab audit, on any machine).")
 @click.option("--keep-logits", is_flag=True, default=False,
@@ -62,13 +64,13 @@ def _ints(text: str, option: str) -> tuple:
               help="Build and model cache (default: $DS4LAB_CACHE or ~/.cache/ds4lab).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Synthetic weights and the prompt's tokens.")
 @click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4-<commit> (e.g. results/ds4-b0309611).")
-def ds4(source, model, configs, stages, host_march, audit, keep_logits, contexts, tokens, warmup, trace_contexts,
+def ds4(source, model, configs, stages, host_march, no_build, audit, keep_logits, contexts, tokens, warmup, trace_contexts,
         trace_tokens, arch, jobs, copy_model, random_expert_layers, cache, seed, out) -> None:
     """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped
     model at each context with its decode islands off and on (and with its MoE profile), and write
     ds4lab's tables (µs per token, host µs, launches, kernels, island captures)."""
     cfg = Ds4JobConfig(source=source, model=model, configs=configs, stages=stages, host_march=host_march,
-                       keep_logits=keep_logits, audit=audit, contexts=contexts, tokens=tokens,
+                       keep_logits=keep_logits, audit=audit, no_build=no_build, contexts=contexts, tokens=tokens,
                        warmup=warmup, trace_contexts=_ints(trace_contexts, "--trace-contexts"),
                        trace_tokens=trace_tokens, arch=arch, jobs=jobs, copy_model=copy_model,
                        random_expert_layers=_ints(random_expert_layers, "--random-expert-layers"), cache=cache,

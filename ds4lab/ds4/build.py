@@ -199,12 +199,16 @@ def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
     return f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
 
 
-def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print) -> Build:
+def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print,
+          cached_only: bool = False) -> Build:
     """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources,
     architecture and flags. Builds of one cache folder take turns (a lock file beside it).
+    ``cached_only``: never run ds4's make (a build carried from another machine, or none): a cached
+    build whose driver changed is still relinked (seconds).
 
     Raises:
-        BuildError: a step failed; the message names it and the kept log (``build.log``).
+        BuildError: a step failed (the message names it and the kept log, ``build.log``), or with
+            ``cached_only`` the build is not in the cache (the folder looked for is named).
     """
     import fcntl
 
@@ -214,10 +218,10 @@ def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=pri
     # one build of a folder at a time: a second run waits for the first and then finds its build
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(src, plan, root, name, say)
+        return _build_locked(src, plan, root, name, say, cached_only)
 
 
-def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -> Build:
+def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, cached_only: bool = False) -> Build:
     folder = root / name
     info_path = folder / "build.json"
     if info_path.is_file() and (folder / LIBRARY_NAME).is_file():
@@ -228,6 +232,9 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
         if all((folder / "src" / o).is_file() for o in info.get("objects", ())) and info.get("objects"):
             return _relink(folder, info, plan, say)
         say("ds4 build: ds4lab's driver changed and ds4's objects are not kept: building again")
+    if cached_only:
+        raise BuildError(f"no cached build of ds4 at {folder} (--no-build: ds4 is not built here); a build "
+                         "carried from another machine must be made with the same toolchain paths and flags")
     if folder.exists():  # an earlier build stopped before build.json: start again
         shutil.rmtree(folder)
     folder.mkdir()

@@ -6,7 +6,7 @@ ones from the sim priced at ds4's own costs (:func:`modeled_stages`, which is th
 module asks ds4lab's calibration for anything: ``calibrate --from-ds4``'s fit, read through
 :mod:`ds4lab.jobs.calibrate`). Nothing here measures.
 
-    python -m ds4lab.ds4.ladder RESULT --modeled-from DIR [--modeled-from DIR] [--base CAL] --out FILE
+    python -m ds4lab.ds4.ladder RESULT (--modeled-from DIR [--modeled-from DIR] [--base CAL] | --modeled CSV) --out FILE
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def with_modeled(ladder: pd.DataFrame, modeled: pd.DataFrame, tolerance: float =
     out["sim_stage"] = out.stage.map(SIM_STAGE)
     out["modeled_us"] = [m.get((int(c), s), np.nan) for c, s in zip(out.context, out.sim_stage)]
     out["modeled_over_measured"] = out.modeled_us / out.us_per_token
-    out["agrees"] = (out.modeled_over_measured - 1).abs() <= tolerance
-    out.loc[out.modeled_us.isna(), "agrees"] = None
+    out["agrees"] = [None if m != m else bool(abs(r - 1) <= tolerance)
+                     for m, r in zip(out.modeled_us, out.modeled_over_measured)]
     return out
 
 
@@ -146,15 +146,20 @@ def main(argv=None) -> int:
 
     @click.command()
     @click.argument("result", type=click.Path(exists=True, file_okay=False))
-    @click.option("--modeled-from", "modeled_from", multiple=True, required=True, type=click.Path(exists=True),
+    @click.option("--modeled-from", "modeled_from", multiple=True, type=click.Path(exists=True),
                   help="measured ds4lab ds4 folders the sim's ds4 costs are fitted from (calibrate --from-ds4)")
     @click.option("--base", type=click.Path(exists=True), default=None, help="calibration the fit starts from")
+    @click.option("--modeled", type=click.Path(exists=True, dir_okay=False), default=None,
+                  help="a table modeled_stages wrote before (context, stage, modeled_us), instead of --modeled-from")
     @click.option("--out", type=click.Path(), required=True, help="CSV to write (refused if it exists)")
-    def cli(result, modeled_from, base, out):
+    def cli(result, modeled_from, base, modeled, out):
         if Path(out).exists():
             raise click.BadParameter(f"{out} exists: give a new file", param_hint="--out")
+        if bool(modeled) == bool(modeled_from):
+            raise click.UsageError("give either --modeled FILE or --modeled-from DIR (one or more)")
         ladder = pd.read_csv(Path(result) / "ladder.csv", keep_default_na=False, na_values=[""])
-        table = with_modeled(ladder, modeled_stages(modeled_from, base=base))
+        m = pd.read_csv(modeled, dtype={"stage": str}) if modeled else modeled_stages(modeled_from, base=base)
+        table = with_modeled(ladder, m)
         table.to_csv(out, index=False)
         click.echo(table[["context", "stage", "us_per_token", "modeled_us", "modeled_over_measured",
                           "exact_tokens", "compared_tokens"]].to_string(index=False))

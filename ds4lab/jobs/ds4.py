@@ -50,6 +50,8 @@ class Ds4JobConfig:
     #: audit each recording (``ds4lab audit``) in the job; False leaves it to a later ``ds4lab audit`` of
     #: ``worker-*/trace-*/recording.csv.gz`` (CPU work that need not spend GPU-machine time)
     audit: bool = True
+    #: never run ds4's make: use the cached builds (carried from another machine) or stop
+    no_build: bool = False
     contexts: tuple = DEFAULT_CONTEXTS
     warmup: int = 4
     tokens: int = 32
@@ -198,9 +200,10 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
                           {"configs": list(cfg.configs), "contexts": list(cfg.contexts), "source": src.digest})
     cache = Path(cfg.cache) if cfg.cache else B.cache_root()
     builds = {VARIANTS[v].build for v in cfg.configs}
-    bld = B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march), cache=cache, say=say)
+    bld = B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march), cache=cache, say=say,
+                  cached_only=cfg.no_build)
     rw = (B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march, rewrite=True), cache=cache,
-                  say=say) if "rewritten" in builds else None)
+                  say=say, cached_only=cfg.no_build) if "rewritten" in builds else None)
     if rw is not None and rw.info.get("rewrite", {}).get("unrouted"):
         say("[bold red]ds4lab's rewrite left sites unrouted[/] (rewrite-sites.csv): "
             + "; ".join(rw.info["rewrite"]["unrouted"]))
