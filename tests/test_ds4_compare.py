@@ -88,3 +88,23 @@ def test_compare_names_a_ds4_folder_instead_of_misreading_its_summary(tmp_path):
     (run / "summary.csv").write_text("config,context,tokens,us_per_token,host_us,iqr_us\nislands-on,1024,4,1,1,0\n")
     r = CliRunner().invoke(main, ["compare", str(run), "--out", str(tmp_path / "out")])
     assert r.exit_code == 2 and "a ds4lab ds4 folder" in r.output and "06_ds4_itself" in r.output, r.output
+
+
+def test_ladder_table_sets_ds4s_own_ladder_beside_the_rebuilds(record, tmp_path):
+    """ds4's rungs from its ladder.csv (exact counts, the reference named), the rebuild's from its
+    measured record, each row's source named; the figure has one bar series per engine and context."""
+    pd.DataFrame([{"context": 1024, "stage": s, "us_per_token": us, "exact_tokens": ex, "compared_tokens": cmp}
+                  for s, us, ex, cmp in (("shipped", 16465.0, float("nan"), float("nan")), ("0", 16312.0, 32, 32),
+                                         ("i", 15683.0, 32, 32), ("3u", 20073.0, 31, 32))]).to_csv(
+        tmp_path / "ladder.csv", index=False)
+    rec = C.read_ds4(tmp_path)
+    t = C.ladder_table(rec)
+    ds4 = t[t.engine == "ds4"].set_index("stage")
+    assert list(ds4.index) == ["shipped", "0", "i", "3u"] and ds4.loc["3u", "exact"] == "31 / 32"
+    assert ds4.loc["shipped", "exact"] == "reference" and ds4.loc["0", "µs per token"] == 16312.0
+    lab = t[t.engine == "ds4lab rebuild"]
+    assert set(lab.stage) >= {"0", "i", "3"} and lab.source.str.contains("round3/islands").all()
+    assert (ds4.source == rec.label).all()
+    fig = C.ladder_figure(t)
+    assert fig is not None and len(fig.axes[0].get_legend().get_texts()) == 2
+    assert C.ladder_table(None).engine.eq("ds4lab rebuild").all() and C.ladder_figure(pd.DataFrame()) is None

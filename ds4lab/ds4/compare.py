@@ -54,6 +54,8 @@ class Ds4Record:
     census: pd.DataFrame
     islands: pd.DataFrame
     kernels: dict = field(default_factory=dict)  # (config, context) -> per-kernel table
+    #: ds4's own capture ladder (``ladder.csv`` of a ``--stages`` run), empty otherwise
+    ladder: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def label(self) -> str:
@@ -87,7 +89,7 @@ def read_ds4(folder) -> Ds4Record:
         cfg, ctx = p.stem[len("kernels-"):].rsplit("-", 1)
         kernels[(cfg, int(ctx))] = pd.read_csv(p)
     return Ds4Record(folder, meta, table("summary.csv"), table("gains.csv"), table("census.csv"),
-                     table("islands.csv"), kernels)
+                     table("islands.csv"), kernels, table("ladder.csv"))
 
 
 def _lab_record(folder) -> tuple[dict, pd.DataFrame]:
@@ -238,3 +240,50 @@ def gain_figure(gains: pd.DataFrame):
     title = ("What ds4's decode islands buy: ds4 itself against ds4lab's rebuild\n"
              + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in gains["source"]})))
     return plots.grouped_bars_figure(series, xs, "µs per decode token (median, CUDA events)", title, rotate=True)
+
+
+#: The rungs set side by side: ds4's (``ladder.csv`` stage) and ds4lab's rebuild's (its ladder record's stage).
+LADDER_RUNGS = (("0", "0"), ("i", "i"), ("3u", "3u"), ("3", "3"))
+
+
+def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
+    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder: µs per token of ds4 as shipped and of
+    each stage on ds4 rewritten by ds4lab, tokens bit-identical to ds4 as shipped) beside ds4lab's
+    rebuild's measured ladder (its record's stages 0, i, 3u, 3), one row per engine, context and stage,
+    ``source`` naming each. A stage ds4 does not have yet (3) is the rebuild's row alone; ds4's stage 3
+    row, where its folder recorded the replayed graph, is not a measurement of stage 3 and is not here."""
+    rows = []
+    lad = rec.ladder if rec is not None else pd.DataFrame()
+    for r in lad.to_dict("records") if len(lad) else ():
+        rows.append({"engine": "ds4", "context": int(r["context"]), "stage": str(r["stage"]),
+                     "µs per token": float(r["us_per_token"]),
+                     "exact": (f"{int(r['exact_tokens'])} / {int(r['compared_tokens'])}"
+                               if r["exact_tokens"] == r["exact_tokens"] else "reference"),
+                     "source": rec.label})
+    lab_ladder = Path(lab_ladder)
+    if (lab_ladder / "meta.json").is_file():
+        meta, t = _lab_record(lab_ladder)
+        for _, stage in LADDER_RUNGS:
+            r = t[t.stage == stage]
+            if len(r):
+                r = r.iloc[0]
+                rows.append({"engine": "ds4lab rebuild", "context": int(r.context), "stage": stage,
+                             "µs per token": float(r.us_median), "exact": "exact" if bool(r.exact) else "NOT exact",
+                             "source": f"{_lab_label(meta)} ({_rel(lab_ladder)})"})
+    return pd.DataFrame(rows, columns=["engine", "context", "stage", "µs per token", "exact", "source"])
+
+
+def ladder_figure(table: pd.DataFrame):
+    """µs per token by stage, ds4 (each context it measured) beside ds4lab's rebuild (bars,
+    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names
+    where each engine's figures came from."""
+    if table is None or table.empty:
+        return None
+    from ..report import plots
+
+    stages = [s for s in ("shipped", "0", "i", "3u", "3") if s in set(table.stage)]
+    series = {f"{e} @{c}": dict(zip(g.stage, g["µs per token"]))
+              for (e, c), g in table.groupby(["engine", "context"], sort=True)}
+    title = ("The capture ladder: ds4 itself (stages on ds4 rewritten by ds4lab) beside ds4lab's rebuild\n"
+             + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in table["source"]})))
+    return plots.grouped_bars_figure(series, stages, "µs per decode token (median, CUDA events)", title)
