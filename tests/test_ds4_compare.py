@@ -108,3 +108,27 @@ def test_ladder_table_sets_ds4s_own_ladder_beside_the_rebuilds(record, tmp_path)
     fig = C.ladder_figure(t)
     assert fig is not None and len(fig.axes[0].get_legend().get_texts()) == 2
     assert C.ladder_table(None).engine.eq("ds4lab rebuild").all() and C.ladder_figure(pd.DataFrame()) is None
+
+
+def test_kind_census_and_omissions_read_ds4s_kernels_beside_the_rebuilds_per_op(tmp_path):
+    """Per kind, ds4's recorded kernels against the rebuild's per-op record (its 1k token only); the
+    omissions priced from ds4's kernels, a kernel serving two purposes by its share of launches."""
+    ds4 = pd.DataFrame([{"name": "matmul_f16_pair_ordered_chunks_kernel(float*)", "per_token": 62, "us_per_token": 2145.0},
+                        {"name": "quantize_q8_0_f32_kernel(signed char*)", "per_token": 216, "us_per_token": 278.0},
+                        {"name": "rope_tail_kernel(float*)", "per_token": 86, "us_per_token": 100.0},
+                        {"name": "router_select_warp_topk_kernel(int*)", "per_token": 43, "us_per_token": 256.0},
+                        {"name": "moe_down_sum6_qwarp32_kernel(float*)", "per_token": 43, "us_per_token": 725.0}])
+    per_op = tmp_path / "per_op.csv"
+    pd.DataFrame([{"cluster": "router", "site": "router_topk", "kernel": "router_topk", "launches": 40, "us": 94.0},
+                  {"cluster": "moe", "site": "down", "kernel": "moe_down_decode", "launches": 43, "us": 423.0}]).to_csv(
+        per_op, index=False)
+    kc = C.kind_census({1024: ds4, 16384: ds4}, lab_per_op=per_op).set_index(["context", "kind"])
+    assert kc.loc[(1024, "router"), "ds4_us"] == 256.0 and kc.loc[(1024, "router"), "rebuild_us"] == 94.0
+    assert kc.loc[(1024, "routed MoE"), "ds4_minus_rebuild_us"] == 725.0 - 423.0
+    assert kc.loc[(1024, "f16 matmul (cuBLAS, ds4's f16 pair)"), "rebuild_us"] == 0.0
+    assert kc.loc[(16384, "router"), "rebuild_us"] != kc.loc[(16384, "router"), "rebuild_us"]  # no record at 16k
+    om = C.omissions({1024: ds4}).set_index("omitted in the rebuild")
+    assert om.filter(like="compressor", axis=0).ds4_us.iloc[0] == 2145.0
+    assert om.filter(like="activation quantization", axis=0).ds4_launches.iloc[0] == 216
+    inv = om.filter(like="inverse RoPE", axis=0).iloc[0]
+    assert inv.ds4_launches == 43 and inv.ds4_us == pytest.approx(100.0 * 43 / 86)

@@ -27,8 +27,9 @@ LAB_CONTEXT_RECORD = _ROOT / "docs/measurements/h200-2026-12-01/round3/context"
 #: the two engines' kernels are different code (ds4's names are its own).
 KINDS = (("routed MoE", r"moe|expert|iq2|q2_k|q2k|mmid|mmvq"),
          ("attention", r"attn|attention|score|softmax|flash|kv_|sink"),
-         ("compressor / indexer / top-k", r"compress|indexer|topk|top_k|sort|select"),
          ("router", r"router|gate_inp|route|hash"),
+         ("compressor / indexer / top-k", r"compress|indexer|topk|top_k|sort|select"),
+         ("f16 matmul (cuBLAS, ds4's f16 pair)", r"nvjet|matmul_f16|f16_pair"),
          ("matvec (Q8_0)", r"q8|matvec|gemv|mul_mat|gemm|cublas|sgemm|hgemm"),
          ("norm / RoPE / hyper-connections", r"norm|rope|hc_|mix|split|expand|swiglu|silu"),
          ("other", r"."))
@@ -224,6 +225,71 @@ def kernel_kinds(rec: Ds4Record, config: str = "islands-off") -> pd.DataFrame:
         g = k.groupby("kind").agg(launches=("per_token", "sum"), us=("us_per_token", "sum")).reset_index()
         rows.append(g.assign(context=ctx))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["kind", "launches", "us", "context"])
+
+
+#: ds4lab's rebuild's per-op record of its ds4-flash token at 1k on the H200 (the one per-launch-site record
+#: of the rebuild: ``ds4lab bench --per-op``), for the census by kind.
+LAB_PER_OP_RECORD = _ROOT / "docs/measurements/h200-2026-12-01/kernels/call2/per_op.csv"
+
+#: Work in ds4's token that ds4lab's rebuild leaves out (docs/model.md, "The differences, by kind"): label,
+#: the ds4 kernel names (regex), and how much of those kernels' µs is that work. Read from ds4's recorded
+#: kernels; ``share`` < 1 where one ds4 kernel serves two purposes (``rope_tail_kernel``: the inverse RoPE
+#: of the attention output is 43 of its launches a token, the rest compressor and indexer rows).
+OMISSIONS = (
+    ("compressor (absent from the rebuild's short token)", r"^(matmul_f16_pair_ordered_chunks|compressor_store|"
+     r"compressor_update_pool|compressor_shift_ratio4|rms_norm_weight)_kernel", None),
+    ("activation quantization before each Q8_0 matvec", r"^quantize_q8_0_(f32|group_slice_rows)_kernel", None),
+    ("f16 conversion for ds4's cuBLAS calls", r"^f32_to_f16_kernel", None),
+    ("cuBLAS split-K reduction", r"splitKreduce", None),
+    ("FP8 round trip of compressed rows", r"^fp8_kv_quantize_kernel", None),
+    ("QAT Hadamard rotations (indexer)", r"^indexer_hadamard_fp4_kernel", None),
+    ("inverse RoPE of the attention output (43 rope_tail launches a token)", r"^rope_tail_kernel", 43),
+)
+
+
+def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame:
+    """Launches and kernel µs per token by :data:`KINDS`, ds4 against ds4lab's rebuild, like for like:
+    ``ds4_kernels`` maps a context to a ``kernels-islands-off-<context>.csv`` table of ds4's recorded
+    tokens (CUPTI: ``per_token``, ``us_per_token`` by kernel name); the rebuild's from its per-op record
+    (``lab_per_op``: launches and µs per token by launch site, at 1k). One row per kind and context, with
+    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank where the rebuild has no
+    record at that context) and ``ds4_minus_rebuild_us``."""
+    lab = pd.read_csv(lab_per_op) if lab_per_op is not None and Path(lab_per_op).is_file() else pd.DataFrame()
+    if len(lab):
+        lab = lab.assign(kind=[kernel_kind(f"{k} {c}") for k, c in zip(lab.kernel, lab.cluster)])
+        lab_by = lab.groupby("kind").agg(rebuild_launches=("launches", "sum"), rebuild_us=("us", "sum"))
+    rows = []
+    for ctx, k in sorted(ds4_kernels.items()):
+        g = k.assign(kind=k["name"].map(kernel_kind)).groupby("kind").agg(
+            ds4_launches=("per_token", "sum"), ds4_us=("us_per_token", "sum"))
+        kinds = sorted(set(g.index) | (set(lab_by.index) if len(lab) and ctx == 1024 else set()))
+        for kind in kinds:
+            r = {"context": int(ctx), "kind": kind,
+                 "ds4_launches": float(g.ds4_launches.get(kind, 0.0)), "ds4_us": float(g.ds4_us.get(kind, 0.0))}
+            has_lab = len(lab) and int(ctx) == 1024  # the rebuild's per-op record is its 1k token
+            r["rebuild_launches"] = float(lab_by.rebuild_launches.get(kind, 0.0)) if has_lab else float("nan")
+            r["rebuild_us"] = float(lab_by.rebuild_us.get(kind, 0.0)) if has_lab else float("nan")
+            r["ds4_minus_rebuild_us"] = r["ds4_us"] - r["rebuild_us"]
+            rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def omissions(ds4_kernels: dict) -> pd.DataFrame:
+    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens at each
+    context of ``ds4_kernels`` (context → ds4's ``kernels-islands-off-<context>.csv`` table); a kernel
+    that serves two purposes counts the share of its launches the omitted work takes."""
+    import re as _re
+
+    rows = []
+    for ctx, k in sorted(ds4_kernels.items()):
+        base = k["name"].str.replace(r"^void ", "", regex=True)
+        for label, pat, launches in OMISSIONS:
+            sel = k[base.map(lambda n: bool(_re.search(pat, n)))]
+            n, us = float(sel.per_token.sum()), float(sel.us_per_token.sum())
+            if launches is not None and n:
+                us, n = us * min(1.0, launches / n), min(float(launches), n)
+            rows.append({"context": int(ctx), "omitted in the rebuild": label, "ds4_launches": n, "ds4_us": us})
+    return pd.DataFrame(rows)
 
 
 def gain_figure(gains: pd.DataFrame):
