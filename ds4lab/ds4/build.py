@@ -103,8 +103,13 @@ class BuildPlan:
 
     @property
     def driver_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``)."""
-        return hashlib.sha256(DRIVER_SOURCE.read_bytes()).hexdigest()[:12]
+        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``, and the hooks'
+        header it includes, ``csrc/ds4lab_hooks.h``)."""
+        h = hashlib.sha256(DRIVER_SOURCE.read_bytes())
+        hooks = DRIVER_SOURCE.with_name("ds4lab_hooks.h")
+        if hooks.is_file():
+            h.update(hooks.read_bytes())
+        return h.hexdigest()[:12]
 
     def make_command(self, src: Path, targets) -> list[str]:
         """``make -C src -j N VAR=... targets`` (ds4's own Makefile)."""
@@ -117,7 +122,8 @@ class BuildPlan:
 
     def driver_command(self, src: Path, out: Path) -> list[str]:
         """Compile ds4lab's driver against ds4's header (position-independent)."""
-        inc = [f"-I{src}", f"-I{self.toolchain.cuda_home}/include", *(f"-I{d}" for d in self.extra_include)]
+        inc = [f"-I{src}", f"-I{Path(__file__).with_name('csrc')}", f"-I{self.toolchain.cuda_home}/include",
+               *(f"-I{d}" for d in self.extra_include)]  # csrc: the hooks' header the driver includes
         cpu = ["-DDS4LAB_CPU_ONLY"] if self.arch == CPU else []
         return [self.toolchain.cc, "-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall", *cpu, *inc, "-c",
                 str(DRIVER_SOURCE), "-o", str(out)]

@@ -84,15 +84,7 @@ PROLOGUE = r"""
  * it returns the stream the site used before; set (ds4lab_capture_set_stream), the override.
  * Calls a capture cannot hold are bracketed by ds4lab_split_begin/ds4lab_split_end, and ds4's token
  * (begin/end/flush commands) calls ds4lab_token_*: hooks a capturing driver installs. */
-struct ds4lab_capture_hooks {
-    void (*token_begin)(void *ctx);
-    void (*token_end)(void *ctx);
-    void (*split_begin)(void *ctx, const char *call, int line);
-    void (*split_end)(void *ctx);
-    int (*token_active)(void *ctx);
-    void *ctx;
-};
-static thread_local cudaStream_t ds4lab_tl_stream = 0;
+@HOOKS_H@static thread_local cudaStream_t ds4lab_tl_stream = 0;
 static thread_local int ds4lab_tl_set = 0;
 static thread_local const ds4lab_capture_hooks *ds4lab_tl_hooks = NULL;
 static thread_local cublasHandle_t ds4lab_tl_cublas[8];
@@ -154,6 +146,10 @@ static inline int ds4lab_token_active(void) {
 }
 /* ---- end of ds4lab's stage 0 prologue ---- */
 """
+#: The hooks' layout, shared with ds4lab's driver (``csrc/ds4lab_hooks.h``, which the driver includes): the
+#: prologue carries the same text, so the two sides cannot disagree.
+HOOKS_HEADER = Path(__file__).with_name("csrc") / "ds4lab_hooks.h"
+PROLOGUE = PROLOGUE.replace("@HOOKS_H@", HOOKS_HEADER.read_text())
 #: Bumped when the inserted code changes meaning (the driver reads it: ``ds4lab_rewrite_version``).
 VERSION = 1
 

@@ -51,15 +51,8 @@ static const char *cudaGetErrorString(cudaError_t e) { (void)e; return "no error
 
 /* ---- whole-token capture (a rewritten build only) ---------------------------------------------- */
 
-/* The layout of the hooks the rewrite's prologue declares (ds4lab/ds4/rewrite.py, PROLOGUE). */
-struct ds4lab_capture_hooks {
-    void (*token_begin)(void *ctx);
-    void (*token_end)(void *ctx);
-    void (*split_begin)(void *ctx, const char *call, int line);
-    void (*split_end)(void *ctx);
-    int (*token_active)(void *ctx);
-    void *ctx;
-};
+/* The hooks the rewrite's prologue declares, from the one header both take their layout from. */
+#include "ds4lab_hooks.h"
 
 #define DS4LAB_SEGMENTS 32 /* graphs one token may be split into */
 #define DS4LAB_SHAPES 8    /* executable graphs kept per segment: one per token shape (node count) */
