@@ -77,6 +77,25 @@ print(f"ds4: {rec.label} ({rec.folder})" if rec is not None else
       "ds4: no record (set DS4_SOURCE on a GPU, or DS4_RESULTS to a ds4lab ds4 folder): ds4lab's side only")
 
 # %% [markdown]
+# ## ds4's own capture ladder, beside the rebuild's
+#
+# From a `ds4lab ds4 --stages 0,i,3u` folder (docs/ds4.md, "ds4's own capture ladder"): ds4 as shipped,
+# then the stages on ds4 rewritten by ds4lab (stage 0 in ds4's source; its islands; the whole token
+# captured and its graph updated every token), every token's logits held to ds4 as shipped bit for bit;
+# beside them ds4lab's rebuild's measured ladder. µs per token, medians of CUDA-event timed tokens. A
+# ds4 folder without `--stages` shows the rebuild's rungs alone.
+
+# %%
+ladder = compare.ladder_table(rec)
+fig_ladder = compare.ladder_figure(ladder)
+if fig_ladder is not None:
+    plots.save(fig_ladder, out / "ladder", formats=("png",))
+ladder
+
+# %%
+fig_ladder
+
+# %% [markdown]
 # ## Launches per token
 #
 # ds4's rows count its CUPTI records of the recorded tokens (kernel launch calls, graph launches,

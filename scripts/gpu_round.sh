@@ -45,7 +45,10 @@
 #   ds4          ds4lab ds4: ds4 itself built from .ds4src/ (carry it: a copy of shared/ds4's archive) and
 #                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...),
 #                DS4_NAME names its folder (default ds4); the build and the model are cached in /tmp, and the
-#                build comes back as $OUT/ds4build-{lib,obj}.tar.xz (put both into .ds4build/ and carry it)
+#                build comes back as $OUT/ds4build-{lib,obj}.tar.xz (put both into .ds4build/ and carry it;
+#                DS4_PACK_BUILD=0 sends none back). ds4's capture ladder: DS4_ARGS="--stages 0,i,3u ..." (builds
+#                ds4 as it ships and rewritten by ds4lab; a build made on another machine: --host-march x86-64-v3,
+#                with CC naming the compiler path that build recorded, and --no-build so nothing is built there)
 #   nb06         notebook 06 on this GPU, reading the ds4 step's folder (DS4_NAME; NB06_CONTEXTS, default 1024,4096)
 #   nsight       the Nsight Compute command of docs/nsight.md on one ds4-flash token, ingested and joined to the
 #                launch sites, and ds4lab trace (CUPTI) of stages 0 and 3
@@ -138,7 +141,8 @@ for arg in "$@"; do
          # kept for a later call's nb06 on the same machine ($R is emptied at each call's start)
          grep -q '"status": "complete"' $R/${DS4_NAME:-ds4}/meta.json 2>/dev/null && rm -rf /tmp/ds4lab-cache/results/${DS4_NAME:-ds4} &&
            mkdir -p /tmp/ds4lab-cache/results && cp -r $R/${DS4_NAME:-ds4} /tmp/ds4lab-cache/results/
-         (cd /tmp/ds4lab-cache/ds4 && ls build-*/build.json >/dev/null 2>&1 &&
+         # DS4_PACK_BUILD=0: the builds came with the call (.ds4build/) and need not go back
+         [ "${DS4_PACK_BUILD:-1}" = 1 ] && (cd /tmp/ds4lab-cache/ds4 && ls build-*/build.json >/dev/null 2>&1 &&
           XZ_OPT=-T0 tar cJf "$OUT/ds4build-lib.tar.xz" --exclude='*/src' build-*/build.json build-*/build.log \
             build-*/libds4lab_ds4.so &&
           find build-*/src \( -name '*.o' -o -name '*.h' \) -print0 | XZ_OPT=-T0 tar cJf "$OUT/ds4build-obj.tar.xz" \

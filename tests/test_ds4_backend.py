@@ -48,7 +48,8 @@ def _fake_checkout(root: Path, makefile: str | None = None) -> Path:
         "int ds4_session_pos(ds4_session *); int ds4_session_argmax(ds4_session *);\n"
         "void ds4_tokens_push(ds4_tokens *, int); void ds4_tokens_free(ds4_tokens *);\n"
         "int ds4_session_sync(ds4_session *, const ds4_tokens *, char *, size_t);\n"
-        "int ds4_session_eval(ds4_session *, int, char *, size_t);\n")
+        "int ds4_session_eval(ds4_session *, int, char *, size_t);\n"
+        "int ds4_session_copy_logits(ds4_session *, float *, int);\n")
     (root / "ds4.c").write_text(
         '#include "ds4.h"\n#include <stdlib.h>\n'
         "int ds4_engine_open(ds4_engine **e, const ds4_engine_options *o) { (void)o; *e = 0; return 1; }\n"
@@ -65,7 +66,8 @@ def _fake_checkout(root: Path, makefile: str | None = None) -> Path:
         "void ds4_tokens_free(ds4_tokens *t) { (void)t; }\n"
         "int ds4_session_sync(ds4_session *s, const ds4_tokens *t, char *e, size_t n)"
         " { (void)s; (void)t; (void)e; (void)n; return 0; }\n"
-        "int ds4_session_eval(ds4_session *s, int x, char *e, size_t n) { (void)s; (void)x; (void)e; (void)n; return 0; }\n")
+        "int ds4_session_eval(ds4_session *s, int x, char *e, size_t n) { (void)s; (void)x; (void)e; (void)n; return 0; }\n"
+        "int ds4_session_copy_logits(ds4_session *s, float *o, int c) { (void)s; (void)o; (void)c; return 0; }\n")
     (root / "ds4_cuda.cu").write_text("// stand-in\n")
     (root / "Makefile").write_text(makefile or (
         "CFLAGS ?= -O2\nCORE_OBJS = ds4.o\n"
@@ -196,6 +198,41 @@ def test_build_links_the_driver_with_the_checkouts_objects_and_caches_it(tmp_pat
     assert " T ds4lab_new_driver_symbol" in nm and " T ds4_session_eval" in nm
 
 
+@pytest.mark.skipif(not _can_build(), reason="needs make, cc and the CUDA toolkit's nvcc and headers")
+def test_a_rewritten_build_sits_beside_the_shipped_one_and_names_what_it_could_not_route(tmp_path):
+    """The rewrite runs on the build's copy (never the checkout), into a build of its own (its name and
+    key differ), every site in rewrite-sites.csv; a checkout whose CUDA file lacks ds4's token calls
+    gets them named as not routed, not a silent build."""
+    import csv
+
+    root = _fake_checkout(tmp_path / "ds4-abc1234")
+    (root / "ds4_cuda.cu").write_text("#include <cuda_runtime.h>\n#include <cublas_v2.h>\n"
+                                      "void f(float *p) { k<<<1, 32>>>(p); }\n")
+    src = locate(root)
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "empty.c").write_text("int ds4lab_stub_symbol;\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(stub / "libcublas.so"), str(stub / "empty.c")], check=True)
+    shipped = B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),))
+    plan = B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),), rewrite=True)
+    said = []
+    b = B.build(src, plan, cache=tmp_path / "cache", say=said.append)
+    plain = B.build(src, shipped, cache=tmp_path / "cache", say=said.append)
+    assert plain.folder != b.folder and "-rw" not in plain.folder.name and plain.info["rewrite"] is None
+    rw = b.info["rewrite"]
+    assert f"-sm_90-rw{rw['rewritten_digest']}-" in b.folder.name  # keyed by the text it compiles
+    with pytest.raises(B.BuildError, match="no cached build"):  # --no-build: another flag, nothing built
+        B.build(src, B.build_plan("sm_90", jobs=2, toolchain=_toolchain(), extra_lib=(str(stub),), rewrite=True,
+                                  host_march="x86-64-v3"), cache=tmp_path / "cache", cached_only=True)
+    assert B.build(src, plan, cache=tmp_path / "cache", cached_only=True).cached
+    assert rw["launch_sites"] == {"legacy": 1, "cuda_decode_stream()": 0, "named": 0}
+    assert any("ds4_gpu_begin_commands" in u for u in rw["unrouted"]) and any("NOT routed" in s for s in said)
+    rows = list(csv.DictReader(open(b.folder / "rewrite-sites.csv")))
+    assert {r["action"] for r in rows} == {"routed", "not routed"} and all(r["line"] for r in rows)
+    assert "ds4lab_current_stream" in (b.folder / "src" / "ds4_cuda.cu").read_text()
+    assert (root / "ds4_cuda.cu").read_text().count("ds4lab") == 0  # the checkout is never written to
+
+
 @pytest.mark.skipif(not shutil.which("make"), reason="needs make")
 def test_a_failed_build_keeps_the_compiler_output_aside(tmp_path):
     mk = "CORE_OBJS = ds4.o\nds4.o: ds4.c\n\t@echo 'ds4.c:1: error: planted failure'; exit 3\n"
@@ -238,9 +275,27 @@ def test_worker_env_drops_the_callers_ds4_switches():
 class _StandInEngine:
     """Positions advance as ds4's do; µs per token grows with the position so tables can be checked."""
 
+    rewritten = 0
+
     def __init__(self, library, model, ctx_size, threads=0, resident=False):
         self.ctx_size, self.pos, self.calls, self.resident = ctx_size, 0, [], resident
         self.vocab_size, self.layer_count, self.routed_quant_bits, self.model_bytes = 1000, 43, 2, 123
+        self.mode = 0
+
+    def logits(self):
+        """The same logits for the same position in every configuration (ds4 is deterministic)."""
+        return np.random.default_rng(self.pos).standard_normal(self.vocab_size).astype(np.float32)
+
+    def capture_mode(self, mode):
+        self.mode = mode
+
+    def capture_stats(self, diff=True):
+        return {"segments": 1, "splits": 0, "instantiated": 0, "updated": 1, "update_refused": 0, "nodes": 1700,
+                "kernel_nodes": 1700, "nodes_changed": 300, "kernels_shape": 0, "kernels_uncompared": 0,
+                "diffed_segments": 1, "breaks": ""}
+
+    def capture_tally(self):
+        return [{"kernel": "rope_kernel", "param": 3, "changes": 40}]
 
     def sync(self, tokens):
         assert len(tokens) >= self.pos
@@ -280,6 +335,71 @@ def test_worker_times_each_context_on_one_prompt(tmp_path, monkeypatch):
     assert list(pf.tokens) == [16, 64 - 21]
     info = json.loads((tmp_path / "w" / "worker.json").read_text())
     assert info["layer_count"] == 43 and info["ctx_size"] >= 64 + 5
+
+
+class _StandInRecording:
+    """``ds4lab.audit.arguments.recording`` without CUPTI: the worker's two trace passes run their tokens
+    inside it, and it saves an empty file where the real one saves the recording."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def host_range(self, name):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def save(self, folder, note=""):
+        path = Path(folder)
+        path = path / "recording.csv.gz" if path.suffix != ".gz" else path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+        return path
+
+
+def test_one_traced_context_sizes_the_prompt_for_every_pass(tmp_path, monkeypatch):
+    """A run of one context that is also traced (``ds4lab ds4 --contexts 1024``, the default trace
+    context): the warm-up, the timed tokens and both trace passes (recording, then kernel arguments)
+    each decode the prompt's next token, none past its end, within the session's context."""
+    import ds4lab.audit.arguments as A
+    import ds4lab.ds4.engine as E
+
+    made = []
+    monkeypatch.setattr(E, "Ds4Engine", lambda *a, **k: made.append(_StandInEngine(*a, **k)) or made[-1])
+    monkeypatch.setattr(A, "recording", lambda **kw: _StandInRecording(**kw))
+    plan = {"library": "x", "model": "m", "config": "islands-off", "contexts": [16], "warmup": 2, "tokens": 3,
+            "trace_contexts": [16], "trace_tokens": 4, "seed": 7, "out": str(tmp_path / "w")}
+    assert W.run(plan) == 0
+    eng = made[0]
+    n = W.tokens_per_context(2, 3, 4, traced=True)
+    assert n == 2 + 3 + 2 * 4
+    assert [p for p, _ in eng.calls] == list(range(16, 16 + n))  # every pass on the prompt's next tokens
+    prompt = W.prompt_tokens(16 + n + 1, 1000, 7)
+    assert [t for _, t in eng.calls] == [prompt[p] for p, _ in eng.calls]
+    assert eng.ctx_size >= 16 + n
+    info = json.loads((tmp_path / "w" / "worker.json").read_text())
+    assert info["traces"]["16"]["why"] == "" and info["traces"]["16"]["arguments"]
+    t = pd.read_csv(tmp_path / "w" / "tokens.csv")
+    assert list(t.pos) == [18, 19, 20]
+
+
+def test_one_context_is_a_valid_plan_and_close_contexts_count_both_trace_passes(tmp_path):
+    from ds4lab.jobs.ds4 import Ds4JobConfig, check_config
+
+    src = _fake_checkout(tmp_path / "ds4-abc1234")
+    cfg = Ds4JobConfig(source=src, contexts=(1024,), trace_contexts=(1024,))
+    check_config(cfg)
+    assert cfg.contexts == (1024,)
+    # 4 warm-up + 32 timed + 2 × 4 traced = 44 tokens after 1024: 1068 is too close, 1069 is not
+    with pytest.raises(BadInput, match="2 × trace tokens"):
+        check_config(Ds4JobConfig(source=src, contexts=(1024, 1068), trace_contexts=(1024,)))
+    check_config(Ds4JobConfig(source=src, contexts=(1024, 1069), trace_contexts=(1024,)))
 
 
 def test_prompt_tokens_are_reproducible_and_in_range():
@@ -590,3 +710,84 @@ def test_audit_recordings_audits_each_recorded_configuration(tmp_path):
     assert list(done) == ["audit-islands-on-1024"]
     assert done["audit-islands-on-1024"] == "audited", done
     assert (tmp_path / "audit-islands-on-1024" / "audit.csv").is_file()
+
+
+# -- ds4's capture ladder (the stages on ds4 rewritten by ds4lab), on stand-in engines ----------------
+
+
+class _DriftingEngine(_StandInEngine):
+    """A stage whose token from position ``drift_from`` on gives other logits (one bit of logit 7)."""
+
+    drift_from = 10**9
+
+    def logits(self):
+        lg = super().logits()
+        if self.pos - 1 >= self.drift_from:
+            lg.view(np.uint32)[7] ^= 1
+        return lg
+
+
+def _run_stage(tmp_path, monkeypatch, config, engine=_StandInEngine, capture=0):
+    import ds4lab.ds4.engine as E
+
+    made = []
+    monkeypatch.setattr(E, "Ds4Engine", lambda *a, **k: made.append(engine(*a, **k)) or made[-1])
+    plan = {"library": "x", "model": "m", "config": config, "contexts": [16, 64], "warmup": 1, "tokens": 4,
+            "trace_contexts": [], "trace_tokens": 0, "seed": 2, "capture": capture,
+            "out": str(tmp_path / f"worker-{config}")}
+    assert W.run(plan) == 0
+    return made[0]
+
+
+def test_stages_are_held_to_ds4_as_it_ships_bit_for_bit_and_laddered(tmp_path, monkeypatch):
+    from ds4lab.ds4.measure import collect
+
+    _run_stage(tmp_path, monkeypatch, "islands-off")
+    _run_stage(tmp_path, monkeypatch, "stage-0")
+    drifting = type("D", (_DriftingEngine,), {"drift_from": 66})
+    eng = _run_stage(tmp_path, monkeypatch, "stage-3u", engine=drifting, capture=1)
+    assert eng.mode == 1  # the worker set the driver's capture mode
+    w = tmp_path / "worker-stage-3u"
+    assert np.load(w / "logits-64.npy").shape == (4, 1000)
+    cap = pd.read_csv(w / "capture.csv")
+    assert list(cap.pos) == [17, 18, 19, 20, 65, 66, 67, 68] and (cap.nodes_changed == 300).all()
+    assert pd.read_csv(w / "capture-args.csv").kernel.tolist() == ["rope_kernel"]
+    tables = collect(tmp_path, ["islands-off", "stage-0", "stage-3u"])
+    ex = tables["exact"]
+    assert ex[ex.config == "stage-0"].identical.all() and len(ex[ex.config == "stage-0"]) == 8
+    bad = ex[(ex.config == "stage-3u") & ~ex.identical]
+    assert list(bad.pos) == [66, 67, 68] and (bad.first_diff == 7).all() and (bad.n_diff == 1).all()
+    lad = tables["ladder"].set_index(["context", "stage"])
+    assert list(tables["ladder"].stage.unique()) == ["shipped", "0", "3u"]
+    assert lad.loc[(16, "3u"), "exact_tokens"] == 4 and lad.loc[(16, "3u"), "first_difference"] == ""
+    assert lad.loc[(64, "3u"), "exact_tokens"] == 1 and lad.loc[(64, "3u"), "compared_tokens"] == 4
+    assert lad.loc[(64, "3u"), "first_difference"].startswith("pos 66: logit 7")
+    assert lad.loc[(16, "3u"), "node_updates_per_token"] == 300 and lad.loc[(16, "3u"), "graphs_per_token"] == 1
+    assert lad.loc[(16, "shipped"), "first_difference"] == "reference"
+    assert (tmp_path / "ladder.csv").exists() and (tmp_path / "exact.csv").exists()
+    # the logits removed once compared: a later collect keeps the comparison it made
+    for f in tmp_path.glob("worker-*/logits-*.npy"):
+        f.unlink()
+    again = collect(tmp_path, ["islands-off", "stage-0", "stage-3u"])
+    assert len(again["exact"]) == len(ex) and again["ladder"].first_difference.tolist() == \
+        tables["ladder"].first_difference.tolist()
+
+
+def test_stages_option_runs_the_reference_first_and_refuses_stages_not_built(tmp_path):
+    from ds4lab.ds4.configs import parse_stages
+    from ds4lab.jobs.ds4 import Ds4JobConfig, check_config
+
+    assert parse_stages("0,i,3u") == ("islands-off", "stage-0", "stage-i", "stage-3u")
+    with pytest.raises(BadInput, match="3: stage 3 reads the per-token arguments from device memory"):
+        parse_stages("0,3")
+    with pytest.raises(BadInput, match="unknown 9"):
+        parse_stages("0,9")
+    src = _fake_checkout(tmp_path / "ds4-abc1234")
+    cfg = Ds4JobConfig(source=src, stages="3u,0")
+    check_config(cfg)
+    assert cfg.configs == ("islands-off", "stage-3u", "stage-0")
+    cfg = Ds4JobConfig(source=src)
+    check_config(cfg)
+    assert cfg.configs == DEFAULT_CONFIGS
+    with pytest.raises(BadInput, match="--host-march"):
+        check_config(Ds4JobConfig(source=src, host_march="native -O0"))

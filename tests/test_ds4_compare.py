@@ -88,3 +88,47 @@ def test_compare_names_a_ds4_folder_instead_of_misreading_its_summary(tmp_path):
     (run / "summary.csv").write_text("config,context,tokens,us_per_token,host_us,iqr_us\nislands-on,1024,4,1,1,0\n")
     r = CliRunner().invoke(main, ["compare", str(run), "--out", str(tmp_path / "out")])
     assert r.exit_code == 2 and "a ds4lab ds4 folder" in r.output and "06_ds4_itself" in r.output, r.output
+
+
+def test_ladder_table_sets_ds4s_own_ladder_beside_the_rebuilds(record, tmp_path):
+    """ds4's rungs from its ladder.csv (exact counts, the reference named), the rebuild's from its
+    measured record, each row's source named; the figure has one bar series per engine and context."""
+    pd.DataFrame([{"context": 1024, "stage": s, "us_per_token": us, "exact_tokens": ex, "compared_tokens": cmp}
+                  for s, us, ex, cmp in (("shipped", 16465.0, float("nan"), float("nan")), ("0", 16312.0, 32, 32),
+                                         ("i", 15683.0, 32, 32), ("3u", 20073.0, 31, 32))]).to_csv(
+        tmp_path / "ladder.csv", index=False)
+    rec = C.read_ds4(tmp_path)
+    t = C.ladder_table(rec)
+    ds4 = t[t.engine == "ds4"].set_index("stage")
+    assert list(ds4.index) == ["shipped", "0", "i", "3u"] and ds4.loc["3u", "exact"] == "31 / 32"
+    assert ds4.loc["shipped", "exact"] == "reference" and ds4.loc["0", "µs per token"] == 16312.0
+    lab = t[t.engine == "ds4lab rebuild"]
+    assert set(lab.stage) >= {"0", "i", "3"} and lab.source.str.contains("round3/islands").all()
+    assert (ds4.source == rec.label).all()
+    fig = C.ladder_figure(t)
+    assert fig is not None and len(fig.axes[0].get_legend().get_texts()) == 2
+    assert C.ladder_table(None).engine.eq("ds4lab rebuild").all() and C.ladder_figure(pd.DataFrame()) is None
+
+
+def test_kind_census_and_omissions_read_ds4s_kernels_beside_the_rebuilds_per_op(tmp_path):
+    """Per kind, ds4's recorded kernels against the rebuild's per-op record (its 1k token only); the
+    omissions priced from ds4's kernels, a kernel serving two purposes by its share of launches."""
+    ds4 = pd.DataFrame([{"name": "matmul_f16_pair_ordered_chunks_kernel(float*)", "per_token": 62, "us_per_token": 2145.0},
+                        {"name": "quantize_q8_0_f32_kernel(signed char*)", "per_token": 216, "us_per_token": 278.0},
+                        {"name": "rope_tail_kernel(float*)", "per_token": 86, "us_per_token": 100.0},
+                        {"name": "router_select_warp_topk_kernel(int*)", "per_token": 43, "us_per_token": 256.0},
+                        {"name": "moe_down_sum6_qwarp32_kernel(float*)", "per_token": 43, "us_per_token": 725.0}])
+    per_op = tmp_path / "per_op.csv"
+    pd.DataFrame([{"cluster": "router", "site": "router_topk", "kernel": "router_topk", "launches": 40, "us": 94.0},
+                  {"cluster": "moe", "site": "down", "kernel": "moe_down_decode", "launches": 43, "us": 423.0}]).to_csv(
+        per_op, index=False)
+    kc = C.kind_census({1024: ds4, 16384: ds4}, lab_per_op=per_op).set_index(["context", "kind"])
+    assert kc.loc[(1024, "router"), "ds4_us"] == 256.0 and kc.loc[(1024, "router"), "rebuild_us"] == 94.0
+    assert kc.loc[(1024, "routed MoE"), "ds4_minus_rebuild_us"] == 725.0 - 423.0
+    assert kc.loc[(1024, "f16 matmul (cuBLAS, ds4's f16 pair)"), "rebuild_us"] == 0.0
+    assert kc.loc[(16384, "router"), "rebuild_us"] != kc.loc[(16384, "router"), "rebuild_us"]  # no record at 16k
+    om = C.omissions({1024: ds4}).set_index("omitted in the rebuild")
+    assert om.filter(like="compressor", axis=0).ds4_us.iloc[0] == 2145.0
+    assert om.filter(like="activation quantization", axis=0).ds4_launches.iloc[0] == 216
+    inv = om.filter(like="inverse RoPE", axis=0).iloc[0]
+    assert inv.ds4_launches == 43 and inv.ds4_us == pytest.approx(100.0 * 43 / 86)

@@ -28,8 +28,21 @@ def _ints(text: str, option: str) -> tuple:
 @click.option("--model", type=click.Path(), default=None,
               help="A GGUF for ds4 to run. Default: ds4lab's synthetic Flash-shaped model, written once into the "
                    "cache (docs/model.md, 'The synthetic model ds4 opens').")
-@click.option("--configs", default=",".join(DEFAULT_CONFIGS), show_default=True,
-              help=f"Comma-separated configurations: {', '.join(VARIANTS)}.")
+@click.option("--configs", default=None,
+              help=f"Comma-separated configurations: {', '.join(VARIANTS)}. Default: {','.join(DEFAULT_CONFIGS)}, "
+                   "or with --stages none beyond them.")
+@click.option("--stages", default=None,
+              help="Rungs of ds4's own capture ladder, run on ds4 rewritten by ds4lab (stage 0 in ds4) beside ds4 as "
+                   "it ships: 0 (accessor unset), i (ds4's islands), 3u (the whole token captured, its graph updated "
+                   "per token). Every stage's logits are compared with ds4 as it ships (exact.csv, ladder.csv).")
+@click.option("--host-march", default="native", show_default=True,
+              help="-march of ds4's host code (ds4's own: native; x86-64-v3 for a build carried to another machine).")
+@click.option("--no-build", is_flag=True, default=False,
+              help="Never run ds4's make: use the builds in --cache (carried from another machine) or stop, naming them.")
+@click.option("--audit/--no-audit", default=True, show_default=True,
+              help="ds4lab audit of each recording in the job (--no-audit: later, with ds4lab audit, on any machine).")
+@click.option("--keep-logits", is_flag=True, default=False,
+              help="Keep every timed token's logits (worker-*/logits-*.npy, 0.5 MB a token) after exact.csv.")
 @click.option("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)), show_default=True,
               help="Positions of the timed decode tokens, ascending.")
 @click.option("--tokens", type=click.IntRange(min=2), default=32, show_default=True,
@@ -51,12 +64,13 @@ def _ints(text: str, option: str) -> tuple:
               help="Build and model cache (default: $DS4LAB_CACHE or ~/.cache/ds4lab).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Synthetic weights and the prompt's tokens.")
 @click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4-<commit> (e.g. results/ds4-b0309611).")
-def ds4(source, model, configs, contexts, tokens, warmup, trace_contexts, trace_tokens, arch, jobs, copy_model,
-        random_expert_layers, cache, seed, out) -> None:
+def ds4(source, model, configs, stages, host_march, no_build, audit, keep_logits, contexts, tokens, warmup, trace_contexts,
+        trace_tokens, arch, jobs, copy_model, random_expert_layers, cache, seed, out) -> None:
     """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped
     model at each context with its decode islands off and on (and with its MoE profile), and write
     ds4lab's tables (µs per token, host µs, launches, kernels, island captures)."""
-    cfg = Ds4JobConfig(source=source, model=model, configs=configs, contexts=contexts, tokens=tokens,
+    cfg = Ds4JobConfig(source=source, model=model, configs=configs, stages=stages, host_march=host_march,
+                       keep_logits=keep_logits, audit=audit, no_build=no_build, contexts=contexts, tokens=tokens,
                        warmup=warmup, trace_contexts=_ints(trace_contexts, "--trace-contexts"),
                        trace_tokens=trace_tokens, arch=arch, jobs=jobs, copy_model=copy_model,
                        random_expert_layers=_ints(random_expert_layers, "--random-expert-layers"), cache=cache,

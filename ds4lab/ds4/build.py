@@ -88,11 +88,14 @@ class BuildPlan:
     toolchain: Toolchain
     extra_include: tuple = ()
     extra_lib: tuple = ()
+    #: apply ds4lab's stage-0 rewrite (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``
+    rewrite: bool = False
 
     @property
     def flags_digest(self) -> str:
         """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects
-        depend on (ds4lab's driver is not: a new driver is compiled and linked with the same objects)."""
+        depend on besides the sources (ds4lab's driver is not: a new driver is compiled and linked with
+        the same objects; a rewritten build is keyed by the text it compiles too: :func:`rewritten_digest`)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
@@ -100,8 +103,13 @@ class BuildPlan:
 
     @property
     def driver_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``)."""
-        return hashlib.sha256(DRIVER_SOURCE.read_bytes()).hexdigest()[:12]
+        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``, and the hooks'
+        header it includes, ``csrc/ds4lab_hooks.h``)."""
+        h = hashlib.sha256(DRIVER_SOURCE.read_bytes())
+        hooks = DRIVER_SOURCE.with_name("ds4lab_hooks.h")
+        if hooks.is_file():
+            h.update(hooks.read_bytes())
+        return h.hexdigest()[:12]
 
     def make_command(self, src: Path, targets) -> list[str]:
         """``make -C src -j N VAR=... targets`` (ds4's own Makefile)."""
@@ -114,7 +122,8 @@ class BuildPlan:
 
     def driver_command(self, src: Path, out: Path) -> list[str]:
         """Compile ds4lab's driver against ds4's header (position-independent)."""
-        inc = [f"-I{src}", f"-I{self.toolchain.cuda_home}/include", *(f"-I{d}" for d in self.extra_include)]
+        inc = [f"-I{src}", f"-I{Path(__file__).with_name('csrc')}", f"-I{self.toolchain.cuda_home}/include",
+               *(f"-I{d}" for d in self.extra_include)]  # csrc: the hooks' header the driver includes
         cpu = ["-DDS4LAB_CPU_ONLY"] if self.arch == CPU else []
         return [self.toolchain.cc, "-O2", "-fPIC", "-std=c11", "-D_GNU_SOURCE", "-Wall", *cpu, *inc, "-c",
                 str(DRIVER_SOURCE), "-o", str(out)]
@@ -133,7 +142,7 @@ class BuildPlan:
 
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
-               extra_include=(), extra_lib=()) -> BuildPlan:
+               extra_include=(), extra_lib=(), rewrite: bool = False, host_march: str = "native") -> BuildPlan:
     """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or for ds4's CPU back end
     (``arch`` :data:`CPU`: ds4's ``CPU_CORE_OBJS``, ``ds4.c`` with ``-DDS4_NO_GPU``, and the driver with
     ``-DDS4LAB_CPU_ONLY``; for testing the driver against ds4's own code without a GPU, never to time).
@@ -143,15 +152,20 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
     -fno-finite-math-only`` appended, ``NVCCFLAGS ?= -O3 -g -lineinfo --use_fast_math -arch=...
     -Xcompiler -march=native -Xcompiler -pthread``): a variable set on make's command line replaces
     the Makefile's, appends included, so each is given whole, with ``-fPIC`` added and the debug
-    flags left out.
+    flags left out. ``host_march`` replaces ds4's ``-march=native`` for host code (a build made on one
+    machine to run on another: ``x86-64-v3``); ``rewrite`` applies ds4lab's stage 0
+    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``.
 
     Raises:
-        BadInput: ``arch`` is not ``sm_<digits>[a]``.
+        BadInput: ``arch`` is not ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value.
     """
     import re
 
     if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise BadInput(f"--arch {arch}: give a CUDA architecture such as sm_90")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", host_march):
+        raise BadInput(f"--host-march {host_march!r}: give a -march value such as native or x86-64-v3")
+    march = f"-march={host_march}"
     tc = toolchain or (Toolchain(nvcc="", cc=_cc(), cuda_home="") if arch == CPU else Toolchain.find())
     inc = " ".join(f"-I{d}" for d in extra_include)
     make_vars = {
@@ -159,13 +173,14 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
         "NVCC": tc.nvcc,
         "CUDA_HOME": tc.cuda_home,
         "CUDA_ARCH": arch,
-        "CFLAGS": f"-O3 -ffast-math -march=native -Wall -Wextra -std=c99 -D_GNU_SOURCE -fno-finite-math-only -fPIC {inc}".strip(),
-        "NVCCFLAGS": f"-O3 --use_fast_math -arch={arch} -Xcompiler -march=native -Xcompiler -pthread "
+        "CFLAGS": f"-O3 -ffast-math {march} -Wall -Wextra -std=c99 -D_GNU_SOURCE -fno-finite-math-only -fPIC {inc}".strip(),
+        "NVCCFLAGS": f"-O3 --use_fast_math -arch={arch} -Xcompiler {march} -Xcompiler -pthread "
                      f"-Xcompiler -fPIC {inc}".strip(),
     }
     if arch == CPU:
         make_vars = {"CC": tc.cc, "CFLAGS": make_vars["CFLAGS"]}
-    return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib))
+    return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib),
+                     rewrite=bool(rewrite))
 
 
 @dataclass
@@ -183,25 +198,36 @@ def cache_root() -> Path:
     return Path(os.environ.get("DS4LAB_CACHE") or Path.home() / ".cache" / "ds4lab")
 
 
-def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print) -> Build:
+def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
+    """The build's folder in the cache: ``build-<commit>-<source digest>-<arch>[-rw<rewritten digest>]-<flags
+    digest>`` (a rewritten build keyed by the text it compiles too: :func:`rewritten_digest`)."""
+    rw = f"-rw{rewritten_digest(src)}" if plan.rewrite else ""
+    return f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
+
+
+def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print,
+          cached_only: bool = False) -> Build:
     """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources,
     architecture and flags. Builds of one cache folder take turns (a lock file beside it).
+    ``cached_only``: never run ds4's make (a build carried from another machine, or none): a cached
+    build whose driver changed is still relinked (seconds).
 
     Raises:
-        BuildError: a step failed; the message names it and the kept log (``build.log``).
+        BuildError: a step failed (the message names it and the kept log, ``build.log``), or with
+            ``cached_only`` the build is not in the cache (the folder looked for is named).
     """
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"
-    name = f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}-{plan.flags_digest}"
+    name = folder_name(src, plan)
     root.mkdir(parents=True, exist_ok=True)
     # one build of a folder at a time: a second run waits for the first and then finds its build
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_locked(src, plan, root, name, say)
+        return _build_locked(src, plan, root, name, say, cached_only)
 
 
-def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -> Build:
+def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, cached_only: bool = False) -> Build:
     folder = root / name
     info_path = folder / "build.json"
     if info_path.is_file() and (folder / LIBRARY_NAME).is_file():
@@ -212,6 +238,9 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
         if all((folder / "src" / o).is_file() for o in info.get("objects", ())) and info.get("objects"):
             return _relink(folder, info, plan, say)
         say("ds4 build: ds4lab's driver changed and ds4's objects are not kept: building again")
+    if cached_only:
+        raise BuildError(f"no cached build of ds4 at {folder} (--no-build: ds4 is not built here); a build "
+                         "carried from another machine must be made with the same toolchain paths and flags")
     if folder.exists():  # an earlier build stopped before build.json: start again
         shutil.rmtree(folder)
     folder.mkdir()
@@ -228,6 +257,7 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
             return _run_step(log, steps, step, cmd, failed, cwd=cwd)
 
         src_dir = materialize(src, folder / "src")
+        rewritten = _apply_rewrite(src_dir, folder, say) if plan.rewrite else None
         (folder / "print-objs.mk").write_text(_PRINT_OBJS.format(var=plan.objects_var))
         out = run(f"list {plan.objects_var}", ["make", "-s", "--no-print-directory", "-C", str(src_dir), "-f", "Makefile",
                                      "-f", str(folder / "print-objs.mk"), *(f"{k}={v}" for k, v in plan.make_vars.items()),
@@ -257,12 +287,53 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say) -
         "nvcc": _first_line([plan.toolchain.nvcc, "--version"], last=True) if plan.toolchain.nvcc else "",
         "cc": _first_line([plan.toolchain.cc, "--version"]),
         "library_bytes": (folder / LIBRARY_NAME).stat().st_size,
+        "rewrite": rewritten,
     }
     tmp = info_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, indent=2))
     tmp.replace(info_path)  # written last: its presence marks a complete build
     say(f"ds4 build: done in {info['seconds']:.0f} s ({folder / LIBRARY_NAME})")
     return Build(folder, folder / LIBRARY_NAME, info)
+
+
+def rewritten_digest(src: Ds4Source) -> str:
+    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as ds4lab's rewrite makes it from ``src``
+    (the text a rewritten build compiles): a change of the rewrite that changes its output is a new
+    build, one that does not reuses the cached build."""
+    import tempfile
+
+    from . import rewrite as RW
+
+    with tempfile.TemporaryDirectory(prefix="ds4lab-rewrite-") as tmp:
+        rw = RW.rewrite_checkout(materialize(src, Path(tmp) / "src"), write=False)
+    return hashlib.sha256(rw.text.encode()).hexdigest()[:12]
+
+
+def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
+    """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site
+    into ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not
+    rewritten). Returns the summary ``build.json`` keeps; a site it could not route is named by file
+    and line on the console and in the summary."""
+    import csv
+
+    from . import rewrite as RW
+
+    rw = RW.rewrite_checkout(src_dir)
+    rows = rw.rows() + [s.__dict__.copy() for s in RW.other_launch_sites(src_dir)]
+    with open(folder / "rewrite-sites.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    counts: dict = {}
+    for (kind, stream, action), n in rw.counts().items():  # named streams together (the CSV names each)
+        key = " / ".join((kind, RW.NAMED if stream.startswith(RW.NAMED) else stream, action))
+        counts[key] = counts.get(key, 0) + n
+    unrouted = [f"{s.file}:{s.line} {s.kind}: {s.why}" for s in rw.unrouted]
+    say(f"ds4 build: rewrite (stage 0) routed {sum(rw.launches().values())} launch sites "
+        f"({', '.join(f'{v} {k}' for k, v in rw.launches().items())}), {len(rw.sites)} sites in all"
+        + (f"; NOT routed: {'; '.join(unrouted)}" if unrouted else ""))
+    return {"version": RW.VERSION, "rewritten_digest": hashlib.sha256(rw.text.encode()).hexdigest()[:12],
+            "launch_sites": rw.launches(), "sites": len(rw.sites), "counts": counts, "unrouted": unrouted}
 
 
 def _run_step(log, steps: list, step: str, cmd: list[str], failed, cwd=None) -> str:

@@ -27,8 +27,9 @@ LAB_CONTEXT_RECORD = _ROOT / "docs/measurements/h200-2026-12-01/round3/context"
 #: the two engines' kernels are different code (ds4's names are its own).
 KINDS = (("routed MoE", r"moe|expert|iq2|q2_k|q2k|mmid|mmvq"),
          ("attention", r"attn|attention|score|softmax|flash|kv_|sink"),
-         ("compressor / indexer / top-k", r"compress|indexer|topk|top_k|sort|select"),
          ("router", r"router|gate_inp|route|hash"),
+         ("compressor / indexer / top-k", r"compress|indexer|topk|top_k|sort|select"),
+         ("f16 matmul (cuBLAS, ds4's f16 pair)", r"nvjet|matmul_f16|f16_pair"),
          ("matvec (Q8_0)", r"q8|matvec|gemv|mul_mat|gemm|cublas|sgemm|hgemm"),
          ("norm / RoPE / hyper-connections", r"norm|rope|hc_|mix|split|expand|swiglu|silu"),
          ("other", r"."))
@@ -54,6 +55,8 @@ class Ds4Record:
     census: pd.DataFrame
     islands: pd.DataFrame
     kernels: dict = field(default_factory=dict)  # (config, context) -> per-kernel table
+    #: ds4's own capture ladder (``ladder.csv`` of a ``--stages`` run), empty otherwise
+    ladder: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def label(self) -> str:
@@ -87,7 +90,7 @@ def read_ds4(folder) -> Ds4Record:
         cfg, ctx = p.stem[len("kernels-"):].rsplit("-", 1)
         kernels[(cfg, int(ctx))] = pd.read_csv(p)
     return Ds4Record(folder, meta, table("summary.csv"), table("gains.csv"), table("census.csv"),
-                     table("islands.csv"), kernels)
+                     table("islands.csv"), kernels, table("ladder.csv"))
 
 
 def _lab_record(folder) -> tuple[dict, pd.DataFrame]:
@@ -224,6 +227,71 @@ def kernel_kinds(rec: Ds4Record, config: str = "islands-off") -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["kind", "launches", "us", "context"])
 
 
+#: ds4lab's rebuild's per-op record of its ds4-flash token at 1k on the H200 (the one per-launch-site record
+#: of the rebuild: ``ds4lab bench --per-op``), for the census by kind.
+LAB_PER_OP_RECORD = _ROOT / "docs/measurements/h200-2026-12-01/kernels/call2/per_op.csv"
+
+#: Work in ds4's token that ds4lab's rebuild leaves out (docs/model.md, "The differences, by kind"): label,
+#: the ds4 kernel names (regex), and how much of those kernels' µs is that work. Read from ds4's recorded
+#: kernels; ``share`` < 1 where one ds4 kernel serves two purposes (``rope_tail_kernel``: the inverse RoPE
+#: of the attention output is 43 of its launches a token, the rest compressor and indexer rows).
+OMISSIONS = (
+    ("compressor (absent from the rebuild's short token)", r"^(matmul_f16_pair_ordered_chunks|compressor_store|"
+     r"compressor_update_pool|compressor_shift_ratio4|rms_norm_weight)_kernel", None),
+    ("activation quantization before each Q8_0 matvec", r"^quantize_q8_0_(f32|group_slice_rows)_kernel", None),
+    ("f16 conversion for ds4's cuBLAS calls", r"^f32_to_f16_kernel", None),
+    ("cuBLAS split-K reduction", r"splitKreduce", None),
+    ("FP8 round trip of compressed rows", r"^fp8_kv_quantize_kernel", None),
+    ("QAT Hadamard rotations (indexer)", r"^indexer_hadamard_fp4_kernel", None),
+    ("inverse RoPE of the attention output (43 rope_tail launches a token)", r"^rope_tail_kernel", 43),
+)
+
+
+def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame:
+    """Launches and kernel µs per token by :data:`KINDS`, ds4 against ds4lab's rebuild, like for like:
+    ``ds4_kernels`` maps a context to a ``kernels-islands-off-<context>.csv`` table of ds4's recorded
+    tokens (CUPTI: ``per_token``, ``us_per_token`` by kernel name); the rebuild's from its per-op record
+    (``lab_per_op``: launches and µs per token by launch site, at 1k). One row per kind and context, with
+    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank where the rebuild has no
+    record at that context) and ``ds4_minus_rebuild_us``."""
+    lab = pd.read_csv(lab_per_op) if lab_per_op is not None and Path(lab_per_op).is_file() else pd.DataFrame()
+    if len(lab):
+        lab = lab.assign(kind=[kernel_kind(f"{k} {c}") for k, c in zip(lab.kernel, lab.cluster)])
+        lab_by = lab.groupby("kind").agg(rebuild_launches=("launches", "sum"), rebuild_us=("us", "sum"))
+    rows = []
+    for ctx, k in sorted(ds4_kernels.items()):
+        g = k.assign(kind=k["name"].map(kernel_kind)).groupby("kind").agg(
+            ds4_launches=("per_token", "sum"), ds4_us=("us_per_token", "sum"))
+        kinds = sorted(set(g.index) | (set(lab_by.index) if len(lab) and ctx == 1024 else set()))
+        for kind in kinds:
+            r = {"context": int(ctx), "kind": kind,
+                 "ds4_launches": float(g.ds4_launches.get(kind, 0.0)), "ds4_us": float(g.ds4_us.get(kind, 0.0))}
+            has_lab = len(lab) and int(ctx) == 1024  # the rebuild's per-op record is its 1k token
+            r["rebuild_launches"] = float(lab_by.rebuild_launches.get(kind, 0.0)) if has_lab else float("nan")
+            r["rebuild_us"] = float(lab_by.rebuild_us.get(kind, 0.0)) if has_lab else float("nan")
+            r["ds4_minus_rebuild_us"] = r["ds4_us"] - r["rebuild_us"]
+            rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def omissions(ds4_kernels: dict) -> pd.DataFrame:
+    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens at each
+    context of ``ds4_kernels`` (context → ds4's ``kernels-islands-off-<context>.csv`` table); a kernel
+    that serves two purposes counts the share of its launches the omitted work takes."""
+    import re as _re
+
+    rows = []
+    for ctx, k in sorted(ds4_kernels.items()):
+        base = k["name"].str.replace(r"^void ", "", regex=True)
+        for label, pat, launches in OMISSIONS:
+            sel = k[base.map(lambda n: bool(_re.search(pat, n)))]
+            n, us = float(sel.per_token.sum()), float(sel.us_per_token.sum())
+            if launches is not None and n:
+                us, n = us * min(1.0, launches / n), min(float(launches), n)
+            rows.append({"context": int(ctx), "omitted in the rebuild": label, "ds4_launches": n, "ds4_us": us})
+    return pd.DataFrame(rows)
+
+
 def gain_figure(gains: pd.DataFrame):
     """µs per token eager and with islands, ds4 beside ds4lab, per context (bars,
     :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names
@@ -238,3 +306,50 @@ def gain_figure(gains: pd.DataFrame):
     title = ("What ds4's decode islands buy: ds4 itself against ds4lab's rebuild\n"
              + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in gains["source"]})))
     return plots.grouped_bars_figure(series, xs, "µs per decode token (median, CUDA events)", title, rotate=True)
+
+
+#: The rungs set side by side: ds4's (``ladder.csv`` stage) and ds4lab's rebuild's (its ladder record's stage).
+LADDER_RUNGS = (("0", "0"), ("i", "i"), ("3u", "3u"), ("3", "3"))
+
+
+def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
+    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder: µs per token of ds4 as shipped and of
+    each stage on ds4 rewritten by ds4lab, tokens bit-identical to ds4 as shipped) beside ds4lab's
+    rebuild's measured ladder (its record's stages 0, i, 3u, 3), one row per engine, context and stage,
+    ``source`` naming each. A stage ds4 does not have yet (3) is the rebuild's row alone; ds4's stage 3
+    row, where its folder recorded the replayed graph, is not a measurement of stage 3 and is not here."""
+    rows = []
+    lad = rec.ladder if rec is not None else pd.DataFrame()
+    for r in lad.to_dict("records") if len(lad) else ():
+        rows.append({"engine": "ds4", "context": int(r["context"]), "stage": str(r["stage"]),
+                     "µs per token": float(r["us_per_token"]),
+                     "exact": (f"{int(r['exact_tokens'])} / {int(r['compared_tokens'])}"
+                               if r["exact_tokens"] == r["exact_tokens"] else "reference"),
+                     "source": rec.label})
+    lab_ladder = Path(lab_ladder)
+    if (lab_ladder / "meta.json").is_file():
+        meta, t = _lab_record(lab_ladder)
+        for _, stage in LADDER_RUNGS:
+            r = t[t.stage == stage]
+            if len(r):
+                r = r.iloc[0]
+                rows.append({"engine": "ds4lab rebuild", "context": int(r.context), "stage": stage,
+                             "µs per token": float(r.us_median), "exact": "exact" if bool(r.exact) else "NOT exact",
+                             "source": f"{_lab_label(meta)} ({_rel(lab_ladder)})"})
+    return pd.DataFrame(rows, columns=["engine", "context", "stage", "µs per token", "exact", "source"])
+
+
+def ladder_figure(table: pd.DataFrame):
+    """µs per token by stage, ds4 (each context it measured) beside ds4lab's rebuild (bars,
+    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names
+    where each engine's figures came from."""
+    if table is None or table.empty:
+        return None
+    from ..report import plots
+
+    stages = [s for s in ("shipped", "0", "i", "3u", "3") if s in set(table.stage)]
+    series = {f"{e} @{c}": dict(zip(g.stage, g["µs per token"]))
+              for (e, c), g in table.groupby(["engine", "context"], sort=True)}
+    title = ("The capture ladder: ds4 itself (stages on ds4 rewritten by ds4lab) beside ds4lab's rebuild\n"
+             + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in table["source"]})))
+    return plots.grouped_bars_figure(series, stages, "µs per decode token (median, CUDA events)", title)

@@ -11,6 +11,18 @@ ds4 itself reads (``ds4_cuda.cu`` at ``b0309611``), nothing of ds4lab's.
 ``moe-graph``      islands on with ``DS4_CUDA_MOE_DECODE_GRAPH=1``: the hand-built routed-MoE decode
                    graph of ``36ee8c14``, which ds4 takes for Q4_K experts only
 =================  =================================================================================
+
+The capture ladder runs ds4 rewritten by ds4lab (:mod:`ds4lab.ds4.rewrite`: stage 0 in ds4 itself),
+beside ``islands-off`` of ds4 as it ships, the reference every stage's logits are held to:
+
+=================  =================================================================================
+``stage-0``        the rewritten build, accessor unset, islands off: ds4 eager, each site on its own
+                   stream (the rewrite's cost against ``islands-off``)
+``stage-i``        the rewritten build, accessor unset, ds4's islands on
+``stage-3u``       the rewritten build, islands off, every token captured whole by ds4lab's driver on
+                   its stream and replayed, the executable graph of the token's shape updated each
+                   token (``cudaGraphExecUpdate``); split only where a call cannot be captured
+=================  =================================================================================
 """
 
 from __future__ import annotations
@@ -29,6 +41,12 @@ class Ds4Variant:
     env: tuple
     what: str
     expert_bits: tuple | None = None
+    #: which build runs it: ``shipped`` (ds4 as it ships) or ``rewritten`` (ds4lab's stage 0 applied)
+    build: str = "shipped"
+    #: the driver's capture mode (:data:`ds4lab.ds4.engine.EAGER` 0, ``WHOLE_TOKEN_UPDATE`` 1)
+    capture: int = 0
+    #: its rung on the capture ladder (``0``, ``i``, ``3u``), or ``""`` outside the ladder
+    stage: str = ""
 
     @property
     def environ(self) -> dict:
@@ -43,10 +61,51 @@ VARIANTS = {c.name: c for c in (
               "islands on, with ds4's routed-MoE profile"),
     Ds4Variant("moe-graph", (("DS4_CUDA_MOE_DECODE_GRAPH", "1"), ("DS4_CUDA_DECODE_GRAPH_LOG", "1")),
               "islands on, with the hand-built routed-MoE decode graph (Q4_K experts)", expert_bits=(4,)),
+    Ds4Variant("stage-0", (("DS4_CUDA_DECODE_GRAPHS", "0"),),
+              "ds4 rewritten (stage 0), accessor unset, islands off: eager", build="rewritten", stage="0"),
+    Ds4Variant("stage-i", (("DS4_CUDA_DECODE_GRAPH_LOG", "1"),),
+              "ds4 rewritten (stage 0), accessor unset, ds4's islands on", build="rewritten", stage="i"),
+    Ds4Variant("stage-3u", (("DS4_CUDA_DECODE_GRAPHS", "0"),),
+              "ds4 rewritten, islands off, every token captured whole and replayed, its graph updated "
+              "per token shape", build="rewritten", capture=1, stage="3u"),
 )}
+
+#: The configuration every stage's logits are compared with: ds4 as it ships, eager.
+REFERENCE = "islands-off"
+#: Ladder stages ``--stages`` takes, and the configuration each runs.
+STAGES = {v.stage: v.name for v in VARIANTS.values() if v.stage}
+#: Stages of the plan not built for ds4 itself, and why (``--stages`` names them and refuses).
+NOT_BUILT = {
+    "3": "stage 3 reads the per-token arguments from device memory: ds4's kernels take them by value "
+         "(the stage-3u run's capture-args.csv lists each kernel argument that changes between tokens); "
+         "the rewrite does not change ds4's kernels yet",
+    "3p": "stage 3p sets programmatic dependent launch on ds4's launches: not built (it needs stage 3 and "
+          "a launch through cudaLaunchKernelEx at every site)",
+}
+
 
 #: What ``ds4lab ds4`` runs when ``--configs`` is not given.
 DEFAULT_CONFIGS = ("islands-off", "islands-on", "moe-profile")
+
+
+def parse_stages(text: str) -> tuple[str, ...]:
+    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it
+    ships, every stage's logits held to it).
+
+    Raises:
+        BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why)
+            or an empty list.
+    """
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    if not names:
+        raise BadInput(f"--stages {text!r}: name at least one of {', '.join(STAGES)}")
+    missing = [n for n in names if n in NOT_BUILT]
+    if missing:
+        raise BadInput("--stages: " + "; ".join(f"{n}: {NOT_BUILT[n]}" for n in missing))
+    bad = [n for n in names if n not in STAGES]
+    if bad:
+        raise BadInput(f"--stages: unknown {', '.join(bad)}; choose from {', '.join(STAGES)}")
+    return tuple(dict.fromkeys([REFERENCE] + [STAGES[n] for n in names]))
 
 
 def parse_configs(text: str) -> tuple[str, ...]:

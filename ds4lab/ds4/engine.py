@@ -20,6 +20,29 @@ class Ds4Error(RuntimeError):
     """A ds4 call failed; the message is ds4's (or the CUDA status the driver checked)."""
 
 
+class TokenStats(ctypes.Structure):
+    """``ds4lab_token_stats`` of ``csrc/ds4lab_ds4.c``: what the driver's whole-token capture did for
+    the last token (graphs launched, splits and their calls, instantiations, updates, nodes, and with
+    the comparison the nodes whose parameters changed since the token before of the same shape)."""
+
+    _fields_ = [("segments", ctypes.c_int), ("splits", ctypes.c_int), ("instantiated", ctypes.c_int),
+                ("updated", ctypes.c_int), ("update_refused", ctypes.c_int), ("nodes", ctypes.c_longlong),
+                ("kernel_nodes", ctypes.c_longlong), ("nodes_changed", ctypes.c_longlong),
+                ("kernels_shape", ctypes.c_longlong), ("kernels_uncompared", ctypes.c_longlong),
+                ("diffed_segments", ctypes.c_int), ("breaks", (ctypes.c_char * 64) * 8)]
+
+    def as_dict(self) -> dict:
+        """The fields, ``breaks`` as ``"call:line"`` strings joined by spaces (ds4_cuda.cu's lines)."""
+        d = {k: getattr(self, k) for k, _ in self._fields_ if k != "breaks"}
+        d["breaks"] = " ".join(b.value.decode() for b in self.breaks[:min(self.splits, 8)])
+        return d
+
+
+#: Capture modes of the driver (``ds4lab_capture_mode``): 0 ds4's tokens as they run; 1 every token
+#: captured whole and replayed, its executable graph updated per token shape (stage 3u).
+EAGER, WHOLE_TOKEN_UPDATE = 0, 1
+
+
 def _bind(lib) -> None:
     H = ctypes.c_void_p
     sigs = {
@@ -37,6 +60,12 @@ def _bind(lib) -> None:
         "ds4lab_eval": (ctypes.c_int, [H, ctypes.c_int]),
         "ds4lab_eval_timed": (ctypes.c_int, [H, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
                                              ctypes.POINTER(ctypes.c_double)]),
+        "ds4lab_logits": (ctypes.c_int, [H, ctypes.POINTER(ctypes.c_float), ctypes.c_int]),
+        "ds4lab_rewritten": (ctypes.c_int, []),
+        "ds4lab_capture_mode": (ctypes.c_int, [H, ctypes.c_int]),
+        "ds4lab_capture_stats": (ctypes.c_int, [H, ctypes.POINTER(TokenStats), ctypes.c_int]),
+        "ds4lab_capture_tally": (ctypes.c_int, [H, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                                ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_longlong)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -131,6 +160,48 @@ class Ds4Engine:
         if self.lib.ds4lab_eval_timed(self.h, int(token), ctypes.byref(self._gpu), ctypes.byref(self._host)) != 0:
             raise Ds4Error(f"ds4_session_eval at position {self.pos}: {self._error()}")
         return self._gpu.value * 1e3, self._host.value * 1e6
+
+    def logits(self):
+        """The last token's logits (``ds4_session_copy_logits``): float32 array of the vocabulary's size.
+        Raises Ds4Error when ds4 gives none."""
+        import numpy as np
+
+        out = np.empty(self.vocab_size, dtype=np.float32)
+        n = self.lib.ds4lab_logits(self.h, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        if n != out.size:
+            raise Ds4Error(f"ds4_session_copy_logits gave {n} of {out.size} logits")
+        return out
+
+    @property
+    def rewritten(self) -> int:
+        """The version of ds4lab's stage-0 rewrite in this build of ds4 (0: ds4 as it ships)."""
+        return int(self.lib.ds4lab_rewritten())
+
+    def capture_mode(self, mode: int) -> None:
+        """Set the driver's capture mode (:data:`EAGER`, :data:`WHOLE_TOKEN_UPDATE`) on this thread.
+        Raises Ds4Error when the build has no ds4lab rewrite and a capture is asked for."""
+        if self.lib.ds4lab_capture_mode(self.h, int(mode)) != 0:
+            raise Ds4Error(self._error())
+
+    def capture_stats(self, diff: bool = True) -> dict:
+        """What the whole-token capture did for the last token (:class:`TokenStats` as a dict); with
+        ``diff``, each updated graph is compared node by node with the one its exec held before (host
+        work: call it outside the timed token)."""
+        st = TokenStats()
+        self.lib.ds4lab_capture_stats(self.h, ctypes.byref(st), int(bool(diff)))
+        return st.as_dict()
+
+    def capture_tally(self) -> list[dict]:
+        """Every (kernel, argument index) whose value changed between compared tokens, with the number
+        of changes: what a graph replayed without update would hold stale."""
+        out, i = [], 0
+        name, param, changes = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_longlong()
+        while self.lib.ds4lab_capture_tally(self.h, i, ctypes.byref(name), ctypes.byref(param),
+                                            ctypes.byref(changes)) == 0:
+            out.append({"kernel": (name.value or b"?").decode(errors="replace"), "param": param.value,
+                        "changes": changes.value})
+            i += 1
+        return out
 
     def close(self) -> None:
         """Free the session and the engine (idempotent)."""

@@ -30,12 +30,17 @@ from pathlib import Path
 import pandas as pd
 
 from . import results as R
-from .configs import VARIANTS
+from .configs import REFERENCE, VARIANTS
+
+#: Configuration pairs whose per-position difference ``gains.csv`` holds (base, other: the gain of other).
+GAINS = (("islands-off", "islands-on"), ("islands-on", "moe-profile"), ("islands-on", "moe-graph"),
+         ("islands-off", "stage-0"), ("stage-0", "stage-i"), ("stage-0", "stage-3u"), ("stage-i", "stage-3u"))
 
 
 @dataclass(frozen=True)
 class MeasurePlan:
-    """What one ``ds4lab ds4`` run measures (every field in ``meta.json``)."""
+    """What one ``ds4lab ds4`` run measures (every field in ``meta.json``). ``library``: ds4 as it ships;
+    ``rewritten_library``: ds4 with ds4lab's stage 0 (the ``stage-*`` configurations; ``""`` if none)."""
 
     library: str
     model: str
@@ -48,11 +53,16 @@ class MeasurePlan:
     seed: int
     threads: int
     copy_model: bool
+    rewritten_library: str = ""
+
+    def library_of(self, variant: str) -> str:
+        """The library ``variant`` runs (its :attr:`~ds4lab.ds4.configs.Ds4Variant.build`)."""
+        return self.rewritten_library if VARIANTS[variant].build == "rewritten" else self.library
 
 
 #: The configurations whose tokens are recorded with CUPTI at ``trace_contexts`` (the MoE profile's too:
 #: ``ds4lab audit`` of it against what ds4's log says its island 1 did).
-RECORDED = ("islands-off", "islands-on", "moe-profile")
+RECORDED = ("islands-off", "islands-on", "moe-profile", "stage-0", "stage-i", "stage-3u")
 
 
 def worker_env(variant: str, copy_model: bool, base=None) -> dict:
@@ -81,7 +91,8 @@ def run_variant(plan: MeasurePlan, variant: str, folder: Path, say=print, progre
     with ``failed`` naming the exit status and the log's last lines)."""
     wdir = folder / f"worker-{variant}"
     wdir.mkdir(parents=True, exist_ok=True)
-    spec = {"library": plan.library, "model": plan.model, "config": variant, "contexts": list(plan.contexts),
+    spec = {"library": plan.library_of(variant), "model": plan.model, "config": variant,
+            "capture": VARIANTS[variant].capture, "contexts": list(plan.contexts),
             "warmup": plan.warmup, "tokens": plan.tokens,
             "trace_contexts": list(plan.trace_contexts) if variant in RECORDED else [],
             "trace_tokens": plan.trace_tokens, "seed": plan.seed, "threads": plan.threads,
@@ -143,13 +154,17 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
     :func:`ds4lab.ds4.results.expert_data_check`). Returns the tables by name. Works on a folder copied
     from the GPU machine."""
     folder = Path(folder)
-    tokens, prefill, census, logs, data = [], [], [], {}, []
+    tokens, prefill, census, logs, data, capture, capture_args = [], [], [], {}, [], [], []
     for v in configs:
         w = folder / f"worker-{v}"
         if (w / "tokens.csv").exists():
             tokens.append(pd.read_csv(w / "tokens.csv"))
         if (w / "prefill.csv").exists():
             prefill.append(pd.read_csv(w / "prefill.csv"))
+        if (w / "capture.csv").exists():
+            capture.append(pd.read_csv(w / "capture.csv", keep_default_na=False))
+        if (w / "capture-args.csv").exists() and (w / "capture-args.csv").stat().st_size > 0:
+            capture_args.append(pd.read_csv(w / "capture-args.csv"))
         logs[v] = R.read_log(folder / f"ds4-{v}.log")
         for rec in sorted(w.glob("trace-*/recording.csv.gz")):
             from ..trace.sources import read_events as read_trace
@@ -176,11 +191,20 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
     if tokens:
         t = out["tokens"]
         put("summary", "summary.csv", [R.summarize_tokens(t)])
-        put("gains", "gains.csv", [R.paired_gain(t, base, other) for base, other in
-                                   (("islands-off", "islands-on"), ("islands-on", "moe-profile"),
-                                    ("islands-on", "moe-graph")) if {base, other} <= set(t.config)])
+        put("gains", "gains.csv", [R.paired_gain(t, base, other) for base, other in GAINS
+                                   if {base, other} <= set(t.config)])
+        ex = R.exactness(folder, [c for c in configs if c != REFERENCE], REFERENCE)
+        if not len(ex) and (folder / "exact.csv").exists():  # the logits were removed once compared
+            ex = pd.read_csv(folder / "exact.csv")
+        put("exact", "exact.csv", [ex] if len(ex) else [])
     put("prefill", "prefill.csv", prefill)
     put("census", "census.csv", census)
+    put("capture", "capture.csv", capture)
+    put("capture_args", "capture-args.csv", capture_args)
+    if "summary" in out and any(VARIANTS[c].stage for c in configs if c in VARIANTS):
+        from .ladder import ladder_table
+
+        put("ladder", "ladder.csv", [ladder_table(out)])
     put("expert_data", "expert-data.csv", data)
     put("islands", "islands.csv", [R.island_table(logs)])
     return out

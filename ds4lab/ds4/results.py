@@ -233,3 +233,57 @@ def expert_data_check(frame: pd.DataFrame, random_layers, n_layers: int = 43) ->
     out = pd.DataFrame(rows, columns=["name", "random_us", "hole_us", "tokens"])
     out["ratio"] = out["random_us"] / out["hole_us"]
     return out[cols].sort_values("ratio", ascending=False, ignore_index=True)
+
+
+def exactness(folder, configs, reference: str) -> pd.DataFrame:
+    """Each configuration's logits against ``reference``'s, token by token (same context, same
+    position: both decoded the same prompt token there), from the workers' ``logits-<context>.npy``
+    and ``tokens.csv`` in ``folder/worker-<config>/``.
+
+    Returns one row per (config, context, pos): ``identical`` (every logit's bytes equal), ``n_diff``
+    (logits that differ), ``first_diff`` (the vocabulary index of the first, or -1), ``reference`` and
+    ``value`` there, ``max_abs_diff``, and ``argmax_same``. Configurations or contexts without logits
+    on either side give no rows.
+    """
+    folder = Path(folder)
+    cols = ["config", "reference", "context", "pos", "identical", "n_diff", "first_diff", "reference_value",
+            "value", "max_abs_diff", "argmax_same"]
+
+    def load(cfg):
+        w = folder / f"worker-{cfg}"
+        if not (w / "tokens.csv").exists():
+            return None, {}
+        t = pd.read_csv(w / "tokens.csv")
+        arrays = {int(c): np.load(w / f"logits-{int(c)}.npy") for c in set(t.context)
+                  if (w / f"logits-{int(c)}.npy").exists()}
+        return t, arrays
+
+    ref_t, ref_a = load(reference)
+    rows = []
+    if ref_t is None:
+        return pd.DataFrame(columns=cols)
+    for cfg in configs:
+        t, arrays = load(cfg)
+        if t is None:
+            continue
+        for ctx, grp in t.groupby("context", sort=True):
+            ctx = int(ctx)
+            if ctx not in arrays or ctx not in ref_a:
+                continue
+            rgrp = ref_t[ref_t.context == ctx].reset_index(drop=True)
+            ref_row = {int(p): i for i, p in enumerate(rgrp.pos)}
+            for i, p in enumerate(grp.pos):
+                if int(p) not in ref_row:
+                    continue
+                a, b = ref_a[ctx][ref_row[int(p)]], arrays[ctx][i]
+                diff = a.view(np.uint32) != b.view(np.uint32)
+                idx = np.flatnonzero(diff)
+                rows.append({"config": cfg, "reference": reference, "context": ctx, "pos": int(p),
+                             "identical": not len(idx), "n_diff": int(len(idx)),
+                             "first_diff": int(idx[0]) if len(idx) else -1,
+                             "reference_value": float(a[idx[0]]) if len(idx) else float("nan"),
+                             "value": float(b[idx[0]]) if len(idx) else float("nan"),
+                             "max_abs_diff": float(np.max(np.abs(a[idx].astype(np.float64) - b[idx]))) if len(idx)
+                             else 0.0,
+                             "argmax_same": int(np.argmax(a)) == int(np.argmax(b))})
+    return pd.DataFrame(rows, columns=cols)

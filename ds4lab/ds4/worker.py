@@ -10,6 +10,11 @@ environment, and the worker:
    decode tokens, each between CUDA events on the legacy stream; the decode tokens are the prompt's
    next tokens, so the session always holds a prefix of one prompt and the next prefill only
    extends it;
+   Each timed token's logits are kept (``logits-<context>.npy``, one row per token; a digest and the
+   argmax in ``tokens.csv``) so that every configuration can be held to ds4 as it ships, bit for bit
+   (:func:`ds4lab.ds4.results.exactness`); a capturing configuration (``capture``: the driver's mode)
+   also writes what the capture did per token (``capture.csv``) and which kernel arguments changed
+   between tokens (``capture-args.csv``);
 3. where asked (``trace_contexts``), records ``trace_tokens`` more decode tokens in-process with
    CUPTI (:func:`ds4lab.audit.arguments.recording`), each inside an NVTX range ``decode_step``, into
    ``trace-<context>/recording.csv.gz``: a recording ``ds4lab audit`` reads as it reads any engine's.
@@ -27,8 +32,23 @@ import sys
 import time
 from pathlib import Path
 
-TOKEN_FIELDS = ("config", "context", "index", "pos", "token", "gpu_us", "host_us")
+TOKEN_FIELDS = ("config", "context", "index", "pos", "token", "gpu_us", "host_us", "argmax", "logits_sha")
+#: Per timed token of a capturing configuration: what the driver's whole-token capture did
+#: (:class:`ds4lab.ds4.engine.TokenStats`).
+CAPTURE_FIELDS = ("config", "context", "index", "pos", "segments", "splits", "instantiated", "updated",
+                  "update_refused", "nodes", "kernel_nodes", "nodes_changed", "kernels_shape",
+                  "kernels_uncompared", "diffed_segments", "breaks")
 PREFILL_FIELDS = ("config", "context", "from_pos", "tokens", "seconds")
+#: Passes over ``trace_tokens`` decode tokens at a traced context (:func:`_trace`): the CUPTI recording,
+#: then the kernel-argument recording, each on tokens of its own.
+TRACE_PASSES = 2
+
+
+def tokens_per_context(warmup: int, tokens: int, trace_tokens: int, traced: bool) -> int:
+    """Decode tokens a worker evaluates after prefilling to one context: ``warmup`` untimed, ``tokens``
+    timed and, at a traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded. The prompt, the
+    session's context and the spacing of contexts (``ds4lab.jobs.ds4.check_config``) are sized by it."""
+    return int(warmup) + int(tokens) + (TRACE_PASSES * int(trace_tokens) if traced else 0)
 
 
 def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
@@ -54,7 +74,12 @@ def _write_csv(path: Path, fields, rows) -> None:
 
 def run(plan: dict) -> int:
     """Run ``plan`` (keys: ``library``, ``model``, ``config``, ``contexts``, ``warmup``, ``tokens``,
-    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``resident``, ``out``). Returns 0."""
+    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``resident``, ``capture``, ``out``).
+    Returns 0."""
+    import hashlib
+
+    import numpy as np
+
     from .engine import Ds4Engine
 
     out = Path(plan["out"])
@@ -63,19 +88,24 @@ def run(plan: dict) -> int:
     warmup, tokens = int(plan["warmup"]), int(plan["tokens"])
     trace_ctx = {int(c) for c in plan.get("trace_contexts", ())}
     trace_tokens = int(plan.get("trace_tokens", 0))
-    per_ctx = warmup + tokens + (trace_tokens if trace_ctx else 0)
-    ctx_size = contexts[-1] + per_ctx + 64
+    # the last position any context reaches: its own decode tokens after it (a traced context evaluates more)
+    last = max(c + tokens_per_context(warmup, tokens, trace_tokens, c in trace_ctx) for c in contexts)
+    ctx_size = last + 64
     cfg = plan["config"]
     t0 = time.monotonic()
     _emit(event="open", config=cfg, ctx_size=ctx_size)
     eng = Ds4Engine(plan["library"], plan["model"], ctx_size, int(plan.get("threads", 0)),
                     resident=bool(plan.get("resident", False)))
+    capture = int(plan.get("capture", 0))
+    if capture:
+        eng.capture_mode(capture)
     info = {"config": cfg, "open_seconds": round(time.monotonic() - t0, 1), "ctx_size": ctx_size,
             "vocab_size": eng.vocab_size, "layer_count": eng.layer_count,
-            "routed_quant_bits": eng.routed_quant_bits, "model_bytes": eng.model_bytes}
+            "routed_quant_bits": eng.routed_quant_bits, "model_bytes": eng.model_bytes,
+            "rewritten": eng.rewritten, "capture": capture}
     _emit(event="opened", **info)
-    prompt = prompt_tokens(contexts[-1] + per_ctx + 1, eng.vocab_size, int(plan.get("seed", 0)))
-    token_rows, prefill_rows, traces = [], [], {}
+    prompt = prompt_tokens(last + 1, eng.vocab_size, int(plan.get("seed", 0)))
+    token_rows, prefill_rows, capture_rows, traces = [], [], [], {}
     try:
         for ctx in contexts:
             if eng.pos > ctx:
@@ -86,14 +116,26 @@ def run(plan: dict) -> int:
             prefill_rows.append({"config": cfg, "context": ctx, "from_pos": start, "tokens": ctx - start,
                                  "seconds": round(secs, 4)})
             _emit(event="prefilled", config=cfg, context=ctx, tokens=ctx - start, seconds=round(secs, 2))
+            logits = []
             for i in range(warmup + tokens):
                 pos = eng.pos
                 gpu_us, host_us = eng.eval_timed(prompt[pos])
-                if i >= warmup:
+                if i >= warmup:  # after the token's events: nothing here is timed
+                    lg = eng.logits()
+                    logits.append(lg)
                     token_rows.append({"config": cfg, "context": ctx, "index": i - warmup, "pos": pos,
                                        "token": prompt[pos], "gpu_us": round(gpu_us, 2),
-                                       "host_us": round(host_us, 2)})
+                                       "host_us": round(host_us, 2), "argmax": int(np.argmax(lg)),
+                                       "logits_sha": hashlib.sha256(lg.tobytes()).hexdigest()[:16]})
+                    if capture:
+                        capture_rows.append({"config": cfg, "context": ctx, "index": i - warmup, "pos": pos,
+                                             **eng.capture_stats(diff=True)})
+            np.save(out / f"logits-{ctx}.npy", np.stack(logits))
             _write_csv(out / "tokens.csv", TOKEN_FIELDS, token_rows)
+            if capture:
+                _write_csv(out / "capture.csv", CAPTURE_FIELDS, capture_rows)
+                _write_csv(out / "capture-args.csv", ("config", "kernel", "param", "changes"),
+                           [{"config": cfg, **r} for r in eng.capture_tally()])
             _write_csv(out / "prefill.csv", PREFILL_FIELDS, prefill_rows)
             _emit(event="timed", config=cfg, context=ctx, tokens=tokens)
             if ctx in trace_ctx and trace_tokens:

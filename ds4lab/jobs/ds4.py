@@ -8,15 +8,15 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..ds4.configs import DEFAULT_CONFIGS, VARIANTS, parse_configs
+from ..ds4.configs import DEFAULT_CONFIGS, VARIANTS, parse_configs, parse_stages
 from ..report import results
 from .result import JobResult
 from .common import BadInput, check_out_option, out_folder
 
 #: What the job writes in its folder.
 DS4_OUTPUTS = ("tokens.csv", "summary.csv", "gains.csv", "islands.csv", "prefill.csv", "census.csv", "kernels-*.csv",
-               "expert-data.csv", "audit-*",
-               "ds4-*.log", "worker-*", "build.json")
+               "expert-data.csv", "audit-*", "exact.csv", "capture.csv", "capture-args.csv", "ladder.csv",
+               "rewrite-sites.csv", "ds4-*.log", "worker-*", "build.json", "build-rewritten.json")
 
 #: ds4lab's default contexts: those of ``ds4lab context``, so the two tables sit side by side.
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
@@ -28,8 +28,14 @@ class Ds4JobConfig:
 
     ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF to run (None: the
     synthetic Flash-shaped model, written once into the cache). ``configs``: names from
-    :data:`ds4lab.ds4.configs.VARIANTS`. ``contexts``: positions of the decode tokens (ascending, each
-    more than ``warmup + tokens + trace_tokens`` after the one before). ``trace_contexts``: contexts at
+    :data:`ds4lab.ds4.configs.VARIANTS` (None: :data:`~ds4lab.ds4.configs.DEFAULT_CONFIGS`, or with
+    ``stages`` none beyond them). ``stages``: rungs of ds4's capture ladder (``"0,i,3u"``:
+    :func:`ds4lab.ds4.configs.parse_stages`), run on ds4 rewritten by ds4lab beside ds4 as it ships.
+    ``host_march``: ``-march`` of ds4's host code (``native``, ds4's own, or a portable one for a build
+    made on another machine). ``keep_logits``: keep every timed token's logits (``logits-*.npy``, 0.5 MB
+    a token) after ``exact.csv`` is written from them. ``contexts``: positions of the decode tokens (ascending, each
+    more than ``warmup + tokens + 2 × trace_tokens`` after the one before:
+    :func:`ds4lab.ds4.worker.tokens_per_context`). ``trace_contexts``: contexts at
     which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the MoE profile:
     ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the
     model into GPU memory (``DS4_CUDA_COPY_MODEL=1`` on a layer-slice open).
@@ -37,7 +43,15 @@ class Ds4JobConfig:
 
     source: str | Path | None = None
     model: str | Path | None = None
-    configs: tuple = DEFAULT_CONFIGS
+    configs: tuple | str | None = None
+    stages: tuple | str | None = None
+    host_march: str = "native"
+    keep_logits: bool = False
+    #: audit each recording (``ds4lab audit``) in the job; False leaves it to a later ``ds4lab audit`` of
+    #: ``worker-*/trace-*/recording.csv.gz`` (CPU work that need not spend GPU-machine time)
+    audit: bool = True
+    #: never run ds4's make: use the cached builds (carried from another machine) or stop
+    no_build: bool = False
     contexts: tuple = DEFAULT_CONTEXTS
     warmup: int = 4
     tokens: int = 32
@@ -65,6 +79,15 @@ def check_config(cfg: Ds4JobConfig) -> None:
     locate(cfg.source)
     if isinstance(cfg.configs, str):
         cfg.configs = parse_configs(cfg.configs)
+    if cfg.stages:
+        ladder = parse_stages(cfg.stages if isinstance(cfg.stages, str) else ",".join(cfg.stages))
+        cfg.configs = tuple(dict.fromkeys(ladder + tuple(cfg.configs or ())))
+    elif cfg.configs is None:
+        cfg.configs = DEFAULT_CONFIGS
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(cfg.host_march)):
+        raise BadInput(f"--host-march {cfg.host_march!r}: give a -march value such as native or x86-64-v3")
     for name in cfg.configs:
         if name not in VARIANTS:
             raise BadInput(f"--configs: unknown {name}; choose from {', '.join(VARIANTS)}")
@@ -78,11 +101,13 @@ def check_config(cfg: Ds4JobConfig) -> None:
     if ctx[-1] > limit:
         raise BadInput(f"--contexts: {ctx[-1]} is past {limit}, the longest context ds4lab asks ds4 for "
                        "(ds4-flash's max_context in ds4lab's presets)")
-    per = cfg.warmup + cfg.tokens + cfg.trace_tokens
+    from ..ds4.worker import tokens_per_context
+
+    per = tokens_per_context(cfg.warmup, cfg.tokens, cfg.trace_tokens, traced=True)
     close = [f"{a}→{b}" for a, b in zip(ctx, ctx[1:]) if b - a <= per]
     if close:
-        raise BadInput(f"--contexts: {', '.join(close)} lie within warmup + tokens + trace tokens ({per}) of each "
-                       "other; space them further apart")
+        raise BadInput(f"--contexts: {', '.join(close)} lie within warmup + tokens + 2 × trace tokens ({per}) of "
+                       "each other; space them further apart")
     bad = [c for c in cfg.trace_contexts if int(c) not in ctx]
     if bad:
         raise BadInput(f"--trace-contexts {','.join(map(str, bad))}: not among --contexts")
@@ -174,7 +199,14 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
     out, ran = out_folder(cfg.out, "ds4", (src.commit[:12] or src.digest,),
                           {"configs": list(cfg.configs), "contexts": list(cfg.contexts), "source": src.digest})
     cache = Path(cfg.cache) if cfg.cache else B.cache_root()
-    bld = B.build(src, B.build_plan(arch, jobs=cfg.jobs), cache=cache, say=say)
+    builds = {VARIANTS[v].build for v in cfg.configs}
+    bld = B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march), cache=cache, say=say,
+                  cached_only=cfg.no_build)
+    rw = (B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march, rewrite=True), cache=cache,
+                  say=say, cached_only=cfg.no_build) if "rewritten" in builds else None)
+    if rw is not None and rw.info.get("rewrite", {}).get("unrouted"):
+        say("[bold red]ds4lab's rewrite left sites unrouted[/] (rewrite-sites.csv): "
+            + "; ".join(rw.info["rewrite"]["unrouted"]))
     model, model_info = model_for(cfg, cache / "ds4", say=say)
     need_mib = Path(model).stat().st_size / 2**20
     if cfg.copy_model and gpu.get("gpu_free_mib") and need_mib > 0.97 * gpu["gpu_free_mib"]:
@@ -182,19 +214,26 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
                        "free (ds4 copies it whole with DS4_CUDA_COPY_MODEL=1): run with --no-copy-model")
     plan = M.MeasurePlan(str(bld.library), str(model), tuple(cfg.configs), tuple(int(c) for c in cfg.contexts),
                          cfg.warmup, cfg.tokens, tuple(int(c) for c in cfg.trace_contexts), cfg.trace_tokens,
-                         cfg.seed, cfg.threads, cfg.copy_model)
+                         cfg.seed, cfg.threads, cfg.copy_model, str(rw.library) if rw else "")
     meta = {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), **gpu,
             "ds4_commit": src.commit, "ds4_source": str(src.path),
             "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
             ("seconds", "objects", "flags_digest", "driver_digest", "nvcc", "cc", "library_bytes")},
-            "build_cached": bld.cached,
+            "build_cached": bld.cached, "host_march": cfg.host_march,
+            "rewritten_build": ({k: rw.info.get(k) for k in ("seconds", "flags_digest", "driver_digest",
+                                                             "library_bytes", "rewrite")} | {"cached": rw.cached}
+                                if rw else None),
             "model": model_info, "plan": plan.__dict__, "measured": True,
-            "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what} for n in cfg.configs}}
+            "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what, "build": VARIANTS[n].build,
+                            "capture": VARIANTS[n].capture, "stage": VARIANTS[n].stage} for n in cfg.configs}}
     workers = {}
     with results.job_folder(out, meta, DS4_OUTPUTS, say=say, ran=ran) as folder:
         folder = Path(folder)
         shutil.copy(bld.folder / "build.json", folder / "build.json")
+        if rw is not None:
+            shutil.copy(rw.folder / "build.json", folder / "build-rewritten.json")
+            shutil.copy(rw.folder / "rewrite-sites.csv", folder / "rewrite-sites.csv")
         say(f"[bold]ds4lab ds4[/] · {src.label} · {gpu.get('gpu', '?')} (driver {gpu.get('driver', '?')}) · "
             f"contexts {','.join(map(str, plan.contexts))} · {plan.tokens} tokens each")
         for v in plan.configs:
@@ -208,11 +247,21 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
         tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]],
                            model_info.get("random_expert_layers", ()))
         meta["workers"] = workers
-        meta["audits"] = M.audit_recordings(folder, [w for w in workers if "skipped" not in workers[w]], say=say)
+        meta["audits"] = (M.audit_recordings(folder, [w for w in workers if "skipped" not in workers[w]], say=say)
+                          if cfg.audit else "not run (--no-audit)")
         if "summary" in tables:
             say(tables["summary"].to_string(index=False))
         if "gains" in tables:
             say(tables["gains"].to_string(index=False))
+        if "ladder" in tables:
+            say("ds4's capture ladder (µs per token; gains paired by position, 95 % intervals):\n"
+                + tables["ladder"][["context", "stage", "us_per_token", "gain_over_0_us", "gain_over_0_lo",
+                                    "gain_over_0_hi", "vs_shipped_us", "exact_tokens", "compared_tokens",
+                                    "graphs_per_token", "node_updates_per_token", "splits_per_token"]]
+                .to_string(index=False))
+        if "exact" in tables and not cfg.keep_logits:  # the comparison is kept; the 0.5 MB-a-token logits are not
+            for f in folder.glob("worker-*/logits-*.npy"):
+                f.unlink()
         say(tables["islands"].to_string(index=False))
         isl = tables["islands"]
         meta["weights"] = dict(zip(isl.config, isl.weights)) if "weights" in isl else {}

@@ -11,7 +11,17 @@
  *
  * Built with -DDS4LAB_CPU_ONLY (tests only: ds4's CPU back end, no CUDA), the engine opens on ds4's
  * CPU back end and "gpu_ms" is the host clock: it exists so that this driver and ds4lab's worker are
- * held to ds4's own code on a machine without a GPU, never to report a time. */
+ * held to ds4's own code on a machine without a GPU, never to report a time.
+ *
+ * Whole-token capture (ds4lab_capture_mode): only with a build of ds4 that ds4lab rewrote
+ * (ds4lab/ds4/rewrite.py: its accessor, setter and hooks, found here as weak symbols). The token is
+ * bracketed by ds4's own ds4_gpu_begin_commands / ds4_gpu_end_commands: at the first, this driver
+ * begins a stream capture on its own blocking stream and points the accessor at it; every launch,
+ * cuBLAS call, memset and copy of the token lands there; at the second it ends the capture, updates
+ * the executable graph of that token shape (cudaGraphExecUpdate; a refused update instantiates again)
+ * and launches it, and ds4's own end-of-token synchronize follows. A call a capture cannot hold (ds4's
+ * synchronizes, host reads, allocations: the rewrite's split hooks) ends the graph before it and
+ * begins the next after it: the token is split there, and the call and ds4's line are counted. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,12 +49,70 @@ static const char *cudaGetErrorString(cudaError_t e) { (void)e; return "no error
 #define DS4LAB_BACKEND DS4_BACKEND_CUDA
 #endif
 
+/* ---- whole-token capture (a rewritten build only) ---------------------------------------------- */
+
+/* The hooks the rewrite's prologue declares, from the one header both take their layout from. */
+#include "ds4lab_hooks.h"
+
+#define DS4LAB_SEGMENTS 32 /* graphs one token may be split into */
+#define DS4LAB_SHAPES 8    /* executable graphs kept per segment: one per token shape (node count) */
+#define DS4LAB_BREAKS 8    /* split calls named per token */
+#define DS4LAB_TALLY 512   /* (kernel, argument) pairs whose value changed between tokens */
+
+typedef struct {
+    int segments;             /* graphs launched for the token */
+    int splits;               /* calls the token was split around */
+    int instantiated;         /* executable graphs made (a new shape, or a refused update) */
+    int updated;              /* cudaGraphExecUpdate that succeeded */
+    int update_refused;       /* cudaGraphExecUpdate that CUDA refused (then instantiated again) */
+    long long nodes;          /* nodes in the token's graphs */
+    long long kernel_nodes;   /* kernel nodes (ds4lab_capture_diff) */
+    long long nodes_changed;  /* nodes whose parameters differ from the graph the exec held before */
+    long long kernels_shape;  /* of those: kernel nodes of another function, grid, block or shared memory */
+    long long kernels_uncompared; /* kernel nodes whose arguments could not be compared */
+    int diffed_segments;      /* segments compared (an updated exec: its graph before and now) */
+    char breaks[DS4LAB_BREAKS][64]; /* "call:line" of the first splits */
+} ds4lab_token_stats;
+
+#ifndef DS4LAB_CPU_ONLY
+typedef struct {
+    cudaGraphExec_t exec;
+    cudaGraph_t graph;        /* the graph the exec was last made or updated from */
+    cudaGraph_t before;       /* the one before it (kept until compared) */
+    size_t nodes;             /* the shape key: node count */
+    unsigned long long used;  /* last token that used it */
+} ds4lab_exec;
+
+typedef struct {
+    const void *func;
+    int param;
+    long long changes;
+} ds4lab_tally;
+
+typedef struct {
+    struct ds4lab_capture_hooks hooks;
+    int mode;                 /* 0: eager; 1: whole token, re-captured, exec updated each token (3u) */
+    cudaStream_t stream;      /* blocking: eager work on the legacy stream between splits stays ordered */
+    int armed, token, capturing, segment;
+    unsigned long long tokens;
+    ds4lab_exec execs[DS4LAB_SEGMENTS][DS4LAB_SHAPES];
+    int seg_slot[DS4LAB_SEGMENTS];  /* the exec slot each segment of the last token used */
+    ds4lab_token_stats st;
+    ds4lab_tally tally[DS4LAB_TALLY];
+    int ntally;
+    char error[512];
+} ds4lab_capture;
+#endif
+
 typedef struct {
     ds4_engine *engine;
     ds4_session *session;
     cudaEvent_t start, stop;
     int ctx_size;
     char err[1024];
+#ifndef DS4LAB_CPU_ONLY
+    ds4lab_capture cap;
+#endif
 } ds4lab_handle;
 
 static double now_s(void) {
@@ -115,8 +183,15 @@ ds4lab_handle *ds4lab_open(const char *model_path, int ctx_size, int n_threads, 
     return h;
 }
 
+static void capture_release(ds4lab_handle *h);
+#ifndef DS4LAB_CPU_ONLY
+static void arm(ds4lab_handle *h);
+static int check_capture(ds4lab_handle *h);
+#endif
+
 void ds4lab_close(ds4lab_handle *h) {
     if (!h) return;
+    capture_release(h);
     (void)cudaEventDestroy(h->start);
     (void)cudaEventDestroy(h->stop);
     if (h->session) ds4_session_free(h->session);
@@ -151,7 +226,14 @@ int ds4lab_sync(ds4lab_handle *h, const int *tokens, int n, double *seconds) {
 /* One decode token, untimed: ds4_session_eval(token) and nothing of ds4lab's around it (the recorded
  * tokens: a trace of the token holds ds4's own calls only). Returns 0, or -1 with ds4's message. */
 int ds4lab_eval(ds4lab_handle *h, int token) {
+#ifndef DS4LAB_CPU_ONLY
+    arm(h);
+    const int e = ds4_session_eval(h->session, token, h->err, sizeof h->err);
+    const int cap = check_capture(h);
+    return cap != 0 ? cap : (e != 0 ? -1 : 0);
+#else
     return ds4_session_eval(h->session, token, h->err, sizeof h->err) != 0 ? -1 : 0;
+#endif
 }
 
 /* One decode token: ds4_session_eval(token) between two CUDA events on the legacy stream.
@@ -167,9 +249,12 @@ int ds4lab_eval_timed(ds4lab_handle *h, int token, float *gpu_ms, double *host_s
 #else
     cudaError_t rc = cudaEventRecord(h->start, 0);
     if (rc != cudaSuccess) return cuda_fail(h, "cudaEventRecord(start, legacy stream)", rc);
+    arm(h);
     const double t0 = now_s();
     const int e = ds4_session_eval(h->session, token, h->err, sizeof h->err);
     *host_s = now_s() - t0;
+    const int cap = check_capture(h);
+    if (cap != 0) return cap;
     if (e != 0) return -1;
     rc = cudaEventRecord(h->stop, 0);
     if (rc != cudaSuccess) return cuda_fail(h, "cudaEventRecord(stop, legacy stream)", rc);
@@ -180,3 +265,300 @@ int ds4lab_eval_timed(ds4lab_handle *h, int token, float *gpu_ms, double *host_s
     return 0;
 #endif
 }
+
+/* ds4_session_copy_logits: the last token's logits into out[0:cap]. Returns the count, or 0. */
+int ds4lab_logits(ds4lab_handle *h, float *out, int cap) { return ds4_session_copy_logits(h->session, out, cap); }
+
+#ifdef DS4LAB_CPU_ONLY
+static void capture_release(ds4lab_handle *h) { (void)h; }
+int ds4lab_rewritten(void) { return 0; }
+int ds4lab_capture_mode(ds4lab_handle *h, int mode) {
+    snprintf(h->err, sizeof h->err, "whole-token capture needs ds4's CUDA back end");
+    return mode == 0 ? 0 : -4;
+}
+int ds4lab_capture_stats(ds4lab_handle *h, ds4lab_token_stats *out, int diff) {
+    (void)h; (void)diff; memset(out, 0, sizeof *out); return 0;
+}
+int ds4lab_capture_tally(ds4lab_handle *h, int i, const char **name, int *param, long long *changes) {
+    (void)h; (void)i; (void)name; (void)param; (void)changes; return -1;
+}
+#else
+/* The rewrite's symbols: absent (NULL) in a build of ds4 as it ships. */
+extern int ds4lab_rewrite_version(void) __attribute__((weak));
+extern int ds4lab_capture_set_stream(cudaStream_t s, int on) __attribute__((weak));
+extern void ds4lab_capture_set_hooks(const struct ds4lab_capture_hooks *hooks) __attribute__((weak));
+
+/* The rewrite's version in this build, or 0 for ds4 as it ships. */
+int ds4lab_rewritten(void) { return ds4lab_rewrite_version ? ds4lab_rewrite_version() : 0; }
+
+static void cap_fail(ds4lab_capture *c, const char *what, cudaError_t rc) {
+    if (c->error[0]) return; /* the first failure is the one that explains the rest */
+    snprintf(c->error, sizeof c->error, "%s: %s (%s)%s%s", what, cudaGetErrorName(rc), cudaGetErrorString(rc),
+             c->st.splits ? "; first split at " : "", c->st.splits ? c->st.breaks[0] : "");
+    (void)cudaGetLastError();
+}
+
+static void segment_begin(ds4lab_capture *c) {
+    cudaError_t rc = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaStreamBeginCapture", rc); return; }
+    c->capturing = 1;
+}
+
+/* The exec slot of segment k for a graph of n nodes: the one of the same shape, else a free one,
+ * else the least recently used (destroyed). */
+static int exec_slot(ds4lab_capture *c, int k, size_t n) {
+    int free_slot = -1, lru = 0;
+    for (int i = 0; i < DS4LAB_SHAPES; i++) {
+        ds4lab_exec *e = &c->execs[k][i];
+        if (e->exec && e->nodes == n) return i;
+        if (!e->exec && free_slot < 0) free_slot = i;
+        if (e->used < c->execs[k][lru].used) lru = i;
+    }
+    if (free_slot >= 0) return free_slot;
+    ds4lab_exec *e = &c->execs[k][lru];
+    (void)cudaGraphExecDestroy(e->exec);
+    if (e->graph) (void)cudaGraphDestroy(e->graph);
+    if (e->before) (void)cudaGraphDestroy(e->before);
+    memset(e, 0, sizeof *e);
+    return lru;
+}
+
+static void segment_end(ds4lab_capture *c) {
+    if (!c->capturing) return;
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t rc = cudaStreamEndCapture(c->stream, &g);
+    char what[96];
+    snprintf(what, sizeof what, "cudaStreamEndCapture (graph %d of the token)", c->segment + 1);
+    if (rc != cudaSuccess || !g) { cap_fail(c, what, rc != cudaSuccess ? rc : cudaErrorUnknown); return; }
+    size_t n = 0;
+    rc = cudaGraphGetNodes(g, NULL, &n);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaGraphGetNodes", rc); (void)cudaGraphDestroy(g); return; }
+    if (n == 0) { (void)cudaGraphDestroy(g); return; } /* nothing between two splits */
+    const int k = c->segment;
+    const int i = exec_slot(c, k, n);
+    ds4lab_exec *e = &c->execs[k][i];
+    c->seg_slot[k] = i;
+    if (e->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        rc = cudaGraphExecUpdate(e->exec, g, &info);
+        if (rc == cudaSuccess) {
+            c->st.updated++;
+            if (e->before) (void)cudaGraphDestroy(e->before);
+            e->before = e->graph;
+            e->graph = g;
+        } else {
+            (void)cudaGetLastError();
+            c->st.update_refused++;
+            (void)cudaGraphExecDestroy(e->exec);
+            e->exec = NULL;
+        }
+    }
+    if (!e->exec) {
+        rc = cudaGraphInstantiate(&e->exec, g, 0);
+        if (rc != cudaSuccess) { cap_fail(c, "cudaGraphInstantiate", rc); e->exec = NULL; (void)cudaGraphDestroy(g); return; }
+        c->st.instantiated++;
+        if (e->before) (void)cudaGraphDestroy(e->before);
+        if (e->graph) (void)cudaGraphDestroy(e->graph);
+        e->before = NULL;
+        e->graph = g;
+        e->nodes = n;
+    }
+    e->used = c->tokens;
+    rc = cudaGraphLaunch(e->exec, c->stream);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaGraphLaunch", rc); return; }
+    c->st.segments++;
+    c->st.nodes += (long long)n;
+}
+
+static void hk_token_begin(void *ctx) {
+    ds4lab_capture *c = ctx;
+    if (!c->armed) return;
+    c->armed = 0;
+    c->token = 1;
+    c->segment = 0;
+    c->tokens++;
+    memset(&c->st, 0, sizeof c->st);
+    for (int k = 0; k < DS4LAB_SEGMENTS; k++) c->seg_slot[k] = -1;
+    (void)ds4lab_capture_set_stream(c->stream, 1);
+    segment_begin(c);
+}
+
+static void hk_split_begin(void *ctx, const char *call, int line) {
+    ds4lab_capture *c = ctx;
+    if (!c->token) return;
+    if (c->st.splits < DS4LAB_BREAKS) snprintf(c->st.breaks[c->st.splits], 64, "%s:%d", call, line);
+    c->st.splits++;
+    segment_end(c);
+}
+
+static void hk_split_end(void *ctx) {
+    ds4lab_capture *c = ctx;
+    if (!c->token) return;
+    if (c->segment + 1 >= DS4LAB_SEGMENTS) { cap_fail(c, "token split into too many graphs", cudaErrorNotSupported); return; }
+    c->segment++;
+    segment_begin(c);
+}
+
+static void hk_token_end(void *ctx) {
+    ds4lab_capture *c = ctx;
+    if (!c->token) return;
+    segment_end(c);
+    (void)ds4lab_capture_set_stream(NULL, 0);
+    c->token = 0;
+}
+
+static int hk_token_active(void *ctx) { return ((ds4lab_capture *)ctx)->token; }
+
+static void capture_release(ds4lab_handle *h) {
+    ds4lab_capture *c = &h->cap;
+    if (ds4lab_capture_set_hooks && c->hooks.ctx) ds4lab_capture_set_hooks(NULL);
+    for (int k = 0; k < DS4LAB_SEGMENTS; k++)
+        for (int i = 0; i < DS4LAB_SHAPES; i++) {
+            ds4lab_exec *e = &c->execs[k][i];
+            if (e->exec) (void)cudaGraphExecDestroy(e->exec);
+            if (e->graph) (void)cudaGraphDestroy(e->graph);
+            if (e->before) (void)cudaGraphDestroy(e->before);
+            memset(e, 0, sizeof *e);
+        }
+    if (c->stream) (void)cudaStreamDestroy(c->stream);
+    c->stream = NULL;
+}
+
+/* mode 0: ds4's tokens as they run (eager, or ds4's islands); mode 1: every token captured whole on
+ * this driver's stream and replayed, its exec updated per token shape (stage 3u). Hooks are per
+ * thread: call it on the thread that evaluates. Returns 0, or -4 when the build has no ds4lab rewrite. */
+int ds4lab_capture_mode(ds4lab_handle *h, int mode) {
+    ds4lab_capture *c = &h->cap;
+    if (mode != 0 && !(ds4lab_capture_set_stream && ds4lab_capture_set_hooks)) {
+        snprintf(h->err, sizeof h->err, "whole-token capture needs a build of ds4 with ds4lab's rewrite "
+                 "(this library is ds4 as it ships)");
+        return -4;
+    }
+    if (mode != 0 && !c->stream) {
+        cudaError_t rc = cudaStreamCreate(&c->stream);
+        if (rc != cudaSuccess) return cuda_fail(h, "cudaStreamCreate (capture stream)", rc);
+    }
+    if (mode != 0) {
+        c->hooks.token_begin = hk_token_begin;
+        c->hooks.token_end = hk_token_end;
+        c->hooks.split_begin = hk_split_begin;
+        c->hooks.split_end = hk_split_end;
+        c->hooks.token_active = hk_token_active;
+        c->hooks.ctx = c;
+        ds4lab_capture_set_hooks(&c->hooks);
+    } else if (ds4lab_capture_set_hooks) {
+        ds4lab_capture_set_hooks(NULL);
+    }
+    c->mode = mode;
+    return 0;
+}
+
+static void arm(ds4lab_handle *h) {
+    h->cap.armed = h->cap.mode != 0;
+    h->cap.error[0] = 0;
+}
+
+/* After a token: a capture failure becomes the token's error (the work of a lost graph never ran). */
+static int check_capture(ds4lab_handle *h) {
+    ds4lab_capture *c = &h->cap;
+    c->armed = 0;
+    if (c->token) hk_token_end(c); /* ds4 returned without ending its commands (its own failure) */
+    if (!c->error[0]) return 0;
+    snprintf(h->err, sizeof h->err, "whole-token capture: %s", c->error);
+    return -3;
+}
+
+static void tally(ds4lab_capture *c, const void *func, int param) {
+    for (int i = 0; i < c->ntally; i++)
+        if (c->tally[i].func == func && c->tally[i].param == param) { c->tally[i].changes++; return; }
+    if (c->ntally < DS4LAB_TALLY) c->tally[c->ntally++] = (ds4lab_tally){func, param, 1};
+}
+
+/* Compare graph b (this token's) with a (the one its exec held before), node by node in capture
+ * order: a node counts as changed when its type, kernel, grid, block, shared memory, arguments or
+ * memset/copy parameters differ (what cudaGraphExecUpdate had to change). */
+static void diff_graphs(ds4lab_capture *c, cudaGraph_t a, cudaGraph_t b) {
+    size_t na = 0, nb = 0;
+    if (cudaGraphGetNodes(a, NULL, &na) != cudaSuccess || cudaGraphGetNodes(b, NULL, &nb) != cudaSuccess || na != nb) {
+        (void)cudaGetLastError();
+        return;
+    }
+    cudaGraphNode_t *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B);
+    if (!A || !B || cudaGraphGetNodes(a, A, &na) != cudaSuccess || cudaGraphGetNodes(b, B, &nb) != cudaSuccess) {
+        free(A); free(B); (void)cudaGetLastError(); return;
+    }
+    c->st.diffed_segments++;
+    for (size_t i = 0; i < na; i++) {
+        enum cudaGraphNodeType ta, tb;
+        if (cudaGraphNodeGetType(A[i], &ta) != cudaSuccess || cudaGraphNodeGetType(B[i], &tb) != cudaSuccess || ta != tb) {
+            (void)cudaGetLastError(); c->st.nodes_changed++; continue;
+        }
+        if (ta == cudaGraphNodeTypeKernel) {
+            struct cudaKernelNodeParams pa, pb;
+            c->st.kernel_nodes++;
+            if (cudaGraphKernelNodeGetParams(A[i], &pa) != cudaSuccess || cudaGraphKernelNodeGetParams(B[i], &pb) != cudaSuccess) {
+                (void)cudaGetLastError(); c->st.kernels_uncompared++; continue;
+            }
+            if (pa.func != pb.func || pa.sharedMemBytes != pb.sharedMemBytes ||
+                memcmp(&pa.gridDim, &pb.gridDim, sizeof pa.gridDim) || memcmp(&pa.blockDim, &pb.blockDim, sizeof pa.blockDim)) {
+                c->st.nodes_changed++; c->st.kernels_shape++; continue;
+            }
+            if (!pa.kernelParams || !pb.kernelParams) { c->st.kernels_uncompared++; continue; }
+            int changed = 0, known = 0;
+            for (int k = 0; k < 256; k++) {
+                size_t off = 0, sz = 0;
+                if (cudaFuncGetParamInfo(pa.func, (size_t)k, &off, &sz) != cudaSuccess) { (void)cudaGetLastError(); break; }
+                known = 1;
+                if (memcmp(pa.kernelParams[k], pb.kernelParams[k], sz) != 0) { changed = 1; tally(c, pa.func, k); }
+            }
+            if (!known) c->st.kernels_uncompared++;
+            if (changed) c->st.nodes_changed++;
+        } else if (ta == cudaGraphNodeTypeMemset) {
+            struct cudaMemsetParams ma, mb;
+            if (cudaGraphMemsetNodeGetParams(A[i], &ma) == cudaSuccess && cudaGraphMemsetNodeGetParams(B[i], &mb) == cudaSuccess &&
+                (ma.dst != mb.dst || ma.value != mb.value || ma.width != mb.width || ma.height != mb.height ||
+                 ma.pitch != mb.pitch || ma.elementSize != mb.elementSize)) c->st.nodes_changed++;
+            (void)cudaGetLastError();
+        } else if (ta == cudaGraphNodeTypeMemcpy) {
+            struct cudaMemcpy3DParms ca, cb;
+            if (cudaGraphMemcpyNodeGetParams(A[i], &ca) == cudaSuccess && cudaGraphMemcpyNodeGetParams(B[i], &cb) == cudaSuccess &&
+                memcmp(&ca, &cb, sizeof ca) != 0) c->st.nodes_changed++;
+            (void)cudaGetLastError();
+        }
+    }
+    free(A);
+    free(B);
+}
+
+/* The last token's capture figures; with diff, each updated segment's graph is compared with the one
+ * its exec held before (host work, so call it outside the timed token). Returns 0. */
+int ds4lab_capture_stats(ds4lab_handle *h, ds4lab_token_stats *out, int diff) {
+    ds4lab_capture *c = &h->cap;
+    if (diff) {
+        for (int k = 0; k < DS4LAB_SEGMENTS; k++) {
+            if (c->seg_slot[k] < 0) continue;
+            ds4lab_exec *e = &c->execs[k][c->seg_slot[k]];
+            if (e->before && e->graph) {
+                diff_graphs(c, e->before, e->graph);
+                (void)cudaGraphDestroy(e->before);
+                e->before = NULL;
+            }
+        }
+    }
+    *out = c->st;
+    return 0;
+}
+
+/* The i-th (kernel, argument index) whose value changed between consecutive tokens, with the number
+ * of changes over every compared token. Returns 0, or -1 past the end. */
+int ds4lab_capture_tally(ds4lab_handle *h, int i, const char **name, int *param, long long *changes) {
+    ds4lab_capture *c = &h->cap;
+    if (i < 0 || i >= c->ntally) return -1;
+    *name = "?";
+    if (cudaFuncGetName(name, c->tally[i].func) != cudaSuccess) { (void)cudaGetLastError(); *name = "?"; }
+    *param = c->tally[i].param;
+    *changes = c->tally[i].changes;
+    return 0;
+}
+#endif
