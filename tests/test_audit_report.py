@@ -274,11 +274,25 @@ def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path)
     said = " ".join(r.output.split())
     assert f"torch.cuda.graph on {want['device']['device']}" in said and f"as recorded beside it: {want['outcome']}" in said
     assert json.loads((out / "meta.json").read_text())["recorded_outcomes"] == {str(rec): want}
+    # the savings against the eager step the outcome timed untraced, the traced step's kept beside them
+    plans = pd.read_csv(out / "plans.csv").set_index("plan")
+    assert (plans["baseline"] == "untraced").all() and (plans["eager_untraced_us"] == want["eager_us"]).all()
+    whole = plans.loc["whole token"]
+    assert whole["saving_untraced_us"] == pytest.approx(want["eager_us"] - whole["predicted_us"])
+    assert whole["saving_untraced_lo"] <= whole["saving_untraced_us"] <= whole["saving_untraced_hi"]
+    assert whole["saving_us"] == pytest.approx(whole["eager_measured_us"] - whole["predicted_us"], rel=0.2)
+    assert pd.isna(plans.loc["eager (model check)", "saving_untraced_us"])
+    assert "saving against the untraced eager step" in said
+    assert f"savings against the eager step timed untraced: {want['eager_us']:,.1f} µs" in said
     alone = tmp_path / rec.name
     alone.write_bytes(rec.read_bytes())  # the same events, no outcome beside them
     r = CliRunner().invoke(main, ["audit", str(alone), "--out", str(tmp_path / "b")])
     assert r.exit_code == 0 and "as recorded beside it" not in r.output
     assert "recorded_outcomes" not in json.loads((tmp_path / "b" / "meta.json").read_text())
+    said = " ".join(r.output.split())
+    assert "saving against the traced eager step" in said and "its tracer's cost included" in said
+    assert "µs per launch" in said and "h200-2026-12-03" in said
+    assert (pd.read_csv(tmp_path / "b" / "plans.csv")["baseline"] == "traced").all()
 
 
 def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monkeypatch):

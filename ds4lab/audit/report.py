@@ -33,7 +33,10 @@ Where each time comes from, on every row of the timed tables (so that a copied f
   trace's times summed over the span); ``replay_modeled`` (always True: ``replay_us`` is the audit's
   model) and ``calibration``, the calibration ``replay_us`` is modeled with;
 * ``plans.csv``: ``tool``; ``eager_modeled``, as ``modeled`` in ``tokens.csv``, for
-  ``eager_measured_us``; ``modeled`` (always True: ``predicted_*`` and ``saving_*``) and ``calibration``.
+  ``eager_measured_us``; ``modeled`` (always True: ``predicted_*`` and ``saving_*``) and ``calibration``;
+  ``baseline``: ``traced`` (``saving_*`` against the trace's own eager step, its tracer's cost included)
+  or ``untraced`` (``eager_untraced_us``, measured apart as ``untraced_source`` says, and
+  ``saving_untraced_*`` against it beside the traced ``saving_*``: :func:`ds4lab.audit.plans.against_untraced`).
 """
 
 from __future__ import annotations
@@ -258,29 +261,47 @@ def _spans(r, console, top: int = 3) -> None:
 def _plans(r, console) -> None:
     from rich.table import Table
 
+    from .plans import UNTRACED, baseline, tracer_cost_text
+
     p = r.plans
     if p is None or p.empty:
         return
     times = trace_times(r)
-    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {r.calibration_label})",
-              title_justify="left")
-    for c in ("plan", "mode", "graphs/token", "predicted µs (IQR)", f"eager µs ({times})", "saving"):
+    untraced = baseline(p) == UNTRACED
+    against = "the untraced eager step" if untraced else "the traced eager step"
+    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {r.calibration_label}); "
+                    f"saving against {against}", title_justify="left")
+    cols = ["plan", "mode", "graphs/token", "predicted µs (IQR)", f"traced eager µs ({times})"]
+    for c in cols + (["untraced eager µs", "saving (against untraced; range: the prediction's IQR)"] if untraced
+                     else ["saving (against traced)"]):
         t.add_column(c)
     for row in p.itertuples():
         if row.plan.startswith("eager"):
             # the paired per-token difference, as plans.csv's saving columns hold it (measured - model)
-            saving = (f"model check: model − measured {-row.saving_us:+,.1f} µs per token (paired, 95 % CI "
+            saving = (f"model check: model − traced {-row.saving_us:+,.1f} µs per token (paired, 95 % CI "
                       f"{-row.saving_hi:+,.1f}–{-row.saving_lo:+,.1f})")
+        elif untraced:
+            saving = (f"{row.saving_untraced_us:,.1f} µs ({row.saving_untraced_pct:.0f} %, "
+                      f"{row.saving_untraced_lo:,.1f}–{row.saving_untraced_hi:,.1f})")
         elif row.measurable:
             saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, 95 % CI {row.saving_lo:,.1f}–{row.saving_hi:,.1f})"
         else:
             saving = f"not measurable (±{(row.saving_hi - row.saving_lo) / 2:,.1f} µs)"
         path = str(getattr(row, "path", "recorded"))
-        t.add_row(row.plan + (f" — modeled on the {path}" if path.startswith("capture path") else ""), row.mode,
-                  f"{row.graphs_per_token:.1f}",
-                  f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
-                  f"{row.eager_measured_us:,.1f}", saving)
+        cells = [row.plan + (f" — modeled on the {path}" if path.startswith("capture path") else ""), row.mode,
+                 f"{row.graphs_per_token:.1f}",
+                 f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
+                 f"{row.eager_measured_us:,.1f}"]
+        if untraced:
+            cells.append("" if row.plan.startswith("eager") else f"{row.eager_untraced_us:,.1f}")
+        t.add_row(*cells, saving)
     console.print(t)
+    if untraced:
+        console.print(f"  savings against the eager step timed untraced: {p['eager_untraced_us'].iloc[0]:,.1f} µs "
+                      f"({p['untraced_source'].iloc[0]}); the traced step's savings (paired, 95 % CI) stay in plans.csv")
+    else:
+        console.print(f"  savings against the traced eager step, its tracer's cost included (no untraced step is "
+                      f"known for this trace): {tracer_cost_text()}")
 
 
 def write(reports, folder, meta: dict | None = None) -> list:
