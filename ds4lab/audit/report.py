@@ -283,8 +283,10 @@ def _plans(r, console) -> None:
         elif untraced:
             saving = (f"{row.saving_untraced_us:,.1f} µs ({row.saving_untraced_pct:.0f} %, "
                       f"{row.saving_untraced_lo:,.1f}–{row.saving_untraced_hi:,.1f})")
-        elif row.measurable:
+        elif row.measurable and row.saving_hi > row.saving_lo:
             saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, 95 % CI {row.saving_lo:,.1f}–{row.saving_hi:,.1f})"
+        elif row.measurable:  # every token's the same (a modeled trace): no interval to show
+            saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, the same on every token)"
         else:
             saving = f"not measurable (±{(row.saving_hi - row.saving_lo) / 2:,.1f} µs)"
         path = str(getattr(row, "path", "recorded"))

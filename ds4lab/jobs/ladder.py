@@ -29,6 +29,7 @@ from ..report import provenance, results
 from ..sim.calibration import backend_calibration
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset, is_ds4_flash
+from ..timing import has_spread
 from .common import CheckFailed, check_out_option, default_preset, modeled_banner, out_folder
 from .result import JobResult, result_folder
 
@@ -310,8 +311,9 @@ def _line(r: dict, with_context: bool) -> str:
              f"invalidated {r['invalidations']} node updates/token {per_token(r['node_updates'])} {r['failures']} "
              f"{r['update_results']}" if r["captures"] or r["failures"] else "")
     return ((f"context {r['context']:>7} " if with_context else "")
-            + f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token (IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})"
-            f"  ×{r['speedup'] or 0:.2f}"
+            + f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token "
+            + (f"(IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})" if has_spread(r["us_p25"], r["us_p75"]) else "(no spread)")
+            + f"  ×{r['speedup'] or 0:.2f}"
             + (f"  gain {r['gain']}" if r["stage"] != r["speedup_vs"] else "")
             + (f"  eff {r['efficiency']:.2f}" if r["efficiency"] else "")
             + f"  exact={r['exact']}"
