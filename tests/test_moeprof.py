@@ -334,7 +334,7 @@ def test_token_share_and_overhead_table(wb_fast, graphs_restored):
     # what the sim does not price is said so, never a measured "not measurable (±0.0)"
     for regime, mode in (("eager", "nvtx"), ("replayed", "nvtx"), ("replayed", "deferred")):
         row = ov[(ov["regime"] == regime) & (ov["mode"] == mode)].iloc[0]
-        assert row["overhead"] == M.NOT_MODELED and "the sim prices no" in row["note"], (regime, mode)
+        assert row["overhead"] == M.NOT_MODELED and "the sim does not price" in row["note"], (regime, mode)
         assert np.isnan(row["overhead_us"]) and row["pairs"] == 0
     assert eager.loc["deferred", "overhead"] != M.NOT_MODELED  # its eager cost is modeled
     assert "CI" not in eager.loc["host-timed", "overhead"]  # a deterministic sim: no interval to show

@@ -128,7 +128,7 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int =
             if is_modeled(wb.be) and regime not in probe.impl.sim_prices:
                 out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
                               overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
-                              overhead=NOT_MODELED, note=f"the sim prices no {probe.impl.sim_leaves_out}"))
+                              overhead=NOT_MODELED, note=f"the sim does not price {probe.impl.sim_leaves_out}"))
                 continue
             notes = set()
 
