@@ -315,3 +315,37 @@ def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monke
     execute("audit", AuditConfig(program=["python", "decode.py"], out=out))
     meta = json.loads((out / "meta.json").read_text())
     assert meta["recording"] == str(out / "recording.csv.gz") and (out / "recording.csv.gz").is_file()
+
+
+def test_the_terminal_shortens_cxx_kernel_names_and_the_files_keep_them():
+    from ds4lab.audit.report import SHORT_NAME_MAX, short_names, short_text
+
+    names = {
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+        "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)": "at::native::vectorized_elementwise_kernel<…>",
+        "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, true, "
+        "true, false, 6, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, float> >"
+        "(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, float>)": "internal::gemvx::kernel<…>",
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 5, false, false>(float*, float const*, "
+        "int, int, int, bool const*, int, bool)": "(anonymous namespace)::softmax_warp_forward<…>",
+        "q8_matvec": "q8_matvec",
+        "operator<(a, b": "operator<(a, b",  # brackets that do not balance: as it is
+    }
+    assert short_names(names) == names
+    assert len(short_names(["k" * 300])["k" * 300]) == SHORT_NAME_MAX
+    said = short_text("from std::enable_if<!(false), void>::type internal::gemvx::kernel<int, float>(cublasGemvParamsEx"
+                      "<int, float>) (frozen launch) at nvtx: decode_step, n < 4")
+    assert said == "from std::enable_if<…>::type internal::gemvx::kernel<…>(…) (frozen launch) at nvtx: decode_step, n < 4"
+
+
+def test_a_bundled_recordings_audit_prints_no_template_arguments(tmp_path):
+    """In the terminal (a log here) no kernel's template arguments; audit.csv keeps the whole names."""
+    from ds4lab.audit.engines import recorded
+
+    out = tmp_path / "a"
+    r = CliRunner().invoke(main, ["audit", str(recorded("llama", "dynamic")), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    full = "at::native::binary_internal::MulFunctor<float>"
+    assert full not in r.output and "<float" not in r.output and "vectorized_elementwise_kernel<…>" in r.output
+    assert not any(ln.startswith("reading ") for ln in r.output.splitlines())  # no progress lines for a short read
+    assert pd.read_csv(out / "audit.csv")["name"].str.contains(full, regex=False).any()

@@ -193,8 +193,10 @@ def summary(reports, console, max_rows: int = 12) -> None:
                           title_justify="left")
                 for c in ("kernel", "what changes", "tokens", "where", "detail"):
                     t.add_column(c, overflow="fold")
+                short = short_names(var["name"].head(max_rows))
                 for row in var.head(max_rows).itertuples():
-                    t.add_row(row.name, row.call_class, row.token_range, row.where or "—", row.what)
+                    t.add_row(short[str(row.name)], row.call_class, row.token_range, row.where or "—",
+                              short_text(str(row.what)))
                 console.print(t)
             host = f[f["kind"].isin(("host data", "capture path"))]
             for row in host.head(4).itertuples():
@@ -218,7 +220,7 @@ def _replay(r, console, max_rows: int) -> None:
 
     v = verdict(r)
     color = {RIGHT: "green", WRONG: "bold red", UNKNOWN: "yellow"}.get(v.verdict, "bold dark_orange")
-    console.print(f"  replay (one graph per token, global mode): [{color}]{v.verdict}[/] — {escape(v.why)}")
+    console.print(f"  replay (one graph per token, global mode): [{color}]{v.verdict}[/] — {escape(short_text(v.why))}")
     if v.evidence:
         console.print(f"    evidence: {escape(v.evidence)}")
     if v.command:
@@ -229,12 +231,108 @@ def _replay(r, console, max_rows: int) -> None:
     t = Table(title="kernel arguments that differ between tokens (arguments.csv)", title_justify="left")
     for c in ("kernel", "class", "launch", "param (byte)", "values", "where", "detail"):
         t.add_column(c, overflow="fold")
+    short = short_names(aa.findings["name"].head(max_rows))
     for row in aa.findings.head(max_rows).itertuples():
-        t.add_row(escape(str(row.name)), row.call_class, str(row.launches), f"{row.param} ({row.byte_offset})",
+        t.add_row(escape(short[str(row.name)]), row.call_class, str(row.launches), f"{row.param} ({row.byte_offset})",
                   escape(str(row.values)), escape(row.where or "—"), escape(row.what))
     console.print(t)
     if aa.cost.get("text"):
         console.print(f"    argument capture cost: {aa.cost['text']}")
+
+
+#: The most characters a kernel name takes in a terminal table (the files keep the whole name).
+SHORT_NAME_MAX = 72
+
+
+def short_names(names) -> dict:
+    """``{name: short}`` for the terminal's tables: a mangled C++ name demangled (``c++filt``, where it
+    is on PATH: :func:`ds4lab.trace.recording.demangle`), then its return type and parameter list
+    dropped and every template argument list shown as ``<…>``
+    (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
+    ``at::native::vectorized_elementwise_kernel<…>``), at most :data:`SHORT_NAME_MAX` characters.
+    The CSV files keep the full names."""
+    from ..trace.recording import demangle
+
+    names = [str(n) for n in names]
+    full = demangle(names)
+    return {n: _abbreviate(full.get(n, n)) for n in names}
+
+
+def _abbreviate(name: str) -> str:
+    out = _collapse(name)
+    return out if len(out) <= SHORT_NAME_MAX else out[:SHORT_NAME_MAX - 1] + "…"
+
+
+def _collapse(name: str) -> str:
+    """A demangled C++ name without its return type and parameter list, templates as ``<…>``; the
+    name as it is where its brackets do not balance (an operator, a name that is not C++)."""
+    s = name.strip()
+    if s.endswith(")"):  # the parameter list: from its matching "(" on
+        depth = 0
+        for i in range(len(s) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                if i > 0:  # "(anonymous namespace)" alone is not a parameter list
+                    s = s[:i]
+                break
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(s):  # the last space outside every bracket ends the return type
+        if c in "<(":
+            depth += 1
+        elif c in ">)":
+            depth -= 1
+            if depth < 0:
+                return name
+        elif c == " " and depth == 0:
+            start = i + 1
+    if depth:
+        return name
+    depth = 0
+    for c in s[start:]:
+        if c == "<":
+            if depth == 0:
+                out.append("<…>")
+            depth += 1
+        elif c == ">":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+    return "".join(out)
+
+
+def short_text(text: str) -> str:
+    """``text`` (a sentence naming C++ kernels) with each template argument list written right after a
+    name shown as ``<…>`` and the parameter list after it as ``(…)``; an unbalanced ``<`` stays."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "<" and i and (text[i - 1].isalnum() or text[i - 1] == "_"):
+            j = _closing(text, i, "<", ">")
+            if j is not None:
+                out.append("<…>")
+                i = j + 1
+                if i < n and text[i] == "(":
+                    k = _closing(text, i, "(", ")")
+                    if k is not None:
+                        out.append("(…)" if k > i + 1 else "()")
+                        i = k + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _closing(text: str, i: int, open_: str, close: str) -> int | None:
+    """Where the bracket ``open_`` at ``i`` closes (nesting counted), or None."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == open_:
+            depth += 1
+        elif text[j] == close:
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
 
 
 def _v(v: str) -> str:
@@ -252,10 +350,12 @@ def _spans(r, console, top: int = 3) -> None:
     sp = sp[sp["mode"] == m]
     console.print(f"  capturable spans ({m} mode, token {int(sp['token'].iloc[0]) if len(sp) else '?'}; "
                   f"{len(sp)} in all, spans.csv):")
-    for row in sp.head(top).itertuples():
-        console.print(f"    {row.launches} launches, {row.first_kernel} … {row.last_kernel}: GPU {row.gpu_us:,.1f} µs "
-                      f"({trace_times(r)}), replay {row.replay_us:,.1f} µs (MODELED); from {row.broken_before} "
-                      f"to {row.broken_after}")
+    sp = sp.head(top)
+    short = short_names(pd.concat([sp["first_kernel"], sp["last_kernel"]]))
+    for row in sp.itertuples():
+        console.print(f"    {row.launches} launches, {short[str(row.first_kernel)]} … {short[str(row.last_kernel)]}: "
+                      f"GPU {row.gpu_us:,.1f} µs ({trace_times(r)}), replay {row.replay_us:,.1f} µs (MODELED); from "
+                      f"{short_text(str(row.broken_before))} to {short_text(str(row.broken_after))}")
 
 
 def _plans(r, console) -> None:
@@ -300,7 +400,10 @@ def _plans(r, console) -> None:
     console.print(t)
     if untraced:
         console.print(f"  savings against the eager step timed untraced: {p['eager_untraced_us'].iloc[0]:,.1f} µs "
-                      f"({p['untraced_source'].iloc[0]}); the traced step's savings (paired, 95 % CI) stay in plans.csv")
+                      f"({p['untraced_source'].iloc[0]}); the traced step's savings (paired, 95 % CI) stay in "
+                      "plans.csv. The plans that keep eager calls (spans today, one graph per token shape) price "
+                      "them at the trace's cost, tracing included: against the untraced step their saving is "
+                      "understated")
     else:
         console.print(f"  savings against the traced eager step, its tracer's cost included (no untraced step is "
                       f"known for this trace): {tracer_cost_text()}")

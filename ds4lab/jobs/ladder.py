@@ -75,9 +75,10 @@ class NotExact(CheckFailed):
 
 
 def check_counts(**counts) -> None:
-    """Raise :class:`BadInput` naming each count that is out of range (``tokens``, ``rounds``,
-    ``span`` ≥ 1; ``warmup``, ``exact_tokens`` ≥ 0; exactness spans ≤ :data:`MAX_EXACT_TOKENS`)."""
-    positive = ("tokens", "rounds", "span")
+    """Raise :class:`BadInput` naming each count that is out of range (``tokens``, ``rounds`` ≥ 1;
+    ``warmup``, ``exact_tokens``, ``span`` ≥ 0: no exactness check at 0; exactness spans ≤
+    :data:`MAX_EXACT_TOKENS`)."""
+    positive = ("tokens", "rounds")
     bad = [f"--{k.replace('_', '-')} {v} must be {'at least 1' if k in positive else 'at least 0'}"
            for k, v in counts.items() if v < (1 if k in positive else 0)]
     bad += [f"--{k.replace('_', '-')} {v}: at most {MAX_EXACT_TOKENS} tokens are compared bit for bit (each "

@@ -344,9 +344,10 @@ class Progress:
         if callable(target) and not hasattr(target, "print"):
             self._call = target
         else:
-            from ...progress import JobProgress
+            from ...progress import LONG_PHASE_S, JobProgress
 
-            self._bar = JobProgress(target, description, self.total)
+            # with an estimate; off a terminal no line for a read shorter than a long phase
+            self._bar = JobProgress(target, description, self.total, eta=True, quiet_s=LONG_PHASE_S)
 
     def __enter__(self) -> "Progress":
         if self._bar is not None:
