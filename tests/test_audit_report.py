@@ -318,7 +318,7 @@ def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monke
 
 
 def test_the_terminal_shortens_cxx_kernel_names_and_the_files_keep_them():
-    from ds4lab.audit.report import SHORT_NAME_MAX, short_names, short_text
+    from ds4lab.audit.names import SHORT_NAME_MAX, label, short_names, short_text
 
     names = {
         "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
@@ -333,6 +333,8 @@ def test_the_terminal_shortens_cxx_kernel_names_and_the_files_keep_them():
     }
     assert short_names(names) == names
     assert len(short_names(["k" * 300])["k" * 300]) == SHORT_NAME_MAX
+    # the figure's label: the same parse, the function's own name (a short one keeps its namespace)
+    assert [label(n) for n in names][:3] == ["vectorized_elementwise_kernel", "gemvx::kernel", "softmax_warp_forward"]
     said = short_text("from std::enable_if<!(false), void>::type internal::gemvx::kernel<int, float>(cublasGemvParamsEx"
                       "<int, float>) (frozen launch) at nvtx: decode_step, n < 4")
     assert said == "from std::enable_if<…>::type internal::gemvx::kernel<…>(…) (frozen launch) at nvtx: decode_step, n < 4"
