@@ -473,7 +473,9 @@ FIGURES = [  # (figure, heading, renderer, note that carries no figure of its ow
      "Notebook 00 with its defaults, on the H200. The eager stages are host-bound and drift between runs "
      "minutes apart; compare them within one run."),
     ("islands", "ds4's decode islands", fig_ladder,
-     "A short ladder (fewer tokens than the full one): read it for exactness and the order of the stages."),
+     "Fewer tokens than the default ladder (200 per stage), in as many interleaved rounds: each median and "
+     "interquartile range stands as measured, the eager stage 0 (host-bound) spreading most; the README's "
+     "current figure."),
     ("context", "The context ladder", fig_context,
      "Notebook 04 with its defaults, on the H200. Stage 3 needs one graph per token shape (emit or not "
      "per compressor, top-k regime); 3c one graph for every position."),
