@@ -173,3 +173,18 @@ def test_a_count_takes_its_nouns_number():
 
     assert [counted(n, "figure") for n in (0, 1, 2)] == ["0 figures", "1 figure", "2 figures"]
     assert counted(1, "launch", "launches") == "1 launch" and counted(3, "launch", "launches") == "3 launches"
+
+
+def test_the_ladders_exactness_phase_says_how_far_it_is_and_how_long_is_left(tmp_path):
+    """The exactness phase computes every token (the longest phase of a CPU run): after stage 0's
+    reference and after each stage, the runs done and the time left at the pace so far."""
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, ["ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0,3", "--tokens",
+                                  "2", "--repeats", "1", "--exact-tokens", "2", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "exactness at 1000: stage 0's reference recorded (1/3 runs of 2 tokens, about " in said, r.output
+    assert "stage 3: bit-identical to stage 0 (3/3 runs of 2 tokens)" in said, r.output

@@ -240,7 +240,8 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                         be.model_context(c)
                     partial(lad.partial_rows(c, {}, {}))
                     prog.describe(f"exactness at {c}")
-                    exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})))
+                    exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})),
+                                          progress=_exactness_estimate(table.exact_tokens))
                     floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
                     partial(lad.partial_rows(c, exact, floors))
                     rows = lad.measure(c, exact=exact, floors=floors, progress=tick, on_stage=partial,
@@ -266,6 +267,21 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     f"stage {r.stage}" + (f" at context {r.context}" if len(table.contexts) > 1 else "")
                     + f": {r.first_mismatch}" for r in bad.itertuples()))
     return o.done()
+
+
+def _exactness_estimate(tokens: int):
+    """``progress(done, total)`` for :meth:`~ds4lab.experiments.ladder.Ladder.exactness`: after each run
+    recorded (stage 0's reference, then each stage's), how many are done and, at the pace so far, about
+    how long the exactness phase has left (it computes every token: the phase a CPU run spends most in)."""
+    from ..progress import duration
+
+    t0 = time.perf_counter()  # a host clock for the estimate shown, nothing measured
+
+    def progress(done: int, total: int) -> str:
+        left = (time.perf_counter() - t0) / done * (total - done)
+        return f" ({done}/{total} runs of {tokens} tokens" + (f", about {duration(left)} left)" if done < total else ")")
+
+    return progress
 
 
 def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | None, meta: dict) -> None:
