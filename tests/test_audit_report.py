@@ -209,7 +209,12 @@ def test_the_job_writes_its_folder(rng, tmp_path, monkeypatch):
     assert meta["units"][0]["tokens"]["n"] == 6
     audit = pd.read_csv(out / "audit.csv")
     assert "verdict_global" in audit and "verdict_relaxed" not in audit
-    assert "wrote audit.csv" in con.export_text()
+    said = " ".join(con.export_text().split())
+    assert "wrote audit.csv" in said and "recorded_outcomes" not in meta and "as recorded beside it" not in said
+    # no outcome beside the trace, so no untraced step: the saving is the traced step's, and said so
+    assert "saving against the traced eager step" in said and "its tracer's cost included" in said
+    assert "µs per launch" in said and "h200-2026-12-03" in said
+    assert (pd.read_csv(out / "plans.csv")["baseline"] == "traced").all()
 
 
 def test_the_command_line_exits_2_on_bad_input(tmp_path):
@@ -263,7 +268,8 @@ def test_a_kineto_trace_is_audited_end_to_end(rng, tmp_path):
 def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path):
     """A bundled recording: the audit's verdict and, beside it, what torch.cuda.graph did with the
     same engine on the GPU that recorded it (the outcome file next to the recording), in the console
-    and in meta.json; a trace with no outcome beside it gets no such line."""
+    and in meta.json, and the plans' saving against the eager step it timed untraced (a trace with no
+    outcome beside it: test_the_job_writes_its_folder)."""
     from ds4lab.audit.engines import recorded, recorded_outcome
 
     rec = recorded("deepseek-v3", "static")
@@ -288,15 +294,7 @@ def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path)
     assert "<float" not in r.output and "<…>" in r.output
     assert not any(ln.startswith("reading ") for ln in r.output.splitlines())  # no progress lines for a short read
     assert pd.read_csv(out / "spans.csv")["first_kernel"].str.contains("<float", regex=False).any()
-    alone = tmp_path / rec.name
-    alone.write_bytes(rec.read_bytes())  # the same events, no outcome beside them
-    r = CliRunner().invoke(main, ["audit", str(alone), "--out", str(tmp_path / "b")])
-    assert r.exit_code == 0 and "as recorded beside it" not in r.output
-    assert "recorded_outcomes" not in json.loads((tmp_path / "b" / "meta.json").read_text())
-    said = " ".join(r.output.split())
-    assert "saving against the traced eager step" in said and "its tracer's cost included" in said
-    assert "µs per launch" in said and "h200-2026-12-03" in said
-    assert (pd.read_csv(tmp_path / "b" / "plans.csv")["baseline"] == "traced").all()
+    assert "recorded_outcomes" in json.loads((out / "meta.json").read_text())
 
 
 def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monkeypatch):
