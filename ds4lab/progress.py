@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 
 _MIN_REDRAW_S = 0.2
+#: A phase this long (s) or longer says, off a terminal, how far it is and how long is left.
+LONG_PHASE_S = 10.0
 
 
 def _jupyter_without_widgets(console) -> bool:
@@ -45,20 +47,29 @@ def duration(seconds: float) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 figure``, ``3 figures``, ``0 figures``: a count with its noun in the number it takes
+    (``plural``: where adding ``s`` is wrong)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 class JobProgress:
     """A progress bar for ``total`` steps on ``console``, used as a context manager.
 
     ``advance()`` and ``describe()`` are cheap when no redraw is due, and never run concurrently
     with the job (no refresh thread). ``eta=True`` adds a time-remaining column. Where rich draws no
     bar (off a terminal; Jupyter without ipywidgets) a line is printed at each quarter of the work,
-    ``<description>: <done>/<total>``, with ``, about <time> left`` when ``eta``.
+    ``<description>: <done>/<total>``, with ``, about <time> left`` when ``eta``; ``quiet_s``: none of
+    those lines before the phase has run that long (a reader's few seconds leave none in a log).
     :meth:`remaining_s` is the estimate itself (the pace so far), for a job that says it.
     """
 
-    def __init__(self, console, description: str, total: int, eta: bool = False) -> None:
+    def __init__(self, console, description: str, total: int, eta: bool = False, quiet_s: float = 0.0) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.console = console
+        self.quiet_s = quiet_s
+        self._started = time.perf_counter()  # a host clock for when to speak, nothing measured
         self.total = max(int(total), 1)
         self.description = description
         self.done = 0
@@ -88,6 +99,9 @@ class JobProgress:
         self._bar.advance(self._task, n)
         if self._plain:
             while self._next_quarter <= 4 and self.done * 4 >= self._next_quarter * self.total:
+                if time.perf_counter() - self._started < self.quiet_s:  # a short phase leaves no lines
+                    self._next_quarter += 1
+                    continue
                 left = self.remaining_s()
                 self.console.print(f"{self.description}: {self.done}/{self.total}" + (
                     f", about {duration(left)} left" if self.eta and left is not None and self.done < self.total
@@ -116,8 +130,9 @@ class JobProgress:
 
 
 def make_console():
-    """The rich console the jobs print to: the terminal's width on a terminal; 160 columns when
-    the output goes to a file or a CI log (rich would wrap every table at 80 there); rich's own
+    """The rich console the jobs print to: the terminal's width on a terminal; when the output goes
+    to a file or a CI log, lines as long as they are (no hard wrap: a line found by grep is the whole
+    line) and tables laid out in 160 columns (rich would lay them out in 80 there); rich's own
     choice in Jupyter, without a colour system. Its output closed under it (``ds4lab ladder |
     head``) stops the job as a SIGPIPE would, as an interruption (:class:`ds4lab.errors.Terminated`:
     status ``interrupted (SIGPIPE)``, results so far kept, exit 141), not as rich's bare
@@ -149,4 +164,5 @@ def make_console():
         return _Console(color_system=None)
     if sys.stdout.isatty():
         return con
-    return _Console(width=160)
+    # a file or a log: a printed line stays one line (grep finds it whole); tables lay out at 160 columns
+    return _Console(width=160, soft_wrap=True)

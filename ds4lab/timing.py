@@ -20,6 +20,12 @@ from .token.config import ModelConfig
 from .token import weights as W
 
 
+def has_spread(lo: float, hi: float) -> bool:
+    """Whether ``lo`` and ``hi`` differ by more than float rounding (a relative 1e-9): a sim's equal
+    times, summed in another order, still differ in their last bits."""
+    return hi - lo > 1e-9 * max(abs(lo), abs(hi), 1.0)
+
+
 @dataclass(frozen=True)
 class Stats:
     """Summary of repeated measurements (same unit as the samples)."""
@@ -44,7 +50,16 @@ class Stats:
         p25, med, p75 = np.percentile(a, [25, 50, 75])
         return cls(int(a.size), float(med), float(p25), float(p75), float(a.min()), float(a.max()))
 
+    @property
+    def spread(self) -> bool:
+        """Whether the samples differ beyond float rounding (a deterministic sim's do not: no interval
+        to show)."""
+        return has_spread(self.min, self.max)
+
     def fmt(self, unit: str = "µs", digits: int = 1) -> str:
+        """``12.3 µs (IQR 11.9–12.8, n=16)``, or ``12.3 µs (no spread, n=16)`` where every sample is equal."""
+        if not self.spread:
+            return f"{self.median:.{digits}f} {unit} (no spread, n={self.n})"
         return (f"{self.median:.{digits}f} {unit} (IQR {self.p25:.{digits}f}–{self.p75:.{digits}f}, "
                 f"n={self.n})")
 
@@ -254,8 +269,20 @@ class Difference:
     def half_width(self) -> float:
         return (self.hi - self.lo) / 2.0
 
+    @property
+    def spread(self) -> bool:
+        """Whether the interval has a width beyond float rounding (every pair differing by the same
+        amount, as on a deterministic sim, gives none: no interval to show)."""
+        return has_spread(self.lo, self.hi)
+
     def fmt(self, unit: str = "µs", digits: int = 1) -> str:
-        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)`` or ``not measurable (±3.2 µs, n=16)``."""
+        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)`` or ``not measurable (±3.2 µs, n=16)``; where
+        every pair differs by the same amount, no interval: ``+12.3 µs (+1.4 %, the same in every pair,
+        n=6)``, ``none (0 in every pair, n=6)``."""
+        if self.n > 0 and not self.spread and math.isfinite(self.median):
+            if self.median == 0:
+                return f"none (0 {unit} in every pair, n={self.n})"
+            return f"{self.median:+.{digits}f} {unit} ({self.pct:+.1f} %, the same in every pair, n={self.n})"
         if not self.measurable:
             return f"not measurable (±{self.half_width:.{digits}f} {unit}, n={self.n})"
         return (f"{self.median:+.{digits}f} {unit} ({self.pct:+.1f} %, {self.confidence:.0%} CI "

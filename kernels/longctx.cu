@@ -11,6 +11,7 @@
 // and the kernels over compressed rows skip rows at or past n_comp, so a grid sized for more
 // rows than exist is correct.
 #include "q8.cuh"
+#include "score_order.cuh"
 
 #define LC_MAX_DIM 1024          // head dim of the attention kernel (float2 lanes, as attention.cu)
 #define LC_WARPS 8
@@ -175,13 +176,11 @@ extern "C" __global__ void indexer_score(const float* __restrict__ q, const floa
     }
 }
 
-// Keys of the top-k sort: the score's bits in an order-preserving unsigned form, then the
-// complemented row index (ties go to the lower index); 0 marks an empty slot. -0.0 counts as
-// +0.0 (equal scores, as the reference compares them).
+// Keys of the top-k sort: the score's key in the score order (score_order.cuh: -0.0 equal to
+// +0.0, NaN below every number), then the complemented row index (ties go to the lower index);
+// 0 marks an empty slot.
 __device__ __forceinline__ unsigned long long lc_key(float v, int idx) {
-    u32 u = v == 0.0f ? 0u : __float_as_uint(v);
-    u32 o = (u & 0x80000000u) ? ~u : (u ^ 0x80000000u);
-    return ((unsigned long long)o << 32) | (unsigned long long)(0xffffffffu - (u32)idx);
+    return ((unsigned long long)ds4_score_key(v) << 32) | (unsigned long long)(0xffffffffu - (u32)idx);
 }
 
 __device__ __forceinline__ int lc_key_index(unsigned long long key) {

@@ -1,5 +1,6 @@
 // Router: logits, top-k selection with weights, and hash routing for the first layers.
 #include "common.cuh"
+#include "score_order.cuh"
 
 // logits [T, N] = x [T, E] . W[N, E]^T. block = (tpr, 256 / tpr): a group of tpr threads per
 // (expert, token), each taking every tpr-th float4 of the row, added in-block in a fixed order
@@ -31,13 +32,6 @@ __device__ void write_weights(const float* lg, const int* ids, float* wts, int k
     for (int j = 0; j < k; ++j) wts[j] = s[j] / z;
 }
 
-// A float's bits as an unsigned key in the float's order (-inf < -FLT_MAX < ... < +inf): the
-// sign bit flipped for positives, every bit for negatives. 0 is below every float's key.
-__device__ __forceinline__ unsigned order_key(float v) {
-    const unsigned u = __float_as_uint(v);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 // This lane's best untaken expert among its VPL (lane, lane + 32, ...): highest key, lowest index.
 template <int VPL>
 __device__ __forceinline__ void lane_best(const unsigned (&key)[VPL], unsigned taken, int lane, unsigned& bk,
@@ -49,10 +43,10 @@ __device__ __forceinline__ void lane_best(const unsigned (&key)[VPL], unsigned t
         if (!((taken >> m) & 1u) && key[m] > bk) { bk = key[m]; bi = lane + 32 * m; }
 }
 
-// Top-k of one token in one warp: the N logits held VPL per lane (lane, lane + 32, ...), NaN as
-// -FLT_MAX; k rounds of a warp-wide max of the lanes' best keys, then the lowest index holding
-// it (two redux.sync), the owner lane marking it taken and finding its next best. Lane j < k
-// then writes the j-th expert and its weight: sigmoid over the sum of the k sigmoids, added in
+// Top-k of one token in one warp: the N logits held VPL per lane (lane, lane + 32, ...) as their
+// keys in the score order (score_order.cuh: -0.0 equal to +0.0, NaN below every number); k rounds
+// of a warp-wide max of the lanes' best keys, then the lowest index holding it (two redux.sync),
+// the owner lane marking it taken and finding its next best. Lane j < k then writes the j-th expert and its weight: sigmoid over the sum of the k sigmoids, added in
 // selection order (as write_weights).
 template <int VPL>
 __device__ __forceinline__ void topk_warp(const float* __restrict__ lg, int* __restrict__ ids,
@@ -62,9 +56,7 @@ __device__ __forceinline__ void topk_warp(const float* __restrict__ lg, int* __r
 #pragma unroll
     for (int m = 0; m < VPL; ++m) {
         const int e = lane + 32 * m;
-        float v = e < N ? lg[e] : 0.0f;
-        if (v != v) v = -3.402823466e38f;  // NaN logits rank last: every chosen id stays in 0..N-1
-        key[m] = e < N ? order_key(v) : 0u;
+        key[m] = e < N ? ds4_score_key(lg[e]) : 0u;  // a NaN's key is above 0: every id stays in 0..N-1
     }
     unsigned taken = 0u, bk;
     int bi, mine = 0;
@@ -87,8 +79,9 @@ __device__ __forceinline__ void topk_warp(const float* __restrict__ lg, int* __r
     }
 }
 
-// Top-k per token: highest logit first, ties to the lower index. grid = T, block = 32 (one
-// warp per token); N <= 1024 experts, k <= 32.
+// Top-k per token in the score order (score_order.cuh): highest logit first, ties (-0.0 and +0.0
+// included) to the lower index, NaN after every number. grid = T, block = 32 (one warp per token);
+// N <= 1024 experts, k <= 32.
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int* __restrict__ ids,
                                        float* __restrict__ wts, int N, int k) {
     DS4_PDL_ENTRY();

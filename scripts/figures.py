@@ -207,6 +207,20 @@ def _bench(rec: Path) -> dict:
     return json.loads(rec.read_text())
 
 
+def bench_token(b: dict) -> str:
+    """The token a bench record measured, as the presets name it today: a record whose routed MoE is
+    ds4lab's five-launch one (``moe_gateup_decode`` … ``moe_sum``) was taken when ``ds4-flash`` had that
+    MoE; today that token is ``ds4-flash-q4blk``, and ``ds4-flash`` runs ds4's four-launch MoE."""
+    p = b.get("per_op", {})
+    kernels = {str(s.get("kernel")) for s in p.get("sites", [])}
+    n = p.get("floors", {}).get("kernels") or p.get("kernels")
+    if "moe_sum" in kernels or "moe_gateup_decode" in kernels:
+        return (f"`ds4lab bench --preset ds4-flash --per-op` as run then, on the token with ds4lab's five-launch "
+                f"routed MoE ({num(n)} kernels per token; today's `ds4-flash-q4blk`; today's `ds4-flash`, ds4's "
+                "four-launch MoE, 1 078 kernels, has no bench record yet)")
+    return "`ds4lab bench --preset ds4-flash --per-op`"
+
+
 def fig_floors(rec: Path, root: Path):
     b, meta = _bench(rec), provenance(rec, root)
     p = b.get("per_op", {})
@@ -236,7 +250,7 @@ def fig_floors(rec: Path, root: Path):
          if g.get("attention_us_per_layer") else None),
         ("per-op method", f"`{p.get('method')}`, {num(p.get('tokens'))} tokens" if p.get("method") else None),
     ]
-    body = ["`ds4lab bench --preset ds4-flash --per-op`: the replayed token against its floors.",
+    body = [f"{bench_token(b)}: the replayed token against its floors.",
             table(["figure", "value"], [[k, v] for k, v in rows if v not in (None, "—")])]
     return [rec], meta, "\n\n".join(body)
 
@@ -246,7 +260,7 @@ def fig_per_op(rec: Path, root: Path):
     sites = sorted(b["per_op"]["sites"], key=lambda s: -float(s["lost_us"]))
     csv_path = rec.parent / "per_op.csv"
     shown = sites[:PER_OP_ROWS]
-    body = [f"`ds4lab bench --preset ds4-flash --per-op`: per launch site of one token, µs summed over the "
+    body = [f"{bench_token(b)}: per launch site of one token, µs summed over the "
             f"site's launches, sorted by "
             f"time lost against the copy bandwidth; {len(shown)} of {len(sites)} sites"
             + (" (all in `per_op.csv`)." if csv_path.exists() else "."),
@@ -288,8 +302,13 @@ def fig_conformance(rec: Path, root: Path):
     backends = meta.get("backends", {})
     sim = next((m for m in backends.values() if m.get("modeled")), None)
     mism = meta.get("expectation_mismatches", {})
-    rows = [["scenarios", num(meta["scenarios"])], ["steps", num(meta["steps"])],
-            ["disagreements (GPU against sim)", num(meta["disagreements"])]]
+    # counted from the table: a scenario skipped on a backend (one row, step <skipped>) was not compared
+    steps = read_csv(f)
+    ran = [r for r in steps if r["step"] != "<skipped>"]
+    skipped = sorted({r["scenario"] for r in steps} - {r["scenario"] for r in ran})
+    rows = [["scenarios compared", num(len({r["scenario"] for r in ran}))], ["steps compared", num(len(ran))],
+            ["disagreements (GPU against sim)", num(sum(r["agree"] == "False" for r in ran))],
+            ["scenarios skipped (not run on every backend, not compared)", num(len(skipped))]]
     rows += [[f"steps differing from the documented expectation, {b}", num(v)] for b, v in mism.items()]
     body = [f"`ds4lab conformance --backend cupy`: every scenario on the GPU and on the simulated runtime, "
             f"step by step (backends: {', '.join(backends) or '?'}).",
@@ -343,16 +362,17 @@ def fig_moe_overhead(rec: Path, root: Path):
             return f"baseline {num(r['us_per_token'])} µs per token"
         if r["measurable"] != "True":
             return f"not measurable (±{num((float(r['overhead_hi_us']) - float(r['overhead_lo_us'])) / 2)} µs)"
-        return (f"+{num(r['overhead_us'])} µs (+{ratio(r['overhead_pct'], 1)} %, 95 % CI "
-                f"{num(r['overhead_lo_us'])}–{num(r['overhead_hi_us'])})")
+        return (f"+{num(r['overhead_us'])} µs (+{ratio(r['overhead_pct'], 1)} % of its paired baseline, "
+                f"{num(r['baseline_us'])} µs; 95 % CI {num(r['overhead_lo_us'])}–{num(r['overhead_hi_us'])})")
 
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     by = {(r["mode"], r["regime"]): r for r in rows}
     pairs = next((r["pairs"] for r in rows if r["mode"] != "none"), "?")
     body = [f"`ds4lab moe` on `ds4-flash`: each profiling mode's cost on a whole token, median of {pairs} "
-            f"paired, interleaved differences against its own baseline, 95 % sign-test interval "
-            f"(regimes: {', '.join(regimes)}; replayed = stage 2).",
+            f"paired, interleaved differences against its own baseline blocks (timed beside it; its median and "
+            f"the percentage of it given with each cost), 95 % sign-test interval; the `none` row is the median "
+            f"of every mode's baseline blocks (regimes: {', '.join(regimes)}; replayed = stage 2).",
             table(["mode"] + regimes,
                   [[m] + [cost(by[(m, g)]) + (f"; {by[(m, g)]['note']}" if by[(m, g)]["note"] and m != "none"
                                               else "") if (m, g) in by else "—" for g in regimes]
@@ -453,7 +473,9 @@ FIGURES = [  # (figure, heading, renderer, note that carries no figure of its ow
      "Notebook 00 with its defaults, on the H200. The eager stages are host-bound and drift between runs "
      "minutes apart; compare them within one run."),
     ("islands", "ds4's decode islands", fig_ladder,
-     "A short ladder (fewer tokens than the full one): read it for exactness and the order of the stages."),
+     "Fewer tokens than the default ladder (200 per stage), in as many interleaved rounds: each median and "
+     "interquartile range stands as measured, the eager stage 0 (host-bound) spreading most; the README's "
+     "current figure."),
     ("context", "The context ladder", fig_context,
      "Notebook 04 with its defaults, on the H200. Stage 3 needs one graph per token shape (emit or not "
      "per compressor, top-k regime); 3c one graph for every position."),

@@ -10,7 +10,7 @@
 # stay within the transfer limit), repacked after every step, so a round cut short keeps what finished. Steps:
 #
 #   env          GPU, driver, Python, CuPy, torch versions
-#   tests        every GPU test (pytest -m gpu)
+#   tests        every GPU test (pytest -m gpu); TESTS_ARGS narrows it (default tests/: e.g. a file and -k NAME)
 #   conformance  ds4lab conformance --backend cupy (GPU and sim, every disagreement)
 #   ladder       ds4lab ladder on ds4-flash (stages 0,0s,i,i+,1,2,3,3u)
 #   islands      a short ladder of ds4's islands on ds4-flash (stages 0,i,i+,3; 40 tokens)
@@ -81,7 +81,7 @@ for arg in "$@"; do
   case $name in
     env) step env ${limit:-30} bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
          python3 -c "import sys, cupy, torch; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"torch\", torch.__version__)"' ;;
-    tests) step tests ${limit:-300} python3 -m pytest -q -m gpu -p no:cacheprovider tests/ ;;
+    tests) step tests ${limit:-300} python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS_ARGS:-tests/} ;;
     conformance) step conformance ${limit:-90} $D conformance --backend cupy --out $R/conformance ;;
     ladder) TAIL=24 step ladder ${limit:-200} $D ladder --backend cupy --preset ds4-flash --stages 0,0s,i,i+,1,2,3,3u \
          --out $R/ladder ;;

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import zlib
 
 import numpy as np
 import pytest
 
 from ds4lab.backends.cupy_backend import gpu_usable
+from helpers import derive_seed
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,7 +43,7 @@ def rng(request):
     fresh every session, reproducible with ``DS4LAB_TEST_SEED=<base>`` (a failing test's report says
     both its seed and the base)."""
     base = request.config.ds4lab_seed
-    seed = (base + zlib.crc32(request.node.nodeid.encode())) % 2**32
+    seed = derive_seed(base, request.node.nodeid)
     request.node.user_properties.append(("rng seed", f"{seed} ({SEED_ENV}={base} reproduces it)"))
     return np.random.default_rng(seed)
 

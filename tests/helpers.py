@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from ds4lab.capture import stream as S
@@ -36,3 +38,28 @@ def decode_hidden(model, stream, positions) -> list:
             model.be.synchronize()
             out.append(model.hidden().copy())
     return out
+
+
+def derive_seed(base: int, nodeid: str) -> int:
+    """A test's own seed from the session's base seed and its node id (the ``rng`` fixture's rule)."""
+    return (base + zlib.crc32(nodeid.encode())) % 2**32
+
+
+#: The router top-k case whose seeds :data:`ROUTER_SEEDS` name (its node id derives their inputs).
+ROUTER_TIES_NODEID = "tests/test_kernels_gpu.py::test_router_topk_ties_and_nan[100-32]"
+#: Base seeds of the router's tie/NaN inputs at 100 experts, k = 32: the first put -0.0 beside +0.0
+#: at the 20th pick (the kernel once ranked +0.0 first); 20 more, fixed.
+ROUTER_SEEDS = (2956093227, 1843360094, 4003551263, 308229311, 2560930318, 1178612245, 3650118227, 727369702,
+                2219485631, 3391187444, 95528177, 1511339290, 2843099771, 3977245310, 604113858, 1926471513,
+                3215867044, 2469705319, 4178015726, 1342597069, 861935244)
+
+
+def router_tie_nan_logits(rng, N: int) -> np.ndarray:
+    """Router logits float32 ``[4, N]`` that exercise the top-k's score order: ties with a chosen
+    value; the first half NaN; rounded (many ties, -0.0 beside +0.0); drawn from ±0, ±inf, NaN, ±1."""
+    lg = rng.standard_normal((3, N)).astype(np.float32)
+    lg[0, 5:N:7] = lg[0, 3]
+    lg[1, : N // 2] = np.nan
+    lg[2] = np.round(lg[2])
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0], np.float32)
+    return np.vstack([lg, rng.choice(special, N)])

@@ -141,3 +141,27 @@ def test_a_calibration_file_changes_the_plans_and_is_named(rng, tmp_path):
     w0 = base.plans.set_index(["plan", "mode"]).loc[("whole token", "any"), "predicted_us"]
     w1 = slow.plans.set_index(["plan", "mode"]).loc[("whole token", "any"), "predicted_us"]
     assert w1 - w0 == pytest.approx(500.0 - Calibration.load(None).host_graph_launch_us, rel=0.05)
+
+
+def test_the_tracer_cost_said_is_its_records():
+    """The tracer's cost per launch the audit says where no untraced step is known
+    (plans.TRACER_COST) is what its record gives: traced against untraced eager steps of every run."""
+    from pathlib import Path
+
+    from ds4lab.audit.plans import TRACER_COST, tracer_cost
+
+    got = tracer_cost(Path(__file__).resolve().parents[1] / TRACER_COST["record"])
+    assert got["runs"] == TRACER_COST["runs"]
+    for k in ("median_us", "min_us", "max_us"):
+        assert round(got[k], 1) == TRACER_COST[k], (k, got[k])
+
+
+def test_against_untraced_refuses_a_bad_step():
+    import pandas as pd
+
+    from ds4lab.audit.plans import against_untraced
+
+    plans = pd.DataFrame([{"plan": "whole token", "predicted_us": 1.0, "predicted_p25": 1.0, "predicted_p75": 1.0}])
+    for bad in (0, -3.0, float("nan")):
+        with pytest.raises(ValueError, match="untraced eager step"):
+            against_untraced(plans, bad, "x")

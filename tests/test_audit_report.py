@@ -209,7 +209,12 @@ def test_the_job_writes_its_folder(rng, tmp_path, monkeypatch):
     assert meta["units"][0]["tokens"]["n"] == 6
     audit = pd.read_csv(out / "audit.csv")
     assert "verdict_global" in audit and "verdict_relaxed" not in audit
-    assert "wrote audit.csv" in con.export_text()
+    said = " ".join(con.export_text().split())
+    assert "wrote audit.csv" in said and "recorded_outcomes" not in meta and "as recorded beside it" not in said
+    # no outcome beside the trace, so no untraced step: the saving is the traced step's, and said so
+    assert "saving against the traced eager step" in said and "its tracer's cost included" in said
+    assert "µs per launch" in said and "h200-2026-12-03" in said
+    assert (pd.read_csv(out / "plans.csv")["baseline"] == "traced").all()
 
 
 def test_the_command_line_exits_2_on_bad_input(tmp_path):
@@ -263,7 +268,8 @@ def test_a_kineto_trace_is_audited_end_to_end(rng, tmp_path):
 def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path):
     """A bundled recording: the audit's verdict and, beside it, what torch.cuda.graph did with the
     same engine on the GPU that recorded it (the outcome file next to the recording), in the console
-    and in meta.json; a trace with no outcome beside it gets no such line."""
+    and in meta.json, and the plans' saving against the eager step it timed untraced (a trace with no
+    outcome beside it: test_the_job_writes_its_folder)."""
     from ds4lab.audit.engines import recorded, recorded_outcome
 
     rec = recorded("deepseek-v3", "static")
@@ -274,11 +280,21 @@ def test_a_recording_with_its_outcome_beside_it_shows_what_the_gpu_did(tmp_path)
     said = " ".join(r.output.split())
     assert f"torch.cuda.graph on {want['device']['device']}" in said and f"as recorded beside it: {want['outcome']}" in said
     assert json.loads((out / "meta.json").read_text())["recorded_outcomes"] == {str(rec): want}
-    alone = tmp_path / rec.name
-    alone.write_bytes(rec.read_bytes())  # the same events, no outcome beside them
-    r = CliRunner().invoke(main, ["audit", str(alone), "--out", str(tmp_path / "b")])
-    assert r.exit_code == 0 and "as recorded beside it" not in r.output
-    assert "recorded_outcomes" not in json.loads((tmp_path / "b" / "meta.json").read_text())
+    # the savings against the eager step the outcome timed untraced, the traced step's kept beside them
+    plans = pd.read_csv(out / "plans.csv").set_index("plan")
+    assert (plans["baseline"] == "untraced").all() and (plans["eager_untraced_us"] == want["eager_us"]).all()
+    whole = plans.loc["whole token"]
+    assert whole["saving_untraced_us"] == pytest.approx(want["eager_us"] - whole["predicted_us"])
+    assert whole["saving_untraced_lo"] <= whole["saving_untraced_us"] <= whole["saving_untraced_hi"]
+    assert whole["saving_us"] == pytest.approx(whole["eager_measured_us"] - whole["predicted_us"], rel=0.2)
+    assert pd.isna(plans.loc["eager (model check)", "saving_untraced_us"])
+    assert "saving against the untraced eager step" in said
+    assert f"savings against the eager step timed untraced: {want['eager_us']:,.1f} µs" in said
+    # the terminal shows the kernels' names without template arguments; spans.csv keeps them whole
+    assert "<float" not in r.output and "<…>" in r.output
+    assert not any(ln.startswith("reading ") for ln in r.output.splitlines())  # no progress lines for a short read
+    assert pd.read_csv(out / "spans.csv")["first_kernel"].str.contains("<float", regex=False).any()
+    assert "recorded_outcomes" in json.loads((out / "meta.json").read_text())
 
 
 def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monkeypatch):
@@ -301,3 +317,26 @@ def test_a_recorded_program_is_named_where_its_recording_ends_up(tmp_path, monke
     execute("audit", AuditConfig(program=["python", "decode.py"], out=out))
     meta = json.loads((out / "meta.json").read_text())
     assert meta["recording"] == str(out / "recording.csv.gz") and (out / "recording.csv.gz").is_file()
+
+
+def test_the_terminal_shortens_cxx_kernel_names_and_the_files_keep_them():
+    from ds4lab.audit.names import SHORT_NAME_MAX, label, short_names, short_text
+
+    names = {
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+        "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)": "at::native::vectorized_elementwise_kernel<…>",
+        "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, true, "
+        "true, false, 6, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, float> >"
+        "(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<float const>, float>)": "internal::gemvx::kernel<…>",
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 5, false, false>(float*, float const*, "
+        "int, int, int, bool const*, int, bool)": "(anonymous namespace)::softmax_warp_forward<…>",
+        "q8_matvec": "q8_matvec",
+        "operator<(a, b": "operator<(a, b",  # brackets that do not balance: as it is
+    }
+    assert short_names(names) == names
+    assert len(short_names(["k" * 300])["k" * 300]) == SHORT_NAME_MAX
+    # the figure's label: the same parse, the function's own name (a short one keeps its namespace)
+    assert [label(n) for n in names][:3] == ["vectorized_elementwise_kernel", "gemvx::kernel", "softmax_warp_forward"]
+    said = short_text("from std::enable_if<!(false), void>::type internal::gemvx::kernel<int, float>(cublasGemvParamsEx"
+                      "<int, float>) (frozen launch) at nvtx: decode_step, n < 4")
+    assert said == "from std::enable_if<…>::type internal::gemvx::kernel<…>(…) (frozen launch) at nvtx: decode_step, n < 4"

@@ -297,6 +297,7 @@ def test_conditional_eager_on_numpy_takes_the_host_branches():
         assert ka == kb, pos  # the eager SWITCH body may plan a wider score grid, never more launches
 
 
+@pytest.mark.slow
 # ----------------------------------------------------------------------------- the context ladder
 def test_context_ladder_device_stages_on_sim(tmp_path):
     """``ds4lab context --stages 0,3,3c,3cc,3p,3cp,3ccp`` on the sim (tiny), at contexts whose exactness

@@ -196,3 +196,17 @@ def test_moe_calls_that_fell_back_to_eager_are_shown(tmp_path):
     assert json.loads((out / "meta.json").read_text())["eager_fallbacks"][0]["fallback_calls"] == int(s.calls[0])
     c = cli("compare", out, "--out", tmp_path / "cmp")
     assert c.exit_code == 0 and "eager fallback in" in (tmp_path / "cmp" / "compare_moe.svg").read_text()
+
+
+def test_a_stage_a_source_did_not_run_is_marked_not_left_blank():
+    """``compare``'s ladder bars: a stage one folder ran and another did not shows ``n/a`` in the
+    empty slot, and the note says what it means."""
+    series = {"a (H200)": {"0": 15600.0, "i": 8100.0, "3": 7100.0}, "b (sim)": {"0": 15000.0, "3": 7000.0}}
+    fig = plots.grouped_bars_figure(series, ["0", "i", "3"], "µs per token (median)", "stage ladder")
+    try:
+        ax = fig.axes[0]
+        marks = [t for t in ax.texts if t.get_text() == "n/a"]
+        assert len(marks) == 1  # b's slot at stage i
+        assert any("n/a: the source has no such value" in t.get_text() for t in ax.texts)
+    finally:
+        plt.close(fig)

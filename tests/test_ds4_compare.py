@@ -64,6 +64,19 @@ def test_gain_table_names_a_measurable_gain_and_ds4labs_records(record):
     assert fig is not None and "ds4 b0309611" in fig.axes[0].get_title()
 
 
+def test_the_gain_figure_pairs_like_contexts_only(record):
+    """ds4 at 1 024 pairs with ds4lab's context record at 1 024, never with its ladder at 1 000; a
+    context one engine ran alone is named, not drawn (notebook 06's islands-gain.png)."""
+    g = C.gain_table(record)
+    pairs = dict(zip(g.engine + " @" + g.context.astype(str), g["pair"]))
+    assert pairs["ds4 @1024"] == pairs["ds4lab @1024"] == "both engines"
+    assert pairs["ds4lab @1000"] == "no pair: ds4 ran no 1000" and pairs["ds4lab @16384"].startswith("no pair")
+    fig = C.gain_figure(g)
+    drawn = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert sorted(drawn) == ["ds4 @1024", "ds4lab @1024"], drawn
+    assert "no pair, not drawn: ds4lab @1000, ds4lab @16384" in fig.axes[0].get_title()
+
+
 def test_kernel_kinds_sum_ds4s_kernels_by_kind(record):
     k = C.kernel_kinds(record).set_index("kind")
     assert k.loc["routed MoE", "us"] == 700 and k.loc["matvec (Q8_0)", "launches"] == 300

@@ -90,3 +90,34 @@ def test_the_sim_trace_names_its_device(tmp_path):
     kernels = [e for e in events if e.get("cat") == "kernel"]
     assert kernels and {e["args"].get("device") for e in kernels} == {0}
     assert set(pd.read_csv(tmp_path / "t" / "trace_kernels.csv")["device"]) == {0}
+
+
+def test_the_ladders_labels_stay_clear_of_its_legend_and_stages_keep_their_own_colours():
+    """The default ladder (0,0s,i,i+,1,2,3,3u): every stage its own colour (0 and 3u once shared one),
+    no bar's annotation overlapping the legend (3u's ran into it), each inside the axes."""
+    import pandas as pd
+
+    from ds4lab.report import plots
+
+    stages = ["0", "0s", "i", "i+", "1", "2", "3", "3u"]
+    us = [15600.0, 15500, 8100, 9300, 14000, 12000, 7100, 7300]
+    df = pd.DataFrame({"stage": stages, "short": ["eager"] * 8, "us_median": us, "us_p25": [u - 50 for u in us],
+                       "us_p75": [u + 60 for u in us], "floor_us": 6500.0, "launch_floor_us": 4000.0,
+                       "speedup": [us[0] / u for u in us], "exact": True, "kernel_launches": 1078.0,
+                       "graph_launches": 1.0})
+    fig = plots.ladder_figure(df, {"backend": "cupy", "gpu": "NVIDIA H200"})
+    try:
+        ax = fig.axes[0]
+        colours = [p.get_facecolor()[:3] for p in ax.patches]
+        assert len(set(colours)) == len(stages), colours
+        assert plots.stage_color("0") != plots.stage_color("3u")
+        fig.canvas.draw()
+        rend = fig.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(rend)
+        notes = [t.get_window_extent(rend) for t in ax.texts]
+        assert len(notes) == len(stages)
+        for e in notes:
+            assert not e.overlaps(legend), "a bar's label runs into the legend"
+            assert e.y1 <= ax.bbox.y1 + 1, "a bar's label above the axes"
+    finally:
+        plt.close(fig)

@@ -98,9 +98,19 @@ def test_a_sim_record_reads_modeled(figures, tmp_path):
 def test_one_line_of_the_record_table_moves_a_figure(figures):
     page = figures.render({"conformance": "h200-2026-11-30b/conformance"})
     text = sections(page)["Conformance: the GPU against the simulated runtime"]
-    assert "| scenarios | 104 |" in text and "| steps | 848 |" in text
+    assert "| scenarios compared | 104 |" in text and "| steps compared | 848 |" in text
+    assert "| scenarios skipped (not run on every backend, not compared) | 0 |" in text
     assert "docs/measurements/h200-2026-11-30b/conformance/meta.json" in text
     assert "h200-2026-12-01" not in text
+
+
+def test_skipped_scenarios_are_not_counted_as_compared(figures):
+    """The 2026-12-02 conformance skipped its 15 two-GPU scenarios on one GPU: neither steps nor
+    agreements."""
+    page = figures.render({"conformance": "h200-2026-12-02-ds4/conformance"})
+    text = sections(page)["Conformance: the GPU against the simulated runtime"]
+    assert "| scenarios compared | 180 |" in text and "| steps compared | 1 738 |" in text
+    assert "| scenarios skipped (not run on every backend, not compared) | 15 |" in text
 
 
 def test_a_job_without_meta_takes_the_rounds_env_log(figures):

@@ -550,3 +550,53 @@ def test_an_unknown_sites_preset_is_refused_before_any_input_is_read(tmp_path):
     r = CliRunner().invoke(main, ["ingest", str(log), "--sites", "nope", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--sites 'nope'" in r.output and "tiny" in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_header_of_mixed_modes_with_cupti_accepts_span_totals(tmp_path):
+    """A log of several modes in one file (ds4lab's before one log per mode) whose header names cupti:
+    its span totals are not flagged, and the mix is said; without cupti in it, they still are."""
+    span = ds4_line(total=0.090)
+    mixed = "# ds4lab moe · measured on NVIDIA H200 · modes host-timed, deferred, cupti and routings uniform mixed\n"
+    r = ingest(write(tmp_path, "mixed.log", mixed + ds4_line(total=0.041) + "\n" + span + "\n"))
+    assert len(r.tables["ds4_moe"]) == 14 and not r.problems
+    assert any("mix modes host-timed, deferred, cupti" in w for w in r.warnings)
+    plain = "# ds4lab moe · modes host-timed, deferred and routings uniform mixed\n"
+    with pytest.raises(SourceError, match="plain.log:3: .*total=0.090 is not the sum"):
+        ingest(write(tmp_path, "plain.log", plain + ds4_line(total=0.041) + "\n" + span + "\n"))
+
+
+def test_gzip_inputs_read_as_their_text(tmp_path):
+    """A gzip-compressed ds4 log, ncu CSV or nsys stats CSV is detected and read as its text is; one cut
+    short is named as such."""
+    import gzip
+
+    for name, text in (("run.log", "\n".join([DS4_OK, "noise", DS4_BATCH]) + "\n"), ("stats.csv", NSYS)):
+        plain = write(tmp_path, name, text)
+        gz = tmp_path / (name + ".gz")
+        gz.write_bytes(gzip.compress(text.encode()))
+        assert detect(gz) == detect(plain)
+        a, b = ingest(plain).tables, ingest(gz).tables
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].drop(columns=["file", "source"], errors="ignore").equals(
+                b[k].drop(columns=["file", "source"], errors="ignore")), k
+    data = gzip.compress(("\n".join([DS4_OK] * 4000) + "\n").encode())
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceError, match="cut.log.gz: .*gzip stream ends early"):
+        ingest(cut)
+
+
+@pytest.mark.parametrize("record, tables", [
+    ("docs/measurements/h200-2026-11-29/moe/moe-ds4.log.gz", {"ds4_moe": 12_672 * 7}),
+    ("docs/measurements/h200-2026-11-30b/nsight/ncu.csv.gz", {"ncu_kernels": 300, "ncu_metrics": 8_100,
+                                                              "ncu_rules": 543})])
+def test_the_repositorys_own_records_are_ingested(record, tables):
+    """The measurement records as they are in the repository (gzip), strict: every line read, none
+    flagged (the MoE log's cupti lines, whose total is the step's span, included)."""
+    from pathlib import Path
+
+    r = ingest(Path(__file__).resolve().parents[1] / record)
+    assert not r.problems
+    for name, n in tables.items():
+        assert len(r.tables[name]) == n, name

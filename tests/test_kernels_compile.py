@@ -118,6 +118,7 @@ def test_broken_kernel_fails_the_script(broken_dir, nvrtc, cuda_include, capsys)
     assert "error" in out.out and "broken_syntax.cu" in out.err
 
 
+@pytest.mark.slow
 def test_main_ok_on_real_kernels(nvrtc, cuda_include, capsys):
     rc = ck.main(["--arch", "sm_90", "--kernels-dir", str(KERNELS)])
     out = capsys.readouterr().out

@@ -22,7 +22,8 @@ from ds4lab.capture.launch import Launcher
 
 pytestmark = pytest.mark.gpu
 
-from helpers import F32_RTOL, rel  # noqa: E402
+from helpers import (F32_RTOL, ROUTER_SEEDS, ROUTER_TIES_NODEID, derive_seed, rel,  # noqa: E402
+                     router_tie_nan_logits)
 
 
 class Both:
@@ -318,23 +319,37 @@ def test_router_topk(both, rng, T):
     assert rel(g["wts"], w_ref) < F32_RTOL
 
 
-@pytest.mark.parametrize("N,k", [(256, 6), (1024, 8), (100, 32), (33, 1)])
-def test_router_topk_ties_and_nan(both, rng, N, k):
-    """One warp per token at every expert count (8 or 32 logits per lane): ties go to the lower
-    index, NaN ranks last, exact against the reference's stable sort."""
+def check_router_ties_and_nan(both, lg, N, k):
+    """router_topk on ``lg [T, N]`` against the reference: ids exact (the score order,
+    kernels/score_order.cuh), weights within F32_RTOL where no NaN logit was chosen."""
+    T = lg.shape[0]
     cfg = get_preset("small").replace(n_experts=N, n_used=k)
-    T = 3
-    lg = rng.standard_normal((T, N)).astype(np.float32)
-    lg[0, 5:N:7] = lg[0, 3]  # ties with a chosen value
-    lg[1, : N // 2] = np.nan
-    lg[2] = np.round(lg[2])  # many ties
     g, r = both.run(lambda L, b: ops.router_topk(L, "k", b["lg"], b["ids"], b["wts"], T, cfg),
                     {"lg": lg}, {"ids": ((T, k), np.int32), "wts": ((T, k), np.float32)})
-    ref = np.where(np.isnan(lg), np.float32(-3.402823466e38), lg)
-    ids_ref, _ = R.router_topk(ref, k)
-    assert np.array_equal(g["ids"], ids_ref)
+    ids_ref, _ = R.router_topk(lg, k)
+    assert np.array_equal(r["ids"], ids_ref)
+    for t in range(T):
+        assert np.array_equal(g["ids"][t], ids_ref[t]), (
+            f"token {t}: first difference at pick {np.argmax(g['ids'][t] != ids_ref[t])}: "
+            f"{g['ids'][t].tolist()} against {ids_ref[t].tolist()} (logits {lg[t].tolist()})")
     ok = ~np.isnan(r["wts"]).any(axis=1)
     assert rel(g["wts"][ok], r["wts"][ok]) < F32_RTOL
+
+
+@pytest.mark.parametrize("N,k", [(256, 6), (1024, 8), (100, 32), (33, 1)])
+def test_router_topk_ties_and_nan(both, rng, N, k):
+    """One warp per token at every expert count (8 or 32 logits per lane): ties (-0.0 and +0.0
+    included) go to the lower index, NaN ranks after every number, exact against the reference."""
+    check_router_ties_and_nan(both, router_tie_nan_logits(rng, N), N, k)
+
+
+@pytest.mark.parametrize("seed", ROUTER_SEEDS)
+def test_router_topk_ties_and_nan_seeds(both, seed):
+    """The 100-expert, k = 32 case from fixed base seeds, its inputs exactly as
+    ``DS4LAB_TEST_SEED=<seed>`` gives test_router_topk_ties_and_nan[100-32] (the first seed ranked
+    +0.0 before an earlier -0.0 once)."""
+    rng = np.random.default_rng(derive_seed(seed, ROUTER_TIES_NODEID))
+    check_router_ties_and_nan(both, router_tie_nan_logits(rng, 100), 100, 32)
 
 
 @pytest.mark.parametrize("T", [1, 3, 64])

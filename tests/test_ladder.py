@@ -177,6 +177,7 @@ def test_ladder_reports_updates_reinstantiations_and_fallbacks_apart(tmp_path):
 H200_ISLAND = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-12-01/round1/hazards-island/hazards-small.csv"
 
 
+@pytest.mark.slow
 def test_moe_profile_inside_islands_on_sim_matches_the_h200(sim):
     """ds4's DS4_CUDA_MOE_PROFILE inside its decode islands (events on the legacy stream while island 1
     captures on a blocking stream in global mode): the H200 refused the first legacy record

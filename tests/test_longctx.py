@@ -513,7 +513,7 @@ def test_context_ladder_on_sim(tmp_path):
 
 
 @pytest.mark.parametrize("kw,needle", [(dict(stages="0,4"), "4"), (dict(contexts="12,x"), "'x'"),
-                                       (dict(contexts=[2]), "2 must be at least 4"), (dict(span=0), "--span 0"),
+                                       (dict(contexts=[2]), "2 must be at least 4"), (dict(span=-1), "--span -1"),
                                        (dict(contexts="4096,1024"), "ascending order"),
                                        (dict(contexts="1024,,2048"), "empty element"), (dict(contexts=""), "no context"),
                                        (dict(span=100000), "at most 256")])
@@ -572,3 +572,14 @@ def test_long_context_ops_refuse_bad_shapes(call, needle):
 
 
 from ds4lab.token import ops  # noqa: E402
+
+
+def test_a_context_run_without_exactness_times_only(tmp_path):
+    """``--span 0``: no stage compared bit for bit (the fits' timing-only runs: ``sim_context``), so
+    ``exact`` is n/a and nothing is computed."""
+    from ds4lab.jobs import execute
+    from ds4lab.jobs.context import ContextConfig
+
+    df = execute("context", ContextConfig(stages="0,3", preset="tiny", contexts="64", span=0, tokens=2, warmup=1,
+                                          out=str(tmp_path)), backend="sim").table()
+    assert set(df.stage) == {"0", "3"} and (df.exact == "n/a").all() and (df.us_median > 0).all()

@@ -179,14 +179,19 @@ def test_indexer_score(both, rng, cfg, n_comp):
 
 @pytest.mark.parametrize("k,n_comp", [(512, 700), (512, 1024), (512, 1500), (512, 4096), (512, 8192),
                                       (64, 65), (64, 1000), (8, 9), (8, 100)])
-@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("ties", [False, True, "nan"])
 def test_indexer_topk_one_block(both, rng, k, n_comp, ties):
+    """The one-block top-k in the score order (kernels/score_order.cuh): ties to the lower index,
+    -0.0 equal to +0.0, NaN after every number."""
     cfg = FLASH.replace(index_top_k=k)
     steps, _ = LR.topk_plan(n_comp, k)
     assert len(steps) == 1 and steps[0].kernel == "indexer_topk"
     s = f32(rng, n_comp)
-    if ties:
+    if ties is True:
         s = np.round(s * 4) / 4  # many equal scores: ties go to the lower index
+    elif ties == "nan":  # NaN scores and signed zeros among them
+        for v, share in ((np.nan, 0.1), (-0.0, 0.1), (0.0, 0.1)):
+            s[rng.random(n_comp) < share] = np.float32(v)
     pos = 4 * n_comp - 1  # (pos + 1) // 4 == n_comp
     bufs = {"scores": s, "sel": ((k,), np.int32)}
     g, r = both.run(lambda L, b, ts: ops.indexer_topk(L, "t", b["scores"], b["sel"], steps[0].sort_n, cfg, 4, ts),

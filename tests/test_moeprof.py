@@ -331,6 +331,24 @@ def test_token_share_and_overhead_table(wb_fast, graphs_restored):
     rep = ov[ov["regime"] == "replayed"].set_index("mode")
     assert "eager fallback" in rep.loc["host-timed", "note"]  # the guard refused the capture
     assert rep.loc["host-timed", "overhead_us"] > rep.loc["in-graph", "overhead_us"]
+    # what the sim does not price is said so, never a measured "not measurable (±0.0)"
+    for regime, mode in (("eager", "nvtx"), ("replayed", "nvtx"), ("replayed", "deferred")):
+        row = ov[(ov["regime"] == regime) & (ov["mode"] == mode)].iloc[0]
+        assert row["overhead"] == M.NOT_MODELED and "the sim does not price" in row["note"], (regime, mode)
+        assert np.isnan(row["overhead_us"]) and row["pairs"] == 0
+    assert eager.loc["deferred", "overhead"] != M.NOT_MODELED  # its eager cost is modeled
+    assert "CI" not in eager.loc["host-timed", "overhead"]  # a deterministic sim: no interval to show
+    assert "the same in every pair" in eager.loc["host-timed", "overhead"]
+
+
+def test_what_the_sim_prices_is_declared_per_mode():
+    from ds4lab.moeprof.modes import MODE_CLASSES
+
+    assert MODE_CLASSES["cupti"].sim_prices == () and MODE_CLASSES["nvtx"].sim_prices == ()
+    assert MODE_CLASSES["deferred"].sim_prices == ("eager",)
+    for name, cls in MODE_CLASSES.items():
+        assert set(cls.sim_prices) <= {"eager", "replayed"}
+        assert cls.sim_leaves_out or set(cls.sim_prices) == {"eager", "replayed"}, name
 
 
 # ----------------------------------------------------------------------------- availability, errors

@@ -65,3 +65,20 @@ def test_the_documented_combinations_name_extras_that_exist():
     assert 'extras="test,nvrtc$major"' in venv and "cupti$major,cuda$major" in venv
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
     assert "python scripts/check_extras.py" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_ci_runs_every_test_the_default_command_leaves_the_slow_ones():
+    """``scripts/test.sh`` runs all but the tests marked ``slow`` (the README's command stays short);
+    ``.ci/run`` runs it and then the slow ones in a step of their own, so CI runs every test."""
+    import subprocess
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'tests "tests"\n' in ci and 'tests "slow tests" -m slow' in ci
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert 'marker=(-m "not slow")' in script
+    # a -m given replaces the default: run the script's own argument handling, pytest replaced by echo
+    body = script.replace('source "$(dirname "$0")/venv.sh"', "").replace("exec python -m pytest", "echo")
+    out = subprocess.run(["bash", "-c", body, "test.sh", "-m", "slow", "-x"], capture_output=True, text=True).stdout
+    assert out.split() == ["-q", "-m", "slow", "-x"]
+    out = subprocess.run(["bash", "-c", body, "test.sh", "-x"], capture_output=True, text=True).stdout
+    assert out.split() == ["-q", "-m", "not", "slow", "-x"]

@@ -130,3 +130,61 @@ def test_every_job_that_times_estimates_the_time_left(tmp_path, args, line):
     r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     assert line in " ".join(r.output.split()) and " left" in r.output, r.output
+
+
+def test_off_a_terminal_a_short_read_leaves_no_lines_and_a_long_one_says_its_estimate(monkeypatch, tmp_path):
+    """A reader's progress in a log: nothing for a read of a few seconds (no "reading X: n/N" four
+    times over), quarters with the time left for one past LONG_PHASE_S."""
+    import ds4lab.progress as P
+    from ds4lab.trace.sources.common import Progress
+
+    out = io.StringIO()
+    con = Console(file=out, force_terminal=False, force_jupyter=False)
+    with Progress(con, "reading x.csv.gz", 100) as prog:
+        for n in range(0, 101, 10):
+            prog.to(n)
+    assert out.getvalue() == ""
+    clock = iter(range(0, 1000, 4))  # 4 s a call: a read of about a minute
+    monkeypatch.setattr(P.time, "perf_counter", lambda: float(next(clock)))
+    with Progress(con, "reading x.csv.gz", 100) as prog:
+        for n in range(0, 101, 5):
+            prog.to(n)
+    lines = out.getvalue().splitlines()
+    assert lines and all(ln.startswith("reading x.csv.gz: ") for ln in lines) and len(lines) <= 4
+    assert ", about " in lines[0] and lines[0].endswith(" left")
+
+
+def test_off_a_terminal_a_long_line_is_not_wrapped(monkeypatch):
+    """make_console off a terminal: a printed line stays one line, however long (grep finds it)."""
+    import sys
+
+    from ds4lab.progress import make_console
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    con = make_console()
+    long = "kernel " + "x" * 400 + " end"
+    con.print(long)
+    assert out.getvalue().rstrip("\n") == long
+
+
+def test_a_count_takes_its_nouns_number():
+    from ds4lab.progress import counted
+
+    assert [counted(n, "figure") for n in (0, 1, 2)] == ["0 figures", "1 figure", "2 figures"]
+    assert counted(1, "launch", "launches") == "1 launch" and counted(3, "launch", "launches") == "3 launches"
+
+
+def test_the_ladders_exactness_phase_says_how_far_it_is_and_how_long_is_left(tmp_path):
+    """The exactness phase computes every token (the longest phase of a CPU run): after stage 0's
+    reference and after each stage, the runs done and the time left at the pace so far."""
+    from click.testing import CliRunner
+
+    from ds4lab.cli import main
+
+    r = CliRunner().invoke(main, ["ladder", "--backend", "sim", "--preset", "tiny", "--stages", "0,3", "--tokens",
+                                  "2", "--repeats", "1", "--exact-tokens", "2", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "exactness at 1000: stage 0's reference recorded (1/3 runs of 2 tokens, about " in said, r.output
+    assert "stage 3: bit-identical to stage 0 (3/3 runs of 2 tokens)" in said, r.output

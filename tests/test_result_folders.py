@@ -364,6 +364,7 @@ def test_a_rerun_piped_into_head_keeps_the_earlier_results(tmp_path):
     assert (tmp_path / "lad" / "ladder.csv").read_text() == before and meta_of(tmp_path / "lad")["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_stderr_in_the_same_closed_pipe_still_exits_141(tmp_path):
     """``ds4lab ladder 2>&1 | head -1``: the error message has nowhere to go; the status stays 141.
     The run is seconds long and writes a line after each stage, so a write always comes after the

@@ -93,6 +93,7 @@ def test_interrupt_records_status_tokens_census_and_exits_130(tmp_path, stop_aft
     assert m["tokens_completed"] == 3 and m["warmup_completed"] == 2 and m["census_tokens"] == 3
     assert census_total(out) == pytest.approx(TINY_LAUNCHES)  # the 3 completed tokens, per token
     assert census_labels(out) == {(backend, "tiny", str(backend == "sim"))}
+    assert "census.csv" in m["files"] and "census.csv" in m["file_sha256"]  # written at the stop, listed
     rows = rows_of(out)  # what was written stays (numpy writes no timing row: header only)
     if backend == "sim":
         assert [int(x["token"]) for x in rows if x["metric"] == "token_us"] == [0, 1, 2]

@@ -9,6 +9,7 @@ from pathlib import Path
 pytest_plugins = ["pytester"]
 
 CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
+HELPERS = (Path(__file__).parent / "helpers.py").read_text()  # the conftest derives each test's seed there
 PROBE = """
 def test_draws(rng):
     v = rng.standard_normal(3)
@@ -19,7 +20,7 @@ def test_draws(rng):
 
 def _run(pytester, monkeypatch, seed):
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_probe=PROBE)
+    pytester.makepyfile(test_probe=PROBE, helpers=HELPERS)
     monkeypatch.setenv("DS4LAB_TEST_SEED", str(seed))
     # in a subprocess: an in-process run shares sys.stdout and its capture with the outer session
     r = pytester.runpytest_subprocess("-q", "-s", "-p", "no:cacheprovider")

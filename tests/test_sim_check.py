@@ -43,6 +43,7 @@ def test_the_shipped_calibration_models_the_h200_islands_ladder_within_ten_perce
     assert d["agrees"].all(), d[["stage", "measured_us", "modeled_us", "ratio"]]
 
 
+@pytest.mark.slow
 def test_the_context_record_the_fit_never_saw_agrees_at_16k():
     """round3's context ladder, not used by the fit: at 16k every stage within ±10 %. At 1k
     stages 3 and 3c are priced high (the long-context kernels' fits come from position 65 535
@@ -118,6 +119,7 @@ def test_fit_of_a_sim_ladder_gives_its_calibration_back(tmp_path):
         assert cal[k] == pytest.approx(mine[k], rel=0.05), k
 
 
+@pytest.mark.slow
 def test_cli_from_ladder_writes_the_fit_and_prints_the_check(tmp_path):
     out = tmp_path / "cal.json"
     r = CliRunner().invoke(main, ["calibrate", "--from-ladder", str(ROUND3 / "islands"), "--out", str(out)])

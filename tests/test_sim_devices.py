@@ -325,7 +325,10 @@ def test_two_gpu_scenarios_are_skipped_with_a_reason_and_not_compared(monkeypatc
     assert all(gpu[n] == {"<skipped>": "two-GPU scenario: needs 2 GPUs, this machine has 1"} for n in names), gpu
     sim = run_scenarios(SimBackend(), names)
     df = compare({"cupy": gpu, "sim": sim})
-    assert set(df.step) == {"<skipped>"} and df.agree.all() and set(df.sim) == {"ran"}
+    assert set(df.step) == {"<skipped>"} and df.agree.isna().all() and set(df.sim) == {"ran"}
+    from ds4lab.conformance.runner import disagreeing
+
+    assert disagreeing(df).empty  # not compared: neither agreeing nor disagreeing
     assert expectation_mismatches({"cupy": gpu}).empty
 
 

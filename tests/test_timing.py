@@ -94,3 +94,16 @@ def test_median_ci_for_a_long_run():
     t0 = time.perf_counter()
     lo, hi = median_ci(np.linspace(0.0, 1.0, 10_000_001))
     assert lo < 0.5 < hi and hi - lo < 1e-3 and time.perf_counter() - t0 < 5
+
+
+def test_no_interval_is_shown_where_the_samples_have_no_spread():
+    """A deterministic sim's samples are all equal: no "IQR 5.0–5.0" or "CI 2.0–2.0" (false precision)."""
+    from ds4lab.timing import Stats
+
+    assert Stats.of([5.0] * 8).fmt() == "5.0 µs (no spread, n=8)"
+    assert "IQR 4.0–6.0" in Stats.of([4.0, 4.0, 5.0, 6.0, 6.0]).fmt()
+    same = paired_difference([10.0] * 6, [12.0] * 6)
+    assert same.measurable and same.fmt() == "+2.0 µs (+20.0 %, the same in every pair, n=6)"
+    assert paired_difference([10.0] * 6, [10.0] * 6).fmt() == "none (0 µs in every pair, n=6)"
+    noisy = paired_difference([10.0] * 12, [12.0, 13, 14, 12.5, 13.5, 12, 14, 13, 12.5, 13.5, 13, 14])
+    assert "95% CI" in noisy.fmt()

@@ -14,6 +14,7 @@ import numpy as np
 
 from .probes import ALLOWED, INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED, VERDICTS
 from .analysis import trace_times
+from .names import label as short_name
 from .spans import representative, spans_of
 from .units import unit_label
 
@@ -21,24 +22,6 @@ from .units import unit_label
 VERDICT_COLORS = {INVALIDATES: "#C44E52", REFUSED: "#DD8452", NOT_IN_GRAPH: "#8172B2", NO_RULE: "#7f7f7f",
                   ALLOWED: "#9ecae1", "frozen": "#CCB974"}
 MAX_LABELS = 12
-
-
-def short_name(kernel: str, width: int = 40) -> str:
-    """A kernel's name as a label: a C++ signature's function name without its namespaces, template
-    arguments and parameters (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
-    ``vectorized_elementwise_kernel``), cut to ``width`` characters."""
-    name, depth, out = kernel.strip(), 0, []
-    for ch in name:  # drop everything inside <...> and (...)
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth = max(depth - 1, 0)
-        elif depth == 0:
-            out.append(ch)
-    base = "".join(out).split()[-1] if "".join(out).split() else name
-    parts = [p for p in base.split("::") if p]
-    base = "::".join(parts[-2:]) if len(parts) > 1 and len(parts[-1]) < 8 else (parts[-1] if parts else name)
-    return base if len(base) <= width else base[: width - 1] + "…"
 
 
 def timeline_figure(report, mode: str | None = None):

@@ -42,9 +42,20 @@ first call, or the device time from its first device work to the next token's wh
 (:func:`measured_eager`). The saving is the paired difference per token (measured eager minus predicted), its
 median with a 95 % interval (:func:`ds4lab.timing.paired_difference`): "not measurable" when the
 interval includes zero.
+
+**Against which eager step.** The trace's eager step carries its tracer's cost (a CUPTI recording, the
+PyTorch profiler, Nsight Systems: each launch is slower traced), the plans' graphs mostly do not (their
+host calls are gone). Where the eager step was also timed untraced (the torch.cuda.graph outcome beside a
+recording: ``check_replay``'s CUDA-event timing), :func:`against_untraced` adds the saving against it
+(``baseline`` ``untraced``); elsewhere the saving is against the traced step (``baseline`` ``traced``)
+and the report says what tracing cost per launch where it was measured (:data:`TRACER_COST`).
 """
 
 from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -55,6 +66,16 @@ from .spans import Item, spans_of
 
 #: ``plans.csv``'s ``path`` of a plan modeled on the recorded tokens themselves.
 RECORDED_PATH = "recorded"
+
+#: ``plans.csv``'s ``baseline``: the saving against the trace's own eager step, or against an untraced one.
+TRACED, UNTRACED = "traced", "untraced"
+
+#: What ds4lab's CUPTI recording cost per launch where it was measured beside an untraced step: µs per
+#: launch of (traced eager − untraced eager) over the runs of the record (:func:`tracer_cost`; held to
+#: the record by tests/test_doc_numbers.py). The spread is the runs' (host-bound eager steps vary from
+#: run to run), so one trace's cost is not known from it: said, never subtracted.
+TRACER_COST = {"record": "docs/measurements/h200-2026-12-03/audit-validate", "runs": 22, "median_us": 9.4,
+               "min_us": -40.6, "max_us": 282.4, "device": "NVIDIA H200"}
 
 
 class Model:
@@ -203,7 +224,7 @@ def plan_row(plan: str, mode: str, per: list[float], measured: list[float], grap
             "predicted_us": st.median, "predicted_p25": st.p25, "predicted_p75": st.p75,
             "eager_measured_us": base, "saving_us": diff.median, "saving_lo": diff.lo, "saving_hi": diff.hi,
             "measurable": diff.measurable, "saving_pct": 100.0 * diff.median / base if base else float("nan"),
-            "path": path, "calibration": cal_label, "modeled": True}
+            "path": path, "baseline": TRACED, "calibration": cal_label, "modeled": True}
 
 
 def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: bool, modes,
@@ -231,3 +252,66 @@ def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: 
         add("spans today", m, per, graphs, left)
     add("one graph per token shape", "any", model.whole(scalars, shapes), 1.0, 0.0)
     return pd.DataFrame(rows)
+
+
+def tracer_cost(folder) -> dict:
+    """:data:`TRACER_COST` computed from an ``audit validate`` record ``folder``: per run (a folder with
+    ``engine.json`` and ``plans.csv``), the recorded path's ``eager (model check)`` row's measured eager µs
+    (the traced step) minus ``engine.json``'s ``eager_us`` (the step timed untraced), over its eager
+    launches per token. Returns ``runs``, ``median_us``, ``min_us``, ``max_us`` (µs per launch)."""
+    per = []
+    for run in sorted(Path(folder).iterdir()):
+        if not (run / "engine.json").is_file() or not (run / "plans.csv").is_file():
+            continue
+        untraced = json.loads((run / "engine.json").read_text()).get("eager_us")
+        with open(run / "plans.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["plan"].startswith("eager")
+                    and r.get("path", RECORDED_PATH) == RECORDED_PATH]
+        if untraced and rows and float(rows[0]["eager_launches_per_token"]) > 0:
+            per.append((float(rows[0]["eager_measured_us"]) - float(untraced)) / float(rows[0]["eager_launches_per_token"]))
+    if not per:
+        raise ValueError(f"{folder}: no run with both a traced and an untraced eager step")
+    return {"runs": len(per), "median_us": float(np.median(per)), "min_us": float(min(per)), "max_us": float(max(per))}
+
+
+def tracer_cost_text() -> str:
+    """:data:`TRACER_COST` as the report says it."""
+    c = TRACER_COST
+    return (f"ds4lab's CUPTI recording on the {c['device']} added a median {c['median_us']:.0f} µs per launch "
+            f"({c['min_us']:.0f}…{c['max_us']:.0f} over {c['runs']} runs of record {Path(c['record']).parent.name}, "
+            "traced against untraced eager steps: the runs' own spread dominates)")
+
+
+def against_untraced(plans: pd.DataFrame, untraced_us: float, source: str) -> pd.DataFrame:
+    """``plans`` (:func:`plan_table`'s) with the saving of each graph plan against an eager step timed
+    untraced, ``untraced_us`` (µs; ``source`` says where it was measured): ``baseline`` (:data:`UNTRACED`),
+    ``eager_untraced_us``, ``untraced_source``, ``saving_untraced_us`` (``untraced_us`` − the predicted
+    median) with ``saving_untraced_lo``/``_hi`` (``untraced_us`` − the predicted 75th/25th percentile: the
+    prediction's spread over the tokens; the untraced step was timed apart, so nothing pairs them and
+    there is no confidence interval), ``saving_untraced_pct``. The ``eager (model check)`` row keeps the
+    traced step only (the model models the trace). The traced saving's columns stay as they were.
+
+    Raises:
+        ValueError: ``untraced_us`` not a positive number.
+    """
+    u = float(untraced_us)
+    if not np.isfinite(u) or u <= 0:
+        raise ValueError(f"untraced eager step {untraced_us!r} µs: must be a positive number")
+    out = plans.copy()
+    check = out["plan"].str.startswith("eager")
+    out["baseline"] = UNTRACED
+    out["eager_untraced_us"] = u
+    out["untraced_source"] = source
+    out["saving_untraced_us"] = (u - out["predicted_us"]).where(~check)
+    out["saving_untraced_lo"] = (u - out["predicted_p75"]).where(~check)
+    out["saving_untraced_hi"] = (u - out["predicted_p25"]).where(~check)
+    out["saving_untraced_pct"] = (100.0 * out["saving_untraced_us"] / u).where(~check)
+    return out
+
+
+def baseline(plans) -> str:
+    """Which eager step ``plans``' savings are against: :data:`UNTRACED` where :func:`against_untraced`
+    added one, else :data:`TRACED`."""
+    if plans is None or plans.empty or "baseline" not in plans:
+        return TRACED
+    return str(plans["baseline"].iloc[0])

@@ -33,7 +33,10 @@ Where each time comes from, on every row of the timed tables (so that a copied f
   trace's times summed over the span); ``replay_modeled`` (always True: ``replay_us`` is the audit's
   model) and ``calibration``, the calibration ``replay_us`` is modeled with;
 * ``plans.csv``: ``tool``; ``eager_modeled``, as ``modeled`` in ``tokens.csv``, for
-  ``eager_measured_us``; ``modeled`` (always True: ``predicted_*`` and ``saving_*``) and ``calibration``.
+  ``eager_measured_us``; ``modeled`` (always True: ``predicted_*`` and ``saving_*``) and ``calibration``;
+  ``baseline``: ``traced`` (``saving_*`` against the trace's own eager step, its tracer's cost included)
+  or ``untraced`` (``eager_untraced_us``, measured apart as ``untraced_source`` says, and
+  ``saving_untraced_*`` against it beside the traced ``saving_*``: :func:`ds4lab.audit.plans.against_untraced`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from .. import __version__
 from .analysis import trace_times
 from ..trace.events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
+from .names import short_names, short_text
 from .units import unit_label, unit_stem
 
 #: Files :func:`write` makes (glob patterns, for ``job_folder``).
@@ -190,8 +194,10 @@ def summary(reports, console, max_rows: int = 12) -> None:
                           title_justify="left")
                 for c in ("kernel", "what changes", "tokens", "where", "detail"):
                     t.add_column(c, overflow="fold")
+                short = short_names(var["name"].head(max_rows))
                 for row in var.head(max_rows).itertuples():
-                    t.add_row(row.name, row.call_class, row.token_range, row.where or "—", row.what)
+                    t.add_row(short[str(row.name)], row.call_class, row.token_range, row.where or "—",
+                              short_text(str(row.what)))
                 console.print(t)
             host = f[f["kind"].isin(("host data", "capture path"))]
             for row in host.head(4).itertuples():
@@ -215,7 +221,7 @@ def _replay(r, console, max_rows: int) -> None:
 
     v = verdict(r)
     color = {RIGHT: "green", WRONG: "bold red", UNKNOWN: "yellow"}.get(v.verdict, "bold dark_orange")
-    console.print(f"  replay (one graph per token, global mode): [{color}]{v.verdict}[/] — {escape(v.why)}")
+    console.print(f"  replay (one graph per token, global mode): [{color}]{v.verdict}[/] — {escape(short_text(v.why))}")
     if v.evidence:
         console.print(f"    evidence: {escape(v.evidence)}")
     if v.command:
@@ -229,8 +235,10 @@ def _replay(r, console, max_rows: int) -> None:
     t = Table(title="kernel arguments that differ between tokens (arguments.csv)", title_justify="left")
     for c in ("kernel", "class", "launch", "param (byte)", "values", "where", "detail"):
         t.add_column(c, overflow="fold")
-    for row in aa.findings[~apart].head(max_rows).itertuples():
-        t.add_row(escape(str(row.name)), row.call_class, str(row.launches), f"{row.param} ({row.byte_offset})",
+    shown = aa.findings[~apart].head(max_rows)
+    short = short_names(shown["name"])
+    for row in shown.itertuples():
+        t.add_row(escape(short[str(row.name)]), row.call_class, str(row.launches), f"{row.param} ({row.byte_offset})",
                   escape(str(row.values)), escape(row.where or "—"), escape(row.what))
     if (~apart).any():
         console.print(t)
@@ -257,38 +265,63 @@ def _spans(r, console, top: int = 3) -> None:
     sp = sp[sp["mode"] == m]
     console.print(f"  capturable spans ({m} mode, token {int(sp['token'].iloc[0]) if len(sp) else '?'}; "
                   f"{len(sp)} in all, spans.csv):")
-    for row in sp.head(top).itertuples():
-        console.print(f"    {row.launches} launches, {row.first_kernel} … {row.last_kernel}: GPU {row.gpu_us:,.1f} µs "
-                      f"({trace_times(r)}), replay {row.replay_us:,.1f} µs (MODELED); from {row.broken_before} "
-                      f"to {row.broken_after}")
+    sp = sp.head(top)
+    short = short_names(pd.concat([sp["first_kernel"], sp["last_kernel"]]))
+    for row in sp.itertuples():
+        console.print(f"    {row.launches} launches, {short[str(row.first_kernel)]} … {short[str(row.last_kernel)]}: "
+                      f"GPU {row.gpu_us:,.1f} µs ({trace_times(r)}), replay {row.replay_us:,.1f} µs (MODELED); from "
+                      f"{short_text(str(row.broken_before))} to {short_text(str(row.broken_after))}")
 
 
 def _plans(r, console) -> None:
     from rich.table import Table
 
+    from .plans import UNTRACED, baseline, tracer_cost_text
+
     p = r.plans
     if p is None or p.empty:
         return
     times = trace_times(r)
-    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {r.calibration_label})",
-              title_justify="left")
-    for c in ("plan", "mode", "graphs/token", "predicted µs (IQR)", f"eager µs ({times})", "saving"):
+    untraced = baseline(p) == UNTRACED
+    against = "the untraced eager step" if untraced else "the traced eager step"
+    t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {r.calibration_label}); "
+                    f"saving against {against}", title_justify="left")
+    cols = ["plan", "mode", "graphs/token", "predicted µs (IQR)", f"traced eager µs ({times})"]
+    for c in cols + (["untraced eager µs", "saving (against untraced; range: the prediction's IQR)"] if untraced
+                     else ["saving (against traced)"]):
         t.add_column(c)
     for row in p.itertuples():
         if row.plan.startswith("eager"):
             # the paired per-token difference, as plans.csv's saving columns hold it (measured - model)
-            saving = (f"model check: model − measured {-row.saving_us:+,.1f} µs per token (paired, 95 % CI "
+            saving = (f"model check: model − traced {-row.saving_us:+,.1f} µs per token (paired, 95 % CI "
                       f"{-row.saving_hi:+,.1f}–{-row.saving_lo:+,.1f})")
-        elif row.measurable:
+        elif untraced:
+            saving = (f"{row.saving_untraced_us:,.1f} µs ({row.saving_untraced_pct:.0f} %, "
+                      f"{row.saving_untraced_lo:,.1f}–{row.saving_untraced_hi:,.1f})")
+        elif row.measurable and row.saving_hi > row.saving_lo:
             saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, 95 % CI {row.saving_lo:,.1f}–{row.saving_hi:,.1f})"
+        elif row.measurable:  # every token's the same (a modeled trace): no interval to show
+            saving = f"{row.saving_us:,.1f} µs ({row.saving_pct:.0f} %, the same on every token)"
         else:
             saving = f"not measurable (±{(row.saving_hi - row.saving_lo) / 2:,.1f} µs)"
         path = str(getattr(row, "path", "recorded"))
-        t.add_row(row.plan + (f" — modeled on the {path}" if path.startswith("capture path") else ""), row.mode,
-                  f"{row.graphs_per_token:.1f}",
-                  f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
-                  f"{row.eager_measured_us:,.1f}", saving)
+        cells = [row.plan + (f" — modeled on the {path}" if path.startswith("capture path") else ""), row.mode,
+                 f"{row.graphs_per_token:.1f}",
+                 f"{row.predicted_us:,.1f} ({row.predicted_p25:,.1f}–{row.predicted_p75:,.1f})",
+                 f"{row.eager_measured_us:,.1f}"]
+        if untraced:
+            cells.append("" if row.plan.startswith("eager") else f"{row.eager_untraced_us:,.1f}")
+        t.add_row(*cells, saving)
     console.print(t)
+    if untraced:
+        console.print(f"  savings against the eager step timed untraced: {p['eager_untraced_us'].iloc[0]:,.1f} µs "
+                      f"({p['untraced_source'].iloc[0]}); the traced step's savings (paired, 95 % CI) stay in "
+                      "plans.csv. The plans that keep eager calls (spans today, one graph per token shape) price "
+                      "them at the trace's cost, tracing included: against the untraced step their saving is "
+                      "understated")
+    else:
+        console.print(f"  savings against the traced eager step, its tracer's cost included (no untraced step is "
+                      f"known for this trace): {tracer_cost_text()}")
 
 
 def write(reports, folder, meta: dict | None = None) -> list:

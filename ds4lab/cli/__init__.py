@@ -258,8 +258,9 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
 @click.option("--contexts", default=None,
               help="Comma-separated contexts (start positions), ascending. Default: "
                    f"{','.join(map(str, DEFAULT_CONTEXTS))}, those the preset holds (tiny: 512,1024,2048).")
-@click.option("--span", type=click.IntRange(min=1), default=default(ContextConfig, "span"), show_default=True,
-              help="Tokens compared bit for bit with stage 0 at each context, from context - 4.")
+@click.option("--span", type=click.IntRange(min=0), default=default(ContextConfig, "span"), show_default=True,
+              help="Tokens compared bit for bit with stage 0 at each context, from context - 4 (0: no exactness "
+                   "check, timing only).")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(ContextConfig, "tokens"), show_default=True,
               help="Timed tokens per stage and context.")
 @click.option("--warmup", type=click.IntRange(min=0), default=default(ContextConfig, "warmup"), show_default=True)

@@ -1,7 +1,8 @@
 """Scenarios of graph construction inside a capture, conditional nodes and programmatic dependent
 launch: one per rule of :mod:`ds4lab.sim.rules_device` that stages ``3cc``, ``3p``, ``3cp`` and ``3ccp``
-rely on. Written from the CUDA documentation (each scenario's ``expect`` and ``source``) until an H200
-record replaces them (``ds4lab conformance --backend cupy``).
+rely on. Written from the CUDA documentation (each scenario's ``expect`` and ``source``); every one ran on
+the H200 as expected and as the sim runs it (``docs/measurements/h200-2026-12-02-ds4/conformance``), which
+settled what the documentation left open (said in the sources).
 
 Probes: ``tiny_add`` (``x += 1``, with the device-side half of programmatic launch), ``fill_value``,
 ``cond_set_from`` (a conditional handle set from an int32 flag in device memory) and
@@ -344,7 +345,7 @@ for _d in (0, 1):
           expect={"if_size3": "cudaErrorInvalidValue", "while_size2": "cudaErrorInvalidValue",
                   "switch_size0": "cudaErrorInvalidValue", "if_size1": "ok", "end_capture": "ok"},
           source=f"{_RT}, cudaConditionalNodeParams.size (1 for WHILE, 1 or 2 for IF, greater than zero for SWITCH); "
-                 "cudaGraphAddNode returns cudaErrorInvalidValue. GUESS: the error name for a size")
+                 "cudaGraphAddNode returns cudaErrorInvalidValue. Checked on the H200 (h200-2026-12-02-ds4/conformance): the error name for a size")
 def conditional_bad_size(r: Recorder) -> None:
     """IF with three bodies, WHILE with two, SWITCH with none: refused; then a valid IF (so the capture
     ends with a graph)."""
@@ -374,7 +375,7 @@ def conditional_bad_size(r: Recorder) -> None:
 @scenario("a conditional node whose handle belongs to another graph",
           expect={"add_node": "cudaErrorInvalidValue", "end_capture": "ok"},
           source=f"{_RT}, cudaGraphConditionalHandleCreate ('must be associated with a conditional node in this graph "
-                 "or one of its children'). GUESS: cudaGraphAddNode refuses it with cudaErrorInvalidValue")
+                 "or one of its children'). Checked on the H200 (h200-2026-12-02-ds4/conformance): cudaGraphAddNode refuses it with cudaErrorInvalidValue")
 def conditional_handle_other_graph(r: Recorder) -> None:
     """The handle is made on a graph from cudaGraphCreate, the node added to a capture's graph."""
     be = r.be
@@ -406,7 +407,7 @@ def update_deps_not_capturing(r: Recorder) -> None:
           expect={"graph_create": "ok", "begin": "ok", "end": "ok", "same_graph": "True", "nodes": "kernelx2",
                   "instantiate": "ok", "x": "2", "begin_legacy": "cudaErrorStreamCaptureUnsupported"},
           source=f"{_RT}, cudaStreamBeginCaptureToGraph (new nodes placed into an existing graph, returned by "
-                 "cudaStreamEndCapture; not on cudaStreamLegacy). GUESS: the legacy stream's error name, as for "
+                 "cudaStreamEndCapture; not on cudaStreamLegacy). Checked on the H200 (h200-2026-12-02-ds4/conformance): the legacy stream's error name, as for "
                  "cudaStreamBeginCapture (rule begin_legacy)")
 def capture_to_graph(r: Recorder) -> None:
     """Two kernels captured into a created graph; it replays them. Capture cannot begin on the legacy stream."""
@@ -434,7 +435,7 @@ def capture_to_graph(r: Recorder) -> None:
 @scenario("a graph with a conditional node as a child graph",
           expect={"end_capture": "ok", "add_child": "cudaErrorNotSupported"},
           source=f"{_RT}, cudaGraphAddChildGraphNode ('If childGraph contains allocation nodes, free nodes, or "
-                 "conditional nodes, this call will return an error'). GUESS: the error name, as measured for "
+                 "conditional nodes, this call will return an error'). Checked on the H200 (h200-2026-12-02-ds4/conformance): the error name, as measured for "
                  "memory nodes")
 def child_graph_conditional(r: Recorder) -> None:
     """Stage 3cc's token graph could not become a child of another graph."""
@@ -489,7 +490,7 @@ def programmatic_edge_in_capture(r: Recorder) -> None:
 @scenario("a programmatic launch after a memset in a capture",
           expect={"prepare": "ok", "memset": "ok", "add_programmatic": "True", "end_capture": "ok",
                   "edges": "memset>kernel:defaultx1", "x": "1"},
-          source=f"{_RT}, cudaGraphEdgeData (only kernel nodes define programmatic ports). GUESS: the dependency on "
+          source=f"{_RT}, cudaGraphEdgeData (only kernel nodes define programmatic ports). Checked on the H200 (h200-2026-12-02-ds4/conformance): the dependency on "
                  "a memset stays a default edge (ds4lab's launches never ask for this: they set the attribute "
                  "only after one kernel node)")
 def programmatic_after_memset(r: Recorder) -> None:
@@ -532,7 +533,7 @@ def programmatic_eager(r: Recorder) -> None:
 @scenario("programmatic edges inside a conditional node's body, and none across the node",
           expect={"prepare": "ok", **_OK_BUILD, "after_programmatic": "False", "body_edges": "kernel>kernel:programmaticx1",
                   "x_after_1": "2", "x_after_0": "2", "y_after_0": "2"},
-          source=f"{_PDL}; {_COND}. GUESS: programmatic edges are allowed in a body (kernel nodes are); the kernel "
+          source=f"{_PDL}; {_COND}. Checked on the H200 (h200-2026-12-02-ds4/conformance): programmatic edges are allowed in a body (kernel nodes are); the kernel "
                  "after the conditional node depends on it through a default edge (ds4lab sets the attribute only "
                  "after one kernel node)")
 def programmatic_in_conditional_body(r: Recorder) -> None:

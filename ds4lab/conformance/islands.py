@@ -24,7 +24,7 @@ _IMPLICIT = {"status_in_capture": "invalidated", "end_capture": "cudaErrorStream
 def _unsafe(mode: str) -> dict:
     """cudaEventQuery / cudaEventSynchronize of an event outside the capture, on the capturing thread:
     'potentially unsafe' (RT cudaThreadExchangeStreamCaptureMode): refused in global and thread-local
-    mode, the capture invalidated; allowed in relaxed mode. GUESS until the H200 runs it."""
+    mode, the capture invalidated; allowed in relaxed mode (so on the H200: h200-2026-12-02-ds4/conformance)."""
     if mode == "relaxed":
         return {"status_in_capture": "active", "end_capture": "ok"}
     return {"status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated"}

@@ -71,18 +71,25 @@ def _end_left_captures(be, streams, rec: Recorder) -> None:
         rec.obs["<left capturing>"] = ",".join(left)
 
 
+#: ``conformance.csv``'s ``step`` of a scenario that did not run on every backend (one row, no steps).
+SKIPPED = "<skipped>"
+
+
 def compare(results: dict[str, dict[str, dict[str, str]]]):
-    """One tidy DataFrame: scenario, step, one column per backend, and ``agree``."""
+    """One tidy DataFrame: scenario, step, one column per backend, and ``agree`` (pandas' nullable
+    boolean: empty for a scenario skipped on some backend, which was not compared: one row, step
+    :data:`SKIPPED`, each backend's reason or ``ran``)."""
     import pandas as pd
 
     backends = list(results)
     rows = []
     for sc in SCENARIOS:
-        if any("<skipped>" in results[b].get(sc.name, {}) for b in backends):
-            # skipped on some backend (a two-GPU scenario on one GPU): one row saying so, not a disagreement
-            row = {"scenario": sc.name, "covers": sc.covers, "step": "<skipped>"}
-            row.update({b: results[b].get(sc.name, {}).get("<skipped>", "ran") for b in backends})
-            row["agree"] = True
+        if any(SKIPPED in results[b].get(sc.name, {}) for b in backends):
+            # skipped on some backend (a two-GPU scenario on one GPU): one row saying so, neither agreeing
+            # nor disagreeing: nothing was compared
+            row = {"scenario": sc.name, "covers": sc.covers, "step": SKIPPED}
+            row.update({b: results[b].get(sc.name, {}).get(SKIPPED, "ran") for b in backends})
+            row["agree"] = None
             rows.append(row)
             continue
         steps: list[str] = []
@@ -96,4 +103,12 @@ def compare(results: dict[str, dict[str, dict[str, str]]]):
             row.update(dict(zip(backends, vals)))
             row["agree"] = len(set(vals)) == 1
             rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["agree"] = df["agree"].astype("boolean")
+    return df
+
+
+def disagreeing(df):
+    """The rows of :func:`compare`'s table whose backends differ (a skipped scenario's row is not one)."""
+    return df[df["agree"].eq(False).fillna(False).astype(bool)]

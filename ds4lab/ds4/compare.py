@@ -188,7 +188,9 @@ def host_table(rec: Ds4Record | None, calibration=None) -> pd.DataFrame:
 def gain_table(rec: Ds4Record | None, lab_context=LAB_CONTEXT_RECORD, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
     """What capture buys, per context: ds4's islands on against off (µs per token, the ratio, the gain
     paired by position with its 95 % interval) beside ds4lab's stage i against stage 0 (its measured
-    ladder and context records). ``source`` names each row's origin."""
+    ladder and context records). ``source`` names each row's origin; ``pair`` says whether the other
+    engine ran the same context (``both engines``), or which did not (a context is a position: ds4lab's
+    ladder at 1 000 is not ds4's 1 024)."""
     rows = []
     if rec is not None and not rec.gains.empty:
         for r in rec.gains[rec.gains.other == "islands-on"].to_dict("records"):
@@ -211,7 +213,13 @@ def gain_table(rec: Ds4Record | None, lab_context=LAB_CONTEXT_RECORD, lab_ladder
                              "islands µs": float(s.loc["i", "us_median"]),
                              "× faster": float(s.loc["0", "us_median"] / s.loc["i", "us_median"]),
                              "gain µs (95 % CI)": gain, "source": f"{_lab_label(meta)} ({_rel(folder)})"})
-    return pd.DataFrame(rows).sort_values(["context", "engine"], ignore_index=True) if rows else pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows).drop_duplicates(["engine", "context"])  # one ds4lab row a context (the ladder's first)
+    engines = df.groupby("context")["engine"].agg(set)
+    df["pair"] = [("both engines" if len(engines[c]) > 1 else
+                   f"no pair: {'ds4lab' if e == 'ds4' else 'ds4'} ran no {c}") for e, c in zip(df.engine, df.context)]
+    return df.sort_values(["context", "engine"], ignore_index=True)
 
 
 def kernel_kinds(rec: Ds4Record, config: str = "islands-off") -> pd.DataFrame:
@@ -293,18 +301,31 @@ def omissions(ds4_kernels: dict) -> pd.DataFrame:
 
 
 def gain_figure(gains: pd.DataFrame):
-    """µs per token eager and with islands, ds4 beside ds4lab, per context (bars,
-    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names
-    where each engine's figures came from."""
+    """µs per token eager and with islands, ds4 beside ds4lab, at the contexts both engines ran (bars,
+    :func:`ds4lab.report.plots.grouped_bars_figure`; :func:`gain_table`'s ``pair``); what has no pair
+    is named under the title, not drawn. ``None`` for an empty table. The title names where each
+    engine's figures came from."""
     if gains is None or gains.empty:
         return None
     from ..report import plots
 
-    xs = [f"{r['engine']} @{r['context']}" for r in gains.to_dict("records")]
-    series = {"islands off / stage 0": dict(zip(xs, gains["eager µs"])),
-              "islands on / stage i": dict(zip(xs, gains["islands µs"]))}
-    title = ("What ds4's decode islands buy: ds4 itself against ds4lab's rebuild\n"
+    both = gains[gains["pair"] == "both engines"] if "pair" in gains else gains
+    alone = gains.drop(both.index)
+    xs = [f"{r['engine']} @{r['context']}" for r in both.to_dict("records")]
+    series = {"islands off / stage 0": dict(zip(xs, both["eager µs"])),
+              "islands on / stage i": dict(zip(xs, both["islands µs"]))}
+    title = ("What ds4's decode islands buy: ds4 itself against ds4lab's rebuild, at the contexts both ran\n"
              + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in gains["source"]})))
+    if len(alone):
+        title += "\nno pair, not drawn: " + ", ".join(f"{e} @{c}" for e, c in zip(alone.engine, alone.context))
+    if both.empty:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 2.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no context that both engines ran", ha="center", va="center")
+        ax.set_title(title, fontsize=9)
+        return fig
     return plots.grouped_bars_figure(series, xs, "µs per decode token (median, CUDA events)", title, rotate=True)
 
 

@@ -163,22 +163,28 @@ class Ladder:
         return self._check_runs
 
     def exactness(self, context: int, say: Callable[[str], None] = lambda s: None,
-                  on_result: Callable[[dict], None] | None = None) -> dict:
+                  on_result: Callable[[dict], None] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> dict:
         """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``; ``on_result``
-        gets the verdicts so far after each stage's (so a job writes them as they come)."""
+        gets the verdicts so far after each stage's (so a job writes them as they come);
+        ``progress(done, total)`` is told the runs recorded so far (stage 0's reference first, then each
+        stage's) and returns what to add to the line said (an estimate of the time left)."""
         if not self.check:
             return {r.name: ("n/a", "") for r in self.runs}
         ref, runs_x = self._checking()
         got: dict = {}
+        total = len(runs_x) + 1
+        tell = progress or (lambda done, n: "")
 
         def told(r, diff):
-            say(f"exactness at {context}, stage {r.name}: " + ("bit-identical to stage 0" if diff is None
-                                                                else f"DIFFERS at {diff}"))
             got[r.name] = (diff is None, diff or "")
+            say(f"exactness at {context}, stage {r.name}: " + ("bit-identical to stage 0" if diff is None
+                                                                else f"DIFFERS at {diff}") + tell(len(got) + 1, total))
             if on_result is not None:
                 on_result(dict(got))
 
-        compare_runs(ref, runs_x, self.table.exact_span(context), told)
+        compare_runs(ref, runs_x, self.table.exact_span(context), told,
+                     on_reference=lambda: say(f"exactness at {context}: stage 0's reference recorded" + tell(1, total)))
         return got
 
     def measure(self, context: int, *, exact: dict, floors: dict, progress=None,

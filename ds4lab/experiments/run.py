@@ -207,11 +207,14 @@ def outcome(diff: str | None, stats: dict) -> str:
 
 
 def compare_runs(reference: StageRun, runs: list[StageRun], span: Span,
-                 on_result: Callable[[StageRun, str | None], None] | None = None) -> dict[str, str | None]:
+                 on_result: Callable[[StageRun, str | None], None] | None = None,
+                 on_reference: Callable[[], None] | None = None) -> dict[str, str | None]:
     """Record ``reference`` and every run over ``span`` from the same prefilled state; returns
-    ``{run name: first difference or None}`` (:func:`first_difference`), calling ``on_result`` as each
-    finishes."""
+    ``{run name: first difference or None}`` (:func:`first_difference`), calling ``on_reference`` once
+    the reference is recorded and ``on_result`` as each run finishes."""
     ref = reference.record(span)
+    if on_reference is not None:
+        on_reference()
     out = {}
     for r in runs:
         out[r.name] = first_difference(ref, r.record(span))

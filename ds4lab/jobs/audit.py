@@ -139,6 +139,7 @@ def run(cfg: AuditConfig, backend=None, console=None) -> JobResult:
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
         _attach_arguments(reports, tables)
         _attach_capture_paths(reports, tables, cfg)
+        _against_untraced(reports, tables)
         meta.update(audit_report.audit_meta(reports))
         names = write_audit(o, reports)
         recorded = _recorded_outcomes(cfg)
@@ -220,6 +221,28 @@ def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
             path = getattr(t, "path", None)
             if t.source == r.source and path is not None and r.plans is not None and not r.plans.empty:
                 attach_beside(r, path, token_range=cfg.token_range, calibration=cfg.calibration, recorded=t)
+
+
+def _against_untraced(reports, tables) -> None:
+    """Each report's plans with their saving against the eager step timed untraced where the
+    torch.cuda.graph outcome beside its trace gives one (``eager_us``: ``check_replay``'s CUDA events;
+    :func:`ds4lab.audit.plans.against_untraced`); the others stay against the traced step."""
+    from ..audit.engines import outcome_beside
+    from ..audit.plans import against_untraced
+
+    for r in reports:
+        for t in tables:
+            path = getattr(t, "path", None)
+            if t.source != r.source or path is None or r.plans is None or r.plans.empty:
+                continue
+            rec = outcome_beside(Path(path)) or {}
+            us = rec.get("eager_us")
+            if isinstance(us, (int, float)) and us > 0:
+                dev = rec.get("device") or {}
+                where = f"on {dev['device']}" if dev.get("device") else "on the GPU it was recorded on"
+                r.plans = against_untraced(r.plans, us, f"the eager step timed with CUDA events {where}, untraced, "
+                                                        f"in the outcome beside {Path(path).name}")
+            break
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..report import provenance
 from ..conformance import SCENARIOS, compare, run_scenarios
+from ..conformance.runner import SKIPPED, disagreeing
 from .common import BadInput, CheckFailed, out_folder
 from .result import JobResult, result_folder
 
@@ -89,19 +90,22 @@ def run(cfg: ConformanceConfig, be, console) -> JobResult:
         o.table("conformance", df)
         exp = expectation_mismatches(records)
         o.table("expectations", exp)
-        meta.update(scenarios=int(df.scenario.nunique()), steps=len(df), disagreements=int((~df.agree).sum()),
+        bad = disagreeing(df)
+        skipped = df[df.step == SKIPPED]
+        ran = df[df.step != SKIPPED]
+        meta.update(scenarios=int(df.scenario.nunique()), scenarios_compared=int(ran.scenario.nunique()),
+                    steps=len(ran), disagreements=len(bad), skipped=len(skipped),
                     expectation_mismatches={b: int((exp.backend == b).sum()) for b in records})
         exc = df[df.step.isin(["<exception>", "<unhandled>"])]
-        skipped = df[df.step == "<skipped>"]
-        meta["skipped"] = int(len(skipped))
         if len(skipped):  # two-GPU scenarios on a smaller machine, or ones that could hang unless asked for
             reasons = [next((row[b] for b in records if row[b] != "ran"), "?") for _, row in skipped.iterrows()]
             console.print(f"skipped here ({len(skipped)}): " + "; ".join(
                 f"{name}: {why}" for name, why in zip(skipped.scenario, reasons)))
-        console.print(f"{df.scenario.nunique()} scenarios, {len(df)} steps on {', '.join(records)}")
+        console.print(f"{ran.scenario.nunique()} scenarios, {len(ran)} steps on {', '.join(records)}"
+                      + (f"; {len(skipped)} scenario(s) skipped, not compared" if len(skipped) else ""))
         if len(records) > 1:
-            bad = df[~df.agree]
-            console.print(f"disagreements: {len(bad)}")
+            console.print(f"disagreements: {len(bad)} in {len(ran)} steps"
+                          + (f" ({len(skipped)} skipped scenario(s) not counted)" if len(skipped) else ""))
             if len(bad):
                 console.print(bad[["scenario", "step", *records]].to_string(index=False))
         if len(exp):  # a documented expectation the H200 does not follow: the scenario's source needs a look
@@ -112,7 +116,7 @@ def run(cfg: ConformanceConfig, be, console) -> JobResult:
             console.print(exc.to_string(index=False))
         table = o.where("conformance.csv")
         console.print(f"table: {table}")
-        if not (bool(df.agree.all()) and len(exc) == 0):
-            raise Disagreement(f"{int((~df.agree).sum())} disagreeing step(s), {len(exc)} scenario(s) raised; "
+        if len(bad) or len(exc):
+            raise Disagreement(f"{len(bad)} disagreeing step(s), {len(exc)} scenario(s) raised; "
                                f"see {table}")
     return o.done(records)

@@ -35,7 +35,7 @@ CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
 class ContextConfig:
     """Arguments of ``ds4lab context`` (the command line reads its defaults from here): stages,
     contexts (start positions, ascending; None: :data:`DEFAULT_CONTEXTS`, those the preset holds:
-    :func:`default_contexts`), ``span`` (tokens compared bit for bit at each context),
+    :func:`default_contexts`), ``span`` (tokens compared bit for bit at each context; 0: none, timing only),
     ``tokens`` timed per stage and context after ``warmup``, in ``rounds`` interleaved rounds (odd
     rounds in reverse stage order: the gains are then paired over interleaved rounds, as the ladder's),
     capture ``mode``, result folder (None: ``results/context-<preset>-<backend>``)."""

@@ -29,6 +29,7 @@ from ..report import provenance, results
 from ..sim.calibration import backend_calibration
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset, is_ds4_flash
+from ..timing import has_spread
 from .common import CheckFailed, check_out_option, default_preset, modeled_banner, out_folder
 from .result import JobResult, result_folder
 
@@ -74,9 +75,10 @@ class NotExact(CheckFailed):
 
 
 def check_counts(**counts) -> None:
-    """Raise :class:`BadInput` naming each count that is out of range (``tokens``, ``rounds``,
-    ``span`` ≥ 1; ``warmup``, ``exact_tokens`` ≥ 0; exactness spans ≤ :data:`MAX_EXACT_TOKENS`)."""
-    positive = ("tokens", "rounds", "span")
+    """Raise :class:`BadInput` naming each count that is out of range (``tokens``, ``rounds`` ≥ 1;
+    ``warmup``, ``exact_tokens``, ``span`` ≥ 0: no exactness check at 0; exactness spans ≤
+    :data:`MAX_EXACT_TOKENS`)."""
+    positive = ("tokens", "rounds")
     bad = [f"--{k.replace('_', '-')} {v} must be {'at least 1' if k in positive else 'at least 0'}"
            for k, v in counts.items() if v < (1 if k in positive else 0)]
     bad += [f"--{k.replace('_', '-')} {v}: at most {MAX_EXACT_TOKENS} tokens are compared bit for bit (each "
@@ -238,7 +240,8 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                         be.model_context(c)
                     partial(lad.partial_rows(c, {}, {}))
                     prog.describe(f"exactness at {c}")
-                    exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})))
+                    exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})),
+                                          progress=_exactness_estimate(table.exact_tokens))
                     floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
                     partial(lad.partial_rows(c, exact, floors))
                     rows = lad.measure(c, exact=exact, floors=floors, progress=tick, on_stage=partial,
@@ -264,6 +267,21 @@ def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path,
                     f"stage {r.stage}" + (f" at context {r.context}" if len(table.contexts) > 1 else "")
                     + f": {r.first_mismatch}" for r in bad.itertuples()))
     return o.done()
+
+
+def _exactness_estimate(tokens: int):
+    """``progress(done, total)`` for :meth:`~ds4lab.experiments.ladder.Ladder.exactness`: after each run
+    recorded (stage 0's reference, then each stage's), how many are done and, at the pace so far, about
+    how long the exactness phase has left (it computes every token: the phase a CPU run spends most in)."""
+    from ..progress import duration
+
+    t0 = time.perf_counter()  # a host clock for the estimate shown, nothing measured
+
+    def progress(done: int, total: int) -> str:
+        left = (time.perf_counter() - t0) / done * (total - done)
+        return f" ({done}/{total} runs of {tokens} tokens" + (f", about {duration(left)} left)" if done < total else ")")
+
+    return progress
 
 
 def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | None, meta: dict) -> None:
@@ -310,8 +328,9 @@ def _line(r: dict, with_context: bool) -> str:
              f"invalidated {r['invalidations']} node updates/token {per_token(r['node_updates'])} {r['failures']} "
              f"{r['update_results']}" if r["captures"] or r["failures"] else "")
     return ((f"context {r['context']:>7} " if with_context else "")
-            + f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token (IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})"
-            f"  ×{r['speedup'] or 0:.2f}"
+            + f"stage {r['stage']:3s} {r['us_median']:10.1f} µs/token "
+            + (f"(IQR {r['us_p25']:.1f}–{r['us_p75']:.1f})" if has_spread(r["us_p25"], r["us_p75"]) else "(no spread)")
+            + f"  ×{r['speedup'] or 0:.2f}"
             + (f"  gain {r['gain']}" if r["stage"] != r["speedup_vs"] else "")
             + (f"  eff {r['efficiency']:.2f}" if r["efficiency"] else "")
             + f"  exact={r['exact']}"

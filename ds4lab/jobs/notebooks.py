@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PartFailed
+from ..progress import counted
 
 
 @dataclass
@@ -174,7 +175,7 @@ def _run_all(p: Plan, folder: Path, out: Path, timeout: int, meta: dict, say) ->
                    "run (runs.json says so)")
             raise Terminated(r.signum, msg) if r.signum else KeyboardInterrupt(msg)
         if r.ok:
-            say(f"    ok in {r.seconds:.0f} s; {len(r.figures)} figures")
+            say(f"    ok in {r.seconds:.0f} s; {counted(len(r.figures), 'figure')}")
         else:
             say(f"    FAILED at code cell {r.failed_cell if r.failed_cell else '?'} of {r.cells} in {path.name}: "
                 f"{r.error} (the outputs before it are in the executed copy, {out / path.name})", err=True)

@@ -10,7 +10,9 @@ from pathlib import Path
 def sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
     """The sim's ``ds4lab context`` table (``context.csv``'s rows) for calibration ``cal`` (a dict),
     timing only: per stage and context µs per token (MODELED), host enqueue µs, the modeled busy floor,
-    launches. Seconds for ``ds4-flash`` at one context."""
+    launches; no exactness check (``span`` 0: the stages' exactness is the ladder's and the context
+    job's, and computing it would be nearly all of this run's time). Seconds for ``ds4-flash`` at one
+    context."""
     import io
     import tempfile
 
@@ -25,7 +27,7 @@ def sim_context(cal: dict, preset: str, stages: str, contexts, tokens: int):
     be = SimBackend(timing_only=True, calibration=cal)
     before = set(plt.get_fignums())
     with tempfile.TemporaryDirectory(prefix="ds4lab-from-ds4-") as tmp:
-        cfg = ContextConfig(stages=stages, preset=preset, contexts=sorted(contexts), tokens=tokens, warmup=2,
+        cfg = ContextConfig(stages=stages, preset=preset, contexts=sorted(contexts), span=0, tokens=tokens, warmup=2,
                             out=Path(tmp) / "context")
         try:
             run_context(cfg, be, Console(file=io.StringIO(), width=160))

@@ -84,7 +84,7 @@ from .modes import MODES, STAGE_MODES, ProfilerCaptureError
 from .profiler import MoeProfiler
 from .rows import (KERNEL_STAGE, REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, kernel_stage,
                    record_stage, summarize)
-from .tokens import globaltimer_resolution, overhead_table, time_tokens, token_share
+from .tokens import NOT_MODELED, globaltimer_resolution, overhead_table, time_tokens, token_share
 from ..trace.cupti import cupti_available
 from ..trace.live import trace_source
 from ..timing import gc_paused
@@ -95,4 +95,4 @@ __all__ = ["MOE_STAGES", "STAGES", "MODES", "STAGE_MODES", "ROUTINGS", "REGIMES"
            "capture_status", "is_modeled", "cupti_available", "trace_source", "MoeProfiler", "MoeWorkbench",
            "gc_paused", "iter_profile", "profile", "summarize", "format_ds4_line", "parse_ds4_line", "ds4_lines",
            "ds4_line_problem", "ds4lab_header", "DS4_PREFIX",
-           "read_ds4_log", "time_tokens", "token_share", "overhead_table", "globaltimer_resolution"]
+           "read_ds4_log", "time_tokens", "token_share", "overhead_table", "globaltimer_resolution", "NOT_MODELED"]

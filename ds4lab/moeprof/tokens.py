@@ -80,6 +80,8 @@ def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = 
 
 
 #: Columns of :func:`overhead_table`.
+#: The ``overhead`` of a mode whose cost the sim does not price in that regime (a sim run).
+NOT_MODELED = "not modeled"
 OVERHEAD_COLUMNS = ("mode", "regime", "us_per_token", "baseline_us", "overhead_us", "overhead_lo_us", "overhead_hi_us",
                     "overhead_pct", "measurable", "pairs", "overhead", "note", "backend", "modeled")
 
@@ -100,6 +102,9 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int =
     eager token is launch-bound, so the profiler's own Python per MoE call (its hooks, its markers)
     counts in full there.
 
+    On the sim a mode in a regime its cost model does not price (the mode's ``sim_prices``) is not
+    timed: its row says "not modeled" and what the sim leaves out (``sim_leaves_out``), NaN times.
+
     Returns a DataFrame with :data:`OVERHEAD_COLUMNS` (µs; ``overhead_pct`` of the baseline median);
     NaN and the reason for an unavailable mode.
     """
@@ -119,6 +124,11 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int =
                 out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
                               overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
                               overhead="unavailable", note=probe.unavailable_reason))
+                continue
+            if is_modeled(wb.be) and regime not in probe.impl.sim_prices:
+                out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
+                              overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
+                              overhead=NOT_MODELED, note=f"the sim does not price {probe.impl.sim_leaves_out}"))
                 continue
             notes = set()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import matplotlib
 
 if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
@@ -33,6 +34,20 @@ SERIES_HATCHES = ("", "//", "..", "xx", "\\\\", "oo")
 #: Marker shapes that tell sources apart past the colours where a source is a marker series
 #: (:func:`series_marker`): one per hatch, so the same 120 sources can be told apart.
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P")
+#: 20 distinct colours for the stages, one each (``tab10``, then ``tab20``'s light shades).
+STAGE_PALETTE = ([matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab10"].colors]
+                 + [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20"].colors[1::2]])
+
+
+def stage_color(stage) -> str:
+    """The colour of a capture stage in every figure: its place in the stage registry
+    (:data:`ds4lab.experiments.stages.STAGES`), so no two of the registry's stages share one and a stage
+    keeps its colour whichever stages a figure shows; a stage outside the registry gets grey."""
+    from ..experiments.stages import STAGES
+
+    order = list(STAGES)
+    s = str(stage)
+    return STAGE_PALETTE[order.index(s) % len(STAGE_PALETTE)] if s in order else "#7f7f7f"
 
 
 def series_style(i: int) -> dict:
@@ -102,12 +117,12 @@ def ladder_figure(df, meta: dict):
     launch-list floor as lines, speedups and
     launches per token annotated. ``df``: rows of ``ladder.csv``."""
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(8.5, 4.6))
+        fig, ax = plt.subplots(figsize=(10.5, 4.6))
         x = range(len(df))
         med = df["us_median"].to_numpy()
         lo = med - df["us_p25"].to_numpy()
         hi = df["us_p75"].to_numpy() - med
-        bars = ax.bar(x, med, yerr=[lo, hi], capsize=4, color=[COLORS[i % len(COLORS)] for i in x], alpha=0.85)
+        bars = ax.bar(x, med, yerr=[lo, hi], capsize=4, color=[stage_color(s) for s in df["stage"]], alpha=0.85)
         floor = df["floor_us"].dropna() if "floor_us" in df else []
         if len(floor):
             ax.axhline(float(floor.iloc[0]), color="black", ls="--", lw=1,
@@ -116,8 +131,8 @@ def ladder_figure(df, meta: dict):
         if len(lf):
             ax.axhline(float(lf.iloc[0]), color="0.5", ls=":", lw=1,
                        label=f"launch-list floor {float(lf.iloc[0]):,.0f} µs")
-        if len(floor) or len(lf):
-            ax.legend(loc="upper right", frameon=False)
+        if len(floor) or len(lf):  # beside the axes: no bar's label runs into it
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8, borderaxespad=0)
         for b, (_, r) in zip(bars, df.iterrows()):
             mark = f" {_exact_mark(r.get('exact'))}"
             ax.annotate(f"×{r['speedup']:.2f}{mark}\n{r['kernel_launches']:.0f} k + {r['graph_launches']:.0f} g",
@@ -125,7 +140,7 @@ def ladder_figure(df, meta: dict):
                         xytext=(0, 3), textcoords="offset points")
         ax.set_xticks(list(x), [f"{s}\n{d}" for s, d in zip(df["stage"], df["short"])], fontsize=8)
         ax.set_ylabel("µs per token (median, IQR)")
-        ax.set_ylim(0, max(med.max() * 1.25, 1))
+        ax.set_ylim(0, max(float(np.nanmax(df["us_p75"].to_numpy())) * 1.25, med.max() * 1.25, 1))
         ax.set_title(provenance_title(meta, "CUDA-graph stage ladder"), fontsize=9)
         fig.text(0.01, 0.01, "k: kernel launches per token, g: graph launches per token; ✓: bit-identical to "
                  "stage 0, ✗: not bit-identical, not checked: no exactness check ran", fontsize=7, color="0.4")
@@ -137,9 +152,9 @@ def context_figure(df, meta: dict):
     """µs per token against context (log scale), one line per stage, IQR as a band."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(8.0, 4.4))
-        for i, (stage, g) in enumerate(df.groupby("stage", sort=False)):
+        for stage, g in df.groupby("stage", sort=False):
             g = g.sort_values("context")
-            col = COLORS[i % len(COLORS)]
+            col = stage_color(stage)
             ax.plot(g.context, g.us_median, marker="o", color=col, label=f"stage {stage}")
             ax.fill_between(g.context, g.us_p25, g.us_p75, color=col, alpha=0.15, linewidth=0)
         ax.set_xscale("log", base=2)
@@ -411,15 +426,24 @@ def whatif_figure(layers=None, launch=None, tokens=None):
 def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False,
                         note: str | None = None):
     """One bar group per x, one bar per source (``series``: legend label → {x: value}; each source
-    its own look, :func:`series_style`); a missing value leaves a gap. ``note``: a line under the
-    axes (what a bar sums). Used by ``ds4lab compare`` (the labels carry each source's provenance;
-    ``title`` says MODELED where a source is)."""
+    its own look, :func:`series_style`); a value a source lacks is marked ``n/a`` in its slot (and
+    said in the note), never left as a blank slot. ``note``: a line under the axes (what a bar sums).
+    Used by ``ds4lab compare`` (the labels carry each source's provenance; ``title`` says MODELED
+    where a source is)."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
         w = 0.8 / len(series)
+        missing = 0
         for i, (name, vals) in enumerate(series.items()):
-            ax.bar([k + i * w for k in range(len(xs))], [vals.get(x, float("nan")) for x in xs], w, label=name,
-                   **series_style(i))
+            ys = [vals.get(x, float("nan")) for x in xs]
+            ax.bar([k + i * w for k in range(len(xs))], ys, w, label=name, **series_style(i))
+            for k, y in enumerate(ys):
+                if y is None or y != y:  # not in this source: say so in its slot
+                    missing += 1
+                    ax.annotate("n/a", (k + i * w, 0), xytext=(0, 2), textcoords="offset points", ha="center",
+                                va="bottom", rotation=90, fontsize=7, color=series_style(i)["color"])
+        if missing:
+            note = (note + "; " if note else "") + "n/a: the source has no such value (not run there)"
         ticks = [x if len(str(x)) <= 28 else str(x)[:27] + "…" for x in xs]
         ax.set_xticks([k + 0.4 - w / 2 for k in range(len(xs))], ticks,
                       rotation=30 if rotate else 0, ha="right" if rotate else "center")

@@ -670,11 +670,11 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
             except CheckFailed as e:  # finished, a check failed: the results stand, with that status
                 meta["status"] = _failure_status(e)
                 meta["traceback"] = traceback.format_exc()
-                _stopped(on_stop, meta)
+                _stopped(on_stop, meta, folder)
                 checked = e
             except KeyboardInterrupt as e:
                 meta["status"] = interrupt_status(e)
-                _stopped(on_stop, meta)
+                _stopped(on_stop, meta, folder)
                 where = _stop(t, meta)
                 done = True
                 t._note(f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})"
@@ -691,7 +691,7 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                     e, BrokenPipeError) else e
                 meta["status"] = _failure_status(err)
                 meta["traceback"] = traceback.format_exc()
-                _stopped(on_stop, meta)
+                _stopped(on_stop, meta, folder)
                 where = _stop(t, meta)
                 done = True
                 t._note(f"failed: partial results in {where}/ (meta.json status 'failed')" + _unchanged(t, where))
@@ -771,10 +771,15 @@ def _version() -> str:
     return __version__
 
 
-def _stopped(on_stop, meta: dict) -> None:
+def _stopped(on_stop, meta: dict, folder: Path) -> None:
+    """Call ``on_stop`` (a stopped run writing what it got so far), then list the folder's files again:
+    what it wrote (``run``'s ``census.csv``) is in ``meta["files"]`` as what the job wrote before."""
     if on_stop is None:
         return
     try:
         on_stop(meta["status"])
     except Exception as e:  # noqa: BLE001 - keep the original error; say what else went wrong
         meta["on_stop_error"] = f"{type(e).__name__}: {e}"
+    with contextlib.suppress(Exception):
+        meta["files"] = _own_files(folder)
+        meta["file_sha256"] = _file_sha256(folder, meta["files"])

@@ -304,14 +304,39 @@ def router_logits(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (x @ W.T).astype(f32)
 
 
+#: The key of a NaN score (``kernels/score_order.cuh``: ``DS4_SCORE_KEY_NAN``), below every number's.
+SCORE_KEY_NAN = 1
+
+
+def score_key(scores: np.ndarray) -> np.ndarray:
+    """Each float32 score's place in the score order of every top-k, as uint32 keys (higher first).
+
+    The order is ds4's (``ds4_cuda.cu`` ``router_score_better``: a higher score first, equal scores
+    to the lower index), so -0.0 and +0.0 share a key, and a NaN ranks below every number, -inf
+    included (ds4 never picks a NaN while a number is left); NaNs share :data:`SCORE_KEY_NAN`. Mirrors
+    ``kernels/score_order.cuh:ds4_score_key`` bit for bit; 0 is no score's key (an empty slot).
+    """
+    v = np.asarray(scores, dtype=f32)
+    u = np.where(v == 0, f32(0), v).view(np.uint32)
+    key = np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
+    return np.where(np.isnan(v), np.uint32(SCORE_KEY_NAN), key).astype(np.uint32)
+
+
+def score_order(scores: np.ndarray) -> np.ndarray:
+    """Indices along the last axis in the score order (:func:`score_key`), best first, ties to
+    the lower index. int64, the shape of ``scores``."""
+    return np.argsort(~score_key(scores), axis=-1, kind="stable")
+
+
 def router_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` experts per token and their weights.
 
-    Highest logits first, ties to the lower index; weights are the selected sigmoid scores
-    normalized to sum 1. Returns int32 ``[T, k]`` and float32 ``[T, k]``.
+    In the score order (:func:`score_key`, ``kernels/router.cu``): highest logits first, ties
+    (-0.0 and +0.0 included) to the lower index, NaN after every number; weights are the
+    selected sigmoid scores normalized to sum 1. Returns int32 ``[T, k]`` and float32 ``[T, k]``.
     """
     logits = np.asarray(logits, dtype=f32)
-    order = np.argsort(-logits, axis=-1, kind="stable")[:, :k].astype(np.int32)
+    order = score_order(logits)[:, :k].astype(np.int32)
     return order, router_weights(logits, order)
 
 
@@ -662,11 +687,12 @@ def indexer_scores(q: np.ndarray, w: np.ndarray, keys: np.ndarray, scale: float)
 
 
 def topk_select(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` largest float32 ``scores``, best first, ties to the lower index. int32."""
+    """Indices of the ``k`` best float32 ``scores`` in the score order (:func:`score_key`), best
+    first, ties to the lower index. int32."""
     s = np.asarray(scores, dtype=f32)
     if k > s.size:
         raise ValueError(f"top-k {k} exceeds the {s.size} scores")
-    return np.argsort(-s, kind="stable")[:k].astype(np.int32)
+    return score_order(s)[:k].astype(np.int32)
 
 
 def topk_candidates(scores: np.ndarray, n: int, k: int, chunk: int) -> np.ndarray:
@@ -687,7 +713,7 @@ def topk_merge(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray
     s = np.asarray(scores, dtype=f32)
     c = np.asarray(candidates, dtype=np.int64).reshape(-1)
     c = np.unique(c[c >= 0])  # ascending: the stable sort below breaks ties to the lower index
-    order = c[np.argsort(-s[c], kind="stable")][:k]
+    order = c[score_order(s[c])][:k]
     out = np.full(k, -1, dtype=np.int32)
     out[:order.size] = order
     return out

@@ -41,6 +41,9 @@ class ProfilingMode:
         auto_regime: the regime :func:`~ds4lab.moeprof.iter_profile` picks for ``regime="auto"``.
         process_wide: once started it stays loaded in the process (CUPTI): run it last.
         accepts_fallback: takes a fallback mode for calls it refuses (``host-timed``).
+        sim_prices: the regimes (``eager``, ``replayed``) in which the sim's cost model prices what the
+            mode costs a token; in the others its cost on the sim is "not modeled", never a measurement.
+        sim_leaves_out: what the sim does not price where ``sim_prices`` leaves a regime out.
     """
 
     name: ClassVar[str] = ""
@@ -51,6 +54,8 @@ class ProfilingMode:
     auto_regime: ClassVar[str] = "eager"
     process_wide: ClassVar[bool] = False
     accepts_fallback: ClassVar[bool] = False
+    sim_prices: ClassVar[tuple] = ("eager", "replayed")
+    sim_leaves_out: ClassVar[str] = ""
 
     def __init__(self, prof) -> None:
         self.prof = prof

@@ -22,6 +22,8 @@ class Cupti(ProfilingMode):
     """
 
     name = "cupti"
+    sim_prices = ()
+    sim_leaves_out = "CUPTI's activity buffers and callbacks"
     profile_points = False
     instruments_calls = False
     process_wide = True

@@ -25,6 +25,8 @@ class Deferred(ProfilingMode):
     """
 
     name = "deferred"
+    sim_prices = ("eager",)
+    sim_leaves_out = "what events recorded inside a capture cost the replayed token"
 
     def __init__(self, prof) -> None:
         super().__init__(prof)

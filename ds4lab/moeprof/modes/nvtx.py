@@ -59,6 +59,8 @@ class Nvtx(ProfilingMode):
     (unavailable, replayed) or what they mark (the capture)."""
 
     name = "nvtx"
+    sim_prices = ()
+    sim_leaves_out = "NVTX range pushes and pops"
     per_stage = False
 
     def __init__(self, prof) -> None:

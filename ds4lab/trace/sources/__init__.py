@@ -12,9 +12,10 @@ format            recognised by                                          reader 
                   or a JSON array of events
 ``ds4lab-trace``  the same, with ``otherData.ds4lab`` (``ds4lab trace``)  :mod:`.kineto`   events
 ``nsys-report``   a raw ``.nsys-rep``/``.qdrep`` (binary)                 :mod:`.nsys_report`  (its export)
-``ds4-log``       text with ``ds4: CUDA MoE profile`` lines               :mod:`.ds4log`   tables
+``ds4-log``       text with ``ds4: CUDA MoE profile`` lines (plain or gzip) :mod:`.ds4log`   tables
 ``ncu-csv``       text with an ncu CSV header (``"ID","Process ID"``)     :mod:`.ncu`      tables
-``nsys-csv``      text with ``nsys stats`` reports                        :mod:`.nsys_csv` tables
+                  (plain or gzip)
+``nsys-csv``      text with ``nsys stats`` reports (plain or gzip)        :mod:`.nsys_csv` tables
 ``ds4lab-folder`` a folder with a ds4lab ``meta.json``                    :mod:`.folder`   tables
 ================  =====================================================  ===============  ===============
 
@@ -164,6 +165,17 @@ def _head(path: Path) -> bytes:
     return head
 
 
+def _read_block(f, n: int) -> bytes:
+    """The next ``n`` bytes of ``f``; b"" where a gzip stream ends early (what came before still counts)."""
+    import gzip
+    import zlib
+
+    try:
+        return f.read(n)
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        return b""
+
+
 def _scan(path: Path) -> str | None:
     """The text format ``path`` holds, by the markers each format has, scanned a block at a time
     (bounded memory, whatever its size): ds4's profile prefix first (a log is any program's stderr),
@@ -171,11 +183,15 @@ def _scan(path: Path) -> str | None:
     from . import ncu, nsys_csv
     from .ds4log import DS4_PREFIX
 
+    import gzip
+
+    from .common import is_gzip
+
     kinds: set[str] = set()
     tail = ""
     seen = 0
-    with open(path, "rb") as f:
-        block = f.read(4096)
+    with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+        block = _read_block(f, 4096)
         while block:
             text = tail + block.decode("utf-8", errors="replace")
             cut = text.rfind("\n")
@@ -188,7 +204,7 @@ def _scan(path: Path) -> str | None:
             if "nsys-csv" not in kinds and seen < 64 * _SCAN_BLOCK and nsys_csv.looks_like(lines):
                 kinds.add("nsys-csv")
             seen += len(block)
-            block = f.read(_SCAN_BLOCK)
+            block = _read_block(f, _SCAN_BLOCK)
     if tail and "ncu-csv" not in kinds and ncu.looks_like(tail):
         kinds.add("ncu-csv")
     if tail and "nsys-csv" not in kinds and nsys_csv.looks_like(tail):

@@ -98,27 +98,63 @@ class RowBlock:
         return pd.DataFrame(self.rows, columns=list(self.columns)).replace("", float("nan"))
 
 
-def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
-    """``(line number, text)`` of every line of ``path``, streamed (bounded memory), decoded as UTF-8
-    with undecodable bytes replaced, line ends removed; progress told to ``res`` every
-    ``report_every`` bytes and at the end. A cut-off last line is for the caller to check
-    (:func:`ends_with_newline`)."""
-    pending = 0
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    """Whether ``path`` is a gzip file (its magic bytes ``1f 8b``), whatever its name."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            pending += len(raw)
-            if pending >= report_every:
-                res.read(pending)
-                pending = 0
-            yield n, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        return f.read(2) == GZIP_MAGIC
+
+
+def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
+    """``(line number, text)`` of every line of ``path`` (a gzip file decompressed as it is read),
+    streamed (bounded memory), decoded as UTF-8 with undecodable bytes replaced, line ends removed;
+    progress told to ``res`` every ``report_every`` bytes of the file and at the end. A cut-off last
+    line is for the caller to check (:func:`ends_with_newline`).
+
+    Raises:
+        SourceError: a gzip stream that ends early or is damaged (naming the file and the line reached).
+    """
+    import gzip
+
+    pending = 0
+    with open(path, "rb") as raw:
+        gz = is_gzip(path)
+        f = gzip.GzipFile(fileobj=raw) if gz else raw
+        at = 0
+        n = 0
+        try:
+            for n, line in enumerate(f, 1):
+                pos = raw.tell() if gz else at + len(line)  # progress over the file's own bytes
+                pending, at = pending + pos - at, pos
+                if pending >= report_every:
+                    res.read(pending)
+                    pending = 0
+                yield n, line.decode("utf-8", errors="replace").rstrip("\r\n")
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise SourceError(f"{path}: its gzip stream ends early or is damaged after line {n:,} ({e}): cut off "
+                              "(truncated); copy it again") from None
     if pending:
         res.read(pending)
 
 
 def ends_with_newline(path: Path) -> bool:
-    """Whether the file's last byte is a newline (an empty file counts as ending well). Every tool
-    ds4lab reads (nsys stats, ncu, ds4, pandas) ends its output with one: a file without it was cut
-    off (a full disk, an interrupted copy), and its last line may be a partial row."""
+    """Whether the file's last byte is a newline (an empty file counts as ending well), of its
+    decompressed text for a gzip file (a stream that ends early: False). Every tool ds4lab reads
+    (nsys stats, ncu, ds4, pandas) ends its output with one: a file without it was cut off (a full
+    disk, an interrupted copy), and its last line may be a partial row."""
+    import gzip
+
+    if is_gzip(path):
+        last = b""
+        try:
+            with gzip.open(path, "rb") as g:
+                for block in iter(lambda: g.read(1 << 20), b""):
+                    last = block[-1:]
+        except (EOFError, OSError, zlib.error):
+            return False
+        return last in (b"", b"\n")
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         if f.tell() == 0:
@@ -308,9 +344,10 @@ class Progress:
         if callable(target) and not hasattr(target, "print"):
             self._call = target
         else:
-            from ...progress import JobProgress
+            from ...progress import LONG_PHASE_S, JobProgress
 
-            self._bar = JobProgress(target, description, self.total)
+            # with an estimate; off a terminal no line for a read shorter than a long phase
+            self._bar = JobProgress(target, description, self.total, eta=True, quiet_s=LONG_PHASE_S)
 
     def __enter__(self) -> "Progress":
         if self._bar is not None:

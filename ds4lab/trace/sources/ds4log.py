@@ -20,7 +20,8 @@ the format round-trips.
 Validity (:func:`ds4_line_problem`): a line that parses can still not be a real call: ``tokens=0``,
 a stage time that is negative or not finite (``nan``: not timed, ``inf``/``1e999``: impossible),
 ``pairs`` not a positive multiple of ``tokens``, or ``total`` off the sum of the six stages by more than
-the printed rounding (:data:`TOTAL_SLACK_MS`; not checked where ``total`` is a span, as CUPTI's is).
+the printed rounding (:data:`TOTAL_SLACK_MS`; not checked where ``total`` is a span, as CUPTI's is: the
+lines of that mode, or of a log whose header says that mode is mixed in).
 ``ds4lab ingest`` calls such a line malformed.
 
 The ``# ds4lab ...`` comment line (:func:`ds4lab_header`) says the lines after it are ds4lab's, with
@@ -72,6 +73,8 @@ TOTAL_NOT_SUM_MODES = ("cupti",)
 
 _DS4LAB_HEADER = re.compile(r"^\s*#\s*(?P<text>ds4lab\b.*?)\s*$")
 _HEADER_FIELD = re.compile(r"(?:^|(?<=[\s\u00b7]))(?P<key>mode|routing)=(?P<value>[^\s\u00b7]+)")
+#: ``modes a, b, c`` in a header of several modes mixed in one log
+_HEADER_MODES = re.compile(r"\bmodes\s+(?P<modes>[\w-]+(?:\s*,\s*[\w-]+)*)")
 
 
 
@@ -168,14 +171,20 @@ def ds4lab_header(line: str) -> tuple[str, bool] | None:
 
 
 def ds4lab_header_fields(text: str) -> dict:
-    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say) and
-    ``provenance``: the text without those two tokens."""
+    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say),
+    ``provenance``: the text without those two tokens, and ``modes``: the modes the lines after it
+    may be in (``(mode,)``; the list of ``modes a, b, c`` in a header of several modes mixed in one
+    log, as ds4lab wrote before one log per mode; ``()`` when it does not say)."""
     got = {m["key"]: m["value"] for m in _HEADER_FIELD.finditer(text)}
     prov = text
     if got:
         parts = [" ".join(re.sub(r"(?<!\S)(mode|routing)=\S+", "", p).split()) for p in text.split("\u00b7")]
         prov = " \u00b7 ".join(p for p in parts if p)
-    return {"mode": got.get("mode", "unknown"), "routing": got.get("routing", "unknown"), "provenance": prov}
+    mixed = _HEADER_MODES.search(text)
+    modes = ((got["mode"],) if "mode" in got
+             else tuple(m.strip() for m in mixed["modes"].split(",")) if mixed else ())
+    return {"mode": got.get("mode", "unknown"), "routing": got.get("routing", "unknown"), "provenance": prov,
+            "modes": modes}
 
 
 #: profile lines per chunk handed over (7 rows each): about 1.5 MB of table at a time
@@ -252,6 +261,7 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
     res = res if res is not None else Ingested(path, "ds4-log")
     states: list[tuple] = [("ds4", False, "host-timed", "ds4")]  # (provenance, modeled, mode, routing)
     cur = 0
+    total_is_sum = True  # False after a header naming a mode whose total is a span (alone, or mixed in)
     chunk, call = _Chunk(), 0
     for n, line in text_lines(res, path):
         h = ds4lab_header(line)
@@ -260,10 +270,16 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
             f = ds4lab_header_fields(text)
             states.append((f["provenance"], modeled, f["mode"], f["routing"]))
             cur = len(states) - 1
+            span = [m for m in f["modes"] if m in TOTAL_NOT_SUM_MODES]
+            total_is_sum = not span
+            if span and len(f["modes"]) > 1:
+                res.warnings.append(f"{path.name}:{n}: the lines after this header mix modes {', '.join(f['modes'])}; "
+                                    f"{', '.join(span)}'s total is the step's span, not the sum of the stages, so no "
+                                    "line's total is checked against its stages (their mode: unknown)")
             continue
         if DS4_PREFIX not in line:
             continue  # the program's other output: a log is ds4's whole stderr
-        why = ds4_line_problem(line, total_is_sum=states[cur][2] not in TOTAL_NOT_SUM_MODES)
+        why = ds4_line_problem(line, total_is_sum=total_is_sum)
         if why:
             problem(res, lenient, n, f"malformed ds4 MoE profile line ({why})", line)
             continue
