@@ -7,7 +7,7 @@ At each context (a start position):
   compared with stage 0 (:func:`~ds4lab.experiments.run.first_difference` over
   :meth:`~ds4lab.token.model.DecodeModel.snapshot`: hidden state, logits, every KV cache, the
   long-context caches);
-* **the floors** (:mod:`ds4lab.measure.floors`), when asked for: the replayed token's GPU-busy time
+* **the floors** (:mod:`ds4lab.experiments.floors`), when asked for: the replayed token's GPU-busy time
   (CUPTI kernel records on a GPU, the cost model's timeline on the sim; efficiency is it over each
   stage's µs), the bytes floor and the launch-list floor;
 * **µs per token** over the timed tokens, split into ``rounds`` interleaved rounds (odd rounds in
@@ -103,7 +103,7 @@ def exactness_backend(be):
 
 
 def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenOptions | None = None) -> dict:
-    """The floors of the token at ``context`` (:func:`ds4lab.measure.floors.token_floors`): the
+    """The floors of the token at ``context`` (:func:`ds4lab.experiments.floors.token_floors`): the
     replayed token's GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's
     timeline on the sim), median over ``positions`` (the positions the stages are timed at: every
     stage spends at least each token's busy time on it, so the ladder's efficiency, this over each
@@ -113,7 +113,7 @@ def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenO
     executor: every stage run activates its own."""
     if not (be.measures_time or be.models_time):
         return {}
-    from ..measure.floors import token_floors
+    from .floors import token_floors
 
     tf = token_floors(be, model, start_pos=context, busy_positions=positions, base=base)
     return {"floor_us": tf.busy.busy.median, "bytes_floor_us": tf.floor.bytes_floor_us,

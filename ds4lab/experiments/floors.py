@@ -297,8 +297,8 @@ def whole_token_runner(model, start_pos: int = 1000, base=None):
     the model's current ones; a ladder passes its own base, since its model holds the options of the
     stage it ran last).
     """
-    from ..experiments.run import StageRun
-    from ..experiments.stages import STAGES
+    from .run import StageRun
+    from .stages import STAGES
 
     run = StageRun(model, STAGES["3"], model.opts if base is None else base)
     run.activate()
@@ -380,7 +380,7 @@ def token_floors(be, model, *, copy_measured: float | None = None, tokens: int =
     from ..capture import stream as S
     from ..timing import time_steps
 
-    from ..experiments.stages import token_id_at
+    from .stages import token_id_at
 
     vocab = model.cfg.vocab
     model.executor = None
