@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from ds4lab.measure.calibrate import fit_tiled_moe
+from ds4lab.calibration.from_moe import fit_tiled_moe
 from ds4lab.cli import main
 from ds4lab.token.config import get_preset
 from ds4lab.token.reference import expected_tiles
@@ -146,7 +146,7 @@ def test_add_kernel_fits_fits_only_the_kernels_the_base_lacks():
     """calibrate --long-context: per-kernel fits for new kernels; existing fits untouched."""
     import pandas as pd
 
-    from ds4lab.measure.calibrate import add_kernel_fits
+    from ds4lab.calibration.kernels import add_kernel_fits
 
     base = {"name": "b", "source": "s", "bandwidth_GBps": 3000.0, "kernels": {"old": {"fixed_us": 1.0}}}
     # new_k: two sizes on the line us = 2 + bytes / (4000 GB/s · 1e3); old: anything

@@ -136,6 +136,7 @@ LAYERS = (
     ("token", ("ds4lab", "ds4lab.token", "ds4lab.capture", "ds4lab.timing")),
     ("trace", ("ds4lab.trace",)),
     ("analysis", ("ds4lab.experiments", "ds4lab.audit", "ds4lab.measure", "ds4lab.moeprof", "ds4lab.conformance",
+                  "ds4lab.calibration",
                   "ds4lab.report", "ds4lab.tp")),  # tp: two ranks of stage runs, their hazards, their audit
     ("jobs", ("ds4lab.jobs", "ds4lab.ds4")),  # ds4: ds4 itself measured, its audit and calibration jobs' inputs
     ("cli", ("ds4lab.cli",)),

@@ -1,23 +1,22 @@
-"""The sim's modeled stages against a measured ladder or context record: per stage and context,
-modeled µs per token over measured (``ds4lab calibrate --from-ladder`` prints it; the tests hold
-the shipped calibration to the H200 record this way).
+"""The check of a calibration against a record: the sim's modeled stages beside a measured ladder or
+context record, per stage and context, modeled µs per token over measured (``ds4lab calibrate
+--from-ladder`` prints it; the tests hold the shipped calibration to the H200 record this way).
 
-The sim reruns the record's own job (:mod:`ds4lab.jobs.ladder` or :mod:`ds4lab.jobs.context`) on its
-configuration (preset, stages, start position or contexts, capture mode, long-context token) in
-timing-only mode, with the calibration given, and the two tables are joined on stage and context. A
-ratio inside ``1 ± tolerance`` is said to agree (:mod:`ds4lab.measure.sim_check`: the record's reader
-and the tolerance).
+The sim models the record's own table (:mod:`ds4lab.calibration.modeled`: the ladder or the context
+ladder on its configuration: preset, stages, start position or contexts, capture mode, long-context
+token) in timing-only mode, with the calibration given, and the two tables are joined on stage and
+context. A ratio inside ``1 ± tolerance`` is said to agree (:mod:`ds4lab.calibration.record`: the
+record's reader and the tolerance).
 """
 
 from __future__ import annotations
 
-import io
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
-from ..measure.sim_check import TOLERANCE, preset_changes, read_record
+from .modeled import sim_context, sim_ladder
+from .record import TOLERANCE, preset_changes, read_record
 
 
 def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
@@ -42,13 +41,6 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
             (names it).
         ds4lab.errors.CalibrationError: an invalid calibration.
     """
-    from rich.console import Console
-
-    from ..sim.backend import SimBackend
-    from . import module
-    from .context import ContextConfig
-    from .ladder import LadderConfig
-
     folder = Path(folder)
     job, meta, measured = read_record(folder)
     if "preset" not in measured.columns or measured["preset"].nunique() != 1:
@@ -56,27 +48,12 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
     preset = str(measured["preset"].iloc[0])
     stages = ",".join(dict.fromkeys(measured["stage"]))
     mode = meta.get("capture_mode", "thread_local")
-    be = SimBackend(timing_only=True, calibration=calibration)
-    quiet = Console(file=io.StringIO(), width=160)
-    with tempfile.TemporaryDirectory(prefix="ds4lab-sim-check-") as tmp:
-        out = Path(tmp) / job
-        if job == "ladder":
-            cfg = LadderConfig(stages=stages, preset=preset, tokens=tokens, warmup=2, exact_tokens=0, rounds=2,
-                               mode=mode, out=out, start_pos=int(meta.get("start_pos", 1000)),
-                               long_context=bool(meta.get("long_context", False)))
-        else:
-            contexts = sorted({int(c) for c in measured["context"]})
-            cfg = ContextConfig(stages=stages, preset=preset, contexts=contexts, tokens=tokens, warmup=2,
-                                mode=mode, out=out)
-        import matplotlib.pyplot as plt
-
-        before = set(plt.get_fignums())
-        try:
-            module(job).run(cfg, be, quiet)
-        finally:  # the job's figure is not wanted here: close it, and only it
-            for n in set(plt.get_fignums()) - before:
-                plt.close(n)
-        modeled = pd.read_csv(out / f"{job}.csv", dtype={"stage": str})
+    if job == "ladder":
+        modeled = sim_ladder(calibration, preset, stages, int(meta.get("start_pos", 1000)), tokens, mode=mode,
+                             long_context=bool(meta.get("long_context", False)))
+    else:
+        modeled = sim_context(calibration, preset, stages, sorted({int(c) for c in measured["context"]}), tokens,
+                              mode=mode)
     key = ["context", "stage"]
     both = measured[key + ["us_median"]].merge(modeled[key + ["us_median"]], on=key, suffixes=("_measured", "_modeled"))
     both = both.rename(columns={"us_median_measured": "measured_us", "us_median_modeled": "modeled_us"})

@@ -1,44 +1,9 @@
-"""``ds4lab calibrate --from-context``: the sim's two device-graph constants fitted from a measured
-``ds4lab context`` folder of stages 3, 3p and 3cc, no GPU needed.
-
-The sim prices (:mod:`ds4lab.sim.costmodel`, ``docs/capture-stages.md`` "The sim"):
-
-* ``pdl_edge_us``: a kernel node reached by a programmatic edge is priced that much less than its
-  fit, never below half of it (:meth:`~ds4lab.sim.costmodel.Calibration.programmatic_us`). Stage 3p
-  is stage 3 with a programmatic edge between consecutive kernels, so the sim's paired gain of 3p
-  over 3 moves with ``pdl_edge_us`` alone;
-* ``graph_conditional_us``: the device time of each conditional node a replay evaluates
-  (``ds4lab/sim/graphs.py``: ``GraphCalls.launch``). Stage 3cc runs ds4's launches at each position
-  plus one setter kernel per compressed layer through IF and SWITCH nodes, so the sim's paired gain
-  of 3cc over 3 moves with ``graph_conditional_us`` alone (3 and 3cc have no programmatic edge, 3 and
-  3p no conditional node: one sim run at a pair of values gives both gains).
-
-**The fit.** At every context of the folder the sim runs its own context job (timing only, the
-folder's contexts all in one run, so the model's ``max_context`` and with it the SWITCH bodies are the
-measured run's; :func:`ds4lab.jobs.sim_runs.sim_context`) at two or more values of each constant,
-and the value is solved at which the sim's paired gain equals the measured one (``gain_us`` of
-``context.csv``), by linear interpolation between the sampled values; the 95 % interval of the
-measured gain (``gain_lo``, ``gain_hi``) gives the interval of the value the same way.
-
-**Linearity.** The sim's gain is piecewise linear in each constant. In ``graph_conditional_us`` it is
-linear: each evaluated conditional node adds the constant to a device-bound chain (the slope is minus
-the conditional nodes evaluated per token). In ``pdl_edge_us`` it is linear, slope the programmatic
-edges per token, until the constant passes half of the shortest kernel fit on a programmatic edge:
-from there on that kernel is held at half its fit (the floor of ``programmatic_us``) and the slope
-drops by its count; so the gain is concave and piecewise linear, with a kink at half of every
-distinct kernel fit. The fit checks this rather than assuming it: every fitted value must lie in a
-stretch where three or more sampled values of that context are collinear (within
-:data:`TOLERANCE_US`), or be a sampled value itself whose gain matches; where neither holds the sim
-is run again at the fitted values (up to :data:`MAX_RUNS` runs in all), so a fit past a kink lands on
-the right segment. The table's ``linear`` column says which case each row is.
-
-**The calibration value** of each constant is the median of the per-context values over the
-contexts whose measured gain is measurable (its 95 % interval excludes zero: ``gain_measurable``); a
-context whose interval includes zero fits nothing and is reported "not measurable". A fitted value
-below 0 (the measured gain beyond what the sim gives at no cost at all, extrapolated from the sim's
-first segment) is reported as it is in the table; the calibration stores ``max(0, median)`` (the
-schema's costs are never negative). A constant no context measured keeps ``base``'s value, and stays
-GUESS (:func:`ds4lab.sim.costmodel.guessed`).
+"""``ds4lab calibrate --from-context``: the sim's two device-graph constants, ``pdl_edge_us`` (stage 3p's
+programmatic edges) and ``graph_conditional_us`` (stage 3cc's conditional nodes), fitted from a
+measured ``ds4lab context`` folder of stages 3, 3p and 3cc, no GPU needed: the value of each at which
+the sim's paired gain over stage 3 equals the measured one, at each measurable context, checked for
+the sim's linearity around it (:func:`fit_capture_stages`). The fit, its linearity check, the median
+and the clamp are explained in ``docs/calibration.md``.
 """
 
 from __future__ import annotations
@@ -49,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..measure.sim_check import preset_changes, read_record
+from .record import preset_changes, read_record
 
 #: The fitted constants and the stage whose paired gain over :data:`BASELINE` prices each.
 FITTED = {"pdl_edge_us": "3p", "graph_conditional_us": "3cc"}
@@ -225,7 +190,7 @@ def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens:
                        probe: dict | None = None, tolerance_us: float = TOLERANCE_US, max_runs: int = MAX_RUNS,
                        say=None) -> tuple[dict, pd.DataFrame]:
     """``base`` with ``pdl_edge_us`` and ``graph_conditional_us`` fitted from a measured context folder
-    of stages 3, 3p and 3cc (module docstring: the fit, its linearity, the median and the clamp).
+    of stages 3, 3p and 3cc (``docs/calibration.md``: the fit, its linearity, the median and the clamp).
 
     Args:
         base: the calibration to extend (a parsed, valid calibration dict).
@@ -262,17 +227,32 @@ def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens:
         RuntimeError: a sim gain that moved with the other constant (the two would then need one run
             each: the sim's model changed).
     """
-    from .sim_runs import sim_context
-
     folder = Path(folder)
     meta, rows = read_context_gains(folder)
+    preset, tokens, probe = _checked_inputs(folder, meta, rows, preset, tokens, probe, max_runs)
+    fit = _StageFit(base, rows, preset, tokens, tolerance_us, say)
+    fit.run_at({f: 0.0 for f in FITTED})
+    fit.run_at({f: float(probe[f]) for f in FITTED})
+    while True:
+        sol = fit.solve_all()
+        cal_x = {f: calibration_value([v["gain"][0] for v in sol[f].values()]) for f in FITTED}
+        want = fit.next_values(sol, cal_x)
+        if not want or len(fit.runs) >= max_runs:
+            break
+        fit.run_at({f: want.get(f, cal_x[f] if cal_x[f] is not None else float(probe[f])) for f in FITTED})
+    table = pd.DataFrame(fit.table(sol, cal_x, max_runs))
+    table.attrs["preset_changes"] = preset_changes(meta)
+    return _calibration(base, folder, meta, preset, fit.contexts, sol, cal_x), table
+
+
+def _checked_inputs(folder: Path, meta: dict, rows, preset, tokens, probe, max_runs: int):
+    """``(preset, tokens, probe)`` of a fit after checking them (:func:`fit_capture_stages`'s Raises)."""
     presets = sorted({str(p) for p in rows["preset"].dropna()})
     if len(presets) != 1:
         raise ValueError(f"{folder / 'context.csv'}: one preset expected in its preset column, found "
                          f"{presets or 'none'}")
     if preset is not None and preset != presets[0]:
         raise ValueError(f"--preset {preset}: {folder} measured {presets[0]}; the sim must model the token measured")
-    preset = presets[0]
     if tokens is None:
         tokens = meta.get("tokens", 32)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
@@ -283,107 +263,116 @@ def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens:
             raise ValueError(f"probe {k}={v!r}: a positive value of {' or '.join(FITTED)}")
     if max_runs < 2:
         raise ValueError(f"max_runs {max_runs}: the fit runs the sim twice at least")
-    contexts = sorted(int(c) for c in set(rows["context"]))
-    target = {(r.stage, r.context): r for r in rows.itertuples()}
-    samples: dict = {f: {c: {} for c in contexts} for f in FITTED}
-    runs: list[dict] = []
+    return presets[0], tokens, probe
 
-    def run_at(point: dict) -> None:
-        point = {f: round(float(x), 6) for f, x in point.items()}  # on the STEP_US grid
-        t = sim_context({**base, **point}, preset, ",".join((BASELINE, *FITTED.values())), contexts, tokens)
+
+class _StageFit:
+    """The sim's paired gains of 3p and 3cc over 3 sampled at values of the two constants, per context
+    (one sim run gives both: 3 and 3cc have no programmatic edge, 3 and 3p no conditional node)."""
+
+    def __init__(self, base: dict, rows, preset: str, tokens: int, tolerance_us: float, say) -> None:
+        self.base, self.preset, self.tokens, self.tol, self.say = base, preset, tokens, tolerance_us, say
+        self.contexts = sorted(int(c) for c in set(rows["context"]))
+        self.target = {(r.stage, r.context): r for r in rows.itertuples()}
+        self.samples: dict = {f: {c: {} for c in self.contexts} for f in FITTED}
+        self.runs: list[dict] = []
+
+    def run_at(self, point: dict) -> None:
+        """One sim run with the constants at ``point`` (rounded to :data:`STEP_US`): every context's gains."""
+        from .modeled import sim_context
+
+        point = {f: round(float(x), 6) for f, x in point.items()}
+        t = sim_context({**self.base, **point}, self.preset, ",".join((BASELINE, *FITTED.values())), self.contexts,
+                        self.tokens)
         t = t.assign(context=t["context"].astype(int)).set_index(["stage", "context"])
         for f, stage in FITTED.items():
-            for c in contexts:
+            for c in self.contexts:
                 g, x = float(t.loc[(stage, c), "gain_us"]), point[f]
-                was = samples[f][c].get(x)
-                if was is not None and abs(was - g) > tolerance_us:  # one run serves both constants only so
+                was = self.samples[f][c].get(x)
+                if was is not None and abs(was - g) > self.tol:  # one run serves both constants only so
                     raise RuntimeError(f"the sim's gain of {stage} over {BASELINE} at context {c} moved from {was:.3f} "
                                        f"to {g:.3f} µs with {f} {x:g} µs kept: it depends on the other constant too")
-                samples[f][c][x] = g
-        runs.append(dict(point))
-        if say is not None:
-            say(f"sim run {len(runs)}: " + ", ".join(f"{k} {v:g} µs" for k, v in point.items()))
+                self.samples[f][c][x] = g
+        self.runs.append(dict(point))
+        if self.say is not None:
+            self.say(f"sim run {len(self.runs)}: " + ", ".join(f"{k} {v:g} µs" for k, v in point.items()))
 
-    def targets(f: str, c: int):
-        r = target[(FITTED[f], c)]
-        return {"gain": r.gain_us, "lo": r.gain_lo, "hi": r.gain_hi}
-
-    def fitted(f: str, c: int) -> bool:
-        r = target[(FITTED[f], c)]
+    def fitted(self, f: str, c: int) -> bool:
+        """Whether the measured gain of ``f``'s stage at context ``c`` fits anything (:func:`measurable`)."""
+        r = self.target[(FITTED[f], c)]
         return measurable(r.gain_us, r.gain_lo, r.gain_hi, r.gain_measurable)
 
-    def solve_all() -> dict:
-        """{figure: {context: {which: (x, slope, checked)}}} for the measurable contexts."""
+    def solve_all(self) -> dict:
+        """{figure: {context: {which: (x, slope, checked)}}} for the measurable contexts; ``which``: the
+        measured gain and its interval's ends."""
         out = {}
         for f in FITTED:
             out[f] = {}
-            for c in contexts:
-                if not fitted(f, c):
-                    continue
-                pts = list(samples[f][c].items())
+            for c in [c for c in self.contexts if self.fitted(f, c)]:
+                r = self.target[(FITTED[f], c)]
+                pts = list(self.samples[f][c].items())
                 got = {}
-                for which, g in targets(f, c).items():
+                for which, g in {"gain": r.gain_us, "lo": r.gain_lo, "hi": r.gain_hi}.items():
                     try:
                         x, s = solve(pts, g)
                     except ValueError as e:
-                        raise ValueError(f"the sim's gain of {FITTED[f]} over {BASELINE} at context {c} ({preset}): "
-                                         f"{e} ({f}): nothing to fit") from None
-                    got[which] = (x, s, _checked(pts, x, g, tolerance_us))
+                        raise ValueError(f"the sim's gain of {FITTED[f]} over {BASELINE} at context {c} "
+                                         f"({self.preset}): {e} ({f}): nothing to fit") from None
+                    got[which] = (x, s, _checked(pts, x, g, self.tol))
                 out[f][c] = got
         return out
 
-    run_at({f: 0.0 for f in FITTED})
-    run_at({f: float(probe[f]) for f in FITTED})
-    while True:
-        sol = solve_all()
-        cal_x = {f: calibration_value([v["gain"][0] for v in sol[f].values()]) for f in FITTED}
+    def next_values(self, sol: dict, cal_x: dict) -> dict:
+        """The values to run the sim at next: one past the largest sampled where a value was solved beyond
+        it, else the calibration's own value (the check), else a solved value not yet shown linear."""
         want = {}
         for f in FITTED:
-            sampled = set().union(*(set(samples[f][c]) for c in contexts))
+            sampled = set().union(*(set(self.samples[f][c]) for c in self.contexts))
             need = [x for v in sol[f].values() for x, _, _ in v.values()]
             top = max(need, default=0.0)
             if top > max(sampled) + STEP_US:
-                want[f] = top  # no value solved beyond the largest sampled one
+                want[f] = top
             elif cal_x[f] is not None and cal_x[f] not in sampled:
-                want[f] = cal_x[f]  # the calibration's own value, the check
+                want[f] = cal_x[f]
             else:
                 pending = [x for which in ("gain", "lo", "hi") for v in sol[f].values()
                            for x, _, ok in [v[which]] if not ok and x >= 0 and round(x, 6) not in sampled]
                 if pending:
                     want[f] = pending[0]
-        if not want or len(runs) >= max_runs:
-            break
-        run_at({f: want.get(f, cal_x[f] if cal_x[f] is not None else float(probe[f])) for f in FITTED})
+        return want
 
-    table = []
-    for f, stage in FITTED.items():
-        for c in contexts:
-            r = target[(stage, c)]
-            pts = sorted(samples[f][c].items())
-            row = {"figure": f, "stage": stage, "context": c, "measured_gain_us": r.gain_us,
-                   "measured_gain_lo_us": r.gain_lo, "measured_gain_hi_us": r.gain_hi,
-                   "measurable": fitted(f, c), "sim_gain_at_zero_us": samples[f][c][0.0],
-                   "slope_us_per_us": _slope(pts, r.gain_us),
-                   "value": math.nan, "value_lo": math.nan, "value_hi": math.nan, "linear": None,
-                   "status": "not measurable", "calibration_value": cal_x[f],
-                   "sim_gain_at_calibration_us": (samples[f][c].get(cal_x[f], math.nan) if cal_x[f] is not None
-                                                  else math.nan),
-                   "sim_runs": len(runs)}
-            if c in sol[f]:
-                got = sol[f][c]
-                ends = sorted((got["lo"][0], got["hi"][0]))
-                checks = [ok for _, _, ok in got.values()]
-                row.update(value=got["gain"][0], value_lo=ends[0], value_hi=ends[1], slope_us_per_us=got["gain"][1],
-                           linear=all(ok is True for ok in checks))
-                if not row["linear"]:
-                    row["status"] = (f"not verified: the sim's gain is not linear around the fitted values and "
-                                     f"{max_runs} sim runs did not settle them")
-                else:
-                    row["status"] = "fitted, negative" if got["gain"][0] < 0 else "fitted"
-            table.append(row)
-    table = pd.DataFrame(table)
-    table.attrs["preset_changes"] = preset_changes(meta)
+    def table(self, sol: dict, cal_x: dict, max_runs: int) -> list[dict]:
+        """The fit's rows, one per constant and context (:func:`fit_capture_stages`'s Returns)."""
+        table = []
+        for f, stage in FITTED.items():
+            for c in self.contexts:
+                r = self.target[(stage, c)]
+                pts = sorted(self.samples[f][c].items())
+                row = {"figure": f, "stage": stage, "context": c, "measured_gain_us": r.gain_us,
+                       "measured_gain_lo_us": r.gain_lo, "measured_gain_hi_us": r.gain_hi,
+                       "measurable": self.fitted(f, c), "sim_gain_at_zero_us": self.samples[f][c][0.0],
+                       "slope_us_per_us": _slope(pts, r.gain_us),
+                       "value": math.nan, "value_lo": math.nan, "value_hi": math.nan, "linear": None,
+                       "status": "not measurable", "calibration_value": cal_x[f],
+                       "sim_gain_at_calibration_us": (self.samples[f][c].get(cal_x[f], math.nan)
+                                                      if cal_x[f] is not None else math.nan),
+                       "sim_runs": len(self.runs)}
+                if c in sol[f]:
+                    got = sol[f][c]
+                    ends = sorted((got["lo"][0], got["hi"][0]))
+                    linear = all(ok is True for _, _, ok in got.values())
+                    row.update(value=got["gain"][0], value_lo=ends[0], value_hi=ends[1],
+                               slope_us_per_us=got["gain"][1], linear=linear,
+                               status=("fitted, negative" if got["gain"][0] < 0 else "fitted") if linear else
+                               f"not verified: the sim's gain is not linear around the fitted values and {max_runs} "
+                               "sim runs did not settle them")
+                table.append(row)
+        return table
 
+
+def _calibration(base: dict, folder: Path, meta: dict, preset: str, contexts, sol: dict, cal_x: dict) -> dict:
+    """``base`` with each fitted constant replaced and marked MEASURED in ``notes``, ``name`` and ``source``
+    naming the folder and its GPU, driver, source digest and git revision."""
     out = dict(base)
     notes = base.get("notes")
     notes = dict(notes) if isinstance(notes, dict) else ({"notes": notes} if notes else {})
@@ -405,43 +394,4 @@ def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens:
         out["source"] = (f"{base.get('source', '')}; {' and '.join(done)} fitted by ds4lab calibrate --from-context "
                          f"{folder} (the paired gains of {' and '.join(FITTED[f] for f in done)} over stage "
                          f"{BASELINE} at contexts {', '.join(map(str, contexts))}; {where})")
-    return out, table
-
-
-def print_fit(table: pd.DataFrame, base: dict, cal: dict, console) -> None:
-    """Print :func:`fit_capture_stages`'s table (per constant and context: the measured gain, the fitted
-    value and its interval, the sim's gain at the calibration's value) and each constant's change, with
-    whether it is still GUESS (:func:`ds4lab.sim.costmodel.guessed`) or MEASURED."""
-    from rich.table import Table
-
-    from ..sim.costmodel import OPTIONAL, guessed
-
-    changed = table.attrs.get("preset_changes") or {}
-    if changed:
-        what = "; ".join(f"{k}: {a!r} → {b!r}" for k, (a, b) in changed.items())
-        console.print(f"[yellow]the folder's preset is not today's ({what}): the sim models today's token[/]")
-    t = Table(title="pdl_edge_us and graph_conditional_us fitted to the measured paired gains over stage 3",
-              caption="value: where the sim's gain equals the measured one; interval: from the measured gain's 95 % "
-                      "interval; calibration: max(0, median) over the measurable contexts")
-    for c in ("constant", "stage", "context", "measured gain µs (95 % CI)", "sim µs/µs", "value µs",
-              "interval µs", "linear", "status", "sim gain at calibration µs"):
-        t.add_column(c, justify="left" if c in ("constant", "stage", "status", "linear") else "right")
-    for r in table.to_dict("records"):
-        fit = r["value"] == r["value"]
-        t.add_row(r["figure"], r["stage"], str(r["context"]),
-                  f"{r['measured_gain_us']:+.1f} ({r['measured_gain_lo_us']:+.1f}…{r['measured_gain_hi_us']:+.1f})",
-                  f"{r['slope_us_per_us']:.1f}", f"{r['value']:.3f}" if fit else "—",
-                  f"{r['value_lo']:.3f}…{r['value_hi']:.3f}" if fit else "—",
-                  "" if r["linear"] is None else "yes" if r["linear"] else "NO", r["status"],
-                  f"{r['sim_gain_at_calibration_us']:+.1f}" if r["sim_gain_at_calibration_us"] == r[
-                      "sim_gain_at_calibration_us"] else "—")
-    console.print(t)
-    before, after = guessed(base), guessed(cal)
-    for f in FITTED:
-        old = base.get(f, OPTIONAL[f])
-        was = "GUESS" if f in before else "MEASURED"
-        now = "GUESS" if f in after else "MEASURED"
-        n = int(table[(table.figure == f) & table.value.notna()].shape[0])
-        console.print(f"{f}: {old} ({was}) → {cal.get(f, old)} ({now}"
-                      + (f", median of {n} measurable context{'s' if n != 1 else ''})" if n
-                         else ": no context measurable, kept)"))
+    return out

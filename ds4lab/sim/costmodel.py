@@ -84,7 +84,7 @@ def guessed(cal: dict) -> dict[str, str]:
     """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses,
     each with its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured
     (its ``notes`` object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate
-    --from-context`` writes it: :func:`ds4lab.jobs.fit_capture_stages.fit_capture_stages`). The shipped
+    --from-context`` writes it: :func:`ds4lab.calibration.from_context.fit_capture_stages`). The shipped
     calibration sets neither: both GUESS."""
     notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
     return {k: why for k, why in GUESSED.items()
@@ -136,25 +136,25 @@ class Calibration:
     #: device fetching the next launch from the stream's queue, which a graph's nodes are spared
     #: (they pay ``graph_node_us`` pacing instead). 0 in ds4lab's own calibrations (their kernel fits
     #: are per-launch times that include it); fitted from another engine's recorded eager tokens
-    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: kernel span minus busy time per boundary).
+    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: kernel span minus busy time per boundary).
     eager_gap_us: float = 0.0
     #: ds4lab's own host work around each graph launch of its launch layer and graph cache (keys,
     #: lookup, stream choice), on top of ``host_graph_launch_us`` (the bare ``cudaGraphLaunch``), µs.
     host_graph_call_us: float = 0.0
     #: ds4lab's own host work per kernel-node update of a cached graph (stage i+: planning the
     #: call's launches, packing the node's parameters), on top of the update call (``host_api_us``),
-    #: µs. Both fitted from a measured ladder (:func:`ds4lab.measure.calibrate.fit_host_from_ladder`).
+    #: µs. Both fitted from a measured ladder (:func:`ds4lab.calibration.from_ladder.fit_host_from_ladder`).
     host_node_update_us: float = 0.0
     #: Every kernel's modeled time is multiplied by this: 1 for ds4lab's own kernels; another
     #: engine's total kernel time over ds4lab's for a calibration made from that engine
-    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
+    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
     #: ``kernel_time_scale_by_context``, the factor where no context is named (older readers use it).
     kernel_time_scale: float = 1.0
     #: The kernel time factor by context: ``((context, scale), ...)``, contexts (positions) positive and
     #: strictly ascending, each scale finite in (0, 100]; :meth:`scale_at` interpolates it linearly in
     #: log2(context) and holds it constant outside the first and last context. None: ``kernel_time_scale``
     #: at every context. Fitted from another engine's runs at several contexts
-    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
+    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
     kernel_time_scale_by_context: tuple | None = None
     #: device µs a kernel node reached by a programmatic edge gains over its fit (its launch overlaps its
     #: predecessor's drain): GUESSED until the H200 measures it
