@@ -115,7 +115,8 @@ class RunConfig:
     check: bool = True
     per_layer_experts: bool = False
     seed: int = 1234
-    options: TokenOptions = field(default_factory=TokenOptions)
+    #: The token's options; by default the final norm and vocabulary projection included.
+    options: TokenOptions = field(default_factory=lambda: TokenOptions(vocab=True))
     #: sim only: model the timing without computing numbers. None: True, but False for tiny.
     timing_only: bool | None = None
     #: Run a CPU-computed model whose weights exceed CPU_WEIGHT_LIMIT anyway.
