@@ -130,11 +130,20 @@ HAZARD_SETS = {"all": tuple(n for n, h in HAZARDS.items() if h.steps != "longctx
                "all-longctx": tuple(n for n, h in HAZARDS.items() if h.steps == "longctx")}
 
 
-# Tensor-parallel hazards (two ranks on the sim; ds4lab/tp/hazards.py runs them): registered here, in their set.
-from ..tp.hazards import TP_HAZARDS  # noqa: E402  (after the table: the sets above hold the single-GPU ones)
+def register(hazards: dict, set_name: str) -> None:
+    """Add ``hazards`` (``{name: hazard}``, each with ``steps``, ``stage``, ``what``, ``expected(mode)`` and
+    ``demonstrate(be, cfg, mode)`` where it runs itself) to :data:`HAZARDS` and name them ``set_name`` in
+    :data:`HAZARD_SETS`: a package above this one (the tensor-parallel hazards, ``ds4lab.tp.hazards``)
+    adds its own without this table importing it.
 
-HAZARDS.update(TP_HAZARDS)
-HAZARD_SETS["all-tp"] = tuple(TP_HAZARDS)
+    Raises:
+        ValueError: a name already in the table, or a set already named.
+    """
+    taken = sorted(set(hazards) & set(HAZARDS)) + ([set_name] if set_name in HAZARD_SETS else [])
+    if taken:
+        raise ValueError(f"hazard {', '.join(taken)} is in the table already")
+    HAZARDS.update(hazards)
+    HAZARD_SETS[set_name] = tuple(hazards)
 
 
 def hazard_names(text: str) -> list[str]:
@@ -237,4 +246,4 @@ def _eager_twin(stage):
     return replace(stage, name=f"{stage.name} (eager)", policy=EAGER)
 
 
-__all__ = ["HAZARDS", "HAZARD_SETS", "Hazard", "PROFILE_SITES", "demonstrate", "hazard_names"]
+__all__ = ["HAZARDS", "HAZARD_SETS", "Hazard", "PROFILE_SITES", "demonstrate", "hazard_names", "register"]

@@ -3,8 +3,9 @@
 Each :class:`TPHazard` runs a span of tokens on a two-rank group (the sim: a GPU would hang where the sim
 raises) under a tensor-parallel stage (:mod:`ds4lab.tp.stages`), with something that differs between the
 ranks or breaks the reduction, and sets what happened beside the same span run eagerly (TP stage 0, the
-same reduction). Registered in :data:`ds4lab.experiments.hazards.HAZARDS` (``steps == "tp"``), so
-``ds4lab ladder --hazard NAME`` (or ``all-tp``) and ``ds4lab hazards`` run them; the expected outcomes are
+same reduction). Importing this module registers them in :data:`ds4lab.experiments.hazards.HAZARDS`
+(``steps == "tp"``, the set ``all-tp``; the hazards job imports it), so ``ds4lab ladder --hazard NAME``
+(or ``all-tp``) and ``ds4lab hazards`` run them; the expected outcomes are
 the sim's rules (``nccl_*``, ``memcpy_peer_*`` in ``ds4lab/sim/rules.py``), GUESS where those are.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import CollectiveError, RuntimeApiError
+from ..experiments.hazards import register
 from ..experiments.run import Span, first_difference, outcome
 from ..token.model import TokenOptions
 from .ranks import run_ranks
@@ -57,7 +59,7 @@ class TPHazard:
         ``rank_errors`` (each rank's exception, or ``none``).
 
         Raises:
-            ValueError: a backend other than the sim (a two-GPU host runs ``python -m ds4lab.tp``).
+            ValueError: a backend other than the sim (a two-GPU host runs ``ds4lab tp``).
         """
         if getattr(be, "name", "sim") != "sim":
             raise ValueError("tensor-parallel hazards run on the sim (where a GPU would hang, the sim raises)")
@@ -137,5 +139,7 @@ TP_HAZARDS: dict[str, TPHazard] = {h.name: h for h in (
              "never wrote again: wrong results", reduce="peer"),
 )}
 
+
+register(TP_HAZARDS, "all-tp")
 
 __all__ = ["NEVER", "TPHazard", "TP_HAZARDS"]
