@@ -300,7 +300,7 @@ def presets() -> None:
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
     from . import audit as cli_audit, ingest as cli_ingest, moe as cli_moe, notebooks as cli_notebooks
-    from . import ds4 as cli_ds4, trace as cli_trace
+    from . import ds4 as cli_ds4, tp as cli_tp, trace as cli_trace
 
     cli_ingest.register(main)
     cli_trace.register(main)
@@ -308,6 +308,7 @@ def _register_extensions() -> None:
     cli_notebooks.register(main)
     cli_audit.register(main)
     cli_ds4.register(main)
+    cli_tp.register(main)
 
 
 _register_extensions()
