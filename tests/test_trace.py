@@ -206,7 +206,7 @@ def test_the_audit_reads_ds4labs_trace(traced):
 
 
 def test_no_kernel_source_on_the_numpy_backend():
-    from ds4lab.backends.numpy_backend import NumpyBackend
+    from ds4lab.executor.numpy_backend import NumpyBackend
 
     with pytest.raises(TraceError, match="no kernel timeline on the numpy backend"):
         kernel_source(NumpyBackend())

@@ -236,7 +236,7 @@ class RuntimeApi(abc.ABC):
     @abc.abstractmethod
     def host_query(self, name: str) -> Any:
         """One host-only runtime or driver query by its API name (one of
-        :data:`ds4lab.backends.base.HOST_QUERIES`): no stream work. Returns the answer; raises
+        :data:`ds4lab.executor.base.HOST_QUERIES`): no stream work. Returns the answer; raises
         ValueError for another name, CudaError for a failed call."""
 
     @abc.abstractmethod

@@ -119,8 +119,8 @@ class DeviceGraphApi(abc.ABC):
         """Launch kernel ``name`` with programmatic stream serialization (``cuLaunchKernelEx``,
         ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1): it may start while the kernel
         before it in the stream drains, and a capture keeps the dependency as a programmatic edge. The
-        kernel must carry the device-side half (:mod:`ds4lab.backends.kernel_pdl`), else
-        :class:`~ds4lab.backends.kernel_pdl.MissingDeviceHalf` (a ValueError) before CUDA is asked.
+        kernel must carry the device-side half (:mod:`ds4lab.executor.kernel_pdl`), else
+        :class:`~ds4lab.executor.kernel_pdl.MissingDeviceHalf` (a ValueError) before CUDA is asked.
 
         ``predecessor="kernel"``: the attribute is set only when the stream's next work depends on one
         node and that node is a kernel (in a capture: the capture's dependency set; eagerly: always),

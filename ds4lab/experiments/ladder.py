@@ -394,14 +394,14 @@ def run_table(be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool 
     """Run ``table`` on ``be`` for model ``mcfg``: context by context, exactness (where ``check``; None:
     :func:`can_check`), the floors (where ``table.floor``), then the timing rounds. On a backend that
     models time (the sim) every kernel at a context is priced at the calibration's kernel time factor
-    there (:meth:`ds4lab.backends.base.ModeledTime.model_context`, set before the context's exactness,
+    there (:meth:`ds4lab.executor.base.ModeledTime.model_context`, set before the context's exactness,
     floors and timing; it stays at the last context afterwards).
 
     Returns:
         The table (pandas): one row per stage and context (:meth:`Ladder.measure`'s columns, then
         ``backend``, ``preset``, ``modeled``). Nothing is written or printed: ``on`` is told.
     """
-    from ..backends.base import ModeledTime
+    from ..executor.base import ModeledTime
 
     on = on or Callbacks()
     lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=can_check(be, mcfg) if check is None else check)

@@ -427,7 +427,7 @@ class DecodeModel:
         programmatic build loaded now, never inside a capture) and stage 3cc's conditional nodes.
 
         Raises ValueError for ``pdl`` on a backend that cannot launch programmatically."""
-        from ..backends.device_graphs import DeviceGraphApi
+        from ..executor.device_graphs import DeviceGraphApi
 
         o = self.opts
         if o.pdl and not isinstance(self.be, DeviceGraphApi):

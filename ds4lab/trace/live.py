@@ -215,7 +215,7 @@ def trace_source(be, kinds=KERNEL_KINDS, *, calls: bool = False):
     importable and it starts; the activity ``kinds``, :data:`~ds4lab.trace.cupti.TRACE_KINDS` with
     ``calls``), the modeled timeline on ``sim`` (with ``calls``, the sim's call log beside it);
     otherwise an :class:`Unavailable` source saying why (never raises)."""
-    from ..backends.base import ModeledTime
+    from ..executor.base import ModeledTime
 
     if isinstance(be, ModeledTime):  # a backend that keeps a (modeled) device timeline
         return SimTimeline(be, calls=calls)
