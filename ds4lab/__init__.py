@@ -9,7 +9,7 @@ a GPU.
 from .token.config import PRESETS, ConfigError, ModelConfig, get_preset
 from .capture.stream import capture_set_stream, current_stream, stream_override
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["PRESETS", "ConfigError", "ModelConfig", "get_preset", "capture_set_stream",
            "current_stream", "stream_override", "__version__"]

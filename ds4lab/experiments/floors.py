@@ -380,7 +380,7 @@ def token_floors(be, model, *, copy_measured: float | None = None, tokens: int =
     from ..capture import stream as S
     from ..timing import time_steps
 
-    from .stages import token_id_at
+    from ..token.config import token_id_at
 
     vocab = model.cfg.vocab
     model.executor = None

@@ -27,7 +27,8 @@ from ..capture import stream as S
 from ..capture.cache import CapturePolicy, GraphCache
 from ..timing import profiler_range, time_steps
 from ..token.model import DecodeModel, TokenOptions
-from .stages import Stage, token_id_at
+from ..token.config import token_id_at
+from .stages import Stage
 
 #: The outcomes :func:`outcome` gives.
 OUTCOMES = ("captured, exact", "refused → eager fallback", "captured, replays wrong", "broke capture", "eager, exact",

@@ -38,7 +38,7 @@ import numpy as np
 from ..report import provenance, results
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset
-from ..experiments.stages import token_id_at
+from ..token.config import token_id_at
 from ..capture.launch import Census
 from ..token.model import DecodeModel, TokenOptions
 from ..report.results import OutputError, ResultsCSV

@@ -251,7 +251,8 @@ def _trace(be, cfg, st_list, config, src, say, meta):
 
 def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
     from ..experiments.run import StageRun
-    from ..experiments.stages import START_POS, token_id_at
+    from ..experiments.stages import START_POS
+    from ..token.config import token_id_at
 
     # the launch sites of one eager token, in launch order (the kernels are labelled by position)
     with model.L.recording() as launched:

@@ -766,7 +766,7 @@ def _stop(t: _Target, meta: dict) -> Path:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 
