@@ -651,30 +651,20 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
     done = False  # the folder was swapped in or placed: nothing left to do
     try:
         with stop_signals():
-            meta.setdefault("ds4lab", _version())
-            meta["status"] = "running"
-            meta["run"] = {"pid": os.getpid(), "host": socket.gethostname(),
-                           "lock": str(t.lock.path) if t.lock is not None else None}
-            _calibration_identity(meta)
+            _running(t, meta)
             checked = None
             try:
                 write_meta(folder / "meta.json", meta)
                 try:
                     yield folder
                 finally:
-                    meta["files"] = _own_files(folder)
-                    meta["file_sha256"] = _file_sha256(folder, meta["files"])
-                    unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
-                    if unfinished:  # their writes were cut (a full disk, an interrupt): not kept
-                        meta["files_not_written"] = unfinished
+                    _written(folder, meta)
             except CheckFailed as e:  # finished, a check failed: the results stand, with that status
-                meta["status"] = _failure_status(e)
                 meta["traceback"] = traceback.format_exc()
-                _stopped(on_stop, meta)
+                _stopped(on_stop, meta, _failure_status(e))
                 checked = e
             except KeyboardInterrupt as e:
-                meta["status"] = interrupt_status(e)
-                _stopped(on_stop, meta)
+                _stopped(on_stop, meta, interrupt_status(e))
                 where = _stop(t, meta)
                 done = True
                 t._note(f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})"
@@ -689,9 +679,8 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 # an OSError is a write that failed (a full disk); a closed stdout (`| head`) is not
                 err = _as_write_failed(e, folder) if isinstance(e, OSError) and not isinstance(
                     e, BrokenPipeError) else e
-                meta["status"] = _failure_status(err)
                 meta["traceback"] = traceback.format_exc()
-                _stopped(on_stop, meta)
+                _stopped(on_stop, meta, _failure_status(err))
                 where = _stop(t, meta)
                 done = True
                 t._note(f"failed: partial results in {where}/ (meta.json status 'failed')" + _unchanged(t, where))
@@ -701,22 +690,10 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 raise
             else:
                 meta["status"] = "complete"
-            _calibration_identity(meta)
             try:
-                write_meta(folder / "meta.json", meta)
-            except WriteFailed as e:
-                meta["status"] = _failure_status(e)
-                where = _stop(t, meta)
+                _finish(t, folder, meta)
+            finally:
                 done = True
-                raise WriteFailed(f"{e}; partial results in {where}/", e.errno) from e
-            try:
-                t.finish(meta, ok=True)
-            except OSError as e:
-                done = True
-                raise WriteFailed(f"cannot move the finished results from {folder} to {t.shown}: {os_reason(e)}; they "
-                                  f"are in {folder} (the next run into {t.shown} moves them beside it)",
-                                  e.errno) from e
-            done = True
             if checked is not None:
                 raise checked
     finally:
@@ -726,6 +703,47 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
             with contextlib.suppress(BaseException):
                 _stop(t, meta)
         t._release()
+
+
+def _running(t: _Target, meta: dict) -> None:
+    """``meta`` as a running job's: the version, ``status`` running, this process and its lock, the
+    identity of every calibration it names."""
+    meta.setdefault("ds4lab", _version())
+    meta["status"] = "running"
+    meta["run"] = {"pid": os.getpid(), "host": socket.gethostname(),
+                   "lock": str(t.lock.path) if t.lock is not None else None}
+    _calibration_identity(meta)
+
+
+def _written(folder: Path, meta: dict) -> None:
+    """What the job wrote into ``folder``, whole (``files``, ``file_sha256``), and the files whose write
+    was cut (a full disk, an interrupt: ``files_not_written``, none kept)."""
+    meta["files"] = _own_files(folder)
+    meta["file_sha256"] = _file_sha256(folder, meta["files"])
+    unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
+    if unfinished:
+        meta["files_not_written"] = unfinished
+
+
+def _finish(t: _Target, folder: Path, meta: dict) -> None:
+    """Write the finished run's ``meta.json`` and swap its folder in.
+
+    Raises:
+        WriteFailed: ``meta.json`` could not be written (the results are placed as partial ones), or the
+            folder could not be moved into place (it stays where it is, and says where).
+    """
+    _calibration_identity(meta)
+    try:
+        write_meta(folder / "meta.json", meta)
+    except WriteFailed as e:
+        meta["status"] = _failure_status(e)
+        where = _stop(t, meta)
+        raise WriteFailed(f"{e}; partial results in {where}/", e.errno) from e
+    try:
+        t.finish(meta, ok=True)
+    except OSError as e:
+        raise WriteFailed(f"cannot move the finished results from {folder} to {t.shown}: {os_reason(e)}; they "
+                          f"are in {folder} (the next run into {t.shown} moves them beside it)", e.errno) from e
 
 
 def _tell(e: BaseException, where) -> None:
@@ -771,7 +789,9 @@ def _version() -> str:
     return __version__
 
 
-def _stopped(on_stop, meta: dict) -> None:
+def _stopped(on_stop, meta: dict, status: str) -> None:
+    """Record ``status`` in ``meta`` and tell ``on_stop`` (an error there is recorded, never raised)."""
+    meta["status"] = status
     if on_stop is None:
         return
     try:
