@@ -304,8 +304,7 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does
     not have, or missing papermill/ipykernel; a failing cell is reported in the result, not raised.
     """
-    papermill, nbformat = _papermill()
-    from papermill.parameterize import parameterize_notebook
+    papermill, _ = _papermill()
 
     path = Path(path)
     values, env = _kernel_values(path, values, out_dir, final_dir)
@@ -359,6 +358,24 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     if stops.signum is None and isinstance(exc, KeyboardInterrupt):  # raised in this process (a closed console)
         stops.signum = getattr(exc, "signum", None) or signal.SIGINT
     failed, error, timed_out = _failure(exc, stops.signum, current[0], nb, timeout)
+    _write_copy(nb, executed, values, out_dir, final_dir, kernel_name, started_at)
+    figures = []
+    if out_dir is not None and Path(out_dir).exists():
+        figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png")
+                         if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
+    sig = stops.signum if stops.signum not in (None, signal.SIGINT) else None
+    return NotebookRun(path.name, executed, error is None, seconds, cells, parameters=values, failed_cell=failed,
+                       error=error, figures=figures, interrupted=stops.signum is not None, signum=sig,
+                       timed_out_cell=timed_out)
+
+
+def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_name: str, started_at: str) -> None:
+    """Write the executed copy ``nb``: its parameters as the run had them, ``OUT`` (and where the copy
+    itself will be) named as they are once the folder holding them is swapped in, no longer paired with
+    the notebook's source."""
+    _, nbformat = _papermill()
+    from papermill.parameterize import parameterize_notebook
+
     if final_dir is not None and out_dir is not None:  # the copy names where its results will be
         values["OUT"] = str(Path(final_dir).resolve())
         try:  # and where it will be itself, when it lies beside OUT in the folder that is swapped in
@@ -371,14 +388,6 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     nb.metadata.pop("jupytext", None)  # an executed copy is no longer paired with the notebook's source
     nb.metadata.setdefault("ds4lab", {})["executed"] = {"parameters": values, "started": started_at}
     nbformat.write(nb, executed)
-    figures = []
-    if out_dir is not None and Path(out_dir).exists():
-        figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png")
-                         if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
-    sig = stops.signum if stops.signum not in (None, signal.SIGINT) else None
-    return NotebookRun(path.name, executed, error is None, seconds, cells, parameters=values, failed_cell=failed,
-                       error=error, figures=figures, interrupted=stops.signum is not None, signum=sig,
-                       timed_out_cell=timed_out)
 
 
 def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, dict]:

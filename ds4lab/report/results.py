@@ -645,8 +645,6 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
     from ..errors import CheckFailed
 
     t = _Target(out, meta.get("job"), outputs, say, ran)
-    if ran is not None:
-        meta["ran"] = t.ran
     folder = t.open()
     done = False  # the folder was swapped in or placed: nothing left to do
     try:
@@ -667,9 +665,7 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 _stopped(on_stop, meta, interrupt_status(e))
                 where = _stop(t, meta)
                 done = True
-                t._note(f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})"
-                        + _unchanged(t, where))
-                _tell(e, where)
+                _kept(t, e, where, f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})")
                 raise
             except discard_on:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -683,8 +679,7 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 _stopped(on_stop, meta, _failure_status(err))
                 where = _stop(t, meta)
                 done = True
-                t._note(f"failed: partial results in {where}/ (meta.json status 'failed')" + _unchanged(t, where))
-                _tell(err, where)
+                _kept(t, err, where, f"failed: partial results in {where}/ (meta.json status 'failed')")
                 if err is not e:
                     raise err from e
                 raise
@@ -706,8 +701,10 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
 
 
 def _running(t: _Target, meta: dict) -> None:
-    """``meta`` as a running job's: the version, ``status`` running, this process and its lock, the
-    identity of every calibration it names."""
+    """``meta`` as a running job's: what it ran (for a default folder), the version, ``status`` running,
+    this process and its lock, the identity of every calibration it names."""
+    if t.ran is not None:
+        meta["ran"] = t.ran
     meta.setdefault("ds4lab", _version())
     meta["status"] = "running"
     meta["run"] = {"pid": os.getpid(), "host": socket.gethostname(),
@@ -744,6 +741,13 @@ def _finish(t: _Target, folder: Path, meta: dict) -> None:
     except OSError as e:
         raise WriteFailed(f"cannot move the finished results from {folder} to {t.shown}: {os_reason(e)}; they "
                           f"are in {folder} (the next run into {t.shown} moves them beside it)", e.errno) from e
+
+
+def _kept(t: _Target, e: BaseException, where, line: str) -> None:
+    """Say where a stopped run's partial results are (and that earlier ones are unchanged), and attach it
+    to the exception going on."""
+    t._note(line + _unchanged(t, where))
+    _tell(e, where)
 
 
 def _tell(e: BaseException, where) -> None:
