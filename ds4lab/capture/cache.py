@@ -1,7 +1,7 @@
 """Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
 
 A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. What it
-captures and how is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.run.StageRun`
+captures and how is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun`
 passes it whole). For the clusters the policy names (``"shared"``, ``"moe"``, ``"token"``, ds4's islands
 ``"island0"`` and ``"island1"``, the attention span ``"attn_span"``), each call:
 

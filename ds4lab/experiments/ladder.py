@@ -2,7 +2,7 @@
 at one or more contexts, each checked bit for bit against stage 0 and timed in interleaved rounds.
 
 At each context (a start position): **exactness** (every stage decodes the same span from the same
-prefilled state and is compared with stage 0: :func:`~ds4lab.experiments.run.first_difference`),
+prefilled state and is compared with stage 0: :func:`~ds4lab.experiments.stage_run.first_difference`),
 **the floors** (:mod:`ds4lab.experiments.floors`: the replayed token's GPU-busy time, the bytes and
 launch-list floors) and **µs per token** over the timed tokens in ``rounds`` interleaved rounds (odd
 rounds in reverse order, every stage of a round on the same positions), with host enqueue time,
@@ -24,7 +24,7 @@ from ..errors import BadInput
 from ..timing import Difference, Stats, paired_difference
 from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from ..token.model import DecodeModel, TokenOptions
-from .run import Span, StageRun, compare_runs, outcome
+from .stage_run import Span, StageRun, compare_runs, outcome
 from .stages import STAGES, Stage, parse_stages
 
 

@@ -7,7 +7,7 @@ long-context token, ``3cc`` the same through conditional nodes, ``3p`` / ``3cp``
 and 3cc with programmatic dependent launch (``docs/capture-stages.md``); ``i`` and ``i+`` are ds4's
 decode islands as shipped (ds4 ``e50104f6``, "cuda: decode-island CUDA graph capture for serial
 decode"; ``docs/model.md``, "ds4's decode islands").
-A :class:`~ds4lab.experiments.run.StageRun` runs one of them on a model.
+A :class:`~ds4lab.experiments.stage_run.StageRun` runs one of them on a model.
 """
 
 from __future__ import annotations

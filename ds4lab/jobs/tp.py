@@ -114,7 +114,7 @@ def run(cfg: TPConfig, be, console) -> JobResult:
 
 
 def _token(cfg, mcfg, node, base, o, meta, console) -> dict:
-    from ..experiments.run import Span
+    from ..experiments.stage_run import Span
     from ..tp.group import compare_on_gpus, compare_with_single
 
     span = Span(cfg.start_pos, cfg.tokens or COMMANDS["token"])

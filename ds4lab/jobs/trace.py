@@ -250,7 +250,7 @@ def _trace(be, cfg, st_list, config, src, say, meta):
 
 
 def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
-    from ..experiments.run import StageRun
+    from ..experiments.stage_run import StageRun
     from ..experiments.stages import START_POS
     from ..token.config import token_id_at
 

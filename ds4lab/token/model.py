@@ -304,7 +304,7 @@ class DecodeModel:
         self.generation = 0
         #: None runs every cluster eagerly; a ds4lab.capture.cache.GraphCache captures and replays some.
         self.executor = None
-        #: A hazard the options cannot express, or None (``ds4lab.experiments.run.ModelPatch``:
+        #: A hazard the options cannot express, or None (``ds4lab.experiments.stage_run.ModelPatch``:
         #: ``forget``, decision prefixes the graph guard is not told; ``comp_row_by_value``).
         self.patch = None
         #: Stage 3cc's conditional nodes (``longctx="conditional"``), or None: ``_device_paths``.

@@ -114,11 +114,11 @@ class TPGroup:
 
     def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,
                    **kw) -> list:
-        """One :class:`~ds4lab.experiments.run.StageRun` of ``stage`` per rank, made on the rank's thread
+        """One :class:`~ds4lab.experiments.stage_run.StageRun` of ``stage`` per rank, made on the rank's thread
         (its streams on its device); ``per_rank[r]``: keyword arguments for rank ``r``'s only (a hazard that
         differs between ranks). ds4 keeps island 1 eager on the hash-routed layers; with the collectives
         outside, the three clusters of island 1 are kept eager there too."""
-        from ..experiments.run import StageRun
+        from ..experiments.stage_run import StageRun
 
         def make(r: int):
             args = {**kw, **((per_rank or [{}] * self.world)[r])}
@@ -168,7 +168,7 @@ def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placeme
     Returns ``{"ranks_identical", "first_difference" (vs single, None when bit-identical), "max_abs_hidden",
     "max_rel_hidden", "checks" (per checked reduction, see :attr:`TPGroup.checks`), "worst_bound_ratio",
     "elements_differing"}``. Raises what the group or the token raise."""
-    from ..experiments.run import StageRun, first_difference
+    from ..experiments.stage_run import StageRun, first_difference
     from ..experiments.stages import STAGES
     from ..sim.backend import SimBackend
 
@@ -194,7 +194,7 @@ def compare_on_gpus(cfg: ModelConfig, node, span, opts: TokenOptions | None = No
 
     Returns ``{"ranks_identical": {reduce: bool}, "nccl_equals_peer", "first_difference_vs_single",
     "max_rel_hidden_vs_single"}``. Raises what the group or the token raise."""
-    from ..experiments.run import StageRun, first_difference
+    from ..experiments.stage_run import StageRun, first_difference
     from ..experiments.stages import STAGES
 
     base = opts or TokenOptions(vocab=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CollectiveError, RuntimeApiError
 from ..experiments.hazards import register
-from ..experiments.run import Span, first_difference, outcome
+from ..experiments.stage_run import Span, first_difference, outcome
 from ..token.model import TokenOptions
 from .ranks import run_ranks
 from .stages import TP_STAGES
@@ -31,7 +31,7 @@ class TPHazard:
     Attributes:
         stage: the tensor-parallel stage both ranks run (:data:`~ds4lab.tp.stages.TP_STAGES`).
         reduce: the group's reduction (``"nccl"`` or ``"peer"``).
-        per_rank: per rank, keyword arguments of its :class:`~ds4lab.experiments.run.StageRun` (``warmup``,
+        per_rank: per rank, keyword arguments of its :class:`~ds4lab.experiments.stage_run.StageRun` (``warmup``,
             ``options``: token options over the stage's).
         patch: per rank, attributes set on its :class:`~ds4lab.tp.model.TPRankModel` (``extra_collective``).
         expect: what the sim's rules say happens.

@@ -11,7 +11,7 @@ device row, and says so). On GPUs it is a CUPTI recording of both devices (:func
 from __future__ import annotations
 
 from ..trace.events import EventTable, make_frame
-from ..experiments.run import Span
+from ..experiments.stage_run import Span
 from ..token.model import TokenOptions
 from .stages import TP_STAGES
 
