@@ -199,3 +199,21 @@ def test_calibrate_never_replaces_a_file_that_is_not_a_calibration(tmp_path):
     r = CliRunner().invoke(main, ["calibrate", "--moe-profile", str(src), "--out", str(out)])
     assert r.exit_code == 2 and "not a calibration file" in r.output and "never replaces" in r.output, r.output
     assert out.read_text() == '{"my": "notes"}'
+
+
+def test_kernel_constants_from_a_per_op_table_and_its_trace(rng):
+    """``fit_calibration``: matvec launches on one line give the global fixed cost and bandwidth back; a
+    kernel the line misses gets its own fit; a table and a trace of different lengths are refused."""
+    from ds4lab.calibration.kernels import fit_calibration
+
+    sizes = rng.integers(1_000_000, 50_000_000, 40)
+    rows = [{"kernel": "q8_matvec", "us": 3.0 + int(n) / (2000.0 * 1e3)} for n in sizes]
+    rows += [{"kernel": "rms_norm", "us": 9.0} for _ in range(4)]
+    nbytes = [int(n) for n in sizes] + [4096] * 4
+    got = fit_calibration(rows, nbytes)
+    assert got["kernel_fixed_us"] == pytest.approx(3.0, abs=1e-3)
+    assert got["bandwidth_GBps"] == pytest.approx(2000.0, rel=1e-3)
+    assert "q8_matvec" not in got["kernels"] and got["kernels"]["rms_norm"]["fixed_us"] == pytest.approx(9.0, abs=0.01)
+    assert got["fit"]["median_abs_rel_error"] < 1e-3
+    with pytest.raises(ValueError, match="41 traced"):
+        fit_calibration(rows, nbytes[:-3])

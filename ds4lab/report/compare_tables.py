@@ -1,59 +1,10 @@
 """Side-by-side figures of results from several folders (ds4lab runs, other machines, ingested
-ds4 and Nsight Systems profiles).
+ds4 and Nsight Systems profiles): what ``ds4lab compare`` collects (:func:`collect`: the tables it can
+draw, found by name and checked by their columns, :data:`TABLES`) and draws (:func:`figures`).
 
-Every folder given must hold at least one table compare can draw, found by name and checked by its
-columns (:data:`TABLES`):
-
-* stage ladders (``stage``, ``us_median``): ``ladder.csv`` as ``ds4lab ladder`` writes it,
-  ``ladder-<name>.csv`` as kept under ``docs/measurements/``, ``ds4lab_ladder*.csv`` from ``ingest``;
-* context ladders (``stage``, ``context``, ``us_median``; ``us_p25``/``us_p75`` drawn as IQR
-  whiskers where present): ``context.csv`` as ``ds4lab context`` writes it, ``context-<name>.csv``,
-  ``ds4lab_context*.csv`` from ``ingest``; every ``context`` must be a number. Drawn by
-  :func:`ds4lab.report.plots.compare_context_figure`, one panel per stage, µs per token at each
-  context, one marker series per source. Only like with like: the contexts every source holds are
-  drawn, and what a source lacks (a context, so the others' numbers there are not drawn; a stage,
-  so its panel lacks that source; a stage at a context) is written in the figure, never dropped
-  silently. A ladder (one position) and a context ladder are never drawn in one figure: beside each
-  other they are two figures, each legend naming only what differs within its own figure;
-* routed-MoE stage rows (``stage``, ``ms``): ``moe.csv``, ``moe-<name>.csv``, ``ds4_moe.csv`` and
-  ``ds4lab_moe*.csv`` from ``ingest``;
-* routed-MoE summaries (``stage``, ``median_ms``): ``summary.csv``, ``summary-<name>.csv``,
-  ``ds4lab_summary*.csv`` (drawn unless the same run's rows are there);
-* a ds4-format log (``*.log`` holding ``ds4: CUDA MoE profile`` lines, e.g. ``moe-ds4.log``) when the
-  folder has no MoE table; any other ``*.log`` (a job's console output kept beside its table, as in
-  ``docs/measurements/h200-2026-11-30b/context/``) is no table and passes unread;
-* kernel summaries: ``nsys_kernels.csv`` (``name``, ``total_time_us``), ``kernels.csv`` (``name``, ``us``);
-* Nsight Compute per-site tables: ``ncu_sites.csv`` (``cluster``, ``op``, ``dram_pct``) from ``ingest``
-  of ``ncu --csv`` output: per launch site, the median DRAM throughput in % of peak (the achieved
-  fraction of bandwidth ncu measures), drawn by :func:`ds4lab.report.plots.ncu_sites_figure`.
-
-A table ``ingest`` wrote from several inputs is drawn one bar per input: split by its ``file``
-column; a kernel or ncu table holding several devices or processes, one bar per device and process
-(:func:`_by_device`); an nsys stats kernel summary, which nsys adds up over devices and processes, is
-said to be that sum in the figure. A MoE table's bar is one profiling mode
-(:data:`MODE_PREFERENCE`) and one routing (uniform first), named in its label, never a median across
-modes or routings. A run's summary is not drawn beside the same run's rows (the same numbers twice):
-a folder's ``summary*.csv`` beside its ``moe*.csv`` of the same meta file, an ingested
-``ds4lab_summary*`` beside the ``ds4lab_moe*`` of the same source folder.
-
-A folder given twice (by path, or by content: an identical copy), a folder with none of them, a
-candidate table that cannot be read, is cut off (truncated) or lacks its columns, and a broken
-``meta.json`` are :class:`CompareError` naming the file; nothing is drawn then.
-
-Each table's provenance comes from its meta file (``<stem>.meta.json``, ``meta-<name>.json``,
-``meta.json``; for a log, the folder's only ``meta-*.json``) and its own ``modeled``/``machine``/
-``provenance`` columns: modeled numbers are labelled MODELED; a run whose status is not
-``complete``/``done`` (``running`` left by a killed run, ``interrupted``, ``failed: ...``, or no
-status at all in a ds4lab job's meta) is labelled ``(incomplete: <status>)`` and warned about. A
-ladder, context ladder or MoE label names the preset its meta file names (unless the file name
-already does), and every setting of :data:`SETTINGS` that differs between the sources of its figure
-(:data:`FIGURES`). A title says MODELED where any of its sources is modeled; no two sources share a
-colour and hatch (:func:`ds4lab.report.plots.series_style`), or in the context figure a colour and
-marker shape (:func:`ds4lab.report.plots.series_marker`); MoE calls that fell back to eager are
-counted in their source's label.
-
-``--out`` is a result folder (:func:`ds4lab.report.results.job_folder`): it holds this run's figures
-only, swapped in when they are all written.
+Which files it reads, how a table with several inputs, devices or profiling modes becomes bars, what it
+refuses (:class:`CompareError`, nothing drawn), and how each source's provenance and settings label it
+(MODELED, incomplete, the settings of :data:`SETTINGS` that differ within a figure): ``docs/compare.md``.
 """
 
 from __future__ import annotations

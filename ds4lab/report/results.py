@@ -1,49 +1,11 @@
 """Result folders: written aside, swapped in only on success, locked, and never left ``running``.
 
 Every command that writes a result folder (the jobs, ``ingest``, ``compare``, ``notebooks``) goes
-through :func:`job_folder`; ``calibrate``, which writes one file, through :func:`output_file`.
-
-The life of a result folder ``OUT`` (:func:`job_folder`):
-
-1. **Checks before any work.** ``OUT`` must be missing, empty, or a folder ds4lab wrote for the
-   same command (its ``meta.json`` names the job). A folder holding a ``meta.json`` ds4lab did not
-   write, files without a ds4lab ``meta.json`` (a user's own ``ladder.csv``), or another command's
-   results is refused, naming them (:class:`OutputError`, exit 2). A run into a folder another
-   run is writing is refused with that run's PID and host. A mount point (a disk or a container
-   volume of its own) is refused too, naming a folder inside it: it cannot be renamed (``EBUSY``),
-   so the finished run could not be swapped in.
-2. **Lock.** ``.OUT.ds4lab.lock`` beside ``OUT`` (:class:`Lock`: ``flock``, released by the kernel
-   when the process dies, so a killed run never leaves it stale; it holds ``{"pid", "host"}``).
-3. **Staging.** The job writes into ``.OUT.ds4lab-staging`` beside ``OUT`` (the folder the ``with``
-   statement hands it); ``OUT`` keeps the earlier results untouched until the end.
-4. **Success**: ``meta.json`` says ``complete`` and lists the files the run wrote (``files``) with
-   the SHA-256 of each (``file_sha256``); the staging folder is swapped in for ``OUT`` in one atomic
-   step (``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere two renames, recovered by the next run if
-   a crash falls between them) with SIGINT, SIGTERM and SIGHUP held off; files in the earlier
-   ``OUT`` that ds4lab did not write (a user's notes), and files it wrote whose bytes no longer match
-   the recorded SHA-256 (a user's edit), are moved into the new one, or, when one is named like a
-   file this run wrote, the whole earlier folder is kept beside as ``OUT.replaced-<time>``; the
-   console names them. The earlier results are then removed, unless they ran another experiment
-   than this run (a job's default folder, ``ran``: another hazard set, preset or backend): then
-   they are kept whole beside as ``OUT.replaced-<time>``.
-5. **Interrupted (Ctrl-C, SIGTERM, SIGHUP) or failed**: ``meta.json`` says ``interrupted``,
-   ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed: <error>``; the partial results
-   become ``OUT`` when there were no earlier results there, and otherwise go beside it as
-   ``OUT.interrupted-<time>`` / ``OUT.failed-<time>`` (the earlier results stay as they were). The
-   console names the place. Temporary ``*.tmp`` files of atomic writes are removed.
-6. **Killed outright** (SIGKILL, power loss): the staging folder stays; the next run into ``OUT``
-   moves it beside ``OUT`` as ``OUT.died-<time>`` (or ``OUT.recovered-<time>`` when its run had
-   finished) and says so; :func:`read_meta` reports a ``running`` run whose lock is free as ``died``.
-
-An ``OSError`` while writing (a full disk, a quota) becomes :class:`WriteFailed` naming the path,
-and ``meta.json`` is rewritten in place with the failure when a new file cannot be written, so no
-folder is left ``running``. SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (a
-``KeyboardInterrupt``) while a folder is open, so they keep partial results as Ctrl-C does.
-
-The lines that tell the user where results are name ``OUT``, never the staging folder. A folder
-written inside another run's staging folder (a notebook's ``OUT`` under ``ds4lab notebooks``, whose
-own folder is swapped in only when every notebook has run) is named where it will be then:
-:func:`final_path`, from what :func:`staged_env` put in the environment of the process writing it.
+through :func:`job_folder`; ``calibrate``, which writes one file, through :func:`output_file`. What a
+user sees of it is ``docs/results.md``; the life of a folder step by step (checks, lock, staging, the
+swap on success, what an interruption, a failure, a full disk or a killed run leaves, and how the lines
+that say where results are name them: :func:`final_path`, :func:`staged_env`) is that page's "How a
+result folder lives".
 """
 
 from __future__ import annotations
