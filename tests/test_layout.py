@@ -1,11 +1,12 @@
 """The package's layout: the layers of ``docs/architecture.md`` in order (no module imports from a layer
-above its own) and no import cycle inside ``ds4lab``.
+above its own), no two rooms importing each other, and no import cycle inside ``ds4lab``.
 
 The import graph counts every ``import`` / ``from … import`` statement at any depth (inside
 functions too), with relative imports resolved; ``from pkg import name`` is an edge to
 ``pkg.name`` when that is a module, else to ``pkg``. Each module's layer is that of the longest
-prefix of its name in :data:`LAYERS`. Both checks are tried on broken synthetic packages too (an
-upward import planted, a cycle), so a check that can no longer fail does not pass silently.
+prefix of its name in :data:`LAYERS` (that prefix is its room). Every check is tried on broken synthetic
+packages too (an upward import planted, an import back between two rooms, a cycle), so a check that can
+no longer fail does not pass silently. :data:`KNOWN_UPWARD` names the edges none of them governs yet.
 """
 
 from __future__ import annotations
