@@ -68,7 +68,7 @@ def cupy_backend():
 
 @pytest.fixture(scope="session")
 def numpy_backend():
-    from ds4lab.backends.numpy_backend import NumpyBackend
+    from ds4lab.executor.numpy_backend import NumpyBackend
 
     return NumpyBackend(seed=1234)
 

@@ -1,4 +1,4 @@
-"""The backend contract (:mod:`ds4lab.backends.base`), checked the same way on every backend:
+"""The backend contract (:mod:`ds4lab.executor.base`), checked the same way on every backend:
 numpy and sim always, cupy where a GPU is usable (marked ``gpu``)."""
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import json
 import pandas as pd
 import pytest
 
-from ds4lab.jobs.calibrate import sim_context, fit_from_ds4
+from ds4lab.calibration.from_ds4 import fit_from_ds4
+from ds4lab.calibration.modeled import sim_context
 from ds4lab.sim.calibration import read
 from ds4lab.sim.costmodel import default_calibration_path
 
@@ -150,7 +151,7 @@ def test_calibrate_from_ds4_names_a_run_that_did_not_finish_and_an_unwritable_ou
 
 
 def test_host_whatif_prices_the_same_launch_list_at_another_host_cost():
-    from ds4lab.jobs.calibrate import host_whatif
+    from ds4lab.calibration.from_ds4 import host_whatif
 
     t = host_whatif((600,), (0.5,), preset=PRESET, stages="0,3", tokens=4)
     assert set(t.host_launch_us) == {0.5, read(default_calibration_path())["host_launch_us"]}

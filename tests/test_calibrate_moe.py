@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from ds4lab.measure.calibrate import fit_tiled_moe
+from ds4lab.calibration.from_moe import fit_tiled_moe
 from ds4lab.cli import main
 from ds4lab.token.config import get_preset
 from ds4lab.token.reference import expected_tiles
@@ -146,7 +146,7 @@ def test_add_kernel_fits_fits_only_the_kernels_the_base_lacks():
     """calibrate --long-context: per-kernel fits for new kernels; existing fits untouched."""
     import pandas as pd
 
-    from ds4lab.measure.calibrate import add_kernel_fits
+    from ds4lab.calibration.kernels import add_kernel_fits
 
     base = {"name": "b", "source": "s", "bandwidth_GBps": 3000.0, "kernels": {"old": {"fixed_us": 1.0}}}
     # new_k: two sizes on the line us = 2 + bytes / (4000 GB/s · 1e3); old: anything
@@ -199,3 +199,21 @@ def test_calibrate_never_replaces_a_file_that_is_not_a_calibration(tmp_path):
     r = CliRunner().invoke(main, ["calibrate", "--moe-profile", str(src), "--out", str(out)])
     assert r.exit_code == 2 and "not a calibration file" in r.output and "never replaces" in r.output, r.output
     assert out.read_text() == '{"my": "notes"}'
+
+
+def test_kernel_constants_from_a_per_op_table_and_its_trace(rng):
+    """``fit_calibration``: matvec launches on one line give the global fixed cost and bandwidth back; a
+    kernel the line misses gets its own fit; a table and a trace of different lengths are refused."""
+    from ds4lab.calibration.kernels import fit_calibration
+
+    sizes = rng.integers(1_000_000, 50_000_000, 40)
+    rows = [{"kernel": "q8_matvec", "us": 3.0 + int(n) / (2000.0 * 1e3)} for n in sizes]
+    rows += [{"kernel": "rms_norm", "us": 9.0} for _ in range(4)]
+    nbytes = [int(n) for n in sizes] + [4096] * 4
+    got = fit_calibration(rows, nbytes)
+    assert got["kernel_fixed_us"] == pytest.approx(3.0, abs=1e-3)
+    assert got["bandwidth_GBps"] == pytest.approx(2000.0, rel=1e-3)
+    assert "q8_matvec" not in got["kernels"] and got["kernels"]["rms_norm"]["fixed_us"] == pytest.approx(9.0, abs=0.01)
+    assert got["fit"]["median_abs_rel_error"] < 1e-3
+    with pytest.raises(ValueError, match="41 traced"):
+        fit_calibration(rows, nbytes[:-3])

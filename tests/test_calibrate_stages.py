@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.jobs.calibrate import sim_context
-from ds4lab.jobs.fit_capture_stages import (calibration_value, fit_capture_stages, measurable,
+from ds4lab.calibration.modeled import sim_context
+from ds4lab.calibration.from_context import (calibration_value, fit_capture_stages, measurable,
                                                read_context_gains, solve)
 from ds4lab.sim.calibration import read
 from ds4lab.sim.costmodel import GUESSED, default_calibration_path, guessed

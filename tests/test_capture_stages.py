@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ds4lab.backends.device_graphs import DeviceGraphApi
-from ds4lab.backends.kernel_pdl import MissingDeviceHalf
-from ds4lab.backends.numpy_backend import NumpyBackend
+from ds4lab.executor.device_graphs import DeviceGraphApi
+from ds4lab.executor.kernel_pdl import MissingDeviceHalf
+from ds4lab.executor.numpy_backend import NumpyBackend
 from ds4lab.capture import stream as S
 from ds4lab.capture.cache import CapturePolicy, GraphCache
 from ds4lab.sim import SimBackend

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.experiments.run import Span, StageRun, first_difference
+from ds4lab.experiments.stage_run import Span, StageRun, first_difference
 from ds4lab.experiments.stages import STAGES
 from ds4lab.token.config import get_preset
 from ds4lab.token.model import DecodeModel, TokenOptions

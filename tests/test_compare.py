@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from ds4lab.jobs.compare import compare
-from ds4lab.report.compare import CompareError, collect
+from ds4lab.report.compare_tables import CompareError, collect
 
 LADDER = ("stage,short,us_median,us_p25,us_p75,n,backend,preset,modeled\n"
           "0,\"eager, legacy\",10524.0,10328.9,10711.4,200,cupy,{preset},False\n"
@@ -183,7 +183,7 @@ def test_nsys_kernel_tables_are_drawn(tmp_path):
 
 def test_moe_comparison_is_like_for_like(tmp_path):
     """Per token count, one mode (in-graph before deferred) and uniform routing only."""
-    from ds4lab.report.compare import Table, _moe_by_tokens
+    from ds4lab.report.compare_tables import Table, _moe_by_tokens
 
     rows = []
     for mode, scale in (("deferred", 10.0), ("in-graph", 1.0)):
@@ -347,7 +347,7 @@ def test_a_running_folder_whose_process_is_gone_is_flagged_died(tmp_path):
     """compare asks results.read_meta: a run that died without cleaning up is not 'running'."""
     import json
 
-    from ds4lab.report.compare import _load_meta
+    from ds4lab.report.compare_tables import _load_meta
 
     (tmp_path / "meta.json").write_text(json.dumps({"job": "ladder", "status": "running",
                                                     "run": {"pid": 2 ** 22 + 12345, "host": __import__("socket").gethostname()}}))

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from ds4lab.cli import main
 from ds4lab.report import plots
 from ds4lab.jobs.compare import compare
-from ds4lab.report.compare import CompareError, collect
+from ds4lab.report.compare_tables import CompareError, collect
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_OLD = ROOT / "docs/measurements/h200-2026-11-30b/context"  # stages 0,2,3,3c at 1024…65536, a context.log beside

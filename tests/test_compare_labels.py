@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from ds4lab.cli import main
 from ds4lab.report import plots
 from ds4lab.jobs.compare import compare
-from ds4lab.report.compare import CompareError, collect
+from ds4lab.report.compare_tables import CompareError, collect
 
 LADDER = ("stage,short,us_median,us_p25,us_p75,n,backend,preset,modeled\n"
           "0,\"eager, legacy\",{a:.1f},10328.9,10711.4,200,{backend},small,{modeled}\n"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ds4lab.backends import cuda_graph_calls as G
-from ds4lab.backends.kernel_pdl import MissingDeviceHalf
+from ds4lab.executor.kernel_pdl import MissingDeviceHalf
 from ds4lab.errors import CudaError
 
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from ds4lab.backends.numpy_backend import NumpyBackend
+from ds4lab.executor.numpy_backend import NumpyBackend
 from ds4lab.moeprof.rows import kernel_stage
 from ds4lab.sim.backend import SimBackend
 from ds4lab.sim.costmodel import Calibration, stand_in

@@ -1,4 +1,4 @@
-"""The floors of a token (ds4lab.measure.floors): arithmetic on the CPU, modeled values on the sim,
+"""The floors of a token (ds4lab.experiments.floors): arithmetic on the CPU, modeled values on the sim,
 measured ones on a GPU (marked ``gpu``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from ds4lab.backends import make_backend
-from ds4lab.measure import floors as FL
+from ds4lab.experiments import floors as FL
 from ds4lab.token.config import get_preset
 from ds4lab.token.model import DecodeModel, TokenOptions
 

@@ -193,7 +193,7 @@ def test_device_half_is_the_first_statement_of_every_kernel_that_launches_in_a_t
     """The source scan the backends refuse programmatic launches by: every kernel but the weight
     initializers, the timestamp kernels and the bench's empty and spinning kernels begins with
     DS4_PDL_ENTRY()."""
-    from ds4lab.backends.kernel_pdl import device_half
+    from ds4lab.executor.kernel_pdl import device_half
 
     d = device_half(str(KERNELS))
     without = sorted(k for k, v in d.items() if not v)
@@ -210,7 +210,7 @@ def test_pdl_build_waits_before_any_memory_access_branch_or_exit(cu, nvrtc, cuda
     are griddepcontrol.wait then griddepcontrol.launch_dependents, before any global or shared memory
     access, barrier, branch, call or return; the sm_80 build and the plain build have neither (the
     kernels every other stage runs are unchanged)."""
-    from ds4lab.backends.kernel_pdl import device_half
+    from ds4lab.executor.kernel_pdl import device_half
 
     half = device_half(str(KERNELS))
     inc = [KERNELS, cuda_include]

@@ -195,7 +195,7 @@ def test_the_capture_policy_goes_whole_from_the_stage_to_its_cache(sim):
     fixes none, and the graph cache gets that very object; keys are named."""
     import dataclasses
 
-    from ds4lab.experiments.run import StageRun
+    from ds4lab.experiments.stage_run import StageRun
 
     m = DecodeModel(TINY, sim, TokenOptions(vocab=True))
     islands = StageRun(m, STAGES["i"], TokenOptions(vocab=True), mode="relaxed")
@@ -217,7 +217,7 @@ def test_the_capture_policy_goes_whole_from_the_stage_to_its_cache(sim):
 
 # ----------------------------------------------------------------------------- ds4's decode islands
 def _island_run(sim, name, cfg=TINY):
-    from ds4lab.experiments.run import StageRun
+    from ds4lab.experiments.stage_run import StageRun
 
     m = DecodeModel(cfg, sim, TokenOptions(vocab=True))
     return m, StageRun(m, STAGES[name], TokenOptions(vocab=True), mode="thread_local")
@@ -229,7 +229,7 @@ def test_islands_are_exact_and_captured_as_ds4_does(sim, name):
     (layer, island) eager, the second captured, later ones replayed; island 1 never captured on the
     hash-routed layers; global capture on a blocking stream whatever the run's mode; i+ sets the
     attention span's kernel nodes before every replay."""
-    from ds4lab.experiments.run import Span, StageRun, first_difference
+    from ds4lab.experiments.stage_run import Span, StageRun, first_difference
 
     m, run = _island_run(sim, name)
     ref = StageRun(m, STAGES["0"], TokenOptions(vocab=True)).record(Span(100, 4))
@@ -251,7 +251,7 @@ def test_islands_are_exact_and_captured_as_ds4_does(sim, name):
 def test_islands_drop_every_graph_when_a_buffer_is_reallocated(sim):
     """ds4 9f325617: scratch growth synchronizes, invalidates every decode graph, then frees; the next
     sights capture again, and the tokens stay exact."""
-    from ds4lab.experiments.run import Span, StageRun, first_difference
+    from ds4lab.experiments.stage_run import Span, StageRun, first_difference
 
     m, run = _island_run(sim, "i")
     run.record(Span(100, 3))
@@ -303,7 +303,7 @@ def test_the_context_floor_bounds_every_stage_whichever_stage_ran_last(tmp_path)
 def _stop_at_call(monkeypatch, method: str, n: int) -> None:
     """Ctrl-C during the ``n``-th call of ``StageRun.<method>`` (``record``: an exactness run, ``time``: a
     stage timed in a round)."""
-    from ds4lab.experiments.run import StageRun
+    from ds4lab.experiments.stage_run import StageRun
 
     real, calls = getattr(StageRun, method), []
 

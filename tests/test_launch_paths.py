@@ -12,7 +12,7 @@ import pytest
 
 from ds4lab.capture import annotate
 from ds4lab.token import ops
-from ds4lab.backends.numpy_backend import NumpyBackend
+from ds4lab.executor.numpy_backend import NumpyBackend
 from ds4lab.measure.bench import SUMMARY_KEYS, summary
 from ds4lab.token.config import get_preset
 from ds4lab.capture.launch import Launcher

@@ -1,11 +1,12 @@
 """The package's layout: the layers of ``docs/architecture.md`` in order (no module imports from a layer
-above its own) and no import cycle inside ``ds4lab``.
+above its own), no two rooms importing each other, and no import cycle inside ``ds4lab``.
 
 The import graph counts every ``import`` / ``from … import`` statement at any depth (inside
 functions too), with relative imports resolved; ``from pkg import name`` is an edge to
 ``pkg.name`` when that is a module, else to ``pkg``. Each module's layer is that of the longest
-prefix of its name in :data:`LAYERS`. Both checks are tried on broken synthetic packages too (an
-upward import planted, a cycle), so a check that can no longer fail does not pass silently.
+prefix of its name in :data:`LAYERS` (that prefix is its room). Every check is tried on broken synthetic
+packages too (an upward import planted, an import back between two rooms, a cycle), so a check that can
+no longer fail does not pass silently. :data:`KNOWN_UPWARD` names the edges none of them governs yet.
 """
 
 from __future__ import annotations
@@ -128,18 +129,28 @@ def _cycle_in(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 
 #: The layers, lowest first: a module may import from its own layer and those below, never from one
-#: above. Within a layer any order goes (the cycle check still holds).
+#: above. Within a layer any order goes, but no two rooms import each other (:func:`room_pairs`), so the
+#: rooms of a layer stand in an order too (the cycle check still holds). A room is a prefix below.
 LAYERS = (
-    ("foundation", ("ds4lab.errors", "ds4lab.progress", "ds4lab.capture.stream", "ds4lab.token.config",
-                    "ds4lab.token.weights")),  # the stream accessor and the presets: what the runtime needs
+    ("foundation", ("ds4lab.errors", "ds4lab.progress", "ds4lab.version", "ds4lab.executor", "ds4lab.capture.stream",
+                    "ds4lab.token.config", "ds4lab.token.weights")),  # the backend contract, the stream
+    # accessor and the presets: what the runtime and the token need
     ("runtime", ("ds4lab.backends", "ds4lab.sim")),
-    ("token", ("ds4lab", "ds4lab.token", "ds4lab.capture", "ds4lab.timing")),
+    ("token", ("ds4lab.token", "ds4lab.capture", "ds4lab.timing")),
     ("trace", ("ds4lab.trace",)),
     ("analysis", ("ds4lab.experiments", "ds4lab.audit", "ds4lab.measure", "ds4lab.moeprof", "ds4lab.conformance",
-                  "ds4lab.report", "ds4lab.tp")),  # tp: two ranks of stage runs, their hazards, their audit
-    ("jobs", ("ds4lab.jobs", "ds4lab.ds4")),  # ds4: ds4 itself measured, its audit and calibration jobs' inputs
-    ("cli", ("ds4lab.cli",)),
+                  "ds4lab.report", "ds4lab.tp", "ds4lab.calibration", "ds4lab.ds4")),  # tp: two ranks of stage
+    # runs, their hazards, their audit; ds4: ds4 itself built, measured, recorded
+    ("jobs", ("ds4lab.jobs",)),
+    ("top", ("ds4lab.cli", "ds4lab.lab", "ds4lab")),  # the command line, and ds4lab.Lab for notebooks
 )
+
+#: Imports that still run up a layer, each in a module this check does not govern yet: ``ds4/measure.py``
+#: runs the audit job on its recordings (so ds4 and jobs import each other); the audit's report and job
+#: take ``__version__`` from the package's front door instead of ``ds4lab.version``. Empty it once those
+#: modules call the audit's library and import the version from below.
+KNOWN_UPWARD = {("ds4lab.ds4.measure", "ds4lab.jobs"), ("ds4lab.ds4.measure", "ds4lab.jobs.audit"),
+                ("ds4lab.audit.report", "ds4lab"), ("ds4lab.jobs.audit", "ds4lab")}
 
 
 def layer_of(module: str, layers=LAYERS) -> int:
@@ -154,27 +165,66 @@ def layer_of(module: str, layers=LAYERS) -> int:
     return at
 
 
-def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
-    """``importer (layer) -> imported (layer)`` for every edge of ``graph`` that goes up a layer."""
+def room_of(module: str, layers=LAYERS) -> str:
+    """The room of ``module``: the longest prefix of it in ``layers``."""
+    best = ""
+    for _, prefixes in layers:
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best):
+                best = p
+    if not best:
+        raise KeyError(f"{module}: in no layer; add its package to LAYERS")
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS, known=frozenset()) -> list[str]:
+    """``importer (layer) -> imported (layer)`` for every edge of ``graph`` that goes up a layer, but
+    those of ``known``."""
     out = []
     for mod in sorted(graph):
         a = layer_of(mod, layers)
         for dep in sorted(graph[mod]):
             b = layer_of(dep, layers)
-            if b > a:
+            if b > a and (mod, dep) not in known:
                 out.append(f"{mod} ({layers[a][0]}) -> {dep} ({layers[b][0]})")
     return out
 
 
+def room_pairs(graph: dict[str, set[str]], layers=LAYERS, known=frozenset()) -> list[str]:
+    """``a <-> b (one edge each way)`` for every two rooms (:func:`room_of`) that import each other,
+    the edges of ``known`` left out."""
+    edges: dict[tuple[str, str], tuple[str, str]] = {}
+    for mod in sorted(graph):
+        for dep in sorted(graph[mod]):
+            a, b = room_of(mod, layers), room_of(dep, layers)
+            if a != b and (mod, dep) not in known:
+                edges.setdefault((a, b), (mod, dep))
+    return [f"{a} <-> {b} ({' -> '.join(edges[a, b])}; {' -> '.join(edges[b, a])})"
+            for a, b in sorted(edges) if a < b and (b, a) in edges]
+
+
 # ----------------------------------------------------------------------------- the checks
 def test_no_import_from_a_layer_above():
-    up = upward_imports(import_graph(ROOT, "ds4lab"))
+    up = upward_imports(import_graph(ROOT, "ds4lab"), known=KNOWN_UPWARD)
     assert not up, "imports from a layer above:\n  " + "\n  ".join(up)
+
+
+def test_no_two_rooms_import_each_other():
+    pairs = room_pairs(import_graph(ROOT, "ds4lab"), known=KNOWN_UPWARD)
+    assert not pairs, "rooms importing each other:\n  " + "\n  ".join(pairs)
+
+
+def test_the_known_upward_imports_are_still_there():
+    """Each edge the checks let pass exists and goes up (else it is gone: take it off the list)."""
+    g = import_graph(ROOT, "ds4lab")
+    for a, b in KNOWN_UPWARD:
+        assert b in g[a] and layer_of(b) > layer_of(a), (a, b)
 
 
 def test_every_module_is_in_a_layer():
     for mod in import_graph(ROOT, "ds4lab"):
         layer_of(mod)
+        assert room_of(mod) != "ds4lab" or mod == "ds4lab", f"{mod}: in no room of its own; add it to LAYERS"
 
 
 def test_the_trace_model_is_the_only_home_of_records_and_readers():
@@ -195,7 +245,10 @@ def test_the_trace_model_is_the_only_home_of_records_and_readers():
 
 
 def test_no_import_cycle():
-    cycles = find_cycles(import_graph(ROOT, "ds4lab"))
+    """No cycle but through an edge of :data:`KNOWN_UPWARD` (the audit's ``from .. import __version__``
+    closes one through the package's front door, which imports ``ds4lab.lab`` and with it the jobs)."""
+    graph = {m: {d for d in deps if (m, d) not in KNOWN_UPWARD} for m, deps in import_graph(ROOT, "ds4lab").items()}
+    cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
@@ -232,6 +285,19 @@ def test_an_upward_import_is_found_in_a_synthetic_package(tmp_path):
         layer_of("other.module", layers)
 
 
+def test_two_rooms_importing_each_other_are_found_in_a_synthetic_package(tmp_path):
+    """Two rooms of one layer, one importing the other: no pair; an import back (inside a function):
+    the pair is named with an edge each way, unless that edge is a known one."""
+    layers = (("low", ("pkg", "pkg.a", "pkg.b")),)
+    root = tmp_path / "pkg"
+    _write(root, {"__init__.py": "", "a/__init__.py": "", "a/x.py": "from ..b import y\n", "b/__init__.py": "",
+                  "b/y.py": "z = 1\n"})
+    assert room_pairs(import_graph(root, "pkg"), layers) == []
+    (root / "b" / "y.py").write_text("z = 1\n\ndef f():\n    from ..a import x\n    return x\n")
+    assert room_pairs(import_graph(root, "pkg"), layers) == ["pkg.a <-> pkg.b (pkg.a.x -> pkg.b.y; pkg.b.y -> pkg.a.x)"]
+    assert room_pairs(import_graph(root, "pkg"), layers, known={("pkg.b.y", "pkg.a.x")}) == []
+
+
 def test_the_package_check_fails_on_a_planted_upward_import(tmp_path):
     """ds4lab itself, copied with one upward import planted (the trace model importing a job, as
     ``report/trace_export.py`` once imported ``jobs.common``): the layering check names that edge."""
@@ -239,10 +305,16 @@ def test_the_package_check_fails_on_a_planted_upward_import(tmp_path):
 
     root = tmp_path / "ds4lab"
     shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns("__pycache__", "*.cu", "*.cuh", "*.json", "*.gz"))
-    assert upward_imports(import_graph(root, "ds4lab")) == []
+    assert upward_imports(import_graph(root, "ds4lab"), known=KNOWN_UPWARD) == []
+    assert room_pairs(import_graph(root, "ds4lab"), known=KNOWN_UPWARD) == []
     p = root / "trace" / "chrome.py"
     p.write_text(p.read_text() + "\n\ndef _planted():\n    from ..jobs.common import open_backend\n    return open_backend\n")
-    assert upward_imports(import_graph(root, "ds4lab")) == ["ds4lab.trace.chrome (trace) -> ds4lab.jobs.common (jobs)"]
+    assert upward_imports(import_graph(root, "ds4lab"), known=KNOWN_UPWARD) == [
+        "ds4lab.trace.chrome (trace) -> ds4lab.jobs.common (jobs)"]
+    q = root / "experiments" / "whatif.py"  # measure imports experiments: an import back closes a pair
+    q.write_text(q.read_text() + "\n\ndef _planted():\n    from ..measure import bench\n    return bench\n")
+    assert any(r.startswith("ds4lab.experiments <-> ds4lab.measure") for r in
+               room_pairs(import_graph(root, "ds4lab"), known=KNOWN_UPWARD))
 
 
 def test_cycle_finder_on_synthetic_graphs():

@@ -260,7 +260,7 @@ def test_attended_rows():
 
 # ----------------------------------------------------------------------------- the token (numpy, sim)
 from ds4lab.capture import stream as S  # noqa: E402
-from ds4lab.backends.numpy_backend import NumpyBackend  # noqa: E402
+from ds4lab.executor.numpy_backend import NumpyBackend  # noqa: E402
 from ds4lab.capture.cache import CapturePolicy, GraphCache  # noqa: E402
 from ds4lab.token.model import DecodeModel, TokenOptions  # noqa: E402
 from ds4lab.sim import SimBackend  # noqa: E402

@@ -16,7 +16,7 @@ from ds4lab.token import reference as R
 from ds4lab.capture import stream as S
 from ds4lab.token import weights as W
 from ds4lab.capture.annotate import NullAnnotator, NvtxAnnotator
-from ds4lab.backends.numpy_backend import NumpyBackend
+from ds4lab.executor.numpy_backend import NumpyBackend
 from ds4lab.token.config import MOE_TILE, get_preset
 from ds4lab.capture.launch import KINDS, Launcher
 from ds4lab.token.model import DecodeModel, TokenOptions

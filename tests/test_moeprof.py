@@ -382,7 +382,7 @@ def test_bad_arguments_are_named(wb_fast):
         M.MoeProfiler(wb_fast.model, "host-timed", fallback="cupti")
     with pytest.raises(ValueError, match="tokens=99"):
         next(M.iter_profile(wb_fast, "deferred", 99, "uniform", 1))
-    from ds4lab.backends.numpy_backend import NumpyBackend
+    from ds4lab.executor.numpy_backend import NumpyBackend
 
     with pytest.raises(ValueError, match="no timing claims"):
         M.MoeWorkbench(NumpyBackend(), TINY)

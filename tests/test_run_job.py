@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from ds4lab.report import results as results_mod
 from ds4lab.jobs import execute
 from ds4lab.jobs import run as run_mod
-from ds4lab.backends.numpy_backend import NumpyBackend
+from ds4lab.executor.numpy_backend import NumpyBackend
 from ds4lab.cli import main
 from ds4lab.token.model import DecodeModel, TokenOptions
 from ds4lab.sim.backend import SimBackend

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.measure import calibrate as C
-from ds4lab.jobs.sim_check import TOLERANCE, modeled_vs_measured
+from ds4lab.calibration import from_ladder, gpu
+from ds4lab.calibration.check import TOLERANCE, modeled_vs_measured
 from ds4lab.sim.calibration import MEASURED_FILE, read
 
 ROUND3 = Path(__file__).resolve().parents[1] / "docs" / "measurements" / "h200-2026-12-01" / "round3"
@@ -65,7 +65,7 @@ def test_fit_recovers_the_constants_a_ladder_was_made_with(tmp_path):
                  _row("i", 400 * hl + 80 * (hg + call), 400, 80, context=ctx),
                  _row("i+", 360 * hl + 120 * (hg + call) + 40 * (upd + api), 360, 120, 40, context=ctx),
                  _row("3", 300.0, 0, 1, context=ctx)]
-    cal, table = C.fit_host_from_ladder(base, [_ladder(tmp_path / "l", rows)])
+    cal, table = from_ladder.fit_host_from_ladder(base, [_ladder(tmp_path / "l", rows)])
     assert cal["host_launch_us"] == pytest.approx(hl, abs=1e-3)
     assert cal["host_graph_call_us"] == pytest.approx(call, abs=1e-3)
     assert cal["host_node_update_us"] == pytest.approx(upd, abs=1e-3)
@@ -77,7 +77,7 @@ def test_fit_recovers_the_constants_a_ladder_was_made_with(tmp_path):
 
 def test_fit_keeps_what_no_folder_timed(tmp_path):
     base = {**read(MEASURED_FILE), "host_graph_call_us": 3.0, "host_node_update_us": 9.0}
-    cal, _ = C.fit_host_from_ladder(base, [_ladder(tmp_path / "l", [_row("0", 11000.0, 1000, 0)])])
+    cal, _ = from_ladder.fit_host_from_ladder(base, [_ladder(tmp_path / "l", [_row("0", 11000.0, 1000, 0)])])
     assert cal["host_launch_us"] == pytest.approx(11.0)
     assert (cal["host_graph_call_us"], cal["host_node_update_us"]) == (3.0, 9.0)
 
@@ -95,7 +95,7 @@ def test_fit_refuses_what_it_cannot_fit_from(tmp_path, case):
     else:
         _ladder(f, [{"stage": "0", "context": 1000, "us_median": 1.0}])
     with pytest.raises(ValueError, match=str(f)):
-        C.fit_host_from_ladder(read(MEASURED_FILE), [f])
+        from_ladder.fit_host_from_ladder(read(MEASURED_FILE), [f])
 
 
 def test_fit_of_a_sim_ladder_gives_its_calibration_back(tmp_path):
@@ -114,7 +114,7 @@ def test_fit_of_a_sim_ladder_gives_its_calibration_back(tmp_path):
     shutil.copytree(out, measured)
     meta = json.loads((measured / "meta.json").read_text())
     (measured / "meta.json").write_text(json.dumps({**meta, "modeled": False, "measured": True}))
-    cal, _ = C.fit_host_from_ladder(base, [measured])
+    cal, _ = from_ladder.fit_host_from_ladder(base, [measured])
     for k in ("host_launch_us", "host_graph_call_us", "host_node_update_us"):
         assert cal[k] == pytest.approx(mine[k], rel=0.05), k
 
@@ -153,7 +153,7 @@ def test_long_context_kernels_are_refitted_over_positions(monkeypatch):
     replacing the base's fit of those kernels and no other."""
     from ds4lab.sim.backend import SimBackend
 
-    names = C.long_context_kernels()
+    names = gpu.long_context_kernels()
     assert {"indexer_score", "attention_comp", "comp_pool"} <= set(names) and "q8_matvec" not in names
     seen = []
 
@@ -165,7 +165,7 @@ def test_long_context_kernels_are_refitted_over_positions(monkeypatch):
 
     monkeypatch.setattr("ds4lab.measure.perop.per_op_times", fake_per_op_times)
     base = read(MEASURED_FILE)
-    cal = C.calibrate_long_context(SimBackend(timing_only=True), base, "small", positions=(255, 127),
+    cal = gpu.calibrate_long_context(SimBackend(timing_only=True), base, "small", positions=(255, 127),
                                    console=None)
     assert seen == [127, 255]
     assert cal["kernels"]["indexer_score"]["fixed_us"] == pytest.approx(2.0, abs=1e-3)
@@ -174,7 +174,7 @@ def test_long_context_kernels_are_refitted_over_positions(monkeypatch):
     assert cal["kernels"]["q8_matvec"] == base["kernels"]["q8_matvec"]  # not a long-context kernel: kept
     assert cal["kernels"]["comp_pool"] == base["kernels"]["comp_pool"]  # not measured here: kept
     with pytest.raises(ValueError, match="128"):
-        C.calibrate_long_context(SimBackend(timing_only=True), base, "small", positions=(1000,))
+        gpu.calibrate_long_context(SimBackend(timing_only=True), base, "small", positions=(1000,))
 
 
 def test_a_ladder_from_before_islands_fits_host_launch_only(tmp_path):
@@ -187,7 +187,7 @@ def test_a_ladder_from_before_islands_fits_host_launch_only(tmp_path):
                   {"stage": "3", "us_median": 1.0, "host_us_median": 300.0, "kernel_launches": 0}]).to_csv(
         f / "ladder.csv", index=False)
     (f / "meta.json").write_text(json.dumps({"job": "ladder", "measured": True, "start_pos": 1000}))
-    cal, table = C.fit_host_from_ladder(base, [f])
+    cal, table = from_ladder.fit_host_from_ladder(base, [f])
     assert cal["host_launch_us"] == pytest.approx(13.0)
     assert cal["host_graph_call_us"] == base["host_graph_call_us"]
     assert cal["host_node_update_us"] == base["host_node_update_us"]
@@ -197,7 +197,7 @@ def test_a_ladder_from_before_islands_fits_host_launch_only(tmp_path):
 def test_a_record_of_another_token_is_said_to_be_one(tmp_path):
     """A record whose preset summary differs from today's preset of that name: the check names the
     fields (the sim models today's token); the same token: nothing."""
-    from ds4lab.measure.sim_check import preset_changes
+    from ds4lab.calibration.record import preset_changes
     from ds4lab.token.config import get_preset
 
     now = get_preset("small").summary()

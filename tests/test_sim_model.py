@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.backends.numpy_backend import NumpyBackend
+from ds4lab.executor.numpy_backend import NumpyBackend
 from ds4lab.token.config import get_preset
 from ds4lab.token.model import DecodeModel, TokenOptions
 from ds4lab.sim import SimBackend

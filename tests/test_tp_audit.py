@@ -14,7 +14,7 @@ from ds4lab.capture import stream as S
 from ds4lab.token.config import get_preset
 from ds4lab.token.model import TokenOptions
 from ds4lab.tp.group import TPGroup
-from ds4lab.tp.trace import record_tp_table, write_tp_trace
+from ds4lab.tp.trace import record_tp_table
 
 TINY = get_preset("tiny")
 TOKENS = 2
@@ -82,12 +82,13 @@ def test_a_per_rank_plan_where_one_rank_falls_back_is_a_deadlock_risk(tables):
 
 
 def test_the_trace_is_written_for_ds4lab_audit(tmp_path):
+    """``ds4lab tp trace``: the job writes the recorded table, the pairs and the plan into its folder."""
+    from ds4lab.jobs import execute
+    from ds4lab.jobs.tp import TPConfig
     from ds4lab.trace.sources import read_events as read
 
-    with S.graphs_enabled():
-        g = TPGroup(TINY, opts=TokenOptions(vocab=True))
-        files = write_tp_trace(g, "3:out", 1000, TOKENS, tmp_path)
-    assert [f.name for f in files] == ["trace-tp.csv.gz", "tp-collectives.csv", "tp-plan.csv"]
+    res = execute("tp", TPConfig(command="trace", preset="tiny", stage="3:out", tokens=TOKENS, out=tmp_path))
+    assert [f.name for f in res.files] == ["trace-tp.csv.gz", "tp-collectives.csv", "tp-plan.csv"]
     t = read(tmp_path / "trace-tp.csv.gz")
     assert set(t.frame.device[t.frame.kind == "kernel"]) == {0, 1}
     pairs = pd.read_csv(tmp_path / "tp-collectives.csv")

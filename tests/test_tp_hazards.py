@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ds4lab.experiments.hazards import HAZARD_SETS, HAZARDS, demonstrate, hazard_names
+import ds4lab.tp.hazards  # noqa: F401  (registers the two-rank hazards in the table)
+from ds4lab.experiments.hazards import HAZARD_SETS, HAZARDS, demonstrate, hazard_names, register
 from ds4lab.sim.backend import SimBackend
 from ds4lab.token.config import get_preset
 
@@ -23,6 +24,11 @@ def test_the_tp_hazards_are_in_the_table_and_apart_from_the_single_gpu_sets():
     assert {"tp-ranks-out-of-step", "tp-collective-order", "tp-host-sync-one-rank"} <= tp
     assert not tp & set(HAZARD_SETS["all"]) and not tp & set(HAZARD_SETS["all-longctx"])
     assert hazard_names("all-tp") == list(HAZARD_SETS["all-tp"]) and all(HAZARDS[n].steps == "tp" for n in tp)
+
+
+def test_a_name_is_registered_once():
+    with pytest.raises(ValueError, match="tp-collective-order is in the table already"):
+        register({"tp-collective-order": HAZARDS["tp-collective-order"]}, "again")
 
 
 def test_ranks_capturing_out_of_step_never_complete(results):

@@ -52,7 +52,7 @@ def test_the_whole_token_graph_holds_every_collective(nccl):
     g, _ = nccl
     runs = g.stage_runs(TP_STAGES["3:in"].stage, TokenOptions(vocab=True))
     with S.graphs_enabled():
-        from ds4lab.experiments.run import Span
+        from ds4lab.experiments.stage_run import Span
 
         g.run(lambda r: runs[r].record(Span(1000, 2)))
     for run in runs:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ds4lab.capture import stream as S
-from ds4lab.experiments.run import Span
+from ds4lab.experiments.stage_run import Span
 from ds4lab.token import reference as R
 from ds4lab.token.config import ConfigError, get_preset
 from ds4lab.token.weights import WeightSpec, gen_qtensor
@@ -89,7 +89,7 @@ def nccl_and_peer():
 def test_nccl_and_peer_reductions_give_the_same_bits_on_both_ranks(nccl_and_peer):
     a, b = nccl_and_peer["nccl"], nccl_and_peer["peer"]
     assert a["ranks_identical"] and b["ranks_identical"]
-    from ds4lab.experiments.run import first_difference
+    from ds4lab.experiments.stage_run import first_difference
 
     assert first_difference(a["snapshots"][0], b["snapshots"][0]) is None
 

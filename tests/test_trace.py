@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 from click.testing import CliRunner
 
 from ds4lab.cli import main
-from ds4lab.jobs.trace import CuptiKernelSource, TraceConfig, TraceError, kernel_source
+from ds4lab.jobs.trace import TraceConfig, TraceError, api_call_rows, device_rows, kernel_source
 from ds4lab.jobs.trace import run as run_trace
 from ds4lab.trace.chrome import chrome_trace, load_trace
 from ds4lab.trace.live import RecordingAnnotator
@@ -141,7 +139,10 @@ def test_cupti_records_keep_stream_graph_and_node_ids(monkeypatch):
 
     m = fake_cupti.install(monkeypatch)
     K = fake_cupti.ActivityKind
-    src = CuptiKernelSource()
+    from ds4lab.trace.cupti import TRACE_KINDS
+    from ds4lab.trace.live import CuptiTimeline
+
+    src = CuptiTimeline(TRACE_KINDS)
     src.start()
     corr = m.call("cudaLaunchKernel_v7000")
     m.deliver([R(kind=K.CONCURRENT_KERNEL, name=b"q8_matvec", start=100, end=200, device_id=0, stream_id=13,
@@ -151,11 +152,12 @@ def test_cupti_records_keep_stream_graph_and_node_ids(monkeypatch):
                  graph_id=4, graph_node_id=10),
                R(kind=K.STREAM, flag=2, context_id=1, stream_id=13, correlation_id=0),
                R(kind=K.MARKER, flags_=2, timestamp=0, id=1, name="x", domain="", object_id=None)])
-    got = src.take()
+    got = device_rows(src, src.take())
     assert got[0] == {"name": "q8_matvec", "kind": "kernel", "start_ns": 100, "end_ns": 200, "stream": 13,
-                      "graph_id": 4, "graph_node_id": 9, "correlation": corr, "device": 0}
-    assert got[1]["kind"] == "memset" and len(got) == 2
-    calls, types = src.take_api()
+                      "graph_id": 4, "graph_node_id": 9, "correlation": corr, "stream_id": 13, "stream_type": "",
+                      "device": 0}
+    assert got[1]["kind"] == "memset" and got[1]["bytes"] == 4 and len(got) == 2
+    calls, types = api_call_rows(src, src.take_api())
     assert [(c["kind"], c["name"]) for c in calls] == [("api", "cudaLaunchKernel")] and types[13] == "non_blocking"
     assert src.clock_ns() > 0 and int(K.CONCURRENT_KERNEL) in m.enabled
     src.stop()
@@ -204,7 +206,7 @@ def test_the_audit_reads_ds4labs_trace(traced):
 
 
 def test_no_kernel_source_on_the_numpy_backend():
-    from ds4lab.backends.numpy_backend import NumpyBackend
+    from ds4lab.executor.numpy_backend import NumpyBackend
 
     with pytest.raises(TraceError, match="no kernel timeline on the numpy backend"):
         kernel_source(NumpyBackend())

@@ -3,7 +3,7 @@ times), ``numpy`` (CPU reference executor, no timing). :func:`make_backend` is t
 
 from __future__ import annotations
 
-from .base import Backend, BackendUnavailable, DeviceClock, Executor, ModeledTime, RuntimeApi, can_capture
+from ..executor.base import Backend, BackendUnavailable, DeviceClock, Executor, ModeledTime, RuntimeApi, can_capture
 
 BACKENDS = ("auto", "cupy", "numpy", "sim")
 
@@ -56,7 +56,7 @@ def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = Fa
         from ..sim.backend import SimBackend
 
         return SimBackend(seed=seed, timing_only=timing_only)
-    from .numpy_backend import NumpyBackend
+    from ..executor.numpy_backend import NumpyBackend
 
     return NumpyBackend(seed=seed)
 

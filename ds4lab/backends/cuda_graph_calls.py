@@ -1,5 +1,5 @@
 """Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through
-``cuda-bindings``: the calls the ``cupy`` backend makes for :class:`~ds4lab.backends.device_graphs.DeviceGraphApi`.
+``cuda-bindings``: the calls the ``cupy`` backend makes for :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`.
 
 Every function takes the binding module it calls (``rt``: ``cuda.bindings.runtime``, ``drv``:
 ``cuda.bindings.driver``), so a test can hand it a fake, and checks every status it gets back: a
@@ -20,7 +20,7 @@ import ctypes
 from typing import Any, Sequence
 
 from .cupy_runtime import _NODE_TYPES, _c_arg, _checked, _error_name
-from .device_graphs import COND_KINDS, check_kind
+from ..executor.device_graphs import COND_KINDS, check_kind
 
 #: cudaStreamCaptureStatus (CUDA Runtime API, enum): None 0, Active 1, Invalidated 2.
 CAPTURE_STATUS = {0: "none", 1: "active", 2: "invalidated"}

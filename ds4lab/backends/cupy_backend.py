@@ -20,7 +20,7 @@ import numpy as np
 
 from ..token import weights as W
 from ..capture.stream import CAPTURE_MODES, LEGACY_STREAM
-from .base import BackendUnavailable, DeviceClock, Executor, RuntimeApi
+from ..executor.base import BackendUnavailable, DeviceClock, Executor, RuntimeApi
 from .cupy_device_graphs import CupyDeviceGraphsMixin
 from .cupy_host import CupyHostMixin
 from .cupy_runtime import (_EVENT_RECORD_EXTERNAL, _EVENT_WAIT_EXTERNAL, CupyGraph, CupyGraphExec, _checked,

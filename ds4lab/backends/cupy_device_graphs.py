@@ -17,8 +17,8 @@ from typing import Any
 
 from . import cuda_graph_calls as G
 from .cupy_runtime import CupyGraph, _cudart
-from .device_graphs import PREDECESSOR_RULES, CondHandle, DeviceGraphApi
-from .kernel_pdl import require_device_half
+from ..executor.device_graphs import PREDECESSOR_RULES, CondHandle, DeviceGraphApi
+from ..executor.kernel_pdl import require_device_half
 
 #: The compile option of the ``pdl`` build (scripts/compile_kernels.py: VARIANTS["pdl"]).
 PDL_OPTION = "-DDS4_PDL=1"
@@ -77,7 +77,7 @@ class CupyDeviceGraphsMixin(DeviceGraphApi):
         """Compile and load, now, the kernels a capture will launch: ``names`` (default every kernel) in
         the plain build, and with ``programmatic`` their ``pdl`` build too (only kernels that carry the
         device-side half)."""
-        from .kernel_pdl import device_half
+        from ..executor.kernel_pdl import device_half
 
         half = device_half()
         for name in (names if names is not None else list(self._sources)):

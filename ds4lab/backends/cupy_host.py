@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import HOST_QUERIES
+from ..executor.base import HOST_QUERIES
 from .cupy_runtime import _checked, _cuda_errors, _cudart
 
 #: cudaDevAttrMultiProcessorCount (CUDA Runtime API, enum cudaDeviceAttr): the attribute the
@@ -119,7 +119,7 @@ class CupyHostMixin:
 
     # ------------------------------------------------------------------ host queries
     def host_query(self, name: str) -> Any:
-        """One of :data:`~ds4lab.backends.base.HOST_QUERIES` through ``cuda.bindings`` (runtime or
+        """One of :data:`~ds4lab.executor.base.HOST_QUERIES` through ``cuda.bindings`` (runtime or
         driver), its status checked. ``cudaGetLastError`` returns the last error's number (its
         answer, not a failure of the call)."""
         if name not in HOST_QUERIES:

@@ -26,7 +26,7 @@ import time
 
 from ..capture.stream import LEGACY_STREAM
 from ..errors import CollectiveError, CudaError
-from .base import BackendUnavailable
+from ..executor.base import BackendUnavailable
 from .cupy_runtime import _cuda_errors, _error_name
 
 #: ``ncclResult_t`` names by number (NCCL API, "Types": ncclResult_t).

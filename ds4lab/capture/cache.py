@@ -1,7 +1,7 @@
 """Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
 
 A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. What it
-captures and how is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.run.StageRun`
+captures and how is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun`
 passes it whole). For the clusters the policy names (``"shared"``, ``"moe"``, ``"token"``, ds4's islands
 ``"island0"`` and ``"island1"``, the attention span ``"attn_span"``), each call:
 
@@ -22,24 +22,8 @@ passes it whole). For the clusters the policy names (``"shared"``, ``"moe"``, ``
    discarded, the stream leaves capture mode, the thread's stream override is restored), leaves
    the key uncaptured with the reason in :attr:`GraphCache.log`, and lets the exception go on.
 
-Policy options for the designs engines ship:
-
-* ``update=True`` (stage ``3u``): every call captures the cluster again with this call's by-value
-  arguments and updates the executable graph in place (``cudaGraphExecUpdate``) before launching
-  it. A refused update (``cudaErrorGraphExecUpdateFailure``, with CUDA's
-  ``cudaGraphExecUpdateResult`` and the failing node's type) instantiates the new graph instead;
-  only a failed re-instantiation retires the entry.
-* ``node_updates`` (stage ``i+``, ds4 ``36ee8c14``'s hand-built attention graph): each later call
-  plans the cluster's launches without issuing them and, when they are the same kernels as
-  captured, sets every kernel node's parameters (``cudaGraphExecKernelNodeSetParams``: arguments,
-  grid, block) before the launch; other kernels (a changed launch list) retire the graph and
-  capture again. No host decision is re-asked: the launch list itself is compared.
-* ``variants`` (ds4's islands: 4): graphs kept per (cluster, layer, token count) key, told apart by
-  the buffers they touch; a key past the cap runs eagerly.
-* ``invalidate_on_realloc`` (ds4 ``9f325617``): when the model reallocates a buffer (scratch
-  growth), every graph is dropped at once, not only the ones keyed on the old buffers.
-* ``skip``: ``(cluster, layer)`` pairs that always run eagerly (ds4 keeps island 1 eager on the
-  hash-routed layers).
+The policy options for the designs engines ship (``update``, ``node_updates``, ``variants``,
+``invalidate_on_realloc``, ``skip``) are explained in ``docs/capture-stages.md``, "The graph cache's policy".
 
 Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, graph instantiation, updating
 instantiated graphs: whole-graph update and individual node update); ds4's staged plan (context

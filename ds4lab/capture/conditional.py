@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..backends.device_graphs import DeviceGraphApi
+from ..executor.device_graphs import DeviceGraphApi
 from ..errors import RuntimeApiError
 from .stream import stream_override
 
 
 def in_device_graph(L) -> bool:
     """Whether launcher ``L``'s launches now go into a stream capture on a backend that can add
-    conditional nodes to it (:class:`~ds4lab.backends.device_graphs.DeviceGraphApi`)."""
+    conditional nodes to it (:class:`~ds4lab.executor.device_graphs.DeviceGraphApi`)."""
     return L.capturing and isinstance(L.backend, DeviceGraphApi)
 
 

@@ -21,7 +21,7 @@ import contextlib
 from collections import Counter
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ..backends.base import ModeledTime
+from ..executor.base import ModeledTime
 from .annotate import make_annotator
 from .stream import LEGACY_STREAM, current_stream
 
@@ -100,7 +100,7 @@ class Launcher:
     """Routes every launch through the stream accessor, the census and NVTX, to a backend.
 
     Args:
-        backend: a :class:`ds4lab.backends.base.Backend`.
+        backend: a :class:`ds4lab.executor.base.Backend`.
         nvtx: emit NVTX ranges (token, layer, cluster, op). Chosen once: the launcher's annotator is
             an :class:`~ds4lab.capture.annotate.NvtxAnnotator`, or, off, a
             :class:`~ds4lab.capture.annotate.NullAnnotator` (no NVTX call at all); no launch asks again.
@@ -314,7 +314,7 @@ class Launcher:
 
     def model_host_work(self, kind: str) -> None:
         """On a modeled backend (the sim), price ds4lab's own host work of ``kind`` around a runtime
-        call (:meth:`ds4lab.backends.base.ModeledTime.model_host_work`); a GPU spends it for real."""
+        call (:meth:`ds4lab.executor.base.ModeledTime.model_host_work`); a GPU spends it for real."""
         if self._host_work is not None:
             self._host_work(kind)
 

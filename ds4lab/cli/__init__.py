@@ -9,12 +9,18 @@ import click
 from ..backends import BACKENDS
 from ..capture.stream import CAPTURE_MODES
 from ..experiments.stages import STAGES
+from ..jobs.bench import BenchConfig
+from ..jobs.calibrate import CalibrateConfig
 from ..jobs.context import DEFAULT_CONTEXTS, ContextConfig
 from ..jobs.hazards import ALL_HAZARDS, HazardsConfig
 from ..jobs.ladder import LadderConfig
+from ..jobs.run import RunConfig
 from ..token.config import PRESETS
 from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
 from .support import closed_pipe, default, fail, given, invoke
+
+#: ``ds4lab run``'s token options by default (its config's).
+_RUN_OPTIONS = default(RunConfig, "options")
 
 
 class _Group(click.Group):
@@ -56,42 +62,44 @@ def main() -> None:
                    "numpy: the CPU reference executor (no timing).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Model dimensions. Default: small.")
-@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Decode tokens to time.")
-@click.option("--warmup", type=click.IntRange(min=0), default=8, show_default=True, help="Untimed tokens first.")
+@click.option("--tokens", type=click.IntRange(min=1), default=default(RunConfig, "tokens"), show_default=True,
+              help="Decode tokens to time.")
+@click.option("--warmup", type=click.IntRange(min=0), default=default(RunConfig, "warmup"), show_default=True,
+              help="Untimed tokens first.")
 @click.option("--out", type=click.Path(), default=None,
               help="Result folder, created if needed and checked writable before any work. "
                    "Default: results/run-<preset>-<backend>.")
-@click.option("--start-pos", type=click.IntRange(min=0), default=1000, show_default=True,
+@click.option("--start-pos", type=click.IntRange(min=0), default=default(RunConfig, "start_pos"), show_default=True,
               help="Position of the first token (the KV window is prefilled). start-pos + warmup + tokens "
                    "must stay within int32 positions.")
-@click.option("--nvtx/--no-nvtx", default=False, show_default=True,
+@click.option("--nvtx/--no-nvtx", default=default(RunConfig, "nvtx"), show_default=True,
               help="NVTX ranges (domain ds4lab); they only matter to a profiler on a GPU.")
-@click.option("--vocab/--no-vocab", default=True, show_default=True,
+@click.option("--vocab/--no-vocab", default=_RUN_OPTIONS.vocab, show_default=True,
               help="Final norm and vocabulary projection.")
-@click.option("--counts-clear", type=click.Choice(COUNTS_CLEAR), default="sync", show_default=True,
+@click.option("--counts-clear", type=click.Choice(COUNTS_CLEAR), default=_RUN_OPTIONS.counts_clear, show_default=True,
               help="Routed-MoE counts clear: sync cudaMemset on the legacy stream (ds4 today) or async. "
                    "Only the batched routed-MoE path (tokens > 1 per step) clears counts; a decode token "
                    "never takes it, so it does not change this command's tokens.")
-@click.option("--scalars", type=click.Choice(SCALARS), default="value", show_default=True,
+@click.option("--scalars", type=click.Choice(SCALARS), default=_RUN_OPTIONS.scalars, show_default=True,
               help="Per-token scalars by value (ds4 today) or from a device buffer.")
-@click.option("--scratch", type=click.Choice(SCRATCH), default="prealloc", show_default=True,
+@click.option("--scratch", type=click.Choice(SCRATCH), default=_RUN_OPTIONS.scratch, show_default=True,
               help="Routed-MoE scratch allocated on demand or up front. Only the batched routed-MoE path "
                    "(tokens > 1 per step) grows it; a decode token never takes it, so it does not change "
                    "this command's tokens (only the setup allocation).")
-@click.option("--moe-profile/--no-moe-profile", default=False, show_default=True,
+@click.option("--moe-profile/--no-moe-profile", default=_RUN_OPTIONS.moe_profile, show_default=True,
               help="Record ds4's 7 MoE profiling events (DS4_CUDA_MOE_PROFILE).")
 @click.option("--per-layer-experts", is_flag=True, help="One routed-expert bank per layer (if memory allows).")
-@click.option("--check/--no-check", default=True, show_default=True,
+@click.option("--check/--no-check", default=default(RunConfig, "check"), show_default=True,
               help="Check the first token against the NumPy reference (GPU only: the sim and numpy "
                    "backends compute with the reference ops).")
-@click.option("--timing-only/--compute", "timing_only", default=None,
+@click.option("--timing-only/--compute", "timing_only", default=default(RunConfig, "timing_only"),
               help="sim backend only: model the timing without computing any number (seconds even for "
                    "ds4-flash), or compute with the reference ops as well. Default: timing-only, but "
                    "compute for tiny (small's numbers take minutes on the CPU).")
 @click.option("--force", is_flag=True,
               help="Run anyway when a CPU backend would compute a model over 1 GiB of weights "
                    "(numpy, or sim --compute, on ds4-flash: tens of minutes, many GB of memory).")
-@click.option("--seed", type=int, default=1234, show_default=True, help="Weight seed.")
+@click.option("--seed", type=int, default=default(RunConfig, "seed"), show_default=True, help="Weight seed.")
 def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_clear, scalars, scratch,
         moe_profile, per_layer_experts, check, timing_only, force, seed) -> None:
     """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor.
@@ -99,8 +107,6 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
     Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable
     --out (nothing run), 130 interrupted (results so far kept; meta.json says how far it got).
     """
-    from ..jobs.run import RunConfig
-
     rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
                    start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
                    seed=seed, timing_only=timing_only, force=force,
@@ -110,13 +116,13 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(list(PRESETS)), default="ds4-flash", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write bench.json into this folder.")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=default(BenchConfig, "preset"),
+              help="Model dimensions. Default: ds4-flash.")
+@click.option("--out", type=click.Path(path_type=Path), default=default(BenchConfig, "out"),
+              help="Write bench.json into this folder.")
 @click.option("--per-op", "per_op", is_flag=True, help="Add the per-launch-site roofline of one token (CSV, figure).")
 def bench(preset, out, per_op) -> None:
     """Launch-layer host cost vs bare CuPy, and routed-MoE decode bandwidth (GPU only)."""
-    from ..jobs.bench import BenchConfig
-
     invoke("bench", BenchConfig(preset=preset, out=out, per_op=per_op), "cupy")
 
 
@@ -213,7 +219,8 @@ def conformance(backend, out, names, list_only) -> None:
 @main.command()
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Model whose eager tokens and kernels are measured. Default: small.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/calibration.json"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path(default(CalibrateConfig, "out")),
+              show_default=True)
 @click.option("--moe-profile", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="No GPU needed: add fits for the tiled (tokens > 1) MoE kernels from this `ds4lab moe` "
                    "folder (measured, with in-graph uniform rows) to --base and write --out.")
@@ -241,8 +248,6 @@ def conformance(backend, out, names, list_only) -> None:
                    "-fit.csv.")
 def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds4, from_context) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
-    from ..jobs.calibrate import CalibrateConfig
-
     invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
                                         long_context=long_context, from_ladder=tuple(from_ladder),
                                         from_ds4=tuple(from_ds4) or None, from_context=from_context), "cupy")
@@ -296,7 +301,7 @@ def presets() -> None:
 def _register_extensions() -> None:
     """Commands defined beside this module (each ``register(main)``)."""
     from . import audit as cli_audit, ingest as cli_ingest, moe as cli_moe, notebooks as cli_notebooks
-    from . import ds4 as cli_ds4, trace as cli_trace
+    from . import ds4 as cli_ds4, tp as cli_tp, trace as cli_trace
 
     cli_ingest.register(main)
     cli_trace.register(main)
@@ -304,6 +309,7 @@ def _register_extensions() -> None:
     cli_notebooks.register(main)
     cli_audit.register(main)
     cli_ds4.register(main)
+    cli_tp.register(main)
 
 
 _register_extensions()

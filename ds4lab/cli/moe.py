@@ -8,14 +8,11 @@ from pathlib import Path
 
 import click
 
-from .support import invoke
-from ..token.config import PRESETS
+from .support import default, invoke
 from ..capture.stream import CAPTURE_MODES
-
-#: What ``ds4lab moe`` writes in its folder (an earlier run's copies are removed first).
-MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4*.log", "expert-load.csv", "share.csv", "overhead.csv",
-               "moe-stages.*", "moe-distribution.*", "moe-share.*")
-
+from ..jobs.exclusion import ExclusionConfig
+from ..jobs.moe import MoeConfig
+from ..token.config import PRESETS
 
 def _csv_list(text: str, kind=str, allowed=None) -> list:
     """``"a,b"`` → items (``all`` → every allowed value); the job checks unknown and repeated ones."""
@@ -40,30 +37,31 @@ def _csv_list(text: str, kind=str, allowed=None) -> list:
                    "Default: 1,2,3,16,64,256,512, less those above the preset's max_tokens.")
 @click.option("--routing", "routings", default="all", show_default=True,
               help="Comma-separated routing patterns: uniform, zipf, hash, worst.")
-@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1), default=default(MoeConfig, "steps"), show_default=True,
               help="Reported steps per (mode, tokens, routing); a step runs every layer once.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None,
               help="Unreported steps first. Default: 1 eager, 2 replayed (warm-up and capture).")
-@click.option("--regime", type=click.Choice(["auto", "eager", "replayed"]), default="auto", show_default=True,
+@click.option("--regime", type=click.Choice(["auto", "eager", "replayed"]), default=default(MoeConfig, "regime"),
+              show_default=True,
               help="auto: graph-boundary and in-graph replayed from graphs, the others eager.")
-@click.option("--capture-mode", type=click.Choice(CAPTURE_MODES), default="thread_local",
+@click.option("--capture-mode", type=click.Choice(CAPTURE_MODES), default=default(MoeConfig, "capture_mode"),
               show_default=True)
 @click.option("--n-layers", type=click.IntRange(min=1), default=None, help="Build only the first N layers.")
 @click.option("--fallback", is_flag=True, help="host-timed: under capture, time in-graph instead of refusing.")
-@click.option("--share-tokens", type=click.IntRange(min=0), default=8, show_default=True,
+@click.option("--share-tokens", type=click.IntRange(min=0), default=default(MoeConfig, "share_tokens"),
+              show_default=True,
               help="Whole eager decode tokens for the MoE-share figure (0: skip).")
-@click.option("--overhead/--no-overhead", default=True, show_default=True,
+@click.option("--overhead/--no-overhead", default=default(MoeConfig, "overhead"), show_default=True,
               help="µs per whole token with each mode, eager and replayed (overhead.csv).")
 @click.option("--sim-compute", is_flag=True,
               help="sim: compute the numbers too (slow for big batches; default: timing only).")
 @click.option("--print-ds4", is_flag=True, help="Also print ds4's stderr profile lines.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Routing and input seed.")
+@click.option("--seed", type=int, default=default(MoeConfig, "seed"), show_default=True, help="Routing and input seed.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/moe-<preset>-<backend>.")
 def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, capture_mode, n_layers, fallback,
             share_tokens, overhead, sim_compute, print_ds4, seed, out) -> None:
     """Routed-MoE stage timing (ds4's xq/sort/gateup/midq/down/sum/total) in capture-compatible modes."""
-    from ..jobs.moe import MoeConfig
     from ..moeprof import MODES, ROUTINGS
 
     cfg = MoeConfig(modes=_csv_list(modes, allowed=MODES),
@@ -80,7 +78,7 @@ def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, cap
               help="cupy: the matrix on the GPU and on the sim, compared cell by cell. sim: the sim alone.")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
               help="Default: ds4-flash on a GPU (its first top-k layer), small on the sim.")
-@click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--tokens", type=click.IntRange(min=1), default=default(ExclusionConfig, "tokens"), show_default=True,
               help="Tokens per MoE call (2: the sorted-pairs path of MTP verification).")
 @click.option("--overhead-calls", type=click.IntRange(min=1), default=None,
               help="MoE calls per overhead measurement (default: 100 on a GPU, 4 on the sim).")
@@ -88,8 +86,6 @@ def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, cap
               help="Result folder. Default: results/exclusion-<preset>-<backend>.")
 def exclusion_cmd(backend, preset, tokens, overhead_calls, out) -> None:
     """The MoE profiling × capture exclusion matrix, computed by running every combination."""
-    from ..jobs.exclusion import ExclusionConfig
-
     invoke("exclusion", ExclusionConfig(preset=preset, tokens=tokens, overhead_calls=overhead_calls, out=out), backend)
 
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
+from ..jobs.trace import TraceConfig
 from ..token.config import PRESETS
+from .support import default
 
 
 def _token_hazards():
@@ -29,9 +31,9 @@ def register(main: click.Group) -> None:
 @click.option("--stages", default=None,
               help="Comma-separated stages, one trace process each. Default: 0,3; with --hazard: 0s (stage 0 with "
                    "the accessor's stream set, so that work bypassing it shows on the legacy stream).")
-@click.option("--tokens", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--tokens", type=click.IntRange(min=1), default=default(TraceConfig, "tokens"), show_default=True,
               help="Tokens traced per stage (after warm-up).")
-@click.option("--warmup", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--warmup", type=click.IntRange(min=1), default=default(TraceConfig, "warmup"), show_default=True,
               help="Untraced tokens per stage first (the captured stages capture their graphs there).")
 @click.option("--hazard", type=click.Choice(list(_token_hazards())), default=None,
               help="Trace a ds4-today path of `ds4lab ladder --hazard` (its token options applied), for "
@@ -58,7 +60,6 @@ def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     """
     from .support import invoke
     from ..report.results import final_path
-    from ..jobs.trace import TraceConfig
 
     res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out,
                                       hazard=hazard), backend)

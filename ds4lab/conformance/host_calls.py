@@ -8,7 +8,7 @@ agreed with the sim (round3's record).
 
 from __future__ import annotations
 
-from ..backends.base import HOST_QUERIES
+from ..executor.base import HOST_QUERIES
 from .framework import (INTACT, MODES, N, _RT, Recorder, _buf, _capture, _replay, call_in_capture, f32,
                         refused_unless_relaxed, scenario)
 

@@ -1,9 +1,9 @@
 """Hazard demonstrations: one ds4-today code path re-introduced into a captured stage.
 
-Each demonstration is two :class:`~ds4lab.experiments.run.StageRun` objects over the same steps from
+Each demonstration is two :class:`~ds4lab.experiments.stage_run.StageRun` objects over the same steps from
 the same state: the hazard's path run eagerly (the reference) and the same path under the stage it
-breaks. Their tensors are compared bit for bit (:func:`~ds4lab.experiments.run.first_difference`)
-and the one classifier (:func:`~ds4lab.experiments.run.outcome`) names what happened: a refused
+breaks. Their tensors are compared bit for bit (:func:`~ds4lab.experiments.stage_run.first_difference`)
+and the one classifier (:func:`~ds4lab.experiments.stage_run.outcome`) names what happened: a refused
 capture with its eager fallback, a capture that replays wrong, one that broke, or one that is exact.
 On the long-context token stage ``3c`` (one graph, decisions on the device) runs the same tokens too.
 What each should do is what the conformance suite measured on the H200 (``ds4lab/sim/rules.py``).
@@ -24,7 +24,7 @@ import numpy as np
 
 from ..capture import stream as S
 from ..token.model import DecodeModel, TokenOptions
-from .run import ModelPatch, Span, StageRun, first_difference, outcome
+from .stage_run import ModelPatch, Span, StageRun, first_difference, outcome
 from .stages import STAGES
 
 #: The profiling points of ds4's MoE profile, each an event recorded on the legacy stream (ds4 b0309611).
@@ -130,11 +130,20 @@ HAZARD_SETS = {"all": tuple(n for n, h in HAZARDS.items() if h.steps != "longctx
                "all-longctx": tuple(n for n, h in HAZARDS.items() if h.steps == "longctx")}
 
 
-# Tensor-parallel hazards (two ranks on the sim; ds4lab/tp/hazards.py runs them): registered here, in their set.
-from ..tp.hazards import TP_HAZARDS  # noqa: E402  (after the table: the sets above hold the single-GPU ones)
+def register(hazards: dict, set_name: str) -> None:
+    """Add ``hazards`` (``{name: hazard}``, each with ``steps``, ``stage``, ``what``, ``expected(mode)`` and
+    ``demonstrate(be, cfg, mode)`` where it runs itself) to :data:`HAZARDS` and name them ``set_name`` in
+    :data:`HAZARD_SETS`: a package above this one (the tensor-parallel hazards, ``ds4lab.tp.hazards``)
+    adds its own without this table importing it.
 
-HAZARDS.update(TP_HAZARDS)
-HAZARD_SETS["all-tp"] = tuple(TP_HAZARDS)
+    Raises:
+        ValueError: a name already in the table, or a set already named.
+    """
+    taken = sorted(set(hazards) & set(HAZARDS)) + ([set_name] if set_name in HAZARD_SETS else [])
+    if taken:
+        raise ValueError(f"hazard {', '.join(taken)} is in the table already")
+    HAZARDS.update(hazards)
+    HAZARD_SETS[set_name] = tuple(hazards)
 
 
 def hazard_names(text: str) -> list[str]:
@@ -181,7 +190,7 @@ def _model_cfg(hz: Hazard, cfg, span: Span):
 def demonstrate(name: str, be, cfg, mode: str = "thread_local") -> dict:
     """Run hazard ``name`` on ``be`` (a backend that computes) with model dimensions ``cfg``: the
     hazard's path eagerly against the same path under its stage. Returns the outcome as a dict
-    (``outcome`` from :func:`~ds4lab.experiments.run.outcome`; on the long-context token also
+    (``outcome`` from :func:`~ds4lab.experiments.stage_run.outcome`; on the long-context token also
     ``exact_3c`` and ``graphs_3c``: stage 3c over the same tokens).
 
     Raises:
@@ -237,4 +246,4 @@ def _eager_twin(stage):
     return replace(stage, name=f"{stage.name} (eager)", policy=EAGER)
 
 
-__all__ = ["HAZARDS", "HAZARD_SETS", "Hazard", "PROFILE_SITES", "demonstrate", "hazard_names"]
+__all__ = ["HAZARDS", "HAZARD_SETS", "Hazard", "PROFILE_SITES", "demonstrate", "hazard_names", "register"]

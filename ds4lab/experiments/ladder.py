@@ -1,23 +1,17 @@
 """The one experiment shape behind ``ds4lab ladder`` and ``ds4lab context``: a table of stage runs
 at one or more contexts, each checked bit for bit against stage 0 and timed in interleaved rounds.
 
-At each context (a start position):
+At each context (a start position): **exactness** (every stage decodes the same span from the same
+prefilled state and is compared with stage 0: :func:`~ds4lab.experiments.stage_run.first_difference`),
+**the floors** (:mod:`ds4lab.experiments.floors`: the replayed token's GPU-busy time, the bytes and
+launch-list floors) and **µs per token** over the timed tokens in ``rounds`` interleaved rounds (odd
+rounds in reverse order, every stage of a round on the same positions), with host enqueue time,
+launches and the graph cache's counts.
 
-* **exactness**: every stage decodes the same span of tokens from the same prefilled state and is
-  compared with stage 0 (:func:`~ds4lab.experiments.run.first_difference` over
-  :meth:`~ds4lab.token.model.DecodeModel.snapshot`: hidden state, logits, every KV cache, the
-  long-context caches);
-* **the floors** (:mod:`ds4lab.measure.floors`), when asked for: the replayed token's GPU-busy time
-  (CUPTI kernel records on a GPU, the cost model's timeline on the sim; efficiency is it over each
-  stage's µs), the bytes floor and the launch-list floor;
-* **µs per token** over the timed tokens, split into ``rounds`` interleaved rounds (odd rounds in
-  reverse order, every stage of a round on the same positions), so host noise falls on every stage
-  alike; host enqueue time, kernel and graph launches per token, the graph cache's counts so far.
-
-The ladder is this table at one context with four rounds; the context ladder at several contexts
-on the long-context token (where the launch list changes with the position) with one round each.
-While a context is measured, :meth:`Ladder.partial_rows` gives what is done so far (each stage's
-verdict once checked, its figures over the rounds it finished), for a job to write as it goes.
+:func:`run_table` runs a :class:`Table` and returns its rows (one per stage and context); it writes
+no file and prints nothing: what it is doing goes to the :class:`Callbacks` it is given (the rows of
+the context being measured as they change, :meth:`Ladder.partial_rows`), so a job can write as it
+goes. :func:`ladder_table` and :func:`context_table` make the two tables the commands run.
 """
 
 from __future__ import annotations
@@ -25,10 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..capture import stream as S
+from ..errors import BadInput
 from ..timing import Difference, Stats, paired_difference
+from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from ..token.model import DecodeModel, TokenOptions
-from .run import Span, StageRun, compare_runs, outcome
-from .stages import STAGES, Stage, token_id_at
+from .stage_run import Span, StageRun, compare_runs, outcome
+from .stages import STAGES, Stage, parse_stages
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ def exactness_backend(be):
 
 
 def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenOptions | None = None) -> dict:
-    """The floors of the token at ``context`` (:func:`ds4lab.measure.floors.token_floors`): the
+    """The floors of the token at ``context`` (:func:`ds4lab.experiments.floors.token_floors`): the
     replayed token's GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's
     timeline on the sim), median over ``positions`` (the positions the stages are timed at: every
     stage spends at least each token's busy time on it, so the ladder's efficiency, this over each
@@ -113,7 +110,7 @@ def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenO
     executor: every stage run activates its own."""
     if not (be.measures_time or be.models_time):
         return {}
-    from ..measure.floors import token_floors
+    from .floors import token_floors
 
     tf = token_floors(be, model, start_pos=context, busy_positions=positions, base=base)
     return {"floor_us": tf.busy.busy.median, "bytes_floor_us": tf.floor.bytes_floor_us,
@@ -217,9 +214,7 @@ class Ladder:
     def tokens_timed(self) -> int:
         """The tokens :meth:`measure` decodes over every context, warm-up included: one
         ``progress()`` call each."""
-        t = self.table
-        per_context = sum(t.per_round + (t.warmup if rnd == 0 else 2) for rnd in range(t.rounds))
-        return per_context * len(self.runs) * len(t.contexts)
+        return tokens_timed(self.table)
 
     def partial_rows(self, context: int, exact: dict, floors: dict, samples: dict | None = None,
                      launches: dict | None = None, timed: dict | None = None) -> list[dict]:
@@ -320,4 +315,129 @@ def _eff(floor, us):
     return floor / us if floor and us else None
 
 
-__all__ = ["Ladder", "Table", "exactness_backend", "floors_at"]
+# ----------------------------------------------------------------------------- the two tables, run
+def ladder_table(stages: str, start_pos: int, *, exact_tokens: int, tokens: int, warmup: int, rounds: int,
+                 long_context: bool = False) -> Table:
+    """The ladder's :class:`Table`: ``stages`` (comma-separated names) at one context, ``start_pos``,
+    exactness over ``exact_tokens`` from it, then ``tokens`` timed in ``rounds`` interleaved rounds
+    (at most one round per token). Raises :class:`~ds4lab.experiments.stages.StageInputError` for an
+    unknown stage."""
+    return Table(stages=tuple(parse_stages(stages, long_context=long_context)), contexts=(start_pos,),
+                 exact_tokens=exact_tokens, exact_lead=0, tokens=tokens, warmup=warmup, rounds=min(rounds, tokens))
+
+
+def context_table(stages: str, contexts, *, span: int, tokens: int, warmup: int, rounds: int) -> Table:
+    """The context ladder's :class:`Table` on the long-context token: at each of ``contexts``
+    (ascending ints) exactness over ``span`` tokens from ``context - 4``, timing from the context
+    itself in ``rounds`` interleaved rounds, the floors at each context."""
+    return Table(stages=tuple(parse_stages(stages, long_context=True)), contexts=tuple(int(c) for c in contexts),
+                 exact_tokens=span, exact_lead=4, tokens=tokens, warmup=warmup, rounds=rounds,
+                 timing_after_exact=False, floor=True)
+
+
+def model_config(preset: str, table: Table, long_context: bool, what: str = "the table"):
+    """The preset, with the long-context token switched on and ``max_context`` the smallest multiple
+    of 128 past the table's last position (the caches' prefill rows do not depend on their size).
+
+    Raises:
+        BadInput: a position past int32, or past the preset's own ``max_context`` (naming ``what``:
+            the options that set the positions).
+    """
+    last = table.last_position()
+    if last > MAX_POS:
+        raise BadInput(f"{what}: the run would decode positions up to {last}, past {MAX_POS} (positions are "
+                       "int32 kernel arguments)")
+    if not long_context:
+        return get_preset(preset)
+    limit = get_preset(preset, long_context=True).max_context
+    if last >= limit:
+        raise BadInput(f"{what}: the run decodes up to position {last}, past the {preset} preset's max_context "
+                       f"{limit}")
+    return get_preset(preset, long_context=True, max_context=-(-(last + 1) // 128) * 128)
+
+
+def can_check(be, mcfg) -> bool:
+    """Whether exactness is computed for ``mcfg`` on ``be``: on a GPU always; off it (the sim computes
+    with the NumPy reference) not for ds4-flash, which would take hours."""
+    return be.is_gpu or not is_ds4_flash(mcfg.name)
+
+
+def _nothing(*_a, **_k) -> None:
+    return None
+
+
+@dataclass
+class Callbacks:
+    """What :func:`run_table` tells its caller as it goes; each is optional.
+
+    Attributes:
+        say: a line in words (each stage's exactness verdict).
+        partial: the rows of the context being measured (:meth:`Ladder.partial_rows`), each time they change.
+        finished: ``(rows, so_far)``: a context's finished rows, and every finished context's as a table.
+        starting: ``(context, round, stage)`` before a stage's round is timed; round None: the exactness check.
+        token: after every timed token, warm-up included (:meth:`Ladder.tokens_timed` of them).
+        exact_progress: ``(done, total) -> str``, after each run the exactness check records (stage 0's
+            reference, then each stage's); what it returns ends the line said (an estimate of the time left).
+    """
+
+    say: Callable[[str], None] = _nothing
+    partial: Callable[[list], None] = _nothing
+    finished: Callable[[list, object], None] = _nothing
+    starting: Callable[[int, int | None, str], None] = _nothing
+    token: Callable[[], None] = _nothing
+    exact_progress: Callable[[int, int], str] = lambda done, total: ""
+
+
+def table_frame(rows: list[dict], be, preset: str):
+    """``rows`` as the table's DataFrame: each row ends with ``backend``, ``preset`` and ``modeled``."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["backend"], df["preset"], df["modeled"] = be.name, preset, bool(be.models_time)
+    return df
+
+
+def run_table(be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False, check: bool | None = None,
+              on: Callbacks | None = None):
+    """Run ``table`` on ``be`` for model ``mcfg``: context by context, exactness (where ``check``; None:
+    :func:`can_check`), the floors (where ``table.floor``), then the timing rounds. On a backend that
+    models time (the sim) every kernel at a context is priced at the calibration's kernel time factor
+    there (:meth:`ds4lab.executor.base.ModeledTime.model_context`, set before the context's exactness,
+    floors and timing; it stays at the last context afterwards).
+
+    Returns:
+        The table (pandas): one row per stage and context (:meth:`Ladder.measure`'s columns, then
+        ``backend``, ``preset``, ``modeled``). Nothing is written or printed: ``on`` is told.
+    """
+    from ..executor.base import ModeledTime
+
+    on = on or Callbacks()
+    lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=can_check(be, mcfg) if check is None else check)
+    done: list[dict] = []
+    with S.graphs_enabled():  # DS4_CUDA_GRAPHS=1: every stage but 0 sets an override
+        for c in table.contexts:
+            if isinstance(be, ModeledTime):
+                be.model_context(c)
+            on.partial(lad.partial_rows(c, {}, {}))
+            on.starting(c, None, "")
+            exact = lad.exactness(c, on.say, on_result=lambda ex, c=c: on.partial(lad.partial_rows(c, ex, {})),
+                                  progress=on.exact_progress)
+            floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
+            on.partial(lad.partial_rows(c, exact, floors))
+            rows = lad.measure(c, exact=exact, floors=floors, progress=on.token, on_stage=on.partial,
+                               starting=lambda rnd, stage, c=c: on.starting(c, rnd, stage))
+            done += rows
+            on.finished(rows, table_frame(done, be, mcfg.name))
+    return table_frame(done, be, mcfg.name)
+
+
+def tokens_timed(table: Table) -> int:
+    """The tokens :func:`run_table` decodes in its timing rounds over every context, warm-up included
+    (one ``token()`` call each)."""
+    per_context = sum(table.per_round + (table.warmup if rnd == 0 else 2) for rnd in range(table.rounds))
+    return per_context * len(table.stages) * len(table.contexts)
+
+
+__all__ = ["Callbacks", "Ladder", "Table", "can_check", "context_table", "exactness_backend", "floors_at",
+           "ladder_table", "model_config", "run_table", "table_frame", "tokens_timed"]

@@ -7,7 +7,7 @@ long-context token, ``3cc`` the same through conditional nodes, ``3p`` / ``3cp``
 and 3cc with programmatic dependent launch (``docs/capture-stages.md``); ``i`` and ``i+`` are ds4's
 decode islands as shipped (ds4 ``e50104f6``, "cuda: decode-island CUDA graph capture for serial
 decode"; ``docs/model.md``, "ds4's decode islands").
-A :class:`~ds4lab.experiments.run.StageRun` runs one of them on a model.
+A :class:`~ds4lab.experiments.stage_run.StageRun` runs one of them on a model.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..capture.cache import EAGER, CapturePolicy
 from ..errors import BadInput
+from ..token.config import token_id_at  # noqa: F401  (the token every experiment decodes, here too)
 
 #: The hazard fixes a stage can require (context file, "Capture hazards").
 FIXES = ("launches through the accessor", "non-blocking stream", "async counts clear",
@@ -174,9 +175,3 @@ def fixes_table(stages=None):
     sts = list(STAGES.values()) if stages is None else stages
     return pd.DataFrame({s.name: ["required" if f in s.fixes else "—" for f in FIXES] for s in sts},
                         index=list(FIXES))
-
-
-def token_id_at(pos: int, vocab: int) -> int:
-    """The token id every experiment decodes at position ``pos`` (a fixed pseudo-random sequence,
-    so every stage and every backend decodes the same tokens)."""
-    return (pos * 7919 + 13) % vocab

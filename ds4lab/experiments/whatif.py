@@ -31,7 +31,7 @@ def stage_us(cfg, stage: str, calibration=None, start: int = 1000) -> tuple[floa
     from ..sim.backend import SimBackend
     from ..timing import Stats
     from ..token.model import DecodeModel, TokenOptions
-    from .run import Span, StageRun
+    from .stage_run import Span, StageRun
     from .stages import STAGES
 
     be = SimBackend(timing_only=True, calibration=calibration)

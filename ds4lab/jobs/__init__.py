@@ -23,6 +23,7 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``notebooks``   the workbench notebooks, run headlessly (papermill) into one result folder
 ``ingest``      real profiles (ds4 logs, Nsight Systems and Compute exports, ds4lab folders) into tables
 ``compare``     ds4lab results and ingested profiles side by side
+``tp``          tensor parallelism on two devices: the token, its ladder, its trace
 ==============  ===========================================================================
 
 Every job returns one result type, :class:`ds4lab.jobs.result.JobResult` (its tables, its meta, its
@@ -77,6 +78,7 @@ JOBS = {
     "notebooks": ("notebooks", BackendRequest(needed=False)),
     "ingest": ("ingest", BackendRequest(needed=False)),
     "compare": ("compare", BackendRequest(needed=False)),
+    "tp": ("tp", BackendRequest(needed=False)),  # the job makes its node of two devices itself
 }
 
 

@@ -40,6 +40,7 @@ DEFAULT_PRESETS = {
     "bench":       ("ds4-flash", None),
     "trace":       ("ds4-flash", "small"),
     "context":     ("ds4-flash", "small"),
+    "tp":          ("small",     "small"),
 }
 
 

@@ -1,12 +1,12 @@
 """``ds4lab compare``: ds4lab results and ingested profiles from several folders, side by side
-(PNG, SVG, PDF); what it draws and from which tables: :mod:`ds4lab.report.compare`."""
+(PNG, SVG, PDF); what it draws and from which tables: :mod:`ds4lab.report.compare_tables`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..report.compare import CompareError, collect, figures
+from ..report.compare_tables import CompareError, collect, figures
 from .common import default_folder, out_folder
 from .result import JobResult, result_folder
 
@@ -64,7 +64,7 @@ def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> JobResult:
     ``out`` is a result folder (:func:`ds4lab.jobs.result.result_folder`: written aside, locked,
     swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
     folder ds4lab did not write is refused). Returns the :class:`~ds4lab.jobs.result.JobResult`: the
-    figures, their files (PNG, SVG, PDF), the tables drawn (:class:`ds4lab.report.compare.Table`) as
+    figures, their files (PNG, SVG, PDF), the tables drawn (:class:`ds4lab.report.compare_tables.Table`) as
     its ``value``. Raises :class:`ds4lab.report.results.WriteFailed` after the work began (a full
     disk; exit 1, as for every command), and CompareError (nothing written) for a folder given twice
     (by path or content), a folder without a drawable table, an unreadable table or meta file, or an

@@ -1,5 +1,5 @@
 """``ds4lab context``: the stage table across context length, on the long-context token (compressed
-and indexed attention, whose launches change with the position): :func:`ds4lab.jobs.ladder.execute_table`
+and indexed attention, whose launches change with the position): :func:`ds4lab.jobs.ladder.write_table`
 at several contexts, one round each.
 
 At each context: exactness of every stage against stage 0 over ``span`` tokens from ``context - 4``
@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import BadInput
-from ..experiments.ladder import Table
+from ..experiments.ladder import Table, context_table, model_config
 from ..experiments.stages import CONTEXT_DEFAULT, parse_stages
 from ..token.config import get_preset
 from .common import check_out_option, default_preset, out_folder
-from .ladder import check_counts, execute_table, model_config
+from .ladder import check_counts, write_table
 from .result import JobResult
 
 #: The contexts ``ds4lab context`` runs when none are given: those the preset holds
@@ -114,15 +114,14 @@ def default_contexts(cfg: ContextConfig, preset: str) -> list[int]:
 def table_of(cfg: ContextConfig) -> Table:
     """The context ladder's :class:`Table`: each context's exactness span from ``context - 4``,
     timing from the context itself in ``rounds`` interleaved rounds, the floors at each context."""
-    return Table(stages=tuple(parse_stages(cfg.stages, long_context=True)), contexts=tuple(parse_contexts(cfg.contexts)),
-                 exact_tokens=cfg.span, exact_lead=4, tokens=cfg.tokens, warmup=cfg.warmup, rounds=cfg.rounds,
-                 timing_after_exact=False, floor=True)
+    return context_table(cfg.stages, parse_contexts(cfg.contexts), span=cfg.span, tokens=cfg.tokens,
+                         warmup=cfg.warmup, rounds=cfg.rounds)
 
 
 def run(cfg: ContextConfig, be, console) -> JobResult:
     """The stage table at each context on ``be``: one row per stage and context, written to
     ``context.csv`` after each context (the one being measured to ``context.partial.csv`` as it goes:
-    :func:`ds4lab.jobs.ladder.execute_table`), with ``meta.json`` and the figure. Returns the
+    :func:`ds4lab.jobs.ladder.write_table`), with ``meta.json`` and the figure. Returns the
     :class:`~ds4lab.jobs.result.JobResult` (table and figure ``context``).
 
     Raises:
@@ -144,9 +143,8 @@ def run(cfg: ContextConfig, be, console) -> JobResult:
     out, ran = out_folder(cfg.out, "context", (preset, be.name),
                           {"preset": preset, "backend": be.name, "stages": [s.name for s in table.stages],
                            "contexts": list(table.contexts), "mode": cfg.mode})
-    return execute_table("context", be, console, mcfg, preset, table, out, {"span": cfg.span, "rounds": table.rounds},
-                         CONTEXT_OUTPUTS,
-                         mode=cfg.mode, ran=ran)
+    return write_table("context", be, console, mcfg, table, out, {"span": cfg.span, "rounds": table.rounds},
+                       CONTEXT_OUTPUTS, mode=cfg.mode, ran=ran)
 
 
 __all__ = ["CONTEXT_OUTPUTS", "ContextConfig", "check_config", "parse_contexts", "run", "table_of"]

@@ -10,11 +10,12 @@ from ..capture import stream as S
 from ..experiments.hazards import HAZARD_SETS, HAZARDS, demonstrate, hazard_names
 from ..report import provenance
 from ..token.config import get_preset
+from ..tp import hazards as _tp_hazards  # noqa: F401  (registers the two-rank hazards, the set all-tp)
 from .common import BadInput, check_out_option, default_preset, out_folder
 from .result import JobResult, result_folder
 
-#: Every name ``--hazard`` takes: each hazard, and the sets ``all`` (the decode token's) and
-#: ``all-longctx`` (the long-context token's).
+#: Every name ``--hazard`` takes: each hazard, and the sets ``all`` (the decode token's),
+#: ``all-longctx`` (the long-context token's) and ``all-tp`` (two ranks).
 ALL_HAZARDS = (*HAZARDS, *HAZARD_SETS)
 
 #: What the hazards job writes in its folder.

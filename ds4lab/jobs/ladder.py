@@ -1,6 +1,6 @@
 """``ds4lab ladder`` and ``ds4lab context``: a table of capture stages, measured (GPU) or modeled (sim).
 
-Both are one job shape over :class:`ds4lab.experiments.ladder.Ladder`: at each context, every
+Both write one table run (:func:`ds4lab.experiments.ladder.run_table`): at each context, every
 stage bit for bit against stage 0, then µs per token in interleaved rounds, with launches, graph-cache
 counts and the GPU-busy floor. The ladder is one context (``--start-pos``) with four rounds; the
 context ladder (:mod:`ds4lab.jobs.context`) several contexts of the long-context token with one round.
@@ -20,16 +20,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.base import ModeledTime
 from ..capture import stream as S
 from ..errors import BadInput
-from ..experiments.ladder import Ladder, Table, exactness_backend, floors_at
+from ..experiments.ladder import (Callbacks, Table, can_check, ladder_table, model_config, run_table, table_frame,
+                                  tokens_timed)
 from ..experiments.stages import LADDER_DEFAULT, START_POS, fixes_table, parse_stages
 from ..report import provenance, results
 from ..sim.calibration import backend_calibration
-from ..token import weights as W
-from ..token.config import MAX_POS, get_preset, is_ds4_flash
 from ..timing import has_spread
+from ..token import weights as W
 from .common import CheckFailed, check_out_option, default_preset, modeled_banner, out_folder
 from .result import JobResult, result_folder
 
@@ -98,40 +97,18 @@ def check_config(cfg: LadderConfig) -> None:
 
 
 def table_of(cfg: LadderConfig, con=None) -> Table:
-    """The ladder's :class:`Table` (rounds capped at the tokens, with a note)."""
-    rounds = cfg.rounds
-    if rounds > cfg.tokens:
-        if con is not None:
-            con.print(f"[yellow]note: {cfg.tokens} tokens cannot fill {rounds} rounds: timing {cfg.tokens} "
-                      "round(s) of one[/]")
-        rounds = cfg.tokens
-    return Table(stages=tuple(parse_stages(cfg.stages, long_context=cfg.long_context)), contexts=(cfg.start_pos,),
-                 exact_tokens=cfg.exact_tokens, exact_lead=0, tokens=cfg.tokens, warmup=cfg.warmup, rounds=rounds)
-
-
-def model_config(preset: str, table: Table, long_context: bool, option: str):
-    """The preset, with the long-context token switched on and ``max_context`` the smallest multiple
-    of 128 past the table's last position (the caches' prefill rows do not depend on their size).
-
-    Raises:
-        BadInput: a position past int32, or past the preset's own ``max_context`` (naming ``option``).
-    """
-    last = table.last_position()
-    if last > MAX_POS:
-        raise BadInput(f"{option}: the run would decode positions up to {last}, past {MAX_POS} (positions are "
-                       "int32 kernel arguments)")
-    if not long_context:
-        return get_preset(preset)
-    limit = get_preset(preset, long_context=True).max_context
-    if last >= limit:
-        raise BadInput(f"{option}: the run decodes up to position {last}, past the {preset} preset's max_context "
-                       f"{limit}")
-    return get_preset(preset, long_context=True, max_context=-(-(last + 1) // 128) * 128)
+    """The ladder's :class:`Table` (:func:`ds4lab.experiments.ladder.ladder_table`: rounds capped at the
+    tokens, said on ``con``)."""
+    if cfg.rounds > cfg.tokens and con is not None:
+        con.print(f"[yellow]note: {cfg.tokens} tokens cannot fill {cfg.rounds} rounds: timing {cfg.tokens} "
+                  "round(s) of one[/]")
+    return ladder_table(cfg.stages, cfg.start_pos, exact_tokens=cfg.exact_tokens, tokens=cfg.tokens,
+                        warmup=cfg.warmup, rounds=cfg.rounds, long_context=cfg.long_context)
 
 
 def run(cfg: LadderConfig, be, console) -> JobResult:
     """Run the ladder on ``be``; writes ``ladder.csv``, ``meta.json`` and ``ladder.png/.svg/.pdf``
-    (``ladder.partial.csv`` while it measures: :func:`execute_table`). Returns the
+    (``ladder.partial.csv`` while it measures: :func:`write_table`). Returns the
     :class:`~ds4lab.jobs.result.JobResult` (table and figure ``ladder``: one row per stage).
 
     Raises:
@@ -154,125 +131,108 @@ def run(cfg: LadderConfig, be, console) -> JobResult:
                            "long_context": cfg.long_context, "start_pos": cfg.start_pos, "mode": cfg.mode})
     meta = dict(start_pos=cfg.start_pos, long_context=cfg.long_context, rounds=table.rounds, nvtx=cfg.nvtx,
                 exact_tokens=cfg.exact_tokens)
-    return execute_table("ladder", be, console, mcfg, preset, table, out, meta, LADDER_OUTPUTS, mode=cfg.mode,
-                         nvtx=cfg.nvtx, ran=ran)
+    return write_table("ladder", be, console, mcfg, table, out, meta, LADDER_OUTPUTS, mode=cfg.mode, nvtx=cfg.nvtx,
+                       ran=ran)
 
 
-def execute_table(job: str, be, con, mcfg, preset: str, table: Table, out: Path, extra_meta: dict, outputs,
-                  *, mode: str, nvtx: bool = False, ran: dict | None = None) -> JobResult:
-    """The one job shape of the ladder and the context ladder: announce, build, measure context by
-    context inside ``job_folder``, writing the context being measured to ``<job>.partial.csv`` as it
-    goes and each finished one to ``<job>.csv`` (the module docstring), then ``meta.json`` and the
-    figure; raise :class:`NotExact` naming every stage (and context) that differs. A stopped run
-    records in ``meta["progress"]`` what it kept (and says it). ``ran``: what sets the run apart, for
-    a default folder (:func:`ds4lab.jobs.common.out_folder`). On a backend that models time (the
-    sim), every kernel at a context is priced at the calibration's kernel time factor at that context
-    (:meth:`ds4lab.backends.base.ModeledTime.model_context`, set before the context's exactness,
-    floors and timing; it stays at the last context afterwards)."""
-    import pandas as pd
-
-    from ..progress import JobProgress, duration
+def write_table(job: str, be, con, mcfg, table: Table, out: Path, extra_meta: dict, outputs, *, mode: str,
+                nvtx: bool = False, ran: dict | None = None) -> JobResult:
+    """The one job shape of the ladder and the context ladder: :func:`ds4lab.experiments.ladder.run_table`
+    inside the result folder, the context being measured written to ``<job>.partial.csv`` as it goes and
+    each finished one to ``<job>.csv`` (the module docstring), then ``meta.json`` and the figure; raise
+    :class:`NotExact` naming every stage (and context) that differs. A stopped run records in
+    ``meta["progress"]`` what it kept (and says it). ``ran``: what sets the run apart, for a default
+    folder (:func:`ds4lab.jobs.common.out_folder`)."""
+    from ..progress import JobProgress
     from ..report import plots
 
     mem = {"weights_bytes": W.model_bytes(mcfg, True), "caches_bytes": W.cache_bytes(mcfg)}
     banner = modeled_banner(be)
-    be_x = exactness_backend(be)
-    check = be_x.is_gpu or not is_ds4_flash(preset)
-    with S.graphs_enabled():  # DS4_CUDA_GRAPHS=1: every stage but 0 sets an override
+    check = can_check(be, mcfg)
+    with S.graphs_enabled():  # the flag as the run has it, in meta.json's provenance
         meta = provenance.base_meta(be)
-        meta.update(job=job, preset=mcfg.summary(), stages=[s.name for s in table.stages],
-                    contexts=list(table.contexts), tokens=table.tokens, warmup=table.warmup, capture_mode=mode,
-                    modeled=be.models_time, memory=mem, fixes=fixes_table(list(table.stages)).to_dict(),
-                    exactness_checked=bool(table.exact_tokens and check), **extra_meta)
-        if banner:
-            meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
-        # a NotExact run is written, then marked "failed"; a stopped one records how far it got
-        now: dict = {"rows": None}  # the rows of the context being measured (None between contexts)
-        done: list[dict] = []
-        with result_folder(job, out, meta, outputs, say=con.print,
-                           on_stop=lambda status: _stopped(con, job, table, done, now["rows"], meta), ran=ran) as o:
-            # said inside the folder, before anything is allocated: a run stopped here is recorded as such
-            con.print(f"[bold]ds4lab {job}[/] · {preset} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
-                      f"caches {mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
-            if banner:
-                con.print(banner)
-            if "0" not in {s.name for s in table.stages}:
-                con.print(f"[yellow]note: no stage 0 in the list: gains (×) are against stage "
-                          f"{table.stages[0].name}[/]")
-            if table.exact_tokens and not check:
-                con.print("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
-                          "run it on a GPU, or use a smaller preset)")
-            partial_path = o.folder / f"{job}.partial.csv"
-
-            def partial(rows: list[dict]) -> None:  # the context being measured: gone once it is finished
-                now["rows"] = rows
-                results.write_text_atomic(partial_path, _frame(rows, be, preset, meta).to_csv(index=False))
-
-            lad = Ladder(be, mcfg, table, mode=mode, nvtx=nvtx, check=check)
-            steps = lad.tokens_timed()
-            many = len(table.contexts) > 1
-            est = {"said": False, "t0": None, "stage": None}
-
-            def starting(c: int, rnd: int, stage: str) -> None:
-                est["stage"] = stage
-                prog.describe(("context " + str(c) + " · " if many else "") + f"round {rnd + 1}/{table.rounds} · "
-                              f"stage {stage}")
-
-            def tick() -> None:  # after every timed token (and its closing synchronize): cheap
-                prog.advance()
-                if est["said"]:
-                    return
-                now = time.perf_counter()  # a host clock for the estimate shown, nothing measured
-                if est["t0"] is None:
-                    est["t0"] = now
-                elif now - est["t0"] >= ESTIMATE_AFTER_S and prog.done < steps:
-                    est["said"] = True  # once: the bar (or a line each quarter) goes on estimating
-                    left = prog.remaining_s() or 0.0
-                    con.print(f"timing {steps} tokens ({len(table.stages)} stage{'s' if len(table.stages) > 1 else ''}"
-                              f" × {table.rounds} round{'s' if table.rounds > 1 else ''}"
-                              + (f" × {len(table.contexts)} contexts" if many else "")
-                              + f", warm-up included): about {duration(left)} left at the pace so far (stage "
-                              f"{est['stage']}; stages differ)")
-
-            with JobProgress(con, "timing stages", steps, eta=True) as prog:
-                for c in table.contexts:
-                    if isinstance(be, ModeledTime):  # the sim: every kernel at this context's kernel time factor
-                        be.model_context(c)
-                    partial(lad.partial_rows(c, {}, {}))
-                    prog.describe(f"exactness at {c}")
-                    exact = lad.exactness(c, con.print, on_result=lambda ex, c=c: partial(lad.partial_rows(c, ex, {})),
-                                          progress=_exactness_estimate(table.exact_tokens))
-                    floors = floors_at(be, lad.model, c, table.timed_positions(c), lad.base) if table.floor else {}
-                    partial(lad.partial_rows(c, exact, floors))
-                    rows = lad.measure(c, exact=exact, floors=floors, progress=tick, on_stage=partial,
-                                       starting=lambda rnd, stage, c=c: starting(c, rnd, stage))
-                    o.table(job, _frame(done + rows, be, preset, meta))  # the finished contexts, as a run ends
-                    done += rows
-                    partial_path.unlink()
-                    now["rows"] = None
-                    for r in rows:
-                        con.print(_line(r, len(table.contexts) > 1))
-            df = _frame(done, be, preset, meta)
-            if "floor_us" in df and df.floor_us.notna().any():
-                meta["floors"] = {int(c): {k: g[k].iloc[0] for k in ("floor_us", "bytes_floor_us", "launch_floor_us",
-                                                                        "t_min_us", "floor_source")}
-                                  for c, g in df.groupby("context")}
-            o.table(job, df)
-            paths = o.figure(job, plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta))
-            con.print(f"wrote {o.where(job + '.csv')}, {o.where('meta.json')}, "
-                      + ", ".join(str(o.where(p.name)) for p in paths))
-            bad = df[df.exact == False]  # noqa: E712
-            if len(bad):
-                raise NotExact("not bit-identical to stage 0: " + "; ".join(
-                    f"stage {r.stage}" + (f" at context {r.context}" if len(table.contexts) > 1 else "")
-                    + f": {r.first_mismatch}" for r in bad.itertuples()))
+    meta.update(job=job, preset=mcfg.summary(), stages=[s.name for s in table.stages], contexts=list(table.contexts),
+                tokens=table.tokens, warmup=table.warmup, capture_mode=mode, modeled=be.models_time, memory=mem,
+                fixes=fixes_table(list(table.stages)).to_dict(), exactness_checked=bool(table.exact_tokens and check),
+                **extra_meta)
+    if banner:
+        meta["calibration"] = backend_calibration(be)  # name, path, sha256, shipped
+    now: dict = {"rows": None, "done": []}  # the rows of the context being measured (None between contexts)
+    with result_folder(job, out, meta, outputs, say=con.print,
+                       on_stop=lambda status: _stopped(con, job, table, now["done"], now["rows"], meta), ran=ran) as o:
+        # said inside the folder, before anything is allocated: a run stopped here is recorded as such
+        con.print(f"[bold]ds4lab {job}[/] · {mcfg.name} · memory: weights {mem['weights_bytes'] / 2**30:.2f} GiB + "
+                  f"caches {mem['caches_bytes'] / 2**30:.2f} GiB (max_context {mcfg.max_context})")
+        for line in ([banner] if banner else []) + _notes(table, check):
+            con.print(line)
+        with JobProgress(con, "timing stages", tokens_timed(table), eta=True) as prog:
+            df = run_table(be, mcfg, table, mode=mode, nvtx=nvtx, check=check,
+                           on=_writer(job, o, con, prog, table, now, be, mcfg.name))
+        if "floor_us" in df and df.floor_us.notna().any():
+            meta["floors"] = {int(c): {k: g[k].iloc[0] for k in ("floor_us", "bytes_floor_us", "launch_floor_us",
+                                                                    "t_min_us", "floor_source")}
+                              for c, g in df.groupby("context")}
+        o.table(job, df)
+        paths = o.figure(job, plots.ladder_figure(df, meta) if job == "ladder" else plots.context_figure(df, meta))
+        con.print(f"wrote {o.where(job + '.csv')}, {o.where('meta.json')}, "
+                  + ", ".join(str(o.where(p.name)) for p in paths))
+        bad = df[df.exact == False]  # noqa: E712
+        if len(bad):
+            raise NotExact("not bit-identical to stage 0: " + "; ".join(
+                f"stage {r.stage}" + (f" at context {r.context}" if len(table.contexts) > 1 else "")
+                + f": {r.first_mismatch}" for r in bad.itertuples()))
     return o.done()
 
 
+def _notes(table: Table, check: bool) -> list[str]:
+    """What the run says before it starts about the gains' baseline and the exactness check."""
+    out = []
+    if "0" not in {s.name for s in table.stages}:
+        out.append(f"[yellow]note: no stage 0 in the list: gains (×) are against stage {table.stages[0].name}[/]")
+    if table.exact_tokens and not check:
+        out.append("exactness: not checked (the simulated runtime cannot compute ds4-flash in reasonable time; "
+                   "run it on a GPU, or use a smaller preset)")
+    return out
+
+
+def _writer(job: str, o, con, prog, table: Table, now: dict, be, preset: str) -> Callbacks:
+    """The callbacks that write a table run as it goes: the context being measured to
+    ``<job>.partial.csv`` (gone once it is finished), each finished context to ``<job>.csv``, its rows
+    and the verdicts on the console, the progress bar (with, once, the time left at the pace so far)."""
+    partial_path = o.folder / f"{job}.partial.csv"
+    many = len(table.contexts) > 1
+    est = {"said": False, "t0": None, "stage": None}
+
+    def partial(rows: list[dict]) -> None:
+        now["rows"] = rows
+        results.write_text_atomic(partial_path, table_frame(rows, be, preset).to_csv(index=False))
+
+    def finished(rows: list[dict], so_far) -> None:
+        o.table(job, so_far)  # the finished contexts, as a run ends
+        now["done"] += rows
+        partial_path.unlink()
+        now["rows"] = None
+        for r in rows:
+            con.print(_line(r, many))
+
+    def starting(c: int, rnd: int | None, stage: str) -> None:
+        est["stage"] = stage
+        prog.describe(f"exactness at {c}" if rnd is None else ("context " + str(c) + " · " if many else "")
+                      + f"round {rnd + 1}/{table.rounds} · stage {stage}")
+
+    def token() -> None:  # after every timed token (and its closing synchronize): cheap
+        prog.advance()
+        if not est["said"]:
+            _estimate(con, prog, table, est)
+
+    return Callbacks(say=con.print, partial=partial, finished=finished, starting=starting, token=token,
+                     exact_progress=_exactness_estimate(table.exact_tokens))
+
+
 def _exactness_estimate(tokens: int):
-    """``progress(done, total)`` for :meth:`~ds4lab.experiments.ladder.Ladder.exactness`: after each run
-    recorded (stage 0's reference, then each stage's), how many are done and, at the pace so far, about
-    how long the exactness phase has left (it computes every token: the phase a CPU run spends most in)."""
+    """``progress(done, total)`` for the exactness check: after each run recorded (stage 0's reference, then
+    each stage's), how many are done and, at the pace so far, about how long the phase has left (it computes
+    every token: the phase a CPU run spends most in)."""
     from ..progress import duration
 
     t0 = time.perf_counter()  # a host clock for the estimate shown, nothing measured
@@ -282,6 +242,24 @@ def _exactness_estimate(tokens: int):
         return f" ({done}/{total} runs of {tokens} tokens" + (f", about {duration(left)} left)" if done < total else ")")
 
     return progress
+
+
+def _estimate(con, prog, table: Table, est: dict) -> None:
+    """Once timing has run :data:`ESTIMATE_AFTER_S`, say how long the rest will take at the pace so far."""
+    from ..progress import duration
+
+    now = time.perf_counter()  # a host clock for the estimate shown, nothing measured
+    steps = tokens_timed(table)
+    if est["t0"] is None:
+        est["t0"] = now
+    elif now - est["t0"] >= ESTIMATE_AFTER_S and prog.done < steps:
+        est["said"] = True  # once: the bar (or a line each quarter) goes on estimating
+        n = len(table.stages)
+        con.print(f"timing {steps} tokens ({n} stage{'s' if n > 1 else ''} × {table.rounds} "
+                  f"round{'s' if table.rounds > 1 else ''}"
+                  + (f" × {len(table.contexts)} contexts" if len(table.contexts) > 1 else "")
+                  + f", warm-up included): about {duration(prog.remaining_s() or 0.0)} left at the pace so far "
+                  f"(stage {est['stage']}; stages differ)")
 
 
 def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | None, meta: dict) -> None:
@@ -307,15 +285,6 @@ def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | N
     con.print(f"kept: {meta['progress']}")
 
 
-def _frame(rows: list[dict], be, preset: str, meta: dict):
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    if len(df):
-        df["backend"], df["preset"], df["modeled"] = be.name, preset, meta["modeled"]
-    return df
-
-
 def per_token(x: float) -> str:
     """A count per token as a person reads it: whole when it is (``24``), else with the fraction a
     rounding would hide (``0.75``: one token in four ran another way)."""
@@ -338,5 +307,4 @@ def _line(r: dict, with_context: bool) -> str:
             f"  launches {per_token(r['kernel_launches'])} kernels + {per_token(r['graph_launches'])} graphs" + cache)
 
 
-__all__ = ["LADDER_OUTPUTS", "LadderConfig", "NotExact", "check_config", "execute_table", "model_config", "run",
-           "table_of"]
+__all__ = ["LADDER_OUTPUTS", "LadderConfig", "NotExact", "check_config", "run", "table_of", "write_table"]

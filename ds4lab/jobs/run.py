@@ -38,7 +38,7 @@ import numpy as np
 from ..report import provenance, results
 from ..token import weights as W
 from ..token.config import MAX_POS, get_preset
-from ..experiments.stages import token_id_at
+from ..token.config import token_id_at
 from ..capture.launch import Census
 from ..token.model import DecodeModel, TokenOptions
 from ..report.results import OutputError, ResultsCSV
@@ -115,7 +115,8 @@ class RunConfig:
     check: bool = True
     per_layer_experts: bool = False
     seed: int = 1234
-    options: TokenOptions = field(default_factory=TokenOptions)
+    #: The token's options; by default the final norm and vocabulary projection included.
+    options: TokenOptions = field(default_factory=lambda: TokenOptions(vocab=True))
     #: sim only: model the timing without computing numbers. None: True, but False for tiny.
     timing_only: bool | None = None
     #: Run a CPU-computed model whose weights exceed CPU_WEIGHT_LIMIT anyway.
@@ -364,17 +365,42 @@ def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> Non
 
 
 def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: _Progress, o) -> dict:
-    from ..progress import JobProgress
+    src_mem, src_ev, src_host, src_bytes = _announce(rc, be, preset, meta, con.print)
+    results.write_meta(out / "meta.json", meta)
+    with ResultsCSV(out / "results.csv") as res:
+        _reference_check(rc, be, cfg, meta, out, res, con.print)  # 1. the reference check
+        model = _build(rc, be, cfg, meta, res, src_mem)  # 2. the model
+        prog.sources = (src_ev, src_host)  # 3. the tokens, each timed by the one timing loop
+        _decode(rc, be, cfg, model, prog, res, con, src_ev, src_host)
+        census = model.L.census  # 4. census, floor, summary
+        o.streamed("census", write_census(census, out / "census.csv", be, preset))
+        kinds = census.by_kind()
+        meta["census_per_token"] = {r.kind: {"launches": float(r.launches), "sites": int(r.sites)}
+                                    for r in kinds.itertuples()}
+        tb = token_bytes(cfg, rc.options.vocab)
+        meta["bytes_per_token"] = tb
+        res.add("bytes_per_token", sum(tb.values()), "bytes", src_bytes)
+        meta["summary"] = _summary(be, prog, sum(tb.values()), res, src_ev)
+        meta["tokens_completed"] = prog.tokens_done
 
-    log = con.print
+    import pandas as pd
+
+    o.streamed("results", pd.read_csv(out / "results.csv"))  # written row by row (ResultsCSV): read once, whole
+    _print_summary(con, cfg, meta, kinds, census)
+    return meta
+
+
+def _announce(rc: RunConfig, be, preset: str, meta: dict, log) -> tuple:
+    """Say what runs (and note what an option does not change); returns where each figure comes from:
+    ``(memory, token time, host time, bytes)``."""
     modeled = be.models_time
     if modeled:
         src = sources(be)[0]
-        src_mem, src_ev, src_host, src_bytes = src, src, src, src
+        srcs = (src, src, src, src)
         log(modeled_banner(be) + (" [yellow]Timing-only: no numbers are computed.[/]" if be.timing_only else ""))
         log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name} · modeled")
     else:
-        src_mem, src_ev, src_host, src_bytes = "cupy-memory-pool", "cuda-events", "host-clock", "analytic"
+        srcs = ("cupy-memory-pool", "cuda-events", "host-clock", "analytic")
         if be.measures_time:
             log(f"[bold]ds4lab run[/] · preset {preset} · backend {be.name} · {provenance.label(meta)}")
         else:
@@ -398,125 +424,112 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
                      f"{'1 token by cudaMalloc' if rc.options.scratch == 'on-demand' else 'max_tokens'})")
         meta["option_note"] = note
         log(f"[yellow]note: {note}.[/]")
-    results.write_meta(out / "meta.json", meta)
+    return srcs
 
-    with ResultsCSV(out / "results.csv") as res:
-        # 1. reference check
-        if rc.check and be.is_gpu:
-            chk = reference_check(cfg, be, rc.options, rc.start_pos, log)
-            meta["reference_check"] = chk
-            res.add("reference_check_hidden_rel_err", chk["hidden_rel_err"], "1", "numpy-reference")
-            results.write_meta(out / "meta.json", meta)
-            verdict = "[green]passed[/]" if chk["passed"] else "[red]FAILED[/]"
-            log(f"reference check {verdict}: hidden-state relative error {chk['hidden_rel_err']:.2e} "
-                f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']} — {chk['scope']}")
-            if not chk["passed"]:
-                raise ReferenceCheckFailed(
-                    f"reference check failed: hidden-state relative error {chk['hidden_rel_err']:.3g} "
-                    f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']}, finite: {chk['finite']} "
-                    f"— {chk['scope']}")
-        elif rc.check and modeled:
-            why = ("timing-only: no numbers are computed" if be.timing_only else
-                   "the sim computes with the reference ops (bit-identical to the numpy backend)")
-            meta["reference_check"] = f"skipped: {why}"
-            log(f"reference check skipped: {why}")
-        elif rc.check:
-            meta["reference_check"] = "skipped: the numpy backend is the reference"
 
-        # 2. the model
-        if be.is_gpu:
-            be.compile_all()
-        t0 = time.perf_counter()
-        model = DecodeModel(cfg, be, rc.options, nvtx=rc.nvtx)
-        be.synchronize()
-        meta["setup_seconds"] = time.perf_counter() - t0
-        mem = be.memory_used()
-        if mem is not None:
-            if modeled:
-                # The sim keeps weights outside its device arena (host arrays, or phantoms when
-                # timing-only): the modeled footprint is the arena plus the weight bytes.
-                mem += W.model_bytes(cfg, rc.options.vocab)
-                meta["gpu_memory_note"] = "modeled: sim device arena + weight bytes"
-            meta["gpu_memory_bytes"] = mem
-            res.add("gpu_memory", mem, "bytes", src_mem)
+def _reference_check(rc: RunConfig, be, cfg, meta: dict, out: Path, res, log) -> None:
+    """The first token against the NumPy reference on a GPU (raises :class:`ReferenceCheckFailed`);
+    elsewhere why it is skipped, in ``meta``."""
+    if rc.check and be.is_gpu:
+        chk = reference_check(cfg, be, rc.options, rc.start_pos, log)
+        meta["reference_check"] = chk
+        res.add("reference_check_hidden_rel_err", chk["hidden_rel_err"], "1", "numpy-reference")
+        results.write_meta(out / "meta.json", meta)
+        verdict = "[green]passed[/]" if chk["passed"] else "[red]FAILED[/]"
+        log(f"reference check {verdict}: hidden-state relative error {chk['hidden_rel_err']:.2e} "
+            f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']} — {chk['scope']}")
+        if not chk["passed"]:
+            raise ReferenceCheckFailed(
+                f"reference check failed: hidden-state relative error {chk['hidden_rel_err']:.3g} "
+                f"(limit {CHECK_RTOL:.0e}), routing equal: {chk['routing_equal']}, finite: {chk['finite']} "
+                f"— {chk['scope']}")
+    elif rc.check and be.models_time:
+        why = ("timing-only: no numbers are computed" if be.timing_only else
+               "the sim computes with the reference ops (bit-identical to the numpy backend)")
+        meta["reference_check"] = f"skipped: {why}"
+        log(f"reference check skipped: {why}")
+    elif rc.check:
+        meta["reference_check"] = "skipped: the numpy backend is the reference"
 
-        # 3. tokens, each timed by the one timing loop (events on the accessor's stream, host clock
-        # around the enqueue, a device synchronize after each token as ds4 does)
-        L = model.L
-        gpu_us, host_us = prog.gpu_us, prog.host_us
-        prog.sources = (src_ev, src_host)
-        with JobProgress(con, "decoding", rc.warmup + rc.tokens, eta=True) as bar:
-            def step(i: int) -> None:
-                pos = rc.start_pos + i
-                model.token(pos, token_id_at(pos, cfg.vocab))
 
-            def done() -> None:  # after each token, outside the timed region
-                prog.token_done(prog.warmup_done >= rc.warmup, L.census)
-                bar.advance()
+def _build(rc: RunConfig, be, cfg, meta: dict, res, src_mem) -> DecodeModel:
+    """The model, its setup time and its device memory (the sim's: its arena plus the weight bytes)."""
+    if be.is_gpu:
+        be.compile_all()
+    t0 = time.perf_counter()
+    model = DecodeModel(cfg, be, rc.options, nvtx=rc.nvtx)
+    be.synchronize()
+    meta["setup_seconds"] = time.perf_counter() - t0
+    mem = be.memory_used()
+    if mem is not None:
+        if be.models_time:
+            # The sim keeps weights outside its device arena (host arrays, or phantoms when
+            # timing-only): the modeled footprint is the arena plus the weight bytes.
+            mem += W.model_bytes(cfg, rc.options.vocab)
+            meta["gpu_memory_note"] = "modeled: sim device arena + weight bytes"
+        meta["gpu_memory_bytes"] = mem
+        res.add("gpu_memory", mem, "bytes", src_mem)
+    return model
 
-            def sample(j: int, dev_us: float, h_us: float) -> None:
-                gpu_us.append(dev_us)
-                host_us.append(h_us)
-                res.add("host_enqueue_us", round(h_us, 3), "us", src_host, j)
-                res.add("token_us", round(dev_us, 3), "us", src_ev, j)
 
-            timed = be.measures_time or modeled
-            if timed:
-                time_steps(be, step, rc.tokens, stream=L.stream(), warmup=rc.warmup, on_sample=sample,
-                           on_warm=L.census.reset, progress=done)
-            else:  # the NumPy executor: the same tokens, no timing claimed
-                for i in range(rc.warmup + rc.tokens):
-                    if i == rc.warmup:
-                        L.census.reset()
-                    step(i)
-                    done()
+def _decode(rc: RunConfig, be, cfg, model, prog: _Progress, res, con, src_ev, src_host) -> None:
+    """The warm-up and timed tokens, each timed by the one timing loop (events on the accessor's stream,
+    host clock around the enqueue, a device synchronize after each token as ds4 does); on the NumPy
+    executor the same tokens, no timing claimed."""
+    from ..progress import JobProgress
 
-        # 4. census, floor, summary
-        census = L.census
-        o.streamed("census", write_census(census, out / "census.csv", be, preset))
-        kinds = census.by_kind()
-        meta["census_per_token"] = {r.kind: {"launches": float(r.launches), "sites": int(r.sites)}
-                                    for r in kinds.itertuples()}
-        tb = token_bytes(cfg, rc.options.vocab)
-        meta["bytes_per_token"] = tb
-        total_bytes = sum(tb.values())
-        res.add("bytes_per_token", total_bytes, "bytes", src_bytes)
-        summary = {}
-        if gpu_us and not modeled:
-            st = Stats.of(gpu_us)
-            hs = Stats.of(host_us)
-            bw = copy_bandwidth()
-            floor_us = total_bytes / (bw.median * 1e9) * 1e6
-            summary = {"token_us": asdict(st), "host_enqueue_us": asdict(hs),
-                       "copy_bandwidth_GBps": asdict(bw), "bytes_floor_us": floor_us,
-                       "floor_over_token": floor_us / st.median}
-            res.add("token_us_median", st.median, "us", "cuda-events")
-            res.add("token_us_p25", st.p25, "us", "cuda-events")
-            res.add("token_us_p75", st.p75, "us", "cuda-events")
-            res.add("host_enqueue_us_median", hs.median, "us", "host-clock")
-            res.add("copy_bandwidth_median", bw.median, "GB/s", "cuda-events")
-            res.add("bytes_floor_us", floor_us, "us", "analytic / measured bandwidth")
-        elif gpu_us:
-            st = Stats.of(gpu_us)
-            hs = Stats.of(host_us)
-            bw, where = be.modeled_copy_GBps()
-            floor_us = total_bytes / (bw * 1e9) * 1e6
-            summary = {"token_us": asdict(st), "host_enqueue_us": asdict(hs),
-                       "copy_bandwidth_GBps": {"median": bw, "from": where},
-                       "bytes_floor_us": floor_us, "floor_over_token": floor_us / st.median,
-                       "source": src_ev}
-            for metric, v, unit in (("token_us_median", st.median, "us"), ("token_us_p25", st.p25, "us"),
-                                    ("token_us_p75", st.p75, "us"), ("host_enqueue_us_median", hs.median, "us"),
-                                    ("copy_bandwidth_median", bw, "GB/s"), ("bytes_floor_us", floor_us, "us")):
-                res.add(metric, v, unit, src_ev)
-        meta["summary"] = summary
-        meta["tokens_completed"] = prog.tokens_done
+    L = model.L
+    with JobProgress(con, "decoding", rc.warmup + rc.tokens, eta=True) as bar:
+        def step(i: int) -> None:
+            pos = rc.start_pos + i
+            model.token(pos, token_id_at(pos, cfg.vocab))
 
-    import pandas as pd
+        def done() -> None:  # after each token, outside the timed region
+            prog.token_done(prog.warmup_done >= rc.warmup, L.census)
+            bar.advance()
 
-    o.streamed("results", pd.read_csv(out / "results.csv"))  # written row by row (ResultsCSV): read once, whole
-    _print_summary(con, cfg, meta, kinds, census)
-    return meta
+        def sample(j: int, dev_us: float, h_us: float) -> None:
+            prog.gpu_us.append(dev_us)
+            prog.host_us.append(h_us)
+            res.add("host_enqueue_us", round(h_us, 3), "us", src_host, j)
+            res.add("token_us", round(dev_us, 3), "us", src_ev, j)
+
+        if be.measures_time or be.models_time:
+            time_steps(be, step, rc.tokens, stream=L.stream(), warmup=rc.warmup, on_sample=sample,
+                       on_warm=L.census.reset, progress=done)
+        else:
+            for i in range(rc.warmup + rc.tokens):
+                if i == rc.warmup:
+                    L.census.reset()
+                step(i)
+                done()
+
+
+def _summary(be, prog: _Progress, total_bytes: int, res, src_ev) -> dict:
+    """µs per token, host enqueue µs and the bytes floor over the copy bandwidth (measured on a GPU,
+    the calibration's on the sim), each also a row of ``results.csv``; ``{}`` where nothing was timed."""
+    if not prog.gpu_us:
+        return {}
+    st, hs = Stats.of(prog.gpu_us), Stats.of(prog.host_us)
+    if not be.models_time:
+        bw = copy_bandwidth()
+        floor_us = total_bytes / (bw.median * 1e9) * 1e6
+        res.add("token_us_median", st.median, "us", "cuda-events")
+        res.add("token_us_p25", st.p25, "us", "cuda-events")
+        res.add("token_us_p75", st.p75, "us", "cuda-events")
+        res.add("host_enqueue_us_median", hs.median, "us", "host-clock")
+        res.add("copy_bandwidth_median", bw.median, "GB/s", "cuda-events")
+        res.add("bytes_floor_us", floor_us, "us", "analytic / measured bandwidth")
+        return {"token_us": asdict(st), "host_enqueue_us": asdict(hs), "copy_bandwidth_GBps": asdict(bw),
+                "bytes_floor_us": floor_us, "floor_over_token": floor_us / st.median}
+    bw, where = be.modeled_copy_GBps()
+    floor_us = total_bytes / (bw * 1e9) * 1e6
+    for metric, v, unit in (("token_us_median", st.median, "us"), ("token_us_p25", st.p25, "us"),
+                            ("token_us_p75", st.p75, "us"), ("host_enqueue_us_median", hs.median, "us"),
+                            ("copy_bandwidth_median", bw, "GB/s"), ("bytes_floor_us", floor_us, "us")):
+        res.add(metric, v, unit, src_ev)
+    return {"token_us": asdict(st), "host_enqueue_us": asdict(hs), "copy_bandwidth_GBps": {"median": bw, "from": where},
+            "bytes_floor_us": floor_us, "floor_over_token": floor_us / st.median, "source": src_ev}
 
 
 def _print_summary(con, cfg, meta, kinds, census) -> None:

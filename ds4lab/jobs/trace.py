@@ -100,169 +100,60 @@ class TraceConfig:
     hazard: str | None = None
 
 
-# ----------------------------------------------------------------------------- record sources
-class CuptiKernelSource:
-    """CUPTI records of ds4lab's one CUPTI session (:class:`ds4lab.trace.live.CuptiTimeline`, kinds
-    :data:`~ds4lab.trace.cupti.TRACE_KINDS`) as the trace's rows: kernels, memsets and copies with
-    stream, graph and node ids (:meth:`take`), and the API level of the same span (:meth:`take_api`:
-    runtime and driver calls, synchronizations, event records, stream kinds); timestamps on CUPTI's
-    clock (``clock_ns`` is ``cuptiGetTimestamp``). Raises :class:`~ds4lab.trace.cupti.CuptiUnavailable`
-    when ``cupti-python`` is missing or CUPTI does not start."""
-
-    modeled = False
-
-    def __init__(self) -> None:
-        from ..trace.cupti import TRACE_KINDS
-        from ..trace.live import CuptiTimeline
-
-        self.timeline = CuptiTimeline(TRACE_KINDS)
-        self.session = self.timeline.session
-        self.clock_ns = self.timeline.clock_ns
-        self.known: dict[int, str] = {}
-
-    def start(self) -> None:
-        self.timeline.start()
-
-    def take(self) -> list[dict]:
-        """Kernel, memset and copy rows since the last take; the API level of the same span is kept
-        for :meth:`take_api`."""
-        out = []
-        for r in self.timeline.take():
-            if r.kind not in ("kernel", "memset", "memcpy"):
-                continue
-            row = {"name": "memset" if r.kind == "memset" else r.name, "kind": r.kind, "start_ns": int(r.start_ns),
-                   "end_ns": int(r.end_ns), "stream": int(r.stream), "graph_id": int(r.graph_id),
-                   "graph_node_id": int(r.graph_node_id), "correlation": int(r.correlation), "device": int(r.device)}
-            if r.kind == "memset":
-                row["bytes"] = int(r.bytes)
-            elif r.kind == "memcpy":
-                row.update(bytes=int(r.bytes), copy_kind=r.copy_kind, host_memory=r.host_memory)
-            out.append(row)
-        return out
-
-    def take_api(self) -> tuple[list[dict], dict]:
-        """``(calls, stream_types)`` of the span read by the takes since the last call: the API calls
-        and synchronizations as rows of ``trace_api.csv``, each call's stream and event from its
-        ``cudaEventRecord``'s event record, and ``{stream id: type}`` from the stream records, the
-        current context's legacy stream and the streams learnt by :meth:`note_stream`."""
-        from ..trace import records as R
-
-        recs = self.timeline.take_api()
-        try:
-            types = dict(self.session.stream_types_now())
-        except Exception:  # noqa: BLE001 - no driver call possible here: stream kinds from STREAM records only
-            types = {}
-        events, made = R.api_context(recs)
-        for sid, t in made.items():
-            types.setdefault(sid, t)
-        calls = []
-        for r in recs:
-            if isinstance(r, R.ApiCall):
-                stream, ev = events.get(r.correlation, (-1, -1))
-                calls.append({"kind": "api", "name": r.name, "domain": r.domain, "start_ns": r.start_ns,
-                              "end_ns": r.end_ns, "tid": r.tid, "correlation": r.correlation, "stream": stream,
-                              "event": ev, "sync_kind": "", "stream_type": types.get(stream, "")})
-            elif isinstance(r, R.Sync):
-                calls.append({"kind": "sync", "name": "sync", "domain": "", "start_ns": r.start_ns, "end_ns": r.end_ns,
-                              "tid": -1, "correlation": r.correlation, "stream": r.stream, "event": r.event,
-                              "sync_kind": r.sync_kind, "stream_type": types.get(r.stream, "")})
-        for c in calls:
-            if not c["stream_type"] and c["stream"] in self.known:
-                c["stream_type"] = self.known[c["stream"]]
-        return calls, {**types, **self.known}
-
-    def note_stream(self, stream) -> None:
-        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM``
-        records only name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and
-        its ``cuStreamGetFlags`` (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a
-        failing call, leaves it unknown."""
-        from ..trace.cupti import current_context
-
-        ptr = getattr(stream, "ptr", None)
-        if not isinstance(ptr, int) or not ptr:
-            return
-        try:
-            from cuda.bindings import driver as cu
-
-            sid = int(self.session.c.get_stream_id_ex(current_context(), ptr, 0))
-            err, flags = cu.cuStreamGetFlags(ptr)
-            if int(err) == 0:
-                self.known[sid] = "non_blocking" if int(flags) & 0x1 else "blocking"
-        except Exception:  # noqa: BLE001 - no binding, or a driver that refuses: the stream stays unknown
-            return
-
-    def stop(self) -> None:
-        self.timeline.stop()
-
-
-#: The device the sim's modeled work runs on: one GPU, CUDA's first (as ``cudaGetDevice`` says).
-SIM_DEVICE = 0
-
-
-class SimKernelSource:
-    """The sim's modeled timeline (:class:`ds4lab.trace.live.SimTimeline`) as the trace's rows, MODELED;
-    ``clock_ns`` is the backend's host clock (the sim's modeled one, ``host_clock_us``). While it runs,
-    a :class:`ds4lab.trace.live.SimCallLog` logs the backend calls (the API level, :meth:`take_api`) and
-    links each to its device work by a correlation id."""
-
-    modeled = True
-
-    def __init__(self, be) -> None:
-        from ..trace.live import SimCallLog, SimTimeline
-
-        self.be = be
-        self.clock_ns = lambda: be.host_clock_us() * 1e3
-        self.log = SimCallLog(be)
-        self.timeline = SimTimeline(be, corr_of=self.log.corr_of)
-
-    def start(self) -> None:
-        self.timeline.start()
-        if not self.log.on:
-            self.log.install()
-
-    def take(self) -> list[dict]:
-        out = []
-        for r in self.timeline.take():
-            sid, skind = self.log.streams.get(r.stream, (-1, ""))
-            out.append({"name": r.name, "kind": r.kind, "start_ns": r.start_ns, "end_ns": r.end_ns, "stream": r.stream,
-                        "graph_id": r.graph_id, "graph_node_id": r.graph_node_id, "correlation": r.correlation,
-                        "stream_id": sid, "stream_type": skind, "device": SIM_DEVICE})
-        return out
-
-    def take_api(self) -> tuple[list[dict], dict]:
-        """``(calls, stream_types)`` logged since the last call: one ``api`` row per backend call, and a
-        ``sync`` row beside each call that synchronizes (MODELED)."""
-        calls = []
-        recs = self.log.take()
-        for r in recs:
-            sid, kind, sync = self.log.stream_of.get(r.correlation, (-1, "", ""))
-            row = {"start_ns": r.start_ns, "end_ns": r.end_ns, "stream": sid, "stream_type": kind,
-                   "correlation": r.correlation, "sync_kind": sync}
-            if r.kind == "api":
-                calls.append({"kind": "api", "tid": r.tid, "event": -1, "name": r.name, "domain": r.domain, **row})
-            else:
-                calls.append({"kind": "sync", "tid": -1, "event": -1, "name": "sync", "domain": "", **row})
-        for r in recs:
-            self.log.stream_of.pop(r.correlation, None)
-        return calls, {sid: kind for sid, kind in self.log.streams.values()}
-
-    def stop(self) -> None:
-        self.log.remove()
-
-
+# ----------------------------------------------------------------------------- the trace's rows
 def kernel_source(be):
-    """:class:`SimKernelSource` on the sim; :class:`CuptiKernelSource` on a GPU. Raises TraceError
-    (with the reason) where neither can run."""
-    from ..backends.base import ModeledTime
+    """The live trace of ``be`` with its API level (:func:`ds4lab.trace.live.trace_source`, the one
+    registry: CUPTI on a GPU, the sim's modeled timeline and call log on the sim). Raises
+    :class:`TraceError` with the reason where there is none."""
+    from ..trace.live import trace_source
 
-    if isinstance(be, ModeledTime):
-        return SimKernelSource(be)
-    if not be.is_gpu:
-        raise TraceError(f"no kernel timeline on the {be.name} backend: use cupy (a GPU) or sim")
-    try:
-        return CuptiKernelSource()
-    except Exception as e:  # ImportError, or a CUPTI library that does not load
-        raise TraceError(f"CUPTI is not usable here ({type(e).__name__}: {e}); pip install cupti-python") from None
+    src = trace_source(be, calls=True)
+    if not src.available:
+        raise TraceError(f"nothing records kernels here: {src.reason}")
+    return src
+
+
+def device_rows(src, recs) -> list[dict]:
+    """The trace's rows of the device records ``recs`` of source ``src`` (kernels, memsets, copies; each
+    with its stream's id and kind, and a copy's or memset's bytes where the source counts them)."""
+    out = []
+    for r in recs:
+        if r.kind not in ("kernel", "memset", "memcpy"):
+            continue
+        sid, skind = src.stream_of(r.stream)
+        row = {"name": (r.label or "memset") if r.kind == "memset" else r.name, "kind": r.kind,
+               "start_ns": r.start_ns, "end_ns": r.end_ns, "stream": r.stream, "graph_id": int(r.graph_id),
+               "graph_node_id": int(r.graph_node_id), "correlation": int(r.correlation), "stream_id": sid,
+               "stream_type": skind, "device": int(r.device)}
+        if r.kind in ("memset", "memcpy") and r.bytes >= 0:
+            row["bytes"] = int(r.bytes)
+            if r.kind == "memcpy":
+                row.update(copy_kind=r.copy_kind, host_memory=r.host_memory)
+        out.append(row)
+    return out
+
+
+def api_call_rows(src, recs) -> tuple[list[dict], dict]:
+    """``(calls, stream_types)`` of the API-level records ``recs`` of ``src``: the API calls and
+    synchronizations as rows of ``trace_api.csv``, each call's stream the one it names or, for a
+    ``cudaEventRecord``, its event record's; and ``{stream id: type}`` from the source and the stream
+    records."""
+    from ..trace import records as R
+
+    events, made = R.api_context(recs)
+    types = {**made, **src.stream_types()}
+    calls = []
+    for r in recs:
+        if isinstance(r, R.ApiCall):
+            stream, ev = events.get(r.correlation, (r.stream, -1))
+            calls.append({"kind": "api", "name": r.name, "domain": r.domain, "start_ns": r.start_ns,
+                          "end_ns": r.end_ns, "tid": r.tid, "correlation": r.correlation, "stream": stream,
+                          "event": ev, "sync_kind": "", "stream_type": types.get(stream, "")})
+        elif isinstance(r, R.Sync):
+            calls.append({"kind": "sync", "name": "sync", "domain": "", "start_ns": r.start_ns, "end_ns": r.end_ns,
+                          "tid": -1, "correlation": r.correlation, "stream": r.stream, "event": r.event,
+                          "sync_kind": r.sync_kind, "stream_type": types.get(r.stream, "")})
+    return calls, types
 
 
 # ----------------------------------------------------------------------------- the job
@@ -359,8 +250,9 @@ def _trace(be, cfg, st_list, config, src, say, meta):
 
 
 def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
-    from ..experiments.run import StageRun
-    from ..experiments.stages import START_POS, token_id_at
+    from ..experiments.stage_run import StageRun
+    from ..experiments.stages import START_POS
+    from ..token.config import token_id_at
 
     # the launch sites of one eager token, in launch order (the kernels are labelled by position)
     with model.L.recording() as launched:
@@ -383,8 +275,7 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
             if config.hazard:  # the hazard's path over the stage's own options
                 run.opts = TokenOptions(**{**run.opts.summary(), **HAZARDS[config.hazard].options})
             run.activate()
-            if hasattr(src, "note_stream"):
-                src.note_stream(run.stream)
+            src.note_stream(run.stream)
             for _ in range(config.warmup):
                 run.token(pos)
                 pos += 1
@@ -403,8 +294,8 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
                     pos += 1
             be.synchronize()
             rec.recording = False
-            recs = sorted(src.take(), key=lambda r: r["start_ns"])
-            calls, types = src.take_api()
+            recs = sorted(device_rows(src, src.take()), key=lambda r: r["start_ns"])
+            calls, types = api_call_rows(src, src.take_api())
             _attach_args(recs, launched, types)
             api_rows += [{"stage": st.name, **c} for c in calls]
             ks = [r for r in recs if r["kind"] == "kernel"]
@@ -536,5 +427,5 @@ def _write(o, kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFr
     o.figure("trace", plots.trace_figure(kern, nvtx, meta))
 
 
-__all__ = ["CuptiKernelSource", "NoKernelRecords", "SimKernelSource", "TRACE_OUTPUTS", "TraceConfig", "TraceError",
-           "check_config", "kernel_source", "run", "trace_json"]
+__all__ = ["NoKernelRecords", "TRACE_OUTPUTS", "TraceConfig", "TraceError", "api_call_rows", "check_config",
+           "device_rows", "kernel_source", "run", "trace_json"]

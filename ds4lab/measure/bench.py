@@ -166,7 +166,7 @@ def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
     """The headline figures of a bench run (:data:`SUMMARY_KEYS`): from the per-op run (None
     without it) the replayed token's GPU-busy µs, its bytes floor and launch-list floor, t_min,
     the large kernels' fraction of the copy bandwidth, attention µs per layer and efficiency
-    against both floors (:mod:`ds4lab.measure.floors`); the copy bandwidth, the routed-MoE
+    against both floors (:mod:`ds4lab.experiments.floors`); the copy bandwidth, the routed-MoE
     decode step's fraction of it, and host µs per launch (medians) bare, through the launcher
     with an override stream, with NVTX on, and plain."""
     host = {k: v["host_us"].median for k, v in lo.items()}

@@ -186,7 +186,7 @@ def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps:
     kept there for the job to write: ``outputs["tables"]`` ``per_op`` (sites) and ``per_op_launches``
     (every launch), ``outputs["figures"]["per_op"]`` (:func:`roofline_figure`).
 
-    With ``replayed`` (the default) the token's floors come first (:func:`ds4lab.measure.floors.token_floors`:
+    With ``replayed`` (the default) the token's floors come first (:func:`ds4lab.experiments.floors.token_floors`:
     t_min, the bytes and launch-list floors, the replayed token's busy time), and each launch's µs
     is the median over the replayed tokens' kernel records (``method`` ``"cupti-replay"``), the
     way stage 3 runs it; when those records do not match the launch list, or without
@@ -194,13 +194,13 @@ def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps:
 
     ``copy_GBps`` defaults to a fresh :func:`ds4lab.timing.copy_bandwidth` median. Returns the
     token summary with ``method``, ``copy_GBps``, the floors' figures
-    (:meth:`ds4lab.measure.floors.TokenFloors.summary`, under ``floors`` and, for
-    :data:`ds4lab.measure.floors.SUMMARY_KEYS`, at the top level) and the site table as records.
+    (:meth:`ds4lab.experiments.floors.TokenFloors.summary`, under ``floors`` and, for
+    :data:`ds4lab.experiments.floors.SUMMARY_KEYS`, at the top level) and the site table as records.
     """
     from ..report import provenance
     from ..token.model import DecodeModel, TokenOptions
     from ..timing import copy_bandwidth
-    from . import floors as FL
+    from ..experiments import floors as FL
 
     meta = dict(meta or provenance.base_meta(be))
     meta.setdefault("preset", cfg.name)
@@ -251,7 +251,7 @@ def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps:
 
 
 def floors_table(fs: dict, title: str):
-    """A rich table of :meth:`ds4lab.measure.floors.TokenFloors.summary`: the busy time, the
+    """A rich table of :meth:`ds4lab.experiments.floors.TokenFloors.summary`: the busy time, the
     replayed µs per token, the two floors, t_min, and efficiency against each floor."""
     from rich.table import Table
 

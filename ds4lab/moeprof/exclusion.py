@@ -18,32 +18,9 @@ regimes of the routed-MoE call being profiled:
                          *blocking* stream in global mode, then launched there
 =======================  ==========================================================================
 
-Every cell runs, on one routed-MoE layer (default 2 tokens: the sorted-pairs path of MTP
-verification): one eager warm-up call; in ``replay`` one capturing call; then
-:meth:`~ds4lab.moeprof.MoeProfiler.poison` (every pooled event re-recorded back to back, stamp slots
-cleared, so a value that was not re-measured is recognised); then the judged call, read as the mode
-reads it (``raw``: whatever the mechanism returns); then three calls of the regime's steady state
-bracketed by events recorded outside any capture (the reference device time per call).
-
-Outcomes, in this order of precedence:
-
-* ``breaks capture``: the profiler's call failed and left the capture invalidated (error named);
-* ``refused``: a call was refused (CUDA, CuPy or ds4lab's guard error named), capture intact;
-* ``no data``: nothing to report (no timing mechanism ran: e.g. NVTX ranges that only mark capture
-  time, stamps captured but not replayed);
-* ``silently wrong``: values came back but are not this call's (stale event records; a total that
-  includes the capture's host time), with the values;
-* ``works``: values within :data:`TOLERANCE` of the bracketed device time, with the overhead per
-  MoE call against the same regime without profiling: a paired, interleaved difference with its 95 %
-  interval (:func:`overhead_us`), "not measurable (±x µs)" when the interval includes zero;
-* ``unavailable``: the mode cannot run here (``cupti-python`` missing), with the reason.
-
-Measured on the H200 (2026-11-29, ``small`` and ``ds4-flash``), the GPU and the sim agree on every
-cell but ``deferred`` under capture and replay: an event whose last record was inside a (now ended)
-capture makes ``cudaEventSynchronize`` and ``cudaEventElapsedTime`` fail with
-``cudaErrorInvalidValue`` (and ``cudaEventQuery`` report not ready), before and after replays and
-whether or not it was recorded eagerly before, until it is recorded eagerly again: ``refused``. The
-sim returns the event's previous eager record instead (``silently wrong``): a sim rule to add.
+How every cell runs, its outcomes (``breaks capture``, ``refused``, ``no data``, ``silently wrong``,
+``works``, ``unavailable``) and what the H200 measured: ``docs/moe-profiler.md``, "The profiling ×
+capture matrix".
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
     Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None,
     "profiler": MoeProfiler or None}`` (µs per timed token; ``moe_us`` NaN where no total was timed).
     """
-    from ..experiments.stages import token_id_at
+    from ..token.config import token_id_at
 
     be, m = wb.be, wb.model
     cache = None
@@ -160,7 +160,7 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int =
 def globaltimer_resolution(be, n: int = 64) -> dict | None:
     """The update step of ``%globaltimer`` on this GPU (ns), from ``kernels/timestamp.cu:globaltimer_probe``:
     ``{"min_ns", "median_ns", "n"}``. None off a GPU (the sim's modeled clock is exact)."""
-    from ..backends.base import DeviceClock
+    from ..executor.base import DeviceClock
 
     raw = be.globaltimer_steps(n) if isinstance(be, DeviceClock) else None
     if raw is None:

@@ -304,26 +304,10 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does
     not have, or missing papermill/ipykernel; a failing cell is reported in the result, not raised.
     """
-    papermill, nbformat = _papermill()
-    from nbclient.exceptions import CellTimeoutError
-    from papermill.exceptions import PapermillExecutionError
-    from papermill.parameterize import parameterize_notebook
+    papermill, _ = _papermill()
 
     path = Path(path)
-    names = parameter_names(path)
-    values = dict(values)
-    env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's
-    if out_dir is not None:
-        if "OUT" not in names:
-            raise NotebookError(f"{path.name}: its parameters cell has no OUT")
-        values["OUT"] = str(Path(out_dir).resolve())
-        if final_dir is not None:
-            from .results import staged_env
-
-            env.update(staged_env(Path(values["OUT"]), Path(final_dir).resolve()))
-    unused = sorted(set(values) - set(names))
-    if unused:
-        raise NotebookError(f"{path.name}: no parameter named {', '.join(unused)} (it has {', '.join(names)})")
+    values, env = _kernel_values(path, values, out_dir, final_dir)
     cells = len(_own_code_cells(read_notebook(path)))
     executed = Path(executed)
     executed.parent.mkdir(parents=True, exist_ok=True)
@@ -369,27 +353,29 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     if log_path.exists() and log_path.stat().st_size == 0:
         log_path.unlink()
     seconds = time.perf_counter() - t0
-    failed, error, timed_out = None, None, None
     exc = outcome.get("error")
     nb = read_notebook(executed) if executed.exists() else read_notebook(path)
-    own = [c for c in _own_code_cells(nb) if ERROR_TAG not in c.metadata.get("tags", [])]
     if stops.signum is None and isinstance(exc, KeyboardInterrupt):  # raised in this process (a closed console)
         stops.signum = getattr(exc, "signum", None) or signal.SIGINT
-    if stops.signum is not None:
-        error = ("interrupted (Ctrl-C)" if stops.signum == signal.SIGINT
-                 else f"interrupted ({signal.Signals(stops.signum).name})")
-        failed = current[0]
-    elif isinstance(exc, PapermillExecutionError):
-        failed = next((k for k, c in enumerate(own, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
-                       or c.metadata.get("papermill", {}).get("exception")), current[0])
-        error = f"{exc.ename}: {exc.evalue}"
-    elif isinstance(exc, CellTimeoutError):
-        failed = timed_out = current[0]
-        error = f"timed out after {timeout} s (the time one cell may run); the kernel was shut down"
-    elif exc is not None:  # a kernel that does not start or dies: keep what ran, report it
-        text = str(exc).strip()
-        error = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-        failed = current[0]
+    failed, error, timed_out = _failure(exc, stops.signum, current[0], nb, timeout)
+    _write_copy(nb, executed, values, out_dir, final_dir, kernel_name, started_at)
+    figures = []
+    if out_dir is not None and Path(out_dir).exists():
+        figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png")
+                         if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
+    sig = stops.signum if stops.signum not in (None, signal.SIGINT) else None
+    return NotebookRun(path.name, executed, error is None, seconds, cells, parameters=values, failed_cell=failed,
+                       error=error, figures=figures, interrupted=stops.signum is not None, signum=sig,
+                       timed_out_cell=timed_out)
+
+
+def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_name: str, started_at: str) -> None:
+    """Write the executed copy ``nb``: its parameters as the run had them, ``OUT`` (and where the copy
+    itself will be) named as they are once the folder holding them is swapped in, no longer paired with
+    the notebook's source."""
+    _, nbformat = _papermill()
+    from papermill.parameterize import parameterize_notebook
+
     if final_dir is not None and out_dir is not None:  # the copy names where its results will be
         values["OUT"] = str(Path(final_dir).resolve())
         try:  # and where it will be itself, when it lies beside OUT in the folder that is swapped in
@@ -402,14 +388,49 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
     nb.metadata.pop("jupytext", None)  # an executed copy is no longer paired with the notebook's source
     nb.metadata.setdefault("ds4lab", {})["executed"] = {"parameters": values, "started": started_at}
     nbformat.write(nb, executed)
-    figures = []
-    if out_dir is not None and Path(out_dir).exists():
-        figures = sorted(str(p.relative_to(out_dir)) for p in Path(out_dir).rglob("*.png")
-                         if p.stat().st_mtime >= started - 1)  # this run's, not an earlier run's
-    sig = stops.signum if stops.signum not in (None, signal.SIGINT) else None
-    return NotebookRun(path.name, executed, error is None, seconds, cells, parameters=values, failed_cell=failed,
-                       error=error, figures=figures, interrupted=stops.signum is not None, signum=sig,
-                       timed_out_cell=timed_out)
+
+
+def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, dict]:
+    """``(parameter values, kernel environment)`` of :func:`run_notebook`: ``OUT`` from ``out_dir`` and,
+    with ``final_dir``, the staged folder's environment; raises :class:`NotebookError` for a value the
+    notebook has no parameter for."""
+    names = parameter_names(path)
+    values = dict(values)
+    env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's
+    if out_dir is not None:
+        if "OUT" not in names:
+            raise NotebookError(f"{path.name}: its parameters cell has no OUT")
+        values["OUT"] = str(Path(out_dir).resolve())
+        if final_dir is not None:
+            from .results import staged_env
+
+            env.update(staged_env(Path(values["OUT"]), Path(final_dir).resolve()))
+    unused = sorted(set(values) - set(names))
+    if unused:
+        raise NotebookError(f"{path.name}: no parameter named {', '.join(unused)} (it has {', '.join(names)})")
+    return values, env
+
+
+def _failure(exc, signum, current, nb, timeout: int) -> tuple:
+    """``(failed cell, error, timed-out cell)`` of a run that ended with ``exc`` (None: ran through) or a
+    stop signal ``signum``; ``current``: the code cell running last (1-based), ``nb`` the executed copy."""
+    from nbclient.exceptions import CellTimeoutError
+    from papermill.exceptions import PapermillExecutionError
+
+    if signum is not None:
+        return current, ("interrupted (Ctrl-C)" if signum == signal.SIGINT
+                         else f"interrupted ({signal.Signals(signum).name})"), None
+    if isinstance(exc, PapermillExecutionError):
+        own = [c for c in _own_code_cells(nb) if ERROR_TAG not in c.metadata.get("tags", [])]
+        failed = next((k for k, c in enumerate(own, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+                       or c.metadata.get("papermill", {}).get("exception")), current)
+        return failed, f"{exc.ename}: {exc.evalue}", None
+    if isinstance(exc, CellTimeoutError):
+        return current, f"timed out after {timeout} s (the time one cell may run); the kernel was shut down", current
+    if exc is not None:  # a kernel that does not start or dies: keep what ran, report it
+        text = str(exc).strip()
+        return current, f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": "), None
+    return None, None, None
 
 
 def find_notebooks(names, folder: Path) -> list[Path]:

@@ -10,7 +10,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from .. import __version__
+from ..version import __version__
 
 
 def git_revision() -> str | None:

@@ -1,49 +1,11 @@
 """Result folders: written aside, swapped in only on success, locked, and never left ``running``.
 
 Every command that writes a result folder (the jobs, ``ingest``, ``compare``, ``notebooks``) goes
-through :func:`job_folder`; ``calibrate``, which writes one file, through :func:`output_file`.
-
-The life of a result folder ``OUT`` (:func:`job_folder`):
-
-1. **Checks before any work.** ``OUT`` must be missing, empty, or a folder ds4lab wrote for the
-   same command (its ``meta.json`` names the job). A folder holding a ``meta.json`` ds4lab did not
-   write, files without a ds4lab ``meta.json`` (a user's own ``ladder.csv``), or another command's
-   results is refused, naming them (:class:`OutputError`, exit 2). A run into a folder another
-   run is writing is refused with that run's PID and host. A mount point (a disk or a container
-   volume of its own) is refused too, naming a folder inside it: it cannot be renamed (``EBUSY``),
-   so the finished run could not be swapped in.
-2. **Lock.** ``.OUT.ds4lab.lock`` beside ``OUT`` (:class:`Lock`: ``flock``, released by the kernel
-   when the process dies, so a killed run never leaves it stale; it holds ``{"pid", "host"}``).
-3. **Staging.** The job writes into ``.OUT.ds4lab-staging`` beside ``OUT`` (the folder the ``with``
-   statement hands it); ``OUT`` keeps the earlier results untouched until the end.
-4. **Success**: ``meta.json`` says ``complete`` and lists the files the run wrote (``files``) with
-   the SHA-256 of each (``file_sha256``); the staging folder is swapped in for ``OUT`` in one atomic
-   step (``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere two renames, recovered by the next run if
-   a crash falls between them) with SIGINT, SIGTERM and SIGHUP held off; files in the earlier
-   ``OUT`` that ds4lab did not write (a user's notes), and files it wrote whose bytes no longer match
-   the recorded SHA-256 (a user's edit), are moved into the new one, or, when one is named like a
-   file this run wrote, the whole earlier folder is kept beside as ``OUT.replaced-<time>``; the
-   console names them. The earlier results are then removed, unless they ran another experiment
-   than this run (a job's default folder, ``ran``: another hazard set, preset or backend): then
-   they are kept whole beside as ``OUT.replaced-<time>``.
-5. **Interrupted (Ctrl-C, SIGTERM, SIGHUP) or failed**: ``meta.json`` says ``interrupted``,
-   ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed: <error>``; the partial results
-   become ``OUT`` when there were no earlier results there, and otherwise go beside it as
-   ``OUT.interrupted-<time>`` / ``OUT.failed-<time>`` (the earlier results stay as they were). The
-   console names the place. Temporary ``*.tmp`` files of atomic writes are removed.
-6. **Killed outright** (SIGKILL, power loss): the staging folder stays; the next run into ``OUT``
-   moves it beside ``OUT`` as ``OUT.died-<time>`` (or ``OUT.recovered-<time>`` when its run had
-   finished) and says so; :func:`read_meta` reports a ``running`` run whose lock is free as ``died``.
-
-An ``OSError`` while writing (a full disk, a quota) becomes :class:`WriteFailed` naming the path,
-and ``meta.json`` is rewritten in place with the failure when a new file cannot be written, so no
-folder is left ``running``. SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (a
-``KeyboardInterrupt``) while a folder is open, so they keep partial results as Ctrl-C does.
-
-The lines that tell the user where results are name ``OUT``, never the staging folder. A folder
-written inside another run's staging folder (a notebook's ``OUT`` under ``ds4lab notebooks``, whose
-own folder is swapped in only when every notebook has run) is named where it will be then:
-:func:`final_path`, from what :func:`staged_env` put in the environment of the process writing it.
+through :func:`job_folder`; ``calibrate``, which writes one file, through :func:`output_file`. What a
+user sees of it is ``docs/results.md``; the life of a folder step by step (checks, lock, staging, the
+swap on success, what an interruption, a failure, a full disk or a killed run leaves, and how the lines
+that say where results are name them: :func:`final_path`, :func:`staged_env`) is that page's "How a
+result folder lives".
 """
 
 from __future__ import annotations
@@ -645,41 +607,27 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
     from ..errors import CheckFailed
 
     t = _Target(out, meta.get("job"), outputs, say, ran)
-    if ran is not None:
-        meta["ran"] = t.ran
     folder = t.open()
     done = False  # the folder was swapped in or placed: nothing left to do
     try:
         with stop_signals():
-            meta.setdefault("ds4lab", _version())
-            meta["status"] = "running"
-            meta["run"] = {"pid": os.getpid(), "host": socket.gethostname(),
-                           "lock": str(t.lock.path) if t.lock is not None else None}
-            _calibration_identity(meta)
+            _running(t, meta)
             checked = None
             try:
                 write_meta(folder / "meta.json", meta)
                 try:
                     yield folder
                 finally:
-                    meta["files"] = _own_files(folder)
-                    meta["file_sha256"] = _file_sha256(folder, meta["files"])
-                    unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
-                    if unfinished:  # their writes were cut (a full disk, an interrupt): not kept
-                        meta["files_not_written"] = unfinished
+                    _written(folder, meta)
             except CheckFailed as e:  # finished, a check failed: the results stand, with that status
-                meta["status"] = _failure_status(e)
                 meta["traceback"] = traceback.format_exc()
-                _stopped(on_stop, meta, folder)
+                _stopped(on_stop, meta, _failure_status(e), folder)
                 checked = e
             except KeyboardInterrupt as e:
-                meta["status"] = interrupt_status(e)
-                _stopped(on_stop, meta, folder)
+                _stopped(on_stop, meta, interrupt_status(e), folder)
                 where = _stop(t, meta)
                 done = True
-                t._note(f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})"
-                        + _unchanged(t, where))
-                _tell(e, where)
+                _kept(t, e, where, f"{meta['status']}: partial results in {where}/ (meta.json status {meta['status']!r})")
                 raise
             except discard_on:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -689,34 +637,20 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
                 # an OSError is a write that failed (a full disk); a closed stdout (`| head`) is not
                 err = _as_write_failed(e, folder) if isinstance(e, OSError) and not isinstance(
                     e, BrokenPipeError) else e
-                meta["status"] = _failure_status(err)
                 meta["traceback"] = traceback.format_exc()
-                _stopped(on_stop, meta, folder)
+                _stopped(on_stop, meta, _failure_status(err), folder)
                 where = _stop(t, meta)
                 done = True
-                t._note(f"failed: partial results in {where}/ (meta.json status 'failed')" + _unchanged(t, where))
-                _tell(err, where)
+                _kept(t, err, where, f"failed: partial results in {where}/ (meta.json status 'failed')")
                 if err is not e:
                     raise err from e
                 raise
             else:
                 meta["status"] = "complete"
-            _calibration_identity(meta)
             try:
-                write_meta(folder / "meta.json", meta)
-            except WriteFailed as e:
-                meta["status"] = _failure_status(e)
-                where = _stop(t, meta)
+                _finish(t, folder, meta)
+            finally:
                 done = True
-                raise WriteFailed(f"{e}; partial results in {where}/", e.errno) from e
-            try:
-                t.finish(meta, ok=True)
-            except OSError as e:
-                done = True
-                raise WriteFailed(f"cannot move the finished results from {folder} to {t.shown}: {os_reason(e)}; they "
-                                  f"are in {folder} (the next run into {t.shown} moves them beside it)",
-                                  e.errno) from e
-            done = True
             if checked is not None:
                 raise checked
     finally:
@@ -726,6 +660,56 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
             with contextlib.suppress(BaseException):
                 _stop(t, meta)
         t._release()
+
+
+def _running(t: _Target, meta: dict) -> None:
+    """``meta`` as a running job's: what it ran (for a default folder), the version, ``status`` running,
+    this process and its lock, the identity of every calibration it names."""
+    if t.ran is not None:
+        meta["ran"] = t.ran
+    meta.setdefault("ds4lab", _version())
+    meta["status"] = "running"
+    meta["run"] = {"pid": os.getpid(), "host": socket.gethostname(),
+                   "lock": str(t.lock.path) if t.lock is not None else None}
+    _calibration_identity(meta)
+
+
+def _written(folder: Path, meta: dict) -> None:
+    """What the job wrote into ``folder``, whole (``files``, ``file_sha256``), and the files whose write
+    was cut (a full disk, an interrupt: ``files_not_written``, none kept)."""
+    meta["files"] = _own_files(folder)
+    meta["file_sha256"] = _file_sha256(folder, meta["files"])
+    unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
+    if unfinished:
+        meta["files_not_written"] = unfinished
+
+
+def _finish(t: _Target, folder: Path, meta: dict) -> None:
+    """Write the finished run's ``meta.json`` and swap its folder in.
+
+    Raises:
+        WriteFailed: ``meta.json`` could not be written (the results are placed as partial ones), or the
+            folder could not be moved into place (it stays where it is, and says where).
+    """
+    _calibration_identity(meta)
+    try:
+        write_meta(folder / "meta.json", meta)
+    except WriteFailed as e:
+        meta["status"] = _failure_status(e)
+        where = _stop(t, meta)
+        raise WriteFailed(f"{e}; partial results in {where}/", e.errno) from e
+    try:
+        t.finish(meta, ok=True)
+    except OSError as e:
+        raise WriteFailed(f"cannot move the finished results from {folder} to {t.shown}: {os_reason(e)}; they "
+                          f"are in {folder} (the next run into {t.shown} moves them beside it)", e.errno) from e
+
+
+def _kept(t: _Target, e: BaseException, where, line: str) -> None:
+    """Say where a stopped run's partial results are (and that earlier ones are unchanged), and attach it
+    to the exception going on."""
+    t._note(line + _unchanged(t, where))
+    _tell(e, where)
 
 
 def _tell(e: BaseException, where) -> None:
@@ -766,14 +750,16 @@ def _stop(t: _Target, meta: dict) -> Path:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 
 
-def _stopped(on_stop, meta: dict, folder: Path) -> None:
-    """Call ``on_stop`` (a stopped run writing what it got so far), then list the folder's files again:
-    what it wrote (``run``'s ``census.csv``) is in ``meta["files"]`` as what the job wrote before."""
+def _stopped(on_stop, meta: dict, status: str, folder: Path) -> None:
+    """Record ``status`` in ``meta`` and tell ``on_stop`` (a stopped run writing what it got so far; an
+    error there is recorded, never raised), then list the folder's files again: what it wrote (``run``'s
+    ``census.csv``) is in ``meta["files"]`` as what the job wrote before."""
+    meta["status"] = status
     if on_stop is None:
         return
     try:

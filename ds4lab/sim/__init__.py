@@ -8,8 +8,8 @@ calibration file. Nothing it reports is measured.
 from __future__ import annotations
 
 from .backend import SimBackend
-from .costmodel import Calibration, default_calibration_path, fit_calibration
+from .costmodel import Calibration, default_calibration_path
 from .runtime import MODES, RULES, Graph, GraphExec, Rule, SimEvent, SimStream
 
-__all__ = ["SimBackend", "Calibration", "default_calibration_path", "fit_calibration", "MODES", "RULES", "Rule",
+__all__ = ["SimBackend", "Calibration", "default_calibration_path", "MODES", "RULES", "Rule",
            "Graph", "GraphExec", "SimEvent", "SimStream"]

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..token import weights as W
-from ..backends.base import Executor, ModeledTime, RuntimeApi
-from ..backends.numpy_backend import NumpyBackend
+from ..executor.base import Executor, ModeledTime, RuntimeApi
+from ..executor.numpy_backend import NumpyBackend
 from ..errors import CudaError
 from ..capture.stream import LEGACY_STREAM, current_stream
 from .costmodel import Calibration
@@ -92,7 +92,7 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default)
             or ``"raise"`` (``cudaErrorStreamCaptureInvalidated``, as the Programming Guide says).
 
-    Beyond :class:`~ds4lab.backends.base.Backend`: :meth:`per_thread_stream`,
+    Beyond :class:`~ds4lab.executor.base.Backend`: :meth:`per_thread_stream`,
     :meth:`exchange_capture_mode`, :meth:`capture_info`, :meth:`address`, :attr:`host_time_us`,
     :attr:`timeline`, :meth:`stream_ready_us`, :meth:`reset_clock`, :attr:`escapes`,
     :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`, :meth:`is_pinned`; the
@@ -404,7 +404,7 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
 
     def model_host_work(self, kind: str) -> None:
         """ds4lab's host work of ``kind`` at the calibration's price (:data:`HOST_WORK`; see
-        :meth:`ds4lab.backends.base.ModeledTime.model_host_work`). Raises ValueError naming ``kind``."""
+        :meth:`ds4lab.executor.base.ModeledTime.model_host_work`). Raises ValueError naming ``kind``."""
         if kind not in self.HOST_WORK:
             raise ValueError(f"host work {kind!r}: one of {', '.join(self.HOST_WORK)}")
         us = getattr(self.cal, self.HOST_WORK[kind])

@@ -20,16 +20,7 @@ Every figure here is *modeled*, never measured. The model (all times in µs):
   ``graph_node_us`` after node ``i-1`` started being launched (instead of one host launch gap
   per kernel), and no earlier than the previous node's end.
 
-Calibration JSON schema (``ds4lab/data/*.json``)::
-
-    {"name", "device", "source", "measured": bool,
-     "host_launch_us", "host_graph_launch_us", "host_api_us",
-     "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us",
-     "kernels": {"<kernel>": {"fixed_us": .., "bandwidth_GBps": ..}},
-     optional: "copy_GBps" (device-to-device, memsets), "h2d_GBps" (host copies),
-     "graph_node_gap_us", "eager_gap_us", "host_graph_call_us", "host_node_update_us", "kernel_time_scale",
-     "kernel_time_scale_by_context" ([[context, scale], ...]), "pdl_edge_us",
-     "graph_conditional_us" (GUESS defaults until the H200 measures them: GUESSED)}
+The calibration's keys, their units and ranges: :data:`ds4lab.sim.calibration.SCHEMA`.
 
 * **kernel time factor**: every compute kernel's time is multiplied by the calibration's factor at
   the context being modeled (:meth:`Calibration.scale_at`): ``kernel_time_scale_by_context``
@@ -43,17 +34,14 @@ Calibration JSON schema (``ds4lab/data/*.json``)::
   (:meth:`Calibration.programmatic_us`). **Conditional nodes** (stage 3cc): the device evaluates each
   one reached in a replay, ``graph_conditional_us`` before its body (or the next node) can start.
 
-:func:`fit_calibration` derives ``kernel_fixed_us``, ``bandwidth_GBps`` and ``kernels`` from a
-per-op timing CSV and a launch trace (``ds4lab calibrate`` measures them on a GPU).
+Every fit of these constants is in :mod:`ds4lab.calibration`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
 
 from .calibration import default_calibration_path, read, validate
 
@@ -84,7 +72,7 @@ def guessed(cal: dict) -> dict[str, str]:
     """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses,
     each with its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured
     (its ``notes`` object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate
-    --from-context`` writes it: :func:`ds4lab.jobs.fit_capture_stages.fit_capture_stages`). The shipped
+    --from-context`` writes it: :func:`ds4lab.calibration.from_context.fit_capture_stages`). The shipped
     calibration sets neither: both GUESS."""
     notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
     return {k: why for k, why in GUESSED.items()
@@ -136,25 +124,25 @@ class Calibration:
     #: device fetching the next launch from the stream's queue, which a graph's nodes are spared
     #: (they pay ``graph_node_us`` pacing instead). 0 in ds4lab's own calibrations (their kernel fits
     #: are per-launch times that include it); fitted from another engine's recorded eager tokens
-    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: kernel span minus busy time per boundary).
+    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: kernel span minus busy time per boundary).
     eager_gap_us: float = 0.0
     #: ds4lab's own host work around each graph launch of its launch layer and graph cache (keys,
     #: lookup, stream choice), on top of ``host_graph_launch_us`` (the bare ``cudaGraphLaunch``), µs.
     host_graph_call_us: float = 0.0
     #: ds4lab's own host work per kernel-node update of a cached graph (stage i+: planning the
     #: call's launches, packing the node's parameters), on top of the update call (``host_api_us``),
-    #: µs. Both fitted from a measured ladder (:func:`ds4lab.measure.calibrate.fit_host_from_ladder`).
+    #: µs. Both fitted from a measured ladder (:func:`ds4lab.calibration.from_ladder.fit_host_from_ladder`).
     host_node_update_us: float = 0.0
     #: Every kernel's modeled time is multiplied by this: 1 for ds4lab's own kernels; another
     #: engine's total kernel time over ds4lab's for a calibration made from that engine
-    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
+    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
     #: ``kernel_time_scale_by_context``, the factor where no context is named (older readers use it).
     kernel_time_scale: float = 1.0
     #: The kernel time factor by context: ``((context, scale), ...)``, contexts (positions) positive and
     #: strictly ascending, each scale finite in (0, 100]; :meth:`scale_at` interpolates it linearly in
     #: log2(context) and holds it constant outside the first and last context. None: ``kernel_time_scale``
     #: at every context. Fitted from another engine's runs at several contexts
-    #: (:func:`ds4lab.jobs.calibrate.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
+    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
     kernel_time_scale_by_context: tuple | None = None
     #: device µs a kernel node reached by a programmatic edge gains over its fit (its launch overlaps its
     #: predecessor's drain): GUESSED until the H200 measures it
@@ -314,95 +302,3 @@ class Device:
         self.host_us = self.free_us = self.busy_us = 0.0
         self.timeline.clear()
         self.dropped = 0
-
-
-# ----------------------------------------------------------------------------- fitting
-#: Kernels whose time is dominated by streaming a weight matrix (the global fit).
-MATVEC_KERNELS = ("q8_matvec", "q8_matvec_swiglu", "q8_matvec_expand", "moe_gateup_decode", "moe_down_decode",
-                  "router_logits")
-
-
-def _linfit(xs, ys):
-    """Least squares ``y = a + b x``; returns (a, b) (b = 0 when x has no spread)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return my, 0.0
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    return my - b * mx, b
-
-
-def _median(v):
-    s = sorted(v)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
-def fit_calibration(rows: Iterable[dict], nbytes: Iterable[int], *, tolerance: float = 0.10) -> dict:
-    """Fit ``kernel_fixed_us``, ``bandwidth_GBps`` and per-kernel overrides.
-
-    Args:
-        rows: per-op measurements, dicts with ``kernel`` and ``us`` (one per launch, in launch order,
-            as ``docs/measurements/*/per-op-*.csv``).
-        nbytes: the ``nbytes`` the launcher passed for the same launches, same order (a trace).
-        tolerance: a kernel gets an override when the global model misses its median by more.
-
-    Returns:
-        ``{"kernel_fixed_us", "bandwidth_GBps", "kernels", "fit": {...summary...}}``.
-
-    The global figures are a least-squares line through the matvec-like kernels
-    (:data:`MATVEC_KERNELS`). A kernel whose launches the global line misses gets its own line when
-    its launches span more than one size and the line is physical (positive slope and intercept),
-    else a fixed cost (mean of ``us - nbytes/bandwidth``) at the global bandwidth, whichever of the two
-    has the smaller total absolute error over the kernel's launches.
-    """
-    rows, nb = list(rows), list(nbytes)
-    if len(rows) != len(nb):
-        raise ValueError(f"{len(rows)} measured launches but {len(nb)} traced ones")
-    pts: dict[str, list[tuple[int, float]]] = {}
-    for r, n in zip(rows, nb):
-        pts.setdefault(r["kernel"], []).append((int(n), float(r["us"])))
-    mv = [(n, us) for k in MATVEC_KERNELS for (n, us) in pts.get(k, [])]
-    if len(mv) < 2:
-        raise ValueError("need at least two matvec launches to fit a bandwidth")
-    a, b = _linfit([n for n, _ in mv], [us for _, us in mv])
-    if b <= 0:
-        raise ValueError("matvec times do not grow with bytes: cannot fit a bandwidth")
-    fixed, bw = max(a, 0.0), 1.0 / (b * 1e3)
-    kernels = {}
-    for k, p in sorted(pts.items()):
-        pred = [fixed + n / (bw * 1e3) for n, _ in p]
-        if _median([abs(pu - us) / us for (n, us), pu in zip(p, pred)]) <= tolerance:
-            continue
-        # Candidates: a fixed cost at the global bandwidth (mean residual: keeps the kernel's total),
-        # and the kernel's own line when its launches span several sizes and the line is physical.
-        cands = [{"fixed_us": round(max(0.1, sum(us - n / (bw * 1e3) for n, us in p) / len(p)), 3)}]
-        if len({n for n, _ in p}) > 1:
-            ka, kb = _linfit([n for n, _ in p], [us for _, us in p])
-            if kb > 0 and ka > 0:
-                cands.append({"fixed_us": round(ka, 3), "bandwidth_GBps": round(1.0 / (kb * 1e3), 1)})
-
-        def abs_err(o):
-            f, g = o["fixed_us"], o.get("bandwidth_GBps", bw)
-            return sum(abs(f + n / (g * 1e3) - us) for n, us in p)
-
-        kernels[k] = min(cands, key=abs_err)
-    # How well the fitted model reproduces the measurement, launch by launch.
-    cal = Calibration("fit", "", "", False, 0, 0, 0, fixed, 0, bw, 0, kernels)
-    model = [cal.kernel_us(r["kernel"], n) for r, n in zip(rows, nb)]
-    meas = [float(r["us"]) for r in rows]
-    return {
-        "kernel_fixed_us": round(fixed, 3),
-        "bandwidth_GBps": round(bw, 1),
-        "kernels": kernels,
-        "fit": {"launches": len(rows), "matvec_launches": len(mv),
-                "measured_sum_us": round(sum(meas), 1), "modeled_sum_us": round(sum(model), 1),
-                "median_abs_rel_error": round(_median([abs(m - u) / u for m, u in zip(model, meas)]), 4)},
-    }
-
-
-def write_calibration(path: str | Path, d: dict[str, Any]) -> None:
-    """Write a calibration dict as indented JSON (validated first by :meth:`Calibration.load`)."""
-    Calibration.load(d)
-    Path(path).write_text(json.dumps(d, indent=2) + "\n")

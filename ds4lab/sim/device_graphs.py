@@ -1,5 +1,5 @@
 """The simulated runtime's conditional nodes, capture into an existing graph and programmatic launches:
-:class:`SimDeviceGraphsMixin` (the :class:`~ds4lab.backends.device_graphs.DeviceGraphApi` of
+:class:`SimDeviceGraphsMixin` (the :class:`~ds4lab.executor.device_graphs.DeviceGraphApi` of
 :class:`~ds4lab.sim.backend.SimBackend`), the handles (:class:`SimCondHandle`) and what a conditional
 node holds (:class:`CondInfo`).
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.device_graphs import PREDECESSOR_RULES, DeviceGraphApi, check_kind, size_allowed
-from ..backends.kernel_pdl import require_device_half
+from ..executor.device_graphs import PREDECESSOR_RULES, DeviceGraphApi, check_kind, size_allowed
+from ..executor.kernel_pdl import require_device_half
 from ..errors import CudaError
 from .graphs import Graph
 from .objects import Node

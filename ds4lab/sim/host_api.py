@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import HOST_QUERIES
+from ..executor.base import HOST_QUERIES
 from ..capture.stream import LEGACY_STREAM
 
 
@@ -123,7 +123,7 @@ class HostApiMixin:
 
     # ------------------------------------------------------------------ host queries
     def host_query(self, name: str) -> Any:
-        """One of :data:`~ds4lab.backends.base.HOST_QUERIES` (rule host_query): host cost only; returns
+        """One of :data:`~ds4lab.executor.base.HOST_QUERIES` (rule host_query): host cost only; returns
         a modeled answer (0 for the device, the context and the last error; 1 for attributes).
         Raises ValueError naming the known queries for another name."""
         if name not in HOST_QUERIES:

@@ -1,7 +1,7 @@
 """A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU.
 
 This module knows nothing about arrays or kernels: work is a callable (``fn``) plus a modeled
-GPU duration. :class:`ds4lab.sim.backend.SimBackend` adapts the :class:`~ds4lab.backends.base.Backend`
+GPU duration. :class:`ds4lab.sim.backend.SimBackend` adapts the :class:`~ds4lab.executor.base.Backend`
 interface onto it.
 
 What it models (sources: CUDA Programming Guide, "Asynchronous execution" → blocking and

@@ -375,6 +375,12 @@ def is_ds4_flash(name: str | None) -> bool:
     return name is not None and (name == "ds4-flash" or name.startswith("ds4-flash-"))
 
 
+def token_id_at(pos: int, vocab: int) -> int:
+    """The token id every experiment decodes at position ``pos`` (a fixed pseudo-random sequence,
+    so every stage and every backend decodes the same tokens)."""
+    return (pos * 7919 + 13) % vocab
+
+
 def get_preset(name: str, **overrides) -> ModelConfig:
     """The preset called ``name`` with optional field overrides.
 

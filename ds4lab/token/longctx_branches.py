@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.device_graphs import DeviceGraphApi
+from ..executor.device_graphs import DeviceGraphApi
 from ..capture.conditional import conditional_node, in_device_graph
 from . import reference as R
 from .config import TOPK_MERGE_GROUP

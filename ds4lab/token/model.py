@@ -304,7 +304,7 @@ class DecodeModel:
         self.generation = 0
         #: None runs every cluster eagerly; a ds4lab.capture.cache.GraphCache captures and replays some.
         self.executor = None
-        #: A hazard the options cannot express, or None (``ds4lab.experiments.run.ModelPatch``:
+        #: A hazard the options cannot express, or None (``ds4lab.experiments.stage_run.ModelPatch``:
         #: ``forget``, decision prefixes the graph guard is not told; ``comp_row_by_value``).
         self.patch = None
         #: Stage 3cc's conditional nodes (``longctx="conditional"``), or None: ``_device_paths``.
@@ -427,7 +427,7 @@ class DecodeModel:
         programmatic build loaded now, never inside a capture) and stage 3cc's conditional nodes.
 
         Raises ValueError for ``pdl`` on a backend that cannot launch programmatically."""
-        from ..backends.device_graphs import DeviceGraphApi
+        from ..executor.device_graphs import DeviceGraphApi
 
         o = self.opts
         if o.pdl and not isinstance(self.be, DeviceGraphApi):

@@ -114,11 +114,11 @@ class TPGroup:
 
     def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,
                    **kw) -> list:
-        """One :class:`~ds4lab.experiments.run.StageRun` of ``stage`` per rank, made on the rank's thread
+        """One :class:`~ds4lab.experiments.stage_run.StageRun` of ``stage`` per rank, made on the rank's thread
         (its streams on its device); ``per_rank[r]``: keyword arguments for rank ``r``'s only (a hazard that
         differs between ranks). ds4 keeps island 1 eager on the hash-routed layers; with the collectives
         outside, the three clusters of island 1 are kept eager there too."""
-        from ..experiments.run import StageRun
+        from ..experiments.stage_run import StageRun
 
         def make(r: int):
             args = {**kw, **((per_rank or [{}] * self.world)[r])}
@@ -168,7 +168,7 @@ def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placeme
     Returns ``{"ranks_identical", "first_difference" (vs single, None when bit-identical), "max_abs_hidden",
     "max_rel_hidden", "checks" (per checked reduction, see :attr:`TPGroup.checks`), "worst_bound_ratio",
     "elements_differing"}``. Raises what the group or the token raise."""
-    from ..experiments.run import StageRun, first_difference
+    from ..experiments.stage_run import StageRun, first_difference
     from ..experiments.stages import STAGES
     from ..sim.backend import SimBackend
 
@@ -186,4 +186,32 @@ def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placeme
             "elements_differing": sum(c[4] for c in g.checks), "snapshots": got, "reference": ref}
 
 
-__all__ = ["REDUCES", "TPGroup", "compare_with_single"]
+def compare_on_gpus(cfg: ModelConfig, node, span, opts: TokenOptions | None = None) -> dict:
+    """On a host's GPUs (``node``): the TP token with NCCL and with ds4's peer copies, each bit-identical on
+    both ranks and to each other, against the single-GPU token on device 0. The reductions sum in another
+    order than the single GPU's kernels, so the largest difference is reported, not held to the sim's bound
+    (which is for the NumPy reference's arithmetic).
+
+    Returns ``{"ranks_identical": {reduce: bool}, "nccl_equals_peer", "first_difference_vs_single",
+    "max_rel_hidden_vs_single"}``. Raises what the group or the token raise."""
+    from ..experiments.stage_run import StageRun, first_difference
+    from ..experiments.stages import STAGES
+
+    base = opts or TokenOptions(vocab=True)
+    ref = StageRun(DecodeModel(cfg, node.backend(0), base), STAGES["0"], base).record(span)
+    got = {}
+    for red in ("nccl", "peer"):
+        g = TPGroup(cfg, node=node, reduce=red, opts=base)
+        got[red] = g.record(g.stage_runs(STAGES["0"], base), span)
+
+    def hidden(recs):
+        return np.stack([t["hidden"] for t in recs]).astype(np.float64)
+
+    return {"ranks_identical": {k: first_difference(v[0], v[1]) is None for k, v in got.items()},
+            "nccl_equals_peer": first_difference(got["nccl"][0], got["peer"][0]) is None,
+            "first_difference_vs_single": first_difference(ref, got["nccl"][0]),
+            "max_rel_hidden_vs_single": float(np.abs(hidden(got["nccl"][0]) - hidden(ref)).max()
+                                              / np.abs(hidden(ref)).max())}
+
+
+__all__ = ["REDUCES", "TPGroup", "compare_on_gpus", "compare_with_single"]

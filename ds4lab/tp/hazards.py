@@ -3,8 +3,9 @@
 Each :class:`TPHazard` runs a span of tokens on a two-rank group (the sim: a GPU would hang where the sim
 raises) under a tensor-parallel stage (:mod:`ds4lab.tp.stages`), with something that differs between the
 ranks or breaks the reduction, and sets what happened beside the same span run eagerly (TP stage 0, the
-same reduction). Registered in :data:`ds4lab.experiments.hazards.HAZARDS` (``steps == "tp"``), so
-``ds4lab ladder --hazard NAME`` (or ``all-tp``) and ``ds4lab hazards`` run them; the expected outcomes are
+same reduction). Importing this module registers them in :data:`ds4lab.experiments.hazards.HAZARDS`
+(``steps == "tp"``, the set ``all-tp``; the hazards job imports it), so ``ds4lab ladder --hazard NAME``
+(or ``all-tp``) and ``ds4lab hazards`` run them; the expected outcomes are
 the sim's rules (``nccl_*``, ``memcpy_peer_*`` in ``ds4lab/sim/rules.py``), GUESS where those are.
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import CollectiveError, RuntimeApiError
-from ..experiments.run import Span, first_difference, outcome
+from ..experiments.hazards import register
+from ..experiments.stage_run import Span, first_difference, outcome
 from ..token.model import TokenOptions
 from .ranks import run_ranks
 from .stages import TP_STAGES
@@ -29,7 +31,7 @@ class TPHazard:
     Attributes:
         stage: the tensor-parallel stage both ranks run (:data:`~ds4lab.tp.stages.TP_STAGES`).
         reduce: the group's reduction (``"nccl"`` or ``"peer"``).
-        per_rank: per rank, keyword arguments of its :class:`~ds4lab.experiments.run.StageRun` (``warmup``,
+        per_rank: per rank, keyword arguments of its :class:`~ds4lab.experiments.stage_run.StageRun` (``warmup``,
             ``options``: token options over the stage's).
         patch: per rank, attributes set on its :class:`~ds4lab.tp.model.TPRankModel` (``extra_collective``).
         expect: what the sim's rules say happens.
@@ -57,7 +59,7 @@ class TPHazard:
         ``rank_errors`` (each rank's exception, or ``none``).
 
         Raises:
-            ValueError: a backend other than the sim (a two-GPU host runs ``python -m ds4lab.tp``).
+            ValueError: a backend other than the sim (a two-GPU host runs ``ds4lab tp``).
         """
         if getattr(be, "name", "sim") != "sim":
             raise ValueError("tensor-parallel hazards run on the sim (where a GPU would hang, the sim raises)")
@@ -137,5 +139,7 @@ TP_HAZARDS: dict[str, TPHazard] = {h.name: h for h in (
              "never wrote again: wrong results", reduce="peer"),
 )}
 
+
+register(TP_HAZARDS, "all-tp")
 
 __all__ = ["NEVER", "TPHazard", "TP_HAZARDS"]

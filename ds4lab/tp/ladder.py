@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..experiments.ladder import Table
-from ..experiments.run import Span, first_difference
+from ..experiments.stage_run import Span, first_difference
 from ..timing import Stats, paired_difference
 from ..token.model import TokenOptions
 from .group import TPGroup

@@ -45,7 +45,7 @@ class FullWeights:
     holds), one layer at a time, cached."""
 
     def __init__(self, cfg: ModelConfig, seed: int) -> None:
-        from ..backends.numpy_backend import NumpyBackend
+        from ..executor.numpy_backend import NumpyBackend
 
         self.cfg, self.np = cfg, NumpyBackend(seed=seed)
         self._cache: dict = {}

@@ -28,7 +28,7 @@ def make_node(backend: str = "sim", n_devices: int = 2, *, seed: int = 1234, tim
 
     Raises:
         ValueError: another backend name.
-        ds4lab.backends.base.BackendUnavailable: ``cupy`` on a host with fewer GPUs, no CuPy or no NCCL
+        ds4lab.executor.base.BackendUnavailable: ``cupy`` on a host with fewer GPUs, no CuPy or no NCCL
             (the message says which).
     """
     if backend == "sim":

@@ -10,10 +10,8 @@ device row, and says so). On GPUs it is a CUPTI recording of both devices (:func
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..trace.events import EventTable, make_frame
-from ..experiments.run import Span
+from ..experiments.stage_run import Span
 from ..token.model import TokenOptions
 from .stages import TP_STAGES
 
@@ -92,28 +90,20 @@ def _record_gpu(group, tps, runs, first: int, warmup: int, tokens: int) -> Event
     return rec.table()
 
 
-def write_tp_trace(group, stage: str, start: int, tokens: int, folder: Path) -> list[Path]:
-    """Record (:func:`record_tp_table`) and write into ``folder``: ``trace-tp.csv.gz`` (the event table,
-    ``ds4lab audit`` reads it), ``tp-collectives.csv`` (:func:`ds4lab.audit.collectives.pair_collectives`) and
-    ``tp-plan.csv`` (:func:`ds4lab.audit.collectives.per_rank_plan` of the audit of each device, per mode).
-    Returns the paths."""
+def tp_trace(group, stage: str, start: int, tokens: int):
+    """The TP token recorded (:func:`record_tp_table`) and audited across its devices: ``(table, pairs, plan)``,
+    the event table (``ds4lab audit`` reads it saved), the collectives paired by rank
+    (:func:`ds4lab.audit.collectives.pair_collectives`) and the per-rank capture plan of the audit of each
+    device in each capture mode (:func:`ds4lab.audit.collectives.per_rank_plan`, column ``mode``)."""
     import pandas as pd
 
     from ..audit.analysis import analyze
     from ..audit.collectives import pair_collectives, per_rank_plan
-    from ..trace.sources.saved import write_table
 
-    folder = Path(folder)
     table = record_tp_table(group, stage, start, tokens)
-    files = [write_table(table, folder / "trace-tp.csv.gz", stage=stage, reduce=group.reduce)]
-    pairs = pair_collectives(table.frame)
-    pairs.to_csv(folder / "tp-collectives.csv", index=False)
-    files.append(folder / "tp-collectives.csv")
     reports = analyze([table], token_range="token")
     plan = pd.concat([per_rank_plan(reports, m).assign(mode=m) for m in ("global", "thread_local", "relaxed")])
-    plan.to_csv(folder / "tp-plan.csv", index=False)
-    files.append(folder / "tp-plan.csv")
-    return files
+    return table, pair_collectives(table.frame), plan
 
 
-__all__ = ["Span", "record_tp_table", "write_tp_trace"]
+__all__ = ["Span", "record_tp_table", "tp_trace"]

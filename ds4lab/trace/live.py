@@ -11,8 +11,10 @@ profiler's ``cupti`` mode and timing-only stamps, the busy-time floors, ``ds4lab
   graph's launch order (the sim replays nodes in capture order).
 * :class:`Unavailable` — no trace here; ``reason`` says why.
 
-:func:`trace_source` picks one for a backend and never raises. Every source has ``available``,
-``reason``, ``start()``, ``stop()`` and ``take()`` (the device records since the last take).
+:func:`trace_source` is the one place a source is picked for a backend; it never raises. Every source
+has ``available``, ``reason``, ``modeled``, ``start()``, ``stop()`` and ``take()`` (the device records
+since the last take); with ``calls=True`` also the API level of the same span (``take_api()``), its
+streams (``stream_of``, ``stream_types``, ``note_stream``) and the clock of its records (``clock_ns``).
 
 Also here: what ``ds4lab trace`` records beside the device work — :class:`RecordingAnnotator` (the
 NVTX ranges ds4lab pushes, with their times, as :class:`~ds4lab.trace.records.Range` records),
@@ -28,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from . import records as R
-from .cupti import KERNEL_KINDS, CuptiSession, cupti_available
+from .cupti import KERNEL_KINDS, TRACE_KINDS, CuptiSession, cupti_available
 
 __all__ = ["CuptiTimeline", "RecordingAnnotator", "SimCallLog", "SimTimeline", "Unavailable", "kernel_args",
            "scalar_args", "trace_source"]
@@ -36,23 +38,29 @@ __all__ = ["CuptiTimeline", "RecordingAnnotator", "SimCallLog", "SimTimeline", "
 
 # ----------------------------------------------------------------------------- device work
 class SimTimeline:
-    """The sim's modeled timeline as device records (module docstring): MODELED. ``corr_of``: where
-    given, ``{absolute timeline index: correlation id}`` (a :class:`SimCallLog`'s), read and emptied
-    as the records are taken."""
+    """The sim's modeled timeline as device records (module docstring): MODELED, on device 0 (as
+    ``cudaGetDevice`` says; a device of a :class:`~ds4lab.sim.devices.SimNode` its own index).
+    ``calls``: a :class:`SimCallLog` installed while the source runs, the API level of the same span
+    (:meth:`take_api`), each call's device work linked to it by a correlation id."""
 
     available, reason = True, ""
     modeled = True
 
-    def __init__(self, be, corr_of: dict | None = None) -> None:
+    def __init__(self, be, calls: bool = False) -> None:
         self.be = be
-        self.corr_of = corr_of
+        self.device = be.device if isinstance(getattr(be, "device", None), int) else 0
+        self.calls = SimCallLog(be) if calls else None
+        self.clock_ns = lambda: be.host_clock_us() * 1e3  # the modeled host clock
         self._seen = be.trace_records(0)[1]
 
     def start(self) -> None:
         self._seen = self.be.trace_records(0)[1]
+        if self.calls is not None and not self.calls.on:
+            self.calls.install()
 
     def stop(self) -> None:
-        pass
+        if self.calls is not None:
+            self.calls.remove()
 
     def take(self) -> list:
         """The device records since the last take, in timeline order."""
@@ -60,13 +68,13 @@ class SimTimeline:
         new, self._seen = self.be.trace_records(self._seen)
         first = self._seen - len(new)
         out, node, last_graph = [], 0, None
-        corr = self.corr_of
+        corr = self.calls.corr_of if self.calls is not None else None
         for j, (stream, name, start, end, kind, graph) in enumerate(new):
             if graph is None:
                 last_graph = None
             elif graph != last_graph:
                 node, last_graph = 0, graph
-            common = dict(start_ns=start * 1e3, end_ns=end * 1e3, stream=str(stream),
+            common = dict(start_ns=start * 1e3, end_ns=end * 1e3, stream=str(stream), device=self.device,
                           graph_id=0 if graph is None else int(graph), graph_node_id=0 if graph is None else node,
                           correlation=corr.pop(first + j, -1) if corr is not None else -1)
             if kind == "kernel":
@@ -81,6 +89,21 @@ class SimTimeline:
             for i in [i for i in corr if i < since]:
                 del corr[i]
         return out
+
+    def take_api(self) -> list:
+        """The API-level records (:class:`~ds4lab.trace.records.ApiCall`, ``Sync``) logged since the last call."""
+        return self.calls.take() if self.calls is not None else []
+
+    def stream_of(self, stream) -> tuple[int, str]:
+        """``(id, kind)`` of a device record's stream (the sim names its streams; the log numbers them)."""
+        return self.calls.streams.get(stream, (-1, "")) if self.calls is not None else (-1, "")
+
+    def stream_types(self) -> dict:
+        """``{stream id: kind}`` of the streams the calls named so far."""
+        return {sid: kind for sid, kind in self.calls.streams.values()} if self.calls is not None else {}
+
+    def note_stream(self, stream) -> None:
+        """Nothing to learn: the sim's call log names every stream a call uses."""
 
 
 def _sim_copy_kind(name: str) -> str:
@@ -106,6 +129,7 @@ class CuptiTimeline:
         self.clock_ns = self.session.timestamp
         self.sub = None
         self._other: list = []
+        self.known: dict[int, str] = {}  # stream id → kind, for streams made before the trace started
 
     def start(self) -> None:
         """Start receiving (a fresh subscription: earlier records are not seen)."""
@@ -133,6 +157,39 @@ class CuptiTimeline:
         out, self._other = self._other, []
         return out
 
+    def stream_types(self) -> dict:
+        """``{stream id: kind}``: the current context's streams as the driver says now (none where no driver
+        call is possible here), and those learnt by :meth:`note_stream`."""
+        try:
+            types = dict(self.session.stream_types_now())
+        except Exception:  # noqa: BLE001 - no driver call possible here: stream kinds from STREAM records only
+            types = {}
+        return {**types, **self.known}
+
+    def stream_of(self, stream) -> tuple[int, str]:
+        """``(id, kind)`` of a device record's stream (CUPTI's id; its kind where known)."""
+        return int(stream), self.known.get(int(stream), "")
+
+    def note_stream(self, stream) -> None:
+        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM``
+        records only name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and
+        its ``cuStreamGetFlags`` (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a
+        failing call, leaves it unknown."""
+        from .cupti import current_context
+
+        ptr = getattr(stream, "ptr", None)
+        if not isinstance(ptr, int) or not ptr:
+            return
+        try:
+            from cuda.bindings import driver as cu
+
+            sid = int(self.session.c.get_stream_id_ex(current_context(), ptr, 0))
+            err, flags = cu.cuStreamGetFlags(ptr)
+            if int(err) == 0:
+                self.known[sid] = "non_blocking" if int(flags) & 0x1 else "blocking"
+        except Exception:  # noqa: BLE001 - no binding, or a driver that refuses: the stream stays unknown
+            return
+
 
 class Unavailable:
     """No trace here; ``reason`` says why (no records, every call a no-op)."""
@@ -153,21 +210,22 @@ class Unavailable:
         return []
 
 
-def trace_source(be, kinds=KERNEL_KINDS):
-    """The device-work trace of backend ``be``: CUPTI on a GPU (when importable and it starts; the
-    activity ``kinds``), the modeled timeline on ``sim``; otherwise an :class:`Unavailable` source
-    saying why (never raises)."""
-    from ..backends.base import ModeledTime
+def trace_source(be, kinds=KERNEL_KINDS, *, calls: bool = False):
+    """The one registry of live traces: the device-work trace of backend ``be``, CUPTI on a GPU (when
+    importable and it starts; the activity ``kinds``, :data:`~ds4lab.trace.cupti.TRACE_KINDS` with
+    ``calls``), the modeled timeline on ``sim`` (with ``calls``, the sim's call log beside it);
+    otherwise an :class:`Unavailable` source saying why (never raises)."""
+    from ..executor.base import ModeledTime
 
     if isinstance(be, ModeledTime):  # a backend that keeps a (modeled) device timeline
-        return SimTimeline(be)
+        return SimTimeline(be, calls=calls)
     if not be.is_gpu:
-        return Unavailable(f"no trace on the {be.name} backend")
+        return Unavailable(f"no kernel timeline on the {be.name} backend: use cupy (a GPU) or sim")
     ok, why = cupti_available()
     if not ok:
         return Unavailable(why)
     try:
-        return CuptiTimeline(kinds)
+        return CuptiTimeline(TRACE_KINDS if calls else kinds)
     except Exception as e:  # noqa: BLE001 - CUPTI's own error, named
         return Unavailable(f"CUPTI did not start ({type(e).__name__}: {e})")
 
@@ -270,14 +328,13 @@ class SimCallLog:
 
     :meth:`install` wraps the backend instance's methods (instance attributes over the class's);
     :meth:`remove` takes them away. ``calls``: the logged :class:`~ds4lab.trace.records.ApiCall`
-    records (``stream_of``: correlation → the stream's id and kind and the call's sync kind) and, beside each call that synchronizes, a
+    records (each with the id of the stream it names) and, beside each call that synchronizes, a
     :class:`~ds4lab.trace.records.Sync`; ``corr_of``: absolute timeline index (``trace_records``
     numbering) → correlation id; ``streams``: stream name → (id, kind)."""
 
     def __init__(self, be) -> None:
         self.be = be
         self.calls: list = []
-        self.stream_of: dict[int, tuple] = {}  # correlation → (stream id, stream kind, sync kind)
         self.corr_of: dict[int, int] = {}
         self.streams: dict[str, tuple] = {}
         self._corr = 0
@@ -321,11 +378,11 @@ class SimCallLog:
             corr = log._corr
             stream = a[si] if si is not None and len(a) > si else None
             if api == "cudaMemset":
-                sid, kind = log._stream(None)  # ds4 today: the synchronous memset goes to the legacy stream
+                sid, _ = log._stream(None)  # ds4 today: the synchronous memset goes to the legacy stream
             elif si is not None:
-                sid, kind = log._stream(stream)
+                sid, _ = log._stream(stream)
             else:
-                sid, kind = -1, ""
+                sid = -1
             n0 = log.be.trace_records(0)[1]
             t0 = log.be.host_clock_us()
             try:
@@ -335,10 +392,8 @@ class SimCallLog:
                 n1 = log.be.trace_records(0)[1]
                 for i in range(n0, n1):
                     log.corr_of[i] = corr
-                rec = R.ApiCall(name=api, domain="runtime", start_ns=t0 * 1e3, end_ns=t1 * 1e3, tid=1,
-                                correlation=corr)
-                log.calls.append(rec)
-                log.stream_of[corr] = (sid, kind, sync)
+                log.calls.append(R.ApiCall(name=api, domain="runtime", start_ns=t0 * 1e3, end_ns=t1 * 1e3, tid=1,
+                                           correlation=corr, stream=sid))
                 if sync:
                     log.calls.append(R.Sync(sync_kind=sync, start_ns=t0 * 1e3, end_ns=t1 * 1e3, stream=sid,
                                             correlation=corr))

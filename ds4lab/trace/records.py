@@ -273,7 +273,8 @@ class GraphExec(DeviceRecord):
 class ApiCall(Timed):
     """A CUDA runtime or driver call (CUPTI ``RUNTIME``/``DRIVER``): ``name`` without CUPTI's version
     suffix, ``domain`` ``runtime`` or ``driver``, the host process and thread, ``cbid`` CUPTI's
-    callback id and the call's return value."""
+    callback id and the call's return value; ``stream`` the stream it names where the source says
+    (the sim's call log; CUPTI's call records do not: -1)."""
 
     kind: ClassVar[str] = "api"
     name: str
@@ -282,6 +283,7 @@ class ApiCall(Timed):
     tid: int = -1
     cbid: int = -1
     return_value: int = 0
+    stream: int = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,7 +1,7 @@
 """A measured ladder or context record, as the sim is held to it: the one reader of such a record
 (:func:`read_record`, for the host fit and the check), what its preset was against today's
 (:func:`preset_changes`), and the tolerance within which a modeled stage agrees (:data:`TOLERANCE`).
-The check itself reruns the record's job on the sim: :func:`ds4lab.jobs.sim_check.modeled_vs_measured`.
+The check itself models the record's table on the sim: :func:`ds4lab.calibration.check.modeled_vs_measured`.
 """
 
 from __future__ import annotations

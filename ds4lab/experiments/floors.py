@@ -290,15 +290,15 @@ def copy_GBps(be, measured: float | None = None) -> tuple[float, str]:
 def whole_token_runner(model, start_pos: int = 1000, base=None):
     """``(run_token, stream)``: ``run_token(i)`` decodes position ``start_pos + i`` with ``model``'s
     whole token body captured once and replayed: stage 3
-    (:class:`~ds4lab.experiments.run.StageRun` of ``STAGES["3"]``: scalars from a device buffer, async
+    (:class:`~ds4lab.experiments.stage_run.StageRun` of ``STAGES["3"]``: scalars from a device buffer, async
     counts clear, preallocated scratch, no MoE profile, a non-blocking stream; the first call runs
     eagerly, the second captures). Activates the run on ``model``; the caller runs tokens inside
     ``ds4lab.capture.stream.graphs_enabled()``. ``base``: the token options stage 3's go over (default:
     the model's current ones; a ladder passes its own base, since its model holds the options of the
     stage it ran last).
     """
-    from ..experiments.run import StageRun
-    from ..experiments.stages import STAGES
+    from .stage_run import StageRun
+    from .stages import STAGES
 
     run = StageRun(model, STAGES["3"], model.opts if base is None else base)
     run.activate()
@@ -380,7 +380,7 @@ def token_floors(be, model, *, copy_measured: float | None = None, tokens: int =
     from ..capture import stream as S
     from ..timing import time_steps
 
-    from ..experiments.stages import token_id_at
+    from ..token.config import token_id_at
 
     vocab = model.cfg.vocab
     model.executor = None

@@ -1,0 +1,244 @@
+"""A calibration at ds4's own costs, from measured ``ds4lab ds4`` folders (``calibrate --from-ds4``, no
+GPU: :func:`fit_from_ds4`, with its check against ds4 itself), and ds4lab's token priced at other host
+costs (:func:`host_whatif`). Every sim figure here is MODELED (:mod:`ds4lab.calibration.modeled`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..report import results
+from .modeled import sim_context
+from .record import TOLERANCE
+
+
+#: ds4's configurations (``ds4lab ds4``) each ds4lab stage models: eager is islands off, stage i is
+#: ds4's islands as they ship.
+DS4_STAGE_OF = {"islands-off": "0", "islands-on": "i"}
+
+
+def read_ds4_folder(folder: Path):
+    """``(meta, summary, census)`` of a ``ds4lab ds4`` folder. Raises ValueError naming what is missing."""
+    import pandas as pd
+
+    meta = results.read_meta(folder) or {}
+    if meta.get("job") != "ds4":
+        why = (f"its meta.json names job {meta['job']!r}" if meta.get("job") else "no ds4lab meta.json there")
+        raise ValueError(f"{folder}: not a ds4lab ds4 folder ({why})")
+    status = str(meta.get("status", ""))
+    if status != "complete" and not (folder / "census.csv").is_file():
+        raise ValueError(f"{folder}: the ds4 run did not finish (meta.json status {status[:200]!r}): nothing to fit")
+    need = {"summary.csv": ("config", "context", "us_per_token"),
+            "census.csv": ("config", "context", "launch_calls", "graph_launches", "busy_us", "enqueue_us")}
+    tables = []
+    for name, cols in need.items():
+        p = folder / name
+        if not p.is_file():
+            raise ValueError(f"{p}: missing (a ds4lab ds4 run with --trace-contexts records the census)")
+        d = pd.read_csv(p)
+        lacks = [c for c in cols if c not in d.columns]
+        if lacks:
+            raise ValueError(f"{p}: lacks {', '.join(lacks)}")
+        tables.append(d)
+    summary, census = tables
+    for cfg in DS4_STAGE_OF:
+        if not (census.config == cfg).any():
+            raise ValueError(f"{folder / 'census.csv'}: no recorded {cfg} tokens (run ds4lab ds4 with both "
+                             "islands-off and islands-on)")
+    return meta, summary, census
+
+
+def as_folders(folders) -> list[Path]:
+    """``folders`` (one path, or an iterable of paths) as a list of Paths. Raises ValueError for none,
+    or a folder named twice."""
+    got = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
+    if not got:
+        raise ValueError("--from-ds4: no ds4lab ds4 folder given")
+    twice = sorted({str(f) for f in got if sum(g.resolve() == f.resolve() for g in got) > 1})
+    if twice:
+        raise ValueError(f"--from-ds4 {', '.join(twice)}: a folder given more than once")
+    return got
+
+
+def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 32, stages: str = "0,i,3,3cc,3ccp"):
+    """A calibration that prices ds4lab's launch list at ds4's own costs, from one or more measured
+    ``ds4lab ds4`` folders (no GPU), and the check of the sim with it against ds4.
+
+    ``folder``: one folder (a path) or several (an iterable of paths): their recorded tokens are
+    pooled, their recorded contexts give the kernel time factor by context.
+
+    Fitted (medians over the recorded tokens of every folder's ``census.csv``; ``base`` keeps
+    everything else):
+
+    * ``host_launch_us``: ds4's host span per token to the end of its last launch call over its
+      kernel launch calls, islands off (CUPTI's own cost per call included);
+    * ``host_graph_call_us``: islands on, ``(span - launches * host_launch_us) / graph launches -
+      host_graph_launch_us``: ds4's own work around each island's replay;
+    * ``eager_gap_us``: islands off, the recorded tokens' kernel span less their kernel-busy µs, per
+      boundary between two kernels (``(span - busy) / (kernels - 1)``): the device's idle before each
+      eager kernel, which the islands' graph nodes are spared (the median over tokens; tokens the
+      host ran behind, ``enqueue_us`` above ``span_us``, are left out: their idle is the host's);
+    * the kernel time factor at each recorded context: ds4's median kernel-busy µs per token there
+      (islands off, every folder's tokens at that context) over the sim's modeled busy floor of
+      ds4lab's token at that context with ``base``'s kernel fits (factor 1): ds4's kernels, one
+      factor on every one of ds4lab's at that context. ``kernel_time_scale`` is the median of these
+      factors (the one factor, as a reader without the next key uses it); with two or more recorded
+      contexts they are also written as ``kernel_time_scale_by_context`` (``[[context, factor], ...]``,
+      ascending: :meth:`ds4lab.sim.costmodel.Calibration.scale_at` interpolates it in log2(context)),
+      with one recorded context that key is dropped (a ``base`` that had one included).
+
+    Then the sim's context ladder (``stages``, at every context any ``summary.csv`` measured) with
+    the new calibration (each context priced at its own factor), beside ds4's measured µs per token:
+    stage 0 against islands off, stage i against islands on (``ratio`` modeled / measured, ``agrees``
+    within ±10 %), and the stages ds4 does not ship (3: one graph per token shape; 3cc, 3ccp: one graph
+    for every position, through conditional nodes, without and with programmatic launch) MODELED, with their
+    gain over stage i. ``tokens`` per stage and context: enough that stage 3's captures of new token shapes
+    do not make its median (with 8, most of them did at 4k).
+
+    Returns:
+        ``(calibration dict, fits table, check table)``. The fits table: one row per fitted figure
+        and recorded token (``kernel_time_scale``: per recorded context), columns ``figure``,
+        ``context``, ``value``, ``folder`` (the token's folder; for a factor, the folders that
+        recorded that context, comma-separated). The check
+        table: per context (ascending) the measured rows of each folder that measured it, then the
+        MODELED stages once; columns ``context``, ``ds4``, ``stage``, ``measured_us``, ``modeled_us``
+        (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us`` (MODELED rows), ``folder`` (the
+        measured row's folder, ``""`` on MODELED rows), ``kernel_time_scale`` (the factor the
+        context was priced at) and ``sample``: ``fitted`` (a recorded context: in-sample),
+        ``held out (interpolated)`` (between two recorded contexts) or ``held out (extrapolated)``
+        (outside them: the nearest recorded factor).
+
+    Raises:
+        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or
+            configuration (each names it).
+    """
+    import pandas as pd
+
+    from ..sim.costmodel import Calibration
+
+    folders = as_folders(folder)
+    metas, summaries, censuses = [], [], []
+    for f in folders:
+        meta, summary, census = read_ds4_folder(f)
+        metas.append(meta)
+        summaries.append(summary.assign(folder=str(f)))
+        censuses.append(census.assign(folder=str(f)))
+    summary, census = pd.concat(summaries, ignore_index=True), pd.concat(censuses, ignore_index=True)
+    off = census[census.config == "islands-off"]
+    fits: list[dict] = []
+    out = _host_fits(base, off, census[census.config == "islands-on"], fits)
+    trace_ctx = sorted(int(c) for c in set(off.context))
+    ratios = _kernel_scales(out, off, trace_ctx, preset, tokens)
+    which = [",".join(sorted(set(off[off.context == c].folder))) if len(folders) > 1 else str(folders[0])
+             for c in trace_ctx]
+    out["kernel_time_scale"] = round(_put(fits, "kernel_time_scale", ratios, trace_ctx, which), 4)
+    if len(trace_ctx) > 1:
+        out["kernel_time_scale_by_context"] = [[c, round(r, 4)] for c, r in zip(trace_ctx, ratios)]
+    _name(out, base, folders, metas, fitted="kernel_time_scale" + (" by context" if len(trace_ctx) > 1 else ""))
+    check = _check_against_ds4(out, Calibration.load(out), summary, folders, trace_ctx, preset, stages, tokens)
+    return out, pd.DataFrame(fits), check
+
+
+def _put(fits: list, figure: str, values, ctx, where) -> float:
+    """Add one row per fitted value to ``fits``; returns their median."""
+    fits.extend({"figure": figure, "context": int(c), "value": float(v), "folder": w}
+                for v, c, w in zip(values, ctx, where))
+    return float(np.median(list(values)))
+
+
+def _host_fits(base: dict, off, on, fits: list) -> dict:
+    """``base`` with ``host_launch_us``, ``host_graph_call_us`` and ``eager_gap_us`` fitted from ds4's
+    recorded tokens, islands off (``off``) and on (``on``) (:func:`fit_from_ds4`); the factor by context
+    dropped (refitted after)."""
+    out = dict(base)
+    out.pop("kernel_time_scale_by_context", None)
+    h = _put(fits, "host_launch_us", off.enqueue_us / off.launch_calls, off.context, off.folder)
+    out["host_launch_us"] = round(h, 3)
+    g = on[on.graph_launches > 0]
+    if len(g):
+        call = (g.enqueue_us - g.launch_calls * h) / g.graph_launches - float(base["host_graph_launch_us"])
+        out["host_graph_call_us"] = round(max(0.0, _put(fits, "host_graph_call_us", call, g.context, g.folder)), 3)
+    ahead = off[off.enqueue_us < off.span_us]
+    if len(ahead):
+        gap = (ahead.span_us - ahead.busy_us) / (ahead.kernels - 1).clip(lower=1)
+        out["eager_gap_us"] = round(max(0.0, _put(fits, "eager_gap_us", gap, ahead.context, ahead.folder)), 3)
+    return out
+
+
+def _kernel_scales(cal: dict, off, contexts: list[int], preset: str, tokens: int) -> list[float]:
+    """At each recorded context, ds4's median kernel-busy µs per token (islands off) over the sim's
+    modeled busy floor of ds4lab's token there with ``cal``'s kernel fits (factor 1)."""
+    lab = sim_context({**cal, "kernel_time_scale": 1.0}, preset, "0", contexts, tokens)
+    lab_busy = lab.set_index("context")["floor_us"]
+    return [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in contexts]
+
+
+def _name(out: dict, base: dict, folders, metas, fitted: str) -> None:
+    """``out``'s ``name`` and ``source``: the ds4 commits, GPUs and drivers it was fitted from."""
+    commits = list(dict.fromkeys(str(m.get("ds4_commit") or "ds4") for m in metas))
+    out["name"] = f"{base.get('name', 'calibration')} at ds4's costs ({'+'.join(commits)})"
+    out["source"] = (f"{base.get('source', '')}; host constants and {fitted} fitted from ds4 itself by "
+                     "ds4lab calibrate " + " ".join(f"--from-ds4 {f}" for f in folders) + " (" +
+                     "; ".join(f"ds4 {m.get('ds4_commit', '?')}, {m.get('gpu', '?')}, driver {m.get('driver', '?')}"
+                               + ("" if m.get("status") == "complete" else
+                                  f", a run that did not finish: status {str(m.get('status', ''))[:80]!r}")
+                               for m in metas) + ")")
+
+
+def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str, stages: str, tokens: int):
+    """The check table of :func:`fit_from_ds4`: the sim with ``out`` at every measured context beside
+    ds4's measured µs per token (stage 0 ↔ islands off, i ↔ islands on), and the stages ds4 does not
+    ship MODELED with their gain over stage i."""
+    import pandas as pd
+
+    contexts = sorted(int(c) for c in set(summary.context))
+    modeled = sim_context(out, preset, stages, contexts, tokens)
+    rows = []
+    for c in contexts:
+        m = modeled[modeled.context == c].set_index("stage")["us_median"]
+        sample = ("fitted" if c in trace_ctx else
+                  "held out (interpolated)" if trace_ctx[0] < c < trace_ctx[-1] else "held out (extrapolated)")
+        where = {"kernel_time_scale": cal.scale_at(c), "sample": sample}
+        for f in folders:
+            for cfg, stage in DS4_STAGE_OF.items():
+                meas = summary[(summary.folder == str(f)) & (summary.config == cfg) & (summary.context == c)]
+                if meas.empty or stage not in m.index:
+                    continue
+                mu = float(meas.us_per_token.iloc[0])
+                rows.append({"context": c, "ds4": cfg, "stage": stage, "measured_us": mu,
+                             "modeled_us": float(m[stage]), "ratio": float(m[stage]) / mu,
+                             "agrees": abs(float(m[stage]) / mu - 1) <= TOLERANCE, "folder": str(f), **where})
+        for stage in [s for s in m.index if s not in DS4_STAGE_OF.values()]:
+            rows.append({"context": c, "ds4": "", "stage": stage, "measured_us": float("nan"),
+                         "modeled_us": float(m[stage]), "ratio": float("nan"), "agrees": None,
+                         "gain_over_i_us": float(m["i"] - m[stage]) if "i" in m.index else float("nan"),
+                         "folder": "", **where})
+    return pd.DataFrame(rows)
+
+
+def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-flash", stages: str = "0,i,3",
+                tokens: int = 8, calibration=None):
+    """ds4lab's token on the sim with its eager launches priced at other host costs: the shipped
+    calibration's (ds4lab's Python launch layer, fitted from a measured ladder) and each of
+    ``host_launch_us`` (e.g. a C program's: 3.0–3.3 µs per launch measured on the H200,
+    ``shared/context/gpu-facts.md``). Every figure MODELED. Returns the rows of :func:`sim_context`
+    with ``host_launch_us``, ``host`` (a label) and ``speedup`` (stage 0 over the stage, per host and
+    context)."""
+    import pandas as pd
+
+    from ..sim.calibration import read
+    from ..sim.costmodel import default_calibration_path
+
+    base = read(Path(calibration) if calibration else default_calibration_path())
+    rows = []
+    for h in (None, *host_launch_us):
+        cal = dict(base) if h is None else {**base, "host_launch_us": float(h)}
+        t = sim_context(cal, preset, stages, contexts, tokens)
+        label = (f"ds4lab's Python launch layer ({base['host_launch_us']:.1f} µs per launch, calibration)"
+                 if h is None else f"{float(h):.1f} µs per launch")
+        t = t.assign(host_launch_us=cal["host_launch_us"], host=label)
+        s0 = t[t.stage == "0"].set_index("context")["us_median"]
+        t["speedup"] = t.apply(lambda r: s0.get(r.context, float("nan")) / r.us_median, axis=1)
+        rows.append(t)
+    return pd.concat(rows, ignore_index=True)
