@@ -26,6 +26,8 @@ def modules(root: Path, package: str) -> dict[str, Path]:
     out = {}
     for path in sorted(root.rglob("*.py")):
         parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[0] == "data":  # data files (the step scripts users' code stands for), never imported by ds4lab
+            continue
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join([package, *parts])] = path
@@ -349,3 +351,18 @@ def test_import_graph_and_cycle_on_a_synthetic_package(tmp_path):
     assert g == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.sub.c"}, "pkg.sub": set(),
                  "pkg.sub.c": {"pkg", "pkg.a"}, "pkg.sub.d": {"pkg.sub.c", "pkg.a"}}
     assert find_cycles(g) == [["pkg", "pkg.a", "pkg.b", "pkg.sub.c", "pkg"]]
+
+
+def test_the_step_scripts_and_the_library_stay_apart():
+    """The decode-step scripts (``ds4lab/data/steps``) stand for users' code: they import nothing of ds4lab,
+    and no ds4lab module imports them (the audit meets them only as programs it runs)."""
+    steps = ROOT / "data" / "steps"
+    scripts = sorted(steps.glob("*.py"))
+    assert len(scripts) >= 10
+    for path in scripts:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not any(n == "ds4lab" or n.startswith("ds4lab.") for n in names), f"{path.name} imports {names}"
+    for mod, deps in import_graph(ROOT, "ds4lab").items():
+        assert not any(d.startswith("ds4lab.data") for d in deps), f"{mod} imports the step scripts"

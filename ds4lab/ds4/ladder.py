@@ -4,7 +4,7 @@ context and stage, beside ds4lab's MODELED figure for the same stage.
 The measured columns come from one ``ds4lab ds4`` folder's tables (:func:`ladder_table`); the MODELED
 ones from the sim priced at ds4's own costs (:func:`modeled_stages`, which is the one place this
 module asks ds4lab's calibration for anything: ``calibrate --from-ds4``'s fit, read through
-:mod:`ds4lab.jobs.calibrate`). Nothing here measures.
+:mod:`ds4lab.calibration.from_ds4`). Nothing here measures.
 
     python -m ds4lab.ds4.ladder RESULT (--modeled-from DIR [--modeled-from DIR] [--base CAL] | --modeled CSV) --out FILE
 """
@@ -113,10 +113,10 @@ SIM_STAGE = {"shipped": "0", "0": "0", "i": "i", "3u": "3u"}
 def modeled_stages(folders, *, base=None, stages=("0", "i", "3u", "3"), tokens: int = 32) -> pd.DataFrame:
     """ds4lab's MODELED µs per token of ``stages`` at every context the measured ``ds4lab ds4``
     ``folders`` hold, the sim priced at ds4's own costs fitted from those folders
-    (``ds4lab calibrate --from-ds4``: :func:`ds4lab.jobs.calibrate.fit_from_ds4`) on top of calibration
+    (``ds4lab calibrate --from-ds4``: :func:`ds4lab.calibration.from_ds4.fit_from_ds4`) on top of calibration
     ``base`` (default: the shipped one). Returns columns ``context``, ``stage``, ``modeled_us``,
     ``kernel_time_scale``, ``sample`` (fitted / held out). Runs the sim: seconds to minutes, no GPU."""
-    from ..jobs.calibrate import fit_from_ds4
+    from ..calibration.from_ds4 import fit_from_ds4
     from ..sim.calibration import read
     from ..sim.costmodel import default_calibration_path
 
