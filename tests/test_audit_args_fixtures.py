@@ -17,6 +17,7 @@ from ds4lab.audit.arguments import store_beside
 from ds4lab.audit.capture_path import RECORDED_SUFFIX, attach_beside
 from ds4lab.audit.frozen import HOST_COPY, NOT_VALUES, RIGHT, TEMPORARY, UNSET, WRONG, attach, verdict
 from ds4lab.trace.sources import read_events as read
+from ds4lab.audit.steps import steps_folder
 from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, against_torch, cause_first, saved_run
 
 ROOT = Path(__file__).parent / "data" / "audit_args"
@@ -53,7 +54,7 @@ def test_a_step_that_replays_wrong_leads_with_its_true_cause(run):
     if OUTCOMES.get(torch_run["outcome"]) != WRONG or not cause:
         pytest.skip("no wrong replay with a cause its truth names")
     v = verdict(rep)
-    assert v.verdict == WRONG and cause_first(v.lead, cause), (v.why, cause)
+    assert v.verdict == WRONG and cause_first(v.lead, cause, steps_folder()), (v.why, cause)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
@@ -77,7 +78,7 @@ def test_the_audit_with_arguments_names_what_torch_did(run):
     rep, torch_run = _audit(run)
     row = against_torch(rep, torch_run)
     assert row["audit_verdict"] == OUTCOMES[torch_run["outcome"]], (row["audit_verdict"], row["audit_why"])
-    assert not (row["audit_verdict"] == RIGHT and torch_run["outcome"] != "captured, replays right")
+    assert not (row["audit_verdict"] == RIGHT and OUTCOMES[torch_run["outcome"]] != RIGHT)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)

@@ -160,6 +160,18 @@ def test_a_frozen_finding_on_a_step_that_replays_right_fails(tmp_path):
     assert V.cause_first({"where": "x.py:1 f"}, None) is None
 
 
+def test_the_true_cause_is_found_on_any_line_of_its_statement(tmp_path):
+    """A kernel call written over several lines is reached from its first line, while the truth may name
+    the line holding the host value (cupy_kv_row on the H200: the frame at :71, the int at :72)."""
+    (tmp_path / "step.py").write_text("x = 1\nkernel((1,), (2,), (a,\n       int(pos), n))\ny = 2\n")
+    lead = {"where": "ds4lab/data/steps/step.py:2 write_kv", "name": "write_kv_row"}
+    cause = {"file": "step.py", "line": 3, "kernel_hint": "write_kv_row"}
+    assert V.cause_first(lead, cause) is False  # the lines alone differ
+    assert V.cause_first(lead, cause, tmp_path) is True
+    assert V.cause_first({**lead, "where": "step.py:1 f"}, cause, tmp_path) is False  # another statement
+    assert V.cause_first({**lead, "where": "step.py:4 f"}, cause, tmp_path) is False
+
+
 def test_a_sim_trace_is_labelled_modeled_and_bad_input_leaves_no_folder(tmp_path):
     """ds4lab's trace.json written by the simulated runtime: the audit calls its times MODELED (meta and
     the plans' table); a file the readers refuse is exit 2 with no result folder left behind."""

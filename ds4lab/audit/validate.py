@@ -219,18 +219,39 @@ def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None
             and (not dtypes or x[2] in dtypes)]
 
 
-def cause_first(lead: dict, cause) -> bool | None:
+def cause_first(lead: dict, cause, sources: Path | None = None) -> bool | None:
     """Whether the finding a verdict leads with is the step's true cause, as its truth file states it
-    (``{"file", "line", "kernel_hint"}``): the finding's place names ``file:line``, and its kernel holds the
-    hint where one is given. None where the truth names no cause."""
+    (``{"file", "line", "kernel_hint"}``): the finding's place names ``file:line`` (or, with the script's
+    folder ``sources`` given, a line of the same statement: a call written over several lines reaches the
+    kernel from its first line, where the truth may name the line holding the host value), and its kernel
+    holds the hint where one is given. None where the truth names no cause."""
     if not isinstance(cause, dict) or not cause.get("file") or cause.get("line") is None:
         return None
-    at = (Path(str(cause["file"])).name, int(cause["line"]))
-    places = re.findall(r"([^/\\\s;]+\.py):(\d+)", str((lead or {}).get("where", "")))
-    if not any((f, int(n)) == at for f, n in places):
+    name, line = Path(str(cause["file"])).name, int(cause["line"])
+    places = [int(n) for f, n in re.findall(r"([^/\\\s;]+\.py):(\d+)", str((lead or {}).get("where", "")))
+              if f == name]
+    span = _statement_of(Path(sources) / name, line) if sources is not None else None
+    if not any(n == line or (span is not None and span[0] <= n <= span[1]) for n in places):
         return False
     hint = cause.get("kernel_hint")
     return not hint or str(hint).lower() in str((lead or {}).get("name", "")).lower()
+
+
+def _statement_of(path: Path, line: int) -> tuple[int, int] | None:
+    """``(first, last)`` line of the innermost simple statement of the Python file ``path`` holding ``line``
+    (None where the file does not parse or no statement holds it)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.lineno <= line <= (node.end_lineno or 0):
+            if best is None or node.end_lineno - node.lineno < best[1] - best[0]:
+                best = (node.lineno, node.end_lineno)
+    return best
 
 
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
@@ -308,8 +329,9 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
             row["frozen_findings"], row["frozen"] = _frozen_summary(rep)
             v = verdict(rep)
             row["lead"] = (f"{str(v.lead.get('name', ''))[:60]} at {v.lead.get('where') or '—'}" if v.lead else "")
-            row["cause_first"] = cause_first(v.lead, cause) if v.verdict == WRONG else (None if cause is None
-                                                                                        else False)
+            script = r.get("script")
+            row["cause_first"] = (cause_first(v.lead, cause, Path(script).parent if script else None)
+                                  if v.verdict == WRONG else (None if cause is None else False))
             row["frozen_on_right"] = bool(OUTCOMES.get(row["torch_outcome"]) == "replays right"
                                           and (row["frozen_findings"] > 0 or row["audit_verdict"] == WRONG))
             refused_pass = not_used(rep)  # a pass beside the recording that the plans could not use
