@@ -45,11 +45,12 @@ def test_the_pages_and_the_figure_it_links_exist():
         assert f"docs/{page}.md" in README and (ROOT / "docs" / f"{page}.md").is_file()
 
 
-def test_ds4_itself_says_how_to_run_it_and_where_it_stands():
-    i = LINES.index("## ds4 itself")
-    section = "\n".join(LINES[i + 1:i + 16])
-    assert "ds4lab ds4 --source" in section and "docs/ds4.md" in section
+def test_the_current_figure_is_ds4s_own_ladder_and_says_how_to_run_it():
+    i = next(n for n, line in enumerate(LINES) if line.startswith("## The current figure: ds4's own capture ladder"))
+    section = "\n".join(LINES[i + 1:i + 30])
+    assert "ds4lab ds4 --source" in section and "docs/ds4.md" in section and "h200-2026-12-04-ds4" in section
     assert "MODELED" in section, "a figure without a measurement says it is modeled"
+    assert section.index("ds4lab ds4 --source") < section.index("ds4lab ladder"), "ds4 itself leads, the rebuild after"
 
 
 def test_ci_runs_the_readmes_test_command():
