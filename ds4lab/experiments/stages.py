@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from ..capture.cache import EAGER, CapturePolicy
 from ..errors import BadInput
-from ..token.config import token_id_at  # noqa: F401  (the token every experiment decodes, here too)
 
 #: The hazard fixes a stage can require (context file, "Capture hazards").
 FIXES = ("launches through the accessor", "non-blocking stream", "async counts clear",

@@ -134,7 +134,7 @@ def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=
     a streamed input (ds4 logs, nsys stats CSV) chunk by chunk instead of :attr:`Ingested.tables`
     (bounded memory); ``progress(n)`` is told of each ``n`` bytes read. Raises SourceError (file and
     line) unless ``lenient``; an unknown preset is a SourceError."""
-    from ..report.compare import load_result_meta
+    from ..report.compare_tables import load_result_meta
 
     res = read_tables(Path(path), lenient, sink=sink, progress=progress, read_meta=load_result_meta)
     k = res.tables.get("ncu_kernels")
@@ -320,7 +320,8 @@ def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
     launch sequence as on a GPU: ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown
     preset."""
     from ..backends import make_backend
-    from ..experiments.stages import START_POS, token_id_at
+    from ..experiments.stages import START_POS
+    from ..token.config import token_id_at
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
 
