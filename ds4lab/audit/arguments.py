@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from ..trace.arguments import (ArgumentCapture, ArgumentStore, CudaQueries, FunctionInfo, LAUNCHES, LAUNCH_NAMES, MemoryTracker, OWN_CALLS, STORE_NAME, STORE_SUFFIX, TokenLaunches, cupti_allocations, digest, load, measure_overhead, prune, save, split, store_beside, varying_words, words)
+from ..trace.arguments import (ArgumentCapture, ArgumentStore, CudaQueries, FunctionInfo, LAUNCH_LAYOUTS, MemoryTracker, OWN_CALLS, STORE_NAME, STORE_SUFFIX, TokenLaunches, cupti_allocations, digest, load, measure_overhead, prune, save, split, store_beside, varying_words, words)
 
-__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES", "MemoryTracker", "OWN_CALLS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest", "load", "main", "measure_overhead", "prune", "recording", "save", "split", "store_beside", "token_launches", "varying_words", "words"]
+__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCH_LAYOUTS", "MemoryTracker", "OWN_CALLS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest", "load", "main", "measure_overhead", "prune", "recording", "save", "split", "store_beside", "token_launches", "varying_words", "words"]
 
 
 def token_launches(table, token_range: str | None = None) -> TokenLaunches:

@@ -57,13 +57,8 @@ import re
 from dataclasses import dataclass, field
 
 from ..trace.capture_path import CAPTURE_STATUS_CALLS
+from ..trace.records import GRAPH_LAUNCH_CALLS, KERNEL_LAUNCH_CALLS, api_base_name
 
-#: Kernel launch APIs (CUDA Runtime API "Execution Control", Driver API "Execution Control"), normalized.
-LAUNCH_APIS = frozenset({
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
-    "cuLaunchGrid", "cuLaunchGridAsync"})
-GRAPH_LAUNCH_APIS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 MALLOC_APIS = frozenset({"cudaMalloc", "cudaMallocPitch", "cudaMalloc3D", "cudaMallocArray", "cudaMalloc3DArray",
                          "cudaMallocManaged", "cudaMallocMipmappedArray", "cuMemAlloc", "cuMemAllocPitch",
                          "cuMemAllocManaged", "cuMemCreate"})
@@ -115,7 +110,6 @@ HOST_QUERY_APIS = frozenset({
 UNSAFE_CLASSES = frozenset({"malloc", "free", "host_alloc", "free_host", "host_register", "host_unregister",
                             "event_sync.before", "event_query.before", "cublas_create"})
 
-_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
 _MEMCPY = re.compile(r"^cu(da)?Memcpy")
 _MEMSET = re.compile(r"^cu(da)?Memset")
 _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA": "h2d", "AtoH": "d2h",
@@ -123,26 +117,11 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA
 
 
 @functools.lru_cache(maxsize=4096)
-def normalize(name: str) -> str:
-    """An API name without its version and per-thread-stream suffixes (``cudaGetDeviceProperties_v2``
-    → ``cudaGetDeviceProperties``, ``cudaLaunchKernel_ptsz`` → ``cudaLaunchKernel``)."""
-    prev = None
-    while prev != name:
-        prev, name = name, _SUFFIX.sub("", name)
-    return name
-
-
-@functools.lru_cache(maxsize=4096)
 def is_launch(name: str) -> bool:
     """Whether API ``name`` issues device work a trace pairs with a device row by correlation
     (a kernel launch, a graph launch, a memcpy or a memset)."""
-    n = normalize(name)
-    return n in LAUNCH_APIS or n in GRAPH_LAUNCH_APIS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
-
-
-def is_kernel_launch(name: str) -> bool:
-    """Whether API ``name`` launches one kernel."""
-    return normalize(name) in LAUNCH_APIS
+    n = api_base_name(name)
+    return n in KERNEL_LAUNCH_CALLS or n in GRAPH_LAUNCH_CALLS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
 
 
 def copy_direction(name: str, copy_kind: str) -> str:
@@ -204,7 +183,7 @@ def classify(name: str, stream: int, tid: int, event: int, copy_kind: str, host_
              ctx: TokenContext) -> str | None:
     """The call class of one API row (module docstring's table), updating ``ctx`` (joined streams,
     events recorded in the token). None: an API no rule covers."""
-    n = normalize(name)
+    n = api_base_name(name)
     key = _classify(n, name, stream, event, copy_kind, host_memory, ctx)
     if key in UNSAFE_CLASSES and tid >= 0 and tid != ctx.main_tid:
         return "other_thread." + key
@@ -212,9 +191,9 @@ def classify(name: str, stream: int, tid: int, event: int, copy_kind: str, host_
 
 
 def _classify(n, name, stream, event, copy_kind, host_memory, ctx: TokenContext) -> str | None:
-    if n in LAUNCH_APIS:
+    if n in KERNEL_LAUNCH_CALLS:
         return f"kernel@{ctx.rel(stream, n)}"
-    if n in GRAPH_LAUNCH_APIS:
+    if n in GRAPH_LAUNCH_CALLS:
         return f"graph_launch@{ctx.rel(stream, n)}"
     if _MEMSET.match(n):
         return f"memset_async@{ctx.rel(stream, n)}" if n.endswith("Async") else "memset_sync"

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .calls import is_launch, normalize
+from ..trace.records import api_base_name
+from .calls import is_launch
 
 #: Row kinds that are device work (they run on a stream of a device).
 DEVICE_KINDS = ("kernel", "memcpy", "memset", "graph")
@@ -128,7 +129,7 @@ def prepare(u: Unit) -> None:
     and copy fields from their device rows (module docstring). Changes ``u.frame`` in place."""
     f = u.frame
     api = f["kind"] == "api"
-    launch = api & f["name"].map(lambda n: is_launch(n) and not normalize(n).startswith(("cudaGraph", "cuGraph"))
+    launch = api & f["name"].map(lambda n: is_launch(n) and not api_base_name(n).startswith(("cudaGraph", "cuGraph"))
                                  ).astype(bool)
     dev = f["kind"].isin(("kernel", "memcpy", "memset"))
     lonely_api = f.index[launch & (f["correlation"] < 0)]
@@ -196,9 +197,9 @@ def legacy_streams(u: Unit) -> tuple[frozenset, str]:
         if ids:
             return frozenset(int(i) for i in ids), "the trace marks it as the legacy stream"
     api = f[f["kind"] == "api"]
-    sync = api.loc[api["name"].map(lambda n: normalize(n).startswith(("cudaMemset", "cudaMemcpy", "cuMemset",
+    sync = api.loc[api["name"].map(lambda n: api_base_name(n).startswith(("cudaMemset", "cudaMemcpy", "cuMemset",
                                                                       "cuMemcpy"))
-                                   and not normalize(n).endswith("Async")).astype(bool)]
+                                   and not api_base_name(n).endswith("Async")).astype(bool)]
     ids = set(sync.loc[sync["stream"] >= 0, "stream"])
     if ids:
         return frozenset(int(i) for i in ids), "the stream of synchronous cudaMemset/cudaMemcpy calls"

@@ -20,7 +20,8 @@ import pandas as pd
 
 from ..capture.stream import CAPTURE_MODES
 from ..sim.rules import RULES
-from .calls import TokenContext, classify, normalize
+from ..trace.records import api_base_name
+from .calls import TokenContext, classify
 from .probes import ALLOWED, NO_RULE, VERDICTS, has_probe, probe
 from .where import where
 
@@ -125,7 +126,7 @@ def token_calls(frame: pd.DataFrame, token: pd.Series, capture: int, legacy: fro
         assumptions |= ctx.assumptions
     notes.extend(sorted(assumptions))
     return pd.DataFrame({"row": api.index.to_numpy(), "token": api["token"].to_numpy(), "name": api["name"].to_numpy(),
-                         "api": api["name"].map(normalize).to_numpy(), "klass": classes, "tid": api["tid"].to_numpy(),
+                         "api": api["name"].map(api_base_name).to_numpy(), "klass": classes, "tid": api["tid"].to_numpy(),
                          "stream": api["stream"].to_numpy(), "start_ns": api["start_ns"].to_numpy(),
                          "end_ns": api["end_ns"].to_numpy(),
                          "where": [where(s, p) for s, p in zip(api["stack"], api["nvtx_path"])],

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..trace.records import GRAPH_LAUNCH_CALLS, KERNEL_LAUNCH_CALLS, api_base_name
+
 #: ds4's decode-island log lines (``ds4_cuda.cu``, ``cuda_decode_graph_*`` at ``b0309611``, printed
 #: with ``DS4_CUDA_DECODE_GRAPH_LOG=1`` or on failure).
 _ISLAND = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instantiate failed|first launch failed|"
@@ -27,17 +29,6 @@ _MODEL_COPY = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
 #: mapping registered for device access (every weight read over PCIe at each use).
 _WEIGHTS = (("gpu-memory", re.compile(r"ds4: CUDA (copying|chunk-copying) [\d.]+ GiB model")),
             ("host-mapped", re.compile(r"ds4: CUDA (\(no-copy\) )?registered [\d.]+ GiB model mapping")))
-
-#: Kernel launch calls in CUPTI's runtime and driver API records.
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel")
-GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
-
-
-def _base(name: str) -> str:
-    """``cudaLaunchKernel_v7000`` / ``cuLaunchKernel_ptsz`` → ``cudaLaunchKernel`` / ``cuLaunchKernel``."""
-    return re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", str(name))
-
 
 def read_log(path) -> dict:
     """What a ds4 log says about its decode islands and its model load.
@@ -165,7 +156,7 @@ def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     if nv.empty:
         raise ValueError("the recording has no NVTX range decode_step: record tokens with ds4lab.ds4.worker")
     api = frame[frame.kind == "api"].copy()
-    api["base"] = api["name"].map(_base)
+    api["base"] = api["name"].astype(str).map(api_base_name)
     kern = frame[frame.kind == "kernel"].copy()
     kern["us"] = (kern.end_ns - kern.start_ns) / 1e3
     tok_rows, kern_rows = [], []
@@ -173,7 +164,7 @@ def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         a = api[(api.start_ns >= r.start_ns) & (api.end_ns <= r.end_ns)]
         if r.tid != -1:
             a = a[a.tid == r.tid]
-        launches = a[a.base.isin(LAUNCH_CALLS)]
+        launches = a[a.base.isin(KERNEL_LAUNCH_CALLS)]
         graphs = a[a.base.isin(GRAPH_LAUNCH_CALLS)]
         k = kern[kern.correlation.isin(set(launches.correlation) | set(graphs.correlation))]
         issued = pd.concat([launches.end_ns, graphs.end_ns])

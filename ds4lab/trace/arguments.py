@@ -8,7 +8,7 @@ one token replays that value at every other. This module records what those trac
 comparison and the verdict are :mod:`ds4lab.audit.frozen`'s.
 
 **Where the bytes come from.** The callback API calls ds4lab's handler at the entry of each launch
-call (:data:`LAUNCHES`: ``cudaLaunchKernel``, ``cudaLaunchCooperativeKernel``, ``cudaLaunchKernelExC``,
+call (:data:`LAUNCH_LAYOUTS`: ``cudaLaunchKernel``, ``cudaLaunchCooperativeKernel``, ``cudaLaunchKernelExC``,
 ``cuLaunchKernel``, ``cuLaunchCooperativeKernel``, ``cuLaunchKernelEx``, each with its ``_ptsz`` form)
 with a ``CUpti_CallbackData`` whose ``functionParams`` points to the call's own parameter struct
 (``cudaLaunchKernel_v7000_params``, ``cuLaunchKernel_params``, ...: CUPTI's
@@ -70,13 +70,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Launch call (base name) → (API domain, offset of the function in its params struct, offset of the
-#: argument array, offset of ``extra`` or None). From ``cudaLaunchKernel_v7000_params`` {func, dim3
+#: The kernel launch calls whose parameter struct the pass reads (of
+#: :data:`ds4lab.trace.records.KERNEL_LAUNCH_CALLS`), base name → (API domain, offset of the function in
+#: its params struct, offset of the argument array, offset of ``extra`` or None). From ``cudaLaunchKernel_v7000_params`` {func, dim3
 #: gridDim, dim3 blockDim, args, sharedMem, stream}, ``cudaLaunchKernelExC_v11060_params`` {config, func,
 #: args}, ``cuLaunchKernel_params`` {f, 7 unsigned ints, hStream, kernelParams, extra},
 #: ``cuLaunchCooperativeKernel_params`` (no extra), ``cuLaunchKernelEx_params`` {config, f, kernelParams,
 #: extra}; the ``_ptsz`` forms have the same structs.
-LAUNCHES = {
+LAUNCH_LAYOUTS = {
     "cudaLaunchKernel": ("runtime", 0, 32, None),
     "cudaLaunchCooperativeKernel": ("runtime", 0, 32, None),
     "cudaLaunchKernelExC": ("runtime", 8, 16, None),
@@ -84,7 +85,6 @@ LAUNCHES = {
     "cuLaunchCooperativeKernel": ("driver", 0, 48, None),
     "cuLaunchKernelEx": ("driver", 8, 16, 24),
 }
-LAUNCH_NAMES = frozenset(LAUNCHES)
 #: ``CU_LAUNCH_PARAM_END``, ``CU_LAUNCH_PARAM_BUFFER_POINTER``, ``CU_LAUNCH_PARAM_BUFFER_SIZE`` (cuda.h).
 PARAM_END, PARAM_BUFFER_POINTER, PARAM_BUFFER_SIZE = 0, 1, 2
 #: ``CUDA_ERROR_INVALID_VALUE``: cuFuncGetParamInfo past the last parameter.
@@ -352,15 +352,15 @@ class ArgumentCapture:
         self._forms_from(session)
 
     def _forms_from(self, session) -> None:
-        from .cupti import api_base_name
+        from .records import api_base_name
 
         D = session.c.CallbackDomain
         for domain, enum in ((D.RUNTIME_API, getattr(session.c, "runtime_api_trace_cbid", None)),
                              (D.DRIVER_API, getattr(session.c, "driver_api_trace_cbid", None))):
             for member, cbid in (enum.__members__.items() if enum is not None else ()):
                 base = api_base_name(member)
-                if base in LAUNCHES:
-                    self._forms[(int(domain), int(cbid))] = LAUNCHES[base]
+                if base in LAUNCH_LAYOUTS:
+                    self._forms[(int(domain), int(cbid))] = LAUNCH_LAYOUTS[base]
 
     def start(self) -> None:
         """Start handling launches (:meth:`~ds4lab.trace.cupti.CuptiSession.watch_launches`). The first frame
@@ -372,7 +372,7 @@ class ArgumentCapture:
         while f is not None and f.f_code.co_filename.endswith(_ANCHOR_SKIP):
             f = f.f_back
         self._anchor = f
-        self._stop = self.session.watch_launches(LAUNCH_NAMES, self.on_launch)
+        self._stop = self.session.watch_launches(frozenset(LAUNCH_LAYOUTS), self.on_launch)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -996,7 +996,7 @@ def measure_overhead(step, launches_per_step: float | None = None, *, session=No
     return out
 
 
-__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES",
+__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCH_LAYOUTS",
            "MemoryTracker", "OWN_CALLS", "PASS_PARTS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest",
            "load", "measure_overhead", "prune", "save", "split", "store_beside", "varying_words",
            "words"]

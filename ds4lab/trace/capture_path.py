@@ -31,9 +31,10 @@ each call, so replacing it on ``torch.cuda`` reaches them).
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from .records import api_base_name
 
 #: The file of the capture-path pass beside ``recording.csv.gz``.
 CAPTURE_PATH_NAME = "capture-path.csv.gz"
@@ -96,18 +97,7 @@ def asks_capture_status(frame) -> int:
     if frame is None or not len(frame) or "name" not in frame:
         return 0
     api = frame[frame["kind"] == "api"]["name"].astype(str)
-    return int(sum(_base_name(n) in CAPTURE_STATUS_CALLS for n in api))
-
-
-_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
-
-
-def _base_name(name: str) -> str:
-    """An API name without its version and per-thread-stream suffixes, in any order."""
-    prev = None
-    while prev != name:
-        prev, name = name, _SUFFIX.sub("", name)
-    return name
+    return int(sum(api_base_name(n) in CAPTURE_STATUS_CALLS for n in api))
 
 
 #: Endings a trace file's stem is taken without (the longest that fits first).

@@ -37,6 +37,7 @@ here once (:func:`copy_label`, :func:`memset_label`, :func:`sync_label`) and rea
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -124,11 +125,28 @@ def host_memory(copy_kind: str, src: str, dst: str) -> str:
     return HOST_MEMORY_OF.get(side, "")
 
 
+_API_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
+
+
+@functools.lru_cache(maxsize=4096)
 def api_base_name(name: str) -> str:
-    """A CUDA API name without the version and per-thread suffixes CUPTI and Nsight Systems add
-    (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
-    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``)."""
-    return re.sub(r"(?:_v\d+)?(?:_pt[sd][sz])?(?:_v\d+)?$", "", name)
+    """A CUDA API name without the version and per-thread-stream suffixes CUPTI and Nsight Systems add,
+    in any order and number (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``,
+    ``cudaMemcpyAsync_ptsz_v7000`` → ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``):
+    the one normalizer of API names in ds4lab."""
+    prev = None
+    while prev != name:
+        prev, name = name, _API_SUFFIX.sub("", name)
+    return name
+
+
+#: Kernel launch calls, base names (CUDA Runtime and Driver API, "Execution Control"): the one list.
+KERNEL_LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
+    "cuLaunchGrid", "cuLaunchGridAsync"})
+#: Graph launch calls, base names.
+GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 
 
 def dims(v) -> str:
