@@ -7,7 +7,6 @@ tested without a GPU and runs again on a folder copied from the GPU machine.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -15,63 +14,41 @@ import pandas as pd
 
 from ..trace.records import GRAPH_LAUNCH_CALLS, KERNEL_LAUNCH_CALLS, api_base_name
 
-#: ds4's decode-island log lines (``ds4_cuda.cu``, ``cuda_decode_graph_*`` at ``b0309611``, printed
-#: with ``DS4_CUDA_DECODE_GRAPH_LOG=1`` or on failure).
-_ISLAND = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instantiate failed|first launch failed|"
-                     r"replay failed) \(?il=(?P<il>\d+) island=(?P<island>\d+)\)?(?::\s*(?P<error>.*))?")
-#: A launch ds4 checked inside a capture that had already failed (``cuda_ok`` after a launch: "... launch
-#: failed: operation failed due to a previous error during capture"): the island's capture is lost, and
-#: ds4 prints no "decode graph capture failed" line for it (seen with ``DS4_CUDA_MOE_PROFILE=1``).
-_CAPTURE_LAUNCH = re.compile(r"ds4: CUDA (?P<what>.+?) launch failed: (?P<error>.*during capture.*)")
-_DISABLED = re.compile(r"ds4: DS4_CUDA_DECODE_GRAPHS=\S+ - decode graph capture disabled")
-_MODEL_COPY = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
-#: Where ds4 put the weights (``ds4_cuda.cu`` at ``b0309611``): copied into GPU memory, or the model's
-#: mapping registered for device access (every weight read over PCIe at each use).
-_WEIGHTS = (("gpu-memory", re.compile(r"ds4: CUDA (copying|chunk-copying) [\d.]+ GiB model")),
-            ("host-mapped", re.compile(r"ds4: CUDA (\(no-copy\) )?registered [\d.]+ GiB model mapping")))
 
 def read_log(path) -> dict:
-    """What a ds4 log says about its decode islands and its model load.
+    """What a ds4 log says about its decode islands and its model load, as the one reader of ds4's stderr
+    reads it (:func:`ds4lab.trace.sources.ds4log.read_ds4_log`, lenient: a malformed profile line is not
+    counted).
 
     Returns a dict: ``captured`` (list of (layer, island)), ``failed`` (list of dicts: layer,
     island, step, error), ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None),
-    ``profile_lines`` (the ``ds4: CUDA MoE profile`` lines, verbatim), ``weights`` (``gpu-memory``:
+    ``profile_lines`` (how many ``ds4: CUDA MoE profile`` calls it holds), ``weights`` (``gpu-memory``:
     ds4 copied the model into GPU memory; ``host-mapped``: it registered the file's mapping and reads
-    weights over PCIe; ``unknown``: the log says neither), ``capture_launch_errors`` (dicts: the
-    launch ds4 names, the error: launches that failed inside an already failed capture).
+    weights over PCIe; ``unknown``: the log says neither, or a copy began and never said it completed),
+    ``capture_launch_errors`` (dicts: the launch ds4 names, the error: launches that failed inside an
+    already failed capture). A log that is not there says nothing.
     """
-    captured, failed, profile = [], [], []
-    disabled, copy_s, weights = False, None, "unknown"
-    in_capture = []
-    text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
-    for line in text.splitlines():
-        if "CUDA MoE profile" in line:
-            profile.append(line.strip())
-            continue
-        m = _ISLAND.search(line)
-        if m:
-            key = (int(m["il"]), int(m["island"]))
-            if m["what"] == "captured":
-                captured.append(key)
-            else:
-                failed.append({"layer": key[0], "island": key[1], "step": m["what"], "error": (m["error"] or "").strip()})
-            continue
-        m = _CAPTURE_LAUNCH.search(line)
-        if m:
-            in_capture.append({"launch": m["what"], "error": m["error"].strip()})
-            continue
-        if _DISABLED.search(line):
-            disabled = True
-        for where, pat in _WEIGHTS:
-            if weights == "unknown" and pat.search(line):
-                weights = where
-        m = _MODEL_COPY.search(line)
-        if m:
-            copy_s = float(m["s"])
-    if weights == "gpu-memory" and copy_s is None:  # the copy began and never said it completed
+    from ..trace.sources.ds4log import EVENT_COLUMNS, STAGES, read_ds4_log
+
+    path = Path(path)
+    res = read_ds4_log(path, lenient=True) if path.exists() else None
+    ev = res.tables.get("ds4_events") if res is not None else None
+    ev = ev if ev is not None else pd.DataFrame(columns=list(EVENT_COLUMNS))
+    isl = ev[ev.island.notna()]
+    failed = isl[isl.event != "captured"]
+    weights = next((e.split(" ", 1)[1] for e in ev.event if e.startswith("weights ")), "unknown")
+    copies = ev.loc[ev.event == "model copy complete", "seconds"]
+    copy_s = float(copies.iloc[-1]) if len(copies) else None
+    if weights == "gpu-memory" and copy_s is None:
         weights = "unknown"
-    return {"captured": captured, "failed": failed, "disabled": disabled, "model_copy_s": copy_s,
-            "profile_lines": profile, "weights": weights, "capture_launch_errors": in_capture}
+    in_capture = ev[ev.event == "launch failed in capture"]
+    return {"captured": [(int(r.layer), int(r.island)) for r in isl[isl.event == "captured"].itertuples()],
+            "failed": [{"layer": int(r.layer), "island": int(r.island), "step": r.event, "error": r.error}
+                       for r in failed.itertuples()],
+            "disabled": bool((ev.event == "capture disabled").any()), "model_copy_s": copy_s,
+            "profile_lines": len(res.tables["ds4_moe"]) // len(STAGES) if res is not None else 0,
+            "weights": weights,
+            "capture_launch_errors": [{"launch": r.call, "error": r.error} for r in in_capture.itertuples()]}
 
 
 def island_table(logs: dict) -> pd.DataFrame:
@@ -87,7 +64,7 @@ def island_table(logs: dict) -> pd.DataFrame:
                      "captured_island1": sum(1 for _, i in cap if i == 1),
                      "failed": len(lg["failed"]), "failed_island1": sum(1 for f in lg["failed"] if f["island"] == 1),
                      "failed_layers": ",".join(str(f["layer"]) for f in lg["failed"]),
-                     "errors": " | ".join(errors), "profile_lines": len(lg["profile_lines"]),
+                     "errors": " | ".join(errors), "profile_lines": lg["profile_lines"],
                      "launch_errors_in_capture": len(lg.get("capture_launch_errors", ())),
                      "launch_error_in_capture": " | ".join(sorted({f"{e['launch']}: {e['error']}" for e in
                                                                     lg.get("capture_launch_errors", ())}))})

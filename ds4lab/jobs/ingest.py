@@ -3,8 +3,8 @@ Systems exports (``nsys stats`` CSV reports, the SQLite export), Nsight Compute 
 result folders from other machines. The readers are the trace model's (:mod:`ds4lab.trace.sources`,
 one module per format, each yielding summary tables):
 
-* ``ds4-log`` (:mod:`~ds4lab.trace.sources.ds4log`): ds4's ``DS4_CUDA_MOE_PROFILE`` stderr lines and
-  the ds4-format logs ``ds4lab moe`` writes → table ``ds4_moe``;
+* ``ds4-log`` (:mod:`~ds4lab.trace.sources.ds4log`): ds4's stderr and the ds4-format logs ``ds4lab moe``
+  writes → tables ``ds4_moe`` (``DS4_CUDA_MOE_PROFILE`` lines) and ``ds4_events`` (island, model-load lines);
 * ``nsys-csv`` (:mod:`~ds4lab.trace.sources.nsys_csv`): every ``nsys stats --format csv`` report, told
   apart by its title line, or in the per-report files of ``-o PREFIX`` by their file name and columns
   → ``nsys_kernels``, ``nsys_nvtx``, ``nsys_nvtx_kernels``, ``nsys_cuda_api``, ``nsys_mem_time``,
@@ -54,7 +54,7 @@ from ..trace.sources.common import Ingested, RowBlock, check_out_dir, distinct_i
 from .result import JobResult, result_folder
 
 #: every table name ingest writes (``<name>.csv`` under ``--out``), and the problems file
-OUTPUT_GLOBS = ("ds4_moe.csv", "nsys_*.csv", "kernels.csv", "graphs.csv", "nvtx.csv", "ncu_*.csv", "ds4lab_*.csv",
+OUTPUT_GLOBS = ("ds4_moe.csv", "ds4_events.csv", "nsys_*.csv", "kernels.csv", "graphs.csv", "nvtx.csv", "ncu_*.csv", "ds4lab_*.csv",
                 "ingest_problems.csv", "ingest_warnings.csv")
 
 
