@@ -696,7 +696,7 @@ def test_random_expert_blocks_keep_their_scales_small_and_finite():
 def test_audit_recordings_audits_each_recorded_configuration(tmp_path):
     from ds4lab.trace.events import EventTable
     from ds4lab.trace.sources.saved import write_table
-    from ds4lab.ds4.measure import audit_recordings
+    from ds4lab.jobs.ds4 import audit_recordings
 
     frame = _recorded_frame()
     frame["pid"] = 1

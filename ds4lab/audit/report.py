@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import __version__
+from ..version import __version__
 from .analysis import trace_times
 from ..trace.events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED

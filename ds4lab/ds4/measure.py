@@ -208,23 +208,3 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
     put("expert_data", "expert-data.csv", data)
     put("islands", "islands.csv", [R.island_table(logs)])
     return out
-
-
-def audit_recordings(folder: Path, configs, say=print) -> dict:
-    """``ds4lab audit`` of each configuration's recorded tokens (``worker-<config>/trace-*/``, tokens
-    marked by the NVTX range ``decode_step``; the kernel-argument pass beside it is compared too) into
-    ``audit-<config>-<context>/``. Returns ``{folder name: the audit's verdict line or why none}``."""
-    from ..jobs import execute
-    from ..jobs.audit import AuditConfig
-
-    done = {}
-    for v in configs:
-        for rec in sorted((Path(folder) / f"worker-{v}").glob("trace-*/recording.csv.gz")):
-            name = f"audit-{v}-{rec.parent.name.split('-', 1)[1]}"
-            try:
-                execute("audit", AuditConfig(files=(str(rec),), token_range="decode_step", out=Path(folder) / name))
-                done[name] = "audited"
-            except Exception as e:  # noqa: BLE001 - an audit that cannot read a recording is reported, not fatal
-                done[name] = f"not audited: {type(e).__name__}: {e}"
-            say(f"  {name}: {done[name]}")
-    return done
