@@ -242,3 +242,19 @@ def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-f
         t["speedup"] = t.apply(lambda r: s0.get(r.context, float("nan")) / r.us_median, axis=1)
         rows.append(t)
     return pd.concat(rows, ignore_index=True)
+
+
+def host_whatif_figure(table, preset: str):
+    """:func:`host_whatif`'s µs per token, one bar group per stage and context, one bar per host cost
+    (:func:`ds4lab.report.plots.grouped_bars_figure`; titled MODELED); a note names each stage that
+    captured more than one graph over its tokens (its median mixes captures and replays)."""
+    from ..report import plots
+
+    x = table["stage"] + " @" + table["context"].astype(str)
+    recaptured = table[(table["captures"] > 1) & (table["host"] == table["host"].iloc[0])]
+    note = "; ".join(f"{r.stage} @{r.context}: {r.captures} graphs captured over its warm-up and timed tokens (one "
+                     "per new token shape), its median mixes captures and replays" for r in recaptured.itertuples())
+    return plots.grouped_bars_figure(
+        {h: dict(zip(x[g.index], g["us_median"])) for h, g in table.groupby("host")}, list(dict.fromkeys(x)),
+        "µs per token (MODELED)", f"ds4lab's {preset} token at two host costs per launch — MODELED (sim)",
+        rotate=False, note=note or None)

@@ -1,4 +1,5 @@
-"""Where the long-context token's launch list changes with the position, counted (notebook 04).
+"""Launch lists, counted: one token's census (:func:`one_token`, notebook 00), and where the long-context
+token's launch list changes with the position (:func:`scan`, notebook 04).
 
 At long context ds4's decode token is no longer one fixed launch list: a ratio-4 compressor emits
 when ``(pos + 1) % 4 == 0``, a ratio-128 one when ``(pos + 1) % 128 == 0`` (3–4 launches more each,
@@ -132,6 +133,41 @@ def census(model, pos: int) -> dict:
             "kernels": model.L.census.total("kernel"), "launches": model.L.census.total()}
 
 
+@dataclass
+class OneToken:
+    """One decode token as the launch layer saw it: ``by_kind`` and ``by_cluster`` (its census:
+    :meth:`ds4lab.capture.launch.Census.by_kind`, ``by_cluster``), and :meth:`ranges` (the NVTX nesting of
+    one layer). ``model`` decoded it at ``position``; ``label`` says where (backend and provenance)."""
+
+    model: object
+    position: int
+    by_kind: object
+    by_cluster: object
+    label: str = ""
+
+    def ranges(self, layer: int = 0):
+        """Each launch of ``layer`` in the next token, as its NVTX ranges hold it: a DataFrame of
+        ``cluster (NVTX category)``, ``op range``, ``kernel`` (the launcher's recording)."""
+        import pandas as pd
+
+        with self.model.L.recording() as trace:
+            self.model.token(self.position + 1, 8)
+        return pd.DataFrame([(r.cluster, r.site, r.kernel) for r in trace if r.layer == layer],
+                            columns=["cluster (NVTX category)", "op range", "kernel"])
+
+
+def one_token(be, preset: str, position: int = 1000, label: str = "") -> OneToken:
+    """``preset``'s decode token (with the vocabulary projection) decoded once on ``be`` at ``position``,
+    its census taken (:class:`OneToken`). Raises ds4lab.token.config.ConfigError for an unknown preset."""
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+
+    model = DecodeModel(get_preset(preset), be, TokenOptions(vocab=True))
+    model.token(position, 7)
+    be.synchronize()
+    return OneToken(model, position, model.L.census.by_kind(), model.L.census.by_cluster(), label)
+
+
 def scan(preset: str) -> LaunchScan:
     """Count the long-context token of ``preset`` at the positions that show every launch shape up to
     its ``max_context`` (:func:`anchor_positions`) and over a window of consecutive tokens (module
@@ -165,4 +201,4 @@ def scan(preset: str) -> LaunchScan:
     return LaunchScan(preset, k, ratios, cfg.max_context, changes, launches, window, model)
 
 
-__all__ = ["LaunchScan", "anchor_positions", "census", "scan", "shape", "shape_changes"]
+__all__ = ["LaunchScan", "OneToken", "anchor_positions", "census", "one_token", "scan", "shape", "shape_changes"]

@@ -47,14 +47,14 @@ class MoeConfig:
     out: Path | str | None = None
 
 
-def config_from_text(backend: str, preset: str | None, tokens_per_step: str, routings: str, modes: str,
-                     **fields) -> tuple[MoeConfig, str]:
-    """A :class:`MoeConfig` from a notebook's text parameters: ``tokens_per_step`` ``"1,2,64"``,
-    ``routings`` and ``modes`` comma-separated names or ``"all"`` (every one ds4lab has); ``preset`` None:
-    the job's default on ``backend`` (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`, decided without
-    opening a backend). Token counts above the preset's ``max_tokens`` are left out (the job would refuse
-    them); the second value says which, or is "". ``fields``: the config's other fields (``steps``,
-    ``out``, ``overhead``, ...).
+def text_options(backend: str, preset: str | None, tokens_per_step=None, routings=None, modes=None
+                 ) -> tuple[dict, str]:
+    """:class:`MoeConfig` fields from a notebook's text (``ds4lab.Lab.moe``): ``tokens_per_step``
+    ``"1,2,64"``, ``routings`` and ``modes`` comma-separated names or ``"all"`` (every one ds4lab has); a
+    value that is not text is kept as it is, None left out. ``preset`` None: the job's default on
+    ``backend`` (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`, decided without opening a backend). Token
+    counts above the preset's ``max_tokens`` are left out (the job would refuse them); the second value
+    says which, or is "".
 
     Raises:
         ds4lab.token.config.ConfigError: an unknown preset.
@@ -66,23 +66,25 @@ def config_from_text(backend: str, preset: str | None, tokens_per_step: str, rou
     from .common import DEFAULT_PRESETS
 
     preset = preset or DEFAULT_PRESETS["moe"][0 if resolve(backend) == "cupy" else 1]
-    limit = get_preset(preset).max_tokens
-    try:
-        asked = [int(t) for t in str(tokens_per_step).split(",") if t.strip()]
-    except ValueError:
-        raise BadInput(f"tokens per step {tokens_per_step!r}: comma-separated whole numbers expected") from None
-    counts = [t for t in asked if t <= limit]
-    if not counts:
-        raise BadInput(f"tokens per step {tokens_per_step!r}: {preset} takes at most {limit} tokens per step")
-    note = (f"note: {preset} takes at most {limit} tokens per step: profiling {counts}" if len(counts) < len(asked)
-            else "")
-
-    def names(text: str, every) -> list[str]:
-        return list(every) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
-
-    cfg = MoeConfig(modes=names(modes, M.MODES), tokens_per_step=counts, routings=names(routings, M.ROUTINGS),
-                    preset=preset, **fields)
-    return cfg, note
+    out, note = {"preset": preset}, ""
+    if isinstance(tokens_per_step, str):
+        limit = get_preset(preset).max_tokens
+        try:
+            asked = [int(t) for t in tokens_per_step.split(",") if t.strip()]
+        except ValueError:
+            raise BadInput(f"tokens per step {tokens_per_step!r}: comma-separated whole numbers expected") from None
+        text, tokens_per_step = tokens_per_step, [t for t in asked if t <= limit]
+        if not tokens_per_step:
+            raise BadInput(f"tokens per step {text!r}: {preset} takes at most {limit} tokens per step")
+        if len(tokens_per_step) < len(asked):
+            note = f"note: {preset} takes at most {limit} tokens per step: profiling {tokens_per_step}"
+    for name, value, every in (("tokens_per_step", tokens_per_step, ()), ("routings", routings, M.ROUTINGS),
+                               ("modes", modes, M.MODES)):
+        if isinstance(value, str):
+            value = list(every) if value.strip() == "all" else [p.strip() for p in value.split(",") if p.strip()]
+        if value is not None:
+            out[name] = value
+    return out, note
 
 
 def run(cfg: MoeConfig, be, console=None) -> JobResult:

@@ -68,6 +68,21 @@ class JobResult:
             raise KeyError(f"{self.job}: no figure {key!r}; its figures: {', '.join(self.figures) or 'none'}") \
                 from None
 
+    def label(self) -> str:
+        """Where the numbers come from, as a title says it (:func:`ds4lab.report.provenance.label` of the
+        meta: the GPU, or MODELED and the calibration)."""
+        from ..report.provenance import label
+
+        return label(self.meta)
+
+    def where(self, name: str = "") -> Path:
+        """Where the file ``name`` of the result folder is, as the lines that say so name it
+        (:func:`ds4lab.report.results.final_path`: the folder a ``ds4lab notebooks`` run ends up in)."""
+        from ..report.results import final_path
+
+        base = final_path(self.out) if self.out is not None else Path(".")
+        return base / name if name else base
+
 
 class Output:
     """The writer of one job's result folder (module docstring). ``folder``: where the files go now
@@ -161,12 +176,8 @@ class Output:
         return self.file(file or f"{name}.csv")
 
     def where(self, name: str = "") -> Path:
-        """Where ``name`` is once the results are in place, as the lines that say so name it
-        (:func:`ds4lab.report.results.final_path`)."""
-        from ..report.results import final_path
-
-        base = final_path(self.out) if self.out is not None else Path(".")
-        return base / name if name else base
+        """Where ``name`` is once the results are in place (:meth:`JobResult.where`)."""
+        return self.result.where(name)
 
     def done(self, value=None) -> JobResult:
         """The result, with ``value`` (the job's own object) set."""

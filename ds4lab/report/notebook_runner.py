@@ -514,6 +514,9 @@ def check_value(name: str, value) -> None:
         parts = [p.strip() for p in str(value).split(",")]
         if parts != ["all"] and not all(p in known for p in parts):
             bad(f"comma-separated names from {', '.join(known)}, or all")
+    elif name == "C_HOST_US":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1000:
+            bad("µs per launch from C, a number above 0 (3.0–3.3 on the H200)")
     elif name.startswith("SWEEP_"):
         whole = name in ("SWEEP_LAYERS", "SWEEP_TOKENS")
         if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0

@@ -102,4 +102,21 @@ def context_graphs(folder: Path):
     return g
 
 
-__all__ = ["context_graphs", "figures", "moe_stage_table"]
+def capture_stages(folder: Path):
+    """A ``ds4lab context`` folder that ran stage 3 beside others (3cc, 3p, ...), each row with its µs per
+    token over stage 3's at its context (``x_stage_3``) and its gain over stage 3 as a sentence (``gain
+    over 3``: paired per token with its 95 % interval, "not measurable" when that includes zero). Raises
+    ValueError as :func:`figures` does, or naming the folder when it holds no stage 3."""
+    _meta(folder, ("context",))
+    cs = _csv(folder, "context.csv", dtype={"stage": str})
+    if "3" not in set(cs.stage):
+        raise ValueError(f"{folder}: no stage 3 in its context.csv to compare with")
+    s3 = cs[cs.stage == "3"].set_index("context").us_median
+    cs["x_stage_3"] = cs.us_median / cs.context.map(s3)
+    cs["gain over 3"] = [("—" if r.stage == "3" else f"{r.gain_us:+.0f} µs ({r.gain_lo:.0f}…{r.gain_hi:.0f})"
+                          if r.gain_measurable else f"not measurable (±{(r.gain_hi - r.gain_lo) / 2:.0f} µs)")
+                         for r in cs.itertuples()]
+    return cs
+
+
+__all__ = ["capture_stages", "context_graphs", "figures", "moe_stage_table"]

@@ -1,6 +1,6 @@
-"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the launch
-census per token, host µs per launch, what capture buys (ds4's islands against ds4lab's stage i), and
-kernel µs per token by kind.
+"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the capture
+ladders, the launch census per token, host µs per launch, what capture buys (ds4's islands against
+ds4lab's stage i), and kernel µs per token by kind; :class:`Beside` holds them for one ds4 record.
 
 Each table names where every figure came from: ds4's from a ``ds4lab ds4`` folder (its GPU, driver
 and ds4 commit in the folder's ``meta.json``), ds4lab's from a measured ladder or context record
@@ -374,3 +374,62 @@ def ladder_figure(table: pd.DataFrame):
     title = ("The capture ladder: ds4 itself (stages on ds4 rewritten by ds4lab) beside ds4lab's rebuild\n"
              + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in table["source"]})))
     return plots.grouped_bars_figure(series, stages, "µs per decode token (median, CUDA events)", title)
+
+
+@dataclass
+class Beside:
+    """ds4 beside ds4lab's rebuild for one ds4 record (``record``: a :func:`read_ds4` folder, or None: the
+    rebuild's side alone), each table and figure of this module one method away."""
+
+    record: Ds4Record | None
+
+    @property
+    def label(self) -> str:
+        """The record's :attr:`Ds4Record.label`, or what there is without one."""
+        return self.record.label if self.record is not None else "no ds4 record: ds4lab's side only"
+
+    @property
+    def islands(self) -> pd.DataFrame:
+        """What ds4's log says its islands captured and retired, per configuration (``islands.csv``)."""
+        return self.record.islands if self.record is not None else pd.DataFrame()
+
+    def ladder(self) -> pd.DataFrame:
+        """:func:`ladder_table`."""
+        return ladder_table(self.record)
+
+    def ladder_figure(self):
+        """:func:`ladder_figure` of :meth:`ladder` (None where it is empty)."""
+        return ladder_figure(self.ladder())
+
+    def census(self, contexts=(1024,)) -> pd.DataFrame:
+        """:func:`census_table` (ds4lab's model counted at ``contexts``)."""
+        return census_table(self.record, contexts=contexts)
+
+    def host(self) -> pd.DataFrame:
+        """:func:`host_table`."""
+        return host_table(self.record)
+
+    def gains(self) -> pd.DataFrame:
+        """:func:`gain_table`."""
+        return gain_table(self.record)
+
+    def gain_figure(self):
+        """:func:`gain_figure` of :meth:`gains` (None where it is empty)."""
+        return gain_figure(self.gains())
+
+    def kernel_kinds(self, config: str = "islands-off") -> pd.DataFrame:
+        """:func:`kernel_kinds` (empty without a record)."""
+        return kernel_kinds(self.record, config) if self.record is not None else pd.DataFrame()
+
+    def by_kind(self) -> pd.DataFrame:
+        """:func:`kind_census` of the record's islands-off kernels at each recorded context."""
+        return kind_census(self._off_kernels())
+
+    def omissions(self) -> pd.DataFrame:
+        """:func:`omissions` of the record's islands-off kernels at each recorded context."""
+        return omissions(self._off_kernels())
+
+    def _off_kernels(self) -> dict:
+        kernels = self.record.kernels if self.record is not None else {}
+        return {ctx: k for (cfg, ctx), k in kernels.items() if cfg == "islands-off"}
+
