@@ -2,9 +2,6 @@
 one source (measured on this GPU, or fitted with no GPU from a measured ``moe``, ``ladder``/``context``,
 ``ds4`` or ``context`` folder) and written as a calibration file, with its table beside it where the
 source has one.
-
-``fit_from_ds4`` and ``host_whatif`` are forwarded from :mod:`ds4lab.calibration.from_ds4` for the
-notebooks until they import them from there (to be removed).
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..calibration.fit import fit, write_calibration
-from ..calibration.from_ds4 import fit_from_ds4, host_whatif  # noqa: F401  (forwarded: module docstring)
 from ..sim.costmodel import default_calibration_path
 from .common import BadInput, default_preset
 from .result import JobResult, no_folder
