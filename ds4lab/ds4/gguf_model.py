@@ -187,27 +187,12 @@ EXPERT_BLOCKS = {"IQ2_XXS": (66, (0,)), "Q2_K": (84, (80, 82)), "Q4_K": (144, (0
 
 def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random",
                 random_expert_layers=()) -> list[TensorSpec]:
-    """Every tensor ds4 binds for ``preset``, in file order: the embedding, 43 layers, the output head.
-
-    Per layer (``weights_bind_layer``, ds4.c:5895; shapes from ``weights_validate_layout``,
-    5045-5110), with E = embedding, H = heads, D = head dim, Q = query LoRA rank, G = output groups,
-    O = output LoRA rank, X = experts, F = expert FFN dim, S = HC streams, M = 2S + S² HC mix width:
-    ``hc_attn_fn`` F16 [S·E, M], ``hc_attn_scale`` F32 [3], ``hc_attn_base`` F32 [M], ``attn_norm``
-    F32 [E], ``attn_q_a`` Q8_0 [E, Q], ``attn_q_a_norm`` F32 [Q], ``attn_q_b`` Q8_0 [Q, H·D],
-    ``attn_kv`` Q8_0 [E, D], ``attn_kv_a_norm`` F32 [D], ``attn_sinks`` F32 [H], ``attn_output_a``
-    Q8_0 [D·H/G, G·O], ``attn_output_b`` Q8_0 [G·O, E]; compressed layers (ratio r ≠ 0):
-    ``attn_compressor_{ape,kv,gate}`` F16 [c·D, r] / [E, c·D] with c = 2 for r = 4, 1 for r = 128, and
-    ``attn_compressor_norm`` F32 [D]; ratio-4 layers the indexer: ``indexer.attn_q_b`` F16 [Q, Hi·Di],
-    ``indexer.proj`` F16 [E, Hi], ``indexer_compressor_{ape,kv,gate}`` F16 [2·Di, 4] / [E, 2·Di],
-    ``indexer_compressor_norm`` F32 [Di]; then ``hc_ffn_*`` as ``hc_attn_*``, ``ffn_norm`` F32 [E],
-    ``ffn_gate_inp`` F16 [E, X], ``exp_probs_b.bias`` F32 [X] (optional in ds4; written on the top-k
-    layers, whose router reads it; the hash layers' router ignores it, ds4_cuda.cu:18718),
-    ``ffn_{gate,up}_exps`` [E, F, X] and ``ffn_down_exps`` [F, E, X] in the routed format, the
-    shared expert ``ffn_{gate,up}_shexp`` Q8_0 [E, F], ``ffn_down_shexp`` Q8_0 [F, E]; hash layers
-    (the first 3) ``ffn_gate_tid2eid`` I32 [experts used, vocab]. Around the layers
-    (``weights_bind_output``, 5819): ``token_embd`` F16 [E, vocab], ``output_hc_base`` F32 [S],
-    ``output_hc_fn`` F16 [S·E, S], ``output_hc_scale`` F32 [1], ``output_norm`` F32 [E], ``output``
-    Q8_0 [E, vocab].
+    """Every tensor ds4 binds for ``preset``, in file order: the embedding (``weights_bind_output``,
+    ds4.c:5819), each layer's (``weights_bind_layer``, 5895: attention, compressor on compressed layers,
+    indexer on ratio-4 layers, hyper-connections, router, routed and shared experts, the hash table on
+    hash layers), the output head; types and shapes as ``weights_validate_layout`` (5045-5110) checks
+    them, one ``add`` each below. ``exp_probs_b.bias`` (optional in ds4) is written on the top-k layers,
+    whose router reads it (the hash layers' ignores it, ds4_cuda.cu:18718).
 
     Args:
         preset: a preset name or configuration (:func:`synthetic_config`).
@@ -215,14 +200,13 @@ def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random
             random values; ``"holes"``: they are holes too (zero scales: they output zeros).
         random_expert_layers: layers whose routed experts hold random blocks instead of holes (small
             fp16 scales, random quants: :data:`EXPERT_BLOCKS`), so a run can compare a layer whose
-            expert kernels read real-looking data with the ones that read zeros (a kernel that looks
-            a table up by weight byte hits one entry on zeros).
+            expert kernels read real-looking data with the ones that read zeros.
 
     Returns:
         The :class:`TensorSpec` list; the routed experts are holes but on ``random_expert_layers``.
 
     Raises:
-        BadInput: bad ``preset`` or ``dense``.
+        BadInput: bad ``preset``, ``dense`` or ``random_expert_layers``.
     """
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
@@ -230,73 +214,83 @@ def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random
     bad = [il for il in random_expert_layers if not 0 <= int(il) < cfg.n_layers]
     if bad:
         raise BadInput(f"random_expert_layers={list(random_expert_layers)!r}: {cfg.name} has layers 0..{cfg.n_layers - 1}")
-    E, H, D, Q = cfg.embed, cfg.n_heads, cfg.head_dim, cfg.q_lora
-    G, O, X, F, S = cfg.out_groups, cfg.out_lora, cfg.n_experts, cfg.expert_ffn, cfg.hc_streams
-    M = 2 * S + S * S
-    Hi, Di = cfg.index_heads, cfg.index_head_dim
-    gate_up_t, down_t = EXPERT_GGML_TYPES[cfg.expert_format]
-    q8_fill = "random" if dense == "random" else "hole"
     out: list[TensorSpec] = []
+    q8_fill = "random" if dense == "random" else "hole"
 
-    def add(name, t, shape, init, layer, check, fill="random"):
+    def add(name, t, shape, init, layer, check=None, fill="random"):
+        check = check or f"{_VL}: tensor_expect_layout {t}"
         out.append(TensorSpec(name, t, tuple(int(d) for d in shape), fill, init, layer, check))
 
-    vl = "weights_validate_layout (ds4.c:5012)"
-    exact = f"{vl}: tensor_expect_layout"
-    dq = f"{vl}: tensor_expect_dense_quant_layout (Q8_0, Q4_K or Q4_0; Q8_0 as ds4's Flash files)"
-    add("token_embd.weight", "F16", (E, cfg.vocab), "embedding", None, f"{exact} F16")
+    def q8(name, shape, layer):
+        add(name, "Q8_0", shape, "q8_0", layer, _DQ, q8_fill)
+
+    E, S = cfg.embed, cfg.hc_streams
+    add("token_embd.weight", "F16", (E, cfg.vocab), "embedding", None)
+    random_layers = {int(x) for x in random_expert_layers}
     for il in range(cfg.n_layers):
-        p = f"blk.{il}."
-        ratio = layer_compress_ratio(cfg, il)
-        add(p + "hc_attn_fn.weight", "F16", (S * E, M), "f16_matrix", il, f"{exact} F16")
-        add(p + "hc_attn_scale.weight", "F32", (3,), "hc_scale", il, f"{exact} F32")
-        add(p + "hc_attn_base.weight", "F32", (M,), "hc_base", il, f"{exact} F32")
-        add(p + "attn_norm.weight", "F32", (E,), "norm", il, f"{exact} F32")
-        add(p + "attn_q_a.weight", "Q8_0", (E, Q), "q8_0", il, dq, q8_fill)
-        add(p + "attn_q_a_norm.weight", "F32", (Q,), "norm", il, f"{exact} F32")
-        add(p + "attn_q_b.weight", "Q8_0", (Q, H * D), "q8_0", il, dq, q8_fill)
-        add(p + "attn_kv.weight", "Q8_0", (E, D), "q8_0", il, dq, q8_fill)
-        add(p + "attn_kv_a_norm.weight", "F32", (D,), "norm", il, f"{exact} F32")
-        add(p + "attn_sinks.weight", "F32", (H,), "sinks", il, f"{exact} F32")
-        add(p + "attn_output_a.weight", "Q8_0", (D * (H // G), G * O), "q8_0", il, dq, q8_fill)
-        add(p + "attn_output_b.weight", "Q8_0", (G * O, E), "q8_0", il, dq, q8_fill)
-        if ratio:
-            w = (2 if ratio == 4 else 1) * D
-            add(p + "attn_compressor_ape.weight", "F16", (w, ratio), "ape", il, f"{exact} F16")
-            add(p + "attn_compressor_kv.weight", "F16", (E, w), "f16_matrix", il, f"{exact} F16")
-            add(p + "attn_compressor_gate.weight", "F16", (E, w), "f16_matrix", il, f"{exact} F16")
-            add(p + "attn_compressor_norm.weight", "F32", (D,), "norm", il, f"{exact} F32")
-        if ratio == 4:
-            add(p + "indexer.attn_q_b.weight", "F16", (Q, Hi * Di), "f16_matrix", il,
-                f"{vl}: tensor_expect_f16_or_q8_0_layout (F16 as ds4's Flash files)")
-            add(p + "indexer.proj.weight", "F16", (E, Hi), "f16_matrix", il, f"{exact} F16")
-            add(p + "indexer_compressor_ape.weight", "F16", (2 * Di, 4), "ape", il, f"{exact} F16")
-            add(p + "indexer_compressor_kv.weight", "F16", (E, 2 * Di), "f16_matrix", il, f"{exact} F16")
-            add(p + "indexer_compressor_gate.weight", "F16", (E, 2 * Di), "f16_matrix", il, f"{exact} F16")
-            add(p + "indexer_compressor_norm.weight", "F32", (Di,), "norm", il, f"{exact} F32")
-        add(p + "hc_ffn_fn.weight", "F16", (S * E, M), "f16_matrix", il, f"{exact} F16")
-        add(p + "hc_ffn_scale.weight", "F32", (3,), "hc_scale", il, f"{exact} F32")
-        add(p + "hc_ffn_base.weight", "F32", (M,), "hc_base", il, f"{exact} F32")
-        add(p + "ffn_norm.weight", "F32", (E,), "norm", il, f"{exact} F32")
-        add(p + "ffn_gate_inp.weight", "F16", (E, X), "f16_matrix", il, f"{exact} F16")
-        if not cfg.is_hash_layer(il):
-            add(p + "exp_probs_b.bias", "F32", (X,), "bias", il, f"{vl}: tensor_expect_optional F32")
-        ex = f"{vl}: tensor_expect_routed_expert (gate and up of one type)"
-        ef = "random" if il in {int(x) for x in random_expert_layers} else "hole"
-        add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, ef)
-        add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, ef)
-        add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, ef)
-        add(p + "ffn_gate_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
-        add(p + "ffn_up_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
-        add(p + "ffn_down_shexp.weight", "Q8_0", (F, E), "q8_0", il, dq, q8_fill)
-        if cfg.is_hash_layer(il):
-            add(p + "ffn_gate_tid2eid.weight", "I32", (cfg.n_used, cfg.vocab), "tid2eid", il, f"{exact} I32")
-    add("output_hc_base.weight", "F32", (S,), "hc_base", None, f"{exact} F32")
-    add("output_hc_fn.weight", "F16", (S * E, S), "f16_matrix", None, f"{exact} F16")
-    add("output_hc_scale.weight", "F32", (1,), "hc_scale", None, f"{exact} F32")
-    add("output_norm.weight", "F32", (E,), "norm", None, f"{exact} F32")
-    add("output.weight", "Q8_0", (E, cfg.vocab), "q8_0", None, dq, q8_fill)
+        _layer_tensors(cfg, il, add, q8, "random" if il in random_layers else "hole")
+    add("output_hc_base.weight", "F32", (S,), "hc_base", None)
+    add("output_hc_fn.weight", "F16", (S * E, S), "f16_matrix", None)
+    add("output_hc_scale.weight", "F32", (1,), "hc_scale", None)
+    add("output_norm.weight", "F32", (E,), "norm", None)
+    q8("output.weight", (E, cfg.vocab), None)
     return out
+
+
+_VL = "weights_validate_layout (ds4.c:5012)"
+_DQ = f"{_VL}: tensor_expect_dense_quant_layout (Q8_0, Q4_K or Q4_0; Q8_0 as ds4's Flash files)"
+
+
+def _layer_tensors(cfg: ModelConfig, il: int, add, q8, expert_fill: str) -> None:
+    """Layer ``il``'s tensors in ds4's binding order, through :func:`ds4_tensors`' ``add`` and ``q8``."""
+    E, H, D, Q = cfg.embed, cfg.n_heads, cfg.head_dim, cfg.q_lora
+    G, O, X, F, S = cfg.out_groups, cfg.out_lora, cfg.n_experts, cfg.expert_ffn, cfg.hc_streams
+    M, Hi, Di = 2 * S + S * S, cfg.index_heads, cfg.index_head_dim
+    p, ratio = f"blk.{il}.", layer_compress_ratio(cfg, il)
+
+    def hc(which):
+        add(f"{p}hc_{which}_fn.weight", "F16", (S * E, M), "f16_matrix", il)
+        add(f"{p}hc_{which}_scale.weight", "F32", (3,), "hc_scale", il)
+        add(f"{p}hc_{which}_base.weight", "F32", (M,), "hc_base", il)
+
+    def compressor(prefix, width, r, norm):
+        add(f"{p}{prefix}_ape.weight", "F16", (width, r), "ape", il)
+        add(f"{p}{prefix}_kv.weight", "F16", (E, width), "f16_matrix", il)
+        add(f"{p}{prefix}_gate.weight", "F16", (E, width), "f16_matrix", il)
+        add(f"{p}{prefix}_norm.weight", "F32", (norm,), "norm", il)
+
+    hc("attn")
+    add(p + "attn_norm.weight", "F32", (E,), "norm", il)
+    q8(p + "attn_q_a.weight", (E, Q), il)
+    add(p + "attn_q_a_norm.weight", "F32", (Q,), "norm", il)
+    q8(p + "attn_q_b.weight", (Q, H * D), il)
+    q8(p + "attn_kv.weight", (E, D), il)
+    add(p + "attn_kv_a_norm.weight", "F32", (D,), "norm", il)
+    add(p + "attn_sinks.weight", "F32", (H,), "sinks", il)
+    q8(p + "attn_output_a.weight", (D * (H // G), G * O), il)
+    q8(p + "attn_output_b.weight", (G * O, E), il)
+    if ratio:
+        compressor("attn_compressor", (2 if ratio == 4 else 1) * D, ratio, D)
+    if ratio == 4:
+        add(p + "indexer.attn_q_b.weight", "F16", (Q, Hi * Di), "f16_matrix", il,
+            f"{_VL}: tensor_expect_f16_or_q8_0_layout (F16 as ds4's Flash files)")
+        add(p + "indexer.proj.weight", "F16", (E, Hi), "f16_matrix", il)
+        compressor("indexer_compressor", 2 * Di, 4, Di)
+    hc("ffn")
+    add(p + "ffn_norm.weight", "F32", (E,), "norm", il)
+    add(p + "ffn_gate_inp.weight", "F16", (E, X), "f16_matrix", il)
+    if not cfg.is_hash_layer(il):
+        add(p + "exp_probs_b.bias", "F32", (X,), "bias", il, f"{_VL}: tensor_expect_optional F32")
+    ex = f"{_VL}: tensor_expect_routed_expert (gate and up of one type)"
+    gate_up_t, down_t = EXPERT_GGML_TYPES[cfg.expert_format]
+    add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, expert_fill)
+    add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, expert_fill)
+    add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, expert_fill)
+    q8(p + "ffn_gate_shexp.weight", (E, F), il)
+    q8(p + "ffn_up_shexp.weight", (E, F), il)
+    q8(p + "ffn_down_shexp.weight", (F, E), il)
+    if cfg.is_hash_layer(il):
+        add(p + "ffn_gate_tid2eid.weight", "I32", (cfg.n_used, cfg.vocab), "tid2eid", il)
 
 
 def _bytes_to_unicode() -> list[str]:
