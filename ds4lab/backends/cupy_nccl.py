@@ -26,7 +26,7 @@ import time
 
 from ..capture.stream import LEGACY_STREAM
 from ..errors import CollectiveError, CudaError
-from ..executor.base import BackendUnavailable
+from ..executor.base import BackendUnavailable, check_all_reduce
 from .cupy_runtime import _cuda_errors, _error_name
 
 #: ``ncclResult_t`` names by number (NCCL API, "Types": ncclResult_t).
@@ -96,15 +96,10 @@ class CupyComm:
                 after :meth:`abort`.
             CudaError: a CUDA error CuPy raised.
         """
-        import numpy as np
         from cupy.cuda import nccl
 
         call = "ncclAllReduce"
-        if op != "sum":
-            raise ValueError(f"all_reduce: op={op!r}; ds4lab uses ncclSum")
-        if np.dtype(send.dtype) != np.float32 or np.dtype(recv.dtype) != np.float32 or send.size != recv.size:
-            raise ValueError(f"all_reduce: float32 buffers of one size, got {send.dtype}[{send.size}] → "
-                             f"{recv.dtype}[{recv.size}]")
+        check_all_reduce(send, recv, op)
         if self.aborted:
             raise CollectiveError("nccl:ncclInvalidUsage", call, f"rank {self.rank}: the communicator was aborted")
         ptr = 0 if stream is LEGACY_STREAM else stream.ptr

@@ -17,7 +17,7 @@ from ..jobs.ladder import LadderConfig
 from ..jobs.run import RunConfig
 from ..token.config import PRESETS
 from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
-from .support import closed_pipe, default, fail, given, invoke
+from .support import backend_option, closed_pipe, default, fail, given, invoke, preset_option
 
 #: ``ds4lab run``'s token options by default (its config's).
 _RUN_OPTIONS = default(RunConfig, "options")
@@ -57,11 +57,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
-                   "numpy: the CPU reference executor (no timing).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model dimensions. Default: small.")
+@backend_option("auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
+                "numpy: the CPU reference executor (no timing).", choices=BACKENDS)
+@preset_option("Model dimensions. Default: small.")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(RunConfig, "tokens"), show_default=True,
               help="Decode tokens to time.")
 @click.option("--warmup", type=click.IntRange(min=0), default=default(RunConfig, "warmup"), show_default=True,
@@ -116,8 +114,7 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=default(BenchConfig, "preset"),
-              help="Model dimensions. Default: ds4-flash.")
+@preset_option("Model dimensions. Default: ds4-flash.", default=default(BenchConfig, "preset"))
 @click.option("--out", type=click.Path(path_type=Path), default=default(BenchConfig, "out"),
               help="Write bench.json into this folder.")
 @click.option("--per-op", "per_op", is_flag=True, help="Add the per-launch-site roofline of one token (CSV, figure).")
@@ -127,10 +124,8 @@ def bench(preset, out, per_op) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option()
+@preset_option()
 @click.option("--stages", default=default(LadderConfig, "stages"), show_default=True,
               help=f"Comma-separated stages of {', '.join(STAGES)} (3c, 3cc, 3cp, 3ccp: with --long-context).")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(LadderConfig, "tokens"), show_default=True,
@@ -177,10 +172,8 @@ def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, 
 
 @main.command()
 @click.argument("hazard", type=click.Choice(ALL_HAZARDS), default=default(HazardsConfig, "hazard"))
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (it computes: no timing-only).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option("auto: cupy when a GPU is usable, else the simulated runtime (it computes: no timing-only).")
+@preset_option()
 @click.option("--mode", type=click.Choice(CAPTURE_MODES), default=default(HazardsConfig, "mode"),
               show_default=True, help="Stream-capture mode (a hazard under ds4's islands always captures in global "
                                       "mode).")
@@ -197,8 +190,7 @@ def _hazards(hazard, preset, mode, out, backend) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
+@backend_option("cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/conformance-<backend>.")
 @click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
@@ -217,8 +209,7 @@ def conformance(backend, out, names, list_only) -> None:
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model whose eager tokens and kernels are measured. Default: small.")
+@preset_option("Model whose eager tokens and kernels are measured. Default: small.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path(default(CalibrateConfig, "out")),
               show_default=True)
 @click.option("--moe-profile", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
@@ -254,10 +245,8 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option()
+@preset_option()
 @click.option("--stages", default=default(ContextConfig, "stages"), show_default=True,
               help=f"Comma-separated stages of {', '.join(STAGES)}.")
 @click.option("--contexts", default=None,

@@ -122,3 +122,16 @@ def result_folder(ctx, param, value):
                                  "folder, for example results/<command>")
     return value
 
+
+def backend_option(help: str = "auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).",
+                   choices=("auto", "cupy", "sim"), default: str = "auto"):
+    """The ``--backend`` option of a command (its choices, its default shown)."""
+    return click.option("--backend", type=click.Choice(list(choices)), default=default, show_default=True, help=help)
+
+
+def preset_option(help: str = "Default: ds4-flash on a GPU, small on the sim.", default=None):
+    """The ``--preset`` option of a command: one of ds4lab's presets."""
+    from ..token.config import PRESETS
+
+    return click.option("--preset", type=click.Choice(list(PRESETS)), default=default, help=help)
+

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from ..jobs.trace import TraceConfig
-from ..token.config import PRESETS
-from .support import default
+from .support import backend_option, default, preset_option
 
 
 def _token_hazards():
@@ -24,10 +23,8 @@ def register(main: click.Group) -> None:
 
 
 @click.command("trace")
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option("cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
+@preset_option()
 @click.option("--stages", default=None,
               help="Comma-separated stages, one trace process each. Default: 0,3; with --hazard: 0s (stage 0 with "
                    "the accessor's stream set, so that work bypassing it shows on the legacy stream).")

@@ -72,6 +72,11 @@ def _bind(lib) -> None:
         fn.restype, fn.argtypes = res, args
 
 
+def _int_query(fn: str, doc: str) -> property:
+    """A read-only property answering ds4's integer query ``fn`` of the driver (on the open handle)."""
+    return property(lambda self: int(getattr(self.lib, fn)(self.h)), doc=doc)
+
+
 class Ds4Engine:
     """ds4's engine and one session, opened on the CUDA back end.
 
@@ -109,30 +114,12 @@ class Ds4Engine:
     def _error(self) -> str:
         return (self.lib.ds4lab_error(self.h) or b"").decode(errors="replace")
 
-    @property
-    def vocab_size(self) -> int:
-        """``ds4_engine_vocab_size``."""
-        return int(self.lib.ds4lab_vocab_size(self.h))
-
-    @property
-    def layer_count(self) -> int:
-        """``ds4_engine_layer_count``."""
-        return int(self.lib.ds4lab_layer_count(self.h))
-
-    @property
-    def routed_quant_bits(self) -> int:
-        """``ds4_engine_routed_quant_bits``: 2 for IQ2_XXS/Q2_K routed experts, 4 for Q4_K."""
-        return int(self.lib.ds4lab_routed_quant_bits(self.h))
-
-    @property
-    def model_bytes(self) -> int:
-        """``ds4_engine_model_bytes``."""
-        return int(self.lib.ds4lab_model_bytes(self.h))
-
-    @property
-    def pos(self) -> int:
-        """``ds4_session_pos``: tokens in the session so far."""
-        return int(self.lib.ds4lab_pos(self.h))
+    vocab_size = _int_query("ds4lab_vocab_size", "``ds4_engine_vocab_size``.")
+    layer_count = _int_query("ds4lab_layer_count", "``ds4_engine_layer_count``.")
+    routed_quant_bits = _int_query("ds4lab_routed_quant_bits", "``ds4_engine_routed_quant_bits``: 2 for IQ2_XXS/Q2_K "
+                                   "routed experts, 4 for Q4_K.")
+    model_bytes = _int_query("ds4lab_model_bytes", "``ds4_engine_model_bytes``.")
+    pos = _int_query("ds4lab_pos", "``ds4_session_pos``: tokens in the session so far.")
 
     def argmax(self) -> int:
         """``ds4_session_argmax`` of the last logits."""

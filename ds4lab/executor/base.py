@@ -35,6 +35,16 @@ class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here (no CuPy, no usable GPU); the message says which."""
 
 
+def check_all_reduce(send, recv, op: str) -> None:
+    """The all-reduce ds4lab's collectives make (NCCL's ``ncclAllReduce`` on the GPU, the sim's model of
+    it): ``op`` ``sum`` over float32 buffers of one size. Raises ValueError naming what differs."""
+    if op != "sum":
+        raise ValueError(f"all_reduce: op={op!r}; ds4lab's collectives use ncclSum")
+    if np.dtype(send.dtype) != np.float32 or np.dtype(recv.dtype) != np.float32 or send.size != recv.size:
+        raise ValueError(f"all_reduce: float32 buffers of one size, got {send.dtype}[{send.size}] → "
+                         f"{recv.dtype}[{recv.size}]")
+
+
 class Executor(abc.ABC):
     """Runs a decode token. Arrays are the backend's own (``numpy``/``cupy``/sim arena views).
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from ..capture.stream import LEGACY_STREAM
 from ..errors import CollectiveError, CudaError
+from ..executor.base import check_all_reduce
 from .backend import SimBackend
 from .costmodel import Calibration
 from .objects import SimStream
@@ -280,11 +281,7 @@ class SimComm:
             CudaError: a stream of another device; legacy_implicit; after_invalidation.
         """
         call = "ncclAllReduce"
-        if op != "sum":
-            raise ValueError(f"all_reduce: op={op!r}; the sim models ncclSum")
-        if np.dtype(send.dtype) != np.float32 or np.dtype(recv.dtype) != np.float32 or send.size != recv.size:
-            raise ValueError(f"all_reduce: float32 buffers of one size, got {send.dtype}[{send.size}] → "
-                             f"{recv.dtype}[{recv.size}]")
+        check_all_reduce(send, recv, op)
         be, rt = self.be, self.be.rt
         sig = ("allreduce", op, "float32", int(send.size))
         dur = self.group.node.link.allreduce_us(int(send.nbytes), self.world)

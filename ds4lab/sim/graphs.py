@@ -270,18 +270,24 @@ class Graphs:
         self.rt._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
         return True
 
+    def _exec_stream(self, ge: GraphExec, stream: Any, call: str, what: str):
+        """The stream ``call`` puts ``ge`` on (a use of the legacy stream recorded). Raises
+        cudaErrorInvalidValue when ``ge`` is not ``what`` (destroyed, or not an executable)."""
+        if not isinstance(ge, GraphExec) or ge.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not {what}")
+        s = self.rt._stream(stream, call)
+        if s is self.rt.legacy and self.rt.live:
+            self.rt._legacy_use(call)
+        return s
+
     def upload(self, ge: GraphExec, stream: Any) -> None:
         """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
 
         Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture).
         """
         call = "cudaGraphUpload"
-        if not isinstance(ge, GraphExec) or ge.destroyed:
-            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not a live executable graph")
         with self.rt.lock:
-            s = self.rt._stream(stream, call)
-            if s is self.rt.legacy and self.rt.live:
-                self.rt._legacy_use(call)
+            s = self._exec_stream(ge, stream, call, "a live executable graph")
             if self._launch_checks(ge, s, call, "graph_upload_in_capture"):
                 return
             self.rt.dev.host(self.rt.cal.host_api_us)
@@ -316,12 +322,9 @@ class Graphs:
         graph_launch_unfreed), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture).
         """
         call = "cudaGraphLaunch"
-        if not isinstance(ge, GraphExec) or ge.destroyed:
-            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not an instantiated sim graph")
         with self.rt.lock:
-            s = self.rt._stream(stream, call)
+            s = self._exec_stream(ge, stream, call, "an instantiated sim graph")
             if s is self.rt.legacy and self.rt.live:
-                self.rt._legacy_use(call)
                 self.rt.escapes.append((call, f"graph {ge.graph.id}"))
             if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
                 return

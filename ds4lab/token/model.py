@@ -345,13 +345,15 @@ class DecodeModel:
                 (" (per_layer_experts=True allocates one routed bank per layer; use the shared bank)"
                  if self.cfg.per_layer_experts else ""))
 
-    def _alloc_weights(self) -> None:
-        cfg, be = self.cfg, self.be
-        self.layers = [{k: be.make_weight(s) for k, s in
+    def _alloc_weights(self, cfg: ModelConfig | None = None) -> None:
+        """The weights of ``cfg`` (default the model's; a tensor-parallel rank passes the whole model's),
+        each made by :meth:`_layer_weight` and :meth:`_bank_weight` (a rank takes its share there)."""
+        cfg, be = cfg or self.cfg, self.be
+        self.layers = [{k: self._layer_weight(k, s) for k, s in
                         {**W.layer_specs(cfg, l), **W.compress_specs(cfg, l)}.items()}
                        for l in range(self.n_layers)]
         banks = sorted({W.bank_of_layer(cfg, l) for l in range(self.n_layers)})
-        self.banks = {b: {k: be.make_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
+        self.banks = {b: {k: self._bank_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
         #: The IQ2_XXS grid on the device (the gate/up kernels stage it), or None for other expert formats.
         self.expert_grid = be.from_host(W.IQ2XXS_GRID) if "iq2_xxs" in cfg.expert_formats else None
         g = W.global_specs(cfg)
@@ -359,6 +361,12 @@ class DecodeModel:
         self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
         self.embed_key = W.tensor_key(cfg.seed, "embed")
         self.hash_keys = [W.tensor_key(cfg.seed, f"hash_route@{l}") for l in range(self.n_layers)]
+
+    def _layer_weight(self, key: str, spec):
+        return self.be.make_weight(spec)
+
+    def _bank_weight(self, spec):
+        return self.be.make_weight(spec)
 
     def _alloc_buffers(self) -> None:
         cfg, be = self.cfg, self.be

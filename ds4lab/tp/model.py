@@ -104,35 +104,18 @@ class TPRankModel(DecodeModel):
         super().__init__(plan.local_config(), backend, opts, nvtx=nvtx, n_layers=n_layers)
 
     # ------------------------------------------------------------------ weights and buffers
-    def _alloc_weights(self) -> None:
-        cfg, be, p = self.full_cfg, self.be, self.plan
-        xp = be.xp
-        self.layers = []
-        for layer in range(self.n_layers):
-            w = {}
-            for k, spec in {**W.layer_specs(cfg, layer), **W.compress_specs(cfg, layer)}.items():
-                t = be.make_weight(spec)
-                if k == "q_b":
-                    t = row_slice(t, p.q_b_rows(), xp)
-                elif k == "o_a":
-                    t = row_slice(t, p.o_a_rows(), xp)
-                elif k == "o_b":
-                    t = col_slice(t, p.o_b_cols(), xp)
-                elif k == "sh_gateup":
-                    t = row_slice(t, p.sh_gateup_rows(), xp)
-                elif k == "sh_down":
-                    t = col_slice(t, p.sh_down_cols(), xp)
-                w[k] = t
-            self.layers.append(w)
-        banks = sorted({W.bank_of_layer(cfg, layer) for layer in range(self.n_layers)})
-        self.banks = {b: {k: expert_slice(be.make_weight(s), p, is_gpu=be.is_gpu) for k, s in W.bank_specs(cfg, b).items()}
-                      for b in banks}
-        self.expert_grid = be.from_host(W.IQ2XXS_GRID) if "iq2_xxs" in cfg.expert_formats else None
-        g = W.global_specs(cfg)
-        self.out_norm = be.make_weight(g["out_norm"])
-        self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
-        self.embed_key = W.tensor_key(cfg.seed, "embed")
-        self.hash_keys = [W.tensor_key(cfg.seed, f"hash_route@{layer}") for layer in range(self.n_layers)]
+    def _alloc_weights(self, cfg=None) -> None:
+        super()._alloc_weights(self.full_cfg)  # the whole model's weights, each cut to this rank's share
+
+    def _layer_weight(self, key: str, spec):
+        cut = {"q_b": (row_slice, self.plan.q_b_rows), "o_a": (row_slice, self.plan.o_a_rows),
+               "o_b": (col_slice, self.plan.o_b_cols), "sh_gateup": (row_slice, self.plan.sh_gateup_rows),
+               "sh_down": (col_slice, self.plan.sh_down_cols)}.get(key)
+        t = self.be.make_weight(spec)
+        return cut[0](t, cut[1](), self.be.xp) if cut else t
+
+    def _bank_weight(self, spec):
+        return expert_slice(self.be.make_weight(spec), self.plan, is_gpu=self.be.is_gpu)
 
     def _alloc_buffers(self) -> None:
         super()._alloc_buffers()

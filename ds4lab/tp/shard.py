@@ -30,6 +30,16 @@ from ..token.config import Q8_0_BLOCK, ConfigError, ModelConfig
 from ..token.weights import QTensor
 
 
+def _share_of(field: str, doc: str) -> property:
+    """A rank's equal share of the model's ``field`` (heads, groups, FFN rows, experts) as a range."""
+
+    def share(self) -> range:
+        k = getattr(self.cfg, field) // self.world
+        return range(self.rank * k, (self.rank + 1) * k)
+
+    return property(share, doc=doc)
+
+
 @dataclass(frozen=True)
 class ShardPlan:
     """Rank ``rank``'s share of the model ``cfg`` split over ``world`` ranks (see module docstring).
@@ -72,29 +82,10 @@ class ShardPlan:
             raise ConfigError(f"{cfg.name}: expert_format={cfg.expert_format!r}: the tensor-parallel token follows ds4's "
                               "routed MoE (expert formats iq2_xxs+q2_k or q4_k)")
 
-    def _share(self, n: int) -> range:
-        k = n // self.world
-        return range(self.rank * k, (self.rank + 1) * k)
-
-    @property
-    def heads(self) -> range:
-        """The rank's attention heads (a range of the single-GPU model's)."""
-        return self._share(self.cfg.n_heads)
-
-    @property
-    def groups(self) -> range:
-        """The rank's output groups (a range of the single-GPU model's)."""
-        return self._share(self.cfg.out_groups)
-
-    @property
-    def ffn(self) -> range:
-        """The rank's shared-expert FFN rows (a range of the single-GPU model's)."""
-        return self._share(self.cfg.expert_ffn)
-
-    @property
-    def experts(self) -> range:
-        """The rank's routed experts (a range of the single-GPU model's)."""
-        return self._share(self.cfg.n_experts)
+    heads = _share_of("n_heads", "The rank's attention heads (a range of the single-GPU model's).")
+    groups = _share_of("out_groups", "The rank's output groups (a range of the single-GPU model's).")
+    ffn = _share_of("expert_ffn", "The rank's shared-expert FFN rows (a range of the single-GPU model's).")
+    experts = _share_of("n_experts", "The rank's routed experts (a range of the single-GPU model's).")
 
     def owner_of_expert(self, e: int) -> int:
         """The rank that holds routed expert ``e``."""
