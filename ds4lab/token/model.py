@@ -500,21 +500,28 @@ class DecodeModel:
         L.census.token_done()
 
     def _token_body(self, ts: ops.TokenScalars) -> None:
-        L, cfg = self.L, self.cfg
-        with L.cluster("embed"):
-            ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
+        L = self.L
+        self._embed(ts)
         for layer in range(self.n_layers):
             L.layer = layer
             with L.range("layer", "layer", layer):
                 self._layer(layer, ts)
+        self._final()
+        if self.opts.sync_in_body:
+            self.be.synchronize()
+
+    def _embed(self, ts) -> None:
+        with self.L.cluster("embed"):
+            ops.embed_token(self.L, "embed", self.h, self.cfg, self.embed_key, ts)
+
+    def _final(self) -> None:
+        L, cfg = self.L, self.cfg
         L.layer = -1
         if self.opts.vocab:
             with L.cluster("final"):
                 ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
                               cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
                 ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
-        if self.opts.sync_in_body:
-            self.be.synchronize()
 
     # ------------------------------------------------------------------ clusters and host decisions
     def run_cluster(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple = ()) -> None:

@@ -172,19 +172,6 @@ class TPRankModel(DecodeModel):
         out.append(("launch", cur))
         return out
 
-    def _embed(self, ts) -> None:
-        with self.L.cluster("embed"):
-            ops.embed_token(self.L, "embed", self.h, self.cfg, self.embed_key, ts)
-
-    def _final(self) -> None:
-        L, cfg = self.L, self.cfg
-        L.layer = -1
-        if self.opts.vocab:
-            with L.cluster("final"):
-                ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
-                              cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
-                ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
-
     def _part_pre(self, layer: int, ts) -> None:
         self.L.layer = layer
         w = self.layers[layer]
