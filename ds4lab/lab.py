@@ -1,12 +1,10 @@
-"""The workbench in one object, for notebooks: ``lab = ds4lab.Lab(backend="sim")``, then one method per
-experiment (``lab.ladder()``, ``lab.context()``, ``lab.moe()``, ``lab.exclusion()``, ``lab.hazards()``,
-``lab.trace()``, ``lab.audit()``, ``lab.ds4()``, ...), each running its job as ``ds4lab <command>``
-does (:func:`ds4lab.jobs.execute`) and returning its :class:`~ds4lab.jobs.result.JobResult`: its
-tables (``result.table()``), its figure (``result.figure()``, a matplotlib figure a cell shows), its
-``meta`` and the files it wrote. A method's keywords are its job config's fields, with that config's
-defaults (shown by ``help(lab.ladder)`` and tab completion); the lab's own preset and result folder fill
-the ones not given.
-"""
+"""The workbench in one object, for notebooks: ``lab = ds4lab.Lab(backend="sim")``, then one method per experiment
+(``lab.ladder()``, ``lab.context()``, ``lab.moe()``, ``lab.exclusion()``, ``lab.hazards()``, ``lab.trace()``,
+``lab.audit()``, ``lab.ds4()``, ...), each running its job as ``ds4lab <command>`` does
+(:func:`ds4lab.jobs.execute`) and returning its :class:`~ds4lab.jobs.result.JobResult`: its tables
+(``result.table()``), its figure (``result.figure()``, a matplotlib figure a cell shows), its ``meta`` and the files
+it wrote. A method's keywords are its job config's fields, with that config's defaults (shown by
+``help(lab.ladder)`` and tab completion); the lab's own preset and result folder fill the ones not given."""
 
 from __future__ import annotations
 
@@ -34,9 +32,9 @@ from .jobs.result import JobResult
 
 
 def _runs(job: str, config):
-    """Make a :class:`Lab` method run ``job`` with ``config``'s fields as its keywords (its signature is
-    the config's, defaults included: one source of defaults); the method's own body may fill or check
-    options before (it returns them) and its docstring says what the job does."""
+    """Make a :class:`Lab` method run ``job`` with ``config``'s fields as its keywords (its signature is the config's,
+    defaults included: one source of defaults); the method's own body may fill or check options before (it returns
+    them) and its docstring says what the job does."""
 
     def wrap(method):
         fields = {f.name for f in dataclasses.fields(config)}
@@ -72,15 +70,14 @@ class Lab:
     """The workbench for notebooks (module docstring).
 
     Args:
-        backend: ``auto`` (the GPU where one is usable, else the sim), ``cupy``, ``sim`` (every figure
-            MODELED) or ``numpy`` where a job takes it.
-        preset: the model of every method that takes one and is not given one (None: each job's
-            default, :data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
+        backend: ``auto`` (the GPU where one is usable, else the sim), ``cupy``, ``sim`` (every figure MODELED) or
+            ``numpy`` where a job takes it.
+        preset: the model of every method that takes one and is not given one (None: each job's default,
+            :data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
         out: the folder each method writes into, as ``out/<job>`` (None: each job's default folder,
             ``results/<job>-<what it ran>``).
         seed: the weight seed.
-        console: a rich console for the jobs' lines (None: :func:`ds4lab.progress.make_console`).
-    """
+        console: a rich console for the jobs' lines (None: :func:`ds4lab.progress.make_console`)."""
 
     #: What :meth:`trace` raises where no kernel timeline can be recorded (a GPU without CUPTI).
     TraceError = TraceError
@@ -104,41 +101,41 @@ class Lab:
     # ------------------------------------------------------------------------- the capture stages
     @_runs("ladder", LadderConfig)
     def ladder(self, **options):
-        """The capture stages at one position: every stage bit for bit against stage 0, then µs per token
-        in interleaved rounds, with launches, graph-cache counts and the floors (``ds4lab ladder``).
-        Table and figure ``ladder``."""
+        """The capture stages at one position: every stage bit for bit against stage 0, then µs per token in
+        interleaved rounds, with launches, graph-cache counts and the floors (``ds4lab ladder``). Table and figure
+        ``ladder``."""
 
     @_runs("context", ContextConfig)
     def context(self, **options):
-        """The capture stages across context length on the long-context token (``ds4lab context``).
-        Table and figure ``context``."""
+        """The capture stages across context length on the long-context token (``ds4lab context``). Table and figure
+        ``context``."""
 
     @_runs("hazards", HazardsConfig)
     def hazards(self, **options):
-        """A ds4-today path (or a set: ``all``, ``all-longctx``, ``all-tp``) inside the stage it breaks:
-        what capture does with it, against the same path eager (``ds4lab hazards``). Table ``hazards``;
-        the rows as dicts in ``value``."""
+        """A ds4-today path (or a set: ``all``, ``all-longctx``, ``all-tp``) inside the stage it breaks: what capture
+        does with it, against the same path eager (``ds4lab hazards``). Table ``hazards``; the rows as dicts in
+        ``value``."""
 
     @_runs("trace", TraceConfig)
     def trace(self, **options):
-        """One decode token per stage as a Chrome/Perfetto trace, CUPTI's records or the sim's modeled
-        schedule (``ds4lab trace``). Tables ``trace_kernels``, ``trace_nvtx``, ``trace_api``; figure
-        ``trace``; ``trace.json`` among its files (``lab.audit(files=...)`` reads it)."""
+        """One decode token per stage as a Chrome/Perfetto trace, CUPTI's records or the sim's modeled schedule
+        (``ds4lab trace``). Tables ``trace_kernels``, ``trace_nvtx``, ``trace_api``; figure ``trace``;
+        ``trace.json`` among its files (``lab.audit(files=...)`` reads it)."""
 
     @_runs("run", RunConfig)
     def run(self, **options):
-        """Eager decode tokens: the reference check, µs per token, the launch census, memory, the bytes
-        floor (``ds4lab run``). Tables ``census`` and ``results``."""
+        """Eager decode tokens: the reference check, µs per token, the launch census, memory, the bytes floor (``ds4lab
+        run``). Tables ``census`` and ``results``."""
         options.setdefault("backend", self.backend)
         return options
 
     # ------------------------------------------------------------------------- the routed MoE
     @_runs("moe", MoeConfig)
     def moe(self, **options):
-        """The routed-MoE profiler: ds4's seven stages timed in the modes capture allows, per token count
-        and routing (``ds4lab moe``). Tables ``moe`` and ``summary``; figures ``moe-stages`` and more.
-        ``tokens_per_step``, ``routings`` and ``modes`` may be text (``"1,2,64"``, ``"all"``:
-        :func:`ds4lab.jobs.moe.text_options`; counts above the preset's ``max_tokens`` left out, said)."""
+        """The routed-MoE profiler: ds4's seven stages timed in the modes capture allows, per token count and routing
+        (``ds4lab moe``). Tables ``moe`` and ``summary``; figures ``moe-stages`` and more. ``tokens_per_step``,
+        ``routings`` and ``modes`` may be text (``"1,2,64"``, ``"all"``: :func:`ds4lab.jobs.moe.text_options`;
+        counts above the preset's ``max_tokens`` left out, said)."""
         if any(isinstance(options.get(k), str) for k in ("tokens_per_step", "routings", "modes")):
             from .jobs.moe import text_options
 
@@ -151,25 +148,25 @@ class Lab:
 
     @_runs("exclusion", ExclusionConfig)
     def exclusion(self, **options):
-        """The profiling × capture matrix: every profiling mode in every regime of the call it profiles,
-        computed by running each (``ds4lab exclusion``). Table and figure ``exclusion``."""
+        """The profiling × capture matrix: every profiling mode in every regime of the call it profiles, computed by
+        running each (``ds4lab exclusion``). Table and figure ``exclusion``."""
 
     # ------------------------------------------------------------------------- any engine, ds4 itself
     @_runs("audit", AuditConfig)
     def audit(self, engine: str | None = None, cache: str = "dynamic", **options):
-        """What capture would refuse, break or miss in a traced decode step (``ds4lab audit``): ``files``
-        (a trace of any engine: Nsight Systems, Kineto, ds4lab's own) or, without them, ``engine``
-        (``llama`` by default) with ``cache`` recorded live on a GPU, else its recording bundled with
-        ds4lab (:func:`ds4lab.audit.engines.audit_source`). The reports in ``value``; tables and figures
-        per source."""
+        """What capture would refuse, break or miss in a traced decode step (``ds4lab audit``): ``files`` (a trace of
+        any engine: Nsight Systems, Kineto, ds4lab's own) or, without them, ``engine`` (``llama`` by default) with
+        ``cache`` recorded live on a GPU, else its recording bundled with ds4lab
+        (:func:`ds4lab.audit.engines.audit_source`). The reports in ``value``; tables and figures per source.
+        """
         if not options.get("files") and not options.get("program"):
             options["files"] = (str(self.engine(engine or "llama", cache).trace),)
         return options
 
     @_runs("ds4", Ds4JobConfig)
     def ds4(self, **options):
-        """ds4 itself: built from ``source`` (a checkout), its decode token run on a Flash-shaped synthetic
-        model per configuration and context, recorded with CUPTI where asked (``ds4lab ds4``; a GPU)."""
+        """ds4 itself: built from ``source`` (a checkout), its decode token run on a Flash-shaped synthetic model per
+        configuration and context, recorded with CUPTI where asked (``ds4lab ds4``; a GPU)."""
 
     @_runs("calibrate", CalibrateConfig)
     def calibrate(self, **options):
@@ -192,8 +189,8 @@ class Lab:
 
     @_runs("tp", TPConfig)
     def tp(self, **options):
-        """Tensor parallelism on two devices: ``command`` ``token``, ``ladder`` or ``trace``
-        (``ds4lab tp``); the sim's two devices unless the lab's backend is the GPU."""
+        """Tensor parallelism on two devices: ``command`` ``token``, ``ladder`` or ``trace`` (``ds4lab tp``); the sim's
+        two devices unless the lab's backend is the GPU."""
         if "backend" not in options:
             options["backend"] = "cupy" if self.on_gpu else "sim"
         return options
@@ -215,8 +212,8 @@ class Lab:
         return self.preset or (gpu if self.on_gpu or cpu is None else cpu)
 
     def token(self, position: int = 1000, preset: str | None = None):
-        """One decode token of ``preset`` (default: the ladder's) on the lab's backend, timing-only: its
-        launch census by kind and cluster, and ``ranges(layer)``, the NVTX nesting of a layer
+        """One decode token of ``preset`` (default: the ladder's) on the lab's backend, timing-only: its launch census
+        by kind and cluster, and ``ranges(layer)``, the NVTX nesting of a layer
         (:class:`ds4lab.experiments.launch_list.OneToken`)."""
         from .experiments.launch_list import one_token
         from .jobs.common import open_backend
@@ -230,8 +227,8 @@ class Lab:
     @staticmethod
     def timeline(trace: JobResult, first_layers: int = 2):
         """A ``trace`` result's tokens on one timeline (:func:`ds4lab.report.plots.trace_figure`), its first
-        ``first_layers`` layers: a dropdown of them in JupyterLab (:func:`ds4lab.report.widgets.choose`).
-        Raises ValueError for a layer count the preset does not have."""
+        ``first_layers`` layers: a dropdown of them in JupyterLab (:func:`ds4lab.report.widgets.choose`). Raises
+        ValueError for a layer count the preset does not have."""
         from functools import partial
 
         from .report import plots, widgets
@@ -251,8 +248,8 @@ class Lab:
     @staticmethod
     def moe_distribution(moe: JobResult, routing: str | None = None):
         """Each stage's µs per call across layers and steps for one routing of a ``moe`` result
-        (:func:`ds4lab.report.plots.moe_stage_distribution_figure`; default the first profiled), a dropdown
-        of the routings in JupyterLab."""
+        (:func:`ds4lab.report.plots.moe_stage_distribution_figure`; default the first profiled), a dropdown of the
+        routings in JupyterLab."""
         from functools import partial
 
         from .report import plots, widgets
@@ -263,9 +260,9 @@ class Lab:
 
     @staticmethod
     def whatif(layers=(4, 8, 16, 43), launch_us=(2.0, 5.0, 9.4, 15.0), tokens_per_step=(1, 2, 3, 16, 64, 512)):
-        """The modeled what-if sweeps on the timing-only sim (:mod:`ds4lab.experiments.whatif`: stage 3 against
-        stage 0 over layers and host µs per launch, a captured routed-MoE call over tokens per step), every
-        number MODELED. A result without a folder: tables ``layers``, ``launch``, ``tokens``; figure ``whatif``."""
+        """The modeled what-if sweeps on the timing-only sim (:mod:`ds4lab.experiments.whatif`: stage 3 against stage 0
+        over layers and host µs per launch, a captured routed-MoE call over tokens per step), every number MODELED.
+        A result without a folder: tables ``layers``, ``launch``, ``tokens``; figure ``whatif``."""
         from .experiments import whatif
         from .jobs.result import no_folder
         from .report import plots
@@ -279,8 +276,8 @@ class Lab:
         return o.done()
 
     def launch_scan(self, preset: str | None = None):
-        """Where the long-context token's launch list changes with the position, counted on a timing-only
-        sim (:func:`ds4lab.experiments.launch_list.scan`; default preset: the context ladder's)."""
+        """Where the long-context token's launch list changes with the position, counted on a timing-only sim
+        (:func:`ds4lab.experiments.launch_list.scan`; default preset: the context ladder's)."""
         from .experiments.launch_list import scan
 
         return scan(preset or self.preset_for("context"))
@@ -295,9 +292,9 @@ class Lab:
 
     @staticmethod
     def regime_change(scan, change: int | None = None):
-        """What stage 3 keys its graphs on at the last token before a launch-shape change of a
-        :meth:`launch_scan` and the first after it (``change``: the n_comp of its last token; default the
-        first), a dropdown of the changes in JupyterLab; a sentence where there is none."""
+        """What stage 3 keys its graphs on at the last token before a launch-shape change of a :meth:`launch_scan` and
+        the first after it (``change``: the n_comp of its last token; default the first), a dropdown of the changes
+        in JupyterLab; a sentence where there is none."""
         from .report import widgets
 
         changes = scan.visible_changes()
@@ -308,8 +305,8 @@ class Lab:
 
     @staticmethod
     def context_graphs(context: JobResult):
-        """How many graphs each stage of a ``context`` result captured by context, with stage 3c's µs over
-        stage 3's (:func:`ds4lab.report.views.context_graphs`)."""
+        """How many graphs each stage of a ``context`` result captured by context, with stage 3c's µs over stage 3's
+        (:func:`ds4lab.report.views.context_graphs`)."""
         from .report.views import context_graphs
 
         return context_graphs(context.out)
@@ -332,10 +329,10 @@ class Lab:
         return capture_stages(Path(folder)), f"{label(read_meta(Path(folder)))} ({folder})"
 
     def engine(self, engine: str = "llama", cache: str = "dynamic", trace=None):
-        """The trace an audit of ``engine`` reads (:func:`ds4lab.audit.engines.audit_source`): ``trace`` when
-        given; else ``engine`` with a ``cache`` cache recorded live where the lab's backend is a GPU torch
-        sees (into ``<out>/engine``), or the recording bundled with ds4lab. Its ``note`` says which;
-        its ``torch_run`` what ``torch.cuda.graph`` did with the step, where known."""
+        """The trace an audit of ``engine`` reads (:func:`ds4lab.audit.engines.audit_source`): ``trace`` when given;
+        else ``engine`` with a ``cache`` cache recorded live where the lab's backend is a GPU torch sees (into
+        ``<out>/engine``), or the recording bundled with ds4lab. Its ``note`` says which; its ``torch_run`` what
+        ``torch.cuda.graph`` did with the step, where known."""
         from .audit.engines import audit_source
 
         return audit_source(self.backend, engine, cache, trace, record_into=(self.out or Path("results")) / "engine")
@@ -350,9 +347,9 @@ class Lab:
 
     @staticmethod
     def against_torch(report, source):
-        """An audit report beside what ``torch.cuda.graph`` did with the same step (:meth:`engine`'s
-        ``source``; :func:`ds4lab.audit.validate.against_torch`) as a Series; a sentence for a trace of your
-        own (no outcome to compare with)."""
+        """An audit report beside what ``torch.cuda.graph`` did with the same step (:meth:`engine`'s ``source``;
+        :func:`ds4lab.audit.validate.against_torch`) as a Series; a sentence for a trace of your own (no outcome to
+        compare with)."""
         import pandas as pd
 
         from .audit.validate import against_torch
@@ -364,17 +361,17 @@ class Lab:
 
     @staticmethod
     def beside_ds4(folder=None):
-        """ds4 itself beside ds4lab's rebuild (:class:`ds4lab.ds4.vs_rebuild.Beside`): the capture ladders,
-        launches, host µs per launch, what islands buy, kernels by kind, from a ``ds4lab ds4`` folder
-        (None: the rebuild's side alone). Raises ValueError for a folder that is not one."""
+        """ds4 itself beside ds4lab's rebuild (:class:`ds4lab.ds4.vs_rebuild.Beside`): the capture ladders, launches,
+        host µs per launch, what islands buy, kernels by kind, from a ``ds4lab ds4`` folder (None: the rebuild's
+        side alone). Raises ValueError for a folder that is not one."""
         from .ds4.vs_rebuild import Beside, read_ds4
 
         return Beside(read_ds4(folder) if folder is not None else None)
 
     @staticmethod
     def contexts(text, preset: str, name: str = "contexts") -> tuple:
-        """``"1024,4096"`` → ``(1024, 4096)``, each within ``preset``'s longest context (long context on).
-        Raises BadInput naming ``name`` and the value."""
+        """``"1024,4096"`` → ``(1024, 4096)``, each within ``preset``'s longest context (long context on). Raises
+        BadInput naming ``name`` and the value."""
         from .errors import BadInput
         from .jobs.context import parse_contexts
         from .token.config import get_preset
@@ -391,11 +388,10 @@ class Lab:
     @staticmethod
     def host_whatif(contexts=(1024,), host_us=3.2, preset: str = "ds4-flash", stages: str = "0,i,3,3c",
                     tokens: int = 8):
-        """ds4lab's ``preset`` token on the timing-only sim with its eager launches priced at the shipped
-        calibration's host cost and at ``host_us`` per launch (a C program's: 3.0–3.3 µs on the H200), every
-        figure MODELED (:func:`ds4lab.calibration.from_ds4.host_whatif`). A result without a folder: table
-        ``host_whatif``, figure ``host-whatif``. Raises BadInput for a host cost that is not a number in
-        (0, 1000) µs."""
+        """ds4lab's ``preset`` token on the timing-only sim with its eager launches priced at the shipped calibration's
+        host cost and at ``host_us`` per launch (a C program's: 3.0–3.3 µs on the H200), every figure MODELED
+        (:func:`ds4lab.calibration.from_ds4.host_whatif`). A result without a folder: table ``host_whatif``, figure
+        ``host-whatif``. Raises BadInput for a host cost that is not a number in (0, 1000) µs."""
         from .calibration.from_ds4 import host_whatif, host_whatif_figure
         from .errors import BadInput
         from .jobs.result import no_folder
@@ -411,8 +407,8 @@ class Lab:
 
     @staticmethod
     def save(figure, stem, formats=("png", "svg", "pdf")):
-        """Write ``figure`` as ``stem.png`` (and ``formats``; :func:`ds4lab.report.plots.save`: whole files,
-        the figure closed in pyplot) and return it, so a cell shows it once; None passes through."""
+        """Write ``figure`` as ``stem.png`` (and ``formats``; :func:`ds4lab.report.plots.save`: whole files, the figure
+        closed in pyplot) and return it, so a cell shows it once; None passes through."""
         from .report import plots
 
         if figure is not None:

@@ -1,11 +1,10 @@
 """The audit's one table of its own: which *call class* a trace's API row is.
 
-A call class names what a call does to a capture as far as the rules can tell it apart: the API,
-and what the row says about it — the stream it names (the capture stream, the legacy stream or
-another one), a copy's direction and host memory, whether the event it names was recorded inside
-the token on a captured stream or before, whether another thread made it. Each class has a probe
-(:mod:`ds4lab.audit.probes`) that makes that call on the simulated runtime while a stream captures;
-the verdict is what the sim's rules (:mod:`ds4lab.sim.rules`) do with it, never this table.
+A call class names what a call does to a capture as far as the rules can tell it apart: the API, and what the row says
+about it — the stream it names (the capture stream, the legacy stream or another one), a copy's direction and host
+memory, whether the event it names was recorded inside the token on a captured stream or before, whether another thread
+made it. Each class has a probe (:mod:`ds4lab.audit.probes`) that makes that call on the simulated runtime while a
+stream captures; the verdict is what the sim's rules (:mod:`ds4lab.sim.rules`) do with it, never this table.
 
 How a row becomes a class (:func:`classify`, in call order within one token):
 
@@ -44,11 +43,10 @@ kernel launches (``cudaLaunchKernel``,     ``kernel@{capture|legacy|other}``
 anything else                              ``None``: **no rule** (reported, never allowed silently)
 =========================================  =================================================================
 
-``@capture``: the row's stream is the capture stream or a stream that joined the capture in this
-token (through ``cudaStreamWaitEvent`` on an event recorded on a captured stream); a stream the
-source does not give is taken as the capture stream (said in the report). ``@legacy``: the legacy
-stream, when it is not the capture stream. ``@other``: any other stream.
-"""
+``@capture``: the row's stream is the capture stream or a stream that joined the capture in this token (through
+``cudaStreamWaitEvent`` on an event recorded on a captured stream); a stream the source does not give is taken as the
+capture stream (said in the report). ``@legacy``: the legacy stream, when it is not the capture stream. ``@other``: any
+other stream."""
 
 from __future__ import annotations
 
@@ -118,15 +116,15 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA
 
 @functools.lru_cache(maxsize=4096)
 def is_launch(name: str) -> bool:
-    """Whether API ``name`` issues device work a trace pairs with a device row by correlation
-    (a kernel launch, a graph launch, a memcpy or a memset)."""
+    """Whether API ``name`` issues device work a trace pairs with a device row by correlation (a kernel launch, a graph
+    launch, a memcpy or a memset)."""
     n = api_base_name(name)
     return n in KERNEL_LAUNCH_CALLS or n in GRAPH_LAUNCH_CALLS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
 
 
 def copy_direction(name: str, copy_kind: str) -> str:
-    """``h2d``, ``d2h``, ``d2d``, ``h2h`` or ``unknown``: from the device row's copy kind when the trace
-    has it, else from the API name (``cuMemcpyHtoDAsync``)."""
+    """``h2d``, ``d2h``, ``d2d``, ``h2h`` or ``unknown``: from the device row's copy kind when the trace has it, else
+    from the API name (``cuMemcpyHtoDAsync``)."""
     if copy_kind in _DIRECTIONS:
         return _DIRECTIONS[copy_kind]
     for k, v in _DIRECTIONS.items():
@@ -145,10 +143,8 @@ class TokenContext:
         main_tid: the thread that launches the token's work.
         joined: streams in the capture (the capture stream, and streams that joined it).
         in_token_events: event ids recorded in this token on a captured stream.
-        recorded_here: whether any event was recorded on a captured stream so far (for rows without
-            an event id).
-        assumptions: sentences on what was taken where the trace is silent (shown in the report).
-    """
+        recorded_here: whether any event was recorded on a captured stream so far (for rows without an event id).
+        assumptions: sentences on what was taken where the trace is silent (shown in the report)."""
 
     capture: int
     legacy: frozenset
@@ -181,8 +177,8 @@ class TokenContext:
 
 def classify(name: str, stream: int, tid: int, event: int, copy_kind: str, host_memory: str,
              ctx: TokenContext) -> str | None:
-    """The call class of one API row (module docstring's table), updating ``ctx`` (joined streams,
-    events recorded in the token). None: an API no rule covers."""
+    """The call class of one API row (module docstring's table), updating ``ctx`` (joined streams, events recorded in
+    the token). None: an API no rule covers."""
     n = api_base_name(name)
     key = _classify(n, name, stream, event, copy_kind, host_memory, ctx)
     if key in UNSAFE_CLASSES and tid >= 0 and tid != ctx.main_tid:

@@ -25,11 +25,10 @@ _RUN_OPTIONS = default(RunConfig, "options")
 
 class _Group(click.Group):
     """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does
-    (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does
-    not report itself is reported here with its exit status (130, 143, 129), not click's
-    "Aborted!" with status 1. An output closed under any command that prints (``ds4lab presets |
-    head -1``; the jobs' console has its own handling) exits 141 silently, as a process ended by
-    SIGPIPE, not with click's status 1."""
+    (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does not report itself
+    is reported here with its exit status (130, 143, 129), not click's "Aborted!" with status 1. An output closed
+    under any command that prints (``ds4lab presets | head -1``; the jobs' console has its own handling) exits 141
+    silently, as a process ended by SIGPIPE, not with click's status 1."""
 
     def make_context(self, *args, **kwargs):  # --help and --version print here
         try:
@@ -102,9 +101,8 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
         moe_profile, per_layer_experts, check, timing_only, force, seed) -> None:
     """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor.
 
-    Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable
-    --out (nothing run), 130 interrupted (results so far kept; meta.json says how far it got).
-    """
+    Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable --out (nothing run),
+    130 interrupted (results so far kept; meta.json says how far it got)."""
     rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
                    start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
                    seed=seed, timing_only=timing_only, force=force,
@@ -180,8 +178,8 @@ def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, 
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/hazards-<hazard>-<preset>-<backend>.")
 def hazards(hazard, backend, preset, mode, out) -> None:
-    """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and
-    its eager fallback, or a replay that goes wrong (first differing tensor named)."""
+    """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and its eager
+    fallback, or a replay that goes wrong (first differing tensor named)."""
     _hazards(hazard, preset, mode, out, backend)
 
 
@@ -266,8 +264,8 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/context-<preset>-<backend>.")
 def context(backend, preset, stages, contexts, span, tokens, warmup, repeats, mode, out) -> None:
-    """The stage ladder across context length, on the long-context token: µs per token per stage and
-    context, launches, graphs captured so far, exactness across emit and top-k regime boundaries."""
+    """The stage ladder across context length, on the long-context token: µs per token per stage and context, launches,
+    graphs captured so far, exactness across emit and top-k regime boundaries."""
     invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
                                     warmup=warmup, mode=mode, out=out, rounds=repeats), backend)
 

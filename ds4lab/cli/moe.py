@@ -1,6 +1,6 @@
-"""The ``ds4lab moe`` (routed-MoE profiler) and ``ds4lab exclusion`` (profiling × capture matrix)
-commands: options parsed here, the work in :mod:`ds4lab.jobs.moe` and :mod:`ds4lab.jobs.exclusion`.
-:func:`register` adds both to the ``ds4lab`` click group."""
+"""The ``ds4lab moe`` (routed-MoE profiler) and ``ds4lab exclusion`` (profiling × capture matrix) commands: options
+parsed here, the work in :mod:`ds4lab.jobs.moe` and :mod:`ds4lab.jobs.exclusion`. :func:`register` adds both to the
+``ds4lab`` click group."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """The jobs: one module per ``ds4lab`` command that measures or models something.
 
-Each job module has a typed config dataclass, a ``run(config, backend, console) -> result``
-function that does the work inside :func:`ds4lab.report.results.job_folder` (status, interrupt
-handling), and a ``BACKEND`` :class:`BackendRequest` saying which backends it runs on. The command
-line and the notebooks both go through :func:`execute`, which opens the backend with the one
-factory (:func:`ds4lab.backends.make_backend`) and runs the job; the CLI maps the one error
+Each job module has a typed config dataclass, a ``run(config, backend, console) -> result`` function that does the work
+inside :func:`ds4lab.report.results.job_folder` (status, interrupt handling), and a ``BACKEND`` :class:`BackendRequest`
+saying which backends it runs on. The command line and the notebooks both go through :func:`execute`, which opens the
+backend with the one factory (:func:`ds4lab.backends.make_backend`) and runs the job; the CLI maps the one error
 hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 
 ==============  ===========================================================================
@@ -26,10 +25,9 @@ hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
 ``tp``          tensor parallelism on two devices: the token, its ladder, its trace
 ==============  ===========================================================================
 
-Every job returns one result type, :class:`ds4lab.jobs.result.JobResult` (its tables, its meta, its
-figures as figure objects, the files it wrote), and writes its result folder through one writer
-(:func:`ds4lab.jobs.result.result_folder`).
-"""
+Every job returns one result type, :class:`ds4lab.jobs.result.JobResult` (its tables, its meta, its figures as figure
+objects, the files it wrote), and writes its result folder through one writer
+(:func:`ds4lab.jobs.result.result_folder`)."""
 
 from __future__ import annotations
 
@@ -43,8 +41,8 @@ from .result import JobResult
 
 @dataclass(frozen=True)
 class BackendRequest:
-    """Which backends a job runs on: ``allowed`` names, whether the sim it gets models time only
-    (``timing_only``, a value or a function of the config), and whether it measures a GPU only."""
+    """Which backends a job runs on: ``allowed`` names, whether the sim it gets models time only (``timing_only``, a
+    value or a function of the config), and whether it measures a GPU only."""
 
     allowed: tuple = ("auto", "cupy", "sim")
     timing_only: bool | Callable[[Any], bool] = False
@@ -92,12 +90,11 @@ def module(job: str):
 
 
 def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
-    """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and
-    run the job with ``cfg``; returns the job's :class:`~ds4lab.jobs.result.JobResult`.
+    """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and run the job with
+    ``cfg``; returns the job's :class:`~ds4lab.jobs.result.JobResult`.
 
-    Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work,
-    :class:`CheckFailed` (exit 1) after its results are written, ``KeyboardInterrupt`` (130).
-    """
+    Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work, :class:`CheckFailed`
+    (exit 1) after its results are written, ``KeyboardInterrupt`` (130)."""
     from ..progress import make_console
 
     _, req = JOBS[job]

@@ -1,29 +1,25 @@
-"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a
-:class:`~ds4lab.token.model.DecodeModel` that holds its share of the weights (:mod:`.shard`) and meets the
-other ranks at two reductions per layer (:mod:`.reduce`).
+"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a :class:`~ds4lab.token.model.DecodeModel` that
+holds its share of the weights (:mod:`.shard`) and meets the other ranks at two reductions per layer
+(:mod:`.reduce`).
 
-Per layer, in ds4's order: the attention's hyper-connection pre-mix (``island0``, replicated), the query
-for the rank's heads and the replicated KV head, attention over the rank's heads, the output projection of
-the rank's groups into a partial sum (``o_b_partial``) → **reduction "attn"** → the expand into the streams
-(``tp_expand``), the FFN pre-mix, the router (replicated: every rank selects the same experts), the routed
-experts the rank holds (ids made local: ``tp_localize_ids``) and its half of the shared expert, both partial
-sums in one ``[2, E]`` buffer → **reduction "ffn"** → the expand (shared + routed, as the single-GPU
-``sh_down_expand`` adds them). Every launch goes through the rank's launcher, so through the calling
-thread's stream accessor.
+Per layer, in ds4's order: the attention's hyper-connection pre-mix (``island0``, replicated), the query for the rank's
+heads and the replicated KV head, attention over the rank's heads, the output projection of the rank's groups into a
+partial sum (``o_b_partial``) → **reduction "attn"** → the expand into the streams (``tp_expand``), the FFN pre-mix,
+the router (replicated: every rank selects the same experts), the routed experts the rank holds (ids made local:
+``tp_localize_ids``) and its half of the shared expert, both partial sums in one ``[2, E]`` buffer → **reduction
+"ffn"** → the expand (shared + routed, as the single-GPU ``sh_down_expand`` adds them). Every launch goes through the
+rank's launcher, so through the calling thread's stream accessor.
 
 Where the collectives sit (``placement``):
 
-* ``"inside"``: as the single-GPU token is cut: island 1 (attention output through the FFN tail) holds
-  both reductions, the whole token (``token``) holds all of them: a stage capturing those captures the
-  collectives;
-* ``"outside"``: graph–collective–graph: island 1 is three clusters around the reductions
-  (``island1.out``, ``island1.ffn``, ``island1.post``) and the token body is the segments between
-  reductions (cluster ``tp_seg``, keyed by the segment's index): a stage capturing those leaves every
-  reduction eager, between graphs.
+* ``"inside"``: as the single-GPU token is cut: island 1 (attention output through the FFN tail) holds both reductions,
+  the whole token (``token``) holds all of them: a stage capturing those captures the collectives;
+* ``"outside"``: graph–collective–graph: island 1 is three clusters around the reductions (``island1.out``,
+  ``island1.ffn``, ``island1.post``) and the token body is the segments between reductions (cluster ``tp_seg``, keyed
+  by the segment's index): a stage capturing those leaves every reduction eager, between graphs.
 
-Decode only (one token per call) and ds4's routed-MoE path; the MoE profile is not modeled under tensor
-parallelism (ds4 turns its islands and profile off there).
-"""
+Decode only (one token per call) and ds4's routed-MoE path; the MoE profile is not modeled under tensor parallelism
+(ds4 turns its islands and profile off there)."""
 
 from __future__ import annotations
 
@@ -40,9 +36,9 @@ PLACEMENTS = ("inside", "outside")
 
 
 class FullWeights:
-    """The unsplit weights a verification needs (``o_b``, ``sh_down``, the whole routed bank), generated on
-    the host by the NumPy reference backend with the model's seed (the same tensors the single-GPU token
-    holds), one layer at a time, cached."""
+    """The unsplit weights a verification needs (``o_b``, ``sh_down``, the whole routed bank), generated on the host by
+    the NumPy reference backend with the model's seed (the same tensors the single-GPU token holds), one layer at a
+    time, cached."""
 
     def __init__(self, cfg: ModelConfig, seed: int) -> None:
         from ..executor.numpy_backend import NumpyBackend
@@ -83,9 +79,8 @@ class TPRankModel(DecodeModel):
 
     Raises:
         ConfigError: a model that does not split (:meth:`ShardPlan.validate`).
-        ValueError: an unknown placement; on-demand scratch (a token of one rank reallocating alone would
-            give the ranks different graphs).
-    """
+        ValueError: an unknown placement; on-demand scratch (a token of one rank reallocating alone would give the
+            ranks different graphs)."""
 
     def __init__(self, cfg: ModelConfig, backend, plan: ShardPlan, reducer, opts: TokenOptions | None = None, *,
                  placement: str = "inside", nvtx: bool = False, n_layers: int | None = None, check=None) -> None:
@@ -133,8 +128,8 @@ class TPRankModel(DecodeModel):
         self.tp_inbox = {"attn": [be.zeros((E,), f) for _ in range(2)], "ffn": [be.zeros((2, E), f) for _ in range(2)]}
 
     def memory_bytes(self) -> dict:
-        """As :meth:`DecodeModel.memory_bytes` for the rank's dimensions (an over-estimate: it counts the whole
-        routed bank, of which the rank holds ``1 / world``)."""
+        """As :meth:`DecodeModel.memory_bytes` for the rank's dimensions (an over-estimate: it counts the whole routed
+        bank, of which the rank holds ``1 / world``)."""
         return super().memory_bytes()
 
     # ------------------------------------------------------------------ the token
@@ -160,8 +155,8 @@ class TPRankModel(DecodeModel):
             self.be.synchronize()
 
     def _segments(self, ts) -> list:
-        """The token body as segments between reductions: ``("launch", [parts])`` and ``("reduce", layer,
-        point)``, in order (placement ``"outside"``)."""
+        """The token body as segments between reductions: ``("launch", [parts])`` and ``("reduce", layer, point)``, in
+        order (placement ``"outside"``)."""
         out, cur = [], [lambda: self._embed(ts)]
         for layer in range(self.n_layers):
             cur.append(lambda layer=layer: self._part_pre(layer, ts))
@@ -212,8 +207,8 @@ class TPRankModel(DecodeModel):
         self.run_cluster("shared", layer, 1, ts, lambda: self._shared(layer, None))
 
     def _shared(self, layer: int, y) -> None:
-        """The rank's half of the shared expert: gate/up rows and SwiGLU, then its partial sum of the down
-        projection into row 0 of the FFN send buffer (the expand waits for the reduction)."""
+        """The rank's half of the shared expert: gate/up rows and SwiGLU, then its partial sum of the down projection
+        into row 0 of the FFN send buffer (the expand waits for the reduction)."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
         with L.cluster("shared"):
             ops.q8_matvec_swiglu(L, "sh_gateup_swiglu", w["sh_gateup"], self.x, self.sh_mid, cfg.swiglu_limit)
@@ -245,8 +240,8 @@ class TPRankModel(DecodeModel):
 
     # ------------------------------------------------------------------ routed experts
     def _routed_moe(self, layer: int, x, T: int):
-        """The rank's routed experts for one token: ids made local (``tp_localize_ids``), then ds4's four
-        launches on the rank's bank; the partial sum lands in the FFN send buffer."""
+        """The rank's routed experts for one token: ids made local (``tp_localize_ids``), then ds4's four launches on
+        the rank's bank; the partial sum lands in the FFN send buffer."""
         if T != 1:
             raise ValueError(f"tensor parallel: decode only (one token per call), not T={T}")
         self.moe_buf.ensure(T)

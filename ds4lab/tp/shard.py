@@ -2,23 +2,21 @@
 
 Rank ``r`` of ``world``:
 
-* **attention heads** ``r * H/world .. (r+1) * H/world - 1``: its rows of the query up-projection
-  ``q_b`` (``D`` rows per head), its output groups of the grouped projection ``o_a`` (heads stay in their
-  group: ``H/G`` heads per group, so ``G`` must divide by ``world`` too), and the matching *columns* of
-  ``o_b``: its partial sum of the attention output goes to the reduction;
-* **shared expert** rows ``r * F/world ..`` of the gate and of the up projection (``sh_gateup`` is
-  ``[gate; up]``: the rank's gate rows then its up rows, so ds4lab's SwiGLU kernel pairs them as before),
-  and the matching columns of ``sh_down``: a partial sum again;
-* **routed experts** ``r * N/world .. (r+1) * N/world - 1`` (split by expert): the rank computes the
-  selected experts it holds and adds nothing for the others; its partial sum of the six goes to the
-  reduction with the shared expert's;
-* everything else **replicated**: the hyper-connections, norms, the query LoRA ``q_a``, the single KV
-  head and its cache, the router (every rank routes, identically), the compressors and the indexer of
-  the long-context token, the output norm and the vocabulary.
+* **attention heads** ``r * H/world .. (r+1) * H/world - 1``: its rows of the query up-projection ``q_b`` (``D`` rows
+  per head), its output groups of the grouped projection ``o_a`` (heads stay in their group: ``H/G`` heads per group,
+  so ``G`` must divide by ``world`` too), and the matching *columns* of ``o_b``: its partial sum of the attention
+  output goes to the reduction;
+* **shared expert** rows ``r * F/world ..`` of the gate and of the up projection (``sh_gateup`` is ``[gate; up]``: the
+  rank's gate rows then its up rows, so ds4lab's SwiGLU kernel pairs them as before), and the matching columns of
+  ``sh_down``: a partial sum again;
+* **routed experts** ``r * N/world .. (r+1) * N/world - 1`` (split by expert): the rank computes the selected experts
+  it holds and adds nothing for the others; its partial sum of the six goes to the reduction with the shared expert's;
+* everything else **replicated**: the hyper-connections, norms, the query LoRA ``q_a``, the single KV head and its
+  cache, the router (every rank routes, identically), the compressors and the indexer of the long-context token, the
+  output norm and the vocabulary.
 
 Slices are exact: Q8_0 rows and 32-column blocks, super-block rows, whole experts. Raises
-:class:`~ds4lab.token.config.ConfigError` for a model that does not split so.
-"""
+:class:`~ds4lab.token.config.ConfigError` for a model that does not split so."""
 
 from __future__ import annotations
 
@@ -45,9 +43,8 @@ class ShardPlan:
     """Rank ``rank``'s share of the model ``cfg`` split over ``world`` ranks (see module docstring).
 
     Attributes:
-        heads, groups, ffn, experts: the rank's attention heads, output groups, shared-expert rows and
-            routed experts (ranges into the single-GPU model's).
-    """
+        heads, groups, ffn, experts: the rank's attention heads, output groups, shared-expert rows and routed experts
+            (ranges into the single-GPU model's)."""
 
     cfg: ModelConfig
     rank: int
@@ -92,8 +89,8 @@ class ShardPlan:
         return int(e) // (self.cfg.n_experts // self.world)
 
     def local_config(self) -> ModelConfig:
-        """The rank's model dimensions: its heads and output groups; every other field the model's
-        (the router still sees every expert; the routed bank holds the rank's, see :func:`expert_slice`)."""
+        """The rank's model dimensions: its heads and output groups; every other field the model's (the router still
+        sees every expert; the routed bank holds the rank's, see :func:`expert_slice`)."""
         cfg = self.cfg
         return cfg.replace(n_heads=cfg.n_heads // self.world, out_groups=cfg.out_groups // self.world)
 
@@ -153,8 +150,8 @@ def _take_cols(a, cols: range, xp):
 
 
 def row_slice(t: QTensor, ranges: list[range], xp=np) -> QTensor:
-    """The rows ``ranges`` of a quantized matrix (concatenated, in order), any row format, on the array
-    module ``xp`` of its backend. Raises ValueError for a range past its rows."""
+    """The rows ``ranges`` of a quantized matrix (concatenated, in order), any row format, on the array module ``xp``
+    of its backend. Raises ValueError for a range past its rows."""
     for r in ranges:
         if not 0 <= r.start <= r.stop <= t.rows:
             raise ValueError(f"rows {r.start}..{r.stop} outside the {t.rows} rows")
@@ -163,8 +160,8 @@ def row_slice(t: QTensor, ranges: list[range], xp=np) -> QTensor:
 
 
 def col_slice(t: QTensor, cols: range, xp=np) -> QTensor:
-    """The columns ``cols`` of a Q8_0 matrix: whole blocks of 32 (quants and their scales). Raises
-    ValueError for another format or columns off the block boundaries."""
+    """The columns ``cols`` of a Q8_0 matrix: whole blocks of 32 (quants and their scales). Raises ValueError for
+    another format or columns off the block boundaries."""
     if t.fmt != "q8_0":
         raise ValueError(f"column slices of {t.fmt!r}: only q8_0 (one scale per 32 columns)")
     if cols.start % Q8_0_BLOCK or cols.stop % Q8_0_BLOCK or not 0 <= cols.start < cols.stop <= t.cols:
@@ -174,10 +171,10 @@ def col_slice(t: QTensor, cols: range, xp=np) -> QTensor:
 
 
 class ExpertSlice:
-    """Experts ``lo .. lo + n - 1`` of a routed bank, numbered ``0 .. n - 1``: indexing gives the bank's
-    expert ``lo + e``; ``qs``/``d`` (the stack the GPU kernels read) are the bank's slices, copied on a GPU
-    so the rank does not keep the whole bank. Works on every backend's bank (a QTensor stack on a GPU, the
-    NumPy backend's lazy bank, the sim's phantom bank)."""
+    """Experts ``lo .. lo + n - 1`` of a routed bank, numbered ``0 .. n - 1``: indexing gives the bank's expert ``lo +
+    e``; ``qs``/``d`` (the stack the GPU kernels read) are the bank's slices, copied on a GPU so the rank does not
+    keep the whole bank. Works on every backend's bank (a QTensor stack on a GPU, the NumPy backend's lazy bank, the
+    sim's phantom bank)."""
 
     def __init__(self, bank, lo: int, n: int, *, copy: bool = False) -> None:
         self.bank, self.lo, self.n = bank, int(lo), int(n)

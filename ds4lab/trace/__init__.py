@@ -20,10 +20,8 @@
                             summary tables
 ==========================  ==========================================================================
 
-Layer: above the runtime (``backends``, ``sim``) and the token (``token``, ``capture``), below everything
-that analyses a trace (``audit``, ``measure``, ``moeprof``, ``report``, ``jobs``): ``tests/test_layout.py``
-holds it there.
-"""
+Layer: above the runtime (``backends``, ``sim``) and the token (``token``, ``capture``), below everything that analyses
+a trace (``audit``, ``measure``, ``moeprof``, ``report``, ``jobs``): ``tests/test_layout.py`` holds it there."""
 
 from .events import EventTable
 from .records import (ApiCall, Copy, DeviceRecord, EventRecord, GraphExec, Kernel, KernelArgs, Marker, Memset,
