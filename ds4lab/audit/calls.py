@@ -1,52 +1,8 @@
-"""The audit's one table of its own: which *call class* a trace's API row is.
-
-A call class names what a call does to a capture as far as the rules can tell it apart: the API, and what the row says
-about it — the stream it names (the capture stream, the legacy stream or another one), a copy's direction and host
-memory, whether the event it names was recorded inside the token on a captured stream or before, whether another thread
-made it. Each class has a probe (:mod:`ds4lab.audit.probes`) that makes that call on the simulated runtime while a
-stream captures; the verdict is what the sim's rules (:mod:`ds4lab.sim.rules`) do with it, never this table.
-
-How a row becomes a class (:func:`classify`, in call order within one token):
-
-=========================================  =================================================================
-API (normalized: ``_v2``, ``_ptsz`` …     class
-dropped)
-=========================================  =================================================================
-kernel launches (``cudaLaunchKernel``,     ``kernel@{capture|legacy|other}``
-``cuLaunchKernelEx``, …)
-``cudaGraphLaunch``, ``cuGraphLaunch``     ``graph_launch@…``
-``cudaMemsetAsync``, ``cuMemsetD*Async``   ``memset_async@…``
-``cudaMemset``, ``cuMemsetD*`` (sync)      ``memset_sync`` (always the legacy stream)
-``cudaMemcpy*Async``, ``cuMemcpy*Async``   ``memcpy_async.{h2d|d2h}.{pageable|pinned}@capture``,
-                                           ``memcpy_async.d2d@capture``, ``memcpy_async@{legacy|other}``
-``cudaMemcpy*``, ``cuMemcpy*`` (sync)      ``memcpy_sync.{h2d|d2h|d2d}``
-``cudaMalloc``, ``cuMemAlloc``, …          ``malloc`` (``other_thread.malloc`` from another thread)
-``cudaFree``, ``cuMemFree``                ``free``
-``cudaMallocAsync``, ``cudaFreeAsync``     ``malloc_async@…``, ``free_async@…``
-``cudaHostAlloc``, ``cudaMallocHost``      ``host_alloc``; ``cudaFreeHost``: ``free_host``
-``cudaHostRegister`` / ``Unregister``      ``host_register`` / ``host_unregister``
-``cudaStreamSynchronize``                  ``stream_sync@…``
-``cudaDeviceSynchronize``, ``cuCtxSync…``  ``device_sync``
-``cudaEventSynchronize`` / ``Query``       ``event_sync.{in_token|before}``, ``event_query.…``
-``cudaEventElapsedTime``                   ``event_elapsed.{in_token|before}``
-``cudaEventRecord``                        ``event_record@…``
-``cudaStreamWaitEvent``                    capture stream: ``wait_event.join`` (event recorded in the
-                                           token on a captured stream) or ``wait_event.outside``; another
-                                           stream: ``wait_event.fork`` (it joins the capture;
-                                           ``wait_event.legacy`` on the legacy stream) or
-                                           ``wait_event@other``
-``cudaStreamQuery``                        ``stream_query@…``
-``cudaStreamIsCapturing``, ``…GetCapture…``  ``capture_status``
-:data:`HOST_QUERY_APIS`                    ``host_query``
-``cublasCreate``                           ``cublas_create``; ``cublasSetWorkspace``/``SetStream``:
-                                           ``cublas_settings``
-anything else                              ``None``: **no rule** (reported, never allowed silently)
-=========================================  =================================================================
-
-``@capture``: the row's stream is the capture stream or a stream that joined the capture in this token (through
-``cudaStreamWaitEvent`` on an event recorded on a captured stream); a stream the source does not give is taken as the
-capture stream (said in the report). ``@legacy``: the legacy stream, when it is not the capture stream. ``@other``: any
-other stream."""
+"""The audit's one table of its own: which *call class* a trace's API row is (:func:`classify`, in call order within
+one token): the API and what the row says about it (the stream it names, a copy's direction and host memory, where
+the event it names was recorded, the calling thread). The table, row by row: ``docs/call-classes.md``. Each class
+has a probe (:mod:`ds4lab.audit.probes`) on the simulated runtime; the verdict is what the sim's rules
+(:mod:`ds4lab.sim.rules`) do with it, never this table."""
 
 from __future__ import annotations
 

@@ -1,57 +1,13 @@
-"""Frozen values and addresses, found by comparing tokens argument by argument, and the replay verdict.
+"""Frozen values and addresses, found by comparing the tokens of an argument pass argument by argument, and the replay
+verdict.
 
-A graph replays the launch parameters it was captured with (CUDA Programming Guide, "CUDA Graphs": a kernel node keeps
-its arguments; changing them needs ``cudaGraphExecKernelNodeSetParams`` or a new capture). :func:`compare` reads an
-argument pass (:mod:`ds4lab.audit.arguments`) and, at each launch index of the tokens with identical launch lists,
-compares the parameters piece by piece (a parameter of 8 bytes or less whole; a larger one, a struct passed by value,
-in 8-byte words: the pointers inside PyTorch's by-value ``Array<char*, N>`` and offset calculators are 8-byte words).
-What differs is one of (:data:`CLASSES`):
-
-* **frozen value** — a by-value scalar that changes (a position, a length, a write index): the graph replays the
-  captured one;
-* **frozen address** — an address that changes, into memory that exists before the tokens and outlives them (a KV
-  cache, weights, a static input buffer: the graph reads or writes the captured location), or into memory made between
-  tokens or by an earlier token and read by this one (a new input tensor every step, a cache grown by concatenation:
-  the graph reads the captured step's);
-* **ring-buffer slot** — a frozen address that moves by a constant stride per token (a slot in a ring buffer, a write
-  index reaching the kernel as ``base + pos * stride``);
-* **step temporary** — an address into memory the step itself allocates (a caching allocator's temporary, the step's
-  own output): harmless under a graph's private memory pool, by the rule of :data:`POOL_RULE`;
-* **unknown address** — a pointer-sized value that changes and that no allocation the recording saw holds (no torch
-  block, no ``cudaMalloc`` record, no driver range at the end of the pass);
-* **unset bytes** — where the pass logged PyTorch's operators (:mod:`ds4lab.trace.torch_ops`): a word that changes
-  while the operator that made the launch got the same host arguments at every token and that is no address of anything
-  alive at the launch (:data:`UNSET_RULE`): harmless. Such a word that is a temporary of the token in some tokens is a
-  step temporary;
-* **not a value of the step** — a word that changes under an operator whose host arguments change, that follows none of
-  its host numbers and addresses nothing (:data:`TRACK_RULE`): listed apart, it decides no verdict, but keeps "replays
-  right" from being said;
-* **input written by the host** — a launch at the head of the token writing host values into memory that outlives it
-  (:data:`INPUT_RULE`): a graph of the step leaves it out.
-
-**A byte is a value only with evidence that the step computes it**: under a PyTorch operator whose host arguments
-change, a changing word is a frozen value only where it follows one of them (:func:`_tracked`: equal, negated,
-reciprocal, or affine over three or more values, as an integer or a float); launches outside any operator (CuPy,
-Triton, C) keep the parameter-level comparison. Each frozen finding carries its ``evidence`` and its ``strength``
-(:data:`STRENGTH`), and the verdict names the strongest first.
-
-And, beside the classes, **pageable host copies** (:data:`HOST_COPY_RULE`): in a pass that ran PyTorch, a copy between
-pageable host memory and the GPU inside a token is PyTorch's refusal under capture, though CUDA alone would capture it
-(:func:`_host_copies`).
-
-An address is a value inside an allocation alive at that launch: the allocations are the pass's (CUPTI ``MEMORY2``
-records, torch's caching-allocator blocks, ``cuMemGetAddressRange`` at the pass's end); a value inside none is a
-scalar. *Which buffers the step reads before writing* is judged at the granularity the recording sees: memory allocated
-before a token and used by it is input the step did not make (read, or written in place), memory allocated inside the
-token is the step's own.
-
-:func:`verdict` gives a step **replays right** only when its tokens were compared argument by argument (two or more
-tokens with identical launch lists, every launch in them read, no unknown address, no word that is not a value of the
-step) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch count or work missing
-from the graph does; **refused** when a call refuses or invalidates the capture (a pageable host copy of a PyTorch pass
-included); and, for a trace without arguments (Kineto, Nsight Systems, a recording made without them) or with launches
-it could not read, **captures; replay correctness unknown from this trace**, with the command that records what is
-missing. It never says a step is safe without that evidence."""
+:func:`compare` reads an argument pass (:mod:`ds4lab.audit.arguments`) and, at each launch index of the tokens with
+identical launch lists, compares the parameters piece by piece (a parameter of 8 bytes or less whole, a larger one in
+8-byte words); what differs is one of :data:`CLASSES`, each with its evidence (:data:`STRENGTH`). :func:`verdict` says
+**replays right** only with that evidence and nothing frozen feeding the step, **replays wrong**, **refused**, or
+**captures; replay correctness unknown from this trace** with the command that records what is missing. The classes,
+the rules (:data:`POOL_RULE`, :data:`UNSET_RULE`, :data:`TRACK_RULE`, :data:`INPUT_RULE`, :data:`HOST_COPY_RULE`) and
+the verdict: ``docs/audit-arguments.md``, "What the comparison concludes" and "The verdict"."""
 
 from __future__ import annotations
 

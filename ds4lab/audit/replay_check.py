@@ -1,45 +1,15 @@
-"""The empirical check for PyTorch engines: capture the user's step with ``torch.cuda.graph``, replay it at the next
-positions against an eager twin restored from a snapshot of the state, and say what the graph did: **refused** (the
-capture raised), **replays right** (every replay's outputs match the eager step's at the same position), **replays
-wrong** (the first position and output that differ).
+"""The empirical check for PyTorch engines (:func:`check_replay`; GPU and torch needed): capture the user's step with
+``torch.cuda.graph``, replay it at the next positions against an eager twin restored from a snapshot of ``state``,
+and say what the graph did: **refused** (the capture raised), **replays right** (every replay's outputs match the
+eager step's at the same position: relative L2 within ``rtol``, 1e-3 in float32, 2e-2 in bf16/half, and the same
+argmax), **replays wrong** (the first position and output that differ). Each replay starts from the true state, so
+the first position that differs is the first the graph gets wrong. Usage, what ``state`` and ``capacity`` take, and
+what is refused (:class:`StateError`): ``docs/audit-arguments.md``, "The empirical check".
 
-Python API (GPU and torch needed)::
-
-    from ds4lab.audit import check_replay
-
-    ids = torch.zeros((1, 1), dtype=torch.long, device="cuda")      # static inputs the step reads
-    pos = torch.zeros((1,), dtype=torch.long, device="cuda")
-
-    def advance(p):              # write the inputs of position p into the static buffers
-        ids.fill_(token_at(p)); pos.fill_(p)
-
-    def step():                  # one decode step on those buffers; returns its output(s)
-        return model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits
-
-    r = check_replay(step, state=[cache, decoder], advance=advance, start=prompt_len)
-    print(r.outcome, r.first_position, r.detail)
-
-``state`` is what the step reads and changes from one position to the next: the cache, and any object keeping counters
-on the host (its tensors are cloned and put back in place, its plain Python values (ints, floats, lists) copied and set
-back), through attributes, lists and dicts, six levels deep: give the cache and the objects holding counters, not
-objects that merely hold references to others (every value reachable is put back). The model's weights need not be in
-it: a module's parameters (``nn.Parameter``) are left out of the snapshot, and the check runs and puts the state back
-without autograd (a module's tensors may require grad). A state that cannot be snapshotted or put back is refused in
-one line (:class:`StateError`, naming the object). ``capacity`` (a static cache's length) is the positions the state
-holds: no step runs at or past it (fewer positions compared, timed blocks restarted from the same state;
-``positions_compared`` and ``steps_timed`` say how many).
-
-How it decides (:func:`check_replay`): ``warmup`` eager steps on a side stream (as PyTorch asks before a capture), then
-the capture at position ``p``; the capture runs the step's Python once, so the state is put back to before it and
-position ``p`` is run eagerly. Then, for each next position ``i``: the state is snapshotted, ``advance(i)`` and the
-eager step give the reference outputs, the state after it is kept, the state is put back to before, ``advance(i)`` and
-``graph.replay()`` give the graph's outputs, which are compared (relative L2 error within ``rtol``: 1e-3 in float32,
-2e-2 in bf16/half; and the same argmax along the last dimension), and the state after the eager step is put back (each
-replay starts from the true state: the first position that differs is the first the graph gets wrong). Then the replays
-are timed with CUDA events, three ways (``time_replays`` blocks or replays each): a loop of ``advance`` and replay that
-never waits for the device (blocks of :data:`TIMED_STEPS` steps between two events: the host and the device overlap,
-and a step costs the slower of the two; ``replay_us``), the same loop waiting for every replay (``replay_sync_us``: the
-host launch latency and the wait are inside), and the graph's device time alone (``replay_device_us``)."""
+The replays are then timed with CUDA events three ways: a loop of ``advance`` and replay that never waits for the
+device (blocks of :data:`TIMED_STEPS` steps: host and device overlap, a step costs the slower of the two;
+``replay_us``), the same loop waiting for every replay (``replay_sync_us``: launch latency and the wait inside), and
+the graph's device time alone (``replay_device_us``)."""
 
 from __future__ import annotations
 

@@ -1,39 +1,11 @@
-"""``ds4lab ingest``: read real profiles into ds4lab's tidy tables: ds4's MoE profile lines, Nsight Systems exports
-(``nsys stats`` CSV reports, the SQLite export), Nsight Compute CSV output, and ds4lab result folders from other
-machines. The readers are the trace model's (:mod:`ds4lab.trace.sources`, one module per format, each yielding
-summary tables):
-
-* ``ds4-log`` (:mod:`~ds4lab.trace.sources.ds4log`): ds4's stderr and the ds4-format logs ``ds4lab moe`` writes →
-  tables ``ds4_moe`` (``DS4_CUDA_MOE_PROFILE`` lines) and ``ds4_events`` (island, model-load lines);
-* ``nsys-csv`` (:mod:`~ds4lab.trace.sources.nsys_csv`): every ``nsys stats --format csv`` report, told apart by its
-  title line, or in the per-report files of ``-o PREFIX`` by their file name and columns → ``nsys_kernels``,
-  ``nsys_nvtx``, ``nsys_nvtx_kernels``, ``nsys_cuda_api``, ``nsys_mem_time``, ``nsys_mem_size``, ``nsys_gpu_trace``,
-  ``nsys_api_trace``, ``nsys_osrt``; other reports skipped by name; the text format refused with "rerun with --format
-  csv";
-* ``nsys-sqlite`` (:mod:`~ds4lab.trace.sources.nsys_sqlite`): ``nsys export --type sqlite`` → ``kernels``, ``graphs``,
-  ``nvtx`` with domain names; a warning when graph executions come without their kernels;
-* ``ncu-csv`` (:mod:`~ds4lab.trace.sources.ncu`): ``ncu --csv`` details or raw page → ``ncu_kernels``, ``ncu_metrics``
-  keyed by section and name with units, ``ncu_rules``; ``ncu_sites``, with ``sites=PRESET`` joined to ds4lab's launch
-  sites (:func:`site_table`);
-* ``ds4lab-folder`` (:mod:`~ds4lab.trace.sources.folder`): ds4lab result folders → ``ds4lab_<table>``.
-
-The format is detected from the content, never from the file name (:func:`ds4lab.trace.sources.detect`, scanning in
-blocks). A raw ``.nsys-rep``/``.qdrep``/``.ncu-rep`` is refused with the command that exports it; an event trace (a
-Kineto JSON, a recording) is named with ``ds4lab audit``, which reads it. Large inputs are streamed: ds4 logs and
-``nsys stats`` CSV are read line by line and written in chunks (:meth:`~ds4lab.trace.sources.common.Ingested.emit`), so
-memory does not grow with the file.
-
-Every table has a ``file`` column (the input it came from: one source per file, so that ``compare`` draws one bar per
-file) and a ``source`` column (``file:line``, the SQLite row number, or the CSV a ds4lab folder's table came from).
-
-Malformed input raises :class:`~ds4lab.trace.sources.SourceError` naming the file and line; with ``lenient=True`` the
-good rows are kept and every bad line is reported (``Ingested.problems``), never dropped silently. What is read but not
-turned into rows (a report ds4lab does not read, unit assumptions, graph executions without their kernels) is named in
-``Ingested.warnings``. An input that cannot be read at all (no such file, a broken ``meta.json``, a ds4lab folder
-without a table, an unreadable SQLite database), a file cut off in the middle of its last line, the same input given
-twice (by path or by content: :func:`check_inputs`), and an ``--out`` that cannot be this folder are SourceErrors in
-either mode. :func:`ingest_all` writes into a ds4lab result folder (:func:`ds4lab.report.results.job_folder`: locked,
-staged, ``meta.json`` naming the inputs)."""
+"""``ds4lab ingest``: real profiles into ds4lab's tidy tables, one reader per format (:mod:`ds4lab.trace.sources`, the
+format detected from the content): ds4's stderr (``ds4_moe``, ``ds4_events``), ``nsys stats`` CSV reports
+(``nsys_*``), the Nsight Systems SQLite export (``kernels``, ``graphs``, ``nvtx``), Nsight Compute CSV (``ncu_*``;
+``ncu_sites`` joined to a preset's launch sites: :func:`site_table`) and ds4lab result folders (``ds4lab_<table>``).
+Large inputs are streamed and written in chunks; every table has ``file`` and ``source`` columns. Malformed input is
+a :class:`~ds4lab.trace.sources.SourceError` naming file and line (with ``lenient``, the good rows kept and every
+bad line reported); :func:`ingest_all` writes a result folder. What each format gives: ``docs/commands.md``
+(``ds4lab ingest``) and ``docs/trace-readers.md``."""
 
 from __future__ import annotations
 

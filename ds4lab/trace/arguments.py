@@ -1,52 +1,15 @@
 """Kernel arguments in the recording: the parameter bytes of every kernel launch, read at the launch entry points
-through the CUPTI callback API, with the allocations the addresses among them point into.
+through the CUPTI callback API, with the allocations the addresses among them point into; the comparison and the
+verdict are :mod:`ds4lab.audit.frozen`'s.
 
-CUPTI's activity records, Kineto and Nsight Systems carry no kernel arguments, so a step whose kernel names and grids
-repeat looks the same at every token even when a value the host computes per token (a write index, a mask bound, a
-slot's address) reaches a kernel by value: a graph captured from one token replays that value at every other. This
-module records what those traces lack; the comparison and the verdict are :mod:`ds4lab.audit.frozen`'s.
-
-**Where the bytes come from.** The callback API calls ds4lab's handler at the entry of each launch call
-(:data:`LAUNCH_LAYOUTS`: ``cudaLaunchKernel``, ``cudaLaunchCooperativeKernel``, ``cudaLaunchKernelExC``,
-``cuLaunchKernel``, ``cuLaunchCooperativeKernel``, ``cuLaunchKernelEx``, each with its ``_ptsz`` form) with a
-``CUpti_CallbackData`` whose ``functionParams`` points to the call's own parameter struct
-(``cudaLaunchKernel_v7000_params``, ``cuLaunchKernel_params``, ...: CUPTI's ``generated_cuda_runtime_api_meta.h`` /
-``generated_cuda_meta.h``). ``cupti-python`` 13 exposes the callback data's address (``CallbackData.ptr``) but not
-``functionParams``; its offset comes from ``cupti.callback_data_dtype`` (16 on x86-64). The struct gives the function
-(a runtime host stub, or a ``CUfunction``) and the argument array (``void **args`` / ``kernelParams``: one pointer per
-parameter, or ``extra``'s packed buffer). Each parameter's size and offset come from ``cuFuncGetParamInfo`` (CUDA 12.4
-and later; ``cuFuncGetParamCount`` for the count where the driver has it; a ``CUkernel``, the handle CUDA 12's and 13's
-runtimes launch their kernels by, first mapped to its ``CUfunction`` by ``cuKernelGetFunction``); a runtime function is
-mapped to its ``CUfunction`` by ``cudaGetFuncBySymbol`` of the CUDA runtime that registered it (each ``libcudart``
-loaded in the process is asked, ``RTLD_NOLOAD``). Both are asked once per function; their statuses are checked, and a
-function they do not describe is *unread* (counted and named, never taken as unchanged). A driver launch made inside a
-runtime launch on the same thread (a runtime that launches through the driver) fills in the runtime launch when the
-latter was unread, and is otherwise skipped (one launch, one record, keyed by the outer call's correlation id, the id
-its kernel record carries).
-
-**What is stored.** Per launch its correlation id, function and a digest (BLAKE2b, 8 bytes) of its parameter bytes
-(made after the pass, once per distinct value); the bytes themselves (and the Python stack at the launch, taken where
-its bytes are new for its function) only for launches whose digest differs between tokens with identical launch lists
-(:func:`prune`: the tokens are found in the argument pass's own event table, as the audit finds them). A recording
-whose tokens cannot be found keeps every distinct value (stored once per distinct digest).
-
-**Allocations** (what an address points into; :class:`MemoryTracker`): CUPTI ``MEMORY2`` records
-(``cudaMalloc``/``cuMemAlloc`` and frees, with address, size and time, on the records' clock); where torch is loaded,
-the caching allocator's blocks: ``torch.cuda.memory_snapshot()`` at the start (blocks alive before the tokens) and the
-allocator's history (``torch.cuda.memory._record_memory_history``, ``alloc``/``free_requested`` events, ``time_us``)
-during the pass, mapped onto CUPTI's clock by two (wall clock, ``cuptiGetTimestamp``) pairs; and for the words that
-vary between tokens, the driver allocation containing each value at the end of the pass (``cuMemGetAddressRange``).
-
-**The cost.** The handler runs Python at every launch: it slows the host. ``ds4lab audit run`` therefore records
-arguments in a pass of its own over the same loop (the second), never in the timed tokens. Its hot path does the least
-it can (:class:`ArgumentCapture`: the callback data read from its bytes, the parameter bytes copied out and kept as
-they are, digests after the pass, a stack formatted once per launch site), and CUPTI hands it the callback data's
-address (:class:`~ds4lab.trace.cupti.NativeCallbacks`); :func:`measure_overhead` measures what it costs per launch
-(paired, interleaved, with its interval: :mod:`ds4lab.timing`), the handler alone or with the operator log and the
-allocator's history.
-
-The file (``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording): see :class:`ArgumentStore`.
-"""
+:class:`ArgumentCapture` reads each launch's parameter struct (:data:`LAUNCH_LAYOUTS`) and each parameter's size and
+offset (``cuFuncGetParamInfo``, a runtime function mapped by ``cudaGetFuncBySymbol``; a function they do not describe
+is *unread*, counted and named); :func:`prune` keeps the bytes only where tokens with identical launch lists differ;
+:class:`MemoryTracker` holds the allocations (CUPTI ``MEMORY2``, torch's caching allocator, ``cuMemGetAddressRange``);
+:func:`measure_overhead` measures the pass's cost per launch; :class:`ArgumentStore` is the file
+(``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording). The pass runs apart from the timed
+tokens: its handler runs Python at every launch. How each piece works and what it cost on the H200:
+``docs/audit-arguments.md``, "Recording the arguments"."""
 
 from __future__ import annotations
 

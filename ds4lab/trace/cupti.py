@@ -1,46 +1,10 @@
-"""The one process-wide CUPTI session (``cupti-python``): activity records and call callbacks.
-
-CUPTI takes one pair of activity-buffer callbacks and one callback-API subscriber per process (CUPTI Activity API,
-``cuptiActivityRegisterCallbacks``; Callback API, ``cuptiSubscribe``:
-``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``). Every user in ds4lab (the MoE profiler's ``cupti`` mode, ``ds4lab
-bench --per-op``, ``ds4lab trace``, the audit's in-process recording) goes through :class:`CuptiSession`, which owns
-both, and asks for what it needs:
-
-* :meth:`CuptiSession.subscribe` — a :class:`Subscription` to some activity kinds. A kind is enabled
-  (``cuptiActivityEnable``) while at least one open subscription asks for it and disabled when the last one closes;
-  each completed record is converted at once into a typed record of the trace model (:mod:`ds4lab.trace.records`: the
-  buffer is CUPTI's and is given back when the callback returns) and handed to every open subscription that asked for
-  its kind. ``take()`` flushes (``cuptiActivityFlushAll(1)``: forced, so records of work still running are delivered)
-  and returns what arrived since the last take.
-* :meth:`CuptiSession.watch_calls` — a :class:`CallWatch`: callback-API callbacks
-  (``CUPTI_CB_DOMAIN_RUNTIME_API``/``DRIVER_API``, ``cuptiEnableCallback`` per callback id) on a few named calls, which
-  record the calling thread's Python stack at API entry, keyed by the call's correlation id (the same id as the call's
-  activity record: CUPTI Callback API, ``CUpti_CallbackData.correlationId``). Only the named calls pay for it.
-
-The callback subscriber is CUPTI's own API called through ``ctypes`` (:class:`NativeCallbacks`: the handler gets the
-``CUpti_CallbackData``'s address) where cupti-python's CUPTI library is mapped in the process: cupti-python's
-``subscribe`` builds a ``CallbackData`` (a NumPy record) at every callback and its field properties cost microseconds
-each, which an argument pass pays at every launch. ``DS4LAB_CUPTI_CALLBACKS=python`` keeps cupti-python's wrapper
-(:data:`CALLBACKS_ENV`).
-
-``cupti-python`` is an optional dependency, imported only here and only when a session starts; without it (or without a
-driver) :class:`CuptiUnavailable` names what is missing.
-
-Records, by CUPTI activity kind (times in ns on CUPTI's clock, ``cuptiGetTimestamp``; the fields are named in
-:mod:`ds4lab.trace.records`):
-
-=======================================  ==========================================================
-``CONCURRENT_KERNEL``/``KERNEL``         :class:`~ds4lab.trace.records.Kernel`
-``MEMCPY``                               :class:`~ds4lab.trace.records.Copy`
-``MEMSET``                               :class:`~ds4lab.trace.records.Memset`
-``RUNTIME``/``DRIVER``                   :class:`~ds4lab.trace.records.ApiCall` (named at :meth:`Subscription.take`)
-``SYNCHRONIZATION``                      :class:`~ds4lab.trace.records.Sync`
-``CUDA_EVENT``                           :class:`~ds4lab.trace.records.EventRecord`
-``STREAM``                               :class:`~ds4lab.trace.records.StreamMade`
-``MARKER``                               :class:`~ds4lab.trace.records.Marker`
-``GRAPH_TRACE``                          :class:`~ds4lab.trace.records.GraphExec`
-``MEMORY2``                              :class:`~ds4lab.trace.records.MemoryOp` (the argument pass)
-=======================================  =========================================================="""
+"""The one process-wide CUPTI session (``cupti-python``): activity records converted into the trace model's records as
+they arrive (:meth:`CuptiSession.subscribe`), and call callbacks that record Python stacks or launch arguments at
+named calls (:meth:`CuptiSession.watch_calls`, :meth:`CuptiSession.watch_launches`; through CUPTI's C API,
+:class:`NativeCallbacks`, where its library is mapped). CUPTI takes one pair of buffer callbacks and one subscriber
+per process, so every user in ds4lab goes through :class:`CuptiSession`; without ``cupti-python`` or a driver,
+:class:`CuptiUnavailable` names what is missing. How it works and which record each activity kind becomes:
+``docs/trace-readers.md``, "The CUPTI session"."""
 
 from __future__ import annotations
 

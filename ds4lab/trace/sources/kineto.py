@@ -1,46 +1,7 @@
 """Chrome Trace Event JSON into the event table (yields an event table): PyTorch profiler (Kineto) traces and ds4lab's
-own ``trace.json``.
-
-Format: "Trace Event Format" (Google; the JSON object form ``{"traceEvents": [...], ...}`` or the bare array form),
-complete events ``"ph": "X"`` with ``ts``/``dur`` in µs (three decimals: ns), read with ``ijson`` (streaming: one event
-at a time, the file's text never held; plain or gzip).
-
-**Kineto dialect** (``torch.profiler`` ``export_chrome_trace``; libkineto ``output_json.cpp`` and ``CuptiActivity.h``):
-host events have the process id as ``pid`` and the thread id as ``tid``; device events have the device as ``pid`` and
-the stream as ``tid``, with ``args`` ``device``, ``stream``, ``correlation``. Categories read:
-
-===========================  ==================================================================================
-``cuda_runtime``             ``api`` row, domain ``runtime`` (``args.correlation``; no stream: it comes from the
-                             launched device row, :func:`ds4lab.trace.table.correlate`)
-``cuda_driver``              ``api`` row, domain ``driver``
-``kernel``                   ``kernel`` row (``args.grid``, ``block``, ``shared memory``, ``graph id``,
-                             ``graph node id``)
-``gpu_memcpy``               ``memcpy`` row; the name carries the kinds: ``Memcpy HtoD (Pageable -> Device)``
-                             (``memcpyName``: copy kind, source and destination memory kinds)
-``gpu_memset``               ``memset`` row (``args.bytes``)
-``cuda_sync``                ``sync`` row: ``Stream Sync``, ``Event Sync``, ``Context Sync``,
-                             ``Stream Wait Event`` (``syncTypeString``); ``args.wait_on_cuda_event_id``
-``cuda_event``               no row of its own: stream and event of the ``cudaEventRecord`` with its correlation
-``user_annotation``          ``nvtx`` row, domain ``torch.record_function`` (``record_function`` ranges)
-``python_function``          no row: the frames (``file.py(line): function``) become the ``stack`` of the
-                             ``api`` rows they enclose on the same thread (``with_stack=True``)
-===========================  ==================================================================================
-
-An event is malformed when a time it must have is not a number (``ts``, ``dur``: text, ``true``, a string ``"NaN"``):
-the file is refused naming the event (its index in ``traceEvents``), the field and the value. A JSON ``NaN`` or
-``Infinity`` (which JSON does not allow: ``json.dumps`` writes them) is named as such, with its field and event, and is
-not taken for a cut file; a file cut short is (the byte offset). A kernel of negative duration is kept, counted and
-noted (taken as taking no time: :func:`ds4lab.trace.table.kernel_lengths`), and so is any other event's (its duration
-taken as 0).
-
-Every other category (``cpu_op``, ``gpu_user_annotation``, flows, ``Trace``, instant and counter events) is counted and
-named in the table's notes, never dropped silently.
-
-**ds4lab dialect** (``ds4lab trace``, :mod:`ds4lab.trace.chrome`; told apart by ``otherData.ds4lab``): one process per
-stage (the table's ``pid``), host rows on thread 1, each stage's clock offset in ``otherData.clock_offset_ns`` added
-back so the stages share one clock; categories ``nvtx`` (domain ``ds4lab``), ``kernel``, ``memset``, ``memcpy``,
-``cuda_runtime``, ``cuda_driver``, ``cuda_sync`` with ds4lab's own ``args`` (``stream``, ``stream_type``, ``graph_id``,
-``graph_node_id``, ``correlation``, ``args``: a kernel's scalar arguments)."""
+own ``trace.json``, streamed with ``ijson`` (one event at a time; plain or gzip). The categories each dialect gives,
+what is counted and left out, and what makes an event malformed: ``docs/trace-readers.md``, "Chrome Trace Event
+JSON"."""
 
 from __future__ import annotations
 

@@ -1,40 +1,7 @@
-"""``nsys stats --format csv`` output: every report in the file told apart by its title, read into its own table or
-reported as skipped by name.
-
-Sources: Nsight Systems "Post-Collection Analysis Guide" (docs.nvidia.com/nsight-systems/ AnalysisGuide), section
-"Statistical Reports Shipped With Nsight Systems" for the report names, their columns and "All time values given in
-nanoseconds by default"; the report names before the 2022 renaming (``gpukernsum``, ``nvtxsum``, ``cudaapisum``,
-``gpumemtimesum``, ``gpumemsizesum``, ``gputrace``, ``osrtsum``) are the same reports under their older names.
-
-How a report is recognised, in this order:
-
-* a title line ``** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):`` (what ``nsys stats`` prints before each report) or a
-  ``Processing [...] with [.../cuda_gpu_kern_sum.py]...`` line (older versions): the report name in it decides,
-  whatever the columns;
-* a CSV table without either line before it, as ``nsys stats --format csv -o PREFIX`` writes each report to its own
-  file: the file name nsys gave it (``PREFIX_<report>.csv``) when it names a report, else the table's columns, for
-  every report ds4lab reads (:func:`report_by_columns`). The API summaries (``cuda_api_sum``, ``osrt_sum`` and others
-  nsys has) share their columns: such a table is ``cuda_api_sum`` when every row names a CUDA call
-  (``cu...``/``cuda...``), and is otherwise skipped with a warning saying why, never guessed.
-
-The text (column) format ``nsys stats`` prints by default (a table under a line of dashes) is refused, in strict and
-lenient mode alike, with "this is the text format: rerun with `--format csv`". Nothing vanishes in lenient mode: a bad
-row is listed as a problem; a table ds4lab does not read, a report title with nothing after it, a report with a header
-and no rows, and lines that are none of these (nsys's own messages) are named in warnings with their lines. A file
-whose last line is cut off (no final newline) has that line reported, not read.
-
-A report this module does not read (``cuda_api_gpu_sum``, ``um_sum``, ...) is skipped with a warning naming it
-(:attr:`Ingested.warnings`), never merged into another table.
-
-Columns: every column of a read report is kept. A header with a unit (``Total Time (ns)``, ``Avg (us)``, ``Total
-(MB)``) gives a number column named after it (``total_time_us``: times converted to µs; other units keep theirs:
-``total_mb``). A time column without a unit (older versions print ``Average``, ``Minimum``, ``Maximum``, ``Total
-Time``, ``StdDev``) is read in ns, the documented default, converted to µs, and a warning says so once per report; in a
-size report (``cuda_gpu_mem_size_sum``/``gpumemsizesum``) such a column has no documented default unit: it is kept as
-printed, named ``<column>_unit_not_stated``, with a warning. Count columns (``Instances``, ``Num Calls``, ``Count``,
-``Time (%)``/``Time(%)``, ids) are numbers; every other column is kept as text. A number column's cell that is not a
-number, is negative or is not finite is a malformed row (file and line), except an empty cell in a trace report (a
-memory copy has no grid), read as empty."""
+"""``nsys stats --format csv`` output: every report in the file told apart by its title (or, in the per-report files of
+``-o PREFIX``, by its file name and columns: :func:`report_by_columns`), read into its own table or skipped by name
+with a warning; the text format refused ("rerun with `--format csv`"). How reports are recognised and how their
+columns and units are read: ``docs/trace-readers.md``, "nsys stats --format csv"."""
 
 from __future__ import annotations
 
