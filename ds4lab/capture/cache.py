@@ -1,33 +1,18 @@
 """Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
 
-A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. What it captures and how
-is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun` passes it
-whole). For the clusters the policy names (``"shared"``, ``"moe"``, ``"token"``, ds4's islands ``"island0"`` and
-``"island1"``, the attention span ``"attn_span"``), each call:
+A :class:`GraphCache` is a :class:`~ds4lab.token.model.DecodeModel`'s executor; what it captures and how is one frozen
+:class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun` passes it whole). For each
+cluster the policy names it builds the key (:class:`GraphKey`: cluster, layer, token count, the buffer-alias key, and
+with ``key_decisions`` the host decisions), runs eagerly while the key warms up, then captures, instantiates once and
+replays (on the accessor's stream, or on ds4's islands' dedicated ``capture_stream``). Before each replay it re-asks
+the cluster's host decisions (:meth:`DecodeModel.host_decisions`): a changed answer retires the graph, never replaying
+stale. A capture failure is recorded (CUDA's or CuPy's error) and the cluster runs eagerly from then on; anything else
+raised while capturing ends the capture through :func:`capture_scope` and goes on. Counters: :class:`CacheStats`. The
+policy's options (``update``, ``node_updates``, ``variants``, ``invalidate_on_realloc``, ``skip``):
+``docs/capture-stages.md``, "The graph cache's policy".
 
-1. builds the cache key (:class:`GraphKey`): cluster, layer, token count, and the buffer-alias key (the model's buffer
-   generation, bumped whenever ds4lab reallocates a buffer, and the addresses of the inputs the caller passes in); with
-   ``key_decisions`` the host decisions too;
-2. runs eagerly while the key is warming up (first sight: kernels compiled, scratch allocated);
-3. captures, instantiates once, then replays with ``cudaGraphLaunch``: on the accessor's stream (a non-blocking stream:
-   the legacy stream cannot be captured), or, with ``capture_stream`` (ds4's islands), on that dedicated stream — the
-   eager work stays where it is and the capture stream is set as the thread's override only while capturing and
-   launching;
-4. before each replay re-asks the cluster's host decisions (:meth:`DecodeModel.host_decisions`); a changed answer
-   retires the graph and captures again, never replaying stale;
-5. on any capture failure records the CUDA (or CuPy) error, retires the entry, and runs that cluster eagerly from then
-   on: the same results, without the graph;
-6. on anything else raised while capturing (``KeyboardInterrupt``, a ``KeyError`` in a cluster: any ``BaseException``)
-   ends the capture through :func:`capture_scope` (the partial graph is discarded, the stream leaves capture mode, the
-   thread's stream override is restored), leaves the key uncaptured with the reason in :attr:`GraphCache.log`, and lets
-   the exception go on.
-
-The policy options for the designs engines ship (``update``, ``node_updates``, ``variants``, ``invalidate_on_realloc``,
-``skip``) are explained in ``docs/capture-stages.md``, "The graph cache's policy".
-
-Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, graph instantiation, updating instantiated graphs:
-whole-graph update and individual node update); ds4's staged plan (context file); ds4's decode islands
-(``docs/model.md``); the measured rules in ``ds4lab/sim/rules.py``."""
+Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, instantiation, whole-graph and node updates); ds4's
+staged plan and decode islands (``docs/model.md``); the rules of :mod:`ds4lab.sim.rules`."""
 
 from __future__ import annotations
 

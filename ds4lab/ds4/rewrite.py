@@ -1,35 +1,13 @@
-"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end, applied to the build's copy.
+"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end, applied to the build's copy (ds4's own
+checkout is never written to).
 
-ds4's decode token launches its kernels on three kinds of stream: the legacy stream (a launch with no stream),
-``cuda_decode_stream()`` (the legacy stream, or the decode islands' capture stream while ds4 captures an island) and
-named streams (a helper's ``stream`` parameter, an upload stream). To capture the whole token, every piece of its
-device work has to reach one stream chosen from outside. The rewrite routes each site through one thread-local
-accessor, ``ds4lab_current_stream(site)``:
-
-* unset (ds4lab's setter never called on the thread) it returns exactly ``site``, the stream the site used before, so
-  ds4 runs the same launches on the same streams, bit for bit;
-* set (``ds4lab_capture_set_stream(s, 1)``, an ``extern "C"`` symbol the rewrite adds) it returns ``s`` for every site:
-  legacy, ``cuda_decode_stream()`` and named streams alike, so the token's work lands on one stream in ds4's own host
-  order (a valid order for work that was ordered before; on one GPU ds4's named streams are helpers' parameters fed
-  with the other two, and upload streams that a resident model never reaches).
-
-What is routed (:data:`ROUTED`): every kernel launch (``<<<grid, block[, shmem[, stream]]>>>``), every cuBLAS call's
-handle (its stream set to the override, and restored when the override is cleared),
-``cudaMemsetAsync``/``cudaMemcpyAsync``/``cudaEventRecord``/``cudaStreamWaitEvent``/ ``cudaStreamIsCapturing`` and the
-stream argument of the vendored ``cuda/mmq`` entry points, the synchronous ``cudaMemset`` (an asynchronous one on the
-override stream while set), and the definition of ``cuda_decode_stream()`` itself. Calls that cannot sit inside a
-capture (:data:`SPLITS`: device, stream and event synchronization, synchronous copies, allocation and freeing, ds4's
-own graph launches) are bracketed by two hooks: a capturing driver ends its graph before such a call and begins the
-next after it, so the token is split around the call and the split is counted, with ds4's file and line. Three of ds4's
-token calls get a hook at their start (:data:`HOOKS`): ``ds4_gpu_begin_commands`` and ``ds4_gpu_end_commands`` bracket
-the token, and ``ds4_gpu_flush_commands`` (ds4's mid-token device synchronize after the fourth layer, there only to
-start the GPU early) returns at once while a token is being captured: the synchronize moves out of the token, to its
-end.
-
-A site the rewrite cannot route (a launch configuration it cannot parse, a call nested in another rewritten call, a
-hook's function not found) is listed with its file and line and the reason, never skipped silently:
-:attr:`Rewrite.unrouted`. The accessor, setter and hooks are ds4lab's program, written into the copy the build
-compiles; ds4's own checkout is never written to."""
+Every site of ds4's decode token that names a stream (:data:`ROUTED`: kernel launches, cuBLAS handles, async memsets
+and copies, event records and waits, ``cuda/mmq`` entry points, ``cuda_decode_stream()`` itself) goes through one
+thread-local accessor, ``ds4lab_current_stream(site)``: unset, it returns ``site`` (ds4 bit for bit as before); set,
+the one stream a capturing driver chose. Calls a capture cannot hold (:data:`SPLITS`) are bracketed by hooks that split
+the captured token around them, counted with ds4's file and line; :data:`HOOKS` mark the token's start and end and skip
+ds4's mid-token flush while capturing. A site the rewrite cannot route is listed with its file, line and reason
+(:attr:`Rewrite.unrouted`), never skipped silently. How it works and what it measured: ``docs/ds4.md``."""
 
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
-"""The backend contract for what stream capture alone cannot express: graph construction inside a capture, conditional
-nodes, and programmatic dependent launch.
+"""The backend contract for what stream capture alone cannot express (stages ``3cc``, ``3p``, ``3cp``, ``3ccp``):
+conditional nodes added to the graph a stream is capturing and filled by capturing into their bodies, and kernels
+launched with programmatic stream serialization, which capture keeps as programmatic edges. Each method names the
+CUDA call it is; how the stages use them: ``docs/capture-stages.md``. The ``cupy`` backend implements it through
+``cuda-bindings`` (:mod:`ds4lab.backends.cupy_device_graphs`, every status checked), the ``sim`` by the rules of
+:mod:`ds4lab.sim.rules_device` (:mod:`ds4lab.sim.device_graphs`); ``isinstance(be, DeviceGraphApi)`` is the one test
+for it.
 
-Stage ``3cc`` (one whole-token graph whose emit kernels and top-k regime are chosen on the device) adds conditional
-nodes to the graph a stream is capturing and fills their bodies by capturing into them; stages ``3p``, ``3cp`` and
-``3ccp`` launch every kernel of the capture with the programmatic stream-serialization attribute, which stream capture
-keeps as a programmatic edge. The calls:
-
-=====================================  =================================================================
-method                                 CUDA (Runtime API unless named)
-=====================================  =================================================================
-``capture_dependencies``               ``cudaStreamGetCaptureInfo`` (graph, dependencies, edge data)
-``conditional_handle_create``          ``cudaGraphConditionalHandleCreate`` (``cudaGraphCondAssignDefault``)
-``graph_add_conditional_node``         ``cudaGraphAddNode`` with ``cudaGraphNodeTypeConditional``
-``stream_update_capture_dependencies`` ``cudaStreamUpdateCaptureDependencies`` (set or add)
-``begin_capture_to_graph``             ``cudaStreamBeginCaptureToGraph``
-``end_capture_to_graph``               ``cudaStreamEndCapture`` of such a capture
-``launch_programmatic``                ``cuLaunchKernelEx`` (Driver API) with
-                                       ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``
-``graph_node_kinds``, ``graph_edges``  ``cudaGraphGetNodes``, ``cudaGraphNodeGetType``, ``cudaGraphGetEdges``
-=====================================  =================================================================
-
-Sources: CUDA Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes", and "Programmatic Dependent Launch and
-Synchronization"; CUDA Runtime API, "Graph Management" and "Stream Management" (``cudaConditionalNodeParams``,
-``cudaGraphEdgeData``). The ``cupy`` backend implements it through ``cuda-bindings``
-(:mod:`ds4lab.backends.cupy_device_graphs`), every status checked; the ``sim`` backend by the rules of
-:mod:`ds4lab.sim.rules_device` (:mod:`ds4lab.sim.device_graphs`). ``isinstance(be, DeviceGraphApi)`` is the one test
-for "can build conditional nodes and programmatic edges"."""
+Sources: CUDA Programming Guide, "Conditional Graph Nodes" and "Programmatic Dependent Launch and Synchronization";
+CUDA Runtime API, "Graph Management" and "Stream Management"."""
 
 from __future__ import annotations
 

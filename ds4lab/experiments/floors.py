@@ -1,31 +1,17 @@
 """The floors a decode token's GPU time is measured against, and the replayed token's busy time.
 
-Three figures bound what a token with ds4's launch list can cost on this GPU:
+* the **bytes floor**: the bytes the token must move (each launch's declared ``nbytes``) over the measured
+  device-to-device copy bandwidth (:func:`ds4lab.timing.copy_bandwidth`);
+* **t_min**: the replay time per kernel of an empty kernel inside a graph as long as the token's launch list (CUDA
+  events, median over replays); ``t_min_kernel_us``: that kernel's own duration (CUPTI), t_min without the node gap;
+* the **launch-list floor**: ``max(bytes / bandwidth, t_min)`` summed over the launch list: no set of kernels with
+  ds4's launch list beats it (with ``t_min_kernel_us``, it bounds the busy time: ``launch_floor_busy_us``);
+* the **busy time** of a replayed token: the union of its kernel intervals, median over tokens
+  (:func:`replayed_token_busy_us`).
 
-* the **bytes floor**: the fewest bytes the token must move (each launch's ``nbytes``, as its launch site declares it)
-  over the measured device-to-device copy bandwidth (bytes read + written, :func:`ds4lab.timing.copy_bandwidth`). No
-  kernel list moves those bytes faster;
-* **t_min**: the least a kernel costs on this GPU, measured as the replay time per kernel of an empty kernel (one block
-  of 32 threads) inside a graph as long as the token's launch list (CUDA events around each replay, median over
-  replays). ``t_min_kernel_us`` is the same empty kernel's own duration in the trace of such a replay (CUPTI records):
-  the part of t_min the GPU is busy, without the gap between two graph nodes;
-* the **launch-list floor**: for each kernel of the list, ``max(bytes / bandwidth, t_min)``, summed. With ds4's launch
-  list fixed (the census: 1 121 kernels per ds4-flash token), no set of kernels beats it. It bounds the replayed
-  token's µs per token (node gaps included, as in t_min); with ``t_min_kernel_us`` in place of t_min it bounds the busy
-  time (``launch_floor_busy_us``).
-
-The **busy time** of a replayed token is the union of its kernel intervals from a kernel trace (CUPTI
-``CONCURRENT_KERNEL`` records on a GPU; the sim's modeled timeline on ``sim``), per token, median over tokens:
-:func:`replayed_token_busy_us`. Efficiency against a floor is floor / time (at most 1 when the floor is one;
-:func:`efficiencies` says so when it is not).
-
-On the ``sim`` backend every figure here is the cost model's (``source`` says ``modeled``): the copy bandwidth from the
-calibration, t_min from the sim's replay of the same empty-kernel graph (graph node pacing and the per-kernel fixed
-cost), the busy time from its modeled timeline.
-
-Sources: CUDA Runtime API (stream capture, ``cudaGraphLaunch``, events); CUPTI Activity API
-(``CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL``); the method in ``.library/device/METHOD.md`` (two numbers first; a floor is
-never beaten by what it bounds)."""
+Efficiency is floor / time (:func:`efficiencies` says where a floor is beaten). On the sim every figure is the cost
+model's (``source``: ``modeled``). Sources: CUDA Runtime API (stream capture, ``cudaGraphLaunch``, events); CUPTI
+``CONCURRENT_KERNEL`` records."""
 
 from __future__ import annotations
 

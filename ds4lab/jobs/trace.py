@@ -1,38 +1,17 @@
 """``ds4lab trace``: one decode token's timeline per capture stage, as a Chrome/Perfetto trace.
 
-For every stage asked for (``ds4lab.experiments.ladder.STAGES``), after warm-up (graphs captured), ``tokens`` decode
-tokens are traced:
+For every stage asked for, after warm-up (graphs captured), ``tokens`` tokens are traced from the trace model's live
+sources (:mod:`ds4lab.trace.live`, read by field name): the kernels, memsets and copies (CUPTI activity records on a
+GPU, with ``graph_id``/``graph_node_id`` for a replayed graph's; the sim's modeled schedule, MODELED), ds4lab's NVTX
+ranges in the kernels' clock (:class:`ds4lab.trace.live.RecordingAnnotator`; a replayed stage shows the token range and
+its graph launch), and the CUDA API level (CUPTI's call, synchronization, event and stream records on a GPU, the sim's
+call log), each call linked to its device work by correlation id; an eager kernel carries its scalar arguments
+(``args``). Each kernel is given its launch site by position against an eager token of the same model
+(``Launcher.trace``); where counts or names differ, none, and ``sites_matched`` says so.
 
-* **kernels** (and memsets, host-to-device copies): on a GPU, CUPTI activity records
-  (``CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL``, ``MEMSET``, ``MEMCPY`` through ``cupti-python``; start and end in ns,
-  stream id, and for a kernel launched from a graph its ``graph_id`` and ``graph_node_id``, zero for eager launches:
-  CUPTI ``CUpti_ActivityKernel*`` record, measured on the H200 in ``shared/context/gpu-facts.md``, "Tracing"); on the
-  sim, the modeled schedule of its cost model (``ds4lab.sim.costmodel.Device.timeline``: per launch, start and end in
-  the modeled device clock), every event labelled MODELED. A replayed graph's node index on the sim is its position in
-  the graph's launch order (the sim replays nodes in capture order);
-* **NVTX ranges** (token → layer → cluster → op, ``ds4lab.capture.annotate``) from ds4lab's own record of its push and
-  pop times (:class:`ds4lab.trace.live.RecordingAnnotator`), in the clock the kernels use: CUPTI's timestamp
-  (``cupti.get_timestamp``, the clock of its activity records) on a GPU, the modeled host clock on the sim. A captured
-  stage pushes no op ranges while it replays: its token shows the token range and the graph launch, with the kernels of
-  the graph under it on the GPU track;
-* **the CUDA API level** (for ``ds4lab audit`` of ds4lab's own token): on a GPU the CUPTI runtime and driver call
-  records, synchronizations, event records and stream kinds (legacy, blocking, non-blocking) of the traced tokens; on
-  the sim the backend's call log (MODELED); each call linked to its device work by a correlation id. Each eagerly
-  launched kernel carries its scalar arguments as the launch layer passed them (``args``); a replayed kernel has none
-  (it runs with the arguments of its capture).
-
-Each kernel of a traced token is given its launch site (cluster, layer, op) by position: the token's kernels, in start
-order, are matched one to one with the launch sites of an eager token of the same model (``Launcher.trace``); where the
-counts or names differ, no site is given and the result says so (``sites_matched``).
-
-The records come from the trace model's live sources (:mod:`ds4lab.trace.live`: CUPTI on a GPU, the sim's modeled
-timeline and call log on the sim), read by field name.
-
-Written to ``out``: ``trace.json`` (the Trace Event format, :func:`ds4lab.trace.chrome.chrome_trace`: one process per
-stage, opens in ui.perfetto.dev and chrome://tracing), ``trace_kernels.csv`` and ``trace_nvtx.csv``, ``trace_api.csv``
-(the same events as tables; named apart from ``compare``'s kernel tables; every row ends with ``backend``, ``preset``
-and ``modeled``, as ``ladder.csv``), ``meta.json`` and the figure ``trace.png/.svg/.pdf``
-(:func:`ds4lab.report.plots.trace_figure`)."""
+Written to ``out``: ``trace.json`` (:func:`ds4lab.trace.chrome.chrome_trace`: one process per stage; ui.perfetto.dev,
+chrome://tracing), ``trace_kernels.csv``, ``trace_nvtx.csv``, ``trace_api.csv`` (rows ending with ``backend``,
+``preset``, ``modeled``), ``meta.json`` and the figure ``trace`` (:func:`ds4lab.report.plots.trace_figure`)."""
 
 from __future__ import annotations
 

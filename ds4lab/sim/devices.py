@@ -1,37 +1,15 @@
 """Several simulated devices in one process: peer copies and NCCL collectives (tensor parallelism).
 
-:class:`SimNode` holds one :class:`SimDeviceBackend` per device. Each device has its own runtime
-(:class:`DeviceRuntime`): its streams (a stream belongs to the device it was made on, as in CUDA), its legacy stream,
-its captures, its clocks and its memory. What CUDA keeps per *thread* or per *process* is shared across the devices:
-the threads' capture interaction modes (``cudaThreadExchangeStreamCaptureMode``) and the rule that a thread with a live
-capture, or another thread's global-mode capture, prohibits potentially unsafe calls whatever device they are made on
-(CUDA Runtime API, cudaThreadExchangeStreamCaptureMode: the rule speaks of threads, not devices).
-
-Between devices:
-
-* **peer copies**: :meth:`SimNode.memcpy_peer_async` (``cudaMemcpyPeerAsync`` on a stream: rule ``peer_copy``; on a
-  capturing stream a memcpy node, rule ``peer_copy_capture``, GUESS) and :meth:`SimNode.memcpy_peer`
-  (``cudaMemcpyPeer``, what ds4's tensor-parallel path uses: serialized with all work of both devices; rules
-  ``memcpy_peer_implicit`` / ``memcpy_peer_escape`` while a capture is live);
-* **NCCL communicators**: :meth:`SimNode.comm_init_all` gives one :class:`SimComm` per rank (device);
-  :meth:`SimComm.all_reduce` is ``ncclAllReduce`` (sum) on a stream. Eagerly, the call executes the collective;
-  captured (rule ``nccl_capture``), it becomes a kernel node that executes the collective at every replay. A collective
-  *executes* when its rank reaches it, eagerly or in a replay; the k-th execution of each rank meets the k-th of every
-  other rank (rule ``nccl_pair``). When they all arrived with the same operation, type and count, and all eagerly or
-  all from graphs, the sum is computed (ranks added in rank order, float32, the same bits on every rank) and each
-  rank's device starts it when the last rank's stream is ready. Otherwise: ``nccl:mismatch`` (rule ``nccl_mismatch``),
-  ``nccl:nonuniform-capture`` (``nccl_nonuniform``), or, when a peer never arrives, ``nccl:timeout`` after
-  :attr:`SimNode.collective_timeout_s` (``nccl_timeout``): where a GPU would hang, the sim raises, on every rank
-  concerned, and the communicator stays broken afterwards.
-
-The host side of an eager collective: on a GPU ``ncclAllReduce`` returns at once and the *stream* waits for the peers;
-the sim computes work when it is issued, so the calling thread waits for its peers inside the call (with one thread per
-rank, as NCCL's multi-thread mode has it, both reach it). One thread driving two ranks without NCCL's group calls
-therefore times out here, as it hangs on a GPU (NCCL User Guide, "Management of multiple GPUs from one thread"). In
-``timing_only`` mode graph replays do not meet their peers (the sim's graph launch calls no node work then): each
-rank's replayed collective is priced alone.
-
-Costs (µs, MODELED, GUESS until the two-GPU machine measures them): :class:`LinkModel`."""
+:class:`SimNode` holds one :class:`SimDeviceBackend` per device, each with its own runtime (:class:`DeviceRuntime`:
+streams, legacy stream, captures, clocks, memory); what CUDA keeps per thread or process (capture interaction modes,
+the unsafe-call rule) is shared. Between devices: peer copies (:meth:`SimNode.memcpy_peer_async`,
+:meth:`SimNode.memcpy_peer`) and one :class:`SimComm` per rank (:meth:`SimNode.comm_init_all`) whose
+:meth:`SimComm.all_reduce` is ``ncclAllReduce`` (sum) on a stream: executed eagerly, a kernel node when captured; the
+k-th execution of each rank meets the k-th of every other (rule ``nccl_pair``), and a mismatch, a non-uniform capture
+or a peer that never arrives (``nccl:timeout`` after :attr:`SimNode.collective_timeout_s`, where a GPU would hang) is
+raised on every rank concerned. The calling thread waits for its peers inside an eager call (one thread per rank, as
+NCCL's multi-thread mode has it). Costs (µs, MODELED, GUESS until measured): :class:`LinkModel`. The rules and what
+waits for the two-GPU machine: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 

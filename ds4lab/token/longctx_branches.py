@@ -1,30 +1,15 @@
 """Stage ``3cc``'s long-context token: the position-dependent launch decisions of every compressed layer made on the
 device by conditional graph nodes (``TokenOptions.longctx="conditional"``).
 
-ds4's path asks the host, from the position, whether each compressor emits a row (its pool, norm, rotate-store and,
-ratio 4, shift kernels) and which top-k regime the indexer takes (none while every compressed row is attended, then one
-sort width after another, then the chunked tree): a graph captured at one position is wrong at another, so stage 3
-keeps one graph per token shape. Stage ``3c`` launches the same kernels at every position with worst-case grids and
-lets them exit on the device. Stage ``3cc`` keeps ds4's launches and puts the choice into the graph:
+Per compressed layer one small kernel (``kernels/graph_cond.cu:cond_set_longctx``) reads the position from the token's
+scalars and sets the layer's handles; each compressor's emit kernels are the body of an IF node; the indexer is a
+SWITCH node with one body per top-k regime ``max_context`` allows, each sized for the largest n_comp of its body (rows
+and candidate sets past n_comp skipped on the device, as in stage 3c). One whole-token graph then runs at every
+position exactly the launches ds4's host decisions would have issued there, bit for bit ds4's results. Outside a
+capture the host takes the same branches itself. How and why: ``docs/capture-stages.md``.
 
-* per compressed layer, one small kernel (``kernels/graph_cond.cu:cond_set_longctx``) reads the position from the
-  token's scalars and sets the layer's conditional handles: the emit of the attention's compressor, of the indexer's
-  compressor (ratio 4), and the top-k regime;
-* each compressor's emit kernels are the body of an IF node;
-* the indexer is a SWITCH node with one body per top-k regime that ``max_context`` allows (sort2k, sort4k, sort8k,
-  sort16k, and the chunked path once per number of merge launches its tree needs), each the indexer ds4's path launches
-  for the largest n_comp of that body (score grid and top-k plan; rows and candidate sets past n_comp are skipped on
-  the device, as in stage 3c); the value for "every row attended" runs no body;
-* attention picks the selection or all rows from n_comp on the device (as in stage 3c).
-
-So one whole-token graph serves every position, running at each exactly the launches ds4's host decisions would have
-issued there, with the same grids for the emit kernels and the sort regimes and grids sized for the body's largest
-n_comp for the score, chunk and merge kernels: bit for bit ds4's results (a merge of more, empty, candidate sets gives
-the same selection: the top-k of a union does not depend on how it is grouped; stage 3c relies on the same). Outside a
-capture (the graph cache's warm-up, a backend that cannot capture) the host takes the same branches itself.
-
-Sources: CUDA Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes" (IF since 12.4, SWITCH since 12.8); CUDA
-Runtime API, cudaGraphConditionalHandleCreate, cudaGraphAddNode, cudaGraphSetConditional; ds4.c
+Sources: CUDA Programming Guide, "Conditional Graph Nodes" (IF since 12.4, SWITCH since 12.8); CUDA Runtime API,
+``cudaGraphConditionalHandleCreate``, ``cudaGraphAddNode``, ``cudaGraphSetConditional``; ds4.c
 ``compressor_decode_one``, ds4_cuda.cu ``ds4_gpu_indexer_topk_tensor`` for the decisions."""
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
-"""The trace model's records: one frozen, typed record per thing a trace holds, read by field name.
-
-Every live source (ds4lab's CUPTI session, the sim's modeled timeline) builds these records, and every reader that
-turns them into a table (:mod:`ds4lab.trace.events`) reads their fields by name:
-
-===================  ====================================================================================
-:class:`Kernel`      a kernel on a device: name, grid, block, shared bytes, graph and node ids, and its
-                     :class:`KernelArgs` where the source recorded them
-:class:`Copy`        a copy on a device: copy kind, source and destination memory kinds, bytes
-:class:`Memset`      a memset on a device: memory kind, bytes
-:class:`GraphExec`   a whole-graph execution (CUPTI ``GRAPH_TRACE``; Nsight Systems' default)
-:class:`ApiCall`     a CUDA runtime or driver call on a host thread
-:class:`Sync`        a synchronization as CUPTI records it (stream, event, context, stream-wait-event)
-:class:`EventRecord` a ``cudaEventRecord``'s stream and event (CUPTI ``CUDA_EVENT``), by correlation id
-:class:`StreamMade`  a stream created while recording, with its kind (CUPTI ``STREAM``)
-:class:`Marker`      one NVTX marker record (a range's start or end, or an instantaneous mark)
-:class:`Range`       an NVTX range as ds4lab's launch layer pushed and popped it (``ds4lab trace``)
-===================  ====================================================================================
-
-Device records share :class:`DeviceRecord`'s fields (start and end in ns on the source's clock, device, stream,
-correlation id, graph and node id: 0 for work not launched from a graph). ``kind`` (a class attribute) is the event
-table's row kind. ``-1`` and ``""`` mean "the source does not say", as in the event table.
-
-Kernel arguments (:class:`KernelArgs`): what a launch passed, as far as the source recorded it: the scalar arguments as
-ds4lab's launch layer passed them (``index=value``), a digest of the packed parameter bytes, and, where they were
-stored, each parameter's offset, size and bytes (:class:`ParamBytes`). A position-like argument that changes every
-token is what a frozen graph replays stale.
-
-The labels every source gives a copy, a memset and a synchronization (``Memcpy HtoD (Pageable -> Device)``, ``Memset
-(Device)``, ``Stream Sync``, as CUPTI's samples and Kineto print them) are made here once (:func:`copy_label`,
-:func:`memset_label`, :func:`sync_label`) and read back by :func:`parse_copy_label`. CUPTI's numbering of copy, memory,
-synchronization and stream kinds (``cupti_activity.h``, CUDA 13; checked against ``cupti-python`` 13.0.1's enums) is
-named here too."""
+"""The trace model's records: one frozen, typed record per thing a trace holds (:class:`Kernel`, :class:`Copy`,
+:class:`Memset`, :class:`GraphExec`, :class:`ApiCall`, :class:`Sync`, :class:`EventRecord`, :class:`StreamMade`,
+:class:`Marker`, :class:`Range`, :class:`MemoryOp`), read by field name; the map: ``docs/architecture.md``, "The
+trace model". Device records share :class:`DeviceRecord`'s fields (ns on the source's clock; graph and node id 0 for
+eager work); ``-1`` and ``""`` mean "the source does not say". Also here, once: the labels of a copy, a memset and a
+synchronization (:func:`copy_label`, :func:`memset_label`, :func:`sync_label`, :func:`parse_copy_label`), CUPTI's
+numbering of copy, memory, synchronization and stream kinds (``cupti_activity.h``, CUDA 13; checked against
+``cupti-python`` 13.0.1), and CUDA API names: :func:`api_base_name` and the launch calls
+(:data:`KERNEL_LAUNCH_CALLS`, :data:`GRAPH_LAUNCH_CALLS`)."""
 
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
-"""What PyTorch's dispatcher saw during an argument pass: every operator call, its host arguments, and which kernel
-launches it made.
-
-A kernel's by-value parameters hold what its launcher put there and, in a struct passed by value, what it left there:
-PyTorch's TensorIterator kernels take offset calculators of ``MAX_DIMS`` slots of which only the tensor's rank are set
-(aten/src/ATen/cuda/detail/OffsetCalculator.cuh), the rest being what the host stack held. Those words differ at every
-token without being values. The launcher of a PyTorch kernel is an operator, and an operator's kernels are a function
-of its host arguments (the sizes, strides, dtypes and storage offsets of its tensors, its scalars, the values of the
-CPU tensors it reads on the host) and of device memory. So the op log keeps, per operator call, a key of those host
-arguments (data pointers left out: addresses are placed by the allocations), the storage ranges of its CUDA tensors,
-and a short text; :class:`~ds4lab.trace.arguments.ArgumentCapture` tags each launch with the innermost operator call
-around it. The audit (:mod:`ds4lab.audit.frozen`) then tells a word an operator set from host arguments that changed (a
-frozen value, named with the operator and the argument) from one no host argument of the operator explains (set by
-nobody, read by nobody).
-
-It also keeps every copy between a CPU tensor that is not pinned and a CUDA tensor (:data:`COPY_OPS`): PyTorch refuses
-those while a stream captures ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU
-tensor is pinned": aten/src/ATen/native/cuda/Copy.cu, ``copy_kernel_cuda``), a 0-dim source included, where CUDA itself
-would capture the copy as a memcpy node. (``torch.tensor(data, device="cuda")`` copies below the dispatcher, where no
-mode sees it: the audit finds that one by its CUDA copy, :func:`ds4lab.audit.frozen.compare`.)
-
-Beside the key, each call keeps the numbers its host arguments hold (``vals``: scalars, small CPU tensors' values, each
-tensor's sizes, strides, element count and storage offset, labelled by the schema's argument names), so that the audit
-can say which of them a kernel's word follows from token to token (evidence that the word is a value of the step) and
-which words follow none.
-
-The log is a ``TorchDispatchMode`` (``torch.utils._python_dispatch``), entered on the thread that enters the argument
-pass, so it sees the operators that thread runs below autograd. It costs Python at every operator call, so the call
-keeps only what it reads (:func:`_read`: attributes of the tensors, the values of small CPU tensors, the stack of the
-rare pageable copy) and the digest, text and numbers are made after the pass (:attr:`OpLog.ops`); it runs in the
-argument pass only, never in timed tokens."""
+"""What PyTorch's dispatcher saw during an argument pass (a ``TorchDispatchMode`` on the pass's thread): every operator
+call, a key of its host arguments (data pointers left out), its CUDA tensors' storage ranges, the numbers its host
+arguments hold (``vals``), which kernel launches it made (tagged by
+:class:`~ds4lab.trace.arguments.ArgumentCapture`), and every copy between an unpinned CPU tensor and a CUDA tensor
+(:data:`COPY_OPS`: PyTorch refuses those under capture, ``aten/src/ATen/native/cuda/Copy.cu``). The audit
+(:mod:`ds4lab.audit.frozen`) uses it to tell a word an operator set from host arguments that changed from one
+nothing explains (TensorIterator's unset offset-calculator slots, ``OffsetCalculator.cuh``). The call keeps only
+what it reads (:func:`_read`); digest, text and numbers are made after the pass (:attr:`OpLog.ops`). Why and what it
+costs: ``docs/audit-arguments.md``, "The operator log"."""
 
 from __future__ import annotations
 

@@ -1,32 +1,14 @@
 """Every trace and profile ds4lab reads, in one place: one :func:`detect` (the format from the content, never from the
-name alone) and one reader module per format, each declaring what it yields (``YIELDS``): an event table
-(:mod:`ds4lab.trace.events`, what ``ds4lab audit`` reads: :func:`read_events`) or summary tables (tidy tables by
-name, what ``ds4lab ingest`` writes: :func:`read_tables`).
+name alone) and one reader module per format (:data:`READERS`), each declaring its ``FORMATS`` and what it yields
+(``YIELDS``): an event table (:mod:`ds4lab.trace.events`, what ``ds4lab audit`` reads: :func:`read_events`) or
+summary tables (what ``ds4lab ingest`` writes: :func:`read_tables`). The formats and their readers:
+``docs/architecture.md``, "The trace model"; what each takes from its format: ``docs/trace-readers.md``.
 
-================  =====================================================  ===============  ===============
-format            recognised by                                          reader           yields
-================  =====================================================  ===============  ===============
-``nsys-sqlite``   the SQLite magic ``SQLite format 3``                   :mod:`.nsys_sqlite`  events, tables
-``recording``     the saved-table header line (plain or gzip)            :mod:`.saved`    events
-``kineto``        a JSON object with ``traceEvents`` (plain or gzip),     :mod:`.kineto`   events
-                  or a JSON array of events
-``ds4lab-trace``  the same, with ``otherData.ds4lab`` (``ds4lab trace``)  :mod:`.kineto`   events
-``nsys-report``   a raw ``.nsys-rep``/``.qdrep`` (binary)                 :mod:`.nsys_report`  (its export)
-``ds4-log``       text with ``ds4: CUDA MoE profile`` lines (plain or gzip) :mod:`.ds4log`   tables
-``ncu-csv``       text with an ncu CSV header (``"ID","Process ID"``)     :mod:`.ncu`      tables
-                  (plain or gzip)
-``nsys-csv``      text with ``nsys stats`` reports (plain or gzip)        :mod:`.nsys_csv` tables
-``ds4lab-folder`` a folder with a ds4lab ``meta.json``                    :mod:`.folder`   tables
-================  =====================================================  ===============  ===============
-
-A raw ``.nsys-rep`` is exported with ``nsys`` for the event table when ``nsys`` is on PATH (else the command to run is
-named); a raw ``.ncu-rep`` and a ``.qdstrm`` are refused with the command that converts them. Several processes or
-devices in one file stay apart: rows keep their ``pid`` and ``device``. Readers stream (bounded memory: they hold the
-table being built, never the file's text) and show progress over the file's bytes (or the export's rows).
-
-A malformed input is a :class:`SourceError` (:class:`~ds4lab.errors.BadInput`, exit 2) naming the file and where (the
-line, the event or row, the field and its value). Adding a source is one file here: a reader module declaring its
-``FORMATS`` and ``YIELDS``, named in :data:`READERS`, with its test in :func:`detect`."""
+A raw ``.nsys-rep`` is exported with ``nsys`` where it is on PATH (else the command is named); a raw ``.ncu-rep`` or
+``.qdstrm`` is refused with the command that converts it. Several processes or devices in one file stay apart (``pid``,
+``device``). Readers stream (bounded memory) and show progress. A malformed input is a :class:`SourceError`
+(:class:`~ds4lab.errors.BadInput`, exit 2) naming the file and where (line, event or row, field and value). A new
+source: a reader module here, named in :data:`READERS`, recognised by :func:`detect`."""
 
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
-"""Nsight Compute ``ncu --csv`` output → one row per profiled kernel, its NVTX stack split into ds4lab's token / layer
-/ cluster / op, joinable to ds4lab's launch sites.
+"""Nsight Compute ``ncu --csv`` output (details or raw page, with ``--nvtx``; the program's own output and ``==PROF==``
+lines before the first header skipped) → table ``ncu_kernels`` (one row per profiled kernel: grid, block,
+``duration_us``, ``dram_pct``, ``sm_pct``, ``memory_pct``, registers, its NVTX stack split into ds4lab's token /
+layer / cluster / op, joinable to ds4lab's launch sites) and ``ncu_metrics`` (every metric, long: id, kernel,
+section, metric, unit, value). ncu locks clocks to base by default: its durations are for ratios, not for the
+ladder's µs.
 
-Sources: the Nsight Compute CLI guide ("Command Line Options" → ``--csv``, ``--page details|raw``, ``--print-units``,
-``--nvtx``) and the output it writes, as on the H200 (``shared/context/ gpu-facts.md``, "Profilers on the lent
-machine"):
-
-* what comes first, redirected to one file: the program's own output and ``==PROF==`` / ``==WARNING==`` lines; skipped,
-  up to the first CSV header (the row starting ``"ID"``);
-* the **details** page (the default; one section per ``--section``): long format, one row per metric: ``"ID","Process
-  ID","Process Name","Host Name",[NVTX columns,]"Kernel Name","Context", "Stream","Block Size","Grid
-  Size","Device","CC","Section Name","Metric Name","Metric Unit", "Metric Value"`` (later versions add rule columns
-  after them);
-* the **raw** page (``--page raw``): one row per kernel, one column per metric name (``gpu__time_duration.sum``,
-  ``dram__throughput.avg.pct_of_peak_sustained_elapsed``, ...), the row after the header holding the units;
-* with ``--nvtx``: a column ``thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg`` whose cell is
-  the thread id and the push/pop stack, outermost first, each range quoted as ``"domain:message:payload
-  type:payload:color type:color:message type:message"`` (and one for start/end ranges,
-  ``Id:Domain:Start/Stop_Range:...``).
-
-ds4lab's own NVTX stack (``ds4lab.capture.annotate``): domain ``ds4lab``, ranges ``token`` (payload: the position) →
-``layer`` (payload: the layer) → cluster (``hc_attn``, ``query``, ...) → op (the launch site, ``q_a``,
-``premix_norm``); the layer range is absent around the embedding and the final clusters.
-
-The kernel table (``ncu_kernels``): id, kernel, grid, block, duration_us, dram_pct (DRAM throughput, % of peak), sm_pct
-(compute (SM) throughput, %), memory_pct (memory throughput, %), registers, the raw NVTX stack (``nvtx``), position,
-layer, cluster, op; every metric also in ``ncu_metrics`` (long: id, kernel, section, metric, unit, value). ncu locks
-clocks to base by default: its durations are for ratios, not for the ladder's µs."""
+Sources: the Nsight Compute CLI guide (``--csv``, ``--page details|raw``, ``--print-units``, ``--nvtx``) and its output
+on the H200 (``shared/context/gpu-facts.md``, "Profilers on the lent machine"); ds4lab's NVTX stack is
+:mod:`ds4lab.capture.annotate`'s. The pages and their columns: ``docs/trace-readers.md``, "Nsight Compute CSV"."""
 
 from __future__ import annotations
 
