@@ -1,28 +1,7 @@
-"""The ds4 configurations ``ds4lab ds4`` measures: each is ds4 as it ships plus environment switches ds4 itself reads
-(``ds4_cuda.cu`` at ``b0309611``), nothing of ds4lab's.
-
-=================  =================================================================================
-``islands-off``    ``DS4_CUDA_DECODE_GRAPHS=0``: every decode kernel eager on the legacy stream
-``islands-on``     ds4's default: two decode islands per layer captured at their second sight and
-                   replayed after (``DS4_CUDA_DECODE_GRAPH_LOG=1`` logs each capture; it prints only
-                   when a graph is captured or fails, never per replay)
-``moe-profile``    islands on with ``DS4_CUDA_MOE_PROFILE=1``: ds4's seven events around its routed
-                   MoE, synchronized on every call, one profile line per call on stderr
-``moe-graph``      islands on with ``DS4_CUDA_MOE_DECODE_GRAPH=1``: the hand-built routed-MoE decode
-                   graph of ``36ee8c14``, which ds4 takes for Q4_K experts only
-=================  =================================================================================
-
-The capture ladder runs ds4 rewritten by ds4lab (:mod:`ds4lab.ds4.rewrite`: stage 0 in ds4 itself), beside
-``islands-off`` of ds4 as it ships, the reference every stage's logits are held to:
-
-=================  =================================================================================
-``stage-0``        the rewritten build, accessor unset, islands off: ds4 eager, each site on its own
-                   stream (the rewrite's cost against ``islands-off``)
-``stage-i``        the rewritten build, accessor unset, ds4's islands on
-``stage-3u``       the rewritten build, islands off, every token captured whole by ds4lab's driver on
-                   its stream and replayed, the executable graph of the token's shape updated each
-                   token (``cudaGraphExecUpdate``); split only where a call cannot be captured
-=================  ================================================================================="""
+"""The ds4 configurations ``ds4lab ds4`` measures (:data:`VARIANTS`): ds4 as it ships with environment switches ds4
+itself reads (``islands-off``, ``islands-on``, ``moe-profile``, ``moe-graph``), and the capture ladder's stages on
+ds4 rewritten by ds4lab (``stage-0``, ``stage-i``, ``stage-3u``: :mod:`ds4lab.ds4.rewrite`), each held to
+``islands-off`` bit for bit. What each switch does in ``ds4_cuda.cu`` at ``b0309611``: ``docs/ds4.md``."""
 
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
-"""What ds4 asks of a DeepSeek V4 Flash GGUF: every tensor and metadata key, as data.
+"""What ds4 asks of a DeepSeek V4 Flash GGUF: every tensor and metadata key, as data (:func:`ds4_tensors`,
+:func:`ds4_metadata`, the synthetic vocabulary :func:`synthetic_vocab`).
 
-Read from ds4's loader and validator (``ds4.c`` at ``b0309611``; line numbers below are that file's) and written here
-in ds4lab's own words; nothing is copied from ds4. ds4 opens a model in this order (``ds4_engine_open_internal``,
-ds4.c:56100):
-
-1. ``model_open`` (2452): GGUF magic, version 3 only (2492); ``parse_metadata`` (2358) takes ``general.alignment``
-   (u32, default 32, 2376); ``parse_tensors`` (2392): every tensor needs a known type and must lie inside the file
-   (``tensor points outside GGUF file``), so a sparse file of full length passes.
-2. ``config_validate_model`` (5809) → ``config_validate_deepseek4_model`` (5629): the shape keys must match
-   ``DS4_SHAPE_FLASH`` (541) or Pro exactly (``ds4_select_shape_from_metadata``, 5470, ``unsupported DeepSeek4
-   shape``), then each is compared again (``config_expect_u32``); ``validate_compress_ratio_metadata`` (5530) wants
-   ``deepseek4.attention.compress_ratios`` (int32 or uint32 array, one per layer, equal to
-   ``ds4_expected_layer_compress_ratio``, 1079); ``validate_swiglu_clamp_metadata`` (5568) a float array of 10.0 per
-   layer; the float keys within 1e-6 of ds4's constants; ``expert_weights_norm`` a bool, true.
-3. ``weights_bind`` (5949) → ``weights_bind_output`` (5819), ``weights_bind_layer`` (5895): ``required_tensor`` (4254)
-   for each name, ``exp_probs_b.bias`` optional; then ``weights_validate_layout`` (5012): type and shape of each
-   (``tensor_expect_layout`` 4287, dense quant Q8_0/Q4_K/Q4_0 ``tensor_expect_dense_quant_layout`` 4358, F16 or Q8_0
-   4408, a routed expert type ``tensor_expect_routed_expert`` 4739 with gate and up of one type).
-4. Without ``inspect_only``: ``vocab_load`` (36750): ``tokenizer.ggml.tokens`` and ``tokenizer.ggml.merges`` string
-   arrays, and seven special tokens looked up by text (``vocab_lookup``, exit when missing): :data:`SPECIAL_TOKENS`.
-
-Types: ds4 fixes most tensors' types itself (F16 embedding, HC, compressor, router; F32 norms and biases; I32 hash
-table). Where it allows a choice, the types are those of ds4's smallest Flash file,
-``DeepSeek-V4-Flash-IQ2XXS-w2Q2K-AProjQ8-SExpQ8-OutQ8`` (``gguf-tools/README.md``; its template family is
-``...F16HC-F16Compressor-F16Indexer-Q8Attn-Q8Shared-Q8Out``): IQ2_XXS routed gate/up, Q2_K routed down, Q8_0 attention
-projections, shared expert and output head, F16 indexer query. ``ds4_engine_routed_quant_bits`` (49903) reports 2 for
-it (4 when the experts are Q4_K)."""
+Read from ds4's loader and validator (``ds4.c`` at ``b0309611``; line numbers in this module are that file's) and
+written in ds4lab's own words; nothing is copied from ds4. The order ds4 opens a model in (``model_open``,
+``config_validate_deepseek4_model``, ``weights_bind``, ``weights_validate_layout``, ``vocab_load``) and the types of
+ds4's smallest Flash file this module follows where ds4 allows a choice (IQ2_XXS routed gate/up, Q2_K routed down, Q8_0
+attention projections, shared expert and output head, F16 indexer query): ``docs/model.md``, "The synthetic model ds4
+opens"."""
 
 from __future__ import annotations
 

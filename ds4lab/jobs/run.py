@@ -1,26 +1,13 @@
-"""``ds4lab run``: decode N tokens eagerly, check against the reference, time, count, floor.
+"""``ds4lab run``: decode N tokens eagerly, check against the reference, time, count, floor; each result written to the
+folder as soon as it exists.
 
-The job, in order (each result written to ``DIR`` as soon as it exists):
-
-0. checks, before any work and before anything is written: the positions stay int32, the result folder can be created
-   and written (a probe file), and a CPU backend that computes is not asked to run a model whose weights take tens of
-   minutes per run (``--force`` overrides);
-1. reference check: the first token on the chosen backend against the NumPy executor with the same weights (all layers
-   for ``tiny``/``small``; the first ``n_hash_layers + 1`` layers of ``ds4-flash``, which cover both routing kinds,
-   because 43 layers take minutes on a CPU);
-2. N decode tokens after warm-up, each bracketed by events on the accessor's stream and ended with a device
-   synchronize, as ds4 ends each token with ``cudaDeviceSynchronize()``;
-3. the launch census (``census.csv``: launches per token per cluster, kind and site, each row with ``backend``,
-   ``preset`` and ``modeled`` as ``ladder.csv``), the GPU memory footprint, and the bytes-moved floor (the fewest bytes
-   a token must read over the device-to-device copy bandwidth).
-
-Backends: on ``cupy`` every time is measured (CUDA events, host clock). On ``sim`` the same token loop runs on the
-simulated runtime and every time is MODELED from its calibration (the sim's events and modeled host clock; the copy
-bandwidth of the floor is the calibration's ``copy_GBps``); every row says so. On ``numpy`` no time is reported at all.
-
-An interrupted (Ctrl-C) or failed run keeps what it wrote and records how far it got: ``meta.json`` gets ``status``
-``"interrupted"`` or ``"failed: <reason>"`` with ``tokens_completed``, and ``census.csv`` the census of the tokens
-completed; :func:`run` then raises :class:`RunInterrupted` or :class:`RunFailed`."""
+Checks first, before anything is written (positions int32, a writable folder, a CPU backend that computes not asked for
+a model whose weights take tens of minutes: ``--force`` overrides); then the first token against the NumPy executor
+(all layers for ``tiny``/``small``, the first ``n_hash_layers + 1`` of ``ds4-flash``, both routing kinds), N timed
+tokens after warm-up (events on the accessor's stream, each token ended with a device synchronize as ds4 ends it), the
+launch census (``census.csv``), memory and the bytes floor. On ``cupy`` every time is measured, on ``sim`` MODELED
+(every row says so), on ``numpy`` none. An interrupted or failed run keeps what it wrote, ``meta.json`` saying how far
+it got (``tokens_completed``): :func:`run` raises :class:`RunInterrupted` or :class:`RunFailed`."""
 
 from __future__ import annotations
 

@@ -1,25 +1,8 @@
-"""The profiling × capture exclusion matrix, computed by running every combination.
-
-Rows are the MoE profiling modes of :mod:`ds4lab.moeprof` (``host-timed`` three ways: ds4's path unguarded, with
-ds4lab's capture guard, and with the guard's fallback). Columns are the execution regimes of the routed-MoE call being
-profiled:
-
-=======================  ==========================================================================
-``eager-legacy``         eager, on the legacy default stream (ds4 today)
-``eager-nonblocking``    eager, on a non-blocking stream set through the accessor (stage 0s)
-``capture-<mode>``       the call is the one a :class:`~ds4lab.capture.cache.GraphCache` captures in
-                         ``<mode>`` (global, thread_local, relaxed) and then launches (stage 2):
-                         what the profiler does *while the stream captures*, and what it reports
-                         for that call
-``replay``               a later call, replayed from the graph captured (thread_local) with the
-                         mode's instrumentation in place
-``island``               ds4's decode islands as shipped (ds4 ``e50104f6``): the eager work on the
-                         legacy stream, the call captured as part of island 1 on a dedicated
-                         *blocking* stream in global mode, then launched there
-=======================  ==========================================================================
-
-How every cell runs, its outcomes (``breaks capture``, ``refused``, ``no data``, ``silently wrong``, ``works``,
-``unavailable``) and what the H200 measured: ``docs/moe-profiler.md``, "The profiling × capture matrix"."""
+"""The profiling × capture exclusion matrix, computed by running every combination: rows are the MoE profiling modes
+(``host-timed`` three ways: unguarded, guarded, with the guard's fallback), columns the regimes of the routed-MoE
+call profiled (``eager-legacy``, ``eager-nonblocking``, ``capture-<mode>``, ``replay``, ``island``:
+:data:`COLUMNS`). How every cell runs, its outcomes and what the H200 measured: ``docs/moe-profiler.md``, "The
+profiling × capture matrix"."""
 
 from __future__ import annotations
 

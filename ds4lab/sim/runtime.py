@@ -1,29 +1,15 @@
-"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU.
+"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU (:class:`Runtime`; graphs in
+:mod:`ds4lab.sim.graphs`, handles in :mod:`ds4lab.sim.objects`, the rules in :mod:`ds4lab.sim.rules`). It knows
+nothing of arrays or kernels: work is a callable plus a modeled duration; :class:`ds4lab.sim.backend.SimBackend`
+adapts the backend contract onto it, and the time is :mod:`ds4lab.sim.costmodel`'s.
 
-This module knows nothing about arrays or kernels: work is a callable (``fn``) plus a modeled GPU duration.
-:class:`ds4lab.sim.backend.SimBackend` adapts the :class:`~ds4lab.executor.base.Backend` interface onto it.
-
-What it models (sources: CUDA Programming Guide, "Asynchronous execution" → blocking and non-blocking streams and the
-default stream, and "CUDA Graphs" → "Stream Capture"; CUDA Runtime API reference for each call;
-``shared/context/gpu-facts.md`` for what our H200 did):
-
-* **Eager work** runs *now*: ``fn()`` is called at enqueue. In this workbench one host thread issues work in dependency
-  order, so executing at enqueue respects every stream and event dependency. Its *time* is modeled separately
-  (:mod:`ds4lab.sim.costmodel`).
-* **Captured work** is not executed: it becomes a :class:`Node` of the capture's graph holding the callable exactly as
-  issued (a ref closure captured scalars by value and buffers by reference, which is exactly what a kernel node keeps:
-  parameter values and pointers). :meth:`Graphs.launch` calls the nodes' callables again, in order.
-* **Streams**: the legacy default stream (implicitly synchronises with every *blocking* stream), blocking and
-  non-blocking streams, and per-thread default streams (blocking with respect to the legacy stream, not synchronising
-  with other streams).
-* **Capture rules**: every rule is an entry of :data:`RULES` (trigger, outcome, CUDA error name, what gets invalidated,
-  source). The code raises through :meth:`Runtime._fail`, which looks the rule up, so the table is the single place to
-  read or change what the simulator claims.
-
-The pieces: the rules table in :mod:`ds4lab.sim.rules`, the handles (streams, events, nodes, capture sequences) in
-:mod:`ds4lab.sim.objects`, graphs and their calls in :mod:`ds4lab.sim.graphs` (:class:`~ds4lab.sim.graphs.Graphs`, held
-as ``rt.graphs``); this module holds :class:`Runtime`: streams, events, work, synchronization, capture and the clock.
-"""
+Eager work runs when it is enqueued (one host thread issues work in dependency order, so every stream and event
+dependency holds). Captured work is not run: it becomes a :class:`Node` holding the callable as issued (scalars by
+value, buffers by reference, as a kernel node keeps them), called again at each :meth:`Graphs.launch`. Streams: the
+legacy stream (synchronizing with every blocking stream), blocking and non-blocking streams, per-thread default
+streams. Every capture rule is an entry of :data:`RULES` raised through :meth:`Runtime._fail`: the table is the one
+place to read or change what the simulator claims. Sources: CUDA Programming Guide, "Asynchronous execution" and "CUDA
+Graphs" → "Stream Capture"; the CUDA Runtime API reference; the H200 record (``shared/context/gpu-facts.md``)."""
 
 from __future__ import annotations
 

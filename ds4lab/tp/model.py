@@ -1,25 +1,10 @@
-"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a :class:`~ds4lab.token.model.DecodeModel` that
-holds its share of the weights (:mod:`.shard`) and meets the other ranks at two reductions per layer
-(:mod:`.reduce`).
-
-Per layer, in ds4's order: the attention's hyper-connection pre-mix (``island0``, replicated), the query for the rank's
-heads and the replicated KV head, attention over the rank's heads, the output projection of the rank's groups into a
-partial sum (``o_b_partial``) → **reduction "attn"** → the expand into the streams (``tp_expand``), the FFN pre-mix,
-the router (replicated: every rank selects the same experts), the routed experts the rank holds (ids made local:
-``tp_localize_ids``) and its half of the shared expert, both partial sums in one ``[2, E]`` buffer → **reduction
-"ffn"** → the expand (shared + routed, as the single-GPU ``sh_down_expand`` adds them). Every launch goes through the
-rank's launcher, so through the calling thread's stream accessor.
-
-Where the collectives sit (``placement``):
-
-* ``"inside"``: as the single-GPU token is cut: island 1 (attention output through the FFN tail) holds both reductions,
-  the whole token (``token``) holds all of them: a stage capturing those captures the collectives;
-* ``"outside"``: graph–collective–graph: island 1 is three clusters around the reductions (``island1.out``,
-  ``island1.ffn``, ``island1.post``) and the token body is the segments between reductions (cluster ``tp_seg``, keyed
-  by the segment's index): a stage capturing those leaves every reduction eager, between graphs.
-
-Decode only (one token per call) and ds4's routed-MoE path; the MoE profile is not modeled under tensor parallelism
-(ds4 turns its islands and profile off there)."""
+"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a :class:`~ds4lab.token.model.DecodeModel` holding
+its share of the weights (:mod:`.shard`) and meeting the other ranks at two reductions per layer (:mod:`.reduce`:
+after the attention output's partial sum, "attn", and after the routed and shared experts' partial sums, "ffn"),
+every launch through the calling thread's accessor. ``placement`` says where the collectives sit: ``"inside"`` the
+token's clusters (a stage capturing island 1 or the token captures them) or ``"outside"`` (island 1 split around the
+reductions, the token body the segments between them: cluster ``tp_seg``; every reduction stays eager). Decode only,
+ds4's routed-MoE path, no MoE profile. The layer launch by launch: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
 """The capture-path pass: the decode loop recorded once more while PyTorch answers "is the current stream capturing?"
-with yes, so that the recording holds the work a graph of the step would hold.
-
-Why: a step that asks whether its stream captures takes another path under capture than eagerly. transformers'
-``is_tracing`` asks ``torch.cuda.is_current_stream_capturing()`` and, when it says yes, builds the attention mask the
-eager step skips (``masking_utils``: the causal mask is left to SDPA's ``is_causal`` only when nothing traces). The
-eager recording shows one path, ``torch.cuda.graph`` captures the other: a whole-token plan modeled on the eager token
-models work the graph does not hold. A pass with the question answered yes runs the capture path eagerly, on the
-device, with every kernel timed: the plans of a captured token are modeled on it (:mod:`ds4lab.audit.capture_path`).
-
-What it changes (:func:`as_if_capturing`): the Python function ``torch.cuda.is_current_stream_capturing`` (also reached
-as ``torch.cuda.graphs.is_current_stream_capturing``), which every PyTorch library asks, returns True inside the block.
-What it does not change: C/C++ code that asks CUDA itself (``cudaStreamIsCapturing``, ``cudaStreamGetCaptureInfo``)
-gets CUDA's answer: such a step's capture path stays unseen, and the audit's ``same_work`` check (the captured graph's
-kernel nodes against the modeled token's kernels) is what shows it. Nothing is captured: every call runs as it does
-eagerly, so a pass of a step that capture would refuse still records. A pass in which PyTorch was never asked (the
-questions the recording saw came from C/C++: :data:`NOT_ASKED`) ran the recorded path again and is not kept.
-
-Where the pass is saved: ``capture-path.csv.gz`` beside ``recording.csv.gz`` (``ds4lab audit run``, ``ds4lab audit
-validate``), else ``<stem>.capture-path.csv.gz`` beside ``<stem>.csv.gz`` (:func:`capture_path_beside` finds it).
+with yes (:func:`as_if_capturing`), so the recording holds the work a graph of the step would hold (transformers'
+``is_tracing`` builds the attention mask the eager step skips when it says yes); the plans of a captured token are
+modeled on it (:mod:`ds4lab.audit.capture_path`). C/C++ code that asks CUDA itself gets CUDA's answer, so such a
+path stays unseen (the audit's ``same_work`` check shows it); a pass in which PyTorch was never asked
+(:data:`NOT_ASKED`) is not kept. Saved as ``capture-path.csv.gz`` beside ``recording.csv.gz``, else
+``<stem>.capture-path.csv.gz`` (:func:`capture_path_beside`).
 
 Source: PyTorch ``torch.cuda.is_current_stream_capturing`` (``torch/cuda/graphs.py``); transformers
-``utils/import_utils.py`` ``is_cuda_stream_capturing`` / ``is_tracing`` (the attribute is looked up at each call, so
-replacing it on ``torch.cuda`` reaches them)."""
+``utils/import_utils.py`` ``is_cuda_stream_capturing`` / ``is_tracing`` (looked up at each call, so replacing it on
+``torch.cuda`` reaches them)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
-"""Live traces: this process's device work as it runs, as the trace model's records (:mod:`ds4lab.trace.records`), for
-every figure that reads a trace of ds4lab's own work (the MoE profiler's ``cupti`` mode and timing-only stamps, the
-busy-time floors, ``ds4lab trace``).
-
-* :class:`CuptiTimeline` — records of ds4lab's one CUPTI session (:class:`ds4lab.trace.cupti.CuptiSession`:
-  ``cupti-python``, an optional dependency imported lazily) of the activity kinds asked for (device records from
-  :meth:`take`, the API level of the same span from :meth:`take_api`).
-* :class:`SimTimeline` — the sim's modeled timeline (the backend contract's ``trace_records``: its cost model's
-  schedule, MODELED) as :class:`~ds4lab.trace.records.Kernel`, ``Memset`` and ``Copy`` records, with the names the sim
-  gives them; a replayed graph's node id is the kernel's position in the graph's launch order (the sim replays nodes in
-  capture order).
-* :class:`Unavailable` — no trace here; ``reason`` says why.
-
-:func:`trace_source` is the one place a source is picked for a backend; it never raises. Every source has
-``available``, ``reason``, ``modeled``, ``start()``, ``stop()`` and ``take()`` (the device records since the last
-take); with ``calls=True`` also the API level of the same span (``take_api()``), its streams (``stream_of``,
-``stream_types``, ``note_stream``) and the clock of its records (``clock_ns``).
-
-Also here: what ``ds4lab trace`` records beside the device work — :class:`RecordingAnnotator` (the NVTX ranges ds4lab
-pushes, with their times, as :class:`~ds4lab.trace.records.Range` records), :class:`SimCallLog` (the sim backend's
-calls as the CUDA API level, MODELED) and :func:`kernel_args` (a launch's arguments as a
-:class:`~ds4lab.trace.records.KernelArgs`)."""
+"""Live traces: this process's device work as the trace model's records, for every figure that reads a trace of
+ds4lab's own work (the MoE profiler's ``cupti`` mode and stamps, the busy-time floors, ``ds4lab trace``).
+:func:`trace_source` is the one place a source is picked for a backend (it never raises): :class:`CuptiTimeline`
+(the CUPTI session's records; with ``calls=True`` the API level too), :class:`SimTimeline` (the sim's modeled
+schedule, MODELED; a replayed node's id is its position in the graph's launch order) or :class:`Unavailable`
+(``reason``). Also what ``ds4lab trace`` records beside: :class:`RecordingAnnotator` (ds4lab's NVTX ranges with
+their times), :class:`SimCallLog` (the sim's calls as the API level, MODELED) and :func:`kernel_args`."""
 
 from __future__ import annotations
 

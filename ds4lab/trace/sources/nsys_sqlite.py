@@ -1,25 +1,15 @@
-"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, which yields both an event
-table (every CUDA event, for ``ds4lab audit``: :func:`read_sqlite`) and summary tables (kernels, graph executions
-and NVTX ranges with their domain names, for ``ds4lab ingest``: :func:`read_nsys_sqlite`), from the same tables, row
-iterators and checks.
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, yielding an event table (every
+CUDA event, for ``ds4lab audit``: :func:`read_sqlite`) and summary tables (kernels, graph executions, NVTX ranges
+with their domain names, for ``ds4lab ingest``: :func:`read_nsys_sqlite`) from the same tables, row iterators and
+checks. A table is found whatever version suffix the export gives it (the highest read); graphs traced whole
+(``--cuda-graph-trace=graph``, the default) give ``graphs`` rows and a warning naming ``--cuda-graph-trace=node``,
+so a partial kernel table is never taken for the whole; a row whose start or end is not a number is malformed
+(:class:`~ds4lab.trace.sources.common.SourceError`, naming table, row and field).
 
-Sources: the Nsight Systems export schema ("Exporter" section of the Nsight Systems user guide; the tables are named
-after the CUPTI activity kinds, ``CUPTI_ACTIVITY_KIND_KERNEL`` and ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE``, with times in
-ns and names as ``StringIds`` ids), CUPTI's ``CUpti_ActivityGraphTrace2`` record ("execution for a graph without giving
-visibility about the execution of its nodes"), and the NVTX event types the export uses in ``NVTX_EVENTS.eventType``:
-59 push/pop range, 60 start/end range, 75 domain creation (the row's ``text`` is the domain's name, its ``domainId``
-the id later rows carry; domain ids are per process, the process being bits 24–47 of ``globalTid``). Where the export
-has the ``ENUM_NSYS_EVENT_TYPE`` table, the domain-creation id is read from it instead (name ``NvtxDomainCreate``).
-
-Nsight Systems traces CUDA graphs whole by default (``--cuda-graph-trace=graph``): the export then holds one
-``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph execution and no kernel rows for the graph's nodes. Such a file gives
-a ``graphs`` table (or ``graph`` rows) and a warning that names the fix (``--cuda-graph-trace=node``), so an empty or
-partial kernel table is never taken for the whole.
-
-A table is found whatever version suffix the export gives it (``CUPTI_ACTIVITY_KIND_KERNEL``, ``..._V2``, ``..._2``:
-the highest is read). A row whose start or end is not a number is malformed: the summary tables report it (an error
-unless lenient), the event table refuses the file naming the table, the row and the field
-(:class:`~ds4lab.trace.sources.common.SourceError`, exit 2)."""
+Sources: the Nsight Systems export schema (user guide, "Exporter": tables named after CUPTI's activity kinds, times in
+ns, names as ``StringIds``), CUPTI's ``CUpti_ActivityGraphTrace2``, and the NVTX event types of
+``NVTX_EVENTS.eventType`` (59 push/pop, 60 start/end, 75 domain creation, or ``ENUM_NSYS_EVENT_TYPE``'s
+``NvtxDomainCreate``; domain ids per process, the process in bits 24–47 of ``globalTid``)."""
 
 from __future__ import annotations
 
