@@ -552,37 +552,30 @@ def _as_write_failed(e: OSError, folder: Path) -> WriteFailed:
 
 @contextlib.contextmanager
 def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=(), ran=None):
-    """The life of one result folder around a command's work (the module docstring's steps): ``with job_folder(out,
-    meta, OUTPUTS) as folder:`` and the command writes every file into ``folder`` (the staging folder), never into
-    ``out``.
+    """The life of one result folder around a command's work (``docs/results.md``, "How a result folder lives": checks,
+    lock, staging, the swap on success, what an interruption, a failure or a full disk leaves): ``with
+    job_folder(out, meta, OUTPUTS) as folder:`` and the command writes every file into ``folder`` (the staging
+    folder), never into ``out``.
 
     Args:
         out: the result folder (``--out``).
-        meta: what ``meta.json`` records; ``job`` names the command (a folder holding another command's results is
-            refused). This function adds ``ds4lab`` (the version), ``status``, ``run`` (``pid``, ``host``, ``lock``),
-            ``files`` (what the run wrote, each file whole: the jobs write through :func:`whole_file` or
-            :func:`appending`), ``files_not_written`` (files whose write was cut by a failure or an interrupt; none is
-            left, whole or cut), ``file_sha256`` (the SHA-256 of each of those that is a plain file: a rerun keeps one
-            edited since as it keeps a user's files), the ``sha256`` and ``shipped`` of every ``calibration`` entry,
-            ``traceback`` for a failure and ``kept_in`` (where partial results went).
-        outputs: glob patterns of the command's own file names (in a folder from an older ds4lab without a ``files``
-            list, the files ds4lab wrote).
-        on_stop: ``on_stop(status)`` is called on an interrupt or failure before ``meta.json`` is written (a job
-            records how far it got); an error inside it is recorded in ``meta["on_stop_error"]``, never raised.
-        say: prints the lines about where results went (default: stderr); they name ``out`` as :func:`final_path` does.
-        discard_on: exception types that mean the input was bad (``ingest`` reading a malformed line): the staging
-            folder is removed and ``out`` left as it was, nothing kept.
-        ran: what this run ran, as far as it sets one experiment apart from another (the hazard set, the preset, the
-            backend, the inputs), for a job's default folder: recorded in ``meta.json`` (``ran``); earlier results in
-            ``out`` that ran something else (or do not say) are not replaced but kept whole beside it as
-            ``OUT.replaced-<time>``, and the console says what differed. None: any earlier results of the same command
-            are replaced.
+        meta: what ``meta.json`` records; ``job`` names the command (another command's folder is refused). Added here:
+            ``ds4lab`` (the version), ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (each whole),
+            ``files_not_written``, ``file_sha256``, each ``calibration``'s ``sha256`` and ``shipped``, ``traceback``
+            for a failure, ``kept_in``.
+        outputs: glob patterns of the command's own file names (for a folder from an older ds4lab without ``files``).
+        on_stop: ``on_stop(status)`` on an interrupt or failure, before ``meta.json`` is written; an error in it is
+            recorded in ``meta["on_stop_error"]``, never raised.
+        say: prints where results went (default: stderr), naming ``out`` as :func:`final_path` does.
+        discard_on: exception types meaning bad input: the staging folder is removed, ``out`` left as it was.
+        ran: what sets this run apart (hazard set, preset, backend, inputs), recorded as ``ran``; earlier results in
+            ``out`` that ran something else are kept whole beside it as ``OUT.replaced-<time>``. None: earlier results
+            of the same command are replaced.
 
-    Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` (the exception
-    goes on; partial results kept); ``failed: <error>`` (the exception goes on, an ``OSError`` as :class:`WriteFailed`
-    naming the path; partial results kept). A :class:`ds4lab.errors.CheckFailed` (a stage not bit-identical, a GPU/sim
-    disagreement) is a run that finished and wrote everything: its folder replaces ``out`` as a complete one does, with
-    ``status: failed: <check>``.
+    Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed:
+    <error>`` (the exception goes on, partial results kept; an ``OSError`` as :class:`WriteFailed` naming the path). A
+    :class:`ds4lab.errors.CheckFailed` run finished and wrote everything: its folder replaces ``out`` with ``status:
+    failed: <check>``.
 
     Raises:
         OutputError: a bad ``out`` (empty, ``.``, a file, the folder holding the current directory), a folder in use by

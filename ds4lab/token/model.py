@@ -1,18 +1,11 @@
 """The decode token: ds4's launch order for one token, on any backend.
 
-:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend, and issues a token's
+:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend and issues a token's
 launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of one decode layer"), each cluster in its own
-census/NVTX scope:
-
-``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``) → ``attention`` → ``output`` →
-``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final`` (behind ``vocab=True``). The compressor and indexer
-clusters exist with ``cfg.long_context`` only, in the compressed layers (:class:`LongContext`).
-
-The ds4-today code paths that become capture hazards are selectable in :class:`TokenOptions`. Simplifications against
-the real model are listed in ``docs/model.md``. Buffers: the routed MoE's scratch (:class:`MoeScratch`) and, with
-``long_context``, the compressed layers' caches and scratch (:class:`LongContext`, :class:`TopkScratch`); the
-compressed layers' host decisions and launches are methods of :class:`DecodeModel` (the section "long context" at its
-end)."""
+census/NVTX scope: ``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``, long
+context) → ``attention`` → ``output`` → ``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final``. The ds4-today
+paths that are capture hazards are :class:`TokenOptions`; the buffers :class:`MoeScratch`, :class:`LongContext`,
+:class:`TopkScratch`. Simplifications against the real model: ``docs/model.md``."""
 
 from __future__ import annotations
 
@@ -38,29 +31,23 @@ MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 
 @dataclass(frozen=True)
 class TokenOptions:
-    """Which code path each capture hazard takes (context file, "Capture hazards").
+    """Which code path each capture hazard takes (context file, "Capture hazards"; ds4 today first).
 
     Attributes:
-        counts_clear: ``"sync"`` (ds4 today: ``cudaMemset`` on the legacy stream) or ``"async"`` (the fix:
-            ``cudaMemsetAsync`` on the accessor's stream) for the routed-MoE counts.
-        scalars: ``"value"`` (ds4 today: position, KV row, window length, token id as kernel arguments) or ``"device"``
-            (read from a device buffer written before each token).
-        scratch: ``"on-demand"`` (routed-MoE scratch allocated when a larger batch first needs it) or ``"prealloc"``
-            (allocated for ``max_tokens`` up front).
+        counts_clear: ``"sync"`` (``cudaMemset`` on the legacy stream) or ``"async"`` (``cudaMemsetAsync`` on the
+            accessor's stream) for the routed-MoE counts.
+        scalars: ``"value"`` (position, KV row, window length, token id as kernel arguments) or ``"device"`` (read from
+            a device buffer written before each token).
+        scratch: ``"on-demand"`` (routed-MoE scratch grown when a batch first needs it) or ``"prealloc"``.
         vocab: run the final norm and the vocabulary projection.
-        moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
-        moe_host_timed, legacy_sites, sync_in_body: ds4-today code paths that break capture, re-introduced by the
-            hazard demonstrations (``ds4lab ladder --hazard``).
-        longctx: who makes the long-context launch decisions (``cfg.long_context`` only). ``"host"`` (ds4 today): emit
-            or not and the top-k regime chosen from the position every token, so the launch list changes with it (host
-            decisions a graph freezes). ``"device"`` (stage ``3c``): one launch list for every position: the emit
-            kernels always launched (they exit at once off an emit token), the indexer always run with the worst-case
-            top-k plan for ``max_context`` (blocks past n_comp exit or write nothing), the attention choosing selected
-            or all rows from n_comp on the device. ``"conditional"`` (stage ``3cc``): one graph for every position with
-            ds4's launches, the emit kernels inside IF nodes and the indexer inside a SWITCH node per top-k regime,
-            their conditions set on the device from the position (:mod:`ds4lab.token.longctx_branches`).
-        pdl: launch every kernel issued inside a stream capture with programmatic stream serialization (stages ``3p``,
-            ``3cp``, ``3ccp``: ``Launcher.programmatic``)."""
+        moe_profile: ds4's 7 profiling events around the routed-MoE stages.
+        moe_host_timed, legacy_sites, sync_in_body: ds4-today paths that break capture, for the hazards.
+        longctx: who makes the long-context launch decisions: ``"host"`` (ds4 today: the launch list changes with the
+            position), ``"device"`` (stage 3c: one worst-case launch list for every position, kernels exiting on the
+            device) or ``"conditional"`` (stage 3cc: ds4's launches inside conditional nodes,
+            :mod:`ds4lab.token.longctx_branches`); ``docs/capture-stages.md``.
+        pdl: launch every kernel issued inside a capture with programmatic stream serialization (stages 3p, 3cp, 3ccp).
+    """
 
     counts_clear: str = "sync"
     scalars: str = "value"
@@ -179,13 +166,11 @@ class TopkScratch:
 
 
 class LongContext:
-    """Caches and scratch of the compressed layers (``cfg.long_context``; docs/model.md).
-
-    Per compressed layer (``layers[l]``, None for an uncompressed one): the compressed rows ``comp``, the compressor
-    state ``comp_state_kv`` / ``comp_state_score``, and for ratio 4 the indexer keys ``index`` and the indexer
-    compressor's state (``weights.cache_layout``), all prefilled with seeded random rows, as if every position before
-    the first decoded one had been processed. Shared scratch: the stacked kv/score projection, the pooled and normed
-    row, the indexer query and head weights, the scores, the selection and the chunked top-k scratch."""
+    """Caches and scratch of the compressed layers (``cfg.long_context``; ``docs/model.md``): per compressed layer
+    (``layers[l]``, None for an uncompressed one) the compressed rows, the compressor state and, ratio 4, the
+    indexer keys and its compressor's state (``weights.cache_layout``), prefilled with seeded random rows as if
+    every earlier position had been processed; and the shared scratch of the compressors, the indexer and the top-k.
+    """
 
     def __init__(self, model: "DecodeModel") -> None:
         cfg, be = model.cfg, model.be
@@ -526,16 +511,11 @@ class DecodeModel:
             self.executor.run(self, cluster, layer, T, ts, fn, inputs)
 
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
-        """The host-side choices a cluster's launches depend on, re-asked before every replay.
-
-        * the routed-MoE path, chosen by token count (decode vs sorted pairs), and the MoE profile
-          (clusters holding the routed MoE: ``moe``, ``island1``, ``token``);
-        * the attention regime, chosen by the window length (filling vs full window), when the
-          window length is a host value (``scalars="value"``), and on the long-context token the
-          emit, top-k and attention-length decisions (clusters holding attention: ``attn_span``,
-          ``token``);
-        * routing kind (hash or top-k) and the vocabulary flag are fixed per layer and model.
-        A change in any answer retires the graph (ds4lab.capture.cache.GraphCache)."""
+        """The host-side choices a cluster's launches depend on, re-asked before every replay: the routed-MoE path (by
+        token count) and the MoE profile (``moe``, ``island1``, ``token``); the attention regime while the window
+        length is a host value, and on the long-context token the emit, top-k and attention-length decisions
+        (``attn_span``, ``token``). A change in any answer retires the graph
+        (:class:`ds4lab.capture.cache.GraphCache`)."""
         d = []
         if cluster in ("moe", "island1", "token"):
             d.append(("moe.path", "sorted" if T > 1 else "decode"))
@@ -558,12 +538,10 @@ class DecodeModel:
             ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
-        """One decode layer in three parts, as ds4 cuts it for its decode islands (ds4 ``e50104f6``,
-        ``docs/model.md``): ``island0``, the attention's hyper-connection pre-mix (ds4's ``TO_QKV`` phase returns
-        there, before the q_a/kv projections); the position-dependent middle (query and KV projections, norms, RoPE,
-        KV store, compressors, indexer, top-k, attention), whose attention is the capture cluster ``attn_span``;
-        ``island1``, the attention output through the FFN tail. Stages that capture none of them cut the layer as
-        ds4's staged plan does (``shared``, ``moe``, ``token``)."""
+        """One decode layer in ds4's three island parts (ds4 ``e50104f6``, ``docs/model.md``): ``island0`` (the
+        attention's hyper-connection pre-mix), the position-dependent middle (whose attention is cluster
+        ``attn_span``), ``island1`` (attention output through the FFN tail); stages that capture none of them cut
+        the layer as ds4's staged plan does."""
         w = self.layers[layer]
         self.run_cluster("island0", layer, 1, ts,
                          lambda: self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn))
@@ -699,13 +677,10 @@ class DecodeModel:
     def moe_launches(self, bank: dict, x, ids, wts, T: int, ev=()) -> None:
         """Every launch of one routed-MoE call for ``T`` tokens ``x [T, E]`` routed to ``ids``/``wts`` (``[T, k]``
         device buffers) on ``bank`` (``{"gate_up", "down"}``), into ``moe_buf.y``; ``ev``: ds4's 7 profiling points
-        between the stages (events or :class:`ProfileMarker`), or none.
-
-        The stages follow ``cfg.moe_path``. ``"ds4"`` (ds4_cuda.cu at b0309611): ``xq`` (Q8_K with sums), at one token
-        ``gateup`` (fused SwiGLU, weighted by the router), ``midq``, ``down`` with the experts' sum fused, and no
-        ``sort`` or ``sum`` launch; at more tokens the sort, the tiled ``gateup`` and ``down`` and an unweighted
-        ``sum``. ``"five"`` (ds4lab's earlier shape): ``xq``, (``sort``), ``gateup``, ``midq`` (SwiGLU), ``down``,
-        weighted ``sum``."""
+        between the stages, or none. The stages follow ``cfg.moe_path``: ``"ds4"`` (ds4_cuda.cu at b0309611: ``xq``,
+        then at one token the fused ``gateup``, ``midq`` and ``down`` with the experts' sum, at more tokens
+        ``sort``, the tiled ``gateup`` and ``down`` and a ``sum``) or ``"five"`` (``xq``, (``sort``), ``gateup``,
+        ``midq``, ``down``, weighted ``sum``)."""
         cfg, L, b = self.cfg, self.L, self.moe_buf
         P, N, E = T * cfg.n_used, cfg.n_experts, cfg.embed
         ds4 = cfg.moe_path == "ds4"
@@ -777,12 +752,10 @@ class DecodeModel:
         return None if self.logits is None else self.be.to_host(self.logits)
 
     def snapshot(self, start: int, end: int) -> dict:
-        """Host copies of every tensor a decode error could land in, after a token of the span ``start .. end``
-        (exclusive): ``hidden``, ``logits`` (None without the vocabulary), ``kv_cache[l]`` per layer and, on the
-        long-context token, per compressed layer its compressor states and the compressed and indexer rows that a
-        token of ``start - 128 .. end`` writes (``kv_cache[l].<name>``; a stale row index lands there; the whole
-        caches of ds4-flash would be gigabytes per token). Layer by layer: the raw window, then the compressed
-        caches. Synchronizes."""
+        """Host copies of every tensor a decode error could land in after a token of ``start .. end`` (exclusive):
+        ``hidden``, ``logits`` (None without the vocabulary), ``kv_cache[l]`` per layer and, long context, each
+        compressed layer's states and the compressed and indexer rows a token of ``start - 128 .. end`` writes
+        (``kv_cache[l].<name>``; the whole caches would be gigabytes). Synchronizes."""
         be = self.be
         rec = {"hidden": self.hidden().copy(), "logits": None if self.logits is None else self.output_logits().copy()}
         for layer, c in enumerate(self.cache):
@@ -816,14 +789,10 @@ class DecodeModel:
 
     def longctx_decisions(self, pos: int, by_value: bool = True) -> tuple:
         """The long-context host decisions of a token at ``pos`` (what its launch list depends on):
-
-        * ``compressor.emit.r4`` / ``.r128``: whether the compressors emit (3-4 launches more);
-        * ``indexer.regime`` and ``indexer.topk_plan`` (kernel, blocks, sets per top-k launch):
-          the top-k variant chosen from n_comp, and the chunked path's grids; ``indexer.score_blocks``:
-          the score kernel's grid (it grows with n_comp: every 32 rows here, every row in ds4);
-        * ``attention.comp_rows.r4`` / ``.r128``: compressed rows attended, only when the
-          position goes to the kernels by value (with device scalars the kernels derive it).
-        The top-k scratch's growth shows in the buffer generation (the graph key), not here."""
+        ``compressor.emit.r4`` / ``.r128``; ``indexer.regime``, ``indexer.topk_plan`` (kernel, blocks, sets per
+        top-k launch) and ``indexer.score_blocks``; and, only when the position reaches the kernels by value,
+        ``attention.comp_rows.r4`` / ``.r128``. The top-k scratch's growth shows in the buffer generation (the graph
+        key), not here."""
         d = self._longctx_decisions(pos, by_value)
         forget = self.patch.forget if self.patch is not None else ()
         return tuple(x for x in d if not x[0].startswith(forget)) if forget else d
@@ -885,11 +854,8 @@ class DecodeModel:
 
     def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
         """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus compressed rows, in
-        ds4's order (ds4.c, the compressed branch of the decode layer).
-
-        Host decisions from the position (``longctx_decisions``): emit or not, the top-k regime and its launch plan;
-        the kernels read the position itself from the token's scalars. With ``longctx="device"`` (stage 3c) the launch
-        list is the same at every position."""
+        ds4's order (ds4.c, the compressed branch of the decode layer); the host decisions from
+        :meth:`longctx_decisions`, the same launch list at every position with ``longctx="device"``."""
         cfg, L, lc = self.cfg, self.L, self.lc
         bufs = lc.layers[layer]
         k = cfg.index_top_k

@@ -75,18 +75,9 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
     """Grid and block of a kernel where a thread group of ``tpr`` threads (block ``(tpr, 256 // tpr)``) computes one
     unit (a group of rows) whose reduction runs over ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th
-    chunk.
-
-    ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to the chunk count)
-    while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200 (ds4-flash, graph replays of back-to-back
-    launches over weights in cold memory, ``scripts/bench_kernels.py``, docs/measurements/h200-2026-12-01/kernels) this
-    picks, for every Q8_0 matvec of the token, the fastest thread-group width measured or one within 3 % of it (the
-    grouped 4096 → 8192 takes 32 threads, 13.9 µs, where 64 measured 13.5 µs): narrow groups and many blocks for the
-    tall matrices (1024 → 32768: 32 threads, 1024 blocks; the vocabulary: 32, 4040 blocks), 64 where 32 would leave 128
-    blocks (8192 → 4096, the shared expert), whole blocks for the short ones (4096 → 1024 and → 512: 256 threads). The
-    512-block target this replaced lost 2–3 µs per launch on the tall matrices with four rows per group.
-
-    Returns ``((blocks,), (tpr, groups))``."""
+    chunk. ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to the chunk
+    count) while the grid has fewer than :data:`FILL_BLOCKS` blocks: the H200's choice per matvec,
+    ``docs/design-log.md`` ("Q8_0 matvecs"). Returns ``((blocks,), (tpr, groups))``."""
     tpr = 32
     while tpr < 256 and chunks > 8 * tpr:
         tpr *= 2
