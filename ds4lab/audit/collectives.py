@@ -1,23 +1,10 @@
-"""A multi-GPU trace read as one job across devices: its collectives paired by rank, and what a per-rank capture plan
-would do to each.
-
-The rest of the audit works per (process, device) unit (:mod:`ds4lab.audit.units`); collectives only make sense across
-them. NCCL runs each collective as a kernel on every rank's device (``ncclDevKernel_<Op>_...``,
-``ncclKernel_<Op>_...``); the k-th collective a rank executes meets the k-th of every other rank (rule ``nccl_pair`` of
-``ds4lab/sim/rules.py``). :func:`pair_collectives` lines them up by that position and says, per position, what the
-sim's rules say of the pair:
-
-* ``paired``: the same operation on every rank, all from graphs or all eager;
-* ``differ``: another operation (or kernel) at the same position: rule ``nccl_mismatch`` (a GPU hangs or computes wrong
-  data);
-* ``mixed capture``: launched from a graph on some ranks and eagerly on others: rule ``nccl_nonuniform`` (never
-  completes);
-* ``missing``: some ranks have fewer collectives: the others' never complete (rule ``nccl_timeout``).
-
-:func:`per_rank_plan` takes each unit's audit (:class:`~ds4lab.audit.analysis.AuditReport`) and asks what a whole-token
-capture on every rank would do: a rank whose token holds a call that invalidates or is refused in the mode falls back
-to eager, so its collectives run eagerly while the ranks that captured launch theirs from graphs: the deadlock risk of
-ranks that capture out of step, named with the call that causes it."""
+"""A multi-GPU trace read as one job across devices: its collectives paired by rank (:func:`pair_collectives`: the k-th
+collective a rank executes meets the k-th of every other, rule ``nccl_pair``; each position ``paired``, ``differ``
+(rule ``nccl_mismatch``), ``mixed capture`` (``nccl_nonuniform``) or ``missing`` (``nccl_timeout``)), and what a
+whole-token capture on every rank would do (:func:`per_rank_plan`: a rank whose token holds a call that invalidates
+or is refused falls back to eager, so its collectives run eagerly beside the others' graphs, a deadlock risk named
+with its call). NCCL's collectives are kernels on every rank (``ncclDevKernel_<Op>_...``, ``ncclKernel_<Op>_...``).
+``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 

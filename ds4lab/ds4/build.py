@@ -1,22 +1,11 @@
-"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load.
-
-How (the command lines are :func:`build_plan`'s, written into ``build.json`` beside the library):
-
-1. the checkout is copied into the build folder (:func:`ds4lab.ds4.source.materialize`): the user's checkout is never
-   written to;
-2. ``make CORE_OBJS`` there, with ds4's own flags (``CFLAGS``/``NVCCFLAGS`` as its Makefile sets them on Linux) plus
-   ``-fPIC`` (position-independent code, so the objects link into a shared library) and without ``-g``/``-lineinfo``
-   (debug information only: the machine code is the same). The list of objects is asked of the Makefile itself
-   (``CORE_OBJS``: ``ds4.o``, ``ds4_cuda.o`` and the vendored ``cuda/mmq`` objects at ``b0309611``), so a later ds4
-   that adds one still builds;
-3. ds4lab's driver (``csrc/ds4lab_ds4.c``: ds4.h's API, CUDA events around each token) is compiled against ds4's
-   header, and ``nvcc -shared`` links it with those objects, cudart and cuBLAS into ``libds4lab_ds4.so``, exactly as
-   ds4's Makefile links ``ds4-eval`` (``ds4_eval.o`` + ``CORE_OBJS``), with ds4lab's driver in place of ``ds4_eval.o``.
-
-Builds are cached by ds4's source digest, the GPU architecture and the driver's and flags' digest (``$DS4LAB_CACHE``,
-default ``~/.cache/ds4lab``, then ``ds4/build-<commit>-<digest>-<arch>-<flags>``); a build folder is complete only once
-its ``build.json`` exists (written last), so an interrupted build is redone, never reused. A failed build keeps ds4's
-compiler output in ``build.log`` and moves the folder aside as ``…failed-<time>``."""
+"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load (:func:`build`; the command lines
+are :func:`build_plan`'s, written into ``build.json``). The checkout is copied into the build folder (never written
+to); ``make CORE_OBJS`` runs there with ds4's own flags plus ``-fPIC`` and without debug information (the same
+machine code); ds4lab's driver (``csrc/ds4lab_ds4.c``) is compiled against ``ds4.h`` and linked with those objects,
+cudart and cuBLAS into ``libds4lab_ds4.so``, as ds4's Makefile links ``ds4-eval``. Builds are cached by ds4's source
+digest, the GPU architecture and the driver's and flags' digest (``$DS4LAB_CACHE``, default ``~/.cache/ds4lab``); a
+build is complete only once ``build.json`` exists, and a failed one keeps the compiler output in ``build.log`` and
+moves aside as ``…failed-<time>``. Step by step: ``docs/ds4.md``."""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
-"""One ds4 configuration in a process of its own: ``python -m ds4lab.ds4.worker PLAN.json``.
-
-ds4 reads its switches from the environment once per process (:mod:`ds4lab.ds4.engine`), so :mod:`ds4lab.ds4.measure`
-starts one worker per configuration with that configuration's environment, and the worker:
-
-1. opens ds4's engine on the model and one session large enough for every context;
-2. per context (ascending): prefills to it (``ds4_session_sync``), runs ``warmup`` decode tokens untimed (ds4's islands
-   capture at their second sight and replay from the third), then ``tokens`` decode tokens, each between CUDA events on
-   the legacy stream; the decode tokens are the prompt's next tokens, so the session always holds a prefix of one
-   prompt and the next prefill only extends it; Each timed token's logits are kept (``logits-<context>.npy``, one row
-   per token; a digest and the argmax in ``tokens.csv``) so that every configuration can be held to ds4 as it ships,
-   bit for bit (:func:`ds4lab.ds4.results.exactness`); a capturing configuration (``capture``: the driver's mode) also
-   writes what the capture did per token (``capture.csv``) and which kernel arguments changed between tokens
-   (``capture-args.csv``);
-3. where asked (``trace_contexts``), records ``trace_tokens`` more decode tokens in-process with CUPTI
-   (:func:`ds4lab.audit.arguments.recording`), each inside an NVTX range ``decode_step``, into
-   ``trace-<context>/recording.csv.gz``: a recording ``ds4lab audit`` reads as it reads any engine's.
-
-It writes as it goes (``tokens.csv`` and ``prefill.csv`` rewritten after each context, progress as JSON lines on
-stdout) and ``worker.json`` last. ds4's own messages go to stderr, which the parent keeps as ``ds4-<config>.log``."""
+"""One ds4 configuration in a process of its own (ds4 reads its switches from the environment once per process):
+``python -m ds4lab.ds4.worker PLAN.json``. It opens ds4's engine and one session, and per context (ascending)
+prefills to it, runs ``warmup`` untimed decode tokens (ds4's islands capture at their second sight), then ``tokens``
+decode tokens between CUDA events on the legacy stream, keeping each token's logits (``logits-<context>.npy``;
+digest and argmax in ``tokens.csv``) so every configuration is held to ds4 as it ships bit for bit
+(:func:`ds4lab.ds4.results.exactness`); a capturing configuration also writes ``capture.csv`` and
+``capture-args.csv``. Where asked it records ``trace_tokens`` more tokens with CUPTI, each in an NVTX range
+``decode_step`` (``trace-<context>/recording.csv.gz``, which ``ds4lab audit`` reads). It writes as it goes (progress
+as JSON lines on stdout, ``worker.json`` last); ds4's messages go to stderr, kept as ``ds4-<config>.log``."""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
-"""The reductions between ranks: where a tensor-parallel token's partial sums become the whole.
-
-A reduction point is ``(layer, point)``: ``"attn"`` (the attention output projection ``o_b``, ``[E]``) or ``"ffn"``
-(the shared expert's down projection and the routed experts, ``[2, E]``, summed separately so the expand sees the
-single-GPU token's two terms). A reducer turns each rank's ``send`` into ``recv``:
-
-* :class:`NcclReducer`: ``ncclAllReduce`` (sum) on the stream the accessor gives the calling thread, the capturing
-  stream while a stage captures: the collective can be inside a graph;
-* :class:`PeerReducer`: ds4's way (``ds4_cuda.cu``'s tensor-parallel path): each rank copies its partial sum into the
-  other's inbox with ``cudaMemcpyPeer``, the ranks meet on the host (a barrier: the copy is serialized with both
-  devices' work, so every kernel issued after the barrier sees it), and each adds the two, rank 0's first
-  (``tp_add2``). ``cudaMemcpyPeer`` is refused or left out of any graph (rules memcpy_peer_implicit /
-  memcpy_peer_escape): this reduction belongs between graphs;
-* :class:`OracleReducer` (verification, the sim only): ``recv`` becomes what the single-GPU token computes from the
-  same inputs, gathered from both ranks on the host: the tensor-parallel token is then the single-GPU token bit for bit
-  if everything but the reductions is exact (tests/test_tp_token.py).
-
-Both real reducers give the same bits: float32 ``p0 + p1``, the same on every rank. Against the single-GPU token the
-order of the sum changes; :func:`reduction_bound` states by how much it can."""
+"""The reductions between ranks, where a tensor-parallel token's partial sums become the whole, at ``(layer, point)``:
+``"attn"`` (``o_b``'s output, ``[E]``) and ``"ffn"`` (shared and routed experts, ``[2, E]``, summed apart).
+:class:`NcclReducer` (``ncclAllReduce`` on the accessor's stream: inside a graph while a stage captures),
+:class:`PeerReducer` (ds4's way: ``cudaMemcpyPeer`` into the other rank's inbox, a host barrier, ``tp_add2``;
+refused or left out of any graph, so it belongs between graphs) and, for verification on the sim,
+:class:`OracleReducer` (what the single-GPU token computes from the same inputs: the TP token is then the single-GPU
+token bit for bit if all else is exact). The real reducers give the same bits on every rank (float32 ``p0 + p1``);
+against the single-GPU token the order of the sum changes by at most :func:`reduction_bound`.
+``docs/tensor-parallel.md`` has the rest."""
 
 from __future__ import annotations
 

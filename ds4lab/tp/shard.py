@@ -1,22 +1,9 @@
-"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`), and the weight slices that give it.
-
-Rank ``r`` of ``world``:
-
-* **attention heads** ``r * H/world .. (r+1) * H/world - 1``: its rows of the query up-projection ``q_b`` (``D`` rows
-  per head), its output groups of the grouped projection ``o_a`` (heads stay in their group: ``H/G`` heads per group,
-  so ``G`` must divide by ``world`` too), and the matching *columns* of ``o_b``: its partial sum of the attention
-  output goes to the reduction;
-* **shared expert** rows ``r * F/world ..`` of the gate and of the up projection (``sh_gateup`` is ``[gate; up]``: the
-  rank's gate rows then its up rows, so ds4lab's SwiGLU kernel pairs them as before), and the matching columns of
-  ``sh_down``: a partial sum again;
-* **routed experts** ``r * N/world .. (r+1) * N/world - 1`` (split by expert): the rank computes the selected experts
-  it holds and adds nothing for the others; its partial sum of the six goes to the reduction with the shared expert's;
-* everything else **replicated**: the hyper-connections, norms, the query LoRA ``q_a``, the single KV head and its
-  cache, the router (every rank routes, identically), the compressors and the indexer of the long-context token, the
-  output norm and the vocabulary.
-
-Slices are exact: Q8_0 rows and 32-column blocks, super-block rows, whole experts. Raises
-:class:`~ds4lab.token.config.ConfigError` for a model that does not split so."""
+"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`), and the weight slices that give it: rank ``r``
+of ``world`` holds its share of the attention heads (rows of ``q_b``, groups of ``o_a``, the matching columns of
+``o_b``), of the shared expert (gate and up rows, the matching columns of ``sh_down``) and of the routed experts
+(whole experts); everything else is replicated. Slices are exact (Q8_0 rows and 32-column blocks, super-block rows,
+whole experts): a model that does not split so raises :class:`~ds4lab.token.config.ConfigError`. The split, weight
+by weight: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
