@@ -32,7 +32,7 @@ def test_the_base_name(name, base):
 def test_every_reader_of_api_names_uses_the_one_rule_and_list():
     from ds4lab.audit import calls
     from ds4lab.audit.calls import TokenContext, classify
-    from ds4lab.ds4 import results
+    from ds4lab.ds4 import readout as results
     from ds4lab.trace import arguments
 
     assert calls.KERNEL_LAUNCH_CALLS is R.KERNEL_LAUNCH_CALLS and calls.GRAPH_LAUNCH_CALLS is R.GRAPH_LAUNCH_CALLS
@@ -48,7 +48,7 @@ def test_every_reader_of_api_names_uses_the_one_rule_and_list():
 def test_ds4s_census_counts_every_form_of_a_launch():
     """ds4's recorded tokens: a launch named with a version after its per-thread suffix is a launch (the
     census once missed ``cudaLaunchKernel_ptsz_v7000``), and so is every call of the one list."""
-    from ds4lab.ds4.results import trace_census
+    from ds4lab.ds4.readout import trace_census
     from ds4lab.trace.events import COLUMNS
 
     rows = []

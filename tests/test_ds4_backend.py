@@ -19,7 +19,7 @@ import pytest
 from unittest import mock
 
 from ds4lab.ds4 import build as B
-from ds4lab.ds4 import results as R
+from ds4lab.ds4 import readout as R
 from ds4lab.ds4 import worker as W
 from ds4lab.ds4.configs import DEFAULT_CONFIGS, parse_configs
 from ds4lab.ds4.measure import collect, worker_env

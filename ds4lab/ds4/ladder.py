@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import results as R
+from . import readout as R
 from .configs import REFERENCE, VARIANTS
 
 #: The rungs in order, and the configuration of each (the reference first: ds4 as it ships, eager).

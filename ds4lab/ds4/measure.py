@@ -3,7 +3,7 @@ recorded with CUPTI, and read into ds4lab's tables.
 
 One worker process per configuration (:mod:`ds4lab.ds4.worker`; ds4 reads its switches once per process), run one after
 the other on the same model and prompt, so every configuration decodes the same token at the same position and
-configurations can be paired by position (:func:`ds4lab.ds4.results.paired_gain`).
+configurations can be paired by position (:func:`ds4lab.ds4.readout.paired_gain`).
 
 Files (in the job's folder): ``tokens.csv`` (every timed token: configuration, context, position, µs between CUDA
 events, host µs of the call), ``summary.csv`` (per configuration and context: median and IQR), ``gains.csv`` (islands
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import results as R
+from . import readout as R
 from .configs import REFERENCE, VARIANTS
 
 #: Configuration pairs whose per-position difference ``gains.csv`` holds (base, other: the gain of other).
@@ -147,7 +147,7 @@ def _describe(ev: dict) -> str:
 def collect(folder: Path, configs, random_expert_layers=()) -> dict:
     """Read every worker's files in ``folder`` into the job's tables and write them (the module docstring's files; with
     ``random_expert_layers``, also ``expert-data.csv``: ds4's per-layer kernels on the layers whose experts are
-    random against those on holes, :func:`ds4lab.ds4.results.expert_data_check`). Returns the tables by name. Works
+    random against those on holes, :func:`ds4lab.ds4.readout.expert_data_check`). Returns the tables by name. Works
     on a folder copied from the GPU machine."""
     folder = Path(folder)
     tokens, prefill, census, logs, data, capture, capture_args = [], [], [], {}, [], [], []

@@ -3,7 +3,7 @@
 prefills to it, runs ``warmup`` untimed decode tokens (ds4's islands capture at their second sight), then ``tokens``
 decode tokens between CUDA events on the legacy stream, keeping each token's logits (``logits-<context>.npy``;
 digest and argmax in ``tokens.csv``) so every configuration is held to ds4 as it ships bit for bit
-(:func:`ds4lab.ds4.results.exactness`); a capturing configuration also writes ``capture.csv`` and
+(:func:`ds4lab.ds4.readout.exactness`); a capturing configuration also writes ``capture.csv`` and
 ``capture-args.csv``. Where asked it records ``trace_tokens`` more tokens with CUPTI, each in an NVTX range
 ``decode_step`` (``trace-<context>/recording.csv.gz``, which ``ds4lab audit`` reads). It writes as it goes (progress
 as JSON lines on stdout, ``worker.json`` last); ds4's messages go to stderr, kept as ``ds4-<config>.log``."""

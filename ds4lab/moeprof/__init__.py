@@ -19,7 +19,7 @@ from .modes import MODES, STAGE_MODES, ProfilerCaptureError
 from .profiler import MoeProfiler
 from .rows import (KERNEL_STAGE, REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, kernel_stage,
                    record_stage, summarize)
-from .tokens import NOT_MODELED, globaltimer_resolution, overhead_table, time_tokens, token_share
+from .whole_tokens import NOT_MODELED, globaltimer_resolution, overhead_table, time_tokens, token_share
 from ..trace.cupti import cupti_available
 from ..trace.live import trace_source
 from ..timing import gc_paused

@@ -7,7 +7,7 @@ ds4 prints one MoE profile line per routed-MoE call when ``DS4_CUDA_MOE_PROFILE`
 
 and lines on its decode islands and its model load (:func:`ds4_event`). :func:`read_ds4_log` reads a log into tables
 ``ds4_moe`` (the profile lines) and ``ds4_events`` (the others); ``ds4lab ingest``, ``ds4lab compare``, the ds4 job
-(:func:`ds4lab.ds4.results.read_log`) and the MoE profiler (:mod:`ds4lab.moeprof.ds4log`, which also writes the lines)
+(:func:`ds4lab.ds4.readout.read_log`) and the MoE profiler (:mod:`ds4lab.moeprof.ds4log`, which also writes the lines)
 all call it.
 
 Grammar of the profile line (:func:`parse_ds4_line`): it starts at the ``ds4: CUDA MoE profile`` prefix (text before it
