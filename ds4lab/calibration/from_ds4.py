@@ -62,53 +62,29 @@ def as_folders(folders) -> list[Path]:
 
 
 def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 32, stages: str = "0,i,3,3cc,3ccp"):
-    """A calibration that prices ds4lab's launch list at ds4's own costs, from one or more measured ``ds4lab ds4``
-    folders (no GPU), and the check of the sim with it against ds4.
+    """A calibration that prices ds4lab's launch list at ds4's own costs, fitted from one or more measured ``ds4lab
+    ds4`` folders (no GPU): ``host_launch_us``, ``host_graph_call_us``, ``eager_gap_us`` and the kernel time factor
+    at each recorded context (``kernel_time_scale``, and ``kernel_time_scale_by_context`` with two or more
+    contexts); then the sim's context ladder with it beside ds4's measured µs per token (stages 0 and i against
+    islands off and on, the stages ds4 does not ship MODELED). What each figure is and how it is checked:
+    ``docs/calibration.md``, "--from-ds4".
 
-    ``folder``: one folder (a path) or several (an iterable of paths): their recorded tokens are pooled, their recorded
-    contexts give the kernel time factor by context.
-
-    Fitted (medians over the recorded tokens of every folder's ``census.csv``; ``base`` keeps everything else):
-
-    * ``host_launch_us``: ds4's host span per token to the end of its last launch call over its kernel launch calls,
-      islands off (CUPTI's own cost per call included);
-    * ``host_graph_call_us``: islands on, ``(span - launches * host_launch_us) / graph launches -
-      host_graph_launch_us``: ds4's own work around each island's replay;
-    * ``eager_gap_us``: islands off, the recorded tokens' kernel span less their kernel-busy µs, per boundary between
-      two kernels (``(span - busy) / (kernels - 1)``): the device's idle before each eager kernel, which the islands'
-      graph nodes are spared (the median over tokens; tokens the host ran behind, ``enqueue_us`` above ``span_us``, are
-      left out: their idle is the host's);
-    * the kernel time factor at each recorded context: ds4's median kernel-busy µs per token there (islands off, every
-      folder's tokens at that context) over the sim's modeled busy floor of ds4lab's token at that context with
-      ``base``'s kernel fits (factor 1): ds4's kernels, one factor on every one of ds4lab's at that context.
-      ``kernel_time_scale`` is the median of these factors (the one factor, as a reader without the next key uses it);
-      with two or more recorded contexts they are also written as ``kernel_time_scale_by_context`` (``[[context,
-      factor], ...]``, ascending: :meth:`ds4lab.sim.costmodel.Calibration.scale_at` interpolates it in log2(context)),
-      with one recorded context that key is dropped (a ``base`` that had one included).
-
-    Then the sim's context ladder (``stages``, at every context any ``summary.csv`` measured) with the new calibration
-    (each context priced at its own factor), beside ds4's measured µs per token: stage 0 against islands off, stage i
-    against islands on (``ratio`` modeled / measured, ``agrees`` within ±10 %), and the stages ds4 does not ship (3:
-    one graph per token shape; 3cc, 3ccp: one graph for every position, through conditional nodes, without and with
-    programmatic launch) MODELED, with their gain over stage i. ``tokens`` per stage and context: enough that stage 3's
-    captures of new token shapes do not make its median (with 8, most of them did at 4k).
+    Args:
+        base: the calibration to extend (parsed, valid).
+        folder: one ``ds4lab ds4`` folder, or an iterable of them (their recorded tokens pooled).
+        preset, stages, tokens: the sim's token, stages and timed tokens per stage and context.
 
     Returns:
-        ``(calibration dict, fits table, check table)``. The fits table: one row per fitted figure
-        and recorded token (``kernel_time_scale``: per recorded context), columns ``figure``,
-        ``context``, ``value``, ``folder`` (the token's folder; for a factor, the folders that
-        recorded that context, comma-separated). The check
-        table: per context (ascending) the measured rows of each folder that measured it, then the
-        MODELED stages once; columns ``context``, ``ds4``, ``stage``, ``measured_us``, ``modeled_us``
-        (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us`` (MODELED rows), ``folder`` (the
-        measured row's folder, ``""`` on MODELED rows), ``kernel_time_scale`` (the factor the
-        context was priced at) and ``sample``: ``fitted`` (a recorded context: in-sample),
-        ``held out (interpolated)`` (between two recorded contexts) or ``held out (extrapolated)``
-        (outside them: the nearest recorded factor).
+        ``(calibration dict, fits table, check table)``. Fits: one row per fitted figure and recorded token (a factor:
+            per recorded context), columns ``figure``, ``context``, ``value``, ``folder``. Check: per context
+            (ascending) each folder's measured rows, then the MODELED stages once; columns ``context``, ``ds4``,
+            ``stage``, ``measured_us``, ``modeled_us`` (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us``,
+            ``folder``, ``kernel_time_scale`` and ``sample`` (``fitted``, ``held out (interpolated)``, ``held out
+            (extrapolated)``).
 
     Raises:
-        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or configuration (each names
-            it)."""
+        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or configuration (each named).
+    """
     import pandas as pd
 
     from ..sim.costmodel import Calibration

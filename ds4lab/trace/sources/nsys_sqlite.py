@@ -278,36 +278,14 @@ def export_version(con, tables) -> str:
 
 
 def read_events(path: Path, sink, progress=None) -> dict:
-    """Every CUDA event of an ``nsys export --type sqlite`` database, row by row into ``sink`` (an object with
-    ``add(**cells)`` taking :data:`ds4lab.trace.events.COLUMNS` cells: a :class:`~ds4lab.trace.table.Rows`),
-    streamed from SQLite cursors.
-
-    Tables (each found whatever version suffix it has, :func:`find_table`; columns by name, so an export that lacks one
-    leaves that cell unknown and says so in ``notes``):
-
-    * ``CUPTI_ACTIVITY_KIND_RUNTIME`` → ``api`` rows: ``nameId`` through ``StringIds`` (version suffixes dropped),
-      ``globalTid`` → pid/tid, ``correlationId``; ``eventClass`` through ``ENUM_NSYS_EVENT_CLASS`` tells runtime from
-      driver calls and skips the backtrace duplicates (``..._CUDABACKTRACE``); without it the name tells (``cuda*``
-      runtime, ``cu*`` driver). A ``CUPTI_ACTIVITY_KIND_DRIVER`` table, where one exists, is read the same way.
-    * ``..._KERNEL`` → ``kernel`` rows (``demangledName``/``shortName``/``name``, grid, block, shared memory,
-      ``graphNodeId``, ``graphId`` where the export has it, ``globalPid``);
-    * ``..._MEMCPY`` → ``memcpy`` (``copyKind``/``srcKind``/``dstKind`` through ``ENUM_CUDA_MEMCPY_OPER`` and
-      ``ENUM_CUDA_MEM_KIND``; without them the copy kind from CUPTI's numbering and the host memory left unknown: the
-      memory-kind numbers of exports without the table are not documented);
-    * ``..._MEMSET`` → ``memset``; ``..._SYNCHRONIZATION`` → ``sync`` (``syncType``, ``eventId``);
-    * ``..._CUDA_EVENT`` → the stream and event of the ``cudaEventRecord`` with that correlation id;
-    * ``NVTX_EVENTS`` → ``nvtx`` rows of push/pop and start/end ranges with their domain names (as
-      :func:`read_nsys_sqlite`'s ``nvtx`` table);
-    * ``..._GRAPH_TRACE`` → ``graph`` rows (whole-graph executions: ``--cuda-graph-trace=graph``);
-    * ``TARGET_INFO_CUDA_CONTEXT_INFO.nullStreamId`` (legacy stream) and ``TARGET_INFO_CUDA_STREAM.flag`` (through
-      ``ENUM_CUPTI_STREAM_TYPE``) → ``stream_type``.
-
-    ``progress``: None or a callable ``progress(rows_done, rows_total)``, called every 20 000 rows.
+    """Every CUDA event of an ``nsys export --type sqlite`` database, streamed from SQLite cursors row by row into
+    ``sink`` (an object with ``add(**cells)`` taking :data:`ds4lab.trace.events.COLUMNS` cells: a
+    :class:`~ds4lab.trace.table.Rows`). Which table gives which rows: ``docs/trace-readers.md``, "Nsight Systems
+    SQLite". ``progress``: None or ``progress(rows_done, rows_total)``, every 20 000 rows.
 
     Returns ``{"version": export_version(...), "notes": [...], "stream_types": {(pid, stream): type}, "tables": [names
-    read]}``. Raises ``sqlite3.Error`` for an unreadable database (the caller names the file) and SourceError for a row
-    whose times are not numbers (:func:`timed_rows`). Rows are not sorted here (Nsight Systems 2025.6 and later no
-    longer export in time order)."""
+    read]}`` (rows unsorted). Raises ``sqlite3.Error`` for an unreadable database (the caller names the file) and
+    SourceError for a row whose times are not numbers (:func:`timed_rows`)."""
     con = connect(path)
     try:
         return _read_events(con, Path(path), sink, progress)
