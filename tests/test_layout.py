@@ -245,7 +245,7 @@ def test_the_trace_model_is_the_only_home_of_records_and_readers():
 
 
 def test_no_import_cycle():
-    """No cycle but through an edge of :data:`KNOWN_UPWARD` (the audit's ``from .. import __version__``
+    """No cycle but through an edge of :data:`KNOWN_UPWARD` (the audit job's ``from .. import __version__``
     closes one through the package's front door, which imports ``ds4lab.lab`` and with it the jobs)."""
     graph = {m: {d for d in deps if (m, d) not in KNOWN_UPWARD} for m, deps in import_graph(ROOT, "ds4lab").items()}
     cycles = find_cycles(graph)
