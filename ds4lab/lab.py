@@ -1,12 +1,10 @@
-"""The workbench in one object, for notebooks: ``lab = ds4lab.Lab(backend="sim")``, then one method per
-experiment (``lab.ladder()``, ``lab.context()``, ``lab.moe()``, ``lab.exclusion()``, ``lab.hazards()``,
-``lab.trace()``, ``lab.audit()``, ``lab.ds4()``, ...), each running its job as ``ds4lab <command>``
-does (:func:`ds4lab.jobs.execute`) and returning its :class:`~ds4lab.jobs.result.JobResult`: its
-tables (``result.table()``), its figure (``result.figure()``, a matplotlib figure a cell shows), its
-``meta`` and the files it wrote. A method's keywords are its job config's fields, with that config's
-defaults (shown by ``help(lab.ladder)`` and tab completion); the lab's own preset and result folder fill
-the ones not given.
-"""
+"""The workbench in one object, for notebooks: ``lab = ds4lab.Lab(backend="sim")``, then one method per experiment
+(``lab.ladder()``, ``lab.context()``, ``lab.moe()``, ``lab.exclusion()``, ``lab.hazards()``, ``lab.trace()``,
+``lab.audit()``, ``lab.ds4()``, ...), each running its job as ``ds4lab <command>`` does
+(:func:`ds4lab.jobs.execute`) and returning its :class:`~ds4lab.jobs.result.JobResult`: its tables
+(``result.table()``), its figure (``result.figure()``, a matplotlib figure a cell shows), its ``meta`` and the files
+it wrote. A method's keywords are its job config's fields, with that config's defaults (shown by
+``help(lab.ladder)`` and tab completion); the lab's own preset and result folder fill the ones not given."""
 
 from __future__ import annotations
 
@@ -29,14 +27,14 @@ from .jobs.ladder import LadderConfig
 from .jobs.moe import MoeConfig
 from .jobs.run import RunConfig
 from .jobs.tp import TPConfig
-from .jobs.trace import TraceConfig
+from .jobs.trace import TraceConfig, TraceError
 from .jobs.result import JobResult
 
 
 def _runs(job: str, config):
-    """Make a :class:`Lab` method run ``job`` with ``config``'s fields as its keywords (its signature is
-    the config's, defaults included: one source of defaults); the method's own body may fill or check
-    options before (it returns them) and its docstring says what the job does."""
+    """Make a :class:`Lab` method run ``job`` with ``config``'s fields as its keywords (its signature is the config's,
+    defaults included: one source of defaults); the method's own body may fill or check options before (it returns
+    them) and its docstring says what the job does."""
 
     def wrap(method):
         fields = {f.name for f in dataclasses.fields(config)}
@@ -72,15 +70,17 @@ class Lab:
     """The workbench for notebooks (module docstring).
 
     Args:
-        backend: ``auto`` (the GPU where one is usable, else the sim), ``cupy``, ``sim`` (every figure
-            MODELED) or ``numpy`` where a job takes it.
-        preset: the model of every method that takes one and is not given one (None: each job's
-            default, :data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
+        backend: ``auto`` (the GPU where one is usable, else the sim), ``cupy``, ``sim`` (every figure MODELED) or
+            ``numpy`` where a job takes it.
+        preset: the model of every method that takes one and is not given one (None: each job's default,
+            :data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
         out: the folder each method writes into, as ``out/<job>`` (None: each job's default folder,
             ``results/<job>-<what it ran>``).
         seed: the weight seed.
-        console: a rich console for the jobs' lines (None: :func:`ds4lab.progress.make_console`).
-    """
+        console: a rich console for the jobs' lines (None: :func:`ds4lab.progress.make_console`)."""
+
+    #: What :meth:`trace` raises where no kernel timeline can be recorded (a GPU without CUPTI).
+    TraceError = TraceError
 
     def __init__(self, backend: str = "auto", *, preset: str | None = None, out: str | Path | None = None,
                  seed: int = 1234, console=None) -> None:
@@ -101,64 +101,72 @@ class Lab:
     # ------------------------------------------------------------------------- the capture stages
     @_runs("ladder", LadderConfig)
     def ladder(self, **options):
-        """The capture stages at one position: every stage bit for bit against stage 0, then µs per token
-        in interleaved rounds, with launches, graph-cache counts and the floors (``ds4lab ladder``).
-        Table and figure ``ladder``."""
+        """The capture stages at one position: every stage bit for bit against stage 0, then µs per token in
+        interleaved rounds, with launches, graph-cache counts and the floors (``ds4lab ladder``). Table and figure
+        ``ladder``."""
 
     @_runs("context", ContextConfig)
     def context(self, **options):
-        """The capture stages across context length on the long-context token (``ds4lab context``).
-        Table and figure ``context``."""
+        """The capture stages across context length on the long-context token (``ds4lab context``). Table and figure
+        ``context``."""
 
     @_runs("hazards", HazardsConfig)
     def hazards(self, **options):
-        """A ds4-today path (or a set: ``all``, ``all-longctx``, ``all-tp``) inside the stage it breaks:
-        what capture does with it, against the same path eager (``ds4lab hazards``). Table ``hazards``;
-        the rows as dicts in ``value``."""
+        """A ds4-today path (or a set: ``all``, ``all-longctx``, ``all-tp``) inside the stage it breaks: what capture
+        does with it, against the same path eager (``ds4lab hazards``). Table ``hazards``; the rows as dicts in
+        ``value``."""
 
     @_runs("trace", TraceConfig)
     def trace(self, **options):
-        """One decode token per stage as a Chrome/Perfetto trace, CUPTI's records or the sim's modeled
-        schedule (``ds4lab trace``). Tables ``trace_kernels``, ``trace_nvtx``, ``trace_api``; figure
-        ``trace``; ``trace.json`` among its files (``lab.audit(files=...)`` reads it)."""
+        """One decode token per stage as a Chrome/Perfetto trace, CUPTI's records or the sim's modeled schedule
+        (``ds4lab trace``). Tables ``trace_kernels``, ``trace_nvtx``, ``trace_api``; figure ``trace``;
+        ``trace.json`` among its files (``lab.audit(files=...)`` reads it)."""
 
     @_runs("run", RunConfig)
     def run(self, **options):
-        """Eager decode tokens: the reference check, µs per token, the launch census, memory, the bytes
-        floor (``ds4lab run``). Tables ``census`` and ``results``."""
+        """Eager decode tokens: the reference check, µs per token, the launch census, memory, the bytes floor (``ds4lab
+        run``). Tables ``census`` and ``results``."""
         options.setdefault("backend", self.backend)
         return options
 
     # ------------------------------------------------------------------------- the routed MoE
     @_runs("moe", MoeConfig)
     def moe(self, **options):
-        """The routed-MoE profiler: ds4's seven stages timed in the modes capture allows, per token count
-        and routing (``ds4lab moe``). Tables ``moe`` and ``summary``; figures ``moe-stages`` and more."""
+        """The routed-MoE profiler: ds4's seven stages timed in the modes capture allows, per token count and routing
+        (``ds4lab moe``). Tables ``moe`` and ``summary``; figures ``moe-stages`` and more. ``tokens_per_step``,
+        ``routings`` and ``modes`` may be text (``"1,2,64"``, ``"all"``: :func:`ds4lab.jobs.moe.text_options`;
+        counts above the preset's ``max_tokens`` left out, said)."""
+        if any(isinstance(options.get(k), str) for k in ("tokens_per_step", "routings", "modes")):
+            from .jobs.moe import text_options
+
+            got, note = text_options(self.backend, options.pop("preset", None) or self.preset,
+                                     *(options.pop(k, None) for k in ("tokens_per_step", "routings", "modes")))
+            options.update(got)
+            if note:
+                self._say(note)
+        return options
 
     @_runs("exclusion", ExclusionConfig)
     def exclusion(self, **options):
-        """The profiling × capture matrix: every profiling mode in every regime of the call it profiles,
-        computed by running each (``ds4lab exclusion``). Table and figure ``exclusion``."""
+        """The profiling × capture matrix: every profiling mode in every regime of the call it profiles, computed by
+        running each (``ds4lab exclusion``). Table and figure ``exclusion``."""
 
     # ------------------------------------------------------------------------- any engine, ds4 itself
     @_runs("audit", AuditConfig)
     def audit(self, engine: str | None = None, cache: str = "dynamic", **options):
-        """What capture would refuse, break or miss in a traced decode step (``ds4lab audit``): ``files``
-        (a trace of any engine: Nsight Systems, Kineto, ds4lab's own) or, without them, ``engine``
-        (``llama`` by default) with ``cache`` recorded live on a GPU, else its recording bundled with
-        ds4lab (:func:`ds4lab.audit.engines.audit_source`). The reports in ``value``; tables and figures
-        per source."""
+        """What capture would refuse, break or miss in a traced decode step (``ds4lab audit``): ``files`` (a trace of
+        any engine: Nsight Systems, Kineto, ds4lab's own) or, without them, ``engine`` (``llama`` by default) with
+        ``cache`` recorded live on a GPU, else its recording bundled with ds4lab
+        (:func:`ds4lab.audit.engines.audit_source`). The reports in ``value``; tables and figures per source.
+        """
         if not options.get("files") and not options.get("program"):
-            from .audit.engines import audit_source
-
-            where = (self.out or Path("results")) / "audit-engine"
-            options["files"] = (str(audit_source(self.backend, engine or "llama", cache, record_into=where).trace),)
+            options["files"] = (str(self.engine(engine or "llama", cache).trace),)
         return options
 
     @_runs("ds4", Ds4JobConfig)
     def ds4(self, **options):
-        """ds4 itself: built from ``source`` (a checkout), its decode token run on a Flash-shaped synthetic
-        model per configuration and context, recorded with CUPTI where asked (``ds4lab ds4``; a GPU)."""
+        """ds4 itself: built from ``source`` (a checkout), its decode token run on a Flash-shaped synthetic model per
+        configuration and context, recorded with CUPTI where asked (``ds4lab ds4``; a GPU)."""
 
     @_runs("calibrate", CalibrateConfig)
     def calibrate(self, **options):
@@ -181,14 +189,237 @@ class Lab:
 
     @_runs("tp", TPConfig)
     def tp(self, **options):
-        """Tensor parallelism on two devices: ``command`` ``token``, ``ladder`` or ``trace``
-        (``ds4lab tp``); the sim's two devices unless the lab's backend is the GPU."""
+        """Tensor parallelism on two devices: ``command`` ``token``, ``ladder`` or ``trace`` (``ds4lab tp``); the sim's
+        two devices unless the lab's backend is the GPU."""
         if "backend" not in options:
-            from .backends import resolve
-
-            options["backend"] = "cupy" if self.backend in ("auto", "cupy") and resolve(self.backend) == "cupy" \
-                else "sim"
+            options["backend"] = "cupy" if self.on_gpu else "sim"
         return options
+
+    # ------------------------------------------------------------------------- beside the jobs
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the lab's backend is the GPU (``cupy``, or ``auto`` with a usable GPU)."""
+        from .backends import resolve
+
+        return self.backend in ("auto", "cupy") and resolve(self.backend) == "cupy"
+
+    def preset_for(self, job: str) -> str:
+        """The preset ``job`` runs with from this lab: the lab's, else the job's default on the lab's backend
+        (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`), decided without opening the backend."""
+        from .jobs.common import DEFAULT_PRESETS
+
+        gpu, cpu = DEFAULT_PRESETS[job]
+        return self.preset or (gpu if self.on_gpu or cpu is None else cpu)
+
+    def token(self, position: int = 1000, preset: str | None = None):
+        """One decode token of ``preset`` (default: the ladder's) on the lab's backend, timing-only: its launch census
+        by kind and cluster, and ``ranges(layer)``, the NVTX nesting of a layer
+        (:class:`ds4lab.experiments.launch_list.OneToken`)."""
+        from .experiments.launch_list import one_token
+        from .jobs.common import open_backend
+        from .report import provenance
+
+        be = open_backend(self.backend, timing_only=True, seed=self.seed)
+        preset = preset or self.preset_for("ladder")
+        return one_token(be, preset, position, f"backend {be.name} · preset {preset} · "
+                         f"{provenance.label(provenance.base_meta(be))}")
+
+    @staticmethod
+    def timeline(trace: JobResult, first_layers: int = 2):
+        """A ``trace`` result's tokens on one timeline (:func:`ds4lab.report.plots.trace_figure`), its first
+        ``first_layers`` layers: a dropdown of them in JupyterLab (:func:`ds4lab.report.widgets.choose`). Raises
+        ValueError for a layer count the preset does not have."""
+        from functools import partial
+
+        from .report import plots, widgets
+
+        draw = partial(plots.trace_figure, trace.table("trace_kernels"), trace.table("trace_nvtx"), trace.meta)
+        layers = range(1, trace.meta["preset"]["n_layers"] + 1)
+        return widgets.choose(draw, first_layers=widgets.Choice(first_layers, layers))
+
+    @staticmethod
+    def moe_stages(moe: JobResult):
+        """Median µs per routed-MoE call by stage for each token count and routing of a ``moe`` result
+        (:func:`ds4lab.report.views.moe_stage_table`)."""
+        from .report.views import moe_stage_table
+
+        return moe_stage_table(moe.out)
+
+    @staticmethod
+    def moe_distribution(moe: JobResult, routing: str | None = None):
+        """Each stage's µs per call across layers and steps for one routing of a ``moe`` result
+        (:func:`ds4lab.report.plots.moe_stage_distribution_figure`; default the first profiled), a dropdown of the
+        routings in JupyterLab."""
+        from functools import partial
+
+        from .report import plots, widgets
+
+        routings = list(dict.fromkeys(moe.table("moe")["routing"]))
+        draw = partial(plots.moe_stage_distribution_figure, moe.table("moe"), moe.meta)
+        return widgets.choose(draw, routing=widgets.Choice(routing or routings[0], routings))
+
+    @staticmethod
+    def whatif(layers=(4, 8, 16, 43), launch_us=(2.0, 5.0, 9.4, 15.0), tokens_per_step=(1, 2, 3, 16, 64, 512)):
+        """The modeled what-if sweeps on the timing-only sim (:mod:`ds4lab.experiments.whatif`: stage 3 against stage 0
+        over layers and host µs per launch, a captured routed-MoE call over tokens per step), every number MODELED.
+        A result without a folder: tables ``layers``, ``launch``, ``tokens``; figure ``whatif``."""
+        from .experiments import whatif
+        from .jobs.result import no_folder
+        from .report import plots
+
+        o = no_folder("whatif", {"job": "whatif", "modeled": True})
+        tables = {"layers": whatif.sweep_layers(list(layers)), "launch": whatif.sweep_launch_cost(list(launch_us)),
+                  "tokens": whatif.sweep_moe_tokens(list(tokens_per_step))}
+        for name, t in tables.items():
+            o.table(name, t)
+        o.result.figures["whatif"] = plots.detach(plots.whatif_figure(*tables.values()))
+        return o.done()
+
+    def launch_scan(self, preset: str | None = None):
+        """Where the long-context token's launch list changes with the position, counted on a timing-only sim
+        (:func:`ds4lab.experiments.launch_list.scan`; default preset: the context ladder's)."""
+        from .experiments.launch_list import scan
+
+        return scan(preset or self.preset_for("context"))
+
+    @staticmethod
+    def launches_figure(scan):
+        """Kernel launches per token by position of a :meth:`launch_scan`
+        (:func:`ds4lab.report.plots.launches_figure`)."""
+        from .report import plots
+
+        return plots.detach(plots.launches_figure(scan))
+
+    @staticmethod
+    def regime_change(scan, change: int | None = None):
+        """What stage 3 keys its graphs on at the last token before a launch-shape change of a :meth:`launch_scan` and
+        the first after it (``change``: the n_comp of its last token; default the first), a dropdown of the changes
+        in JupyterLab; a sentence where there is none."""
+        from .report import widgets
+
+        changes = scan.visible_changes()
+        if not changes:
+            return "no launch-shape change below max_context"
+        options = [(f"n_comp {n} → {n + 1} (positions {4 * n - 1}, {4 * n + 3})", n) for n in changes]
+        return widgets.choose(scan.decisions_table, change=widgets.Choice(change or changes[0], options))
+
+    @staticmethod
+    def context_graphs(context: JobResult):
+        """How many graphs each stage of a ``context`` result captured by context, with stage 3c's µs over stage 3's
+        (:func:`ds4lab.report.views.context_graphs`)."""
+        from .report.views import context_graphs
+
+        return context_graphs(context.out)
+
+    @staticmethod
+    def capture_stages(folder: str | Path | None = "record"):
+        """A ``ds4lab context`` folder of stages 3, 3cc, 3p, ... with each stage over stage 3
+        (:func:`ds4lab.report.views.capture_stages`) and its ``label``; ``"record"``: the H200 record in this
+        checkout. ``(None, why)`` where there is no folder; ``(table, label)`` otherwise."""
+        from .report.results import read_meta
+        from .report.provenance import label
+        from .report.views import capture_stages
+
+        if folder == "record":
+            folder = Path(__file__).resolve().parents[1] / "docs/measurements/h200-2026-12-02b/capture-stages"
+            if not folder.is_dir():
+                return None, "the H200 record is not in this installation: name a ds4lab context folder"
+        if folder is None:
+            return None, "no folder"
+        return capture_stages(Path(folder)), f"{label(read_meta(Path(folder)))} ({folder})"
+
+    def engine(self, engine: str = "llama", cache: str = "dynamic", trace=None):
+        """The trace an audit of ``engine`` reads (:func:`ds4lab.audit.engines.audit_source`): ``trace`` when given;
+        else ``engine`` with a ``cache`` cache recorded live where the lab's backend is a GPU torch sees (into
+        ``<out>/engine``), or the recording bundled with ds4lab. Its ``note`` says which; its ``torch_run`` what
+        ``torch.cuda.graph`` did with the step, where known."""
+        from .audit.engines import audit_source
+
+        return audit_source(self.backend, engine, cache, trace, record_into=(self.out or Path("results")) / "engine")
+
+    @staticmethod
+    def audit_figure(report):
+        """An audit report's tokens, spans and findings on a timeline (:func:`ds4lab.audit.figure.timeline_figure`)."""
+        from .audit.figure import timeline_figure
+        from .report.plots import detach
+
+        return detach(timeline_figure(report))
+
+    @staticmethod
+    def against_torch(report, source):
+        """An audit report beside what ``torch.cuda.graph`` did with the same step (:meth:`engine`'s ``source``;
+        :func:`ds4lab.audit.validate.against_torch`) as a Series; a sentence for a trace of your own (no outcome to
+        compare with)."""
+        import pandas as pd
+
+        from .audit.validate import against_torch
+
+        if source.torch_run is None:
+            return ("your own trace: no torch.cuda.graph outcome to compare with (`ds4lab audit validate` checks "
+                    "the audit against torch on the engines ds4lab builds)")
+        return pd.Series(against_torch(report, source.torch_run))
+
+    @staticmethod
+    def beside_ds4(folder=None):
+        """ds4 itself beside ds4lab's rebuild (:class:`ds4lab.ds4.vs_rebuild.Beside`): the capture ladders, launches,
+        host µs per launch, what islands buy, kernels by kind, from a ``ds4lab ds4`` folder (None: the rebuild's
+        side alone). Raises ValueError for a folder that is not one."""
+        from .ds4.vs_rebuild import Beside, read_ds4
+
+        return Beside(read_ds4(folder) if folder is not None else None)
+
+    @staticmethod
+    def contexts(text, preset: str, name: str = "contexts") -> tuple:
+        """``"1024,4096"`` → ``(1024, 4096)``, each within ``preset``'s longest context (long context on). Raises
+        BadInput naming ``name`` and the value."""
+        from .errors import BadInput
+        from .jobs.context import parse_contexts
+        from .token.config import get_preset
+
+        try:
+            got = tuple(parse_contexts(text))
+        except BadInput as e:
+            raise BadInput(f"{name}={text!r}: {str(e).replace('--contexts', name)}") from None
+        longest = get_preset(preset, long_context=True).max_context
+        if max(got) > longest:
+            raise BadInput(f"{name}={text!r}: {max(got)} is past {preset}'s longest context, {longest}")
+        return got
+
+    @staticmethod
+    def host_whatif(contexts=(1024,), host_us=3.2, preset: str = "ds4-flash", stages: str = "0,i,3,3c",
+                    tokens: int = 8):
+        """ds4lab's ``preset`` token on the timing-only sim with its eager launches priced at the shipped calibration's
+        host cost and at ``host_us`` per launch (a C program's: 3.0–3.3 µs on the H200), every figure MODELED
+        (:func:`ds4lab.calibration.from_ds4.host_whatif`). A result without a folder: table ``host_whatif``, figure
+        ``host-whatif``. Raises BadInput for a host cost that is not a number in (0, 1000) µs."""
+        from .calibration.from_ds4 import host_whatif, host_whatif_figure
+        from .errors import BadInput
+        from .jobs.result import no_folder
+        from .report import plots
+
+        if isinstance(host_us, bool) or not isinstance(host_us, (int, float)) or not 0 < host_us < 1000:
+            raise BadInput(f"host cost {host_us!r}: µs per launch from C, a number above 0 (3.0–3.3 on the H200)")
+        o = no_folder("host-whatif", {"job": "host-whatif", "modeled": True, "preset": preset})
+        t = host_whatif(contexts, (host_us,), preset=preset, stages=stages, tokens=tokens)
+        o.table("host_whatif", t)
+        o.result.figures["host-whatif"] = plots.detach(host_whatif_figure(t, preset))
+        return o.done()
+
+    @staticmethod
+    def save(figure, stem, formats=("png", "svg", "pdf")):
+        """Write ``figure`` as ``stem.png`` (and ``formats``; :func:`ds4lab.report.plots.save`: whole files, the figure
+        closed in pyplot) and return it, so a cell shows it once; None passes through."""
+        from .report import plots
+
+        if figure is not None:
+            Path(stem).parent.mkdir(parents=True, exist_ok=True)
+            plots.save(figure, Path(stem), formats=formats)
+        return figure
+
+    def _say(self, line: str) -> None:
+        from .progress import make_console
+
+        (self.console or make_console()).print(line)
 
     # ------------------------------------------------------------------------- what there is
     @staticmethod

@@ -1,10 +1,8 @@
 """Measurement helpers: CUDA-event timing, summary statistics, and the bytes-moved floor.
 
-Rules (see METHODS in the README): device time comes from CUDA events recorded on the stream
-the work runs on, after warm-up, over many repeats, reported as a median with its
-interquartile range; a host clock is only used for host-side work (the time to *enqueue*
-launches), and is labelled so.
-"""
+Rules (see METHODS in the README): device time comes from CUDA events recorded on the stream the work runs on, after
+warm-up, over many repeats, reported as a median with its interquartile range; a host clock is only used for host-side
+work (the time to *enqueue* launches), and is labelled so."""
 
 from __future__ import annotations
 
@@ -21,8 +19,8 @@ from .token import weights as W
 
 
 def has_spread(lo: float, hi: float) -> bool:
-    """Whether ``lo`` and ``hi`` differ by more than float rounding (a relative 1e-9): a sim's equal
-    times, summed in another order, still differ in their last bits."""
+    """Whether ``lo`` and ``hi`` differ by more than float rounding (a relative 1e-9): a sim's equal times, summed in
+    another order, still differ in their last bits."""
     return hi - lo > 1e-9 * max(abs(lo), abs(hi), 1.0)
 
 
@@ -52,8 +50,7 @@ class Stats:
 
     @property
     def spread(self) -> bool:
-        """Whether the samples differ beyond float rounding (a deterministic sim's do not: no interval
-        to show)."""
+        """Whether the samples differ beyond float rounding (a deterministic sim's do not: no interval to show)."""
         return has_spread(self.min, self.max)
 
     def fmt(self, unit: str = "µs", digits: int = 1) -> str:
@@ -75,8 +72,7 @@ def event_ms(start, end) -> float:
 def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
     """Device-to-device copy bandwidth in GB/s (bytes read + written), CUDA events, median.
 
-    The ceiling the bytes-moved floor is measured against (METHOD: measure the ceilings).
-    """
+    The ceiling the bytes-moved floor is measured against (METHOD: measure the ceilings)."""
     import cupy
 
     src = cupy.empty(nbytes // 4, dtype=np.float32)
@@ -101,12 +97,10 @@ def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
 def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> dict[str, int]:
     """Fewest bytes one decode token must read from device memory, by part.
 
-    Every weight of the layers run, the ``n_used`` selected experts' matrices per layer in the
-    config's expert formats (``cfg.expert_format``: IQ2_XXS gate/up and Q2_K down move 0.26 and
-    0.33 bytes per weight, Q4_K and ds4lab's 4-bit blocks 0.5625; ``weights.spec_bytes``), each
-    layer's KV window (fp32), and the vocabulary projection when on. Activations (a few hundred
-    KB) are left out. This is the numerator of the bytes-moved floor.
-    """
+    Every weight of the layers run, the ``n_used`` selected experts' matrices per layer in the config's expert formats
+    (``cfg.expert_format``: IQ2_XXS gate/up and Q2_K down move 0.26 and 0.33 bytes per weight, Q4_K and ds4lab's 4-bit
+    blocks 0.5625; ``weights.spec_bytes``), each layer's KV window (fp32), and the vocabulary projection when on.
+    Activations (a few hundred KB) are left out. This is the numerator of the bytes-moved floor."""
     L = cfg.n_layers if n_layers is None else n_layers
     layer = sum(W.spec_bytes(s) for s in W.layer_specs(cfg, 0).values())
     bank = W.bank_specs(cfg, 0)
@@ -123,9 +117,9 @@ def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> d
 
 @contextlib.contextmanager
 def profiler_range(be):
-    """``cudaProfilerStart``/``cudaProfilerStop`` around a measured region on a GPU, so that
-    ``nsys profile --capture-range=cudaProfilerApi`` records only the measured tokens (CUDA
-    Runtime API, "Profiler Control"). Nothing on other backends."""
+    """``cudaProfilerStart``/``cudaProfilerStop`` around a measured region on a GPU, so that ``nsys profile
+    --capture-range=cudaProfilerApi`` records only the measured tokens (CUDA Runtime API, "Profiler Control").
+    Nothing on other backends."""
     be.profiler_start()
     try:
         yield
@@ -135,9 +129,9 @@ def profiler_range(be):
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's garbage collector collected once, then off for the block (no collector pause lands
-    inside timed work), back to its previous state after. Nested inside another pause it does
-    nothing (no second collection: a full collection of a large heap costs a fraction of a second)."""
+    """Python's garbage collector collected once, then off for the block (no collector pause lands inside timed work),
+    back to its previous state after. Nested inside another pause it does nothing (no second collection: a full
+    collection of a large heap costs a fraction of a second)."""
     if not gc.isenabled():
         yield
         return
@@ -156,11 +150,10 @@ def gc_paused() -> Iterator[None]:
 class Samples:
     """Raw per-iteration samples of :func:`time_steps`, in µs, with where they came from.
 
-    ``device_us[i]``: CUDA-event time between the records around iteration ``i`` (on the sim:
-    its modeled events). ``host_us[i]``: host clock around the enqueue of iteration ``i``
-    (launch cost only; never a device time). ``device_source``/``host_source``: ``cuda-events``
-    and ``host-clock`` on a GPU, ``modeled (sim, calibration <name>)`` on the sim.
-    """
+    ``device_us[i]``: CUDA-event time between the records around iteration ``i`` (on the sim: its modeled events).
+    ``host_us[i]``: host clock around the enqueue of iteration ``i`` (launch cost only; never a device time).
+    ``device_source``/``host_source``: ``cuda-events`` and ``host-clock`` on a GPU, ``modeled (sim, calibration
+    <name>)`` on the sim."""
 
     device_us: list[float] = field(default_factory=list)
     host_us: list[float] = field(default_factory=list)
@@ -182,29 +175,28 @@ def time_steps(be, step: Callable[[int], None], n: int, *, stream, warmup: int =
                samples: Samples | None = None) -> Samples:
     """The one timing loop of ds4lab: ``warmup`` untimed then ``n`` timed calls of ``step(i)``.
 
-    Each timed iteration: a CUDA event recorded on ``stream``, the host clock, ``step(i)``, the host
-    clock, an event recorded on ``stream``, ``sync()`` (default ``be.synchronize()``: ds4 ends every
-    decode token with ``cudaDeviceSynchronize``), and the elapsed time between the two events. The
-    garbage collector is off meanwhile (:func:`gc_paused`). Statistics are the caller's
-    (:meth:`Stats.of`, :func:`paired_difference`): this returns raw samples only (the shape of
-    ``cupyx.profiler.benchmark``: one entry point, raw per-iteration times, summaries outside).
+    Each timed iteration: a CUDA event recorded on ``stream``, the host clock, ``step(i)``, the host clock, an event
+    recorded on ``stream``, ``sync()`` (default ``be.synchronize()``: ds4 ends every decode token with
+    ``cudaDeviceSynchronize``), and the elapsed time between the two events. The garbage collector is off meanwhile
+    (:func:`gc_paused`). Statistics are the caller's (:meth:`Stats.of`, :func:`paired_difference`): this returns raw
+    samples only (the shape of ``cupyx.profiler.benchmark``: one entry point, raw per-iteration times, summaries
+    outside).
 
     Args:
         be: a backend that measures or models time (``cupy`` or ``sim``).
         step: the work; ``i`` counts from 0 over warm-up and timed iterations together.
         n: timed iterations (>= 1).
         stream: where the events are recorded (the stream the work runs on, or ``LEGACY_STREAM``).
-        on_sample: called as ``on_sample(j, device_us, host_us)`` after timed iteration ``j``, so a
-            job can write each sample as it comes.
+        on_sample: called as ``on_sample(j, device_us, host_us)`` after timed iteration ``j``, so a job can write each
+            sample as it comes.
         on_warm: called once between the warm-up and the timed iterations (e.g. reset a census).
         progress: called after every iteration, warm-up included.
         samples: append to these (interleaved rounds) instead of a new :class:`Samples`.
 
     Raises:
         ValueError: ``n < 1`` or ``warmup < 0``; a backend that neither measures nor models time.
-        ds4lab.errors.CudaError: what a runtime call raised (the loop stops; samples so far kept in
-            ``samples`` when passed).
-    """
+        ds4lab.errors.CudaError: what a runtime call raised (the loop stops; samples so far kept in ``samples`` when
+            passed)."""
     if n < 1 or warmup < 0:
         raise ValueError(f"time_steps: n={n} must be >= 1 and warmup={warmup} >= 0")
     if not (be.measures_time or be.models_time):
@@ -244,11 +236,9 @@ def time_steps(be, step: Callable[[int], None], n: int, *, stream, warmup: int =
 class Difference:
     """A cost or gain: the median of paired, interleaved differences (B − A) with its interval.
 
-    ``median``, ``lo``, ``hi`` in the samples' unit (µs); ``pct`` = 100 · median / baseline median;
-    ``confidence`` of the distribution-free interval for the median; ``n`` pairs. ``measurable``
-    is False when the interval includes zero: such a difference is reported as "not measurable
-    (±x)", never as a negative cost.
-    """
+    ``median``, ``lo``, ``hi`` in the samples' unit (µs); ``pct`` = 100 · median / baseline median; ``confidence`` of
+    the distribution-free interval for the median; ``n`` pairs. ``measurable`` is False when the interval includes
+    zero: such a difference is reported as "not measurable (±x)", never as a negative cost."""
 
     median: float
     lo: float
@@ -271,14 +261,14 @@ class Difference:
 
     @property
     def spread(self) -> bool:
-        """Whether the interval has a width beyond float rounding (every pair differing by the same
-        amount, as on a deterministic sim, gives none: no interval to show)."""
+        """Whether the interval has a width beyond float rounding (every pair differing by the same amount, as on a
+        deterministic sim, gives none: no interval to show)."""
         return has_spread(self.lo, self.hi)
 
     def fmt(self, unit: str = "µs", digits: int = 1) -> str:
-        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)`` or ``not measurable (±3.2 µs, n=16)``; where
-        every pair differs by the same amount, no interval: ``+12.3 µs (+1.4 %, the same in every pair,
-        n=6)``, ``none (0 in every pair, n=6)``."""
+        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)`` or ``not measurable (±3.2 µs, n=16)``; where every pair
+        differs by the same amount, no interval: ``+12.3 µs (+1.4 %, the same in every pair, n=6)``, ``none (0 in
+        every pair, n=6)``."""
         if self.n > 0 and not self.spread and math.isfinite(self.median):
             if self.median == 0:
                 return f"none (0 {unit} in every pair, n={self.n})"
@@ -299,17 +289,15 @@ EXACT_CI_MAX_N = 1000
 
 
 def median_ci(values, confidence: float = 0.95) -> tuple[float, float]:
-    """Distribution-free confidence interval for the median of ``values`` (order statistics of the
-    binomial(n, ½) sign test; e.g. Conover, *Practical Nonparametric Statistics*, §3.2). With too
-    few values for the confidence asked (n < 6 at 95 %) the interval is the whole range
-    ``(min, max)`` widened to include zero's side, i.e. reported as not measurable by the caller.
-    Exact up to :data:`EXACT_CI_MAX_N` values; past that the rank comes from the binomial's normal
-    approximation with continuity correction (within one rank of the exact one; the exact sum
+    """Distribution-free confidence interval for the median of ``values`` (order statistics of the binomial(n, ½) sign
+    test; e.g. Conover, *Practical Nonparametric Statistics*, §3.2). With too few values for the confidence asked (n
+    < 6 at 95 %) the interval is the whole range ``(min, max)`` widened to include zero's side, i.e. reported as not
+    measurable by the caller. Exact up to :data:`EXACT_CI_MAX_N` values; past that the rank comes from the
+    binomial's normal approximation with continuity correction (within one rank of the exact one; the exact sum
     overflows a float past 1 023 values and takes time linear in n).
 
     Raises:
-        ValueError: no values, or ``confidence`` outside (0, 1).
-    """
+        ValueError: no values, or ``confidence`` outside (0, 1)."""
     from math import comb
 
     if not 0.0 < confidence < 1.0:
@@ -338,13 +326,12 @@ def median_ci(values, confidence: float = 0.95) -> tuple[float, float]:
 
 
 def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference:
-    """The cost of ``treated`` over ``baseline`` from paired samples (``treated[i]`` was measured
-    next to ``baseline[i]``, in an interleaved round): median of the differences with
-    :func:`median_ci`. Pairs with a non-finite member are dropped.
+    """The cost of ``treated`` over ``baseline`` from paired samples (``treated[i]`` was measured next to
+    ``baseline[i]``, in an interleaved round): median of the differences with :func:`median_ci`. Pairs with a
+    non-finite member are dropped.
 
     Raises:
-        ValueError: the two sequences differ in length.
-    """
+        ValueError: the two sequences differ in length."""
     a = np.asarray(baseline, dtype=np.float64)
     b = np.asarray(treated, dtype=np.float64)
     if a.shape != b.shape:
@@ -360,13 +347,12 @@ def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference
 
 def interleaved_pairs(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int,
                       progress: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
-    """``rounds`` paired measurements of A and B, alternating which goes first (ABBA…), so a slow
-    drift of the machine falls on both alike. Each callable returns one figure (e.g. the median µs
-    of a short block of tokens). Returns ``(a_values, b_values)`` for :func:`paired_difference`.
+    """``rounds`` paired measurements of A and B, alternating which goes first (ABBA…), so a slow drift of the machine
+    falls on both alike. Each callable returns one figure (e.g. the median µs of a short block of tokens). Returns
+    ``(a_values, b_values)`` for :func:`paired_difference`.
 
     Raises:
-        ValueError: ``rounds < 1``.
-    """
+        ValueError: ``rounds < 1``."""
     if rounds < 1:
         raise ValueError(f"rounds={rounds} must be >= 1")
     a_vals, b_vals = [], []

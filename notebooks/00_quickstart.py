@@ -31,36 +31,23 @@ TRACE_LAYERS = 2  # layers of the timeline shown (a dropdown in JupyterLab)
 OUT = "results/nb-quickstart"
 
 # %%
-from functools import partial
 from pathlib import Path
 
-import pandas as pd
+from ds4lab import Lab
 
-from ds4lab.backends import make_backend
-from ds4lab.jobs import default_preset, execute
-from ds4lab.jobs.ladder import LadderConfig
-from ds4lab.report import plots, provenance, results, views, widgets
-from ds4lab.jobs.trace import TraceConfig, TraceError
-from ds4lab.token.config import get_preset
-from ds4lab.token.model import DecodeModel, TokenOptions
-
-be = make_backend(BACKEND, allowed=("auto", "cupy", "sim"), timing_only=True, compile_kernels=True)
-preset = PRESET or default_preset("ladder", be)
-cfg = get_preset(preset)
-print(f"backend {be.name} · preset {preset} · {provenance.label(provenance.base_meta(be))}")
+lab = Lab(BACKEND, preset=PRESET)
+tok = lab.token()
+print(tok.label)
 
 # %% [markdown]
 # ## One token and its launch census
 # Every launch goes through the stream accessor; the census counts launches by cluster and kind.
 
 # %%
-model = DecodeModel(cfg, be, TokenOptions(vocab=True))
-model.token(1000, 7)
-be.synchronize()
-model.L.census.by_kind()
+tok.by_kind
 
 # %%
-model.L.census.by_cluster()
+tok.by_cluster
 
 # %% [markdown]
 # ## NVTX structure
@@ -71,21 +58,18 @@ model.L.census.by_cluster()
 # launch layer produces for one layer.
 
 # %%
-with model.L.recording() as trace:
-    model.token(1001, 8)
-pd.DataFrame([(r.cluster, r.site, r.kernel) for r in trace if r.layer == 0],
-             columns=["cluster (NVTX category)", "op range", "kernel"])
+tok.ranges(layer=0)
 
 # %% [markdown]
 # ## A first stage ladder
 
 # %%
-df = execute("ladder", LadderConfig(stages=STAGES, preset=preset, tokens=TOKENS, out=OUT), backend=be.name).table()
-df[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", "kernel_launches", "graph_launches",
-    "exact"]]
+ladder = lab.ladder(stages=STAGES, tokens=TOKENS, out=OUT)
+ladder.table()[["stage", "short", "us_median", "us_p25", "us_p75", "speedup", "efficiency", "kernel_launches",
+                "graph_launches", "exact"]]
 
 # %%
-views.figures(OUT)["ladder"]
+ladder.figure("ladder")
 
 # %% [markdown]
 # ## One token on a timeline: eager against replayed
@@ -100,18 +84,12 @@ views.figures(OUT)["ladder"]
 # chrome://tracing for the whole token. `TRACE_LAYERS` sets how many layers the figure shows.
 
 # %%
-trace_preset = PRESET or default_preset("trace", be)
 try:
-    tr = execute("trace", TraceConfig(preset=trace_preset, stages="0,3", tokens=2, out=Path(OUT) / "trace"),
-                 backend=be.name)
-    print(f"open {results.final_path(tr.out / 'trace.json')} in ui.perfetto.dev or chrome://tracing")
-except TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no kernel timeline here
+    tr = lab.trace(stages="0,3", tokens=2, out=Path(OUT) / "trace")
+    print(f"open {tr.where('trace.json')} in ui.perfetto.dev or chrome://tracing")
+except lab.TraceError as e:  # a GPU without CUPTI (pip install cupti-python): no kernel timeline here
     tr = None
     print(f"no trace: {e}")
 
 # %%
-timeline = None
-if tr is not None:
-    layers = widgets.Choice(TRACE_LAYERS, range(1, get_preset(trace_preset).n_layers + 1))
-    timeline = widgets.choose(partial(plots.trace_figure, tr.table("trace_kernels"), tr.table("trace_nvtx"), tr.meta), first_layers=layers)
-timeline
+lab.timeline(tr, first_layers=TRACE_LAYERS) if tr is not None else None

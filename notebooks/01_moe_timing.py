@@ -33,41 +33,29 @@ ROUTING_SHOWN = None  # the routing whose distribution is drawn (None: the first
 OUT = "results/nb-moe"
 
 # %%
-from functools import partial
 from pathlib import Path
 
-import pandas as pd
+from ds4lab import Lab
 
-from ds4lab.jobs import execute
-from ds4lab.jobs.moe import config_from_text
-from ds4lab.report import plots, provenance, results, views, widgets
-
-moe_cfg, note = config_from_text(BACKEND, PRESET, TOKENS_PER_STEP, ROUTINGS, MODES, steps=STEPS, out=OUT,
-                                 overhead=False)
-if note:
-    print(note)
-execute("moe", moe_cfg, backend=BACKEND)
-meta = results.read_meta(OUT)
-print(provenance.label(meta))
+lab = Lab(BACKEND, preset=PRESET)
+moe = lab.moe(tokens_per_step=TOKENS_PER_STEP, routings=ROUTINGS, modes=MODES, steps=STEPS, out=OUT, overhead=False)
+print(moe.label())
 
 # %% [markdown]
 # ## Median µs per routed-MoE call and stage, by token count and routing
 
 # %%
-print(f"{provenance.label(meta)}; µs per call")
-views.moe_stage_table(OUT).round(1)
+print(f"{moe.label()}; µs per call")
+lab.moe_stages(moe).round(1)
 
 # %%
-figs = views.figures(OUT)
-figs["moe-stages"]
+moe.figure("moe-stages")
 
 # %%
-moe = pd.read_csv(Path(OUT) / "moe.csv")
-routing = widgets.Choice(ROUTING_SHOWN or moe_cfg.routings[0], moe_cfg.routings)
-widgets.choose(partial(plots.moe_stage_distribution_figure, moe, meta), routing=routing)
+lab.moe_distribution(moe, routing=ROUTING_SHOWN)
 
 # %%
-figs.get("moe-share", "no share figure: the job ran without share tokens")
+moe.figures.get("moe-share", "no share figure: the job ran without share tokens")
 
 # %% [markdown]
 # ## The same numbers in ds4's own format

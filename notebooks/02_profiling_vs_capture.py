@@ -31,26 +31,20 @@ OUT = "results/nb-capture"
 # %%
 from pathlib import Path
 
-import pandas as pd
+from ds4lab import Lab
 
-from ds4lab.jobs import execute
-from ds4lab.jobs.exclusion import ExclusionConfig
-from ds4lab.jobs.hazards import HazardsConfig
-from ds4lab.jobs.moe import MoeConfig
-from ds4lab.report import provenance, results, views
-
-m = execute("exclusion", ExclusionConfig(preset=PRESET, out=Path(OUT) / "exclusion"), backend=BACKEND).table()
-m.pivot(index="mode", columns="column", values="outcome")
+lab = Lab(BACKEND)
+exclusion = lab.exclusion(preset=PRESET, out=Path(OUT) / "exclusion")
+exclusion.table().pivot(index="mode", columns="column", values="outcome")
 
 # %%
-views.figures(Path(OUT) / "exclusion")["exclusion"]
+exclusion.figure("exclusion")
 
 # %% [markdown]
 # ## Each hazard, demonstrated
 
 # %%
-execute("hazards", HazardsConfig(hazard="all", preset=HAZARD_PRESET, out=Path(OUT) / "hazards"), backend=BACKEND)
-h = pd.read_csv(Path(OUT) / "hazards" / "hazards.csv")
+h = lab.hazards(hazard="all", preset=HAZARD_PRESET, out=Path(OUT) / "hazards").table("hazards")
 h[["hazard", "outcome", "errors", "exact", "first_mismatch", "expected"]]
 
 # %% [markdown]
@@ -62,12 +56,10 @@ h[["hazard", "outcome", "errors", "exact", "first_mismatch", "expected"]]
 # sim). Overhead of each on a whole token, eager and replayed:
 
 # %%
-execute("moe", MoeConfig(modes=["deferred", "in-graph", "graph-boundary", "cupti"], tokens_per_step=[1],
-                         routings=["uniform"], steps=5, share_tokens=0, preset=PRESET, out=Path(OUT) / "modes"),
-        backend=BACKEND)
-o = Path(OUT) / "modes" / "overhead.csv"
-pd.read_csv(o) if o.exists() else "no overhead table"
+modes = lab.moe(modes=["deferred", "in-graph", "graph-boundary", "cupti"], tokens_per_step=[1], routings=["uniform"],
+                steps=5, share_tokens=0, preset=PRESET, out=Path(OUT) / "modes")
+modes.tables.get("overhead", "no overhead table")
 
 # %%
-print(provenance.label(results.read_meta(Path(OUT) / "modes")), "· median µs per call and stage, by mode")
-views.moe_stage_table(Path(OUT) / "modes").round(2)
+print(modes.label(), "· median µs per call and stage, by mode")
+lab.moe_stages(modes).round(2)

@@ -34,23 +34,21 @@ SWEEP_TOKENS = [1, 2, 3, 16, 64, 512]
 # %%
 from pathlib import Path
 
-from ds4lab.experiments import whatif
-from ds4lab.experiments.stages import fixes_table
-from ds4lab.jobs import execute
-from ds4lab.jobs.ladder import LadderConfig
-from ds4lab.report import plots, views
+from ds4lab import Lab
 
-df = execute("ladder", LadderConfig(stages=STAGES, preset=PRESET, tokens=TOKENS, out=OUT), backend=BACKEND).table()
-df[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays", "retirements"]]
+lab = Lab(BACKEND, preset=PRESET)
+ladder = lab.ladder(stages=STAGES, tokens=TOKENS, out=OUT)
+ladder.table()[["stage", "description", "us_median", "speedup", "efficiency", "exact", "captures", "replays",
+                "retirements"]]
 
 # %% [markdown]
 # ## Which hazard fixes each stage needs
 
 # %%
-fixes_table()
+lab.stages()
 
 # %%
-views.figures(OUT)["ladder"]
+ladder.figure("ladder")
 
 # %% [markdown]
 # ## What-if sweeps (simulated runtime, modeled)
@@ -63,18 +61,14 @@ views.figures(OUT)["ladder"]
 # runs the notebook.
 
 # %%
-layers = whatif.sweep_layers(SWEEP_LAYERS)
-layers
+whatif = lab.whatif(layers=SWEEP_LAYERS, launch_us=SWEEP_LAUNCH_US, tokens_per_step=SWEEP_TOKENS)
+whatif.table("layers")
 
 # %%
-launch = whatif.sweep_launch_cost(SWEEP_LAUNCH_US)
-launch
+whatif.table("launch")
 
 # %%
-tokens = whatif.sweep_moe_tokens(SWEEP_TOKENS)
-tokens
+whatif.table("tokens")
 
 # %%
-fig = plots.whatif_figure(layers, launch, tokens)
-plots.save(fig, Path(OUT) / "whatif")
-fig
+lab.save(whatif.figure("whatif"), Path(OUT) / "whatif")

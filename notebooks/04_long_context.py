@@ -44,17 +44,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ds4lab.backends import resolve
-from ds4lab.experiments import launch_list
-from ds4lab.jobs import execute
-from ds4lab.jobs.common import DEFAULT_PRESETS
-from ds4lab.jobs.context import ContextConfig
-from ds4lab.jobs.hazards import HazardsConfig
-from ds4lab.report import plots, provenance, results, views, widgets
+from ds4lab import Lab
 
-# the context job's default preset without opening a backend: ds4-flash on a GPU, small on the sim
-preset = PRESET or DEFAULT_PRESETS["context"][0 if resolve(BACKEND) == "cupy" else 1]
-print(f"backend {resolve(BACKEND)} · preset {preset} · stages {STAGES} · contexts {CONTEXTS}")
+lab = Lab(BACKEND)
+preset = PRESET or lab.preset_for("context")  # the context job's default, decided without opening a backend
+print(f"backend {'cupy' if lab.on_gpu else 'sim'} · preset {preset} · stages {STAGES} · contexts {CONTEXTS}")
 
 # %% [markdown]
 # ## Where the launch list changes with the position
@@ -68,14 +62,12 @@ print(f"backend {resolve(BACKEND)} · preset {preset} · stages {STAGES} · cont
 # host decision (`DecodeModel.longctx_decisions`) that a captured graph freezes.
 
 # %%
-scan = launch_list.scan(preset)
+scan = lab.launch_scan(preset)
 print(scan.title())
 scan.table()
 
 # %%
-fig = plots.launches_figure(scan)
-plots.save(fig, Path(OUT) / "launches")
-fig
+lab.save(lab.launches_figure(scan), Path(OUT) / "launches")
 
 # %% [markdown]
 # What stage 3 keys its graphs on at the last token before a launch-shape change and the first one
@@ -83,12 +75,7 @@ fig
 # `REGIME_CHANGE` picks the change (the n_comp of its last token).
 
 # %%
-changes = scan.visible_changes()
-decisions = "no launch-shape change below max_context"
-if changes:
-    options = [(f"n_comp {n} → {n + 1} (positions {4 * n - 1}, {4 * n + 3})", n) for n in changes]
-    decisions = widgets.choose(scan.decisions_table, change=widgets.Choice(REGIME_CHANGE or changes[0], options))
-decisions
+lab.regime_change(scan, change=REGIME_CHANGE)
 
 # %% [markdown]
 # ## µs per token against context, per stage
@@ -100,15 +87,13 @@ decisions
 # worst-case grids included).
 
 # %%
-ctx_out = Path(OUT) / "context"
-df = execute("context", ContextConfig(stages=STAGES, preset=preset, contexts=CONTEXTS, tokens=TOKENS, out=ctx_out),
-             backend=BACKEND).table()
-print(provenance.label(results.read_meta(ctx_out)))
-df[["stage", "context", "us_median", "us_p25", "us_p75", "kernel_launches", "graph_launches", "exact",
-    "first_mismatch"]].round(1)
+ctx = lab.context(stages=STAGES, preset=preset, contexts=CONTEXTS, tokens=TOKENS, out=Path(OUT) / "context")
+print(ctx.label())
+ctx.table()[["stage", "context", "us_median", "us_p25", "us_p75", "kernel_launches", "graph_launches", "exact",
+             "first_mismatch"]].round(1)
 
 # %%
-views.figures(ctx_out)["context"]
+ctx.figure("context")
 
 # %% [markdown]
 # ## How many graphs: stage 3 against stage 3c
@@ -119,8 +104,8 @@ views.figures(ctx_out)["context"]
 # per token over stage 3's (what deciding on the device costs; modeled on the sim).
 
 # %%
-print(("MODELED" if results.read_meta(ctx_out).get("modeled") else "measured") + " µs; graph counts are counted")
-views.context_graphs(ctx_out)
+print(("MODELED" if ctx.meta.get("modeled") else "measured") + " µs; graph counts are counted")
+lab.context_graphs(ctx)
 
 # %% [markdown]
 # ## One graph for every position, and programmatic launch: stages 3cc, 3p, 3cp, 3ccp
@@ -134,29 +119,12 @@ views.context_graphs(ctx_out)
 # includes zero).
 
 # %%
-cs_dir = None
-if CAPTURE_STAGES == "record":
-    here = Path(provenance.__file__).resolve().parents[2] / "docs" / "measurements" / "h200-2026-12-02b" / "capture-stages"
-    cs_dir = here if here.is_dir() else None
-elif CAPTURE_STAGES:
-    cs_dir = Path(CAPTURE_STAGES)
-if cs_dir is None:
-    print("CAPTURE_STAGES: no folder (the H200 record is not in this installation): set it to a ds4lab context "
-          "folder with stages 3, 3cc, 3p")
-else:
-    cs = pd.read_csv(cs_dir / "context.csv", dtype={"stage": str})
-    if "3" not in set(cs.stage):
-        raise ValueError(f"CAPTURE_STAGES={str(cs_dir)!r}: no stage 3 in its context.csv to compare with")
-    print(provenance.label(results.read_meta(cs_dir)) + f" ({cs_dir})")
-    s3 = cs[cs.stage == "3"].set_index("context").us_median
-    cs["x_stage_3"] = cs.us_median / cs.context.map(s3)
-    cs["gain over 3"] = [("—" if r.stage == "3" else f"{r.gain_us:+.0f} µs ({r.gain_lo:.0f}…{r.gain_hi:.0f})"
-                          if r.gain_measurable else f"not measurable (±{(r.gain_hi - r.gain_lo) / 2:.0f} µs)")
-                         for r in cs.itertuples()]
-    display_table = cs.pivot(index="context", columns="stage", values="x_stage_3").round(3)
+cs, where = lab.capture_stages(CAPTURE_STAGES)
+print(where)
+if cs is not None:
     print("µs per token over stage 3's, per context and stage:")
-    print(display_table.to_string())
-cs[["stage", "context", "us_median", "x_stage_3", "gain over 3", "graphs", "exact"]] if cs_dir is not None else None
+    print(cs.pivot(index="context", columns="stage", values="x_stage_3").round(3).to_string())
+cs[["stage", "context", "us_median", "x_stage_3", "gain over 3", "graphs", "exact"]] if cs is not None else None
 
 # %% [markdown]
 # ## Each long-context hazard, demonstrated
@@ -167,8 +135,7 @@ cs[["stage", "context", "us_median", "x_stage_3", "gain over 3", "graphs", "exac
 # H200 by `ds4lab conformance`) did with the hazard, `exact_3c` and `graphs_3c` what stage 3c did.
 
 # %%
-rows = execute("hazards", HazardsConfig(hazard="all-longctx", preset=HAZARD_PRESET, out=Path(OUT) / "hazards"),
-               backend=BACKEND).value
+rows = lab.hazards(hazard="all-longctx", preset=HAZARD_PRESET, out=Path(OUT) / "hazards").value
 h = pd.DataFrame(rows)
 print(f"backend {h.backend.iloc[0]}: " + ("simulated runtime (capture rules modeled)" if h.backend.iloc[0] == "sim"
                                           else "measured on the GPU"))

@@ -41,16 +41,10 @@ OUT = "results/nb-audit"
 # %%
 from pathlib import Path
 
-import pandas as pd
+from ds4lab import Lab
 
-from ds4lab.audit.engines import audit_source
-from ds4lab.audit.figure import timeline_figure
-from ds4lab.audit.validate import against_torch
-from ds4lab.jobs import execute
-from ds4lab.jobs.audit import AuditConfig
-from ds4lab.report import plots
-
-source = audit_source(BACKEND, ENGINE, CACHE, TRACE, record_into=Path(OUT) / "engine")
+lab = Lab(BACKEND, out=OUT)
+source = lab.engine(ENGINE, CACHE, TRACE)
 print(source.note)
 
 # %% [markdown]
@@ -60,7 +54,7 @@ print(source.note)
 # folder holds every table (`audit.csv`, `tokens.csv`, `spans.csv`, `plans.csv`) and the figure.
 
 # %%
-reports = execute("audit", AuditConfig(files=(str(source.trace),), token_range=TOKEN_RANGE, out=Path(OUT) / "audit")).value
+reports = lab.audit(files=(str(source.trace),), token_range=TOKEN_RANGE, out=Path(OUT) / "audit").value
 rep = reports[0]
 
 # %% [markdown]
@@ -91,7 +85,7 @@ rep.plans[["plan", "mode", "graphs_per_token", "predicted_us", "eager_measured_u
            "saving_hi", "measurable", "calibration"]].round(1)
 
 # %%
-plots.detach(timeline_figure(rep))
+lab.audit_figure(rep)
 
 # %% [markdown]
 # ## Against what torch.cuda.graph did
@@ -105,6 +99,4 @@ plots.detach(timeline_figure(rep))
 # this trace* with the command that records what is missing, and `verdict_agrees` is then False.
 
 # %%
-(pd.Series(against_torch(rep, source.torch_run), name=f"{ENGINE}/{CACHE}") if source.torch_run is not None
- else "your own trace: no torch.cuda.graph outcome to compare with (`ds4lab audit validate` checks the audit "
-      "against torch on the engines ds4lab builds)")
+lab.against_torch(rep, source)

@@ -44,36 +44,17 @@ OUT = "results/nb-ds4-itself"
 # %%
 from pathlib import Path
 
-from ds4lab.backends import resolve
-from ds4lab.ds4 import compare
-from ds4lab.jobs import execute
-from ds4lab.errors import BadInput
-from ds4lab.jobs.calibrate import host_whatif
-from ds4lab.jobs.context import parse_contexts
-from ds4lab.jobs.ds4 import Ds4JobConfig
-from ds4lab.report import plots
-from ds4lab.token.config import get_preset
+from ds4lab import Lab
 
-# every parameter checked here, before anything runs, and named where its value is bad
-try:
-    contexts = tuple(parse_contexts(CONTEXTS))
-except BadInput as e:
-    raise BadInput(f"CONTEXTS={CONTEXTS!r}: {str(e).replace('--contexts', 'CONTEXTS')}") from None
-longest = get_preset(PRESET, long_context=True).max_context
-if max(contexts) > longest:
-    raise BadInput(f"CONTEXTS={CONTEXTS!r}: {max(contexts)} is past {PRESET}'s longest context, {longest}")
-if not (isinstance(C_HOST_US, (int, float)) and 0 < C_HOST_US < 1000):
-    raise BadInput(f"C_HOST_US={C_HOST_US!r}: µs per launch from C, a number above 0 (3.0–3.3 on the H200)")
+lab = Lab(BACKEND)
+contexts = lab.contexts(CONTEXTS, preset=PRESET, name="CONTEXTS")  # checked before anything runs
 out = Path(OUT)
-out.mkdir(parents=True, exist_ok=True)
-rec = None
-if DS4_SOURCE and resolve(BACKEND) == "cupy":
-    execute("ds4", Ds4JobConfig(source=DS4_SOURCE, contexts=contexts, tokens=TOKENS, trace_contexts=contexts[:1],
-                                out=out / "ds4"))
-    rec = compare.read_ds4(out / "ds4")
-elif DS4_RESULTS:
-    rec = compare.read_ds4(DS4_RESULTS)
-print(f"ds4: {rec.label} ({rec.folder})" if rec is not None else
+folder = DS4_RESULTS
+if DS4_SOURCE and lab.on_gpu:
+    folder = lab.ds4(source=DS4_SOURCE, contexts=contexts, tokens=TOKENS, trace_contexts=contexts[:1],
+                     out=out / "ds4").out
+ds4 = lab.beside_ds4(folder)
+print(f"ds4: {ds4.label} ({folder})" if folder else
       "ds4: no record (set DS4_SOURCE on a GPU, or DS4_RESULTS to a ds4lab ds4 folder): ds4lab's side only")
 
 # %% [markdown]
@@ -86,14 +67,10 @@ print(f"ds4: {rec.label} ({rec.folder})" if rec is not None else
 # ds4 folder without `--stages` shows the rebuild's rungs alone.
 
 # %%
-ladder = compare.ladder_table(rec)
-fig_ladder = compare.ladder_figure(ladder)
-if fig_ladder is not None:
-    plots.save(fig_ladder, out / "ladder", formats=("png",))
-ladder
+ds4.ladder()
 
 # %%
-fig_ladder
+lab.save(ds4.ladder_figure(), out / "ladder", formats=("png",))
 
 # %% [markdown]
 # ## Launches per token
@@ -104,13 +81,13 @@ fig_ladder
 # indexer included).
 
 # %%
-compare.census_table(rec, contexts=contexts)
+ds4.census(contexts)
 
 # %% [markdown]
 # ## Host µs per eager launch: C against Python
 
 # %%
-compare.host_table(rec)
+ds4.host()
 
 # %% [markdown]
 # ## What capture buys: ds4's islands against ds4lab's stage i
@@ -122,14 +99,10 @@ compare.host_table(rec)
 # ds4lab's ladder at 1 000 is not ds4's 1 024); the table's `pair` names what has no pair.
 
 # %%
-gains = compare.gain_table(rec)
-fig = compare.gain_figure(gains)
-if fig is not None:
-    plots.save(fig, out / "islands-gain", formats=("png",))
-gains
+ds4.gains()
 
 # %%
-fig
+lab.save(ds4.gain_figure(), out / "islands-gain", formats=("png",))
 
 # %% [markdown]
 # ## ds4's kernels by kind, and what its islands did
@@ -139,7 +112,7 @@ fig
 # `DS4_CUDA_MOE_PROFILE=1`, ds4's profile records events on the legacy stream inside island 1).
 
 # %%
-(compare.kernel_kinds(rec) if rec is not None else "no ds4 record"), (rec.islands if rec is not None else "")
+ds4.kernel_kinds(), ds4.islands
 
 # %% [markdown]
 # ## MODELED: ds4lab's token with C's launch cost
@@ -160,29 +133,16 @@ fig
 # long-context token as one graph for every position.
 
 # %%
-whatif = host_whatif(contexts, (C_HOST_US,), preset=PRESET, stages="0,i,3,3c", tokens=8)
+whatif = lab.host_whatif(contexts, C_HOST_US, preset=PRESET, stages="0,i,3,3c", tokens=8)
 print("every figure below is MODELED (sim, timing only)")
-whatif[["host", "context", "stage", "us_median", "host_us_median", "floor_us", "kernel_launches", "captures",
-        "speedup"]]
+whatif.table()[["host", "context", "stage", "us_median", "host_us_median", "floor_us", "kernel_launches", "captures",
+                "speedup"]]
 
 # %%
-recaptured = whatif[(whatif["captures"] > 1) & (whatif["host"] == whatif["host"].iloc[0])]
-fig2 = plots.grouped_bars_figure(
-    {h: dict(zip(g["stage"] + " @" + g["context"].astype(str), g["us_median"])) for h, g in whatif.groupby("host")},
-    list(dict.fromkeys(whatif["stage"] + " @" + whatif["context"].astype(str))),
-    "µs per token (MODELED)", f"ds4lab's {PRESET} token at two host costs per launch — MODELED (sim)", rotate=False,
-    note="; ".join(f"{r.stage} @{r.context}: {r.captures} graphs captured over its warm-up and timed tokens (one per "
-                   "new token shape), "
-                   "its median mixes captures and replays" for r in recaptured.itertuples()) or None)
-plots.save(fig2, out / "host-whatif", formats=("png",))
-fig2
+lab.save(whatif.figure(), out / "host-whatif", formats=("png",))
 
 # %%
-if rec is not None and not rec.census.empty:
-    from ds4lab.jobs.calibrate import fit_from_ds4
-    from ds4lab.sim.calibration import read
-    from ds4lab.sim.costmodel import default_calibration_path
-
-    cal, fits, check = fit_from_ds4(read(default_calibration_path()), rec.folder, preset=PRESET)
-    print({k: cal.get(k) for k in ("host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale")})
-    display(check)  # noqa: F821 - IPython's display
+if folder and not ds4.record.census.empty:
+    fit = lab.calibrate(from_ds4=str(folder), preset=PRESET, out=out / "calibration-from-ds4.json")
+    print({k: fit.value.get(k) for k in ("host_launch_us", "host_graph_call_us", "eager_gap_us", "kernel_time_scale")})
+    display(fit.table("check"))  # noqa: F821 - IPython's display

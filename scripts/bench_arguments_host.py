@@ -228,7 +228,7 @@ def bench_handler(args, cbdata_kind: str) -> dict:
             else:
                 session.api = None
             if noop:
-                stop = session.watch_launches(A.LAUNCH_NAMES, lambda d, c, cb: None)
+                stop = session.watch_launches(frozenset(A.LAUNCH_LAYOUTS), lambda d, c, cb: None)
             if capture is not None:
                 cap = capture()
                 cap.start()

@@ -119,3 +119,18 @@ def record(monkeypatch, tmp_path=None, *, tokens: int = 5, unreadable: bool = Fa
     if tmp_path is not None:
         rec.save(tmp_path / "arguments.csv.gz")
     return rec, m, q
+
+
+def tag_ops(rec, op_of_launch):
+    """Give every launch of ``rec``'s argument pass an operator call of the op log: ``op_of_launch(token, kernel
+    name)`` gives its fields (``t_ns`` 0 added). Returns the pass's store."""
+    from ds4lab.audit import arguments as AA
+
+    st = rec.arguments
+    st.ops, st.op_of = {}, {}
+    for t, launches in enumerate(AA.token_launches(rec.table(), "decode_step").tokens):
+        for corr, kname, _ in launches:
+            st.op_of[corr] = len(st.ops)
+            st.ops[len(st.ops)] = {"t_ns": 0, **op_of_launch(t, kname)}
+    return st
+

@@ -171,7 +171,7 @@ class FakeCupti(types.ModuleType):
 FakeCupti.callback_data_dtype = R(fields={"function_params": (None, 16)})
 
 #: Launch call → (offset of the function, offset of the argument array, offset of extra) in its params
-#: struct (CUPTI's generated_cuda_*_meta.h), independently of ds4lab.audit.arguments.LAUNCHES.
+#: struct (CUPTI's generated_cuda_*_meta.h), independently of ds4lab.trace.arguments.LAUNCH_LAYOUTS.
 _FORMS = {"cudaLaunchKernel": (0, 32, None), "cudaLaunchKernelExC": (8, 16, None), "cuLaunchKernel": (0, 48, 56),
           "cuLaunchKernelEx": (8, 16, 24)}
 

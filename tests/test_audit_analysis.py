@@ -10,7 +10,7 @@ import pytest
 from audit_synth import TraceBuilder, decode_step
 from ds4lab.audit import analyze
 from ds4lab.audit.analysis import AuditInputError
-from ds4lab.audit.calls import normalize
+from ds4lab.trace.records import api_base_name
 from ds4lab.trace.events import EventTable, make_frame
 from ds4lab.audit.tokens import NoTokens
 from ds4lab.audit.where import user_frame, where
@@ -255,7 +255,7 @@ CASES = [
 def test_every_call_class_gets_the_sims_verdict(rng, api, extra, klass, want):
     (r,) = analyze([_trace(rng, tokens=4, extra=extra).table()])
     calls = r.calls[(r.calls["name"] == api) & (r.calls["klass"].fillna("(none)") == (klass or "(none)"))]
-    api = normalize(api)  # findings name the API without its version or per-thread suffix
+    api = api_base_name(api)  # findings name the API without its version or per-thread suffix
     assert len(calls) == 4, r.calls[["api", "klass"]].drop_duplicates()  # one per token
     got = tuple(calls.iloc[0][f"verdict_{m}"] for m in ("global", "thread_local", "relaxed"))
     assert got == want

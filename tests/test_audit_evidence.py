@@ -18,7 +18,6 @@ import pandas as pd
 import pytest
 
 import audit_args_synth as S
-from ds4lab.audit import arguments as AA
 from ds4lab.audit import frozen as F
 from ds4lab.trace.torch_ops import DICT, OPAQUE, TENSOR, describe
 
@@ -33,18 +32,8 @@ def _tensor(shape, stride, offset=0, start=0x7F50_0000_0000, dev="cuda", values=
 def _tag(rec, kernel, op_of_token):
     """Tag every launch with an operator call: ``kernel``'s with ``op_of_token(t)`` (a dict of describe's
     fields and ``name``), the others with one call each of a constant key."""
-    st = rec.arguments
-    tl = AA.token_launches(rec.table(), "decode_step")
-    st.ops, st.op_of = {}, {}
-    for t, launches in enumerate(tl.tokens):
-        for corr, kname, _ in launches:
-            i = len(st.ops)
-            if kname == kernel:
-                st.ops[i] = {"t_ns": 0, **op_of_token(t)}
-            else:
-                st.ops[i] = {"name": f"aten::{kname}", "t_ns": 0, **describe([(0, _tensor([4], [1]), False)])}
-            st.op_of[corr] = i
-    return st
+    plain = {**describe([(0, _tensor([4], [1]), False)])}
+    return S.tag_ops(rec, lambda t, kname: op_of_token(t) if kname == kernel else {"name": f"aten::{kname}", **plain})
 
 
 def _op(name, *args, **kwargs):

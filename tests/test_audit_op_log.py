@@ -17,17 +17,14 @@ from ds4lab.trace import arguments as A
 def _with_ops(rec, key_of, *, spans=(), opaque=False, name="aten::rope", kernel="rope"):
     """Tag every ``kernel`` launch with an operator call ``name`` whose key is ``key_of(token)``, the
     others with one call each of a constant key."""
-    st = rec.arguments
-    tl = AA.token_launches(rec.table(), "decode_step")
-    st.ops, st.op_of = {}, {}
-    for t, launches in enumerate(tl.tokens):
-        for corr, kname, _ in launches:
-            i = len(st.ops)
-            rope = kname == kernel
-            st.ops[i] = {"name": name if rope else f"aten::{kname}", "key": key_of(t) if rope else kname,
-                         "text": f"cuda float32[4], {17 + t}" if rope else "cuda float32[4]", "spans": list(spans),
-                         "cpu": [], "opaque": opaque, "t_ns": 0}
-            st.op_of[corr] = i
+
+    def op(t, kname):
+        rope = kname == kernel
+        return {"name": name if rope else f"aten::{kname}", "key": key_of(t) if rope else kname,
+                "text": f"cuda float32[4], {17 + t}" if rope else "cuda float32[4]", "spans": list(spans),
+                "cpu": [], "opaque": opaque}
+
+    S.tag_ops(rec, op)
     return rec
 
 

@@ -19,7 +19,7 @@ import pytest
 from unittest import mock
 
 from ds4lab.ds4 import build as B
-from ds4lab.ds4 import results as R
+from ds4lab.ds4 import readout as R
 from ds4lab.ds4 import worker as W
 from ds4lab.ds4.configs import DEFAULT_CONFIGS, parse_configs
 from ds4lab.ds4.measure import collect, worker_env
@@ -427,7 +427,7 @@ def test_read_log_finds_captures_failures_profile_lines_and_the_copy(tmp_path):
     assert lg["captured"] == [(0, 0), (3, 1)]
     assert lg["failed"] == [{"layer": 4, "island": 1, "step": "capture failed",
                              "error": "operation would make the legacy stream depend on a capturing blocking stream"}]
-    assert lg["model_copy_s"] == pytest.approx(41.25) and len(lg["profile_lines"]) == 1 and not lg["disabled"]
+    assert lg["model_copy_s"] == pytest.approx(41.25) and lg["profile_lines"] == 1 and not lg["disabled"]
     off = tmp_path / "off.log"
     off.write_text("ds4: DS4_CUDA_DECODE_GRAPHS=0 - decode graph capture disabled\n")
     t = R.island_table({"moe-profile": lg, "islands-off": R.read_log(off), "none": R.read_log(tmp_path / "absent")})
@@ -696,7 +696,7 @@ def test_random_expert_blocks_keep_their_scales_small_and_finite():
 def test_audit_recordings_audits_each_recorded_configuration(tmp_path):
     from ds4lab.trace.events import EventTable
     from ds4lab.trace.sources.saved import write_table
-    from ds4lab.ds4.measure import audit_recordings
+    from ds4lab.jobs.ds4 import audit_recordings
 
     frame = _recorded_frame()
     frame["pid"] = 1

@@ -325,6 +325,28 @@ def test_ds4lab_header_marks_modeled_lines(tmp_path):
     assert g.provenance.iloc[0].startswith("ds4lab moe · measured")
 
 
+def test_ds4s_stderr_gives_its_profile_lines_and_its_island_lines(tmp_path):
+    """One reader for ds4's whole stderr: the profile lines in ``ds4_moe``, its island and model-load lines
+    in ``ds4_events`` (what ``ds4lab ds4``'s island table is made from); the reader takes a log of island
+    lines alone, and calls one with neither kind a problem."""
+    prof = ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.010 sort=0.000 gateup=0.050 midq=0.008 down=0.030 "
+            "sum=0.000 total=0.098 ms")
+    p = write(tmp_path, "ds4.log", "ds4: CUDA copying 81.02 GiB model to device memory\n"
+              "ds4: decode graph captured il=3 island=1 (total 2)\n" + prof + "\n"
+              "ds4: decode graph capture failed (il=4 island=1): operation not permitted when stream is capturing\n")
+    res = ingest(p)
+    ev = res.tables["ds4_events"]
+    assert ev.event.tolist() == ["weights gpu-memory", "captured", "capture failed"]
+    assert ev.source.tolist() == ["ds4.log:1", "ds4.log:2", "ds4.log:4"] and ev.layer.tolist()[1:] == [3, 4]
+    assert ev.error.iloc[2] == "operation not permitted when stream is capturing"
+    assert len(res.tables["ds4_moe"]) == 7
+    from ds4lab.trace.sources.ds4log import read_ds4_log
+
+    assert not read_ds4_log(write(tmp_path, "islands.log", "ds4: decode graph captured il=0 island=0\n"), False).problems
+    with pytest.raises(SourceError, match="no ds4 MoE profile line, island line"):
+        read_ds4_log(write(tmp_path, "none.log", "# ds4lab moe · x\nnothing\n"), False)
+
+
 def test_ds4_lines_header_round_trip(tmp_path):
     import pandas as pd
 
@@ -341,9 +363,9 @@ def test_ds4_lines_header_round_trip(tmp_path):
     assert lines[0] == "# ds4lab moe · MODELED by the sim backend (calibration test), not measured"
     assert lines[1:] == plain
     assert M.ds4_lines(df.iloc[:0], header="ds4lab moe · x") == []  # no call, no header-only file
-    back = M.read_ds4_log("\n".join(lines))
+    back = M.profile_rows(write(tmp_path, "back.log", "\n".join(lines) + "\n"))
     assert len(back) == 3 * len(M.STAGES) and back.modeled.all() and "MODELED" in back.note.iloc[0]
-    assert not M.read_ds4_log("\n".join(plain)).modeled.any()
+    assert not M.profile_rows(write(tmp_path, "plain.log", "\n".join(plain) + "\n")).modeled.any()
     p = write(tmp_path, "moe-ds4.log", "\n".join(lines) + "\n")
     got = ingest(p).tables["ds4_moe"]
     assert got.modeled.all() and len(got) == 3 * 7

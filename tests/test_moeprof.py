@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from ds4lab import moeprof as M
 from ds4lab.trace import live as traces
 from ds4lab.trace.live import SimTimeline
+from ds4lab.trace.sources.ds4log import parse_ds4_line
 from ds4lab.token.config import get_preset
 from ds4lab.errors import RuntimeApiError
 from ds4lab.sim import SimBackend
@@ -299,20 +300,21 @@ def test_ds4_line_round_trips():
     line = M.format_ds4_line(3, ms)
     assert line == ("ds4: CUDA MoE profile tokens=3 pairs=18 xq=0.012 sort=0.046 gateup=0.019 midq=0.003 "
                     "down=0.009 sum=0.003 total=0.091 ms")
-    d = M.parse_ds4_line("stderr noise " + line)
+    d = parse_ds4_line("stderr noise " + line)
     assert d["tokens"] == 3 and d["pairs"] == 18
     assert all(d[s] == pytest.approx(ms[s], abs=5e-4) for s in ms)
     assert d["total"] == pytest.approx(sum(ms.values()), abs=5e-4)
     assert M.format_ds4_line(d["tokens"], d, pairs=d["pairs"]) == line  # and back, exactly
-    assert M.parse_ds4_line("ds4: something else") is None
+    assert parse_ds4_line("ds4: something else") is None
     assert "nan" in M.format_ds4_line(1, {"xq": 1.0})
 
 
-def test_ds4_lines_from_a_profile_and_read_back(wb_fast, graphs_restored):
+def test_ds4_lines_from_a_profile_and_read_back(wb_fast, graphs_restored, tmp_path):
     df = M.profile(wb_fast, "deferred", 2, "uniform", steps=2)
     lines = M.ds4_lines(df)
     assert len(lines) == 2 * wb_fast.model.n_layers
-    back = M.read_ds4_log("\n".join(["unrelated"] + lines), n_layers=wb_fast.model.n_layers)
+    (tmp_path / "ds4.log").write_text("\n".join(["unrelated"] + lines) + "\n")
+    back = M.profile_rows(tmp_path / "ds4.log", n_layers=wb_fast.model.n_layers)
     assert list(back.columns) == list(M.ROW_COLUMNS) and len(back) == len(df)
     a = df.set_index(["token", "layer", "stage"])["ms"]
     b = back.set_index(["token", "layer", "stage"])["ms"]

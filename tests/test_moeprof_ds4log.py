@@ -1,5 +1,6 @@
-"""ds4's MoE profile line (``ds4lab.moeprof.ds4log``): the format round-trips, ``nan`` included, and
-the one grammar and validity rules agree with ``ds4lab ingest``'s reading of the same lines."""
+"""ds4's MoE profile line: written by ``ds4lab.moeprof.ds4log``, read by the one grammar
+(``ds4lab.trace.sources.ds4log``): the format round-trips, ``nan`` included, and the grammar's validity
+rules are ``ds4lab ingest``'s reading of the same lines."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import pytest
 
 from ds4lab import moeprof as M
-from ds4lab.moeprof import ds4log as D
+from ds4lab.trace.sources import ds4log as D
 
 OK = ("ds4: CUDA MoE profile tokens=1 pairs=6 xq=0.004 sort=0.000 gateup=0.021 midq=0.003 down=0.011 sum=0.002 "
       "total=0.041 ms")
@@ -27,25 +28,25 @@ def test_nan_and_inf_round_trip():
     """``nan`` is how ds4lab writes a stage it could not time: it parses back to NaN, and ±inf to ±inf."""
     a = M.format_ds4_line(1, {"xq": 1.0})
     assert "sort=nan" in a and "total=nan" in a
-    d = M.parse_ds4_line(a)
+    d = D.parse_ds4_line(a)
     assert d["xq"] == 1.0 and all(math.isnan(d[s]) for s in M.STAGES if s != "xq")
     assert M.format_ds4_line(d["tokens"], d, pairs=d["pairs"]) == a
     b = M.format_ds4_line(2, {"xq": math.inf, "sort": -math.inf, "total": math.inf})
-    d = M.parse_ds4_line("noise " + b)
+    d = D.parse_ds4_line("noise " + b)
     assert d["xq"] == math.inf and d["sort"] == -math.inf and d["total"] == math.inf
     assert M.format_ds4_line(d["tokens"], d, pairs=d["pairs"]) == b
-    assert M.parse_ds4_line(line(xq="-nan"))["xq"] != M.parse_ds4_line(line(xq="-nan"))["xq"]  # glibc's -nan
+    assert D.parse_ds4_line(line(xq="-nan"))["xq"] != D.parse_ds4_line(line(xq="-nan"))["xq"]  # glibc's -nan
 
 
 def test_parse_and_problem_share_one_grammar():
-    assert M.parse_ds4_line(line(xq=".5"))["xq"] == 0.5
-    assert M.parse_ds4_line(line(xq="1e-3"))["xq"] == 0.001
-    assert M.parse_ds4_line(OK + "  ")["tokens"] == 1  # trailing whitespace only
+    assert D.parse_ds4_line(line(xq=".5"))["xq"] == 0.5
+    assert D.parse_ds4_line(line(xq="1e-3"))["xq"] == 0.001
+    assert D.parse_ds4_line(OK + "  ")["tokens"] == 1  # trailing whitespace only
     for bad in (OK + " extra", line(xq="."), line(xq="e"), line(xq="NaN"), line(xq="abc"), "ds4: something else",
                 OK.replace(" sum=0.002", "")):
-        assert M.parse_ds4_line(bad) is None, bad
-        assert M.ds4_line_problem(bad) is not None, bad
-    assert M.ds4_line_problem(OK) is None
+        assert D.parse_ds4_line(bad) is None, bad
+        assert D.ds4_line_problem(bad) is not None, bad
+    assert D.ds4_line_problem(OK) is None
 
 
 @pytest.mark.parametrize("text,why", [
@@ -60,13 +61,13 @@ def test_parse_and_problem_share_one_grammar():
     (OK + " extra", "fields out of order, or extra text"),
 ])
 def test_problems_name_the_field(text, why):
-    assert why in M.ds4_line_problem(text)
+    assert why in D.ds4_line_problem(text)
 
 
 def test_cupti_totals_are_spans():
     span = line(total="0.090")
-    assert "not the sum" in M.ds4_line_problem(span)
-    assert M.ds4_line_problem(span, total_is_sum=False) is None
+    assert "not the sum" in D.ds4_line_problem(span)
+    assert D.ds4_line_problem(span, total_is_sum=False) is None
     assert D.TOTAL_NOT_SUM_MODES == ("cupti",)
 
 
@@ -85,11 +86,11 @@ def test_ingest_reads_each_line_as_the_shared_parser_does(tmp_path, text):
     p = tmp_path / "run.log"
     p.write_text(text + "\n")
     res = ingest.ingest(p, lenient=True)
-    why = M.ds4_line_problem(text)
+    why = D.ds4_line_problem(text)
     if why is None:
         assert not res.problems
         got = dict(zip(res.tables["ds4_moe"]["stage"], res.tables["ds4_moe"]["ms"]))
-        d = M.parse_ds4_line(text)
+        d = D.parse_ds4_line(text)
         assert got == {s: d[s] for s in M.STAGES}
     else:
         assert [q["line"] for q in res.problems] == [1]
@@ -98,20 +99,24 @@ def test_ingest_reads_each_line_as_the_shared_parser_does(tmp_path, text):
             assert res.problems[0]["problem"] == f"malformed ds4 MoE profile line ({why})"
 
 
-def test_the_header_is_read_as_ingest_reads_it():
-    from ds4lab.trace.sources import ds4log as ingest
+def test_the_header_fields():
+    assert D.ds4lab_header("# ds4lab moe · mode=in-graph · routing=zipf · MODELED by the sim") == (
+        "ds4lab moe · mode=in-graph · routing=zipf · MODELED by the sim", True)
+    assert D.ds4lab_header("  #ds4lab x") == ("ds4lab x", False)
+    assert D.ds4lab_header("# ds4labs") is None and D.ds4lab_header("ds4lab moe") is None
+    f = D.ds4lab_header_fields("ds4lab moe · mode=in-graph · routing=zipf · MODELED by the sim")
+    assert (f["mode"], f["routing"], f["modes"]) == ("in-graph", "zipf", ("in-graph",))
+    assert f["provenance"] == "ds4lab moe · MODELED by the sim"
 
-    for text in ("# ds4lab moe · mode=in-graph · routing=zipf · MODELED by the sim", "  #ds4lab x", "# ds4labs",
-                 "ds4lab moe", "# ds4lab moe · measured on NVIDIA H200"):
-        assert D.ds4lab_header(text) == ingest.ds4lab_header(text), text
-        h = D.ds4lab_header(text)
-        if h:
-            assert D.ds4lab_header_fields(h[0]) == ingest.ds4lab_header_fields(h[0])
 
-
-def test_read_ds4_log_keeps_every_parsed_line():
-    df = M.read_ds4_log("\n".join([OK, line(xq="nan"), OK + " extra"]))
-    assert len(df) == 2 * len(M.STAGES) and df[df.stage == "xq"]["ms"].isna().tolist() == [False, True]
+def test_the_profilers_rows_are_what_the_one_reader_keeps(tmp_path):
+    """``moeprof.profile_rows`` reads a log through the one reader: a line it calls malformed (a stage not
+    timed, extra text) is left out; ds4's other lines are not profile rows."""
+    p = tmp_path / "ds4.log"
+    p.write_text("\n".join([OK, line(xq="nan"), OK + " extra", "ds4: decode graph captured il=0 island=0", OK]) + "\n")
+    df = M.profile_rows(p, n_layers=2)
+    assert len(df) == 2 * len(M.STAGES) and df.drop_duplicates(["token", "layer"])[["token", "layer"]].values.tolist() == [[0, 0], [0, 1]]
+    assert not df.modeled.any() and (df.note == "ds4 DS4_CUDA_MOE_PROFILE line").all()
 
 
 def test_stages_are_defined_once():

@@ -2,7 +2,7 @@
 scan and its figure (``experiments.launch_list``, ``plots.launches_figure``), the figures and tables
 drawn from a job's folder (``report.views``), the widget-or-parameter choice (``report.widgets``), 05's
 choice of trace and its comparison with torch (``audit.engines.audit_source``,
-``audit.validate.against_torch``), 01's text parameters (``jobs.moe.config_from_text``), and
+``audit.validate.against_torch``), 01's text parameters (``jobs.moe.text_options``), and
 ``ds4lab notebooks`` as a job (``jobs.notebooks``)."""
 
 from __future__ import annotations
@@ -310,21 +310,22 @@ def test_against_torch_without_times_leaves_the_time_check_empty():
 
 
 # ----------------------------------------------------------------------------- 01: text parameters
-def test_moe_config_from_text_keeps_the_counts_the_preset_takes():
+def test_moe_text_options_keep_the_counts_the_preset_takes():
     from ds4lab import moeprof as M
-    from ds4lab.jobs.moe import config_from_text
+    from ds4lab.jobs.moe import text_options
     from ds4lab.token.config import get_preset
 
     limit = get_preset("tiny").max_tokens
-    cfg, note = config_from_text("sim", "tiny", f"1,2,{limit + 1}", "all", "deferred, in-graph", steps=3, out="o")
-    assert cfg.tokens_per_step == [1, 2] and f"tiny takes at most {limit} tokens per step: profiling [1, 2]" in note
-    assert cfg.routings == list(M.ROUTINGS) and cfg.modes == ["deferred", "in-graph"] and cfg.steps == 3
-    cfg, note = config_from_text("sim", None, "1", "uniform", "all")
-    assert cfg.preset == "small" and note == "" and cfg.modes == list(M.MODES)
+    got, note = text_options("sim", "tiny", f"1,2,{limit + 1}", "all", "deferred, in-graph")
+    assert got["tokens_per_step"] == [1, 2] and f"tiny takes at most {limit} tokens per step: profiling [1, 2]" in note
+    assert got["routings"] == list(M.ROUTINGS) and got["modes"] == ["deferred", "in-graph"]
+    got, note = text_options("sim", None, "1", ["uniform"], "all")
+    assert got["preset"] == "small" and note == "" and got["modes"] == list(M.MODES) and got["routings"] == ["uniform"]
+    assert text_options("sim", "tiny", None, None, "nvtx")[0] == {"preset": "tiny", "modes": ["nvtx"]}
     with pytest.raises(BadInput, match="at most"):
-        config_from_text("sim", "tiny", str(limit + 1), "uniform", "deferred")
+        text_options("sim", "tiny", str(limit + 1), "uniform", "deferred")
     with pytest.raises(BadInput, match="whole numbers"):
-        config_from_text("sim", "tiny", "1,two", "uniform", "deferred")
+        text_options("sim", "tiny", "1,two", "uniform", "deferred")
 
 
 # ----------------------------------------------------------------------------- the notebooks job

@@ -109,6 +109,28 @@ def test_notebook_sources_import_only_what_they_use(path):
     assert unused_imports(path.read_text()) == []
 
 
+def ds4lab_imports(source: str) -> list[str]:
+    """Every import of ds4lab in ``source`` (at any depth), as ``module: names``."""
+    import ast
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ds4lab":
+            out.append(f"{node.module}: {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.split(".")[0] == "ds4lab"]
+    return out
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_notebooks_reach_ds4lab_through_the_lab_alone(path):
+    """A notebook imports one thing of ds4lab, ``Lab``: what it needs is a Lab method or a method of a
+    result a Lab method returns (the check finds an import inside a cell's block too)."""
+    assert ds4lab_imports(path.read_text()) == ["ds4lab: Lab"]
+    assert sorted(ds4lab_imports("if x:\n    from ds4lab.jobs import execute\nfrom ds4lab import Lab\n")) == [
+        "ds4lab.jobs: execute", "ds4lab: Lab"]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_without_outputs(path):
     import nbformat

@@ -123,3 +123,98 @@ def test_tables_of_what_there_is():
     assert {"0", "3"} <= set(ds4lab.Lab.stages().columns) | set(ds4lab.Lab.stages().index)
     hz = ds4lab.Lab.hazard_table()
     assert {"device-sync", "tp-collective-order"} <= set(hz.index) and set(hz.steps) >= {"token", "moe", "tp"}
+
+
+# ----------------------------------------------------------------------------- what notebooks reach through the lab
+def test_the_preset_a_job_runs_with_and_one_token(lab):
+    assert not lab.on_gpu and lab.preset_for("context") == "tiny"
+    assert ds4lab.Lab(backend="sim").preset_for("context") == "small"
+    tok = lab.token()
+    assert tok.label.startswith("backend sim · preset tiny") and "MODELED" in tok.label
+    assert tok.by_kind.set_index("kind").launches["kernel"] > 10
+    r = tok.ranges(layer=0)
+    assert list(r.columns) == ["cluster (NVTX category)", "op range", "kernel"] and len(r) > 5
+    assert set(tok.by_cluster.index) >= set(r["cluster (NVTX category)"])
+
+
+def test_a_traces_timeline_and_where_its_file_is(lab, traced):
+    assert isinstance(lab.timeline(traced, first_layers=1), Figure)
+    with pytest.raises(ValueError, match="first_layers=9"):
+        lab.timeline(traced, first_layers=9)
+    assert traced.where("trace.json") == traced.out / "trace.json" and "MODELED" in traced.label()
+    assert issubclass(lab.TraceError, Exception)
+
+
+def test_moe_from_text_and_its_views(lab):
+    res = lab.moe(tokens_per_step="1,2,9999", routings="uniform,worst", modes="in-graph", steps=2, share_tokens=0,
+                  overhead=False)
+    assert sorted(set(res.table("moe").tokens)) == [1, 2] and set(res.table("moe").routing) == {"uniform", "worst"}
+    assert "at most" in lab.console.file.getvalue()
+    t = lab.moe_stages(res)
+    assert list(t.columns)[-1] == "total" and len(t) == 4
+    assert isinstance(lab.moe_distribution(res, routing="worst"), Figure)
+    with pytest.raises(ValueError, match="routing='hash'"):
+        lab.moe_distribution(res, routing="hash")
+
+
+def test_the_whatif_sweeps_and_the_host_whatif_are_results_with_their_figure(lab, tmp_path):
+    w = lab.whatif(layers=(2, 4), launch_us=(5.0, 9.4), tokens_per_step=(1, 2))
+    assert list(w.table("layers")["layers"]) == [2, 4] and isinstance(w.figure("whatif"), Figure) and w.out is None
+    assert lab.save(w.figure(), tmp_path / "w") is w.figure() and (tmp_path / "w.png").is_file()
+    assert lab.save(None, tmp_path / "none") is None and not (tmp_path / "none.png").exists()
+    h = lab.host_whatif((128,), 3.2, preset="tiny", stages="0,3", tokens=2)
+    assert set(h.table().stage) == {"0", "3"} and h.table().host.nunique() == 2 and isinstance(h.figure(), Figure)
+    with pytest.raises(BadInput, match="host cost 0"):
+        lab.host_whatif((128,), 0, preset="tiny")
+
+
+def test_the_launch_scan_its_figure_and_a_regime_change(lab):
+    scan = lab.launch_scan()
+    assert scan.preset == "tiny" and isinstance(lab.launches_figure(scan), Figure)
+    first = scan.visible_changes()[0]
+    view = lab.regime_change(scan)
+    assert view.equals(scan.decisions_table(first))
+    with pytest.raises(ValueError, match="change=-1"):
+        lab.regime_change(scan, change=-1)
+
+
+def test_context_graphs_and_the_capture_stages_record(lab):
+    ctx = lab.context(stages="0,3", contexts="256,512", tokens=2, span=4, warmup=1, out=lab.out / "ctx-graphs")
+    assert list(lab.context_graphs(ctx).index) == [256, 512]
+    cs, where = lab.capture_stages("record")
+    assert "h200-2026-12-02b" in where and (cs[cs.stage == "3"].x_stage_3 == 1).all()
+    assert "not measurable" in " ".join(cs["gain over 3"]) or "µs (" in " ".join(cs["gain over 3"])
+    assert lab.capture_stages(None)[0] is None
+    with pytest.raises(ValueError, match="not of context"):
+        lab.capture_stages(ctx.out.parent / "ladder")
+    import shutil
+
+    no3 = shutil.copytree(ctx.out, lab.out / "ctx-no-3")
+    t = ctx.table()
+    t[t.stage != "3"].to_csv(no3 / "context.csv", index=False)
+    with pytest.raises(ValueError, match="no stage 3"):
+        lab.capture_stages(no3)
+
+
+def test_a_bundled_engines_audit_beside_torch(lab):
+    source = lab.engine("llama", "dynamic")
+    assert "bundled recording of llama" in source.note and source.torch_run is not None
+    rep = lab.audit(files=(str(source.trace),), token_range="decode_step", out=lab.out / "engine-audit").value[0]
+    assert isinstance(lab.audit_figure(rep), Figure)
+    got = lab.against_torch(rep, source)
+    assert {"torch_outcome", "audit_verdict", "verdict_agrees"} <= set(got.index)
+    assert "your own trace" in lab.against_torch(rep, lab.engine(trace=source.trace))
+
+
+def test_ds4_beside_the_rebuild_without_a_record_and_the_contexts_checked(lab, tmp_path):
+    view = lab.beside_ds4(None)
+    assert view.record is None and "ds4lab's side only" in view.label and view.islands.empty
+    assert set(view.ladder().engine) == {"ds4lab rebuild"} and view.gains().engine.eq("ds4lab").all()
+    assert view.census((1024,)).context.tolist()[-1] == 1024 and view.kernel_kinds().empty
+    with pytest.raises(ValueError, match="not a ds4lab ds4 result folder"):
+        lab.beside_ds4(tmp_path)
+    assert lab.contexts("128,600", "tiny") == (128, 600)
+    with pytest.raises(BadInput, match="CONTEXTS='128,99999': 99999 is past tiny's longest context"):
+        lab.contexts("128,99999", "tiny", name="CONTEXTS")
+    with pytest.raises(BadInput, match="CONTEXTS='x'"):
+        lab.contexts("x", "tiny", name="CONTEXTS")

@@ -1,11 +1,10 @@
-"""The audit of event tables: :func:`analyze` turns each (source, process, device) into one
-:class:`AuditReport` — tokens, the capture stream, every call's verdict per capture mode, launch-list
-variation, capturable spans and the three plans — never a sum over units.
+"""The audit of event tables: :func:`analyze` turns each (source, process, device) into one :class:`AuditReport` —
+tokens, the capture stream, every call's verdict per capture mode, launch-list variation, capturable spans and the
+three plans — never a sum over units.
 
-The steps, each in its own module: units (:mod:`.units`), tokens (:mod:`.tokens`), the capture
-stream and call verdicts (:mod:`.verdicts`, rules from the sim through :mod:`.probes`), variation
-(:mod:`.variation`), spans (:mod:`.spans`), plans (:mod:`.plans`).
-"""
+The steps, each in its own module: units (:mod:`.units`), tokens (:mod:`.tokens`), the capture stream and call verdicts
+(:mod:`.verdicts`, rules from the sim through :mod:`.probes`), variation (:mod:`.variation`), spans (:mod:`.spans`),
+plans (:mod:`.plans`)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ from .verdicts import add_verdicts, capture_stream, findings, token_calls, token
 
 
 class AuditInputError(BadInput):
-    """Event tables the audit cannot use (exit 2): no CUDA work in a source, an unknown capture mode;
-    the message names the file and what it holds."""
+    """Event tables the audit cannot use (exit 2): no CUDA work in a source, an unknown capture mode; the message names
+    the file and what it holds."""
 
 
 @dataclass
@@ -42,8 +41,8 @@ class AuditReport:
         legacy, legacy_why: the stream ids taken as the legacy stream, and how that is known.
         modes: the capture modes audited.
         calls: every call inside a token with its class and, per mode, verdict, rule and error.
-        findings: calls (``kind`` ``call``, ``no rule``, ``host data``) and variation (``variation``),
-            most severe first.
+        findings: calls (``kind`` ``call``, ``no rule``, ``host data``) and variation (``variation``), most severe
+            first.
         token_table: one row per token (``tokens.csv``).
         spans: the capturable spans (``spans.csv``); plans: the plans (MODELED).
         shapes, n_shapes: each token's shape id, and how many shapes.
@@ -53,8 +52,7 @@ class AuditReport:
         arguments: the kernel-argument comparison (:class:`ds4lab.audit.frozen.ArgumentAudit`), set by
             :func:`ds4lab.audit.frozen.attach` where an argument pass goes with the trace; None otherwise.
         model, measured_us, scalars: what the plans were computed from (for a capture-path pass's plans).
-        capture_path: the capture-path pass (:mod:`ds4lab.audit.capture_path`), where one was attached.
-    """
+        capture_path: the capture-path pass (:mod:`ds4lab.audit.capture_path`), where one was attached."""
 
     source: str
     tool: str
@@ -94,8 +92,8 @@ class AuditReport:
 
     @property
     def calibration_label(self) -> str:
-        """The plans' calibration as every title names it (:func:`ds4lab.report.provenance.calibration_label`):
-        its name when it is ds4lab's shipped file, else name, path and short SHA-256."""
+        """The plans' calibration as every title names it (:func:`ds4lab.report.provenance.calibration_label`): its
+        name when it is ds4lab's shipped file, else name, path and short SHA-256."""
         return calibration_label({"calibration": self.calibration})
 
 
@@ -106,15 +104,14 @@ def analyze(tables, *, token_range: str | None = None, calibration=None, modes=N
         tables: :class:`~ds4lab.trace.events.EventTable` objects (one per source).
         token_range: an NVTX range name (or pattern) that marks a decode token; None: found by itself
             (:mod:`ds4lab.audit.tokens`).
-        calibration: a calibration file path (or dict) for the plans; None: the default
-            (``$DS4LAB_CALIBRATION`` or the shipped H200 file).
+        calibration: a calibration file path (or dict) for the plans; None: the default (``$DS4LAB_CALIBRATION`` or the
+            shipped H200 file).
         modes: capture modes to audit (default all: global, thread_local, relaxed).
 
     Raises:
         AuditInputError: a source with no kernel at all, or an unknown mode (names them).
         NoTokens: no unit of any source has a token (the message of the first, naming its file).
-        ds4lab.errors.CalibrationError: a calibration that does not follow the schema.
-    """
+        ds4lab.errors.CalibrationError: a calibration that does not follow the schema."""
     from ..sim.calibration import calibration_info
     from ..sim.costmodel import Calibration
 
@@ -216,6 +213,6 @@ def _token_table(f: pd.DataFrame, tk: Tokens, calls: pd.DataFrame, shapes: list,
 
 
 def trace_times(report) -> str:
-    """How the times of ``report``'s trace are labelled: ``"MODELED"`` for a trace the simulated runtime
-    wrote (its tool says MODELED: ds4lab's ``trace.json`` from ``--backend sim``), else ``"measured"``."""
+    """How the times of ``report``'s trace are labelled: ``"MODELED"`` for a trace the simulated runtime wrote (its
+    tool says MODELED: ds4lab's ``trace.json`` from ``--backend sim``), else ``"measured"``."""
     return "MODELED" if "MODELED" in (report.tool or "") else "measured"

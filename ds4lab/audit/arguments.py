@@ -1,24 +1,23 @@
 """The audit's side of the kernel-argument pass: the capture itself is the trace model's
 (:mod:`ds4lab.trace.arguments`, re-exported here), the tokens it is compared by are the audit's
-(:func:`token_launches`, :mod:`ds4lab.audit.tokens`). :func:`recording` is
-:func:`ds4lab.trace.recording.recording` with this token finder, so that an argument pass keeps the
-bytes only where tokens differ; ``python -m ds4lab.audit.arguments`` is the recording runner
-(:func:`ds4lab.trace.recording.main`) with it (``ds4lab audit run``'s second pass).
-"""
+(:func:`token_launches`, :mod:`ds4lab.audit.tokens`). :func:`recording` is :func:`ds4lab.trace.recording.recording`
+with this token finder, so that an argument pass keeps the bytes only where tokens differ; ``python -m
+ds4lab.audit.arguments`` is the recording runner (:func:`ds4lab.trace.recording.main`) with it (``ds4lab audit
+run``'s second pass)."""
 
 from __future__ import annotations
 
 import sys
 
-from ..trace.arguments import (ArgumentCapture, ArgumentStore, CudaQueries, FunctionInfo, LAUNCHES, LAUNCH_NAMES, MemoryTracker, OWN_CALLS, STORE_NAME, STORE_SUFFIX, TokenLaunches, cupti_allocations, digest, load, measure_overhead, prune, save, split, store_beside, varying_words, words)
+from ..trace.arguments import (ArgumentCapture, ArgumentStore, CudaQueries, FunctionInfo, LAUNCH_LAYOUTS, MemoryTracker, OWN_CALLS, STORE_NAME, STORE_SUFFIX, TokenLaunches, cupti_allocations, digest, load, measure_overhead, prune, save, split, store_beside, varying_words, words)
 
-__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES", "MemoryTracker", "OWN_CALLS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest", "load", "main", "measure_overhead", "prune", "recording", "save", "split", "store_beside", "token_launches", "varying_words", "words"]
+__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCH_LAYOUTS", "MemoryTracker", "OWN_CALLS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest", "load", "main", "measure_overhead", "prune", "recording", "save", "split", "store_beside", "token_launches", "varying_words", "words"]
 
 
 def token_launches(table, token_range: str | None = None) -> TokenLaunches:
     """The tokens of ``table`` (an event table) and their launches, found as the audit finds them
-    (:mod:`ds4lab.audit.tokens`; the unit with the most kernels). Raises
-    :class:`~ds4lab.audit.tokens.NoTokens` when there is none."""
+    (:mod:`ds4lab.audit.tokens`; the unit with the most kernels). Raises :class:`~ds4lab.audit.tokens.NoTokens` when
+    there is none."""
     from .tokens import NoTokens, find_tokens, launch_order
     from .units import split_units
     from .variation import launches, token_shapes
@@ -43,8 +42,8 @@ def token_launches(table, token_range: str | None = None) -> TokenLaunches:
 
 
 def recording(**kw):
-    """:func:`ds4lab.trace.recording.recording` (its keywords: ``stacks``, ``arguments``,
-    ``token_range``) with the audit's token finder (:func:`token_launches`) for an argument pass."""
+    """:func:`ds4lab.trace.recording.recording` (its keywords: ``stacks``, ``arguments``, ``token_range``) with the
+    audit's token finder (:func:`token_launches`) for an argument pass."""
     from ..trace.recording import recording as _recording
 
     return _recording(tokens=token_launches, **kw)

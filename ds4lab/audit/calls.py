@@ -1,54 +1,8 @@
-"""The audit's one table of its own: which *call class* a trace's API row is.
-
-A call class names what a call does to a capture as far as the rules can tell it apart: the API,
-and what the row says about it — the stream it names (the capture stream, the legacy stream or
-another one), a copy's direction and host memory, whether the event it names was recorded inside
-the token on a captured stream or before, whether another thread made it. Each class has a probe
-(:mod:`ds4lab.audit.probes`) that makes that call on the simulated runtime while a stream captures;
-the verdict is what the sim's rules (:mod:`ds4lab.sim.rules`) do with it, never this table.
-
-How a row becomes a class (:func:`classify`, in call order within one token):
-
-=========================================  =================================================================
-API (normalized: ``_v2``, ``_ptsz`` …     class
-dropped)
-=========================================  =================================================================
-kernel launches (``cudaLaunchKernel``,     ``kernel@{capture|legacy|other}``
-``cuLaunchKernelEx``, …)
-``cudaGraphLaunch``, ``cuGraphLaunch``     ``graph_launch@…``
-``cudaMemsetAsync``, ``cuMemsetD*Async``   ``memset_async@…``
-``cudaMemset``, ``cuMemsetD*`` (sync)      ``memset_sync`` (always the legacy stream)
-``cudaMemcpy*Async``, ``cuMemcpy*Async``   ``memcpy_async.{h2d|d2h}.{pageable|pinned}@capture``,
-                                           ``memcpy_async.d2d@capture``, ``memcpy_async@{legacy|other}``
-``cudaMemcpy*``, ``cuMemcpy*`` (sync)      ``memcpy_sync.{h2d|d2h|d2d}``
-``cudaMalloc``, ``cuMemAlloc``, …          ``malloc`` (``other_thread.malloc`` from another thread)
-``cudaFree``, ``cuMemFree``                ``free``
-``cudaMallocAsync``, ``cudaFreeAsync``     ``malloc_async@…``, ``free_async@…``
-``cudaHostAlloc``, ``cudaMallocHost``      ``host_alloc``; ``cudaFreeHost``: ``free_host``
-``cudaHostRegister`` / ``Unregister``      ``host_register`` / ``host_unregister``
-``cudaStreamSynchronize``                  ``stream_sync@…``
-``cudaDeviceSynchronize``, ``cuCtxSync…``  ``device_sync``
-``cudaEventSynchronize`` / ``Query``       ``event_sync.{in_token|before}``, ``event_query.…``
-``cudaEventElapsedTime``                   ``event_elapsed.{in_token|before}``
-``cudaEventRecord``                        ``event_record@…``
-``cudaStreamWaitEvent``                    capture stream: ``wait_event.join`` (event recorded in the
-                                           token on a captured stream) or ``wait_event.outside``; another
-                                           stream: ``wait_event.fork`` (it joins the capture;
-                                           ``wait_event.legacy`` on the legacy stream) or
-                                           ``wait_event@other``
-``cudaStreamQuery``                        ``stream_query@…``
-``cudaStreamIsCapturing``, ``…GetCapture…``  ``capture_status``
-:data:`HOST_QUERY_APIS`                    ``host_query``
-``cublasCreate``                           ``cublas_create``; ``cublasSetWorkspace``/``SetStream``:
-                                           ``cublas_settings``
-anything else                              ``None``: **no rule** (reported, never allowed silently)
-=========================================  =================================================================
-
-``@capture``: the row's stream is the capture stream or a stream that joined the capture in this
-token (through ``cudaStreamWaitEvent`` on an event recorded on a captured stream); a stream the
-source does not give is taken as the capture stream (said in the report). ``@legacy``: the legacy
-stream, when it is not the capture stream. ``@other``: any other stream.
-"""
+"""The audit's one table of its own: which *call class* a trace's API row is (:func:`classify`, in call order within
+one token): the API and what the row says about it (the stream it names, a copy's direction and host memory, where
+the event it names was recorded, the calling thread). The table, row by row: ``docs/call-classes.md``. Each class
+has a probe (:mod:`ds4lab.audit.probes`) on the simulated runtime; the verdict is what the sim's rules
+(:mod:`ds4lab.sim.rules`) do with it, never this table."""
 
 from __future__ import annotations
 
@@ -57,13 +11,8 @@ import re
 from dataclasses import dataclass, field
 
 from ..trace.capture_path import CAPTURE_STATUS_CALLS
+from ..trace.records import GRAPH_LAUNCH_CALLS, KERNEL_LAUNCH_CALLS, api_base_name
 
-#: Kernel launch APIs (CUDA Runtime API "Execution Control", Driver API "Execution Control"), normalized.
-LAUNCH_APIS = frozenset({
-    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
-    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
-    "cuLaunchGrid", "cuLaunchGridAsync"})
-GRAPH_LAUNCH_APIS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 MALLOC_APIS = frozenset({"cudaMalloc", "cudaMallocPitch", "cudaMalloc3D", "cudaMallocArray", "cudaMalloc3DArray",
                          "cudaMallocManaged", "cudaMallocMipmappedArray", "cuMemAlloc", "cuMemAllocPitch",
                          "cuMemAllocManaged", "cuMemCreate"})
@@ -115,7 +64,6 @@ HOST_QUERY_APIS = frozenset({
 UNSAFE_CLASSES = frozenset({"malloc", "free", "host_alloc", "free_host", "host_register", "host_unregister",
                             "event_sync.before", "event_query.before", "cublas_create"})
 
-_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
 _MEMCPY = re.compile(r"^cu(da)?Memcpy")
 _MEMSET = re.compile(r"^cu(da)?Memset")
 _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA": "h2d", "AtoH": "d2h",
@@ -123,31 +71,16 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA
 
 
 @functools.lru_cache(maxsize=4096)
-def normalize(name: str) -> str:
-    """An API name without its version and per-thread-stream suffixes (``cudaGetDeviceProperties_v2``
-    → ``cudaGetDeviceProperties``, ``cudaLaunchKernel_ptsz`` → ``cudaLaunchKernel``)."""
-    prev = None
-    while prev != name:
-        prev, name = name, _SUFFIX.sub("", name)
-    return name
-
-
-@functools.lru_cache(maxsize=4096)
 def is_launch(name: str) -> bool:
-    """Whether API ``name`` issues device work a trace pairs with a device row by correlation
-    (a kernel launch, a graph launch, a memcpy or a memset)."""
-    n = normalize(name)
-    return n in LAUNCH_APIS or n in GRAPH_LAUNCH_APIS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
-
-
-def is_kernel_launch(name: str) -> bool:
-    """Whether API ``name`` launches one kernel."""
-    return normalize(name) in LAUNCH_APIS
+    """Whether API ``name`` issues device work a trace pairs with a device row by correlation (a kernel launch, a graph
+    launch, a memcpy or a memset)."""
+    n = api_base_name(name)
+    return n in KERNEL_LAUNCH_CALLS or n in GRAPH_LAUNCH_CALLS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
 
 
 def copy_direction(name: str, copy_kind: str) -> str:
-    """``h2d``, ``d2h``, ``d2d``, ``h2h`` or ``unknown``: from the device row's copy kind when the trace
-    has it, else from the API name (``cuMemcpyHtoDAsync``)."""
+    """``h2d``, ``d2h``, ``d2d``, ``h2h`` or ``unknown``: from the device row's copy kind when the trace has it, else
+    from the API name (``cuMemcpyHtoDAsync``)."""
     if copy_kind in _DIRECTIONS:
         return _DIRECTIONS[copy_kind]
     for k, v in _DIRECTIONS.items():
@@ -166,10 +99,8 @@ class TokenContext:
         main_tid: the thread that launches the token's work.
         joined: streams in the capture (the capture stream, and streams that joined it).
         in_token_events: event ids recorded in this token on a captured stream.
-        recorded_here: whether any event was recorded on a captured stream so far (for rows without
-            an event id).
-        assumptions: sentences on what was taken where the trace is silent (shown in the report).
-    """
+        recorded_here: whether any event was recorded on a captured stream so far (for rows without an event id).
+        assumptions: sentences on what was taken where the trace is silent (shown in the report)."""
 
     capture: int
     legacy: frozenset
@@ -202,9 +133,9 @@ class TokenContext:
 
 def classify(name: str, stream: int, tid: int, event: int, copy_kind: str, host_memory: str,
              ctx: TokenContext) -> str | None:
-    """The call class of one API row (module docstring's table), updating ``ctx`` (joined streams,
-    events recorded in the token). None: an API no rule covers."""
-    n = normalize(name)
+    """The call class of one API row (module docstring's table), updating ``ctx`` (joined streams, events recorded in
+    the token). None: an API no rule covers."""
+    n = api_base_name(name)
     key = _classify(n, name, stream, event, copy_kind, host_memory, ctx)
     if key in UNSAFE_CLASSES and tid >= 0 and tid != ctx.main_tid:
         return "other_thread." + key
@@ -212,9 +143,9 @@ def classify(name: str, stream: int, tid: int, event: int, copy_kind: str, host_
 
 
 def _classify(n, name, stream, event, copy_kind, host_memory, ctx: TokenContext) -> str | None:
-    if n in LAUNCH_APIS:
+    if n in KERNEL_LAUNCH_CALLS:
         return f"kernel@{ctx.rel(stream, n)}"
-    if n in GRAPH_LAUNCH_APIS:
+    if n in GRAPH_LAUNCH_CALLS:
         return f"graph_launch@{ctx.rel(stream, n)}"
     if _MEMSET.match(n):
         return f"memset_async@{ctx.rel(stream, n)}" if n.endswith("Async") else "memset_sync"

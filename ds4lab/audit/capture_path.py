@@ -1,24 +1,22 @@
 """The graph plans of a step that takes another path under capture, modeled on its capture-path pass.
 
-A step that asks whether its stream captures (a ``capture path`` finding: transformers' ``is_tracing``)
-captures other work than its eager tokens run: under capture transformers builds the attention mask
-the eager step leaves to SDPA. The recorder then records the loop once more with PyTorch answering
-yes (:mod:`ds4lab.trace.capture_path`: ``capture-path.csv.gz`` beside the recording); :func:`attach`
-audits that pass with the same token range and calibration and models the plans that capture the
-whole token on it:
+A step that asks whether its stream captures (a ``capture path`` finding: transformers' ``is_tracing``) captures other
+work than its eager tokens run: under capture transformers builds the attention mask the eager step leaves to SDPA. The
+recorder then records the loop once more with PyTorch answering yes (:mod:`ds4lab.trace.capture_path`:
+``capture-path.csv.gz`` beside the recording); :func:`attach` audits that pass with the same token range and
+calibration and models the plans that capture the whole token on it:
 
-* ``whole token`` and ``one graph per token shape``: the capture-path pass's tokens through the same
-  cost model (:class:`ds4lab.audit.plans.Model`), their saving paired by position with the recorded
-  tokens' measured eager µs (the step the user runs today); ``path`` names the pass;
-* the same two plans of the recorded tokens stay, as ``whole token (recorded path)`` and ``one graph
-  per token shape (recorded path)``, so the difference the capture path makes is in the table;
-* ``spans today`` stay on the recorded path (a span captures part of a token; which of its questions
-  fall inside a capture the pass cannot say), and the verdicts and frozen findings stay the recorded
-  tokens': the pass is never an argument pass and adds no finding.
+* ``whole token`` and ``one graph per token shape``: the capture-path pass's tokens through the same cost model
+  (:class:`ds4lab.audit.plans.Model`), their saving paired by position with the recorded tokens' measured eager µs (the
+  step the user runs today); ``path`` names the pass;
+* the same two plans of the recorded tokens stay, as ``whole token (recorded path)`` and ``one graph per token shape
+  (recorded path)``, so the difference the capture path makes is in the table;
+* ``spans today`` stay on the recorded path (a span captures part of a token; which of its questions fall inside a
+  capture the pass cannot say), and the verdicts and frozen findings stay the recorded tokens': the pass is never an
+  argument pass and adds no finding.
 
-The kernels per token of both passes are kept (:class:`CapturePath`): ``audit validate`` holds them to
-the kernel nodes of the graph ``torch.cuda.graph`` captured (``same_work``).
-"""
+The kernels per token of both passes are kept (:class:`CapturePath`): ``audit validate`` holds them to the kernel nodes
+of the graph ``torch.cuda.graph`` captured (``same_work``)."""
 
 from __future__ import annotations
 
@@ -38,13 +36,13 @@ RECORDED_SUFFIX = " (recorded path)"
 
 @dataclass
 class CapturePath:
-    """A capture-path pass attached to a report: ``source`` (its file) and ``sha256`` (its bytes, where it
-    was read from a file), ``tokens`` (how many it holds), ``kernels_per_token`` (median over its tokens)
-    against the recorded tokens' ``recorded_kernels_per_token``, ``gpu_busy_us`` against
-    ``recorded_gpu_busy_us`` (median µs of device work per token, measured), ``kernel_counts`` (the
-    distinct kernels per token among its tokens), ``asked`` (how many times PyTorch was asked during the
-    pass, from its file's header; None where it does not say) and ``cuda_questions`` (the questions put to
-    CUDA itself during the pass, from C/C++ code: they got CUDA's answer, not the pass's)."""
+    """A capture-path pass attached to a report: ``source`` (its file) and ``sha256`` (its bytes, where it was read
+    from a file), ``tokens`` (how many it holds), ``kernels_per_token`` (median over its tokens) against the
+    recorded tokens' ``recorded_kernels_per_token``, ``gpu_busy_us`` against ``recorded_gpu_busy_us`` (median µs of
+    device work per token, measured), ``kernel_counts`` (the distinct kernels per token among its tokens), ``asked``
+    (how many times PyTorch was asked during the pass, from its file's header; None where it does not say) and
+    ``cuda_questions`` (the questions put to CUDA itself during the pass, from C/C++ code: they got CUDA's answer,
+    not the pass's)."""
 
     source: str
     tokens: int
@@ -89,14 +87,14 @@ def _check_pairing(report, table, recorded) -> None:
 
 
 def attach(report, table, *, token_range: str | None = None, calibration=None, recorded=None) -> CapturePath:
-    """Model ``report``'s graph plans on the capture-path pass ``table`` (an event table; module
-    docstring). Changes ``report.plans`` (a ``path`` column on every row; an ``eager (model check)`` row of
-    the pass itself), ``report.capture_path`` and ``report.notes``; returns the :class:`CapturePath`.
+    """Model ``report``'s graph plans on the capture-path pass ``table`` (an event table; module docstring). Changes
+    ``report.plans`` (a ``path`` column on every row; an ``eager (model check)`` row of the pass itself),
+    ``report.capture_path`` and ``report.notes``; returns the :class:`CapturePath`.
 
-    The pass's tokens are found as the report's were: by the same NVTX range where the report's came from
-    one (its name, or ``token_range``), and a pass whose tokens are found otherwise is refused (a pairing
-    by position would pair other windows). Its unit is the one on the report's device with the most
-    kernels (a pass is recorded in a process of its own).
+    The pass's tokens are found as the report's were: by the same NVTX range where the report's came from one (its
+    name, or ``token_range``), and a pass whose tokens are found otherwise is refused (a pairing by position would pair
+    other windows). Its unit is the one on the report's device with the most kernels (a pass is recorded in a process
+    of its own).
 
     Args:
         report: the recorded tokens' :class:`~ds4lab.audit.analysis.AuditReport`.
@@ -105,10 +103,9 @@ def attach(report, table, *, token_range: str | None = None, calibration=None, r
         recorded: the recording's event table, where its header can name the step (:data:`STEP_KEYS`).
 
     Raises:
-        ValueError: a report without plans; recorded tokens that never ask whether the stream captures; a
-            pass from another step (its header's keys), one in which PyTorch was never asked, one with no
-            token or whose tokens are found another way than the report's (each naming the pass's file).
-    """
+        ValueError: a report without plans; recorded tokens that never ask whether the stream captures; a pass from
+            another step (its header's keys), one in which PyTorch was never asked, one with no token or whose tokens
+            are found another way than the report's (each naming the pass's file)."""
     from .analysis import analyze
     from .tokens import NoTokens
 
@@ -179,10 +176,10 @@ def _sha256(path) -> str:
 def attach_beside(report, recording, *, token_range: str | None = None, calibration=None,
                   recorded=None) -> CapturePath | None:
     """:func:`attach` the capture-path pass saved beside ``recording``
-    (:func:`ds4lab.trace.capture_path.capture_path_beside`), where there is one; a pass that cannot be
-    read, has no token or does not belong to the recording (:func:`attach`'s refusals) is said in
-    ``report.notes`` (a line starting ``capture-path pass not used:``) and leaves the plans as they are.
-    Returns the :class:`CapturePath`, or None."""
+    (:func:`ds4lab.trace.capture_path.capture_path_beside`), where there is one; a pass that cannot be read, has no
+    token or does not belong to the recording (:func:`attach`'s refusals) is said in ``report.notes`` (a line
+    starting ``capture-path pass not used:``) and leaves the plans as they are. Returns the :class:`CapturePath`, or
+    None."""
     from ..trace.capture_path import capture_path_beside
     from ..trace.sources import SourceError, read_events
 
@@ -210,8 +207,8 @@ def not_used(report) -> str:
 
 
 def modeled_kernel_counts(report) -> tuple:
-    """The distinct kernels per token among the tokens the whole-token plan is modeled on (the
-    capture-path pass's where one is attached, else the recorded tokens'); () without tokens."""
+    """The distinct kernels per token among the tokens the whole-token plan is modeled on (the capture-path pass's
+    where one is attached, else the recorded tokens'); () without tokens."""
     if getattr(report, "capture_path", None) is not None:
         return tuple(report.capture_path.kernel_counts)
     t = getattr(report, "token_table", None)
@@ -221,8 +218,8 @@ def modeled_kernel_counts(report) -> tuple:
 
 
 def modeled_kernels(report) -> int | None:
-    """The kernels per token of the tokens the whole-token plan is modeled on: the capture-path pass's
-    where one is attached, else the recorded tokens' (median); None without tokens."""
+    """The kernels per token of the tokens the whole-token plan is modeled on: the capture-path pass's where one is
+    attached, else the recorded tokens' (median); None without tokens."""
     if getattr(report, "capture_path", None) is not None:
         return int(report.capture_path.kernels_per_token)
     t = getattr(report, "token_table", None)

@@ -1,24 +1,10 @@
-"""A multi-GPU trace read as one job across devices: its collectives paired by rank, and what a per-rank
-capture plan would do to each.
-
-The rest of the audit works per (process, device) unit (:mod:`ds4lab.audit.units`); collectives only make
-sense across them. NCCL runs each collective as a kernel on every rank's device (``ncclDevKernel_<Op>_...``,
-``ncclKernel_<Op>_...``); the k-th collective a rank executes meets the k-th of every other rank (rule
-``nccl_pair`` of ``ds4lab/sim/rules.py``). :func:`pair_collectives` lines them up by that position and says,
-per position, what the sim's rules say of the pair:
-
-* ``paired``: the same operation on every rank, all from graphs or all eager;
-* ``differ``: another operation (or kernel) at the same position: rule ``nccl_mismatch`` (a GPU hangs or
-  computes wrong data);
-* ``mixed capture``: launched from a graph on some ranks and eagerly on others: rule ``nccl_nonuniform``
-  (never completes);
-* ``missing``: some ranks have fewer collectives: the others' never complete (rule ``nccl_timeout``).
-
-:func:`per_rank_plan` takes each unit's audit (:class:`~ds4lab.audit.analysis.AuditReport`) and asks what a
-whole-token capture on every rank would do: a rank whose token holds a call that invalidates or is refused
-in the mode falls back to eager, so its collectives run eagerly while the ranks that captured launch theirs
-from graphs: the deadlock risk of ranks that capture out of step, named with the call that causes it.
-"""
+"""A multi-GPU trace read as one job across devices: its collectives paired by rank (:func:`pair_collectives`: the k-th
+collective a rank executes meets the k-th of every other, rule ``nccl_pair``; each position ``paired``, ``differ``
+(rule ``nccl_mismatch``), ``mixed capture`` (``nccl_nonuniform``) or ``missing`` (``nccl_timeout``)), and what a
+whole-token capture on every rank would do (:func:`per_rank_plan`: a rank whose token holds a call that invalidates
+or is refused falls back to eager, so its collectives run eagerly beside the others' graphs, a deadlock risk named
+with its call). NCCL's collectives are kernels on every rank (``ncclDevKernel_<Op>_...``, ``ncclKernel_<Op>_...``).
+``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -37,8 +23,8 @@ VERDICT_RULES = {"paired": "nccl_pair", "differ": "nccl_mismatch", "mixed captur
 
 
 def collective_op(name: str) -> str | None:
-    """The collective operation of a kernel name (``AllReduce``, ``AllGather``, ``SendRecv``, ...), or None
-    for a kernel that is not NCCL's."""
+    """The collective operation of a kernel name (``AllReduce``, ``AllGather``, ``SendRecv``, ...), or None for a
+    kernel that is not NCCL's."""
     m = NCCL_KERNEL.match(str(name))
     return m.group(1) if m else None
 
@@ -50,11 +36,10 @@ def _unit_label(pid: int, device: int) -> str:
 def pair_collectives(frame: pd.DataFrame) -> pd.DataFrame:
     """The collectives of a multi-device event table (:data:`ds4lab.trace.events.COLUMNS`) paired by position.
 
-    Returns one row per position ``k``: ``verdict`` (module docstring), ``rule``, ``op`` (the first rank's),
-    and per unit (``d<device>``, or ``p<pid>d<device>`` when the table names processes) its kernel name,
-    ``launch`` (``graph`` when the row has a ``graph_id``, else ``eager``) and ``start_ns``. Empty (with the
-    ``k``, ``verdict``, ``rule``, ``op`` columns) when the table has no collective.
-    """
+    Returns one row per position ``k``: ``verdict`` (module docstring), ``rule``, ``op`` (the first rank's), and per
+    unit (``d<device>``, or ``p<pid>d<device>`` when the table names processes) its kernel name, ``launch`` (``graph``
+    when the row has a ``graph_id``, else ``eager``) and ``start_ns``. Empty (with the ``k``, ``verdict``, ``rule``,
+    ``op`` columns) when the table has no collective."""
     k = frame[frame.kind == "kernel"]
     ops = k["name"].map(collective_op)
     k = k[ops.notna()].assign(op=ops[ops.notna()])
@@ -93,13 +78,12 @@ def pair_collectives(frame: pd.DataFrame) -> pd.DataFrame:
 def per_rank_plan(reports, mode: str = "thread_local") -> pd.DataFrame:
     """What a whole-token capture in ``mode`` on every rank would do to its collectives (module docstring).
 
-    ``reports``: one :class:`~ds4lab.audit.analysis.AuditReport` per device of the job. Returns one row per
-    unit: ``unit``, ``captures`` (True when no call of its tokens invalidates or is refused in ``mode``),
-    ``falls_back_at`` (the first such call, with where it comes from), ``collectives`` (in its tokens),
-    ``launch`` (``graph`` or ``eager``) and ``risk``: ``deadlock risk (rule nccl_nonuniform)`` on every rank
-    when some ranks would capture and others not, ``none`` when every rank does the same, ``no collective``;
-    in global mode, ranks that are threads of one process (units of one ``pid``) with collectives are refused
-    by rule nccl_global_multithread (``refused: ...``).
+    ``reports``: one :class:`~ds4lab.audit.analysis.AuditReport` per device of the job. Returns one row per unit:
+    ``unit``, ``captures`` (True when no call of its tokens invalidates or is refused in ``mode``), ``falls_back_at``
+    (the first such call, with where it comes from), ``collectives`` (in its tokens), ``launch`` (``graph`` or
+    ``eager``) and ``risk``: ``deadlock risk (rule nccl_nonuniform)`` on every rank when some ranks would capture and
+    others not, ``none`` when every rank does the same, ``no collective``; in global mode, ranks that are threads of
+    one process (units of one ``pid``) with collectives are refused by rule nccl_global_multithread (``refused: ...``).
     """
     rows = []
     for r in reports:

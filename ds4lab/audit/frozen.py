@@ -1,61 +1,13 @@
-"""Frozen values and addresses, found by comparing tokens argument by argument, and the replay verdict.
+"""Frozen values and addresses, found by comparing the tokens of an argument pass argument by argument, and the replay
+verdict.
 
-A graph replays the launch parameters it was captured with (CUDA Programming Guide, "CUDA Graphs": a
-kernel node keeps its arguments; changing them needs ``cudaGraphExecKernelNodeSetParams`` or a new
-capture). :func:`compare` reads an argument pass (:mod:`ds4lab.audit.arguments`) and, at each launch
-index of the tokens with identical launch lists, compares the parameters piece by piece (a parameter of
-8 bytes or less whole; a larger one, a struct passed by value, in 8-byte words: the pointers inside
-PyTorch's by-value ``Array<char*, N>`` and offset calculators are 8-byte words). What differs is one
-of (:data:`CLASSES`):
-
-* **frozen value** — a by-value scalar that changes (a position, a length, a write index): the graph
-  replays the captured one;
-* **frozen address** — an address that changes, into memory that exists before the tokens and
-  outlives them (a KV cache, weights, a static input buffer: the graph reads or writes the captured
-  location), or into memory made between tokens or by an earlier token and read by this one (a new
-  input tensor every step, a cache grown by concatenation: the graph reads the captured step's);
-* **ring-buffer slot** — a frozen address that moves by a constant stride per token (a slot in a
-  ring buffer, a write index reaching the kernel as ``base + pos * stride``);
-* **step temporary** — an address into memory the step itself allocates (a caching allocator's
-  temporary, the step's own output): harmless under a graph's private memory pool, by the rule of
-  :data:`POOL_RULE`;
-* **unknown address** — a pointer-sized value that changes and that no allocation the recording saw
-  holds (no torch block, no ``cudaMalloc`` record, no driver range at the end of the pass);
-* **unset bytes** — where the pass logged PyTorch's operators (:mod:`ds4lab.trace.torch_ops`): a word
-  that changes while the operator that made the launch got the same host arguments at every token and
-  that is no address of anything alive at the launch (:data:`UNSET_RULE`): harmless. Such a word that is
-  a temporary of the token in some tokens is a step temporary;
-* **not a value of the step** — a word that changes under an operator whose host arguments change, that
-  follows none of its host numbers and addresses nothing (:data:`TRACK_RULE`): listed apart, it decides no
-  verdict, but keeps "replays right" from being said;
-* **input written by the host** — a launch at the head of the token writing host values into memory that
-  outlives it (:data:`INPUT_RULE`): a graph of the step leaves it out.
-
-**A byte is a value only with evidence that the step computes it**: under a PyTorch operator whose host
-arguments change, a changing word is a frozen value only where it follows one of them (:func:`_tracked`:
-equal, negated, reciprocal, or affine over three or more values, as an integer or a float); launches
-outside any operator (CuPy, Triton, C) keep the parameter-level comparison. Each frozen finding carries
-its ``evidence`` and its ``strength`` (:data:`STRENGTH`), and the verdict names the strongest first.
-
-And, beside the classes, **pageable host copies** (:data:`HOST_COPY_RULE`): in a pass that ran PyTorch, a
-copy between pageable host memory and the GPU inside a token is PyTorch's refusal under capture, though
-CUDA alone would capture it (:func:`_host_copies`).
-
-An address is a value inside an allocation alive at that launch: the allocations are the pass's
-(CUPTI ``MEMORY2`` records, torch's caching-allocator blocks, ``cuMemGetAddressRange`` at the pass's
-end); a value inside none is a scalar. *Which buffers the step reads before writing* is judged at the
-granularity the recording sees: memory allocated before a token and used by it is input the step did
-not make (read, or written in place), memory allocated inside the token is the step's own.
-
-:func:`verdict` gives a step **replays right** only when its tokens were compared argument by
-argument (two or more tokens with identical launch lists, every launch in them read, no unknown
-address, no word that is not a value of the step) and nothing frozen feeds it; **replays wrong** when a frozen value, address, grid, launch
-count or work missing from the graph does; **refused** when a call refuses or invalidates the capture
-(a pageable host copy of a PyTorch pass included);
-and, for a trace without arguments (Kineto, Nsight Systems, a recording made without them) or with
-launches it could not read, **captures; replay correctness unknown from this trace**, with the command
-that records what is missing. It never says a step is safe without that evidence.
-"""
+:func:`compare` reads an argument pass (:mod:`ds4lab.audit.arguments`) and, at each launch index of the tokens with
+identical launch lists, compares the parameters piece by piece (a parameter of 8 bytes or less whole, a larger one in
+8-byte words); what differs is one of :data:`CLASSES`, each with its evidence (:data:`STRENGTH`). :func:`verdict` says
+**replays right** only with that evidence and nothing frozen feeding the step, **replays wrong**, **refused**, or
+**captures; replay correctness unknown from this trace** with the command that records what is missing. The classes,
+the rules (:data:`POOL_RULE`, :data:`UNSET_RULE`, :data:`TRACK_RULE`, :data:`INPUT_RULE`, :data:`HOST_COPY_RULE`) and
+the verdict: ``docs/audit-arguments.md``, "What the comparison concludes" and "The verdict"."""
 
 from __future__ import annotations
 
@@ -150,15 +102,13 @@ class ArgumentAudit:
     """What :func:`compare` found in one argument pass.
 
     Attributes:
-        findings: one row per (kernel, class, parameter, offset): ``kind`` ("argument"), ``name``,
-            ``call_class`` (:data:`CLASSES`), ``launch_index`` (first), ``launches`` (the launch indexes),
-            ``param``, ``byte_offset`` (in the device-side parameter layout), ``size``, ``values`` (per
-            compared token, the first few), ``token_range``, ``tokens``, ``count``, ``what``, ``where``,
-            ``fix``, ``verdict``, ``rule_source``.
+        findings: one row per (kernel, class, parameter, offset): ``kind`` ("argument"), ``name``, ``call_class``
+            (:data:`CLASSES`), ``launch_index`` (first), ``launches`` (the launch indexes), ``param``, ``byte_offset``
+            (in the device-side parameter layout), ``size``, ``values`` (per compared token, the first few),
+            ``token_range``, ``tokens``, ``count``, ``what``, ``where``, ``fix``, ``verdict``, ``rule_source``.
         compared: the tokens compared (with identical launch lists); launches: launches per compared token.
         unread: launches in the compared tokens whose parameters were not read; unread_kernels: their names.
-        how: how the pass's tokens were found; notes; source: the pass's file; cost: what it cost per launch.
-    """
+        how: how the pass's tokens were found; notes; source: the pass's file; cost: what it cost per launch."""
 
     findings: pd.DataFrame
     compared: list
@@ -190,9 +140,9 @@ class ArgumentAudit:
 @dataclass(frozen=True)
 class Verdict:
     """The replay verdict of one audited step: ``verdict`` (:data:`RIGHT`, :data:`WRONG`, :data:`REFUSED`,
-    :data:`UNKNOWN`), ``why`` (the finding that decides it, the strongest first, and how many others; or what
-    is missing), ``evidence`` (what was compared), ``command`` (what records the missing evidence; "" when
-    nothing is missing)."""
+    :data:`UNKNOWN`), ``why`` (the finding that decides it, the strongest first, and how many others; or what is
+    missing), ``evidence`` (what was compared), ``command`` (what records the missing evidence; "" when nothing is
+    missing)."""
 
     verdict: str
     why: str
@@ -221,9 +171,9 @@ class _Allocations:
         self.segments = [tuple(s) for s in (store.segments or [])]
 
     def place(self, v: int, at_ns: int):
-        """``(source, base, size, alloc_ns, free_ns)`` of the smallest allocation holding ``v`` alive at
-        ``at_ns`` (``-1``: before the pass / alive at its end), else the driver range of ``v`` at the
-        pass's end (``alloc_ns`` -1, source "driver range" or "caching-allocator segment"), else None."""
+        """``(source, base, size, alloc_ns, free_ns)`` of the smallest allocation holding ``v`` alive at ``at_ns``
+        (``-1``: before the pass / alive at its end), else the driver range of ``v`` at the pass's end (``alloc_ns``
+        -1, source "driver range" or "caching-allocator segment"), else None."""
         if len(self.base):
             m = ((self.base <= v) & (v < self.base + self.size) & ((self.alloc < 0) | (self.alloc <= at_ns))
                  & ((self.free < 0) | (self.free >= at_ns)))
@@ -239,8 +189,8 @@ class _Allocations:
 
 
 def _lifetime(loc, start: int, end: int, first: int, last: int) -> str:
-    """``own`` (allocated inside this token), ``persistent`` (before the tokens, alive after them),
-    ``carried`` (made between tokens or by an earlier one, or freed before the last) or ``unknown``."""
+    """``own`` (allocated inside this token), ``persistent`` (before the tokens, alive after them), ``carried`` (made
+    between tokens or by an earlier one, or freed before the last) or ``unknown``."""
     if loc is None or loc[0] == "caching-allocator segment":
         return "unknown"
     _, _, _, alloc, free = loc
@@ -259,8 +209,8 @@ def _size(n: int) -> str:
 
 
 def _scalar_text(piece_vals: list[bytes]) -> list[str]:
-    """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit
-    pattern: the comparison needs only that it changes)."""
+    """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit pattern: the
+    comparison needs only that it changes)."""
     out = []
     for b in piece_vals:
         i = int.from_bytes(b, "little", signed=True)
@@ -351,9 +301,9 @@ def _ops_of(store: A.ArgumentStore, launches) -> list:
 
 
 def _operator_known(ops: list) -> bool:
-    """Whether every launch was made by the same operator (by name) the op log described, none opaque (a
-    host tensor too large to key) or random (a generator's state: :func:`ds4lab.trace.torch_ops.random_op`):
-    what the operator-level evidence needs."""
+    """Whether every launch was made by the same operator (by name) the op log described, none opaque (a host tensor
+    too large to key) or random (a generator's state: :func:`ds4lab.trace.torch_ops.random_op`): what the
+    operator-level evidence needs."""
     from ..trace.torch_ops import random_op
 
     if not ops or any(o is None or "key" not in o for o in ops):
@@ -363,24 +313,23 @@ def _operator_known(ops: list) -> bool:
 
 
 def _same_operator(ops: list) -> bool:
-    """Whether every launch was made by the same operator with the same host-argument key
-    (:func:`_operator_known`)."""
+    """Whether every launch was made by the same operator with the same host-argument key (:func:`_operator_known`)."""
     return _operator_known(ops) and len({o["key"] for o in ops}) == 1
 
 
 def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
-    """:data:`UNSET` or :data:`TEMPORARY` where the operator evidence explains a changing word
-    (:data:`UNSET_RULE`), else None: the same operator with the same host arguments at every token
-    (:func:`_same_operator`), and a word that addresses nothing (:func:`_addresses_nothing`)."""
+    """:data:`UNSET` or :data:`TEMPORARY` where the operator evidence explains a changing word (:data:`UNSET_RULE`),
+    else None: the same operator with the same host arguments at every token (:func:`_same_operator`), and a word
+    that addresses nothing (:func:`_addresses_nothing`)."""
     return _addresses_nothing(ops, ints, locs, lives) if _same_operator(ops) else None
 
 
 def _addresses_nothing(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
-    """:data:`TEMPORARY` or :data:`UNSET` where each token's value is an address inside memory the token
-    allocated (a temporary) or no address of anything alive at the launch: not inside a live allocation
-    (a caching-allocator segment's free space is none, and an odd value outside every tensor of the
-    operator addresses nothing it reads: see :func:`_no_address`), and not inside one of the operator's
-    own tensors (a data pointer the allocations missed stays an address); else None (an address)."""
+    """:data:`TEMPORARY` or :data:`UNSET` where each token's value is an address inside memory the token allocated (a
+    temporary) or no address of anything alive at the launch: not inside a live allocation (a caching-allocator
+    segment's free space is none, and an odd value outside every tensor of the operator addresses nothing it reads:
+    see :func:`_no_address`), and not inside one of the operator's own tensors (a data pointer the allocations
+    missed stays an address); else None (an address)."""
     own = False
     for o, v, loc, life in zip(ops, ints, locs, lives):
         if life == "own":
@@ -400,9 +349,9 @@ FLOAT_RTOL = 1e-6
 
 
 def _decodings(pv: list[bytes]) -> list[tuple[str, list]]:
-    """The ways a word's bytes can hold a number, each as ``(name, value per token)``: the whole word as a
-    signed integer, and for 8 bytes its halves as int32, as float64 and float32 (a kernel's functor holds a
-    host scalar as its ``opmath`` type: float32 for float/half/bf16 tensors, double for double ones)."""
+    """The ways a word's bytes can hold a number, each as ``(name, value per token)``: the whole word as a signed
+    integer, and for 8 bytes its halves as int32, as float64 and float32 (a kernel's functor holds a host scalar as
+    its ``opmath`` type: float32 for float/half/bf16 tensors, double for double ones)."""
     import struct
 
     n = len(pv[0])
@@ -419,17 +368,17 @@ def _decodings(pv: list[bytes]) -> list[tuple[str, list]]:
 
 
 def _plausible(x: float) -> bool:
-    """Whether a float decoding can be a number a host computed: finite, zero or of a magnitude between
-    1e-30 and 1e30 (bytes that are no float read as denormals, NaNs or huge exponents)."""
+    """Whether a float decoding can be a number a host computed: finite, zero or of a magnitude between 1e-30 and 1e30
+    (bytes that are no float read as denormals, NaNs or huge exponents)."""
     return x == 0.0 or (x == x and 1e-30 < abs(x) < 1e30)
 
 
 def _follows(word: list, host: list, exact_int: bool) -> str:
-    """How ``word`` (per token) follows the host number ``host`` (per token), or "": equal to it, to its
-    negation (``sub``'s ``alpha``), to its reciprocal (``div`` by a host scalar multiplies by ``1/s``), or,
-    with three or more distinct host values, an affine function of it (``a·s + b``: a size less one, a
-    byte offset); integers exactly, floats within :data:`FLOAT_RTOL`. Two distinct values fit any affine
-    function, so with two only the first three count."""
+    """How ``word`` (per token) follows the host number ``host`` (per token), or "": equal to it, to its negation
+    (``sub``'s ``alpha``), to its reciprocal (``div`` by a host scalar multiplies by ``1/s``), or, with three or
+    more distinct host values, an affine function of it (``a·s + b``: a size less one, a byte offset); integers
+    exactly, floats within :data:`FLOAT_RTOL`. Two distinct values fit any affine function, so with two only the
+    first three count."""
     w = np.asarray(word, dtype=np.float64)
     h = np.asarray(host, dtype=np.float64)
     if len(set(host)) < 2:
@@ -458,9 +407,9 @@ def _follows(word: list, host: list, exact_int: bool) -> str:
 
 
 def _tracked(ops: list, pv: list[bytes]) -> dict | None:
-    """The host number of the operator that a changing word follows from token to token (:func:`_follows`
-    of each of :func:`_decodings` against each number in the op log's ``vals`` that changes), or None:
-    ``{"label", "host", "decoding", "how"}``. Needs ``vals`` in every call (an op log that keeps them)."""
+    """The host number of the operator that a changing word follows from token to token (:func:`_follows` of each of
+    :func:`_decodings` against each number in the op log's ``vals`` that changes), or None: ``{"label", "host",
+    "decoding", "how"}``. Needs ``vals`` in every call (an op log that keeps them)."""
     if any("vals" not in o for o in ops):
         return None
     per = [dict((str(k), v) for k, v in o["vals"]) for o in ops]
@@ -480,12 +429,12 @@ def _tracked(ops: list, pv: list[bytes]) -> dict | None:
 
 
 def _no_address(v: int, spans) -> bool:
-    """Whether a word that falls inside a live allocation is still no address the operator's kernel
-    uses: it is odd (no element of two bytes or more starts there, and every block the caching allocator
-    hands out is 512-byte aligned) and lies outside every tensor of the operator (``spans``, from the op
-    log: the only device memory a TensorIterator kernel is given). An unused 8-byte slot whose low half
-    holds a set 32-bit field (a size of 1) and whose high half holds what the host stack held (the top
-    of a host pointer, ``0x7fb5…``) reads as ``0x7fb500000001``: inside a GPU block by chance."""
+    """Whether a word that falls inside a live allocation is still no address the operator's kernel uses: it is odd (no
+    element of two bytes or more starts there, and every block the caching allocator hands out is 512-byte aligned)
+    and lies outside every tensor of the operator (``spans``, from the op log: the only device memory a
+    TensorIterator kernel is given). An unused 8-byte slot whose low half holds a set 32-bit field (a size of 1) and
+    whose high half holds what the host stack held (the top of a host pointer, ``0x7fb5…``) reads as
+    ``0x7fb500000001``: inside a GPU block by chance."""
     return bool(spans) and v % 2 == 1
 
 
@@ -503,12 +452,12 @@ OTHER_CUDA_LIBRARIES = re.compile(r"(^|[/;\s])(cupy(x|_backends)?|numba|cuda/(bi
 
 
 def _host_copies(store: A.ArgumentStore, tl, table=None, head_end=None, allocs=None) -> pd.DataFrame:
-    """One row per (call, frame) of the copies between pageable host memory and the GPU made inside a
-    token of a pass that ran PyTorch (:data:`HOST_COPY_RULE`): PyTorch refuses each one while the stream
-    captures. Two kinds of evidence: the op log's copies (``copy_`` and ``_to_copy`` with a CPU tensor that
-    is not pinned, a 0-dim source included, which launches a kernel and no CUDA copy), and the pass's CUDA
-    copies with pageable host memory (``torch.tensor(data, device="cuda")`` copies below the dispatcher,
-    where no operator is seen), unless the copy's stack names another CUDA library."""
+    """One row per (call, frame) of the copies between pageable host memory and the GPU made inside a token of a pass
+    that ran PyTorch (:data:`HOST_COPY_RULE`): PyTorch refuses each one while the stream captures. Two kinds of
+    evidence: the op log's copies (``copy_`` and ``_to_copy`` with a CPU tensor that is not pinned, a 0-dim source
+    included, which launches a kernel and no CUDA copy), and the pass's CUDA copies with pageable host memory
+    (``torch.tensor(data, device="cuda")`` copies below the dispatcher, where no operator is seen), unless the
+    copy's stack names another CUDA library."""
     if store.ops is None:
         return pd.DataFrame()
     by: dict = {}
@@ -575,8 +524,8 @@ INPUT_KERNELS = re.compile(r"FillFunctor|copy_kernel|fill_kernel")
 
 
 def _input_write(o) -> bool:
-    """Whether an operator call writes host values only into its ``self``: an :data:`INPUT_OPS` call
-    whose only device storage is one (``self``'s; a copy from another device tensor is the step's work)."""
+    """Whether an operator call writes host values only into its ``self``: an :data:`INPUT_OPS` call whose only device
+    storage is one (``self``'s; a copy from another device tensor is the step's work)."""
     return (o is not None and str(o.get("name", "")).split(".", 1)[0] in INPUT_OPS and bool(o.get("spans"))
             and len({b for b, _ in o["spans"]}) == 1 and not o.get("opaque"))
 
@@ -589,10 +538,10 @@ def _persistent(o, at_ns: int, t: int, tl, allocs, first, last) -> bool:
 
 def _head_inputs(store, tl, g, allocs, first, last) -> set:
     """The launch indexes at the head of the tokens ``g`` that write the step's inputs from the host
-    (:data:`INPUT_RULE`): from the first launch on, each a call of :data:`INPUT_OPS` writing host values
-    into memory that outlives the tokens (its operator known from the op log), or a PyTorch fill or copy
-    kernel that is the same in every token (:data:`INPUT_KERNELS`: nothing of it is frozen either way);
-    the head ends at the first launch that is neither, and is empty without an operator log."""
+    (:data:`INPUT_RULE`): from the first launch on, each a call of :data:`INPUT_OPS` writing host values into memory
+    that outlives the tokens (its operator known from the op log), or a PyTorch fill or copy kernel that is the same
+    in every token (:data:`INPUT_KERNELS`: nothing of it is frozen either way); the head ends at the first launch
+    that is neither, and is empty without an operator log."""
     out: set = set()
     if store.ops is None:
         return out
@@ -615,9 +564,9 @@ def _head_inputs(store, tl, g, allocs, first, last) -> set:
 
 
 def _input_copy(o, toks, tl, head_end, allocs) -> bool:
-    """Whether a copy from pageable host memory (the op log's) is a token's input written at its head
-    into memory that outlives the tokens (:data:`INPUT_RULE`): PyTorch refuses it only inside a capture,
-    and a graph of the step leaves it out."""
+    """Whether a copy from pageable host memory (the op log's) is a token's input written at its head into memory that
+    outlives the tokens (:data:`INPUT_RULE`): PyTorch refuses it only inside a capture, and a graph of the step
+    leaves it out."""
     t = toks[0]
     if t not in head_end or o["t_ns"] >= head_end[t] or not o.get("spans"):
         return False
@@ -641,8 +590,8 @@ def _input_row(name, i, launches, g, store) -> dict:
 
 
 def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last, stack, store) -> dict:
-    """One changing word (``pv``: its bytes per compared token) classed (:data:`CLASSES`, module docstring),
-    with the ``evidence`` that decides its class and the ``strength`` of that evidence (:data:`STRENGTH`)."""
+    """One changing word (``pv``: its bytes per compared token) classed (:data:`CLASSES`, module docstring), with the
+    ``evidence`` that decides its class and the ``strength`` of that evidence (:data:`STRENGTH`)."""
     ints = [int.from_bytes(b, "little", signed=False) for b in pv]
     locs = [allocs.place(v, at) for v, (_, _, at) in zip(ints, launches)] if size == 8 else [None] * len(pv)
     modal = pv[0]
@@ -753,8 +702,8 @@ def _moving(ops: list) -> str:
 
 
 def _merge(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (kernel, class, parameter, offset, where): a kernel whose launches in every layer
-    change alike reads once, with its launch indexes."""
+    """One row per (kernel, class, parameter, offset, where): a kernel whose launches in every layer change alike reads
+    once, with its launch indexes."""
     if df.empty:
         return df
     out = []
@@ -775,10 +724,10 @@ def _merge(df: pd.DataFrame) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- reports and the verdict
 def attach(report, store_path=None, own_table=None, own_path=None) -> None:
-    """Compare the argument pass at ``store_path`` and put the result on ``report`` (``report.arguments``),
-    its frozen rows among ``report.findings`` (verdict ``frozen`` in every mode). The pass's event table
-    is the file the store names beside it (``own_table`` when that file is ``own_path``, the report's own
-    recording, already read). No store: ``report.arguments`` stays None (verdict: unknown from this trace)."""
+    """Compare the argument pass at ``store_path`` and put the result on ``report`` (``report.arguments``), its frozen
+    rows among ``report.findings`` (verdict ``frozen`` in every mode). The pass's event table is the file the store
+    names beside it (``own_table`` when that file is ``own_path``, the report's own recording, already read). No
+    store: ``report.arguments`` stays None (verdict: unknown from this trace)."""
     if store_path is None:
         return
     from ..trace.sources import read_events as read
@@ -816,10 +765,10 @@ def _same(a, b) -> bool:
 
 
 def strength(row) -> int:
-    """How strong a finding's evidence that the replay is wrong is (:data:`STRENGTH`): an argument finding
-    carries its own; a grid, block, launch count or kernel present in some tokens only is ``structure``; a
-    by-value argument in the trace's own ``args`` is ``position`` where it moves by a constant per token,
-    else ``value``; work missing from the graph is ``address``'s rank (evidence of a call, not a value)."""
+    """How strong a finding's evidence that the replay is wrong is (:data:`STRENGTH`): an argument finding carries its
+    own; a grid, block, launch count or kernel present in some tokens only is ``structure``; a by-value argument in
+    the trace's own ``args`` is ``position`` where it moves by a constant per token, else ``value``; work missing
+    from the graph is ``address``'s rank (evidence of a call, not a value)."""
     st = row.get("strength") if hasattr(row, "get") else None
     if st is not None and st == st:
         return int(st)
@@ -850,11 +799,11 @@ def _int(v):
 
 
 def verdict(report, mode: str = "global") -> Verdict:
-    """The replay verdict of ``report`` in capture ``mode`` (module docstring). A refusal names the first
-    call that refuses; a wrong replay names the finding with the strongest evidence (:func:`strength`,
-    :func:`cause`) and how many others there are; bytes with no evidence that the step computes them
-    (:data:`NOT_VALUES`) never decide it, but a word of an operator whose host numbers change and that
-    follows none of them (:data:`NOT_VALUE`) keeps it from saying "replays right"."""
+    """The replay verdict of ``report`` in capture ``mode`` (module docstring). A refusal names the first call that
+    refuses; a wrong replay names the finding with the strongest evidence (:func:`strength`, :func:`cause`) and how
+    many others there are; bytes with no evidence that the step computes them (:data:`NOT_VALUES`) never decide it,
+    but a word of an operator whose host numbers change and that follows none of them (:data:`NOT_VALUE`) keeps it
+    from saying "replays right"."""
     f = report.findings
     col = f"verdict_{mode}"
     if f is not None and len(f) and col in f:

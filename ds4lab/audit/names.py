@@ -1,5 +1,5 @@
-"""Kernel names as the audit shows them: a mangled C++ name demangled, then shortened for a table, a
-label or a sentence (the files keep the full names)."""
+"""Kernel names as the audit shows them: a mangled C++ name demangled, then shortened for a table, a label or a
+sentence (the files keep the full names)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ SHORT_NAME_MAX = 72
 
 
 def short_names(names) -> dict:
-    """``{name: short}`` for the terminal's tables: a mangled C++ name demangled (``c++filt``, where it
-    is on PATH: :func:`ds4lab.trace.recording.demangle`), then its return type and parameter list
-    dropped and every template argument list shown as ``<…>``
-    (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
-    ``at::native::vectorized_elementwise_kernel<…>``), at most :data:`SHORT_NAME_MAX` characters.
-    The CSV files keep the full names."""
+    """``{name: short}`` for the terminal's tables: a mangled C++ name demangled (``c++filt``, where it is on PATH:
+    :func:`ds4lab.trace.recording.demangle`), then its return type and parameter list dropped and every template
+    argument list shown as ``<…>`` (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
+    ``at::native::vectorized_elementwise_kernel<…>``), at most :data:`SHORT_NAME_MAX` characters. The CSV files keep
+    the full names."""
     from ..trace.recording import demangle
 
     names = [str(n) for n in names]
@@ -27,8 +26,8 @@ def _abbreviate(name: str) -> str:
 
 
 def _collapse(name: str) -> str:
-    """A demangled C++ name without its return type and parameter list, templates as ``<…>``; the
-    name as it is where its brackets do not balance (an operator, a name that is not C++)."""
+    """A demangled C++ name without its return type and parameter list, templates as ``<…>``; the name as it is where
+    its brackets do not balance (an operator, a name that is not C++)."""
     s = name.strip()
     if s.endswith(")"):  # the parameter list: from its matching "(" on
         depth = 0
@@ -64,8 +63,8 @@ def _collapse(name: str) -> str:
 
 
 def short_text(text: str) -> str:
-    """``text`` (a sentence naming C++ kernels) with each template argument list written right after a
-    name shown as ``<…>`` and the parameter list after it as ``(…)``; an unbalanced ``<`` stays."""
+    """``text`` (a sentence naming C++ kernels) with each template argument list written right after a name shown as
+    ``<…>`` and the parameter list after it as ``(…)``; an unbalanced ``<`` stays."""
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
@@ -99,10 +98,10 @@ def _closing(text: str, i: int, open_: str, close: str) -> int | None:
 
 
 def label(kernel: str, width: int = 40) -> str:
-    """A kernel's name as a figure's label: the function's own name without namespaces, template
-    arguments and parameters (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
-    ``vectorized_elementwise_kernel``; a short last part keeps its namespace: ``gemvx::kernel``), cut
-    to ``width`` characters."""
+    """A kernel's name as a figure's label: the function's own name without namespaces, template arguments and
+    parameters (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
+    ``vectorized_elementwise_kernel``; a short last part keeps its namespace: ``gemvx::kernel``), cut to ``width``
+    characters."""
     base = _collapse(kernel).replace("<…>", "")
     parts = [p for p in base.split("::") if p]
     base = "::".join(parts[-2:]) if len(parts) > 1 and len(parts[-1]) < 8 else (parts[-1] if parts else kernel)

@@ -1,25 +1,22 @@
 """What each call class does to a capture, asked of the simulated runtime.
 
 For a call class (:mod:`ds4lab.audit.calls`) and a capture mode, :func:`probe` builds a fresh
-:class:`~ds4lab.sim.backend.SimBackend` (timing only: no numbers needed), makes what the class needs
-beforehand (buffers, pinned host memory, an event recorded before the capture, an instantiated
-graph), begins a capture in that mode on a non-blocking stream (as ``torch.cuda.graph`` and ds4's
-accessor capture), makes whatever must happen inside the capture first (an event recorded on the
-capturing stream), then makes *the* call and reads what happened: the error it raised, whether the
-capture is invalidated, which graph nodes it added, whether it ran device work now, which rules of
-:data:`ds4lab.sim.rules.RULES` decided it (the runtime's ``fired`` log). Results are cached: the sim
-is deterministic.
+:class:`~ds4lab.sim.backend.SimBackend` (timing only: no numbers needed), makes what the class needs beforehand
+(buffers, pinned host memory, an event recorded before the capture, an instantiated graph), begins a capture in that
+mode on a non-blocking stream (as ``torch.cuda.graph`` and ds4's accessor capture), makes whatever must happen inside
+the capture first (an event recorded on the capturing stream), then makes *the* call and reads what happened: the error
+it raised, whether the capture is invalidated, which graph nodes it added, whether it ran device work now, which rules
+of :data:`ds4lab.sim.rules.RULES` decided it (the runtime's ``fired`` log). Results are cached: the sim is
+deterministic.
 
 The verdict (:meth:`ProbeResult.verdict`):
 
 * **invalidates** — the call fails or succeeds, and the capture is invalidated (ending it fails);
 * **refused** — the call fails with an error, the capture goes on;
-* **not in graph** — no error, and a rule whose outcome is ``escapes`` decided it: the work ran
-  once, now, and is missing from every replay;
+* **not in graph** — no error, and a rule whose outcome is ``escapes`` decided it: the work ran once, now, and is
+  missing from every replay;
 * **allowed** — a rule put it in the graph, marked a dependency, or answered on the host;
-* **no rule** — no rule of the table fired for it (or no probe exists for the class): said, never
-  allowed silently.
-"""
+* **no rule** — no rule of the table fired for it (or no probe exists for the class): said, never allowed silently."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ class ProbeResult:
         end_error: the error ending the capture raised, or None.
         nodes: kinds of the graph nodes the call added.
         eager: device work items the call ran at once.
-        rules: the rules that decided the call, in order (keys of :data:`~ds4lab.sim.rules.RULES`).
-    """
+        rules: the rules that decided the call, in order (keys of :data:`~ds4lab.sim.rules.RULES`)."""
 
     key: str
     mode: str
@@ -79,8 +75,8 @@ class ProbeResult:
 
     @property
     def rule(self) -> str:
-        """The rule that decided the verdict: the one that raised, else one that let the work
-        escape, else the last one that fired ("" when none did)."""
+        """The rule that decided the verdict: the one that raised, else one that let the work escape, else the last one
+        that fired ("" when none did)."""
         if not self.rules:
             return ""
         if self.error:
@@ -92,8 +88,8 @@ class ProbeResult:
 
 
 class _Ctx:
-    """The objects a probe uses: its backend, the capturing stream ``s``, two other non-blocking
-    streams, a device buffer, a pageable host array, events, and what a setup step made (``held``)."""
+    """The objects a probe uses: its backend, the capturing stream ``s``, two other non-blocking streams, a device
+    buffer, a pageable host array, events, and what a setup step made (``held``)."""
 
     def __init__(self, be) -> None:
         self.be = be
@@ -131,8 +127,8 @@ def _graph(c: _Ctx) -> None:
 
 
 def _d2d(c: _Ctx, stream) -> None:
-    """A device-to-device copy on ``stream``: stream work as a memset is (the backends have no
-    device-to-device copy call; the runtime's enqueue applies the same rules to it)."""
+    """A device-to-device copy on ``stream``: stream work as a memset is (the backends have no device-to-device copy
+    call; the runtime's enqueue applies the same rules to it)."""
     c.be.rt.enqueue(stream, "memcpy", "memcpy DtoD", None, 1.0, "cudaMemcpyAsync")
 
 
@@ -230,8 +226,7 @@ def probe(key: str, mode: str) -> ProbeResult:
 
     Raises:
         KeyError: no probe for ``key`` (check :func:`has_probe`).
-        ValueError: an unknown ``mode``.
-    """
+        ValueError: an unknown ``mode``."""
     from ..sim.backend import SimBackend
 
     if mode not in CAPTURE_MODES:

@@ -1,49 +1,15 @@
-"""The empirical check for PyTorch engines: capture the user's step with ``torch.cuda.graph``, replay it
-at the next positions against an eager twin restored from a snapshot of the state, and say what the
-graph did: **refused** (the capture raised), **replays right** (every replay's outputs match the eager
-step's at the same position), **replays wrong** (the first position and output that differ).
+"""The empirical check for PyTorch engines (:func:`check_replay`; GPU and torch needed): capture the user's step with
+``torch.cuda.graph``, replay it at the next positions against an eager twin restored from a snapshot of ``state``,
+and say what the graph did: **refused** (the capture raised), **replays right** (every replay's outputs match the
+eager step's at the same position: relative L2 within ``rtol``, 1e-3 in float32, 2e-2 in bf16/half, and the same
+argmax), **replays wrong** (the first position and output that differ). Each replay starts from the true state, so
+the first position that differs is the first the graph gets wrong. Usage, what ``state`` and ``capacity`` take, and
+what is refused (:class:`StateError`): ``docs/audit-arguments.md``, "The empirical check".
 
-Python API (GPU and torch needed)::
-
-    from ds4lab.audit import check_replay
-
-    ids = torch.zeros((1, 1), dtype=torch.long, device="cuda")      # static inputs the step reads
-    pos = torch.zeros((1,), dtype=torch.long, device="cuda")
-
-    def advance(p):              # write the inputs of position p into the static buffers
-        ids.fill_(token_at(p)); pos.fill_(p)
-
-    def step():                  # one decode step on those buffers; returns its output(s)
-        return model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits
-
-    r = check_replay(step, state=[cache, decoder], advance=advance, start=prompt_len)
-    print(r.outcome, r.first_position, r.detail)
-
-``state`` is what the step reads and changes from one position to the next: the cache, and any object
-keeping counters on the host (its tensors are cloned and put back in place, its plain Python values
-(ints, floats, lists) copied and set back), through attributes, lists and dicts, six levels deep: give
-the cache and the objects holding counters, not objects that merely hold references to others (every
-value reachable is put back). The model's weights need not be in it: a module's parameters
-(``nn.Parameter``) are left out of the snapshot, and the check runs and puts the state back without
-autograd (a module's tensors may require grad). A state that cannot be snapshotted or put back is
-refused in one line (:class:`StateError`, naming the object). ``capacity`` (a static cache's length) is
-the positions the state holds: no step runs at or past it (fewer positions compared, timed blocks
-restarted from the same state; ``positions_compared`` and ``steps_timed`` say how many).
-
-How it decides (:func:`check_replay`): ``warmup`` eager steps on a side stream (as PyTorch asks before
-a capture), then the capture at position ``p``; the capture runs the step's Python once, so the state
-is put back to before it and position ``p`` is run eagerly. Then, for each next position ``i``: the
-state is snapshotted, ``advance(i)`` and the eager step give the reference outputs, the state after it
-is kept, the state is put back to before, ``advance(i)`` and ``graph.replay()`` give the graph's
-outputs, which are compared (relative L2 error within ``rtol``: 1e-3 in float32, 2e-2 in bf16/half;
-and the same argmax along the last dimension), and the state after the eager step is put back (each
-replay starts from the true state: the first position that differs is the first the graph gets
-wrong). Then the replays are timed with CUDA events, three ways (``time_replays`` blocks or replays
-each): a loop of ``advance`` and replay that never waits for the device (blocks of
-:data:`TIMED_STEPS` steps between two events: the host and the device overlap, and a step costs the
-slower of the two; ``replay_us``), the same loop waiting for every replay (``replay_sync_us``: the host
-launch latency and the wait are inside), and the graph's device time alone (``replay_device_us``).
-"""
+The replays are then timed with CUDA events three ways: a loop of ``advance`` and replay that never waits for the
+device (blocks of :data:`TIMED_STEPS` steps: host and device overlap, a step costs the slower of the two;
+``replay_us``), the same loop waiting for every replay (``replay_sync_us``: launch latency and the wait inside), and
+the graph's device time alone (``replay_device_us``)."""
 
 from __future__ import annotations
 
@@ -67,15 +33,14 @@ REFUSED, RIGHT, WRONG = "refused", "captured, replays right", "captured, replays
 
 @dataclass
 class ReplayCheck:
-    """What :func:`check_replay` found. ``outcome``: :data:`REFUSED`, :data:`RIGHT`, :data:`WRONG`;
-    ``verdict``: the same in the audit's words (refused / replays right / replays wrong);
-    ``first_position``/``first_output``: where the replay first differs (None when it does not);
-    ``captured_at``; ``errors``: per compared position ``{position, output, rel_err, same_argmax}``;
-    ``replay_us``: µs per step of a loop of ``advance`` and replay that never waits for the device
-    (median of blocks, CUDA events), ``replay_spread`` its (p25, p75); ``replay_sync_us``: µs per step
-    when the host waits for each replay (synchronize, inside the events); ``replay_device_us``: the
-    graph's device time alone per replay; ``graph_kernels``: the captured graph's kernel nodes;
-    ``detail``: one sentence; ``error``: the capture's exception, when refused."""
+    """What :func:`check_replay` found. ``outcome``: :data:`REFUSED`, :data:`RIGHT`, :data:`WRONG`; ``verdict``: the
+    same in the audit's words (refused / replays right / replays wrong); ``first_position``/``first_output``: where
+    the replay first differs (None when it does not); ``captured_at``; ``errors``: per compared position
+    ``{position, output, rel_err, same_argmax}``; ``replay_us``: µs per step of a loop of ``advance`` and replay
+    that never waits for the device (median of blocks, CUDA events), ``replay_spread`` its (p25, p75);
+    ``replay_sync_us``: µs per step when the host waits for each replay (synchronize, inside the events);
+    ``replay_device_us``: the graph's device time alone per replay; ``graph_kernels``: the captured graph's kernel
+    nodes; ``detail``: one sentence; ``error``: the capture's exception, when refused."""
 
     outcome: str
     detail: str = ""
@@ -103,8 +68,8 @@ class ReplayCheck:
 
 # ----------------------------------------------------------------------------- the state
 def _walk(obj, tensor_type, memo, depth=0):
-    """``[(holder, key, value)]`` of every tensor and plain Python value reachable from ``obj`` through
-    attributes, lists, tuples and dicts (``key``: attribute name or index)."""
+    """``[(holder, key, value)]`` of every tensor and plain Python value reachable from ``obj`` through attributes,
+    lists, tuples and dicts (``key``: attribute name or index)."""
     out = []
     if depth > 6 or id(obj) in memo:
         return out
@@ -145,9 +110,8 @@ def _set(holder, key, value):
 
 
 def snapshot(state, ops) -> list:
-    """Everything of ``state`` that a step may change: ``[(holder, key, the object, its copy)]``; tensors
-    ``ops.keep`` refuses (a module's parameters) are left out. Raises what a copy raises, naming the holder
-    and the key."""
+    """Everything of ``state`` that a step may change: ``[(holder, key, the object, its copy)]``; tensors ``ops.keep``
+    refuses (a module's parameters) are left out. Raises what a copy raises, naming the holder and the key."""
     out = []
     keep = getattr(ops, "keep", None)
     for holder, key, v in _walk(state, ops.tensor_type, set()):
@@ -161,8 +125,8 @@ def snapshot(state, ops) -> list:
 
 
 def restore(snap, ops) -> None:
-    """Put ``snap`` back: tensors in place where the holder still has the same tensor of the same shape
-    (a graph holds their memory), else the copy set back; plain values set back."""
+    """Put ``snap`` back: tensors in place where the holder still has the same tensor of the same shape (a graph holds
+    their memory), else the copy set back; plain values set back."""
     for holder, key, obj, saved in snap:
         if isinstance(obj, ops.tensor_type):
             now = _get(holder, key)
@@ -219,8 +183,8 @@ class TorchOps:
 
     def graph_kernels(self, g) -> int | None:
         """The kernel nodes of a captured graph (``cuGraphGetNodes``, ``cuGraphNodeGetType`` ==
-        ``CU_GRAPH_NODE_TYPE_KERNEL``, statuses checked); None where the graph was not kept or a call
-        failed. A kept graph is instantiated by its first replay (PyTorch, ``CUDAGraph(keep_graph=True)``)."""
+        ``CU_GRAPH_NODE_TYPE_KERNEL``, statuses checked); None where the graph was not kept or a call failed. A kept
+        graph is instantiated by its first replay (PyTorch, ``CUDAGraph(keep_graph=True)``)."""
         import ctypes
 
         try:
@@ -287,8 +251,8 @@ class TorchOps:
         return bool((got.argmax(-1) == ref.argmax(-1)).all())
 
     def time_blocks(self, fn, steps: int, rounds: int) -> list[float]:
-        """µs per call of ``fn``: ``rounds`` blocks of ``steps`` calls back to back between two CUDA
-        events, one synchronize after each block (the host never waits inside it)."""
+        """µs per call of ``fn``: ``rounds`` blocks of ``steps`` calls back to back between two CUDA events, one
+        synchronize after each block (the host never waits inside it)."""
         t = self.t
         out = []
         for _ in range(rounds):
@@ -303,9 +267,9 @@ class TorchOps:
         return out
 
     def time_device(self, g, n: int) -> list[float]:
-        """µs of the graph's own device time per replay: ``n`` replays, each queued behind a spinning
-        kernel (``torch.cuda._sleep``) so that the events around it time the device alone, with no
-        launch latency of the host inside."""
+        """µs of the graph's own device time per replay: ``n`` replays, each queued behind a spinning kernel
+        (``torch.cuda._sleep``) so that the events around it time the device alone, with no launch latency of the
+        host inside."""
         t = self.t
         out = []
         for _ in range(n):
@@ -321,8 +285,8 @@ class TorchOps:
 
 
 class StateError(BadInput):
-    """The state handed to :func:`check_replay` cannot be snapshotted or put back (one line naming the
-    object, its type and why)."""
+    """The state handed to :func:`check_replay` cannot be snapshotted or put back (one line naming the object, its type
+    and why)."""
 
 
 def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 6, warmup: int = 2,
@@ -332,27 +296,25 @@ def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 
 
     Args:
         step: one decode step on static inputs, returning its output tensor(s).
-        state: what the step reads and changes between positions (module docstring): caches, modules
-            or objects holding counters. A module's parameters (``nn.Parameter``) are left out of the
-            snapshot (a decode step does not change its weights); everything is put back without autograd.
+        state: what the step reads and changes between positions (module docstring): caches, modules or objects holding
+            counters. A module's parameters (``nn.Parameter``) are left out of the snapshot (a decode step does not
+            change its weights); everything is put back without autograd.
         advance: ``advance(position)`` writes the inputs of a position (None: the step needs none).
         start: the first position the warm-up runs at.
         positions: replays compared (at ``capture + 1`` …), fewer where ``capacity`` leaves less room.
         rtol: relative L2 error a right replay stays within (None: by the outputs' dtype, :data:`RTOL`).
         time_replays: replays timed (0: none).
-        capacity: the positions the state holds (a static cache's length; None: unbounded). No step runs
-            at a position at or past it: the compared positions are cut to fit, and where the timed loops
-            would run past it each timed block starts again from the state after the comparison (put back
-            outside the timed events), its steps cut to fit. ``positions_compared`` and ``steps_timed`` say
-            how many were.
+        capacity: the positions the state holds (a static cache's length; None: unbounded). No step runs at a position
+            at or past it: the compared positions are cut to fit, and where the timed loops would run past it each
+            timed block starts again from the state after the comparison (put back outside the timed events), its steps
+            cut to fit. ``positions_compared`` and ``steps_timed`` say how many were.
         ops: the PyTorch side (:class:`TorchOps`; None: torch).
 
     Never raises for what the capture does: a capture that raises is ``refused``.
 
     Raises:
-        StateError: the state cannot be snapshotted or put back (naming the object and why), or
-            ``capacity`` leaves no position to compare after the warm-up and the capture.
-    """
+        StateError: the state cannot be snapshotted or put back (naming the object and why), or ``capacity`` leaves no
+            position to compare after the warm-up and the capture."""
     if ops is None:
         import torch
 
@@ -438,9 +400,9 @@ def _check(step, state, advance, start, positions, warmup, rtol, time_replays, c
 
 
 def _time(res: ReplayCheck, graph, adv, p0: int, state, ops, rounds: int, capacity) -> None:
-    """Time the replays three ways (module docstring) from position ``p0``; where ``capacity`` leaves
-    fewer positions than the loops take, each block starts again from the state at ``p0`` (put back
-    outside the events) and its steps are cut to fit."""
+    """Time the replays three ways (module docstring) from position ``p0``; where ``capacity`` leaves fewer positions
+    than the loops take, each block starts again from the state at ``p0`` (put back outside the events) and its
+    steps are cut to fit."""
     p = p0
     fits = capacity is None or capacity - p0 >= 1 + TIMED_STEPS * rounds + 2 * rounds
 

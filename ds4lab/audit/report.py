@@ -1,43 +1,9 @@
-"""The audit's outputs: its tables (:func:`tables`), figures (:func:`figures`) and ``meta.json`` keys
-(:func:`audit_meta`), which the ``audit`` job writes, and the terminal summary (:func:`summary`).
-
-Files, one set for all the reports (a ``source``, ``pid`` and ``device`` column on every row: one
-report per unit, never summed):
-
-* ``audit.csv`` — one row per finding: ``kind`` (``call``: a call a capture refuses, is invalidated by
-  or misses; ``no rule``: an API no rule covers; ``host data``: a copy between host memory and the
-  captured stream; ``variation``: a launch that changes across tokens), the API or kernel
-  (``name``), its call class or variation class, ``verdict_<mode>``/``rule_<mode>``/``error_<mode>``
-  per capture mode, ``rule_source``, ``where`` (the user's ``file:line function``, or ``nvtx:`` path),
-  ``count``, ``tokens``, ``token_range``, ``what`` (variation), ``fix``;
-* ``tokens.csv`` — one row per token: start, measured eager µs, GPU-busy µs, kernels, API calls,
-  shape, and per mode the first invalidating call and the counts of refused, missing and unruled calls;
-* ``spans.csv`` — the capturable spans per mode (:func:`ds4lab.audit.spans.span_table`);
-* ``plans.csv`` — the plans, MODELED (:mod:`ds4lab.audit.plans`), with the calibration as titles name
-  it (its name when shipped, else name, path and short SHA-256);
-* ``meta.json`` — source file, tool (and schema version where the tool gives one), the event table's
-  columns, tokens, capture stream chosen and why, legacy stream, calibration (name, path, sha256),
-  notes, ds4lab version (:func:`audit_meta`);
-* ``audit.png``/``.svg``/``.pdf`` — one token's timeline per unit (:mod:`ds4lab.audit.figure`);
-  ``audit-p<pid>-d<device>.*`` when there are several units;
-* ``arguments.csv`` — where an argument pass goes with the trace: every parameter that differs between
-  tokens, classed (:mod:`ds4lab.audit.frozen`); ``meta.json``'s ``replay`` per unit gives the replay
-  verdict, its evidence and, where evidence is missing, the command that records it.
-
-Where each time comes from, on every row of the timed tables (so that a copied file still says it):
-
-* ``tokens.csv``: ``tool`` (the tool that wrote the trace) and ``modeled``: whether the trace's times
-  are modeled (True for a ``ds4lab trace --backend sim`` trace; False for a GPU trace: measured).
-  Every time in it is the trace's;
-* ``spans.csv``: ``tool``; ``modeled`` as in ``tokens.csv``, for ``gpu_us`` and ``eager_host_us`` (the
-  trace's times summed over the span); ``replay_modeled`` (always True: ``replay_us`` is the audit's
-  model) and ``calibration``, the calibration ``replay_us`` is modeled with;
-* ``plans.csv``: ``tool``; ``eager_modeled``, as ``modeled`` in ``tokens.csv``, for
-  ``eager_measured_us``; ``modeled`` (always True: ``predicted_*`` and ``saving_*``) and ``calibration``;
-  ``baseline``: ``traced`` (``saving_*`` against the trace's own eager step, its tracer's cost included)
-  or ``untraced`` (``eager_untraced_us``, measured apart as ``untraced_source`` says, and
-  ``saving_untraced_*`` against it beside the traced ``saving_*``: :func:`ds4lab.audit.plans.against_untraced`).
-"""
+"""The audit's outputs: its tables (:func:`tables`: ``audit.csv`` one row per finding, ``tokens.csv``, ``spans.csv``,
+``plans.csv`` MODELED, ``arguments.csv`` where an argument pass goes with the trace), figures (:func:`figures`: one
+token's timeline per unit), ``meta.json`` keys (:func:`audit_meta`), which the ``audit`` job writes, and the
+terminal summary (:func:`summary`). Every row carries its ``source``, ``pid`` and ``device`` (one report per unit,
+never summed) and where its times come from (``tool``, ``modeled``, ``calibration``, the plans' ``baseline``), so a
+copied file still says it. The files' columns: ``docs/audit.md``."""
 
 from __future__ import annotations
 
@@ -46,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import __version__
+from ..version import __version__
 from .analysis import trace_times
 from ..trace.events import COLUMNS
 from .probes import INVALIDATES, NO_RULE, NOT_IN_GRAPH, REFUSED
@@ -120,9 +86,9 @@ def _plans_csv(r) -> pd.DataFrame:
 
 
 def tables(reports) -> dict:
-    """The tables of the module docstring, one set for all ``reports``: ``{"audit", "tokens", "spans",
-    "plans"}`` → DataFrame (each written as ``<name>.csv``), and ``"arguments"`` where a report holds
-    its kernel arguments compared (:func:`ds4lab.audit.frozen.table`)."""
+    """The tables of the module docstring, one set for all ``reports``: ``{"audit", "tokens", "spans", "plans"}`` →
+    DataFrame (each written as ``<name>.csv``), and ``"arguments"`` where a report holds its kernel arguments
+    compared (:func:`ds4lab.audit.frozen.table`)."""
     parts = {"audit": [_with_unit(r.findings, r) for r in reports], "tokens": [_tokens_csv(r) for r in reports],
              "spans": [_spans_csv(r) for r in reports], "plans": [_plans_csv(r) for r in reports]}
     out = {}
@@ -140,8 +106,8 @@ def tables(reports) -> dict:
 
 
 def figures(reports) -> dict:
-    """One token's timeline per report that has calls (:func:`ds4lab.audit.figure.timeline_figure`):
-    ``{"audit": fig}``, or ``{"audit-p<pid>-d<device>": fig, ...}`` when there are several units."""
+    """One token's timeline per report that has calls (:func:`ds4lab.audit.figure.timeline_figure`): ``{"audit":
+    fig}``, or ``{"audit-p<pid>-d<device>": fig, ...}`` when there are several units."""
     from .figure import timeline_figure
 
     return {("audit" if len(reports) == 1 else f"audit-p{r.pid}-d{r.device}"): timeline_figure(r)
@@ -154,9 +120,9 @@ _HEAD = {INVALIDATES: "[bold red]invalidates the capture[/]", REFUSED: "[bold da
 
 
 def summary(reports, console, max_rows: int = 12) -> None:
-    """Print what matters first: calls that invalidate or are refused, work missing from the graph,
-    calls no rule covers; then frozen decisions (variation) and host data; then the plans (MODELED);
-    then what was left out or assumed."""
+    """Print what matters first: calls that invalidate or are refused, work missing from the graph, calls no rule
+    covers; then frozen decisions (variation) and host data; then the plans (MODELED); then what was left out or
+    assumed."""
     from rich.table import Table
 
     for r in reports:
@@ -212,8 +178,8 @@ def summary(reports, console, max_rows: int = 12) -> None:
 
 
 def _replay(r, console, max_rows: int) -> None:
-    """The replay verdict (:func:`ds4lab.audit.frozen.verdict`), what it rests on, and the kernel
-    arguments that differ between tokens."""
+    """The replay verdict (:func:`ds4lab.audit.frozen.verdict`), what it rests on, and the kernel arguments that differ
+    between tokens."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -325,10 +291,10 @@ def _plans(r, console) -> None:
 
 
 def write(reports, folder, meta: dict | None = None) -> list:
-    """Write the audit's tables (:func:`tables`), its ``meta.json`` and its figures (:func:`figures`)
-    into ``folder`` as it is, outside any result folder's life cycle (``ds4lab audit validate``'s
-    per-run reports when no job writes them). Returns the files written. A job writes them through its
-    :class:`~ds4lab.jobs.result.Output` instead (:func:`ds4lab.jobs.audit.write_audit`)."""
+    """Write the audit's tables (:func:`tables`), its ``meta.json`` and its figures (:func:`figures`) into ``folder``
+    as it is, outside any result folder's life cycle (``ds4lab audit validate``'s per-run reports when no job writes
+    them). Returns the files written. A job writes them through its :class:`~ds4lab.jobs.result.Output` instead
+    (:func:`ds4lab.jobs.audit.write_audit`)."""
     import matplotlib.pyplot as plt
 
     from ..report.plots import save

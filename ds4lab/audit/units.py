@@ -1,6 +1,6 @@
-"""One event table split into the units the audit reports on: one per (process, device), never a
-sum. Each unit's rows are prepared for the rest of the audit: the link between an API call and the
-device work it issued (``correlation``), and what the call's row lacks taken from that device row.
+"""One event table split into the units the audit reports on: one per (process, device), never a sum. Each unit's rows
+are prepared for the rest of the audit: the link between an API call and the device work it issued
+(``correlation``), and what the call's row lacks taken from that device row.
 
 Which device a host row belongs to (an API row often has no ``device`` column):
 
@@ -14,12 +14,11 @@ NVTX rows follow their thread as in 3–4.
 
 Preparation (:func:`prepare`), in this order:
 
-* a launch call and a device row without correlation ids are paired in order, per stream (the
-  *n*-th kernel launch naming stream *s* issued the *n*-th kernel on *s*: streams are in order;
-  CUDA Programming Guide, "Streams"), and the unit says it did so;
-* an API row's missing ``stream`` is its correlated device row's (the convention of the event table),
-  and a copy call's ``copy_kind``, ``host_memory`` and ``bytes`` come from its memcpy row.
-"""
+* a launch call and a device row without correlation ids are paired in order, per stream (the *n*-th kernel launch
+  naming stream *s* issued the *n*-th kernel on *s*: streams are in order; CUDA Programming Guide, "Streams"), and the
+  unit says it did so;
+* an API row's missing ``stream`` is its correlated device row's (the convention of the event table), and a copy call's
+  ``copy_kind``, ``host_memory`` and ``bytes`` come from its memcpy row."""
 
 from __future__ import annotations
 
@@ -28,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .calls import is_launch, normalize
+from ..trace.records import api_base_name
+from .calls import is_launch
 
 #: Row kinds that are device work (they run on a stream of a device).
 DEVICE_KINDS = ("kernel", "memcpy", "memset", "graph")
@@ -42,8 +42,8 @@ def unit_label(pid: int, device: int) -> str:
 
 
 def unit_stem(pid: int, device: int) -> str:
-    """The file stem of one unit's figure where a trace holds several: ``audit-p<pid>-d<device>``,
-    each part left out where the trace does not say it (never ``-d-1``)."""
+    """The file stem of one unit's figure where a trace holds several: ``audit-p<pid>-d<device>``, each part left out
+    where the trace does not say it (never ``-d-1``)."""
     return "audit" + (f"-p{pid}" if pid >= 0 else "") + (f"-d{device}" if device >= 0 else "")
 
 @dataclass
@@ -53,10 +53,9 @@ class Unit:
     Attributes:
         source: the file (or ``<recording>``); tool: what wrote it.
         pid, device: the process and the CUDA device (-1: the source does not say).
-        frame: the unit's rows, in time order, with the event table's columns (index: the row's label
-            in the source's frame).
-        notes: what the audit did or assumed for this unit (shown in the report).
-    """
+        frame: the unit's rows, in time order, with the event table's columns (index: the row's label in the source's
+            frame).
+        notes: what the audit did or assumed for this unit (shown in the report)."""
 
     source: str
     tool: str
@@ -72,9 +71,8 @@ class Unit:
 
 
 def split_units(table) -> tuple[list[Unit], list[str]]:
-    """The units of an :class:`~ds4lab.trace.events.EventTable` (module docstring), each prepared,
-    in (process, device) order, and notes on the rows no unit holds (host rows of an unknown device,
-    units without any kernel)."""
+    """The units of an :class:`~ds4lab.trace.events.EventTable` (module docstring), each prepared, in (process, device)
+    order, and notes on the rows no unit holds (host rows of an unknown device, units without any kernel)."""
     df = table.frame
     dev = df["device"].to_numpy().copy()
     kind = df["kind"].to_numpy()
@@ -124,11 +122,11 @@ def _kinds(rows) -> str:
 
 
 def prepare(u: Unit) -> None:
-    """Pair uncorrelated launches with device rows in order per stream, then fill API rows' stream
-    and copy fields from their device rows (module docstring). Changes ``u.frame`` in place."""
+    """Pair uncorrelated launches with device rows in order per stream, then fill API rows' stream and copy fields from
+    their device rows (module docstring). Changes ``u.frame`` in place."""
     f = u.frame
     api = f["kind"] == "api"
-    launch = api & f["name"].map(lambda n: is_launch(n) and not normalize(n).startswith(("cudaGraph", "cuGraph"))
+    launch = api & f["name"].map(lambda n: is_launch(n) and not api_base_name(n).startswith(("cudaGraph", "cuGraph"))
                                  ).astype(bool)
     dev = f["kind"].isin(("kernel", "memcpy", "memset"))
     lonely_api = f.index[launch & (f["correlation"] < 0)]
@@ -159,8 +157,8 @@ def prepare(u: Unit) -> None:
 
 
 def _pair_in_order(u: Unit, api_idx, dev_idx) -> None:
-    """Give uncorrelated launch calls and device rows matching ids: per stream, in order; a call
-    whose stream is unknown pairs with the device rows in the order they start (one stream assumed)."""
+    """Give uncorrelated launch calls and device rows matching ids: per stream, in order; a call whose stream is
+    unknown pairs with the device rows in the order they start (one stream assumed)."""
     f = u.frame
     base = int(max(f["correlation"].max(), 0)) + 1
     a = f.loc[api_idx].sort_values("start_ns", kind="stable")
@@ -186,19 +184,19 @@ def _pair_in_order(u: Unit, api_idx, dev_idx) -> None:
 
 
 def legacy_streams(u: Unit) -> tuple[frozenset, str]:
-    """The stream ids that are the legacy stream in this unit, and how that is known: the source's
-    ``stream_type`` column where it says ``legacy``; else the streams of the device work of
-    synchronous ``cudaMemset``/``cudaMemcpy`` calls (they always use the legacy stream: CUDA Runtime
-    API, "API synchronization behavior"); else stream id 0 (the NULL handle), assumed."""
+    """The stream ids that are the legacy stream in this unit, and how that is known: the source's ``stream_type``
+    column where it says ``legacy``; else the streams of the device work of synchronous
+    ``cudaMemset``/``cudaMemcpy`` calls (they always use the legacy stream: CUDA Runtime API, "API synchronization
+    behavior"); else stream id 0 (the NULL handle), assumed."""
     f = u.frame
     if "stream_type" in f.columns:
         ids = set(f.loc[(f["stream_type"] == "legacy") & (f["stream"] >= 0), "stream"])
         if ids:
             return frozenset(int(i) for i in ids), "the trace marks it as the legacy stream"
     api = f[f["kind"] == "api"]
-    sync = api.loc[api["name"].map(lambda n: normalize(n).startswith(("cudaMemset", "cudaMemcpy", "cuMemset",
+    sync = api.loc[api["name"].map(lambda n: api_base_name(n).startswith(("cudaMemset", "cudaMemcpy", "cuMemset",
                                                                       "cuMemcpy"))
-                                   and not normalize(n).endswith("Async")).astype(bool)]
+                                   and not api_base_name(n).endswith("Async")).astype(bool)]
     ids = set(sync.loc[sync["stream"] >= 0, "stream"])
     if ids:
         return frozenset(int(i) for i in ids), "the stream of synchronous cudaMemset/cudaMemcpy calls"

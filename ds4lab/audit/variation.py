@@ -1,23 +1,20 @@
 """Launch-list variation across tokens: what a graph captured from one token replays wrong at another.
 
-A captured graph replays the launch list, grids and by-value arguments of the token it was captured
-from. Whatever changes from token to token is a host decision or a by-value argument that graph
-freezes (CUDA Programming Guide, "CUDA Graphs": a kernel node keeps its launch parameters and
-arguments as captured; changing them needs ``cudaGraphExecUpdate`` or a new capture). Four classes,
-each compared across the tokens of one unit, kernel by kernel (a kernel's *k*-th launch in a token
-against its *k*-th launch in the others):
+A captured graph replays the launch list, grids and by-value arguments of the token it was captured from. Whatever
+changes from token to token is a host decision or a by-value argument that graph freezes (CUDA Programming Guide, "CUDA
+Graphs": a kernel node keeps its launch parameters and arguments as captured; changing them needs
+``cudaGraphExecUpdate`` or a new capture). Four classes, each compared across the tokens of one unit, kernel by kernel
+(a kernel's *k*-th launch in a token against its *k*-th launch in the others):
 
-* **present in some tokens only** — a kernel launched in some tokens and not others (an emit every
-  4th position, a regime switch);
+* **present in some tokens only** — a kernel launched in some tokens and not others (an emit every 4th position, a
+  regime switch);
 * **launch count** — launched in every token, a different number of times;
-* **grid** (or **block**) — the launch geometry changes (an attention grid that grows with the
-  window, a top-k regime);
-* **scalar argument** — a by-value argument changes (the ``args`` column, where the source has it);
-  a numeric one that moves by the same step every token is called *position-like*.
+* **grid** (or **block**) — the launch geometry changes (an attention grid that grows with the window, a top-k regime);
+* **scalar argument** — a by-value argument changes (the ``args`` column, where the source has it); a numeric one that
+  moves by the same step every token is called *position-like*.
 
-:func:`token_shapes` says how many distinct token shapes (launch list with grids and blocks) a
-per-shape graph cache would need, and which tokens have which.
-"""
+:func:`token_shapes` says how many distinct token shapes (launch list with grids and blocks) a per-shape graph cache
+would need, and which tokens have which."""
 
 from __future__ import annotations
 
@@ -34,8 +31,8 @@ FROZEN = "frozen"
 
 
 def launches(frame: pd.DataFrame, ko: pd.DataFrame, token: pd.Series) -> pd.DataFrame:
-    """The tokens' kernels in launch order: ``token``, ``k`` (the kernel's occurrence index in its
-    token), ``name``, ``grid``, ``block``, ``args``, ``row``, ``call``, ``where``."""
+    """The tokens' kernels in launch order: ``token``, ``k`` (the kernel's occurrence index in its token), ``name``,
+    ``grid``, ``block``, ``args``, ``row``, ``call``, ``where``."""
     k = ko.assign(token=token.loc[ko["row"].to_numpy()].to_numpy())
     k = k[k["token"] >= 0].copy()
     rows = frame.loc[k["row"].to_numpy()]
@@ -51,8 +48,8 @@ def launches(frame: pd.DataFrame, ko: pd.DataFrame, token: pd.Series) -> pd.Data
 
 
 def token_shapes(k: pd.DataFrame, n_tokens: int) -> tuple[list[int], int]:
-    """Per token its shape id (0, 1, … in order of first appearance) and the number of shapes. A
-    shape is the launch list with each launch's grid and block."""
+    """Per token its shape id (0, 1, … in order of first appearance) and the number of shapes. A shape is the launch
+    list with each launch's grid and block."""
     ids, seen = [], {}
     by_tok = {int(t): g for t, g in k.groupby("token")}
     for t in range(n_tokens):
@@ -63,8 +60,8 @@ def token_shapes(k: pd.DataFrame, n_tokens: int) -> tuple[list[int], int]:
 
 
 def _parse_args(a: str) -> list[tuple[str, str]]:
-    """``args`` as ``[(key, value), ...]``: a JSON list or object, or ``key=value``/plain values
-    separated by commas or semicolons (positions as keys where there are no names)."""
+    """``args`` as ``[(key, value), ...]``: a JSON list or object, or ``key=value``/plain values separated by commas or
+    semicolons (positions as keys where there are no names)."""
     if not a:
         return []
     a = a.strip()
@@ -85,8 +82,8 @@ def _parse_args(a: str) -> list[tuple[str, str]]:
 
 
 def _position_like(values: list[str]) -> str:
-    """``"position-like (+s per token)"`` when ``values`` (one per token, in order) are numbers moving by
-    one constant non-zero step, else ""."""
+    """``"position-like (+s per token)"`` when ``values`` (one per token, in order) are numbers moving by one constant
+    non-zero step, else ""."""
     try:
         x = np.array([float(v) for v in values])
     except ValueError:
@@ -100,11 +97,11 @@ def _position_like(values: list[str]) -> str:
 
 
 def variation(k: pd.DataFrame, n_tokens: int) -> tuple[pd.DataFrame, set]:
-    """The variation findings (module docstring): one row per (kernel, class, place) with ``kind``
-    (``variation``), ``name``, ``call_class`` (the class), ``token_range`` (tokens that differ from
-    the most common value), ``tokens``, ``count`` (launches concerned), ``what``, ``where``, ``fix``;
-    and the launch calls (row labels) a single graph would freeze wrongly: every launch of a kernel
-    whose presence or count changes, every *k*-th launch of one whose *k*-th launch changes."""
+    """The variation findings (module docstring): one row per (kernel, class, place) with ``kind`` (``variation``),
+    ``name``, ``call_class`` (the class), ``token_range`` (tokens that differ from the most common value),
+    ``tokens``, ``count`` (launches concerned), ``what``, ``where``, ``fix``; and the launch calls (row labels) a
+    single graph would freeze wrongly: every launch of a kernel whose presence or count changes, every *k*-th launch
+    of one whose *k*-th launch changes."""
     rows = []
     flagged: set = set()
     if k.empty or n_tokens < 2:
@@ -172,8 +169,8 @@ def _row(name, cls, odd, count, what, place, fix, n_tokens) -> dict:
 
 
 def _merge(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (kernel, class, where): a kernel whose grid changes at each of its launches in a
-    token reads once, with the launches counted together and the sentences of the first."""
+    """One row per (kernel, class, where): a kernel whose grid changes at each of its launches in a token reads once,
+    with the launches counted together and the sentences of the first."""
     if df.empty:
         return df
     out = []

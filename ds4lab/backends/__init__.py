@@ -1,5 +1,5 @@
-"""Backends that run the decode token: ``cupy`` (GPU), ``sim`` (simulated CUDA runtime, modeled
-times), ``numpy`` (CPU reference executor, no timing). :func:`make_backend` is the one factory."""
+"""Backends that run the decode token: ``cupy`` (GPU), ``sim`` (simulated CUDA runtime, modeled times), ``numpy`` (CPU
+reference executor, no timing). :func:`make_backend` is the one factory."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ BACKENDS = ("auto", "cupy", "numpy", "sim")
 
 
 def resolve(name: str, allowed=BACKENDS) -> str:
-    """The concrete backend ``name`` stands for: ``auto`` → ``cupy`` when a GPU is usable, else
-    ``sim``. Cheap (no backend is built).
+    """The concrete backend ``name`` stands for: ``auto`` → ``cupy`` when a GPU is usable, else ``sim``. Cheap (no
+    backend is built).
 
     Raises:
-        ValueError: ``name`` unknown or not in ``allowed`` (the message lists the choices).
-    """
+        ValueError: ``name`` unknown or not in ``allowed`` (the message lists the choices)."""
     if name not in BACKENDS or name not in allowed:
         raise ValueError(f"unknown backend {name!r} here; choose one of: {', '.join(allowed)}")
     if name != "auto":
@@ -26,8 +25,8 @@ def resolve(name: str, allowed=BACKENDS) -> str:
 
 def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = False,
                  allowed=BACKENDS, compile_kernels: bool = False) -> Executor:
-    """Create backend ``name``; ``auto`` picks ``cupy`` when a GPU is usable, else ``sim`` (the
-    simulated runtime: its figures are modeled, and it says so).
+    """Create backend ``name``; ``auto`` picks ``cupy`` when a GPU is usable, else ``sim`` (the simulated runtime: its
+    figures are modeled, and it says so).
 
     Args:
         seed: weight seed (bit-identical weights on every backend).
@@ -37,8 +36,7 @@ def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = Fa
 
     Raises:
         ValueError: unknown or disallowed backend name (the message lists the choices).
-        BackendUnavailable: ``cupy`` asked for explicitly but no GPU is usable (says why).
-    """
+        BackendUnavailable: ``cupy`` asked for explicitly but no GPU is usable (says why)."""
     if name not in BACKENDS or name not in allowed:
         raise ValueError(f"unknown backend {name!r} here; choose one of: {', '.join(allowed)}")
     if name in ("auto", "cupy"):

@@ -1,18 +1,17 @@
-"""Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through
-``cuda-bindings``: the calls the ``cupy`` backend makes for :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`.
+"""Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through ``cuda-bindings``:
+the calls the ``cupy`` backend makes for :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`.
 
 Every function takes the binding module it calls (``rt``: ``cuda.bindings.runtime``, ``drv``:
-``cuda.bindings.driver``), so a test can hand it a fake, and checks every status it gets back: a
-status other than success raises :class:`ds4lab.errors.CudaError` with the runtime API's error name
-(driver and runtime share the numbers of the statuses these calls return).
+``cuda.bindings.driver``), so a test can hand it a fake, and checks every status it gets back: a status other than
+success raises :class:`ds4lab.errors.CudaError` with the runtime API's error name (driver and runtime share the numbers
+of the statuses these calls return).
 
-Signatures (cuda-bindings' Python API, read from its docstrings): CUDA 12.3 added edge data to the
-capture and graph-edge calls as ``cudaStreamGetCaptureInfo_v3``, ``cudaStreamUpdateCaptureDependencies_v2``,
-``cudaGraphAddNode_v2`` and ``cudaGraphGetEdges_v2``; CUDA 13 gave the plain names those signatures and
-dropped the suffixed ones. :func:`edge_variant` takes the suffixed name where the bindings have it
-(12.3 … 12.9), else the plain one (13.x). Conditional nodes need CUDA 12.4 (IF, WHILE) and 12.8 (IF
-with two bodies, SWITCH); older bindings are not supported.
-"""
+Signatures (cuda-bindings' Python API, read from its docstrings): CUDA 12.3 added edge data to the capture and
+graph-edge calls as ``cudaStreamGetCaptureInfo_v3``, ``cudaStreamUpdateCaptureDependencies_v2``,
+``cudaGraphAddNode_v2`` and ``cudaGraphGetEdges_v2``; CUDA 13 gave the plain names those signatures and dropped the
+suffixed ones. :func:`edge_variant` takes the suffixed name where the bindings have it (12.3 … 12.9), else the plain
+one (13.x). Conditional nodes need CUDA 12.4 (IF, WHILE) and 12.8 (IF with two bodies, SWITCH); older bindings are not
+supported."""
 
 from __future__ import annotations
 
@@ -38,15 +37,15 @@ def _int(v) -> int:
 
 
 def edge_variant(rt, name: str, suffix: str):
-    """The binding of ``name`` that takes edge data: ``name + suffix`` (cuda-bindings 12.3 … 12.9), else
-    ``name`` (cuda-bindings 13, where the plain name has that signature)."""
+    """The binding of ``name`` that takes edge data: ``name + suffix`` (cuda-bindings 12.3 … 12.9), else ``name``
+    (cuda-bindings 13, where the plain name has that signature)."""
     return getattr(rt, name + suffix, None) or getattr(rt, name)
 
 
 def capture_info(rt, stream_ptr: int) -> tuple[str, int, list[int], list[str]]:
-    """``cudaStreamGetCaptureInfo`` with edge data: ``(status, graph handle, dependency nodes, their edge
-    types)``; graph and dependencies only meaningful while the status is ``"active"`` (RT: "Valid data
-    (other than capture status) is returned only if ... the returned capture status is Active")."""
+    """``cudaStreamGetCaptureInfo`` with edge data: ``(status, graph handle, dependency nodes, their edge types)``;
+    graph and dependencies only meaningful while the status is ``"active"`` (RT: "Valid data (other than capture
+    status) is returned only if ... the returned capture status is Active")."""
     fn = edge_variant(rt, "cudaStreamGetCaptureInfo", "_v3")
     vals = _checked("cudaStreamGetCaptureInfo", fn(rt.cudaStream_t(stream_ptr)))
     status, _cid, graph, deps, edges, n = vals
@@ -60,8 +59,8 @@ def capture_info(rt, stream_ptr: int) -> tuple[str, int, list[int], list[str]]:
 
 
 def conditional_handle_create(rt, graph: int, default: int = 0, assign_default: bool = True) -> int:
-    """``cudaGraphConditionalHandleCreate(graph, default, flags)`` (flags ``cudaGraphCondAssignDefault``
-    with ``assign_default``, else 0): the handle's 64-bit value."""
+    """``cudaGraphConditionalHandleCreate(graph, default, flags)`` (flags ``cudaGraphCondAssignDefault`` with
+    ``assign_default``, else 0): the handle's 64-bit value."""
     flags = _int(rt.cudaGraphConditionalHandleFlags.cudaGraphCondAssignDefault) if assign_default else 0
     h = _checked("cudaGraphConditionalHandleCreate",
                  rt.cudaGraphConditionalHandleCreate(rt.cudaGraph_t(int(graph)), int(default), int(flags)))
@@ -69,15 +68,13 @@ def conditional_handle_create(rt, graph: int, default: int = 0, assign_default: 
 
 
 def add_conditional_node(rt, graph: int, deps: Sequence[int], handle: int, kind: str, size: int) -> tuple[int, list[int]]:
-    """``cudaGraphAddNode`` of a ``cudaGraphNodeTypeConditional`` node (``cudaConditionalNodeParams``:
-    handle, type, size) after ``deps``, default edges: ``(node, body graph handles)``. The bodies are
-    the CUDA-owned array ``phGraph_out`` the call fills (valid for the node's lifetime), read only after
-    the call succeeded.
+    """``cudaGraphAddNode`` of a ``cudaGraphNodeTypeConditional`` node (``cudaConditionalNodeParams``: handle, type,
+    size) after ``deps``, default edges: ``(node, body graph handles)``. The bodies are the CUDA-owned array
+    ``phGraph_out`` the call fills (valid for the node's lifetime), read only after the call succeeded.
 
     Raises:
         ValueError: an unknown ``kind``.
-        CudaError: CUDA's status (cudaErrorInvalidValue for a size ``kind`` does not allow).
-    """
+        CudaError: CUDA's status (cudaErrorInvalidValue for a size ``kind`` does not allow)."""
     check_kind(kind)
     p = rt.cudaGraphNodeParams()
     p.type = rt.cudaGraphNodeType.cudaGraphNodeTypeConditional
@@ -93,8 +90,8 @@ def add_conditional_node(rt, graph: int, deps: Sequence[int], handle: int, kind:
 
 
 def update_capture_dependencies(rt, stream_ptr: int, nodes: Sequence[int], replace: bool = True) -> None:
-    """``cudaStreamUpdateCaptureDependencies`` (``cudaStreamSetCaptureDependencies`` with ``replace``,
-    else ``cudaStreamAddCaptureDependencies``), default edge data."""
+    """``cudaStreamUpdateCaptureDependencies`` (``cudaStreamSetCaptureDependencies`` with ``replace``, else
+    ``cudaStreamAddCaptureDependencies``), default edge data."""
     flags = rt.cudaStreamUpdateCaptureDependenciesFlags
     flag = _int(flags.cudaStreamSetCaptureDependencies if replace else flags.cudaStreamAddCaptureDependencies)
     fn = edge_variant(rt, "cudaStreamUpdateCaptureDependencies", "_v2")
@@ -106,8 +103,7 @@ def begin_capture_to_graph(rt, stream_ptr: int, graph: int, mode: str = "thread_
     """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``.
 
     Raises:
-        ValueError: an unknown capture mode.
-    """
+        ValueError: an unknown capture mode."""
     if mode not in CAPTURE_MODE_INDEX:
         raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(CAPTURE_MODE_INDEX)}")
     _checked("cudaStreamBeginCaptureToGraph",
@@ -160,10 +156,9 @@ def _driver_checked(call: str, res) -> None:
 
 def launch_config(drv, grid: Sequence[int], block: Sequence[int], shared: int, stream_ptr: int,
                   programmatic: bool) -> Any:
-    """A ``CUlaunchConfig`` (grid, block, dynamic shared bytes, stream) with, when ``programmatic``, one
-    attribute: ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` =
-    ``programmaticStreamSerializationAllowed`` 1 (CUDA Driver API, cuLaunchKernelEx). Raises ValueError
-    for a grid or block of more than three dimensions."""
+    """A ``CUlaunchConfig`` (grid, block, dynamic shared bytes, stream) with, when ``programmatic``, one attribute:
+    ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = ``programmaticStreamSerializationAllowed`` 1 (CUDA
+    Driver API, cuLaunchKernelEx). Raises ValueError for a grid or block of more than three dimensions."""
     if len(grid) > 3 or len(block) > 3:
         raise ValueError(f"grid {tuple(grid)} / block {tuple(block)}: at most three dimensions")
     g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
@@ -185,21 +180,20 @@ def launch_config(drv, grid: Sequence[int], block: Sequence[int], shared: int, s
 
 
 def _kernel_arg(a):
-    """One kernel argument as the ctypes value its parameter holds (``cupy_runtime._c_arg``), ``None``
-    as a NULL device pointer (8 zero bytes, as CuPy's own launches pass it)."""
+    """One kernel argument as the ctypes value its parameter holds (``cupy_runtime._c_arg``), ``None`` as a NULL device
+    pointer (8 zero bytes, as CuPy's own launches pass it)."""
     return ctypes.c_void_p(None) if a is None else _c_arg(a)
 
 
 def launch_kernel_ex(drv, func: int, grid: Sequence[int], block: Sequence[int], shared: int, stream_ptr: int,
                      args: Sequence, programmatic: bool) -> None:
-    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``: ``args`` (device arrays, NumPy scalars and
-    ``None`` for a NULL pointer, in the kernel's parameter order) packed as the ``void*`` array of pointers
-    to their values the call copies at launch (``kernelParams`` given by address).
+    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``: ``args`` (device arrays, NumPy scalars and ``None`` for a
+    NULL pointer, in the kernel's parameter order) packed as the ``void*`` array of pointers to their values the
+    call copies at launch (``kernelParams`` given by address).
 
     Raises:
         TypeError: an argument that is none of those.
-        CudaError: the launch's status.
-    """
+        CudaError: the launch's status."""
     cfg = launch_config(drv, grid, block, shared, stream_ptr, programmatic)
     vals = [_kernel_arg(a) for a in args]
     ptrs = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])

@@ -1,12 +1,11 @@
 """The ``cupy`` backend: ds4lab's kernels on a CUDA GPU through CuPy.
 
-Kernels are the ``extern "C"`` functions of ``kernels/*.cu``, each file compiled once per
-process with ``cupy.RawModule`` (NVRTC; CuPy also caches the binary on disk). A launch goes to
-the stream the launch layer resolved: ``LEGACY_STREAM`` maps to CUDA's legacy default stream
-(handle 0, ``cupy.cuda.Stream.null``), anything else must be a ``cupy.cuda.Stream``.
+Kernels are the ``extern "C"`` functions of ``kernels/*.cu``, each file compiled once per process with
+``cupy.RawModule`` (NVRTC; CuPy also caches the binary on disk). A launch goes to the stream the launch layer resolved:
+``LEGACY_STREAM`` maps to CUDA's legacy default stream (handle 0, ``cupy.cuda.Stream.null``), anything else must be a
+``cupy.cuda.Stream``.
 
-Importing this module does not import CuPy; :func:`gpu_usable` and :class:`CupyBackend` do.
-"""
+Importing this module does not import CuPy; :func:`gpu_usable` and :class:`CupyBackend` do."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
     """Runs launches on the current CUDA device (see module docstring).
 
     Raises:
-        BackendUnavailable: CuPy missing or no CUDA device.
-    """
+        BackendUnavailable: CuPy missing or no CUDA device."""
 
     name = "cupy"
     is_gpu = True
@@ -105,9 +103,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
     def function(self, name: str) -> Callable:
         """The launchable function for kernel ``name`` (compiled on first use).
 
-        Returns a callable ``f(grid, block, args, shared_mem, stream)``.
-        Raises KeyError naming the kernel when no ``.cu`` file defines it.
-        """
+        Returns a callable ``f(grid, block, args, shared_mem, stream)``. Raises KeyError naming the kernel when no
+        ``.cu`` file defines it."""
         f = self._fns.get(name)
         if f is None:
             try:
@@ -169,8 +166,7 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return W.QTensor(spec.fmt, spec.rows, spec.cols, qs, d)
 
     def _make_superblocks(self, spec: W.WeightSpec, key, lead: tuple):
-        """A super-block tensor filled in place by ``init_superblocks`` (bit for bit
-        ``weights.gen_superblocks``)."""
+        """A super-block tensor filled in place by ``init_superblocks`` (bit for bit ``weights.gen_superblocks``)."""
         shape, dtype = W.qtensor_arrays(spec.fmt, spec.rows, spec.cols)["qs"]
         qs = self.cp.empty(lead + shape, dtype=dtype)
         per_sub = shape[0] * shape[1]
@@ -257,10 +253,9 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
     def event_query(self, event) -> bool:
         """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600).
 
-        CuPy's ``runtime.eventQuery`` *returns* the status (gpu-facts.md): any other status is raised
-        as the named :class:`~ds4lab.errors.CudaError`, as the sim raises it (cudaErrorCapturedEvent,
-        cudaErrorInvalidValue for an event of an invalidated or ended capture, cudaErrorStreamCaptureUnsupported).
-        """
+        CuPy's ``runtime.eventQuery`` *returns* the status (gpu-facts.md): any other status is raised as the named
+        :class:`~ds4lab.errors.CudaError`, as the sim raises it (cudaErrorCapturedEvent, cudaErrorInvalidValue for an
+        event of an invalidated or ended capture, cudaErrorStreamCaptureUnsupported)."""
         rt = self.cp.cuda.runtime
         with _cuda_errors("cudaEventQuery"):
             return _ready(rt.eventQuery(event.ptr), "cudaEventQuery")
@@ -280,9 +275,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
     def stream_query(self, stream) -> bool:
         """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600).
 
-        Any other returned status is raised as the named CudaError (on the H200, 900
-        cudaErrorStreamCaptureUnsupported for a capturing stream, which it invalidates: gpu-facts.md).
-        """
+        Any other returned status is raised as the named CudaError (on the H200, 900 cudaErrorStreamCaptureUnsupported
+        for a capturing stream, which it invalidates: gpu-facts.md)."""
         with _cuda_errors("cudaStreamQuery"):
             return _ready(self.cp.cuda.runtime.streamQuery(self._ptr_stream(stream)), "cudaStreamQuery")
 
@@ -372,9 +366,9 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             return graph.nodes(tuple(self._sources))
 
     def graph_instantiate(self, graph, flags: int = 0):
-        """``cudaGraphInstantiateWithFlags`` (``flags``: cudaGraphInstantiateFlags bits; 0 goes through
-        CuPy's ``graphInstantiate``, others through ``cuda.bindings``). Raises CudaError
-        (cudaErrorInvalidValue, cudaErrorNotSupported for a second executable of a graph with memory nodes)."""
+        """``cudaGraphInstantiateWithFlags`` (``flags``: cudaGraphInstantiateFlags bits; 0 goes through CuPy's
+        ``graphInstantiate``, others through ``cuda.bindings``). Raises CudaError (cudaErrorInvalidValue,
+        cudaErrorNotSupported for a second executable of a graph with memory nodes)."""
         if not flags:
             with _cuda_errors("cudaGraphInstantiate"):
                 return CupyGraphExec(self.cp, self.cp.cuda.runtime.graphInstantiate(graph.handle), graph)
@@ -384,15 +378,14 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return CupyGraphExec(self.cp, int(h), graph)
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` through the driver (``cuGraphExecKernelNodeSetParams``:
-        CuPy has no binding for it): the executable's ``index``-th kernel node, in the order the graph
-        lists its nodes (their creation order: the capture's launch order), takes ``launch``'s
-        arguments, grid, block and shared memory. The node's function must be ``launch``'s kernel.
+        """``cudaGraphExecKernelNodeSetParams`` through the driver (``cuGraphExecKernelNodeSetParams``: CuPy has no
+        binding for it): the executable's ``index``-th kernel node, in the order the graph lists its nodes (their
+        creation order: the capture's launch order), takes ``launch``'s arguments, grid, block and shared memory.
+        The node's function must be ``launch``'s kernel.
 
         Raises:
-            CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that
-                runs another function; any status the driver returns.
-        """
+            CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another
+                function; any status the driver returns."""
         from ..errors import CudaError
 
         call = "cudaGraphExecKernelNodeSetParams"
@@ -415,11 +408,10 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         Through ``cuda-bindings`` (CuPy has no binding for it).
 
         Raises:
-            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with CUDA's
-                ``cudaGraphExecUpdateResultInfo``: ``result`` (the cudaGraphExecUpdateResult name) and
-                ``node_type`` (``cudaGraphNodeGetType`` of ``errorNode``; None when CUDA names none).
-            CudaError: any other status.
-        """
+            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with CUDA's ``cudaGraphExecUpdateResultInfo``:
+                ``result`` (the cudaGraphExecUpdateResult name) and ``node_type`` (``cudaGraphNodeGetType`` of
+                ``errorNode``; None when CUDA names none).
+            CudaError: any other status."""
         from ..errors import GRAPH_EXEC_UPDATE_RESULTS, GraphExecUpdateError
 
         call = "cudaGraphExecUpdate"
@@ -475,8 +467,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         graph.last_node = node
 
     def exchange_capture_mode(self, mode: str) -> str:
-        """``cudaThreadExchangeStreamCaptureMode`` for the calling thread (through ``cuda.bindings``);
-        returns the previous mode. Raises ValueError for an unknown mode, CudaError on failure."""
+        """``cudaThreadExchangeStreamCaptureMode`` for the calling thread (through ``cuda.bindings``); returns the
+        previous mode. Raises ValueError for an unknown mode, CudaError on failure."""
         if mode not in self._MODES:
             raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(self._MODES)}")
         cudart = _cudart()
@@ -530,11 +522,9 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
 def _stream_launcher(raw) -> Callable:
     """A fast ``f(grid, block, args, shared_mem, stream)`` for a ``cupy.RawKernel``.
 
-    CuPy's ``RawKernel.__call__`` launches on CuPy's *current* stream; its underlying
-    ``cupy.cuda.Function`` takes the stream as an argument (checked on the H200 with CuPy 14.2),
-    which avoids a per-launch ``with stream:`` (bench: the launcher costs 0.79–1.09× a bare
-    ``RawKernel`` call, docs/design-log.md).
-    """
+    CuPy's ``RawKernel.__call__`` launches on CuPy's *current* stream; its underlying ``cupy.cuda.Function`` takes the
+    stream as an argument (checked on the H200 with CuPy 14.2), which avoids a per-launch ``with stream:`` (bench: the
+    launcher costs 0.79–1.09× a bare ``RawKernel`` call, docs/design-log.md)."""
     return raw.kernel
 
 

@@ -2,14 +2,13 @@
 ``cuda-bindings`` (:mod:`ds4lab.backends.cuda_graph_calls`: every status checked).
 
 Two builds of each kernel file: the one every stage loads (``cupy.RawModule``, as
-:class:`~ds4lab.backends.cupy_backend.CupyBackend` compiles it), and the ``pdl`` build
-(``-DDS4_PDL=1``: ``DS4_PDL_ENTRY`` compiled in, ``kernels/common.cuh``) that
-:meth:`CupyDeviceGraphsMixin.launch_programmatic` launches with ``cuLaunchKernelEx``. The ``pdl`` build
-is compiled and loaded by :meth:`CupyDeviceGraphsMixin.prepare_device_kernels`, called before any
-capture (a module loaded inside a capture is nothing ds4lab relies on).
+:class:`~ds4lab.backends.cupy_backend.CupyBackend` compiles it), and the ``pdl`` build (``-DDS4_PDL=1``:
+``DS4_PDL_ENTRY`` compiled in, ``kernels/common.cuh``) that :meth:`CupyDeviceGraphsMixin.launch_programmatic` launches
+with ``cuLaunchKernelEx``. The ``pdl`` build is compiled and loaded by
+:meth:`CupyDeviceGraphsMixin.prepare_device_kernels`, called before any capture (a module loaded inside a capture is
+nothing ds4lab relies on).
 
-Importing this module does not import CuPy or cuda-bindings.
-"""
+Importing this module does not import CuPy or cuda-bindings."""
 
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ def _cudadrv():
 
 
 class BodyGraph(CupyGraph):
-    """A graph ds4lab does not own (a conditional node's body, or the graph a live capture fills):
-    queried and captured into, never destroyed here (CUDA destroys it with its node or its capture)."""
+    """A graph ds4lab does not own (a conditional node's body, or the graph a live capture fills): queried and captured
+    into, never destroyed here (CUDA destroys it with its node or its capture)."""
 
     def __init__(self, cp, handle: int) -> None:
         super().__init__(cp, handle)
@@ -43,8 +42,8 @@ class BodyGraph(CupyGraph):
 
 
 class CupyDeviceGraphsMixin(DeviceGraphApi):
-    """:class:`DeviceGraphApi` for :class:`~ds4lab.backends.cupy_backend.CupyBackend` (mixed in: it uses
-    the backend's ``cp``, ``_sources``, ``_ptr_stream`` and ``function``)."""
+    """:class:`DeviceGraphApi` for :class:`~ds4lab.backends.cupy_backend.CupyBackend` (mixed in: it uses the backend's
+    ``cp``, ``_sources``, ``_ptr_stream`` and ``function``)."""
 
     # ------------------------------------------------------------------ builds
     def _pdl_module(self, path):
@@ -57,8 +56,8 @@ class CupyDeviceGraphsMixin(DeviceGraphApi):
         return m
 
     def pdl_function_ptr(self, name: str) -> int:
-        """The ``CUfunction`` of kernel ``name`` in its ``pdl`` build (compiled and loaded on first use).
-        Raises KeyError naming the kernel when no ``.cu`` file defines it."""
+        """The ``CUfunction`` of kernel ``name`` in its ``pdl`` build (compiled and loaded on first use). Raises
+        KeyError naming the kernel when no ``.cu`` file defines it."""
         ptrs = self.__dict__.setdefault("_pdl_ptrs", {})
         p = ptrs.get(name)
         if p is None:
@@ -74,9 +73,9 @@ class CupyDeviceGraphsMixin(DeviceGraphApi):
         return p
 
     def prepare_device_kernels(self, names=None, programmatic: bool = False) -> None:
-        """Compile and load, now, the kernels a capture will launch: ``names`` (default every kernel) in
-        the plain build, and with ``programmatic`` their ``pdl`` build too (only kernels that carry the
-        device-side half)."""
+        """Compile and load, now, the kernels a capture will launch: ``names`` (default every kernel) in the plain
+        build, and with ``programmatic`` their ``pdl`` build too (only kernels that carry the device-side half).
+        """
         from ..executor.kernel_pdl import device_half
 
         half = device_half()

@@ -1,13 +1,12 @@
-"""The ``cupy`` backend's host-side runtime calls: copies to and from host memory (pageable or pinned),
-synchronous ``cudaMemcpy``, pinned host memory (``cudaHostAlloc``, ``cudaHostRegister``), host-only
-queries and cuBLAS handles. Mixed into :class:`ds4lab.backends.cupy_backend.CupyBackend` (which
-provides ``cp``, ``_ptr_stream`` and ``function``).
+"""The ``cupy`` backend's host-side runtime calls: copies to and from host memory (pageable or pinned), synchronous
+``cudaMemcpy``, pinned host memory (``cudaHostAlloc``, ``cudaHostRegister``), host-only queries and cuBLAS handles.
+Mixed into :class:`ds4lab.backends.cupy_backend.CupyBackend` (which provides ``cp``, ``_ptr_stream`` and
+``function``).
 
 Every CUDA status is checked: CuPy's runtime calls raise ``CUDARuntimeError`` (turned into
-:class:`~ds4lab.errors.CudaError` by ``_cuda_errors``); the ``cuda.bindings`` calls return their
-status, checked by ``_checked``; cuBLAS raises ``CUBLASError``, turned into
-:class:`~ds4lab.errors.LibraryError` (``cublas:<cublasStatus_t name>``).
-"""
+:class:`~ds4lab.errors.CudaError` by ``_cuda_errors``); the ``cuda.bindings`` calls return their status, checked by
+``_checked``; cuBLAS raises ``CUBLASError``, turned into :class:`~ds4lab.errors.LibraryError` (``cublas:<cublasStatus_t
+name>``)."""
 
 from __future__ import annotations
 
@@ -119,9 +118,9 @@ class CupyHostMixin:
 
     # ------------------------------------------------------------------ host queries
     def host_query(self, name: str) -> Any:
-        """One of :data:`~ds4lab.executor.base.HOST_QUERIES` through ``cuda.bindings`` (runtime or
-        driver), its status checked. ``cudaGetLastError`` returns the last error's number (its
-        answer, not a failure of the call)."""
+        """One of :data:`~ds4lab.executor.base.HOST_QUERIES` through ``cuda.bindings`` (runtime or driver), its status
+        checked. ``cudaGetLastError`` returns the last error's number (its answer, not a failure of the call).
+        """
         if name not in HOST_QUERIES:
             raise ValueError(f"host query {name!r}; known: {', '.join(HOST_QUERIES)}")
         cudart = _cudart()
@@ -170,16 +169,16 @@ class CupyHostMixin:
             raise _blas_error(e, "cublasDestroy") from None
 
     def blas_set_stream(self, handle: int, stream) -> None:
-        """``cublasSetStream``, called in the cuBLAS library itself (ctypes, status checked): CuPy's binding
-        refuses any call while the stream captures (its own NotImplementedError, not cuBLAS's rule), and
-        what is checked here is what cuBLAS does, as engines that capture call it."""
+        """``cublasSetStream``, called in the cuBLAS library itself (ctypes, status checked): CuPy's binding refuses
+        any call while the stream captures (its own NotImplementedError, not cuBLAS's rule), and what is checked
+        here is what cuBLAS does, as engines that capture call it."""
         lib = _libcublas()
         _blas_status(lib.cublasSetStream_v2(ctypes.c_void_p(handle), ctypes.c_void_p(self._ptr_stream(stream))),
                      "cublasSetStream")
 
     def blas_set_workspace(self, handle: int, buf) -> None:
-        """``cublasSetWorkspace`` (cuBLAS ≥ 11.3) with ``buf``'s device memory, called in the cuBLAS library
-        itself as :meth:`blas_set_stream` is (CuPy's bindings refuse calls during a capture)."""
+        """``cublasSetWorkspace`` (cuBLAS ≥ 11.3) with ``buf``'s device memory, called in the cuBLAS library itself as
+        :meth:`blas_set_stream` is (CuPy's bindings refuse calls during a capture)."""
         lib = _libcublas()
         _blas_status(lib.cublasSetWorkspace_v2(ctypes.c_void_p(handle), ctypes.c_void_p(buf.data.ptr),
                                                ctypes.c_size_t(buf.nbytes)), "cublasSetWorkspace")
@@ -201,8 +200,8 @@ _CUBLAS_STATUS = {1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FA
 
 
 def _libcublas():
-    """The cuBLAS shared library already loaded by CuPy (by soname, newest first). Raises OSError
-    naming the names tried when none loads."""
+    """The cuBLAS shared library already loaded by CuPy (by soname, newest first). Raises OSError naming the names
+    tried when none loads."""
     tried = []
     for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"):
         try:

@@ -1,24 +1,21 @@
 """Several GPUs of one host in one process through CuPy: peer copies and NCCL (``cupy.cuda.nccl``).
 
-:class:`CupyNode` is the GPU counterpart of :class:`ds4lab.sim.devices.SimNode`, with the same
-methods, so a tensor-parallel scenario or token runs on either: one
-:class:`~ds4lab.backends.cupy_backend.CupyBackend` per device (each used only from threads whose
-current device is that one: :meth:`CupyNode.on_device`), peer access and peer copies
-(``cudaDeviceEnablePeerAccess``, ``cudaMemcpyPeerAsync``, ``cudaMemcpyPeer``), and one NCCL
-communicator per device (``ncclCommInitAll``; :class:`CupyComm`), every status checked: CuPy's
-``CUDARuntimeError`` becomes :class:`~ds4lab.errors.CudaError` by its CUDA name, its ``NcclError``
-:class:`~ds4lab.errors.CollectiveError` named ``nccl:<ncclResult_t name>``.
+:class:`CupyNode` is the GPU counterpart of :class:`ds4lab.sim.devices.SimNode`, with the same methods, so a
+tensor-parallel scenario or token runs on either: one :class:`~ds4lab.backends.cupy_backend.CupyBackend` per device
+(each used only from threads whose current device is that one: :meth:`CupyNode.on_device`), peer access and peer copies
+(``cudaDeviceEnablePeerAccess``, ``cudaMemcpyPeerAsync``, ``cudaMemcpyPeer``), and one NCCL communicator per device
+(``ncclCommInitAll``; :class:`CupyComm`), every status checked: CuPy's ``CUDARuntimeError`` becomes
+:class:`~ds4lab.errors.CudaError` by its CUDA name, its ``NcclError`` :class:`~ds4lab.errors.CollectiveError` named
+``nccl:<ncclResult_t name>``.
 
-No call here may hang the process: a collective whose peers never take part blocks its stream, not
-the host (NCCL's calls return once enqueued), and :meth:`CupyNode.wait_stream` polls the stream
-(``cudaStreamQuery``) for at most ``collective_timeout_s`` before aborting every communicator of
-the node (``ncclCommAbort``, which ends the operations still outstanding) and raising
-``nccl:timeout``. Callers that wait for a stream with collectives on it wait through it, never with
-a bare ``cudaStreamSynchronize``.
+No call here may hang the process: a collective whose peers never take part blocks its stream, not the host (NCCL's
+calls return once enqueued), and :meth:`CupyNode.wait_stream` polls the stream (``cudaStreamQuery``) for at most
+``collective_timeout_s`` before aborting every communicator of the node (``ncclCommAbort``, which ends the operations
+still outstanding) and raising ``nccl:timeout``. Callers that wait for a stream with collectives on it wait through it,
+never with a bare ``cudaStreamSynchronize``.
 
-Importing this module imports neither CuPy nor NCCL; :func:`node_unavailable` says why a node of
-``n`` GPUs cannot be made here.
-"""
+Importing this module imports neither CuPy nor NCCL; :func:`node_unavailable` says why a node of ``n`` GPUs cannot be
+made here."""
 
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ import time
 
 from ..capture.stream import LEGACY_STREAM
 from ..errors import CollectiveError, CudaError
-from ..executor.base import BackendUnavailable
+from ..executor.base import BackendUnavailable, check_all_reduce
 from .cupy_runtime import _cuda_errors, _error_name
 
 #: ``ncclResult_t`` names by number (NCCL API, "Types": ncclResult_t).
@@ -37,8 +34,8 @@ _NOT_READY = 600
 
 
 def node_unavailable(n_devices: int = 2) -> str | None:
-    """Why a :class:`CupyNode` of ``n_devices`` GPUs cannot be made here (CuPy missing, fewer GPUs, CuPy
-    without NCCL), or None when it can."""
+    """Why a :class:`CupyNode` of ``n_devices`` GPUs cannot be made here (CuPy missing, fewer GPUs, CuPy without NCCL),
+    or None when it can."""
     try:
         import cupy
     except Exception as e:  # ImportError, or a broken CUDA install raising at import
@@ -87,24 +84,18 @@ class CupyComm:
         self.aborted = False
 
     def all_reduce(self, send, recv, stream, op: str = "sum") -> None:
-        """``ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream)`` with this rank's
-        device current; returns once enqueued (the stream waits for the peers).
+        """``ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream)`` with this rank's device current;
+        returns once enqueued (the stream waits for the peers).
 
         Raises:
             ValueError: another type than float32, sizes that differ, or another op than sum.
-            CollectiveError: NCCL's status (``nccl:ncclInvalidUsage``, ...), or ``nccl:ncclInvalidUsage``
-                after :meth:`abort`.
-            CudaError: a CUDA error CuPy raised.
-        """
-        import numpy as np
+            CollectiveError: NCCL's status (``nccl:ncclInvalidUsage``, ...), or ``nccl:ncclInvalidUsage`` after
+                :meth:`abort`.
+            CudaError: a CUDA error CuPy raised."""
         from cupy.cuda import nccl
 
         call = "ncclAllReduce"
-        if op != "sum":
-            raise ValueError(f"all_reduce: op={op!r}; ds4lab uses ncclSum")
-        if np.dtype(send.dtype) != np.float32 or np.dtype(recv.dtype) != np.float32 or send.size != recv.size:
-            raise ValueError(f"all_reduce: float32 buffers of one size, got {send.dtype}[{send.size}] → "
-                             f"{recv.dtype}[{recv.size}]")
+        check_all_reduce(send, recv, op)
         if self.aborted:
             raise CollectiveError("nccl:ncclInvalidUsage", call, f"rank {self.rank}: the communicator was aborted")
         ptr = 0 if stream is LEGACY_STREAM else stream.ptr
@@ -133,12 +124,11 @@ class CupyNode:
     Args:
         n_devices: GPUs to use (>= 2 for anything between devices).
         seed: weight seed of every device's backend.
-        collective_timeout_s: how long :meth:`wait_stream` waits for a stream holding collectives
-            before aborting the communicators.
+        collective_timeout_s: how long :meth:`wait_stream` waits for a stream holding collectives before aborting the
+            communicators.
 
     Raises:
-        BackendUnavailable: :func:`node_unavailable` says why (fewer GPUs, no NCCL, no CuPy).
-    """
+        BackendUnavailable: :func:`node_unavailable` says why (fewer GPUs, no NCCL, no CuPy)."""
 
     name = "cupy"
 
@@ -176,8 +166,8 @@ class CupyNode:
         return self.cp.cuda.Device(device)
 
     def on_device(self, device: int):
-        """``cudaSetDevice(device)`` for the calling thread (a rank's thread calls it first). Returns the
-        device's backend."""
+        """``cudaSetDevice(device)`` for the calling thread (a rank's thread calls it first). Returns the device's
+        backend."""
         be = self.backend(device)
         with _cuda_errors("cudaSetDevice"):
             self.cp.cuda.Device(device).use()
@@ -196,8 +186,8 @@ class CupyNode:
 
     # ------------------------------------------------------------------ peer copies
     def memcpy_peer_async(self, dst, dst_device: int, src, src_device: int, stream, device: int) -> None:
-        """``cudaMemcpyPeerAsync`` on ``stream`` (a stream of ``device``, the source or destination device).
-        Raises ValueError (sizes, device) or CudaError."""
+        """``cudaMemcpyPeerAsync`` on ``stream`` (a stream of ``device``, the source or destination device). Raises
+        ValueError (sizes, device) or CudaError."""
         if dst.nbytes != src.nbytes:
             raise ValueError(f"cudaMemcpyPeerAsync: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
         if device not in (dst_device, src_device):
@@ -216,8 +206,8 @@ class CupyNode:
 
     # ------------------------------------------------------------------ NCCL
     def comm_init_all(self, devices: list[int] | None = None) -> list[CupyComm]:
-        """``ncclCommInitAll`` over ``devices`` (default every device): one :class:`CupyComm` per rank.
-        Raises ValueError for a device named twice, CollectiveError / CudaError from NCCL."""
+        """``ncclCommInitAll`` over ``devices`` (default every device): one :class:`CupyComm` per rank. Raises
+        ValueError for a device named twice, CollectiveError / CudaError from NCCL."""
         from cupy.cuda import nccl
 
         devs = list(range(self.n_devices)) if devices is None else list(devices)
@@ -233,8 +223,8 @@ class CupyNode:
         return group
 
     def abort_all(self) -> list[str]:
-        """``ncclCommAbort`` on every communicator of the node; returns the errors aborting raised (as
-        text; an abort that fails leaves nothing else to do)."""
+        """``ncclCommAbort`` on every communicator of the node; returns the errors aborting raised (as text; an abort
+        that fails leaves nothing else to do)."""
         errors = []
         for group in self._comms:
             for c in group:
@@ -245,14 +235,13 @@ class CupyNode:
         return errors
 
     def wait_stream(self, device: int, stream, timeout_s: float | None = None) -> None:
-        """Wait for ``stream`` of ``device`` by polling ``cudaStreamQuery`` (never a blocking synchronize:
-        a collective whose peers never come would hang it). After ``timeout_s`` (default the node's)
-        every communicator is aborted and ``nccl:timeout`` raised.
+        """Wait for ``stream`` of ``device`` by polling ``cudaStreamQuery`` (never a blocking synchronize: a collective
+        whose peers never come would hang it). After ``timeout_s`` (default the node's) every communicator is
+        aborted and ``nccl:timeout`` raised.
 
         Raises:
             CollectiveError: ``nccl:timeout``; an asynchronous NCCL error of a communicator.
-            CudaError: any other status the stream returns.
-        """
+            CudaError: any other status the stream returns."""
         limit = self.collective_timeout_s if timeout_s is None else float(timeout_s)
         ptr = 0 if stream is LEGACY_STREAM else stream.ptr
         deadline = time.monotonic() + limit

@@ -1,7 +1,7 @@
-"""The CUDA runtime and driver calls behind the ``cupy`` backend that CuPy does not wrap the way
-ds4lab needs them: CUDA error names from statuses and CuPy's messages, status checks that never
-swallow a code (CuPy returns some instead of raising), the captured graph and executable graph
-objects, and ``cuGraphExecUpdate`` through the driver so its result info is kept."""
+"""The CUDA runtime and driver calls behind the ``cupy`` backend that CuPy does not wrap the way ds4lab needs them:
+CUDA error names from statuses and CuPy's messages, status checks that never swallow a code (CuPy returns some
+instead of raising), the captured graph and executable graph objects, and ``cuGraphExecUpdate`` through the driver
+so its result info is kept."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import functools
 import re
 
 def cuda_error_name(message: str, status=None) -> str:
-    """The runtime-API error name (``cudaErrorStreamCaptureImplicit``) in a CuPy error message;
-    driver names (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``, from kernel launches) are mapped to it."""
+    """The runtime-API error name (``cudaErrorStreamCaptureImplicit``) in a CuPy error message; driver names
+    (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``, from kernel launches) are mapped to it."""
     head = message.split(":", 1)[0].strip()
     if head.startswith("cudaError"):
         return head
@@ -35,8 +35,8 @@ _NOT_READY = 600
 
 
 def _cudart():
-    """``cuda.bindings.runtime`` (cuda-bindings 12/13), or the older ``cuda.cudart``; imported only by
-    the graph calls CuPy lacks, so CPU paths never need it. Raises ImportError naming the package."""
+    """``cuda.bindings.runtime`` (cuda-bindings 12/13), or the older ``cuda.cudart``; imported only by the graph calls
+    CuPy lacks, so CPU paths never need it. Raises ImportError naming the package."""
     try:
         from cuda.bindings import runtime as cudart
     except ImportError:
@@ -59,8 +59,8 @@ _ERROR_NAMES = {1: "cudaErrorInvalidValue", 400: "cudaErrorInvalidResourceHandle
 
 
 def _error_name(code: int) -> str:
-    """The ``cudaError_t`` name of a status number (``cudaErrorStreamCaptureUnsupported`` for 900):
-    CuPy's own message, else ``cuda.bindings``' enum, else :data:`_ERROR_NAMES`."""
+    """The ``cudaError_t`` name of a status number (``cudaErrorStreamCaptureUnsupported`` for 900): CuPy's own message,
+    else ``cuda.bindings``' enum, else :data:`_ERROR_NAMES`."""
     try:
         import cupy
 
@@ -88,8 +88,8 @@ def _ready(status, call: str) -> bool:
 
 
 def _checked(call: str, res):
-    """A ``cuda.bindings`` result ``(err, *values)``: raises CudaError unless ``err`` is success;
-    returns the one value (or the tuple of values, or None)."""
+    """A ``cuda.bindings`` result ``(err, *values)``: raises CudaError unless ``err`` is success; returns the one value
+    (or the tuple of values, or None)."""
     err = res[0] if isinstance(res, tuple) else res
     code = int(err)
     if code != 0:
@@ -107,8 +107,8 @@ class _UpdateResultInfo(ctypes.Structure):
 
 
 class _KernelNodeParams(ctypes.Structure):
-    """``CUDA_KERNEL_NODE_PARAMS_v2`` (CUDA Driver API, "Data types"): the function, grid, block,
-    dynamic shared memory, the argument pointer array, and the CUkernel / context (NULL here)."""
+    """``CUDA_KERNEL_NODE_PARAMS_v2`` (CUDA Driver API, "Data types"): the function, grid, block, dynamic shared
+    memory, the argument pointer array, and the CUkernel / context (NULL here)."""
 
     _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
                 ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
@@ -119,8 +119,8 @@ class _KernelNodeParams(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def _libcuda():
-    """The CUDA driver library (``libcuda.so.1``, always present beside a driver), with the entry
-    points ds4lab calls directly typed."""
+    """The CUDA driver library (``libcuda.so.1``, always present beside a driver), with the entry points ds4lab calls
+    directly typed."""
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuGraphExecUpdate_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResultInfo)]
     lib.cuGraphExecUpdate_v2.restype = ctypes.c_int
@@ -137,8 +137,8 @@ def _libcuda():
 
 
 def _driver_checked(call: str, status: int) -> None:
-    """Raise :class:`ds4lab.errors.CudaError` for a driver status other than success (driver and
-    runtime share the numbers of the statuses these calls return)."""
+    """Raise :class:`ds4lab.errors.CudaError` for a driver status other than success (driver and runtime share the
+    numbers of the statuses these calls return)."""
     if status:
         from ..errors import CudaError
 
@@ -146,8 +146,8 @@ def _driver_checked(call: str, status: int) -> None:
 
 
 def graph_kernel_nodes(graph_handle: int) -> list[tuple[int, int]]:
-    """The kernel nodes of a graph as ``(node handle, CUfunction)``, in the order ``cuGraphGetNodes``
-    returns them (the order of their creation: the capture's launch order). Raises CudaError."""
+    """The kernel nodes of a graph as ``(node handle, CUfunction)``, in the order ``cuGraphGetNodes`` returns them (the
+    order of their creation: the capture's launch order). Raises CudaError."""
     lib = _libcuda()
     n = ctypes.c_size_t(0)
     _driver_checked("cuGraphGetNodes", lib.cuGraphGetNodes(ctypes.c_void_p(graph_handle), None, ctypes.byref(n)))
@@ -165,8 +165,8 @@ def graph_kernel_nodes(graph_handle: int) -> list[tuple[int, int]]:
 
 
 def _c_arg(a):
-    """One kernel argument as the ctypes value the kernel's parameter holds: a device array → its
-    address; a NumPy scalar → the C type of its dtype. Raises TypeError for anything else."""
+    """One kernel argument as the ctypes value the kernel's parameter holds: a device array → its address; a NumPy
+    scalar → the C type of its dtype. Raises TypeError for anything else."""
     import numpy as np
 
     ptr = getattr(getattr(a, "data", None), "ptr", None)
@@ -182,9 +182,9 @@ def _c_arg(a):
 
 
 def exec_kernel_node_set_params(exec_handle: int, node: int, func: int, grid, block, shared: int, args) -> None:
-    """``cuGraphExecKernelNodeSetParams`` (CUDA Driver API; ``cudaGraphExecKernelNodeSetParams`` in the
-    runtime): the executable's copy of kernel ``node`` gets ``func``, ``grid``, ``block``, ``shared`` and
-    ``args`` for its next launches (the graph's own node is unchanged). Raises CudaError."""
+    """``cuGraphExecKernelNodeSetParams`` (CUDA Driver API; ``cudaGraphExecKernelNodeSetParams`` in the runtime): the
+    executable's copy of kernel ``node`` gets ``func``, ``grid``, ``block``, ``shared`` and ``args`` for its next
+    launches (the graph's own node is unchanged). Raises CudaError."""
     vals = [_c_arg(a) for a in args]
     ptrs = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
     g = tuple(grid) + (1,) * (3 - len(grid))
@@ -197,9 +197,9 @@ def exec_kernel_node_set_params(exec_handle: int, node: int, func: int, grid, bl
 
 
 def _driver_graph_exec_update(exec_handle: int, graph_handle: int) -> tuple[int, int, int]:
-    """``cuGraphExecUpdate_v2`` (CUDA Driver API; the runtime's cudaGraphExec_t/cudaGraph_t are the
-    driver's CUgraphExec/CUgraph): ``(status, cudaGraphExecUpdateResult, errorNode handle or 0)``.
-    Driver and runtime share the status numbers this call returns (910: update failure)."""
+    """``cuGraphExecUpdate_v2`` (CUDA Driver API; the runtime's cudaGraphExec_t/cudaGraph_t are the driver's
+    CUgraphExec/CUgraph): ``(status, cudaGraphExecUpdateResult, errorNode handle or 0)``. Driver and runtime share
+    the status numbers this call returns (910: update failure)."""
     info = _UpdateResultInfo()
     err = _libcuda().cuGraphExecUpdate_v2(ctypes.c_void_p(int(exec_handle)), ctypes.c_void_p(int(graph_handle)),
                                           ctypes.byref(info))
@@ -218,8 +218,8 @@ def _driver_node_type(node: int) -> str | None:
 
 
 class _cuda_errors:
-    """Context manager: CuPy's ``CUDARuntimeError`` / ``CUDADriverError`` → :class:`ds4lab.errors.CudaError`
-    (the runtime-API name, driver names mapped by :func:`cuda_error_name`)."""
+    """Context manager: CuPy's ``CUDARuntimeError`` / ``CUDADriverError`` → :class:`ds4lab.errors.CudaError` (the
+    runtime-API name, driver names mapped by :func:`cuda_error_name`)."""
 
     def __init__(self, call: str) -> None:
         self.call = call
@@ -236,8 +236,8 @@ class _cuda_errors:
 
 
 class _OwnedHandle:
-    """A CUDA handle destroyed with the object, or at once by :meth:`destroy` (``_DESTROY``: the CuPy
-    runtime function, ``_CALL``: the CUDA call it makes, named in errors)."""
+    """A CUDA handle destroyed with the object, or at once by :meth:`destroy` (``_DESTROY``: the CuPy runtime function,
+    ``_CALL``: the CUDA call it makes, named in errors)."""
 
     _DESTROY = _CALL = ""
 

@@ -1,13 +1,11 @@
-"""The check of a calibration against a record: the sim's modeled stages beside a measured ladder or
-context record, per stage and context, modeled µs per token over measured (``ds4lab calibrate
---from-ladder`` prints it; the tests hold the shipped calibration to the H200 record this way).
+"""The check of a calibration against a record: the sim's modeled stages beside a measured ladder or context record,
+per stage and context, modeled µs per token over measured (``ds4lab calibrate --from-ladder`` prints it; the tests
+hold the shipped calibration to the H200 record this way).
 
-The sim models the record's own table (:mod:`ds4lab.calibration.modeled`: the ladder or the context
-ladder on its configuration: preset, stages, start position or contexts, capture mode, long-context
-token) in timing-only mode, with the calibration given, and the two tables are joined on stage and
-context. A ratio inside ``1 ± tolerance`` is said to agree (:mod:`ds4lab.calibration.record`: the
-record's reader and the tolerance).
-"""
+The sim models the record's own table (:mod:`ds4lab.calibration.modeled`: the ladder or the context ladder on its
+configuration: preset, stages, start position or contexts, capture mode, long-context token) in timing-only mode, with
+the calibration given, and the two tables are joined on stage and context. A ratio inside ``1 ± tolerance`` is said to
+agree (:mod:`ds4lab.calibration.record`: the record's reader and the tolerance)."""
 
 from __future__ import annotations
 
@@ -37,10 +35,8 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
         one measured).
 
     Raises:
-        ValueError: not a measured ladder or context folder, or its table names no single preset
-            (names it).
-        ds4lab.errors.CalibrationError: an invalid calibration.
-    """
+        ValueError: not a measured ladder or context folder, or its table names no single preset (names it).
+        ds4lab.errors.CalibrationError: an invalid calibration."""
     folder = Path(folder)
     job, meta, measured = read_record(folder)
     if "preset" not in measured.columns or measured["preset"].nunique() != 1:

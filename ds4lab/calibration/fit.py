@@ -1,7 +1,7 @@
-"""The one entry the ``calibrate`` job calls: :func:`fit` makes a calibration from one source of
-measurements (this GPU, or a measured folder of another command) and returns it with its tables and
-what to show (:class:`Fitted`); :func:`write_calibration` writes a file. A new fit is a module of
-``ds4lab/calibration/`` and a row of :data:`SOURCES` (``docs/calibration.md``)."""
+"""The one entry the ``calibrate`` job calls: :func:`fit` makes a calibration from one source of measurements (this
+GPU, or a measured folder of another command) and returns it with its tables and what to show (:class:`Fitted`);
+:func:`write_calibration` writes a file. A new fit is a module of ``ds4lab/calibration/`` and a row of
+:data:`SOURCES` (``docs/calibration.md``)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ class Fitted:
         calibration: the calibration (a dict; :func:`ds4lab.sim.calibration.validate` it before use).
         tables: its tables by name (pandas): what it was fitted from, and its checks.
         lines: what a console shows of it (strings with rich markup, and rich tables), in order.
-        value: the fit's own object where it has one (the tiled MoE fits).
-    """
+        value: the fit's own object where it has one (the tiled MoE fits)."""
 
     calibration: dict
     tables: dict = field(default_factory=dict)
@@ -45,13 +44,12 @@ def fit(source: str, *, base: dict | None = None, inputs=None, be=None, preset: 
         base: the calibration the fits extend (every source but ``gpu``; a parsed, valid calibration).
         inputs: the measured folder(s): ``moe`` and ``context`` one path, ``ladder`` and ``ds4`` several.
         be: the GPU backend (``gpu``, ``long-context``).
-        preset: the model (None: each source's default: ``small`` on a GPU, ``ds4-flash`` for the
-            long-context token and ds4, the folder's own for ``context``).
+        preset: the model (None: each source's default: ``small`` on a GPU, ``ds4-flash`` for the long-context token
+            and ds4, the folder's own for ``context``).
         say: a callable given progress lines while the fit runs (None: quiet).
 
     Raises:
-        ValueError: a bad folder or value (each fit names it); KeyError: an unknown source.
-    """
+        ValueError: a bad folder or value (each fit names it); KeyError: an unknown source."""
     if source not in SOURCES:
         raise KeyError(f"unknown calibration source {source!r}; sources: {', '.join(SOURCES)}")
     return _FITS[source](base=base, inputs=inputs, be=be, preset=preset, say=say)
@@ -142,8 +140,8 @@ class _Say:
 
 
 def write_calibration(cal: dict, path: Path) -> None:
-    """Write a calibration file (atomically). Raises :class:`ds4lab.errors.CalibrationError` for a
-    path in ds4lab's own data folder (:func:`ds4lab.sim.calibration.refuse_shipped`)."""
+    """Write a calibration file (atomically). Raises :class:`ds4lab.errors.CalibrationError` for a path in ds4lab's own
+    data folder (:func:`ds4lab.sim.calibration.refuse_shipped`)."""
     from ..report import results
     from ..sim.calibration import refuse_shipped
 

@@ -1,10 +1,9 @@
-"""``ds4lab calibrate --from-context``: the sim's two device-graph constants, ``pdl_edge_us`` (stage 3p's
-programmatic edges) and ``graph_conditional_us`` (stage 3cc's conditional nodes), fitted from a
-measured ``ds4lab context`` folder of stages 3, 3p and 3cc, no GPU needed: the value of each at which
-the sim's paired gain over stage 3 equals the measured one, at each measurable context, checked for
-the sim's linearity around it (:func:`fit_capture_stages`). The fit, its linearity check, the median
-and the clamp are explained in ``docs/calibration.md``.
-"""
+"""``ds4lab calibrate --from-context``: the sim's two device-graph constants, ``pdl_edge_us`` (stage 3p's programmatic
+edges) and ``graph_conditional_us`` (stage 3cc's conditional nodes), fitted from a measured ``ds4lab context``
+folder of stages 3, 3p and 3cc, no GPU needed: the value of each at which the sim's paired gain over stage 3 equals
+the measured one, at each measurable context, checked for the sim's linearity around it
+(:func:`fit_capture_stages`). The fit, its linearity check, the median and the clamp are explained in
+``docs/calibration.md``."""
 
 from __future__ import annotations
 
@@ -48,10 +47,9 @@ def read_context_gains(folder) -> tuple[dict, pd.DataFrame]:
         ``preset``), contexts ascending.
 
     Raises:
-        ValueError: not a ds4lab context folder (a ladder, no meta.json), one modeled on the sim, a
-            run that did not finish, a table lacking a column the fit reads, without stage 3, 3p or
-            3cc at some context, with gains paired against another stage than 3, or a gain that is
-            not a number (each named, with the folder or file).
+        ValueError: not a ds4lab context folder (a ladder, no meta.json), one modeled on the sim, a run that did not
+            finish, a table lacking a column the fit reads, without stage 3, 3p or 3cc at some context, with gains
+            paired against another stage than 3, or a gain that is not a number (each named, with the folder or file).
     """
     folder = Path(folder)
     job, meta, d = read_record(folder)
@@ -97,9 +95,9 @@ def read_context_gains(folder) -> tuple[dict, pd.DataFrame]:
 
 
 def measurable(gain_us: float, lo: float, hi: float, flag: bool = True) -> bool:
-    """Whether a measured gain fits anything: its table says measurable (``flag``) and its 95 %
-    interval ``[lo, hi]`` (µs) excludes zero (:attr:`ds4lab.timing.Difference.measurable`). A gain
-    outside its own interval (a hand-made table) is not measurable either."""
+    """Whether a measured gain fits anything: its table says measurable (``flag``) and its 95 % interval ``[lo, hi]``
+    (µs) excludes zero (:attr:`ds4lab.timing.Difference.measurable`). A gain outside its own interval (a hand-made
+    table) is not measurable either."""
     return bool(flag) and (lo > 0 or hi < 0) and lo <= gain_us <= hi
 
 
@@ -107,8 +105,8 @@ def solve(points, target: float) -> tuple[float, float]:
     """The value ``x`` at which the piecewise-linear line through ``points`` reaches ``target``.
 
     Args:
-        points: ``[(x, gain)]`` of one context, ``x`` ascending and distinct (µs of the constant, µs
-            of gain), at least two, gain monotone in ``x``.
+        points: ``[(x, gain)]`` of one context, ``x`` ascending and distinct (µs of the constant, µs of gain), at least
+            two, gain monotone in ``x``.
         target: the gain (µs) to reach.
 
     Returns:
@@ -117,9 +115,8 @@ def solve(points, target: float) -> tuple[float, float]:
         when that is 0) or the last segment, extended; ``slope`` that segment's µs of gain per µs.
 
     Raises:
-        ValueError: fewer than two points, or the segment used is flat (the gain does not move with
-            the constant there: nothing to solve).
-    """
+        ValueError: fewer than two points, or the segment used is flat (the gain does not move with the constant there:
+            nothing to solve)."""
     pts = sorted((float(x), float(g)) for x, g in points)
     if len(pts) < 2:
         raise ValueError("two sampled values at least are needed to solve for a constant")
@@ -140,17 +137,17 @@ def solve(points, target: float) -> tuple[float, float]:
 
 
 def _collinear(pts, tol: float) -> bool:
-    """Whether every point of ``pts`` (``[(x, g)]``, ascending, three or more) lies within ``tol`` µs of the
-    chord through the first and the last."""
+    """Whether every point of ``pts`` (``[(x, g)]``, ascending, three or more) lies within ``tol`` µs of the chord
+    through the first and the last."""
     (x0, g0), (x1, g1) = pts[0], pts[-1]
     return all(abs(g - (g0 + (g1 - g0) * (x - x0) / (x1 - x0))) <= tol for x, g in pts[1:-1])
 
 
 def _checked(pts, x: float, target: float, tol: float) -> bool | None:
-    """Whether ``x`` (solved through ``pts``) is known to give ``target``: a sampled value there whose gain
-    is ``target`` (True), or the segment it was solved on collinear with a sampled neighbour on each side
-    that exists, three points at least (True); False where those points are not collinear; None where
-    no third point tells yet."""
+    """Whether ``x`` (solved through ``pts``) is known to give ``target``: a sampled value there whose gain is
+    ``target`` (True), or the segment it was solved on collinear with a sampled neighbour on each side that exists,
+    three points at least (True); False where those points are not collinear; None where no third point tells yet.
+    """
     pts = sorted(pts)
     xs = [p[0] for p in pts]
     for px, pg in pts:
@@ -178,8 +175,8 @@ def _median(values) -> float:
 
 
 def calibration_value(values) -> float | None:
-    """The value a calibration stores from per-context fitted values (µs): ``max(0, median)``, rounded to
-    the nanosecond; None for no values (nothing measurable: the constant keeps its earlier value)."""
+    """The value a calibration stores from per-context fitted values (µs): ``max(0, median)``, rounded to the
+    nanosecond; None for no values (nothing measurable: the constant keeps its earlier value)."""
     values = [float(v) for v in values]
     if not values:
         return None
@@ -189,15 +186,15 @@ def calibration_value(values) -> float | None:
 def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens: int | None = None,
                        probe: dict | None = None, tolerance_us: float = TOLERANCE_US, max_runs: int = MAX_RUNS,
                        say=None) -> tuple[dict, pd.DataFrame]:
-    """``base`` with ``pdl_edge_us`` and ``graph_conditional_us`` fitted from a measured context folder
-    of stages 3, 3p and 3cc (``docs/calibration.md``: the fit, its linearity, the median and the clamp).
+    """``base`` with ``pdl_edge_us`` and ``graph_conditional_us`` fitted from a measured context folder of stages 3, 3p
+    and 3cc (``docs/calibration.md``: the fit, its linearity, the median and the clamp).
 
     Args:
         base: the calibration to extend (a parsed, valid calibration dict).
         folder: a ``ds4lab context`` folder measured on a GPU (:func:`read_context_gains`).
         preset: the preset the sim models; None: the folder's (a different one is refused).
-        tokens: tokens the sim times per stage and context; None: the folder's ``meta.json`` ``tokens``
-            (the sim's median token then has the measured run's mix of captures and replays).
+        tokens: tokens the sim times per stage and context; None: the folder's ``meta.json`` ``tokens`` (the sim's
+            median token then has the measured run's mix of captures and replays).
         probe: the second value (µs) of each constant the sim is run at (default :data:`PROBE`).
         tolerance_us: µs within which two sim gains agree (the linearity check).
         max_runs: the most sim runs (each at every context of the folder), two at least.
@@ -220,13 +217,12 @@ def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens:
         sim's gain at that value: the check against ``measured_gain_us``); ``sim_runs``.
 
     Raises:
-        ValueError: a bad folder (:func:`read_context_gains`), a preset other than the folder's, a
-            table naming no single preset, bad ``tokens``, ``probe`` or ``max_runs``, or a sim gain
-            that does not move with its constant (each named).
+        ValueError: a bad folder (:func:`read_context_gains`), a preset other than the folder's, a table naming no
+            single preset, bad ``tokens``, ``probe`` or ``max_runs``, or a sim gain that does not move with its
+            constant (each named).
         ds4lab.errors.CalibrationError: ``base`` with a probed value is not a valid calibration.
-        RuntimeError: a sim gain that moved with the other constant (the two would then need one run
-            each: the sim's model changed).
-    """
+        RuntimeError: a sim gain that moved with the other constant (the two would then need one run each: the sim's
+            model changed)."""
     folder = Path(folder)
     meta, rows = read_context_gains(folder)
     preset, tokens, probe = _checked_inputs(folder, meta, rows, preset, tokens, probe, max_runs)
@@ -267,8 +263,8 @@ def _checked_inputs(folder: Path, meta: dict, rows, preset, tokens, probe, max_r
 
 
 class _StageFit:
-    """The sim's paired gains of 3p and 3cc over 3 sampled at values of the two constants, per context
-    (one sim run gives both: 3 and 3cc have no programmatic edge, 3 and 3p no conditional node)."""
+    """The sim's paired gains of 3p and 3cc over 3 sampled at values of the two constants, per context (one sim run
+    gives both: 3 and 3cc have no programmatic edge, 3 and 3p no conditional node)."""
 
     def __init__(self, base: dict, rows, preset: str, tokens: int, tolerance_us: float, say) -> None:
         self.base, self.preset, self.tokens, self.tol, self.say = base, preset, tokens, tolerance_us, say
@@ -303,8 +299,8 @@ class _StageFit:
         return measurable(r.gain_us, r.gain_lo, r.gain_hi, r.gain_measurable)
 
     def solve_all(self) -> dict:
-        """{figure: {context: {which: (x, slope, checked)}}} for the measurable contexts; ``which``: the
-        measured gain and its interval's ends."""
+        """{figure: {context: {which: (x, slope, checked)}}} for the measurable contexts; ``which``: the measured gain
+        and its interval's ends."""
         out = {}
         for f in FITTED:
             out[f] = {}
@@ -323,8 +319,8 @@ class _StageFit:
         return out
 
     def next_values(self, sol: dict, cal_x: dict) -> dict:
-        """The values to run the sim at next: one past the largest sampled where a value was solved beyond
-        it, else the calibration's own value (the check), else a solved value not yet shown linear."""
+        """The values to run the sim at next: one past the largest sampled where a value was solved beyond it, else the
+        calibration's own value (the check), else a solved value not yet shown linear."""
         want = {}
         for f in FITTED:
             sampled = set().union(*(set(self.samples[f][c]) for c in self.contexts))
@@ -371,8 +367,8 @@ class _StageFit:
 
 
 def _calibration(base: dict, folder: Path, meta: dict, preset: str, contexts, sol: dict, cal_x: dict) -> dict:
-    """``base`` with each fitted constant replaced and marked MEASURED in ``notes``, ``name`` and ``source``
-    naming the folder and its GPU, driver, source digest and git revision."""
+    """``base`` with each fitted constant replaced and marked MEASURED in ``notes``, ``name`` and ``source`` naming the
+    folder and its GPU, driver, source digest and git revision."""
     out = dict(base)
     notes = base.get("notes")
     notes = dict(notes) if isinstance(notes, dict) else ({"notes": notes} if notes else {})

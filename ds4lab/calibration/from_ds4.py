@@ -1,6 +1,6 @@
-"""A calibration at ds4's own costs, from measured ``ds4lab ds4`` folders (``calibrate --from-ds4``, no
-GPU: :func:`fit_from_ds4`, with its check against ds4 itself), and ds4lab's token priced at other host
-costs (:func:`host_whatif`). Every sim figure here is MODELED (:mod:`ds4lab.calibration.modeled`)."""
+"""A calibration at ds4's own costs, from measured ``ds4lab ds4`` folders (``calibrate --from-ds4``, no GPU:
+:func:`fit_from_ds4`, with its check against ds4 itself), and ds4lab's token priced at other host costs
+(:func:`host_whatif`). Every sim figure here is MODELED (:mod:`ds4lab.calibration.modeled`)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def read_ds4_folder(folder: Path):
 
 
 def as_folders(folders) -> list[Path]:
-    """``folders`` (one path, or an iterable of paths) as a list of Paths. Raises ValueError for none,
-    or a folder named twice."""
+    """``folders`` (one path, or an iterable of paths) as a list of Paths. Raises ValueError for none, or a folder
+    named twice."""
     got = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
     if not got:
         raise ValueError("--from-ds4: no ds4lab ds4 folder given")
@@ -62,56 +62,28 @@ def as_folders(folders) -> list[Path]:
 
 
 def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 32, stages: str = "0,i,3,3cc,3ccp"):
-    """A calibration that prices ds4lab's launch list at ds4's own costs, from one or more measured
-    ``ds4lab ds4`` folders (no GPU), and the check of the sim with it against ds4.
+    """A calibration that prices ds4lab's launch list at ds4's own costs, fitted from one or more measured ``ds4lab
+    ds4`` folders (no GPU): ``host_launch_us``, ``host_graph_call_us``, ``eager_gap_us`` and the kernel time factor
+    at each recorded context (``kernel_time_scale``, and ``kernel_time_scale_by_context`` with two or more
+    contexts); then the sim's context ladder with it beside ds4's measured µs per token (stages 0 and i against
+    islands off and on, the stages ds4 does not ship MODELED). What each figure is and how it is checked:
+    ``docs/calibration.md``, "--from-ds4".
 
-    ``folder``: one folder (a path) or several (an iterable of paths): their recorded tokens are
-    pooled, their recorded contexts give the kernel time factor by context.
-
-    Fitted (medians over the recorded tokens of every folder's ``census.csv``; ``base`` keeps
-    everything else):
-
-    * ``host_launch_us``: ds4's host span per token to the end of its last launch call over its
-      kernel launch calls, islands off (CUPTI's own cost per call included);
-    * ``host_graph_call_us``: islands on, ``(span - launches * host_launch_us) / graph launches -
-      host_graph_launch_us``: ds4's own work around each island's replay;
-    * ``eager_gap_us``: islands off, the recorded tokens' kernel span less their kernel-busy µs, per
-      boundary between two kernels (``(span - busy) / (kernels - 1)``): the device's idle before each
-      eager kernel, which the islands' graph nodes are spared (the median over tokens; tokens the
-      host ran behind, ``enqueue_us`` above ``span_us``, are left out: their idle is the host's);
-    * the kernel time factor at each recorded context: ds4's median kernel-busy µs per token there
-      (islands off, every folder's tokens at that context) over the sim's modeled busy floor of
-      ds4lab's token at that context with ``base``'s kernel fits (factor 1): ds4's kernels, one
-      factor on every one of ds4lab's at that context. ``kernel_time_scale`` is the median of these
-      factors (the one factor, as a reader without the next key uses it); with two or more recorded
-      contexts they are also written as ``kernel_time_scale_by_context`` (``[[context, factor], ...]``,
-      ascending: :meth:`ds4lab.sim.costmodel.Calibration.scale_at` interpolates it in log2(context)),
-      with one recorded context that key is dropped (a ``base`` that had one included).
-
-    Then the sim's context ladder (``stages``, at every context any ``summary.csv`` measured) with
-    the new calibration (each context priced at its own factor), beside ds4's measured µs per token:
-    stage 0 against islands off, stage i against islands on (``ratio`` modeled / measured, ``agrees``
-    within ±10 %), and the stages ds4 does not ship (3: one graph per token shape; 3cc, 3ccp: one graph
-    for every position, through conditional nodes, without and with programmatic launch) MODELED, with their
-    gain over stage i. ``tokens`` per stage and context: enough that stage 3's captures of new token shapes
-    do not make its median (with 8, most of them did at 4k).
+    Args:
+        base: the calibration to extend (parsed, valid).
+        folder: one ``ds4lab ds4`` folder, or an iterable of them (their recorded tokens pooled).
+        preset, stages, tokens: the sim's token, stages and timed tokens per stage and context.
 
     Returns:
-        ``(calibration dict, fits table, check table)``. The fits table: one row per fitted figure
-        and recorded token (``kernel_time_scale``: per recorded context), columns ``figure``,
-        ``context``, ``value``, ``folder`` (the token's folder; for a factor, the folders that
-        recorded that context, comma-separated). The check
-        table: per context (ascending) the measured rows of each folder that measured it, then the
-        MODELED stages once; columns ``context``, ``ds4``, ``stage``, ``measured_us``, ``modeled_us``
-        (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us`` (MODELED rows), ``folder`` (the
-        measured row's folder, ``""`` on MODELED rows), ``kernel_time_scale`` (the factor the
-        context was priced at) and ``sample``: ``fitted`` (a recorded context: in-sample),
-        ``held out (interpolated)`` (between two recorded contexts) or ``held out (extrapolated)``
-        (outside them: the nearest recorded factor).
+        ``(calibration dict, fits table, check table)``. Fits: one row per fitted figure and recorded token (a factor:
+            per recorded context), columns ``figure``, ``context``, ``value``, ``folder``. Check: per context
+            (ascending) each folder's measured rows, then the MODELED stages once; columns ``context``, ``ds4``,
+            ``stage``, ``measured_us``, ``modeled_us`` (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us``,
+            ``folder``, ``kernel_time_scale`` and ``sample`` (``fitted``, ``held out (interpolated)``, ``held out
+            (extrapolated)``).
 
     Raises:
-        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or
-            configuration (each names it).
+        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or configuration (each named).
     """
     import pandas as pd
 
@@ -148,9 +120,9 @@ def _put(fits: list, figure: str, values, ctx, where) -> float:
 
 
 def _host_fits(base: dict, off, on, fits: list) -> dict:
-    """``base`` with ``host_launch_us``, ``host_graph_call_us`` and ``eager_gap_us`` fitted from ds4's
-    recorded tokens, islands off (``off``) and on (``on``) (:func:`fit_from_ds4`); the factor by context
-    dropped (refitted after)."""
+    """``base`` with ``host_launch_us``, ``host_graph_call_us`` and ``eager_gap_us`` fitted from ds4's recorded tokens,
+    islands off (``off``) and on (``on``) (:func:`fit_from_ds4`); the factor by context dropped (refitted after).
+    """
     out = dict(base)
     out.pop("kernel_time_scale_by_context", None)
     h = _put(fits, "host_launch_us", off.enqueue_us / off.launch_calls, off.context, off.folder)
@@ -167,8 +139,8 @@ def _host_fits(base: dict, off, on, fits: list) -> dict:
 
 
 def _kernel_scales(cal: dict, off, contexts: list[int], preset: str, tokens: int) -> list[float]:
-    """At each recorded context, ds4's median kernel-busy µs per token (islands off) over the sim's
-    modeled busy floor of ds4lab's token there with ``cal``'s kernel fits (factor 1)."""
+    """At each recorded context, ds4's median kernel-busy µs per token (islands off) over the sim's modeled busy floor
+    of ds4lab's token there with ``cal``'s kernel fits (factor 1)."""
     lab = sim_context({**cal, "kernel_time_scale": 1.0}, preset, "0", contexts, tokens)
     lab_busy = lab.set_index("context")["floor_us"]
     return [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in contexts]
@@ -187,9 +159,9 @@ def _name(out: dict, base: dict, folders, metas, fitted: str) -> None:
 
 
 def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str, stages: str, tokens: int):
-    """The check table of :func:`fit_from_ds4`: the sim with ``out`` at every measured context beside
-    ds4's measured µs per token (stage 0 ↔ islands off, i ↔ islands on), and the stages ds4 does not
-    ship MODELED with their gain over stage i."""
+    """The check table of :func:`fit_from_ds4`: the sim with ``out`` at every measured context beside ds4's measured µs
+    per token (stage 0 ↔ islands off, i ↔ islands on), and the stages ds4 does not ship MODELED with their gain over
+    stage i."""
     import pandas as pd
 
     contexts = sorted(int(c) for c in set(summary.context))
@@ -219,12 +191,11 @@ def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str,
 
 def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-flash", stages: str = "0,i,3",
                 tokens: int = 8, calibration=None):
-    """ds4lab's token on the sim with its eager launches priced at other host costs: the shipped
-    calibration's (ds4lab's Python launch layer, fitted from a measured ladder) and each of
-    ``host_launch_us`` (e.g. a C program's: 3.0–3.3 µs per launch measured on the H200,
-    ``shared/context/gpu-facts.md``). Every figure MODELED. Returns the rows of :func:`sim_context`
-    with ``host_launch_us``, ``host`` (a label) and ``speedup`` (stage 0 over the stage, per host and
-    context)."""
+    """ds4lab's token on the sim with its eager launches priced at other host costs: the shipped calibration's
+    (ds4lab's Python launch layer, fitted from a measured ladder) and each of ``host_launch_us`` (e.g. a C
+    program's: 3.0–3.3 µs per launch measured on the H200, ``shared/context/gpu-facts.md``). Every figure MODELED.
+    Returns the rows of :func:`sim_context` with ``host_launch_us``, ``host`` (a label) and ``speedup`` (stage 0
+    over the stage, per host and context)."""
     import pandas as pd
 
     from ..sim.calibration import read
@@ -242,3 +213,19 @@ def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-f
         t["speedup"] = t.apply(lambda r: s0.get(r.context, float("nan")) / r.us_median, axis=1)
         rows.append(t)
     return pd.concat(rows, ignore_index=True)
+
+
+def host_whatif_figure(table, preset: str):
+    """:func:`host_whatif`'s µs per token, one bar group per stage and context, one bar per host cost
+    (:func:`ds4lab.report.plots.grouped_bars_figure`; titled MODELED); a note names each stage that captured more
+    than one graph over its tokens (its median mixes captures and replays)."""
+    from ..report import plots
+
+    x = table["stage"] + " @" + table["context"].astype(str)
+    recaptured = table[(table["captures"] > 1) & (table["host"] == table["host"].iloc[0])]
+    note = "; ".join(f"{r.stage} @{r.context}: {r.captures} graphs captured over its warm-up and timed tokens (one "
+                     "per new token shape), its median mixes captures and replays" for r in recaptured.itertuples())
+    return plots.grouped_bars_figure(
+        {h: dict(zip(x[g.index], g["us_median"])) for h, g in table.groupby("host")}, list(dict.fromkeys(x)),
+        "µs per token (MODELED)", f"ds4lab's {preset} token at two host costs per launch — MODELED (sim)",
+        rotate=False, note=note or None)

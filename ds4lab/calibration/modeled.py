@@ -1,22 +1,20 @@
-"""The sim's ladder and context tables for a calibration given as a file or a dict, timing only: where
-every fit that needs no GPU (``calibrate --from-ds4``, ``--from-context``), the check of a calibration
-against a record and the what-ifs price ds4lab's token with candidate costs. Each is one
-:func:`ds4lab.experiments.ladder.run_table` on a timing-only sim (no folder, nothing printed)."""
+"""The sim's ladder and context tables for a calibration given as a file or a dict, timing only: where every fit that
+needs no GPU (``calibrate --from-ds4``, ``--from-context``), the check of a calibration against a record and the
+what-ifs price ds4lab's token with candidate costs. Each is one :func:`ds4lab.experiments.ladder.run_table` on a
+timing-only sim (no folder, nothing printed)."""
 
 from __future__ import annotations
 
 
 def sim_context(cal, preset: str, stages: str, contexts, tokens: int, *, mode: str = "thread_local"):
-    """The sim's ``ds4lab context`` table (``context.csv``'s rows) for calibration ``cal`` (a dict, a
-    path, or None: the default file), timing only: per stage and context µs per token (MODELED), host
-    enqueue µs, the modeled busy floor, launches, paired gains. ``contexts``: ascending start positions;
-    ``tokens`` timed per stage and context after 2 warm-up tokens, one round. Seconds for ``ds4-flash``
-    at one context.
+    """The sim's ``ds4lab context`` table (``context.csv``'s rows) for calibration ``cal`` (a dict, a path, or None:
+    the default file), timing only: per stage and context µs per token (MODELED), host enqueue µs, the modeled busy
+    floor, launches, paired gains. ``contexts``: ascending start positions; ``tokens`` timed per stage and context
+    after 2 warm-up tokens, one round. Seconds for ``ds4-flash`` at one context.
 
     Raises:
         ds4lab.errors.BadInput: a context past the preset's ``max_context``.
-        ds4lab.errors.CalibrationError: an invalid calibration.
-    """
+        ds4lab.errors.CalibrationError: an invalid calibration."""
     from ..experiments.ladder import context_table, model_config
 
     table = context_table(stages, sorted(int(c) for c in contexts), span=0, tokens=tokens, warmup=2, rounds=1)
@@ -25,8 +23,8 @@ def sim_context(cal, preset: str, stages: str, contexts, tokens: int, *, mode: s
 
 def sim_ladder(cal, preset: str, stages: str, start_pos: int, tokens: int, *, mode: str = "thread_local",
                long_context: bool = False, rounds: int = 2):
-    """The sim's ``ds4lab ladder`` table for calibration ``cal`` (as :func:`sim_context`): ``stages`` at
-    ``start_pos``, ``tokens`` timed per stage in ``rounds`` interleaved rounds after 2 warm-up tokens."""
+    """The sim's ``ds4lab ladder`` table for calibration ``cal`` (as :func:`sim_context`): ``stages`` at ``start_pos``,
+    ``tokens`` timed per stage in ``rounds`` interleaved rounds after 2 warm-up tokens."""
     from ..experiments.ladder import ladder_table, model_config
 
     table = ladder_table(stages, start_pos, exact_tokens=0, tokens=tokens, warmup=2, rounds=rounds,

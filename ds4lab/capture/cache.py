@@ -1,34 +1,18 @@
 """Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
 
-A :class:`GraphCache` is installed as a :class:`~ds4lab.token.model.DecodeModel`'s executor. What it
-captures and how is one frozen :class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun`
-passes it whole). For the clusters the policy names (``"shared"``, ``"moe"``, ``"token"``, ds4's islands
-``"island0"`` and ``"island1"``, the attention span ``"attn_span"``), each call:
+A :class:`GraphCache` is a :class:`~ds4lab.token.model.DecodeModel`'s executor; what it captures and how is one frozen
+:class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun` passes it whole). For each
+cluster the policy names it builds the key (:class:`GraphKey`: cluster, layer, token count, the buffer-alias key, and
+with ``key_decisions`` the host decisions), runs eagerly while the key warms up, then captures, instantiates once and
+replays (on the accessor's stream, or on ds4's islands' dedicated ``capture_stream``). Before each replay it re-asks
+the cluster's host decisions (:meth:`DecodeModel.host_decisions`): a changed answer retires the graph, never replaying
+stale. A capture failure is recorded (CUDA's or CuPy's error) and the cluster runs eagerly from then on; anything else
+raised while capturing ends the capture through :func:`capture_scope` and goes on. Counters: :class:`CacheStats`. The
+policy's options (``update``, ``node_updates``, ``variants``, ``invalidate_on_realloc``, ``skip``):
+``docs/capture-stages.md``, "The graph cache's policy".
 
-1. builds the cache key (:class:`GraphKey`): cluster, layer, token count, and the buffer-alias key
-   (the model's buffer generation, bumped whenever ds4lab reallocates a buffer, and the addresses of
-   the inputs the caller passes in); with ``key_decisions`` the host decisions too;
-2. runs eagerly while the key is warming up (first sight: kernels compiled, scratch allocated);
-3. captures, instantiates once, then replays with ``cudaGraphLaunch``: on the accessor's stream
-   (a non-blocking stream: the legacy stream cannot be captured), or, with ``capture_stream`` (ds4's
-   islands), on that dedicated stream — the eager work stays where it is and the capture stream
-   is set as the thread's override only while capturing and launching;
-4. before each replay re-asks the cluster's host decisions (:meth:`DecodeModel.host_decisions`);
-   a changed answer retires the graph and captures again, never replaying stale;
-5. on any capture failure records the CUDA (or CuPy) error, retires the entry, and runs that
-   cluster eagerly from then on: the same results, without the graph;
-6. on anything else raised while capturing (``KeyboardInterrupt``, a ``KeyError`` in a cluster:
-   any ``BaseException``) ends the capture through :func:`capture_scope` (the partial graph is
-   discarded, the stream leaves capture mode, the thread's stream override is restored), leaves
-   the key uncaptured with the reason in :attr:`GraphCache.log`, and lets the exception go on.
-
-The policy options for the designs engines ship (``update``, ``node_updates``, ``variants``,
-``invalidate_on_realloc``, ``skip``) are explained in ``docs/capture-stages.md``, "The graph cache's policy".
-
-Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, graph instantiation, updating
-instantiated graphs: whole-graph update and individual node update); ds4's staged plan (context
-file); ds4's decode islands (``docs/model.md``); the measured rules in ``ds4lab/sim/rules.py``.
-"""
+Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, instantiation, whole-graph and node updates); ds4's
+staged plan and decode islands (``docs/model.md``); the rules of :mod:`ds4lab.sim.rules`."""
 
 from __future__ import annotations
 
@@ -98,10 +82,10 @@ EAGER = CapturePolicy()
 class GraphKey:
     """The cache key of one call: which graph may replay it.
 
-    ``cluster``, ``layer`` and ``tokens`` are the call's site (:attr:`site`: what ``variants``
-    counts against); ``generation`` and ``addresses`` the buffers it touches (the model's buffer
-    generation and the inputs' addresses); ``decisions`` the host decisions where the policy keys
-    on them (``key_decisions``), else empty. Keys order as their fields do (cluster first)."""
+    ``cluster``, ``layer`` and ``tokens`` are the call's site (:attr:`site`: what ``variants`` counts against);
+    ``generation`` and ``addresses`` the buffers it touches (the model's buffer generation and the inputs' addresses);
+    ``decisions`` the host decisions where the policy keys on them (``key_decisions``), else empty. Keys order as their
+    fields do (cluster first)."""
 
     cluster: str
     layer: int
@@ -182,16 +166,14 @@ class _Captured:
 
 
 class GraphCache:
-    """Captures the clusters of a model its :class:`CapturePolicy` names and replays them (see module
-    docstring).
+    """Captures the clusters of a model its :class:`CapturePolicy` names and replays them (see module docstring).
 
     Args:
         backend: the model's backend (``cupy`` or ``sim``).
         policy: what to capture and how (a policy without a mode captures in ``thread_local``).
-        capture_stream: capture and replay on this stream (a backend stream) instead of the
-            accessor's (a policy's ``blocking_capture_stream``: its run makes one); None: the accessor's.
-        skip: ``(cluster, layer)`` pairs that always run eagerly.
-    """
+        capture_stream: capture and replay on this stream (a backend stream) instead of the accessor's (a policy's
+            ``blocking_capture_stream``: its run makes one); None: the accessor's.
+        skip: ``(cluster, layer)`` pairs that always run eagerly."""
 
     def __init__(self, backend, policy: CapturePolicy, *, capture_stream=None, skip=frozenset()) -> None:
         self.be = backend
@@ -265,8 +247,8 @@ class GraphCache:
         self._launch(model, cluster, e)
 
     def invalidate_all(self, why: str) -> None:
-        """Drop every graph (ds4 ``9f325617``: scratch growth synchronizes the device and invalidates
-        every decode graph before the old buffers are freed); their keys capture again on next sight."""
+        """Drop every graph (ds4 ``9f325617``: scratch growth synchronizes the device and invalidates every decode
+        graph before the old buffers are freed); their keys capture again on next sight."""
         self.be.synchronize()
         n = sum(1 for e in self.entries.values() if not e.retired)
         for e in self.entries.values():
@@ -312,9 +294,8 @@ class GraphCache:
     def _captured(self, model, fn, key=None) -> tuple[_Captured | None, RuntimeApiError | None]:
         """Capture ``fn``; returns (what was captured or None, first error).
 
-        A CUDA/CuPy error is returned; anything else (``BaseException``) ends the capture
-        (:func:`capture_scope`), is logged as an abort for ``key`` and propagates.
-        """
+        A CUDA/CuPy error is returned; anything else (``BaseException``) ends the capture (:func:`capture_scope`), is
+        logged as an abort for ``key`` and propagates."""
         L, be = model.L, self.be
         stream = self._stream(model)
         err = None
@@ -368,12 +349,10 @@ class GraphCache:
     def _update(self, model, e: CacheEntry, fn) -> bool:
         """Stage 3u: capture again with this call's arguments, update the executable in place.
 
-        A refused update (:class:`~ds4lab.errors.GraphExecUpdateError`: CUDA's update result and
-        the failing node's type, counted in ``stats.update_results``) instantiates the new graph
-        instead and replaces the entry's executable (``stats.reinstantiations``). Returns False
-        (the call runs eagerly, ``stats.fallbacks``) only when the re-capture or that
-        instantiation fails; then the entry retires.
-        """
+        A refused update (:class:`~ds4lab.errors.GraphExecUpdateError`: CUDA's update result and the failing node's
+        type, counted in ``stats.update_results``) instantiates the new graph instead and replaces the entry's
+        executable (``stats.reinstantiations``). Returns False (the call runs eagerly, ``stats.fallbacks``) only when
+        the re-capture or that instantiation fails; then the entry retires."""
         got, err = self._captured(model, fn, e.key)
         if err is not None:
             self.stats.failures[err.name] += 1
@@ -405,9 +384,9 @@ class GraphCache:
         return True
 
     def _set_nodes(self, model, e: CacheEntry, plan: list) -> bool:
-        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s
-        executable (``cudaGraphExecKernelNodeSetParams``, node by node in capture order). Returns False
-        (the call runs eagerly, the entry retires) when the backend refuses one."""
+        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s executable
+        (``cudaGraphExecKernelNodeSetParams``, node by node in capture order). Returns False (the call runs eagerly,
+        the entry retires) when the backend refuses one."""
         try:
             for i, rec in enumerate(plan):
                 model.L.model_host_work("node_update")

@@ -1,18 +1,16 @@
 """A conditional node inside the capture the launcher is in, its bodies filled by capturing into them.
 
-Stream capture cannot express a branch: every launch issued while a stream captures becomes a node.
-CUDA's way (Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes"; Runtime API
-``cudaStreamGetCaptureInfo``, ``cudaGraphAddNode``, ``cudaStreamUpdateCaptureDependencies``,
-``cudaStreamBeginCaptureToGraph``): ask the capture for its graph and dependency set, add a conditional
-node there, make the capture depend on it, and fill each of its body graphs by capturing a second stream
-into it. A kernel captured before the node sets the node's handle on the device at every replay.
+Stream capture cannot express a branch: every launch issued while a stream captures becomes a node. CUDA's way
+(Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes"; Runtime API ``cudaStreamGetCaptureInfo``,
+``cudaGraphAddNode``, ``cudaStreamUpdateCaptureDependencies``, ``cudaStreamBeginCaptureToGraph``): ask the capture for
+its graph and dependency set, add a conditional node there, make the capture depend on it, and fill each of its body
+graphs by capturing a second stream into it. A kernel captured before the node sets the node's handle on the device at
+every replay.
 
-:func:`conditional_node` does exactly that, with the launcher's current stream as the capturing one:
-each body is a callable that issues its launches through the launcher (they go to the body stream, by
-the thread's stream override, and are counted as captured). Whatever a body raises, its body capture is
-ended before the exception goes on (the outer capture is the caller's to end:
-:func:`ds4lab.capture.scope.capture_scope`).
-"""
+:func:`conditional_node` does exactly that, with the launcher's current stream as the capturing one: each body is a
+callable that issues its launches through the launcher (they go to the body stream, by the thread's stream override,
+and are counted as captured). Whatever a body raises, its body capture is ended before the exception goes on (the outer
+capture is the caller's to end: :func:`ds4lab.capture.scope.capture_scope`)."""
 
 from __future__ import annotations
 
@@ -24,22 +22,20 @@ from .stream import stream_override
 
 
 def in_device_graph(L) -> bool:
-    """Whether launcher ``L``'s launches now go into a stream capture on a backend that can add
-    conditional nodes to it (:class:`~ds4lab.executor.device_graphs.DeviceGraphApi`)."""
+    """Whether launcher ``L``'s launches now go into a stream capture on a backend that can add conditional nodes to it
+    (:class:`~ds4lab.executor.device_graphs.DeviceGraphApi`)."""
     return L.capturing and isinstance(L.backend, DeviceGraphApi)
 
 
 def conditional_node(L, body_stream: Any, handle: Any, kind: str, bodies: Sequence[Callable[[], None]],
                      mode: str = "thread_local") -> Any:
-    """Add a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with ``handle`` after
-    everything the launcher's current (capturing) stream issued so far, make the stream's later work
-    depend on it, and fill body ``i`` by running ``bodies[i]`` while ``body_stream`` captures into it.
-    Returns the node.
+    """Add a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with ``handle`` after everything the
+    launcher's current (capturing) stream issued so far, make the stream's later work depend on it, and fill body
+    ``i`` by running ``bodies[i]`` while ``body_stream`` captures into it. Returns the node.
 
     Raises:
         ValueError: the launcher is not capturing, or its backend cannot build conditional nodes.
-        CudaError: any call CUDA (or the sim) refuses.
-    """
+        CudaError: any call CUDA (or the sim) refuses."""
     if not in_device_graph(L):
         raise ValueError("conditional_node: the launcher is not capturing on a backend with conditional nodes")
     be = L.backend

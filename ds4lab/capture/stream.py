@@ -1,18 +1,15 @@
 """The stream accessor: stage 0 of ds4's CUDA-graph plan, in Python.
 
-Every launch site in ds4lab (kernels, memsets, copies, profiling event records) asks
-:func:`current_stream` which stream to use, as ds4's ``ds4_current_stream()`` does in the seed
-pull request. With ``DS4_CUDA_GRAPHS`` unset, or set with no override on the calling thread, it
-returns :data:`LEGACY_STREAM`, which every backend maps to its legacy default stream (CUDA stream
-handle 0), so outputs are bit-identical to the unrouted path by construction: the same
+Every launch site in ds4lab (kernels, memsets, copies, profiling event records) asks :func:`current_stream` which
+stream to use, as ds4's ``ds4_current_stream()`` does in the seed pull request. With ``DS4_CUDA_GRAPHS`` unset, or set
+with no override on the calling thread, it returns :data:`LEGACY_STREAM`, which every backend maps to its legacy
+default stream (CUDA stream handle 0), so outputs are bit-identical to the unrouted path by construction: the same
 launches, in the same order, on the same stream.
 
-The accessor is backend-neutral: an override is whatever stream object the active backend
-understands (a ``cupy.cuda.Stream``, or a backend's own stream). It is thread-local, like
-ds4's ``static __thread`` override, so a capture on one thread never redirects another thread's
-launches (CUDA Programming Guide, "CUDA Graphs" → "Cross-stream dependencies and events";
-thread-local capture mode).
-"""
+The accessor is backend-neutral: an override is whatever stream object the active backend understands (a
+``cupy.cuda.Stream``, or a backend's own stream). It is thread-local, like ds4's ``static __thread`` override, so a
+capture on one thread never redirects another thread's launches (CUDA Programming Guide, "CUDA Graphs" → "Cross-stream
+dependencies and events"; thread-local capture mode)."""
 
 from __future__ import annotations
 
@@ -47,12 +44,11 @@ def graphs_flag() -> bool:
 
 
 class graphs_enabled:
-    """``with graphs_enabled():`` — the ``DS4_CUDA_GRAPHS`` flag on (or, with ``False``, off) for the
-    block and back to what it was afterwards, whatever the block raised. Every experiment that sets an
-    override runs inside one (an override counts only while the flag is on, as in ds4).
+    """``with graphs_enabled():`` — the ``DS4_CUDA_GRAPHS`` flag on (or, with ``False``, off) for the block and back to
+    what it was afterwards, whatever the block raised. Every experiment that sets an override runs inside one (an
+    override counts only while the flag is on, as in ds4).
 
-    Not a boolean: ``if graphs_enabled():`` raises TypeError (the flag's value is :func:`graphs_flag`).
-    """
+    Not a boolean: ``if graphs_enabled():`` raises TypeError (the flag's value is :func:`graphs_flag`)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = bool(enabled)
@@ -73,9 +69,8 @@ class graphs_enabled:
 def set_graphs_enabled(enabled: bool | None = None) -> bool:
     """Set the flag (``None``: re-read ``DS4_CUDA_GRAPHS`` from the environment). Returns it.
 
-    ds4 reads its flag once at start; ds4lab does the same at import, and this setter exists
-    so a notebook or a test can flip it without restarting the process.
-    """
+    ds4 reads its flag once at start; ds4lab does the same at import, and this setter exists so a notebook or a test
+    can flip it without restarting the process."""
     global _flag
     _flag = (os.environ.get(ENV_FLAG) == "1") if enabled is None else bool(enabled)
     return _flag
@@ -84,9 +79,8 @@ def set_graphs_enabled(enabled: bool | None = None) -> bool:
 def current_stream() -> Any:
     """The stream the calling thread's next launch must use.
 
-    Returns the thread's override when the flag is on and one is set, else
-    :data:`LEGACY_STREAM`. Kept to two attribute reads: every launch calls it.
-    """
+    Returns the thread's override when the flag is on and one is set, else :data:`LEGACY_STREAM`. Kept to two attribute
+    reads: every launch calls it."""
     if _flag:
         s = getattr(_tls, "stream", None)
         if s is not None:
@@ -97,9 +91,8 @@ def current_stream() -> Any:
 def capture_set_stream(stream: Any) -> Any:
     """Set (or with ``None`` clear) the calling thread's override; returns the previous one.
 
-    Mirrors ds4's ``ds4_capture_set_stream()``. Has no effect on :func:`current_stream` while
-    the flag is off, again as in ds4.
-    """
+    Mirrors ds4's ``ds4_capture_set_stream()``. Has no effect on :func:`current_stream` while the flag is off, again as
+    in ds4."""
     prev = getattr(_tls, "stream", None)
     _tls.stream = stream
     return prev

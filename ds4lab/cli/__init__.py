@@ -17,7 +17,7 @@ from ..jobs.ladder import LadderConfig
 from ..jobs.run import RunConfig
 from ..token.config import PRESETS
 from ..token.model import COUNTS_CLEAR, SCALARS, SCRATCH, TokenOptions
-from .support import closed_pipe, default, fail, given, invoke
+from .support import backend_option, closed_pipe, default, fail, given, invoke, preset_option
 
 #: ``ds4lab run``'s token options by default (its config's).
 _RUN_OPTIONS = default(RunConfig, "options")
@@ -25,11 +25,10 @@ _RUN_OPTIONS = default(RunConfig, "options")
 
 class _Group(click.Group):
     """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does
-    (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does
-    not report itself is reported here with its exit status (130, 143, 129), not click's
-    "Aborted!" with status 1. An output closed under any command that prints (``ds4lab presets |
-    head -1``; the jobs' console has its own handling) exits 141 silently, as a process ended by
-    SIGPIPE, not with click's status 1."""
+    (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does not report itself
+    is reported here with its exit status (130, 143, 129), not click's "Aborted!" with status 1. An output closed
+    under any command that prints (``ds4lab presets | head -1``; the jobs' console has its own handling) exits 141
+    silently, as a process ended by SIGPIPE, not with click's status 1."""
 
     def make_context(self, *args, **kwargs):  # --help and --version print here
         try:
@@ -57,11 +56,9 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
-                   "numpy: the CPU reference executor (no timing).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model dimensions. Default: small.")
+@backend_option("auto: cupy when a GPU is usable, else sim (the simulated runtime: every time MODELED). "
+                "numpy: the CPU reference executor (no timing).", choices=BACKENDS)
+@preset_option("Model dimensions. Default: small.")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(RunConfig, "tokens"), show_default=True,
               help="Decode tokens to time.")
 @click.option("--warmup", type=click.IntRange(min=0), default=default(RunConfig, "warmup"), show_default=True,
@@ -104,9 +101,8 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
         moe_profile, per_layer_experts, check, timing_only, force, seed) -> None:
     """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor.
 
-    Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable
-    --out (nothing run), 130 interrupted (results so far kept; meta.json says how far it got).
-    """
+    Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable --out (nothing run),
+    130 interrupted (results so far kept; meta.json says how far it got)."""
     rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
                    start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
                    seed=seed, timing_only=timing_only, force=force,
@@ -116,8 +112,7 @@ def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_cle
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=default(BenchConfig, "preset"),
-              help="Model dimensions. Default: ds4-flash.")
+@preset_option("Model dimensions. Default: ds4-flash.", default=default(BenchConfig, "preset"))
 @click.option("--out", type=click.Path(path_type=Path), default=default(BenchConfig, "out"),
               help="Write bench.json into this folder.")
 @click.option("--per-op", "per_op", is_flag=True, help="Add the per-launch-site roofline of one token (CSV, figure).")
@@ -127,10 +122,8 @@ def bench(preset, out, per_op) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option()
+@preset_option()
 @click.option("--stages", default=default(LadderConfig, "stages"), show_default=True,
               help=f"Comma-separated stages of {', '.join(STAGES)} (3c, 3cc, 3cp, 3ccp: with --long-context).")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(LadderConfig, "tokens"), show_default=True,
@@ -177,18 +170,16 @@ def ladder(ctx, backend, preset, stages, tokens, warmup, repeats, exact_tokens, 
 
 @main.command()
 @click.argument("hazard", type=click.Choice(ALL_HAZARDS), default=default(HazardsConfig, "hazard"))
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (it computes: no timing-only).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option("auto: cupy when a GPU is usable, else the simulated runtime (it computes: no timing-only).")
+@preset_option()
 @click.option("--mode", type=click.Choice(CAPTURE_MODES), default=default(HazardsConfig, "mode"),
               show_default=True, help="Stream-capture mode (a hazard under ds4's islands always captures in global "
                                       "mode).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/hazards-<hazard>-<preset>-<backend>.")
 def hazards(hazard, backend, preset, mode, out) -> None:
-    """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and
-    its eager fallback, or a replay that goes wrong (first differing tensor named)."""
+    """One ds4-today path (or all: `all`, `all-longctx`) inside the stage it breaks: a refused capture and its eager
+    fallback, or a replay that goes wrong (first differing tensor named)."""
     _hazards(hazard, preset, mode, out, backend)
 
 
@@ -197,8 +188,7 @@ def _hazards(hazard, preset, mode, out, backend) -> None:
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
+@backend_option("cupy: run on the GPU and on the sim, and compare. sim: the sim alone.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/conformance-<backend>.")
 @click.option("--scenario", "names", multiple=True, help="Run only these scenarios (repeatable).")
@@ -217,8 +207,7 @@ def conformance(backend, out, names, list_only) -> None:
 
 
 @main.command()
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model whose eager tokens and kernels are measured. Default: small.")
+@preset_option("Model whose eager tokens and kernels are measured. Default: small.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path(default(CalibrateConfig, "out")),
               show_default=True)
 @click.option("--moe-profile", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
@@ -254,10 +243,8 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option()
+@preset_option()
 @click.option("--stages", default=default(ContextConfig, "stages"), show_default=True,
               help=f"Comma-separated stages of {', '.join(STAGES)}.")
 @click.option("--contexts", default=None,
@@ -277,8 +264,8 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/context-<preset>-<backend>.")
 def context(backend, preset, stages, contexts, span, tokens, warmup, repeats, mode, out) -> None:
-    """The stage ladder across context length, on the long-context token: µs per token per stage and
-    context, launches, graphs captured so far, exactness across emit and top-k regime boundaries."""
+    """The stage ladder across context length, on the long-context token: µs per token per stage and context, launches,
+    graphs captured so far, exactness across emit and top-k regime boundaries."""
     invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
                                     warmup=warmup, mode=mode, out=out, rounds=repeats), backend)
 

@@ -1,6 +1,5 @@
-"""The ``ds4lab ds4`` command: ds4 itself, built from a checkout and run on a synthetic Flash-shaped
-model. Options parsed here; the work in :mod:`ds4lab.jobs.ds4`. :func:`register` adds it to the
-``ds4lab`` click group."""
+"""The ``ds4lab ds4`` command: ds4 itself, built from a checkout and run on a synthetic Flash-shaped model. Options
+parsed here; the work in :mod:`ds4lab.jobs.ds4`. :func:`register` adds it to the ``ds4lab`` click group."""
 
 from __future__ import annotations
 
@@ -66,9 +65,9 @@ def _ints(text: str, option: str) -> tuple:
 @click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4-<commit> (e.g. results/ds4-b0309611).")
 def ds4(source, model, configs, stages, host_march, no_build, audit, keep_logits, contexts, tokens, warmup, trace_contexts,
         trace_tokens, arch, jobs, copy_model, random_expert_layers, cache, seed, out) -> None:
-    """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped
-    model at each context with its decode islands off and on (and with its MoE profile), and write
-    ds4lab's tables (µs per token, host µs, launches, kernels, island captures)."""
+    """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped model at each
+    context with its decode islands off and on (and with its MoE profile), and write ds4lab's tables (µs per token,
+    host µs, launches, kernels, island captures)."""
     cfg = Ds4JobConfig(source=source, model=model, configs=configs, stages=stages, host_march=host_march,
                        keep_logits=keep_logits, audit=audit, no_build=no_build, contexts=contexts, tokens=tokens,
                        warmup=warmup, trace_contexts=_ints(trace_contexts, "--trace-contexts"),

@@ -1,6 +1,6 @@
-"""The ``ds4lab moe`` (routed-MoE profiler) and ``ds4lab exclusion`` (profiling × capture matrix)
-commands: options parsed here, the work in :mod:`ds4lab.jobs.moe` and :mod:`ds4lab.jobs.exclusion`.
-:func:`register` adds both to the ``ds4lab`` click group."""
+"""The ``ds4lab moe`` (routed-MoE profiler) and ``ds4lab exclusion`` (profiling × capture matrix) commands: options
+parsed here, the work in :mod:`ds4lab.jobs.moe` and :mod:`ds4lab.jobs.exclusion`. :func:`register` adds both to the
+``ds4lab`` click group."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from pathlib import Path
 
 import click
 
-from .support import default, invoke
+from .support import backend_option, default, invoke, preset_option
 from ..capture.stream import CAPTURE_MODES
 from ..jobs.exclusion import ExclusionConfig
 from ..jobs.moe import MoeConfig
-from ..token.config import PRESETS
 
 def _csv_list(text: str, kind=str, allowed=None) -> list:
     """``"a,b"`` → items (``all`` → every allowed value); the job checks unknown and repeated ones."""
@@ -26,10 +25,8 @@ def _csv_list(text: str, kind=str, allowed=None) -> list:
 
 
 @click.command("moe")
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="auto: cupy when a GPU is usable, else the simulated runtime (every figure MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Model dimensions. Default: ds4-flash on a GPU, small on the sim.")
+@backend_option("auto: cupy when a GPU is usable, else the simulated runtime (every figure MODELED).")
+@preset_option("Model dimensions. Default: ds4-flash on a GPU, small on the sim.")
 @click.option("--mode", "modes", default="all", show_default=True,
               help="Comma-separated profiling modes: host-timed, deferred, graph-boundary, in-graph, cupti, nvtx.")
 @click.option("--tokens-per-step", "tokens", default=None,
@@ -74,10 +71,8 @@ def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, cap
 
 
 @click.command("exclusion")
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="cupy: the matrix on the GPU and on the sim, compared cell by cell. sim: the sim alone.")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU (its first top-k layer), small on the sim.")
+@backend_option("cupy: the matrix on the GPU and on the sim, compared cell by cell. sim: the sim alone.")
+@preset_option("Default: ds4-flash on a GPU (its first top-k layer), small on the sim.")
 @click.option("--tokens", type=click.IntRange(min=1), default=default(ExclusionConfig, "tokens"), show_default=True,
               help="Tokens per MoE call (2: the sorted-pairs path of MTP verification).")
 @click.option("--overhead-calls", type=click.IntRange(min=1), default=None,

@@ -30,20 +30,18 @@ def register(main: click.Group) -> None:
               help="Seconds one cell may run.")
 @click.option("--list", "list_only", is_flag=True, help="List the notebooks and their parameters, and exit.")
 def notebooks_cmd(names, assignments, out, folder, timeout, list_only) -> None:
-    """Run notebooks top to bottom in a fresh Jupyter kernel each (papermill), in order; none named: all
-    of them, each on its default backend (BACKEND=auto: the GPU where one is usable, else the sim).
+    """Run notebooks top to bottom in a fresh Jupyter kernel each (papermill), in order; none named: all of them, each
+    on its default backend (BACKEND=auto: the GPU where one is usable, else the sim).
 
-    NAMES are notebook names, their .py sources or unique prefixes (``00``, ``01_moe_timing``). A
-    failing notebook keeps its outputs up to the failing cell, the others still run, and the
-    exit status is 1; a cell that runs past --timeout is named (notebook, cell) and fails its
-    notebook. ``OUT/runs.json`` records what ran, with which parameters, how long, and the
-    figures each wrote; each kernel's own stderr goes to ``OUT/NAME.kernel.log``.
+    NAMES are notebook names, their .py sources or unique prefixes (``00``, ``01_moe_timing``). A failing notebook
+    keeps its outputs up to the failing cell, the others still run, and the exit status is 1; a cell that runs past
+    --timeout is named (notebook, cell) and fails its notebook. ``OUT/runs.json`` records what ran, with which
+    parameters, how long, and the figures each wrote; each kernel's own stderr goes to ``OUT/NAME.kernel.log``.
 
-    OUT is a ds4lab result folder: locked before any kernel starts (a second run into it is
-    refused up front, naming the first), written aside and swapped in when the notebooks have run
-    (an earlier run's notebooks stay until then); Ctrl-C, SIGTERM and SIGHUP stop the running notebook
-    (passed on to its kernel) and keep what ran (exit 130, 143, 129).
-    """
+    OUT is a ds4lab result folder: locked before any kernel starts (a second run into it is refused up front, naming
+    the first), written aside and swapped in when the notebooks have run (an earlier run's notebooks stay until then);
+    Ctrl-C, SIGTERM and SIGHUP stop the running notebook (passed on to its kernel) and keep what ran (exit 130, 143,
+    129)."""
     cfg = NotebooksConfig(names=tuple(names), assignments=tuple(assignments), out=out, folder=folder,
                           timeout=timeout)
     if list_only:

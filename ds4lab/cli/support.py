@@ -1,5 +1,5 @@
-"""What every ``ds4lab`` command shares: the console, the error line and the one place where a
-job's exceptions become exit codes (:func:`ds4lab.jobs.common.exit_code`)."""
+"""What every ``ds4lab`` command shares: the console, the error line and the one place where a job's exceptions become
+exit codes (:func:`ds4lab.jobs.common.exit_code`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ def console():
 
 
 def fail(msg: str, code: int = 2) -> None:
-    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``, also when stderr is a closed pipe
-    (``2>&1 | head``): the message is dropped, the status stays ``code`` (141 for the closed pipe
-    itself), not the 1 or 120 an unwritable stderr would give."""
+    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``, also when stderr is a closed pipe (``2>&1 |
+    head``): the message is dropped, the status stays ``code`` (141 for the closed pipe itself), not the 1 or 120 an
+    unwritable stderr would give."""
     try:
         click.echo(f"ds4lab: error: {msg}", err=True)
         sys.stderr.flush()
@@ -28,8 +28,8 @@ def fail(msg: str, code: int = 2) -> None:
 
 
 def _silence_std_streams() -> None:
-    """Point stdout and stderr at /dev/null, so that the interpreter's last flush at exit cannot fail
-    on a closed pipe and change the exit status."""
+    """Point stdout and stderr at /dev/null, so that the interpreter's last flush at exit cannot fail on a closed pipe
+    and change the exit status."""
     import os
 
     null = os.open(os.devnull, os.O_WRONLY)
@@ -41,8 +41,8 @@ def _silence_std_streams() -> None:
 
 
 def closed_pipe() -> None:
-    """The output was closed under a command (``ds4lab notebooks --list | head -1``): exit 141 as a
-    process ended by SIGPIPE does, with no traceback, and nothing more written to the closed pipe."""
+    """The output was closed under a command (``ds4lab notebooks --list | head -1``): exit 141 as a process ended by
+    SIGPIPE does, with no traceback, and nothing more written to the closed pipe."""
     import signal
 
     _silence_std_streams()
@@ -50,8 +50,8 @@ def closed_pipe() -> None:
 
 
 def interrupted(e: KeyboardInterrupt) -> None:
-    """Report an interruption (Ctrl-C, or SIGTERM/SIGHUP as :class:`ds4lab.errors.Terminated`) and
-    exit with its status (130, 143, 129: :func:`ds4lab.jobs.common.exit_code`)."""
+    """Report an interruption (Ctrl-C, or SIGTERM/SIGHUP as :class:`ds4lab.errors.Terminated`) and exit with its status
+    (130, 143, 129: :func:`ds4lab.jobs.common.exit_code`)."""
     from ..errors import interrupt_status
     from ..jobs import exit_code
 
@@ -72,9 +72,9 @@ def interrupted(e: KeyboardInterrupt) -> None:
 
 
 def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
-    """Run ``job`` through :func:`ds4lab.jobs.execute`; every exception becomes one message and the
-    exit code of :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted,
-    143/129 stopped by SIGTERM/SIGHUP)."""
+    """Run ``job`` through :func:`ds4lab.jobs.execute`; every exception becomes one message and the exit code of
+    :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted, 143/129 stopped by
+    SIGTERM/SIGHUP)."""
     from ..errors import BadInput, CheckFailed, PartFailed
     from ..jobs import execute, exit_code
     from ..report.results import WriteFailed
@@ -95,8 +95,8 @@ def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
 
 
 def default(config_cls, field: str):
-    """The default of ``field`` in a job's config dataclass: the one place a job's defaults live, which
-    the command line shows and uses (``default(LadderConfig, "tokens")``)."""
+    """The default of ``field`` in a job's config dataclass: the one place a job's defaults live, which the command
+    line shows and uses (``default(LadderConfig, "tokens")``)."""
     import dataclasses
 
     f = config_cls.__dataclass_fields__[field]
@@ -113,12 +113,25 @@ def given(ctx, *names: str) -> list[str]:
 
 
 def result_folder(ctx, param, value):
-    """click callback for an ``--out`` folder: refuses the current directory (click turns ``--out ""``
-    into ``.``), where a command would scatter its files and replace what it wrote before."""
+    """click callback for an ``--out`` folder: refuses the current directory (click turns ``--out ""`` into ``.``),
+    where a command would scatter its files and replace what it wrote before."""
     from pathlib import Path
 
     if value is not None and Path(value) == Path("."):
         raise click.BadParameter(f"{str(value)!r} names the current directory, not a result folder: name a "
                                  "folder, for example results/<command>")
     return value
+
+
+def backend_option(help: str = "auto: cupy when a GPU is usable, else the simulated runtime (figures MODELED).",
+                   choices=("auto", "cupy", "sim"), default: str = "auto"):
+    """The ``--backend`` option of a command (its choices, its default shown)."""
+    return click.option("--backend", type=click.Choice(list(choices)), default=default, show_default=True, help=help)
+
+
+def preset_option(help: str = "Default: ds4-flash on a GPU, small on the sim.", default=None):
+    """The ``--preset`` option of a command: one of ds4lab's presets."""
+    from ..token.config import PRESETS
+
+    return click.option("--preset", type=click.Choice(list(PRESETS)), default=default, help=help)
 

@@ -45,8 +45,8 @@ def _common(fn):
 @click.option("--tokens", type=click.IntRange(min=1), default=COMMANDS["token"], show_default=True,
               help="Tokens compared.")
 def tp_token(**kw) -> None:
-    """The TP=2 token against the single-GPU token (on the sim the reduction bound is checked at every
-    reduction; on GPUs the first and the largest difference, NCCL against ds4's peer copies)."""
+    """The TP=2 token against the single-GPU token (on the sim the reduction bound is checked at every reduction; on
+    GPUs the first and the largest difference, NCCL against ds4's peer copies)."""
     invoke("tp", TPConfig(command="token", **kw))
 
 
@@ -71,6 +71,6 @@ def tp_ladder(**kw) -> None:
 @click.option("--tokens", type=click.IntRange(min=1), default=COMMANDS["trace"], show_default=True,
               help="Tokens recorded.")
 def tp_trace(**kw) -> None:
-    """The TP token recorded per device as one trace for ``ds4lab audit``, its collectives paired by rank
-    and the per-rank capture plan."""
+    """The TP token recorded per device as one trace for ``ds4lab audit``, its collectives paired by rank and the
+    per-rank capture plan."""
     invoke("tp", TPConfig(command="trace", **kw))

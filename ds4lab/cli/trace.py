@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from ..jobs.trace import TraceConfig
-from ..token.config import PRESETS
-from .support import default
+from .support import backend_option, default, preset_option
 
 
 def _token_hazards():
@@ -24,10 +23,8 @@ def register(main: click.Group) -> None:
 
 
 @click.command("trace")
-@click.option("--backend", type=click.Choice(["auto", "cupy", "sim"]), default="auto", show_default=True,
-              help="cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
-              help="Default: ds4-flash on a GPU, small on the sim.")
+@backend_option("cupy: CUPTI kernel records (needs cupti-python); sim: the modeled schedule (MODELED).")
+@preset_option()
 @click.option("--stages", default=None,
               help="Comma-separated stages, one trace process each. Default: 0,3; with --hazard: 0s (stage 0 with "
                    "the accessor's stream set, so that work bypassing it shows on the legacy stream).")
@@ -43,12 +40,11 @@ def register(main: click.Group) -> None:
 def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     """One decode token's timeline per stage as a Chrome/Perfetto trace (trace.json).
 
-    Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's
-    modeled schedule (labelled MODELED); ds4lab's NVTX ranges (token, layer, cluster, op) from its own
-    record of push and pop times. Open trace.json in ui.perfetto.dev or chrome://tracing; also
-    written: trace_kernels.csv, trace_nvtx.csv, trace_api.csv (each row with backend, preset and
-    modeled), meta.json and trace.png/.svg/.pdf (the first layers of each stage's token, launch gaps
-    visible).
+    Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's modeled schedule
+    (labelled MODELED); ds4lab's NVTX ranges (token, layer, cluster, op) from its own record of push and pop times.
+    Open trace.json in ui.perfetto.dev or chrome://tracing; also written: trace_kernels.csv, trace_nvtx.csv,
+    trace_api.csv (each row with backend, preset and modeled), meta.json and trace.png/.svg/.pdf (the first layers of
+    each stage's token, launch gaps visible).
 
     \b
     Exit status:
@@ -56,8 +52,7 @@ def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
       2  bad request (unknown stage), no kernel source here (no cupti-python
          on a GPU), no GPU for --backend cupy, or an --out that cannot be
          written; nothing traced
-      1  a stage's traced tokens gave no kernel record (meta.json: failed)
-    """
+      1  a stage's traced tokens gave no kernel record (meta.json: failed)"""
     from .support import invoke
     from ..report.results import final_path
 

@@ -1,7 +1,6 @@
-"""Scenarios of the hazard table: ds4-today paths that break or escape a capture (synchronous
-memsets, legacy-stream kernels, allocation, events and synchronization, host readback and
-host scalars), in every capture mode where the mode matters.
-"""
+"""Scenarios of the hazard table: ds4-today paths that break or escape a capture (synchronous memsets, legacy-stream
+kernels, allocation, events and synchronization, host readback and host scalars), in every capture mode where the
+mode matters."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from .framework import MODES, N, Recorder, _buf, _capture, call_in_capture, f32,
 # ----------------------------------------------------------------------------- the hazard table
 @scenario("sync memset on the legacy stream while another stream captures", MODES)
 def sync_memset_escapes(r: Recorder, mode: str) -> None:
-    """A synchronous memset during capture runs once, now, and is not in the graph: the replay
-    leaves the buffer untouched (gpu-facts.md; ds4's routed-MoE counts clear)."""
+    """A synchronous memset during capture runs once, now, and is not in the graph: the replay leaves the buffer
+    untouched (gpu-facts.md; ds4's routed-MoE counts clear)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r, 5.0)
@@ -60,8 +59,8 @@ def legacy_kernel_escapes(r: Recorder, mode: str) -> None:
 
 @scenario("legacy-stream work while a *blocking* stream captures")
 def legacy_kernel_blocking_capture(r: Recorder) -> None:
-    """A blocking stream synchronizes implicitly with the legacy stream, so legacy work during its
-    capture would join it: CUDA refuses (cudaErrorStreamCaptureImplicit) and invalidates."""
+    """A blocking stream synchronizes implicitly with the legacy stream, so legacy work during its capture would join
+    it: CUDA refuses (cudaErrorStreamCaptureImplicit) and invalidates."""
     be = r.be
     s = be.new_stream(non_blocking=False)
     x = _buf(r, 1.0)
@@ -72,8 +71,8 @@ def legacy_kernel_blocking_capture(r: Recorder) -> None:
 
 @scenario("allocation inside capture (cudaMalloc)", MODES)
 def malloc_in_capture(r: Recorder, mode: str) -> None:
-    """cudaMalloc during capture: refused in global and thread-local mode (the capture is
-    invalidated), allowed in relaxed mode."""
+    """cudaMalloc during capture: refused in global and thread-local mode (the capture is invalidated), allowed in
+    relaxed mode."""
     call_in_capture(r, mode, "malloc", r.be.malloc, (N,), f32, release=r.be.free)
 
 
@@ -94,8 +93,8 @@ def malloc_async_in_capture(r: Recorder, mode: str) -> None:
 
 @scenario("host-timed profiling: event synchronize on an event recorded in the capturing stream", MODES)
 def event_sync_captured(r: Recorder, mode: str) -> None:
-    """ds4's MoE profile: cudaEventSynchronize on a captured event is refused
-    (cudaErrorCapturedEvent) and breaks the capture."""
+    """ds4's MoE profile: cudaEventSynchronize on a captured event is refused (cudaErrorCapturedEvent) and breaks the
+    capture."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     e = be.new_event()
@@ -168,8 +167,8 @@ def stream_sync_in_capture(r: Recorder) -> None:
 
 @scenario("host readback mid-token (device to host copy), CuPy's refusal")
 def d2h_read_in_capture(r: Recorder) -> None:
-    """Reading a device value on the host while the current stream captures: CuPy refuses
-    before CUDA sees it (a CuPy rule, not CUDA's)."""
+    """Reading a device value on the host while the current stream captures: CuPy refuses before CUDA sees it (a CuPy
+    rule, not CUDA's)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r, 3.0)
@@ -186,8 +185,8 @@ def d2h_read_in_capture(r: Recorder) -> None:
 
 @scenario("cuBLAS through CuPy's array API (matmul) during capture, CuPy's refusal")
 def matmul_in_capture(r: Recorder) -> None:
-    """``a @ b`` through CuPy while capturing, after an eager ``a @ b`` made CuPy's cuBLAS handle
-    and workspace (as any real program would have)."""
+    """``a @ b`` through CuPy while capturing, after an eager ``a @ b`` made CuPy's cuBLAS handle and workspace (as any
+    real program would have)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     a = be.zeros((16, 16), f32)
@@ -200,8 +199,8 @@ def matmul_in_capture(r: Recorder) -> None:
 
 @scenario("per-token host scalars passed by value: baked into the graph")
 def host_scalar_stale(r: Recorder) -> None:
-    """A scalar kernel argument is captured by value: replaying for the next token reuses the
-    captured value (silently stale); the same scalar read from a device buffer is re-read."""
+    """A scalar kernel argument is captured by value: replaying for the next token reuses the captured value (silently
+    stale); the same scalar read from a device buffer is re-read."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x, y = _buf(r), _buf(r)
@@ -220,8 +219,8 @@ def host_scalar_stale(r: Recorder) -> None:
 
 @scenario("a buffer freed and re-allocated after capture")
 def freed_realloc(r: Recorder) -> None:
-    """The graph keeps the freed buffer's address; a new allocation of the same size may get the
-    same memory, which the replay then writes (CUDA Programming Guide: graph memory is by address)."""
+    """The graph keeps the freed buffer's address; a new allocation of the same size may get the same memory, which the
+    replay then writes (CUDA Programming Guide: graph memory is by address)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     a = r.call("malloc_a", be.malloc, (N,), f32)

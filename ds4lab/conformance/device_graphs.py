@@ -1,14 +1,13 @@
-"""Scenarios of graph construction inside a capture, conditional nodes and programmatic dependent
-launch: one per rule of :mod:`ds4lab.sim.rules_device` that stages ``3cc``, ``3p``, ``3cp`` and ``3ccp``
-rely on. Written from the CUDA documentation (each scenario's ``expect`` and ``source``); every one ran on
-the H200 as expected and as the sim runs it (``docs/measurements/h200-2026-12-02-ds4/conformance``), which
-settled what the documentation left open (said in the sources).
+"""Scenarios of graph construction inside a capture, conditional nodes and programmatic dependent launch: one per rule
+of :mod:`ds4lab.sim.rules_device` that stages ``3cc``, ``3p``, ``3cp`` and ``3ccp`` rely on. Written from the CUDA
+documentation (each scenario's ``expect`` and ``source``); every one ran on the H200 as expected and as the sim runs
+it (``docs/measurements/h200-2026-12-02-ds4/conformance``), which settled what the documentation left open (said in
+the sources).
 
-Probes: ``tiny_add`` (``x += 1``, with the device-side half of programmatic launch), ``fill_value``,
-``cond_set_from`` (a conditional handle set from an int32 flag in device memory) and
-``cond_count_down`` (a WHILE body's last kernel), all in ``kernels/``. A graph's nodes are recorded as
-kinds (``cudaGraphNodeGetType``: ``conditionalx1,kernelx2``), its edges as ``from>to:type`` counts.
-"""
+Probes: ``tiny_add`` (``x += 1``, with the device-side half of programmatic launch), ``fill_value``, ``cond_set_from``
+(a conditional handle set from an int32 flag in device memory) and ``cond_count_down`` (a WHILE body's last kernel),
+all in ``kernels/``. A graph's nodes are recorded as kinds (``cudaGraphNodeGetType``: ``conditionalx1,kernelx2``), its
+edges as ``from>to:type`` counts."""
 
 from __future__ import annotations
 
@@ -67,8 +66,8 @@ def _setter(r: Recorder, step: str, stream, handle, flag) -> None:
 
 
 def _add_on(r: Recorder, step: str, x, stream, programmatic: bool = False, predecessor: str = "kernel"):
-    """``x += 1`` on ``stream`` (``tiny_add``), plainly or with programmatic stream serialization;
-    returns what the programmatic launch answered (whether the attribute was set) or None."""
+    """``x += 1`` on ``stream`` (``tiny_add``), plainly or with programmatic stream serialization; returns what the
+    programmatic launch answered (whether the attribute was set) or None."""
     def ref():
         np.add(x, 1, out=x)
 
@@ -88,9 +87,9 @@ def _fill_on(r: Recorder, step: str, x, v: float, stream) -> None:
 
 
 def _conditional(r: Recorder, s, s2, handle, kind: str, bodies, mode: str = "thread_local", tag: str = ""):
-    """In ``s``'s capture: the graph and dependencies (step ``capture_info``), a conditional node of
-    ``kind`` after them (``add_node``), the capture made to depend on it (``update_deps``), each body
-    filled by capturing ``s2`` into it (``body<i>_begin``, ``body<i>_end``). Returns the body graphs."""
+    """In ``s``'s capture: the graph and dependencies (step ``capture_info``), a conditional node of ``kind`` after
+    them (``add_node``), the capture made to depend on it (``update_deps``), each body filled by capturing ``s2``
+    into it (``body<i>_begin``, ``body<i>_end``). Returns the body graphs."""
     be = r.be
     got = r.call(f"{tag}capture_info", be.capture_dependencies, s)
     if got is None:
@@ -118,8 +117,8 @@ def _handle(r: Recorder, s, default: int = 0, assign: bool = True, step: str = "
 
 
 def _replays(r: Recorder, ex, s, flag, values, x, tag: str = "x") -> None:
-    """For each value: ``flag := value``, one replay, ``x`` recorded (``x_after_<value>``; a repeated
-    value gets a ``b`` suffix)."""
+    """For each value: ``flag := value``, one replay, ``x`` recorded (``x_after_<value>``; a repeated value gets a
+    ``b`` suffix)."""
     seen = Counter()
     for v in values:
         seen[v] += 1
@@ -141,9 +140,9 @@ _OK_BUILD = {"capture_info": "ok", "add_node": "ok", "update_deps": "ok", "body0
           source=f"{_RT}, cudaStreamGetCaptureInfo (graph_out: the graph being captured into, transferred at "
                  "cudaStreamEndCapture; dependencies_out: what the next captured node depends on)")
 def capture_graph_query(r: Recorder) -> None:
-    """One kernel captured, then the capture asked for its graph and dependency set: one node, the kernel;
-    the graph cudaStreamEndCapture returns is that graph. On a stream that does not capture there is no
-    graph (ds4lab's capture_dependencies raises cudaErrorIllegalState; CUDA answers the status None)."""
+    """One kernel captured, then the capture asked for its graph and dependency set: one node, the kernel; the graph
+    cudaStreamEndCapture returns is that graph. On a stream that does not capture there is no graph (ds4lab's
+    capture_dependencies raises cudaErrorIllegalState; CUDA answers the status None)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -189,9 +188,9 @@ def _if_expect(mode: str) -> dict:
           source=f"{_COND}; {_RT}, cudaGraphConditionalHandleCreate, cudaGraphAddNode (cudaConditionalNodeParams), "
                  "cudaStreamUpdateCaptureDependencies, cudaStreamBeginCaptureToGraph, cudaGraphSetConditional")
 def conditional_if_in_capture(r: Recorder, mode: str) -> None:
-    """y += 1; cond_set_from(h, flag); IF h { x += 1 }; y += 1 — replayed with flag 1, 0, 1: the body runs
-    on the replays whose flag is 1, everything else on every replay. The stage-3cc recipe: the handle on
-    the capture's graph, the node after the capture's dependencies, the capture made to depend on it."""
+    """y += 1; cond_set_from(h, flag); IF h { x += 1 }; y += 1 — replayed with flag 1, 0, 1: the body runs on the
+    replays whose flag is 1, everything else on every replay. The stage-3cc recipe: the handle on the capture's
+    graph, the node after the capture's dependencies, the capture made to depend on it."""
     be = r.be
     s, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     x, y = _buf(r), _buf(r)
@@ -255,8 +254,8 @@ def conditional_if_else(r: Recorder) -> None:
           source=f"{_COND}; {_RT}, cudaConditionalNodeParams (SWITCH: phGraph_out[n] runs on the value n, no body "
                  "when the value >= size)")
 def conditional_switch(r: Recorder) -> None:
-    """SWITCH h { 0: x = 1 | 1: x = 2 | 2: x = 3 }, replayed with 2, 0, 7 (no body), 1: stage 3cc's top-k
-    regime node (its 'every row attended' value runs no body)."""
+    """SWITCH h { 0: x = 1 | 1: x = 2 | 2: x = 3 }, replayed with 2, 0, 7 (no body), 1: stage 3cc's top-k regime node
+    (its 'every row attended' value runs no body)."""
     be = r.be
     s, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -283,8 +282,8 @@ def conditional_switch(r: Recorder) -> None:
                  "non-zero), cudaGraphConditionalHandleCreate (default 1, cudaGraphCondAssignDefault: every launch "
                  "enters the loop)")
 def conditional_while(r: Recorder) -> None:
-    """WHILE h { x += 1; counter -= 1; h := counter > 0 }, the handle's default 1 at each launch: the body
-    runs counter times (3, then 2)."""
+    """WHILE h { x += 1; counter -= 1; h := counter > 0 }, the handle's default 1 at each launch: the body runs counter
+    times (3, then 2)."""
     be = r.be
     s, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -347,8 +346,8 @@ for _d in (0, 1):
           source=f"{_RT}, cudaConditionalNodeParams.size (1 for WHILE, 1 or 2 for IF, greater than zero for SWITCH); "
                  "cudaGraphAddNode returns cudaErrorInvalidValue. Checked on the H200 (h200-2026-12-02-ds4/conformance): the error name for a size")
 def conditional_bad_size(r: Recorder) -> None:
-    """IF with three bodies, WHILE with two, SWITCH with none: refused; then a valid IF (so the capture
-    ends with a graph)."""
+    """IF with three bodies, WHILE with two, SWITCH with none: refused; then a valid IF (so the capture ends with a
+    graph)."""
     be = r.be
     s, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -467,8 +466,8 @@ def _pdl_ready(r: Recorder) -> None:
                  "(type cudaGraphDependencyTypeProgrammatic), cudaGraphGetEdges; CUDA Driver API, cuLaunchKernelEx "
                  "(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)")
 def programmatic_edge_in_capture(r: Recorder) -> None:
-    """x += 1 twice, the second with programmatic stream serialization (its device-side half waits for the
-    first before reading x): one programmatic edge; the replay adds 2."""
+    """x += 1 twice, the second with programmatic stream serialization (its device-side half waits for the first before
+    reading x): one programmatic edge; the replay adds 2."""
     be = r.be
     _pdl_ready(r)
     s = be.new_stream(non_blocking=True)
@@ -537,8 +536,8 @@ def programmatic_eager(r: Recorder) -> None:
                  "after the conditional node depends on it through a default edge (ds4lab sets the attribute only "
                  "after one kernel node)")
 def programmatic_in_conditional_body(r: Recorder) -> None:
-    """IF h { x += 1; x += 1 (programmatic) }; y += 1 (programmatic launch asked: not set, a conditional node
-    precedes it). Replayed with flag 1 then 0."""
+    """IF h { x += 1; x += 1 (programmatic) }; y += 1 (programmatic launch asked: not set, a conditional node precedes
+    it). Replayed with flag 1 then 0."""
     be = r.be
     _pdl_ready(r)
     s, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)

@@ -1,8 +1,6 @@
-"""The scenario framework: the :class:`Recorder` (runs runtime-API calls and records what each
-did), :class:`Scenario` and the ``SCENARIOS`` registry (``@scenario``), and the helpers every
-scenario module shares (probe buffers, capture and replay through the graph cache's scope,
-another thread, the sources expectations cite).
-"""
+"""The scenario framework: the :class:`Recorder` (runs runtime-API calls and records what each did), :class:`Scenario`
+and the ``SCENARIOS`` registry (``@scenario``), and the helpers every scenario module shares (probe buffers, capture
+and replay through the graph cache's scope, another thread, the sources expectations cite)."""
 
 from __future__ import annotations
 
@@ -61,8 +59,8 @@ class Recorder:
         self.obs[step] = str(value)
 
     def update(self, step: str, graph_exec, graph) -> None:
-        """``cudaGraphExecUpdate``: records the outcome, and for a refusal CUDA's update result
-        (``<step>_result``) and the failing node's type (``<step>_node``, ``none`` when CUDA names none)."""
+        """``cudaGraphExecUpdate``: records the outcome, and for a refusal CUDA's update result (``<step>_result``) and
+        the failing node's type (``<step>_node``, ``none`` when CUDA names none)."""
         from ..errors import GraphExecUpdateError
 
         if graph_exec is None or graph is None:
@@ -116,19 +114,18 @@ class Recorder:
 
 
 class ScenarioSkipped(Exception):
-    """Raised by a scenario that cannot run here (a two-GPU scenario on a host with one GPU, one that could
-    hang a GPU unless asked for): :func:`~ds4lab.conformance.runner.run_scenarios` records ``<skipped>`` with
-    the message, and :func:`~ds4lab.conformance.runner.compare` does not count it as a disagreement."""
+    """Raised by a scenario that cannot run here (a two-GPU scenario on a host with one GPU, one that could hang a GPU
+    unless asked for): :func:`~ds4lab.conformance.runner.run_scenarios` records ``<skipped>`` with the message, and
+    :func:`~ds4lab.conformance.runner.compare` does not count it as a disagreement."""
 
 
 @dataclass
 class Scenario:
     """A named program over the runtime API; ``covers`` names the hazard row or rule it checks.
 
-    ``expect``: for scenarios written from the CUDA documentation before an H200 record of them
-    exists, the outcome of the steps the documented rule is about (``{step: outcome}``), with
-    ``source`` saying where it comes from. The sim is held to it until the H200 record replaces it.
-    """
+    ``expect``: for scenarios written from the CUDA documentation before an H200 record of them exists, the outcome of
+    the steps the documented rule is about (``{step: outcome}``), with ``source`` saying where it comes from. The sim
+    is held to it until the H200 record replaces it."""
 
     name: str
     fn: Callable[[Recorder], None]
@@ -144,8 +141,7 @@ SCENARIOS: list[Scenario] = []
 def scenario(covers: str, modes: tuple | None = None, expect=None, source: str = ""):
     """Register a scenario function; with ``modes``, one scenario per capture mode.
 
-    ``expect``: a ``{step: outcome}`` dict, or (with ``modes``) a function of the mode returning one.
-    """
+    ``expect``: a ``{step: outcome}`` dict, or (with ``modes``) a function of the mode returning one."""
 
     def deco(fn):
         if modes:
@@ -169,8 +165,8 @@ def _buf(r: Recorder, v: float = 0.0):
 
 
 def _capture(r: Recorder, s, mode: str, body: Callable[[], None], tag: str = ""):
-    """begin → body → end through :func:`ds4lab.capture.cache.capture_scope` (so the capture ends whatever
-    the body raises); records begin/end outcomes; returns the graph or None."""
+    """begin → body → end through :func:`ds4lab.capture.cache.capture_scope` (so the capture ends whatever the body
+    raises); records begin/end outcomes; returns the graph or None."""
     from ..capture.scope import capture_scope
 
     with capture_scope(r.be, s, mode, begin=lambda st, m: r.call(f"{tag}begin_capture", r.be.begin_capture, st, m),
@@ -186,8 +182,8 @@ def _replay(r: Recorder, g, stream, times: int = 1, tag: str = "") -> None:
 
 
 def _launch_once(r: Recorder, ex, stream, times: int = 1, tag: str = "") -> None:
-    """Launch the executable ``ex`` ``times`` times (steps ``replay0``…) and synchronize
-    (``replay_sync``); nothing when ``ex`` is None (its instantiation was refused)."""
+    """Launch the executable ``ex`` ``times`` times (steps ``replay0``…) and synchronize (``replay_sync``); nothing
+    when ``ex`` is None (its instantiation was refused)."""
     if ex is None:
         return
     for i in range(times):
@@ -203,9 +199,9 @@ INTACT = {"status_in_capture": "active", "end_capture": "ok", "nodes": "kernel:t
 
 
 def refused_unless_relaxed(step: str, error: str = "cudaErrorStreamCaptureUnsupported"):
-    """The ``expect`` of a potentially unsafe call (RT cudaThreadExchangeStreamCaptureMode): in global and
-    thread-local mode step ``step`` fails with ``error`` and the capture is invalidated; relaxed mode
-    allows it and the capture goes on."""
+    """The ``expect`` of a potentially unsafe call (RT cudaThreadExchangeStreamCaptureMode): in global and thread-local
+    mode step ``step`` fails with ``error`` and the capture is invalidated; relaxed mode allows it and the capture
+    goes on."""
     def expect(mode: str) -> dict:
         if mode == "relaxed":
             return {step: "ok", **INTACT}
@@ -215,9 +211,9 @@ def refused_unless_relaxed(step: str, error: str = "cudaErrorStreamCaptureUnsupp
 
 
 def call_in_capture(r: Recorder, mode: str, step: str, fn, *args, release=None):
-    """One kernel, then ``fn(*args)`` as step ``step`` while a non-blocking stream captures in ``mode``,
-    then the capture's status (step ``status_in_capture``) and the graph's nodes (``nodes``); after the
-    capture, ``release(result)`` when the call succeeded (free what it made). Returns the result."""
+    """One kernel, then ``fn(*args)`` as step ``step`` while a non-blocking stream captures in ``mode``, then the
+    capture's status (step ``status_in_capture``) and the graph's nodes (``nodes``); after the capture,
+    ``release(result)`` when the call succeeded (free what it made). Returns the result."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r, 1.0)

@@ -1,6 +1,5 @@
-"""Scenarios of the graph life cycle: launch and upload into capturing streams, instantiation
-(twice, with memory nodes, flags), memory-allocation nodes across launches, destroy.
-"""
+"""Scenarios of the graph life cycle: launch and upload into capturing streams, instantiation (twice, with memory
+nodes, flags), memory-allocation nodes across launches, destroy."""
 
 from __future__ import annotations
 
@@ -151,8 +150,8 @@ def instantiate_twice(r: Recorder) -> None:
           source=f"{_GM}, cudaGraphInstantiateWithFlags (at most one executable in existence for a graph with "
                  "memory nodes)")
 def instantiate_mem_nodes_twice(r: Recorder) -> None:
-    """A graph with cudaMallocAsync and the matching cudaFreeAsync node, instantiated twice while the
-    first executable is kept alive (in CuPy a dropped executable is destroyed at once)."""
+    """A graph with cudaMallocAsync and the matching cudaFreeAsync node, instantiated twice while the first executable
+    is kept alive (in CuPy a dropped executable is destroyed at once)."""
     be = r.be
     g, _ = _mem_graph(r, free=True)
     r.nodes("m_nodes", g)
@@ -168,8 +167,8 @@ def instantiate_mem_nodes_twice(r: Recorder) -> None:
                  "and the H200 conformance run of 2026-11-30: cudaErrorNotSupported while the first executable "
                  "lives; once it is destroyed the slot is free")
 def instantiate_unfreed_mem_nodes_twice(r: Recorder) -> None:
-    """The graph allocates and does not free: a second executable while the first lives, then one
-    after the first is destroyed."""
+    """The graph allocates and does not free: a second executable while the first lives, then one after the first is
+    destroyed."""
     be = r.be
     g, _ = _mem_graph(r, free=False, tag="u_")
     r.nodes("u_nodes", g)

@@ -1,10 +1,8 @@
-"""Scenarios of host-side calls an engine's decode step makes while a stream captures: host-only
-queries, ``cudaStreamIsCapturing``, event query and synchronize of an event recorded before the
-capture (on the capturing thread), waiting on such an event in every mode, work and event records
-on a stream outside the capture, and cuBLAS handles. The audit's verdicts for these calls come
-from the rules these scenarios check (``ds4lab.sim.rules``); every scenario here ran on the H200 and
-agreed with the sim (round3's record).
-"""
+"""Scenarios of host-side calls an engine's decode step makes while a stream captures: host-only queries,
+``cudaStreamIsCapturing``, event query and synchronize of an event recorded before the capture (on the capturing
+thread), waiting on such an event in every mode, work and event records on a stream outside the capture, and cuBLAS
+handles. The audit's verdicts for these calls come from the rules these scenarios check (``ds4lab.sim.rules``);
+every scenario here ran on the H200 and agreed with the sim (round3's record)."""
 
 from __future__ import annotations
 
@@ -138,8 +136,8 @@ def other_stream_work_in_capture(r: Recorder, mode: str) -> None:
                  "the library could not set itself up). The H200 answers NOT_INITIALIZED and invalidates the "
                  "capture in global and thread-local mode (rule cublas_create)")
 def cublas_create_in_capture(r: Recorder, mode: str) -> None:
-    """A library handle made on first use, inside the captured region (what lazily initialized
-    engines do on their first captured token)."""
+    """A library handle made on first use, inside the captured region (what lazily initialized engines do on their
+    first captured token)."""
     call_in_capture(r, mode, "cublas_create", r.be.blas_create, release=r.be.blas_destroy)
 
 
@@ -149,8 +147,8 @@ def cublas_create_in_capture(r: Recorder, mode: str) -> None:
                  "allocation during capture). The H200 allows both in every mode, the capture intact "
                  "(rule cublas_settings)")
 def cublas_workspace_in_capture(r: Recorder, mode: str) -> None:
-    """The fix for lazily made cuBLAS resources: handle and workspace made before the capture, only
-    pointed at the capturing stream inside it."""
+    """The fix for lazily made cuBLAS resources: handle and workspace made before the capture, only pointed at the
+    capturing stream inside it."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r)

@@ -1,14 +1,13 @@
-"""Scenarios of ds4's decode islands as shipped (ds4 ``e50104f6``): capture on a dedicated *blocking*
-stream in global mode while the eager work stays on the legacy stream, and what ds4's MoE profile
-(``DS4_CUDA_MOE_PROFILE``: events recorded with ``cudaEventRecord(ev, 0)``, the last one synchronized,
-elapsed times read on the host) does inside such a capture; and the per-token kernel-node update of
-ds4's hand-built attention graph (``36ee8c14``: ``cudaGraphExecKernelNodeSetParams``).
+"""Scenarios of ds4's decode islands as shipped (ds4 ``e50104f6``): capture on a dedicated *blocking* stream in global
+mode while the eager work stays on the legacy stream, and what ds4's MoE profile (``DS4_CUDA_MOE_PROFILE``: events
+recorded with ``cudaEventRecord(ev, 0)``, the last one synchronized, elapsed times read on the host) does inside
+such a capture; and the per-token kernel-node update of ds4's hand-built attention graph (``36ee8c14``:
+``cudaGraphExecKernelNodeSetParams``).
 
-Sources: CUDA Programming Guide, "CUDA Graphs" → "Stream Capture" → "Prohibited and Unhandled
-Operations" (the legacy stream while a blocking stream captures: implicit synchronization) and
-"Cross-stream Dependencies and Events"; CUDA Runtime API, cudaStreamBeginCapture (modes),
-cudaEventRecord, cudaEventQuery, cudaEventSynchronize, cudaGraphExecKernelNodeSetParams.
-"""
+Sources: CUDA Programming Guide, "CUDA Graphs" → "Stream Capture" → "Prohibited and Unhandled Operations" (the legacy
+stream while a blocking stream captures: implicit synchronization) and "Cross-stream Dependencies and Events"; CUDA
+Runtime API, cudaStreamBeginCapture (modes), cudaEventRecord, cudaEventQuery, cudaEventSynchronize,
+cudaGraphExecKernelNodeSetParams."""
 
 from __future__ import annotations
 
@@ -22,17 +21,17 @@ _IMPLICIT = {"status_in_capture": "invalidated", "end_capture": "cudaErrorStream
 
 
 def _unsafe(mode: str) -> dict:
-    """cudaEventQuery / cudaEventSynchronize of an event outside the capture, on the capturing thread:
-    'potentially unsafe' (RT cudaThreadExchangeStreamCaptureMode): refused in global and thread-local
-    mode, the capture invalidated; allowed in relaxed mode (so on the H200: h200-2026-12-02-ds4/conformance)."""
+    """cudaEventQuery / cudaEventSynchronize of an event outside the capture, on the capturing thread: 'potentially
+    unsafe' (RT cudaThreadExchangeStreamCaptureMode): refused in global and thread-local mode, the capture
+    invalidated; allowed in relaxed mode (so on the H200: h200-2026-12-02-ds4/conformance)."""
     if mode == "relaxed":
         return {"status_in_capture": "active", "end_capture": "ok"}
     return {"status_in_capture": "invalidated", "end_capture": "cudaErrorStreamCaptureInvalidated"}
 
 
 def _blocking_capture(r: Recorder, mode: str, body) -> None:
-    """Capture ``body(s)`` on a new blocking stream ``s`` in ``mode``; record the capture status after
-    the body, the graph's nodes, and what a replay of it does to the probe buffer."""
+    """Capture ``body(s)`` on a new blocking stream ``s`` in ``mode``; record the capture status after the body, the
+    graph's nodes, and what a replay of it does to the probe buffer."""
     be = r.be
     s = be.new_stream(non_blocking=False)
     x = _buf(r, 1.0)
@@ -53,8 +52,8 @@ def _blocking_capture(r: Recorder, mode: str, body) -> None:
 @scenario("event record on the legacy stream while a blocking stream captures (ds4's MoE profile in island 1)",
           MODES, expect=lambda m: {"record_legacy": "cudaErrorStreamCaptureImplicit", **_IMPLICIT}, source=_PG)
 def legacy_event_record_blocking_capture(r: Recorder, mode: str) -> None:
-    """``cudaEventRecord(ev, 0)`` inside a capture on a blocking stream: the legacy stream would depend
-    on the capture (implicit synchronization). Does the record fail, and is the capture invalidated?"""
+    """``cudaEventRecord(ev, 0)`` inside a capture on a blocking stream: the legacy stream would depend on the capture
+    (implicit synchronization). Does the record fail, and is the capture invalidated?"""
     ev = r.be.new_event()
     _blocking_capture(r, mode, lambda s: r.call("record_legacy", r.be.event_record, S.LEGACY_STREAM, ev))
     r.call("query_after", r.be.event_query, ev)
@@ -63,8 +62,8 @@ def legacy_event_record_blocking_capture(r: Recorder, mode: str) -> None:
 @scenario("event query of a legacy-stream event while a blocking stream captures", MODES, expect=_unsafe,
           source=f"{_RT}, cudaThreadExchangeStreamCaptureMode (GUESS: event query is 'potentially unsafe')")
 def legacy_event_query_blocking_capture(r: Recorder, mode: str) -> None:
-    """``cudaEventQuery`` of an event recorded on the legacy stream before the capture, asked while a
-    blocking stream captures (ds4's profile polls its events)."""
+    """``cudaEventQuery`` of an event recorded on the legacy stream before the capture, asked while a blocking stream
+    captures (ds4's profile polls its events)."""
     ev = r.be.new_event()
     r.call("record_before", r.be.event_record, S.LEGACY_STREAM, ev)
     r.call("sync_before", r.be.synchronize)
@@ -74,8 +73,8 @@ def legacy_event_query_blocking_capture(r: Recorder, mode: str) -> None:
 @scenario("event synchronize of a legacy-stream event while a blocking stream captures", MODES, expect=_unsafe,
           source=f"{_RT}, cudaThreadExchangeStreamCaptureMode (GUESS: event synchronize is 'potentially unsafe')")
 def legacy_event_sync_blocking_capture(r: Recorder, mode: str) -> None:
-    """``cudaEventSynchronize`` of an event recorded on the legacy stream before the capture, while a
-    blocking stream captures."""
+    """``cudaEventSynchronize`` of an event recorded on the legacy stream before the capture, while a blocking stream
+    captures."""
     ev = r.be.new_event()
     r.call("record_before", r.be.event_record, S.LEGACY_STREAM, ev)
     r.call("sync_before", r.be.synchronize)
@@ -85,9 +84,9 @@ def legacy_event_sync_blocking_capture(r: Recorder, mode: str) -> None:
 @scenario("ds4's MoE profile inside a blocking-stream capture: seven legacy records, synchronize, elapsed", MODES,
           expect=lambda m: {"record0": "cudaErrorStreamCaptureImplicit", **_IMPLICIT}, source=_PG)
 def moe_profile_in_blocking_capture(r: Recorder, mode: str) -> None:
-    """The whole sequence ds4's ``DS4_CUDA_MOE_PROFILE`` runs on a routed-MoE call, inside island 1's
-    capture: an event recorded on the legacy stream before each stage (a probe kernel on the capturing
-    stream between them), the last event synchronized, the six elapsed times read."""
+    """The whole sequence ds4's ``DS4_CUDA_MOE_PROFILE`` runs on a routed-MoE call, inside island 1's capture: an event
+    recorded on the legacy stream before each stage (a probe kernel on the capturing stream between them), the last
+    event synchronized, the six elapsed times read."""
     be = r.be
     evs = [be.new_event() for _ in range(7)]
     x = _buf(r, 1.0)
@@ -108,9 +107,9 @@ def moe_profile_in_blocking_capture(r: Recorder, mode: str) -> None:
           expect={"replay0": "ok", "x_after": "8", "y_after": "3"},
           source=f"{_RT}, 'Stream synchronization behavior' (legacy default stream and blocking streams)")
 def island_replay_orders_with_legacy(r: Recorder) -> None:
-    """ds4's islands keep the eager kernels on the legacy stream and replay each island's graph on its
-    blocking capture stream: legacy work, the replay and legacy work again run in that order with no
-    event between them (a blocking stream synchronizes with the legacy stream)."""
+    """ds4's islands keep the eager kernels on the legacy stream and replay each island's graph on its blocking capture
+    stream: legacy work, the replay and legacy work again run in that order with no event between them (a blocking
+    stream synchronizes with the legacy stream)."""
     be = r.be
     s = be.new_stream(non_blocking=False)
     x = _buf(r, 1.0)
@@ -131,9 +130,8 @@ def island_replay_orders_with_legacy(r: Recorder) -> None:
                   "x_after_updated_replay": "7", "x_after_second_executable": "1"},
           source=f"{_RT}, cudaGraphExecKernelNodeSetParams ('changes only affect future launches of hGraphExec')")
 def kernel_node_set_params(r: Recorder) -> None:
-    """``cudaGraphExecKernelNodeSetParams``: the executable's node takes new arguments for its next
-    launches; the graph it was instantiated from keeps the captured ones (a second executable of it
-    fills the captured value)."""
+    """``cudaGraphExecKernelNodeSetParams``: the executable's node takes new arguments for its next launches; the graph
+    it was instantiated from keeps the captured ones (a second executable of it fills the captured value)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r, 0.0)

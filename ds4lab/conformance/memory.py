@@ -1,8 +1,7 @@
-"""Scenarios of host memory during a capture: asynchronous copies from and to pageable and pinned
-host memory on the capturing stream, synchronous ``cudaMemcpy`` in both directions, and allocating
-or registering pinned host memory. The audit (``ds4lab audit``) gives these calls their verdicts
-from the sim's rules; every scenario here ran on the H200 and agreed with the sim (round3's record).
-"""
+"""Scenarios of host memory during a capture: asynchronous copies from and to pageable and pinned host memory on the
+capturing stream, synchronous ``cudaMemcpy`` in both directions, and allocating or registering pinned host memory.
+The audit (``ds4lab audit``) gives these calls their verdicts from the sim's rules; every scenario here ran on the
+H200 and agreed with the sim (round3's record)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,8 @@ def host_value(r: Recorder, step: str, arr: np.ndarray) -> None:
           source="H200 conformance 2026-11-30 (h2d_pageable_in_capture, relaxed): one memcpy node; " + _R3 + ": every "
                  "mode alike, and a replay copies what the host memory holds at the replay")
 def h2d_async_pageable(r: Recorder, mode: str) -> None:
-    """A pageable host array copied on the capturing stream, then rewritten on the host: what the
-    replay copies is what that memory holds at the replay (the graph keeps the address)."""
+    """A pageable host array copied on the capturing stream, then rewritten on the host: what the replay copies is what
+    that memory holds at the replay (the graph keeps the address)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -54,8 +53,8 @@ def h2d_async_pageable(r: Recorder, mode: str) -> None:
                  "stream is "
                  "a memcpy node, as the host-to-device one is; each replay writes the host array")
 def d2h_async_pageable(r: Recorder, mode: str) -> None:
-    """A device buffer copied into a pageable host array on the capturing stream: not executed at
-    capture; each replay writes the host array."""
+    """A device buffer copied into a pageable host array on the capturing stream: not executed at capture; each replay
+    writes the host array."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r, 3.0)
@@ -93,8 +92,8 @@ def pinned_copies(r: Recorder, mode: str) -> None:
 
 
 def _sync_copy(r: Recorder, mode: str, h2d: bool) -> None:
-    """A synchronous cudaMemcpy during a capture, then a replay: the copy's target as it was left by
-    the capture (``*_after_capture``) and after the replay (``*_after_replay``)."""
+    """A synchronous cudaMemcpy during a capture, then a replay: the copy's target as it was left by the capture
+    (``*_after_capture``) and after the replay (``*_after_replay``)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r, 0.0 if h2d else 3.0)
@@ -118,8 +117,8 @@ def _sync_copy(r: Recorder, mode: str, h2d: bool) -> None:
                   "x_after_replay": "5"},
           source=_ESCAPE)
 def memcpy_sync_h2d_in_capture(r: Recorder, mode: str) -> None:
-    """cudaMemcpy (host to device) during the capture: it runs now on the legacy stream; the
-    replay does not copy again."""
+    """cudaMemcpy (host to device) during the capture: it runs now on the legacy stream; the replay does not copy
+    again."""
     _sync_copy(r, mode, h2d=True)
 
 
@@ -128,8 +127,8 @@ def memcpy_sync_h2d_in_capture(r: Recorder, mode: str) -> None:
                   "h_after_replay": "0"},
           source=_ESCAPE)
 def memcpy_sync_d2h_in_capture(r: Recorder, mode: str) -> None:
-    """cudaMemcpy (device to host) during the capture reads now, before any captured work ran; the
-    replay does not read again."""
+    """cudaMemcpy (device to host) during the capture reads now, before any captured work ran; the replay does not read
+    again."""
     _sync_copy(r, mode, h2d=False)
 
 

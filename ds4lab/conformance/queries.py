@@ -1,6 +1,5 @@
-"""Scenarios of stream and event queries and synchronization during and after a capture, on
-this thread, on forked streams and from another thread (no swallowed status).
-"""
+"""Scenarios of stream and event queries and synchronization during and after a capture, on this thread, on forked
+streams and from another thread (no swallowed status)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ _INV = {"end_capture": "cudaErrorStreamCaptureInvalidated", "nodes": "no graph",
           expect={"stream_query": "cudaErrorStreamCaptureUnsupported", **_INV},
           source=f"{_FACTS}: cudaStreamQuery on a capturing stream returns 900 and invalidates, every mode")
 def stream_query_in_capture(r: Recorder, mode: str) -> None:
-    """cudaStreamQuery on the capturing stream returns cudaErrorStreamCaptureUnsupported (CuPy
-    returns it as a value: ds4lab raises it) and invalidates the capture."""
+    """cudaStreamQuery on the capturing stream returns cudaErrorStreamCaptureUnsupported (CuPy returns it as a value:
+    ds4lab raises it) and invalidates the capture."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -81,8 +80,8 @@ def stream_query_invalidated_capture(r: Recorder) -> None:
                  "synchronize and elapsed time cudaErrorInvalidValue; the query 'not complete' through a swallowed "
                  "status: GUESS cudaErrorInvalidValue)")
 def queries_after_capture_ended(r: Recorder) -> None:
-    """After a clean end, the stream is an ordinary stream again; an event last recorded inside the
-    capture stays unusable, replays or not, until it is recorded again eagerly."""
+    """After a clean end, the stream is an ordinary stream again; an event last recorded inside the capture stays
+    unusable, replays or not, until it is recorded again eagerly."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     e = be.new_event()
@@ -131,8 +130,8 @@ def cross_thread_event_sync(r: Recorder, mode: str) -> None:
 
 
 def _pre_capture_event_from_other_thread(r: Recorder, mode: str, step: str, call) -> None:
-    """Record and complete an event before a ``mode`` capture; during it, ``call(event)`` from
-    another thread as step ``step``, then note the capture's status."""
+    """Record and complete an event before a ``mode`` capture; during it, ``call(event)`` from another thread as step
+    ``step``, then note the capture's status."""
     be = r.be
     s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     e = be.new_event()
@@ -155,8 +154,8 @@ def stream_sync_forked(r: Recorder) -> None:
 
 
 def _on_forked_stream(r: Recorder, step: str, call) -> None:
-    """Fork a second stream into a thread-local capture, work on it, ``call(stream)`` it as step
-    ``step``, then join it back and end the capture."""
+    """Fork a second stream into a thread-local capture, work on it, ``call(stream)`` it as step ``step``, then join it
+    back and end the capture."""
     be = r.be
     s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     e1, e2 = be.new_event(), be.new_event()
@@ -182,8 +181,8 @@ def _on_forked_stream(r: Recorder, step: str, call) -> None:
           source=f"{_FACTS} (2026-11-30): thread-local or relaxed mode on that thread: success, capture intact; "
                  f"{_RT}, cudaThreadExchangeStreamCaptureMode")
 def cross_thread_query_own_mode(r: Recorder, mode: str) -> None:
-    """The querying thread leaves the default (global) interaction mode with
-    cudaThreadExchangeStreamCaptureMode; the capture on this thread is global."""
+    """The querying thread leaves the default (global) interaction mode with cudaThreadExchangeStreamCaptureMode; the
+    capture on this thread is global."""
     be = r.be
     s0, s = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     e = be.new_event()

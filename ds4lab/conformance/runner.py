@@ -1,6 +1,5 @@
-"""Running the scenarios on a backend (:func:`run_scenarios`, ending any capture a scenario left
-open) and comparing records across backends (:func:`compare`).
-"""
+"""Running the scenarios on a backend (:func:`run_scenarios`, ending any capture a scenario left open) and comparing
+records across backends (:func:`compare`)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from .framework import SCENARIOS, Recorder, ScenarioSkipped
 def run_scenarios(be, names: list[str] | None = None, progress=None) -> dict[str, dict[str, str]]:
     """Run the scenarios (all, or those named) on ``be``. Returns ``{scenario: {step: outcome}}``.
 
-    A scenario that raises an unexpected Python exception records it under ``"<exception>"`` and
-    the run goes on; any capture it left open is ended.
-    """
+    A scenario that raises an unexpected Python exception records it under ``"<exception>"`` and the run goes on; any
+    capture it left open is ended."""
     out = {}
     with S.graphs_enabled():
         for sc in SCENARIOS:
@@ -76,9 +74,9 @@ SKIPPED = "<skipped>"
 
 
 def compare(results: dict[str, dict[str, dict[str, str]]]):
-    """One tidy DataFrame: scenario, step, one column per backend, and ``agree`` (pandas' nullable
-    boolean: empty for a scenario skipped on some backend, which was not compared: one row, step
-    :data:`SKIPPED`, each backend's reason or ``ran``)."""
+    """One tidy DataFrame: scenario, step, one column per backend, and ``agree`` (pandas' nullable boolean: empty for a
+    scenario skipped on some backend, which was not compared: one row, step :data:`SKIPPED`, each backend's reason
+    or ``ran``)."""
     import pandas as pd
 
     backends = list(results)

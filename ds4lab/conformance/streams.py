@@ -1,7 +1,6 @@
-"""Scenarios of threads, streams and capture basics: unsafe calls and end-capture from another
-thread, cross-stream fork/join, isolation and external events, capture of the legacy stream,
-replay anywhere, and whole tiny tokens captured and replayed.
-"""
+"""Scenarios of threads, streams and capture basics: unsafe calls and end-capture from another thread, cross-stream
+fork/join, isolation and external events, capture of the legacy stream, replay anywhere, and whole tiny tokens
+captured and replayed."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from .framework import MODES, N, Recorder, _buf, _capture, f32, _other_thread, _
 
 @scenario("unsafe call (cudaMalloc) from another thread during a capture", MODES)
 def cross_thread_malloc(r: Recorder, mode: str) -> None:
-    """Global mode forbids unsafe calls from every thread while it captures; thread-local and
-    relaxed mode leave other threads alone."""
+    """Global mode forbids unsafe calls from every thread while it captures; thread-local and relaxed mode leave other
+    threads alone."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -49,8 +48,8 @@ def end_capture_wrong_thread(r: Recorder, mode: str) -> None:
 # ----------------------------------------------------------------------------- fork / join
 @scenario("cross-stream fork and join through events")
 def fork_join(r: Recorder) -> None:
-    """A second stream joins the capture by waiting on an event recorded in it, and is joined back
-    by the origin waiting on its event: both kernels are in the graph and replay."""
+    """A second stream joins the capture by waiting on an event recorded in it, and is joined back by the origin
+    waiting on its event: both kernels are in the graph and replay."""
     be = r.be
     s1, s2 = be.new_stream(non_blocking=True), be.new_stream(non_blocking=True)
     e1, e2 = be.new_event(), be.new_event()
@@ -180,8 +179,8 @@ def event_record_node(r: Recorder) -> None:
 
 @scenario("host-to-device copy from pageable memory inside a capture")
 def h2d_pageable_in_capture(r: Recorder) -> None:
-    """cudaMemcpyAsync from pageable host memory on the capturing stream (ds4lab writes per-token
-    scalars this way, before the replay, never inside it)."""
+    """cudaMemcpyAsync from pageable host memory on the capturing stream (ds4lab writes per-token scalars this way,
+    before the replay, never inside it)."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     x = _buf(r)
@@ -192,15 +191,15 @@ def h2d_pageable_in_capture(r: Recorder) -> None:
 
 @scenario("capture of one whole tiny token; replay at the next position (device scalars)")
 def whole_tiny_token(r: Recorder) -> None:
-    """The whole token body captured with per-token scalars read from a device buffer and the
-    counts clear as async memset: replaying at a new position equals the eager token, bit for bit."""
+    """The whole token body captured with per-token scalars read from a device buffer and the counts clear as async
+    memset: replaying at a new position equals the eager token, bit for bit."""
     _whole_token(r, scalars="device")
 
 
 @scenario("capture of one whole tiny token with scalars passed by value; replay at the next position")
 def whole_tiny_token_by_value(r: Recorder) -> None:
-    """With scalars passed by value, the replay recomputes the captured position: the replayed
-    token differs from the eager token at the new position (the exactness check catches it)."""
+    """With scalars passed by value, the replay recomputes the captured position: the replayed token differs from the
+    eager token at the new position (the exactness check catches it)."""
     _whole_token(r, scalars="value")
 
 

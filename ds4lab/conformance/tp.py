@@ -1,19 +1,18 @@
 """Scenarios of two devices: peer copies and NCCL all-reduce, eagerly and in each capture mode.
 
-Each scenario makes a node of two devices for itself (:func:`ds4lab.tp.ranks.make_node`): simulated
-devices when the conformance run is on the sim, the host's first two GPUs with NCCL through CuPy when
-it is on ``cupy``. Ranks are threads, one per device, each making its device current first and
-launching through its own thread-local stream accessor. On a host with fewer than two GPUs (or a CuPy
-without NCCL) every scenario here is skipped with that reason (``<skipped>``), never compared.
+Each scenario makes a node of two devices for itself (:func:`ds4lab.tp.ranks.make_node`): simulated devices when the
+conformance run is on the sim, the host's first two GPUs with NCCL through CuPy when it is on ``cupy``. Ranks are
+threads, one per device, each making its device current first and launching through its own thread-local stream
+accessor. On a host with fewer than two GPUs (or a CuPy without NCCL) every scenario here is skipped with that reason
+(``<skipped>``), never compared.
 
-What a scenario records for a collective is whether it *completed*: the call, then a wait for its
-stream (on a GPU a poll with a watchdog that aborts the communicators, :meth:`CupyNode.wait_stream`;
-on the sim a collective that never completes raises in the call), one outcome per rank. Scenarios that
-could leave a collective waiting on a GPU (one rank captured and the other not, collectives out of
-order, a rank alone) run on a GPU only with ``DS4LAB_TP_HANG_SCENARIOS=1``; skipped otherwise, with
-that reason. Every scenario here is written from the CUDA and NCCL documentation (``expect`` and
-``source``; GUESS where no source states it) and waits for its first run on the two-GPU machine.
-"""
+What a scenario records for a collective is whether it *completed*: the call, then a wait for its stream (on a GPU a
+poll with a watchdog that aborts the communicators, :meth:`CupyNode.wait_stream`; on the sim a collective that never
+completes raises in the call), one outcome per rank. Scenarios that could leave a collective waiting on a GPU (one rank
+captured and the other not, collectives out of order, a rank alone) run on a GPU only with
+``DS4LAB_TP_HANG_SCENARIOS=1``; skipped otherwise, with that reason. Every scenario here is written from the CUDA and
+NCCL documentation (``expect`` and ``source``; GUESS where no source states it) and waits for its first run on the
+two-GPU machine."""
 
 from __future__ import annotations
 
@@ -38,8 +37,8 @@ _RT = "CUDA Runtime API reference"
 
 
 def _node(r: Recorder, hang_risk: bool = False):
-    """The scenario's node of two devices, on the backend the run is on (see module docstring).
-    Raises ScenarioSkipped where it cannot run."""
+    """The scenario's node of two devices, on the backend the run is on (see module docstring). Raises ScenarioSkipped
+    where it cannot run."""
     from ..tp.ranks import make_node
 
     be = r.be
@@ -59,8 +58,8 @@ def _node(r: Recorder, hang_risk: bool = False):
 
 
 def _ranks(node, fn) -> None:
-    """``fn(rank)`` on both ranks' threads (each device current in its thread). An exception a rank
-    raised is raised here after both are done (the runner records it)."""
+    """``fn(rank)`` on both ranks' threads (each device current in its thread). An exception a rank raised is raised
+    here after both are done (the runner records it)."""
     from ..tp.ranks import run_ranks
 
     run_ranks(node, fn, timeout_s=8 * node.collective_timeout_s + 10, raise_first=True)
@@ -152,9 +151,8 @@ NEVER_COMPLETES = ("nccl:timeout", "nccl:mismatch", "nccl:nonuniform-capture")
 
 
 def _complete(r: Recorder, step: str, node, rank: int, stream, fn, *args) -> bool:
-    """``fn(*args)`` (a collective, or a graph launch holding one), then a wait for ``stream``: records
-    ``ok``, ``never completes`` (:data:`NEVER_COMPLETES`) or the error name under ``step``; True when it
-    completed."""
+    """``fn(*args)`` (a collective, or a graph launch holding one), then a wait for ``stream``: records ``ok``, ``never
+    completes`` (:data:`NEVER_COMPLETES`) or the error name under ``step``; True when it completed."""
     try:
         fn(*args)
         node.wait_stream(rank, stream)
@@ -223,8 +221,8 @@ def tp_peer_copy(r: Recorder) -> None:
           source=f"GUESS (rule peer_copy_capture): PG 'Stream Capture' makes work on a capturing stream a node; "
                  f"no source speaks of peer copies; {_RT}: cudaMemcpyPeerAsync")
 def tp_peer_copy_in_capture(r: Recorder, mode: str) -> None:
-    """x0 += 1 then a peer copy of x0 into device 1's x1, captured on device 0 and replayed twice: each
-    replay copies (x1 = 5 from x0 = 3)."""
+    """x0 += 1 then a peer copy of x0 into device 1's x1, captured on device 0 and replayed twice: each replay copies
+    (x1 = 5 from x0 = 3)."""
     with _node(r) as node:
 
         def body():
@@ -268,9 +266,9 @@ def _memcpy_peer_expect(kind: str) -> dict:
           source=f"GUESS (rules memcpy_peer_implicit, memcpy_peer_escape): {_RT} cudaMemcpyPeer is serialized with all "
                  "work of the current, source and destination devices (the legacy stream's semantics)")
 def tp_memcpy_peer_in_capture(r: Recorder, kind: str) -> None:
-    """x0 += 1 captured on a ``kind`` stream of device 0 in global mode (ds4's islands capture on a blocking
-    stream), then ``cudaMemcpyPeer`` of x0 into device 1: refused on a blocking capture (the capture
-    invalidated), run at once and left out of the graph on a non-blocking one (the replay never copies)."""
+    """x0 += 1 captured on a ``kind`` stream of device 0 in global mode (ds4's islands capture on a blocking stream),
+    then ``cudaMemcpyPeer`` of x0 into device 1: refused on a blocking capture (the capture invalidated), run at
+    once and left out of the graph on a non-blocking one (the replay never copies)."""
     with _node(r) as node:
 
         def body():
@@ -336,8 +334,8 @@ def _capture_expect(mode: str) -> dict:
                  "GPU needs thread-local capture (rule nccl_global_multithread, GUESS: the status and which "
                  "capture is invalidated)")
 def tp_allreduce_in_capture(r: Recorder, mode: str) -> None:
-    """Each rank captures ``x += 1`` and the all-reduce of x into y on its stream in ``mode`` (rank 0's call
-    while rank 1 already captures), then both replay twice: y = (1 + 2) + 2 + 2 = 7 on both."""
+    """Each rank captures ``x += 1`` and the all-reduce of x into y on its stream in ``mode`` (rank 0's call while rank
+    1 already captures), then both replay twice: y = (1 + 2) + 2 + 2 = 7 on both."""
     with _node(r) as node:
         comms = node.comm_init_all()
         turns = _Turns(node)
@@ -372,8 +370,8 @@ def tp_allreduce_in_capture(r: Recorder, mode: str) -> None:
                  "cudaThreadExchangeStreamCaptureMode; GUESS (rule nccl_global_multithread): the status, and that "
                  "rank 0's capture is invalidated")
 def tp_allreduce_beside_global_capture(r: Recorder) -> None:
-    """Rank 0 captures a kernel in global mode; meanwhile rank 1 calls an eager all-reduce. If the call is
-    accepted, rank 0 joins it eagerly after its capture, so nothing is left waiting."""
+    """Rank 0 captures a kernel in global mode; meanwhile rank 1 calls an eager all-reduce. If the call is accepted,
+    rank 0 joins it eagerly after its capture, so nothing is left waiting."""
     with _node(r) as node:
         comms = node.comm_init_all()
         turns = _Turns(node)

@@ -1,6 +1,5 @@
-"""Scenarios of executable updates (``cudaGraphExecUpdate``: what it accepts and refuses), child
-graphs and external event nodes.
-"""
+"""Scenarios of executable updates (``cudaGraphExecUpdate``: what it accepts and refuses), child graphs and external
+event nodes."""
 
 from __future__ import annotations
 
@@ -169,8 +168,8 @@ def child_graph_mem_nodes(r: Recorder) -> None:
                   "event_synchronize": "ok", "event_query": "ok"},
           source=f"{_RT}, cudaEventRecordWithFlags (cudaEventRecordExternal: an event record node)")
 def event_record_external_node(r: Recorder) -> None:
-    """Unlike a plain record in a capture, an external record is a node: each replay records the event,
-    which the host can then wait for."""
+    """Unlike a plain record in a capture, an external record is a node: each replay records the event, which the host
+    can then wait for."""
     be = r.be
     s = be.new_stream(non_blocking=True)
     e = be.new_event()

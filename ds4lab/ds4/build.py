@@ -1,25 +1,11 @@
-"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load.
-
-How (the command lines are :func:`build_plan`'s, written into ``build.json`` beside the library):
-
-1. the checkout is copied into the build folder (:func:`ds4lab.ds4.source.materialize`): the user's
-   checkout is never written to;
-2. ``make CORE_OBJS`` there, with ds4's own flags (``CFLAGS``/``NVCCFLAGS`` as its Makefile sets them
-   on Linux) plus ``-fPIC`` (position-independent code, so the objects link into a shared library)
-   and without ``-g``/``-lineinfo`` (debug information only: the machine code is the same). The list
-   of objects is asked of the Makefile itself (``CORE_OBJS``: ``ds4.o``, ``ds4_cuda.o`` and the
-   vendored ``cuda/mmq`` objects at ``b0309611``), so a later ds4 that adds one still builds;
-3. ds4lab's driver (``csrc/ds4lab_ds4.c``: ds4.h's API, CUDA events around each token) is compiled
-   against ds4's header, and ``nvcc -shared`` links it with those objects, cudart and cuBLAS into
-   ``libds4lab_ds4.so``, exactly as ds4's Makefile links ``ds4-eval`` (``ds4_eval.o`` +
-   ``CORE_OBJS``), with ds4lab's driver in place of ``ds4_eval.o``.
-
-Builds are cached by ds4's source digest, the GPU architecture and the driver's and flags' digest
-(``$DS4LAB_CACHE``, default ``~/.cache/ds4lab``, then ``ds4/build-<commit>-<digest>-<arch>-<flags>``);
-a build folder is complete only once its ``build.json`` exists (written last), so an interrupted build
-is redone, never reused. A failed build keeps ds4's compiler output in ``build.log`` and moves the
-folder aside as ``…failed-<time>``.
-"""
+"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load (:func:`build`; the command lines
+are :func:`build_plan`'s, written into ``build.json``). The checkout is copied into the build folder (never written
+to); ``make CORE_OBJS`` runs there with ds4's own flags plus ``-fPIC`` and without debug information (the same
+machine code); ds4lab's driver (``csrc/ds4lab_ds4.c``) is compiled against ``ds4.h`` and linked with those objects,
+cudart and cuBLAS into ``libds4lab_ds4.so``, as ds4's Makefile links ``ds4-eval``. Builds are cached by ds4's source
+digest, the GPU architecture and the driver's and flags' digest (``$DS4LAB_CACHE``, default ``~/.cache/ds4lab``); a
+build is complete only once ``build.json`` exists, and a failed one keeps the compiler output in ``build.log`` and
+moves aside as ``…failed-<time>``. Step by step: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -52,8 +38,8 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Toolchain:
-    """The compilers a build uses: ``nvcc`` (from ``$CUDA_HOME``, ``/usr/local/cuda`` or ``PATH``), ``cc``, and
-    the CUDA folder whose ``lib64`` holds cudart and cuBLAS."""
+    """The compilers a build uses: ``nvcc`` (from ``$CUDA_HOME``, ``/usr/local/cuda`` or ``PATH``), ``cc``, and the
+    CUDA folder whose ``lib64`` holds cudart and cuBLAS."""
 
     nvcc: str
     cc: str
@@ -93,9 +79,9 @@ class BuildPlan:
 
     @property
     def flags_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects
-        depend on besides the sources (ds4lab's driver is not: a new driver is compiled and linked with
-        the same objects; a rewritten build is keyed by the text it compiles too: :func:`rewritten_digest`)."""
+        """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects depend on
+        besides the sources (ds4lab's driver is not: a new driver is compiled and linked with the same objects; a
+        rewritten build is keyed by the text it compiles too: :func:`rewritten_digest`)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
@@ -103,8 +89,8 @@ class BuildPlan:
 
     @property
     def driver_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``, and the hooks'
-        header it includes, ``csrc/ds4lab_hooks.h``)."""
+        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``, and the hooks' header it
+        includes, ``csrc/ds4lab_hooks.h``)."""
         h = hashlib.sha256(DRIVER_SOURCE.read_bytes())
         hooks = DRIVER_SOURCE.with_name("ds4lab_hooks.h")
         if hooks.is_file():
@@ -143,22 +129,20 @@ class BuildPlan:
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
                extra_include=(), extra_lib=(), rewrite: bool = False, host_march: str = "native") -> BuildPlan:
-    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or for ds4's CPU back end
-    (``arch`` :data:`CPU`: ds4's ``CPU_CORE_OBJS``, ``ds4.c`` with ``-DDS4_NO_GPU``, and the driver with
+    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or for ds4's CPU back end (``arch``
+    :data:`CPU`: ds4's ``CPU_CORE_OBJS``, ``ds4.c`` with ``-DDS4_NO_GPU``, and the driver with
     ``-DDS4LAB_CPU_ONLY``; for testing the driver against ds4's own code without a GPU, never to time).
 
-    The make variables restate ds4's own Linux flags (Makefile: ``CFLAGS ?= -O3 -ffast-math
-    $(DEBUG_FLAGS) -march=native -Wall -Wextra -std=c99`` with ``-D_GNU_SOURCE
-    -fno-finite-math-only`` appended, ``NVCCFLAGS ?= -O3 -g -lineinfo --use_fast_math -arch=...
-    -Xcompiler -march=native -Xcompiler -pthread``): a variable set on make's command line replaces
-    the Makefile's, appends included, so each is given whole, with ``-fPIC`` added and the debug
-    flags left out. ``host_march`` replaces ds4's ``-march=native`` for host code (a build made on one
-    machine to run on another: ``x86-64-v3``); ``rewrite`` applies ds4lab's stage 0
-    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``.
+    The make variables restate ds4's own Linux flags (Makefile: ``CFLAGS ?= -O3 -ffast-math $(DEBUG_FLAGS)
+    -march=native -Wall -Wextra -std=c99`` with ``-D_GNU_SOURCE -fno-finite-math-only`` appended, ``NVCCFLAGS ?= -O3 -g
+    -lineinfo --use_fast_math -arch=... -Xcompiler -march=native -Xcompiler -pthread``): a variable set on make's
+    command line replaces the Makefile's, appends included, so each is given whole, with ``-fPIC`` added and the debug
+    flags left out. ``host_march`` replaces ds4's ``-march=native`` for host code (a build made on one machine to run
+    on another: ``x86-64-v3``); ``rewrite`` applies ds4lab's stage 0 (:mod:`ds4lab.ds4.rewrite`) to the build's copy of
+    ``ds4_cuda.cu``.
 
     Raises:
-        BadInput: ``arch`` is not ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value.
-    """
+        BadInput: ``arch`` is not ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value."""
     import re
 
     if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
@@ -199,23 +183,21 @@ def cache_root() -> Path:
 
 
 def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
-    """The build's folder in the cache: ``build-<commit>-<source digest>-<arch>[-rw<rewritten digest>]-<flags
-    digest>`` (a rewritten build keyed by the text it compiles too: :func:`rewritten_digest`)."""
+    """The build's folder in the cache: ``build-<commit>-<source digest>-<arch>[-rw<rewritten digest>]-<flags digest>``
+    (a rewritten build keyed by the text it compiles too: :func:`rewritten_digest`)."""
     rw = f"-rw{rewritten_digest(src)}" if plan.rewrite else ""
     return f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
 
 
 def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print,
           cached_only: bool = False) -> Build:
-    """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources,
-    architecture and flags. Builds of one cache folder take turns (a lock file beside it).
-    ``cached_only``: never run ds4's make (a build carried from another machine, or none): a cached
-    build whose driver changed is still relinked (seconds).
+    """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources, architecture and
+    flags. Builds of one cache folder take turns (a lock file beside it). ``cached_only``: never run ds4's make (a
+    build carried from another machine, or none): a cached build whose driver changed is still relinked (seconds).
 
     Raises:
-        BuildError: a step failed (the message names it and the kept log, ``build.log``), or with
-            ``cached_only`` the build is not in the cache (the folder looked for is named).
-    """
+        BuildError: a step failed (the message names it and the kept log, ``build.log``), or with ``cached_only`` the
+            build is not in the cache (the folder looked for is named)."""
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"
@@ -297,9 +279,9 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, c
 
 
 def rewritten_digest(src: Ds4Source) -> str:
-    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as ds4lab's rewrite makes it from ``src``
-    (the text a rewritten build compiles): a change of the rewrite that changes its output is a new
-    build, one that does not reuses the cached build."""
+    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as ds4lab's rewrite makes it from ``src`` (the text a
+    rewritten build compiles): a change of the rewrite that changes its output is a new build, one that does not
+    reuses the cached build."""
     import tempfile
 
     from . import rewrite as RW
@@ -310,10 +292,10 @@ def rewritten_digest(src: Ds4Source) -> str:
 
 
 def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
-    """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site
-    into ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not
-    rewritten). Returns the summary ``build.json`` keeps; a site it could not route is named by file
-    and line on the console and in the summary."""
+    """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site into
+    ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not rewritten). Returns
+    the summary ``build.json`` keeps; a site it could not route is named by file and line on the console and in the
+    summary."""
     import csv
 
     from . import rewrite as RW
@@ -337,9 +319,9 @@ def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
 
 
 def _run_step(log, steps: list, step: str, cmd: list[str], failed, cwd=None) -> str:
-    """Run one build command: its command line and output into ``log``, its record (step, command,
-    seconds, exit status) onto ``steps``; returns its output. A non-zero exit raises
-    ``failed(step, returncode, last 15 lines)``."""
+    """Run one build command: its command line and output into ``log``, its record (step, command, seconds, exit
+    status) onto ``steps``; returns its output. A non-zero exit raises ``failed(step, returncode, last 15 lines)``.
+    """
     log.write(f"\n$ {shlex.join(cmd)}\n")
     log.flush()
     t0 = time.monotonic()
@@ -354,8 +336,8 @@ def _run_step(log, steps: list, step: str, cmd: list[str], failed, cwd=None) -> 
 
 
 def _relink(folder: Path, info: dict, plan: BuildPlan, say) -> Build:
-    """A cached build whose ds4 objects stand and whose driver changed: compile the driver and link the
-    library again (seconds), the library replaced only once linked. Raises BuildError with the log."""
+    """A cached build whose ds4 objects stand and whose driver changed: compile the driver and link the library again
+    (seconds), the library replaced only once linked. Raises BuildError with the log."""
     src_dir, lib = folder / "src", folder / LIBRARY_NAME
     new_lib = folder / (LIBRARY_NAME + ".new")
     steps = []
@@ -395,8 +377,7 @@ def gpu_arch() -> str:
     """``sm_<major><minor>`` of GPU 0, from ``nvidia-smi --query-gpu=compute_cap``.
 
     Raises:
-        BadInput: no GPU answers (ds4lab ds4 runs ds4 on a GPU only).
-    """
+        BadInput: no GPU answers (ds4lab ds4 runs ds4 on a GPU only)."""
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=30)

@@ -1,29 +1,7 @@
-"""The ds4 configurations ``ds4lab ds4`` measures: each is ds4 as it ships plus environment switches
-ds4 itself reads (``ds4_cuda.cu`` at ``b0309611``), nothing of ds4lab's.
-
-=================  =================================================================================
-``islands-off``    ``DS4_CUDA_DECODE_GRAPHS=0``: every decode kernel eager on the legacy stream
-``islands-on``     ds4's default: two decode islands per layer captured at their second sight and
-                   replayed after (``DS4_CUDA_DECODE_GRAPH_LOG=1`` logs each capture; it prints only
-                   when a graph is captured or fails, never per replay)
-``moe-profile``    islands on with ``DS4_CUDA_MOE_PROFILE=1``: ds4's seven events around its routed
-                   MoE, synchronized on every call, one profile line per call on stderr
-``moe-graph``      islands on with ``DS4_CUDA_MOE_DECODE_GRAPH=1``: the hand-built routed-MoE decode
-                   graph of ``36ee8c14``, which ds4 takes for Q4_K experts only
-=================  =================================================================================
-
-The capture ladder runs ds4 rewritten by ds4lab (:mod:`ds4lab.ds4.rewrite`: stage 0 in ds4 itself),
-beside ``islands-off`` of ds4 as it ships, the reference every stage's logits are held to:
-
-=================  =================================================================================
-``stage-0``        the rewritten build, accessor unset, islands off: ds4 eager, each site on its own
-                   stream (the rewrite's cost against ``islands-off``)
-``stage-i``        the rewritten build, accessor unset, ds4's islands on
-``stage-3u``       the rewritten build, islands off, every token captured whole by ds4lab's driver on
-                   its stream and replayed, the executable graph of the token's shape updated each
-                   token (``cudaGraphExecUpdate``); split only where a call cannot be captured
-=================  =================================================================================
-"""
+"""The ds4 configurations ``ds4lab ds4`` measures (:data:`VARIANTS`): ds4 as it ships with environment switches ds4
+itself reads (``islands-off``, ``islands-on``, ``moe-profile``, ``moe-graph``), and the capture ladder's stages on
+ds4 rewritten by ds4lab (``stage-0``, ``stage-i``, ``stage-3u``: :mod:`ds4lab.ds4.rewrite`), each held to
+``islands-off`` bit for bit. What each switch does in ``ds4_cuda.cu`` at ``b0309611``: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -34,8 +12,8 @@ from ..errors import BadInput
 
 @dataclass(frozen=True)
 class Ds4Variant:
-    """One configuration: its name, the environment it adds, what it is, and the routed-expert
-    formats it applies to (``None``: all)."""
+    """One configuration: its name, the environment it adds, what it is, and the routed-expert formats it applies to
+    (``None``: all)."""
 
     name: str
     env: tuple
@@ -89,12 +67,11 @@ DEFAULT_CONFIGS = ("islands-off", "islands-on", "moe-profile")
 
 
 def parse_stages(text: str) -> tuple[str, ...]:
-    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it
-    ships, every stage's logits held to it).
+    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it ships, every
+    stage's logits held to it).
 
     Raises:
-        BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why)
-            or an empty list.
+        BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why) or an empty list.
     """
     names = [n.strip() for n in str(text).split(",") if n.strip()]
     if not names:
@@ -112,8 +89,7 @@ def parse_configs(text: str) -> tuple[str, ...]:
     """``"islands-off,islands-on"`` → the names, in order, each once.
 
     Raises:
-        BadInput: an unknown name (named, with the known ones) or an empty list.
-    """
+        BadInput: an unknown name (named, with the known ones) or an empty list."""
     names = [n.strip() for n in str(text).split(",") if n.strip()]
     if not names:
         raise BadInput(f"--configs {text!r}: name at least one of {', '.join(VARIANTS)}")

@@ -1,12 +1,10 @@
 """ds4's engine in this process, through ds4lab's driver library (:mod:`ds4lab.ds4.build`) and ctypes.
 
-One :class:`Ds4Engine` is one ``ds4_engine`` with one ``ds4_session`` (ds4.h). Positions advance
-only by ds4's own calls: :meth:`Ds4Engine.sync` (``ds4_session_sync``: prefill up to a prefix) and
-:meth:`Ds4Engine.eval_timed` (``ds4_session_eval``: one decode token, between two CUDA events on the
-legacy stream). ds4 reads its environment once per process (``DS4_CUDA_DECODE_GRAPHS`` is read
-into a static at first use, ``ds4_cuda.cu`` ``ds4_gpu_decode_graphs_supported``), so each
-configuration runs in a process of its own (:mod:`ds4lab.ds4.worker`).
-"""
+One :class:`Ds4Engine` is one ``ds4_engine`` with one ``ds4_session`` (ds4.h). Positions advance only by ds4's own
+calls: :meth:`Ds4Engine.sync` (``ds4_session_sync``: prefill up to a prefix) and :meth:`Ds4Engine.eval_timed`
+(``ds4_session_eval``: one decode token, between two CUDA events on the legacy stream). ds4 reads its environment once
+per process (``DS4_CUDA_DECODE_GRAPHS`` is read into a static at first use, ``ds4_cuda.cu``
+``ds4_gpu_decode_graphs_supported``), so each configuration runs in a process of its own (:mod:`ds4lab.ds4.worker`)."""
 
 from __future__ import annotations
 
@@ -21,9 +19,9 @@ class Ds4Error(RuntimeError):
 
 
 class TokenStats(ctypes.Structure):
-    """``ds4lab_token_stats`` of ``csrc/ds4lab_ds4.c``: what the driver's whole-token capture did for
-    the last token (graphs launched, splits and their calls, instantiations, updates, nodes, and with
-    the comparison the nodes whose parameters changed since the token before of the same shape)."""
+    """``ds4lab_token_stats`` of ``csrc/ds4lab_ds4.c``: what the driver's whole-token capture did for the last token
+    (graphs launched, splits and their calls, instantiations, updates, nodes, and with the comparison the nodes
+    whose parameters changed since the token before of the same shape)."""
 
     _fields_ = [("segments", ctypes.c_int), ("splits", ctypes.c_int), ("instantiated", ctypes.c_int),
                 ("updated", ctypes.c_int), ("update_refused", ctypes.c_int), ("nodes", ctypes.c_longlong),
@@ -72,6 +70,11 @@ def _bind(lib) -> None:
         fn.restype, fn.argtypes = res, args
 
 
+def _int_query(fn: str, doc: str) -> property:
+    """A read-only property answering ds4's integer query ``fn`` of the driver (on the open handle)."""
+    return property(lambda self: int(getattr(self.lib, fn)(self.h)), doc=doc)
+
+
 class Ds4Engine:
     """ds4's engine and one session, opened on the CUDA back end.
 
@@ -80,14 +83,13 @@ class Ds4Engine:
         model: the GGUF file ds4 opens (``ds4lab.ds4.gguf_model`` writes a synthetic one).
         ctx_size: the session's context in tokens (ds4 allocates its KV cache for it).
         threads: ds4's host threads (0: ds4's default).
-        resident: open every layer and the output head as a layer slice, the open whose
-            ``DS4_CUDA_COPY_MODEL`` copies the model into GPU memory (``csrc/ds4lab_ds4.c``,
-            ``ds4lab_open``); False: ds4's whole-model open (its default).
+        resident: open every layer and the output head as a layer slice, the open whose ``DS4_CUDA_COPY_MODEL`` copies
+            the model into GPU memory (``csrc/ds4lab_ds4.c``, ``ds4lab_open``); False: ds4's whole-model open (its
+            default).
 
     Raises:
         BadInput: the library or the model file does not exist.
-        Ds4Error: ds4 refused the model or the session (ds4's own message is on stderr).
-    """
+        Ds4Error: ds4 refused the model or the session (ds4's own message is on stderr)."""
 
     def __init__(self, library, model, ctx_size: int, threads: int = 0, resident: bool = False) -> None:
         lib_path, model_path = Path(library), Path(model)
@@ -109,38 +111,20 @@ class Ds4Engine:
     def _error(self) -> str:
         return (self.lib.ds4lab_error(self.h) or b"").decode(errors="replace")
 
-    @property
-    def vocab_size(self) -> int:
-        """``ds4_engine_vocab_size``."""
-        return int(self.lib.ds4lab_vocab_size(self.h))
-
-    @property
-    def layer_count(self) -> int:
-        """``ds4_engine_layer_count``."""
-        return int(self.lib.ds4lab_layer_count(self.h))
-
-    @property
-    def routed_quant_bits(self) -> int:
-        """``ds4_engine_routed_quant_bits``: 2 for IQ2_XXS/Q2_K routed experts, 4 for Q4_K."""
-        return int(self.lib.ds4lab_routed_quant_bits(self.h))
-
-    @property
-    def model_bytes(self) -> int:
-        """``ds4_engine_model_bytes``."""
-        return int(self.lib.ds4lab_model_bytes(self.h))
-
-    @property
-    def pos(self) -> int:
-        """``ds4_session_pos``: tokens in the session so far."""
-        return int(self.lib.ds4lab_pos(self.h))
+    vocab_size = _int_query("ds4lab_vocab_size", "``ds4_engine_vocab_size``.")
+    layer_count = _int_query("ds4lab_layer_count", "``ds4_engine_layer_count``.")
+    routed_quant_bits = _int_query("ds4lab_routed_quant_bits", "``ds4_engine_routed_quant_bits``: 2 for IQ2_XXS/Q2_K "
+                                   "routed experts, 4 for Q4_K.")
+    model_bytes = _int_query("ds4lab_model_bytes", "``ds4_engine_model_bytes``.")
+    pos = _int_query("ds4lab_pos", "``ds4_session_pos``: tokens in the session so far.")
 
     def argmax(self) -> int:
         """``ds4_session_argmax`` of the last logits."""
         return int(self.lib.ds4lab_argmax(self.h))
 
     def sync(self, tokens) -> float:
-        """Prefill the session to the prefix ``tokens`` (ints); returns seconds on the host, a device
-        synchronize included. Raises Ds4Error with ds4's message."""
+        """Prefill the session to the prefix ``tokens`` (ints); returns seconds on the host, a device synchronize
+        included. Raises Ds4Error with ds4's message."""
         arr = (ctypes.c_int * len(tokens))(*[int(t) for t in tokens])
         secs = ctypes.c_double()
         if self.lib.ds4lab_sync(self.h, arr, len(tokens), ctypes.byref(secs)) != 0:
@@ -148,22 +132,22 @@ class Ds4Engine:
         return secs.value
 
     def eval(self, token: int) -> None:
-        """One decode token with nothing of ds4lab's around it (no events, no synchronization: the
-        tokens a trace records). Raises Ds4Error with ds4's message."""
+        """One decode token with nothing of ds4lab's around it (no events, no synchronization: the tokens a trace
+        records). Raises Ds4Error with ds4's message."""
         if self.lib.ds4lab_eval(self.h, int(token)) != 0:
             raise Ds4Error(f"ds4_session_eval at position {self.pos}: {self._error()}")
 
     def eval_timed(self, token: int) -> tuple[float, float]:
-        """One decode token. Returns ``(gpu_us, host_us)``: µs between CUDA events recorded on the
-        legacy stream before and after ``ds4_session_eval``, and µs of the call on the host clock.
-        Raises Ds4Error with ds4's message or the failed CUDA call."""
+        """One decode token. Returns ``(gpu_us, host_us)``: µs between CUDA events recorded on the legacy stream before
+        and after ``ds4_session_eval``, and µs of the call on the host clock. Raises Ds4Error with ds4's message or
+        the failed CUDA call."""
         if self.lib.ds4lab_eval_timed(self.h, int(token), ctypes.byref(self._gpu), ctypes.byref(self._host)) != 0:
             raise Ds4Error(f"ds4_session_eval at position {self.pos}: {self._error()}")
         return self._gpu.value * 1e3, self._host.value * 1e6
 
     def logits(self):
-        """The last token's logits (``ds4_session_copy_logits``): float32 array of the vocabulary's size.
-        Raises Ds4Error when ds4 gives none."""
+        """The last token's logits (``ds4_session_copy_logits``): float32 array of the vocabulary's size. Raises
+        Ds4Error when ds4 gives none."""
         import numpy as np
 
         out = np.empty(self.vocab_size, dtype=np.float32)
@@ -178,22 +162,22 @@ class Ds4Engine:
         return int(self.lib.ds4lab_rewritten())
 
     def capture_mode(self, mode: int) -> None:
-        """Set the driver's capture mode (:data:`EAGER`, :data:`WHOLE_TOKEN_UPDATE`) on this thread.
-        Raises Ds4Error when the build has no ds4lab rewrite and a capture is asked for."""
+        """Set the driver's capture mode (:data:`EAGER`, :data:`WHOLE_TOKEN_UPDATE`) on this thread. Raises Ds4Error
+        when the build has no ds4lab rewrite and a capture is asked for."""
         if self.lib.ds4lab_capture_mode(self.h, int(mode)) != 0:
             raise Ds4Error(self._error())
 
     def capture_stats(self, diff: bool = True) -> dict:
-        """What the whole-token capture did for the last token (:class:`TokenStats` as a dict); with
-        ``diff``, each updated graph is compared node by node with the one its exec held before (host
-        work: call it outside the timed token)."""
+        """What the whole-token capture did for the last token (:class:`TokenStats` as a dict); with ``diff``, each
+        updated graph is compared node by node with the one its exec held before (host work: call it outside the
+        timed token)."""
         st = TokenStats()
         self.lib.ds4lab_capture_stats(self.h, ctypes.byref(st), int(bool(diff)))
         return st.as_dict()
 
     def capture_tally(self) -> list[dict]:
-        """Every (kernel, argument index) whose value changed between compared tokens, with the number
-        of changes: what a graph replayed without update would hold stale."""
+        """Every (kernel, argument index) whose value changed between compared tokens, with the number of changes: what
+        a graph replayed without update would hold stale."""
         out, i = [], 0
         name, param, changes = ctypes.c_char_p(), ctypes.c_int(), ctypes.c_longlong()
         while self.lib.ds4lab_capture_tally(self.h, i, ctypes.byref(name), ctypes.byref(param),

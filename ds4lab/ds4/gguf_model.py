@@ -1,36 +1,12 @@
-"""What ds4 asks of a DeepSeek V4 Flash GGUF: every tensor and metadata key, as data.
+"""What ds4 asks of a DeepSeek V4 Flash GGUF: every tensor and metadata key, as data (:func:`ds4_tensors`,
+:func:`ds4_metadata`, the synthetic vocabulary :func:`synthetic_vocab`).
 
-Read from ds4's loader and validator (``ds4.c`` at ``b0309611``; line numbers below are that
-file's) and written here in ds4lab's own words; nothing is copied from ds4. ds4 opens a model in
-this order (``ds4_engine_open_internal``, ds4.c:56100):
-
-1. ``model_open`` (2452): GGUF magic, version 3 only (2492); ``parse_metadata`` (2358) takes
-   ``general.alignment`` (u32, default 32, 2376); ``parse_tensors`` (2392): every tensor needs a
-   known type and must lie inside the file (``tensor points outside GGUF file``), so a sparse file of
-   full length passes.
-2. ``config_validate_model`` (5809) → ``config_validate_deepseek4_model`` (5629): the shape keys
-   must match ``DS4_SHAPE_FLASH`` (541) or Pro exactly (``ds4_select_shape_from_metadata``, 5470,
-   ``unsupported DeepSeek4 shape``), then each is compared again (``config_expect_u32``);
-   ``validate_compress_ratio_metadata`` (5530) wants ``deepseek4.attention.compress_ratios`` (int32
-   or uint32 array, one per layer, equal to ``ds4_expected_layer_compress_ratio``, 1079);
-   ``validate_swiglu_clamp_metadata`` (5568) a float array of 10.0 per layer; the float keys within
-   1e-6 of ds4's constants; ``expert_weights_norm`` a bool, true.
-3. ``weights_bind`` (5949) → ``weights_bind_output`` (5819), ``weights_bind_layer`` (5895):
-   ``required_tensor`` (4254) for each name, ``exp_probs_b.bias`` optional; then
-   ``weights_validate_layout`` (5012): type and shape of each (``tensor_expect_layout`` 4287, dense
-   quant Q8_0/Q4_K/Q4_0 ``tensor_expect_dense_quant_layout`` 4358, F16 or Q8_0 4408, a routed expert
-   type ``tensor_expect_routed_expert`` 4739 with gate and up of one type).
-4. Without ``inspect_only``: ``vocab_load`` (36750): ``tokenizer.ggml.tokens`` and
-   ``tokenizer.ggml.merges`` string arrays, and seven special tokens looked up by text
-   (``vocab_lookup``, exit when missing): :data:`SPECIAL_TOKENS`.
-
-Types: ds4 fixes most tensors' types itself (F16 embedding, HC, compressor, router; F32 norms and
-biases; I32 hash table). Where it allows a choice, the types are those of ds4's smallest Flash file,
-``DeepSeek-V4-Flash-IQ2XXS-w2Q2K-AProjQ8-SExpQ8-OutQ8`` (``gguf-tools/README.md``; its template
-family is ``...F16HC-F16Compressor-F16Indexer-Q8Attn-Q8Shared-Q8Out``): IQ2_XXS routed gate/up, Q2_K
-routed down, Q8_0 attention projections, shared expert and output head, F16 indexer query.
-``ds4_engine_routed_quant_bits`` (49903) reports 2 for it (4 when the experts are Q4_K).
-"""
+Read from ds4's loader and validator (``ds4.c`` at ``b0309611``; line numbers in this module are that file's) and
+written in ds4lab's own words; nothing is copied from ds4. The order ds4 opens a model in (``model_open``,
+``config_validate_deepseek4_model``, ``weights_bind``, ``weights_validate_layout``, ``vocab_load``) and the types of
+ds4's smallest Flash file this module follows where ds4 allows a choice (IQ2_XXS routed gate/up, Q2_K routed down, Q8_0
+attention projections, shared expert and output head, F16 indexer query): ``docs/model.md``, "The synthetic model ds4
+opens"."""
 
 from __future__ import annotations
 
@@ -83,15 +59,14 @@ class TensorSpec:
     Attributes:
         name: the GGUF tensor name ds4 binds (``blk.7.attn_q_a.weight``).
         ggml_type: GGML type name (:data:`GGML_TYPES`).
-        shape: dimensions in GGUF order: ``shape[0]`` is ``ne0``, the contiguous one (for a matrix,
-            the input width; ds4 checks ``dim[0]``, ``dim[1]``, ``dim[2]`` in this order).
+        shape: dimensions in GGUF order: ``shape[0]`` is ``ne0``, the contiguous one (for a matrix, the input width;
+            ds4 checks ``dim[0]``, ``dim[1]``, ``dim[2]`` in this order).
         fill: ``"random"`` or ``"hole"`` (:data:`FILLS`).
-        init: how the random values are drawn (:func:`ds4lab.ds4.gguf_writer.tensor_bytes`):
-            ``norm``, ``embedding``, ``q8_0``, ``f16_matrix``, ``bias``, ``sinks``, ``hc_scale``,
-            ``hc_base``, ``ape``, ``tid2eid``; ``experts`` for the routed experts (always holes).
+        init: how the random values are drawn (:func:`ds4lab.ds4.gguf_writer.tensor_bytes`): ``norm``, ``embedding``,
+            ``q8_0``, ``f16_matrix``, ``bias``, ``sinks``, ``hc_scale``, ``hc_base``, ``ape``, ``tid2eid``; ``experts``
+            for the routed experts (always holes).
         layer: the layer index, or None for the embedding and the output head.
-        check: the ds4.c check that fixes this tensor's type and shape.
-    """
+        check: the ds4.c check that fixes this tensor's type and shape."""
 
     name: str
     ggml_type: str
@@ -119,8 +94,7 @@ class TensorSpec:
         """Bytes of the tensor's data, from the ``gguf`` package's block table (``GGML_QUANT_SIZES``).
 
         Raises:
-            BadInput: the contiguous dimension is not a whole number of the type's blocks.
-        """
+            BadInput: the contiguous dimension is not a whole number of the type's blocks."""
         import gguf
 
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
@@ -137,10 +111,9 @@ class MetaKV:
     Attributes:
         key: the GGUF key.
         vtype: GGUF value type name (``UINT32``, ``FLOAT32``, ``BOOL``, ``STRING``, ``ARRAY``).
-        value: the value (a list for arrays; the element type follows the ``gguf`` package's
-            inference: ``INT32`` for ints, ``FLOAT32`` for floats, ``STRING`` for strings).
-        check: who reads it (ds4.c function) or ``ds4lab`` for ds4lab's own marker keys.
-    """
+        value: the value (a list for arrays; the element type follows the ``gguf`` package's inference: ``INT32`` for
+            ints, ``FLOAT32`` for floats, ``STRING`` for strings).
+        check: who reads it (ds4.c function) or ``ds4lab`` for ds4lab's own marker keys."""
 
     key: str
     vtype: str
@@ -152,9 +125,8 @@ def synthetic_config(preset: str | ModelConfig) -> ModelConfig:
     """The ds4lab configuration of ``preset`` (a name or a :class:`ModelConfig`), checked for a GGUF.
 
     Raises:
-        BadInput: unknown preset (the message lists the known ones), or an expert format ds4 has
-            no GGML type for (``q4blk`` is ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``).
-    """
+        BadInput: unknown preset (the message lists the known ones), or an expert format ds4 has no GGML type for
+            (``q4blk`` is ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``)."""
     if isinstance(preset, ModelConfig):
         cfg = preset
     else:
@@ -171,10 +143,9 @@ def synthetic_config(preset: str | ModelConfig) -> ModelConfig:
 def layer_compress_ratio(cfg: ModelConfig, layer: int) -> int:
     """Compression ratio of ``layer`` in the file: 0, 4 or 128, whatever ``cfg.long_context`` says.
 
-    ds4 always loads the compressed-attention tensors (ds4.c ``ds4_expected_layer_compress_ratio``,
-    1079: Flash layers 0-1 none, then even layers 4, odd layers 128); ds4lab's census of the same
-    rule is :meth:`ModelConfig.compress_ratio` with long context on, used here.
-    """
+    ds4 always loads the compressed-attention tensors (ds4.c ``ds4_expected_layer_compress_ratio``, 1079: Flash layers
+    0-1 none, then even layers 4, odd layers 128); ds4lab's census of the same rule is
+    :meth:`ModelConfig.compress_ratio` with long context on, used here."""
     return cfg.replace(long_context=True).compress_ratio(layer)
 
 
@@ -187,122 +158,114 @@ EXPERT_BLOCKS = {"IQ2_XXS": (66, (0,)), "Q2_K": (84, (80, 82)), "Q4_K": (144, (0
 
 def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random",
                 random_expert_layers=()) -> list[TensorSpec]:
-    """Every tensor ds4 binds for ``preset``, in file order: the embedding, 43 layers, the output head.
-
-    Per layer (``weights_bind_layer``, ds4.c:5895; shapes from ``weights_validate_layout``,
-    5045-5110), with E = embedding, H = heads, D = head dim, Q = query LoRA rank, G = output groups,
-    O = output LoRA rank, X = experts, F = expert FFN dim, S = HC streams, M = 2S + S² HC mix width:
-    ``hc_attn_fn`` F16 [S·E, M], ``hc_attn_scale`` F32 [3], ``hc_attn_base`` F32 [M], ``attn_norm``
-    F32 [E], ``attn_q_a`` Q8_0 [E, Q], ``attn_q_a_norm`` F32 [Q], ``attn_q_b`` Q8_0 [Q, H·D],
-    ``attn_kv`` Q8_0 [E, D], ``attn_kv_a_norm`` F32 [D], ``attn_sinks`` F32 [H], ``attn_output_a``
-    Q8_0 [D·H/G, G·O], ``attn_output_b`` Q8_0 [G·O, E]; compressed layers (ratio r ≠ 0):
-    ``attn_compressor_{ape,kv,gate}`` F16 [c·D, r] / [E, c·D] with c = 2 for r = 4, 1 for r = 128, and
-    ``attn_compressor_norm`` F32 [D]; ratio-4 layers the indexer: ``indexer.attn_q_b`` F16 [Q, Hi·Di],
-    ``indexer.proj`` F16 [E, Hi], ``indexer_compressor_{ape,kv,gate}`` F16 [2·Di, 4] / [E, 2·Di],
-    ``indexer_compressor_norm`` F32 [Di]; then ``hc_ffn_*`` as ``hc_attn_*``, ``ffn_norm`` F32 [E],
-    ``ffn_gate_inp`` F16 [E, X], ``exp_probs_b.bias`` F32 [X] (optional in ds4; written on the top-k
-    layers, whose router reads it; the hash layers' router ignores it, ds4_cuda.cu:18718),
-    ``ffn_{gate,up}_exps`` [E, F, X] and ``ffn_down_exps`` [F, E, X] in the routed format, the
-    shared expert ``ffn_{gate,up}_shexp`` Q8_0 [E, F], ``ffn_down_shexp`` Q8_0 [F, E]; hash layers
-    (the first 3) ``ffn_gate_tid2eid`` I32 [experts used, vocab]. Around the layers
-    (``weights_bind_output``, 5819): ``token_embd`` F16 [E, vocab], ``output_hc_base`` F32 [S],
-    ``output_hc_fn`` F16 [S·E, S], ``output_hc_scale`` F32 [1], ``output_norm`` F32 [E], ``output``
-    Q8_0 [E, vocab].
+    """Every tensor ds4 binds for ``preset``, in file order: the embedding (``weights_bind_output``, ds4.c:5819), each
+    layer's (``weights_bind_layer``, 5895: attention, compressor on compressed layers, indexer on ratio-4 layers,
+    hyper-connections, router, routed and shared experts, the hash table on hash layers), the output head; types and
+    shapes as ``weights_validate_layout`` (5045-5110) checks them, one ``add`` each below. ``exp_probs_b.bias``
+    (optional in ds4) is written on the top-k layers, whose router reads it (the hash layers' ignores it,
+    ds4_cuda.cu:18718).
 
     Args:
         preset: a preset name or configuration (:func:`synthetic_config`).
-        dense: ``"random"``: the large Q8_0 matrices (attention, shared expert, output head) hold
-            random values; ``"holes"``: they are holes too (zero scales: they output zeros).
-        random_expert_layers: layers whose routed experts hold random blocks instead of holes (small
-            fp16 scales, random quants: :data:`EXPERT_BLOCKS`), so a run can compare a layer whose
-            expert kernels read real-looking data with the ones that read zeros (a kernel that looks
-            a table up by weight byte hits one entry on zeros).
+        dense: ``"random"``: the large Q8_0 matrices (attention, shared expert, output head) hold random values;
+            ``"holes"``: they are holes too (zero scales: they output zeros).
+        random_expert_layers: layers whose routed experts hold random blocks instead of holes (small fp16 scales,
+            random quants: :data:`EXPERT_BLOCKS`), so a run can compare a layer whose expert kernels read real-looking
+            data with the ones that read zeros.
 
     Returns:
         The :class:`TensorSpec` list; the routed experts are holes but on ``random_expert_layers``.
 
     Raises:
-        BadInput: bad ``preset`` or ``dense``.
-    """
+        BadInput: bad ``preset``, ``dense`` or ``random_expert_layers``."""
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
     cfg = synthetic_config(preset)
     bad = [il for il in random_expert_layers if not 0 <= int(il) < cfg.n_layers]
     if bad:
         raise BadInput(f"random_expert_layers={list(random_expert_layers)!r}: {cfg.name} has layers 0..{cfg.n_layers - 1}")
-    E, H, D, Q = cfg.embed, cfg.n_heads, cfg.head_dim, cfg.q_lora
-    G, O, X, F, S = cfg.out_groups, cfg.out_lora, cfg.n_experts, cfg.expert_ffn, cfg.hc_streams
-    M = 2 * S + S * S
-    Hi, Di = cfg.index_heads, cfg.index_head_dim
-    gate_up_t, down_t = EXPERT_GGML_TYPES[cfg.expert_format]
-    q8_fill = "random" if dense == "random" else "hole"
     out: list[TensorSpec] = []
+    q8_fill = "random" if dense == "random" else "hole"
 
-    def add(name, t, shape, init, layer, check, fill="random"):
+    def add(name, t, shape, init, layer, check=None, fill="random"):
+        check = check or f"{_VL}: tensor_expect_layout {t}"
         out.append(TensorSpec(name, t, tuple(int(d) for d in shape), fill, init, layer, check))
 
-    vl = "weights_validate_layout (ds4.c:5012)"
-    exact = f"{vl}: tensor_expect_layout"
-    dq = f"{vl}: tensor_expect_dense_quant_layout (Q8_0, Q4_K or Q4_0; Q8_0 as ds4's Flash files)"
-    add("token_embd.weight", "F16", (E, cfg.vocab), "embedding", None, f"{exact} F16")
+    def q8(name, shape, layer):
+        add(name, "Q8_0", shape, "q8_0", layer, _DQ, q8_fill)
+
+    E, S = cfg.embed, cfg.hc_streams
+    add("token_embd.weight", "F16", (E, cfg.vocab), "embedding", None)
+    random_layers = {int(x) for x in random_expert_layers}
     for il in range(cfg.n_layers):
-        p = f"blk.{il}."
-        ratio = layer_compress_ratio(cfg, il)
-        add(p + "hc_attn_fn.weight", "F16", (S * E, M), "f16_matrix", il, f"{exact} F16")
-        add(p + "hc_attn_scale.weight", "F32", (3,), "hc_scale", il, f"{exact} F32")
-        add(p + "hc_attn_base.weight", "F32", (M,), "hc_base", il, f"{exact} F32")
-        add(p + "attn_norm.weight", "F32", (E,), "norm", il, f"{exact} F32")
-        add(p + "attn_q_a.weight", "Q8_0", (E, Q), "q8_0", il, dq, q8_fill)
-        add(p + "attn_q_a_norm.weight", "F32", (Q,), "norm", il, f"{exact} F32")
-        add(p + "attn_q_b.weight", "Q8_0", (Q, H * D), "q8_0", il, dq, q8_fill)
-        add(p + "attn_kv.weight", "Q8_0", (E, D), "q8_0", il, dq, q8_fill)
-        add(p + "attn_kv_a_norm.weight", "F32", (D,), "norm", il, f"{exact} F32")
-        add(p + "attn_sinks.weight", "F32", (H,), "sinks", il, f"{exact} F32")
-        add(p + "attn_output_a.weight", "Q8_0", (D * (H // G), G * O), "q8_0", il, dq, q8_fill)
-        add(p + "attn_output_b.weight", "Q8_0", (G * O, E), "q8_0", il, dq, q8_fill)
-        if ratio:
-            w = (2 if ratio == 4 else 1) * D
-            add(p + "attn_compressor_ape.weight", "F16", (w, ratio), "ape", il, f"{exact} F16")
-            add(p + "attn_compressor_kv.weight", "F16", (E, w), "f16_matrix", il, f"{exact} F16")
-            add(p + "attn_compressor_gate.weight", "F16", (E, w), "f16_matrix", il, f"{exact} F16")
-            add(p + "attn_compressor_norm.weight", "F32", (D,), "norm", il, f"{exact} F32")
-        if ratio == 4:
-            add(p + "indexer.attn_q_b.weight", "F16", (Q, Hi * Di), "f16_matrix", il,
-                f"{vl}: tensor_expect_f16_or_q8_0_layout (F16 as ds4's Flash files)")
-            add(p + "indexer.proj.weight", "F16", (E, Hi), "f16_matrix", il, f"{exact} F16")
-            add(p + "indexer_compressor_ape.weight", "F16", (2 * Di, 4), "ape", il, f"{exact} F16")
-            add(p + "indexer_compressor_kv.weight", "F16", (E, 2 * Di), "f16_matrix", il, f"{exact} F16")
-            add(p + "indexer_compressor_gate.weight", "F16", (E, 2 * Di), "f16_matrix", il, f"{exact} F16")
-            add(p + "indexer_compressor_norm.weight", "F32", (Di,), "norm", il, f"{exact} F32")
-        add(p + "hc_ffn_fn.weight", "F16", (S * E, M), "f16_matrix", il, f"{exact} F16")
-        add(p + "hc_ffn_scale.weight", "F32", (3,), "hc_scale", il, f"{exact} F32")
-        add(p + "hc_ffn_base.weight", "F32", (M,), "hc_base", il, f"{exact} F32")
-        add(p + "ffn_norm.weight", "F32", (E,), "norm", il, f"{exact} F32")
-        add(p + "ffn_gate_inp.weight", "F16", (E, X), "f16_matrix", il, f"{exact} F16")
-        if not cfg.is_hash_layer(il):
-            add(p + "exp_probs_b.bias", "F32", (X,), "bias", il, f"{vl}: tensor_expect_optional F32")
-        ex = f"{vl}: tensor_expect_routed_expert (gate and up of one type)"
-        ef = "random" if il in {int(x) for x in random_expert_layers} else "hole"
-        add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, ef)
-        add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, ef)
-        add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, ef)
-        add(p + "ffn_gate_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
-        add(p + "ffn_up_shexp.weight", "Q8_0", (E, F), "q8_0", il, dq, q8_fill)
-        add(p + "ffn_down_shexp.weight", "Q8_0", (F, E), "q8_0", il, dq, q8_fill)
-        if cfg.is_hash_layer(il):
-            add(p + "ffn_gate_tid2eid.weight", "I32", (cfg.n_used, cfg.vocab), "tid2eid", il, f"{exact} I32")
-    add("output_hc_base.weight", "F32", (S,), "hc_base", None, f"{exact} F32")
-    add("output_hc_fn.weight", "F16", (S * E, S), "f16_matrix", None, f"{exact} F16")
-    add("output_hc_scale.weight", "F32", (1,), "hc_scale", None, f"{exact} F32")
-    add("output_norm.weight", "F32", (E,), "norm", None, f"{exact} F32")
-    add("output.weight", "Q8_0", (E, cfg.vocab), "q8_0", None, dq, q8_fill)
+        _layer_tensors(cfg, il, add, q8, "random" if il in random_layers else "hole")
+    add("output_hc_base.weight", "F32", (S,), "hc_base", None)
+    add("output_hc_fn.weight", "F16", (S * E, S), "f16_matrix", None)
+    add("output_hc_scale.weight", "F32", (1,), "hc_scale", None)
+    add("output_norm.weight", "F32", (E,), "norm", None)
+    q8("output.weight", (E, cfg.vocab), None)
     return out
 
 
+_VL = "weights_validate_layout (ds4.c:5012)"
+_DQ = f"{_VL}: tensor_expect_dense_quant_layout (Q8_0, Q4_K or Q4_0; Q8_0 as ds4's Flash files)"
+
+
+def _layer_tensors(cfg: ModelConfig, il: int, add, q8, expert_fill: str) -> None:
+    """Layer ``il``'s tensors in ds4's binding order, through :func:`ds4_tensors`' ``add`` and ``q8``."""
+    E, H, D, Q = cfg.embed, cfg.n_heads, cfg.head_dim, cfg.q_lora
+    G, O, X, F, S = cfg.out_groups, cfg.out_lora, cfg.n_experts, cfg.expert_ffn, cfg.hc_streams
+    M, Hi, Di = 2 * S + S * S, cfg.index_heads, cfg.index_head_dim
+    p, ratio = f"blk.{il}.", layer_compress_ratio(cfg, il)
+
+    def hc(which):
+        add(f"{p}hc_{which}_fn.weight", "F16", (S * E, M), "f16_matrix", il)
+        add(f"{p}hc_{which}_scale.weight", "F32", (3,), "hc_scale", il)
+        add(f"{p}hc_{which}_base.weight", "F32", (M,), "hc_base", il)
+
+    def compressor(prefix, width, r, norm):
+        add(f"{p}{prefix}_ape.weight", "F16", (width, r), "ape", il)
+        add(f"{p}{prefix}_kv.weight", "F16", (E, width), "f16_matrix", il)
+        add(f"{p}{prefix}_gate.weight", "F16", (E, width), "f16_matrix", il)
+        add(f"{p}{prefix}_norm.weight", "F32", (norm,), "norm", il)
+
+    hc("attn")
+    add(p + "attn_norm.weight", "F32", (E,), "norm", il)
+    q8(p + "attn_q_a.weight", (E, Q), il)
+    add(p + "attn_q_a_norm.weight", "F32", (Q,), "norm", il)
+    q8(p + "attn_q_b.weight", (Q, H * D), il)
+    q8(p + "attn_kv.weight", (E, D), il)
+    add(p + "attn_kv_a_norm.weight", "F32", (D,), "norm", il)
+    add(p + "attn_sinks.weight", "F32", (H,), "sinks", il)
+    q8(p + "attn_output_a.weight", (D * (H // G), G * O), il)
+    q8(p + "attn_output_b.weight", (G * O, E), il)
+    if ratio:
+        compressor("attn_compressor", (2 if ratio == 4 else 1) * D, ratio, D)
+    if ratio == 4:
+        add(p + "indexer.attn_q_b.weight", "F16", (Q, Hi * Di), "f16_matrix", il,
+            f"{_VL}: tensor_expect_f16_or_q8_0_layout (F16 as ds4's Flash files)")
+        add(p + "indexer.proj.weight", "F16", (E, Hi), "f16_matrix", il)
+        compressor("indexer_compressor", 2 * Di, 4, Di)
+    hc("ffn")
+    add(p + "ffn_norm.weight", "F32", (E,), "norm", il)
+    add(p + "ffn_gate_inp.weight", "F16", (E, X), "f16_matrix", il)
+    if not cfg.is_hash_layer(il):
+        add(p + "exp_probs_b.bias", "F32", (X,), "bias", il, f"{_VL}: tensor_expect_optional F32")
+    ex = f"{_VL}: tensor_expect_routed_expert (gate and up of one type)"
+    gate_up_t, down_t = EXPERT_GGML_TYPES[cfg.expert_format]
+    add(p + "ffn_gate_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, expert_fill)
+    add(p + "ffn_up_exps.weight", gate_up_t, (E, F, X), "experts", il, ex, expert_fill)
+    add(p + "ffn_down_exps.weight", down_t, (F, E, X), "experts", il, ex, expert_fill)
+    q8(p + "ffn_gate_shexp.weight", (E, F), il)
+    q8(p + "ffn_up_shexp.weight", (E, F), il)
+    q8(p + "ffn_down_shexp.weight", (F, E), il)
+    if cfg.is_hash_layer(il):
+        add(p + "ffn_gate_tid2eid.weight", "I32", (cfg.n_used, cfg.vocab), "tid2eid", il)
+
+
 def _bytes_to_unicode() -> list[str]:
-    """The byte-level BPE alphabet: byte b → one printable character (the GPT-2 convention that
-    ``tokenizer.ggml.model = gpt2`` vocabularies use: printable bytes stand for themselves, the
-    others are shifted past U+0100)."""
+    """The byte-level BPE alphabet: byte b → one printable character (the GPT-2 convention that ``tokenizer.ggml.model
+    = gpt2`` vocabularies use: printable bytes stand for themselves, the others are shifted past U+0100)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
     chars, shift = [], 0
     for b in range(256):
@@ -318,17 +281,16 @@ def _bytes_to_unicode() -> list[str]:
 def synthetic_vocab(n_vocab: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A byte-level BPE vocabulary of exactly ``n_vocab`` distinct tokens, and its merges.
 
-    Ids: 0 and 1 begin/end of sentence, then the 256 byte tokens, then merged tokens (every pair of
-    byte tokens, then pair + byte, in a fixed order; merge ``i`` makes token ``258 + i``), and the
-    five chat markers of :data:`SPECIAL_TOKENS` last. Every merge joins two tokens into a token, so
-    the table is a consistent BPE; ds4lab drives ds4 by token ids, never by text.
+    Ids: 0 and 1 begin/end of sentence, then the 256 byte tokens, then merged tokens (every pair of byte tokens, then
+    pair + byte, in a fixed order; merge ``i`` makes token ``258 + i``), and the five chat markers of
+    :data:`SPECIAL_TOKENS` last. Every merge joins two tokens into a token, so the table is a consistent BPE; ds4lab
+    drives ds4 by token ids, never by text.
 
     Returns:
         ``(tokens, merges)``: tuples of strings (merges as ``"left right"``).
 
     Raises:
-        BadInput: ``n_vocab`` too small for the specials, the byte tokens and one merge (264).
-    """
+        BadInput: ``n_vocab`` too small for the specials, the byte tokens and one merge (264)."""
     n_merges = n_vocab - len(SPECIAL_TOKENS) - 256
     if n_merges < 1:
         raise BadInput(f"vocab={n_vocab}: a synthetic vocabulary needs at least "
@@ -358,16 +320,14 @@ def ds4_metadata(preset: str | ModelConfig = "ds4-flash", *, seed: int = 0,
                  dense: str = "random") -> list[MetaKV]:
     """Every metadata key of the synthetic file, in file order, with its value.
 
-    ``general.architecture`` first (the ``gguf`` writer puts it there), ds4lab's marker keys next
-    (``ds4lab.*``: :func:`ds4lab.ds4.gguf_writer.read_marker` looks for them at the start), then the
-    keys ds4's ``config_validate_deepseek4_model`` (ds4.c:5629) requires or reads, each with the value
-    ``DS4_SHAPE_FLASH`` fixes for ds4-flash (ds4lab's dimensions for another preset), then the
-    tokenizer keys ``vocab_load`` reads (:func:`synthetic_vocab`) and the conventional bos/eos ids
-    (ds4 finds those by text for DeepSeek4).
+    ``general.architecture`` first (the ``gguf`` writer puts it there), ds4lab's marker keys next (``ds4lab.*``:
+    :func:`ds4lab.ds4.gguf_writer.read_marker` looks for them at the start), then the keys ds4's
+    ``config_validate_deepseek4_model`` (ds4.c:5629) requires or reads, each with the value ``DS4_SHAPE_FLASH`` fixes
+    for ds4-flash (ds4lab's dimensions for another preset), then the tokenizer keys ``vocab_load`` reads
+    (:func:`synthetic_vocab`) and the conventional bos/eos ids (ds4 finds those by text for DeepSeek4).
 
     Raises:
-        BadInput: bad ``preset``, ``dense`` or ``seed``.
-    """
+        BadInput: bad ``preset``, ``dense`` or ``seed``."""
     cfg = synthetic_config(preset)
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
@@ -435,8 +395,8 @@ def ds4_metadata(preset: str | ModelConfig = "ds4-flash", *, seed: int = 0,
 
 
 def plan_totals(specs: list[TensorSpec]) -> dict:
-    """Byte totals of a tensor list: ``tensor_bytes`` (all data, unpadded), ``random_bytes`` (what
-    the writer writes), ``hole_bytes``, and the same split by GGML type (``by_type``)."""
+    """Byte totals of a tensor list: ``tensor_bytes`` (all data, unpadded), ``random_bytes`` (what the writer writes),
+    ``hole_bytes``, and the same split by GGML type (``by_type``)."""
     by_type: dict[str, dict[str, int]] = {}
     rnd = hole = 0
     for s in specs:

@@ -1,17 +1,15 @@
 """Write a Flash-shaped GGUF with synthetic weights that ds4 opens, sparse.
 
-The ``gguf`` package (llama.cpp's GGUF library) writes the format: header, metadata, tensor
-infos, and the data offsets it lays out (each tensor at the running sum of the sizes before it,
-each padded to ``general.alignment``). ds4lab then sets the file's full length with ``ftruncate``
-and writes with ``pwrite`` only the tensors whose fill is ``random``; the routed experts (72.6 GiB of
-the 80.8 GiB of ds4-flash) stay holes: they read as zero bytes and take no disk. The layout the
-library wrote is read back with ``gguf.GGUFReader`` and compared with the offsets written at before
-the file gets its name.
+The ``gguf`` package (llama.cpp's GGUF library) writes the format: header, metadata, tensor infos, and the data offsets
+it lays out (each tensor at the running sum of the sizes before it, each padded to ``general.alignment``). ds4lab then
+sets the file's full length with ``ftruncate`` and writes with ``pwrite`` only the tensors whose fill is ``random``;
+the routed experts (72.6 GiB of the 80.8 GiB of ds4-flash) stay holes: they read as zero bytes and take no disk. The
+layout the library wrote is read back with ``gguf.GGUFReader`` and compared with the offsets written at before the file
+gets its name.
 
-Random values (seeded per tensor: ``numpy.random.default_rng([seed, crc32(name)])``) keep every
-activation finite and routing spread: matrices scaled by 1/sqrt(fan-in) so each projection maps
-unit-RMS inputs to unit-RMS outputs, norms near 1, small biases (:func:`tensor_bytes`).
-"""
+Random values (seeded per tensor: ``numpy.random.default_rng([seed, crc32(name)])``) keep every activation finite and
+routing spread: matrices scaled by 1/sqrt(fan-in) so each projection maps unit-RMS inputs to unit-RMS outputs, norms
+near 1, small biases (:func:`tensor_bytes`)."""
 
 from __future__ import annotations
 
@@ -58,8 +56,7 @@ class SyntheticModel:
         hole_bytes: their data bytes.
         data_offset: where tensor data starts (end of the metadata, aligned).
         metadata_sha256: SHA-256 of the bytes before ``data_offset`` (header, metadata, tensor infos).
-        seconds: wall time of the write.
-    """
+        seconds: wall time of the write."""
 
     path: Path
     preset: str
@@ -91,15 +88,15 @@ def _chunks(n: int, step: int) -> Iterator[tuple[int, int]]:
 
 
 def q8_0_scale(fan_in: int) -> float:
-    """The one fp16 scale of a synthetic Q8_0 matrix with ``fan_in`` inputs (``shape[0]``): uniform
-    random int8 quants times this scale have standard deviation 1/sqrt(fan_in), so the matvec maps a
-    unit-RMS input to unit-RMS outputs. 2.1e-4 for 4096 inputs, above fp16's smallest normal."""
+    """The one fp16 scale of a synthetic Q8_0 matrix with ``fan_in`` inputs (``shape[0]``): uniform random int8 quants
+    times this scale have standard deviation 1/sqrt(fan_in), so the matvec maps a unit-RMS input to unit-RMS
+    outputs. 2.1e-4 for 4096 inputs, above fp16's smallest normal."""
     return 1.0 / (_INT8_STD * float(np.sqrt(fan_in)))
 
 
 def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """The synthetic bytes of one ``random`` tensor, as ``(byte offset within the tensor, bytes)``
-    pieces of at most :data:`_CHUNK` elements, in order.
+    """The synthetic bytes of one ``random`` tensor, as ``(byte offset within the tensor, bytes)`` pieces of at most
+    :data:`_CHUNK` elements, in order.
 
     Values, by ``spec.init`` (E = fan-in, ``spec.shape[0]``):
 
@@ -110,15 +107,14 @@ def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -
     * ``bias`` F32: N(0, 0.1²) (``exp_probs_b``: shifts the top-k choice, not the weights).
     * ``sinks`` F32: N(0, 1) (attention sink logits).
     * ``hc_scale`` F32: U(0.5, 1.5); ``hc_base`` F32: N(0, 0.5²); ``ape`` F16: N(0, 0.5²).
-    * ``tid2eid`` I32: per token (row), ``shape[0]`` distinct experts of ``0 .. n_experts - 1``
-      drawn uniformly (ds4's hash routing reads row ``token``).
+    * ``tid2eid`` I32: per token (row), ``shape[0]`` distinct experts of ``0 .. n_experts - 1`` drawn uniformly (ds4's
+      hash routing reads row ``token``).
     * ``experts`` (IQ2_XXS, Q2_K, Q4_K): random super-blocks whose fp16 scale fields
       (:data:`~ds4lab.ds4.gguf_model.EXPERT_BLOCKS`) are set to 2⁻¹⁰, so every weight is finite and small.
 
     Raises:
-        BadInput: a spec that is a hole, an ``init`` this writer has no values for, or a ``tid2eid``
-            table without ``n_experts`` (or with fewer experts than a row holds).
-    """
+        BadInput: a spec that is a hole, an ``init`` this writer has no values for, or a ``tid2eid`` table without
+            ``n_experts`` (or with fewer experts than a row holds)."""
     if spec.fill != "random":
         raise BadInput(f"tensor {spec.name} is a {spec.fill}, it has no bytes to write")
     rng = _rng(seed, spec.name)
@@ -190,10 +186,8 @@ def read_marker(path: str | os.PathLike) -> dict | None:
     """ds4lab's marker keys (``ds4lab.*``) of a GGUF file, or None for any other file.
 
     Reads only the header and the first 16 metadata keys (ds4lab writes its marker right after
-    ``general.architecture``), so it is cheap on a model of any size and on files that are not GGUF.
-    Returns ``{key: value}`` for the string and uint32 ``ds4lab.*`` keys found there when
-    ``ds4lab.synthetic`` is one of them.
-    """
+    ``general.architecture``), so it is cheap on a model of any size and on files that are not GGUF. Returns ``{key:
+    value}`` for the string and uint32 ``ds4lab.*`` keys found there when ``ds4lab.synthetic`` is one of them."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
@@ -262,18 +256,17 @@ def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash",
 
     The tensors and metadata are :func:`ds4lab.ds4.gguf_model.ds4_tensors` and
     :func:`~ds4lab.ds4.gguf_model.ds4_metadata`; for ``ds4-flash`` the file is 80.8 GiB long and, with
-    ``dense="random"``, 8.2 GiB are written (2.1 GiB with ``dense="holes"``); the rest are holes.
-    The file is written under a temporary name beside ``path`` and renamed when whole; on any error
-    (or Ctrl-C) the temporary file is removed and ``path`` is left as it was.
+    ``dense="random"``, 8.2 GiB are written (2.1 GiB with ``dense="holes"``); the rest are holes. The file is written
+    under a temporary name beside ``path`` and renamed when whole; on any error (or Ctrl-C) the temporary file is
+    removed and ``path`` is left as it was.
 
     Args:
-        path: the model file to write. An existing file is replaced only if ds4lab wrote it
-            (:func:`read_marker`).
-        preset: ds4lab preset whose dimensions the file has (ds4 opens only ``ds4-flash`` and
-            ``ds4-flash-q4k``; ``small`` and ``tiny`` are for tests through ``gguf.GGUFReader``).
+        path: the model file to write. An existing file is replaced only if ds4lab wrote it (:func:`read_marker`).
+        preset: ds4lab preset whose dimensions the file has (ds4 opens only ``ds4-flash`` and ``ds4-flash-q4k``;
+            ``small`` and ``tiny`` are for tests through ``gguf.GGUFReader``).
         seed: weight seed, 0..2**32-1.
-        dense: ``"random"`` or ``"holes"``: the large Q8_0 matrices (attention, shared expert, output
-            head) random, or holes too.
+        dense: ``"random"`` or ``"holes"``: the large Q8_0 matrices (attention, shared expert, output head) random, or
+            holes too.
         random_expert_layers: layers whose routed experts are random blocks, not holes
             (:func:`ds4lab.ds4.gguf_model.ds4_tensors`; about 1.8 GB each at ds4-flash).
         progress: called after each written tensor with ``(tensor name, bytes written, bytes to write)``.
@@ -282,11 +275,9 @@ def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash",
         A :class:`SyntheticModel`.
 
     Raises:
-        BadInput: bad ``preset``/``seed``/``dense``; ``path`` a directory, in a missing folder, or an
-            existing file ds4lab did not write; less free disk than the bytes to write plus
-            :data:`DISK_MARGIN`.
-        OSError: the write itself failed (the temporary file is removed).
-    """
+        BadInput: bad ``preset``/``seed``/``dense``; ``path`` a directory, in a missing folder, or an existing file
+            ds4lab did not write; less free disk than the bytes to write plus :data:`DISK_MARGIN`.
+        OSError: the write itself failed (the temporary file is removed)."""
     cfg = synthetic_config(preset)
     specs = ds4_tensors(cfg, dense=dense, random_expert_layers=random_expert_layers)
     meta = ds4_metadata(cfg, seed=seed, dense=dense)
@@ -296,13 +287,11 @@ def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash",
 def write_gguf(path: str | os.PathLike, specs: list[TensorSpec], meta: list[MetaKV], *, seed: int = 0,
                n_experts: int | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> SyntheticModel:
-    """Write ``meta`` and ``specs`` as a sparse GGUF at ``path``: what :func:`write_synthetic_model`
-    does for a declared model, open to any (edited) tensor list, for example one that breaks one of
-    ds4's checks on purpose. ``meta`` must carry ds4lab's marker keys (:func:`read_marker`) and start
-    with ``general.architecture``; tensors with fill ``random`` are written (:func:`tensor_bytes`,
-    ``n_experts`` for hash tables), the others left as holes. Same errors as
-    :func:`write_synthetic_model`.
-    """
+    """Write ``meta`` and ``specs`` as a sparse GGUF at ``path``: what :func:`write_synthetic_model` does for a
+    declared model, open to any (edited) tensor list, for example one that breaks one of ds4's checks on purpose.
+    ``meta`` must carry ds4lab's marker keys (:func:`read_marker`) and start with ``general.architecture``; tensors
+    with fill ``random`` are written (:func:`tensor_bytes`, ``n_experts`` for hash tables), the others left as
+    holes. Same errors as :func:`write_synthetic_model`."""
     import gguf
 
     t0 = time.perf_counter()  # wall time of the write, reported; nothing measured with it
@@ -397,8 +386,8 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _verify_layout(path: Path, specs: list[TensorSpec], offsets: list[int], meta: list[MetaKV]) -> None:
-    """Read the file back with ``gguf.GGUFReader``: tensor names, types, shapes and data offsets
-    must be what ds4lab declared and is about to write at (the library's layout, not a copy of it)."""
+    """Read the file back with ``gguf.GGUFReader``: tensor names, types, shapes and data offsets must be what ds4lab
+    declared and is about to write at (the library's layout, not a copy of it)."""
     import gguf
 
     r = gguf.GGUFReader(path, "r")
@@ -418,8 +407,8 @@ def _verify_layout(path: Path, specs: list[TensorSpec], offsets: list[int], meta
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ds4lab.ds4.gguf_writer PATH [--preset P] [--seed N] [--dense random|holes]``:
-    write a synthetic model and print what was written. Exit 2 on bad input."""
+    """``python -m ds4lab.ds4.gguf_writer PATH [--preset P] [--seed N] [--dense random|holes]``: write a synthetic
+    model and print what was written. Exit 2 on bad input."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ds4lab.ds4.gguf_writer", description=main.__doc__)

@@ -1,10 +1,9 @@
-"""ds4's own capture ladder: the stages ``ds4lab ds4 --stages`` measured on ds4 itself, one row per
-context and stage, beside ds4lab's MODELED figure for the same stage.
+"""ds4's own capture ladder: the stages ``ds4lab ds4 --stages`` measured on ds4 itself, one row per context and stage,
+beside ds4lab's MODELED figure for the same stage.
 
-The measured columns come from one ``ds4lab ds4`` folder's tables (:func:`ladder_table`); the MODELED
-ones from the sim priced at ds4's own costs (:func:`modeled_stages`, which is the one place this
-module asks ds4lab's calibration for anything: ``calibrate --from-ds4``'s fit, read through
-:mod:`ds4lab.calibration.from_ds4`). Nothing here measures.
+The measured columns come from one ``ds4lab ds4`` folder's tables (:func:`ladder_table`); the MODELED ones from the sim
+priced at ds4's own costs (:func:`modeled_stages`, which is the one place this module asks ds4lab's calibration for
+anything: ``calibrate --from-ds4``'s fit, read through :mod:`ds4lab.calibration.from_ds4`). Nothing here measures.
 
     python -m ds4lab.ds4.ladder RESULT (--modeled-from DIR [--modeled-from DIR] [--base CAL] | --modeled CSV) --out FILE
 """
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import results as R
+from . import readout as R
 from .configs import REFERENCE, VARIANTS
 
 #: The rungs in order, and the configuration of each (the reference first: ds4 as it ships, eager).
@@ -42,20 +41,18 @@ def _paired(tokens: pd.DataFrame, base: str, other: str, ctx: int) -> dict:
 
 
 def ladder_table(tables: dict) -> pd.DataFrame:
-    """The ladder from a ``ds4lab ds4`` folder's tables (``tokens``, ``summary``, and where present
-    ``exact``, ``capture``, ``census``: :func:`ds4lab.ds4.measure.collect`'s dict).
+    """The ladder from a ``ds4lab ds4`` folder's tables (``tokens``, ``summary``, and where present ``exact``,
+    ``capture``, ``census``: :func:`ds4lab.ds4.measure.collect`'s dict).
 
-    Per context and stage (``shipped``: ds4 as it ships, eager; then ``0``, ``i``, ``3u``): µs per
-    token (median of the timed tokens, events on the legacy stream around each ``ds4_session_eval``),
-    its IQR; ``gain_over_0`` = stage 0 − the stage, and ``vs_shipped`` = ds4 as it ships − the stage,
-    each the median of the per-position differences with its 95 % interval (for stage 0,
-    ``vs_shipped`` is the rewrite's cost, negated); ``exact_tokens`` of ``compared_tokens`` whose
-    logits are bit-identical to ds4 as it ships, and the first difference where one is not; from the
-    recorded tokens (``census``; blank where that context was not recorded) launch calls, graph
-    launches and kernels per token; from the driver's capture (``capture``: stage 3u) graphs, node
-    updates (nodes whose parameters changed since the token before of its shape) and splits per
-    token with the calls split around (ds4_cuda.cu's lines).
-    """
+    Per context and stage (``shipped``: ds4 as it ships, eager; then ``0``, ``i``, ``3u``): µs per token (median of the
+    timed tokens, events on the legacy stream around each ``ds4_session_eval``), its IQR; ``gain_over_0`` = stage 0 −
+    the stage, and ``vs_shipped`` = ds4 as it ships − the stage, each the median of the per-position differences with
+    its 95 % interval (for stage 0, ``vs_shipped`` is the rewrite's cost, negated); ``exact_tokens`` of
+    ``compared_tokens`` whose logits are bit-identical to ds4 as it ships, and the first difference where one is not;
+    from the recorded tokens (``census``; blank where that context was not recorded) launch calls, graph launches and
+    kernels per token; from the driver's capture (``capture``: stage 3u) graphs, node updates (nodes whose parameters
+    changed since the token before of its shape) and splits per token with the calls split around (ds4_cuda.cu's
+    lines)."""
     tokens, summary = tables["tokens"], tables["summary"]
     exact = tables.get("exact", pd.DataFrame())
     capture = tables.get("capture", pd.DataFrame())
@@ -111,11 +108,11 @@ SIM_STAGE = {"shipped": "0", "0": "0", "i": "i", "3u": "3u"}
 
 
 def modeled_stages(folders, *, base=None, stages=("0", "i", "3u", "3"), tokens: int = 32) -> pd.DataFrame:
-    """ds4lab's MODELED µs per token of ``stages`` at every context the measured ``ds4lab ds4``
-    ``folders`` hold, the sim priced at ds4's own costs fitted from those folders
-    (``ds4lab calibrate --from-ds4``: :func:`ds4lab.calibration.from_ds4.fit_from_ds4`) on top of calibration
-    ``base`` (default: the shipped one). Returns columns ``context``, ``stage``, ``modeled_us``,
-    ``kernel_time_scale``, ``sample`` (fitted / held out). Runs the sim: seconds to minutes, no GPU."""
+    """ds4lab's MODELED µs per token of ``stages`` at every context the measured ``ds4lab ds4`` ``folders`` hold, the
+    sim priced at ds4's own costs fitted from those folders (``ds4lab calibrate --from-ds4``:
+    :func:`ds4lab.calibration.from_ds4.fit_from_ds4`) on top of calibration ``base`` (default: the shipped one).
+    Returns columns ``context``, ``stage``, ``modeled_us``, ``kernel_time_scale``, ``sample`` (fitted / held out).
+    Runs the sim: seconds to minutes, no GPU."""
     from ..calibration.from_ds4 import fit_from_ds4
     from ..sim.calibration import read
     from ..sim.costmodel import default_calibration_path
@@ -127,8 +124,8 @@ def modeled_stages(folders, *, base=None, stages=("0", "i", "3u", "3"), tokens: 
 
 
 def with_modeled(ladder: pd.DataFrame, modeled: pd.DataFrame, tolerance: float = 0.10) -> pd.DataFrame:
-    """``ladder`` with each rung's MODELED µs per token (:data:`SIM_STAGE`), ``modeled / measured`` and
-    ``agrees`` (within ``tolerance``); a context the model was not run at is left blank."""
+    """``ladder`` with each rung's MODELED µs per token (:data:`SIM_STAGE`), ``modeled / measured`` and ``agrees``
+    (within ``tolerance``); a context the model was not run at is left blank."""
     m = modeled.set_index(["context", "stage"])["modeled_us"]
     out = ladder.copy()
     out["sim_stage"] = out.stage.map(SIM_STAGE)
@@ -140,8 +137,8 @@ def with_modeled(ladder: pd.DataFrame, modeled: pd.DataFrame, tolerance: float =
 
 
 def main(argv=None) -> int:
-    """``python -m ds4lab.ds4.ladder RESULT --modeled-from DIR ... --out FILE``: a measured folder's
-    ladder with the MODELED column (no GPU)."""
+    """``python -m ds4lab.ds4.ladder RESULT --modeled-from DIR ... --out FILE``: a measured folder's ladder with the
+    MODELED column (no GPU)."""
     import click
 
     @click.command()

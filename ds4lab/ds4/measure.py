@@ -1,21 +1,18 @@
-"""``ds4lab ds4``'s measurement: ds4 built from its source, its decode token timed per configuration
-and context, recorded with CUPTI, and read into ds4lab's tables.
+"""``ds4lab ds4``'s measurement: ds4 built from its source, its decode token timed per configuration and context,
+recorded with CUPTI, and read into ds4lab's tables.
 
-One worker process per configuration (:mod:`ds4lab.ds4.worker`; ds4 reads its switches once per
-process), run one after the other on the same model and prompt, so every configuration decodes the
-same token at the same position and configurations can be paired by position
-(:func:`ds4lab.ds4.results.paired_gain`).
+One worker process per configuration (:mod:`ds4lab.ds4.worker`; ds4 reads its switches once per process), run one after
+the other on the same model and prompt, so every configuration decodes the same token at the same position and
+configurations can be paired by position (:func:`ds4lab.ds4.readout.paired_gain`).
 
-Files (in the job's folder): ``tokens.csv`` (every timed token: configuration, context, position,
-µs between CUDA events, host µs of the call), ``summary.csv`` (per configuration and context: median
-and IQR), ``gains.csv`` (islands on against off, and the MoE profile against islands on, paired by
-position, with 95 % intervals), ``islands.csv`` (what ds4's log says each configuration captured
-and retired), ``prefill.csv``, ``census.csv`` and ``kernels-<config>.csv`` (from the recorded
-tokens: launches, graph launches, kernels, busy µs, host enqueue span; per kernel name),
-``expert-data.csv`` (ds4's per-layer kernels on the layers whose experts hold random blocks against
-those that read holes: does a zero weight make a kernel cheaper), ``ds4-<config>.log`` (ds4's own stderr, kept whole: ``ds4lab ingest`` reads its MoE profile lines),
-``worker-<config>/`` (each worker's raw files, its recording among them).
-"""
+Files (in the job's folder): ``tokens.csv`` (every timed token: configuration, context, position, µs between CUDA
+events, host µs of the call), ``summary.csv`` (per configuration and context: median and IQR), ``gains.csv`` (islands
+on against off, and the MoE profile against islands on, paired by position, with 95 % intervals), ``islands.csv`` (what
+ds4's log says each configuration captured and retired), ``prefill.csv``, ``census.csv`` and ``kernels-<config>.csv``
+(from the recorded tokens: launches, graph launches, kernels, busy µs, host enqueue span; per kernel name),
+``expert-data.csv`` (ds4's per-layer kernels on the layers whose experts hold random blocks against those that read
+holes: does a zero weight make a kernel cheaper), ``ds4-<config>.log`` (ds4's own stderr, kept whole: ``ds4lab ingest``
+reads its MoE profile lines), ``worker-<config>/`` (each worker's raw files, its recording among them)."""
 
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import results as R
+from . import readout as R
 from .configs import REFERENCE, VARIANTS
 
 #: Configuration pairs whose per-position difference ``gains.csv`` holds (base, other: the gain of other).
@@ -66,11 +63,11 @@ RECORDED = ("islands-off", "islands-on", "moe-profile", "stage-0", "stage-i", "s
 
 
 def worker_env(variant: str, copy_model: bool, base=None) -> dict:
-    """The environment of ``variant``'s worker: ours (``base``, default ``os.environ``) without any
-    ``DS4_*`` switch of the caller's (so a stray one cannot change a configuration), plus the
-    variant's own and, with ``copy_model``, ``DS4_CUDA_COPY_MODEL=1`` (ds4 copies the whole model into
-    GPU memory at load, ``ds4_cuda.cu`` ``ds4_gpu_set_model_map``, on the layer-slice open the worker
-    then asks for: :class:`~ds4lab.ds4.engine.Ds4Engine` ``resident``)."""
+    """The environment of ``variant``'s worker: ours (``base``, default ``os.environ``) without any ``DS4_*`` switch of
+    the caller's (so a stray one cannot change a configuration), plus the variant's own and, with ``copy_model``,
+    ``DS4_CUDA_COPY_MODEL=1`` (ds4 copies the whole model into GPU memory at load, ``ds4_cuda.cu``
+    ``ds4_gpu_set_model_map``, on the layer-slice open the worker then asks for:
+    :class:`~ds4lab.ds4.engine.Ds4Engine` ``resident``)."""
     env = {k: v for k, v in (base if base is not None else os.environ).items() if not k.startswith("DS4_")}
     env.update(VARIANTS[variant].environ)
     if copy_model:
@@ -86,9 +83,9 @@ def worker_env(variant: str, copy_model: bool, base=None) -> dict:
 
 
 def run_variant(plan: MeasurePlan, variant: str, folder: Path, say=print, progress=None) -> dict:
-    """Run ``variant``'s worker into ``folder/worker-<variant>``, ds4's stderr into
-    ``folder/ds4-<variant>.log``. Returns the worker's ``worker.json`` (or, when it failed, a dict
-    with ``failed`` naming the exit status and the log's last lines)."""
+    """Run ``variant``'s worker into ``folder/worker-<variant>``, ds4's stderr into ``folder/ds4-<variant>.log``.
+    Returns the worker's ``worker.json`` (or, when it failed, a dict with ``failed`` naming the exit status and the
+    log's last lines)."""
     wdir = folder / f"worker-{variant}"
     wdir.mkdir(parents=True, exist_ok=True)
     spec = {"library": plan.library_of(variant), "model": plan.model, "config": variant,
@@ -148,11 +145,10 @@ def _describe(ev: dict) -> str:
 
 
 def collect(folder: Path, configs, random_expert_layers=()) -> dict:
-    """Read every worker's files in ``folder`` into the job's tables and write them (the module
-    docstring's files; with ``random_expert_layers``, also ``expert-data.csv``: ds4's per-layer kernels
-    on the layers whose experts are random against those on holes,
-    :func:`ds4lab.ds4.results.expert_data_check`). Returns the tables by name. Works on a folder copied
-    from the GPU machine."""
+    """Read every worker's files in ``folder`` into the job's tables and write them (the module docstring's files; with
+    ``random_expert_layers``, also ``expert-data.csv``: ds4's per-layer kernels on the layers whose experts are
+    random against those on holes, :func:`ds4lab.ds4.readout.expert_data_check`). Returns the tables by name. Works
+    on a folder copied from the GPU machine."""
     folder = Path(folder)
     tokens, prefill, census, logs, data, capture, capture_args = [], [], [], {}, [], [], []
     for v in configs:
@@ -208,23 +204,3 @@ def collect(folder: Path, configs, random_expert_layers=()) -> dict:
     put("expert_data", "expert-data.csv", data)
     put("islands", "islands.csv", [R.island_table(logs)])
     return out
-
-
-def audit_recordings(folder: Path, configs, say=print) -> dict:
-    """``ds4lab audit`` of each configuration's recorded tokens (``worker-<config>/trace-*/``, tokens
-    marked by the NVTX range ``decode_step``; the kernel-argument pass beside it is compared too) into
-    ``audit-<config>-<context>/``. Returns ``{folder name: the audit's verdict line or why none}``."""
-    from ..jobs import execute
-    from ..jobs.audit import AuditConfig
-
-    done = {}
-    for v in configs:
-        for rec in sorted((Path(folder) / f"worker-{v}").glob("trace-*/recording.csv.gz")):
-            name = f"audit-{v}-{rec.parent.name.split('-', 1)[1]}"
-            try:
-                execute("audit", AuditConfig(files=(str(rec),), token_range="decode_step", out=Path(folder) / name))
-                done[name] = "audited"
-            except Exception as e:  # noqa: BLE001 - an audit that cannot read a recording is reported, not fatal
-                done[name] = f"not audited: {type(e).__name__}: {e}"
-            say(f"  {name}: {done[name]}")
-    return done

@@ -1,11 +1,10 @@
 """Ask ds4 itself whether it opens a model file: build ds4's CPU loader and ds4lab's probe, run it.
 
-ds4's source is not part of ds4lab: it is read from ds4's own tarball (``shared/ds4`` beside the
-checkout), unpacked into a scratch folder outside the repository, and compiled there with the C
-compiler the way ds4's Makefile builds its CPU objects (``ds4_cpu.o``: ``ds4.c`` with
-``-DDS4_NO_GPU``; ``ds4_distributed.o``, ``ds4_tp.o``, ``ds4_ssd.o``, ``ds4_layer_pack.o``). The probe,
-``csrc/open_check.c``, is ds4lab's and calls only ``ds4.h``. Building takes about 10 s on 2 cores.
-"""
+ds4's source is not part of ds4lab: it is read from ds4's own tarball (``shared/ds4`` beside the checkout), unpacked
+into a scratch folder outside the repository, and compiled there with the C compiler the way ds4's Makefile builds its
+CPU objects (``ds4_cpu.o``: ``ds4.c`` with ``-DDS4_NO_GPU``; ``ds4_distributed.o``, ``ds4_tp.o``, ``ds4_ssd.o``,
+``ds4_layer_pack.o``). The probe, ``csrc/open_check.c``, is ds4lab's and calls only ``ds4.h``. Building takes about 10
+s on 2 cores."""
 
 from __future__ import annotations
 
@@ -53,14 +52,13 @@ def build_open_check(tarball: str | os.PathLike | None = None, build_dir: str | 
 
     Args:
         tarball: ds4's source tarball (:func:`default_tarball` when None).
-        build_dir: scratch folder (default ``$TMPDIR/ds4lab-ds4-cpu-<tarball sha>``); ds4's source is
-            unpacked into ``src/`` there and never changed.
+        build_dir: scratch folder (default ``$TMPDIR/ds4lab-ds4-cpu-<tarball sha>``); ds4's source is unpacked into
+            ``src/`` there and never changed.
         cc: C compiler (``$CC``, else ``gcc``, else ``cc``).
 
     Raises:
         BadInput: no tarball at that path, or no C compiler.
-        subprocess.CalledProcessError: a compile failed (its output in the exception).
-    """
+        subprocess.CalledProcessError: a compile failed (its output in the exception)."""
     tb = Path(tarball) if tarball is not None else default_tarball()
     if not tb.is_file():
         raise BadInput(f"ds4 source tarball={str(tb)!r} not found (set DS4LAB_DS4_TARBALL)")
@@ -109,11 +107,10 @@ class OpenCheck:
         rc: its exit status (ds4 exits 1 on the first check a file fails).
         opened: ds4_engine_open returned an engine.
         stdout, stderr: its output (ds4's refusal is on stderr).
-        info: the ``key=value`` pairs of its ``open_check:`` lines (``layers``, ``routed_quant_bits``,
-            ``vocab``, ``compress_ratios``, ...), values as strings.
-        evals: one dict per evaluated token (``pos``, ``token``, ``argmax``, ``nonfinite``, ``min``,
-            ``max``, ``rms``, ``seconds``, ``top``).
-    """
+        info: the ``key=value`` pairs of its ``open_check:`` lines (``layers``, ``routed_quant_bits``, ``vocab``,
+            ``compress_ratios``, ...), values as strings.
+        evals: one dict per evaluated token (``pos``, ``token``, ``argmax``, ``nonfinite``, ``min``, ``max``, ``rms``,
+            ``seconds``, ``top``)."""
 
     rc: int
     opened: bool
@@ -133,14 +130,13 @@ def run_open_check(exe: str | os.PathLike, model: str | os.PathLike, mode: str =
                    timeout: float | None = 600) -> OpenCheck:
     """Run ``open_check MODEL MODE [N CTX]`` and parse what it printed.
 
-    ``mode``: ``"inspect"`` (``inspect_only``: metadata and tensor checks) or ``"cpu"`` (ds4's CPU
-    backend: adds the tokenizer; with ``n_tokens`` > 0 a greedy decode of that many tokens from token
-    0). ds4's instance lock goes to a file beside the probe, not ``/tmp/ds4.lock``.
+    ``mode``: ``"inspect"`` (``inspect_only``: metadata and tensor checks) or ``"cpu"`` (ds4's CPU backend: adds the
+    tokenizer; with ``n_tokens`` > 0 a greedy decode of that many tokens from token 0). ds4's instance lock goes to a
+    file beside the probe, not ``/tmp/ds4.lock``.
 
     Raises:
         BadInput: a bad ``mode``.
-        subprocess.TimeoutExpired: past ``timeout`` seconds.
-    """
+        subprocess.TimeoutExpired: past ``timeout`` seconds."""
     if mode not in ("inspect", "cpu"):
         raise BadInput(f"mode={mode!r}; choose inspect or cpu")
     env = dict(os.environ, DS4_LOCK_FILE=str(Path(exe).with_name("ds4.lock")))
@@ -161,8 +157,8 @@ def run_open_check(exe: str | os.PathLike, model: str | os.PathLike, mode: str =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ds4lab.ds4.open_check MODEL [inspect|cpu] [--tokens N] [--ctx C]``: build the probe
-    (once) and ask ds4 whether it opens MODEL. Prints ds4's output; exit status is the probe's."""
+    """``python -m ds4lab.ds4.open_check MODEL [inspect|cpu] [--tokens N] [--ctx C]``: build the probe (once) and ask
+    ds4 whether it opens MODEL. Prints ds4's output; exit status is the probe's."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ds4lab.ds4.open_check", description=main.__doc__)

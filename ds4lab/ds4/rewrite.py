@@ -1,38 +1,13 @@
-"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end, applied to the build's copy.
+"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end, applied to the build's copy (ds4's own
+checkout is never written to).
 
-ds4's decode token launches its kernels on three kinds of stream: the legacy stream (a launch with no
-stream), ``cuda_decode_stream()`` (the legacy stream, or the decode islands' capture stream while ds4
-captures an island) and named streams (a helper's ``stream`` parameter, an upload stream). To capture
-the whole token, every piece of its device work has to reach one stream chosen from outside. The
-rewrite routes each site through one thread-local accessor, ``ds4lab_current_stream(site)``:
-
-* unset (ds4lab's setter never called on the thread) it returns exactly ``site``, the stream the site
-  used before, so ds4 runs the same launches on the same streams, bit for bit;
-* set (``ds4lab_capture_set_stream(s, 1)``, an ``extern "C"`` symbol the rewrite adds) it returns
-  ``s`` for every site: legacy, ``cuda_decode_stream()`` and named streams alike, so the token's work
-  lands on one stream in ds4's own host order (a valid order for work that was ordered before; on one
-  GPU ds4's named streams are helpers' parameters fed with the other two, and upload streams that a
-  resident model never reaches).
-
-What is routed (:data:`ROUTED`): every kernel launch (``<<<grid, block[, shmem[, stream]]>>>``), every
-cuBLAS call's handle (its stream set to the override, and restored when the override is cleared),
-``cudaMemsetAsync``/``cudaMemcpyAsync``/``cudaEventRecord``/``cudaStreamWaitEvent``/
-``cudaStreamIsCapturing`` and the stream argument of the vendored ``cuda/mmq`` entry points, the
-synchronous ``cudaMemset`` (an asynchronous one on the override stream while set), and the definition of
-``cuda_decode_stream()`` itself. Calls that cannot sit inside a capture (:data:`SPLITS`: device,
-stream and event synchronization, synchronous copies, allocation and freeing, ds4's own graph
-launches) are bracketed by two hooks: a capturing driver ends its graph before such a call and begins
-the next after it, so the token is split around the call and the split is counted, with ds4's file
-and line. Three of ds4's token calls get a hook at their start (:data:`HOOKS`): ``ds4_gpu_begin_commands``
-and ``ds4_gpu_end_commands`` bracket the token, and ``ds4_gpu_flush_commands`` (ds4's mid-token device
-synchronize after the fourth layer, there only to start the GPU early) returns at once while a token
-is being captured: the synchronize moves out of the token, to its end.
-
-A site the rewrite cannot route (a launch configuration it cannot parse, a call nested in another
-rewritten call, a hook's function not found) is listed with its file and line and the reason, never
-skipped silently: :attr:`Rewrite.unrouted`. The accessor, setter and hooks are ds4lab's program,
-written into the copy the build compiles; ds4's own checkout is never written to.
-"""
+Every site of ds4's decode token that names a stream (:data:`ROUTED`: kernel launches, cuBLAS handles, async memsets
+and copies, event records and waits, ``cuda/mmq`` entry points, ``cuda_decode_stream()`` itself) goes through one
+thread-local accessor, ``ds4lab_current_stream(site)``: unset, it returns ``site`` (ds4 bit for bit as before); set,
+the one stream a capturing driver chose. Calls a capture cannot hold (:data:`SPLITS`) are bracketed by hooks that split
+the captured token around them, counted with ds4's file and line; :data:`HOOKS` mark the token's start and end and skip
+ds4's mid-token flush while capturing. A site the rewrite cannot route is listed with its file, line and reason
+(:attr:`Rewrite.unrouted`), never skipped silently. How it works and what it measured: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -156,11 +131,11 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class Site:
-    """One place the rewrite looked at: ``file``, ``line`` (1-based, in ds4's file), ``kind`` (``launch``,
-    ``cublas``, a CUDA call's name, ``mmq-entry``, ``hook``), ``stream`` (what it ran on before:
-    :data:`LEGACY`, :data:`DECODE`, ``named: <expression>``, ``handle``, or ``""``), ``action``
-    (``routed``, ``routed+split``, ``split``, ``async-when-set``, ``hook``, ``not routed``), ``why``
-    (for a site not routed) and ``text`` (the site's first line, stripped)."""
+    """One place the rewrite looked at: ``file``, ``line`` (1-based, in ds4's file), ``kind`` (``launch``, ``cublas``,
+    a CUDA call's name, ``mmq-entry``, ``hook``), ``stream`` (what it ran on before: :data:`LEGACY`, :data:`DECODE`,
+    ``named: <expression>``, ``handle``, or ``""``), ``action`` (``routed``, ``routed+split``, ``split``,
+    ``async-when-set``, ``hook``, ``not routed``), ``why`` (for a site not routed) and ``text`` (the site's first
+    line, stripped)."""
 
     file: str
     line: int
@@ -206,15 +181,15 @@ class Rewrite:
 
 
 class RewriteError(RuntimeError):
-    """The checkout cannot be rewritten at all (the target file is missing); a single site that cannot
-    be routed is not an error but a :class:`Site` with action ``not routed``."""
+    """The checkout cannot be rewritten at all (the target file is missing); a single site that cannot be routed is not
+    an error but a :class:`Site` with action ``not routed``."""
 
 
 # -- the lexer ------------------------------------------------------------------------------------
 
 def blank(src: str) -> str:
-    """``src`` with comments and the insides of string and character literals replaced by spaces
-    (newlines kept), so every offset is the same as in ``src`` and a search of it finds code only."""
+    """``src`` with comments and the insides of string and character literals replaced by spaces (newlines kept), so
+    every offset is the same as in ``src`` and a search of it finds code only."""
     out = list(src)
     i, n = 0, len(src)
     while i < n:
@@ -247,10 +222,10 @@ def _spaces(out: list, a: int, b: int) -> None:
 
 
 def split_args(code: str) -> list[tuple[int, int]]:
-    """Spans ``(start, end)`` of the top-level comma-separated items of ``code`` (blanked text between
-    brackets). Parentheses, brackets and braces nest; ``<`` opens a template argument list when an
-    identifier is right before it and no space after it (``Budget<kA, kB>::total``), a comparison
-    never being written that way in ds4's launch configurations."""
+    """Spans ``(start, end)`` of the top-level comma-separated items of ``code`` (blanked text between brackets).
+    Parentheses, brackets and braces nest; ``<`` opens a template argument list when an identifier is right before
+    it and no space after it (``Budget<kA, kB>::total``), a comparison never being written that way in ds4's launch
+    configurations."""
     spans, depth, angle, start = [], 0, 0, 0
     for k, ch in enumerate(code):
         if ch in "([{":
@@ -313,15 +288,14 @@ def mmq_stream_entries(root: Path) -> dict:
 
 
 def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = None) -> Rewrite:
-    """Rewrite the text of ds4's ``ds4_cuda.cu`` (see the module docstring). Returns the new text and
-    every site; sites that cannot be routed are in :attr:`Rewrite.unrouted` and left as they were.
+    """Rewrite the text of ds4's ``ds4_cuda.cu`` (see the module docstring). Returns the new text and every site; sites
+    that cannot be routed are in :attr:`Rewrite.unrouted` and left as they were.
 
     Args:
         src: the file's text.
         file: its name in the reports.
         mmq_entries: ``{function: stream parameter index}`` of the vendored mmq entry points
-            (:func:`mmq_stream_entries`); their stream arguments are routed at the call sites.
-    """
+            (:func:`mmq_stream_entries`); their stream arguments are routed at the call sites."""
     code = blank(src)
     line_at = _line_index(src)
     lines = src.splitlines()
@@ -394,8 +368,8 @@ _KEYWORDS_BEFORE_CALL = {"return", "else", "do", "case", "sizeof"}
 
 
 def _is_call(code: str, name_at: int) -> tuple[bool, str]:
-    """Is the identifier at ``name_at`` (blanked code) a call (not a member, a declaration or a
-    definition)? Returns (yes, why not)."""
+    """Is the identifier at ``name_at`` (blanked code) a call (not a member, a declaration or a definition)? Returns
+    (yes, why not)."""
     k = name_at - 1
     while k >= 0 and code[k] in " \t\r\n":
         k -= 1
@@ -522,8 +496,8 @@ def _hooks(src: str, code: str, site, edits: list) -> None:
 
 
 def _insert_prologue(out: str, code: str, site) -> str:
-    """The prologue after the last ``#include`` before the first line of code (so the CUDA and cuBLAS
-    types are declared and nothing of ds4's comes before it)."""
+    """The prologue after the last ``#include`` before the first line of code (so the CUDA and cuBLAS types are
+    declared and nothing of ds4's comes before it)."""
     first_code = re.search(r"^[ \t]*[A-Za-z_]", code, re.M)
     limit = first_code.start() if first_code else len(code)
     inc = [m for m in re.finditer(r"^[ \t]*#[ \t]*include\b.*$", code, re.M) if m.start() < limit]
@@ -541,8 +515,7 @@ def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
     Returns the :class:`Rewrite` (``write=False``: the file left as it was, for an inventory).
 
     Raises:
-        RewriteError: the checkout has no ``ds4_cuda.cu``.
-    """
+        RewriteError: the checkout has no ``ds4_cuda.cu``."""
     root = Path(root)
     target = root / TARGET
     if not target.is_file():
@@ -556,9 +529,9 @@ def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
 
 
 def other_launch_sites(root) -> list[Site]:
-    """Kernel launch sites of the checkout outside :data:`TARGET` (the vendored ``cuda/mmq`` files): not
-    rewritten, each launching on the ``stream`` parameter its entry point gets from ``ds4_cuda.cu``
-    (routed at the call: ``mmq-entry`` sites). Listed so the inventory names every launch of the build."""
+    """Kernel launch sites of the checkout outside :data:`TARGET` (the vendored ``cuda/mmq`` files): not rewritten,
+    each launching on the ``stream`` parameter its entry point gets from ``ds4_cuda.cu`` (routed at the call:
+    ``mmq-entry`` sites). Listed so the inventory names every launch of the build."""
     root = Path(root)
     out = []
     for p in sorted(root.glob("cuda/**/*.cu*")):

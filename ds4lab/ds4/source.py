@@ -1,9 +1,8 @@
 """A ds4 checkout as ds4lab takes it: where it is, which commit it is, and a digest of what it holds.
 
 ds4lab never copies ds4's code into its own and never writes into the user's checkout: the build
-(:mod:`ds4lab.ds4.build`) copies the source into its cache first. A checkout is a folder (a git
-clone, or an unpacked archive) or a ``.tar.gz`` of one, such as ``shared/ds4/ds4-b0309611.tar.gz``.
-"""
+(:mod:`ds4lab.ds4.build`) copies the source into its cache first. A checkout is a folder (a git clone, or an unpacked
+archive) or a ``.tar.gz`` of one, such as ``shared/ds4/ds4-b0309611.tar.gz``."""
 
 from __future__ import annotations
 
@@ -30,11 +29,10 @@ class Ds4Source:
     Attributes:
         path: the folder or archive the user named (absolute).
         kind: ``"folder"`` or ``"archive"``.
-        commit: the git commit (``git rev-parse HEAD`` for a clone; the ``ds4-<commit>`` part of an
-            archive's or folder's name otherwise), or ``""`` when neither says.
-        digest: SHA-256 of the source files (names and bytes, sorted), first 16 hex digits: what the
-            build cache is keyed by, so an edited checkout never reuses a stale build.
-    """
+        commit: the git commit (``git rev-parse HEAD`` for a clone; the ``ds4-<commit>`` part of an archive's or
+            folder's name otherwise), or ``""`` when neither says.
+        digest: SHA-256 of the source files (names and bytes, sorted), first 16 hex digits: what the build cache is
+            keyed by, so an edited checkout never reuses a stale build."""
 
     path: Path
     kind: str
@@ -51,9 +49,8 @@ def locate(path) -> Ds4Source:
     """Check that ``path`` is a ds4 checkout (folder or ``.tar.gz``) and describe it.
 
     Raises:
-        BadInput: the path does not exist, or lacks one of :data:`REQUIRED` (named), or is an
-            archive that cannot be read.
-    """
+        BadInput: the path does not exist, or lacks one of :data:`REQUIRED` (named), or is an archive that cannot be
+            read."""
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise BadInput(f"--source {path}: no such file or folder")
@@ -83,12 +80,11 @@ def locate(path) -> Ds4Source:
 
 
 def materialize(src: Ds4Source, dest: Path) -> Path:
-    """Put a copy of ``src``'s files in ``dest`` (created; must not exist) and return it. An archive
-    is unpacked from the folder that holds its ``ds4.h``; a folder is copied without ``.git`` and build outputs.
+    """Put a copy of ``src``'s files in ``dest`` (created; must not exist) and return it. An archive is unpacked from
+    the folder that holds its ``ds4.h``; a folder is copied without ``.git`` and build outputs.
 
     Raises:
-        FileExistsError: ``dest`` exists.
-    """
+        FileExistsError: ``dest`` exists."""
     import shutil
 
     dest = Path(dest)
@@ -121,8 +117,8 @@ def materialize(src: Ds4Source, dest: Path) -> Path:
 
 
 def _archive_root(names) -> str:
-    """The folder inside an archive that holds ``ds4.h`` (``""`` for the archive's top, ``"ds4-x/"``
-    for a release-style archive with one top folder)."""
+    """The folder inside an archive that holds ``ds4.h`` (``""`` for the archive's top, ``"ds4-x/"`` for a
+    release-style archive with one top folder)."""
     cands = sorted((n for n in (_norm(n) for n in names) if n == "ds4.h" or n.endswith("/ds4.h")), key=len)
     return cands[0][: -len("ds4.h")] if cands else ""
 

@@ -1,28 +1,12 @@
-"""One ds4 configuration in a process of its own: ``python -m ds4lab.ds4.worker PLAN.json``.
-
-ds4 reads its switches from the environment once per process (:mod:`ds4lab.ds4.engine`), so
-:mod:`ds4lab.ds4.measure` starts one worker per configuration with that configuration's
-environment, and the worker:
-
-1. opens ds4's engine on the model and one session large enough for every context;
-2. per context (ascending): prefills to it (``ds4_session_sync``), runs ``warmup`` decode tokens
-   untimed (ds4's islands capture at their second sight and replay from the third), then ``tokens``
-   decode tokens, each between CUDA events on the legacy stream; the decode tokens are the prompt's
-   next tokens, so the session always holds a prefix of one prompt and the next prefill only
-   extends it;
-   Each timed token's logits are kept (``logits-<context>.npy``, one row per token; a digest and the
-   argmax in ``tokens.csv``) so that every configuration can be held to ds4 as it ships, bit for bit
-   (:func:`ds4lab.ds4.results.exactness`); a capturing configuration (``capture``: the driver's mode)
-   also writes what the capture did per token (``capture.csv``) and which kernel arguments changed
-   between tokens (``capture-args.csv``);
-3. where asked (``trace_contexts``), records ``trace_tokens`` more decode tokens in-process with
-   CUPTI (:func:`ds4lab.audit.arguments.recording`), each inside an NVTX range ``decode_step``, into
-   ``trace-<context>/recording.csv.gz``: a recording ``ds4lab audit`` reads as it reads any engine's.
-
-It writes as it goes (``tokens.csv`` and ``prefill.csv`` rewritten after each context, progress as
-JSON lines on stdout) and ``worker.json`` last. ds4's own messages go to stderr, which the parent
-keeps as ``ds4-<config>.log``.
-"""
+"""One ds4 configuration in a process of its own (ds4 reads its switches from the environment once per process):
+``python -m ds4lab.ds4.worker PLAN.json``. It opens ds4's engine and one session, and per context (ascending)
+prefills to it, runs ``warmup`` untimed decode tokens (ds4's islands capture at their second sight), then ``tokens``
+decode tokens between CUDA events on the legacy stream, keeping each token's logits (``logits-<context>.npy``;
+digest and argmax in ``tokens.csv``) so every configuration is held to ds4 as it ships bit for bit
+(:func:`ds4lab.ds4.readout.exactness`); a capturing configuration also writes ``capture.csv`` and
+``capture-args.csv``. Where asked it records ``trace_tokens`` more tokens with CUPTI, each in an NVTX range
+``decode_step`` (``trace-<context>/recording.csv.gz``, which ``ds4lab audit`` reads). It writes as it goes (progress
+as JSON lines on stdout, ``worker.json`` last); ds4's messages go to stderr, kept as ``ds4-<config>.log``."""
 
 from __future__ import annotations
 
@@ -45,15 +29,15 @@ TRACE_PASSES = 2
 
 
 def tokens_per_context(warmup: int, tokens: int, trace_tokens: int, traced: bool) -> int:
-    """Decode tokens a worker evaluates after prefilling to one context: ``warmup`` untimed, ``tokens``
-    timed and, at a traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded. The prompt, the
-    session's context and the spacing of contexts (``ds4lab.jobs.ds4.check_config``) are sized by it."""
+    """Decode tokens a worker evaluates after prefilling to one context: ``warmup`` untimed, ``tokens`` timed and, at a
+    traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded. The prompt, the session's context and the
+    spacing of contexts (``ds4lab.jobs.ds4.check_config``) are sized by it."""
     return int(warmup) + int(tokens) + (TRACE_PASSES * int(trace_tokens) if traced else 0)
 
 
 def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
-    """``n`` token ids drawn uniformly from ``[0, vocab)`` with ``seed`` (NumPy PCG64): the one prompt
-    every configuration walks, so all of them decode the same tokens at the same positions."""
+    """``n`` token ids drawn uniformly from ``[0, vocab)`` with ``seed`` (NumPy PCG64): the one prompt every
+    configuration walks, so all of them decode the same tokens at the same positions."""
     import numpy as np
 
     return np.random.default_rng(seed).integers(0, vocab, size=n).tolist()
@@ -74,8 +58,7 @@ def _write_csv(path: Path, fields, rows) -> None:
 
 def run(plan: dict) -> int:
     """Run ``plan`` (keys: ``library``, ``model``, ``config``, ``contexts``, ``warmup``, ``tokens``,
-    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``resident``, ``capture``, ``out``).
-    Returns 0."""
+    ``trace_contexts``, ``trace_tokens``, ``seed``, ``threads``, ``resident``, ``capture``, ``out``). Returns 0."""
     import hashlib
 
     import numpy as np
@@ -152,10 +135,10 @@ def run(plan: dict) -> int:
 
 
 def _trace(eng, prompt, n: int, folder: Path) -> dict:
-    """Record ``n`` decode tokens with CUPTI (each in an NVTX range ``decode_step``), then ``n`` more with
-    their kernel arguments (an untimed pass of its own: the argument capture costs host time per launch,
-    :mod:`ds4lab.audit.arguments`) into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the first.
-    Returns what happened: the recordings' paths, or why there is none."""
+    """Record ``n`` decode tokens with CUPTI (each in an NVTX range ``decode_step``), then ``n`` more with their kernel
+    arguments (an untimed pass of its own: the argument capture costs host time per launch,
+    :mod:`ds4lab.audit.arguments`) into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the first. Returns
+    what happened: the recordings' paths, or why there is none."""
     try:
         import nvtx
         from ..audit.arguments import recording

@@ -1,26 +1,23 @@
 """The backend contract: what the launch layer, the model and the jobs may ask of a backend.
 
-Two interfaces, both abstract, so a backend that forgets a method fails when it is *built*, not
-halfway through a job:
+Two interfaces, both abstract, so a backend that forgets a method fails when it is *built*, not halfway through a job:
 
-* :class:`Executor` — memory, weights, launches, memsets, copies, streams, events, synchronize,
-  and the capabilities a job reads (declared here, never probed with ``getattr``). Every backend
-  implements it: ``cupy`` (the GPU), ``sim`` (the simulated CUDA runtime, modeled time) and
-  ``numpy`` (the CPU reference executor: no timing, no capture).
-* :class:`RuntimeApi` — the runtime calls that capture, graphs, event timing, allocation and
-  queries need (CUDA Runtime API: "Stream Management", "Event Management", "Graph Management",
-  "Memory Management"). Only ``cupy`` and ``sim`` implement it; ``isinstance(be, RuntimeApi)``
-  is the one test for "can capture". Every runtime call any caller makes is declared here.
-* :class:`ModeledTime` — what a backend whose time comes from a cost model offers (the sim): the
-  modeled cost of a kernel, the modeled copy bandwidth, its device timeline. ``isinstance(be,
-  ModeledTime)`` is the test, and every figure from it is labelled MODELED.
+* :class:`Executor` — memory, weights, launches, memsets, copies, streams, events, synchronize, and the capabilities a
+  job reads (declared here, never probed with ``getattr``). Every backend implements it: ``cupy`` (the GPU), ``sim``
+  (the simulated CUDA runtime, modeled time) and ``numpy`` (the CPU reference executor: no timing, no capture).
+* :class:`RuntimeApi` — the runtime calls that capture, graphs, event timing, allocation and queries need (CUDA Runtime
+  API: "Stream Management", "Event Management", "Graph Management", "Memory Management"). Only ``cupy`` and ``sim``
+  implement it; ``isinstance(be, RuntimeApi)`` is the one test for "can capture". Every runtime call any caller makes
+  is declared here.
+* :class:`ModeledTime` — what a backend whose time comes from a cost model offers (the sim): the modeled cost of a
+  kernel, the modeled copy bandwidth, its device timeline. ``isinstance(be, ModeledTime)`` is the test, and every
+  figure from it is labelled MODELED.
 * :class:`DeviceClock` — a real GPU clock to read (``%globaltimer``): the ``cupy`` backend.
 
-A backend never decides *which* stream: the launcher resolves that through the accessor
-(:mod:`ds4lab.capture.stream`) and passes the answer in (``LEGACY_STREAM`` or an override).
-Errors: runtime calls raise :class:`ds4lab.errors.CudaError` (CUDA's error name) or
-:class:`ds4lab.errors.CupyRefusal`, on the GPU and on the sim alike.
-"""
+A backend never decides *which* stream: the launcher resolves that through the accessor (:mod:`ds4lab.capture.stream`)
+and passes the answer in (``LEGACY_STREAM`` or an override). Errors: runtime calls raise
+:class:`ds4lab.errors.CudaError` (CUDA's error name) or :class:`ds4lab.errors.CupyRefusal`, on the GPU and on the sim
+alike."""
 
 from __future__ import annotations
 
@@ -35,6 +32,16 @@ class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here (no CuPy, no usable GPU); the message says which."""
 
 
+def check_all_reduce(send, recv, op: str) -> None:
+    """The all-reduce ds4lab's collectives make (NCCL's ``ncclAllReduce`` on the GPU, the sim's model of it): ``op``
+    ``sum`` over float32 buffers of one size. Raises ValueError naming what differs."""
+    if op != "sum":
+        raise ValueError(f"all_reduce: op={op!r}; ds4lab's collectives use ncclSum")
+    if np.dtype(send.dtype) != np.float32 or np.dtype(recv.dtype) != np.float32 or send.size != recv.size:
+        raise ValueError(f"all_reduce: float32 buffers of one size, got {send.dtype}[{send.size}] → "
+                         f"{recv.dtype}[{recv.size}]")
+
+
 class Executor(abc.ABC):
     """Runs a decode token. Arrays are the backend's own (``numpy``/``cupy``/sim arena views).
 
@@ -46,8 +53,7 @@ class Executor(abc.ABC):
     ``models_time``     its times are modeled from a calibration (the sim): label them MODELED
     ``timing_only``     it models time without computing any number (the sim's phantom mode)
     ``calibration``     the cost-model calibration in use (``name``, ``path``, ``sha256``, …) or None
-    ``xp``              the array module (``numpy`` or ``cupy``)
-    """
+    ``xp``              the array module (``numpy`` or ``cupy``)"""
 
     name: str = "base"
     is_gpu: bool = False
@@ -120,8 +126,8 @@ class Executor(abc.ABC):
 
     # --- capabilities with a default
     def host_clock_us(self) -> float:
-        """The host clock in µs for host-side work (enqueue time): ``time.perf_counter``; the sim
-        overrides it with its modeled host clock. Never use it around asynchronous device work."""
+        """The host clock in µs for host-side work (enqueue time): ``time.perf_counter``; the sim overrides it with its
+        modeled host clock. Never use it around asynchronous device work."""
         return time.perf_counter() * 1e6
 
     def free_memory(self) -> tuple[int, int] | None:
@@ -154,11 +160,10 @@ class Executor(abc.ABC):
 class RuntimeApi(abc.ABC):
     """Capture, graphs, event timing, allocation and queries (``cupy`` and ``sim`` only).
 
-    Streams are backend objects or ``LEGACY_STREAM``. Capture modes: ``"global"``,
-    ``"thread_local"``, ``"relaxed"`` (CUDA Runtime API, ``cudaStreamBeginCapture`` /
-    ``cudaStreamCaptureMode``). Every method raises :class:`ds4lab.errors.CudaError` or
-    :class:`ds4lab.errors.CupyRefusal`; none returns a CUDA status for the caller to check.
-    """
+    Streams are backend objects or ``LEGACY_STREAM``. Capture modes: ``"global"``, ``"thread_local"``, ``"relaxed"``
+    (CUDA Runtime API, ``cudaStreamBeginCapture`` / ``cudaStreamCaptureMode``). Every method raises
+    :class:`ds4lab.errors.CudaError` or :class:`ds4lab.errors.CupyRefusal`; none returns a CUDA status for the caller
+    to check."""
 
     @abc.abstractmethod
     def event_synchronize(self, event: Any) -> None:
@@ -206,8 +211,8 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def copy_d2h(self, stream: Any, dst: np.ndarray, src: Any) -> None:
-        """``cudaMemcpyAsync`` device to host on ``stream``, into the host array ``dst`` (pageable, or
-        pinned when it comes from :meth:`host_alloc`); completes when ``stream`` is synchronized."""
+        """``cudaMemcpyAsync`` device to host on ``stream``, into the host array ``dst`` (pageable, or pinned when it
+        comes from :meth:`host_alloc`); completes when ``stream`` is synchronized."""
 
     @abc.abstractmethod
     def memcpy_h2d_sync(self, dst: Any, src: np.ndarray) -> None:
@@ -235,14 +240,13 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def host_query(self, name: str) -> Any:
-        """One host-only runtime or driver query by its API name (one of
-        :data:`ds4lab.executor.base.HOST_QUERIES`): no stream work. Returns the answer; raises
-        ValueError for another name, CudaError for a failed call."""
+        """One host-only runtime or driver query by its API name (one of :data:`ds4lab.executor.base.HOST_QUERIES`): no
+        stream work. Returns the answer; raises ValueError for another name, CudaError for a failed call."""
 
     @abc.abstractmethod
     def blas_create(self) -> Any:
-        """``cublasCreate``: a cuBLAS handle. Raises :class:`ds4lab.errors.LibraryError`
-        (``cublas:<status>``) when cuBLAS refuses."""
+        """``cublasCreate``: a cuBLAS handle. Raises :class:`ds4lab.errors.LibraryError` (``cublas:<status>``) when
+        cuBLAS refuses."""
 
     @abc.abstractmethod
     def blas_destroy(self, handle: Any) -> None:
@@ -258,8 +262,8 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def read(self, buf: Any) -> np.ndarray:
-        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous,
-        refused by CuPy while the current stream captures."""
+        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous, refused by CuPy while the
+        current stream captures."""
 
     @abc.abstractmethod
     def matmul(self, stream: Any, a: Any, b: Any) -> Any:
@@ -279,13 +283,13 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def graph_nodes(self, graph: Any) -> list[dict]:
-        """The nodes of a captured graph: dicts with ``kind`` (kernel, memset, memcpy,
-        event_record, wait_event, mem_alloc, mem_free, empty) and ``name`` (kernel name or "")."""
+        """The nodes of a captured graph: dicts with ``kind`` (kernel, memset, memcpy, event_record, wait_event,
+        mem_alloc, mem_free, empty) and ``name`` (kernel name or "")."""
 
     @abc.abstractmethod
     def graph_instantiate(self, graph: Any, flags: int = 0) -> Any:
-        """``cudaGraphInstantiateWithFlags``: an executable graph (``flags``: cudaGraphInstantiateFlags
-        bits, AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4, UseNodePriority 8)."""
+        """``cudaGraphInstantiateWithFlags``: an executable graph (``flags``: cudaGraphInstantiateFlags bits,
+        AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4, UseNodePriority 8)."""
 
     @abc.abstractmethod
     def graph_exec_destroy(self, graph_exec: Any) -> None:
@@ -309,12 +313,11 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def graph_exec_kernel_node_set_params(self, graph_exec: Any, index: int, launch: Any) -> None:
-        """``cudaGraphExecKernelNodeSetParams``: the ``index``-th kernel node of the executable (capture
-        order) takes ``launch``'s arguments, grid, block and shared memory
-        (:class:`ds4lab.capture.launch.LaunchRecord`) for its later launches; the graph itself is
-        unchanged (CUDA Runtime API, cudaGraphExecKernelNodeSetParams; Programming Guide "Updating
-        instantiated graphs" → "Individual node update"). Raises CudaError (cudaErrorInvalidValue: no
-        such kernel node, or another function)."""
+        """``cudaGraphExecKernelNodeSetParams``: the ``index``-th kernel node of the executable (capture order) takes
+        ``launch``'s arguments, grid, block and shared memory (:class:`ds4lab.capture.launch.LaunchRecord`) for its
+        later launches; the graph itself is unchanged (CUDA Runtime API, cudaGraphExecKernelNodeSetParams;
+        Programming Guide "Updating instantiated graphs" → "Individual node update"). Raises CudaError
+        (cudaErrorInvalidValue: no such kernel node, or another function)."""
 
     @abc.abstractmethod
     def event_record_external(self, stream: Any, event: Any) -> None:
@@ -326,13 +329,13 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def exchange_capture_mode(self, mode: str) -> str:
-        """``cudaThreadExchangeStreamCaptureMode``: set the calling thread's interaction mode, return
-        the previous one (``"global"``, ``"thread_local"``, ``"relaxed"``)."""
+        """``cudaThreadExchangeStreamCaptureMode``: set the calling thread's interaction mode, return the previous one
+        (``"global"``, ``"thread_local"``, ``"relaxed"``)."""
 
     @abc.abstractmethod
     def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
-        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which
-        must have the same topology (CUDA Programming Guide, "Updating instantiated graphs")."""
+        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which must have the same
+        topology (CUDA Programming Guide, "Updating instantiated graphs")."""
 
     @abc.abstractmethod
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
@@ -348,20 +351,20 @@ class ModeledTime(abc.ABC):
 
     @abc.abstractmethod
     def model_context(self, context: int | None) -> float:
-        """Price the kernels run from now on at the cost model's kernel time factor at ``context`` (the
-        decode position a ladder or context job models; None: the calibration's ``kernel_time_scale``).
-        Returns the factor; raises ValueError for a context that is not positive."""
+        """Price the kernels run from now on at the cost model's kernel time factor at ``context`` (the decode position
+        a ladder or context job models; None: the calibration's ``kernel_time_scale``). Returns the factor; raises
+        ValueError for a context that is not positive."""
 
     @abc.abstractmethod
     def modeled_copy_GBps(self) -> tuple[float, str]:
-        """The cost model's device copy bandwidth (GB/s) and where it comes from (on a GPU it is
-        measured: :func:`ds4lab.timing.copy_bandwidth`)."""
+        """The cost model's device copy bandwidth (GB/s) and where it comes from (on a GPU it is measured:
+        :func:`ds4lab.timing.copy_bandwidth`)."""
 
     @abc.abstractmethod
     def trace_records(self, since: int = 0) -> tuple[list[tuple], int]:
-        """The modeled device timeline: the records ``(stream, name, start_us, end_us, kind, graph)``
-        from absolute index ``since`` on (records the timeline has let go of are skipped) and the
-        index to pass next time (on a GPU, kernel records come from CUPTI)."""
+        """The modeled device timeline: the records ``(stream, name, start_us, end_us, kind, graph)`` from absolute
+        index ``since`` on (records the timeline has let go of are skipped) and the index to pass next time (on a
+        GPU, kernel records come from CUPTI)."""
 
     @abc.abstractmethod
     def modeled_start_us(self, stream) -> float:
@@ -369,11 +372,10 @@ class ModeledTime(abc.ABC):
 
     @abc.abstractmethod
     def model_host_work(self, kind: str) -> None:
-        """Put ds4lab's own host work of ``kind`` on the modeled host clock: work the launch layer
-        and the graph cache do in Python around a runtime call, which a GPU run spends for real and
-        the cost model prices apart from the call (``graph_call``: a graph-cache launch's keys,
-        lookup and stream choice; ``node_update``: planning a call's launches and packing one kernel
-        node's parameters). Raises ValueError for another ``kind``."""
+        """Put ds4lab's own host work of ``kind`` on the modeled host clock: work the launch layer and the graph cache
+        do in Python around a runtime call, which a GPU run spends for real and the cost model prices apart from the
+        call (``graph_call``: a graph-cache launch's keys, lookup and stream choice; ``node_update``: planning a
+        call's launches and packing one kernel node's parameters). Raises ValueError for another ``kind``."""
 
 
 class DeviceClock(abc.ABC):

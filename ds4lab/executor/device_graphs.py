@@ -1,32 +1,13 @@
-"""The backend contract for what stream capture alone cannot express: graph construction inside a
-capture, conditional nodes, and programmatic dependent launch.
+"""The backend contract for what stream capture alone cannot express (stages ``3cc``, ``3p``, ``3cp``, ``3ccp``):
+conditional nodes added to the graph a stream is capturing and filled by capturing into their bodies, and kernels
+launched with programmatic stream serialization, which capture keeps as programmatic edges. Each method names the
+CUDA call it is; how the stages use them: ``docs/capture-stages.md``. The ``cupy`` backend implements it through
+``cuda-bindings`` (:mod:`ds4lab.backends.cupy_device_graphs`, every status checked), the ``sim`` by the rules of
+:mod:`ds4lab.sim.rules_device` (:mod:`ds4lab.sim.device_graphs`); ``isinstance(be, DeviceGraphApi)`` is the one test
+for it.
 
-Stage ``3cc`` (one whole-token graph whose emit kernels and top-k regime are chosen on the device) adds
-conditional nodes to the graph a stream is capturing and fills their bodies by capturing into them;
-stages ``3p``, ``3cp`` and ``3ccp`` launch every kernel of the capture with the programmatic
-stream-serialization attribute, which stream capture keeps as a programmatic edge. The calls:
-
-=====================================  =================================================================
-method                                 CUDA (Runtime API unless named)
-=====================================  =================================================================
-``capture_dependencies``               ``cudaStreamGetCaptureInfo`` (graph, dependencies, edge data)
-``conditional_handle_create``          ``cudaGraphConditionalHandleCreate`` (``cudaGraphCondAssignDefault``)
-``graph_add_conditional_node``         ``cudaGraphAddNode`` with ``cudaGraphNodeTypeConditional``
-``stream_update_capture_dependencies`` ``cudaStreamUpdateCaptureDependencies`` (set or add)
-``begin_capture_to_graph``             ``cudaStreamBeginCaptureToGraph``
-``end_capture_to_graph``               ``cudaStreamEndCapture`` of such a capture
-``launch_programmatic``                ``cuLaunchKernelEx`` (Driver API) with
-                                       ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``
-``graph_node_kinds``, ``graph_edges``  ``cudaGraphGetNodes``, ``cudaGraphNodeGetType``, ``cudaGraphGetEdges``
-=====================================  =================================================================
-
-Sources: CUDA Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes", and "Programmatic Dependent
-Launch and Synchronization"; CUDA Runtime API, "Graph Management" and "Stream Management"
-(``cudaConditionalNodeParams``, ``cudaGraphEdgeData``). The ``cupy`` backend implements it through
-``cuda-bindings`` (:mod:`ds4lab.backends.cupy_device_graphs`), every status checked; the ``sim`` backend
-by the rules of :mod:`ds4lab.sim.rules_device` (:mod:`ds4lab.sim.device_graphs`). ``isinstance(be,
-DeviceGraphApi)`` is the one test for "can build conditional nodes and programmatic edges".
-"""
+Sources: CUDA Programming Guide, "Conditional Graph Nodes" and "Programmatic Dependent Launch and Synchronization";
+CUDA Runtime API, "Graph Management" and "Stream Management"."""
 
 from __future__ import annotations
 
@@ -45,22 +26,22 @@ PREDECESSOR_RULES = ("kernel", "any")
 
 
 def check_kind(kind: str) -> None:
-    """Raise ValueError for a conditional node kind that is not one of :data:`COND_KINDS` (the body
-    count is CUDA's to refuse: the backends pass it on, :func:`size_allowed`)."""
+    """Raise ValueError for a conditional node kind that is not one of :data:`COND_KINDS` (the body count is CUDA's to
+    refuse: the backends pass it on, :func:`size_allowed`)."""
     if kind not in COND_KINDS:
         raise ValueError(f"conditional node kind {kind!r}: choose one of {', '.join(COND_KINDS)}")
 
 
 def size_allowed(kind: str, size: int) -> bool:
-    """Whether CUDA allows ``size`` bodies for a conditional node of ``kind`` (RT cudaConditionalNodeParams:
-    1 for WHILE, 1 or 2 for IF, any value greater than zero for SWITCH)."""
+    """Whether CUDA allows ``size`` bodies for a conditional node of ``kind`` (RT cudaConditionalNodeParams: 1 for
+    WHILE, 1 or 2 for IF, any value greater than zero for SWITCH)."""
     return {"while": size == 1, "if": size in (1, 2), "switch": size >= 1}[kind]
 
 
 @dataclass(frozen=True)
 class CondHandle:
-    """A conditional handle (``cudaGraphConditionalHandle``, 64 bits) on a GPU: ``raw`` is its value;
-    ``arg`` the kernel argument a condition-setting kernel takes (by value)."""
+    """A conditional handle (``cudaGraphConditionalHandle``, 64 bits) on a GPU: ``raw`` is its value; ``arg`` the
+    kernel argument a condition-setting kernel takes (by value)."""
 
     raw: int
 
@@ -70,32 +51,31 @@ class CondHandle:
 
 
 class DeviceGraphApi(abc.ABC):
-    """Conditional nodes and programmatic dependent launch (see the module docstring). Streams are
-    backend streams; graphs are the backend's graph objects (a captured graph, or a body graph that a
-    conditional node owns: never destroyed by ds4lab); nodes are the backend's node handles. Every
-    method raises :class:`ds4lab.errors.CudaError` with CUDA's error name."""
+    """Conditional nodes and programmatic dependent launch (see the module docstring). Streams are backend streams;
+    graphs are the backend's graph objects (a captured graph, or a body graph that a conditional node owns: never
+    destroyed by ds4lab); nodes are the backend's node handles. Every method raises :class:`ds4lab.errors.CudaError`
+    with CUDA's error name."""
 
     @abc.abstractmethod
     def capture_dependencies(self, stream: Any) -> tuple[Any, list]:
-        """``cudaStreamGetCaptureInfo`` of a stream in an active capture: the graph being captured (the
-        capture owns it until ``cudaStreamEndCapture``) and the nodes the next captured work will depend
-        on. Raises CudaError (cudaErrorIllegalState when the stream is not in an active capture)."""
+        """``cudaStreamGetCaptureInfo`` of a stream in an active capture: the graph being captured (the capture owns it
+        until ``cudaStreamEndCapture``) and the nodes the next captured work will depend on. Raises CudaError
+        (cudaErrorIllegalState when the stream is not in an active capture)."""
 
     @abc.abstractmethod
     def conditional_handle_create(self, graph: Any, default: int = 0, assign_default: bool = True) -> Any:
-        """``cudaGraphConditionalHandleCreate(graph, default, flags)``: a handle for a conditional node of
-        ``graph`` (or of one of its children); with ``assign_default`` (``cudaGraphCondAssignDefault``)
-        every launch of the graph starts with the value ``default``. The handle's ``arg`` is the kernel
-        argument a condition-setting kernel takes."""
+        """``cudaGraphConditionalHandleCreate(graph, default, flags)``: a handle for a conditional node of ``graph``
+        (or of one of its children); with ``assign_default`` (``cudaGraphCondAssignDefault``) every launch of the
+        graph starts with the value ``default``. The handle's ``arg`` is the kernel argument a condition-setting
+        kernel takes."""
 
     @abc.abstractmethod
     def graph_add_conditional_node(self, graph: Any, deps: list, handle: Any, kind: str, size: int) -> tuple[Any, list]:
-        """``cudaGraphAddNode`` of a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with
-        ``size`` bodies after ``deps`` in ``graph``: returns ``(node, body graphs)``; the bodies are empty
-        graphs the node owns (fill them with :meth:`begin_capture_to_graph`). IF runs body 0 on a non-zero
-        value (body 1, when there are two, on zero), WHILE body 0 as long as the value is non-zero, SWITCH
-        body ``value`` (none when ``value >= size``). Raises CudaError (cudaErrorInvalidValue for a size the
-        kind does not allow)."""
+        """``cudaGraphAddNode`` of a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with ``size``
+        bodies after ``deps`` in ``graph``: returns ``(node, body graphs)``; the bodies are empty graphs the node
+        owns (fill them with :meth:`begin_capture_to_graph`). IF runs body 0 on a non-zero value (body 1, when there
+        are two, on zero), WHILE body 0 as long as the value is non-zero, SWITCH body ``value`` (none when ``value
+        >= size``). Raises CudaError (cudaErrorInvalidValue for a size the kind does not allow)."""
 
     @abc.abstractmethod
     def stream_update_capture_dependencies(self, stream: Any, nodes: list, replace: bool = True) -> None:
@@ -105,44 +85,43 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def begin_capture_to_graph(self, stream: Any, graph: Any, mode: str = "thread_local") -> None:
-        """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``: what ``stream`` issues
-        from now on is added to the existing ``graph`` (a conditional node's body)."""
+        """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``: what ``stream`` issues from now on
+        is added to the existing ``graph`` (a conditional node's body)."""
 
     @abc.abstractmethod
     def end_capture_to_graph(self, stream: Any) -> Any:
-        """``cudaStreamEndCapture`` of a capture begun with :meth:`begin_capture_to_graph`: returns the
-        graph captured into (the one given at the beginning; no new owner of it)."""
+        """``cudaStreamEndCapture`` of a capture begun with :meth:`begin_capture_to_graph`: returns the graph captured
+        into (the one given at the beginning; no new owner of it)."""
 
     @abc.abstractmethod
     def launch_programmatic(self, stream: Any, name: str, grid: tuple, block: tuple, args: tuple, shared: int,
                             ref, nbytes: int = 0, *, predecessor: str = "kernel") -> bool:
         """Launch kernel ``name`` with programmatic stream serialization (``cuLaunchKernelEx``,
-        ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1): it may start while the kernel
-        before it in the stream drains, and a capture keeps the dependency as a programmatic edge. The
-        kernel must carry the device-side half (:mod:`ds4lab.executor.kernel_pdl`), else
+        ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1): it may start while the kernel before it in
+        the stream drains, and a capture keeps the dependency as a programmatic edge. The kernel must carry the
+        device-side half (:mod:`ds4lab.executor.kernel_pdl`), else
         :class:`~ds4lab.executor.kernel_pdl.MissingDeviceHalf` (a ValueError) before CUDA is asked.
 
-        ``predecessor="kernel"``: the attribute is set only when the stream's next work depends on one
-        node and that node is a kernel (in a capture: the capture's dependency set; eagerly: always),
-        else the launch is a plain one (a programmatic dependency is defined between kernels only);
-        ``"any"``: always set (the conformance probe of what CUDA does after another node). Returns
-        whether the attribute was set."""
+        ``predecessor="kernel"``: the attribute is set only when the stream's next work depends on one node and that
+        node is a kernel (in a capture: the capture's dependency set; eagerly: always), else the launch is a plain one
+        (a programmatic dependency is defined between kernels only); ``"any"``: always set (the conformance probe of
+        what CUDA does after another node). Returns whether the attribute was set."""
 
     @abc.abstractmethod
     def prepare_device_kernels(self, names=None, programmatic: bool = False) -> None:
-        """Compile and load, now, the kernels a capture will launch (``names``, default all; with
-        ``programmatic`` their build with the device-side half too), so that no module is loaded while a
-        stream captures. Nothing to do where nothing is compiled (the sim)."""
+        """Compile and load, now, the kernels a capture will launch (``names``, default all; with ``programmatic``
+        their build with the device-side half too), so that no module is loaded while a stream captures. Nothing to
+        do where nothing is compiled (the sim)."""
 
     @abc.abstractmethod
     def graph_node_kinds(self, graph: Any) -> list[str]:
-        """The node kinds of ``graph`` (``cudaGraphGetNodes`` + ``cudaGraphNodeGetType``: kernel, memset,
-        memcpy, empty, graph, conditional, ...), in the graph's order; body graphs not included."""
+        """The node kinds of ``graph`` (``cudaGraphGetNodes`` + ``cudaGraphNodeGetType``: kernel, memset, memcpy,
+        empty, graph, conditional, ...), in the graph's order; body graphs not included."""
 
     @abc.abstractmethod
     def graph_edges(self, graph: Any) -> list[tuple[str, str, str]]:
-        """``cudaGraphGetEdges`` of ``graph``: ``(from kind, to kind, type)`` per edge, type ``"default"``
-        or ``"programmatic"`` (``cudaGraphEdgeData.type``, cudaGraphDependencyTypeProgrammatic)."""
+        """``cudaGraphGetEdges`` of ``graph``: ``(from kind, to kind, type)`` per edge, type ``"default"`` or
+        ``"programmatic"`` (``cudaGraphEdgeData.type``, cudaGraphDependencyTypeProgrammatic)."""
 
 
 def can_build_device_graphs(be) -> bool:

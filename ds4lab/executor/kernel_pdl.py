@@ -1,16 +1,14 @@
 """Which kernels carry the device-side half of programmatic dependent launch, read from their source.
 
-A kernel launched with the programmatic stream-serialization attribute may start while the kernel
-before it in the stream still runs; it is correct only if it waits (``griddepcontrol.wait``) before it
-reads what that kernel writes, writes anything, or exits (CUDA Programming Guide, "Programmatic
-Dependent Launch and Synchronization"). ds4lab's kernels carry that half as ``DS4_PDL_ENTRY()``, the
-first statement of their body (``kernels/common.cuh``); this module finds, for every ``__global__``
-function of ``kernels/*.cu``, whether its body begins with it, so a backend can refuse a programmatic
-launch of a kernel that lacks it (:func:`require_device_half`), and a test can hold every kernel of the
+A kernel launched with the programmatic stream-serialization attribute may start while the kernel before it in the
+stream still runs; it is correct only if it waits (``griddepcontrol.wait``) before it reads what that kernel writes,
+writes anything, or exits (CUDA Programming Guide, "Programmatic Dependent Launch and Synchronization"). ds4lab's
+kernels carry that half as ``DS4_PDL_ENTRY()``, the first statement of their body (``kernels/common.cuh``); this module
+finds, for every ``__global__`` function of ``kernels/*.cu``, whether its body begins with it, so a backend can refuse
+a programmatic launch of a kernel that lacks it (:func:`require_device_half`), and a test can hold every kernel of the
 decode token to it.
 
-Importing this module imports no CUDA library.
-"""
+Importing this module imports no CUDA library."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ _GLOBAL = re.compile(r'__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+
 
 
 def kernel_bodies(source: str) -> dict[str, str]:
-    """``{kernel name: its body}`` of every ``__global__`` function defined in CUDA ``source``
-    (comments removed; the body between its outer braces, without them)."""
+    """``{kernel name: its body}`` of every ``__global__`` function defined in CUDA ``source`` (comments removed; the
+    body between its outer braces, without them)."""
     text = _COMMENTS.sub(" ", source)
     out: dict[str, str] = {}
     for m in _GLOBAL.finditer(text):
@@ -53,9 +51,9 @@ def waits_first(body: str) -> bool:
 
 
 def default_kernels_dir() -> Path:
-    """The folder the ``cupy`` backend loads its kernels from (the repository's ``kernels/``, or the
-    installed ``ds4lab.kernels``: the same answer as :func:`ds4lab.backends.cupy_backend.kernels_dir`,
-    found here without importing that module)."""
+    """The folder the ``cupy`` backend loads its kernels from (the repository's ``kernels/``, or the installed
+    ``ds4lab.kernels``: the same answer as :func:`ds4lab.backends.cupy_backend.kernels_dir`, found here without
+    importing that module)."""
     repo = Path(__file__).resolve().parents[2] / "kernels"
     if (repo / "common.cuh").is_file():
         return repo
@@ -78,8 +76,8 @@ def device_half(kernels_dir: str | None = None) -> dict[str, bool]:
 
 
 class MissingDeviceHalf(ValueError):
-    """A programmatic launch of a kernel without the device-side half (ds4lab's refusal, before CUDA
-    is asked: CUDA would launch it, and it could read its predecessor's output before it is written)."""
+    """A programmatic launch of a kernel without the device-side half (ds4lab's refusal, before CUDA is asked: CUDA
+    would launch it, and it could read its predecessor's output before it is written)."""
 
 
 def require_device_half(name: str) -> None:

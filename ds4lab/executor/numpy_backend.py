@@ -1,11 +1,9 @@
 """The ``numpy`` backend: the CPU reference executor.
 
-It runs the same op sequence through the same launch layer as the GPU, and computes each
-launch with the NumPy reference (the launch's ``ref`` callback) into NumPy buffers. It makes
-no timing claims. Streams and events are inert tokens: the CPU runs everything in order.
-The routed-expert bank is generated lazily, one expert at a time, so a ``ds4-flash``-sized
-bank costs only the experts a token selects.
-"""
+It runs the same op sequence through the same launch layer as the GPU, and computes each launch with the NumPy
+reference (the launch's ``ref`` callback) into NumPy buffers. It makes no timing claims. Streams and events are inert
+tokens: the CPU runs everything in order. The routed-expert bank is generated lazily, one expert at a time, so a
+``ds4-flash``-sized bank costs only the experts a token selects."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ from .base import Executor
 class LazyBank:
     """A stack of expert matrices generated on first use (an LRU of ``keep`` experts).
 
-    Indexing ``bank[e]`` returns expert ``e``'s :class:`~ds4lab.token.weights.QTensor`. ``qs`` and ``d``
-    (the whole stack, a GPU kernel argument) are never materialized on the CPU: they are None.
-    """
+    Indexing ``bank[e]`` returns expert ``e``'s :class:`~ds4lab.token.weights.QTensor`. ``qs`` and ``d`` (the whole
+    stack, a GPU kernel argument) are never materialized on the CPU: they are None."""
 
     qs = None
     d = None

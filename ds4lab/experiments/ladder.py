@@ -1,18 +1,16 @@
-"""The one experiment shape behind ``ds4lab ladder`` and ``ds4lab context``: a table of stage runs
-at one or more contexts, each checked bit for bit against stage 0 and timed in interleaved rounds.
+"""The one experiment shape behind ``ds4lab ladder`` and ``ds4lab context``: a table of stage runs at one or more
+contexts, each checked bit for bit against stage 0 and timed in interleaved rounds.
 
-At each context (a start position): **exactness** (every stage decodes the same span from the same
-prefilled state and is compared with stage 0: :func:`~ds4lab.experiments.stage_run.first_difference`),
-**the floors** (:mod:`ds4lab.experiments.floors`: the replayed token's GPU-busy time, the bytes and
-launch-list floors) and **µs per token** over the timed tokens in ``rounds`` interleaved rounds (odd
-rounds in reverse order, every stage of a round on the same positions), with host enqueue time,
-launches and the graph cache's counts.
+At each context (a start position): **exactness** (every stage decodes the same span from the same prefilled state and
+is compared with stage 0: :func:`~ds4lab.experiments.stage_run.first_difference`), **the floors**
+(:mod:`ds4lab.experiments.floors`: the replayed token's GPU-busy time, the bytes and launch-list floors) and **µs per
+token** over the timed tokens in ``rounds`` interleaved rounds (odd rounds in reverse order, every stage of a round on
+the same positions), with host enqueue time, launches and the graph cache's counts.
 
-:func:`run_table` runs a :class:`Table` and returns its rows (one per stage and context); it writes
-no file and prints nothing: what it is doing goes to the :class:`Callbacks` it is given (the rows of
-the context being measured as they change, :meth:`Ladder.partial_rows`), so a job can write as it
-goes. :func:`ladder_table` and :func:`context_table` make the two tables the commands run.
-"""
+:func:`run_table` runs a :class:`Table` and returns its rows (one per stage and context); it writes no file and prints
+nothing: what it is doing goes to the :class:`Callbacks` it is given (the rows of the context being measured as they
+change, :meth:`Ladder.partial_rows`), so a job can write as it goes. :func:`ladder_table` and :func:`context_table`
+make the two tables the commands run."""
 
 from __future__ import annotations
 
@@ -36,15 +34,14 @@ class Table:
         stages: the stages, in order (the first is the reference of the gains when stage 0 is absent).
         contexts: start positions.
         exact_tokens: tokens compared bit for bit at each context (0: no exactness check).
-        exact_lead: the exactness span starts ``exact_lead`` tokens before the context (the context
-            ladder starts 4 before, so the span holds the emits of both compressors).
+        exact_lead: the exactness span starts ``exact_lead`` tokens before the context (the context ladder starts 4
+            before, so the span holds the emits of both compressors).
         tokens: timed tokens per stage and context, over ``rounds`` rounds.
         warmup: untimed tokens before a stage's first round at a context (2 before later rounds).
         rounds: interleaved rounds.
-        timing_after_exact: time from the token after the exactness span (the ladder), or from the
-            context itself (the context ladder, which times the positions it names).
-        floor: compute the GPU-busy floor at each context.
-    """
+        timing_after_exact: time from the token after the exactness span (the ladder), or from the context itself (the
+            context ladder, which times the positions it names).
+        floor: compute the GPU-busy floor at each context."""
 
     stages: tuple
     contexts: tuple
@@ -79,8 +76,7 @@ class Table:
         return Span(self.timing_start(context) + rnd * step, self.per_round)
 
     def last_position(self) -> int:
-        """The last position any run of the table decodes (the caches' size and the int32 limit
-        depend on it)."""
+        """The last position any run of the table decodes (the caches' size and the int32 limit depend on it)."""
         return max(max(self.round_span(c, self.rounds - 1).start + self.per_round,
                        c - self.exact_lead + self.exact_tokens) for c in self.contexts)
 
@@ -90,8 +86,8 @@ class Table:
 
 
 def exactness_backend(be):
-    """The backend the exactness check computes on: ``be`` itself, or on a timing-only sim a sim
-    that computes (timing-only models time without numbers)."""
+    """The backend the exactness check computes on: ``be`` itself, or on a timing-only sim a sim that computes
+    (timing-only models time without numbers)."""
     if not be.timing_only:
         return be
     from ..backends import make_backend
@@ -100,14 +96,13 @@ def exactness_backend(be):
 
 
 def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenOptions | None = None) -> dict:
-    """The floors of the token at ``context`` (:func:`ds4lab.experiments.floors.token_floors`): the
-    replayed token's GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's
-    timeline on the sim), median over ``positions`` (the positions the stages are timed at: every
-    stage spends at least each token's busy time on it, so the ladder's efficiency, this over each
-    stage's median µs, stays at or below 1 within the run's noise), the
-    bytes floor, the launch-list floor and t_min, with where the busy time comes from. ``{}`` on a
-    backend that neither measures nor models time. Leaves ``model`` with stage 3's options and
-    executor: every stage run activates its own."""
+    """The floors of the token at ``context`` (:func:`ds4lab.experiments.floors.token_floors`): the replayed token's
+    GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's timeline on the sim), median over
+    ``positions`` (the positions the stages are timed at: every stage spends at least each token's busy time on it,
+    so the ladder's efficiency, this over each stage's median µs, stays at or below 1 within the run's noise), the
+    bytes floor, the launch-list floor and t_min, with where the busy time comes from. ``{}`` on a backend that
+    neither measures nor models time. Leaves ``model`` with stage 3's options and executor: every stage run
+    activates its own."""
     if not (be.measures_time or be.models_time):
         return {}
     from .floors import token_floors
@@ -119,8 +114,8 @@ def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenO
 
 
 class Ladder:
-    """A :class:`Table` of stage runs on one model (and, where the exactness check needs a backend
-    that computes, a twin model on it), run context by context.
+    """A :class:`Table` of stage runs on one model (and, where the exactness check needs a backend that computes, a
+    twin model on it), run context by context.
 
     Args:
         be: the backend that times.
@@ -130,9 +125,8 @@ class Ladder:
         nvtx: NVTX ranges on launches.
         check: whether exactness can be computed here (False on a timing-only sim for ds4-flash).
 
-    Stage ``3`` on the long-context token runs with its policy's ``key_decisions`` on: one graph per
-    token shape (emit or not per compressor, the top-k regime) instead of capturing again.
-    """
+    Stage ``3`` on the long-context token runs with its policy's ``key_decisions`` on: one graph per token shape (emit
+    or not per compressor, the top-k regime) instead of capturing again."""
 
     def __init__(self, be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False,
                  check: bool = True) -> None:
@@ -162,10 +156,10 @@ class Ladder:
     def exactness(self, context: int, say: Callable[[str], None] = lambda s: None,
                   on_result: Callable[[dict], None] | None = None,
                   progress: Callable[[int, int], None] | None = None) -> dict:
-        """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``; ``on_result``
-        gets the verdicts so far after each stage's (so a job writes them as they come);
-        ``progress(done, total)`` is told the runs recorded so far (stage 0's reference first, then each
-        stage's) and returns what to add to the line said (an estimate of the time left)."""
+        """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``; ``on_result`` gets the verdicts
+        so far after each stage's (so a job writes them as they come); ``progress(done, total)`` is told the runs
+        recorded so far (stage 0's reference first, then each stage's) and returns what to add to the line said (an
+        estimate of the time left)."""
         if not self.check:
             return {r.name: ("n/a", "") for r in self.runs}
         ref, runs_x = self._checking()
@@ -187,11 +181,10 @@ class Ladder:
     def measure(self, context: int, *, exact: dict, floors: dict, progress=None,
                 on_stage: Callable[[list[dict]], None] | None = None,
                 starting: Callable[[int, str], None] | None = None) -> list[dict]:
-        """Time every stage at ``context`` in interleaved rounds; returns one row per stage. After
-        each stage of each round, ``on_stage`` gets :meth:`partial_rows` of what is timed so far, so
-        a job writes it as it comes; before each, ``starting(round, stage)`` is told (a progress
-        display names it). ``progress()`` is called after every token, warm-up included
-        (:meth:`tokens_timed` counts them)."""
+        """Time every stage at ``context`` in interleaved rounds; returns one row per stage. After each stage of each
+        round, ``on_stage`` gets :meth:`partial_rows` of what is timed so far, so a job writes it as it comes;
+        before each, ``starting(round, stage)`` is told (a progress display names it). ``progress()`` is called
+        after every token, warm-up included (:meth:`tokens_timed` counts them)."""
         t = self.table
         samples = {r.name: {"us": [], "host": []} for r in self.runs}
         launches: dict = {}
@@ -212,21 +205,18 @@ class Ladder:
         return self._rows(context, samples, launches, exact, floors)
 
     def tokens_timed(self) -> int:
-        """The tokens :meth:`measure` decodes over every context, warm-up included: one
-        ``progress()`` call each."""
+        """The tokens :meth:`measure` decodes over every context, warm-up included: one ``progress()`` call each."""
         return tokens_timed(self.table)
 
     def partial_rows(self, context: int, exact: dict, floors: dict, samples: dict | None = None,
                      launches: dict | None = None, timed: dict | None = None) -> list[dict]:
-        """The rows of ``context`` while it is being measured, one per stage: the columns of
-        :meth:`measure`'s rows, with ``state`` (in words), ``rounds_timed`` and ``rounds`` after
-        ``context``.
+        """The rows of ``context`` while it is being measured, one per stage: the columns of :meth:`measure`'s rows,
+        with ``state`` (in words), ``rounds_timed`` and ``rounds`` after ``context``.
 
-        A stage's µs figures are over the rounds it was timed in so far (``rounds_timed`` of
-        ``rounds``; empty before its first); its speedup and gain only over the rounds both it and the
-        baseline stage were timed in (the same positions, paired token by token as in a finished
-        row), never over a round one of them has not run. ``exact`` holds the verdicts so far
-        (:meth:`exactness`): empty for a stage not checked yet."""
+        A stage's µs figures are over the rounds it was timed in so far (``rounds_timed`` of ``rounds``; empty before
+        its first); its speedup and gain only over the rounds both it and the baseline stage were timed in (the same
+        positions, paired token by token as in a finished row), never over a round one of them has not run. ``exact``
+        holds the verdicts so far (:meth:`exactness`): empty for a stage not checked yet."""
         t = self.table
         samples, launches, timed = samples or {}, launches or {}, timed or {}
         names = [r.name for r in self.runs]
@@ -260,8 +250,8 @@ class Ladder:
 
     def _row(self, run: StageRun, context: int, samples: dict | None, got: dict | None, exact: dict,
              floors: dict) -> dict:
-        """One stage's row; its timing columns empty while ``samples`` (``{"us", "host"}``) and
-        ``got`` (its launches) are None, ``exact`` and ``outcome`` while ``exact`` lacks it."""
+        """One stage's row; its timing columns empty while ``samples`` (``{"us", "host"}``) and ``got`` (its launches)
+        are None, ``exact`` and ``outcome`` while ``exact`` lacks it."""
         st = run.stage
         timed = bool(samples and samples["us"])
         us = Stats.of(samples["us"]) if timed else None
@@ -318,31 +308,29 @@ def _eff(floor, us):
 # ----------------------------------------------------------------------------- the two tables, run
 def ladder_table(stages: str, start_pos: int, *, exact_tokens: int, tokens: int, warmup: int, rounds: int,
                  long_context: bool = False) -> Table:
-    """The ladder's :class:`Table`: ``stages`` (comma-separated names) at one context, ``start_pos``,
-    exactness over ``exact_tokens`` from it, then ``tokens`` timed in ``rounds`` interleaved rounds
-    (at most one round per token). Raises :class:`~ds4lab.experiments.stages.StageInputError` for an
-    unknown stage."""
+    """The ladder's :class:`Table`: ``stages`` (comma-separated names) at one context, ``start_pos``, exactness over
+    ``exact_tokens`` from it, then ``tokens`` timed in ``rounds`` interleaved rounds (at most one round per token).
+    Raises :class:`~ds4lab.experiments.stages.StageInputError` for an unknown stage."""
     return Table(stages=tuple(parse_stages(stages, long_context=long_context)), contexts=(start_pos,),
                  exact_tokens=exact_tokens, exact_lead=0, tokens=tokens, warmup=warmup, rounds=min(rounds, tokens))
 
 
 def context_table(stages: str, contexts, *, span: int, tokens: int, warmup: int, rounds: int) -> Table:
-    """The context ladder's :class:`Table` on the long-context token: at each of ``contexts``
-    (ascending ints) exactness over ``span`` tokens from ``context - 4``, timing from the context
-    itself in ``rounds`` interleaved rounds, the floors at each context."""
+    """The context ladder's :class:`Table` on the long-context token: at each of ``contexts`` (ascending ints)
+    exactness over ``span`` tokens from ``context - 4``, timing from the context itself in ``rounds`` interleaved
+    rounds, the floors at each context."""
     return Table(stages=tuple(parse_stages(stages, long_context=True)), contexts=tuple(int(c) for c in contexts),
                  exact_tokens=span, exact_lead=4, tokens=tokens, warmup=warmup, rounds=rounds,
                  timing_after_exact=False, floor=True)
 
 
 def model_config(preset: str, table: Table, long_context: bool, what: str = "the table"):
-    """The preset, with the long-context token switched on and ``max_context`` the smallest multiple
-    of 128 past the table's last position (the caches' prefill rows do not depend on their size).
+    """The preset, with the long-context token switched on and ``max_context`` the smallest multiple of 128 past the
+    table's last position (the caches' prefill rows do not depend on their size).
 
     Raises:
-        BadInput: a position past int32, or past the preset's own ``max_context`` (naming ``what``:
-            the options that set the positions).
-    """
+        BadInput: a position past int32, or past the preset's own ``max_context`` (naming ``what``: the options that
+            set the positions)."""
     last = table.last_position()
     if last > MAX_POS:
         raise BadInput(f"{what}: the run would decode positions up to {last}, past {MAX_POS} (positions are "
@@ -357,8 +345,8 @@ def model_config(preset: str, table: Table, long_context: bool, what: str = "the
 
 
 def can_check(be, mcfg) -> bool:
-    """Whether exactness is computed for ``mcfg`` on ``be``: on a GPU always; off it (the sim computes
-    with the NumPy reference) not for ds4-flash, which would take hours."""
+    """Whether exactness is computed for ``mcfg`` on ``be``: on a GPU always; off it (the sim computes with the NumPy
+    reference) not for ds4-flash, which would take hours."""
     return be.is_gpu or not is_ds4_flash(mcfg.name)
 
 
@@ -376,9 +364,8 @@ class Callbacks:
         finished: ``(rows, so_far)``: a context's finished rows, and every finished context's as a table.
         starting: ``(context, round, stage)`` before a stage's round is timed; round None: the exactness check.
         token: after every timed token, warm-up included (:meth:`Ladder.tokens_timed` of them).
-        exact_progress: ``(done, total) -> str``, after each run the exactness check records (stage 0's
-            reference, then each stage's); what it returns ends the line said (an estimate of the time left).
-    """
+        exact_progress: ``(done, total) -> str``, after each run the exactness check records (stage 0's reference, then
+            each stage's); what it returns ends the line said (an estimate of the time left)."""
 
     say: Callable[[str], None] = _nothing
     partial: Callable[[list], None] = _nothing
@@ -401,15 +388,14 @@ def table_frame(rows: list[dict], be, preset: str):
 def run_table(be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False, check: bool | None = None,
               on: Callbacks | None = None):
     """Run ``table`` on ``be`` for model ``mcfg``: context by context, exactness (where ``check``; None:
-    :func:`can_check`), the floors (where ``table.floor``), then the timing rounds. On a backend that
-    models time (the sim) every kernel at a context is priced at the calibration's kernel time factor
-    there (:meth:`ds4lab.executor.base.ModeledTime.model_context`, set before the context's exactness,
-    floors and timing; it stays at the last context afterwards).
+    :func:`can_check`), the floors (where ``table.floor``), then the timing rounds. On a backend that models time
+    (the sim) every kernel at a context is priced at the calibration's kernel time factor there
+    (:meth:`ds4lab.executor.base.ModeledTime.model_context`, set before the context's exactness, floors and timing;
+    it stays at the last context afterwards).
 
     Returns:
         The table (pandas): one row per stage and context (:meth:`Ladder.measure`'s columns, then
-        ``backend``, ``preset``, ``modeled``). Nothing is written or printed: ``on`` is told.
-    """
+        ``backend``, ``preset``, ``modeled``). Nothing is written or printed: ``on`` is told."""
     from ..executor.base import ModeledTime
 
     on = on or Callbacks()
@@ -433,8 +419,8 @@ def run_table(be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool 
 
 
 def tokens_timed(table: Table) -> int:
-    """The tokens :func:`run_table` decodes in its timing rounds over every context, warm-up included
-    (one ``token()`` call each)."""
+    """The tokens :func:`run_table` decodes in its timing rounds over every context, warm-up included (one ``token()``
+    call each)."""
     per_context = sum(table.per_round + (table.warmup if rnd == 0 else 2) for rnd in range(table.rounds))
     return per_context * len(table.stages) * len(table.contexts)
 

@@ -1,17 +1,17 @@
-"""Where the long-context token's launch list changes with the position, counted (notebook 04).
+"""Launch lists, counted: one token's census (:func:`one_token`, notebook 00), and where the long-context token's
+launch list changes with the position (:func:`scan`, notebook 04).
 
-At long context ds4's decode token is no longer one fixed launch list: a ratio-4 compressor emits
-when ``(pos + 1) % 4 == 0``, a ratio-128 one when ``(pos + 1) % 128 == 0`` (3–4 launches more each,
-per compressed layer), and the indexer's top-k kernels change with the number of compressed rows of
-the ratio-4 layers (``n_comp``): its regime (:data:`ds4lab.token.reference.TOPK_REGIMES`) and, on the
-chunked path, its number of launches (docs/model.md, "Long context"). Each is a host decision
-(:meth:`ds4lab.token.model.DecodeModel.longctx_decisions`) that a captured graph freezes.
+At long context ds4's decode token is no longer one fixed launch list: a ratio-4 compressor emits when ``(pos + 1) % 4
+== 0``, a ratio-128 one when ``(pos + 1) % 128 == 0`` (3–4 launches more each, per compressed layer), and the indexer's
+top-k kernels change with the number of compressed rows of the ratio-4 layers (``n_comp``): its regime
+(:data:`ds4lab.token.reference.TOPK_REGIMES`) and, on the chunked path, its number of launches (docs/model.md, "Long
+context"). Each is a host decision (:meth:`ds4lab.token.model.DecodeModel.longctx_decisions`) that a captured graph
+freezes.
 
-:func:`scan` counts every launch of one token at the positions where that shape changes (and on
-either side of each change, and at every power of two), with the launcher's census on a timing-only
-model of the simulated runtime: counts of the launch list, the same on every backend (nothing here is
-timed). :func:`ds4lab.report.plots.launches_figure` draws the result.
-"""
+:func:`scan` counts every launch of one token at the positions where that shape changes (and on either side of each
+change, and at every power of two), with the launcher's census on a timing-only model of the simulated runtime: counts
+of the launch list, the same on every backend (nothing here is timed). :func:`ds4lab.report.plots.launches_figure`
+draws the result."""
 
 from __future__ import annotations
 
@@ -21,25 +21,24 @@ from ..token import reference as LR
 
 
 def shape(n_comp: int, top_k: int) -> tuple[str, int]:
-    """The ratio-4 layers' launch shape for ``n_comp`` compressed rows: ``(top-k regime, top-k
-    launches)`` (:func:`ds4lab.token.reference.topk_regime`, :func:`~ds4lab.token.reference.topk_plan`)."""
+    """The ratio-4 layers' launch shape for ``n_comp`` compressed rows: ``(top-k regime, top-k launches)``
+    (:func:`ds4lab.token.reference.topk_regime`, :func:`~ds4lab.token.reference.topk_plan`)."""
     return LR.topk_regime(n_comp, top_k), len(LR.topk_plan(n_comp, top_k)[0])
 
 
 def shape_changes(max_context: int, top_k: int) -> list[int]:
-    """The last ``n_comp`` of each launch shape below ``max_context``: every ``n`` in
-    ``1 .. n_comp(max_context - 1) - 1`` with ``shape(n) != shape(n + 1)``, ascending. The token with
-    ``n + 1`` compressed rows first, at position ``4 n + 3``, has the new shape."""
+    """The last ``n_comp`` of each launch shape below ``max_context``: every ``n`` in ``1 .. n_comp(max_context - 1) -
+    1`` with ``shape(n) != shape(n + 1)``, ascending. The token with ``n + 1`` compressed rows first, at position
+    ``4 n + 3``, has the new shape."""
     last = LR.comp_count(max_context - 1, 4)
     return [n for n in range(1, last) if shape(n, top_k) != shape(n + 1, top_k)]
 
 
 def anchor_positions(max_context: int, ratios, changes) -> list[int]:
-    """Positions that show every launch shape below ``max_context``, ascending: with ``P`` the largest
-    compression ratio, each ``a = P·j - 1`` (which emits at every ratio) at every power of two ≥ ``P``,
-    and the last such ``a`` before and the first after each of ``changes`` (n_comp values, as
-    :func:`shape_changes` gives them), each with ``a - 1`` (no emit) and, when ``P > 4``, ``a - 4``
-    (ratio 4 only) beside it. Positions below 4 are left out."""
+    """Positions that show every launch shape below ``max_context``, ascending: with ``P`` the largest compression
+    ratio, each ``a = P·j - 1`` (which emits at every ratio) at every power of two ≥ ``P``, and the last such ``a``
+    before and the first after each of ``changes`` (n_comp values, as :func:`shape_changes` gives them), each with
+    ``a - 1`` (no emit) and, when ``P > 4``, ``a - 4`` (ratio 4 only) beside it. Positions below 4 are left out."""
     P = max(ratios)
 
     def kinds(a):
@@ -62,13 +61,12 @@ class LaunchScan:
     """What :func:`scan` counted, for ``preset`` with long context.
 
     Attributes:
-        launches: one row per position of :func:`anchor_positions`: ``position``, ``n_comp (ratio 4)``,
-            ``regime``, ``top-k launches``, ``token`` (``no emit``, ``emit r4``, ``emit r4 + emit r128``),
-            ``kernels`` and ``launches`` (kernel launches, and every launch, of that token).
-        window: the same columns for consecutive tokens inside one regime (n_comp ≈ 2.5 top-k, or the
-            first positions of a context too short for that).
-        changes: :func:`shape_changes` (the last n_comp of each launch shape).
-    """
+        launches: one row per position of :func:`anchor_positions`: ``position``, ``n_comp (ratio 4)``, ``regime``,
+            ``top-k launches``, ``token`` (``no emit``, ``emit r4``, ``emit r4 + emit r128``), ``kernels`` and
+            ``launches`` (kernel launches, and every launch, of that token).
+        window: the same columns for consecutive tokens inside one regime (n_comp ≈ 2.5 top-k, or the first positions
+            of a context too short for that).
+        changes: :func:`shape_changes` (the last n_comp of each launch shape)."""
 
     preset: str
     top_k: int
@@ -81,31 +79,30 @@ class LaunchScan:
 
     def table(self):
         """Kernel launches per token by ratio-4 launch shape (rows: regime, top-k launches, in
-        :data:`~ds4lab.token.reference.TOPK_REGIMES` order) and emit (columns); ``a–b`` where the
-        positions of one cell differ (the score grid grows with n_comp)."""
+        :data:`~ds4lab.token.reference.TOPK_REGIMES` order) and emit (columns); ``a–b`` where the positions of one
+        cell differ (the score grid grows with n_comp)."""
         order = {r: j for j, r in enumerate(LR.TOPK_REGIMES)}
         t = self.launches.pivot_table(index=["regime", "top-k launches"], columns="token", values="kernels",
                                       aggfunc=lambda v: "–".join(map(str, sorted({v.min(), v.max()}))))
         return t.sort_index(key=lambda i: i.map(order) if i.name == "regime" else i)
 
     def visible_changes(self) -> list:
-        """The :attr:`changes` whose last token before and first token after lie below ``max_context``
-        (the ones :meth:`decisions_table` can show)."""
+        """The :attr:`changes` whose last token before and first token after lie below ``max_context`` (the ones
+        :meth:`decisions_table` can show)."""
         return [n for n in self.changes if 4 * n + 4 < self.max_context]
 
     def decisions_table(self, change: int | None = None):
-        """:meth:`decisions_around` as a table: one row per host decision (``indexer.regime``,
-        ``compressor.emit.r4``, ...), one column per position; a decision one side lacks is empty."""
+        """:meth:`decisions_around` as a table: one row per host decision (``indexer.regime``, ``compressor.emit.r4``,
+        ...), one column per position; a decision one side lacks is empty."""
         import pandas as pd
 
         d = self.decisions_around(change)
         return pd.DataFrame({f"position {q}": pd.Series(dict(v), dtype=object).map(repr) for q, v in d.items()})
 
     def decisions_around(self, change: int | None = None) -> dict:
-        """``{position: decisions}`` (:meth:`~ds4lab.token.model.DecodeModel.longctx_decisions`, device
-        scalars: ``by_value=False``) at the last token before the shape change after n_comp ``change``
-        and the first one after it (default: the first change that lies below ``max_context``); ``{}``
-        when there is none."""
+        """``{position: decisions}`` (:meth:`~ds4lab.token.model.DecodeModel.longctx_decisions`, device scalars:
+        ``by_value=False``) at the last token before the shape change after n_comp ``change`` and the first one
+        after it (default: the first change that lies below ``max_context``); ``{}`` when there is none."""
         if change is None:
             change = next(iter(self.visible_changes()), None)
         if change is None:
@@ -119,8 +116,8 @@ class LaunchScan:
 
 
 def census(model, pos: int) -> dict:
-    """Every launch of ``model``'s token at ``pos``, counted by its launcher's census, with what decides
-    its shape (one row of :attr:`LaunchScan.launches`). The model's census is reset first."""
+    """Every launch of ``model``'s token at ``pos``, counted by its launcher's census, with what decides its shape (one
+    row of :attr:`LaunchScan.launches`). The model's census is reset first."""
     ratios = model.compressed_ratios()
     model.L.census.reset()
     model.token(pos, 7)
@@ -132,16 +129,49 @@ def census(model, pos: int) -> dict:
             "kernels": model.L.census.total("kernel"), "launches": model.L.census.total()}
 
 
+@dataclass
+class OneToken:
+    """One decode token as the launch layer saw it: ``by_kind`` and ``by_cluster`` (its census:
+    :meth:`ds4lab.capture.launch.Census.by_kind`, ``by_cluster``), and :meth:`ranges` (the NVTX nesting of one
+    layer). ``model`` decoded it at ``position``; ``label`` says where (backend and provenance)."""
+
+    model: object
+    position: int
+    by_kind: object
+    by_cluster: object
+    label: str = ""
+
+    def ranges(self, layer: int = 0):
+        """Each launch of ``layer`` in the next token, as its NVTX ranges hold it: a DataFrame of ``cluster (NVTX
+        category)``, ``op range``, ``kernel`` (the launcher's recording)."""
+        import pandas as pd
+
+        with self.model.L.recording() as trace:
+            self.model.token(self.position + 1, 8)
+        return pd.DataFrame([(r.cluster, r.site, r.kernel) for r in trace if r.layer == layer],
+                            columns=["cluster (NVTX category)", "op range", "kernel"])
+
+
+def one_token(be, preset: str, position: int = 1000, label: str = "") -> OneToken:
+    """``preset``'s decode token (with the vocabulary projection) decoded once on ``be`` at ``position``, its census
+    taken (:class:`OneToken`). Raises ds4lab.token.config.ConfigError for an unknown preset."""
+    from ..token.config import get_preset
+    from ..token.model import DecodeModel, TokenOptions
+
+    model = DecodeModel(get_preset(preset), be, TokenOptions(vocab=True))
+    model.token(position, 7)
+    be.synchronize()
+    return OneToken(model, position, model.L.census.by_kind(), model.L.census.by_cluster(), label)
+
+
 def scan(preset: str) -> LaunchScan:
-    """Count the long-context token of ``preset`` at the positions that show every launch shape up to
-    its ``max_context`` (:func:`anchor_positions`) and over a window of consecutive tokens (module
-    docstring). Runs on a timing-only sim whatever the notebook's backend (counts only; seconds for
-    ``ds4-flash``).
+    """Count the long-context token of ``preset`` at the positions that show every launch shape up to its
+    ``max_context`` (:func:`anchor_positions`) and over a window of consecutive tokens (module docstring). Runs on a
+    timing-only sim whatever the notebook's backend (counts only; seconds for ``ds4-flash``).
 
     Raises:
         ds4lab.token.config.ConfigError: an unknown preset.
-        ValueError: a preset without compressed layers at long context.
-    """
+        ValueError: a preset without compressed layers at long context."""
     import pandas as pd
 
     from ..backends import make_backend
@@ -165,4 +195,4 @@ def scan(preset: str) -> LaunchScan:
     return LaunchScan(preset, k, ratios, cfg.max_context, changes, launches, window, model)
 
 
-__all__ = ["LaunchScan", "anchor_positions", "census", "scan", "shape", "shape_changes"]
+__all__ = ["LaunchScan", "OneToken", "anchor_positions", "census", "one_token", "scan", "shape", "shape_changes"]

@@ -1,35 +1,11 @@
-"""The jobs: one module per ``ds4lab`` command that measures or models something.
+"""The jobs: one module per ``ds4lab`` command that measures or models something (:data:`JOBS`: each job's config, run
+function and the backends it takes; the list of commands: ``docs/commands.md``).
 
-Each job module has a typed config dataclass, a ``run(config, backend, console) -> result``
-function that does the work inside :func:`ds4lab.report.results.job_folder` (status, interrupt
-handling), and a ``BACKEND`` :class:`BackendRequest` saying which backends it runs on. The command
-line and the notebooks both go through :func:`execute`, which opens the backend with the one
-factory (:func:`ds4lab.backends.make_backend`) and runs the job; the CLI maps the one error
-hierarchy to exit codes (:func:`ds4lab.jobs.common.exit_code`).
-
-==============  ===========================================================================
-``run``         eager decode tokens: reference check, µs per token, census, memory, floor
-``ladder``      the capture stages: µs per token, exactness, cache statistics, plot
-``context``     the capture stages across context length, on the long-context token
-``hazards``     one ds4-today path inside a captured stage (``ds4lab ladder --hazard``)
-``moe``         the routed-MoE profiler in six modes
-``exclusion``   the profiling × capture matrix
-``conformance`` capture-rule scenarios on the GPU and the sim
-``calibrate``   the sim's cost-model parameters
-``bench``       launch-layer cost, MoE bandwidth, graph replay cost (GPU)
-``trace``       one token per stage as a Chrome/Perfetto trace (CUPTI, or the sim's schedule)
-``audit``       what capture would refuse, break or miss in any engine's traced decode step
-``ds4``         ds4 itself: built from its source, its decode token measured on a synthetic model
-``notebooks``   the workbench notebooks, run headlessly (papermill) into one result folder
-``ingest``      real profiles (ds4 logs, Nsight Systems and Compute exports, ds4lab folders) into tables
-``compare``     ds4lab results and ingested profiles side by side
-``tp``          tensor parallelism on two devices: the token, its ladder, its trace
-==============  ===========================================================================
-
-Every job returns one result type, :class:`ds4lab.jobs.result.JobResult` (its tables, its meta, its
-figures as figure objects, the files it wrote), and writes its result folder through one writer
-(:func:`ds4lab.jobs.result.result_folder`).
-"""
+Each job module has a typed config dataclass and a ``run(config, backend, console)`` that writes its result folder
+through :func:`ds4lab.jobs.result.result_folder` and returns a :class:`ds4lab.jobs.result.JobResult`. The command line
+and :class:`ds4lab.Lab` both go through :func:`execute`, which opens the backend with the one factory
+(:func:`ds4lab.backends.make_backend`); the CLI maps the one error hierarchy to exit codes
+(:func:`ds4lab.jobs.common.exit_code`)."""
 
 from __future__ import annotations
 
@@ -43,8 +19,8 @@ from .result import JobResult
 
 @dataclass(frozen=True)
 class BackendRequest:
-    """Which backends a job runs on: ``allowed`` names, whether the sim it gets models time only
-    (``timing_only``, a value or a function of the config), and whether it measures a GPU only."""
+    """Which backends a job runs on: ``allowed`` names, whether the sim it gets models time only (``timing_only``, a
+    value or a function of the config), and whether it measures a GPU only."""
 
     allowed: tuple = ("auto", "cupy", "sim")
     timing_only: bool | Callable[[Any], bool] = False
@@ -92,12 +68,11 @@ def module(job: str):
 
 
 def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
-    """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and
-    run the job with ``cfg``; returns the job's :class:`~ds4lab.jobs.result.JobResult`.
+    """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and run the job with
+    ``cfg``; returns the job's :class:`~ds4lab.jobs.result.JobResult`.
 
-    Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work,
-    :class:`CheckFailed` (exit 1) after its results are written, ``KeyboardInterrupt`` (130).
-    """
+    Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work, :class:`CheckFailed`
+    (exit 1) after its results are written, ``KeyboardInterrupt`` (130)."""
     from ..progress import make_console
 
     _, req = JOBS[job]

@@ -1,7 +1,7 @@
-"""``ds4lab audit validate``: the audit held to what ``torch.cuda.graph`` does with decode steps run as a
-user runs them (:mod:`ds4lab.audit.validate`, :mod:`ds4lab.audit.steps`: the scripts of a steps folder).
-Needs a GPU, PyTorch and cupti-python (transformers for the transformers families; none of them ds4lab
-dependencies), and no ds4lab backend; ``--runs-from`` audits saved runs on the CPU."""
+"""``ds4lab audit validate``: the audit held to what ``torch.cuda.graph`` does with decode steps run as a user runs
+them (:mod:`ds4lab.audit.validate`, :mod:`ds4lab.audit.steps`: the scripts of a steps folder). Needs a GPU, PyTorch
+and cupti-python (transformers for the transformers families; none of them ds4lab dependencies), and no ds4lab
+backend; ``--runs-from`` audits saved runs on the CPU."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass
 class ValidateConfig:
-    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which families and caches of the
-    steps folder to run (names a family's ``--list`` gives; empty: all; GPU, torch and cupti-python needed),
-    in which dtypes (empty: float32 and bfloat16), the steps folder (None: ``ds4lab/data/steps``), and the
-    result folder (None: ``results/audit-validate``)."""
+    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which families and caches of the steps
+    folder to run (names a family's ``--list`` gives; empty: all; GPU, torch and cupti-python needed), in which
+    dtypes (empty: float32 and bfloat16), the steps folder (None: ``ds4lab/data/steps``), and the result folder
+    (None: ``results/audit-validate``)."""
 
     engines: tuple = ()
     caches: tuple = ()
@@ -36,8 +36,8 @@ class ValidateConfig:
 
 def check_config(cfg: ValidateConfig) -> None:
     """Raise :class:`BadInput` naming an unknown dtype, a steps folder without scripts, an empty ``out``, or
-    (``runs_from``) a folder that holds none of the runs asked for or one that cannot be audited. Family and
-    cache names are checked against the scripts' ``--list`` when the run starts (that needs their imports)."""
+    (``runs_from``) a folder that holds none of the runs asked for or one that cannot be audited. Family and cache
+    names are checked against the scripts' ``--list`` when the run starts (that needs their imports)."""
     bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
         raise BadInput(f"audit validate: unknown dtype {', '.join(bad)}; dtypes: {', '.join(DTYPES)}")
@@ -57,9 +57,8 @@ def check_config(cfg: ValidateConfig) -> None:
 
 
 def check_saved_runs(src: Path, cfg: ValidateConfig) -> None:
-    """Raise :class:`BadInput` before anything is written: none of the runs asked for is in ``src``, or
-    one that is cannot be audited (an ``engine.json`` that does not parse, no ``recording.csv.gz``),
-    naming the file."""
+    """Raise :class:`BadInput` before anything is written: none of the runs asked for is in ``src``, or one that is
+    cannot be audited (an ``engine.json`` that does not parse, no ``recording.csv.gz``), naming the file."""
     import json
 
     from ..audit.validate import runs, saved_run
@@ -81,17 +80,16 @@ def check_saved_runs(src: Path, cfg: ValidateConfig) -> None:
 
 
 def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
-    """Run :func:`ds4lab.audit.validate.validate` in its result folder; writes ``validate.csv``, each
-    family, cache and dtype's audit under ``<family>-<cache>-<dtype>/audit/`` and ``meta.json``. Returns the
+    """Run :func:`ds4lab.audit.validate.validate` in its result folder; writes ``validate.csv``, each family, cache and
+    dtype's audit under ``<family>-<cache>-<dtype>/audit/`` and ``meta.json``. Returns the
     :class:`~ds4lab.jobs.result.JobResult` (table ``validate``).
 
     Raises:
         BadInput: :func:`check_config`'s, or torch/transformers/a GPU missing (naming what).
-        ds4lab.errors.CheckFailed: after writing everything, a run that fails
-            (:func:`ds4lab.audit.validate.failures`): a verdict that disagrees with torch.cuda.graph, a predicted
-            replay time outside the tolerance, a frozen finding on a step that replays right, a wrong replay not
-            led by its true cause, a check_replay that disagrees.
-    """
+        ds4lab.errors.CheckFailed: after writing everything, a run that fails (:func:`ds4lab.audit.validate.failures`):
+            a verdict that disagrees with torch.cuda.graph, a predicted replay time outside the tolerance, a frozen
+            finding on a step that replays right, a wrong replay not led by its true cause, a check_replay that
+            disagrees."""
     from ..audit.engines import available
     from ..audit.validate import TIME_TOLERANCE, failures, markdown, validate
     from ..errors import CheckFailed

@@ -1,5 +1,5 @@
-"""``ds4lab bench`` (GPU only): launch-layer host cost against bare CuPy, routed-MoE decode
-bandwidth, graph replay cost per node (:mod:`ds4lab.measure.bench`); ``bench.json``."""
+"""``ds4lab bench`` (GPU only): launch-layer host cost against bare CuPy, routed-MoE decode bandwidth, graph replay
+cost per node (:mod:`ds4lab.measure.bench`); ``bench.json``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from .result import JobResult, no_folder, result_folder
 
 @dataclass
 class BenchConfig:
-    """Arguments of ``ds4lab bench``: the preset (None: the job's default), the folder for
-    ``bench.json`` (None: print only) and whether to add the per-op roofline."""
+    """Arguments of ``ds4lab bench``: the preset (None: the job's default), the folder for ``bench.json`` (None: print
+    only) and whether to add the per-op roofline."""
 
     preset: str | None = None
     out: Path | str | None = None
@@ -29,15 +29,14 @@ BENCH_OUTPUTS = ("bench.json", "per_op*")
 
 
 def run(cfg: BenchConfig, be, console) -> JobResult:
-    """Run the benchmarks on ``be`` (a GPU). Returns the :class:`~ds4lab.jobs.result.JobResult`: its
-    ``value`` what ``bench.json`` holds; with ``per_op`` the tables ``per_op`` and ``per_op_launches``
-    and the figure ``per_op``. With ``cfg.out``, everything is written in its result folder (staged,
-    swapped in on success; ``meta.json`` records the status and provenance).
+    """Run the benchmarks on ``be`` (a GPU). Returns the :class:`~ds4lab.jobs.result.JobResult`: its ``value`` what
+    ``bench.json`` holds; with ``per_op`` the tables ``per_op`` and ``per_op_launches`` and the figure ``per_op``.
+    With ``cfg.out``, everything is written in its result folder (staged, swapped in on success; ``meta.json``
+    records the status and provenance).
 
     Raises:
-        ds4lab.report.results.OutputError: ``out`` cannot be written, or holds what ds4lab did not
-            write (checked before any work).
-    """
+        ds4lab.report.results.OutputError: ``out`` cannot be written, or holds what ds4lab did not write (checked
+            before any work)."""
     from ..report import provenance
 
     preset = get_preset(cfg.preset or default_preset("bench", be))

@@ -1,11 +1,6 @@
-"""``ds4lab calibrate``: the sim's cost-model parameters, made by :func:`ds4lab.calibration.fit.fit` from
-one source (measured on this GPU, or fitted with no GPU from a measured ``moe``, ``ladder``/``context``,
-``ds4`` or ``context`` folder) and written as a calibration file, with its table beside it where the
-source has one.
-
-``fit_from_ds4`` and ``host_whatif`` are forwarded from :mod:`ds4lab.calibration.from_ds4` for the
-notebooks until they import them from there (to be removed).
-"""
+"""``ds4lab calibrate``: the sim's cost-model parameters, made by :func:`ds4lab.calibration.fit.fit` from one source
+(measured on this GPU, or fitted with no GPU from a measured ``moe``, ``ladder``/``context``, ``ds4`` or ``context``
+folder) and written as a calibration file, with its table beside it where the source has one."""
 
 from __future__ import annotations
 
@@ -13,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..calibration.fit import fit, write_calibration
-from ..calibration.from_ds4 import fit_from_ds4, host_whatif  # noqa: F401  (forwarded: module docstring)
 from ..sim.costmodel import default_calibration_path
 from .common import BadInput, default_preset
 from .result import JobResult, no_folder
@@ -21,9 +15,9 @@ from .result import JobResult, no_folder
 
 @dataclass
 class CalibrateConfig:
-    """Arguments of ``ds4lab calibrate``: ``preset`` whose eager tokens and kernels are measured;
-    ``out`` the calibration file to write; ``moe_profile`` a ``ds4lab moe`` folder (no GPU: add
-    tiled-kernel fits to ``base``, default the shipped calibration)."""
+    """Arguments of ``ds4lab calibrate``: ``preset`` whose eager tokens and kernels are measured; ``out`` the
+    calibration file to write; ``moe_profile`` a ``ds4lab moe`` folder (no GPU: add tiled-kernel fits to ``base``,
+    default the shipped calibration)."""
 
     preset: str | None = None
     out: Path | str = "results/calibration.json"
@@ -46,15 +40,14 @@ class CalibrateConfig:
 
 
 def check_config(cfg: CalibrateConfig) -> None:
-    """Checks that need no GPU, before any work: ``out`` is not a shipped calibration (nor any file
-    in ds4lab's data folder), not a folder; ``base`` (with ``moe_profile`` or ``long_context``) is a
-    valid calibration (:func:`ds4lab.sim.calibration.read`: every key against the schema).
+    """Checks that need no GPU, before any work: ``out`` is not a shipped calibration (nor any file in ds4lab's data
+    folder), not a folder; ``base`` (with ``moe_profile`` or ``long_context``) is a valid calibration
+    (:func:`ds4lab.sim.calibration.read`: every key against the schema).
 
     Raises:
-        ds4lab.errors.CalibrationError: a shipped ``out``, or an invalid ``base`` (names the file
-            and every bad key; exit 2).
-        BadInput: ``out`` is a folder.
-    """
+        ds4lab.errors.CalibrationError: a shipped ``out``, or an invalid ``base`` (names the file and every bad key;
+            exit 2).
+        BadInput: ``out`` is a folder."""
     from ..sim.calibration import read, refuse_shipped
 
     out = Path(cfg.out)
@@ -105,25 +98,22 @@ def source_of(cfg: CalibrateConfig) -> tuple[str, object]:
 
 
 def run(cfg: CalibrateConfig, be, console) -> JobResult:
-    """Measure on ``be`` (a GPU) or fit from ``cfg``'s folders (``be`` unused, None is fine; the fits
-    extend ``base``, default the shipped calibration) and write ``cfg.out``. Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: the calibration written is its ``value`` and its file is
-    among its files; its tables are the fit's (``from_ladder``: ``host_fit`` and, per folder,
-    ``check-<n>``, modeled against measured; ``from_context``: ``stages_fit``; ``from_ds4``: ``check``,
-    also written beside ``out``).
+    """Measure on ``be`` (a GPU) or fit from ``cfg``'s folders (``be`` unused, None is fine; the fits extend ``base``,
+    default the shipped calibration) and write ``cfg.out``. Returns the :class:`~ds4lab.jobs.result.JobResult`: the
+    calibration written is its ``value`` and its file is among its files; its tables are the fit's (``from_ladder``:
+    ``host_fit`` and, per folder, ``check-<n>``, modeled against measured; ``from_context``: ``stages_fit``;
+    ``from_ds4``: ``check``, also written beside ``out``).
 
     ``out`` is checked before any measurement (:func:`check_config`), locked for the whole run
-    (:func:`ds4lab.report.results.output_file`: a second calibration into the same file is
-    refused), and written only when complete and valid against the schema; an interrupted or
-    failed run leaves the file as it was.
+    (:func:`ds4lab.report.results.output_file`: a second calibration into the same file is refused), and written only
+    when complete and valid against the schema; an interrupted or failed run leaves the file as it was.
 
     Raises:
-        ds4lab.errors.CalibrationError: ``out`` a shipped calibration, ``base`` invalid, or the
-            result not a valid calibration.
+        ds4lab.errors.CalibrationError: ``out`` a shipped calibration, ``base`` invalid, or the result not a valid
+            calibration.
         BadInput: ``out`` a folder, a bad folder to fit from.
-        ds4lab.report.results.OutputError: ``out``'s folder is not writable, ``out`` holds a file that
-            is not a calibration, or another run is writing it.
-    """
+        ds4lab.report.results.OutputError: ``out``'s folder is not writable, ``out`` holds a file that is not a
+            calibration, or another run is writing it."""
     from ..report.results import final_path, output_file
     from ..sim.calibration import read, refuse_shipped, validate
 
@@ -155,13 +145,12 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
 
 
 def _sidecar(out: Path, suffix: str, header: str) -> Path:
-    """The table written beside calibration ``out`` (``<stem><suffix>``), checked before anything is
-    computed: one already there is replaced only when it is ds4lab's (its first line starts with
-    ``header``, the table's own columns) and the calibration it belongs to is there too.
+    """The table written beside calibration ``out`` (``<stem><suffix>``), checked before anything is computed: one
+    already there is replaced only when it is ds4lab's (its first line starts with ``header``, the table's own
+    columns) and the calibration it belongs to is there too.
 
     Raises:
-        BadInput: a file there that ds4lab did not write, or one without its calibration (naming it).
-    """
+        BadInput: a file there that ds4lab did not write, or one without its calibration (naming it)."""
     path = out.with_name(out.stem + suffix)
     if not path.exists():
         return path

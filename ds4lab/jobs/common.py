@@ -1,5 +1,5 @@
-"""What every job shares: the error hierarchy and its exit codes, the default-preset rule, the
-backend a job runs on, and the sim banner.
+"""What every job shares: the error hierarchy and its exit codes, the default-preset rule, the backend a job runs on,
+and the sim banner.
 
 Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
 
@@ -14,8 +14,7 @@ Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
 143     stopped by SIGTERM (129: SIGHUP; 141: the console's output pipe closed, ``| head``):
         handled like Ctrl-C, ``meta.json`` says ``interrupted (SIGTERM)``
         (:class:`ds4lab.errors.Terminated`)
-======  =====================================================================================
-"""
+======  ====================================================================================="""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def default_preset(job: str, be) -> str:
     """The preset ``job`` uses when none is given, on backend ``be`` (see :data:`DEFAULT_PRESETS`).
 
     Raises:
-        KeyError: ``job`` is not in the table (a programming error: every job has a row).
-    """
+        KeyError: ``job`` is not in the table (a programming error: every job has a row)."""
     gpu, cpu = DEFAULT_PRESETS[job]
     return gpu if be.is_gpu or cpu is None else cpu
 
@@ -63,8 +61,7 @@ def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: boo
 
     Raises:
         BadInput: ``name`` not in ``allowed``.
-        BackendUnavailable: a GPU was asked for (``cupy``, or a GPU-only job) and none is usable.
-    """
+        BackendUnavailable: a GPU was asked for (``cupy``, or a GPU-only job) and none is usable."""
     if name not in allowed:
         raise BadInput(f"--backend {name}: choose one of {', '.join(allowed)}")
     if gpu_only_job and resolve(name) != "cupy":
@@ -82,14 +79,12 @@ def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: boo
 
 
 def check_out_option(out) -> None:
-    """The one check of an ``--out`` option before any work: None (the job's default folder) passes;
-    an empty or blank path, or the current directory itself, is refused (click turns ``--out ""`` into
-    ``"."``, and a job's folder is never the working directory: its earlier outputs are matched by
-    name there).
+    """The one check of an ``--out`` option before any work: None (the job's default folder) passes; an empty or blank
+    path, or the current directory itself, is refused (click turns ``--out ""`` into ``"."``, and a job's folder is
+    never the working directory: its earlier outputs are matched by name there).
 
     Raises:
-        ds4lab.report.results.OutputError: naming the value (a :class:`BadInput`, exit 2).
-    """
+        ds4lab.report.results.OutputError: naming the value (a :class:`BadInput`, exit 2)."""
     from pathlib import Path
 
     from ..report.results import OutputError
@@ -102,18 +97,18 @@ def check_out_option(out) -> None:
 
 
 def default_folder(job: str, *parts) -> "Path":
-    """A job's default result folder: ``results/<job>-<part>-...`` (the parts that set one run apart
-    from another by name: the hazard set, the preset, the backend; empty parts left out)."""
+    """A job's default result folder: ``results/<job>-<part>-...`` (the parts that set one run apart from another by
+    name: the hazard set, the preset, the backend; empty parts left out)."""
     from pathlib import Path
 
     return Path("results") / "-".join(str(p) for p in (job, *parts) if p not in (None, ""))
 
 
 def out_folder(out, job: str, parts=(), ran: dict | None = None) -> tuple:
-    """``(folder, ran)`` for a job's ``--out``: the folder as given (``ran`` None: a rerun into it
-    replaces what the same command wrote there), or, for None, :func:`default_folder` with ``parts``
-    and ``ran``, what the run ran (:func:`ds4lab.report.results.job_folder`: earlier results there
-    that ran something else are kept beside as ``.replaced-<time>``, never replaced)."""
+    """``(folder, ran)`` for a job's ``--out``: the folder as given (``ran`` None: a rerun into it replaces what the
+    same command wrote there), or, for None, :func:`default_folder` with ``parts`` and ``ran``, what the run ran
+    (:func:`ds4lab.report.results.job_folder`: earlier results there that ran something else are kept beside as
+    ``.replaced-<time>``, never replaced)."""
     from pathlib import Path
 
     if out is not None:

@@ -1,5 +1,5 @@
-"""``ds4lab compare``: ds4lab results and ingested profiles from several folders, side by side
-(PNG, SVG, PDF); what it draws and from which tables: :mod:`ds4lab.report.compare_tables`."""
+"""``ds4lab compare``: ds4lab results and ingested profiles from several folders, side by side (PNG, SVG, PDF); what it
+draws and from which tables: :mod:`ds4lab.report.compare_tables`."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ class CompareConfig:
 
 
 def check_config(cfg: CompareConfig) -> None:
-    """Checks before anything is read: a folder to draw, and an ``out`` that can be a folder and is
-    neither a source nor holds one. Raises CompareError (exit 2)."""
+    """Checks before anything is read: a folder to draw, and an ``out`` that can be a folder and is neither a source
+    nor holds one. Raises CompareError (exit 2)."""
     from ..trace.sources import SourceError
     from ..trace.sources.common import check_out_dir
 
@@ -43,8 +43,8 @@ def check_config(cfg: CompareConfig) -> None:
 
 
 def run(cfg: CompareConfig, backend=None, console=None) -> JobResult:
-    """Compare ``cfg.dirs`` into ``cfg.out`` (:func:`compare`; None: ``results/compare``, an earlier
-    comparison of other folders there kept beside); ``backend`` is unused (none needed)."""
+    """Compare ``cfg.dirs`` into ``cfg.out`` (:func:`compare`; None: ``results/compare``, an earlier comparison of
+    other folders there kept beside); ``backend`` is unused (none needed)."""
     import os
 
     out, ran = out_folder(cfg.out, "compare", (), {"sources": sorted(os.path.abspath(d) for d in cfg.dirs)})
@@ -52,24 +52,22 @@ def run(cfg: CompareConfig, backend=None, console=None) -> JobResult:
 
 
 def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> JobResult:
-    """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each
-    context every source holds, IQR whiskers, what a source lacks written in the figure), MoE stage
-    medians (ms per stage), kernel totals (µs per kernel name, the largest ten) and Nsight Compute
-    per-site DRAM % of peak (the sites with the most time), one bar per table (one marker series in
-    the context figure; per input file of an ingested table, per device and process of a table
-    holding several), the legend beside the bars naming each source, its provenance and the
-    settings that differ between the sources; a title says MODELED where any source is modeled; MoE
-    calls that fell back to eager are named in their source's label.
+    """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each context every source
+    holds, IQR whiskers, what a source lacks written in the figure), MoE stage medians (ms per stage), kernel totals
+    (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites with the most time),
+    one bar per table (one marker series in the context figure; per input file of an ingested table, per device and
+    process of a table holding several), the legend beside the bars naming each source, its provenance and the
+    settings that differ between the sources; a title says MODELED where any source is modeled; MoE calls that fell
+    back to eager are named in their source's label.
 
-    ``out`` is a result folder (:func:`ds4lab.jobs.result.result_folder`: written aside, locked,
-    swapped in when every figure is written; ``meta.json`` names the sources; a job's folder or a
-    folder ds4lab did not write is refused). Returns the :class:`~ds4lab.jobs.result.JobResult`: the
-    figures, their files (PNG, SVG, PDF), the tables drawn (:class:`ds4lab.report.compare_tables.Table`) as
-    its ``value``. Raises :class:`ds4lab.report.results.WriteFailed` after the work began (a full
-    disk; exit 1, as for every command), and CompareError (nothing written) for a folder given twice
-    (by path or content), a folder without a drawable table, an unreadable table or meta file, or an
-    ``out`` that cannot be a folder, is a source or holds one; ``warn`` (default: stderr) is told about
-    incomplete runs. ``ran``: what sets this comparison apart, for the default folder (its sources:
+    ``out`` is a result folder (:func:`ds4lab.jobs.result.result_folder`: written aside, locked, swapped in when every
+    figure is written; ``meta.json`` names the sources; a job's folder or a folder ds4lab did not write is refused).
+    Returns the :class:`~ds4lab.jobs.result.JobResult`: the figures, their files (PNG, SVG, PDF), the tables drawn
+    (:class:`ds4lab.report.compare_tables.Table`) as its ``value``. Raises :class:`ds4lab.report.results.WriteFailed`
+    after the work began (a full disk; exit 1, as for every command), and CompareError (nothing written) for a folder
+    given twice (by path or content), a folder without a drawable table, an unreadable table or meta file, or an
+    ``out`` that cannot be a folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete
+    runs. ``ran``: what sets this comparison apart, for the default folder (its sources:
     :func:`ds4lab.report.results.job_folder` keeps another comparison's figures beside)."""
     import matplotlib.pyplot as plt
 

@@ -1,5 +1,5 @@
-"""``ds4lab conformance``: the capture-rule scenarios (:mod:`ds4lab.conformance`) on the GPU and
-on the simulated runtime, one table, every disagreement."""
+"""``ds4lab conformance``: the capture-rule scenarios (:mod:`ds4lab.conformance`) on the GPU and on the simulated
+runtime, one table, every disagreement."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ def expectation_mismatches(records: dict[str, dict[str, dict[str, str]]]):
         records: ``{backend: {scenario: {step: outcome}}}`` from :func:`ds4lab.conformance.run_scenarios`.
 
     Returns:
-        A DataFrame: backend, scenario, step, expected, got, source (no rows when all agree).
-    """
+        A DataFrame: backend, scenario, step, expected, got, source (no rows when all agree)."""
     import pandas as pd
 
     rows = []
@@ -57,15 +56,13 @@ def run(cfg: ConformanceConfig, be, console) -> JobResult:
     """Run the scenarios on ``be``; when ``be`` is the GPU, on a fresh sim too, and compare.
 
     Writes ``conformance.csv`` (scenario, step, one column per backend, agree), the raw records
-    (``conformance-<backend>.json``), ``expectations.csv`` (steps that differ from a scenario's
-    documented expectation, per backend) and ``meta.json``. Returns the
-    :class:`~ds4lab.jobs.result.JobResult` (tables ``conformance``, the comparison, and
-    ``expectations``; the raw records as its ``value``).
+    (``conformance-<backend>.json``), ``expectations.csv`` (steps that differ from a scenario's documented expectation,
+    per backend) and ``meta.json``. Returns the :class:`~ds4lab.jobs.result.JobResult` (tables ``conformance``, the
+    comparison, and ``expectations``; the raw records as its ``value``).
 
     Raises:
         BadInput: an unknown scenario name, or a backend without the runtime API (numpy).
-        Disagreement: any step disagrees, or a scenario raised (after writing everything).
-    """
+        Disagreement: any step disagrees, or a scenario raised (after writing everything)."""
     from ..backends import can_capture, make_backend
     from ..progress import JobProgress
 

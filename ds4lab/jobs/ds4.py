@@ -1,6 +1,6 @@
-"""``ds4lab ds4``: the real engine as a backend of the workbench. Build ds4 from a checkout (cached by
-commit and architecture), write (or reuse) a Flash-shaped synthetic model, run its decode token per
-configuration and context, and write ds4lab's tables (:mod:`ds4lab.ds4.measure`)."""
+"""``ds4lab ds4``: the real engine as a backend of the workbench. Build ds4 from a checkout (cached by commit and
+architecture), write (or reuse) a Flash-shaped synthetic model, run its decode token per configuration and context,
+and write ds4lab's tables (:mod:`ds4lab.ds4.measure`)."""
 
 from __future__ import annotations
 
@@ -26,20 +26,17 @@ DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
 class Ds4JobConfig:
     """Arguments of ``ds4lab ds4``.
 
-    ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF to run (None: the
-    synthetic Flash-shaped model, written once into the cache). ``configs``: names from
-    :data:`ds4lab.ds4.configs.VARIANTS` (None: :data:`~ds4lab.ds4.configs.DEFAULT_CONFIGS`, or with
-    ``stages`` none beyond them). ``stages``: rungs of ds4's capture ladder (``"0,i,3u"``:
-    :func:`ds4lab.ds4.configs.parse_stages`), run on ds4 rewritten by ds4lab beside ds4 as it ships.
-    ``host_march``: ``-march`` of ds4's host code (``native``, ds4's own, or a portable one for a build
-    made on another machine). ``keep_logits``: keep every timed token's logits (``logits-*.npy``, 0.5 MB
-    a token) after ``exact.csv`` is written from them. ``contexts``: positions of the decode tokens (ascending, each
-    more than ``warmup + tokens + 2 × trace_tokens`` after the one before:
-    :func:`ds4lab.ds4.worker.tokens_per_context`). ``trace_contexts``: contexts at
-    which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the MoE profile:
-    ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the
-    model into GPU memory (``DS4_CUDA_COPY_MODEL=1`` on a layer-slice open).
-    """
+    ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF to run (None: the synthetic
+    Flash-shaped model, written once into the cache). ``configs``: names from :data:`ds4lab.ds4.configs.VARIANTS`
+    (None: :data:`~ds4lab.ds4.configs.DEFAULT_CONFIGS`, or with ``stages`` none beyond them). ``stages``: rungs of
+    ds4's capture ladder (``"0,i,3u"``: :func:`ds4lab.ds4.configs.parse_stages`), run on ds4 rewritten by ds4lab beside
+    ds4 as it ships. ``host_march``: ``-march`` of ds4's host code (``native``, ds4's own, or a portable one for a
+    build made on another machine). ``keep_logits``: keep every timed token's logits (``logits-*.npy``, 0.5 MB a token)
+    after ``exact.csv`` is written from them. ``contexts``: positions of the decode tokens (ascending, each more than
+    ``warmup + tokens + 2 × trace_tokens`` after the one before: :func:`ds4lab.ds4.worker.tokens_per_context`).
+    ``trace_contexts``: contexts at which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the
+    MoE profile: ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the
+    model into GPU memory (``DS4_CUDA_COPY_MODEL=1`` on a layer-slice open)."""
 
     source: str | Path | None = None
     model: str | Path | None = None
@@ -138,10 +135,10 @@ def _gpu_info() -> dict:
 
 
 def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
-    """The GGUF ds4 runs: ``cfg.model``, or the synthetic Flash-shaped model in ``cache``, written on
-    first use (:func:`ds4lab.ds4.gguf_writer.write_synthetic_model`) and reused while ds4lab's tensor
-    plan is the same (the file's name carries a digest of :mod:`ds4lab.ds4.gguf_model`, and the file
-    carries ds4lab's marker). Returns ``(path, info)``: ``info`` says what the file is."""
+    """The GGUF ds4 runs: ``cfg.model``, or the synthetic Flash-shaped model in ``cache``, written on first use
+    (:func:`ds4lab.ds4.gguf_writer.write_synthetic_model`) and reused while ds4lab's tensor plan is the same (the
+    file's name carries a digest of :mod:`ds4lab.ds4.gguf_model`, and the file carries ds4lab's marker). Returns
+    ``(path, info)``: ``info`` says what the file is."""
     import hashlib
     import json
 
@@ -172,20 +169,15 @@ def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
 
 
 def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
-    """Build ds4, then measure every configuration (:mod:`ds4lab.ds4.measure`). Returns the tables
-    (dict of DataFrames) and the meta.
+    """Build ds4, then measure every configuration (:mod:`ds4lab.ds4.measure`). Returns the tables (dict of DataFrames)
+    and the meta.
 
     Raises:
         BadInput: no GPU, a bad checkout, too little GPU memory for the model.
-        BuildError: ds4 did not build (its compiler output kept, named).
-    """
-    import platform
-    import time
-
+        BuildError: ds4 did not build (its compiler output kept, named)."""
     from ..ds4 import build as B
     from ..ds4 import measure as M
     from ..ds4.source import locate
-    from ..report import provenance
 
     say = console.print if console is not None else print
     check_config(cfg)
@@ -215,18 +207,7 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
     plan = M.MeasurePlan(str(bld.library), str(model), tuple(cfg.configs), tuple(int(c) for c in cfg.contexts),
                          cfg.warmup, cfg.tokens, tuple(int(c) for c in cfg.trace_contexts), cfg.trace_tokens,
                          cfg.seed, cfg.threads, cfg.copy_model, str(rw.library) if rw else "")
-    meta = {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), **gpu,
-            "ds4_commit": src.commit, "ds4_source": str(src.path),
-            "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
-            ("seconds", "objects", "flags_digest", "driver_digest", "nvcc", "cc", "library_bytes")},
-            "build_cached": bld.cached, "host_march": cfg.host_march,
-            "rewritten_build": ({k: rw.info.get(k) for k in ("seconds", "flags_digest", "driver_digest",
-                                                             "library_bytes", "rewrite")} | {"cached": rw.cached}
-                                if rw else None),
-            "model": model_info, "plan": plan.__dict__, "measured": True,
-            "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what, "build": VARIANTS[n].build,
-                            "capture": VARIANTS[n].capture, "stage": VARIANTS[n].stage} for n in cfg.configs}}
+    meta = _meta(src, arch, gpu, bld, rw, model_info, plan, cfg)
     workers = {}
     with results.job_folder(out, meta, DS4_OUTPUTS, say=say, ran=ran) as folder:
         folder = Path(folder)
@@ -243,35 +224,84 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
                 continue
             workers[v] = M.run_variant(plan, v, folder, say=say)
             meta["workers"] = workers
-            M.collect(folder, [w for w in workers if "skipped" not in workers[w]], model_info.get("random_expert_layers", ()))
-        tables = M.collect(folder, [w for w in workers if "skipped" not in workers[w]],
-                           model_info.get("random_expert_layers", ()))
+            ran_configs = [w for w in workers if "skipped" not in workers[w]]
+            M.collect(folder, ran_configs, model_info.get("random_expert_layers", ()))  # the tables so far, written
+        ran_configs = [w for w in workers if "skipped" not in workers[w]]
+        tables = M.collect(folder, ran_configs, model_info.get("random_expert_layers", ()))
         meta["workers"] = workers
-        meta["audits"] = (M.audit_recordings(folder, [w for w in workers if "skipped" not in workers[w]], say=say)
-                          if cfg.audit else "not run (--no-audit)")
-        if "summary" in tables:
-            say(tables["summary"].to_string(index=False))
-        if "gains" in tables:
-            say(tables["gains"].to_string(index=False))
-        if "ladder" in tables:
-            say("ds4's capture ladder (µs per token; gains paired by position, 95 % intervals):\n"
-                + tables["ladder"][["context", "stage", "us_per_token", "gain_over_0_us", "gain_over_0_lo",
-                                    "gain_over_0_hi", "vs_shipped_us", "exact_tokens", "compared_tokens",
-                                    "graphs_per_token", "node_updates_per_token", "splits_per_token"]]
-                .to_string(index=False))
-        if "exact" in tables and not cfg.keep_logits:  # the comparison is kept; the 0.5 MB-a-token logits are not
-            for f in folder.glob("worker-*/logits-*.npy"):
-                f.unlink()
-        say(tables["islands"].to_string(index=False))
-        isl = tables["islands"]
-        meta["weights"] = dict(zip(isl.config, isl.weights)) if "weights" in isl else {}
-        astray = sorted(c for c, w in meta["weights"].items() if w != ("gpu-memory" if cfg.copy_model else "host-mapped"))
-        if astray:  # the tokens stand, but they are not timed where they were asked to be
-            say(f"[bold red]warning[/]: ds4's log does not say the weights are "
-                f"{'in GPU memory' if cfg.copy_model else 'host-mapped'} for {', '.join(astray)} "
-                f"(islands.csv, weights column)")
-        if "expert_data" in tables and not tables["expert_data"].empty:
-            say("per-layer kernels, random expert layers against holes (ratio > 1: zeros run faster):\n"
-                + tables["expert_data"].head(8).to_string(index=False))
+        meta["audits"] = audit_recordings(folder, ran_configs, say=say) if cfg.audit else "not run (--no-audit)"
+        _report(tables, meta, folder, cfg, say)
     # the one result type (ds4lab.jobs.result): the tables collected and the meta (also as its value)
     return JobResult("ds4", meta, out=out, tables=dict(tables), value={"tables": tables, "meta": meta})
+
+
+def _meta(src, arch: str, gpu: dict, bld, rw, model_info: dict, plan, cfg: Ds4JobConfig) -> dict:
+    """The run's ``meta.json``: provenance, the GPU, ds4's source and builds, the model, the plan and what each
+    configuration sets."""
+    import platform
+    import time
+
+    from ..report import provenance
+
+    return {"job": "ds4", "git_revision": provenance.git_revision(), "source_digest": provenance.source_digest(),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), **gpu,
+            "ds4_commit": src.commit, "ds4_source": str(src.path),
+            "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
+            ("seconds", "objects", "flags_digest", "driver_digest", "nvcc", "cc", "library_bytes")},
+            "build_cached": bld.cached, "host_march": cfg.host_march,
+            "rewritten_build": ({k: rw.info.get(k) for k in ("seconds", "flags_digest", "driver_digest",
+                                                             "library_bytes", "rewrite")} | {"cached": rw.cached}
+                                if rw else None),
+            "model": model_info, "plan": plan.__dict__, "measured": True,
+            "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what, "build": VARIANTS[n].build,
+                            "capture": VARIANTS[n].capture, "stage": VARIANTS[n].stage} for n in cfg.configs}}
+
+
+def _report(tables: dict, meta: dict, folder: Path, cfg: Ds4JobConfig, say) -> None:
+    """The tables a console shows after the run, the weights' placement checked against the plan (into ``meta``), the
+    logits dropped unless kept."""
+    if "summary" in tables:
+        say(tables["summary"].to_string(index=False))
+    if "gains" in tables:
+        say(tables["gains"].to_string(index=False))
+    if "ladder" in tables:
+        say("ds4's capture ladder (µs per token; gains paired by position, 95 % intervals):\n"
+            + tables["ladder"][["context", "stage", "us_per_token", "gain_over_0_us", "gain_over_0_lo",
+                                "gain_over_0_hi", "vs_shipped_us", "exact_tokens", "compared_tokens",
+                                "graphs_per_token", "node_updates_per_token", "splits_per_token"]]
+            .to_string(index=False))
+    if "exact" in tables and not cfg.keep_logits:  # the comparison is kept; the 0.5 MB-a-token logits are not
+        for f in folder.glob("worker-*/logits-*.npy"):
+            f.unlink()
+    say(tables["islands"].to_string(index=False))
+    isl = tables["islands"]
+    meta["weights"] = dict(zip(isl.config, isl.weights)) if "weights" in isl else {}
+    astray = sorted(c for c, w in meta["weights"].items() if w != ("gpu-memory" if cfg.copy_model else "host-mapped"))
+    if astray:  # the tokens stand, but they are not timed where they were asked to be
+        say(f"[bold red]warning[/]: ds4's log does not say the weights are "
+            f"{'in GPU memory' if cfg.copy_model else 'host-mapped'} for {', '.join(astray)} "
+            f"(islands.csv, weights column)")
+    if "expert_data" in tables and not tables["expert_data"].empty:
+        say("per-layer kernels, random expert layers against holes (ratio > 1: zeros run faster):\n"
+            + tables["expert_data"].head(8).to_string(index=False))
+
+
+def audit_recordings(folder: Path, configs, say=print) -> dict:
+    """``ds4lab audit`` of each configuration's recorded tokens (``worker-<config>/trace-*/``, tokens marked by the
+    NVTX range ``decode_step``; the kernel-argument pass beside it is compared too) into
+    ``audit-<config>-<context>/``. Returns ``{folder name: "audited" or why not}``: an audit that cannot read a
+    recording is reported there, never fatal."""
+    from . import execute
+    from .audit import AuditConfig
+
+    done = {}
+    for v in configs:
+        for rec in sorted((Path(folder) / f"worker-{v}").glob("trace-*/recording.csv.gz")):
+            name = f"audit-{v}-{rec.parent.name.split('-', 1)[1]}"
+            try:
+                execute("audit", AuditConfig(files=(str(rec),), token_range="decode_step", out=Path(folder) / name))
+                done[name] = "audited"
+            except Exception as e:  # noqa: BLE001 - an audit that cannot read a recording is reported, not fatal
+                done[name] = f"not audited: {type(e).__name__}: {e}"
+            say(f"  {name}: {done[name]}")
+    return done

@@ -1,5 +1,5 @@
-"""``ds4lab ladder --hazard``: run hazard demonstrations (:mod:`ds4lab.experiments.hazards`), print
-them and write ``hazards.csv`` and ``meta.json`` as each finishes."""
+"""``ds4lab ladder --hazard``: run hazard demonstrations (:mod:`ds4lab.experiments.hazards`), print them and write
+``hazards.csv`` and ``meta.json`` as each finishes."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ HAZARD_OUTPUTS = ("hazards.csv",)
 
 @dataclass
 class HazardsConfig:
-    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``: which hazard, the preset (None:
-    the job's default), the capture mode and the result folder (None:
-    ``results/hazards-<hazard>-<preset>-<backend>``: ``all`` and ``all-longctx`` each their own)."""
+    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``: which hazard, the preset (None: the job's
+    default), the capture mode and the result folder (None: ``results/hazards-<hazard>-<preset>-<backend>``: ``all``
+    and ``all-longctx`` each their own)."""
 
     hazard: str = "all"
     preset: str | None = None
@@ -44,13 +44,12 @@ def check_config(cfg: HazardsConfig) -> None:
 
 
 def run(cfg: HazardsConfig, be, console) -> JobResult:
-    """Demonstrate ``cfg.hazard`` (or a set) on ``be`` (which must compute: not timing-only). Returns
-    the :class:`~ds4lab.jobs.result.JobResult`: table ``hazards`` (one row per hazard,
+    """Demonstrate ``cfg.hazard`` (or a set) on ``be`` (which must compute: not timing-only). Returns the
+    :class:`~ds4lab.jobs.result.JobResult`: table ``hazards`` (one row per hazard,
     :func:`ds4lab.experiments.hazards.demonstrate`), the rows as dicts in its ``value``.
 
     Raises:
-        BadInput: unknown hazard, or a timing-only backend (nothing to compare).
-    """
+        BadInput: unknown hazard, or a timing-only backend (nothing to compare)."""
     import pandas as pd
 
     check_config(cfg)

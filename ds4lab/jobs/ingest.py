@@ -1,44 +1,11 @@
-"""``ds4lab ingest``: read real profiles into ds4lab's tidy tables: ds4's MoE profile lines, Nsight
-Systems exports (``nsys stats`` CSV reports, the SQLite export), Nsight Compute CSV output, and ds4lab
-result folders from other machines. The readers are the trace model's (:mod:`ds4lab.trace.sources`,
-one module per format, each yielding summary tables):
-
-* ``ds4-log`` (:mod:`~ds4lab.trace.sources.ds4log`): ds4's ``DS4_CUDA_MOE_PROFILE`` stderr lines and
-  the ds4-format logs ``ds4lab moe`` writes → table ``ds4_moe``;
-* ``nsys-csv`` (:mod:`~ds4lab.trace.sources.nsys_csv`): every ``nsys stats --format csv`` report, told
-  apart by its title line, or in the per-report files of ``-o PREFIX`` by their file name and columns
-  → ``nsys_kernels``, ``nsys_nvtx``, ``nsys_nvtx_kernels``, ``nsys_cuda_api``, ``nsys_mem_time``,
-  ``nsys_mem_size``, ``nsys_gpu_trace``, ``nsys_api_trace``, ``nsys_osrt``; other reports skipped by
-  name; the text format refused with "rerun with --format csv";
-* ``nsys-sqlite`` (:mod:`~ds4lab.trace.sources.nsys_sqlite`): ``nsys export --type sqlite`` →
-  ``kernels``, ``graphs``, ``nvtx`` with domain names; a warning when graph executions come without
-  their kernels;
-* ``ncu-csv`` (:mod:`~ds4lab.trace.sources.ncu`): ``ncu --csv`` details or raw page → ``ncu_kernels``,
-  ``ncu_metrics`` keyed by section and name with units, ``ncu_rules``; ``ncu_sites``, with
-  ``sites=PRESET`` joined to ds4lab's launch sites (:func:`site_table`);
-* ``ds4lab-folder`` (:mod:`~ds4lab.trace.sources.folder`): ds4lab result folders → ``ds4lab_<table>``.
-
-The format is detected from the content, never from the file name
-(:func:`ds4lab.trace.sources.detect`, scanning in blocks). A raw ``.nsys-rep``/``.qdrep``/``.ncu-rep``
-is refused with the command that exports it; an event trace (a Kineto JSON, a recording) is named
-with ``ds4lab audit``, which reads it. Large inputs are streamed: ds4 logs and ``nsys stats`` CSV are
-read line by line and written in chunks (:meth:`~ds4lab.trace.sources.common.Ingested.emit`), so
-memory does not grow with the file.
-
-Every table has a ``file`` column (the input it came from: one source per file, so that ``compare``
-draws one bar per file) and a ``source`` column (``file:line``, the SQLite row number, or the CSV a
-ds4lab folder's table came from).
-
-Malformed input raises :class:`~ds4lab.trace.sources.SourceError` naming the file and line; with
-``lenient=True`` the good rows are kept and every bad line is reported (``Ingested.problems``), never
-dropped silently. What is read but not turned into rows (a report ds4lab does not read, unit
-assumptions, graph executions without their kernels) is named in ``Ingested.warnings``. An input that
-cannot be read at all (no such file, a broken ``meta.json``, a ds4lab folder without a table, an
-unreadable SQLite database), a file cut off in the middle of its last line, the same input given
-twice (by path or by content: :func:`check_inputs`), and an ``--out`` that cannot be this folder are
-SourceErrors in either mode. :func:`ingest_all` writes into a ds4lab result folder
-(:func:`ds4lab.report.results.job_folder`: locked, staged, ``meta.json`` naming the inputs).
-"""
+"""``ds4lab ingest``: real profiles into ds4lab's tidy tables, one reader per format (:mod:`ds4lab.trace.sources`, the
+format detected from the content): ds4's stderr (``ds4_moe``, ``ds4_events``), ``nsys stats`` CSV reports
+(``nsys_*``), the Nsight Systems SQLite export (``kernels``, ``graphs``, ``nvtx``), Nsight Compute CSV (``ncu_*``;
+``ncu_sites`` joined to a preset's launch sites: :func:`site_table`) and ds4lab result folders (``ds4lab_<table>``).
+Large inputs are streamed and written in chunks; every table has ``file`` and ``source`` columns. Malformed input is
+a :class:`~ds4lab.trace.sources.SourceError` naming file and line (with ``lenient``, the good rows kept and every
+bad line reported); :func:`ingest_all` writes a result folder. What each format gives: ``docs/commands.md``
+(``ds4lab ingest``) and ``docs/trace-readers.md``."""
 
 from __future__ import annotations
 
@@ -54,15 +21,15 @@ from ..trace.sources.common import Ingested, RowBlock, check_out_dir, distinct_i
 from .result import JobResult, result_folder
 
 #: every table name ingest writes (``<name>.csv`` under ``--out``), and the problems file
-OUTPUT_GLOBS = ("ds4_moe.csv", "nsys_*.csv", "kernels.csv", "graphs.csv", "nvtx.csv", "ncu_*.csv", "ds4lab_*.csv",
+OUTPUT_GLOBS = ("ds4_moe.csv", "ds4_events.csv", "nsys_*.csv", "kernels.csv", "graphs.csv", "nvtx.csv", "ncu_*.csv", "ds4lab_*.csv",
                 "ingest_problems.csv", "ingest_warnings.csv")
 
 
 @dataclass
 class IngestConfig:
-    """What ``ds4lab ingest`` reads: ``files`` (each once), into the result folder ``out``; ``lenient``:
-    keep the good rows and report every bad line; ``sites``: a preset whose launch sites the Nsight
-    Compute kernels are joined to (:func:`site_table`)."""
+    """What ``ds4lab ingest`` reads: ``files`` (each once), into the result folder ``out``; ``lenient``: keep the good
+    rows and report every bad line; ``sites``: a preset whose launch sites the Nsight Compute kernels are joined to
+    (:func:`site_table`)."""
 
     files: tuple = ()
     out: Path | str | None = None
@@ -82,8 +49,8 @@ def check_config(cfg: IngestConfig) -> None:
 
 
 def run(cfg: IngestConfig, backend=None, console=None) -> JobResult:
-    """Ingest ``cfg`` (:func:`ingest_all`) with a progress bar on stderr for large inputs; ``backend``
-    is unused (the job needs none)."""
+    """Ingest ``cfg`` (:func:`ingest_all`) with a progress bar on stderr for large inputs; ``backend`` is unused (the
+    job needs none)."""
     import os
 
     from .common import out_folder
@@ -101,8 +68,8 @@ PROGRESS_BYTES = 16 << 20
 
 @contextlib.contextmanager
 def _progress(files):
-    """A progress bar (MB read of all inputs) on stderr while large inputs are read; None (no
-    callback) for small ones."""
+    """A progress bar (MB read of all inputs) on stderr while large inputs are read; None (no callback) for small ones.
+    """
     total = 0
     for f in map(Path, files):
         with contextlib.suppress(OSError):
@@ -127,14 +94,13 @@ def _progress(files):
 
 
 def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=None, progress=None) -> Ingested:
-    """Read one input (:func:`ds4lab.trace.sources.read_tables`). ``sites`` (a preset name) joins ncu
-    kernels to ds4lab's launch sites of that preset (:func:`site_table`,
-    :func:`ds4lab.trace.sources.ncu.join_sites`) and adds the per-site table ``ncu_sites``; without it
-    ``ncu_sites`` groups by the NVTX cluster and op alone. ``sink(table, rows)``: receives the rows of
-    a streamed input (ds4 logs, nsys stats CSV) chunk by chunk instead of :attr:`Ingested.tables`
-    (bounded memory); ``progress(n)`` is told of each ``n`` bytes read. Raises SourceError (file and
-    line) unless ``lenient``; an unknown preset is a SourceError."""
-    from ..report.compare import load_result_meta
+    """Read one input (:func:`ds4lab.trace.sources.read_tables`). ``sites`` (a preset name) joins ncu kernels to
+    ds4lab's launch sites of that preset (:func:`site_table`, :func:`ds4lab.trace.sources.ncu.join_sites`) and adds
+    the per-site table ``ncu_sites``; without it ``ncu_sites`` groups by the NVTX cluster and op alone.
+    ``sink(table, rows)``: receives the rows of a streamed input (ds4 logs, nsys stats CSV) chunk by chunk instead
+    of :attr:`Ingested.tables` (bounded memory); ``progress(n)`` is told of each ``n`` bytes read. Raises
+    SourceError (file and line) unless ``lenient``; an unknown preset is a SourceError."""
+    from ..report.compare_tables import load_result_meta
 
     res = read_tables(Path(path), lenient, sink=sink, progress=progress, read_meta=load_result_meta)
     k = res.tables.get("ncu_kernels")
@@ -162,13 +128,12 @@ def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=
 
 def check_inputs(paths, out: Path) -> list[dict]:
     """Checks before anything is read or written: every input exists once, by path and by content
-    (:func:`ds4lab.trace.sources.common.content_sha256`: an identical copy would count its rows twice), and
-    ``out`` is not an input nor holds one (the tables would replace what they are read from).
-    Returns ``[{"path", "sha256"}]`` in order.
+    (:func:`ds4lab.trace.sources.common.content_sha256`: an identical copy would count its rows twice), and ``out``
+    is not an input nor holds one (the tables would replace what they are read from). Returns ``[{"path",
+    "sha256"}]`` in order.
 
     Raises:
-        SourceError: naming the input given twice (and both names), or the input ``out`` would replace.
-    """
+        SourceError: naming the input given twice (and both names), or the input ``out`` would replace."""
     found = distinct_inputs(paths, SourceError, "its rows would be counted twice; give each input once")
     o = Path(out).resolve()
     for p, _ in found:
@@ -180,10 +145,9 @@ def check_inputs(paths, out: Path) -> list[dict]:
 
 
 class _TableFiles:
-    """The tables of one ingest, written to CSV in ``folder`` as their rows come (bounded memory).
-    A table's rows with other columns than its first ones (two nsys versions, two reports into one
-    table) go to a part file of their own; :meth:`close` merges the parts under the union of their
-    columns, row by row, values as written."""
+    """The tables of one ingest, written to CSV in ``folder`` as their rows come (bounded memory). A table's rows with
+    other columns than its first ones (two nsys versions, two reports into one table) go to a part file of their
+    own; :meth:`close` merges the parts under the union of their columns, row by row, values as written."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -194,10 +158,9 @@ class _TableFiles:
         """Append ``df`` (a DataFrame, or a :class:`ds4lab.trace.sources.common.RowBlock`) to ``table``.
 
         Raises:
-            ds4lab.report.results.WriteFailed: the rows could not be written (a full disk), naming
-                the file; the file keeps its whole rows. Not an OSError, so that a reader streaming
-                into it does not take it for its input being unreadable.
-        """
+            ds4lab.report.results.WriteFailed: the rows could not be written (a full disk), naming the file; the file
+                keeps its whole rows. Not an OSError, so that a reader streaming into it does not take it for its input
+                being unreadable."""
         from ..report.folder_io import WriteFailed, os_reason
 
         try:
@@ -257,23 +220,22 @@ class _TableFiles:
 
 def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None,
                ran: dict | None = None) -> JobResult:
-    """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of
-    all inputs, each row's ``file`` naming its input; streamed inputs written as they are read),
-    the bad lines to ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and
-    ``meta.json`` (``job: ingest``, the inputs with their format, SHA-256 and rows, the status).
+    """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of all inputs, each
+    row's ``file`` naming its input; streamed inputs written as they are read), the bad lines to
+    ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and ``meta.json`` (``job: ingest``, the
+    inputs with their format, SHA-256 and rows, the status).
 
-    The folder is a ds4lab result folder (:func:`ds4lab.jobs.result.result_folder`): written aside,
-    locked against a second run, swapped in only when every input was read; a job's folder (a
-    ladder's, a moe run's) or a folder ds4lab did not write is refused. Raises SourceError on the
-    first bad input unless ``lenient`` (a file that cannot be read at all, a broken ``meta.json``, an
-    input given twice by path or by content, and an ``out`` that is or holds an input are errors
-    either way); ``out`` is left as it was then. A write that fails (a full disk) raises
-    :class:`ds4lab.report.results.WriteFailed` (exit 1, as for every command: the inputs were good),
-    the tables whole so far kept. ``progress(done_bytes, total_bytes)`` is called as the inputs are
-    read. ``ran``: what sets this ingest apart, for the default folder (its inputs:
-    :func:`ds4lab.report.results.job_folder` keeps another ingest's results beside). Returns the :class:`~ds4lab.jobs.result.JobResult`: the tables' files (their
-    rows streamed, not held), ``ingest_problems`` and ``ingest_warnings`` where there are any, and what
-    each input gave (:class:`~ds4lab.trace.sources.common.Ingested`, in order) as its ``value``."""
+    The folder is a ds4lab result folder (:func:`ds4lab.jobs.result.result_folder`): written aside, locked against a
+    second run, swapped in only when every input was read; a job's folder (a ladder's, a moe run's) or a folder ds4lab
+    did not write is refused. Raises SourceError on the first bad input unless ``lenient`` (a file that cannot be read
+    at all, a broken ``meta.json``, an input given twice by path or by content, and an ``out`` that is or holds an
+    input are errors either way); ``out`` is left as it was then. A write that fails (a full disk) raises
+    :class:`ds4lab.report.results.WriteFailed` (exit 1, as for every command: the inputs were good), the tables whole
+    so far kept. ``progress(done_bytes, total_bytes)`` is called as the inputs are read. ``ran``: what sets this ingest
+    apart, for the default folder (its inputs: :func:`ds4lab.report.results.job_folder` keeps another ingest's results
+    beside). Returns the :class:`~ds4lab.jobs.result.JobResult`: the tables' files (their rows streamed, not held),
+    ``ingest_problems`` and ``ingest_warnings`` where there are any, and what each input gave
+    (:class:`~ds4lab.trace.sources.common.Ingested`, in order) as its ``value``."""
     from ..report import results
 
     out = Path(out)
@@ -314,13 +276,13 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
 
 
 def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
-    """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in
-    launch order (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch
-    layer counts for it), from the sim in timing-only mode (no GPU, nothing computed; the same
-    launch sequence as on a GPU: ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown
-    preset."""
+    """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in launch order
+    (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch layer counts for it), from the
+    sim in timing-only mode (no GPU, nothing computed; the same launch sequence as on a GPU:
+    ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown preset."""
     from ..backends import make_backend
-    from ..experiments.stages import START_POS, token_id_at
+    from ..experiments.stages import START_POS
+    from ..token.config import token_id_at
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
 

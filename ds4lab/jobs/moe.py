@@ -1,6 +1,5 @@
-"""``ds4lab moe``: the routed-MoE profiler (:mod:`ds4lab.moeprof`): ds4's stages by token count,
-routing and profiling mode; ds4-format profile lines; figures; the MoE's share of a token; each
-mode's overhead on a whole token."""
+"""``ds4lab moe``: the routed-MoE profiler (:mod:`ds4lab.moeprof`): ds4's stages by token count, routing and profiling
+mode; ds4-format profile lines; figures; the MoE's share of a token; each mode's overhead on a whole token."""
 
 from __future__ import annotations
 
@@ -23,9 +22,9 @@ MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4*.log", "expert-load.csv", "sha
 
 @dataclass
 class MoeConfig:
-    """Arguments of ``ds4lab moe`` (see ``ds4lab moe --help``). ``tokens_per_step``: routed-MoE
-    token counts per step (1 decode, 2-3 MTP verification, 16..512 batches); ``steps``: reported
-    steps per (mode, tokens per step, routing); ``warmup``: None = 1 eager, 2 replayed."""
+    """Arguments of ``ds4lab moe`` (see ``ds4lab moe --help``). ``tokens_per_step``: routed-MoE token counts per step
+    (1 decode, 2-3 MTP verification, 16..512 batches); ``steps``: reported steps per (mode, tokens per step,
+    routing); ``warmup``: None = 1 eager, 2 replayed."""
 
     modes: list[str] = field(default_factory=lambda: ["host-timed", "deferred", "graph-boundary", "in-graph",
                                                       "cupti", "nvtx"])
@@ -47,57 +46,55 @@ class MoeConfig:
     out: Path | str | None = None
 
 
-def config_from_text(backend: str, preset: str | None, tokens_per_step: str, routings: str, modes: str,
-                     **fields) -> tuple[MoeConfig, str]:
-    """A :class:`MoeConfig` from a notebook's text parameters: ``tokens_per_step`` ``"1,2,64"``,
-    ``routings`` and ``modes`` comma-separated names or ``"all"`` (every one ds4lab has); ``preset`` None:
-    the job's default on ``backend`` (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`, decided without
-    opening a backend). Token counts above the preset's ``max_tokens`` are left out (the job would refuse
-    them); the second value says which, or is "". ``fields``: the config's other fields (``steps``,
-    ``out``, ``overhead``, ...).
+def text_options(backend: str, preset: str | None, tokens_per_step=None, routings=None, modes=None
+                 ) -> tuple[dict, str]:
+    """:class:`MoeConfig` fields from a notebook's text (``ds4lab.Lab.moe``): ``tokens_per_step`` ``"1,2,64"``,
+    ``routings`` and ``modes`` comma-separated names or ``"all"`` (every one ds4lab has); a value that is not text
+    is kept as it is, None left out. ``preset`` None: the job's default on ``backend``
+    (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`, decided without opening a backend). Token counts above the preset's
+    ``max_tokens`` are left out (the job would refuse them); the second value says which, or is "".
 
     Raises:
         ds4lab.token.config.ConfigError: an unknown preset.
-        BadInput: no token count the preset takes, or one that is not a whole number.
-    """
+        BadInput: no token count the preset takes, or one that is not a whole number."""
     from .. import moeprof as M
     from ..backends import resolve
     from ..token.config import get_preset
     from .common import DEFAULT_PRESETS
 
     preset = preset or DEFAULT_PRESETS["moe"][0 if resolve(backend) == "cupy" else 1]
-    limit = get_preset(preset).max_tokens
-    try:
-        asked = [int(t) for t in str(tokens_per_step).split(",") if t.strip()]
-    except ValueError:
-        raise BadInput(f"tokens per step {tokens_per_step!r}: comma-separated whole numbers expected") from None
-    counts = [t for t in asked if t <= limit]
-    if not counts:
-        raise BadInput(f"tokens per step {tokens_per_step!r}: {preset} takes at most {limit} tokens per step")
-    note = (f"note: {preset} takes at most {limit} tokens per step: profiling {counts}" if len(counts) < len(asked)
-            else "")
-
-    def names(text: str, every) -> list[str]:
-        return list(every) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
-
-    cfg = MoeConfig(modes=names(modes, M.MODES), tokens_per_step=counts, routings=names(routings, M.ROUTINGS),
-                    preset=preset, **fields)
-    return cfg, note
+    out, note = {"preset": preset}, ""
+    if isinstance(tokens_per_step, str):
+        limit = get_preset(preset).max_tokens
+        try:
+            asked = [int(t) for t in tokens_per_step.split(",") if t.strip()]
+        except ValueError:
+            raise BadInput(f"tokens per step {tokens_per_step!r}: comma-separated whole numbers expected") from None
+        text, tokens_per_step = tokens_per_step, [t for t in asked if t <= limit]
+        if not tokens_per_step:
+            raise BadInput(f"tokens per step {text!r}: {preset} takes at most {limit} tokens per step")
+        if len(tokens_per_step) < len(asked):
+            note = f"note: {preset} takes at most {limit} tokens per step: profiling {tokens_per_step}"
+    for name, value, every in (("tokens_per_step", tokens_per_step, ()), ("routings", routings, M.ROUTINGS),
+                               ("modes", modes, M.MODES)):
+        if isinstance(value, str):
+            value = list(every) if value.strip() == "all" else [p.strip() for p in value.split(",") if p.strip()]
+        if value is not None:
+            out[name] = value
+    return out, note
 
 
 def run(cfg: MoeConfig, be, console=None) -> JobResult:
-    """The ``ds4lab moe`` job on backend ``be``. Returns the :class:`~ds4lab.jobs.result.JobResult`:
-    tables ``moe`` (the profile rows), ``summary`` and, where written, ``expert-load``, ``share`` and
-    ``overhead``; figures ``moe-stages``, ``moe-distribution`` and ``moe-share``; ds4's profile lines
-    among its files.
+    """The ``ds4lab moe`` job on backend ``be``. Returns the :class:`~ds4lab.jobs.result.JobResult`: tables ``moe``
+    (the profile rows), ``summary`` and, where written, ``expert-load``, ``share`` and ``overhead``; figures
+    ``moe-stages``, ``moe-distribution`` and ``moe-share``; ds4's profile lines among its files.
 
     Raises:
         BadInput: a token count above the preset's ``max_tokens``, an unknown mode or routing,
             a repeated value, an empty list.
         ds4lab.report.results.OutputError: an unwritable ``out``.
     The folder's ``meta.json`` says ``complete``, ``interrupted`` or ``failed: …``
-    (:func:`ds4lab.report.results.job_folder`).
-    """
+    (:func:`ds4lab.report.results.job_folder`)."""
     from ..progress import make_console
 
     from .. import moeprof as M
@@ -262,10 +259,10 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, 
 
 
 def with_fallbacks(summ, data):
-    """``summ`` (:func:`ds4lab.moeprof.summarize`) with ``calls`` and ``fallback_calls`` per mode,
-    backend, routing and token count: the profiled calls, and those that fell back to eager (a
-    replayed MoE cluster whose capture failed: the graph retired and the call ran eagerly, ``phase``
-    eager and a ``note`` naming the fallback; their times are eager times)."""
+    """``summ`` (:func:`ds4lab.moeprof.summarize`) with ``calls`` and ``fallback_calls`` per mode, backend, routing and
+    token count: the profiled calls, and those that fell back to eager (a replayed MoE cluster whose capture failed:
+    the graph retired and the call ran eagerly, ``phase`` eager and a ``note`` naming the fallback; their times are
+    eager times)."""
     import pandas as pd
 
     keys = ["mode", "backend", "routing", "tokens"]

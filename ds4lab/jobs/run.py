@@ -1,30 +1,13 @@
-"""``ds4lab run``: decode N tokens eagerly, check against the reference, time, count, floor.
+"""``ds4lab run``: decode N tokens eagerly, check against the reference, time, count, floor; each result written to the
+folder as soon as it exists.
 
-The job, in order (each result written to ``DIR`` as soon as it exists):
-
-0. checks, before any work and before anything is written: the positions stay int32, the result
-   folder can be created and written (a probe file), and a CPU backend that computes is not asked
-   to run a model whose weights take tens of minutes per run (``--force`` overrides);
-1. reference check: the first token on the chosen backend against the NumPy executor with the
-   same weights (all layers for ``tiny``/``small``; the first ``n_hash_layers + 1`` layers of
-   ``ds4-flash``, which cover both routing kinds, because 43 layers take minutes on a CPU);
-2. N decode tokens after warm-up, each bracketed by events on the accessor's stream and ended
-   with a device synchronize, as ds4 ends each token with ``cudaDeviceSynchronize()``;
-3. the launch census (``census.csv``: launches per token per cluster, kind and site, each row
-   with ``backend``, ``preset`` and ``modeled`` as ``ladder.csv``), the GPU memory footprint, and
-   the bytes-moved floor (the fewest bytes a token must read over the device-to-device copy
-   bandwidth).
-
-Backends: on ``cupy`` every time is measured (CUDA events, host clock). On ``sim`` the same token
-loop runs on the simulated runtime and every time is MODELED from its calibration (the sim's events
-and modeled host clock; the copy bandwidth of the floor is the calibration's ``copy_GBps``); every
-row says so. On ``numpy`` no time is reported at all.
-
-An interrupted (Ctrl-C) or failed run keeps what it wrote and records how far it got: ``meta.json``
-gets ``status`` ``"interrupted"`` or ``"failed: <reason>"`` with ``tokens_completed``, and
-``census.csv`` the census of the tokens completed; :func:`run` then raises :class:`RunInterrupted`
-or :class:`RunFailed`.
-"""
+Checks first, before anything is written (positions int32, a writable folder, a CPU backend that computes not asked for
+a model whose weights take tens of minutes: ``--force`` overrides); then the first token against the NumPy executor
+(all layers for ``tiny``/``small``, the first ``n_hash_layers + 1`` of ``ds4-flash``, both routing kinds), N timed
+tokens after warm-up (events on the accessor's stream, each token ended with a device synchronize as ds4 ends it), the
+launch census (``census.csv``), memory and the bytes floor. On ``cupy`` every time is measured, on ``sim`` MODELED
+(every row says so), on ``numpy`` none. An interrupted or failed run keeps what it wrote, ``meta.json`` saying how far
+it got (``tokens_completed``): :func:`run` raises :class:`RunInterrupted` or :class:`RunFailed`."""
 
 from __future__ import annotations
 
@@ -76,8 +59,7 @@ class ReferenceCheckFailed(CheckFailed):
 class RunFailed(CheckFailed):
     """The run stopped on an error after its folder existed; results so far are on disk.
 
-    Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds).
-    """
+    Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds)."""
 
     def __init__(self, msg: str, out: Path, meta: dict) -> None:
         super().__init__(msg)
@@ -85,14 +67,11 @@ class RunFailed(CheckFailed):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP) after its folder existed; results so far
-    are on disk.
+    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP) after its folder existed; results so far are on disk.
 
-    A :class:`KeyboardInterrupt`, so code that lets interrupts through still does.
-    Attributes: ``out`` (the folder holding the results so far), ``meta`` (what ``meta.json``
-    holds), ``signum``/``signame`` (the signal for SIGTERM and SIGHUP, else None: the exit status
-    is then 128 + ``signum``, :func:`ds4lab.jobs.common.exit_code`).
-    """
+    A :class:`KeyboardInterrupt`, so code that lets interrupts through still does. Attributes: ``out`` (the folder
+    holding the results so far), ``meta`` (what ``meta.json`` holds), ``signum``/``signame`` (the signal for SIGTERM
+    and SIGHUP, else None: the exit status is then 128 + ``signum``, :func:`ds4lab.jobs.common.exit_code`)."""
 
     def __init__(self, msg: str, out: Path, meta: dict) -> None:
         super().__init__(msg)
@@ -125,8 +104,8 @@ class RunConfig:
 
 # ---------------------------------------------------------------------- checks before any work
 def check_positions(rc: RunConfig) -> None:
-    """Every position the run decodes (``start_pos`` to ``start_pos + warmup + tokens - 1``) must be
-    an int32 kernel argument. Raises :class:`RunError` saying how far the run would go."""
+    """Every position the run decodes (``start_pos`` to ``start_pos + warmup + tokens - 1``) must be an int32 kernel
+    argument. Raises :class:`RunError` saying how far the run would go."""
     if rc.start_pos < 0:
         raise RunError(f"--start-pos {rc.start_pos}: positions start at 0")
     last = rc.start_pos + rc.warmup + rc.tokens - 1
@@ -139,7 +118,8 @@ def check_positions(rc: RunConfig) -> None:
 
 
 def check_out(out: Path) -> None:
-    """:func:`ds4lab.report.results.check_out` for ``run``'s files (raises :class:`ds4lab.report.results.OutputError`)."""
+    """:func:`ds4lab.report.results.check_out` for ``run``'s files (raises :class:`ds4lab.report.results.OutputError`).
+    """
     results.check_out(out, RESULT_FILES)
 
 
@@ -153,13 +133,11 @@ def launches_per_token(cfg, opts: TokenOptions) -> int:
 
 
 def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
-    """Refuse a CPU backend that computes (``numpy``, ``sim --compute``) a model whose weights
-    exceed :data:`CPU_WEIGHT_LIMIT`, unless ``rc.force``. Returns the estimate when forced.
+    """Refuse a CPU backend that computes (``numpy``, ``sim --compute``) a model whose weights exceed
+    :data:`CPU_WEIGHT_LIMIT`, unless ``rc.force``. Returns the estimate when forced.
 
     Raises:
-        RunRefused: says why (weight bytes, launches per token, a rough duration) and what to run
-            instead.
-    """
+        RunRefused: says why (weight bytes, launches per token, a rough duration) and what to run instead."""
     if be.is_gpu or be.timing_only:
         return None
     wb = W.model_bytes(cfg, rc.options.vocab)
@@ -184,8 +162,7 @@ def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
 def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
     """First token on ``be`` against the NumPy executor. Returns the check's figures.
 
-    Raises nothing on a mismatch: the caller decides (``passed`` is in the result).
-    """
+    Raises nothing on a mismatch: the caller decides (``passed`` is in the result)."""
     from ..backends import make_backend
 
     layers = cfg.n_layers if cfg.name in ("tiny", "small") else min(cfg.n_layers, cfg.n_hash_layers + 1)
@@ -244,9 +221,9 @@ class _Progress:
 
 
 def timing_only_for(rc: RunConfig) -> bool:
-    """Whether the sim backend for ``rc`` models time only: ``rc.timing_only``, or by default True
-    for every preset but ``tiny`` (computing ``small``'s numbers on the CPU takes minutes, a
-    ``ds4-flash`` token minutes each; the modeled times and the census are the same either way)."""
+    """Whether the sim backend for ``rc`` models time only: ``rc.timing_only``, or by default True for every preset but
+    ``tiny`` (computing ``small``'s numbers on the CPU takes minutes, a ``ds4-flash`` token minutes each; the
+    modeled times and the census are the same either way)."""
     return (rc.preset != "tiny") if rc.timing_only is None else bool(rc.timing_only)
 
 
@@ -254,8 +231,7 @@ def check_config(rc: RunConfig) -> None:
     """Checks that need no backend: token counts, int32 positions, a non-empty ``out``.
 
     Raises:
-        RunError: the value and what to do (exit 2).
-    """
+        RunError: the value and what to do (exit 2)."""
     if rc.tokens < 1:
         raise RunError(f"--tokens {rc.tokens}: need at least 1 token")
     if rc.warmup < 0:
@@ -265,10 +241,9 @@ def check_config(rc: RunConfig) -> None:
 
 
 def run(rc: RunConfig, be, console=None) -> JobResult:
-    """Run the job on ``be`` (``cupy``, ``sim`` or ``numpy``: :func:`ds4lab.backends.make_backend`,
-    with ``timing_only=timing_only_for(rc)`` for the sim); returns the
-    :class:`~ds4lab.jobs.result.JobResult`: its ``meta`` is what ``meta.json`` holds (the summary
-    under ``summary``), tables ``results`` and ``census``.
+    """Run the job on ``be`` (``cupy``, ``sim`` or ``numpy``: :func:`ds4lab.backends.make_backend`, with
+    ``timing_only=timing_only_for(rc)`` for the sim); returns the :class:`~ds4lab.jobs.result.JobResult`: its
+    ``meta`` is what ``meta.json`` holds (the summary under ``summary``), tables ``results`` and ``census``.
 
     Raises (before anything is written):
         RunError: too few tokens, positions past int32, ``--timing-only`` off the sim.
@@ -277,8 +252,7 @@ def run(rc: RunConfig, be, console=None) -> JobResult:
         ConfigError: unknown preset or a bad override.
     Raises (after the folder exists; ``meta.json`` and ``census.csv`` record how far it got):
         RunInterrupted: Ctrl-C (a KeyboardInterrupt); ``status`` is ``"interrupted"``.
-        RunFailed: any error, a failed reference check included; ``status`` is ``"failed: <reason>"``.
-    """
+        RunFailed: any error, a failed reference check included; ``status`` is ``"failed: <reason>"``."""
     from ..progress import make_console
 
     con = console or make_console()
@@ -334,8 +308,8 @@ def _how_far(rc: RunConfig, prog: _Progress) -> str:
 
 
 def write_census(census: Census, path: Path, be, preset: str):
-    """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token)
-    with ``backend``, ``preset`` and ``modeled`` on every row, as ``ladder.csv``
+    """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token) with ``backend``,
+    ``preset`` and ``modeled`` on every row, as ``ladder.csv``
     (:func:`ds4lab.report.provenance.with_source_columns`). Returns the table."""
     df = provenance.with_source_columns(census.frame(), be.name, preset, be.models_time)
     results.write_csv(df, path)
@@ -391,8 +365,8 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
 
 
 def _announce(rc: RunConfig, be, preset: str, meta: dict, log) -> tuple:
-    """Say what runs (and note what an option does not change); returns where each figure comes from:
-    ``(memory, token time, host time, bytes)``."""
+    """Say what runs (and note what an option does not change); returns where each figure comes from: ``(memory, token
+    time, host time, bytes)``."""
     modeled = be.models_time
     if modeled:
         src = sources(be)[0]
@@ -428,8 +402,8 @@ def _announce(rc: RunConfig, be, preset: str, meta: dict, log) -> tuple:
 
 
 def _reference_check(rc: RunConfig, be, cfg, meta: dict, out: Path, res, log) -> None:
-    """The first token against the NumPy reference on a GPU (raises :class:`ReferenceCheckFailed`);
-    elsewhere why it is skipped, in ``meta``."""
+    """The first token against the NumPy reference on a GPU (raises :class:`ReferenceCheckFailed`); elsewhere why it is
+    skipped, in ``meta``."""
     if rc.check and be.is_gpu:
         chk = reference_check(cfg, be, rc.options, rc.start_pos, log)
         meta["reference_check"] = chk
@@ -473,9 +447,9 @@ def _build(rc: RunConfig, be, cfg, meta: dict, res, src_mem) -> DecodeModel:
 
 
 def _decode(rc: RunConfig, be, cfg, model, prog: _Progress, res, con, src_ev, src_host) -> None:
-    """The warm-up and timed tokens, each timed by the one timing loop (events on the accessor's stream,
-    host clock around the enqueue, a device synchronize after each token as ds4 does); on the NumPy
-    executor the same tokens, no timing claimed."""
+    """The warm-up and timed tokens, each timed by the one timing loop (events on the accessor's stream, host clock
+    around the enqueue, a device synchronize after each token as ds4 does); on the NumPy executor the same tokens,
+    no timing claimed."""
     from ..progress import JobProgress
 
     L = model.L
@@ -506,8 +480,8 @@ def _decode(rc: RunConfig, be, cfg, model, prog: _Progress, res, con, src_ev, sr
 
 
 def _summary(be, prog: _Progress, total_bytes: int, res, src_ev) -> dict:
-    """µs per token, host enqueue µs and the bytes floor over the copy bandwidth (measured on a GPU,
-    the calibration's on the sim), each also a row of ``results.csv``; ``{}`` where nothing was timed."""
+    """µs per token, host enqueue µs and the bytes floor over the copy bandwidth (measured on a GPU, the calibration's
+    on the sim), each also a row of ``results.csv``; ``{}`` where nothing was timed."""
     if not prog.gpu_us:
         return {}
     st, hs = Stats.of(prog.gpu_us), Stats.of(prog.host_us)

@@ -27,10 +27,10 @@ TP_OUTPUTS = ("tp-*.csv", "tp-*.json", "trace-*")
 @dataclass
 class TPConfig:
     """Arguments of ``ds4lab tp COMMAND`` (the command line reads its defaults from here): ``command``
-    (:data:`COMMANDS`); ``backend`` the node: ``sim`` (two simulated devices) or ``cupy`` (two GPUs of
-    this host); ``preset`` (None: the job's default, ``small``); ``reduce``: NCCL all-reduce or ds4's peer copies; ``start_pos``; ``long_context``;
-    ``tokens`` (None: the command's, :data:`COMMANDS`); the ladder's ``stages`` (None:
-    :data:`~ds4lab.tp.stages.TP_LADDER_DEFAULT`), ``exact_tokens`` and ``rounds``; the trace's ``stage``;
+    (:data:`COMMANDS`); ``backend`` the node: ``sim`` (two simulated devices) or ``cupy`` (two GPUs of this host);
+    ``preset`` (None: the job's default, ``small``); ``reduce``: NCCL all-reduce or ds4's peer copies;
+    ``start_pos``; ``long_context``; ``tokens`` (None: the command's, :data:`COMMANDS`); the ladder's ``stages``
+    (None: :data:`~ds4lab.tp.stages.TP_LADDER_DEFAULT`), ``exact_tokens`` and ``rounds``; the trace's ``stage``;
     ``out`` (None: ``results/tp-<command>-<preset>-<backend>-<reduce>``)."""
 
     command: str = "token"
@@ -75,8 +75,8 @@ def _stages(cfg: TPConfig):
 
 
 def model_config(cfg: TPConfig, be):
-    """The preset (None: the job's default on ``be``); with ``long_context``, caches for every position the
-    command decodes (its rounds included), in whole 128s."""
+    """The preset (None: the job's default on ``be``); with ``long_context``, caches for every position the command
+    decodes (its rounds included), in whole 128s."""
     from ..token.config import get_preset
 
     mcfg = get_preset(cfg.preset or default_preset("tp", be))
@@ -88,14 +88,12 @@ def model_config(cfg: TPConfig, be):
 
 def run(cfg: TPConfig, be, console) -> JobResult:
     """Run ``cfg.command`` on a node of two devices (``be`` unused: the job makes its node). Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: ``token``: its comparison as ``value`` (``tp-token.json``);
-    ``ladder``: table ``tp-ladder``; ``trace``: tables ``tp-collectives`` and ``tp-plan`` beside
-    ``trace-tp.csv.gz``.
+    :class:`~ds4lab.jobs.result.JobResult`: ``token``: its comparison as ``value`` (``tp-token.json``); ``ladder``:
+    table ``tp-ladder``; ``trace``: tables ``tp-collectives`` and ``tp-plan`` beside ``trace-tp.csv.gz``.
 
     Raises:
         BadInput: bad input (nothing ran; exit 2).
-        CheckFailed: ranks or reductions that disagree, or a stage not bit-identical (exit 1).
-    """
+        CheckFailed: ranks or reductions that disagree, or a stage not bit-identical (exit 1)."""
     from ..tp.ranks import make_node
     from ..token.model import TokenOptions
 

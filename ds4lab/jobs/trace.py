@@ -1,42 +1,17 @@
 """``ds4lab trace``: one decode token's timeline per capture stage, as a Chrome/Perfetto trace.
 
-For every stage asked for (``ds4lab.experiments.ladder.STAGES``), after warm-up (graphs captured), ``tokens``
-decode tokens are traced:
+For every stage asked for, after warm-up (graphs captured), ``tokens`` tokens are traced from the trace model's live
+sources (:mod:`ds4lab.trace.live`, read by field name): the kernels, memsets and copies (CUPTI activity records on a
+GPU, with ``graph_id``/``graph_node_id`` for a replayed graph's; the sim's modeled schedule, MODELED), ds4lab's NVTX
+ranges in the kernels' clock (:class:`ds4lab.trace.live.RecordingAnnotator`; a replayed stage shows the token range and
+its graph launch), and the CUDA API level (CUPTI's call, synchronization, event and stream records on a GPU, the sim's
+call log), each call linked to its device work by correlation id; an eager kernel carries its scalar arguments
+(``args``). Each kernel is given its launch site by position against an eager token of the same model
+(``Launcher.trace``); where counts or names differ, none, and ``sites_matched`` says so.
 
-* **kernels** (and memsets, host-to-device copies): on a GPU, CUPTI activity records
-  (``CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL``, ``MEMSET``, ``MEMCPY`` through ``cupti-python``; start
-  and end in ns, stream id, and for a kernel launched from a graph its ``graph_id`` and
-  ``graph_node_id``, zero for eager launches: CUPTI ``CUpti_ActivityKernel*`` record, measured on the
-  H200 in ``shared/context/gpu-facts.md``, "Tracing"); on the sim, the modeled schedule of its cost
-  model (``ds4lab.sim.costmodel.Device.timeline``: per launch, start and end in the modeled device
-  clock), every event labelled MODELED. A replayed graph's node index on the sim is its position in
-  the graph's launch order (the sim replays nodes in capture order);
-* **NVTX ranges** (token → layer → cluster → op, ``ds4lab.capture.annotate``) from ds4lab's own record of
-  its push and pop times (:class:`ds4lab.trace.live.RecordingAnnotator`), in the clock the kernels use: CUPTI's
-  timestamp (``cupti.get_timestamp``, the clock of its activity records) on a GPU, the modeled host
-  clock on the sim. A captured stage pushes no op ranges while it replays: its token shows the token
-  range and the graph launch, with the kernels of the graph under it on the GPU track;
-* **the CUDA API level** (for ``ds4lab audit`` of ds4lab's own token):
-  on a GPU the CUPTI runtime and driver call records, synchronizations, event records and stream
-  kinds (legacy, blocking, non-blocking) of the traced tokens; on the sim the backend's call log
-  (MODELED); each call linked to its device work by a correlation id. Each eagerly launched kernel
-  carries its scalar arguments as the launch layer passed them (``args``); a replayed kernel has
-  none (it runs with the arguments of its capture).
-
-Each kernel of a traced token is given its launch site (cluster, layer, op) by position: the
-token's kernels, in start order, are matched one to one with the launch sites of an eager token of
-the same model (``Launcher.trace``); where the counts or names differ, no site is given and the
-result says so (``sites_matched``).
-
-The records come from the trace model's live sources (:mod:`ds4lab.trace.live`: CUPTI on a GPU, the sim's
-modeled timeline and call log on the sim), read by field name.
-
-Written to ``out``: ``trace.json`` (the Trace Event format, :func:`ds4lab.trace.chrome.chrome_trace`:
-one process per stage, opens in ui.perfetto.dev and chrome://tracing), ``trace_kernels.csv`` and
-``trace_nvtx.csv``, ``trace_api.csv`` (the same events as tables; named apart from ``compare``'s
-kernel tables; every row ends with ``backend``, ``preset`` and ``modeled``, as ``ladder.csv``),
-``meta.json`` and the figure ``trace.png/.svg/.pdf`` (:func:`ds4lab.report.plots.trace_figure`).
-"""
+Written to ``out``: ``trace.json`` (:func:`ds4lab.trace.chrome.chrome_trace`: one process per stage; ui.perfetto.dev,
+chrome://tracing), ``trace_kernels.csv``, ``trace_nvtx.csv``, ``trace_api.csv`` (rows ending with ``backend``,
+``preset``, ``modeled``), ``meta.json`` and the figure ``trace`` (:func:`ds4lab.report.plots.trace_figure`)."""
 
 from __future__ import annotations
 
@@ -59,8 +34,8 @@ TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace_api
 
 
 class TraceError(BadInput):
-    """A trace request that cannot run (unknown stage, no tokens, no kernel source on the backend):
-    nothing traced (exit 2)."""
+    """A trace request that cannot run (unknown stage, no tokens, no kernel source on the backend): nothing traced
+    (exit 2)."""
 
 
 class NoKernelRecords(CheckFailed):
@@ -74,22 +49,21 @@ class TraceConfig:
     Attributes:
         preset: model dimensions (``ds4lab.token.config.PRESETS``); None: the job's default
             (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, small on the sim).
-        stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each;
-            None: ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a
-            capture runs it: work that bypasses the accessor then shows on the legacy stream).
-        hazard: a token hazard of ``ds4lab ladder --hazard`` (:data:`ds4lab.experiments.hazards.HAZARDS`)
-            whose ds4-today path the traced tokens take (its ``TokenOptions`` over each stage's), so that
-            ``ds4lab audit`` of the trace reports it. The routed-MoE hazards (``steps`` ``moe``:
-            sync-memset, alloc-in-capture, host-timed-profile) trace the hazard's own step, as ``ladder
-            --hazard`` demonstrates it: the router and routed MoE of the first top-k layer for 2 tokens
-            (multi-token-prediction verification), inside a ``token`` NVTX range; their warm-up runs decode
-            tokens, so scratch grown on demand grows in the first traced step. None: no hazard.
-        tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages
-            capture their graphs there).
+        stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each; None:
+            ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a capture runs it: work
+            that bypasses the accessor then shows on the legacy stream).
+        hazard: a token hazard of ``ds4lab ladder --hazard`` (:data:`ds4lab.experiments.hazards.HAZARDS`) whose
+            ds4-today path the traced tokens take (its ``TokenOptions`` over each stage's), so that ``ds4lab audit`` of
+            the trace reports it. The routed-MoE hazards (``steps`` ``moe``: sync-memset, alloc-in-capture,
+            host-timed-profile) trace the hazard's own step, as ``ladder --hazard`` demonstrates it: the router and
+            routed MoE of the first top-k layer for 2 tokens (multi-token-prediction verification), inside a ``token``
+            NVTX range; their warm-up runs decode tokens, so scratch grown on demand grows in the first traced step.
+            None: no hazard.
+        tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages capture their graphs
+            there).
         warmup: untraced tokens per stage before the traced ones.
         out: result folder; None: ``results/trace-<preset>-<backend>`` (``-<hazard>`` added with one).
-        capture_mode: stream-capture mode of the captured stages.
-    """
+        capture_mode: stream-capture mode of the captured stages."""
 
     preset: str | None = None
     stages: str | None = None
@@ -102,9 +76,9 @@ class TraceConfig:
 
 # ----------------------------------------------------------------------------- the trace's rows
 def kernel_source(be):
-    """The live trace of ``be`` with its API level (:func:`ds4lab.trace.live.trace_source`, the one
-    registry: CUPTI on a GPU, the sim's modeled timeline and call log on the sim). Raises
-    :class:`TraceError` with the reason where there is none."""
+    """The live trace of ``be`` with its API level (:func:`ds4lab.trace.live.trace_source`, the one registry: CUPTI on
+    a GPU, the sim's modeled timeline and call log on the sim). Raises :class:`TraceError` with the reason where
+    there is none."""
     from ..trace.live import trace_source
 
     src = trace_source(be, calls=True)
@@ -114,8 +88,8 @@ def kernel_source(be):
 
 
 def device_rows(src, recs) -> list[dict]:
-    """The trace's rows of the device records ``recs`` of source ``src`` (kernels, memsets, copies; each
-    with its stream's id and kind, and a copy's or memset's bytes where the source counts them)."""
+    """The trace's rows of the device records ``recs`` of source ``src`` (kernels, memsets, copies; each with its
+    stream's id and kind, and a copy's or memset's bytes where the source counts them)."""
     out = []
     for r in recs:
         if r.kind not in ("kernel", "memset", "memcpy"):
@@ -134,10 +108,9 @@ def device_rows(src, recs) -> list[dict]:
 
 
 def api_call_rows(src, recs) -> tuple[list[dict], dict]:
-    """``(calls, stream_types)`` of the API-level records ``recs`` of ``src``: the API calls and
-    synchronizations as rows of ``trace_api.csv``, each call's stream the one it names or, for a
-    ``cudaEventRecord``, its event record's; and ``{stream id: type}`` from the source and the stream
-    records."""
+    """``(calls, stream_types)`` of the API-level records ``recs`` of ``src``: the API calls and synchronizations as
+    rows of ``trace_api.csv``, each call's stream the one it names or, for a ``cudaEventRecord``, its event
+    record's; and ``{stream id: type}`` from the source and the stream records."""
     from ..trace import records as R
 
     events, made = R.api_context(recs)
@@ -161,9 +134,8 @@ def check_config(config: TraceConfig) -> list:
     """The stages of ``config`` after checking it before any work (no backend needed).
 
     Raises:
-        TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``, a hazard
-            that is not a token hazard of ``ladder --hazard``.
-    """
+        TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``, a hazard that is not a
+            token hazard of ``ladder --hazard``."""
     from ..experiments.hazards import HAZARD_SETS
     from ..experiments.stages import StageInputError, parse_stages
 
@@ -189,19 +161,17 @@ def stages_of(config: TraceConfig) -> str:
 
 
 def run(config: TraceConfig, backend=None, console=None) -> JobResult:
-    """Trace ``config.tokens`` tokens of every stage in ``config.stages`` on ``backend`` and write the
-    trace, the tables, ``meta.json`` and the figure to ``config.out``. ``backend``: a ds4lab backend
-    (None: ``auto``, opened as the jobs open it; on the sim a timing-only backend is enough). Returns
-    the :class:`~ds4lab.jobs.result.JobResult`: tables ``trace_kernels``, ``trace_nvtx`` and
-    ``trace_api`` (as their CSVs hold them), the figure ``trace``, and ``trace.json`` among its files.
+    """Trace ``config.tokens`` tokens of every stage in ``config.stages`` on ``backend`` and write the trace, the
+    tables, ``meta.json`` and the figure to ``config.out``. ``backend``: a ds4lab backend (None: ``auto``, opened as
+    the jobs open it; on the sim a timing-only backend is enough). Returns the
+    :class:`~ds4lab.jobs.result.JobResult`: tables ``trace_kernels``, ``trace_nvtx`` and ``trace_api`` (as their
+    CSVs hold them), the figure ``trace``, and ``trace.json`` among its files.
 
     Raises:
         TraceError: bad input (:func:`check_config`) or no kernel source on this backend (exit 2).
-        NoKernelRecords: a stage's traced tokens gave no kernel record (exit 1; ``meta.json`` says
-            ``failed``).
+        NoKernelRecords: a stage's traced tokens gave no kernel record (exit 1; ``meta.json`` says ``failed``).
         ds4lab.token.config.ConfigError: unknown preset.
-        ds4lab.report.results.OutputError: an ``out`` that cannot be written.
-    """
+        ds4lab.report.results.OutputError: an ``out`` that cannot be written."""
     from ..token.config import get_preset
 
     st_list = check_config(config)
@@ -348,9 +318,9 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
 
 def _attach_args(recs: list, launched: list, types: dict) -> None:
     """Give each eagerly launched kernel record (``graph_id`` 0) the scalar arguments of its launch
-    (:func:`ds4lab.trace.live.scalar_args`), matched in order and by kernel name to the launch
-    layer's records of the same tokens; a replayed kernel ran with the arguments of its capture and
-    gets none. Also each record's ``stream_type`` from ``types`` (stream id → type)."""
+    (:func:`ds4lab.trace.live.scalar_args`), matched in order and by kernel name to the launch layer's records of
+    the same tokens; a replayed kernel ran with the arguments of its capture and gets none. Also each record's
+    ``stream_type`` from ``types`` (stream id → type)."""
     from ..trace.live import scalar_args
 
     j = 0
@@ -368,10 +338,9 @@ def _attach_args(recs: list, launched: list, types: dict) -> None:
 
 
 def _hazard_step(name: str, model):
-    """The traced step of a routed-MoE hazard (see :class:`TraceConfig`), or None for a token hazard:
-    ``step(run, pos)`` runs the router and routed MoE of the first top-k layer for 2 tokens on the
-    stage's stream, inside a ``token`` NVTX range (its input written from the host first, as
-    ``ladder --hazard`` does)."""
+    """The traced step of a routed-MoE hazard (see :class:`TraceConfig`), or None for a token hazard: ``step(run,
+    pos)`` runs the router and routed MoE of the first top-k layer for 2 tokens on the stage's stream, inside a
+    ``token`` NVTX range (its input written from the host first, as ``ladder --hazard`` does)."""
     import contextlib
 
     import numpy as np
@@ -401,15 +370,15 @@ def _hazard_step(name: str, model):
 
 def labelled(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
     """A trace table as its CSV holds it: ``df`` with ``backend``, ``preset`` and ``modeled`` appended
-    (:func:`ds4lab.report.provenance.with_source_columns`, as ``ladder.csv``), so that a copied
-    ``trace_*.csv`` still says whether its times are the sim's (MODELED) or measured."""
+    (:func:`ds4lab.report.provenance.with_source_columns`, as ``ladder.csv``), so that a copied ``trace_*.csv``
+    still says whether its times are the sim's (MODELED) or measured."""
     return provenance.with_source_columns(df, meta.get("backend"), provenance.preset_name(meta),
                                           bool(meta.get("modeled")))
 
 
 def trace_json(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> dict:
-    """The trace's Chrome/Perfetto JSON (:func:`ds4lab.trace.chrome.chrome_trace`): one process per stage,
-    named by the stage and what it captures, with the trace's provenance (MODELED on the sim)."""
+    """The trace's Chrome/Perfetto JSON (:func:`ds4lab.trace.chrome.chrome_trace`): one process per stage, named by the
+    stage and what it captures, with the trace's provenance (MODELED on the sim)."""
     from ..experiments.stages import STAGES
 
     tag = "MODELED" if meta.get("modeled") else provenance.label(meta)

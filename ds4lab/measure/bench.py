@@ -1,14 +1,12 @@
 """``ds4lab bench``: the core library's two benchmarks, side by side in one run (GPU only).
 
-1. Host cost per eager launch through the launch layer (accessor + census, NVTX off and on)
-   against a bare CuPy ``RawKernel`` launch of the same kernel, and against CuPy's underlying
-   ``Function`` call with an explicit stream. Host enqueue time is measured with a host clock
-   around N launches (host work only; the GPU runs the tiny kernels faster than they arrive),
-   median over repeats; the GPU-side span of the same launches is measured with CUDA events.
-2. The 6-expert routed-MoE decode step (``xq``, ``gateup``, ``midq``, ``down``, ``sum``) at the
-   preset's dimensions: 16 different routings captured into one CUDA graph and replayed, timed
-   with CUDA events; achieved bytes per second against a measured device-to-device copy.
-"""
+1. Host cost per eager launch through the launch layer (accessor + census, NVTX off and on) against a bare CuPy
+   ``RawKernel`` launch of the same kernel, and against CuPy's underlying ``Function`` call with an explicit stream.
+   Host enqueue time is measured with a host clock around N launches (host work only; the GPU runs the tiny kernels
+   faster than they arrive), median over repeats; the GPU-side span of the same launches is measured with CUDA events.
+2. The 6-expert routed-MoE decode step (``xq``, ``gateup``, ``midq``, ``down``, ``sum``) at the preset's dimensions: 16
+   different routings captured into one CUDA graph and replayed, timed with CUDA events; achieved bytes per second
+   against a measured device-to-device copy."""
 
 from __future__ import annotations
 
@@ -163,12 +161,11 @@ SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "launch_floor_us", "t_min_us"
 
 
 def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
-    """The headline figures of a bench run (:data:`SUMMARY_KEYS`): from the per-op run (None
-    without it) the replayed token's GPU-busy µs, its bytes floor and launch-list floor, t_min,
-    the large kernels' fraction of the copy bandwidth, attention µs per layer and efficiency
-    against both floors (:mod:`ds4lab.experiments.floors`); the copy bandwidth, the routed-MoE
-    decode step's fraction of it, and host µs per launch (medians) bare, through the launcher
-    with an override stream, with NVTX on, and plain."""
+    """The headline figures of a bench run (:data:`SUMMARY_KEYS`): from the per-op run (None without it) the replayed
+    token's GPU-busy µs, its bytes floor and launch-list floor, t_min, the large kernels' fraction of the copy
+    bandwidth, attention µs per layer and efficiency against both floors (:mod:`ds4lab.experiments.floors`); the
+    copy bandwidth, the routed-MoE decode step's fraction of it, and host µs per launch (medians) bare, through the
+    launcher with an override stream, with NVTX on, and plain."""
     host = {k: v["host_us"].median for k, v in lo.items()}
     po = per_op or {}
     return {
@@ -186,9 +183,9 @@ def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
 
 
 def run_bench(be, cfg, console, *, per_op: bool = False, outputs: dict | None = None) -> dict:
-    """The benchmarks; prints tables and returns the figures (with provenance) and, at the top
-    level, :func:`summary`'s fields. ``per_op`` adds the per-site roofline of one token
-    (:func:`ds4lab.measure.perop.run_per_op`; its tables and figure into ``outputs`` when given)."""
+    """The benchmarks; prints tables and returns the figures (with provenance) and, at the top level, :func:`summary`'s
+    fields. ``per_op`` adds the per-site roofline of one token (:func:`ds4lab.measure.perop.run_per_op`; its tables
+    and figure into ``outputs`` when given)."""
     from rich.table import Table
 
     meta = provenance.base_meta(be)
@@ -235,10 +232,10 @@ def run_bench(be, cfg, console, *, per_op: bool = False, outputs: dict | None = 
 
 
 def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
-    """µs per kernel node of a replayed graph of ``n`` small kernels, three ways, one run:
-    ds4lab (launches through the launcher, captured on the accessor's stream), CuPy's own graph API
-    with a bare ``RawKernel``, and ``torch.cuda.CUDAGraph`` of ``n`` ``x.add_(1)`` (when torch is
-    importable). CUDA events around each replay; median over ``replays``."""
+    """µs per kernel node of a replayed graph of ``n`` small kernels, three ways, one run: ds4lab (launches through the
+    launcher, captured on the accessor's stream), CuPy's own graph API with a bare ``RawKernel``, and
+    ``torch.cuda.CUDAGraph`` of ``n`` ``x.add_(1)`` (when torch is importable). CUDA events around each replay;
+    median over ``replays``."""
     import cupy
 
     from ..capture.launch import Launcher

@@ -1,35 +1,32 @@
-"""The routed-MoE timing profiler (``ds4lab moe``): ds4's seven-event MoE profile (``DS4_CUDA_MOE_PROFILE``),
-which a stream capture refuses, and five ways to time the same stages (``xq``, ``sort``, ``gateup``,
-``midq``, ``down``, ``sum``, ``total``) that capture allows; how each works and how the profiler attaches
-to a model: ``docs/moe-profiler.md``.
+"""The routed-MoE timing profiler (``ds4lab moe``): ds4's seven-event MoE profile (``DS4_CUDA_MOE_PROFILE``), which a
+stream capture refuses, and five ways to time the same stages (``xq``, ``sort``, ``gateup``, ``midq``, ``down``,
+``sum``, ``total``) that capture allows; how each works and how the profiler attaches to a model:
+``docs/moe-profiler.md``.
 
-* :mod:`.profiler`: :class:`MoeProfiler` (picks the mode, attaches, classifies each call: eager, capture,
-  replay); :mod:`.modes`: one class per mode (:data:`MODES`) behind one interface;
-* :mod:`.rows`: stages, row columns (:data:`ROW_COLUMNS`), :func:`summarize`; :mod:`.ds4log`: ds4's
-  profile line, written and read (:func:`format_ds4_line`, :func:`read_ds4_log`);
-* :mod:`.workbench`: the workloads (:class:`MoeWorkbench`: tokens per step, routings), :func:`profile`;
-  :mod:`.tokens`: whole tokens (:func:`time_tokens`, :func:`token_share`, :func:`overhead_table`);
-  :mod:`.exclusion`: the profiling × capture matrix.
-"""
+* :mod:`.profiler`: :class:`MoeProfiler` (picks the mode, attaches, classifies each call: eager, capture, replay);
+  :mod:`.modes`: one class per mode (:data:`MODES`) behind one interface;
+* :mod:`.rows`: stages, row columns (:data:`ROW_COLUMNS`), :func:`summarize`; :mod:`.ds4log`: ds4's profile line,
+  written and read back (:func:`format_ds4_line`, :func:`profile_rows`);
+* :mod:`.workbench`: the workloads (:class:`MoeWorkbench`: tokens per step, routings), :func:`profile`; :mod:`.tokens`:
+  whole tokens (:func:`time_tokens`, :func:`token_share`, :func:`overhead_table`); :mod:`.exclusion`: the profiling ×
+  capture matrix."""
 
 from __future__ import annotations
 
 from ..token.model import MOE_STAGES
-from .ds4log import (DS4_LINE, DS4_LINE_RE, DS4_PREFIX, ds4_line_problem, ds4_lines, ds4lab_header, format_ds4_line,
-                     parse_ds4_line, read_ds4_log)
+from .ds4log import ds4_lines, format_ds4_line, profile_rows
 from .modes import MODES, STAGE_MODES, ProfilerCaptureError
 from .profiler import MoeProfiler
 from .rows import (KERNEL_STAGE, REGIMES, ROW_COLUMNS, STAGES, TOKENS_DEFAULT, capture_status, is_modeled, kernel_stage,
                    record_stage, summarize)
-from .tokens import NOT_MODELED, globaltimer_resolution, overhead_table, time_tokens, token_share
+from .whole_tokens import NOT_MODELED, globaltimer_resolution, overhead_table, time_tokens, token_share
 from ..trace.cupti import cupti_available
 from ..trace.live import trace_source
 from ..timing import gc_paused
 from .workbench import ROUTINGS, ZIPF_S, MoeWorkbench, iter_profile, profile
 
 __all__ = ["MOE_STAGES", "STAGES", "MODES", "STAGE_MODES", "ROUTINGS", "REGIMES", "TOKENS_DEFAULT", "ROW_COLUMNS",
-           "ZIPF_S", "KERNEL_STAGE", "DS4_LINE", "DS4_LINE_RE", "kernel_stage", "record_stage", "ProfilerCaptureError",
+           "ZIPF_S", "KERNEL_STAGE", "kernel_stage", "record_stage", "ProfilerCaptureError",
            "capture_status", "is_modeled", "cupti_available", "trace_source", "MoeProfiler", "MoeWorkbench",
-           "gc_paused", "iter_profile", "profile", "summarize", "format_ds4_line", "parse_ds4_line", "ds4_lines",
-           "ds4_line_problem", "ds4lab_header", "DS4_PREFIX",
-           "read_ds4_log", "time_tokens", "token_share", "overhead_table", "globaltimer_resolution", "NOT_MODELED"]
+           "gc_paused", "iter_profile", "profile", "summarize", "format_ds4_line", "ds4_lines", "profile_rows",
+           "time_tokens", "token_share", "overhead_table", "globaltimer_resolution", "NOT_MODELED"]

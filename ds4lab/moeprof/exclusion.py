@@ -1,27 +1,8 @@
-"""The profiling × capture exclusion matrix, computed by running every combination.
-
-Rows are the MoE profiling modes of :mod:`ds4lab.moeprof` (``host-timed`` three ways: ds4's path
-unguarded, with ds4lab's capture guard, and with the guard's fallback). Columns are the execution
-regimes of the routed-MoE call being profiled:
-
-=======================  ==========================================================================
-``eager-legacy``         eager, on the legacy default stream (ds4 today)
-``eager-nonblocking``    eager, on a non-blocking stream set through the accessor (stage 0s)
-``capture-<mode>``       the call is the one a :class:`~ds4lab.capture.cache.GraphCache` captures in
-                         ``<mode>`` (global, thread_local, relaxed) and then launches (stage 2):
-                         what the profiler does *while the stream captures*, and what it reports
-                         for that call
-``replay``               a later call, replayed from the graph captured (thread_local) with the
-                         mode's instrumentation in place
-``island``               ds4's decode islands as shipped (ds4 ``e50104f6``): the eager work on the
-                         legacy stream, the call captured as part of island 1 on a dedicated
-                         *blocking* stream in global mode, then launched there
-=======================  ==========================================================================
-
-How every cell runs, its outcomes (``breaks capture``, ``refused``, ``no data``, ``silently wrong``,
-``works``, ``unavailable``) and what the H200 measured: ``docs/moe-profiler.md``, "The profiling ×
-capture matrix".
-"""
+"""The profiling × capture exclusion matrix, computed by running every combination: rows are the MoE profiling modes
+(``host-timed`` three ways: unguarded, guarded, with the guard's fallback), columns the regimes of the routed-MoE
+call profiled (``eager-legacy``, ``eager-nonblocking``, ``capture-<mode>``, ``replay``, ``island``:
+:data:`COLUMNS`). How every cell runs, its outcomes and what the H200 measured: ``docs/moe-profiler.md``, "The
+profiling × capture matrix"."""
 
 from __future__ import annotations
 
@@ -81,8 +62,8 @@ def _layer(wb: MoeWorkbench) -> int:
 
 
 def _cache(be, column):
-    """The column's graph cache (None for an eager column): the routed-MoE cluster captured in the
-    column's mode, on the accessor's stream or (ds4's islands) on a dedicated blocking stream."""
+    """The column's graph cache (None for an eager column): the routed-MoE cluster captured in the column's mode, on
+    the accessor's stream or (ds4's islands) on a dedicated blocking stream."""
     _, cap_mode, _ = COLUMN_SPEC[column]
     if not cap_mode:
         return None
@@ -174,14 +155,12 @@ def _short(note: str, n: int = 90) -> str:
 
 def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls: int | None = None,
                 rounds: int | None = None) -> Difference:
-    """The row's mode's cost per MoE call (µs) in the column's steady state (eager calls, or replays
-    of the graph captured in the column's mode), as a paired, interleaved difference
-    (:func:`ds4lab.timing.paired_difference`): ``rounds`` rounds, each timing ``calls`` calls without
-    profiling and ``calls`` with it (the order alternating between rounds), each call bracketed by
-    CUDA events on its stream through :func:`ds4lab.timing.time_steps` and ended by a device
-    synchronize (as ds4 ends a token) and, with the mode, its read. A difference whose interval
-    includes zero is not measurable (``Difference.measurable``).
-    """
+    """The row's mode's cost per MoE call (µs) in the column's steady state (eager calls, or replays of the graph
+    captured in the column's mode), as a paired, interleaved difference (:func:`ds4lab.timing.paired_difference`):
+    ``rounds`` rounds, each timing ``calls`` calls without profiling and ``calls`` with it (the order alternating
+    between rounds), each call bracketed by CUDA events on its stream through :func:`ds4lab.timing.time_steps` and
+    ended by a device synchronize (as ds4 ends a token) and, with the mode, its read. A difference whose interval
+    includes zero is not measurable (``Difference.measurable``)."""
     be = wb.be
     mode, kw = ROW_SPEC[row]
     which, _, _ = COLUMN_SPEC[column]
@@ -239,8 +218,8 @@ def agreement(a, b, names=("cupy", "sim")):
 
 
 def expected_sim_host_timed() -> dict:
-    """What the H200 conformance record implies for ds4's host-timed profile under capture: the
-    synchronize on the captured event is refused with cudaErrorCapturedEvent and the capture is
-    invalidated (``event_sync_captured[*]``: status_in_capture = invalidated, end_capture =
-    cudaErrorStreamCaptureInvalidated), in every capture mode."""
+    """What the H200 conformance record implies for ds4's host-timed profile under capture: the synchronize on the
+    captured event is refused with cudaErrorCapturedEvent and the capture is invalidated
+    (``event_sync_captured[*]``: status_in_capture = invalidated, end_capture = cudaErrorStreamCaptureInvalidated),
+    in every capture mode."""
     return {c: ("breaks capture", "cudaErrorCapturedEvent") for c in COLUMNS if c.startswith("capture-")}

@@ -1,9 +1,8 @@
 """The profiler's vocabulary: stages, row columns, the record of one routed-MoE call, and its rows.
 
-Every profiling mode (:mod:`ds4lab.moeprof.modes`) reports tidy rows with the columns
-:data:`ROW_COLUMNS`, one per call and stage, built here (:class:`RowBuilder`); :func:`summarize`
-reduces them to median and IQR per mode, routing, token count and stage.
-"""
+Every profiling mode (:mod:`ds4lab.moeprof.modes`) reports tidy rows with the columns :data:`ROW_COLUMNS`, one per call
+and stage, built here (:class:`RowBuilder`); :func:`summarize` reduces them to median and IQR per mode, routing, token
+count and stage."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def kernel_stage(name: str) -> str | None:
 
 
 def record_stage(rec) -> str | None:
-    """The MoE stage of a device record of the trace model (:mod:`ds4lab.trace.records`): a kernel's by
-    its name, a memset's as the counts-clear ``memset``'s (:func:`kernel_stage`); None for others."""
+    """The MoE stage of a device record of the trace model (:mod:`ds4lab.trace.records`): a kernel's by its name, a
+    memset's as the counts-clear ``memset``'s (:func:`kernel_stage`); None for others."""
     if rec.kind == "kernel":
         return kernel_stage(rec.name)
     return kernel_stage("memset") if rec.kind == "memset" else None
@@ -69,11 +68,9 @@ def join_notes(a: str, b: str) -> str:
 class Probe:
     """The instrumentation of one routed-MoE call (or of the graph it was captured into).
 
-    ``mode`` is the profiling mode that placed the points and reads them back (for ``host-timed``
-    with a fallback, the in-graph or deferred mode it delegated the call to); ``points`` are what
-    the model fires at its 7 profiling points for this call (CUDA events or
-    :class:`~ds4lab.token.model.ProfileMarker` objects; empty: none).
-    """
+    ``mode`` is the profiling mode that placed the points and reads them back (for ``host-timed`` with a fallback, the
+    in-graph or deferred mode it delegated the call to); ``points`` are what the model fires at its 7 profiling points
+    for this call (CUDA events or :class:`~ds4lab.token.model.ProfileMarker` objects; empty: none)."""
 
     kind: str  # host, events, stamps, nvtx, none
     layer: int
@@ -106,8 +103,8 @@ class Call:
 
 
 class RowBuilder:
-    """Rows (:data:`ROW_COLUMNS`) of one profiler: its mode, backend, routing and ``modeled`` flag on
-    every row; ``pairs`` = tokens × ``n_used``; times in ms (NaN where nothing was timed)."""
+    """Rows (:data:`ROW_COLUMNS`) of one profiler: its mode, backend, routing and ``modeled`` flag on every row;
+    ``pairs`` = tokens × ``n_used``; times in ms (NaN where nothing was timed)."""
 
     def __init__(self, mode: str, backend: str, routing: str, modeled: bool, n_used: int) -> None:
         self.mode, self.backend, self.routing, self.modeled, self.k = mode, backend, routing, modeled, n_used
@@ -135,9 +132,8 @@ class RowBuilder:
 def summarize(df):
     """Median and IQR (ms) per mode, backend, routing, token count and stage (finite values only).
 
-    ``df``: profile rows (:data:`ROW_COLUMNS`). Returns a DataFrame with the keys and ``n``,
-    ``median_ms``, ``p25_ms``, ``p75_ms``, ``iqr_ms``, ``modeled``, stages in :data:`STAGES` order.
-    """
+    ``df``: profile rows (:data:`ROW_COLUMNS`). Returns a DataFrame with the keys and ``n``, ``median_ms``, ``p25_ms``,
+    ``p75_ms``, ``iqr_ms``, ``modeled``, stages in :data:`STAGES` order."""
     import pandas as pd
 
     keys = ["mode", "backend", "routing", "tokens", "stage"]

@@ -1,16 +1,14 @@
 """The routed-MoE workloads: a model, its inputs, routing patterns, and profiled steps.
 
-Workloads (:class:`MoeWorkbench`): 1 token (decode), 2 and 3 (multi-token-prediction verification)
-and batches (16..512); routing ``uniform`` (distinct random experts per token), ``zipf`` (skewed
-expert popularity), ``hash`` (the model's hash-routed layers, through ``model.router``) and
-``worst`` (every token to the same ``n_used`` experts). Except for ``hash``, the chosen expert ids
-and weights are written into the router's output buffers (``model.moe_buf.ids``/``wts``) on the
-device, on the current stream, after the router ran and before the routed-MoE launches, so the
-sort, the tiles and the expert load really change; the router stays outside the timed stages.
+Workloads (:class:`MoeWorkbench`): 1 token (decode), 2 and 3 (multi-token-prediction verification) and batches
+(16..512); routing ``uniform`` (distinct random experts per token), ``zipf`` (skewed expert popularity), ``hash`` (the
+model's hash-routed layers, through ``model.router``) and ``worst`` (every token to the same ``n_used`` experts).
+Except for ``hash``, the chosen expert ids and weights are written into the router's output buffers
+(``model.moe_buf.ids``/``wts``) on the device, on the current stream, after the router ran and before the routed-MoE
+launches, so the sort, the tiles and the expert load really change; the router stays outside the timed stages.
 
-:func:`iter_profile` / :func:`profile` run steps with a :class:`~ds4lab.moeprof.MoeProfiler`
-attached, eagerly or with the MoE cluster captured and replayed.
-"""
+:func:`iter_profile` / :func:`profile` run steps with a :class:`~ds4lab.moeprof.MoeProfiler` attached, eagerly or with
+the MoE cluster captured and replayed."""
 
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ class MoeWorkbench:
         seed: routing and input seed.
 
     Raises:
-        ValueError: a backend without timing (``numpy``), or an unknown ``stream``.
-    """
+        ValueError: a backend without timing (``numpy``), or an unknown ``stream``."""
 
     def __init__(self, be, cfg, *, max_tokens: int = 512, n_layers: int | None = None, stream: str = "non-blocking",
                  counts_clear: str = "async", vocab: bool = False, seed: int = 0) -> None:
@@ -89,8 +86,8 @@ class MoeWorkbench:
         return ls
 
     def pattern(self, routing: str, T: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host expert ids ``[T, k]`` (int32, distinct per token) and weights ``[T, k]`` (float32,
-        summing to 1 per token) for ``uniform``, ``zipf`` or ``worst``."""
+        """Host expert ids ``[T, k]`` (int32, distinct per token) and weights ``[T, k]`` (float32, summing to 1 per
+        token) for ``uniform``, ``zipf`` or ``worst``."""
         N, k = self.cfg.n_experts, self.cfg.n_used
         if routing == "worst":
             ids = np.broadcast_to(self.worst_experts, (T, k)).copy()
@@ -104,8 +101,8 @@ class MoeWorkbench:
         return ids.astype(np.int32), (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
 
     def prepare(self, layer: int, T: int, routing: str) -> None:
-        """Before the MoE stages: new token ids, the router (outside the timed stages), and for the
-        non-hash patterns the chosen ids and weights written over the router's outputs on the device."""
+        """Before the MoE stages: new token ids, the router (outside the timed stages), and for the non-hash patterns
+        the chosen ids and weights written over the router's outputs on the device."""
         m = self.model
         L = m.L
         with L.cluster("router"):
@@ -125,8 +122,8 @@ class MoeWorkbench:
 
     def step(self, prof: MoeProfiler | None, token: int, T: int, routing: str, layers: list[int],
              brackets: list | None = None) -> list[dict]:
-        """One step: for each layer, prepare then the MoE call. Returns the profiler's rows (read after
-        the step). ``brackets``: a list to append ``(e0, e1)`` events recorded around each MoE call."""
+        """One step: for each layer, prepare then the MoE call. Returns the profiler's rows (read after the step).
+        ``brackets``: a list to append ``(e0, e1)`` events recorded around each MoE call."""
         be = self.be
         if prof is not None:
             prof.begin_step(token)
@@ -154,8 +151,8 @@ class MoeWorkbench:
 
     # ------------------------------------------------------------------ routing check
     def expert_load(self, layer: int, T: int, routing: str) -> dict:
-        """Run one eager MoE call with ``routing`` and report the work it routed: experts hit, the
-        largest expert load, the tiles built (T > 1) and the pairs. Synchronizes (not for timing)."""
+        """Run one eager MoE call with ``routing`` and report the work it routed: experts hit, the largest expert load,
+        the tiles built (T > 1) and the pairs. Synchronizes (not for timing)."""
         m, be = self.model, self.be
         with self.session():
             self.prepare(layer, T, routing)
@@ -183,17 +180,14 @@ def iter_profile(wb: MoeWorkbench, mode: str, tokens: int, routing: str, steps: 
                  raw: bool = False) -> Iterator[list[dict]]:
     """Profile ``steps`` steps of ``tokens`` tokens with ``routing``; yields each step's rows.
 
-    ``regime``: ``eager``, ``replayed`` (the MoE cluster captured once per layer and token count,
-    then replayed), or ``auto`` (replayed for graph-boundary and in-graph, else eager). ``warmup``
-    steps run first and are not reported (default: 1 eager, 2 replayed: warm-up and capture). The
-    other options go to :class:`~ds4lab.moeprof.MoeProfiler`. Rows: :data:`ROW_COLUMNS`, ``ms`` in
-    milliseconds. Afterwards ``wb.last_profiler`` and ``wb.last_cache`` hold the profiler and the
-    graph cache (None eagerly).
+    ``regime``: ``eager``, ``replayed`` (the MoE cluster captured once per layer and token count, then replayed), or
+    ``auto`` (replayed for graph-boundary and in-graph, else eager). ``warmup`` steps run first and are not reported
+    (default: 1 eager, 2 replayed: warm-up and capture). The other options go to :class:`~ds4lab.moeprof.MoeProfiler`.
+    Rows: :data:`ROW_COLUMNS`, ``ms`` in milliseconds. Afterwards ``wb.last_profiler`` and ``wb.last_cache`` hold the
+    profiler and the graph cache (None eagerly).
 
     Raises:
-        ValueError: an unknown regime, routing or mode, ``tokens`` outside ``1..max_tokens``, a bad
-            fallback.
-    """
+        ValueError: an unknown regime, routing or mode, ``tokens`` outside ``1..max_tokens``, a bad fallback."""
     if regime == "auto":
         regime = auto_regime(mode)
     if regime not in REGIMES:

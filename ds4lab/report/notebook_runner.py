@@ -13,9 +13,8 @@ on to the kernel's process group (so a job running in a cell records ``interrupt
 their signal. The committed notebooks stay without outputs; executed copies go to the output folder,
 never back into ``notebooks/``.
 
-The notebooks' sources are jupytext percent-format ``.py`` files paired with the ``.ipynb`` files this
-module runs (``docs/architecture.md``, "A notebook").
-"""
+The notebooks' sources are jupytext percent-format ``.py`` files paired with the ``.ipynb`` files this module runs
+(``docs/architecture.md``, "A notebook")."""
 
 from __future__ import annotations
 
@@ -43,17 +42,15 @@ _STOPS = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), geta
 
 
 class NotebookError(BadInput):
-    """A notebook, a parameter name or a parameter value that cannot be used (the message names it;
-    exit status 2, nothing run)."""
+    """A notebook, a parameter name or a parameter value that cannot be used (the message names it; exit status 2,
+    nothing run)."""
 
 
 def parse_assignments(items) -> dict:
-    """``["PRESET=small", "TOKENS=8"]`` → ``{"PRESET": "small", "TOKENS": "8"}`` (text, typed later
-    by :func:`coerce` against each notebook's own default).
+    """``["PRESET=small", "TOKENS=8"]`` → ``{"PRESET": "small", "TOKENS": "8"}`` (text, typed later by :func:`coerce`
+    against each notebook's own default).
 
-    Raises :class:`NotebookError` naming an item without ``=`` or with a name that is not an
-    identifier.
-    """
+    Raises :class:`NotebookError` naming an item without ``=`` or with a name that is not an identifier."""
     out = {}
     for item in items:
         name, eq, value = item.partition("=")
@@ -70,10 +67,9 @@ _NOT_A_LITERAL = object()
 def coerce(name: str, text: str, default):
     """The command line's ``text`` for parameter ``name``, typed like the notebook's default.
 
-    A string default takes the text as it is (``STAGES=0,1,3`` stays ``"0,1,3"``); a ``None``
-    default takes a literal if the text is one (``None``, ``8``), else the text; a bool takes
-    true/false/1/0; numbers and lists take a Python literal of a matching type.
-    Raises :class:`NotebookError` naming the parameter, the text and the type expected.
+    A string default takes the text as it is (``STAGES=0,1,3`` stays ``"0,1,3"``); a ``None`` default takes a literal
+    if the text is one (``None``, ``8``), else the text; a bool takes true/false/1/0; numbers and lists take a Python
+    literal of a matching type. Raises :class:`NotebookError` naming the parameter, the text and the type expected.
     """
     def literal():
         try:
@@ -114,8 +110,8 @@ def _papermill():
 
 
 def read_notebook(path: Path):
-    """The notebook at ``path`` (nbformat, version 4). Raises :class:`NotebookError` naming the file
-    when it is missing or not a notebook."""
+    """The notebook at ``path`` (nbformat, version 4). Raises :class:`NotebookError` naming the file when it is missing
+    or not a notebook."""
     _, nbformat = _papermill()
     try:
         return nbformat.read(Path(path), as_version=4)
@@ -126,12 +122,10 @@ def read_notebook(path: Path):
 
 def parameters(path: Path) -> dict:
     """The parameters of the notebook at ``path``, as papermill reads its cell tagged ``parameters``
-    (``papermill.inspect_notebook``): name → ``{"default": value, "help": the line's comment}``, in
-    order. A default that is not a plain Python literal is an opaque marker (:func:`coerce` then takes
-    any literal or text).
+    (``papermill.inspect_notebook``): name → ``{"default": value, "help": the line's comment}``, in order. A default
+    that is not a plain Python literal is an opaque marker (:func:`coerce` then takes any literal or text).
 
-    Raises :class:`NotebookError` naming the file: not a notebook, or not exactly one parameters cell.
-    """
+    Raises :class:`NotebookError` naming the file: not a notebook, or not exactly one parameters cell."""
     papermill, _ = _papermill()
     nb = read_notebook(path)
     cells = [c for c in nb.cells if c.cell_type == "code" and PARAMETERS_TAG in c.metadata.get("tags", [])]
@@ -163,9 +157,9 @@ def parameter_names(path: Path) -> list[str]:
 
 @dataclass
 class NotebookRun:
-    """The outcome of one notebook: ``ok``, the executed copy, wall seconds (host clock, the
-    kernel's start included), and for a failure the cell that failed and its error. Cell numbers
-    count the notebook's own code cells from 1 (papermill's injected parameters cell not counted)."""
+    """The outcome of one notebook: ``ok``, the executed copy, wall seconds (host clock, the kernel's start included),
+    and for a failure the cell that failed and its error. Cell numbers count the notebook's own code cells from 1
+    (papermill's injected parameters cell not counted)."""
 
     name: str
     executed: Path
@@ -196,9 +190,9 @@ def _own_code_cells(nb) -> list:
 
 
 def _engine():
-    """papermill's nbclient engine, registered as ``ds4lab``, with two additions: the kernel starts
-    with the environment and stderr given (``kernel_env``, ``kernel_stderr``), and ``on_client`` is
-    told the client before it starts the kernel (so a stop signal can reach the kernel)."""
+    """papermill's nbclient engine, registered as ``ds4lab``, with two additions: the kernel starts with the
+    environment and stderr given (``kernel_env``, ``kernel_stderr``), and ``on_client`` is told the client before it
+    starts the kernel (so a stop signal can reach the kernel)."""
     from papermill.clientwrap import PapermillNotebookClient
     from papermill.engines import NBClientEngine, papermill_engines
 
@@ -222,9 +216,9 @@ def _engine():
 
 
 class _Stops:
-    """While a notebook runs (in a worker thread): SIGINT, SIGTERM and SIGHUP recorded here (first
-    one wins) instead of raising, and passed on to the kernel's process group once it has started;
-    a kernel that has not stopped :data:`STOP_GRACE_S` later (or at a second signal) is killed."""
+    """While a notebook runs (in a worker thread): SIGINT, SIGTERM and SIGHUP recorded here (first one wins) instead of
+    raising, and passed on to the kernel's process group once it has started; a kernel that has not stopped
+    :data:`STOP_GRACE_S` later (or at a second signal) is killed."""
 
     def __init__(self, grace: float) -> None:
         self.grace = grace
@@ -282,28 +276,25 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
                  on_cell: Callable[[int, int], None] | None = None, stop_grace: float = STOP_GRACE_S) -> NotebookRun:
     """Execute one notebook top to bottom (papermill) with ``values`` injected after its parameters cell.
 
-    ``out_dir``, when given, becomes the notebook's ``OUT`` parameter (as an absolute path).
-    ``final_dir``: where ``out_dir`` will be once the folder holding it is swapped in (``ds4lab
-    notebooks`` runs every notebook inside its staging folder); the kernel gets it in its
-    environment (:func:`ds4lab.report.results.staged_env`), so the jobs' lines that say where their
-    results are name it, not ``out_dir``, and the executed copy's ``OUT`` is set to it afterwards.
-    The kernel also gets ``DS4LAB_HEADLESS=1`` (:data:`ds4lab.report.widgets.HEADLESS_ENV`: a widget
-    nobody would see is drawn once with the parameter's value). The executed notebook,
-    outputs included, is written to ``executed`` whether it succeeds or not (a failure keeps every
-    output computed before it; papermill marks the failing cell). ``timeout`` is seconds per cell.
-    ``on_cell(index, count)`` is called before each of the notebook's code cells runs (progress). A
-    cell that runs past ``timeout`` is reported as that cell (``failed_cell`` and ``timed_out_cell``,
-    ``error``: "timed out after T s"), the kernel shut down, the cells before it kept. The kernel's own
-    stderr (its start-up warnings, what it prints when it is shut down mid-cell) goes to
-    ``<executed>.kernel.log`` beside the executed copy, never to the console.
+    ``out_dir``, when given, becomes the notebook's ``OUT`` parameter (as an absolute path). ``final_dir``: where
+    ``out_dir`` will be once the folder holding it is swapped in (``ds4lab notebooks`` runs every notebook inside its
+    staging folder); the kernel gets it in its environment (:func:`ds4lab.report.results.staged_env`), so the jobs'
+    lines that say where their results are name it, not ``out_dir``, and the executed copy's ``OUT`` is set to it
+    afterwards. The kernel also gets ``DS4LAB_HEADLESS=1`` (:data:`ds4lab.report.widgets.HEADLESS_ENV`: a widget nobody
+    would see is drawn once with the parameter's value). The executed notebook, outputs included, is written to
+    ``executed`` whether it succeeds or not (a failure keeps every output computed before it; papermill marks the
+    failing cell). ``timeout`` is seconds per cell. ``on_cell(index, count)`` is called before each of the notebook's
+    code cells runs (progress). A cell that runs past ``timeout`` is reported as that cell (``failed_cell`` and
+    ``timed_out_cell``, ``error``: "timed out after T s"), the kernel shut down, the cells before it kept. The kernel's
+    own stderr (its start-up warnings, what it prints when it is shut down mid-cell) goes to ``<executed>.kernel.log``
+    beside the executed copy, never to the console.
 
-    Ctrl-C, SIGTERM and SIGHUP (in the main thread) are passed on to the kernel's process group and
-    the run returns ``interrupted`` with ``signum`` (None for Ctrl-C); a kernel still running
-    ``stop_grace`` seconds later is killed. The caller decides what an interruption stops.
+    Ctrl-C, SIGTERM and SIGHUP (in the main thread) are passed on to the kernel's process group and the run returns
+    ``interrupted`` with ``signum`` (None for Ctrl-C); a kernel still running ``stop_grace`` seconds later is killed.
+    The caller decides what an interruption stops.
 
-    Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does
-    not have, or missing papermill/ipykernel; a failing cell is reported in the result, not raised.
-    """
+    Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does not have, or missing
+    papermill/ipykernel; a failing cell is reported in the result, not raised."""
     papermill, _ = _papermill()
 
     path = Path(path)
@@ -370,9 +361,8 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
 
 
 def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_name: str, started_at: str) -> None:
-    """Write the executed copy ``nb``: its parameters as the run had them, ``OUT`` (and where the copy
-    itself will be) named as they are once the folder holding them is swapped in, no longer paired with
-    the notebook's source."""
+    """Write the executed copy ``nb``: its parameters as the run had them, ``OUT`` (and where the copy itself will be)
+    named as they are once the folder holding them is swapped in, no longer paired with the notebook's source."""
     _, nbformat = _papermill()
     from papermill.parameterize import parameterize_notebook
 
@@ -391,9 +381,9 @@ def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_nam
 
 
 def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, dict]:
-    """``(parameter values, kernel environment)`` of :func:`run_notebook`: ``OUT`` from ``out_dir`` and,
-    with ``final_dir``, the staged folder's environment; raises :class:`NotebookError` for a value the
-    notebook has no parameter for."""
+    """``(parameter values, kernel environment)`` of :func:`run_notebook`: ``OUT`` from ``out_dir`` and, with
+    ``final_dir``, the staged folder's environment; raises :class:`NotebookError` for a value the notebook has no
+    parameter for."""
     names = parameter_names(path)
     values = dict(values)
     env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's
@@ -412,8 +402,8 @@ def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, 
 
 
 def _failure(exc, signum, current, nb, timeout: int) -> tuple:
-    """``(failed cell, error, timed-out cell)`` of a run that ended with ``exc`` (None: ran through) or a
-    stop signal ``signum``; ``current``: the code cell running last (1-based), ``nb`` the executed copy."""
+    """``(failed cell, error, timed-out cell)`` of a run that ended with ``exc`` (None: ran through) or a stop signal
+    ``signum``; ``current``: the code cell running last (1-based), ``nb`` the executed copy."""
     from nbclient.exceptions import CellTimeoutError
     from papermill.exceptions import PapermillExecutionError
 
@@ -434,13 +424,11 @@ def _failure(exc, signum, current, nb, timeout: int) -> tuple:
 
 
 def find_notebooks(names, folder: Path) -> list[Path]:
-    """Notebooks by name (``00_quickstart``, ``00_quickstart.ipynb``, its source ``00_quickstart.py``, a
-    path, or a unique prefix such as ``01``); all of ``folder``'s notebooks when ``names`` is empty.
-    A ``.py`` source names the ``.ipynb`` paired with it (the one that runs).
+    """Notebooks by name (``00_quickstart``, ``00_quickstart.ipynb``, its source ``00_quickstart.py``, a path, or a
+    unique prefix such as ``01``); all of ``folder``'s notebooks when ``names`` is empty. A ``.py`` source names the
+    ``.ipynb`` paired with it (the one that runs).
 
-    Raises :class:`NotebookError` naming a notebook that is not there or a prefix that matches
-    several.
-    """
+    Raises :class:`NotebookError` naming a notebook that is not there or a prefix that matches several."""
     folder = Path(folder)
     available = sorted(folder.glob("*.ipynb"))
     if not names:
@@ -473,8 +461,8 @@ def default_folder() -> Path:
 
 
 def check_value(name: str, value) -> None:
-    """Refuse, before any kernel starts, a parameter value the notebooks' code would refuse later
-    (the names are the workbench notebooks' own). Raises :class:`NotebookError` naming the value."""
+    """Refuse, before any kernel starts, a parameter value the notebooks' code would refuse later (the names are the
+    workbench notebooks' own). Raises :class:`NotebookError` naming the value."""
     from ..token.config import PRESETS
 
     def bad(why: str):
@@ -514,6 +502,9 @@ def check_value(name: str, value) -> None:
         parts = [p.strip() for p in str(value).split(",")]
         if parts != ["all"] and not all(p in known for p in parts):
             bad(f"comma-separated names from {', '.join(known)}, or all")
+    elif name == "C_HOST_US":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1000:
+            bad("µs per launch from C, a number above 0 (3.0–3.3 on the H200)")
     elif name.startswith("SWEEP_"):
         whole = name in ("SWEEP_LAYERS", "SWEEP_TOKENS")
         if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0

@@ -1,10 +1,9 @@
-"""The tables and figures a notebook shows from a job's result folder, drawn by the same
-:mod:`ds4lab.report.plots` functions the job drew its saved files with: figure objects (Jupyter shows
-them inline, a reader can restyle them), not the job's PNG files read back.
+"""The tables and figures a notebook shows from a job's result folder, drawn by the same :mod:`ds4lab.report.plots`
+functions the job drew its saved files with: figure objects (Jupyter shows them inline, a reader can restyle them),
+not the job's PNG files read back.
 
 Every function takes a result folder as a job leaves it (``meta.json`` and its CSV files) and raises
-:class:`ValueError` naming the folder when it does not hold that job's results.
-"""
+:class:`ValueError` naming the folder when it does not hold that job's results."""
 
 from __future__ import annotations
 
@@ -33,15 +32,13 @@ def _csv(folder: Path, name: str, **kw):
 
 
 def figures(folder: Path) -> dict:
-    """``{name: matplotlib Figure}`` of the job whose results ``folder`` holds, named as the job names
-    their saved files (``ladder``, ``context``; ``moe-stages``, ``moe-distribution``, ``moe-share`` where
-    ``share.csv`` is there; ``exclusion``), drawn from its CSV files and ``meta.json`` (so titles carry
-    the same provenance, or MODELED), each out of pyplot's figure manager (:func:`~ds4lab.report.plots.detach`:
-    a cell shows it once).
+    """``{name: matplotlib Figure}`` of the job whose results ``folder`` holds, named as the job names their saved
+    files (``ladder``, ``context``; ``moe-stages``, ``moe-distribution``, ``moe-share`` where ``share.csv`` is
+    there; ``exclusion``), drawn from its CSV files and ``meta.json`` (so titles carry the same provenance, or
+    MODELED), each out of pyplot's figure manager (:func:`~ds4lab.report.plots.detach`: a cell shows it once).
 
     Raises:
-        ValueError: no ``meta.json``, a job without figures here, or a CSV file missing.
-    """
+        ValueError: no ``meta.json``, a job without figures here, or a CSV file missing."""
     from . import plots
 
     return {name: plots.detach(fig) for name, fig in _figures(Path(folder)).items()}
@@ -68,9 +65,9 @@ def _figures(folder: Path) -> dict:
 
 
 def moe_stage_table(folder: Path):
-    """Median µs per routed-MoE call by stage (columns: ds4's stages in order, then ``total``) for each
-    ``(tokens, routing)`` (rows), from a ``ds4lab moe`` folder's ``moe.csv``; with more than one profiling
-    mode in the folder, ``mode`` leads the row index. Raises ValueError as :func:`figures` does."""
+    """Median µs per routed-MoE call by stage (columns: ds4's stages in order, then ``total``) for each ``(tokens,
+    routing)`` (rows), from a ``ds4lab moe`` folder's ``moe.csv``; with more than one profiling mode in the folder,
+    ``mode`` leads the row index. Raises ValueError as :func:`figures` does."""
     from ..token.model import MOE_STAGES
 
     _meta(folder, ("moe",))
@@ -83,11 +80,11 @@ def moe_stage_table(folder: Path):
 
 
 def context_graphs(folder: Path):
-    """How many graphs each stage of a ``ds4lab context`` folder captured by each context (``graphs,
-    stage S``: counted, cumulative over the contexts in order; stages in the run's order), with stage 3c's
-    µs per token over stage 3's where both ran (``stage 3c µs × stage 3``: what deciding on the device
-    costs, measured or MODELED as the folder's times are) and stage 3's recaptures and retirements where
-    it ran. Rows: the contexts. Raises ValueError as :func:`figures` does."""
+    """How many graphs each stage of a ``ds4lab context`` folder captured by each context (``graphs, stage S``:
+    counted, cumulative over the contexts in order; stages in the run's order), with stage 3c's µs per token over
+    stage 3's where both ran (``stage 3c µs × stage 3``: what deciding on the device costs, measured or MODELED as
+    the folder's times are) and stage 3's recaptures and retirements where it ran. Rows: the contexts. Raises
+    ValueError as :func:`figures` does."""
     _meta(folder, ("context",))
     df = _csv(folder, "context.csv", dtype={"stage": str})
     stages = list(dict.fromkeys(df["stage"]))
@@ -102,4 +99,21 @@ def context_graphs(folder: Path):
     return g
 
 
-__all__ = ["context_graphs", "figures", "moe_stage_table"]
+def capture_stages(folder: Path):
+    """A ``ds4lab context`` folder that ran stage 3 beside others (3cc, 3p, ...), each row with its µs per token over
+    stage 3's at its context (``x_stage_3``) and its gain over stage 3 as a sentence (``gain over 3``: paired per
+    token with its 95 % interval, "not measurable" when that includes zero). Raises ValueError as :func:`figures`
+    does, or naming the folder when it holds no stage 3."""
+    _meta(folder, ("context",))
+    cs = _csv(folder, "context.csv", dtype={"stage": str})
+    if "3" not in set(cs.stage):
+        raise ValueError(f"{folder}: no stage 3 in its context.csv to compare with")
+    s3 = cs[cs.stage == "3"].set_index("context").us_median
+    cs["x_stage_3"] = cs.us_median / cs.context.map(s3)
+    cs["gain over 3"] = [("—" if r.stage == "3" else f"{r.gain_us:+.0f} µs ({r.gain_lo:.0f}…{r.gain_hi:.0f})"
+                          if r.gain_measurable else f"not measurable (±{(r.gain_hi - r.gain_lo) / 2:.0f} µs)")
+                         for r in cs.itertuples()]
+    return cs
+
+
+__all__ = ["capture_stages", "context_graphs", "figures", "moe_stage_table"]

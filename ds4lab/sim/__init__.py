@@ -1,9 +1,8 @@
 """The ``sim`` backend: the decode token on a modeled GPU (CUDA stream/capture rules, modeled time).
 
-``SimBackend`` computes numbers with the NumPy reference (or none, ``timing_only=True``), applies
-CUDA's stream, event, stream-capture and graph rules (:data:`RULES`), and models time from a
-calibration file. Nothing it reports is measured.
-"""
+``SimBackend`` computes numbers with the NumPy reference (or none, ``timing_only=True``), applies CUDA's stream, event,
+stream-capture and graph rules (:data:`RULES`), and models time from a calibration file. Nothing it reports is
+measured."""
 
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
 """The ``sim`` backend: the decode token on a modeled GPU, on the CPU.
 
-Numbers come from the NumPy reference, exactly as the ``numpy`` backend computes them (a launch's
-``ref`` callback into NumPy buffers), so a token on ``sim`` is bit-identical to one on ``numpy``.
-*When* work runs follows CUDA's rules for streams, events, stream capture and graphs
-(:mod:`ds4lab.sim.runtime`, rules in :data:`ds4lab.sim.runtime.RULES`), and *how long* it takes is
-modeled from a calibration file (:mod:`ds4lab.sim.costmodel`). Every time this backend reports is
-a model, never a measurement: ``measures_time`` is False, ``models_time`` is True.
+Numbers come from the NumPy reference, exactly as the ``numpy`` backend computes them (a launch's ``ref`` callback into
+NumPy buffers), so a token on ``sim`` is bit-identical to one on ``numpy``. *When* work runs follows CUDA's rules for
+streams, events, stream capture and graphs (:mod:`ds4lab.sim.runtime`, rules in :data:`ds4lab.sim.runtime.RULES`), and
+*how long* it takes is modeled from a calibration file (:mod:`ds4lab.sim.costmodel`). Every time this backend reports
+is a model, never a measurement: ``measures_time`` is False, ``models_time`` is True.
 
-Device memory lives in an arena (:mod:`ds4lab.sim.memory`), so a buffer that is freed and
-re-allocated with the same size gets the same memory, and a replayed graph that still points at the
-freed buffer writes into its new owner, as on a GPU. In ``timing_only`` mode nothing is computed:
-buffers and weights are phantom arrays (right shape, dtype and ``nbytes``, no memory), so the full
-``ds4-flash`` token runs in well under a second of Python; only tiny int32 buffers (the token's scalars,
-:data:`SMALL_REAL_INTS`) stay real and take their host copies, so that the kernels that set conditional
-nodes from the position (stage ``3cc``) send a modeled replay down the branch the position asks for.
-"""
+Device memory lives in an arena (:mod:`ds4lab.sim.memory`), so a buffer that is freed and re-allocated with the same
+size gets the same memory, and a replayed graph that still points at the freed buffer writes into its new owner, as on
+a GPU. In ``timing_only`` mode nothing is computed: buffers and weights are phantom arrays (right shape, dtype and
+``nbytes``, no memory), so the full ``ds4-flash`` token runs in well under a second of Python; only tiny int32 buffers
+(the token's scalars, :data:`SMALL_REAL_INTS`) stay real and take their host copies, so that the kernels that set
+conditional nodes from the position (stage ``3cc``) send a modeled replay down the branch the position asks for."""
 
 from __future__ import annotations
 
@@ -85,20 +82,18 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
     Args:
         seed: weight seed (as the other backends).
         timing_only: compute no numbers (phantom buffers); only the timing and the rules run.
-        calibration: a calibration JSON path or dict; default: ``$DS4LAB_CALIBRATION`` when set, else
-            the shipped ``ds4lab/data/h200.json``.
-        threads_enabled: tell host threads apart (capture modes, per-thread streams). False: all
-            callers count as one thread.
-        invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default)
-            or ``"raise"`` (``cudaErrorStreamCaptureInvalidated``, as the Programming Guide says).
+        calibration: a calibration JSON path or dict; default: ``$DS4LAB_CALIBRATION`` when set, else the shipped
+            ``ds4lab/data/h200.json``.
+        threads_enabled: tell host threads apart (capture modes, per-thread streams). False: all callers count as one
+            thread.
+        invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default) or ``"raise"``
+            (``cudaErrorStreamCaptureInvalidated``, as the Programming Guide says).
 
-    Beyond :class:`~ds4lab.executor.base.Backend`: :meth:`per_thread_stream`,
-    :meth:`exchange_capture_mode`, :meth:`capture_info`, :meth:`address`, :attr:`host_time_us`,
-    :attr:`timeline`, :meth:`stream_ready_us`, :meth:`reset_clock`, :attr:`escapes`,
-    :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`, :meth:`is_pinned`; the
-    host-side calls (copies to and from host memory, pinned memory, host queries, cuBLAS handles)
-    come from :class:`~ds4lab.sim.host_api.HostApiMixin`.
-    """
+    Beyond :class:`~ds4lab.executor.base.Backend`: :meth:`per_thread_stream`, :meth:`exchange_capture_mode`,
+    :meth:`capture_info`, :meth:`address`, :attr:`host_time_us`, :attr:`timeline`, :meth:`stream_ready_us`,
+    :meth:`reset_clock`, :attr:`escapes`, :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`,
+    :meth:`is_pinned`; the host-side calls (copies to and from host memory, pinned memory, host queries, cuBLAS
+    handles) come from :class:`~ds4lab.sim.host_api.HostApiMixin`."""
 
     name = "sim"
     is_gpu = False
@@ -126,9 +121,9 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
 
     # ------------------------------------------------------------------ memory
     def _alloc(self, shape, dtype, owner: str, *, pool: bool, call: str) -> np.ndarray:
-        """One device allocation. ``pool``: a memory-pool allocation (CuPy's ``empty``): served from a
-        freed block of the same size without a ``cudaMalloc``, else the pool grows (``cudaMalloc``,
-        an unsafe call during capture). Not ``pool``: a ``cudaMalloc`` every time."""
+        """One device allocation. ``pool``: a memory-pool allocation (CuPy's ``empty``): served from a freed block of
+        the same size without a ``cudaMalloc``, else the pool grows (``cudaMalloc``, an unsafe call during capture).
+        Not ``pool``: a ``cudaMalloc`` every time."""
         dt = np.dtype(dtype)
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -196,8 +191,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
             raise CudaError("cudaErrorInvalidValue", call, str(e)) from None
 
     def malloc_async(self, stream, shape, dtype):
-        """``cudaMallocAsync``: eager, a stream-ordered allocation; captured, a ``mem_alloc`` node whose
-        memory stays reserved for the graph."""
+        """``cudaMallocAsync``: eager, a stream-ordered allocation; captured, a ``mem_alloc`` node whose memory stays
+        reserved for the graph."""
         dt = np.dtype(dtype)
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         with self.rt.lock:
@@ -214,8 +209,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
             return buf
 
     def free_async(self, stream, buf) -> None:
-        """``cudaFreeAsync``: eager, frees now; captured, a ``mem_free`` node (memory allocated by the same
-        graph stays the graph's; other memory is freed at the first replay)."""
+        """``cudaFreeAsync``: eager, frees now; captured, a ``mem_free`` node (memory allocated by the same graph stays
+        the graph's; other memory is freed at the first replay)."""
         with self.rt.lock:
             if self.timing_only:
                 self.rt.host_op(stream, "mem_free", "cudaFreeAsync", None, "cudaFreeAsync")
@@ -242,9 +237,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
     def read(self, buf) -> np.ndarray:
         """A synchronous device-to-host copy on the accessor's current stream (``cupy.asnumpy``).
 
-        Refused by CuPy (``cupy:D2HDisallowed``) while that stream captures (rule ``d2h_in_capture``).
-        In timing-only mode returns NaN (float32 NaN for non-float buffers): no numbers exist.
-        """
+        Refused by CuPy (``cupy:D2HDisallowed``) while that stream captures (rule ``d2h_in_capture``). In timing-only
+        mode returns NaN (float32 NaN for non-float buffers): no numbers exist."""
         call = "cudaMemcpy (device to host)"
         rt = self.rt
         with rt.lock:
@@ -317,8 +311,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
                         self.cal.host_api_us, (buf, value))
 
     def copy_h2d(self, stream, dst, src):
-        """``cudaMemcpyAsync`` host to device. Captured, the node keeps the host array by reference
-        (a pointer): a replay copies what that host memory holds *then*."""
+        """``cudaMemcpyAsync`` host to device. Captured, the node keeps the host array by reference (a pointer): a
+        replay copies what that host memory holds *then*."""
         src = np.ascontiguousarray(src)
         if src.nbytes != dst.nbytes:
             raise ValueError(f"copy_h2d: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
@@ -412,8 +406,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
             self.rt.dev.host(us)
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` with a :class:`~ds4lab.capture.launch.LaunchRecord`
-        (see :meth:`Graphs.exec_kernel_node_set_params`)."""
+        """``cudaGraphExecKernelNodeSetParams`` with a :class:`~ds4lab.capture.launch.LaunchRecord` (see
+        :meth:`Graphs.exec_kernel_node_set_params`)."""
         nbytes = launch.nbytes or sum(a.nbytes for a in launch.args if isinstance(a, np.ndarray))
         self.rt.graphs.exec_kernel_node_set_params(
             graph_exec, int(index), launch.kernel, self.cal.kernel_us(launch.kernel, nbytes),
@@ -456,11 +450,11 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         return self.cal.kernel_us(kernel, nbytes) * self.rt.dev.kernel_factor
 
     def model_context(self, context: int | None) -> float:
-        """Price every kernel the device runs from now on (eager launches and graph nodes, whenever
-        captured) at the calibration's kernel time factor at ``context`` (a decode position; None: at
-        ``kernel_time_scale``): :meth:`ds4lab.sim.costmodel.Device.set_context`, the factor
-        :meth:`ds4lab.sim.costmodel.Calibration.scale_at` gives. Returns that factor (dimensionless).
-        Raises ValueError for a context that is not positive."""
+        """Price every kernel the device runs from now on (eager launches and graph nodes, whenever captured) at the
+        calibration's kernel time factor at ``context`` (a decode position; None: at ``kernel_time_scale``):
+        :meth:`ds4lab.sim.costmodel.Device.set_context`, the factor
+        :meth:`ds4lab.sim.costmodel.Calibration.scale_at` gives. Returns that factor (dimensionless). Raises
+        ValueError for a context that is not positive."""
         return self.rt.dev.set_context(context)
 
     def modeled_copy_GBps(self) -> tuple[float, str]:

@@ -1,19 +1,16 @@
 """Calibration files: one JSON Schema, checked field by field, and what identifies a file.
 
-A calibration holds the sim cost model's constants (:mod:`ds4lab.sim.costmodel`). Every file,
-shipped or pointed at with ``$DS4LAB_CALIBRATION``, is validated against :data:`SCHEMA` with
-``jsonschema`` before any number is used: every field's type, every number finite and in a
-physical range, every key known. A file that fails raises :class:`~ds4lab.errors.CalibrationError`
-(a ``ValueError``; the command line exits with status 2) naming the file and each bad key path
-(``kernels.moe_sum.fixed_us``), so a ``NaN`` or a string never reaches the cost model, a ladder or
-a figure.
+A calibration holds the sim cost model's constants (:mod:`ds4lab.sim.costmodel`). Every file, shipped or pointed at
+with ``$DS4LAB_CALIBRATION``, is validated against :data:`SCHEMA` with ``jsonschema`` before any number is used: every
+field's type, every number finite and in a physical range, every key known. A file that fails raises
+:class:`~ds4lab.errors.CalibrationError` (a ``ValueError``; the command line exits with status 2) naming the file and
+each bad key path (``kernels.moe_sum.fixed_us``), so a ``NaN`` or a string never reaches the cost model, a ladder or a
+figure.
 
-:func:`calibration_info` gives what a result records about the calibration it used: name,
-path, SHA-256 of the bytes, and whether it is a file shipped with ds4lab (figure titles name the
-path and hash otherwise, so an edited copy never passes for the shipped H200 file).
-:func:`default_calibration_path` says which file is used when none is named (``$DS4LAB_CALIBRATION``,
-else the shipped measured file).
-"""
+:func:`calibration_info` gives what a result records about the calibration it used: name, path, SHA-256 of the bytes,
+and whether it is a file shipped with ds4lab (figure titles name the path and hash otherwise, so an edited copy never
+passes for the shipped H200 file). :func:`default_calibration_path` says which file is used when none is named
+(``$DS4LAB_CALIBRATION``, else the shipped measured file)."""
 
 from __future__ import annotations
 
@@ -165,10 +162,8 @@ def validate(d: Any, path: str = "<dict>") -> dict:
         ``d`` itself when valid.
 
     Raises:
-        CalibrationError: naming ``path`` and every ``(key path, problem)``: a wrong type
-            (``"fast" is not of type 'number'``), a number that is not finite or out of range, a
-            missing required key, an unknown key.
-    """
+        CalibrationError: naming ``path`` and every ``(key path, problem)``: a wrong type (``"fast" is not of type
+            'number'``), a number that is not finite or out of range, a missing required key, an unknown key."""
     problems = _problems(d)
     if problems:
         raise CalibrationError(path, problems)
@@ -176,9 +171,9 @@ def validate(d: Any, path: str = "<dict>") -> dict:
 
 
 def read(path: str | Path) -> dict:
-    """Read and validate a calibration file; raises :class:`CalibrationError` naming the file for
-    a missing or unreadable file, a file that is not UTF-8 text (a binary file: the offset of the
-    first byte that is not), bad JSON (with line and column) or any schema problem."""
+    """Read and validate a calibration file; raises :class:`CalibrationError` naming the file for a missing or
+    unreadable file, a file that is not UTF-8 text (a binary file: the offset of the first byte that is not), bad
+    JSON (with line and column) or any schema problem."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -206,8 +201,8 @@ CALIBRATION_ENV = "DS4LAB_CALIBRATION"
 
 
 def default_calibration_path() -> Path:
-    """``$DS4LAB_CALIBRATION`` when set, else the shipped ``ds4lab/data/h200.json`` (measured).
-    Raises CalibrationError naming a ``$DS4LAB_CALIBRATION`` that is not a file."""
+    """``$DS4LAB_CALIBRATION`` when set, else the shipped ``ds4lab/data/h200.json`` (measured). Raises CalibrationError
+    naming a ``$DS4LAB_CALIBRATION`` that is not a file."""
     env = os.environ.get(CALIBRATION_ENV)
     if env:
         if Path(env).is_dir():
@@ -224,8 +219,8 @@ MANIFEST = DATA_DIR / "SHA256SUMS"
 
 
 def shipped_hashes() -> dict[str, str]:
-    """``{file name: SHA-256}`` of the shipped calibration files, from :data:`MANIFEST` (empty
-    when the manifest is missing: then nothing counts as shipped)."""
+    """``{file name: SHA-256}`` of the shipped calibration files, from :data:`MANIFEST` (empty when the manifest is
+    missing: then nothing counts as shipped)."""
     try:
         text = MANIFEST.read_text()
     except OSError:
@@ -244,9 +239,9 @@ def shipped_files() -> list[Path]:
 
 
 def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
-    """Whether ``path`` is one of ds4lab's shipped calibration files with exactly the bytes that
-    ship (its SHA-256 in :data:`MANIFEST`); an edit in place, or any other file in ``ds4lab/data``,
-    is not shipped. ``sha256``: the file's hash when the caller has it already."""
+    """Whether ``path`` is one of ds4lab's shipped calibration files with exactly the bytes that ship (its SHA-256 in
+    :data:`MANIFEST`); an edit in place, or any other file in ``ds4lab/data``, is not shipped. ``sha256``: the
+    file's hash when the caller has it already."""
     p = Path(path).resolve()
     if p.parent != DATA_DIR.resolve():
         return False
@@ -262,12 +257,11 @@ def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
 
 
 def refuse_shipped(path: str | Path) -> None:
-    """Refuse to write a calibration into ds4lab's own data folder (``ds4lab/data``): the shipped
-    files are the H200 record every modeled figure names, and that folder holds only what ships.
+    """Refuse to write a calibration into ds4lab's own data folder (``ds4lab/data``): the shipped files are the H200
+    record every modeled figure names, and that folder holds only what ships.
 
     Raises:
-        CalibrationError: naming ``path`` and where to write instead (exit 2).
-    """
+        CalibrationError: naming ``path`` and where to write instead (exit 2)."""
     p = Path(path)
     try:
         inside = p.resolve().parent == DATA_DIR.resolve()
@@ -284,8 +278,8 @@ def calibration_info(src: str | Path | dict | None = None) -> dict:
     """What identifies a calibration, for ``meta.json`` and figure titles.
 
     Args:
-        src: a calibration file path, a calibration dict (hashed as canonical JSON: sorted keys,
-            no spaces), or None for the default (``$DS4LAB_CALIBRATION`` or the shipped file).
+        src: a calibration file path, a calibration dict (hashed as canonical JSON: sorted keys, no spaces), or None
+            for the default (``$DS4LAB_CALIBRATION`` or the shipped file).
 
     Returns:
         ``{"name": str, "path": str | None, "sha256": str (64 hex digits), "shipped": bool}``:
@@ -294,8 +288,7 @@ def calibration_info(src: str | Path | dict | None = None) -> dict:
         file put in that folder is not shipped).
 
     Raises:
-        CalibrationError: the file cannot be read or is not a valid calibration.
-    """
+        CalibrationError: the file cannot be read or is not a valid calibration."""
     if src is None:
         src = default_calibration_path()
     if isinstance(src, dict):
@@ -318,12 +311,11 @@ def title_label(info: dict) -> str:
 
 
 def backend_calibration(be) -> dict | None:
-    """:func:`calibration_info` of the calibration a backend models time with, for a job's
-    ``meta["calibration"]`` (None for a backend that measures or claims no time).
+    """:func:`calibration_info` of the calibration a backend models time with, for a job's ``meta["calibration"]``
+    (None for a backend that measures or claims no time).
 
-    Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as
-    a dict has no path and is hashed from its ``name`` entry only, ``shipped`` False).
-    """
+    Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as a dict has no path
+    and is hashed from its ``name`` entry only, ``shipped`` False)."""
     cal = be.calibration  # a declared capability: None where time is not modeled
     if not isinstance(cal, dict):
         return None

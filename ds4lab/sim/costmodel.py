@@ -2,40 +2,35 @@
 
 Every figure here is *modeled*, never measured. The model (all times in µs):
 
-* **host**: one clock. Each API call advances it by its host cost: an eager kernel launch
-  ``host_launch_us`` (on the H200 about 10 µs, CuPy's launch plus the op's Python), a graph
-  launch ``host_graph_launch_us``, every other call ``host_api_us``; ds4lab's own Python around a
-  graph-cache launch ``host_graph_call_us`` and around a kernel-node update ``host_node_update_us``
-  (charged by the launch layer: ``SimBackend.model_host_work``). Work becomes visible to
-  the device when its call returns (the *submit* time). ``event_synchronize``,
-  ``stream_synchronize``, ``synchronize`` and reads move the host clock forward to the time the
-  device reaches the awaited point.
-* **device**: executes one kernel (or memset) at a time; host/device copies run on a copy engine
-  beside it (they wait for their stream, not for the device). A kernel takes
-  ``fixed_us + nbytes / (bandwidth_GBps * 1e3)`` (bytes / (GB/s · 1e3) = µs), with per-kernel
-  ``{fixed_us, bandwidth_GBps}`` overrides from the calibration's ``kernels``. It starts at the
-  latest of: its submit time, its stream's previous work, the events its stream waited on, the
-  legacy stream's implicit synchronisation, and the device being free.
-* **graph replay**: the nodes are paced by the device, not the host: node ``i`` may start
-  ``graph_node_us`` after node ``i-1`` started being launched (instead of one host launch gap
-  per kernel), and no earlier than the previous node's end.
+* **host**: one clock. Each API call advances it by its host cost: an eager kernel launch ``host_launch_us`` (on the
+  H200 about 10 µs, CuPy's launch plus the op's Python), a graph launch ``host_graph_launch_us``, every other call
+  ``host_api_us``; ds4lab's own Python around a graph-cache launch ``host_graph_call_us`` and around a kernel-node
+  update ``host_node_update_us`` (charged by the launch layer: ``SimBackend.model_host_work``). Work becomes visible to
+  the device when its call returns (the *submit* time). ``event_synchronize``, ``stream_synchronize``, ``synchronize``
+  and reads move the host clock forward to the time the device reaches the awaited point.
+* **device**: executes one kernel (or memset) at a time; host/device copies run on a copy engine beside it (they wait
+  for their stream, not for the device). A kernel takes ``fixed_us + nbytes / (bandwidth_GBps * 1e3)`` (bytes / (GB/s ·
+  1e3) = µs), with per-kernel ``{fixed_us, bandwidth_GBps}`` overrides from the calibration's ``kernels``. It starts at
+  the latest of: its submit time, its stream's previous work, the events its stream waited on, the legacy stream's
+  implicit synchronisation, and the device being free.
+* **graph replay**: the nodes are paced by the device, not the host: node ``i`` may start ``graph_node_us`` after node
+  ``i-1`` started being launched (instead of one host launch gap per kernel), and no earlier than the previous node's
+  end.
 
 The calibration's keys, their units and ranges: :data:`ds4lab.sim.calibration.SCHEMA`.
 
-* **kernel time factor**: every compute kernel's time is multiplied by the calibration's factor at
-  the context being modeled (:meth:`Calibration.scale_at`): ``kernel_time_scale_by_context``
-  interpolated linearly in log2(context), held constant outside its contexts; ``kernel_time_scale``
-  where that key is absent or no context is set. A ladder or context job names the context
-  (:meth:`ds4lab.sim.backend.SimBackend.model_context`); the device applies the factor when it runs
-  a kernel (:attr:`Device.kernel_factor`), so a graph captured at another context is priced at this one.
+* **kernel time factor**: every compute kernel's time is multiplied by the calibration's factor at the context being
+  modeled (:meth:`Calibration.scale_at`): ``kernel_time_scale_by_context`` interpolated linearly in log2(context), held
+  constant outside its contexts; ``kernel_time_scale`` where that key is absent or no context is set. A ladder or
+  context job names the context (:meth:`ds4lab.sim.backend.SimBackend.model_context`); the device applies the factor
+  when it runs a kernel (:attr:`Device.kernel_factor`), so a graph captured at another context is priced at this one.
 
-* **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts
-  while its predecessor drains; it is priced ``pdl_edge_us`` less than its fit, never below half of it
-  (:meth:`Calibration.programmatic_us`). **Conditional nodes** (stage 3cc): the device evaluates each
-  one reached in a replay, ``graph_conditional_us`` before its body (or the next node) can start.
+* **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts while its
+  predecessor drains; it is priced ``pdl_edge_us`` less than its fit, never below half of it
+  (:meth:`Calibration.programmatic_us`). **Conditional nodes** (stage 3cc): the device evaluates each one reached in a
+  replay, ``graph_conditional_us`` before its body (or the next node) can start.
 
-Every fit of these constants is in :mod:`ds4lab.calibration`.
-"""
+Every fit of these constants is in :mod:`ds4lab.calibration`."""
 
 from __future__ import annotations
 
@@ -69,11 +64,11 @@ MEASURED_NOTE = "MEASURED"
 
 
 def guessed(cal: dict) -> dict[str, str]:
-    """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses,
-    each with its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured
-    (its ``notes`` object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate
-    --from-context`` writes it: :func:`ds4lab.calibration.from_context.fit_capture_stages`). The shipped
-    calibration sets neither: both GUESS."""
+    """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses, each with
+    its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured (its ``notes``
+    object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate --from-context`` writes it:
+    :func:`ds4lab.calibration.from_context.fit_capture_stages`). The shipped calibration sets neither: both GUESS.
+    """
     notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
     return {k: why for k, why in GUESSED.items()
             if not (cal.get(k) is not None and str(notes.get(k, "")).startswith(MEASURED_NOTE))}
@@ -90,8 +85,8 @@ STAND_INS = (("cond_set_", "comp_rope_store"), ("xq_quantize_q8k", "xq_quantize"
 
 
 def stand_in(name: str) -> str | None:
-    """The measured kernel whose fit prices ``name`` when the calibration has none of its own
-    (:data:`STAND_INS`: an exact name, or a prefix ending in ``_``), or None."""
+    """The measured kernel whose fit prices ``name`` when the calibration has none of its own (:data:`STAND_INS`: an
+    exact name, or a prefix ending in ``_``), or None."""
     for key, other in STAND_INS:
         if name == key or (key.endswith("_") and name.startswith(key)):
             return other
@@ -153,13 +148,12 @@ class Calibration:
 
     @classmethod
     def load(cls, src: "str | Path | dict | Calibration | None" = None) -> "Calibration":
-        """From a JSON path, a dict with the schema's keys, None (the default file), or a
-        :class:`Calibration` already loaded (returned as it is: checked when it was loaded).
+        """From a JSON path, a dict with the schema's keys, None (the default file), or a :class:`Calibration` already
+        loaded (returned as it is: checked when it was loaded).
 
         Raises:
             CalibrationError (a ValueError): the file cannot be read, or a field breaks
-                :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path).
-        """
+                :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path)."""
         if isinstance(src, Calibration):
             return src
         path = None
@@ -189,14 +183,12 @@ class Calibration:
                 "device": self.device}
 
     def scale_at(self, context: int | None) -> float:
-        """The kernel time factor at ``context`` (a decode position, > 0): ``kernel_time_scale_by_context``
-        exact at its listed contexts, linear in log2(context) between two of them, the first (last)
-        listed scale below (above) them; ``kernel_time_scale`` without that key or with ``context``
-        None. Dimensionless.
+        """The kernel time factor at ``context`` (a decode position, > 0): ``kernel_time_scale_by_context`` exact at
+        its listed contexts, linear in log2(context) between two of them, the first (last) listed scale below
+        (above) them; ``kernel_time_scale`` without that key or with ``context`` None. Dimensionless.
 
         Raises:
-            ValueError: ``context`` not a positive number (names it).
-        """
+            ValueError: ``context`` not a positive number (names it)."""
         pts = self.kernel_time_scale_by_context
         if context is None or not pts:
             return self.kernel_time_scale
@@ -213,10 +205,10 @@ class Calibration:
 
     # ------------------------------------------------------------------ device times
     def kernel_us(self, name: str, nbytes: int) -> float:
-        """Modeled GPU time of kernel ``name`` moving ``nbytes`` (µs) at ``kernel_time_scale``: its own
-        fit, else the fit of the kernel it stands in for (:func:`stand_in`), else the general line. At
-        a modeled context the device multiplies it by :attr:`Device.kernel_factor` (the factor
-        :meth:`scale_at` that context over ``kernel_time_scale``)."""
+        """Modeled GPU time of kernel ``name`` moving ``nbytes`` (µs) at ``kernel_time_scale``: its own fit, else the
+        fit of the kernel it stands in for (:func:`stand_in`), else the general line. At a modeled context the
+        device multiplies it by :attr:`Device.kernel_factor` (the factor :meth:`scale_at` that context over
+        ``kernel_time_scale``)."""
         o = self.kernels.get(name) or self.kernels.get(stand_in(name) or "")
         if o:
             us = float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
@@ -226,8 +218,8 @@ class Calibration:
         return us * self.kernel_time_scale
 
     def programmatic_us(self, gpu_us: float) -> float:
-        """A kernel node's modeled time when a programmatic edge reaches it: ``pdl_edge_us`` less, never
-        below half of ``gpu_us`` (the overlap hides its launch, not its work). GUESS (see :data:`GUESSED`)."""
+        """A kernel node's modeled time when a programmatic edge reaches it: ``pdl_edge_us`` less, never below half of
+        ``gpu_us`` (the overlap hides its launch, not its work). GUESS (see :data:`GUESSED`)."""
         return max(gpu_us - self.pdl_edge_us, 0.5 * gpu_us)
 
     def memset_gpu_us(self, nbytes: int) -> float:
@@ -242,10 +234,8 @@ class Calibration:
 class Device:
     """The modeled device and host clock: one kernel at a time, and a timeline of what ran.
 
-    ``timeline`` holds ``(stream, name, start_us, end_us, kind, graph)`` tuples (``graph`` is the
-    graph id for replayed nodes, else None), at most ``timeline_limit`` of them (the oldest are
-    dropped; ``dropped`` counts them).
-    """
+    ``timeline`` holds ``(stream, name, start_us, end_us, kind, graph)`` tuples (``graph`` is the graph id for replayed
+    nodes, else None), at most ``timeline_limit`` of them (the oldest are dropped; ``dropped`` counts them)."""
 
     def __init__(self, cal: Calibration, timeline_limit: int = 200_000) -> None:
         self.cal = cal
@@ -261,10 +251,9 @@ class Device:
         self.kernel_factor = 1.0
 
     def set_context(self, context: int | None) -> float:
-        """Price the kernels run from now on at ``context`` (a decode position; None: at
-        ``kernel_time_scale``, as priced): :attr:`kernel_factor` becomes
-        ``cal.scale_at(context) / cal.kernel_time_scale``. Returns the factor at ``context``
-        (:meth:`Calibration.scale_at`). Raises ValueError for a context that is not positive."""
+        """Price the kernels run from now on at ``context`` (a decode position; None: at ``kernel_time_scale``, as
+        priced): :attr:`kernel_factor` becomes ``cal.scale_at(context) / cal.kernel_time_scale``. Returns the factor
+        at ``context`` (:meth:`Calibration.scale_at`). Raises ValueError for a context that is not positive."""
         scale = self.cal.scale_at(context)
         self.kernel_factor = 1.0 if scale == self.cal.kernel_time_scale else scale / self.cal.kernel_time_scale
         return scale
@@ -281,8 +270,8 @@ class Device:
 
     def run(self, stream_name: str, name: str, earliest: float, dur: float, kind: str,
             graph: int | None = None, occupies: bool = True) -> tuple[float, float]:
-        """Schedule one piece of device work no earlier than ``earliest``; returns (start, end). A
-        ``kernel`` (not an NCCL collective, ``nccl*``) lasts ``dur`` times :attr:`kernel_factor`."""
+        """Schedule one piece of device work no earlier than ``earliest``; returns (start, end). A ``kernel`` (not an
+        NCCL collective, ``nccl*``) lasts ``dur`` times :attr:`kernel_factor`."""
         if kind == "kernel" and self.kernel_factor != 1.0 and not name.startswith("nccl"):
             dur *= self.kernel_factor
         start = max(earliest, self.free_us) if occupies else earliest

@@ -1,27 +1,13 @@
 """The simulated runtime's conditional nodes, capture into an existing graph and programmatic launches:
 :class:`SimDeviceGraphsMixin` (the :class:`~ds4lab.executor.device_graphs.DeviceGraphApi` of
-:class:`~ds4lab.sim.backend.SimBackend`), the handles (:class:`SimCondHandle`) and what a conditional
-node holds (:class:`CondInfo`).
-
-Every call follows a rule of :mod:`ds4lab.sim.rules_device` (applied through the runtime's ``_fail`` /
-``_applied``, so the audit's rule log sees them):
-
-* a capture's graph exists from the first ``cudaStreamGetCaptureInfo`` on: a :class:`~ds4lab.sim.graphs.Graph`
-  whose node list *is* the capture's, which ``cudaStreamEndCapture`` returns (rule capture_graph_query);
-* a conditional node is appended to that graph after the given dependencies, with empty body graphs it owns
-  (rules conditional_node, conditional_node_size, conditional_handle_other_graph); the capture depends on
-  it once ``cudaStreamUpdateCaptureDependencies`` says so (rule capture_dependencies_update);
-* ``cudaStreamBeginCaptureToGraph`` makes a capture whose node list is the body's (rule capture_to_graph);
-* at a replay, the node's handle decides which bodies run when the replay reaches the node
-  (:meth:`CondInfo.run_bodies`, read by :meth:`ds4lab.sim.graphs.Graphs._flat`: rule set_conditional), after
-  every handle created with ``cudaGraphCondAssignDefault`` was reset (rule conditional_default);
-* a programmatic launch after one kernel node is captured with a programmatic edge (rule
-  programmatic_edge), priced by :meth:`ds4lab.sim.costmodel.Calibration.programmatic_us` at replay.
-
-A condition-setting kernel is an ordinary launch whose NumPy reference calls :meth:`SimCondHandle.set`
-(marked ``always``: it runs in timing-only mode too, so the modeled replay takes the branch the position
-asks for).
-"""
+:class:`~ds4lab.sim.backend.SimBackend`), its handles (:class:`SimCondHandle`) and what a conditional node holds
+(:class:`CondInfo`). Every call follows a rule of :mod:`ds4lab.sim.rules_device` (through the runtime's ``_fail`` /
+``_applied``, so the audit's rule log sees them): a capture's graph exists from the first
+``cudaStreamGetCaptureInfo`` on; a conditional node owns its empty bodies and joins the capture once its
+dependencies are updated; ``cudaStreamBeginCaptureToGraph`` captures into a body; at a replay the handle decides
+which bodies run (:meth:`CondInfo.run_bodies`) after default handles are reset; a programmatic launch after a kernel
+node is an edge priced at replay (:meth:`ds4lab.sim.costmodel.Calibration.programmatic_us`). A condition-setting
+kernel's NumPy reference calls :meth:`SimCondHandle.set` (``always``: in timing-only mode too)."""
 
 from __future__ import annotations
 
@@ -40,8 +26,8 @@ WHILE_LIMIT = 1 << 16
 
 
 class SimCondHandle:
-    """A conditional handle (``cudaGraphConditionalHandle``): the graph it was created for, its default
-    and flag, and the value a condition-setting kernel last set. ``arg`` is the kernel argument."""
+    """A conditional handle (``cudaGraphConditionalHandle``): the graph it was created for, its default and flag, and
+    the value a condition-setting kernel last set. ``arg`` is the kernel argument."""
 
     __slots__ = ("id", "graph", "default", "assign_default", "value")
 
@@ -76,9 +62,9 @@ class CondInfo:
             self.handle.value = self.handle.default
 
     def run_bodies(self):
-        """The bodies a replay runs when it reaches the node, one at a time (a WHILE body's own kernels may
-        clear the condition before it is read again). Raises CudaError (cudaErrorLaunchFailure stands for a
-        hung launch) for a WHILE that runs :data:`WHILE_LIMIT` times."""
+        """The bodies a replay runs when it reaches the node, one at a time (a WHILE body's own kernels may clear the
+        condition before it is read again). Raises CudaError (cudaErrorLaunchFailure stands for a hung launch) for a
+        WHILE that runs :data:`WHILE_LIMIT` times."""
         h, b = self.handle, self.bodies
         if self.kind == "if":
             if h.value:
@@ -109,8 +95,8 @@ def _graph_reaches(graph: Graph, owner: Graph) -> bool:
 
 
 class SimDeviceGraphsMixin(DeviceGraphApi):
-    """:class:`DeviceGraphApi` on the simulated runtime (mixed into :class:`~ds4lab.sim.backend.SimBackend`:
-    it uses the backend's ``rt`` and ``launch``)."""
+    """:class:`DeviceGraphApi` on the simulated runtime (mixed into :class:`~ds4lab.sim.backend.SimBackend`: it uses
+    the backend's ``rt`` and ``launch``)."""
 
     def _active_capture(self, stream, call: str):
         rt = self.rt

@@ -1,41 +1,15 @@
 """Several simulated devices in one process: peer copies and NCCL collectives (tensor parallelism).
 
-:class:`SimNode` holds one :class:`SimDeviceBackend` per device. Each device has its own runtime
-(:class:`DeviceRuntime`): its streams (a stream belongs to the device it was made on, as in CUDA), its
-legacy stream, its captures, its clocks and its memory. What CUDA keeps per *thread* or per
-*process* is shared across the devices: the threads' capture interaction modes
-(``cudaThreadExchangeStreamCaptureMode``) and the rule that a thread with a live capture, or another
-thread's global-mode capture, prohibits potentially unsafe calls whatever device they are made on
-(CUDA Runtime API, cudaThreadExchangeStreamCaptureMode: the rule speaks of threads, not devices).
-
-Between devices:
-
-* **peer copies**: :meth:`SimNode.memcpy_peer_async` (``cudaMemcpyPeerAsync`` on a stream: rule
-  ``peer_copy``; on a capturing stream a memcpy node, rule ``peer_copy_capture``, GUESS) and
-  :meth:`SimNode.memcpy_peer` (``cudaMemcpyPeer``, what ds4's tensor-parallel path uses: serialized with
-  all work of both devices; rules ``memcpy_peer_implicit`` / ``memcpy_peer_escape`` while a capture is live);
-* **NCCL communicators**: :meth:`SimNode.comm_init_all` gives one :class:`SimComm` per rank (device);
-  :meth:`SimComm.all_reduce` is ``ncclAllReduce`` (sum) on a stream. Eagerly, the call executes the
-  collective; captured (rule ``nccl_capture``), it becomes a kernel node that executes the collective at
-  every replay. A collective *executes* when its rank reaches it, eagerly or in a replay; the k-th
-  execution of each rank meets the k-th of every other rank (rule ``nccl_pair``). When they all
-  arrived with the same operation, type and count, and all eagerly or all from graphs, the sum is
-  computed (ranks added in rank order, float32, the same bits on every rank) and each rank's device
-  starts it when the last rank's stream is ready. Otherwise: ``nccl:mismatch`` (rule
-  ``nccl_mismatch``), ``nccl:nonuniform-capture`` (``nccl_nonuniform``), or, when a peer never arrives,
-  ``nccl:timeout`` after :attr:`SimNode.collective_timeout_s` (``nccl_timeout``): where a GPU would hang,
-  the sim raises, on every rank concerned, and the communicator stays broken afterwards.
-
-The host side of an eager collective: on a GPU ``ncclAllReduce`` returns at once and the *stream*
-waits for the peers; the sim computes work when it is issued, so the calling thread waits for its
-peers inside the call (with one thread per rank, as NCCL's multi-thread mode has it, both reach it).
-One thread driving two ranks without NCCL's group calls therefore times out here, as it hangs on a
-GPU (NCCL User Guide, "Management of multiple GPUs from one thread"). In ``timing_only`` mode graph
-replays do not meet their peers (the sim's graph launch calls no node work then): each rank's replayed
-collective is priced alone.
-
-Costs (µs, MODELED, GUESS until the two-GPU machine measures them): :class:`LinkModel`.
-"""
+:class:`SimNode` holds one :class:`SimDeviceBackend` per device, each with its own runtime (:class:`DeviceRuntime`:
+streams, legacy stream, captures, clocks, memory); what CUDA keeps per thread or process (capture interaction modes,
+the unsafe-call rule) is shared. Between devices: peer copies (:meth:`SimNode.memcpy_peer_async`,
+:meth:`SimNode.memcpy_peer`) and one :class:`SimComm` per rank (:meth:`SimNode.comm_init_all`) whose
+:meth:`SimComm.all_reduce` is ``ncclAllReduce`` (sum) on a stream: executed eagerly, a kernel node when captured; the
+k-th execution of each rank meets the k-th of every other (rule ``nccl_pair``), and a mismatch, a non-uniform capture
+or a peer that never arrives (``nccl:timeout`` after :attr:`SimNode.collective_timeout_s`, where a GPU would hang) is
+raised on every rank concerned. The calling thread waits for its peers inside an eager call (one thread per rank, as
+NCCL's multi-thread mode has it). Costs (µs, MODELED, GUESS until measured): :class:`LinkModel`. The rules and what
+waits for the two-GPU machine: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -48,6 +22,7 @@ import numpy as np
 
 from ..capture.stream import LEGACY_STREAM
 from ..errors import CollectiveError, CudaError
+from ..executor.base import check_all_reduce
 from .backend import SimBackend
 from .costmodel import Calibration
 from .objects import SimStream
@@ -63,8 +38,7 @@ class LinkModel:
         peer_fixed_us: fixed cost of one peer copy on the device (µs).
         peer_GBps: peer copy bandwidth (GB/s; NVLink between two H200s).
         nccl_fixed_us: fixed cost of one small all-reduce between two devices (µs; NCCL's LL protocol).
-        nccl_GBps: all-reduce bus bandwidth (GB/s).
-    """
+        nccl_GBps: all-reduce bus bandwidth (GB/s)."""
 
     peer_fixed_us: float = 3.0
     peer_GBps: float = 300.0
@@ -76,14 +50,14 @@ class LinkModel:
         return self.peer_fixed_us + nbytes / (self.peer_GBps * 1e3)
 
     def allreduce_us(self, nbytes: int, world: int) -> float:
-        """Device time of an all-reduce of ``nbytes`` per rank over ``world`` ranks (a ring moves
-        ``2 (world - 1) / world`` of the buffer per rank)."""
+        """Device time of an all-reduce of ``nbytes`` per rank over ``world`` ranks (a ring moves ``2 (world - 1) /
+        world`` of the buffer per rank)."""
         return self.nccl_fixed_us + 2.0 * (world - 1) / world * nbytes / (self.nccl_GBps * 1e3)
 
 
 class DeviceRuntime(Runtime):
-    """The runtime of one device of a :class:`SimNode` (see module docstring): streams are the
-    device's own; thread modes and the unsafe-call rule are the process's."""
+    """The runtime of one device of a :class:`SimNode` (see module docstring): streams are the device's own; thread
+    modes and the unsafe-call rule are the process's."""
 
     def __init__(self, cal: Calibration, node: "SimNode", device: int, **kw) -> None:
         super().__init__(cal, **kw)
@@ -106,8 +80,8 @@ class DeviceRuntime(Runtime):
         return s
 
     def _unsafe(self, call: str, rule: str = "unsafe_call") -> None:
-        """Rule ``unsafe_call`` (or ``rule``) over the live captures of every device of the node: the
-        rule is the calling thread's and the other threads', whatever device they capture on."""
+        """Rule ``unsafe_call`` (or ``rule``) over the live captures of every device of the node: the rule is the
+        calling thread's and the other threads', whatever device they capture on."""
         live = self.node.all_live()
         if not live:
             return
@@ -164,8 +138,8 @@ class _Slot:
 
 
 class SimCommGroup:
-    """The shared state of one communicator's ranks (``ncclCommInitAll``): the slots collectives meet
-    in, each rank's execution count, and whether an earlier failure broke the communicator."""
+    """The shared state of one communicator's ranks (``ncclCommInitAll``): the slots collectives meet in, each rank's
+    execution count, and whether an earlier failure broke the communicator."""
 
     def __init__(self, node: "SimNode", world: int) -> None:
         self.node = node
@@ -179,14 +153,13 @@ class SimCommGroup:
         self.log: list[tuple] = []
 
     def meet(self, rank: int, sig: tuple, graph: bool, send, recv, t_us: float, rt: Runtime, call: str) -> float:
-        """Rank ``rank`` executes its next collective (rules nccl_pair, nccl_mismatch, nccl_nonuniform,
-        nccl_timeout). Blocks until every rank executed its collective of the same position, or the
-        node's timeout. Returns the modeled device time the collective starts at on every rank.
+        """Rank ``rank`` executes its next collective (rules nccl_pair, nccl_mismatch, nccl_nonuniform, nccl_timeout).
+        Blocks until every rank executed its collective of the same position, or the node's timeout. Returns the
+        modeled device time the collective starts at on every rank.
 
         Raises:
-            CollectiveError: ``nccl:mismatch``, ``nccl:nonuniform-capture`` or ``nccl:timeout`` (also for
-                every collective after the communicator broke).
-        """
+            CollectiveError: ``nccl:mismatch``, ``nccl:nonuniform-capture`` or ``nccl:timeout`` (also for every
+                collective after the communicator broke)."""
         timeout = self.node.collective_timeout_s
         with self.cond:
             if self.broken is not None:
@@ -266,25 +239,20 @@ class SimComm:
         return self.group.world
 
     def all_reduce(self, send, recv, stream, op: str = "sum") -> None:
-        """``ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream)``: ``recv`` (float32,
-        the same size as ``send``; may be ``send``) becomes the sum of every rank's ``send``.
+        """``ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream)``: ``recv`` (float32, the same size
+        as ``send``; may be ``send``) becomes the sum of every rank's ``send``.
 
-        Eagerly the collective executes now (meeting its peers; see :meth:`SimCommGroup.meet`);
-        on a capturing stream it becomes a kernel node (rule nccl_capture) that executes at every
-        replay. On the legacy stream while a blocking stream of this device captures: refused as any
-        legacy-stream work (rule legacy_implicit). Rule nccl_global_multithread first.
+        Eagerly the collective executes now (meeting its peers; see :meth:`SimCommGroup.meet`); on a capturing stream
+        it becomes a kernel node (rule nccl_capture) that executes at every replay. On the legacy stream while a
+        blocking stream of this device captures: refused as any legacy-stream work (rule legacy_implicit). Rule
+        nccl_global_multithread first.
 
         Raises:
             ValueError: another element type than float32, or sizes that differ.
             CollectiveError: rule nccl_global_multithread, or how the collective ended (meet).
-            CudaError: a stream of another device; legacy_implicit; after_invalidation.
-        """
+            CudaError: a stream of another device; legacy_implicit; after_invalidation."""
         call = "ncclAllReduce"
-        if op != "sum":
-            raise ValueError(f"all_reduce: op={op!r}; the sim models ncclSum")
-        if np.dtype(send.dtype) != np.float32 or np.dtype(recv.dtype) != np.float32 or send.size != recv.size:
-            raise ValueError(f"all_reduce: float32 buffers of one size, got {send.dtype}[{send.size}] → "
-                             f"{recv.dtype}[{recv.size}]")
+        check_all_reduce(send, recv, op)
         be, rt = self.be, self.be.rt
         sig = ("allreduce", op, "float32", int(send.size))
         dur = self.group.node.link.allreduce_us(int(send.nbytes), self.world)
@@ -329,15 +297,14 @@ class SimNode:
 
     Args:
         n_devices: devices (>= 2 for anything between devices).
-        seed, timing_only, calibration, invalidated_ops: as :class:`~ds4lab.sim.backend.SimBackend`,
-            for every device (one calibration loaded once).
-        collective_timeout_s: how long a collective waits for its peers before ``nccl:timeout``
-            (host seconds; the sim's stand-in for a hang).
+        seed, timing_only, calibration, invalidated_ops: as :class:`~ds4lab.sim.backend.SimBackend`, for every device
+            (one calibration loaded once).
+        collective_timeout_s: how long a collective waits for its peers before ``nccl:timeout`` (host seconds; the
+            sim's stand-in for a hang).
         link: the modeled costs between devices (:class:`LinkModel`).
 
     Raises:
-        ValueError: ``n_devices < 1`` or a timeout that is not positive.
-    """
+        ValueError: ``n_devices < 1`` or a timeout that is not positive."""
 
     name = "sim"
 
@@ -375,8 +342,8 @@ class SimNode:
         return [q for be in self.devices for q in list(be.rt.live)]
 
     def on_device(self, device: int):
-        """Make ``device`` the calling thread's current device (``cudaSetDevice``): nothing to do on the
-        sim, where every call names its backend. Returns the backend."""
+        """Make ``device`` the calling thread's current device (``cudaSetDevice``): nothing to do on the sim, where
+        every call names its backend. Returns the backend."""
         return self.backend(device)
 
     def can_access_peer(self, device: int, peer: int) -> bool:
@@ -387,8 +354,8 @@ class SimNode:
     def enable_peer_access(self, device: int, peer: int) -> None:
         """``cudaDeviceEnablePeerAccess(peer)`` on ``device``.
 
-        Raises CudaError: cudaErrorPeerAccessAlreadyEnabled the second time, cudaErrorInvalidDevice
-        for ``device == peer`` (RT cudaDeviceEnablePeerAccess)."""
+        Raises CudaError: cudaErrorPeerAccessAlreadyEnabled the second time, cudaErrorInvalidDevice for ``device ==
+        peer`` (RT cudaDeviceEnablePeerAccess)."""
         call = "cudaDeviceEnablePeerAccess"
         if not self.can_access_peer(device, peer):
             raise CudaError("cudaErrorInvalidDevice", call, f"device {device} cannot access itself as a peer")
@@ -399,15 +366,13 @@ class SimNode:
 
     # ------------------------------------------------------------------ peer copies
     def memcpy_peer_async(self, dst, dst_device: int, src, src_device: int, stream, device: int) -> None:
-        """``cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, stream)`` with ``stream`` a stream
-        of ``device`` (the source or destination device). Eagerly the copy runs in stream order (rule
-        peer_copy); on a capturing stream it is a memcpy node (rule peer_copy_capture, GUESS) that copies at
-        every replay.
+        """``cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, stream)`` with ``stream`` a stream of
+        ``device`` (the source or destination device). Eagerly the copy runs in stream order (rule peer_copy); on a
+        capturing stream it is a memcpy node (rule peer_copy_capture, GUESS) that copies at every replay.
 
         Raises:
             ValueError: sizes differ, or ``device`` is neither end of the copy.
-            CudaError: a stream of another device (cudaErrorInvalidResourceHandle), capture rules.
-        """
+            CudaError: a stream of another device (cudaErrorInvalidResourceHandle), capture rules."""
         call = "cudaMemcpyPeerAsync"
         if dst.nbytes != src.nbytes:
             raise ValueError(f"{call}: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
@@ -430,15 +395,13 @@ class SimNode:
             rt._applied("peer_copy_capture" if capturing else "peer_copy", call)
 
     def memcpy_peer(self, dst, dst_device: int, src, src_device: int) -> None:
-        """``cudaMemcpyPeer`` (ds4's tensor-parallel copies): serialized with all work of both devices, the
-        host waits for it. While a capture is live on either device: rules memcpy_peer_implicit (a
-        blocking stream captures there: raises, that capture invalidated) and memcpy_peer_escape (it runs
-        now and is in no graph).
+        """``cudaMemcpyPeer`` (ds4's tensor-parallel copies): serialized with all work of both devices, the host waits
+        for it. While a capture is live on either device: rules memcpy_peer_implicit (a blocking stream captures
+        there: raises, that capture invalidated) and memcpy_peer_escape (it runs now and is in no graph).
 
         Raises:
             ValueError: sizes differ.
-            CudaError: cudaErrorStreamCaptureImplicit (rule memcpy_peer_implicit).
-        """
+            CudaError: cudaErrorStreamCaptureImplicit (rule memcpy_peer_implicit)."""
         call = "cudaMemcpyPeer"
         if dst.nbytes != src.nbytes:
             raise ValueError(f"{call}: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
@@ -471,8 +434,8 @@ class SimNode:
 
     def wait_stream(self, device: int, stream, timeout_s: float | None = None) -> None:
         """Wait for ``stream`` of ``device`` (``cudaStreamSynchronize``): the GPU node polls it with a timeout
-        (:meth:`ds4lab.backends.cupy_nccl.CupyNode.wait_stream`); on the sim a collective that never
-        completes has raised already, in the call that executed it."""
+        (:meth:`ds4lab.backends.cupy_nccl.CupyNode.wait_stream`); on the sim a collective that never completes has
+        raised already, in the call that executed it."""
         self.backend(device).stream_synchronize(stream)
 
     def abort_all(self) -> list[str]:
@@ -497,9 +460,8 @@ class SimNode:
 
     # ------------------------------------------------------------------ NCCL
     def comm_init_all(self, devices: list[int] | None = None) -> list[SimComm]:
-        """``ncclCommInitAll``: one communicator per device (rank = position in ``devices``, default
-        every device of the node). Raises ValueError for a device named twice (NCCL: one rank per
-        device)."""
+        """``ncclCommInitAll``: one communicator per device (rank = position in ``devices``, default every device of
+        the node). Raises ValueError for a device named twice (NCCL: one rank per device)."""
         devs = list(range(self.n_devices)) if devices is None else list(devices)
         if len(set(devs)) != len(devs):
             raise ValueError(f"comm_init_all: devices {devs} name a device twice (NCCL: one rank per device)")

@@ -1,8 +1,7 @@
-"""Graphs of the simulated runtime: :class:`Graph` and :class:`GraphExec`, the instantiate flags,
-and :class:`Graphs`, the graph calls of the runtime (instantiate, destroy, create, child graphs,
-executable update and kernel-node update, upload, launch, and the event record / wait nodes a
-capture can hold), a collaborator the :class:`~ds4lab.sim.runtime.Runtime` holds as ``rt.graphs``.
-"""
+"""Graphs of the simulated runtime: :class:`Graph` and :class:`GraphExec`, the instantiate flags, and :class:`Graphs`,
+the graph calls of the runtime (instantiate, destroy, create, child graphs, executable update and kernel-node
+update, upload, launch, and the event record / wait nodes a capture can hold), a collaborator the
+:class:`~ds4lab.sim.runtime.Runtime` holds as ``rt.graphs``."""
 
 from __future__ import annotations
 
@@ -44,8 +43,8 @@ FLAG_AUTO_FREE_ON_LAUNCH, FLAG_UPLOAD, FLAG_DEVICE_LAUNCH, FLAG_USE_NODE_PRIORIT
 
 @dataclass
 class GraphExec:
-    """An instantiated graph (``cudaGraphExec_t``): the graph it mirrors, its flags, and the
-    allocations its last launch made that are not freed yet (rule graph_launch_unfreed)."""
+    """An instantiated graph (``cudaGraphExec_t``): the graph it mirrors, its flags, and the allocations its last
+    launch made that are not freed yet (rule graph_launch_unfreed)."""
 
     id: int
     graph: Graph
@@ -63,13 +62,12 @@ class GraphExec:
 class Graphs:
     """The graph calls of the simulated runtime, as a collaborator of :class:`~ds4lab.sim.runtime.Runtime`.
 
-    What it asks of the runtime (``rt``), and nothing else: its lock, device clock and calibration
-    (``lock``, ``dev``, ``cal``), handle ids (``_ids``), stream lookup and the legacy stream
-    (``_stream``, ``legacy``, ``live``, ``_legacy_use``, ``escapes``, ``_earliest``), whether nodes
-    compute (``compute``), the rules (``_fail``), and the event calls a captured event node falls back
-    to (``event_record``, ``stream_wait_event``, ``_captured``, ``_on_invalidated``). What it owns: the
-    executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed).
-    """
+    What it asks of the runtime (``rt``), and nothing else: its lock, device clock and calibration (``lock``, ``dev``,
+    ``cal``), handle ids (``_ids``), stream lookup and the legacy stream (``_stream``, ``legacy``, ``live``,
+    ``_legacy_use``, ``escapes``, ``_earliest``), whether nodes compute (``compute``), the rules (``_fail``), and the
+    event calls a captured event node falls back to (``event_record``, ``stream_wait_event``, ``_captured``,
+    ``_on_invalidated``). What it owns: the executables whose last launch left graph allocations unfreed (rule
+    graph_launch_unfreed)."""
 
     def __init__(self, rt) -> None:
         self.rt = rt
@@ -82,13 +80,12 @@ class Graphs:
 
         Args:
             g: a graph from :meth:`end_capture` or :meth:`graph_create`.
-            flags: ``cudaGraphInstantiateFlags`` bits (AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4,
-                UseNodePriority 8).
+            flags: ``cudaGraphInstantiateFlags`` bits (AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4, UseNodePriority
+                8).
 
         Raises:
-            CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags,
-                instantiate_device_launch), cudaErrorNotSupported (rule instantiate_mem_nodes_twice).
-        """
+            CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags, instantiate_device_launch),
+                cudaErrorNotSupported (rule instantiate_mem_nodes_twice)."""
         call = "cudaGraphInstantiate"
         if not isinstance(g, Graph) or g.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
@@ -116,8 +113,8 @@ class Graphs:
             return ex
 
     def exec_destroy(self, ex: GraphExec) -> None:
-        """``cudaGraphExecDestroy`` (rule exec_destroy). Raises cudaErrorInvalidValue for a non-executable
-        or one destroyed already (CUDA calls that undefined; the sim refuses it)."""
+        """``cudaGraphExecDestroy`` (rule exec_destroy). Raises cudaErrorInvalidValue for a non-executable or one
+        destroyed already (CUDA calls that undefined; the sim refuses it)."""
         call = "cudaGraphExecDestroy"
         with self.rt.lock:
             if not isinstance(ex, GraphExec) or ex.destroyed:
@@ -146,8 +143,7 @@ class Graphs:
     def add_child(self, g: Graph, child: Graph) -> None:
         """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
 
-        Raises cudaErrorNotSupported for a child with memory allocation or free nodes.
-        """
+        Raises cudaErrorNotSupported for a child with memory allocation or free nodes."""
         call = "cudaGraphAddChildGraphNode"
         with self.rt.lock:
             if not isinstance(g, Graph) or not isinstance(child, Graph):
@@ -180,18 +176,17 @@ class Graphs:
     def exec_update(self, ex: GraphExec, g: Graph) -> None:
         """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
 
-        CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs"
-        → "Whole graph update": nodes are paired in order; another node count or other dependencies
-        (TopologyChanged), another node type (NodeTypeChanged) or a memory node (NotSupported,
-        GUESS) refuse the update and leave the executable unchanged. A kernel's function may change
-        (rule update_function). Host cost: one API call plus ``host_api_us / 8`` per node (modeled).
+        CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs" → "Whole graph
+        update": nodes are paired in order; another node count or other dependencies (TopologyChanged), another node
+        type (NodeTypeChanged) or a memory node (NotSupported, GUESS) refuse the update and leave the executable
+        unchanged. A kernel's function may change (rule update_function). Host cost: one API call plus ``host_api_us /
+        8`` per node (modeled).
 
         Raises:
             GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the
-                ``cudaGraphExecUpdateResult`` name) and ``node_type`` (the failing node of ``g``, or
-                None when the node counts differ).
-            CudaError: cudaErrorInvalidValue for arguments that are not a sim executable / graph.
-        """
+                ``cudaGraphExecUpdateResult`` name) and ``node_type`` (the failing node of ``g``, or None when the node
+                counts differ).
+            CudaError: cudaErrorInvalidValue for arguments that are not a sim executable / graph."""
         call = "cudaGraphExecUpdate"
         if not isinstance(ex, GraphExec) or not isinstance(g, Graph) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, "not a sim graph / live executable graph")
@@ -206,18 +201,15 @@ class Graphs:
 
     def exec_kernel_node_set_params(self, ex: GraphExec, index: int, name: str, gpu_us: float,
                                           fn, info) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): the executable's
-        ``index``-th kernel node (capture order) takes new work — ``fn`` (the launch's reference, None
-        in timing-only mode), its modeled ``gpu_us`` and ``info`` (grid, block, args, shared, nbytes) —
-        for later launches; the graph it came from is unchanged (the executable gets its own copy of
-        the node list on its first update). Host cost: one API call (modeled; ds4lab's planning around
-        it is priced by the launch layer: ``model_host_work``).
+        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): the executable's ``index``-th kernel
+        node (capture order) takes new work — ``fn`` (the launch's reference, None in timing-only mode), its modeled
+        ``gpu_us`` and ``info`` (grid, block, args, shared, nbytes) — for later launches; the graph it came from is
+        unchanged (the executable gets its own copy of the node list on its first update). Host cost: one API call
+        (modeled; ds4lab's planning around it is priced by the launch layer: ``model_host_work``).
 
         Raises:
-            CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or
-                another kernel than the node's (the sim refuses a function change: GUESS, ds4lab never
-                asks for one).
-        """
+            CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
+                than the node's (the sim refuses a function change: GUESS, ds4lab never asks for one)."""
         call = "cudaGraphExecKernelNodeSetParams"
         if not isinstance(ex, GraphExec) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
@@ -236,9 +228,9 @@ class Graphs:
 
     @staticmethod
     def _flat(nodes):
-        """The nodes a replay runs, in order: child graphs inlined; a conditional node, then the bodies its
-        handle selects when the replay reaches it (``info.run_bodies()``: rule set_conditional), lazily, so a
-        condition set by an earlier node of the same launch decides."""
+        """The nodes a replay runs, in order: child graphs inlined; a conditional node, then the bodies its handle
+        selects when the replay reaches it (``info.run_bodies()``: rule set_conditional), lazily, so a condition set
+        by an earlier node of the same launch decides."""
         for n in nodes:
             if n.kind == "graph":
                 yield from Graphs._flat(n.info.nodes)
@@ -270,18 +262,23 @@ class Graphs:
         self.rt._fail(rule, call, [seq], f"{s.name} is capturing (sequence {seq.id})")
         return True
 
+    def _exec_stream(self, ge: GraphExec, stream: Any, call: str, what: str):
+        """The stream ``call`` puts ``ge`` on (a use of the legacy stream recorded). Raises cudaErrorInvalidValue when
+        ``ge`` is not ``what`` (destroyed, or not an executable)."""
+        if not isinstance(ge, GraphExec) or ge.destroyed:
+            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not {what}")
+        s = self.rt._stream(stream, call)
+        if s is self.rt.legacy and self.rt.live:
+            self.rt._legacy_use(call)
+        return s
+
     def upload(self, ge: GraphExec, stream: Any) -> None:
         """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
 
-        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture).
-        """
+        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture)."""
         call = "cudaGraphUpload"
-        if not isinstance(ge, GraphExec) or ge.destroyed:
-            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not a live executable graph")
         with self.rt.lock:
-            s = self.rt._stream(stream, call)
-            if s is self.rt.legacy and self.rt.live:
-                self.rt._legacy_use(call)
+            s = self._exec_stream(ge, stream, call, "a live executable graph")
             if self._launch_checks(ge, s, call, "graph_upload_in_capture"):
                 return
             self.rt.dev.host(self.rt.cal.host_api_us)
@@ -289,9 +286,8 @@ class Graphs:
     def memory_free(self, addr: int) -> bool:
         """A free, outside the graph, of memory a launched graph allocated (rule graph_free_outside).
 
-        Returns True when ``addr`` was such an allocation (now freed: the executable may launch
-        again), False otherwise (the caller frees it as ordinary memory).
-        """
+        Returns True when ``addr`` was such an allocation (now freed: the executable may launch again), False otherwise
+        (the caller frees it as ordinary memory)."""
         with self.rt.lock:
             for ex in self._launched:
                 if addr in ex.unfreed:
@@ -301,7 +297,8 @@ class Graphs:
 
     @staticmethod
     def _unfreed_allocs(nodes) -> list:
-        """Allocations (addresses; None in timing-only mode) of ``nodes`` not freed by a free node of the same graph."""
+        """Allocations (addresses; None in timing-only mode) of ``nodes`` not freed by a free node of the same graph.
+        """
         allocs = [n.info for n in nodes if n.kind == "mem_alloc"]
         for n in nodes:
             if n.kind == "mem_free" and n.info in allocs:
@@ -312,16 +309,12 @@ class Graphs:
         """``cudaGraphLaunch``: replay every node in order (their callables run again); time paced per node.
 
         Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_launch_in_capture),
-        cudaErrorInvalidValue while the previous launch's allocations are unfreed (rule
-        graph_launch_unfreed), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture).
-        """
+        cudaErrorInvalidValue while the previous launch's allocations are unfreed (rule graph_launch_unfreed),
+        cudaErrorStreamCaptureImplicit (legacy stream, blocking capture)."""
         call = "cudaGraphLaunch"
-        if not isinstance(ge, GraphExec) or ge.destroyed:
-            raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not an instantiated sim graph")
         with self.rt.lock:
-            s = self.rt._stream(stream, call)
+            s = self._exec_stream(ge, stream, call, "an instantiated sim graph")
             if s is self.rt.legacy and self.rt.live:
-                self.rt._legacy_use(call)
                 self.rt.escapes.append((call, f"graph {ge.graph.id}"))
             if self._launch_checks(ge, s, call, "graph_launch_in_capture"):
                 return
@@ -364,20 +357,20 @@ class Graphs:
 
     # ------------------------------------------------------------------ external event nodes
     def event_record_external(self, stream: Any, e: SimEvent) -> None:
-        """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: captured, an event record node that
-        records ``e`` at every replay (rule event_record_external); eagerly, a plain record."""
+        """``cudaEventRecordWithFlags(cudaEventRecordExternal)``: captured, an event record node that records ``e`` at
+        every replay (rule event_record_external); eagerly, a plain record."""
         self._external_node("cudaEventRecordWithFlags", "event_record", stream, e,
                             lambda seq: seq is None, self.rt.event_record)
 
     def stream_wait_event_external(self, stream: Any, e: SimEvent) -> None:
-        """``cudaStreamWaitEvent(..., cudaEventWaitExternal)``: captured, an event wait node (rule
-        wait_external); eagerly, or on an event of the same capture, a plain wait."""
+        """``cudaStreamWaitEvent(..., cudaEventWaitExternal)``: captured, an event wait node (rule wait_external);
+        eagerly, or on an event of the same capture, a plain wait."""
         self._external_node("cudaStreamWaitEvent", "wait_event", stream, e,
                             lambda seq: seq is None or self.rt._captured(e) is not None, self.rt.stream_wait_event)
 
     def _external_node(self, call: str, kind: str, stream: Any, e: SimEvent, plain, fallback) -> None:
-        """An event node of ``kind`` on ``stream``'s capture, or the plain call ``fallback`` when
-        ``plain(capture)`` says so; on an invalidated capture the call is dropped (rule after_invalidation)."""
+        """An event node of ``kind`` on ``stream``'s capture, or the plain call ``fallback`` when ``plain(capture)``
+        says so; on an invalidated capture the call is dropped (rule after_invalidation)."""
         with self.rt.lock:
             s = self.rt._stream(stream, call)
             seq = s.capture

@@ -1,8 +1,6 @@
-"""The ``sim`` backend's host-side runtime calls: copies to and from host memory, pinned host memory,
-host-only queries and cuBLAS handles. Mixed into :class:`ds4lab.sim.backend.SimBackend`; every call
-goes through the runtime's rules (:mod:`ds4lab.sim.rules`): which one decides each is in the rule's
-``when``.
-"""
+"""The ``sim`` backend's host-side runtime calls: copies to and from host memory, pinned host memory, host-only queries
+and cuBLAS handles. Mixed into :class:`ds4lab.sim.backend.SimBackend`; every call goes through the runtime's rules
+(:mod:`ds4lab.sim.rules`): which one decides each is in the rule's ``when``."""
 
 from __future__ import annotations
 
@@ -29,13 +27,13 @@ class BlasHandle:
 
 
 class HostApiMixin:
-    """The host-side runtime calls of :class:`~ds4lab.sim.backend.SimBackend` (which provides ``rt``,
-    ``cal`` and ``timing_only``)."""
+    """The host-side runtime calls of :class:`~ds4lab.sim.backend.SimBackend` (which provides ``rt``, ``cal`` and
+    ``timing_only``)."""
 
     # ------------------------------------------------------------------ copies
     def copy_d2h(self, stream, dst: np.ndarray, src) -> None:
-        """``cudaMemcpyAsync`` device to host on ``stream`` into ``dst``. Captured, a memcpy node that
-        writes ``dst`` at each replay (rule capture_node); eagerly, written when the copy runs."""
+        """``cudaMemcpyAsync`` device to host on ``stream`` into ``dst``. Captured, a memcpy node that writes ``dst``
+        at each replay (rule capture_node); eagerly, written when the copy runs."""
         if not dst.flags.c_contiguous or dst.nbytes != src.nbytes:
             raise ValueError(f"copy_d2h: needs a C-contiguous host array of {src.nbytes} bytes")
 
@@ -46,8 +44,8 @@ class HostApiMixin:
                         self.cal.h2d_gpu_us(dst.nbytes), "cudaMemcpyAsync", self.cal.host_api_us, (dst, src))
 
     def memcpy_h2d_sync(self, dst, src: np.ndarray) -> None:
-        """``cudaMemcpy`` host to device: on the legacy stream (rule legacy_escape while a non-blocking
-        stream captures, legacy_implicit while a blocking one does); the host waits for it."""
+        """``cudaMemcpy`` host to device: on the legacy stream (rule legacy_escape while a non-blocking stream
+        captures, legacy_implicit while a blocking one does); the host waits for it."""
         src = np.ascontiguousarray(src)
         if src.nbytes != dst.nbytes:
             raise ValueError(f"memcpy_h2d_sync: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
@@ -123,9 +121,9 @@ class HostApiMixin:
 
     # ------------------------------------------------------------------ host queries
     def host_query(self, name: str) -> Any:
-        """One of :data:`~ds4lab.executor.base.HOST_QUERIES` (rule host_query): host cost only; returns
-        a modeled answer (0 for the device, the context and the last error; 1 for attributes).
-        Raises ValueError naming the known queries for another name."""
+        """One of :data:`~ds4lab.executor.base.HOST_QUERIES` (rule host_query): host cost only; returns a modeled
+        answer (0 for the device, the context and the last error; 1 for attributes). Raises ValueError naming the
+        known queries for another name."""
         if name not in HOST_QUERIES:
             raise ValueError(f"host query {name!r}; known: {', '.join(HOST_QUERIES)}")
         self.rt.host_query(name)

@@ -1,6 +1,5 @@
-"""The simulated runtime's handles: streams (:class:`SimStream`), events (:class:`SimEvent`),
-graph nodes (:class:`Node`) and capture sequences (:class:`CaptureSeq`).
-"""
+"""The simulated runtime's handles: streams (:class:`SimStream`), events (:class:`SimEvent`), graph nodes
+(:class:`Node`) and capture sequences (:class:`CaptureSeq`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The simulator's stream-capture rules: the capture modes, :class:`Rule` and the :data:`RULES`
-table (trigger, outcome, CUDA error name, what gets invalidated, source), and the error a rule
-raises. :meth:`ds4lab.sim.runtime.Runtime._fail` applies them; this table is the single place to
-read or change what the simulator claims.
-"""
+"""The simulator's stream-capture rules: the capture modes, :class:`Rule` and the :data:`RULES` table (trigger,
+outcome, CUDA error name, what gets invalidated, source), and the error a rule raises.
+:meth:`ds4lab.sim.runtime.Runtime._fail` applies them; this table is the single place to read or change what the
+simulator claims."""
 
 from __future__ import annotations
 

@@ -1,32 +1,15 @@
-"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU.
+"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU (:class:`Runtime`; graphs in
+:mod:`ds4lab.sim.graphs`, handles in :mod:`ds4lab.sim.objects`, the rules in :mod:`ds4lab.sim.rules`). It knows
+nothing of arrays or kernels: work is a callable plus a modeled duration; :class:`ds4lab.sim.backend.SimBackend`
+adapts the backend contract onto it, and the time is :mod:`ds4lab.sim.costmodel`'s.
 
-This module knows nothing about arrays or kernels: work is a callable (``fn``) plus a modeled
-GPU duration. :class:`ds4lab.sim.backend.SimBackend` adapts the :class:`~ds4lab.executor.base.Backend`
-interface onto it.
-
-What it models (sources: CUDA Programming Guide, "Asynchronous execution" → blocking and
-non-blocking streams and the default stream, and "CUDA Graphs" → "Stream Capture"; CUDA Runtime
-API reference for each call; ``shared/context/gpu-facts.md`` for what our H200 did):
-
-* **Eager work** runs *now*: ``fn()`` is called at enqueue. In this workbench one host thread
-  issues work in dependency order, so executing at enqueue respects every stream and event
-  dependency. Its *time* is modeled separately (:mod:`ds4lab.sim.costmodel`).
-* **Captured work** is not executed: it becomes a :class:`Node` of the capture's graph holding
-  the callable exactly as issued (a ref closure captured scalars by value and buffers by
-  reference, which is exactly what a kernel node keeps: parameter values and pointers).
-  :meth:`Graphs.launch` calls the nodes' callables again, in order.
-* **Streams**: the legacy default stream (implicitly synchronises with every *blocking* stream),
-  blocking and non-blocking streams, and per-thread default streams (blocking with respect to the
-  legacy stream, not synchronising with other streams).
-* **Capture rules**: every rule is an entry of :data:`RULES` (trigger, outcome, CUDA error name,
-  what gets invalidated, source). The code raises through :meth:`Runtime._fail`, which looks the
-  rule up, so the table is the single place to read or change what the simulator claims.
-
-The pieces: the rules table in :mod:`ds4lab.sim.rules`, the handles (streams, events, nodes,
-capture sequences) in :mod:`ds4lab.sim.objects`, graphs and their calls in :mod:`ds4lab.sim.graphs`
-(:class:`~ds4lab.sim.graphs.Graphs`, held as ``rt.graphs``); this module holds :class:`Runtime`: streams, events,
-work, synchronization, capture and the clock.
-"""
+Eager work runs when it is enqueued (one host thread issues work in dependency order, so every stream and event
+dependency holds). Captured work is not run: it becomes a :class:`Node` holding the callable as issued (scalars by
+value, buffers by reference, as a kernel node keeps them), called again at each :meth:`Graphs.launch`. Streams: the
+legacy stream (synchronizing with every blocking stream), blocking and non-blocking streams, per-thread default
+streams. Every capture rule is an entry of :data:`RULES` raised through :meth:`Runtime._fail`: the table is the one
+place to read or change what the simulator claims. Sources: CUDA Programming Guide, "Asynchronous execution" and "CUDA
+Graphs" → "Stream Capture"; the CUDA Runtime API reference; the H200 record (``shared/context/gpu-facts.md``)."""
 
 from __future__ import annotations
 
@@ -56,10 +39,9 @@ class Runtime:
     Args:
         cal: the cost model's constants.
         compute: call the work callables (False: timing only, nothing is computed).
-        threads_enabled: tell threads apart (False: every caller counts as one thread, so capture
-            modes and per-thread streams cannot distinguish threads).
-        invalidated_ops: ``"drop"`` or ``"raise"`` (rule ``after_invalidation``).
-    """
+        threads_enabled: tell threads apart (False: every caller counts as one thread, so capture modes and per-thread
+            streams cannot distinguish threads).
+        invalidated_ops: ``"drop"`` or ``"raise"`` (rule ``after_invalidation``)."""
 
     def __init__(self, cal: Calibration, *, compute: bool = True, threads_enabled: bool = True,
                  invalidated_ops: str = "drop") -> None:
@@ -125,8 +107,8 @@ class Runtime:
                        f"stream {bad[0].origin.name} (blocking) is capturing; the legacy stream would depend on it")
 
     def _unsafe(self, call: str, rule: str = "unsafe_call") -> None:
-        """Rule ``unsafe_call`` (cudaThreadExchangeStreamCaptureMode's definitions), or another rule
-        with the same trigger (``unsafe_host_call``, ``cublas_create``)."""
+        """Rule ``unsafe_call`` (cudaThreadExchangeStreamCaptureMode's definitions), or another rule with the same
+        trigger (``unsafe_host_call``, ``cublas_create``)."""
         if not self.live:
             return
         tid = self._tid()
@@ -183,9 +165,8 @@ class Runtime:
     def per_thread_stream(self) -> SimStream:
         """The calling thread's per-thread default stream (``cudaStreamPerThread``).
 
-        It does not synchronise with other created streams, but, not being a non-blocking stream,
-        it does synchronise with the legacy stream (PG, "Per-thread default stream").
-        """
+        It does not synchronise with other created streams, but, not being a non-blocking stream, it does synchronise
+        with the legacy stream (PG, "Per-thread default stream")."""
         with self.lock:
             tid = self._tid()
             s = self._per_thread.get(tid)
@@ -216,9 +197,8 @@ class Runtime:
                 call: str, host_us: float | None = None, info: Any = None) -> Node | None:
         """Issue one piece of work (kernel, memset, memcpy) on ``stream``.
 
-        Returns the graph node when captured, else None. Applies ``legacy_implicit``,
-        ``legacy_escape``, ``capture_node`` and ``after_invalidation``.
-        """
+        Returns the graph node when captured, else None. Applies ``legacy_implicit``, ``legacy_escape``,
+        ``capture_node`` and ``after_invalidation``."""
         with self.lock:
             s = self._stream(stream, call)
             if s is self.legacy and self.live:
@@ -252,8 +232,7 @@ class Runtime:
                 capture_fn: Callable[[], None] | None = None) -> Node | None:
         """A zero-duration stream-ordered operation (``cudaMallocAsync``/``cudaFreeAsync``).
 
-        Eagerly ``fn`` runs now; captured, a node runs ``capture_fn`` at each replay.
-        """
+        Eagerly ``fn`` runs now; captured, a node runs ``capture_fn`` at each replay."""
         with self.lock:
             s = self._stream(stream, call)
             if s is self.legacy and self.live:
@@ -377,13 +356,12 @@ class Runtime:
                 self.dev.wait_host(e.time_us)
 
     def event_query(self, e: SimEvent) -> bool:
-        """``cudaEventQuery``: True when the device has reached the event at the current host time,
-        False for ``cudaErrorNotReady`` (the documented "pending" answer).
+        """``cudaEventQuery``: True when the device has reached the event at the current host time, False for
+        ``cudaErrorNotReady`` (the documented "pending" answer).
 
-        Raises cudaErrorCapturedEvent (last recorded in an active capture, which is invalidated:
-        rule event_query_captured), cudaErrorInvalidValue (last recorded in an invalidated or ended
-        capture: rules event_query_invalidated, event_after_capture), or cudaErrorStreamCaptureUnsupported
-        (rule unsafe_call).
+        Raises cudaErrorCapturedEvent (last recorded in an active capture, which is invalidated: rule
+        event_query_captured), cudaErrorInvalidValue (last recorded in an invalidated or ended capture: rules
+        event_query_invalidated, event_after_capture), or cudaErrorStreamCaptureUnsupported (rule unsafe_call).
         """
         call = "cudaEventQuery"
         with self.lock:
@@ -401,10 +379,9 @@ class Runtime:
     def event_elapsed_ms(self, a: SimEvent, b: SimEvent) -> float:
         """``cudaEventElapsedTime``: modeled milliseconds from ``a`` to ``b``.
 
-        Raises cudaErrorCapturedEvent (either last recorded in a live capture),
-        cudaErrorInvalidResourceHandle (either never recorded) or cudaErrorNotReady (the host
-        has not yet reached either event: synchronize first, as on a GPU).
-        """
+        Raises cudaErrorCapturedEvent (either last recorded in a live capture), cudaErrorInvalidResourceHandle (either
+        never recorded) or cudaErrorNotReady (the host has not yet reached either event: synchronize first, as on a
+        GPU)."""
         call = "cudaEventElapsedTime"
         with self.lock:
             for e in (a, b):
@@ -443,10 +420,9 @@ class Runtime:
     def stream_query(self, stream: Any) -> bool:
         """``cudaStreamQuery``: True when all the stream's work is done, False for ``cudaErrorNotReady``.
 
-        Raises cudaErrorStreamCaptureUnsupported (the stream is in an active capture, which is
-        invalidated: rule stream_query_capturing), cudaErrorStreamCaptureInvalidated (its capture is
-        invalidated: rule stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream
-        while a blocking stream captures).
+        Raises cudaErrorStreamCaptureUnsupported (the stream is in an active capture, which is invalidated: rule
+        stream_query_capturing), cudaErrorStreamCaptureInvalidated (its capture is invalidated: rule
+        stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream while a blocking stream captures).
         """
         call = "cudaStreamQuery"
         with self.lock:

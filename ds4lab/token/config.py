@@ -1,9 +1,8 @@
 """Model configurations: the DeepSeek V4 Flash dimensions ds4 fixes, and reduced presets.
 
-Every dimension that a kernel tiles by a block size is checked here, once, so a bad
-configuration fails before any memory is allocated, with the offending value named.
-Source of the ``ds4-flash`` numbers: ``shared/context/ds4-decode.md`` ("Model shape").
-"""
+Every dimension that a kernel tiles by a block size is checked here, once, so a bad configuration fails before any
+memory is allocated, with the offending value named. Source of the ``ds4-flash`` numbers:
+``shared/context/ds4-decode.md`` ("Model shape")."""
 
 from __future__ import annotations
 
@@ -74,14 +73,13 @@ class ConfigError(ValueError):
 class ModelConfig:
     """Dimensions of one ds4-shaped decoder, plus the workbench's own choices.
 
-    All sizes are element counts. Weights: attention, hyper-connection output and shared
-    expert in Q8_0; routed experts in ds4lab's 4-bit block format (``Q4_BLOCK``); router,
-    norms and hyper-connection mixing in fp32. Activations are fp32.
+    All sizes are element counts. Weights: attention, hyper-connection output and shared expert in Q8_0; routed experts
+    in ds4lab's 4-bit block format (``Q4_BLOCK``); router, norms and hyper-connection mixing in fp32. Activations are
+    fp32.
 
     Raises:
-        ConfigError: from :meth:`validate` (called on construction) for any dimension that
-            does not divide its block size, more experts used than exist, and the like.
-    """
+        ConfigError: from :meth:`validate` (called on construction) for any dimension that does not divide its block
+            size, more experts used than exist, and the like."""
 
     name: str
     n_layers: int
@@ -164,10 +162,8 @@ class ModelConfig:
     def compress_ratio(self, layer: int) -> int:
         """Compression ratio of ``layer``: 0 (raw window only), 4 (with an indexer) or 128.
 
-        ds4.c ``ds4_layer_compress_ratio``: layers 0 and 1 none; from layer 2 even layers 4, odd
-        layers 128. Always 0 when ``long_context`` is off. Raises ConfigError for a layer outside
-        ``0 .. n_layers - 1``.
-        """
+        ds4.c ``ds4_layer_compress_ratio``: layers 0 and 1 none; from layer 2 even layers 4, odd layers 128. Always 0
+        when ``long_context`` is off. Raises ConfigError for a layer outside ``0 .. n_layers - 1``."""
         if not 0 <= layer < self.n_layers:
             raise ConfigError(f"{self.name}: layer={layer} outside 0..{self.n_layers - 1}")
         if not self.long_context or layer < FIRST_COMPRESSED_LAYER:
@@ -315,9 +311,8 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
-        """A flat dict of the configuration, for ``meta.json`` and tables: every field, and
-        ``routed_moe``, a line saying where the routed experts and their decode path come from
-        (:meth:`routed_moe_source`)."""
+        """A flat dict of the configuration, for ``meta.json`` and tables: every field, and ``routed_moe``, a line
+        saying where the routed experts and their decode path come from (:meth:`routed_moe_source`)."""
         d = dataclasses.asdict(self)
         d.pop("extra")
         d["routed_moe"] = self.routed_moe_source()
@@ -369,15 +364,15 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def is_ds4_flash(name: str | None) -> bool:
-    """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``):
-    the full-size model, which the CPU backends only time (computing it takes minutes per token).
-    False for None (a job's default preset, chosen later)."""
+    """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``): the full-size
+    model, which the CPU backends only time (computing it takes minutes per token). False for None (a job's default
+    preset, chosen later)."""
     return name is not None and (name == "ds4-flash" or name.startswith("ds4-flash-"))
 
 
 def token_id_at(pos: int, vocab: int) -> int:
-    """The token id every experiment decodes at position ``pos`` (a fixed pseudo-random sequence,
-    so every stage and every backend decodes the same tokens)."""
+    """The token id every experiment decodes at position ``pos`` (a fixed pseudo-random sequence, so every stage and
+    every backend decodes the same tokens)."""
     return (pos * 7919 + 13) % vocab
 
 
@@ -385,9 +380,8 @@ def get_preset(name: str, **overrides) -> ModelConfig:
     """The preset called ``name`` with optional field overrides.
 
     Raises:
-        ConfigError: unknown preset (the message lists the known ones), unknown field, or an
-            override that breaks a constraint.
-    """
+        ConfigError: unknown preset (the message lists the known ones), unknown field, or an override that breaks a
+            constraint."""
     try:
         base = PRESETS[name]
     except KeyError:

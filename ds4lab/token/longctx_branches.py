@@ -1,35 +1,16 @@
-"""Stage ``3cc``'s long-context token: the position-dependent launch decisions of every compressed layer
-made on the device by conditional graph nodes (``TokenOptions.longctx="conditional"``).
+"""Stage ``3cc``'s long-context token: the position-dependent launch decisions of every compressed layer made on the
+device by conditional graph nodes (``TokenOptions.longctx="conditional"``).
 
-ds4's path asks the host, from the position, whether each compressor emits a row (its pool, norm,
-rotate-store and, ratio 4, shift kernels) and which top-k regime the indexer takes (none while every
-compressed row is attended, then one sort width after another, then the chunked tree): a graph captured
-at one position is wrong at another, so stage 3 keeps one graph per token shape. Stage ``3c`` launches
-the same kernels at every position with worst-case grids and lets them exit on the device. Stage ``3cc``
-keeps ds4's launches and puts the choice into the graph:
+Per compressed layer one small kernel (``kernels/graph_cond.cu:cond_set_longctx``) reads the position from the token's
+scalars and sets the layer's handles; each compressor's emit kernels are the body of an IF node; the indexer is a
+SWITCH node with one body per top-k regime ``max_context`` allows, each sized for the largest n_comp of its body (rows
+and candidate sets past n_comp skipped on the device, as in stage 3c). One whole-token graph then runs at every
+position exactly the launches ds4's host decisions would have issued there, bit for bit ds4's results. Outside a
+capture the host takes the same branches itself. How and why: ``docs/capture-stages.md``.
 
-* per compressed layer, one small kernel (``kernels/graph_cond.cu:cond_set_longctx``) reads the position
-  from the token's scalars and sets the layer's conditional handles: the emit of the attention's
-  compressor, of the indexer's compressor (ratio 4), and the top-k regime;
-* each compressor's emit kernels are the body of an IF node;
-* the indexer is a SWITCH node with one body per top-k regime that ``max_context`` allows (sort2k,
-  sort4k, sort8k, sort16k, and the chunked path once per number of merge launches its tree needs), each
-  the indexer ds4's path launches for the largest n_comp of that body (score grid and top-k plan; rows
-  and candidate sets past n_comp are skipped on the device, as in stage 3c); the value for "every row
-  attended" runs no body;
-* attention picks the selection or all rows from n_comp on the device (as in stage 3c).
-
-So one whole-token graph serves every position, running at each exactly the launches ds4's host
-decisions would have issued there, with the same grids for the emit kernels and the sort regimes and
-grids sized for the body's largest n_comp for the score, chunk and merge kernels: bit for bit ds4's
-results (a merge of more, empty, candidate sets gives the same selection: the top-k of a union does not
-depend on how it is grouped; stage 3c relies on the same). Outside a capture (the graph cache's warm-up,
-a backend that cannot capture) the host takes the same branches itself.
-
-Sources: CUDA Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes" (IF since 12.4, SWITCH since
-12.8); CUDA Runtime API, cudaGraphConditionalHandleCreate, cudaGraphAddNode, cudaGraphSetConditional;
-ds4.c ``compressor_decode_one``, ds4_cuda.cu ``ds4_gpu_indexer_topk_tensor`` for the decisions.
-"""
+Sources: CUDA Programming Guide, "Conditional Graph Nodes" (IF since 12.4, SWITCH since 12.8); CUDA Runtime API,
+``cudaGraphConditionalHandleCreate``, ``cudaGraphAddNode``, ``cudaGraphSetConditional``; ds4.c
+``compressor_decode_one``, ds4_cuda.cu ``ds4_gpu_indexer_topk_tensor`` for the decisions."""
 
 from __future__ import annotations
 
@@ -57,9 +38,9 @@ def _merges(n_comp: int, top_k: int) -> int:
 
 
 def regime_value(n_comp: int, top_k: int) -> int:
-    """The SWITCH value ``cond_set_longctx`` sets for ``n_comp`` rows: the index of the body (a sort regime
-    of :data:`SORT_REGIMES`, then the chunked path by its number of merge launches), or :data:`NO_BODY`
-    while ``n_comp <= top_k``."""
+    """The SWITCH value ``cond_set_longctx`` sets for ``n_comp`` rows: the index of the body (a sort regime of
+    :data:`SORT_REGIMES`, then the chunked path by its number of merge launches), or :data:`NO_BODY` while ``n_comp
+    <= top_k``."""
     reg = R.topk_regime(n_comp, top_k)
     if reg == "all":
         return NO_BODY
@@ -69,11 +50,11 @@ def regime_value(n_comp: int, top_k: int) -> int:
 
 
 def regime_plans(cfg, ratio: int) -> list[tuple[str, int]]:
-    """``[(body, n_plan)]``: the SWITCH bodies of a ratio-``ratio`` layer, in ``cond_set_longctx``'s
-    numbering (:func:`regime_value`), each with the n_comp its indexer is planned for: the largest n_comp
-    the body serves, at most the compressed capacity, so its launches are ds4's for every n_comp it
-    serves, the score, chunk and merge grids sized for the largest. Bodies the capacity cannot reach are
-    left out (they are the last ones). Empty for a ratio other than 4 (no indexer)."""
+    """``[(body, n_plan)]``: the SWITCH bodies of a ratio-``ratio`` layer, in ``cond_set_longctx``'s numbering
+    (:func:`regime_value`), each with the n_comp its indexer is planned for: the largest n_comp the body serves, at
+    most the compressed capacity, so its launches are ds4's for every n_comp it serves, the score, chunk and merge
+    grids sized for the largest. Bodies the capacity cannot reach are left out (they are the last ones). Empty for a
+    ratio other than 4 (no indexer)."""
     if ratio != 4:
         return []
     k, cap = cfg.index_top_k, cfg.comp_capacity(ratio)
@@ -94,12 +75,11 @@ def regime_plans(cfg, ratio: int) -> list[tuple[str, int]]:
 
 class LongctxBranches:
     """The conditional nodes of one model's compressed layers (see the module docstring). Built by
-    :class:`~ds4lab.token.model.DecodeModel` when its options say ``longctx="conditional"``; outside a
-    stream capture every branch is taken on the host.
+    :class:`~ds4lab.token.model.DecodeModel` when its options say ``longctx="conditional"``; outside a stream
+    capture every branch is taken on the host.
 
     Args:
-        model: the :class:`~ds4lab.token.model.DecodeModel` (long context on).
-    """
+        model: the :class:`~ds4lab.token.model.DecodeModel` (long context on)."""
 
     def __init__(self, model) -> None:
         self.m, self.L, self.be = model, model.L, model.be
@@ -110,10 +90,10 @@ class LongctxBranches:
         self.prepare(programmatic=model.opts.pdl)
 
     def prepare(self, programmatic: bool = False) -> None:
-        """Load every kernel now (in both builds when ``programmatic``), so no module is loaded inside a
-        capture: the condition-setting kernel, and the kernels of every body a conditional node holds,
-        whose regimes the eager warm-up before a capture never reaches (a SWITCH captures all of its
-        bodies at once; a module loaded while a stream captures invalidates the capture)."""
+        """Load every kernel now (in both builds when ``programmatic``), so no module is loaded inside a capture: the
+        condition-setting kernel, and the kernels of every body a conditional node holds, whose regimes the eager
+        warm-up before a capture never reaches (a SWITCH captures all of its bodies at once; a module loaded while a
+        stream captures invalidates the capture)."""
         if isinstance(self.be, DeviceGraphApi):
             self.be.prepare_device_kernels(None, programmatic=programmatic)
 
@@ -123,9 +103,9 @@ class LongctxBranches:
         return in_device_graph(self.L)
 
     def start_layer(self, layer: int, ratio: int, ts) -> None:
-        """Before a compressed layer's compressors: in a capture, create the layer's handles on the
-        capture's graph (``cudaGraphCondAssignDefault``, default 0) and launch ``cond_set_longctx``,
-        which sets them from the position at every replay. Eagerly: nothing (the host decides)."""
+        """Before a compressed layer's compressors: in a capture, create the layer's handles on the capture's graph
+        (``cudaGraphCondAssignDefault``, default 0) and launch ``cond_set_longctx``, which sets them from the
+        position at every replay. Eagerly: nothing (the host decides)."""
         self.handles.pop(layer, None)
         if not self.in_graph:
             return
@@ -158,17 +138,17 @@ class LongctxBranches:
             self.L.kernel("cond_longctx", "cond_set_longctx", (1,), (32,), args + ts.args(), ref, nbytes=16)
 
     def emit(self, layer: int, lane: str, body, host_emits: bool) -> None:
-        """A compressor's emit kernels (``body``): an IF node on the layer's ``lane`` handle (``"comp"``,
-        ``"index"``) in a capture, else run when the host says the token emits."""
+        """A compressor's emit kernels (``body``): an IF node on the layer's ``lane`` handle (``"comp"``, ``"index"``)
+        in a capture, else run when the host says the token emits."""
         if self.in_graph:
             conditional_node(self.L, self.body_stream, self.handles[layer][lane], "if", [body])
         elif host_emits:
             body()
 
     def indexer(self, layer: int, ratio: int, ts) -> bool:
-        """The indexer of a compressed layer: a SWITCH node with one body per reachable top-k regime in a
-        capture, else the body of this position's regime (none while every row is attended). Returns
-        whether a selection can be in use (attention then picks it on the device)."""
+        """The indexer of a compressed layer: a SWITCH node with one body per reachable top-k regime in a capture, else
+        the body of this position's regime (none while every row is attended). Returns whether a selection can be in
+        use (attention then picks it on the device)."""
         plans = regime_plans(self.m.cfg, ratio)
         if not plans:
             return False

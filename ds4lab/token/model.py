@@ -1,20 +1,11 @@
 """The decode token: ds4's launch order for one token, on any backend.
 
-:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend,
-and issues a token's launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of
-one decode layer"), each cluster in its own census/NVTX scope:
-
-``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``) →
-``attention`` → ``output`` → ``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final`` (behind
-``vocab=True``). The compressor and indexer clusters exist with ``cfg.long_context`` only, in the
-compressed layers (:class:`LongContext`).
-
-The ds4-today code paths that become capture hazards are selectable in :class:`TokenOptions`.
-Simplifications against the real model are listed in ``docs/model.md``. Buffers: the routed MoE's
-scratch (:class:`MoeScratch`) and, with ``long_context``, the compressed layers' caches and scratch
-(:class:`LongContext`, :class:`TopkScratch`); the compressed layers' host decisions and launches are
-methods of :class:`DecodeModel` (the section "long context" at its end).
-"""
+:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend and issues a token's
+launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of one decode layer"), each cluster in its own
+census/NVTX scope: ``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``, long
+context) → ``attention`` → ``output`` → ``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final``. The ds4-today
+paths that are capture hazards are :class:`TokenOptions`; the buffers :class:`MoeScratch`, :class:`LongContext`,
+:class:`TopkScratch`. Simplifications against the real model: ``docs/model.md``."""
 
 from __future__ import annotations
 
@@ -40,31 +31,22 @@ MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 
 @dataclass(frozen=True)
 class TokenOptions:
-    """Which code path each capture hazard takes (context file, "Capture hazards").
+    """Which code path each capture hazard takes (context file, "Capture hazards"; ds4 today first).
 
     Attributes:
-        counts_clear: ``"sync"`` (ds4 today: ``cudaMemset`` on the legacy stream) or ``"async"``
-            (the fix: ``cudaMemsetAsync`` on the accessor's stream) for the routed-MoE counts.
-        scalars: ``"value"`` (ds4 today: position, KV row, window length, token id as kernel
-            arguments) or ``"device"`` (read from a device buffer written before each token).
-        scratch: ``"on-demand"`` (routed-MoE scratch allocated when a larger batch first needs
-            it) or ``"prealloc"`` (allocated for ``max_tokens`` up front).
+        counts_clear: ``"sync"`` (``cudaMemset`` on the legacy stream) or ``"async"`` (``cudaMemsetAsync`` on the
+            accessor's stream) for the routed-MoE counts.
+        scalars: ``"value"`` (position, KV row, window length, token id as kernel arguments) or ``"device"`` (read from
+            a device buffer written before each token).
+        scratch: ``"on-demand"`` (routed-MoE scratch grown when a batch first needs it) or ``"prealloc"``.
         vocab: run the final norm and the vocabulary projection.
-        moe_profile: record ds4's 7 profiling events around the routed-MoE stages.
-        moe_host_timed, legacy_sites, sync_in_body: ds4-today code paths that break capture,
-            re-introduced by the hazard demonstrations (``ds4lab ladder --hazard``).
-        longctx: who makes the long-context launch decisions (``cfg.long_context`` only).
-            ``"host"`` (ds4 today): emit or not and the top-k regime chosen from the position
-            every token, so the launch list changes with it (host decisions a graph freezes).
-            ``"device"`` (stage ``3c``): one launch list for every position: the emit kernels
-            always launched (they exit at once off an emit token), the indexer always run with
-            the worst-case top-k plan for ``max_context`` (blocks past n_comp exit or write
-            nothing), the attention choosing selected or all rows from n_comp on the device.
-            ``"conditional"`` (stage ``3cc``): one graph for every position with ds4's launches, the
-            emit kernels inside IF nodes and the indexer inside a SWITCH node per top-k regime, their
-            conditions set on the device from the position (:mod:`ds4lab.token.longctx_branches`).
-        pdl: launch every kernel issued inside a stream capture with programmatic stream
-            serialization (stages ``3p``, ``3cp``, ``3ccp``: ``Launcher.programmatic``).
+        moe_profile: ds4's 7 profiling events around the routed-MoE stages.
+        moe_host_timed, legacy_sites, sync_in_body: ds4-today paths that break capture, for the hazards.
+        longctx: who makes the long-context launch decisions: ``"host"`` (ds4 today: the launch list changes with the
+            position), ``"device"`` (stage 3c: one worst-case launch list for every position, kernels exiting on the
+            device) or ``"conditional"`` (stage 3cc: ds4's launches inside conditional nodes,
+            :mod:`ds4lab.token.longctx_branches`); ``docs/capture-stages.md``.
+        pdl: launch every kernel issued inside a capture with programmatic stream serialization (stages 3p, 3cp, 3ccp).
     """
 
     counts_clear: str = "sync"
@@ -97,10 +79,9 @@ class TokenOptions:
 class MoeScratch:
     """Routed-MoE buffers sized for ``capacity`` tokens; grows on demand unless preallocated.
 
-    Which buffers exist follows ``cfg.moe_path``: ds4's path has the Q8_K block sums ``xb`` and
-    ``mb`` and the weighted middle ``mid`` (``gate`` and ``up`` are None); the five-launch path
-    ``gate`` and ``up`` (``xb``, ``mb`` and ``mid`` are None).
-    """
+    Which buffers exist follows ``cfg.moe_path``: ds4's path has the Q8_K block sums ``xb`` and ``mb`` and the weighted
+    middle ``mid`` (``gate`` and ``up`` are None); the five-launch path ``gate`` and ``up`` (``xb``, ``mb`` and ``mid``
+    are None)."""
 
     def __init__(self, model: "DecodeModel", capacity: int) -> None:
         self.model = model
@@ -155,10 +136,9 @@ class MoeScratch:
 class TopkScratch:
     """Scratch of the indexer's chunked top-k (candidate sets and tree levels), int32 words.
 
-    ``prealloc``: sized once for the largest n_comp ``max_context`` allows. ``on-demand``: ds4's
-    grow-on-demand allocator (``cuda_tmp_alloc``): a fresh ``cudaMalloc`` whenever a token needs
-    more than it holds, which can happen while a stream captures (a capture hazard).
-    """
+    ``prealloc``: sized once for the largest n_comp ``max_context`` allows. ``on-demand``: ds4's grow-on-demand
+    allocator (``cuda_tmp_alloc``): a fresh ``cudaMalloc`` whenever a token needs more than it holds, which can happen
+    while a stream captures (a capture hazard)."""
 
     def __init__(self, model: "DecodeModel", words: int) -> None:
         self.model = model
@@ -186,14 +166,10 @@ class TopkScratch:
 
 
 class LongContext:
-    """Caches and scratch of the compressed layers (``cfg.long_context``; docs/model.md).
-
-    Per compressed layer (``layers[l]``, None for an uncompressed one): the compressed rows
-    ``comp``, the compressor state ``comp_state_kv`` / ``comp_state_score``, and for ratio 4 the
-    indexer keys ``index`` and the indexer compressor's state (``weights.cache_layout``), all
-    prefilled with seeded random rows, as if every position before the first decoded one had been
-    processed. Shared scratch: the stacked kv/score projection, the pooled and normed row, the
-    indexer query and head weights, the scores, the selection and the chunked top-k scratch.
+    """Caches and scratch of the compressed layers (``cfg.long_context``; ``docs/model.md``): per compressed layer
+    (``layers[l]``, None for an uncompressed one) the compressed rows, the compressor state and, ratio 4, the
+    indexer keys and its compressor's state (``weights.cache_layout``), prefilled with seeded random rows as if
+    every earlier position had been processed; and the shared scratch of the compressors, the indexer and the top-k.
     """
 
     def __init__(self, model: "DecodeModel") -> None:
@@ -231,18 +207,17 @@ class LongContext:
 
 
 class ProfileMarker:
-    """Stands in for one of the 7 profiling events in ``DecodeModel.profile_events``: at that
-    point of the routed MoE the model calls :meth:`fire` instead of recording a CUDA event (an
-    in-graph timestamp kernel, an NVTX mark)."""
+    """Stands in for one of the 7 profiling events in ``DecodeModel.profile_events``: at that point of the routed MoE
+    the model calls :meth:`fire` instead of recording a CUDA event (an in-graph timestamp kernel, an NVTX mark)."""
 
     def fire(self, site: str) -> None:
         """Mark profiling point ``site`` (``profile.xq`` … ``profile.end``) on the current stream."""
         raise NotImplementedError
 
     def fold(self) -> "ops.KernelStamp | None":
-        """The stamp the stage kernel that follows this point may write instead of :meth:`fire`
-        (one slot, ``n`` = 1), or None (the default: the point is fired). Points folded into the
-        same kernel must have consecutive slots of one buffer."""
+        """The stamp the stage kernel that follows this point may write instead of :meth:`fire` (one slot, ``n`` = 1),
+        or None (the default: the point is fired). Points folded into the same kernel must have consecutive slots of
+        one buffer."""
         return None
 
     def folded_into(self, kernel: str) -> None:
@@ -252,10 +227,9 @@ class ProfileMarker:
 class MoeObserver:
     """What a routed-MoE profiler attached to a model sees (``DecodeModel.moe_observer``).
 
-    Each hook gets ``run``, which does the work (the cluster through the executor, or the routed
-    MoE's launches), and must call it exactly once; it may record around it, swap
-    ``profile_events`` for the call, or raise before it (a refused profiling call).
-    """
+    Each hook gets ``run``, which does the work (the cluster through the executor, or the routed MoE's launches), and
+    must call it exactly once; it may record around it, swap ``profile_events`` for the call, or raise before it (a
+    refused profiling call)."""
 
     def around_moe_cluster(self, layer: int, T: int, run) -> None:
         """Around one ``moe`` cluster run of ``layer`` for ``T`` tokens (eager, capture or replay)."""
@@ -275,12 +249,11 @@ class DecodeModel:
         opts: hazard paths and flags (:class:`TokenOptions`).
         nvtx: NVTX ranges on launches.
         routed: launch through the stream accessor (``False``: the unrouted reference path).
-        n_layers: run only the first ``n_layers`` layers (a partial model with the same weights,
-            used for reference checks where the full model is too slow on the CPU).
+        n_layers: run only the first ``n_layers`` layers (a partial model with the same weights, used for reference
+            checks where the full model is too slow on the CPU).
 
     Raises:
-        MemoryError: when the weights do not fit the device (the message gives the bytes).
-    """
+        MemoryError: when the weights do not fit the device (the message gives the bytes)."""
 
     def __init__(self, cfg: ModelConfig, backend, opts: TokenOptions | None = None, *,
                  nvtx: bool = False, routed: bool = True, n_layers: int | None = None) -> None:
@@ -321,9 +294,8 @@ class DecodeModel:
     def memory_bytes(self) -> dict:
         """Device bytes this model allocates for weights and caches (computed before allocating).
 
-        ``caches``: the raw windows and, with ``long_context``, the compressed rows, indexer keys
-        and compressor states for ``max_context`` positions (``weights.cache_bytes``).
-        """
+        ``caches``: the raw windows and, with ``long_context``, the compressed rows, indexer keys and compressor states
+        for ``max_context`` positions (``weights.cache_bytes``)."""
         cfg = self.cfg
         return {"weights": W.model_bytes(cfg, self.opts.vocab, self.n_layers),
                 "caches": W.cache_bytes(cfg, self.n_layers)}
@@ -345,13 +317,15 @@ class DecodeModel:
                 (" (per_layer_experts=True allocates one routed bank per layer; use the shared bank)"
                  if self.cfg.per_layer_experts else ""))
 
-    def _alloc_weights(self) -> None:
-        cfg, be = self.cfg, self.be
-        self.layers = [{k: be.make_weight(s) for k, s in
+    def _alloc_weights(self, cfg: ModelConfig | None = None) -> None:
+        """The weights of ``cfg`` (default the model's; a tensor-parallel rank passes the whole model's), each made by
+        :meth:`_layer_weight` and :meth:`_bank_weight` (a rank takes its share there)."""
+        cfg, be = cfg or self.cfg, self.be
+        self.layers = [{k: self._layer_weight(k, s) for k, s in
                         {**W.layer_specs(cfg, l), **W.compress_specs(cfg, l)}.items()}
                        for l in range(self.n_layers)]
         banks = sorted({W.bank_of_layer(cfg, l) for l in range(self.n_layers)})
-        self.banks = {b: {k: be.make_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
+        self.banks = {b: {k: self._bank_weight(s) for k, s in W.bank_specs(cfg, b).items()} for b in banks}
         #: The IQ2_XXS grid on the device (the gate/up kernels stage it), or None for other expert formats.
         self.expert_grid = be.from_host(W.IQ2XXS_GRID) if "iq2_xxs" in cfg.expert_formats else None
         g = W.global_specs(cfg)
@@ -359,6 +333,12 @@ class DecodeModel:
         self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
         self.embed_key = W.tensor_key(cfg.seed, "embed")
         self.hash_keys = [W.tensor_key(cfg.seed, f"hash_route@{l}") for l in range(self.n_layers)]
+
+    def _layer_weight(self, key: str, spec):
+        return self.be.make_weight(spec)
+
+    def _bank_weight(self, spec):
+        return self.be.make_weight(spec)
 
     def _alloc_buffers(self) -> None:
         cfg, be = self.cfg, self.be
@@ -398,9 +378,9 @@ class DecodeModel:
 
     @contextlib.contextmanager
     def observe(self, obs: "MoeObserver"):
-        """Make ``obs`` the model's routed-MoE observer for the ``with`` block (it sees every
-        ``moe`` cluster run and routed-MoE call); the previous observer is back afterwards,
-        whatever the block raised. Observers nest: the inner one sees the calls of its block."""
+        """Make ``obs`` the model's routed-MoE observer for the ``with`` block (it sees every ``moe`` cluster run and
+        routed-MoE call); the previous observer is back afterwards, whatever the block raised. Observers nest: the
+        inner one sees the calls of its block."""
         prev, self.moe_observer = self.moe_observer, obs
         try:
             yield obs
@@ -410,8 +390,7 @@ class DecodeModel:
     def set_options(self, opts: TokenOptions) -> None:
         """Switch hazard paths and flags (a ladder stage) without reallocating weights.
 
-        Raises ValueError for a change that needs other buffers (vocab, scratch mode).
-        """
+        Raises ValueError for a change that needs other buffers (vocab, scratch mode)."""
         for f in ("vocab", "scratch"):
             if getattr(opts, f) != getattr(self.opts, f):
                 raise ValueError(f"set_options cannot change {f} ({getattr(self.opts, f)!r} → {getattr(opts, f)!r}): "
@@ -423,8 +402,8 @@ class DecodeModel:
         self._device_paths()
 
     def _device_paths(self) -> None:
-        """The options' device-side paths: programmatic launches in captures (``pdl``: the backend's
-        programmatic build loaded now, never inside a capture) and stage 3cc's conditional nodes.
+        """The options' device-side paths: programmatic launches in captures (``pdl``: the backend's programmatic build
+        loaded now, never inside a capture) and stage 3cc's conditional nodes.
 
         Raises ValueError for ``pdl`` on a backend that cannot launch programmatically."""
         from ..executor.device_graphs import DeviceGraphApi
@@ -444,8 +423,8 @@ class DecodeModel:
                 self.branches.prepare(programmatic=o.pdl)
 
     def reset_state(self) -> None:
-        """Refill the KV caches with their prefill rows: the state every stage's exactness run
-        starts from (the streams are rewritten by every token's embedding)."""
+        """Refill the KV caches with their prefill rows: the state every stage's exactness run starts from (the streams
+        are rewritten by every token's embedding)."""
         for layer, c in enumerate(self.cache):
             self.be.fill_f32(c, f"kv_prefill@{layer}", 1.0, 0.0, self.cfg.seed)
         if self.lc is not None:
@@ -480,10 +459,9 @@ class DecodeModel:
     def token(self, pos: int, token_id: int, write_scalars: bool = True) -> None:
         """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU).
 
-        With ``scalars="device"``, the token first copies its scalars to the device buffer;
-        ``write_scalars=False`` leaves that to the caller (a captured token body must not hold
-        a copy from host memory: the caller writes the buffer before each replay).
-        """
+        With ``scalars="device"``, the token first copies its scalars to the device buffer; ``write_scalars=False``
+        leaves that to the caller (a captured token body must not hold a copy from host memory: the caller writes the
+        buffer before each replay)."""
         L = self.L
         with L.range("token", "token", pos):
             L.layer = -1
@@ -492,30 +470,35 @@ class DecodeModel:
         L.census.token_done()
 
     def _token_body(self, ts: ops.TokenScalars) -> None:
-        L, cfg = self.L, self.cfg
-        with L.cluster("embed"):
-            ops.embed_token(L, "embed", self.h, cfg, self.embed_key, ts)
+        L = self.L
+        self._embed(ts)
         for layer in range(self.n_layers):
             L.layer = layer
             with L.range("layer", "layer", layer):
                 self._layer(layer, ts)
+        self._final()
+        if self.opts.sync_in_body:
+            self.be.synchronize()
+
+    def _embed(self, ts) -> None:
+        with self.L.cluster("embed"):
+            ops.embed_token(self.L, "embed", self.h, self.cfg, self.embed_key, ts)
+
+    def _final(self) -> None:
+        L, cfg = self.L, self.cfg
         L.layer = -1
         if self.opts.vocab:
             with L.cluster("final"):
                 ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
                               cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
                 ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
-        if self.opts.sync_in_body:
-            self.be.synchronize()
 
     # ------------------------------------------------------------------ clusters and host decisions
     def run_cluster(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple = ()) -> None:
         """Run one cluster's launches: eagerly, or through the executor (capture / replay).
 
-        ``inputs``: buffers the caller passes in that are not the model's own (their addresses
-        join the graph's buffer-alias key: a graph captured on one input is never replayed on
-        another).
-        """
+        ``inputs``: buffers the caller passes in that are not the model's own (their addresses join the graph's
+        buffer-alias key: a graph captured on one input is never replayed on another)."""
         if cluster == "moe" and self.moe_observer is not None:
             self.moe_observer.around_moe_cluster(layer, T, lambda: self._execute(cluster, layer, T, ts, fn, inputs))
         else:
@@ -528,17 +511,11 @@ class DecodeModel:
             self.executor.run(self, cluster, layer, T, ts, fn, inputs)
 
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
-        """The host-side choices a cluster's launches depend on, re-asked before every replay.
-
-        * the routed-MoE path, chosen by token count (decode vs sorted pairs), and the MoE profile
-          (clusters holding the routed MoE: ``moe``, ``island1``, ``token``);
-        * the attention regime, chosen by the window length (filling vs full window), when the
-          window length is a host value (``scalars="value"``), and on the long-context token the
-          emit, top-k and attention-length decisions (clusters holding attention: ``attn_span``,
-          ``token``);
-        * routing kind (hash or top-k) and the vocabulary flag are fixed per layer and model.
-        A change in any answer retires the graph (ds4lab.capture.cache.GraphCache).
-        """
+        """The host-side choices a cluster's launches depend on, re-asked before every replay: the routed-MoE path (by
+        token count) and the MoE profile (``moe``, ``island1``, ``token``); the attention regime while the window
+        length is a host value, and on the long-context token the emit, top-k and attention-length decisions
+        (``attn_span``, ``token``). A change in any answer retires the graph
+        (:class:`ds4lab.capture.cache.GraphCache`)."""
         d = []
         if cluster in ("moe", "island1", "token"):
             d.append(("moe.path", "sorted" if T > 1 else "decode"))
@@ -561,13 +538,10 @@ class DecodeModel:
             ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
-        """One decode layer in three parts, as ds4 cuts it for its decode islands (ds4 ``e50104f6``,
-        ``docs/model.md``): ``island0``, the attention's hyper-connection pre-mix (ds4's ``TO_QKV``
-        phase returns there, before the q_a/kv projections); the position-dependent middle (query and
-        KV projections, norms, RoPE, KV store, compressors, indexer, top-k, attention), whose attention
-        is the capture cluster ``attn_span``; ``island1``, the attention output through the FFN tail.
-        Stages that capture none of them cut the layer as ds4's staged plan does (``shared``, ``moe``,
-        ``token``)."""
+        """One decode layer in ds4's three island parts (ds4 ``e50104f6``, ``docs/model.md``): ``island0`` (the
+        attention's hyper-connection pre-mix), the position-dependent middle (whose attention is cluster
+        ``attn_span``), ``island1`` (attention output through the FFN tail); stages that capture none of them cut
+        the layer as ds4's staged plan does."""
         w = self.layers[layer]
         self.run_cluster("island0", layer, 1, ts,
                          lambda: self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn))
@@ -575,9 +549,9 @@ class DecodeModel:
         self.run_cluster("island1", layer, 1, ts, lambda: self._layer_tail(layer, ts))
 
     def _layer_middle(self, layer: int, ts: ops.TokenScalars) -> None:
-        """The middle of a layer: the query (projections, norms, RoPE at the position) and KV
-        (projection, norm, RoPE and store at the position's row) clusters, then the compressors and the
-        indexer of a compressed layer, and attention."""
+        """The middle of a layer: the query (projections, norms, RoPE at the position) and KV (projection, norm, RoPE
+        and store at the position's row) clusters, then the compressors and the indexer of a compressed layer, and
+        attention."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
         ratio = cfg.compress_ratio(layer)
         # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
@@ -603,8 +577,8 @@ class DecodeModel:
             self.run_cluster("attn_span", layer, 1, ts, attention)
 
     def _layer_tail(self, layer: int, ts: ops.TokenScalars) -> None:
-        """Attention output projection and its expand into the streams, the FFN pre-mix, the router,
-        the routed MoE and the shared expert."""
+        """Attention output projection and its expand into the streams, the FFN pre-mix, the router, the routed MoE and
+        the shared expert."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
         with L.cluster("output"):
             ops.q8_matvec(L, "o_a", w["o_a"], self.o, self.oa, rows_per_group=cfg.out_lora,
@@ -626,8 +600,7 @@ class DecodeModel:
     def router(self, layer: int, x, T: int, ts: ops.TokenScalars | None = None, token_ids=None) -> None:
         """Router for ``T`` tokens ``x [T, E]``: logits, then top-k (or hash routing in the first layers).
 
-        Hash layers take token ids from ``token_ids`` (device ``[T]``) or, for one token, ``ts``.
-        """
+        Hash layers take token ids from ``token_ids`` (device ``[T]``) or, for one token, ``ts``."""
         cfg, L = self.cfg, self.L
         self.moe_buf.ensure(T)
         b = self.moe_buf
@@ -642,18 +615,17 @@ class DecodeModel:
     def routed_moe(self, layer: int, x, T: int):
         """The routed MoE for ``T`` tokens after :meth:`router`; returns the output buffer ``[T, E]``.
 
-        Stages as in ds4 (``xq``, ``sort`` only when T > 1, ``gateup``, ``midq``, ``down``, ``sum``),
-        with ds4's 7 profiling events between them when ``moe_profile`` is on. An attached
-        :attr:`moe_observer` wraps the call.
+        Stages as in ds4 (``xq``, ``sort`` only when T > 1, ``gateup``, ``midq``, ``down``, ``sum``), with ds4's 7
+        profiling events between them when ``moe_profile`` is on. An attached :attr:`moe_observer` wraps the call.
         """
         if self.moe_observer is not None:
             return self.moe_observer.around_routed_moe(layer, T, lambda: self._routed_moe(layer, x, T))
         return self._routed_moe(layer, x, T)
 
     def _mark(self, site: str, event, fold: bool = True) -> None:
-        """One of ds4's 7 profiling points: a CUDA event record, or a profiler's marker. With ``fold``
-        (the next launch is a stage kernel that takes a stamp), a marker that can fold
-        (:meth:`ProfileMarker.fold`) waits for that kernel instead of launching anything."""
+        """One of ds4's 7 profiling points: a CUDA event record, or a profiler's marker. With ``fold`` (the next launch
+        is a stage kernel that takes a stamp), a marker that can fold (:meth:`ProfileMarker.fold`) waits for that
+        kernel instead of launching anything."""
         if isinstance(event, ProfileMarker):
             if fold and event.fold() is not None:
                 self._folded.append(event)
@@ -664,8 +636,8 @@ class DecodeModel:
             self.L.event_record(site, event)
 
     def _stamp(self, kernel: str) -> "ops.KernelStamp | None":
-        """The stamp of the folded points waiting for the stage kernel ``kernel`` (launched next), or
-        None: one kernel writes them all (consecutive slots)."""
+        """The stamp of the folded points waiting for the stage kernel ``kernel`` (launched next), or None: one kernel
+        writes them all (consecutive slots)."""
         pts, self._folded = self._folded, []
         if not pts:
             return None
@@ -703,16 +675,12 @@ class DecodeModel:
         return b.y
 
     def moe_launches(self, bank: dict, x, ids, wts, T: int, ev=()) -> None:
-        """Every launch of one routed-MoE call for ``T`` tokens ``x [T, E]`` routed to ``ids``/``wts``
-        (``[T, k]`` device buffers) on ``bank`` (``{"gate_up", "down"}``), into ``moe_buf.y``; ``ev``:
-        ds4's 7 profiling points between the stages (events or :class:`ProfileMarker`), or none.
-
-        The stages follow ``cfg.moe_path``. ``"ds4"`` (ds4_cuda.cu at b0309611): ``xq`` (Q8_K with
-        sums), at one token ``gateup`` (fused SwiGLU, weighted by the router), ``midq``, ``down``
-        with the experts' sum fused, and no ``sort`` or ``sum`` launch; at more tokens the sort, the
-        tiled ``gateup`` and ``down`` and an unweighted ``sum``. ``"five"`` (ds4lab's earlier shape):
-        ``xq``, (``sort``), ``gateup``, ``midq`` (SwiGLU), ``down``, weighted ``sum``.
-        """
+        """Every launch of one routed-MoE call for ``T`` tokens ``x [T, E]`` routed to ``ids``/``wts`` (``[T, k]``
+        device buffers) on ``bank`` (``{"gate_up", "down"}``), into ``moe_buf.y``; ``ev``: ds4's 7 profiling points
+        between the stages, or none. The stages follow ``cfg.moe_path``: ``"ds4"`` (ds4_cuda.cu at b0309611: ``xq``,
+        then at one token the fused ``gateup``, ``midq`` and ``down`` with the experts' sum, at more tokens
+        ``sort``, the tiled ``gateup`` and ``down`` and a ``sum``) or ``"five"`` (``xq``, (``sort``), ``gateup``,
+        ``midq``, ``down``, weighted ``sum``)."""
         cfg, L, b = self.cfg, self.L, self.moe_buf
         P, N, E = T * cfg.n_used, cfg.n_experts, cfg.embed
         ds4 = cfg.moe_path == "ds4"
@@ -784,12 +752,10 @@ class DecodeModel:
         return None if self.logits is None else self.be.to_host(self.logits)
 
     def snapshot(self, start: int, end: int) -> dict:
-        """Host copies of every tensor a decode error could land in, after a token of the span
-        ``start .. end`` (exclusive): ``hidden``, ``logits`` (None without the vocabulary),
-        ``kv_cache[l]`` per layer and, on the long-context token, per compressed layer its compressor
-        states and the compressed and indexer rows that a token of ``start - 128 .. end`` writes
-        (``kv_cache[l].<name>``; a stale row index lands there; the whole caches of ds4-flash would be
-        gigabytes per token). Layer by layer: the raw window, then the compressed caches. Synchronizes."""
+        """Host copies of every tensor a decode error could land in after a token of ``start .. end`` (exclusive):
+        ``hidden``, ``logits`` (None without the vocabulary), ``kv_cache[l]`` per layer and, long context, each
+        compressed layer's states and the compressed and indexer rows a token of ``start - 128 .. end`` writes
+        (``kv_cache[l].<name>``; the whole caches would be gigabytes). Synchronizes."""
         be = self.be
         rec = {"hidden": self.hidden().copy(), "logits": None if self.logits is None else self.output_logits().copy()}
         for layer, c in enumerate(self.cache):
@@ -812,9 +778,9 @@ class DecodeModel:
 
     @staticmethod
     def score_blocks(n_comp: int) -> int:
-        """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks.
-        A host decision, as in ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c
-        sizes it for the largest n_comp and blocks past n_comp exit."""
+        """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks. A host decision, as in
+        ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c sizes it for the largest n_comp and blocks
+        past n_comp exit."""
         return max(1, -(-n_comp // ops.INDEX_ROWS))
 
     def compressed_ratios(self) -> list[int]:
@@ -823,15 +789,10 @@ class DecodeModel:
 
     def longctx_decisions(self, pos: int, by_value: bool = True) -> tuple:
         """The long-context host decisions of a token at ``pos`` (what its launch list depends on):
-
-        * ``compressor.emit.r4`` / ``.r128``: whether the compressors emit (3-4 launches more);
-        * ``indexer.regime`` and ``indexer.topk_plan`` (kernel, blocks, sets per top-k launch):
-          the top-k variant chosen from n_comp, and the chunked path's grids; ``indexer.score_blocks``:
-          the score kernel's grid (it grows with n_comp: every 32 rows here, every row in ds4);
-        * ``attention.comp_rows.r4`` / ``.r128``: compressed rows attended, only when the
-          position goes to the kernels by value (with device scalars the kernels derive it).
-        The top-k scratch's growth shows in the buffer generation (the graph key), not here.
-        """
+        ``compressor.emit.r4`` / ``.r128``; ``indexer.regime``, ``indexer.topk_plan`` (kernel, blocks, sets per
+        top-k launch) and ``indexer.score_blocks``; and, only when the position reaches the kernels by value,
+        ``attention.comp_rows.r4`` / ``.r128``. The top-k scratch's growth shows in the buffer generation (the graph
+        key), not here."""
         d = self._longctx_decisions(pos, by_value)
         forget = self.patch.forget if self.patch is not None else ()
         return tuple(x for x in d if not x[0].startswith(forget)) if forget else d
@@ -858,9 +819,9 @@ class DecodeModel:
         return tuple(d)
 
     def _compressor(self, layer: int, ratio: int, ts, lane: str) -> None:
-        """One compressor (``lane`` ``"comp"``: the attention's, ``"index"``: the indexer's) of a
-        compressed layer: projection and store every token; on an emit token pool, norm, rotate
-        and store the compressed row, and (ratio 4) shift the state (ds4.c ``compressor_decode_one``)."""
+        """One compressor (``lane`` ``"comp"``: the attention's, ``"index"``: the indexer's) of a compressed layer:
+        projection and store every token; on an emit token pool, norm, rotate and store the compressed row, and
+        (ratio 4) shift the state (ds4.c ``compressor_decode_one``)."""
         cfg, L, w, lc = self.cfg, self.L, self.layers[layer], self.lc
         if self.patch is not None and self.patch.comp_row_by_value and ts.buf is not None:
             ts = ops.TokenScalars(ts.pos, ts.kv_row, ts.n_valid, ts.token_id, None)  # the hazard: by value
@@ -892,13 +853,9 @@ class DecodeModel:
             emit()
 
     def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
-        """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus
-        compressed rows, in ds4's order (ds4.c, the compressed branch of the decode layer).
-
-        Host decisions from the position (``longctx_decisions``): emit or not, the top-k regime
-        and its launch plan; the kernels read the position itself from the token's scalars. With
-        ``longctx="device"`` (stage 3c) the launch list is the same at every position.
-        """
+        """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus compressed rows, in
+        ds4's order (ds4.c, the compressed branch of the decode layer); the host decisions from
+        :meth:`longctx_decisions`, the same launch list at every position with ``longctx="device"``."""
         cfg, L, lc = self.cfg, self.L, self.lc
         bufs = lc.layers[layer]
         k = cfg.index_top_k

@@ -1,13 +1,11 @@
 """Launch sites: one function per op of the decode token.
 
-Each function launches one kernel of ``kernels/`` through the :class:`~ds4lab.capture.launch.Launcher`
-with its grid, block and arguments, and gives the launcher the NumPy-reference computation of
-the same op into the same buffers (run by the ``numpy`` backend). Buffers are backend arrays;
-per-token scalars come as a :class:`TokenScalars`, which passes them by value (ds4 today) or
-as a device buffer (the capture-safe fix). The long-context ops (compressor, indexer, top-k;
-``kernels/longctx.cu``) are the last section of this module; their NumPy references are in
-:mod:`ds4lab.token.reference`.
-"""
+Each function launches one kernel of ``kernels/`` through the :class:`~ds4lab.capture.launch.Launcher` with its grid,
+block and arguments, and gives the launcher the NumPy-reference computation of the same op into the same buffers (run
+by the ``numpy`` backend). Buffers are backend arrays; per-token scalars come as a :class:`TokenScalars`, which passes
+them by value (ds4 today) or as a device buffer (the capture-safe fix). The long-context ops (compressor, indexer,
+top-k; ``kernels/longctx.cu``) are the last section of this module; their NumPy references are in
+:mod:`ds4lab.token.reference`."""
 
 from __future__ import annotations
 
@@ -32,8 +30,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def row_bytes(bank) -> int:
-    """Bytes of one row of a (stacked) quantized matrix in its format: ``cols x BYTES_PER_WEIGHT[fmt]``
-    (any object with ``fmt`` and ``cols``: a :class:`~ds4lab.token.weights.QTensor` or a backend's bank)."""
+    """Bytes of one row of a (stacked) quantized matrix in its format: ``cols x BYTES_PER_WEIGHT[fmt]`` (any object
+    with ``fmt`` and ``cols``: a :class:`~ds4lab.token.weights.QTensor` or a backend's bank)."""
     return int(bank.cols * BYTES_PER_WEIGHT[bank.fmt])
 
 
@@ -46,9 +44,8 @@ def expert_bytes(bank) -> int:
 class TokenScalars:
     """Per-token scalars: position, KV ring-buffer row, window length, token id.
 
-    ``buf`` is None when they go to kernels by value (ds4 today; baked into a captured graph),
-    or an int32 ``[4]`` device buffer the kernels read (written before each token).
-    """
+    ``buf`` is None when they go to kernels by value (ds4 today; baked into a captured graph), or an int32 ``[4]``
+    device buffer the kernels read (written before each token)."""
 
     pos: int
     kv_row: int
@@ -76,23 +73,11 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- dense
 def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
-    """Grid and block of a kernel where a thread group of ``tpr`` threads (block
-    ``(tpr, 256 // tpr)``) computes one unit (a group of rows) whose reduction runs over
-    ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th chunk.
-
-    ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to
-    the chunk count) while the grid has fewer than :data:`FILL_BLOCKS` blocks. On the H200
-    (ds4-flash, graph replays of back-to-back launches over weights in cold memory,
-    ``scripts/bench_kernels.py``, docs/measurements/h200-2026-12-01/kernels) this picks, for every Q8_0 matvec of the token, the
-    fastest thread-group width measured or one within 3 % of it (the grouped 4096 → 8192 takes 32
-    threads, 13.9 µs, where 64 measured 13.5 µs): narrow groups and many blocks for the tall
-    matrices (1024 → 32768: 32 threads, 1024 blocks; the vocabulary: 32, 4040 blocks), 64 where
-    32 would leave 128 blocks (8192 → 4096, the shared expert), whole blocks for the short ones
-    (4096 → 1024 and → 512: 256 threads). The 512-block target this replaced lost 2–3 µs per
-    launch on the tall matrices with four rows per group.
-
-    Returns ``((blocks,), (tpr, groups))``.
-    """
+    """Grid and block of a kernel where a thread group of ``tpr`` threads (block ``(tpr, 256 // tpr)``) computes one
+    unit (a group of rows) whose reduction runs over ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th
+    chunk. ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to the chunk
+    count) while the grid has fewer than :data:`FILL_BLOCKS` blocks: the H200's choice per matvec,
+    ``docs/design-log.md`` ("Q8_0 matvecs"). Returns ``((blocks,), (tpr, groups))``."""
     tpr = 32
     while tpr < 256 and chunks > 8 * tpr:
         tpr *= 2
@@ -118,8 +103,8 @@ Q8_STAGE_ROWS = 32
 
 @dataclass(frozen=True)
 class Q8Launch:
-    """Launch configuration of a Q8_0 matvec kernel: grid, block, dynamic shared bytes and the
-    kernel's ``smx`` argument (1: x staged in shared memory)."""
+    """Launch configuration of a Q8_0 matvec kernel: grid, block, dynamic shared bytes and the kernel's ``smx``
+    argument (1: x staged in shared memory)."""
 
     grid: tuple
     block: tuple
@@ -128,12 +113,11 @@ class Q8Launch:
 
 
 def q8_launch(units: int, cols: int, rows_per_group: int | None = None) -> Q8Launch:
-    """Geometry of the Q8_0 matvec kernels (``kernels/dense.cu``, ``longctx.cu:q8_matvec_when``) for
-    ``units`` thread groups of :data:`Q8_ROWS` rows each (``ceil(rows / Q8_ROWS)``; the SwiGLU
-    kernel's group holds ``Q8_ROWS / 2`` gate rows and their up rows) over ``cols`` int8 columns:
-    :func:`split_geometry` over ``cols / 16`` chunks, x staged in shared memory when it fits, a
-    block has at least :data:`Q8_STAGE_ROWS` rows and, for a grouped matvec (``rows_per_group``),
-    every block's rows share one x slice."""
+    """Geometry of the Q8_0 matvec kernels (``kernels/dense.cu``, ``longctx.cu:q8_matvec_when``) for ``units`` thread
+    groups of :data:`Q8_ROWS` rows each (``ceil(rows / Q8_ROWS)``; the SwiGLU kernel's group holds ``Q8_ROWS / 2``
+    gate rows and their up rows) over ``cols`` int8 columns: :func:`split_geometry` over ``cols / 16`` chunks, x
+    staged in shared memory when it fits, a block has at least :data:`Q8_STAGE_ROWS` rows and, for a grouped matvec
+    (``rows_per_group``), every block's rows share one x slice."""
     grid, block = split_geometry(units, cols // 16)
     rows_per_block = Q8_ROWS * block[1]
     smx = (Q8_STAGE_X and rows_per_block >= Q8_STAGE_ROWS and cols * Q8_SMEM_PER_COL <= Q8_SMEM_MAX
@@ -168,8 +152,8 @@ def q8_matvec_swiglu(L, site, w, x, mid, limit):
 
 
 def q8_matvec_expand(L, site, w, x, h, mix, extra, S):
-    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add.
-    Raises ValueError when ``S * Q8_ROWS`` exceeds a warp (the epilogue's lanes)."""
+    """``h[s] += post_s * (W x + extra)``: projection, hyper-connection expand, residual add. Raises ValueError when
+    ``S * Q8_ROWS`` exceeds a warp (the epilogue's lanes)."""
     if S * Q8_ROWS > 32:
         raise ValueError(f"q8_matvec_expand: S={S} streams x {Q8_ROWS} rows exceed the 32 lanes of the epilogue")
 
@@ -214,12 +198,11 @@ def hc_mix(L, site, hn, wmix, part, S, E):
 
 
 def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
-    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: one block of 1024
-    threads (``kernels/dense.cu:hc_premix``).
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: one block of 1024 threads
+    (``kernels/dense.cu:hc_premix``).
 
-    Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when
-    ``part`` already holds final logits (``nsplit=1``, the output mix).
-    """
+    Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when ``part`` already
+    holds final logits (``nsplit=1``, the output mix)."""
 
     def ref():
         lg = R.sum_partials(np.asarray(part).reshape(-1)[: 2 * S * nsplit].reshape(2 * S, nsplit))
@@ -233,8 +216,8 @@ def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
 
 
 def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars, theta: float | None = None):
-    """RoPE at the token's position on the last ``rope_dims`` of every query head, in place
-    (base ``theta``, default ``cfg.rope_theta``; compressed layers use ``compress_rope_theta``)."""
+    """RoPE at the token's position on the last ``rope_dims`` of every query head, in place (base ``theta``, default
+    ``cfg.rope_theta``; compressed layers use ``compress_rope_theta``)."""
     theta = cfg.rope_theta if theta is None else theta
 
     def ref():
@@ -248,8 +231,8 @@ def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars, theta: float | None =
 
 
 def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars, theta: float | None = None):
-    """RoPE on the KV row, stored at the position's row of the ring-buffer cache ``[W, D]``
-    (base ``theta``, default ``cfg.rope_theta``)."""
+    """RoPE on the KV row, stored at the position's row of the ring-buffer cache ``[W, D]`` (base ``theta``, default
+    ``cfg.rope_theta``)."""
     theta = cfg.rope_theta if theta is None else theta
 
     def ref():
@@ -269,17 +252,16 @@ ATTN_SMEM = 48 * 1024 - 1024
 
 
 def attention_splits(cfg: ModelConfig) -> int:
-    """Key splits of ``attention_decode``: :data:`ATTN_NS` blocks per head group, each over
-    ``ceil(window / ATTN_NS)`` keys (fixed per model, so a captured graph's grid fits every
-    window length)."""
+    """Key splits of ``attention_decode``: :data:`ATTN_NS` blocks per head group, each over ``ceil(window / ATTN_NS)``
+    keys (fixed per model, so a captured graph's grid fits every window length)."""
     return ATTN_NS
 
 
 def attention_launch(cfg: ModelConfig) -> tuple[tuple, int, int]:
-    """``(grid, kc, shared bytes)`` of ``attention_decode`` for ``cfg``: grid
-    ``(ceil(H / ATTN_HPB), ATTN_NS)``; ``kc``, the key rows a block stages at a time (all of its
-    split's keys when they fit beside q in :data:`ATTN_SMEM`); the dynamic shared memory of q
-    ``[HPB, D]``, the key rows ``[max(kc, HPB), D]``, the scores ``[HPB, kc]`` and the state."""
+    """``(grid, kc, shared bytes)`` of ``attention_decode`` for ``cfg``: grid ``(ceil(H / ATTN_HPB), ATTN_NS)``;
+    ``kc``, the key rows a block stages at a time (all of its split's keys when they fit beside q in
+    :data:`ATTN_SMEM`); the dynamic shared memory of q ``[HPB, D]``, the key rows ``[max(kc, HPB), D]``, the scores
+    ``[HPB, kc]`` and the state."""
     D, H, HPB = cfg.head_dim, cfg.n_heads, ATTN_HPB
     kps = cdiv(cfg.window, ATTN_NS)
     kc = max(1, min(kps, (ATTN_SMEM // 4 - HPB * D - 4 * HPB) // (D + HPB)))
@@ -288,11 +270,10 @@ def attention_launch(cfg: ModelConfig) -> tuple[tuple, int, int]:
 
 
 def attention_scratch(L, cfg: ModelConfig) -> tuple:
-    """The attention's split partials and per-head-group tickets, owned by launcher ``L`` (the
-    combine through global memory, before sm_90): ``part_o`` float32 ``[H, NS, D]``, ``part_ml``
-    float32 ``[H, NS, 2]``, ``counter`` int32 ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it
-    zero). Allocated on the first call — :func:`alloc_scratch` makes that call at model build
-    time, before any capture."""
+    """The attention's split partials and per-head-group tickets, owned by launcher ``L`` (the combine through global
+    memory, before sm_90): ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS, 2]``, ``counter`` int32
+    ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it zero). Allocated on the first call — :func:`alloc_scratch`
+    makes that call at model build time, before any capture."""
     H, D, NS = cfg.n_heads, cfg.head_dim, attention_splits(cfg)
     return (L.scratch(("attention.part_o", H, NS, D), (H * NS * D,), np.float32),
             L.scratch(("attention.part_ml", H, NS), (H * NS * 2,), np.float32),
@@ -300,14 +281,14 @@ def attention_scratch(L, cfg: ModelConfig) -> tuple:
 
 
 def alloc_scratch(L, cfg: ModelConfig) -> None:
-    """Allocate every op-owned scratch buffer for ``cfg`` now (model build time), so no launch
-    site allocates later, inside a capture."""
+    """Allocate every op-owned scratch buffer for ``cfg`` now (model build time), so no launch site allocates later,
+    inside a capture."""
     attention_scratch(L, cfg)
 
 
 def attention_decode(L, site, q, cache, o, cfg: ModelConfig, ts: TokenScalars):
-    """Sliding-window attention of all heads over the cached window, split over keys with the
-    combine inside the kernel (``kernels/attention.cu``); scratch from :func:`attention_scratch`."""
+    """Sliding-window attention of all heads over the cached window, split over keys with the combine inside the kernel
+    (``kernels/attention.cu``); scratch from :func:`attention_scratch`."""
 
     def ref():
         pos, kv_row, n_valid, _ = ts.resolve()
@@ -369,8 +350,7 @@ def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key:
                 token_ids=None, ts: TokenScalars | None = None):
     """Hash routing (first ``n_hash_layers`` layers): experts from the token id.
 
-    Token ids come from ``token_ids [T]`` (a device buffer) or, for one decode token, from ``ts``.
-    """
+    Token ids come from ``token_ids [T]`` (a device buffer) or, for one decode token, from ``ts``."""
     from .weights import hash_experts
 
     N, k = cfg.n_experts, cfg.n_used
@@ -393,11 +373,11 @@ def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key:
 # ----------------------------------------------------------------------------- routed MoE
 @dataclass(frozen=True)
 class KernelStamp:
-    """Profiling points a routed-MoE stage kernel writes itself (``kernels/moe.cu:moe_stamp``): thread 0
-    of block (0, 0) stores ``%globaltimer`` into ``slots[first : first + n]`` as it starts.
+    """Profiling points a routed-MoE stage kernel writes itself (``kernels/moe.cu:moe_stamp``): thread 0 of block (0,
+    0) stores ``%globaltimer`` into ``slots[first : first + n]`` as it starts.
 
-    ``write``: what the NumPy reference does in its place (the sim writes its modeled start time), or
-    None. Every routed-MoE stage kernel takes ``stamp=`` (None: no points; a null pointer)."""
+    ``write``: what the NumPy reference does in its place (the sim writes its modeled start time), or None. Every
+    routed-MoE stage kernel takes ``stamp=`` (None: no points; a null pointer)."""
 
     slots: Any
     first: int
@@ -485,15 +465,15 @@ MOE_GU_STAGE, MOE_DN_STAGE = True, False
 
 
 def moe_stage(cols: int, stage: bool) -> tuple[int, int]:
-    """``(shared bytes, smx)`` of a decode MoE kernel whose Q8_K activation row has ``cols`` values:
-    staged in shared memory (48 bytes per 32 values) when ``stage`` and it fits in 48 KiB."""
+    """``(shared bytes, smx)`` of a decode MoE kernel whose Q8_K activation row has ``cols`` values: staged in shared
+    memory (48 bytes per 32 values) when ``stage`` and it fits in 48 KiB."""
     nbytes = 3 * cols // 2
     return (nbytes, 1) if stage and nbytes <= 48 * 1024 else (0, 0)
 
 
 def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConfig, stamp=None):
-    """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_GU_RPW / 2`` gate rows
-    and their up rows per warp (``kernels/moe.cu``)."""
+    """``gateup`` without sort: one (token, expert) pair per grid row, ``MOE_GU_RPW / 2`` gate rows and their up rows
+    per warp (``kernels/moe.cu``)."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
 
     def ref():
@@ -510,8 +490,8 @@ def moe_gateup_decode(L, site, bank_gu, xq, xd, ids, gate, up, P, cfg: ModelConf
 
 
 def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
-    """Reference walk of the tile list: (expert, pair) as the tiled kernels see them, with the
-    kernels' bounds checks (stale counts can leave tiles pointing past the pair list)."""
+    """Reference walk of the tile list: (expert, pair) as the tiled kernels see them, with the kernels' bounds checks
+    (stale counts can leave tiles pointing past the pair list)."""
     for e, start, cnt in np.asarray(tiles).reshape(-1, 3)[: int(np.asarray(n_tiles)[0])]:
         if not (0 <= e < n_experts) or not (0 <= start < P):
             continue
@@ -521,8 +501,8 @@ def _for_tiles(sorted_pairs, tiles, n_tiles, P, n_experts):
 
 
 def _tiled_bytes(bank, P, cfg: ModelConfig) -> int:
-    """Weight bytes a tiled expert kernel reads: its expert once per tile, for the tile count
-    expected under uniform routing (:func:`ds4lab.token.reference.expected_tiles`)."""
+    """Weight bytes a tiled expert kernel reads: its expert once per tile, for the tile count expected under uniform
+    routing (:func:`ds4lab.token.reference.expected_tiles`)."""
     tiles = R.expected_tiles(P // cfg.n_used, cfg.n_used, cfg.n_experts)
     return int(round(tiles * expert_bytes(bank)))
 
@@ -610,15 +590,13 @@ def ds4_rows(what: str, rows: int, width: int, copies: int, extra_per_row: int =
              extra: int = 0) -> tuple[int, int]:
     """Rows per block ``R`` of a ds4-path kernel and its dynamic shared memory.
 
-    A block stages ``copies`` tiles of ``R`` weight rows (``width`` bytes each) with 16-byte copies:
-    ``R`` is the largest of 16, 8, 4, 2, 1 that divides ``rows``, makes a tile a whole number of 16-byte
-    chunks, and keeps ``copies * R * width + extra_per_row * R + extra`` within
-    :data:`DS4_SMEM_MAX`. Fewer, fuller blocks keep the grid within one wave of the GPU (ds4-flash:
-    768 IQ2_XXS gate/up blocks, 512 Q2_K down blocks). Returns ``(R, shared bytes)``.
+    A block stages ``copies`` tiles of ``R`` weight rows (``width`` bytes each) with 16-byte copies: ``R`` is the
+    largest of 16, 8, 4, 2, 1 that divides ``rows``, makes a tile a whole number of 16-byte chunks, and keeps ``copies
+    * R * width + extra_per_row * R + extra`` within :data:`DS4_SMEM_MAX`. Fewer, fuller blocks keep the grid within
+    one wave of the GPU (ds4-flash: 768 IQ2_XXS gate/up blocks, 512 Q2_K down blocks). Returns ``(R, shared bytes)``.
 
     Raises:
-        ValueError: no ``R`` fits (the message names the row width and the budget).
-    """
+        ValueError: no ``R`` fits (the message names the row width and the budget)."""
     for r in (16, 8, 4, 2, 1):
         smem = copies * r * width + extra_per_row * r + extra
         if rows % r == 0 and (r * width) % 16 == 0 and smem <= DS4_SMEM_MAX:
@@ -633,9 +611,9 @@ def _act_bytes(n: int) -> int:
 
 
 def xq_quantize_q8k(L, site, x, q, d, bs, T, n, kernel: str = "xq_quantize_q8k"):
-    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K as ds4 quantizes (``reference.quantize_q8k_ds4``):
-    ``q`` int8 ``[T, n]``, ``d`` fp32 ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``. ``kernel``:
-    ``moe_midq_q8k`` for the middle (the same code under the name of its stage)."""
+    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K as ds4 quantizes (``reference.quantize_q8k_ds4``): ``q`` int8 ``[T,
+    n]``, ``d`` fp32 ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``. ``kernel``: ``moe_midq_q8k`` for the middle
+    (the same code under the name of its stage)."""
 
     def ref():
         qq, dd, bb = R.quantize_q8k_ds4(np.asarray(x).reshape(-1)[: T * n].reshape(T, n))
@@ -670,8 +648,8 @@ def _down_launch(bank_dn, cfg: ModelConfig, kind: str, copies: int) -> tuple[str
 
 
 def _gateup_ref(bank_gu, xq, xd, wts, mid, pairs, cfg: ModelConfig):
-    """Reference of the fused gate/up for ``(pair, expert)`` items: ``mid[p]`` (zero for an expert
-    outside the bank, as the decode kernel writes)."""
+    """Reference of the fused gate/up for ``(pair, expert)`` items: ``mid[p]`` (zero for an expert outside the bank, as
+    the decode kernel writes)."""
     k, w = cfg.n_used, np.asarray(wts).reshape(-1)
     for p, e in pairs:
         if 0 <= e < cfg.n_experts:
@@ -681,11 +659,11 @@ def _gateup_ref(bank_gu, xq, xd, wts, mid, pairs, cfg: ModelConfig):
 
 
 def moe_gateup_mid(L, site, bank_gu, grid, xq, xd, xb, ids, wts, mid, P, cfg: ModelConfig):
-    """``gateup`` (ds4, no sort): per pair, its expert's gate and up rows against the Q8_K input,
-    clamped SwiGLU, times the pair's router weight, into ``mid [P, F]`` (ds4_cuda.cu
-    ``moe_gate_up_mid_decode_lut_*`` for IQ2_XXS, ``moe_gate_up_mid_decode_q4K_*`` for Q4_K).
-    ``grid``: the IQ2_XXS grid on the device (``weights.IQ2XXS_GRID``; unused for Q4_K). Grid
-    ``(F / R, P)`` (:func:`ds4_rows`). Raises ValueError for a format the path has no kernel for."""
+    """``gateup`` (ds4, no sort): per pair, its expert's gate and up rows against the Q8_K input, clamped SwiGLU, times
+    the pair's router weight, into ``mid [P, F]`` (ds4_cuda.cu ``moe_gate_up_mid_decode_lut_*`` for IQ2_XXS,
+    ``moe_gate_up_mid_decode_q4K_*`` for Q4_K). ``grid``: the IQ2_XXS grid on the device (``weights.IQ2XXS_GRID``;
+    unused for Q4_K). Grid ``(F / R, P)`` (:func:`ds4_rows`). Raises ValueError for a format the path has no kernel
+    for."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _gateup_launch(bank_gu, cfg, "moe_gateup_mid")
 
@@ -700,10 +678,10 @@ def moe_gateup_mid(L, site, bank_gu, grid, xq, xd, xb, ids, wts, mid, P, cfg: Mo
 
 
 def moe_down_sum(L, site, bank_dn, mq, md, mb, ids, y, T, cfg: ModelConfig):
-    """``down`` (ds4, no sort) with the experts' sum fused: ``y [T, E]``, each token's ``n_used``
-    experts' down rows against their Q8_K middles, added in slot order (ds4_cuda.cu
-    ``moe_down_sum6_qwarp32`` for Q2_K, ``moe_down_q4K_sum6_qwarp32`` for Q4_K). Grid ``(E / R, T)``.
-    Raises ValueError for a format the path has no kernel for."""
+    """``down`` (ds4, no sort) with the experts' sum fused: ``y [T, E]``, each token's ``n_used`` experts' down rows
+    against their Q8_K middles, added in slot order (ds4_cuda.cu ``moe_down_sum6_qwarp32`` for Q2_K,
+    ``moe_down_q4K_sum6_qwarp32`` for Q4_K). Grid ``(E / R, T)``. Raises ValueError for a format the path has no
+    kernel for."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _down_launch(bank_dn, cfg, "moe_down_sum", k)
 
@@ -722,8 +700,8 @@ def moe_down_sum(L, site, bank_dn, mq, md, mb, ids, y, T, cfg: ModelConfig):
 
 def moe_gateup_mid_tiled(L, site, bank_gu, grid, xq, xd, xb, sorted_pairs, tiles, n_tiles, wts, mid, max_t, P,
                          cfg: ModelConfig):
-    """``gateup`` (ds4 formats, tokens > 1) on expert tiles: each block stages its rows of the tile's
-    expert once and runs them against every pair of the tile into ``mid``. Grid ``(F / R, max_t)``."""
+    """``gateup`` (ds4 formats, tokens > 1) on expert tiles: each block stages its rows of the tile's expert once and
+    runs them against every pair of the tile into ``mid``. Grid ``(F / R, max_t)``."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _gateup_launch(bank_gu, cfg, "moe_gateup_mid_tiled")
 
@@ -739,8 +717,8 @@ def moe_gateup_mid_tiled(L, site, bank_gu, grid, xq, xd, xb, sorted_pairs, tiles
 
 def moe_down_tiled_ds4(L, site, bank_dn, mq, md, mb, sorted_pairs, tiles, n_tiles, out, max_t, P,
                        cfg: ModelConfig):
-    """``down`` (ds4 formats, tokens > 1) on expert tiles: ``out [P, E]``, one row per pair (the
-    sum follows: :func:`moe_sum_slots`). Grid ``(E / R, max_t)``."""
+    """``down`` (ds4 formats, tokens > 1) on expert tiles: ``out [P, E]``, one row per pair (the sum follows:
+    :func:`moe_sum_slots`). Grid ``(E / R, max_t)``."""
     F, E = cfg.expert_ffn, cfg.embed
     name, r, smem = _down_launch(bank_dn, cfg, "moe_down_tiled", 1)
     smem -= 4 * r  # no partial sums in the tiled kernel
@@ -756,8 +734,8 @@ def moe_down_tiled_ds4(L, site, bank_dn, mq, md, mb, sorted_pairs, tiles, n_tile
 
 
 def moe_sum_slots(L, site, out, y, T, cfg: ModelConfig):
-    """``sum`` (ds4 formats, tokens > 1): ``y[t] = sum_s out[t k + s]`` in slot order; no weights
-    (ds4 puts them into the middle; ds4_cuda.cu ``moe_sum_kernel``)."""
+    """``sum`` (ds4 formats, tokens > 1): ``y[t] = sum_s out[t k + s]`` in slot order; no weights (ds4 puts them into
+    the middle; ds4_cuda.cu ``moe_sum_kernel``)."""
     E, k = cfg.embed, cfg.n_used
 
     def ref():
@@ -808,9 +786,9 @@ def _check_sort(sort_n: int, k: int) -> None:
 
 
 def comp_store(L, site, kvsc, ape, state_kv, state_sc, width: int, ratio: int, ts: TokenScalars):
-    """Compressor store: ``kvsc [2 * width]`` (kv then score) into the state slot of the
-    position, the score plus ``ape[pos % ratio]`` (ds4.c ``compressor_decode_one``). States
-    fp32 ``[coff * ratio, width]``. Raises ValueError for a ratio other than 4 or 128."""
+    """Compressor store: ``kvsc [2 * width]`` (kv then score) into the state slot of the position, the score plus
+    ``ape[pos % ratio]`` (ds4.c ``compressor_decode_one``). States fp32 ``[coff * ratio, width]``. Raises ValueError
+    for a ratio other than 4 or 128."""
     _check_ratio(ratio)
 
     def ref():
@@ -824,8 +802,8 @@ def comp_store(L, site, kvsc, ape, state_kv, state_sc, width: int, ratio: int, t
 
 
 def comp_pool(L, site, state_kv, state_sc, pooled, D: int, ratio: int):
-    """Softmax pool of the compressor state into ``pooled [D]`` (ds4.c ``compressor_pool_decode_state``).
-    Raises ValueError for a ratio other than 4 or 128."""
+    """Softmax pool of the compressor state into ``pooled [D]`` (ds4.c ``compressor_pool_decode_state``). Raises
+    ValueError for a ratio other than 4 or 128."""
     _check_ratio(ratio)
     rows = 8 if ratio == 4 else ratio
 
@@ -837,9 +815,9 @@ def comp_pool(L, site, state_kv, state_sc, pooled, D: int, ratio: int):
 
 
 def comp_rope_store(L, site, row, comp, D: int, ratio: int, cfg: ModelConfig, ts: TokenScalars):
-    """On an emit token: ``row`` rotated at ``pos + 1 - ratio`` (base ``compress_rope_theta``) into
-    compressed row ``pos // ratio`` of ``comp``; a no-op on any other token (device predicate).
-    Raises ValueError for a ratio other than 4 or 128."""
+    """On an emit token: ``row`` rotated at ``pos + 1 - ratio`` (base ``compress_rope_theta``) into compressed row
+    ``pos // ratio`` of ``comp``; a no-op on any other token (device predicate). Raises ValueError for a ratio other
+    than 4 or 128."""
     _check_ratio(ratio)
     theta = cfg.compress_rope_theta
 
@@ -855,8 +833,8 @@ def comp_rope_store(L, site, row, comp, D: int, ratio: int, cfg: ModelConfig, ts
 
 
 def comp_shift(L, site, state_kv, state_sc, width: int, ratio: int, ts: TokenScalars):
-    """After a ratio-4 emit: the state's current block over its previous one (no-op otherwise).
-    Raises ValueError for a ratio other than 4 or 128."""
+    """After a ratio-4 emit: the state's current block over its previous one (no-op otherwise). Raises ValueError for a
+    ratio other than 4 or 128."""
     _check_ratio(ratio)
 
     def ref():
@@ -870,8 +848,8 @@ def comp_shift(L, site, state_kv, state_sc, width: int, ratio: int, ts: TokenSca
 
 
 def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars):
-    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``) unless n_comp <= ``min_comp`` on the device (stage
-    3c's indexer projections: skipped while every compressed row is attended)."""
+    """``y = W x`` (``W`` Q8_0 ``[rows, cols]``) unless n_comp <= ``min_comp`` on the device (stage 3c's indexer
+    projections: skipped while every compressed row is attended)."""
 
     def ref():
         if R.comp_count(ts.resolve()[0], ratio) > min_comp:
@@ -884,8 +862,8 @@ def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars
 
 
 def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalars, theta: float):
-    """RoPE at the position on the last ``rope_dims`` of each of ``heads`` rows of width ``D``
-    (the indexer query), in place: ``dense.cu:rope_q`` on another shape."""
+    """RoPE at the position on the last ``rope_dims`` of each of ``heads`` rows of width ``D`` (the indexer query), in
+    place: ``dense.cu:rope_q`` on another shape."""
 
     def ref():
         pos = ts.resolve()[0]
@@ -899,10 +877,10 @@ def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalar
 
 def indexer_score(L, site, q, w, keys, scores, blocks: int, cfg: ModelConfig, ratio: int, ts: TokenScalars,
                   min_comp: int = 0):
-    """Indexer scores of the ``n_comp`` compressed rows (ds4.c ``indexer_allowed_decode_one``):
-    ``scale * sum_h w_h ReLU(q_h . k_c)``, scale ``1/sqrt(index_head_dim * index_heads)``.
-    ``blocks`` x :data:`INDEX_ROWS` rows are covered (blocks past n_comp exit at once); nothing
-    while n_comp <= ``min_comp`` (stage 3c passes top-k: no selection is used then)."""
+    """Indexer scores of the ``n_comp`` compressed rows (ds4.c ``indexer_allowed_decode_one``): ``scale * sum_h w_h
+    ReLU(q_h . k_c)``, scale ``1/sqrt(index_head_dim * index_heads)``. ``blocks`` x :data:`INDEX_ROWS` rows are
+    covered (blocks past n_comp exit at once); nothing while n_comp <= ``min_comp`` (stage 3c passes top-k: no
+    selection is used then)."""
     H, Di = cfg.index_heads, cfg.index_head_dim
     scale = 1.0 / np.sqrt(Di * H)
 
@@ -918,9 +896,9 @@ def indexer_score(L, site, q, w, keys, scores, blocks: int, cfg: ModelConfig, ra
 
 
 def indexer_topk(L, site, scores, selected, sort_n: int, cfg: ModelConfig, ratio: int, ts: TokenScalars):
-    """Top ``index_top_k`` of the n_comp scores in one block sorting ``sort_n`` keys (streaming
-    when n_comp > sort_n). Best first, ties to the lower index; -1 past n_comp. Raises ValueError
-    for a sort width that is not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
+    """Top ``index_top_k`` of the n_comp scores in one block sorting ``sort_n`` keys (streaming when n_comp > sort_n).
+    Best first, ties to the lower index; -1 past n_comp. Raises ValueError for a sort width that is not a power of
+    two in ``2 * top_k .. TOPK_SORT_MAX``."""
     k = cfg.index_top_k
     _check_sort(sort_n, k)
 
@@ -936,9 +914,9 @@ def indexer_topk(L, site, scores, selected, sort_n: int, cfg: ModelConfig, ratio
 
 def indexer_topk_chunk(L, site, scores, cand, blocks: int, chunk: int, cfg: ModelConfig, ratio: int,
                        ts: TokenScalars, min_comp: int = 0):
-    """Chunked top-k, first stage: each of ``blocks`` blocks selects the top ``index_top_k`` of
-    its ``chunk`` scores into ``cand[b * k ...]`` (-1 padded; all -1 while n_comp <= ``min_comp``).
-    Raises ValueError for a chunk that is not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
+    """Chunked top-k, first stage: each of ``blocks`` blocks selects the top ``index_top_k`` of its ``chunk`` scores
+    into ``cand[b * k ...]`` (-1 padded; all -1 while n_comp <= ``min_comp``). Raises ValueError for a chunk that is
+    not a power of two in ``2 * top_k .. TOPK_SORT_MAX``."""
     k = cfg.index_top_k
     _check_sort(chunk, k)
 
@@ -957,11 +935,10 @@ def indexer_topk_chunk(L, site, scores, cand, blocks: int, chunk: int, cfg: Mode
 
 def indexer_topk_merge(L, site, scores, cand, in_off: int, out, out_off: int, blocks: int, n_sets: int,
                        sort_n: int, cfg: ModelConfig):
-    """Chunked top-k, merge: block ``b`` selects the top ``index_top_k`` of candidate sets
-    ``[b * group, (b + 1) * group)`` at word ``in_off`` of ``cand`` into word ``out_off + b * k``
-    of ``out`` (the scratch for a tree level, the selection for the final merge). Raises
-    ValueError when a block's ``group * top_k`` candidates exceed the sort width, or the grid does
-    not cover the sets."""
+    """Chunked top-k, merge: block ``b`` selects the top ``index_top_k`` of candidate sets ``[b * group, (b + 1) *
+    group)`` at word ``in_off`` of ``cand`` into word ``out_off + b * k`` of ``out`` (the scratch for a tree level,
+    the selection for the final merge). Raises ValueError when a block's ``group * top_k`` candidates exceed the
+    sort width, or the grid does not cover the sets."""
     from .config import TOPK_MERGE_GROUP as G
 
     k = cfg.index_top_k
@@ -984,11 +961,10 @@ def indexer_topk_merge(L, site, scores, cand, in_off: int, out, out_off: int, bl
 
 def attention_comp(L, site, q, cache, comp, sel, o, cfg: ModelConfig, ratio: int, use_sel,
                    ts: TokenScalars, n_rows: int):
-    """Attention of all heads over the raw window plus compressed rows (ds4.c
-    ``layer_attention_mixed_one``, without sinks): the first ``index_top_k`` entries of ``sel``
-    when ``use_sel`` is True (ratio 4 past top-k rows), rows ``0 .. n_comp - 1`` when False, and
-    with ``use_sel="device"`` (stage 3c) the kernel picks ``sel`` exactly when n_comp > top-k.
-    ``n_rows``: the compressed rows the host expects (bytes estimate only)."""
+    """Attention of all heads over the raw window plus compressed rows (ds4.c ``layer_attention_mixed_one``, without
+    sinks): the first ``index_top_k`` entries of ``sel`` when ``use_sel`` is True (ratio 4 past top-k rows), rows
+    ``0 .. n_comp - 1`` when False, and with ``use_sel="device"`` (stage 3c) the kernel picks ``sel`` exactly when
+    n_comp > top-k. ``n_rows``: the compressed rows the host expects (bytes estimate only)."""
     k = cfg.index_top_k
     if use_sel not in (True, False, "device"):
         raise ValueError(f"attention_comp: use_sel={use_sel!r}; choose True, False or 'device'")

@@ -1,12 +1,10 @@
 """NumPy reference for every op of the decode token.
 
-Each function is pure (inputs in, new arrays out) and mirrors one kernel in ``kernels/``.
-Arithmetic is float64 except where the kernel's own float32 rounding is the point
-(activation quantization: the scale and the rounding are done in float32 exactly as the
-kernel does them, so the same float32 input quantizes to the same integers). Outputs are
-float32, the dtype of the device buffers. Used by the tests (GPU kernels against these) and by
-the ``numpy`` backend, which runs the token's op sequence through them.
-"""
+Each function is pure (inputs in, new arrays out) and mirrors one kernel in ``kernels/``. Arithmetic is float64 except
+where the kernel's own float32 rounding is the point (activation quantization: the scale and the rounding are done in
+float32 exactly as the kernel does them, so the same float32 input quantizes to the same integers). Outputs are
+float32, the dtype of the device buffers. Used by the tests (GPU kernels against these) and by the ``numpy`` backend,
+which runs the token's op sequence through them."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ f32, f64 = np.float32, np.float64
 
 # ----------------------------------------------------------------------------- quant formats
 def dequant(w: QTensor) -> np.ndarray:
-    """Dequantize a matrix in any of ds4lab's weight formats to float64 ``[..., rows, cols]``
-    (Q8_0, ds4lab's 4-bit blocks, or a super-block format: :func:`dequant_superblocks`)."""
+    """Dequantize a matrix in any of ds4lab's weight formats to float64 ``[..., rows, cols]`` (Q8_0, ds4lab's 4-bit
+    blocks, or a super-block format: :func:`dequant_superblocks`)."""
     if w.fmt in SUPERBLOCKS:
         lead = w.qs.shape[:-1]
         return dequant_superblocks(w.fmt, w.qs.reshape(-1, SUPERBLOCKS[w.fmt].nbytes)).reshape(*lead, w.cols)
@@ -48,10 +46,9 @@ def _f16(b: np.ndarray, off: int) -> np.ndarray:
 
 
 def q4_k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 6-bit scales and mins of the 8 sub-blocks of Q4_K blocks from their 12 scale bytes
-    ``[n, 12]`` (ggml ``get_scale_min_k4``): sub-block ``j < 4``: ``sc = s[j] & 63``,
-    ``m = s[j + 4] & 63``; ``j >= 4``: ``sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4``,
-    ``m = (s[j + 4] >> 4) | (s[j] >> 6) << 4``. Returns two int64 ``[n, 8]``."""
+    """The 6-bit scales and mins of the 8 sub-blocks of Q4_K blocks from their 12 scale bytes ``[n, 12]`` (ggml
+    ``get_scale_min_k4``): sub-block ``j < 4``: ``sc = s[j] & 63``, ``m = s[j + 4] & 63``; ``j >= 4``: ``sc = (s[j +
+    4] & 15) | (s[j - 4] >> 6) << 4``, ``m = (s[j + 4] >> 4) | (s[j] >> 6) << 4``. Returns two int64 ``[n, 8]``."""
     s = scales.astype(np.int64)
     sc = np.empty((s.shape[0], 8), np.int64)
     m = np.empty_like(sc)
@@ -62,21 +59,20 @@ def q4_k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dequant_superblocks(fmt: str, b: np.ndarray) -> np.ndarray:
-    """float64 weights ``[n, 256]`` of ``n`` packed super-blocks ``b`` (uint8 ``[n, nbytes]``), by the
-    published definitions (ggml ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs``, as ds4.c reads
-    them; layouts in :data:`ds4lab.token.weights.SUPERBLOCKS`):
+    """float64 weights ``[n, 256]`` of ``n`` packed super-blocks ``b`` (uint8 ``[n, nbytes]``), by the published
+    definitions (ggml ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs``, as ds4.c reads them; layouts in
+    :data:`ds4lab.token.weights.SUPERBLOCKS`):
 
-    * Q4_K: group ``g`` of the 128 quant bytes (32 bytes each) holds sub-block ``2g`` in its low
-      nibbles and ``2g + 1`` in its high nibbles; ``w = d * sc_j * q - dmin * m_j``.
-    * Q2_K: weights ``128 h + 32 s + l`` take bits ``2s`` of quant byte ``32 h + l`` and scale byte
-      ``8 h + 2 s + (l >= 16)``: ``w = d * (sc & 15) * q - dmin * (sc >> 4)``.
-    * IQ2_XXS: sub-block ``k`` is two uint32 at byte ``2 + 8 k``: ``aux0`` (4 grid indices) and
-      ``aux1`` (4 sign indices of 7 bits, scale ``s = aux1 >> 28``); group ``l`` of 8 weights is
-      ``d * (0.5 + s) / 4 * grid[aux0 byte l] * signs(aux1 >> 7 l)``.
+    * Q4_K: group ``g`` of the 128 quant bytes (32 bytes each) holds sub-block ``2g`` in its low nibbles and ``2g + 1``
+      in its high nibbles; ``w = d * sc_j * q - dmin * m_j``.
+    * Q2_K: weights ``128 h + 32 s + l`` take bits ``2s`` of quant byte ``32 h + l`` and scale byte ``8 h + 2 s + (l >=
+      16)``: ``w = d * (sc & 15) * q - dmin * (sc >> 4)``.
+    * IQ2_XXS: sub-block ``k`` is two uint32 at byte ``2 + 8 k``: ``aux0`` (4 grid indices) and ``aux1`` (4 sign
+      indices of 7 bits, scale ``s = aux1 >> 28``); group ``l`` of 8 weights is ``d * (0.5 + s) / 4 * grid[aux0 byte l]
+      * signs(aux1 >> 7 l)``.
 
     Raises:
-        ValueError: unknown format or a block width that is not the format's.
-    """
+        ValueError: unknown format or a block width that is not the format's."""
     if fmt not in SUPERBLOCKS or b.shape[-1] != SUPERBLOCKS[fmt].nbytes:
         raise ValueError(f"dequant_superblocks: format {fmt!r}, blocks of {b.shape[-1]} bytes")
     n = b.shape[0]
@@ -115,17 +111,15 @@ def _iq2_signed_grid() -> np.ndarray:
 
 
 def quantize_q8k_ds4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Quantize float32 ``x [T, n]`` to Q8_K as ds4's CUDA ``q8_K_quantize_kernel`` does (ds4_cuda.cu
-    at b0309611; the arithmetic of ggml's ``quantize_row_q8_K``): per block of 256 the element of
-    largest magnitude ``max`` (found by the kernel's shared-memory tree: at strides 128, 64, ..., 1
-    position ``i`` takes ``i + stride``'s candidate when its magnitude is strictly larger, which
-    decides between ``+a`` and ``-a``), ``iscale = -127 / max``, ``q = rint(iscale * x)`` clamped
-    to ``[-128, 127]``, ``d = 1 / iscale`` (negative when ``max`` is positive), and ``bsums``, the
-    sums of each 16 quants; all in float32, round half to even. An all-zero block gets zeros.
+    """Quantize float32 ``x [T, n]`` to Q8_K as ds4's CUDA ``q8_K_quantize_kernel`` does (ds4_cuda.cu at b0309611; the
+    arithmetic of ggml's ``quantize_row_q8_K``): per block of 256 the element of largest magnitude ``max`` (found by
+    the kernel's shared-memory tree: at strides 128, 64, ..., 1 position ``i`` takes ``i + stride``'s candidate when
+    its magnitude is strictly larger, which decides between ``+a`` and ``-a``), ``iscale = -127 / max``, ``q =
+    rint(iscale * x)`` clamped to ``[-128, 127]``, ``d = 1 / iscale`` (negative when ``max`` is positive), and
+    ``bsums``, the sums of each 16 quants; all in float32, round half to even. An all-zero block gets zeros.
     (ds4.c's CPU ``ds4_quantize_row_q8_K`` takes the first largest element instead.)
 
-    Returns int8 ``[T, n]``, float32 ``[T, n / 256]``, int16 ``[T, n / 16]``.
-    """
+    Returns int8 ``[T, n]``, float32 ``[T, n / 256]``, int16 ``[T, n / 16]``."""
     x = np.asarray(x, dtype=f32)
     T, n = x.shape
     blk = x.reshape(T, n // Q8_K_BLOCK, Q8_K_BLOCK)
@@ -150,9 +144,8 @@ def quantize_q8k_ds4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def quantize_q8k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Quantize float32 ``x [T, n]`` to Q8_K: int8 ``[T, n]`` and float32 scales ``[T, n/256]``.
 
-    Per block of 256: ``d = amax / 127`` and ``q = rint(x / d)`` in float32 (round half to even),
-    as ``xq_quantize``/``moe_midq`` do; an all-zero block gets ``d = 0`` and zeros.
-    """
+    Per block of 256: ``d = amax / 127`` and ``q = rint(x / d)`` in float32 (round half to even), as
+    ``xq_quantize``/``moe_midq`` do; an all-zero block gets ``d = 0`` and zeros."""
     x = np.asarray(x, dtype=f32)
     T, n = x.shape
     blk = x.reshape(T, n // Q8_K_BLOCK, Q8_K_BLOCK)
@@ -172,9 +165,8 @@ def dequant_q8k(q: np.ndarray, d: np.ndarray) -> np.ndarray:
 def q8_matvec(w: QTensor, x: np.ndarray, rows_per_group: int | None = None, group_stride: int = 0) -> np.ndarray:
     """``y[r] = W[r] · x[g*stride : g*stride + cols]`` with ``g = r // rows_per_group``.
 
-    Plain matvec when ``rows_per_group`` is None. ``w`` Q8_0 ``[rows, cols]``, ``x`` float32.
-    Returns float32 ``[rows]``. (ds4 stages: query, KV, grouped output projection, vocabulary.)
-    """
+    Plain matvec when ``rows_per_group`` is None. ``w`` Q8_0 ``[rows, cols]``, ``x`` float32. Returns float32
+    ``[rows]``. (ds4 stages: query, KV, grouped output projection, vocabulary.)"""
     W = dequant(w)
     x = np.asarray(x, dtype=f64)
     if rows_per_group is None:
@@ -203,8 +195,7 @@ def sigmoid(x):
 def hc_mix_logits(hn: np.ndarray, wmix: np.ndarray) -> np.ndarray:
     """Hyper-connection mixing logits ``Wmix [2S, S*E] @ flat(hn)`` from normed streams ``hn [S, E]``.
 
-    float32 ``[2S]``: the first S feed the pre-mix softmax, the last S the expand weights.
-    """
+    float32 ``[2S]``: the first S feed the pre-mix softmax, the last S the expand weights."""
     S = hn.shape[0]
     W = np.asarray(wmix, dtype=f64).reshape(2 * S, -1)
     return (W @ np.asarray(hn, dtype=f64).reshape(-1)).astype(f32)
@@ -241,9 +232,8 @@ def hc_premix(h: np.ndarray, logits: np.ndarray, w_norm: np.ndarray, eps: float)
 def rope(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
     """Rotate the last ``rope_dims`` of each row of ``x [rows, D]`` by position ``pos``.
 
-    Interleaved pairs ``(2i, 2i+1)`` of the rotated part, frequency ``theta^(-2i/rope_dims)``;
-    the angle is formed in float64 on the device too, so large positions stay exact.
-    """
+    Interleaved pairs ``(2i, 2i+1)`` of the rotated part, frequency ``theta^(-2i/rope_dims)``; the angle is formed in
+    float64 on the device too, so large positions stay exact."""
     x = np.asarray(x, dtype=f64).copy()
     D = x.shape[-1]
     i = np.arange(rope_dims // 2, dtype=f64)
@@ -259,10 +249,8 @@ def rope(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
 def attention_decode(q: np.ndarray, cache: np.ndarray, pos: int, window: int) -> np.ndarray:
     """Sliding-window decode attention, 1 KV head shared by all query heads.
 
-    ``q [H, D]``; ``cache [W, D]`` is a ring buffer whose row ``p % W`` holds position ``p``;
-    keys and values are the same cached row. Attends to the ``min(pos+1, W)`` latest positions.
-    Returns float32 ``[H, D]``.
-    """
+    ``q [H, D]``; ``cache [W, D]`` is a ring buffer whose row ``p % W`` holds position ``p``; keys and values are the
+    same cached row. Attends to the ``min(pos+1, W)`` latest positions. Returns float32 ``[H, D]``."""
     n = min(pos + 1, window)
     rows = [(p % window) for p in range(pos - n + 1, pos + 1)]
     kv = np.asarray(cache, dtype=f64)[rows]
@@ -275,8 +263,7 @@ def attention_decode(q: np.ndarray, cache: np.ndarray, pos: int, window: int) ->
 def expand(h: np.ndarray, logits: np.ndarray, y: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
     """Hyper-connection expand and residual add: ``h[s] + post[s] * (y + extra)``. float32.
 
-    ``post`` comes from the mixing ``logits`` of the sublayer (see :func:`mix_weights`).
-    """
+    ``post`` comes from the mixing ``logits`` of the sublayer (see :func:`mix_weights`)."""
     _, post = mix_weights(logits)
     v = np.asarray(y, dtype=f64) + (0.0 if extra is None else np.asarray(extra, dtype=f64))
     return (np.asarray(h, dtype=f64) + post[:, None] * v[None]).astype(f32)
@@ -311,11 +298,10 @@ SCORE_KEY_NAN = 1
 def score_key(scores: np.ndarray) -> np.ndarray:
     """Each float32 score's place in the score order of every top-k, as uint32 keys (higher first).
 
-    The order is ds4's (``ds4_cuda.cu`` ``router_score_better``: a higher score first, equal scores
-    to the lower index), so -0.0 and +0.0 share a key, and a NaN ranks below every number, -inf
-    included (ds4 never picks a NaN while a number is left); NaNs share :data:`SCORE_KEY_NAN`. Mirrors
-    ``kernels/score_order.cuh:ds4_score_key`` bit for bit; 0 is no score's key (an empty slot).
-    """
+    The order is ds4's (``ds4_cuda.cu`` ``router_score_better``: a higher score first, equal scores to the lower
+    index), so -0.0 and +0.0 share a key, and a NaN ranks below every number, -inf included (ds4 never picks a NaN
+    while a number is left); NaNs share :data:`SCORE_KEY_NAN`. Mirrors ``kernels/score_order.cuh:ds4_score_key`` bit
+    for bit; 0 is no score's key (an empty slot)."""
     v = np.asarray(scores, dtype=f32)
     u = np.where(v == 0, f32(0), v).view(np.uint32)
     key = np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
@@ -323,18 +309,17 @@ def score_key(scores: np.ndarray) -> np.ndarray:
 
 
 def score_order(scores: np.ndarray) -> np.ndarray:
-    """Indices along the last axis in the score order (:func:`score_key`), best first, ties to
-    the lower index. int64, the shape of ``scores``."""
+    """Indices along the last axis in the score order (:func:`score_key`), best first, ties to the lower index. int64,
+    the shape of ``scores``."""
     return np.argsort(~score_key(scores), axis=-1, kind="stable")
 
 
 def router_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` experts per token and their weights.
 
-    In the score order (:func:`score_key`, ``kernels/router.cu``): highest logits first, ties
-    (-0.0 and +0.0 included) to the lower index, NaN after every number; weights are the
-    selected sigmoid scores normalized to sum 1. Returns int32 ``[T, k]`` and float32 ``[T, k]``.
-    """
+    In the score order (:func:`score_key`, ``kernels/router.cu``): highest logits first, ties (-0.0 and +0.0 included)
+    to the lower index, NaN after every number; weights are the selected sigmoid scores normalized to sum 1. Returns
+    int32 ``[T, k]`` and float32 ``[T, k]``."""
     logits = np.asarray(logits, dtype=f32)
     order = score_order(logits)[:, :k].astype(np.int32)
     return order, router_weights(logits, order)
@@ -350,10 +335,9 @@ def router_weights(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def moe_sort(ids: np.ndarray, n_experts: int, tile: int = MOE_TILE) -> dict[str, np.ndarray]:
     """The ``sort`` stage: counts per expert, exclusive offsets, pairs in expert order, tiles.
 
-    ``ids [T, k]`` int32. Pair ``p = t*k + j``. Within one expert the kernel's order is whatever
-    its atomics give; this reference keeps pair order (compare per-expert sets, not order).
-    Tiles: ``(expert, start, count)`` with ``count <= tile``, in expert order.
-    """
+    ``ids [T, k]`` int32. Pair ``p = t*k + j``. Within one expert the kernel's order is whatever its atomics give; this
+    reference keeps pair order (compare per-expert sets, not order). Tiles: ``(expert, start, count)`` with ``count <=
+    tile``, in expert order."""
     flat = ids.reshape(-1).astype(np.int64)
     counts = np.bincount(flat, minlength=n_experts).astype(np.int32)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
@@ -372,11 +356,10 @@ def max_tiles(n_pairs: int, n_experts: int, tile: int = MOE_TILE) -> int:
 
 @functools.lru_cache(maxsize=256)  # asked on every tiled launch (its bytes estimate): compute once
 def expected_tiles(tokens: int, n_used: int, n_experts: int, tile: int = MOE_TILE) -> float:
-    """Expected tile count of one sorted routed-MoE call under uniform routing: each of ``tokens``
-    tokens picks ``n_used`` distinct experts of ``n_experts``, so an expert's pair count is
-    Binomial(tokens, n_used / n_experts) and it needs ceil(count / tile) tiles. Used as the
-    tiled kernels' bytes estimate (each tile reads its expert's weights once); a skewed routing
-    needs fewer tiles (``ds4lab moe --routing`` measures them)."""
+    """Expected tile count of one sorted routed-MoE call under uniform routing: each of ``tokens`` tokens picks
+    ``n_used`` distinct experts of ``n_experts``, so an expert's pair count is Binomial(tokens, n_used / n_experts)
+    and it needs ceil(count / tile) tiles. Used as the tiled kernels' bytes estimate (each tile reads its expert's
+    weights once); a skewed routing needs fewer tiles (``ds4lab moe --routing`` measures them)."""
     p = n_used / n_experts
     if p >= 1.0:
         return float(n_experts * -(-tokens // tile))
@@ -396,8 +379,7 @@ def expert_matvec(w: QTensor, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
 def moe_gateup(bank_expert, ids: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``gateup`` stage. ``bank_expert(e)`` gives expert ``e``'s ``(gate_up, down)`` QTensors.
 
-    ``ids [T, k]``; ``xq, xd``: Q8_K of the input ``[T, E]``. Returns gate, up float32 ``[T*k, F]``.
-    """
+    ``ids [T, k]``; ``xq, xd``: Q8_K of the input ``[T, E]``. Returns gate, up float32 ``[T*k, F]``."""
     T, k = ids.shape
     out = []
     for p in range(T * k):
@@ -441,9 +423,9 @@ def routed_moe(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
 # its Q8_K middle, the experts summed). Multi-token calls: the same arithmetic over sorted pairs, the
 # down outputs per pair summed by moe_sum (no weights: they are in the middle already).
 def moe_gateup_mid(gate_up: QTensor, xq: np.ndarray, xd: np.ndarray, weight: float, limit: float) -> np.ndarray:
-    """One pair's fused gate/up: ``swiglu(W[:F] x, W[F:] x) * weight`` with ``gate_up`` ``[2F, E]``
-    (any format) and ``x`` the Q8_K row ``(xq [E], xd [E / 256])``; ds4's clamp (gate at most
-    ``limit``, up within ``+-limit``), float64. Returns float32 ``[F]``."""
+    """One pair's fused gate/up: ``swiglu(W[:F] x, W[F:] x) * weight`` with ``gate_up`` ``[2F, E]`` (any format) and
+    ``x`` the Q8_K row ``(xq [E], xd [E / 256])``; ds4's clamp (gate at most ``limit``, up within ``+-limit``),
+    float64. Returns float32 ``[F]``."""
     y = dequant(gate_up) @ dequant_q8k(xq[None], xd[None])[0]
     F = gate_up.rows // 2
     return (swiglu(y[:F], y[F:], limit).astype(f64) * f64(weight)).astype(f32)
@@ -451,10 +433,10 @@ def moe_gateup_mid(gate_up: QTensor, xq: np.ndarray, xd: np.ndarray, weight: flo
 
 def moe_decode_ds4(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, limit: float,
                    n_experts: int) -> np.ndarray:
-    """ds4's routed MoE (four launches at one token, the sorted path's arithmetic at more) for
-    ``x [T, E]``, experts ``ids [T, k]`` with router ``weights [T, k]``; ``bank_expert(e)`` gives
-    expert ``e``'s ``(gate_up, down)``. A pair whose expert is outside ``0 .. n_experts - 1`` has a
-    zero middle and adds nothing (the kernels' bounds check). float32 ``[T, E]``."""
+    """ds4's routed MoE (four launches at one token, the sorted path's arithmetic at more) for ``x [T, E]``, experts
+    ``ids [T, k]`` with router ``weights [T, k]``; ``bank_expert(e)`` gives expert ``e``'s ``(gate_up, down)``. A
+    pair whose expert is outside ``0 .. n_experts - 1`` has a zero middle and adds nothing (the kernels' bounds
+    check). float32 ``[T, E]``."""
     xq, xd, _ = quantize_q8k_ds4(x)
     T, k = ids.shape
     flat, wts = ids.reshape(-1), np.asarray(weights, f32).reshape(-1)
@@ -468,10 +450,9 @@ def moe_decode_ds4(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndar
 
 
 def moe_down_sum(downs: list, mq: np.ndarray, md: np.ndarray) -> np.ndarray:
-    """ds4's down with the experts' sum fused: ``sum_s downs[s] . x_s`` in float64, ``x_s`` the Q8_K
-    middle ``(mq [k, F], md [k, F / 256])`` of slot ``s``; ``downs[s]`` the slot's down matrix ``[E, F]``
-    (any format), or None for a slot whose expert is outside the bank (it adds nothing).
-    float32 ``[E]``."""
+    """ds4's down with the experts' sum fused: ``sum_s downs[s] . x_s`` in float64, ``x_s`` the Q8_K middle ``(mq [k,
+    F], md [k, F / 256])`` of slot ``s``; ``downs[s]`` the slot's down matrix ``[E, F]`` (any format), or None for a
+    slot whose expert is outside the bank (it adds nothing). float32 ``[E]``."""
     y = None
     for s, w in enumerate(downs):
         if w is not None:
@@ -525,8 +506,8 @@ def is_emit(pos: int, ratio: int) -> bool:
 
 
 def comp_count(pos: int, ratio: int) -> int:
-    """Compressed rows that exist once the token at ``pos`` is done: ``(pos + 1) // ratio``
-    (the rows emitted by tokens ``0 .. pos``; this token's row included when it emits)."""
+    """Compressed rows that exist once the token at ``pos`` is done: ``(pos + 1) // ratio`` (the rows emitted by tokens
+    ``0 .. pos``; this token's row included when it emits)."""
     return (pos + 1) // ratio
 
 
@@ -548,10 +529,9 @@ TOPK_REGIMES = ("all", "sort2k", "sort4k", "sort8k", "sort16k", "chunked")
 def topk_regime(n_comp: int, top_k: int) -> str:
     """The indexer regime for ``n_comp`` compressed rows (see :data:`TOPK_REGIMES`).
 
-    ``"all"``: ``n_comp <= top_k``, no indexer scoring or selection, every row is attended.
-    ``"sort{m}k"``: one block selects from at most ``m * top_k`` scores. ``"chunked"``: above
-    ``16 * top_k``, chunks of ``8 * top_k`` select candidates, a tree merge reduces them.
-    """
+    ``"all"``: ``n_comp <= top_k``, no indexer scoring or selection, every row is attended. ``"sort{m}k"``: one block
+    selects from at most ``m * top_k`` scores. ``"chunked"``: above ``16 * top_k``, chunks of ``8 * top_k`` select
+    candidates, a tree merge reduces them."""
     if n_comp < 0:
         raise ValueError(f"n_comp={n_comp} must be >= 0")
     for m, name in ((1, "all"), (2, "sort2k"), (4, "sort4k"), (8, "sort8k"), (16, "sort16k")):
@@ -564,9 +544,8 @@ def topk_regime(n_comp: int, top_k: int) -> str:
 class TopkStep:
     """One top-k launch: kernel, grid (blocks), sort width, and where it reads and writes.
 
-    ``src``/``dst``: ``"scores"`` (the score row), ``"scratch"`` with a word offset, or
-    ``"selected"``; ``sets``: candidate sets a merge block reads (``group`` of them per block).
-    """
+    ``src``/``dst``: ``"scores"`` (the score row), ``"scratch"`` with a word offset, or ``"selected"``; ``sets``:
+    candidate sets a merge block reads (``group`` of them per block)."""
 
     kernel: str
     blocks: int
@@ -579,13 +558,11 @@ class TopkStep:
 def topk_plan(n_comp: int, top_k: int) -> tuple[list[TopkStep], int]:
     """The top-k launches for ``n_comp`` rows and the scratch words they need.
 
-    ``sort{2,4,8}k``: one ``indexer_topk`` block sorting the next power of two (``m * top_k``);
-    ``sort16k``: one block streaming over all scores with an ``8 * top_k`` sort. ``chunked``:
-    ``indexer_topk_chunk`` over chunks of ``8 * top_k`` (one block each, ``top_k`` candidates
-    each, into scratch), ``indexer_topk_merge`` levels of :data:`TOPK_MERGE_GROUP` sets per
-    block while more than that many sets remain, and a final merge into the selection.
-    Scratch (int32 words) grows with n_comp: ds4 takes it from its grow-on-demand allocator.
-    """
+    ``sort{2,4,8}k``: one ``indexer_topk`` block sorting the next power of two (``m * top_k``); ``sort16k``: one block
+    streaming over all scores with an ``8 * top_k`` sort. ``chunked``: ``indexer_topk_chunk`` over chunks of ``8 *
+    top_k`` (one block each, ``top_k`` candidates each, into scratch), ``indexer_topk_merge`` levels of
+    :data:`TOPK_MERGE_GROUP` sets per block while more than that many sets remain, and a final merge into the
+    selection. Scratch (int32 words) grows with n_comp: ds4 takes it from its grow-on-demand allocator."""
     regime = topk_regime(n_comp, top_k)
     if regime == "all":
         return [], 0
@@ -607,9 +584,9 @@ def topk_plan(n_comp: int, top_k: int) -> tuple[list[TopkStep], int]:
 # ----------------------------------------------------------------------------- compressor
 def compressor_store(state_kv: np.ndarray, state_score: np.ndarray, kv_cur: np.ndarray, sc_cur: np.ndarray,
                      ape: np.ndarray, pos: int, ratio: int) -> tuple[np.ndarray, np.ndarray]:
-    """Store this token's rows into the state: ``kv_cur`` and ``sc_cur + ape[pos % ratio]`` at
-    :func:`state_slot`. States ``[coff * ratio, width]``, rows ``[width]``, ``ape`` ``[ratio, width]``
-    (or flat). Returns new float32 states."""
+    """Store this token's rows into the state: ``kv_cur`` and ``sc_cur + ape[pos % ratio]`` at :func:`state_slot`.
+    States ``[coff * ratio, width]``, rows ``[width]``, ``ape`` ``[ratio, width]`` (or flat). Returns new float32
+    states."""
     kv, sc = np.array(state_kv, dtype=f32), np.array(state_score, dtype=f32)
     width = kv.shape[1]
     a = np.asarray(ape, dtype=f32).reshape(ratio, width)
@@ -622,8 +599,7 @@ def compressor_store(state_kv: np.ndarray, state_score: np.ndarray, kv_cur: np.n
 def compressor_pool(state_kv: np.ndarray, state_score: np.ndarray, head_dim: int, ratio: int) -> np.ndarray:
     """Softmax pool of the state per output dimension (see the module docstring). float32 ``[head_dim]``.
 
-    A dimension whose every score is below ``NEG_INF / 2`` (an empty state) pools to 0, as in ds4.
-    """
+    A dimension whose every score is below ``NEG_INF / 2`` (an empty state) pools to 0, as in ds4."""
     kv, sc = np.asarray(state_kv, dtype=f64), np.asarray(state_score, dtype=f64)
     if ratio == 4:
         vals = np.concatenate([kv[:4, :head_dim], kv[4:8, head_dim:2 * head_dim]])
@@ -645,8 +621,8 @@ def rope_rows(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarr
 
 def compressor_emit_row(pooled: np.ndarray, norm_w: np.ndarray, pos: int, ratio: int, rope_dims: int,
                         theta: float, eps: float) -> np.ndarray:
-    """The compressed row an emitting token writes: ``rope(rms_norm(pooled) * norm_w)`` at
-    position ``pos + 1 - ratio``. float32 ``[head_dim]``. Raises ValueError off an emit token."""
+    """The compressed row an emitting token writes: ``rope(rms_norm(pooled) * norm_w)`` at position ``pos + 1 -
+    ratio``. float32 ``[head_dim]``. Raises ValueError off an emit token."""
     from .reference import rms_norm
 
     if not is_emit(pos, ratio):
@@ -656,8 +632,8 @@ def compressor_emit_row(pooled: np.ndarray, norm_w: np.ndarray, pos: int, ratio:
 
 
 def compressor_shift(state_kv: np.ndarray, state_score: np.ndarray, ratio: int) -> tuple[np.ndarray, np.ndarray]:
-    """After a ratio-4 emit: the current block (rows 4..7) becomes the previous one (rows 0..3).
-    A no-op copy for ratio 128. Returns new float32 states."""
+    """After a ratio-4 emit: the current block (rows 4..7) becomes the previous one (rows 0..3). A no-op copy for ratio
+    128. Returns new float32 states."""
     kv, sc = np.array(state_kv, dtype=f32), np.array(state_score, dtype=f32)
     if ratio == 4:
         kv[:4], sc[:4] = kv[4:8], sc[4:8]
@@ -668,8 +644,7 @@ def compressor_decode(state_kv, state_score, kv_cur, sc_cur, ape, norm_w, pos: i
                       rope_dims: int, theta: float, eps: float):
     """One token of the compressor: store, and on an emit token pool, norm, rotate and shift.
 
-    Returns ``(state_kv, state_score, row)`` with ``row`` None on a non-emit token.
-    """
+    Returns ``(state_kv, state_score, row)`` with ``row`` None on a non-emit token."""
     kv, sc = compressor_store(state_kv, state_score, kv_cur, sc_cur, ape, pos, ratio)
     if not is_emit(pos, ratio):
         return kv, sc, None
@@ -680,15 +655,15 @@ def compressor_decode(state_kv, state_score, kv_cur, sc_cur, ape, norm_w, pos: i
 
 # ----------------------------------------------------------------------------- indexer
 def indexer_scores(q: np.ndarray, w: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
-    """``scale * sum_h w[h] * ReLU(q[h] . keys[c])`` for every row ``c`` of ``keys [n, Di]``;
-    ``q [H, Di]``, ``w [H]``. float32 ``[n]``."""
+    """``scale * sum_h w[h] * ReLU(q[h] . keys[c])`` for every row ``c`` of ``keys [n, Di]``; ``q [H, Di]``, ``w [H]``.
+    float32 ``[n]``."""
     d = np.asarray(keys, dtype=f64) @ np.asarray(q, dtype=f64).T  # [n, H]
     return (scale * (np.maximum(d, 0.0) @ np.asarray(w, dtype=f64))).astype(f32)
 
 
 def topk_select(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` best float32 ``scores`` in the score order (:func:`score_key`), best
-    first, ties to the lower index. int32."""
+    """Indices of the ``k`` best float32 ``scores`` in the score order (:func:`score_key`), best first, ties to the
+    lower index. int32."""
     s = np.asarray(scores, dtype=f32)
     if k > s.size:
         raise ValueError(f"top-k {k} exceeds the {s.size} scores")
@@ -696,8 +671,8 @@ def topk_select(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def topk_candidates(scores: np.ndarray, n: int, k: int, chunk: int) -> np.ndarray:
-    """``indexer_topk_chunk``: the top ``k`` of each chunk of ``chunk`` scores among the first ``n``,
-    int32 ``[n_chunks, k]``, best first, padded with -1 where a chunk has fewer than ``k`` rows."""
+    """``indexer_topk_chunk``: the top ``k`` of each chunk of ``chunk`` scores among the first ``n``, int32
+    ``[n_chunks, k]``, best first, padded with -1 where a chunk has fewer than ``k`` rows."""
     s = np.asarray(scores, dtype=f32)[:n]
     out = np.full((-(-n // chunk), k), -1, dtype=np.int32)
     for c in range(out.shape[0]):
@@ -708,8 +683,8 @@ def topk_candidates(scores: np.ndarray, n: int, k: int, chunk: int) -> np.ndarra
 
 
 def topk_merge(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray:
-    """``indexer_topk_merge``: the top ``k`` (by score, ties to the lower index) of candidate row
-    indices (-1 entries ignored). int32 ``[k]``, padded with -1."""
+    """``indexer_topk_merge``: the top ``k`` (by score, ties to the lower index) of candidate row indices (-1 entries
+    ignored). int32 ``[k]``, padded with -1."""
     s = np.asarray(scores, dtype=f32)
     c = np.asarray(candidates, dtype=np.int64).reshape(-1)
     c = np.unique(c[c >= 0])  # ascending: the stable sort below breaks ties to the lower index
@@ -724,11 +699,9 @@ def attention_comp(q: np.ndarray, cache: np.ndarray, pos: int, window: int, comp
                    rows) -> np.ndarray:
     """Decode attention over the raw window plus compressed rows, one KV head.
 
-    ``q [H, D]``; ``cache [W, D]`` the raw ring buffer (the ``min(pos + 1, W)`` newest positions,
-    row ``p % W``); ``comp [n, D]`` compressed rows of which ``rows`` (indices) are attended.
-    One softmax over all of them, scale ``1/sqrt(D)``; keys and values are the same rows.
-    Returns float32 ``[H, D]``.
-    """
+    ``q [H, D]``; ``cache [W, D]`` the raw ring buffer (the ``min(pos + 1, W)`` newest positions, row ``p % W``);
+    ``comp [n, D]`` compressed rows of which ``rows`` (indices) are attended. One softmax over all of them, scale
+    ``1/sqrt(D)``; keys and values are the same rows. Returns float32 ``[H, D]``."""
     n = min(pos + 1, window)
     raw = np.asarray(cache, dtype=f64)[[(p % window) for p in range(pos - n + 1, pos + 1)]]
     rows = np.asarray(rows, dtype=np.int64)
@@ -740,8 +713,8 @@ def attention_comp(q: np.ndarray, cache: np.ndarray, pos: int, window: int, comp
 
 
 def attended_rows(pos: int, ratio: int, top_k: int, selected=None) -> np.ndarray:
-    """Compressed rows the token at ``pos`` attends in a ratio-``ratio`` layer: every row for
-    ratio 128 or while ``n_comp <= top_k``; else ``selected`` (the indexer's top-k). int32."""
+    """Compressed rows the token at ``pos`` attends in a ratio-``ratio`` layer: every row for ratio 128 or while
+    ``n_comp <= top_k``; else ``selected`` (the indexer's top-k). int32."""
     n = comp_count(pos, ratio)
     if ratio != 4 or n <= top_k:
         return np.arange(n, dtype=np.int32)

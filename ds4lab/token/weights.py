@@ -1,22 +1,20 @@
 """Random weights from a seed, identical on every backend.
 
-Each weight element is a pure function of ``(seed, tensor name, sub-tensor, element index)``
-through a 32-bit integer hash (``mix32``, mirrored bit for bit in ``kernels/common.cuh``).
-So the GPU fills its multi-gigabyte banks in place in milliseconds, and the NumPy reference
-regenerates exactly the slices it needs (one layer, the six selected experts) without any
-device-to-host copy. Weight formats (bytes per weight in :data:`ds4lab.token.config.BYTES_PER_WEIGHT`):
+Each weight element is a pure function of ``(seed, tensor name, sub-tensor, element index)`` through a 32-bit integer
+hash (``mix32``, mirrored bit for bit in ``kernels/common.cuh``). So the GPU fills its multi-gigabyte banks in place in
+milliseconds, and the NumPy reference regenerates exactly the slices it needs (one layer, the six selected experts)
+without any device-to-host copy. Weight formats (bytes per weight in :data:`ds4lab.token.config.BYTES_PER_WEIGHT`):
 
 * ``q8_0``: ``qs`` int8 ``[..., rows, cols]`` in [-127, 127], ``d`` fp16 ``[..., rows, cols/32]``.
-* ``q4``: ``qs`` uint8 ``[..., rows, cols/2]``; in each block of 32 values, byte ``j`` holds value
-  ``j`` in its low nibble and value ``j+16`` in its high nibble, stored as ``v + 8``;
-  ``d`` fp16 ``[..., rows, cols/32]``. 4.5 bits (0.5625 bytes) per weight.
-* ``q4_k``, ``q2_k``, ``iq2_xxs`` (ds4's routed experts): ``qs`` uint8 ``[..., rows, cols / 256 *
-  block bytes]``, each row a run of packed super-blocks of 256 weights exactly as ggml lays them out
-  (``block_q4_K`` 144 bytes, ``block_q2_K`` 84, ``block_iq2_xxs`` 66; :data:`SUPERBLOCKS`), ``d``
-  None (the scales live inside the blocks). Every byte is a hash byte except the fp16 scale fields,
-  which hold a scale in a range that keeps activations finite (:func:`gen_superblocks`).
-* ``f32``: float32, ``offset + scale * U(-1, 1)``.
-"""
+* ``q4``: ``qs`` uint8 ``[..., rows, cols/2]``; in each block of 32 values, byte ``j`` holds value ``j`` in its low
+  nibble and value ``j+16`` in its high nibble, stored as ``v + 8``; ``d`` fp16 ``[..., rows, cols/32]``. 4.5 bits
+  (0.5625 bytes) per weight.
+* ``q4_k``, ``q2_k``, ``iq2_xxs`` (ds4's routed experts): ``qs`` uint8 ``[..., rows, cols / 256 * block bytes]``, each
+  row a run of packed super-blocks of 256 weights exactly as ggml lays them out (``block_q4_K`` 144 bytes,
+  ``block_q2_K`` 84, ``block_iq2_xxs`` 66; :data:`SUPERBLOCKS`), ``d`` None (the scales live inside the blocks). Every
+  byte is a hash byte except the fp16 scale fields, which hold a scale in a range that keeps activations finite
+  (:func:`gen_superblocks`).
+* ``f32``: float32, ``offset + scale * U(-1, 1)``."""
 
 from __future__ import annotations
 
@@ -82,10 +80,9 @@ class QTensor:
     Attributes:
         fmt: ``"q8_0"``, ``"q4"``, or a super-block format (``"q4_k"``, ``"q2_k"``, ``"iq2_xxs"``).
         rows, cols: the matrix shape (output rows × input columns).
-        qs: quantized values (int8 ``[..., rows, cols]``, packed uint8 ``[..., rows, cols/2]``, or
-            the packed super-blocks, uint8 ``[..., rows, cols / 256 * block bytes]``).
-        d: fp16 block scales ``[..., rows, cols/32]``; None for the super-block formats.
-    """
+        qs: quantized values (int8 ``[..., rows, cols]``, packed uint8 ``[..., rows, cols/2]``, or the packed
+            super-blocks, uint8 ``[..., rows, cols / 256 * block bytes]``).
+        d: fp16 block scales ``[..., rows, cols/32]``; None for the super-block formats."""
 
     fmt: str
     rows: int
@@ -214,9 +211,9 @@ IQ2XXS_GRID = np.array([
 
 
 def iq2_sign_byte(idx: np.ndarray | int) -> np.ndarray:
-    """The IQ2 sign byte of a 7-bit sign index (ggml ``ksigns_iq2xs``): the 7 bits, and as bit 7 their
-    parity, so every group of 8 has an even number of negative weights. Bit ``j`` set: weight ``j``
-    of the group is negated (ggml ``kmask_iq2xs[j] = 1 << j``). uint8."""
+    """The IQ2 sign byte of a 7-bit sign index (ggml ``ksigns_iq2xs``): the 7 bits, and as bit 7 their parity, so every
+    group of 8 has an even number of negative weights. Bit ``j`` set: weight ``j`` of the group is negated (ggml
+    ``kmask_iq2xs[j] = 1 << j``). uint8."""
     i = np.asarray(idx, dtype=np.uint32) & np.uint32(127)
     parity = np.zeros_like(i)
     for b in range(7):
@@ -231,10 +228,9 @@ class SuperBlockFormat:
     Attributes:
         name: ``"q4_k"``, ``"q2_k"`` or ``"iq2_xxs"``.
         nbytes: bytes per super-block (144, 84, 66).
-        scale_fields: the fp16 scale fields, ``(byte offset, multiple of the base scale, hash salt)``
-            each; every other byte of a generated block is a hash byte.
-        layout: the block's fields in byte order, for the docs (``(name, offset, bytes)``).
-    """
+        scale_fields: the fp16 scale fields, ``(byte offset, multiple of the base scale, hash salt)`` each; every other
+            byte of a generated block is a hash byte.
+        layout: the block's fields in byte order, for the docs (``(name, offset, bytes)``)."""
 
     name: str
     nbytes: int
@@ -244,11 +240,9 @@ class SuperBlockFormat:
     def unit_std(self) -> float:
         """Standard deviation of a generated weight per unit of base scale (:func:`superblock_base_scale`).
 
-        Computed from the format's definition with every free byte uniform and each scale field
-        ``multiple x base x j``, ``j = 0.75 + 0.5 U(0, 1)`` (``E[j] = 1``, ``E[j^2] = 49/48``); the
-        multiples make the mean weight 0 (Q4_K: ``dmin = 7.5 d``, so ``E[d sc q] = E[dmin m]``;
-        Q2_K: ``dmin = 1.5 d``; IQ2_XXS is symmetric).
-        """
+        Computed from the format's definition with every free byte uniform and each scale field ``multiple x base x
+        j``, ``j = 0.75 + 0.5 U(0, 1)`` (``E[j] = 1``, ``E[j^2] = 49/48``); the multiples make the mean weight 0 (Q4_K:
+        ``dmin = 7.5 d``, so ``E[d sc q] = E[dmin m]``; Q2_K: ``dmin = 1.5 d``; IQ2_XXS is symmetric)."""
         return _UNIT_STD[self.name]
 
 
@@ -291,31 +285,30 @@ _UNIT_STD = _unit_stds()
 
 
 def superblock_base_scale(fmt: str, cols: int) -> np.float32:
-    """Mean ``d`` of a generated super-block tensor: dequantized weights get a std of about
-    ``1/sqrt(cols)``, as the other formats' (:meth:`SuperBlockFormat.unit_std`)."""
+    """Mean ``d`` of a generated super-block tensor: dequantized weights get a std of about ``1/sqrt(cols)``, as the
+    other formats' (:meth:`SuperBlockFormat.unit_std`)."""
     return np.float32(1.0 / (SUPERBLOCKS[fmt].unit_std() * np.sqrt(cols)))
 
 
 def superblock_fields(fmt: str, cols: int) -> list[tuple[int, np.float32, int]]:
-    """The scale fields of a generated ``fmt`` tensor with ``cols`` columns: ``(byte offset, mean
-    value, salt)`` each, the mean as the float32 the init kernel receives."""
+    """The scale fields of a generated ``fmt`` tensor with ``cols`` columns: ``(byte offset, mean value, salt)`` each,
+    the mean as the float32 the init kernel receives."""
     base = float(superblock_base_scale(fmt, cols))
     return [(off, np.float32(base * mult), salt) for off, mult, salt in SUPERBLOCKS[fmt].scale_fields]
 
 
 def gen_superblocks(fmt: str, key: int, sub: int, rows: int, cols: int) -> QTensor:
-    """NumPy super-block sub-tensor ``sub`` of the tensor with ``key`` (mirrors ``init_superblocks``
-    in ``kernels/moe_ds4.cu``).
+    """NumPy super-block sub-tensor ``sub`` of the tensor with ``key`` (mirrors ``init_superblocks`` in
+    ``kernels/moe_ds4.cu``).
 
-    Byte ``i`` of the sub-tensor (block ``i // nbytes``, offset ``i % nbytes``) is the top byte of
-    ``element_hash(key, sub, i)``, except in a scale field: there the field's little-endian fp16 bytes
-    of ``mean * (0.75 + 0.5 * U)``, ``U = unit_float(element_hash(key ^ salt, sub, block))``, rounded
-    to nearest even. Every block is a valid block of the format: grid and sign indices, 4- and 6-bit
-    scales and quants take every value they can, and the scales keep activations finite.
+    Byte ``i`` of the sub-tensor (block ``i // nbytes``, offset ``i % nbytes``) is the top byte of ``element_hash(key,
+    sub, i)``, except in a scale field: there the field's little-endian fp16 bytes of ``mean * (0.75 + 0.5 * U)``, ``U
+    = unit_float(element_hash(key ^ salt, sub, block))``, rounded to nearest even. Every block is a valid block of the
+    format: grid and sign indices, 4- and 6-bit scales and quants take every value they can, and the scales keep
+    activations finite.
 
     Raises:
-        ValueError: ``cols`` not a multiple of 256, or an unknown format.
-    """
+        ValueError: ``cols`` not a multiple of 256, or an unknown format."""
     if fmt not in SUPERBLOCKS:
         raise ValueError(f"unknown super-block format {fmt!r}; known: {', '.join(SUPERBLOCKS)}")
     if cols % QK_K:
@@ -333,8 +326,8 @@ def gen_superblocks(fmt: str, key: int, sub: int, rows: int, cols: int) -> QTens
 
 
 def qtensor_arrays(fmt: str, rows: int, cols: int) -> dict[str, tuple[tuple, Any] | None]:
-    """Shapes and dtypes of one sub-tensor's ``qs`` and ``d`` in format ``fmt`` (``d``: None for the
-    super-block formats). Raises ValueError for an unknown format."""
+    """Shapes and dtypes of one sub-tensor's ``qs`` and ``d`` in format ``fmt`` (``d``: None for the super-block
+    formats). Raises ValueError for an unknown format."""
     if fmt == "q8_0":
         return {"qs": ((rows, cols), np.int8), "d": ((rows, cols // Q8_0_BLOCK), np.float16)}
     if fmt == "q4":
@@ -363,8 +356,7 @@ def gen_f32(key: int, n: int, scale: float, offset: float) -> np.ndarray:
 class WeightSpec:
     """One weight tensor of the model: name (hash key), format, shape and init parameters.
 
-    ``subs`` > 1 marks a stack (the routed-expert bank: one matrix per expert).
-    """
+    ``subs`` > 1 marks a stack (the routed-expert bank: one matrix per expert)."""
 
     name: str
     fmt: str
@@ -409,14 +401,12 @@ def layer_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
 def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
     """Long-context weights of ``layer`` (empty for a layer without compression).
 
-    ds4.c binds, per compressed layer, ``attn_compressor_{kv,gate,ape,norm}`` and, for ratio 4,
-    ``indexer.attn_q_b``, ``indexer.proj`` and ``indexer_compressor_{kv,gate,ape,norm}`` (f16 and
-    f32 there). ds4lab keeps them as: the kv and gate projections stacked into one Q8_0 matrix
-    ``[2 * width, E]`` (kv rows first; width = 2 x head dim for ratio 4, the two lanes, else head
-    dim), the ape bias fp32 ``[ratio, width]``, the norm fp32 ``[head dim]``; the indexer query
-    projection Q8_0 ``[index_heads * index_head_dim, q_lora]`` and the per-head weight
-    projection Q8_0 ``[index_heads, E]``.
-    """
+    ds4.c binds, per compressed layer, ``attn_compressor_{kv,gate,ape,norm}`` and, for ratio 4, ``indexer.attn_q_b``,
+    ``indexer.proj`` and ``indexer_compressor_{kv,gate,ape,norm}`` (f16 and f32 there). ds4lab keeps them as: the kv
+    and gate projections stacked into one Q8_0 matrix ``[2 * width, E]`` (kv rows first; width = 2 x head dim for ratio
+    4, the two lanes, else head dim), the ape bias fp32 ``[ratio, width]``, the norm fp32 ``[head dim]``; the indexer
+    query projection Q8_0 ``[index_heads * index_head_dim, q_lora]`` and the per-head weight projection Q8_0
+    ``[index_heads, E]``."""
     ratio = cfg.compress_ratio(layer)
     if ratio == 0:
         return {}
@@ -446,13 +436,11 @@ def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
 def cache_layout(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, int]]:
     """The fp32 cache buffers of ``layer``: name → (rows, cols).
 
-    Every layer: the raw window ``kv`` ``[window, head_dim]``. A compressed layer of ratio r adds
-    ``comp`` ``[max_context / r, head_dim]`` (compressed rows) and the compressor state
-    ``comp_state_kv`` / ``comp_state_score`` ``[coff * r, coff * head_dim]`` (coff = 2 for ratio
-    4: the previous and the current block, two lanes; 1 for ratio 128), as ds4.c
-    ``kv_cache_init`` sizes them; ratio 4 adds the indexer's ``index`` ``[max_context / 4,
-    index_head_dim]`` and its compressor state.
-    """
+    Every layer: the raw window ``kv`` ``[window, head_dim]``. A compressed layer of ratio r adds ``comp``
+    ``[max_context / r, head_dim]`` (compressed rows) and the compressor state ``comp_state_kv`` / ``comp_state_score``
+    ``[coff * r, coff * head_dim]`` (coff = 2 for ratio 4: the previous and the current block, two lanes; 1 for ratio
+    128), as ds4.c ``kv_cache_init`` sizes them; ratio 4 adds the indexer's ``index`` ``[max_context / 4,
+    index_head_dim]`` and its compressor state."""
     D, out = cfg.head_dim, {"kv": (cfg.window, cfg.head_dim)}
     ratio = cfg.compress_ratio(layer)
     if ratio:
@@ -473,8 +461,8 @@ def cache_bytes(cfg: ModelConfig, n_layers: int | None = None) -> int:
 
 
 def bank_specs(cfg: ModelConfig, bank: int) -> dict[str, WeightSpec]:
-    """The routed-expert bank ``bank``: gate/up stacked ``[experts, 2F, E]`` (gate rows first),
-    down ``[experts, E, F]``, in the formats of ``cfg.expert_format`` (``cfg.expert_formats``)."""
+    """The routed-expert bank ``bank``: gate/up stacked ``[experts, 2F, E]`` (gate rows first), down ``[experts, E,
+    F]``, in the formats of ``cfg.expert_format`` (``cfg.expert_formats``)."""
     E, F, N = cfg.embed, cfg.expert_ffn, cfg.n_experts
     gu, dn = cfg.expert_formats
     return {
@@ -511,8 +499,8 @@ def all_specs(cfg: ModelConfig, with_vocab: bool, n_layers: int | None = None) -
 
 
 def spec_bytes(spec: WeightSpec) -> int:
-    """Bytes the tensor occupies on the device (``n_weights x BYTES_PER_WEIGHT[fmt]``: exact for
-    every format, whose blocks divide the rows)."""
+    """Bytes the tensor occupies on the device (``n_weights x BYTES_PER_WEIGHT[fmt]``: exact for every format, whose
+    blocks divide the rows)."""
     if spec.fmt == "f32":
         return 4 * spec.n_weights
     if spec.fmt in SUPERBLOCKS:
@@ -540,10 +528,9 @@ HASH_ROUTE_MAX_ATTEMPTS = 1024
 def hash_experts(seed: int, token_id: int, layer: int, n_used: int, n_experts: int) -> np.ndarray:
     """Experts of a hash-routed layer for ``token_id``: ``n_used`` distinct ids, int32.
 
-    Draw ``a`` is ``mix32(key(layer) + token_id * 0x9E3779B9 + a * 0x85EBCA6B) % n_experts``, kept
-    when new; after :data:`HASH_ROUTE_MAX_ATTEMPTS` draws the lowest unused ids fill the rest.
-    Mirrors ``router_hash`` in ``kernels/router.cu`` bit for bit.
-    """
+    Draw ``a`` is ``mix32(key(layer) + token_id * 0x9E3779B9 + a * 0x85EBCA6B) % n_experts``, kept when new; after
+    :data:`HASH_ROUTE_MAX_ATTEMPTS` draws the lowest unused ids fill the rest. Mirrors ``router_hash`` in
+    ``kernels/router.cu`` bit for bit."""
     key = tensor_key(seed, f"hash_route@{layer}")
     chosen: list[int] = []
     for attempt in range(HASH_ROUTE_MAX_ATTEMPTS):

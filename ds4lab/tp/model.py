@@ -1,29 +1,10 @@
-"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a
-:class:`~ds4lab.token.model.DecodeModel` that holds its share of the weights (:mod:`.shard`) and meets the
-other ranks at two reductions per layer (:mod:`.reduce`).
-
-Per layer, in ds4's order: the attention's hyper-connection pre-mix (``island0``, replicated), the query
-for the rank's heads and the replicated KV head, attention over the rank's heads, the output projection of
-the rank's groups into a partial sum (``o_b_partial``) → **reduction "attn"** → the expand into the streams
-(``tp_expand``), the FFN pre-mix, the router (replicated: every rank selects the same experts), the routed
-experts the rank holds (ids made local: ``tp_localize_ids``) and its half of the shared expert, both partial
-sums in one ``[2, E]`` buffer → **reduction "ffn"** → the expand (shared + routed, as the single-GPU
-``sh_down_expand`` adds them). Every launch goes through the rank's launcher, so through the calling
-thread's stream accessor.
-
-Where the collectives sit (``placement``):
-
-* ``"inside"``: as the single-GPU token is cut: island 1 (attention output through the FFN tail) holds
-  both reductions, the whole token (``token``) holds all of them: a stage capturing those captures the
-  collectives;
-* ``"outside"``: graph–collective–graph: island 1 is three clusters around the reductions
-  (``island1.out``, ``island1.ffn``, ``island1.post``) and the token body is the segments between
-  reductions (cluster ``tp_seg``, keyed by the segment's index): a stage capturing those leaves every
-  reduction eager, between graphs.
-
-Decode only (one token per call) and ds4's routed-MoE path; the MoE profile is not modeled under tensor
-parallelism (ds4 turns its islands and profile off there).
-"""
+"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a :class:`~ds4lab.token.model.DecodeModel` holding
+its share of the weights (:mod:`.shard`) and meeting the other ranks at two reductions per layer (:mod:`.reduce`:
+after the attention output's partial sum, "attn", and after the routed and shared experts' partial sums, "ffn"),
+every launch through the calling thread's accessor. ``placement`` says where the collectives sit: ``"inside"`` the
+token's clusters (a stage capturing island 1 or the token captures them) or ``"outside"`` (island 1 split around the
+reductions, the token body the segments between them: cluster ``tp_seg``; every reduction stays eager). Decode only,
+ds4's routed-MoE path, no MoE profile. The layer launch by launch: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -40,9 +21,9 @@ PLACEMENTS = ("inside", "outside")
 
 
 class FullWeights:
-    """The unsplit weights a verification needs (``o_b``, ``sh_down``, the whole routed bank), generated on
-    the host by the NumPy reference backend with the model's seed (the same tensors the single-GPU token
-    holds), one layer at a time, cached."""
+    """The unsplit weights a verification needs (``o_b``, ``sh_down``, the whole routed bank), generated on the host by
+    the NumPy reference backend with the model's seed (the same tensors the single-GPU token holds), one layer at a
+    time, cached."""
 
     def __init__(self, cfg: ModelConfig, seed: int) -> None:
         from ..executor.numpy_backend import NumpyBackend
@@ -83,9 +64,8 @@ class TPRankModel(DecodeModel):
 
     Raises:
         ConfigError: a model that does not split (:meth:`ShardPlan.validate`).
-        ValueError: an unknown placement; on-demand scratch (a token of one rank reallocating alone would
-            give the ranks different graphs).
-    """
+        ValueError: an unknown placement; on-demand scratch (a token of one rank reallocating alone would give the
+            ranks different graphs)."""
 
     def __init__(self, cfg: ModelConfig, backend, plan: ShardPlan, reducer, opts: TokenOptions | None = None, *,
                  placement: str = "inside", nvtx: bool = False, n_layers: int | None = None, check=None) -> None:
@@ -104,35 +84,18 @@ class TPRankModel(DecodeModel):
         super().__init__(plan.local_config(), backend, opts, nvtx=nvtx, n_layers=n_layers)
 
     # ------------------------------------------------------------------ weights and buffers
-    def _alloc_weights(self) -> None:
-        cfg, be, p = self.full_cfg, self.be, self.plan
-        xp = be.xp
-        self.layers = []
-        for layer in range(self.n_layers):
-            w = {}
-            for k, spec in {**W.layer_specs(cfg, layer), **W.compress_specs(cfg, layer)}.items():
-                t = be.make_weight(spec)
-                if k == "q_b":
-                    t = row_slice(t, p.q_b_rows(), xp)
-                elif k == "o_a":
-                    t = row_slice(t, p.o_a_rows(), xp)
-                elif k == "o_b":
-                    t = col_slice(t, p.o_b_cols(), xp)
-                elif k == "sh_gateup":
-                    t = row_slice(t, p.sh_gateup_rows(), xp)
-                elif k == "sh_down":
-                    t = col_slice(t, p.sh_down_cols(), xp)
-                w[k] = t
-            self.layers.append(w)
-        banks = sorted({W.bank_of_layer(cfg, layer) for layer in range(self.n_layers)})
-        self.banks = {b: {k: expert_slice(be.make_weight(s), p, is_gpu=be.is_gpu) for k, s in W.bank_specs(cfg, b).items()}
-                      for b in banks}
-        self.expert_grid = be.from_host(W.IQ2XXS_GRID) if "iq2_xxs" in cfg.expert_formats else None
-        g = W.global_specs(cfg)
-        self.out_norm = be.make_weight(g["out_norm"])
-        self.vocab = be.make_weight(g["vocab"]) if self.opts.vocab else None
-        self.embed_key = W.tensor_key(cfg.seed, "embed")
-        self.hash_keys = [W.tensor_key(cfg.seed, f"hash_route@{layer}") for layer in range(self.n_layers)]
+    def _alloc_weights(self, cfg=None) -> None:
+        super()._alloc_weights(self.full_cfg)  # the whole model's weights, each cut to this rank's share
+
+    def _layer_weight(self, key: str, spec):
+        cut = {"q_b": (row_slice, self.plan.q_b_rows), "o_a": (row_slice, self.plan.o_a_rows),
+               "o_b": (col_slice, self.plan.o_b_cols), "sh_gateup": (row_slice, self.plan.sh_gateup_rows),
+               "sh_down": (col_slice, self.plan.sh_down_cols)}.get(key)
+        t = self.be.make_weight(spec)
+        return cut[0](t, cut[1](), self.be.xp) if cut else t
+
+    def _bank_weight(self, spec):
+        return expert_slice(self.be.make_weight(spec), self.plan, is_gpu=self.be.is_gpu)
 
     def _alloc_buffers(self) -> None:
         super()._alloc_buffers()
@@ -150,8 +113,8 @@ class TPRankModel(DecodeModel):
         self.tp_inbox = {"attn": [be.zeros((E,), f) for _ in range(2)], "ffn": [be.zeros((2, E), f) for _ in range(2)]}
 
     def memory_bytes(self) -> dict:
-        """As :meth:`DecodeModel.memory_bytes` for the rank's dimensions (an over-estimate: it counts the whole
-        routed bank, of which the rank holds ``1 / world``)."""
+        """As :meth:`DecodeModel.memory_bytes` for the rank's dimensions (an over-estimate: it counts the whole routed
+        bank, of which the rank holds ``1 / world``)."""
         return super().memory_bytes()
 
     # ------------------------------------------------------------------ the token
@@ -177,8 +140,8 @@ class TPRankModel(DecodeModel):
             self.be.synchronize()
 
     def _segments(self, ts) -> list:
-        """The token body as segments between reductions: ``("launch", [parts])`` and ``("reduce", layer,
-        point)``, in order (placement ``"outside"``)."""
+        """The token body as segments between reductions: ``("launch", [parts])`` and ``("reduce", layer, point)``, in
+        order (placement ``"outside"``)."""
         out, cur = [], [lambda: self._embed(ts)]
         for layer in range(self.n_layers):
             cur.append(lambda layer=layer: self._part_pre(layer, ts))
@@ -188,19 +151,6 @@ class TPRankModel(DecodeModel):
         cur.append(self._final)
         out.append(("launch", cur))
         return out
-
-    def _embed(self, ts) -> None:
-        with self.L.cluster("embed"):
-            ops.embed_token(self.L, "embed", self.h, self.cfg, self.embed_key, ts)
-
-    def _final(self) -> None:
-        L, cfg = self.L, self.cfg
-        L.layer = -1
-        if self.opts.vocab:
-            with L.cluster("final"):
-                ops.hc_premix(L, "out_mix_norm", self.h, self.mix_final, None, self.out_norm, self.xf,
-                              cfg.hc_streams, cfg.embed, cfg.rms_eps, nsplit=1)
-                ops.q8_matvec(L, "vocab", self.vocab, self.xf, self.logits)
 
     def _part_pre(self, layer: int, ts) -> None:
         self.L.layer = layer
@@ -242,8 +192,8 @@ class TPRankModel(DecodeModel):
         self.run_cluster("shared", layer, 1, ts, lambda: self._shared(layer, None))
 
     def _shared(self, layer: int, y) -> None:
-        """The rank's half of the shared expert: gate/up rows and SwiGLU, then its partial sum of the down
-        projection into row 0 of the FFN send buffer (the expand waits for the reduction)."""
+        """The rank's half of the shared expert: gate/up rows and SwiGLU, then its partial sum of the down projection
+        into row 0 of the FFN send buffer (the expand waits for the reduction)."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
         with L.cluster("shared"):
             ops.q8_matvec_swiglu(L, "sh_gateup_swiglu", w["sh_gateup"], self.x, self.sh_mid, cfg.swiglu_limit)
@@ -275,8 +225,8 @@ class TPRankModel(DecodeModel):
 
     # ------------------------------------------------------------------ routed experts
     def _routed_moe(self, layer: int, x, T: int):
-        """The rank's routed experts for one token: ids made local (``tp_localize_ids``), then ds4's four
-        launches on the rank's bank; the partial sum lands in the FFN send buffer."""
+        """The rank's routed experts for one token: ids made local (``tp_localize_ids``), then ds4's four launches on
+        the rank's bank; the partial sum lands in the FFN send buffer."""
         if T != 1:
             raise ValueError(f"tensor parallel: decode only (one token per call), not T={T}")
         self.moe_buf.ensure(T)

@@ -1,11 +1,9 @@
 """Ranks as threads: one thread per device, on the sim and on the GPU alike.
 
-:func:`make_node` gives the node a backend name asks for (the sim's :class:`~ds4lab.sim.devices.SimNode`,
-or the GPU's :class:`~ds4lab.backends.cupy_nccl.CupyNode` when this host has the GPUs); :func:`run_ranks`
-runs ``fn(rank)`` in one thread per rank, each thread making its device current first (CUDA's current
-device is per thread) and routing its launches through its own thread-local stream accessor
-(:mod:`ds4lab.capture.stream`).
-"""
+:func:`make_node` gives the node a backend name asks for (the sim's :class:`~ds4lab.sim.devices.SimNode`, or the GPU's
+:class:`~ds4lab.backends.cupy_nccl.CupyNode` when this host has the GPUs); :func:`run_ranks` runs ``fn(rank)`` in one
+thread per rank, each thread making its device current first (CUDA's current device is per thread) and routing its
+launches through its own thread-local stream accessor (:mod:`ds4lab.capture.stream`)."""
 
 from __future__ import annotations
 
@@ -20,17 +18,15 @@ class RankTimeout(TimeoutError):
 
 def make_node(backend: str = "sim", n_devices: int = 2, *, seed: int = 1234, timing_only: bool = False,
               calibration=None, collective_timeout_s: float | None = None):
-    """A node of ``n_devices`` devices: ``backend`` ``"sim"`` (simulated devices) or ``"cupy"`` (the host's
-    GPUs, NCCL through CuPy).
+    """A node of ``n_devices`` devices: ``backend`` ``"sim"`` (simulated devices) or ``"cupy"`` (the host's GPUs, NCCL
+    through CuPy).
 
-    ``collective_timeout_s``: how long a collective may wait for its peers (default: 5 s on the sim,
-    20 s on a GPU).
+    ``collective_timeout_s``: how long a collective may wait for its peers (default: 5 s on the sim, 20 s on a GPU).
 
     Raises:
         ValueError: another backend name.
-        ds4lab.executor.base.BackendUnavailable: ``cupy`` on a host with fewer GPUs, no CuPy or no NCCL
-            (the message says which).
-    """
+        ds4lab.executor.base.BackendUnavailable: ``cupy`` on a host with fewer GPUs, no CuPy or no NCCL (the message
+            says which)."""
     if backend == "sim":
         from ..sim.devices import SimNode
 
@@ -45,12 +41,12 @@ def make_node(backend: str = "sim", n_devices: int = 2, *, seed: int = 1234, tim
 
 
 def run_ranks(node, fn: Callable[[int], Any], *, timeout_s: float, raise_first: bool = False) -> list:
-    """``fn(rank)`` in one thread per device of ``node``, each thread's device made current first
-    (``node.on_device``). Returns each rank's result, or the exception it raised; a thread still running
-    after ``timeout_s`` is left behind (daemon) and reported as :class:`RankTimeout`.
+    """``fn(rank)`` in one thread per device of ``node``, each thread's device made current first (``node.on_device``).
+    Returns each rank's result, or the exception it raised; a thread still running after ``timeout_s`` is left
+    behind (daemon) and reported as :class:`RankTimeout`.
 
-    With ``raise_first`` the first rank's exception (in rank order) is raised instead, with the rank
-    named in a note (``exc.__notes__``)."""
+    With ``raise_first`` the first rank's exception (in rank order) is raised instead, with the rank named in a note
+    (``exc.__notes__``)."""
     out: list[Any] = [None] * node.n_devices
 
     def run(r: int) -> None:
@@ -75,8 +71,8 @@ def run_ranks(node, fn: Callable[[int], Any], *, timeout_s: float, raise_first: 
 
 
 def raise_first_failure(out: list) -> None:
-    """Raise the first exception among the per-rank results ``out`` (rank order), noted with its rank;
-    return when every rank returned a value."""
+    """Raise the first exception among the per-rank results ``out`` (rank order), noted with its rank; return when
+    every rank returned a value."""
     for r, v in enumerate(out):
         if isinstance(v, BaseException):
             if hasattr(v, "add_note"):

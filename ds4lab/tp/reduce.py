@@ -1,23 +1,12 @@
-"""The reductions between ranks: where a tensor-parallel token's partial sums become the whole.
-
-A reduction point is ``(layer, point)``: ``"attn"`` (the attention output projection ``o_b``, ``[E]``) or
-``"ffn"`` (the shared expert's down projection and the routed experts, ``[2, E]``, summed separately so the
-expand sees the single-GPU token's two terms). A reducer turns each rank's ``send`` into ``recv``:
-
-* :class:`NcclReducer`: ``ncclAllReduce`` (sum) on the stream the accessor gives the calling thread, the
-  capturing stream while a stage captures: the collective can be inside a graph;
-* :class:`PeerReducer`: ds4's way (``ds4_cuda.cu``'s tensor-parallel path): each rank copies its partial
-  sum into the other's inbox with ``cudaMemcpyPeer``, the ranks meet on the host (a barrier: the copy is
-  serialized with both devices' work, so every kernel issued after the barrier sees it), and each adds the
-  two, rank 0's first (``tp_add2``). ``cudaMemcpyPeer`` is refused or left out of any graph (rules
-  memcpy_peer_implicit / memcpy_peer_escape): this reduction belongs between graphs;
-* :class:`OracleReducer` (verification, the sim only): ``recv`` becomes what the single-GPU token computes
-  from the same inputs, gathered from both ranks on the host: the tensor-parallel token is then the
-  single-GPU token bit for bit if everything but the reductions is exact (tests/test_tp_token.py).
-
-Both real reducers give the same bits: float32 ``p0 + p1``, the same on every rank. Against the single-GPU
-token the order of the sum changes; :func:`reduction_bound` states by how much it can.
-"""
+"""The reductions between ranks, where a tensor-parallel token's partial sums become the whole, at ``(layer, point)``:
+``"attn"`` (``o_b``'s output, ``[E]``) and ``"ffn"`` (shared and routed experts, ``[2, E]``, summed apart).
+:class:`NcclReducer` (``ncclAllReduce`` on the accessor's stream: inside a graph while a stage captures),
+:class:`PeerReducer` (ds4's way: ``cudaMemcpyPeer`` into the other rank's inbox, a host barrier, ``tp_add2``;
+refused or left out of any graph, so it belongs between graphs) and, for verification on the sim,
+:class:`OracleReducer` (what the single-GPU token computes from the same inputs: the TP token is then the single-GPU
+token bit for bit if all else is exact). The real reducers give the same bits on every rank (float32 ``p0 + p1``);
+against the single-GPU token the order of the sum changes by at most :func:`reduction_bound`.
+``docs/tensor-parallel.md`` has the rest."""
 
 from __future__ import annotations
 
@@ -38,10 +27,10 @@ U64 = 2.0 ** -53
 
 
 def reduction_bound(partials: list[np.ndarray], single: np.ndarray, terms: int, abs_sum: np.ndarray) -> np.ndarray:
-    """The bound on ``|tp - single|`` per element of a two-rank reduction, where ``tp = fl32(p0 + p1)``,
-    ``p_r = fl32(s_r)`` with ``s_r`` each rank's dot products summed in float64, and ``single = fl32(S)`` with
-    ``S`` the single-GPU token's float64 sum of all ``terms`` products (the NumPy reference computes every
-    dot product in float64 and rounds once: ``ds4lab/token/reference.py``).
+    """The bound on ``|tp - single|`` per element of a two-rank reduction, where ``tp = fl32(p0 + p1)``, ``p_r =
+    fl32(s_r)`` with ``s_r`` each rank's dot products summed in float64, and ``single = fl32(S)`` with ``S`` the
+    single-GPU token's float64 sum of all ``terms`` products (the NumPy reference computes every dot product in
+    float64 and rounds once: ``ds4lab/token/reference.py``).
 
     With ``u = 2^-24`` (float32 rounding) and ``gamma_n <= n 2^-53 / (1 - n 2^-53)`` (any float64 summation
     order of ``n`` terms, ``A = sum |w_i x_i|``)::
@@ -49,17 +38,16 @@ def reduction_bound(partials: list[np.ndarray], single: np.ndarray, terms: int, 
         |tp - single| <= |tp - (p0 + p1)| + |p0 + p1 - S^| + |S^ - single|
                       <= u (|p0| + |p1|) + [u (|p0| + |p1|) / (1 - u) + 2 gamma_n A] + u |single| / (1 - u)
 
-    so ``B = (1 + 2^-20) (2^-23 (|p0| + |p1|) + 2^-24 |single|) + terms 2^-51 A`` (``2 gamma_n`` rounded
-    up, the ``1/(1 - u)`` factors into the ``2^-20``). float32 ``[E]`` in, float64 out.
-    """
+    so ``B = (1 + 2^-20) (2^-23 (|p0| + |p1|) + 2^-24 |single|) + terms 2^-51 A`` (``2 gamma_n`` rounded up, the ``1/(1
+    - u)`` factors into the ``2^-20``). float32 ``[E]`` in, float64 out."""
     p = sum(np.abs(np.asarray(x, dtype=np.float64)) for x in partials)
     return ((1.0 + 2.0 ** -20) * (2 * U32 * p + U32 * np.abs(np.asarray(single, dtype=np.float64)))
             + terms * 4 * U64 * np.asarray(abs_sum, dtype=np.float64))
 
 
 class Exchange:
-    """Host-side exchange between rank threads (verification only): every rank offers a value under a key
-    and gets every rank's, in rank order. Raises CollectiveError ``nccl:timeout`` when a rank never comes."""
+    """Host-side exchange between rank threads (verification only): every rank offers a value under a key and gets
+    every rank's, in rank order. Raises CollectiveError ``nccl:timeout`` when a rank never comes."""
 
     def __init__(self, world: int, timeout_s: float) -> None:
         self.world = world
@@ -86,8 +74,8 @@ class Exchange:
 
 
 def _count(L, site: str) -> bool:
-    """Count one collective in the launcher's census (kind ``collective``); False while the launcher only
-    plans (a plan records it, nothing is issued)."""
+    """Count one collective in the launcher's census (kind ``collective``); False while the launcher only plans (a plan
+    records it, nothing is issued)."""
     if L._plan_only("collective", site):
         return False
     (L.captured if L.capturing else L.census.counts)[(L.cluster_name, "collective", site)] += 1
@@ -103,8 +91,8 @@ class NcclReducer:
         self.comm = comm
 
     def reduce(self, model, layer: int, point: str, send, recv) -> None:
-        """``recv`` = the ranks' sum of ``send`` (``ncclAllReduce`` on the accessor's stream; counted in the
-        census as a ``collective``; nothing issued while the launcher only plans)."""
+        """``recv`` = the ranks' sum of ``send`` (``ncclAllReduce`` on the accessor's stream; counted in the census as
+        a ``collective``; nothing issued while the launcher only plans)."""
         L = model.L
         if _count(L, f"tp.allreduce.{point}"):
             self.comm.all_reduce(send, recv, L.stream())
@@ -112,8 +100,8 @@ class NcclReducer:
 
 class PeerReducer:
     """ds4's peer copies (see module docstring). ``inboxes[rank][point]`` are two buffers per point and rank
-    (alternating per use, so a copy into one never overwrites what the peer has still to read: the copy of use
-    k + 1 follows the barrier of use k, which the peer passes only after issuing its add of use k).
+    (alternating per use, so a copy into one never overwrites what the peer has still to read: the copy of use k + 1
+    follows the barrier of use k, which the peer passes only after issuing its add of use k).
 
     Two ranks only (``world == 2``)."""
 
@@ -149,9 +137,9 @@ class PeerReducer:
 
 
 class OracleReducer:
-    """Verification only (the sim): ``recv`` becomes the single-GPU token's values from the same inputs,
-    gathered on the host from every rank (:func:`single_gpu_values`). Not a design: it needs the whole
-    routed bank and the unsplit ``o_b`` and ``sh_down`` on every rank."""
+    """Verification only (the sim): ``recv`` becomes the single-GPU token's values from the same inputs, gathered on
+    the host from every rank (:func:`single_gpu_values`). Not a design: it needs the whole routed bank and the
+    unsplit ``o_b`` and ``sh_down`` on every rank."""
 
     kind = "oracle"
 
@@ -169,13 +157,13 @@ class OracleReducer:
 
 
 def single_gpu_values(model, exchange: Exchange, layer: int, point: str) -> dict:
-    """What the single-GPU token computes at reduction ``(layer, point)`` from this rank's and its peers'
-    inputs, as the NumPy reference computes it (the launch sites' references: ``q8_matvec``,
-    ``moe_midq_q8k``, ``moe_down_sum``). Every rank must call it at the same point (a host exchange).
+    """What the single-GPU token computes at reduction ``(layer, point)`` from this rank's and its peers' inputs, as
+    the NumPy reference computes it (the launch sites' references: ``q8_matvec``, ``moe_midq_q8k``,
+    ``moe_down_sum``). Every rank must call it at the same point (a host exchange).
 
-    Returns ``{"single": float32 like recv, "partials": [every rank's send], "terms": n, "abs_sum": A}``
-    (the inputs of :func:`reduction_bound`; for ``"ffn"`` ``[2, E]`` arrays, row 0 the shared expert's,
-    row 1 the routed experts')."""
+    Returns ``{"single": float32 like recv, "partials": [every rank's send], "terms": n, "abs_sum": A}`` (the inputs of
+    :func:`reduction_bound`; for ``"ffn"`` ``[2, E]`` arrays, row 0 the shared expert's, row 1 the routed experts').
+    """
     from ..token.reference import dequant, dequant_q8k, quantize_q8k_ds4
 
     rank, full = model.plan.rank, model.full

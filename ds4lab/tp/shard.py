@@ -1,24 +1,9 @@
-"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`), and the weight slices that give it.
-
-Rank ``r`` of ``world``:
-
-* **attention heads** ``r * H/world .. (r+1) * H/world - 1``: its rows of the query up-projection
-  ``q_b`` (``D`` rows per head), its output groups of the grouped projection ``o_a`` (heads stay in their
-  group: ``H/G`` heads per group, so ``G`` must divide by ``world`` too), and the matching *columns* of
-  ``o_b``: its partial sum of the attention output goes to the reduction;
-* **shared expert** rows ``r * F/world ..`` of the gate and of the up projection (``sh_gateup`` is
-  ``[gate; up]``: the rank's gate rows then its up rows, so ds4lab's SwiGLU kernel pairs them as before),
-  and the matching columns of ``sh_down``: a partial sum again;
-* **routed experts** ``r * N/world .. (r+1) * N/world - 1`` (split by expert): the rank computes the
-  selected experts it holds and adds nothing for the others; its partial sum of the six goes to the
-  reduction with the shared expert's;
-* everything else **replicated**: the hyper-connections, norms, the query LoRA ``q_a``, the single KV
-  head and its cache, the router (every rank routes, identically), the compressors and the indexer of
-  the long-context token, the output norm and the vocabulary.
-
-Slices are exact: Q8_0 rows and 32-column blocks, super-block rows, whole experts. Raises
-:class:`~ds4lab.token.config.ConfigError` for a model that does not split so.
-"""
+"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`), and the weight slices that give it: rank ``r``
+of ``world`` holds its share of the attention heads (rows of ``q_b``, groups of ``o_a``, the matching columns of
+``o_b``), of the shared expert (gate and up rows, the matching columns of ``sh_down``) and of the routed experts
+(whole experts); everything else is replicated. Slices are exact (Q8_0 rows and 32-column blocks, super-block rows,
+whole experts): a model that does not split so raises :class:`~ds4lab.token.config.ConfigError`. The split, weight
+by weight: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -30,14 +15,23 @@ from ..token.config import Q8_0_BLOCK, ConfigError, ModelConfig
 from ..token.weights import QTensor
 
 
+def _share_of(field: str, doc: str) -> property:
+    """A rank's equal share of the model's ``field`` (heads, groups, FFN rows, experts) as a range."""
+
+    def share(self) -> range:
+        k = getattr(self.cfg, field) // self.world
+        return range(self.rank * k, (self.rank + 1) * k)
+
+    return property(share, doc=doc)
+
+
 @dataclass(frozen=True)
 class ShardPlan:
     """Rank ``rank``'s share of the model ``cfg`` split over ``world`` ranks (see module docstring).
 
     Attributes:
-        heads, groups, ffn, experts: the rank's attention heads, output groups, shared-expert rows and
-            routed experts (ranges into the single-GPU model's).
-    """
+        heads, groups, ffn, experts: the rank's attention heads, output groups, shared-expert rows and routed experts
+            (ranges into the single-GPU model's)."""
 
     cfg: ModelConfig
     rank: int
@@ -72,37 +66,18 @@ class ShardPlan:
             raise ConfigError(f"{cfg.name}: expert_format={cfg.expert_format!r}: the tensor-parallel token follows ds4's "
                               "routed MoE (expert formats iq2_xxs+q2_k or q4_k)")
 
-    def _share(self, n: int) -> range:
-        k = n // self.world
-        return range(self.rank * k, (self.rank + 1) * k)
-
-    @property
-    def heads(self) -> range:
-        """The rank's attention heads (a range of the single-GPU model's)."""
-        return self._share(self.cfg.n_heads)
-
-    @property
-    def groups(self) -> range:
-        """The rank's output groups (a range of the single-GPU model's)."""
-        return self._share(self.cfg.out_groups)
-
-    @property
-    def ffn(self) -> range:
-        """The rank's shared-expert FFN rows (a range of the single-GPU model's)."""
-        return self._share(self.cfg.expert_ffn)
-
-    @property
-    def experts(self) -> range:
-        """The rank's routed experts (a range of the single-GPU model's)."""
-        return self._share(self.cfg.n_experts)
+    heads = _share_of("n_heads", "The rank's attention heads (a range of the single-GPU model's).")
+    groups = _share_of("out_groups", "The rank's output groups (a range of the single-GPU model's).")
+    ffn = _share_of("expert_ffn", "The rank's shared-expert FFN rows (a range of the single-GPU model's).")
+    experts = _share_of("n_experts", "The rank's routed experts (a range of the single-GPU model's).")
 
     def owner_of_expert(self, e: int) -> int:
         """The rank that holds routed expert ``e``."""
         return int(e) // (self.cfg.n_experts // self.world)
 
     def local_config(self) -> ModelConfig:
-        """The rank's model dimensions: its heads and output groups; every other field the model's
-        (the router still sees every expert; the routed bank holds the rank's, see :func:`expert_slice`)."""
+        """The rank's model dimensions: its heads and output groups; every other field the model's (the router still
+        sees every expert; the routed bank holds the rank's, see :func:`expert_slice`)."""
         cfg = self.cfg
         return cfg.replace(n_heads=cfg.n_heads // self.world, out_groups=cfg.out_groups // self.world)
 
@@ -162,8 +137,8 @@ def _take_cols(a, cols: range, xp):
 
 
 def row_slice(t: QTensor, ranges: list[range], xp=np) -> QTensor:
-    """The rows ``ranges`` of a quantized matrix (concatenated, in order), any row format, on the array
-    module ``xp`` of its backend. Raises ValueError for a range past its rows."""
+    """The rows ``ranges`` of a quantized matrix (concatenated, in order), any row format, on the array module ``xp``
+    of its backend. Raises ValueError for a range past its rows."""
     for r in ranges:
         if not 0 <= r.start <= r.stop <= t.rows:
             raise ValueError(f"rows {r.start}..{r.stop} outside the {t.rows} rows")
@@ -172,8 +147,8 @@ def row_slice(t: QTensor, ranges: list[range], xp=np) -> QTensor:
 
 
 def col_slice(t: QTensor, cols: range, xp=np) -> QTensor:
-    """The columns ``cols`` of a Q8_0 matrix: whole blocks of 32 (quants and their scales). Raises
-    ValueError for another format or columns off the block boundaries."""
+    """The columns ``cols`` of a Q8_0 matrix: whole blocks of 32 (quants and their scales). Raises ValueError for
+    another format or columns off the block boundaries."""
     if t.fmt != "q8_0":
         raise ValueError(f"column slices of {t.fmt!r}: only q8_0 (one scale per 32 columns)")
     if cols.start % Q8_0_BLOCK or cols.stop % Q8_0_BLOCK or not 0 <= cols.start < cols.stop <= t.cols:
@@ -183,10 +158,10 @@ def col_slice(t: QTensor, cols: range, xp=np) -> QTensor:
 
 
 class ExpertSlice:
-    """Experts ``lo .. lo + n - 1`` of a routed bank, numbered ``0 .. n - 1``: indexing gives the bank's
-    expert ``lo + e``; ``qs``/``d`` (the stack the GPU kernels read) are the bank's slices, copied on a GPU
-    so the rank does not keep the whole bank. Works on every backend's bank (a QTensor stack on a GPU, the
-    NumPy backend's lazy bank, the sim's phantom bank)."""
+    """Experts ``lo .. lo + n - 1`` of a routed bank, numbered ``0 .. n - 1``: indexing gives the bank's expert ``lo +
+    e``; ``qs``/``d`` (the stack the GPU kernels read) are the bank's slices, copied on a GPU so the rank does not
+    keep the whole bank. Works on every backend's bank (a QTensor stack on a GPU, the NumPy backend's lazy bank, the
+    sim's phantom bank)."""
 
     def __init__(self, bank, lo: int, n: int, *, copy: bool = False) -> None:
         self.bank, self.lo, self.n = bank, int(lo), int(n)

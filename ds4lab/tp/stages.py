@@ -1,18 +1,16 @@
-"""The capture stages under tensor parallelism: ds4lab's stages with the collectives inside the graph or
-between graphs (graph–collective–graph).
+"""The capture stages under tensor parallelism: ds4lab's stages with the collectives inside the graph or between graphs
+(graph–collective–graph).
 
-A :class:`TPStage` is a stage of :data:`ds4lab.experiments.stages.STAGES` run on every rank, with the
-rank model's ``placement`` (:mod:`ds4lab.tp.model`):
+A :class:`TPStage` is a stage of :data:`ds4lab.experiments.stages.STAGES` run on every rank, with the rank model's
+``placement`` (:mod:`ds4lab.tp.model`):
 
 * ``0``: eager, the legacy stream (every reduction eager);
-* ``i:in`` / ``i:out``: ds4's decode islands, with island 1 holding both reductions, or island 1 cut into
-  three graphs around them. ds4 captures its islands in global mode; with one thread per GPU NCCL needs
-  thread-local capture (NCCL 2.11-2.12 "Capture modes"; rule nccl_global_multithread), so these capture in
-  thread-local mode;
-* ``3:in`` / ``3:out``: the whole token as one graph holding every collective, or the segments between
-  reductions as graphs (2 L + 1 of them) with the collectives eager between;
-* ``3c:in`` / ``3c:out``: the same on the long-context token, one launch list for every position.
-"""
+* ``i:in`` / ``i:out``: ds4's decode islands, with island 1 holding both reductions, or island 1 cut into three graphs
+  around them. ds4 captures its islands in global mode; with one thread per GPU NCCL needs thread-local capture (NCCL
+  2.11-2.12 "Capture modes"; rule nccl_global_multithread), so these capture in thread-local mode;
+* ``3:in`` / ``3:out``: the whole token as one graph holding every collective, or the segments between reductions as
+  graphs (2 L + 1 of them) with the collectives eager between;
+* ``3c:in`` / ``3c:out``: the same on the long-context token, one launch list for every position."""
 
 from __future__ import annotations
 
@@ -66,8 +64,8 @@ TP_LADDER_DEFAULT = "0,i:in,i:out,3:in,3:out"
 
 
 def parse_tp_stages(text: str, *, long_context: bool = False) -> list[TPStage]:
-    """``"0,i:in,3:out"`` → stages. Raises BadInput for an unknown or repeated name, or a long-context
-    stage without ``long_context``."""
+    """``"0,i:in,3:out"`` → stages. Raises BadInput for an unknown or repeated name, or a long-context stage without
+    ``long_context``."""
     names = [t.strip() for t in str(text).split(",") if t.strip()]
     bad = [n for n in names if n not in TP_STAGES]
     if bad or not names:

@@ -1,59 +1,15 @@
-"""Kernel arguments in the recording: the parameter bytes of every kernel launch, read at the launch
-entry points through the CUPTI callback API, with the allocations the addresses among them point into.
+"""Kernel arguments in the recording: the parameter bytes of every kernel launch, read at the launch entry points
+through the CUPTI callback API, with the allocations the addresses among them point into; the comparison and the
+verdict are :mod:`ds4lab.audit.frozen`'s.
 
-CUPTI's activity records, Kineto and Nsight Systems carry no kernel arguments, so a step whose
-kernel names and grids repeat looks the same at every token even when a value the host computes per
-token (a write index, a mask bound, a slot's address) reaches a kernel by value: a graph captured from
-one token replays that value at every other. This module records what those traces lack; the
-comparison and the verdict are :mod:`ds4lab.audit.frozen`'s.
-
-**Where the bytes come from.** The callback API calls ds4lab's handler at the entry of each launch
-call (:data:`LAUNCHES`: ``cudaLaunchKernel``, ``cudaLaunchCooperativeKernel``, ``cudaLaunchKernelExC``,
-``cuLaunchKernel``, ``cuLaunchCooperativeKernel``, ``cuLaunchKernelEx``, each with its ``_ptsz`` form)
-with a ``CUpti_CallbackData`` whose ``functionParams`` points to the call's own parameter struct
-(``cudaLaunchKernel_v7000_params``, ``cuLaunchKernel_params``, ...: CUPTI's
-``generated_cuda_runtime_api_meta.h`` / ``generated_cuda_meta.h``). ``cupti-python`` 13 exposes the
-callback data's address (``CallbackData.ptr``) but not ``functionParams``; its offset comes from
-``cupti.callback_data_dtype`` (16 on x86-64). The struct gives the function (a runtime host stub, or a
-``CUfunction``) and the argument array (``void **args`` / ``kernelParams``: one pointer per parameter,
-or ``extra``'s packed buffer). Each parameter's size and offset come from ``cuFuncGetParamInfo``
-(CUDA 12.4 and later; ``cuFuncGetParamCount`` for the count where the driver has it; a ``CUkernel``, the
-handle CUDA 12's and 13's runtimes launch their kernels by, first mapped to its ``CUfunction`` by
-``cuKernelGetFunction``); a runtime
-function is mapped to its ``CUfunction`` by ``cudaGetFuncBySymbol`` of the CUDA runtime that
-registered it (each ``libcudart`` loaded in the process is asked, ``RTLD_NOLOAD``). Both are asked
-once per function; their statuses are checked, and a function they do not describe is *unread*
-(counted and named, never taken as unchanged). A driver launch made inside a runtime launch on the
-same thread (a runtime that launches through the driver) fills in the runtime launch when the latter
-was unread, and is otherwise skipped (one launch, one record, keyed by the outer call's correlation id,
-the id its kernel record carries).
-
-**What is stored.** Per launch its correlation id, function and a digest (BLAKE2b, 8 bytes) of its
-parameter bytes (made after the pass, once per distinct value); the bytes themselves (and the Python
-stack at the launch, taken where its bytes are new for its function) only for launches whose digest
-differs between tokens with identical launch lists (:func:`prune`: the tokens are found in the argument
-pass's own event table, as the audit finds them). A recording whose tokens cannot be found keeps every
-distinct value (stored once per distinct digest).
-
-**Allocations** (what an address points into; :class:`MemoryTracker`): CUPTI ``MEMORY2`` records
-(``cudaMalloc``/``cuMemAlloc`` and frees, with address, size and time, on the records' clock); where
-torch is loaded, the caching allocator's blocks: ``torch.cuda.memory_snapshot()`` at the start (blocks
-alive before the tokens) and the allocator's history (``torch.cuda.memory._record_memory_history``,
-``alloc``/``free_requested`` events, ``time_us``) during the pass, mapped onto CUPTI's clock by two
-(wall clock, ``cuptiGetTimestamp``) pairs; and for the words that vary between tokens, the driver
-allocation containing each value at the end of the pass (``cuMemGetAddressRange``).
-
-**The cost.** The handler runs Python at every launch: it slows the host. ``ds4lab audit run``
-therefore records arguments in a pass of its own over the same loop (the second), never in the timed
-tokens. Its hot path does the least it can (:class:`ArgumentCapture`: the callback data read from its
-bytes, the parameter bytes copied out and kept as they are, digests after the pass, a stack formatted
-once per launch site), and CUPTI hands it the callback data's address (:class:`~ds4lab.trace.cupti.NativeCallbacks`);
-:func:`measure_overhead` measures what it costs per launch (paired, interleaved, with its interval:
-:mod:`ds4lab.timing`), the handler alone or with the operator log and the allocator's history.
-
-The file (``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording): see
-:class:`ArgumentStore`.
-"""
+:class:`ArgumentCapture` reads each launch's parameter struct (:data:`LAUNCH_LAYOUTS`) and each parameter's size and
+offset (``cuFuncGetParamInfo``, a runtime function mapped by ``cudaGetFuncBySymbol``; a function they do not describe
+is *unread*, counted and named); :func:`prune` keeps the bytes only where tokens with identical launch lists differ;
+:class:`MemoryTracker` holds the allocations (CUPTI ``MEMORY2``, torch's caching allocator, ``cuMemGetAddressRange``);
+:func:`measure_overhead` measures the pass's cost per launch; :class:`ArgumentStore` is the file
+(``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording). The pass runs apart from the timed
+tokens: its handler runs Python at every launch. How each piece works and what it cost on the H200:
+``docs/audit-arguments.md``, "Recording the arguments"."""
 
 from __future__ import annotations
 
@@ -70,13 +26,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Launch call (base name) → (API domain, offset of the function in its params struct, offset of the
-#: argument array, offset of ``extra`` or None). From ``cudaLaunchKernel_v7000_params`` {func, dim3
+#: The kernel launch calls whose parameter struct the pass reads (of
+#: :data:`ds4lab.trace.records.KERNEL_LAUNCH_CALLS`), base name → (API domain, offset of the function in
+#: its params struct, offset of the argument array, offset of ``extra`` or None). From ``cudaLaunchKernel_v7000_params`` {func, dim3
 #: gridDim, dim3 blockDim, args, sharedMem, stream}, ``cudaLaunchKernelExC_v11060_params`` {config, func,
 #: args}, ``cuLaunchKernel_params`` {f, 7 unsigned ints, hStream, kernelParams, extra},
 #: ``cuLaunchCooperativeKernel_params`` (no extra), ``cuLaunchKernelEx_params`` {config, f, kernelParams,
 #: extra}; the ``_ptsz`` forms have the same structs.
-LAUNCHES = {
+LAUNCH_LAYOUTS = {
     "cudaLaunchKernel": ("runtime", 0, 32, None),
     "cudaLaunchCooperativeKernel": ("runtime", 0, 32, None),
     "cudaLaunchKernelExC": ("runtime", 8, 16, None),
@@ -84,7 +41,6 @@ LAUNCHES = {
     "cuLaunchCooperativeKernel": ("driver", 0, 48, None),
     "cuLaunchKernelEx": ("driver", 8, 16, 24),
 }
-LAUNCH_NAMES = frozenset(LAUNCHES)
 #: ``CU_LAUNCH_PARAM_END``, ``CU_LAUNCH_PARAM_BUFFER_POINTER``, ``CU_LAUNCH_PARAM_BUFFER_SIZE`` (cuda.h).
 PARAM_END, PARAM_BUFFER_POINTER, PARAM_BUFFER_SIZE = 0, 1, 2
 #: ``CUDA_ERROR_INVALID_VALUE``: cuFuncGetParamInfo past the last parameter.
@@ -118,8 +74,8 @@ def digest(data: bytes) -> str:
 class CudaQueries:
     """The CUDA calls the capture makes, through ``ctypes`` (no extra Python binding in the hot path):
     ``cuFuncGetParamCount``/``cuFuncGetParamInfo``, ``cuFuncGetName`` and ``cuMemGetAddressRange_v2`` of
-    ``libcuda.so.1``, and ``cudaGetFuncBySymbol`` of every CUDA runtime loaded in the process. Every
-    status is checked: a call that fails says why (``cuGetErrorName``), it never yields a guess."""
+    ``libcuda.so.1``, and ``cudaGetFuncBySymbol`` of every CUDA runtime loaded in the process. Every status is
+    checked: a call that fails says why (``cuGetErrorName``), it never yields a guess."""
 
     def __init__(self) -> None:
         self.cuda = ctypes.CDLL("libcuda.so.1")
@@ -178,11 +134,11 @@ class CudaQueries:
     def param_layout(self, cufunc: int) -> tuple[list | None, str]:
         """``[(offset, size), ...]`` of ``cufunc``'s parameters, and "" or why not.
 
-        ``cufunc`` is what a driver launch names: a ``CUfunction``, or a ``CUkernel`` (CUDA 12 and later:
-        a runtime that loads its kernels as a library, as CUDA 12's and 13's ``libcudart`` do, launches
-        them by their ``CUkernel`` handle through ``cuLaunchKernel``). ``cuFuncGetParamInfo`` refuses a
-        ``CUkernel`` (``CUDA_ERROR_INVALID_HANDLE``); that handle is then mapped to its ``CUfunction`` in
-        the current context (``cuKernelGetFunction``) and asked again."""
+        ``cufunc`` is what a driver launch names: a ``CUfunction``, or a ``CUkernel`` (CUDA 12 and later: a runtime
+        that loads its kernels as a library, as CUDA 12's and 13's ``libcudart`` do, launches them by their
+        ``CUkernel`` handle through ``cuLaunchKernel``). ``cuFuncGetParamInfo`` refuses a ``CUkernel``
+        (``CUDA_ERROR_INVALID_HANDLE``); that handle is then mapped to its ``CUfunction`` in the current context
+        (``cuKernelGetFunction``) and asked again."""
         layout, why = self._layout(cufunc)
         if layout is None and why.endswith("CUDA_ERROR_INVALID_HANDLE"):
             fn = self.kernel_function(cufunc)
@@ -194,8 +150,8 @@ class CudaQueries:
         return layout, why
 
     def kernel_function(self, kernel: int) -> int:
-        """The ``CUfunction`` of ``kernel`` (a ``CUkernel``) in the current context, or 0 where
-        ``kernel`` is none (``cuKernelGetFunction``'s status checked) or the driver lacks the call."""
+        """The ``CUfunction`` of ``kernel`` (a ``CUkernel``) in the current context, or 0 where ``kernel`` is none
+        (``cuKernelGetFunction``'s status checked) or the driver lacks the call."""
         get = getattr(self.cuda, "cuKernelGetFunction", None)
         if get is None:
             return 0
@@ -287,10 +243,10 @@ def _loaded_runtimes() -> list:
 # ----------------------------------------------------------------------------- the capture
 @dataclass
 class FunctionInfo:
-    """One kernel function as the capture saw it: its name, its parameters ``[(offset, size)]`` (None:
-    unread), and why it is unread. ``fid`` is its key in the store; ``sizes`` and ``argv`` (the
-    :class:`struct.Struct` of its argument array) are what the hot path reads it with; ``seen`` the
-    parameter bytes it was launched with whose stack was taken."""
+    """One kernel function as the capture saw it: its name, its parameters ``[(offset, size)]`` (None: unread), and why
+    it is unread. ``fid`` is its key in the store; ``sizes`` and ``argv`` (the :class:`struct.Struct` of its
+    argument array) are what the hot path reads it with; ``seen`` the parameter bytes it was launched with whose
+    stack was taken."""
 
     name: str
     params: list | None
@@ -309,19 +265,18 @@ class FunctionInfo:
 
 
 class ArgumentCapture:
-    """The launch handler (module docstring). ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`;
-    ``queries``: the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python
-    stack at each launch whose bytes are new for its function, or unread (kept only where the launch
-    differs between tokens, :func:`prune`); ``shared``: an earlier capture whose function lookups, launch
-    sites and bytes already stacked this one keeps using (the steady state of a long pass).
+    """The launch handler (module docstring). ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`; ``queries``:
+    the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python stack at each launch
+    whose bytes are new for its function, or unread (kept only where the launch differs between tokens,
+    :func:`prune`); ``shared``: an earlier capture whose function lookups, launch sites and bytes already stacked
+    this one keeps using (the steady state of a long pass).
 
-    **The hot path** (:meth:`on_launch`, entry and exit of every launch) does the least it can: the
-    callback data's fields in one read of its bytes (``cupti-python``'s field properties cost
-    microseconds each), the parameter bytes copied out with one ``ctypes`` read per parameter, and the
-    bytes kept as they are, one object per distinct value (:attr:`records`); the digests are made after the
-    pass, once per distinct value (:meth:`digests`). A stack is taken only where the bytes are new for
-    the function, and then looked up by its launch site: the code and instruction of every frame (no line
-    numbers, no text), the text made once per site (:meth:`_stack`)."""
+    **The hot path** (:meth:`on_launch`, entry and exit of every launch) does the least it can: the callback data's
+    fields in one read of its bytes (``cupti-python``'s field properties cost microseconds each), the parameter bytes
+    copied out with one ``ctypes`` read per parameter, and the bytes kept as they are, one object per distinct value
+    (:attr:`records`); the digests are made after the pass, once per distinct value (:meth:`digests`). A stack is taken
+    only where the bytes are new for the function, and then looked up by its launch site: the code and instruction of
+    every frame (no line numbers, no text), the text made once per site (:meth:`_stack`)."""
 
     def __init__(self, session, queries=None, *, stacks: bool = True, shared: "ArgumentCapture | None" = None) -> None:
         self.session = session
@@ -352,27 +307,27 @@ class ArgumentCapture:
         self._forms_from(session)
 
     def _forms_from(self, session) -> None:
-        from .cupti import api_base_name
+        from .records import api_base_name
 
         D = session.c.CallbackDomain
         for domain, enum in ((D.RUNTIME_API, getattr(session.c, "runtime_api_trace_cbid", None)),
                              (D.DRIVER_API, getattr(session.c, "driver_api_trace_cbid", None))):
             for member, cbid in (enum.__members__.items() if enum is not None else ()):
                 base = api_base_name(member)
-                if base in LAUNCHES:
-                    self._forms[(int(domain), int(cbid))] = LAUNCHES[base]
+                if base in LAUNCH_LAYOUTS:
+                    self._forms[(int(domain), int(cbid))] = LAUNCH_LAYOUTS[base]
 
     def start(self) -> None:
-        """Start handling launches (:meth:`~ds4lab.trace.cupti.CuptiSession.watch_launches`). The first frame
-        outside ds4lab's recording and ``contextlib`` (the frame whose ``with`` block is the pass) becomes
-        the anchor that stack walks stop at, held until :meth:`stop`."""
+        """Start handling launches (:meth:`~ds4lab.trace.cupti.CuptiSession.watch_launches`). The first frame outside
+        ds4lab's recording and ``contextlib`` (the frame whose ``with`` block is the pass) becomes the anchor that
+        stack walks stop at, held until :meth:`stop`."""
         if self.queries is None:
             self.queries = CudaQueries()
         f = sys._getframe(1)
         while f is not None and f.f_code.co_filename.endswith(_ANCHOR_SKIP):
             f = f.f_back
         self._anchor = f
-        self._stop = self.session.watch_launches(LAUNCH_NAMES, self.on_launch)
+        self._stop = self.session.watch_launches(frozenset(LAUNCH_LAYOUTS), self.on_launch)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -382,9 +337,9 @@ class ArgumentCapture:
 
     # ------------------------------------------------------------------ the hot path
     def on_launch(self, domain: int, cbid: int, cbdata) -> None:
-        """CUPTI's callback at a launch's entry and exit (module docstring). A launch left unread at its
-        entry is tried once more at its exit, its function looked up again (a lazily loaded module is
-        loaded by the launch itself, after its entry): the same parameter struct, still the caller's."""
+        """CUPTI's callback at a launch's entry and exit (module docstring). A launch left unread at its entry is tried
+        once more at its exit, its function looked up again (a lazily loaded module is loaded by the launch itself,
+        after its entry): the same parameter struct, still the caller's."""
         key = (domain, cbid)
         form = self._forms.get(key)
         if form is None:
@@ -428,7 +383,8 @@ class ArgumentCapture:
     def _callback_reader(self, cbdata):
         """How a ``CUpti_CallbackData``'s bytes are read: an address (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
         with ``ctypes``; ``cupti-python``'s ``CallbackData`` holds them in a NumPy record (``_data``: one
-        ``tobytes()``, where its field properties cost microseconds each); anything else through its ``ptr``."""
+        ``tobytes()``, where its field properties cost microseconds each); anything else through its ``ptr``.
+        """
         size = self._fields.size
         string_at = ctypes.string_at
         if type(cbdata) is int:  # the address itself (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
@@ -439,11 +395,11 @@ class ArgumentCapture:
         return lambda cb: string_at(int(cb.ptr), size)
 
     def _stack(self, frame) -> str:
-        """The Python stack at ``frame`` (:func:`~ds4lab.trace.stacks.python_stack`), made once per launch
-        site. A site is every frame's code object and instruction (``f_lasti``), which fix its lines: looked
-        up by the instructions, told apart by the code objects themselves (held by the cache, compared by
-        identity). The walk stops at the frame that started the capture (:attr:`_anchor`): the frames
-        around it cannot move while it runs."""
+        """The Python stack at ``frame`` (:func:`~ds4lab.trace.stacks.python_stack`), made once per launch site. A site
+        is every frame's code object and instruction (``f_lasti``), which fix its lines: looked up by the
+        instructions, told apart by the code objects themselves (held by the cache, compared by identity). The walk
+        stops at the frame that started the capture (:attr:`_anchor`): the frames around it cannot move while it
+        runs."""
         codes, spots = [], []
         code, spot = codes.append, spots.append
         f, anchor = frame, self._anchor
@@ -484,9 +440,9 @@ class ArgumentCapture:
         return got
 
     def _read(self, form, corr: int, fp: int, sym: int, again: bool = False):
-        """Read one launch's parameter bytes into :attr:`records` (``(function, bytes)``) or mark it
-        unread (None, the reason counted once per launch). ``fp``: the launch call's parameter struct;
-        ``sym``: CUPTI's symbol name (a C string, or 0); ``again``: the second try, at the call's exit."""
+        """Read one launch's parameter bytes into :attr:`records` (``(function, bytes)``) or mark it unread (None, the
+        reason counted once per launch). ``fp``: the launch call's parameter struct; ``sym``: CUPTI's symbol name (a
+        C string, or 0); ``again``: the second try, at the call's exit."""
         domain, f_off, a_off, x_off = form
         u64 = _U64
         fn = u64(fp + f_off).value
@@ -519,8 +475,8 @@ class ArgumentCapture:
         return info, data
 
     def _unread(self, corr: int, fid: str, why: str) -> None:
-        """Mark a launch unread, keeping every distinct reason its tries met (the runtime's and the
-        nested driver launch's). Returns None."""
+        """Mark a launch unread, keeping every distinct reason its tries met (the runtime's and the nested driver
+        launch's). Returns None."""
         self.records[corr] = [fid, None]
         before = self.why_unread.get(corr)
         self.why_unread[corr] = why if not before or why in before else f"{before}; then {why}"
@@ -552,8 +508,8 @@ class ArgumentCapture:
 
     # ------------------------------------------------------------------ after the pass
     def digests(self) -> tuple[dict, dict]:
-        """``({correlation id: [function id, digest | None]}, {digest: bytes})``: the launches as the store
-        keeps them (:class:`ArgumentStore`), each distinct value digested once (:func:`digest`)."""
+        """``({correlation id: [function id, digest | None]}, {digest: bytes})``: the launches as the store keeps them
+        (:class:`ArgumentStore`), each distinct value digested once (:func:`digest`)."""
         names: dict = {}
         launches, blobs = {}, {}
         for corr, (fid, data) in self.records.items():
@@ -676,8 +632,8 @@ class MemoryTracker:
         return int(c0 + (unix_ns - u0) * slope)
 
     def allocations(self) -> list:
-        """``[base, size, alloc_ns, free_ns, source]`` of torch's blocks (``-1``: before the pass /
-        alive at its end)."""
+        """``[base, size, alloc_ns, free_ns, source]`` of torch's blocks (``-1``: before the pass / alive at its end).
+        """
         out = [[a, s, -1, -1, "torch block"] for a, s in self.start_blocks]
         live = {a: i for i, (a, _, _, _, _) in enumerate(out)}
         for action, addr, size, t_us in sorted(self.events, key=lambda e: e[3]):
@@ -701,8 +657,8 @@ def _torch_if_loaded():
 
 def cupti_allocations(records) -> list:
     """``[base, size, alloc_ns, free_ns, source]`` from CUPTI ``memory`` records
-    (:class:`ds4lab.trace.records.MemoryOp`, :mod:`ds4lab.trace.cupti`): an allocation and its release
-    paired by address."""
+    (:class:`ds4lab.trace.records.MemoryOp`, :mod:`ds4lab.trace.cupti`): an allocation and its release paired by
+    address."""
     out, live = [], {}
     for r in sorted((r for r in records if getattr(r, "kind", None) == "memory"), key=lambda r: r.timestamp_ns):
         op, addr, size, ts = r.operation, r.address, r.bytes, r.timestamp_ns
@@ -730,17 +686,16 @@ class ArgumentStore:
         allocations: ``[base, size, alloc_ns, free_ns, source]`` (``-1``: before the pass / alive at its end).
         ranges: value → ``[base, size]``: the driver allocation holding a varying word at the pass's end.
         segments: ``[base, size]`` of torch's caching allocator segments (None: torch not followed).
-        host_maps: ``[start, end, name]`` of the process's host mappings at the pass's end
-            (``/proc/self/maps``: stack, heap, libraries), for telling host addresses among the words.
-        ops: the framework's operator calls (:mod:`ds4lab.trace.torch_ops`; None: no op log), as index →
-            call (``{"name", "key", "text", "spans", "cpu", "opaque", "t_ns", "copy"?}``): those that made a
-            kept launch, and every copy between pageable host memory and the GPU.
+        host_maps: ``[start, end, name]`` of the process's host mappings at the pass's end (``/proc/self/maps``: stack,
+            heap, libraries), for telling host addresses among the words.
+        ops: the framework's operator calls (:mod:`ds4lab.trace.torch_ops`; None: no op log), as index → call
+            (``{"name", "key", "text", "spans", "cpu", "opaque", "t_ns", "copy"?}``): those that made a kept launch,
+            and every copy between pageable host memory and the GPU.
         op_of: correlation id → the index of the operator call that made the launch (kept launches).
         token_range: the NVTX range that marks a token in the pass, if given.
         table: the event table of the pass (a file name beside the store; "" when the store sits beside it).
         cost: what the capture cost per launch, where measured (:func:`measure_overhead`).
-        notes: what was left out or assumed.
-    """
+        notes: what was left out or assumed."""
 
     functions: dict = field(default_factory=dict)
     launches: dict = field(default_factory=dict)
@@ -803,8 +758,8 @@ def load(path) -> ArgumentStore:
 
 
 def store_beside(table_path) -> Path | None:
-    """The arguments file that goes with a recording: ``<stem>.arguments.json.gz`` beside it (recorded in
-    the same pass), else ``arguments.json.gz`` beside it (``ds4lab audit run``'s second pass), or None."""
+    """The arguments file that goes with a recording: ``<stem>.arguments.json.gz`` beside it (recorded in the same
+    pass), else ``arguments.json.gz`` beside it (``ds4lab audit run``'s second pass), or None."""
     p = Path(table_path)
     stem = p.name.split(".", 1)[0]
     for name in (stem + STORE_SUFFIX, STORE_NAME):
@@ -820,9 +775,8 @@ class TokenLaunches:
     """The launches of a pass's tokens, as the comparison reads them.
 
     ``tokens``: per token, its launches in launch order: ``(correlation id, kernel name, api row start_ns)``;
-    ``shapes``: each token's shape id (launch list with grids and blocks); ``start_ns``/``end_ns``: each
-    token's host window (the next token's start for all but the last); ``how``: how tokens were found;
-    ``notes``."""
+    ``shapes``: each token's shape id (launch list with grids and blocks); ``start_ns``/``end_ns``: each token's host
+    window (the next token's start for all but the last); ``how``: how tokens were found; ``notes``."""
 
     tokens: list
     shapes: list
@@ -841,9 +795,9 @@ class TokenLaunches:
 
 
 def prune(store: ArgumentStore, tl: TokenLaunches | None) -> None:
-    """Keep the bytes and stacks of the launches whose digest differs between tokens with identical
-    launch lists, and only digests elsewhere (module docstring). With no tokens (``tl`` None), keep
-    every distinct value and say so."""
+    """Keep the bytes and stacks of the launches whose digest differs between tokens with identical launch lists, and
+    only digests elsewhere (module docstring). With no tokens (``tl`` None), keep every distinct value and say so.
+    """
     if tl is None:
         store.notes.append("no tokens found at the end of the pass: every distinct argument value is kept")
         return
@@ -874,8 +828,8 @@ def split(params, blob: bytes) -> list[bytes]:
 
 
 def words(chunk: bytes) -> list[tuple[int, bytes]]:
-    """The comparable pieces of one parameter: itself when it is 8 bytes or less, else its 8-byte words
-    (4-byte where its size is not a multiple of 8), as ``(offset in the parameter, bytes)``."""
+    """The comparable pieces of one parameter: itself when it is 8 bytes or less, else its 8-byte words (4-byte where
+    its size is not a multiple of 8), as ``(offset in the parameter, bytes)``."""
     if len(chunk) <= 8:
         return [(0, chunk)]
     w = 8 if len(chunk) % 8 == 0 else 4
@@ -883,8 +837,8 @@ def words(chunk: bytes) -> list[tuple[int, bytes]]:
 
 
 def varying_words(store: ArgumentStore, tl: TokenLaunches) -> set:
-    """The 8-byte pieces (as unsigned values) that differ between tokens at one launch and parameter
-    offset: the values whose allocation the driver is asked for."""
+    """The 8-byte pieces (as unsigned values) that differ between tokens at one launch and parameter offset: the values
+    whose allocation the driver is asked for."""
     out = set()
     for g in tl.groups():
         for i in range(len(tl.tokens[g[0]])):
@@ -912,18 +866,18 @@ PART_NAMES = {"launches": "launch handler", "ops": "operator log", "memory": "al
 def measure_overhead(step, launches_per_step: float | None = None, *, session=None, rounds: int = 8,
                      steps: int = 3, sync=None, clock=time.perf_counter, queries=None,
                      parts=("launches",), torch_module=None) -> dict:
-    """What argument capture costs: ``rounds`` interleaved pairs (:func:`ds4lab.timing.interleaved_pairs`)
-    of ``steps`` calls of ``step`` each, plain against with the argument pass's ``parts`` on
-    (:data:`PASS_PARTS`: ``"launches"``, the launch handler, always; ``"ops"``, the operator log, and
-    ``"memory"``, the allocator's history, where torch is loaded: ``torch_module`` or ``sys.modules``); the
-    activity records are on in neither. Each figure is the mean µs per step of its block (host wall clock
-    after ``sync()``, which waits for the device): the steady state of a long pass, the function lookups
-    and the stacks of the launch sites already seen made once, in a warm block, and kept.
+    """What argument capture costs: ``rounds`` interleaved pairs (:func:`ds4lab.timing.interleaved_pairs`) of ``steps``
+    calls of ``step`` each, plain against with the argument pass's ``parts`` on (:data:`PASS_PARTS`: ``"launches"``,
+    the launch handler, always; ``"ops"``, the operator log, and ``"memory"``, the allocator's history, where torch
+    is loaded: ``torch_module`` or ``sys.modules``); the activity records are on in neither. Each figure is the mean
+    µs per step of its block (host wall clock after ``sync()``, which waits for the device): the steady state of a
+    long pass, the function lookups and the stacks of the launch sites already seen made once, in a warm block, and
+    kept.
 
-    ``launches_per_step``: to divide by; None counts the launches the handler saw in the warm block.
-    Returns ``{"per_step_us", "lo", "hi", "n", "measurable", "per_launch_us", "per_launch_lo",
-    "per_launch_hi", "launches_per_step", "baseline_us", "parts", "text"}``
-    (:func:`ds4lab.timing.paired_difference`). Raises ValueError for a part not in :data:`PASS_PARTS`."""
+    ``launches_per_step``: to divide by; None counts the launches the handler saw in the warm block. Returns
+    ``{"per_step_us", "lo", "hi", "n", "measurable", "per_launch_us", "per_launch_lo", "per_launch_hi",
+    "launches_per_step", "baseline_us", "parts", "text"}`` (:func:`ds4lab.timing.paired_difference`). Raises ValueError
+    for a part not in :data:`PASS_PARTS`."""
     from .cupti import CuptiSession
     from ..timing import interleaved_pairs, paired_difference
 
@@ -996,7 +950,7 @@ def measure_overhead(step, launches_per_step: float | None = None, *, session=No
     return out
 
 
-__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCHES", "LAUNCH_NAMES",
+__all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "LAUNCH_LAYOUTS",
            "MemoryTracker", "OWN_CALLS", "PASS_PARTS", "STORE_NAME", "STORE_SUFFIX", "TokenLaunches", "cupti_allocations", "digest",
            "load", "measure_overhead", "prune", "save", "split", "store_beside", "varying_words",
            "words"]

@@ -1,39 +1,22 @@
-"""The capture-path pass: the decode loop recorded once more while PyTorch answers "is the current
-stream capturing?" with yes, so that the recording holds the work a graph of the step would hold.
-
-Why: a step that asks whether its stream captures takes another path under capture than eagerly.
-transformers' ``is_tracing`` asks ``torch.cuda.is_current_stream_capturing()`` and, when it says yes,
-builds the attention mask the eager step skips (``masking_utils``: the causal mask is left to SDPA's
-``is_causal`` only when nothing traces). The eager recording shows one path, ``torch.cuda.graph``
-captures the other: a whole-token plan modeled on the eager token models work the graph does not
-hold. A pass with the question answered yes runs the capture path eagerly, on the device, with every
-kernel timed: the plans of a captured token are modeled on it (:mod:`ds4lab.audit.capture_path`).
-
-What it changes (:func:`as_if_capturing`): the Python function ``torch.cuda.is_current_stream_capturing``
-(also reached as ``torch.cuda.graphs.is_current_stream_capturing``), which every PyTorch library asks,
-returns True inside the block. What it does not change: C/C++ code that asks CUDA itself
-(``cudaStreamIsCapturing``, ``cudaStreamGetCaptureInfo``) gets CUDA's answer: such a step's capture
-path stays unseen, and the audit's ``same_work`` check (the captured graph's kernel nodes against the
-modeled token's kernels) is what shows it. Nothing is captured: every call runs as it does eagerly,
-so a pass of a step that capture would refuse still records. A pass in which PyTorch was never asked
-(the questions the recording saw came from C/C++: :data:`NOT_ASKED`) ran the recorded path again and is
-not kept.
-
-Where the pass is saved: ``capture-path.csv.gz`` beside ``recording.csv.gz`` (``ds4lab audit run``,
-``ds4lab audit validate``), else ``<stem>.capture-path.csv.gz`` beside ``<stem>.csv.gz``
-(:func:`capture_path_beside` finds it).
+"""The capture-path pass: the decode loop recorded once more while PyTorch answers "is the current stream capturing?"
+with yes (:func:`as_if_capturing`), so the recording holds the work a graph of the step would hold (transformers'
+``is_tracing`` builds the attention mask the eager step skips when it says yes); the plans of a captured token are
+modeled on it (:mod:`ds4lab.audit.capture_path`). C/C++ code that asks CUDA itself gets CUDA's answer, so such a
+path stays unseen (the audit's ``same_work`` check shows it); a pass in which PyTorch was never asked
+(:data:`NOT_ASKED`) is not kept. Saved as ``capture-path.csv.gz`` beside ``recording.csv.gz``, else
+``<stem>.capture-path.csv.gz`` (:func:`capture_path_beside`).
 
 Source: PyTorch ``torch.cuda.is_current_stream_capturing`` (``torch/cuda/graphs.py``); transformers
-``utils/import_utils.py`` ``is_cuda_stream_capturing`` / ``is_tracing`` (the attribute is looked up at
-each call, so replacing it on ``torch.cuda`` reaches them).
-"""
+``utils/import_utils.py`` ``is_cuda_stream_capturing`` / ``is_tracing`` (looked up at each call, so replacing it on
+``torch.cuda`` reaches them)."""
 
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from .records import api_base_name
 
 #: The file of the capture-path pass beside ``recording.csv.gz``.
 CAPTURE_PATH_NAME = "capture-path.csv.gz"
@@ -57,16 +40,14 @@ class Asked:
 
 @contextlib.contextmanager
 def as_if_capturing(torch=None):
-    """Inside the block, ``torch.cuda.is_current_stream_capturing()`` returns True (module docstring);
-    yields an :class:`Asked` counting the questions. The functions are put back at exit, also when the
-    block raises.
+    """Inside the block, ``torch.cuda.is_current_stream_capturing()`` returns True (module docstring); yields an
+    :class:`Asked` counting the questions. The functions are put back at exit, also when the block raises.
 
     Args:
         torch: the torch module (None: imported; a stand-in in the tests).
 
     Raises:
-        ImportError: torch is not installed.
-    """
+        ImportError: torch is not installed."""
     if torch is None:
         import torch  # noqa: PLC0415 - torch is no dependency of ds4lab
     cuda = torch.cuda
@@ -91,23 +72,12 @@ def as_if_capturing(torch=None):
 
 
 def asks_capture_status(frame) -> int:
-    """How many calls in an event table's ``frame`` ask CUDA whether a stream captures
-    (:data:`CAPTURE_STATUS_CALLS`, any ``_v2``/``_ptsz`` form)."""
+    """How many calls in an event table's ``frame`` ask CUDA whether a stream captures (:data:`CAPTURE_STATUS_CALLS`,
+    any ``_v2``/``_ptsz`` form)."""
     if frame is None or not len(frame) or "name" not in frame:
         return 0
     api = frame[frame["kind"] == "api"]["name"].astype(str)
-    return int(sum(_base_name(n) in CAPTURE_STATUS_CALLS for n in api))
-
-
-_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
-
-
-def _base_name(name: str) -> str:
-    """An API name without its version and per-thread-stream suffixes, in any order."""
-    prev = None
-    while prev != name:
-        prev, name = name, _SUFFIX.sub("", name)
-    return name
+    return int(sum(api_base_name(n) in CAPTURE_STATUS_CALLS for n in api))
 
 
 #: Endings a trace file's stem is taken without (the longest that fits first).
@@ -124,8 +94,8 @@ def trace_stem(recording: Path) -> str:
 
 
 def capture_path_name(recording: Path) -> Path:
-    """Where the capture-path pass of ``recording`` goes (module docstring): ``capture-path.csv.gz``
-    beside ``recording.csv.gz``, else ``<stem>.capture-path.csv.gz`` (:func:`trace_stem`)."""
+    """Where the capture-path pass of ``recording`` goes (module docstring): ``capture-path.csv.gz`` beside
+    ``recording.csv.gz``, else ``<stem>.capture-path.csv.gz`` (:func:`trace_stem`)."""
     recording = Path(recording)
     stem = trace_stem(recording)
     return recording.with_name(CAPTURE_PATH_NAME if stem == "recording" else stem + CAPTURE_PATH_SUFFIX)
@@ -138,8 +108,8 @@ def is_capture_path(path) -> bool:
 
 
 def capture_path_beside(recording) -> Path | None:
-    """The capture-path pass saved beside ``recording`` (:func:`capture_path_name`), or None where there is
-    none (or ``recording`` is itself one)."""
+    """The capture-path pass saved beside ``recording`` (:func:`capture_path_name`), or None where there is none (or
+    ``recording`` is itself one)."""
     if recording is None:
         return None
     recording = Path(recording)

@@ -1,16 +1,15 @@
 """ds4lab's own trace as a Chrome/Perfetto trace: the Trace Event JSON that ``ds4lab trace`` writes
-(:func:`chrome_trace`) and checks back (:func:`load_trace`); :mod:`ds4lab.trace.sources.kineto` reads it
-into the event table.
+(:func:`chrome_trace`) and checks back (:func:`load_trace`); :mod:`ds4lab.trace.sources.kineto` reads it into the
+event table.
 
-Format: ``{"otherData": {...}, "displayTimeUnit": "ns", "traceEvents": [...]}``, complete events
-``"ph": "X"`` with ``ts`` and ``dur`` in µs, one process per stage with ``process_name``/``thread_name``
-metadata events ``"ph": "M"``; as ``torch.profiler`` exports; opens in ui.perfetto.dev and
-chrome://tracing; each stage's process starts at 0 µs, its clock offset in ``otherData.clock_offset_ns``.
+Format: ``{"otherData": {...}, "displayTimeUnit": "ns", "traceEvents": [...]}``, complete events ``"ph": "X"`` with
+``ts`` and ``dur`` in µs, one process per stage with ``process_name``/``thread_name`` metadata events ``"ph": "M"``; as
+``torch.profiler`` exports; opens in ui.perfetto.dev and chrome://tracing; each stage's process starts at 0 µs, its
+clock offset in ``otherData.clock_offset_ns``.
 
-Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto
-read): JSON object form, events ``X`` (complete: ``ts``, ``dur``), ``M`` (metadata: ``process_name``,
-``thread_name``, ``process_sort_index``), ``displayTimeUnit``, ``otherData``.
-"""
+Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto read): JSON object form,
+events ``X`` (complete: ``ts``, ``dur``), ``M`` (metadata: ``process_name``, ``thread_name``, ``process_sort_index``),
+``displayTimeUnit``, ``otherData``."""
 
 from __future__ import annotations
 
@@ -44,14 +43,13 @@ def _opt(v):
 
 def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None, *,
                  processes: dict | None = None, tag: str | None = None) -> dict:
-    """The Trace Event JSON object (see the module docstring) of a trace's tables: one process per
-    stage (pid 1, 2, ... in the order of ``meta["stages"]``, named ``processes[stage]``, by default
-    ``stage <name> (<tag>)``; ``tag``: the provenance, by default MODELED or measured), a host thread
-    with the NVTX ranges, a host thread with the CUDA API calls (categories ``cuda_runtime``/``cuda_driver``, as the PyTorch
-    profiler names them), and one GPU thread per stream (kernels, memsets, copies, and the
-    synchronizations as ``cuda_sync``); every kernel event's ``args`` carry site, cluster, layer,
-    graph and node ids, stream (name, id and type), correlation, its scalar arguments (``args``) and
-    ``modeled``. ``otherData`` comes first in the object, so that a streaming reader sees it before
+    """The Trace Event JSON object (see the module docstring) of a trace's tables: one process per stage (pid 1, 2, ...
+    in the order of ``meta["stages"]``, named ``processes[stage]``, by default ``stage <name> (<tag>)``; ``tag``:
+    the provenance, by default MODELED or measured), a host thread with the NVTX ranges, a host thread with the CUDA
+    API calls (categories ``cuda_runtime``/``cuda_driver``, as the PyTorch profiler names them), and one GPU thread
+    per stream (kernels, memsets, copies, and the synchronizations as ``cuda_sync``); every kernel event's ``args``
+    carry site, cluster, layer, graph and node ids, stream (name, id and type), correlation, its scalar arguments
+    (``args``) and ``modeled``. ``otherData`` comes first in the object, so that a streaming reader sees it before
     the events (:mod:`ds4lab.trace.sources.kineto`)."""
     modeled = bool(meta.get("modeled"))
     tag = tag or ("MODELED" if modeled else "measured")
@@ -108,10 +106,9 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.Dat
 
 
 def load_trace(path: Path) -> dict:
-    """A ``trace.json`` (or a folder holding one) read back and checked as Trace Event JSON: an
-    object with a ``traceEvents`` list whose events each have ``name``, ``ph``, ``pid`` and, for a
-    complete event (``X``), numeric ``ts`` and ``dur`` ≥ 0. Raises SourceError naming the file and
-    the first bad event."""
+    """A ``trace.json`` (or a folder holding one) read back and checked as Trace Event JSON: an object with a
+    ``traceEvents`` list whose events each have ``name``, ``ph``, ``pid`` and, for a complete event (``X``), numeric
+    ``ts`` and ``dur`` ≥ 0. Raises SourceError naming the file and the first bad event."""
     p = Path(path)
     if p.is_dir():
         p = p / "trace.json"

@@ -1,49 +1,10 @@
-"""The one process-wide CUPTI session (``cupti-python``): activity records and call callbacks.
-
-CUPTI takes one pair of activity-buffer callbacks and one callback-API subscriber per process
-(CUPTI Activity API, ``cuptiActivityRegisterCallbacks``; Callback API, ``cuptiSubscribe``:
-``CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED``). Every user in ds4lab (the MoE profiler's
-``cupti`` mode, ``ds4lab bench --per-op``, ``ds4lab trace``, the audit's in-process recording) goes
-through :class:`CuptiSession`, which owns both, and asks for what it needs:
-
-* :meth:`CuptiSession.subscribe` — a :class:`Subscription` to some activity kinds. A kind is enabled
-  (``cuptiActivityEnable``) while at least one open subscription asks for it and disabled when the
-  last one closes; each completed record is converted at once into a typed record of the trace
-  model (:mod:`ds4lab.trace.records`: the buffer is CUPTI's and is given back when the callback
-  returns) and handed to every open subscription that asked for its kind. ``take()`` flushes
-  (``cuptiActivityFlushAll(1)``: forced, so records of work still running are delivered) and returns
-  what arrived since the last take.
-* :meth:`CuptiSession.watch_calls` — a :class:`CallWatch`: callback-API callbacks
-  (``CUPTI_CB_DOMAIN_RUNTIME_API``/``DRIVER_API``, ``cuptiEnableCallback`` per callback id) on a few
-  named calls, which record the calling thread's Python stack at API entry, keyed by the call's
-  correlation id (the same id as the call's activity record: CUPTI Callback API,
-  ``CUpti_CallbackData.correlationId``). Only the named calls pay for it.
-
-The callback subscriber is CUPTI's own API called through ``ctypes`` (:class:`NativeCallbacks`: the
-handler gets the ``CUpti_CallbackData``'s address) where cupti-python's CUPTI library is mapped in the
-process: cupti-python's ``subscribe`` builds a ``CallbackData`` (a NumPy record) at every callback and
-its field properties cost microseconds each, which an argument pass pays at every launch.
-``DS4LAB_CUPTI_CALLBACKS=python`` keeps cupti-python's wrapper (:data:`CALLBACKS_ENV`).
-
-``cupti-python`` is an optional dependency, imported only here and only when a session starts;
-without it (or without a driver) :class:`CuptiUnavailable` names what is missing.
-
-Records, by CUPTI activity kind (times in ns on CUPTI's clock, ``cuptiGetTimestamp``; the fields
-are named in :mod:`ds4lab.trace.records`):
-
-=======================================  ==========================================================
-``CONCURRENT_KERNEL``/``KERNEL``         :class:`~ds4lab.trace.records.Kernel`
-``MEMCPY``                               :class:`~ds4lab.trace.records.Copy`
-``MEMSET``                               :class:`~ds4lab.trace.records.Memset`
-``RUNTIME``/``DRIVER``                   :class:`~ds4lab.trace.records.ApiCall` (named at :meth:`Subscription.take`)
-``SYNCHRONIZATION``                      :class:`~ds4lab.trace.records.Sync`
-``CUDA_EVENT``                           :class:`~ds4lab.trace.records.EventRecord`
-``STREAM``                               :class:`~ds4lab.trace.records.StreamMade`
-``MARKER``                               :class:`~ds4lab.trace.records.Marker`
-``GRAPH_TRACE``                          :class:`~ds4lab.trace.records.GraphExec`
-``MEMORY2``                              :class:`~ds4lab.trace.records.MemoryOp` (the argument pass)
-=======================================  ==========================================================
-"""
+"""The one process-wide CUPTI session (``cupti-python``): activity records converted into the trace model's records as
+they arrive (:meth:`CuptiSession.subscribe`), and call callbacks that record Python stacks or launch arguments at
+named calls (:meth:`CuptiSession.watch_calls`, :meth:`CuptiSession.watch_launches`; through CUPTI's C API,
+:class:`NativeCallbacks`, where its library is mapped). CUPTI takes one pair of buffer callbacks and one subscriber
+per process, so every user in ds4lab goes through :class:`CuptiSession`; without ``cupti-python`` or a driver,
+:class:`CuptiUnavailable` names what is missing. How it works and which record each activity kind becomes:
+``docs/trace-readers.md``, "The CUPTI session"."""
 
 from __future__ import annotations
 
@@ -75,8 +36,7 @@ class CuptiUnavailable(RuntimeError):
 
 
 def cupti_available() -> tuple[bool, str]:
-    """Whether ``cupti-python`` imports; ``(False, reason)`` naming the fix when it does not.
-    Never raises."""
+    """Whether ``cupti-python`` imports; ``(False, reason)`` naming the fix when it does not. Never raises."""
     try:
         import importlib
 
@@ -88,10 +48,10 @@ def cupti_available() -> tuple[bool, str]:
 
 
 def cupti_library() -> Path | None:
-    """The CUPTI shared library that ``cupti-python`` loads (``nvidia/*/lib/libcupti.so*`` of the
-    ``nvidia-cuda-cupti`` wheel), or None when none is found. NVTX markers reach CUPTI only when a
-    process starts with ``NVTX_INJECTION64_PATH`` naming it (CUPTI documentation, "NVTX": the
-    injection library is loaded at the first NVTX call)."""
+    """The CUPTI shared library that ``cupti-python`` loads (``nvidia/*/lib/libcupti.so*`` of the ``nvidia-cuda-cupti``
+    wheel), or None when none is found. NVTX markers reach CUPTI only when a process starts with
+    ``NVTX_INJECTION64_PATH`` naming it (CUPTI documentation, "NVTX": the injection library is loaded at the first
+    NVTX call)."""
     import importlib.util
 
     loaded = _loaded_cupti()
@@ -113,8 +73,8 @@ def cupti_library() -> Path | None:
 
 
 def _loaded_cupti() -> Path | None:
-    """The ``libcupti.so`` this process has mapped once ``cupti-python`` is imported (Linux
-    ``/proc/self/maps``), or None."""
+    """The ``libcupti.so`` this process has mapped once ``cupti-python`` is imported (Linux ``/proc/self/maps``), or
+    None."""
     try:
         from cupti import cupti  # noqa: F401 - loads the library
         maps = Path("/proc/self/maps").read_text()
@@ -137,8 +97,8 @@ class Subscription:
     closed: bool = False
 
     def take(self) -> list:
-        """Flush CUPTI's buffers and return the records (:mod:`ds4lab.trace.records`) that arrived
-        since the last take, each API call named (:meth:`CuptiSession.callback_name`)."""
+        """Flush CUPTI's buffers and return the records (:mod:`ds4lab.trace.records`) that arrived since the last take,
+        each API call named (:meth:`CuptiSession.callback_name`)."""
         self.session.flush()
         with self.session.lock:
             out, self.records = self.records, []
@@ -169,8 +129,8 @@ class CallWatch:
 
 
 class CuptiSession:
-    """The process's CUPTI session (create with :meth:`get`). Thread-safe: CUPTI delivers buffers on
-    its own thread; :attr:`lock` guards the subscriptions' record lists."""
+    """The process's CUPTI session (create with :meth:`get`). Thread-safe: CUPTI delivers buffers on its own thread;
+    :attr:`lock` guards the subscriptions' record lists."""
 
     _instance: "CuptiSession | None" = None
 
@@ -213,9 +173,9 @@ class CuptiSession:
 
     # ------------------------------------------------------------------ activity records
     def subscribe(self, kinds) -> Subscription:
-        """A new :class:`Subscription` to ``kinds`` (``cupti.ActivityKind`` member names). Kinds CUPTI
-        refuses here are left out and named in :attr:`refused` (name → CUPTI's error); raises
-        :class:`CuptiUnavailable` when it refuses every kind asked for, or the buffer callbacks."""
+        """A new :class:`Subscription` to ``kinds`` (``cupti.ActivityKind`` member names). Kinds CUPTI refuses here are
+        left out and named in :attr:`refused` (name → CUPTI's error); raises :class:`CuptiUnavailable` when it
+        refuses every kind asked for, or the buffer callbacks."""
         K = self.c.ActivityKind
         want = []
         for k in kinds:
@@ -267,8 +227,8 @@ class CuptiSession:
         return 8 << 20, 0  # 8 MiB buffers, no record limit
 
     def _converters(self) -> dict:
-        """``{CUPTI activity kind number: (kind name, converter)}``: each converter builds the trace
-        model's record of one CUPTI activity record (module docstring)."""
+        """``{CUPTI activity kind number: (kind name, converter)}``: each converter builds the trace model's record of
+        one CUPTI activity record (module docstring)."""
         K = self.c.ActivityKind
 
         def s(v):
@@ -367,8 +327,8 @@ class CuptiSession:
                     s.records.append(rec)
 
     def callback_name(self, domain: str, cbid: int) -> str:
-        """The API function a runtime or driver callback id names (``cuptiGetCallbackName``), without
-        CUPTI's version suffix (``cudaMemcpyAsync_v3020`` → ``cudaMemcpyAsync``)."""
+        """The API function a runtime or driver callback id names (``cuptiGetCallbackName``), without CUPTI's version
+        suffix (``cudaMemcpyAsync_v3020`` → ``cudaMemcpyAsync``)."""
         key = (domain, int(cbid))
         name = self._names.get(key)
         if name is None:
@@ -389,8 +349,8 @@ class CuptiSession:
 
     def stream_types_now(self) -> dict:
         """``{stream id: type}`` of the current context's legacy stream and per-thread default stream
-        (``cuptiGetStreamIdEx`` of the NULL stream without and with the per-thread flag); {} when the
-        thread has no context. Raises what the binding raises (no driver)."""
+        (``cuptiGetStreamIdEx`` of the NULL stream without and with the per-thread flag); {} when the thread has no
+        context. Raises what the binding raises (no driver)."""
         ctx = current_context()
         if not ctx:
             return {}
@@ -400,11 +360,11 @@ class CuptiSession:
 
     # ------------------------------------------------------------------ call callbacks
     def watch_calls(self, runtime=(), driver=(), *, skip_files: tuple = ()) -> CallWatch:
-        """A :class:`CallWatch` recording the Python stack (:func:`python_stack`) at the entry of each
-        call named in ``runtime`` / ``driver`` (CUPTI callback ids by name, ``cupti.runtime_api_trace_cbid``
-        / ``driver_api_trace_cbid`` members: all their versions, ``_ptsz``/``_ptds`` variants too).
-        Raises :class:`CuptiUnavailable` when CUPTI refuses the subscriber (another CUPTI client,
-        such as ``torch.profiler`` or Nsight, holds it)."""
+        """A :class:`CallWatch` recording the Python stack (:func:`python_stack`) at the entry of each call named in
+        ``runtime`` / ``driver`` (CUPTI callback ids by name, ``cupti.runtime_api_trace_cbid`` /
+        ``driver_api_trace_cbid`` members: all their versions, ``_ptsz``/``_ptds`` variants too). Raises
+        :class:`CuptiUnavailable` when CUPTI refuses the subscriber (another CUPTI client, such as
+        ``torch.profiler`` or Nsight, holds it)."""
         watch = CallWatch(self)
         with self.lock:
             self._subscriber()
@@ -424,9 +384,9 @@ class CuptiSession:
         return watch
 
     def _callback_api(self):
-        """:class:`NativeCallbacks` when ``self.c`` is cupti-python's module (it has a file: a stand-in has
-        none), its CUPTI library is mapped in this process and ``DS4LAB_CUPTI_CALLBACKS`` is not ``python``;
-        else ``self.c`` (cupti-python's ``subscribe``, which builds a ``CallbackData`` at every callback)."""
+        """:class:`NativeCallbacks` when ``self.c`` is cupti-python's module (it has a file: a stand-in has none), its
+        CUPTI library is mapped in this process and ``DS4LAB_CUPTI_CALLBACKS`` is not ``python``; else ``self.c``
+        (cupti-python's ``subscribe``, which builds a ``CallbackData`` at every callback)."""
         if os.environ.get(CALLBACKS_ENV, "").lower() == "python" or not getattr(self.c, "__file__", None):
             return self.c
         try:  # cupti-python loads CUPTI's library at its first call: make one that changes nothing
@@ -483,11 +443,10 @@ class CuptiSession:
 
     # ------------------------------------------------------------------ launch callbacks (audit arguments)
     def watch_launches(self, names, handler) -> Callable[[], None]:
-        """Call ``handler(domain, cbid, cbdata)`` at the entry and exit of every launch call named in
-        ``names`` (base names, runtime or driver: ``cudaLaunchKernel``, ``cuLaunchKernelEx``; every
-        version and ``_ptsz`` form), on the launching thread, as CUPTI calls the subscriber. Returns
-        the function that stops it. Used by :mod:`ds4lab.audit.arguments`; raises
-        :class:`CuptiUnavailable` as :meth:`watch_calls` does."""
+        """Call ``handler(domain, cbid, cbdata)`` at the entry and exit of every launch call named in ``names`` (base
+        names, runtime or driver: ``cudaLaunchKernel``, ``cuLaunchKernelEx``; every version and ``_ptsz`` form), on
+        the launching thread, as CUPTI calls the subscriber. Returns the function that stops it. Used by
+        :mod:`ds4lab.audit.arguments`; raises :class:`CuptiUnavailable` as :meth:`watch_calls` does."""
         with self.lock:
             sub = self._subscriber()
             D = self.c.CallbackDomain
@@ -546,8 +505,8 @@ def callback_struct(dtype=None) -> struct.Struct:
 
 class CallbackView:
     """The fields of the ``CUpti_CallbackData`` at ``ptr`` under cupti-python's names (``callback_site``,
-    ``correlation_id``, ``function_name``, ``symbol_name``, ``ptr``), read from memory
-    (:func:`callback_struct`): what :class:`NativeCallbacks` hands over is the address alone."""
+    ``correlation_id``, ``function_name``, ``symbol_name``, ``ptr``), read from memory (:func:`callback_struct`):
+    what :class:`NativeCallbacks` hands over is the address alone."""
 
     def __init__(self, ptr: int, module=None) -> None:
         self.ptr = int(ptr)
@@ -560,11 +519,11 @@ class CallbackView:
 
 class NativeCallbacks:
     """CUPTI's callback API called through ``ctypes`` (``cuptiSubscribe``, ``cuptiEnableCallback``,
-    ``cuptiUnsubscribe`` of the CUPTI library cupti-python loaded): the subscriber is a ``ctypes``
-    callback handed the callback data's address (an ``int``), where cupti-python's wrapper builds a
-    ``CallbackData`` (a NumPy record) at every callback, microseconds at every launch of an argument
-    pass. The same signature as cupti-python's ``subscribe``/``enable_callback``/``unsubscribe``; a status
-    other than ``CUPTI_SUCCESS`` raises RuntimeError naming it (``cuptiGetResultString``)."""
+    ``cuptiUnsubscribe`` of the CUPTI library cupti-python loaded): the subscriber is a ``ctypes`` callback handed
+    the callback data's address (an ``int``), where cupti-python's wrapper builds a ``CallbackData`` (a NumPy
+    record) at every callback, microseconds at every launch of an argument pass. The same signature as
+    cupti-python's ``subscribe``/``enable_callback``/``unsubscribe``; a status other than ``CUPTI_SUCCESS`` raises
+    RuntimeError naming it (``cuptiGetResultString``)."""
 
     #: ``void CUPTIAPI (*CUpti_CallbackFunc)(void *userdata, CUpti_CallbackDomain, CUpti_CallbackId, const void *)``
     FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
@@ -575,8 +534,8 @@ class NativeCallbacks:
 
     @classmethod
     def load(cls, path) -> "NativeCallbacks | None":
-        """The callback API of the CUPTI library at ``path`` (already loaded: cupti-python's), or None
-        where there is none or it lacks the calls."""
+        """The callback API of the CUPTI library at ``path`` (already loaded: cupti-python's), or None where there is
+        none or it lacks the calls."""
         if path is None:
             return None
         try:
@@ -617,9 +576,9 @@ class NativeCallbacks:
 
 
 def current_context() -> int:
-    """The calling thread's current CUDA context as an integer handle (``cuCtxGetCurrent`` through
-    ``cuda-bindings``, which ``cupti-python`` depends on); 0 when there is none. Raises what the
-    binding raises when no driver loads."""
+    """The calling thread's current CUDA context as an integer handle (``cuCtxGetCurrent`` through ``cuda-bindings``,
+    which ``cupti-python`` depends on); 0 when there is none. Raises what the binding raises when no driver loads.
+    """
     from cuda.bindings import driver as cu
 
     err, ctx = cu.cuCtxGetCurrent()

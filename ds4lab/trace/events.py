@@ -1,7 +1,6 @@
-"""The trace model's one event table: every event source (a PyTorch profiler / Kineto trace, an Nsight
-Systems SQLite export, an in-process CUPTI recording, ds4lab's own ``trace.json``) is read into this
-shape, and everything the audit decides is decided on it. A record of :mod:`ds4lab.trace.records`
-becomes a row through its ``cells()``.
+"""The trace model's one event table: every event source (a PyTorch profiler / Kineto trace, an Nsight Systems SQLite
+export, an in-process CUPTI recording, ds4lab's own ``trace.json``) is read into this shape, and everything the
+audit decides is decided on it. A record of :mod:`ds4lab.trace.records` becomes a row through its ``cells()``.
 
 One row per event, in one pandas DataFrame. What a row is depends on ``kind``:
 
@@ -20,16 +19,15 @@ One row per event, in one pandas DataFrame. What a row is depends on ``kind``:
 ``graph``   a whole-graph execution record (Nsight Systems without ``--cuda-graph-trace=node``)
 ==========  ======================================================================================
 
-Clocks: ``start_ns``/``end_ns`` are integers in ns on the source's one clock (host and device rows of
-one source share it, as CUPTI's and Nsight Systems' timestamps do). ``-1`` (integers) and ``""``
-(strings) mean "the source does not say": a reader never invents a value.
+Clocks: ``start_ns``/``end_ns`` are integers in ns on the source's one clock (host and device rows of one source share
+it, as CUPTI's and Nsight Systems' timestamps do). ``-1`` (integers) and ``""`` (strings) mean "the source does not
+say": a reader never invents a value.
 
 Sources: CUPTI Activity API (``CUpti_ActivityAPI``, ``CUpti_ActivityKernel*``, ``CUpti_ActivityMemcpy*``,
-``CUpti_ActivityMemset*``, ``CUpti_ActivitySynchronization``, ``CUpti_ActivityMarker*``); Nsight Systems
-SQLite export schema (``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``, ``StringIds``, ``ENUM_*`` tables);
-PyTorch profiler Chrome-trace JSON (Kineto: categories ``cuda_runtime``, ``cuda_driver``, ``kernel``,
-``gpu_memcpy``, ``gpu_memset``, ``cuda_sync``, ``python_function``, ``gpu_user_annotation``).
-"""
+``CUpti_ActivityMemset*``, ``CUpti_ActivitySynchronization``, ``CUpti_ActivityMarker*``); Nsight Systems SQLite export
+schema (``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``, ``StringIds``, ``ENUM_*`` tables); PyTorch profiler Chrome-trace
+JSON (Kineto: categories ``cuda_runtime``, ``cuda_driver``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, ``cuda_sync``,
+``python_function``, ``gpu_user_annotation``)."""
 
 from __future__ import annotations
 
@@ -75,14 +73,12 @@ class EventTable:
     """Events read from one source (one file, or one in-process recording).
 
     Attributes:
-        frame: a pandas DataFrame with exactly :data:`COLUMNS` (use :func:`make_frame`), sorted by
-            ``start_ns``.
+        frame: a pandas DataFrame with exactly :data:`COLUMNS` (use :func:`make_frame`), sorted by ``start_ns``.
         source: the file it came from (or ``"<recording>"``).
-        tool: what wrote it (``"pytorch-profiler"``, ``"nsys-sqlite"``, ``"cupti"``, ``"ds4lab-trace"``)
-            and its version where the file says (``"nsys-sqlite (schema 3.11)"``).
-        notes: what was read but not tabled, or left out, each a sentence naming what and why (shown in
-            the report: nothing is dropped silently).
-    """
+        tool: what wrote it (``"pytorch-profiler"``, ``"nsys-sqlite"``, ``"cupti"``, ``"ds4lab-trace"``) and its
+            version where the file says (``"nsys-sqlite (schema 3.11)"``).
+        notes: what was read but not tabled, or left out, each a sentence naming what and why (shown in the report:
+            nothing is dropped silently)."""
 
     frame: object
     source: str
@@ -97,12 +93,11 @@ class EventTable:
 
 
 def make_frame(rows):
-    """A DataFrame with exactly :data:`COLUMNS` from an iterable of dicts (missing keys get the
-    column's missing value), typed and sorted by ``start_ns`` (stable: equal times keep their order).
+    """A DataFrame with exactly :data:`COLUMNS` from an iterable of dicts (missing keys get the column's missing
+    value), typed and sorted by ``start_ns`` (stable: equal times keep their order).
 
     Raises:
-        ValueError: a row with a key that is not a column, or a ``kind`` not in :data:`KINDS` (names both).
-    """
+        ValueError: a row with a key that is not a column, or a ``kind`` not in :data:`KINDS` (names both)."""
     import pandas as pd
 
     rows = list(rows)
@@ -120,8 +115,8 @@ def make_frame(rows):
 
 
 def check_frame(df) -> None:
-    """Raise ValueError naming what is wrong if ``df`` is not an event table: missing or extra
-    columns, an unknown ``kind``, a row that ends before it starts."""
+    """Raise ValueError naming what is wrong if ``df`` is not an event table: missing or extra columns, an unknown
+    ``kind``, a row that ends before it starts."""
     cols = list(df.columns)
     if cols != list(COLUMNS):
         missing = [c for c in COLUMNS if c not in cols]

@@ -1,26 +1,10 @@
-"""Live traces: this process's device work as it runs, as the trace model's records
-(:mod:`ds4lab.trace.records`), for every figure that reads a trace of ds4lab's own work (the MoE
-profiler's ``cupti`` mode and timing-only stamps, the busy-time floors, ``ds4lab trace``).
-
-* :class:`CuptiTimeline` — records of ds4lab's one CUPTI session (:class:`ds4lab.trace.cupti.CuptiSession`:
-  ``cupti-python``, an optional dependency imported lazily) of the activity kinds asked for (device
-  records from :meth:`take`, the API level of the same span from :meth:`take_api`).
-* :class:`SimTimeline` — the sim's modeled timeline (the backend contract's ``trace_records``: its cost
-  model's schedule, MODELED) as :class:`~ds4lab.trace.records.Kernel`, ``Memset`` and ``Copy`` records,
-  with the names the sim gives them; a replayed graph's node id is the kernel's position in the
-  graph's launch order (the sim replays nodes in capture order).
-* :class:`Unavailable` — no trace here; ``reason`` says why.
-
-:func:`trace_source` is the one place a source is picked for a backend; it never raises. Every source
-has ``available``, ``reason``, ``modeled``, ``start()``, ``stop()`` and ``take()`` (the device records
-since the last take); with ``calls=True`` also the API level of the same span (``take_api()``), its
-streams (``stream_of``, ``stream_types``, ``note_stream``) and the clock of its records (``clock_ns``).
-
-Also here: what ``ds4lab trace`` records beside the device work — :class:`RecordingAnnotator` (the
-NVTX ranges ds4lab pushes, with their times, as :class:`~ds4lab.trace.records.Range` records),
-:class:`SimCallLog` (the sim backend's calls as the CUDA API level, MODELED) and :func:`kernel_args`
-(a launch's arguments as a :class:`~ds4lab.trace.records.KernelArgs`).
-"""
+"""Live traces: this process's device work as the trace model's records, for every figure that reads a trace of
+ds4lab's own work (the MoE profiler's ``cupti`` mode and stamps, the busy-time floors, ``ds4lab trace``).
+:func:`trace_source` is the one place a source is picked for a backend (it never raises): :class:`CuptiTimeline`
+(the CUPTI session's records; with ``calls=True`` the API level too), :class:`SimTimeline` (the sim's modeled
+schedule, MODELED; a replayed node's id is its position in the graph's launch order) or :class:`Unavailable`
+(``reason``). Also what ``ds4lab trace`` records beside: :class:`RecordingAnnotator` (ds4lab's NVTX ranges with
+their times), :class:`SimCallLog` (the sim's calls as the API level, MODELED) and :func:`kernel_args`."""
 
 from __future__ import annotations
 
@@ -38,10 +22,10 @@ __all__ = ["CuptiTimeline", "RecordingAnnotator", "SimCallLog", "SimTimeline", "
 
 # ----------------------------------------------------------------------------- device work
 class SimTimeline:
-    """The sim's modeled timeline as device records (module docstring): MODELED, on device 0 (as
-    ``cudaGetDevice`` says; a device of a :class:`~ds4lab.sim.devices.SimNode` its own index).
-    ``calls``: a :class:`SimCallLog` installed while the source runs, the API level of the same span
-    (:meth:`take_api`), each call's device work linked to it by a correlation id."""
+    """The sim's modeled timeline as device records (module docstring): MODELED, on device 0 (as ``cudaGetDevice``
+    says; a device of a :class:`~ds4lab.sim.devices.SimNode` its own index). ``calls``: a :class:`SimCallLog`
+    installed while the source runs, the API level of the same span (:meth:`take_api`), each call's device work
+    linked to it by a correlation id."""
 
     available, reason = True, ""
     modeled = True
@@ -114,11 +98,11 @@ def _sim_copy_kind(name: str) -> str:
 
 class CuptiTimeline:
     """Records of ds4lab's one CUPTI session (:class:`ds4lab.trace.cupti.CuptiSession`) of ``kinds``
-    (``cupti.ActivityKind`` names; default :data:`~ds4lab.trace.cupti.KERNEL_KINDS`) as a trace source
-    (GPU): :meth:`take` returns the device records (kernels, memsets, copies, graph executions) and
-    keeps the others (API calls, synchronizations, event records, stream creations) for
-    :meth:`take_api`. ``clock_ns`` is CUPTI's clock (``cuptiGetTimestamp``, the records' clock).
-    Raises :class:`~ds4lab.trace.cupti.CuptiUnavailable` when CUPTI is not there."""
+    (``cupti.ActivityKind`` names; default :data:`~ds4lab.trace.cupti.KERNEL_KINDS`) as a trace source (GPU):
+    :meth:`take` returns the device records (kernels, memsets, copies, graph executions) and keeps the others (API
+    calls, synchronizations, event records, stream creations) for :meth:`take_api`. ``clock_ns`` is CUPTI's clock
+    (``cuptiGetTimestamp``, the records' clock). Raises :class:`~ds4lab.trace.cupti.CuptiUnavailable` when CUPTI is
+    not there."""
 
     available, reason = True, ""
     modeled = False
@@ -152,14 +136,14 @@ class CuptiTimeline:
         return [r for r in recs if isinstance(r, R.DEVICE_TYPES)]
 
     def take_api(self) -> list:
-        """The API-level records (:class:`~ds4lab.trace.records.ApiCall`, ``Sync``, ``EventRecord``,
-        ``StreamMade``) read by the takes since the last call."""
+        """The API-level records (:class:`~ds4lab.trace.records.ApiCall`, ``Sync``, ``EventRecord``, ``StreamMade``)
+        read by the takes since the last call."""
         out, self._other = self._other, []
         return out
 
     def stream_types(self) -> dict:
-        """``{stream id: kind}``: the current context's streams as the driver says now (none where no driver
-        call is possible here), and those learnt by :meth:`note_stream`."""
+        """``{stream id: kind}``: the current context's streams as the driver says now (none where no driver call is
+        possible here), and those learnt by :meth:`note_stream`."""
         try:
             types = dict(self.session.stream_types_now())
         except Exception:  # noqa: BLE001 - no driver call possible here: stream kinds from STREAM records only
@@ -171,10 +155,10 @@ class CuptiTimeline:
         return int(stream), self.known.get(int(stream), "")
 
     def note_stream(self, stream) -> None:
-        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM``
-        records only name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and
-        its ``cuStreamGetFlags`` (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a
-        failing call, leaves it unknown."""
+        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM`` records only
+        name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and its ``cuStreamGetFlags``
+        (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a failing call, leaves it unknown.
+        """
         from .cupti import current_context
 
         ptr = getattr(stream, "ptr", None)
@@ -211,10 +195,10 @@ class Unavailable:
 
 
 def trace_source(be, kinds=KERNEL_KINDS, *, calls: bool = False):
-    """The one registry of live traces: the device-work trace of backend ``be``, CUPTI on a GPU (when
-    importable and it starts; the activity ``kinds``, :data:`~ds4lab.trace.cupti.TRACE_KINDS` with
-    ``calls``), the modeled timeline on ``sim`` (with ``calls``, the sim's call log beside it);
-    otherwise an :class:`Unavailable` source saying why (never raises)."""
+    """The one registry of live traces: the device-work trace of backend ``be``, CUPTI on a GPU (when importable and it
+    starts; the activity ``kinds``, :data:`~ds4lab.trace.cupti.TRACE_KINDS` with ``calls``), the modeled timeline on
+    ``sim`` (with ``calls``, the sim's call log beside it); otherwise an :class:`Unavailable` source saying why
+    (never raises)."""
     from ..executor.base import ModeledTime
 
     if isinstance(be, ModeledTime):  # a backend that keeps a (modeled) device timeline
@@ -231,9 +215,9 @@ def trace_source(be, kinds=KERNEL_KINDS, *, calls: bool = False):
 
 
 def busy_us(records) -> tuple[float, float, int]:
-    """``(busy, span, kernels)`` of device records: the union of the kernel intervals in µs
-    (overlapping kernels counted once), first start to last end in µs, and the number of kernel
-    records. Memsets and other kinds are left out. ``(0, 0, 0)`` for no kernel record."""
+    """``(busy, span, kernels)`` of device records: the union of the kernel intervals in µs (overlapping kernels
+    counted once), first start to last end in µs, and the number of kernel records. Memsets and other kinds are left
+    out. ``(0, 0, 0)`` for no kernel record."""
     iv = sorted((float(r.start_ns), float(r.end_ns)) for r in records if r.kind == "kernel")
     if not iv:
         return 0.0, 0.0, 0
@@ -250,8 +234,8 @@ def busy_us(records) -> tuple[float, float, int]:
 
 # ----------------------------------------------------------------------------- kernel arguments
 def scalar_args(args) -> str:
-    """A kernel's scalar arguments as ``index=value`` joined by ``,`` (integers exactly, floats with
-    ``repr``); array and pointer arguments are left out. ``""`` when it has none."""
+    """A kernel's scalar arguments as ``index=value`` joined by ``,`` (integers exactly, floats with ``repr``); array
+    and pointer arguments are left out. ``""`` when it has none."""
     out = []
     for i, a in enumerate(args):
         if isinstance(a, (bool, np.bool_)):
@@ -264,20 +248,19 @@ def scalar_args(args) -> str:
 
 
 def kernel_args(args) -> R.KernelArgs:
-    """The :class:`~ds4lab.trace.records.KernelArgs` of a launch as ds4lab's launch layer passed it (its
-    scalar arguments; no parameter bytes: the launch layer does not pack them)."""
+    """The :class:`~ds4lab.trace.records.KernelArgs` of a launch as ds4lab's launch layer passed it (its scalar
+    arguments; no parameter bytes: the launch layer does not pack them)."""
     return R.KernelArgs(scalars=scalar_args(args))
 
 
 # ----------------------------------------------------------------------------- NVTX ranges
 class RecordingAnnotator:
-    """An annotator (the :class:`ds4lab.capture.annotate.NvtxAnnotator` interface) that records each range's
-    push and pop time with ``clock_ns`` (a callable returning ns), and passes every call on to
-    ``inner`` (e.g. an :class:`~ds4lab.capture.annotate.NvtxAnnotator`, so Nsight tools still see the ranges).
+    """An annotator (the :class:`ds4lab.capture.annotate.NvtxAnnotator` interface) that records each range's push and
+    pop time with ``clock_ns`` (a callable returning ns), and passes every call on to ``inner`` (e.g. an
+    :class:`~ds4lab.capture.annotate.NvtxAnnotator`, so Nsight tools still see the ranges).
 
-    ``ranges``: a :class:`~ds4lab.trace.records.Range` per popped range while :attr:`recording` is true
-    (``depth`` 0 for the outermost). A pop without a push raises IndexError, as an unbalanced NVTX
-    stack is a bug of the caller.
+    ``ranges``: a :class:`~ds4lab.trace.records.Range` per popped range while :attr:`recording` is true (``depth`` 0
+    for the outermost). A pop without a push raises IndexError, as an unbalanced NVTX stack is a bug of the caller.
     """
 
     enabled = True
@@ -319,18 +302,16 @@ SIM_CALLS = {
 
 
 class SimCallLog:
-    """The sim backend's calls as the CUDA API level (MODELED): the calls the launch layer and the
-    graph cache make of the sim backend (``launch`` → ``cudaLaunchKernel``, ``memset_sync`` →
-    ``cudaMemset`` on the legacy stream, ``graph_launch`` → ``cudaGraphLaunch``, ...) with the
-    modeled host clock before and after each, the stream each names (id and kind: legacy, blocking,
-    non-blocking, per-thread) and a correlation id shared with the device work the call put on the
-    modeled timeline.
+    """The sim backend's calls as the CUDA API level (MODELED): the calls the launch layer and the graph cache make of
+    the sim backend (``launch`` → ``cudaLaunchKernel``, ``memset_sync`` → ``cudaMemset`` on the legacy stream,
+    ``graph_launch`` → ``cudaGraphLaunch``, ...) with the modeled host clock before and after each, the stream each
+    names (id and kind: legacy, blocking, non-blocking, per-thread) and a correlation id shared with the device work
+    the call put on the modeled timeline.
 
-    :meth:`install` wraps the backend instance's methods (instance attributes over the class's);
-    :meth:`remove` takes them away. ``calls``: the logged :class:`~ds4lab.trace.records.ApiCall`
-    records (each with the id of the stream it names) and, beside each call that synchronizes, a
-    :class:`~ds4lab.trace.records.Sync`; ``corr_of``: absolute timeline index (``trace_records``
-    numbering) → correlation id; ``streams``: stream name → (id, kind)."""
+    :meth:`install` wraps the backend instance's methods (instance attributes over the class's); :meth:`remove` takes
+    them away. ``calls``: the logged :class:`~ds4lab.trace.records.ApiCall` records (each with the id of the stream it
+    names) and, beside each call that synchronizes, a :class:`~ds4lab.trace.records.Sync`; ``corr_of``: absolute
+    timeline index (``trace_records`` numbering) → correlation id; ``streams``: stream name → (id, kind)."""
 
     def __init__(self, be) -> None:
         self.be = be

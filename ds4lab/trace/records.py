@@ -1,42 +1,16 @@
-"""The trace model's records: one frozen, typed record per thing a trace holds, read by field name.
-
-Every live source (ds4lab's CUPTI session, the sim's modeled timeline) builds these records, and every
-reader that turns them into a table (:mod:`ds4lab.trace.events`) reads their fields by name:
-
-===================  ====================================================================================
-:class:`Kernel`      a kernel on a device: name, grid, block, shared bytes, graph and node ids, and its
-                     :class:`KernelArgs` where the source recorded them
-:class:`Copy`        a copy on a device: copy kind, source and destination memory kinds, bytes
-:class:`Memset`      a memset on a device: memory kind, bytes
-:class:`GraphExec`   a whole-graph execution (CUPTI ``GRAPH_TRACE``; Nsight Systems' default)
-:class:`ApiCall`     a CUDA runtime or driver call on a host thread
-:class:`Sync`        a synchronization as CUPTI records it (stream, event, context, stream-wait-event)
-:class:`EventRecord` a ``cudaEventRecord``'s stream and event (CUPTI ``CUDA_EVENT``), by correlation id
-:class:`StreamMade`  a stream created while recording, with its kind (CUPTI ``STREAM``)
-:class:`Marker`      one NVTX marker record (a range's start or end, or an instantaneous mark)
-:class:`Range`       an NVTX range as ds4lab's launch layer pushed and popped it (``ds4lab trace``)
-===================  ====================================================================================
-
-Device records share :class:`DeviceRecord`'s fields (start and end in ns on the source's clock, device,
-stream, correlation id, graph and node id: 0 for work not launched from a graph). ``kind`` (a class
-attribute) is the event table's row kind. ``-1`` and ``""`` mean "the source does not say", as in the
-event table.
-
-Kernel arguments (:class:`KernelArgs`): what a launch passed, as far as the source recorded it: the
-scalar arguments as ds4lab's launch layer passed them (``index=value``), a digest of the packed
-parameter bytes, and, where they were stored, each parameter's offset, size and bytes
-(:class:`ParamBytes`). A position-like argument that changes every token is what a frozen graph
-replays stale.
-
-The labels every source gives a copy, a memset and a synchronization (``Memcpy HtoD (Pageable ->
-Device)``, ``Memset (Device)``, ``Stream Sync``, as CUPTI's samples and Kineto print them) are made
-here once (:func:`copy_label`, :func:`memset_label`, :func:`sync_label`) and read back by
-:func:`parse_copy_label`. CUPTI's numbering of copy, memory, synchronization and stream kinds
-(``cupti_activity.h``, CUDA 13; checked against ``cupti-python`` 13.0.1's enums) is named here too.
-"""
+"""The trace model's records: one frozen, typed record per thing a trace holds (:class:`Kernel`, :class:`Copy`,
+:class:`Memset`, :class:`GraphExec`, :class:`ApiCall`, :class:`Sync`, :class:`EventRecord`, :class:`StreamMade`,
+:class:`Marker`, :class:`Range`, :class:`MemoryOp`), read by field name; the map: ``docs/architecture.md``, "The
+trace model". Device records share :class:`DeviceRecord`'s fields (ns on the source's clock; graph and node id 0 for
+eager work); ``-1`` and ``""`` mean "the source does not say". Also here, once: the labels of a copy, a memset and a
+synchronization (:func:`copy_label`, :func:`memset_label`, :func:`sync_label`, :func:`parse_copy_label`), CUPTI's
+numbering of copy, memory, synchronization and stream kinds (``cupti_activity.h``, CUDA 13; checked against
+``cupti-python`` 13.0.1), and CUDA API names: :func:`api_base_name` and the launch calls
+(:data:`KERNEL_LAUNCH_CALLS`, :data:`GRAPH_LAUNCH_CALLS`)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -86,8 +60,8 @@ def copy_label(copy_kind: str, src: str, dst: str) -> str:
 
 
 def parse_copy_label(name: str) -> tuple[str, str, str] | None:
-    """``(copy kind, source memory, destination memory)`` of a :func:`copy_label` name (the copy kind
-    as :data:`COPY_KINDS` spells it, ``""`` for one it does not know); None for another name."""
+    """``(copy kind, source memory, destination memory)`` of a :func:`copy_label` name (the copy kind as
+    :data:`COPY_KINDS` spells it, ``""`` for one it does not know); None for another name."""
     m = _COPY_LABEL.match(name)
     if m is None:
         return None
@@ -110,8 +84,8 @@ def sync_kind_of_label(label: str) -> str:
 
 
 def host_memory(copy_kind: str, src: str, dst: str) -> str:
-    """The host side's memory kind of a copy (``pageable``, ``pinned``, ``managed`` or ``""``): the
-    source of a copy from the host, the destination of a copy to the host."""
+    """The host side's memory kind of a copy (``pageable``, ``pinned``, ``managed`` or ``""``): the source of a copy
+    from the host, the destination of a copy to the host."""
     src, dst = src.strip().lower(), dst.strip().lower()
     if copy_kind in ("HtoD", "HtoA"):
         side = src
@@ -124,11 +98,28 @@ def host_memory(copy_kind: str, src: str, dst: str) -> str:
     return HOST_MEMORY_OF.get(side, "")
 
 
+_API_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
+
+
+@functools.lru_cache(maxsize=4096)
 def api_base_name(name: str) -> str:
-    """A CUDA API name without the version and per-thread suffixes CUPTI and Nsight Systems add
-    (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
-    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``)."""
-    return re.sub(r"(?:_v\d+)?(?:_pt[sd][sz])?(?:_v\d+)?$", "", name)
+    """A CUDA API name without the version and per-thread-stream suffixes CUPTI and Nsight Systems add, in any order
+    and number (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
+    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``): the one normalizer of API names in ds4lab.
+    """
+    prev = None
+    while prev != name:
+        prev, name = name, _API_SUFFIX.sub("", name)
+    return name
+
+
+#: Kernel launch calls, base names (CUDA Runtime and Driver API, "Execution Control"): the one list.
+KERNEL_LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
+    "cuLaunchGrid", "cuLaunchGridAsync"})
+#: Graph launch calls, base names.
+GRAPH_LAUNCH_CALLS = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 
 
 def dims(v) -> str:
@@ -139,8 +130,7 @@ def dims(v) -> str:
 # ----------------------------------------------------------------------------- kernel arguments
 @dataclass(frozen=True, slots=True)
 class ParamBytes:
-    """One kernel parameter as stored: its byte offset in the packed parameter buffer, its size and
-    its bytes."""
+    """One kernel parameter as stored: its byte offset in the packed parameter buffer, its size and its bytes."""
 
     offset: int
     size: int
@@ -152,12 +142,11 @@ class KernelArgs:
     """A kernel launch's arguments, as far as the source recorded them.
 
     Attributes:
-        scalars: the scalar arguments as ds4lab's launch layer passed them, ``index=value`` joined by
-            ``,`` in parameter order (integers exactly, floats with ``repr``; arrays left out; ``""``
-            when none or not recorded).
+        scalars: the scalar arguments as ds4lab's launch layer passed them, ``index=value`` joined by ``,`` in
+            parameter order (integers exactly, floats with ``repr``; arrays left out; ``""`` when none or not
+            recorded).
         digest: a hex digest of the packed parameter bytes (``""`` where they were not captured).
-        params: per parameter, its offset, size and bytes (:class:`ParamBytes`), where stored.
-    """
+        params: per parameter, its offset, size and bytes (:class:`ParamBytes`), where stored."""
 
     scalars: str = ""
     digest: str = ""
@@ -167,8 +156,8 @@ class KernelArgs:
 # ----------------------------------------------------------------------------- device records
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Timed:
-    """What every record with an extent has: start and end in ns on the source's clock, and the
-    correlation id that links a call to the device work it launched (-1: the source does not say)."""
+    """What every record with an extent has: start and end in ns on the source's clock, and the correlation id that
+    links a call to the device work it launched (-1: the source does not say)."""
 
     kind: ClassVar[str] = ""
     start_ns: float
@@ -183,8 +172,8 @@ class Timed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceRecord(Timed):
-    """What every piece of device work has (module docstring). ``stream`` is the source's stream id
-    (CUPTI's number; the sim's stream name)."""
+    """What every piece of device work has (module docstring). ``stream`` is the source's stream id (CUPTI's number;
+    the sim's stream name)."""
 
     device: int = -1
     stream: int | str = -1
@@ -271,10 +260,10 @@ class GraphExec(DeviceRecord):
 # ----------------------------------------------------------------------------- host records
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiCall(Timed):
-    """A CUDA runtime or driver call (CUPTI ``RUNTIME``/``DRIVER``): ``name`` without CUPTI's version
-    suffix, ``domain`` ``runtime`` or ``driver``, the host process and thread, ``cbid`` CUPTI's
-    callback id and the call's return value; ``stream`` the stream it names where the source says
-    (the sim's call log; CUPTI's call records do not: -1)."""
+    """A CUDA runtime or driver call (CUPTI ``RUNTIME``/``DRIVER``): ``name`` without CUPTI's version suffix,
+    ``domain`` ``runtime`` or ``driver``, the host process and thread, ``cbid`` CUPTI's callback id and the call's
+    return value; ``stream`` the stream it names where the source says (the sim's call log; CUPTI's call records do
+    not: -1)."""
 
     kind: ClassVar[str] = "api"
     name: str
@@ -288,8 +277,8 @@ class ApiCall(Timed):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sync(Timed):
-    """A synchronization (CUPTI ``SYNCHRONIZATION``): ``sync_kind`` of :data:`SYNC_KINDS`; the context,
-    and the ``stream`` and ``event`` it waited on (-1 where none applies)."""
+    """A synchronization (CUPTI ``SYNCHRONIZATION``): ``sync_kind`` of :data:`SYNC_KINDS`; the context, and the
+    ``stream`` and ``event`` it waited on (-1 where none applies)."""
 
     kind: ClassVar[str] = "sync"
     sync_kind: str
@@ -304,8 +293,8 @@ class Sync(Timed):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EventRecord:
-    """A CUDA event record (CUPTI ``CUDA_EVENT``): the stream and event of the ``cudaEventRecord`` with
-    that correlation id."""
+    """A CUDA event record (CUPTI ``CUDA_EVENT``): the stream and event of the ``cudaEventRecord`` with that
+    correlation id."""
 
     kind: ClassVar[str] = "cuda_event"
     event: int
@@ -316,8 +305,8 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamMade:
-    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES`
-    (``""`` for a flag CUPTI's numbering does not name)."""
+    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES` (``""`` for a flag
+    CUPTI's numbering does not name)."""
 
     kind: ClassVar[str] = "stream"
     stream: int
@@ -328,8 +317,8 @@ class StreamMade:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Marker:
-    """One NVTX marker record (CUPTI ``MARKER``): ``phase`` ``start``, ``end`` or ``instant``; a range's
-    start and end share ``id``."""
+    """One NVTX marker record (CUPTI ``MARKER``): ``phase`` ``start``, ``end`` or ``instant``; a range's start and end
+    share ``id``."""
 
     kind: ClassVar[str] = "marker"
     phase: str
@@ -343,9 +332,9 @@ class Marker:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryOp:
-    """One device memory allocation or release (CUPTI ``MEMORY2``, asked for by the audit's argument
-    pass, :mod:`ds4lab.audit.arguments`): ``operation`` 1 allocation, 2 release; ``memory_kind``
-    CUPTI's number (:data:`MEMORY_KINDS`)."""
+    """One device memory allocation or release (CUPTI ``MEMORY2``, asked for by the audit's argument pass,
+    :mod:`ds4lab.audit.arguments`): ``operation`` 1 allocation, 2 release; ``memory_kind`` CUPTI's number
+    (:data:`MEMORY_KINDS`)."""
 
     kind: ClassVar[str] = "memory"
     operation: int
@@ -360,9 +349,9 @@ class MemoryOp:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Range(Timed):
-    """An NVTX range as ds4lab's launch layer pushed and popped it (:class:`ds4lab.trace.live.RecordingAnnotator`):
-    its message, ds4lab's cluster, the payload (a position, a layer; None), push and pop times in ns on
-    the recording clock, and its depth (0 for the outermost)."""
+    """An NVTX range as ds4lab's launch layer pushed and popped it (:class:`ds4lab.trace.live.RecordingAnnotator`): its
+    message, ds4lab's cluster, the payload (a position, a layer; None), push and pop times in ns on the recording
+    clock, and its depth (0 for the outermost)."""
 
     kind: ClassVar[str] = "nvtx"
     name: str
@@ -389,8 +378,8 @@ def marker_phase(flags: int) -> str:
 
 
 def api_context(records) -> tuple[dict, dict]:
-    """What the API level's side records say about the calls: ``({correlation: (stream, event)}`` of
-    every :class:`EventRecord`, ``{stream: type}`` of every :class:`StreamMade` with a known type)."""
+    """What the API level's side records say about the calls: ``({correlation: (stream, event)}`` of every
+    :class:`EventRecord`, ``{stream: type}`` of every :class:`StreamMade` with a known type)."""
     events, types = {}, {}
     for r in records:
         if isinstance(r, EventRecord):

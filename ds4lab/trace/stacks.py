@@ -1,6 +1,6 @@
-"""Python stacks as the trace model holds them: ``file:line function`` frames, outermost first, joined by
-``;`` (the ``stack`` column of the event table), from a live frame (:func:`python_stack`, what the CUPTI
-session records at a watched call) or from a profiler's frames (:func:`short_path` of each file)."""
+"""Python stacks as the trace model holds them: ``file:line function`` frames, outermost first, joined by ``;`` (the
+``stack`` column of the event table), from a live frame (:func:`python_stack`, what the CUPTI session records at a
+watched call) or from a profiler's frames (:func:`short_path` of each file)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ RUNNER_FRAMES = ("<frozen runpy>", "runpy.py", "ds4lab/trace/recording.py", "cli
 
 
 def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
-    """The Python stack from ``frame`` outwards, outermost first, as ``file:line function`` joined
-    by ``;`` (:func:`short_path` of each file), at most ``limit`` innermost frames (a leading ``...``
-    says more were cut); frames whose file ends with one of ``skip_files`` are left out."""
+    """The Python stack from ``frame`` outwards, outermost first, as ``file:line function`` joined by ``;``
+    (:func:`short_path` of each file), at most ``limit`` innermost frames (a leading ``...`` says more were cut);
+    frames whose file ends with one of ``skip_files`` are left out."""
     out = []
     f = frame
     while f is not None:
@@ -28,9 +28,9 @@ def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
 
 
 def short_path(path: str) -> str:
-    """A source path as the audit shows it: the part after ``site-packages/`` or ``dist-packages/``
-    (the package's own path, as in ``transformers/generation/utils.py``), else relative to the
-    current folder when under it, else as given."""
+    """A source path as the audit shows it: the part after ``site-packages/`` or ``dist-packages/`` (the package's own
+    path, as in ``transformers/generation/utils.py``), else relative to the current folder when under it, else as
+    given."""
     s = _SHORT.get(path)
     if s is not None:
         return s
@@ -52,8 +52,8 @@ def short_path(path: str) -> str:
 
 
 def trim_runner(stack: str) -> str:
-    """A recorded stack without the frames outside the user's script: everything up to the last
-    frame of the runner (:data:`RUNNER_FRAMES`), so the script is the outermost frame."""
+    """A recorded stack without the frames outside the user's script: everything up to the last frame of the runner
+    (:data:`RUNNER_FRAMES`), so the script is the outermost frame."""
     frames = stack.split(";")
     last = -1
     for i, f in enumerate(frames):

@@ -1,37 +1,12 @@
-"""What PyTorch's dispatcher saw during an argument pass: every operator call, its host arguments, and
-which kernel launches it made.
-
-A kernel's by-value parameters hold what its launcher put there and, in a struct passed by value, what
-it left there: PyTorch's TensorIterator kernels take offset calculators of ``MAX_DIMS`` slots of which
-only the tensor's rank are set (aten/src/ATen/cuda/detail/OffsetCalculator.cuh), the rest being what the
-host stack held. Those words differ at every token without being values. The launcher of a PyTorch
-kernel is an operator, and an operator's kernels are a function of its host arguments (the sizes,
-strides, dtypes and storage offsets of its tensors, its scalars, the values of the CPU tensors it reads
-on the host) and of device memory. So the op log keeps, per operator call, a key of those host
-arguments (data pointers left out: addresses are placed by the allocations), the storage ranges of its
-CUDA tensors, and a short text; :class:`~ds4lab.trace.arguments.ArgumentCapture` tags each launch with
-the innermost operator call around it. The audit (:mod:`ds4lab.audit.frozen`) then tells a word an
-operator set from host arguments that changed (a frozen value, named with the operator and the
-argument) from one no host argument of the operator explains (set by nobody, read by nobody).
-
-It also keeps every copy between a CPU tensor that is not pinned and a CUDA tensor
-(:data:`COPY_OPS`): PyTorch refuses those while a stream captures ("Cannot copy between CPU and CUDA
-tensors during CUDA graph capture unless the CPU tensor is pinned": aten/src/ATen/native/cuda/Copy.cu,
-``copy_kernel_cuda``), a 0-dim source included, where CUDA itself would capture the copy as a memcpy
-node. (``torch.tensor(data, device="cuda")`` copies below the dispatcher, where no mode sees it: the
-audit finds that one by its CUDA copy, :func:`ds4lab.audit.frozen.compare`.)
-
-Beside the key, each call keeps the numbers its host arguments hold (``vals``: scalars, small CPU
-tensors' values, each tensor's sizes, strides, element count and storage offset, labelled by the schema's
-argument names), so that the audit can say which of them a kernel's word follows from token to token
-(evidence that the word is a value of the step) and which words follow none.
-
-The log is a ``TorchDispatchMode`` (``torch.utils._python_dispatch``), entered on the thread that
-enters the argument pass, so it sees the operators that thread runs below autograd. It costs Python at
-every operator call, so the call keeps only what it reads (:func:`_read`: attributes of the tensors,
-the values of small CPU tensors, the stack of the rare pageable copy) and the digest, text and numbers
-are made after the pass (:attr:`OpLog.ops`); it runs in the argument pass only, never in timed tokens.
-"""
+"""What PyTorch's dispatcher saw during an argument pass (a ``TorchDispatchMode`` on the pass's thread): every operator
+call, a key of its host arguments (data pointers left out), its CUDA tensors' storage ranges, the numbers its host
+arguments hold (``vals``), which kernel launches it made (tagged by
+:class:`~ds4lab.trace.arguments.ArgumentCapture`), and every copy between an unpinned CPU tensor and a CUDA tensor
+(:data:`COPY_OPS`: PyTorch refuses those under capture, ``aten/src/ATen/native/cuda/Copy.cu``). The audit
+(:mod:`ds4lab.audit.frozen`) uses it to tell a word an operator set from host arguments that changed from one
+nothing explains (TensorIterator's unset offset-calculator slots, ``OffsetCalculator.cuh``). The call keeps only
+what it reads (:func:`_read`); digest, text and numbers are made after the pass (:attr:`OpLog.ops`). Why and what it
+costs: ``docs/audit-arguments.md``, "The operator log"."""
 
 from __future__ import annotations
 
@@ -63,8 +38,8 @@ WRITE_ONLY_SELF = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten:
 
 
 def _written(func) -> set:
-    """Names and positions of the arguments an operator only writes (an ``out=`` argument, the ``self``
-    of :data:`WRITE_ONLY_SELF`): their prior values are no input, and stay out of the key."""
+    """Names and positions of the arguments an operator only writes (an ``out=`` argument, the ``self`` of
+    :data:`WRITE_ONLY_SELF`): their prior values are no input, and stay out of the key."""
     sch = getattr(func, "_schema", None)
     if sch is None:
         return set()
@@ -78,10 +53,10 @@ def _written(func) -> set:
 
 
 def _read(torch, x, written: bool):
-    """One argument as the hot path keeps it: a tensor as ``(TENSOR, device type, dtype, sizes, strides,
-    storage offset, storage start, storage bytes, values, pinned)`` (``values``: a CPU tensor's, read now,
-    None when written or larger than :data:`CPU_VALUES_MAX`, ``OPAQUE`` when larger), a list or tuple as
-    a tuple of its items read alike, a dict as ``(DICT, ((key, item), ...))``, anything else as it is."""
+    """One argument as the hot path keeps it: a tensor as ``(TENSOR, device type, dtype, sizes, strides, storage
+    offset, storage start, storage bytes, values, pinned)`` (``values``: a CPU tensor's, read now, None when written
+    or larger than :data:`CPU_VALUES_MAX`, ``OPAQUE`` when larger), a list or tuple as a tuple of its items read
+    alike, a dict as ``(DICT, ((key, item), ...))``, anything else as it is."""
     if isinstance(x, torch.Tensor):
         dev = x.device.type
         try:
@@ -111,14 +86,14 @@ TRACKED_VALUES_MAX = 16
 
 
 def describe(raw, names=()):
-    """``{"key", "text", "spans", "cpu", "opaque", "vals"}`` of one operator call from what the hot path
-    read (:func:`_read` of each argument, ``raw``: ``[(position or keyword, record, written)]``; ``names``:
-    the schema's argument names): ``key`` a digest of its host arguments (no data pointers), ``text`` a
-    short rendering, ``spans`` ``[[start, nbytes]]`` of the storages of its CUDA tensors, ``cpu`` ``[[dim,
-    numel, pinned]]`` of its CPU tensors, ``opaque`` whether a CPU tensor too large to key was among them,
-    ``vals`` ``[[label, number]]``: the numbers the host gives the operator (its scalars, the values of small
-    CPU tensors, each tensor's sizes, strides, element count and storage offset), labelled by argument
-    name (``other``, ``self.size1``, ``end``), for telling which of them a kernel's word tracks."""
+    """``{"key", "text", "spans", "cpu", "opaque", "vals"}`` of one operator call from what the hot path read
+    (:func:`_read` of each argument, ``raw``: ``[(position or keyword, record, written)]``; ``names``: the schema's
+    argument names): ``key`` a digest of its host arguments (no data pointers), ``text`` a short rendering,
+    ``spans`` ``[[start, nbytes]]`` of the storages of its CUDA tensors, ``cpu`` ``[[dim, numel, pinned]]`` of its
+    CPU tensors, ``opaque`` whether a CPU tensor too large to key was among them, ``vals`` ``[[label, number]]``:
+    the numbers the host gives the operator (its scalars, the values of small CPU tensors, each tensor's sizes,
+    strides, element count and storage offset), labelled by argument name (``other``, ``self.size1``, ``end``), for
+    telling which of them a kernel's word tracks."""
     h = hashlib.blake2b(digest_size=8)
     spans, cpu, parts, vals = [], [], [], []
     opaque = False
@@ -196,14 +171,13 @@ def _number(x):
 
 
 class OpLog:
-    """The op log of one argument pass (module docstring). ``start()`` enters the dispatch mode on this
-    thread, ``stop()`` leaves it; :meth:`current` is the innermost operator call open on the calling
-    thread (an index into :attr:`ops`, or None). The hot path (each operator call) keeps what it reads
-    raw (:func:`_read`: no digest, no text); :attr:`ops` makes, once the pass has stopped, per call
-    ``{"name", "key", "text", "spans", "cpu", "opaque", "vals", "t_ns", "copy"}`` (:func:`describe`;
-    ``copy``: ``{"dim", "numel", "direction", "stack"}`` for a copy between a CPU tensor that is not pinned
-    and a CUDA tensor, the Python stack at it). ``clock``: the records' clock (``cuptiGetTimestamp``),
-    for placing a copy in a token."""
+    """The op log of one argument pass (module docstring). ``start()`` enters the dispatch mode on this thread,
+    ``stop()`` leaves it; :meth:`current` is the innermost operator call open on the calling thread (an index into
+    :attr:`ops`, or None). The hot path (each operator call) keeps what it reads raw (:func:`_read`: no digest, no
+    text); :attr:`ops` makes, once the pass has stopped, per call ``{"name", "key", "text", "spans", "cpu",
+    "opaque", "vals", "t_ns", "copy"}`` (:func:`describe`; ``copy``: ``{"dim", "numel", "direction", "stack"}`` for
+    a copy between a CPU tensor that is not pinned and a CUDA tensor, the Python stack at it). ``clock``: the
+    records' clock (``cuptiGetTimestamp``), for placing a copy in a token."""
 
     def __init__(self, torch_module, clock) -> None:
         self.torch = torch_module
@@ -296,8 +270,8 @@ class OpLog:
         return out
 
     def _copy(self, rec, base: str, args, raw) -> None:
-        """Mark a copy between a CPU tensor that is not pinned and a CUDA tensor (:data:`COPY_OPS`), with
-        the Python stack at it (the rare case: taken now)."""
+        """Mark a copy between a CPU tensor that is not pinned and a CUDA tensor (:data:`COPY_OPS`), with the Python
+        stack at it (the rare case: taken now)."""
         tensors = [x for x in _flat(raw) if x[1] in ("cpu", "cuda")]
         if not any(x[1] == "cuda" for x in tensors):
             return
@@ -335,8 +309,8 @@ def _flat(raw):
 
 
 def _cpu_is_source(torch, base: str, args) -> bool:
-    """Whether the CPU tensor is the copy's source: ``copy_(self, src)``'s ``src``, ``_to_copy(self)``'s
-    ``self``, ``_copy_from(self, dst)``'s ``self``."""
+    """Whether the CPU tensor is the copy's source: ``copy_(self, src)``'s ``src``, ``_to_copy(self)``'s ``self``,
+    ``_copy_from(self, dst)``'s ``self``."""
     t = args[1] if base == "aten::copy_" and len(args) > 1 else (args[0] if args else None)
     return isinstance(t, torch.Tensor) and t.device.type == "cpu"
 

@@ -1,10 +1,9 @@
 """The profiling modes, one class each behind :class:`~.base.ProfilingMode`, and the factory.
 
-The mode table (what each mode does, and why) is the package's docstring (:mod:`ds4lab.moeprof`).
-Adding a mode: a :class:`~.base.ProfilingMode` subclass in its own module here (its ``name`` and
-class attributes, :meth:`~.base.ProfilingMode.instrument` and its rows), then one entry in
-:data:`MODE_CLASSES`; :data:`MODES` and :data:`STAGE_MODES` follow from it.
-"""
+The mode table (what each mode does, and why) is the package's docstring (:mod:`ds4lab.moeprof`). Adding a mode: a
+:class:`~.base.ProfilingMode` subclass in its own module here (its ``name`` and class attributes,
+:meth:`~.base.ProfilingMode.instrument` and its rows), then one entry in :data:`MODE_CLASSES`; :data:`MODES` and
+:data:`STAGE_MODES` follow from it."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ FALLBACKS: dict[str, type[ProfilingMode]] = {"in-graph": InGraph, "deferred": De
 
 
 def check_mode(name: str, fallback: str | bool | None = None) -> None:
-    """Raises ValueError for a mode ``name`` not in :data:`MODES`, or a ``fallback`` that is neither
-    None, False nor a key of :data:`FALLBACKS` (the messages name the choices)."""
+    """Raises ValueError for a mode ``name`` not in :data:`MODES`, or a ``fallback`` that is neither None, False nor a
+    key of :data:`FALLBACKS` (the messages name the choices)."""
     if name not in MODE_CLASSES:
         raise ValueError(f"unknown profiling mode {name!r}; choose one of: {', '.join(MODES)}")
     if fallback not in (False, None, *FALLBACKS):
@@ -37,9 +36,9 @@ def check_mode(name: str, fallback: str | bool | None = None) -> None:
 
 def make_mode(prof, name: str, *, guard: bool = True, fallback: str | None = None,
               slots: int | None = None) -> ProfilingMode:
-    """The mode object for profiler ``prof``: ``name`` from :data:`MODES`; ``fallback`` (a key of
-    :data:`FALLBACKS` or None) is built only for a mode that accepts one. Raises ValueError for an
-    unknown name or fallback (:func:`check_mode`)."""
+    """The mode object for profiler ``prof``: ``name`` from :data:`MODES`; ``fallback`` (a key of :data:`FALLBACKS` or
+    None) is built only for a mode that accepts one. Raises ValueError for an unknown name or fallback
+    (:func:`check_mode`)."""
     check_mode(name, fallback)
     cls = MODE_CLASSES[name]
     fb = FALLBACKS[fallback].as_fallback(prof, slots=slots) if (fallback and cls.accepts_fallback) else None
@@ -47,8 +46,8 @@ def make_mode(prof, name: str, *, guard: bool = True, fallback: str | None = Non
 
 
 def auto_regime(name: str) -> str:
-    """The regime ``regime="auto"`` means for mode ``name`` (``eager`` for an unknown name: the
-    profiler refuses it later)."""
+    """The regime ``regime="auto"`` means for mode ``name`` (``eager`` for an unknown name: the profiler refuses it
+    later)."""
     cls = MODE_CLASSES.get(name)
     return cls.auto_regime if cls is not None else "eager"
 

@@ -1,24 +1,21 @@
 """The one interface every profiling mode implements: instrument a routed-MoE call, read back rows.
 
-A mode works for one :class:`~ds4lab.moeprof.MoeProfiler` (``self.prof``), which owns what all modes
-share: attaching to the model, the capture-status queries, the calls waiting to be read, the
-errors, and the rows' common columns (``prof.table``, a :class:`~ds4lab.moeprof.rows.RowBuilder`).
-The profiler calls, in this order:
+A mode works for one :class:`~ds4lab.moeprof.MoeProfiler` (``self.prof``), which owns what all modes share: attaching
+to the model, the capture-status queries, the calls waiting to be read, the errors, and the rows' common columns
+(``prof.table``, a :class:`~ds4lab.moeprof.rows.RowBuilder`). The profiler calls, in this order:
 
 1. :meth:`~ProfilingMode.allocate` at attach (outside any capture), then :meth:`~ProfilingMode.start`;
 2. per token :meth:`~ProfilingMode.begin_step`;
-3. per ``moe`` cluster run :meth:`~ProfilingMode.open_bracket` / :meth:`~ProfilingMode.close_bracket`
-   around it, and per routed-MoE call within it :meth:`~ProfilingMode.instrument`, which returns a
-   :class:`~ds4lab.moeprof.rows.Probe` whose ``points`` the model fires at its 7 profiling points,
-   then the probe's own mode's :meth:`~ProfilingMode.after_call`;
-4. per read (after the token, the stream synchronized) :meth:`~ProfilingMode.read`, which returns the
-   rows of the calls (:meth:`~ProfilingMode.collect` once, then :meth:`~ProfilingMode.rows` per call);
+3. per ``moe`` cluster run :meth:`~ProfilingMode.open_bracket` / :meth:`~ProfilingMode.close_bracket` around it, and
+   per routed-MoE call within it :meth:`~ProfilingMode.instrument`, which returns a :class:`~ds4lab.moeprof.rows.Probe`
+   whose ``points`` the model fires at its 7 profiling points, then the probe's own mode's
+   :meth:`~ProfilingMode.after_call`;
+4. per read (after the token, the stream synchronized) :meth:`~ProfilingMode.read`, which returns the rows of the calls
+   (:meth:`~ProfilingMode.collect` once, then :meth:`~ProfilingMode.rows` per call);
 5. :meth:`~ProfilingMode.stop` at detach.
 
-A mode may hand a call to another mode (``host-timed`` under capture, with a fallback): the probe
-names the mode that placed it (``probe.mode``), and that mode reads it back
-(:meth:`~ProfilingMode.probe_rows`).
-"""
+A mode may hand a call to another mode (``host-timed`` under capture, with a fallback): the probe names the mode that
+placed it (``probe.mode``), and that mode reads it back (:meth:`~ProfilingMode.probe_rows`)."""
 
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ class ProfilingMode:
         accepts_fallback: takes a fallback mode for calls it refuses (``host-timed``).
         sim_prices: the regimes (``eager``, ``replayed``) in which the sim's cost model prices what the
             mode costs a token; in the others its cost on the sim is "not modeled", never a measurement.
-        sim_leaves_out: what the sim does not price where ``sim_prices`` leaves a regime out.
-    """
+        sim_leaves_out: what the sim does not price where ``sim_prices`` leaves a regime out."""
 
     name: ClassVar[str] = ""
     per_stage: ClassVar[bool] = True
@@ -92,16 +88,16 @@ class ProfilingMode:
 
     # ------------------------------------------------------------------ the moe cluster and its call
     def open_bracket(self, status: str) -> tuple[tuple | None, str]:
-        """Before a ``moe`` cluster run (eager, capture or replay) with the stream's capture ``status``:
-        ``(bracket, note)``; a bracket that is not None is closed with :meth:`close_bracket`."""
+        """Before a ``moe`` cluster run (eager, capture or replay) with the stream's capture ``status``: ``(bracket,
+        note)``; a bracket that is not None is closed with :meth:`close_bracket`."""
         return None, ""
 
     def close_bracket(self, bracket: tuple) -> None:
         """After the cluster run that :meth:`open_bracket` bracketed (even when it raised)."""
 
     def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
-        """The profiling points of one routed-MoE call of ``layer`` for ``T`` tokens, issued with the
-        stream's capture ``status`` (``phase``: ``eager`` or ``capture``). May raise before the call
+        """The profiling points of one routed-MoE call of ``layer`` for ``T`` tokens, issued with the stream's capture
+        ``status`` (``phase``: ``eager`` or ``capture``). May raise before the call
         (:class:`~ds4lab.moeprof.ProfilerCaptureError`, or RuntimeError when out of slots)."""
         return Probe("none", layer, T, phase, mode=self)
 

@@ -1,9 +1,8 @@
 """``cupti``: per-kernel activity records, attributed to stages by kernel name and to calls by order.
 
-The records come from a trace source (:func:`ds4lab.trace.live.trace_source`): CUPTI activity
-records on a GPU (``cupti-python``, imported lazily; "unavailable: <reason>" when it is missing),
-the modeled timeline on ``sim``. Nothing is placed in the routed MoE itself.
-"""
+The records come from a trace source (:func:`ds4lab.trace.live.trace_source`): CUPTI activity records on a GPU
+(``cupti-python``, imported lazily; "unavailable: <reason>" when it is missing), the modeled timeline on ``sim``.
+Nothing is placed in the routed MoE itself."""
 
 from __future__ import annotations
 
@@ -16,10 +15,9 @@ from .base import ProfilingMode
 class Cupti(ProfilingMode):
     """Kernel records split into MoE calls at each ``xq_quantize`` (:func:`~ds4lab.moeprof.record_stage`).
 
-    Rows: per stage the kernels' busy time (ms), ``total`` first start to last end; NaN with a note
-    when the trace is unavailable or a call has no records (a captured call ran nothing). A mismatch
-    between record groups and executed calls is noted in the profiler's ``notes``.
-    """
+    Rows: per stage the kernels' busy time (ms), ``total`` first start to last end; NaN with a note when the trace is
+    unavailable or a call has no records (a captured call ran nothing). A mismatch between record groups and executed
+    calls is noted in the profiler's ``notes``."""
 
     name = "cupti"
     sim_prices = ()

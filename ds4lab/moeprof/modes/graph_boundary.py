@@ -1,9 +1,7 @@
 """``graph-boundary``: two events between graph launches bracket each ``moe`` cluster run.
 
-The MoE cluster is captured and replayed through a :class:`~ds4lab.capture.cache.GraphCache`; the events
-are recorded outside the graph (never while the stream captures), so each replay is timed as a
-whole: ``total`` only, no stages.
-"""
+The MoE cluster is captured and replayed through a :class:`~ds4lab.capture.cache.GraphCache`; the events are recorded
+outside the graph (never while the stream captures), so each replay is timed as a whole: ``total`` only, no stages."""
 
 from __future__ import annotations
 
@@ -15,10 +13,9 @@ from .base import ProfilingMode
 class GraphBoundary(ProfilingMode):
     """A pool of ``(start, end)`` event pairs recorded around each cluster run; ``total`` rows.
 
-    Rows: one ``total`` row per call (ms between the pair); NaN with a note when the stream was
-    capturing (no pair recorded) and, unless ``raw``, for the capturing call (its time includes
-    capture and instantiation). A failed read is recorded in the profiler's ``errors``.
-    """
+    Rows: one ``total`` row per call (ms between the pair); NaN with a note when the stream was capturing (no pair
+    recorded) and, unless ``raw``, for the capturing call (its time includes capture and instantiation). A failed read
+    is recorded in the profiler's ``errors``."""
 
     name = "graph-boundary"
     per_stage = False

@@ -1,14 +1,12 @@
 """``host-timed``: ds4's own profile, guarded against stream capture.
 
-ds4 (``DS4_CUDA_MOE_PROFILE``) records seven CUDA events around the six stages, waits on the last
-with ``cudaEventSynchronize`` and reads the elapsed times on the host, every call
-(``shared/context/ds4-decode.md``, "The routed MoE kernel sequence and its profile"). The model does
-exactly that with ``TokenOptions(moe_profile=True, moe_host_timed=True)`` and logs one entry per call
-(``model.moe_profile_log``), which this mode turns into rows. Inside a capture the synchronize fails
-with ``cudaErrorCapturedEvent`` and invalidates the capture (measured on the H200:
-``docs/measurements/h200-2026-11-29/conformance-cupy.json``, ``event_sync_captured``), so the guard
-refuses first; with a fallback it hands that call to another mode instead.
-"""
+ds4 (``DS4_CUDA_MOE_PROFILE``) records seven CUDA events around the six stages, waits on the last with
+``cudaEventSynchronize`` and reads the elapsed times on the host, every call (``shared/context/ds4-decode.md``, "The
+routed MoE kernel sequence and its profile"). The model does exactly that with ``TokenOptions(moe_profile=True,
+moe_host_timed=True)`` and logs one entry per call (``model.moe_profile_log``), which this mode turns into rows. Inside
+a capture the synchronize fails with ``cudaErrorCapturedEvent`` and invalidates the capture (measured on the H200:
+``docs/measurements/h200-2026-11-29/conformance-cupy.json``, ``event_sync_captured``), so the guard refuses first; with
+a fallback it hands that call to another mode instead."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from .base import ProfilingMode
 class ProfilerCaptureError(RuntimeApiError):
     """Host-timed MoE profiling was asked for while the stream captures (the guard refused it).
 
-    A :class:`~ds4lab.errors.RuntimeApiError`, so a :class:`~ds4lab.capture.cache.GraphCache` treats it as
-    a failed capture: it ends the (still intact) capture, retires the graph and runs eagerly.
-    """
+    A :class:`~ds4lab.errors.RuntimeApiError`, so a :class:`~ds4lab.capture.cache.GraphCache` treats it as a failed
+    capture: it ends the (still intact) capture, retires the graph and runs eagerly."""
 
     NAME = "ds4lab:HostTimedProfileInCapture"
 
@@ -47,12 +44,11 @@ class HostTimed(ProfilingMode):
 
     Args:
         prof: the profiler.
-        guard: refuse while the stream captures (any status but ``none``, an invalidated capture and
-            a failed status query included) with :class:`ProfilerCaptureError`, before any
-            synchronize. ``False`` runs ds4's path as is (CUDA then breaks the capture).
-        fallback: the mode a refused call is handed to (in-graph or deferred, built as a fallback),
-            with a ``RuntimeWarning`` once per profiler and a note on the call's rows; None: refuse.
-    """
+        guard: refuse while the stream captures (any status but ``none``, an invalidated capture and a failed status
+            query included) with :class:`ProfilerCaptureError`, before any synchronize. ``False`` runs ds4's path as is
+            (CUDA then breaks the capture).
+        fallback: the mode a refused call is handed to (in-graph or deferred, built as a fallback), with a
+            ``RuntimeWarning`` once per profiler and a note on the call's rows; None: refuse."""
 
     name = "host-timed"
     host_timed = True
@@ -91,8 +87,8 @@ class HostTimed(ProfilingMode):
             f.begin_step()
 
     def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
-        """The model's own host-timed path; under capture the guard refuses (recording the error), or
-        the fallback instruments the call."""
+        """The model's own host-timed path; under capture the guard refuses (recording the error), or the fallback
+        instruments the call."""
         if status != "none" and self.guard:
             prof = self.prof
             if self.fallback is None:

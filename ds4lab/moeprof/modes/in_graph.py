@@ -2,27 +2,23 @@
 
 Two ways (``fold``):
 
-* **folded** (the default): each stage's first kernel writes its boundary itself: thread 0 of
-  block (0, 0) stores ``%globaltimer`` into the slot as its first instruction
-  (``kernels/moe.cu:moe_stamp``, the stage kernels' ``stamp`` argument), so the points before
-  ``xq``, ``gateup``, ``midq``, ``down`` and ``sum`` (and ``sort`` at one token, where the sort
-  stage is empty and its two points fall on the ``gateup`` kernel) add no graph node; the points
-  that no stage kernel follows (``end``, and ``sort`` before the counts clear at more than one
-  token) launch the one-thread stamp kernel. One stamp node per decode call instead of seven.
-  A stage then reads from its first kernel's start to the next stage's first kernel's start:
-  its kernels and the gaps between them, no stamp kernel; ``sum`` ends at the ``end`` stamp
-  kernel's start.
-* **fired** (``fold=False``, as before): a stamp kernel (``kernels/timestamp.cu:stamp_time``) at
-  each of the 7 points; every stage includes one stamp kernel (about 1 µs on the H200).
+* **folded** (the default): each stage's first kernel writes its boundary itself: thread 0 of block (0, 0) stores
+  ``%globaltimer`` into the slot as its first instruction (``kernels/moe.cu:moe_stamp``, the stage kernels' ``stamp``
+  argument), so the points before ``xq``, ``gateup``, ``midq``, ``down`` and ``sum`` (and ``sort`` at one token, where
+  the sort stage is empty and its two points fall on the ``gateup`` kernel) add no graph node; the points that no stage
+  kernel follows (``end``, and ``sort`` before the counts clear at more than one token) launch the one-thread stamp
+  kernel. One stamp node per decode call instead of seven. A stage then reads from its first kernel's start to the next
+  stage's first kernel's start: its kernels and the gaps between them, no stamp kernel; ``sum`` ends at the ``end``
+  stamp kernel's start.
+* **fired** (``fold=False``, as before): a stamp kernel (``kernels/timestamp.cu:stamp_time``) at each of the 7 points;
+  every stage includes one stamp kernel (about 1 µs on the H200).
 
-Captured, stamps and stamping kernels are kernel nodes, so every replay writes fresh times; the
-slots are read after the replay. (An event record inside a capture makes no graph node and its
-elapsed time is refused, as measured on the H200; a kernel is what CUDA allows.) ``%globaltimer``
-advances in implementation-defined steps (PTX ISA; 32 ns on the H200,
-:func:`~ds4lab.moeprof.globaltimer_resolution`). On ``sim`` the stamp's reference writes the
-modeled device time at which its kernel starts; a timing-only sim computes nothing, so there the
-stamps are the start times of the kernels that carry them on the modeled timeline.
-"""
+Captured, stamps and stamping kernels are kernel nodes, so every replay writes fresh times; the slots are read after
+the replay. (An event record inside a capture makes no graph node and its elapsed time is refused, as measured on the
+H200; a kernel is what CUDA allows.) ``%globaltimer`` advances in implementation-defined steps (PTX ISA; 32 ns on the
+H200, :func:`~ds4lab.moeprof.globaltimer_resolution`). On ``sim`` the stamp's reference writes the modeled device time
+at which its kernel starts; a timing-only sim computes nothing, so there the stamps are the start times of the kernels
+that carry them on the modeled timeline."""
 
 from __future__ import annotations
 
@@ -36,8 +32,8 @@ from .base import ProfilingMode
 
 
 class Stamp(ProfileMarker):
-    """One profiling point of the in-graph mode: folded into the stage kernel that follows it, or
-    the stamp kernel for one slot. ``carrier``: the kernel that wrote it (set when issued)."""
+    """One profiling point of the in-graph mode: folded into the stage kernel that follows it, or the stamp kernel for
+    one slot. ``carrier``: the kernel that wrote it (set when issued)."""
 
     def __init__(self, mode: "InGraph", slot: int) -> None:
         self.mode, self.slot = mode, slot
@@ -65,14 +61,13 @@ class InGraph(ProfilingMode):
     Args:
         prof: the profiler.
         slots: slot capacity (default: 7 × max(16, 2 × layers)); a key beyond it raises RuntimeError.
-        every_step: clear the slots at every :meth:`begin_step`; as ``host-timed``'s fallback
-            (``False``) only once stamps are in use.
-        fold: the stage kernels write the boundaries they start (one stamp node per call);
-            ``False``: a stamp kernel at every point (seven nodes per call); None: :attr:`FOLD`.
+        every_step: clear the slots at every :meth:`begin_step`; as ``host-timed``'s fallback (``False``) only once
+            stamps are in use.
+        fold: the stage kernels write the boundaries they start (one stamp node per call); ``False``: a stamp kernel at
+            every point (seven nodes per call); None: :attr:`FOLD`.
 
-    Rows: ms per stage (differences of consecutive stamps), ``total`` = last − first; NaN with a
-    note for a call captured (not run yet) or whose slots were not written.
-    """
+    Rows: ms per stage (differences of consecutive stamps), ``total`` = last − first; NaN with a note for a call
+    captured (not run yet) or whose slots were not written."""
 
     name = "in-graph"
     auto_regime = "replayed"
@@ -120,8 +115,8 @@ class InGraph(ProfilingMode):
             prof.be.memset_async(stream, self.slots, 0)
 
     def instrument(self, layer: int, T: int, status: str, phase: str) -> Probe:
-        """7 :class:`Stamp` markers on the slots of the call's ``(layer, T)`` key (the same slots for
-        every call of that key: a replayed graph writes them again). RuntimeError when out of slots."""
+        """7 :class:`Stamp` markers on the slots of the call's ``(layer, T)`` key (the same slots for every call of
+        that key: a replayed graph writes them again). RuntimeError when out of slots."""
         probe = Probe("stamps", layer, T, phase, mode=self, slot=self._slot_base(layer, T))
         probe.points = [Stamp(self, probe.slot + i) for i in range(7)]
         return probe
@@ -138,8 +133,8 @@ class InGraph(ProfilingMode):
         return base
 
     def stamp_ref(self, slot: int):
-        """What the NumPy reference writes for ``slot`` where a GPU writes %globaltimer: on the sim the
-        modeled device time (ns) at which the kernel that carries it starts, elsewhere 0."""
+        """What the NumPy reference writes for ``slot`` where a GPU writes %globaltimer: on the sim the modeled device
+        time (ns) at which the kernel that carries it starts, elsewhere 0."""
         prof = self.prof
         stream = prof.model.L.stream()
         modeled = prof.modeled
@@ -156,8 +151,8 @@ class InGraph(ProfilingMode):
                  nbytes=8)
 
     def _sim_now_us(self, stream) -> float:
-        """When a stamp kernel issued now starts on the modeled device: no earlier than the host's
-        submit time, the stream's previous work and the device's previous kernel (one at a time)."""
+        """When a stamp kernel issued now starts on the modeled device: no earlier than the host's submit time, the
+        stream's previous work and the device's previous kernel (one at a time)."""
         return self.prof.be.modeled_start_us(stream)
 
     def stamp_slots(self):
@@ -174,9 +169,9 @@ class InGraph(ProfilingMode):
             self._host = self._stamps_from_trace(calls, records)
 
     def _stamps_from_trace(self, calls, records) -> np.ndarray:
-        """Timing-only sim (no numbers are computed, so nothing writes the slots): each point's time is
-        the modeled start of the kernel that carried it, found in the trace in issue order (points
-        folded together share their kernel's record)."""
+        """Timing-only sim (no numbers are computed, so nothing writes the slots): each point's time is the modeled
+        start of the kernel that carried it, found in the trace in issue order (points folded together share their
+        kernel's record)."""
         out = np.zeros(self.capacity, dtype=np.float64)
         recs = [(r.name, r.start_ns) for r in (records or [])]
         j = 0

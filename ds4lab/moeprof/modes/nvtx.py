@@ -1,8 +1,7 @@
 """``nvtx``: NVTX ranges per stage (domain ``ds4lab``, category ``profile``) and no timing.
 
-The ranges are host calls: a tool (Nsight Systems) times them; the rows only say what was emitted
-(``ms`` NaN). A graph replay emits none; ranges emitted while capturing mark the capture.
-"""
+The ranges are host calls: a tool (Nsight Systems) times them; the rows only say what was emitted (``ms`` NaN). A graph
+replay emits none; ranges emitted while capturing mark the capture."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ from .base import ProfilingMode
 
 
 class NvtxDomain:
-    """NVTX ranges in the ``ds4lab`` domain, category ``profile``; records why when unavailable
-    (``ok`` False, ``why``: the import error)."""
+    """NVTX ranges in the ``ds4lab`` domain, category ``profile``; records why when unavailable (``ok`` False, ``why``:
+    the import error)."""
 
     def __init__(self) -> None:
         try:
@@ -55,8 +54,8 @@ class NvtxMark(ProfileMarker):
 class Nvtx(ProfilingMode):
     """A range ``moe.<stage>`` (payload: the layer) between consecutive profiling points.
 
-    Rows: NaN for every stage, the note saying how many ranges were emitted per call, or why none
-    (unavailable, replayed) or what they mark (the capture)."""
+    Rows: NaN for every stage, the note saying how many ranges were emitted per call, or why none (unavailable,
+    replayed) or what they mark (the capture)."""
 
     name = "nvtx"
     sim_prices = ()

@@ -1,35 +1,14 @@
-"""Every trace and profile ds4lab reads, in one place: one :func:`detect` (the format from the content,
-never from the name alone) and one reader module per format, each declaring what it yields (``YIELDS``):
-an event table (:mod:`ds4lab.trace.events`, what ``ds4lab audit`` reads: :func:`read_events`) or
-summary tables (tidy tables by name, what ``ds4lab ingest`` writes: :func:`read_tables`).
+"""Every trace and profile ds4lab reads, in one place: one :func:`detect` (the format from the content, never from the
+name alone) and one reader module per format (:data:`READERS`), each declaring its ``FORMATS`` and what it yields
+(``YIELDS``): an event table (:mod:`ds4lab.trace.events`, what ``ds4lab audit`` reads: :func:`read_events`) or
+summary tables (what ``ds4lab ingest`` writes: :func:`read_tables`). The formats and their readers:
+``docs/architecture.md``, "The trace model"; what each takes from its format: ``docs/trace-readers.md``.
 
-================  =====================================================  ===============  ===============
-format            recognised by                                          reader           yields
-================  =====================================================  ===============  ===============
-``nsys-sqlite``   the SQLite magic ``SQLite format 3``                   :mod:`.nsys_sqlite`  events, tables
-``recording``     the saved-table header line (plain or gzip)            :mod:`.saved`    events
-``kineto``        a JSON object with ``traceEvents`` (plain or gzip),     :mod:`.kineto`   events
-                  or a JSON array of events
-``ds4lab-trace``  the same, with ``otherData.ds4lab`` (``ds4lab trace``)  :mod:`.kineto`   events
-``nsys-report``   a raw ``.nsys-rep``/``.qdrep`` (binary)                 :mod:`.nsys_report`  (its export)
-``ds4-log``       text with ``ds4: CUDA MoE profile`` lines (plain or gzip) :mod:`.ds4log`   tables
-``ncu-csv``       text with an ncu CSV header (``"ID","Process ID"``)     :mod:`.ncu`      tables
-                  (plain or gzip)
-``nsys-csv``      text with ``nsys stats`` reports (plain or gzip)        :mod:`.nsys_csv` tables
-``ds4lab-folder`` a folder with a ds4lab ``meta.json``                    :mod:`.folder`   tables
-================  =====================================================  ===============  ===============
-
-A raw ``.nsys-rep`` is exported with ``nsys`` for the event table when ``nsys`` is on PATH (else the
-command to run is named); a raw ``.ncu-rep`` and a ``.qdstrm`` are refused with the command that
-converts them. Several processes or devices in one file stay apart: rows keep their ``pid`` and
-``device``. Readers stream (bounded memory: they hold the table being built, never the file's text) and
-show progress over the file's bytes (or the export's rows).
-
-A malformed input is a :class:`SourceError` (:class:`~ds4lab.errors.BadInput`, exit 2) naming the file
-and where (the line, the event or row, the field and its value). Adding a source is one file here: a
-reader module declaring its ``FORMATS`` and ``YIELDS``, named in :data:`READERS`, with its test in
-:func:`detect`.
-"""
+A raw ``.nsys-rep`` is exported with ``nsys`` where it is on PATH (else the command is named); a raw ``.ncu-rep`` or
+``.qdstrm`` is refused with the command that converts it. Several processes or devices in one file stay apart (``pid``,
+``device``). Readers stream (bounded memory) and show progress. A malformed input is a :class:`SourceError`
+(:class:`~ds4lab.errors.BadInput`, exit 2) naming the file and where (line, event or row, field and value). A new
+source: a reader module here, named in :data:`READERS`, recognised by :func:`detect`."""
 
 from __future__ import annotations
 
@@ -88,16 +67,15 @@ def _what(fmt: str) -> str:
 def detect(path: Path, want: str | None = None) -> str:
     """The format of ``path`` (one of :func:`formats`; module docstring), from its content.
 
-    ``want``: ``"events"`` (the audit) or ``"tables"`` (ingest) words what is expected where the
-    input is none of the formats; it does not change what is detected.
+    ``want``: ``"events"`` (the audit) or ``"tables"`` (ingest) words what is expected where the input is none of the
+    formats; it does not change what is detected.
 
     Raises:
-        SourceError: no such file, an empty or unreadable file, a folder that is not a ds4lab result
-            folder, a ``.qdstrm`` (an unconverted Nsight stream), a raw ``.ncu-rep`` (with the command
-            that exports it), or content that is none of the formats (with a short escaped excerpt);
-            where a saved recording sits beside such a file (:func:`recording_beside`: the outcome
-            ``.json`` of a bundled recording, a recorded run's ``engine.json``), the message names it.
-    """
+        SourceError: no such file, an empty or unreadable file, a folder that is not a ds4lab result folder, a
+            ``.qdstrm`` (an unconverted Nsight stream), a raw ``.ncu-rep`` (with the command that exports it), or
+            content that is none of the formats (with a short escaped excerpt); where a saved recording sits beside
+            such a file (:func:`recording_beside`: the outcome ``.json`` of a bundled recording, a recorded run's
+            ``engine.json``), the message names it."""
     from . import kineto, saved
 
     path = Path(path)
@@ -151,8 +129,7 @@ def detect(path: Path, want: str | None = None) -> str:
 
 
 def _head(path: Path) -> bytes:
-    """The first bytes of the file at ``path`` (decompressed); SourceError for none, an unreadable
-    or an empty one."""
+    """The first bytes of the file at ``path`` (decompressed); SourceError for none, an unreadable or an empty one."""
     what = "no such file" if not path.is_file() else None
     head = b""
     if what is None:
@@ -177,9 +154,9 @@ def _read_block(f, n: int) -> bytes:
 
 
 def _scan(path: Path) -> str | None:
-    """The text format ``path`` holds, by the markers each format has, scanned a block at a time
-    (bounded memory, whatever its size): ds4's profile prefix first (a log is any program's stderr),
-    then ncu's CSV header, then nsys stats' reports."""
+    """The text format ``path`` holds, by the markers each format has, scanned a block at a time (bounded memory,
+    whatever its size): ds4's profile prefix first (a log is any program's stderr), then ncu's CSV header, then nsys
+    stats' reports."""
     from . import ncu, nsys_csv
     from .ds4log import DS4_PREFIX
 
@@ -222,8 +199,8 @@ BESIDE = ("{stem}.csv.gz", "{stem}.csv", "recording.csv.gz")
 
 
 def recording_beside(path: Path) -> Path | None:
-    """The saved recording (:mod:`.saved`) in ``path``'s folder that goes with ``path`` (:data:`BESIDE`,
-    ``stem``: the name before its first dot), or None; named as ``path`` is (relative stays relative)."""
+    """The saved recording (:mod:`.saved`) in ``path``'s folder that goes with ``path`` (:data:`BESIDE`, ``stem``: the
+    name before its first dot), or None; named as ``path`` is (relative stays relative)."""
     from . import saved
 
     path = Path(path)
@@ -251,19 +228,16 @@ def _is_outcome(head: bytes) -> bool:
 
 
 def read_events(path: Path, *, progress=None, console=None):
-    """The event table (:class:`~ds4lab.trace.events.EventTable`) of one trace file (format from
-    :func:`detect`).
+    """The event table (:class:`~ds4lab.trace.events.EventTable`) of one trace file (format from :func:`detect`).
 
-    ``progress``: None, a callable ``progress(done, total)``, or a rich Console (a progress bar);
-    ``console``: where to say that ``nsys export`` runs for a raw report (default: ``progress`` when
-    it is a console).
+    ``progress``: None, a callable ``progress(done, total)``, or a rich Console (a progress bar); ``console``: where to
+    say that ``nsys export`` runs for a raw report (default: ``progress`` when it is a console).
 
     Raises:
-        SourceError: (a :class:`~ds4lab.errors.BadInput`, exit 2) naming the file and what is wrong:
-            not a trace (a format that yields summary tables is named, with the command that reads
-            it), no CUDA activity at all (and what it holds), cut (the byte offset), a malformed event
-            (its field), a raw Nsight report without ``nsys`` on PATH (the export command), unreadable.
-    """
+        SourceError: (a :class:`~ds4lab.errors.BadInput`, exit 2) naming the file and what is wrong: not a trace (a
+            format that yields summary tables is named, with the command that reads it), no CUDA activity at all (and
+            what it holds), cut (the byte offset), a malformed event (its field), a raw Nsight report without ``nsys``
+            on PATH (the export command), unreadable."""
     from . import kineto, nsys_report, nsys_sqlite, saved
 
     path = Path(path)
@@ -286,16 +260,15 @@ def read_events(path: Path, *, progress=None, console=None):
 
 
 def read_tables(path: Path, lenient: bool = False, *, sink=None, progress=None, read_meta=None) -> Ingested:
-    """The summary tables of one input (format from :func:`detect`) as an :class:`Ingested`: ds4 logs and
-    nsys stats CSV streamed (their rows handed to ``sink(table, rows)`` chunk by chunk when given:
-    bounded memory), the other formats read whole. ``progress(n)`` is told of each ``n`` bytes read;
-    ``read_meta``: how a ds4lab folder's ``meta.json`` is read (:func:`.folder.read_ds4lab_folder`).
+    """The summary tables of one input (format from :func:`detect`) as an :class:`Ingested`: ds4 logs and nsys stats
+    CSV streamed (their rows handed to ``sink(table, rows)`` chunk by chunk when given: bounded memory), the other
+    formats read whole. ``progress(n)`` is told of each ``n`` bytes read; ``read_meta``: how a ds4lab folder's
+    ``meta.json`` is read (:func:`.folder.read_ds4lab_folder`).
 
     Raises:
-        SourceError: naming the file and line of a malformed line unless ``lenient``; an input that
-            is not one (a format that yields an event table is named, with the command that reads
-            it), or cannot be read at all, either way.
-    """
+        SourceError: naming the file and line of a malformed line unless ``lenient``; an input that is not one (a
+            format that yields an event table is named, with the command that reads it), or cannot be read at all,
+            either way."""
     from .common import input_size
 
     path = Path(path)

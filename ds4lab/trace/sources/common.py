@@ -1,7 +1,6 @@
-"""What every trace reader shares: the error it raises, the tables a summary reader returns
-(:class:`Ingested`), problem reporting (strict or lenient), progress over bytes, a byte-counting
-reader, streamed lines, an input's content hash, ``meta.json`` reading and number parsing as the
-profilers print numbers."""
+"""What every trace reader shares: the error it raises, the tables a summary reader returns (:class:`Ingested`),
+problem reporting (strict or lenient), progress over bytes, a byte-counting reader, streamed lines, an input's
+content hash, ``meta.json`` reading and number parsing as the profilers print numbers."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ from ...errors import BadInput
 
 
 class SourceError(BadInput):
-    """A trace or profile that cannot be read (exit 2): the message names the file and what is wrong
-    with it (the line, event or row and the field; what it holds instead; the byte where it is cut;
-    the command that converts it)."""
+    """A trace or profile that cannot be read (exit 2): the message names the file and what is wrong with it (the line,
+    event or row and the field; what it holds instead; the byte where it is cut; the command that converts it)."""
 
 
 #: time unit → factor to µs (``nsys stats`` column units; ``ncu`` metric units, long and short)
@@ -34,13 +32,11 @@ TIME_UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "µs": 1.0, "usecond": 1
 
 @dataclass
 class Ingested:
-    """What one input gave: tables by name (tidy DataFrames), the bad lines (lenient mode) and the
-    warnings.
+    """What one input gave: tables by name (tidy DataFrames), the bad lines (lenient mode) and the warnings.
 
-    A reader that streams a large input hands its rows over in chunks (:meth:`emit`): to ``sink``
-    when one is set (``ds4lab ingest`` writes them straight to CSV, so memory stays bounded), else
-    into :attr:`tables` (:meth:`ingest`, tests). ``rows`` counts the rows of each table either way;
-    ``progress(n)`` is told of every ``n`` bytes read.
+    A reader that streams a large input hands its rows over in chunks (:meth:`emit`): to ``sink`` when one is set
+    (``ds4lab ingest`` writes them straight to CSV, so memory stays bounded), else into :attr:`tables` (:meth:`ingest`,
+    tests). ``rows`` counts the rows of each table either way; ``progress(n)`` is told of every ``n`` bytes read.
     """
 
     path: Path
@@ -53,8 +49,8 @@ class Ingested:
     progress: Callable[[int], None] | None = None
 
     def emit(self, table: str, df) -> None:
-        """Hand over rows of ``table`` (a DataFrame, or a :class:`RowBlock`): to :attr:`sink`, or
-        appended to :attr:`tables`."""
+        """Hand over rows of ``table`` (a DataFrame, or a :class:`RowBlock`): to :attr:`sink`, or appended to
+        :attr:`tables`."""
         if len(df) == 0:
             return
         self.rows[table] = self.rows.get(table, 0) + len(df)
@@ -83,9 +79,9 @@ class Ingested:
 
 @dataclass
 class RowBlock:
-    """Rows of one table as tuples in ``columns`` order, handed over without a DataFrame: the CSV
-    writer takes them as they are (a streamed log's chunk writes several times faster so). Values:
-    numbers, text, booleans; ``""`` for an empty cell (as pandas writes a missing value)."""
+    """Rows of one table as tuples in ``columns`` order, handed over without a DataFrame: the CSV writer takes them as
+    they are (a streamed log's chunk writes several times faster so). Values: numbers, text, booleans; ``""`` for an
+    empty cell (as pandas writes a missing value)."""
 
     columns: tuple
     rows: list
@@ -108,14 +104,13 @@ def is_gzip(path: Path) -> bool:
 
 
 def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
-    """``(line number, text)`` of every line of ``path`` (a gzip file decompressed as it is read),
-    streamed (bounded memory), decoded as UTF-8 with undecodable bytes replaced, line ends removed;
-    progress told to ``res`` every ``report_every`` bytes of the file and at the end. A cut-off last
-    line is for the caller to check (:func:`ends_with_newline`).
+    """``(line number, text)`` of every line of ``path`` (a gzip file decompressed as it is read), streamed (bounded
+    memory), decoded as UTF-8 with undecodable bytes replaced, line ends removed; progress told to ``res`` every
+    ``report_every`` bytes of the file and at the end. A cut-off last line is for the caller to check
+    (:func:`ends_with_newline`).
 
     Raises:
-        SourceError: a gzip stream that ends early or is damaged (naming the file and the line reached).
-    """
+        SourceError: a gzip stream that ends early or is damaged (naming the file and the line reached)."""
     import gzip
 
     pending = 0
@@ -140,10 +135,10 @@ def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
 
 
 def ends_with_newline(path: Path) -> bool:
-    """Whether the file's last byte is a newline (an empty file counts as ending well), of its
-    decompressed text for a gzip file (a stream that ends early: False). Every tool ds4lab reads
-    (nsys stats, ncu, ds4, pandas) ends its output with one: a file without it was cut off (a full
-    disk, an interrupted copy), and its last line may be a partial row."""
+    """Whether the file's last byte is a newline (an empty file counts as ending well), of its decompressed text for a
+    gzip file (a stream that ends early: False). Every tool ds4lab reads (nsys stats, ncu, ds4, pandas) ends its
+    output with one: a file without it was cut off (a full disk, an interrupted copy), and its last line may be a
+    partial row."""
     import gzip
 
     if is_gzip(path):
@@ -164,9 +159,8 @@ def ends_with_newline(path: Path) -> bool:
 
 
 def content_sha256(path: Path) -> str:
-    """SHA-256 of an input's content, streamed: a file's bytes; for a folder, its files (names
-    relative to it, sorted, and bytes; sub-folders included). Two inputs with the same hash hold
-    the same data, whatever their paths."""
+    """SHA-256 of an input's content, streamed: a file's bytes; for a folder, its files (names relative to it, sorted,
+    and bytes; sub-folders included). Two inputs with the same hash hold the same data, whatever their paths."""
     h = hashlib.sha256()
     path = Path(path)
     if path.is_dir():
@@ -183,14 +177,13 @@ def content_sha256(path: Path) -> str:
 
 
 def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
-    """Each input once, by path and by content (:func:`content_sha256`: an identical copy under
-    another name counts as the same input). Returns ``[(path, sha256)]`` in order.
+    """Each input once, by path and by content (:func:`content_sha256`: an identical copy under another name counts as
+    the same input). Returns ``[(path, sha256)]`` in order.
 
     Raises:
         ``error`` (an exception class, e.g. :class:`SourceError`): naming the input given twice
         and both its names, plus ``twice`` (why that is wrong); an input that does not exist or
-        cannot be read.
-    """
+        cannot be read."""
     seen: dict[Path, Path] = {}
     for p in map(Path, paths):
         key = p.resolve()
@@ -215,10 +208,10 @@ def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
 
 
 def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
-    """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab
-    write them) whose field count differs from the header's, and for a last line cut off (no final
-    newline: :func:`ends_with_newline`; said instead of its field count); at most ``limit``.
-    Streamed. A cut-off table would otherwise be read with its half row filled in as empty cells."""
+    """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab write them) whose
+    field count differs from the header's, and for a last line cut off (no final newline: :func:`ends_with_newline`;
+    said instead of its field count); at most ``limit``. Streamed. A cut-off table would otherwise be read with its
+    half row filled in as empty cells."""
     import csv
 
     out: list[tuple[int, str]] = []
@@ -260,8 +253,8 @@ _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool
 
 
 def load_meta(f: Path) -> dict:
-    """A ds4lab ``meta.json`` as a dict. Raises SourceError naming the file (and the line of a JSON
-    syntax error) when it cannot be read, is not JSON, or is not a JSON object."""
+    """A ds4lab ``meta.json`` as a dict. Raises SourceError naming the file (and the line of a JSON syntax error) when
+    it cannot be read, is not JSON, or is not a JSON object."""
     f = Path(f)
     try:
         text = f.read_text(encoding="utf-8")
@@ -280,8 +273,8 @@ def load_meta(f: Path) -> dict:
 
 
 def check_out_dir(out: Path) -> None:
-    """Raise IngestError unless ``out`` is, or can be made, a writable folder (an existing file at
-    ``out`` or above it, or a read-only parent, is named). Creates nothing."""
+    """Raise IngestError unless ``out`` is, or can be made, a writable folder (an existing file at ``out`` or above it,
+    or a read-only parent, is named). Creates nothing."""
     out = Path(out)
     for q in (out, *out.parents):
         if q.is_dir():
@@ -296,16 +289,16 @@ def check_out_dir(out: Path) -> None:
 
 
 def problem(res: Ingested, lenient: bool, line: int, why: str, text: str = "") -> None:
-    """Report one bad line of ``res.path``: raise :class:`SourceError` (``file:line: why: 'text'``)
-    unless ``lenient``, else append it to ``res.problems`` (the rows read so far are kept)."""
+    """Report one bad line of ``res.path``: raise :class:`SourceError` (``file:line: why: 'text'``) unless ``lenient``,
+    else append it to ``res.problems`` (the rows read so far are kept)."""
     if not lenient:
         raise SourceError(f"{res.path}:{line}: {why}" + (f": {text.strip()[:120]!r}" if text else ""))
     res.problems.append({"file": str(res.path), "line": line, "problem": why, "text": text.strip()[:200]})
 
 
 def num(cell) -> float:
-    """A number as nsys and ncu print it: plain, quoted, with thousands separators (``1,234.5``,
-    narrow no-break spaces). Raises ValueError for anything else (``n/a``, text, empty)."""
+    """A number as nsys and ncu print it: plain, quoted, with thousands separators (``1,234.5``, narrow no-break
+    spaces). Raises ValueError for anything else (``n/a``, text, empty)."""
     c = str(cell).strip().strip('"').replace(",", "").replace("\u202f", "").replace(" ", "")
     return float(c)
 
@@ -318,8 +311,8 @@ def finite_nonneg(v: float) -> str | None:
 
 
 def snake(text: str) -> str:
-    """A column header as a tidy column name: ``Total Time`` → ``total_time``, ``Time (%)`` →
-    ``time_pct``, ``Reg/Trd`` → ``reg_trd``."""
+    """A column header as a tidy column name: ``Total Time`` → ``total_time``, ``Time (%)`` → ``time_pct``, ``Reg/Trd``
+    → ``reg_trd``."""
     t = text.strip().replace("(%)", " pct").replace("%", " pct")
     t = re.sub(r"[^0-9A-Za-z]+", "_", t).strip("_").lower()
     return t or "column"
@@ -328,9 +321,9 @@ def snake(text: str) -> str:
 class Progress:
     """Progress of a reader over ``total`` units (bytes or rows), shown on ``target``.
 
-    ``target`` is None (nothing shown), a callable ``target(done, total)``, or a rich Console (a bar
-    through :class:`ds4lab.progress.JobProgress`, redrawn at most every 0.2 s). Use as a context
-    manager; :meth:`to` reports the units done so far (cheap when nothing is due)."""
+    ``target`` is None (nothing shown), a callable ``target(done, total)``, or a rich Console (a bar through
+    :class:`ds4lab.progress.JobProgress`, redrawn at most every 0.2 s). Use as a context manager; :meth:`to` reports
+    the units done so far (cheap when nothing is due)."""
 
     def __init__(self, target, description: str, total: int) -> None:
         self.target = target
@@ -376,9 +369,9 @@ class Progress:
 
 
 class CountingReader:
-    """A binary file-like object over ``raw`` that counts the bytes read through it (``count``) and
-    reports them to a :class:`Progress` (``tell`` of ``progress_of``: the compressed offset for a
-    ``.gz`` file, so the bar runs over the file's own size)."""
+    """A binary file-like object over ``raw`` that counts the bytes read through it (``count``) and reports them to a
+    :class:`Progress` (``tell`` of ``progress_of``: the compressed offset for a ``.gz`` file, so the bar runs over
+    the file's own size)."""
 
     def __init__(self, raw, progress: Progress | None = None, progress_of=None) -> None:
         self.raw = raw

@@ -1,35 +1,25 @@
-"""ds4's MoE profile line: its format, its one parser, its validity rules, and a log of such lines read
-into the ``ds4_moe`` table (yields a summary table).
+"""ds4's stderr: the one grammar of its lines and the one reader of its logs (yields summary tables).
 
-ds4 prints one line per routed-MoE call to stderr when ``DS4_CUDA_MOE_PROFILE`` is set
+ds4 prints one MoE profile line per routed-MoE call when ``DS4_CUDA_MOE_PROFILE`` is set
 (``shared/context/ds4-decode.md``, "The routed MoE kernel sequence and its profile")::
 
     ds4: CUDA MoE profile tokens=<n> pairs=<n*6> xq=<ms> sort=<ms> gateup=<ms> midq=<ms> down=<ms> sum=<ms> total=<ms> ms
 
-This module is the one grammar of that line for ds4lab: ``ds4lab moe`` writes it
-(:mod:`ds4lab.moeprof.ds4log`), and ``ds4lab ingest`` reads real logs and ds4lab's own with it
-(:func:`read_ds4_log`).
+and lines on its decode islands and its model load (:func:`ds4_event`). :func:`read_ds4_log` reads a log into tables
+``ds4_moe`` (the profile lines) and ``ds4_events`` (the others); ``ds4lab ingest``, ``ds4lab compare``, the ds4 job
+(:func:`ds4lab.ds4.readout.read_log`) and the MoE profiler (:mod:`ds4lab.moeprof.ds4log`, which also writes the lines)
+all call it.
 
-Grammar (:func:`parse_ds4_line`): the line starts at the ``ds4: CUDA MoE profile`` prefix (text
-before it is ignored: stderr noise) and ends with `` ms`` (trailing whitespace only). ``tokens`` and
-``pairs`` are whole numbers; each stage time is a decimal number (sign, ``.5``, exponent allowed) or
-``nan``/``inf`` with an optional sign: what ``%.3f`` prints in C and in Python for non-finite values.
-``nan`` is how ds4lab writes a stage it could not time, so a line with one parses, and back to NaN:
-the format round-trips.
+Grammar of the profile line (:func:`parse_ds4_line`): it starts at the ``ds4: CUDA MoE profile`` prefix (text before it
+is stderr noise) and ends with `` ms``; ``tokens`` and ``pairs`` are whole numbers; each stage time is a decimal number
+or ``nan``/``inf`` with an optional sign (what ``%.3f`` prints), so the format round-trips. Validity
+(:func:`ds4_line_problem`): ``tokens=0``, a stage time negative or not finite, ``pairs`` not a positive multiple of
+``tokens``, or ``total`` off the sum of the stages by more than the printed rounding (:data:`TOTAL_SLACK_MS`; not
+checked where ``total`` is a span: :data:`TOTAL_NOT_SUM_MODES`) make a line malformed. A ``# ds4lab ...`` comment line
+(:func:`ds4lab_header`) says the lines after it are ds4lab's, with their provenance, mode and routing.
 
-Validity (:func:`ds4_line_problem`): a line that parses can still not be a real call: ``tokens=0``,
-a stage time that is negative or not finite (``nan``: not timed, ``inf``/``1e999``: impossible),
-``pairs`` not a positive multiple of ``tokens``, or ``total`` off the sum of the six stages by more than
-the printed rounding (:data:`TOTAL_SLACK_MS`; not checked where ``total`` is a span, as CUPTI's is: the
-lines of that mode, or of a log whose header says that mode is mixed in).
-``ds4lab ingest`` calls such a line malformed.
-
-The ``# ds4lab ...`` comment line (:func:`ds4lab_header`) says the lines after it are ds4lab's, with
-their provenance, mode and routing.
-
-A log is streamed: read line by line and handed over :data:`CHUNK_LINES` profile lines at a time
-(:meth:`ds4lab.trace.sources.common.Ingested.emit`), so ``ds4lab ingest`` holds one chunk, not the log:
-its memory does not grow with the file (``tests/test_ingest_large.py`` measures it)."""
+A log is streamed, :data:`CHUNK_LINES` profile lines at a time (:meth:`ds4lab.trace.sources.common.Ingested.emit`):
+memory does not grow with the file (``tests/test_ingest_large.py`` measures it)."""
 
 from __future__ import annotations
 
@@ -44,7 +34,7 @@ from ...token.model import MOE_STAGES
 from .common import Ingested, RowBlock, problem, text_lines
 
 #: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
-FORMATS = {"ds4-log": "a ds4 MoE profile log"}
+FORMATS = {"ds4-log": "ds4's stderr: MoE profile, decode-island and model-load lines"}
 #: What it yields: an event table (``events``), summary tables (``tables``).
 YIELDS = ("tables",)
 
@@ -87,10 +77,9 @@ def _match(line: str) -> tuple[str, re.Match | None] | None:
 
 
 def parse_ds4_line(line: str) -> dict | None:
-    """The fields of one ds4 MoE profile line: ``tokens`` and ``pairs`` (int) and each stage of
-    :data:`STAGES` in ms (float; NaN for ``nan``, ±inf for ``inf``), or None when the line holds no
-    profile line that follows the grammar (module docstring). Never raises; no validity checks
-    (:func:`ds4_line_problem`)."""
+    """The fields of one ds4 MoE profile line: ``tokens`` and ``pairs`` (int) and each stage of :data:`STAGES` in ms
+    (float; NaN for ``nan``, ±inf for ``inf``), or None when the line holds no profile line that follows the grammar
+    (module docstring). Never raises; no validity checks (:func:`ds4_line_problem`)."""
     got = _match(line)
     if got is None or got[1] is None:
         return None
@@ -99,11 +88,11 @@ def parse_ds4_line(line: str) -> dict | None:
 
 
 def ds4_line_problem(line: str, *, total_is_sum: bool = True) -> str | None:
-    """Why ``line`` is not a well-formed, possible ds4 MoE profile line (naming the field and the value
-    as printed), or None when :func:`parse_ds4_line` reads it as a real call.
+    """Why ``line`` is not a well-formed, possible ds4 MoE profile line (naming the field and the value as printed), or
+    None when :func:`parse_ds4_line` reads it as a real call.
 
-    ``total_is_sum``: check ``total`` against the sum of the stages (False for a span, e.g. lines of
-    a mode in :data:`TOTAL_NOT_SUM_MODES`). The rules are ``ds4lab ingest``'s (module docstring)."""
+    ``total_is_sum``: check ``total`` against the sum of the stages (False for a span, e.g. lines of a mode in
+    :data:`TOTAL_NOT_SUM_MODES`). The rules are ``ds4lab ingest``'s (module docstring)."""
     got = _match(line)
     if got is None:
         return f"no {DS4_PREFIX!r} prefix"
@@ -130,8 +119,8 @@ def ds4_line_problem(line: str, *, total_is_sum: bool = True) -> str | None:
 
 
 def _clip(value: str, quote: bool = False, keep: int = 40) -> str:
-    """A field's value as a message shows it: whole up to ``keep`` characters (quoted with
-    ``quote``), else its start and its length, so a 400 KB field makes a one-line message."""
+    """A field's value as a message shows it: whole up to ``keep`` characters (quoted with ``quote``), else its start
+    and its length, so a 400 KB field makes a one-line message."""
     if len(value) <= keep:
         return repr(value) if quote else value
     head = repr(value[:keep]) if quote else value[:keep]
@@ -139,8 +128,8 @@ def _clip(value: str, quote: bool = False, keep: int = 40) -> str:
 
 
 def _why_no_match(body: str) -> str:
-    """What is wrong with a ds4 profile line that does not match: the first bad or missing field.
-    Linear in the line's length (its words split once; no search that rescans a long word)."""
+    """What is wrong with a ds4 profile line that does not match: the first bad or missing field. Linear in the line's
+    length (its words split once; no search that rescans a long word)."""
     fields = {}
     for word in body.split():
         key, eq, value = word.partition("=")
@@ -162,8 +151,8 @@ def _why_no_match(body: str) -> str:
 
 # ----------------------------------------------------------------------------- the provenance header
 def ds4lab_header(line: str) -> tuple[str, bool] | None:
-    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says
-    ``MODELED``), else None."""
+    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says ``MODELED``),
+    else None."""
     m = _DS4LAB_HEADER.match(line)
     if not m:
         return None
@@ -171,10 +160,10 @@ def ds4lab_header(line: str) -> tuple[str, bool] | None:
 
 
 def ds4lab_header_fields(text: str) -> dict:
-    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say),
-    ``provenance``: the text without those two tokens, and ``modes``: the modes the lines after it
-    may be in (``(mode,)``; the list of ``modes a, b, c`` in a header of several modes mixed in one
-    log, as ds4lab wrote before one log per mode; ``()`` when it does not say)."""
+    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say), ``provenance``: the
+    text without those two tokens, and ``modes``: the modes the lines after it may be in (``(mode,)``; the list of
+    ``modes a, b, c`` in a header of several modes mixed in one log, as ds4lab wrote before one log per mode; ``()``
+    when it does not say)."""
     got = {m["key"]: m["value"] for m in _HEADER_FIELD.finditer(text)}
     prov = text
     if got:
@@ -187,13 +176,49 @@ def ds4lab_header_fields(text: str) -> dict:
             "modes": modes}
 
 
+# ----------------------------------------------------------------------------- ds4's other lines
+#: ds4's decode-island lines (``ds4_cuda.cu``, ``cuda_decode_graph_*`` at ``b0309611``, printed with
+#: ``DS4_CUDA_DECODE_GRAPH_LOG=1`` or on failure).
+ISLAND_LINE = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instantiate failed|first launch "
+                         r"failed|replay failed) \(?il=(?P<il>\d+) island=(?P<island>\d+)\)?(?::\s*(?P<error>.*))?")
+#: A launch ds4 checked inside a capture that had already failed (``cuda_ok`` after a launch): the island's
+#: capture is lost, and ds4 prints no "decode graph capture failed" line for it (seen with
+#: ``DS4_CUDA_MOE_PROFILE=1``).
+CAPTURE_LAUNCH_LINE = re.compile(r"ds4: CUDA (?P<what>.+?) launch failed: (?P<error>.*during capture.*)")
+DISABLED_LINE = re.compile(r"ds4: DS4_CUDA_DECODE_GRAPHS=\S+ - decode graph capture disabled")
+MODEL_COPY_LINE = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
+#: Where ds4 put the weights (``ds4_cuda.cu`` at ``b0309611``): copied into GPU memory, or the model's
+#: mapping registered for device access (every weight read over PCIe at each use).
+WEIGHTS_LINES = (("gpu-memory", re.compile(r"ds4: CUDA (copying|chunk-copying) [\d.]+ GiB model")),
+                 ("host-mapped", re.compile(r"ds4: CUDA (\(no-copy\) )?registered [\d.]+ GiB model mapping")))
+#: the columns of table ``ds4_events``: one row per island, failed-launch-in-capture, switch or model-load line
+EVENT_COLUMNS = ("event", "layer", "island", "call", "error", "seconds", "file", "source")
+
+
+def ds4_event(line: str) -> dict | None:
+    """The ``ds4_events`` fields of one of ds4's island or model-load lines, or None. ``event``: an island step
+    (``captured``, ``capture failed``, ``instantiate failed``, ``first launch failed``, ``replay failed``; with
+    ``layer``, ``island``, ``error``), ``launch failed in capture`` (``call``, ``error``), ``capture disabled``,
+    ``model copy complete`` (``seconds``), ``weights gpu-memory`` or ``weights host-mapped``."""
+    if (m := ISLAND_LINE.search(line)) is not None:
+        return {"event": m["what"], "layer": int(m["il"]), "island": int(m["island"]),
+                "error": (m["error"] or "").strip()}
+    if (m := CAPTURE_LAUNCH_LINE.search(line)) is not None:
+        return {"event": "launch failed in capture", "call": m["what"], "error": m["error"].strip()}
+    if DISABLED_LINE.search(line):
+        return {"event": "capture disabled"}
+    if (m := MODEL_COPY_LINE.search(line)) is not None:
+        return {"event": "model copy complete", "seconds": float(m["s"])}
+    return next(({"event": f"weights {where}"} for where, pat in WEIGHTS_LINES if pat.search(line)), None)
+
+
 #: profile lines per chunk handed over (7 rows each): about 1.5 MB of table at a time
 CHUNK_LINES = 20_000
 #: the columns of table ``ds4_moe``, in order
 COLUMNS = ("token", "layer", "tokens", "pairs", "stage", "ms", "mode", "backend", "routing", "modeled", "provenance",
            "file", "source")
-__all__ = ["CHUNK_LINES", "COLUMNS", "DS4_LINE", "DS4_LINE_RE", "DS4_PREFIX", "STAGES", "TOTAL_NOT_SUM_MODES",
-           "TOTAL_SLACK_MS", "ds4_line_problem", "ds4lab_header", "ds4lab_header_fields", "parse_ds4_line", "read_ds4_log"]
+__all__ = ["CHUNK_LINES", "COLUMNS", "EVENT_COLUMNS", "DS4_LINE", "DS4_LINE_RE", "DS4_PREFIX", "STAGES", "TOTAL_NOT_SUM_MODES",
+           "TOTAL_SLACK_MS", "ds4_event", "ds4_line_problem", "ds4lab_header", "ds4lab_header_fields", "parse_ds4_line", "read_ds4_log"]
 
 
 class _Chunk:
@@ -244,25 +269,25 @@ class _Chunk:
 
 
 def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_lines: int = CHUNK_LINES) -> Ingested:
-    """ds4 ``DS4_CUDA_MOE_PROFILE`` lines → rows (call, tokens, pairs, stage, ms): the same columns as
-    ``ds4lab moe``'s table, plus ``provenance`` and ``modeled``: ``ds4`` and false for ds4's own lines
-    (mode ``host-timed``, routing ``ds4``), the ``# ds4lab ...`` header's text (``modeled``, ``mode``
-    and ``routing`` from it; ``unknown`` mode and routing for a header that does not name them) for
-    lines ds4lab wrote; ``backend`` is ``ds4`` or ``ds4lab``; ``file`` is the log, ``source``
-    ``<log name>:<line>``. A line with the prefix that does not follow the grammar, or cannot be a
-    real call (:func:`ds4_line_problem`; ``total`` not checked for the lines of a mode in
-    :data:`TOTAL_NOT_SUM_MODES`, CUPTI's), is malformed: SourceError naming file and line unless
-    ``lenient``. A log cut off in the middle of a profile line is caught by the grammar (the line
-    must end with `` ms``).
+    """A ds4 log → table ``ds4_moe`` (the profile lines) and ``ds4_events`` (:data:`EVENT_COLUMNS`: its island and
+    model-load lines, :func:`ds4_event`). ``ds4_moe``: rows (call, tokens, pairs, stage, ms): the same columns as
+    ``ds4lab moe``'s table, plus ``provenance`` and ``modeled``: ``ds4`` and false for ds4's own lines (mode
+    ``host-timed``, routing ``ds4``), the ``# ds4lab ...`` header's text (``modeled``, ``mode`` and ``routing`` from
+    it; ``unknown`` mode and routing for a header that does not name them) for lines ds4lab wrote; ``backend`` is
+    ``ds4`` or ``ds4lab``; ``file`` is the log, ``source`` ``<log name>:<line>``. A line with the prefix that does
+    not follow the grammar, or cannot be a real call (:func:`ds4_line_problem`; ``total`` not checked for the lines
+    of a mode in :data:`TOTAL_NOT_SUM_MODES`, CUPTI's), is malformed: SourceError naming file and line unless
+    ``lenient``; so is a log with neither kind of line. A log cut off in the middle of a profile line is caught by
+    the grammar (the line must end with `` ms``).
 
-    ``res``: the record to fill (its ``sink`` receives the rows chunk by chunk, ``chunk_lines``
-    profile lines at a time); a new one when None, whose ``tables["ds4_moe"]`` then holds every row."""
+    ``res``: the record to fill (its ``sink`` receives the rows chunk by chunk, ``chunk_lines`` profile lines at a
+    time); a new one when None, whose ``tables["ds4_moe"]`` then holds every row."""
     path = Path(path)
     res = res if res is not None else Ingested(path, "ds4-log")
     states: list[tuple] = [("ds4", False, "host-timed", "ds4")]  # (provenance, modeled, mode, routing)
     cur = 0
     total_is_sum = True  # False after a header naming a mode whose total is a span (alone, or mixed in)
-    chunk, call = _Chunk(), 0
+    chunk, call, events = _Chunk(), 0, []
     for n, line in text_lines(res, path):
         h = ds4lab_header(line)
         if h is not None:
@@ -277,8 +302,11 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
                                     f"{', '.join(span)}'s total is the step's span, not the sum of the stages, so no "
                                     "line's total is checked against its stages (their mode: unknown)")
             continue
-        if DS4_PREFIX not in line:
-            continue  # the program's other output: a log is ds4's whole stderr
+        if DS4_PREFIX not in line:  # ds4's other lines, or the program's other output (a log is its whole stderr)
+            ev = ds4_event(line) if "ds4: " in line else None
+            if ev is not None:
+                events.append({**ev, "file": str(path), "source": f"{path.name}:{n}"})
+            continue
         why = ds4_line_problem(line, total_is_sum=total_is_sum)
         if why:
             problem(res, lenient, n, f"malformed ds4 MoE profile line ({why})", line)
@@ -296,8 +324,9 @@ def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_l
     if len(chunk):
         res.emit("ds4_moe", chunk.block(call, states, path) if res.sink else chunk.frame(call, states, path))
         call += len(chunk)
-    if call == 0 and not res.problems:
-        problem(res, lenient, 0, "no ds4 MoE profile line")
+    res.emit("ds4_events", pd.DataFrame(events, columns=list(EVENT_COLUMNS)))
+    if call == 0 and not events and not res.problems:
+        problem(res, lenient, 0, "no ds4 MoE profile line, island line or model-load line")
     if "ds4_moe" not in res.tables and res.sink is None:
         res.tables["ds4_moe"] = pd.DataFrame(columns=list(COLUMNS))
     return res

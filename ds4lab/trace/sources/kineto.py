@@ -1,49 +1,7 @@
-"""Chrome Trace Event JSON into the event table (yields an event table): PyTorch profiler (Kineto)
-traces and ds4lab's own ``trace.json``.
-
-Format: "Trace Event Format" (Google; the JSON object form ``{"traceEvents": [...], ...}`` or the bare
-array form), complete events ``"ph": "X"`` with ``ts``/``dur`` in µs (three decimals: ns), read with
-``ijson`` (streaming: one event at a time, the file's text never held; plain or gzip).
-
-**Kineto dialect** (``torch.profiler`` ``export_chrome_trace``; libkineto ``output_json.cpp`` and
-``CuptiActivity.h``): host events have the process id as ``pid`` and the thread id as ``tid``; device
-events have the device as ``pid`` and the stream as ``tid``, with ``args`` ``device``, ``stream``,
-``correlation``. Categories read:
-
-===========================  ==================================================================================
-``cuda_runtime``             ``api`` row, domain ``runtime`` (``args.correlation``; no stream: it comes from the
-                             launched device row, :func:`ds4lab.trace.table.correlate`)
-``cuda_driver``              ``api`` row, domain ``driver``
-``kernel``                   ``kernel`` row (``args.grid``, ``block``, ``shared memory``, ``graph id``,
-                             ``graph node id``)
-``gpu_memcpy``               ``memcpy`` row; the name carries the kinds: ``Memcpy HtoD (Pageable -> Device)``
-                             (``memcpyName``: copy kind, source and destination memory kinds)
-``gpu_memset``               ``memset`` row (``args.bytes``)
-``cuda_sync``                ``sync`` row: ``Stream Sync``, ``Event Sync``, ``Context Sync``,
-                             ``Stream Wait Event`` (``syncTypeString``); ``args.wait_on_cuda_event_id``
-``cuda_event``               no row of its own: stream and event of the ``cudaEventRecord`` with its correlation
-``user_annotation``          ``nvtx`` row, domain ``torch.record_function`` (``record_function`` ranges)
-``python_function``          no row: the frames (``file.py(line): function``) become the ``stack`` of the
-                             ``api`` rows they enclose on the same thread (``with_stack=True``)
-===========================  ==================================================================================
-
-An event is malformed when a time it must have is not a number (``ts``, ``dur``: text, ``true``, a
-string ``"NaN"``): the file is refused naming the event (its index in ``traceEvents``), the field and
-the value. A JSON ``NaN`` or ``Infinity`` (which JSON does not allow: ``json.dumps`` writes them) is
-named as such, with its field and event, and is not taken for a cut file; a file cut short is (the
-byte offset). A kernel of negative duration is kept, counted and noted (taken as taking no time:
-:func:`ds4lab.trace.table.kernel_lengths`), and so is any other event's (its duration taken as 0).
-
-Every other category (``cpu_op``, ``gpu_user_annotation``, flows, ``Trace``, instant and counter
-events) is counted and named in the table's notes, never dropped silently.
-
-**ds4lab dialect** (``ds4lab trace``, :mod:`ds4lab.trace.chrome`; told apart by ``otherData.ds4lab``): one process
-per stage (the table's ``pid``), host rows on thread 1, each stage's clock offset in
-``otherData.clock_offset_ns`` added back so the stages share one clock; categories ``nvtx`` (domain
-``ds4lab``), ``kernel``, ``memset``, ``memcpy``, ``cuda_runtime``, ``cuda_driver``, ``cuda_sync``
-with ds4lab's own ``args`` (``stream``, ``stream_type``, ``graph_id``, ``graph_node_id``,
-``correlation``, ``args``: a kernel's scalar arguments).
-"""
+"""Chrome Trace Event JSON into the event table (yields an event table): PyTorch profiler (Kineto) traces and ds4lab's
+own ``trace.json``, streamed with ``ijson`` (one event at a time; plain or gzip). The categories each dialect gives,
+what is counted and left out, and what makes an event malformed: ``docs/trace-readers.md``, "Chrome Trace Event
+JSON"."""
 
 from __future__ import annotations
 
@@ -77,8 +35,8 @@ _ALIAS = {"runtime": "cuda_runtime", "driver": "cuda_driver", "memcpy": "gpu_mem
 
 
 def looks_like(head: bytes) -> str | None:
-    """``"kineto"`` or ``"ds4lab"`` when ``head`` (a file's first decompressed bytes) starts a Chrome
-    trace (an object with ``traceEvents``, or an array of events with ``ph``); None otherwise."""
+    """``"kineto"`` or ``"ds4lab"`` when ``head`` (a file's first decompressed bytes) starts a Chrome trace (an object
+    with ``traceEvents``, or an array of events with ``ph``); None otherwise."""
     h = head.lstrip()
     if h[:1] == b"{" and b'"traceEvents"' in head:
         return "ds4lab" if re.search(rb'"otherData"\s*:\s*\{[^{}]*"ds4lab"\s*:', head) else "kineto"
@@ -88,9 +46,9 @@ def looks_like(head: bytes) -> str | None:
 
 
 def frame_name(raw: str) -> str:
-    """A Kineto ``python_function`` name as a stack frame: ``path(line): function`` →
-    ``short_path:line function``; others (``<built-in method ...>``, ``nn.Module: ...``) with object
-    addresses removed, so that stacks compare across runs."""
+    """A Kineto ``python_function`` name as a stack frame: ``path(line): function`` → ``short_path:line function``;
+    others (``<built-in method ...>``, ``nn.Module: ...``) with object addresses removed, so that stacks compare
+    across runs."""
     m = _FRAME.match(raw)
     if m:
         return f"{short_path(m.group(1))}:{m.group(2)} {m.group(3)}"
@@ -139,8 +97,8 @@ class _Frames:
         return sum(len(t[0]) for t in self.by_thread.values())
 
     def stacks(self, calls: dict, rows: Rows) -> int:
-        """Set the ``stack`` of each API row in ``calls`` (``{(pid, tid): [(start, row), ...]}``) to the
-        frames enclosing it, outermost first; returns how many rows got one."""
+        """Set the ``stack`` of each API row in ``calls`` (``{(pid, tid): [(start, row), ...]}``) to the frames
+        enclosing it, outermost first; returns how many rows got one."""
         import numpy as np
 
         done = 0
@@ -187,8 +145,8 @@ def _open(path: Path, progress: Progress | None):
 
 
 def _meta(head: bytes) -> dict:
-    """The top-level keys before ``traceEvents`` (Kineto writes its metadata first; ds4lab's trace
-    its ``otherData``)."""
+    """The top-level keys before ``traceEvents`` (Kineto writes its metadata first; ds4lab's trace its ``otherData``).
+    """
     import ijson
 
     meta = {}
@@ -203,16 +161,14 @@ def _meta(head: bytes) -> dict:
 
 
 def read_chrome(path: Path, dialect: str, progress=None):
-    """Read a Chrome trace of ``dialect`` (``"kineto"`` or ``"ds4lab"``, from :func:`looks_like`)
-    into an :class:`~ds4lab.trace.events.EventTable` (see the module docstring). ``progress``: see
+    """Read a Chrome trace of ``dialect`` (``"kineto"`` or ``"ds4lab"``, from :func:`looks_like`) into an
+    :class:`~ds4lab.trace.events.EventTable` (see the module docstring). ``progress``: see
     :class:`~ds4lab.trace.sources.common.Progress` (over the file's bytes).
 
     Raises:
-        SourceError: the file is cut (names the byte offset) or not valid JSON (a ``NaN`` or
-            ``Infinity`` named as such, with its event and field), an event whose time is not a
-            number (the event, the field, the value), or it holds no CUDA activity at all (names
-            what it does hold).
-    """
+        SourceError: the file is cut (names the byte offset) or not valid JSON (a ``NaN`` or ``Infinity`` named as
+            such, with its event and field), an event whose time is not a number (the event, the field, the value), or
+            it holds no CUDA activity at all (names what it does hold)."""
     import ijson
 
     from ..events import EventTable
@@ -251,8 +207,8 @@ def _cut(path, reader, raw, gz, n, e) -> str:
 
 
 def _invalid(path, reader, gz, n, prefix, e) -> str:
-    """The message for a file that is whole but not JSON: a ``NaN``/``Infinity`` named with its field
-    and event (``traceEvents[n]``: ``n`` complete events came before it), else yajl's own words."""
+    """The message for a file that is whole but not JSON: a ``NaN``/``Infinity`` named with its field and event
+    (``traceEvents[n]``: ``n`` complete events came before it), else yajl's own words."""
     where = f"near byte {reader.count:,} of the {'decompressed ' if gz else ''}text"
     msg = str(e)
     lines = msg.splitlines()
@@ -314,8 +270,8 @@ class _State:
         self.skipped[what] = self.skipped.get(what, 0) + 1
 
     def time(self, ev: dict, field: str):
-        """``ev[field]`` (a time in µs) checked: None when absent, else a number; anything else (text,
-        a boolean, a string ``"NaN"``) raises SourceError naming the file, the event and the field."""
+        """``ev[field]`` (a time in µs) checked: None when absent, else a number; anything else (text, a boolean, a
+        string ``"NaN"``) raises SourceError naming the file, the event and the field."""
         v = ev.get(field)
         if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
             return v

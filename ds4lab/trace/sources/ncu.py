@@ -1,35 +1,13 @@
-"""Nsight Compute ``ncu --csv`` output → one row per profiled kernel, its NVTX stack split into
-ds4lab's token / layer / cluster / op, joinable to ds4lab's launch sites.
+"""Nsight Compute ``ncu --csv`` output (details or raw page, with ``--nvtx``; the program's own output and ``==PROF==``
+lines before the first header skipped) → table ``ncu_kernels`` (one row per profiled kernel: grid, block,
+``duration_us``, ``dram_pct``, ``sm_pct``, ``memory_pct``, registers, its NVTX stack split into ds4lab's token /
+layer / cluster / op, joinable to ds4lab's launch sites) and ``ncu_metrics`` (every metric, long: id, kernel,
+section, metric, unit, value). ncu locks clocks to base by default: its durations are for ratios, not for the
+ladder's µs.
 
-Sources: the Nsight Compute CLI guide ("Command Line Options" → ``--csv``, ``--page details|raw``,
-``--print-units``, ``--nvtx``) and the output it writes, as on the H200 (``shared/context/
-gpu-facts.md``, "Profilers on the lent machine"):
-
-* what comes first, redirected to one file: the program's own output and ``==PROF==`` /
-  ``==WARNING==`` lines; skipped, up to the first CSV header (the row starting ``"ID"``);
-* the **details** page (the default; one section per ``--section``): long format, one row per
-  metric: ``"ID","Process ID","Process Name","Host Name",[NVTX columns,]"Kernel Name","Context",
-  "Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",
-  "Metric Value"`` (later versions add rule columns after them);
-* the **raw** page (``--page raw``): one row per kernel, one column per metric name
-  (``gpu__time_duration.sum``, ``dram__throughput.avg.pct_of_peak_sustained_elapsed``, ...), the row
-  after the header holding the units;
-* with ``--nvtx``: a column ``thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``
-  whose cell is the thread id and the push/pop stack, outermost first, each range quoted as
-  ``"domain:message:payload type:payload:color type:color:message type:message"`` (and one for
-  start/end ranges, ``Id:Domain:Start/Stop_Range:...``).
-
-ds4lab's own NVTX stack (``ds4lab.capture.annotate``): domain ``ds4lab``, ranges ``token`` (payload: the
-position) → ``layer`` (payload: the layer) → cluster (``hc_attn``, ``query``, ...) → op (the launch
-site, ``q_a``, ``premix_norm``); the layer range is absent around the embedding and the final
-clusters.
-
-The kernel table (``ncu_kernels``): id, kernel, grid, block, duration_us, dram_pct (DRAM throughput,
-% of peak), sm_pct (compute (SM) throughput, %), memory_pct (memory throughput, %), registers, the
-raw NVTX stack (``nvtx``), position, layer, cluster, op; every metric also in ``ncu_metrics`` (long:
-id, kernel, section, metric, unit, value). ncu locks clocks to base by default: its durations are for
-ratios, not for the ladder's µs.
-"""
+Sources: the Nsight Compute CLI guide (``--csv``, ``--page details|raw``, ``--print-units``, ``--nvtx``) and its output
+on the H200 (``shared/context/gpu-facts.md``, "Profilers on the lent machine"); ds4lab's NVTX stack is
+:mod:`ds4lab.capture.annotate`'s. The pages and their columns: ``docs/trace-readers.md``, "Nsight Compute CSV"."""
 
 from __future__ import annotations
 
@@ -77,20 +55,20 @@ _RANGE = re.compile(r'"([^"]*)"')
 
 
 def looks_like(text: str) -> bool:
-    """Whether ``text`` holds ``ncu --csv`` output: a CSV header row starting ``"ID","Process ID"``
-    (both pages), or ``==PROF==`` lines before a header with ``"Kernel Name"``."""
+    """Whether ``text`` holds ``ncu --csv`` output: a CSV header row starting ``"ID","Process ID"`` (both pages), or
+    ``==PROF==`` lines before a header with ``"Kernel Name"``."""
     if re.search(r'^"ID","Process ID"', text, re.M):
         return True
     return "==PROF==" in text and bool(re.search(r'^".*"Kernel Name"', text, re.M))
 
 
 def parse_nvtx_stack(cell: str) -> list[dict]:
-    """The push/pop ranges of one NVTX cell, outermost first: dicts with ``domain``, ``name`` and
-    ``payload`` (an int when the payload value parses as one, else None). Each quoted range is
-    ``domain:name:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``; a name holding ``:`` keeps them
-    (the six attribute fields are counted from the end); a range of fewer fields gives its second
-    field as the name (and the whole text, with an empty domain, when there is no ``:``). The
-    leading thread id and anything outside quotes is ignored."""
+    """The push/pop ranges of one NVTX cell, outermost first: dicts with ``domain``, ``name`` and ``payload`` (an int
+    when the payload value parses as one, else None). Each quoted range is
+    ``domain:name:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``; a name holding ``:`` keeps them (the six attribute
+    fields are counted from the end); a range of fewer fields gives its second field as the name (and the whole
+    text, with an empty domain, when there is no ``:``). The leading thread id and anything outside quotes is
+    ignored."""
     out = []
     for r in _RANGE.findall(cell or ""):
         f = r.split(":")
@@ -118,8 +96,8 @@ def _payload(v: str | None) -> int | None:
 
 
 def ds4lab_levels(stack: list[dict]) -> dict:
-    """position / layer / cluster / op from a parsed stack (ds4lab's domain only; see the module
-    docstring). Missing levels are None."""
+    """position / layer / cluster / op from a parsed stack (ds4lab's domain only; see the module docstring). Missing
+    levels are None."""
     own = [r for r in stack if r["domain"] == NVTX_DOMAIN]
     got = {"position": None, "layer": None, "cluster": None, "op": None}
     rest = []
@@ -140,17 +118,15 @@ def ds4lab_levels(stack: list[dict]) -> dict:
 
 
 def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
-    """``ncu --csv`` output (details or raw page; leading program output and ``==PROF==`` lines
-    skipped) → ``ncu_kernels`` (one row per profiled kernel, :data:`KERNEL_COLUMNS` plus ``file``,
-    ``source``), ``ncu_metrics`` (every metric, long: id, kernel, section, metric, unit, value: one
-    name in two sections is two rows, each with its unit) and ``ncu_rules`` (the details page's rule
-    results: rule, type, description, estimated speedup).
+    """``ncu --csv`` output (details or raw page; leading program output and ``==PROF==`` lines skipped) →
+    ``ncu_kernels`` (one row per profiled kernel, :data:`KERNEL_COLUMNS` plus ``file``, ``source``), ``ncu_metrics``
+    (every metric, long: id, kernel, section, metric, unit, value: one name in two sections is two rows, each with
+    its unit) and ``ncu_rules`` (the details page's rule results: rule, type, description, estimated speedup).
 
-    Malformed (file and line): a row with the wrong number of fields; a value of a metric a kernel
-    column reads that is not a number (``n/a`` is kept as empty), in a unit of the wrong kind (a
-    duration not in a time unit, a throughput % not in %), negative, or a percentage outside
-    0–100; the same column given twice for one kernel with two values; a file cut off in the
-    middle of its last line."""
+    Malformed (file and line): a row with the wrong number of fields; a value of a metric a kernel column reads that is
+    not a number (``n/a`` is kept as empty), in a unit of the wrong kind (a duration not in a time unit, a throughput %
+    not in %), negative, or a percentage outside 0–100; the same column given twice for one kernel with two values; a
+    file cut off in the middle of its last line."""
     res = Ingested(path, "ncu-csv")
     lines = [line for _, line in text_lines(res, path)]
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID",')), None)
@@ -242,8 +218,8 @@ def _kernel_row(rec: dict, kid: str, nvtx_cols: list, page: str, path: Path, n: 
 
 
 def _rule_row(rec: dict, kr: dict, path: Path, n: int) -> dict:
-    """One rule result of the details page (``ncu_rules``): the estimated speedup (% of the
-    kernel's time, ncu's "Estimated Speedup") as a number where it is one."""
+    """One rule result of the details page (``ncu_rules``): the estimated speedup (% of the kernel's time, ncu's
+    "Estimated Speedup") as a number where it is one."""
     sp = rec.get("Estimated Speedup", "").strip()
     try:
         speedup = num(sp) if sp else None
@@ -275,9 +251,9 @@ _COUNT_UNITS = ("register/thread", "", "register")
 
 
 def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:
-    """Record one metric value (``ncu_metrics``: always, keyed by section and name, with its unit);
-    set the kernel column it stands for (``wanted``: (section, name) on the details page, name on
-    the raw page) when its unit is of the column's kind. Returns what is wrong, else None."""
+    """Record one metric value (``ncu_metrics``: always, keyed by section and name, with its unit); set the kernel
+    column it stands for (``wanted``: (section, name) on the details page, name on the raw page) when its unit is of
+    the column's kind. Returns what is wrong, else None."""
     v = None
     cell = value.strip()
     spec = wanted.get((section, name)) if (section, name) in wanted else wanted.get(name)
@@ -315,13 +291,13 @@ def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:
 
 
 def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float | None = None) -> pd.DataFrame:
-    """ncu kernel rows joined to ds4lab launch sites on (cluster, op, layer; layer -1 for the
-    clusters outside a layer): adds ``site_kernel`` (the kernel ds4lab launches there: a different
-    name means the NVTX stack and the kernel disagree), ``nbytes`` and ``achieved_GBps`` (bytes the
-    site moves / ncu duration); ``site_known`` is false for a row whose (cluster, op) ds4lab does not
-    have. A row whose layer is unknown (a stack without payloads) or not in ``sites`` is joined on
-    (cluster, op) alone, taking the site's first layer (``site_layer`` says which layer's bytes
-    were used). ``bandwidth_GBps`` (a peak, e.g. the calibration's) adds ``bw_fraction``."""
+    """ncu kernel rows joined to ds4lab launch sites on (cluster, op, layer; layer -1 for the clusters outside a
+    layer): adds ``site_kernel`` (the kernel ds4lab launches there: a different name means the NVTX stack and the
+    kernel disagree), ``nbytes`` and ``achieved_GBps`` (bytes the site moves / ncu duration); ``site_known`` is
+    false for a row whose (cluster, op) ds4lab does not have. A row whose layer is unknown (a stack without
+    payloads) or not in ``sites`` is joined on (cluster, op) alone, taking the site's first layer (``site_layer``
+    says which layer's bytes were used). ``bandwidth_GBps`` (a peak, e.g. the calibration's) adds ``bw_fraction``.
+    """
     s = sites.rename(columns={"kernel": "site_kernel", "layer": "site_layer"})
     exact = s.drop_duplicates(["cluster", "op", "site_layer"])
     first = s.drop_duplicates(["cluster", "op"])
@@ -345,10 +321,9 @@ def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float
 
 
 def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per launch site (cluster, op), input file, device and process: kernel, launches,
-    median duration (µs), median DRAM % of peak, median SM %, and (when joined) median achieved
-    GB/s; sorted by total duration, largest first. Rows without a ds4lab op (another domain, no
-    NVTX) are grouped under op ``(no NVTX op)``."""
+    """One row per launch site (cluster, op), input file, device and process: kernel, launches, median duration (µs),
+    median DRAM % of peak, median SM %, and (when joined) median achieved GB/s; sorted by total duration, largest
+    first. Rows without a ds4lab op (another domain, no NVTX) are grouped under op ``(no NVTX op)``."""
     k = kernels.copy()
     k["cluster"] = k["cluster"].fillna("(no ds4lab range)")
     k["op"] = k["op"].fillna("(no NVTX op)")

@@ -1,45 +1,7 @@
-"""``nsys stats --format csv`` output: every report in the file told apart by its title, read into
-its own table or reported as skipped by name.
-
-Sources: Nsight Systems "Post-Collection Analysis Guide" (docs.nvidia.com/nsight-systems/
-AnalysisGuide), section "Statistical Reports Shipped With Nsight Systems" for the report names, their
-columns and "All time values given in nanoseconds by default"; the report names before the 2022
-renaming (``gpukernsum``, ``nvtxsum``, ``cudaapisum``, ``gpumemtimesum``, ``gpumemsizesum``,
-``gputrace``, ``osrtsum``) are the same reports under their older names.
-
-How a report is recognised, in this order:
-
-* a title line ``** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):`` (what ``nsys stats`` prints
-  before each report) or a ``Processing [...] with [.../cuda_gpu_kern_sum.py]...`` line (older
-  versions): the report name in it decides, whatever the columns;
-* a CSV table without either line before it, as ``nsys stats --format csv -o PREFIX`` writes each
-  report to its own file: the file name nsys gave it (``PREFIX_<report>.csv``) when it names a
-  report, else the table's columns, for every report ds4lab reads (:func:`report_by_columns`). The
-  API summaries (``cuda_api_sum``, ``osrt_sum`` and others nsys has) share their columns: such a
-  table is ``cuda_api_sum`` when every row names a CUDA call (``cu...``/``cuda...``), and is
-  otherwise skipped with a warning saying why, never guessed.
-
-The text (column) format ``nsys stats`` prints by default (a table under a line of dashes) is
-refused, in strict and lenient mode alike, with "this is the text format: rerun with
-`--format csv`". Nothing vanishes in lenient mode: a bad row is listed as a problem; a table ds4lab
-does not read, a report title with nothing after it, a report with a header and no rows, and lines
-that are none of these (nsys's own messages) are named in warnings with their lines. A file whose
-last line is cut off (no final newline) has that line reported, not read.
-
-A report this module does not read (``cuda_api_gpu_sum``, ``um_sum``, ...) is skipped with a warning
-naming it (:attr:`Ingested.warnings`), never merged into another table.
-
-Columns: every column of a read report is kept. A header with a unit (``Total Time (ns)``, ``Avg
-(us)``, ``Total (MB)``) gives a number column named after it (``total_time_us``: times converted to
-µs; other units keep theirs: ``total_mb``). A time column without a unit (older versions print
-``Average``, ``Minimum``, ``Maximum``, ``Total Time``, ``StdDev``) is read in ns, the documented
-default, converted to µs, and a warning says so once per report; in a size report
-(``cuda_gpu_mem_size_sum``/``gpumemsizesum``) such a column has no documented default unit: it is
-kept as printed, named ``<column>_unit_not_stated``, with a warning. Count columns (``Instances``,
-``Num Calls``, ``Count``, ``Time (%)``/``Time(%)``, ids) are numbers; every other column is kept as
-text. A number column's cell that is not a number, is negative or is not finite is a malformed row
-(file and line), except an empty cell in a trace report (a memory copy has no grid), read as empty.
-"""
+"""``nsys stats --format csv`` output: every report in the file told apart by its title (or, in the per-report files of
+``-o PREFIX``, by its file name and columns: :func:`report_by_columns`), read into its own table or skipped by name
+with a warning; the text format refused ("rerun with `--format csv`"). How reports are recognised and how their
+columns and units are read: ``docs/trace-readers.md``, "nsys stats --format csv"."""
 
 from __future__ import annotations
 
@@ -113,9 +75,9 @@ _UNIT = re.compile(r"^(?P<base>.+?)\s*\((?P<unit>[^()]+)\)$")
 
 
 def looks_like(text: str) -> bool:
-    """Whether ``text`` holds ``nsys stats`` output: a report title or processing line, or a CSV
-    header with a ``Total Time`` column (summary reports) or ``Start``/``Duration`` (trace reports),
-    or the text format's header and line of dashes (:func:`text_format_line`, refused when read)."""
+    """Whether ``text`` holds ``nsys stats`` output: a report title or processing line, or a CSV header with a ``Total
+    Time`` column (summary reports) or ``Start``/``Duration`` (trace reports), or the text format's header and line
+    of dashes (:func:`text_format_line`, refused when read)."""
     lines = text.splitlines()[:2000]
     if any(_TITLE.match(l) or _PROCESSING.match(l) for l in lines):
         return True
@@ -138,8 +100,8 @@ def looks_like(text: str) -> bool:
 
 
 def text_format_line(lines) -> int | None:
-    """The 1-based line of the first line of dashes that follows a line of column names holding
-    ``Time``, ``Name`` or ``Range``: ``nsys stats``'s text (column) format; None when there is none."""
+    """The 1-based line of the first line of dashes that follows a line of column names holding ``Time``, ``Name`` or
+    ``Range``: ``nsys stats``'s text (column) format; None when there is none."""
     prev = ""
     for i, line in enumerate(lines):
         if _DASHES.match(line) and re.search(r"\b(Time|Name|Range|Operation|Start)\b", prev):
@@ -154,8 +116,8 @@ def _unit_free(h: str) -> str:
 
 
 def _header(cells: list[str]) -> bool:
-    """Whether a CSV row is a report's header: more than one cell, none a number, at least one a
-    column name nsys prints (so a data row of text cells is never taken for a header)."""
+    """Whether a CSV row is a report's header: more than one cell, none a number, at least one a column name nsys
+    prints (so a data row of text cells is never taken for a header)."""
     if len(cells) < 2:
         return False
     for c in cells:
@@ -168,8 +130,8 @@ def _header(cells: list[str]) -> bool:
 
 
 def report_by_columns(hdr: list[str], names=()) -> tuple[str | None, str]:
-    """The report an untitled table is, from its columns (and, for the API summaries' shared
-    columns, its rows' ``names``): ``(report, "")``, or ``(None, why not)``."""
+    """The report an untitled table is, from its columns (and, for the API summaries' shared columns, its rows'
+    ``names``): ``(report, "")``, or ``(None, why not)``."""
     cols = {_unit_free(h) for h in hdr}
     if "Kernel Name" in cols and ("NVTX Range" in cols or "Range" in cols):
         return "nvtx_kern_sum", ""
@@ -197,8 +159,8 @@ def report_by_columns(hdr: list[str], names=()) -> tuple[str | None, str]:
 
 
 def report_by_file_name(path: Path) -> str | None:
-    """The report ``nsys stats --format csv -o PREFIX`` named the file after (``PREFIX_<report>.csv``),
-    the longest known report name the name ends with; None when it names none."""
+    """The report ``nsys stats --format csv -o PREFIX`` named the file after (``PREFIX_<report>.csv``), the longest
+    known report name the name ends with; None when it names none."""
     name = Path(path).name
     known = sorted(set(REPORTS) | set(OTHER_REPORTS), key=len, reverse=True)
     return next((r for r in known if name.endswith(f"_{r}.csv") or name == f"{r}.csv"), None)
@@ -220,12 +182,11 @@ class _Table:
 
 
 def read_nsys_csv(path: Path, lenient: bool, res: Ingested | None = None) -> Ingested:
-    """Every report of an ``nsys stats`` CSV file → one table per report kind (:data:`REPORTS`),
-    every column kept (see the module docstring), with ``report`` (the report name), ``file`` and
-    ``source`` (``<file name>:<line>``). Streamed: rows are handed over :data:`CHUNK_ROWS` at a time
-    (:meth:`ds4lab.trace.sources.common.Ingested.emit`). Raises SourceError (file, line, column, value) for a
-    malformed row unless ``lenient``, and for the text format always; skipped reports, unit
-    assumptions, empty reports and lines that are no table's go to ``warnings``."""
+    """Every report of an ``nsys stats`` CSV file → one table per report kind (:data:`REPORTS`), every column kept (see
+    the module docstring), with ``report`` (the report name), ``file`` and ``source`` (``<file name>:<line>``).
+    Streamed: rows are handed over :data:`CHUNK_ROWS` at a time (:meth:`ds4lab.trace.sources.common.Ingested.emit`).
+    Raises SourceError (file, line, column, value) for a malformed row unless ``lenient``, and for the text format
+    always; skipped reports, unit assumptions, empty reports and lines that are no table's go to ``warnings``."""
     path = Path(path)
     res = res if res is not None else Ingested(path, "nsys-csv")
     st = {"report": None, "title_line": 0, "said": [], "t": None, "other": [], "empty": [], "prev": "",
@@ -371,17 +332,16 @@ def _end_table(res, lenient, st) -> None:
 
 
 def _no_table(res: Ingested, st) -> None:
-    """A report title with no table after it (nsys prints e.g. ``SKIPPED: ... does not contain CUDA
-    trace data.``): a warning with the report's name and what nsys said."""
+    """A report title with no table after it (nsys prints e.g. ``SKIPPED: ... does not contain CUDA trace data.``): a
+    warning with the report's name and what nsys said."""
     said = st["said"][0] if st["said"] else "nothing"
     res.warnings.append(f"{res.path}:{st['title_line']}: report {st['report']} has no table ({said[:160]})")
     st["report"] = None
 
 
 def _columns(hdr: list[str], report: str) -> tuple[list[tuple[str, str, float | None]], list[str], list[str]]:
-    """Per header cell: (header, output column, factor to apply or None for text), the unit-less
-    time columns read as ns, and the unit-less columns of a size report (kept as printed, named
-    ``<column>_unit_not_stated``)."""
+    """Per header cell: (header, output column, factor to apply or None for text), the unit-less time columns read as
+    ns, and the unit-less columns of a size report (kept as printed, named ``<column>_unit_not_stated``)."""
     out, assumed, unstated, used = [], [], [], set()
     for h in hdr:
         m = _UNIT.match(h)

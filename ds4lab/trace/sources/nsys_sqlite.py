@@ -1,28 +1,15 @@
-"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, which yields
-both an event table (every CUDA event, for ``ds4lab audit``: :func:`read_sqlite`) and summary tables
-(kernels, graph executions and NVTX ranges with their domain names, for ``ds4lab ingest``:
-:func:`read_nsys_sqlite`), from the same tables, row iterators and checks.
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, yielding an event table (every
+CUDA event, for ``ds4lab audit``: :func:`read_sqlite`) and summary tables (kernels, graph executions, NVTX ranges
+with their domain names, for ``ds4lab ingest``: :func:`read_nsys_sqlite`) from the same tables, row iterators and
+checks. A table is found whatever version suffix the export gives it (the highest read); graphs traced whole
+(``--cuda-graph-trace=graph``, the default) give ``graphs`` rows and a warning naming ``--cuda-graph-trace=node``,
+so a partial kernel table is never taken for the whole; a row whose start or end is not a number is malformed
+(:class:`~ds4lab.trace.sources.common.SourceError`, naming table, row and field).
 
-Sources: the Nsight Systems export schema ("Exporter" section of the Nsight Systems user guide; the
-tables are named after the CUPTI activity kinds, ``CUPTI_ACTIVITY_KIND_KERNEL`` and
-``CUPTI_ACTIVITY_KIND_GRAPH_TRACE``, with times in ns and names as ``StringIds`` ids), CUPTI's
-``CUpti_ActivityGraphTrace2`` record ("execution for a graph without giving visibility about the
-execution of its nodes"), and the NVTX event types the export uses in ``NVTX_EVENTS.eventType``: 59
-push/pop range, 60 start/end range, 75 domain creation (the row's ``text`` is the domain's name, its
-``domainId`` the id later rows carry; domain ids are per process, the process being bits 24–47 of
-``globalTid``). Where the export has the ``ENUM_NSYS_EVENT_TYPE`` table, the domain-creation id is
-read from it instead (name ``NvtxDomainCreate``).
-
-Nsight Systems traces CUDA graphs whole by default (``--cuda-graph-trace=graph``): the export then
-holds one ``CUPTI_ACTIVITY_KIND_GRAPH_TRACE`` row per graph execution and no kernel rows for the
-graph's nodes. Such a file gives a ``graphs`` table (or ``graph`` rows) and a warning that names the
-fix (``--cuda-graph-trace=node``), so an empty or partial kernel table is never taken for the whole.
-
-A table is found whatever version suffix the export gives it (``CUPTI_ACTIVITY_KIND_KERNEL``,
-``..._V2``, ``..._2``: the highest is read). A row whose start or end is not a number is malformed:
-the summary tables report it (an error unless lenient), the event table refuses the file naming the
-table, the row and the field (:class:`~ds4lab.trace.sources.common.SourceError`, exit 2).
-"""
+Sources: the Nsight Systems export schema (user guide, "Exporter": tables named after CUPTI's activity kinds, times in
+ns, names as ``StringIds``), CUPTI's ``CUpti_ActivityGraphTrace2``, and the NVTX event types of
+``NVTX_EVENTS.eventType`` (59 push/pop, 60 start/end, 75 domain creation, or ``ENUM_NSYS_EVENT_TYPE``'s
+``NvtxDomainCreate``; domain ids per process, the process in bits 24–47 of ``globalTid``)."""
 
 from __future__ import annotations
 
@@ -50,8 +37,8 @@ GRAPH_FIX = ("the export holds whole-graph executions (CUPTI_ACTIVITY_KIND_GRAPH
 
 
 def find_table(tables: set[str], base: str) -> str | None:
-    """The table named ``base`` or ``base`` with a version suffix (``_V2``, ``_2``), the highest
-    version first; None when there is none."""
+    """The table named ``base`` or ``base`` with a version suffix (``_V2``, ``_2``), the highest version first; None
+    when there is none."""
     pat = re.compile(rf"^{re.escape(base)}(?:_V?(\d+))?$", re.I)
     found = [(int(m.group(1) or 0), t) for t in tables if (m := pat.match(t))]
     return max(found)[1] if found else None
@@ -71,13 +58,12 @@ def _cols(con, table: str) -> list[str]:
 
 
 def read_nsys_sqlite(path: Path, lenient: bool) -> Ingested:
-    """Tables: ``kernels`` (name, start_ns, end_ns, us, and streamId, graphId, graphNodeId,
-    deviceId, correlationId, grid and block sizes where the export has them), ``graphs`` (one row
-    per graph execution: start_ns, end_ns, us, graphId, graphExecId, streamId, correlationId) and
-    ``nvtx`` (name, start_ns, end_ns, us, domain (its name), domain_id), each with ``file`` and
-    ``source`` (``<file name>:<row number>``). Raises IngestError for an unreadable database, a
-    database without any of these tables, or (unless ``lenient``) a row whose start/end is not a
-    number or ends before it starts. Zero-length kernels are counted in a warning."""
+    """Tables: ``kernels`` (name, start_ns, end_ns, us, and streamId, graphId, graphNodeId, deviceId, correlationId,
+    grid and block sizes where the export has them), ``graphs`` (one row per graph execution: start_ns, end_ns, us,
+    graphId, graphExecId, streamId, correlationId) and ``nvtx`` (name, start_ns, end_ns, us, domain (its name),
+    domain_id), each with ``file`` and ``source`` (``<file name>:<row number>``). Raises IngestError for an
+    unreadable database, a database without any of these tables, or (unless ``lenient``) a row whose start/end is
+    not a number or ends before it starts. Zero-length kernels are counted in a warning."""
     res = Ingested(path, "nsys-sqlite")
     con = None
     try:
@@ -190,8 +176,8 @@ def _pid(gtid):
 
 
 def _nvtx_cursor(con, table):
-    """``(domain map, the domain-creation event type, cursor over (start, end, text, textId, domainId,
-    eventType, globalTid))`` of an ``NVTX_EVENTS`` table: both views read it through this."""
+    """``(domain map, the domain-creation event type, cursor over (start, end, text, textId, domainId, eventType,
+    globalTid))`` of an ``NVTX_EVENTS`` table: both views read it through this."""
     cols = _cols(con, table)
     opt = {c: (c if c in cols else "NULL") for c in ("text", "textId", "domainId", "eventType", "globalTid")}
     return opt, (f'select start, end, {opt["text"]}, {opt["textId"]}, {opt["domainId"]}, {opt["eventType"]}, '
@@ -199,8 +185,8 @@ def _nvtx_cursor(con, table):
 
 
 def _nvtx_domains(con, table, opt, strings, create) -> dict:
-    """``{(pid, domainId): name}`` (and ``(None, domainId)`` for the first process naming it) from the
-    domain-creation rows of ``NVTX_EVENTS``; ``opt`` maps each optional column to itself or ``NULL``."""
+    """``{(pid, domainId): name}`` (and ``(None, domainId)`` for the first process naming it) from the domain-creation
+    rows of ``NVTX_EVENTS``; ``opt`` maps each optional column to itself or ``NULL``."""
     domains: dict[tuple, str] = {}
     if opt["eventType"] != "NULL":
         for text, tid, dom, gtid in con.execute(
@@ -251,9 +237,8 @@ NVTX_MARK, NVTX_PUSHPOP, NVTX_STARTEND = 34, 59, 60
 
 
 def split_global_id(gid) -> tuple[int, int]:
-    """(pid, tid) of an Nsight Systems serialized ``globalTid``/``globalPid`` (bits 24–47 the process,
-    0–23 the thread; "Serialized process and thread identifiers" in the export documentation);
-    (-1, -1) for NULL."""
+    """(pid, tid) of an Nsight Systems serialized ``globalTid``/``globalPid`` (bits 24–47 the process, 0–23 the thread;
+    "Serialized process and thread identifiers" in the export documentation); (-1, -1) for NULL."""
     if not isinstance(gid, int):
         return -1, -1
     return (gid >> 24) & 0xFFFFFF, gid & 0xFFFFFF
@@ -277,8 +262,8 @@ def _mem_label(sym: str) -> str:
 
 
 def export_version(con, tables) -> str:
-    """``"schema 3.16.1, Nsight Systems 2024.6.2.225"`` from ``META_DATA_EXPORT`` (or the older
-    ``EXPORT_META_DATA``); ``"schema not recorded"`` when the export has neither."""
+    """``"schema 3.16.1, Nsight Systems 2024.6.2.225"`` from ``META_DATA_EXPORT`` (or the older ``EXPORT_META_DATA``);
+    ``"schema not recorded"`` when the export has neither."""
     for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if t in tables and {"name", "value"} <= set(_cols(con, t)):
             kv = dict(con.execute(f'select name, value from "{t}"'))
@@ -293,38 +278,14 @@ def export_version(con, tables) -> str:
 
 
 def read_events(path: Path, sink, progress=None) -> dict:
-    """Every CUDA event of an ``nsys export --type sqlite`` database, row by row into ``sink`` (an
-    object with ``add(**cells)`` taking :data:`ds4lab.trace.events.COLUMNS` cells: a
-    :class:`~ds4lab.trace.table.Rows`), streamed from SQLite cursors.
+    """Every CUDA event of an ``nsys export --type sqlite`` database, streamed from SQLite cursors row by row into
+    ``sink`` (an object with ``add(**cells)`` taking :data:`ds4lab.trace.events.COLUMNS` cells: a
+    :class:`~ds4lab.trace.table.Rows`). Which table gives which rows: ``docs/trace-readers.md``, "Nsight Systems
+    SQLite". ``progress``: None or ``progress(rows_done, rows_total)``, every 20 000 rows.
 
-    Tables (each found whatever version suffix it has, :func:`find_table`; columns by name, so an
-    export that lacks one leaves that cell unknown and says so in ``notes``):
-
-    * ``CUPTI_ACTIVITY_KIND_RUNTIME`` → ``api`` rows: ``nameId`` through ``StringIds`` (version
-      suffixes dropped), ``globalTid`` → pid/tid, ``correlationId``; ``eventClass`` through
-      ``ENUM_NSYS_EVENT_CLASS`` tells runtime from driver calls and skips the backtrace duplicates
-      (``..._CUDABACKTRACE``); without it the name tells (``cuda*`` runtime, ``cu*`` driver). A
-      ``CUPTI_ACTIVITY_KIND_DRIVER`` table, where one exists, is read the same way.
-    * ``..._KERNEL`` → ``kernel`` rows (``demangledName``/``shortName``/``name``, grid, block, shared
-      memory, ``graphNodeId``, ``graphId`` where the export has it, ``globalPid``);
-    * ``..._MEMCPY`` → ``memcpy`` (``copyKind``/``srcKind``/``dstKind`` through ``ENUM_CUDA_MEMCPY_OPER``
-      and ``ENUM_CUDA_MEM_KIND``; without them the copy kind from CUPTI's numbering and the host memory
-      left unknown: the memory-kind numbers of exports without the table are not documented);
-    * ``..._MEMSET`` → ``memset``; ``..._SYNCHRONIZATION`` → ``sync`` (``syncType``, ``eventId``);
-    * ``..._CUDA_EVENT`` → the stream and event of the ``cudaEventRecord`` with that correlation id;
-    * ``NVTX_EVENTS`` → ``nvtx`` rows of push/pop and start/end ranges with their domain names
-      (as :func:`read_nsys_sqlite`'s ``nvtx`` table);
-    * ``..._GRAPH_TRACE`` → ``graph`` rows (whole-graph executions: ``--cuda-graph-trace=graph``);
-    * ``TARGET_INFO_CUDA_CONTEXT_INFO.nullStreamId`` (legacy stream) and ``TARGET_INFO_CUDA_STREAM.flag``
-      (through ``ENUM_CUPTI_STREAM_TYPE``) → ``stream_type``.
-
-    ``progress``: None or a callable ``progress(rows_done, rows_total)``, called every 20 000 rows.
-
-    Returns ``{"version": export_version(...), "notes": [...], "stream_types": {(pid, stream): type},
-    "tables": [names read]}``. Raises ``sqlite3.Error`` for an unreadable database (the caller names
-    the file) and SourceError for a row whose times are not numbers (:func:`timed_rows`). Rows are not
-    sorted here (Nsight Systems 2025.6 and later no longer export in time order).
-    """
+    Returns ``{"version": export_version(...), "notes": [...], "stream_types": {(pid, stream): type}, "tables": [names
+    read]}`` (rows unsorted). Raises ``sqlite3.Error`` for an unreadable database (the caller names the file) and
+    SourceError for a row whose times are not numbers (:func:`timed_rows`)."""
     con = connect(path)
     try:
         return _read_events(con, Path(path), sink, progress)
@@ -378,9 +339,9 @@ def _read_events(con, path, sink, progress) -> dict:
 
 
 def timed_rows(cursor, path, table: str, *, end_optional: bool = False):
-    """The rows of ``cursor`` (``start`` and ``end`` first) whose times are whole numbers of ns (an
-    integral float passes; ``end`` may be NULL where ``end_optional``). Raises SourceError naming the
-    file, the table, the row and the field of the first that is not: text, NULL, NaN, a fraction."""
+    """The rows of ``cursor`` (``start`` and ``end`` first) whose times are whole numbers of ns (an integral float
+    passes; ``end`` may be NULL where ``end_optional``). Raises SourceError naming the file, the table, the row and
+    the field of the first that is not: text, NULL, NaN, a fraction."""
     for k, r in enumerate(cursor, 1):
         for field, v in (("start", r[0]), ("end", r[1])):
             if v is None and field == "end" and end_optional:
@@ -592,13 +553,12 @@ CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUP
 
 
 def read_sqlite(path: Path, progress=None):
-    """The event table (:class:`~ds4lab.trace.events.EventTable`) of an Nsight Systems SQLite export;
-    ``tool`` names the export's schema and Nsight Systems version (``META_DATA_EXPORT``).
+    """The event table (:class:`~ds4lab.trace.events.EventTable`) of an Nsight Systems SQLite export; ``tool`` names
+    the export's schema and Nsight Systems version (``META_DATA_EXPORT``).
 
     Raises:
-        SourceError: an unreadable database, one without any CUDA table (names the tables it has and
-            the ``nsys profile --trace=cuda`` that records them), or a row whose times are not numbers.
-    """
+        SourceError: an unreadable database, one without any CUDA table (names the tables it has and the ``nsys profile
+            --trace=cuda`` that records them), or a row whose times are not numbers."""
     from ..events import EventTable
     from ..table import Rows, finish
 

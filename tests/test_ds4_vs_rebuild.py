@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from ds4lab.ds4 import compare as C
+from ds4lab.ds4 import vs_rebuild as C
 
 
 @pytest.fixture

@@ -1,91 +1,55 @@
-"""Reading what ds4 did: its log lines (decode-island captures and failures, MoE profile lines), its
-timed tokens, and its recorded tokens (CUPTI) as ds4lab's tables.
+"""Reading what ds4 did: its log lines (decode-island captures and failures, MoE profile lines), its timed tokens, and
+its recorded tokens (CUPTI) as ds4lab's tables.
 
-Everything here is pure pandas on files the workers wrote (:mod:`ds4lab.ds4.worker`), so it is
-tested without a GPU and runs again on a folder copied from the GPU machine.
-"""
+Everything here is pure pandas on files the workers wrote (:mod:`ds4lab.ds4.worker`), so it is tested without a GPU and
+runs again on a folder copied from the GPU machine."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-#: ds4's decode-island log lines (``ds4_cuda.cu``, ``cuda_decode_graph_*`` at ``b0309611``, printed
-#: with ``DS4_CUDA_DECODE_GRAPH_LOG=1`` or on failure).
-_ISLAND = re.compile(r"ds4: decode graph (?P<what>captured|capture failed|instantiate failed|first launch failed|"
-                     r"replay failed) \(?il=(?P<il>\d+) island=(?P<island>\d+)\)?(?::\s*(?P<error>.*))?")
-#: A launch ds4 checked inside a capture that had already failed (``cuda_ok`` after a launch: "... launch
-#: failed: operation failed due to a previous error during capture"): the island's capture is lost, and
-#: ds4 prints no "decode graph capture failed" line for it (seen with ``DS4_CUDA_MOE_PROFILE=1``).
-_CAPTURE_LAUNCH = re.compile(r"ds4: CUDA (?P<what>.+?) launch failed: (?P<error>.*during capture.*)")
-_DISABLED = re.compile(r"ds4: DS4_CUDA_DECODE_GRAPHS=\S+ - decode graph capture disabled")
-_MODEL_COPY = re.compile(r"ds4: CUDA model copy complete in (?P<s>[\d.]+)s")
-#: Where ds4 put the weights (``ds4_cuda.cu`` at ``b0309611``): copied into GPU memory, or the model's
-#: mapping registered for device access (every weight read over PCIe at each use).
-_WEIGHTS = (("gpu-memory", re.compile(r"ds4: CUDA (copying|chunk-copying) [\d.]+ GiB model")),
-            ("host-mapped", re.compile(r"ds4: CUDA (\(no-copy\) )?registered [\d.]+ GiB model mapping")))
-
-#: Kernel launch calls in CUPTI's runtime and driver API records.
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel")
-GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
-
-
-def _base(name: str) -> str:
-    """``cudaLaunchKernel_v7000`` / ``cuLaunchKernel_ptsz`` → ``cudaLaunchKernel`` / ``cuLaunchKernel``."""
-    return re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", str(name))
+from ..trace.records import GRAPH_LAUNCH_CALLS, KERNEL_LAUNCH_CALLS, api_base_name
 
 
 def read_log(path) -> dict:
-    """What a ds4 log says about its decode islands and its model load.
+    """What a ds4 log says about its decode islands and its model load, as the one reader of ds4's stderr reads it
+    (:func:`ds4lab.trace.sources.ds4log.read_ds4_log`, lenient: a malformed profile line is not counted).
 
-    Returns a dict: ``captured`` (list of (layer, island)), ``failed`` (list of dicts: layer,
-    island, step, error), ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None),
-    ``profile_lines`` (the ``ds4: CUDA MoE profile`` lines, verbatim), ``weights`` (``gpu-memory``:
-    ds4 copied the model into GPU memory; ``host-mapped``: it registered the file's mapping and reads
-    weights over PCIe; ``unknown``: the log says neither), ``capture_launch_errors`` (dicts: the
-    launch ds4 names, the error: launches that failed inside an already failed capture).
-    """
-    captured, failed, profile = [], [], []
-    disabled, copy_s, weights = False, None, "unknown"
-    in_capture = []
-    text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
-    for line in text.splitlines():
-        if "CUDA MoE profile" in line:
-            profile.append(line.strip())
-            continue
-        m = _ISLAND.search(line)
-        if m:
-            key = (int(m["il"]), int(m["island"]))
-            if m["what"] == "captured":
-                captured.append(key)
-            else:
-                failed.append({"layer": key[0], "island": key[1], "step": m["what"], "error": (m["error"] or "").strip()})
-            continue
-        m = _CAPTURE_LAUNCH.search(line)
-        if m:
-            in_capture.append({"launch": m["what"], "error": m["error"].strip()})
-            continue
-        if _DISABLED.search(line):
-            disabled = True
-        for where, pat in _WEIGHTS:
-            if weights == "unknown" and pat.search(line):
-                weights = where
-        m = _MODEL_COPY.search(line)
-        if m:
-            copy_s = float(m["s"])
-    if weights == "gpu-memory" and copy_s is None:  # the copy began and never said it completed
+    Returns a dict: ``captured`` (list of (layer, island)), ``failed`` (list of dicts: layer, island, step, error),
+    ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None), ``profile_lines`` (how many ``ds4:
+    CUDA MoE profile`` calls it holds), ``weights`` (``gpu-memory``: ds4 copied the model into GPU memory;
+    ``host-mapped``: it registered the file's mapping and reads weights over PCIe; ``unknown``: the log says neither,
+    or a copy began and never said it completed), ``capture_launch_errors`` (dicts: the launch ds4 names, the error:
+    launches that failed inside an already failed capture). A log that is not there says nothing."""
+    from ..trace.sources.ds4log import EVENT_COLUMNS, STAGES, read_ds4_log
+
+    path = Path(path)
+    res = read_ds4_log(path, lenient=True) if path.exists() else None
+    ev = res.tables.get("ds4_events") if res is not None else None
+    ev = ev if ev is not None else pd.DataFrame(columns=list(EVENT_COLUMNS))
+    isl = ev[ev.island.notna()]
+    failed = isl[isl.event != "captured"]
+    weights = next((e.split(" ", 1)[1] for e in ev.event if e.startswith("weights ")), "unknown")
+    copies = ev.loc[ev.event == "model copy complete", "seconds"]
+    copy_s = float(copies.iloc[-1]) if len(copies) else None
+    if weights == "gpu-memory" and copy_s is None:
         weights = "unknown"
-    return {"captured": captured, "failed": failed, "disabled": disabled, "model_copy_s": copy_s,
-            "profile_lines": profile, "weights": weights, "capture_launch_errors": in_capture}
+    in_capture = ev[ev.event == "launch failed in capture"]
+    return {"captured": [(int(r.layer), int(r.island)) for r in isl[isl.event == "captured"].itertuples()],
+            "failed": [{"layer": int(r.layer), "island": int(r.island), "step": r.event, "error": r.error}
+                       for r in failed.itertuples()],
+            "disabled": bool((ev.event == "capture disabled").any()), "model_copy_s": copy_s,
+            "profile_lines": len(res.tables["ds4_moe"]) // len(STAGES) if res is not None else 0,
+            "weights": weights,
+            "capture_launch_errors": [{"launch": r.call, "error": r.error} for r in in_capture.itertuples()]}
 
 
 def island_table(logs: dict) -> pd.DataFrame:
-    """One row per configuration: islands captured (island 0, island 1), failures and their
-    errors, from :func:`read_log` of each configuration's log (``logs``: config → read_log dict)."""
+    """One row per configuration: islands captured (island 0, island 1), failures and their errors, from
+    :func:`read_log` of each configuration's log (``logs``: config → read_log dict)."""
     rows = []
     for cfg, lg in logs.items():
         cap = lg["captured"]
@@ -96,7 +60,7 @@ def island_table(logs: dict) -> pd.DataFrame:
                      "captured_island1": sum(1 for _, i in cap if i == 1),
                      "failed": len(lg["failed"]), "failed_island1": sum(1 for f in lg["failed"] if f["island"] == 1),
                      "failed_layers": ",".join(str(f["layer"]) for f in lg["failed"]),
-                     "errors": " | ".join(errors), "profile_lines": len(lg["profile_lines"]),
+                     "errors": " | ".join(errors), "profile_lines": lg["profile_lines"],
                      "launch_errors_in_capture": len(lg.get("capture_launch_errors", ())),
                      "launch_error_in_capture": " | ".join(sorted({f"{e['launch']}: {e['error']}" for e in
                                                                     lg.get("capture_launch_errors", ())}))})
@@ -104,12 +68,11 @@ def island_table(logs: dict) -> pd.DataFrame:
 
 
 def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration and context: tokens, median µs per token (events) with its IQR, median host
-    µs of the eval call, and host / GPU.
+    """Per configuration and context: tokens, median µs per token (events) with its IQR, median host µs of the eval
+    call, and host / GPU.
 
     Args:
-        tokens: the workers' ``tokens.csv`` rows (columns ``config, context, gpu_us, host_us``).
-    """
+        tokens: the workers' ``tokens.csv`` rows (columns ``config, context, gpu_us, host_us``)."""
     g = tokens.groupby(["config", "context"], sort=False)
     out = g.agg(tokens=("gpu_us", "size"), us_per_token=("gpu_us", "median"),
                 q1=("gpu_us", lambda s: s.quantile(0.25)), q3=("gpu_us", lambda s: s.quantile(0.75)),
@@ -119,15 +82,14 @@ def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: float = 0.95) -> pd.DataFrame:
-    """Per context, ``base`` minus ``other`` µs per token, paired by decode position (both
-    configurations decode the same prompt token at the same position): the median of the per-position
-    differences with its distribution-free interval (:func:`ds4lab.timing.paired_difference`);
-    ``measurable`` is False where the interval includes zero. The configurations run one after the
-    other (ds4 reads its switches once per process), so the pairs share position and token, not time.
+    """Per context, ``base`` minus ``other`` µs per token, paired by decode position (both configurations decode the
+    same prompt token at the same position): the median of the per-position differences with its distribution-free
+    interval (:func:`ds4lab.timing.paired_difference`); ``measurable`` is False where the interval includes zero.
+    The configurations run one after the other (ds4 reads its switches once per process), so the pairs share
+    position and token, not time.
 
     Raises:
-        KeyError: ``base`` or ``other`` has no tokens.
-    """
+        KeyError: ``base`` or ``other`` has no tokens."""
     from ..timing import paired_difference
 
     rows = []
@@ -149,23 +111,21 @@ def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: floa
 
 
 def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """From a recording's event table (:mod:`ds4lab.trace.events` columns) of tokens marked by NVTX
-    ranges ``decode_step``: per token (``tokens``) and per kernel name (``kernels``).
+    """From a recording's event table (:mod:`ds4lab.trace.events` columns) of tokens marked by NVTX ranges
+    ``decode_step``: per token (``tokens``) and per kernel name (``kernels``).
 
-    Per token: kernel launch calls, graph launches, kernels executed (eager ones and those inside
-    graphs, joined by correlation id), kernel busy µs (sum of durations), the host's span from the
-    token's start to the end of its last launch call (``enqueue_us``) and the median µs of one
-    launch call (``launch_call_us``: CUPTI's own cost included). Per kernel name: launches per
-    token, median µs, and whether it ran inside a graph.
+    Per token: kernel launch calls, graph launches, kernels executed (eager ones and those inside graphs, joined by
+    correlation id), kernel busy µs (sum of durations), the host's span from the token's start to the end of its last
+    launch call (``enqueue_us``) and the median µs of one launch call (``launch_call_us``: CUPTI's own cost included).
+    Per kernel name: launches per token, median µs, and whether it ran inside a graph.
 
     Raises:
-        ValueError: the table has no ``decode_step`` range.
-    """
+        ValueError: the table has no ``decode_step`` range."""
     nv = frame[(frame.kind == "nvtx") & (frame.name == "decode_step")].sort_values("start_ns")
     if nv.empty:
         raise ValueError("the recording has no NVTX range decode_step: record tokens with ds4lab.ds4.worker")
     api = frame[frame.kind == "api"].copy()
-    api["base"] = api["name"].map(_base)
+    api["base"] = api["name"].astype(str).map(api_base_name)
     kern = frame[frame.kind == "kernel"].copy()
     kern["us"] = (kern.end_ns - kern.start_ns) / 1e3
     tok_rows, kern_rows = [], []
@@ -173,7 +133,7 @@ def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         a = api[(api.start_ns >= r.start_ns) & (api.end_ns <= r.end_ns)]
         if r.tid != -1:
             a = a[a.tid == r.tid]
-        launches = a[a.base.isin(LAUNCH_CALLS)]
+        launches = a[a.base.isin(KERNEL_LAUNCH_CALLS)]
         graphs = a[a.base.isin(GRAPH_LAUNCH_CALLS)]
         k = kern[kern.correlation.isin(set(launches.correlation) | set(graphs.correlation))]
         issued = pd.concat([launches.end_ns, graphs.end_ns])
@@ -200,15 +160,14 @@ def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def expert_data_check(frame: pd.DataFrame, random_layers, n_layers: int = 43) -> pd.DataFrame:
-    """Do ds4's kernels run faster on zeros? The synthetic model's routed experts are holes (zeros)
-    but on ``random_layers`` (random blocks, :func:`ds4lab.ds4.gguf_model.ds4_tensors`); here, per
-    kernel name that runs once per layer in every recorded token (``n_layers`` instances, in launch
-    order = layer order), its median µs on the random layers against the others.
+    """Do ds4's kernels run faster on zeros? The synthetic model's routed experts are holes (zeros) but on
+    ``random_layers`` (random blocks, :func:`ds4lab.ds4.gguf_model.ds4_tensors`); here, per kernel name that runs
+    once per layer in every recorded token (``n_layers`` instances, in launch order = layer order), its median µs on
+    the random layers against the others.
 
-    Returns one row per such kernel: ``name``, ``random_us`` and ``hole_us`` (medians over the
-    recorded tokens), ``ratio`` (random / hole: above 1, zeros make the kernel cheaper and the run
-    times it low), ``tokens``. Empty when no layer is random or no kernel runs once per layer.
-    """
+    Returns one row per such kernel: ``name``, ``random_us`` and ``hole_us`` (medians over the recorded tokens),
+    ``ratio`` (random / hole: above 1, zeros make the kernel cheaper and the run times it low), ``tokens``. Empty when
+    no layer is random or no kernel runs once per layer."""
     random_layers = {int(x) for x in random_layers}
     cols = ["name", "random_us", "hole_us", "ratio", "tokens"]
     if not random_layers:
@@ -236,14 +195,13 @@ def expert_data_check(frame: pd.DataFrame, random_layers, n_layers: int = 43) ->
 
 
 def exactness(folder, configs, reference: str) -> pd.DataFrame:
-    """Each configuration's logits against ``reference``'s, token by token (same context, same
-    position: both decoded the same prompt token there), from the workers' ``logits-<context>.npy``
-    and ``tokens.csv`` in ``folder/worker-<config>/``.
+    """Each configuration's logits against ``reference``'s, token by token (same context, same position: both decoded
+    the same prompt token there), from the workers' ``logits-<context>.npy`` and ``tokens.csv`` in
+    ``folder/worker-<config>/``.
 
-    Returns one row per (config, context, pos): ``identical`` (every logit's bytes equal), ``n_diff``
-    (logits that differ), ``first_diff`` (the vocabulary index of the first, or -1), ``reference`` and
-    ``value`` there, ``max_abs_diff``, and ``argmax_same``. Configurations or contexts without logits
-    on either side give no rows.
+    Returns one row per (config, context, pos): ``identical`` (every logit's bytes equal), ``n_diff`` (logits that
+    differ), ``first_diff`` (the vocabulary index of the first, or -1), ``reference`` and ``value`` there,
+    ``max_abs_diff``, and ``argmax_same``. Configurations or contexts without logits on either side give no rows.
     """
     folder = Path(folder)
     cols = ["config", "reference", "context", "pos", "identical", "n_diff", "first_diff", "reference_value",

@@ -1,12 +1,10 @@
-"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the launch
-census per token, host µs per launch, what capture buys (ds4's islands against ds4lab's stage i), and
-kernel µs per token by kind.
+"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the capture ladders, the
+launch census per token, host µs per launch, what capture buys (ds4's islands against ds4lab's stage i), and kernel
+µs per token by kind; :class:`Beside` holds them for one ds4 record.
 
-Each table names where every figure came from: ds4's from a ``ds4lab ds4`` folder (its GPU, driver
-and ds4 commit in the folder's ``meta.json``), ds4lab's from a measured ladder or context record
-(``meta.json`` beside it) or from ds4lab's own model of the token (counts, no timing). Nothing here
-measures anything.
-"""
+Each table names where every figure came from: ds4's from a ``ds4lab ds4`` folder (its GPU, driver and ds4 commit in
+the folder's ``meta.json``), ds4lab's from a measured ladder or context record (``meta.json`` beside it) or from
+ds4lab's own model of the token (counts, no timing). Nothing here measures anything."""
 
 from __future__ import annotations
 
@@ -69,8 +67,7 @@ def read_ds4(folder) -> Ds4Record:
     """Read a ``ds4lab ds4`` folder.
 
     Raises:
-        ValueError: ``folder`` has no ``meta.json`` of job ``ds4`` (names it).
-    """
+        ValueError: ``folder`` has no ``meta.json`` of job ``ds4`` (names it)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder (a ds4lab ds4 result folder, e.g. results/ds4-b0309611)")
@@ -114,9 +111,9 @@ def _lab_label(meta: dict) -> str:
 
 
 def lab_census(contexts=(1024,), preset: str = "ds4-flash") -> pd.DataFrame:
-    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``:
-    kernel launches and all launches per token, by cluster; counted by the launcher on a timing-only
-    sim (:func:`ds4lab.experiments.launch_list.census`: the same launch list on every backend)."""
+    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``: kernel launches
+    and all launches per token, by cluster; counted by the launcher on a timing-only sim
+    (:func:`ds4lab.experiments.launch_list.census`: the same launch list on every backend)."""
     from ..backends import make_backend
     from ..experiments.launch_list import census
     from ..token.config import get_preset
@@ -136,9 +133,9 @@ def lab_census(contexts=(1024,), preset: str = "ds4-flash") -> pd.DataFrame:
 
 
 def census_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD, contexts=(1024,)) -> pd.DataFrame:
-    """Launches per token, ds4 beside ds4lab: eager kernel launches and graph launches with the islands
-    off and on, and the kernels that ran (ds4: CUPTI records of its recorded tokens; ds4lab: its ladder
-    record's stages 0 and i, and its model's census at ``contexts``). ``source`` names each row's origin."""
+    """Launches per token, ds4 beside ds4lab: eager kernel launches and graph launches with the islands off and on, and
+    the kernels that ran (ds4: CUPTI records of its recorded tokens; ds4lab: its ladder record's stages 0 and i, and
+    its model's census at ``contexts``). ``source`` names each row's origin."""
     rows = []
     if rec is not None and not rec.census.empty:
         for (cfg, ctx), g in rec.census.groupby(["config", "context"]):
@@ -164,9 +161,9 @@ def census_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD, contexts=(
 
 
 def host_table(rec: Ds4Record | None, calibration=None) -> pd.DataFrame:
-    """Host µs per eager launch: ds4 (C, its host span per token to its last launch over its launch calls,
-    and CUPTI's median launch call, islands off) beside ds4lab (Python: the calibration's
-    ``host_launch_us``, fitted from a measured ladder; the calibration's name and source on the row)."""
+    """Host µs per eager launch: ds4 (C, its host span per token to its last launch over its launch calls, and CUPTI's
+    median launch call, islands off) beside ds4lab (Python: the calibration's ``host_launch_us``, fitted from a
+    measured ladder; the calibration's name and source on the row)."""
     from ..sim.costmodel import Calibration
 
     rows = []
@@ -186,11 +183,10 @@ def host_table(rec: Ds4Record | None, calibration=None) -> pd.DataFrame:
 
 
 def gain_table(rec: Ds4Record | None, lab_context=LAB_CONTEXT_RECORD, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
-    """What capture buys, per context: ds4's islands on against off (µs per token, the ratio, the gain
-    paired by position with its 95 % interval) beside ds4lab's stage i against stage 0 (its measured
-    ladder and context records). ``source`` names each row's origin; ``pair`` says whether the other
-    engine ran the same context (``both engines``), or which did not (a context is a position: ds4lab's
-    ladder at 1 000 is not ds4's 1 024)."""
+    """What capture buys, per context: ds4's islands on against off (µs per token, the ratio, the gain paired by
+    position with its 95 % interval) beside ds4lab's stage i against stage 0 (its measured ladder and context
+    records). ``source`` names each row's origin; ``pair`` says whether the other engine ran the same context
+    (``both engines``), or which did not (a context is a position: ds4lab's ladder at 1 000 is not ds4's 1 024)."""
     rows = []
     if rec is not None and not rec.gains.empty:
         for r in rec.gains[rec.gains.other == "islands-on"].to_dict("records"):
@@ -223,8 +219,8 @@ def gain_table(rec: Ds4Record | None, lab_context=LAB_CONTEXT_RECORD, lab_ladder
 
 
 def kernel_kinds(rec: Ds4Record, config: str = "islands-off") -> pd.DataFrame:
-    """ds4's kernel µs per token by :data:`KINDS` (its recorded tokens, ``config``, every context
-    recorded), with the launches per token of each kind."""
+    """ds4's kernel µs per token by :data:`KINDS` (its recorded tokens, ``config``, every context recorded), with the
+    launches per token of each kind."""
     rows = []
     for (cfg, ctx), k in rec.kernels.items():
         if cfg != config or k.empty:
@@ -256,12 +252,12 @@ OMISSIONS = (
 
 
 def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame:
-    """Launches and kernel µs per token by :data:`KINDS`, ds4 against ds4lab's rebuild, like for like:
-    ``ds4_kernels`` maps a context to a ``kernels-islands-off-<context>.csv`` table of ds4's recorded
-    tokens (CUPTI: ``per_token``, ``us_per_token`` by kernel name); the rebuild's from its per-op record
-    (``lab_per_op``: launches and µs per token by launch site, at 1k). One row per kind and context, with
-    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank where the rebuild has no
-    record at that context) and ``ds4_minus_rebuild_us``."""
+    """Launches and kernel µs per token by :data:`KINDS`, ds4 against ds4lab's rebuild, like for like: ``ds4_kernels``
+    maps a context to a ``kernels-islands-off-<context>.csv`` table of ds4's recorded tokens (CUPTI: ``per_token``,
+    ``us_per_token`` by kernel name); the rebuild's from its per-op record (``lab_per_op``: launches and µs per
+    token by launch site, at 1k). One row per kind and context, with ``ds4_launches``, ``ds4_us``,
+    ``rebuild_launches``, ``rebuild_us`` (blank where the rebuild has no record at that context) and
+    ``ds4_minus_rebuild_us``."""
     lab = pd.read_csv(lab_per_op) if lab_per_op is not None and Path(lab_per_op).is_file() else pd.DataFrame()
     if len(lab):
         lab = lab.assign(kind=[kernel_kind(f"{k} {c}") for k, c in zip(lab.kernel, lab.cluster)])
@@ -283,9 +279,9 @@ def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame
 
 
 def omissions(ds4_kernels: dict) -> pd.DataFrame:
-    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens at each
-    context of ``ds4_kernels`` (context → ds4's ``kernels-islands-off-<context>.csv`` table); a kernel
-    that serves two purposes counts the share of its launches the omitted work takes."""
+    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens at each context of
+    ``ds4_kernels`` (context → ds4's ``kernels-islands-off-<context>.csv`` table); a kernel that serves two purposes
+    counts the share of its launches the omitted work takes."""
     import re as _re
 
     rows = []
@@ -302,9 +298,8 @@ def omissions(ds4_kernels: dict) -> pd.DataFrame:
 
 def gain_figure(gains: pd.DataFrame):
     """µs per token eager and with islands, ds4 beside ds4lab, at the contexts both engines ran (bars,
-    :func:`ds4lab.report.plots.grouped_bars_figure`; :func:`gain_table`'s ``pair``); what has no pair
-    is named under the title, not drawn. ``None`` for an empty table. The title names where each
-    engine's figures came from."""
+    :func:`ds4lab.report.plots.grouped_bars_figure`; :func:`gain_table`'s ``pair``); what has no pair is named under
+    the title, not drawn. ``None`` for an empty table. The title names where each engine's figures came from."""
     if gains is None or gains.empty:
         return None
     from ..report import plots
@@ -334,11 +329,11 @@ LADDER_RUNGS = (("0", "0"), ("i", "i"), ("3u", "3u"), ("3", "3"))
 
 
 def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
-    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder: µs per token of ds4 as shipped and of
-    each stage on ds4 rewritten by ds4lab, tokens bit-identical to ds4 as shipped) beside ds4lab's
-    rebuild's measured ladder (its record's stages 0, i, 3u, 3), one row per engine, context and stage,
-    ``source`` naming each. A stage ds4 does not have yet (3) is the rebuild's row alone; ds4's stage 3
-    row, where its folder recorded the replayed graph, is not a measurement of stage 3 and is not here."""
+    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder: µs per token of ds4 as shipped and of each stage on
+    ds4 rewritten by ds4lab, tokens bit-identical to ds4 as shipped) beside ds4lab's rebuild's measured ladder (its
+    record's stages 0, i, 3u, 3), one row per engine, context and stage, ``source`` naming each. A stage ds4 does
+    not have yet (3) is the rebuild's row alone; ds4's stage 3 row, where its folder recorded the replayed graph, is
+    not a measurement of stage 3 and is not here."""
     rows = []
     lad = rec.ladder if rec is not None else pd.DataFrame()
     for r in lad.to_dict("records") if len(lad) else ():
@@ -362,8 +357,8 @@ def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.Data
 
 def ladder_figure(table: pd.DataFrame):
     """µs per token by stage, ds4 (each context it measured) beside ds4lab's rebuild (bars,
-    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names
-    where each engine's figures came from."""
+    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names where each
+    engine's figures came from."""
     if table is None or table.empty:
         return None
     from ..report import plots
@@ -374,3 +369,62 @@ def ladder_figure(table: pd.DataFrame):
     title = ("The capture ladder: ds4 itself (stages on ds4 rewritten by ds4lab) beside ds4lab's rebuild\n"
              + "\n".join(sorted({re.sub(r" \(.*\)$", "", s) for s in table["source"]})))
     return plots.grouped_bars_figure(series, stages, "µs per decode token (median, CUDA events)", title)
+
+
+@dataclass
+class Beside:
+    """ds4 beside ds4lab's rebuild for one ds4 record (``record``: a :func:`read_ds4` folder, or None: the rebuild's
+    side alone), each table and figure of this module one method away."""
+
+    record: Ds4Record | None
+
+    @property
+    def label(self) -> str:
+        """The record's :attr:`Ds4Record.label`, or what there is without one."""
+        return self.record.label if self.record is not None else "no ds4 record: ds4lab's side only"
+
+    @property
+    def islands(self) -> pd.DataFrame:
+        """What ds4's log says its islands captured and retired, per configuration (``islands.csv``)."""
+        return self.record.islands if self.record is not None else pd.DataFrame()
+
+    def ladder(self) -> pd.DataFrame:
+        """:func:`ladder_table`."""
+        return ladder_table(self.record)
+
+    def ladder_figure(self):
+        """:func:`ladder_figure` of :meth:`ladder` (None where it is empty)."""
+        return ladder_figure(self.ladder())
+
+    def census(self, contexts=(1024,)) -> pd.DataFrame:
+        """:func:`census_table` (ds4lab's model counted at ``contexts``)."""
+        return census_table(self.record, contexts=contexts)
+
+    def host(self) -> pd.DataFrame:
+        """:func:`host_table`."""
+        return host_table(self.record)
+
+    def gains(self) -> pd.DataFrame:
+        """:func:`gain_table`."""
+        return gain_table(self.record)
+
+    def gain_figure(self):
+        """:func:`gain_figure` of :meth:`gains` (None where it is empty)."""
+        return gain_figure(self.gains())
+
+    def kernel_kinds(self, config: str = "islands-off") -> pd.DataFrame:
+        """:func:`kernel_kinds` (empty without a record)."""
+        return kernel_kinds(self.record, config) if self.record is not None else pd.DataFrame()
+
+    def by_kind(self) -> pd.DataFrame:
+        """:func:`kind_census` of the record's islands-off kernels at each recorded context."""
+        return kind_census(self._off_kernels())
+
+    def omissions(self) -> pd.DataFrame:
+        """:func:`omissions` of the record's islands-off kernels at each recorded context."""
+        return omissions(self._off_kernels())
+
+    def _off_kernels(self) -> dict:
+        kernels = self.record.kernels if self.record is not None else {}
+        return {ctx: k for (cfg, ctx), k in kernels.items() if cfg == "islands-off"}
+
