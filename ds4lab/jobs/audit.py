@@ -100,7 +100,7 @@ def program_argv(argv) -> list[str]:
 
 
 def _meta(cfg: AuditConfig) -> dict:
-    from .. import __version__
+    from ..version import __version__
     from ..report.provenance import git_revision, source_digest
 
     return {"job": "audit", "ds4lab": __version__, "git_revision": git_revision(), "source_digest": source_digest(),
