@@ -223,7 +223,8 @@ def saved_run(folder: Path) -> dict:
         raise BadInput(f"{f}: not a run's engine.json ({type(e).__name__}: {e})") from None
     if not isinstance(r, dict):
         raise BadInput(f"{f}: not a run's engine.json (a {type(r).__name__}, not an object)")
-    for key, name in (("recording", "recording.csv.gz"), ("arguments", "arguments.json.gz")):
+    for key, name in (("recording", "recording.csv.gz"), ("arguments", "arguments.json.gz"),
+                      ("markers", "recording.markers.csv.gz")):
         r[key] = str(folder / name) if (folder / name).is_file() else ""
     return with_check(r)
 
@@ -243,7 +244,8 @@ def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None
     """The runs asked for, as ``(family, cache, dtype, saved, script)``: with ``runs_from``, the saved runs
     of that folder (any ``*/engine.json``) whose family, cache and dtype match the filters (``saved()`` reads
     one back: :func:`saved_run`; ``script`` its folder); else every family script of the steps folder
-    (:func:`ds4lab.audit.steps.discover`, its ``--list``) in each of its caches and dtypes that match
+    (:func:`ds4lab.audit.steps.discover`, its ``--list``: only the scripts a filter name names, where it names
+    any and every name is found in them) in each of its caches and dtypes that match
     (``saved`` None; ``script`` to run with :func:`ds4lab.audit.steps.run_step`). A filter name may be a family or a cache (``engines``
     and ``caches`` are both searched: the command line cannot tell them apart before ``--list``).
 
@@ -263,11 +265,17 @@ def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None
     else:
         from .steps import discover, listing
 
-        for script in discover(steps):
-            ls = listing(script)
-            for c in ls["caches"]:
-                for d in ls["dtypes"]:
-                    found.append((str(ls["family"]), str(c), str(d), None, script))
+        def listed(scripts):
+            out = []
+            for script in scripts:
+                ls = listing(script)
+                out += [(str(ls["family"]), str(c), str(d), None, script) for c in ls["caches"] for d in ls["dtypes"]]
+            return out
+
+        chosen = discover(steps, names)  # only the scripts named, where a name is a script's
+        found = listed(chosen)
+        if any(n not in {x[0] for x in found} | {x[1] for x in found} for n in names) and chosen != discover(steps):
+            found = listed(discover(steps))  # a name that is none of theirs: ask every script
     fams, cas = {x[0] for x in found}, {x[1] for x in found}
     unknown = sorted(n for n in names if n not in fams and n not in cas)
     if unknown and runs_from is None:
@@ -317,7 +325,8 @@ def _statement_of(path: Path, line: int) -> tuple[int, int] | None:
 
 
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
-             on_report=None, runs_from: Path | None = None, steps=None) -> "pd.DataFrame":  # noqa: F821
+             on_report=None, runs_from: Path | None = None, steps=None,
+             capture_cost: bool = True) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every family of the steps folder (:func:`runs`: its scripts, their caches
     and dtypes matching ``engines``, ``caches`` and ``dtypes``) on the user's path (module docstring);
     writes each audit report under ``out/<family>-<cache>-<dtype>/audit/`` and returns the table
@@ -328,7 +337,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     run (to write them as they come), ``on_report(report, "<family>-<cache>-<dtype>/audit")`` with each audit
     report (to write it there; without it, it is written there by :func:`ds4lab.audit.report.write`).
     ``runs_from``: audit the runs saved in that folder (:func:`saved_run`; no GPU) instead of running them;
-    ``steps``: the steps folder (None: ``ds4lab/data/steps``)."""
+    ``steps``: the steps folder (None: ``ds4lab/data/steps``); ``capture_cost``: measure the argument capture's
+    cost per launch in each run (:func:`ds4lab.audit.steps.run_step`)."""
     import pandas as pd
 
     from . import report as audit_report
@@ -343,7 +353,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     rows = []
     for engine, cache, dtype, saved, script in runs(engines, caches, dtypes, steps=steps, runs_from=runs_from):
         name = f"{engine}-{cache}-{dtype}"
-        r = saved() if saved is not None else run_step(script, engine, cache, dtype, out, say=say)
+        r = saved() if saved is not None else run_step(script, engine, cache, dtype, out, say=say,
+                                                       capture_cost=capture_cost)
         r.setdefault("outcome", "")
         chk = with_check(r).get("check") or {}
         cost = r.get("overhead") or {}

@@ -52,6 +52,7 @@ import shutil
 import threading
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import records as R
@@ -481,7 +482,8 @@ def _strip_python(argv: list[str]) -> list[str]:
 
 
 def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = False,
-               token_range: str | None = None, capture_path: bool = True, markers: bool = True) -> Path:
+               token_range: str | None = None, capture_path: bool = True, markers: bool = True,
+               seconds: dict | None = None) -> Path:
     """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.trace.recording``)
     with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
     when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
@@ -500,6 +502,9 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
     ``markers``: run the script once more with only its NVTX ranges recorded (the markers pass, module
     docstring), into ``<stem>.markers.csv.gz`` beside the recording: its untraced host times; a pass that
     fails is said and leaves the rest as it is.
+
+    ``seconds``: filled with each pass's wall-clock seconds (``timed``, ``capture_path``, ``markers``,
+    ``arguments``: the passes that ran), for the record of where a run's time goes.
 
     ``arguments``: run the script a second time with the kernel arguments recorded
     (:mod:`ds4lab.trace.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
@@ -537,7 +542,10 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         env["NVTX_INJECTION64_PATH"] = str(lib)
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"recording: {' '.join(argv)}")
+    took = seconds if seconds is not None else {}
+    clock = time.monotonic()
     rc = _run_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(target), "--", *argv], env, say)
+    took["timed"] = round(time.monotonic() - clock, 1)
     if err.is_file():
         raise SourceError(err.read_text().strip())
     if not target.is_file():
@@ -556,22 +564,28 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         elif asked:
             say(f"the script asked {asked} times whether the stream captures: recording its capture path (a pass "
                 f"with torch.cuda.is_current_stream_capturing() answering yes): {' '.join(argv)}")
+            clock = time.monotonic()
             if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third),
                                "--as-if-capturing", "--", *argv], third, env, say, "no capture-path pass"):
                 say(f"capture path recorded to {third}")
+            took["capture_path"] = round(time.monotonic() - clock, 1)
     if markers:
         say(f"recording the NVTX ranges alone (the markers pass: untraced host times): {' '.join(argv)}")
+        clock = time.monotonic()
         if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(marks), "--markers", "--",
                            *argv], marks, env, say, "no markers pass (the plans price the loop at its traced cost)"):
             say(f"NVTX ranges of an untraced run recorded to {marks}")
+        took["markers"] = round(time.monotonic() - clock, 1)
     if arguments:
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
         extra = ["--token-range", token_range] if token_range else []
+        clock = time.monotonic()
         # the audit's runner: the recording runner with the audit's token finder (ds4lab.audit.arguments)
         if _optional_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments",
                            *extra, "--", *argv], second, env, say, "no kernel arguments"):
             say(f"kernel arguments recorded to {store_path(second)}")
+        took["arguments"] = round(time.monotonic() - clock, 1)
     return target
 
 
