@@ -210,3 +210,30 @@ def test_the_audit_job_prices_a_recording_at_the_markers_pass_beside_it(tmp_path
     meta = json.loads((tmp_path / "audit" / "meta.json").read_text())
     assert meta["units"][0]["untraced"]["source"].endswith("recording.markers.csv.gz")
     assert isinstance(rep.untraced, Untraced)
+
+
+def test_validate_runs_from_prices_a_saved_run_at_its_markers_pass(tmp_path):
+    """A saved run of ``audit validate`` with its markers pass beside the recording: the row's plan is the
+    untraced one, held to the truth's loop-body replay; the same run without the pass is not held, and says so."""
+    from ds4lab.audit.validate import validate
+    from ds4lab.trace.sources.saved import write_table
+
+    run = tmp_path / "runs" / "loop-default-float32"
+    run.mkdir(parents=True)
+    write_table(user_loop(inflate=INFLATE).table("<recording>", tool="cupti"), run / "recording.csv.gz",
+                argv=["loop.py", "--cache", "default", "--dtype", "float32"])
+    write_table(markers_pass(user_loop()), run / "recording.markers.csv.gz", **{"pass": "markers"},
+                argv=["loop.py", "--cache", "default", "--dtype", "float32"])
+    replay = GRAPH_US + LOOP_DEVICE_US
+    (run / "engine.json").write_text(json.dumps({
+        "family": "loop", "cache": "default", "dtype": "float32", "outcome": "replays right", "replay_us": replay,
+        "eager_us": 80.0, "loop_body": True, "truth": {"outcome": "replays right", "loop_body": True}}))
+    say = []
+    df = validate((), (), tmp_path / "v", runs_from=tmp_path / "runs", say=say.append)
+    row = df.iloc[0]
+    assert row["host_times"] == "untraced (recording.markers.csv.gz)" and row["time_agrees"] == True  # noqa: E712
+    assert row["predicted_us"] == pytest.approx(replay, rel=1e-6) and row["untraced_eager_us"] > replay
+    assert "; host untraced (recording.markers.csv.gz))" in say[-1]
+    (run / "recording.markers.csv.gz").unlink()
+    row = validate((), (), tmp_path / "w", runs_from=tmp_path / "runs", say=lambda *a: None).iloc[0]
+    assert row["host_times"] == TRACED and row["time_agrees"] is None and "no untraced (markers) pass" in row["time_note"]
