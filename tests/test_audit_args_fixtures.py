@@ -192,3 +192,14 @@ def test_an_odd_word_inside_a_live_block_is_unset_bytes_not_a_frozen_address():
     odd = f[f["values"].astype(str).str.contains("0x7fb500000001")]
     assert len(odd) and (odd["call_class"] == UNSET).all()
     assert len(rep.arguments.frozen) == 0 and against_torch(rep, torch_run)["audit_verdict"] == RIGHT
+
+
+def test_validate_runs_from_finds_the_true_cause_of_a_run_copied_from_where_it_ran(tmp_path):
+    """A fixture names its script as it ran (``cupy_kv_row.py``, no folder): the statement holding the cause's
+    line is read from the steps folder, as the fixture test reads it, so ``--runs-from`` agrees with it."""
+    from ds4lab.audit.validate import validate
+
+    df = validate(("cupy_kv_row",), (), tmp_path / "v", runs_from=ROOT, say=lambda *a: None)
+    row = df.iloc[0]
+    assert row["audit_verdict"] == WRONG and row["cause_first"] == True  # noqa: E712
+    assert row["time_agrees"] is None and "no untraced (markers) pass" in row["time_note"]

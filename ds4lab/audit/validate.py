@@ -347,7 +347,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     from .capture_path import attach_beside, not_used
     from .frozen import WRONG, attach, verdict
     from .plans import attach_untraced_beside, markers_not_used
-    from .steps import run_step
+    from .steps import run_step, steps_folder
     from ..trace.sources import read_events as read
 
     rows = []
@@ -403,7 +403,10 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
             v = verdict(rep)
             row["lead"] = (f"{str(v.lead.get('name', ''))[:60]} at {v.lead.get('where') or '—'}" if v.lead else "")
             script = r.get("script")
-            row["cause_first"] = (cause_first(v.lead, cause, Path(script).parent if script else None)
+            # the script's folder, where the run's script is still there (a saved run names it as it ran), else
+            # the steps folder (a run copied elsewhere, as the fixtures are)
+            sources = Path(script).parent if script and Path(script).is_file() else steps_folder(steps)
+            row["cause_first"] = (cause_first(v.lead, cause, sources)
                                   if v.verdict == WRONG else (None if cause is None else False))
             row["frozen_on_right"] = bool(OUTCOMES.get(row["torch_outcome"]) == "replays right"
                                           and (row["frozen_findings"] > 0 or row["audit_verdict"] == WRONG))

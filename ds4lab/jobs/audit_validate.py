@@ -144,6 +144,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
                 f"{r.family}/{r.cache}/{r.dtype} (torch {r.torch_outcome or 'failed'}, audit {r.audit_verdict or '-'}"
                 + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "")
+                + (" not held" if r.predicted_over_measured and getattr(r, "time_note", "") else "")
                 + (", frozen findings on a step that replays right" if getattr(r, "frozen_on_right", False) is True
                    else "")
                 + (", not led by its true cause" if getattr(r, "cause_first", None) is False else "")
