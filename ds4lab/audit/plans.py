@@ -526,6 +526,7 @@ def attach_untraced(report, table, *, recorded=None) -> Untraced:
             program failed where the recording's did not; tokens not found from an NVTX range, or a pass
             whose ranges are not as many as the tokens (:func:`ds4lab.audit.tokens.untraced_ranges`).
     """
+    from .capture_path import _sha256  # the passes beside a recording are named by their bytes alike
     from .tokens import untraced_ranges
 
     if report.plans is None or report.plans.empty or report.model is None:
@@ -592,12 +593,3 @@ def attach_untraced_beside(report, recording, *, recorded=None) -> Untraced | No
 def markers_not_used(report) -> str:
     """The note saying why a markers pass beside the report's recording was not used, or ""."""
     return next((n for n in report.notes if n.startswith(MARKERS_NOT_USED)), "")
-
-
-def _sha256(path) -> str:
-    import hashlib
-
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path is not None else ""
-    except OSError:
-        return ""
