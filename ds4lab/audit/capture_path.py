@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..trace.capture_path import asks_capture_status
+from ..trace.recording import STEP_KEYS  # the header keys that name a recorded step
 from .plans import RECORDED_PATH, TRACED, plan_row, untraced_source
 
 #: The plans modeled on the capture-path pass where one is attached (the rest stay on the recorded path).
@@ -65,11 +66,6 @@ class CapturePath:
     def label(self) -> str:
         """The pass as the plans' ``path`` names it: ``capture path (<file name>)``."""
         return f"capture path ({Path(self.source).name})"
-
-
-#: Header keys of a saved recording that name the step it recorded (``audit validate``'s runs, ``audit
-#: run``'s script): a pass whose keys differ from its recording's belongs to another step.
-STEP_KEYS = ("engine", "cache", "dtype", "argv")
 
 
 def _median_int(table: pd.DataFrame, col: str) -> int:

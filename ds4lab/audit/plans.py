@@ -85,6 +85,7 @@ import numpy as np
 import pandas as pd
 
 from ..timing import Stats, paired_difference
+from ..trace.sources.common import content_sha256
 from .spans import Item, spans_of
 
 
@@ -478,8 +479,7 @@ MARKERS_NOT_USED = "markers pass not used:"
 
 def _check_same_program(table, recorded) -> None:
     """Refuse a markers pass that cannot be a run of the recording's program (ValueError naming why)."""
-    from ..trace.recording import MARKERS_PASS
-    from .capture_path import STEP_KEYS
+    from ..trace.recording import MARKERS_PASS, STEP_KEYS
 
     theirs, ours = getattr(table, "header", None) or {}, getattr(recorded, "header", None) or {}
     if theirs.get("pass") != MARKERS_PASS:
@@ -526,7 +526,6 @@ def attach_untraced(report, table, *, recorded=None) -> Untraced:
             program failed where the recording's did not; tokens not found from an NVTX range, or a pass
             whose ranges are not as many as the tokens (:func:`ds4lab.audit.tokens.untraced_ranges`).
     """
-    from .capture_path import _sha256  # the passes beside a recording are named by their bytes alike
     from .tokens import untraced_ranges
 
     if report.plans is None or report.plans.empty or report.model is None:
@@ -535,8 +534,10 @@ def attach_untraced(report, table, *, recorded=None) -> Untraced:
         raise ValueError(f"{table.source}: attach the markers pass before the capture-path pass")
     _check_same_program(table, recorded)
     inside, outside = untraced_ranges(table, report.tokens)
+    path = getattr(table, "path", None)
     u = Untraced(str(table.source), report.tokens.range_name, inside, outside,
-                 sha256=_sha256(getattr(table, "path", None)), waits_outside=_waits_between(report))
+                 sha256=content_sha256(path) if path is not None and Path(path).is_file() else "",
+                 waits_outside=_waits_between(report))
     model = report.model.untraced(u)
     eager = untraced_eager(u, report.model)
     u.eager_us = eager

@@ -82,6 +82,9 @@ SAVED_NAME = "recording.csv.gz"
 MARKER_KINDS = ("MARKER",)
 #: The markers pass's file beside ``<stem>.csv.gz``, and its header's ``pass``.
 MARKERS_SUFFIX, MARKERS_PASS = ".markers.csv.gz", "markers"
+#: Header keys of a saved recording that name the step it recorded (``audit validate``'s runs, ``audit run``'s
+#: script): a pass beside a recording whose keys differ from the recording's belongs to another step.
+STEP_KEYS = ("engine", "cache", "dtype", "argv")
 
 
 class Recording:
