@@ -174,7 +174,7 @@ def test_without_a_markers_pass_the_plans_stay_traced_and_say_so(tmp_path):
     assert attach_untraced_beside(rep, tmp_path / "recording.csv.gz") is None
     pd.testing.assert_frame_equal(rep.plans, before)
     assert (rep.plans["host_times"] == TRACED).all()
-    assert any("traced host times: no markers pass beside it" in n for n in rep.notes)
+    assert any("(traced) host times: no markers pass beside it" in n for n in rep.notes)
 
 
 def test_a_capture_path_pass_takes_the_same_untraced_times(tmp_path):

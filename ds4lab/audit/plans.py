@@ -577,7 +577,7 @@ def attach_untraced_beside(report, recording, *, recorded=None) -> Untraced | No
     path = markers_beside(recording) if recording is not None else None
     if path is None:
         if report.plans is not None and not report.plans.empty:
-            report.notes.append("plans priced at the recording's traced host times: no markers pass beside it "
+            report.notes.append("plans priced at the trace's own (traced) host times: no markers pass beside it "
                                 "(ds4lab audit run records one)")
         return None
     try:
