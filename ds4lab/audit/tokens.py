@@ -206,8 +206,9 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
                                     "--token-range overrides)"))
     region = _regions(f, token, starts[0], cut_after=int(cut["start_ns"].min()) if len(cut) else None)
     t = host_time(f)
-    between = (token < 0) & f["kind"].isin(DEVICE_KINDS) & (t >= starts[0]) & (t <= ends[-1])
-    region[between] = "between"
+    # the loop's own work between two ranges (the next step's inputs, sampling): calls and device work alike
+    between = (token < 0) & (f["kind"] != "nvtx") & (t >= starts[0]) & (t <= ends[-1])
+    region[between & (region != "cut")] = "between"
     toks = Tokens(how, len(r), token, region, list(map(int, starts)), list(map(int, ends)), main_tid, notes,
                   range_name=str(r["name"].iloc[0]))
     _left_out_notes(u, toks)
