@@ -98,6 +98,8 @@ def main(argv=None) -> int:
             e["recording"], e["arguments"] = "recording.csv.gz", "arguments.json.gz"
             if "capture_path" in e:
                 e["capture_path"] = "capture-path.csv.gz"
+            if "markers" in e:
+                e["markers"] = "recording.markers.csv.gz"
             if "script" in e:
                 e["script"] = Path(e["script"]).name
                 e["argv"] = [Path(e["script"]).name, *e.get("argv", [])[1:]]
