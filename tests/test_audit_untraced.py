@@ -237,3 +237,32 @@ def test_validate_runs_from_prices_a_saved_run_at_its_markers_pass(tmp_path):
     (run / "recording.markers.csv.gz").unlink()
     row = validate((), (), tmp_path / "w", runs_from=tmp_path / "runs", say=lambda *a: None).iloc[0]
     assert row["host_times"] == TRACED and row["time_agrees"] is None and "no untraced (markers) pass" in row["time_note"]
+
+
+def test_fixtures_copied_from_a_validate_run_keep_its_markers_pass(tmp_path):
+    """``scripts/make_audit_fixtures.py --from``: a run's markers pass travels with its recording, and the
+    fixture's engine.json names it by its own file."""
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    from ds4lab.trace.sources.saved import write_table
+
+    run = tmp_path / "v" / "loop-default-float32"
+    run.mkdir(parents=True)
+    write_table(user_loop(inflate=INFLATE).table("<recording>", tool="cupti"), run / "recording.csv.gz")
+    write_table(markers_pass(user_loop()), run / "recording.markers.csv.gz", **{"pass": "markers"})
+    for name in ("arguments.csv.gz", "arguments.json.gz"):
+        shutil.copy(run / "recording.csv.gz", run / name)  # stand-ins: the script copies files, reads none
+    (run / "engine.json").write_text(json.dumps({"family": "loop", "cache": "default", "dtype": "float32",
+                                                 "outcome": "replays right", "script": "/gpu/steps/loop.py",
+                                                 "argv": ["/gpu/steps/loop.py"],
+                                                 "markers": str(run / "recording.markers.csv.gz")}))
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_audit_fixtures.py"
+    spec = importlib.util.spec_from_file_location("make_audit_fixtures", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--from", str(tmp_path / "v"), "--out", str(tmp_path / "fx"), "loop/default"]) == 0
+    got = tmp_path / "fx" / "loop-default-float32"
+    assert (got / "recording.markers.csv.gz").is_file()
+    assert json.loads((got / "engine.json").read_text())["markers"] == "recording.markers.csv.gz"
