@@ -31,8 +31,10 @@
 #                (RK_RUNS, default llama/dynamic llama/static; RK_DTYPE, default bfloat16)
 #   audit        ds4lab audit validate: every step script of ds4lab/data/steps (or --steps DIR) run as a user's
 #                (audit run's passes, its --truth, check_replay on its make_step) and held to torch.cuda.graph;
-#                AUDIT_ARGS its arguments (FAMILY or CACHE names, --dtype, --steps), several sets separated by ';'
-#                (each into its own folder, each with the step's limit; join them on the CPU with --runs-from)
+#                AUDIT_ARGS its arguments (FAMILY or CACHE names, --dtype, --steps, --no-capture-cost), several sets
+#                separated by ';' (each into its own folder, each with the step's limit; join them on the CPU with
+#                --runs-from); a FAMILY/CACHE mix filters every family by the cache: give each family its own set.
+#                Each run's engine.json says the seconds of each part (passes, truth, check_replay)
 #   steps-truth  ds4lab/data/steps/run_all.sh: the CUDA-graph ground truth of every decode-step family x cache x dtype
 #                into $R/steps-truth (one JSON and one log each, 120 s a run); STEPS_FAMILIES names a subset, so a
 #                full run (about 50 runs) can be split over two calls

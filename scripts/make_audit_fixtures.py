@@ -3,7 +3,8 @@ for each step script asked (a family of the steps folder, ``ds4lab/data/steps`` 
 hand-written decoder's three caches and Llama with a static cache, float32: small enough to ship), the run
 ``ds4lab audit validate`` makes of it on the user's path (:func:`ds4lab.audit.steps.run_step`): the timed
 recording, the argument pass (``arguments.csv.gz``, ``arguments.json.gz``), the capture-path pass where one
-was recorded (``capture-path.csv.gz``), the script's own truth (``truth.json``), check_replay's
+was recorded (``capture-path.csv.gz``), the markers pass (``recording.markers.csv.gz``: the loop's NVTX
+ranges untraced), the script's own truth (``truth.json``), check_replay's
 (``check.json``) and ``engine.json``. ``tests/test_audit_args_fixtures.py`` then holds the audit to them on
 the CPU, whichever fixtures are there.
 
@@ -29,7 +30,7 @@ DEFAULT = ("ds4lab-handwritten/host-counter", "ds4lab-handwritten/device-counter
 FILES = ("recording.csv.gz", "arguments.csv.gz", "arguments.json.gz", "engine.json")
 #: Kept where the run wrote them (a step that asks whether the stream captures: ds4lab.trace.capture_path; the
 #: script's truth and check_replay's result).
-OPTIONAL = ("capture-path.csv.gz", "truth.json", "check.json")
+OPTIONAL = ("capture-path.csv.gz", "recording.markers.csv.gz", "truth.json", "check.json")
 
 
 def main(argv=None) -> int:
@@ -97,6 +98,8 @@ def main(argv=None) -> int:
             e["recording"], e["arguments"] = "recording.csv.gz", "arguments.json.gz"
             if "capture_path" in e:
                 e["capture_path"] = "capture-path.csv.gz"
+            if "markers" in e:
+                e["markers"] = "recording.markers.csv.gz"
             if "script" in e:
                 e["script"] = Path(e["script"]).name
                 e["argv"] = [Path(e["script"]).name, *e.get("argv", [])[1:]]

@@ -137,3 +137,43 @@ def decode_step(b: TraceBuilder, rng, layers: int = 3, pos: int = 0, *, emit: bo
         b.copy("cudaMemcpyAsync", "DtoH", "pageable")
         b.call("cudaStreamSynchronize", stream=b.stream, waits=True)
         b.pause(int(rng.integers(40_000, 60_000)))  # sampling and the loop on the host
+
+
+def user_loop(*, tokens: int = 8, inflate: float = 1.0, outside_us: float = 20.0, kernels: int = 10,
+              kernel_us: float = 5.0, step_tail_us: float = 4.0, asks: bool = False, mask_us: float = 0.0,
+              name: str = "decode_step", t0: int = 1_000_000) -> TraceBuilder:
+    """A user's decode loop as ``ds4lab audit run`` records it: per token the loop writes the step's input (a
+    ``fill_pos`` kernel of 1 µs), runs the step inside the NVTX range ``name`` (``kernels`` launches of
+    ``kernel_us`` µs, then ``step_tail_us`` of the step's own Python after its last call), then launches its
+    ``argmax`` (3 µs) and does its own Python; the loop never waits. ``outside_us``: the host µs from a range's
+    end to the next range's start, untraced (at least 10: the two launches' calls and gaps). Every host time is
+    multiplied by ``inflate`` (a tracer's cost on every call and around it: 1 is the loop untraced); device
+    times are not. ``asks``: the step asks whether the stream captures (``cudaStreamIsCapturing``);
+    ``mask_us``: one more kernel of that many µs in the step (a capture path's mask)."""
+    b = TraceBuilder(t0=t0)
+    x = inflate
+    ns = lambda us: int(round(us * 1000 * x))  # noqa: E731
+    rest = outside_us - 10.0
+    for _ in range(tokens):
+        b.launch("fill_pos", 1.0, call_ns=ns(3), gap_ns=ns(2))
+        b.push(name)
+        if asks:
+            b.call("cudaStreamIsCapturing", stream=b.stream, dur_ns=ns(1), gap_ns=ns(1))
+        for k in range(kernels):
+            b.launch(f"k{k}", kernel_us, call_ns=ns(4), gap_ns=ns(1))
+        if mask_us:
+            b.launch("build_causal_mask", mask_us, call_ns=ns(4), gap_ns=ns(1))
+        b.pause(ns(step_tail_us))
+        b.pop()
+        b.launch("argmax", 3.0, call_ns=ns(3), gap_ns=ns(2))
+        b.pause(ns(rest))
+    return b
+
+
+def markers_pass(b: TraceBuilder, source: str = "recording.markers.csv.gz", argv=("decode.py",)) -> EventTable:
+    """What the markers pass of the loop ``b`` (built untraced, ``inflate=1``) records: its NVTX ranges alone,
+    with the header a markers pass writes (``pass``, ``argv``)."""
+    t = b.table(source, tool="cupti")
+    t.frame = t.frame[t.frame["kind"] == "nvtx"].reset_index(drop=True)
+    t.header = {"pass": "markers", "argv": list(argv), "exit_status": 0}
+    return t

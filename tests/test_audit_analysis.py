@@ -442,6 +442,8 @@ def test_a_repeating_range_is_the_token_though_a_prefill_of_the_same_kernels_hol
     assert any("before the first token" in n and "264 kernel(s)" in n for n in r.notes)
     f = r.unit.frame
     assert (r.tokens.region[f["kind"] == "memcpy"] != "token").all()  # the input writes are no token's
+    # the three written between two ranges are the loop's, said as such (the first is before the tokens)
+    assert any("between tokens" in n and "3 API call(s)" in n for n in r.notes), r.notes
 
 
 def test_a_small_range_inside_unmarked_steps_is_not_the_token(rng):

@@ -16,6 +16,7 @@ from ds4lab.audit.analysis import analyze
 from ds4lab.audit.arguments import store_beside
 from ds4lab.audit.capture_path import RECORDED_SUFFIX, attach_beside
 from ds4lab.audit.frozen import HOST_COPY, NOT_VALUES, RIGHT, TEMPORARY, UNSET, WRONG, attach, verdict
+from ds4lab.audit.plans import TRACED, attach_untraced_beside
 from ds4lab.trace.sources import read_events as read
 from ds4lab.audit.steps import steps_folder
 from ds4lab.audit.validate import OUTCOMES, TIME_TOLERANCE, against_torch, cause_first, saved_run
@@ -27,10 +28,13 @@ KNOWN_WRONG: dict = {}
 
 
 def _audit(run: Path):
-    # as audit validate --runs-from does: the tokens found as a user's are (the step's own NVTX range)
-    rep = analyze([read(run / "recording.csv.gz")])[0]
+    # as audit validate --runs-from does: the tokens found as a user's are (the step's own NVTX range); the
+    # markers pass (none in these runs: recorded before it existed), then the capture-path pass
+    table = read(run / "recording.csv.gz")
+    rep = analyze([table])[0]
     attach(rep, store_beside(run / "recording.csv.gz"))
-    attach_beside(rep, run / "recording.csv.gz")
+    attach_untraced_beside(rep, run / "recording.csv.gz", recorded=table)
+    attach_beside(rep, run / "recording.csv.gz", recorded=table)
     assert rep.tokens.range_name, rep.tokens.how  # every fixture marks its steps with an NVTX range
     return rep, saved_run(run)
 
@@ -83,11 +87,21 @@ def test_the_audit_with_arguments_names_what_torch_did(run):
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
 def test_every_launch_was_read_and_the_plan_meets_the_replay(run):
+    """The whole-token plan meets the truth's loop that never waits. These runs carry no markers pass (they
+    were recorded before it existed), so their plans price the loop's work outside the token at its traced
+    cost; where that traced cost sets the plan and the measured replay lies between the plan and its device
+    floor (only the loop's untraced times could place it), the time is not held, and the test says so
+    (validate's time_note) instead of passing or failing on a figure the recording cannot give."""
     rep, torch_run = _audit(run)
     assert rep.arguments is not None and rep.arguments.unread == 0
     row = against_torch(rep, torch_run)
     if torch_run["outcome"] != "refused":
-        assert row["measured_loop"] == "never waits" and row["time_agrees"], row["predicted_over_measured"]
+        assert row["measured_loop"].startswith("never waits")
+        if row["time_agrees"] is None:
+            assert rep.untraced is None and row["host_times"] == TRACED
+            assert row["device_floor_us"] <= row["replay_us"] * (1 + TIME_TOLERANCE) < row["predicted_us"]
+            pytest.skip(f"{run.name}: {row['time_note']}")
+        assert row["time_agrees"], row["predicted_over_measured"]
         assert abs(row["predicted_over_measured"] - 1) <= TIME_TOLERANCE
 
 
@@ -178,3 +192,14 @@ def test_an_odd_word_inside_a_live_block_is_unset_bytes_not_a_frozen_address():
     odd = f[f["values"].astype(str).str.contains("0x7fb500000001")]
     assert len(odd) and (odd["call_class"] == UNSET).all()
     assert len(rep.arguments.frozen) == 0 and against_torch(rep, torch_run)["audit_verdict"] == RIGHT
+
+
+def test_validate_runs_from_finds_the_true_cause_of_a_run_copied_from_where_it_ran(tmp_path):
+    """A fixture names its script as it ran (``cupy_kv_row.py``, no folder): the statement holding the cause's
+    line is read from the steps folder, as the fixture test reads it, so ``--runs-from`` agrees with it."""
+    from ds4lab.audit.validate import validate
+
+    df = validate(("cupy_kv_row",), (), tmp_path / "v", runs_from=ROOT, say=lambda *a: None)
+    row = df.iloc[0]
+    assert row["audit_verdict"] == WRONG and row["cause_first"] == True  # noqa: E712
+    assert row["time_agrees"] is None and "no untraced (markers) pass" in row["time_note"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace as R
 
 import pytest
@@ -208,3 +209,80 @@ def test_the_capture_path_runner_without_torch_says_so(monkeypatch, tmp_path):
     out = tmp_path / "capture-path.csv.gz"
     assert REC.main(["--out", str(out), "--as-if-capturing", "--", "python", str(script)]) == 2
     assert not out.exists() and "torch" in out.with_name(out.name + ".error.txt").read_text()
+
+
+#: What the script of the markers-pass test saw of CUPTI while it ran.
+SEEN: dict = {}
+
+
+def test_the_markers_pass_records_the_nvtx_ranges_and_nothing_else(monkeypatch, tmp_path):
+    """``--markers``: only CUPTI's MARKER activity is enabled (no API, kernel or copy activity, no callback
+    subscriber: the loop runs untraced), the ranges are saved with the script's argv and ``pass: markers``."""
+    m = fake_cupti.install(monkeypatch)
+    monkeypatch.setattr(REC, "demangle", lambda names: {})
+    SEEN.clear()
+    monkeypatch.setitem(sys.modules, "fake_cupti_mod", m)
+    monkeypatch.setitem(sys.modules, "step_mod", sys.modules[__name__])
+    script = tmp_path / "decode.py"
+    script.write_text("import fake_cupti_mod as m, step_mod\n"
+                      "step_mod.SEEN['enabled'] = set(m.enabled); step_mod.SEEN['subscribers'] = dict(m.subscribers)\n"
+                      "for _ in range(3):\n    step_mod.decode_step(m)\n")
+    out = tmp_path / "recording.markers.csv.gz"
+    assert REC.main(["--out", str(out), "--markers", "--", "python", str(script), "--tokens", "3"]) == 0
+    assert SEEN["enabled"] == {int(K.MARKER)} and not SEEN["subscribers"]
+    t = read(out)
+    assert set(t.frame["kind"]) == {"nvtx"} and t.frame["name"].tolist() == ["decode_step"] * 3
+    assert t.header["pass"] == REC.MARKERS_PASS and t.header["argv"] == [str(script), "--tokens", "3"]
+
+
+def test_the_markers_pass_is_found_beside_its_recording_by_the_whole_stem(tmp_path):
+    rec, other = tmp_path / "recording.csv.gz", tmp_path / "my.run.csv.gz"
+    assert REC.markers_name(rec).name == "recording.markers.csv.gz"
+    assert REC.markers_name(other).name == "my.run.markers.csv.gz"
+    assert REC.markers_beside(other) is None
+    REC.markers_name(other).write_bytes(b"")
+    assert REC.markers_beside(other) == tmp_path / "my.run.markers.csv.gz"
+    assert REC.markers_beside(tmp_path / "my.csv.gz") is None  # another stem: not its pass
+    assert REC.markers_beside(REC.markers_name(other)) is None  # a pass has no pass beside it
+    assert REC.markers_beside(tmp_path / "capture-path.csv.gz") is None
+
+
+def _fake_passes(monkeypatch, ask_stack):
+    """run_script with every pass a stand-in that writes its table: which passes ran, in order."""
+    from ds4lab.trace.events import EventTable, make_frame
+    from ds4lab.trace.sources.saved import write_table
+
+    ran = []
+
+    def run_pass(cmd, env, say):
+        out = Path(cmd[cmd.index("--out") + 1])
+        kind = ("markers" if "--markers" in cmd else "capture-path" if "--as-if-capturing" in cmd else
+                "arguments" if "--arguments" in cmd else "timed")
+        ran.append(kind)
+        rows = [{"kind": "api", "name": "cudaStreamIsCapturing_v10000", "pid": 1, "tid": 1, "start_ns": 10,
+                 "end_ns": 20, "stack": ask_stack}]
+        write_table(EventTable(make_frame(rows), "<recording>", "cupti"), out)
+        return 0
+
+    monkeypatch.setattr(REC, "cupti_available", lambda: (True, "ok"))
+    monkeypatch.setattr(REC, "_run_pass", run_pass)
+    return ran
+
+
+@pytest.mark.parametrize("stack, capture_path", [
+    ("decode.py:3 <module>;torch/nn/modules/module.py:1370 convert", False),  # PyTorch's C++ asked CUDA
+    ("decode.py:3 <module>;torch/cuda/graphs.py:50 is_current_stream_capturing", True),
+    ("", True)])  # no stack: it cannot be told, so the pass runs
+def test_run_script_records_the_markers_pass_and_a_capture_path_only_where_python_may_ask(monkeypatch, tmp_path,
+                                                                                        stack, capture_path):
+    ran = _fake_passes(monkeypatch, stack)
+    said = []
+    console = R(print=lambda *a, **k: said.append(" ".join(map(str, a))))
+    out = REC.run_script(["python", "decode.py"], tmp_path, console, arguments=True)
+    assert out == tmp_path / "recording.csv.gz"
+    assert ran == ["timed", *(["capture-path"] if capture_path else []), "markers", "arguments"]
+    assert (tmp_path / "recording.markers.csv.gz").is_file()
+    assert any("every time from C/C++" in s for s in said) == (not capture_path)
+    ran.clear()
+    REC.run_script(["python", "decode.py"], tmp_path, console, markers=False)
+    assert "markers" not in ran and not (tmp_path / "recording.markers.csv.gz").exists()  # an old pass is removed

@@ -102,6 +102,12 @@ def test_running_a_script_records_nvtx_ranges_and_passes_the_status(cupti_ok, tm
     api = df[df.kind == "api"]
     assert api[api.name == "cudaMalloc"].nvtx_path.eq("decode_step").all()
     assert any("status 5" in n for n in t.notes)
+    # the markers pass beside it: the same ranges of an untraced run, and nothing else recorded
+    from ds4lab.trace.recording import MARKERS_PASS, markers_beside
+
+    m = read(markers_beside(p))
+    assert set(m.frame.kind) == {"nvtx"} and (m.frame.name == "decode_step").sum() == 3, m.notes
+    assert m.header["pass"] == MARKERS_PASS and m.header["argv"] == t.header["argv"]
 
 
 @pytest.mark.parametrize("callbacks", ["native", "python"])

@@ -38,7 +38,7 @@ def test_the_whole_token_plan_predicts_the_measured_replay(audited):
         pytest.skip("torch refused the capture: no replay to predict")
     whole = float(rep.plans.set_index("plan").loc["whole token", "predicted_us"])
     replay, loop = measured_replay(torch_run, waits_per_token(rep))
-    assert loop == "never waits"  # the recorded steps hold no blocking call: the loop that never waits
+    assert loop.startswith("never waits")  # the recorded steps hold no blocking call: the loop that never waits
     assert abs(whole / replay - 1) <= TIME_TOLERANCE, (whole, replay)
 
 

@@ -46,7 +46,7 @@ def _fake_steps(monkeypatch, tmp_path, cause_line=None, check_verdict=None):
         passes[cache] = d
     seen = []
 
-    def run_step(script, family, cache, dtype, out, say=print):
+    def run_step(script, family, cache, dtype, out, say=print, capture_cost=True):
         seen.append((Path(script).name, family, cache, dtype))
         wrong = cache == "host-counter"
         d = passes[cache]
@@ -217,7 +217,8 @@ def test_runs_from_audits_the_saved_runs_without_a_gpu(tmp_path):
     assert df.loc["device-counter", "audit_verdict"] == "replays right"
     assert df.loc["host-counter", "audit_verdict"] == "replays wrong" and df.loc["host-counter", "verdict_agrees"]
     assert df.loc["host-read", "audit_verdict"] == "refused" and df.loc["host-read", "verdict_agrees"]
-    assert df.loc["host-counter", "measured_loop"] == "never waits" and df.loc["host-counter", "time_agrees"]
+    assert df.loc["host-counter", "measured_loop"] == V.BARE_LOOP and df.loc["host-counter", "time_agrees"]
+    assert df.loc["host-counter", "host_times"] == "traced"  # no markers pass beside these in-process runs
     assert (tmp_path / "v" / "handwritten-host-counter-float32" / "audit" / "audit.csv").is_file()
 
 
@@ -281,3 +282,27 @@ def test_the_markdown_shows_no_ratio_for_a_run_that_did_not_replay():
            "token_kernels": 35}
     line = markdown(pd.DataFrame([row])).splitlines()[2]
     assert "nan" not in line and "| — | — |" in line
+
+
+def test_only_the_scripts_a_name_names_are_asked_their_list(tmp_path, monkeypatch):
+    """Each ``--list`` is a process (the shipped scripts import torch to answer it): a run of some families
+    asks only their scripts; a name no script is named after (a cache, a family named otherwise) asks them all."""
+    from ds4lab.audit import steps
+
+    for stem, fam, caches in (("a", "fam-a", ["static"]), ("b", "b", ["static", "dynamic"]), ("c", "c", ["x"])):
+        (tmp_path / f"{stem}.py").write_text(
+            f"import json\nprint(json.dumps({{'family': {fam!r}, 'caches': {caches!r}, 'dtypes': ['float32']}}))\n")
+    asked = []
+    real = steps.listing
+    monkeypatch.setattr(steps, "listing", lambda s, **k: asked.append(Path(s).stem) or real(s, **k))
+    assert [(f, c) for f, c, *_ in V.runs(("b",), (), steps=tmp_path)] == [("b", "static"), ("b", "dynamic")]
+    assert asked == ["b"]
+    asked.clear()
+    assert [(f, c) for f, c, *_ in V.runs(("b", "dynamic"), (), steps=tmp_path)] == [("b", "dynamic")]
+    assert asked == ["b"]
+    asked.clear()
+    assert {(f, c) for f, c, *_ in V.runs(("static",), (), steps=tmp_path)} == {("fam-a", "static"), ("b", "static")}
+    assert sorted(asked) == ["a", "b", "c"]
+    asked.clear()
+    assert [(f, c) for f, c, *_ in V.runs(("fam-a", "c"), (), steps=tmp_path)] == [("fam-a", "static"), ("c", "x")]
+    assert asked == ["c", "a", "b", "c"]  # c first (named), then every script for fam-a

@@ -292,7 +292,7 @@ def test_the_plan_is_held_to_the_loop_it_models():
 
     run = {"outcome": "captured, replays right", "replay_us": 100.0, "replay_sync_us": 150.0, "replay_device_us": 90.0}
     free = against_torch(_report("", 104.0), run)  # no blocking call in the tokens: the loop that never waits
-    assert free["replay_us"] == 100.0 and free["measured_loop"] == "never waits" and free["time_agrees"] is True
+    assert free["replay_us"] == 100.0 and free["measured_loop"].startswith("never waits") and free["time_agrees"] is True
     rep = _report("", 148.0)
     rep.items = {0: [N(blocking=False), N(blocking=True)]}  # a synchronize in the token: the waiting loop
     waits = against_torch(rep, run)

@@ -17,9 +17,9 @@ from ..capture.stream import CAPTURE_MODES
 from ..errors import BadInput
 from ..report.provenance import calibration_label
 from ..trace.events import check_frame
-from .plans import Model, measured_eager, plan_table, tails
+from .plans import Model, measured_eager, plan_table, range_times, tails
 from .spans import span_table, token_items
-from .tokens import NoTokens, Tokens, find_tokens, launch_order
+from .tokens import NoTokens, Tokens, find_tokens, launch_order, outside_device
 from .units import Unit, legacy_streams, split_units
 from .variation import launches, token_shapes, variation
 from .verdicts import add_verdicts, capture_stream, findings, token_calls, token_outcomes
@@ -84,6 +84,9 @@ class AuditReport:
     #: the capture-path pass the graph plans are modeled on (:class:`ds4lab.audit.capture_path.CapturePath`),
     #: set by :func:`ds4lab.audit.capture_path.attach`; None where none was recorded
     capture_path: object = None
+    #: the markers pass the plans' host is priced at (:class:`ds4lab.audit.plans.Untraced`), set by
+    #: :func:`ds4lab.audit.plans.attach_untraced`; None: the trace's own (traced) host times
+    untraced: object = None
 
     @property
     def label(self) -> str:
@@ -174,7 +177,9 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
     ends = {t: int(calls.loc[calls["token"] == t, "end_ns"].max()) for t in items}
     tail = tails(tk.start_ns, items, ends)
     # a modeled trace's durations are the sim's per-launch times, node gaps included
-    model = Model(cal, items, tail, pseudo, node_gap_us=0.0 if "MODELED" in u.tool else None)
+    steps, ranges = range_times(tk, ends)
+    model = Model(cal, items, tail, pseudo, node_gap_us=0.0 if "MODELED" in u.tool else None,
+                  outside_dev=outside_device(f, tk), step_tails=steps, ranges_us=ranges)
     measured = measured_eager(tk.start_ns, _device_starts(f, tk), tail, items)
     scalars = (not var.empty) and bool((var["call_class"] == "scalar argument").any())
     launches_per_token = float(np.mean([sum(1 for it in items[t] if it.work) for t in items])) if items else 0.0

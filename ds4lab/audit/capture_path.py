@@ -11,6 +11,8 @@ calibration and models the plans that capture the whole token on it:
   step the user runs today); ``path`` names the pass;
 * the same two plans of the recorded tokens stay, as ``whole token (recorded path)`` and ``one graph per token shape
   (recorded path)``, so the difference the capture path makes is in the table;
+* where a markers pass priced the recording's host at its untraced times (:func:`ds4lab.audit.plans.attach_untraced`,
+  attached first), the pass's graph plans take the same untraced times, paired by position;
 * ``spans today`` stay on the recorded path (a span captures part of a token; which of its questions fall inside a
   capture the pass cannot say), and the verdicts and frozen findings stay the recorded tokens': the pass is never an
   argument pass and adds no finding.
@@ -26,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..trace.capture_path import asks_capture_status
-from .plans import RECORDED_PATH, plan_row
+from ..trace.recording import STEP_KEYS  # the header keys that name a recorded step
+from .plans import RECORDED_PATH, TRACED, plan_row, untraced_source
 
 #: The plans modeled on the capture-path pass where one is attached (the rest stay on the recorded path).
 GRAPH_PLANS = ("whole token", "one graph per token shape")
@@ -61,11 +64,6 @@ class CapturePath:
     def label(self) -> str:
         """The pass as the plans' ``path`` names it: ``capture path (<file name>)``."""
         return f"capture path ({Path(self.source).name})"
-
-
-#: Header keys of a saved recording that name the step it recorded (``audit validate``'s runs, ``audit
-#: run``'s script): a pass whose keys differ from its recording's belongs to another step.
-STEP_KEYS = ("engine", "cache", "dtype", "argv")
 
 
 def _median_int(table: pd.DataFrame, col: str) -> int:
@@ -134,7 +132,17 @@ def attach(report, table, *, token_range: str | None = None, calibration=None, r
                        _sha256(getattr(table, "path", None)))
     measured = list(report.measured_us)
     label = report.plans["calibration"].iloc[0]
-    new = {"whole token": cp.model.whole(cp.scalars), "one graph per token shape": cp.model.whole(cp.scalars, cp.shapes)}
+    model, u, host = cp.model, getattr(report, "untraced", None), TRACED
+    if u is not None:  # the loop's untraced times, paired by position with the pass's tokens as with the recording's
+        try:
+            model, host = cp.model.untraced(u), u.label
+        except ValueError as e:
+            report.notes.append(f"the capture-path plans keep traced host times ({e})")
+            u = None
+    bare = model.without_host()
+    new = {"whole token": model.whole(cp.scalars), "one graph per token shape": model.whole(cp.scalars, cp.shapes)}
+    floors = {"whole token": bare.whole(cp.scalars), "one graph per token shape": bare.whole(cp.scalars, cp.shapes)}
+    extra = dict(untraced=u.eager_us, untraced_source=untraced_source(u)) if u is not None else {}
     plans = report.plans.copy()
     if "path" not in plans:
         plans["path"] = RECORDED_PATH
@@ -144,13 +152,15 @@ def attach(report, table, *, token_range: str | None = None, calibration=None, r
             per = new[r["plan"]]
             n = min(len(per), len(measured))  # paired by position with the recorded tokens
             rows.append(plan_row(r["plan"], r["mode"], per[:n], measured[:n], r["graphs_per_token"],
-                                 r["eager_launches_per_token"], label, info.label))
+                                 r["eager_launches_per_token"], label, info.label, host_times=host,
+                                 floor=floors[r["plan"]][:n], **extra))
             r = {**r, "plan": r["plan"] + RECORDED_SUFFIX}
         rows.append(r)
         if r["plan"] == "eager (model check)" and r["path"] == RECORDED_PATH:
             # how far to trust the model on the pass: its own tokens through it, against their measured µs
             rows.append(plan_row("eager (model check)", "-", cp.model.eager(), list(cp.measured_us), 0.0,
-                                 r["eager_launches_per_token"], label, info.label))
+                                 r["eager_launches_per_token"], label, info.label,
+                                 floor=cp.model.without_host().eager(), **extra))
     report.plans = pd.DataFrame(rows)
     report.capture_path = info
     asked = f"PyTorch asked {info.asked} times, " if info.asked is not None else ""

@@ -43,7 +43,8 @@ def audit_meta(reports) -> dict:
                       "capture_stream": {"stream": r.capture_stream, "why": r.capture_why},
                       "legacy_stream": {"streams": sorted(r.legacy), "why": r.legacy_why},
                       "modes": list(r.modes), "notes": list(r.notes), "replay": _replay_meta(r),
-                      "capture_path": dataclasses.asdict(r.capture_path) if r.capture_path is not None else None})
+                      "capture_path": dataclasses.asdict(r.capture_path) if r.capture_path is not None else None,
+                      "untraced": dataclasses.asdict(r.untraced) if getattr(r, "untraced", None) is not None else None})
     cal = reports[0].calibration if reports else None
     label = reports[0].calibration_label if reports else "?"
     return {"job": "audit", "ds4lab": __version__, "event_table_columns": list(COLUMNS),
@@ -253,7 +254,9 @@ def _plans(r, console) -> None:
     t = Table(title=f"plans: µs per token, MODELED ({times} trace costs + calibration {r.calibration_label}); "
                     f"saving against {against}", title_justify="left")
     cols = ["plan", "mode", "graphs/token", "predicted µs (IQR)", f"traced eager µs ({times})"]
-    for c in cols + (["untraced eager µs", "saving (against untraced; range: the prediction's IQR)"] if untraced
+    host = str(p["host_times"].iloc[-1]) if "host_times" in p else "traced"
+    rng = "95 % CI, paired by position" if host.startswith("untraced") else "range: the prediction's IQR"
+    for c in cols + (["untraced eager µs", f"saving (against untraced; {rng})"] if untraced
                      else ["saving (against traced)"]):
         t.add_column(c)
     for row in p.itertuples():
@@ -279,7 +282,11 @@ def _plans(r, console) -> None:
             cells.append("" if row.plan.startswith("eager") else f"{row.eager_untraced_us:,.1f}")
         t.add_row(*cells, saving)
     console.print(t)
-    if untraced:
+    if untraced and host.startswith("untraced"):
+        console.print(f"  host priced at the loop's untraced times ({host}); savings against the untraced eager "
+                      f"tokens: {p['eager_untraced_us'].iloc[0]:,.1f} µs ({p['untraced_source'].iloc[0]}; 95 % CI); "
+                      "the traced step's savings stay in plans.csv")
+    elif untraced:
         console.print(f"  savings against the eager step timed untraced: {p['eager_untraced_us'].iloc[0]:,.1f} µs "
                       f"({p['untraced_source'].iloc[0]}); the traced step's savings (paired, 95 % CI) stay in "
                       "plans.csv. The plans that keep eager calls (spans today, one graph per token shape) price "

@@ -10,15 +10,17 @@ subprocess of this interpreter, so a step that kills its CUDA context costs only
 
 1. the recording, exactly as ``ds4lab audit run -- python SCRIPT --cache C --dtype D`` makes it
    (:func:`ds4lab.trace.recording.run_script`: the timed pass, the capture-path pass where the step asks
-   whether the stream captures, the argument pass; no ``--token-range``: the tokens are found as a user's
-   are): ``recording.csv.gz``, ``capture-path.csv.gz``, ``arguments.csv.gz``, ``arguments.json.gz``;
-2. the truth: ``python SCRIPT --cache C --dtype D --truth truth.json``;
+   PyTorch whether the stream captures, the markers pass, the argument pass; no ``--token-range``: the
+   tokens are found as a user's are): ``recording.csv.gz``, ``capture-path.csv.gz``,
+   ``recording.markers.csv.gz``, ``arguments.csv.gz``, ``arguments.json.gz``;
+2. the truth: ``python SCRIPT --cache C --dtype D --truth truth.json`` (untraced: no NVTX injection);
 3. :func:`~ds4lab.audit.replay_check.check_replay` on the script's ``make_step`` (``python -m
-   ds4lab.audit.steps check …``: ``check.json``), its ``capacity`` held, and the argument capture's cost
-   per launch (:func:`~ds4lab.audit.arguments.measure_overhead`) on the same step.
+   ds4lab.audit.steps check …``: ``check.json``), its ``capacity`` held, and (``capture_cost``) the argument
+   capture's cost per launch (:func:`~ds4lab.audit.arguments.measure_overhead`) on the same step.
 
 ``engine.json`` gathers them (what :func:`ds4lab.audit.validate.saved_run` reads back, also with
-``--runs-from`` on the CPU).
+``--runs-from`` on the CPU), with ``seconds``: each part's wall-clock time (the record of where a run's
+time goes).
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ def steps_folder(folder=None) -> Path:
     return Path(str(files("ds4lab") / "data" / "steps"))
 
 
-def discover(folder=None) -> list[Path]:
-    """The family scripts of a steps folder (``*.py`` whose name does not start with ``_``), by name.
+def discover(folder=None, names=()) -> list[Path]:
+    """The family scripts of a steps folder (``*.py`` whose name does not start with ``_``), by name; with
+    ``names``, only the scripts named by one of them (a script's file name without ``.py``, which the shipped
+    families take as their family name) where any is, so that only those are asked their ``--list`` (each
+    a process that imports torch); every script where none is (the names are caches, or families whose
+    scripts are named otherwise).
 
     Raises:
         BadInput: no such folder, or no script in it (naming the folder).
@@ -58,17 +64,16 @@ def discover(folder=None) -> list[Path]:
     out = sorted(p for p in d.glob("*.py") if not p.name.startswith("_"))
     if not out:
         raise BadInput(f"steps folder {d}: no step script in it (*.py not starting with _)")
-    return out
+    named = [p for p in out if p.stem in set(names)]
+    return named or out
 
 
 def _env() -> dict:
-    """The environment of a part: NVTX ranges reach CUPTI (``NVTX_INJECTION64_PATH``), ds4lab importable."""
-    from ..trace.cupti import cupti_library
-
+    """The environment of a part that records nothing (``--list``, the truth, check_replay): ds4lab importable,
+    and no NVTX injection (the truth's timed loop pushes the script's NVTX range, which must reach no tool;
+    the recording passes set their own, :func:`ds4lab.trace.recording.run_script`)."""
     env = dict(os.environ)
-    lib = cupti_library()
-    if lib is not None:
-        env.setdefault("NVTX_INJECTION64_PATH", str(lib))
+    env.pop("NVTX_INJECTION64_PATH", None)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH", "")) if x)
     return env
@@ -102,10 +107,15 @@ def listing(script: Path, timeout: float = 300) -> dict:
     raise BadInput(f"{script} --list: exit {r.returncode}, no {{family, caches, dtypes}} object printed: {_tail(r)}")
 
 
-def run_step(script: Path, family: str, cache: str, dtype: str, out: Path, *, say=print) -> dict:
+def run_step(script: Path, family: str, cache: str, dtype: str, out: Path, *, say=print,
+             capture_cost: bool = True) -> dict:
     """One run of a family script (module docstring) into ``out/<family>-<cache>-<dtype>/``; returns what
-    ``engine.json`` holds (``error`` set where a part failed, the others kept)."""
-    from ..trace.recording import run_script
+    ``engine.json`` holds (``error`` set where a part failed, the others kept). ``capture_cost``: measure
+    the argument capture's cost per launch beside check_replay (False: not, and the recording is not read
+    again for its launches per step)."""
+    import time
+
+    from ..trace.recording import markers_name, run_script
     from ..trace.sources.common import SourceError
 
     folder = Path(out) / f"{family}-{cache}-{dtype}"
@@ -114,27 +124,35 @@ def run_step(script: Path, family: str, cache: str, dtype: str, out: Path, *, sa
     res = {"family": family, "cache": cache, "dtype": dtype, "script": str(script), "argv": argv,
            "engine": family, "outcome": "", "error": ""}
     errors = []
+    seconds: dict = {}
     try:
-        rec = run_script(argv, folder, arguments=True)
+        rec = run_script(argv, folder, arguments=True, seconds=seconds)
         res["recording"] = str(rec)
-        for name, key in (("arguments.json.gz", "arguments"), ("capture-path.csv.gz", "capture_path")):
-            if (folder / name).is_file():
-                res[key] = str(folder / name)
+        for path, key in ((folder / "arguments.json.gz", "arguments"), (folder / "capture-path.csv.gz", "capture_path"),
+                          (markers_name(rec), "markers")):
+            if path.is_file():
+                res[key] = str(path)
     except SourceError as e:
         errors.append(f"recording: {e}")
+    clock = time.monotonic()
     r = _run([sys.executable, *argv, "--truth", str(folder / "truth.json")], PART_TIMEOUT)
+    seconds["truth"] = round(time.monotonic() - clock, 1)
     if (folder / "truth.json").is_file():
         t = json.loads((folder / "truth.json").read_text())
         res["truth"] = t
         res.update(outcome=t.get("outcome") or "", detail=t.get("error") or _truth_detail(t),
                    eager_us=t.get("eager_us"), replay_us=t.get("replay_us"), replay_spread=t.get("replay_spread"),
+                   replay_bare_us=t.get("replay_bare_us"), loop_body=bool(t.get("loop_body")),
                    first_position=t.get("first_wrong_position"), graph_kernels=t.get("graph_kernels"),
                    cause=t.get("cause"), device={"device": t.get("gpu"), "driver": t.get("driver")})
     else:
         errors.append(f"truth: exit {r.returncode}: {_tail(r)}")
-    per_step = _launches_per_step(res.get("recording"))
+    per_step = _launches_per_step(res.get("recording")) if capture_cost else 0.0
+    clock = time.monotonic()
     r = _run([sys.executable, "-m", "ds4lab.audit.steps", "check", str(script), cache, dtype,
               str(folder / "check.json"), str(per_step)], PART_TIMEOUT)
+    seconds["check"] = round(time.monotonic() - clock, 1)
+    res["seconds"] = seconds
     if (folder / "check.json").is_file():
         c = json.loads((folder / "check.json").read_text())
         res["check"] = c
@@ -144,7 +162,8 @@ def run_step(script: Path, family: str, cache: str, dtype: str, out: Path, *, sa
     res["error"] = "; ".join(errors)
     (folder / "engine.json").write_text(json.dumps(res, indent=1, default=str))
     say(f"{family}/{cache}/{dtype}: torch {res['outcome'] or '-'}; check_replay "
-        f"{(res.get('check') or {}).get('verdict', '-')}" + (f"; {res['error']}" if res["error"] else ""))
+        f"{(res.get('check') or {}).get('verdict', '-')}; seconds "
+        + ", ".join(f"{k} {v:g}" for k, v in seconds.items()) + (f"; {res['error']}" if res["error"] else ""))
     return res
 
 

@@ -206,8 +206,9 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
                                     "--token-range overrides)"))
     region = _regions(f, token, starts[0], cut_after=int(cut["start_ns"].min()) if len(cut) else None)
     t = host_time(f)
-    between = (token < 0) & f["kind"].isin(DEVICE_KINDS) & (t >= starts[0]) & (t <= ends[-1])
-    region[between] = "between"
+    # the loop's own work between two ranges (the next step's inputs, sampling): calls and device work alike
+    between = (token < 0) & (f["kind"] != "nvtx") & (t >= starts[0]) & (t <= ends[-1])
+    region[between & (region != "cut")] = "between"
     toks = Tokens(how, len(r), token, region, list(map(int, starts)), list(map(int, ends)), main_tid, notes,
                   range_name=str(r["name"].iloc[0]))
     _left_out_notes(u, toks)
@@ -447,3 +448,55 @@ def _assign_period(u, ko, starts, ends, cut_t, anchor, pick, why, notes) -> Toke
     toks = Tokens(how, len(starts), token, region, h_start, ends_ns, main_tid, notes)
     _left_out_notes(u, toks)
     return toks
+
+
+# ----------------------------------------------------------------------------- work outside the tokens
+def outside_device(f: pd.DataFrame, tk: Tokens) -> dict:
+    """Per token, the device work the loop issues after it and before the next token (NVTX-range tokens: the
+    durations in µs of the device rows, in order, whose launch call falls between the token's range end and
+    the next range's start: sampling, the next step's inputs); the last token, whose next is not in the
+    trace, gets the one before it's. {} for tokens found by the kernel period (they hold every launch)."""
+    if tk.range_name is None or tk.n < 2:
+        return {}
+    dev = f[f["kind"].isin(DEVICE_KINDS) & (tk.token < 0)]
+    if dev.empty:
+        return {}
+    t = host_time(f).loc[dev.index].to_numpy()
+    dur = ((dev["end_ns"] - dev["start_ns"]).clip(lower=0) / 1e3).to_numpy()
+    order = np.argsort(dev["start_ns"].to_numpy(), kind="stable")
+    out = {}
+    for i in range(tk.n - 1):
+        inside = (t[order] >= tk.end_ns[i]) & (t[order] < tk.start_ns[i + 1])
+        out[i] = [float(x) for x in dur[order][inside]]
+    out[tk.n - 1] = list(out[tk.n - 2])
+    return out
+
+
+def untraced_ranges(table, tk: Tokens) -> tuple[list, list]:
+    """The untraced host times of ``tk``'s tokens from a markers pass (``table``: an event table of the same
+    program's NVTX ranges, recorded with nothing else traced: :mod:`ds4lab.trace.recording`): per token, the
+    µs inside its range and outside it (to the next range's start; the last token, which has no next, the
+    median of the others), paired by position with the ranges ``tk`` was found from.
+
+    Raises:
+        ValueError: ``tk`` not found from an NVTX range (the pass has no kernels to find tokens by), or the
+            pass's closed outermost ranges of that name not as many as ``tk``'s tokens (naming both counts).
+    """
+    if tk.range_name is None:
+        raise ValueError(f"{table.source}: the recording's tokens are found by {tk.how}, and a markers pass holds "
+                         "NVTX ranges only: their positions would not pair")
+    f = table.frame
+    r = f[(f["kind"] == "nvtx") & (f["name"] == tk.range_name)]
+    r = _outermost(r) if len(r) else r
+    r = r[r["end_ns"] >= 0]
+    if len(r) != tk.n:
+        raise ValueError(f"{table.source}: {len(r)} closed NVTX range(s) {tk.range_name!r}, the recording's tokens "
+                         f"{tk.n}: not the same loop")
+    s, e = r["start_ns"].to_numpy(), r["end_ns"].to_numpy()
+    inside = [float(x) / 1e3 for x in e - s]
+    outside = [float(x) / 1e3 for x in np.clip(s[1:] - e[:-1], 0, None)]
+    if tk.n > 1:
+        outside.append(float(np.median(outside)))
+    else:
+        outside.append(0.0)
+    return inside, outside

@@ -20,11 +20,17 @@ its argument pass by :func:`ds4lab.audit.frozen.attach`; capture mode ``global``
   where the truth names one (:func:`cause_first`: the file and line, and the kernel hint), and
   check_replay's outcome must name the truth's (``check_agrees``);
 * **the time**: for a step that captured, the ``whole token`` plan's predicted µs per token (MODELED)
-  against the truth's measured replay (a loop of advance and replay that never waits, CUDA events), or
-  check_replay's loop that waits for every replay where the recorded tokens block (:func:`measured_replay`);
-  within :data:`TIME_TOLERANCE` it agrees. A step that asks whether the stream captures is modeled on its
-  capture-path pass (:mod:`ds4lab.audit.capture_path`; ``plan_path``); the graph's kernel nodes
-  (``graph_kernels``) are set beside the modeled token's kernels (:func:`same_work`).
+  against the truth's measured replay (the script's own decode loop body with the step replaced by the
+  replay, a loop that never waits, CUDA events), or check_replay's loop that waits for every replay where
+  the recorded tokens block (:func:`measured_replay`); within :data:`TIME_TOLERANCE` it agrees. The plan's
+  host is priced at the markers pass's untraced times where the recording has one
+  (:func:`ds4lab.audit.plans.attach_untraced`; ``host_times``). Without one its host is traced, which only
+  raises it: the untraced plan lies between the plan's device floor (``device_floor_us``: no host time) and
+  the traced plan, and the time is held only where that whole range says the same (:func:`held`); where the
+  measured replay falls inside it, the time is *not held* (``time_agrees`` None, ``time_note`` says why). A
+  step that asks whether the stream captures is modeled on its capture-path pass
+  (:mod:`ds4lab.audit.capture_path`; ``plan_path``); the graph's kernel nodes (``graph_kernels``) are set
+  beside the modeled token's kernels (:func:`same_work`).
 
 The runs can be audited again without a GPU from the folder a run wrote (``ds4lab audit validate
 --runs-from DIR``: :func:`saved_run`), as the shipped fixtures are (runs recorded before the steps
@@ -36,6 +42,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import BadInput
 from .capture_path import modeled_kernel_counts, modeled_kernels
@@ -79,16 +87,47 @@ def waits_per_token(report) -> bool:
     return any(getattr(it, "blocking", False) for t in items.values() for it in t)
 
 
+#: How :func:`measured_replay` names the truth's loop that never waits when it is (advance + replay) alone.
+BARE_LOOP = "never waits; advance + replay alone, not the script's loop body"
+
+
 def measured_replay(torch_run: dict, waits: bool) -> tuple[float | None, str]:
     """The measured replay µs per step to hold the whole-token plan to, and which loop it is: the
-    loop that waits for every replay (``replay_sync_us``) when the tokens wait (``waits``), else the
-    one that never waits (``replay_us``); a run timed before the two were told apart has only
-    ``replay_us``, said so."""
+    loop that waits for every replay (``replay_sync_us``: check_replay's) when the tokens wait (``waits``),
+    else the truth's that never waits (``replay_us``: the script's own loop body with the replay, where the
+    truth says ``loop_body``; else advance + replay alone, :data:`BARE_LOOP`); a run timed before the two
+    were told apart has only ``replay_us``, said so."""
     if waits and torch_run.get("replay_sync_us"):
         return torch_run["replay_sync_us"], "waits per step"
+    body = torch_run.get("loop_body") or (torch_run.get("truth") or {}).get("loop_body")
+    if body:
+        return torch_run.get("replay_us"), "never waits; the script's loop body"
     if torch_run.get("replay_sync_us") is None and torch_run.get("replay_us"):
         return torch_run["replay_us"], "one timing (a run before the loops were told apart)"
-    return torch_run.get("replay_us"), "never waits"
+    return torch_run.get("replay_us"), BARE_LOOP
+
+
+def held(predicted: float, floor: float | None, replay: float, untraced: bool) -> tuple[bool | None, str]:
+    """Whether the whole-token plan ``predicted`` (µs) meets the measured ``replay`` within
+    :data:`TIME_TOLERANCE`, and why not where it cannot be told: with ``untraced`` host times the plan is
+    held as it is; with traced ones the untraced plan lies somewhere between ``floor`` (the plan's device
+    floor) and ``predicted``: held (True) when both meet the replay, failed (False) when neither range end
+    can (both above, or both below), not held (None) when the replay falls between (only the untraced host
+    times can say)."""
+    ok = abs(predicted / replay - 1) <= TIME_TOLERANCE
+    if untraced or floor is None or floor != floor:
+        return ok, ""
+    lo_ok = abs(floor / replay - 1) <= TIME_TOLERANCE
+    if ok and lo_ok:
+        return True, ""
+    if floor > replay * (1 + TIME_TOLERANCE) or predicted < replay * (1 - TIME_TOLERANCE):
+        return False, ""
+    where = ("is met by the floor, not by the traced plan" if lo_ok else "lies between them")
+    return None, (f"not held: no untraced (markers) pass beside the recording, and its traced host sets the "
+                  f"whole-token plan: {predicted:.0f} µs with the loop's work outside the token at its traced cost "
+                  f"(CUPTI on every call), {floor:.0f} µs with no host time (its device floor); the measured "
+                  f"{replay:.0f} µs {where}, and only the loop's untraced times can place the plan between the two "
+                  "(ds4lab audit run and audit validate record them: the markers pass)")
 
 
 def against_torch(report, torch_run: dict) -> dict:
@@ -99,17 +138,27 @@ def against_torch(report, torch_run: dict) -> dict:
     plan), ``replay_us`` (torch's replay, µs per step, measured with CUDA events; None when it did not
     capture, in the loop the plan models: :func:`measured_replay`; ``measured_loop`` says which), ``replay_sync_us``
     and ``replay_device_us`` beside it, ``predicted_over_measured`` and ``time_agrees`` (within
-    :data:`TIME_TOLERANCE`), None where either time is missing."""
+    :data:`TIME_TOLERANCE`; :func:`held`), None where either time is missing or where it is not held
+    (``time_note`` says why); ``host_times`` (what the plan's host is priced at: ``traced``, or the markers
+    pass), ``device_floor_us`` (the plan with no host time) and ``untraced_eager_us`` (the markers pass's
+    untraced eager token, median; None without the pass)."""
+    from .plans import TRACED
+
     verdict, why = predicted_outcome(report)
     plans = report.plans.set_index("plan") if report.plans is not None and not report.plans.empty else None
-    predicted = (float(plans.loc["whole token", "predicted_us"]) if plans is not None and "whole token" in plans.index
-                 else None)
+    whole = plans.loc["whole token"] if plans is not None and "whole token" in plans.index else None
+    predicted = float(whole["predicted_us"]) if whole is not None else None
+    floor = float(whole["device_floor_us"]) if whole is not None and "device_floor_us" in whole else None
+    host = str(whole["host_times"]) if whole is not None and "host_times" in whole else TRACED
     replay, loop = measured_replay(torch_run, waits_per_token(report))
+    u = getattr(report, "untraced", None)
     out = {"torch_outcome": torch_run.get("outcome", ""), "torch_detail": torch_run.get("detail", "")
            or torch_run.get("error", ""), "audit_verdict": verdict, "audit_why": why, "predicted_us": predicted,
+           "device_floor_us": floor, "host_times": host if predicted is not None else "",
            "replay_us": replay, "measured_loop": loop if replay else "",
            "replay_sync_us": torch_run.get("replay_sync_us"), "replay_device_us": torch_run.get("replay_device_us"),
-           "predicted_over_measured": None, "time_agrees": None}
+           "untraced_eager_us": float(np.median(u.eager_us)) if u is not None and u.eager_us else None,
+           "predicted_over_measured": None, "time_agrees": None, "time_note": ""}
     out["verdict_agrees"] = OUTCOMES.get(out["torch_outcome"]) == verdict != ""
     out["graph_kernels"], out["token_kernels"] = torch_run.get("graph_kernels"), token_kernels(report)
     out["same_work"] = same_work(out["graph_kernels"], out["token_kernels"], modeled_kernel_counts(report))
@@ -117,7 +166,9 @@ def against_torch(report, torch_run: dict) -> dict:
     out["plan_path"] = cp.label if cp is not None else "recorded"
     if replay and predicted:  # held for every step that captured: a graph of other work is the plan's miss
         out["predicted_over_measured"] = predicted / replay
-        out["time_agrees"] = abs(predicted / replay - 1) <= TIME_TOLERANCE
+        out["time_agrees"], out["time_note"] = held(predicted, floor, replay, untraced=host != TRACED)
+        if out["time_note"] and loop == BARE_LOOP:
+            out["time_note"] += "; and the truth timed advance + replay, not the script's loop body"
     return out
 
 
@@ -172,8 +223,20 @@ def saved_run(folder: Path) -> dict:
         raise BadInput(f"{f}: not a run's engine.json ({type(e).__name__}: {e})") from None
     if not isinstance(r, dict):
         raise BadInput(f"{f}: not a run's engine.json (a {type(r).__name__}, not an object)")
-    for key, name in (("recording", "recording.csv.gz"), ("arguments", "arguments.json.gz")):
+    for key, name in (("recording", "recording.csv.gz"), ("arguments", "arguments.json.gz"),
+                      ("markers", "recording.markers.csv.gz")):
         r[key] = str(folder / name) if (folder / name).is_file() else ""
+    return with_check(r)
+
+
+def with_check(r: dict) -> dict:
+    """A run's fields with check_replay's loops beside the truth's (``replay_sync_us``: the loop that waits for
+    every replay; ``replay_device_us``: the graph's device time; the truth times one loop), where the run has a
+    check and does not say them itself. Returns ``r``."""
+    chk = r.get("check") or {}
+    if chk:
+        r.setdefault("replay_sync_us", chk.get("replay_sync_us"))
+        r.setdefault("replay_device_us", chk.get("replay_device_us"))
     return r
 
 
@@ -181,7 +244,8 @@ def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None
     """The runs asked for, as ``(family, cache, dtype, saved, script)``: with ``runs_from``, the saved runs
     of that folder (any ``*/engine.json``) whose family, cache and dtype match the filters (``saved()`` reads
     one back: :func:`saved_run`; ``script`` its folder); else every family script of the steps folder
-    (:func:`ds4lab.audit.steps.discover`, its ``--list``) in each of its caches and dtypes that match
+    (:func:`ds4lab.audit.steps.discover`, its ``--list``: only the scripts a filter name names, where it names
+    any and every name is found in them) in each of its caches and dtypes that match
     (``saved`` None; ``script`` to run with :func:`ds4lab.audit.steps.run_step`). A filter name may be a family or a cache (``engines``
     and ``caches`` are both searched: the command line cannot tell them apart before ``--list``).
 
@@ -201,11 +265,17 @@ def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None
     else:
         from .steps import discover, listing
 
-        for script in discover(steps):
-            ls = listing(script)
-            for c in ls["caches"]:
-                for d in ls["dtypes"]:
-                    found.append((str(ls["family"]), str(c), str(d), None, script))
+        def listed(scripts):
+            out = []
+            for script in scripts:
+                ls = listing(script)
+                out += [(str(ls["family"]), str(c), str(d), None, script) for c in ls["caches"] for d in ls["dtypes"]]
+            return out
+
+        chosen = discover(steps, names)  # only the scripts named, where a name is a script's
+        found = listed(chosen)
+        if any(n not in {x[0] for x in found} | {x[1] for x in found} for n in names) and chosen != discover(steps):
+            found = listed(discover(steps))  # a name that is none of theirs: ask every script
     fams, cas = {x[0] for x in found}, {x[1] for x in found}
     unknown = sorted(n for n in names if n not in fams and n not in cas)
     if unknown and runs_from is None:
@@ -255,7 +325,8 @@ def _statement_of(path: Path, line: int) -> tuple[int, int] | None:
 
 
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
-             on_report=None, runs_from: Path | None = None, steps=None) -> "pd.DataFrame":  # noqa: F821
+             on_report=None, runs_from: Path | None = None, steps=None,
+             capture_cost: bool = True) -> "pd.DataFrame":  # noqa: F821
     """Run, audit and compare every family of the steps folder (:func:`runs`: its scripts, their caches
     and dtypes matching ``engines``, ``caches`` and ``dtypes``) on the user's path (module docstring);
     writes each audit report under ``out/<family>-<cache>-<dtype>/audit/`` and returns the table
@@ -266,7 +337,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     run (to write them as they come), ``on_report(report, "<family>-<cache>-<dtype>/audit")`` with each audit
     report (to write it there; without it, it is written there by :func:`ds4lab.audit.report.write`).
     ``runs_from``: audit the runs saved in that folder (:func:`saved_run`; no GPU) instead of running them;
-    ``steps``: the steps folder (None: ``ds4lab/data/steps``)."""
+    ``steps``: the steps folder (None: ``ds4lab/data/steps``); ``capture_cost``: measure the argument capture's
+    cost per launch in each run (:func:`ds4lab.audit.steps.run_step`)."""
     import pandas as pd
 
     from . import report as audit_report
@@ -274,18 +346,17 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
     from .arguments import store_beside
     from .capture_path import attach_beside, not_used
     from .frozen import WRONG, attach, verdict
-    from .steps import run_step
+    from .plans import attach_untraced_beside, markers_not_used
+    from .steps import run_step, steps_folder
     from ..trace.sources import read_events as read
 
     rows = []
     for engine, cache, dtype, saved, script in runs(engines, caches, dtypes, steps=steps, runs_from=runs_from):
         name = f"{engine}-{cache}-{dtype}"
-        r = saved() if saved is not None else run_step(script, engine, cache, dtype, out, say=say)
+        r = saved() if saved is not None else run_step(script, engine, cache, dtype, out, say=say,
+                                                       capture_cost=capture_cost)
         r.setdefault("outcome", "")
-        chk = r.get("check") or {}
-        if chk:  # the loops that wait and the graph's device time are check_replay's (the truth times one loop)
-            r.setdefault("replay_sync_us", chk.get("replay_sync_us"))
-            r.setdefault("replay_device_us", chk.get("replay_device_us"))
+        chk = with_check(r).get("check") or {}
         cost = r.get("overhead") or {}
         cause = r.get("cause")
         row = {"family": engine, "cache": cache, "dtype": dtype, "torch_outcome": r.get("outcome", ""),
@@ -301,7 +372,8 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                or chk.get("error", ""), "check_agrees": None, "predicted_us": None, "predicted_over_measured": None,
                "capture_us_per_launch": cost.get("per_launch_us"), "capture_lo": cost.get("per_launch_lo"),
                "capture_hi": cost.get("per_launch_hi"), "capture_cost": cost.get("text", ""),
-               "verdict_agrees": False, "time_agrees": None, "graph_kernels": r.get("graph_kernels"),
+               "verdict_agrees": False, "time_agrees": None, "time_note": "", "device_floor_us": None,
+               "host_times": "", "untraced_eager_us": None, "graph_kernels": r.get("graph_kernels"),
                "token_kernels": None, "same_work": None, "plan_path": "",
                "recording": _inside(r.get("recording", ""), out),
                "arguments": _inside(r.get("arguments", ""), out), "error": r.get("error", "")}
@@ -312,6 +384,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
             table = read(path)
             table.source = f"{name}/recording.csv.gz"  # named inside the result folder (out may be staged)
             rep = analyze([table])[0]  # the tokens as a user's: found by themselves (the step's own NVTX range)
+            attach_untraced_beside(rep, path, recorded=table)  # the markers pass: the loop's untraced times
             attach_beside(rep, path, recorded=table)  # the capture-path pass
             store = store_beside(path)
             args_error = ""
@@ -330,12 +403,15 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
             v = verdict(rep)
             row["lead"] = (f"{str(v.lead.get('name', ''))[:60]} at {v.lead.get('where') or '—'}" if v.lead else "")
             script = r.get("script")
-            row["cause_first"] = (cause_first(v.lead, cause, Path(script).parent if script else None)
+            # the script's folder, where the run's script is still there (a saved run names it as it ran), else
+            # the steps folder (a run copied elsewhere, as the fixtures are)
+            sources = Path(script).parent if script and Path(script).is_file() else steps_folder(steps)
+            row["cause_first"] = (cause_first(v.lead, cause, sources)
                                   if v.verdict == WRONG else (None if cause is None else False))
             row["frozen_on_right"] = bool(OUTCOMES.get(row["torch_outcome"]) == "replays right"
                                           and (row["frozen_findings"] > 0 or row["audit_verdict"] == WRONG))
-            refused_pass = not_used(rep)  # a pass beside the recording that the plans could not use
-            row["error"] = "; ".join(x for x in (row["error"], args_error, refused_pass) if x)
+            refused = (not_used(rep), markers_not_used(rep))  # passes beside the recording the plans could not use
+            row["error"] = "; ".join(x for x in (row["error"], args_error, *refused) if x)
         say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
             f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
             + (f" · leads with {row['lead']}" + ("" if row["cause_first"] is None else
@@ -345,7 +421,9 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                + ("" if row["check_agrees"] is None else " (agrees)" if row["check_agrees"] else " (DISAGREES)")
                if chk else "")
             + (f" · replay {row['replay_us']:.0f} µs measured ({row['measured_loop']}), {row['predicted_us']:.0f} "
-               f"predicted (×{row['predicted_over_measured']:.2f})" if row["predicted_over_measured"] else "")
+               f"predicted (×{row['predicted_over_measured']:.2f}; host {row['host_times']})"
+               if row["predicted_over_measured"] else "")
+            + (f" · time {row['time_note']}" if row["time_note"] else "")
             + (f" · plan modeled on the {row['plan_path']}" if str(row["plan_path"]).startswith("capture path")
                else "")
             + (f" · the graph holds {row['graph_kernels']} kernels, the modeled token {row['token_kernels']}: "
@@ -380,8 +458,8 @@ def _flag(v):
 
 
 _TEXT_COLUMNS = ("frozen", "torch_outcome", "torch_detail", "audit_verdict", "capture_cost", "plan_path", "lead", "cause",
-                 "check_outcome")
-_NUMBER_COLUMNS = ("predicted_us", "replay_us", "graph_kernels", "token_kernels")
+                 "check_outcome", "time_note", "host_times")
+_NUMBER_COLUMNS = ("predicted_us", "replay_us", "graph_kernels", "token_kernels", "device_floor_us")
 
 
 def markdown(df) -> str:
@@ -401,8 +479,11 @@ def markdown(df) -> str:
                  k in _TEXT_COLUMNS + _NUMBER_COLUMNS else v) for k, v in r.items()}
         other = r.get("same_work") is False or str(r.get("same_work")) == "False"
         path = str(r.get("plan_path") or "recorded")
+        agreed = _flag(r.get("time_agrees"))
         pm = (f"{r['predicted_us']:.0f} / {r['replay_us']:.0f} (×{r['predicted_over_measured']:.2f}"
-              + ('' if r.get('time_agrees') else ', outside')
+              + ("" if agreed else ", outside" if agreed is False else
+                 f", not held: traced host, device floor {num(r.get('device_floor_us'))}")
+              + ("; host untraced" if str(r.get("host_times") or "").startswith("untraced") else "")
               + ("; capture path" if path.startswith("capture path") else "")
               + (f"; graph {r['graph_kernels']:.0f} kernels, modeled token {r['token_kernels']:.0f}" if other else "")
               + ")" if r.get("predicted_us") and r.get("replay_us") else "—")

@@ -40,11 +40,14 @@ def register(main: click.Group) -> None:
                    "GPU (the families and dtypes asked that DIR holds).")
 @click.option("--steps", "steps", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
               help="`audit validate`: the folder of step scripts to run (default: ds4lab/data/steps).")
-def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes, runs_from, steps) -> None:
+@click.option("--no-capture-cost", is_flag=True,
+              help="`audit validate`: do not measure the argument capture's cost per launch in each run.")
+def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_arguments, dtypes, runs_from, steps,
+              no_capture_cost) -> None:
     """What CUDA-graph capture of a decode step would refuse, break or silently get wrong, and what it
     would save, from traces you already take; or `ds4lab audit run [OPTIONS] -- python PROGRAM ARGS`
     to record a program (needs a GPU and cupti-python) and audit what it recorded; or `ds4lab audit
-    validate [FAMILY|CACHE...] [--dtype D] [--steps DIR]` to hold the audit to what torch.cuda.graph does
+    validate [FAMILY|CACHE...] [--dtype D] [--steps DIR] [--no-capture-cost]` to hold the audit to what torch.cuda.graph does
     with decode steps run as a user runs them (GPU, torch, cupti-python: every script of the steps folder,
     ds4lab/data/steps by default, recorded through `audit run`, its own --truth, check_replay on its
     make_step; float32 and bfloat16). `audit run` records the kernel arguments in a second, untimed pass
@@ -81,11 +84,13 @@ def audit_cmd(files, token_range, modes, calibration, out, max_rows, no_argument
 
         # a name is a family or a cache: the scripts' --list tells which (ds4lab.audit.validate.runs)
         invoke("audit-validate", ValidateConfig(engines=tuple(files[1:]), out=out, dtypes=tuple(dtypes),
-                                                runs_from=runs_from, steps=steps))
+                                                runs_from=runs_from, steps=steps, capture_cost=not no_capture_cost))
         return
     for opt, v in (("--runs-from", runs_from), ("--steps", steps)):
         if v is not None:
             raise click.UsageError(f"{opt} {v}: only for `ds4lab audit validate`")
+    if no_capture_cost:
+        raise click.UsageError("--no-capture-cost: only for `ds4lab audit validate`")
     if files and files[0] == "run":  # ds4lab audit run [OPTIONS] -- python PROGRAM ARGS
         program, files = files[1:], []
     cfg = AuditConfig(files=tuple(Path(f) for f in files), program=tuple(program), token_range=token_range,

@@ -138,6 +138,7 @@ def run(cfg: AuditConfig, backend=None, console=None) -> JobResult:
         tables = _sources(cfg, o.folder, out, console, meta)
         reports = analyze(tables, token_range=cfg.token_range, calibration=cfg.calibration, modes=cfg.modes)
         _attach_arguments(reports, tables)
+        _attach_untraced(reports, tables)
         _attach_capture_paths(reports, tables, cfg)
         _against_untraced(reports, tables)
         meta.update(audit_report.audit_meta(reports))
@@ -210,6 +211,19 @@ def _attach_arguments(reports, tables) -> None:
                     r.notes.append(f"kernel arguments not compared: {e}")
 
 
+def _attach_untraced(reports, tables) -> None:
+    """Price each report's plans at the untraced host times of the markers pass beside its trace, where one
+    was recorded (:func:`ds4lab.audit.plans.attach_untraced_beside`: ``<stem>.markers.csv.gz``, which
+    ``ds4lab audit run`` records); before the capture-path pass, whose graph plans take the same times."""
+    from ..audit.plans import attach_untraced_beside
+
+    for r in reports:
+        for t in tables:
+            path = getattr(t, "path", None)
+            if t.source == r.source and path is not None and r.plans is not None and not r.plans.empty:
+                attach_untraced_beside(r, path, recorded=t)
+
+
 def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
     """Model each report's graph plans on the capture-path pass beside its trace, where one was recorded
     (:func:`ds4lab.audit.capture_path.attach_beside`: ``capture-path.csv.gz``, which ``ds4lab audit run``
@@ -226,7 +240,8 @@ def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
 def _against_untraced(reports, tables) -> None:
     """Each report's plans with their saving against the eager step timed untraced where the
     torch.cuda.graph outcome beside its trace gives one (``eager_us``: ``check_replay``'s CUDA events;
-    :func:`ds4lab.audit.plans.against_untraced`); the others stay against the traced step."""
+    :func:`ds4lab.audit.plans.against_untraced`) and no markers pass gave the untraced tokens already (they
+    come first: the user's own loop, per token); the others stay against the traced step."""
     from ..audit.engines import outcome_beside
     from ..audit.plans import against_untraced
 
@@ -235,6 +250,8 @@ def _against_untraced(reports, tables) -> None:
             path = getattr(t, "path", None)
             if t.source != r.source or path is None or r.plans is None or r.plans.empty:
                 continue
+            if getattr(r, "untraced", None) is not None:
+                break
             rec = outcome_beside(Path(path)) or {}
             us = rec.get("eager_us")
             if isinstance(us, (int, float)) and us > 0:

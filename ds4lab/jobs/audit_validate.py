@@ -32,6 +32,8 @@ class ValidateConfig:
     runs_from: Path | str | None = None
     #: the folder of family scripts (:mod:`ds4lab.audit.steps`); None: the one shipped with ds4lab
     steps: Path | str | None = None
+    #: measure the argument capture's cost per launch in each run (beside check_replay)
+    capture_cost: bool = True
 
 
 def check_config(cfg: ValidateConfig) -> None:
@@ -122,7 +124,8 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
 
         df = validate(cfg.engines, cfg.caches, o.folder, dtypes=cfg.dtypes or DTYPES, say=say, on_row=write,
                       on_report=lambda rep, under: write_audit(o, [rep], under),
-                      runs_from=Path(cfg.runs_from) if cfg.runs_from is not None else None, steps=cfg.steps)
+                      runs_from=Path(cfg.runs_from) if cfg.runs_from is not None else None, steps=cfg.steps,
+                      capture_cost=cfg.capture_cost)
         if df.empty:
             raise BadInput(f"--runs-from {cfg.runs_from}: none of the runs asked for is in it")
         write(df.to_dict("records"))
@@ -139,6 +142,7 @@ def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
             raise CheckFailed("the audit disagrees with torch.cuda.graph on " + "; ".join(
                 f"{r.family}/{r.cache}/{r.dtype} (torch {r.torch_outcome or 'failed'}, audit {r.audit_verdict or '-'}"
                 + (f", time ×{r.predicted_over_measured:.2f}" if r.predicted_over_measured else "")
+                + (" not held" if r.predicted_over_measured and getattr(r, "time_note", "") else "")
                 + (", frozen findings on a step that replays right" if getattr(r, "frozen_on_right", False) is True
                    else "")
                 + (", not led by its true cause" if getattr(r, "cause_first", None) is False else "")

@@ -35,6 +35,13 @@ Command line (what :func:`run_script` runs, a subprocess of the same interpreter
 runs the script with :mod:`runpy` (its ``sys.argv``, as ``__main__``) inside :func:`recording` and saves
 the table at exit, also when the script raises or is interrupted (Ctrl-C): what was recorded is kept,
 and the script's exit status is passed on (and written in the saved file's header).
+
+**The markers pass** (``--markers``; :func:`run_script` runs it beside every recording): the same program
+run once more with nothing recorded but its NVTX ranges (CUPTI ``MARKER`` activity alone: no runtime,
+driver or kernel activity, no callbacks), saved as ``<stem>.markers.csv.gz`` beside ``<stem>.csv.gz``
+(:func:`markers_name`, :func:`markers_beside`). CUPTI's activity on every API call is what makes a recorded
+loop slow; the ranges of an untraced run say what the loop costs without it, per token inside the range and
+outside it (:func:`ds4lab.audit.tokens.untraced_times`), which the plans price the work they keep at.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import shutil
 import threading
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import records as R
@@ -70,6 +78,13 @@ HAZARD_DRIVER = frozenset({
     "cuMemcpyDtoD", "cuMemsetD8", "cuMemsetD16", "cuMemsetD32", "cuStreamSynchronize", "cuCtxSynchronize",
     "cuEventSynchronize", "cuStreamQuery", "cuEventQuery", "cuGraphLaunch"})
 SAVED_NAME = "recording.csv.gz"
+#: Activity kinds of the markers pass: the NVTX ranges alone.
+MARKER_KINDS = ("MARKER",)
+#: The markers pass's file beside ``<stem>.csv.gz``, and its header's ``pass``.
+MARKERS_SUFFIX, MARKERS_PASS = ".markers.csv.gz", "markers"
+#: Header keys of a saved recording that name the step it recorded (``audit validate``'s runs, ``audit run``'s
+#: script): a pass beside a recording whose keys differ from the recording's belongs to another step.
+STEP_KEYS = ("engine", "cache", "dtype", "argv")
 
 
 class Recording:
@@ -143,9 +158,38 @@ def store_path(table_path: Path) -> Path:
     return p.with_name(STORE_NAME if stem == "arguments" else stem + STORE_SUFFIX)
 
 
+def markers_name(recording) -> Path:
+    """Where the markers pass of ``recording`` goes: ``<stem>.markers.csv.gz`` beside it (the whole stem,
+    :func:`ds4lab.trace.capture_path.trace_stem`: ``recording.csv.gz`` → ``recording.markers.csv.gz``)."""
+    from .capture_path import trace_stem
+
+    recording = Path(recording)
+    return recording.with_name(trace_stem(recording) + MARKERS_SUFFIX)
+
+
+def is_markers(path) -> bool:
+    """Whether ``path`` names a markers pass (``*.markers.csv.gz``)."""
+    return Path(str(path)).name.endswith(MARKERS_SUFFIX)
+
+
+def markers_beside(recording) -> Path | None:
+    """The markers pass saved beside ``recording`` (:func:`markers_name`), or None where there is none (or
+    ``recording`` is itself a markers pass or a capture-path pass, whose tokens are another run's)."""
+    from .capture_path import is_capture_path
+
+    if recording is None or is_markers(recording) or is_capture_path(recording):
+        return None
+    p = markers_name(recording)
+    return p if p.is_file() else None
+
+
 @contextlib.contextmanager
-def recording(*, stacks: bool = True, arguments: bool = False, token_range: str | None = None, tokens=None):
+def recording(*, stacks: bool = True, arguments: bool = False, token_range: str | None = None, tokens=None,
+              markers_only: bool = False):
     """Record the block's CUDA activity (module docstring); yields a :class:`Recording`.
+
+    ``markers_only``: record the NVTX ranges and nothing else (CUPTI ``MARKER`` activity; no stacks, no
+    arguments): the markers pass, whose host times are the program's untraced ones.
 
     ``arguments``: also every launch's parameter bytes and the allocations (:mod:`ds4lab.trace.arguments`;
     an argument pass: do not time it); ``token_range``: the NVTX range that marks a token, used at the end
@@ -166,10 +210,12 @@ def recording(*, stacks: bool = True, arguments: bool = False, token_range: str 
     try:
         session = CuptiSession.get()
         _system_thread_ids(session)
-        kinds = AUDIT_KINDS + (("MEMORY2",) if arguments else ())
+        kinds = MARKER_KINDS if markers_only else AUDIT_KINDS + (("MEMORY2",) if arguments else ())
         sub = session.subscribe(kinds)
     except CuptiUnavailable as e:
         raise SourceError(f"cannot record: {e}") from None
+    if markers_only:
+        stacks = arguments = False
     rec = Recording(session, stacks)
     for k, why in session.refused.items():
         if k in kinds:
@@ -439,7 +485,8 @@ def _strip_python(argv: list[str]) -> list[str]:
 
 
 def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = False,
-               token_range: str | None = None, capture_path: bool = True) -> Path:
+               token_range: str | None = None, capture_path: bool = True, markers: bool = True,
+               seconds: dict | None = None) -> Path:
     """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.trace.recording``)
     with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
     when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
@@ -451,6 +498,16 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
     (:func:`ds4lab.trace.capture_path.asks_capture_status`), run the script once more with PyTorch
     answering yes (:mod:`ds4lab.trace.capture_path`), into ``capture-path.csv.gz`` beside it: the work a
     graph of the step would hold, for the plans; a pass that fails is said and leaves the rest as it is.
+    Not run where every asking call's recorded stack shows it came from C/C++ (none passes through
+    ``torch.cuda.is_current_stream_capturing``, the one answer the pass changes): it would run the
+    recorded path again (:data:`ds4lab.trace.capture_path.NOT_ASKED`), said.
+
+    ``markers``: run the script once more with only its NVTX ranges recorded (the markers pass, module
+    docstring), into ``<stem>.markers.csv.gz`` beside the recording: its untraced host times; a pass that
+    fails is said and leaves the rest as it is.
+
+    ``seconds``: filled with each pass's wall-clock seconds (``timed``, ``capture_path``, ``markers``,
+    ``arguments``: the passes that ran), for the record of where a run's time goes.
 
     ``arguments``: run the script a second time with the kernel arguments recorded
     (:mod:`ds4lab.trace.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
@@ -475,7 +532,9 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
     from .capture_path import asks_capture_status, capture_path_name
 
     third = capture_path_name(target)
-    for p in (target, err, third, third.with_name(third.name + ".error.txt"),
+    marks = markers_name(target)
+    for p in (target, err, third, third.with_name(third.name + ".error.txt"), marks,
+              marks.with_name(marks.name + ".error.txt"),
               *((target.with_name("arguments.csv.gz"), target.with_name("arguments.json.gz"),
                  target.with_name("arguments.csv.gz.error.txt")) if arguments else ())):
         if p.exists():
@@ -486,7 +545,10 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         env["NVTX_INJECTION64_PATH"] = str(lib)
     say = console.print if console is not None else (lambda *a, **k: None)
     say(f"recording: {' '.join(argv)}")
+    took = seconds if seconds is not None else {}
+    clock = time.monotonic()
     rc = _run_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(target), "--", *argv], env, say)
+    took["timed"] = round(time.monotonic() - clock, 1)
     if err.is_file():
         raise SourceError(err.read_text().strip())
     if not target.is_file():
@@ -496,22 +558,51 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
     if capture_path:
         from .sources import read_events
 
-        asked = asks_capture_status(read_events(target).frame)
-        if asked:
+        frame = read_events(target).frame
+        asked = asks_capture_status(frame)
+        if asked and not _python_may_ask(frame):
+            say(f"the script asked {asked} times whether the stream captures, every time from C/C++ (no recorded "
+                "stack passes through torch.cuda.is_current_stream_capturing): no capture-path pass, it would run "
+                "the recorded path again")
+        elif asked:
             say(f"the script asked {asked} times whether the stream captures: recording its capture path (a pass "
                 f"with torch.cuda.is_current_stream_capturing() answering yes): {' '.join(argv)}")
+            clock = time.monotonic()
             if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third),
                                "--as-if-capturing", "--", *argv], third, env, say, "no capture-path pass"):
                 say(f"capture path recorded to {third}")
+            took["capture_path"] = round(time.monotonic() - clock, 1)
+    if markers:
+        say(f"recording the NVTX ranges alone (the markers pass: untraced host times): {' '.join(argv)}")
+        clock = time.monotonic()
+        if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(marks), "--markers", "--",
+                           *argv], marks, env, say, "no markers pass (the plans price the loop at its traced cost)"):
+            say(f"NVTX ranges of an untraced run recorded to {marks}")
+        took["markers"] = round(time.monotonic() - clock, 1)
     if arguments:
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
         extra = ["--token-range", token_range] if token_range else []
+        clock = time.monotonic()
         # the audit's runner: the recording runner with the audit's token finder (ds4lab.audit.arguments)
         if _optional_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments",
                            *extra, "--", *argv], second, env, say, "no kernel arguments"):
             say(f"kernel arguments recorded to {store_path(second)}")
+        took["arguments"] = round(time.monotonic() - clock, 1)
     return target
+
+
+def _python_may_ask(frame) -> bool:
+    """Whether any call of ``frame`` asking whether the stream captures may have come through PyTorch's
+    Python (``torch.cuda.is_current_stream_capturing`` on its recorded stack, or no stack recorded)."""
+    from .capture_path import CAPTURE_STATUS_CALLS
+
+    api = frame[frame["kind"] == "api"]
+    ask = api[api["name"].astype(str).map(lambda n: R.api_base_name(n) in CAPTURE_STATUS_CALLS).astype(bool)]
+    stacks = ask["stack"].fillna("").astype(str) if "stack" in ask else None
+    if stacks is None or (stacks == "").any():
+        return True
+    return bool(stacks.str.contains("is_current_stream_capturing", regex=False).any())
 
 
 def _optional_pass(cmd: list, out: Path, env: dict, say, missing: str) -> bool:
@@ -589,8 +680,10 @@ def main(argv=None, tokens=None) -> int:
     @click.option("--as-if-capturing", is_flag=True,
                   help="The capture-path pass: torch.cuda.is_current_stream_capturing() answers yes "
                        "(ds4lab.trace.capture_path).")
+    @click.option("--markers", is_flag=True,
+                  help="The markers pass: the NVTX ranges alone (CUPTI MARKER activity), the loop untraced.")
     @click.argument("script", nargs=-1, type=click.UNPROCESSED, required=True)
-    def cli(out, no_stacks, arguments, token_range, as_if_capturing, script):
+    def cli(out, no_stacks, arguments, token_range, as_if_capturing, markers, script):
         script = _strip_python(list(script))
         status = 0
         err = out.with_name(out.name + ".error.txt")
@@ -601,7 +694,8 @@ def main(argv=None, tokens=None) -> int:
 
                 asked = path.enter_context(_as_if())
             loaded = _load_torch() if arguments else ""
-            ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range, tokens=tokens)
+            ctx = recording(stacks=not no_stacks, arguments=arguments, token_range=token_range, tokens=tokens,
+                            markers_only=markers)
             rec = ctx.__enter__()
             rec.trim = True
             if loaded:
@@ -636,7 +730,8 @@ def main(argv=None, tokens=None) -> int:
 
                 err.write_text(NOT_ASKED + "\n")
             else:
-                extra = {"capture_path_asked": asked.count} if as_if_capturing else {}
+                extra = ({"capture_path_asked": asked.count} if as_if_capturing else
+                         {"pass": MARKERS_PASS} if markers else {})
                 rec.save(out, exit_status=status, argv=list(script), source=" ".join(script), **extra)
         raise SystemExit(status)
 

@@ -189,6 +189,20 @@ def family(name: str, model: str, caches, cause=None):
 
 
 # ----------------------------------------------------------------------------- the command line
+def decode_loop(s, p: int, run):
+    """One iteration of these scripts' decode loop (the loop below, and the ground truth's eager and replay
+    timings: ``_graph_truth.measure_truth``'s ``loop``): the inputs of position ``p`` written before the step
+    (as a graph replay needs them), then ``run()`` (the eager step, or the replay) inside the NVTX range
+    :data:`TOKEN_RANGE`; nothing read back. Returns ``run()``'s output."""
+    import torch
+
+    s.advance(p)
+    torch.cuda.nvtx.range_push(TOKEN_RANGE)
+    out = run()
+    torch.cuda.nvtx.range_pop()
+    return out
+
+
 def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
     """The script's command line (the contract, module docstring): ``--list``, the decode loop, ``--truth``.
     ``cause_of(cache)``: the truth file's ``cause`` for a variant built to replay wrong (None otherwise)."""
@@ -209,7 +223,7 @@ def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
         # these steps are held to the same torch.cuda.graph experiment as the others.
         import _graph_truth
 
-        res = _graph_truth.measure_truth(family, __file__, a.cache, a.dtype, make_step, a, None)
+        res = _graph_truth.measure_truth(family, __file__, a.cache, a.dtype, make_step, a, None, loop=decode_loop)
         if cause_of is not None and res["outcome"] == "replays wrong":
             res["cause"] = cause_of(a.cache)
         _graph_truth.write_truth(res, a.truth)
@@ -225,10 +239,7 @@ def main(family: str, caches, make_step, cause_of=None, argv=None) -> int:
             p += 1
         torch.cuda.synchronize()
         for _ in range(a.steps):
-            s.advance(p)  # the inputs, written before the step as a graph replay would have them
-            torch.cuda.nvtx.range_push(TOKEN_RANGE)
-            logits = s.step()
-            torch.cuda.nvtx.range_pop()
+            logits = decode_loop(s, p, s.step)
             p += 1
         torch.cuda.synchronize()
     print(f"{family}/{a.cache}/{a.dtype}: {a.steps} decode steps to position {p}, last argmax "

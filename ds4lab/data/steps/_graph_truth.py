@@ -5,12 +5,18 @@ user's decode loop (one NVTX range per decode step). With ``--truth OUT.json`` i
 ``torch.cuda.graph`` does with one decode step of that family:
 
 1. build the step (``make_step`` does the prefill), snapshot its state at the first decode position ``p0``;
-2. time the untraced eager loop (blocks of 10 steps between two CUDA events, state restored between blocks);
+2. time the untraced eager loop (blocks of 10 iterations of the decode loop body between two CUDA events,
+   state restored between blocks);
 3. warm up on a side stream as the PyTorch CUDA-graph documentation does, restore, capture one step at ``p0``
    (a capture that raises is "refused", its exception text kept whole);
 4. run the true eager step at ``p0``, then for each of the next six positions: snapshot, eager step (the
    reference), restore the snapshot, replay, compare, and continue from the eager state;
-5. time (advance inputs + replay) in the same blocks.
+5. time the script's own decode loop with the step replaced by the replay, in the same blocks; and
+   (advance inputs + replay) alone.
+
+The eager loop, its timing and the replay's timing run one loop body (:class:`DecodeLoop`: advance, the
+step inside the NVTX range, the argmax kept on the device), so the eager and replay times are those of the
+loop the user runs, with the step eager or replayed.
 
 A "step" object (see the steps README) has ``step()``, ``advance(p)``, ``state``, ``start`` and ``capacity``.
 
@@ -234,11 +240,55 @@ def _cause_line(family_file, code):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# the decode loop body
+
+
+class DecodeLoop:
+    """One iteration of the family scripts' decode loop, the same wherever it runs: the loop without
+    ``--truth``, and the eager and replay timings of ``--truth``.
+
+    ``loop(step, p, run)``: ``step.advance(p)`` (the inputs, written before the step as a replay needs them),
+    ``run()`` inside the NVTX range ``nvtx_name`` (``step.step`` eagerly; the graph's replay returning its
+    static output under ``--truth``), then the argmax of the output's last row, kept on the device in
+    ``picks`` (the loop reads them once, after its last step: no iteration waits). Returns ``run()``'s output.
+    """
+
+    def __init__(self, nvtx_name=None):
+        self.nvtx_name = nvtx_name
+        self.picks = []
+
+    def __call__(self, step, p, run):
+        step.advance(p)
+        if self.nvtx_name:
+            torch.cuda.nvtx.range_push(self.nvtx_name)
+        out = run()
+        if self.nvtx_name:
+            torch.cuda.nvtx.range_pop()
+        first = _first_tensor(out)
+        self.picks.append(first.reshape(-1, first.shape[-1])[-1].argmax())
+        return out
+
+
+def _replayed(graph, static_out):
+    """``run`` of a loop body with the step replaced by ``graph``'s replay: returns the captured output."""
+    def run():
+        graph.replay()
+        return static_out
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------------
 # the ground truth
 
 
-def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
-    """Capture one decode step, compare six replays with eager, time both; returns the result dict."""
+def measure_truth(family, family_file, cache, dtype, make_step, args, intended, loop=None):
+    """Capture one decode step, compare six replays with eager, time both; returns the result dict.
+
+    ``loop(step, p, run)``: one iteration of the script's own decode loop (:class:`DecodeLoop`, or the
+    script's own with the same signature); the eager time is blocks of it with ``run`` the eager step, the
+    replay time (``replay_us``) blocks of it with ``run`` the replay; ``replay_bare_us`` times
+    ``advance(p)`` and the replay alone. None: ``DecodeLoop()`` (no NVTX range)."""
+    loop = DecodeLoop() if loop is None else loop
     if not torch.cuda.is_available():
         raise SystemExit("--truth needs a CUDA device")
     step = make_step(cache, dtype, prompt=args.prompt, seed=args.seed, device="cuda")
@@ -252,8 +302,7 @@ def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
 
     def eager_block():
         for p in range(p0, p0 + BLOCK_STEPS):
-            step.advance(p)
-            step.step()
+            loop(step, p, step.step)
 
     eager_us, eager_spread = _timed_blocks(eager_block, at_start.restore)
 
@@ -288,6 +337,7 @@ def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
         "outcome": None, "error": error,
         "positions": [], "rel_err": [], "same_argmax": [], "first_wrong_position": None,
         "eager_us": eager_us, "eager_spread": eager_spread, "replay_us": None, "replay_spread": None,
+        "replay_bare_us": None, "replay_bare_spread": None, "loop_body": True,
         "graph_kernels": None, "cause": None,
         # beyond the contract, for people reading the file
         "capture_position": p0, "capacity": step.capacity, "prompt": args.prompt, "seed": args.seed,
@@ -340,13 +390,20 @@ def measure_truth(family, family_file, cache, dtype, make_step, args, intended):
     torch.cuda.synchronize()
     result["outcome"] = "replays right" if result["first_wrong_position"] is None else "replays wrong"
 
-    def replay_block():
+    replay = _replayed(graph, static_out)
+
+    def replay_block():  # the script's loop, the step replaced by the replay
+        for p in range(p0, p0 + BLOCK_STEPS):
+            loop(step, p, replay)
+
+    def bare_block():  # advance and replay, nothing else of the loop
         for p in range(p0, p0 + BLOCK_STEPS):
             step.advance(p)
             graph.replay()
 
     try:
         result["replay_us"], result["replay_spread"] = _timed_blocks(replay_block, at_start.restore)
+        result["replay_bare_us"], result["replay_bare_spread"] = _timed_blocks(bare_block, at_start.restore)
     except Exception as exc:  # a wrong replay may fault past the compared positions
         result["replay_error"] = _exception_text(exc)
     return result
@@ -403,7 +460,7 @@ def main(family, family_file, caches, make_step, nvtx_name, causes=None, intents
         if args.device != "cuda":
             parser.error("--truth needs --device cuda")
         result = measure_truth(family, family_file, args.cache, args.dtype, make_step, args,
-                               intents.get(args.cache))
+                               intents.get(args.cache), loop=DecodeLoop(nvtx_name))
         cause = causes.get(args.cache)
         if cause is not None and result["outcome"] == "replays wrong":
             result["cause"] = {"file": os.path.basename(family_file),
@@ -415,17 +472,10 @@ def main(family, family_file, caches, make_step, nvtx_name, causes=None, intents
     step = make_step(args.cache, args.dtype, prompt=args.prompt, seed=args.seed, device=args.device)
     if step.capacity is not None and step.start + args.steps > step.capacity:
         parser.error(f"--prompt {args.prompt} + --steps {args.steps} passes the cache capacity {step.capacity}")
-    on_gpu = args.device == "cuda"
-    picks = []
+    loop = DecodeLoop(nvtx_name if args.device == "cuda" else None)
     for p in range(step.start, step.start + args.steps):
-        step.advance(p)
-        if on_gpu:
-            torch.cuda.nvtx.range_push(nvtx_name)
-        out = step.step()
-        if on_gpu:
-            torch.cuda.nvtx.range_pop()
-        picks.append(_first_tensor(out).reshape(-1, _first_tensor(out).shape[-1])[-1].argmax())
-    tokens = torch.stack(picks).tolist()  # one read after the loop: the steps themselves never wait here
+        loop(step, p, step.step)
+    tokens = torch.stack(loop.picks).tolist()  # one read after the loop: the steps themselves never wait here
     print(f"{family} {args.cache} {args.dtype} {args.device}: positions {step.start}..{step.start + args.steps - 1}"
           f", argmax {tokens}")
     return 0
