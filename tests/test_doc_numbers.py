@@ -141,6 +141,15 @@ def audit_validate() -> dict:
             "lo": num(min(ratios), 2), "hi": num(max(ratios), 2), "captured": num(len(ratios))}
 
 
+def user_path() -> dict:
+    """``audit validate`` on step scripts recorded as a user's (``h200-2026-12-04/audit-validate/validate.csv``):
+    verdicts agreeing, runs, and whether every wrong replay with a named cause led with it."""
+    t = rows(REC / "h200-2026-12-04/audit-validate/validate.csv")
+    wrong = [r for r in t if r["audit_verdict"] == "replays wrong"]
+    assert wrong and all(r["cause_first"] == "True" for r in wrong)
+    return {"agree": num(sum(r["verdict_agrees"] == "True" for r in t)), "n": num(len(t))}
+
+
 def from_ds4_check() -> dict:
     """The sim at ds4's fitted costs against ds4's islands off and on at 4k, the context held out
     (``h200-2026-12-02b/calibration-from-ds4-check.csv``)."""
@@ -216,6 +225,8 @@ CLAIMS = [
     Claim("README.md", "its verdict torch.cuda.graph's in {agree} of {n}\nsteps, its whole-token plan ×{lo}–{hi} of "
           "the replay for all {captured} that captured", "h200-2026-12-03/audit-validate/validate.csv",
           audit_validate),
+    Claim("README.md", "on scripts written apart from it and recorded as a user\nrecords them, {agree} of {n} so far, each "
+          "wrong replay led by its true cause", "h200-2026-12-04/audit-validate/validate.csv", user_path),
     Claim("docs/ds4.md", "Within ±10 % at every context but one: islands\non at 4k, {on}.",
           "h200-2026-12-02b/calibration-from-ds4-check.csv", from_ds4_check),
     Claim("README.md", "{all} capture-rule scenarios on the sim and the GPU: {disagree} disagreements on the H200 "
