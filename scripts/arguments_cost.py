@@ -20,6 +20,15 @@ For each step, :func:`ds4lab.trace.arguments.measure_overhead` (``--rounds`` int
 * ``pass``: the whole argument pass, the handler with the operator log and the allocator's history
   (``native``): over ``handler+memory``, the operator log's share.
 
+Where the handler's time goes (``--breakdown``, on by default), each paired against the plain step the same way:
+
+* ``subscribe``: CUPTI calling a Python function that returns at once, at the same launch calls (the
+  callback's way into Python, per launch: a runtime and a nested driver call, entry and exit);
+* ``handler, no stacks``: the handler reading every launch's bytes, with no Python stack taken;
+
+and, from one block with the whole handler, how many launches per step took a stack walk (bytes new for their
+function) and how many launch sites were formatted: ``handler`` less ``handler, no stacks`` is the stacks' share.
+
 Launches per step are counted by the handler. Then one short argument pass per callback path
 (``recording(arguments=True)``, 4 steps) says whether every launch was read (``unread`` must be 0).
 
@@ -154,12 +163,71 @@ def check_pass(step, callbacks: str) -> dict:
             "notes": [n for n in st.notes if "unread" in n][:3]}
 
 
+def breakdown(step, session, rounds: int, block: int, sync) -> list[dict]:
+    """The handler's parts (module docstring): ``[{"part", "per_step": Difference, "launches", "walks",
+    "sites"}]`` for ``subscribe`` and ``handler, no stacks``, the last row the whole handler's counts."""
+    from ds4lab.timing import interleaved_pairs, paired_difference
+    from ds4lab.trace.arguments import LAUNCH_LAYOUTS, ArgumentCapture
+
+    def timed() -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(block):
+            step()
+        sync()
+        return (time.perf_counter() - t0) * 1e6 / block
+
+    warm = ArgumentCapture(session)
+    warm.start()
+    try:
+        timed()  # function lookups and launch sites made once, shared by the arms below
+    finally:
+        warm.stop()
+    launches = len(warm.records) / block
+
+    def noop(domain, cbid, cbdata) -> None:
+        return None
+
+    def subscribed() -> float:
+        stop = session.watch_launches(frozenset(LAUNCH_LAYOUTS), noop)
+        try:
+            return timed()
+        finally:
+            stop()
+
+    def no_stacks() -> float:
+        cap = ArgumentCapture(session, warm.queries, stacks=False, shared=warm)
+        cap.start()
+        try:
+            return timed()
+        finally:
+            cap.stop()
+
+    rows = []
+    for part, arm in (("subscribe", subscribed), ("handler, no stacks", no_stacks)):
+        a, b = interleaved_pairs(timed, arm, rounds)
+        rows.append({"part": part, "per_step": paired_difference(a, b), "launches": launches})
+    full = ArgumentCapture(session, warm.queries, stacks=True, shared=warm)
+    sites = sum(len(v) for v in warm._sites.values())
+    full.start()
+    try:
+        timed()
+    finally:
+        full.stop()
+    rows.append({"part": "handler (counts)", "per_step": None, "launches": len(full.records) / block,
+                 "walks": len(full.stacks) / block,
+                 "sites": sum(len(v) for v in warm._sites.values()) - sites})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for arguments-cost.csv and env.json")
     ap.add_argument("--steps", default="llama,ops", help=f"comma-separated, of: {', '.join(STEPS)}")
     ap.add_argument("--rounds", type=int, default=16, help="interleaved pairs per measurement")
     ap.add_argument("--block", type=int, default=5, help="steps per block")
+    ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                    help="skip the handler's parts (subscribe, no stacks, stack walks per step)")
     args = ap.parse_args(argv)
     names = [s for s in args.steps.split(",") if s]
     bad = [s for s in names if s not in STEPS]
@@ -200,6 +268,28 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"  {part:<15}{callbacks:<7} [{api}] {c['text']}  ({time.time() - t0:.1f} s)", flush=True)
             with csv_path.open("w", newline="") as f:  # written as it goes
+                w = csv.DictWriter(f, fieldnames=fields)
+                w.writeheader()
+                w.writerows(rows)
+        if args.breakdown:
+            session = fresh_session("native")
+            for r in breakdown(step, session, args.rounds, args.block, torch.cuda.synchronize):
+                d, n = r["per_step"], max(r["launches"], 1.0)
+                if d is None:
+                    text = (f"{r['walks']:g} stack walks and {r['sites']} new launch sites per step "
+                            f"of {r['launches']:g} launches")
+                    row = {"step": name, "part": r["part"], "callbacks": "native",
+                           "launches_per_step": r["launches"], "text": text}
+                else:
+                    text = (f"{d.median / n:.2f} µs per launch (95 % CI {d.lo / n:.2f}–{d.hi / n:.2f}; {d.fmt()} "
+                            f"per step)" if d.measurable else f"{d.fmt()} per step")
+                    row = {"step": name, "part": r["part"], "callbacks": "native", "launches_per_step": r["launches"],
+                           "per_launch_us": d.median / n, "per_launch_lo": d.lo / n, "per_launch_hi": d.hi / n,
+                           "per_step_us": d.median, "per_step_lo": d.lo, "per_step_hi": d.hi,
+                           "plain_step_us": d.baseline, "pairs": d.n, "measurable": d.measurable, "text": text}
+                rows.append(row)
+                print(f"  {r['part']:<22} {text}", flush=True)
+            with csv_path.open("w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=fields)
                 w.writeheader()
                 w.writerows(rows)
