@@ -116,10 +116,6 @@ def figures(reports) -> dict:
 
 
 # ----------------------------------------------------------------------------- terminal
-_HEAD = {INVALIDATES: "[bold red]invalidates the capture[/]", REFUSED: "[bold dark_orange]refused (the call fails)[/]",
-         NOT_IN_GRAPH: "[bold magenta]runs once, missing from every replay[/]", NO_RULE: "[bold]no rule[/]"}
-
-
 def summary(reports, console, max_rows: int = 12) -> None:
     """Print what matters first: calls that invalidate or are refused, work missing from the graph, calls no rule
     covers; then frozen decisions (variation) and host data; then the plans (MODELED); then what was left out or

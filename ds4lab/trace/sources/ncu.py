@@ -43,9 +43,6 @@ RAW_METRICS = {"gpu__time_duration.sum": ("duration_us", "time"),
                "launch__registers_per_thread": ("registers", "count")}
 ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
               "Grid Size", "Device", "CC")
-#: the rule columns of the details page (ncu 2023 and later): a row with a rule name is a rule's
-#: result (OPT: an optimisation with its estimated speedup, WRN, INF), not a metric
-RULE_COLUMNS = ("Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup")
 NVTX_DOMAIN = "ds4lab"
 KERNEL_COLUMNS = ("id", "kernel", "grid", "block", "duration_us", "dram_pct", "sm_pct", "memory_pct", "registers",
                   "nvtx", "position", "layer", "cluster", "op", "device", "pid", "page", "provenance")
@@ -245,9 +242,8 @@ def _int(s: str):
         return s
 
 
-#: unit kind → the units ncu prints for it (long and short forms, ``--print-units``)
+#: the units ncu prints for a percentage (``--print-units``)
 _PCT_UNITS = ("%",)
-_COUNT_UNITS = ("register/thread", "", "register")
 
 
 def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:

@@ -63,8 +63,6 @@ CHUNK_ROWS = 50_000
 _CUDA_CALL = re.compile(r"^_*cu(da)?[A-Z]")
 #: the line of dashes under the column names in the text (column) format
 _DASHES = re.compile(r"^\s*-{2,}(?:\s+-{2,})+\s*$")
-#: a file name as ``nsys stats -o PREFIX`` writes it: ``PREFIX_<report>.csv``
-_FILE_REPORT = re.compile(r"_(?P<report>[a-z0-9]+(?:_[a-z0-9]+)*)\.csv$")
 #: column names (units removed) nsys stats prints in the reports ds4lab reads: a CSV header has one
 _KNOWN_COLUMNS = {"Time", "Total Time", "Instances", "Avg", "Med", "Min", "Max", "StdDev", "Name", "Range", "Style",
                   "NVTX Range", "Kernel Name", "Num Calls", "Count", "Operation", "Total", "Start", "Duration",
