@@ -205,11 +205,7 @@ def _size(n: int) -> str:
 def _scalar_text(piece_vals: list[bytes]) -> list[str]:
     """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit pattern: the
     comparison needs only that it changes)."""
-    out = []
-    for b in piece_vals:
-        i = int.from_bytes(b, "little", signed=True)
-        out.append(str(i))
-    return out
+    return [str(int.from_bytes(b, "little", signed=True)) for b in piece_vals]
 
 
 def _position_like(ints: list[int]) -> str:
@@ -309,13 +305,6 @@ def _same_operator(ops: list) -> bool:
     return _operator_known(ops) and len({o["key"] for o in ops}) == 1
 
 
-def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
-    """:data:`UNSET` or :data:`TEMPORARY` where the operator evidence explains a changing word (:data:`UNSET_RULE`),
-    else None: the same operator with the same host arguments at every token (:func:`_same_operator`), and a word
-    that addresses nothing (:func:`_addresses_nothing`)."""
-    return _addresses_nothing(ops, ints, locs, lives) if _same_operator(ops) else None
-
-
 def _addresses_nothing(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
     """:data:`TEMPORARY` or :data:`UNSET` where each token's value is inside memory the token allocated or no
     address of anything alive (:func:`_no_address`), never inside the operator's own tensors; else None."""
@@ -392,8 +381,7 @@ def _follows(word: list, host: list, exact_int: bool) -> str:
 
 
 def _tracked(ops: list, pv: list[bytes]) -> dict | None:
-    """The op log's changing host number a changing word follows (``{"label", "host", "decoding", "how"}``), or
-    None."""
+    """The op log's changing host number a changing word follows (``{"label", "host", "decoding", "how"}``), or None."""
     if any("vals" not in o for o in ops):
         return None
     per = [dict((str(k), v) for k, v in o["vals"]) for o in ops]
@@ -576,7 +564,7 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
     lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
     ops = _ops_of(store, launches)
     known = _operator_known(ops)
-    same = known and len({o["key"] for o in ops}) == 1
+    same = known and _same_operator(ops)
     why = _addresses_nothing(ops, ints, locs, lives) if known and not all(x == "own" for x in lives) else None
     at = f"launch {i} of the token, parameter {j} (byte {offset}, {size} B)"
     if why == UNSET and not same:  # the operator's host arguments change: a value only where the word follows one
@@ -676,8 +664,7 @@ def _moving(ops: list) -> str:
 
 
 def _merge(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (kernel, class, parameter, offset, where): a kernel whose launches in every layer change alike reads
-    once, with its launch indexes."""
+    """One row per (kernel, class, parameter, offset, where): alike launches in every layer read once."""
     if df.empty:
         return df
     out = []

@@ -68,8 +68,7 @@ class ProbeResult:
 
 
 class _Ctx:
-    """The objects a probe uses: its backend, the capturing stream ``s``, two other non-blocking streams, a device
-    buffer, a pageable host array, events, and what a setup step made (``held``)."""
+    """A probe's objects: backend, capturing stream ``s``, two other streams, buffers, events, ``held`` (from setup)."""
 
     def __init__(self, be) -> None:
         self.be = be

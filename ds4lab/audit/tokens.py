@@ -93,8 +93,7 @@ def _range_rows(u: Unit, pattern: str) -> pd.DataFrame:
 
 
 def _outermost(r: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not inside another of the set on the same thread (a range still open at the end of the
-    trace, ``end_ns`` -1, holds everything after its start)."""
+    """Ranges not inside another of the set on the same thread (one still open, ``end_ns`` -1, holds all after it)."""
     keep = []
     big = np.iinfo(np.int64).max
     for _, g in r.sort_values("start_ns", kind="stable").groupby("tid", sort=False):
@@ -109,8 +108,7 @@ def _outermost(r: pd.DataFrame) -> pd.DataFrame:
 
 
 def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
-    """A repeating NVTX range that holds at least half the launches made between its first start and its
-    last end, and is outermost (module docstring)."""
+    """A repeating, outermost NVTX range holding at least half the launches between its first start and last end."""
     n = u.frame[(u.frame["kind"] == "nvtx") & (u.frame["end_ns"] >= 0)]
     if n.empty or ko.empty:
         return None
@@ -171,8 +169,7 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
 
 
 def _device_rows(f: pd.DataFrame, token: pd.Series, d_start, d_end, kinds=DEVICE_KINDS) -> None:
-    """Device rows of ``kinds``: by correlation to an assigned API row, else by their start in a
-    device window ``[d_start[i], d_end[i])``."""
+    """Device rows of ``kinds``: by correlation to an assigned API row, else by start in ``[d_start, d_end)``."""
     api = f[(f["kind"] == "api") & (f["correlation"] >= 0)]
     corr_tok = pd.Series(token.loc[api.index].to_numpy(), index=api["correlation"].to_numpy())
     corr_tok = corr_tok[corr_tok >= 0]
@@ -334,8 +331,7 @@ def _by_period(u: Unit, ko: pd.DataFrame) -> Tokens:
 
 
 def _foreign(segs: list, i: int, ref: np.ndarray) -> bool:
-    """An edge token that is no decode token (a prefill, a warm-up): it launches a kernel no other
-    token launches, and is less than 80 % alike the most common token."""
+    """An edge token that is no decode token: it launches a kernel no other does and is < 80 % alike the most common."""
     others = set(np.concatenate([s for j, s in enumerate(segs) if j != i]).tolist())
     return bool(set(segs[i].tolist()) - others) and _alike(segs[i], ref) < EDGE_ALIKE
 

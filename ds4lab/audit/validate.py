@@ -145,8 +145,7 @@ def same_work(graph_kernels, token_kernels, counts=()) -> bool | None:
 
 
 def _inside(path: str, out: Path) -> str:
-    """``path`` as a name inside the result folder ``out`` when it lies there (``out`` may be a staging
-    folder that is renamed when the run finishes: its absolute path would not survive), else as given."""
+    """``path`` named inside ``out`` where it lies there (``out`` may be a staging folder renamed later)."""
     if not path:
         return ""
     try:
@@ -247,8 +246,7 @@ def cause_first(lead: dict, cause, sources: Path | None = None) -> bool | None:
 
 
 def _statement_of(path: Path, line: int) -> tuple[int, int] | None:
-    """``(first, last)`` line of the innermost simple statement of the Python file ``path`` holding ``line``
-    (None where the file does not parse or no statement holds it)."""
+    """``(first, last)`` line of the innermost simple statement of ``path`` holding ``line``, or None."""
     import ast
 
     try:
@@ -344,7 +342,17 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                                           and (row["frozen_findings"] > 0 or row["audit_verdict"] == WRONG))
             refused = (not_used(rep), markers_not_used(rep))  # passes beside the recording the plans could not use
             row["error"] = "; ".join(x for x in (row["error"], args_error, *refused) if x)
-        say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
+        say(_progress_line(row, engine, cache, dtype, chk))
+        rows.append(row)
+        if on_row is not None:
+            on_row(rows)
+    return pd.DataFrame(rows)
+
+
+
+def _progress_line(row: dict, engine: str, cache: str, dtype: str, chk: dict) -> str:
+    """One run's row as :func:`validate` says it."""
+    return (f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
             f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
             + (f" · leads with {row['lead']}" + ("" if row["cause_first"] is None else
                                                  " (the true cause)" if row["cause_first"] else
@@ -362,10 +370,6 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                "other work than the recording saw" if row["same_work"] is False else "")
             + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else "")
             + (f" · {row['error']}" if row["error"] else ""))
-        rows.append(row)
-        if on_row is not None:
-            on_row(rows)
-    return pd.DataFrame(rows)
 
 
 def failures(df) -> "pd.DataFrame":  # noqa: F821

@@ -358,8 +358,7 @@ class ArgumentCapture:
             self.stacks[corr] = self._stack(sys._getframe(1))
 
     def _callback_reader(self, cbdata):
-        """How a ``CUpti_CallbackData``'s bytes are read: an address with ``ctypes``, a cupti-python
-        ``CallbackData``'s ``_data`` in one ``tobytes()``, anything else through its ``ptr``."""
+        """How a ``CUpti_CallbackData``'s bytes are read (an address, a ``CallbackData``'s ``_data``, or ``ptr``)."""
         size = self._fields.size
         string_at = ctypes.string_at
         if type(cbdata) is int:  # the address itself (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
@@ -370,8 +369,7 @@ class ArgumentCapture:
         return lambda cb: string_at(int(cb.ptr), size)
 
     def _stack(self, frame) -> str:
-        """The Python stack at ``frame``, made once per launch site (every frame's code object and ``f_lasti``),
-        the walk stopping at :attr:`_anchor`."""
+        """The Python stack at ``frame``, made once per launch site, the walk stopping at :attr:`_anchor`."""
         codes, spots = [], []
         code, spot = codes.append, spots.append
         f, anchor = frame, self._anchor
@@ -445,8 +443,7 @@ class ArgumentCapture:
         return info, data
 
     def _unread(self, corr: int, fid: str, why: str) -> None:
-        """Mark a launch unread, keeping every distinct reason its tries met (the runtime's and the nested driver
-        launch's). Returns None."""
+        """Mark a launch unread, keeping every distinct reason its tries met. Returns None."""
         self.records[corr] = [fid, None]
         before = self.why_unread.get(corr)
         self.why_unread[corr] = why if not before or why in before else f"{before}; then {why}"

@@ -69,8 +69,7 @@ def cupti_library() -> Path | None:
 
 
 def _loaded_cupti() -> Path | None:
-    """The ``libcupti.so`` this process has mapped once ``cupti-python`` is imported (Linux ``/proc/self/maps``), or
-    None."""
+    """The ``libcupti.so`` this process has mapped (``/proc/self/maps``), or None."""
     try:
         from cupti import cupti  # noqa: F401 - loads the library
         maps = Path("/proc/self/maps").read_text()
@@ -222,8 +221,7 @@ class CuptiSession:
         return 8 << 20, 0  # 8 MiB buffers, no record limit
 
     def _converters(self) -> dict:
-        """``{CUPTI activity kind number: (kind name, converter)}``: each converter builds the trace model's record of
-        one CUPTI activity record (module docstring)."""
+        """``{CUPTI activity kind number: (kind name, converter to the trace model's record)}``."""
         K = self.c.ActivityKind
 
         def s(v):
@@ -375,8 +373,8 @@ class CuptiSession:
         return watch
 
     def _callback_api(self):
-        """:class:`NativeCallbacks` where cupti-python's CUPTI library is mapped and ``DS4LAB_CUPTI_CALLBACKS`` is
-        not ``python``; else ``self.c``."""
+        """:class:`NativeCallbacks` where cupti-python's library is mapped (not with
+        ``DS4LAB_CUPTI_CALLBACKS=python``), else ``self.c``."""
         if os.environ.get(CALLBACKS_ENV, "").lower() == "python" or not getattr(self.c, "__file__", None):
             return self.c
         try:  # cupti-python loads CUPTI's library at its first call: make one that changes nothing

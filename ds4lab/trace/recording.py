@@ -478,28 +478,21 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         elif asked:
             say(f"the script asked {asked} times whether the stream captures: recording its capture path (a pass "
                 f"with torch.cuda.is_current_stream_capturing() answering yes): {' '.join(argv)}")
-            clock = time.monotonic()
-            if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third),
-                               "--as-if-capturing", "--", *argv], third, env, say, "no capture-path pass"):
-                say(f"capture path recorded to {third}")
-            took["capture_path"] = round(time.monotonic() - clock, 1)
+            took["capture_path"] = _optional_pass(["--as-if-capturing", "--", *argv], third, env, say,
+                                                  "no capture-path pass", f"capture path recorded to {third}")
     if markers:
         say(f"recording the NVTX ranges alone (the markers pass: untraced host times): {' '.join(argv)}")
-        clock = time.monotonic()
-        if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(marks), "--markers", "--",
-                           *argv], marks, env, say, "no markers pass (the plans price the loop at its traced cost)"):
-            say(f"NVTX ranges of an untraced run recorded to {marks}")
-        took["markers"] = round(time.monotonic() - clock, 1)
+        took["markers"] = _optional_pass(["--markers", "--", *argv], marks, env, say,
+                                         "no markers pass (the plans price the loop at its traced cost)",
+                                         f"NVTX ranges of an untraced run recorded to {marks}")
     if arguments:
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
         extra = ["--token-range", token_range] if token_range else []
-        clock = time.monotonic()
         # the audit's runner: the recording runner with the audit's token finder (ds4lab.audit.arguments)
-        if _optional_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments",
-                           *extra, "--", *argv], second, env, say, "no kernel arguments"):
-            say(f"kernel arguments recorded to {store_path(second)}")
-        took["arguments"] = round(time.monotonic() - clock, 1)
+        took["arguments"] = _optional_pass(["--arguments", *extra, "--", *argv], second, env, say,
+                                           "no kernel arguments", f"kernel arguments recorded to {store_path(second)}",
+                                           module="ds4lab.audit.arguments")
     return target
 
 
@@ -515,15 +508,18 @@ def _python_may_ask(frame) -> bool:
     return bool(stacks.str.contains("is_current_stream_capturing", regex=False).any())
 
 
-def _optional_pass(cmd: list, out: Path, env: dict, say, missing: str) -> bool:
-    """Run a pass beside the timed recording into ``out``; one that fails is said (``missing``).
-    Returns whether ``out`` was saved."""
-    rc = _run_pass(cmd, env, say)
+def _optional_pass(args: list, out: Path, env: dict, say, missing: str, done: str,
+                   module: str = "ds4lab.trace.recording") -> float:
+    """Run ``python -m module --out out args...`` beside the timed recording; ``done`` is said where it saved
+    ``out``, ``missing`` where it failed. Returns its wall-clock seconds."""
+    clock = time.monotonic()
+    rc = _run_pass([sys.executable, "-m", module, "--out", str(out), *args], env, say)
     err = out.with_name(out.name + ".error.txt")
     if err.is_file() or not out.is_file():
         say(f"{missing}: the pass exited with status {rc}" + (f": {err.read_text().strip()}" if err.is_file() else ""))
-        return False
-    return True
+    else:
+        say(done)
+    return round(time.monotonic() - clock, 1)
 
 
 def _run_pass(cmd: list, env: dict, say) -> int:

@@ -259,8 +259,7 @@ class OpLog:
         return out
 
     def _copy(self, rec, base: str, args, raw) -> None:
-        """Mark a copy between a CPU tensor that is not pinned and a CUDA tensor (:data:`COPY_OPS`), with the Python
-        stack at it (the rare case: taken now)."""
+        """Mark an unpinned CPU ↔ CUDA copy (:data:`COPY_OPS`) with the Python stack at it (rare: taken now)."""
         tensors = [x for x in _flat(raw) if x[1] in ("cpu", "cuda")]
         if not any(x[1] == "cuda" for x in tensors):
             return
@@ -298,8 +297,7 @@ def _flat(raw):
 
 
 def _cpu_is_source(torch, base: str, args) -> bool:
-    """Whether the CPU tensor is the copy's source: ``copy_(self, src)``'s ``src``, ``_to_copy(self)``'s ``self``,
-    ``_copy_from(self, dst)``'s ``self``."""
+    """Whether the CPU tensor is the copy's source (``copy_``'s ``src``, else ``self``)."""
     t = args[1] if base == "aten::copy_" and len(args) > 1 else (args[0] if args else None)
     return isinstance(t, torch.Tensor) and t.device.type == "cpu"
 

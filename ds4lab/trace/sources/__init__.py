@@ -205,8 +205,7 @@ def recording_beside(path: Path) -> Path | None:
 
 
 def _is_outcome(head: bytes) -> bool:
-    """Whether ``head`` is a recorded run's outcome (a JSON object with an ``outcome``, as
-    :func:`ds4lab.audit.engines.recorded_outcome` reads)."""
+    """Whether ``head`` is a recorded run's outcome (a JSON object with an ``outcome``)."""
     try:
         d = json.loads(head.decode("utf-8"))
     except ValueError:

@@ -143,8 +143,7 @@ def _open(path: Path, progress: Progress | None):
 
 
 def _meta(head: bytes) -> dict:
-    """The top-level keys before ``traceEvents`` (Kineto writes its metadata first; ds4lab's trace its ``otherData``).
-    """
+    """The top-level keys before ``traceEvents`` (Kineto's metadata; ds4lab's ``otherData``)."""
     import ijson
 
     meta = {}
