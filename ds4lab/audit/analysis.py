@@ -26,8 +26,7 @@ from .verdicts import add_verdicts, capture_stream, findings, token_calls, token
 
 
 class AuditInputError(BadInput):
-    """Event tables the audit cannot use (exit 2): no CUDA work in a source, an unknown capture mode; the message names
-    the file and what it holds."""
+    """Event tables the audit cannot use (exit 2): no CUDA work, an unknown mode; names the file."""
 
 
 @dataclass

@@ -72,8 +72,7 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA
 
 @functools.lru_cache(maxsize=4096)
 def is_launch(name: str) -> bool:
-    """Whether API ``name`` issues device work a trace pairs with a device row by correlation (a kernel launch, a graph
-    launch, a memcpy or a memset)."""
+    """Whether API ``name`` issues device work paired by correlation (a kernel or graph launch, memcpy, memset)."""
     n = api_base_name(name)
     return n in KERNEL_LAUNCH_CALLS or n in GRAPH_LAUNCH_CALLS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
 

@@ -21,8 +21,7 @@ VERDICT_RULES = {"paired": "nccl_pair", "differ": "nccl_mismatch", "mixed captur
 
 
 def collective_op(name: str) -> str | None:
-    """The collective operation of a kernel name (``AllReduce``, ``AllGather``, ``SendRecv``, ...), or None for a
-    kernel that is not NCCL's."""
+    """The collective of a kernel name (``AllReduce``, ``SendRecv``, ...), or None for a kernel not NCCL's."""
     m = NCCL_KERNEL.match(str(name))
     return m.group(1) if m else None
 

@@ -34,8 +34,7 @@ RECORDED = (("llama", "static"), ("llama", "dynamic"), ("deepseek-v3", "static")
 
 
 def recorded(engine: str, cache_kind: str) -> Path:
-    """The bundled recording (``.csv.gz``) of ``engine`` with ``cache_kind``. Raises ValueError: a pair not bundled
-    (naming those that are)."""
+    """The bundled ``.csv.gz`` of ``engine``/``cache_kind``; ValueError for a pair not bundled (naming those)."""
     from importlib.resources import files
 
     if (engine, cache_kind) not in RECORDED:
@@ -53,8 +52,7 @@ def recorded_outcome(engine: str, cache_kind: str) -> dict:
 
 
 def outcome_beside(recording: Path) -> dict | None:
-    """The run's fields where an outcome sits beside ``recording`` (``<stem>.json``, or ``engine.json`` beside
-    ``recording.csv.gz``), else None."""
+    """The run's fields where an outcome (``<stem>.json``, ``engine.json``) sits beside ``recording``, else None."""
     import json
 
     recording = Path(recording)

@@ -203,8 +203,7 @@ def _size(n: int) -> str:
 
 
 def _scalar_text(piece_vals: list[bytes]) -> list[str]:
-    """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit pattern: the
-    comparison needs only that it changes)."""
+    """Each value as its signed little-endian integer (a float's bit pattern: only its change counts)."""
     return [str(int.from_bytes(b, "little", signed=True)) for b in piece_vals]
 
 

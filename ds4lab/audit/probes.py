@@ -55,8 +55,7 @@ class ProbeResult:
 
     @property
     def rule(self) -> str:
-        """The rule that decided the verdict: the one that raised, else one that let the work escape, else the last one
-        that fired ("" when none did)."""
+        """The deciding rule: the one that raised, else one that let the work escape, else the last fired ("": none)."""
         if not self.rules:
             return ""
         if self.error:

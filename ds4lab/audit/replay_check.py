@@ -272,8 +272,7 @@ class TorchOps:
 
 
 class StateError(BadInput):
-    """The state handed to :func:`check_replay` cannot be snapshotted or put back (one line naming the object, its type
-    and why)."""
+    """The state cannot be snapshotted or put back (naming the object, its type and why)."""
 
 
 def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 6, warmup: int = 2,
@@ -373,8 +372,7 @@ def _check(step, state, advance, start, positions, warmup, rtol, time_replays, c
 
 
 def _time(res: ReplayCheck, graph, adv, p0: int, state, ops, rounds: int, capacity) -> None:
-    """Time the replays three ways from position ``p0``, each block starting again from ``p0``'s state where
-    ``capacity`` leaves too few positions."""
+    """Time the replays three ways from ``p0``, blocks restarting from its state where ``capacity`` is short."""
     p = p0
     fits = capacity is None or capacity - p0 >= 1 + TIMED_STEPS * rounds + 2 * rounds
 

@@ -171,8 +171,7 @@ def summary(reports, console, max_rows: int = 12) -> None:
 
 
 def _replay(r, console, max_rows: int) -> None:
-    """The replay verdict (:func:`ds4lab.audit.frozen.verdict`), what it rests on, and the kernel arguments that differ
-    between tokens."""
+    """The replay verdict, what it rests on, and the kernel arguments that differ between tokens."""
     from rich.markup import escape
     from rich.table import Table
 

@@ -97,8 +97,7 @@ def spans_of(items: list, mode: str, min_launches: int = MIN_LAUNCHES) -> list[t
 
 
 def representative(shapes: list, items_by_token: dict) -> int:
-    """The token ``spans.csv`` and the figure show: the first token of the most common shape that has calls (else the
-    first token that has calls)."""
+    """The token shown: the first of the most common shape with calls (else the first with calls)."""
     for shape in pd.Series(shapes).value_counts().index:
         for t, s in enumerate(shapes):
             if s == shape and t in items_by_token:

@@ -25,8 +25,7 @@ EDGE_ALIKE = 0.8
 
 
 class NoTokens(BadInput):
-    """No decode token could be found in a unit (exit 2): the message names the file, the unit and
-    what was found instead."""
+    """No decode token in a unit (exit 2): names the file, the unit and what was found instead."""
 
 
 @dataclass
@@ -188,8 +187,7 @@ def _device_rows(f: pd.DataFrame, token: pd.Series, d_start, d_end, kinds=DEVICE
 
 
 def host_time(f: pd.DataFrame) -> pd.Series:
-    """Each row's host time: a device row's is its launch call's start (when the trace links them),
-    every other row's its own start."""
+    """Each row's host time: a device row's launch call's start where linked, else the row's own start."""
     api = f[(f["kind"] == "api") & (f["correlation"] >= 0)].drop_duplicates("correlation")
     by = pd.Series(api["start_ns"].to_numpy(), index=api["correlation"].to_numpy())
     t = f["start_ns"].copy()

@@ -135,8 +135,7 @@ def _capture_replay(torch, step, change, result, captured, new, replays: int = 5
 
 
 def main(argv=None) -> int:
-    """``python -m ds4lab.audit.torch_rules --out DIR`` (module docstring): 0 when every scenario holds, 1 when one
-    does not."""
+    """``python -m ds4lab.audit.torch_rules --out DIR``: 0 when every scenario holds, else 1."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ds4lab.audit.torch_rules", description=__doc__.split("\n\n")[0])

@@ -28,8 +28,7 @@ OUTCOMES = {"refused": "refused", "captured, replays wrong": "replays wrong",
 
 
 def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
-    """The audit's verdict on capturing one whole token of ``report`` in ``mode``
-    (:func:`ds4lab.audit.frozen.verdict`), and what decides it."""
+    """The audit's verdict on capturing one whole token of ``report`` in ``mode``, and what decides it."""
     from .frozen import RIGHT, verdict
 
     v = verdict(report, mode)

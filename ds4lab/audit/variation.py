@@ -35,8 +35,7 @@ def launches(frame: pd.DataFrame, ko: pd.DataFrame, token: pd.Series) -> pd.Data
 
 
 def token_shapes(k: pd.DataFrame, n_tokens: int) -> tuple[list[int], int]:
-    """Per token its shape id (0, 1, … in order of first appearance) and the number of shapes. A shape is the launch
-    list with each launch's grid and block."""
+    """Per token its shape id (launch list with grids and blocks; 0, 1, … by first sight), and the count."""
     ids, seen = [], {}
     by_tok = {int(t): g for t, g in k.groupby("token")}
     for t in range(n_tokens):
@@ -69,8 +68,7 @@ def _parse_args(a: str) -> list[tuple[str, str]]:
 
 
 def _position_like(values: list[str]) -> str:
-    """``"position-like (+s per token)"`` when ``values`` (one per token, in order) are numbers moving by one constant
-    non-zero step, else ""."""
+    """``"position-like (+s per token)"`` where ``values`` move by one constant non-zero step, else ""."""
     try:
         x = np.array([float(v) for v in values])
     except ValueError:

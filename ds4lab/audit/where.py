@@ -24,8 +24,7 @@ def frames(stack: str) -> list[str]:
 
 
 def user_frame(stack: str) -> str:
-    """The innermost frame of ``stack`` that is not internal (:data:`INTERNAL_FRAMES`), or "" when every frame is
-    internal or there is no stack."""
+    """The innermost frame of ``stack`` not in :data:`INTERNAL_FRAMES`, or ""."""
     for f in reversed(frames(stack)):
         if not _INTERNAL.search(f):
             return f

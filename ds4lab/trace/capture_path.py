@@ -61,8 +61,7 @@ def as_if_capturing(torch=None):
 
 
 def asks_capture_status(frame) -> int:
-    """How many calls in an event table's ``frame`` ask CUDA whether a stream captures (:data:`CAPTURE_STATUS_CALLS`,
-    any ``_v2``/``_ptsz`` form)."""
+    """How many calls in ``frame`` ask CUDA whether a stream captures (:data:`CAPTURE_STATUS_CALLS`)."""
     if frame is None or not len(frame) or "name" not in frame:
         return 0
     api = frame[frame["kind"] == "api"]["name"].astype(str)
@@ -97,8 +96,7 @@ def is_capture_path(path) -> bool:
 
 
 def capture_path_beside(recording) -> Path | None:
-    """The capture-path pass saved beside ``recording`` (:func:`capture_path_name`), or None where there is none (or
-    ``recording`` is itself one)."""
+    """The capture-path pass saved beside ``recording``, or None (also where ``recording`` is one)."""
     if recording is None:
         return None
     recording = Path(recording)

@@ -514,8 +514,7 @@ class NativeCallbacks:
 
     @classmethod
     def load(cls, path) -> "NativeCallbacks | None":
-        """The callback API of the CUPTI library at ``path`` (already loaded: cupti-python's), or None where there is
-        none or it lacks the calls."""
+        """The callback API of the loaded CUPTI library at ``path``, or None where it lacks the calls."""
         if path is None:
             return None
         try:

@@ -128,8 +128,7 @@ class CuptiTimeline:
         return [r for r in recs if isinstance(r, R.DEVICE_TYPES)]
 
     def take_api(self) -> list:
-        """The API-level records (:class:`~ds4lab.trace.records.ApiCall`, ``Sync``, ``EventRecord``, ``StreamMade``)
-        read by the takes since the last call."""
+        """The API-level records (ApiCall, Sync, EventRecord, StreamMade) since the last call."""
         out, self._other = self._other, []
         return out
 

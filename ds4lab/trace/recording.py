@@ -107,7 +107,7 @@ class Recording:
 
 
 def store_path(table_path: Path) -> Path:
-    """Where a recording's argument store goes: ``arguments.json.gz`` beside ``arguments.csv.gz``, else
+    """A recording's argument store: ``arguments.json.gz`` beside ``arguments.csv.gz``, else
     ``<stem>.arguments.json.gz``."""
     from .arguments import STORE_NAME, STORE_SUFFIX
 

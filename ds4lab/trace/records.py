@@ -160,8 +160,7 @@ class Timed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceRecord(Timed):
-    """What every piece of device work has (module docstring). ``stream`` is the source's stream id (CUPTI's number;
-    the sim's stream name)."""
+    """What every piece of device work has; ``stream``: the source's stream id (CUPTI's, or the sim's name)."""
 
     device: int = -1
     stream: int | str = -1
@@ -279,8 +278,7 @@ class Sync(Timed):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EventRecord:
-    """A CUDA event record (CUPTI ``CUDA_EVENT``): the stream and event of the ``cudaEventRecord`` with that
-    correlation id."""
+    """A CUDA event record (CUPTI ``CUDA_EVENT``): stream and event of the ``cudaEventRecord``."""
 
     kind: ClassVar[str] = "cuda_event"
     event: int
@@ -291,8 +289,7 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamMade:
-    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES` (``""`` for a flag
-    CUPTI's numbering does not name)."""
+    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES` or ``""``."""
 
     kind: ClassVar[str] = "stream"
     stream: int
@@ -303,8 +300,7 @@ class StreamMade:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Marker:
-    """One NVTX marker record (CUPTI ``MARKER``): ``phase`` ``start``, ``end`` or ``instant``; a range's start and end
-    share ``id``."""
+    """One NVTX marker record: ``phase`` ``start``, ``end`` or ``instant``; a range's two share ``id``."""
 
     kind: ClassVar[str] = "marker"
     phase: str
@@ -318,8 +314,7 @@ class Marker:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryOp:
-    """One device memory allocation (``operation`` 1) or release (2), CUPTI ``MEMORY2``; ``memory_kind``:
-    :data:`MEMORY_KINDS`."""
+    """One device memory allocation (``operation`` 1) or release (2), CUPTI ``MEMORY2``."""
 
     kind: ClassVar[str] = "memory"
     operation: int

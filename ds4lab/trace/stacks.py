@@ -27,8 +27,7 @@ def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
 
 
 def short_path(path: str) -> str:
-    """A source path as the audit shows it: after ``site-packages/``, else relative to the current folder, else as
-    given."""
+    """A source path as shown: after ``site-packages/``, else relative to here, else as given."""
     s = _SHORT.get(path)
     if s is not None:
         return s

@@ -50,8 +50,7 @@ class Rows:
         return self.n
 
     def frame(self):
-        """The rows as an event-table DataFrame, sorted by ``start_ns`` (stable). The columns are moved out (this
-        object is empty afterwards)."""
+        """The rows as an event-table DataFrame, stably sorted by ``start_ns``; the columns are moved out."""
         import pandas as pd
 
         data = {}
@@ -145,8 +144,7 @@ def correlate(df) -> None:
 
 
 def stream_types(df, types: dict) -> None:
-    """Set ``stream_type`` from ``types`` (``{(pid, stream): type}``; pid -1 stands for every process) on every row
-    whose own is unknown, in place."""
+    """Set an unknown ``stream_type`` from ``{(pid, stream): type}`` (pid -1: any process), in place."""
     if not types or df.empty:
         return
     need = (df.stream_type == "") & (df.stream >= 0)

@@ -46,8 +46,7 @@ class Ingested:
     progress: Callable[[int], None] | None = None
 
     def emit(self, table: str, df) -> None:
-        """Hand over rows of ``table`` (a DataFrame, or a :class:`RowBlock`): to :attr:`sink`, or appended to
-        :attr:`tables`."""
+        """Hand rows of ``table`` (a DataFrame or :class:`RowBlock`) to :attr:`sink`, or into :attr:`tables`."""
         if len(df) == 0:
             return
         self.rows[table] = self.rows.get(table, 0) + len(df)
@@ -192,8 +191,7 @@ def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
 
 
 def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
-    """``(line, why)`` for each CSV row whose field count differs from the header's, and for a cut last line;
-    at most ``limit``, streamed."""
+    """``(line, why)`` of CSV rows off the header's field count, and a cut last line; at most ``limit``."""
     import csv
 
     out: list[tuple[int, str]] = []
@@ -293,8 +291,7 @@ def finite_nonneg(v: float) -> str | None:
 
 
 def snake(text: str) -> str:
-    """A column header as a tidy column name: ``Total Time`` → ``total_time``, ``Time (%)`` → ``time_pct``, ``Reg/Trd``
-    → ``reg_trd``."""
+    """A header as a column name: ``Total Time`` → ``total_time``, ``Time (%)`` → ``time_pct``."""
     t = text.strip().replace("(%)", " pct").replace("%", " pct")
     t = re.sub(r"[^0-9A-Za-z]+", "_", t).strip("_").lower()
     return t or "column"

@@ -129,8 +129,7 @@ def _why_no_match(body: str) -> str:
 
 # ----------------------------------------------------------------------------- the provenance header
 def ds4lab_header(line: str) -> tuple[str, bool] | None:
-    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says ``MODELED``),
-    else None."""
+    """``(text, modeled)`` of a ``# ds4lab ...`` provenance line (``modeled``: it says MODELED), else None."""
     m = _DS4LAB_HEADER.match(line)
     if not m:
         return None

@@ -85,8 +85,7 @@ def _payload(v: str | None) -> int | None:
 
 
 def ds4lab_levels(stack: list[dict]) -> dict:
-    """position / layer / cluster / op from a parsed stack (ds4lab's domain only; see the module docstring). Missing
-    levels are None."""
+    """position / layer / cluster / op from a parsed stack (ds4lab's domain only); missing: None."""
     own = [r for r in stack if r["domain"] == NVTX_DOMAIN]
     got = {"position": None, "layer": None, "cluster": None, "op": None}
     rest = []

@@ -31,8 +31,7 @@ GRAPH_FIX = ("the export holds whole-graph executions (CUPTI_ACTIVITY_KIND_GRAPH
 
 
 def find_table(tables: set[str], base: str) -> str | None:
-    """The table named ``base`` or ``base`` with a version suffix (``_V2``, ``_2``), the highest version first; None
-    when there is none."""
+    """The table ``base``, or with a version suffix (``_V2``, ``_2``: the highest), or None."""
     pat = re.compile(rf"^{re.escape(base)}(?:_V?(\d+))?$", re.I)
     found = [(int(m.group(1) or 0), t) for t in tables if (m := pat.match(t))]
     return max(found)[1] if found else None
