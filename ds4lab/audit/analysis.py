@@ -26,33 +26,17 @@ from .verdicts import add_verdicts, capture_stream, findings, token_calls, token
 
 
 class AuditInputError(BadInput):
-    """Event tables the audit cannot use (exit 2): no CUDA work in a source, an unknown capture mode; the message names
-    the file and what it holds."""
+    """Event tables the audit cannot use (exit 2): no CUDA work, an unknown mode; names the file."""
 
 
 @dataclass
 class AuditReport:
-    """The audit of one (source, process, device).
-
-    Attributes:
-        source, tool, pid, device: where the events came from.
-        tokens: how tokens were found and which rows belong to which (:class:`~ds4lab.audit.tokens.Tokens`).
-        capture_stream, capture_why: the stream modeled as captured, and why that one.
-        legacy, legacy_why: the stream ids taken as the legacy stream, and how that is known.
-        modes: the capture modes audited.
-        calls: every call inside a token with its class and, per mode, verdict, rule and error.
-        findings: calls (``kind`` ``call``, ``no rule``, ``host data``) and variation (``variation``), most severe
-            first.
-        token_table: one row per token (``tokens.csv``).
-        spans: the capturable spans (``spans.csv``); plans: the plans (MODELED).
-        shapes, n_shapes: each token's shape id, and how many shapes.
-        calibration: what identifies the calibration the plans used (name, path, sha256, shipped).
-        notes: what was assumed or left out, one sentence each.
-        unit: the unit's rows (for the figure); items: each token's main-thread calls (for the figure).
-        arguments: the kernel-argument comparison (:class:`ds4lab.audit.frozen.ArgumentAudit`), set by
-            :func:`ds4lab.audit.frozen.attach` where an argument pass goes with the trace; None otherwise.
-        model, measured_us, scalars: what the plans were computed from (for a capture-path pass's plans).
-        capture_path: the capture-path pass (:mod:`ds4lab.audit.capture_path`), where one was attached."""
+    """The audit of one (source, process, device): ``source``, ``tool``, ``pid``, ``device``; ``tokens``;
+    ``capture_stream``/``capture_why``; ``legacy``/``legacy_why``; ``modes``; ``calls`` (every call in a token with its
+    class and per-mode verdict, rule, error); ``findings`` (most severe first); ``token_table``, ``spans``, ``plans``
+    (MODELED); ``shapes``/``n_shapes``; ``calibration``; ``notes``; ``unit`` and ``items`` (for the figure);
+    ``arguments`` (:func:`ds4lab.audit.frozen.attach`; None without a pass); ``model``, ``measured_us``, ``scalars``
+    (what the plans came from); ``capture_path``."""
 
     source: str
     tool: str
@@ -101,20 +85,10 @@ class AuditReport:
 
 
 def analyze(tables, *, token_range: str | None = None, calibration=None, modes=None) -> list[AuditReport]:
-    """Audit event tables: one :class:`AuditReport` per (source, process, device).
-
-    Args:
-        tables: :class:`~ds4lab.trace.events.EventTable` objects (one per source).
-        token_range: an NVTX range name (or pattern) that marks a decode token; None: found by itself
-            (:mod:`ds4lab.audit.tokens`).
-        calibration: a calibration file path (or dict) for the plans; None: the default (``$DS4LAB_CALIBRATION`` or the
-            shipped H200 file).
-        modes: capture modes to audit (default all: global, thread_local, relaxed).
-
-    Raises:
-        AuditInputError: a source with no kernel at all, or an unknown mode (names them).
-        NoTokens: no unit of any source has a token (the message of the first, naming its file).
-        ds4lab.errors.CalibrationError: a calibration that does not follow the schema."""
+    """One :class:`AuditReport` per (source, process, device) of ``tables``. ``token_range``: an NVTX range name or
+    pattern (None: found by itself); ``calibration``: a file or dict (None: the default); ``modes``: default all.
+    Raises AuditInputError: a source without kernels, or an unknown mode; NoTokens: no unit has a token (the first's
+    message); CalibrationError: a calibration off its schema."""
     from ..sim.calibration import calibration_info
     from ..sim.costmodel import Calibration
 

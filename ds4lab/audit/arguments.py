@@ -1,9 +1,6 @@
-"""The audit's side of the kernel-argument pass: the capture itself is the trace model's
-(:mod:`ds4lab.trace.arguments`, re-exported here), the tokens it is compared by are the audit's
-(:func:`token_launches`, :mod:`ds4lab.audit.tokens`). :func:`recording` is :func:`ds4lab.trace.recording.recording`
-with this token finder, so that an argument pass keeps the bytes only where tokens differ; ``python -m
-ds4lab.audit.arguments`` is the recording runner (:func:`ds4lab.trace.recording.main`) with it (``ds4lab audit
-run``'s second pass)."""
+"""The audit's side of the kernel-argument pass: the capture is :mod:`ds4lab.trace.arguments` (re-exported here), the
+tokens are the audit's (:func:`token_launches`). :func:`recording` and ``python -m ds4lab.audit.arguments`` are
+the trace's recording and runner with this token finder (``ds4lab audit run``'s argument pass)."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ __all__ = ["ArgumentCapture", "ArgumentStore", "CudaQueries", "FunctionInfo", "L
 
 
 def token_launches(table, token_range: str | None = None) -> TokenLaunches:
-    """The tokens of ``table`` (an event table) and their launches, found as the audit finds them
-    (:mod:`ds4lab.audit.tokens`; the unit with the most kernels). Raises :class:`~ds4lab.audit.tokens.NoTokens` when
-    there is none."""
+    """The tokens of ``table`` and their launches, found as the audit finds them (the unit with the most kernels).
+    Raises :class:`~ds4lab.audit.tokens.NoTokens` when there is none."""
     from .tokens import NoTokens, find_tokens, launch_order
     from .units import split_units
     from .variation import launches, token_shapes

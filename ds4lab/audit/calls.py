@@ -72,8 +72,7 @@ _DIRECTIONS = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoA
 
 @functools.lru_cache(maxsize=4096)
 def is_launch(name: str) -> bool:
-    """Whether API ``name`` issues device work a trace pairs with a device row by correlation (a kernel launch, a graph
-    launch, a memcpy or a memset)."""
+    """Whether API ``name`` issues device work paired by correlation (a kernel or graph launch, memcpy, memset)."""
     n = api_base_name(name)
     return n in KERNEL_LAUNCH_CALLS or n in GRAPH_LAUNCH_CALLS or bool(_MEMCPY.match(n)) or bool(_MEMSET.match(n))
 
@@ -91,16 +90,9 @@ def copy_direction(name: str, copy_kind: str) -> str:
 
 @dataclass
 class TokenContext:
-    """What :func:`classify` tracks through one token's calls (in call order).
-
-    Attributes:
-        capture: the capture stream (the token's main stream).
-        legacy: stream ids that are the legacy stream.
-        main_tid: the thread that launches the token's work.
-        joined: streams in the capture (the capture stream, and streams that joined it).
-        in_token_events: event ids recorded in this token on a captured stream.
-        recorded_here: whether any event was recorded on a captured stream so far (for rows without an event id).
-        assumptions: sentences on what was taken where the trace is silent (shown in the report)."""
+    """What :func:`classify` tracks through one token's calls: ``capture`` (the main stream), ``legacy``, ``main_tid``,
+    ``joined`` (streams in the capture), ``in_token_events`` (events recorded in the token on a captured stream),
+    ``recorded_here`` (any such so far), ``assumptions`` (what was taken where the trace is silent)."""
 
     capture: int
     legacy: frozenset

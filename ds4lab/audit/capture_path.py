@@ -1,24 +1,12 @@
 """The graph plans of a step that takes another path under capture, modeled on its capture-path pass.
 
-A step that asks whether its stream captures (a ``capture path`` finding: transformers' ``is_tracing``) captures other
-work than its eager tokens run: under capture transformers builds the attention mask the eager step leaves to SDPA. The
-recorder then records the loop once more with PyTorch answering yes (:mod:`ds4lab.trace.capture_path`:
-``capture-path.csv.gz`` beside the recording); :func:`attach` audits that pass with the same token range and
-calibration and models the plans that capture the whole token on it:
-
-* ``whole token`` and ``one graph per token shape``: the capture-path pass's tokens through the same cost model
-  (:class:`ds4lab.audit.plans.Model`), their saving paired by position with the recorded tokens' measured eager µs (the
-  step the user runs today); ``path`` names the pass;
-* the same two plans of the recorded tokens stay, as ``whole token (recorded path)`` and ``one graph per token shape
-  (recorded path)``, so the difference the capture path makes is in the table;
-* where a markers pass priced the recording's host at its untraced times (:func:`ds4lab.audit.plans.attach_untraced`,
-  attached first), the pass's graph plans take the same untraced times, paired by position;
-* ``spans today`` stay on the recorded path (a span captures part of a token; which of its questions fall inside a
-  capture the pass cannot say), and the verdicts and frozen findings stay the recorded tokens': the pass is never an
-  argument pass and adds no finding.
-
-The kernels per token of both passes are kept (:class:`CapturePath`): ``audit validate`` holds them to the kernel nodes
-of the graph ``torch.cuda.graph`` captured (``same_work``)."""
+A step that asks whether its stream captures (transformers' ``is_tracing``) captures other work than its eager
+tokens run; the recorder records the loop once more with PyTorch answering yes (:mod:`ds4lab.trace.capture_path`).
+:func:`attach` audits that pass with the same token range and calibration and models the plans that capture the
+whole token on it (``whole token``, ``one graph per token shape``; ``path`` names the pass), keeping the
+recorded path's beside them (``… (recorded path)``); ``spans today``, the verdicts and the findings stay the
+recorded tokens'. :class:`CapturePath` keeps both passes' kernels per token for ``audit validate``. More:
+docs/audit.md ("**The capture-path pass**")."""
 
 from __future__ import annotations
 
@@ -39,13 +27,10 @@ RECORDED_SUFFIX = " (recorded path)"
 
 @dataclass
 class CapturePath:
-    """A capture-path pass attached to a report: ``source`` (its file) and ``sha256`` (its bytes, where it was read
-    from a file), ``tokens`` (how many it holds), ``kernels_per_token`` (median over its tokens) against the
-    recorded tokens' ``recorded_kernels_per_token``, ``gpu_busy_us`` against ``recorded_gpu_busy_us`` (median µs of
-    device work per token, measured), ``kernel_counts`` (the distinct kernels per token among its tokens), ``asked``
-    (how many times PyTorch was asked during the pass, from its file's header; None where it does not say) and
-    ``cuda_questions`` (the questions put to CUDA itself during the pass, from C/C++ code: they got CUDA's answer,
-    not the pass's)."""
+    """A capture-path pass attached to a report: ``source``, ``sha256``, ``tokens``, ``kernels_per_token`` (median)
+    against ``recorded_kernels_per_token``, ``gpu_busy_us`` against ``recorded_gpu_busy_us`` (median µs per token),
+    ``kernel_counts`` (distinct), ``asked`` (PyTorch asked during the pass; None: not said), ``cuda_questions`` (asked
+    of CUDA from C/C++: CUDA's answer, not the pass's)."""
 
     source: str
     tokens: int
@@ -85,25 +70,13 @@ def _check_pairing(report, table, recorded) -> None:
 
 
 def attach(report, table, *, token_range: str | None = None, calibration=None, recorded=None) -> CapturePath:
-    """Model ``report``'s graph plans on the capture-path pass ``table`` (an event table; module docstring). Changes
-    ``report.plans`` (a ``path`` column on every row; an ``eager (model check)`` row of the pass itself),
-    ``report.capture_path`` and ``report.notes``; returns the :class:`CapturePath`.
-
-    The pass's tokens are found as the report's were: by the same NVTX range where the report's came from one (its
-    name, or ``token_range``), and a pass whose tokens are found otherwise is refused (a pairing by position would pair
-    other windows). Its unit is the one on the report's device with the most kernels (a pass is recorded in a process
-    of its own).
-
-    Args:
-        report: the recorded tokens' :class:`~ds4lab.audit.analysis.AuditReport`.
-        table: the capture-path pass, read (:func:`ds4lab.trace.sources.read_events`).
-        token_range, calibration: as the report was analyzed with (:func:`ds4lab.audit.analysis.analyze`).
-        recorded: the recording's event table, where its header can name the step (:data:`STEP_KEYS`).
-
-    Raises:
-        ValueError: a report without plans; recorded tokens that never ask whether the stream captures; a pass from
-            another step (its header's keys), one in which PyTorch was never asked, one with no token or whose tokens
-            are found another way than the report's (each naming the pass's file)."""
+    """Model ``report``'s graph plans on the capture-path pass ``table`` (read). Changes ``report.plans`` (a ``path``
+    column; an ``eager (model check)`` row of the pass), ``report.capture_path`` and ``report.notes``; returns the
+    :class:`CapturePath`. Its tokens are found by the report's NVTX range (or ``token_range``), its unit the one on the
+    report's device with the most kernels; a markers pass attached first prices its host too. ``token_range``,
+    ``calibration``: as the report was analyzed; ``recorded``: the recording's table (its header names the step).
+    Raises ValueError: a report without plans; recorded tokens that never ask; a pass of another step, one in which
+    PyTorch was never asked, or one without tokens found as the report's (each naming the pass's file)."""
     from .analysis import analyze
     from .tokens import NoTokens
 
@@ -185,11 +158,8 @@ def _sha256(path) -> str:
 
 def attach_beside(report, recording, *, token_range: str | None = None, calibration=None,
                   recorded=None) -> CapturePath | None:
-    """:func:`attach` the capture-path pass saved beside ``recording``
-    (:func:`ds4lab.trace.capture_path.capture_path_beside`), where there is one; a pass that cannot be read, has no
-    token or does not belong to the recording (:func:`attach`'s refusals) is said in ``report.notes`` (a line
-    starting ``capture-path pass not used:``) and leaves the plans as they are. Returns the :class:`CapturePath`, or
-    None."""
+    """:func:`attach` the capture-path pass beside ``recording``, where there is one; one that cannot be read or is
+    refused is said in ``report.notes`` (``capture-path pass not used:``). Returns the :class:`CapturePath`, or None."""
     from ..trace.capture_path import capture_path_beside
     from ..trace.sources import SourceError, read_events
 

@@ -1,10 +1,8 @@
-"""A multi-GPU trace read as one job across devices: its collectives paired by rank (:func:`pair_collectives`: the k-th
-collective a rank executes meets the k-th of every other, rule ``nccl_pair``; each position ``paired``, ``differ``
-(rule ``nccl_mismatch``), ``mixed capture`` (``nccl_nonuniform``) or ``missing`` (``nccl_timeout``)), and what a
-whole-token capture on every rank would do (:func:`per_rank_plan`: a rank whose token holds a call that invalidates
-or is refused falls back to eager, so its collectives run eagerly beside the others' graphs, a deadlock risk named
-with its call). NCCL's collectives are kernels on every rank (``ncclDevKernel_<Op>_...``, ``ncclKernel_<Op>_...``).
-``docs/tensor-parallel.md``."""
+"""A multi-GPU trace read as one job across devices: its collectives paired by rank (:func:`pair_collectives`: the
+k-th collective of a rank meets the k-th of every other: ``paired``, ``differ``, ``mixed capture`` or ``missing``,
+rules ``nccl_pair``, ``nccl_mismatch``, ``nccl_nonuniform``, ``nccl_timeout``), and what a whole-token capture on
+every rank would do (:func:`per_rank_plan`: a rank that falls back to eager beside the others' graphs is a
+deadlock risk). NCCL's collectives are kernels on every rank. docs/tensor-parallel.md."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ VERDICT_RULES = {"paired": "nccl_pair", "differ": "nccl_mismatch", "mixed captur
 
 
 def collective_op(name: str) -> str | None:
-    """The collective operation of a kernel name (``AllReduce``, ``AllGather``, ``SendRecv``, ...), or None for a
-    kernel that is not NCCL's."""
+    """The collective of a kernel name (``AllReduce``, ``SendRecv``, ...), or None for a kernel not NCCL's."""
     m = NCCL_KERNEL.match(str(name))
     return m.group(1) if m else None
 
@@ -34,12 +31,9 @@ def _unit_label(pid: int, device: int) -> str:
 
 
 def pair_collectives(frame: pd.DataFrame) -> pd.DataFrame:
-    """The collectives of a multi-device event table (:data:`ds4lab.trace.events.COLUMNS`) paired by position.
-
-    Returns one row per position ``k``: ``verdict`` (module docstring), ``rule``, ``op`` (the first rank's), and per
-    unit (``d<device>``, or ``p<pid>d<device>`` when the table names processes) its kernel name, ``launch`` (``graph``
-    when the row has a ``graph_id``, else ``eager``) and ``start_ns``. Empty (with the ``k``, ``verdict``, ``rule``,
-    ``op`` columns) when the table has no collective."""
+    """The collectives of a multi-device event table paired by position: per ``k``, ``verdict``, ``rule``, ``op``,
+    and per unit (``d<device>`` or ``p<pid>d<device>``) its kernel, ``launch`` (``graph``/``eager``) and
+    ``start_ns``. Empty (``k``, ``verdict``, ``rule``, ``op``) without collectives."""
     k = frame[frame.kind == "kernel"]
     ops = k["name"].map(collective_op)
     k = k[ops.notna()].assign(op=ops[ops.notna()])
@@ -76,15 +70,10 @@ def pair_collectives(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_rank_plan(reports, mode: str = "thread_local") -> pd.DataFrame:
-    """What a whole-token capture in ``mode`` on every rank would do to its collectives (module docstring).
-
-    ``reports``: one :class:`~ds4lab.audit.analysis.AuditReport` per device of the job. Returns one row per unit:
-    ``unit``, ``captures`` (True when no call of its tokens invalidates or is refused in ``mode``), ``falls_back_at``
-    (the first such call, with where it comes from), ``collectives`` (in its tokens), ``launch`` (``graph`` or
-    ``eager``) and ``risk``: ``deadlock risk (rule nccl_nonuniform)`` on every rank when some ranks would capture and
-    others not, ``none`` when every rank does the same, ``no collective``; in global mode, ranks that are threads of
-    one process (units of one ``pid``) with collectives are refused by rule nccl_global_multithread (``refused: ...``).
-    """
+    """Per unit of ``reports`` (one per device), what a whole-token capture in ``mode`` does to its collectives:
+    ``unit``, ``captures``, ``falls_back_at`` (the first invalidating or refused call and where), ``collectives``,
+    ``launch``, ``risk`` (``deadlock risk (rule nccl_nonuniform)`` where ranks differ, ``none``, ``no collective``;
+    in global mode, ranks that are threads of one process are refused: rule nccl_global_multithread)."""
     rows = []
     for r in reports:
         calls = r.calls

@@ -1,11 +1,7 @@
 """What ``torch.cuda.graph`` did with decode steps the audit reads: the recordings bundled with ds4lab
-(:data:`RECORDED`, recorded on an H200 with their outcome beside them, for auditing without a GPU), a recording's
-outcome where it sits beside it (:func:`outcome_beside`), and the live run notebook 05 makes (:func:`run_isolated`:
-one of ds4lab's step scripts run on the user's path, :mod:`ds4lab.audit.steps`).
-
-Sources: PyTorch ``torch.cuda.graph`` / ``torch.cuda.CUDAGraph`` (capture on a side stream, a private memory pool,
-``capture_error_mode="global"`` by default); transformers ``DynamicCache``, ``StaticCache`` (``cache_position``); CUDA
-Programming Guide, "CUDA Graphs"."""
+(:data:`RECORDED`, recorded on an H200 with their outcome beside them), a recording's outcome beside it
+(:func:`outcome_beside`), and the live run notebook 05 makes (:func:`run_isolated`). Sources: PyTorch
+``torch.cuda.graph``; transformers ``DynamicCache``, ``StaticCache``; CUDA Programming Guide, "CUDA Graphs"."""
 
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ TOKEN_RANGE = "decode_step"
 
 
 def run_isolated(engine: str, cache_kind: str, out: Path, *, dtype: str = "float32") -> dict:
-    """Record ``ds4lab/data/steps/ds4lab-<engine>.py`` with ``cache_kind`` and ``dtype`` as a user's script
-    (:func:`ds4lab.audit.steps.run_step`: ``ds4lab audit run``'s recording, the script's own ``--truth``,
-    check_replay), each part in a subprocess; returns what its ``engine.json`` holds (``error`` set where a part
-    failed), its files in ``out/ds4lab-<engine>-<cache>-<dtype>/``."""
+    """Record ``ds4lab/data/steps/ds4lab-<engine>.py`` as a user's script (:func:`ds4lab.audit.steps.run_step`); returns
+    its ``engine.json`` fields (``error`` where a part failed), files in ``out/ds4lab-<engine>-<cache>-<dtype>/``."""
     from .steps import run_step, steps_folder
 
     script = steps_folder() / f"ds4lab-{engine}.py"
@@ -40,11 +34,7 @@ RECORDED = (("llama", "static"), ("llama", "dynamic"), ("deepseek-v3", "static")
 
 
 def recorded(engine: str, cache_kind: str) -> Path:
-    """The bundled recording of ``engine`` with ``cache_kind`` (:data:`RECORDED`), a ds4lab recording (``.csv.gz``)
-    that ``ds4lab audit`` reads.
-
-    Raises:
-        ValueError: a pair that is not bundled (naming the bundled ones)."""
+    """The bundled ``.csv.gz`` of ``engine``/``cache_kind``; ValueError for a pair not bundled (naming those)."""
     from importlib.resources import files
 
     if (engine, cache_kind) not in RECORDED:
@@ -54,22 +44,15 @@ def recorded(engine: str, cache_kind: str) -> Path:
 
 
 def recorded_outcome(engine: str, cache_kind: str) -> dict:
-    """What torch.cuda.graph did with the bundled recording's engine and cache on the GPU that recorded it:
-    ``outcome``, ``detail`` (``outcome``, ``detail``, ``eager_us``, ``replay_us`` measured with CUDA events,
-    ``device`` with the GPU and driver), from ``torch-<engine>-<cache>.json`` beside it.
-
-    Raises:
-        ValueError: a pair that is not bundled."""
+    """What torch.cuda.graph did with the bundled pair on the GPU that recorded it (``outcome``, ``detail``,
+    ``eager_us``, ``replay_us``, ``device``). Raises ValueError: a pair not bundled."""
     import json
 
     return json.loads(recorded(engine, cache_kind).with_name(f"torch-{engine}-{cache_kind}.json").read_text())
 
 
 def outcome_beside(recording: Path) -> dict | None:
-    """What torch.cuda.graph did with the engine a recording was made from, when its outcome sits beside it
-    (``<stem>.json`` beside ``<stem>.csv.gz``, as the bundled ones ship, or ``engine.json`` beside
-    ``recording.csv.gz``, as ``ds4lab audit validate`` writes them): the run's fields (``outcome``, ``detail``, µs,
-    ``device``), or None when there is none (or it is not an outcome)."""
+    """The run's fields where an outcome (``<stem>.json``, ``engine.json``) sits beside ``recording``, else None."""
     import json
 
     recording = Path(recording)
@@ -101,14 +84,8 @@ def available() -> tuple[bool, str]:
 
 @dataclass
 class AuditSource:
-    """The trace :func:`audit_source` chose, and what torch.cuda.graph did with its step where known.
-
-    Attributes:
-        trace: the file to audit.
-        kind: ``own`` (a trace given), ``live`` (recorded here, on the GPU), ``bundled`` (recorded on an H200, shipped
-            with ds4lab).
-        torch_run: the run's fields for ``live`` and ``bundled`` (outcome, detail, µs, device); None for ``own``.
-        note: one line saying which trace it is and where it was recorded."""
+    """The trace :func:`audit_source` chose: ``trace``, ``kind`` (``own``, ``live``, ``bundled``), ``torch_run`` (None
+    for ``own``), ``note`` (which trace and where it was recorded)."""
 
     trace: Path
     kind: str
@@ -118,15 +95,10 @@ class AuditSource:
 
 def audit_source(backend: str = "auto", engine: str = "llama", cache_kind: str = "dynamic", trace=None,
                  record_into: Path | None = None) -> AuditSource:
-    """What notebook 05 audits: ``trace`` when given (your own engine's); else ``engine`` with ``cache_kind`` recorded
-    live (:func:`run_isolated`, into ``record_into``, a folder of its own: the audit's result folder stays apart)
-    where ``backend`` is ``cupy``, or ``auto`` and torch sees a GPU (:func:`available`); else the bundled recording
-    (:func:`recorded`) with its outcome beside it.
-
-    Raises:
-        ValueError: an unknown backend (auto, cupy, sim); ``cupy`` where no live recording can be made (naming why); a
-            live recording that failed (the process's last lines); no ``record_into`` for a live one; a pair that is
-            not bundled where the bundled one is taken."""
+    """What notebook 05 audits: ``trace`` when given; else ``engine``/``cache_kind`` recorded live into
+    ``record_into`` where ``backend`` is ``cupy``, or ``auto`` with a GPU; else the bundled recording. Raises
+    ValueError: an unknown backend; ``cupy`` where no live recording can be made (why); a failed live recording (its
+    last lines); no ``record_into`` for a live one; a pair not bundled."""
     if backend not in ("auto", "cupy", "sim"):
         raise ValueError(f"backend {backend!r}: choose auto (live where torch sees a GPU, else the bundled recording), "
                          "cupy (live) or sim (the bundled recording)")

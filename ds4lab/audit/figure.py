@@ -1,10 +1,7 @@
-"""The audit's figure: one token's timeline. A host lane with the token's API calls (main thread), coloured by their
-worst verdict over the audited modes; a device lane with its kernels, copies and memsets; every call that is not
-allowed (and every launch a graph would freeze) marked with its name; the capturable spans of one mode shaded across
-both lanes. Times are the trace's own (measured, or MODELED for a trace of the simulated runtime), from the token's
-first call; the title names the file, the unit, that the spans are the audit's proposal, and the calibration its
-plans are modeled with (:func:`ds4lab.report.provenance.calibration_label`: its name when shipped, else name, path
-and short SHA-256). Style and files: :data:`ds4lab.report.plots.STYLE`, :func:`ds4lab.report.plots.save`."""
+"""The audit's figure: one token's timeline. A host lane of the main thread's calls coloured by their worst verdict, a
+device lane of its work, every call not allowed (and every frozen launch) marked, one mode's capturable spans
+shaded; times the trace's own from the token's first call; the title names the file, the unit and the plans'
+calibration (:func:`ds4lab.report.provenance.calibration_label`). Style: :data:`ds4lab.report.plots.STYLE`."""
 
 from __future__ import annotations
 
@@ -83,9 +80,7 @@ def timeline_figure(report, mode: str | None = None):
 
 
 def _room_for(ax, labels, anchor: float = 0.45, bottom: float = 3.0, top: float = -1.6) -> None:
-    """Raise the top of ``ax``'s (inverted) y range until every rotated label above the host lane fits inside the axes,
-    below the title: the labels keep their size in points however the data range is scaled, so the range grows to
-    hold the tallest one."""
+    """Raise the top of ``ax``'s inverted y range until every rotated label above the host lane fits."""
     if not labels:
         return
     fig = ax.figure

@@ -99,16 +99,11 @@ FIXES = {
 
 @dataclass
 class ArgumentAudit:
-    """What :func:`compare` found in one argument pass.
-
-    Attributes:
-        findings: one row per (kernel, class, parameter, offset): ``kind`` ("argument"), ``name``, ``call_class``
-            (:data:`CLASSES`), ``launch_index`` (first), ``launches`` (the launch indexes), ``param``, ``byte_offset``
-            (in the device-side parameter layout), ``size``, ``values`` (per compared token, the first few),
-            ``token_range``, ``tokens``, ``count``, ``what``, ``where``, ``fix``, ``verdict``, ``rule_source``.
-        compared: the tokens compared (with identical launch lists); launches: launches per compared token.
-        unread: launches in the compared tokens whose parameters were not read; unread_kernels: their names.
-        how: how the pass's tokens were found; notes; source: the pass's file; cost: what it cost per launch."""
+    """What :func:`compare` found in one argument pass: ``findings`` (one row per kernel, class, parameter and
+    offset: ``kind``, ``name``, ``call_class``, ``launch_index``, ``launches``, ``param``, ``byte_offset``, ``size``,
+    ``values``, ``token_range``, ``tokens``, ``count``, ``what``, ``where``, ``fix``, ``verdict``, ``rule_source``),
+    ``compared`` (tokens), ``launches`` (per token), ``unread``, ``unread_kernels``, ``how``, ``notes``, ``source``,
+    ``cost``."""
 
     findings: pd.DataFrame
     compared: list
@@ -171,9 +166,8 @@ class _Allocations:
         self.segments = [tuple(s) for s in (store.segments or [])]
 
     def place(self, v: int, at_ns: int):
-        """``(source, base, size, alloc_ns, free_ns)`` of the smallest allocation holding ``v`` alive at ``at_ns``
-        (``-1``: before the pass / alive at its end), else the driver range of ``v`` at the pass's end (``alloc_ns``
-        -1, source "driver range" or "caching-allocator segment"), else None."""
+        """``(source, base, size, alloc_ns, free_ns)`` of the smallest allocation holding ``v`` alive at ``at_ns``,
+        else its driver range at the pass's end (``alloc_ns`` -1), else None."""
         if len(self.base):
             m = ((self.base <= v) & (v < self.base + self.size) & ((self.alloc < 0) | (self.alloc <= at_ns))
                  & ((self.free < 0) | (self.free >= at_ns)))
@@ -209,13 +203,8 @@ def _size(n: int) -> str:
 
 
 def _scalar_text(piece_vals: list[bytes]) -> list[str]:
-    """Each value as the integer it reads as (signed, little-endian; a float parameter reads as its bit pattern: the
-    comparison needs only that it changes)."""
-    out = []
-    for b in piece_vals:
-        i = int.from_bytes(b, "little", signed=True)
-        out.append(str(i))
-    return out
+    """Each value as its signed little-endian integer (a float's bit pattern: only its change counts)."""
+    return [str(int.from_bytes(b, "little", signed=True)) for b in piece_vals]
 
 
 def _position_like(ints: list[int]) -> str:
@@ -301,9 +290,7 @@ def _ops_of(store: A.ArgumentStore, launches) -> list:
 
 
 def _operator_known(ops: list) -> bool:
-    """Whether every launch was made by the same operator (by name) the op log described, none opaque (a host tensor
-    too large to key) or random (a generator's state: :func:`ds4lab.trace.torch_ops.random_op`): what the
-    operator-level evidence needs."""
+    """Whether every launch was made by the same operator the op log described, none opaque or random."""
     from ..trace.torch_ops import random_op
 
     if not ops or any(o is None or "key" not in o for o in ops):
@@ -317,19 +304,9 @@ def _same_operator(ops: list) -> bool:
     return _operator_known(ops) and len({o["key"] for o in ops}) == 1
 
 
-def _explained(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
-    """:data:`UNSET` or :data:`TEMPORARY` where the operator evidence explains a changing word (:data:`UNSET_RULE`),
-    else None: the same operator with the same host arguments at every token (:func:`_same_operator`), and a word
-    that addresses nothing (:func:`_addresses_nothing`)."""
-    return _addresses_nothing(ops, ints, locs, lives) if _same_operator(ops) else None
-
-
 def _addresses_nothing(ops: list, ints: list[int], locs: list, lives: list) -> str | None:
-    """:data:`TEMPORARY` or :data:`UNSET` where each token's value is an address inside memory the token allocated (a
-    temporary) or no address of anything alive at the launch: not inside a live allocation (a caching-allocator
-    segment's free space is none, and an odd value outside every tensor of the operator addresses nothing it reads:
-    see :func:`_no_address`), and not inside one of the operator's own tensors (a data pointer the allocations
-    missed stays an address); else None (an address)."""
+    """:data:`TEMPORARY` or :data:`UNSET` where each token's value is inside memory the token allocated or no
+    address of anything alive (:func:`_no_address`), never inside the operator's own tensors; else None."""
     own = False
     for o, v, loc, life in zip(ops, ints, locs, lives):
         if life == "own":
@@ -349,9 +326,8 @@ FLOAT_RTOL = 1e-6
 
 
 def _decodings(pv: list[bytes]) -> list[tuple[str, list]]:
-    """The ways a word's bytes can hold a number, each as ``(name, value per token)``: the whole word as a signed
-    integer, and for 8 bytes its halves as int32, as float64 and float32 (a kernel's functor holds a host scalar as
-    its ``opmath`` type: float32 for float/half/bf16 tensors, double for double ones)."""
+    """The ways a word's bytes can hold a number, as ``(name, value per token)``: the signed word, and for 8
+    bytes its int32 halves, float64 and float32 (a functor's ``opmath`` scalar)."""
     import struct
 
     n = len(pv[0])
@@ -374,11 +350,8 @@ def _plausible(x: float) -> bool:
 
 
 def _follows(word: list, host: list, exact_int: bool) -> str:
-    """How ``word`` (per token) follows the host number ``host`` (per token), or "": equal to it, to its negation
-    (``sub``'s ``alpha``), to its reciprocal (``div`` by a host scalar multiplies by ``1/s``), or, with three or
-    more distinct host values, an affine function of it (``a·s + b``: a size less one, a byte offset); integers
-    exactly, floats within :data:`FLOAT_RTOL`. Two distinct values fit any affine function, so with two only the
-    first three count."""
+    """How ``word`` (per token) follows the host number ``host``, or "": equal, negated, reciprocal, or with three
+    or more distinct values affine (integers exactly, floats within :data:`FLOAT_RTOL`)."""
     w = np.asarray(word, dtype=np.float64)
     h = np.asarray(host, dtype=np.float64)
     if len(set(host)) < 2:
@@ -407,9 +380,7 @@ def _follows(word: list, host: list, exact_int: bool) -> str:
 
 
 def _tracked(ops: list, pv: list[bytes]) -> dict | None:
-    """The host number of the operator that a changing word follows from token to token (:func:`_follows` of each of
-    :func:`_decodings` against each number in the op log's ``vals`` that changes), or None: ``{"label", "host",
-    "decoding", "how"}``. Needs ``vals`` in every call (an op log that keeps them)."""
+    """The op log's changing host number a changing word follows (``{"label", "host", "decoding", "how"}``), or None."""
     if any("vals" not in o for o in ops):
         return None
     per = [dict((str(k), v) for k, v in o["vals"]) for o in ops]
@@ -429,12 +400,9 @@ def _tracked(ops: list, pv: list[bytes]) -> dict | None:
 
 
 def _no_address(v: int, spans) -> bool:
-    """Whether a word that falls inside a live allocation is still no address the operator's kernel uses: it is odd (no
-    element of two bytes or more starts there, and every block the caching allocator hands out is 512-byte aligned)
-    and lies outside every tensor of the operator (``spans``, from the op log: the only device memory a
-    TensorIterator kernel is given). An unused 8-byte slot whose low half holds a set 32-bit field (a size of 1) and
-    whose high half holds what the host stack held (the top of a host pointer, ``0x7fb5…``) reads as
-    ``0x7fb500000001``: inside a GPU block by chance."""
+    """Whether a word inside a live allocation is still no address the operator's kernel uses: odd (blocks are
+    512-byte aligned) and outside every tensor of the operator (``spans``), as an unused slot holding a 32-bit
+    field and the top of a host pointer reads."""
     return bool(spans) and v % 2 == 1
 
 
@@ -452,12 +420,9 @@ OTHER_CUDA_LIBRARIES = re.compile(r"(^|[/;\s])(cupy(x|_backends)?|numba|cuda/(bi
 
 
 def _host_copies(store: A.ArgumentStore, tl, table=None, head_end=None, allocs=None) -> pd.DataFrame:
-    """One row per (call, frame) of the copies between pageable host memory and the GPU made inside a token of a pass
-    that ran PyTorch (:data:`HOST_COPY_RULE`): PyTorch refuses each one while the stream captures. Two kinds of
-    evidence: the op log's copies (``copy_`` and ``_to_copy`` with a CPU tensor that is not pinned, a 0-dim source
-    included, which launches a kernel and no CUDA copy), and the pass's CUDA copies with pageable host memory
-    (``torch.tensor(data, device="cuda")`` copies below the dispatcher, where no operator is seen), unless the
-    copy's stack names another CUDA library."""
+    """One row per (call, frame) of the copies between pageable host memory and the GPU inside a token of a pass
+    that ran PyTorch (:data:`HOST_COPY_RULE`): the op log's ``copy_``/``_to_copy`` from an unpinned CPU tensor,
+    and the pass's pageable CUDA copies unless the stack names another CUDA library."""
     if store.ops is None:
         return pd.DataFrame()
     by: dict = {}
@@ -538,10 +503,8 @@ def _persistent(o, at_ns: int, t: int, tl, allocs, first, last) -> bool:
 
 def _head_inputs(store, tl, g, allocs, first, last) -> set:
     """The launch indexes at the head of the tokens ``g`` that write the step's inputs from the host
-    (:data:`INPUT_RULE`): from the first launch on, each a call of :data:`INPUT_OPS` writing host values into memory
-    that outlives the tokens (its operator known from the op log), or a PyTorch fill or copy kernel that is the same
-    in every token (:data:`INPUT_KERNELS`: nothing of it is frozen either way); the head ends at the first launch
-    that is neither, and is empty without an operator log."""
+    (:data:`INPUT_RULE`): :data:`INPUT_OPS` calls writing into memory that outlives the tokens, or
+    :data:`INPUT_KERNELS` the same in every token; empty without an operator log."""
     out: set = set()
     if store.ops is None:
         return out
@@ -564,9 +527,7 @@ def _head_inputs(store, tl, g, allocs, first, last) -> set:
 
 
 def _input_copy(o, toks, tl, head_end, allocs) -> bool:
-    """Whether a copy from pageable host memory (the op log's) is a token's input written at its head into memory that
-    outlives the tokens (:data:`INPUT_RULE`): PyTorch refuses it only inside a capture, and a graph of the step
-    leaves it out."""
+    """Whether an op-log pageable copy is a token's input written at its head into memory that outlives the tokens."""
     t = toks[0]
     if t not in head_end or o["t_ns"] >= head_end[t] or not o.get("spans"):
         return False
@@ -602,7 +563,7 @@ def _classify(name, i, j, offset, size, pv, launches, g, tl, allocs, first, last
     lives = [_lifetime(loc, tl.start_ns[t], tl.end_ns[t], first, last) for loc, t in zip(locs, g)]
     ops = _ops_of(store, launches)
     known = _operator_known(ops)
-    same = known and len({o["key"] for o in ops}) == 1
+    same = known and _same_operator(ops)
     why = _addresses_nothing(ops, ints, locs, lives) if known and not all(x == "own" for x in lives) else None
     at = f"launch {i} of the token, parameter {j} (byte {offset}, {size} B)"
     if why == UNSET and not same:  # the operator's host arguments change: a value only where the word follows one
@@ -702,8 +663,7 @@ def _moving(ops: list) -> str:
 
 
 def _merge(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (kernel, class, parameter, offset, where): a kernel whose launches in every layer change alike reads
-    once, with its launch indexes."""
+    """One row per (kernel, class, parameter, offset, where): alike launches in every layer read once."""
     if df.empty:
         return df
     out = []
@@ -724,10 +684,9 @@ def _merge(df: pd.DataFrame) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- reports and the verdict
 def attach(report, store_path=None, own_table=None, own_path=None) -> None:
-    """Compare the argument pass at ``store_path`` and put the result on ``report`` (``report.arguments``), its frozen
-    rows among ``report.findings`` (verdict ``frozen`` in every mode). The pass's event table is the file the store
-    names beside it (``own_table`` when that file is ``own_path``, the report's own recording, already read). No
-    store: ``report.arguments`` stays None (verdict: unknown from this trace)."""
+    """Compare the argument pass at ``store_path`` onto ``report.arguments``, its frozen rows among
+    ``report.findings``; the pass's table is the file the store names (``own_table`` when that is ``own_path``).
+    No store: ``report.arguments`` stays None."""
     if store_path is None:
         return
     from ..trace.sources import read_events as read
@@ -765,10 +724,7 @@ def _same(a, b) -> bool:
 
 
 def strength(row) -> int:
-    """How strong a finding's evidence that the replay is wrong is (:data:`STRENGTH`): an argument finding carries its
-    own; a grid, block, launch count or kernel present in some tokens only is ``structure``; a by-value argument in
-    the trace's own ``args`` is ``position`` where it moves by a constant per token, else ``value``; work missing
-    from the graph is ``address``'s rank (evidence of a call, not a value)."""
+    """How strong a finding's evidence of a wrong replay is (:data:`STRENGTH`; docs/audit-arguments.md)."""
     st = row.get("strength") if hasattr(row, "get") else None
     if st is not None and st == st:
         return int(st)
@@ -799,11 +755,7 @@ def _int(v):
 
 
 def verdict(report, mode: str = "global") -> Verdict:
-    """The replay verdict of ``report`` in capture ``mode`` (module docstring). A refusal names the first call that
-    refuses; a wrong replay names the finding with the strongest evidence (:func:`strength`, :func:`cause`) and how
-    many others there are; bytes with no evidence that the step computes them (:data:`NOT_VALUES`) never decide it,
-    but a word of an operator whose host numbers change and that follows none of them (:data:`NOT_VALUE`) keeps it
-    from saying "replays right"."""
+    """The replay verdict of ``report`` in capture ``mode`` (docs/audit-arguments.md, "The verdict")."""
     f = report.findings
     col = f"verdict_{mode}"
     if f is not None and len(f) and col in f:

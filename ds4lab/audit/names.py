@@ -8,11 +8,8 @@ SHORT_NAME_MAX = 72
 
 
 def short_names(names) -> dict:
-    """``{name: short}`` for the terminal's tables: a mangled C++ name demangled (``c++filt``, where it is on PATH:
-    :func:`ds4lab.trace.recording.demangle`), then its return type and parameter list dropped and every template
-    argument list shown as ``<…>`` (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
-    ``at::native::vectorized_elementwise_kernel<…>``), at most :data:`SHORT_NAME_MAX` characters. The CSV files keep
-    the full names."""
+    """``{name: short}`` for the terminal's tables: demangled (:func:`ds4lab.trace.recording.demangle`), return type
+    and parameters dropped, template arguments ``<…>``, at most :data:`SHORT_NAME_MAX` characters."""
     from ..trace.recording import demangle
 
     names = [str(n) for n in names]
@@ -98,10 +95,8 @@ def _closing(text: str, i: int, open_: str, close: str) -> int | None:
 
 
 def label(kernel: str, width: int = 40) -> str:
-    """A kernel's name as a figure's label: the function's own name without namespaces, template arguments and
-    parameters (``void at::native::vectorized_elementwise_kernel<4, …>(int, …)`` →
-    ``vectorized_elementwise_kernel``; a short last part keeps its namespace: ``gemvx::kernel``), cut to ``width``
-    characters."""
+    """A kernel's name as a figure's label: its own name without namespaces, templates and parameters (a short one keeps
+    its namespace: ``gemvx::kernel``), cut to ``width``."""
     base = _collapse(kernel).replace("<…>", "")
     parts = [p for p in base.split("::") if p]
     base = "::".join(parts[-2:]) if len(parts) > 1 and len(parts[-1]) < 8 else (parts[-1] if parts else kernel)

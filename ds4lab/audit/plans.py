@@ -1,77 +1,10 @@
 """What capture would save: three plans, each a predicted µs per token, MODELED from the trace's own
-measured costs and ds4lab's calibrated graph costs (:class:`ds4lab.sim.costmodel.Calibration`, the
-shipped H200 calibration unless another is given).
+measured costs and ds4lab's calibrated graph costs (:class:`ds4lab.sim.costmodel.Calibration`).
 
-**The model.** The tokens are replayed in order through one host clock and one device queue, as the
-sim's cost model runs them (:mod:`ds4lab.sim.costmodel`):
-
-* **host** — each call costs what the trace measured: the gap before it (the program's own work
-  between calls: Python, dispatch) plus its duration; a blocking call (synchronize, synchronous or
-  pageable device-to-host copy) costs the calibration's ``host_api_us`` and then waits until the
-  device has finished what was issued; after its last call a token's host keeps its measured *tail*
-  (sampling, the loop: the time to the next token's first call). A graph launch costs
-  ``host_graph_launch_us`` and replaces every call of its graph, gaps included (the code that made
-  them no longer runs), except the gap before the graph's first call (the work that leads to it).
-  Where the tokens are NVTX ranges and a markers pass gives the loop's untraced times (below), a whole
-  token's graph also replaces the step's own code after its last call (the tail up to the range's end).
-* **device** — one queue: eager work starts when its call has returned and the previous work is
-  done, and lasts what the trace measured. A graph's nodes are paced by the device: node *i* starts
-  no earlier than ``graph_node_us`` after node *i−1* began (the sim's replay pacing) and no earlier
-  than ``graph_node_gap_us`` after node *i−1*'s end (the device idle between two dependent kernels of a
-  replayed graph, which a trace's kernel durations leave out; 0 for a trace whose durations are the
-  sim's own per-launch times, which include it), each lasting its measured eager duration.
-* **the loop's device work** — what the loop issues between two NVTX-range tokens (the next step's
-  inputs, sampling: :func:`ds4lab.audit.tokens.outside_device`) runs on the same queue after the token's
-  work, as measured, in every plan: a user who captures the step keeps the loop.
-* **overlap** — host and device run side by side; a token costs the advance of whichever of the
-  two is further along (the host's clock, or the device's when its queue is behind), so a host-bound
-  token costs its host time and a GPU-bound one its device time, with or without a synchronize. A
-  trace without API calls has no host side: each launch is modeled at the calibration's
-  ``host_launch_us`` (said).
-
-**The plans** (``plan`` column):
-
-* ``eager (model check)`` — the trace as it is, through the model: compare it with the measured
-  eager µs per token to see how far to trust the others;
-* ``whole token`` — every hazard fixed: the token's device work is one graph launched once per
-  token; its blocking calls become one synchronize after the launch; by-value scalars that change
-  across tokens are written to the device before each launch (one small host-to-device copy);
-* ``spans today`` (one per capture mode) — the capturable spans (:mod:`ds4lab.audit.spans`) each a
-  graph, everything else eager as measured;
-* ``one graph per token shape`` — as ``whole token``, but the host keeps its launch-list decisions:
-  one graph per token shape, each captured the first time its shape is seen (that token's calls are
-  issued once more, into the capture, before its first replay; graph instantiation is not modeled).
-
-The eager µs per token is measured: the host time from a token's first call to the next token's
-first call, or the device time from its first device work to the next token's when that is longer
-(:func:`measured_eager`). The saving is the paired difference per token (measured eager minus predicted), its
-median with a 95 % interval (:func:`ds4lab.timing.paired_difference`): "not measurable" when the
-interval includes zero.
-
-**Untraced host times** (:class:`Untraced`, :func:`attach_untraced`). A recording's host times carry its
-tracer's cost: CUPTI activity on every API call makes a small step's loop several times slower than it
-runs. ``ds4lab audit run`` therefore runs the program once more with only its NVTX ranges recorded (the
-markers pass, :mod:`ds4lab.trace.recording`), which gives per token its untraced host time inside the
-range and outside it (to the next range). Where that pass is attached, the plans price the host at it
-(``host_times`` names the pass): the work outside the token (the loop a user keeps) at its untraced time,
-and the calls that stay eager (``spans today``, a shape's first capture) at their traced cost scaled by the
-token's untraced over traced range time (MODELED: tracing's cost is taken as spread over the token's host
-work in proportion). A loop that never waits may run its host ahead of the device; the model takes each
-token as the later of the host and the device timelines, so a device-bound plan stays device-bound. The
-``eager (model check)`` row stays the traced trace through the model. The untraced eager token is then the
-markers pass's host period (range start to the next range's start), or the token's measured device work
-(inside and after it) where that is longer (a loop that never waits runs at the device's pace), and the
-savings against it are paired per token (95 % interval). Without a markers pass (a Kineto or Nsight trace,
-a recording made before the pass existed) the host stays traced (``host_times`` ``traced``), as said.
-
-**Against which eager step.** The trace's eager step carries its tracer's cost (a CUPTI recording, the
-PyTorch profiler, Nsight Systems: each launch is slower traced), the plans' graphs mostly do not (their
-host calls are gone). Where the eager step was also timed untraced (the torch.cuda.graph outcome beside a
-recording: ``check_replay``'s CUDA-event timing), :func:`against_untraced` adds the saving against it
-(``baseline`` ``untraced``); the markers pass's untraced tokens come first where both exist (they are the
-user's own loop, paired by position); elsewhere the saving is against the traced step (``baseline``
-``traced``) and the report says what tracing cost per launch where it was measured (:data:`TRACER_COST`).
-"""
+:class:`Model` replays the tokens through one host clock and one device queue (the sim's cost model);
+:func:`plan_table` makes ``plans.csv``'s rows; :func:`attach_untraced` prices the host at a markers pass's
+untraced times; :func:`against_untraced` sets the savings against an eager step timed untraced.
+The model, the plans and the baselines: docs/audit.md ("The plans' cost model", "Untraced host times")."""
 
 from __future__ import annotations
 
@@ -106,11 +39,9 @@ TRACER_COST = {"record": "docs/measurements/h200-2026-12-03/audit-validate", "ru
 
 @dataclass
 class Untraced:
-    """A markers pass attached to a report (module docstring, "Untraced host times"): ``source`` (its file)
-    and ``sha256``, ``range_name`` (the NVTX range of the tokens), per token ``inside_us`` (its range) and
-    ``outside_us`` (to the next range; the last token the median of the others), ``waits_outside`` (the
-    recording's work between the ranges holds a blocking call: the untraced gap then holds a wait for the
-    eager step's device work, which a graph changes), ``notes``."""
+    """A markers pass attached to a report: ``source`` and ``sha256`` of its file, ``range_name``, per token
+    ``inside_us`` (its range) and ``outside_us`` (to the next range; the last token the median of the others),
+    ``waits_outside`` (a blocking call between the ranges), ``notes``, ``eager_us`` (:func:`untraced_eager`)."""
 
     source: str
     range_name: str
@@ -134,11 +65,8 @@ class Untraced:
 
 
 class Model:
-    """The cost model of the module docstring over one unit's tokens.
-
-    ``outside_dev``: per token the device µs the loop issues after it (:func:`ds4lab.audit.tokens.outside_device`);
-    ``step_tails``: per token the part of its tail inside its range (after its last call, µs); ``ranges_us``:
-    per token its traced range (µs): the last two for pricing at untraced times (:meth:`untraced`)."""
+    """The cost model (docs/audit.md) over one unit's tokens. ``outside_dev``: per token the loop's device µs
+    after it; ``step_tails``: per token the tail inside its range; ``ranges_us``: per token its traced range (µs)."""
 
     def __init__(self, cal, items_by_token: dict, tails_us: dict, pseudo: bool, node_gap_us: float | None = None,
                  *, outside_dev: dict | None = None, step_tails: dict | None = None,
@@ -157,10 +85,9 @@ class Model:
         self.host_untraced = False
 
     def untraced(self, u: Untraced) -> "Model":
-        """This model with the host priced at the markers pass ``u`` (module docstring): each token's calls
-        scaled by its untraced over traced range time, its tail the step tail so scaled plus the untraced
-        time outside the range; tokens paired by position. Raises ValueError when ``u`` holds another
-        number of tokens or this model has no range times (tokens not found from an NVTX range)."""
+        """This model with the host priced at the markers pass ``u``: each token's calls scaled by its untraced
+        over traced range time, tokens paired by position. Raises ValueError when ``u`` holds another number of tokens
+        or this model has no range times."""
         if len(u.inside_us) != len(self.tokens) or not self.ranges_us:
             raise ValueError(f"{u.source}: {len(u.inside_us)} untraced token(s) for {len(self.tokens)} traced "
                              + ("" if self.ranges_us else "(not found from an NVTX range)"))
@@ -177,13 +104,12 @@ class Model:
         return m
 
     def device_work_us(self) -> list:
-        """Per token, its measured device µs and the loop's after it (the device-bound floor of an eager token)."""
+        """Per token, its measured device µs and the loop's after it."""
         return [sum(du for it in self.items[t] for du in it.dev_us) + sum(self.outside_dev.get(t, ()))
                 for t in self.tokens]
 
     def without_host(self) -> "Model":
-        """This model with a host that takes no time but its graph launches and blocking calls (every gap,
-        call and tail 0): its whole-token plan is the device's floor, which no host time can lower."""
+        """This model with a host that takes no time but its graph launches and blocking calls: the device's floor."""
         items = {t: [dataclasses.replace(it, gap_us=0.0, dur_us=0.0) for it in its] for t, its in self.items.items()}
         m = Model(self.cal, items, {t: 0.0 for t in self.tokens}, self.pseudo, self.node_gap_us,
                   outside_dev=self.outside_dev, ranges_us=self.ranges_us)
@@ -191,14 +117,12 @@ class Model:
         return m
 
     def host_sets_whole(self, scalars: bool) -> bool:
-        """Whether the host's times set the whole-token plan (its median above the device's floor,
-        :meth:`without_host`): where they do not, a host priced too high (traced) does not change it."""
+        """Whether the host's times set the whole-token plan (its median above the device's floor)."""
         return float(np.median(self.whole(scalars))) > float(np.median(self.without_host().whole(scalars)))
 
     # ------------------------------------------------------------------ pieces
     def replay(self, submit: float, free: float, durs: list) -> float:
-        """Device end of a graph of nodes lasting ``durs`` (µs) launched at host time ``submit`` with the
-        device free at ``free`` (node pacing of the module docstring)."""
+        """Device end of a graph of nodes lasting ``durs`` (µs) launched at ``submit``, the device free at ``free``."""
         end = max(submit, free)
         first = end
         for i, d in enumerate(durs):
@@ -274,8 +198,7 @@ class Model:
         return per, float(np.mean(graphs)) if graphs else 0.0
 
     def _run(self, step, graph: bool = False) -> list[float]:
-        """Per token µs of ``step`` through the model; ``graph``: the whole token is one graph (with
-        untraced host times, the step's own code after its last call does not run)."""
+        """Per token µs of ``step``; ``graph``: the whole token is one graph."""
         h = d = 0.0
         out = []
         for t in self.tokens:
@@ -289,10 +212,9 @@ class Model:
 
 
 def measured_eager(starts_ns: list, dev_starts_ns: list, tails_us: dict, items_by_token: dict) -> list[float]:
-    """Measured µs per token: the larger of its host period (first call to the next token's first
-    call) and its device period (first device work to the next token's first device work: a device
-    that falls behind the host sets the pace); the last token, which has no next: its calls' host
-    time plus the median tail of the others, or the median of the others' periods when larger."""
+    """Measured µs per token: the larger of its host period and its device period (to the next token's
+    first call, first device work); the last token: its calls' host time plus its tail, or the others' median
+    period when larger."""
     out = []
     for t in sorted(items_by_token):
         if t + 1 < len(starts_ns):
@@ -308,8 +230,7 @@ def measured_eager(starts_ns: list, dev_starts_ns: list, tails_us: dict, items_b
 
 
 def tails(starts_ns: list, items_by_token: dict, ends_ns: dict) -> dict:
-    """Per token the host time after its last call to the next token's first call (µs); the last
-    token gets the median of the others (the trace does not show its next token)."""
+    """Per token the host µs after its last call to the next token's first call; the last token the others' median."""
     out = {}
     for t in sorted(items_by_token):
         if t + 1 < len(starts_ns) and t in ends_ns:
@@ -323,15 +244,10 @@ def tails(starts_ns: list, items_by_token: dict, ends_ns: dict) -> dict:
 def plan_row(plan: str, mode: str, per: list[float], measured: list[float], graphs: float, eager_launches: float,
              cal_label: str, path: str = RECORDED_PATH, *, untraced: list | None = None, untraced_source: str = "",
              host_times: str = TRACED, floor: list | None = None) -> dict:
-    """One ``plans.csv`` row (:func:`plan_table`'s columns): ``per`` the predicted µs of each token, paired
-    by position with ``measured`` (the eager µs of the same tokens) for the saving; ``path``: the
-    recording the prediction is modeled on (:data:`RECORDED_PATH`, or the capture-path pass:
-    :mod:`ds4lab.audit.capture_path`); ``host_times``: what the host is priced at (:data:`TRACED`, or a
-    markers pass's :attr:`Untraced.label`); ``untraced``: the untraced eager µs of the same tokens, paired
-    by position (:func:`untraced_eager`; ``untraced_source`` says where it comes from): the saving against
-    it (``baseline`` :data:`UNTRACED`, as :func:`against_untraced` names its columns, with a 95 % interval);
-    ``floor``: the same plan with a host that takes no time (:meth:`Model.without_host`), per token:
-    ``device_floor_us``, its median (NaN without it)."""
+    """One ``plans.csv`` row (:func:`plan_table`'s columns): ``per`` the predicted µs of each token, paired by
+    position with ``measured``; ``path``: the recording it is modeled on; ``host_times``: what the host is priced at;
+    ``untraced``: the untraced eager µs of the same tokens (the saving against it, ``baseline`` :data:`UNTRACED`);
+    ``floor``: the same plan without host time (``device_floor_us``, NaN without it)."""
     st = Stats.of(per)
     diff = paired_difference(per, measured)  # measured − predicted, per token: the saving
     base = float(np.median(measured))
@@ -355,8 +271,7 @@ def plan_row(plan: str, mode: str, per: list[float], measured: list[float], grap
 
 
 def untraced_eager(u: Untraced, model: Model) -> list[float]:
-    """The untraced eager µs of each token (module docstring): the markers pass's host period, or the
-    token's measured device work with the loop's after it (``model``: the recording's) where that is longer."""
+    """The untraced eager µs of each token: the markers pass's host period, or the token's device work where longer."""
     return [max(a, b) for a, b in zip(u.period_us, model.device_work_us())]
 
 
@@ -364,19 +279,11 @@ def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: 
                launches_per_token: float, cal_label: str, *, check_model: Model | None = None,
                untraced: list | None = None, untraced_source: str = "", host_times: str = TRACED) -> pd.DataFrame:
     """``plans.csv``-style rows: ``plan``, ``mode``, ``graphs_per_token``, ``eager_launches_per_token``,
-    ``predicted_us`` (median) with ``predicted_p25``/``p75``, ``eager_measured_us`` (median),
-    ``saving_us`` (median of the paired per-token differences, measured − predicted) with
-    ``saving_lo``/``saving_hi`` (95 %), ``measurable``, ``saving_pct``, ``calibration`` (``cal_label``:
-    the calibration as titles name it, :func:`ds4lab.report.provenance.calibration_label`: its name
-    when shipped, else name, path and short SHA-256), ``modeled`` (always True: the predictions and
-    savings are modeled; ``eager_measured_us`` is the trace's own, which the audit's ``plans.csv``
-    says in ``eager_modeled``), ``path`` (:data:`RECORDED_PATH`: the recorded tokens the plans are modeled on),
-    ``host_times`` (``host_times``: what ``model``'s host is priced at), ``device_floor_us`` (the plan with a
-    host that takes no time: no host time can bring it lower, :meth:`Model.without_host`).
-
-    ``check_model``: the model of the ``eager (model check)`` row (the trace as it is; None: ``model``);
-    ``untraced`` (per token) and ``untraced_source``: the untraced eager step the savings are also set
-    against (:func:`plan_row`)."""
+    ``predicted_us`` (median) with ``predicted_p25``/``p75``, ``eager_measured_us``, ``saving_us`` (median paired
+    difference, measured − predicted) with ``saving_lo``/``saving_hi`` (95 %), ``measurable``, ``saving_pct``,
+    ``calibration`` (``cal_label``), ``modeled``, ``path``, ``host_times``, ``device_floor_us``.
+    ``check_model``: the model of the ``eager (model check)`` row (None: ``model``); ``untraced`` and
+    ``untraced_source``: an untraced eager step the savings are also set against (:func:`plan_row`)."""
     rows = []
     bare = model.without_host()
 
@@ -399,10 +306,9 @@ def plan_table(model: Model, measured: list[float], shapes: list[int], scalars: 
 
 
 def tracer_cost(folder) -> dict:
-    """:data:`TRACER_COST` computed from an ``audit validate`` record ``folder``: per run (a folder with
-    ``engine.json`` and ``plans.csv``), the recorded path's ``eager (model check)`` row's measured eager µs
-    (the traced step) minus ``engine.json``'s ``eager_us`` (the step timed untraced), over its eager
-    launches per token. Returns ``runs``, ``median_us``, ``min_us``, ``max_us`` (µs per launch)."""
+    """:data:`TRACER_COST` from an ``audit validate`` record ``folder``: per run, the recorded ``eager (model
+    check)`` row's measured eager µs minus ``engine.json``'s ``eager_us``, over its eager launches per token.
+    Returns ``runs``, ``median_us``, ``min_us``, ``max_us``; ValueError for a folder without such a run."""
     per = []
     for run in sorted(Path(folder).iterdir()):
         if not (run / "engine.json").is_file() or not (run / "plans.csv").is_file():
@@ -427,17 +333,10 @@ def tracer_cost_text() -> str:
 
 
 def against_untraced(plans: pd.DataFrame, untraced_us: float, source: str) -> pd.DataFrame:
-    """``plans`` (:func:`plan_table`'s) with the saving of each graph plan against an eager step timed
-    untraced, ``untraced_us`` (µs; ``source`` says where it was measured): ``baseline`` (:data:`UNTRACED`),
-    ``eager_untraced_us``, ``untraced_source``, ``saving_untraced_us`` (``untraced_us`` − the predicted
-    median) with ``saving_untraced_lo``/``_hi`` (``untraced_us`` − the predicted 75th/25th percentile: the
-    prediction's spread over the tokens; the untraced step was timed apart, so nothing pairs them and
-    there is no confidence interval), ``saving_untraced_pct``. The ``eager (model check)`` row keeps the
-    traced step only (the model models the trace). The traced saving's columns stay as they were.
-
-    Raises:
-        ValueError: ``untraced_us`` not a positive number.
-    """
+    """``plans`` with the saving of each graph plan against an eager step timed untraced, ``untraced_us`` (µs;
+    ``source`` says where): ``baseline``, ``eager_untraced_us``, ``untraced_source``, ``saving_untraced_us`` with
+    ``_lo``/``_hi`` (against the predicted 75th/25th percentile: no pairing, no interval), ``saving_untraced_pct``;
+    the model-check row keeps the traced step. Raises ValueError: ``untraced_us`` not a positive number."""
     u = float(untraced_us)
     if not np.isfinite(u) or u <= 0:
         raise ValueError(f"untraced eager step {untraced_us!r} µs: must be a positive number")
@@ -454,8 +353,7 @@ def against_untraced(plans: pd.DataFrame, untraced_us: float, source: str) -> pd
 
 
 def baseline(plans) -> str:
-    """Which eager step ``plans``' savings are against: :data:`UNTRACED` where :func:`against_untraced`
-    added one, else :data:`TRACED`."""
+    """Which eager step ``plans``' savings are against: :data:`UNTRACED` or :data:`TRACED`."""
     if plans is None or plans.empty or "baseline" not in plans:
         return TRACED
     return str(plans["baseline"].iloc[0])
@@ -463,9 +361,8 @@ def baseline(plans) -> str:
 
 # ----------------------------------------------------------------------------- untraced host times
 def range_times(tokens, ends_ns: dict) -> tuple[dict, dict]:
-    """Per token of NVTX-range ``tokens`` (:class:`ds4lab.audit.tokens.Tokens`), its step tail (µs from its
-    last call, ``ends_ns[t]``, to its range's end) and its range (µs); ({}, {}) for tokens not found from a
-    range."""
+    """Per NVTX-range token, its step tail (µs from its last call, ``ends_ns[t]``, to its range's end) and its
+    range (µs); ({}, {}) for tokens not found from a range."""
     if tokens.range_name is None:
         return {}, {}
     steps = {t: max(tokens.end_ns[t] - e, 0) / 1e3 for t, e in ends_ns.items() if t < len(tokens.end_ns)}
@@ -494,8 +391,7 @@ def _check_same_program(table, recorded) -> None:
 
 
 def _waits_between(report) -> bool:
-    """Whether the recording's work between two NVTX-range tokens holds a wait for the device (a
-    synchronization, a device-to-host copy)."""
+    """Whether the recording's work between two NVTX-range tokens waits for the device."""
     f, tk = report.unit.frame, report.tokens
     out = (tk.token < 0) & (((f["kind"] == "sync")) | ((f["kind"] == "memcpy")
                                                        & f["copy_kind"].astype(str).str.contains("DtoH")))
@@ -508,24 +404,12 @@ def _waits_between(report) -> bool:
 
 
 def attach_untraced(report, table, *, recorded=None) -> Untraced:
-    """Price ``report``'s plans at the untraced host times of the markers pass ``table`` (an event table of
-    the same program's NVTX ranges: :mod:`ds4lab.trace.recording`; module docstring "Untraced host times").
-    Changes ``report.plans`` (every graph plan and span modeled again; ``host_times`` names the pass; the
-    savings also against the untraced eager tokens, paired by position), ``report.untraced`` and
-    ``report.notes``; returns the :class:`Untraced`. Attach it before a capture-path pass
-    (:func:`ds4lab.audit.capture_path.attach`), whose graph plans then take the same untraced times.
-
-    Args:
-        report: the recorded tokens' :class:`~ds4lab.audit.analysis.AuditReport`.
-        table: the markers pass, read (:func:`ds4lab.trace.sources.read_events`).
-        recorded: the recording's event table, where its header can name the program.
-
-    Raises:
-        ValueError: a report without plans, or with a capture-path pass attached already; a table that is
-            no markers pass, or one of another program (its header's argv, engine, cache, dtype), or one whose
-            program failed where the recording's did not; tokens not found from an NVTX range, or a pass
-            whose ranges are not as many as the tokens (:func:`ds4lab.audit.tokens.untraced_ranges`).
-    """
+    """Price ``report``'s plans at the untraced host times of the markers pass ``table`` (the same program's
+    NVTX ranges, read). Changes ``report.plans``, ``report.untraced`` and ``report.notes``; returns the
+    :class:`Untraced`. Attach it before a capture-path pass. ``recorded``: the recording's table, whose header
+    names the program. Raises ValueError: a report without plans or with a capture-path pass attached; a table
+    that is no markers pass, of another program, or whose program failed where the recording's did not; tokens
+    not found from an NVTX range, or ranges not as many as the tokens."""
     from .tokens import untraced_ranges
 
     if report.plans is None or report.plans.empty or report.model is None:
@@ -566,11 +450,9 @@ def untraced_source(u: Untraced) -> str:
 
 
 def attach_untraced_beside(report, recording, *, recorded=None) -> Untraced | None:
-    """:func:`attach_untraced` the markers pass saved beside ``recording``
-    (:func:`ds4lab.trace.recording.markers_beside`), where there is one; a pass that cannot be read or is
-    refused (:func:`attach_untraced`'s reasons) is said in ``report.notes`` (a line starting
-    :data:`MARKERS_NOT_USED`) and leaves the plans as they are. Where there is none, a note says the host is
-    priced at the recording's traced times. Returns the :class:`Untraced`, or None."""
+    """:func:`attach_untraced` the markers pass beside ``recording``, where there is one; one that cannot be
+    read or is refused is said in ``report.notes`` (:data:`MARKERS_NOT_USED`), none at all in a note too.
+    Returns the :class:`Untraced`, or None."""
     from ..trace.recording import markers_beside
     from ..trace.sources import SourceError, read_events
 

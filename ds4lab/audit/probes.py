@@ -1,22 +1,9 @@
 """What each call class does to a capture, asked of the simulated runtime.
 
-For a call class (:mod:`ds4lab.audit.calls`) and a capture mode, :func:`probe` builds a fresh
-:class:`~ds4lab.sim.backend.SimBackend` (timing only: no numbers needed), makes what the class needs beforehand
-(buffers, pinned host memory, an event recorded before the capture, an instantiated graph), begins a capture in that
-mode on a non-blocking stream (as ``torch.cuda.graph`` and ds4's accessor capture), makes whatever must happen inside
-the capture first (an event recorded on the capturing stream), then makes *the* call and reads what happened: the error
-it raised, whether the capture is invalidated, which graph nodes it added, whether it ran device work now, which rules
-of :data:`ds4lab.sim.rules.RULES` decided it (the runtime's ``fired`` log). Results are cached: the sim is
-deterministic.
-
-The verdict (:meth:`ProbeResult.verdict`):
-
-* **invalidates** — the call fails or succeeds, and the capture is invalidated (ending it fails);
-* **refused** — the call fails with an error, the capture goes on;
-* **not in graph** — no error, and a rule whose outcome is ``escapes`` decided it: the work ran once, now, and is
-  missing from every replay;
-* **allowed** — a rule put it in the graph, marked a dependency, or answered on the host;
-* **no rule** — no rule of the table fired for it (or no probe exists for the class): said, never allowed silently."""
+:func:`probe` makes one call class's call on a fresh :class:`~ds4lab.sim.backend.SimBackend` while a stream
+captures in a mode, and reads what the sim's rules did (:class:`ProbeResult`, its :meth:`~ProbeResult.verdict`:
+invalidates, refused, not in graph, allowed, no rule). How a probe runs and what each verdict means:
+docs/call-classes.md, "The probes"."""
 
 from __future__ import annotations
 
@@ -40,16 +27,9 @@ f32 = np.float32
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What the sim did with one call class in one capture mode (module docstring).
-
-    Attributes:
-        key: the call class; mode: the capture mode.
-        error: the error name the call raised (``cudaError…``, ``cupy:…``, ``cublas:…``) or None.
-        status: the capture's status right after the call (``active``, ``invalidated``).
-        end_error: the error ending the capture raised, or None.
-        nodes: kinds of the graph nodes the call added.
-        eager: device work items the call ran at once.
-        rules: the rules that decided the call, in order (keys of :data:`~ds4lab.sim.rules.RULES`)."""
+    """What the sim did with one call class (``key``) in one capture ``mode``: ``error`` (the name raised, or None),
+    ``status`` (the capture's, right after), ``end_error`` (ending it, or None), ``nodes`` (kinds added), ``eager``
+    (device work run at once), ``rules`` (those that decided it, in order: keys of :data:`~ds4lab.sim.rules.RULES`)."""
 
     key: str
     mode: str
@@ -75,8 +55,7 @@ class ProbeResult:
 
     @property
     def rule(self) -> str:
-        """The rule that decided the verdict: the one that raised, else one that let the work escape, else the last one
-        that fired ("" when none did)."""
+        """The deciding rule: the one that raised, else one that let the work escape, else the last fired ("": none)."""
         if not self.rules:
             return ""
         if self.error:
@@ -88,8 +67,7 @@ class ProbeResult:
 
 
 class _Ctx:
-    """The objects a probe uses: its backend, the capturing stream ``s``, two other non-blocking streams, a device
-    buffer, a pageable host array, events, and what a setup step made (``held``)."""
+    """A probe's objects: backend, capturing stream ``s``, two other streams, buffers, events, ``held`` (from setup)."""
 
     def __init__(self, be) -> None:
         self.be = be
@@ -222,11 +200,8 @@ def has_probe(key: str | None) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def probe(key: str, mode: str) -> ProbeResult:
-    """Run call class ``key``'s probe in capture ``mode`` on a fresh sim (module docstring); cached.
-
-    Raises:
-        KeyError: no probe for ``key`` (check :func:`has_probe`).
-        ValueError: an unknown ``mode``."""
+    """Run call class ``key``'s probe in capture ``mode`` on a fresh sim; cached. Raises KeyError: no probe for
+    ``key`` (:func:`has_probe`); ValueError: an unknown ``mode``."""
     from ..sim.backend import SimBackend
 
     if mode not in CAPTURE_MODES:

@@ -1,15 +1,9 @@
 """The empirical check for PyTorch engines (:func:`check_replay`; GPU and torch needed): capture the user's step with
 ``torch.cuda.graph``, replay it at the next positions against an eager twin restored from a snapshot of ``state``,
-and say what the graph did: **refused** (the capture raised), **replays right** (every replay's outputs match the
-eager step's at the same position: relative L2 within ``rtol``, 1e-3 in float32, 2e-2 in bf16/half, and the same
-argmax), **replays wrong** (the first position and output that differ). Each replay starts from the true state, so
-the first position that differs is the first the graph gets wrong. Usage, what ``state`` and ``capacity`` take, and
-what is refused (:class:`StateError`): ``docs/audit-arguments.md``, "The empirical check".
-
-The replays are then timed with CUDA events three ways: a loop of ``advance`` and replay that never waits for the
-device (blocks of :data:`TIMED_STEPS` steps: host and device overlap, a step costs the slower of the two;
-``replay_us``), the same loop waiting for every replay (``replay_sync_us``: launch latency and the wait inside), and
-the graph's device time alone (``replay_device_us``)."""
+and say what the graph did (**refused**, **replays right**: every output within ``rtol`` and the same argmax,
+**replays wrong**: the first position and output that differ), then time the replays with CUDA events
+(``replay_us``, ``replay_sync_us``, ``replay_device_us``). Usage, ``state``, ``capacity`` and
+:class:`StateError`: docs/audit-arguments.md, "The empirical check"."""
 
 from __future__ import annotations
 
@@ -33,14 +27,11 @@ REFUSED, RIGHT, WRONG = "refused", "captured, replays right", "captured, replays
 
 @dataclass
 class ReplayCheck:
-    """What :func:`check_replay` found. ``outcome``: :data:`REFUSED`, :data:`RIGHT`, :data:`WRONG`; ``verdict``: the
-    same in the audit's words (refused / replays right / replays wrong); ``first_position``/``first_output``: where
-    the replay first differs (None when it does not); ``captured_at``; ``errors``: per compared position
-    ``{position, output, rel_err, same_argmax}``; ``replay_us``: µs per step of a loop of ``advance`` and replay
-    that never waits for the device (median of blocks, CUDA events), ``replay_spread`` its (p25, p75);
-    ``replay_sync_us``: µs per step when the host waits for each replay (synchronize, inside the events);
-    ``replay_device_us``: the graph's device time alone per replay; ``graph_kernels``: the captured graph's kernel
-    nodes; ``detail``: one sentence; ``error``: the capture's exception, when refused."""
+    """What :func:`check_replay` found: ``outcome`` (:data:`REFUSED`, :data:`RIGHT`, :data:`WRONG`), ``verdict``
+    (the audit's words), ``first_position``/``first_output`` (None: none differs), ``captured_at``, ``errors`` (per
+    position ``{position, output, rel_err, same_argmax}``), ``replay_us`` (µs per step of a loop of ``advance`` and
+    replay that never waits, median of blocks) with ``replay_spread`` (p25, p75), ``replay_sync_us`` (waiting for
+    each replay), ``replay_device_us`` (the graph's device time), ``graph_kernels``, ``detail``, ``error``."""
 
     outcome: str
     detail: str = ""
@@ -182,9 +173,7 @@ class TorchOps:
         return g, out
 
     def graph_kernels(self, g) -> int | None:
-        """The kernel nodes of a captured graph (``cuGraphGetNodes``, ``cuGraphNodeGetType`` ==
-        ``CU_GRAPH_NODE_TYPE_KERNEL``, statuses checked); None where the graph was not kept or a call failed. A kept
-        graph is instantiated by its first replay (PyTorch, ``CUDAGraph(keep_graph=True)``)."""
+        """The kernel nodes of a kept captured graph (``cuGraphGetNodes``); None where not kept or a call failed."""
         import ctypes
 
         try:
@@ -267,9 +256,7 @@ class TorchOps:
         return out
 
     def time_device(self, g, n: int) -> list[float]:
-        """µs of the graph's own device time per replay: ``n`` replays, each queued behind a spinning kernel
-        (``torch.cuda._sleep``) so that the events around it time the device alone, with no launch latency of the
-        host inside."""
+        """µs of the graph's device time per replay: ``n`` replays, each queued behind a spinning kernel."""
         t = self.t
         out = []
         for _ in range(n):
@@ -285,36 +272,21 @@ class TorchOps:
 
 
 class StateError(BadInput):
-    """The state handed to :func:`check_replay` cannot be snapshotted or put back (one line naming the object, its type
-    and why)."""
+    """The state cannot be snapshotted or put back (naming the object, its type and why)."""
 
 
 def check_replay(step, state, *, advance=None, start: int = 0, positions: int = 6, warmup: int = 2,
                  rtol: float | None = None, time_replays: int = 10, capacity: int | None = None,
                  ops=None) -> ReplayCheck:
-    """Capture ``step`` and hold its replays to an eager twin (module docstring).
+    """Capture ``step`` (one decode step on static inputs) and hold its replays to an eager twin.
 
-    Args:
-        step: one decode step on static inputs, returning its output tensor(s).
-        state: what the step reads and changes between positions (module docstring): caches, modules or objects holding
-            counters. A module's parameters (``nn.Parameter``) are left out of the snapshot (a decode step does not
-            change its weights); everything is put back without autograd.
-        advance: ``advance(position)`` writes the inputs of a position (None: the step needs none).
-        start: the first position the warm-up runs at.
-        positions: replays compared (at ``capture + 1`` …), fewer where ``capacity`` leaves less room.
-        rtol: relative L2 error a right replay stays within (None: by the outputs' dtype, :data:`RTOL`).
-        time_replays: replays timed (0: none).
-        capacity: the positions the state holds (a static cache's length; None: unbounded). No step runs at a position
-            at or past it: the compared positions are cut to fit, and where the timed loops would run past it each
-            timed block starts again from the state after the comparison (put back outside the timed events), its steps
-            cut to fit. ``positions_compared`` and ``steps_timed`` say how many were.
-        ops: the PyTorch side (:class:`TorchOps`; None: torch).
-
-    Never raises for what the capture does: a capture that raises is ``refused``.
-
-    Raises:
-        StateError: the state cannot be snapshotted or put back (naming the object and why), or ``capacity`` leaves no
-            position to compare after the warm-up and the capture."""
+    ``state``: what the step reads and changes between positions (its ``nn.Parameter`` left out of the snapshot);
+    ``advance(position)``: writes a position's inputs (None: none); ``start``: the warm-up's first position;
+    ``positions``: replays compared; ``rtol``: the relative L2 error a right replay stays within (None:
+    :data:`RTOL` by dtype); ``time_replays``: replays timed (0: none); ``capacity``: the positions the state holds
+    (None: unbounded; no step runs at or past it, ``positions_compared`` and ``steps_timed`` say how many did);
+    ``ops``: the PyTorch side (None: torch). A capture that raises is ``refused``. Raises StateError: the state
+    cannot be snapshotted or put back (naming the object and why), or ``capacity`` leaves no position to compare."""
     if ops is None:
         import torch
 
@@ -400,9 +372,7 @@ def _check(step, state, advance, start, positions, warmup, rtol, time_replays, c
 
 
 def _time(res: ReplayCheck, graph, adv, p0: int, state, ops, rounds: int, capacity) -> None:
-    """Time the replays three ways (module docstring) from position ``p0``; where ``capacity`` leaves fewer positions
-    than the loops take, each block starts again from the state at ``p0`` (put back outside the events) and its
-    steps are cut to fit."""
+    """Time the replays three ways from ``p0``, blocks restarting from its state where ``capacity`` is short."""
     p = p0
     fits = capacity is None or capacity - p0 >= 1 + TIMED_STEPS * rounds + 2 * rounds
 

@@ -1,9 +1,7 @@
-"""The audit's outputs: its tables (:func:`tables`: ``audit.csv`` one row per finding, ``tokens.csv``, ``spans.csv``,
-``plans.csv`` MODELED, ``arguments.csv`` where an argument pass goes with the trace), figures (:func:`figures`: one
-token's timeline per unit), ``meta.json`` keys (:func:`audit_meta`), which the ``audit`` job writes, and the
-terminal summary (:func:`summary`). Every row carries its ``source``, ``pid`` and ``device`` (one report per unit,
-never summed) and where its times come from (``tool``, ``modeled``, ``calibration``, the plans' ``baseline``), so a
-copied file still says it. The files' columns: ``docs/audit.md``."""
+"""The audit's outputs: its tables (:func:`tables`), figures (:func:`figures`), ``meta.json`` keys
+(:func:`audit_meta`), which the ``audit`` job writes, and the terminal summary (:func:`summary`). Every row carries
+its ``source``, ``pid``, ``device`` and where its times come from, so a copied file still says it. The files'
+columns: docs/audit.md."""
 
 from __future__ import annotations
 
@@ -87,9 +85,8 @@ def _plans_csv(r) -> pd.DataFrame:
 
 
 def tables(reports) -> dict:
-    """The tables of the module docstring, one set for all ``reports``: ``{"audit", "tokens", "spans", "plans"}`` →
-    DataFrame (each written as ``<name>.csv``), and ``"arguments"`` where a report holds its kernel arguments
-    compared (:func:`ds4lab.audit.frozen.table`)."""
+    """``{"audit", "tokens", "spans", "plans"}`` → DataFrame for all ``reports`` (each ``<name>.csv``), and
+    ``"arguments"`` where a report holds its kernel arguments compared."""
     parts = {"audit": [_with_unit(r.findings, r) for r in reports], "tokens": [_tokens_csv(r) for r in reports],
              "spans": [_spans_csv(r) for r in reports], "plans": [_plans_csv(r) for r in reports]}
     out = {}
@@ -116,14 +113,9 @@ def figures(reports) -> dict:
 
 
 # ----------------------------------------------------------------------------- terminal
-_HEAD = {INVALIDATES: "[bold red]invalidates the capture[/]", REFUSED: "[bold dark_orange]refused (the call fails)[/]",
-         NOT_IN_GRAPH: "[bold magenta]runs once, missing from every replay[/]", NO_RULE: "[bold]no rule[/]"}
-
-
 def summary(reports, console, max_rows: int = 12) -> None:
-    """Print what matters first: calls that invalidate or are refused, work missing from the graph, calls no rule
-    covers; then frozen decisions (variation) and host data; then the plans (MODELED); then what was left out or
-    assumed."""
+    """Print what matters first: invalidating and refused calls, work missing from the graph, calls no rule covers;
+    then frozen decisions and host data; then the plans (MODELED); then what was left out or assumed."""
     from rich.table import Table
 
     for r in reports:
@@ -179,8 +171,7 @@ def summary(reports, console, max_rows: int = 12) -> None:
 
 
 def _replay(r, console, max_rows: int) -> None:
-    """The replay verdict (:func:`ds4lab.audit.frozen.verdict`), what it rests on, and the kernel arguments that differ
-    between tokens."""
+    """The replay verdict, what it rests on, and the kernel arguments that differ between tokens."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -298,10 +289,8 @@ def _plans(r, console) -> None:
 
 
 def write(reports, folder, meta: dict | None = None) -> list:
-    """Write the audit's tables (:func:`tables`), its ``meta.json`` and its figures (:func:`figures`) into ``folder``
-    as it is, outside any result folder's life cycle (``ds4lab audit validate``'s per-run reports when no job writes
-    them). Returns the files written. A job writes them through its :class:`~ds4lab.jobs.result.Output` instead
-    (:func:`ds4lab.jobs.audit.write_audit`)."""
+    """Write the audit's tables, ``meta.json`` and figures into ``folder`` outside any job (``audit validate``'s
+    per-run reports); returns the files. A job writes them through :func:`ds4lab.jobs.audit.write_audit` instead."""
     import matplotlib.pyplot as plt
 
     from ..report.plots import save

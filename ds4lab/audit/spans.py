@@ -1,15 +1,10 @@
-"""Capturable spans: the runs of a token's calls between hazards (ds4's decode "islands", found from the trace instead
-of by hand).
+"""Capturable spans: the runs of a token's calls between hazards (ds4's decode "islands", found from the trace).
 
-A token is its main thread's calls in order (:func:`token_items`): each with the host time before it (the gap since the
-previous call ended), its own duration, the device work it issued (the durations of its correlated device rows),
-whether it blocks the host (a synchronize, a synchronous copy, a device-to-host copy into pageable memory: CUDA Runtime
-API, "API synchronization behavior") and its verdict per mode. In one capture mode a **span** is a maximal run of calls
-that are each *allowed* and not a launch a graph would freeze wrongly (a kernel whose presence, count, grid or by-value
-arguments change across tokens: :mod:`ds4lab.audit.variation`), holding at least ``min_launches`` launches of device
-work; everything else stays eager, as today. Spans are listed largest first (by launches), for a representative token
-(the first of the most common token shape), each with how many tokens hold a span with the same launches, first and
-last kernel."""
+:func:`token_items` gives a token's main-thread calls in order (:class:`Item`: the gap before, the duration, the
+device work issued, whether it blocks the host: CUDA Runtime API, "API synchronization behavior", the verdict per
+mode). In one mode a span is a maximal run of calls each *allowed* and not a launch a graph would freeze wrongly
+(:mod:`ds4lab.audit.variation`), holding at least ``min_launches`` launches (:func:`spans_of`); :func:`span_table`
+lists them largest first for a representative token (the first of the most common shape)."""
 
 from __future__ import annotations
 
@@ -102,8 +97,7 @@ def spans_of(items: list, mode: str, min_launches: int = MIN_LAUNCHES) -> list[t
 
 
 def representative(shapes: list, items_by_token: dict) -> int:
-    """The token ``spans.csv`` and the figure show: the first token of the most common shape that has calls (else the
-    first token that has calls)."""
+    """The token shown: the first of the most common shape with calls (else the first with calls)."""
     for shape in pd.Series(shapes).value_counts().index:
         for t, s in enumerate(shapes):
             if s == shape and t in items_by_token:
@@ -112,11 +106,9 @@ def representative(shapes: list, items_by_token: dict) -> int:
 
 
 def span_table(items_by_token: dict, shapes: list[int], modes, replay_us) -> pd.DataFrame:
-    """``spans.csv``: per mode, the spans of the representative token, largest first, with ``launches``,
-    ``first_kernel``, ``last_kernel``, ``from_where``/``to_where`` (first and last call's place),
-    ``broken_before``/``broken_after`` (the hazard or frozen launch next to it), ``gpu_us`` and ``eager_host_us``
-    (its calls' gaps and durations: what issuing it costs eagerly), ``replay_us`` (MODELED: ``replay_us(list of
-    device µs)``), ``tokens_with_it``."""
+    """``spans.csv``: per mode, the representative token's spans, largest first: ``launches``, ``first_kernel``,
+    ``last_kernel``, ``from_where``/``to_where``, ``broken_before``/``broken_after``, ``gpu_us``, ``eager_host_us``,
+    ``replay_us`` (MODELED), ``tokens_with_it``."""
     if not items_by_token:
         return pd.DataFrame()
     rep = representative(shapes, items_by_token)

@@ -1,27 +1,12 @@
 """Decode steps run as a user runs them, for ``ds4lab audit validate``: the scripts of a steps folder
-(``ds4lab/data/steps/`` by default; every ``*.py`` not starting with ``_``), each a decode loop that
-marks its steps with an NVTX range and follows the contract of ``docs/audit-arguments.md`` ("Validation
-on the user's path"): ``--list`` (its caches and dtypes), the loop (``--cache``, ``--dtype``), ``--truth
-OUT.json`` (what ``torch.cuda.graph`` does with one step) and ``make_step``. ds4lab never imports them in
-its own process and never reads their source.
+(``ds4lab/data/steps/`` by default; every ``*.py`` not starting with ``_``), each following the contract of
+docs/audit-arguments.md ("``ds4lab audit validate --out DIR``"). ds4lab never imports them in its own process.
 
-One run (:func:`run_step`: family × cache × dtype, into ``<family>-<cache>-<dtype>/``), each part a
-subprocess of this interpreter, so a step that kills its CUDA context costs only that part:
-
-1. the recording, exactly as ``ds4lab audit run -- python SCRIPT --cache C --dtype D`` makes it
-   (:func:`ds4lab.trace.recording.run_script`: the timed pass, the capture-path pass where the step asks
-   PyTorch whether the stream captures, the markers pass, the argument pass; no ``--token-range``: the
-   tokens are found as a user's are): ``recording.csv.gz``, ``capture-path.csv.gz``,
-   ``recording.markers.csv.gz``, ``arguments.csv.gz``, ``arguments.json.gz``;
-2. the truth: ``python SCRIPT --cache C --dtype D --truth truth.json`` (untraced: no NVTX injection);
-3. :func:`~ds4lab.audit.replay_check.check_replay` on the script's ``make_step`` (``python -m
-   ds4lab.audit.steps check …``: ``check.json``), its ``capacity`` held, and (``capture_cost``) the argument
-   capture's cost per launch (:func:`~ds4lab.audit.arguments.measure_overhead`) on the same step.
-
-``engine.json`` gathers them (what :func:`ds4lab.audit.validate.saved_run` reads back, also with
-``--runs-from`` on the CPU), with ``seconds``: each part's wall-clock time (the record of where a run's
-time goes).
-"""
+:func:`run_step` makes one run (family × cache × dtype, into ``<family>-<cache>-<dtype>/``), each part a
+subprocess so a step that kills its CUDA context costs only that part: the recording with its passes
+(:func:`ds4lab.trace.recording.run_script`), the truth (``--truth truth.json``, untraced) and :func:`check`
+(check_replay on ``make_step``, and the argument capture's cost). ``engine.json`` gathers them, with each part's
+``seconds``."""
 
 from __future__ import annotations
 
@@ -49,15 +34,8 @@ def steps_folder(folder=None) -> Path:
 
 
 def discover(folder=None, names=()) -> list[Path]:
-    """The family scripts of a steps folder (``*.py`` whose name does not start with ``_``), by name; with
-    ``names``, only the scripts named by one of them (a script's file name without ``.py``, which the shipped
-    families take as their family name) where any is, so that only those are asked their ``--list`` (each
-    a process that imports torch); every script where none is (the names are caches, or families whose
-    scripts are named otherwise).
-
-    Raises:
-        BadInput: no such folder, or no script in it (naming the folder).
-    """
+    """The family scripts of a steps folder, by name; with ``names``, only the scripts one of them names where any
+    does (so only those are asked their ``--list``), else all. Raises BadInput: no such folder, or no script in it."""
     d = steps_folder(folder)
     if not d.is_dir():
         raise BadInput(f"steps folder {d}: no such folder")
@@ -69,9 +47,7 @@ def discover(folder=None, names=()) -> list[Path]:
 
 
 def _env() -> dict:
-    """The environment of a part that records nothing (``--list``, the truth, check_replay): ds4lab importable,
-    and no NVTX injection (the truth's timed loop pushes the script's NVTX range, which must reach no tool;
-    the recording passes set their own, :func:`ds4lab.trace.recording.run_script`)."""
+    """The environment of a part that records nothing: ds4lab importable, no NVTX injection."""
     env = dict(os.environ)
     env.pop("NVTX_INJECTION64_PATH", None)
     root = str(Path(__file__).resolve().parents[2])
@@ -91,11 +67,8 @@ def _tail(r: subprocess.CompletedProcess, n: int = 6) -> str:
 
 
 def listing(script: Path, timeout: float = 300) -> dict:
-    """What ``python SCRIPT --list`` prints: ``{"family", "caches", "dtypes", "script"}``.
-
-    Raises:
-        BadInput: the script fails, or prints no such JSON object (naming the script and its last lines).
-    """
+    """What ``python SCRIPT --list`` prints: ``{"family", "caches", "dtypes", "script"}``. Raises BadInput: the script
+    fails or prints no such object (naming it and its last lines)."""
     r = _run([sys.executable, str(script), "--list"], timeout)
     for line in reversed((r.stdout or "").strip().splitlines()):
         try:
@@ -109,10 +82,8 @@ def listing(script: Path, timeout: float = 300) -> dict:
 
 def run_step(script: Path, family: str, cache: str, dtype: str, out: Path, *, say=print,
              capture_cost: bool = True) -> dict:
-    """One run of a family script (module docstring) into ``out/<family>-<cache>-<dtype>/``; returns what
-    ``engine.json`` holds (``error`` set where a part failed, the others kept). ``capture_cost``: measure
-    the argument capture's cost per launch beside check_replay (False: not, and the recording is not read
-    again for its launches per step)."""
+    """One run of a family script into ``out/<family>-<cache>-<dtype>/``; returns ``engine.json``'s fields
+    (``error`` where a part failed). ``capture_cost``: measure the argument capture's cost per launch."""
     import time
 
     from ..trace.recording import markers_name, run_script
@@ -202,9 +173,8 @@ def load_step(script: Path):
 
 
 def check(script: Path, cache: str, dtype: str, out: Path, launches_per_step: float = 0.0) -> dict:
-    """:func:`~ds4lab.audit.replay_check.check_replay` of the script's ``make_step(cache, dtype)`` (its
-    ``state``, ``advance``, ``start`` and ``capacity``), and the argument capture's cost per launch on the
-    same step, written to ``out`` (JSON). A state the check refuses is its outcome (``error``)."""
+    """check_replay of the script's ``make_step(cache, dtype)`` and the argument capture's cost per launch on it,
+    written to ``out`` (JSON); a refused state is its outcome (``error``)."""
     import torch
 
     from .replay_check import StateError, check_replay

@@ -1,42 +1,9 @@
-"""Decode tokens in one unit of a trace (:class:`~ds4lab.audit.units.Unit`): which rows belong to
-which token, and what was left outside them.
+"""Decode tokens in one unit of a trace (:class:`~ds4lab.audit.units.Unit`): which rows belong to which
+token, and what was left outside them.
 
-**By NVTX range** (``--token-range NAME``; a name with ``*``/``?`` is a pattern): each outermost
-range of that name is a token (a range nested in another of the same name belongs to it). With no
-name given, a range is taken by itself when it repeats (two or more, none nested in another) and
-holds at least half the launch calls made between its first start and its last end (calls that start
-inside it): the work before the first (a prefill of the same kernels, a warm-up) and after the last
-(sampling, teardown) is the user's, left out and said, however many launches it holds. Of such
-ranges, the one that holds the most, then repeats the fewest times, then lasts longest (the
-outermost); the report says so, and what it left out.
-
-**By the period of the kernel sequence** (no range): the unit's kernels in launch order (the launch
-call's start where the trace links calls to kernels, else the kernel's start). A kernel name whose
-occurrences come at nearly even spacing (each gap within ±20 % of the run's median) over a run of
-occurrences *anchors* a candidate period (the median gap, in launches). Of the candidates that cover
-at least half as many launches as the best:
-
-1. where the host pauses before the anchor's launches (a decode step ends in a synchronize, sampling
-   and the next step's inputs: the launch gap before the anchor is ≥ 1.5× the median launch gap), the
-   candidates whose pause is within 80 % of the largest, then the smallest period (so a unit of
-   several steps, e.g. every 4th token emitting, is not taken for one);
-2. otherwise the candidate whose tokens are most often identical, then the smallest period.
-
-Tokens start at the anchor's occurrences. The last one is complete when what follows repeats a
-token shape seen before, or (where the host pauses between tokens) runs to the next pause at least
-80 % alike the token before it, or holds as many launches as the token before it at least 90 %
-alike (by name counts); shorter, at the end of the trace and alike so far, it is *cut mid-token*:
-left out and said; otherwise what follows is left out as *after* the tokens (a sampling loop,
-teardown). Everything before the first token is *before* (prefill, warm-up). A leading or trailing
-token that launches a kernel no other token launches and is less than 80 % alike the most common
-token joins *before* / *after*. Fewer than two tokens: no repeating unit (:class:`NoTokens`).
-
-**Rows to tokens**: a token's host window runs from its first launch call (or the range's start) to
-the next token's first launch call (the last: to the first launch after it, or the trace's end; a
-range: its end). API rows of every thread of the process inside it belong to it (those of the thread
-that launches the token's work are its *main thread*); device rows belong to the token of the call
-that launched them (correlation), or, without one, to the token whose device window they start in.
-"""
+:func:`find_tokens` finds them by an NVTX range (``--token-range``, or a repeating range found by itself)
+or by the period of the kernel sequence; :func:`outside_device` and :func:`untraced_ranges` give the loop's
+work between them and a markers pass's untraced times. How: docs/audit.md ("How the tokens are found")."""
 
 from __future__ import annotations
 
@@ -58,24 +25,15 @@ EDGE_ALIKE = 0.8
 
 
 class NoTokens(BadInput):
-    """No decode token could be found in a unit (exit 2): the message names the file, the unit and
-    what was found instead."""
+    """No decode token in a unit (exit 2): names the file, the unit and what was found instead."""
 
 
 @dataclass
 class Tokens:
-    """The tokens of one unit (module docstring).
-
-    Attributes:
-        how: how they were found, one sentence.
-        n: number of tokens.
-        token: per row of the unit's frame, the token it belongs to (-1: none), a Series on its index.
-        region: per row: ``token``, ``before``, ``after``, ``cut``, ``between`` (NVTX tokens) or "".
-        start_ns, end_ns: each token's host window (``end_ns`` of the last: its last row's end).
-        main_tid: the thread that launches the tokens' work.
-        notes: what was left out and why, and what was assumed.
-        range_name: the NVTX range's name where they were found from one, else None.
-    """
+    """The tokens of one unit: ``how`` (one sentence), ``n``, ``token`` (per row of the unit's frame, its token,
+    -1: none), ``region`` (per row: ``token``, ``before``, ``after``, ``cut``, ``between`` or ""), ``start_ns`` and
+    ``end_ns`` (each token's host window), ``main_tid``, ``notes`` (what was left out, what was assumed),
+    ``range_name`` (the NVTX range they were found from, else None)."""
 
     how: str
     n: int
@@ -114,12 +72,8 @@ def launch_order(u: Unit) -> pd.DataFrame:
 
 
 def find_tokens(u: Unit, token_range: str | None = None) -> Tokens:
-    """The tokens of unit ``u`` (module docstring).
-
-    Raises:
-        NoTokens: ``token_range`` names no range of the unit (the message lists the ranges seen), or no
-            repeating unit (the message says what the kernel sequence holds).
-    """
+    """The tokens of unit ``u``. Raises NoTokens: ``token_range`` names no range of the unit (listing those
+    seen), or no repeating unit (saying what the kernel sequence holds)."""
     ko = launch_order(u)
     if token_range is not None:
         return _by_range(u, ko, token_range, given=True)
@@ -138,8 +92,7 @@ def _range_rows(u: Unit, pattern: str) -> pd.DataFrame:
 
 
 def _outermost(r: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not inside another of the set on the same thread (a range still open at the end of the
-    trace, ``end_ns`` -1, holds everything after its start)."""
+    """Ranges not inside another of the set on the same thread (one still open, ``end_ns`` -1, holds all after it)."""
     keep = []
     big = np.iinfo(np.int64).max
     for _, g in r.sort_values("start_ns", kind="stable").groupby("tid", sort=False):
@@ -154,8 +107,7 @@ def _outermost(r: pd.DataFrame) -> pd.DataFrame:
 
 
 def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
-    """A repeating NVTX range that holds at least half the launches made between its first start and its
-    last end, and is outermost (module docstring)."""
+    """A repeating, outermost NVTX range holding at least half the launches between its first start and last end."""
     n = u.frame[(u.frame["kind"] == "nvtx") & (u.frame["end_ns"] >= 0)]
     if n.empty or ko.empty:
         return None
@@ -216,8 +168,7 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
 
 
 def _device_rows(f: pd.DataFrame, token: pd.Series, d_start, d_end, kinds=DEVICE_KINDS) -> None:
-    """Device rows of ``kinds``: by correlation to an assigned API row, else by their start in a
-    device window ``[d_start[i], d_end[i])``."""
+    """Device rows of ``kinds``: by correlation to an assigned API row, else by start in ``[d_start, d_end)``."""
     api = f[(f["kind"] == "api") & (f["correlation"] >= 0)]
     corr_tok = pd.Series(token.loc[api.index].to_numpy(), index=api["correlation"].to_numpy())
     corr_tok = corr_tok[corr_tok >= 0]
@@ -236,8 +187,7 @@ def _device_rows(f: pd.DataFrame, token: pd.Series, d_start, d_end, kinds=DEVICE
 
 
 def host_time(f: pd.DataFrame) -> pd.Series:
-    """Each row's host time: a device row's is its launch call's start (when the trace links them),
-    every other row's its own start."""
+    """Each row's host time: a device row's launch call's start where linked, else the row's own start."""
     api = f[(f["kind"] == "api") & (f["correlation"] >= 0)].drop_duplicates("correlation")
     by = pd.Series(api["start_ns"].to_numpy(), index=api["correlation"].to_numpy())
     t = f["start_ns"].copy()
@@ -379,17 +329,13 @@ def _by_period(u: Unit, ko: pd.DataFrame) -> Tokens:
 
 
 def _foreign(segs: list, i: int, ref: np.ndarray) -> bool:
-    """An edge token that is no decode token (a prefill, a warm-up): it launches a kernel no other
-    token launches, and is less than 80 % alike the most common token."""
+    """An edge token that is no decode token: it launches a kernel no other does and is < 80 % alike the most common."""
     others = set(np.concatenate([s for j, s in enumerate(segs) if j != i]).tolist())
     return bool(set(segs[i].tolist()) - others) and _alike(segs[i], ref) < EDGE_ALIKE
 
 
 def _last_end(codes: np.ndarray, bounds: list, pause: np.ndarray, paused: bool) -> tuple[int | None, bool]:
-    """Where the token at the last anchor ends, and whether the trace cuts it: it is complete when
-    what follows repeats a token shape seen before (the longest such), or, where the host pauses
-    between tokens, runs up to the next pause alike the token before it; it is cut when the trace
-    ends in a prefix of the token before it; else what follows is not a token (None, False)."""
+    """Where the token at the last anchor ends, and whether the trace cuts it (None, False: no token follows)."""
     last = bounds[-1]
     rest = codes[last:]
     shapes = {codes[a:b].tobytes(): b - a for a, b in zip(bounds[:-1], bounds[1:])}
@@ -452,10 +398,8 @@ def _assign_period(u, ko, starts, ends, cut_t, anchor, pick, why, notes) -> Toke
 
 # ----------------------------------------------------------------------------- work outside the tokens
 def outside_device(f: pd.DataFrame, tk: Tokens) -> dict:
-    """Per token, the device work the loop issues after it and before the next token (NVTX-range tokens: the
-    durations in µs of the device rows, in order, whose launch call falls between the token's range end and
-    the next range's start: sampling, the next step's inputs); the last token, whose next is not in the
-    trace, gets the one before it's. {} for tokens found by the kernel period (they hold every launch)."""
+    """Per NVTX-range token, the durations (µs, in order) of the device rows launched between its range's end and
+    the next range's start (the last token gets the one before it's); {} for tokens found by the kernel period."""
     if tk.range_name is None or tk.n < 2:
         return {}
     dev = f[f["kind"].isin(DEVICE_KINDS) & (tk.token < 0)]
@@ -473,15 +417,9 @@ def outside_device(f: pd.DataFrame, tk: Tokens) -> dict:
 
 
 def untraced_ranges(table, tk: Tokens) -> tuple[list, list]:
-    """The untraced host times of ``tk``'s tokens from a markers pass (``table``: an event table of the same
-    program's NVTX ranges, recorded with nothing else traced: :mod:`ds4lab.trace.recording`): per token, the
-    µs inside its range and outside it (to the next range's start; the last token, which has no next, the
-    median of the others), paired by position with the ranges ``tk`` was found from.
-
-    Raises:
-        ValueError: ``tk`` not found from an NVTX range (the pass has no kernels to find tokens by), or the
-            pass's closed outermost ranges of that name not as many as ``tk``'s tokens (naming both counts).
-    """
+    """Per token of ``tk``, the µs inside its range and outside it (to the next range; the last: the others'
+    median) in the markers pass ``table``, paired by position. Raises ValueError: ``tk`` not found from an NVTX
+    range, or the pass's closed outermost ranges of that name not as many as the tokens (naming both counts)."""
     if tk.range_name is None:
         raise ValueError(f"{table.source}: the recording's tokens are found by {tk.how}, and a markers pass holds "
                          "NVTX ranges only: their positions would not pair")

@@ -1,19 +1,9 @@
-"""Conformance scenarios for the audit's PyTorch-level rules, run on a GPU with torch.
-
-Two rules of :mod:`ds4lab.audit.frozen` are PyTorch's, not CUDA's, and each is held to what ``torch.cuda.graph`` does
-here:
-
-* :data:`~ds4lab.audit.frozen.HOST_COPY_RULE`: a copy between a CPU tensor that is not pinned and a CUDA tensor is
-  refused while the stream captures, a 0-dim source included, where CUDA alone would capture the copy as a memcpy node
-  — scenarios ``pageable_copy_0dim``, ``pageable_copy_1d``, and ``pinned_copy_0dim`` (the pinned copy captures);
-* :data:`~ds4lab.audit.frozen.UNSET_RULE`: a word of a kernel's by-value arguments that changes between calls of one
-  operator with the same host arguments is set by none of them, and a graph captured with one such value replays right
-  — scenario ``unset_words`` (a strided copy, whose offset calculator has unset slots: the argument pass shows the
-  words change under one key, and the replays equal the eager result bit for bit), beside ``cpu_scalar_operand`` (a CPU
-  scalar reaching a kernel by value: the key changes, and the replay keeps the captured value: a frozen value).
-
-``python -m ds4lab.audit.torch_rules --out DIR`` runs them and writes ``DIR/torch_rules.json`` (observations,
-expectations, and whether each scenario holds); it exits 1 when one does not."""
+"""Conformance scenarios for the audit's PyTorch-level rules, run on a GPU with torch:
+:data:`~ds4lab.audit.frozen.HOST_COPY_RULE` (``pageable_copy_0dim``, ``pageable_copy_1d`` refused;
+``pinned_copy_0dim`` captures) and :data:`~ds4lab.audit.frozen.UNSET_RULE` (``unset_words``: a strided copy's
+unset words change under one key and replay bit-identical; ``cpu_scalar_operand``: the key changes and the replay
+keeps the captured value). ``python -m ds4lab.audit.torch_rules --out DIR`` writes ``DIR/torch_rules.json`` and
+exits 1 when one does not hold. docs/audit-arguments.md, "What PyTorch refuses that CUDA would capture"."""
 
 from __future__ import annotations
 
@@ -65,9 +55,8 @@ def _eager_kernels(fn) -> list:
 
 
 def _keys_and_words(torch, fn, op: str, calls: int = 6) -> tuple[str, str]:
-    """An argument pass over ``calls`` eager calls of ``fn``, other work of changing sizes between them (so that the
-    host stack differs from call to call): whether the launches made by operator ``op`` have one host-argument key,
-    and whether their parameter bytes change."""
+    """An argument pass over ``calls`` eager calls of ``fn``, sizes changing between: whether operator ``op``'s
+    launches have one host-argument key, and whether their bytes change."""
     from ..trace.recording import recording
 
     with recording(stacks=False, arguments=True) as rec:
@@ -126,9 +115,8 @@ def run() -> dict:
 
 
 def _capture_replay(torch, step, change, result, captured, new, replays: int = 5):
-    """Capture ``step``, then ``replays`` times: ``change()``, replay, and compare ``result`` with ``captured`` (what
-    the captured arguments give) and ``new`` (what the changed ones would; None: none). Returns ``("ok", "captured
-    value" | "new value" | "bit-identical" | "differs")`` or the refusal."""
+    """Capture ``step``, then ``replays`` times change, replay and compare ``result`` with ``captured`` and ``new``.
+    Returns ``("ok", "captured value" | "new value" | "bit-identical" | "differs")`` or the refusal."""
     g = _graph(torch, step)
     if isinstance(g, str):
         return g
@@ -147,8 +135,7 @@ def _capture_replay(torch, step, change, result, captured, new, replays: int = 5
 
 
 def main(argv=None) -> int:
-    """``python -m ds4lab.audit.torch_rules --out DIR`` (module docstring): 0 when every scenario holds, 1 when one
-    does not."""
+    """``python -m ds4lab.audit.torch_rules --out DIR``: 0 when every scenario holds, else 1."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ds4lab.audit.torch_rules", description=__doc__.split("\n\n")[0])

@@ -1,24 +1,8 @@
-"""One event table split into the units the audit reports on: one per (process, device), never a sum. Each unit's rows
-are prepared for the rest of the audit: the link between an API call and the device work it issued
-(``correlation``), and what the call's row lacks taken from that device row.
-
-Which device a host row belongs to (an API row often has no ``device`` column):
-
-1. its own ``device`` when the source gives it;
-2. the device of the device rows it is correlated with;
-3. the device its thread sends most of its correlated calls to (a thread drives one GPU);
-4. the process's only device;
-5. else ``-1`` (the unit of host rows whose GPU the trace does not tell; reported, not audited).
-
-NVTX rows follow their thread as in 3–4.
-
-Preparation (:func:`prepare`), in this order:
-
-* a launch call and a device row without correlation ids are paired in order, per stream (the *n*-th kernel launch
-  naming stream *s* issued the *n*-th kernel on *s*: streams are in order; CUDA Programming Guide, "Streams"), and the
-  unit says it did so;
-* an API row's missing ``stream`` is its correlated device row's (the convention of the event table), and a copy call's
-  ``copy_kind``, ``host_memory`` and ``bytes`` come from its memcpy row."""
+"""One event table split into the units the audit reports on: one per (process, device), never a sum
+(:func:`split_units`), each unit's rows prepared for the rest of the audit (:func:`prepare`: calls and device work
+linked by correlation, what a call's row lacks taken from its device row), and its legacy stream
+(:func:`legacy_streams`). Which device a host row belongs to, and the preparation: docs/audit.md, "Units and
+their preparation"."""
 
 from __future__ import annotations
 
@@ -48,14 +32,8 @@ def unit_stem(pid: int, device: int) -> str:
 
 @dataclass
 class Unit:
-    """The rows of one (process, device) of a source, prepared (module docstring).
-
-    Attributes:
-        source: the file (or ``<recording>``); tool: what wrote it.
-        pid, device: the process and the CUDA device (-1: the source does not say).
-        frame: the unit's rows, in time order, with the event table's columns (index: the row's label in the source's
-            frame).
-        notes: what the audit did or assumed for this unit (shown in the report)."""
+    """The rows of one (process, device) of a source, prepared: ``source``, ``tool``, ``pid``, ``device`` (-1: not
+    said), ``frame`` (its rows in time order, indexed by their label in the source's frame), ``notes``."""
 
     source: str
     tool: str
@@ -184,10 +162,7 @@ def _pair_in_order(u: Unit, api_idx, dev_idx) -> None:
 
 
 def legacy_streams(u: Unit) -> tuple[frozenset, str]:
-    """The stream ids that are the legacy stream in this unit, and how that is known: the source's ``stream_type``
-    column where it says ``legacy``; else the streams of the device work of synchronous
-    ``cudaMemset``/``cudaMemcpy`` calls (they always use the legacy stream: CUDA Runtime API, "API synchronization
-    behavior"); else stream id 0 (the NULL handle), assumed."""
+    """The stream ids that are the legacy stream in this unit, and how that is known (docs/audit.md)."""
     f = u.frame
     if "stream_type" in f.columns:
         ids = set(f.loc[(f["stream_type"] == "legacy") & (f["stream"] >= 0), "stream"])

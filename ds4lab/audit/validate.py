@@ -1,41 +1,11 @@
 """The audit held to what ``torch.cuda.graph`` actually does (``ds4lab audit validate``), on the user's path.
 
-Each family is a script of the steps folder (:mod:`ds4lab.audit.steps`: ``ds4lab/data/steps/``, every
-``*.py`` not starting with ``_``), run in each cache and dtype its ``--list`` gives: recorded exactly as
-``ds4lab audit run`` records a user's script (its own NVTX range per step, its own prefill; the timed pass,
-the capture-path pass, the argument pass), held to the script's own ``--truth`` (capture one step with
-``torch.cuda.graph``, replay it at the next six positions against an eager twin) and to
-:func:`~ds4lab.audit.replay_check.check_replay` on its ``make_step``. The recording is audited as a user's
-is (:func:`ds4lab.audit.analysis.analyze` with no token range: the tokens are the step's own NVTX range;
-its argument pass by :func:`ds4lab.audit.frozen.attach`; capture mode ``global``, PyTorch's default
-``capture_error_mode``) and set beside the truth:
-
-* **the verdict** (:func:`predicted_outcome`, :func:`ds4lab.audit.frozen.verdict`): ``refused`` when a
-  call of a token is refused or invalidates the capture; ``replays wrong`` when a token holds work a graph
-  would miss or a launch a graph would freeze (a grid, a launch count, a kernel argument with evidence
-  that the step computes it); ``replays right`` only when the tokens were compared argument by argument
-  and nothing frozen feeds them; ``captures; replay correctness unknown from this trace`` otherwise (never
-  agreeing). It agrees when it names the truth's outcome. Beside it: a step that replays right must get
-  no frozen finding at all (``frozen_on_right``), a step that replays wrong must lead with its true cause
-  where the truth names one (:func:`cause_first`: the file and line, and the kernel hint), and
-  check_replay's outcome must name the truth's (``check_agrees``);
-* **the time**: for a step that captured, the ``whole token`` plan's predicted µs per token (MODELED)
-  against the truth's measured replay (the script's own decode loop body with the step replaced by the
-  replay, a loop that never waits, CUDA events), or check_replay's loop that waits for every replay where
-  the recorded tokens block (:func:`measured_replay`); within :data:`TIME_TOLERANCE` it agrees. The plan's
-  host is priced at the markers pass's untraced times where the recording has one
-  (:func:`ds4lab.audit.plans.attach_untraced`; ``host_times``). Without one its host is traced, which only
-  raises it: the untraced plan lies between the plan's device floor (``device_floor_us``: no host time) and
-  the traced plan, and the time is held only where that whole range says the same (:func:`held`); where the
-  measured replay falls inside it, the time is *not held* (``time_agrees`` None, ``time_note`` says why). A
-  step that asks whether the stream captures is modeled on its capture-path pass
-  (:mod:`ds4lab.audit.capture_path`; ``plan_path``); the graph's kernel nodes (``graph_kernels``) are set
-  beside the modeled token's kernels (:func:`same_work`).
-
-The runs can be audited again without a GPU from the folder a run wrote (``ds4lab audit validate
---runs-from DIR``: :func:`saved_run`), as the shipped fixtures are (runs recorded before the steps
-folder, in-process, read the same way). :func:`failures` says which rows fail.
-"""
+Each family is a script of the steps folder (:mod:`ds4lab.audit.steps`), recorded as ``ds4lab audit run``
+records a user's script, held to the script's own ``--truth`` and to
+:func:`~ds4lab.audit.replay_check.check_replay`. :func:`against_torch` sets one audit beside the truth (the
+verdict, the lead finding, the whole-token plan's time: :func:`held`); :func:`validate` runs them all;
+:func:`saved_run` reads a run back (``--runs-from``); :func:`failures` says which rows fail.
+What is compared and why: docs/audit-arguments.md ("``ds4lab audit validate --out DIR``")."""
 
 from __future__ import annotations
 
@@ -58,10 +28,7 @@ OUTCOMES = {"refused": "refused", "captured, replays wrong": "replays wrong",
 
 
 def predicted_outcome(report, mode: str = "global") -> tuple[str, str]:
-    """The audit's verdict on capturing one whole token of ``report`` in ``mode``
-    (:func:`ds4lab.audit.frozen.verdict`: ``refused``, ``replays wrong``, ``replays right`` only with the
-    kernel arguments compared, else ``captures; replay correctness unknown from this trace``), and what
-    decides it (the finding, or what is missing and the command that records it)."""
+    """The audit's verdict on capturing one whole token of ``report`` in ``mode``, and what decides it."""
     from .frozen import RIGHT, verdict
 
     v = verdict(report, mode)
@@ -92,11 +59,9 @@ BARE_LOOP = "never waits; advance + replay alone, not the script's loop body"
 
 
 def measured_replay(torch_run: dict, waits: bool) -> tuple[float | None, str]:
-    """The measured replay µs per step to hold the whole-token plan to, and which loop it is: the
-    loop that waits for every replay (``replay_sync_us``: check_replay's) when the tokens wait (``waits``),
-    else the truth's that never waits (``replay_us``: the script's own loop body with the replay, where the
-    truth says ``loop_body``; else advance + replay alone, :data:`BARE_LOOP`); a run timed before the two
-    were told apart has only ``replay_us``, said so."""
+    """The measured replay µs per step to hold the whole-token plan to, and which loop: check_replay's loop
+    that waits (``replay_sync_us``) when the tokens wait, else the truth's that never waits (``replay_us``: the
+    script's loop body, or :data:`BARE_LOOP`); a run with only ``replay_us`` says so."""
     if waits and torch_run.get("replay_sync_us"):
         return torch_run["replay_sync_us"], "waits per step"
     body = torch_run.get("loop_body") or (torch_run.get("truth") or {}).get("loop_body")
@@ -108,12 +73,9 @@ def measured_replay(torch_run: dict, waits: bool) -> tuple[float | None, str]:
 
 
 def held(predicted: float, floor: float | None, replay: float, untraced: bool) -> tuple[bool | None, str]:
-    """Whether the whole-token plan ``predicted`` (µs) meets the measured ``replay`` within
-    :data:`TIME_TOLERANCE`, and why not where it cannot be told: with ``untraced`` host times the plan is
-    held as it is; with traced ones the untraced plan lies somewhere between ``floor`` (the plan's device
-    floor) and ``predicted``: held (True) when both meet the replay, failed (False) when neither range end
-    can (both above, or both below), not held (None) when the replay falls between (only the untraced host
-    times can say)."""
+    """Whether the whole-token plan ``predicted`` (µs) meets ``replay`` within :data:`TIME_TOLERANCE`, and why
+    not: with ``untraced`` host times as it is; with traced ones True when both ``floor`` (the device floor) and
+    ``predicted`` meet it, False when neither can, None (not held) when the replay falls between."""
     ok = abs(predicted / replay - 1) <= TIME_TOLERANCE
     if untraced or floor is None or floor != floor:
         return ok, ""
@@ -131,17 +93,12 @@ def held(predicted: float, floor: float | None, replay: float, untraced: bool) -
 
 
 def against_torch(report, torch_run: dict) -> dict:
-    """The audit of one recording set beside what ``torch.cuda.graph`` did with the same step
-    (``torch_run``: the run's fields, as ``engine.json`` or a bundled recording's outcome holds them). Returns ``torch_outcome``, ``torch_detail``, ``audit_verdict`` and
-    ``audit_why`` (:func:`predicted_outcome`, capture mode global), ``verdict_agrees`` (the verdict names
-    torch's outcome), ``predicted_us`` (the whole-token plan, µs per token, MODELED; None without that
-    plan), ``replay_us`` (torch's replay, µs per step, measured with CUDA events; None when it did not
-    capture, in the loop the plan models: :func:`measured_replay`; ``measured_loop`` says which), ``replay_sync_us``
-    and ``replay_device_us`` beside it, ``predicted_over_measured`` and ``time_agrees`` (within
-    :data:`TIME_TOLERANCE`; :func:`held`), None where either time is missing or where it is not held
-    (``time_note`` says why); ``host_times`` (what the plan's host is priced at: ``traced``, or the markers
-    pass), ``device_floor_us`` (the plan with no host time) and ``untraced_eager_us`` (the markers pass's
-    untraced eager token, median; None without the pass)."""
+    """The audit of one recording set beside what ``torch.cuda.graph`` did with the same step (``torch_run``:
+    ``engine.json``'s fields). Returns ``torch_outcome``, ``torch_detail``, ``audit_verdict``, ``audit_why``,
+    ``verdict_agrees``, ``predicted_us`` (whole-token plan, µs, MODELED), ``replay_us`` (measured, CUDA events;
+    ``measured_loop`` says which loop), ``replay_sync_us``, ``replay_device_us``, ``predicted_over_measured``,
+    ``time_agrees`` and ``time_note`` (:func:`held`), ``host_times``, ``device_floor_us``, ``untraced_eager_us``;
+    None where a figure is missing."""
     from .plans import TRACED
 
     verdict, why = predicted_outcome(report)
@@ -173,29 +130,21 @@ def against_torch(report, torch_run: dict) -> dict:
 
 
 def token_kernels(report) -> int | None:
-    """The kernels per token of the tokens the whole-token plan is modeled on (the capture-path pass
-    where one is attached, else the recorded tokens; the median), or None without tokens
-    (:func:`ds4lab.audit.capture_path.modeled_kernels`)."""
+    """Kernels per token (median) of the tokens the whole-token plan is modeled on, or None without tokens."""
     return modeled_kernels(report)
 
 
 def same_work(graph_kernels, token_kernels, counts=()) -> bool | None:
-    """Whether the captured graph holds a modeled token's kernels: as many kernel nodes as the modeled
-    tokens launch (``token_kernels``, their median, or any of ``counts``, the distinct counts of those
-    tokens: the graph was captured at one position, and a launch list can change with the position);
-    None where a count is missing. Evidence beside the time, not a reason to leave it
-    unheld: a step whose Python takes another path while the stream captures (transformers'
-    ``is_tracing``) captures other work than it launches eagerly, which the capture-path pass records
-    (:mod:`ds4lab.trace.capture_path`); a graph that still differs from the modeled token is other work
-    the recording did not see (a question asked of CUDA from C/C++, say)."""
+    """Whether the captured graph holds as many kernel nodes as a modeled token launches (``token_kernels``, or
+    any of ``counts``: a launch list can change with the position); None where a count is missing. Evidence
+    beside the time, not a reason to leave it unheld."""
     if graph_kernels is None or token_kernels is None or graph_kernels != graph_kernels:
         return None
     return int(graph_kernels) == int(token_kernels) or int(graph_kernels) in {int(c) for c in counts}
 
 
 def _inside(path: str, out: Path) -> str:
-    """``path`` as a name inside the result folder ``out`` when it lies there (``out`` may be a staging
-    folder that is renamed when the run finishes: its absolute path would not survive), else as given."""
+    """``path`` named inside ``out`` where it lies there (``out`` may be a staging folder renamed later)."""
     if not path:
         return ""
     try:
@@ -205,10 +154,8 @@ def _inside(path: str, out: Path) -> str:
 
 
 def saved_run(folder: Path) -> dict:
-    """A run as :func:`ds4lab.audit.steps.run_step` returned it, read back from the folder it wrote
-    (``<family>-<cache>-<dtype>/``: ``engine.json``, ``recording.csv.gz`` and the argument pass beside it),
-    its files named where they are now. Raises :class:`~ds4lab.errors.BadInput` naming a
-    folder without ``engine.json``."""
+    """A run as :func:`ds4lab.audit.steps.run_step` returned it, read back from its folder, its files named where
+    they are now. Raises :class:`~ds4lab.errors.BadInput` naming a folder without ``engine.json``."""
     import json
 
     from ..errors import BadInput
@@ -230,9 +177,7 @@ def saved_run(folder: Path) -> dict:
 
 
 def with_check(r: dict) -> dict:
-    """A run's fields with check_replay's loops beside the truth's (``replay_sync_us``: the loop that waits for
-    every replay; ``replay_device_us``: the graph's device time; the truth times one loop), where the run has a
-    check and does not say them itself. Returns ``r``."""
+    """``r`` with check_replay's ``replay_sync_us`` and ``replay_device_us`` where it has a check and lacks them."""
     chk = r.get("check") or {}
     if chk:
         r.setdefault("replay_sync_us", chk.get("replay_sync_us"))
@@ -241,16 +186,10 @@ def with_check(r: dict) -> dict:
 
 
 def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None = None):
-    """The runs asked for, as ``(family, cache, dtype, saved, script)``: with ``runs_from``, the saved runs
-    of that folder (any ``*/engine.json``) whose family, cache and dtype match the filters (``saved()`` reads
-    one back: :func:`saved_run`; ``script`` its folder); else every family script of the steps folder
-    (:func:`ds4lab.audit.steps.discover`, its ``--list``: only the scripts a filter name names, where it names
-    any and every name is found in them) in each of its caches and dtypes that match
-    (``saved`` None; ``script`` to run with :func:`ds4lab.audit.steps.run_step`). A filter name may be a family or a cache (``engines``
-    and ``caches`` are both searched: the command line cannot tell them apart before ``--list``).
-
-    Raises:
-        BadInput: a filter name no family or cache has (naming those there are)."""
+    """The runs asked for, as ``(family, cache, dtype, saved, script)``: with ``runs_from`` the saved runs there
+    matching the filters (``saved()`` reads one back); else every family script of the steps folder in each of
+    its caches and dtypes that match (``saved`` None). A filter name may be a family or a cache. Raises
+    BadInput: a filter name no family or cache has (naming those there are)."""
     names = set(engines) | set(caches)
     found = []
     if runs_from is not None:
@@ -290,11 +229,9 @@ def runs(engines=(), caches=(), dtypes=(), *, steps=None, runs_from: Path | None
 
 
 def cause_first(lead: dict, cause, sources: Path | None = None) -> bool | None:
-    """Whether the finding a verdict leads with is the step's true cause, as its truth file states it
-    (``{"file", "line", "kernel_hint"}``): the finding's place names ``file:line`` (or, with the script's
-    folder ``sources`` given, a line of the same statement: a call written over several lines reaches the
-    kernel from its first line, where the truth may name the line holding the host value), and its kernel
-    holds the hint where one is given. None where the truth names no cause."""
+    """Whether the finding a verdict leads with is the truth's cause (``{"file", "line", "kernel_hint"}``): its
+    place names ``file:line`` (or, with ``sources``, a line of the same statement) and its kernel holds the hint.
+    None where the truth names no cause."""
     if not isinstance(cause, dict) or not cause.get("file") or cause.get("line") is None:
         return None
     name, line = Path(str(cause["file"])).name, int(cause["line"])
@@ -308,8 +245,7 @@ def cause_first(lead: dict, cause, sources: Path | None = None) -> bool | None:
 
 
 def _statement_of(path: Path, line: int) -> tuple[int, int] | None:
-    """``(first, last)`` line of the innermost simple statement of the Python file ``path`` holding ``line``
-    (None where the file does not parse or no statement holds it)."""
+    """``(first, last)`` line of the innermost simple statement of ``path`` holding ``line``, or None."""
     import ast
 
     try:
@@ -327,18 +263,11 @@ def _statement_of(path: Path, line: int) -> tuple[int, int] | None:
 def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_row=None,
              on_report=None, runs_from: Path | None = None, steps=None,
              capture_cost: bool = True) -> "pd.DataFrame":  # noqa: F821
-    """Run, audit and compare every family of the steps folder (:func:`runs`: its scripts, their caches
-    and dtypes matching ``engines``, ``caches`` and ``dtypes``) on the user's path (module docstring);
-    writes each audit report under ``out/<family>-<cache>-<dtype>/audit/`` and returns the table
-    (``validate.csv``'s rows: family, cache, dtype, torch's outcome, the audit's verdict and why, the finding
-    it leads with and whether it is the true cause, the frozen findings, whether a step torch replays right
-    got any, check_replay's outcome and whether it agrees, predicted and measured replay µs, the argument
-    capture's cost per launch with its interval). ``on_row(rows)`` is called with the rows so far after each
-    run (to write them as they come), ``on_report(report, "<family>-<cache>-<dtype>/audit")`` with each audit
-    report (to write it there; without it, it is written there by :func:`ds4lab.audit.report.write`).
-    ``runs_from``: audit the runs saved in that folder (:func:`saved_run`; no GPU) instead of running them;
-    ``steps``: the steps folder (None: ``ds4lab/data/steps``); ``capture_cost``: measure the argument capture's
-    cost per launch in each run (:func:`ds4lab.audit.steps.run_step`)."""
+    """Run, audit and compare every family of the steps folder (:func:`runs`) on the user's path; writes each
+    report under ``out/<family>-<cache>-<dtype>/audit/`` and returns ``validate.csv``'s rows. ``on_row(rows)``
+    after each run; ``on_report(report, "<run>/audit")`` writes each report (default
+    :func:`ds4lab.audit.report.write`); ``runs_from``: audit saved runs instead (no GPU); ``steps``: the steps
+    folder; ``capture_cost``: measure the argument capture's cost per launch."""
     import pandas as pd
 
     from . import report as audit_report
@@ -412,7 +341,17 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                                           and (row["frozen_findings"] > 0 or row["audit_verdict"] == WRONG))
             refused = (not_used(rep), markers_not_used(rep))  # passes beside the recording the plans could not use
             row["error"] = "; ".join(x for x in (row["error"], args_error, *refused) if x)
-        say(f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
+        say(_progress_line(row, engine, cache, dtype, chk))
+        rows.append(row)
+        if on_row is not None:
+            on_row(rows)
+    return pd.DataFrame(rows)
+
+
+
+def _progress_line(row: dict, engine: str, cache: str, dtype: str, chk: dict) -> str:
+    """One run's row as :func:`validate` says it."""
+    return (f"{engine}/{cache}/{dtype}: torch {row['torch_outcome'] or row['torch_detail'][:80]} · audit "
             f"{row['audit_verdict'] or '-'} ({'agrees' if row['verdict_agrees'] else 'DISAGREES'})"
             + (f" · leads with {row['lead']}" + ("" if row["cause_first"] is None else
                                                  " (the true cause)" if row["cause_first"] else
@@ -430,16 +369,12 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
                "other work than the recording saw" if row["same_work"] is False else "")
             + (f" · argument capture {row['capture_cost']}" if row["capture_cost"] else "")
             + (f" · {row['error']}" if row["error"] else ""))
-        rows.append(row)
-        if on_row is not None:
-            on_row(rows)
-    return pd.DataFrame(rows)
 
 
 def failures(df) -> "pd.DataFrame":  # noqa: F821
-    """The rows that fail validation: a verdict that does not name torch's outcome, a replay time outside
-    :data:`TIME_TOLERANCE`, a step torch replays right that got "replays wrong" or a frozen finding, a
-    "replays wrong" that does not lead with the true cause its truth names, a check_replay that disagrees."""
+    """The rows that fail validation: a verdict not naming torch's outcome, a time outside :data:`TIME_TOLERANCE`,
+    a step that replays right called wrong or with a frozen finding, a wrong replay not led by its cause, a
+    check_replay that disagrees."""
     bad = (~df.verdict_agrees.astype(bool)) | (df.time_agrees == False)  # noqa: E712
     for col in ("frozen_on_right",):
         if col in df:

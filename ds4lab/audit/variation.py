@@ -1,20 +1,7 @@
-"""Launch-list variation across tokens: what a graph captured from one token replays wrong at another.
-
-A captured graph replays the launch list, grids and by-value arguments of the token it was captured from. Whatever
-changes from token to token is a host decision or a by-value argument that graph freezes (CUDA Programming Guide, "CUDA
-Graphs": a kernel node keeps its launch parameters and arguments as captured; changing them needs
-``cudaGraphExecUpdate`` or a new capture). Four classes, each compared across the tokens of one unit, kernel by kernel
-(a kernel's *k*-th launch in a token against its *k*-th launch in the others):
-
-* **present in some tokens only** — a kernel launched in some tokens and not others (an emit every 4th position, a
-  regime switch);
-* **launch count** — launched in every token, a different number of times;
-* **grid** (or **block**) — the launch geometry changes (an attention grid that grows with the window, a top-k regime);
-* **scalar argument** — a by-value argument changes (the ``args`` column, where the source has it); a numeric one that
-  moves by the same step every token is called *position-like*.
-
-:func:`token_shapes` says how many distinct token shapes (launch list with grids and blocks) a per-shape graph cache
-would need, and which tokens have which."""
+"""Launch-list variation across tokens: what a graph captured from one token replays wrong at another (a kernel
+present in some tokens only, a launch count, a grid or block, a by-value scalar argument: :func:`variation`), and
+how many token shapes a per-shape graph cache would need (:func:`token_shapes`). The classes: docs/audit.md,
+"Calls and variation"."""
 
 from __future__ import annotations
 
@@ -48,8 +35,7 @@ def launches(frame: pd.DataFrame, ko: pd.DataFrame, token: pd.Series) -> pd.Data
 
 
 def token_shapes(k: pd.DataFrame, n_tokens: int) -> tuple[list[int], int]:
-    """Per token its shape id (0, 1, … in order of first appearance) and the number of shapes. A shape is the launch
-    list with each launch's grid and block."""
+    """Per token its shape id (launch list with grids and blocks; 0, 1, … by first sight), and the count."""
     ids, seen = [], {}
     by_tok = {int(t): g for t, g in k.groupby("token")}
     for t in range(n_tokens):
@@ -82,8 +68,7 @@ def _parse_args(a: str) -> list[tuple[str, str]]:
 
 
 def _position_like(values: list[str]) -> str:
-    """``"position-like (+s per token)"`` when ``values`` (one per token, in order) are numbers moving by one constant
-    non-zero step, else ""."""
+    """``"position-like (+s per token)"`` where ``values`` move by one constant non-zero step, else ""."""
     try:
         x = np.array([float(v) for v in values])
     except ValueError:
@@ -97,11 +82,9 @@ def _position_like(values: list[str]) -> str:
 
 
 def variation(k: pd.DataFrame, n_tokens: int) -> tuple[pd.DataFrame, set]:
-    """The variation findings (module docstring): one row per (kernel, class, place) with ``kind`` (``variation``),
-    ``name``, ``call_class`` (the class), ``token_range`` (tokens that differ from the most common value),
-    ``tokens``, ``count`` (launches concerned), ``what``, ``where``, ``fix``; and the launch calls (row labels) a
-    single graph would freeze wrongly: every launch of a kernel whose presence or count changes, every *k*-th launch
-    of one whose *k*-th launch changes."""
+    """The variation findings, one row per (kernel, class, place): ``kind``, ``name``, ``call_class``, ``token_range``
+    (tokens off the most common value), ``tokens``, ``count``, ``what``, ``where``, ``fix``; and the launch calls (row
+    labels) a single graph would freeze wrongly."""
     rows = []
     flagged: set = set()
     if k.empty or n_tokens < 2:

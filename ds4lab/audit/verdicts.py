@@ -1,16 +1,7 @@
-"""Per token and per call, what each capture mode would do with it.
-
-The model of a capture: the token's **main stream** (where most of its kernels run) is captured, as
-``torch.cuda.graph`` and ds4's accessor capture a decode step: the work the program issues to that stream goes to a
-non-blocking capture stream instead. Every API row inside a token gets its call class (:mod:`ds4lab.audit.calls`, in
-call order, so a stream that joins the capture through an event counts as captured from then on), and each class its
-verdict per mode from the sim's rules (:mod:`ds4lab.audit.probes`). A trace with no API rows at all (kernel records
-only) gets one launch per device row, on its stream, said in the notes.
-
-:func:`findings` folds the calls into findings: one per (call class, API, place), with the tokens it occurs in, its
-count, the verdict, deciding rule, rule source and error per mode. Allowed calls are not findings, except
-host-to-device and device-to-host copies on the capture stream (the graph keeps the host address: what a replay copies
-is whatever that memory holds then)."""
+"""Per token and per call, what each capture mode would do with it: :func:`token_calls` classifies every call of a
+token against its main stream (the one captured), :func:`findings` folds them into findings with each mode's
+verdict from the sim's rules (:mod:`ds4lab.audit.probes`), :func:`token_outcomes` per token. The model of a
+capture: docs/audit.md, "Calls and variation"."""
 
 from __future__ import annotations
 
@@ -97,9 +88,8 @@ def capture_stream(frame: pd.DataFrame, token: pd.Series) -> tuple[int, str]:
 
 def token_calls(frame: pd.DataFrame, token: pd.Series, capture: int, legacy: frozenset, main_tid: int,
                 notes: list) -> pd.DataFrame:
-    """Every call inside a token, classified (module docstring). Columns: ``row`` (label), ``token``, ``name``, ``api``
-    (normalized), ``klass`` (None: no rule), ``tid``, ``stream``, ``start_ns``, ``end_ns``, ``where``, ``pseudo``
-    (True: made up from a device row)."""
+    """Every call inside a token, classified: ``row``, ``token``, ``name``, ``api``, ``klass`` (None: no rule),
+    ``tid``, ``stream``, ``start_ns``, ``end_ns``, ``where``, ``pseudo`` (made up from a device row)."""
     f = frame.assign(token=token)
     api = f[(f["kind"] == "api") & (f["token"] >= 0)]
     pseudo = False
@@ -150,19 +140,15 @@ def add_verdicts(calls: pd.DataFrame, modes=CAPTURE_MODES) -> pd.DataFrame:
 
 
 def _caution(klass) -> bool:
-    """A call that every mode allows but the user should see: a copy between the host and the captured stream (what it
-    reads is the captured moment's), or a query of the capture status (the step may run other work under capture
-    than the trace recorded)."""
+    """A call every mode allows that the user should see: a host copy on the captured stream, a capture-status query."""
     return isinstance(klass, str) and (klass.startswith(("memcpy_async.h2d", "memcpy_async.d2h"))
                                        or klass == "capture_status")
 
 
 def findings(calls: pd.DataFrame, modes=CAPTURE_MODES) -> pd.DataFrame:
-    """One row per (call class, API, place) whose verdict is not *allowed* in some mode, or that is a copy between host
-    and the captured stream or a query of the capture status (module docstring, :func:`_caution`). Columns: ``kind``
-    (``call``, ``no rule``, ``host data`` or ``capture path``), ``name``, ``call_class``, ``verdict_<mode>``,
-    ``rule_<mode>``, ``error_<mode>``, ``rule_source``, ``where``, ``count``, ``tokens`` (how many), ``token_range``
-    (``3-9,12``), ``fix``, ``severity`` (index in :data:`VERDICTS` of the worst verdict)."""
+    """One row per (call class, API, place) not *allowed* in some mode, or :func:`_caution`: ``kind``, ``name``,
+    ``call_class``, ``verdict_<mode>``, ``rule_<mode>``, ``error_<mode>``, ``rule_source``, ``where``, ``count``,
+    ``tokens``, ``token_range``, ``fix``, ``severity`` (index in :data:`VERDICTS` of the worst)."""
     if calls.empty:
         return pd.DataFrame()
     vcols = [f"verdict_{m}" for m in modes]
@@ -207,9 +193,8 @@ def compact_ranges(values) -> str:
 
 
 def token_outcomes(calls: pd.DataFrame, n_tokens: int, modes=CAPTURE_MODES) -> pd.DataFrame:
-    """Per token and mode: the first call that invalidates a capture of the whole token (name and place), and how many
-    calls are refused, missing from the graph, or without a rule. Columns: ``token``, and per mode
-    ``first_invalidating_<mode>``, ``refused_<mode>``, ``not_in_graph_<mode>``, ``no_rule_<mode>``."""
+    """Per token and mode: ``first_invalidating_<mode>`` (name and place), ``refused_<mode>``,
+    ``not_in_graph_<mode>``, ``no_rule_<mode>``."""
     rows = []
     by_tok = {int(t): g for t, g in calls.groupby("token")} if not calls.empty else {}
     for t in range(n_tokens):

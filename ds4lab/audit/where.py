@@ -1,14 +1,8 @@
 """Where a finding comes from: the user's own code line when the trace has Python stacks, else the NVTX range path,
-always with the API or kernel name.
-
-A row's ``stack`` is outermost first, ``;``-separated ``file:line function`` frames. The place shown is the **innermost
-frame that is not internal**: not in PyTorch, CuPy, the CUDA Python bindings, NVTX, Triton, ds4lab's own machinery (its
-audit, trace recording and operator log, capture, launch layer, backends and sim; not ``audit/families.py``, where the
-decode steps of recordings made before the steps folder lived and which stand for a user's code, as
-``ds4lab/data/steps/`` does now) or the Python standard library's plumbing (``contextlib``, ``threading``, ``runpy``,
-frozen modules, built-ins). The filter is :data:`INTERNAL_FRAMES`, regular expressions matched against the frame's
-file; edit it to move the boundary. ``transformers``, ds4lab's token model and ops, and every other library are *not*
-internal: in an engine's decode step they are the code that made the call."""
+always with the API or kernel name. The place is the innermost frame of a row's ``stack`` that is not internal
+(:data:`INTERNAL_FRAMES`: PyTorch, CuPy, the CUDA bindings, NVTX, Triton, ds4lab's machinery but
+``audit/families.py``, the standard library's plumbing); edit it to move the boundary. ``transformers`` and every
+other library are the code that made the call."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ def frames(stack: str) -> list[str]:
 
 
 def user_frame(stack: str) -> str:
-    """The innermost frame of ``stack`` that is not internal (:data:`INTERNAL_FRAMES`), or "" when every frame is
-    internal or there is no stack."""
+    """The innermost frame of ``stack`` not in :data:`INTERNAL_FRAMES`, or ""."""
     for f in reversed(frames(stack)):
         if not _INTERNAL.search(f):
             return f

@@ -1,15 +1,11 @@
 """Kernel arguments in the recording: the parameter bytes of every kernel launch, read at the launch entry points
-through the CUPTI callback API, with the allocations the addresses among them point into; the comparison and the
-verdict are :mod:`ds4lab.audit.frozen`'s.
+through the CUPTI callback API, with the allocations their addresses point into (the comparison and the verdict:
+:mod:`ds4lab.audit.frozen`).
 
-:class:`ArgumentCapture` reads each launch's parameter struct (:data:`LAUNCH_LAYOUTS`) and each parameter's size and
-offset (``cuFuncGetParamInfo``, a runtime function mapped by ``cudaGetFuncBySymbol``; a function they do not describe
-is *unread*, counted and named); :func:`prune` keeps the bytes only where tokens with identical launch lists differ;
-:class:`MemoryTracker` holds the allocations (CUPTI ``MEMORY2``, torch's caching allocator, ``cuMemGetAddressRange``);
-:func:`measure_overhead` measures the pass's cost per launch; :class:`ArgumentStore` is the file
-(``<stem>.arguments.json.gz``, or ``arguments.json.gz`` beside a timed recording). The pass runs apart from the timed
-tokens: its handler runs Python at every launch. How each piece works and what it cost on the H200:
-``docs/audit-arguments.md``, "Recording the arguments"."""
+:class:`ArgumentCapture` reads each launch's parameters (:class:`CudaQueries`); :func:`prune` keeps the bytes only
+where tokens differ; :class:`MemoryTracker` holds the allocations; :func:`measure_overhead` measures the pass's cost
+per launch; :class:`ArgumentStore` is the file. How each piece works: docs/audit-arguments.md, "Recording the
+arguments"."""
 
 from __future__ import annotations
 
@@ -72,10 +68,8 @@ def digest(data: bytes) -> str:
 
 # ----------------------------------------------------------------------------- the CUDA queries
 class CudaQueries:
-    """The CUDA calls the capture makes, through ``ctypes`` (no extra Python binding in the hot path):
-    ``cuFuncGetParamCount``/``cuFuncGetParamInfo``, ``cuFuncGetName`` and ``cuMemGetAddressRange_v2`` of
-    ``libcuda.so.1``, and ``cudaGetFuncBySymbol`` of every CUDA runtime loaded in the process. Every status is
-    checked: a call that fails says why (``cuGetErrorName``), it never yields a guess."""
+    """The CUDA calls the capture makes, through ``ctypes`` (``cuFuncGetParamInfo`` and friends of
+    ``libcuda.so.1``, ``cudaGetFuncBySymbol`` of every loaded runtime). A call that fails says why, never a guess."""
 
     def __init__(self) -> None:
         self.cuda = ctypes.CDLL("libcuda.so.1")
@@ -132,13 +126,8 @@ class CudaQueries:
         return 0, ("cudaGetFuncBySymbol: " + "; ".join(why)) if why else "no CUDA runtime with cudaGetFuncBySymbol loaded"
 
     def param_layout(self, cufunc: int) -> tuple[list | None, str]:
-        """``[(offset, size), ...]`` of ``cufunc``'s parameters, and "" or why not.
-
-        ``cufunc`` is what a driver launch names: a ``CUfunction``, or a ``CUkernel`` (CUDA 12 and later: a runtime
-        that loads its kernels as a library, as CUDA 12's and 13's ``libcudart`` do, launches them by their
-        ``CUkernel`` handle through ``cuLaunchKernel``). ``cuFuncGetParamInfo`` refuses a ``CUkernel``
-        (``CUDA_ERROR_INVALID_HANDLE``); that handle is then mapped to its ``CUfunction`` in the current context
-        (``cuKernelGetFunction``) and asked again."""
+        """``[(offset, size), ...]`` of ``cufunc``'s parameters, and "" or why not. A ``CUkernel`` (CUDA 12+
+        runtimes launch by it), which ``cuFuncGetParamInfo`` refuses, is mapped to its ``CUfunction`` first."""
         layout, why = self._layout(cufunc)
         if layout is None and why.endswith("CUDA_ERROR_INVALID_HANDLE"):
             fn = self.kernel_function(cufunc)
@@ -243,10 +232,8 @@ def _loaded_runtimes() -> list:
 # ----------------------------------------------------------------------------- the capture
 @dataclass
 class FunctionInfo:
-    """One kernel function as the capture saw it: its name, its parameters ``[(offset, size)]`` (None: unread), and why
-    it is unread. ``fid`` is its key in the store; ``sizes`` and ``argv`` (the :class:`struct.Struct` of its
-    argument array) are what the hot path reads it with; ``seen`` the parameter bytes it was launched with whose
-    stack was taken."""
+    """One kernel function as the capture saw it: ``name``, ``params`` ``[(offset, size)]`` (None: unread) and
+    ``why``; ``fid`` its store key; ``sizes``/``argv`` what the hot path reads it with; ``seen`` the stacked bytes."""
 
     name: str
     params: list | None
@@ -265,18 +252,11 @@ class FunctionInfo:
 
 
 class ArgumentCapture:
-    """The launch handler (module docstring). ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`; ``queries``:
-    the CUDA side (:class:`CudaQueries`; a stand-in in tests); ``stacks``: record the Python stack at each launch
-    whose bytes are new for its function, or unread (kept only where the launch differs between tokens,
-    :func:`prune`); ``shared``: an earlier capture whose function lookups, launch sites and bytes already stacked
-    this one keeps using (the steady state of a long pass).
-
-    **The hot path** (:meth:`on_launch`, entry and exit of every launch) does the least it can: the callback data's
-    fields in one read of its bytes (``cupti-python``'s field properties cost microseconds each), the parameter bytes
-    copied out with one ``ctypes`` read per parameter, and the bytes kept as they are, one object per distinct value
-    (:attr:`records`); the digests are made after the pass, once per distinct value (:meth:`digests`). A stack is taken
-    only where the bytes are new for the function, and then looked up by its launch site: the code and instruction of
-    every frame (no line numbers, no text), the text made once per site (:meth:`_stack`)."""
+    """The launch handler. ``session``: a :class:`~ds4lab.trace.cupti.CuptiSession`; ``queries``: the CUDA side;
+    ``stacks``: take the Python stack at each launch whose bytes are new for its function, or unread; ``shared``:
+    an earlier capture whose lookups, sites and stacked bytes this one reuses. The hot path (:meth:`on_launch`) reads
+    the callback data in one read, copies the parameter bytes, keeps one object per distinct value and digests after
+    the pass (:meth:`digests`); stacks are cached per launch site (:meth:`_stack`)."""
 
     def __init__(self, session, queries=None, *, stacks: bool = True, shared: "ArgumentCapture | None" = None) -> None:
         self.session = session
@@ -318,9 +298,7 @@ class ArgumentCapture:
                     self._forms[(int(domain), int(cbid))] = LAUNCH_LAYOUTS[base]
 
     def start(self) -> None:
-        """Start handling launches (:meth:`~ds4lab.trace.cupti.CuptiSession.watch_launches`). The first frame outside
-        ds4lab's recording and ``contextlib`` (the frame whose ``with`` block is the pass) becomes the anchor that
-        stack walks stop at, held until :meth:`stop`."""
+        """Start handling launches; the first frame outside ds4lab and ``contextlib`` is the stack walks' anchor."""
         if self.queries is None:
             self.queries = CudaQueries()
         f = sys._getframe(1)
@@ -337,9 +315,8 @@ class ArgumentCapture:
 
     # ------------------------------------------------------------------ the hot path
     def on_launch(self, domain: int, cbid: int, cbdata) -> None:
-        """CUPTI's callback at a launch's entry and exit (module docstring). A launch left unread at its entry is tried
-        once more at its exit, its function looked up again (a lazily loaded module is loaded by the launch itself,
-        after its entry): the same parameter struct, still the caller's."""
+        """CUPTI's callback at a launch's entry and exit; a launch unread at its entry is tried again at its exit
+        (a lazily loaded module is loaded by the launch itself)."""
         key = (domain, cbid)
         form = self._forms.get(key)
         if form is None:
@@ -381,10 +358,7 @@ class ArgumentCapture:
             self.stacks[corr] = self._stack(sys._getframe(1))
 
     def _callback_reader(self, cbdata):
-        """How a ``CUpti_CallbackData``'s bytes are read: an address (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
-        with ``ctypes``; ``cupti-python``'s ``CallbackData`` holds them in a NumPy record (``_data``: one
-        ``tobytes()``, where its field properties cost microseconds each); anything else through its ``ptr``.
-        """
+        """How a ``CUpti_CallbackData``'s bytes are read (an address, a ``CallbackData``'s ``_data``, or ``ptr``)."""
         size = self._fields.size
         string_at = ctypes.string_at
         if type(cbdata) is int:  # the address itself (:class:`~ds4lab.trace.cupti.NativeCallbacks`)
@@ -395,11 +369,7 @@ class ArgumentCapture:
         return lambda cb: string_at(int(cb.ptr), size)
 
     def _stack(self, frame) -> str:
-        """The Python stack at ``frame`` (:func:`~ds4lab.trace.stacks.python_stack`), made once per launch site. A site
-        is every frame's code object and instruction (``f_lasti``), which fix its lines: looked up by the
-        instructions, told apart by the code objects themselves (held by the cache, compared by identity). The walk
-        stops at the frame that started the capture (:attr:`_anchor`): the frames around it cannot move while it
-        runs."""
+        """The Python stack at ``frame``, made once per launch site, the walk stopping at :attr:`_anchor`."""
         codes, spots = [], []
         code, spot = codes.append, spots.append
         f, anchor = frame, self._anchor
@@ -440,9 +410,7 @@ class ArgumentCapture:
         return got
 
     def _read(self, form, corr: int, fp: int, sym: int, again: bool = False):
-        """Read one launch's parameter bytes into :attr:`records` (``(function, bytes)``) or mark it unread (None, the
-        reason counted once per launch). ``fp``: the launch call's parameter struct; ``sym``: CUPTI's symbol name (a
-        C string, or 0); ``again``: the second try, at the call's exit."""
+        """Read one launch's parameter bytes into :attr:`records` or mark it unread (the reason counted)."""
         domain, f_off, a_off, x_off = form
         u64 = _U64
         fn = u64(fp + f_off).value
@@ -475,8 +443,7 @@ class ArgumentCapture:
         return info, data
 
     def _unread(self, corr: int, fid: str, why: str) -> None:
-        """Mark a launch unread, keeping every distinct reason its tries met (the runtime's and the nested driver
-        launch's). Returns None."""
+        """Mark a launch unread, keeping every distinct reason its tries met. Returns None."""
         self.records[corr] = [fid, None]
         before = self.why_unread.get(corr)
         self.why_unread[corr] = why if not before or why in before else f"{before}; then {why}"
@@ -656,9 +623,7 @@ def _torch_if_loaded():
 
 
 def cupti_allocations(records) -> list:
-    """``[base, size, alloc_ns, free_ns, source]`` from CUPTI ``memory`` records
-    (:class:`ds4lab.trace.records.MemoryOp`, :mod:`ds4lab.trace.cupti`): an allocation and its release paired by
-    address."""
+    """``[base, size, alloc_ns, free_ns, source]`` from CUPTI ``memory`` records (allocation and release by address)."""
     out, live = [], {}
     for r in sorted((r for r in records if getattr(r, "kind", None) == "memory"), key=lambda r: r.timestamp_ns):
         op, addr, size, ts = r.operation, r.address, r.bytes, r.timestamp_ns
@@ -676,26 +641,13 @@ def cupti_allocations(records) -> list:
 # ----------------------------------------------------------------------------- the file
 @dataclass
 class ArgumentStore:
-    """What an argument pass recorded (:func:`save` / :func:`load`).
-
-    Attributes:
-        functions: function id → ``{"name", "params": [[offset, size], ...] | None, "why"}``.
-        launches: correlation id → ``[function id, digest | None]`` (None: unread).
-        blobs: digest → the parameter bytes (only for launches that differ between tokens).
-        stacks: correlation id → the Python stack at the launch (the same launches).
-        allocations: ``[base, size, alloc_ns, free_ns, source]`` (``-1``: before the pass / alive at its end).
-        ranges: value → ``[base, size]``: the driver allocation holding a varying word at the pass's end.
-        segments: ``[base, size]`` of torch's caching allocator segments (None: torch not followed).
-        host_maps: ``[start, end, name]`` of the process's host mappings at the pass's end (``/proc/self/maps``: stack,
-            heap, libraries), for telling host addresses among the words.
-        ops: the framework's operator calls (:mod:`ds4lab.trace.torch_ops`; None: no op log), as index → call
-            (``{"name", "key", "text", "spans", "cpu", "opaque", "t_ns", "copy"?}``): those that made a kept launch,
-            and every copy between pageable host memory and the GPU.
-        op_of: correlation id → the index of the operator call that made the launch (kept launches).
-        token_range: the NVTX range that marks a token in the pass, if given.
-        table: the event table of the pass (a file name beside the store; "" when the store sits beside it).
-        cost: what the capture cost per launch, where measured (:func:`measure_overhead`).
-        notes: what was left out or assumed."""
+    """What an argument pass recorded (:func:`save` / :func:`load`): ``functions`` (id → ``{"name", "params",
+    "why"}``), ``launches`` (correlation → ``[function id, digest | None]``), ``blobs`` (digest → bytes, only where
+    tokens differ), ``stacks`` (correlation → stack), ``allocations`` (``[base, size, alloc_ns, free_ns, source]``,
+    ``-1``: before the pass / alive at its end), ``ranges`` (value → ``[base, size]`` driver range), ``segments``
+    (torch's caching-allocator segments; None: not followed), ``host_maps`` (``[start, end, name]`` of
+    ``/proc/self/maps``), ``ops`` (index → operator call; None: no op log), ``op_of`` (correlation → op index),
+    ``token_range``, ``table`` (the pass's event table file), ``cost`` (:func:`measure_overhead`), ``notes``."""
 
     functions: dict = field(default_factory=dict)
     launches: dict = field(default_factory=dict)
@@ -772,11 +724,8 @@ def store_beside(table_path) -> Path | None:
 # ----------------------------------------------------------------------------- tokens of a pass
 @dataclass
 class TokenLaunches:
-    """The launches of a pass's tokens, as the comparison reads them.
-
-    ``tokens``: per token, its launches in launch order: ``(correlation id, kernel name, api row start_ns)``;
-    ``shapes``: each token's shape id (launch list with grids and blocks); ``start_ns``/``end_ns``: each token's host
-    window (the next token's start for all but the last); ``how``: how tokens were found; ``notes``."""
+    """The launches of a pass's tokens: ``tokens`` (per token ``(correlation id, kernel name, api start_ns)`` in
+    launch order), ``shapes`` (shape id per token), ``start_ns``/``end_ns`` (host windows), ``how``, ``notes``."""
 
     tokens: list
     shapes: list
@@ -795,9 +744,8 @@ class TokenLaunches:
 
 
 def prune(store: ArgumentStore, tl: TokenLaunches | None) -> None:
-    """Keep the bytes and stacks of the launches whose digest differs between tokens with identical launch lists, and
-    only digests elsewhere (module docstring). With no tokens (``tl`` None), keep every distinct value and say so.
-    """
+    """Keep the bytes and stacks of the launches whose digest differs between tokens with identical launch lists,
+    only digests elsewhere; with ``tl`` None keep every distinct value, said."""
     if tl is None:
         store.notes.append("no tokens found at the end of the pass: every distinct argument value is kept")
         return
@@ -866,18 +814,11 @@ PART_NAMES = {"launches": "launch handler", "ops": "operator log", "memory": "al
 def measure_overhead(step, launches_per_step: float | None = None, *, session=None, rounds: int = 8,
                      steps: int = 3, sync=None, clock=time.perf_counter, queries=None,
                      parts=("launches",), torch_module=None) -> dict:
-    """What argument capture costs: ``rounds`` interleaved pairs (:func:`ds4lab.timing.interleaved_pairs`) of ``steps``
-    calls of ``step`` each, plain against with the argument pass's ``parts`` on (:data:`PASS_PARTS`: ``"launches"``,
-    the launch handler, always; ``"ops"``, the operator log, and ``"memory"``, the allocator's history, where torch
-    is loaded: ``torch_module`` or ``sys.modules``); the activity records are on in neither. Each figure is the mean
-    µs per step of its block (host wall clock after ``sync()``, which waits for the device): the steady state of a
-    long pass, the function lookups and the stacks of the launch sites already seen made once, in a warm block, and
-    kept.
-
-    ``launches_per_step``: to divide by; None counts the launches the handler saw in the warm block. Returns
-    ``{"per_step_us", "lo", "hi", "n", "measurable", "per_launch_us", "per_launch_lo", "per_launch_hi",
-    "launches_per_step", "baseline_us", "parts", "text"}`` (:func:`ds4lab.timing.paired_difference`). Raises ValueError
-    for a part not in :data:`PASS_PARTS`."""
+    """What argument capture costs: ``rounds`` interleaved pairs of ``steps`` calls of ``step``, plain against
+    the pass's ``parts`` on (:data:`PASS_PARTS`; ``"ops"`` and ``"memory"`` where torch is loaded), each the mean µs
+    per step after ``sync()``, in the steady state (a warm block first). ``launches_per_step``: to divide by (None:
+    counted). Returns ``{"per_step_us", "lo", "hi", "n", "measurable", "per_launch_us", "per_launch_lo",
+    "per_launch_hi", "launches_per_step", "baseline_us", "parts", "text"}``; ValueError for an unknown part."""
     from .cupti import CuptiSession
     from ..timing import interleaved_pairs, paired_difference
 

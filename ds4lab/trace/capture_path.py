@@ -1,14 +1,9 @@
 """The capture-path pass: the decode loop recorded once more while PyTorch answers "is the current stream capturing?"
-with yes (:func:`as_if_capturing`), so the recording holds the work a graph of the step would hold (transformers'
-``is_tracing`` builds the attention mask the eager step skips when it says yes); the plans of a captured token are
-modeled on it (:mod:`ds4lab.audit.capture_path`). C/C++ code that asks CUDA itself gets CUDA's answer, so such a
-path stays unseen (the audit's ``same_work`` check shows it); a pass in which PyTorch was never asked
-(:data:`NOT_ASKED`) is not kept. Saved as ``capture-path.csv.gz`` beside ``recording.csv.gz``, else
-``<stem>.capture-path.csv.gz`` (:func:`capture_path_beside`).
-
-Source: PyTorch ``torch.cuda.is_current_stream_capturing`` (``torch/cuda/graphs.py``); transformers
-``utils/import_utils.py`` ``is_cuda_stream_capturing`` / ``is_tracing`` (looked up at each call, so replacing it on
-``torch.cuda`` reaches them)."""
+with yes (:func:`as_if_capturing`), so the recording holds the work a graph of the step would hold; the plans of
+a captured token are modeled on it (:mod:`ds4lab.audit.capture_path`). C/C++ code asking CUDA gets CUDA's answer;
+a pass in which PyTorch was never asked (:data:`NOT_ASKED`) is not kept. Saved as ``capture-path.csv.gz`` or
+``<stem>.capture-path.csv.gz`` (:func:`capture_path_beside`). Source: ``torch.cuda.is_current_stream_capturing``;
+transformers ``is_tracing`` (looked up at each call, so replacing it on ``torch.cuda`` reaches it)."""
 
 from __future__ import annotations
 
@@ -40,14 +35,8 @@ class Asked:
 
 @contextlib.contextmanager
 def as_if_capturing(torch=None):
-    """Inside the block, ``torch.cuda.is_current_stream_capturing()`` returns True (module docstring); yields an
-    :class:`Asked` counting the questions. The functions are put back at exit, also when the block raises.
-
-    Args:
-        torch: the torch module (None: imported; a stand-in in the tests).
-
-    Raises:
-        ImportError: torch is not installed."""
+    """Inside the block ``torch.cuda.is_current_stream_capturing()`` returns True; yields an :class:`Asked`
+    counting the questions; put back at exit. ``torch``: None imports it. Raises ImportError without torch."""
     if torch is None:
         import torch  # noqa: PLC0415 - torch is no dependency of ds4lab
     cuda = torch.cuda
@@ -72,8 +61,7 @@ def as_if_capturing(torch=None):
 
 
 def asks_capture_status(frame) -> int:
-    """How many calls in an event table's ``frame`` ask CUDA whether a stream captures (:data:`CAPTURE_STATUS_CALLS`,
-    any ``_v2``/``_ptsz`` form)."""
+    """How many calls in ``frame`` ask CUDA whether a stream captures (:data:`CAPTURE_STATUS_CALLS`)."""
     if frame is None or not len(frame) or "name" not in frame:
         return 0
     api = frame[frame["kind"] == "api"]["name"].astype(str)
@@ -108,8 +96,7 @@ def is_capture_path(path) -> bool:
 
 
 def capture_path_beside(recording) -> Path | None:
-    """The capture-path pass saved beside ``recording`` (:func:`capture_path_name`), or None where there is none (or
-    ``recording`` is itself one)."""
+    """The capture-path pass saved beside ``recording``, or None (also where ``recording`` is one)."""
     if recording is None:
         return None
     recording = Path(recording)

@@ -1,15 +1,8 @@
-"""ds4lab's own trace as a Chrome/Perfetto trace: the Trace Event JSON that ``ds4lab trace`` writes
-(:func:`chrome_trace`) and checks back (:func:`load_trace`); :mod:`ds4lab.trace.sources.kineto` reads it into the
-event table.
-
-Format: ``{"otherData": {...}, "displayTimeUnit": "ns", "traceEvents": [...]}``, complete events ``"ph": "X"`` with
-``ts`` and ``dur`` in µs, one process per stage with ``process_name``/``thread_name`` metadata events ``"ph": "M"``; as
-``torch.profiler`` exports; opens in ui.perfetto.dev and chrome://tracing; each stage's process starts at 0 µs, its
-clock offset in ``otherData.clock_offset_ns``.
-
-Source of the format: "Trace Event Format" (Google, the document chrome://tracing and Perfetto read): JSON object form,
-events ``X`` (complete: ``ts``, ``dur``), ``M`` (metadata: ``process_name``, ``thread_name``, ``process_sort_index``),
-``displayTimeUnit``, ``otherData``."""
+"""ds4lab's own trace as a Chrome/Perfetto trace: the Trace Event JSON ``ds4lab trace`` writes (:func:`chrome_trace`)
+and checks back (:func:`load_trace`); :mod:`ds4lab.trace.sources.kineto` reads it into the event table. Complete
+events ``X`` (``ts``, ``dur`` in µs) and metadata events ``M``, one process per stage starting at 0 µs (its
+offset in ``otherData.clock_offset_ns``), as ``torch.profiler`` exports. Source: "Trace Event Format" (Google,
+the document chrome://tracing and Perfetto read)."""
 
 from __future__ import annotations
 
@@ -43,14 +36,11 @@ def _opt(v):
 
 def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None, *,
                  processes: dict | None = None, tag: str | None = None) -> dict:
-    """The Trace Event JSON object (see the module docstring) of a trace's tables: one process per stage (pid 1, 2, ...
-    in the order of ``meta["stages"]``, named ``processes[stage]``, by default ``stage <name> (<tag>)``; ``tag``:
-    the provenance, by default MODELED or measured), a host thread with the NVTX ranges, a host thread with the CUDA
-    API calls (categories ``cuda_runtime``/``cuda_driver``, as the PyTorch profiler names them), and one GPU thread
-    per stream (kernels, memsets, copies, and the synchronizations as ``cuda_sync``); every kernel event's ``args``
-    carry site, cluster, layer, graph and node ids, stream (name, id and type), correlation, its scalar arguments
-    (``args``) and ``modeled``. ``otherData`` comes first in the object, so that a streaming reader sees it before
-    the events (:mod:`ds4lab.trace.sources.kineto`)."""
+    """The Trace Event JSON object of a trace's tables: one process per stage (in ``meta["stages"]`` order, named
+    ``processes[stage]`` or ``stage <name> (<tag>)``), a host thread of NVTX ranges, one of CUDA API calls
+    (``cuda_runtime``/``cuda_driver``), one GPU thread per stream (kernels, memsets, copies, ``cuda_sync``); kernel
+    ``args`` carry site, cluster, layer, graph and node ids, stream, correlation, scalars and ``modeled``.
+    ``otherData`` comes first, for a streaming reader."""
     modeled = bool(meta.get("modeled"))
     tag = tag or ("MODELED" if modeled else "measured")
     processes = processes or {}
@@ -106,9 +96,9 @@ def chrome_trace(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.Dat
 
 
 def load_trace(path: Path) -> dict:
-    """A ``trace.json`` (or a folder holding one) read back and checked as Trace Event JSON: an object with a
-    ``traceEvents`` list whose events each have ``name``, ``ph``, ``pid`` and, for a complete event (``X``), numeric
-    ``ts`` and ``dur`` ≥ 0. Raises SourceError naming the file and the first bad event."""
+    """A ``trace.json`` (or a folder holding one) read and checked as Trace Event JSON (``traceEvents`` with
+    ``name``, ``ph``, ``pid``, and numeric ``ts``, ``dur`` ≥ 0 for ``X``). Raises SourceError naming the first bad
+    event."""
     p = Path(path)
     if p.is_dir():
         p = p / "trace.json"

@@ -1,10 +1,8 @@
 """The one process-wide CUPTI session (``cupti-python``): activity records converted into the trace model's records as
-they arrive (:meth:`CuptiSession.subscribe`), and call callbacks that record Python stacks or launch arguments at
-named calls (:meth:`CuptiSession.watch_calls`, :meth:`CuptiSession.watch_launches`; through CUPTI's C API,
-:class:`NativeCallbacks`, where its library is mapped). CUPTI takes one pair of buffer callbacks and one subscriber
-per process, so every user in ds4lab goes through :class:`CuptiSession`; without ``cupti-python`` or a driver,
-:class:`CuptiUnavailable` names what is missing. How it works and which record each activity kind becomes:
-``docs/trace-readers.md``, "The CUPTI session"."""
+they arrive (:meth:`CuptiSession.subscribe`), and call callbacks that record Python stacks or launch arguments
+(:meth:`CuptiSession.watch_calls`, :meth:`CuptiSession.watch_launches`, :class:`NativeCallbacks`). Without
+``cupti-python`` or a driver, :class:`CuptiUnavailable` names what is missing. How it works: docs/trace-readers.md,
+"The CUPTI session"."""
 
 from __future__ import annotations
 
@@ -48,10 +46,8 @@ def cupti_available() -> tuple[bool, str]:
 
 
 def cupti_library() -> Path | None:
-    """The CUPTI shared library that ``cupti-python`` loads (``nvidia/*/lib/libcupti.so*`` of the ``nvidia-cuda-cupti``
-    wheel), or None when none is found. NVTX markers reach CUPTI only when a process starts with
-    ``NVTX_INJECTION64_PATH`` naming it (CUPTI documentation, "NVTX": the injection library is loaded at the first
-    NVTX call)."""
+    """The CUPTI shared library ``cupti-python`` loads, or None; NVTX reaches CUPTI only when a process starts with
+    ``NVTX_INJECTION64_PATH`` naming it (CUPTI documentation, "NVTX")."""
     import importlib.util
 
     loaded = _loaded_cupti()
@@ -73,8 +69,7 @@ def cupti_library() -> Path | None:
 
 
 def _loaded_cupti() -> Path | None:
-    """The ``libcupti.so`` this process has mapped once ``cupti-python`` is imported (Linux ``/proc/self/maps``), or
-    None."""
+    """The ``libcupti.so`` this process has mapped (``/proc/self/maps``), or None."""
     try:
         from cupti import cupti  # noqa: F401 - loads the library
         maps = Path("/proc/self/maps").read_text()
@@ -173,9 +168,8 @@ class CuptiSession:
 
     # ------------------------------------------------------------------ activity records
     def subscribe(self, kinds) -> Subscription:
-        """A new :class:`Subscription` to ``kinds`` (``cupti.ActivityKind`` member names). Kinds CUPTI refuses here are
-        left out and named in :attr:`refused` (name → CUPTI's error); raises :class:`CuptiUnavailable` when it
-        refuses every kind asked for, or the buffer callbacks."""
+        """A new :class:`Subscription` to ``kinds`` (``cupti.ActivityKind`` names); refused kinds are named in
+        :attr:`refused`. Raises :class:`CuptiUnavailable` when every kind, or the buffer callbacks, are refused."""
         K = self.c.ActivityKind
         want = []
         for k in kinds:
@@ -227,8 +221,7 @@ class CuptiSession:
         return 8 << 20, 0  # 8 MiB buffers, no record limit
 
     def _converters(self) -> dict:
-        """``{CUPTI activity kind number: (kind name, converter)}``: each converter builds the trace model's record of
-        one CUPTI activity record (module docstring)."""
+        """``{CUPTI activity kind number: (kind name, converter to the trace model's record)}``."""
         K = self.c.ActivityKind
 
         def s(v):
@@ -348,9 +341,7 @@ class CuptiSession:
         return dataclasses.replace(call, name=self.callback_name(call.domain, call.cbid))
 
     def stream_types_now(self) -> dict:
-        """``{stream id: type}`` of the current context's legacy stream and per-thread default stream
-        (``cuptiGetStreamIdEx`` of the NULL stream without and with the per-thread flag); {} when the thread has no
-        context. Raises what the binding raises (no driver)."""
+        """``{stream id: type}`` of the context's legacy and per-thread default streams; {} without a context."""
         ctx = current_context()
         if not ctx:
             return {}
@@ -360,11 +351,9 @@ class CuptiSession:
 
     # ------------------------------------------------------------------ call callbacks
     def watch_calls(self, runtime=(), driver=(), *, skip_files: tuple = ()) -> CallWatch:
-        """A :class:`CallWatch` recording the Python stack (:func:`python_stack`) at the entry of each call named in
-        ``runtime`` / ``driver`` (CUPTI callback ids by name, ``cupti.runtime_api_trace_cbid`` /
-        ``driver_api_trace_cbid`` members: all their versions, ``_ptsz``/``_ptds`` variants too). Raises
-        :class:`CuptiUnavailable` when CUPTI refuses the subscriber (another CUPTI client, such as
-        ``torch.profiler`` or Nsight, holds it)."""
+        """A :class:`CallWatch` recording the Python stack at the entry of each call named in ``runtime`` /
+        ``driver`` (every version and ``_ptsz``/``_ptds`` form). Raises :class:`CuptiUnavailable` when CUPTI refuses
+        the subscriber (another CUPTI client holds it)."""
         watch = CallWatch(self)
         with self.lock:
             self._subscriber()
@@ -384,9 +373,8 @@ class CuptiSession:
         return watch
 
     def _callback_api(self):
-        """:class:`NativeCallbacks` when ``self.c`` is cupti-python's module (it has a file: a stand-in has none), its
-        CUPTI library is mapped in this process and ``DS4LAB_CUPTI_CALLBACKS`` is not ``python``; else ``self.c``
-        (cupti-python's ``subscribe``, which builds a ``CallbackData`` at every callback)."""
+        """:class:`NativeCallbacks` where cupti-python's library is mapped (not with
+        ``DS4LAB_CUPTI_CALLBACKS=python``), else ``self.c``."""
         if os.environ.get(CALLBACKS_ENV, "").lower() == "python" or not getattr(self.c, "__file__", None):
             return self.c
         try:  # cupti-python loads CUPTI's library at its first call: make one that changes nothing
@@ -443,10 +431,9 @@ class CuptiSession:
 
     # ------------------------------------------------------------------ launch callbacks (audit arguments)
     def watch_launches(self, names, handler) -> Callable[[], None]:
-        """Call ``handler(domain, cbid, cbdata)`` at the entry and exit of every launch call named in ``names`` (base
-        names, runtime or driver: ``cudaLaunchKernel``, ``cuLaunchKernelEx``; every version and ``_ptsz`` form), on
-        the launching thread, as CUPTI calls the subscriber. Returns the function that stops it. Used by
-        :mod:`ds4lab.audit.arguments`; raises :class:`CuptiUnavailable` as :meth:`watch_calls` does."""
+        """Call ``handler(domain, cbid, cbdata)`` at the entry and exit of every launch call named in ``names``
+        (base names, every version), on the launching thread. Returns the function that stops it; raises as
+        :meth:`watch_calls`."""
         with self.lock:
             sub = self._subscriber()
             D = self.c.CallbackDomain
@@ -487,10 +474,8 @@ CALLBACK_FIELDS = (("callback_site", 0, "i"), ("function_name", 8, "Q"), ("funct
 
 
 def callback_struct(dtype=None) -> struct.Struct:
-    """The :class:`struct.Struct` that unpacks ``(callbackSite, functionName, functionParams, symbolName,
-    correlationId)`` from a ``CUpti_CallbackData``'s bytes, at the offsets of ``dtype``
-    (``cupti.callback_data_dtype``: its ``fields`` and ``itemsize``) where it has them, else
-    :data:`CALLBACK_FIELDS`'s."""
+    """The :class:`struct.Struct` unpacking ``(callbackSite, functionName, functionParams, symbolName,
+    correlationId)`` from a ``CUpti_CallbackData``, at ``dtype``'s offsets, else :data:`CALLBACK_FIELDS`'s."""
     fields = getattr(dtype, "fields", None) or {}
     offs = [int(fields[n][1]) if n in fields else o for n, o, _ in CALLBACK_FIELDS]
     if offs != sorted(offs):  # never seen: a reordered struct is read at the documented offsets
@@ -504,9 +489,7 @@ def callback_struct(dtype=None) -> struct.Struct:
 
 
 class CallbackView:
-    """The fields of the ``CUpti_CallbackData`` at ``ptr`` under cupti-python's names (``callback_site``,
-    ``correlation_id``, ``function_name``, ``symbol_name``, ``ptr``), read from memory (:func:`callback_struct`):
-    what :class:`NativeCallbacks` hands over is the address alone."""
+    """The fields of the ``CUpti_CallbackData`` at ``ptr`` under cupti-python's names, read from memory."""
 
     def __init__(self, ptr: int, module=None) -> None:
         self.ptr = int(ptr)
@@ -518,12 +501,9 @@ class CallbackView:
 
 
 class NativeCallbacks:
-    """CUPTI's callback API called through ``ctypes`` (``cuptiSubscribe``, ``cuptiEnableCallback``,
-    ``cuptiUnsubscribe`` of the CUPTI library cupti-python loaded): the subscriber is a ``ctypes`` callback handed
-    the callback data's address (an ``int``), where cupti-python's wrapper builds a ``CallbackData`` (a NumPy
-    record) at every callback, microseconds at every launch of an argument pass. The same signature as
-    cupti-python's ``subscribe``/``enable_callback``/``unsubscribe``; a status other than ``CUPTI_SUCCESS`` raises
-    RuntimeError naming it (``cuptiGetResultString``)."""
+    """CUPTI's callback API through ``ctypes``: the subscriber gets the callback data's address (cupti-python
+    builds a NumPy record per callback, microseconds a launch). Same signature as cupti-python's
+    ``subscribe``/``enable_callback``/``unsubscribe``; a failing status raises RuntimeError naming it."""
 
     #: ``void CUPTIAPI (*CUpti_CallbackFunc)(void *userdata, CUpti_CallbackDomain, CUpti_CallbackId, const void *)``
     FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
@@ -534,8 +514,7 @@ class NativeCallbacks:
 
     @classmethod
     def load(cls, path) -> "NativeCallbacks | None":
-        """The callback API of the CUPTI library at ``path`` (already loaded: cupti-python's), or None where there is
-        none or it lacks the calls."""
+        """The callback API of the loaded CUPTI library at ``path``, or None where it lacks the calls."""
         if path is None:
             return None
         try:
@@ -576,9 +555,7 @@ class NativeCallbacks:
 
 
 def current_context() -> int:
-    """The calling thread's current CUDA context as an integer handle (``cuCtxGetCurrent`` through ``cuda-bindings``,
-    which ``cupti-python`` depends on); 0 when there is none. Raises what the binding raises when no driver loads.
-    """
+    """The thread's current CUDA context as an integer (``cuCtxGetCurrent``); 0 without one. Raises without a driver."""
     from cuda.bindings import driver as cu
 
     err, ctx = cu.cuCtxGetCurrent()

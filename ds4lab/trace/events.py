@@ -1,33 +1,7 @@
-"""The trace model's one event table: every event source (a PyTorch profiler / Kineto trace, an Nsight Systems SQLite
-export, an in-process CUPTI recording, ds4lab's own ``trace.json``) is read into this shape, and everything the
-audit decides is decided on it. A record of :mod:`ds4lab.trace.records` becomes a row through its ``cells()``.
-
-One row per event, in one pandas DataFrame. What a row is depends on ``kind``:
-
-==========  ======================================================================================
-``api``     a CUDA runtime or driver API call on a host thread (``name``: ``cudaLaunchKernel``,
-            ``cuLaunchKernelEx``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``, ...; ``domain``:
-            ``runtime`` or ``driver``); ``correlation`` links it to the device rows it launched
-``kernel``  a kernel on a device (``name`` as the source gives it, demangled where it can be;
-            ``grid``/``block``; ``graph_id``/``graph_node_id`` when launched from a graph)
-``memcpy``  a copy on a device (``copy_kind``, ``host_memory``, ``bytes``)
-``memset``  a memset on a device (``bytes``)
-``sync``    a synchronization the tool recorded as such (``sync_kind``: stream, event, device,
-            context, stream_wait_event)
-``nvtx``    an NVTX push/pop or start/end range on a host thread (``name``: the range's message,
-            ``domain``: its NVTX domain, ``start_ns``/``end_ns`` its extent)
-``graph``   a whole-graph execution record (Nsight Systems without ``--cuda-graph-trace=node``)
-==========  ======================================================================================
-
-Clocks: ``start_ns``/``end_ns`` are integers in ns on the source's one clock (host and device rows of one source share
-it, as CUPTI's and Nsight Systems' timestamps do). ``-1`` (integers) and ``""`` (strings) mean "the source does not
-say": a reader never invents a value.
-
-Sources: CUPTI Activity API (``CUpti_ActivityAPI``, ``CUpti_ActivityKernel*``, ``CUpti_ActivityMemcpy*``,
-``CUpti_ActivityMemset*``, ``CUpti_ActivitySynchronization``, ``CUpti_ActivityMarker*``); Nsight Systems SQLite export
-schema (``CUPTI_ACTIVITY_KIND_*``, ``NVTX_EVENTS``, ``StringIds``, ``ENUM_*`` tables); PyTorch profiler Chrome-trace
-JSON (Kineto: categories ``cuda_runtime``, ``cuda_driver``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``, ``cuda_sync``,
-``python_function``, ``gpu_user_annotation``)."""
+"""The trace model's one event table: every event source (Kineto, an Nsight Systems SQLite export, a CUPTI recording,
+ds4lab's ``trace.json``) is read into this shape, one row per event in one DataFrame with :data:`COLUMNS`, and
+everything the audit decides is decided on it; a record of :mod:`ds4lab.trace.records` becomes a row through its
+``cells()``. What each ``kind`` of row is, the clocks, and the sources: docs/trace-readers.md, "The event table"."""
 
 from __future__ import annotations
 
@@ -70,15 +44,9 @@ COLUMNS: dict[str, tuple[str, object]] = {
 
 @dataclass
 class EventTable:
-    """Events read from one source (one file, or one in-process recording).
-
-    Attributes:
-        frame: a pandas DataFrame with exactly :data:`COLUMNS` (use :func:`make_frame`), sorted by ``start_ns``.
-        source: the file it came from (or ``"<recording>"``).
-        tool: what wrote it (``"pytorch-profiler"``, ``"nsys-sqlite"``, ``"cupti"``, ``"ds4lab-trace"``) and its
-            version where the file says (``"nsys-sqlite (schema 3.11)"``).
-        notes: what was read but not tabled, or left out, each a sentence naming what and why (shown in the report:
-            nothing is dropped silently)."""
+    """Events read from one source: ``frame`` (exactly :data:`COLUMNS`, sorted by ``start_ns``: :func:`make_frame`),
+    ``source`` (the file or ``"<recording>"``), ``tool`` (what wrote it, with its version where said), ``notes``
+    (what was read but not tabled, each a sentence: nothing is dropped silently)."""
 
     frame: object
     source: str
@@ -93,11 +61,8 @@ class EventTable:
 
 
 def make_frame(rows):
-    """A DataFrame with exactly :data:`COLUMNS` from an iterable of dicts (missing keys get the column's missing
-    value), typed and sorted by ``start_ns`` (stable: equal times keep their order).
-
-    Raises:
-        ValueError: a row with a key that is not a column, or a ``kind`` not in :data:`KINDS` (names both)."""
+    """A DataFrame with exactly :data:`COLUMNS` from dicts (missing keys: the column's missing value), typed and
+    stably sorted by ``start_ns``. Raises ValueError: a key that is no column, or a ``kind`` not in :data:`KINDS`."""
     import pandas as pd
 
     rows = list(rows)

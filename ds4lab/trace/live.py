@@ -1,10 +1,7 @@
 """Live traces: this process's device work as the trace model's records, for every figure that reads a trace of
-ds4lab's own work (the MoE profiler's ``cupti`` mode and stamps, the busy-time floors, ``ds4lab trace``).
-:func:`trace_source` is the one place a source is picked for a backend (it never raises): :class:`CuptiTimeline`
-(the CUPTI session's records; with ``calls=True`` the API level too), :class:`SimTimeline` (the sim's modeled
-schedule, MODELED; a replayed node's id is its position in the graph's launch order) or :class:`Unavailable`
-(``reason``). Also what ``ds4lab trace`` records beside: :class:`RecordingAnnotator` (ds4lab's NVTX ranges with
-their times), :class:`SimCallLog` (the sim's calls as the API level, MODELED) and :func:`kernel_args`."""
+ds4lab's own work. :func:`trace_source` picks a source for a backend (never raises): :class:`CuptiTimeline`,
+:class:`SimTimeline` (MODELED) or :class:`Unavailable`. Also what ``ds4lab trace`` records beside:
+:class:`RecordingAnnotator`, :class:`SimCallLog` (MODELED) and :func:`kernel_args`."""
 
 from __future__ import annotations
 
@@ -22,10 +19,9 @@ __all__ = ["CuptiTimeline", "RecordingAnnotator", "SimCallLog", "SimTimeline", "
 
 # ----------------------------------------------------------------------------- device work
 class SimTimeline:
-    """The sim's modeled timeline as device records (module docstring): MODELED, on device 0 (as ``cudaGetDevice``
-    says; a device of a :class:`~ds4lab.sim.devices.SimNode` its own index). ``calls``: a :class:`SimCallLog`
-    installed while the source runs, the API level of the same span (:meth:`take_api`), each call's device work
-    linked to it by a correlation id."""
+    """The sim's modeled timeline as device records (MODELED; device 0, or a node's own index). ``calls``: a
+    :class:`SimCallLog` installed while it runs (:meth:`take_api`), linked by correlation id; a replayed node's id is
+    its position in the graph's launch order."""
 
     available, reason = True, ""
     modeled = True
@@ -97,12 +93,8 @@ def _sim_copy_kind(name: str) -> str:
 
 
 class CuptiTimeline:
-    """Records of ds4lab's one CUPTI session (:class:`ds4lab.trace.cupti.CuptiSession`) of ``kinds``
-    (``cupti.ActivityKind`` names; default :data:`~ds4lab.trace.cupti.KERNEL_KINDS`) as a trace source (GPU):
-    :meth:`take` returns the device records (kernels, memsets, copies, graph executions) and keeps the others (API
-    calls, synchronizations, event records, stream creations) for :meth:`take_api`. ``clock_ns`` is CUPTI's clock
-    (``cuptiGetTimestamp``, the records' clock). Raises :class:`~ds4lab.trace.cupti.CuptiUnavailable` when CUPTI is
-    not there."""
+    """Records of the CUPTI session of ``kinds`` as a trace source: :meth:`take` returns the device records,
+    :meth:`take_api` the others; ``clock_ns`` is CUPTI's clock. Raises CuptiUnavailable without CUPTI."""
 
     available, reason = True, ""
     modeled = False
@@ -136,8 +128,7 @@ class CuptiTimeline:
         return [r for r in recs if isinstance(r, R.DEVICE_TYPES)]
 
     def take_api(self) -> list:
-        """The API-level records (:class:`~ds4lab.trace.records.ApiCall`, ``Sync``, ``EventRecord``, ``StreamMade``)
-        read by the takes since the last call."""
+        """The API-level records (ApiCall, Sync, EventRecord, StreamMade) since the last call."""
         out, self._other = self._other, []
         return out
 
@@ -155,10 +146,8 @@ class CuptiTimeline:
         return int(stream), self.known.get(int(stream), "")
 
     def note_stream(self, stream) -> None:
-        """Learn the CUPTI id and kind of a stream created before the trace started (CUPTI's ``STREAM`` records only
-        name streams created while it records): ``cuptiGetStreamIdEx`` of the handle and its ``cuStreamGetFlags``
-        (``CU_STREAM_NON_BLOCKING``). A stream that is not a CUDA handle, or a failing call, leaves it unknown.
-        """
+        """Learn the CUPTI id and kind of a stream created before the trace started (``cuptiGetStreamIdEx``,
+        ``cuStreamGetFlags``); a failure leaves it unknown."""
         from .cupti import current_context
 
         ptr = getattr(stream, "ptr", None)
@@ -195,10 +184,8 @@ class Unavailable:
 
 
 def trace_source(be, kinds=KERNEL_KINDS, *, calls: bool = False):
-    """The one registry of live traces: the device-work trace of backend ``be``, CUPTI on a GPU (when importable and it
-    starts; the activity ``kinds``, :data:`~ds4lab.trace.cupti.TRACE_KINDS` with ``calls``), the modeled timeline on
-    ``sim`` (with ``calls``, the sim's call log beside it); otherwise an :class:`Unavailable` source saying why
-    (never raises)."""
+    """The device-work trace of backend ``be``: CUPTI on a GPU (``kinds``; ``TRACE_KINDS`` with ``calls``), the
+    modeled timeline on ``sim`` (with its call log), else an :class:`Unavailable` saying why."""
     from ..executor.base import ModeledTime
 
     if isinstance(be, ModeledTime):  # a backend that keeps a (modeled) device timeline
@@ -215,9 +202,8 @@ def trace_source(be, kinds=KERNEL_KINDS, *, calls: bool = False):
 
 
 def busy_us(records) -> tuple[float, float, int]:
-    """``(busy, span, kernels)`` of device records: the union of the kernel intervals in µs (overlapping kernels
-    counted once), first start to last end in µs, and the number of kernel records. Memsets and other kinds are left
-    out. ``(0, 0, 0)`` for no kernel record."""
+    """``(busy, span, kernels)`` of device records: the union of kernel intervals (µs), first start to last end (µs),
+    the kernel count; ``(0, 0, 0)`` without kernels."""
     iv = sorted((float(r.start_ns), float(r.end_ns)) for r in records if r.kind == "kernel")
     if not iv:
         return 0.0, 0.0, 0
@@ -255,13 +241,9 @@ def kernel_args(args) -> R.KernelArgs:
 
 # ----------------------------------------------------------------------------- NVTX ranges
 class RecordingAnnotator:
-    """An annotator (the :class:`ds4lab.capture.annotate.NvtxAnnotator` interface) that records each range's push and
-    pop time with ``clock_ns`` (a callable returning ns), and passes every call on to ``inner`` (e.g. an
-    :class:`~ds4lab.capture.annotate.NvtxAnnotator`, so Nsight tools still see the ranges).
-
-    ``ranges``: a :class:`~ds4lab.trace.records.Range` per popped range while :attr:`recording` is true (``depth`` 0
-    for the outermost). A pop without a push raises IndexError, as an unbalanced NVTX stack is a bug of the caller.
-    """
+    """An NVTX annotator recording each range's push and pop time with ``clock_ns`` and passing every call on to
+    ``inner``. ``ranges``: a :class:`~ds4lab.trace.records.Range` per range popped while :attr:`recording`; a pop
+    without a push raises IndexError."""
 
     enabled = True
 
@@ -302,16 +284,10 @@ SIM_CALLS = {
 
 
 class SimCallLog:
-    """The sim backend's calls as the CUDA API level (MODELED): the calls the launch layer and the graph cache make of
-    the sim backend (``launch`` → ``cudaLaunchKernel``, ``memset_sync`` → ``cudaMemset`` on the legacy stream,
-    ``graph_launch`` → ``cudaGraphLaunch``, ...) with the modeled host clock before and after each, the stream each
-    names (id and kind: legacy, blocking, non-blocking, per-thread) and a correlation id shared with the device work
-    the call put on the modeled timeline.
-
-    :meth:`install` wraps the backend instance's methods (instance attributes over the class's); :meth:`remove` takes
-    them away. ``calls``: the logged :class:`~ds4lab.trace.records.ApiCall` records (each with the id of the stream it
-    names) and, beside each call that synchronizes, a :class:`~ds4lab.trace.records.Sync`; ``corr_of``: absolute
-    timeline index (``trace_records`` numbering) → correlation id; ``streams``: stream name → (id, kind)."""
+    """The sim backend's calls as the CUDA API level (MODELED): ``launch`` → ``cudaLaunchKernel``, ``memset_sync``
+    → ``cudaMemset``, ``graph_launch`` → ``cudaGraphLaunch``, ..., with the modeled host clock around each, the
+    stream it names and a correlation id shared with its device work. :meth:`install` wraps the backend's methods,
+    :meth:`remove` unwraps them; ``calls`` (ApiCall and Sync records), ``corr_of``, ``streams``."""
 
     def __init__(self, be) -> None:
         self.be = be

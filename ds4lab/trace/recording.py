@@ -1,48 +1,10 @@
 """In-process recording of a decode loop for the audit, through ds4lab's one CUPTI session.
 
-Python API::
-
-    from ds4lab.trace.recording import recording
-    with recording() as rec:          # CUPTI activity of every kind the audit reads, from here on
-        for _ in range(8):
-            model.generate(...)       # the user's decode loop
-    table = rec.table()               # an EventTable (tool "cupti")
-    rec.save("run.csv.gz")            # a file ds4lab.trace.sources.read_events understands
-
-What is recorded (:data:`ds4lab.trace.cupti.AUDIT_KINDS`): CUDA runtime and driver API calls,
-kernels, memcpys, memsets, synchronizations, NVTX ranges (``MARKER``: they reach CUPTI when the process
-started with ``NVTX_INJECTION64_PATH`` naming the CUPTI library; :func:`run_script` sets it), CUDA event
-records and stream creations (their flags give ``stream_type``). With ``stacks=True`` the CUPTI
-callback API records the Python stack at the entry of the rare hazard-class calls
-(:data:`HAZARD_RUNTIME`, :data:`HAZARD_DRIVER`: allocation, pinned host memory, synchronous copies and
-memsets, synchronizations and queries, graph launches, and ``cudaMemcpyAsync``, whose pageable form
-is a hazard), and nothing else: the cost stays on those calls.
-
-With ``arguments=True`` it also records every kernel launch's parameter bytes and the allocations
-they point into (:mod:`ds4lab.trace.arguments`): that slows the host at every launch, so record it in
-a pass of its own over the same loop, never around the tokens you time::
-
-    with recording() as timed:                       # the timed tokens, clean
-        loop()
-    with recording(arguments=True, token_range="decode_step") as args:   # a second pass
-        loop()
-    timed.save("out/recording.csv.gz"); args.save("out/arguments.csv.gz")   # + out/arguments.json.gz
-
-Command line (what :func:`run_script` runs, a subprocess of the same interpreter)::
-
-    python -m ds4lab.trace.recording --out rec.csv.gz [--no-stacks] -- my_decode.py ARGS...
-
-runs the script with :mod:`runpy` (its ``sys.argv``, as ``__main__``) inside :func:`recording` and saves
-the table at exit, also when the script raises or is interrupted (Ctrl-C): what was recorded is kept,
-and the script's exit status is passed on (and written in the saved file's header).
-
-**The markers pass** (``--markers``; :func:`run_script` runs it beside every recording): the same program
-run once more with nothing recorded but its NVTX ranges (CUPTI ``MARKER`` activity alone: no runtime,
-driver or kernel activity, no callbacks), saved as ``<stem>.markers.csv.gz`` beside ``<stem>.csv.gz``
-(:func:`markers_name`, :func:`markers_beside`). CUPTI's activity on every API call is what makes a recorded
-loop slow; the ranges of an untraced run say what the loop costs without it, per token inside the range and
-outside it (:func:`ds4lab.audit.tokens.untraced_times`), which the plans price the work they keep at.
-"""
+:func:`recording` records a block (a :class:`Recording`: :meth:`~Recording.table`, :meth:`~Recording.save`);
+:func:`run_script` runs a script under ``python -m ds4lab.trace.recording`` (:func:`main`) with its passes
+beside it: the timed recording, the capture-path pass, the markers pass (the NVTX ranges alone: the loop's
+untraced host times) and the argument pass. What is recorded, the command line and the passes:
+docs/trace-readers.md ("Recording in process")."""
 
 from __future__ import annotations
 
@@ -88,10 +50,8 @@ STEP_KEYS = ("engine", "cache", "dtype", "argv")
 
 
 class Recording:
-    """What :func:`recording` recorded: the trace model's records (:mod:`ds4lab.trace.records`), the
-    Python stacks of the watched calls, and the notes of the session (kinds CUPTI refused, a
-    callback subscriber it refused). :meth:`table` and :meth:`save` may be called once the block
-    has ended."""
+    """What :func:`recording` recorded: the trace model's records, the Python stacks of the watched calls, and
+    the session's notes. :meth:`table` and :meth:`save` may be called once the block has ended."""
 
     def __init__(self, session: CuptiSession, stacks: bool) -> None:
         self.session = session
@@ -110,11 +70,9 @@ class Recording:
 
     @contextlib.contextmanager
     def host_range(self, name: str):
-        """Mark the block as a range ``name`` on CUPTI's own clock (``cuptiGetTimestamp`` at entry and
-        exit, on this thread). An NVTX range reaches CUPTI only when the process started with
-        ``NVTX_INJECTION64_PATH`` naming the CUPTI library; when the recording holds no NVTX range of
-        ``name`` at its end, these ranges are tabled in its place (domain :data:`HOST_RANGE_DOMAIN`,
-        with a note), so a token marked both ways is found either way."""
+        """Mark the block as a range ``name`` on CUPTI's own clock (this thread). Where the recording holds no
+        NVTX range of ``name`` at its end (NVTX reaches CUPTI only with ``NVTX_INJECTION64_PATH`` set), these ranges
+        are tabled in its place (domain :data:`HOST_RANGE_DOMAIN`, with a note)."""
         t0 = self.session.timestamp()
         try:
             yield
@@ -122,8 +80,8 @@ class Recording:
             self.host_ranges.append((name, t0, self.session.timestamp(), threading.get_native_id()))
 
     def table(self):
-        """The recording as an :class:`~ds4lab.trace.events.EventTable` (``source`` ``"<recording>"``,
-        ``tool`` ``"cupti"`` with the ``cupti-python`` version). Raises RuntimeError inside the block."""
+        """The recording as an :class:`~ds4lab.trace.events.EventTable` (``source`` ``"<recording>"``, ``tool``
+        ``"cupti"``). Raises RuntimeError inside the block."""
         if not self.done:
             raise RuntimeError("the recording is still running: call table() after the with block")
         if self._table is None:
@@ -131,8 +89,8 @@ class Recording:
         return self._table
 
     def save(self, path, **extra) -> Path:
-        """Write :meth:`table` to ``path`` (a folder: ``path/recording.csv.gz``) as a saved event table
-        (:mod:`ds4lab.trace.sources.saved`); ``extra`` goes into its header. Returns the file."""
+        """Write :meth:`table` to ``path`` (a folder: ``path/recording.csv.gz``) as a saved event table, ``extra``
+        in its header (an argument pass's store beside it). Returns the file."""
         from .sources.saved import write_table
 
         p = Path(path)
@@ -149,8 +107,8 @@ class Recording:
 
 
 def store_path(table_path: Path) -> Path:
-    """Where a recording's argument store goes: ``arguments.json.gz`` beside ``arguments.csv.gz`` (the
-    second pass of ``ds4lab audit run``), else ``<stem>.arguments.json.gz`` beside it."""
+    """A recording's argument store: ``arguments.json.gz`` beside ``arguments.csv.gz``, else
+    ``<stem>.arguments.json.gz``."""
     from .arguments import STORE_NAME, STORE_SUFFIX
 
     p = Path(table_path)
@@ -159,8 +117,7 @@ def store_path(table_path: Path) -> Path:
 
 
 def markers_name(recording) -> Path:
-    """Where the markers pass of ``recording`` goes: ``<stem>.markers.csv.gz`` beside it (the whole stem,
-    :func:`ds4lab.trace.capture_path.trace_stem`: ``recording.csv.gz`` → ``recording.markers.csv.gz``)."""
+    """Where the markers pass of ``recording`` goes: ``<stem>.markers.csv.gz`` beside it (the whole stem)."""
     from .capture_path import trace_stem
 
     recording = Path(recording)
@@ -173,8 +130,7 @@ def is_markers(path) -> bool:
 
 
 def markers_beside(recording) -> Path | None:
-    """The markers pass saved beside ``recording`` (:func:`markers_name`), or None where there is none (or
-    ``recording`` is itself a markers pass or a capture-path pass, whose tokens are another run's)."""
+    """The markers pass saved beside ``recording``, or None (also for a markers or capture-path pass itself)."""
     from .capture_path import is_capture_path
 
     if recording is None or is_markers(recording) or is_capture_path(recording):
@@ -186,24 +142,14 @@ def markers_beside(recording) -> Path | None:
 @contextlib.contextmanager
 def recording(*, stacks: bool = True, arguments: bool = False, token_range: str | None = None, tokens=None,
               markers_only: bool = False):
-    """Record the block's CUDA activity (module docstring); yields a :class:`Recording`.
+    """Record the block's CUDA activity; yields a :class:`Recording`.
 
-    ``markers_only``: record the NVTX ranges and nothing else (CUPTI ``MARKER`` activity; no stacks, no
-    arguments): the markers pass, whose host times are the program's untraced ones.
-
-    ``arguments``: also every launch's parameter bytes and the allocations (:mod:`ds4lab.trace.arguments`;
-    an argument pass: do not time it); ``token_range``: the NVTX range that marks a token, used at the end
-    of an argument pass to keep the bytes only where they differ between tokens (None: found by itself).
-    ``tokens(table, token_range)``: how the pass's tokens are found (a
-    :class:`~ds4lab.trace.arguments.TokenLaunches`; raising :class:`~ds4lab.errors.BadInput` when there
-    are none): an analysis the trace model does not hold, given by the audit
-    (:func:`ds4lab.audit.arguments.recording` passes :func:`ds4lab.audit.arguments.token_launches`).
-    Without it every distinct argument value is kept, and the store says so.
-
-    Raises:
-        SourceError: ``cupti-python`` missing, or CUPTI refusing to start (no driver, no GPU): names
-            what is missing. A refused callback subscriber only costs the stacks (noted).
-    """
+    ``stacks``: the Python stacks of the hazard-class calls; ``markers_only``: the NVTX ranges alone (the
+    markers pass); ``arguments``: also every launch's parameter bytes and the allocations (an argument pass:
+    do not time it), ``token_range`` the NVTX range of a token (None: found by itself) and ``tokens(table,
+    token_range)`` how the pass's tokens are found (a :class:`~ds4lab.trace.arguments.TokenLaunches`, raising
+    :class:`~ds4lab.errors.BadInput` when there are none; without it every distinct value is kept, said).
+    Raises SourceError: ``cupti-python`` missing, or CUPTI refusing to start (naming what is missing)."""
     ok, why = cupti_available()
     if not ok:
         raise SourceError(f"cannot record: {why}")
@@ -256,9 +202,7 @@ HOST_RANGE_DOMAIN = "ds4lab-host-clock"
 
 
 def _host_ranges_as_markers(rec: Recording) -> None:
-    """Append ``rec.host_ranges`` to ``rec.records`` as marker start/end pairs, for each name no NVTX
-    range in the records carries (those found by NVTX are kept, and the host ranges of that name
-    dropped)."""
+    """Append ``rec.host_ranges`` as marker start/end pairs for each name no NVTX range carries."""
     if not rec.host_ranges:
         return
     have = {r.name for r in rec.records if isinstance(r, R.Marker) and r.phase == "start"}
@@ -281,8 +225,7 @@ def _host_ranges_as_markers(rec: Recording) -> None:
 
 
 def _start_arguments(session, rec, stacks: bool):
-    """The argument capture and the allocation tracker of an argument pass, started (or None, None with
-    a note saying why not)."""
+    """An argument pass's capture and allocation tracker, started (or None, None with a note saying why not)."""
     from .arguments import ArgumentCapture, MemoryTracker
 
     capture = ArgumentCapture(session, stacks=stacks)
@@ -307,9 +250,7 @@ def _start_arguments(session, rec, stacks: bool):
 
 
 def _finish_arguments(rec, capture, mem, token_range, tokens=None) -> None:
-    """The pass's :class:`~ds4lab.trace.arguments.ArgumentStore`: launches, functions, the bytes where
-    tokens differ (tokens found in the pass's own table by ``tokens``), the allocations, the varying
-    words' ranges."""
+    """The pass's :class:`~ds4lab.trace.arguments.ArgumentStore`, pruned to the bytes where tokens differ."""
     from ..errors import BadInput
     from . import arguments as A
 
@@ -345,7 +286,7 @@ def _finish_arguments(rec, capture, mem, token_range, tokens=None) -> None:
 
 
 def _own_call(rec, domain, cbid, tid, t0) -> bool:
-    """Whether an API record is one of the argument capture's own queries (its name, its thread, its window)."""
+    """Whether an API record is one of the argument capture's own queries."""
     from .arguments import OWN_CALLS
 
     if rec.session.callback_name(domain, cbid) not in OWN_CALLS:
@@ -354,8 +295,7 @@ def _own_call(rec, domain, cbid, tid, t0) -> bool:
 
 
 def _system_thread_ids(session) -> None:
-    """Thread ids as the OS numbers them (``CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM``), so that they
-    match ``threading.get_native_id()``; CUPTI's default is ``pthread_self``."""
+    """Thread ids as the OS numbers them, to match ``threading.get_native_id()`` (CUPTI's default: ``pthread_self``)."""
     T = getattr(session.c, "ActivityThreadIdType", None)
     if T is not None and hasattr(T, "SYSTEM"):
         with contextlib.suppress(Exception):
@@ -373,8 +313,7 @@ def _legacy_streams(session, notes) -> dict:
 
 
 def demangle(names) -> dict:
-    """``{mangled: demangled}`` for the C++ names among ``names`` (``_Z...``), through ``c++filt`` when
-    it is on PATH; {} otherwise."""
+    """``{mangled: demangled}`` for the C++ names among ``names``, through ``c++filt`` when on PATH; {} otherwise."""
     mangled = sorted({n for n in names if n.startswith("_Z")})
     exe = shutil.which("c++filt")
     if not mangled or exe is None:
@@ -454,10 +393,7 @@ def _to_table(rec: Recording):
 
 
 def _gpu_label() -> str:
-    """`` on <GPU>, driver <version>`` from ``nvidia-smi`` (the first GPU), so that a recording's times
-    name the machine they were measured on; "" where it cannot say."""
-    import subprocess
-
+    """`` on <GPU>, driver <version>`` from ``nvidia-smi`` (the first GPU); "" where it cannot say."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
@@ -487,38 +423,13 @@ def _strip_python(argv: list[str]) -> list[str]:
 def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = False,
                token_range: str | None = None, capture_path: bool = True, markers: bool = True,
                seconds: dict | None = None) -> Path:
-    """Run ``python argv...`` (a subprocess of this interpreter, ``python -m ds4lab.trace.recording``)
-    with the recording on and return the saved table (``out/recording.csv.gz``, or ``out`` itself
-    when it ends in ``.gz``). A leading ``python``/``python3`` in ``argv`` is dropped; ``-m module``
-    runs a module. ``NVTX_INJECTION64_PATH`` is set to the CUPTI library (unless already set) so
-    that NVTX ranges are recorded. The script's output goes to the terminal; its exit status is in
-    the saved file's header and the table's notes (a failing script still leaves its recording).
-
-    ``capture_path``: where the first recording holds calls asking whether the stream captures
-    (:func:`ds4lab.trace.capture_path.asks_capture_status`), run the script once more with PyTorch
-    answering yes (:mod:`ds4lab.trace.capture_path`), into ``capture-path.csv.gz`` beside it: the work a
-    graph of the step would hold, for the plans; a pass that fails is said and leaves the rest as it is.
-    Not run where every asking call's recorded stack shows it came from C/C++ (none passes through
-    ``torch.cuda.is_current_stream_capturing``, the one answer the pass changes): it would run the
-    recorded path again (:data:`ds4lab.trace.capture_path.NOT_ASKED`), said.
-
-    ``markers``: run the script once more with only its NVTX ranges recorded (the markers pass, module
-    docstring), into ``<stem>.markers.csv.gz`` beside the recording: its untraced host times; a pass that
-    fails is said and leaves the rest as it is.
-
-    ``seconds``: filled with each pass's wall-clock seconds (``timed``, ``capture_path``, ``markers``,
-    ``arguments``: the passes that ran), for the record of where a run's time goes.
-
-    ``arguments``: run the script a second time with the kernel arguments recorded
-    (:mod:`ds4lab.trace.arguments`), into ``arguments.csv.gz`` and ``arguments.json.gz`` beside the
-    first (timed) recording, which stays clean of the capture's cost; a second pass that fails leaves
-    the first recording as it is (its reason in ``arguments.csv.gz.error.txt``).
-
-    Raises:
-        SourceError: no script given; ``cupti-python`` missing (checked before starting); the
-            recording could not start in the subprocess (its reason: no GPU, no driver); nothing
-            saved.
-    """
+    """Run ``python argv...`` (a subprocess, ``python -m ds4lab.trace.recording``) recorded and return the saved
+    table (``out/recording.csv.gz``, or ``out`` when it ends in ``.gz``). A leading ``python`` is dropped; ``-m
+    module`` runs a module; ``NVTX_INJECTION64_PATH`` is set to the CUPTI library unless set. The script's exit
+    status is in the saved header and notes. Beside it (docs/trace-readers.md): ``capture_path``, the
+    capture-path pass where the script asks from Python whether the stream captures; ``markers``, the markers
+    pass; ``arguments``, the argument pass. ``seconds``: filled with each pass's wall-clock seconds.
+    Raises SourceError: no script given; ``cupti-python`` missing; the recording could not start; nothing saved."""
     argv = _strip_python(argv)
     if not argv:
         raise SourceError("ds4lab audit run: no script given (… run -- python my_decode.py ARGS)")
@@ -567,34 +478,26 @@ def run_script(argv: list[str], out: Path, console=None, *, arguments: bool = Fa
         elif asked:
             say(f"the script asked {asked} times whether the stream captures: recording its capture path (a pass "
                 f"with torch.cuda.is_current_stream_capturing() answering yes): {' '.join(argv)}")
-            clock = time.monotonic()
-            if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(third),
-                               "--as-if-capturing", "--", *argv], third, env, say, "no capture-path pass"):
-                say(f"capture path recorded to {third}")
-            took["capture_path"] = round(time.monotonic() - clock, 1)
+            took["capture_path"] = _optional_pass(["--as-if-capturing", "--", *argv], third, env, say,
+                                                  "no capture-path pass", f"capture path recorded to {third}")
     if markers:
         say(f"recording the NVTX ranges alone (the markers pass: untraced host times): {' '.join(argv)}")
-        clock = time.monotonic()
-        if _optional_pass([sys.executable, "-m", "ds4lab.trace.recording", "--out", str(marks), "--markers", "--",
-                           *argv], marks, env, say, "no markers pass (the plans price the loop at its traced cost)"):
-            say(f"NVTX ranges of an untraced run recorded to {marks}")
-        took["markers"] = round(time.monotonic() - clock, 1)
+        took["markers"] = _optional_pass(["--markers", "--", *argv], marks, env, say,
+                                         "no markers pass (the plans price the loop at its traced cost)",
+                                         f"NVTX ranges of an untraced run recorded to {marks}")
     if arguments:
         second = target.with_name("arguments.csv.gz")
         say(f"recording kernel arguments (a second pass, untimed): {' '.join(argv)}")
         extra = ["--token-range", token_range] if token_range else []
-        clock = time.monotonic()
         # the audit's runner: the recording runner with the audit's token finder (ds4lab.audit.arguments)
-        if _optional_pass([sys.executable, "-m", "ds4lab.audit.arguments", "--out", str(second), "--arguments",
-                           *extra, "--", *argv], second, env, say, "no kernel arguments"):
-            say(f"kernel arguments recorded to {store_path(second)}")
-        took["arguments"] = round(time.monotonic() - clock, 1)
+        took["arguments"] = _optional_pass(["--arguments", *extra, "--", *argv], second, env, say,
+                                           "no kernel arguments", f"kernel arguments recorded to {store_path(second)}",
+                                           module="ds4lab.audit.arguments")
     return target
 
 
 def _python_may_ask(frame) -> bool:
-    """Whether any call of ``frame`` asking whether the stream captures may have come through PyTorch's
-    Python (``torch.cuda.is_current_stream_capturing`` on its recorded stack, or no stack recorded)."""
+    """Whether any call of ``frame`` asking whether the stream captures may have come through PyTorch's Python."""
     from .capture_path import CAPTURE_STATUS_CALLS
 
     api = frame[frame["kind"] == "api"]
@@ -605,16 +508,18 @@ def _python_may_ask(frame) -> bool:
     return bool(stacks.str.contains("is_current_stream_capturing", regex=False).any())
 
 
-def _optional_pass(cmd: list, out: Path, env: dict, say, missing: str) -> bool:
-    """Run a pass beside the timed recording (:func:`_run_pass`) into ``out``; a pass that wrote its
-    reason (``out.error.txt``) or nothing is said (``missing``: what is then left out) and leaves the rest
-    as it is. Returns whether ``out`` was saved."""
-    rc = _run_pass(cmd, env, say)
+def _optional_pass(args: list, out: Path, env: dict, say, missing: str, done: str,
+                   module: str = "ds4lab.trace.recording") -> float:
+    """Run ``python -m module --out out args...`` beside the timed recording; ``done`` is said where it saved
+    ``out``, ``missing`` where it failed. Returns its wall-clock seconds."""
+    clock = time.monotonic()
+    rc = _run_pass([sys.executable, "-m", module, "--out", str(out), *args], env, say)
     err = out.with_name(out.name + ".error.txt")
     if err.is_file() or not out.is_file():
         say(f"{missing}: the pass exited with status {rc}" + (f": {err.read_text().strip()}" if err.is_file() else ""))
-        return False
-    return True
+    else:
+        say(done)
+    return round(time.monotonic() - clock, 1)
 
 
 def _run_pass(cmd: list, env: dict, say) -> int:
@@ -632,11 +537,8 @@ def _run_pass(cmd: list, env: dict, say) -> int:
 
 
 def _load_torch() -> str:
-    """Import torch and initialize its CUDA side before an argument pass runs a script, where torch is
-    installed: the pass keeps PyTorch's operator log (:mod:`ds4lab.trace.torch_ops`) and the caching
-    allocator's blocks only where torch is loaded with CUDA up when it starts, and a script imports torch
-    only after the runner started the recording. Returns the note saying so ("" where torch is not installed
-    or cannot start)."""
+    """Import torch and initialize CUDA before an argument pass's script (the op log and the caching allocator's
+    blocks are followed only from then on). Returns the note saying so ("" without torch or CUDA)."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
@@ -663,9 +565,8 @@ def _exit_code(e: SystemExit) -> int:
 
 
 def main(argv=None, tokens=None) -> int:
-    """The runner (module docstring). Returns the script's exit status (130 after Ctrl-C). ``tokens``:
-    an argument pass's token finder (:func:`recording`; ``python -m ds4lab.audit.arguments`` gives the
-    audit's)."""
+    """The runner: ``python -m ds4lab.trace.recording``. Returns the script's exit status (130 after Ctrl-C).
+    ``tokens``: an argument pass's token finder (:func:`recording`)."""
     import runpy
     import traceback
 

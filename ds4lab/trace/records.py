@@ -1,12 +1,8 @@
 """The trace model's records: one frozen, typed record per thing a trace holds (:class:`Kernel`, :class:`Copy`,
 :class:`Memset`, :class:`GraphExec`, :class:`ApiCall`, :class:`Sync`, :class:`EventRecord`, :class:`StreamMade`,
-:class:`Marker`, :class:`Range`, :class:`MemoryOp`), read by field name; the map: ``docs/architecture.md``, "The
-trace model". Device records share :class:`DeviceRecord`'s fields (ns on the source's clock; graph and node id 0 for
-eager work); ``-1`` and ``""`` mean "the source does not say". Also here, once: the labels of a copy, a memset and a
-synchronization (:func:`copy_label`, :func:`memset_label`, :func:`sync_label`, :func:`parse_copy_label`), CUPTI's
-numbering of copy, memory, synchronization and stream kinds (``cupti_activity.h``, CUDA 13; checked against
-``cupti-python`` 13.0.1), and CUDA API names: :func:`api_base_name` and the launch calls
-(:data:`KERNEL_LAUNCH_CALLS`, :data:`GRAPH_LAUNCH_CALLS`)."""
+:class:`Marker`, :class:`Range`, :class:`MemoryOp`); ``-1`` and ``""`` mean "the source does not say". Also the
+labels of copies, memsets and synchronizations, CUPTI's kind numbering (``cupti_activity.h``, CUDA 13) and CUDA
+API names (:func:`api_base_name`). The map: docs/architecture.md, "The trace model"."""
 
 from __future__ import annotations
 
@@ -103,10 +99,8 @@ _API_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))$")
 
 @functools.lru_cache(maxsize=4096)
 def api_base_name(name: str) -> str:
-    """A CUDA API name without the version and per-thread-stream suffixes CUPTI and Nsight Systems add, in any order
-    and number (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``, ``cudaMemcpyAsync_ptsz_v7000`` →
-    ``cudaMemcpyAsync``, ``cuMemcpyHtoD_v2_ptds`` → ``cuMemcpyHtoD``): the one normalizer of API names in ds4lab.
-    """
+    """A CUDA API name without CUPTI's and Nsight's version and per-thread suffixes
+    (``cudaMemcpyAsync_ptsz_v7000`` → ``cudaMemcpyAsync``): the one normalizer of API names in ds4lab."""
     prev = None
     while prev != name:
         prev, name = name, _API_SUFFIX.sub("", name)
@@ -139,14 +133,8 @@ class ParamBytes:
 
 @dataclass(frozen=True, slots=True)
 class KernelArgs:
-    """A kernel launch's arguments, as far as the source recorded them.
-
-    Attributes:
-        scalars: the scalar arguments as ds4lab's launch layer passed them, ``index=value`` joined by ``,`` in
-            parameter order (integers exactly, floats with ``repr``; arrays left out; ``""`` when none or not
-            recorded).
-        digest: a hex digest of the packed parameter bytes (``""`` where they were not captured).
-        params: per parameter, its offset, size and bytes (:class:`ParamBytes`), where stored."""
+    """A kernel launch's arguments as far as recorded: ``scalars`` (``index=value`` joined by ``,``; ``""``: none),
+    ``digest`` (of the packed parameter bytes; ``""``: not captured), ``params`` (:class:`ParamBytes`, where stored)."""
 
     scalars: str = ""
     digest: str = ""
@@ -172,8 +160,7 @@ class Timed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceRecord(Timed):
-    """What every piece of device work has (module docstring). ``stream`` is the source's stream id (CUPTI's number;
-    the sim's stream name)."""
+    """What every piece of device work has; ``stream``: the source's stream id (CUPTI's, or the sim's name)."""
 
     device: int = -1
     stream: int | str = -1
@@ -260,10 +247,8 @@ class GraphExec(DeviceRecord):
 # ----------------------------------------------------------------------------- host records
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiCall(Timed):
-    """A CUDA runtime or driver call (CUPTI ``RUNTIME``/``DRIVER``): ``name`` without CUPTI's version suffix,
-    ``domain`` ``runtime`` or ``driver``, the host process and thread, ``cbid`` CUPTI's callback id and the call's
-    return value; ``stream`` the stream it names where the source says (the sim's call log; CUPTI's call records do
-    not: -1)."""
+    """A CUDA runtime or driver call: ``name`` without the version suffix, ``domain``, process and thread, ``cbid``,
+    the return value, and ``stream`` where the source says (-1: not)."""
 
     kind: ClassVar[str] = "api"
     name: str
@@ -293,8 +278,7 @@ class Sync(Timed):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EventRecord:
-    """A CUDA event record (CUPTI ``CUDA_EVENT``): the stream and event of the ``cudaEventRecord`` with that
-    correlation id."""
+    """A CUDA event record (CUPTI ``CUDA_EVENT``): stream and event of the ``cudaEventRecord``."""
 
     kind: ClassVar[str] = "cuda_event"
     event: int
@@ -305,8 +289,7 @@ class EventRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamMade:
-    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES` (``""`` for a flag
-    CUPTI's numbering does not name)."""
+    """A stream created while recording (CUPTI ``STREAM``): ``stream_type`` of :data:`STREAM_TYPES` or ``""``."""
 
     kind: ClassVar[str] = "stream"
     stream: int
@@ -317,8 +300,7 @@ class StreamMade:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Marker:
-    """One NVTX marker record (CUPTI ``MARKER``): ``phase`` ``start``, ``end`` or ``instant``; a range's start and end
-    share ``id``."""
+    """One NVTX marker record: ``phase`` ``start``, ``end`` or ``instant``; a range's two share ``id``."""
 
     kind: ClassVar[str] = "marker"
     phase: str
@@ -332,9 +314,7 @@ class Marker:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryOp:
-    """One device memory allocation or release (CUPTI ``MEMORY2``, asked for by the audit's argument pass,
-    :mod:`ds4lab.audit.arguments`): ``operation`` 1 allocation, 2 release; ``memory_kind`` CUPTI's number
-    (:data:`MEMORY_KINDS`)."""
+    """One device memory allocation (``operation`` 1) or release (2), CUPTI ``MEMORY2``."""
 
     kind: ClassVar[str] = "memory"
     operation: int
@@ -349,9 +329,7 @@ class MemoryOp:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Range(Timed):
-    """An NVTX range as ds4lab's launch layer pushed and popped it (:class:`ds4lab.trace.live.RecordingAnnotator`): its
-    message, ds4lab's cluster, the payload (a position, a layer; None), push and pop times in ns on the recording
-    clock, and its depth (0 for the outermost)."""
+    """An NVTX range as ds4lab's launch layer pushed and popped it: message, cluster, payload, times (ns), depth."""
 
     kind: ClassVar[str] = "nvtx"
     name: str
@@ -360,9 +338,6 @@ class Range(Timed):
     depth: int
 
 
-#: Every record type, by its ``kind``.
-RECORD_TYPES = {t.kind: t for t in (Kernel, Copy, Memset, GraphExec, ApiCall, Sync, EventRecord, StreamMade, Marker,
-                                     MemoryOp, Range)}
 DEVICE_TYPES = (Kernel, Copy, Memset, GraphExec)
 __all__ = ["ApiCall", "Copy", "DeviceRecord", "EventRecord", "GraphExec", "Kernel", "KernelArgs", "Marker", "MemoryOp", "Memset",
            "ParamBytes", "Range", "StreamMade", "Sync", "Timed"]

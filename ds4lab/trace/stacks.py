@@ -12,9 +12,8 @@ RUNNER_FRAMES = ("<frozen runpy>", "runpy.py", "ds4lab/trace/recording.py", "cli
 
 
 def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
-    """The Python stack from ``frame`` outwards, outermost first, as ``file:line function`` joined by ``;``
-    (:func:`short_path` of each file), at most ``limit`` innermost frames (a leading ``...`` says more were cut);
-    frames whose file ends with one of ``skip_files`` are left out."""
+    """The Python stack from ``frame`` outwards, outermost first, ``file:line function`` joined by ``;``, at most
+    ``limit`` innermost frames (``...`` when cut), ``skip_files`` left out."""
     out = []
     f = frame
     while f is not None:
@@ -28,9 +27,7 @@ def python_stack(frame, *, limit: int = 64, skip_files: tuple = ()) -> str:
 
 
 def short_path(path: str) -> str:
-    """A source path as the audit shows it: the part after ``site-packages/`` or ``dist-packages/`` (the package's own
-    path, as in ``transformers/generation/utils.py``), else relative to the current folder when under it, else as
-    given."""
+    """A source path as shown: after ``site-packages/``, else relative to here, else as given."""
     s = _SHORT.get(path)
     if s is not None:
         return s

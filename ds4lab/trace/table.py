@@ -1,21 +1,6 @@
-"""Building an event table from a stream of rows, in bounded memory, and the steps every source shares.
-
-:class:`Rows` collects rows column by column (integers in ``array('q')``, 8 bytes a cell; strings interned, so a kernel
-name or a Python stack repeated over a million rows is held once), so a reader never holds a list of row dicts nor the
-file's text. :meth:`Rows.frame` turns them into the event table's DataFrame (:data:`ds4lab.trace.events.COLUMNS`,
-sorted by ``start_ns``, stable).
-
-:func:`finish` then does what every source needs and no source says directly:
-
-1. the NVTX path of every host row (``nvtx_path``: the ranges open on the row's thread at its start, outermost first,
-   ``/``-joined), by one sweep per thread;
-2. the correlation join (CUPTI's correlation id links an API call to the device rows it launched): a device row without
-   a process gets the launching call's; an API row without a stream or device gets them from its device rows (Kineto
-   writes no stream on ``cuda_runtime`` events); a device row takes the launching call's ``nvtx_path`` and ``stack``,
-   so a kernel says where it was launched from;
-3. ``stream_type`` from a per-(process, stream) map the source knew;
-4. a process that used exactly one device: its API, sync and graph rows that name no device take that one (so a
-   per-device report keeps its process's allocations and synchronizations)."""
+"""Building an event table from a stream of rows, in bounded memory (:class:`Rows`), and the steps every source
+shares (:func:`finish`: NVTX paths, the correlation join, stream types, a process's one device). How:
+docs/trace-readers.md, "The event table"."""
 
 from __future__ import annotations
 
@@ -31,10 +16,8 @@ DEVICE_KINDS = ("kernel", "memcpy", "memset", "sync", "graph")
 
 
 class Rows:
-    """A columnar accumulator of event rows (see the module docstring).
-
-    ``add(kind=..., name=..., ...)`` takes a row's cells by column name; a column left out gets its missing value
-    (``-1`` / ``""``). Raises KeyError naming an unknown column."""
+    """A columnar accumulator of event rows: ``add(kind=..., ...)`` takes cells by column name (missing: ``-1`` /
+    ``""``); KeyError names an unknown column."""
 
     def __init__(self) -> None:
         self.ints = {c: array("q") for c in _INT}
@@ -67,8 +50,7 @@ class Rows:
         return self.n
 
     def frame(self):
-        """The rows as an event-table DataFrame, sorted by ``start_ns`` (stable). The columns are moved out (this
-        object is empty afterwards)."""
+        """The rows as an event-table DataFrame, stably sorted by ``start_ns``; the columns are moved out."""
         import pandas as pd
 
         data = {}
@@ -92,9 +74,8 @@ class Rows:
 
 
 def nvtx_paths(df) -> None:
-    """Fill ``nvtx_path`` of every host row (``api``, ``nvtx``) that has a thread, in place: the ``nvtx`` ranges open
-    on its (pid, tid) at its start (a range is open on ``[start, end)``; a range does not contain itself), outermost
-    first, joined by ``/``. ``df`` sorted by ``start_ns``."""
+    """Fill ``nvtx_path`` of every host row with a thread, in place: the ranges open on its (pid, tid) at its start
+    (``[start, end)``, not itself), outermost first, ``/``-joined. ``df`` sorted by ``start_ns``."""
     host = df[(df.kind.isin(("api", "nvtx"))) & (df.tid >= 0)]
     if host.empty or not (host.kind == "nvtx").any():
         return
@@ -163,8 +144,7 @@ def correlate(df) -> None:
 
 
 def stream_types(df, types: dict) -> None:
-    """Set ``stream_type`` from ``types`` (``{(pid, stream): type}``; pid -1 stands for every process) on every row
-    whose own is unknown, in place."""
+    """Set an unknown ``stream_type`` from ``{(pid, stream): type}`` (pid -1: any process), in place."""
     if not types or df.empty:
         return
     need = (df.stream_type == "") & (df.stream >= 0)
@@ -188,9 +168,7 @@ def one_device(df) -> None:
 
 
 def kernel_lengths(df, notes: list) -> None:
-    """Kernels of negative or zero length (end before or at start), in place: counted in ``notes`` (a sentence each
-    kind), a negative one's end set to its start (it takes no time: no kernel ends before it starts, so its clock or
-    record is wrong)."""
+    """Kernels of negative or zero length counted in ``notes``, in place; a negative one's end set to its start."""
     k = (df.kind == "kernel") & (df.start_ns >= 0) & (df.end_ns >= 0)
     neg = k & (df.end_ns < df.start_ns)
     zero = k & (df.end_ns == df.start_ns)
@@ -205,13 +183,9 @@ def kernel_lengths(df, notes: list) -> None:
 
 
 def finish(df, types: dict | None = None, *, source=None, notes: list | None = None):
-    """Every shared step (module docstring) on a sorted event table; kernels of negative or zero length counted in
-    ``notes`` (:func:`kernel_lengths`); checked with :func:`ds4lab.trace.events.check_frame`. Returns ``df``.
-
-    Raises:
-        SourceError: (where ``source``, the file, is given) a row that is not a kernel and ends before it starts,
-            naming the file, the row's kind and name and both times; without ``source``, the ValueError of
-            :func:`~ds4lab.trace.events.check_frame`."""
+    """Every shared step on a sorted event table, then :func:`ds4lab.trace.events.check_frame`. Returns ``df``.
+    Raises SourceError (where ``source`` is given) naming the file, kind, name and both times of a non-kernel row
+    ending before it starts; else check_frame's ValueError."""
     kernel_lengths(df, notes if notes is not None else [])
     nvtx_paths(df)
     stream_types(df, types or {})

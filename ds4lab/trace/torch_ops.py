@@ -1,12 +1,9 @@
 """What PyTorch's dispatcher saw during an argument pass (a ``TorchDispatchMode`` on the pass's thread): every operator
-call, a key of its host arguments (data pointers left out), its CUDA tensors' storage ranges, the numbers its host
-arguments hold (``vals``), which kernel launches it made (tagged by
-:class:`~ds4lab.trace.arguments.ArgumentCapture`), and every copy between an unpinned CPU tensor and a CUDA tensor
-(:data:`COPY_OPS`: PyTorch refuses those under capture, ``aten/src/ATen/native/cuda/Copy.cu``). The audit
-(:mod:`ds4lab.audit.frozen`) uses it to tell a word an operator set from host arguments that changed from one
-nothing explains (TensorIterator's unset offset-calculator slots, ``OffsetCalculator.cuh``). The call keeps only
-what it reads (:func:`_read`); digest, text and numbers are made after the pass (:attr:`OpLog.ops`). Why and what it
-costs: ``docs/audit-arguments.md``, "The operator log"."""
+call, a key of its host arguments (no data pointers), its CUDA tensors' storage ranges, the numbers its host
+arguments hold, the launches it made, and every copy between an unpinned CPU tensor and a CUDA tensor
+(:data:`COPY_OPS`: refused under capture, ``aten/src/ATen/native/cuda/Copy.cu``). :mod:`ds4lab.audit.frozen`
+uses it to tell a word an operator set from one nothing explains. Why and what it costs:
+docs/audit-arguments.md, "The operator log"."""
 
 from __future__ import annotations
 
@@ -53,10 +50,8 @@ def _written(func) -> set:
 
 
 def _read(torch, x, written: bool):
-    """One argument as the hot path keeps it: a tensor as ``(TENSOR, device type, dtype, sizes, strides, storage
-    offset, storage start, storage bytes, values, pinned)`` (``values``: a CPU tensor's, read now, None when written
-    or larger than :data:`CPU_VALUES_MAX`, ``OPAQUE`` when larger), a list or tuple as a tuple of its items read
-    alike, a dict as ``(DICT, ((key, item), ...))``, anything else as it is."""
+    """One argument as the hot path keeps it: a tensor as a ``TENSOR`` tuple (a CPU tensor's values read now, up to
+    :data:`CPU_VALUES_MAX`, else ``OPAQUE``), lists and dicts item by item, anything else as it is."""
     if isinstance(x, torch.Tensor):
         dev = x.device.type
         try:
@@ -86,14 +81,11 @@ TRACKED_VALUES_MAX = 16
 
 
 def describe(raw, names=()):
-    """``{"key", "text", "spans", "cpu", "opaque", "vals"}`` of one operator call from what the hot path read
-    (:func:`_read` of each argument, ``raw``: ``[(position or keyword, record, written)]``; ``names``: the schema's
-    argument names): ``key`` a digest of its host arguments (no data pointers), ``text`` a short rendering,
-    ``spans`` ``[[start, nbytes]]`` of the storages of its CUDA tensors, ``cpu`` ``[[dim, numel, pinned]]`` of its
-    CPU tensors, ``opaque`` whether a CPU tensor too large to key was among them, ``vals`` ``[[label, number]]``:
-    the numbers the host gives the operator (its scalars, the values of small CPU tensors, each tensor's sizes,
-    strides, element count and storage offset), labelled by argument name (``other``, ``self.size1``, ``end``), for
-    telling which of them a kernel's word tracks."""
+    """``{"key", "text", "spans", "cpu", "opaque", "vals"}`` of one operator call from ``raw`` (``[(position or
+    keyword, record, written)]``; ``names``: the schema's argument names): the host-argument digest, a short text,
+    its CUDA storages ``[[start, nbytes]]``, its CPU tensors ``[[dim, numel, pinned]]``, whether one was too large to
+    key, and ``[[label, number]]`` of the numbers the host gives it (scalars, small CPU tensors' values, sizes,
+    strides, numel, offset), labelled by argument name."""
     h = hashlib.blake2b(digest_size=8)
     spans, cpu, parts, vals = [], [], [], []
     opaque = False
@@ -171,13 +163,10 @@ def _number(x):
 
 
 class OpLog:
-    """The op log of one argument pass (module docstring). ``start()`` enters the dispatch mode on this thread,
-    ``stop()`` leaves it; :meth:`current` is the innermost operator call open on the calling thread (an index into
-    :attr:`ops`, or None). The hot path (each operator call) keeps what it reads raw (:func:`_read`: no digest, no
-    text); :attr:`ops` makes, once the pass has stopped, per call ``{"name", "key", "text", "spans", "cpu",
-    "opaque", "vals", "t_ns", "copy"}`` (:func:`describe`; ``copy``: ``{"dim", "numel", "direction", "stack"}`` for
-    a copy between a CPU tensor that is not pinned and a CUDA tensor, the Python stack at it). ``clock``: the
-    records' clock (``cuptiGetTimestamp``), for placing a copy in a token."""
+    """The op log of one argument pass: ``start()``/``stop()`` enter and leave the dispatch mode on this thread;
+    :meth:`current` is the innermost open call (an index into :attr:`ops`, or None). :attr:`ops`, made after the
+    pass, holds per call ``{"name", "key", "text", "spans", "cpu", "opaque", "vals", "t_ns", "copy"}``
+    (:func:`describe`; ``copy`` for an unpinned CPU ↔ CUDA copy, with its stack). ``clock``: the records' clock."""
 
     def __init__(self, torch_module, clock) -> None:
         self.torch = torch_module
@@ -270,8 +259,7 @@ class OpLog:
         return out
 
     def _copy(self, rec, base: str, args, raw) -> None:
-        """Mark a copy between a CPU tensor that is not pinned and a CUDA tensor (:data:`COPY_OPS`), with the Python
-        stack at it (the rare case: taken now)."""
+        """Mark an unpinned CPU ↔ CUDA copy (:data:`COPY_OPS`) with the Python stack at it (rare: taken now)."""
         tensors = [x for x in _flat(raw) if x[1] in ("cpu", "cuda")]
         if not any(x[1] == "cuda" for x in tensors):
             return
@@ -309,8 +297,7 @@ def _flat(raw):
 
 
 def _cpu_is_source(torch, base: str, args) -> bool:
-    """Whether the CPU tensor is the copy's source: ``copy_(self, src)``'s ``src``, ``_to_copy(self)``'s ``self``,
-    ``_copy_from(self, dst)``'s ``self``."""
+    """Whether the CPU tensor is the copy's source (``copy_``'s ``src``, else ``self``)."""
     t = args[1] if base == "aten::copy_" and len(args) > 1 else (args[0] if args else None)
     return isinstance(t, torch.Tensor) and t.device.type == "cpu"
 

@@ -1,14 +1,10 @@
 """Every trace and profile ds4lab reads, in one place: one :func:`detect` (the format from the content, never from the
-name alone) and one reader module per format (:data:`READERS`), each declaring its ``FORMATS`` and what it yields
-(``YIELDS``): an event table (:mod:`ds4lab.trace.events`, what ``ds4lab audit`` reads: :func:`read_events`) or
-summary tables (what ``ds4lab ingest`` writes: :func:`read_tables`). The formats and their readers:
-``docs/architecture.md``, "The trace model"; what each takes from its format: ``docs/trace-readers.md``.
-
-A raw ``.nsys-rep`` is exported with ``nsys`` where it is on PATH (else the command is named); a raw ``.ncu-rep`` or
-``.qdstrm`` is refused with the command that converts it. Several processes or devices in one file stay apart (``pid``,
-``device``). Readers stream (bounded memory) and show progress. A malformed input is a :class:`SourceError`
-(:class:`~ds4lab.errors.BadInput`, exit 2) naming the file and where (line, event or row, field and value). A new
-source: a reader module here, named in :data:`READERS`, recognised by :func:`detect`."""
+name alone) and one reader module per format (:data:`READERS`), each declaring its ``FORMATS`` and ``YIELDS``: an
+event table (:func:`read_events`, for ``ds4lab audit``) or summary tables (:func:`read_tables`, for ``ds4lab
+ingest``). A raw ``.nsys-rep`` is exported with ``nsys`` where on PATH; a raw ``.ncu-rep`` or ``.qdstrm`` is refused
+with the command that converts it. A malformed input is a :class:`SourceError` (exit 2) naming the file and where.
+A new source: a reader module here, named in :data:`READERS`, recognised by :func:`detect`. The formats:
+docs/architecture.md, "The trace model"; what each reader takes: docs/trace-readers.md."""
 
 from __future__ import annotations
 
@@ -65,17 +61,10 @@ def _what(fmt: str) -> str:
 
 
 def detect(path: Path, want: str | None = None) -> str:
-    """The format of ``path`` (one of :func:`formats`; module docstring), from its content.
-
-    ``want``: ``"events"`` (the audit) or ``"tables"`` (ingest) words what is expected where the input is none of the
-    formats; it does not change what is detected.
-
-    Raises:
-        SourceError: no such file, an empty or unreadable file, a folder that is not a ds4lab result folder, a
-            ``.qdstrm`` (an unconverted Nsight stream), a raw ``.ncu-rep`` (with the command that exports it), or
-            content that is none of the formats (with a short escaped excerpt); where a saved recording sits beside
-            such a file (:func:`recording_beside`: the outcome ``.json`` of a bundled recording, a recorded run's
-            ``engine.json``), the message names it."""
+    """The format of ``path`` (one of :func:`formats`), from its content; ``want`` (``"events"`` or ``"tables"``) only
+    words the error. Raises SourceError: no such file, empty or unreadable, a folder that is not a result folder, a
+    ``.qdstrm``, a raw ``.ncu-rep`` (with the export command), or none of the formats (with an escaped excerpt),
+    naming a saved recording beside it where there is one (:func:`recording_beside`)."""
     from . import kineto, saved
 
     path = Path(path)
@@ -154,9 +143,7 @@ def _read_block(f, n: int) -> bytes:
 
 
 def _scan(path: Path) -> str | None:
-    """The text format ``path`` holds, by the markers each format has, scanned a block at a time (bounded memory,
-    whatever its size): ds4's profile prefix first (a log is any program's stderr), then ncu's CSV header, then nsys
-    stats' reports."""
+    """The text format ``path`` holds, scanned a block at a time: ds4's prefix, ncu's CSV header, nsys stats'."""
     from . import ncu, nsys_csv
     from .ds4log import DS4_PREFIX
 
@@ -218,8 +205,7 @@ def recording_beside(path: Path) -> Path | None:
 
 
 def _is_outcome(head: bytes) -> bool:
-    """Whether ``head`` is a recorded run's outcome (a JSON object with an ``outcome``, as
-    :func:`ds4lab.audit.engines.recorded_outcome` reads)."""
+    """Whether ``head`` is a recorded run's outcome (a JSON object with an ``outcome``)."""
     try:
         d = json.loads(head.decode("utf-8"))
     except ValueError:
@@ -228,16 +214,10 @@ def _is_outcome(head: bytes) -> bool:
 
 
 def read_events(path: Path, *, progress=None, console=None):
-    """The event table (:class:`~ds4lab.trace.events.EventTable`) of one trace file (format from :func:`detect`).
-
-    ``progress``: None, a callable ``progress(done, total)``, or a rich Console (a progress bar); ``console``: where to
-    say that ``nsys export`` runs for a raw report (default: ``progress`` when it is a console).
-
-    Raises:
-        SourceError: (a :class:`~ds4lab.errors.BadInput`, exit 2) naming the file and what is wrong: not a trace (a
-            format that yields summary tables is named, with the command that reads it), no CUDA activity at all (and
-            what it holds), cut (the byte offset), a malformed event (its field), a raw Nsight report without ``nsys``
-            on PATH (the export command), unreadable."""
+    """The :class:`~ds4lab.trace.events.EventTable` of one trace file. ``progress``: None, ``progress(done, total)``
+    or a rich Console; ``console``: where ``nsys export`` is said (default: ``progress`` when a console). Raises
+    SourceError naming the file and what is wrong: not a trace (a summary format named, with its command), no CUDA
+    activity, cut, a malformed event, a raw Nsight report without ``nsys``, unreadable."""
     from . import kineto, nsys_report, nsys_sqlite, saved
 
     path = Path(path)
@@ -260,15 +240,10 @@ def read_events(path: Path, *, progress=None, console=None):
 
 
 def read_tables(path: Path, lenient: bool = False, *, sink=None, progress=None, read_meta=None) -> Ingested:
-    """The summary tables of one input (format from :func:`detect`) as an :class:`Ingested`: ds4 logs and nsys stats
-    CSV streamed (their rows handed to ``sink(table, rows)`` chunk by chunk when given: bounded memory), the other
-    formats read whole. ``progress(n)`` is told of each ``n`` bytes read; ``read_meta``: how a ds4lab folder's
-    ``meta.json`` is read (:func:`.folder.read_ds4lab_folder`).
-
-    Raises:
-        SourceError: naming the file and line of a malformed line unless ``lenient``; an input that is not one (a
-            format that yields an event table is named, with the command that reads it), or cannot be read at all,
-            either way."""
+    """The summary tables of one input as an :class:`Ingested` (ds4 logs and nsys stats CSV streamed to
+    ``sink(table, rows)`` when given); ``progress(n)`` told of each ``n`` bytes; ``read_meta``: how a ds4lab folder's
+    ``meta.json`` is read. Raises SourceError: a malformed line unless ``lenient`` (file and line); an input that is
+    not one (an event format named, with its command) or cannot be read."""
     from .common import input_size
 
     path = Path(path)

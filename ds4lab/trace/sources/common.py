@@ -32,12 +32,9 @@ TIME_UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "µs": 1.0, "usecond": 1
 
 @dataclass
 class Ingested:
-    """What one input gave: tables by name (tidy DataFrames), the bad lines (lenient mode) and the warnings.
-
-    A reader that streams a large input hands its rows over in chunks (:meth:`emit`): to ``sink`` when one is set
-    (``ds4lab ingest`` writes them straight to CSV, so memory stays bounded), else into :attr:`tables` (:meth:`ingest`,
-    tests). ``rows`` counts the rows of each table either way; ``progress(n)`` is told of every ``n`` bytes read.
-    """
+    """What one input gave: tables by name, the bad lines (lenient mode) and the warnings. Streamed rows go to
+    ``sink`` when set (:meth:`emit`), else into :attr:`tables`; ``rows`` counts each table's rows;
+    ``progress(n)`` is told of every ``n`` bytes read."""
 
     path: Path
     kind: str
@@ -49,8 +46,7 @@ class Ingested:
     progress: Callable[[int], None] | None = None
 
     def emit(self, table: str, df) -> None:
-        """Hand over rows of ``table`` (a DataFrame, or a :class:`RowBlock`): to :attr:`sink`, or appended to
-        :attr:`tables`."""
+        """Hand rows of ``table`` (a DataFrame or :class:`RowBlock`) to :attr:`sink`, or into :attr:`tables`."""
         if len(df) == 0:
             return
         self.rows[table] = self.rows.get(table, 0) + len(df)
@@ -79,9 +75,7 @@ class Ingested:
 
 @dataclass
 class RowBlock:
-    """Rows of one table as tuples in ``columns`` order, handed over without a DataFrame: the CSV writer takes them as
-    they are (a streamed log's chunk writes several times faster so). Values: numbers, text, booleans; ``""`` for an
-    empty cell (as pandas writes a missing value)."""
+    """Rows of one table as tuples in ``columns`` order, for the CSV writer without a DataFrame (``""``: empty)."""
 
     columns: tuple
     rows: list
@@ -104,13 +98,9 @@ def is_gzip(path: Path) -> bool:
 
 
 def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
-    """``(line number, text)`` of every line of ``path`` (a gzip file decompressed as it is read), streamed (bounded
-    memory), decoded as UTF-8 with undecodable bytes replaced, line ends removed; progress told to ``res`` every
-    ``report_every`` bytes of the file and at the end. A cut-off last line is for the caller to check
-    (:func:`ends_with_newline`).
-
-    Raises:
-        SourceError: a gzip stream that ends early or is damaged (naming the file and the line reached)."""
+    """``(line number, text)`` of every line of ``path`` (gzip decompressed), streamed, UTF-8 with replacement,
+    progress told every ``report_every`` bytes. Raises SourceError: a damaged or cut gzip stream (naming the
+    file and the line reached)."""
     import gzip
 
     pending = 0
@@ -135,10 +125,8 @@ def text_lines(res: Ingested, path: Path, report_every: int = 1 << 20):
 
 
 def ends_with_newline(path: Path) -> bool:
-    """Whether the file's last byte is a newline (an empty file counts as ending well), of its decompressed text for a
-    gzip file (a stream that ends early: False). Every tool ds4lab reads (nsys stats, ncu, ds4, pandas) ends its
-    output with one: a file without it was cut off (a full disk, an interrupted copy), and its last line may be a
-    partial row."""
+    """Whether the (decompressed) file's last byte is a newline (empty: True): every tool ds4lab reads ends
+    its output with one, so a file without it was cut off."""
     import gzip
 
     if is_gzip(path):
@@ -177,13 +165,8 @@ def content_sha256(path: Path) -> str:
 
 
 def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
-    """Each input once, by path and by content (:func:`content_sha256`: an identical copy under another name counts as
-    the same input). Returns ``[(path, sha256)]`` in order.
-
-    Raises:
-        ``error`` (an exception class, e.g. :class:`SourceError`): naming the input given twice
-        and both its names, plus ``twice`` (why that is wrong); an input that does not exist or
-        cannot be read."""
+    """Each input once, by path and by content (:func:`content_sha256`), as ``[(path, sha256)]``. Raises
+    ``error`` naming an input given twice with both names and ``twice`` (why that is wrong), or one unreadable."""
     seen: dict[Path, Path] = {}
     for p in map(Path, paths):
         key = p.resolve()
@@ -208,10 +191,7 @@ def distinct_inputs(paths, error, twice: str) -> list[tuple[Path, str]]:
 
 
 def csv_shape_problems(path: Path, limit: int = 20) -> list[tuple[int, str]]:
-    """``(line, why)`` for each row of a CSV file (a header line, then rows, as pandas and ds4lab write them) whose
-    field count differs from the header's, and for a last line cut off (no final newline: :func:`ends_with_newline`;
-    said instead of its field count); at most ``limit``. Streamed. A cut-off table would otherwise be read with its
-    half row filled in as empty cells."""
+    """``(line, why)`` of CSV rows off the header's field count, and a cut last line; at most ``limit``."""
     import csv
 
     out: list[tuple[int, str]] = []
@@ -311,19 +291,15 @@ def finite_nonneg(v: float) -> str | None:
 
 
 def snake(text: str) -> str:
-    """A column header as a tidy column name: ``Total Time`` → ``total_time``, ``Time (%)`` → ``time_pct``, ``Reg/Trd``
-    → ``reg_trd``."""
+    """A header as a column name: ``Total Time`` → ``total_time``, ``Time (%)`` → ``time_pct``."""
     t = text.strip().replace("(%)", " pct").replace("%", " pct")
     t = re.sub(r"[^0-9A-Za-z]+", "_", t).strip("_").lower()
     return t or "column"
 
 
 class Progress:
-    """Progress of a reader over ``total`` units (bytes or rows), shown on ``target``.
-
-    ``target`` is None (nothing shown), a callable ``target(done, total)``, or a rich Console (a bar through
-    :class:`ds4lab.progress.JobProgress`, redrawn at most every 0.2 s). Use as a context manager; :meth:`to` reports
-    the units done so far (cheap when nothing is due)."""
+    """Progress of a reader over ``total`` units on ``target``: None, a callable ``target(done, total)``, or a
+    rich Console (a bar redrawn at most every 0.2 s). A context manager; :meth:`to` reports the units done."""
 
     def __init__(self, target, description: str, total: int) -> None:
         self.target = target
@@ -369,9 +345,7 @@ class Progress:
 
 
 class CountingReader:
-    """A binary file-like object over ``raw`` that counts the bytes read through it (``count``) and reports them to a
-    :class:`Progress` (``tell`` of ``progress_of``: the compressed offset for a ``.gz`` file, so the bar runs over
-    the file's own size)."""
+    """A binary reader over ``raw`` counting the bytes read (``count``) and reporting ``progress_of``'s ``tell``."""
 
     def __init__(self, raw, progress: Progress | None = None, progress_of=None) -> None:
         self.raw = raw
@@ -402,11 +376,3 @@ def head_bytes(path: Path, n: int = 65536) -> bytes:
                 return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(f.read(1 << 20), n)
     return head
 
-
-def tail_bytes(path: Path, n: int = 65536) -> bytes:
-    """The last ``n`` bytes of ``path`` as stored (no decompression)."""
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(max(0, size - n))
-        return f.read()

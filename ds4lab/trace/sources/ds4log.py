@@ -1,25 +1,7 @@
-"""ds4's stderr: the one grammar of its lines and the one reader of its logs (yields summary tables).
-
-ds4 prints one MoE profile line per routed-MoE call when ``DS4_CUDA_MOE_PROFILE`` is set
-(``shared/context/ds4-decode.md``, "The routed MoE kernel sequence and its profile")::
-
-    ds4: CUDA MoE profile tokens=<n> pairs=<n*6> xq=<ms> sort=<ms> gateup=<ms> midq=<ms> down=<ms> sum=<ms> total=<ms> ms
-
-and lines on its decode islands and its model load (:func:`ds4_event`). :func:`read_ds4_log` reads a log into tables
-``ds4_moe`` (the profile lines) and ``ds4_events`` (the others); ``ds4lab ingest``, ``ds4lab compare``, the ds4 job
-(:func:`ds4lab.ds4.readout.read_log`) and the MoE profiler (:mod:`ds4lab.moeprof.ds4log`, which also writes the lines)
-all call it.
-
-Grammar of the profile line (:func:`parse_ds4_line`): it starts at the ``ds4: CUDA MoE profile`` prefix (text before it
-is stderr noise) and ends with `` ms``; ``tokens`` and ``pairs`` are whole numbers; each stage time is a decimal number
-or ``nan``/``inf`` with an optional sign (what ``%.3f`` prints), so the format round-trips. Validity
-(:func:`ds4_line_problem`): ``tokens=0``, a stage time negative or not finite, ``pairs`` not a positive multiple of
-``tokens``, or ``total`` off the sum of the stages by more than the printed rounding (:data:`TOTAL_SLACK_MS`; not
-checked where ``total`` is a span: :data:`TOTAL_NOT_SUM_MODES`) make a line malformed. A ``# ds4lab ...`` comment line
-(:func:`ds4lab_header`) says the lines after it are ds4lab's, with their provenance, mode and routing.
-
-A log is streamed, :data:`CHUNK_LINES` profile lines at a time (:meth:`ds4lab.trace.sources.common.Ingested.emit`):
-memory does not grow with the file (``tests/test_ingest_large.py`` measures it)."""
+"""ds4's stderr: the one grammar of its lines (:func:`parse_ds4_line`, :func:`ds4_line_problem`, :func:`ds4_event`,
+:func:`ds4lab_header`) and the one reader of its logs (:func:`read_ds4_log`, yields summary tables ``ds4_moe``
+and ``ds4_events``, streamed :data:`CHUNK_LINES` profile lines at a time). The line's grammar and validity:
+docs/trace-readers.md, "ds4's stderr"."""
 
 from __future__ import annotations
 
@@ -77,9 +59,8 @@ def _match(line: str) -> tuple[str, re.Match | None] | None:
 
 
 def parse_ds4_line(line: str) -> dict | None:
-    """The fields of one ds4 MoE profile line: ``tokens`` and ``pairs`` (int) and each stage of :data:`STAGES` in ms
-    (float; NaN for ``nan``, ±inf for ``inf``), or None when the line holds no profile line that follows the grammar
-    (module docstring). Never raises; no validity checks (:func:`ds4_line_problem`)."""
+    """``tokens``, ``pairs`` (int) and each stage of :data:`STAGES` in ms (NaN, ±inf allowed) of one profile line,
+    or None where none follows the grammar. Never raises; no validity checks."""
     got = _match(line)
     if got is None or got[1] is None:
         return None
@@ -88,11 +69,8 @@ def parse_ds4_line(line: str) -> dict | None:
 
 
 def ds4_line_problem(line: str, *, total_is_sum: bool = True) -> str | None:
-    """Why ``line`` is not a well-formed, possible ds4 MoE profile line (naming the field and the value as printed), or
-    None when :func:`parse_ds4_line` reads it as a real call.
-
-    ``total_is_sum``: check ``total`` against the sum of the stages (False for a span, e.g. lines of a mode in
-    :data:`TOTAL_NOT_SUM_MODES`). The rules are ``ds4lab ingest``'s (module docstring)."""
+    """Why ``line`` is not a well-formed, possible profile line (naming the field and value as printed), or None.
+    ``total_is_sum``: check ``total`` against the stages' sum (False for a span)."""
     got = _match(line)
     if got is None:
         return f"no {DS4_PREFIX!r} prefix"
@@ -151,8 +129,7 @@ def _why_no_match(body: str) -> str:
 
 # ----------------------------------------------------------------------------- the provenance header
 def ds4lab_header(line: str) -> tuple[str, bool] | None:
-    """``(text, modeled)`` for a ``# ds4lab ...`` provenance comment line (``modeled``: the text says ``MODELED``),
-    else None."""
+    """``(text, modeled)`` of a ``# ds4lab ...`` provenance line (``modeled``: it says MODELED), else None."""
     m = _DS4LAB_HEADER.match(line)
     if not m:
         return None
@@ -160,10 +137,8 @@ def ds4lab_header(line: str) -> tuple[str, bool] | None:
 
 
 def ds4lab_header_fields(text: str) -> dict:
-    """``mode``/``routing`` of a ``ds4lab ...`` header text (``unknown`` when it does not say), ``provenance``: the
-    text without those two tokens, and ``modes``: the modes the lines after it may be in (``(mode,)``; the list of
-    ``modes a, b, c`` in a header of several modes mixed in one log, as ds4lab wrote before one log per mode; ``()``
-    when it does not say)."""
+    """``mode``/``routing`` of a ``ds4lab ...`` header (``unknown``: not said), ``provenance`` (the text without
+    them), ``modes`` (the modes the lines after it may be in: ``(mode,)``, a header's ``modes a, b, c``, or ``()``)."""
     got = {m["key"]: m["value"] for m in _HEADER_FIELD.finditer(text)}
     prov = text
     if got:
@@ -196,10 +171,9 @@ EVENT_COLUMNS = ("event", "layer", "island", "call", "error", "seconds", "file",
 
 
 def ds4_event(line: str) -> dict | None:
-    """The ``ds4_events`` fields of one of ds4's island or model-load lines, or None. ``event``: an island step
-    (``captured``, ``capture failed``, ``instantiate failed``, ``first launch failed``, ``replay failed``; with
-    ``layer``, ``island``, ``error``), ``launch failed in capture`` (``call``, ``error``), ``capture disabled``,
-    ``model copy complete`` (``seconds``), ``weights gpu-memory`` or ``weights host-mapped``."""
+    """The ``ds4_events`` fields of one of ds4's island or model-load lines, or None (``event``: an island step
+    with ``layer``, ``island``, ``error``; ``launch failed in capture``; ``capture disabled``; ``model copy
+    complete``; ``weights gpu-memory``/``host-mapped``)."""
     if (m := ISLAND_LINE.search(line)) is not None:
         return {"event": m["what"], "layer": int(m["il"]), "island": int(m["island"]),
                 "error": (m["error"] or "").strip()}
@@ -269,19 +243,11 @@ class _Chunk:
 
 
 def read_ds4_log(path: Path, lenient: bool, res: Ingested | None = None, chunk_lines: int = CHUNK_LINES) -> Ingested:
-    """A ds4 log → table ``ds4_moe`` (the profile lines) and ``ds4_events`` (:data:`EVENT_COLUMNS`: its island and
-    model-load lines, :func:`ds4_event`). ``ds4_moe``: rows (call, tokens, pairs, stage, ms): the same columns as
-    ``ds4lab moe``'s table, plus ``provenance`` and ``modeled``: ``ds4`` and false for ds4's own lines (mode
-    ``host-timed``, routing ``ds4``), the ``# ds4lab ...`` header's text (``modeled``, ``mode`` and ``routing`` from
-    it; ``unknown`` mode and routing for a header that does not name them) for lines ds4lab wrote; ``backend`` is
-    ``ds4`` or ``ds4lab``; ``file`` is the log, ``source`` ``<log name>:<line>``. A line with the prefix that does
-    not follow the grammar, or cannot be a real call (:func:`ds4_line_problem`; ``total`` not checked for the lines
-    of a mode in :data:`TOTAL_NOT_SUM_MODES`, CUPTI's), is malformed: SourceError naming file and line unless
-    ``lenient``; so is a log with neither kind of line. A log cut off in the middle of a profile line is caught by
-    the grammar (the line must end with `` ms``).
-
-    ``res``: the record to fill (its ``sink`` receives the rows chunk by chunk, ``chunk_lines`` profile lines at a
-    time); a new one when None, whose ``tables["ds4_moe"]`` then holds every row."""
+    """A ds4 log → ``ds4_moe`` (rows call, tokens, pairs, stage, ms, as ``ds4lab moe``'s table, with ``provenance``,
+    ``modeled``, ``mode``, ``routing``, ``backend``, ``file``, ``source``: ds4's own lines ``ds4``/``host-timed``,
+    ds4lab's from their header) and ``ds4_events`` (:data:`EVENT_COLUMNS`). A prefixed line off the grammar or
+    impossible (:func:`ds4_line_problem`), or a log with neither kind of line: SourceError naming file and line
+    unless ``lenient``. ``res``: the record to fill (its ``sink`` gets ``chunk_lines`` lines at a time; None: new)."""
     path = Path(path)
     res = res if res is not None else Ingested(path, "ds4-log")
     states: list[tuple] = [("ds4", False, "host-timed", "ds4")]  # (provenance, modeled, mode, routing)

@@ -15,12 +15,9 @@ YIELDS = ("tables",)
 
 
 def read_ds4lab_folder(path: Path, lenient: bool, read_meta=load_meta) -> Ingested:
-    """A ds4lab result folder: every CSV beside its meta.json, tagged with the machine it came from (``machine``), the
-    run's ``status`` and, where the table lacks it, ``modeled``. A run whose status is not ``complete`` is named in
-    :attr:`Ingested.warnings`. A table cut off (a last line without its newline, a row with fewer fields than the
-    header) has each such line reported as malformed (file and line), never read as a row with empty cells.
-    ``read_meta(file)``: how the folder's ``meta.json`` is read (:func:`~ds4lab.trace.sources.common.load_meta`, or
-    one that also tells a dead run from a running one)."""
+    """A ds4lab result folder: every CSV beside its meta.json, tagged ``machine``, ``status`` and (where missing)
+    ``modeled``; a run not ``complete`` is warned; a cut line of a table is malformed (file and line).
+    ``read_meta(file)``: how ``meta.json`` is read."""
     res = Ingested(path, "ds4lab-folder")
     meta = read_meta(path / "meta.json")
     modeled = bool(meta.get("modeled"))

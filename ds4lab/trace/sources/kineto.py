@@ -46,9 +46,7 @@ def looks_like(head: bytes) -> str | None:
 
 
 def frame_name(raw: str) -> str:
-    """A Kineto ``python_function`` name as a stack frame: ``path(line): function`` → ``short_path:line function``;
-    others (``<built-in method ...>``, ``nn.Module: ...``) with object addresses removed, so that stacks compare
-    across runs."""
+    """A Kineto ``python_function`` name as a stack frame (``short_path:line function``), addresses removed."""
     m = _FRAME.match(raw)
     if m:
         return f"{short_path(m.group(1))}:{m.group(2)} {m.group(3)}"
@@ -145,8 +143,7 @@ def _open(path: Path, progress: Progress | None):
 
 
 def _meta(head: bytes) -> dict:
-    """The top-level keys before ``traceEvents`` (Kineto writes its metadata first; ds4lab's trace its ``otherData``).
-    """
+    """The top-level keys before ``traceEvents`` (Kineto's metadata; ds4lab's ``otherData``)."""
     import ijson
 
     meta = {}
@@ -161,14 +158,10 @@ def _meta(head: bytes) -> dict:
 
 
 def read_chrome(path: Path, dialect: str, progress=None):
-    """Read a Chrome trace of ``dialect`` (``"kineto"`` or ``"ds4lab"``, from :func:`looks_like`) into an
-    :class:`~ds4lab.trace.events.EventTable` (see the module docstring). ``progress``: see
-    :class:`~ds4lab.trace.sources.common.Progress` (over the file's bytes).
-
-    Raises:
-        SourceError: the file is cut (names the byte offset) or not valid JSON (a ``NaN`` or ``Infinity`` named as
-            such, with its event and field), an event whose time is not a number (the event, the field, the value), or
-            it holds no CUDA activity at all (names what it does hold)."""
+    """Read a Chrome trace of ``dialect`` (``"kineto"`` or ``"ds4lab"``) into an
+    :class:`~ds4lab.trace.events.EventTable`; ``progress`` over the file's bytes. Raises SourceError: cut (the byte
+    offset), invalid JSON (``NaN``/``Infinity`` named, with event and field), an event time not a number, or no CUDA
+    activity (naming what it holds)."""
     import ijson
 
     from ..events import EventTable

@@ -1,13 +1,8 @@
-"""Nsight Compute ``ncu --csv`` output (details or raw page, with ``--nvtx``; the program's own output and ``==PROF==``
-lines before the first header skipped) → table ``ncu_kernels`` (one row per profiled kernel: grid, block,
-``duration_us``, ``dram_pct``, ``sm_pct``, ``memory_pct``, registers, its NVTX stack split into ds4lab's token /
-layer / cluster / op, joinable to ds4lab's launch sites) and ``ncu_metrics`` (every metric, long: id, kernel,
-section, metric, unit, value). ncu locks clocks to base by default: its durations are for ratios, not for the
-ladder's µs.
-
-Sources: the Nsight Compute CLI guide (``--csv``, ``--page details|raw``, ``--print-units``, ``--nvtx``) and its output
-on the H200 (``shared/context/gpu-facts.md``, "Profilers on the lent machine"); ds4lab's NVTX stack is
-:mod:`ds4lab.capture.annotate`'s. The pages and their columns: ``docs/trace-readers.md``, "Nsight Compute CSV"."""
+"""Nsight Compute ``ncu --csv`` output (details or raw page, with ``--nvtx``) → ``ncu_kernels`` (one row per profiled
+kernel, its NVTX stack split into ds4lab's token / layer / cluster / op, joinable to ds4lab's launch sites) and
+``ncu_metrics`` (every metric, long). ncu locks clocks to base by default: its durations are for ratios, not for
+the ladder's µs. Sources: the Nsight Compute CLI guide (``--csv``, ``--page``, ``--print-units``, ``--nvtx``); the
+pages and their columns: docs/trace-readers.md, "Nsight Compute CSV"."""
 
 from __future__ import annotations
 
@@ -43,9 +38,6 @@ RAW_METRICS = {"gpu__time_duration.sum": ("duration_us", "time"),
                "launch__registers_per_thread": ("registers", "count")}
 ID_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
               "Grid Size", "Device", "CC")
-#: the rule columns of the details page (ncu 2023 and later): a row with a rule name is a rule's
-#: result (OPT: an optimisation with its estimated speedup, WRN, INF), not a metric
-RULE_COLUMNS = ("Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup")
 NVTX_DOMAIN = "ds4lab"
 KERNEL_COLUMNS = ("id", "kernel", "grid", "block", "duration_us", "dram_pct", "sm_pct", "memory_pct", "registers",
                   "nvtx", "position", "layer", "cluster", "op", "device", "pid", "page", "provenance")
@@ -63,12 +55,9 @@ def looks_like(text: str) -> bool:
 
 
 def parse_nvtx_stack(cell: str) -> list[dict]:
-    """The push/pop ranges of one NVTX cell, outermost first: dicts with ``domain``, ``name`` and ``payload`` (an int
-    when the payload value parses as one, else None). Each quoted range is
-    ``domain:name:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg``; a name holding ``:`` keeps them (the six attribute
-    fields are counted from the end); a range of fewer fields gives its second field as the name (and the whole
-    text, with an empty domain, when there is no ``:``). The leading thread id and anything outside quotes is
-    ignored."""
+    """The push/pop ranges of one NVTX cell, outermost first: ``{"domain", "name", "payload"}`` (payload an int
+    where it parses). Each quoted range is ``domain:name:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg`` (the six
+    attribute fields counted from the end, so a name may hold ``:``); fewer fields: the second is the name."""
     out = []
     for r in _RANGE.findall(cell or ""):
         f = r.split(":")
@@ -96,8 +85,7 @@ def _payload(v: str | None) -> int | None:
 
 
 def ds4lab_levels(stack: list[dict]) -> dict:
-    """position / layer / cluster / op from a parsed stack (ds4lab's domain only; see the module docstring). Missing
-    levels are None."""
+    """position / layer / cluster / op from a parsed stack (ds4lab's domain only); missing: None."""
     own = [r for r in stack if r["domain"] == NVTX_DOMAIN]
     got = {"position": None, "layer": None, "cluster": None, "op": None}
     rest = []
@@ -118,15 +106,10 @@ def ds4lab_levels(stack: list[dict]) -> dict:
 
 
 def read_ncu_csv(path: Path, lenient: bool) -> Ingested:
-    """``ncu --csv`` output (details or raw page; leading program output and ``==PROF==`` lines skipped) →
-    ``ncu_kernels`` (one row per profiled kernel, :data:`KERNEL_COLUMNS` plus ``file``, ``source``), ``ncu_metrics``
-    (every metric, long: id, kernel, section, metric, unit, value: one name in two sections is two rows, each with
-    its unit) and ``ncu_rules`` (the details page's rule results: rule, type, description, estimated speedup).
-
-    Malformed (file and line): a row with the wrong number of fields; a value of a metric a kernel column reads that is
-    not a number (``n/a`` is kept as empty), in a unit of the wrong kind (a duration not in a time unit, a throughput %
-    not in %), negative, or a percentage outside 0–100; the same column given twice for one kernel with two values; a
-    file cut off in the middle of its last line."""
+    """``ncu --csv`` output → ``ncu_kernels`` (:data:`KERNEL_COLUMNS`, ``file``, ``source``), ``ncu_metrics``
+    (every metric, long, with its unit) and ``ncu_rules`` (the details page's rule results). Malformed (file and
+    line): a row of the wrong field count; a kernel column's value not a number (``n/a``: empty), in a unit of the
+    wrong kind, negative, or a percentage outside 0–100; one column given twice with two values; a cut last line."""
     res = Ingested(path, "ncu-csv")
     lines = [line for _, line in text_lines(res, path)]
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID",')), None)
@@ -245,15 +228,13 @@ def _int(s: str):
         return s
 
 
-#: unit kind → the units ncu prints for it (long and short forms, ``--print-units``)
+#: the units ncu prints for a percentage (``--print-units``)
 _PCT_UNITS = ("%",)
-_COUNT_UNITS = ("register/thread", "", "register")
 
 
 def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:
-    """Record one metric value (``ncu_metrics``: always, keyed by section and name, with its unit); set the kernel
-    column it stands for (``wanted``: (section, name) on the details page, name on the raw page) when its unit is of
-    the column's kind. Returns what is wrong, else None."""
+    """Record one metric value in ``ncu_metrics`` and set the kernel column it stands for (``wanted``) when its
+    unit is of the column's kind. Returns what is wrong, else None."""
     v = None
     cell = value.strip()
     spec = wanted.get((section, name)) if (section, name) in wanted else wanted.get(name)
@@ -291,13 +272,9 @@ def _metric(kr, metrics, section, name, unit, value, wanted) -> str | None:
 
 
 def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float | None = None) -> pd.DataFrame:
-    """ncu kernel rows joined to ds4lab launch sites on (cluster, op, layer; layer -1 for the clusters outside a
-    layer): adds ``site_kernel`` (the kernel ds4lab launches there: a different name means the NVTX stack and the
-    kernel disagree), ``nbytes`` and ``achieved_GBps`` (bytes the site moves / ncu duration); ``site_known`` is
-    false for a row whose (cluster, op) ds4lab does not have. A row whose layer is unknown (a stack without
-    payloads) or not in ``sites`` is joined on (cluster, op) alone, taking the site's first layer (``site_layer``
-    says which layer's bytes were used). ``bandwidth_GBps`` (a peak, e.g. the calibration's) adds ``bw_fraction``.
-    """
+    """ncu kernel rows joined to ds4lab launch sites on (cluster, op, layer): adds ``site_kernel``, ``nbytes``,
+    ``achieved_GBps``, ``site_known``; a row whose layer is unknown or absent joins on (cluster, op) alone, the
+    site's first layer (``site_layer``). ``bandwidth_GBps`` (a peak) adds ``bw_fraction``."""
     s = sites.rename(columns={"kernel": "site_kernel", "layer": "site_layer"})
     exact = s.drop_duplicates(["cluster", "op", "site_layer"])
     first = s.drop_duplicates(["cluster", "op"])
@@ -321,9 +298,8 @@ def join_sites(kernels: pd.DataFrame, sites: pd.DataFrame, bandwidth_GBps: float
 
 
 def per_site(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per launch site (cluster, op), input file, device and process: kernel, launches, median duration (µs),
-    median DRAM % of peak, median SM %, and (when joined) median achieved GB/s; sorted by total duration, largest
-    first. Rows without a ds4lab op (another domain, no NVTX) are grouped under op ``(no NVTX op)``."""
+    """One row per launch site (cluster, op), file, device and process: kernel, launches, median duration (µs),
+    DRAM %, SM %, achieved GB/s where joined; largest total duration first; no ds4lab op: ``(no NVTX op)``."""
     k = kernels.copy()
     k["cluster"] = k["cluster"].fillna("(no ds4lab range)")
     k["op"] = k["op"].fillna("(no NVTX op)")

@@ -63,8 +63,6 @@ CHUNK_ROWS = 50_000
 _CUDA_CALL = re.compile(r"^_*cu(da)?[A-Z]")
 #: the line of dashes under the column names in the text (column) format
 _DASHES = re.compile(r"^\s*-{2,}(?:\s+-{2,})+\s*$")
-#: a file name as ``nsys stats -o PREFIX`` writes it: ``PREFIX_<report>.csv``
-_FILE_REPORT = re.compile(r"_(?P<report>[a-z0-9]+(?:_[a-z0-9]+)*)\.csv$")
 #: column names (units removed) nsys stats prints in the reports ds4lab reads: a CSV header has one
 _KNOWN_COLUMNS = {"Time", "Total Time", "Instances", "Avg", "Med", "Min", "Max", "StdDev", "Name", "Range", "Style",
                   "NVTX Range", "Kernel Name", "Num Calls", "Count", "Operation", "Total", "Start", "Duration",
@@ -75,9 +73,8 @@ _UNIT = re.compile(r"^(?P<base>.+?)\s*\((?P<unit>[^()]+)\)$")
 
 
 def looks_like(text: str) -> bool:
-    """Whether ``text`` holds ``nsys stats`` output: a report title or processing line, or a CSV header with a ``Total
-    Time`` column (summary reports) or ``Start``/``Duration`` (trace reports), or the text format's header and line
-    of dashes (:func:`text_format_line`, refused when read)."""
+    """Whether ``text`` holds ``nsys stats`` output: a report title or processing line, a CSV header with ``Total
+    Time`` or ``Start``/``Duration``, or the text format's header and dashes."""
     lines = text.splitlines()[:2000]
     if any(_TITLE.match(l) or _PROCESSING.match(l) for l in lines):
         return True
@@ -182,11 +179,9 @@ class _Table:
 
 
 def read_nsys_csv(path: Path, lenient: bool, res: Ingested | None = None) -> Ingested:
-    """Every report of an ``nsys stats`` CSV file → one table per report kind (:data:`REPORTS`), every column kept (see
-    the module docstring), with ``report`` (the report name), ``file`` and ``source`` (``<file name>:<line>``).
-    Streamed: rows are handed over :data:`CHUNK_ROWS` at a time (:meth:`ds4lab.trace.sources.common.Ingested.emit`).
-    Raises SourceError (file, line, column, value) for a malformed row unless ``lenient``, and for the text format
-    always; skipped reports, unit assumptions, empty reports and lines that are no table's go to ``warnings``."""
+    """Every report of an ``nsys stats`` CSV file → one table per report kind (:data:`REPORTS`) with ``report``,
+    ``file``, ``source``, streamed :data:`CHUNK_ROWS` rows at a time. Raises SourceError (file, line, column, value)
+    for a malformed row unless ``lenient``, and for the text format; the rest goes to ``warnings``."""
     path = Path(path)
     res = res if res is not None else Ingested(path, "nsys-csv")
     st = {"report": None, "title_line": 0, "said": [], "t": None, "other": [], "empty": [], "prev": "",

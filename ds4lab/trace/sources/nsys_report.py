@@ -16,10 +16,9 @@ FORMATS = {"nsys-report": "a raw Nsight Systems report"}
 YIELDS = ()
 
 def export_report(path: Path, console=None) -> Path:
-    """The SQLite export of a raw Nsight Systems report (``.nsys-rep``/``.qdrep``): runs ``nsys export --type sqlite``
-    when ``nsys`` is on PATH (saying so on ``console``) and returns the ``.sqlite`` beside it (an existing one newer
-    than the report is reused). Raises SourceError with the command to run when ``nsys`` is not on PATH, or with
-    nsys's own message when it fails."""
+    """The SQLite export of a raw report: ``nsys export --type sqlite`` when on PATH (said on ``console``), the
+    ``.sqlite`` beside it (a newer one reused). Raises SourceError with the command to run without ``nsys``, or with
+    nsys's message when it fails."""
     path = Path(path)
     out = path.with_suffix(".sqlite")
     cmd = ["nsys", "export", "--type", "sqlite", "--output", str(out), str(path)]

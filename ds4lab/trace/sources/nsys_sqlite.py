@@ -1,15 +1,9 @@
-"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, yielding an event table (every
-CUDA event, for ``ds4lab audit``: :func:`read_sqlite`) and summary tables (kernels, graph executions, NVTX ranges
-with their domain names, for ``ds4lab ingest``: :func:`read_nsys_sqlite`) from the same tables, row iterators and
-checks. A table is found whatever version suffix the export gives it (the highest read); graphs traced whole
-(``--cuda-graph-trace=graph``, the default) give ``graphs`` rows and a warning naming ``--cuda-graph-trace=node``,
-so a partial kernel table is never taken for the whole; a row whose start or end is not a number is malformed
-(:class:`~ds4lab.trace.sources.common.SourceError`, naming table, row and field).
-
-Sources: the Nsight Systems export schema (user guide, "Exporter": tables named after CUPTI's activity kinds, times in
-ns, names as ``StringIds``), CUPTI's ``CUpti_ActivityGraphTrace2``, and the NVTX event types of
-``NVTX_EVENTS.eventType`` (59 push/pop, 60 start/end, 75 domain creation, or ``ENUM_NSYS_EVENT_TYPE``'s
-``NvtxDomainCreate``; domain ids per process, the process in bits 24–47 of ``globalTid``)."""
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``): the one SQLite reader, yielding an event table
+(:func:`read_sqlite`, for ``ds4lab audit``) and summary tables (:func:`read_nsys_sqlite`: kernels, graph
+executions, NVTX ranges, for ``ds4lab ingest``) from the same tables and checks. Graphs traced whole give
+``graphs`` rows and a warning naming ``--cuda-graph-trace=node``; a row whose start or end is not a number is
+malformed. Sources: the Nsight Systems export schema (user guide, "Exporter"), CUPTI's
+``CUpti_ActivityGraphTrace2`` and ``NVTX_EVENTS.eventType``. Which table gives which rows: docs/trace-readers.md."""
 
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ GRAPH_FIX = ("the export holds whole-graph executions (CUPTI_ACTIVITY_KIND_GRAPH
 
 
 def find_table(tables: set[str], base: str) -> str | None:
-    """The table named ``base`` or ``base`` with a version suffix (``_V2``, ``_2``), the highest version first; None
-    when there is none."""
+    """The table ``base``, or with a version suffix (``_V2``, ``_2``: the highest), or None."""
     pat = re.compile(rf"^{re.escape(base)}(?:_V?(\d+))?$", re.I)
     found = [(int(m.group(1) or 0), t) for t in tables if (m := pat.match(t))]
     return max(found)[1] if found else None
@@ -58,12 +51,9 @@ def _cols(con, table: str) -> list[str]:
 
 
 def read_nsys_sqlite(path: Path, lenient: bool) -> Ingested:
-    """Tables: ``kernels`` (name, start_ns, end_ns, us, and streamId, graphId, graphNodeId, deviceId, correlationId,
-    grid and block sizes where the export has them), ``graphs`` (one row per graph execution: start_ns, end_ns, us,
-    graphId, graphExecId, streamId, correlationId) and ``nvtx`` (name, start_ns, end_ns, us, domain (its name),
-    domain_id), each with ``file`` and ``source`` (``<file name>:<row number>``). Raises IngestError for an
-    unreadable database, a database without any of these tables, or (unless ``lenient``) a row whose start/end is
-    not a number or ends before it starts. Zero-length kernels are counted in a warning."""
+    """Tables ``kernels``, ``graphs`` (one row per graph execution) and ``nvtx`` (with domain names), each with
+    ``file`` and ``source`` (``<file>:<row>``). Raises IngestError for an unreadable database, one without these
+    tables, or (unless ``lenient``) a row whose start/end is not a number or ends before it starts."""
     res = Ingested(path, "nsys-sqlite")
     con = None
     try:
@@ -278,14 +268,9 @@ def export_version(con, tables) -> str:
 
 
 def read_events(path: Path, sink, progress=None) -> dict:
-    """Every CUDA event of an ``nsys export --type sqlite`` database, streamed from SQLite cursors row by row into
-    ``sink`` (an object with ``add(**cells)`` taking :data:`ds4lab.trace.events.COLUMNS` cells: a
-    :class:`~ds4lab.trace.table.Rows`). Which table gives which rows: ``docs/trace-readers.md``, "Nsight Systems
-    SQLite". ``progress``: None or ``progress(rows_done, rows_total)``, every 20 000 rows.
-
-    Returns ``{"version": export_version(...), "notes": [...], "stream_types": {(pid, stream): type}, "tables": [names
-    read]}`` (rows unsorted). Raises ``sqlite3.Error`` for an unreadable database (the caller names the file) and
-    SourceError for a row whose times are not numbers (:func:`timed_rows`)."""
+    """Every CUDA event of the database, streamed into ``sink`` (``add(**cells)``: a
+    :class:`~ds4lab.trace.table.Rows`); ``progress(rows_done, rows_total)`` every 20 000 rows. Returns ``{"version",
+    "notes", "stream_types", "tables"}`` (rows unsorted). Raises ``sqlite3.Error`` (unreadable) and SourceError."""
     con = connect(path)
     try:
         return _read_events(con, Path(path), sink, progress)
@@ -339,9 +324,8 @@ def _read_events(con, path, sink, progress) -> dict:
 
 
 def timed_rows(cursor, path, table: str, *, end_optional: bool = False):
-    """The rows of ``cursor`` (``start`` and ``end`` first) whose times are whole numbers of ns (an integral float
-    passes; ``end`` may be NULL where ``end_optional``). Raises SourceError naming the file, the table, the row and
-    the field of the first that is not: text, NULL, NaN, a fraction."""
+    """The rows of ``cursor`` (``start`` and ``end`` first) whose times are whole ns (``end`` may be NULL where
+    ``end_optional``). Raises SourceError naming file, table, row and field of the first that is not."""
     for k, r in enumerate(cursor, 1):
         for field, v in (("start", r[0]), ("end", r[1])):
             if v is None and field == "end" and end_optional:
@@ -553,12 +537,9 @@ CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUP
 
 
 def read_sqlite(path: Path, progress=None):
-    """The event table (:class:`~ds4lab.trace.events.EventTable`) of an Nsight Systems SQLite export; ``tool`` names
-    the export's schema and Nsight Systems version (``META_DATA_EXPORT``).
-
-    Raises:
-        SourceError: an unreadable database, one without any CUDA table (names the tables it has and the ``nsys profile
-            --trace=cuda`` that records them), or a row whose times are not numbers."""
+    """The :class:`~ds4lab.trace.events.EventTable` of an export (``tool`` names its schema and version). Raises
+    SourceError: unreadable, no CUDA table (naming its tables and the ``nsys profile --trace=cuda`` that records
+    them), or a row whose times are not numbers."""
     from ..events import EventTable
     from ..table import Rows, finish
 

@@ -1,12 +1,6 @@
-"""The event table as a file (ds4lab's own recordings; yields an event table): gzip-compressed CSV after
-one header line (what an in-process recording saves, :meth:`ds4lab.trace.recording.Recording.save`, and
-what any table can be saved as).
-
-Layout: line 1 is ``# ds4lab audit event table v1 `` followed by a JSON object (``source``, ``tool``,
-``notes``, ``columns``, and whatever the writer adds: ``exit_status``, ``argv``, ``provenance``); then
-the CSV of :data:`ds4lab.trace.events.COLUMNS` with a header row (RFC 4180 quoting; ``""`` and ``-1``
-as the table's missing values). Read back in chunks (``pandas.read_csv(chunksize=...)``) with progress.
-"""
+"""The event table as a file (ds4lab's own recordings; yields an event table): line 1 ``# ds4lab audit event table v1 ``
+and a JSON header (``source``, ``tool``, ``notes``, ``columns``, and the writer's keys), then the gzip CSV of
+:data:`ds4lab.trace.events.COLUMNS` (RFC 4180; ``""`` and ``-1`` missing), read back in chunks."""
 
 from __future__ import annotations
 
@@ -30,9 +24,7 @@ def looks_like(head: bytes) -> bool:
 
 
 def write_table(table: EventTable, path: Path, **extra) -> Path:
-    """Save ``table`` to ``path`` (gzip CSV with the header line; written to ``path.tmp`` and moved
-    into place, so a reader never sees half a file). ``extra``: JSON-able keys added to the header.
-    Returns ``path``."""
+    """Save ``table`` to ``path`` (via ``path.tmp``: never half a file), ``extra`` in the header. Returns ``path``."""
     path = Path(path)
     head = {"source": table.source, "tool": table.tool, "notes": list(table.notes), "columns": list(COLUMNS), **extra}
     tmp = path.with_name(path.name + ".tmp")
@@ -44,15 +36,9 @@ def write_table(table: EventTable, path: Path, **extra) -> Path:
 
 
 def read_saved(path: Path, progress=None) -> EventTable:
-    """A table written by :func:`write_table`. Its ``source`` is the recorded one (``<recording>`` or
-    a script's command line) with the file named after it; ``notes`` keep the writer's notes and add
-    the script's exit status when the header has one.
-
-    Raises:
-        SourceError: a header that is not JSON, columns that are not the event table's, a file that
-            is cut (gzip stream ended early), or a cell of an integer column that is not a whole
-            number (the row, the field and the value; ``NaN`` named as such).
-    """
+    """A table written by :func:`write_table`, ``source`` naming the file, the exit status in ``notes`` where the
+    header has one. Raises SourceError: a header that is not JSON, other columns, a cut file, or an integer cell that
+    is not a whole number (row, field, value)."""
     import pandas as pd
 
     path = Path(path)
