@@ -1,16 +1,8 @@
-"""Calibration files: one JSON Schema, checked field by field, and what identifies a file.
+"""Calibration files: one JSON Schema (:data:`SCHEMA`), checked field by field, and what identifies a file.
 
-A calibration holds the sim cost model's constants (:mod:`ds4lab.sim.costmodel`). Every file, shipped or pointed at
-with ``$DS4LAB_CALIBRATION``, is validated against :data:`SCHEMA` with ``jsonschema`` before any number is used: every
-field's type, every number finite and in a physical range, every key known. A file that fails raises
-:class:`~ds4lab.errors.CalibrationError` (a ``ValueError``; the command line exits with status 2) naming the file and
-each bad key path (``kernels.moe_sum.fixed_us``), so a ``NaN`` or a string never reaches the cost model, a ladder or a
-figure.
-
-:func:`calibration_info` gives what a result records about the calibration it used: name, path, SHA-256 of the bytes,
-and whether it is a file shipped with ds4lab (figure titles name the path and hash otherwise, so an edited copy never
-passes for the shipped H200 file). :func:`default_calibration_path` says which file is used when none is named
-(``$DS4LAB_CALIBRATION``, else the shipped measured file)."""
+Every calibration (shipped, or named by ``$DS4LAB_CALIBRATION``) is validated before any number is used; a bad one
+raises :class:`~ds4lab.errors.CalibrationError` naming the file and each bad key path. :func:`calibration_info` is
+what a result records (name, path, SHA-256, shipped or not). The cost model: :mod:`ds4lab.sim.costmodel`."""
 
 from __future__ import annotations
 
@@ -152,18 +144,11 @@ def _problems(d: Any) -> list[tuple[str, str]]:
 
 
 def validate(d: Any, path: str = "<dict>") -> dict:
-    """Check a calibration (parsed JSON) against :data:`SCHEMA`.
-
-    Args:
-        d: the parsed calibration.
-        path: the file it came from (for the message).
-
-    Returns:
-        ``d`` itself when valid.
+    """Check a calibration ``d`` (parsed JSON, from ``path``) against :data:`SCHEMA`; returns ``d``.
 
     Raises:
-        CalibrationError: naming ``path`` and every ``(key path, problem)``: a wrong type (``"fast" is not of type
-            'number'``), a number that is not finite or out of range, a missing required key, an unknown key."""
+        CalibrationError: naming ``path`` and every ``(key path, problem)``: wrong type, a number not finite or out
+            of range, a missing or unknown key."""
     problems = _problems(d)
     if problems:
         raise CalibrationError(path, problems)
@@ -277,15 +262,8 @@ def refuse_shipped(path: str | Path) -> None:
 def calibration_info(src: str | Path | dict | None = None) -> dict:
     """What identifies a calibration, for ``meta.json`` and figure titles.
 
-    Args:
-        src: a calibration file path, a calibration dict (hashed as canonical JSON: sorted keys, no spaces), or None
-            for the default (``$DS4LAB_CALIBRATION`` or the shipped file).
-
-    Returns:
-        ``{"name": str, "path": str | None, "sha256": str (64 hex digits), "shipped": bool}``:
-        ``shipped`` is True only for a file in ds4lab's own ``data`` folder whose bytes are the
-        ones that ship (:func:`is_shipped`: an edited copy anywhere, an edit in place, or another
-        file put in that folder is not shipped).
+    ``src``: a file path, a dict (hashed as canonical JSON: sorted keys, no spaces), or None (the default file).
+    Returns ``{"name", "path" (or None), "sha256" (64 hex digits), "shipped"}``; ``shipped`` as :func:`is_shipped`.
 
     Raises:
         CalibrationError: the file cannot be read or is not a valid calibration."""

@@ -1,36 +1,8 @@
 """The ``sim`` backend's timing model: a calibration, a host clock, a device, a timeline.
 
-Every figure here is *modeled*, never measured. The model (all times in µs):
-
-* **host**: one clock. Each API call advances it by its host cost: an eager kernel launch ``host_launch_us`` (on the
-  H200 about 10 µs, CuPy's launch plus the op's Python), a graph launch ``host_graph_launch_us``, every other call
-  ``host_api_us``; ds4lab's own Python around a graph-cache launch ``host_graph_call_us`` and around a kernel-node
-  update ``host_node_update_us`` (charged by the launch layer: ``SimBackend.model_host_work``). Work becomes visible to
-  the device when its call returns (the *submit* time). ``event_synchronize``, ``stream_synchronize``, ``synchronize``
-  and reads move the host clock forward to the time the device reaches the awaited point.
-* **device**: executes one kernel (or memset) at a time; host/device copies run on a copy engine beside it (they wait
-  for their stream, not for the device). A kernel takes ``fixed_us + nbytes / (bandwidth_GBps * 1e3)`` (bytes / (GB/s ·
-  1e3) = µs), with per-kernel ``{fixed_us, bandwidth_GBps}`` overrides from the calibration's ``kernels``. It starts at
-  the latest of: its submit time, its stream's previous work, the events its stream waited on, the legacy stream's
-  implicit synchronisation, and the device being free.
-* **graph replay**: the nodes are paced by the device, not the host: node ``i`` may start ``graph_node_us`` after node
-  ``i-1`` started being launched (instead of one host launch gap per kernel), and no earlier than the previous node's
-  end.
-
-The calibration's keys, their units and ranges: :data:`ds4lab.sim.calibration.SCHEMA`.
-
-* **kernel time factor**: every compute kernel's time is multiplied by the calibration's factor at the context being
-  modeled (:meth:`Calibration.scale_at`): ``kernel_time_scale_by_context`` interpolated linearly in log2(context), held
-  constant outside its contexts; ``kernel_time_scale`` where that key is absent or no context is set. A ladder or
-  context job names the context (:meth:`ds4lab.sim.backend.SimBackend.model_context`); the device applies the factor
-  when it runs a kernel (:attr:`Device.kernel_factor`), so a graph captured at another context is priced at this one.
-
-* **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts while its
-  predecessor drains; it is priced ``pdl_edge_us`` less than its fit, never below half of it
-  (:meth:`Calibration.programmatic_us`). **Conditional nodes** (stage 3cc): the device evaluates each one reached in a
-  replay, ``graph_conditional_us`` before its body (or the next node) can start.
-
-Every fit of these constants is in :mod:`ds4lab.calibration`."""
+Every figure here is *modeled*, never measured (µs). The model (host clock, device, graph replay, kernel time factor,
+programmatic edges, conditional nodes): ``docs/sim.md``, "The timing model". The calibration's keys:
+:data:`ds4lab.sim.calibration.SCHEMA`; the fits: :mod:`ds4lab.calibration`."""
 
 from __future__ import annotations
 
@@ -148,11 +120,10 @@ class Calibration:
 
     @classmethod
     def load(cls, src: "str | Path | dict | Calibration | None" = None) -> "Calibration":
-        """From a JSON path, a dict with the schema's keys, None (the default file), or a :class:`Calibration` already
-        loaded (returned as it is: checked when it was loaded).
+        """From a JSON path, a dict, None (the default file), or a :class:`Calibration` (returned as it is).
 
         Raises:
-            CalibrationError (a ValueError): the file cannot be read, or a field breaks
+            CalibrationError (a ValueError): unreadable file, or a field that breaks
                 :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path)."""
         if isinstance(src, Calibration):
             return src
@@ -183,9 +154,8 @@ class Calibration:
                 "device": self.device}
 
     def scale_at(self, context: int | None) -> float:
-        """The kernel time factor at ``context`` (a decode position, > 0): ``kernel_time_scale_by_context`` exact at
-        its listed contexts, linear in log2(context) between two of them, the first (last) listed scale below
-        (above) them; ``kernel_time_scale`` without that key or with ``context`` None. Dimensionless.
+        """The kernel time factor (dimensionless) at ``context`` (a decode position > 0; None: ``kernel_time_scale``):
+        ``kernel_time_scale_by_context`` linear in log2(context) between its contexts, held constant outside them.
 
         Raises:
             ValueError: ``context`` not a positive number (names it)."""

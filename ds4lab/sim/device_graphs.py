@@ -1,13 +1,6 @@
-"""The simulated runtime's conditional nodes, capture into an existing graph and programmatic launches:
-:class:`SimDeviceGraphsMixin` (the :class:`~ds4lab.executor.device_graphs.DeviceGraphApi` of
-:class:`~ds4lab.sim.backend.SimBackend`), its handles (:class:`SimCondHandle`) and what a conditional node holds
-(:class:`CondInfo`). Every call follows a rule of :mod:`ds4lab.sim.rules_device` (through the runtime's ``_fail`` /
-``_applied``, so the audit's rule log sees them): a capture's graph exists from the first
-``cudaStreamGetCaptureInfo`` on; a conditional node owns its empty bodies and joins the capture once its
-dependencies are updated; ``cudaStreamBeginCaptureToGraph`` captures into a body; at a replay the handle decides
-which bodies run (:meth:`CondInfo.run_bodies`) after default handles are reset; a programmatic launch after a kernel
-node is an edge priced at replay (:meth:`ds4lab.sim.costmodel.Calibration.programmatic_us`). A condition-setting
-kernel's NumPy reference calls :meth:`SimCondHandle.set` (``always``: in timing-only mode too)."""
+"""The simulated runtime's conditional nodes, capture into an existing graph and programmatic launches
+(:class:`SimDeviceGraphsMixin`, the sim's :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`). Every call follows a
+rule of :mod:`ds4lab.sim.rules_device`; stages and semantics: ``docs/capture-stages.md``, "The sim"."""
 
 from __future__ import annotations
 

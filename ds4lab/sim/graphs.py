@@ -60,14 +60,8 @@ class GraphExec:
 
 
 class Graphs:
-    """The graph calls of the simulated runtime, as a collaborator of :class:`~ds4lab.sim.runtime.Runtime`.
-
-    What it asks of the runtime (``rt``), and nothing else: its lock, device clock and calibration (``lock``, ``dev``,
-    ``cal``), handle ids (``_ids``), stream lookup and the legacy stream (``_stream``, ``legacy``, ``live``,
-    ``_legacy_use``, ``escapes``, ``_earliest``), whether nodes compute (``compute``), the rules (``_fail``), and the
-    event calls a captured event node falls back to (``event_record``, ``stream_wait_event``, ``_captured``,
-    ``_on_invalidated``). What it owns: the executables whose last launch left graph allocations unfreed (rule
-    graph_launch_unfreed)."""
+    """The graph calls of the simulated runtime, a collaborator of :class:`~ds4lab.sim.runtime.Runtime` (``rt``); it
+    owns the executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed)."""
 
     def __init__(self, rt) -> None:
         self.rt = rt
@@ -76,12 +70,8 @@ class Graphs:
 
     # ------------------------------------------------------------------ graphs
     def instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
-        """``cudaGraphInstantiateWithFlags``: an executable graph.
-
-        Args:
-            g: a graph from :meth:`end_capture` or :meth:`graph_create`.
-            flags: ``cudaGraphInstantiateFlags`` bits (AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4, UseNodePriority
-                8).
+        """``cudaGraphInstantiateWithFlags`` of ``g``; ``flags``: AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4,
+        UseNodePriority 8.
 
         Raises:
             CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags, instantiate_device_launch),
@@ -174,18 +164,13 @@ class Graphs:
         return None
 
     def exec_update(self, ex: GraphExec, g: Graph) -> None:
-        """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
-
-        CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs" → "Whole graph
-        update": nodes are paired in order; another node count or other dependencies (TopologyChanged), another node
-        type (NodeTypeChanged) or a memory node (NotSupported, GUESS) refuse the update and leave the executable
-        unchanged. A kernel's function may change (rule update_function). Host cost: one API call plus ``host_api_us /
-        8`` per node (modeled).
+        """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches (RT cudaGraphExecUpdate).
+        Host cost: one API call plus ``host_api_us / 8`` per node (modeled).
 
         Raises:
             GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the
                 ``cudaGraphExecUpdateResult`` name) and ``node_type`` (the failing node of ``g``, or None when the node
-                counts differ).
+                counts differ); the executable is unchanged.
             CudaError: cudaErrorInvalidValue for arguments that are not a sim executable / graph."""
         call = "cudaGraphExecUpdate"
         if not isinstance(ex, GraphExec) or not isinstance(g, Graph) or ex.destroyed:
@@ -201,15 +186,12 @@ class Graphs:
 
     def exec_kernel_node_set_params(self, ex: GraphExec, index: int, name: str, gpu_us: float,
                                           fn, info) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): the executable's ``index``-th kernel
-        node (capture order) takes new work — ``fn`` (the launch's reference, None in timing-only mode), its modeled
-        ``gpu_us`` and ``info`` (grid, block, args, shared, nbytes) — for later launches; the graph it came from is
-        unchanged (the executable gets its own copy of the node list on its first update). Host cost: one API call
-        (modeled; ds4lab's planning around it is priced by the launch layer: ``model_host_work``).
+        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): kernel node ``index`` (capture order)
+        takes ``fn``, ``gpu_us`` and ``info`` for later launches; the graph is unchanged. Host cost: one API call.
 
         Raises:
             CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
-                than the node's (the sim refuses a function change: GUESS, ds4lab never asks for one)."""
+                than the node's (GUESS)."""
         call = "cudaGraphExecKernelNodeSetParams"
         if not isinstance(ex, GraphExec) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")

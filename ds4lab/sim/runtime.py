@@ -1,15 +1,8 @@
-"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU (:class:`Runtime`; graphs in
-:mod:`ds4lab.sim.graphs`, handles in :mod:`ds4lab.sim.objects`, the rules in :mod:`ds4lab.sim.rules`). It knows
-nothing of arrays or kernels: work is a callable plus a modeled duration; :class:`ds4lab.sim.backend.SimBackend`
-adapts the backend contract onto it, and the time is :mod:`ds4lab.sim.costmodel`'s.
+"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU (:class:`Runtime`).
 
-Eager work runs when it is enqueued (one host thread issues work in dependency order, so every stream and event
-dependency holds). Captured work is not run: it becomes a :class:`Node` holding the callable as issued (scalars by
-value, buffers by reference, as a kernel node keeps them), called again at each :meth:`Graphs.launch`. Streams: the
-legacy stream (synchronizing with every blocking stream), blocking and non-blocking streams, per-thread default
-streams. Every capture rule is an entry of :data:`RULES` raised through :meth:`Runtime._fail`: the table is the one
-place to read or change what the simulator claims. Sources: CUDA Programming Guide, "Asynchronous execution" and "CUDA
-Graphs" → "Stream Capture"; the CUDA Runtime API reference; the H200 record (``shared/context/gpu-facts.md``)."""
+Work is a callable plus a modeled duration: eager work runs when enqueued, captured work becomes a :class:`Node` run
+again at each graph launch. Every capture rule is an entry of :data:`ds4lab.sim.rules.RULES`, raised through
+:meth:`Runtime._fail`. Next: :mod:`ds4lab.sim.graphs`, :mod:`ds4lab.sim.objects`, :mod:`ds4lab.sim.backend`."""
 
 from __future__ import annotations
 
@@ -36,12 +29,9 @@ __all__ = ["Runtime", "MODES", "RULES", "Rule", "SimStream", "SimEvent", "Node",
 class Runtime:
     """Streams, events, captures, graphs and the modeled clock (see module docstring).
 
-    Args:
-        cal: the cost model's constants.
-        compute: call the work callables (False: timing only, nothing is computed).
-        threads_enabled: tell threads apart (False: every caller counts as one thread, so capture modes and per-thread
-            streams cannot distinguish threads).
-        invalidated_ops: ``"drop"`` or ``"raise"`` (rule ``after_invalidation``)."""
+    ``cal``: the cost model's constants; ``compute``: call the work callables (False: timing only);
+    ``threads_enabled``: tell threads apart; ``invalidated_ops``: ``"drop"`` or ``"raise"`` (rule
+    ``after_invalidation``)."""
 
     def __init__(self, cal: Calibration, *, compute: bool = True, threads_enabled: bool = True,
                  invalidated_ops: str = "drop") -> None:
@@ -356,13 +346,10 @@ class Runtime:
                 self.dev.wait_host(e.time_us)
 
     def event_query(self, e: SimEvent) -> bool:
-        """``cudaEventQuery``: True when the device has reached the event at the current host time, False for
-        ``cudaErrorNotReady`` (the documented "pending" answer).
+        """``cudaEventQuery``: True when the device has reached the event, False for ``cudaErrorNotReady``.
 
-        Raises cudaErrorCapturedEvent (last recorded in an active capture, which is invalidated: rule
-        event_query_captured), cudaErrorInvalidValue (last recorded in an invalidated or ended capture: rules
-        event_query_invalidated, event_after_capture), or cudaErrorStreamCaptureUnsupported (rule unsafe_call).
-        """
+        Raises cudaErrorCapturedEvent (rule event_query_captured), cudaErrorInvalidValue (rules
+        event_query_invalidated, event_after_capture) or cudaErrorStreamCaptureUnsupported (rule unsafe_call)."""
         call = "cudaEventQuery"
         with self.lock:
             q = self._captured(e)
@@ -420,10 +407,8 @@ class Runtime:
     def stream_query(self, stream: Any) -> bool:
         """``cudaStreamQuery``: True when all the stream's work is done, False for ``cudaErrorNotReady``.
 
-        Raises cudaErrorStreamCaptureUnsupported (the stream is in an active capture, which is invalidated: rule
-        stream_query_capturing), cudaErrorStreamCaptureInvalidated (its capture is invalidated: rule
-        stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream while a blocking stream captures).
-        """
+        Raises cudaErrorStreamCaptureUnsupported (rule stream_query_capturing), cudaErrorStreamCaptureInvalidated
+        (rule stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture)."""
         call = "cudaStreamQuery"
         with self.lock:
             s = self._stream(stream, call)
