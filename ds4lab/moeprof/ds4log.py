@@ -32,12 +32,9 @@ def format_ds4_line(tokens: int, ms: dict, pairs: int | None = None, n_used: int
 
 # ----------------------------------------------------------------------------- logs
 def ds4_lines(df, digits: int = 3, n_used: int | None = None, header: str | None = None) -> list[str]:
-    """One ds4 line per profiled call in ``df`` (rows with all six stages), in call order.
-
-    ``header``: where the numbers come from (e.g. ``"ds4lab moe · " + provenance.label(meta)``), put first as a ``# ``
-    comment line when there is any call. ds4's line parsers (:func:`read_ds4_log`, ``ds4lab ingest``) skip it as a
-    profile line but read it as provenance: the lines are ds4lab's, modeled when the header says ``MODELED``. Raises
-    ValueError when it is not one line starting with ``ds4lab``, or holds a profile line."""
+    """One ds4 line per profiled call in ``df`` (rows with all six stages), in call order, after ``header`` (a ``# ``
+    comment line naming where the numbers come from, which ds4's line parsers read as provenance). Raises ValueError
+    when ``header`` is not one line starting with ``ds4lab``, or holds a profile line."""
     hdr = None
     if header is not None:
         hdr = str(header).strip().lstrip("#").strip()

@@ -155,12 +155,10 @@ def _short(note: str, n: int = 90) -> str:
 
 def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls: int | None = None,
                 rounds: int | None = None) -> Difference:
-    """The row's mode's cost per MoE call (µs) in the column's steady state (eager calls, or replays of the graph
-    captured in the column's mode), as a paired, interleaved difference (:func:`ds4lab.timing.paired_difference`):
-    ``rounds`` rounds, each timing ``calls`` calls without profiling and ``calls`` with it (the order alternating
-    between rounds), each call bracketed by CUDA events on its stream through :func:`ds4lab.timing.time_steps` and
-    ended by a device synchronize (as ds4 ends a token) and, with the mode, its read. A difference whose interval
-    includes zero is not measurable (``Difference.measurable``)."""
+    """The row's mode's cost per MoE call (µs) in the column's steady state, as a paired, interleaved difference
+    (:func:`ds4lab.timing.paired_difference`) over ``rounds`` rounds of ``calls`` calls without and with profiling,
+    each call event-bracketed and ended by a device synchronize (as ds4 ends a token) and, with the mode, its read.
+    An interval that includes zero is not measurable (``Difference.measurable``)."""
     be = wb.be
     mode, kw = ROW_SPEC[row]
     which, _, _ = COLUMN_SPEC[column]
