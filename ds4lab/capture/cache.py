@@ -1,18 +1,7 @@
-"""Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
-
-A :class:`GraphCache` is a :class:`~ds4lab.token.model.DecodeModel`'s executor; what it captures and how is one frozen
-:class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun` passes it whole). For each
-cluster the policy names it builds the key (:class:`GraphKey`: cluster, layer, token count, the buffer-alias key, and
-with ``key_decisions`` the host decisions), runs eagerly while the key warms up, then captures, instantiates once and
-replays (on the accessor's stream, or on ds4's islands' dedicated ``capture_stream``). Before each replay it re-asks
-the cluster's host decisions (:meth:`DecodeModel.host_decisions`): a changed answer retires the graph, never replaying
-stale. A capture failure is recorded (CUDA's or CuPy's error) and the cluster runs eagerly from then on; anything else
-raised while capturing ends the capture through :func:`capture_scope` and goes on. Counters: :class:`CacheStats`. The
-policy's options (``update``, ``node_updates``, ``variants``, ``invalidate_on_realloc``, ``skip``):
-``docs/capture-stages.md``, "The graph cache's policy".
-
-Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, instantiation, whole-graph and node updates); ds4's
-staged plan and decode islands (``docs/model.md``); the rules of :mod:`ds4lab.sim.rules`."""
+"""Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard (:class:`GraphCache`,
+a model's executor, driven by one frozen :class:`CapturePolicy`). Per cluster: eager while the key (:class:`GraphKey`)
+warms up, then capture, instantiate once, replay; a changed host decision retires the graph; a capture failure
+leaves the cluster eager. The policy's options: ``docs/capture-stages.md``, "The graph cache's policy"."""
 
 from __future__ import annotations
 
@@ -80,12 +69,8 @@ EAGER = CapturePolicy()
 
 @dataclass(frozen=True, order=True)
 class GraphKey:
-    """The cache key of one call: which graph may replay it.
-
-    ``cluster``, ``layer`` and ``tokens`` are the call's site (:attr:`site`: what ``variants`` counts against);
-    ``generation`` and ``addresses`` the buffers it touches (the model's buffer generation and the inputs' addresses);
-    ``decisions`` the host decisions where the policy keys on them (``key_decisions``), else empty. Keys order as their
-    fields do (cluster first)."""
+    """The cache key of one call: its site (``cluster``, ``layer``, ``tokens``: :attr:`site`), the buffers it touches
+    (``generation``, ``addresses``) and, with ``key_decisions``, the host decisions. Keys order as their fields do."""
 
     cluster: str
     layer: int
@@ -168,12 +153,8 @@ class _Captured:
 class GraphCache:
     """Captures the clusters of a model its :class:`CapturePolicy` names and replays them (see module docstring).
 
-    Args:
-        backend: the model's backend (``cupy`` or ``sim``).
-        policy: what to capture and how (a policy without a mode captures in ``thread_local``).
-        capture_stream: capture and replay on this stream (a backend stream) instead of the accessor's (a policy's
-            ``blocking_capture_stream``: its run makes one); None: the accessor's.
-        skip: ``(cluster, layer)`` pairs that always run eagerly."""
+    ``backend``: ``cupy`` or ``sim``; a policy without a mode captures in ``thread_local``; ``capture_stream``:
+    capture and replay there instead of on the accessor's stream; ``skip``: ``(cluster, layer)`` pairs run eagerly."""
 
     def __init__(self, backend, policy: CapturePolicy, *, capture_stream=None, skip=frozenset()) -> None:
         self.be = backend
@@ -347,12 +328,8 @@ class GraphCache:
         return e
 
     def _update(self, model, e: CacheEntry, fn) -> bool:
-        """Stage 3u: capture again with this call's arguments, update the executable in place.
-
-        A refused update (:class:`~ds4lab.errors.GraphExecUpdateError`: CUDA's update result and the failing node's
-        type, counted in ``stats.update_results``) instantiates the new graph instead and replaces the entry's
-        executable (``stats.reinstantiations``). Returns False (the call runs eagerly, ``stats.fallbacks``) only when
-        the re-capture or that instantiation fails; then the entry retires."""
+        """Stage 3u: capture again and update the executable in place; a refused update instantiates the new graph
+        instead (``stats.reinstantiations``). False (run eagerly) when that fails too; the entry then retires."""
         got, err = self._captured(model, fn, e.key)
         if err is not None:
             self.stats.failures[err.name] += 1

@@ -1,18 +1,6 @@
-"""The launch layer: the one place where ds4lab issues device work.
-
-Every launch site of the decode token calls a :class:`Launcher` method: ``kernel``, ``memset``, ``copy_h2d`` or
-``event_record``. The launcher
-
-* asks :func:`ds4lab.capture.stream.current_stream` for the stream (stage 0's accessor), except for the two ds4-today
-  paths that bypass it on purpose: the synchronous ``cudaMemset`` of the routed-MoE counts and a kernel launched on the
-  legacy stream (capture hazards);
-* counts the launch in the :class:`Census` (cluster, kind, site);
-* wraps it in an NVTX op range when annotation is on;
-* hands it to the backend, which runs it (``cupy``), computes it with the NumPy reference (``numpy``), or, later,
-  models it.
-
-So the op sequence (``ds4lab.token``), the backend and this layer stay separate, and the census is the same whichever
-backend runs the token."""
+"""The launch layer (:class:`Launcher`): the one place ds4lab issues device work. Each launch takes the accessor's
+stream (:func:`ds4lab.capture.stream.current_stream`; two ds4-today hazard paths bypass it), is counted in the
+:class:`Census`, wrapped in an NVTX range when annotation is on, and handed to the backend."""
 
 from __future__ import annotations
 
@@ -95,13 +83,8 @@ class Census:
 class Launcher:
     """Routes every launch through the stream accessor, the census and NVTX, to a backend.
 
-    Args:
-        backend: a :class:`ds4lab.executor.base.Backend`.
-        nvtx: emit NVTX ranges (token, layer, cluster, op). Chosen once: the launcher's annotator is an
-            :class:`~ds4lab.capture.annotate.NvtxAnnotator`, or, off, a :class:`~ds4lab.capture.annotate.NullAnnotator`
-            (no NVTX call at all); no launch asks again.
-        routed: ``False`` bypasses the accessor and launches everything on the legacy stream: the "unrouted" path the
-            stage-0 bit-identity test compares against."""
+    ``nvtx``: NVTX ranges on (chosen once). ``routed=False``: everything on the legacy stream, bypassing the accessor
+    (the unrouted path of the stage-0 bit-identity test)."""
 
     def __init__(self, backend, *, nvtx: bool = False, routed: bool = True) -> None:
         self.backend = backend
@@ -131,12 +114,8 @@ class Launcher:
 
     # ------------------------------------------------------------------ scratch
     def scratch(self, key, shape, dtype) -> Any:
-        """The scratch buffer ``key`` of this launcher: allocated zeroed by the backend on the first call, the same
-        buffer on every later one (its address stays fixed, so captured graphs stay valid).
-
-        Ops that need scratch ask for it at model build time (:func:`ds4lab.token.ops.alloc_scratch`) so no allocation
-        happens inside a capture. Launches of one launcher run in stream order, so one buffer per key serves every
-        layer's launch of that op.
+        """The scratch buffer ``key``: allocated zeroed on the first call, the same buffer (fixed address, so captured
+        graphs stay valid) on every later one; ops ask at model build time (:func:`ds4lab.token.ops.alloc_scratch`).
 
         Raises ValueError when ``key`` was allocated before with another shape or dtype."""
         buf = self._scratch.get(key)

@@ -1,15 +1,7 @@
-"""The stream accessor: stage 0 of ds4's CUDA-graph plan, in Python.
-
-Every launch site in ds4lab (kernels, memsets, copies, profiling event records) asks :func:`current_stream` which
-stream to use, as ds4's ``ds4_current_stream()`` does in the seed pull request. With ``DS4_CUDA_GRAPHS`` unset, or set
-with no override on the calling thread, it returns :data:`LEGACY_STREAM`, which every backend maps to its legacy
-default stream (CUDA stream handle 0), so outputs are bit-identical to the unrouted path by construction: the same
-launches, in the same order, on the same stream.
-
-The accessor is backend-neutral: an override is whatever stream object the active backend understands (a
-``cupy.cuda.Stream``, or a backend's own stream). It is thread-local, like ds4's ``static __thread`` override, so a
-capture on one thread never redirects another thread's launches (CUDA Programming Guide, "CUDA Graphs" → "Cross-stream
-dependencies and events"; thread-local capture mode)."""
+"""The stream accessor, stage 0 of ds4's CUDA-graph plan: every launch site asks :func:`current_stream`, as ds4's
+``ds4_current_stream()`` does. Without an override it returns :data:`LEGACY_STREAM` (outputs bit-identical to the
+unrouted path); an override is thread-local, like ds4's ``static __thread`` one, so a capture on one thread never
+redirects another thread's launches."""
 
 from __future__ import annotations
 

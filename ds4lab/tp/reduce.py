@@ -1,12 +1,7 @@
-"""The reductions between ranks, where a tensor-parallel token's partial sums become the whole, at ``(layer, point)``:
-``"attn"`` (``o_b``'s output, ``[E]``) and ``"ffn"`` (shared and routed experts, ``[2, E]``, summed apart).
-:class:`NcclReducer` (``ncclAllReduce`` on the accessor's stream: inside a graph while a stage captures),
-:class:`PeerReducer` (ds4's way: ``cudaMemcpyPeer`` into the other rank's inbox, a host barrier, ``tp_add2``;
-refused or left out of any graph, so it belongs between graphs) and, for verification on the sim,
-:class:`OracleReducer` (what the single-GPU token computes from the same inputs: the TP token is then the single-GPU
-token bit for bit if all else is exact). The real reducers give the same bits on every rank (float32 ``p0 + p1``);
-against the single-GPU token the order of the sum changes by at most :func:`reduction_bound`.
-``docs/tensor-parallel.md`` has the rest."""
+"""The reductions between ranks at ``(layer, point)``, ``"attn"`` (``[E]``) and ``"ffn"`` (``[2, E]``):
+:class:`NcclReducer` (``ncclAllReduce`` on the accessor's stream), :class:`PeerReducer` (ds4's ``cudaMemcpyPeer``,
+host barrier, ``tp_add2``: between graphs only) and, on the sim, :class:`OracleReducer` (the single-GPU values).
+Against the single-GPU token the sum's order changes by at most :func:`reduction_bound`; ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -157,13 +152,9 @@ class OracleReducer:
 
 
 def single_gpu_values(model, exchange: Exchange, layer: int, point: str) -> dict:
-    """What the single-GPU token computes at reduction ``(layer, point)`` from this rank's and its peers' inputs, as
-    the NumPy reference computes it (the launch sites' references: ``q8_matvec``, ``moe_midq_q8k``,
-    ``moe_down_sum``). Every rank must call it at the same point (a host exchange).
-
-    Returns ``{"single": float32 like recv, "partials": [every rank's send], "terms": n, "abs_sum": A}`` (the inputs of
-    :func:`reduction_bound`; for ``"ffn"`` ``[2, E]`` arrays, row 0 the shared expert's, row 1 the routed experts').
-    """
+    """What the single-GPU token computes at reduction ``(layer, point)`` from every rank's inputs, as the NumPy
+    reference does; every rank must call it at the same point (a host exchange). Returns ``{"single": float32 like
+    recv, "partials": [every rank's send], "terms": n, "abs_sum": A}`` (for ``"ffn"`` ``[2, E]``: shared, routed)."""
     from ..token.reference import dequant, dequant_q8k, quantize_q8k_ds4
 
     rank, full = model.plan.rank, model.full

@@ -1,9 +1,6 @@
-"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`), and the weight slices that give it: rank ``r``
-of ``world`` holds its share of the attention heads (rows of ``q_b``, groups of ``o_a``, the matching columns of
-``o_b``), of the shared expert (gate and up rows, the matching columns of ``sh_down``) and of the routed experts
-(whole experts); everything else is replicated. Slices are exact (Q8_0 rows and 32-column blocks, super-block rows,
-whole experts): a model that does not split so raises :class:`~ds4lab.token.config.ConfigError`. The split, weight
-by weight: ``docs/tensor-parallel.md``."""
+"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`) and the exact weight slices that give it
+(heads, shared-expert rows, whole routed experts; the rest replicated); a model that does not split raises
+:class:`~ds4lab.token.config.ConfigError`. Weight by weight: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The tensor-parallel token recorded as one event table across its devices, for ``ds4lab audit`` and for
-:mod:`ds4lab.audit.collectives` (collectives paired by rank, the per-rank capture plan's deadlock risk).
-
-On the sim the table is built from each device's modeled timeline (kernels, copies, the collectives' kernels, with the
-graph each replayed node came from) and one NVTX ``token`` range per token and rank (the rank's modeled host clock);
-every time in it is MODELED, and it has no API rows (the audit then takes one launch per device row, and says so). On
-GPUs it is a CUPTI recording of both devices (:func:`ds4lab.trace.recording.recording`, ``cupti-python``): the ranks'
-NVTX token ranges from ds4lab's launcher, NCCL's kernels as NCCL names them."""
+"""The tensor-parallel token recorded as one event table across its devices, for ``ds4lab audit`` and
+:mod:`ds4lab.audit.collectives`: on the sim from each device's modeled timeline (MODELED, no API rows), on GPUs a
+CUPTI recording of both devices (:func:`ds4lab.trace.recording.recording`)."""
 
 from __future__ import annotations
 
