@@ -1,13 +1,6 @@
-"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end, applied to the build's copy (ds4's own
-checkout is never written to).
-
-Every site of ds4's decode token that names a stream (:data:`ROUTED`: kernel launches, cuBLAS handles, async memsets
-and copies, event records and waits, ``cuda/mmq`` entry points, ``cuda_decode_stream()`` itself) goes through one
-thread-local accessor, ``ds4lab_current_stream(site)``: unset, it returns ``site`` (ds4 bit for bit as before); set,
-the one stream a capturing driver chose. Calls a capture cannot hold (:data:`SPLITS`) are bracketed by hooks that split
-the captured token around them, counted with ds4's file and line; :data:`HOOKS` mark the token's start and end and skip
-ds4's mid-token flush while capturing. A site the rewrite cannot route is listed with its file, line and reason
-(:attr:`Rewrite.unrouted`), never skipped silently. How it works and what it measured: ``docs/ds4.md``."""
+"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end (the build's copy only). Every stream
+site (:data:`ROUTED`) goes through ``ds4lab_current_stream(site)``; calls a capture cannot hold (:data:`SPLITS`) are
+bracketed by split hooks; a site that cannot be routed is listed (:attr:`Rewrite.unrouted`). ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -288,14 +281,9 @@ def mmq_stream_entries(root: Path) -> dict:
 
 
 def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = None) -> Rewrite:
-    """Rewrite the text of ds4's ``ds4_cuda.cu`` (see the module docstring). Returns the new text and every site; sites
-    that cannot be routed are in :attr:`Rewrite.unrouted` and left as they were.
-
-    Args:
-        src: the file's text.
-        file: its name in the reports.
-        mmq_entries: ``{function: stream parameter index}`` of the vendored mmq entry points
-            (:func:`mmq_stream_entries`); their stream arguments are routed at the call sites."""
+    """Rewrite the text ``src`` of ds4's ``ds4_cuda.cu`` (``file``: its name in the reports; ``mmq_entries``: the mmq
+    entry points' stream parameter, :func:`mmq_stream_entries`). Returns the new text and every site; unroutable
+    sites are in :attr:`Rewrite.unrouted` and left as they were."""
     code = blank(src)
     line_at = _line_index(src)
     lines = src.splitlines()

@@ -1,10 +1,5 @@
-"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the capture ladders, the
-launch census per token, host µs per launch, what capture buys (ds4's islands against ds4lab's stage i), and kernel
-µs per token by kind; :class:`Beside` holds them for one ds4 record.
-
-Each table names where every figure came from: ds4's from a ``ds4lab ds4`` folder (its GPU, driver and ds4 commit in
-the folder's ``meta.json``), ds4lab's from a measured ladder or context record (``meta.json`` beside it) or from
-ds4lab's own model of the token (counts, no timing). Nothing here measures anything."""
+"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): :class:`Beside` holds the
+tables for one ds4 record, each naming where every figure came from. Nothing here measures anything."""
 
 from __future__ import annotations
 
@@ -252,12 +247,10 @@ OMISSIONS = (
 
 
 def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame:
-    """Launches and kernel µs per token by :data:`KINDS`, ds4 against ds4lab's rebuild, like for like: ``ds4_kernels``
-    maps a context to a ``kernels-islands-off-<context>.csv`` table of ds4's recorded tokens (CUPTI: ``per_token``,
-    ``us_per_token`` by kernel name); the rebuild's from its per-op record (``lab_per_op``: launches and µs per
-    token by launch site, at 1k). One row per kind and context, with ``ds4_launches``, ``ds4_us``,
-    ``rebuild_launches``, ``rebuild_us`` (blank where the rebuild has no record at that context) and
-    ``ds4_minus_rebuild_us``."""
+    """Launches and kernel µs per token by :data:`KINDS`, ds4 (``ds4_kernels``: context → its
+    ``kernels-islands-off-<context>.csv``) against the rebuild (``lab_per_op``, at 1k). One row per kind and context:
+    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank without a record), ``ds4_minus_rebuild_us``.
+    """
     lab = pd.read_csv(lab_per_op) if lab_per_op is not None and Path(lab_per_op).is_file() else pd.DataFrame()
     if len(lab):
         lab = lab.assign(kind=[kernel_kind(f"{k} {c}") for k, c in zip(lab.kernel, lab.cluster)])
@@ -329,11 +322,8 @@ LADDER_RUNGS = (("0", "0"), ("i", "i"), ("3u", "3u"), ("3", "3"))
 
 
 def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
-    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder: µs per token of ds4 as shipped and of each stage on
-    ds4 rewritten by ds4lab, tokens bit-identical to ds4 as shipped) beside ds4lab's rebuild's measured ladder (its
-    record's stages 0, i, 3u, 3), one row per engine, context and stage, ``source`` naming each. A stage ds4 does
-    not have yet (3) is the rebuild's row alone; ds4's stage 3 row, where its folder recorded the replayed graph, is
-    not a measurement of stage 3 and is not here."""
+    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder) beside the rebuild's measured ladder (stages 0, i,
+    3u, 3), one row per engine, context and stage, ``source`` naming each; stage 3 is the rebuild's alone."""
     rows = []
     lad = rec.ladder if rec is not None else pd.DataFrame()
     for r in lad.to_dict("records") if len(lad) else ():

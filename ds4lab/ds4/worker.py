@@ -1,12 +1,6 @@
-"""One ds4 configuration in a process of its own (ds4 reads its switches from the environment once per process):
-``python -m ds4lab.ds4.worker PLAN.json``. It opens ds4's engine and one session, and per context (ascending)
-prefills to it, runs ``warmup`` untimed decode tokens (ds4's islands capture at their second sight), then ``tokens``
-decode tokens between CUDA events on the legacy stream, keeping each token's logits (``logits-<context>.npy``;
-digest and argmax in ``tokens.csv``) so every configuration is held to ds4 as it ships bit for bit
-(:func:`ds4lab.ds4.readout.exactness`); a capturing configuration also writes ``capture.csv`` and
-``capture-args.csv``. Where asked it records ``trace_tokens`` more tokens with CUPTI, each in an NVTX range
-``decode_step`` (``trace-<context>/recording.csv.gz``, which ``ds4lab audit`` reads). It writes as it goes (progress
-as JSON lines on stdout, ``worker.json`` last); ds4's messages go to stderr, kept as ``ds4-<config>.log``."""
+"""One ds4 configuration in a process of its own (ds4 reads its switches once per process): ``python -m
+ds4lab.ds4.worker PLAN.json``. Per context it prefills, runs untimed warm-up tokens, then timed decode tokens, keeping
+each token's logits; the files it writes: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
