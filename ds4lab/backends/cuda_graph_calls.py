@@ -1,17 +1,8 @@
-"""Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through ``cuda-bindings``:
-the calls the ``cupy`` backend makes for :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`.
-
-Every function takes the binding module it calls (``rt``: ``cuda.bindings.runtime``, ``drv``:
-``cuda.bindings.driver``), so a test can hand it a fake, and checks every status it gets back: a status other than
-success raises :class:`ds4lab.errors.CudaError` with the runtime API's error name (driver and runtime share the numbers
-of the statuses these calls return).
-
-Signatures (cuda-bindings' Python API, read from its docstrings): CUDA 12.3 added edge data to the capture and
-graph-edge calls as ``cudaStreamGetCaptureInfo_v3``, ``cudaStreamUpdateCaptureDependencies_v2``,
-``cudaGraphAddNode_v2`` and ``cudaGraphGetEdges_v2``; CUDA 13 gave the plain names those signatures and dropped the
-suffixed ones. :func:`edge_variant` takes the suffixed name where the bindings have it (12.3 … 12.9), else the plain
-one (13.x). Conditional nodes need CUDA 12.4 (IF, WHILE) and 12.8 (IF with two bodies, SWITCH); older bindings are not
-supported."""
+"""Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through ``cuda-bindings``,
+for the ``cupy`` backend's :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`. Each function takes the binding
+module it calls (``rt`` / ``drv``, so a test can hand it a fake) and raises :class:`ds4lab.errors.CudaError` for any
+status but success. :func:`edge_variant` picks CUDA 12.3-12.9's ``_v2``/``_v3`` edge-data calls or CUDA 13's plain
+names; conditional nodes need CUDA 12.4 (IF, WHILE) and 12.8 (IF with two bodies, SWITCH)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The ``cupy`` backend: ds4lab's kernels on a CUDA GPU through CuPy.
-
-Kernels are the ``extern "C"`` functions of ``kernels/*.cu``, each file compiled once per process with
-``cupy.RawModule`` (NVRTC; CuPy also caches the binary on disk). A launch goes to the stream the launch layer resolved:
-``LEGACY_STREAM`` maps to CUDA's legacy default stream (handle 0, ``cupy.cuda.Stream.null``), anything else must be a
-``cupy.cuda.Stream``.
-
-Importing this module does not import CuPy; :func:`gpu_usable` and :class:`CupyBackend` do."""
+"""The ``cupy`` backend: ds4lab's kernels (``kernels/*.cu``, ``cupy.RawModule``) on a CUDA GPU through CuPy, each
+launch on the stream the launch layer resolved (``LEGACY_STREAM``: handle 0). Importing this module does not import
+CuPy; :func:`gpu_usable` and :class:`CupyBackend` do."""
 
 from __future__ import annotations
 
@@ -378,10 +373,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return CupyGraphExec(self.cp, int(h), graph)
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` through the driver (``cuGraphExecKernelNodeSetParams``: CuPy has no
-        binding for it): the executable's ``index``-th kernel node, in the order the graph lists its nodes (their
-        creation order: the capture's launch order), takes ``launch``'s arguments, grid, block and shared memory.
-        The node's function must be ``launch``'s kernel.
+        """``cudaGraphExecKernelNodeSetParams`` through the driver (CuPy has no binding): kernel node ``index`` (capture
+        order) takes ``launch``'s arguments, grid, block and shared memory; its function must be ``launch``'s kernel.
 
         Raises:
             CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another
@@ -403,14 +396,11 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
                                     launch.args)
 
     def graph_exec_update(self, graph_exec, graph) -> None:
-        """``cudaGraphExecUpdate``: new node parameters from a topologically identical graph.
-
-        Through ``cuda-bindings`` (CuPy has no binding for it).
+        """``cudaGraphExecUpdate`` through ``cuda-bindings``: new node parameters from a topologically identical graph.
 
         Raises:
-            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with CUDA's ``cudaGraphExecUpdateResultInfo``:
-                ``result`` (the cudaGraphExecUpdateResult name) and ``node_type`` (``cudaGraphNodeGetType`` of
-                ``errorNode``; None when CUDA names none).
+            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the cudaGraphExecUpdateResult
+                name) and ``node_type`` (of ``errorNode``; None when CUDA names none).
             CudaError: any other status."""
         from ..errors import GRAPH_EXEC_UPDATE_RESULTS, GraphExecUpdateError
 
@@ -520,11 +510,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
 
 
 def _stream_launcher(raw) -> Callable:
-    """A fast ``f(grid, block, args, shared_mem, stream)`` for a ``cupy.RawKernel``.
-
-    CuPy's ``RawKernel.__call__`` launches on CuPy's *current* stream; its underlying ``cupy.cuda.Function`` takes the
-    stream as an argument (checked on the H200 with CuPy 14.2), which avoids a per-launch ``with stream:`` (bench: the
-    launcher costs 0.79–1.09× a bare ``RawKernel`` call, docs/design-log.md)."""
+    """A fast ``f(grid, block, args, shared_mem, stream)`` for a ``cupy.RawKernel``: its ``cupy.cuda.Function`` takes
+    the stream as an argument, which avoids a per-launch ``with stream:`` (docs/design-log.md)."""
     return raw.kernel
 
 
