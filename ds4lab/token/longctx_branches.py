@@ -1,16 +1,7 @@
-"""Stage ``3cc``'s long-context token: the position-dependent launch decisions of every compressed layer made on the
-device by conditional graph nodes (``TokenOptions.longctx="conditional"``).
-
-Per compressed layer one small kernel (``kernels/graph_cond.cu:cond_set_longctx``) reads the position from the token's
-scalars and sets the layer's handles; each compressor's emit kernels are the body of an IF node; the indexer is a
-SWITCH node with one body per top-k regime ``max_context`` allows, each sized for the largest n_comp of its body (rows
-and candidate sets past n_comp skipped on the device, as in stage 3c). One whole-token graph then runs at every
-position exactly the launches ds4's host decisions would have issued there, bit for bit ds4's results. Outside a
-capture the host takes the same branches itself. How and why: ``docs/capture-stages.md``.
-
-Sources: CUDA Programming Guide, "Conditional Graph Nodes" (IF since 12.4, SWITCH since 12.8); CUDA Runtime API,
-``cudaGraphConditionalHandleCreate``, ``cudaGraphAddNode``, ``cudaGraphSetConditional``; ds4.c
-``compressor_decode_one``, ds4_cuda.cu ``ds4_gpu_indexer_topk_tensor`` for the decisions."""
+"""Stage ``3cc``'s long-context token (``TokenOptions.longctx="conditional"``): per compressed layer a kernel
+(``kernels/graph_cond.cu:cond_set_longctx``) sets conditional handles from the position; the compressors' emit
+kernels are an IF body, the indexer a SWITCH with one body per top-k regime. Outside a capture the host takes the same
+branches. How and why: ``docs/capture-stages.md``, "Stage 3cc"."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Random weights from a seed, identical on every backend.
-
-Each weight element is a pure function of ``(seed, tensor name, sub-tensor, element index)`` through a 32-bit integer
-hash (``mix32``, mirrored bit for bit in ``kernels/common.cuh``). So the GPU fills its multi-gigabyte banks in place in
-milliseconds, and the NumPy reference regenerates exactly the slices it needs (one layer, the six selected experts)
-without any device-to-host copy. Weight formats (bytes per weight in :data:`ds4lab.token.config.BYTES_PER_WEIGHT`):
-
-* ``q8_0``: ``qs`` int8 ``[..., rows, cols]`` in [-127, 127], ``d`` fp16 ``[..., rows, cols/32]``.
-* ``q4``: ``qs`` uint8 ``[..., rows, cols/2]``; in each block of 32 values, byte ``j`` holds value ``j`` in its low
-  nibble and value ``j+16`` in its high nibble, stored as ``v + 8``; ``d`` fp16 ``[..., rows, cols/32]``. 4.5 bits
-  (0.5625 bytes) per weight.
-* ``q4_k``, ``q2_k``, ``iq2_xxs`` (ds4's routed experts): ``qs`` uint8 ``[..., rows, cols / 256 * block bytes]``, each
-  row a run of packed super-blocks of 256 weights exactly as ggml lays them out (``block_q4_K`` 144 bytes,
-  ``block_q2_K`` 84, ``block_iq2_xxs`` 66; :data:`SUPERBLOCKS`), ``d`` None (the scales live inside the blocks). Every
-  byte is a hash byte except the fp16 scale fields, which hold a scale in a range that keeps activations finite
-  (:func:`gen_superblocks`).
-* ``f32``: float32, ``offset + scale * U(-1, 1)``."""
+"""Random weights from a seed, identical on every backend: each element a pure function of ``(seed, tensor name,
+sub-tensor, element index)`` through ``mix32`` (mirrored bit for bit in ``kernels/common.cuh``), so the GPU fills its
+banks in place and the NumPy reference regenerates any slice. Formats (``q8_0``, ``q4``, the super-blocks ``q4_k``,
+``q2_k``, ``iq2_xxs``, ``f32``): :class:`QTensor`, :data:`SUPERBLOCKS`, ``docs/model.md``, "Formats"."""
 
 from __future__ import annotations
 
@@ -75,14 +62,10 @@ def unit_float(h: np.ndarray) -> np.ndarray:
 
 @dataclass
 class QTensor:
-    """A block-quantized matrix (or a stack of them), on any backend.
-
-    Attributes:
-        fmt: ``"q8_0"``, ``"q4"``, or a super-block format (``"q4_k"``, ``"q2_k"``, ``"iq2_xxs"``).
-        rows, cols: the matrix shape (output rows × input columns).
-        qs: quantized values (int8 ``[..., rows, cols]``, packed uint8 ``[..., rows, cols/2]``, or the packed
-            super-blocks, uint8 ``[..., rows, cols / 256 * block bytes]``).
-        d: fp16 block scales ``[..., rows, cols/32]``; None for the super-block formats."""
+    """A block-quantized matrix (or a stack of them), on any backend: ``fmt`` (``"q8_0"``, ``"q4"``, ``"q4_k"``,
+    ``"q2_k"``, ``"iq2_xxs"``), ``rows`` × ``cols``; ``qs``: int8 ``[..., rows, cols]`` (q8_0), uint8 ``[..., rows,
+    cols/2]`` (q4), uint8 ``[..., rows, cols / 256 * block bytes]`` (super-blocks); ``d``: fp16 ``[..., rows,
+    cols/32]``, None for the super-block formats."""
 
     fmt: str
     rows: int
@@ -223,14 +206,9 @@ def iq2_sign_byte(idx: np.ndarray | int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SuperBlockFormat:
-    """One packed super-block format of 256 weights (ggml's definitions, as ds4.c reads them).
-
-    Attributes:
-        name: ``"q4_k"``, ``"q2_k"`` or ``"iq2_xxs"``.
-        nbytes: bytes per super-block (144, 84, 66).
-        scale_fields: the fp16 scale fields, ``(byte offset, multiple of the base scale, hash salt)`` each; every other
-            byte of a generated block is a hash byte.
-        layout: the block's fields in byte order, for the docs (``(name, offset, bytes)``)."""
+    """One packed super-block format of 256 weights (ggml's): ``name``, ``nbytes`` (144, 84, 66), ``scale_fields``
+    (``(byte offset, multiple of the base scale, hash salt)`` each), ``layout`` (``(name, offset, bytes)``, for the
+    docs)."""
 
     name: str
     nbytes: int
@@ -238,11 +216,8 @@ class SuperBlockFormat:
     layout: tuple
 
     def unit_std(self) -> float:
-        """Standard deviation of a generated weight per unit of base scale (:func:`superblock_base_scale`).
-
-        Computed from the format's definition with every free byte uniform and each scale field ``multiple x base x
-        j``, ``j = 0.75 + 0.5 U(0, 1)`` (``E[j] = 1``, ``E[j^2] = 49/48``); the multiples make the mean weight 0 (Q4_K:
-        ``dmin = 7.5 d``, so ``E[d sc q] = E[dmin m]``; Q2_K: ``dmin = 1.5 d``; IQ2_XXS is symmetric)."""
+        """Standard deviation of a generated weight per unit of base scale (:func:`superblock_base_scale`), from the
+        format's definition with every free byte uniform and scale fields ``multiple x base x (0.75 + 0.5 U)``."""
         return _UNIT_STD[self.name]
 
 
@@ -299,13 +274,8 @@ def superblock_fields(fmt: str, cols: int) -> list[tuple[int, np.float32, int]]:
 
 def gen_superblocks(fmt: str, key: int, sub: int, rows: int, cols: int) -> QTensor:
     """NumPy super-block sub-tensor ``sub`` of the tensor with ``key`` (mirrors ``init_superblocks`` in
-    ``kernels/moe_ds4.cu``).
-
-    Byte ``i`` of the sub-tensor (block ``i // nbytes``, offset ``i % nbytes``) is the top byte of ``element_hash(key,
-    sub, i)``, except in a scale field: there the field's little-endian fp16 bytes of ``mean * (0.75 + 0.5 * U)``, ``U
-    = unit_float(element_hash(key ^ salt, sub, block))``, rounded to nearest even. Every block is a valid block of the
-    format: grid and sign indices, 4- and 6-bit scales and quants take every value they can, and the scales keep
-    activations finite.
+    ``kernels/moe_ds4.cu``; ``docs/model.md``, "Generated weights"): hash bytes, fp16 scale fields ``mean * (0.75 +
+    0.5 * U)``.
 
     Raises:
         ValueError: ``cols`` not a multiple of 256, or an unknown format."""
