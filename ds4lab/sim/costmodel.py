@@ -67,7 +67,7 @@ def stand_in(name: str) -> str | None:
 
 @dataclass
 class Calibration:
-    """The constants of the cost model (see module docstring for the schema)."""
+    """The constants of the cost model (schema: :data:`ds4lab.sim.calibration.SCHEMA`)."""
 
     name: str
     device: str
@@ -83,36 +83,21 @@ class Calibration:
     kernels: dict = field(default_factory=dict)
     copy_GBps: float | None = None
     h2d_GBps: float = 25.0
-    #: Device idle between two dependent kernel nodes of a replayed graph, beyond their CUPTI
-    #: durations (µs): what a plan built from traced kernel durations adds per node boundary
-    #: (``ds4lab.audit.plans``). The sim's own kernel fits are per-launch times that include it.
+    #: Device idle between two dependent kernel nodes of a replayed graph beyond their CUPTI durations (µs), what a
+    #: plan from traced durations adds per node boundary (``ds4lab.audit.plans``).
     graph_node_gap_us: float = 0.0
-    #: Device idle between two eager kernels on the device even when the host has run ahead (µs): the
-    #: device fetching the next launch from the stream's queue, which a graph's nodes are spared
-    #: (they pay ``graph_node_us`` pacing instead). 0 in ds4lab's own calibrations (their kernel fits
-    #: are per-launch times that include it); fitted from another engine's recorded eager tokens
-    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: kernel span minus busy time per boundary).
+    #: Device idle between two eager kernels even when the host has run ahead (µs; graph nodes are spared it);
+    #: 0 in ds4lab's own calibrations, fitted by :func:`ds4lab.calibration.from_ds4.fit_from_ds4`.
     eager_gap_us: float = 0.0
-    #: ds4lab's own host work around each graph launch of its launch layer and graph cache (keys,
-    #: lookup, stream choice), on top of ``host_graph_launch_us`` (the bare ``cudaGraphLaunch``), µs.
+    #: ds4lab's own host work around each graph-cache launch, on top of ``host_graph_launch_us`` (µs).
     host_graph_call_us: float = 0.0
-    #: ds4lab's own host work per kernel-node update of a cached graph (stage i+: planning the
-    #: call's launches, packing the node's parameters), on top of the update call (``host_api_us``),
-    #: µs. Both fitted from a measured ladder (:func:`ds4lab.calibration.from_ladder.fit_host_from_ladder`).
+    #: ds4lab's own host work per kernel-node update (stage i+), on top of ``host_api_us`` (µs).
     host_node_update_us: float = 0.0
-    #: Every kernel's modeled time is multiplied by this: 1 for ds4lab's own kernels; another
-    #: engine's total kernel time over ds4lab's for a calibration made from that engine
-    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
-    #: ``kernel_time_scale_by_context``, the factor where no context is named (older readers use it).
+    #: Every kernel's modeled time is multiplied by this (the schema says where it comes from).
     kernel_time_scale: float = 1.0
-    #: The kernel time factor by context: ``((context, scale), ...)``, contexts (positions) positive and
-    #: strictly ascending, each scale finite in (0, 100]; :meth:`scale_at` interpolates it linearly in
-    #: log2(context) and holds it constant outside the first and last context. None: ``kernel_time_scale``
-    #: at every context. Fitted from another engine's runs at several contexts
-    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
+    #: ``((context, scale), ...)``: the kernel time factor by context (:meth:`scale_at`); None: ``kernel_time_scale``.
     kernel_time_scale_by_context: tuple | None = None
-    #: device µs a kernel node reached by a programmatic edge gains over its fit (its launch overlaps its
-    #: predecessor's drain): GUESSED until the H200 measures it
+    #: device µs a kernel node reached by a programmatic edge gains over its fit: GUESSED until the H200 measures it
     pdl_edge_us: float = 0.5
     #: device µs to evaluate one conditional node in a replay: GUESSED until the H200 measures it
     graph_conditional_us: float = 1.0

@@ -249,10 +249,7 @@ class Graphs:
         ``ge`` is not ``what`` (destroyed, or not an executable)."""
         if not isinstance(ge, GraphExec) or ge.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not {what}")
-        s = self.rt._stream(stream, call)
-        if s is self.rt.legacy and self.rt.live:
-            self.rt._legacy_use(call)
-        return s
+        return self.rt._used_stream(stream, call)
 
     def upload(self, ge: GraphExec, stream: Any) -> None:
         """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).

@@ -1,7 +1,7 @@
 """The simulator's rules for graph construction inside a capture, conditional nodes and programmatic dependent launch
-(stages ``3cc``, ``3p``, ``3cp``, ``3ccp``), each with a conformance scenario in ``ds4lab/conformance/device_graphs.py``.
-Entries are :class:`ds4lab.sim.rules.Rule` fields; :mod:`ds4lab.sim.rules` adds them to its ``RULES``. ``RT``, ``PG``
-as there."""
+(stages ``3cc``, ``3p``, ``3cp``, ``3ccp``), each with a conformance scenario in
+``ds4lab/conformance/device_graphs.py``. Entries are :class:`ds4lab.sim.rules.Rule` fields; :mod:`ds4lab.sim.rules`
+adds them to its ``RULES``. ``RT``, ``PG`` as there."""
 
 from __future__ import annotations
 

@@ -89,6 +89,13 @@ class Runtime:
             return stream
         raise CudaError("cudaErrorInvalidResourceHandle", call, f"{stream!r} is not a sim stream")
 
+    def _used_stream(self, stream: Any, call: str) -> SimStream:
+        """:meth:`_stream`, with rule ``legacy_implicit`` applied to a use of the legacy stream."""
+        s = self._stream(stream, call)
+        if s is self.legacy and self.live:
+            self._legacy_use(call)
+        return s
+
     def _legacy_use(self, call: str) -> None:
         """Rule ``legacy_implicit``: the legacy stream may not be used while a blocking stream captures."""
         bad = [q for q in self.live if any(m.blocking for m in q.streams)]
@@ -224,9 +231,7 @@ class Runtime:
 
         Eagerly ``fn`` runs now; captured, a node runs ``capture_fn`` at each replay."""
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             seq = s.capture
             self.dev.host(self.cal.host_api_us)
             if seq is not None:
@@ -267,9 +272,7 @@ class Runtime:
     def event_record(self, stream: Any, e: SimEvent) -> None:
         """``cudaEventRecord``: eager, the time the stream reaches it; captured, a set of nodes."""
         with self.lock:
-            s = self._stream(stream, "cudaEventRecord")
-            if s is self.legacy and self.live:
-                self._legacy_use("cudaEventRecord")
+            s = self._used_stream(stream, "cudaEventRecord")
             submit = self.dev.host(self.cal.host_api_us)
             seq = s.capture
             if seq is not None:
@@ -299,9 +302,7 @@ class Runtime:
         """``cudaStreamWaitEvent``: a timing dependency eagerly; fork / join / refusal in capture."""
         call = "cudaStreamWaitEvent"
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             self.dev.host(self.cal.host_api_us)
             ec, sc = self._captured(e), s.capture
             if sc is not None and sc.status != "active":
@@ -394,9 +395,7 @@ class Runtime:
     def stream_synchronize(self, stream: Any) -> None:
         call = "cudaStreamSynchronize"
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             if s.capture is not None:
                 self._fail("stream_sync_capturing", call, [s.capture], f"{s.name} is capturing")
             if self.live:
@@ -411,9 +410,7 @@ class Runtime:
         (rule stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture)."""
         call = "cudaStreamQuery"
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             q = s.capture
             if q is not None:
                 if q.status == "active":
