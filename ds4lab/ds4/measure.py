@@ -130,10 +130,9 @@ def _describe(ev: dict) -> str:
 
 
 def collect(folder: Path, configs, random_expert_layers=()) -> dict:
-    """Read every worker's files in ``folder`` into the job's tables and write them (the module docstring's files; with
-    ``random_expert_layers``, also ``expert-data.csv``: ds4's per-layer kernels on the layers whose experts are
-    random against those on holes, :func:`ds4lab.ds4.readout.expert_data_check`). Returns the tables by name. Works
-    on a folder copied from the GPU machine."""
+    """Read every worker's files in ``folder`` into the job's tables and write them (the files ``docs/ds4.md``
+    lists; with ``random_expert_layers`` also ``expert-data.csv``, :func:`ds4lab.ds4.readout.expert_data_check`).
+    Returns the tables by name. Works on a folder copied from the GPU machine."""
     folder = Path(folder)
     tokens, prefill, census, logs, data, capture, capture_args = [], [], [], {}, [], [], []
     for v in configs:

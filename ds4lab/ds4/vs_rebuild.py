@@ -249,8 +249,8 @@ OMISSIONS = (
 def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame:
     """Launches and kernel µs per token by :data:`KINDS`, ds4 (``ds4_kernels``: context → its
     ``kernels-islands-off-<context>.csv``) against the rebuild (``lab_per_op``, at 1k). One row per kind and context:
-    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank without a record), ``ds4_minus_rebuild_us``.
-    """
+    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank without a record),
+    ``ds4_minus_rebuild_us``."""
     lab = pd.read_csv(lab_per_op) if lab_per_op is not None and Path(lab_per_op).is_file() else pd.DataFrame()
     if len(lab):
         lab = lab.assign(kind=[kernel_kind(f"{k} {c}") for k, c in zip(lab.kernel, lab.cluster)])

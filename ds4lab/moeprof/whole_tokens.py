@@ -1,5 +1,5 @@
 """Whole decode tokens with a profiler attached: the MoE's share of a token, each mode's overhead, and the in-graph
-clock's resolution. Timing through :func:`ds4lab.timing.time_steps`; costs as :func:`ds4lab.timing.paired_difference`."""
+clock's resolution. Timing: :func:`ds4lab.timing.time_steps`; costs: :func:`ds4lab.timing.paired_difference`."""
 
 from __future__ import annotations
 

@@ -47,13 +47,13 @@ class InGraph(ProfilingMode):
     name = "in-graph"
     auto_regime = "replayed"
 
-    #: The default of ``fold`` (module docstring).
+    #: The default of ``fold`` (``docs/moe-profiler.md``).
     FOLD = True
 
     def __init__(self, prof, slots: int | None = None, every_step: bool = True, fold: bool | None = None) -> None:
         super().__init__(prof)
         self.every_step = every_step
-        #: stage boundaries written by the stage kernels themselves (module docstring)
+        #: stage boundaries written by the stage kernels themselves (``docs/moe-profiler.md``)
         self.fold = self.FOLD if fold is None else fold
         self.capacity = slots or 7 * max(16, 2 * prof.model.n_layers)
         self.slots = None
