@@ -273,9 +273,7 @@ class GraphCache:
 
     # ------------------------------------------------------------------ capture, update, retire
     def _captured(self, model, fn, key=None) -> tuple[_Captured | None, RuntimeApiError | None]:
-        """Capture ``fn``; returns (what was captured or None, first error).
-
-        A CUDA/CuPy error is returned; anything else (``BaseException``) ends the capture (:func:`capture_scope`), is
+        """Capture ``fn``: (what was captured or None, first CUDA/CuPy error); anything else ends the capture, is
         logged as an abort for ``key`` and propagates."""
         L, be = model.L, self.be
         stream = self._stream(model)
@@ -361,9 +359,8 @@ class GraphCache:
         return True
 
     def _set_nodes(self, model, e: CacheEntry, plan: list) -> bool:
-        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s executable
-        (``cudaGraphExecKernelNodeSetParams``, node by node in capture order). Returns False (the call runs eagerly,
-        the entry retires) when the backend refuses one."""
+        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s executable, in capture
+        order; False (run eagerly, the entry retires) when the backend refuses one."""
         try:
             for i, rec in enumerate(plan):
                 model.L.model_host_work("node_update")

@@ -36,11 +36,9 @@ def graphs_flag() -> bool:
 
 
 class graphs_enabled:
-    """``with graphs_enabled():`` — the ``DS4_CUDA_GRAPHS`` flag on (or, with ``False``, off) for the block and back to
-    what it was afterwards, whatever the block raised. Every experiment that sets an override runs inside one (an
-    override counts only while the flag is on, as in ds4).
-
-    Not a boolean: ``if graphs_enabled():`` raises TypeError (the flag's value is :func:`graphs_flag`)."""
+    """``with graphs_enabled():`` the ``DS4_CUDA_GRAPHS`` flag on (``False``: off) for the block, restored afterwards
+    whatever it raised (an override counts only while the flag is on, as in ds4). ``if graphs_enabled():`` raises
+    TypeError (the flag's value is :func:`graphs_flag`)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = bool(enabled)
@@ -59,20 +57,15 @@ class graphs_enabled:
 
 
 def set_graphs_enabled(enabled: bool | None = None) -> bool:
-    """Set the flag (``None``: re-read ``DS4_CUDA_GRAPHS`` from the environment). Returns it.
-
-    ds4 reads its flag once at start; ds4lab does the same at import, and this setter exists so a notebook or a test
-    can flip it without restarting the process."""
+    """Set the flag (``None``: re-read ``DS4_CUDA_GRAPHS``; ds4lab reads it once at import, as ds4 does). Returns it."""
     global _flag
     _flag = (os.environ.get(ENV_FLAG) == "1") if enabled is None else bool(enabled)
     return _flag
 
 
 def current_stream() -> Any:
-    """The stream the calling thread's next launch must use.
-
-    Returns the thread's override when the flag is on and one is set, else :data:`LEGACY_STREAM`. Kept to two attribute
-    reads: every launch calls it."""
+    """The stream the calling thread's next launch must use: its override while the flag is on and one is set, else
+    :data:`LEGACY_STREAM`. Kept to two attribute reads: every launch calls it."""
     if _flag:
         s = getattr(_tls, "stream", None)
         if s is not None:
@@ -81,10 +74,8 @@ def current_stream() -> Any:
 
 
 def capture_set_stream(stream: Any) -> Any:
-    """Set (or with ``None`` clear) the calling thread's override; returns the previous one.
-
-    Mirrors ds4's ``ds4_capture_set_stream()``. Has no effect on :func:`current_stream` while the flag is off, again as
-    in ds4."""
+    """Set (``None``: clear) the calling thread's override, as ds4's ``ds4_capture_set_stream()``; returns the previous
+    one. No effect on :func:`current_stream` while the flag is off."""
     prev = getattr(_tls, "stream", None)
     _tls.stream = stream
     return prev
