@@ -216,8 +216,6 @@ def agreement(a, b, names=("cupy", "sim")):
 
 
 def expected_sim_host_timed() -> dict:
-    """What the H200 conformance record implies for ds4's host-timed profile under capture: the synchronize on the
-    captured event is refused with cudaErrorCapturedEvent and the capture is invalidated
-    (``event_sync_captured[*]``: status_in_capture = invalidated, end_capture = cudaErrorStreamCaptureInvalidated),
-    in every capture mode."""
+    """What the H200 conformance record implies for ds4's host-timed profile under capture, in every mode: refused
+    with cudaErrorCapturedEvent, the capture invalidated (``event_sync_captured[*]``)."""
     return {c: ("breaks capture", "cudaErrorCapturedEvent") for c in COLUMNS if c.startswith("capture-")}

@@ -85,11 +85,9 @@ class MoeProfiler(MoeObserver):
             self.detach()
 
     def attach(self, calls_per_read: int | None = None) -> None:
-        """Allocate what the mode needs (outside any capture) and become the model's ``moe_observer``; set
-        ``model.opts``' ``moe_profile`` / ``moe_host_timed`` to what the mode needs.
-
-        ``calls_per_read``: calls between reads (deferred pool size); default: the model's layers. Raises
-        ``RuntimeError`` when the stream is capturing or another profiler is attached."""
+        """Allocate what the mode needs (outside any capture), become the model's ``moe_observer`` and set
+        ``model.opts``' profiling flags; ``calls_per_read`` default: the model's layers. Raises ``RuntimeError``
+        while the stream captures or another profiler is attached."""
         if self._attached:
             return
         m, be = self.model, self.be
@@ -133,10 +131,8 @@ class MoeProfiler(MoeObserver):
         self.impl.begin_step()
 
     def end_step(self) -> list[dict]:
-        """Read what the token's calls left (after the token: no mid-token synchronization). Returns rows.
-
-        While the stream is capturing nothing is read (a synchronize would break the capture): the calls wait for the
-        next read."""
+        """Read what the token's calls left; returns rows. While the stream captures nothing is read (the calls wait
+        for the next read)."""
         return self.read()
 
     # ------------------------------------------------------------------ hooks
@@ -175,11 +171,9 @@ class MoeProfiler(MoeObserver):
         self._pending.append(Call(self.token, layer, T, phase, probe, bracket, note))
 
     def around_routed_moe(self, layer: int, T: int, run):
-        """The model's hook around each routed-MoE call: the mode places this call's profiling points.
-
-        For the call only, ``model.profile_events`` holds the probe's points and, unless the probe is ds4's host-timed
-        path, ``model.opts.moe_host_timed`` is off; both are restored after it (if still the profiler's). A failing
-        call (RuntimeApiError) is recorded in :attr:`errors` and re-raised."""
+        """The model's hook around each routed-MoE call: ``model.profile_events`` holds the probe's points for the call
+        (``moe_host_timed`` off unless the probe is ds4's path), restored after it. A failing call (RuntimeApiError)
+        is recorded in :attr:`errors` and re-raised."""
         m = self.model
         status = self.status()
         phase = "eager" if status == "none" else "capture"
@@ -234,9 +228,8 @@ class MoeProfiler(MoeObserver):
 
     # ------------------------------------------------------------------ reading
     def read(self) -> list[dict]:
-        """Rows (:data:`ROW_COLUMNS`) for every call waiting to be read; nothing while the stream captures.
-
-        Synchronizes the stream first (a failure is recorded in :attr:`errors`, ``where`` = ``read``)."""
+        """Rows (:data:`ROW_COLUMNS`) for every call waiting to be read, after synchronizing the stream (a failure is
+        recorded in :attr:`errors`, ``where`` = ``read``); nothing while the stream captures."""
         if not self._pending:
             return []
         be, stream = self.be, self.model.L.stream()

@@ -52,11 +52,8 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
 
 
 def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = "deferred"):
-    """The routed MoE's share of a whole decode token, eager: per token its µs and the MoE's profiled total within it
-    (``deferred``: events read after the token, no mid-token sync).
-
-    Returns a DataFrame, one row per timed token: ``token_us``, ``moe_us``, ``rest_us`` (µs), ``share`` (``moe_us /
-    token_us``), ``mode``, ``backend``, ``modeled``, ``layers``."""
+    """The routed MoE's share of a whole decode token, eager (``deferred``): a DataFrame, one row per timed token,
+    ``token_us``, ``moe_us``, ``rest_us`` (µs), ``share``, ``mode``, ``backend``, ``modeled``, ``layers``."""
     import pandas as pd
 
     r = time_tokens(wb, mode, "eager", tokens, warmup)

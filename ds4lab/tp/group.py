@@ -72,9 +72,8 @@ class TPGroup:
                 red.inboxes = [m.tp_inbox for m in self.models]
 
     def _enable_peer_access(self) -> dict:
-        """Peer access between the two devices for ds4's copies (``cudaDeviceEnablePeerAccess``, both ways): ``{"01":
-        "enabled" | error name, "10": ...}``. Enabled earlier in the process counts; without it ``cudaMemcpyPeer``
-        still copies (staged through the host, slower), so a refusal is recorded, not raised."""
+        """Peer access both ways (``{"01": "enabled" | error name, "10": ...}``); a refusal is recorded, not raised
+        (``cudaMemcpyPeer`` still copies, staged through the host)."""
         from ..errors import CudaError
 
         out = {}
@@ -99,10 +98,9 @@ class TPGroup:
 
     def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,
                    **kw) -> list:
-        """One :class:`~ds4lab.experiments.stage_run.StageRun` of ``stage`` per rank, made on the rank's thread (its
-        streams on its device); ``per_rank[r]``: keyword arguments for rank ``r``'s only (a hazard that differs
-        between ranks). ds4 keeps island 1 eager on the hash-routed layers; with the collectives outside, the three
-        clusters of island 1 are kept eager there too."""
+        """One :class:`~ds4lab.experiments.stage_run.StageRun` of ``stage`` per rank, made on the rank's thread;
+        ``per_rank[r]``: rank ``r``'s own keyword arguments. With the collectives outside, island 1 stays eager on the
+        hash-routed layers too (as ds4 keeps it)."""
         from ..experiments.stage_run import StageRun
 
         def make(r: int):

@@ -24,11 +24,8 @@ def _share_of(field: str, doc: str) -> property:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Rank ``rank``'s share of the model ``cfg`` split over ``world`` ranks (see module docstring).
-
-    Attributes:
-        heads, groups, ffn, experts: the rank's attention heads, output groups, shared-expert rows and routed experts
-            (ranges into the single-GPU model's)."""
+    """Rank ``rank``'s share of ``cfg`` over ``world`` ranks: ``heads``, ``groups``, ``ffn``, ``experts`` (ranges into
+    the single-GPU model's attention heads, output groups, shared-expert rows and routed experts)."""
 
     cfg: ModelConfig
     rank: int
@@ -155,10 +152,8 @@ def col_slice(t: QTensor, cols: range, xp=np) -> QTensor:
 
 
 class ExpertSlice:
-    """Experts ``lo .. lo + n - 1`` of a routed bank, numbered ``0 .. n - 1``: indexing gives the bank's expert ``lo +
-    e``; ``qs``/``d`` (the stack the GPU kernels read) are the bank's slices, copied on a GPU so the rank does not
-    keep the whole bank. Works on every backend's bank (a QTensor stack on a GPU, the NumPy backend's lazy bank, the
-    sim's phantom bank)."""
+    """Experts ``lo .. lo + n - 1`` of a routed bank (any backend's), numbered ``0 .. n - 1``; ``qs``/``d`` are the
+    bank's slices, copied on a GPU so the rank does not keep the whole bank."""
 
     def __init__(self, bank, lo: int, n: int, *, copy: bool = False) -> None:
         self.bank, self.lo, self.n = bank, int(lo), int(n)

@@ -85,9 +85,8 @@ def _record_gpu(group, tps, runs, first: int, warmup: int, tokens: int) -> Event
 
 def tp_trace(group, stage: str, start: int, tokens: int):
     """The TP token recorded (:func:`record_tp_table`) and audited across its devices: ``(table, pairs, plan)``, the
-    event table (``ds4lab audit`` reads it saved), the collectives paired by rank
-    (:func:`ds4lab.audit.collectives.pair_collectives`) and the per-rank capture plan of the audit of each device in
-    each capture mode (:func:`ds4lab.audit.collectives.per_rank_plan`, column ``mode``)."""
+    event table, the collectives paired by rank (:func:`ds4lab.audit.collectives.pair_collectives`) and the per-rank
+    capture plan in each capture mode (:func:`ds4lab.audit.collectives.per_rank_plan`, column ``mode``)."""
     import pandas as pd
 
     from ..audit.analysis import analyze

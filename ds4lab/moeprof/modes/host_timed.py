@@ -11,10 +11,8 @@ from .base import ProfilingMode
 
 
 class ProfilerCaptureError(RuntimeApiError):
-    """Host-timed MoE profiling was asked for while the stream captures (the guard refused it).
-
-    A :class:`~ds4lab.errors.RuntimeApiError`, so a :class:`~ds4lab.capture.cache.GraphCache` treats it as a failed
-    capture: it ends the (still intact) capture, retires the graph and runs eagerly."""
+    """Host-timed MoE profiling was asked for while the stream captures (the guard refused it); a
+    :class:`~ds4lab.errors.RuntimeApiError`, so a graph cache ends the intact capture and runs eagerly."""
 
     NAME = "ds4lab:HostTimedProfileInCapture"
 
