@@ -74,8 +74,7 @@ class BuildPlan:
     @property
     def flags_digest(self) -> str:
         """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects depend on
-        besides the sources (ds4lab's driver is not: a new driver is compiled and linked with the same objects; a
-        rewritten build is keyed by the text it compiles too: :func:`rewritten_digest`)."""
+        besides the sources (not ds4lab's driver, which is relinked with the same objects)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
@@ -265,9 +264,8 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, c
 
 
 def rewritten_digest(src: Ds4Source) -> str:
-    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as ds4lab's rewrite makes it from ``src`` (the text a
-    rewritten build compiles): a change of the rewrite that changes its output is a new build, one that does not
-    reuses the cached build."""
+    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as the rewrite makes it from ``src``: a rewrite change that
+    changes its output is a new build."""
     import tempfile
 
     from . import rewrite as RW
@@ -278,10 +276,8 @@ def rewritten_digest(src: Ds4Source) -> str:
 
 
 def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
-    """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site into
-    ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not rewritten). Returns
-    the summary ``build.json`` keeps; a site it could not route is named by file and line on the console and in the
-    summary."""
+    """Stage 0 on the build's copy; every site into ``rewrite-sites.csv`` (with the other CUDA files' launch sites).
+    Returns the summary ``build.json`` keeps; an unroutable site is named by file and line."""
     import csv
 
     from . import rewrite as RW
@@ -360,10 +356,7 @@ def _first_line(cmd, last: bool = False) -> str:
 
 
 def gpu_arch() -> str:
-    """``sm_<major><minor>`` of GPU 0, from ``nvidia-smi --query-gpu=compute_cap``.
-
-    Raises:
-        BadInput: no GPU answers (ds4lab ds4 runs ds4 on a GPU only)."""
+    """``sm_<major><minor>`` of GPU 0 (``nvidia-smi --query-gpu=compute_cap``). Raises BadInput when no GPU answers."""
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=30)

@@ -67,8 +67,7 @@ DEFAULT_CONFIGS = ("islands-off", "islands-on", "moe-profile")
 
 
 def parse_stages(text: str) -> tuple[str, ...]:
-    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it ships, every
-    stage's logits held to it).
+    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it ships).
 
     Raises:
         BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why) or an empty list.

@@ -67,9 +67,8 @@ def _chunks(n: int, step: int) -> Iterator[tuple[int, int]]:
 
 
 def q8_0_scale(fan_in: int) -> float:
-    """The one fp16 scale of a synthetic Q8_0 matrix with ``fan_in`` inputs (``shape[0]``): uniform random int8 quants
-    times this scale have standard deviation 1/sqrt(fan_in), so the matvec maps a unit-RMS input to unit-RMS
-    outputs. 2.1e-4 for 4096 inputs, above fp16's smallest normal."""
+    """The one fp16 scale of a synthetic Q8_0 matrix with ``fan_in`` inputs: uniform int8 quants times it have
+    standard deviation 1/sqrt(fan_in) (unit-RMS in, unit-RMS out); above fp16's smallest normal at 4096 inputs."""
     return 1.0 / (_INT8_STD * float(np.sqrt(fan_in)))
 
 

@@ -43,9 +43,9 @@ def _sha12(path: Path) -> str:
 
 def build_open_check(tarball: str | os.PathLike | None = None, build_dir: str | os.PathLike | None = None,
                      cc: str | None = None) -> Path:
-    """Compile ds4's CPU objects and ``open_check`` (reusing what is built); return the probe's path. ``tarball``:
-    default :func:`default_tarball`; ``build_dir``: default ``$TMPDIR/ds4lab-ds4-cpu-<tarball sha>``; ``cc``: ``$CC``,
-    else ``gcc``, else ``cc``.
+    """Compile ds4's CPU objects and ``open_check`` (reusing what is built); return the probe's path. Defaults:
+    ``tarball`` :func:`default_tarball`, ``build_dir`` ``$TMPDIR/ds4lab-ds4-cpu-<tarball sha>``, ``cc`` ``$CC``, else
+    ``gcc``, else ``cc``.
 
     Raises:
         BadInput: no tarball at that path, or no C compiler.

@@ -60,11 +60,8 @@ def island_table(logs: dict) -> pd.DataFrame:
 
 
 def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration and context: tokens, median µs per token (events) with its IQR, median host µs of the eval
-    call, and host / GPU.
-
-    Args:
-        tokens: the workers' ``tokens.csv`` rows (columns ``config, context, gpu_us, host_us``)."""
+    """Per configuration and context of the workers' ``tokens`` rows (``config, context, gpu_us, host_us``): tokens,
+    median µs per token with its IQR, median host µs of the eval call, and host / GPU."""
     g = tokens.groupby(["config", "context"], sort=False)
     out = g.agg(tokens=("gpu_us", "size"), us_per_token=("gpu_us", "median"),
                 q1=("gpu_us", lambda s: s.quantile(0.25)), q3=("gpu_us", lambda s: s.quantile(0.75)),

@@ -215,10 +215,8 @@ def _spaces(out: list, a: int, b: int) -> None:
 
 
 def split_args(code: str) -> list[tuple[int, int]]:
-    """Spans ``(start, end)`` of the top-level comma-separated items of ``code`` (blanked text between brackets).
-    Parentheses, brackets and braces nest; ``<`` opens a template argument list when an identifier is right before
-    it and no space after it (``Budget<kA, kB>::total``), a comparison never being written that way in ds4's launch
-    configurations."""
+    """Spans ``(start, end)`` of the top-level comma-separated items of ``code``; ``()[]{}`` nest, and ``<`` right
+    after an identifier with no space after it opens a template argument list (``Budget<kA, kB>::total``)."""
     spans, depth, angle, start = [], 0, 0, 0
     for k, ch in enumerate(code):
         if ch in "([{":
@@ -498,12 +496,8 @@ def _insert_prologue(out: str, code: str, site) -> str:
 
 
 def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
-    """Rewrite ``root/ds4_cuda.cu`` of a checkout copy (the build's, never the user's) in place.
-
-    Returns the :class:`Rewrite` (``write=False``: the file left as it was, for an inventory).
-
-    Raises:
-        RewriteError: the checkout has no ``ds4_cuda.cu``."""
+    """Rewrite ``root/ds4_cuda.cu`` of a checkout copy (the build's, never the user's) in place (``write=False``: an
+    inventory only); returns the :class:`Rewrite`. Raises RewriteError when the checkout has no ``ds4_cuda.cu``."""
     root = Path(root)
     target = root / TARGET
     if not target.is_file():
@@ -517,9 +511,8 @@ def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
 
 
 def other_launch_sites(root) -> list[Site]:
-    """Kernel launch sites of the checkout outside :data:`TARGET` (the vendored ``cuda/mmq`` files): not rewritten,
-    each launching on the ``stream`` parameter its entry point gets from ``ds4_cuda.cu`` (routed at the call:
-    ``mmq-entry`` sites). Listed so the inventory names every launch of the build."""
+    """Kernel launch sites outside :data:`TARGET` (the vendored ``cuda/mmq`` files, not rewritten; their ``stream`` is
+    routed at the ``mmq-entry`` call), listed so the inventory names every launch of the build."""
     root = Path(root)
     out = []
     for p in sorted(root.glob("cuda/**/*.cu*")):

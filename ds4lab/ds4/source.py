@@ -71,11 +71,8 @@ def locate(path) -> Ds4Source:
 
 
 def materialize(src: Ds4Source, dest: Path) -> Path:
-    """Put a copy of ``src``'s files in ``dest`` (created; must not exist) and return it. An archive is unpacked from
-    the folder that holds its ``ds4.h``; a folder is copied without ``.git`` and build outputs.
-
-    Raises:
-        FileExistsError: ``dest`` exists."""
+    """Copy ``src``'s files into ``dest`` (created) and return it: an archive unpacked from the folder that holds its
+    ``ds4.h``, a folder without ``.git`` and build outputs. Raises FileExistsError when ``dest`` exists."""
     import shutil
 
     dest = Path(dest)

@@ -59,10 +59,7 @@ class Ds4Record:
 
 
 def read_ds4(folder) -> Ds4Record:
-    """Read a ``ds4lab ds4`` folder.
-
-    Raises:
-        ValueError: ``folder`` has no ``meta.json`` of job ``ds4`` (names it)."""
+    """Read a ``ds4lab ds4`` folder. Raises ValueError when ``folder`` has no ``meta.json`` of job ``ds4`` (names it)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder (a ds4lab ds4 result folder, e.g. results/ds4-b0309611)")
@@ -106,9 +103,8 @@ def _lab_label(meta: dict) -> str:
 
 
 def lab_census(contexts=(1024,), preset: str = "ds4-flash") -> pd.DataFrame:
-    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``: kernel launches
-    and all launches per token, by cluster; counted by the launcher on a timing-only sim
-    (:func:`ds4lab.experiments.launch_list.census`: the same launch list on every backend)."""
+    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``, by cluster,
+    counted on a timing-only sim (:func:`ds4lab.experiments.launch_list.census`)."""
     from ..backends import make_backend
     from ..experiments.launch_list import census
     from ..token.config import get_preset
@@ -272,9 +268,8 @@ def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame
 
 
 def omissions(ds4_kernels: dict) -> pd.DataFrame:
-    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens at each context of
-    ``ds4_kernels`` (context → ds4's ``kernels-islands-off-<context>.csv`` table); a kernel that serves two purposes
-    counts the share of its launches the omitted work takes."""
+    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens per context of
+    ``ds4_kernels``; a kernel serving two purposes counts the omitted work's share of its launches."""
     import re as _re
 
     rows = []
@@ -346,9 +341,8 @@ def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.Data
 
 
 def ladder_figure(table: pd.DataFrame):
-    """µs per token by stage, ds4 (each context it measured) beside ds4lab's rebuild (bars,
-    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names where each
-    engine's figures came from."""
+    """µs per token by stage, ds4 beside ds4lab's rebuild (:func:`ds4lab.report.plots.grouped_bars_figure`), the title
+    naming each engine's source; ``None`` for an empty table."""
     if table is None or table.empty:
         return None
     from ..report import plots

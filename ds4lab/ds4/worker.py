@@ -24,8 +24,7 @@ TRACE_PASSES = 2
 
 def tokens_per_context(warmup: int, tokens: int, trace_tokens: int, traced: bool) -> int:
     """Decode tokens a worker evaluates after prefilling to one context: ``warmup`` untimed, ``tokens`` timed and, at a
-    traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded. The prompt, the session's context and the
-    spacing of contexts (``ds4lab.jobs.ds4.check_config``) are sized by it."""
+    traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded (the prompt and the context are sized by it)."""
     return int(warmup) + int(tokens) + (TRACE_PASSES * int(trace_tokens) if traced else 0)
 
 
