@@ -59,9 +59,8 @@ def conditional_handle_create(rt, graph: int, default: int = 0, assign_default: 
 
 
 def add_conditional_node(rt, graph: int, deps: Sequence[int], handle: int, kind: str, size: int) -> tuple[int, list[int]]:
-    """``cudaGraphAddNode`` of a ``cudaGraphNodeTypeConditional`` node (``cudaConditionalNodeParams``: handle, type,
-    size) after ``deps``, default edges: ``(node, body graph handles)``. The bodies are the CUDA-owned array
-    ``phGraph_out`` the call fills (valid for the node's lifetime), read only after the call succeeded.
+    """``cudaGraphAddNode`` of a conditional node (handle, type, size) after ``deps``: ``(node, body graph handles)``,
+    the bodies read from the CUDA-owned ``phGraph_out`` only after the call succeeded.
 
     Raises:
         ValueError: an unknown ``kind``.
@@ -91,10 +90,7 @@ def update_capture_dependencies(rt, stream_ptr: int, nodes: Sequence[int], repla
 
 
 def begin_capture_to_graph(rt, stream_ptr: int, graph: int, mode: str = "thread_local") -> None:
-    """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``.
-
-    Raises:
-        ValueError: an unknown capture mode."""
+    """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``; ValueError for an unknown mode."""
     if mode not in CAPTURE_MODE_INDEX:
         raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(CAPTURE_MODE_INDEX)}")
     _checked("cudaStreamBeginCaptureToGraph",
@@ -178,9 +174,8 @@ def _kernel_arg(a):
 
 def launch_kernel_ex(drv, func: int, grid: Sequence[int], block: Sequence[int], shared: int, stream_ptr: int,
                      args: Sequence, programmatic: bool) -> None:
-    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``: ``args`` (device arrays, NumPy scalars and ``None`` for a
-    NULL pointer, in the kernel's parameter order) packed as the ``void*`` array of pointers to their values the
-    call copies at launch (``kernelParams`` given by address).
+    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``, ``args`` (device arrays, NumPy scalars, ``None`` for NULL)
+    packed as the ``void*`` array of pointers to their values.
 
     Raises:
         TypeError: an argument that is none of those.

@@ -63,10 +63,7 @@ def gpu_usable() -> tuple[bool, str]:
 
 
 class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, DeviceClock):
-    """Runs launches on the current CUDA device (see module docstring).
-
-    Raises:
-        BackendUnavailable: CuPy missing or no CUDA device."""
+    """Runs launches on the current CUDA device. Raises BackendUnavailable: CuPy missing or no CUDA device."""
 
     name = "cupy"
     is_gpu = True
@@ -96,10 +93,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return m
 
     def function(self, name: str) -> Callable:
-        """The launchable function for kernel ``name`` (compiled on first use).
-
-        Returns a callable ``f(grid, block, args, shared_mem, stream)``. Raises KeyError naming the kernel when no
-        ``.cu`` file defines it."""
+        """The launchable ``f(grid, block, args, shared_mem, stream)`` for kernel ``name`` (compiled on first use).
+        Raises KeyError naming the kernel when no ``.cu`` file defines it."""
         f = self._fns.get(name)
         if f is None:
             try:
@@ -246,11 +241,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             self.cp.cuda.runtime.eventSynchronize(event.ptr)
 
     def event_query(self, event) -> bool:
-        """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600).
-
-        CuPy's ``runtime.eventQuery`` *returns* the status (gpu-facts.md): any other status is raised as the named
-        :class:`~ds4lab.errors.CudaError`, as the sim raises it (cudaErrorCapturedEvent, cudaErrorInvalidValue for an
-        event of an invalidated or ended capture, cudaErrorStreamCaptureUnsupported)."""
+        """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600); CuPy returns the status, so
+        any other is raised as the named :class:`~ds4lab.errors.CudaError`, as the sim raises it."""
         rt = self.cp.cuda.runtime
         with _cuda_errors("cudaEventQuery"):
             return _ready(rt.eventQuery(event.ptr), "cudaEventQuery")
@@ -268,10 +260,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             self.cp.cuda.runtime.streamSynchronize(self._ptr_stream(stream))
 
     def stream_query(self, stream) -> bool:
-        """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600).
-
-        Any other returned status is raised as the named CudaError (on the H200, 900 cudaErrorStreamCaptureUnsupported
-        for a capturing stream, which it invalidates: gpu-facts.md)."""
+        """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600); any other status is
+        raised as the named CudaError (900 for a capturing stream, which it invalidates: gpu-facts.md)."""
         with _cuda_errors("cudaStreamQuery"):
             return _ready(self.cp.cuda.runtime.streamQuery(self._ptr_stream(stream)), "cudaStreamQuery")
 
@@ -373,8 +363,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return CupyGraphExec(self.cp, int(h), graph)
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` through the driver (CuPy has no binding): kernel node ``index`` (capture
-        order) takes ``launch``'s arguments, grid, block and shared memory; its function must be ``launch``'s kernel.
+        """``cudaGraphExecKernelNodeSetParams`` through the driver: kernel node ``index`` (capture order) takes
+        ``launch``'s arguments, grid, block and shared memory; its function must be ``launch``'s kernel.
 
         Raises:
             CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another

@@ -219,9 +219,8 @@ class CupyNode:
         return errors
 
     def wait_stream(self, device: int, stream, timeout_s: float | None = None) -> None:
-        """Wait for ``stream`` of ``device`` by polling ``cudaStreamQuery`` (never a blocking synchronize: a collective
-        whose peers never come would hang it). After ``timeout_s`` (default the node's) every communicator is
-        aborted and ``nccl:timeout`` raised.
+        """Wait for ``stream`` of ``device`` by polling ``cudaStreamQuery`` (a blocking synchronize could hang); after
+        ``timeout_s`` (default the node's) every communicator is aborted and ``nccl:timeout`` raised.
 
         Raises:
             CollectiveError: ``nccl:timeout``; an asynchronous NCCL error of a communicator.
