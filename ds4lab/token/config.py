@@ -151,10 +151,8 @@ class ModelConfig:
         return self.n_layers if self.per_layer_experts else 1
 
     def compress_ratio(self, layer: int) -> int:
-        """Compression ratio of ``layer``: 0 (raw window only), 4 (with an indexer) or 128.
-
-        ds4.c ``ds4_layer_compress_ratio``: layers 0 and 1 none; from layer 2 even layers 4, odd layers 128. Always 0
-        when ``long_context`` is off. Raises ConfigError for a layer outside ``0 .. n_layers - 1``."""
+        """Compression ratio of ``layer`` (ds4.c ``ds4_layer_compress_ratio``): 0 for layers 0 and 1 or without
+        ``long_context``, then 4 (even, with an indexer) or 128 (odd). Raises ConfigError for a layer out of range."""
         if not 0 <= layer < self.n_layers:
             raise ConfigError(f"{self.name}: layer={layer} outside 0..{self.n_layers - 1}")
         if not self.long_context or layer < FIRST_COMPRESSED_LAYER:
@@ -353,9 +351,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def is_ds4_flash(name: str | None) -> bool:
-    """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``): the full-size
-    model, which the CPU backends only time (computing it takes minutes per token). False for None (a job's default
-    preset, chosen later)."""
+    """True for ``ds4-flash`` and its expert-format variants: the full-size model the CPU backends only time. False
+    for None (a job's default preset, chosen later)."""
     return name is not None and (name == "ds4-flash" or name.startswith("ds4-flash-"))
 
 
@@ -366,11 +363,8 @@ def token_id_at(pos: int, vocab: int) -> int:
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:
-    """The preset called ``name`` with optional field overrides.
-
-    Raises:
-        ConfigError: unknown preset (the message lists the known ones), unknown field, or an override that breaks a
-            constraint."""
+    """The preset called ``name`` with optional field overrides. Raises ConfigError: unknown preset (the message lists
+    the known ones), unknown field, or an override that breaks a constraint."""
     try:
         base = PRESETS[name]
     except KeyError:

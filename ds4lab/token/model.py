@@ -216,14 +216,9 @@ class MoeObserver:
 
 
 class DecodeModel:
-    """Weights, buffers and the launch sequence of one decode token.
-
-    ``backend``: :func:`ds4lab.backends.make_backend`; ``opts``: :class:`TokenOptions`; ``nvtx``: NVTX ranges;
-    ``routed``: through the stream accessor (False: the unrouted reference path); ``n_layers``: only the first
-    layers (same weights).
-
-    Raises:
-        MemoryError: when the weights do not fit the device (the message gives the bytes)."""
+    """Weights, buffers and the launch sequence of one decode token: ``backend`` (:func:`ds4lab.backends.make_backend`),
+    ``opts`` (:class:`TokenOptions`), ``nvtx``, ``routed`` (False: the unrouted reference path), ``n_layers`` (only
+    the first layers, same weights). Raises MemoryError when the weights do not fit (the message gives the bytes)."""
 
     def __init__(self, cfg: ModelConfig, backend, opts: TokenOptions | None = None, *,
                  nvtx: bool = False, routed: bool = True, n_layers: int | None = None) -> None:
@@ -346,9 +341,8 @@ class DecodeModel:
 
     @contextlib.contextmanager
     def observe(self, obs: "MoeObserver"):
-        """Make ``obs`` the model's routed-MoE observer for the ``with`` block (it sees every ``moe`` cluster run and
-        routed-MoE call); the previous observer is back afterwards, whatever the block raised. Observers nest: the
-        inner one sees the calls of its block."""
+        """Make ``obs`` the model's routed-MoE observer for the ``with`` block, the previous one back afterwards
+        whatever the block raised (observers nest)."""
         prev, self.moe_observer = self.moe_observer, obs
         try:
             yield obs
@@ -356,9 +350,8 @@ class DecodeModel:
             self.moe_observer = prev
 
     def set_options(self, opts: TokenOptions) -> None:
-        """Switch hazard paths and flags (a ladder stage) without reallocating weights.
-
-        Raises ValueError for a change that needs other buffers (vocab, scratch mode)."""
+        """Switch hazard paths and flags (a ladder stage) without reallocating weights. Raises ValueError for a change
+        that needs other buffers (vocab, scratch mode)."""
         for f in ("vocab", "scratch"):
             if getattr(opts, f) != getattr(self.opts, f):
                 raise ValueError(f"set_options cannot change {f} ({getattr(self.opts, f)!r} → {getattr(opts, f)!r}): "
@@ -506,9 +499,7 @@ class DecodeModel:
         self.run_cluster("island1", layer, 1, ts, lambda: self._layer_tail(layer, ts))
 
     def _layer_middle(self, layer: int, ts: ops.TokenScalars) -> None:
-        """The middle of a layer: the query (projections, norms, RoPE at the position) and KV (projection, norm, RoPE
-        and store at the position's row) clusters, then the compressors and the indexer of a compressed layer, and
-        attention."""
+        """The query and KV clusters, then the compressors and indexer of a compressed layer, and attention."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
         ratio = cfg.compress_ratio(layer)
         # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
@@ -555,9 +546,8 @@ class DecodeModel:
 
     # ------------------------------------------------------------------ router and routed MoE
     def router(self, layer: int, x, T: int, ts: ops.TokenScalars | None = None, token_ids=None) -> None:
-        """Router for ``T`` tokens ``x [T, E]``: logits, then top-k (or hash routing in the first layers).
-
-        Hash layers take token ids from ``token_ids`` (device ``[T]``) or, for one token, ``ts``."""
+        """Router for ``T`` tokens ``x [T, E]``: logits, then top-k, or hash routing (token ids from ``token_ids``,
+        device ``[T]``, or for one token ``ts``) in the first layers."""
         cfg, L = self.cfg, self.L
         self.moe_buf.ensure(T)
         b = self.moe_buf
@@ -728,9 +718,8 @@ class DecodeModel:
 
     @staticmethod
     def score_blocks(n_comp: int) -> int:
-        """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks. A host decision, as in
-        ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c sizes it for the largest n_comp and blocks
-        past n_comp exit."""
+        """Grid of the indexer's score kernel for ``n_comp`` rows, ``ceil(n_comp / 32)`` blocks: a host decision as in
+        ds4; stage 3c sizes it for the largest n_comp."""
         return max(1, -(-n_comp // ops.INDEX_ROWS))
 
     def compressed_ratios(self) -> list[int]:
@@ -801,9 +790,8 @@ class DecodeModel:
             emit()
 
     def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
-        """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus compressed rows, in
-        ds4's order (ds4.c, the compressed branch of the decode layer); the host decisions from
-        :meth:`longctx_decisions`, the same launch list at every position with ``longctx="device"``."""
+        """Compressors, indexer (ratio 4, past top-k rows) and attention over window plus compressed rows, in ds4's
+        order; the host decisions from :meth:`longctx_decisions` (one launch list with ``longctx="device"``)."""
         cfg, L, lc = self.cfg, self.L, self.lc
         bufs = lc.layers[layer]
         k = cfg.index_top_k

@@ -331,9 +331,8 @@ def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
 
 def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key: int,
                 token_ids=None, ts: TokenScalars | None = None):
-    """Hash routing (first ``n_hash_layers`` layers): experts from the token id.
-
-    Token ids come from ``token_ids [T]`` (a device buffer) or, for one decode token, from ``ts``."""
+    """Hash routing (first ``n_hash_layers`` layers): experts from the token ids in ``token_ids [T]`` (device) or,
+    for one decode token, ``ts``."""
     from .weights import hash_experts
 
     N, k = cfg.n_experts, cfg.n_used
@@ -588,9 +587,8 @@ def _act_bytes(n: int) -> int:
 
 
 def xq_quantize_q8k(L, site, x, q, d, bs, T, n, kernel: str = "xq_quantize_q8k"):
-    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K as ds4 quantizes (``reference.quantize_q8k_ds4``): ``q`` int8 ``[T,
-    n]``, ``d`` fp32 ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``. ``kernel``: ``moe_midq_q8k`` for the middle
-    (the same code under the name of its stage)."""
+    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K (``reference.quantize_q8k_ds4``): ``q`` int8 ``[T, n]``, ``d`` fp32
+    ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``; ``kernel`` ``moe_midq_q8k`` for the middle (the same code)."""
 
     def ref():
         qq, dd, bb = R.quantize_q8k_ds4(np.asarray(x).reshape(-1)[: T * n].reshape(T, n))

@@ -324,9 +324,7 @@ def gen_f32(key: int, n: int, scale: float, offset: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """One weight tensor of the model: name (hash key), format, shape and init parameters.
-
-    ``subs`` > 1 marks a stack (the routed-expert bank: one matrix per expert)."""
+    """One weight tensor: name (hash key), format, shape, init parameters; ``subs`` > 1 marks a stack (expert bank)."""
 
     name: str
     fmt: str
@@ -369,14 +367,10 @@ def layer_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
 
 
 def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
-    """Long-context weights of ``layer`` (empty for a layer without compression).
-
-    ds4.c binds, per compressed layer, ``attn_compressor_{kv,gate,ape,norm}`` and, for ratio 4, ``indexer.attn_q_b``,
-    ``indexer.proj`` and ``indexer_compressor_{kv,gate,ape,norm}`` (f16 and f32 there). ds4lab keeps them as: the kv
-    and gate projections stacked into one Q8_0 matrix ``[2 * width, E]`` (kv rows first; width = 2 x head dim for ratio
-    4, the two lanes, else head dim), the ape bias fp32 ``[ratio, width]``, the norm fp32 ``[head dim]``; the indexer
-    query projection Q8_0 ``[index_heads * index_head_dim, q_lora]`` and the per-head weight projection Q8_0
-    ``[index_heads, E]``."""
+    """Long-context weights of ``layer`` (empty for a layer without compression), as ds4.c binds them and ds4lab keeps
+    them: kv and gate projections stacked into one Q8_0 ``[2 * width, E]`` (kv rows first; width 2 x head dim for
+    ratio 4, else head dim), ape fp32 ``[ratio, width]``, norm fp32 ``[head dim]``; ratio 4 adds the indexer query
+    Q8_0 ``[index_heads * index_head_dim, q_lora]``, the head weights Q8_0 ``[index_heads, E]`` and its compressor."""
     ratio = cfg.compress_ratio(layer)
     if ratio == 0:
         return {}
@@ -404,13 +398,10 @@ def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
 
 
 def cache_layout(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, int]]:
-    """The fp32 cache buffers of ``layer``: name → (rows, cols).
-
-    Every layer: the raw window ``kv`` ``[window, head_dim]``. A compressed layer of ratio r adds ``comp``
-    ``[max_context / r, head_dim]`` (compressed rows) and the compressor state ``comp_state_kv`` / ``comp_state_score``
-    ``[coff * r, coff * head_dim]`` (coff = 2 for ratio 4: the previous and the current block, two lanes; 1 for ratio
-    128), as ds4.c ``kv_cache_init`` sizes them; ratio 4 adds the indexer's ``index`` ``[max_context / 4,
-    index_head_dim]`` and its compressor state."""
+    """The fp32 cache buffers of ``layer``: name → (rows, cols), as ds4.c ``kv_cache_init`` sizes them: ``kv``
+    ``[window, head_dim]``; ratio r adds ``comp`` ``[max_context / r, head_dim]`` and ``comp_state_kv`` /
+    ``comp_state_score`` ``[coff * r, coff * head_dim]`` (coff 2 for ratio 4, else 1); ratio 4 adds ``index``
+    ``[max_context / 4, index_head_dim]`` and its compressor state."""
     D, out = cfg.head_dim, {"kv": (cfg.window, cfg.head_dim)}
     ratio = cfg.compress_ratio(layer)
     if ratio:
@@ -496,11 +487,9 @@ HASH_ROUTE_MAX_ATTEMPTS = 1024
 
 
 def hash_experts(seed: int, token_id: int, layer: int, n_used: int, n_experts: int) -> np.ndarray:
-    """Experts of a hash-routed layer for ``token_id``: ``n_used`` distinct ids, int32.
-
-    Draw ``a`` is ``mix32(key(layer) + token_id * 0x9E3779B9 + a * 0x85EBCA6B) % n_experts``, kept when new; after
-    :data:`HASH_ROUTE_MAX_ATTEMPTS` draws the lowest unused ids fill the rest. Mirrors ``router_hash`` in
-    ``kernels/router.cu`` bit for bit."""
+    """Experts of a hash-routed layer for ``token_id``: ``n_used`` distinct int32 ids, draw ``a`` being
+    ``mix32(key(layer) + token_id * 0x9E3779B9 + a * 0x85EBCA6B) % n_experts`` kept when new, the lowest unused ids
+    after :data:`HASH_ROUTE_MAX_ATTEMPTS` draws. Mirrors ``router_hash`` in ``kernels/router.cu`` bit for bit."""
     key = tensor_key(seed, f"hash_route@{layer}")
     chosen: list[int] = []
     for attempt in range(HASH_ROUTE_MAX_ATTEMPTS):
