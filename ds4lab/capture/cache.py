@@ -305,20 +305,17 @@ class GraphCache:
         e = CacheEntry(key, decisions=decisions)
         if self._stream(model) is LEGACY_STREAM:
             self.entries[key] = e
-            self.stats.failures["legacy stream"] += 1
-            self._retire(e, "the legacy stream cannot be captured: set a non-blocking stream")
+            self._retire(e, "the legacy stream cannot be captured: set a non-blocking stream", "legacy stream")
             return e
         got, err = self._captured(model, fn, key)  # an abort propagates: the key stays uncaptured
         self.entries[key] = e
         if err is not None:
-            self.stats.failures[err.name] += 1
-            self._retire(e, f"capture failed: {err}")
+            self._retire(e, f"capture failed: {err}", err.name)
             return e
         try:
             e.graph_exec = self.be.graph_instantiate(got.graph)
         except RuntimeApiError as ex:
-            self.stats.failures[ex.name] += 1
-            self._retire(e, f"instantiate failed: {ex}")
+            self._retire(e, f"instantiate failed: {ex}", ex.name)
             return e
         e.addresses, e.nodes = got.addresses, len(got.records)
         e.kernels = tuple(r.kernel for r in got.records)
@@ -330,9 +327,7 @@ class GraphCache:
         instead (``stats.reinstantiations``). False (run eagerly) when that fails too; the entry then retires."""
         got, err = self._captured(model, fn, e.key)
         if err is not None:
-            self.stats.failures[err.name] += 1
-            self.stats.fallbacks += 1
-            self._retire(e, f"re-capture for update failed: {err}")
+            self._retire(e, f"re-capture for update failed: {err}", err.name, fallback=True)
             return False
         try:
             self.be.graph_exec_update(e.graph_exec, got.graph)
@@ -342,18 +337,15 @@ class GraphCache:
             try:
                 new_exec = self.be.graph_instantiate(got.graph)
             except RuntimeApiError as ex2:
-                self.stats.failures[ex2.name] += 1
-                self.stats.fallbacks += 1
-                self._retire(e, f"update refused ({ex.result}) and re-instantiation failed: {ex2}")
+                self._retire(e, f"update refused ({ex.result}) and re-instantiation failed: {ex2}", ex2.name,
+                             fallback=True)
                 return False
             e.graph_exec = new_exec
             e.nodes = len(got.records)
             self.stats.reinstantiations += 1
             return True
         except RuntimeApiError as ex:
-            self.stats.failures[ex.name] += 1
-            self.stats.fallbacks += 1
-            self._retire(e, f"executable-graph update failed: {ex}")
+            self._retire(e, f"executable-graph update failed: {ex}", ex.name, fallback=True)
             return False
         self.stats.updates += 1
         return True
@@ -367,13 +359,17 @@ class GraphCache:
                 self.be.graph_exec_kernel_node_set_params(e.graph_exec, i, rec)
                 model.L.count_node_update(rec.site)
         except RuntimeApiError as ex:
-            self.stats.failures[ex.name] += 1
-            self._retire(e, f"kernel-node parameter update failed: {ex}")
+            self._retire(e, f"kernel-node parameter update failed: {ex}", ex.name)
             return False
         self.stats.node_updates += len(plan)
         return True
 
-    def _retire(self, e: CacheEntry, reason: str) -> None:
+    def _retire(self, e: CacheEntry, reason: str, failure: str = "", fallback: bool = False) -> None:
+        """Retire ``e`` for ``reason``, counting ``failure`` (an error name) and, with ``fallback``, a fallback."""
+        if failure:
+            self.stats.failures[failure] += 1
+        if fallback:
+            self.stats.fallbacks += 1
         e.retired = True
         e.reason = reason
         e.graph_exec = None

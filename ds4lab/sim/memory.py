@@ -110,14 +110,8 @@ class Arena:
 
     def block_of(self, a: np.ndarray) -> Block | None:
         """The block whose memory starts at ``a``'s data pointer (None when ``a`` is not an arena array)."""
-        if not isinstance(a, np.ndarray) or not self.chunks:
-            return None
-        ptr = a.__array_interface__["data"][0]
-        for ci, c in enumerate(self.chunks):
-            base = c.__array_interface__["data"][0]
-            if base <= ptr < base + c.nbytes:
-                return self._blocks.get(self._chunk_base[ci] + (ptr - base))
-        return None
+        addr = self.address(a)
+        return None if addr is None else self._blocks.get(addr)
 
     def address(self, a: np.ndarray) -> int | None:
         """The simulated device address of ``a``'s first byte (None when not in the arena)."""
