@@ -107,9 +107,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
 
     # ------------------------------------------------------------------ memory
     def _alloc(self, shape, dtype, owner: str, *, pool: bool, call: str) -> np.ndarray:
-        """One device allocation. ``pool``: a memory-pool allocation (CuPy's ``empty``): served from a freed block of
-        the same size without a ``cudaMalloc``, else the pool grows (``cudaMalloc``, an unsafe call during capture).
-        Not ``pool``: a ``cudaMalloc`` every time."""
+        """One device allocation: ``pool`` (CuPy's ``empty``) takes a freed block of the same size, else grows the pool
+        (a ``cudaMalloc``, unsafe during capture); not ``pool``: a ``cudaMalloc`` every time."""
         dt = np.dtype(dtype)
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -221,10 +220,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
                 node.info = b.addr
 
     def read(self, buf) -> np.ndarray:
-        """A synchronous device-to-host copy on the accessor's current stream (``cupy.asnumpy``).
-
-        Refused by CuPy (``cupy:D2HDisallowed``) while that stream captures (rule ``d2h_in_capture``). In timing-only
-        mode returns NaN (float32 NaN for non-float buffers): no numbers exist."""
+        """A synchronous device-to-host copy on the accessor's stream (``cupy.asnumpy``), refused while that stream
+        captures (rule ``d2h_in_capture``); NaN in timing-only mode (float32 NaN for non-float buffers)."""
         call = "cudaMemcpy (device to host)"
         rt = self.rt
         with rt.lock:
@@ -436,11 +433,9 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         return self.cal.kernel_us(kernel, nbytes) * self.rt.dev.kernel_factor
 
     def model_context(self, context: int | None) -> float:
-        """Price every kernel the device runs from now on (eager launches and graph nodes, whenever captured) at the
-        calibration's kernel time factor at ``context`` (a decode position; None: at ``kernel_time_scale``):
-        :meth:`ds4lab.sim.costmodel.Device.set_context`, the factor
-        :meth:`ds4lab.sim.costmodel.Calibration.scale_at` gives. Returns that factor (dimensionless). Raises
-        ValueError for a context that is not positive."""
+        """Price every kernel run from now on at the calibration's kernel time factor at ``context`` (a decode
+        position; None: ``kernel_time_scale``; :meth:`ds4lab.sim.costmodel.Device.set_context`). Returns the factor.
+        Raises ValueError for a context that is not positive."""
         return self.rt.dev.set_context(context)
 
     def modeled_copy_GBps(self) -> tuple[float, str]:

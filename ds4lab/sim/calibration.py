@@ -224,9 +224,8 @@ def shipped_files() -> list[Path]:
 
 
 def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
-    """Whether ``path`` is one of ds4lab's shipped calibration files with exactly the bytes that ship (its SHA-256 in
-    :data:`MANIFEST`); an edit in place, or any other file in ``ds4lab/data``, is not shipped. ``sha256``: the
-    file's hash when the caller has it already."""
+    """Whether ``path`` is a shipped calibration file with exactly the shipped bytes (SHA-256 in :data:`MANIFEST`;
+    ``sha256`` if the caller has it); an edit in place, or any other file in ``ds4lab/data``, is not shipped."""
     p = Path(path).resolve()
     if p.parent != DATA_DIR.resolve():
         return False
@@ -242,11 +241,8 @@ def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
 
 
 def refuse_shipped(path: str | Path) -> None:
-    """Refuse to write a calibration into ds4lab's own data folder (``ds4lab/data``): the shipped files are the H200
-    record every modeled figure names, and that folder holds only what ships.
-
-    Raises:
-        CalibrationError: naming ``path`` and where to write instead (exit 2)."""
+    """Refuse to write a calibration into ``ds4lab/data`` (it holds only what ships). Raises CalibrationError naming
+    ``path`` and where to write instead (exit 2)."""
     p = Path(path)
     try:
         inside = p.resolve().parent == DATA_DIR.resolve()
@@ -289,11 +285,8 @@ def title_label(info: dict) -> str:
 
 
 def backend_calibration(be) -> dict | None:
-    """:func:`calibration_info` of the calibration a backend models time with, for a job's ``meta["calibration"]``
-    (None for a backend that measures or claims no time).
-
-    Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as a dict has no path
-    and is hashed from its ``name`` entry only, ``shipped`` False)."""
+    """:func:`calibration_info` of the calibration a backend models time with, for ``meta["calibration"]`` (None for a
+    backend that claims no modeled time; a calibration given as a dict is hashed from its ``name`` only)."""
     cal = be.calibration  # a declared capability: None where time is not modeled
     if not isinstance(cal, dict):
         return None

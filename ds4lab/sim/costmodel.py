@@ -36,11 +36,9 @@ MEASURED_NOTE = "MEASURED"
 
 
 def guessed(cal: dict) -> dict[str, str]:
-    """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses, each with
-    its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured (its ``notes``
-    object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate --from-context`` writes it:
-    :func:`ds4lab.calibration.from_context.fit_capture_stages`). The shipped calibration sets neither: both GUESS.
-    """
+    """The constants of :data:`GUESSED` that calibration ``cal`` still guesses, with their reasons: all but those it
+    sets and marks measured (its ``notes`` entry begins with :data:`MEASURED_NOTE`, as ``calibrate --from-context``
+    writes it)."""
     notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
     return {k: why for k, why in GUESSED.items()
             if not (cal.get(k) is not None and str(notes.get(k, "")).startswith(MEASURED_NOTE))}
@@ -160,10 +158,8 @@ class Calibration:
 
     # ------------------------------------------------------------------ device times
     def kernel_us(self, name: str, nbytes: int) -> float:
-        """Modeled GPU time of kernel ``name`` moving ``nbytes`` (µs) at ``kernel_time_scale``: its own fit, else the
-        fit of the kernel it stands in for (:func:`stand_in`), else the general line. At a modeled context the
-        device multiplies it by :attr:`Device.kernel_factor` (the factor :meth:`scale_at` that context over
-        ``kernel_time_scale``)."""
+        """Modeled GPU time (µs) of kernel ``name`` moving ``nbytes`` at ``kernel_time_scale``: its own fit, else its
+        stand-in's (:func:`stand_in`), else the general line; the device applies :attr:`Device.kernel_factor`."""
         o = self.kernels.get(name) or self.kernels.get(stand_in(name) or "")
         if o:
             us = float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
@@ -206,9 +202,9 @@ class Device:
         self.kernel_factor = 1.0
 
     def set_context(self, context: int | None) -> float:
-        """Price the kernels run from now on at ``context`` (a decode position; None: at ``kernel_time_scale``, as
-        priced): :attr:`kernel_factor` becomes ``cal.scale_at(context) / cal.kernel_time_scale``. Returns the factor
-        at ``context`` (:meth:`Calibration.scale_at`). Raises ValueError for a context that is not positive."""
+        """Price the kernels run from now on at ``context`` (None: at ``kernel_time_scale``): :attr:`kernel_factor`
+        becomes ``cal.scale_at(context) / cal.kernel_time_scale``. Returns ``cal.scale_at(context)``; ValueError for a
+        context that is not positive."""
         scale = self.cal.scale_at(context)
         self.kernel_factor = 1.0 if scale == self.cal.kernel_time_scale else scale / self.cal.kernel_time_scale
         return scale

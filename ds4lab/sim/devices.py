@@ -332,10 +332,8 @@ class SimNode:
         return device != peer
 
     def enable_peer_access(self, device: int, peer: int) -> None:
-        """``cudaDeviceEnablePeerAccess(peer)`` on ``device``.
-
-        Raises CudaError: cudaErrorPeerAccessAlreadyEnabled the second time, cudaErrorInvalidDevice for ``device ==
-        peer`` (RT cudaDeviceEnablePeerAccess)."""
+        """``cudaDeviceEnablePeerAccess(peer)`` on ``device``. Raises CudaError: cudaErrorPeerAccessAlreadyEnabled the
+        second time, cudaErrorInvalidDevice for ``device == peer``."""
         call = "cudaDeviceEnablePeerAccess"
         if not self.can_access_peer(device, peer):
             raise CudaError("cudaErrorInvalidDevice", call, f"device {device} cannot access itself as a peer")
@@ -411,9 +409,8 @@ class SimNode:
         self.backend(src_device).rt.dev.wait_host(end)  # the calling thread's clock (GUESS: the source's)
 
     def wait_stream(self, device: int, stream, timeout_s: float | None = None) -> None:
-        """Wait for ``stream`` of ``device`` (``cudaStreamSynchronize``): the GPU node polls it with a timeout
-        (:meth:`ds4lab.backends.cupy_nccl.CupyNode.wait_stream`); on the sim a collective that never completes has
-        raised already, in the call that executed it."""
+        """``cudaStreamSynchronize`` of ``stream`` on ``device`` (a collective that never completes has raised already,
+        in the call that executed it)."""
         self.backend(device).stream_synchronize(stream)
 
     def abort_all(self) -> list[str]:

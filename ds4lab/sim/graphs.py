@@ -131,9 +131,8 @@ class Graphs:
             return Graph(next(self.rt._ids), [], 0)
 
     def add_child(self, g: Graph, child: Graph) -> None:
-        """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
-
-        Raises cudaErrorNotSupported for a child with memory allocation or free nodes."""
+        """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes); raises
+        cudaErrorNotSupported for a child with memory allocation or free nodes."""
         call = "cudaGraphAddChildGraphNode"
         with self.rt.lock:
             if not isinstance(g, Graph) or not isinstance(child, Graph):
@@ -252,9 +251,8 @@ class Graphs:
         return self.rt._used_stream(stream, call)
 
     def upload(self, ge: GraphExec, stream: Any) -> None:
-        """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
-
-        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture)."""
+        """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only); raises
+        cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture)."""
         call = "cudaGraphUpload"
         with self.rt.lock:
             s = self._exec_stream(ge, stream, call, "a live executable graph")
@@ -263,10 +261,8 @@ class Graphs:
             self.rt.dev.host(self.rt.cal.host_api_us)
 
     def memory_free(self, addr: int) -> bool:
-        """A free, outside the graph, of memory a launched graph allocated (rule graph_free_outside).
-
-        Returns True when ``addr`` was such an allocation (now freed: the executable may launch again), False otherwise
-        (the caller frees it as ordinary memory)."""
+        """A free outside the graph of memory a launched graph allocated (rule graph_free_outside): True when ``addr``
+        was one (the executable may launch again), False otherwise (the caller frees ordinary memory)."""
         with self.rt.lock:
             for ex in self._launched:
                 if addr in ex.unfreed:
@@ -357,12 +353,7 @@ class Graphs:
                 fallback(stream, e)
                 return
             self.rt.dev.host(self.rt.cal.host_api_us)
-            if seq.status != "active":
-                self.rt._on_invalidated(seq, call, e.name)
-                return
-            node = Node(len(seq.nodes), kind, e.name, None, s.tail, 0.0, s.name, e)
-            seq.nodes.append(node)
-            s.tail = (node.idx,)
+            self.rt._append_node(seq, s, call, kind, e.name, None, 0.0, e, rule=None)
 
     @staticmethod
     def nodes(g: Graph) -> list[dict]:

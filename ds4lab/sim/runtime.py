@@ -160,10 +160,8 @@ class Runtime:
             return s
 
     def per_thread_stream(self) -> SimStream:
-        """The calling thread's per-thread default stream (``cudaStreamPerThread``).
-
-        It does not synchronise with other created streams, but, not being a non-blocking stream, it does synchronise
-        with the legacy stream (PG, "Per-thread default stream")."""
+        """The calling thread's per-thread default stream: synchronises with the legacy stream, not with other created
+        streams (PG, "Per-thread default stream")."""
         with self.lock:
             tid = self._tid()
             s = self._per_thread.get(tid)
@@ -192,10 +190,8 @@ class Runtime:
     # ------------------------------------------------------------------ work
     def enqueue(self, stream: Any, kind: str, name: str, fn: Callable[[], None] | None, gpu_us: float,
                 call: str, host_us: float | None = None, info: Any = None) -> Node | None:
-        """Issue one piece of work (kernel, memset, memcpy) on ``stream``.
-
-        Returns the graph node when captured, else None. Applies ``legacy_implicit``, ``legacy_escape``,
-        ``capture_node`` and ``after_invalidation``."""
+        """Issue one piece of work (kernel, memset, memcpy) on ``stream``; the graph node when captured, else None
+        (rules legacy_implicit, legacy_escape, capture_node, after_invalidation)."""
         with self.lock:
             s = self._stream(stream, call)
             if s is self.legacy and self.live:
@@ -206,14 +202,7 @@ class Runtime:
             seq = s.capture
             if seq is not None:
                 self.dev.host(cost)
-                if seq.status != "active":
-                    self._on_invalidated(seq, call, name)
-                    return None
-                node = Node(len(seq.nodes), kind, name, fn, s.tail, gpu_us, s.name, info)  # rule capture_node
-                self._applied("capture_node", call)
-                seq.nodes.append(node)
-                s.tail = (node.idx,)
-                return node
+                return self._append_node(seq, s, call, kind, name, fn, gpu_us, info)
             if self.live and s is not self.legacy:
                 self._applied("uncaptured_stream", call)
             submit = self.dev.host(cost)
@@ -225,24 +214,30 @@ class Runtime:
             _, s.ready_us = self.dev.run(s.name, name, earliest, gpu_us, kind, occupies=kind != "memcpy")
             return None
 
+    def _append_node(self, seq: "CaptureSeq", s: SimStream, call: str, kind: str, name: str, fn, gpu_us: float,
+                     info: Any = None, rule: str | None = "capture_node") -> Node | None:
+        """A node after ``s``'s tail in capture ``seq`` (rule ``rule``); None, dropped, when ``seq`` is invalidated
+        (rule after_invalidation)."""
+        if seq.status != "active":
+            self._on_invalidated(seq, call, name)
+            return None
+        node = Node(len(seq.nodes), kind, name, fn, s.tail, gpu_us, s.name, info)
+        if rule:
+            self._applied(rule, call)
+        seq.nodes.append(node)
+        s.tail = (node.idx,)
+        return node
+
     def host_op(self, stream: Any, kind: str, name: str, fn: Callable[[], None] | None, call: str,
                 capture_fn: Callable[[], None] | None = None) -> Node | None:
-        """A zero-duration stream-ordered operation (``cudaMallocAsync``/``cudaFreeAsync``).
-
-        Eagerly ``fn`` runs now; captured, a node runs ``capture_fn`` at each replay."""
+        """A zero-duration stream-ordered operation (``cudaMallocAsync``/``cudaFreeAsync``): ``fn`` runs now, or,
+        captured, a node runs ``capture_fn`` at each replay."""
         with self.lock:
             s = self._used_stream(stream, call)
             seq = s.capture
             self.dev.host(self.cal.host_api_us)
             if seq is not None:
-                if seq.status != "active":
-                    self._on_invalidated(seq, call, name)
-                    return None
-                node = Node(len(seq.nodes), kind, name, capture_fn, s.tail, 0.0, s.name)
-                self._applied("capture_node", call)
-                seq.nodes.append(node)
-                s.tail = (node.idx,)
-                return node
+                return self._append_node(seq, s, call, kind, name, capture_fn, 0.0)
             if self.live:
                 self._applied("legacy_escape" if s is self.legacy else "uncaptured_stream", call)
             if fn is not None:
