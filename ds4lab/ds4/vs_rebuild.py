@@ -59,7 +59,7 @@ class Ds4Record:
 
 
 def read_ds4(folder) -> Ds4Record:
-    """Read a ``ds4lab ds4`` folder. Raises ValueError when ``folder`` has no ``meta.json`` of job ``ds4`` (names it)."""
+    """Read a ``ds4lab ds4`` folder. Raises ValueError when ``folder`` has no ``meta.json`` of job ``ds4`` (named)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder (a ds4lab ds4 result folder, e.g. results/ds4-b0309611)")

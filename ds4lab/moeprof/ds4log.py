@@ -55,7 +55,8 @@ def ds4_lines(df, digits: int = 3, n_used: int | None = None, header: str | None
 def profile_rows(path: Path | str, n_layers: int | None = None, backend: str = "ds4"):
     """Profile rows (:data:`ROW_COLUMNS`, mode ``ds4``, routing ``model``) from a ds4 log
     (:func:`ds4lab.trace.sources.ds4log.read_ds4_log`, lenient); with ``n_layers`` layer = call index mod
-    ``n_layers``, else -1; after a ``# ds4lab ...`` header the header is the ``note``, ``modeled`` if it says MODELED."""
+    ``n_layers``, else -1; after a ``# ds4lab ...`` header the header is the ``note``, and ``modeled`` is true when
+    it says ``MODELED``."""
     import pandas as pd
 
     d = read_ds4_log(Path(path), lenient=True).tables["ds4_moe"]

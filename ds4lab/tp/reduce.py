@@ -122,7 +122,7 @@ class PeerReducer:
 
 class OracleReducer:
     """Verification only (the sim): ``recv`` becomes the single-GPU token's values from the same inputs
-    (:func:`single_gpu_values`); it needs the whole routed bank and the unsplit ``o_b`` and ``sh_down`` on every rank."""
+    (:func:`single_gpu_values`); it needs the whole routed bank and the unsplit ``o_b``, ``sh_down`` on every rank."""
 
     kind = "oracle"
 
