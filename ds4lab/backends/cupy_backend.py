@@ -364,11 +364,9 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
         """``cudaGraphExecKernelNodeSetParams`` through the driver: kernel node ``index`` (capture order) takes
-        ``launch``'s arguments, grid, block and shared memory; its function must be ``launch``'s kernel.
-
-        Raises:
-            CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another
-                function; any status the driver returns."""
+        ``launch``'s arguments, grid, block and shared memory; its function must be ``launch``'s kernel. Raises
+        CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another
+        function; any status the driver returns."""
         from ..errors import CudaError
 
         call = "cudaGraphExecKernelNodeSetParams"

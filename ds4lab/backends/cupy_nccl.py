@@ -109,10 +109,8 @@ class CupyComm:
 
 class CupyNode:
     """The GPUs ``0 .. n_devices - 1`` of this host (see module docstring); ``seed``: every backend's weight seed;
-    ``collective_timeout_s``: how long :meth:`wait_stream` waits before aborting the communicators.
-
-    Raises:
-        BackendUnavailable: :func:`node_unavailable` says why (fewer GPUs, no NCCL, no CuPy)."""
+    ``collective_timeout_s``: how long :meth:`wait_stream` waits before aborting the communicators. Raises
+    BackendUnavailable: :func:`node_unavailable` says why (fewer GPUs, no NCCL, no CuPy)."""
 
     name = "cupy"
 

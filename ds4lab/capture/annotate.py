@@ -40,10 +40,8 @@ def _noop_pop(handle) -> None:
 
 class NvtxAnnotator:
     """Pushes and pops NVTX ranges in the ``ds4lab`` domain; event attributes built once per (message, cluster,
-    payload), the expensive part from Python. With no NVTX tool attached, push and pop do nothing.
-
-    Raises:
-        ImportError: when the ``nvtx`` package is missing (it is a declared dependency)."""
+    payload), the expensive part from Python. With no NVTX tool attached, push and pop do nothing. Raises ImportError:
+    when the ``nvtx`` package is missing (it is a declared dependency)."""
 
     enabled = True
     DOMAIN = "ds4lab"

@@ -125,10 +125,8 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
     """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or :data:`CPU` (ds4's CPU objects, for
     testing the driver without a GPU). The make variables restate ds4's own Linux flags whole, with ``-fPIC`` added and
     the debug flags left out; ``host_march`` replaces ``-march=native``; ``rewrite`` applies stage 0
-    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``.
-
-    Raises:
-        BadInput: ``arch`` is not ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value."""
+    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``. Raises BadInput: ``arch`` is not
+    ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value."""
     import re
 
     if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
@@ -178,11 +176,9 @@ def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
 def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print,
           cached_only: bool = False) -> Build:
     """Build ``src`` with ``plan`` into the cache, or return the cached build; builds of one cache folder take turns.
-    ``cached_only``: never run ds4's make (a cached build whose driver changed is still relinked).
-
-    Raises:
-        BuildError: a step failed (the message names it and the kept log, ``build.log``), or with ``cached_only`` the
-            build is not in the cache (the folder looked for is named)."""
+    ``cached_only``: never run ds4's make (a cached build whose driver changed is still relinked). Raises BuildError: a
+    step failed (the message names it and the kept log, ``build.log``), or with ``cached_only`` the build is not in the
+    cache (the folder looked for is named)."""
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"

@@ -76,10 +76,8 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tensor's data, from the ``gguf`` package's block table (``GGML_QUANT_SIZES``).
-
-        Raises:
-            BadInput: the contiguous dimension is not a whole number of the type's blocks."""
+        """Bytes of the tensor's data, from the ``gguf`` package's block table (``GGML_QUANT_SIZES``). Raises BadInput:
+        the contiguous dimension is not a whole number of the type's blocks."""
         import gguf
 
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
@@ -101,11 +99,9 @@ class MetaKV:
 
 
 def synthetic_config(preset: str | ModelConfig) -> ModelConfig:
-    """The ds4lab configuration of ``preset`` (a name or a :class:`ModelConfig`), checked for a GGUF.
-
-    Raises:
-        BadInput: unknown preset (the message lists the known ones), or an expert format ds4 has no GGML type for
-            (``q4blk`` is ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``)."""
+    """The ds4lab configuration of ``preset`` (a name or a :class:`ModelConfig`), checked for a GGUF. Raises BadInput:
+    unknown preset (the message lists the known ones), or an expert format ds4 has no GGML type for (``q4blk`` is
+    ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``)."""
     if isinstance(preset, ModelConfig):
         cfg = preset
     else:
@@ -135,12 +131,10 @@ EXPERT_BLOCKS = {"IQ2_XXS": (66, (0,)), "Q2_K": (84, (80, 82)), "Q4_K": (144, (0
 def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random",
                 random_expert_layers=()) -> list[TensorSpec]:
     """Every tensor ds4 binds for ``preset``, in file order (``weights_bind_output``, ds4.c:5819;
-    ``weights_bind_layer``, 5895), typed and shaped as ``weights_validate_layout`` (5045-5110) checks them.
-    ``dense``: the large Q8_0 matrices ``"random"`` or ``"holes"``; ``random_expert_layers``: layers whose routed
-    experts hold random blocks instead of holes. Returns the :class:`TensorSpec` list.
-
-    Raises:
-        BadInput: bad ``preset``, ``dense`` or ``random_expert_layers``."""
+    ``weights_bind_layer``, 5895), typed and shaped as ``weights_validate_layout`` (5045-5110) checks them. ``dense``:
+    the large Q8_0 matrices ``"random"`` or ``"holes"``; ``random_expert_layers``: layers whose routed experts hold
+    random blocks instead of holes. Returns the :class:`TensorSpec` list. Raises BadInput: bad ``preset``, ``dense`` or
+    ``random_expert_layers``."""
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
     cfg = synthetic_config(preset)
@@ -242,12 +236,10 @@ def _bytes_to_unicode() -> list[str]:
 
 @lru_cache(maxsize=4)
 def synthetic_vocab(n_vocab: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A byte-level BPE vocabulary of exactly ``n_vocab`` distinct tokens and its merges: 0 and 1 begin/end of
-    sentence, the 256 byte tokens, merged tokens (merge ``i`` makes token ``258 + i``), the :data:`SPECIAL_TOKENS`
-    last. Returns ``(tokens, merges)``, tuples of strings (merges as ``"left right"``).
-
-    Raises:
-        BadInput: ``n_vocab`` too small for the specials, the byte tokens and one merge (264)."""
+    """A byte-level BPE vocabulary of exactly ``n_vocab`` distinct tokens and its merges: 0 and 1 begin/end of sentence,
+    the 256 byte tokens, merged tokens (merge ``i`` makes token ``258 + i``), the :data:`SPECIAL_TOKENS` last. Returns
+    ``(tokens, merges)``, tuples of strings (merges as ``"left right"``). Raises BadInput: ``n_vocab`` too small for the
+    specials, the byte tokens and one merge (264)."""
     n_merges = n_vocab - len(SPECIAL_TOKENS) - 256
     if n_merges < 1:
         raise BadInput(f"vocab={n_vocab}: a synthetic vocabulary needs at least "
@@ -275,12 +267,9 @@ def synthetic_vocab(n_vocab: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def ds4_metadata(preset: str | ModelConfig = "ds4-flash", *, seed: int = 0,
                  dense: str = "random") -> list[MetaKV]:
-    """Every metadata key of the synthetic file, in file order: ``general.architecture``, ds4lab's marker keys, the
-    keys ``config_validate_deepseek4_model`` (ds4.c:5629) reads (``DS4_SHAPE_FLASH``'s values for ds4-flash), the
-    tokenizer keys (:func:`synthetic_vocab`) and the bos/eos ids.
-
-    Raises:
-        BadInput: bad ``preset``, ``dense`` or ``seed``."""
+    """Every metadata key of the synthetic file, in file order: ``general.architecture``, ds4lab's marker keys, the keys
+    ``config_validate_deepseek4_model`` (ds4.c:5629) reads (``DS4_SHAPE_FLASH``'s values for ds4-flash), the tokenizer
+    keys (:func:`synthetic_vocab`) and the bos/eos ids. Raises BadInput: bad ``preset``, ``dense`` or ``seed``."""
     cfg = synthetic_config(preset)
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")

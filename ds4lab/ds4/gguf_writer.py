@@ -76,14 +76,11 @@ def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -
     """The synthetic bytes of one ``random`` tensor, as ``(byte offset within the tensor, bytes)`` pieces of at most
     :data:`_CHUNK` elements, seeded per tensor (``default_rng([seed, crc32(name)])``). By ``spec.init`` (E = fan-in,
     ``spec.shape[0]``): ``norm`` F32 1 + 0.1·U(-1, 1); ``embedding`` F16 N(0, 1) clipped to ±4; ``q8_0`` uniform int8
-    quants with the fp16 scale :func:`q8_0_scale`; ``f16_matrix`` F16 N(0, 1/E); ``bias`` F32 N(0, 0.1²); ``sinks``
-    F32 N(0, 1); ``hc_scale`` F32 U(0.5, 1.5); ``hc_base`` F32 N(0, 0.5²); ``ape`` F16 N(0, 0.5²); ``tid2eid`` I32
+    quants with the fp16 scale :func:`q8_0_scale`; ``f16_matrix`` F16 N(0, 1/E); ``bias`` F32 N(0, 0.1²); ``sinks`` F32
+    N(0, 1); ``hc_scale`` F32 U(0.5, 1.5); ``hc_base`` F32 N(0, 0.5²); ``ape`` F16 N(0, 0.5²); ``tid2eid`` I32
     ``shape[0]`` distinct experts per row; ``experts``: random super-blocks with fp16 scale fields
-    (:data:`~ds4lab.ds4.gguf_model.EXPERT_BLOCKS`) set to 2⁻¹⁰.
-
-    Raises:
-        BadInput: a spec that is a hole, an ``init`` this writer has no values for, or a ``tid2eid`` table without
-            ``n_experts`` (or with fewer experts than a row holds)."""
+    (:data:`~ds4lab.ds4.gguf_model.EXPERT_BLOCKS`) set to 2⁻¹⁰. Raises BadInput: a spec that is a hole, an ``init`` this
+    writer has no values for, or a ``tid2eid`` table without ``n_experts`` (or with fewer experts than a row holds)."""
     if spec.fill != "random":
         raise BadInput(f"tensor {spec.name} is a {spec.fill}, it has no bytes to write")
     rng = _rng(seed, spec.name)

@@ -72,10 +72,8 @@ def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
 
 def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: float = 0.95) -> pd.DataFrame:
     """Per context, ``base`` minus ``other`` µs per token, paired by decode position: the median difference with its
-    interval (:func:`ds4lab.timing.paired_difference`), ``measurable`` False where it includes zero.
-
-    Raises:
-        KeyError: ``base`` or ``other`` has no tokens."""
+    interval (:func:`ds4lab.timing.paired_difference`), ``measurable`` False where it includes zero. Raises KeyError:
+    ``base`` or ``other`` has no tokens."""
     from ..timing import paired_difference
 
     rows = []
@@ -99,10 +97,8 @@ def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: floa
 def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """From a recording's event table of tokens marked by NVTX ranges ``decode_step``: per token (``tokens``: launch
     calls, graph launches, kernels executed, kernel busy µs, ``enqueue_us``, ``launch_call_us``) and per kernel name
-    (``kernels``: launches per token, median µs, in a graph or not).
-
-    Raises:
-        ValueError: the table has no ``decode_step`` range."""
+    (``kernels``: launches per token, median µs, in a graph or not). Raises ValueError: the table has no ``decode_step``
+    range."""
     nv = frame[(frame.kind == "nvtx") & (frame.name == "decode_step")].sort_values("start_ns")
     if nv.empty:
         raise ValueError("the recording has no NVTX range decode_step: record tokens with ds4lab.ds4.worker")

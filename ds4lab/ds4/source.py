@@ -37,11 +37,8 @@ class Ds4Source:
 
 
 def locate(path) -> Ds4Source:
-    """Check that ``path`` is a ds4 checkout (folder or ``.tar.gz``) and describe it.
-
-    Raises:
-        BadInput: the path does not exist, or lacks one of :data:`REQUIRED` (named), or is an archive that cannot be
-            read."""
+    """Check that ``path`` is a ds4 checkout (folder or ``.tar.gz``) and describe it. Raises BadInput: the path does not
+    exist, or lacks one of :data:`REQUIRED` (named), or is an archive that cannot be read."""
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise BadInput(f"--source {path}: no such file or folder")

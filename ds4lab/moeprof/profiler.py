@@ -22,10 +22,8 @@ class MoeProfiler(MoeObserver):
     ``guard``, ``fallback`` (``host-timed`` only): refuse while the stream captures (default), or hand that call to
     ``"in-graph"`` (``True``) or ``"deferred"``, with a warning and a note. ``read_every``: calls between reads the
     pools are sized for (default: ``calls_per_read`` of :meth:`attach`, else the layers). ``raw``: report what the
-    mechanism returns even where it cannot have timed the call (the exclusion matrix). ``slots``: stamp slots.
-
-    Raises:
-        ValueError: an unknown mode, a fallback other than True/``"in-graph"``/``"deferred"``, or ``read_every`` < 1.
+    mechanism returns even where it cannot have timed the call (the exclusion matrix). ``slots``: stamp slots. Raises
+    ValueError: an unknown mode, a fallback other than True/``"in-graph"``/``"deferred"``, or ``read_every`` < 1.
 
     Use :meth:`attached` around the calls, :meth:`begin_step` / :meth:`end_step` (its rows: :data:`ROW_COLUMNS`)
     around each token."""

@@ -29,11 +29,9 @@ class MoeWorkbench:
     """A model, its inputs and the routing patterns for routed-MoE steps (see the module docstring).
 
     ``be``: ``cupy`` or ``sim`` (``numpy`` has no clock); ``cfg``'s ``max_tokens`` is raised to ``max_tokens``;
-    ``stream``: ``"non-blocking"`` (default, needed for capture) or ``"legacy"``; ``counts_clear`` default
-    ``"async"``; ``vocab``: build the vocabulary projection; ``seed``: routing and input seed.
-
-    Raises:
-        ValueError: a backend without timing (``numpy``), or an unknown ``stream``."""
+    ``stream``: ``"non-blocking"`` (default, needed for capture) or ``"legacy"``; ``counts_clear`` default ``"async"``;
+    ``vocab``: build the vocabulary projection; ``seed``: routing and input seed. Raises ValueError: a backend without
+    timing (``numpy``), or an unknown ``stream``."""
 
     def __init__(self, be, cfg, *, max_tokens: int = 512, n_layers: int | None = None, stream: str = "non-blocking",
                  counts_clear: str = "async", vocab: bool = False, seed: int = 0) -> None:
@@ -168,10 +166,8 @@ def iter_profile(wb: MoeWorkbench, mode: str, tokens: int, routing: str, steps: 
     """Profile ``steps`` steps of ``tokens`` tokens with ``routing``; yields each step's rows (:data:`ROW_COLUMNS`,
     ``ms``). ``regime``: ``eager``, ``replayed`` or ``auto`` (the mode's ``auto_regime``); ``warmup`` steps are not
     reported (default 1 eager, 2 replayed). Afterwards ``wb.last_profiler`` and ``wb.last_cache`` hold the profiler and
-    the graph cache (None eagerly).
-
-    Raises:
-        ValueError: an unknown regime, routing or mode, ``tokens`` outside ``1..max_tokens``, a bad fallback."""
+    the graph cache (None eagerly). Raises ValueError: an unknown regime, routing or mode, ``tokens`` outside
+    ``1..max_tokens``, a bad fallback."""
     if regime == "auto":
         regime = auto_regime(mode)
     if regime not in REGIMES:

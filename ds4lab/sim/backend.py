@@ -68,18 +68,11 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
 
 
 class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, ModeledTime):
-    """A modeled GPU on the CPU (see module docstring).
-
-    Args:
-        seed: weight seed (as the other backends).
-        timing_only: compute no numbers (phantom buffers); only the timing and the rules run.
-        calibration: a calibration JSON path or dict; default: ``$DS4LAB_CALIBRATION``, else ``ds4lab/data/h200.json``.
-        threads_enabled: tell host threads apart (capture modes, per-thread streams). False: one thread.
-        invalidated_ops: work on an invalidated capture: ``"drop"`` (default) or ``"raise"``
-            (``cudaErrorStreamCaptureInvalidated``).
-
-    Host-side calls (host copies, pinned memory, host queries, cuBLAS handles):
-    :class:`~ds4lab.sim.host_api.HostApiMixin`."""
+    """A modeled GPU on the CPU (see module docstring): ``seed`` as the other backends; ``timing_only``: no numbers
+    (phantom buffers), only the timing and the rules; ``calibration``: a JSON path or dict (default
+    ``$DS4LAB_CALIBRATION``, else ``ds4lab/data/h200.json``); ``threads_enabled``: tell host threads apart (False: one
+    thread); ``invalidated_ops``: work on an invalidated capture ``"drop"`` (default) or ``"raise"``
+    (``cudaErrorStreamCaptureInvalidated``). Host-side calls: :class:`~ds4lab.sim.host_api.HostApiMixin`."""
 
     name = "sim"
     is_gpu = False

@@ -144,11 +144,9 @@ def _problems(d: Any) -> list[tuple[str, str]]:
 
 
 def validate(d: Any, path: str = "<dict>") -> dict:
-    """Check a calibration ``d`` (parsed JSON, from ``path``) against :data:`SCHEMA`; returns ``d``.
-
-    Raises:
-        CalibrationError: naming ``path`` and every ``(key path, problem)``: wrong type, a number not finite or out
-            of range, a missing or unknown key."""
+    """Check a calibration ``d`` (parsed JSON, from ``path``) against :data:`SCHEMA`; returns ``d``. Raises
+    CalibrationError: naming ``path`` and every ``(key path, problem)``: wrong type, a number not finite or out of
+    range, a missing or unknown key."""
     problems = _problems(d)
     if problems:
         raise CalibrationError(path, problems)
@@ -258,11 +256,9 @@ def refuse_shipped(path: str | Path) -> None:
 def calibration_info(src: str | Path | dict | None = None) -> dict:
     """What identifies a calibration, for ``meta.json`` and figure titles.
 
-    ``src``: a file path, a dict (hashed as canonical JSON: sorted keys, no spaces), or None (the default file).
-    Returns ``{"name", "path" (or None), "sha256" (64 hex digits), "shipped"}``; ``shipped`` as :func:`is_shipped`.
-
-    Raises:
-        CalibrationError: the file cannot be read or is not a valid calibration."""
+    ``src``: a file path, a dict (hashed as canonical JSON: sorted keys, no spaces), or None (the default file). Returns
+    ``{"name", "path" (or None), "sha256" (64 hex digits), "shipped"}``; ``shipped`` as :func:`is_shipped`. Raises
+    CalibrationError: the file cannot be read or is not a valid calibration."""
     if src is None:
         src = default_calibration_path()
     if isinstance(src, dict):

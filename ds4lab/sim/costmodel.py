@@ -103,11 +103,9 @@ class Calibration:
 
     @classmethod
     def load(cls, src: "str | Path | dict | Calibration | None" = None) -> "Calibration":
-        """From a JSON path, a dict, None (the default file), or a :class:`Calibration` (returned as it is).
-
-        Raises:
-            CalibrationError (a ValueError): unreadable file, or a field that breaks
-                :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path)."""
+        """From a JSON path, a dict, None (the default file), or a :class:`Calibration` (returned as it is). Raises
+        CalibrationError (a ValueError): unreadable file, or a field that breaks :data:`ds4lab.sim.calibration.SCHEMA`
+        (names the file and every key path)."""
         if isinstance(src, Calibration):
             return src
         path = None
@@ -139,9 +137,7 @@ class Calibration:
     def scale_at(self, context: int | None) -> float:
         """The kernel time factor (dimensionless) at ``context`` (a decode position > 0; None: ``kernel_time_scale``):
         ``kernel_time_scale_by_context`` linear in log2(context) between its contexts, held constant outside them.
-
-        Raises:
-            ValueError: ``context`` not a positive number (names it)."""
+        Raises ValueError: ``context`` not a positive number (names it)."""
         pts = self.kernel_time_scale_by_context
         if context is None or not pts:
             return self.kernel_time_scale

@@ -142,12 +142,10 @@ class SimCommGroup:
         self.log: list[tuple] = []
 
     def meet(self, rank: int, sig: tuple, graph: bool, send, recv, t_us: float, rt: Runtime, call: str) -> float:
-        """Rank ``rank`` executes its next collective and waits for every rank's of the same position (rules
-        nccl_pair, nccl_mismatch, nccl_nonuniform, nccl_timeout); returns the modeled start time.
-
-        Raises:
-            CollectiveError: ``nccl:mismatch``, ``nccl:nonuniform-capture`` or ``nccl:timeout`` (also for every
-                collective after the communicator broke)."""
+        """Rank ``rank`` executes its next collective and waits for every rank's of the same position (rules nccl_pair,
+        nccl_mismatch, nccl_nonuniform, nccl_timeout); returns the modeled start time. Raises CollectiveError:
+        ``nccl:mismatch``, ``nccl:nonuniform-capture`` or ``nccl:timeout`` (also for every collective after the
+        communicator broke)."""
         timeout = self.node.collective_timeout_s
         with self.cond:
             if self.broken is not None:
@@ -281,10 +279,7 @@ class SimNode:
 
     ``seed``, ``timing_only``, ``calibration``, ``invalidated_ops``: as :class:`~ds4lab.sim.backend.SimBackend`, for
     every device; ``collective_timeout_s``: host seconds a collective waits for its peers before ``nccl:timeout``;
-    ``link``: :class:`LinkModel`.
-
-    Raises:
-        ValueError: ``n_devices < 1`` or a timeout that is not positive."""
+    ``link``: :class:`LinkModel`. Raises ValueError: ``n_devices < 1`` or a timeout that is not positive."""
 
     name = "sim"
 

@@ -71,11 +71,8 @@ class Graphs:
     # ------------------------------------------------------------------ graphs
     def instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
         """``cudaGraphInstantiateWithFlags`` of ``g``; ``flags``: AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4,
-        UseNodePriority 8.
-
-        Raises:
-            CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags, instantiate_device_launch),
-                cudaErrorNotSupported (rule instantiate_mem_nodes_twice)."""
+        UseNodePriority 8. Raises CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags,
+        instantiate_device_launch), cudaErrorNotSupported (rule instantiate_mem_nodes_twice)."""
         call = "cudaGraphInstantiate"
         if not isinstance(g, Graph) or g.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
@@ -187,10 +184,8 @@ class Graphs:
                                           fn, info) -> None:
         """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): kernel node ``index`` (capture order)
         takes ``fn``, ``gpu_us`` and ``info`` for later launches; the graph is unchanged. Host cost: one API call.
-
-        Raises:
-            CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
-                than the node's (GUESS)."""
+        Raises CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
+        than the node's (GUESS)."""
         call = "cudaGraphExecKernelNodeSetParams"
         if not isinstance(ex, GraphExec) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")

@@ -69,11 +69,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ModelConfig:
     """Dimensions of one ds4-shaped decoder (element counts), plus the workbench's own choices; weight formats:
-    ``docs/model.md``, "Formats".
-
-    Raises:
-        ConfigError: from :meth:`validate` (called on construction) for any dimension that does not divide its block
-            size, more experts used than exist, and the like."""
+    ``docs/model.md``, "Formats". Raises ConfigError: from :meth:`validate` (called on construction) for any dimension
+    that does not divide its block size, more experts used than exist, and the like."""
 
     name: str
     n_layers: int

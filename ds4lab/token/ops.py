@@ -569,10 +569,8 @@ def ds4_rows(what: str, rows: int, width: int, copies: int, extra_per_row: int =
              extra: int = 0) -> tuple[int, int]:
     """Rows per block ``R`` of a ds4-path kernel and its dynamic shared memory: the largest of 16, 8, 4, 2, 1 that
     divides ``rows``, makes a tile of ``width``-byte rows whole 16-byte chunks and keeps ``copies * R * width +
-    extra_per_row * R + extra`` within :data:`DS4_SMEM_MAX`. Returns ``(R, shared bytes)``.
-
-    Raises:
-        ValueError: no ``R`` fits (the message names the row width and the budget)."""
+    extra_per_row * R + extra`` within :data:`DS4_SMEM_MAX`. Returns ``(R, shared bytes)``. Raises ValueError: no ``R``
+    fits (the message names the row width and the budget)."""
     for r in (16, 8, 4, 2, 1):
         smem = copies * r * width + extra_per_row * r + extra
         if rows % r == 0 and (r * width) % 16 == 0 and smem <= DS4_SMEM_MAX:

@@ -55,10 +55,8 @@ def q4_k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dequant_superblocks(fmt: str, b: np.ndarray) -> np.ndarray:
     """float64 weights ``[n, 256]`` of ``n`` packed super-blocks ``b`` (uint8 ``[n, nbytes]``), by ggml's
-    ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs`` (layouts: ``docs/model.md``, "The formats, bit for bit").
-
-    Raises:
-        ValueError: unknown format or a block width that is not the format's."""
+    ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs`` (layouts: ``docs/model.md``, "The formats, bit for bit"). Raises
+    ValueError: unknown format or a block width that is not the format's."""
     if fmt not in SUPERBLOCKS or b.shape[-1] != SUPERBLOCKS[fmt].nbytes:
         raise ValueError(f"dequant_superblocks: format {fmt!r}, blocks of {b.shape[-1]} bytes")
     n = b.shape[0]

@@ -274,11 +274,8 @@ def superblock_fields(fmt: str, cols: int) -> list[tuple[int, np.float32, int]]:
 
 def gen_superblocks(fmt: str, key: int, sub: int, rows: int, cols: int) -> QTensor:
     """NumPy super-block sub-tensor ``sub`` of the tensor with ``key`` (mirrors ``init_superblocks`` in
-    ``kernels/moe_ds4.cu``; ``docs/model.md``, "Generated weights"): hash bytes, fp16 scale fields ``mean * (0.75 +
-    0.5 * U)``.
-
-    Raises:
-        ValueError: ``cols`` not a multiple of 256, or an unknown format."""
+    ``kernels/moe_ds4.cu``; ``docs/model.md``, "Generated weights"): hash bytes, fp16 scale fields
+    ``mean * (0.75 + 0.5 * U)``. Raises ValueError: ``cols`` not a multiple of 256, or an unknown format."""
     if fmt not in SUPERBLOCKS:
         raise ValueError(f"unknown super-block format {fmt!r}; known: {', '.join(SUPERBLOCKS)}")
     if cols % QK_K:

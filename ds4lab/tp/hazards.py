@@ -41,10 +41,8 @@ class TPHazard:
     def demonstrate(self, be, cfg, mode: str = "thread_local", span: Span | None = None,
                     timeout_s: float = 2.0) -> dict:
         """Run the hazard on two simulated ranks beside the eager reference; returns the columns of
-        :func:`ds4lab.experiments.hazards.demonstrate` plus ``rank_errors``.
-
-        Raises:
-            ValueError: a backend other than the sim (a two-GPU host runs ``ds4lab tp``)."""
+        :func:`ds4lab.experiments.hazards.demonstrate` plus ``rank_errors``. Raises ValueError: a backend other than the
+        sim (a two-GPU host runs ``ds4lab tp``)."""
         if getattr(be, "name", "sim") != "sim":
             raise ValueError("tensor-parallel hazards run on the sim (where a GPU would hang, the sim raises)")
         from ..capture import stream as S

@@ -44,9 +44,7 @@ def tp_ladder(group: TPGroup, stages: list[TPStage], table: Table, base: TokenOp
     ``ranks_identical``, ``us_median``, ``us_p25``, ``us_p75`` (the slower rank's), ``us_rank0``, ``us_rank1``,
     ``gain_us``, ``gain_lo``, ``gain_hi``, ``gain_measurable`` (paired against the first stage), ``kernel_launches``,
     ``graph_launches``, ``collectives`` (per token, rank 0), ``captures``, ``replays``, ``retirements``, ``failures``.
-
-    Raises:
-        ValueError: no stages, or a table with more than one context."""
+    Raises ValueError: no stages, or a table with more than one context."""
     if not stages:
         raise ValueError("tp_ladder: no stages")
     if len(table.contexts) != 1:

@@ -13,11 +13,9 @@ _COPY = {"memcpy PtoP": "PtoP", "memcpy HtoD": "HtoD", "memcpy DtoH": "DtoH"}
 
 
 def record_tp_table(group, stage: str = "0", start: int = 1000, tokens: int = 4, warmup: int = 2) -> EventTable:
-    """Run ``warmup`` untimed tokens then ``tokens`` recorded ones from ``start`` under TP stage ``stage`` on every
-    rank of ``group``; the recorded tokens as one :class:`~ds4lab.trace.events.EventTable`.
-
-    Raises:
-        KeyError: an unknown stage; ds4lab.trace.sources.common.SourceError: no CUPTI on a GPU host."""
+    """Run ``warmup`` untimed tokens then ``tokens`` recorded ones from ``start`` under TP stage ``stage`` on every rank
+    of ``group``; the recorded tokens as one :class:`~ds4lab.trace.events.EventTable`. Raises KeyError: an unknown
+    stage; ds4lab.trace.sources.common.SourceError: no CUPTI on a GPU host."""
     tps = TP_STAGES[stage]
     base = TokenOptions(vocab=group.models[0].opts.vocab)
     runs = group.stage_runs(tps.stage, base)
