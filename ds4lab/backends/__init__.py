@@ -9,11 +9,8 @@ BACKENDS = ("auto", "cupy", "numpy", "sim")
 
 
 def resolve(name: str, allowed=BACKENDS) -> str:
-    """The concrete backend ``name`` stands for: ``auto`` → ``cupy`` when a GPU is usable, else ``sim``. Cheap (no
-    backend is built).
-
-    Raises:
-        ValueError: ``name`` unknown or not in ``allowed`` (the message lists the choices)."""
+    """The concrete backend ``name`` stands for (``auto``: ``cupy`` when a GPU is usable, else ``sim``); builds none.
+    Raises ValueError when ``name`` is unknown or not in ``allowed`` (the message lists the choices)."""
     if name not in BACKENDS or name not in allowed:
         raise ValueError(f"unknown backend {name!r} here; choose one of: {', '.join(allowed)}")
     if name != "auto":
@@ -25,14 +22,10 @@ def resolve(name: str, allowed=BACKENDS) -> str:
 
 def make_backend(name: str = "auto", seed: int = 1234, *, timing_only: bool = False,
                  allowed=BACKENDS, compile_kernels: bool = False) -> Executor:
-    """Create backend ``name``; ``auto`` picks ``cupy`` when a GPU is usable, else ``sim`` (the simulated runtime: its
-    figures are modeled, and it says so).
-
-    Args:
-        seed: weight seed (bit-identical weights on every backend).
-        timing_only: ``sim`` only: model the time without computing numbers.
-        allowed: the names this caller accepts (a job that needs capture passes cupy/sim/auto).
-        compile_kernels: ``cupy``: compile every kernel now, so no compile lands in a timed region.
+    """Create backend ``name`` (``auto``: ``cupy`` when a GPU is usable, else ``sim``, whose figures are modeled).
+    ``seed``: weight seed (bit-identical weights on every backend); ``timing_only``: ``sim`` only, no numbers;
+    ``allowed``: the names the caller accepts; ``compile_kernels``: ``cupy`` compiles every kernel now (no compile in
+    a timed region).
 
     Raises:
         ValueError: unknown or disallowed backend name (the message lists the choices).

@@ -1,17 +1,8 @@
-"""Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through ``cuda-bindings``:
-the calls the ``cupy`` backend makes for :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`.
-
-Every function takes the binding module it calls (``rt``: ``cuda.bindings.runtime``, ``drv``:
-``cuda.bindings.driver``), so a test can hand it a fake, and checks every status it gets back: a status other than
-success raises :class:`ds4lab.errors.CudaError` with the runtime API's error name (driver and runtime share the numbers
-of the statuses these calls return).
-
-Signatures (cuda-bindings' Python API, read from its docstrings): CUDA 12.3 added edge data to the capture and
-graph-edge calls as ``cudaStreamGetCaptureInfo_v3``, ``cudaStreamUpdateCaptureDependencies_v2``,
-``cudaGraphAddNode_v2`` and ``cudaGraphGetEdges_v2``; CUDA 13 gave the plain names those signatures and dropped the
-suffixed ones. :func:`edge_variant` takes the suffixed name where the bindings have it (12.3 … 12.9), else the plain
-one (13.x). Conditional nodes need CUDA 12.4 (IF, WHILE) and 12.8 (IF with two bodies, SWITCH); older bindings are not
-supported."""
+"""Conditional nodes, capture into an existing graph, graph queries and ``cuLaunchKernelEx`` through ``cuda-bindings``,
+for the ``cupy`` backend's :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`. Each function takes the binding
+module it calls (``rt`` / ``drv``, so a test can hand it a fake) and raises :class:`ds4lab.errors.CudaError` for any
+status but success. :func:`edge_variant` picks CUDA 12.3-12.9's ``_v2``/``_v3`` edge-data calls or CUDA 13's plain
+names; conditional nodes need CUDA 12.4 (IF, WHILE) and 12.8 (IF with two bodies, SWITCH)."""
 
 from __future__ import annotations
 
@@ -68,9 +59,8 @@ def conditional_handle_create(rt, graph: int, default: int = 0, assign_default: 
 
 
 def add_conditional_node(rt, graph: int, deps: Sequence[int], handle: int, kind: str, size: int) -> tuple[int, list[int]]:
-    """``cudaGraphAddNode`` of a ``cudaGraphNodeTypeConditional`` node (``cudaConditionalNodeParams``: handle, type,
-    size) after ``deps``, default edges: ``(node, body graph handles)``. The bodies are the CUDA-owned array
-    ``phGraph_out`` the call fills (valid for the node's lifetime), read only after the call succeeded.
+    """``cudaGraphAddNode`` of a conditional node (handle, type, size) after ``deps``: ``(node, body graph handles)``,
+    the bodies read from the CUDA-owned ``phGraph_out`` only after the call succeeded.
 
     Raises:
         ValueError: an unknown ``kind``.
@@ -100,10 +90,7 @@ def update_capture_dependencies(rt, stream_ptr: int, nodes: Sequence[int], repla
 
 
 def begin_capture_to_graph(rt, stream_ptr: int, graph: int, mode: str = "thread_local") -> None:
-    """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``.
-
-    Raises:
-        ValueError: an unknown capture mode."""
+    """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``; ValueError for an unknown mode."""
     if mode not in CAPTURE_MODE_INDEX:
         raise ValueError(f"capture mode {mode!r}; choose one of: {', '.join(CAPTURE_MODE_INDEX)}")
     _checked("cudaStreamBeginCaptureToGraph",
@@ -187,9 +174,8 @@ def _kernel_arg(a):
 
 def launch_kernel_ex(drv, func: int, grid: Sequence[int], block: Sequence[int], shared: int, stream_ptr: int,
                      args: Sequence, programmatic: bool) -> None:
-    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``: ``args`` (device arrays, NumPy scalars and ``None`` for a
-    NULL pointer, in the kernel's parameter order) packed as the ``void*`` array of pointers to their values the
-    call copies at launch (``kernelParams`` given by address).
+    """``cuLaunchKernelEx(config, f, kernelParams, NULL)``, ``args`` (device arrays, NumPy scalars, ``None`` for NULL)
+    packed as the ``void*`` array of pointers to their values.
 
     Raises:
         TypeError: an argument that is none of those.

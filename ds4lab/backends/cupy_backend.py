@@ -1,11 +1,6 @@
-"""The ``cupy`` backend: ds4lab's kernels on a CUDA GPU through CuPy.
-
-Kernels are the ``extern "C"`` functions of ``kernels/*.cu``, each file compiled once per process with
-``cupy.RawModule`` (NVRTC; CuPy also caches the binary on disk). A launch goes to the stream the launch layer resolved:
-``LEGACY_STREAM`` maps to CUDA's legacy default stream (handle 0, ``cupy.cuda.Stream.null``), anything else must be a
-``cupy.cuda.Stream``.
-
-Importing this module does not import CuPy; :func:`gpu_usable` and :class:`CupyBackend` do."""
+"""The ``cupy`` backend: ds4lab's kernels (``kernels/*.cu``, ``cupy.RawModule``) on a CUDA GPU through CuPy, each
+launch on the stream the launch layer resolved (``LEGACY_STREAM``: handle 0). Importing this module does not import
+CuPy; :func:`gpu_usable` and :class:`CupyBackend` do."""
 
 from __future__ import annotations
 
@@ -68,10 +63,7 @@ def gpu_usable() -> tuple[bool, str]:
 
 
 class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, DeviceClock):
-    """Runs launches on the current CUDA device (see module docstring).
-
-    Raises:
-        BackendUnavailable: CuPy missing or no CUDA device."""
+    """Runs launches on the current CUDA device. Raises BackendUnavailable: CuPy missing or no CUDA device."""
 
     name = "cupy"
     is_gpu = True
@@ -101,10 +93,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return m
 
     def function(self, name: str) -> Callable:
-        """The launchable function for kernel ``name`` (compiled on first use).
-
-        Returns a callable ``f(grid, block, args, shared_mem, stream)``. Raises KeyError naming the kernel when no
-        ``.cu`` file defines it."""
+        """The launchable ``f(grid, block, args, shared_mem, stream)`` for kernel ``name`` (compiled on first use).
+        Raises KeyError naming the kernel when no ``.cu`` file defines it."""
         f = self._fns.get(name)
         if f is None:
             try:
@@ -251,11 +241,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             self.cp.cuda.runtime.eventSynchronize(event.ptr)
 
     def event_query(self, event) -> bool:
-        """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600).
-
-        CuPy's ``runtime.eventQuery`` *returns* the status (gpu-facts.md): any other status is raised as the named
-        :class:`~ds4lab.errors.CudaError`, as the sim raises it (cudaErrorCapturedEvent, cudaErrorInvalidValue for an
-        event of an invalidated or ended capture, cudaErrorStreamCaptureUnsupported)."""
+        """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600); CuPy returns the status, so
+        any other is raised as the named :class:`~ds4lab.errors.CudaError`, as the sim raises it."""
         rt = self.cp.cuda.runtime
         with _cuda_errors("cudaEventQuery"):
             return _ready(rt.eventQuery(event.ptr), "cudaEventQuery")
@@ -273,10 +260,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             self.cp.cuda.runtime.streamSynchronize(self._ptr_stream(stream))
 
     def stream_query(self, stream) -> bool:
-        """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600).
-
-        Any other returned status is raised as the named CudaError (on the H200, 900 cudaErrorStreamCaptureUnsupported
-        for a capturing stream, which it invalidates: gpu-facts.md)."""
+        """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600); any other status is
+        raised as the named CudaError (900 for a capturing stream, which it invalidates: gpu-facts.md)."""
         with _cuda_errors("cudaStreamQuery"):
             return _ready(self.cp.cuda.runtime.streamQuery(self._ptr_stream(stream)), "cudaStreamQuery")
 
@@ -378,14 +363,10 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return CupyGraphExec(self.cp, int(h), graph)
 
     def graph_exec_kernel_node_set_params(self, graph_exec, index: int, launch) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` through the driver (``cuGraphExecKernelNodeSetParams``: CuPy has no
-        binding for it): the executable's ``index``-th kernel node, in the order the graph lists its nodes (their
-        creation order: the capture's launch order), takes ``launch``'s arguments, grid, block and shared memory.
-        The node's function must be ``launch``'s kernel.
-
-        Raises:
-            CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another
-                function; any status the driver returns."""
+        """``cudaGraphExecKernelNodeSetParams`` through the driver: kernel node ``index`` (capture order) takes
+        ``launch``'s arguments, grid, block and shared memory; its function must be ``launch``'s kernel. Raises
+        CudaError: cudaErrorInvalidValue for an index past the graph's kernel nodes or a node that runs another
+        function; any status the driver returns."""
         from ..errors import CudaError
 
         call = "cudaGraphExecKernelNodeSetParams"
@@ -403,14 +384,11 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
                                     launch.args)
 
     def graph_exec_update(self, graph_exec, graph) -> None:
-        """``cudaGraphExecUpdate``: new node parameters from a topologically identical graph.
-
-        Through ``cuda-bindings`` (CuPy has no binding for it).
+        """``cudaGraphExecUpdate`` through ``cuda-bindings``: new node parameters from a topologically identical graph.
 
         Raises:
-            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with CUDA's ``cudaGraphExecUpdateResultInfo``:
-                ``result`` (the cudaGraphExecUpdateResult name) and ``node_type`` (``cudaGraphNodeGetType`` of
-                ``errorNode``; None when CUDA names none).
+            GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the cudaGraphExecUpdateResult
+                name) and ``node_type`` (of ``errorNode``; None when CUDA names none).
             CudaError: any other status."""
         from ..errors import GRAPH_EXEC_UPDATE_RESULTS, GraphExecUpdateError
 
@@ -520,11 +498,8 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
 
 
 def _stream_launcher(raw) -> Callable:
-    """A fast ``f(grid, block, args, shared_mem, stream)`` for a ``cupy.RawKernel``.
-
-    CuPy's ``RawKernel.__call__`` launches on CuPy's *current* stream; its underlying ``cupy.cuda.Function`` takes the
-    stream as an argument (checked on the H200 with CuPy 14.2), which avoids a per-launch ``with stream:`` (bench: the
-    launcher costs 0.79–1.09× a bare ``RawKernel`` call, docs/design-log.md)."""
+    """A fast ``f(grid, block, args, shared_mem, stream)`` for a ``cupy.RawKernel``: its ``cupy.cuda.Function`` takes
+    the stream as an argument, which avoids a per-launch ``with stream:`` (docs/design-log.md)."""
     return raw.kernel
 
 

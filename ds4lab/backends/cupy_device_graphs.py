@@ -1,14 +1,7 @@
-"""The ``cupy`` backend's conditional nodes and programmatic launches (:class:`DeviceGraphApi`), through
-``cuda-bindings`` (:mod:`ds4lab.backends.cuda_graph_calls`: every status checked).
-
-Two builds of each kernel file: the one every stage loads (``cupy.RawModule``, as
-:class:`~ds4lab.backends.cupy_backend.CupyBackend` compiles it), and the ``pdl`` build (``-DDS4_PDL=1``:
-``DS4_PDL_ENTRY`` compiled in, ``kernels/common.cuh``) that :meth:`CupyDeviceGraphsMixin.launch_programmatic` launches
-with ``cuLaunchKernelEx``. The ``pdl`` build is compiled and loaded by
-:meth:`CupyDeviceGraphsMixin.prepare_device_kernels`, called before any capture (a module loaded inside a capture is
-nothing ds4lab relies on).
-
-Importing this module does not import CuPy or cuda-bindings."""
+"""The ``cupy`` backend's conditional nodes and programmatic launches (:class:`DeviceGraphApi`) through
+``cuda-bindings`` (:mod:`ds4lab.backends.cuda_graph_calls`). Each kernel file has a second, ``pdl`` build
+(``-DDS4_PDL=1``) launched with ``cuLaunchKernelEx``, loaded before any capture by
+:meth:`CupyDeviceGraphsMixin.prepare_device_kernels`. Importing this module does not import CuPy or cuda-bindings."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The ``cupy`` backend's host-side runtime calls: copies to and from host memory (pageable or pinned), synchronous
-``cudaMemcpy``, pinned host memory (``cudaHostAlloc``, ``cudaHostRegister``), host-only queries and cuBLAS handles.
-Mixed into :class:`ds4lab.backends.cupy_backend.CupyBackend` (which provides ``cp``, ``_ptr_stream`` and
-``function``).
-
-Every CUDA status is checked: CuPy's runtime calls raise ``CUDARuntimeError`` (turned into
-:class:`~ds4lab.errors.CudaError` by ``_cuda_errors``); the ``cuda.bindings`` calls return their status, checked by
-``_checked``; cuBLAS raises ``CUBLASError``, turned into :class:`~ds4lab.errors.LibraryError` (``cublas:<cublasStatus_t
-name>``)."""
+"""The ``cupy`` backend's host-side runtime calls (host copies, synchronous ``cudaMemcpy``, pinned host memory,
+host-only queries, cuBLAS handles), mixed into :class:`ds4lab.backends.cupy_backend.CupyBackend`. Every status is
+checked: :class:`~ds4lab.errors.CudaError`, or :class:`~ds4lab.errors.LibraryError` (``cublas:<name>``)."""
 
 from __future__ import annotations
 

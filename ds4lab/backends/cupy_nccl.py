@@ -1,21 +1,10 @@
 """Several GPUs of one host in one process through CuPy: peer copies and NCCL (``cupy.cuda.nccl``).
 
-:class:`CupyNode` is the GPU counterpart of :class:`ds4lab.sim.devices.SimNode`, with the same methods, so a
-tensor-parallel scenario or token runs on either: one :class:`~ds4lab.backends.cupy_backend.CupyBackend` per device
-(each used only from threads whose current device is that one: :meth:`CupyNode.on_device`), peer access and peer copies
-(``cudaDeviceEnablePeerAccess``, ``cudaMemcpyPeerAsync``, ``cudaMemcpyPeer``), and one NCCL communicator per device
-(``ncclCommInitAll``; :class:`CupyComm`), every status checked: CuPy's ``CUDARuntimeError`` becomes
-:class:`~ds4lab.errors.CudaError` by its CUDA name, its ``NcclError`` :class:`~ds4lab.errors.CollectiveError` named
-``nccl:<ncclResult_t name>``.
-
-No call here may hang the process: a collective whose peers never take part blocks its stream, not the host (NCCL's
-calls return once enqueued), and :meth:`CupyNode.wait_stream` polls the stream (``cudaStreamQuery``) for at most
-``collective_timeout_s`` before aborting every communicator of the node (``ncclCommAbort``, which ends the operations
-still outstanding) and raising ``nccl:timeout``. Callers that wait for a stream with collectives on it wait through it,
-never with a bare ``cudaStreamSynchronize``.
-
-Importing this module imports neither CuPy nor NCCL; :func:`node_unavailable` says why a node of ``n`` GPUs cannot be
-made here."""
+:class:`CupyNode` is the GPU counterpart of :class:`ds4lab.sim.devices.SimNode`, with the same methods: one
+:class:`~ds4lab.backends.cupy_backend.CupyBackend` per device, peer copies and one NCCL communicator per device
+(:class:`CupyComm`); CuPy's errors become :class:`~ds4lab.errors.CudaError` / ``nccl:<name>``
+:class:`~ds4lab.errors.CollectiveError`. No call may hang the process: :meth:`CupyNode.wait_stream` polls with a
+timeout, then aborts every communicator. Importing this module imports neither CuPy nor NCCL."""
 
 from __future__ import annotations
 
@@ -119,16 +108,9 @@ class CupyComm:
 
 
 class CupyNode:
-    """The GPUs ``0 .. n_devices - 1`` of this host (see module docstring).
-
-    Args:
-        n_devices: GPUs to use (>= 2 for anything between devices).
-        seed: weight seed of every device's backend.
-        collective_timeout_s: how long :meth:`wait_stream` waits for a stream holding collectives before aborting the
-            communicators.
-
-    Raises:
-        BackendUnavailable: :func:`node_unavailable` says why (fewer GPUs, no NCCL, no CuPy)."""
+    """The GPUs ``0 .. n_devices - 1`` of this host (see module docstring); ``seed``: every backend's weight seed;
+    ``collective_timeout_s``: how long :meth:`wait_stream` waits before aborting the communicators. Raises
+    BackendUnavailable: :func:`node_unavailable` says why (fewer GPUs, no NCCL, no CuPy)."""
 
     name = "cupy"
 
@@ -235,9 +217,8 @@ class CupyNode:
         return errors
 
     def wait_stream(self, device: int, stream, timeout_s: float | None = None) -> None:
-        """Wait for ``stream`` of ``device`` by polling ``cudaStreamQuery`` (never a blocking synchronize: a collective
-        whose peers never come would hang it). After ``timeout_s`` (default the node's) every communicator is
-        aborted and ``nccl:timeout`` raised.
+        """Wait for ``stream`` of ``device`` by polling ``cudaStreamQuery`` (a blocking synchronize could hang); after
+        ``timeout_s`` (default the node's) every communicator is aborted and ``nccl:timeout`` raised.
 
         Raises:
             CollectiveError: ``nccl:timeout``; an asynchronous NCCL error of a communicator.

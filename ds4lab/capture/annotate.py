@@ -1,9 +1,5 @@
-"""NVTX ranges: one domain ``ds4lab``, one category per cluster, payloads for layer and position.
-
-Ranges nest token → layer → cluster → op. The layer index (and, for the token range, the position) travels as the
-range's integer payload, not in its message, so Nsight Systems groups ranges by name and the numbers stay searchable.
-With annotation off, no NVTX call is made at all: :class:`NullAnnotator` has empty methods, and the launch layer does
-not even call those on its per-launch path."""
+"""NVTX ranges: one domain ``ds4lab``, one category per cluster, the layer (and position) as the integer payload;
+annotation off makes no NVTX call at all (:class:`NullAnnotator`)."""
 
 from __future__ import annotations
 
@@ -43,16 +39,9 @@ def _noop_pop(handle) -> None:
 
 
 class NvtxAnnotator:
-    """Pushes and pops NVTX ranges in the ``ds4lab`` domain.
-
-    Event attributes are built once per (message, cluster, payload) and reused: building them is the expensive part of
-    an NVTX call from Python. Ranges go through the ``nvtx`` package's module-level ``push_range(attributes,
-    domain_handle)`` / ``pop_range(domain_handle)`` (one Cython call each, no keyword handling). When no NVTX tool is
-    attached, ``nvtx`` hands out a disabled domain whose attributes are ``None`` and whose calls do nothing; then push
-    and pop are plain no-op calls (nothing could record the ranges anyway).
-
-    Raises:
-        ImportError: when the ``nvtx`` package is missing (it is a declared dependency)."""
+    """Pushes and pops NVTX ranges in the ``ds4lab`` domain; event attributes built once per (message, cluster,
+    payload), the expensive part from Python. With no NVTX tool attached, push and pop do nothing. Raises ImportError:
+    when the ``nvtx`` package is missing (it is a declared dependency)."""
 
     enabled = True
     DOMAIN = "ds4lab"

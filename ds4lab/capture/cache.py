@@ -1,18 +1,7 @@
-"""Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard.
-
-A :class:`GraphCache` is a :class:`~ds4lab.token.model.DecodeModel`'s executor; what it captures and how is one frozen
-:class:`CapturePolicy` (a stage holds it, :class:`~ds4lab.experiments.stage_run.StageRun` passes it whole). For each
-cluster the policy names it builds the key (:class:`GraphKey`: cluster, layer, token count, the buffer-alias key, and
-with ``key_decisions`` the host decisions), runs eagerly while the key warms up, then captures, instantiates once and
-replays (on the accessor's stream, or on ds4's islands' dedicated ``capture_stream``). Before each replay it re-asks
-the cluster's host decisions (:meth:`DecodeModel.host_decisions`): a changed answer retires the graph, never replaying
-stale. A capture failure is recorded (CUDA's or CuPy's error) and the cluster runs eagerly from then on; anything else
-raised while capturing ends the capture through :func:`capture_scope` and goes on. Counters: :class:`CacheStats`. The
-policy's options (``update``, ``node_updates``, ``variants``, ``invalidate_on_realloc``, ``skip``):
-``docs/capture-stages.md``, "The graph cache's policy".
-
-Sources: CUDA Programming Guide, "CUDA Graphs" (stream capture, instantiation, whole-graph and node updates); ds4's
-staged plan and decode islands (``docs/model.md``); the rules of :mod:`ds4lab.sim.rules`."""
+"""Per-cluster CUDA-graph capture with a graph cache, eager fallback and a host-decision guard (:class:`GraphCache`,
+a model's executor, driven by one frozen :class:`CapturePolicy`). Per cluster: eager while the key (:class:`GraphKey`)
+warms up, then capture, instantiate once, replay; a changed host decision retires the graph; a capture failure
+leaves the cluster eager. The policy's options: ``docs/capture-stages.md``, "The graph cache's policy"."""
 
 from __future__ import annotations
 
@@ -80,12 +69,8 @@ EAGER = CapturePolicy()
 
 @dataclass(frozen=True, order=True)
 class GraphKey:
-    """The cache key of one call: which graph may replay it.
-
-    ``cluster``, ``layer`` and ``tokens`` are the call's site (:attr:`site`: what ``variants`` counts against);
-    ``generation`` and ``addresses`` the buffers it touches (the model's buffer generation and the inputs' addresses);
-    ``decisions`` the host decisions where the policy keys on them (``key_decisions``), else empty. Keys order as their
-    fields do (cluster first)."""
+    """The cache key of one call: its site (``cluster``, ``layer``, ``tokens``: :attr:`site`), the buffers it touches
+    (``generation``, ``addresses``) and, with ``key_decisions``, the host decisions. Keys order as their fields do."""
 
     cluster: str
     layer: int
@@ -168,12 +153,8 @@ class _Captured:
 class GraphCache:
     """Captures the clusters of a model its :class:`CapturePolicy` names and replays them (see module docstring).
 
-    Args:
-        backend: the model's backend (``cupy`` or ``sim``).
-        policy: what to capture and how (a policy without a mode captures in ``thread_local``).
-        capture_stream: capture and replay on this stream (a backend stream) instead of the accessor's (a policy's
-            ``blocking_capture_stream``: its run makes one); None: the accessor's.
-        skip: ``(cluster, layer)`` pairs that always run eagerly."""
+    ``backend``: ``cupy`` or ``sim``; a policy without a mode captures in ``thread_local``; ``capture_stream``:
+    capture and replay there instead of on the accessor's stream; ``skip``: ``(cluster, layer)`` pairs run eagerly."""
 
     def __init__(self, backend, policy: CapturePolicy, *, capture_stream=None, skip=frozenset()) -> None:
         self.be = backend
@@ -292,9 +273,7 @@ class GraphCache:
 
     # ------------------------------------------------------------------ capture, update, retire
     def _captured(self, model, fn, key=None) -> tuple[_Captured | None, RuntimeApiError | None]:
-        """Capture ``fn``; returns (what was captured or None, first error).
-
-        A CUDA/CuPy error is returned; anything else (``BaseException``) ends the capture (:func:`capture_scope`), is
+        """Capture ``fn``: (what was captured or None, first CUDA/CuPy error); anything else ends the capture, is
         logged as an abort for ``key`` and propagates."""
         L, be = model.L, self.be
         stream = self._stream(model)
@@ -326,20 +305,17 @@ class GraphCache:
         e = CacheEntry(key, decisions=decisions)
         if self._stream(model) is LEGACY_STREAM:
             self.entries[key] = e
-            self.stats.failures["legacy stream"] += 1
-            self._retire(e, "the legacy stream cannot be captured: set a non-blocking stream")
+            self._retire(e, "the legacy stream cannot be captured: set a non-blocking stream", "legacy stream")
             return e
         got, err = self._captured(model, fn, key)  # an abort propagates: the key stays uncaptured
         self.entries[key] = e
         if err is not None:
-            self.stats.failures[err.name] += 1
-            self._retire(e, f"capture failed: {err}")
+            self._retire(e, f"capture failed: {err}", err.name)
             return e
         try:
             e.graph_exec = self.be.graph_instantiate(got.graph)
         except RuntimeApiError as ex:
-            self.stats.failures[ex.name] += 1
-            self._retire(e, f"instantiate failed: {ex}")
+            self._retire(e, f"instantiate failed: {ex}", ex.name)
             return e
         e.addresses, e.nodes = got.addresses, len(got.records)
         e.kernels = tuple(r.kernel for r in got.records)
@@ -347,17 +323,11 @@ class GraphCache:
         return e
 
     def _update(self, model, e: CacheEntry, fn) -> bool:
-        """Stage 3u: capture again with this call's arguments, update the executable in place.
-
-        A refused update (:class:`~ds4lab.errors.GraphExecUpdateError`: CUDA's update result and the failing node's
-        type, counted in ``stats.update_results``) instantiates the new graph instead and replaces the entry's
-        executable (``stats.reinstantiations``). Returns False (the call runs eagerly, ``stats.fallbacks``) only when
-        the re-capture or that instantiation fails; then the entry retires."""
+        """Stage 3u: capture again and update the executable in place; a refused update instantiates the new graph
+        instead (``stats.reinstantiations``). False (run eagerly) when that fails too; the entry then retires."""
         got, err = self._captured(model, fn, e.key)
         if err is not None:
-            self.stats.failures[err.name] += 1
-            self.stats.fallbacks += 1
-            self._retire(e, f"re-capture for update failed: {err}")
+            self._retire(e, f"re-capture for update failed: {err}", err.name, fallback=True)
             return False
         try:
             self.be.graph_exec_update(e.graph_exec, got.graph)
@@ -367,39 +337,39 @@ class GraphCache:
             try:
                 new_exec = self.be.graph_instantiate(got.graph)
             except RuntimeApiError as ex2:
-                self.stats.failures[ex2.name] += 1
-                self.stats.fallbacks += 1
-                self._retire(e, f"update refused ({ex.result}) and re-instantiation failed: {ex2}")
+                self._retire(e, f"update refused ({ex.result}) and re-instantiation failed: {ex2}", ex2.name,
+                             fallback=True)
                 return False
             e.graph_exec = new_exec
             e.nodes = len(got.records)
             self.stats.reinstantiations += 1
             return True
         except RuntimeApiError as ex:
-            self.stats.failures[ex.name] += 1
-            self.stats.fallbacks += 1
-            self._retire(e, f"executable-graph update failed: {ex}")
+            self._retire(e, f"executable-graph update failed: {ex}", ex.name, fallback=True)
             return False
         self.stats.updates += 1
         return True
 
     def _set_nodes(self, model, e: CacheEntry, plan: list) -> bool:
-        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s executable
-        (``cudaGraphExecKernelNodeSetParams``, node by node in capture order). Returns False (the call runs eagerly,
-        the entry retires) when the backend refuses one."""
+        """Stage i+: this call's arguments, grid and block into every kernel node of ``e``'s executable, in capture
+        order; False (run eagerly, the entry retires) when the backend refuses one."""
         try:
             for i, rec in enumerate(plan):
                 model.L.model_host_work("node_update")
                 self.be.graph_exec_kernel_node_set_params(e.graph_exec, i, rec)
                 model.L.count_node_update(rec.site)
         except RuntimeApiError as ex:
-            self.stats.failures[ex.name] += 1
-            self._retire(e, f"kernel-node parameter update failed: {ex}")
+            self._retire(e, f"kernel-node parameter update failed: {ex}", ex.name)
             return False
         self.stats.node_updates += len(plan)
         return True
 
-    def _retire(self, e: CacheEntry, reason: str) -> None:
+    def _retire(self, e: CacheEntry, reason: str, failure: str = "", fallback: bool = False) -> None:
+        """Retire ``e`` for ``reason``, counting ``failure`` (an error name) and, with ``fallback``, a fallback."""
+        if failure:
+            self.stats.failures[failure] += 1
+        if fallback:
+            self.stats.fallbacks += 1
         e.retired = True
         e.reason = reason
         e.graph_exec = None

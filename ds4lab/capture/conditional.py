@@ -1,16 +1,6 @@
-"""A conditional node inside the capture the launcher is in, its bodies filled by capturing into them.
-
-Stream capture cannot express a branch: every launch issued while a stream captures becomes a node. CUDA's way
-(Programming Guide, "CUDA Graphs" → "Conditional Graph Nodes"; Runtime API ``cudaStreamGetCaptureInfo``,
-``cudaGraphAddNode``, ``cudaStreamUpdateCaptureDependencies``, ``cudaStreamBeginCaptureToGraph``): ask the capture for
-its graph and dependency set, add a conditional node there, make the capture depend on it, and fill each of its body
-graphs by capturing a second stream into it. A kernel captured before the node sets the node's handle on the device at
-every replay.
-
-:func:`conditional_node` does exactly that, with the launcher's current stream as the capturing one: each body is a
-callable that issues its launches through the launcher (they go to the body stream, by the thread's stream override,
-and are counted as captured). Whatever a body raises, its body capture is ended before the exception goes on (the outer
-capture is the caller's to end: :func:`ds4lab.capture.scope.capture_scope`)."""
+"""A conditional node inside the launcher's capture (:func:`conditional_node`): ask the capture for its graph and
+dependencies, add the node, make the capture depend on it, fill each body by capturing a second stream into it
+(CUDA Programming Guide, "Conditional Graph Nodes"). ``docs/capture-stages.md``, "Stage 3cc"."""
 
 from __future__ import annotations
 
@@ -29,9 +19,9 @@ def in_device_graph(L) -> bool:
 
 def conditional_node(L, body_stream: Any, handle: Any, kind: str, bodies: Sequence[Callable[[], None]],
                      mode: str = "thread_local") -> Any:
-    """Add a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with ``handle`` after everything the
-    launcher's current (capturing) stream issued so far, make the stream's later work depend on it, and fill body
-    ``i`` by running ``bodies[i]`` while ``body_stream`` captures into it. Returns the node.
+    """Add a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with ``handle`` after the capturing
+    stream's work so far, and fill body ``i`` by running ``bodies[i]`` while ``body_stream`` captures into it (each
+    body capture ended whatever it raised). Returns the node.
 
     Raises:
         ValueError: the launcher is not capturing, or its backend cannot build conditional nodes.

@@ -1,18 +1,6 @@
-"""The launch layer: the one place where ds4lab issues device work.
-
-Every launch site of the decode token calls a :class:`Launcher` method: ``kernel``, ``memset``, ``copy_h2d`` or
-``event_record``. The launcher
-
-* asks :func:`ds4lab.capture.stream.current_stream` for the stream (stage 0's accessor), except for the two ds4-today
-  paths that bypass it on purpose: the synchronous ``cudaMemset`` of the routed-MoE counts and a kernel launched on the
-  legacy stream (capture hazards);
-* counts the launch in the :class:`Census` (cluster, kind, site);
-* wraps it in an NVTX op range when annotation is on;
-* hands it to the backend, which runs it (``cupy``), computes it with the NumPy reference (``numpy``), or, later,
-  models it.
-
-So the op sequence (``ds4lab.token``), the backend and this layer stay separate, and the census is the same whichever
-backend runs the token."""
+"""The launch layer (:class:`Launcher`): the one place ds4lab issues device work. Each launch takes the accessor's
+stream (:func:`ds4lab.capture.stream.current_stream`; two ds4-today hazard paths bypass it), is counted in the
+:class:`Census`, wrapped in an NVTX range when annotation is on, and handed to the backend."""
 
 from __future__ import annotations
 
@@ -47,10 +35,8 @@ class LaunchRecord(NamedTuple):
 
 
 class Census:
-    """Counts of launches by (cluster, kind, site): what one token (or any span) issued.
-
-    ``site`` names the launch site in the op sequence (``"q_a"``, ``"moe.counts"``); ``kind`` is one of :data:`KINDS`.
-    Tokens are counted with :meth:`token_done` so per-token figures can be derived."""
+    """Counts of launches by (cluster, kind, site), ``kind`` one of :data:`KINDS`, ``site`` the launch site
+    (``"q_a"``, ``"moe.counts"``); tokens counted by :meth:`token_done` for per-token figures."""
 
     def __init__(self) -> None:
         self.counts: Counter = Counter()
@@ -68,9 +54,8 @@ class Census:
         return sum(n for (c, k, s), n in self.counts.items() if kind is None or k == kind)
 
     def frame(self, per_token: bool = True):
-        """A pandas DataFrame: one row per (cluster, kind, site) with ``launches`` and ``sites``.
-
-        ``per_token`` divides by the number of tokens counted (must be > 0)."""
+        """A DataFrame: one row per (cluster, kind, site) with ``launches`` and ``sites``; ``per_token`` divides by the
+        tokens counted (must be > 0)."""
         import pandas as pd
 
         rows = [{"cluster": c, "kind": k, "site": s, "launches": n} for (c, k, s), n in self.counts.items()]
@@ -95,13 +80,8 @@ class Census:
 class Launcher:
     """Routes every launch through the stream accessor, the census and NVTX, to a backend.
 
-    Args:
-        backend: a :class:`ds4lab.executor.base.Backend`.
-        nvtx: emit NVTX ranges (token, layer, cluster, op). Chosen once: the launcher's annotator is an
-            :class:`~ds4lab.capture.annotate.NvtxAnnotator`, or, off, a :class:`~ds4lab.capture.annotate.NullAnnotator`
-            (no NVTX call at all); no launch asks again.
-        routed: ``False`` bypasses the accessor and launches everything on the legacy stream: the "unrouted" path the
-            stage-0 bit-identity test compares against."""
+    ``nvtx``: NVTX ranges on (chosen once). ``routed=False``: everything on the legacy stream, bypassing the accessor
+    (the unrouted path of the stage-0 bit-identity test)."""
 
     def __init__(self, backend, *, nvtx: bool = False, routed: bool = True) -> None:
         self.backend = backend
@@ -131,14 +111,8 @@ class Launcher:
 
     # ------------------------------------------------------------------ scratch
     def scratch(self, key, shape, dtype) -> Any:
-        """The scratch buffer ``key`` of this launcher: allocated zeroed by the backend on the first call, the same
-        buffer on every later one (its address stays fixed, so captured graphs stay valid).
-
-        Ops that need scratch ask for it at model build time (:func:`ds4lab.token.ops.alloc_scratch`) so no allocation
-        happens inside a capture. Launches of one launcher run in stream order, so one buffer per key serves every
-        layer's launch of that op.
-
-        Raises ValueError when ``key`` was allocated before with another shape or dtype."""
+        """The scratch buffer ``key``: allocated zeroed on the first call, the same buffer (fixed address, so captured
+        graphs stay valid) on every later one. Raises ValueError when ``key`` exists with another shape or dtype."""
         buf = self._scratch.get(key)
         if buf is None:
             buf = self.backend.zeros(shape, dtype)
@@ -149,9 +123,8 @@ class Launcher:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[list]:
-        """Record every kernel launch of the block as a :class:`LaunchRecord` into the list it yields (analysis tools
-        replay them one by one to time each op). Nested recordings each get the launches of their own block; the
-        previous recorder is restored exactly on exit, so no caller has to set ``trace`` back by hand."""
+        """Record every kernel launch of the block as a :class:`LaunchRecord` into the list it yields; nested
+        recordings each get their own block's launches, and the previous recorder is restored on exit."""
         prev, self.trace = self.trace, []
         rec = self.trace
         try:
@@ -178,10 +151,9 @@ class Launcher:
 
     @contextlib.contextmanager
     def planning(self) -> Iterator[list]:
-        """Record the block's launches as :class:`LaunchRecord` objects without issuing any: the launch list a call
-        would issue, for a graph whose kernel nodes are set before its replay. A non-kernel operation is recorded
-        with its kind as the kernel name (``"memset"``, ``"memcpy"``, ``"event"``), so a launch list that holds one
-        never matches a kernel-only graph."""
+        """Record the block's launches as :class:`LaunchRecord` objects without issuing any (the launch list of a graph
+        whose kernel nodes are set before its replay); a non-kernel operation is recorded under its kind's name
+        (``"memset"``, ``"memcpy"``, ``"event"``), so it never matches a kernel-only graph."""
         prev_trace, prev_plan = self.trace, self._planning
         self.trace, self._planning = [], True
         rec = self.trace
@@ -196,9 +168,7 @@ class Launcher:
 
     @contextlib.contextmanager
     def annotating(self, annotator) -> Iterator[object]:
-        """Send every NVTX range of the block to ``annotator`` (the :class:`ds4lab.capture.annotate.NvtxAnnotator`
-        interface: ``push``, ``pop``); the previous annotator is back on exit (``ds4lab trace`` records push/pop
-        times this way)."""
+        """Send every NVTX range of the block to ``annotator`` (``push``, ``pop``); the previous one is back on exit."""
         prev, self.annotator = self.annotator, annotator
         try:
             yield annotator
@@ -237,11 +207,9 @@ class Launcher:
     # ------------------------------------------------------------------ launch sites
     def kernel(self, site: str, name: str, grid: tuple, block: tuple, args: tuple,
                ref: Callable[[], None], *, nbytes: int = 0, shared: int = 0, legacy: bool = False) -> None:
-        """Launch kernel ``name`` from launch site ``site``.
-
-        ``args`` are backend arrays and numpy scalars in the kernel's parameter order; ``ref`` computes the same result
-        with the NumPy reference into the same buffers (the ``numpy`` backend calls it; the ``cupy`` backend never
-        does). ``legacy=True`` is the hazard path: launch on the legacy stream, bypassing the accessor."""
+        """Launch kernel ``name`` from launch site ``site``: ``args`` (backend arrays and NumPy scalars) in parameter
+        order; ``ref`` computes the same result with the NumPy reference (the ``numpy`` backend calls it); ``legacy``:
+        the hazard path on the legacy stream, bypassing the accessor."""
         cluster = self.cluster_name
         if self.trace is not None:
             self.trace.append(LaunchRecord(cluster, self.layer, site, name, grid, block, args, shared, nbytes, ref))
@@ -262,10 +230,8 @@ class Launcher:
             ann.pop()
 
     def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
-        """Fill ``buf`` with byte ``value``.
-
-        ``sync=False`` (the fix): ``cudaMemsetAsync`` on the accessor's stream. ``sync=True`` (ds4 today): synchronous
-        ``cudaMemset`` on the legacy stream, which ignores the accessor."""
+        """Fill ``buf`` with byte ``value``: ``cudaMemsetAsync`` on the accessor's stream, or with ``sync`` (ds4 today)
+        a synchronous ``cudaMemset`` on the legacy stream."""
         if self._plan_only("memset", site):
             return
         (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "memset", site)] += 1
@@ -284,9 +250,8 @@ class Launcher:
             self.backend.copy_h2d(self.stream(), dst, src)
 
     def event_record(self, site: str, event: Any) -> None:
-        """Record ``event`` on the accessor's stream (ds4's profiling ``cudaEventRecord``), or on the legacy stream for
-        a site in :attr:`legacy_sites` (ds4 as shipped: ``cudaEventRecord(ev, 0)``, ``ds4_cuda.cu`` at
-        ``b0309611``)."""
+        """Record ``event`` on the accessor's stream, or on the legacy stream for a site in :attr:`legacy_sites` (ds4
+        as shipped: ``cudaEventRecord(ev, 0)``)."""
         if self._plan_only("event", site):
             return
         (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "event", site)] += 1

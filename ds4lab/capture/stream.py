@@ -1,15 +1,7 @@
-"""The stream accessor: stage 0 of ds4's CUDA-graph plan, in Python.
-
-Every launch site in ds4lab (kernels, memsets, copies, profiling event records) asks :func:`current_stream` which
-stream to use, as ds4's ``ds4_current_stream()`` does in the seed pull request. With ``DS4_CUDA_GRAPHS`` unset, or set
-with no override on the calling thread, it returns :data:`LEGACY_STREAM`, which every backend maps to its legacy
-default stream (CUDA stream handle 0), so outputs are bit-identical to the unrouted path by construction: the same
-launches, in the same order, on the same stream.
-
-The accessor is backend-neutral: an override is whatever stream object the active backend understands (a
-``cupy.cuda.Stream``, or a backend's own stream). It is thread-local, like ds4's ``static __thread`` override, so a
-capture on one thread never redirects another thread's launches (CUDA Programming Guide, "CUDA Graphs" → "Cross-stream
-dependencies and events"; thread-local capture mode)."""
+"""The stream accessor, stage 0 of ds4's CUDA-graph plan: every launch site asks :func:`current_stream`, as ds4's
+``ds4_current_stream()`` does. Without an override it returns :data:`LEGACY_STREAM` (outputs bit-identical to the
+unrouted path); an override is thread-local, like ds4's ``static __thread`` one, so a capture on one thread never
+redirects another thread's launches."""
 
 from __future__ import annotations
 
@@ -44,11 +36,9 @@ def graphs_flag() -> bool:
 
 
 class graphs_enabled:
-    """``with graphs_enabled():`` — the ``DS4_CUDA_GRAPHS`` flag on (or, with ``False``, off) for the block and back to
-    what it was afterwards, whatever the block raised. Every experiment that sets an override runs inside one (an
-    override counts only while the flag is on, as in ds4).
-
-    Not a boolean: ``if graphs_enabled():`` raises TypeError (the flag's value is :func:`graphs_flag`)."""
+    """``with graphs_enabled():`` the ``DS4_CUDA_GRAPHS`` flag on (``False``: off) for the block, restored afterwards
+    whatever it raised (an override counts only while the flag is on, as in ds4). ``if graphs_enabled():`` raises
+    TypeError (the flag's value is :func:`graphs_flag`)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = bool(enabled)
@@ -67,20 +57,15 @@ class graphs_enabled:
 
 
 def set_graphs_enabled(enabled: bool | None = None) -> bool:
-    """Set the flag (``None``: re-read ``DS4_CUDA_GRAPHS`` from the environment). Returns it.
-
-    ds4 reads its flag once at start; ds4lab does the same at import, and this setter exists so a notebook or a test
-    can flip it without restarting the process."""
+    """Set the flag (``None``: re-read ``DS4_CUDA_GRAPHS``; ds4lab reads it once at import, as ds4 does). Returns it."""
     global _flag
     _flag = (os.environ.get(ENV_FLAG) == "1") if enabled is None else bool(enabled)
     return _flag
 
 
 def current_stream() -> Any:
-    """The stream the calling thread's next launch must use.
-
-    Returns the thread's override when the flag is on and one is set, else :data:`LEGACY_STREAM`. Kept to two attribute
-    reads: every launch calls it."""
+    """The stream the calling thread's next launch must use: its override while the flag is on and one is set, else
+    :data:`LEGACY_STREAM`. Kept to two attribute reads: every launch calls it."""
     if _flag:
         s = getattr(_tls, "stream", None)
         if s is not None:
@@ -89,10 +74,8 @@ def current_stream() -> Any:
 
 
 def capture_set_stream(stream: Any) -> Any:
-    """Set (or with ``None`` clear) the calling thread's override; returns the previous one.
-
-    Mirrors ds4's ``ds4_capture_set_stream()``. Has no effect on :func:`current_stream` while the flag is off, again as
-    in ds4."""
+    """Set (``None``: clear) the calling thread's override, as ds4's ``ds4_capture_set_stream()``; returns the previous
+    one. No effect on :func:`current_stream` while the flag is off."""
     prev = getattr(_tls, "stream", None)
     _tls.stream = stream
     return prev

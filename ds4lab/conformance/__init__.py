@@ -1,17 +1,10 @@
-"""Conformance scenarios: short programs over the runtime API, run on ``cupy`` and on ``sim``.
+"""Conformance scenarios: short programs over the runtime API, run on ``cupy`` and on ``sim``; both must produce the
+same record (each call's outcome, the captured graph's nodes, buffer values after replays), and ``ds4lab conformance``
+prints every disagreement.
 
-Each scenario records, step by step, what each call did (``ok`` or the CUDA/CuPy error name), which operations ended up
-in the captured graph (node kinds and kernel names), and the values buffers hold after replays. The same scenario on
-the real GPU and on the simulated runtime must produce the same record; ``ds4lab conformance`` prints every
-disagreement. Where CUDA's behaviour is surprising, the scenario stays and its docstring says what it shows.
-
-The scenarios live by area and register in this order (the order of ``SCENARIOS``, which every record follows):
-:mod:`.hazards`, :mod:`.streams`, :mod:`.queries`, :mod:`.graphs`, :mod:`.updates`, :mod:`.islands` (ds4's decode
-islands), :mod:`.memory` (host memory: copies, cudaMemcpy, pinned memory), :mod:`.host_calls` (host queries, capture
-status, pre-capture events, other streams, cuBLAS): the calls ``ds4lab audit`` gives verdicts for,
-:mod:`.device_graphs` (conditional nodes, capture into a graph, programmatic dependent launch: stages 3cc, 3p, 3cp,
-3ccp) and :mod:`.tp` (two devices: peer copies and NCCL all-reduce, each rank a thread; skipped where fewer than two
-GPUs are). :mod:`.framework` holds the recorder and the registry, :mod:`.runner` runs and compares."""
+Areas register in the order of ``SCENARIOS``: :mod:`.hazards`, :mod:`.streams`, :mod:`.queries`, :mod:`.graphs`,
+:mod:`.updates`, :mod:`.islands`, :mod:`.memory`, :mod:`.host_calls`, :mod:`.device_graphs`, :mod:`.tp`.
+:mod:`.framework` holds the recorder and the registry, :mod:`.runner` runs and compares."""
 
 from __future__ import annotations
 

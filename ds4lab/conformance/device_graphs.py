@@ -1,13 +1,7 @@
 """Scenarios of graph construction inside a capture, conditional nodes and programmatic dependent launch: one per rule
-of :mod:`ds4lab.sim.rules_device` that stages ``3cc``, ``3p``, ``3cp`` and ``3ccp`` rely on. Written from the CUDA
-documentation (each scenario's ``expect`` and ``source``); every one ran on the H200 as expected and as the sim runs
-it (``docs/measurements/h200-2026-12-02-ds4/conformance``), which settled what the documentation left open (said in
-the sources).
-
-Probes: ``tiny_add`` (``x += 1``, with the device-side half of programmatic launch), ``fill_value``, ``cond_set_from``
-(a conditional handle set from an int32 flag in device memory) and ``cond_count_down`` (a WHILE body's last kernel),
-all in ``kernels/``. A graph's nodes are recorded as kinds (``cudaGraphNodeGetType``: ``conditionalx1,kernelx2``), its
-edges as ``from>to:type`` counts."""
+of :mod:`ds4lab.sim.rules_device`; each ran on the H200 as expected and as the sim runs it. Probes in ``kernels/``:
+``tiny_add``, ``fill_value``, ``cond_set_from``, ``cond_count_down``. Nodes are recorded as kinds
+(``conditionalx1,kernelx2``), edges as ``from>to:type`` counts."""
 
 from __future__ import annotations
 

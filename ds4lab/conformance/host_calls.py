@@ -1,8 +1,5 @@
-"""Scenarios of host-side calls an engine's decode step makes while a stream captures: host-only queries,
-``cudaStreamIsCapturing``, event query and synchronize of an event recorded before the capture (on the capturing
-thread), waiting on such an event in every mode, work and event records on a stream outside the capture, and cuBLAS
-handles. The audit's verdicts for these calls come from the rules these scenarios check (``ds4lab.sim.rules``);
-every scenario here ran on the H200 and agreed with the sim (round3's record)."""
+"""Scenarios of host-side calls a decode step makes while a stream captures (queries, capture status, pre-capture
+events, other streams, cuBLAS handles): the rules behind the audit's verdicts for these calls."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Scenarios of ds4's decode islands as shipped (ds4 ``e50104f6``): capture on a dedicated *blocking* stream in global
-mode while the eager work stays on the legacy stream, and what ds4's MoE profile (``DS4_CUDA_MOE_PROFILE``: events
-recorded with ``cudaEventRecord(ev, 0)``, the last one synchronized, elapsed times read on the host) does inside
-such a capture; and the per-token kernel-node update of ds4's hand-built attention graph (``36ee8c14``:
-``cudaGraphExecKernelNodeSetParams``).
-
-Sources: CUDA Programming Guide, "CUDA Graphs" → "Stream Capture" → "Prohibited and Unhandled Operations" (the legacy
-stream while a blocking stream captures: implicit synchronization) and "Cross-stream Dependencies and Events"; CUDA
-Runtime API, cudaStreamBeginCapture (modes), cudaEventRecord, cudaEventQuery, cudaEventSynchronize,
-cudaGraphExecKernelNodeSetParams."""
+"""Scenarios of ds4's decode islands as shipped (ds4 ``e50104f6``): capture on a dedicated blocking stream in global
+mode beside eager work on the legacy stream, ds4's MoE profile inside such a capture, and the per-token kernel-node
+update of ds4's attention graph (``36ee8c14``). Sources: CUDA Programming Guide, "Stream Capture"; CUDA Runtime API
+(named in each scenario)."""
 
 from __future__ import annotations
 

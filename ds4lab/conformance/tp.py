@@ -1,18 +1,8 @@
-"""Scenarios of two devices: peer copies and NCCL all-reduce, eagerly and in each capture mode.
-
-Each scenario makes a node of two devices for itself (:func:`ds4lab.tp.ranks.make_node`): simulated devices when the
-conformance run is on the sim, the host's first two GPUs with NCCL through CuPy when it is on ``cupy``. Ranks are
-threads, one per device, each making its device current first and launching through its own thread-local stream
-accessor. On a host with fewer than two GPUs (or a CuPy without NCCL) every scenario here is skipped with that reason
-(``<skipped>``), never compared.
-
-What a scenario records for a collective is whether it *completed*: the call, then a wait for its stream (on a GPU a
-poll with a watchdog that aborts the communicators, :meth:`CupyNode.wait_stream`; on the sim a collective that never
-completes raises in the call), one outcome per rank. Scenarios that could leave a collective waiting on a GPU (one rank
-captured and the other not, collectives out of order, a rank alone) run on a GPU only with
-``DS4LAB_TP_HANG_SCENARIOS=1``; skipped otherwise, with that reason. Every scenario here is written from the CUDA and
-NCCL documentation (``expect`` and ``source``; GUESS where no source states it) and waits for its first run on the
-two-GPU machine."""
+"""Scenarios of two devices: peer copies and NCCL all-reduce, eagerly and in each capture mode, each rank a thread
+on a node of its own (:func:`ds4lab.tp.ranks.make_node`: sim or two GPUs; skipped with the reason where fewer than
+two GPUs or no NCCL). A collective records whether it completed, per rank. Scenarios that could leave a collective
+waiting on a GPU run there only with ``DS4LAB_TP_HANG_SCENARIOS=1``. Written from the CUDA and NCCL documentation
+(``expect`` and ``source``; GUESS where none states it)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load (:func:`build`; the command lines
-are :func:`build_plan`'s, written into ``build.json``). The checkout is copied into the build folder (never written
-to); ``make CORE_OBJS`` runs there with ds4's own flags plus ``-fPIC`` and without debug information (the same
-machine code); ds4lab's driver (``csrc/ds4lab_ds4.c``) is compiled against ``ds4.h`` and linked with those objects,
-cudart and cuBLAS into ``libds4lab_ds4.so``, as ds4's Makefile links ``ds4-eval``. Builds are cached by ds4's source
-digest, the GPU architecture and the driver's and flags' digest (``$DS4LAB_CACHE``, default ``~/.cache/ds4lab``); a
-build is complete only once ``build.json`` exists, and a failed one keeps the compiler output in ``build.log`` and
-moves aside as ``…failed-<time>``. Step by step: ``docs/ds4.md``."""
+"""Build ds4's engine, from its own Makefile, into one shared library ds4lab can load (:func:`build`, command lines by
+:func:`build_plan`), cached by source digest, architecture and flags. Step by step: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -80,8 +74,7 @@ class BuildPlan:
     @property
     def flags_digest(self) -> str:
         """First 12 hex digits of SHA-256 over the make variables and the toolchain: what ds4's objects depend on
-        besides the sources (ds4lab's driver is not: a new driver is compiled and linked with the same objects; a
-        rewritten build is keyed by the text it compiles too: :func:`rewritten_digest`)."""
+        besides the sources (not ds4lab's driver, which is relinked with the same objects)."""
         h = hashlib.sha256(json.dumps(self.make_vars, sort_keys=True).encode())
         h.update(json.dumps([self.toolchain.nvcc, self.toolchain.cc, list(self.extra_include),
                              list(self.extra_lib)]).encode())
@@ -129,20 +122,11 @@ class BuildPlan:
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
                extra_include=(), extra_lib=(), rewrite: bool = False, host_march: str = "native") -> BuildPlan:
-    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or for ds4's CPU back end (``arch``
-    :data:`CPU`: ds4's ``CPU_CORE_OBJS``, ``ds4.c`` with ``-DDS4_NO_GPU``, and the driver with
-    ``-DDS4LAB_CPU_ONLY``; for testing the driver against ds4's own code without a GPU, never to time).
-
-    The make variables restate ds4's own Linux flags (Makefile: ``CFLAGS ?= -O3 -ffast-math $(DEBUG_FLAGS)
-    -march=native -Wall -Wextra -std=c99`` with ``-D_GNU_SOURCE -fno-finite-math-only`` appended, ``NVCCFLAGS ?= -O3 -g
-    -lineinfo --use_fast_math -arch=... -Xcompiler -march=native -Xcompiler -pthread``): a variable set on make's
-    command line replaces the Makefile's, appends included, so each is given whole, with ``-fPIC`` added and the debug
-    flags left out. ``host_march`` replaces ds4's ``-march=native`` for host code (a build made on one machine to run
-    on another: ``x86-64-v3``); ``rewrite`` applies ds4lab's stage 0 (:mod:`ds4lab.ds4.rewrite`) to the build's copy of
-    ``ds4_cuda.cu``.
-
-    Raises:
-        BadInput: ``arch`` is not ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value."""
+    """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or :data:`CPU` (ds4's CPU objects, for
+    testing the driver without a GPU). The make variables restate ds4's own Linux flags whole, with ``-fPIC`` added and
+    the debug flags left out; ``host_march`` replaces ``-march=native``; ``rewrite`` applies stage 0
+    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``. Raises BadInput: ``arch`` is not
+    ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value."""
     import re
 
     if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
@@ -191,13 +175,10 @@ def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
 
 def build(src: Ds4Source, plan: BuildPlan, *, cache: Path | None = None, say=print,
           cached_only: bool = False) -> Build:
-    """Build ``src`` with ``plan`` into the cache, or return the cached build of the same sources, architecture and
-    flags. Builds of one cache folder take turns (a lock file beside it). ``cached_only``: never run ds4's make (a
-    build carried from another machine, or none): a cached build whose driver changed is still relinked (seconds).
-
-    Raises:
-        BuildError: a step failed (the message names it and the kept log, ``build.log``), or with ``cached_only`` the
-            build is not in the cache (the folder looked for is named)."""
+    """Build ``src`` with ``plan`` into the cache, or return the cached build; builds of one cache folder take turns.
+    ``cached_only``: never run ds4's make (a cached build whose driver changed is still relinked). Raises BuildError: a
+    step failed (the message names it and the kept log, ``build.log``), or with ``cached_only`` the build is not in the
+    cache (the folder looked for is named)."""
     import fcntl
 
     root = Path(cache or cache_root()) / "ds4"
@@ -279,9 +260,8 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, c
 
 
 def rewritten_digest(src: Ds4Source) -> str:
-    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as ds4lab's rewrite makes it from ``src`` (the text a
-    rewritten build compiles): a change of the rewrite that changes its output is a new build, one that does not
-    reuses the cached build."""
+    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as the rewrite makes it from ``src``: a rewrite change that
+    changes its output is a new build."""
     import tempfile
 
     from . import rewrite as RW
@@ -292,10 +272,8 @@ def rewritten_digest(src: Ds4Source) -> str:
 
 
 def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
-    """ds4lab's stage 0 on the build's copy (:func:`ds4lab.ds4.rewrite.rewrite_checkout`); every site into
-    ``rewrite-sites.csv`` beside the build (with the launch sites of the other CUDA files, not rewritten). Returns
-    the summary ``build.json`` keeps; a site it could not route is named by file and line on the console and in the
-    summary."""
+    """Stage 0 on the build's copy; every site into ``rewrite-sites.csv`` (with the other CUDA files' launch sites).
+    Returns the summary ``build.json`` keeps; an unroutable site is named by file and line."""
     import csv
 
     from . import rewrite as RW
@@ -374,10 +352,7 @@ def _first_line(cmd, last: bool = False) -> str:
 
 
 def gpu_arch() -> str:
-    """``sm_<major><minor>`` of GPU 0, from ``nvidia-smi --query-gpu=compute_cap``.
-
-    Raises:
-        BadInput: no GPU answers (ds4lab ds4 runs ds4 on a GPU only)."""
+    """``sm_<major><minor>`` of GPU 0 (``nvidia-smi --query-gpu=compute_cap``). Raises BadInput when no GPU answers."""
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=30)

@@ -67,12 +67,8 @@ DEFAULT_CONFIGS = ("islands-off", "islands-on", "moe-profile")
 
 
 def parse_stages(text: str) -> tuple[str, ...]:
-    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it ships, every
-    stage's logits held to it).
-
-    Raises:
-        BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why) or an empty list.
-    """
+    """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it ships). Raises
+    BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why) or an empty list."""
     names = [n.strip() for n in str(text).split(",") if n.strip()]
     if not names:
         raise BadInput(f"--stages {text!r}: name at least one of {', '.join(STAGES)}")
@@ -86,10 +82,8 @@ def parse_stages(text: str) -> tuple[str, ...]:
 
 
 def parse_configs(text: str) -> tuple[str, ...]:
-    """``"islands-off,islands-on"`` → the names, in order, each once.
-
-    Raises:
-        BadInput: an unknown name (named, with the known ones) or an empty list."""
+    """``"islands-off,islands-on"`` → the names, in order, each once. Raises BadInput: an unknown name (named, with the
+    known ones) or an empty list."""
     names = [n.strip() for n in str(text).split(",") if n.strip()]
     if not names:
         raise BadInput(f"--configs {text!r}: name at least one of {', '.join(VARIANTS)}")

@@ -19,9 +19,7 @@ class Ds4Error(RuntimeError):
 
 
 class TokenStats(ctypes.Structure):
-    """``ds4lab_token_stats`` of ``csrc/ds4lab_ds4.c``: what the driver's whole-token capture did for the last token
-    (graphs launched, splits and their calls, instantiations, updates, nodes, and with the comparison the nodes
-    whose parameters changed since the token before of the same shape)."""
+    """``ds4lab_token_stats`` of ``csrc/ds4lab_ds4.c``: what the driver's whole-token capture did for the last token."""
 
     _fields_ = [("segments", ctypes.c_int), ("splits", ctypes.c_int), ("instantiated", ctypes.c_int),
                 ("updated", ctypes.c_int), ("update_refused", ctypes.c_int), ("nodes", ctypes.c_longlong),
@@ -76,16 +74,9 @@ def _int_query(fn: str, doc: str) -> property:
 
 
 class Ds4Engine:
-    """ds4's engine and one session, opened on the CUDA back end.
-
-    Args:
-        library: ``libds4lab_ds4.so`` of a build.
-        model: the GGUF file ds4 opens (``ds4lab.ds4.gguf_model`` writes a synthetic one).
-        ctx_size: the session's context in tokens (ds4 allocates its KV cache for it).
-        threads: ds4's host threads (0: ds4's default).
-        resident: open every layer and the output head as a layer slice, the open whose ``DS4_CUDA_COPY_MODEL`` copies
-            the model into GPU memory (``csrc/ds4lab_ds4.c``, ``ds4lab_open``); False: ds4's whole-model open (its
-            default).
+    """ds4's engine and one session on the CUDA back end: ``library`` (a build's ``libds4lab_ds4.so``), ``model`` (the
+    GGUF), ``ctx_size`` (tokens), ``threads`` (0: ds4's default), ``resident`` (open every layer as a layer slice,
+    which ``DS4_CUDA_COPY_MODEL`` copies into GPU memory; False: ds4's whole-model open).
 
     Raises:
         BadInput: the library or the model file does not exist.

@@ -1,12 +1,6 @@
-"""What ds4 asks of a DeepSeek V4 Flash GGUF: every tensor and metadata key, as data (:func:`ds4_tensors`,
-:func:`ds4_metadata`, the synthetic vocabulary :func:`synthetic_vocab`).
-
-Read from ds4's loader and validator (``ds4.c`` at ``b0309611``; line numbers in this module are that file's) and
-written in ds4lab's own words; nothing is copied from ds4. The order ds4 opens a model in (``model_open``,
-``config_validate_deepseek4_model``, ``weights_bind``, ``weights_validate_layout``, ``vocab_load``) and the types of
-ds4's smallest Flash file this module follows where ds4 allows a choice (IQ2_XXS routed gate/up, Q2_K routed down, Q8_0
-attention projections, shared expert and output head, F16 indexer query): ``docs/model.md``, "The synthetic model ds4
-opens"."""
+"""What ds4 asks of a DeepSeek V4 Flash GGUF, as data (:func:`ds4_tensors`, :func:`ds4_metadata`,
+:func:`synthetic_vocab`), read from ds4's loader (``ds4.c`` at ``b0309611``; line numbers are that file's) in ds4lab's
+own words. ``docs/model.md``, "The synthetic model ds4 opens"."""
 
 from __future__ import annotations
 
@@ -54,19 +48,10 @@ DENSE_CHOICES = ("random", "holes")
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One tensor ds4 asks for.
-
-    Attributes:
-        name: the GGUF tensor name ds4 binds (``blk.7.attn_q_a.weight``).
-        ggml_type: GGML type name (:data:`GGML_TYPES`).
-        shape: dimensions in GGUF order: ``shape[0]`` is ``ne0``, the contiguous one (for a matrix, the input width;
-            ds4 checks ``dim[0]``, ``dim[1]``, ``dim[2]`` in this order).
-        fill: ``"random"`` or ``"hole"`` (:data:`FILLS`).
-        init: how the random values are drawn (:func:`ds4lab.ds4.gguf_writer.tensor_bytes`): ``norm``, ``embedding``,
-            ``q8_0``, ``f16_matrix``, ``bias``, ``sinks``, ``hc_scale``, ``hc_base``, ``ape``, ``tid2eid``; ``experts``
-            for the routed experts (always holes).
-        layer: the layer index, or None for the embedding and the output head.
-        check: the ds4.c check that fixes this tensor's type and shape."""
+    """One tensor ds4 asks for: ``name`` (as ds4 binds it), ``ggml_type`` (:data:`GGML_TYPES`), ``shape`` (GGUF order:
+    ``shape[0]`` is ``ne0``, the contiguous one), ``fill`` (:data:`FILLS`), ``init`` (how the random values are drawn:
+    :func:`ds4lab.ds4.gguf_writer.tensor_bytes`), ``layer`` (None for embedding and output head), ``check`` (the ds4.c
+    check that fixes its type and shape)."""
 
     name: str
     ggml_type: str
@@ -91,10 +76,8 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tensor's data, from the ``gguf`` package's block table (``GGML_QUANT_SIZES``).
-
-        Raises:
-            BadInput: the contiguous dimension is not a whole number of the type's blocks."""
+        """Bytes of the tensor's data, from the ``gguf`` package's block table (``GGML_QUANT_SIZES``). Raises BadInput:
+        the contiguous dimension is not a whole number of the type's blocks."""
         import gguf
 
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
@@ -106,14 +89,8 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class MetaKV:
-    """One metadata key of the file.
-
-    Attributes:
-        key: the GGUF key.
-        vtype: GGUF value type name (``UINT32``, ``FLOAT32``, ``BOOL``, ``STRING``, ``ARRAY``).
-        value: the value (a list for arrays; the element type follows the ``gguf`` package's inference: ``INT32`` for
-            ints, ``FLOAT32`` for floats, ``STRING`` for strings).
-        check: who reads it (ds4.c function) or ``ds4lab`` for ds4lab's own marker keys."""
+    """One metadata key: ``key``, ``vtype`` (GGUF value type name), ``value`` (a list for arrays, element type as the
+    ``gguf`` package infers it), ``check`` (the ds4.c function that reads it, or ``ds4lab``)."""
 
     key: str
     vtype: str
@@ -122,11 +99,9 @@ class MetaKV:
 
 
 def synthetic_config(preset: str | ModelConfig) -> ModelConfig:
-    """The ds4lab configuration of ``preset`` (a name or a :class:`ModelConfig`), checked for a GGUF.
-
-    Raises:
-        BadInput: unknown preset (the message lists the known ones), or an expert format ds4 has no GGML type for
-            (``q4blk`` is ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``)."""
+    """The ds4lab configuration of ``preset`` (a name or a :class:`ModelConfig`), checked for a GGUF. Raises BadInput:
+    unknown preset (the message lists the known ones), or an expert format ds4 has no GGML type for (``q4blk`` is
+    ds4lab's own; ds4 knows ``iq2_xxs+q2_k`` and ``q4_k``)."""
     if isinstance(preset, ModelConfig):
         cfg = preset
     else:
@@ -141,11 +116,8 @@ def synthetic_config(preset: str | ModelConfig) -> ModelConfig:
 
 
 def layer_compress_ratio(cfg: ModelConfig, layer: int) -> int:
-    """Compression ratio of ``layer`` in the file: 0, 4 or 128, whatever ``cfg.long_context`` says.
-
-    ds4 always loads the compressed-attention tensors (ds4.c ``ds4_expected_layer_compress_ratio``, 1079: Flash layers
-    0-1 none, then even layers 4, odd layers 128); ds4lab's census of the same rule is
-    :meth:`ModelConfig.compress_ratio` with long context on, used here."""
+    """Compression ratio of ``layer`` in the file (0, 4 or 128) whatever ``cfg.long_context`` says: ds4 always loads
+    the compressed-attention tensors (ds4.c ``ds4_expected_layer_compress_ratio``, 1079)."""
     return cfg.replace(long_context=True).compress_ratio(layer)
 
 
@@ -158,26 +130,11 @@ EXPERT_BLOCKS = {"IQ2_XXS": (66, (0,)), "Q2_K": (84, (80, 82)), "Q4_K": (144, (0
 
 def ds4_tensors(preset: str | ModelConfig = "ds4-flash", *, dense: str = "random",
                 random_expert_layers=()) -> list[TensorSpec]:
-    """Every tensor ds4 binds for ``preset``, in file order: the embedding (``weights_bind_output``, ds4.c:5819), each
-    layer's (``weights_bind_layer``, 5895: attention, compressor on compressed layers, indexer on ratio-4 layers,
-    hyper-connections, router, routed and shared experts, the hash table on hash layers), the output head; types and
-    shapes as ``weights_validate_layout`` (5045-5110) checks them, one ``add`` each below. ``exp_probs_b.bias``
-    (optional in ds4) is written on the top-k layers, whose router reads it (the hash layers' ignores it,
-    ds4_cuda.cu:18718).
-
-    Args:
-        preset: a preset name or configuration (:func:`synthetic_config`).
-        dense: ``"random"``: the large Q8_0 matrices (attention, shared expert, output head) hold random values;
-            ``"holes"``: they are holes too (zero scales: they output zeros).
-        random_expert_layers: layers whose routed experts hold random blocks instead of holes (small fp16 scales,
-            random quants: :data:`EXPERT_BLOCKS`), so a run can compare a layer whose expert kernels read real-looking
-            data with the ones that read zeros.
-
-    Returns:
-        The :class:`TensorSpec` list; the routed experts are holes but on ``random_expert_layers``.
-
-    Raises:
-        BadInput: bad ``preset``, ``dense`` or ``random_expert_layers``."""
+    """Every tensor ds4 binds for ``preset``, in file order (``weights_bind_output``, ds4.c:5819;
+    ``weights_bind_layer``, 5895), typed and shaped as ``weights_validate_layout`` (5045-5110) checks them. ``dense``:
+    the large Q8_0 matrices ``"random"`` or ``"holes"``; ``random_expert_layers``: layers whose routed experts hold
+    random blocks instead of holes. Returns the :class:`TensorSpec` list. Raises BadInput: bad ``preset``, ``dense`` or
+    ``random_expert_layers``."""
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")
     cfg = synthetic_config(preset)
@@ -279,18 +236,10 @@ def _bytes_to_unicode() -> list[str]:
 
 @lru_cache(maxsize=4)
 def synthetic_vocab(n_vocab: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A byte-level BPE vocabulary of exactly ``n_vocab`` distinct tokens, and its merges.
-
-    Ids: 0 and 1 begin/end of sentence, then the 256 byte tokens, then merged tokens (every pair of byte tokens, then
-    pair + byte, in a fixed order; merge ``i`` makes token ``258 + i``), and the five chat markers of
-    :data:`SPECIAL_TOKENS` last. Every merge joins two tokens into a token, so the table is a consistent BPE; ds4lab
-    drives ds4 by token ids, never by text.
-
-    Returns:
-        ``(tokens, merges)``: tuples of strings (merges as ``"left right"``).
-
-    Raises:
-        BadInput: ``n_vocab`` too small for the specials, the byte tokens and one merge (264)."""
+    """A byte-level BPE vocabulary of exactly ``n_vocab`` distinct tokens and its merges: 0 and 1 begin/end of sentence,
+    the 256 byte tokens, merged tokens (merge ``i`` makes token ``258 + i``), the :data:`SPECIAL_TOKENS` last. Returns
+    ``(tokens, merges)``, tuples of strings (merges as ``"left right"``). Raises BadInput: ``n_vocab`` too small for the
+    specials, the byte tokens and one merge (264)."""
     n_merges = n_vocab - len(SPECIAL_TOKENS) - 256
     if n_merges < 1:
         raise BadInput(f"vocab={n_vocab}: a synthetic vocabulary needs at least "
@@ -318,16 +267,9 @@ def synthetic_vocab(n_vocab: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def ds4_metadata(preset: str | ModelConfig = "ds4-flash", *, seed: int = 0,
                  dense: str = "random") -> list[MetaKV]:
-    """Every metadata key of the synthetic file, in file order, with its value.
-
-    ``general.architecture`` first (the ``gguf`` writer puts it there), ds4lab's marker keys next (``ds4lab.*``:
-    :func:`ds4lab.ds4.gguf_writer.read_marker` looks for them at the start), then the keys ds4's
-    ``config_validate_deepseek4_model`` (ds4.c:5629) requires or reads, each with the value ``DS4_SHAPE_FLASH`` fixes
-    for ds4-flash (ds4lab's dimensions for another preset), then the tokenizer keys ``vocab_load`` reads
-    (:func:`synthetic_vocab`) and the conventional bos/eos ids (ds4 finds those by text for DeepSeek4).
-
-    Raises:
-        BadInput: bad ``preset``, ``dense`` or ``seed``."""
+    """Every metadata key of the synthetic file, in file order: ``general.architecture``, ds4lab's marker keys, the keys
+    ``config_validate_deepseek4_model`` (ds4.c:5629) reads (``DS4_SHAPE_FLASH``'s values for ds4-flash), the tokenizer
+    keys (:func:`synthetic_vocab`) and the bos/eos ids. Raises BadInput: bad ``preset``, ``dense`` or ``seed``."""
     cfg = synthetic_config(preset)
     if dense not in DENSE_CHOICES:
         raise BadInput(f"dense={dense!r}; choose one of: {', '.join(DENSE_CHOICES)}")

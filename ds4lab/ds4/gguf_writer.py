@@ -1,15 +1,6 @@
-"""Write a Flash-shaped GGUF with synthetic weights that ds4 opens, sparse.
-
-The ``gguf`` package (llama.cpp's GGUF library) writes the format: header, metadata, tensor infos, and the data offsets
-it lays out (each tensor at the running sum of the sizes before it, each padded to ``general.alignment``). ds4lab then
-sets the file's full length with ``ftruncate`` and writes with ``pwrite`` only the tensors whose fill is ``random``;
-the routed experts (72.6 GiB of the 80.8 GiB of ds4-flash) stay holes: they read as zero bytes and take no disk. The
-layout the library wrote is read back with ``gguf.GGUFReader`` and compared with the offsets written at before the file
-gets its name.
-
-Random values (seeded per tensor: ``numpy.random.default_rng([seed, crc32(name)])``) keep every activation finite and
-routing spread: matrices scaled by 1/sqrt(fan-in) so each projection maps unit-RMS inputs to unit-RMS outputs, norms
-near 1, small biases (:func:`tensor_bytes`)."""
+"""Write a Flash-shaped GGUF with synthetic weights that ds4 opens, sparse: the ``gguf`` package lays out the file,
+ds4lab sets its length with ``ftruncate`` and ``pwrite``s only the ``random`` tensors (the routed experts stay holes),
+then checks the layout with ``gguf.GGUFReader`` before the file gets its name. Values: :func:`tensor_bytes`."""
 
 from __future__ import annotations
 
@@ -41,22 +32,10 @@ MARKER_KEY = "ds4lab.synthetic"
 
 @dataclass(frozen=True)
 class SyntheticModel:
-    """A synthetic model file as written.
-
-    Attributes:
-        path: the file.
-        preset: the ds4lab preset whose dimensions it has.
-        seed: the weight seed.
-        dense: ``"random"`` or ``"holes"`` (the large Q8_0 matrices).
-        apparent_bytes: the file's length (``st_size``), what ds4 maps.
-        written_bytes: bytes ds4lab wrote: metadata plus the random tensors' data.
-        allocated_bytes: disk the file takes (``st_blocks`` × 512), ≈ ``written_bytes`` rounded to blocks.
-        n_tensors: tensors in the file.
-        n_hole_tensors: tensors left as holes.
-        hole_bytes: their data bytes.
-        data_offset: where tensor data starts (end of the metadata, aligned).
-        metadata_sha256: SHA-256 of the bytes before ``data_offset`` (header, metadata, tensor infos).
-        seconds: wall time of the write."""
+    """A synthetic model file as written: ``path``, ``preset``, ``seed``, ``dense`` (``"random"`` or ``"holes"``);
+    ``apparent_bytes`` (``st_size``), ``written_bytes`` (metadata plus random tensors), ``allocated_bytes``
+    (``st_blocks`` × 512); ``n_tensors``, ``n_hole_tensors``, ``hole_bytes``; ``data_offset`` (where tensor data
+    starts), ``metadata_sha256`` (of the bytes before it); ``seconds`` (wall time of the write)."""
 
     path: Path
     preset: str
@@ -88,33 +67,20 @@ def _chunks(n: int, step: int) -> Iterator[tuple[int, int]]:
 
 
 def q8_0_scale(fan_in: int) -> float:
-    """The one fp16 scale of a synthetic Q8_0 matrix with ``fan_in`` inputs (``shape[0]``): uniform random int8 quants
-    times this scale have standard deviation 1/sqrt(fan_in), so the matvec maps a unit-RMS input to unit-RMS
-    outputs. 2.1e-4 for 4096 inputs, above fp16's smallest normal."""
+    """The one fp16 scale of a synthetic Q8_0 matrix with ``fan_in`` inputs: uniform int8 quants times it have
+    standard deviation 1/sqrt(fan_in) (unit-RMS in, unit-RMS out); above fp16's smallest normal at 4096 inputs."""
     return 1.0 / (_INT8_STD * float(np.sqrt(fan_in)))
 
 
 def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -> Iterator[tuple[int, bytes]]:
     """The synthetic bytes of one ``random`` tensor, as ``(byte offset within the tensor, bytes)`` pieces of at most
-    :data:`_CHUNK` elements, in order.
-
-    Values, by ``spec.init`` (E = fan-in, ``spec.shape[0]``):
-
-    * ``norm`` F32: 1 + 0.1·U(-1, 1) (RMS-norm weights).
-    * ``embedding`` F16: N(0, 1) clipped to ±4 (one row per token; the residual stream starts here).
-    * ``q8_0`` Q8_0: blocks of 32 uniform random int8 quants with the fp16 scale :func:`q8_0_scale`.
-    * ``f16_matrix`` F16: N(0, 1/E) (HC mixes, compressors, indexer, router ``ffn_gate_inp``).
-    * ``bias`` F32: N(0, 0.1²) (``exp_probs_b``: shifts the top-k choice, not the weights).
-    * ``sinks`` F32: N(0, 1) (attention sink logits).
-    * ``hc_scale`` F32: U(0.5, 1.5); ``hc_base`` F32: N(0, 0.5²); ``ape`` F16: N(0, 0.5²).
-    * ``tid2eid`` I32: per token (row), ``shape[0]`` distinct experts of ``0 .. n_experts - 1`` drawn uniformly (ds4's
-      hash routing reads row ``token``).
-    * ``experts`` (IQ2_XXS, Q2_K, Q4_K): random super-blocks whose fp16 scale fields
-      (:data:`~ds4lab.ds4.gguf_model.EXPERT_BLOCKS`) are set to 2⁻¹⁰, so every weight is finite and small.
-
-    Raises:
-        BadInput: a spec that is a hole, an ``init`` this writer has no values for, or a ``tid2eid`` table without
-            ``n_experts`` (or with fewer experts than a row holds)."""
+    :data:`_CHUNK` elements, seeded per tensor (``default_rng([seed, crc32(name)])``). By ``spec.init`` (E = fan-in,
+    ``spec.shape[0]``): ``norm`` F32 1 + 0.1·U(-1, 1); ``embedding`` F16 N(0, 1) clipped to ±4; ``q8_0`` uniform int8
+    quants with the fp16 scale :func:`q8_0_scale`; ``f16_matrix`` F16 N(0, 1/E); ``bias`` F32 N(0, 0.1²); ``sinks`` F32
+    N(0, 1); ``hc_scale`` F32 U(0.5, 1.5); ``hc_base`` F32 N(0, 0.5²); ``ape`` F16 N(0, 0.5²); ``tid2eid`` I32
+    ``shape[0]`` distinct experts per row; ``experts``: random super-blocks with fp16 scale fields
+    (:data:`~ds4lab.ds4.gguf_model.EXPERT_BLOCKS`) set to 2⁻¹⁰. Raises BadInput: a spec that is a hole, an ``init`` this
+    writer has no values for, or a ``tid2eid`` table without ``n_experts`` (or with fewer experts than a row holds)."""
     if spec.fill != "random":
         raise BadInput(f"tensor {spec.name} is a {spec.fill}, it has no bytes to write")
     rng = _rng(seed, spec.name)
@@ -183,11 +149,8 @@ def tensor_bytes(spec: TensorSpec, seed: int, *, n_experts: int | None = None) -
 
 # ----------------------------------------------------------------------------- marker
 def read_marker(path: str | os.PathLike) -> dict | None:
-    """ds4lab's marker keys (``ds4lab.*``) of a GGUF file, or None for any other file.
-
-    Reads only the header and the first 16 metadata keys (ds4lab writes its marker right after
-    ``general.architecture``), so it is cheap on a model of any size and on files that are not GGUF. Returns ``{key:
-    value}`` for the string and uint32 ``ds4lab.*`` keys found there when ``ds4lab.synthetic`` is one of them."""
+    """ds4lab's marker keys (``ds4lab.*``, string and uint32) of a GGUF file, or None for any other file; reads only
+    the header and the first 16 metadata keys, so it is cheap on any file."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
@@ -252,27 +215,14 @@ def _check_target(path: Path) -> None:
 def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash", seed: int = 0,
                           dense: str = "random", random_expert_layers=(),
                           progress: Callable[[str, int, int], None] | None = None) -> SyntheticModel:
-    """Write a GGUF that ds4 accepts, with synthetic weights, as a sparse file at ``path``.
+    """Write a GGUF that ds4 accepts, with synthetic weights, as a sparse file at ``path`` (tensors and metadata:
+    :func:`ds4lab.ds4.gguf_model.ds4_tensors`, :func:`~ds4lab.ds4.gguf_model.ds4_metadata`). Written under a temporary
+    name and renamed when whole; on any error the temporary file is removed and ``path`` left as it was.
 
-    The tensors and metadata are :func:`ds4lab.ds4.gguf_model.ds4_tensors` and
-    :func:`~ds4lab.ds4.gguf_model.ds4_metadata`; for ``ds4-flash`` the file is 80.8 GiB long and, with
-    ``dense="random"``, 8.2 GiB are written (2.1 GiB with ``dense="holes"``); the rest are holes. The file is written
-    under a temporary name beside ``path`` and renamed when whole; on any error (or Ctrl-C) the temporary file is
-    removed and ``path`` is left as it was.
-
-    Args:
-        path: the model file to write. An existing file is replaced only if ds4lab wrote it (:func:`read_marker`).
-        preset: ds4lab preset whose dimensions the file has (ds4 opens only ``ds4-flash`` and ``ds4-flash-q4k``;
-            ``small`` and ``tiny`` are for tests through ``gguf.GGUFReader``).
-        seed: weight seed, 0..2**32-1.
-        dense: ``"random"`` or ``"holes"``: the large Q8_0 matrices (attention, shared expert, output head) random, or
-            holes too.
-        random_expert_layers: layers whose routed experts are random blocks, not holes
-            (:func:`ds4lab.ds4.gguf_model.ds4_tensors`; about 1.8 GB each at ds4-flash).
-        progress: called after each written tensor with ``(tensor name, bytes written, bytes to write)``.
-
-    Returns:
-        A :class:`SyntheticModel`.
+    ``path``: replaced only if ds4lab wrote it (:func:`read_marker`); ``preset``: ds4 opens ``ds4-flash`` and
+    ``ds4-flash-q4k``; ``seed``: 0..2**32-1; ``dense``: the large Q8_0 matrices ``"random"`` or ``"holes"``;
+    ``random_expert_layers``: layers whose routed experts are random blocks; ``progress(name, written, total)``.
+    Returns a :class:`SyntheticModel`.
 
     Raises:
         BadInput: bad ``preset``/``seed``/``dense``; ``path`` a directory, in a missing folder, or an existing file
@@ -287,11 +237,9 @@ def write_synthetic_model(path: str | os.PathLike, *, preset: str = "ds4-flash",
 def write_gguf(path: str | os.PathLike, specs: list[TensorSpec], meta: list[MetaKV], *, seed: int = 0,
                n_experts: int | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> SyntheticModel:
-    """Write ``meta`` and ``specs`` as a sparse GGUF at ``path``: what :func:`write_synthetic_model` does for a
-    declared model, open to any (edited) tensor list, for example one that breaks one of ds4's checks on purpose.
-    ``meta`` must carry ds4lab's marker keys (:func:`read_marker`) and start with ``general.architecture``; tensors
-    with fill ``random`` are written (:func:`tensor_bytes`, ``n_experts`` for hash tables), the others left as
-    holes. Same errors as :func:`write_synthetic_model`."""
+    """Write ``meta`` and ``specs`` as a sparse GGUF at ``path``, as :func:`write_synthetic_model` does, for any
+    (edited) tensor list; ``meta`` must start with ``general.architecture`` and carry ds4lab's marker keys. Same
+    errors as :func:`write_synthetic_model`."""
     import gguf
 
     t0 = time.perf_counter()  # wall time of the write, reported; nothing measured with it

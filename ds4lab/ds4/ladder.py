@@ -1,9 +1,5 @@
-"""ds4's own capture ladder: the stages ``ds4lab ds4 --stages`` measured on ds4 itself, one row per context and stage,
-beside ds4lab's MODELED figure for the same stage.
-
-The measured columns come from one ``ds4lab ds4`` folder's tables (:func:`ladder_table`); the MODELED ones from the sim
-priced at ds4's own costs (:func:`modeled_stages`, which is the one place this module asks ds4lab's calibration for
-anything: ``calibrate --from-ds4``'s fit, read through :mod:`ds4lab.calibration.from_ds4`). Nothing here measures.
+"""ds4's own capture ladder (``ds4lab ds4 --stages``) beside ds4lab's MODELED figure for the same stage
+(:func:`ladder_table`, :func:`modeled_stages`). Nothing here measures.
 
     python -m ds4lab.ds4.ladder RESULT (--modeled-from DIR [--modeled-from DIR] [--base CAL] | --modeled CSV) --out FILE
 """
@@ -41,18 +37,10 @@ def _paired(tokens: pd.DataFrame, base: str, other: str, ctx: int) -> dict:
 
 
 def ladder_table(tables: dict) -> pd.DataFrame:
-    """The ladder from a ``ds4lab ds4`` folder's tables (``tokens``, ``summary``, and where present ``exact``,
-    ``capture``, ``census``: :func:`ds4lab.ds4.measure.collect`'s dict).
-
-    Per context and stage (``shipped``: ds4 as it ships, eager; then ``0``, ``i``, ``3u``): µs per token (median of the
-    timed tokens, events on the legacy stream around each ``ds4_session_eval``), its IQR; ``gain_over_0`` = stage 0 −
-    the stage, and ``vs_shipped`` = ds4 as it ships − the stage, each the median of the per-position differences with
-    its 95 % interval (for stage 0, ``vs_shipped`` is the rewrite's cost, negated); ``exact_tokens`` of
-    ``compared_tokens`` whose logits are bit-identical to ds4 as it ships, and the first difference where one is not;
-    from the recorded tokens (``census``; blank where that context was not recorded) launch calls, graph launches and
-    kernels per token; from the driver's capture (``capture``: stage 3u) graphs, node updates (nodes whose parameters
-    changed since the token before of its shape) and splits per token with the calls split around (ds4_cuda.cu's
-    lines)."""
+    """The ladder from a ``ds4lab ds4`` folder's tables (:func:`ds4lab.ds4.measure.collect`'s dict): per context and
+    stage (``shipped``, ``0``, ``i``, ``3u``) µs per token and IQR; ``gain_over_0`` and ``vs_shipped`` (paired
+    medians with 95 % intervals); ``exact_tokens`` of ``compared_tokens`` and the first difference; launch calls,
+    graph launches and kernels per token (``census``); graphs, node updates and splits per token (``capture``)."""
     tokens, summary = tables["tokens"], tables["summary"]
     exact = tables.get("exact", pd.DataFrame())
     capture = tables.get("capture", pd.DataFrame())
@@ -108,11 +96,9 @@ SIM_STAGE = {"shipped": "0", "0": "0", "i": "i", "3u": "3u"}
 
 
 def modeled_stages(folders, *, base=None, stages=("0", "i", "3u", "3"), tokens: int = 32) -> pd.DataFrame:
-    """ds4lab's MODELED µs per token of ``stages`` at every context the measured ``ds4lab ds4`` ``folders`` hold, the
-    sim priced at ds4's own costs fitted from those folders (``ds4lab calibrate --from-ds4``:
-    :func:`ds4lab.calibration.from_ds4.fit_from_ds4`) on top of calibration ``base`` (default: the shipped one).
-    Returns columns ``context``, ``stage``, ``modeled_us``, ``kernel_time_scale``, ``sample`` (fitted / held out).
-    Runs the sim: seconds to minutes, no GPU."""
+    """ds4lab's MODELED µs per token of ``stages`` at every context of the ``ds4lab ds4`` ``folders``, the sim priced
+    at ds4's costs fitted from them (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`) on top of ``base``. Columns
+    ``context``, ``stage``, ``modeled_us``, ``kernel_time_scale``, ``sample`` (fitted / held out)."""
     from ..calibration.from_ds4 import fit_from_ds4
     from ..sim.calibration import read
     from ..sim.costmodel import default_calibration_path

@@ -1,18 +1,6 @@
-"""``ds4lab ds4``'s measurement: ds4 built from its source, its decode token timed per configuration and context,
-recorded with CUPTI, and read into ds4lab's tables.
-
-One worker process per configuration (:mod:`ds4lab.ds4.worker`; ds4 reads its switches once per process), run one after
-the other on the same model and prompt, so every configuration decodes the same token at the same position and
-configurations can be paired by position (:func:`ds4lab.ds4.readout.paired_gain`).
-
-Files (in the job's folder): ``tokens.csv`` (every timed token: configuration, context, position, µs between CUDA
-events, host µs of the call), ``summary.csv`` (per configuration and context: median and IQR), ``gains.csv`` (islands
-on against off, and the MoE profile against islands on, paired by position, with 95 % intervals), ``islands.csv`` (what
-ds4's log says each configuration captured and retired), ``prefill.csv``, ``census.csv`` and ``kernels-<config>.csv``
-(from the recorded tokens: launches, graph launches, kernels, busy µs, host enqueue span; per kernel name),
-``expert-data.csv`` (ds4's per-layer kernels on the layers whose experts hold random blocks against those that read
-holes: does a zero weight make a kernel cheaper), ``ds4-<config>.log`` (ds4's own stderr, kept whole: ``ds4lab ingest``
-reads its MoE profile lines), ``worker-<config>/`` (each worker's raw files, its recording among them)."""
+"""``ds4lab ds4``'s measurement: ds4 built from its source, its decode token timed per configuration and context (one
+worker process each, :mod:`ds4lab.ds4.worker`, paired by position), recorded with CUPTI, and read into ds4lab's
+tables. The files a run writes: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -63,11 +51,8 @@ RECORDED = ("islands-off", "islands-on", "moe-profile", "stage-0", "stage-i", "s
 
 
 def worker_env(variant: str, copy_model: bool, base=None) -> dict:
-    """The environment of ``variant``'s worker: ours (``base``, default ``os.environ``) without any ``DS4_*`` switch of
-    the caller's (so a stray one cannot change a configuration), plus the variant's own and, with ``copy_model``,
-    ``DS4_CUDA_COPY_MODEL=1`` (ds4 copies the whole model into GPU memory at load, ``ds4_cuda.cu``
-    ``ds4_gpu_set_model_map``, on the layer-slice open the worker then asks for:
-    :class:`~ds4lab.ds4.engine.Ds4Engine` ``resident``)."""
+    """The environment of ``variant``'s worker: ``base`` (default ``os.environ``) without the caller's ``DS4_*``
+    switches, plus the variant's own and, with ``copy_model``, ``DS4_CUDA_COPY_MODEL=1``."""
     env = {k: v for k, v in (base if base is not None else os.environ).items() if not k.startswith("DS4_")}
     env.update(VARIANTS[variant].environ)
     if copy_model:
@@ -145,10 +130,9 @@ def _describe(ev: dict) -> str:
 
 
 def collect(folder: Path, configs, random_expert_layers=()) -> dict:
-    """Read every worker's files in ``folder`` into the job's tables and write them (the module docstring's files; with
-    ``random_expert_layers``, also ``expert-data.csv``: ds4's per-layer kernels on the layers whose experts are
-    random against those on holes, :func:`ds4lab.ds4.readout.expert_data_check`). Returns the tables by name. Works
-    on a folder copied from the GPU machine."""
+    """Read every worker's files in ``folder`` into the job's tables and write them (the files ``docs/ds4.md``
+    lists; with ``random_expert_layers`` also ``expert-data.csv``, :func:`ds4lab.ds4.readout.expert_data_check`).
+    Returns the tables by name. Works on a folder copied from the GPU machine."""
     folder = Path(folder)
     tokens, prefill, census, logs, data, capture, capture_args = [], [], [], {}, [], [], []
     for v in configs:

@@ -1,10 +1,5 @@
-"""Ask ds4 itself whether it opens a model file: build ds4's CPU loader and ds4lab's probe, run it.
-
-ds4's source is not part of ds4lab: it is read from ds4's own tarball (``shared/ds4`` beside the checkout), unpacked
-into a scratch folder outside the repository, and compiled there with the C compiler the way ds4's Makefile builds its
-CPU objects (``ds4_cpu.o``: ``ds4.c`` with ``-DDS4_NO_GPU``; ``ds4_distributed.o``, ``ds4_tp.o``, ``ds4_ssd.o``,
-``ds4_layer_pack.o``). The probe, ``csrc/open_check.c``, is ds4lab's and calls only ``ds4.h``. Building takes about 10
-s on 2 cores."""
+"""Ask ds4 itself whether it opens a model file: build ds4's CPU objects from its tarball (outside the repository, as
+its Makefile does) and ds4lab's probe ``csrc/open_check.c``, which calls only ``ds4.h``; run it."""
 
 from __future__ import annotations
 
@@ -48,13 +43,9 @@ def _sha12(path: Path) -> str:
 
 def build_open_check(tarball: str | os.PathLike | None = None, build_dir: str | os.PathLike | None = None,
                      cc: str | None = None) -> Path:
-    """Compile ds4's CPU objects and ``open_check``; return the probe's path. Reuses what is built.
-
-    Args:
-        tarball: ds4's source tarball (:func:`default_tarball` when None).
-        build_dir: scratch folder (default ``$TMPDIR/ds4lab-ds4-cpu-<tarball sha>``); ds4's source is unpacked into
-            ``src/`` there and never changed.
-        cc: C compiler (``$CC``, else ``gcc``, else ``cc``).
+    """Compile ds4's CPU objects and ``open_check`` (reusing what is built); return the probe's path. Defaults:
+    ``tarball`` :func:`default_tarball`, ``build_dir`` ``$TMPDIR/ds4lab-ds4-cpu-<tarball sha>``, ``cc`` ``$CC``, else
+    ``gcc``, else ``cc``.
 
     Raises:
         BadInput: no tarball at that path, or no C compiler.
@@ -101,16 +92,9 @@ def build_open_check(tarball: str | os.PathLike | None = None, build_dir: str | 
 
 @dataclass
 class OpenCheck:
-    """What ``open_check`` reported.
-
-    Attributes:
-        rc: its exit status (ds4 exits 1 on the first check a file fails).
-        opened: ds4_engine_open returned an engine.
-        stdout, stderr: its output (ds4's refusal is on stderr).
-        info: the ``key=value`` pairs of its ``open_check:`` lines (``layers``, ``routed_quant_bits``, ``vocab``,
-            ``compress_ratios``, ...), values as strings.
-        evals: one dict per evaluated token (``pos``, ``token``, ``argmax``, ``nonfinite``, ``min``, ``max``, ``rms``,
-            ``seconds``, ``top``)."""
+    """What ``open_check`` reported: ``rc`` (ds4 exits 1 on the first check a file fails), ``opened``, ``stdout``,
+    ``stderr``, ``info`` (its ``open_check:`` lines' ``key=value`` pairs, as strings), ``evals`` (per evaluated token:
+    ``pos``, ``token``, ``argmax``, ``nonfinite``, ``min``, ``max``, ``rms``, ``seconds``, ``top``)."""
 
     rc: int
     opened: bool
@@ -128,11 +112,8 @@ class OpenCheck:
 def run_open_check(exe: str | os.PathLike, model: str | os.PathLike, mode: str = "inspect", *,
                    n_tokens: int = 0, ctx: int = 64, threads: int | None = None,
                    timeout: float | None = 600) -> OpenCheck:
-    """Run ``open_check MODEL MODE [N CTX]`` and parse what it printed.
-
-    ``mode``: ``"inspect"`` (``inspect_only``: metadata and tensor checks) or ``"cpu"`` (ds4's CPU backend: adds the
-    tokenizer; with ``n_tokens`` > 0 a greedy decode of that many tokens from token 0). ds4's instance lock goes to a
-    file beside the probe, not ``/tmp/ds4.lock``.
+    """Run ``open_check MODEL MODE [N CTX]`` and parse what it printed. ``mode``: ``"inspect"`` (metadata and tensor
+    checks) or ``"cpu"`` (ds4's CPU backend; ``n_tokens`` > 0: a greedy decode from token 0).
 
     Raises:
         BadInput: a bad ``mode``.

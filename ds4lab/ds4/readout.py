@@ -1,8 +1,5 @@
-"""Reading what ds4 did: its log lines (decode-island captures and failures, MoE profile lines), its timed tokens, and
-its recorded tokens (CUPTI) as ds4lab's tables.
-
-Everything here is pure pandas on files the workers wrote (:mod:`ds4lab.ds4.worker`), so it is tested without a GPU and
-runs again on a folder copied from the GPU machine."""
+"""Reading what ds4 did (its log lines, timed tokens and recorded tokens) into ds4lab's tables: pure pandas on the
+workers' files (:mod:`ds4lab.ds4.worker`), so it runs without a GPU."""
 
 from __future__ import annotations
 
@@ -15,15 +12,10 @@ from ..trace.records import GRAPH_LAUNCH_CALLS, KERNEL_LAUNCH_CALLS, api_base_na
 
 
 def read_log(path) -> dict:
-    """What a ds4 log says about its decode islands and its model load, as the one reader of ds4's stderr reads it
-    (:func:`ds4lab.trace.sources.ds4log.read_ds4_log`, lenient: a malformed profile line is not counted).
-
-    Returns a dict: ``captured`` (list of (layer, island)), ``failed`` (list of dicts: layer, island, step, error),
-    ``disabled`` (ds4 said capture is off), ``model_copy_s`` (seconds, or None), ``profile_lines`` (how many ``ds4:
-    CUDA MoE profile`` calls it holds), ``weights`` (``gpu-memory``: ds4 copied the model into GPU memory;
-    ``host-mapped``: it registered the file's mapping and reads weights over PCIe; ``unknown``: the log says neither,
-    or a copy began and never said it completed), ``capture_launch_errors`` (dicts: the launch ds4 names, the error:
-    launches that failed inside an already failed capture). A log that is not there says nothing."""
+    """What a ds4 log says about its decode islands and model load (:func:`ds4lab.trace.sources.ds4log.read_ds4_log`,
+    lenient). Returns ``captured`` [(layer, island)], ``failed`` [{layer, island, step, error}], ``disabled``,
+    ``model_copy_s`` (or None), ``profile_lines``, ``weights`` (``gpu-memory``, ``host-mapped`` or ``unknown``),
+    ``capture_launch_errors``. A missing log says nothing."""
     from ..trace.sources.ds4log import EVENT_COLUMNS, STAGES, read_ds4_log
 
     path = Path(path)
@@ -68,11 +60,8 @@ def island_table(logs: dict) -> pd.DataFrame:
 
 
 def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration and context: tokens, median µs per token (events) with its IQR, median host µs of the eval
-    call, and host / GPU.
-
-    Args:
-        tokens: the workers' ``tokens.csv`` rows (columns ``config, context, gpu_us, host_us``)."""
+    """Per configuration and context of the workers' ``tokens`` rows (``config, context, gpu_us, host_us``): tokens,
+    median µs per token with its IQR, median host µs of the eval call, and host / GPU."""
     g = tokens.groupby(["config", "context"], sort=False)
     out = g.agg(tokens=("gpu_us", "size"), us_per_token=("gpu_us", "median"),
                 q1=("gpu_us", lambda s: s.quantile(0.25)), q3=("gpu_us", lambda s: s.quantile(0.75)),
@@ -82,14 +71,9 @@ def summarize_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: float = 0.95) -> pd.DataFrame:
-    """Per context, ``base`` minus ``other`` µs per token, paired by decode position (both configurations decode the
-    same prompt token at the same position): the median of the per-position differences with its distribution-free
-    interval (:func:`ds4lab.timing.paired_difference`); ``measurable`` is False where the interval includes zero.
-    The configurations run one after the other (ds4 reads its switches once per process), so the pairs share
-    position and token, not time.
-
-    Raises:
-        KeyError: ``base`` or ``other`` has no tokens."""
+    """Per context, ``base`` minus ``other`` µs per token, paired by decode position: the median difference with its
+    interval (:func:`ds4lab.timing.paired_difference`), ``measurable`` False where it includes zero. Raises KeyError:
+    ``base`` or ``other`` has no tokens."""
     from ..timing import paired_difference
 
     rows = []
@@ -111,16 +95,10 @@ def paired_gain(tokens: pd.DataFrame, base: str, other: str, *, confidence: floa
 
 
 def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """From a recording's event table (:mod:`ds4lab.trace.events` columns) of tokens marked by NVTX ranges
-    ``decode_step``: per token (``tokens``) and per kernel name (``kernels``).
-
-    Per token: kernel launch calls, graph launches, kernels executed (eager ones and those inside graphs, joined by
-    correlation id), kernel busy µs (sum of durations), the host's span from the token's start to the end of its last
-    launch call (``enqueue_us``) and the median µs of one launch call (``launch_call_us``: CUPTI's own cost included).
-    Per kernel name: launches per token, median µs, and whether it ran inside a graph.
-
-    Raises:
-        ValueError: the table has no ``decode_step`` range."""
+    """From a recording's event table of tokens marked by NVTX ranges ``decode_step``: per token (``tokens``: launch
+    calls, graph launches, kernels executed, kernel busy µs, ``enqueue_us``, ``launch_call_us``) and per kernel name
+    (``kernels``: launches per token, median µs, in a graph or not). Raises ValueError: the table has no ``decode_step``
+    range."""
     nv = frame[(frame.kind == "nvtx") & (frame.name == "decode_step")].sort_values("start_ns")
     if nv.empty:
         raise ValueError("the recording has no NVTX range decode_step: record tokens with ds4lab.ds4.worker")
@@ -160,14 +138,9 @@ def trace_census(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def expert_data_check(frame: pd.DataFrame, random_layers, n_layers: int = 43) -> pd.DataFrame:
-    """Do ds4's kernels run faster on zeros? The synthetic model's routed experts are holes (zeros) but on
-    ``random_layers`` (random blocks, :func:`ds4lab.ds4.gguf_model.ds4_tensors`); here, per kernel name that runs
-    once per layer in every recorded token (``n_layers`` instances, in launch order = layer order), its median µs on
-    the random layers against the others.
-
-    Returns one row per such kernel: ``name``, ``random_us`` and ``hole_us`` (medians over the recorded tokens),
-    ``ratio`` (random / hole: above 1, zeros make the kernel cheaper and the run times it low), ``tokens``. Empty when
-    no layer is random or no kernel runs once per layer."""
+    """Do ds4's kernels run faster on zeros? Per kernel that runs once per layer in every recorded token, its median
+    µs on ``random_layers`` against the hole layers: rows ``name``, ``random_us``, ``hole_us``, ``ratio`` (random /
+    hole), ``tokens``; empty when no layer is random or no kernel runs once per layer."""
     random_layers = {int(x) for x in random_layers}
     cols = ["name", "random_us", "hole_us", "ratio", "tokens"]
     if not random_layers:
@@ -195,14 +168,9 @@ def expert_data_check(frame: pd.DataFrame, random_layers, n_layers: int = 43) ->
 
 
 def exactness(folder, configs, reference: str) -> pd.DataFrame:
-    """Each configuration's logits against ``reference``'s, token by token (same context, same position: both decoded
-    the same prompt token there), from the workers' ``logits-<context>.npy`` and ``tokens.csv`` in
-    ``folder/worker-<config>/``.
-
-    Returns one row per (config, context, pos): ``identical`` (every logit's bytes equal), ``n_diff`` (logits that
-    differ), ``first_diff`` (the vocabulary index of the first, or -1), ``reference`` and ``value`` there,
-    ``max_abs_diff``, and ``argmax_same``. Configurations or contexts without logits on either side give no rows.
-    """
+    """Each configuration's logits against ``reference``'s, token by token, from ``folder/worker-<config>/``. One row
+    per (config, context, pos): ``identical``, ``n_diff``, ``first_diff`` (-1 if none), ``reference`` and ``value``
+    there, ``max_abs_diff``, ``argmax_same``."""
     folder = Path(folder)
     cols = ["config", "reference", "context", "pos", "identical", "n_diff", "first_diff", "reference_value",
             "value", "max_abs_diff", "argmax_same"]

@@ -1,13 +1,6 @@
-"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end, applied to the build's copy (ds4's own
-checkout is never written to).
-
-Every site of ds4's decode token that names a stream (:data:`ROUTED`: kernel launches, cuBLAS handles, async memsets
-and copies, event records and waits, ``cuda/mmq`` entry points, ``cuda_decode_stream()`` itself) goes through one
-thread-local accessor, ``ds4lab_current_stream(site)``: unset, it returns ``site`` (ds4 bit for bit as before); set,
-the one stream a capturing driver chose. Calls a capture cannot hold (:data:`SPLITS`) are bracketed by hooks that split
-the captured token around them, counted with ds4's file and line; :data:`HOOKS` mark the token's start and end and skip
-ds4's mid-token flush while capturing. A site the rewrite cannot route is listed with its file, line and reason
-(:attr:`Rewrite.unrouted`), never skipped silently. How it works and what it measured: ``docs/ds4.md``."""
+"""Stage 0 in ds4 itself: ds4lab's rewrite of a ds4 checkout's CUDA back end (the build's copy only). Every stream
+site (:data:`ROUTED`) goes through ``ds4lab_current_stream(site)``; calls a capture cannot hold (:data:`SPLITS`) are
+bracketed by split hooks; a site that cannot be routed is listed (:attr:`Rewrite.unrouted`). ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -222,10 +215,8 @@ def _spaces(out: list, a: int, b: int) -> None:
 
 
 def split_args(code: str) -> list[tuple[int, int]]:
-    """Spans ``(start, end)`` of the top-level comma-separated items of ``code`` (blanked text between brackets).
-    Parentheses, brackets and braces nest; ``<`` opens a template argument list when an identifier is right before
-    it and no space after it (``Budget<kA, kB>::total``), a comparison never being written that way in ds4's launch
-    configurations."""
+    """Spans ``(start, end)`` of the top-level comma-separated items of ``code``; ``()[]{}`` nest, and ``<`` right
+    after an identifier with no space after it opens a template argument list (``Budget<kA, kB>::total``)."""
     spans, depth, angle, start = [], 0, 0, 0
     for k, ch in enumerate(code):
         if ch in "([{":
@@ -288,14 +279,9 @@ def mmq_stream_entries(root: Path) -> dict:
 
 
 def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = None) -> Rewrite:
-    """Rewrite the text of ds4's ``ds4_cuda.cu`` (see the module docstring). Returns the new text and every site; sites
-    that cannot be routed are in :attr:`Rewrite.unrouted` and left as they were.
-
-    Args:
-        src: the file's text.
-        file: its name in the reports.
-        mmq_entries: ``{function: stream parameter index}`` of the vendored mmq entry points
-            (:func:`mmq_stream_entries`); their stream arguments are routed at the call sites."""
+    """Rewrite the text ``src`` of ds4's ``ds4_cuda.cu`` (``file``: its name in the reports; ``mmq_entries``: the mmq
+    entry points' stream parameter, :func:`mmq_stream_entries`). Returns the new text and every site; unroutable
+    sites are in :attr:`Rewrite.unrouted` and left as they were."""
     code = blank(src)
     line_at = _line_index(src)
     lines = src.splitlines()
@@ -510,12 +496,8 @@ def _insert_prologue(out: str, code: str, site) -> str:
 
 
 def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
-    """Rewrite ``root/ds4_cuda.cu`` of a checkout copy (the build's, never the user's) in place.
-
-    Returns the :class:`Rewrite` (``write=False``: the file left as it was, for an inventory).
-
-    Raises:
-        RewriteError: the checkout has no ``ds4_cuda.cu``."""
+    """Rewrite ``root/ds4_cuda.cu`` of a checkout copy (the build's, never the user's) in place (``write=False``: an
+    inventory only); returns the :class:`Rewrite`. Raises RewriteError when the checkout has no ``ds4_cuda.cu``."""
     root = Path(root)
     target = root / TARGET
     if not target.is_file():
@@ -529,9 +511,8 @@ def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
 
 
 def other_launch_sites(root) -> list[Site]:
-    """Kernel launch sites of the checkout outside :data:`TARGET` (the vendored ``cuda/mmq`` files): not rewritten,
-    each launching on the ``stream`` parameter its entry point gets from ``ds4_cuda.cu`` (routed at the call:
-    ``mmq-entry`` sites). Listed so the inventory names every launch of the build."""
+    """Kernel launch sites outside :data:`TARGET` (the vendored ``cuda/mmq`` files, not rewritten; their ``stream`` is
+    routed at the ``mmq-entry`` call), listed so the inventory names every launch of the build."""
     root = Path(root)
     out = []
     for p in sorted(root.glob("cuda/**/*.cu*")):

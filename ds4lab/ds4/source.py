@@ -1,8 +1,5 @@
-"""A ds4 checkout as ds4lab takes it: where it is, which commit it is, and a digest of what it holds.
-
-ds4lab never copies ds4's code into its own and never writes into the user's checkout: the build
-(:mod:`ds4lab.ds4.build`) copies the source into its cache first. A checkout is a folder (a git clone, or an unpacked
-archive) or a ``.tar.gz`` of one, such as ``shared/ds4/ds4-b0309611.tar.gz``."""
+"""A ds4 checkout (folder or ``.tar.gz``) as ds4lab takes it: where it is, its commit, a digest of what it holds. The
+user's checkout is never written to (:mod:`ds4lab.ds4.build` copies it first)."""
 
 from __future__ import annotations
 
@@ -24,15 +21,9 @@ _COMMIT_IN_NAME = re.compile(r"ds4[-_]([0-9a-f]{7,40})(?:\.tar\.gz|\.tgz)?$")
 
 @dataclass(frozen=True)
 class Ds4Source:
-    """One ds4 checkout.
-
-    Attributes:
-        path: the folder or archive the user named (absolute).
-        kind: ``"folder"`` or ``"archive"``.
-        commit: the git commit (``git rev-parse HEAD`` for a clone; the ``ds4-<commit>`` part of an archive's or
-            folder's name otherwise), or ``""`` when neither says.
-        digest: SHA-256 of the source files (names and bytes, sorted), first 16 hex digits: what the build cache is
-            keyed by, so an edited checkout never reuses a stale build."""
+    """One ds4 checkout: ``path`` (absolute), ``kind`` (``"folder"`` or ``"archive"``), ``commit`` (git's, else the
+    ``ds4-<commit>`` part of the name, else ``""``), ``digest`` (SHA-256 of the sorted file names and bytes, 16 hex
+    digits: the build cache's key)."""
 
     path: Path
     kind: str
@@ -46,11 +37,8 @@ class Ds4Source:
 
 
 def locate(path) -> Ds4Source:
-    """Check that ``path`` is a ds4 checkout (folder or ``.tar.gz``) and describe it.
-
-    Raises:
-        BadInput: the path does not exist, or lacks one of :data:`REQUIRED` (named), or is an archive that cannot be
-            read."""
+    """Check that ``path`` is a ds4 checkout (folder or ``.tar.gz``) and describe it. Raises BadInput: the path does not
+    exist, or lacks one of :data:`REQUIRED` (named), or is an archive that cannot be read."""
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise BadInput(f"--source {path}: no such file or folder")
@@ -80,11 +68,8 @@ def locate(path) -> Ds4Source:
 
 
 def materialize(src: Ds4Source, dest: Path) -> Path:
-    """Put a copy of ``src``'s files in ``dest`` (created; must not exist) and return it. An archive is unpacked from
-    the folder that holds its ``ds4.h``; a folder is copied without ``.git`` and build outputs.
-
-    Raises:
-        FileExistsError: ``dest`` exists."""
+    """Copy ``src``'s files into ``dest`` (created) and return it: an archive unpacked from the folder that holds its
+    ``ds4.h``, a folder without ``.git`` and build outputs. Raises FileExistsError when ``dest`` exists."""
     import shutil
 
     dest = Path(dest)

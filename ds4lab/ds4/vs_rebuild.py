@@ -1,10 +1,5 @@
-"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): the capture ladders, the
-launch census per token, host µs per launch, what capture buys (ds4's islands against ds4lab's stage i), and kernel
-µs per token by kind; :class:`Beside` holds them for one ds4 record.
-
-Each table names where every figure came from: ds4's from a ``ds4lab ds4`` folder (its GPU, driver and ds4 commit in
-the folder's ``meta.json``), ds4lab's from a measured ladder or context record (``meta.json`` beside it) or from
-ds4lab's own model of the token (counts, no timing). Nothing here measures anything."""
+"""ds4 itself beside ds4lab's rebuild of it (notebook ``06_ds4_itself``, ``docs/ds4.md``): :class:`Beside` holds the
+tables for one ds4 record, each naming where every figure came from. Nothing here measures anything."""
 
 from __future__ import annotations
 
@@ -64,10 +59,7 @@ class Ds4Record:
 
 
 def read_ds4(folder) -> Ds4Record:
-    """Read a ``ds4lab ds4`` folder.
-
-    Raises:
-        ValueError: ``folder`` has no ``meta.json`` of job ``ds4`` (names it)."""
+    """Read a ``ds4lab ds4`` folder. Raises ValueError when ``folder`` has no ``meta.json`` of job ``ds4`` (named)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder}: no such folder (a ds4lab ds4 result folder, e.g. results/ds4-b0309611)")
@@ -111,9 +103,8 @@ def _lab_label(meta: dict) -> str:
 
 
 def lab_census(contexts=(1024,), preset: str = "ds4-flash") -> pd.DataFrame:
-    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``: kernel launches
-    and all launches per token, by cluster; counted by the launcher on a timing-only sim
-    (:func:`ds4lab.experiments.launch_list.census`: the same launch list on every backend)."""
+    """ds4lab's launch census of its ``preset`` token (long context) at each position in ``contexts``, by cluster,
+    counted on a timing-only sim (:func:`ds4lab.experiments.launch_list.census`)."""
     from ..backends import make_backend
     from ..experiments.launch_list import census
     from ..token.config import get_preset
@@ -252,11 +243,9 @@ OMISSIONS = (
 
 
 def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame:
-    """Launches and kernel µs per token by :data:`KINDS`, ds4 against ds4lab's rebuild, like for like: ``ds4_kernels``
-    maps a context to a ``kernels-islands-off-<context>.csv`` table of ds4's recorded tokens (CUPTI: ``per_token``,
-    ``us_per_token`` by kernel name); the rebuild's from its per-op record (``lab_per_op``: launches and µs per
-    token by launch site, at 1k). One row per kind and context, with ``ds4_launches``, ``ds4_us``,
-    ``rebuild_launches``, ``rebuild_us`` (blank where the rebuild has no record at that context) and
+    """Launches and kernel µs per token by :data:`KINDS`, ds4 (``ds4_kernels``: context → its
+    ``kernels-islands-off-<context>.csv``) against the rebuild (``lab_per_op``, at 1k). One row per kind and context:
+    ``ds4_launches``, ``ds4_us``, ``rebuild_launches``, ``rebuild_us`` (blank without a record),
     ``ds4_minus_rebuild_us``."""
     lab = pd.read_csv(lab_per_op) if lab_per_op is not None and Path(lab_per_op).is_file() else pd.DataFrame()
     if len(lab):
@@ -279,9 +268,8 @@ def kind_census(ds4_kernels: dict, lab_per_op=LAB_PER_OP_RECORD) -> pd.DataFrame
 
 
 def omissions(ds4_kernels: dict) -> pd.DataFrame:
-    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens at each context of
-    ``ds4_kernels`` (context → ds4's ``kernels-islands-off-<context>.csv`` table); a kernel that serves two purposes
-    counts the share of its launches the omitted work takes."""
+    """Each piece of :data:`OMISSIONS` with its launches and µs per token in ds4's recorded tokens per context of
+    ``ds4_kernels``; a kernel serving two purposes counts the omitted work's share of its launches."""
     import re as _re
 
     rows = []
@@ -329,11 +317,8 @@ LADDER_RUNGS = (("0", "0"), ("i", "i"), ("3u", "3u"), ("3", "3"))
 
 
 def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.DataFrame:
-    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder: µs per token of ds4 as shipped and of each stage on
-    ds4 rewritten by ds4lab, tokens bit-identical to ds4 as shipped) beside ds4lab's rebuild's measured ladder (its
-    record's stages 0, i, 3u, 3), one row per engine, context and stage, ``source`` naming each. A stage ds4 does
-    not have yet (3) is the rebuild's row alone; ds4's stage 3 row, where its folder recorded the replayed graph, is
-    not a measurement of stage 3 and is not here."""
+    """ds4's own capture ladder (a ``ds4lab ds4 --stages`` folder) beside the rebuild's measured ladder (stages 0, i,
+    3u, 3), one row per engine, context and stage, ``source`` naming each; stage 3 is the rebuild's alone."""
     rows = []
     lad = rec.ladder if rec is not None else pd.DataFrame()
     for r in lad.to_dict("records") if len(lad) else ():
@@ -356,9 +341,8 @@ def ladder_table(rec: Ds4Record | None, lab_ladder=LAB_LADDER_RECORD) -> pd.Data
 
 
 def ladder_figure(table: pd.DataFrame):
-    """µs per token by stage, ds4 (each context it measured) beside ds4lab's rebuild (bars,
-    :func:`ds4lab.report.plots.grouped_bars_figure`); ``None`` for an empty table. The title names where each
-    engine's figures came from."""
+    """µs per token by stage, ds4 beside ds4lab's rebuild (:func:`ds4lab.report.plots.grouped_bars_figure`), the title
+    naming each engine's source; ``None`` for an empty table."""
     if table is None or table.empty:
         return None
     from ..report import plots

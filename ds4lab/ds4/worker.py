@@ -1,12 +1,6 @@
-"""One ds4 configuration in a process of its own (ds4 reads its switches from the environment once per process):
-``python -m ds4lab.ds4.worker PLAN.json``. It opens ds4's engine and one session, and per context (ascending)
-prefills to it, runs ``warmup`` untimed decode tokens (ds4's islands capture at their second sight), then ``tokens``
-decode tokens between CUDA events on the legacy stream, keeping each token's logits (``logits-<context>.npy``;
-digest and argmax in ``tokens.csv``) so every configuration is held to ds4 as it ships bit for bit
-(:func:`ds4lab.ds4.readout.exactness`); a capturing configuration also writes ``capture.csv`` and
-``capture-args.csv``. Where asked it records ``trace_tokens`` more tokens with CUPTI, each in an NVTX range
-``decode_step`` (``trace-<context>/recording.csv.gz``, which ``ds4lab audit`` reads). It writes as it goes (progress
-as JSON lines on stdout, ``worker.json`` last); ds4's messages go to stderr, kept as ``ds4-<config>.log``."""
+"""One ds4 configuration in a process of its own (ds4 reads its switches once per process): ``python -m
+ds4lab.ds4.worker PLAN.json``. Per context it prefills, runs untimed warm-up tokens, then timed decode tokens, keeping
+each token's logits; the files it writes: ``docs/ds4.md``."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ TRACE_PASSES = 2
 
 def tokens_per_context(warmup: int, tokens: int, trace_tokens: int, traced: bool) -> int:
     """Decode tokens a worker evaluates after prefilling to one context: ``warmup`` untimed, ``tokens`` timed and, at a
-    traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded. The prompt, the session's context and the
-    spacing of contexts (``ds4lab.jobs.ds4.check_config``) are sized by it."""
+    traced context, :data:`TRACE_PASSES` × ``trace_tokens`` recorded (the prompt and the context are sized by it)."""
     return int(warmup) + int(tokens) + (TRACE_PASSES * int(trace_tokens) if traced else 0)
 
 

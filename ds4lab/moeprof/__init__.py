@@ -1,15 +1,8 @@
-"""The routed-MoE timing profiler (``ds4lab moe``): ds4's seven-event MoE profile (``DS4_CUDA_MOE_PROFILE``), which a
-stream capture refuses, and five ways to time the same stages (``xq``, ``sort``, ``gateup``, ``midq``, ``down``,
-``sum``, ``total``) that capture allows; how each works and how the profiler attaches to a model:
-``docs/moe-profiler.md``.
+"""The routed-MoE timing profiler (``ds4lab moe``): ds4's seven-event profile, which a stream capture refuses, and
+the modes that time the same stages under capture (:data:`MODES`). How each works: ``docs/moe-profiler.md``.
 
-* :mod:`.profiler`: :class:`MoeProfiler` (picks the mode, attaches, classifies each call: eager, capture, replay);
-  :mod:`.modes`: one class per mode (:data:`MODES`) behind one interface;
-* :mod:`.rows`: stages, row columns (:data:`ROW_COLUMNS`), :func:`summarize`; :mod:`.ds4log`: ds4's profile line,
-  written and read back (:func:`format_ds4_line`, :func:`profile_rows`);
-* :mod:`.workbench`: the workloads (:class:`MoeWorkbench`: tokens per step, routings), :func:`profile`; :mod:`.tokens`:
-  whole tokens (:func:`time_tokens`, :func:`token_share`, :func:`overhead_table`); :mod:`.exclusion`: the profiling ×
-  capture matrix."""
+Next: :mod:`.profiler` (:class:`MoeProfiler`), :mod:`.modes`, :mod:`.rows`, :mod:`.ds4log`, :mod:`.workbench`,
+:mod:`.whole_tokens`, :mod:`.exclusion` (the profiling × capture matrix)."""
 
 from __future__ import annotations
 

@@ -19,10 +19,9 @@ __all__ = ["ds4_lines", "format_ds4_line", "profile_rows"]
 
 # ----------------------------------------------------------------------------- one line
 def format_ds4_line(tokens: int, ms: dict, pairs: int | None = None, n_used: int = 6, digits: int = 3) -> str:
-    """ds4's stderr line for one call: ``ds4: CUDA MoE profile tokens=<n> pairs=<n*6> xq=<ms> ... total=<ms> ms``.
-
-    ``ms``: stage → milliseconds (missing stages print ``nan``; ``total`` defaults to the sum). ``pairs`` defaults to
-    ``tokens × n_used``; ``digits`` decimals per time (ds4 prints 3)."""
+    """ds4's stderr line for one call (``ds4: CUDA MoE profile tokens=<n> pairs=<n*6> xq=<ms> ... total=<ms> ms``):
+    ``ms`` stage → milliseconds (missing: ``nan``; ``total`` defaults to the sum), ``pairs`` default ``tokens ×
+    n_used``, ``digits`` decimals (ds4 prints 3)."""
     vals = {s: float(ms.get(s, math.nan)) for s in MOE_STAGES}
     total = ms.get("total")
     vals["total"] = float(sum(vals.values()) if total is None else total)
@@ -32,12 +31,9 @@ def format_ds4_line(tokens: int, ms: dict, pairs: int | None = None, n_used: int
 
 # ----------------------------------------------------------------------------- logs
 def ds4_lines(df, digits: int = 3, n_used: int | None = None, header: str | None = None) -> list[str]:
-    """One ds4 line per profiled call in ``df`` (rows with all six stages), in call order.
-
-    ``header``: where the numbers come from (e.g. ``"ds4lab moe · " + provenance.label(meta)``), put first as a ``# ``
-    comment line when there is any call. ds4's line parsers (:func:`read_ds4_log`, ``ds4lab ingest``) skip it as a
-    profile line but read it as provenance: the lines are ds4lab's, modeled when the header says ``MODELED``. Raises
-    ValueError when it is not one line starting with ``ds4lab``, or holds a profile line."""
+    """One ds4 line per profiled call in ``df`` (rows with all six stages), in call order, after ``header`` (a ``# ``
+    comment line naming where the numbers come from, which ds4's line parsers read as provenance). Raises ValueError
+    when ``header`` is not one line starting with ``ds4lab``, or holds a profile line."""
     hdr = None
     if header is not None:
         hdr = str(header).strip().lstrip("#").strip()
@@ -57,11 +53,10 @@ def ds4_lines(df, digits: int = 3, n_used: int | None = None, header: str | None
 
 
 def profile_rows(path: Path | str, n_layers: int | None = None, backend: str = "ds4"):
-    """Profile rows (:data:`ROW_COLUMNS`, mode ``ds4``, routing ``model``) from a ds4 log, as
-    :func:`ds4lab.trace.sources.ds4log.read_ds4_log` reads it (lenient: a malformed line, e.g. a stage not timed, is
-    left out); with ``n_layers``, calls are numbered token by token (layer = call index mod ``n_layers``), else
-    layer -1. A line after a ``# ds4lab ...`` header (:func:`ds4_lines`) has the header as its ``note`` and
-    ``modeled`` true when it says ``MODELED``."""
+    """Profile rows (:data:`ROW_COLUMNS`, mode ``ds4``, routing ``model``) from a ds4 log
+    (:func:`ds4lab.trace.sources.ds4log.read_ds4_log`, lenient); with ``n_layers`` layer = call index mod
+    ``n_layers``, else -1; after a ``# ds4lab ...`` header the header is the ``note``, and ``modeled`` is true when
+    it says ``MODELED``."""
     import pandas as pd
 
     d = read_ds4_log(Path(path), lenient=True).tables["ds4_moe"]

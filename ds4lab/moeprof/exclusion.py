@@ -155,12 +155,10 @@ def _short(note: str, n: int = 90) -> str:
 
 def overhead_us(wb: MoeWorkbench, row: str, column: str, tokens: int = 2, calls: int | None = None,
                 rounds: int | None = None) -> Difference:
-    """The row's mode's cost per MoE call (µs) in the column's steady state (eager calls, or replays of the graph
-    captured in the column's mode), as a paired, interleaved difference (:func:`ds4lab.timing.paired_difference`):
-    ``rounds`` rounds, each timing ``calls`` calls without profiling and ``calls`` with it (the order alternating
-    between rounds), each call bracketed by CUDA events on its stream through :func:`ds4lab.timing.time_steps` and
-    ended by a device synchronize (as ds4 ends a token) and, with the mode, its read. A difference whose interval
-    includes zero is not measurable (``Difference.measurable``)."""
+    """The row's mode's cost per MoE call (µs) in the column's steady state, as a paired, interleaved difference
+    (:func:`ds4lab.timing.paired_difference`) over ``rounds`` rounds of ``calls`` calls without and with profiling,
+    each call event-bracketed and ended by a device synchronize (as ds4 ends a token) and, with the mode, its read.
+    An interval that includes zero is not measurable (``Difference.measurable``)."""
     be = wb.be
     mode, kw = ROW_SPEC[row]
     which, _, _ = COLUMN_SPEC[column]
@@ -218,8 +216,6 @@ def agreement(a, b, names=("cupy", "sim")):
 
 
 def expected_sim_host_timed() -> dict:
-    """What the H200 conformance record implies for ds4's host-timed profile under capture: the synchronize on the
-    captured event is refused with cudaErrorCapturedEvent and the capture is invalidated
-    (``event_sync_captured[*]``: status_in_capture = invalidated, end_capture = cudaErrorStreamCaptureInvalidated),
-    in every capture mode."""
+    """What the H200 conformance record implies for ds4's host-timed profile under capture, in every mode: refused
+    with cudaErrorCapturedEvent, the capture invalidated (``event_sync_captured[*]``)."""
     return {c: ("breaks capture", "cudaErrorCapturedEvent") for c in COLUMNS if c.startswith("capture-")}

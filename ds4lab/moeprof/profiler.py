@@ -1,11 +1,6 @@
-"""The routed-MoE profiler: one object per model and mode, attached through the model's observer slot.
-
-:class:`MoeProfiler` is what callers build (``MoeProfiler(model, mode, ...)``). It chooses the mode class
-(:func:`~ds4lab.moeprof.modes.make_mode`) and does what every mode shares: it becomes the model's ``moe_observer``
-while attached (:class:`ds4lab.token.model.MoeObserver`), classifies each ``moe`` cluster run (eager, capture, replay,
-capture+replay, eager fallback after a failed capture), keeps the calls until a read, reads only when the stream is not
-capturing, and records errors. Everything that depends on the mode (points placed in a call, resources, reading) is the
-mode object's (:class:`~ds4lab.moeprof.modes.base.ProfilingMode`)."""
+"""The routed-MoE profiler (:class:`MoeProfiler`): one object per model and mode, attached as the model's
+``moe_observer``; it classifies each ``moe`` cluster run (eager, capture, replay, fallback), keeps calls until a read
+and records errors. What depends on the mode: :mod:`ds4lab.moeprof.modes`."""
 
 from __future__ import annotations
 
@@ -21,28 +16,17 @@ from .rows import Call, Probe, RowBuilder, capture_status, is_modeled, join_note
 
 
 class MoeProfiler(MoeObserver):
-    """Times the routed-MoE stages of one :class:`~ds4lab.token.model.DecodeModel` in one mode.
+    """Times the routed-MoE stages of one :class:`~ds4lab.token.model.DecodeModel` in one mode
+    (:data:`~ds4lab.moeprof.MODES`); ``routing`` labels the rows.
 
-    Args:
-        model: the model whose ``moe`` clusters are profiled (MoE-only steps or whole tokens).
-        mode: one of :data:`~ds4lab.moeprof.MODES`.
-        routing: label written into the rows.
-        guard: ``host-timed`` only: refuse while the stream captures (on by default). ``False`` runs ds4's path as is
-            (the exclusion matrix uses this to show what CUDA does).
-        fallback: ``host-timed`` only: instead of refusing under capture, hand that call to ``"in-graph"`` (``True``:
-            stamps become graph nodes and time every replay) or ``"deferred"`` (no synchronize, the capture survives,
-            but events recorded in a capture time nothing: its rows stay empty), with a warning and a note.
-        read_every: the number of calls between reads the deferred event pool and the graph-boundary brackets are sized
-            for (default: ``calls_per_read`` of :meth:`attach`, else the layers).
-        raw: report what the mechanism returns even where it cannot have timed the call (events recorded in a capture,
-            the capturing call's boundary time); default: such rows get NaN and a note. The exclusion matrix runs raw.
-        slots: stamp slot capacity (7 per distinct (layer, token count) key).
+    ``guard``, ``fallback`` (``host-timed`` only): refuse while the stream captures (default), or hand that call to
+    ``"in-graph"`` (``True``) or ``"deferred"``, with a warning and a note. ``read_every``: calls between reads the
+    pools are sized for (default: ``calls_per_read`` of :meth:`attach`, else the layers). ``raw``: report what the
+    mechanism returns even where it cannot have timed the call (the exclusion matrix). ``slots``: stamp slots. Raises
+    ValueError: an unknown mode, a fallback other than True/``"in-graph"``/``"deferred"``, or ``read_every`` < 1.
 
-    Raises:
-        ValueError: an unknown mode, a fallback other than True/``"in-graph"``/``"deferred"``, or ``read_every`` < 1.
-
-    Use :meth:`attached` as a context manager around the calls, :meth:`begin_step` / :meth:`end_step` around each token
-    (``end_step`` returns that token's rows: :data:`ROW_COLUMNS`)."""
+    Use :meth:`attached` around the calls, :meth:`begin_step` / :meth:`end_step` (its rows: :data:`ROW_COLUMNS`)
+    around each token."""
 
     def __init__(self, model: DecodeModel, mode: str, *, routing: str = "", guard: bool = True,
                  fallback: bool | str = False, read_every: int | None = None, raw: bool = False,
@@ -99,11 +83,9 @@ class MoeProfiler(MoeObserver):
             self.detach()
 
     def attach(self, calls_per_read: int | None = None) -> None:
-        """Allocate what the mode needs (outside any capture) and become the model's ``moe_observer``; set
-        ``model.opts``' ``moe_profile`` / ``moe_host_timed`` to what the mode needs.
-
-        ``calls_per_read``: calls between reads (deferred pool size); default: the model's layers. Raises
-        ``RuntimeError`` when the stream is capturing or another profiler is attached."""
+        """Allocate what the mode needs (outside any capture), become the model's ``moe_observer`` and set
+        ``model.opts``' profiling flags; ``calls_per_read`` default: the model's layers. Raises ``RuntimeError``
+        while the stream captures or another profiler is attached."""
         if self._attached:
             return
         m, be = self.model, self.be
@@ -121,12 +103,9 @@ class MoeProfiler(MoeObserver):
         self._attached = True
 
     def detach(self) -> None:
-        """Stop observing the model and restore exactly what :meth:`attach` changed.
-
-        ``model.opts``: when still the object attach installed, the one before it; when replaced meanwhile
-        (``set_options``), that replacement stays, except that ``moe_profile`` / ``moe_host_timed`` go back to their
-        value before attach where they still hold the profiler's value. ``moe_observer`` is cleared only if it is this
-        profiler."""
+        """Stop observing the model and restore what :meth:`attach` changed: ``model.opts`` (a replacement made
+        meanwhile stays, with ``moe_profile`` / ``moe_host_timed`` restored where they still hold the profiler's
+        value); ``moe_observer`` cleared only if it is this profiler."""
         if not self._attached:
             return
         m = self.model
@@ -150,10 +129,8 @@ class MoeProfiler(MoeObserver):
         self.impl.begin_step()
 
     def end_step(self) -> list[dict]:
-        """Read what the token's calls left (after the token: no mid-token synchronization). Returns rows.
-
-        While the stream is capturing nothing is read (a synchronize would break the capture): the calls wait for the
-        next read."""
+        """Read what the token's calls left; returns rows. While the stream captures nothing is read (the calls wait
+        for the next read)."""
         return self.read()
 
     # ------------------------------------------------------------------ hooks
@@ -192,11 +169,9 @@ class MoeProfiler(MoeObserver):
         self._pending.append(Call(self.token, layer, T, phase, probe, bracket, note))
 
     def around_routed_moe(self, layer: int, T: int, run):
-        """The model's hook around each routed-MoE call: the mode places this call's profiling points.
-
-        For the call only, ``model.profile_events`` holds the probe's points and, unless the probe is ds4's host-timed
-        path, ``model.opts.moe_host_timed`` is off; both are restored after it (if still the profiler's). A failing
-        call (RuntimeApiError) is recorded in :attr:`errors` and re-raised."""
+        """The model's hook around each routed-MoE call: ``model.profile_events`` holds the probe's points for the call
+        (``moe_host_timed`` off unless the probe is ds4's path), restored after it. A failing call (RuntimeApiError)
+        is recorded in :attr:`errors` and re-raised."""
         m = self.model
         status = self.status()
         phase = "eager" if status == "none" else "capture"
@@ -251,9 +226,8 @@ class MoeProfiler(MoeObserver):
 
     # ------------------------------------------------------------------ reading
     def read(self) -> list[dict]:
-        """Rows (:data:`ROW_COLUMNS`) for every call waiting to be read; nothing while the stream captures.
-
-        Synchronizes the stream first (a failure is recorded in :attr:`errors`, ``where`` = ``read``)."""
+        """Rows (:data:`ROW_COLUMNS`) for every call waiting to be read, after synchronizing the stream (a failure is
+        recorded in :attr:`errors`, ``where`` = ``read``); nothing while the stream captures."""
         if not self._pending:
             return []
         be, stream = self.be, self.model.L.stream()

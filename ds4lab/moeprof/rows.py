@@ -66,11 +66,8 @@ def join_notes(a: str, b: str) -> str:
 
 @dataclass
 class Probe:
-    """The instrumentation of one routed-MoE call (or of the graph it was captured into).
-
-    ``mode`` is the profiling mode that placed the points and reads them back (for ``host-timed`` with a fallback, the
-    in-graph or deferred mode it delegated the call to); ``points`` are what the model fires at its 7 profiling points
-    for this call (CUDA events or :class:`~ds4lab.token.model.ProfileMarker` objects; empty: none)."""
+    """The instrumentation of one routed-MoE call (or of the graph it was captured into): ``mode``, the mode that
+    placed the points and reads them back; ``points``, what the model fires at its 7 profiling points (empty: none)."""
 
     kind: str  # host, events, stamps, nvtx, none
     layer: int
@@ -130,10 +127,8 @@ class RowBuilder:
 
 
 def summarize(df):
-    """Median and IQR (ms) per mode, backend, routing, token count and stage (finite values only).
-
-    ``df``: profile rows (:data:`ROW_COLUMNS`). Returns a DataFrame with the keys and ``n``, ``median_ms``, ``p25_ms``,
-    ``p75_ms``, ``iqr_ms``, ``modeled``, stages in :data:`STAGES` order."""
+    """Median and IQR (ms) of profile rows ``df`` per mode, backend, routing, token count and stage (finite values):
+    ``n``, ``median_ms``, ``p25_ms``, ``p75_ms``, ``iqr_ms``, ``modeled``, stages in :data:`STAGES` order."""
     import pandas as pd
 
     keys = ["mode", "backend", "routing", "tokens", "stage"]

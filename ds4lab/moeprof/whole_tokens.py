@@ -1,9 +1,5 @@
-"""Whole decode tokens with a profiler attached: the MoE's share of a token and each mode's overhead, and the
-resolution of the in-graph mode's clock.
-
-Per token: µs between two events on the stream around the token, each token ended by a device synchronize (as ds4
-does), through the one timing loop (:func:`ds4lab.timing.time_steps`); costs are paired, interleaved differences with
-their interval (:func:`ds4lab.timing.paired_difference`)."""
+"""Whole decode tokens with a profiler attached: the MoE's share of a token, each mode's overhead, and the in-graph
+clock's resolution. Timing: :func:`ds4lab.timing.time_steps`; costs: :func:`ds4lab.timing.paired_difference`."""
 
 from __future__ import annotations
 
@@ -23,14 +19,10 @@ from .workbench import MoeWorkbench
 def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager", tokens: int = 8,
                 warmup: int = 2, start: int = 1000, capture_mode: str = "thread_local",
                 fallback: bool | str = False) -> dict:
-    """Decode ``tokens`` whole tokens (after ``warmup``) with ``mode`` attached (None: no profiling), through
-    :func:`ds4lab.timing.time_steps`.
-
-    Per token: µs between two events on the stream around the token, each token ended by a device synchronize (as ds4
-    does); the MoE's profiled total within it (sum over layers), read after the token, outside the timed region.
-    ``regime`` ``replayed``: the shared-expert and routed-MoE clusters captured per layer and replayed (stage 2).
-    Returns ``{"token_us": [...], "moe_us": [...], "rows": [...], "cache": GraphCache or None, "profiler": MoeProfiler
-    or None}`` (µs per timed token; ``moe_us`` NaN where no total was timed)."""
+    """Decode ``tokens`` whole tokens (after ``warmup``) with ``mode`` attached (None: no profiling), each ended by a
+    device synchronize (as ds4 does). ``regime`` ``replayed``: the shared-expert and routed-MoE clusters captured and
+    replayed (stage 2). Returns ``{"token_us": [...], "moe_us": [...] (NaN where untimed), "rows": [...], "cache":
+    GraphCache or None, "profiler": MoeProfiler or None}`` (µs per timed token)."""
     from ..token.config import token_id_at
 
     be, m = wb.be, wb.model
@@ -60,11 +52,8 @@ def time_tokens(wb: MoeWorkbench, mode: str | None = None, regime: str = "eager"
 
 
 def token_share(wb: MoeWorkbench, tokens: int = 8, warmup: int = 2, mode: str = "deferred"):
-    """The routed MoE's share of a whole decode token, eager: per token its µs and the MoE's profiled total within it
-    (``deferred``: events read after the token, no mid-token sync).
-
-    Returns a DataFrame, one row per timed token: ``token_us``, ``moe_us``, ``rest_us`` (µs), ``share`` (``moe_us /
-    token_us``), ``mode``, ``backend``, ``modeled``, ``layers``."""
+    """The routed MoE's share of a whole decode token, eager (``deferred``): a DataFrame, one row per timed token,
+    ``token_us``, ``moe_us``, ``rest_us`` (µs), ``share``, ``mode``, ``backend``, ``modeled``, ``layers``."""
     import pandas as pd
 
     r = time_tokens(wb, mode, "eager", tokens, warmup)
@@ -85,23 +74,14 @@ OVERHEAD_COLUMNS = ("mode", "regime", "us_per_token", "baseline_us", "overhead_u
 
 def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int = 2,
                    regimes=REGIMES, capture_mode: str = "thread_local", rounds: int | None = None):
-    """Each mode's cost on a whole decode token, eager and replayed (stage 2: shared-expert and routed-MoE clusters
-    captured), as a paired, interleaved difference with its 95 % interval (:func:`ds4lab.timing.paired_difference`
-    over :func:`ds4lab.timing.interleaved_pairs`): per round, the median µs of ``tokens`` tokens without profiling
-    and of ``tokens`` with the mode, the order alternating between rounds so a drift of the machine falls on both.
-    ``rounds``: default 12 on a GPU, 6 on the sim (whose modeled times do not vary). An interval that includes zero
-    is "not measurable (±x µs)" (``measurable`` False, ``overhead_us`` NaN), never a negative cost. The ``none``
-    row: the median of every baseline block.
+    """Each mode's cost on a whole decode token, eager and replayed (stage 2), as a paired, interleaved difference
+    with its 95 % interval (:func:`ds4lab.timing.paired_difference`): per round the median µs of ``tokens`` tokens
+    without and with the mode, the order alternating. ``rounds``: default 12 on a GPU, 6 on the sim. An interval
+    that includes zero is "not measurable (±x µs)" (``measurable`` False, ``overhead_us`` NaN). ``host-timed`` under
+    replay runs guarded (the MoE cluster eagerly; the ``note`` says so). On the sim a regime outside the mode's
+    ``sim_prices`` is "not modeled" (``sim_leaves_out``), NaN times.
 
-    ``host-timed`` under replay runs with its guard: the capture is refused and the MoE cluster runs eagerly (the
-    ``note`` says so); that cost is the overhead of leaving ds4's profile on. On a GPU the eager token is launch-bound,
-    so the profiler's own Python per MoE call (its hooks, its markers) counts in full there.
-
-    On the sim a mode in a regime its cost model does not price (the mode's ``sim_prices``) is not timed: its row says
-    "not modeled" and what the sim leaves out (``sim_leaves_out``), NaN times.
-
-    Returns a DataFrame with :data:`OVERHEAD_COLUMNS` (µs; ``overhead_pct`` of the baseline median); NaN and the reason
-    for an unavailable mode."""
+    Returns a DataFrame with :data:`OVERHEAD_COLUMNS` (µs; ``overhead_pct`` of the baseline median)."""
     import pandas as pd
 
     rounds = rounds or (6 if is_modeled(wb.be) else 12)

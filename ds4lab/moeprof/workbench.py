@@ -1,14 +1,7 @@
-"""The routed-MoE workloads: a model, its inputs, routing patterns, and profiled steps.
-
-Workloads (:class:`MoeWorkbench`): 1 token (decode), 2 and 3 (multi-token-prediction verification) and batches
-(16..512); routing ``uniform`` (distinct random experts per token), ``zipf`` (skewed expert popularity), ``hash`` (the
-model's hash-routed layers, through ``model.router``) and ``worst`` (every token to the same ``n_used`` experts).
-Except for ``hash``, the chosen expert ids and weights are written into the router's output buffers
-(``model.moe_buf.ids``/``wts``) on the device, on the current stream, after the router ran and before the routed-MoE
-launches, so the sort, the tiles and the expert load really change; the router stays outside the timed stages.
-
-:func:`iter_profile` / :func:`profile` run steps with a :class:`~ds4lab.moeprof.MoeProfiler` attached, eagerly or with
-the MoE cluster captured and replayed."""
+"""The routed-MoE workloads (:class:`MoeWorkbench`): 1, 2, 3 tokens and batches (16..512), routings ``uniform``,
+``zipf``, ``hash`` (the model's own hash layers) and ``worst``; except for ``hash``, the chosen ids and weights are
+written into the router's output buffers on the device after the router ran, so sort, tiles and expert load really
+change. :func:`iter_profile` / :func:`profile` run steps with a :class:`~ds4lab.moeprof.MoeProfiler` attached."""
 
 from __future__ import annotations
 
@@ -35,18 +28,10 @@ ZIPF_S = 1.2
 class MoeWorkbench:
     """A model, its inputs and the routing patterns for routed-MoE steps (see the module docstring).
 
-    Args:
-        be: ``cupy`` or ``sim`` backend (the ``numpy`` executor has no clock: refused).
-        cfg: model configuration; ``max_tokens`` is raised to the largest token count.
-        max_tokens: largest token count a step will use.
-        n_layers: build only the first layers (default: all).
-        stream: ``"non-blocking"`` (default: needed for capture) or ``"legacy"``.
-        counts_clear: the routed-MoE counts clear (``"async"``: the capture-safe fix, default).
-        vocab: build the vocabulary projection (whole-token timing).
-        seed: routing and input seed.
-
-    Raises:
-        ValueError: a backend without timing (``numpy``), or an unknown ``stream``."""
+    ``be``: ``cupy`` or ``sim`` (``numpy`` has no clock); ``cfg``'s ``max_tokens`` is raised to ``max_tokens``;
+    ``stream``: ``"non-blocking"`` (default, needed for capture) or ``"legacy"``; ``counts_clear`` default ``"async"``;
+    ``vocab``: build the vocabulary projection; ``seed``: routing and input seed. Raises ValueError: a backend without
+    timing (``numpy``), or an unknown ``stream``."""
 
     def __init__(self, be, cfg, *, max_tokens: int = 512, n_layers: int | None = None, stream: str = "non-blocking",
                  counts_clear: str = "async", vocab: bool = False, seed: int = 0) -> None:
@@ -178,16 +163,11 @@ def iter_profile(wb: MoeWorkbench, mode: str, tokens: int, routing: str, steps: 
                  regime: str = "auto", capture_mode: str = "thread_local", warmup: int | None = None,
                  fallback: bool | str = False, guard: bool = True, read_every: int | None = None,
                  raw: bool = False) -> Iterator[list[dict]]:
-    """Profile ``steps`` steps of ``tokens`` tokens with ``routing``; yields each step's rows.
-
-    ``regime``: ``eager``, ``replayed`` (the MoE cluster captured once per layer and token count, then replayed), or
-    ``auto`` (replayed for graph-boundary and in-graph, else eager). ``warmup`` steps run first and are not reported
-    (default: 1 eager, 2 replayed: warm-up and capture). The other options go to :class:`~ds4lab.moeprof.MoeProfiler`.
-    Rows: :data:`ROW_COLUMNS`, ``ms`` in milliseconds. Afterwards ``wb.last_profiler`` and ``wb.last_cache`` hold the
-    profiler and the graph cache (None eagerly).
-
-    Raises:
-        ValueError: an unknown regime, routing or mode, ``tokens`` outside ``1..max_tokens``, a bad fallback."""
+    """Profile ``steps`` steps of ``tokens`` tokens with ``routing``; yields each step's rows (:data:`ROW_COLUMNS`,
+    ``ms``). ``regime``: ``eager``, ``replayed`` or ``auto`` (the mode's ``auto_regime``); ``warmup`` steps are not
+    reported (default 1 eager, 2 replayed). Afterwards ``wb.last_profiler`` and ``wb.last_cache`` hold the profiler and
+    the graph cache (None eagerly). Raises ValueError: an unknown regime, routing or mode, ``tokens`` outside
+    ``1..max_tokens``, a bad fallback."""
     if regime == "auto":
         regime = auto_regime(mode)
     if regime not in REGIMES:

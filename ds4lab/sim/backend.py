@@ -1,17 +1,8 @@
 """The ``sim`` backend: the decode token on a modeled GPU, on the CPU.
 
-Numbers come from the NumPy reference, exactly as the ``numpy`` backend computes them (a launch's ``ref`` callback into
-NumPy buffers), so a token on ``sim`` is bit-identical to one on ``numpy``. *When* work runs follows CUDA's rules for
-streams, events, stream capture and graphs (:mod:`ds4lab.sim.runtime`, rules in :data:`ds4lab.sim.runtime.RULES`), and
-*how long* it takes is modeled from a calibration file (:mod:`ds4lab.sim.costmodel`). Every time this backend reports
-is a model, never a measurement: ``measures_time`` is False, ``models_time`` is True.
-
-Device memory lives in an arena (:mod:`ds4lab.sim.memory`), so a buffer that is freed and re-allocated with the same
-size gets the same memory, and a replayed graph that still points at the freed buffer writes into its new owner, as on
-a GPU. In ``timing_only`` mode nothing is computed: buffers and weights are phantom arrays (right shape, dtype and
-``nbytes``, no memory), so the full ``ds4-flash`` token runs in well under a second of Python; only tiny int32 buffers
-(the token's scalars, :data:`SMALL_REAL_INTS`) stay real and take their host copies, so that the kernels that set
-conditional nodes from the position (stage ``3cc``) send a modeled replay down the branch the position asks for."""
+Numbers come from the NumPy reference (bit-identical to the ``numpy`` backend); *when* work runs follows CUDA's rules
+(:mod:`ds4lab.sim.runtime`, :data:`ds4lab.sim.rules.RULES`); *how long* it takes is modeled from a calibration
+(:mod:`ds4lab.sim.costmodel`), never measured. Memory and timing-only mode: ``docs/sim.md``."""
 
 from __future__ import annotations
 
@@ -77,23 +68,11 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
 
 
 class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, ModeledTime):
-    """A modeled GPU on the CPU (see module docstring).
-
-    Args:
-        seed: weight seed (as the other backends).
-        timing_only: compute no numbers (phantom buffers); only the timing and the rules run.
-        calibration: a calibration JSON path or dict; default: ``$DS4LAB_CALIBRATION`` when set, else the shipped
-            ``ds4lab/data/h200.json``.
-        threads_enabled: tell host threads apart (capture modes, per-thread streams). False: all callers count as one
-            thread.
-        invalidated_ops: what work on an invalidated capture does: ``"drop"`` (silently, default) or ``"raise"``
-            (``cudaErrorStreamCaptureInvalidated``, as the Programming Guide says).
-
-    Beyond :class:`~ds4lab.executor.base.Backend`: :meth:`per_thread_stream`, :meth:`exchange_capture_mode`,
-    :meth:`capture_info`, :meth:`address`, :attr:`host_time_us`, :attr:`timeline`, :meth:`stream_ready_us`,
-    :meth:`reset_clock`, :attr:`escapes`, :attr:`dropped`, :attr:`rules`, :attr:`calibration`, :attr:`models_time`,
-    :meth:`is_pinned`; the host-side calls (copies to and from host memory, pinned memory, host queries, cuBLAS
-    handles) come from :class:`~ds4lab.sim.host_api.HostApiMixin`."""
+    """A modeled GPU on the CPU (see module docstring): ``seed`` as the other backends; ``timing_only``: no numbers
+    (phantom buffers), only the timing and the rules; ``calibration``: a JSON path or dict (default
+    ``$DS4LAB_CALIBRATION``, else ``ds4lab/data/h200.json``); ``threads_enabled``: tell host threads apart (False: one
+    thread); ``invalidated_ops``: work on an invalidated capture ``"drop"`` (default) or ``"raise"``
+    (``cudaErrorStreamCaptureInvalidated``). Host-side calls: :class:`~ds4lab.sim.host_api.HostApiMixin`."""
 
     name = "sim"
     is_gpu = False
@@ -121,9 +100,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
 
     # ------------------------------------------------------------------ memory
     def _alloc(self, shape, dtype, owner: str, *, pool: bool, call: str) -> np.ndarray:
-        """One device allocation. ``pool``: a memory-pool allocation (CuPy's ``empty``): served from a freed block of
-        the same size without a ``cudaMalloc``, else the pool grows (``cudaMalloc``, an unsafe call during capture).
-        Not ``pool``: a ``cudaMalloc`` every time."""
+        """One device allocation: ``pool`` (CuPy's ``empty``) takes a freed block of the same size, else grows the pool
+        (a ``cudaMalloc``, unsafe during capture); not ``pool``: a ``cudaMalloc`` every time."""
         dt = np.dtype(dtype)
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -235,10 +213,8 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
                 node.info = b.addr
 
     def read(self, buf) -> np.ndarray:
-        """A synchronous device-to-host copy on the accessor's current stream (``cupy.asnumpy``).
-
-        Refused by CuPy (``cupy:D2HDisallowed``) while that stream captures (rule ``d2h_in_capture``). In timing-only
-        mode returns NaN (float32 NaN for non-float buffers): no numbers exist."""
+        """A synchronous device-to-host copy on the accessor's stream (``cupy.asnumpy``), refused while that stream
+        captures (rule ``d2h_in_capture``); NaN in timing-only mode (float32 NaN for non-float buffers)."""
         call = "cudaMemcpy (device to host)"
         rt = self.rt
         with rt.lock:
@@ -450,11 +426,9 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         return self.cal.kernel_us(kernel, nbytes) * self.rt.dev.kernel_factor
 
     def model_context(self, context: int | None) -> float:
-        """Price every kernel the device runs from now on (eager launches and graph nodes, whenever captured) at the
-        calibration's kernel time factor at ``context`` (a decode position; None: at ``kernel_time_scale``):
-        :meth:`ds4lab.sim.costmodel.Device.set_context`, the factor
-        :meth:`ds4lab.sim.costmodel.Calibration.scale_at` gives. Returns that factor (dimensionless). Raises
-        ValueError for a context that is not positive."""
+        """Price every kernel run from now on at the calibration's kernel time factor at ``context`` (a decode
+        position; None: ``kernel_time_scale``; :meth:`ds4lab.sim.costmodel.Device.set_context`). Returns the factor.
+        Raises ValueError for a context that is not positive."""
         return self.rt.dev.set_context(context)
 
     def modeled_copy_GBps(self) -> tuple[float, str]:

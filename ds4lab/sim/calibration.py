@@ -1,16 +1,8 @@
-"""Calibration files: one JSON Schema, checked field by field, and what identifies a file.
+"""Calibration files: one JSON Schema (:data:`SCHEMA`), checked field by field, and what identifies a file.
 
-A calibration holds the sim cost model's constants (:mod:`ds4lab.sim.costmodel`). Every file, shipped or pointed at
-with ``$DS4LAB_CALIBRATION``, is validated against :data:`SCHEMA` with ``jsonschema`` before any number is used: every
-field's type, every number finite and in a physical range, every key known. A file that fails raises
-:class:`~ds4lab.errors.CalibrationError` (a ``ValueError``; the command line exits with status 2) naming the file and
-each bad key path (``kernels.moe_sum.fixed_us``), so a ``NaN`` or a string never reaches the cost model, a ladder or a
-figure.
-
-:func:`calibration_info` gives what a result records about the calibration it used: name, path, SHA-256 of the bytes,
-and whether it is a file shipped with ds4lab (figure titles name the path and hash otherwise, so an edited copy never
-passes for the shipped H200 file). :func:`default_calibration_path` says which file is used when none is named
-(``$DS4LAB_CALIBRATION``, else the shipped measured file)."""
+Every calibration (shipped, or named by ``$DS4LAB_CALIBRATION``) is validated before any number is used; a bad one
+raises :class:`~ds4lab.errors.CalibrationError` naming the file and each bad key path. :func:`calibration_info` is
+what a result records (name, path, SHA-256, shipped or not). The cost model: :mod:`ds4lab.sim.costmodel`."""
 
 from __future__ import annotations
 
@@ -152,18 +144,9 @@ def _problems(d: Any) -> list[tuple[str, str]]:
 
 
 def validate(d: Any, path: str = "<dict>") -> dict:
-    """Check a calibration (parsed JSON) against :data:`SCHEMA`.
-
-    Args:
-        d: the parsed calibration.
-        path: the file it came from (for the message).
-
-    Returns:
-        ``d`` itself when valid.
-
-    Raises:
-        CalibrationError: naming ``path`` and every ``(key path, problem)``: a wrong type (``"fast" is not of type
-            'number'``), a number that is not finite or out of range, a missing required key, an unknown key."""
+    """Check a calibration ``d`` (parsed JSON, from ``path``) against :data:`SCHEMA`; returns ``d``. Raises
+    CalibrationError: naming ``path`` and every ``(key path, problem)``: wrong type, a number not finite or out of
+    range, a missing or unknown key."""
     problems = _problems(d)
     if problems:
         raise CalibrationError(path, problems)
@@ -239,9 +222,8 @@ def shipped_files() -> list[Path]:
 
 
 def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
-    """Whether ``path`` is one of ds4lab's shipped calibration files with exactly the bytes that ship (its SHA-256 in
-    :data:`MANIFEST`); an edit in place, or any other file in ``ds4lab/data``, is not shipped. ``sha256``: the
-    file's hash when the caller has it already."""
+    """Whether ``path`` is a shipped calibration file with exactly the shipped bytes (SHA-256 in :data:`MANIFEST`;
+    ``sha256`` if the caller has it); an edit in place, or any other file in ``ds4lab/data``, is not shipped."""
     p = Path(path).resolve()
     if p.parent != DATA_DIR.resolve():
         return False
@@ -257,11 +239,8 @@ def is_shipped(path: str | Path, sha256: str | None = None) -> bool:
 
 
 def refuse_shipped(path: str | Path) -> None:
-    """Refuse to write a calibration into ds4lab's own data folder (``ds4lab/data``): the shipped files are the H200
-    record every modeled figure names, and that folder holds only what ships.
-
-    Raises:
-        CalibrationError: naming ``path`` and where to write instead (exit 2)."""
+    """Refuse to write a calibration into ``ds4lab/data`` (it holds only what ships). Raises CalibrationError naming
+    ``path`` and where to write instead (exit 2)."""
     p = Path(path)
     try:
         inside = p.resolve().parent == DATA_DIR.resolve()
@@ -277,18 +256,9 @@ def refuse_shipped(path: str | Path) -> None:
 def calibration_info(src: str | Path | dict | None = None) -> dict:
     """What identifies a calibration, for ``meta.json`` and figure titles.
 
-    Args:
-        src: a calibration file path, a calibration dict (hashed as canonical JSON: sorted keys, no spaces), or None
-            for the default (``$DS4LAB_CALIBRATION`` or the shipped file).
-
-    Returns:
-        ``{"name": str, "path": str | None, "sha256": str (64 hex digits), "shipped": bool}``:
-        ``shipped`` is True only for a file in ds4lab's own ``data`` folder whose bytes are the
-        ones that ship (:func:`is_shipped`: an edited copy anywhere, an edit in place, or another
-        file put in that folder is not shipped).
-
-    Raises:
-        CalibrationError: the file cannot be read or is not a valid calibration."""
+    ``src``: a file path, a dict (hashed as canonical JSON: sorted keys, no spaces), or None (the default file). Returns
+    ``{"name", "path" (or None), "sha256" (64 hex digits), "shipped"}``; ``shipped`` as :func:`is_shipped`. Raises
+    CalibrationError: the file cannot be read or is not a valid calibration."""
     if src is None:
         src = default_calibration_path()
     if isinstance(src, dict):
@@ -311,11 +281,8 @@ def title_label(info: dict) -> str:
 
 
 def backend_calibration(be) -> dict | None:
-    """:func:`calibration_info` of the calibration a backend models time with, for a job's ``meta["calibration"]``
-    (None for a backend that measures or claims no time).
-
-    Uses the backend's ``calibration`` dict (``path`` of the file it loaded; a calibration given as a dict has no path
-    and is hashed from its ``name`` entry only, ``shipped`` False)."""
+    """:func:`calibration_info` of the calibration a backend models time with, for ``meta["calibration"]`` (None for a
+    backend that claims no modeled time; a calibration given as a dict is hashed from its ``name`` only)."""
     cal = be.calibration  # a declared capability: None where time is not modeled
     if not isinstance(cal, dict):
         return None

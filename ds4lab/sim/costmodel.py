@@ -1,36 +1,8 @@
 """The ``sim`` backend's timing model: a calibration, a host clock, a device, a timeline.
 
-Every figure here is *modeled*, never measured. The model (all times in µs):
-
-* **host**: one clock. Each API call advances it by its host cost: an eager kernel launch ``host_launch_us`` (on the
-  H200 about 10 µs, CuPy's launch plus the op's Python), a graph launch ``host_graph_launch_us``, every other call
-  ``host_api_us``; ds4lab's own Python around a graph-cache launch ``host_graph_call_us`` and around a kernel-node
-  update ``host_node_update_us`` (charged by the launch layer: ``SimBackend.model_host_work``). Work becomes visible to
-  the device when its call returns (the *submit* time). ``event_synchronize``, ``stream_synchronize``, ``synchronize``
-  and reads move the host clock forward to the time the device reaches the awaited point.
-* **device**: executes one kernel (or memset) at a time; host/device copies run on a copy engine beside it (they wait
-  for their stream, not for the device). A kernel takes ``fixed_us + nbytes / (bandwidth_GBps * 1e3)`` (bytes / (GB/s ·
-  1e3) = µs), with per-kernel ``{fixed_us, bandwidth_GBps}`` overrides from the calibration's ``kernels``. It starts at
-  the latest of: its submit time, its stream's previous work, the events its stream waited on, the legacy stream's
-  implicit synchronisation, and the device being free.
-* **graph replay**: the nodes are paced by the device, not the host: node ``i`` may start ``graph_node_us`` after node
-  ``i-1`` started being launched (instead of one host launch gap per kernel), and no earlier than the previous node's
-  end.
-
-The calibration's keys, their units and ranges: :data:`ds4lab.sim.calibration.SCHEMA`.
-
-* **kernel time factor**: every compute kernel's time is multiplied by the calibration's factor at the context being
-  modeled (:meth:`Calibration.scale_at`): ``kernel_time_scale_by_context`` interpolated linearly in log2(context), held
-  constant outside its contexts; ``kernel_time_scale`` where that key is absent or no context is set. A ladder or
-  context job names the context (:meth:`ds4lab.sim.backend.SimBackend.model_context`); the device applies the factor
-  when it runs a kernel (:attr:`Device.kernel_factor`), so a graph captured at another context is priced at this one.
-
-* **programmatic edges** (stages 3p, 3cp, 3ccp): a kernel node reached by a programmatic edge starts while its
-  predecessor drains; it is priced ``pdl_edge_us`` less than its fit, never below half of it
-  (:meth:`Calibration.programmatic_us`). **Conditional nodes** (stage 3cc): the device evaluates each one reached in a
-  replay, ``graph_conditional_us`` before its body (or the next node) can start.
-
-Every fit of these constants is in :mod:`ds4lab.calibration`."""
+Every figure here is *modeled*, never measured (µs). The model (host clock, device, graph replay, kernel time factor,
+programmatic edges, conditional nodes): ``docs/sim.md``, "The timing model". The calibration's keys:
+:data:`ds4lab.sim.calibration.SCHEMA`; the fits: :mod:`ds4lab.calibration`."""
 
 from __future__ import annotations
 
@@ -64,11 +36,9 @@ MEASURED_NOTE = "MEASURED"
 
 
 def guessed(cal: dict) -> dict[str, str]:
-    """The constants of :data:`GUESSED` that calibration ``cal`` (a parsed calibration dict) still guesses, each with
-    its :data:`GUESSED` reason: all of them, except those ``cal`` both sets and marks measured (its ``notes``
-    object's entry for the key begins with :data:`MEASURED_NOTE`, as ``ds4lab calibrate --from-context`` writes it:
-    :func:`ds4lab.calibration.from_context.fit_capture_stages`). The shipped calibration sets neither: both GUESS.
-    """
+    """The constants of :data:`GUESSED` that calibration ``cal`` still guesses, with their reasons: all but those it
+    sets and marks measured (its ``notes`` entry begins with :data:`MEASURED_NOTE`, as ``calibrate --from-context``
+    writes it)."""
     notes = cal.get("notes") if isinstance(cal.get("notes"), dict) else {}
     return {k: why for k, why in GUESSED.items()
             if not (cal.get(k) is not None and str(notes.get(k, "")).startswith(MEASURED_NOTE))}
@@ -95,7 +65,7 @@ def stand_in(name: str) -> str | None:
 
 @dataclass
 class Calibration:
-    """The constants of the cost model (see module docstring for the schema)."""
+    """The constants of the cost model (schema: :data:`ds4lab.sim.calibration.SCHEMA`)."""
 
     name: str
     device: str
@@ -111,36 +81,21 @@ class Calibration:
     kernels: dict = field(default_factory=dict)
     copy_GBps: float | None = None
     h2d_GBps: float = 25.0
-    #: Device idle between two dependent kernel nodes of a replayed graph, beyond their CUPTI
-    #: durations (µs): what a plan built from traced kernel durations adds per node boundary
-    #: (``ds4lab.audit.plans``). The sim's own kernel fits are per-launch times that include it.
+    #: Device idle between two dependent kernel nodes of a replayed graph beyond their CUPTI durations (µs), what a
+    #: plan from traced durations adds per node boundary (``ds4lab.audit.plans``).
     graph_node_gap_us: float = 0.0
-    #: Device idle between two eager kernels on the device even when the host has run ahead (µs): the
-    #: device fetching the next launch from the stream's queue, which a graph's nodes are spared
-    #: (they pay ``graph_node_us`` pacing instead). 0 in ds4lab's own calibrations (their kernel fits
-    #: are per-launch times that include it); fitted from another engine's recorded eager tokens
-    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: kernel span minus busy time per boundary).
+    #: Device idle between two eager kernels even when the host has run ahead (µs; graph nodes are spared it);
+    #: 0 in ds4lab's own calibrations, fitted by :func:`ds4lab.calibration.from_ds4.fit_from_ds4`.
     eager_gap_us: float = 0.0
-    #: ds4lab's own host work around each graph launch of its launch layer and graph cache (keys,
-    #: lookup, stream choice), on top of ``host_graph_launch_us`` (the bare ``cudaGraphLaunch``), µs.
+    #: ds4lab's own host work around each graph-cache launch, on top of ``host_graph_launch_us`` (µs).
     host_graph_call_us: float = 0.0
-    #: ds4lab's own host work per kernel-node update of a cached graph (stage i+: planning the
-    #: call's launches, packing the node's parameters), on top of the update call (``host_api_us``),
-    #: µs. Both fitted from a measured ladder (:func:`ds4lab.calibration.from_ladder.fit_host_from_ladder`).
+    #: ds4lab's own host work per kernel-node update (stage i+), on top of ``host_api_us`` (µs).
     host_node_update_us: float = 0.0
-    #: Every kernel's modeled time is multiplied by this: 1 for ds4lab's own kernels; another
-    #: engine's total kernel time over ds4lab's for a calibration made from that engine
-    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: ds4's kernels, ds4lab's launch list). With
-    #: ``kernel_time_scale_by_context``, the factor where no context is named (older readers use it).
+    #: Every kernel's modeled time is multiplied by this (the schema says where it comes from).
     kernel_time_scale: float = 1.0
-    #: The kernel time factor by context: ``((context, scale), ...)``, contexts (positions) positive and
-    #: strictly ascending, each scale finite in (0, 100]; :meth:`scale_at` interpolates it linearly in
-    #: log2(context) and holds it constant outside the first and last context. None: ``kernel_time_scale``
-    #: at every context. Fitted from another engine's runs at several contexts
-    #: (:func:`ds4lab.calibration.from_ds4.fit_from_ds4`: its kernels' growth with context is not ds4lab's).
+    #: ``((context, scale), ...)``: the kernel time factor by context (:meth:`scale_at`); None: ``kernel_time_scale``.
     kernel_time_scale_by_context: tuple | None = None
-    #: device µs a kernel node reached by a programmatic edge gains over its fit (its launch overlaps its
-    #: predecessor's drain): GUESSED until the H200 measures it
+    #: device µs a kernel node reached by a programmatic edge gains over its fit: GUESSED until the H200 measures it
     pdl_edge_us: float = 0.5
     #: device µs to evaluate one conditional node in a replay: GUESSED until the H200 measures it
     graph_conditional_us: float = 1.0
@@ -148,12 +103,9 @@ class Calibration:
 
     @classmethod
     def load(cls, src: "str | Path | dict | Calibration | None" = None) -> "Calibration":
-        """From a JSON path, a dict with the schema's keys, None (the default file), or a :class:`Calibration` already
-        loaded (returned as it is: checked when it was loaded).
-
-        Raises:
-            CalibrationError (a ValueError): the file cannot be read, or a field breaks
-                :data:`ds4lab.sim.calibration.SCHEMA` (names the file and every key path)."""
+        """From a JSON path, a dict, None (the default file), or a :class:`Calibration` (returned as it is). Raises
+        CalibrationError (a ValueError): unreadable file, or a field that breaks :data:`ds4lab.sim.calibration.SCHEMA`
+        (names the file and every key path)."""
         if isinstance(src, Calibration):
             return src
         path = None
@@ -183,12 +135,9 @@ class Calibration:
                 "device": self.device}
 
     def scale_at(self, context: int | None) -> float:
-        """The kernel time factor at ``context`` (a decode position, > 0): ``kernel_time_scale_by_context`` exact at
-        its listed contexts, linear in log2(context) between two of them, the first (last) listed scale below
-        (above) them; ``kernel_time_scale`` without that key or with ``context`` None. Dimensionless.
-
-        Raises:
-            ValueError: ``context`` not a positive number (names it)."""
+        """The kernel time factor (dimensionless) at ``context`` (a decode position > 0; None: ``kernel_time_scale``):
+        ``kernel_time_scale_by_context`` linear in log2(context) between its contexts, held constant outside them.
+        Raises ValueError: ``context`` not a positive number (names it)."""
         pts = self.kernel_time_scale_by_context
         if context is None or not pts:
             return self.kernel_time_scale
@@ -205,10 +154,8 @@ class Calibration:
 
     # ------------------------------------------------------------------ device times
     def kernel_us(self, name: str, nbytes: int) -> float:
-        """Modeled GPU time of kernel ``name`` moving ``nbytes`` (µs) at ``kernel_time_scale``: its own fit, else the
-        fit of the kernel it stands in for (:func:`stand_in`), else the general line. At a modeled context the
-        device multiplies it by :attr:`Device.kernel_factor` (the factor :meth:`scale_at` that context over
-        ``kernel_time_scale``)."""
+        """Modeled GPU time (µs) of kernel ``name`` moving ``nbytes`` at ``kernel_time_scale``: its own fit, else its
+        stand-in's (:func:`stand_in`), else the general line; the device applies :attr:`Device.kernel_factor`."""
         o = self.kernels.get(name) or self.kernels.get(stand_in(name) or "")
         if o:
             us = float(o.get("fixed_us", self.kernel_fixed_us)) + nbytes / (
@@ -251,9 +198,9 @@ class Device:
         self.kernel_factor = 1.0
 
     def set_context(self, context: int | None) -> float:
-        """Price the kernels run from now on at ``context`` (a decode position; None: at ``kernel_time_scale``, as
-        priced): :attr:`kernel_factor` becomes ``cal.scale_at(context) / cal.kernel_time_scale``. Returns the factor
-        at ``context`` (:meth:`Calibration.scale_at`). Raises ValueError for a context that is not positive."""
+        """Price the kernels run from now on at ``context`` (None: at ``kernel_time_scale``): :attr:`kernel_factor`
+        becomes ``cal.scale_at(context) / cal.kernel_time_scale``. Returns ``cal.scale_at(context)``; ValueError for a
+        context that is not positive."""
         scale = self.cal.scale_at(context)
         self.kernel_factor = 1.0 if scale == self.cal.kernel_time_scale else scale / self.cal.kernel_time_scale
         return scale

@@ -1,13 +1,6 @@
-"""The simulated runtime's conditional nodes, capture into an existing graph and programmatic launches:
-:class:`SimDeviceGraphsMixin` (the :class:`~ds4lab.executor.device_graphs.DeviceGraphApi` of
-:class:`~ds4lab.sim.backend.SimBackend`), its handles (:class:`SimCondHandle`) and what a conditional node holds
-(:class:`CondInfo`). Every call follows a rule of :mod:`ds4lab.sim.rules_device` (through the runtime's ``_fail`` /
-``_applied``, so the audit's rule log sees them): a capture's graph exists from the first
-``cudaStreamGetCaptureInfo`` on; a conditional node owns its empty bodies and joins the capture once its
-dependencies are updated; ``cudaStreamBeginCaptureToGraph`` captures into a body; at a replay the handle decides
-which bodies run (:meth:`CondInfo.run_bodies`) after default handles are reset; a programmatic launch after a kernel
-node is an edge priced at replay (:meth:`ds4lab.sim.costmodel.Calibration.programmatic_us`). A condition-setting
-kernel's NumPy reference calls :meth:`SimCondHandle.set` (``always``: in timing-only mode too)."""
+"""The simulated runtime's conditional nodes, capture into an existing graph and programmatic launches
+(:class:`SimDeviceGraphsMixin`, the sim's :class:`~ds4lab.executor.device_graphs.DeviceGraphApi`). Every call follows a
+rule of :mod:`ds4lab.sim.rules_device`; stages and semantics: ``docs/capture-stages.md``, "The sim"."""
 
 from __future__ import annotations
 
@@ -94,6 +87,20 @@ def _graph_reaches(graph: Graph, owner: Graph) -> bool:
     return False
 
 
+def _check_live(graph, call: str) -> None:
+    if not isinstance(graph, Graph) or graph.destroyed:
+        raise CudaError("cudaErrorInvalidValue", call, f"{graph!r} is not a live sim graph")
+
+
+def _node_indices(nodes, pool: list, call: str, not_ours) -> list[int]:
+    """The indices of ``nodes`` in ``pool``; cudaErrorInvalidValue (``not_ours(node)``) for one that is not there."""
+    nodes = list(nodes)
+    for n in nodes:
+        if not isinstance(n, Node) or n.idx >= len(pool) or pool[n.idx] is not n:
+            raise CudaError("cudaErrorInvalidValue", call, not_ours(n))
+    return [n.idx for n in nodes]
+
+
 class SimDeviceGraphsMixin(DeviceGraphApi):
     """:class:`DeviceGraphApi` on the simulated runtime (mixed into :class:`~ds4lab.sim.backend.SimBackend`: it uses
     the backend's ``rt`` and ``launch``)."""
@@ -123,8 +130,7 @@ class SimDeviceGraphsMixin(DeviceGraphApi):
         call = "cudaGraphConditionalHandleCreate"
         rt = self.rt
         with rt.lock:
-            if not isinstance(graph, Graph) or graph.destroyed:
-                raise CudaError("cudaErrorInvalidValue", call, f"{graph!r} is not a live sim graph")
+            _check_live(graph, call)
             rt._applied("conditional_handle", call)
             rt.dev.host(rt.cal.host_api_us)
             return SimCondHandle(next(rt._ids), graph, default, assign_default)
@@ -134,8 +140,7 @@ class SimDeviceGraphsMixin(DeviceGraphApi):
         rt = self.rt
         check_kind(kind)
         with rt.lock:
-            if not isinstance(graph, Graph) or graph.destroyed:
-                raise CudaError("cudaErrorInvalidValue", call, f"{graph!r} is not a live sim graph")
+            _check_live(graph, call)
             if not isinstance(handle, SimCondHandle):
                 raise CudaError("cudaErrorInvalidValue", call, f"{handle!r} is not a sim conditional handle")
             if not size_allowed(kind, int(size)):
@@ -143,11 +148,8 @@ class SimDeviceGraphsMixin(DeviceGraphApi):
             if not _graph_reaches(graph, handle.graph):
                 rt._fail("conditional_handle_other_graph", call, (),
                          f"handle {handle.id} belongs to graph {handle.graph.id}, not to graph {graph.id} or above it")
-            idx = []
-            for d in deps:
-                if not isinstance(d, Node) or d.idx >= len(graph.nodes) or graph.nodes[d.idx] is not d:
-                    raise CudaError("cudaErrorInvalidValue", call, f"dependency {d!r} is not a node of graph {graph.id}")
-                idx.append(d.idx)
+            idx = _node_indices(deps, graph.nodes, call,
+                                lambda d: f"dependency {d!r} is not a node of graph {graph.id}")
             bodies = [Graph(next(rt._ids), [], 0, parent=graph) for _ in range(int(size))]
             node = Node(len(graph.nodes), "conditional", kind, None, tuple(idx), 0.0, "",
                         CondInfo(handle, kind, bodies))
@@ -168,11 +170,7 @@ class SimDeviceGraphsMixin(DeviceGraphApi):
             if seq.status != "active":
                 rt._on_invalidated(seq, call)
                 return
-            idx = []
-            for n in nodes:
-                if not isinstance(n, Node) or n.idx >= len(seq.nodes) or seq.nodes[n.idx] is not n:
-                    raise CudaError("cudaErrorInvalidValue", call, f"{n!r} is not a node of capture {seq.id}'s graph")
-                idx.append(n.idx)
+            idx = _node_indices(nodes, seq.nodes, call, lambda n: f"{n!r} is not a node of capture {seq.id}'s graph")
             s.tail = tuple(idx) if replace else tuple(sorted(set(s.tail) | set(idx)))
             rt._applied("capture_dependencies_update", call)
 
@@ -180,8 +178,7 @@ class SimDeviceGraphsMixin(DeviceGraphApi):
         call = "cudaStreamBeginCaptureToGraph"
         rt = self.rt
         with rt.lock:
-            if not isinstance(graph, Graph) or graph.destroyed:
-                raise CudaError("cudaErrorInvalidValue", call, f"{graph!r} is not a live sim graph")
+            _check_live(graph, call)
             rt.begin_capture(stream, mode)  # the rules of cudaStreamBeginCapture (legacy stream, twice, mode)
             seq = rt._stream(stream, call).capture
             seq.graph, seq.nodes = graph, graph.nodes

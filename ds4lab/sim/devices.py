@@ -1,15 +1,9 @@
 """Several simulated devices in one process: peer copies and NCCL collectives (tensor parallelism).
 
-:class:`SimNode` holds one :class:`SimDeviceBackend` per device, each with its own runtime (:class:`DeviceRuntime`:
-streams, legacy stream, captures, clocks, memory); what CUDA keeps per thread or process (capture interaction modes,
-the unsafe-call rule) is shared. Between devices: peer copies (:meth:`SimNode.memcpy_peer_async`,
-:meth:`SimNode.memcpy_peer`) and one :class:`SimComm` per rank (:meth:`SimNode.comm_init_all`) whose
-:meth:`SimComm.all_reduce` is ``ncclAllReduce`` (sum) on a stream: executed eagerly, a kernel node when captured; the
-k-th execution of each rank meets the k-th of every other (rule ``nccl_pair``), and a mismatch, a non-uniform capture
-or a peer that never arrives (``nccl:timeout`` after :attr:`SimNode.collective_timeout_s`, where a GPU would hang) is
-raised on every rank concerned. The calling thread waits for its peers inside an eager call (one thread per rank, as
-NCCL's multi-thread mode has it). Costs (µs, MODELED, GUESS until measured): :class:`LinkModel`. The rules and what
-waits for the two-GPU machine: ``docs/tensor-parallel.md``."""
+:class:`SimNode` holds one :class:`SimDeviceBackend` per device (each its own :class:`DeviceRuntime`); capture modes
+and the unsafe-call rule are shared. :class:`SimComm` is one rank's ``ncclAllReduce``; a mismatch, a non-uniform
+capture or a peer that never arrives is raised on every rank concerned. Costs: :class:`LinkModel` (GUESS). The rules
+and the model: ``docs/tensor-parallel.md``, "The sim learns two devices"."""
 
 from __future__ import annotations
 
@@ -32,13 +26,8 @@ from .runtime import Runtime
 
 @dataclass(frozen=True)
 class LinkModel:
-    """Modeled costs between two devices (GUESS: to be measured on the two-GPU machine).
-
-    Attributes:
-        peer_fixed_us: fixed cost of one peer copy on the device (µs).
-        peer_GBps: peer copy bandwidth (GB/s; NVLink between two H200s).
-        nccl_fixed_us: fixed cost of one small all-reduce between two devices (µs; NCCL's LL protocol).
-        nccl_GBps: all-reduce bus bandwidth (GB/s)."""
+    """Modeled costs between two devices (GUESS until measured): ``peer_fixed_us`` and ``peer_GBps`` of one peer copy,
+    ``nccl_fixed_us`` and ``nccl_GBps`` (bus bandwidth) of one all-reduce."""
 
     peer_fixed_us: float = 3.0
     peer_GBps: float = 300.0
@@ -153,13 +142,10 @@ class SimCommGroup:
         self.log: list[tuple] = []
 
     def meet(self, rank: int, sig: tuple, graph: bool, send, recv, t_us: float, rt: Runtime, call: str) -> float:
-        """Rank ``rank`` executes its next collective (rules nccl_pair, nccl_mismatch, nccl_nonuniform, nccl_timeout).
-        Blocks until every rank executed its collective of the same position, or the node's timeout. Returns the
-        modeled device time the collective starts at on every rank.
-
-        Raises:
-            CollectiveError: ``nccl:mismatch``, ``nccl:nonuniform-capture`` or ``nccl:timeout`` (also for every
-                collective after the communicator broke)."""
+        """Rank ``rank`` executes its next collective and waits for every rank's of the same position (rules nccl_pair,
+        nccl_mismatch, nccl_nonuniform, nccl_timeout); returns the modeled start time. Raises CollectiveError:
+        ``nccl:mismatch``, ``nccl:nonuniform-capture`` or ``nccl:timeout`` (also for every collective after the
+        communicator broke)."""
         timeout = self.node.collective_timeout_s
         with self.cond:
             if self.broken is not None:
@@ -239,13 +225,9 @@ class SimComm:
         return self.group.world
 
     def all_reduce(self, send, recv, stream, op: str = "sum") -> None:
-        """``ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream)``: ``recv`` (float32, the same size
-        as ``send``; may be ``send``) becomes the sum of every rank's ``send``.
+        """``ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, stream)`` (``recv`` may be ``send``).
 
-        Eagerly the collective executes now (meeting its peers; see :meth:`SimCommGroup.meet`); on a capturing stream
-        it becomes a kernel node (rule nccl_capture) that executes at every replay. On the legacy stream while a
-        blocking stream of this device captures: refused as any legacy-stream work (rule legacy_implicit). Rule
-        nccl_global_multithread first.
+        Eager: executes now (:meth:`SimCommGroup.meet`); captured: a kernel node (rule nccl_capture).
 
         Raises:
             ValueError: another element type than float32, or sizes that differ.
@@ -295,16 +277,9 @@ def _copy_bytes(dst, src) -> None:
 class SimNode:
     """One host with ``n_devices`` simulated GPUs in one process (see module docstring).
 
-    Args:
-        n_devices: devices (>= 2 for anything between devices).
-        seed, timing_only, calibration, invalidated_ops: as :class:`~ds4lab.sim.backend.SimBackend`, for every device
-            (one calibration loaded once).
-        collective_timeout_s: how long a collective waits for its peers before ``nccl:timeout`` (host seconds; the
-            sim's stand-in for a hang).
-        link: the modeled costs between devices (:class:`LinkModel`).
-
-    Raises:
-        ValueError: ``n_devices < 1`` or a timeout that is not positive."""
+    ``seed``, ``timing_only``, ``calibration``, ``invalidated_ops``: as :class:`~ds4lab.sim.backend.SimBackend`, for
+    every device; ``collective_timeout_s``: host seconds a collective waits for its peers before ``nccl:timeout``;
+    ``link``: :class:`LinkModel`. Raises ValueError: ``n_devices < 1`` or a timeout that is not positive."""
 
     name = "sim"
 
@@ -352,10 +327,8 @@ class SimNode:
         return device != peer
 
     def enable_peer_access(self, device: int, peer: int) -> None:
-        """``cudaDeviceEnablePeerAccess(peer)`` on ``device``.
-
-        Raises CudaError: cudaErrorPeerAccessAlreadyEnabled the second time, cudaErrorInvalidDevice for ``device ==
-        peer`` (RT cudaDeviceEnablePeerAccess)."""
+        """``cudaDeviceEnablePeerAccess(peer)`` on ``device``. Raises CudaError: cudaErrorPeerAccessAlreadyEnabled the
+        second time, cudaErrorInvalidDevice for ``device == peer``."""
         call = "cudaDeviceEnablePeerAccess"
         if not self.can_access_peer(device, peer):
             raise CudaError("cudaErrorInvalidDevice", call, f"device {device} cannot access itself as a peer")
@@ -366,9 +339,8 @@ class SimNode:
 
     # ------------------------------------------------------------------ peer copies
     def memcpy_peer_async(self, dst, dst_device: int, src, src_device: int, stream, device: int) -> None:
-        """``cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, stream)`` with ``stream`` a stream of
-        ``device`` (the source or destination device). Eagerly the copy runs in stream order (rule peer_copy); on a
-        capturing stream it is a memcpy node (rule peer_copy_capture, GUESS) that copies at every replay.
+        """``cudaMemcpyPeerAsync`` on ``stream`` of ``device`` (either end): stream-ordered (rule peer_copy), a
+        memcpy node when captured (rule peer_copy_capture, GUESS).
 
         Raises:
             ValueError: sizes differ, or ``device`` is neither end of the copy.
@@ -395,9 +367,8 @@ class SimNode:
             rt._applied("peer_copy_capture" if capturing else "peer_copy", call)
 
     def memcpy_peer(self, dst, dst_device: int, src, src_device: int) -> None:
-        """``cudaMemcpyPeer`` (ds4's tensor-parallel copies): serialized with all work of both devices, the host waits
-        for it. While a capture is live on either device: rules memcpy_peer_implicit (a blocking stream captures
-        there: raises, that capture invalidated) and memcpy_peer_escape (it runs now and is in no graph).
+        """``cudaMemcpyPeer``: serialized with all work of both devices; the host waits. During a capture on either
+        device: rules memcpy_peer_implicit and memcpy_peer_escape.
 
         Raises:
             ValueError: sizes differ.
@@ -433,9 +404,8 @@ class SimNode:
         self.backend(src_device).rt.dev.wait_host(end)  # the calling thread's clock (GUESS: the source's)
 
     def wait_stream(self, device: int, stream, timeout_s: float | None = None) -> None:
-        """Wait for ``stream`` of ``device`` (``cudaStreamSynchronize``): the GPU node polls it with a timeout
-        (:meth:`ds4lab.backends.cupy_nccl.CupyNode.wait_stream`); on the sim a collective that never completes has
-        raised already, in the call that executed it."""
+        """``cudaStreamSynchronize`` of ``stream`` on ``device`` (a collective that never completes has raised already,
+        in the call that executed it)."""
         self.backend(device).stream_synchronize(stream)
 
     def abort_all(self) -> list[str]:

@@ -60,14 +60,8 @@ class GraphExec:
 
 
 class Graphs:
-    """The graph calls of the simulated runtime, as a collaborator of :class:`~ds4lab.sim.runtime.Runtime`.
-
-    What it asks of the runtime (``rt``), and nothing else: its lock, device clock and calibration (``lock``, ``dev``,
-    ``cal``), handle ids (``_ids``), stream lookup and the legacy stream (``_stream``, ``legacy``, ``live``,
-    ``_legacy_use``, ``escapes``, ``_earliest``), whether nodes compute (``compute``), the rules (``_fail``), and the
-    event calls a captured event node falls back to (``event_record``, ``stream_wait_event``, ``_captured``,
-    ``_on_invalidated``). What it owns: the executables whose last launch left graph allocations unfreed (rule
-    graph_launch_unfreed)."""
+    """The graph calls of the simulated runtime, a collaborator of :class:`~ds4lab.sim.runtime.Runtime` (``rt``); it
+    owns the executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed)."""
 
     def __init__(self, rt) -> None:
         self.rt = rt
@@ -76,16 +70,9 @@ class Graphs:
 
     # ------------------------------------------------------------------ graphs
     def instantiate(self, g: Graph, flags: int = 0) -> GraphExec:
-        """``cudaGraphInstantiateWithFlags``: an executable graph.
-
-        Args:
-            g: a graph from :meth:`end_capture` or :meth:`graph_create`.
-            flags: ``cudaGraphInstantiateFlags`` bits (AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4, UseNodePriority
-                8).
-
-        Raises:
-            CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags, instantiate_device_launch),
-                cudaErrorNotSupported (rule instantiate_mem_nodes_twice)."""
+        """``cudaGraphInstantiateWithFlags`` of ``g``; ``flags``: AutoFreeOnLaunch 1, Upload 2, DeviceLaunch 4,
+        UseNodePriority 8. Raises CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags,
+        instantiate_device_launch), cudaErrorNotSupported (rule instantiate_mem_nodes_twice)."""
         call = "cudaGraphInstantiate"
         if not isinstance(g, Graph) or g.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
@@ -141,9 +128,8 @@ class Graphs:
             return Graph(next(self.rt._ids), [], 0)
 
     def add_child(self, g: Graph, child: Graph) -> None:
-        """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes).
-
-        Raises cudaErrorNotSupported for a child with memory allocation or free nodes."""
+        """``cudaGraphAddChildGraphNode`` after ``g``'s last node (rules child_graph, child_graph_mem_nodes); raises
+        cudaErrorNotSupported for a child with memory allocation or free nodes."""
         call = "cudaGraphAddChildGraphNode"
         with self.rt.lock:
             if not isinstance(g, Graph) or not isinstance(child, Graph):
@@ -174,18 +160,13 @@ class Graphs:
         return None
 
     def exec_update(self, ex: GraphExec, g: Graph) -> None:
-        """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches.
-
-        CUDA Runtime API, cudaGraphExecUpdate, and Programming Guide "Updating Instantiated Graphs" → "Whole graph
-        update": nodes are paired in order; another node count or other dependencies (TopologyChanged), another node
-        type (NodeTypeChanged) or a memory node (NotSupported, GUESS) refuse the update and leave the executable
-        unchanged. A kernel's function may change (rule update_function). Host cost: one API call plus ``host_api_us /
-        8`` per node (modeled).
+        """``cudaGraphExecUpdate``: take ``g``'s node parameters when its topology matches (RT cudaGraphExecUpdate).
+        Host cost: one API call plus ``host_api_us / 8`` per node (modeled).
 
         Raises:
             GraphExecUpdateError: ``cudaErrorGraphExecUpdateFailure`` with ``result`` (the
                 ``cudaGraphExecUpdateResult`` name) and ``node_type`` (the failing node of ``g``, or None when the node
-                counts differ).
+                counts differ); the executable is unchanged.
             CudaError: cudaErrorInvalidValue for arguments that are not a sim executable / graph."""
         call = "cudaGraphExecUpdate"
         if not isinstance(ex, GraphExec) or not isinstance(g, Graph) or ex.destroyed:
@@ -201,15 +182,10 @@ class Graphs:
 
     def exec_kernel_node_set_params(self, ex: GraphExec, index: int, name: str, gpu_us: float,
                                           fn, info) -> None:
-        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): the executable's ``index``-th kernel
-        node (capture order) takes new work — ``fn`` (the launch's reference, None in timing-only mode), its modeled
-        ``gpu_us`` and ``info`` (grid, block, args, shared, nbytes) — for later launches; the graph it came from is
-        unchanged (the executable gets its own copy of the node list on its first update). Host cost: one API call
-        (modeled; ds4lab's planning around it is priced by the launch layer: ``model_host_work``).
-
-        Raises:
-            CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
-                than the node's (the sim refuses a function change: GUESS, ds4lab never asks for one)."""
+        """``cudaGraphExecKernelNodeSetParams`` (rule kernel_node_set_params): kernel node ``index`` (capture order)
+        takes ``fn``, ``gpu_us`` and ``info`` for later launches; the graph is unchanged. Host cost: one API call.
+        Raises CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
+        than the node's (GUESS)."""
         call = "cudaGraphExecKernelNodeSetParams"
         if not isinstance(ex, GraphExec) or ex.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
@@ -267,15 +243,11 @@ class Graphs:
         ``ge`` is not ``what`` (destroyed, or not an executable)."""
         if not isinstance(ge, GraphExec) or ge.destroyed:
             raise CudaError("cudaErrorInvalidValue", call, f"{ge!r} is not {what}")
-        s = self.rt._stream(stream, call)
-        if s is self.rt.legacy and self.rt.live:
-            self.rt._legacy_use(call)
-        return s
+        return self.rt._used_stream(stream, call)
 
     def upload(self, ge: GraphExec, stream: Any) -> None:
-        """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only).
-
-        Raises cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture)."""
+        """``cudaGraphUpload``: prepare ``ge`` on ``stream`` without running it (host cost only); raises
+        cudaErrorStreamCaptureUnsupported into a capturing stream (rule graph_upload_in_capture)."""
         call = "cudaGraphUpload"
         with self.rt.lock:
             s = self._exec_stream(ge, stream, call, "a live executable graph")
@@ -284,10 +256,8 @@ class Graphs:
             self.rt.dev.host(self.rt.cal.host_api_us)
 
     def memory_free(self, addr: int) -> bool:
-        """A free, outside the graph, of memory a launched graph allocated (rule graph_free_outside).
-
-        Returns True when ``addr`` was such an allocation (now freed: the executable may launch again), False otherwise
-        (the caller frees it as ordinary memory)."""
+        """A free outside the graph of memory a launched graph allocated (rule graph_free_outside): True when ``addr``
+        was one (the executable may launch again), False otherwise (the caller frees ordinary memory)."""
         with self.rt.lock:
             for ex in self._launched:
                 if addr in ex.unfreed:
@@ -378,12 +348,7 @@ class Graphs:
                 fallback(stream, e)
                 return
             self.rt.dev.host(self.rt.cal.host_api_us)
-            if seq.status != "active":
-                self.rt._on_invalidated(seq, call, e.name)
-                return
-            node = Node(len(seq.nodes), kind, e.name, None, s.tail, 0.0, s.name, e)
-            seq.nodes.append(node)
-            s.tail = (node.idx,)
+            self.rt._append_node(seq, s, call, kind, e.name, None, 0.0, e, rule=None)
 
     @staticmethod
     def nodes(g: Graph) -> list[dict]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CudaError
 from ..executor.base import HOST_QUERIES
 from ..capture.stream import LEGACY_STREAM
 
@@ -83,32 +84,26 @@ class HostApiMixin:
 
     def free_host(self, arr: np.ndarray) -> None:
         """``cudaFreeHost`` (rule unsafe_host_call). Raises CudaError for an array not from :meth:`host_alloc`."""
-        from ..errors import CudaError
-
-        if id(arr) not in self._pinned_ids():
-            raise CudaError("cudaErrorInvalidValue", "cudaFreeHost", "not memory from cudaHostAlloc")
-        self.rt.unsafe_call("cudaFreeHost", "unsafe_host_call")
+        self._pin_call(arr, "cudaFreeHost", True, "cudaErrorInvalidValue", "not memory from cudaHostAlloc")
         self._pinned_ids().discard(id(arr))
 
     def host_register(self, arr: np.ndarray) -> None:
         """``cudaHostRegister`` (rule unsafe_host_call). Raises CudaError for memory registered already
         (``cudaErrorHostMemoryAlreadyRegistered``)."""
-        from ..errors import CudaError
-
-        if id(arr) in self._pinned_ids():
-            raise CudaError("cudaErrorHostMemoryAlreadyRegistered", "cudaHostRegister", "already page-locked")
-        self.rt.unsafe_call("cudaHostRegister", "unsafe_host_call")
+        self._pin_call(arr, "cudaHostRegister", False, "cudaErrorHostMemoryAlreadyRegistered", "already page-locked")
         self._pinned_ids().add(id(arr))
 
     def host_unregister(self, arr: np.ndarray) -> None:
         """``cudaHostUnregister`` (rule unsafe_host_call). Raises CudaError for memory not registered
         (``cudaErrorHostMemoryNotRegistered``)."""
-        from ..errors import CudaError
-
-        if id(arr) not in self._pinned_ids():
-            raise CudaError("cudaErrorHostMemoryNotRegistered", "cudaHostUnregister", "not registered")
-        self.rt.unsafe_call("cudaHostUnregister", "unsafe_host_call")
+        self._pin_call(arr, "cudaHostUnregister", True, "cudaErrorHostMemoryNotRegistered", "not registered")
         self._pinned_ids().discard(id(arr))
+
+    def _pin_call(self, arr: np.ndarray, call: str, pinned: bool, error: str, detail: str) -> None:
+        """Raise ``error`` unless ``arr`` is pinned as ``pinned`` says, then rule unsafe_host_call for ``call``."""
+        if self.is_pinned(arr) != pinned:
+            raise CudaError(error, call, detail)
+        self.rt.unsafe_call(call, "unsafe_host_call")
 
     def is_pinned(self, arr: np.ndarray) -> bool:
         """Whether ``arr`` came from :meth:`host_alloc` or was registered (what a trace calls pinned)."""

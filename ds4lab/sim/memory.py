@@ -1,20 +1,5 @@
-"""Simulated device memory: an arena allocator, and phantom arrays for timing-only runs.
-
-The ``sim`` backend backs every device allocation (``empty``, ``zeros``, ``malloc``, ``malloc_async``, ``from_host``)
-with a slice of a few large NumPy byte arrays (chunks), so a buffer has a stable *device address* and two buffers can
-share memory the way two CUDA allocations can after a free:
-
-* a freed block goes to a free list keyed by its (aligned) size, and the next allocation of the same size takes the
-  most recently freed block of that size (LIFO, like a caching allocator's exact-size bins). So "free, then allocate
-  the same size" returns the *same* memory;
-* the array object of a freed buffer stays a view of the arena. A captured graph that still points at it (kernel
-  arguments are addresses) therefore writes into whatever buffer owns that memory now: the silent-corruption hazard of
-  CUDA graphs that outlive a buffer (CUDA Programming Guide, "CUDA Graphs": a graph's kernel nodes keep the pointers
-  they were captured with).
-
-Phantom arrays (:func:`phantom`) have the shape, dtype and ``nbytes`` of a real buffer but hold one element of memory:
-``np.broadcast_to`` of a 0-d array. They are read-only, so any write into one raises, which keeps a timing-only run
-honest (no numbers are computed)."""
+"""Simulated device memory: an arena allocator with exact-size LIFO reuse (a freed-and-reallocated buffer gets the
+same memory, as on a GPU), and read-only phantom arrays for timing-only runs. Why: ``docs/sim.md``, "Device memory"."""
 
 from __future__ import annotations
 
@@ -125,14 +110,8 @@ class Arena:
 
     def block_of(self, a: np.ndarray) -> Block | None:
         """The block whose memory starts at ``a``'s data pointer (None when ``a`` is not an arena array)."""
-        if not isinstance(a, np.ndarray) or not self.chunks:
-            return None
-        ptr = a.__array_interface__["data"][0]
-        for ci, c in enumerate(self.chunks):
-            base = c.__array_interface__["data"][0]
-            if base <= ptr < base + c.nbytes:
-                return self._blocks.get(self._chunk_base[ci] + (ptr - base))
-        return None
+        addr = self.address(a)
+        return None if addr is None else self._blocks.get(addr)
 
     def address(self, a: np.ndarray) -> int | None:
         """The simulated device address of ``a``'s first byte (None when not in the arena)."""

@@ -1,13 +1,7 @@
-"""The simulator's rules for graph construction inside a capture, conditional nodes and programmatic dependent launch:
-the stages ``3cc`` (conditional nodes) and ``3p`` / ``3cp`` / ``3ccp`` (programmatic edges) rely on each of them,
-and each has a conformance scenario (``ds4lab/conformance/device_graphs.py``), run on the H200 with no disagreement
-(``docs/measurements/h200-2026-12-02-ds4/conformance``).
-
-The entries are ``(when, outcome, error, invalidates, source)``, the fields of :class:`ds4lab.sim.rules.Rule`;
-:mod:`ds4lab.sim.rules` adds them to :data:`~ds4lab.sim.rules.RULES` (the one table of what the simulator claims).
-Sources: ``RT`` = CUDA Runtime API reference (function and structure named), ``PG`` = CUDA Programming Guide ("CUDA
-Graphs" → "Conditional Graph Nodes"; "Programmatic Dependent Launch and Synchronization"). "Checked on the H200" marks
-what no source states and the conformance record settles."""
+"""The simulator's rules for graph construction inside a capture, conditional nodes and programmatic dependent launch
+(stages ``3cc``, ``3p``, ``3cp``, ``3ccp``), each with a conformance scenario in
+``ds4lab/conformance/device_graphs.py``. Entries are :class:`ds4lab.sim.rules.Rule` fields; :mod:`ds4lab.sim.rules`
+adds them to its ``RULES``. ``RT``, ``PG`` as there."""
 
 from __future__ import annotations
 

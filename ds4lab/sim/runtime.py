@@ -1,15 +1,8 @@
-"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU (:class:`Runtime`; graphs in
-:mod:`ds4lab.sim.graphs`, handles in :mod:`ds4lab.sim.objects`, the rules in :mod:`ds4lab.sim.rules`). It knows
-nothing of arrays or kernels: work is a callable plus a modeled duration; :class:`ds4lab.sim.backend.SimBackend`
-adapts the backend contract onto it, and the time is :mod:`ds4lab.sim.costmodel`'s.
+"""A model of the CUDA runtime's streams, events, stream capture and graphs, on the CPU (:class:`Runtime`).
 
-Eager work runs when it is enqueued (one host thread issues work in dependency order, so every stream and event
-dependency holds). Captured work is not run: it becomes a :class:`Node` holding the callable as issued (scalars by
-value, buffers by reference, as a kernel node keeps them), called again at each :meth:`Graphs.launch`. Streams: the
-legacy stream (synchronizing with every blocking stream), blocking and non-blocking streams, per-thread default
-streams. Every capture rule is an entry of :data:`RULES` raised through :meth:`Runtime._fail`: the table is the one
-place to read or change what the simulator claims. Sources: CUDA Programming Guide, "Asynchronous execution" and "CUDA
-Graphs" → "Stream Capture"; the CUDA Runtime API reference; the H200 record (``shared/context/gpu-facts.md``)."""
+Work is a callable plus a modeled duration: eager work runs when enqueued, captured work becomes a :class:`Node` run
+again at each graph launch. Every capture rule is an entry of :data:`ds4lab.sim.rules.RULES`, raised through
+:meth:`Runtime._fail`. Next: :mod:`ds4lab.sim.graphs`, :mod:`ds4lab.sim.objects`, :mod:`ds4lab.sim.backend`."""
 
 from __future__ import annotations
 
@@ -36,12 +29,9 @@ __all__ = ["Runtime", "MODES", "RULES", "Rule", "SimStream", "SimEvent", "Node",
 class Runtime:
     """Streams, events, captures, graphs and the modeled clock (see module docstring).
 
-    Args:
-        cal: the cost model's constants.
-        compute: call the work callables (False: timing only, nothing is computed).
-        threads_enabled: tell threads apart (False: every caller counts as one thread, so capture modes and per-thread
-            streams cannot distinguish threads).
-        invalidated_ops: ``"drop"`` or ``"raise"`` (rule ``after_invalidation``)."""
+    ``cal``: the cost model's constants; ``compute``: call the work callables (False: timing only);
+    ``threads_enabled``: tell threads apart; ``invalidated_ops``: ``"drop"`` or ``"raise"`` (rule
+    ``after_invalidation``)."""
 
     def __init__(self, cal: Calibration, *, compute: bool = True, threads_enabled: bool = True,
                  invalidated_ops: str = "drop") -> None:
@@ -98,6 +88,13 @@ class Runtime:
         if isinstance(stream, SimStream):
             return stream
         raise CudaError("cudaErrorInvalidResourceHandle", call, f"{stream!r} is not a sim stream")
+
+    def _used_stream(self, stream: Any, call: str) -> SimStream:
+        """:meth:`_stream`, with rule ``legacy_implicit`` applied to a use of the legacy stream."""
+        s = self._stream(stream, call)
+        if s is self.legacy and self.live:
+            self._legacy_use(call)
+        return s
 
     def _legacy_use(self, call: str) -> None:
         """Rule ``legacy_implicit``: the legacy stream may not be used while a blocking stream captures."""
@@ -163,10 +160,8 @@ class Runtime:
             return s
 
     def per_thread_stream(self) -> SimStream:
-        """The calling thread's per-thread default stream (``cudaStreamPerThread``).
-
-        It does not synchronise with other created streams, but, not being a non-blocking stream, it does synchronise
-        with the legacy stream (PG, "Per-thread default stream")."""
+        """The calling thread's per-thread default stream: synchronises with the legacy stream, not with other created
+        streams (PG, "Per-thread default stream")."""
         with self.lock:
             tid = self._tid()
             s = self._per_thread.get(tid)
@@ -195,10 +190,8 @@ class Runtime:
     # ------------------------------------------------------------------ work
     def enqueue(self, stream: Any, kind: str, name: str, fn: Callable[[], None] | None, gpu_us: float,
                 call: str, host_us: float | None = None, info: Any = None) -> Node | None:
-        """Issue one piece of work (kernel, memset, memcpy) on ``stream``.
-
-        Returns the graph node when captured, else None. Applies ``legacy_implicit``, ``legacy_escape``,
-        ``capture_node`` and ``after_invalidation``."""
+        """Issue one piece of work (kernel, memset, memcpy) on ``stream``; the graph node when captured, else None
+        (rules legacy_implicit, legacy_escape, capture_node, after_invalidation)."""
         with self.lock:
             s = self._stream(stream, call)
             if s is self.legacy and self.live:
@@ -209,14 +202,7 @@ class Runtime:
             seq = s.capture
             if seq is not None:
                 self.dev.host(cost)
-                if seq.status != "active":
-                    self._on_invalidated(seq, call, name)
-                    return None
-                node = Node(len(seq.nodes), kind, name, fn, s.tail, gpu_us, s.name, info)  # rule capture_node
-                self._applied("capture_node", call)
-                seq.nodes.append(node)
-                s.tail = (node.idx,)
-                return node
+                return self._append_node(seq, s, call, kind, name, fn, gpu_us, info)
             if self.live and s is not self.legacy:
                 self._applied("uncaptured_stream", call)
             submit = self.dev.host(cost)
@@ -228,26 +214,30 @@ class Runtime:
             _, s.ready_us = self.dev.run(s.name, name, earliest, gpu_us, kind, occupies=kind != "memcpy")
             return None
 
+    def _append_node(self, seq: "CaptureSeq", s: SimStream, call: str, kind: str, name: str, fn, gpu_us: float,
+                     info: Any = None, rule: str | None = "capture_node") -> Node | None:
+        """A node after ``s``'s tail in capture ``seq`` (rule ``rule``); None, dropped, when ``seq`` is invalidated
+        (rule after_invalidation)."""
+        if seq.status != "active":
+            self._on_invalidated(seq, call, name)
+            return None
+        node = Node(len(seq.nodes), kind, name, fn, s.tail, gpu_us, s.name, info)
+        if rule:
+            self._applied(rule, call)
+        seq.nodes.append(node)
+        s.tail = (node.idx,)
+        return node
+
     def host_op(self, stream: Any, kind: str, name: str, fn: Callable[[], None] | None, call: str,
                 capture_fn: Callable[[], None] | None = None) -> Node | None:
-        """A zero-duration stream-ordered operation (``cudaMallocAsync``/``cudaFreeAsync``).
-
-        Eagerly ``fn`` runs now; captured, a node runs ``capture_fn`` at each replay."""
+        """A zero-duration stream-ordered operation (``cudaMallocAsync``/``cudaFreeAsync``): ``fn`` runs now, or,
+        captured, a node runs ``capture_fn`` at each replay."""
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             seq = s.capture
             self.dev.host(self.cal.host_api_us)
             if seq is not None:
-                if seq.status != "active":
-                    self._on_invalidated(seq, call, name)
-                    return None
-                node = Node(len(seq.nodes), kind, name, capture_fn, s.tail, 0.0, s.name)
-                self._applied("capture_node", call)
-                seq.nodes.append(node)
-                s.tail = (node.idx,)
-                return node
+                return self._append_node(seq, s, call, kind, name, capture_fn, 0.0)
             if self.live:
                 self._applied("legacy_escape" if s is self.legacy else "uncaptured_stream", call)
             if fn is not None:
@@ -277,9 +267,7 @@ class Runtime:
     def event_record(self, stream: Any, e: SimEvent) -> None:
         """``cudaEventRecord``: eager, the time the stream reaches it; captured, a set of nodes."""
         with self.lock:
-            s = self._stream(stream, "cudaEventRecord")
-            if s is self.legacy and self.live:
-                self._legacy_use("cudaEventRecord")
+            s = self._used_stream(stream, "cudaEventRecord")
             submit = self.dev.host(self.cal.host_api_us)
             seq = s.capture
             if seq is not None:
@@ -309,9 +297,7 @@ class Runtime:
         """``cudaStreamWaitEvent``: a timing dependency eagerly; fork / join / refusal in capture."""
         call = "cudaStreamWaitEvent"
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             self.dev.host(self.cal.host_api_us)
             ec, sc = self._captured(e), s.capture
             if sc is not None and sc.status != "active":
@@ -356,13 +342,10 @@ class Runtime:
                 self.dev.wait_host(e.time_us)
 
     def event_query(self, e: SimEvent) -> bool:
-        """``cudaEventQuery``: True when the device has reached the event at the current host time, False for
-        ``cudaErrorNotReady`` (the documented "pending" answer).
+        """``cudaEventQuery``: True when the device has reached the event, False for ``cudaErrorNotReady``.
 
-        Raises cudaErrorCapturedEvent (last recorded in an active capture, which is invalidated: rule
-        event_query_captured), cudaErrorInvalidValue (last recorded in an invalidated or ended capture: rules
-        event_query_invalidated, event_after_capture), or cudaErrorStreamCaptureUnsupported (rule unsafe_call).
-        """
+        Raises cudaErrorCapturedEvent (rule event_query_captured), cudaErrorInvalidValue (rules
+        event_query_invalidated, event_after_capture) or cudaErrorStreamCaptureUnsupported (rule unsafe_call)."""
         call = "cudaEventQuery"
         with self.lock:
             q = self._captured(e)
@@ -407,9 +390,7 @@ class Runtime:
     def stream_synchronize(self, stream: Any) -> None:
         call = "cudaStreamSynchronize"
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             if s.capture is not None:
                 self._fail("stream_sync_capturing", call, [s.capture], f"{s.name} is capturing")
             if self.live:
@@ -420,15 +401,11 @@ class Runtime:
     def stream_query(self, stream: Any) -> bool:
         """``cudaStreamQuery``: True when all the stream's work is done, False for ``cudaErrorNotReady``.
 
-        Raises cudaErrorStreamCaptureUnsupported (the stream is in an active capture, which is invalidated: rule
-        stream_query_capturing), cudaErrorStreamCaptureInvalidated (its capture is invalidated: rule
-        stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream while a blocking stream captures).
-        """
+        Raises cudaErrorStreamCaptureUnsupported (rule stream_query_capturing), cudaErrorStreamCaptureInvalidated
+        (rule stream_query_invalidated), cudaErrorStreamCaptureImplicit (legacy stream, blocking capture)."""
         call = "cudaStreamQuery"
         with self.lock:
-            s = self._stream(stream, call)
-            if s is self.legacy and self.live:
-                self._legacy_use(call)
+            s = self._used_stream(stream, call)
             q = s.capture
             if q is not None:
                 if q.status == "active":

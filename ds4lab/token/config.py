@@ -49,11 +49,8 @@ BYTES_PER_WEIGHT = {
     "f32": 4.0,
 }
 
-#: Routed-expert formats and the routed-MoE path each implies (``ModelConfig.expert_format``):
-#: name -> (gate/up weight format, down weight format, decode path). ``"ds4"``: ds4's decode MoE at
-#: ``b0309611`` (``ds4_cuda.cu``: Q8_K input, one fused gate/up/SwiGLU kernel that weights the
-#: middle by the router, Q8_K middle, down with the experts' sum fused: four launches);
-#: ``"five"``: ds4lab's earlier shape (xq, gate/up, midq with SwiGLU, down, weighted sum).
+#: Routed-expert formats: name -> (gate/up weight format, down weight format, decode path). ``"ds4"``: ds4's
+#: four-launch decode MoE at ``b0309611``; ``"five"``: ds4lab's earlier five launches (``docs/model.md``).
 EXPERT_FORMATS = {
     "iq2_xxs+q2_k": ("iq2_xxs", "q2_k", "ds4"),  # ds4's default "q2" model
     "q4_k": ("q4_k", "q4_k", "ds4"),  # ds4's high-memory variant (its MoE decode graph's format)
@@ -71,15 +68,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Dimensions of one ds4-shaped decoder, plus the workbench's own choices.
-
-    All sizes are element counts. Weights: attention, hyper-connection output and shared expert in Q8_0; routed experts
-    in ds4lab's 4-bit block format (``Q4_BLOCK``); router, norms and hyper-connection mixing in fp32. Activations are
-    fp32.
-
-    Raises:
-        ConfigError: from :meth:`validate` (called on construction) for any dimension that does not divide its block
-            size, more experts used than exist, and the like."""
+    """Dimensions of one ds4-shaped decoder (element counts), plus the workbench's own choices; weight formats:
+    ``docs/model.md``, "Formats". Raises ConfigError: from :meth:`validate` (called on construction) for any dimension
+    that does not divide its block size, more experts used than exist, and the like."""
 
     name: str
     n_layers: int
@@ -107,12 +98,9 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 10000.0
     seed: int = 1234
-    #: Routed-expert format and, with it, the routed-MoE path (:data:`EXPERT_FORMATS`):
-    #: ``"iq2_xxs+q2_k"`` and ``"q4_k"`` run ds4's four-launch decode MoE, ``"q4blk"`` ds4lab's
-    #: earlier five launches. Multi-token calls sort (token, expert) pairs with either.
+    #: Routed-expert format and, with it, the routed-MoE path (:data:`EXPERT_FORMATS`).
     expert_format: str = DS4_EXPERT_FORMAT
     # Long context (ds4.c: compressed and indexed attention; docs/model.md, "Long context").
-    #: Off: every layer attends over the raw window only (the token ds4lab measured first).
     #: On: layers from 2 compress (ratio 4 with an indexer on even layers, 128 on odd ones).
     long_context: bool = False
     #: Positions a model can decode: 0 .. max_context - 1 (sizes the compressed caches).
@@ -160,10 +148,8 @@ class ModelConfig:
         return self.n_layers if self.per_layer_experts else 1
 
     def compress_ratio(self, layer: int) -> int:
-        """Compression ratio of ``layer``: 0 (raw window only), 4 (with an indexer) or 128.
-
-        ds4.c ``ds4_layer_compress_ratio``: layers 0 and 1 none; from layer 2 even layers 4, odd layers 128. Always 0
-        when ``long_context`` is off. Raises ConfigError for a layer outside ``0 .. n_layers - 1``."""
+        """Compression ratio of ``layer`` (ds4.c ``ds4_layer_compress_ratio``): 0 for layers 0 and 1 or without
+        ``long_context``, then 4 (even, with an indexer) or 128 (odd). Raises ConfigError for a layer out of range."""
         if not 0 <= layer < self.n_layers:
             raise ConfigError(f"{self.name}: layer={layer} outside 0..{self.n_layers - 1}")
         if not self.long_context or layer < FIRST_COMPRESSED_LAYER:
@@ -195,15 +181,9 @@ class ModelConfig:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Check every constraint the kernels rely on. Raises :class:`ConfigError`."""
-        positive = [
-            "n_layers", "embed", "n_heads", "head_dim", "rope_dims", "q_lora", "out_groups",
-            "out_lora", "n_experts", "n_used", "expert_ffn", "window", "hc_streams", "vocab",
-            "max_tokens",
-        ]
-        for f in positive:
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{self.name}: {f}={v!r} must be a positive integer")
+        self._positive_ints("n_layers", "embed", "n_heads", "head_dim", "rope_dims", "q_lora", "out_groups",
+                            "out_lora", "n_experts", "n_used", "expert_ffn", "window", "hc_streams", "vocab",
+                            "max_tokens")
 
         def divides(what: str, value: int, block: int, why: str) -> None:
             if value % block:
@@ -249,10 +229,7 @@ class ModelConfig:
             raise ConfigError(f"{self.name}: window={self.window} exceeds 1024 (scores kept in shared memory)")
         if self.head_dim > 1024 or self.embed > 65536:
             raise ConfigError(f"{self.name}: head_dim={self.head_dim} or embed={self.embed} too large for the kernels")
-        for f in ("swiglu_limit", "rms_eps", "rope_theta"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
-                raise ConfigError(f"{self.name}: {f}={v!r} must be a finite number > 0")
+        self._positive_numbers("swiglu_limit", "rms_eps", "rope_theta")
         if self.expert_format not in EXPERT_FORMATS:
             raise ConfigError(f"{self.name}: expert_format={self.expert_format!r}; choose one of: "
                               f"{', '.join(EXPERT_FORMATS)}")
@@ -265,10 +242,7 @@ class ModelConfig:
         """The long-context fields (checked whether or not ``long_context`` is on)."""
         if not isinstance(self.long_context, bool):
             raise ConfigError(f"{self.name}: long_context={self.long_context!r} must be True or False")
-        for f in ("max_context", "index_heads", "index_head_dim", "index_top_k"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{self.name}: {f}={v!r} must be a positive integer")
+        self._positive_ints("max_context", "index_heads", "index_head_dim", "index_top_k")
         ratio = max(COMPRESS_RATIOS)
         if self.max_context % ratio:
             raise ConfigError(f"{self.name}: max_context={self.max_context} is not a multiple of {ratio} "
@@ -305,9 +279,19 @@ class ModelConfig:
         if self.index_q_dim % Q8_0_BLOCK:
             raise ConfigError(f"{self.name}: index heads x dim={self.index_q_dim} is not a multiple of "
                               f"{Q8_0_BLOCK} (Q8_0 rows)")
-        v = self.compress_rope_theta
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
-            raise ConfigError(f"{self.name}: compress_rope_theta={v!r} must be a finite number > 0")
+        self._positive_numbers("compress_rope_theta")
+
+    def _positive_ints(self, *fields: str) -> None:
+        for f in fields:
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{self.name}: {f}={v!r} must be a positive integer")
+
+    def _positive_numbers(self, *fields: str) -> None:
+        for f in fields:
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
+                raise ConfigError(f"{self.name}: {f}={v!r} must be a finite number > 0")
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -364,9 +348,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 
 def is_ds4_flash(name: str | None) -> bool:
-    """True for ``ds4-flash`` and its expert-format variants (``ds4-flash-q4k``, ``ds4-flash-q4blk``): the full-size
-    model, which the CPU backends only time (computing it takes minutes per token). False for None (a job's default
-    preset, chosen later)."""
+    """True for ``ds4-flash`` and its expert-format variants: the full-size model the CPU backends only time. False
+    for None (a job's default preset, chosen later)."""
     return name is not None and (name == "ds4-flash" or name.startswith("ds4-flash-"))
 
 
@@ -377,11 +360,8 @@ def token_id_at(pos: int, vocab: int) -> int:
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:
-    """The preset called ``name`` with optional field overrides.
-
-    Raises:
-        ConfigError: unknown preset (the message lists the known ones), unknown field, or an override that breaks a
-            constraint."""
+    """The preset called ``name`` with optional field overrides. Raises ConfigError: unknown preset (the message lists
+    the known ones), unknown field, or an override that breaks a constraint."""
     try:
         base = PRESETS[name]
     except KeyError:

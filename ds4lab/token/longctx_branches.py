@@ -1,16 +1,7 @@
-"""Stage ``3cc``'s long-context token: the position-dependent launch decisions of every compressed layer made on the
-device by conditional graph nodes (``TokenOptions.longctx="conditional"``).
-
-Per compressed layer one small kernel (``kernels/graph_cond.cu:cond_set_longctx``) reads the position from the token's
-scalars and sets the layer's handles; each compressor's emit kernels are the body of an IF node; the indexer is a
-SWITCH node with one body per top-k regime ``max_context`` allows, each sized for the largest n_comp of its body (rows
-and candidate sets past n_comp skipped on the device, as in stage 3c). One whole-token graph then runs at every
-position exactly the launches ds4's host decisions would have issued there, bit for bit ds4's results. Outside a
-capture the host takes the same branches itself. How and why: ``docs/capture-stages.md``.
-
-Sources: CUDA Programming Guide, "Conditional Graph Nodes" (IF since 12.4, SWITCH since 12.8); CUDA Runtime API,
-``cudaGraphConditionalHandleCreate``, ``cudaGraphAddNode``, ``cudaGraphSetConditional``; ds4.c
-``compressor_decode_one``, ds4_cuda.cu ``ds4_gpu_indexer_topk_tensor`` for the decisions."""
+"""Stage ``3cc``'s long-context token (``TokenOptions.longctx="conditional"``): per compressed layer a kernel
+(``kernels/graph_cond.cu:cond_set_longctx``) sets conditional handles from the position; the compressors' emit
+kernels are an IF body, the indexer a SWITCH with one body per top-k regime. Outside a capture the host takes the same
+branches. How and why: ``docs/capture-stages.md``, "Stage 3cc"."""
 
 from __future__ import annotations
 
@@ -50,11 +41,9 @@ def regime_value(n_comp: int, top_k: int) -> int:
 
 
 def regime_plans(cfg, ratio: int) -> list[tuple[str, int]]:
-    """``[(body, n_plan)]``: the SWITCH bodies of a ratio-``ratio`` layer, in ``cond_set_longctx``'s numbering
-    (:func:`regime_value`), each with the n_comp its indexer is planned for: the largest n_comp the body serves, at
-    most the compressed capacity, so its launches are ds4's for every n_comp it serves, the score, chunk and merge
-    grids sized for the largest. Bodies the capacity cannot reach are left out (they are the last ones). Empty for a
-    ratio other than 4 (no indexer)."""
+    """``[(body, n_plan)]``: the SWITCH bodies of a ratio-``ratio`` layer (numbered as :func:`regime_value`), each
+    planned for the largest n_comp it serves within the compressed capacity; unreachable bodies left out; empty for a
+    ratio other than 4."""
     if ratio != 4:
         return []
     k, cap = cfg.index_top_k, cfg.comp_capacity(ratio)
@@ -74,12 +63,8 @@ def regime_plans(cfg, ratio: int) -> list[tuple[str, int]]:
 
 
 class LongctxBranches:
-    """The conditional nodes of one model's compressed layers (see the module docstring). Built by
-    :class:`~ds4lab.token.model.DecodeModel` when its options say ``longctx="conditional"``; outside a stream
-    capture every branch is taken on the host.
-
-    Args:
-        model: the :class:`~ds4lab.token.model.DecodeModel` (long context on)."""
+    """The conditional nodes of ``model``'s compressed layers (``longctx="conditional"``); outside a stream capture
+    every branch is taken on the host."""
 
     def __init__(self, model) -> None:
         self.m, self.L, self.be = model, model.L, model.be
@@ -90,10 +75,8 @@ class LongctxBranches:
         self.prepare(programmatic=model.opts.pdl)
 
     def prepare(self, programmatic: bool = False) -> None:
-        """Load every kernel now (in both builds when ``programmatic``), so no module is loaded inside a capture: the
-        condition-setting kernel, and the kernels of every body a conditional node holds, whose regimes the eager
-        warm-up before a capture never reaches (a SWITCH captures all of its bodies at once; a module loaded while a
-        stream captures invalidates the capture)."""
+        """Load every kernel now (both builds when ``programmatic``): the condition-setting kernel and every body's,
+        which the eager warm-up never reaches (a module loaded while a stream captures invalidates the capture)."""
         if isinstance(self.be, DeviceGraphApi):
             self.be.prepare_device_kernels(None, programmatic=programmatic)
 

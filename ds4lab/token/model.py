@@ -1,11 +1,6 @@
-"""The decode token: ds4's launch order for one token, on any backend.
-
-:class:`DecodeModel` owns the weights and buffers of one model configuration on one backend and issues a token's
-launches in the order of ``shared/context/ds4-decode.md`` ("Anatomy of one decode layer"), each cluster in its own
-census/NVTX scope: ``embed`` → per layer [``hc_attn`` → ``query`` → ``kv`` → (``compressor`` → ``indexer``, long
-context) → ``attention`` → ``output`` → ``hc_ffn`` → ``router`` → ``moe`` → ``shared``] → ``final``. The ds4-today
-paths that are capture hazards are :class:`TokenOptions`; the buffers :class:`MoeScratch`, :class:`LongContext`,
-:class:`TopkScratch`. Simplifications against the real model: ``docs/model.md``."""
+"""The decode token: ds4's launch order for one token, on any backend (:class:`DecodeModel`), each cluster in its own
+census/NVTX scope; the capture hazards' paths are :class:`TokenOptions`. Launch order and simplifications:
+``docs/model.md``."""
 
 from __future__ import annotations
 
@@ -31,23 +26,14 @@ MOE_STAGES = ("xq", "sort", "gateup", "midq", "down", "sum")
 
 @dataclass(frozen=True)
 class TokenOptions:
-    """Which code path each capture hazard takes (context file, "Capture hazards"; ds4 today first).
+    """Which code path each capture hazard takes (ds4 today first; ``docs/model.md``, ``docs/capture-stages.md``).
 
-    Attributes:
-        counts_clear: ``"sync"`` (``cudaMemset`` on the legacy stream) or ``"async"`` (``cudaMemsetAsync`` on the
-            accessor's stream) for the routed-MoE counts.
-        scalars: ``"value"`` (position, KV row, window length, token id as kernel arguments) or ``"device"`` (read from
-            a device buffer written before each token).
-        scratch: ``"on-demand"`` (routed-MoE scratch grown when a batch first needs it) or ``"prealloc"``.
-        vocab: run the final norm and the vocabulary projection.
-        moe_profile: ds4's 7 profiling events around the routed-MoE stages.
-        moe_host_timed, legacy_sites, sync_in_body: ds4-today paths that break capture, for the hazards.
-        longctx: who makes the long-context launch decisions: ``"host"`` (ds4 today: the launch list changes with the
-            position), ``"device"`` (stage 3c: one worst-case launch list for every position, kernels exiting on the
-            device) or ``"conditional"`` (stage 3cc: ds4's launches inside conditional nodes,
-            :mod:`ds4lab.token.longctx_branches`); ``docs/capture-stages.md``.
-        pdl: launch every kernel issued inside a capture with programmatic stream serialization (stages 3p, 3cp, 3ccp).
-    """
+    ``counts_clear``: ``"sync"`` (``cudaMemset``, legacy stream) or ``"async"``; ``scalars``: ``"value"`` (kernel
+    arguments) or ``"device"`` (a device buffer written before each token); ``scratch``: ``"on-demand"`` or
+    ``"prealloc"``; ``vocab``: final norm and vocabulary projection; ``moe_profile``: ds4's 7 profiling events;
+    ``moe_host_timed``, ``legacy_sites``, ``sync_in_body``: ds4-today paths that break capture; ``longctx``:
+    ``"host"`` (ds4), ``"device"`` (stage 3c) or ``"conditional"`` (stage 3cc); ``pdl``: programmatic stream
+    serialization inside captures (stages 3p, 3cp, 3ccp)."""
 
     counts_clear: str = "sync"
     scalars: str = "value"
@@ -77,11 +63,8 @@ class TokenOptions:
 
 
 class MoeScratch:
-    """Routed-MoE buffers sized for ``capacity`` tokens; grows on demand unless preallocated.
-
-    Which buffers exist follows ``cfg.moe_path``: ds4's path has the Q8_K block sums ``xb`` and ``mb`` and the weighted
-    middle ``mid`` (``gate`` and ``up`` are None); the five-launch path ``gate`` and ``up`` (``xb``, ``mb`` and ``mid``
-    are None)."""
+    """Routed-MoE buffers sized for ``capacity`` tokens; grows on demand unless preallocated. ``cfg.moe_path``
+    ``"ds4"`` has ``xb``, ``mb``, ``mid`` (``gate``, ``up`` None); ``"five"`` the reverse."""
 
     def __init__(self, model: "DecodeModel", capacity: int) -> None:
         self.model = model
@@ -134,11 +117,8 @@ class MoeScratch:
 
 
 class TopkScratch:
-    """Scratch of the indexer's chunked top-k (candidate sets and tree levels), int32 words.
-
-    ``prealloc``: sized once for the largest n_comp ``max_context`` allows. ``on-demand``: ds4's grow-on-demand
-    allocator (``cuda_tmp_alloc``): a fresh ``cudaMalloc`` whenever a token needs more than it holds, which can happen
-    while a stream captures (a capture hazard)."""
+    """Scratch of the indexer's chunked top-k, int32 words: ``prealloc`` sized for ``max_context``, or ``on-demand``
+    (ds4's ``cuda_tmp_alloc``: a fresh ``cudaMalloc`` when a token needs more, a capture hazard)."""
 
     def __init__(self, model: "DecodeModel", words: int) -> None:
         self.model = model
@@ -166,10 +146,8 @@ class TopkScratch:
 
 
 class LongContext:
-    """Caches and scratch of the compressed layers (``cfg.long_context``; ``docs/model.md``): per compressed layer
-    (``layers[l]``, None for an uncompressed one) the compressed rows, the compressor state and, ratio 4, the
-    indexer keys and its compressor's state (``weights.cache_layout``), prefilled with seeded random rows as if
-    every earlier position had been processed; and the shared scratch of the compressors, the indexer and the top-k.
+    """Caches and scratch of the compressed layers (``layers[l]``, None for an uncompressed one;
+    ``weights.cache_layout``), prefilled with seeded random rows, and the compressors', indexer's and top-k's scratch.
     """
 
     def __init__(self, model: "DecodeModel") -> None:
@@ -225,11 +203,8 @@ class ProfileMarker:
 
 
 class MoeObserver:
-    """What a routed-MoE profiler attached to a model sees (``DecodeModel.moe_observer``).
-
-    Each hook gets ``run``, which does the work (the cluster through the executor, or the routed MoE's launches), and
-    must call it exactly once; it may record around it, swap ``profile_events`` for the call, or raise before it (a
-    refused profiling call)."""
+    """What a routed-MoE profiler attached to a model sees (``DecodeModel.moe_observer``): each hook gets ``run`` and
+    must call it exactly once; it may record around it, swap ``profile_events``, or raise before it."""
 
     def around_moe_cluster(self, layer: int, T: int, run) -> None:
         """Around one ``moe`` cluster run of ``layer`` for ``T`` tokens (eager, capture or replay)."""
@@ -241,19 +216,9 @@ class MoeObserver:
 
 
 class DecodeModel:
-    """Weights, buffers and the launch sequence of one decode token.
-
-    Args:
-        cfg: the model configuration.
-        backend: a backend (``ds4lab.backends.make_backend``).
-        opts: hazard paths and flags (:class:`TokenOptions`).
-        nvtx: NVTX ranges on launches.
-        routed: launch through the stream accessor (``False``: the unrouted reference path).
-        n_layers: run only the first ``n_layers`` layers (a partial model with the same weights, used for reference
-            checks where the full model is too slow on the CPU).
-
-    Raises:
-        MemoryError: when the weights do not fit the device (the message gives the bytes)."""
+    """Weights, buffers and the launch sequence of one decode token: ``backend`` (:func:`ds4lab.backends.make_backend`),
+    ``opts`` (:class:`TokenOptions`), ``nvtx``, ``routed`` (False: the unrouted reference path), ``n_layers`` (only
+    the first layers, same weights). Raises MemoryError when the weights do not fit (the message gives the bytes)."""
 
     def __init__(self, cfg: ModelConfig, backend, opts: TokenOptions | None = None, *,
                  nvtx: bool = False, routed: bool = True, n_layers: int | None = None) -> None:
@@ -292,10 +257,8 @@ class DecodeModel:
 
     # ------------------------------------------------------------------ setup
     def memory_bytes(self) -> dict:
-        """Device bytes this model allocates for weights and caches (computed before allocating).
-
-        ``caches``: the raw windows and, with ``long_context``, the compressed rows, indexer keys and compressor states
-        for ``max_context`` positions (``weights.cache_bytes``)."""
+        """Device bytes of weights and caches (``weights.cache_bytes``, ``max_context`` positions), before allocating.
+        """
         cfg = self.cfg
         return {"weights": W.model_bytes(cfg, self.opts.vocab, self.n_layers),
                 "caches": W.cache_bytes(cfg, self.n_layers)}
@@ -378,9 +341,8 @@ class DecodeModel:
 
     @contextlib.contextmanager
     def observe(self, obs: "MoeObserver"):
-        """Make ``obs`` the model's routed-MoE observer for the ``with`` block (it sees every ``moe`` cluster run and
-        routed-MoE call); the previous observer is back afterwards, whatever the block raised. Observers nest: the
-        inner one sees the calls of its block."""
+        """Make ``obs`` the model's routed-MoE observer for the ``with`` block, the previous one back afterwards
+        whatever the block raised (observers nest)."""
         prev, self.moe_observer = self.moe_observer, obs
         try:
             yield obs
@@ -388,9 +350,8 @@ class DecodeModel:
             self.moe_observer = prev
 
     def set_options(self, opts: TokenOptions) -> None:
-        """Switch hazard paths and flags (a ladder stage) without reallocating weights.
-
-        Raises ValueError for a change that needs other buffers (vocab, scratch mode)."""
+        """Switch hazard paths and flags (a ladder stage) without reallocating weights. Raises ValueError for a change
+        that needs other buffers (vocab, scratch mode)."""
         for f in ("vocab", "scratch"):
             if getattr(opts, f) != getattr(self.opts, f):
                 raise ValueError(f"set_options cannot change {f} ({getattr(self.opts, f)!r} → {getattr(opts, f)!r}): "
@@ -402,9 +363,7 @@ class DecodeModel:
         self._device_paths()
 
     def _device_paths(self) -> None:
-        """The options' device-side paths: programmatic launches in captures (``pdl``: the backend's programmatic build
-        loaded now, never inside a capture) and stage 3cc's conditional nodes.
-
+        """Load the options' device-side paths now, never inside a capture (``pdl``'s build, stage 3cc's nodes).
         Raises ValueError for ``pdl`` on a backend that cannot launch programmatically."""
         from ..executor.device_graphs import DeviceGraphApi
 
@@ -457,11 +416,9 @@ class DecodeModel:
                                 self.scal if self.opts.scalars == "device" else None)
 
     def token(self, pos: int, token_id: int, write_scalars: bool = True) -> None:
-        """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU).
-
-        With ``scalars="device"``, the token first copies its scalars to the device buffer; ``write_scalars=False``
-        leaves that to the caller (a captured token body must not hold a copy from host memory: the caller writes the
-        buffer before each replay)."""
+        """Issue every launch of one decode token at position ``pos`` (asynchronous on a GPU). ``write_scalars=False``
+        leaves writing the scalars' device buffer (``scalars="device"``) to the caller (a captured body must not copy
+        from host memory)."""
         L = self.L
         with L.range("token", "token", pos):
             L.layer = -1
@@ -495,10 +452,8 @@ class DecodeModel:
 
     # ------------------------------------------------------------------ clusters and host decisions
     def run_cluster(self, cluster: str, layer: int, T: int, ts, fn, inputs: tuple = ()) -> None:
-        """Run one cluster's launches: eagerly, or through the executor (capture / replay).
-
-        ``inputs``: buffers the caller passes in that are not the model's own (their addresses join the graph's
-        buffer-alias key: a graph captured on one input is never replayed on another)."""
+        """Run one cluster's launches, eagerly or through the executor; ``inputs``' addresses join the graph's
+        buffer-alias key."""
         if cluster == "moe" and self.moe_observer is not None:
             self.moe_observer.around_moe_cluster(layer, T, lambda: self._execute(cluster, layer, T, ts, fn, inputs))
         else:
@@ -511,10 +466,8 @@ class DecodeModel:
             self.executor.run(self, cluster, layer, T, ts, fn, inputs)
 
     def host_decisions(self, cluster: str, layer: int, T: int, ts) -> tuple:
-        """The host-side choices a cluster's launches depend on, re-asked before every replay: the routed-MoE path (by
-        token count) and the MoE profile (``moe``, ``island1``, ``token``); the attention regime while the window
-        length is a host value, and on the long-context token the emit, top-k and attention-length decisions
-        (``attn_span``, ``token``). A change in any answer retires the graph
+        """The host-side choices a cluster's launches depend on, re-asked before every replay (MoE path and profile,
+        attention regime, long-context decisions); a changed answer retires the graph
         (:class:`ds4lab.capture.cache.GraphCache`)."""
         d = []
         if cluster in ("moe", "island1", "token"):
@@ -538,10 +491,7 @@ class DecodeModel:
             ops.hc_premix(L, "premix_norm", self.h, self.mix_part, mix, wnorm, self.x, S, E, cfg.rms_eps)
 
     def _layer(self, layer: int, ts: ops.TokenScalars) -> None:
-        """One decode layer in ds4's three island parts (ds4 ``e50104f6``, ``docs/model.md``): ``island0`` (the
-        attention's hyper-connection pre-mix), the position-dependent middle (whose attention is cluster
-        ``attn_span``), ``island1`` (attention output through the FFN tail); stages that capture none of them cut
-        the layer as ds4's staged plan does."""
+        """One decode layer in ds4's three island parts (``island0``, the middle, ``island1``; ``docs/model.md``)."""
         w = self.layers[layer]
         self.run_cluster("island0", layer, 1, ts,
                          lambda: self._hc_pre("hc_attn", w["hc_attn_mix"], w["hc_attn_norm"], self.mix_attn))
@@ -549,9 +499,7 @@ class DecodeModel:
         self.run_cluster("island1", layer, 1, ts, lambda: self._layer_tail(layer, ts))
 
     def _layer_middle(self, layer: int, ts: ops.TokenScalars) -> None:
-        """The middle of a layer: the query (projections, norms, RoPE at the position) and KV (projection, norm, RoPE
-        and store at the position's row) clusters, then the compressors and the indexer of a compressed layer, and
-        attention."""
+        """The query and KV clusters, then the compressors and indexer of a compressed layer, and attention."""
         cfg, L, w = self.cfg, self.L, self.layers[layer]
         ratio = cfg.compress_ratio(layer)
         # ds4.c layer_rope_freq_base: compressed layers rotate q and kv with the compressed base.
@@ -598,9 +546,8 @@ class DecodeModel:
 
     # ------------------------------------------------------------------ router and routed MoE
     def router(self, layer: int, x, T: int, ts: ops.TokenScalars | None = None, token_ids=None) -> None:
-        """Router for ``T`` tokens ``x [T, E]``: logits, then top-k (or hash routing in the first layers).
-
-        Hash layers take token ids from ``token_ids`` (device ``[T]``) or, for one token, ``ts``."""
+        """Router for ``T`` tokens ``x [T, E]``: logits, then top-k, or hash routing (token ids from ``token_ids``,
+        device ``[T]``, or for one token ``ts``) in the first layers."""
         cfg, L = self.cfg, self.L
         self.moe_buf.ensure(T)
         b = self.moe_buf
@@ -613,11 +560,8 @@ class DecodeModel:
                 ops.router_topk(L, "router_topk", b.logits, b.ids, b.wts, T, cfg)
 
     def routed_moe(self, layer: int, x, T: int):
-        """The routed MoE for ``T`` tokens after :meth:`router`; returns the output buffer ``[T, E]``.
-
-        Stages as in ds4 (``xq``, ``sort`` only when T > 1, ``gateup``, ``midq``, ``down``, ``sum``), with ds4's 7
-        profiling events between them when ``moe_profile`` is on. An attached :attr:`moe_observer` wraps the call.
-        """
+        """The routed MoE for ``T`` tokens after :meth:`router`; returns the output buffer ``[T, E]``. Stages as ds4's,
+        with its 7 profiling events when ``moe_profile`` is on; an attached :attr:`moe_observer` wraps the call."""
         if self.moe_observer is not None:
             return self.moe_observer.around_routed_moe(layer, T, lambda: self._routed_moe(layer, x, T))
         return self._routed_moe(layer, x, T)
@@ -675,12 +619,9 @@ class DecodeModel:
         return b.y
 
     def moe_launches(self, bank: dict, x, ids, wts, T: int, ev=()) -> None:
-        """Every launch of one routed-MoE call for ``T`` tokens ``x [T, E]`` routed to ``ids``/``wts`` (``[T, k]``
-        device buffers) on ``bank`` (``{"gate_up", "down"}``), into ``moe_buf.y``; ``ev``: ds4's 7 profiling points
-        between the stages, or none. The stages follow ``cfg.moe_path``: ``"ds4"`` (ds4_cuda.cu at b0309611: ``xq``,
-        then at one token the fused ``gateup``, ``midq`` and ``down`` with the experts' sum, at more tokens
-        ``sort``, the tiled ``gateup`` and ``down`` and a ``sum``) or ``"five"`` (``xq``, (``sort``), ``gateup``,
-        ``midq``, ``down``, weighted ``sum``)."""
+        """Every launch of one routed-MoE call for ``x [T, E]`` routed to ``ids``/``wts`` (``[T, k]``) on ``bank``
+        (``{"gate_up", "down"}``) into ``moe_buf.y``; ``ev``: the 7 profiling points or none. Stages by
+        ``cfg.moe_path`` (``"ds4"`` or ``"five"``; ``docs/model.md``)."""
         cfg, L, b = self.cfg, self.L, self.moe_buf
         P, N, E = T * cfg.n_used, cfg.n_experts, cfg.embed
         ds4 = cfg.moe_path == "ds4"
@@ -753,9 +694,8 @@ class DecodeModel:
 
     def snapshot(self, start: int, end: int) -> dict:
         """Host copies of every tensor a decode error could land in after a token of ``start .. end`` (exclusive):
-        ``hidden``, ``logits`` (None without the vocabulary), ``kv_cache[l]`` per layer and, long context, each
-        compressed layer's states and the compressed and indexer rows a token of ``start - 128 .. end`` writes
-        (``kv_cache[l].<name>``; the whole caches would be gigabytes). Synchronizes."""
+        ``hidden``, ``logits`` (or None), ``kv_cache[l]`` and, long context, the rows a token of ``start - 128 ..
+        end`` writes (``kv_cache[l].<name>``). Synchronizes."""
         be = self.be
         rec = {"hidden": self.hidden().copy(), "logits": None if self.logits is None else self.output_logits().copy()}
         for layer, c in enumerate(self.cache):
@@ -778,9 +718,8 @@ class DecodeModel:
 
     @staticmethod
     def score_blocks(n_comp: int) -> int:
-        """Grid of the indexer's score kernel for ``n_comp`` rows: ``ceil(n_comp / 32)`` blocks. A host decision, as in
-        ds4 (ds4_cuda.cu scores one row per block: grid n_comp); stage 3c sizes it for the largest n_comp and blocks
-        past n_comp exit."""
+        """Grid of the indexer's score kernel for ``n_comp`` rows, ``ceil(n_comp / 32)`` blocks: a host decision as in
+        ds4; stage 3c sizes it for the largest n_comp."""
         return max(1, -(-n_comp // ops.INDEX_ROWS))
 
     def compressed_ratios(self) -> list[int]:
@@ -788,11 +727,9 @@ class DecodeModel:
         return sorted({self.cfg.compress_ratio(layer) for layer in range(self.n_layers)} - {0})
 
     def longctx_decisions(self, pos: int, by_value: bool = True) -> tuple:
-        """The long-context host decisions of a token at ``pos`` (what its launch list depends on):
-        ``compressor.emit.r4`` / ``.r128``; ``indexer.regime``, ``indexer.topk_plan`` (kernel, blocks, sets per
-        top-k launch) and ``indexer.score_blocks``; and, only when the position reaches the kernels by value,
-        ``attention.comp_rows.r4`` / ``.r128``. The top-k scratch's growth shows in the buffer generation (the graph
-        key), not here."""
+        """The long-context host decisions of a token at ``pos``: ``compressor.emit.r4`` / ``.r128``,
+        ``indexer.regime``, ``indexer.topk_plan``, ``indexer.score_blocks`` and, with scalars by value,
+        ``attention.comp_rows.r4`` / ``.r128``."""
         d = self._longctx_decisions(pos, by_value)
         forget = self.patch.forget if self.patch is not None else ()
         return tuple(x for x in d if not x[0].startswith(forget)) if forget else d
@@ -853,9 +790,8 @@ class DecodeModel:
             emit()
 
     def _compressed_attention(self, layer: int, ratio: int, ts) -> None:
-        """Compressors, indexer (ratio 4, past top-k rows) and attention over the raw window plus compressed rows, in
-        ds4's order (ds4.c, the compressed branch of the decode layer); the host decisions from
-        :meth:`longctx_decisions`, the same launch list at every position with ``longctx="device"``."""
+        """Compressors, indexer (ratio 4, past top-k rows) and attention over window plus compressed rows, in ds4's
+        order; the host decisions from :meth:`longctx_decisions` (one launch list with ``longctx="device"``)."""
         cfg, L, lc = self.cfg, self.L, self.lc
         bufs = lc.layers[layer]
         k = cfg.index_top_k

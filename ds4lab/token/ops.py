@@ -1,11 +1,7 @@
-"""Launch sites: one function per op of the decode token.
-
-Each function launches one kernel of ``kernels/`` through the :class:`~ds4lab.capture.launch.Launcher` with its grid,
-block and arguments, and gives the launcher the NumPy-reference computation of the same op into the same buffers (run
-by the ``numpy`` backend). Buffers are backend arrays; per-token scalars come as a :class:`TokenScalars`, which passes
-them by value (ds4 today) or as a device buffer (the capture-safe fix). The long-context ops (compressor, indexer,
-top-k; ``kernels/longctx.cu``) are the last section of this module; their NumPy references are in
-:mod:`ds4lab.token.reference`."""
+"""Launch sites: one function per op of the decode token, each launching one kernel of ``kernels/`` through the
+:class:`~ds4lab.capture.launch.Launcher` with the NumPy-reference computation of the same op
+(:mod:`ds4lab.token.reference`) for the ``numpy`` backend. Per-token scalars: :class:`TokenScalars`. The long-context
+ops are the last section."""
 
 from __future__ import annotations
 
@@ -42,10 +38,8 @@ def expert_bytes(bank) -> int:
 
 @dataclass
 class TokenScalars:
-    """Per-token scalars: position, KV ring-buffer row, window length, token id.
-
-    ``buf`` is None when they go to kernels by value (ds4 today; baked into a captured graph), or an int32 ``[4]``
-    device buffer the kernels read (written before each token)."""
+    """Per-token scalars (position, KV ring-buffer row, window length, token id): by value when ``buf`` is None (ds4
+    today), else an int32 ``[4]`` device buffer written before each token."""
 
     pos: int
     kv_row: int
@@ -73,11 +67,9 @@ def host_scalars(cfg: ModelConfig, pos: int, token_id: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- dense
 def split_geometry(units: int, chunks: int) -> tuple[tuple, tuple]:
-    """Grid and block of a kernel where a thread group of ``tpr`` threads (block ``(tpr, 256 // tpr)``) computes one
-    unit (a group of rows) whose reduction runs over ``chunks`` 16-byte chunks, each thread taking every ``tpr``-th
-    chunk. ``tpr`` is the smallest of 32..256 that leaves a thread at most 8 chunks, then doubles (up to the chunk
-    count) while the grid has fewer than :data:`FILL_BLOCKS` blocks: the H200's choice per matvec,
-    ``docs/design-log.md`` ("Q8_0 matvecs"). Returns ``((blocks,), (tpr, groups))``."""
+    """Grid and block where a group of ``tpr`` threads (block ``(tpr, 256 // tpr)``) reduces one unit over ``chunks``
+    16-byte chunks: the smallest ``tpr`` of 32..256 leaving a thread at most 8 chunks, doubled while the grid has fewer
+    than :data:`FILL_BLOCKS` blocks (``docs/design-log.md``, "Q8_0 matvecs"). Returns ``((blocks,), (tpr, groups))``."""
     tpr = 32
     while tpr < 256 and chunks > 8 * tpr:
         tpr *= 2
@@ -113,11 +105,9 @@ class Q8Launch:
 
 
 def q8_launch(units: int, cols: int, rows_per_group: int | None = None) -> Q8Launch:
-    """Geometry of the Q8_0 matvec kernels (``kernels/dense.cu``, ``longctx.cu:q8_matvec_when``) for ``units`` thread
-    groups of :data:`Q8_ROWS` rows each (``ceil(rows / Q8_ROWS)``; the SwiGLU kernel's group holds ``Q8_ROWS / 2``
-    gate rows and their up rows) over ``cols`` int8 columns: :func:`split_geometry` over ``cols / 16`` chunks, x
-    staged in shared memory when it fits, a block has at least :data:`Q8_STAGE_ROWS` rows and, for a grouped matvec
-    (``rows_per_group``), every block's rows share one x slice."""
+    """Geometry of the Q8_0 matvec kernels for ``units`` groups of :data:`Q8_ROWS` rows over ``cols`` int8 columns:
+    :func:`split_geometry` over ``cols / 16`` chunks, x staged in shared memory when it fits, at least
+    :data:`Q8_STAGE_ROWS` rows a block, and with ``rows_per_group`` one x slice per block."""
     grid, block = split_geometry(units, cols // 16)
     rows_per_block = Q8_ROWS * block[1]
     smx = (Q8_STAGE_X and rows_per_block >= Q8_STAGE_ROWS and cols * Q8_SMEM_PER_COL <= Q8_SMEM_MAX
@@ -198,11 +188,8 @@ def hc_mix(L, site, hn, wmix, part, S, E):
 
 
 def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
-    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]``: one block of 1024 threads
-    (``kernels/dense.cu:hc_premix``).
-
-    Sums ``hc_mix``'s partials into ``logits [2S]`` (for the expand); ``logits`` may be None when ``part`` already
-    holds final logits (``nsplit=1``, the output mix)."""
+    """Sublayer input ``x [E]`` = norm of the pre-mix of the streams ``h [S, E]`` (one block of 1024 threads); sums
+    ``hc_mix``'s partials into ``logits [2S]``, or None when ``part`` holds final logits (``nsplit=1``)."""
 
     def ref():
         lg = R.sum_partials(np.asarray(part).reshape(-1)[: 2 * S * nsplit].reshape(2 * S, nsplit))
@@ -258,10 +245,8 @@ def attention_splits(cfg: ModelConfig) -> int:
 
 
 def attention_launch(cfg: ModelConfig) -> tuple[tuple, int, int]:
-    """``(grid, kc, shared bytes)`` of ``attention_decode`` for ``cfg``: grid ``(ceil(H / ATTN_HPB), ATTN_NS)``;
-    ``kc``, the key rows a block stages at a time (all of its split's keys when they fit beside q in
-    :data:`ATTN_SMEM`); the dynamic shared memory of q ``[HPB, D]``, the key rows ``[max(kc, HPB), D]``, the scores
-    ``[HPB, kc]`` and the state."""
+    """``(grid, kc, shared bytes)`` of ``attention_decode``: grid ``(ceil(H / ATTN_HPB), ATTN_NS)``, ``kc`` the key
+    rows a block stages at a time (within :data:`ATTN_SMEM`), and the dynamic shared memory."""
     D, H, HPB = cfg.head_dim, cfg.n_heads, ATTN_HPB
     kps = cdiv(cfg.window, ATTN_NS)
     kc = max(1, min(kps, (ATTN_SMEM // 4 - HPB * D - 4 * HPB) // (D + HPB)))
@@ -270,10 +255,8 @@ def attention_launch(cfg: ModelConfig) -> tuple[tuple, int, int]:
 
 
 def attention_scratch(L, cfg: ModelConfig) -> tuple:
-    """The attention's split partials and per-head-group tickets, owned by launcher ``L`` (the combine through global
-    memory, before sm_90): ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS, 2]``, ``counter`` int32
-    ``[ceil(H / ATTN_HPB)]`` (zero; the kernel leaves it zero). Allocated on the first call — :func:`alloc_scratch`
-    makes that call at model build time, before any capture."""
+    """The attention's split partials owned by ``L``: ``part_o`` float32 ``[H, NS, D]``, ``part_ml`` float32 ``[H, NS,
+    2]``, ``counter`` int32 ``[ceil(H / ATTN_HPB)]`` (zero); allocated on the first call (:func:`alloc_scratch`)."""
     H, D, NS = cfg.n_heads, cfg.head_dim, attention_splits(cfg)
     return (L.scratch(("attention.part_o", H, NS, D), (H * NS * D,), np.float32),
             L.scratch(("attention.part_ml", H, NS), (H * NS * 2,), np.float32),
@@ -348,9 +331,8 @@ def router_topk(L, site, logits, ids, wts, T, cfg: ModelConfig):
 
 def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key: int,
                 token_ids=None, ts: TokenScalars | None = None):
-    """Hash routing (first ``n_hash_layers`` layers): experts from the token id.
-
-    Token ids come from ``token_ids [T]`` (a device buffer) or, for one decode token, from ``ts``."""
+    """Hash routing (first ``n_hash_layers`` layers): experts from the token ids in ``token_ids [T]`` (device) or,
+    for one decode token, ``ts``."""
     from .weights import hash_experts
 
     N, k = cfg.n_experts, cfg.n_used
@@ -373,11 +355,8 @@ def router_hash(L, site, logits, ids, wts, T, cfg: ModelConfig, layer: int, key:
 # ----------------------------------------------------------------------------- routed MoE
 @dataclass(frozen=True)
 class KernelStamp:
-    """Profiling points a routed-MoE stage kernel writes itself (``kernels/moe.cu:moe_stamp``): thread 0 of block (0,
-    0) stores ``%globaltimer`` into ``slots[first : first + n]`` as it starts.
-
-    ``write``: what the NumPy reference does in its place (the sim writes its modeled start time), or None. Every
-    routed-MoE stage kernel takes ``stamp=`` (None: no points; a null pointer)."""
+    """Profiling points a routed-MoE stage kernel writes itself (``kernels/moe.cu:moe_stamp``): ``%globaltimer`` into
+    ``slots[first : first + n]`` as it starts; ``write``: the NumPy reference's stand-in, or None."""
 
     slots: Any
     first: int
@@ -588,15 +567,10 @@ IQ2_GRID_BYTES = 256 * 8
 
 def ds4_rows(what: str, rows: int, width: int, copies: int, extra_per_row: int = 0,
              extra: int = 0) -> tuple[int, int]:
-    """Rows per block ``R`` of a ds4-path kernel and its dynamic shared memory.
-
-    A block stages ``copies`` tiles of ``R`` weight rows (``width`` bytes each) with 16-byte copies: ``R`` is the
-    largest of 16, 8, 4, 2, 1 that divides ``rows``, makes a tile a whole number of 16-byte chunks, and keeps ``copies
-    * R * width + extra_per_row * R + extra`` within :data:`DS4_SMEM_MAX`. Fewer, fuller blocks keep the grid within
-    one wave of the GPU (ds4-flash: 768 IQ2_XXS gate/up blocks, 512 Q2_K down blocks). Returns ``(R, shared bytes)``.
-
-    Raises:
-        ValueError: no ``R`` fits (the message names the row width and the budget)."""
+    """Rows per block ``R`` of a ds4-path kernel and its dynamic shared memory: the largest of 16, 8, 4, 2, 1 that
+    divides ``rows``, makes a tile of ``width``-byte rows whole 16-byte chunks and keeps ``copies * R * width +
+    extra_per_row * R + extra`` within :data:`DS4_SMEM_MAX`. Returns ``(R, shared bytes)``. Raises ValueError: no ``R``
+    fits (the message names the row width and the budget)."""
     for r in (16, 8, 4, 2, 1):
         smem = copies * r * width + extra_per_row * r + extra
         if rows % r == 0 and (r * width) % 16 == 0 and smem <= DS4_SMEM_MAX:
@@ -611,9 +585,8 @@ def _act_bytes(n: int) -> int:
 
 
 def xq_quantize_q8k(L, site, x, q, d, bs, T, n, kernel: str = "xq_quantize_q8k"):
-    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K as ds4 quantizes (``reference.quantize_q8k_ds4``): ``q`` int8 ``[T,
-    n]``, ``d`` fp32 ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``. ``kernel``: ``moe_midq_q8k`` for the middle
-    (the same code under the name of its stage)."""
+    """``xq`` (ds4): fp32 ``x [T, n]`` to Q8_K (``reference.quantize_q8k_ds4``): ``q`` int8 ``[T, n]``, ``d`` fp32
+    ``[T, n / 256]``, ``bs`` int16 ``[T, n / 16]``; ``kernel`` ``moe_midq_q8k`` for the middle (the same code)."""
 
     def ref():
         qq, dd, bb = R.quantize_q8k_ds4(np.asarray(x).reshape(-1)[: T * n].reshape(T, n))
@@ -659,11 +632,9 @@ def _gateup_ref(bank_gu, xq, xd, wts, mid, pairs, cfg: ModelConfig):
 
 
 def moe_gateup_mid(L, site, bank_gu, grid, xq, xd, xb, ids, wts, mid, P, cfg: ModelConfig):
-    """``gateup`` (ds4, no sort): per pair, its expert's gate and up rows against the Q8_K input, clamped SwiGLU, times
-    the pair's router weight, into ``mid [P, F]`` (ds4_cuda.cu ``moe_gate_up_mid_decode_lut_*`` for IQ2_XXS,
-    ``moe_gate_up_mid_decode_q4K_*`` for Q4_K). ``grid``: the IQ2_XXS grid on the device (``weights.IQ2XXS_GRID``;
-    unused for Q4_K). Grid ``(F / R, P)`` (:func:`ds4_rows`). Raises ValueError for a format the path has no kernel
-    for."""
+    """``gateup`` (ds4, no sort): per pair, clamped SwiGLU of its expert's gate and up rows against the Q8_K input,
+    times its router weight, into ``mid [P, F]``; grid ``(F / R, P)``. ``grid``: the IQ2_XXS codebook on the device.
+    Raises ValueError for a format the path has no kernel for."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _gateup_launch(bank_gu, cfg, "moe_gateup_mid")
 
@@ -678,10 +649,8 @@ def moe_gateup_mid(L, site, bank_gu, grid, xq, xd, xb, ids, wts, mid, P, cfg: Mo
 
 
 def moe_down_sum(L, site, bank_dn, mq, md, mb, ids, y, T, cfg: ModelConfig):
-    """``down`` (ds4, no sort) with the experts' sum fused: ``y [T, E]``, each token's ``n_used`` experts' down rows
-    against their Q8_K middles, added in slot order (ds4_cuda.cu ``moe_down_sum6_qwarp32`` for Q2_K,
-    ``moe_down_q4K_sum6_qwarp32`` for Q4_K). Grid ``(E / R, T)``. Raises ValueError for a format the path has no
-    kernel for."""
+    """``down`` (ds4, no sort) with the experts' sum fused into ``y [T, E]``, slots in order; grid ``(E / R, T)``.
+    Raises ValueError for a format the path has no kernel for."""
     F, E, k = cfg.expert_ffn, cfg.embed, cfg.n_used
     name, r, smem = _down_launch(bank_dn, cfg, "moe_down_sum", k)
 
@@ -746,19 +715,9 @@ def moe_sum_slots(L, site, out, y, T, cfg: ModelConfig):
              nbytes=4 * T * (k * E + E))
 
 
-# --------------------------------------------------------------------------------------------------
-# Long-context launch sites (kernels/longctx.cu)
-#
-# Launch sites of the long-context ops (kernels/longctx.cu): the compressor (store, pool,
-# rotate-store, shift), the indexer (query gated by n_comp, head RoPE, scores, the top-k variants)
-# and attention over the raw window plus compressed rows.
-#
-# Same conventions as the launch sites above (their helpers and :class:`TokenScalars`). The
-# references are in :mod:`ds4lab.token.reference` (its long-context section gives ds4's functions).
-# Position-dependent values (state slot, compressed row, n_comp) are derived from the position on
-# the device; the launch decisions (emit or not, top-k regime and plan, grids) are the host's,
-# taken by the model from the position (the reference's host-decision functions).
-# --------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- long-context launch sites
+# kernels/longctx.cu; references in ds4lab.token.reference. The device derives slot, row and n_comp from the
+# position; the launch decisions (emit, top-k regime and plan, grids) are the host's (docs/model.md).
 
 #: Compressed rows per ``indexer_score`` block (``LC_INDEX_ROWS`` in kernels/longctx.cu).
 INDEX_ROWS = 32
@@ -877,10 +836,8 @@ def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalar
 
 def indexer_score(L, site, q, w, keys, scores, blocks: int, cfg: ModelConfig, ratio: int, ts: TokenScalars,
                   min_comp: int = 0):
-    """Indexer scores of the ``n_comp`` compressed rows (ds4.c ``indexer_allowed_decode_one``): ``scale * sum_h w_h
-    ReLU(q_h . k_c)``, scale ``1/sqrt(index_head_dim * index_heads)``. ``blocks`` x :data:`INDEX_ROWS` rows are
-    covered (blocks past n_comp exit at once); nothing while n_comp <= ``min_comp`` (stage 3c passes top-k: no
-    selection is used then)."""
+    """Indexer scores of the ``n_comp`` compressed rows (``scale * sum_h w_h ReLU(q_h . k_c)``); ``blocks`` x
+    :data:`INDEX_ROWS` rows covered, nothing while n_comp <= ``min_comp``."""
     H, Di = cfg.index_heads, cfg.index_head_dim
     scale = 1.0 / np.sqrt(Di * H)
 
@@ -936,9 +893,8 @@ def indexer_topk_chunk(L, site, scores, cand, blocks: int, chunk: int, cfg: Mode
 def indexer_topk_merge(L, site, scores, cand, in_off: int, out, out_off: int, blocks: int, n_sets: int,
                        sort_n: int, cfg: ModelConfig):
     """Chunked top-k, merge: block ``b`` selects the top ``index_top_k`` of candidate sets ``[b * group, (b + 1) *
-    group)`` at word ``in_off`` of ``cand`` into word ``out_off + b * k`` of ``out`` (the scratch for a tree level,
-    the selection for the final merge). Raises ValueError when a block's ``group * top_k`` candidates exceed the
-    sort width, or the grid does not cover the sets."""
+    group)`` at word ``in_off`` of ``cand`` into word ``out_off + b * k`` of ``out``. Raises ValueError when a block's
+    ``group * top_k`` candidates exceed the sort width, or the grid does not cover the sets."""
     from .config import TOPK_MERGE_GROUP as G
 
     k = cfg.index_top_k
@@ -961,10 +917,9 @@ def indexer_topk_merge(L, site, scores, cand, in_off: int, out, out_off: int, bl
 
 def attention_comp(L, site, q, cache, comp, sel, o, cfg: ModelConfig, ratio: int, use_sel,
                    ts: TokenScalars, n_rows: int):
-    """Attention of all heads over the raw window plus compressed rows (ds4.c ``layer_attention_mixed_one``, without
-    sinks): the first ``index_top_k`` entries of ``sel`` when ``use_sel`` is True (ratio 4 past top-k rows), rows
-    ``0 .. n_comp - 1`` when False, and with ``use_sel="device"`` (stage 3c) the kernel picks ``sel`` exactly when
-    n_comp > top-k. ``n_rows``: the compressed rows the host expects (bytes estimate only)."""
+    """Attention of all heads over the raw window plus compressed rows (ds4.c ``layer_attention_mixed_one``, no
+    sinks): the first ``index_top_k`` of ``sel`` when ``use_sel`` is True, rows ``0 .. n_comp - 1`` when False,
+    the kernel's choice with ``"device"``. ``n_rows``: bytes estimate only."""
     k = cfg.index_top_k
     if use_sel not in (True, False, "device"):
         raise ValueError(f"attention_comp: use_sel={use_sel!r}; choose True, False or 'device'")

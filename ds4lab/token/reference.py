@@ -1,10 +1,6 @@
-"""NumPy reference for every op of the decode token.
-
-Each function is pure (inputs in, new arrays out) and mirrors one kernel in ``kernels/``. Arithmetic is float64 except
-where the kernel's own float32 rounding is the point (activation quantization: the scale and the rounding are done in
-float32 exactly as the kernel does them, so the same float32 input quantizes to the same integers). Outputs are
-float32, the dtype of the device buffers. Used by the tests (GPU kernels against these) and by the ``numpy`` backend,
-which runs the token's op sequence through them."""
+"""NumPy reference for every op of the decode token: pure functions, each mirroring one kernel in ``kernels/``.
+Arithmetic is float64 except where the kernel's own float32 rounding is the point (activation quantization); outputs
+are float32. Used by the tests (GPU kernels against these) and the ``numpy`` backend. Formats: ``docs/model.md``."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ def _f16(b: np.ndarray, off: int) -> np.ndarray:
 
 def q4_k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 6-bit scales and mins of the 8 sub-blocks of Q4_K blocks from their 12 scale bytes ``[n, 12]`` (ggml
-    ``get_scale_min_k4``): sub-block ``j < 4``: ``sc = s[j] & 63``, ``m = s[j + 4] & 63``; ``j >= 4``: ``sc = (s[j +
-    4] & 15) | (s[j - 4] >> 6) << 4``, ``m = (s[j + 4] >> 4) | (s[j] >> 6) << 4``. Returns two int64 ``[n, 8]``."""
+    ``get_scale_min_k4``; ``docs/model.md``, "The formats, bit for bit"). Returns two int64 ``[n, 8]``."""
     s = scales.astype(np.int64)
     sc = np.empty((s.shape[0], 8), np.int64)
     m = np.empty_like(sc)
@@ -59,20 +54,9 @@ def q4_k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dequant_superblocks(fmt: str, b: np.ndarray) -> np.ndarray:
-    """float64 weights ``[n, 256]`` of ``n`` packed super-blocks ``b`` (uint8 ``[n, nbytes]``), by the published
-    definitions (ggml ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs``, as ds4.c reads them; layouts in
-    :data:`ds4lab.token.weights.SUPERBLOCKS`):
-
-    * Q4_K: group ``g`` of the 128 quant bytes (32 bytes each) holds sub-block ``2g`` in its low nibbles and ``2g + 1``
-      in its high nibbles; ``w = d * sc_j * q - dmin * m_j``.
-    * Q2_K: weights ``128 h + 32 s + l`` take bits ``2s`` of quant byte ``32 h + l`` and scale byte ``8 h + 2 s + (l >=
-      16)``: ``w = d * (sc & 15) * q - dmin * (sc >> 4)``.
-    * IQ2_XXS: sub-block ``k`` is two uint32 at byte ``2 + 8 k``: ``aux0`` (4 grid indices) and ``aux1`` (4 sign
-      indices of 7 bits, scale ``s = aux1 >> 28``); group ``l`` of 8 weights is ``d * (0.5 + s) / 4 * grid[aux0 byte l]
-      * signs(aux1 >> 7 l)``.
-
-    Raises:
-        ValueError: unknown format or a block width that is not the format's."""
+    """float64 weights ``[n, 256]`` of ``n`` packed super-blocks ``b`` (uint8 ``[n, nbytes]``), by ggml's
+    ``dequantize_row_q4_K`` / ``_q2_K`` / ``_iq2_xxs`` (layouts: ``docs/model.md``, "The formats, bit for bit"). Raises
+    ValueError: unknown format or a block width that is not the format's."""
     if fmt not in SUPERBLOCKS or b.shape[-1] != SUPERBLOCKS[fmt].nbytes:
         raise ValueError(f"dequant_superblocks: format {fmt!r}, blocks of {b.shape[-1]} bytes")
     n = b.shape[0]
@@ -111,15 +95,9 @@ def _iq2_signed_grid() -> np.ndarray:
 
 
 def quantize_q8k_ds4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Quantize float32 ``x [T, n]`` to Q8_K as ds4's CUDA ``q8_K_quantize_kernel`` does (ds4_cuda.cu at b0309611; the
-    arithmetic of ggml's ``quantize_row_q8_K``): per block of 256 the element of largest magnitude ``max`` (found by
-    the kernel's shared-memory tree: at strides 128, 64, ..., 1 position ``i`` takes ``i + stride``'s candidate when
-    its magnitude is strictly larger, which decides between ``+a`` and ``-a``), ``iscale = -127 / max``, ``q =
-    rint(iscale * x)`` clamped to ``[-128, 127]``, ``d = 1 / iscale`` (negative when ``max`` is positive), and
-    ``bsums``, the sums of each 16 quants; all in float32, round half to even. An all-zero block gets zeros.
-    (ds4.c's CPU ``ds4_quantize_row_q8_K`` takes the first largest element instead.)
-
-    Returns int8 ``[T, n]``, float32 ``[T, n / 256]``, int16 ``[T, n / 16]``."""
+    """Quantize float32 ``x [T, n]`` to Q8_K as ds4's CUDA ``q8_K_quantize_kernel`` does (ds4_cuda.cu at b0309611;
+    ``docs/model.md``: the kernel's tree picks ``max``, ``d = 1 / iscale``, all float32, round half to even); an
+    all-zero block gets zeros. Returns int8 ``[T, n]``, float32 ``[T, n / 256]``, int16 ``[T, n / 16]``."""
     x = np.asarray(x, dtype=f32)
     T, n = x.shape
     blk = x.reshape(T, n // Q8_K_BLOCK, Q8_K_BLOCK)
@@ -142,10 +120,8 @@ def quantize_q8k_ds4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def quantize_q8k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Quantize float32 ``x [T, n]`` to Q8_K: int8 ``[T, n]`` and float32 scales ``[T, n/256]``.
-
-    Per block of 256: ``d = amax / 127`` and ``q = rint(x / d)`` in float32 (round half to even), as
-    ``xq_quantize``/``moe_midq`` do; an all-zero block gets ``d = 0`` and zeros."""
+    """Quantize float32 ``x [T, n]`` to Q8_K as ``xq_quantize``/``moe_midq`` do: per 256, ``d = amax / 127``, ``q =
+    rint(x / d)`` in float32 (all-zero block: zeros). Returns int8 ``[T, n]``, float32 ``[T, n/256]``."""
     x = np.asarray(x, dtype=f32)
     T, n = x.shape
     blk = x.reshape(T, n // Q8_K_BLOCK, Q8_K_BLOCK)
@@ -163,10 +139,8 @@ def dequant_q8k(q: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- dense ops
 def q8_matvec(w: QTensor, x: np.ndarray, rows_per_group: int | None = None, group_stride: int = 0) -> np.ndarray:
-    """``y[r] = W[r] · x[g*stride : g*stride + cols]`` with ``g = r // rows_per_group``.
-
-    Plain matvec when ``rows_per_group`` is None. ``w`` Q8_0 ``[rows, cols]``, ``x`` float32. Returns float32
-    ``[rows]``. (ds4 stages: query, KV, grouped output projection, vocabulary.)"""
+    """``y[r] = W[r] · x[g*stride : g*stride + cols]``, ``g = r // rows_per_group`` (None: a plain matvec); ``w`` Q8_0
+    ``[rows, cols]``, ``x`` float32. Returns float32 ``[rows]``."""
     W = dequant(w)
     x = np.asarray(x, dtype=f64)
     if rows_per_group is None:
@@ -193,9 +167,8 @@ def sigmoid(x):
 
 
 def hc_mix_logits(hn: np.ndarray, wmix: np.ndarray) -> np.ndarray:
-    """Hyper-connection mixing logits ``Wmix [2S, S*E] @ flat(hn)`` from normed streams ``hn [S, E]``.
-
-    float32 ``[2S]``: the first S feed the pre-mix softmax, the last S the expand weights."""
+    """Hyper-connection mixing logits ``Wmix [2S, S*E] @ flat(hn)``, ``hn [S, E]``: float32 ``[2S]`` (pre-mix, then
+    expand)."""
     S = hn.shape[0]
     W = np.asarray(wmix, dtype=f64).reshape(2 * S, -1)
     return (W @ np.asarray(hn, dtype=f64).reshape(-1)).astype(f32)
@@ -230,10 +203,8 @@ def hc_premix(h: np.ndarray, logits: np.ndarray, w_norm: np.ndarray, eps: float)
 
 
 def rope(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
-    """Rotate the last ``rope_dims`` of each row of ``x [rows, D]`` by position ``pos``.
-
-    Interleaved pairs ``(2i, 2i+1)`` of the rotated part, frequency ``theta^(-2i/rope_dims)``; the angle is formed in
-    float64 on the device too, so large positions stay exact."""
+    """Rotate the last ``rope_dims`` of each row of ``x [rows, D]`` by position ``pos``: interleaved pairs, frequency
+    ``theta^(-2i/rope_dims)``, the angle in float64 (as on the device)."""
     x = np.asarray(x, dtype=f64).copy()
     D = x.shape[-1]
     i = np.arange(rope_dims // 2, dtype=f64)
@@ -247,10 +218,8 @@ def rope(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
 
 
 def attention_decode(q: np.ndarray, cache: np.ndarray, pos: int, window: int) -> np.ndarray:
-    """Sliding-window decode attention, 1 KV head shared by all query heads.
-
-    ``q [H, D]``; ``cache [W, D]`` is a ring buffer whose row ``p % W`` holds position ``p``; keys and values are the
-    same cached row. Attends to the ``min(pos+1, W)`` latest positions. Returns float32 ``[H, D]``."""
+    """Sliding-window decode attention, one KV head: ``q [H, D]`` over the ``min(pos+1, W)`` latest rows of the ring
+    buffer ``cache [W, D]`` (row ``p % W``; keys and values the same row). Returns float32 ``[H, D]``."""
     n = min(pos + 1, window)
     rows = [(p % window) for p in range(pos - n + 1, pos + 1)]
     kv = np.asarray(cache, dtype=f64)[rows]
@@ -261,9 +230,7 @@ def attention_decode(q: np.ndarray, cache: np.ndarray, pos: int, window: int) ->
 
 
 def expand(h: np.ndarray, logits: np.ndarray, y: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
-    """Hyper-connection expand and residual add: ``h[s] + post[s] * (y + extra)``. float32.
-
-    ``post`` comes from the mixing ``logits`` of the sublayer (see :func:`mix_weights`)."""
+    """Hyper-connection expand and residual add: ``h[s] + post[s] * (y + extra)``, ``post`` from ``logits``. float32."""
     _, post = mix_weights(logits)
     v = np.asarray(y, dtype=f64) + (0.0 if extra is None else np.asarray(extra, dtype=f64))
     return (np.asarray(h, dtype=f64) + post[:, None] * v[None]).astype(f32)
@@ -296,12 +263,9 @@ SCORE_KEY_NAN = 1
 
 
 def score_key(scores: np.ndarray) -> np.ndarray:
-    """Each float32 score's place in the score order of every top-k, as uint32 keys (higher first).
-
-    The order is ds4's (``ds4_cuda.cu`` ``router_score_better``: a higher score first, equal scores to the lower
-    index), so -0.0 and +0.0 share a key, and a NaN ranks below every number, -inf included (ds4 never picks a NaN
-    while a number is left); NaNs share :data:`SCORE_KEY_NAN`. Mirrors ``kernels/score_order.cuh:ds4_score_key`` bit
-    for bit; 0 is no score's key (an empty slot)."""
+    """Each float32 score's place in ds4's score order (``router_score_better``) as uint32 keys, higher first: -0.0
+    and +0.0 share a key, NaNs rank below every number and share :data:`SCORE_KEY_NAN`, 0 is an empty slot. Mirrors
+    ``kernels/score_order.cuh:ds4_score_key`` bit for bit."""
     v = np.asarray(scores, dtype=f32)
     u = np.where(v == 0, f32(0), v).view(np.uint32)
     key = np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
@@ -315,11 +279,8 @@ def score_order(scores: np.ndarray) -> np.ndarray:
 
 
 def router_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` experts per token and their weights.
-
-    In the score order (:func:`score_key`, ``kernels/router.cu``): highest logits first, ties (-0.0 and +0.0 included)
-    to the lower index, NaN after every number; weights are the selected sigmoid scores normalized to sum 1. Returns
-    int32 ``[T, k]`` and float32 ``[T, k]``."""
+    """Top-``k`` experts per token in the score order (:func:`score_key`) and their sigmoid scores normalized to sum
+    1. Returns int32 ``[T, k]`` and float32 ``[T, k]``."""
     logits = np.asarray(logits, dtype=f32)
     order = score_order(logits)[:, :k].astype(np.int32)
     return order, router_weights(logits, order)
@@ -333,11 +294,9 @@ def router_weights(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- routed MoE
 def moe_sort(ids: np.ndarray, n_experts: int, tile: int = MOE_TILE) -> dict[str, np.ndarray]:
-    """The ``sort`` stage: counts per expert, exclusive offsets, pairs in expert order, tiles.
-
-    ``ids [T, k]`` int32. Pair ``p = t*k + j``. Within one expert the kernel's order is whatever its atomics give; this
-    reference keeps pair order (compare per-expert sets, not order). Tiles: ``(expert, start, count)`` with ``count <=
-    tile``, in expert order."""
+    """The ``sort`` stage for ``ids [T, k]``: counts per expert, exclusive offsets, pairs ``p = t*k + j`` in expert
+    order (pair order within an expert: compare sets, the kernel's atomics choose), tiles ``(expert, start, count <=
+    tile)``."""
     flat = ids.reshape(-1).astype(np.int64)
     counts = np.bincount(flat, minlength=n_experts).astype(np.int32)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
@@ -356,10 +315,8 @@ def max_tiles(n_pairs: int, n_experts: int, tile: int = MOE_TILE) -> int:
 
 @functools.lru_cache(maxsize=256)  # asked on every tiled launch (its bytes estimate): compute once
 def expected_tiles(tokens: int, n_used: int, n_experts: int, tile: int = MOE_TILE) -> float:
-    """Expected tile count of one sorted routed-MoE call under uniform routing: each of ``tokens`` tokens picks
-    ``n_used`` distinct experts of ``n_experts``, so an expert's pair count is Binomial(tokens, n_used / n_experts)
-    and it needs ceil(count / tile) tiles. Used as the tiled kernels' bytes estimate (each tile reads its expert's
-    weights once); a skewed routing needs fewer tiles (``ds4lab moe --routing`` measures them)."""
+    """Expected tile count of one sorted routed-MoE call under uniform routing (an expert's pairs are
+    Binomial(tokens, n_used / n_experts), ceil(count / tile) tiles each): the tiled kernels' bytes estimate."""
     p = n_used / n_experts
     if p >= 1.0:
         return float(n_experts * -(-tokens // tile))
@@ -377,9 +334,8 @@ def expert_matvec(w: QTensor, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
 
 
 def moe_gateup(bank_expert, ids: np.ndarray, xq: np.ndarray, xd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``gateup`` stage. ``bank_expert(e)`` gives expert ``e``'s ``(gate_up, down)`` QTensors.
-
-    ``ids [T, k]``; ``xq, xd``: Q8_K of the input ``[T, E]``. Returns gate, up float32 ``[T*k, F]``."""
+    """``gateup`` stage for ``ids [T, k]`` and the Q8_K input ``xq, xd``; ``bank_expert(e)`` gives ``(gate_up, down)``.
+    Returns gate, up float32 ``[T*k, F]``."""
     T, k = ids.shape
     out = []
     for p in range(T * k):
@@ -417,11 +373,8 @@ def routed_moe(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
 
 
 # ----------------------------------------------------------------------------- routed MoE, ds4's path
-# ds4_cuda.cu at b0309611, routed MoE with one token: q8_K_quantize (xq) -> moe_gate_up_mid_decode_*
-# (gate and up rows of each selected expert against the Q8_K input, clamped SwiGLU, times the
-# expert's router weight) -> q8_K_quantize (midq) -> moe_down_*_sum6 (each expert's down rows against
-# its Q8_K middle, the experts summed). Multi-token calls: the same arithmetic over sorted pairs, the
-# down outputs per pair summed by moe_sum (no weights: they are in the middle already).
+# ds4_cuda.cu at b0309611: xq -> fused gate/up (times the router weight) -> midq -> down with the experts' sum
+# (docs/model.md, "One decode token: four launches").
 def moe_gateup_mid(gate_up: QTensor, xq: np.ndarray, xd: np.ndarray, weight: float, limit: float) -> np.ndarray:
     """One pair's fused gate/up: ``swiglu(W[:F] x, W[F:] x) * weight`` with ``gate_up`` ``[2F, E]`` (any format) and
     ``x`` the Q8_K row ``(xq [E], xd [E / 256])``; ds4's clamp (gate at most ``limit``, up within ``+-limit``),
@@ -433,10 +386,8 @@ def moe_gateup_mid(gate_up: QTensor, xq: np.ndarray, xd: np.ndarray, weight: flo
 
 def moe_decode_ds4(bank_expert, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, limit: float,
                    n_experts: int) -> np.ndarray:
-    """ds4's routed MoE (four launches at one token, the sorted path's arithmetic at more) for ``x [T, E]``, experts
-    ``ids [T, k]`` with router ``weights [T, k]``; ``bank_expert(e)`` gives expert ``e``'s ``(gate_up, down)``. A
-    pair whose expert is outside ``0 .. n_experts - 1`` has a zero middle and adds nothing (the kernels' bounds
-    check). float32 ``[T, E]``."""
+    """ds4's routed MoE for ``x [T, E]``, experts ``ids [T, k]``, router ``weights [T, k]``; ``bank_expert(e)`` gives
+    ``(gate_up, down)``. A pair whose expert is outside ``0 .. n_experts - 1`` adds nothing. float32 ``[T, E]``."""
     xq, xd, _ = quantize_q8k_ds4(x)
     T, k = ids.shape
     flat, wts = ids.reshape(-1), np.asarray(weights, f32).reshape(-1)
@@ -463,38 +414,10 @@ def moe_down_sum(downs: list, mq: np.ndarray, md: np.ndarray) -> np.ndarray:
     return y.astype(f32)
 
 
-# --------------------------------------------------------------------------------------------------
-# Long-context decode (cfg.long_context)
-#
-# NumPy reference of long-context decode: compressor, indexer, top-k, compressed attention.
-#
-# Semantics read from ds4's CPU reference path (``ds4.c``, snapshot of May 2026) and written anew:
-#
-# * ``compressor_decode_one``: every token projects the sublayer input to a kv row and a score row
-#   (``width`` wide), adds the learned per-slot bias ``ape[pos % ratio]`` to the score, and stores
-#   both into a rolling state at slot ``pos % ratio`` (ratio 4: slot ``4 + pos % 4``: the state
-#   holds the previous block in rows 0..3 and the current block in rows 4..7). Only when
-#   ``(pos + 1) % ratio == 0`` it *emits*: pools the state into one row, RMS-norms it (times the
-#   norm weight), rotates it at position ``pos + 1 - ratio`` with the compressed-layer RoPE base,
-#   writes it as compressed row ``pos // ratio``, and (ratio 4) copies the current block over the
-#   previous one.
-# * ``compressor_pool_decode_state``: per output dimension ``j`` a softmax over the state's scores
-#   weights the state's kv values. Ratio 128: rows 0..127, column ``j``. Ratio 4 (two lanes of
-#   ``head_dim``): the previous block's lane 0 (rows 0..3, column ``j``) and the current block's
-#   lane 1 (rows 4..7, column ``head_dim + j``): consecutive compressed rows overlap.
-# * ``indexer_allowed_decode_one``: score of compressed row ``c`` is
-#   ``scale * sum_h w_h * ReLU(q_h . k_c)`` with ``scale = 1 / sqrt(index_head_dim * index_heads)``;
-#   the ``top_k`` best rows are attended (all rows while ``n_comp <= top_k``).
-# * ``layer_attention_mixed_one``: one softmax over the raw window rows and the attended compressed
-#   rows (ds4lab has no attention sinks: docs/model.md).
-#
-# ds4's fp8 round trip of the compressed kv rows and the indexer's Hadamard (QAT) rotation are
-# left out (docs/model.md). Arithmetic is float64; outputs float32, the device buffers' dtype.
-# The per-token host decisions (emit or not, number of compressed rows, top-k regime and launch
-# plan) are here too: the model, the ops and the tests ask these functions.
-# --------------------------------------------------------------------------------------------------
-
-f32, f64 = np.float32, np.float64
+# ----------------------------------------------------------------------------- long-context decode
+# ds4.c's compressor_decode_one, compressor_pool_decode_state, indexer_allowed_decode_one and
+# layer_attention_mixed_one, written anew (semantics and what is left out: docs/model.md, "Long context"),
+# and the per-token host decisions the model, the ops and the tests ask.
 #: ds4.c ``DS4_NEG_INF``: the score of an empty state slot.
 NEG_INF = -1e30
 
@@ -527,11 +450,8 @@ TOPK_REGIMES = ("all", "sort2k", "sort4k", "sort8k", "sort16k", "chunked")
 
 
 def topk_regime(n_comp: int, top_k: int) -> str:
-    """The indexer regime for ``n_comp`` compressed rows (see :data:`TOPK_REGIMES`).
-
-    ``"all"``: ``n_comp <= top_k``, no indexer scoring or selection, every row is attended. ``"sort{m}k"``: one block
-    selects from at most ``m * top_k`` scores. ``"chunked"``: above ``16 * top_k``, chunks of ``8 * top_k`` select
-    candidates, a tree merge reduces them."""
+    """The indexer regime for ``n_comp`` compressed rows: ``"all"`` (``n_comp <= top_k``), ``"sort{m}k"`` or
+    ``"chunked"`` (:data:`TOPK_REGIMES`; ``docs/model.md``, "Long context")."""
     if n_comp < 0:
         raise ValueError(f"n_comp={n_comp} must be >= 0")
     for m, name in ((1, "all"), (2, "sort2k"), (4, "sort4k"), (8, "sort8k"), (16, "sort16k")):
@@ -542,10 +462,8 @@ def topk_regime(n_comp: int, top_k: int) -> str:
 
 @dataclass(frozen=True)
 class TopkStep:
-    """One top-k launch: kernel, grid (blocks), sort width, and where it reads and writes.
-
-    ``src``/``dst``: ``"scores"`` (the score row), ``"scratch"`` with a word offset, or ``"selected"``; ``sets``:
-    candidate sets a merge block reads (``group`` of them per block)."""
+    """One top-k launch: kernel, blocks, sort width; ``src``/``dst`` ``"scores"``, ``"scratch"`` (with a word offset)
+    or ``"selected"``; ``sets``: candidate sets a merge block reads (``group`` per block)."""
 
     kernel: str
     blocks: int
@@ -556,13 +474,9 @@ class TopkStep:
 
 
 def topk_plan(n_comp: int, top_k: int) -> tuple[list[TopkStep], int]:
-    """The top-k launches for ``n_comp`` rows and the scratch words they need.
-
-    ``sort{2,4,8}k``: one ``indexer_topk`` block sorting the next power of two (``m * top_k``); ``sort16k``: one block
-    streaming over all scores with an ``8 * top_k`` sort. ``chunked``: ``indexer_topk_chunk`` over chunks of ``8 *
-    top_k`` (one block each, ``top_k`` candidates each, into scratch), ``indexer_topk_merge`` levels of
-    :data:`TOPK_MERGE_GROUP` sets per block while more than that many sets remain, and a final merge into the
-    selection. Scratch (int32 words) grows with n_comp: ds4 takes it from its grow-on-demand allocator."""
+    """The top-k launches for ``n_comp`` rows and the int32 scratch words they need: one ``indexer_topk`` block
+    (``sort{2,4,8,16}k``), or ``indexer_topk_chunk`` over chunks of ``8 * top_k`` then ``indexer_topk_merge`` levels
+    of :data:`TOPK_MERGE_GROUP` sets per block and a final merge (``chunked``)."""
     regime = topk_regime(n_comp, top_k)
     if regime == "all":
         return [], 0
@@ -597,9 +511,8 @@ def compressor_store(state_kv: np.ndarray, state_score: np.ndarray, kv_cur: np.n
 
 
 def compressor_pool(state_kv: np.ndarray, state_score: np.ndarray, head_dim: int, ratio: int) -> np.ndarray:
-    """Softmax pool of the state per output dimension (see the module docstring). float32 ``[head_dim]``.
-
-    A dimension whose every score is below ``NEG_INF / 2`` (an empty state) pools to 0, as in ds4."""
+    """Softmax pool of the state per output dimension (``docs/model.md``): float32 ``[head_dim]``; an empty state
+    (every score below ``NEG_INF / 2``) pools to 0, as in ds4."""
     kv, sc = np.asarray(state_kv, dtype=f64), np.asarray(state_score, dtype=f64)
     if ratio == 4:
         vals = np.concatenate([kv[:4, :head_dim], kv[4:8, head_dim:2 * head_dim]])
@@ -642,9 +555,8 @@ def compressor_shift(state_kv: np.ndarray, state_score: np.ndarray, ratio: int) 
 
 def compressor_decode(state_kv, state_score, kv_cur, sc_cur, ape, norm_w, pos: int, ratio: int, head_dim: int,
                       rope_dims: int, theta: float, eps: float):
-    """One token of the compressor: store, and on an emit token pool, norm, rotate and shift.
-
-    Returns ``(state_kv, state_score, row)`` with ``row`` None on a non-emit token."""
+    """One token of the compressor (store; on an emit token pool, norm, rotate, shift): ``(state_kv, state_score,
+    row)``, ``row`` None on a non-emit token."""
     kv, sc = compressor_store(state_kv, state_score, kv_cur, sc_cur, ape, pos, ratio)
     if not is_emit(pos, ratio):
         return kv, sc, None
@@ -697,11 +609,8 @@ def topk_merge(scores: np.ndarray, candidates: np.ndarray, k: int) -> np.ndarray
 # ----------------------------------------------------------------------------- attention
 def attention_comp(q: np.ndarray, cache: np.ndarray, pos: int, window: int, comp: np.ndarray,
                    rows) -> np.ndarray:
-    """Decode attention over the raw window plus compressed rows, one KV head.
-
-    ``q [H, D]``; ``cache [W, D]`` the raw ring buffer (the ``min(pos + 1, W)`` newest positions, row ``p % W``);
-    ``comp [n, D]`` compressed rows of which ``rows`` (indices) are attended. One softmax over all of them, scale
-    ``1/sqrt(D)``; keys and values are the same rows. Returns float32 ``[H, D]``."""
+    """Decode attention over the raw window (``cache [W, D]``, the ``min(pos + 1, W)`` newest rows) plus the compressed
+    rows ``rows`` of ``comp [n, D]``, one KV head: one softmax, scale ``1/sqrt(D)``. Returns float32 ``[H, D]``."""
     n = min(pos + 1, window)
     raw = np.asarray(cache, dtype=f64)[[(p % window) for p in range(pos - n + 1, pos + 1)]]
     rows = np.asarray(rows, dtype=np.int64)

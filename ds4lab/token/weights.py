@@ -1,20 +1,7 @@
-"""Random weights from a seed, identical on every backend.
-
-Each weight element is a pure function of ``(seed, tensor name, sub-tensor, element index)`` through a 32-bit integer
-hash (``mix32``, mirrored bit for bit in ``kernels/common.cuh``). So the GPU fills its multi-gigabyte banks in place in
-milliseconds, and the NumPy reference regenerates exactly the slices it needs (one layer, the six selected experts)
-without any device-to-host copy. Weight formats (bytes per weight in :data:`ds4lab.token.config.BYTES_PER_WEIGHT`):
-
-* ``q8_0``: ``qs`` int8 ``[..., rows, cols]`` in [-127, 127], ``d`` fp16 ``[..., rows, cols/32]``.
-* ``q4``: ``qs`` uint8 ``[..., rows, cols/2]``; in each block of 32 values, byte ``j`` holds value ``j`` in its low
-  nibble and value ``j+16`` in its high nibble, stored as ``v + 8``; ``d`` fp16 ``[..., rows, cols/32]``. 4.5 bits
-  (0.5625 bytes) per weight.
-* ``q4_k``, ``q2_k``, ``iq2_xxs`` (ds4's routed experts): ``qs`` uint8 ``[..., rows, cols / 256 * block bytes]``, each
-  row a run of packed super-blocks of 256 weights exactly as ggml lays them out (``block_q4_K`` 144 bytes,
-  ``block_q2_K`` 84, ``block_iq2_xxs`` 66; :data:`SUPERBLOCKS`), ``d`` None (the scales live inside the blocks). Every
-  byte is a hash byte except the fp16 scale fields, which hold a scale in a range that keeps activations finite
-  (:func:`gen_superblocks`).
-* ``f32``: float32, ``offset + scale * U(-1, 1)``."""
+"""Random weights from a seed, identical on every backend: each element a pure function of ``(seed, tensor name,
+sub-tensor, element index)`` through ``mix32`` (mirrored bit for bit in ``kernels/common.cuh``), so the GPU fills its
+banks in place and the NumPy reference regenerates any slice. Formats (``q8_0``, ``q4``, the super-blocks ``q4_k``,
+``q2_k``, ``iq2_xxs``, ``f32``): :class:`QTensor`, :data:`SUPERBLOCKS`, ``docs/model.md``, "Formats"."""
 
 from __future__ import annotations
 
@@ -75,14 +62,10 @@ def unit_float(h: np.ndarray) -> np.ndarray:
 
 @dataclass
 class QTensor:
-    """A block-quantized matrix (or a stack of them), on any backend.
-
-    Attributes:
-        fmt: ``"q8_0"``, ``"q4"``, or a super-block format (``"q4_k"``, ``"q2_k"``, ``"iq2_xxs"``).
-        rows, cols: the matrix shape (output rows × input columns).
-        qs: quantized values (int8 ``[..., rows, cols]``, packed uint8 ``[..., rows, cols/2]``, or the packed
-            super-blocks, uint8 ``[..., rows, cols / 256 * block bytes]``).
-        d: fp16 block scales ``[..., rows, cols/32]``; None for the super-block formats."""
+    """A block-quantized matrix (or a stack of them), on any backend: ``fmt`` (``"q8_0"``, ``"q4"``, ``"q4_k"``,
+    ``"q2_k"``, ``"iq2_xxs"``), ``rows`` × ``cols``; ``qs``: int8 ``[..., rows, cols]`` (q8_0), uint8 ``[..., rows,
+    cols/2]`` (q4), uint8 ``[..., rows, cols / 256 * block bytes]`` (super-blocks); ``d``: fp16 ``[..., rows,
+    cols/32]``, None for the super-block formats."""
 
     fmt: str
     rows: int
@@ -223,14 +206,9 @@ def iq2_sign_byte(idx: np.ndarray | int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SuperBlockFormat:
-    """One packed super-block format of 256 weights (ggml's definitions, as ds4.c reads them).
-
-    Attributes:
-        name: ``"q4_k"``, ``"q2_k"`` or ``"iq2_xxs"``.
-        nbytes: bytes per super-block (144, 84, 66).
-        scale_fields: the fp16 scale fields, ``(byte offset, multiple of the base scale, hash salt)`` each; every other
-            byte of a generated block is a hash byte.
-        layout: the block's fields in byte order, for the docs (``(name, offset, bytes)``)."""
+    """One packed super-block format of 256 weights (ggml's): ``name``, ``nbytes`` (144, 84, 66), ``scale_fields``
+    (``(byte offset, multiple of the base scale, hash salt)`` each), ``layout`` (``(name, offset, bytes)``, for the
+    docs)."""
 
     name: str
     nbytes: int
@@ -238,11 +216,8 @@ class SuperBlockFormat:
     layout: tuple
 
     def unit_std(self) -> float:
-        """Standard deviation of a generated weight per unit of base scale (:func:`superblock_base_scale`).
-
-        Computed from the format's definition with every free byte uniform and each scale field ``multiple x base x
-        j``, ``j = 0.75 + 0.5 U(0, 1)`` (``E[j] = 1``, ``E[j^2] = 49/48``); the multiples make the mean weight 0 (Q4_K:
-        ``dmin = 7.5 d``, so ``E[d sc q] = E[dmin m]``; Q2_K: ``dmin = 1.5 d``; IQ2_XXS is symmetric)."""
+        """Standard deviation of a generated weight per unit of base scale (:func:`superblock_base_scale`), from the
+        format's definition with every free byte uniform and scale fields ``multiple x base x (0.75 + 0.5 U)``."""
         return _UNIT_STD[self.name]
 
 
@@ -299,16 +274,8 @@ def superblock_fields(fmt: str, cols: int) -> list[tuple[int, np.float32, int]]:
 
 def gen_superblocks(fmt: str, key: int, sub: int, rows: int, cols: int) -> QTensor:
     """NumPy super-block sub-tensor ``sub`` of the tensor with ``key`` (mirrors ``init_superblocks`` in
-    ``kernels/moe_ds4.cu``).
-
-    Byte ``i`` of the sub-tensor (block ``i // nbytes``, offset ``i % nbytes``) is the top byte of ``element_hash(key,
-    sub, i)``, except in a scale field: there the field's little-endian fp16 bytes of ``mean * (0.75 + 0.5 * U)``, ``U
-    = unit_float(element_hash(key ^ salt, sub, block))``, rounded to nearest even. Every block is a valid block of the
-    format: grid and sign indices, 4- and 6-bit scales and quants take every value they can, and the scales keep
-    activations finite.
-
-    Raises:
-        ValueError: ``cols`` not a multiple of 256, or an unknown format."""
+    ``kernels/moe_ds4.cu``; ``docs/model.md``, "Generated weights"): hash bytes, fp16 scale fields
+    ``mean * (0.75 + 0.5 * U)``. Raises ValueError: ``cols`` not a multiple of 256, or an unknown format."""
     if fmt not in SUPERBLOCKS:
         raise ValueError(f"unknown super-block format {fmt!r}; known: {', '.join(SUPERBLOCKS)}")
     if cols % QK_K:
@@ -354,9 +321,7 @@ def gen_f32(key: int, n: int, scale: float, offset: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """One weight tensor of the model: name (hash key), format, shape and init parameters.
-
-    ``subs`` > 1 marks a stack (the routed-expert bank: one matrix per expert)."""
+    """One weight tensor: name (hash key), format, shape, init parameters; ``subs`` > 1 marks a stack (expert bank)."""
 
     name: str
     fmt: str
@@ -399,14 +364,10 @@ def layer_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
 
 
 def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
-    """Long-context weights of ``layer`` (empty for a layer without compression).
-
-    ds4.c binds, per compressed layer, ``attn_compressor_{kv,gate,ape,norm}`` and, for ratio 4, ``indexer.attn_q_b``,
-    ``indexer.proj`` and ``indexer_compressor_{kv,gate,ape,norm}`` (f16 and f32 there). ds4lab keeps them as: the kv
-    and gate projections stacked into one Q8_0 matrix ``[2 * width, E]`` (kv rows first; width = 2 x head dim for ratio
-    4, the two lanes, else head dim), the ape bias fp32 ``[ratio, width]``, the norm fp32 ``[head dim]``; the indexer
-    query projection Q8_0 ``[index_heads * index_head_dim, q_lora]`` and the per-head weight projection Q8_0
-    ``[index_heads, E]``."""
+    """Long-context weights of ``layer`` (empty for a layer without compression), as ds4.c binds them and ds4lab keeps
+    them: kv and gate projections stacked into one Q8_0 ``[2 * width, E]`` (kv rows first; width 2 x head dim for
+    ratio 4, else head dim), ape fp32 ``[ratio, width]``, norm fp32 ``[head dim]``; ratio 4 adds the indexer query
+    Q8_0 ``[index_heads * index_head_dim, q_lora]``, the head weights Q8_0 ``[index_heads, E]`` and its compressor."""
     ratio = cfg.compress_ratio(layer)
     if ratio == 0:
         return {}
@@ -434,13 +395,10 @@ def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
 
 
 def cache_layout(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, int]]:
-    """The fp32 cache buffers of ``layer``: name → (rows, cols).
-
-    Every layer: the raw window ``kv`` ``[window, head_dim]``. A compressed layer of ratio r adds ``comp``
-    ``[max_context / r, head_dim]`` (compressed rows) and the compressor state ``comp_state_kv`` / ``comp_state_score``
-    ``[coff * r, coff * head_dim]`` (coff = 2 for ratio 4: the previous and the current block, two lanes; 1 for ratio
-    128), as ds4.c ``kv_cache_init`` sizes them; ratio 4 adds the indexer's ``index`` ``[max_context / 4,
-    index_head_dim]`` and its compressor state."""
+    """The fp32 cache buffers of ``layer``: name → (rows, cols), as ds4.c ``kv_cache_init`` sizes them: ``kv``
+    ``[window, head_dim]``; ratio r adds ``comp`` ``[max_context / r, head_dim]`` and ``comp_state_kv`` /
+    ``comp_state_score`` ``[coff * r, coff * head_dim]`` (coff 2 for ratio 4, else 1); ratio 4 adds ``index``
+    ``[max_context / 4, index_head_dim]`` and its compressor state."""
     D, out = cfg.head_dim, {"kv": (cfg.window, cfg.head_dim)}
     ratio = cfg.compress_ratio(layer)
     if ratio:
@@ -526,11 +484,9 @@ HASH_ROUTE_MAX_ATTEMPTS = 1024
 
 
 def hash_experts(seed: int, token_id: int, layer: int, n_used: int, n_experts: int) -> np.ndarray:
-    """Experts of a hash-routed layer for ``token_id``: ``n_used`` distinct ids, int32.
-
-    Draw ``a`` is ``mix32(key(layer) + token_id * 0x9E3779B9 + a * 0x85EBCA6B) % n_experts``, kept when new; after
-    :data:`HASH_ROUTE_MAX_ATTEMPTS` draws the lowest unused ids fill the rest. Mirrors ``router_hash`` in
-    ``kernels/router.cu`` bit for bit."""
+    """Experts of a hash-routed layer for ``token_id``: ``n_used`` distinct int32 ids, draw ``a`` being
+    ``mix32(key(layer) + token_id * 0x9E3779B9 + a * 0x85EBCA6B) % n_experts`` kept when new, the lowest unused ids
+    after :data:`HASH_ROUTE_MAX_ATTEMPTS` draws. Mirrors ``router_hash`` in ``kernels/router.cu`` bit for bit."""
     key = tensor_key(seed, f"hash_route@{layer}")
     chosen: list[int] = []
     for attempt in range(HASH_ROUTE_MAX_ATTEMPTS):

@@ -1,12 +1,6 @@
-"""The ranks of a tensor-parallel token together (:class:`TPGroup`), and the token held to the single-GPU token
-(:func:`compare_with_single`).
-
-A group is a node of devices (:func:`ds4lab.tp.ranks.make_node`: the sim's, or the host's GPUs), one
-:class:`~ds4lab.tp.model.TPRankModel` per rank built on its own device in its own thread, and the reduction they share
-(``reduce``: ``"nccl"``, ``"peer"`` or, on the sim, the verification ``"oracle"``; :mod:`ds4lab.tp.reduce`). Everything
-a group runs, it runs as one thread per rank (:meth:`TPGroup.run`): each thread's launches go through that thread's
-stream accessor. A rank still running after the timeout is reported, after every communicator has been aborted (so a
-GPU's stuck collectives end)."""
+"""The ranks of a tensor-parallel token together (:class:`TPGroup`: a node, one rank model per device built in its
+own thread, the shared reduction) and the token held to the single-GPU token (:func:`compare_with_single`,
+:func:`compare_on_gpus`)."""
 
 from __future__ import annotations
 
@@ -27,18 +21,11 @@ REDUCES = ("nccl", "peer", "oracle")
 class TPGroup:
     """``world`` ranks of one token (see module docstring).
 
-    Args:
-        cfg: the single-GPU model configuration (split by :class:`~ds4lab.tp.shard.ShardPlan`).
-        node: a node (default: a new one on ``backend``).
-        backend: ``"sim"`` or ``"cupy"`` when no node is given.
-        world: ranks (2; ds4's peer path is for two).
-        reduce: ``"nccl"`` (all-reduce on the accessor's stream), ``"peer"`` (ds4's cudaMemcpyPeer) or ``"oracle"``
-            (verification: the single-GPU values, the sim only).
-        placement: where the reductions sit in the token's clusters (``"inside"`` / ``"outside"``).
-        opts, n_layers, nvtx: as :class:`~ds4lab.token.model.DecodeModel`.
-        check: after every eager reduction, compare it with the single-GPU values from the same inputs and keep the
-            comparison in :attr:`checks` (the sim; verification only).
-        timeout_s: how long a rank may take for one :meth:`run` (default 120 s on the sim, 600 on a GPU).
+    ``node``: default a new one on ``backend`` (``"sim"`` or ``"cupy"``); ``world``: 2 (ds4's peer path is for two);
+    ``reduce``: ``"nccl"``, ``"peer"`` or ``"oracle"`` (sim); ``placement``: ``"inside"`` / ``"outside"``; ``opts``,
+    ``n_layers``, ``nvtx``: as :class:`~ds4lab.token.model.DecodeModel`; ``check``: compare every eager reduction
+    with the single-GPU values into :attr:`checks` (sim); ``timeout_s``: per :meth:`run` (default 120 s on the sim,
+    600 on a GPU); after a timeout every communicator is aborted.
 
     Raises:
         ValueError: an unknown reduce, peer with world != 2, the oracle or checks off the sim.
@@ -85,9 +72,8 @@ class TPGroup:
                 red.inboxes = [m.tp_inbox for m in self.models]
 
     def _enable_peer_access(self) -> dict:
-        """Peer access between the two devices for ds4's copies (``cudaDeviceEnablePeerAccess``, both ways): ``{"01":
-        "enabled" | error name, "10": ...}``. Enabled earlier in the process counts; without it ``cudaMemcpyPeer``
-        still copies (staged through the host, slower), so a refusal is recorded, not raised."""
+        """Peer access both ways (``{"01": "enabled" | error name, "10": ...}``); a refusal is recorded, not raised
+        (``cudaMemcpyPeer`` still copies, staged through the host)."""
         from ..errors import CudaError
 
         out = {}
@@ -112,10 +98,9 @@ class TPGroup:
 
     def stage_runs(self, stage, base: TokenOptions, *, mode: str = "thread_local", per_rank: list | None = None,
                    **kw) -> list:
-        """One :class:`~ds4lab.experiments.stage_run.StageRun` of ``stage`` per rank, made on the rank's thread (its
-        streams on its device); ``per_rank[r]``: keyword arguments for rank ``r``'s only (a hazard that differs
-        between ranks). ds4 keeps island 1 eager on the hash-routed layers; with the collectives outside, the three
-        clusters of island 1 are kept eager there too."""
+        """One :class:`~ds4lab.experiments.stage_run.StageRun` of ``stage`` per rank, made on the rank's thread;
+        ``per_rank[r]``: rank ``r``'s own keyword arguments. With the collectives outside, island 1 stays eager on the
+        hash-routed layers too (as ds4 keeps it)."""
         from ..experiments.stage_run import StageRun
 
         def make(r: int):
@@ -160,12 +145,9 @@ class TPGroup:
 def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placement: str = "inside",
                         n_layers: int | None = None, opts: TokenOptions | None = None, check: bool = True,
                         seed: int = 1234, group: TPGroup | None = None) -> dict:
-    """The tensor-parallel token (stage 0, eager) against the single-GPU token over ``span``, from the same prefilled
-    state, on the sim.
-
-    Returns ``{"ranks_identical", "first_difference" (vs single, None when bit-identical), "max_abs_hidden",
-    "max_rel_hidden", "checks" (per checked reduction, see :attr:`TPGroup.checks`), "worst_bound_ratio",
-    "elements_differing"}``. Raises what the group or the token raise."""
+    """The TP token (stage 0, eager) against the single-GPU token over ``span`` on the sim. Returns
+    ``{"ranks_identical", "first_difference", "max_abs_hidden", "max_rel_hidden", "checks", "worst_bound_ratio",
+    "elements_differing"}``."""
     from ..experiments.stage_run import StageRun, first_difference
     from ..experiments.stages import STAGES
     from ..sim.backend import SimBackend
@@ -185,13 +167,9 @@ def compare_with_single(cfg: ModelConfig, span, *, reduce: str = "nccl", placeme
 
 
 def compare_on_gpus(cfg: ModelConfig, node, span, opts: TokenOptions | None = None) -> dict:
-    """On a host's GPUs (``node``): the TP token with NCCL and with ds4's peer copies, each bit-identical on both ranks
-    and to each other, against the single-GPU token on device 0. The reductions sum in another order than the single
-    GPU's kernels, so the largest difference is reported, not held to the sim's bound (which is for the NumPy
-    reference's arithmetic).
-
-    Returns ``{"ranks_identical": {reduce: bool}, "nccl_equals_peer", "first_difference_vs_single",
-    "max_rel_hidden_vs_single"}``. Raises what the group or the token raise."""
+    """On a host's GPUs: the TP token with NCCL and with peer copies against each other and the single-GPU token on
+    device 0 (the largest difference reported, not held to the sim's bound). Returns ``{"ranks_identical": {reduce:
+    bool}, "nccl_equals_peer", "first_difference_vs_single", "max_rel_hidden_vs_single"}``."""
     from ..experiments.stage_run import StageRun, first_difference
     from ..experiments.stages import STAGES
 

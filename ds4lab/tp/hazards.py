@@ -1,11 +1,6 @@
-"""Tensor-parallel hazards: what engines that keep graphs under TP run into, re-introduced on two ranks.
-
-Each :class:`TPHazard` runs a span of tokens on a two-rank group (the sim: a GPU would hang where the sim raises) under
-a tensor-parallel stage (:mod:`ds4lab.tp.stages`), with something that differs between the ranks or breaks the
-reduction, and sets what happened beside the same span run eagerly (TP stage 0, the same reduction). Importing this
-module registers them in :data:`ds4lab.experiments.hazards.HAZARDS` (``steps == "tp"``, the set ``all-tp``; the hazards
-job imports it), so ``ds4lab ladder --hazard NAME`` (or ``all-tp``) and ``ds4lab hazards`` run them; the expected
-outcomes are the sim's rules (``nccl_*``, ``memcpy_peer_*`` in ``ds4lab/sim/rules.py``), GUESS where those are."""
+"""Tensor-parallel hazards (:class:`TPHazard`) on a two-rank sim group under a TP stage, beside the same span run
+eagerly. Importing this module registers them in :data:`ds4lab.experiments.hazards.HAZARDS` (the set ``all-tp``);
+expected outcomes are the sim's ``nccl_*`` and ``memcpy_peer_*`` rules."""
 
 from __future__ import annotations
 
@@ -24,15 +19,9 @@ NEVER = "never completes"
 
 @dataclass(frozen=True)
 class TPHazard:
-    """One tensor-parallel hazard (see module docstring).
-
-    Attributes:
-        stage: the tensor-parallel stage both ranks run (:data:`~ds4lab.tp.stages.TP_STAGES`).
-        reduce: the group's reduction (``"nccl"`` or ``"peer"``).
-        per_rank: per rank, keyword arguments of its :class:`~ds4lab.experiments.stage_run.StageRun` (``warmup``,
-            ``options``: token options over the stage's).
-        patch: per rank, attributes set on its :class:`~ds4lab.tp.model.TPRankModel` (``extra_collective``).
-        expect: what the sim's rules say happens."""
+    """One tensor-parallel hazard: ``stage`` (:data:`~ds4lab.tp.stages.TP_STAGES`), ``reduce`` (``"nccl"`` or
+    ``"peer"``), ``per_rank`` (each rank's :class:`~ds4lab.experiments.stage_run.StageRun` keyword arguments),
+    ``patch`` (attributes set on each rank's model), ``expect`` (what the sim's rules say)."""
 
     name: str
     what: str
@@ -51,12 +40,9 @@ class TPHazard:
 
     def demonstrate(self, be, cfg, mode: str = "thread_local", span: Span | None = None,
                     timeout_s: float = 2.0) -> dict:
-        """Run the hazard on two simulated ranks of model ``cfg`` beside the eager reference (``be`` names the backend:
-        the sim only). Returns the columns of :func:`ds4lab.experiments.hazards.demonstrate`, plus ``rank_errors``
-        (each rank's exception, or ``none``).
-
-        Raises:
-            ValueError: a backend other than the sim (a two-GPU host runs ``ds4lab tp``)."""
+        """Run the hazard on two simulated ranks beside the eager reference; returns the columns of
+        :func:`ds4lab.experiments.hazards.demonstrate` plus ``rank_errors``. Raises ValueError: a backend other than the
+        sim (a two-GPU host runs ``ds4lab tp``)."""
         if getattr(be, "name", "sim") != "sim":
             raise ValueError("tensor-parallel hazards run on the sim (where a GPU would hang, the sim raises)")
         from ..capture import stream as S

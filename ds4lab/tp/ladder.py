@@ -1,11 +1,5 @@
-"""The capture ladder under tensor parallelism, per rank: each tensor-parallel stage (:mod:`ds4lab.tp.stages`) checked
-bit for bit against TP stage 0 and timed in interleaved rounds, µs per token paired with stage 0.
-
-Both ranks run every stage together, one thread each. A token's time is the slower rank's (the ranks meet at every
-reduction, so they end together up to the last expand); the per-rank times are kept beside it. The positions come from
-:class:`ds4lab.experiments.ladder.Table` (exactness span, then rounds, odd rounds in reverse stage order, every stage
-of a round on the same positions). On the sim every figure is MODELED (per-device clocks; a collective starts when the
-later rank's stream reaches it; link costs :class:`~ds4lab.sim.devices.LinkModel`, GUESS until measured)."""
+"""The capture ladder under tensor parallelism (:func:`tp_ladder`): each TP stage checked bit for bit against TP stage
+0 and timed in interleaved rounds; a token's time is the slower rank's. On the sim every figure is MODELED."""
 
 from __future__ import annotations
 
@@ -43,18 +37,14 @@ def _per_token_collectives(model) -> float:
 
 def tp_ladder(group: TPGroup, stages: list[TPStage], table: Table, base: TokenOptions | None = None,
               progress=None) -> list[dict]:
-    """Run ``stages`` on ``group`` at ``table.contexts[0]`` (exactness over ``table.exact_tokens`` tokens against the
-    first stage, which should be ``0``; timing over ``table.tokens`` tokens in ``table.rounds`` rounds).
+    """Run ``stages`` on ``group`` at ``table.contexts[0]``: exactness over ``table.exact_tokens`` tokens against the
+    first stage (``0``), timing over ``table.tokens`` tokens in ``table.rounds`` rounds.
 
-    Returns one row per stage: ``stage``, ``placement``, ``collectives_in_graph``, ``exact`` (every rank bit-identical
-    to the first stage), ``first_difference``, ``ranks_identical``, ``us_median``, ``us_p25``, ``us_p75`` (token µs:
-    the slower rank's), ``us_rank0``, ``us_rank1`` (medians), ``gain_us``, ``gain_lo``, ``gain_hi``,
-    ``gain_measurable`` (paired against the first stage, token by token), ``kernel_launches``, ``graph_launches`` and
-    ``collectives`` per token (eager, rank 0), and the graph caches' ``captures``, ``replays``, ``retirements``,
-    ``failures`` (both ranks).
-
-    Raises:
-        ValueError: no stages, or a table with more than one context."""
+    Returns one row per stage: ``stage``, ``placement``, ``collectives_in_graph``, ``exact``, ``first_difference``,
+    ``ranks_identical``, ``us_median``, ``us_p25``, ``us_p75`` (the slower rank's), ``us_rank0``, ``us_rank1``,
+    ``gain_us``, ``gain_lo``, ``gain_hi``, ``gain_measurable`` (paired against the first stage), ``kernel_launches``,
+    ``graph_launches``, ``collectives`` (per token, rank 0), ``captures``, ``replays``, ``retirements``, ``failures``.
+    Raises ValueError: no stages, or a table with more than one context."""
     if not stages:
         raise ValueError("tp_ladder: no stages")
     if len(table.contexts) != 1:

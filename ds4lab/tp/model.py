@@ -1,10 +1,7 @@
-"""One rank of a tensor-parallel decode token: :class:`TPRankModel`, a :class:`~ds4lab.token.model.DecodeModel` holding
-its share of the weights (:mod:`.shard`) and meeting the other ranks at two reductions per layer (:mod:`.reduce`:
-after the attention output's partial sum, "attn", and after the routed and shared experts' partial sums, "ffn"),
-every launch through the calling thread's accessor. ``placement`` says where the collectives sit: ``"inside"`` the
-token's clusters (a stage capturing island 1 or the token captures them) or ``"outside"`` (island 1 split around the
-reductions, the token body the segments between them: cluster ``tp_seg``; every reduction stays eager). Decode only,
-ds4's routed-MoE path, no MoE profile. The layer launch by launch: ``docs/tensor-parallel.md``."""
+"""One rank of a tensor-parallel decode token (:class:`TPRankModel`): its share of the weights (:mod:`.shard`), two
+reductions per layer (:mod:`.reduce`: "attn" and "ffn"), every launch through the calling thread's accessor.
+``placement``: the collectives ``"inside"`` the token's clusters or ``"outside"`` (cluster ``tp_seg`` between them,
+every reduction eager). The layer launch by launch: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -53,14 +50,9 @@ class FullWeights:
 class TPRankModel(DecodeModel):
     """Rank ``plan.rank`` of a tensor-parallel token (see module docstring).
 
-    Args:
-        cfg: the single-GPU model's configuration (split by ``plan``).
-        backend: this rank's device backend.
-        plan: the rank's share (:class:`~ds4lab.tp.shard.ShardPlan` of ``cfg``).
-        reducer: the reductions (:mod:`ds4lab.tp.reduce`).
-        opts, nvtx, n_layers: as :class:`~ds4lab.token.model.DecodeModel`.
-        placement: ``"inside"`` or ``"outside"`` (module docstring).
-        check: called as ``check(model, layer, point)`` after every eager reduction (verification).
+    ``plan``: the rank's :class:`~ds4lab.tp.shard.ShardPlan` of ``cfg``; ``reducer``: :mod:`ds4lab.tp.reduce`;
+    ``opts``, ``nvtx``, ``n_layers``: as :class:`~ds4lab.token.model.DecodeModel`; ``check(model, layer, point)``:
+    called after every eager reduction (verification).
 
     Raises:
         ConfigError: a model that does not split (:meth:`ShardPlan.validate`).

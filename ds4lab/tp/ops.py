@@ -12,10 +12,8 @@ i32 = np.int32
 
 
 def tp_expand(L, site, h, mix, y, extra, S: int, E: int) -> None:
-    """``h[s] += post_s * (y + extra)`` (hyper-connection expand and residual add) after the reduction: ``h`` float32
-    ``[S, E]``, ``mix`` the sublayer's mixing logits ``[2S]``, ``y`` and ``extra`` (or None) float32 ``[E]``. The
-    epilogue of ``q8_matvec_expand`` (``kernels/dense.cu``): the same ``y`` gives the same bits (reference
-    ``R.expand``, as that launch site's)."""
+    """``h[s] += post_s * (y + extra)`` after the reduction (``h`` float32 ``[S, E]``, ``mix`` the mixing logits
+    ``[2S]``, ``y`` and ``extra`` or None float32 ``[E]``): the epilogue of ``q8_matvec_expand``, bit for bit."""
 
     def ref():
         h[...] = R.expand(h, mix, np.asarray(y).reshape(-1)[:E],
@@ -26,9 +24,8 @@ def tp_expand(L, site, h, mix, y, extra, S: int, E: int) -> None:
 
 
 def tp_localize_ids(L, site, ids, out, lo: int, n_local: int, P: int) -> None:
-    """The router's expert ids ``ids`` (int32, ``P`` of them) as the rank holding experts ``lo .. lo + n_local - 1``
-    numbers them: ``id - lo`` there, ``-1`` elsewhere (the routed-MoE kernels add nothing for an id outside their
-    bank)."""
+    """The router's expert ids ``ids`` (int32, ``P``) as the rank holding experts ``lo .. lo + n_local - 1`` numbers
+    them: ``id - lo`` there, ``-1`` (adds nothing) elsewhere."""
 
     def ref():
         e = np.asarray(ids).reshape(-1)[:P].astype(np.int64) - lo

@@ -1,9 +1,6 @@
-"""Ranks as threads: one thread per device, on the sim and on the GPU alike.
-
-:func:`make_node` gives the node a backend name asks for (the sim's :class:`~ds4lab.sim.devices.SimNode`, or the GPU's
-:class:`~ds4lab.backends.cupy_nccl.CupyNode` when this host has the GPUs); :func:`run_ranks` runs ``fn(rank)`` in one
-thread per rank, each thread making its device current first (CUDA's current device is per thread) and routing its
-launches through its own thread-local stream accessor (:mod:`ds4lab.capture.stream`)."""
+"""Ranks as threads: :func:`make_node` (the sim's :class:`~ds4lab.sim.devices.SimNode` or the GPUs'
+:class:`~ds4lab.backends.cupy_nccl.CupyNode`) and :func:`run_ranks`, one thread per rank with its device current
+and its own thread-local stream accessor."""
 
 from __future__ import annotations
 
@@ -18,10 +15,8 @@ class RankTimeout(TimeoutError):
 
 def make_node(backend: str = "sim", n_devices: int = 2, *, seed: int = 1234, timing_only: bool = False,
               calibration=None, collective_timeout_s: float | None = None):
-    """A node of ``n_devices`` devices: ``backend`` ``"sim"`` (simulated devices) or ``"cupy"`` (the host's GPUs, NCCL
-    through CuPy).
-
-    ``collective_timeout_s``: how long a collective may wait for its peers (default: 5 s on the sim, 20 s on a GPU).
+    """A node of ``n_devices`` devices: ``backend`` ``"sim"`` or ``"cupy"`` (NCCL through CuPy);
+    ``collective_timeout_s`` default 5 s on the sim, 20 s on a GPU.
 
     Raises:
         ValueError: another backend name.
@@ -41,12 +36,9 @@ def make_node(backend: str = "sim", n_devices: int = 2, *, seed: int = 1234, tim
 
 
 def run_ranks(node, fn: Callable[[int], Any], *, timeout_s: float, raise_first: bool = False) -> list:
-    """``fn(rank)`` in one thread per device of ``node``, each thread's device made current first (``node.on_device``).
-    Returns each rank's result, or the exception it raised; a thread still running after ``timeout_s`` is left
-    behind (daemon) and reported as :class:`RankTimeout`.
-
-    With ``raise_first`` the first rank's exception (in rank order) is raised instead, with the rank named in a note
-    (``exc.__notes__``)."""
+    """``fn(rank)`` in one thread per device of ``node`` (``node.on_device`` first). Returns each rank's result or
+    exception; a thread still running after ``timeout_s`` is left behind (daemon) as :class:`RankTimeout`. With
+    ``raise_first`` the first rank's exception is raised, the rank named in ``exc.__notes__``."""
     out: list[Any] = [None] * node.n_devices
 
     def run(r: int) -> None:

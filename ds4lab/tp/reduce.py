@@ -1,12 +1,7 @@
-"""The reductions between ranks, where a tensor-parallel token's partial sums become the whole, at ``(layer, point)``:
-``"attn"`` (``o_b``'s output, ``[E]``) and ``"ffn"`` (shared and routed experts, ``[2, E]``, summed apart).
-:class:`NcclReducer` (``ncclAllReduce`` on the accessor's stream: inside a graph while a stage captures),
-:class:`PeerReducer` (ds4's way: ``cudaMemcpyPeer`` into the other rank's inbox, a host barrier, ``tp_add2``;
-refused or left out of any graph, so it belongs between graphs) and, for verification on the sim,
-:class:`OracleReducer` (what the single-GPU token computes from the same inputs: the TP token is then the single-GPU
-token bit for bit if all else is exact). The real reducers give the same bits on every rank (float32 ``p0 + p1``);
-against the single-GPU token the order of the sum changes by at most :func:`reduction_bound`.
-``docs/tensor-parallel.md`` has the rest."""
+"""The reductions between ranks at ``(layer, point)``, ``"attn"`` (``[E]``) and ``"ffn"`` (``[2, E]``):
+:class:`NcclReducer` (``ncclAllReduce`` on the accessor's stream), :class:`PeerReducer` (ds4's ``cudaMemcpyPeer``,
+host barrier, ``tp_add2``: between graphs only) and, on the sim, :class:`OracleReducer` (the single-GPU values).
+Against the single-GPU token the sum's order changes by at most :func:`reduction_bound`; ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -27,19 +22,10 @@ U64 = 2.0 ** -53
 
 
 def reduction_bound(partials: list[np.ndarray], single: np.ndarray, terms: int, abs_sum: np.ndarray) -> np.ndarray:
-    """The bound on ``|tp - single|`` per element of a two-rank reduction, where ``tp = fl32(p0 + p1)``, ``p_r =
-    fl32(s_r)`` with ``s_r`` each rank's dot products summed in float64, and ``single = fl32(S)`` with ``S`` the
-    single-GPU token's float64 sum of all ``terms`` products (the NumPy reference computes every dot product in
-    float64 and rounds once: ``ds4lab/token/reference.py``).
-
-    With ``u = 2^-24`` (float32 rounding) and ``gamma_n <= n 2^-53 / (1 - n 2^-53)`` (any float64 summation
-    order of ``n`` terms, ``A = sum |w_i x_i|``)::
-
-        |tp - single| <= |tp - (p0 + p1)| + |p0 + p1 - S^| + |S^ - single|
-                      <= u (|p0| + |p1|) + [u (|p0| + |p1|) / (1 - u) + 2 gamma_n A] + u |single| / (1 - u)
-
-    so ``B = (1 + 2^-20) (2^-23 (|p0| + |p1|) + 2^-24 |single|) + terms 2^-51 A`` (``2 gamma_n`` rounded up, the ``1/(1
-    - u)`` factors into the ``2^-20``). float32 ``[E]`` in, float64 out."""
+    """The bound on ``|tp - single|`` per element of a two-rank reduction (``tp = fl32(p0 + p1)``, ``single`` the
+    single-GPU token's float64 sum of all ``terms`` products rounded once, ``A = sum |w_i x_i|``): ``B = (1 + 2^-20)
+    (2^-23 (|p0| + |p1|) + 2^-24 |single|) + terms 2^-51 A``; the derivation: ``docs/tensor-parallel.md``. float32
+    ``[E]`` in, float64 out."""
     p = sum(np.abs(np.asarray(x, dtype=np.float64)) for x in partials)
     return ((1.0 + 2.0 ** -20) * (2 * U32 * p + U32 * np.abs(np.asarray(single, dtype=np.float64)))
             + terms * 4 * U64 * np.asarray(abs_sum, dtype=np.float64))
@@ -99,11 +85,9 @@ class NcclReducer:
 
 
 class PeerReducer:
-    """ds4's peer copies (see module docstring). ``inboxes[rank][point]`` are two buffers per point and rank
-    (alternating per use, so a copy into one never overwrites what the peer has still to read: the copy of use k + 1
-    follows the barrier of use k, which the peer passes only after issuing its add of use k).
-
-    Two ranks only (``world == 2``)."""
+    """ds4's peer copies (see module docstring), two ranks only. ``inboxes[rank][point]``: two buffers per point and
+    rank, alternating per use, so the copy of use k + 1 (after the barrier of use k) never overwrites what the peer
+    has still to read."""
 
     kind = "peer"
 
@@ -137,9 +121,8 @@ class PeerReducer:
 
 
 class OracleReducer:
-    """Verification only (the sim): ``recv`` becomes the single-GPU token's values from the same inputs, gathered on
-    the host from every rank (:func:`single_gpu_values`). Not a design: it needs the whole routed bank and the
-    unsplit ``o_b`` and ``sh_down`` on every rank."""
+    """Verification only (the sim): ``recv`` becomes the single-GPU token's values from the same inputs
+    (:func:`single_gpu_values`); it needs the whole routed bank and the unsplit ``o_b``, ``sh_down`` on every rank."""
 
     kind = "oracle"
 
@@ -157,13 +140,9 @@ class OracleReducer:
 
 
 def single_gpu_values(model, exchange: Exchange, layer: int, point: str) -> dict:
-    """What the single-GPU token computes at reduction ``(layer, point)`` from this rank's and its peers' inputs, as
-    the NumPy reference computes it (the launch sites' references: ``q8_matvec``, ``moe_midq_q8k``,
-    ``moe_down_sum``). Every rank must call it at the same point (a host exchange).
-
-    Returns ``{"single": float32 like recv, "partials": [every rank's send], "terms": n, "abs_sum": A}`` (the inputs of
-    :func:`reduction_bound`; for ``"ffn"`` ``[2, E]`` arrays, row 0 the shared expert's, row 1 the routed experts').
-    """
+    """What the single-GPU token computes at reduction ``(layer, point)`` from every rank's inputs, as the NumPy
+    reference does; every rank must call it at the same point (a host exchange). Returns ``{"single": float32 like
+    recv, "partials": [every rank's send], "terms": n, "abs_sum": A}`` (for ``"ffn"`` ``[2, E]``: shared, routed)."""
     from ..token.reference import dequant, dequant_q8k, quantize_q8k_ds4
 
     rank, full = model.plan.rank, model.full

@@ -1,9 +1,6 @@
-"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`), and the weight slices that give it: rank ``r``
-of ``world`` holds its share of the attention heads (rows of ``q_b``, groups of ``o_a``, the matching columns of
-``o_b``), of the shared expert (gate and up rows, the matching columns of ``sh_down``) and of the routed experts
-(whole experts); everything else is replicated. Slices are exact (Q8_0 rows and 32-column blocks, super-block rows,
-whole experts): a model that does not split so raises :class:`~ds4lab.token.config.ConfigError`. The split, weight
-by weight: ``docs/tensor-parallel.md``."""
+"""What each rank of a tensor-parallel token holds (:class:`ShardPlan`) and the exact weight slices that give it
+(heads, shared-expert rows, whole routed experts; the rest replicated); a model that does not split raises
+:class:`~ds4lab.token.config.ConfigError`. Weight by weight: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -27,11 +24,8 @@ def _share_of(field: str, doc: str) -> property:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Rank ``rank``'s share of the model ``cfg`` split over ``world`` ranks (see module docstring).
-
-    Attributes:
-        heads, groups, ffn, experts: the rank's attention heads, output groups, shared-expert rows and routed experts
-            (ranges into the single-GPU model's)."""
+    """Rank ``rank``'s share of ``cfg`` over ``world`` ranks: ``heads``, ``groups``, ``ffn``, ``experts`` (ranges into
+    the single-GPU model's attention heads, output groups, shared-expert rows and routed experts)."""
 
     cfg: ModelConfig
     rank: int
@@ -158,10 +152,8 @@ def col_slice(t: QTensor, cols: range, xp=np) -> QTensor:
 
 
 class ExpertSlice:
-    """Experts ``lo .. lo + n - 1`` of a routed bank, numbered ``0 .. n - 1``: indexing gives the bank's expert ``lo +
-    e``; ``qs``/``d`` (the stack the GPU kernels read) are the bank's slices, copied on a GPU so the rank does not
-    keep the whole bank. Works on every backend's bank (a QTensor stack on a GPU, the NumPy backend's lazy bank, the
-    sim's phantom bank)."""
+    """Experts ``lo .. lo + n - 1`` of a routed bank (any backend's), numbered ``0 .. n - 1``; ``qs``/``d`` are the
+    bank's slices, copied on a GPU so the rank does not keep the whole bank."""
 
     def __init__(self, bank, lo: int, n: int, *, copy: bool = False) -> None:
         self.bank, self.lo, self.n = bank, int(lo), int(n)

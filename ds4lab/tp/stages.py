@@ -1,16 +1,7 @@
-"""The capture stages under tensor parallelism: ds4lab's stages with the collectives inside the graph or between graphs
-(graph–collective–graph).
-
-A :class:`TPStage` is a stage of :data:`ds4lab.experiments.stages.STAGES` run on every rank, with the rank model's
-``placement`` (:mod:`ds4lab.tp.model`):
-
-* ``0``: eager, the legacy stream (every reduction eager);
-* ``i:in`` / ``i:out``: ds4's decode islands, with island 1 holding both reductions, or island 1 cut into three graphs
-  around them. ds4 captures its islands in global mode; with one thread per GPU NCCL needs thread-local capture (NCCL
-  2.11-2.12 "Capture modes"; rule nccl_global_multithread), so these capture in thread-local mode;
-* ``3:in`` / ``3:out``: the whole token as one graph holding every collective, or the segments between reductions as
-  graphs (2 L + 1 of them) with the collectives eager between;
-* ``3c:in`` / ``3c:out``: the same on the long-context token, one launch list for every position."""
+"""The capture stages under tensor parallelism (:class:`TPStage`): a stage of :data:`ds4lab.experiments.stages.STAGES`
+on every rank with the collectives inside the graph (``:in``) or between graphs (``:out``): ``0``, ``i:in`` /
+``i:out`` (thread-local capture: rule nccl_global_multithread), ``3:in`` / ``3:out``, ``3c:in`` / ``3c:out``. Each
+stage: ``docs/tensor-parallel.md``, "Stages under TP"."""
 
 from __future__ import annotations
 

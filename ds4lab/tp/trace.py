@@ -1,11 +1,6 @@
-"""The tensor-parallel token recorded as one event table across its devices, for ``ds4lab audit`` and for
-:mod:`ds4lab.audit.collectives` (collectives paired by rank, the per-rank capture plan's deadlock risk).
-
-On the sim the table is built from each device's modeled timeline (kernels, copies, the collectives' kernels, with the
-graph each replayed node came from) and one NVTX ``token`` range per token and rank (the rank's modeled host clock);
-every time in it is MODELED, and it has no API rows (the audit then takes one launch per device row, and says so). On
-GPUs it is a CUPTI recording of both devices (:func:`ds4lab.trace.recording.recording`, ``cupti-python``): the ranks'
-NVTX token ranges from ds4lab's launcher, NCCL's kernels as NCCL names them."""
+"""The tensor-parallel token recorded as one event table across its devices, for ``ds4lab audit`` and
+:mod:`ds4lab.audit.collectives`: on the sim from each device's modeled timeline (MODELED, no API rows), on GPUs a
+CUPTI recording of both devices (:func:`ds4lab.trace.recording.recording`)."""
 
 from __future__ import annotations
 
@@ -18,11 +13,9 @@ _COPY = {"memcpy PtoP": "PtoP", "memcpy HtoD": "HtoD", "memcpy DtoH": "DtoH"}
 
 
 def record_tp_table(group, stage: str = "0", start: int = 1000, tokens: int = 4, warmup: int = 2) -> EventTable:
-    """Run ``warmup`` untimed tokens then ``tokens`` recorded ones from ``start`` under TP stage ``stage`` on every
-    rank of ``group``; the recorded tokens as one :class:`~ds4lab.trace.events.EventTable`.
-
-    Raises:
-        KeyError: an unknown stage; ds4lab.trace.sources.common.SourceError: no CUPTI on a GPU host."""
+    """Run ``warmup`` untimed tokens then ``tokens`` recorded ones from ``start`` under TP stage ``stage`` on every rank
+    of ``group``; the recorded tokens as one :class:`~ds4lab.trace.events.EventTable`. Raises KeyError: an unknown
+    stage; ds4lab.trace.sources.common.SourceError: no CUPTI on a GPU host."""
     tps = TP_STAGES[stage]
     base = TokenOptions(vocab=group.models[0].opts.vocab)
     runs = group.stage_runs(tps.stage, base)
@@ -90,9 +83,8 @@ def _record_gpu(group, tps, runs, first: int, warmup: int, tokens: int) -> Event
 
 def tp_trace(group, stage: str, start: int, tokens: int):
     """The TP token recorded (:func:`record_tp_table`) and audited across its devices: ``(table, pairs, plan)``, the
-    event table (``ds4lab audit`` reads it saved), the collectives paired by rank
-    (:func:`ds4lab.audit.collectives.pair_collectives`) and the per-rank capture plan of the audit of each device in
-    each capture mode (:func:`ds4lab.audit.collectives.per_rank_plan`, column ``mode``)."""
+    event table, the collectives paired by rank (:func:`ds4lab.audit.collectives.pair_collectives`) and the per-rank
+    capture plan in each capture mode (:func:`ds4lab.audit.collectives.per_rank_plan`, column ``mode``)."""
     import pandas as pd
 
     from ..audit.analysis import analyze

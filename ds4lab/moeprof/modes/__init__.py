@@ -1,9 +1,5 @@
-"""The profiling modes, one class each behind :class:`~.base.ProfilingMode`, and the factory.
-
-The mode table (what each mode does, and why) is the package's docstring (:mod:`ds4lab.moeprof`). Adding a mode: a
-:class:`~.base.ProfilingMode` subclass in its own module here (its ``name`` and class attributes,
-:meth:`~.base.ProfilingMode.instrument` and its rows), then one entry in :data:`MODE_CLASSES`; :data:`MODES` and
-:data:`STAGE_MODES` follow from it."""
+"""The profiling modes, one class each behind :class:`~.base.ProfilingMode`, and the factory (:func:`make_mode`);
+:data:`MODES` and :data:`STAGE_MODES` follow from :data:`MODE_CLASSES`."""
 
 from __future__ import annotations
 

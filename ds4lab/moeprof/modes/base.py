@@ -1,21 +1,5 @@
-"""The one interface every profiling mode implements: instrument a routed-MoE call, read back rows.
-
-A mode works for one :class:`~ds4lab.moeprof.MoeProfiler` (``self.prof``), which owns what all modes share: attaching
-to the model, the capture-status queries, the calls waiting to be read, the errors, and the rows' common columns
-(``prof.table``, a :class:`~ds4lab.moeprof.rows.RowBuilder`). The profiler calls, in this order:
-
-1. :meth:`~ProfilingMode.allocate` at attach (outside any capture), then :meth:`~ProfilingMode.start`;
-2. per token :meth:`~ProfilingMode.begin_step`;
-3. per ``moe`` cluster run :meth:`~ProfilingMode.open_bracket` / :meth:`~ProfilingMode.close_bracket` around it, and
-   per routed-MoE call within it :meth:`~ProfilingMode.instrument`, which returns a :class:`~ds4lab.moeprof.rows.Probe`
-   whose ``points`` the model fires at its 7 profiling points, then the probe's own mode's
-   :meth:`~ProfilingMode.after_call`;
-4. per read (after the token, the stream synchronized) :meth:`~ProfilingMode.read`, which returns the rows of the calls
-   (:meth:`~ProfilingMode.collect` once, then :meth:`~ProfilingMode.rows` per call);
-5. :meth:`~ProfilingMode.stop` at detach.
-
-A mode may hand a call to another mode (``host-timed`` under capture, with a fallback): the probe names the mode that
-placed it (``probe.mode``), and that mode reads it back (:meth:`~ProfilingMode.probe_rows`)."""
+"""The one interface every profiling mode implements: instrument a routed-MoE call, read back rows. The order of the
+profiler's calls: ``docs/moe-profiler.md``, "A mode's calls"."""
 
 from __future__ import annotations
 
@@ -27,20 +11,10 @@ from ..rows import Call, Probe
 class ProfilingMode:
     """Base of the profiling modes (:data:`ds4lab.moeprof.MODES`); by default a mode places no points.
 
-    Class attributes (what the profiler and the jobs ask instead of testing the mode's name):
-        name: the mode's name in :data:`~ds4lab.moeprof.MODES` and in the rows' ``mode`` column.
-        per_stage: rows carry per-stage times (:data:`~ds4lab.moeprof.STAGE_MODES`).
-        profile_points: ``TokenOptions.moe_profile`` while attached (the model's 7 profiling points
-            are live; part of every ``moe`` graph's host decisions).
-        host_timed: ``TokenOptions.moe_host_timed`` while attached (the model synchronizes and reads).
-        instruments_calls: a replayed graph needs the probe of its capture (otherwise the row says the
-            graph was captured before the profiler attached).
-        auto_regime: the regime :func:`~ds4lab.moeprof.iter_profile` picks for ``regime="auto"``.
-        process_wide: once started it stays loaded in the process (CUPTI): run it last.
-        accepts_fallback: takes a fallback mode for calls it refuses (``host-timed``).
-        sim_prices: the regimes (``eager``, ``replayed``) in which the sim's cost model prices what the
-            mode costs a token; in the others its cost on the sim is "not modeled", never a measurement.
-        sim_leaves_out: what the sim does not price where ``sim_prices`` leaves a regime out."""
+    Class attributes (asked instead of the mode's name): ``name``; ``per_stage`` (per-stage times);
+    ``profile_points`` / ``host_timed`` (the ``TokenOptions`` set while attached); ``instruments_calls`` (a replay
+    needs its capture's probe); ``auto_regime``; ``process_wide`` (stays loaded: run it last); ``accepts_fallback``;
+    ``sim_prices`` (regimes whose cost the sim models) and ``sim_leaves_out`` (what it does not price)."""
 
     name: ClassVar[str] = ""
     per_stage: ClassVar[bool] = True

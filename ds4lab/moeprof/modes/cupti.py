@@ -13,11 +13,9 @@ from .base import ProfilingMode
 
 
 class Cupti(ProfilingMode):
-    """Kernel records split into MoE calls at each ``xq_quantize`` (:func:`~ds4lab.moeprof.record_stage`).
-
-    Rows: per stage the kernels' busy time (ms), ``total`` first start to last end; NaN with a note when the trace is
-    unavailable or a call has no records (a captured call ran nothing). A mismatch between record groups and executed
-    calls is noted in the profiler's ``notes``."""
+    """Kernel records split into MoE calls at each ``xq_quantize`` (:func:`~ds4lab.moeprof.record_stage`). Rows: per
+    stage the kernels' busy ms, ``total`` first start to last end; NaN with a note when the trace is unavailable or a
+    call has no records; a mismatch of groups and calls is noted in the profiler's ``notes``."""
 
     name = "cupti"
     sim_prices = ()

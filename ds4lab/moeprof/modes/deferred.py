@@ -1,9 +1,5 @@
-"""``deferred``: ds4's seven events per call, each call its own from a pool, read after the token.
-
-No synchronization mid-token: the events are read when the profiler reads (after the token, or every ``read_every``
-calls). Eager only: events recorded in a capture make no graph node, and on the H200 reading them afterwards fails
-(``cudaErrorInvalidValue``) until they are re-recorded (``docs/measurements/h200-2026-11-29/conformance-cupy.json``).
-"""
+"""``deferred``: ds4's seven events per call, each call its own from a pool, read after the token; eager only
+(``docs/moe-profiler.md``)."""
 
 from __future__ import annotations
 
@@ -14,12 +10,9 @@ from .base import ProfilingMode
 
 
 class Deferred(ProfilingMode):
-    """A pool of 7-event sets, one set per call between reads; elapsed times read after the token.
-
-    Rows: ms per stage (``cudaEventElapsedTime`` between consecutive events), ``total`` their sum; NaN (with a note)
-    for a call whose events were recorded inside a capture, unless the profiler is ``raw``; a note ``stale`` when the
-    events still hold what :meth:`~ds4lab.moeprof.MoeProfiler.poison` recorded. A failed read is recorded in the
-    profiler's ``errors`` (``where`` = ``read``) and gives NaN rows."""
+    """A pool of 7-event sets, one per call between reads. Rows: ms per stage, ``total`` their sum; NaN (with a note)
+    for a call recorded inside a capture unless ``raw``; note ``stale`` for events still holding what
+    :meth:`~ds4lab.moeprof.MoeProfiler.poison` recorded. A failed read goes to ``errors`` (``where`` = ``read``)."""
 
     name = "deferred"
     sim_prices = ("eager",)

@@ -11,11 +11,9 @@ from .base import ProfilingMode
 
 
 class GraphBoundary(ProfilingMode):
-    """A pool of ``(start, end)`` event pairs recorded around each cluster run; ``total`` rows.
-
-    Rows: one ``total`` row per call (ms between the pair); NaN with a note when the stream was capturing (no pair
-    recorded) and, unless ``raw``, for the capturing call (its time includes capture and instantiation). A failed read
-    is recorded in the profiler's ``errors``."""
+    """A pool of ``(start, end)`` event pairs around each cluster run: one ``total`` row per call; NaN with a note
+    when the stream was capturing and, unless ``raw``, for the capturing call (its time includes capture). A failed
+    read goes to the profiler's ``errors``."""
 
     name = "graph-boundary"
     per_stage = False

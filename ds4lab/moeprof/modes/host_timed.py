@@ -1,12 +1,5 @@
-"""``host-timed``: ds4's own profile, guarded against stream capture.
-
-ds4 (``DS4_CUDA_MOE_PROFILE``) records seven CUDA events around the six stages, waits on the last with
-``cudaEventSynchronize`` and reads the elapsed times on the host, every call (``shared/context/ds4-decode.md``, "The
-routed MoE kernel sequence and its profile"). The model does exactly that with ``TokenOptions(moe_profile=True,
-moe_host_timed=True)`` and logs one entry per call (``model.moe_profile_log``), which this mode turns into rows. Inside
-a capture the synchronize fails with ``cudaErrorCapturedEvent`` and invalidates the capture (measured on the H200:
-``docs/measurements/h200-2026-11-29/conformance-cupy.json``, ``event_sync_captured``), so the guard refuses first; with
-a fallback it hands that call to another mode instead."""
+"""``host-timed``: ds4's own profile (seven events, ``cudaEventSynchronize``, host read per call), guarded against
+stream capture, where the synchronize would fail and invalidate it (``docs/moe-profiler.md``)."""
 
 from __future__ import annotations
 
@@ -18,10 +11,8 @@ from .base import ProfilingMode
 
 
 class ProfilerCaptureError(RuntimeApiError):
-    """Host-timed MoE profiling was asked for while the stream captures (the guard refused it).
-
-    A :class:`~ds4lab.errors.RuntimeApiError`, so a :class:`~ds4lab.capture.cache.GraphCache` treats it as a failed
-    capture: it ends the (still intact) capture, retires the graph and runs eagerly."""
+    """Host-timed MoE profiling was asked for while the stream captures (the guard refused it); a
+    :class:`~ds4lab.errors.RuntimeApiError`, so a graph cache ends the intact capture and runs eagerly."""
 
     NAME = "ds4lab:HostTimedProfileInCapture"
 
@@ -40,15 +31,11 @@ class ProfilerCaptureError(RuntimeApiError):
 
 
 class HostTimed(ProfilingMode):
-    """ds4's events, synchronize and host read per call; guarded, optionally falling back.
+    """ds4's events, synchronize and host read per call, from ``model.moe_profile_log``.
 
-    Args:
-        prof: the profiler.
-        guard: refuse while the stream captures (any status but ``none``, an invalidated capture and a failed status
-            query included) with :class:`ProfilerCaptureError`, before any synchronize. ``False`` runs ds4's path as is
-            (CUDA then breaks the capture).
-        fallback: the mode a refused call is handed to (in-graph or deferred, built as a fallback), with a
-            ``RuntimeWarning`` once per profiler and a note on the call's rows; None: refuse."""
+    ``guard``: refuse with :class:`ProfilerCaptureError` while the stream captures (any status but ``none``), before
+    any synchronize; ``False`` runs ds4's path as is. ``fallback``: the mode a refused call is handed to, with a
+    ``RuntimeWarning`` once and a note on the rows; None: refuse."""
 
     name = "host-timed"
     host_timed = True

@@ -1,24 +1,5 @@
-"""``in-graph``: %globaltimer written into device slots at each stage boundary, inside the graph.
-
-Two ways (``fold``):
-
-* **folded** (the default): each stage's first kernel writes its boundary itself: thread 0 of block (0, 0) stores
-  ``%globaltimer`` into the slot as its first instruction (``kernels/moe.cu:moe_stamp``, the stage kernels' ``stamp``
-  argument), so the points before ``xq``, ``gateup``, ``midq``, ``down`` and ``sum`` (and ``sort`` at one token, where
-  the sort stage is empty and its two points fall on the ``gateup`` kernel) add no graph node; the points that no stage
-  kernel follows (``end``, and ``sort`` before the counts clear at more than one token) launch the one-thread stamp
-  kernel. One stamp node per decode call instead of seven. A stage then reads from its first kernel's start to the next
-  stage's first kernel's start: its kernels and the gaps between them, no stamp kernel; ``sum`` ends at the ``end``
-  stamp kernel's start.
-* **fired** (``fold=False``, as before): a stamp kernel (``kernels/timestamp.cu:stamp_time``) at each of the 7 points;
-  every stage includes one stamp kernel (about 1 µs on the H200).
-
-Captured, stamps and stamping kernels are kernel nodes, so every replay writes fresh times; the slots are read after
-the replay. (An event record inside a capture makes no graph node and its elapsed time is refused, as measured on the
-H200; a kernel is what CUDA allows.) ``%globaltimer`` advances in implementation-defined steps (PTX ISA; 32 ns on the
-H200, :func:`~ds4lab.moeprof.globaltimer_resolution`). On ``sim`` the stamp's reference writes the modeled device time
-at which its kernel starts; a timing-only sim computes nothing, so there the stamps are the start times of the kernels
-that carry them on the modeled timeline."""
+"""``in-graph``: %globaltimer written into device slots at each stage boundary, inside the graph; folded into the
+stage kernels or fired by a stamp kernel: ``docs/moe-profiler.md``, "in-graph"."""
 
 from __future__ import annotations
 
@@ -58,27 +39,21 @@ class Stamp(ProfileMarker):
 class InGraph(ProfilingMode):
     """Stamp slots on the device (``uint64`` ns), 7 per distinct ``(layer, tokens)`` key.
 
-    Args:
-        prof: the profiler.
-        slots: slot capacity (default: 7 × max(16, 2 × layers)); a key beyond it raises RuntimeError.
-        every_step: clear the slots at every :meth:`begin_step`; as ``host-timed``'s fallback (``False``) only once
-            stamps are in use.
-        fold: the stage kernels write the boundaries they start (one stamp node per call); ``False``: a stamp kernel at
-            every point (seven nodes per call); None: :attr:`FOLD`.
-
-    Rows: ms per stage (differences of consecutive stamps), ``total`` = last − first; NaN with a note for a call
-    captured (not run yet) or whose slots were not written."""
+    ``slots``: capacity (default 7 × max(16, 2 × layers)); a key beyond it raises RuntimeError. ``every_step``:
+    clear the slots at every :meth:`begin_step` (as a fallback only once stamps are in use). ``fold``: the stage
+    kernels write their boundaries (None: :attr:`FOLD`). Rows: ms per stage, ``total`` = last − first; NaN with a note
+    for a call captured (not run yet) or whose slots were not written."""
 
     name = "in-graph"
     auto_regime = "replayed"
 
-    #: The default of ``fold`` (module docstring).
+    #: The default of ``fold`` (``docs/moe-profiler.md``).
     FOLD = True
 
     def __init__(self, prof, slots: int | None = None, every_step: bool = True, fold: bool | None = None) -> None:
         super().__init__(prof)
         self.every_step = every_step
-        #: stage boundaries written by the stage kernels themselves (module docstring)
+        #: stage boundaries written by the stage kernels themselves (``docs/moe-profiler.md``)
         self.fold = self.FOLD if fold is None else fold
         self.capacity = slots or 7 * max(16, 2 * prof.model.n_layers)
         self.slots = None

@@ -52,10 +52,8 @@ class NvtxMark(ProfileMarker):
 
 
 class Nvtx(ProfilingMode):
-    """A range ``moe.<stage>`` (payload: the layer) between consecutive profiling points.
-
-    Rows: NaN for every stage, the note saying how many ranges were emitted per call, or why none (unavailable,
-    replayed) or what they mark (the capture)."""
+    """A range ``moe.<stage>`` (payload: the layer) between consecutive profiling points; rows NaN, the note saying
+    how many ranges were emitted per call, why none, or what they mark."""
 
     name = "nvtx"
     sim_prices = ()
