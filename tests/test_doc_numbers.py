@@ -147,7 +147,9 @@ def user_path() -> dict:
     t = rows(REC / "h200-2026-12-04/audit-validate/validate.csv")
     wrong = [r for r in t if r["audit_verdict"] == "replays wrong"]
     assert wrong and all(r["cause_first"] == "True" for r in wrong)
-    return {"agree": num(sum(r["verdict_agrees"] == "True" for r in t)), "n": num(len(t))}
+    ratios = [float(r["predicted_over_measured"]) for r in t if r["predicted_over_measured"]]
+    return {"agree": num(sum(r["verdict_agrees"] == "True" for r in t)), "n": num(len(t)),
+            "lo": num(min(ratios), 1), "hi": num(max(ratios), 1), "held": num(sum(r["time_agrees"] == "True" for r in t))}
 
 
 def from_ds4_check() -> dict:
@@ -201,6 +203,26 @@ def untraced_saving() -> dict:
             "traced_saved": num(w["saving_us"])}
 
 
+def kernel_span() -> dict:
+    """ds4's kernel span per token (first kernel's start to the last one's end inside each recorded NVTX token,
+    CUPTI; the median of the recorded tokens), µs, from the workers' recordings of ``h200-2026-12-04-ds4``:
+    ``{configuration}_{context}`` keys (census.csv's ``span_us`` is the NVTX range, host work included)."""
+    import pandas as pd
+
+    out = {}
+    for key, rec in (("off1", "ladder-1k/worker-islands-off/trace-1024"), ("s01", "ladder-1k/worker-stage-0/trace-1024"),
+                     ("i1", "ladder-1k/worker-stage-i/trace-1024"), ("u1", "ladder-1k/worker-stage-3u/trace-1024"),
+                     ("u16", "trace-3u-16k/worker-stage-3u/trace-16384")):
+        t = pd.read_csv(REC / "h200-2026-12-04-ds4" / rec / "recording.csv.gz", skiprows=1, low_memory=False)
+        k = t[t.kind == "kernel"]
+        spans = []
+        for r in t[t.kind == "nvtx"].itertuples():
+            inside = k[(k.start_ns >= r.start_ns) & (k.start_ns <= r.end_ns)]
+            spans.append((inside.end_ns.max() - inside.start_ns.min()) / 1e3)
+        out[key] = num(np.median(spans))
+    return out
+
+
 # ----------------------------------------------------------------------------- the claims
 @dataclass(frozen=True)
 class Claim:
@@ -218,6 +240,10 @@ CLAIMS = [
     Claim("README.md", "| context | ds4 as shipped | stage 0 | stage i | stage 3u | MODELED 3u |\n|---|---|---|---|---|---|\n"
           "{table}\n\nStage 0 costs nothing measurable; ds4's islands buy {glo}–{ghi} %; re-capturing and updating the "
           "whole token every\ntoken loses {llo}–{lhi} ms", "h200-2026-12-04-ds4/ladder/ladder-modeled.csv", ds4_ladder),
+    Claim("README.md", "while the replay alone takes {u1} µs at 1k", "h200-2026-12-04-ds4/*/worker-*/recording.csv.gz",
+          kernel_span),
+    Claim("docs/measurements/h200-2026-12-04-ds4/README.md", "(kernel span {u1} µs at 1k against {off1} eager and {i1} "
+          "with\n  islands; {u16} µs at 16k", "h200-2026-12-04-ds4/*/worker-*/recording.csv.gz", kernel_span),
     Claim("docs/ds4.md", "{c1024}\n{c4096}\n{c16384}\n{c65536}", "h200-2026-12-02b/ds4, h200-2026-12-02-ds4/ds4-long",
           ds4_table),
     Claim("README.md", "3cc within {cc} % of 3 with one graph, PDL +{lo}–{hi} µs per token",
@@ -226,7 +252,8 @@ CLAIMS = [
           "the replay for all {captured} that captured", "h200-2026-12-03/audit-validate/validate.csv",
           audit_validate),
     Claim("README.md", "on scripts written apart from it and recorded as a user\nrecords them, {agree} of {n} so far, each "
-          "wrong replay led by its true cause", "h200-2026-12-04/audit-validate/validate.csv", user_path),
+          "wrong replay led by its true cause, its whole-token plan ×{lo}–{hi} of the replay there (held in\n{held}: the "
+          "loop's work between steps priced at its traced cost", "h200-2026-12-04/audit-validate/validate.csv", user_path),
     Claim("docs/ds4.md", "Within ±10 % at every context but one: islands\non at 4k, {on}.",
           "h200-2026-12-02b/calibration-from-ds4-check.csv", from_ds4_check),
     Claim("README.md", "{all} capture-rule scenarios on the sim and the GPU: {disagree} disagreements on the H200 "
