@@ -363,3 +363,43 @@ def test_the_step_scripts_and_the_library_stay_apart():
             assert not any(n == "ds4lab" or n.startswith("ds4lab.") for n in names), f"{path.name} imports {names}"
     for mod, deps in import_graph(ROOT, "ds4lab").items():
         assert not any(d.startswith("ds4lab.data") for d in deps), f"{mod} imports the step scripts"
+
+
+#: the longest function and the longest module docstring the package keeps (``docs/architecture.md``)
+MAX_FUNCTION_LINES = 100
+MAX_MODULE_DOCSTRING_LINES = 20
+
+
+def long_definitions(root: Path, package: str) -> tuple[list[str], list[str]]:
+    """``(functions over MAX_FUNCTION_LINES, module docstrings over MAX_MODULE_DOCSTRING_LINES)`` under ``root``,
+    each as ``module:name (lines)``."""
+    functions, docstrings = [], []
+    for mod, path in modules(root, package).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
+        if doc is not None and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str):
+            n = doc.end_lineno - doc.lineno + 1
+            if n > MAX_MODULE_DOCSTRING_LINES:
+                docstrings.append(f"{mod} ({n})")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    functions.append(f"{mod}:{node.name} ({n})")
+    return functions, docstrings
+
+
+def test_no_function_over_100_lines_and_module_docstrings_a_screen_or_less():
+    functions, docstrings = long_definitions(ROOT, "ds4lab")
+    assert not functions, f"functions over {MAX_FUNCTION_LINES} lines: {functions}"
+    assert not docstrings, f"module docstrings over {MAX_MODULE_DOCSTRING_LINES} lines: {docstrings}"
+
+
+def test_a_long_function_and_a_long_module_docstring_are_found_in_a_synthetic_package(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    doc = "\n".join(["\"\"\"first"] + ["line"] * MAX_MODULE_DOCSTRING_LINES + ["\"\"\""])
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "long.py").write_text(f"{doc}\n\ndef f():\n{body}\n\ndef g():\n    return 1\n")
+    functions, docstrings = long_definitions(tmp_path, "pkg")
+    assert functions == [f"pkg.long:f ({MAX_FUNCTION_LINES + 1})"]
+    assert docstrings == [f"pkg.long ({MAX_MODULE_DOCSTRING_LINES + 2})"]
