@@ -1,14 +1,7 @@
-"""Which kernels carry the device-side half of programmatic dependent launch, read from their source.
-
-A kernel launched with the programmatic stream-serialization attribute may start while the kernel before it in the
-stream still runs; it is correct only if it waits (``griddepcontrol.wait``) before it reads what that kernel writes,
-writes anything, or exits (CUDA Programming Guide, "Programmatic Dependent Launch and Synchronization"). ds4lab's
-kernels carry that half as ``DS4_PDL_ENTRY()``, the first statement of their body (``kernels/common.cuh``); this module
-finds, for every ``__global__`` function of ``kernels/*.cu``, whether its body begins with it, so a backend can refuse
-a programmatic launch of a kernel that lacks it (:func:`require_device_half`), and a test can hold every kernel of the
-decode token to it.
-
-Importing this module imports no CUDA library."""
+"""Which kernels carry the device-side half of programmatic dependent launch (``DS4_PDL_ENTRY()`` first in the body,
+``kernels/common.cuh``), read from ``kernels/*.cu``, so a backend refuses a programmatic launch of a kernel without
+it (:func:`require_device_half`). Source: CUDA Programming Guide, "Programmatic Dependent Launch and
+Synchronization". Imports no CUDA library."""
 
 from __future__ import annotations
 
@@ -51,9 +44,8 @@ def waits_first(body: str) -> bool:
 
 
 def default_kernels_dir() -> Path:
-    """The folder the ``cupy`` backend loads its kernels from (the repository's ``kernels/``, or the installed
-    ``ds4lab.kernels``: the same answer as :func:`ds4lab.backends.cupy_backend.kernels_dir`, found here without
-    importing that module)."""
+    """The folder the ``cupy`` backend loads kernels from (as :func:`ds4lab.backends.cupy_backend.kernels_dir`,
+    without importing it)."""
     repo = Path(__file__).resolve().parents[2] / "kernels"
     if (repo / "common.cuh").is_file():
         return repo
