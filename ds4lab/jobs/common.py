@@ -1,20 +1,6 @@
-"""What every job shares: the error hierarchy and its exit codes, the default-preset rule, the backend a job runs on,
-and the sim banner.
-
-Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
-
-======  =====================================================================================
-2       bad input: a bad option, an unknown preset, an unwritable ``--out``, no GPU for a
-        GPU-only job (:class:`BadInput`, :class:`~ds4lab.token.config.ConfigError`,
-        :class:`~ds4lab.report.results.OutputError` (a BadInput), :class:`~ds4lab.backends.BackendUnavailable`,
-        :class:`MemoryError` before any work) — nothing was run
-1       a failed check or a failed run: a stage not bit-identical, a reference check that fails,
-        conformance disagreements (:class:`CheckFailed`), or any other error after work began
-130     interrupted (Ctrl-C): results so far are on disk and ``meta.json`` says ``interrupted``
-143     stopped by SIGTERM (129: SIGHUP; 141: the console's output pipe closed, ``| head``):
-        handled like Ctrl-C, ``meta.json`` says ``interrupted (SIGTERM)``
-        (:class:`ds4lab.errors.Terminated`)
-======  ====================================================================================="""
+"""What every job shares: the error hierarchy and its exit codes (:func:`exit_code`; the table is in
+``docs/commands.md``, "Exit status"), the default-preset rule, the backend a job runs on, the result folder's name,
+and the sim banner."""
 
 from __future__ import annotations
 
@@ -44,24 +30,20 @@ DEFAULT_PRESETS = {
 
 
 def default_preset(job: str, be) -> str:
-    """The preset ``job`` uses when none is given, on backend ``be`` (see :data:`DEFAULT_PRESETS`).
-
-    Raises:
-        KeyError: ``job`` is not in the table (a programming error: every job has a row)."""
+    """The preset ``job`` uses on ``be`` when none is given (:data:`DEFAULT_PRESETS`); KeyError for a job without a
+    row."""
     gpu, cpu = DEFAULT_PRESETS[job]
     return gpu if be.is_gpu or cpu is None else cpu
 
 
 def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: bool = False, seed: int = 1234,
                  gpu_only_job: str | None = None):
-    """The backend a job runs on (:func:`ds4lab.backends.make_backend`, kernels compiled on a GPU).
-
-    Args:
-        gpu_only_job: the job's name when it measures a GPU and has no CPU mode.
+    """The backend a job runs on (:func:`ds4lab.backends.make_backend`, kernels compiled on a GPU); ``gpu_only_job``:
+    the job's name when it has no CPU mode.
 
     Raises:
         BadInput: ``name`` not in ``allowed``.
-        BackendUnavailable: a GPU was asked for (``cupy``, or a GPU-only job) and none is usable."""
+        BackendUnavailable: a GPU was asked for and none is usable."""
     if name not in allowed:
         raise BadInput(f"--backend {name}: choose one of {', '.join(allowed)}")
     if gpu_only_job and resolve(name) != "cupy":
@@ -79,12 +61,8 @@ def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: boo
 
 
 def check_out_option(out) -> None:
-    """The one check of an ``--out`` option before any work: None (the job's default folder) passes; an empty or blank
-    path, or the current directory itself, is refused (click turns ``--out ""`` into ``"."``, and a job's folder is
-    never the working directory: its earlier outputs are matched by name there).
-
-    Raises:
-        ds4lab.report.results.OutputError: naming the value (a :class:`BadInput`, exit 2)."""
+    """The one check of ``--out`` before any work: None passes; an empty path or the working directory itself (click
+    turns ``""`` into ``"."``) raises :class:`~ds4lab.report.results.OutputError` naming the value."""
     from pathlib import Path
 
     from ..report.results import OutputError
@@ -97,18 +75,15 @@ def check_out_option(out) -> None:
 
 
 def default_folder(job: str, *parts) -> "Path":
-    """A job's default result folder: ``results/<job>-<part>-...`` (the parts that set one run apart from another by
-    name: the hazard set, the preset, the backend; empty parts left out)."""
+    """``results/<job>-<part>-...`` (empty parts left out)."""
     from pathlib import Path
 
     return Path("results") / "-".join(str(p) for p in (job, *parts) if p not in (None, ""))
 
 
 def out_folder(out, job: str, parts=(), ran: dict | None = None) -> tuple:
-    """``(folder, ran)`` for a job's ``--out``: the folder as given (``ran`` None: a rerun into it replaces what the
-    same command wrote there), or, for None, :func:`default_folder` with ``parts`` and ``ran``, what the run ran
-    (:func:`ds4lab.report.results.job_folder`: earlier results there that ran something else are kept beside as
-    ``.replaced-<time>``, never replaced)."""
+    """``(folder, ran)`` for ``--out``: as given (``ran`` None: a rerun replaces the same command's results), or for
+    None :func:`default_folder` with ``ran`` (results of another run are kept beside)."""
     from pathlib import Path
 
     if out is not None:
