@@ -13,6 +13,7 @@ from pathlib import Path
 from .jobs import execute
 from .jobs.audit import AuditConfig
 from .jobs.bench import BenchConfig
+from .jobs.common import config_default
 from .jobs.calibrate import CalibrateConfig
 from .jobs.compare import CompareConfig
 from .jobs.conformance import ConformanceConfig
@@ -47,19 +48,13 @@ def _runs(job: str, config):
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         own = inspect.signature(method).parameters
         params += [p for n, p in own.items() if n != "self" and p.kind is not p.VAR_KEYWORD]
-        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f))
+        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=config_default(config, f.name))
                    for f in dataclasses.fields(config) if f.name not in own]
         run.__signature__ = inspect.Signature(params, return_annotation=JobResult)
         run.config = config
         return run
 
     return wrap
-
-
-def _default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]
 
 
 class Lab:
@@ -214,11 +209,10 @@ class Lab:
         """A ``trace`` result's first ``first_layers`` layers on one timeline
         (:func:`ds4lab.report.plots.trace_figure`), a dropdown in JupyterLab. Raises ValueError for a layer count the
         preset does not have."""
-        from functools import partial
-
         from .report import plots, widgets
 
-        draw = partial(plots.trace_figure, trace.table("trace_kernels"), trace.table("trace_nvtx"), trace.meta)
+        draw = functools.partial(plots.trace_figure, trace.table("trace_kernels"), trace.table("trace_nvtx"),
+                                 trace.meta)
         layers = range(1, trace.meta["preset"]["n_layers"] + 1)
         return widgets.choose(draw, first_layers=widgets.Choice(first_layers, layers))
 
@@ -234,12 +228,10 @@ class Lab:
     def moe_distribution(moe: JobResult, routing: str | None = None):
         """Each stage's µs per call for one ``routing`` of a ``moe`` result (default the first;
         :func:`ds4lab.report.plots.moe_stage_distribution_figure`), a dropdown in JupyterLab."""
-        from functools import partial
-
         from .report import plots, widgets
 
         routings = list(dict.fromkeys(moe.table("moe")["routing"]))
-        draw = partial(plots.moe_stage_distribution_figure, moe.table("moe"), moe.meta)
+        draw = functools.partial(plots.moe_stage_distribution_figure, moe.table("moe"), moe.meta)
         return widgets.choose(draw, routing=widgets.Choice(routing or routings[0], routings))
 
     @staticmethod

@@ -1,6 +1,5 @@
-"""The calibration's tables as a console shows them (rich renderables and lines, nothing printed here): a calibration
-checked against a record (:func:`record_check`), against ds4 itself (:func:`ds4_check`), the capture stages' fit
-(:func:`stages_fit`) and a fit's before and after (:func:`changes`)."""
+"""The calibration's tables as a console shows them (rich renderables, nothing printed): :func:`record_check`,
+:func:`ds4_check`, :func:`stages_fit`, :func:`changes`."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ def record_check(folder, d) -> list:
 
 
 def ds4_check(check) -> list:
-    """The sim with a ``--from-ds4`` calibration beside ds4: modeled / measured per context and stage, the kernel time
-    factor each context was priced at and whether that context was fitted (recorded) or held out (the check table of
-    :func:`ds4lab.calibration.from_ds4.fit_from_ds4`; a ``folder`` column with several folders)."""
+    """The ``--from-ds4`` check: modeled / measured per context and stage, the kernel time factor and whether the
+    context was fitted or held out."""
     folders = "folder" in check and check.folder[check.folder != ""].nunique() > 1
     cols = ("context", "context is", "kernel factor", "stage", "ds4", "measured µs", "modeled µs", "ratio",
             "within ±10 %", "gain over i µs")
@@ -62,9 +60,8 @@ def ds4_check(check) -> list:
 
 
 def stages_fit(table, base: dict, cal: dict) -> list:
-    """:func:`ds4lab.calibration.from_context.fit_capture_stages`'s table (per constant and context: the measured gain,
-    the fitted value and its interval, the sim's gain at the calibration's value) and each constant's change, with
-    whether it is still GUESS (:func:`ds4lab.sim.costmodel.guessed`) or MEASURED."""
+    """:func:`ds4lab.calibration.from_context.fit_capture_stages`'s table and each constant's change, GUESS or
+    MEASURED."""
     from ..sim.costmodel import OPTIONAL, guessed
     from .from_context import FITTED
 

@@ -4,6 +4,9 @@ and the sim banner."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from ..backends import BackendUnavailable, make_backend, resolve
 from ..token.config import ConfigError
 from ..errors import BadInput, CheckFailed
@@ -60,11 +63,17 @@ def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: boo
     return be
 
 
+def config_default(config_cls, field: str):
+    """The default of ``field`` in a job's config dataclass (``config_default(LadderConfig, "tokens")``)."""
+    f = config_cls.__dataclass_fields__[field]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
 def check_out_option(out) -> None:
     """The one check of ``--out`` before any work: None passes; an empty path or the working directory itself (click
     turns ``""`` into ``"."``) raises :class:`~ds4lab.report.results.OutputError` naming the value."""
-    from pathlib import Path
-
     from ..report.results import OutputError
 
     if out is None:
@@ -74,18 +83,14 @@ def check_out_option(out) -> None:
                           "would mix this run's files with others): name a folder, for example results/<job>")
 
 
-def default_folder(job: str, *parts) -> "Path":
+def default_folder(job: str, *parts) -> Path:
     """``results/<job>-<part>-...`` (empty parts left out)."""
-    from pathlib import Path
-
     return Path("results") / "-".join(str(p) for p in (job, *parts) if p not in (None, ""))
 
 
 def out_folder(out, job: str, parts=(), ran: dict | None = None) -> tuple:
     """``(folder, ran)`` for ``--out``: as given (``ran`` None: a rerun replaces the same command's results), or for
     None :func:`default_folder` with ``ran`` (results of another run are kept beside)."""
-    from pathlib import Path
-
     if out is not None:
         return Path(out), None
     return default_folder(job, *parts), dict(ran or {}, job=job)

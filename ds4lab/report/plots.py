@@ -4,19 +4,17 @@ display. Next: ``docs/figures.md``, ``docs/compare.md``."""
 
 from __future__ import annotations
 
+import math
+import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import matplotlib
 
-if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
-    try:
-        import os
-
-        if not os.environ.get("DISPLAY"):
-            matplotlib.use("Agg")
-    except Exception:  # noqa: BLE001
-        pass
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") and \
+        not os.environ.get("DISPLAY"):
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {
@@ -178,8 +176,6 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
     median total above it; one row per mode, one column per routing. Eager fallbacks (``fallback_calls``) hatched and
     counted; on the timing-only sim every routing is priced as uniform, said in the title and panels. ``summary``:
     :func:`ds4lab.moeprof.summarize` output."""
-    import numpy as np
-
     stages = _moe_stages()
     as_uniform = bool(meta.get("sim_timing_only"))
     s = summary[summary["stage"].isin(stages + ("total",))]
@@ -254,8 +250,6 @@ def _us(v: float) -> str:
 def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | None = None):
     """Each stage's µs per call across layers and steps (box plots, log scale), a box per token count, a panel per
     mode. ``df``: ``moe.csv`` rows."""
-    import numpy as np
-
     stages = _moe_stages()
     d = df[df["stage"].isin(stages) & np.isfinite(df["ms"].astype(float)) & (df["ms"].astype(float) > 0)]
     if routing is not None:
@@ -300,8 +294,6 @@ def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | Non
 def moe_share_figure(share, meta: dict):
     """The routed MoE's share of a whole eager token (MoE and rest stacked, share annotated). ``share``:
     :func:`ds4lab.moeprof.token_share` output."""
-    import numpy as np
-
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         x = np.arange(len(share))
@@ -327,9 +319,6 @@ def moe_share_figure(share, meta: dict):
 def exclusion_figure(df, meta: dict):
     """The profiling × capture exclusion matrix as a heatmap, the outcome (detail, overhead) in every cell. ``df``:
     ``exclusion.csv``."""
-    import textwrap
-
-    import numpy as np
     from matplotlib.colors import ListedColormap
 
     rows = list(dict.fromkeys(df["mode"]))
@@ -474,11 +463,6 @@ def compare_context_figure(sources: dict, stages=None, names=None, max_cols: int
     """Context ladders side by side: one panel per stage, median µs per token at each context every source holds, IQR
     whiskers, one marker series per source; what a source lacks is written under the panels (``docs/compare.md``).
     ``sources``: label → {stage: {context: (median, p25, p75)}}; ``names``: stage → panel title words."""
-    import math
-    import textwrap
-
-    import numpy as np
-
     stages = list(stages) if stages is not None else list(dict.fromkeys(st for per in sources.values() for st in per))
     names = names or {}
     held = {label: {c for pts in per.values() for c in pts} for label, per in sources.items()}
@@ -639,7 +623,6 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
 def ncu_sites_figure(sources: dict, top: int = 16):
     """Per launch site, the median DRAM throughput in % of peak that Nsight Compute measured, one bar per source, for
     the ``top`` sites by kernel time. ``sources``: label → a :func:`ds4lab.trace.sources.ncu.per_site` table."""
-    import numpy as np
     import pandas as pd
 
     frames = []

@@ -15,8 +15,6 @@ from ..version import __version__
 
 def git_revision() -> str | None:
     """The checkout's commit (with ``-dirty`` when it has changes), or None outside git."""
-    import os
-
     root = Path(__file__).resolve().parents[2]
     # a read-only look: git status would otherwise refresh the checkout's index, taking its lock
     # (and, cut by a full disk or a file size limit, could leave index.lock behind)
