@@ -57,8 +57,7 @@ class CupyRefusal(RuntimeApiError):
 
 
 class LibraryError(RuntimeApiError):
-    """A CUDA library call failed with its own status (``cublas:CUBLAS_STATUS_*``, cuBLAS's ``cublasStatus_t``
-    names)."""
+    """A CUDA library call failed with its own status (``cublas:CUBLAS_STATUS_*``)."""
 
 
 # ----------------------------------------------------------------------------- job outcomes

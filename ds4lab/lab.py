@@ -95,8 +95,7 @@ class Lab:
 
     @_runs("context", ContextConfig)
     def context(self, **options):
-        """The capture stages across context length on the long-context token (``ds4lab context``). Table and figure
-        ``context``."""
+        """The capture stages across context length on the long-context token (``ds4lab context``); ``context``."""
 
     @_runs("hazards", HazardsConfig)
     def hazards(self, **options):
@@ -110,8 +109,7 @@ class Lab:
 
     @_runs("run", RunConfig)
     def run(self, **options):
-        """Eager decode tokens: the reference check, µs per token, the launch census, memory, the bytes floor (``ds4lab
-        run``). Tables ``census`` and ``results``."""
+        """Eager decode tokens: reference check, µs per token, census, memory, floor (``ds4lab run``)."""
         options.setdefault("backend", self.backend)
         return options
 
@@ -218,8 +216,7 @@ class Lab:
 
     @staticmethod
     def moe_stages(moe: JobResult):
-        """Median µs per routed-MoE call by stage for each token count and routing of a ``moe`` result
-        (:func:`ds4lab.report.views.moe_stage_table`)."""
+        """Median µs per routed-MoE call by stage, token count and routing of a ``moe`` result."""
         from .report.views import moe_stage_table
 
         return moe_stage_table(moe.out)
@@ -259,8 +256,7 @@ class Lab:
 
     @staticmethod
     def launches_figure(scan):
-        """Kernel launches per token by position of a :meth:`launch_scan`
-        (:func:`ds4lab.report.plots.launches_figure`)."""
+        """Kernel launches per token by position of a :meth:`launch_scan`."""
         from .report import plots
 
         return plots.detach(plots.launches_figure(scan))
@@ -279,7 +275,7 @@ class Lab:
 
     @staticmethod
     def context_graphs(context: JobResult):
-        """How many graphs each stage of a ``context`` result captured by context, with stage 3c's µs over stage 3's
+        """Graphs each stage of a ``context`` result captured by context
         (:func:`ds4lab.report.views.context_graphs`)."""
         from .report.views import context_graphs
 

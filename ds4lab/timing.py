@@ -69,8 +69,7 @@ def event_ms(start, end) -> float:
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
-    """Device-to-device copy bandwidth in GB/s (bytes read + written), CUDA events, median: the bytes floor's
-    ceiling."""
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), CUDA events, median."""
     import cupy
 
     src = cupy.empty(nbytes // 4, dtype=np.float32)
@@ -112,8 +111,7 @@ def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> d
 
 @contextlib.contextmanager
 def profiler_range(be):
-    """``cudaProfilerStart``/``cudaProfilerStop`` around a region on a GPU (for ``nsys
-    --capture-range=cudaProfilerApi``); nothing elsewhere."""
+    """``cudaProfilerStart``/``Stop`` around a region on a GPU (``nsys --capture-range=cudaProfilerApi``)."""
     be.profiler_start()
     try:
         yield
@@ -317,8 +315,8 @@ def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference
 
 def interleaved_pairs(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int,
                       progress: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
-    """``rounds`` paired measurements of A and B, alternating which goes first (ABBA…); returns ``(a_values,
-    b_values)``. Raises ValueError for ``rounds < 1``."""
+    """``rounds`` paired measurements of A and B in ABBA order: ``(a_values, b_values)``; ValueError for ``rounds <
+    1``."""
     if rounds < 1:
         raise ValueError(f"rounds={rounds} must be >= 1")
     a_vals, b_vals = [], []

@@ -88,8 +88,7 @@ def read_context_gains(folder) -> tuple[dict, pd.DataFrame]:
 
 
 def measurable(gain_us: float, lo: float, hi: float, flag: bool = True) -> bool:
-    """Whether a gain fits anything: ``flag`` set and its 95 % interval ``[lo, hi]`` (µs) excluding zero and holding
-    the gain."""
+    """Whether a gain fits anything: ``flag`` set, its 95 % interval excluding zero and holding it."""
     return bool(flag) and (lo > 0 or hi < 0) and lo <= gain_us <= hi
 
 
@@ -234,8 +233,7 @@ def _checked_inputs(folder: Path, meta: dict, rows, preset, tokens, probe, max_r
 
 
 class _StageFit:
-    """The sim's paired gains of 3p and 3cc over 3 at sampled values of the two constants, per context (one run gives
-    both)."""
+    """The sim's paired gains of 3p and 3cc over 3 at sampled values of the two constants, per context."""
 
     def __init__(self, base: dict, rows, preset: str, tokens: int, tolerance_us: float, say) -> None:
         self.base, self.preset, self.tokens, self.tol, self.say = base, preset, tokens, tolerance_us, say
@@ -289,8 +287,7 @@ class _StageFit:
         return out
 
     def next_values(self, sol: dict, cal_x: dict) -> dict:
-        """The values to run the sim at next: past the largest sampled, else the calibration's value, else one not
-        shown linear."""
+        """The values to run the sim at next: past the largest sampled, the calibration's, or one not shown linear."""
         want = {}
         for f in FITTED:
             sampled = set().union(*(set(self.samples[f][c]) for c in self.contexts))

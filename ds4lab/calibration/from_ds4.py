@@ -113,8 +113,7 @@ def _put(fits: list, figure: str, values, ctx, where) -> float:
 
 
 def _host_fits(base: dict, off, on, fits: list) -> dict:
-    """``base`` with the three host constants fitted from ds4's tokens islands ``off`` and ``on``; the factor by
-    context dropped."""
+    """``base`` with the three host constants fitted from ds4's tokens islands ``off`` and ``on``."""
     out = dict(base)
     out.pop("kernel_time_scale_by_context", None)
     h = _put(fits, "host_launch_us", off.enqueue_us / off.launch_calls, off.context, off.folder)
@@ -131,8 +130,7 @@ def _host_fits(base: dict, off, on, fits: list) -> dict:
 
 
 def _kernel_scales(cal: dict, off, contexts: list[int], preset: str, tokens: int) -> list[float]:
-    """At each recorded context, ds4's median kernel-busy µs per token (islands off) over the sim's modeled busy floor
-    of ds4lab's token there with ``cal``'s kernel fits (factor 1)."""
+    """Per recorded context, ds4's median kernel-busy µs (islands off) over the sim's busy floor at factor 1."""
     lab = sim_context({**cal, "kernel_time_scale": 1.0}, preset, "0", contexts, tokens)
     lab_busy = lab.set_index("context")["floor_us"]
     return [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in contexts]
@@ -151,8 +149,7 @@ def _name(out: dict, base: dict, folders, metas, fitted: str) -> None:
 
 
 def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str, stages: str, tokens: int):
-    """The check table: the sim with ``out`` beside ds4's measured µs per token at every context (0 ↔ islands off, i
-    ↔ on), the stages ds4 does not ship MODELED with their gain over i."""
+    """The check table: the sim with ``out`` beside ds4's measured µs per token at every context."""
     import pandas as pd
 
     contexts = sorted(int(c) for c in set(summary.context))
@@ -205,8 +202,7 @@ def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-f
 
 
 def host_whatif_figure(table, preset: str):
-    """:func:`host_whatif`'s µs per token, a bar group per stage and context, a bar per host cost (titled MODELED); a
-    note names each stage that captured more than one graph."""
+    """:func:`host_whatif`'s µs per token as grouped bars (MODELED), stages that captured several graphs noted."""
     from ..report import plots
 
     x = table["stage"] + " @" + table["context"].astype(str)

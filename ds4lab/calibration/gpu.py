@@ -50,8 +50,7 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
 
 
 def _eager_tokens(be, m, tokens: int) -> tuple[float, list[float]]:
-    """``(host µs per launch, device µs per token)`` of ``tokens`` eager tokens on the legacy stream, as ``ds4lab
-    run`` decodes them."""
+    """``(host µs per launch, device µs per token)`` of ``tokens`` eager tokens, as ``ds4lab run`` decodes them."""
     import cupy
 
     for i in range(3):
@@ -73,9 +72,7 @@ def _eager_tokens(be, m, tokens: int) -> tuple[float, list[float]]:
 
 
 def _kernel_fits(be, m, log) -> tuple[float, float, dict]:
-    """``(fixed µs, GB/s, kernels)``: the fit over every kernel of one token
-    (:func:`ds4lab.measure.perop.per_op_times`), one fit per kernel, and the empty kernel's t_min duration
-    (:func:`ds4lab.experiments.floors.measure_t_min`)."""
+    """``(fixed µs, GB/s, kernels)``: one fit over a token's kernels, one per kernel, and the empty kernel's t_min."""
     from ..experiments.floors import measure_t_min
     from ..measure.perop import per_op_times
 
@@ -94,8 +91,7 @@ def _kernel_fits(be, m, log) -> tuple[float, float, dict]:
 
 
 def _graph_replay(be, n_nodes: int = 400) -> tuple[float, float]:
-    """``(device µs per node, host µs per cudaGraphLaunch)`` of a replayed graph of ``n_nodes`` tiny kernels (CuPy's
-    default capture mode, relaxed: gpu-facts.md), median over 30 replays."""
+    """``(device µs per node, host µs per cudaGraphLaunch)`` of a replayed graph of tiny kernels, median of 30."""
     import cupy
 
     from ..capture.scope import capture_scope

@@ -23,8 +23,7 @@ def linear_fit(nbytes: np.ndarray, us: np.ndarray, bw_default: float | None = No
 
 
 def kernel_fit(nbytes, us, bw_default: float | None = None) -> dict:
-    """One kernel's entry of a calibration's ``kernels``: :func:`linear_fit` of its launches (``nbytes`` and ``us`` per
-    launch) as ``{fixed_us, bandwidth_GBps, samples, median_us}``."""
+    """One kernel's ``kernels`` entry: :func:`linear_fit` of its launches as ``{fixed_us, bandwidth_GBps, ...}``."""
     a, bw = linear_fit(nbytes, us, bw_default)
     return {"fixed_us": round(a, 3), "bandwidth_GBps": round(bw, 1), "samples": int(len(us)),
             "median_us": round(float(np.median(np.asarray(us, dtype=np.float64))), 3)}
@@ -48,8 +47,7 @@ def add_kernel_fits(base: dict, ops, note: str) -> dict:
 
 
 def refit_kernels(base: dict, ops, names, note: str) -> dict:
-    """``base`` with the fits of ``names`` that ``ops`` holds replaced; every other fit kept; ``note`` joins
-    ``source``. Raises ValueError as :func:`add_kernel_fits`."""
+    """``base`` with the fits of ``names`` that ``ops`` holds replaced. Raises ValueError as :func:`add_kernel_fits`."""
     ops = ops[ops["kernel"].isin(set(names))]
     keep = {k: v for k, v in base["kernels"].items() if k not in set(ops["kernel"])}
     return add_kernel_fits({**base, "kernels": keep}, ops, note)

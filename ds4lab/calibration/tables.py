@@ -23,8 +23,7 @@ def _preset_note(changed: dict, what: str) -> list[str]:
 
 
 def record_check(folder, d) -> list:
-    """The sim with a calibration against one measured folder, stage by stage
-    (:func:`ds4lab.calibration.check.modeled_vs_measured`'s table ``d``)."""
+    """The sim with a calibration against one measured folder, stage by stage (``d``: ``modeled_vs_measured``'s)."""
     out = _preset_note(d.attrs.get("preset_changes") or {}, f"{folder}: its {d['preset'].iloc[0]}")
     if out:
         out[0] = out[0].replace("[/]", ", so the ratios below compare two tokens[/]")
@@ -38,8 +37,7 @@ def record_check(folder, d) -> list:
 
 
 def ds4_check(check) -> list:
-    """The ``--from-ds4`` check: modeled / measured per context and stage, the kernel time factor and whether the
-    context was fitted or held out."""
+    """The ``--from-ds4`` check: modeled / measured per context and stage, factor, fitted or held out."""
     folders = "folder" in check and check.folder[check.folder != ""].nunique() > 1
     cols = ("context", "context is", "kernel factor", "stage", "ds4", "measured µs", "modeled µs", "ratio",
             "within ±10 %", "gain over i µs")
@@ -60,8 +58,7 @@ def ds4_check(check) -> list:
 
 
 def stages_fit(table, base: dict, cal: dict) -> list:
-    """:func:`ds4lab.calibration.from_context.fit_capture_stages`'s table and each constant's change, GUESS or
-    MEASURED."""
+    """:func:`~ds4lab.calibration.from_context.fit_capture_stages`'s table and each constant's change."""
     from ..sim.costmodel import OPTIONAL, guessed
     from .from_context import FITTED
 

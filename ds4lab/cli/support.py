@@ -69,8 +69,7 @@ def interrupted(e: KeyboardInterrupt) -> None:
 
 
 def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
-    """Run ``job`` through :func:`ds4lab.jobs.execute`; any exception becomes one message and
-    :func:`ds4lab.jobs.common.exit_code`'s status."""
+    """Run ``job`` through :func:`ds4lab.jobs.execute`; an exception becomes one message and its exit status."""
     from ..errors import BadInput, CheckFailed, PartFailed
     from ..jobs import execute, exit_code
     from ..report.results import WriteFailed

@@ -118,8 +118,7 @@ class Executor(abc.ABC):
 
     # --- capabilities with a default
     def host_clock_us(self) -> float:
-        """The host clock in µs for host-side work (enqueue time): ``time.perf_counter``; the sim overrides it with its
-        modeled host clock. Never use it around asynchronous device work."""
+        """The host clock in µs for host work (``time.perf_counter``; the sim's modeled one), never device work."""
         return time.perf_counter() * 1e6
 
     def free_memory(self) -> tuple[int, int] | None:
@@ -234,8 +233,7 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def blas_create(self) -> Any:
-        """``cublasCreate``: a cuBLAS handle. Raises :class:`ds4lab.errors.LibraryError` (``cublas:<status>``) when
-        cuBLAS refuses."""
+        """``cublasCreate``; raises :class:`ds4lab.errors.LibraryError` (``cublas:<status>``) when cuBLAS refuses."""
 
     @abc.abstractmethod
     def blas_destroy(self, handle: Any) -> None:
@@ -251,8 +249,7 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def read(self, buf: Any) -> np.ndarray:
-        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous, refused by CuPy while the
-        current stream captures."""
+        """A synchronous device-to-host read as ``cupy.asnumpy`` does it (refused by CuPy during capture)."""
 
     @abc.abstractmethod
     def matmul(self, stream: Any, a: Any, b: Any) -> Any:
@@ -317,13 +314,11 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def exchange_capture_mode(self, mode: str) -> str:
-        """``cudaThreadExchangeStreamCaptureMode``: set the calling thread's interaction mode, return the previous one
-        (``"global"``, ``"thread_local"``, ``"relaxed"``)."""
+        """``cudaThreadExchangeStreamCaptureMode``: set the thread's capture mode, return the previous one."""
 
     @abc.abstractmethod
     def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
-        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which must have the same
-        topology (CUDA Programming Guide, "Updating instantiated graphs")."""
+        """``cudaGraphExecUpdate``: the executable takes ``graph``'s arguments (same topology required)."""
 
     @abc.abstractmethod
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
@@ -344,8 +339,7 @@ class ModeledTime(abc.ABC):
 
     @abc.abstractmethod
     def modeled_copy_GBps(self) -> tuple[float, str]:
-        """The cost model's device copy bandwidth (GB/s) and where it comes from (on a GPU it is measured:
-        :func:`ds4lab.timing.copy_bandwidth`)."""
+        """The cost model's device copy bandwidth (GB/s) and where it comes from."""
 
     @abc.abstractmethod
     def trace_records(self, since: int = 0) -> tuple[list[tuple], int]:
@@ -368,8 +362,7 @@ class DeviceClock(abc.ABC):
 
     @abc.abstractmethod
     def globaltimer_steps(self, n: int) -> np.ndarray:
-        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64) from
-        ``kernels/timestamp.cu:globaltimer_probe``."""
+        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64; ``kernels/timestamp.cu``)."""
 
 
 #: The host-only queries :meth:`RuntimeApi.host_query` makes, by API name (CUDA Runtime API "Device

@@ -53,8 +53,8 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def capture_dependencies(self, stream: Any) -> tuple[Any, list]:
-        """``cudaStreamGetCaptureInfo``: the graph being captured and the nodes the next captured work depends on.
-        Raises CudaError (cudaErrorIllegalState: not capturing)."""
+        """``cudaStreamGetCaptureInfo``: the graph captured and the next work's dependencies (CudaError: not
+        capturing)."""
 
     @abc.abstractmethod
     def conditional_handle_create(self, graph: Any, default: int = 0, assign_default: bool = True) -> Any:
@@ -74,13 +74,12 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def begin_capture_to_graph(self, stream: Any, graph: Any, mode: str = "thread_local") -> None:
-        """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``: what ``stream`` issues from now on
-        is added to the existing ``graph`` (a conditional node's body)."""
+        """``cudaStreamBeginCaptureToGraph``: what ``stream`` issues from now on goes into ``graph`` (a node's body)."""
 
     @abc.abstractmethod
     def end_capture_to_graph(self, stream: Any) -> Any:
-        """``cudaStreamEndCapture`` of a capture begun with :meth:`begin_capture_to_graph`: returns the graph captured
-        into (the one given at the beginning; no new owner of it)."""
+        """``cudaStreamEndCapture`` of :meth:`begin_capture_to_graph`: returns the graph captured into (no new
+        owner)."""
 
     @abc.abstractmethod
     def launch_programmatic(self, stream: Any, name: str, grid: tuple, block: tuple, args: tuple, shared: int,
@@ -99,8 +98,8 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def graph_node_kinds(self, graph: Any) -> list[str]:
-        """The node kinds of ``graph`` (``cudaGraphGetNodes`` + ``cudaGraphNodeGetType``: kernel, memset, memcpy,
-        empty, graph, conditional, ...), in the graph's order; body graphs not included."""
+        """The node kinds of ``graph`` (``cudaGraphNodeGetType``: kernel, memset, ...), in order; bodies not
+        included."""
 
     @abc.abstractmethod
     def graph_edges(self, graph: Any) -> list[tuple[str, str, str]]:

@@ -18,8 +18,7 @@ _GLOBAL = re.compile(r'__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+
 
 
 def kernel_bodies(source: str) -> dict[str, str]:
-    """``{kernel name: its body}`` of every ``__global__`` function defined in CUDA ``source`` (comments removed; the
-    body between its outer braces, without them)."""
+    """``{kernel name: body}`` of every ``__global__`` function in CUDA ``source`` (comments removed, no braces)."""
     text = _COMMENTS.sub(" ", source)
     out: dict[str, str] = {}
     for m in _GLOBAL.finditer(text):
@@ -44,8 +43,7 @@ def waits_first(body: str) -> bool:
 
 
 def default_kernels_dir() -> Path:
-    """The folder the ``cupy`` backend loads kernels from (as :func:`ds4lab.backends.cupy_backend.kernels_dir`,
-    without importing it)."""
+    """The folder the ``cupy`` backend loads kernels from, found without importing it."""
     repo = Path(__file__).resolve().parents[2] / "kernels"
     if (repo / "common.cuh").is_file():
         return repo
@@ -56,8 +54,7 @@ def default_kernels_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def device_half(kernels_dir: str | None = None) -> dict[str, bool]:
-    """``{kernel: whether its first statement is DS4_PDL_ENTRY()}`` over ``kernels_dir/*.cu`` (default:
-    :func:`default_kernels_dir`)."""
+    """``{kernel: whether its first statement is DS4_PDL_ENTRY()}`` over ``kernels_dir/*.cu``."""
     if kernels_dir is None:
         kernels_dir = str(default_kernels_dir())
     out: dict[str, bool] = {}

@@ -23,8 +23,7 @@ LARGE_KERNEL_BYTES = 8_000_000
 
 # ----------------------------------------------------------------------------- trace source
 def kernel_trace(be):
-    """The kernel-trace source for busy time (:func:`ds4lab.trace.live.trace_source`): CUPTI on a GPU, the modeled
-    timeline on the sim, or an unavailable source with its ``reason``."""
+    """The kernel-trace source for busy time (:func:`ds4lab.trace.live.trace_source`), or one with its ``reason``."""
     return trace_source(be)
 
 
@@ -94,8 +93,7 @@ def replayed_token_busy_us(be, run_token: Callable[[int], None], tokens: int = 1
 # ----------------------------------------------------------------------------- t_min
 @dataclass
 class TMin:
-    """The least a kernel costs in a replayed graph: ``replay_us`` per kernel (events), ``kernel_us`` the kernel's
-    own trace duration (None without a trace), ``source``."""
+    """The least a kernel costs in a replayed graph: ``replay_us`` (events), ``kernel_us`` (trace), ``source``."""
 
     replay_us: Stats
     kernel_us: Stats | None

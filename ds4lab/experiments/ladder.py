@@ -227,8 +227,7 @@ class Ladder:
 
     def _row(self, run: StageRun, context: int, samples: dict | None, got: dict | None, exact: dict,
              floors: dict) -> dict:
-        """One stage's row; timing columns empty while ``samples``/``got`` are None, ``exact``/``outcome`` while
-        unchecked."""
+        """One stage's row; columns empty while ``samples``/``got`` are None or the stage is unchecked."""
         st = run.stage
         timed = bool(samples and samples["us"])
         us = Stats.of(samples["us"]) if timed else None
@@ -293,8 +292,7 @@ def ladder_table(stages: str, start_pos: int, *, exact_tokens: int, tokens: int,
 
 
 def context_table(stages: str, contexts, *, span: int, tokens: int, warmup: int, rounds: int) -> Table:
-    """The context ladder's :class:`Table` (long-context token): at each of ``contexts`` exactness over ``span``
-    tokens from ``context - 4``, timing from the context, the floors."""
+    """The context ladder's :class:`Table` (long-context token): span from ``context - 4``, timing, floors."""
     return Table(stages=tuple(parse_stages(stages, long_context=True)), contexts=tuple(int(c) for c in contexts),
                  exact_tokens=span, exact_lead=4, tokens=tokens, warmup=warmup, rounds=rounds,
                  timing_after_exact=False, floor=True)

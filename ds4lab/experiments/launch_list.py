@@ -16,8 +16,7 @@ def shape(n_comp: int, top_k: int) -> tuple[str, int]:
 
 
 def shape_changes(max_context: int, top_k: int) -> list[int]:
-    """Every ``n_comp`` below ``max_context`` with ``shape(n) != shape(n + 1)``, ascending (the new shape starts at
-    position ``4 n + 3``)."""
+    """Every ``n_comp`` below ``max_context`` after which the launch shape changes (at position ``4 n + 3``)."""
     last = LR.comp_count(max_context - 1, 4)
     return [n for n in range(1, last) if shape(n, top_k) != shape(n + 1, top_k)]
 
@@ -82,8 +81,7 @@ class LaunchScan:
         return pd.DataFrame({f"position {q}": pd.Series(dict(v), dtype=object).map(repr) for q, v in d.items()})
 
     def decisions_around(self, change: int | None = None) -> dict:
-        """``{position: decisions}`` either side of the shape change after n_comp ``change`` (default: the first
-        visible); ``{}`` when there is none."""
+        """``{position: decisions}`` either side of the shape change after n_comp ``change``; ``{}`` for none."""
         if change is None:
             change = next(iter(self.visible_changes()), None)
         if change is None:
@@ -97,8 +95,7 @@ class LaunchScan:
 
 
 def census(model, pos: int) -> dict:
-    """Every launch of ``model``'s token at ``pos`` by census, with what decides its shape (a row of
-    :attr:`LaunchScan.launches`)."""
+    """Every launch of ``model``'s token at ``pos`` by census, with what decides its shape."""
     ratios = model.compressed_ratios()
     model.L.census.reset()
     model.token(pos, 7)
@@ -122,8 +119,7 @@ class OneToken:
     label: str = ""
 
     def ranges(self, layer: int = 0):
-        """Each launch of ``layer`` in the next token with its NVTX ranges (``cluster (NVTX category)``, ``op
-        range``, ``kernel``)."""
+        """Each launch of ``layer`` in the next token with its NVTX ranges (``cluster``, ``op range``, ``kernel``)."""
         import pandas as pd
 
         with self.model.L.recording() as trace:

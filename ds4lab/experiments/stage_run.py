@@ -85,8 +85,7 @@ class StageRun:
             self.model.token(pos, tok)
 
     def record(self, span: Span) -> list[dict]:
-        """From the prefilled state, decode ``span``; after each token a host copy of every tensor
-        :meth:`DecodeModel.snapshot` names."""
+        """Decode ``span`` from the prefilled state; after each token a host copy of every snapshot tensor."""
         m = self.model
         self.activate()
         m.reset_state()
@@ -180,8 +179,7 @@ def outcome(diff: str | None, stats: dict) -> str:
 def compare_runs(reference: StageRun, runs: list[StageRun], span: Span,
                  on_result: Callable[[StageRun, str | None], None] | None = None,
                  on_reference: Callable[[], None] | None = None) -> dict[str, str | None]:
-    """Record ``reference`` and every run over ``span``; returns ``{run name: first difference or None}``, calling
-    ``on_reference`` and ``on_result`` as they finish."""
+    """Record ``reference`` and every run over ``span``: ``{run name: first difference or None}``."""
     ref = reference.record(span)
     if on_reference is not None:
         on_reference()

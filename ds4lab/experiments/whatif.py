@@ -54,8 +54,7 @@ def sweep_layers(layers, preset: str = "ds4-flash", low: str = "0", high: str = 
 
 def sweep_launch_cost(host_launch_us, preset: str = "ds4-flash", low: str = "0", high: str = "3",
                       calibration=None) -> pd.DataFrame:
-    """As :func:`sweep_layers`, over the host's µs per eager launch (``host_launch_us``). Raises ValueError for a
-    negative cost."""
+    """As :func:`sweep_layers`, over ``host_launch_us``. Raises ValueError for a negative cost."""
     path = Path(calibration) if calibration else default_calibration_path()
     base = json.loads(path.read_text())
     cfg = get_preset(preset)

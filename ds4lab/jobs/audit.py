@@ -160,8 +160,7 @@ def write_audit(o, reports, under: str = "", meta: dict | None = None, *, meta_f
 
 
 def write_report(reports, folder, meta: dict | None = None) -> list[Path]:
-    """Write an audit's files into ``folder`` as it is (no result-folder life cycle), ``meta.json`` included; returns
-    them."""
+    """Write an audit's files into ``folder`` as it is (no result-folder life cycle); returns them."""
     from .result import Output
 
     folder = Path(folder)
@@ -195,8 +194,7 @@ def _attach_arguments(reports, tables) -> None:
 
 
 def _attach_untraced(reports, tables) -> None:
-    """Price plans at the untraced host times of the markers pass beside a trace
-    (:func:`ds4lab.audit.plans.attach_untraced_beside`)."""
+    """Price plans at the untraced host times of the markers pass beside a trace, where recorded."""
     from ..audit.plans import attach_untraced_beside
 
     for r in reports:

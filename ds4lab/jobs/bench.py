@@ -15,8 +15,7 @@ from .result import JobResult, no_folder, result_folder
 
 @dataclass
 class BenchConfig:
-    """Arguments of ``ds4lab bench``: the preset (None: the job's default), the folder for ``bench.json`` (None: print
-    only) and whether to add the per-op roofline."""
+    """Arguments of ``ds4lab bench``: preset, folder for ``bench.json`` (None: print only), per-op roofline."""
 
     preset: str | None = None
     out: Path | str | None = None

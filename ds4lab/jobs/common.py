@@ -33,8 +33,7 @@ DEFAULT_PRESETS = {
 
 
 def default_preset(job: str, be) -> str:
-    """The preset ``job`` uses on ``be`` when none is given (:data:`DEFAULT_PRESETS`); KeyError for a job without a
-    row."""
+    """The preset ``job`` uses on ``be`` when none is given (:data:`DEFAULT_PRESETS`); KeyError for another job."""
     gpu, cpu = DEFAULT_PRESETS[job]
     return gpu if be.is_gpu or cpu is None else cpu
 

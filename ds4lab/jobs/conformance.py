@@ -18,8 +18,7 @@ CONFORMANCE_OUTPUTS = ("conformance.csv", "conformance-*.json", "expectations.cs
 
 @dataclass
 class ConformanceConfig:
-    """Arguments of ``ds4lab conformance``: scenario names (empty: all) and the result folder (None:
-    ``results/conformance-<backend>``)."""
+    """Arguments of ``ds4lab conformance``: scenario names (empty: all), ``out`` (None: the default folder)."""
 
     names: list[str] = field(default_factory=list)
     out: Path | str | None = None

@@ -229,8 +229,7 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
 
 
 def _meta(src, arch: str, gpu: dict, bld, rw, model_info: dict, plan, cfg: Ds4JobConfig) -> dict:
-    """The run's ``meta.json``: provenance, GPU, ds4's source and builds, the model, the plan, each configuration's
-    settings."""
+    """The run's ``meta.json``: provenance, GPU, ds4's source and builds, the model, the plan, the configurations."""
     import platform
     import time
 

@@ -135,8 +135,7 @@ def check_inputs(paths, out: Path) -> list[dict]:
 
 
 class _TableFiles:
-    """The tables of one ingest, written to CSV as rows come; rows with other columns go to a part file, merged under
-    the union of columns by :meth:`close`."""
+    """One ingest's tables written to CSV as rows come; other columns go to a part file, merged by :meth:`close`."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

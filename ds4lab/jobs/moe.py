@@ -253,8 +253,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, 
 
 
 def with_fallbacks(summ, data):
-    """``summ`` with ``calls`` and ``fallback_calls`` per mode, backend, routing and token count (calls whose capture
-    failed ran eagerly: eager times)."""
+    """``summ`` with ``calls`` and ``fallback_calls`` (ran eagerly: eager times) per mode, backend, routing, tokens."""
     import pandas as pd
 
     keys = ["mode", "backend", "routing", "tokens"]

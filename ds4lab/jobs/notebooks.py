@@ -132,8 +132,7 @@ def _printer(console):
 
 
 def _run_all(p: Plan, folder: Path, out: Path, timeout: int, meta: dict, say) -> list[dict]:
-    """Run each notebook into ``folder``, ``runs.json`` after each (paths as named once in place); a stop signal ends
-    the run with what ran kept."""
+    """Run each notebook into ``folder``, ``runs.json`` after each; a stop signal ends the run, what ran kept."""
     from ..errors import Terminated
     from ..report.notebook_runner import run_notebook
     from ..report.results import write_meta

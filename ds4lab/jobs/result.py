@@ -34,8 +34,7 @@ class JobResult:
     value: Any = None
 
     def table(self, name: str | None = None):
-        """The table ``name``; without one, the only table (or the job's). Raises KeyError naming the tables there
-        are."""
+        """The table ``name`` (default: the only one, or the job's); KeyError naming the tables there are."""
         if name is None:
             if len(self.tables) == 1:
                 return next(iter(self.tables.values()))
@@ -93,8 +92,7 @@ class Output:
         return p
 
     def table(self, name: str, df, *, file: str | None = None, index: bool = False) -> Path | None:
-        """Write ``df`` atomically as ``<file or name>.csv`` and keep it as table ``name``; returns the file, or None
-        without a folder."""
+        """Write ``df`` atomically as ``<file or name>.csv``, keep it as table ``name``; the file, or None."""
         from ..report.results import write_text_atomic
 
         self.result.tables[name] = df
@@ -106,8 +104,8 @@ class Output:
         return self._record(fname)
 
     def figure(self, name: str, fig, *, stem: str | None = None) -> list[Path]:
-        """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (closed in pyplot) and keep it as figure ``name``;
-        returns the files."""
+        """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (closed in pyplot), keep it as figure ``name``; the
+        files."""
         from ..report import plots
 
         self.result.figures[name] = fig
@@ -167,8 +165,7 @@ class Output:
 
 @contextlib.contextmanager
 def result_folder(job: str, out, meta: dict, outputs=(), **job_folder):
-    """Open ``out`` as ``job``'s result folder (:func:`ds4lab.report.results.job_folder` with ``outputs`` and
-    keywords) and yield its :class:`Output`."""
+    """Open ``out`` as ``job``'s result folder (:func:`ds4lab.report.results.job_folder`); yield its :class:`Output`."""
     from ..report import results
 
     with results.job_folder(out, meta, outputs, **job_folder) as folder:

@@ -95,8 +95,7 @@ class RunConfig:
 
 # ---------------------------------------------------------------------- checks before any work
 def check_positions(rc: RunConfig) -> None:
-    """Every decoded position must be an int32 kernel argument; raises :class:`RunError` saying how far the run would
-    go."""
+    """Every decoded position must be an int32 kernel argument; :class:`RunError` says how far the run would go."""
     if rc.start_pos < 0:
         raise RunError(f"--start-pos {rc.start_pos}: positions start at 0")
     last = rc.start_pos + rc.warmup + rc.tokens - 1
@@ -147,8 +146,7 @@ def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
 
 
 def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
-    """First token on ``be`` against the NumPy executor: the check's figures (``passed`` among them; a mismatch is
-    not raised)."""
+    """First token on ``be`` against the NumPy executor: the check's figures (``passed``; a mismatch not raised)."""
     from ..backends import make_backend
 
     layers = cfg.n_layers if cfg.name in ("tiny", "small") else min(cfg.n_layers, cfg.n_hash_layers + 1)
@@ -452,8 +450,7 @@ def _decode(rc: RunConfig, be, cfg, model, prog: _Progress, res, con, src_ev, sr
 
 
 def _summary(be, prog: _Progress, total_bytes: int, res, src_ev) -> dict:
-    """µs per token, host enqueue µs, the bytes floor, each also a row of ``results.csv``; ``{}`` where nothing was
-    timed."""
+    """µs per token, host enqueue µs, bytes floor, each also a ``results.csv`` row; ``{}`` where nothing was timed."""
     if not prog.gpu_us:
         return {}
     st, hs = Stats.of(prog.gpu_us), Stats.of(prog.host_us)

@@ -59,8 +59,7 @@ class TraceConfig:
 
 # ----------------------------------------------------------------------------- the trace's rows
 def kernel_source(be):
-    """The live trace of ``be`` with its API level (:func:`ds4lab.trace.live.trace_source`). Raises
-    :class:`TraceError` with the reason where there is none."""
+    """The live trace of ``be`` with its API level; :class:`TraceError` with the reason where there is none."""
     from ..trace.live import trace_source
 
     src = trace_source(be, calls=True)
@@ -70,8 +69,7 @@ def kernel_source(be):
 
 
 def device_rows(src, recs) -> list[dict]:
-    """The trace's rows of device records ``recs`` (kernels, memsets, copies), with stream id, kind and bytes where
-    counted."""
+    """The trace's rows of device records ``recs``, with stream id, kind and bytes where counted."""
     out = []
     for r in recs:
         if r.kind not in ("kernel", "memset", "memcpy"):
@@ -315,8 +313,7 @@ def _attach_args(recs: list, launched: list, types: dict) -> None:
 
 
 def _hazard_step(name: str, model):
-    """The traced step of a routed-MoE hazard, or None for a token hazard: ``step(run, pos)`` as ``ladder --hazard``
-    runs it."""
+    """The traced step of a routed-MoE hazard (``step(run, pos)``), or None for a token hazard."""
     import contextlib
 
     import numpy as np

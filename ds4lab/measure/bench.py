@@ -224,8 +224,7 @@ def run_bench(be, cfg, console, *, per_op: bool = False, outputs: dict | None = 
 
 
 def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
-    """µs per kernel node of a replayed graph of ``n`` small kernels: ds4lab's launcher, CuPy's graph API, and
-    ``torch.cuda.CUDAGraph`` where importable (events around each replay, median over ``replays``)."""
+    """µs per node of a replayed graph of ``n`` small kernels: ds4lab, CuPy's graph API, torch (where importable)."""
     import cupy
 
     from ..capture.launch import Launcher

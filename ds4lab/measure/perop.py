@@ -12,8 +12,7 @@ SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25"
 
 
 def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
-    """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens, or ``(None, reason)``
-    when CUPTI is unavailable or the records do not match the trace."""
+    """µs per launch ``[tokens, n_launch]`` from CUPTI records of eager tokens, or ``(None, reason)``."""
     from ..trace.cupti import KERNEL_KINDS, CuptiSession, cupti_available
 
     ok, why = cupti_available()
@@ -116,8 +115,7 @@ def site_table(launches, copy_GBps: float):
 
 
 def token_summary(launches, copy_GBps: float) -> dict:
-    """GPU-busy µs of one token (sum over launches), its bytes, the bytes-moved floor (µs at ``copy_GBps``), busy /
-    floor, and the launch count."""
+    """GPU-busy µs of one token, its bytes, the bytes-moved floor at ``copy_GBps``, busy / floor, the launch count."""
     busy = float(launches["us"].sum())
     nbytes = int(launches["nbytes"].sum())
     floor = nbytes / (copy_GBps * 1e9) * 1e6
@@ -126,8 +124,7 @@ def token_summary(launches, copy_GBps: float) -> dict:
 
 
 def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
-    """Horizontal bars of the ``top`` sites by time lost: measured µs per token (IQR whiskers) beside the bytes-moved
-    floor, each labelled with its fraction of the copy bandwidth."""
+    """Bars of the ``top`` sites by time lost: µs per token (IQR) beside the bytes floor, with the copy fraction."""
     import matplotlib.pyplot as plt
 
     from ..report.plots import STYLE, provenance_title
@@ -215,8 +212,7 @@ def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps:
 
 
 def floors_table(fs: dict, title: str):
-    """A rich table of :meth:`ds4lab.experiments.floors.TokenFloors.summary`: the busy time, the replayed µs per token,
-    the two floors, t_min, and efficiency against each floor."""
+    """A rich table of :meth:`ds4lab.experiments.floors.TokenFloors.summary`: busy time, floors, t_min, efficiencies."""
     from rich.table import Table
 
     def us(v):

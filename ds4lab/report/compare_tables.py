@@ -54,8 +54,7 @@ class Table:
 
 
 def load_result_meta(f: Path) -> dict:
-    """A ds4lab ``meta.json`` with a dead run read as ``died`` (:func:`ds4lab.report.results.read_meta`); SourceError
-    naming the file."""
+    """A ds4lab ``meta.json``, a dead run read as ``died``; SourceError naming the file."""
     from ..trace.sources.common import load_meta
     from . import results
 
@@ -154,8 +153,7 @@ def _status(t: Table) -> str | None:
 
 
 def _tag(t: Table) -> str:
-    """MODELED, or where the numbers come from (the device, the table's provenance, the folder's formats), else
-    ``provenance unknown: no meta.json``."""
+    """MODELED, or where the numbers come from, else ``provenance unknown: no meta.json``."""
     m = t.meta or {}
     modeled = _truthy(m.get("modeled"))
     if "modeled" in t.df:
@@ -432,8 +430,7 @@ MODE_PREFERENCE = ("in-graph", "cupti", "deferred", "host-timed")
 
 
 def _moe_by_tokens(t: Table) -> tuple[str, dict]:
-    """``(selection, {tokens: {stage: median µs per call}})`` of a MoE table in one mode (:data:`MODE_PREFERENCE`)
-    and one routing (uniform, else the first)."""
+    """``(selection, {tokens: {stage: median µs per call}})`` of a MoE table in one mode and one routing."""
     df, picked = _moe_selection(t)
     col = "ms" if t.kind == "moe" else "median_ms"
     if "tokens" not in df.columns:

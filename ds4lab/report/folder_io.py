@@ -251,8 +251,7 @@ def refuse_no_folder(out) -> None:
 
 
 def make_parents(out: Path, fail) -> list[Path]:
-    """Create the missing folders above ``out``; returns them, deepest first. ``fail(reason)`` raises for a file
-    ancestor."""
+    """Create the missing folders above ``out``, returned deepest first; ``fail(reason)`` for a file ancestor."""
     made: list[Path] = []
     anc = out.parent
     while not anc.is_dir():

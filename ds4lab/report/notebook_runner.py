@@ -165,8 +165,7 @@ def _own_code_cells(nb) -> list:
 
 
 def _engine():
-    """papermill's nbclient engine as ``ds4lab``: the kernel started with ``kernel_env`` and ``kernel_stderr``,
-    ``on_client`` told the client first."""
+    """papermill's nbclient engine as ``ds4lab``, taking ``kernel_env``, ``kernel_stderr`` and ``on_client``."""
     from papermill.clientwrap import PapermillNotebookClient
     from papermill.engines import NBClientEngine, papermill_engines
 
@@ -323,8 +322,7 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
 
 
 def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_name: str, started_at: str) -> None:
-    """Write the executed copy: the run's parameters, ``OUT`` and its own path as named once in place, unpaired from
-    its source."""
+    """Write the executed copy: the run's parameters, ``OUT`` and its path as named once in place, unpaired."""
     _, nbformat = _papermill()
     from papermill.parameterize import parameterize_notebook
 
@@ -419,8 +417,7 @@ def default_folder() -> Path:
 
 
 def check_value(name: str, value) -> None:
-    """Refuse, before any kernel starts, a value the workbench notebooks would refuse later; :class:`NotebookError`
-    names it."""
+    """Refuse, before any kernel starts, a value the notebooks would refuse later (:class:`NotebookError`)."""
     from ..token.config import PRESETS
 
     def bad(why: str):

@@ -35,8 +35,7 @@ STAGE_PALETTE = ([matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab
 
 
 def stage_color(stage) -> str:
-    """A capture stage's colour in every figure, by its place in :data:`ds4lab.experiments.stages.STAGES` (grey
-    outside it)."""
+    """A capture stage's colour, by its place in :data:`ds4lab.experiments.stages.STAGES` (grey outside it)."""
     from ..experiments.stages import STAGES
 
     order = list(STAGES)
@@ -56,8 +55,7 @@ def series_style(i: int) -> dict:
 
 
 def series_marker(i: int) -> dict:
-    """Marker style of the ``i``-th source: :func:`series_style`'s colour, then a shape of :data:`SERIES_MARKERS`.
-    Raises ValueError past 120."""
+    """Marker style of the ``i``-th source: its colour, then a shape of :data:`SERIES_MARKERS`; ValueError past 120."""
     color = series_style(i)["color"]
     return {"color": color, "marker": SERIES_MARKERS[i // len(SERIES_COLORS)]}
 
@@ -317,8 +315,7 @@ def moe_share_figure(share, meta: dict):
 
 
 def exclusion_figure(df, meta: dict):
-    """The profiling × capture exclusion matrix as a heatmap, the outcome (detail, overhead) in every cell. ``df``:
-    ``exclusion.csv``."""
+    """The profiling × capture exclusion matrix as a heatmap, the outcome in every cell. ``df``: ``exclusion.csv``."""
     from matplotlib.colors import ListedColormap
 
     rows = list(dict.fromkeys(df["mode"]))
@@ -688,8 +685,7 @@ def launches_figure(scan):
 
 
 def detach(view):
-    """``view`` closed in pyplot when it is a Figure (still drawable), so a cell shows it once; anything else as it
-    is."""
+    """``view`` closed in pyplot when it is a Figure (still drawable), so a cell shows it once."""
     from matplotlib.figure import Figure
 
     if isinstance(view, Figure):

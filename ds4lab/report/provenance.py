@@ -94,8 +94,7 @@ def preset_name(meta: dict) -> str | None:
 
 
 def with_source_columns(df, backend: str, preset: str | None, modeled: bool):
-    """A copy of ``df`` with :data:`SOURCE_COLUMNS` appended (``backend``, ``preset``, ``modeled``; a table without
-    rows keeps its header)."""
+    """``df`` with :data:`SOURCE_COLUMNS` (``backend``, ``preset``, ``modeled``) appended; no rows: the header kept."""
     out = df.copy()
     for column, value in zip(SOURCE_COLUMNS, (backend, preset, bool(modeled))):
         out[column] = value

@@ -43,8 +43,8 @@ STAGED_AS_ENV = "DS4LAB_STAGED_AS"
 
 
 def staged_env(staging: Path, final: Path) -> dict:
-    """The environment entry for a child process that writes inside ``staging``, which becomes ``final`` when the run
-    that owns it is swapped in: the child's :func:`final_path` then names ``final``."""
+    """The environment entry for a child writing inside ``staging`` (later ``final``): its :func:`final_path` names
+    ``final``."""
     return {STAGED_AS_ENV: json.dumps([os.path.abspath(staging), os.path.abspath(final)])}
 
 
@@ -61,8 +61,7 @@ def final_path(path) -> Path:
 
 
 def strict_json(obj):
-    """``obj`` with every non-finite float (NaN, ±Infinity) replaced by None, recursively (dicts, lists, tuples; other
-    values as they are), so it serializes as strict JSON."""
+    """``obj`` with every non-finite float replaced by None, recursively, so it serializes as strict JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -88,8 +87,7 @@ def write_meta(path: Path, meta: dict) -> None:
 
 
 def _overwrite_status(path: Path, meta: dict) -> bool:
-    """Overwrite ``meta.json`` in place with its status alone (a full disk: no new blocks needed); returns whether it
-    worked."""
+    """Overwrite ``meta.json`` in place with its status alone (a full disk); returns whether it worked."""
     keep = {k: meta.get(k) for k in ("ds4lab", "job", "status", "run", "status_note") if k in meta}
     keep["status_note"] = "meta.json cut down to its status: the full record could not be written"
     text = json.dumps(strict_json(keep), default=str).encode() + b"\n"
@@ -367,8 +365,7 @@ class _Target:
 
     # -- after
     def finish(self, meta: dict, ok: bool) -> Path:
-        """Success: swap the staging folder in; otherwise keep it where the console says. Returns where the results
-        are."""
+        """Success: swap staging in; otherwise keep it where the console says. Returns where the results are."""
         if ok:
             return self._commit()
         remove_tmp_files(self.staging)
@@ -376,8 +373,7 @@ class _Target:
         return self._place(self.staging, tag)
 
     def _place(self, folder: Path, tag: str, beside: bool = False) -> Path:
-        """Put ``folder`` where it destroys nothing: ``out`` when missing or empty (unless ``beside``), else
-        ``OUT.<tag>-<time>``."""
+        """Put ``folder`` where it destroys nothing: ``out`` if missing or empty (unless ``beside``), else beside."""
         out = self.out
         if not beside and (not out.exists() or is_empty_dir(out)):
             os.rename(folder, out)
@@ -407,8 +403,7 @@ class _Target:
         return self.shown
 
     def _swap(self, out: Path, new: Path) -> list[str]:
-        """Swap ``new`` in for ``out`` (atomically where possible), carrying files ds4lab did not write; returns
-        their names."""
+        """Swap ``new`` in for ``out``, carrying files ds4lab did not write; returns their names."""
         carried, clash = self._carry(out, new) if self.ran_before is None else ([], [])
         if exchange_paths(new, out):  # new now holds the earlier results
             os.rename(new, self.old)
@@ -428,8 +423,7 @@ class _Target:
         return carried
 
     def _drop_edited(self) -> None:
-        """Treat files of the earlier run whose SHA-256 no longer matches its ``meta.json`` as the user's (checked at
-        the swap)."""
+        """Files of the earlier run whose SHA-256 no longer matches its ``meta.json`` become the user's."""
         for name, digest in self.prev_sha256.items():
             p = self.out / name
             if os.path.lexists(p) and _sha256_of(p) != digest:
@@ -447,8 +441,7 @@ class _Target:
         return " and ".join(parts)
 
     def _carry(self, old: Path, new: Path) -> tuple[list[str], list[str]]:
-        """Move the earlier folder's entries ds4lab did not write into ``new``; returns those moved and those left
-        (name clash)."""
+        """Move the earlier folder's entries ds4lab did not write into ``new``: ``(moved, left by a name clash)``."""
         own = set(_OWN_FILES) | (self.prev_files or set())
         carried, clash = [], []
         for p in sorted(old.iterdir()):
@@ -629,8 +622,7 @@ def _written(folder: Path, meta: dict) -> None:
 
 
 def _finish(t: _Target, folder: Path, meta: dict) -> None:
-    """Write the finished ``meta.json`` and swap the folder in; raises :class:`WriteFailed` saying where the results
-    stay."""
+    """Write the finished ``meta.json`` and swap the folder in; :class:`WriteFailed` says where results stay."""
     _calibration_identity(meta)
     try:
         write_meta(folder / "meta.json", meta)
