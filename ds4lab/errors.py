@@ -151,6 +151,5 @@ COLLECTIVE_ERRORS = ("nccl:timeout", "nccl:mismatch", "nccl:nonuniform-capture",
 
 
 class CollectiveError(RuntimeApiError):
-    """A collective between devices failed or would never complete (``name``: one of :data:`COLLECTIVE_ERRORS`);
-    raised on the sim at once or after a timeout, on a GPU by ds4lab's watchdog after aborting the communicator, so
-    neither hangs."""
+    """A collective between devices failed or would never complete (``name``: one of :data:`COLLECTIVE_ERRORS`); the
+    sim raises it at once or after a timeout, a GPU's watchdog after aborting the communicator."""

@@ -138,9 +138,8 @@ def gc_paused() -> Iterator[None]:
 # ----------------------------------------------------------------------------- the timing loop
 @dataclass
 class Samples:
-    """Raw per-iteration samples of :func:`time_steps` (µs): ``device_us`` (CUDA events; the sim's modeled ones),
-    ``host_us`` (enqueue only), and their sources (``cuda-events``/``host-clock``, or ``modeled (sim, calibration
-    <name>)``)."""
+    """Raw per-iteration samples of :func:`time_steps` (µs): ``device_us`` (CUDA events, or the sim's), ``host_us``
+    (enqueue only), and their sources (``cuda-events``/``host-clock``, or the sim's ``modeled (...)``)."""
 
     device_us: list[float] = field(default_factory=list)
     host_us: list[float] = field(default_factory=list)

@@ -31,8 +31,7 @@ def kernel_fit(nbytes, us, bw_default: float | None = None) -> dict:
 
 def add_kernel_fits(base: dict, ops, note: str) -> dict:
     """``base`` with :func:`kernel_fit` fits added for each kernel of ``ops`` (``kernel``, ``nbytes``, ``us``) it
-    lacks; ``note`` joins ``source``. Raises ValueError for ``ops`` without its columns or ``base`` without
-    ``kernels``."""
+    lacks; ``note`` joins ``source``. Raises ValueError for missing columns or ``kernels``."""
     if not {"kernel", "nbytes", "us"} <= set(ops.columns):
         raise ValueError(f"a per-op table needs kernel, nbytes and us columns, not {list(ops.columns)}")
     if not isinstance(base.get("kernels"), dict):

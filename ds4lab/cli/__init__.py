@@ -25,7 +25,7 @@ _RUN_OPTIONS = default(RunConfig, "options")
 
 class _Group(click.Group):
     """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does; an interruption a command does not
-    report exits 130, 143 or 129 (not click's "Aborted!", 1); a closed output exits 141 silently, as SIGPIPE would."""
+    report exits 130, 143 or 129 (not click's 1); a closed output exits 141 silently, as SIGPIPE would."""
 
     def make_context(self, *args, **kwargs):  # --help and --version print here
         try:

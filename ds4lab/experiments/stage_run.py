@@ -148,8 +148,7 @@ class ModelPatch:
 
 def first_difference(ref: list[dict], got: list[dict]) -> str | None:
     """``None`` when every tensor of every token is bit-identical, else the first difference ``"token <i>:
-    <tensor>"`` (caches before hidden state and logits: the cause before its effect); a count or tensor on one side
-    only differs."""
+    <tensor>"`` (caches before hidden state and logits); a count or tensor on one side only differs."""
     if len(ref) != len(got):
         return f"token count: {len(ref)} recorded against {len(got)}"
     for t, (a, b) in enumerate(zip(ref, got)):

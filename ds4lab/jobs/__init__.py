@@ -64,8 +64,7 @@ def module(job: str):
 
 def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
     """Open ``job``'s backend and run it with ``cfg``; returns its :class:`~ds4lab.jobs.result.JobResult`. Raises
-    what the job raises (:class:`BadInput` before any work, :class:`CheckFailed` after writing,
-    ``KeyboardInterrupt``)."""
+    what the job raises (:class:`BadInput` before work, :class:`CheckFailed` after writing)."""
     from ..progress import make_console
 
     _, req = JOBS[job]

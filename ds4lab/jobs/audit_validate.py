@@ -19,8 +19,7 @@ DTYPES = ("float32", "bfloat16")
 @dataclass
 class ValidateConfig:
     """What ``ds4lab audit validate`` does: ``families``/``caches`` of the steps folder (empty: all), ``dtypes``
-    (empty: float32 and bfloat16), ``steps`` (None: ``ds4lab/data/steps``), ``out`` (None:
-    ``results/audit-validate``)."""
+    (empty: float32 and bfloat16), ``steps`` (None: ``ds4lab/data/steps``), ``out``."""
 
     engines: tuple = ()
     caches: tuple = ()

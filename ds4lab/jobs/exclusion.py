@@ -19,9 +19,8 @@ EXCLUSION_OUTPUTS = ("exclusion.csv", "exclusion-sim.csv", "exclusion-agreement.
 
 @dataclass
 class ExclusionConfig:
-    """Arguments of ``ds4lab exclusion``: tokens per MoE call (2: MTP verification's sorted pairs), MoE calls per
-    overhead measurement (None: 100 on a GPU, 4 on the sim), ``out`` (None:
-    ``results/exclusion-<preset>-<backend>``)."""
+    """Arguments of ``ds4lab exclusion``: tokens per MoE call (2: MTP verification), MoE calls per overhead
+    measurement (None: 100 on a GPU, 4 on the sim), ``out`` (None: the default folder)."""
 
     preset: str | None = None
     tokens: int = 2

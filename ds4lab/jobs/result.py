@@ -91,17 +91,19 @@ class Output:
             self.result.files.append(p)
         return p
 
+    def _write(self, name: str, write) -> Path | None:
+        p = self._path(name)
+        if p is None:
+            return None
+        write(p)
+        return self._record(name)
+
     def table(self, name: str, df, *, file: str | None = None, index: bool = False) -> Path | None:
         """Write ``df`` atomically as ``<file or name>.csv``, keep it as table ``name``; the file, or None."""
         from ..report.results import write_text_atomic
 
         self.result.tables[name] = df
-        fname = file or f"{name}.csv"
-        p = self._path(fname)
-        if p is None:
-            return None
-        write_text_atomic(p, df.to_csv(index=index))
-        return self._record(fname)
+        return self._write(file or f"{name}.csv", lambda p: write_text_atomic(p, df.to_csv(index=index)))
 
     def figure(self, name: str, fig, *, stem: str | None = None) -> list[Path]:
         """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (closed in pyplot), keep it as figure ``name``; the
@@ -121,11 +123,7 @@ class Output:
         """Write ``text`` to the file ``name`` (atomically)."""
         from ..report.results import write_text_atomic
 
-        p = self._path(name)
-        if p is None:
-            return None
-        write_text_atomic(p, text)
-        return self._record(name)
+        return self._write(name, lambda p: write_text_atomic(p, text))
 
     def json(self, name: str, obj, **dumps) -> Path | None:
         """Write ``obj`` as JSON to the file ``name`` (``json.dumps(obj, **dumps)`` and a newline)."""
@@ -135,11 +133,7 @@ class Output:
         """Write a sub-folder's ``meta.json`` (the folder's own is :func:`ds4lab.report.results.job_folder`'s)."""
         from ..report.results import write_meta
 
-        p = self._path(name)
-        if p is None:
-            return None
-        write_meta(p, meta)
-        return self._record(name)
+        return self._write(name, lambda p: write_meta(p, meta))
 
     def file(self, name: str) -> Path | None:
         """Record a file the job streamed into :attr:`folder`; None without a folder or when it is not there."""

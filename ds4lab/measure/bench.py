@@ -157,8 +157,7 @@ SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "launch_floor_us", "t_min_us"
 
 def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
     """The headline figures of a bench run (:data:`SUMMARY_KEYS`): the per-op run's busy time, floors, t_min, copy
-    fractions and efficiencies (None without it), the copy bandwidth, the MoE step's fraction of it, and host µs per
-    launch each way."""
+    fractions and efficiencies (None without it), the MoE step's copy fraction, host µs per launch."""
     host = {k: v["host_us"].median for k, v in lo.items()}
     po = per_op or {}
     return {

@@ -75,8 +75,8 @@ def provenance_title(meta: dict, what: str) -> str:
 
 
 def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
-    """Write ``fig`` as ``stem.png``, ``.svg``, ``.pdf`` (or ``formats``), each whole (temporary name, then renamed),
-    then close it in pyplot, written or not, so pyplot does not keep it nor Jupyter draw it twice. Returns the paths."""
+    """Write ``fig`` as ``stem.png``, ``.svg``, ``.pdf`` (or ``formats``), each whole, then close it in pyplot,
+    written or not, so pyplot keeps no figure and Jupyter draws none twice. Returns the paths."""
     from .folder_io import whole_file
 
     stem = Path(stem)
@@ -650,8 +650,7 @@ def ncu_sites_figure(sources: dict, top: int = 16):
 
 def launches_figure(scan):
     """Kernel launches per token by position from a :class:`ds4lab.experiments.launch_list.LaunchScan`: consecutive
-    tokens, and the anchor positions across the top-k regimes with each launch-shape change marked. Counts, not
-    times."""
+    tokens, and anchor positions with each launch-shape change marked. Counts, not times."""
     from ..experiments.launch_list import shape
 
     launches, window = scan.launches, scan.window
