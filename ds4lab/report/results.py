@@ -323,7 +323,7 @@ class _Target:
                        f"{(m.get('run') or {}).get('pid', '?')}); its results (status {status}) are in {dest}")
 
     def _check_contents(self) -> None:
-        """Refuse what this run must not replace (see the module docstring, step 1)."""
+        """Refuse what this run must not replace (``docs/results.md``, "How a result folder lives")."""
         out = self.out
         if not out.is_dir():
             return
@@ -378,7 +378,7 @@ class _Target:
         if not beside and (not out.exists() or is_empty_dir(out)):
             os.rename(folder, out)
             return self.shown
-        dest = free_name(out.with_name(f"{out.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        dest = self._beside(tag)
         os.rename(folder, dest)
         return self.shown.with_name(dest.name)
 
@@ -410,17 +410,17 @@ class _Target:
         else:
             os.rename(out, self.old)
             os.rename(new, out)
-        if clash:  # an earlier file of the user's shares a name with one this run wrote: keep it
-            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+        # a user's file named like one this run wrote, or another experiment's results: kept whole, beside
+        if clash or self.ran_before is not None:
+            dest = self._beside("replaced")
             os.rename(self.old, dest)
-            self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
-                       f"{self._whose(clash)}, named like files this run wrote")
-        elif self.ran_before is not None:  # another experiment's results: kept whole, beside
-            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
-            os.rename(self.old, dest)
-            self._note(f"{self.shown}: kept the earlier results as {dest.name}: they ran "
-                       f"{_differs(self.ran_before, self.ran)}")
+            self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds {self._whose(clash)}, named "
+                       "like files this run wrote" if clash else f"{self.shown}: kept the earlier results as "
+                       f"{dest.name}: they ran {_differs(self.ran_before, self.ran)}")
         return carried
+
+    def _beside(self, tag: str) -> Path:
+        return free_name(self.out.with_name(f"{self.out.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     def _drop_edited(self) -> None:
         """Files of the earlier run whose SHA-256 no longer matches its ``meta.json`` become the user's."""
