@@ -92,9 +92,8 @@ def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
 
 
 def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> dict[str, int]:
-    """Fewest bytes one decode token must read from device memory, by part: the layers' weights, the ``n_used``
-    experts' matrices in ``cfg.expert_format`` (``weights.spec_bytes``), each layer's fp32 KV window, the vocabulary
-    projection when on; activations left out."""
+    """Fewest bytes one decode token must read from device memory, by part: weights, the ``n_used`` experts in
+    ``cfg.expert_format``, each layer's fp32 KV window, the vocabulary projection when on."""
     L = cfg.n_layers if n_layers is None else n_layers
     layer = sum(W.spec_bytes(s) for s in W.layer_specs(cfg, 0).values())
     bank = W.bank_specs(cfg, 0)

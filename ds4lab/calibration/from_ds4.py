@@ -179,9 +179,8 @@ def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str,
 
 def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-flash", stages: str = "0,i,3",
                 tokens: int = 8, calibration=None):
-    """ds4lab's token on the sim with eager launches priced at the shipped host cost and at each of
-    ``host_launch_us`` (``shared/context/gpu-facts.md``), MODELED. Returns :func:`sim_context`'s rows with
-    ``host_launch_us``, ``host`` and ``speedup`` (stage 0 over the stage)."""
+    """ds4lab's token on the sim, eager launches priced at the shipped host cost and at each of ``host_launch_us``,
+    MODELED: :func:`sim_context`'s rows with ``host_launch_us``, ``host``, ``speedup``."""
     import pandas as pd
 
     from ..sim.calibration import read

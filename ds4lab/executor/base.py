@@ -149,9 +149,9 @@ class Executor(abc.ABC):
 
 
 class RuntimeApi(abc.ABC):
-    """Capture, graphs, event timing, allocation and queries (``cupy`` and ``sim`` only). Streams are backend objects
-    or ``LEGACY_STREAM``; capture modes ``"global"``, ``"thread_local"``, ``"relaxed"``. Every method raises
-    :class:`ds4lab.errors.CudaError` or :class:`ds4lab.errors.CupyRefusal`, never returns a status."""
+    """Capture, graphs, event timing, allocation and queries (``cupy`` and ``sim``). Streams: backend objects or
+    ``LEGACY_STREAM``. Every method raises :class:`ds4lab.errors.CudaError` or ``CupyRefusal``, never returns a
+    status."""
 
     @abc.abstractmethod
     def event_synchronize(self, event: Any) -> None:

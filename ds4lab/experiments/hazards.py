@@ -119,9 +119,8 @@ HAZARD_SETS = {"all": tuple(n for n, h in HAZARDS.items() if h.steps != "longctx
 
 
 def register(hazards: dict, set_name: str) -> None:
-    """Add ``hazards`` (``{name: hazard}`` with ``steps``, ``stage``, ``what``, ``expected(mode)``, optionally
-    ``demonstrate``) to :data:`HAZARDS` as set ``set_name``, so a package above this one adds its own. Raises
-    ValueError for a name or set already there."""
+    """Add ``hazards`` (``{name: hazard}``) to :data:`HAZARDS` as set ``set_name``, so a package above this one adds
+    its own. Raises ValueError for a name or set already there."""
     taken = sorted(set(hazards) & set(HAZARDS)) + ([set_name] if set_name in HAZARD_SETS else [])
     if taken:
         raise ValueError(f"hazard {', '.join(taken)} is in the table already")
@@ -170,9 +169,8 @@ def _model_cfg(hz: Hazard, cfg, span: Span):
 
 
 def demonstrate(name: str, be, cfg, mode: str = "thread_local") -> dict:
-    """Run hazard ``name`` on ``be`` (which computes) for ``cfg``, eagerly against its stage. Returns the outcome as
-    a dict (``outcome``; on the long-context token also ``exact_3c``, ``graphs_3c``). Raises ValueError for an
-    unknown name (listing the known ones)."""
+    """Run hazard ``name`` on ``be`` (which computes) for ``cfg``, eagerly against its stage: the outcome as a dict
+    (also ``exact_3c``, ``graphs_3c`` at long context). ValueError lists the known names."""
     try:
         hz = HAZARDS[name]
     except KeyError:

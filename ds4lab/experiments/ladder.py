@@ -86,9 +86,8 @@ def exactness_backend(be):
 
 
 def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenOptions | None = None) -> dict:
-    """The floors at ``context`` (:func:`ds4lab.experiments.floors.token_floors`), busy time as the median over
-    ``positions`` (the timed ones, so efficiency stays ≤ 1); ``{}`` on a backend without time. Leaves ``model`` with
-    stage 3 active."""
+    """The floors at ``context`` (:func:`ds4lab.experiments.floors.token_floors`), busy time the median over the
+    timed ``positions``; ``{}`` without time. Leaves ``model`` with stage 3 active."""
     if not (be.measures_time or be.models_time):
         return {}
     from .floors import token_floors
@@ -284,9 +283,8 @@ def _eff(floor, us):
 # ----------------------------------------------------------------------------- the two tables, run
 def ladder_table(stages: str, start_pos: int, *, exact_tokens: int, tokens: int, warmup: int, rounds: int,
                  long_context: bool = False) -> Table:
-    """The ladder's :class:`Table`: ``stages`` (comma-separated) at ``start_pos``, exactness over ``exact_tokens``,
-    ``tokens`` timed in ``rounds`` rounds (at most one per token). Raises
-    :class:`~ds4lab.experiments.stages.StageInputError` for an unknown stage."""
+    """The ladder's :class:`Table`: ``stages`` at ``start_pos``, exactness over ``exact_tokens``, ``tokens`` in
+    ``rounds`` rounds (at most one per token). Raises ``StageInputError`` for an unknown stage."""
     return Table(stages=tuple(parse_stages(stages, long_context=long_context)), contexts=(start_pos,),
                  exact_tokens=exact_tokens, exact_lead=0, tokens=tokens, warmup=warmup, rounds=min(rounds, tokens))
 

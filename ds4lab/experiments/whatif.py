@@ -71,9 +71,8 @@ def sweep_launch_cost(host_launch_us, preset: str = "ds4-flash", low: str = "0",
 
 def sweep_moe_tokens(tokens, preset: str = "ds4-flash", routing: str = "uniform", calls: int = 8,
                      calibration=None) -> pd.DataFrame:
-    """Modeled µs per routed-MoE call, eager against one replayed graph, per token count, each call bracketed by
-    events; the sorted path is priced per token count, so routing changes no modeled time. Raises ValueError for a
-    count < 1 or an unknown routing."""
+    """Modeled µs per routed-MoE call, eager against one replayed graph, per token count (routing changes no modeled
+    time). Raises ValueError for a count < 1 or an unknown routing."""
     from ..capture.cache import CapturePolicy, GraphCache
     from ..moeprof import MoeWorkbench
     from ..sim.backend import SimBackend

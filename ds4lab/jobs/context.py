@@ -26,9 +26,8 @@ CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
 
 @dataclass
 class ContextConfig:
-    """Arguments of ``ds4lab context`` (the command line's defaults): ``contexts`` ascending (None:
-    :func:`default_contexts`), ``span`` tokens compared at each (0: timing only), ``tokens`` timed after ``warmup``
-    in ``rounds`` interleaved rounds, capture ``mode``, ``out`` (None: ``results/context-<preset>-<backend>``)."""
+    """Arguments of ``ds4lab context`` (its defaults): ``contexts`` ascending (None: :func:`default_contexts`),
+    ``span`` compared at each (0: none), ``tokens`` after ``warmup`` in ``rounds`` rounds, ``mode``, ``out``."""
 
     stages: str = CONTEXT_DEFAULT
     preset: str | None = None

@@ -29,9 +29,8 @@ class ExclusionConfig:
 
 
 def run(cfg: ExclusionConfig, be, console) -> JobResult:
-    """The matrix on ``be`` (on a GPU also on a timing-only sim, with the agreement): ``exclusion.csv`` row by row,
-    ``exclusion-sim.csv`` and ``exclusion-agreement.csv`` on a GPU, ``meta.json``, the heatmap. Returns the
-    :class:`~ds4lab.jobs.result.JobResult` (table and figure ``exclusion``). Raises BadInput for numpy or tokens < 1."""
+    """The matrix on ``be`` (on a GPU also on a timing-only sim, with the agreement): its CSVs, ``meta.json``, the
+    heatmap; table and figure ``exclusion``. Raises BadInput for numpy or tokens < 1."""
     import pandas as pd
 
     from ..report import plots

@@ -43,9 +43,8 @@ def check_config(cfg: HazardsConfig) -> None:
 
 
 def run(cfg: HazardsConfig, be, console) -> JobResult:
-    """Demonstrate ``cfg.hazard`` (or a set) on ``be``, which must compute. Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: table ``hazards`` (:func:`ds4lab.experiments.hazards.demonstrate`), its
-    rows as dicts in ``value``. Raises BadInput for an unknown hazard or a timing-only backend."""
+    """Demonstrate ``cfg.hazard`` (or a set) on ``be``, which must compute: table ``hazards``, its rows as dicts in
+    ``value``. Raises BadInput for an unknown hazard or a timing-only backend."""
     import pandas as pd
 
     check_config(cfg)

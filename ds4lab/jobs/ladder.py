@@ -31,9 +31,8 @@ MAX_EXACT_TOKENS = 256
 
 @dataclass
 class LadderConfig:
-    """Arguments of ``ds4lab ladder`` (``ds4lab ladder --help``; the command line's defaults). ``tokens`` split over
-    ``rounds``; ``exact_tokens`` 0: skip; ``out`` None: ``results/ladder-<preset>-<backend>[-longctx]``;
-    ``long_context``: the long-context token, where stage ``3c`` exists."""
+    """Arguments of ``ds4lab ladder`` (its defaults). ``tokens`` split over ``rounds``; ``exact_tokens`` 0: skip;
+    ``out`` None: ``results/ladder-<preset>-<backend>[-longctx]``; ``long_context``: stage ``3c`` exists."""
 
     stages: str = LADDER_DEFAULT
     preset: str | None = None
@@ -116,9 +115,8 @@ def run(cfg: LadderConfig, be, console) -> JobResult:
 
 def write_table(job: str, be, con, mcfg, table: Table, out: Path, extra_meta: dict, outputs, *, mode: str,
                 nvtx: bool = False, ran: dict | None = None) -> JobResult:
-    """The job shape of both ladders: :func:`ds4lab.experiments.ladder.run_table` in the result folder, written as it
-    goes, then ``meta.json`` and the figure; raises :class:`NotExact` naming every stage (and context) that differs.
-    ``ran``: for a default folder."""
+    """Both ladders' job: :func:`ds4lab.experiments.ladder.run_table` in the result folder, written as it goes, then
+    ``meta.json`` and the figure; :class:`NotExact` names every stage (and context) that differs."""
     from ..progress import JobProgress
     from ..report import plots
 

@@ -91,9 +91,8 @@ def context_graphs(folder: Path):
 
 
 def capture_stages(folder: Path):
-    """A ``ds4lab context`` folder with stage 3 and others, each row's µs over stage 3's (``x_stage_3``) and its
-    paired gain as a sentence (``gain over 3``). Raises ValueError as :func:`figures`, or for a folder without stage
-    3."""
+    """A ``ds4lab context`` folder with stage 3 and others: each row's µs over stage 3's (``x_stage_3``) and paired
+    gain (``gain over 3``). Raises ValueError as :func:`figures`, or without stage 3."""
     _meta(folder, ("context",))
     cs = _csv(folder, "context.csv", dtype={"stage": str})
     if "3" not in set(cs.stage):
