@@ -129,8 +129,7 @@ class GraphExecUpdateError(CudaError):
 
 
 class CalibrationError(BadInput):
-    """A calibration file that does not follow the schema: ``path`` (or ``"<dict>"``) and ``problems``, ``[(key_path,
-    message), ...]``."""
+    """A calibration file off the schema: ``path`` (or ``"<dict>"``), ``problems`` ``[(key_path, message), ...]``."""
 
     def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
         self.path = path

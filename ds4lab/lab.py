@@ -275,7 +275,7 @@ class Lab:
 
     @staticmethod
     def context_graphs(context: JobResult):
-        """Graphs each stage of a ``context`` result captured by context
+        """Graphs each stage of a ``context`` result captured per context
         (:func:`ds4lab.report.views.context_graphs`)."""
         from .report.views import context_graphs
 

@@ -313,7 +313,7 @@ def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference
 
 def interleaved_pairs(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int,
                       progress: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
-    """``rounds`` paired measurements of A and B in ABBA order: ``(a_values, b_values)``; ValueError for ``rounds <
+    """``rounds`` paired measurements of A and B in ABBA order: ``(a_values, b_values)``; ValueError if ``rounds <
     1``."""
     if rounds < 1:
         raise ValueError(f"rounds={rounds} must be >= 1")

@@ -50,8 +50,7 @@ def read_ds4_folder(folder: Path):
 
 
 def as_folders(folders) -> list[Path]:
-    """``folders`` (one path, or an iterable of paths) as a list of Paths. Raises ValueError for none, or a folder
-    named twice."""
+    """``folders`` (a path or several) as a list of Paths; ValueError for none, or a folder named twice."""
     got = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
     if not got:
         raise ValueError("--from-ds4: no ds4lab ds4 folder given")

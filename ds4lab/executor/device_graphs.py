@@ -53,8 +53,7 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def capture_dependencies(self, stream: Any) -> tuple[Any, list]:
-        """``cudaStreamGetCaptureInfo``: the graph captured and the next work's dependencies (CudaError: not
-        capturing)."""
+        """``cudaStreamGetCaptureInfo``: the graph captured and the next work's dependencies (CudaError: none)."""
 
     @abc.abstractmethod
     def conditional_handle_create(self, graph: Any, default: int = 0, assign_default: bool = True) -> Any:
@@ -78,8 +77,7 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def end_capture_to_graph(self, stream: Any) -> Any:
-        """``cudaStreamEndCapture`` of :meth:`begin_capture_to_graph`: returns the graph captured into (no new
-        owner)."""
+        """``cudaStreamEndCapture`` of :meth:`begin_capture_to_graph`: the graph captured into (no new owner)."""
 
     @abc.abstractmethod
     def launch_programmatic(self, stream: Any, name: str, grid: tuple, block: tuple, args: tuple, shared: int,
@@ -98,8 +96,7 @@ class DeviceGraphApi(abc.ABC):
 
     @abc.abstractmethod
     def graph_node_kinds(self, graph: Any) -> list[str]:
-        """The node kinds of ``graph`` (``cudaGraphNodeGetType``: kernel, memset, ...), in order; bodies not
-        included."""
+        """The node kinds of ``graph`` (``cudaGraphNodeGetType``: kernel, memset, ...), in order; no bodies."""
 
     @abc.abstractmethod
     def graph_edges(self, graph: Any) -> list[tuple[str, str, str]]:

@@ -62,8 +62,7 @@ class LaunchScan:
     _model: object = field(default=None, repr=False)
 
     def table(self):
-        """Kernel launches per token by launch shape (rows) and emit (columns); ``a–b`` where a cell's positions
-        differ."""
+        """Kernel launches per token by launch shape (rows) and emit (columns); ``a–b`` where positions differ."""
         order = {r: j for j, r in enumerate(LR.TOPK_REGIMES)}
         t = self.launches.pivot_table(index=["regime", "top-k launches"], columns="token", values="kernels",
                                       aggfunc=lambda v: "–".join(map(str, sorted({v.min(), v.max()}))))
@@ -109,8 +108,7 @@ def census(model, pos: int) -> dict:
 
 @dataclass
 class OneToken:
-    """One decode token as the launch layer saw it: ``by_kind``, ``by_cluster`` and :meth:`ranges`; ``label`` says
-    where."""
+    """One decode token as the launch layer saw it: ``by_kind``, ``by_cluster``, :meth:`ranges`, ``label``."""
 
     model: object
     position: int
@@ -129,8 +127,7 @@ class OneToken:
 
 
 def one_token(be, preset: str, position: int = 1000, label: str = "") -> OneToken:
-    """``preset``'s token decoded once on ``be`` at ``position``, its census taken. Raises ConfigError for an unknown
-    preset."""
+    """``preset``'s token decoded once on ``be`` at ``position``, census taken; ConfigError for an unknown preset."""
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
 

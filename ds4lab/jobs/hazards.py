@@ -24,8 +24,7 @@ HAZARD_OUTPUTS = ("hazards.csv",)
 
 @dataclass
 class HazardsConfig:
-    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``; ``out`` None:
-    ``results/hazards-<hazard>-<preset>-<backend>``."""
+    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``; ``out`` None: ``results/hazards-<hazard>-...``."""
 
     hazard: str = "all"
     preset: str | None = None

@@ -40,8 +40,7 @@ class Plan:
 
 
 class NotebooksFailed(PartFailed):
-    """A notebook failed (every notebook ran; ``runs.json`` says which): exit 1, the folder kept as
-    ``NAME.failed-<time>``."""
+    """A notebook failed (all ran; ``runs.json`` says which): exit 1, the folder kept as ``NAME.failed-<time>``."""
 
 
 def plan(cfg: NotebooksConfig) -> Plan:

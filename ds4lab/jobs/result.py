@@ -106,8 +106,7 @@ class Output:
         return self._write(file or f"{name}.csv", lambda p: write_text_atomic(p, df.to_csv(index=index)))
 
     def figure(self, name: str, fig, *, stem: str | None = None) -> list[Path]:
-        """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (closed in pyplot), keep it as figure ``name``; the
-        files."""
+        """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (closed in pyplot), kept as figure ``name``; the files."""
         from ..report import plots
 
         self.result.figures[name] = fig

@@ -341,8 +341,7 @@ def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_nam
 
 
 def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, dict]:
-    """``(parameter values, kernel environment)``; raises :class:`NotebookError` for a value the notebook has no
-    parameter for."""
+    """``(parameter values, kernel environment)``; :class:`NotebookError` for a value the notebook lacks."""
     names = parameter_names(path)
     values = dict(values)
     env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's

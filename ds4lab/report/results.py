@@ -43,7 +43,7 @@ STAGED_AS_ENV = "DS4LAB_STAGED_AS"
 
 
 def staged_env(staging: Path, final: Path) -> dict:
-    """The environment entry for a child writing inside ``staging`` (later ``final``): its :func:`final_path` names
+    """The environment of a child writing inside ``staging`` (later ``final``): its :func:`final_path` names
     ``final``."""
     return {STAGED_AS_ENV: json.dumps([os.path.abspath(staging), os.path.abspath(final)])}
 
