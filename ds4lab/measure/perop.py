@@ -1,6 +1,6 @@
 """Per-launch-site roofline of one decode token (``ds4lab bench --per-op``; GPU only): per site the launches, bytes,
 GPU µs (CUPTI records, else each launch re-issued behind a spin kernel: :func:`per_op_times`), GB/s, fraction of the
-copy bandwidth and time lost against it, sorted by time lost. Next: ``docs/figures.md``, "Per-op roofline"."""
+copy bandwidth and time lost against it, sorted by time lost. Next: ``docs/commands.md``, "bench --per-op"."""
 
 from __future__ import annotations
 
