@@ -76,11 +76,6 @@ class Terminated(KeyboardInterrupt):
         self.signame = signal.Signals(self.signum).name
         super().__init__(msg or f"stopped by {self.signame}")
 
-    @property
-    def exit_status(self) -> int:
-        """128 + the signal number, as a shell reports a process ended by the signal."""
-        return 128 + self.signum
-
 
 def interrupt_status(exc: BaseException) -> str:
     """``interrupted`` for Ctrl-C, ``interrupted (SIGTERM)`` / ``interrupted (SIGHUP)`` for a :class:`Terminated` (or

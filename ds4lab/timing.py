@@ -34,10 +34,6 @@ class Stats:
     min: float
     max: float
 
-    @property
-    def iqr(self) -> float:
-        return self.p75 - self.p25
-
     @classmethod
     def of(cls, samples) -> "Stats":
         """Stats of a non-empty sequence. Raises ValueError on an empty one."""

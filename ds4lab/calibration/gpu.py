@@ -14,7 +14,7 @@ from .kernels import kernel_fit, linear_fit, refit_kernels
 
 
 def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict:
-    """Measure every parameter on ``be`` (a CupyBackend) (module docstring). Returns the calibration dict."""
+    """Measure every parameter on ``be`` (a CupyBackend; ``docs/calibration.md``, "gpu"); returns the calibration."""
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
 

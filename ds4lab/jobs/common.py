@@ -107,7 +107,7 @@ def modeled_banner(be) -> str | None:
 
 
 def exit_code(exc: BaseException) -> int:
-    """The exit status for ``exc`` (module docstring's table)."""
+    """The exit status for ``exc`` (``docs/commands.md``, "Exit status")."""
     if isinstance(exc, KeyboardInterrupt):
         signum = getattr(exc, "signum", None)  # SIGTERM 143, SIGHUP 129, as a shell reports them
         return 128 + signum if signum else 130

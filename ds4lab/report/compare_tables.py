@@ -74,7 +74,7 @@ def _load_meta(f: Path) -> dict:
 
 
 def _meta_for(d: Path, f: Path) -> Path | None:
-    """The meta file describing table ``f`` in folder ``d`` (see the module docstring)."""
+    """The meta file describing table ``f`` in folder ``d`` (``docs/compare.md``)."""
     stem = f.stem
     cands = [d / f"{stem}.meta.json"]
     if "-" in stem:
