@@ -1,9 +1,7 @@
-"""Errors of the runtime API, named as CUDA and CuPy name them.
-
-Both the ``cupy`` backend (translating real CUDA and CuPy errors) and the ``sim`` backend (raising them by CUDA's
-rules) raise these, so a scenario or a stage reads the same error name on either: ``err.name`` is the CUDA error enum
-name (``cudaErrorStreamCaptureUnsupported``), a CuPy label (``cupy:D2HDisallowed``) or a CUDA library's status
-(``cublas:CUBLAS_STATUS_ALLOC_FAILED``)."""
+"""Errors of the runtime API, named as CUDA and CuPy name them, raised alike by the ``cupy`` backend (translating)
+and the ``sim`` (by CUDA's rules): ``err.name`` is the CUDA enum name, a ``cupy:`` label or a library status
+(``cublas:CUBLAS_STATUS_ALLOC_FAILED``); and the jobs' error hierarchy (:class:`BadInput`, :class:`CheckFailed`,
+:class:`Terminated`)."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ LIBRARY_ERRORS = ("cublas:CUBLAS_STATUS_ALLOC_FAILED", "cublas:CUBLAS_STATUS_NOT
 
 
 class RuntimeApiError(RuntimeError):
-    """A runtime-API call failed. ``name`` is the CUDA error name, a ``cupy:`` label or a library status
-    (``cublas:CUBLAS_STATUS_...``)."""
+    """A runtime-API call failed; ``name``: the CUDA error name, a ``cupy:`` label or a library status."""
 
     def __init__(self, name: str, call: str, detail: str = "") -> None:
         self.name = name
@@ -60,8 +57,7 @@ class CupyRefusal(RuntimeApiError):
 
 
 class LibraryError(RuntimeApiError):
-    """A CUDA library call failed with the library's own status (cuBLAS: ``cublas:CUBLAS_STATUS_*``, the
-    ``cublasStatus_t`` name from the cuBLAS library reference)."""
+    """A CUDA library call failed with its own status (``cublas:CUBLAS_STATUS_*``)."""
 
 
 # ----------------------------------------------------------------------------- job outcomes
@@ -70,14 +66,8 @@ class BadInput(ValueError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP received while a command ran: handled like Ctrl-C (a :class:`KeyboardInterrupt`, so everything
-    that keeps partial results on Ctrl-C keeps them here too), with the signal named in the status (``interrupted
-    (SIGTERM)``) and the shell's exit status for a process ended by that signal: 128 + the signal number (143 for
-    SIGTERM, 129 for SIGHUP).
-
-    Attributes:
-        signum: the signal number (``signal.SIGTERM``, ``signal.SIGHUP``).
-        signame: its name (``SIGTERM``)."""
+    """SIGTERM or SIGHUP while a command ran: handled like Ctrl-C (a :class:`KeyboardInterrupt`), status
+    ``interrupted (SIGTERM)``, exit 128 + ``signum`` (143, 129); ``signame`` its name."""
 
     def __init__(self, signum: int, msg: str = "") -> None:
         import signal
@@ -86,28 +76,20 @@ class Terminated(KeyboardInterrupt):
         self.signame = signal.Signals(self.signum).name
         super().__init__(msg or f"stopped by {self.signame}")
 
-    @property
-    def exit_status(self) -> int:
-        """128 + the signal number, as a shell reports a process ended by the signal."""
-        return 128 + self.signum
-
 
 def interrupt_status(exc: BaseException) -> str:
-    """The ``status`` a result records for an interruption: ``interrupted`` for Ctrl-C (SIGINT), ``interrupted
-    (SIGTERM)`` / ``interrupted (SIGHUP)`` for a :class:`Terminated` (or an exception carrying its ``signame``)."""
+    """``interrupted`` for Ctrl-C, ``interrupted (SIGTERM)`` / ``interrupted (SIGHUP)`` for a :class:`Terminated` (or
+    an exception with its ``signame``)."""
     name = getattr(exc, "signame", None)
     return f"interrupted ({name})" if name else "interrupted"
 
 
 class CheckFailed(RuntimeError):
-    """A job ran and wrote its results, but a check it exists to make failed (exit 1): a stage not bit-identical to
-    stage 0, a failed reference check, a GPU/sim disagreement."""
+    """A job ran and wrote its results, but a check it exists to make failed (exit 1)."""
 
 
 class PartFailed(RuntimeError):
-    """A job ran its parts and one of them failed (exit 1; a notebook that stops at a cell): the message is ds4lab's
-    own, the run's folder is kept as a failed run (beside ``--out`` as ``NAME.failed-<time>`` when ``--out`` held
-    earlier results, which stay as they were)."""
+    """One of a job's parts failed (exit 1; a notebook stopped at a cell); the run's folder is kept as a failed run."""
 
 
 #: ``cudaGraphExecUpdateResult`` values by number (CUDA Runtime API, "Data types used by CUDA
@@ -129,11 +111,9 @@ class GraphExecUpdateError(CudaError):
     """``cudaGraphExecUpdate`` refused (``cudaErrorGraphExecUpdateFailure``), with CUDA's reason.
 
     Attributes:
-        result: the ``cudaGraphExecUpdateResult`` name from ``cudaGraphExecUpdateResultInfo``
-            (``cudaGraphExecUpdateErrorTopologyChanged``, ...); CUDA Runtime API, cudaGraphExecUpdate.
-        node_type: the type of ``resultInfo.errorNode`` as ds4lab names node kinds (``kernel``, ``memset``, ``memcpy``,
-            ``mem_alloc``, ``mem_free``, ``event_record``, ``wait_event``, ``graph``, ``empty``, ``host``), or None
-            when CUDA names no node (for example a different node count)."""
+        result: the ``cudaGraphExecUpdateResult`` name (``cudaGraphExecUpdateErrorTopologyChanged``, ...).
+        node_type: the ``errorNode``'s kind as ds4lab names node kinds (``kernel``, ``memset``, ...), or None when
+            CUDA names none."""
 
     def __init__(self, call: str, result: str, node_type: str | None, detail: str = "",
                  name: str = "cudaErrorGraphExecUpdateFailure") -> None:
@@ -144,11 +124,7 @@ class GraphExecUpdateError(CudaError):
 
 
 class CalibrationError(BadInput):
-    """A calibration file that does not follow the schema; names the file and every bad key path.
-
-    Attributes:
-        path: the file (or ``"<dict>"`` for an in-memory calibration).
-        problems: ``[(key_path, message), ...]``, key paths like ``kernels.tiny_add.fixed_us``."""
+    """A calibration file off the schema: ``path`` (or ``"<dict>"``), ``problems`` ``[(key_path, message), ...]``."""
 
     def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
         self.path = path
@@ -169,6 +145,5 @@ COLLECTIVE_ERRORS = ("nccl:timeout", "nccl:mismatch", "nccl:nonuniform-capture",
 
 
 class CollectiveError(RuntimeApiError):
-    """A collective between devices failed or would never complete (``name``: one of :data:`COLLECTIVE_ERRORS`). On the
-    sim a collective that would hang a GPU raises this after a timeout or at once when the sim can tell it never
-    completes; on a GPU ds4lab's watchdog raises it after aborting the communicator, so neither ever hangs."""
+    """A collective between devices failed or would never complete (``name``: one of :data:`COLLECTIVE_ERRORS`); the
+    sim raises it at once or after a timeout, a GPU's watchdog after aborting the communicator."""

@@ -1,10 +1,7 @@
-"""The workbench in one object, for notebooks: ``lab = ds4lab.Lab(backend="sim")``, then one method per experiment
-(``lab.ladder()``, ``lab.context()``, ``lab.moe()``, ``lab.exclusion()``, ``lab.hazards()``, ``lab.trace()``,
-``lab.audit()``, ``lab.ds4()``, ...), each running its job as ``ds4lab <command>`` does
-(:func:`ds4lab.jobs.execute`) and returning its :class:`~ds4lab.jobs.result.JobResult`: its tables
-(``result.table()``), its figure (``result.figure()``, a matplotlib figure a cell shows), its ``meta`` and the files
-it wrote. A method's keywords are its job config's fields, with that config's defaults (shown by
-``help(lab.ladder)`` and tab completion); the lab's own preset and result folder fill the ones not given."""
+"""The workbench in one object, for notebooks: ``lab = ds4lab.Lab(backend="sim")``, then one method per job
+(``lab.ladder()``, ``lab.trace()``, ``lab.audit()``, ...) running it as ``ds4lab <command>`` does and returning its
+:class:`~ds4lab.jobs.result.JobResult`. A method's keywords are its job config's fields and defaults; the lab's
+preset and folder fill those not given. Next: ``docs/notebooks.md``."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ from pathlib import Path
 from .jobs import execute
 from .jobs.audit import AuditConfig
 from .jobs.bench import BenchConfig
+from .jobs.common import config_default
 from .jobs.calibrate import CalibrateConfig
 from .jobs.compare import CompareConfig
 from .jobs.conformance import ConformanceConfig
@@ -32,9 +30,8 @@ from .jobs.result import JobResult
 
 
 def _runs(job: str, config):
-    """Make a :class:`Lab` method run ``job`` with ``config``'s fields as its keywords (its signature is the config's,
-    defaults included: one source of defaults); the method's own body may fill or check options before (it returns
-    them) and its docstring says what the job does."""
+    """Make a :class:`Lab` method run ``job`` with ``config``'s fields (and defaults) as its keywords; the method's
+    body may fill options first (it returns them)."""
 
     def wrap(method):
         fields = {f.name for f in dataclasses.fields(config)}
@@ -51,7 +48,7 @@ def _runs(job: str, config):
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         own = inspect.signature(method).parameters
         params += [p for n, p in own.items() if n != "self" and p.kind is not p.VAR_KEYWORD]
-        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f))
+        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=config_default(config, f.name))
                    for f in dataclasses.fields(config) if f.name not in own]
         run.__signature__ = inspect.Signature(params, return_annotation=JobResult)
         run.config = config
@@ -60,22 +57,14 @@ def _runs(job: str, config):
     return wrap
 
 
-def _default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]
-
-
 class Lab:
-    """The workbench for notebooks (module docstring).
+    """The workbench for notebooks.
 
     Args:
-        backend: ``auto`` (the GPU where one is usable, else the sim), ``cupy``, ``sim`` (every figure MODELED) or
-            ``numpy`` where a job takes it.
-        preset: the model of every method that takes one and is not given one (None: each job's default,
-            :data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
-        out: the folder each method writes into, as ``out/<job>`` (None: each job's default folder,
-            ``results/<job>-<what it ran>``).
+        backend: ``auto`` (the GPU where usable, else the sim), ``cupy``, ``sim`` (MODELED) or ``numpy`` where a job
+            takes it.
+        preset: every job's preset when not given (None: :data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
+        out: each job writes into ``out/<job>`` (None: its default folder).
         seed: the weight seed.
         console: a rich console for the jobs' lines (None: :func:`ds4lab.progress.make_console`)."""
 
@@ -101,41 +90,34 @@ class Lab:
     # ------------------------------------------------------------------------- the capture stages
     @_runs("ladder", LadderConfig)
     def ladder(self, **options):
-        """The capture stages at one position: every stage bit for bit against stage 0, then µs per token in
-        interleaved rounds, with launches, graph-cache counts and the floors (``ds4lab ladder``). Table and figure
-        ``ladder``."""
+        """The capture stages at one position: exactness against stage 0, µs per token in interleaved rounds,
+        launches, graph-cache counts, floors (``ds4lab ladder``). Table and figure ``ladder``."""
 
     @_runs("context", ContextConfig)
     def context(self, **options):
-        """The capture stages across context length on the long-context token (``ds4lab context``). Table and figure
-        ``context``."""
+        """The capture stages across context length on the long-context token (``ds4lab context``); ``context``."""
 
     @_runs("hazards", HazardsConfig)
     def hazards(self, **options):
-        """A ds4-today path (or a set: ``all``, ``all-longctx``, ``all-tp``) inside the stage it breaks: what capture
-        does with it, against the same path eager (``ds4lab hazards``). Table ``hazards``; the rows as dicts in
-        ``value``."""
+        """A ds4-today path (or ``all``, ``all-longctx``, ``all-tp``) inside the stage it breaks, against it eager
+        (``ds4lab hazards``). Table ``hazards``; rows as dicts in ``value``."""
 
     @_runs("trace", TraceConfig)
     def trace(self, **options):
-        """One decode token per stage as a Chrome/Perfetto trace, CUPTI's records or the sim's modeled schedule
-        (``ds4lab trace``). Tables ``trace_kernels``, ``trace_nvtx``, ``trace_api``; figure ``trace``;
-        ``trace.json`` among its files (``lab.audit(files=...)`` reads it)."""
+        """One decode token per stage as a Chrome/Perfetto trace (``ds4lab trace``). Tables ``trace_kernels``,
+        ``trace_nvtx``, ``trace_api``; figure ``trace``; ``trace.json`` among its files."""
 
     @_runs("run", RunConfig)
     def run(self, **options):
-        """Eager decode tokens: the reference check, µs per token, the launch census, memory, the bytes floor (``ds4lab
-        run``). Tables ``census`` and ``results``."""
+        """Eager decode tokens: reference check, µs per token, census, memory, floor (``ds4lab run``)."""
         options.setdefault("backend", self.backend)
         return options
 
     # ------------------------------------------------------------------------- the routed MoE
     @_runs("moe", MoeConfig)
     def moe(self, **options):
-        """The routed-MoE profiler: ds4's seven stages timed in the modes capture allows, per token count and routing
-        (``ds4lab moe``). Tables ``moe`` and ``summary``; figures ``moe-stages`` and more. ``tokens_per_step``,
-        ``routings`` and ``modes`` may be text (``"1,2,64"``, ``"all"``: :func:`ds4lab.jobs.moe.text_options`;
-        counts above the preset's ``max_tokens`` left out, said)."""
+        """The routed-MoE profiler (``ds4lab moe``). Tables ``moe`` and ``summary``; figures ``moe-stages`` and more.
+        ``tokens_per_step``, ``routings`` and ``modes`` may be text (:func:`ds4lab.jobs.moe.text_options`)."""
         if any(isinstance(options.get(k), str) for k in ("tokens_per_step", "routings", "modes")):
             from .jobs.moe import text_options
 
@@ -154,11 +136,9 @@ class Lab:
     # ------------------------------------------------------------------------- any engine, ds4 itself
     @_runs("audit", AuditConfig)
     def audit(self, engine: str | None = None, cache: str = "dynamic", **options):
-        """What capture would refuse, break or miss in a traced decode step (``ds4lab audit``): ``files`` (a trace of
-        any engine: Nsight Systems, Kineto, ds4lab's own) or, without them, ``engine`` (``llama`` by default) with
-        ``cache`` recorded live on a GPU, else its recording bundled with ds4lab
-        (:func:`ds4lab.audit.engines.audit_source`). The reports in ``value``; tables and figures per source.
-        """
+        """What capture would refuse, break or miss in a traced decode step (``ds4lab audit``): ``files`` (any
+        engine's trace) or else ``engine`` (default ``llama``) with ``cache``
+        (:func:`ds4lab.audit.engines.audit_source`). Reports in ``value``; tables and figures per source."""
         if not options.get("files") and not options.get("program"):
             options["files"] = (str(self.engine(engine or "llama", cache).trace),)
         return options
@@ -170,9 +150,8 @@ class Lab:
 
     @_runs("calibrate", CalibrateConfig)
     def calibrate(self, **options):
-        """A calibration of the sim: measured on this GPU, or fitted with no GPU from a measured folder
-        (``from_ladder``, ``from_ds4``, ``from_context``, ``moe_profile``); the calibration in ``value``
-        (:mod:`ds4lab.calibration`)."""
+        """A calibration of the sim, measured on this GPU or fitted from a measured folder (``from_ladder``,
+        ``from_ds4``, ``from_context``, ``moe_profile``); the calibration in ``value``."""
 
     # ------------------------------------------------------------------------- the rest
     @_runs("compare", CompareConfig)
@@ -212,9 +191,8 @@ class Lab:
         return self.preset or (gpu if self.on_gpu or cpu is None else cpu)
 
     def token(self, position: int = 1000, preset: str | None = None):
-        """One decode token of ``preset`` (default: the ladder's) on the lab's backend, timing-only: its launch census
-        by kind and cluster, and ``ranges(layer)``, the NVTX nesting of a layer
-        (:class:`ds4lab.experiments.launch_list.OneToken`)."""
+        """One timing-only decode token of ``preset`` (default: the ladder's): its launch census and
+        ``ranges(layer)`` (:class:`ds4lab.experiments.launch_list.OneToken`)."""
         from .experiments.launch_list import one_token
         from .jobs.common import open_backend
         from .report import provenance
@@ -226,43 +204,37 @@ class Lab:
 
     @staticmethod
     def timeline(trace: JobResult, first_layers: int = 2):
-        """A ``trace`` result's tokens on one timeline (:func:`ds4lab.report.plots.trace_figure`), its first
-        ``first_layers`` layers: a dropdown of them in JupyterLab (:func:`ds4lab.report.widgets.choose`). Raises
-        ValueError for a layer count the preset does not have."""
-        from functools import partial
-
+        """A ``trace`` result's first ``first_layers`` layers on one timeline
+        (:func:`ds4lab.report.plots.trace_figure`), a dropdown in JupyterLab. Raises ValueError for a layer count the
+        preset does not have."""
         from .report import plots, widgets
 
-        draw = partial(plots.trace_figure, trace.table("trace_kernels"), trace.table("trace_nvtx"), trace.meta)
+        draw = functools.partial(plots.trace_figure, trace.table("trace_kernels"), trace.table("trace_nvtx"),
+                                 trace.meta)
         layers = range(1, trace.meta["preset"]["n_layers"] + 1)
         return widgets.choose(draw, first_layers=widgets.Choice(first_layers, layers))
 
     @staticmethod
     def moe_stages(moe: JobResult):
-        """Median µs per routed-MoE call by stage for each token count and routing of a ``moe`` result
-        (:func:`ds4lab.report.views.moe_stage_table`)."""
+        """Median µs per routed-MoE call by stage, token count and routing of a ``moe`` result."""
         from .report.views import moe_stage_table
 
         return moe_stage_table(moe.out)
 
     @staticmethod
     def moe_distribution(moe: JobResult, routing: str | None = None):
-        """Each stage's µs per call across layers and steps for one routing of a ``moe`` result
-        (:func:`ds4lab.report.plots.moe_stage_distribution_figure`; default the first profiled), a dropdown of the
-        routings in JupyterLab."""
-        from functools import partial
-
+        """Each stage's µs per call for one ``routing`` of a ``moe`` result (default the first;
+        :func:`ds4lab.report.plots.moe_stage_distribution_figure`), a dropdown in JupyterLab."""
         from .report import plots, widgets
 
         routings = list(dict.fromkeys(moe.table("moe")["routing"]))
-        draw = partial(plots.moe_stage_distribution_figure, moe.table("moe"), moe.meta)
+        draw = functools.partial(plots.moe_stage_distribution_figure, moe.table("moe"), moe.meta)
         return widgets.choose(draw, routing=widgets.Choice(routing or routings[0], routings))
 
     @staticmethod
     def whatif(layers=(4, 8, 16, 43), launch_us=(2.0, 5.0, 9.4, 15.0), tokens_per_step=(1, 2, 3, 16, 64, 512)):
-        """The modeled what-if sweeps on the timing-only sim (:mod:`ds4lab.experiments.whatif`: stage 3 against stage 0
-        over layers and host µs per launch, a captured routed-MoE call over tokens per step), every number MODELED.
-        A result without a folder: tables ``layers``, ``launch``, ``tokens``; figure ``whatif``."""
+        """The modeled what-if sweeps on the timing-only sim (:mod:`ds4lab.experiments.whatif`), every number
+        MODELED. A result without a folder: tables ``layers``, ``launch``, ``tokens``; figure ``whatif``."""
         from .experiments import whatif
         from .jobs.result import no_folder
         from .report import plots
@@ -284,17 +256,15 @@ class Lab:
 
     @staticmethod
     def launches_figure(scan):
-        """Kernel launches per token by position of a :meth:`launch_scan`
-        (:func:`ds4lab.report.plots.launches_figure`)."""
+        """Kernel launches per token by position of a :meth:`launch_scan`."""
         from .report import plots
 
         return plots.detach(plots.launches_figure(scan))
 
     @staticmethod
     def regime_change(scan, change: int | None = None):
-        """What stage 3 keys its graphs on at the last token before a launch-shape change of a :meth:`launch_scan` and
-        the first after it (``change``: the n_comp of its last token; default the first), a dropdown of the changes
-        in JupyterLab; a sentence where there is none."""
+        """What stage 3 keys its graphs on either side of a launch-shape change of a :meth:`launch_scan` (``change``:
+        the n_comp before it; default the first), a dropdown in JupyterLab; a sentence where there is none."""
         from .report import widgets
 
         changes = scan.visible_changes()
@@ -305,7 +275,7 @@ class Lab:
 
     @staticmethod
     def context_graphs(context: JobResult):
-        """How many graphs each stage of a ``context`` result captured by context, with stage 3c's µs over stage 3's
+        """Graphs each stage of a ``context`` result captured per context
         (:func:`ds4lab.report.views.context_graphs`)."""
         from .report.views import context_graphs
 
@@ -313,9 +283,9 @@ class Lab:
 
     @staticmethod
     def capture_stages(folder: str | Path | None = "record"):
-        """A ``ds4lab context`` folder of stages 3, 3cc, 3p, ... with each stage over stage 3
-        (:func:`ds4lab.report.views.capture_stages`) and its ``label``; ``"record"``: the H200 record in this
-        checkout. ``(None, why)`` where there is no folder; ``(table, label)`` otherwise."""
+        """``(table, label)`` of a ``ds4lab context`` folder, each stage over stage 3
+        (:func:`ds4lab.report.views.capture_stages`); ``"record"``: the H200 record in this checkout; ``(None, why)``
+        where there is no folder."""
         from .report.results import read_meta
         from .report.provenance import label
         from .report.views import capture_stages
@@ -329,10 +299,9 @@ class Lab:
         return capture_stages(Path(folder)), f"{label(read_meta(Path(folder)))} ({folder})"
 
     def engine(self, engine: str = "llama", cache: str = "dynamic", trace=None):
-        """The trace an audit of ``engine`` reads (:func:`ds4lab.audit.engines.audit_source`): ``trace`` when given;
-        else ``engine`` with a ``cache`` cache recorded live where the lab's backend is a GPU torch sees (into
-        ``<out>/engine``), or the recording bundled with ds4lab. Its ``note`` says which; its ``torch_run`` what
-        ``torch.cuda.graph`` did with the step, where known."""
+        """The trace an audit of ``engine`` reads (:func:`ds4lab.audit.engines.audit_source`): ``trace``, else
+        recorded live on a GPU torch sees (into ``<out>/engine``), else the bundled recording; its ``note`` says
+        which."""
         from .audit.engines import audit_source
 
         return audit_source(self.backend, engine, cache, trace, record_into=(self.out or Path("results")) / "engine")
@@ -347,9 +316,8 @@ class Lab:
 
     @staticmethod
     def against_torch(report, source):
-        """An audit report beside what ``torch.cuda.graph`` did with the same step (:meth:`engine`'s ``source``;
-        :func:`ds4lab.audit.validate.against_torch`) as a Series; a sentence for a trace of your own (no outcome to
-        compare with)."""
+        """An audit report beside what ``torch.cuda.graph`` did with the same step
+        (:func:`ds4lab.audit.validate.against_torch`) as a Series; a sentence for a trace of your own."""
         import pandas as pd
 
         from .audit.validate import against_torch
@@ -361,9 +329,8 @@ class Lab:
 
     @staticmethod
     def beside_ds4(folder=None):
-        """ds4 itself beside ds4lab's rebuild (:class:`ds4lab.ds4.vs_rebuild.Beside`): the capture ladders, launches,
-        host µs per launch, what islands buy, kernels by kind, from a ``ds4lab ds4`` folder (None: the rebuild's
-        side alone). Raises ValueError for a folder that is not one."""
+        """ds4 itself beside ds4lab's rebuild (:class:`ds4lab.ds4.vs_rebuild.Beside`) from a ``ds4lab ds4`` folder
+        (None: the rebuild alone). Raises ValueError for a folder that is not one."""
         from .ds4.vs_rebuild import Beside, read_ds4
 
         return Beside(read_ds4(folder) if folder is not None else None)
@@ -388,10 +355,9 @@ class Lab:
     @staticmethod
     def host_whatif(contexts=(1024,), host_us=3.2, preset: str = "ds4-flash", stages: str = "0,i,3,3c",
                     tokens: int = 8):
-        """ds4lab's ``preset`` token on the timing-only sim with its eager launches priced at the shipped calibration's
-        host cost and at ``host_us`` per launch (a C program's: 3.0–3.3 µs on the H200), every figure MODELED
-        (:func:`ds4lab.calibration.from_ds4.host_whatif`). A result without a folder: table ``host_whatif``, figure
-        ``host-whatif``. Raises BadInput for a host cost that is not a number in (0, 1000) µs."""
+        """``preset``'s token on the timing-only sim, eager launches priced at the shipped host cost and at
+        ``host_us`` per launch, MODELED (:func:`ds4lab.calibration.from_ds4.host_whatif`). A result without a folder:
+        table ``host_whatif``, figure ``host-whatif``. Raises BadInput for a cost outside (0, 1000) µs."""
         from .calibration.from_ds4 import host_whatif, host_whatif_figure
         from .errors import BadInput
         from .jobs.result import no_folder

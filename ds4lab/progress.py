@@ -1,14 +1,7 @@
-"""Progress display for measuring jobs that does not disturb what they measure.
-
-rich's ``Progress`` redraws from a background thread ten times a second by default. An eager decode token is host-bound
-(ds4-flash: ~10 µs of Python and CuPy per launch, 1 121 launches), so a thread that takes the GIL to render competes
-with the very launches being timed. Here the bar never refreshes on its own: it redraws inline when the job advances
-it, at most every 0.2 s, and the jobs advance it only between timed tokens (after the token's closing event and
-synchronize).
-
-In a Jupyter kernel rich draws through ipywidgets; without them it only warns on every redraw, and off a terminal (a
-pipe, a CI log, a file) rich draws nothing at all: there the bar is replaced by a printed line at each quarter of the
-work, with the time it estimates is left."""
+"""Progress display for measuring jobs that does not disturb what they measure: the bar never refreshes from a thread
+(it would take the GIL from host-bound launches being timed); it redraws inline when advanced, at most every 0.2 s,
+between timed tokens. Where rich draws nothing (off a terminal, Jupyter without ipywidgets) a line is printed at each
+quarter of the work."""
 
 from __future__ import annotations
 
@@ -47,20 +40,14 @@ def duration(seconds: float) -> str:
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``1 figure``, ``3 figures``, ``0 figures``: a count with its noun in the number it takes (``plural``: where
-    adding ``s`` is wrong)."""
+    """``1 figure``, ``3 figures``: a count with its noun (``plural`` where adding ``s`` is wrong)."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 class JobProgress:
-    """A progress bar for ``total`` steps on ``console``, used as a context manager.
-
-    ``advance()`` and ``describe()`` are cheap when no redraw is due, and never run concurrently with the job (no
-    refresh thread). ``eta=True`` adds a time-remaining column. Where rich draws no bar (off a terminal; Jupyter
-    without ipywidgets) a line is printed at each quarter of the work, ``<description>: <done>/<total>``, with ``,
-    about <time> left`` when ``eta``; ``quiet_s``: none of those lines before the phase has run that long (a reader's
-    few seconds leave none in a log). :meth:`remaining_s` is the estimate itself (the pace so far), for a job that says
-    it."""
+    """A progress bar for ``total`` steps on ``console`` (a context manager); ``advance()`` and ``describe()`` are
+    cheap between redraws. ``eta``: a time-remaining column (and ``about <time> left`` in the quarter lines);
+    ``quiet_s``: no quarter line before the phase has run that long; :meth:`remaining_s`: the estimate."""
 
     def __init__(self, console, description: str, total: int, eta: bool = False, quiet_s: float = 0.0) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -128,17 +115,10 @@ class JobProgress:
 
 
 def make_console():
-    """The rich console the jobs print to: the terminal's width on a terminal; when the output goes to a file or a CI
-    log, lines as long as they are (no hard wrap: a line found by grep is the whole line) and tables laid out in 160
-    columns (rich would lay them out in 80 there); rich's own choice in Jupyter, without a colour system. Its output
-    closed under it (``ds4lab ladder | head``) stops the job as a SIGPIPE would, as an interruption
-    (:class:`ds4lab.errors.Terminated`: status ``interrupted (SIGPIPE)``, results so far kept, exit 141), not as
-    rich's bare ``SystemExit(1)``.
-
-    In Jupyter rich shows each print as styled HTML with a ``text/plain`` copy beside it, the text a saved notebook
-    keeps (``ds4lab notebooks``' executed copies). rich renders that copy for truecolor there whatever ``NO_COLOR`` or
-    ``TERM`` say (``NO_COLOR`` drops colours, not bold), so it would be full of ANSI escape codes; without a colour
-    system it is plain text, and the HTML is styled as before."""
+    """The rich console the jobs print to: the terminal's width; to a file or CI log, unwrapped lines and tables in
+    160 columns; in Jupyter rich's choice without a colour system (so the saved ``text/plain`` copy has no ANSI
+    codes). A closed output stops the job as SIGPIPE would (:class:`ds4lab.errors.Terminated`, ``interrupted
+    (SIGPIPE)``, exit 141)."""
     import sys
 
     from rich.console import Console

@@ -1,8 +1,8 @@
-"""Measurement helpers: CUDA-event timing, summary statistics, and the bytes-moved floor.
+"""Measurement helpers: CUDA-event timing (:func:`time_steps`), summary statistics and paired differences, the
+bytes-moved floor's numerator.
 
-Rules (see METHODS in the README): device time comes from CUDA events recorded on the stream the work runs on, after
-warm-up, over many repeats, reported as a median with its interquartile range; a host clock is only used for host-side
-work (the time to *enqueue* launches), and is labelled so."""
+Device time comes from CUDA events on the work's stream, after warm-up, over many repeats, as a median with its IQR;
+the host clock times host-side work (enqueue) only, labelled so. Next: METHODS in the README."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from .token import weights as W
 
 
 def has_spread(lo: float, hi: float) -> bool:
-    """Whether ``lo`` and ``hi`` differ by more than float rounding (a relative 1e-9): a sim's equal times, summed in
-    another order, still differ in their last bits."""
+    """Whether ``lo`` and ``hi`` differ by more than float rounding (relative 1e-9)."""
     return hi - lo > 1e-9 * max(abs(lo), abs(hi), 1.0)
 
 
@@ -34,10 +33,6 @@ class Stats:
     p75: float
     min: float
     max: float
-
-    @property
-    def iqr(self) -> float:
-        return self.p75 - self.p25
 
     @classmethod
     def of(cls, samples) -> "Stats":
@@ -70,9 +65,7 @@ def event_ms(start, end) -> float:
 
 
 def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
-    """Device-to-device copy bandwidth in GB/s (bytes read + written), CUDA events, median.
-
-    The ceiling the bytes-moved floor is measured against (METHOD: measure the ceilings)."""
+    """Device-to-device copy bandwidth in GB/s (bytes read + written), CUDA events, median."""
     import cupy
 
     src = cupy.empty(nbytes // 4, dtype=np.float32)
@@ -95,12 +88,8 @@ def copy_bandwidth(nbytes: int = 2 << 30, repeats: int = 20) -> Stats:
 
 
 def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> dict[str, int]:
-    """Fewest bytes one decode token must read from device memory, by part.
-
-    Every weight of the layers run, the ``n_used`` selected experts' matrices per layer in the config's expert formats
-    (``cfg.expert_format``: IQ2_XXS gate/up and Q2_K down move 0.26 and 0.33 bytes per weight, Q4_K and ds4lab's 4-bit
-    blocks 0.5625; ``weights.spec_bytes``), each layer's KV window (fp32), and the vocabulary projection when on.
-    Activations (a few hundred KB) are left out. This is the numerator of the bytes-moved floor."""
+    """Fewest bytes one decode token must read from device memory, by part: weights, the ``n_used`` experts in
+    ``cfg.expert_format``, each layer's fp32 KV window, the vocabulary projection when on."""
     L = cfg.n_layers if n_layers is None else n_layers
     layer = sum(W.spec_bytes(s) for s in W.layer_specs(cfg, 0).values())
     bank = W.bank_specs(cfg, 0)
@@ -117,9 +106,7 @@ def token_bytes(cfg: ModelConfig, vocab: bool, n_layers: int | None = None) -> d
 
 @contextlib.contextmanager
 def profiler_range(be):
-    """``cudaProfilerStart``/``cudaProfilerStop`` around a measured region on a GPU, so that ``nsys profile
-    --capture-range=cudaProfilerApi`` records only the measured tokens (CUDA Runtime API, "Profiler Control").
-    Nothing on other backends."""
+    """``cudaProfilerStart``/``Stop`` around a region on a GPU (``nsys --capture-range=cudaProfilerApi``)."""
     be.profiler_start()
     try:
         yield
@@ -129,9 +116,7 @@ def profiler_range(be):
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's garbage collector collected once, then off for the block (no collector pause lands inside timed work),
-    back to its previous state after. Nested inside another pause it does nothing (no second collection: a full
-    collection of a large heap costs a fraction of a second)."""
+    """The garbage collector collected once, then off for the block, restored after; nested, it does nothing."""
     if not gc.isenabled():
         yield
         return
@@ -148,12 +133,8 @@ def gc_paused() -> Iterator[None]:
 # ----------------------------------------------------------------------------- the timing loop
 @dataclass
 class Samples:
-    """Raw per-iteration samples of :func:`time_steps`, in µs, with where they came from.
-
-    ``device_us[i]``: CUDA-event time between the records around iteration ``i`` (on the sim: its modeled events).
-    ``host_us[i]``: host clock around the enqueue of iteration ``i`` (launch cost only; never a device time).
-    ``device_source``/``host_source``: ``cuda-events`` and ``host-clock`` on a GPU, ``modeled (sim, calibration
-    <name>)`` on the sim."""
+    """Raw per-iteration samples of :func:`time_steps` (µs): ``device_us`` (CUDA events, or the sim's), ``host_us``
+    (enqueue only), and their sources (``cuda-events``/``host-clock``, or the sim's ``modeled (...)``)."""
 
     device_us: list[float] = field(default_factory=list)
     host_us: list[float] = field(default_factory=list)
@@ -173,30 +154,23 @@ def time_steps(be, step: Callable[[int], None], n: int, *, stream, warmup: int =
                sync: Callable[[], None] | None = None, on_sample: Callable[[int, float, float], None] | None = None,
                on_warm: Callable[[], None] | None = None, progress: Callable[[], None] | None = None,
                samples: Samples | None = None) -> Samples:
-    """The one timing loop of ds4lab: ``warmup`` untimed then ``n`` timed calls of ``step(i)``.
-
-    Each timed iteration: a CUDA event recorded on ``stream``, the host clock, ``step(i)``, the host clock, an event
-    recorded on ``stream``, ``sync()`` (default ``be.synchronize()``: ds4 ends every decode token with
-    ``cudaDeviceSynchronize``), and the elapsed time between the two events. The garbage collector is off meanwhile
-    (:func:`gc_paused`). Statistics are the caller's (:meth:`Stats.of`, :func:`paired_difference`): this returns raw
-    samples only (the shape of ``cupyx.profiler.benchmark``: one entry point, raw per-iteration times, summaries
-    outside).
+    """The one timing loop of ds4lab: ``warmup`` untimed then ``n`` timed calls of ``step(i)``, each between two events
+    on ``stream`` and the host clock, then ``sync()`` (default ``be.synchronize()``, as ds4 ends a token); the garbage
+    collector off. Returns raw samples; statistics are the caller's.
 
     Args:
         be: a backend that measures or models time (``cupy`` or ``sim``).
-        step: the work; ``i`` counts from 0 over warm-up and timed iterations together.
+        step: the work; ``i`` counts from 0 over warm-up and timed iterations.
         n: timed iterations (>= 1).
-        stream: where the events are recorded (the stream the work runs on, or ``LEGACY_STREAM``).
-        on_sample: called as ``on_sample(j, device_us, host_us)`` after timed iteration ``j``, so a job can write each
-            sample as it comes.
-        on_warm: called once between the warm-up and the timed iterations (e.g. reset a census).
+        stream: where the events are recorded (the work's stream, or ``LEGACY_STREAM``).
+        on_sample: ``on_sample(j, device_us, host_us)`` after timed iteration ``j``.
+        on_warm: called once between warm-up and timing.
         progress: called after every iteration, warm-up included.
         samples: append to these (interleaved rounds) instead of a new :class:`Samples`.
 
     Raises:
         ValueError: ``n < 1`` or ``warmup < 0``; a backend that neither measures nor models time.
-        ds4lab.errors.CudaError: what a runtime call raised (the loop stops; samples so far kept in ``samples`` when
-            passed)."""
+        ds4lab.errors.CudaError: what a runtime call raised (samples so far kept in ``samples`` when passed)."""
     if n < 1 or warmup < 0:
         raise ValueError(f"time_steps: n={n} must be >= 1 and warmup={warmup} >= 0")
     if not (be.measures_time or be.models_time):
@@ -234,11 +208,8 @@ def time_steps(be, step: Callable[[int], None], n: int, *, stream, warmup: int =
 # ----------------------------------------------------------------------------- paired differences
 @dataclass(frozen=True)
 class Difference:
-    """A cost or gain: the median of paired, interleaved differences (B − A) with its interval.
-
-    ``median``, ``lo``, ``hi`` in the samples' unit (µs); ``pct`` = 100 · median / baseline median; ``confidence`` of
-    the distribution-free interval for the median; ``n`` pairs. ``measurable`` is False when the interval includes
-    zero: such a difference is reported as "not measurable (±x)", never as a negative cost."""
+    """A cost or gain: the median of paired differences (B − A) with its interval, ``median``/``lo``/``hi`` in the
+    samples' unit, ``pct`` of the baseline median, ``n`` pairs; not ``measurable`` when the interval includes zero."""
 
     median: float
     lo: float
@@ -261,14 +232,12 @@ class Difference:
 
     @property
     def spread(self) -> bool:
-        """Whether the interval has a width beyond float rounding (every pair differing by the same amount, as on a
-        deterministic sim, gives none: no interval to show)."""
+        """Whether the interval is wider than float rounding."""
         return has_spread(self.lo, self.hi)
 
     def fmt(self, unit: str = "µs", digits: int = 1) -> str:
-        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)`` or ``not measurable (±3.2 µs, n=16)``; where every pair
-        differs by the same amount, no interval: ``+12.3 µs (+1.4 %, the same in every pair, n=6)``, ``none (0 in
-        every pair, n=6)``."""
+        """``+12.3 µs (+1.4 %, 95 % CI 10.1–14.0, n=16)``, ``not measurable (±3.2 µs, n=16)``, ``+12.3 µs (+1.4 %,
+        the same in every pair, n=6)`` or ``none (0 in every pair, n=6)``."""
         if self.n > 0 and not self.spread and math.isfinite(self.median):
             if self.median == 0:
                 return f"none (0 {unit} in every pair, n={self.n})"
@@ -289,12 +258,9 @@ EXACT_CI_MAX_N = 1000
 
 
 def median_ci(values, confidence: float = 0.95) -> tuple[float, float]:
-    """Distribution-free confidence interval for the median of ``values`` (order statistics of the binomial(n, ½) sign
-    test; e.g. Conover, *Practical Nonparametric Statistics*, §3.2). With too few values for the confidence asked (n
-    < 6 at 95 %) the interval is the whole range ``(min, max)`` widened to include zero's side, i.e. reported as not
-    measurable by the caller. Exact up to :data:`EXACT_CI_MAX_N` values; past that the rank comes from the
-    binomial's normal approximation with continuity correction (within one rank of the exact one; the exact sum
-    overflows a float past 1 023 values and takes time linear in n).
+    """Distribution-free confidence interval for the median (binomial(n, ½) order statistics; Conover, *Practical
+    Nonparametric Statistics*, §3.2): with too few values (n < 6 at 95 %) the range widened to zero's side; exact up to
+    :data:`EXACT_CI_MAX_N` values, then the normal approximation with continuity correction.
 
     Raises:
         ValueError: no values, or ``confidence`` outside (0, 1)."""
@@ -326,12 +292,8 @@ def median_ci(values, confidence: float = 0.95) -> tuple[float, float]:
 
 
 def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference:
-    """The cost of ``treated`` over ``baseline`` from paired samples (``treated[i]`` was measured next to
-    ``baseline[i]``, in an interleaved round): median of the differences with :func:`median_ci`. Pairs with a
-    non-finite member are dropped.
-
-    Raises:
-        ValueError: the two sequences differ in length."""
+    """The cost of ``treated`` over ``baseline`` from paired samples: median of the differences with
+    :func:`median_ci`; pairs with a non-finite member dropped. Raises ValueError when the lengths differ."""
     a = np.asarray(baseline, dtype=np.float64)
     b = np.asarray(treated, dtype=np.float64)
     if a.shape != b.shape:
@@ -347,12 +309,8 @@ def paired_difference(baseline, treated, confidence: float = 0.95) -> Difference
 
 def interleaved_pairs(measure_a: Callable[[], float], measure_b: Callable[[], float], rounds: int,
                       progress: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
-    """``rounds`` paired measurements of A and B, alternating which goes first (ABBA…), so a slow drift of the machine
-    falls on both alike. Each callable returns one figure (e.g. the median µs of a short block of tokens). Returns
-    ``(a_values, b_values)`` for :func:`paired_difference`.
-
-    Raises:
-        ValueError: ``rounds < 1``."""
+    """``rounds`` paired measurements of A and B in ABBA order: ``(a_values, b_values)``; ValueError if ``rounds <
+    1``."""
     if rounds < 1:
         raise ValueError(f"rounds={rounds} must be >= 1")
     a_vals, b_vals = [], []

@@ -1,11 +1,7 @@
-"""The check of a calibration against a record: the sim's modeled stages beside a measured ladder or context record,
-per stage and context, modeled µs per token over measured (``ds4lab calibrate --from-ladder`` prints it; the tests
-hold the shipped calibration to the H200 record this way).
-
-The sim models the record's own table (:mod:`ds4lab.calibration.modeled`: the ladder or the context ladder on its
-configuration: preset, stages, start position or contexts, capture mode, long-context token) in timing-only mode, with
-the calibration given, and the two tables are joined on stage and context. A ratio inside ``1 ± tolerance`` is said to
-agree (:mod:`ds4lab.calibration.record`: the record's reader and the tolerance)."""
+"""The check of a calibration against a record: the sim models the record's own ladder or context table
+(:mod:`.modeled`), joined with the measured one on stage and context; a ratio within ``1 ± tolerance`` agrees
+(:mod:`.record`). ``calibrate --from-ladder`` prints it; the tests hold the shipped calibration to the H200 record
+this way."""
 
 from __future__ import annotations
 
@@ -24,18 +20,16 @@ def modeled_vs_measured(folder, calibration=None, *, tokens: int = 16,
     Args:
         folder: a ``ds4lab ladder`` or ``ds4lab context`` result folder measured on a GPU.
         calibration: the sim's calibration (path, dict, or None: the default file).
-        tokens: tokens the sim times per stage (and context); its model has no noise to average.
+        tokens: tokens the sim times per stage (and context).
         tolerance: the relative difference within which a stage agrees.
 
     Returns:
-        One row per measured (context, stage): ``folder``, ``preset``, ``context``, ``stage``,
-        ``measured_us`` and ``modeled_us`` (median µs per token), ``ratio`` (modeled / measured),
-        ``agrees`` (``|ratio - 1| <= tolerance``). ``attrs["preset_changes"]``:
-        :func:`preset_changes` of the record (non-empty: the sim modeled today's token, not the
-        one measured).
+        One row per measured (context, stage): ``folder``, ``preset``, ``context``, ``stage``, ``measured_us``,
+        ``modeled_us`` (median µs per token), ``ratio``, ``agrees``; ``attrs["preset_changes"]``: :func:`preset_changes`
+        of the record.
 
     Raises:
-        ValueError: not a measured ladder or context folder, or its table names no single preset (names it).
+        ValueError: not a measured ladder or context folder, or no single preset (names it).
         ds4lab.errors.CalibrationError: an invalid calibration."""
     folder = Path(folder)
     job, meta, measured = read_record(folder)

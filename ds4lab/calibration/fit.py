@@ -1,6 +1,5 @@
-"""The one entry the ``calibrate`` job calls: :func:`fit` makes a calibration from one source of measurements (this
-GPU, or a measured folder of another command) and returns it with its tables and what to show (:class:`Fitted`);
-:func:`write_calibration` writes a file. A new fit is a module of ``ds4lab/calibration/`` and a row of
+"""The one entry the ``calibrate`` job calls: :func:`fit` makes a calibration from one source (:data:`SOURCES`) with
+its tables (:class:`Fitted`); :func:`write_calibration` writes it. A new fit is a module here and a row of
 :data:`SOURCES` (``docs/calibration.md``)."""
 
 from __future__ import annotations
@@ -25,9 +24,9 @@ class Fitted:
     """A calibration made by :func:`fit`.
 
     Attributes:
-        calibration: the calibration (a dict; :func:`ds4lab.sim.calibration.validate` it before use).
-        tables: its tables by name (pandas): what it was fitted from, and its checks.
-        lines: what a console shows of it (strings with rich markup, and rich tables), in order.
+        calibration: the calibration dict (validate it before use).
+        tables: its tables by name (pandas): its inputs and checks.
+        lines: what a console shows of it (rich markup strings and tables), in order.
         value: the fit's own object where it has one (the tiled MoE fits)."""
 
     calibration: dict
@@ -41,15 +40,14 @@ def fit(source: str, *, base: dict | None = None, inputs=None, be=None, preset: 
     """A calibration from ``source`` (a key of :data:`SOURCES`).
 
     Args:
-        base: the calibration the fits extend (every source but ``gpu``; a parsed, valid calibration).
+        base: the calibration the fits extend (every source but ``gpu``; parsed, valid).
         inputs: the measured folder(s): ``moe`` and ``context`` one path, ``ladder`` and ``ds4`` several.
         be: the GPU backend (``gpu``, ``long-context``).
-        preset: the model (None: each source's default: ``small`` on a GPU, ``ds4-flash`` for the long-context token
-            and ds4, the folder's own for ``context``).
-        say: a callable given progress lines while the fit runs (None: quiet).
+        preset: the model (None: each source's default).
+        say: a callable given progress lines (None: quiet).
 
     Raises:
-        ValueError: a bad folder or value (each fit names it); KeyError: an unknown source."""
+        ValueError: a bad folder or value (named); KeyError: an unknown source."""
     if source not in SOURCES:
         raise KeyError(f"unknown calibration source {source!r}; sources: {', '.join(SOURCES)}")
     return _FITS[source](base=base, inputs=inputs, be=be, preset=preset, say=say)

@@ -1,9 +1,7 @@
-"""``ds4lab calibrate --from-context``: the sim's two device-graph constants, ``pdl_edge_us`` (stage 3p's programmatic
-edges) and ``graph_conditional_us`` (stage 3cc's conditional nodes), fitted from a measured ``ds4lab context``
-folder of stages 3, 3p and 3cc, no GPU needed: the value of each at which the sim's paired gain over stage 3 equals
-the measured one, at each measurable context, checked for the sim's linearity around it
-(:func:`fit_capture_stages`). The fit, its linearity check, the median and the clamp are explained in
-``docs/calibration.md``."""
+"""``ds4lab calibrate --from-context``: the sim's ``pdl_edge_us`` (stage 3p) and ``graph_conditional_us`` (stage 3cc)
+fitted, no GPU needed, from a measured ``ds4lab context`` folder of stages 3, 3p and 3cc: at each measurable context,
+the value at which the sim's paired gain over stage 3 equals the measured one (:func:`fit_capture_stages`). Next:
+``docs/calibration.md`` (the fit, its linearity check, the median and the clamp)."""
 
 from __future__ import annotations
 
@@ -35,22 +33,17 @@ GAIN_COLUMNS = ("stage", "context", "gain_us", "gain_lo", "gain_hi", "gain_measu
 
 
 def read_context_gains(folder) -> tuple[dict, pd.DataFrame]:
-    """The measured gains of a ``ds4lab context`` folder that the fit reads.
-
-    Args:
-        folder: a ``ds4lab context`` result folder measured on a GPU (``meta.json``, ``context.csv``).
+    """The measured gains of a ``ds4lab context`` folder (GPU-measured: ``meta.json``, ``context.csv``) that the fit
+    reads.
 
     Returns:
-        ``(meta, rows)``: the folder's ``meta.json`` and one row per (stage, context) of stages 3p
-        and 3cc (``stage``, ``context``, ``gain_us``, ``gain_lo``, ``gain_hi`` in µs per token, the
-        stage's paired gain over stage 3 and its 95 % interval; ``gain_measurable``, bool;
-        ``preset``), contexts ascending.
+        ``(meta, rows)``: one row per (stage, context) of stages 3p and 3cc, contexts ascending: ``stage``, ``context``,
+        ``gain_us``, ``gain_lo``, ``gain_hi`` (µs per token, the paired gain over stage 3 and its 95 % interval),
+        ``gain_measurable``, ``preset``.
 
     Raises:
-        ValueError: not a ds4lab context folder (a ladder, no meta.json), one modeled on the sim, a run that did not
-            finish, a table lacking a column the fit reads, without stage 3, 3p or 3cc at some context, with gains
-            paired against another stage than 3, or a gain that is not a number (each named, with the folder or file).
-    """
+        ValueError: not a finished GPU-measured context folder, a missing column, stage 3, 3p or 3cc missing at a
+            context, gains paired against another stage, or a gain that is not a number (each named, with the file)."""
     folder = Path(folder)
     job, meta, d = read_record(folder)
     table = folder / f"{job}.csv"
@@ -95,28 +88,23 @@ def read_context_gains(folder) -> tuple[dict, pd.DataFrame]:
 
 
 def measurable(gain_us: float, lo: float, hi: float, flag: bool = True) -> bool:
-    """Whether a measured gain fits anything: its table says measurable (``flag``) and its 95 % interval ``[lo, hi]``
-    (µs) excludes zero (:attr:`ds4lab.timing.Difference.measurable`). A gain outside its own interval (a hand-made
-    table) is not measurable either."""
+    """Whether a gain fits anything: ``flag`` set, its 95 % interval excluding zero and holding it."""
     return bool(flag) and (lo > 0 or hi < 0) and lo <= gain_us <= hi
 
 
 def solve(points, target: float) -> tuple[float, float]:
-    """The value ``x`` at which the piecewise-linear line through ``points`` reaches ``target``.
+    """The ``x`` at which the piecewise-linear line through ``points`` reaches ``target``.
 
     Args:
-        points: ``[(x, gain)]`` of one context, ``x`` ascending and distinct (µs of the constant, µs of gain), at least
-            two, gain monotone in ``x``.
+        points: ``[(x, gain)]`` (µs, µs) of one context, ``x`` ascending and distinct, at least two, gain monotone.
         target: the gain (µs) to reach.
 
     Returns:
-        ``(x, slope)``: ``x`` from the segment whose gains bracket ``target`` (the first such), else
-        from the first (``target`` beyond the gain at the smallest ``x``: a value below it, negative
-        when that is 0) or the last segment, extended; ``slope`` that segment's µs of gain per µs.
+        ``(x, slope)``: from the first segment bracketing ``target``, else the first or last segment extended; ``slope``
+        in µs of gain per µs.
 
     Raises:
-        ValueError: fewer than two points, or the segment used is flat (the gain does not move with the constant there:
-            nothing to solve)."""
+        ValueError: fewer than two points, or the segment used is flat."""
     pts = sorted((float(x), float(g)) for x, g in points)
     if len(pts) < 2:
         raise ValueError("two sampled values at least are needed to solve for a constant")
@@ -137,17 +125,14 @@ def solve(points, target: float) -> tuple[float, float]:
 
 
 def _collinear(pts, tol: float) -> bool:
-    """Whether every point of ``pts`` (``[(x, g)]``, ascending, three or more) lies within ``tol`` µs of the chord
-    through the first and the last."""
+    """Whether every point of ``pts`` lies within ``tol`` µs of the chord through the first and last."""
     (x0, g0), (x1, g1) = pts[0], pts[-1]
     return all(abs(g - (g0 + (g1 - g0) * (x - x0) / (x1 - x0))) <= tol for x, g in pts[1:-1])
 
 
 def _checked(pts, x: float, target: float, tol: float) -> bool | None:
-    """Whether ``x`` (solved through ``pts``) is known to give ``target``: a sampled value there whose gain is
-    ``target`` (True), or the segment it was solved on collinear with a sampled neighbour on each side that exists,
-    three points at least (True); False where those points are not collinear; None where no third point tells yet.
-    """
+    """Whether ``x`` is known to give ``target``: a sampled point there, or its segment collinear with a sampled
+    neighbour on each side (True); not collinear (False); no third point yet (None)."""
     pts = sorted(pts)
     xs = [p[0] for p in pts]
     for px, pg in pts:
@@ -175,8 +160,7 @@ def _median(values) -> float:
 
 
 def calibration_value(values) -> float | None:
-    """The value a calibration stores from per-context fitted values (µs): ``max(0, median)``, rounded to the
-    nanosecond; None for no values (nothing measurable: the constant keeps its earlier value)."""
+    """``max(0, median)`` of per-context values (µs) rounded to the nanosecond; None for none."""
     values = [float(v) for v in values]
     if not values:
         return None
@@ -186,43 +170,29 @@ def calibration_value(values) -> float | None:
 def fit_capture_stages(base: dict, folder, *, preset: str | None = None, tokens: int | None = None,
                        probe: dict | None = None, tolerance_us: float = TOLERANCE_US, max_runs: int = MAX_RUNS,
                        say=None) -> tuple[dict, pd.DataFrame]:
-    """``base`` with ``pdl_edge_us`` and ``graph_conditional_us`` fitted from a measured context folder of stages 3, 3p
-    and 3cc (``docs/calibration.md``: the fit, its linearity, the median and the clamp).
+    """``base`` with ``pdl_edge_us`` and ``graph_conditional_us`` fitted from a measured context folder
+    (``docs/calibration.md``).
 
     Args:
         base: the calibration to extend (a parsed, valid calibration dict).
         folder: a ``ds4lab context`` folder measured on a GPU (:func:`read_context_gains`).
-        preset: the preset the sim models; None: the folder's (a different one is refused).
-        tokens: tokens the sim times per stage and context; None: the folder's ``meta.json`` ``tokens`` (the sim's
-            median token then has the measured run's mix of captures and replays).
+        preset: the preset the sim models; None: the folder's (another is refused).
+        tokens: tokens the sim times per stage and context; None: the folder's ``meta.json`` ``tokens``.
         probe: the second value (µs) of each constant the sim is run at (default :data:`PROBE`).
         tolerance_us: µs within which two sim gains agree (the linearity check).
-        max_runs: the most sim runs (each at every context of the folder), two at least.
-        say: a callable given one line per sim run (progress), or None.
+        max_runs: the most sim runs (each at every context), two at least.
+        say: a callable given one line per sim run, or None.
 
     Returns:
-        ``(calibration, table)``. The calibration: ``base`` with the two constants replaced (where a
-        context measured them), ``name``, ``source`` naming the folder and its ``meta.json``'s GPU,
-        driver, source digest and git revision, and ``notes`` marking each fitted constant
-        ``MEASURED`` (:func:`ds4lab.sim.costmodel.guessed` then no longer lists it). The table, one row
-        per constant and context: ``figure``, ``stage``, ``context``; ``measured_gain_us``,
-        ``measured_gain_lo_us``, ``measured_gain_hi_us`` (the measured paired gain over stage 3 and its
-        95 % interval, µs per token) and ``measurable``; ``sim_gain_at_zero_us`` (the sim's gain with
-        the constant 0), ``slope_us_per_us`` (µs of the sim's gain per µs of the constant on the
-        segment the value was solved on: for 3p the programmatic edges per token, for 3cc minus the
-        conditional nodes evaluated per token); ``value``, ``value_lo``, ``value_hi`` (µs; empty where
-        not measurable); ``linear`` (the check above passed for every target of the row); ``status``
-        (``fitted``, ``fitted, negative``, ``not measurable``, or ``not verified`` with why);
-        ``calibration_value`` (what the calibration stores) and ``sim_gain_at_calibration_us`` (the
-        sim's gain at that value: the check against ``measured_gain_us``); ``sim_runs``.
+        ``(calibration, table)``: ``base`` with the measured constants replaced, ``name``, ``source`` (the folder, its
+        GPU, driver, source digest, git revision) and ``notes`` marking them ``MEASURED``; one table row per constant
+        and context (columns: ``docs/calibration.md``).
 
     Raises:
-        ValueError: a bad folder (:func:`read_context_gains`), a preset other than the folder's, a table naming no
-            single preset, bad ``tokens``, ``probe`` or ``max_runs``, or a sim gain that does not move with its
-            constant (each named).
+        ValueError: a bad folder, a preset other than the folder's, bad ``tokens``, ``probe`` or ``max_runs``, or a sim
+            gain that does not move with its constant (each named).
         ds4lab.errors.CalibrationError: ``base`` with a probed value is not a valid calibration.
-        RuntimeError: a sim gain that moved with the other constant (the two would then need one run each: the sim's
-            model changed)."""
+        RuntimeError: a sim gain that moved with the other constant."""
     folder = Path(folder)
     meta, rows = read_context_gains(folder)
     preset, tokens, probe = _checked_inputs(folder, meta, rows, preset, tokens, probe, max_runs)
@@ -263,8 +233,7 @@ def _checked_inputs(folder: Path, meta: dict, rows, preset, tokens, probe, max_r
 
 
 class _StageFit:
-    """The sim's paired gains of 3p and 3cc over 3 sampled at values of the two constants, per context (one sim run
-    gives both: 3 and 3cc have no programmatic edge, 3 and 3p no conditional node)."""
+    """The sim's paired gains of 3p and 3cc over 3 at sampled values of the two constants, per context."""
 
     def __init__(self, base: dict, rows, preset: str, tokens: int, tolerance_us: float, say) -> None:
         self.base, self.preset, self.tokens, self.tol, self.say = base, preset, tokens, tolerance_us, say
@@ -299,8 +268,7 @@ class _StageFit:
         return measurable(r.gain_us, r.gain_lo, r.gain_hi, r.gain_measurable)
 
     def solve_all(self) -> dict:
-        """{figure: {context: {which: (x, slope, checked)}}} for the measurable contexts; ``which``: the measured gain
-        and its interval's ends."""
+        """``{figure: {context: {which: (x, slope, checked)}}}`` for the measurable contexts."""
         out = {}
         for f in FITTED:
             out[f] = {}
@@ -319,8 +287,7 @@ class _StageFit:
         return out
 
     def next_values(self, sol: dict, cal_x: dict) -> dict:
-        """The values to run the sim at next: one past the largest sampled where a value was solved beyond it, else the
-        calibration's own value (the check), else a solved value not yet shown linear."""
+        """The values to run the sim at next: past the largest sampled, the calibration's, or one not shown linear."""
         want = {}
         for f in FITTED:
             sampled = set().union(*(set(self.samples[f][c]) for c in self.contexts))
@@ -367,8 +334,7 @@ class _StageFit:
 
 
 def _calibration(base: dict, folder: Path, meta: dict, preset: str, contexts, sol: dict, cal_x: dict) -> dict:
-    """``base`` with each fitted constant replaced and marked MEASURED in ``notes``, ``name`` and ``source`` naming the
-    folder and its GPU, driver, source digest and git revision."""
+    """``base`` with each fitted constant replaced and marked MEASURED, ``name`` and ``source`` naming the folder."""
     out = dict(base)
     notes = base.get("notes")
     notes = dict(notes) if isinstance(notes, dict) else ({"notes": notes} if notes else {})

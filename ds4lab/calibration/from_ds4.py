@@ -1,6 +1,6 @@
-"""A calibration at ds4's own costs, from measured ``ds4lab ds4`` folders (``calibrate --from-ds4``, no GPU:
-:func:`fit_from_ds4`, with its check against ds4 itself), and ds4lab's token priced at other host costs
-(:func:`host_whatif`). Every sim figure here is MODELED (:mod:`ds4lab.calibration.modeled`)."""
+"""A calibration at ds4's own costs from measured ``ds4lab ds4`` folders (``calibrate --from-ds4``, no GPU:
+:func:`fit_from_ds4`, checked against ds4), and ds4lab's token at other host costs (:func:`host_whatif`). Every sim
+figure is MODELED. Next: ``docs/calibration.md``, "--from-ds4"."""
 
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ def read_ds4_folder(folder: Path):
 
 
 def as_folders(folders) -> list[Path]:
-    """``folders`` (one path, or an iterable of paths) as a list of Paths. Raises ValueError for none, or a folder
-    named twice."""
+    """``folders`` (a path or several) as a list of Paths; ValueError for none, or a folder named twice."""
     got = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
     if not got:
         raise ValueError("--from-ds4: no ds4lab ds4 folder given")
@@ -62,29 +61,22 @@ def as_folders(folders) -> list[Path]:
 
 
 def fit_from_ds4(base: dict, folder, *, preset: str = "ds4-flash", tokens: int = 32, stages: str = "0,i,3,3cc,3ccp"):
-    """A calibration that prices ds4lab's launch list at ds4's own costs, fitted from one or more measured ``ds4lab
-    ds4`` folders (no GPU): ``host_launch_us``, ``host_graph_call_us``, ``eager_gap_us`` and the kernel time factor
-    at each recorded context (``kernel_time_scale``, and ``kernel_time_scale_by_context`` with two or more
-    contexts); then the sim's context ladder with it beside ds4's measured µs per token (stages 0 and i against
-    islands off and on, the stages ds4 does not ship MODELED). What each figure is and how it is checked:
-    ``docs/calibration.md``, "--from-ds4".
+    """A calibration pricing ds4lab's launch list at ds4's own costs, fitted from measured ``ds4lab ds4`` folders:
+    ``host_launch_us``, ``host_graph_call_us``, ``eager_gap_us``, the kernel time factor per recorded context; then the
+    sim's context ladder with it beside ds4's measured µs (``docs/calibration.md``, "--from-ds4").
 
     Args:
         base: the calibration to extend (parsed, valid).
-        folder: one ``ds4lab ds4`` folder, or an iterable of them (their recorded tokens pooled).
+        folder: one ``ds4lab ds4`` folder, or several (their recorded tokens pooled).
         preset, stages, tokens: the sim's token, stages and timed tokens per stage and context.
 
     Returns:
-        ``(calibration dict, fits table, check table)``. Fits: one row per fitted figure and recorded token (a factor:
-            per recorded context), columns ``figure``, ``context``, ``value``, ``folder``. Check: per context
-            (ascending) each folder's measured rows, then the MODELED stages once; columns ``context``, ``ds4``,
-            ``stage``, ``measured_us``, ``modeled_us`` (µs per token), ``ratio``, ``agrees``, ``gain_over_i_us``,
-            ``folder``, ``kernel_time_scale`` and ``sample`` (``fitted``, ``held out (interpolated)``, ``held out
-            (extrapolated)``).
+        ``(calibration dict, fits table, check table)``: fits ``figure``, ``context``, ``value``, ``folder``; the check
+        per context: ``ds4``, ``stage``, ``measured_us``, ``modeled_us``, ``ratio``, ``agrees``, ``gain_over_i_us``,
+        ``folder``, ``kernel_time_scale``, ``sample`` (fitted or held out).
 
     Raises:
-        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or configuration (each named).
-    """
+        ValueError: no folder, a folder given twice, not a ds4 folder, a missing table or configuration (each named)."""
     import pandas as pd
 
     from ..sim.costmodel import Calibration
@@ -120,9 +112,7 @@ def _put(fits: list, figure: str, values, ctx, where) -> float:
 
 
 def _host_fits(base: dict, off, on, fits: list) -> dict:
-    """``base`` with ``host_launch_us``, ``host_graph_call_us`` and ``eager_gap_us`` fitted from ds4's recorded tokens,
-    islands off (``off``) and on (``on``) (:func:`fit_from_ds4`); the factor by context dropped (refitted after).
-    """
+    """``base`` with the three host constants fitted from ds4's tokens islands ``off`` and ``on``."""
     out = dict(base)
     out.pop("kernel_time_scale_by_context", None)
     h = _put(fits, "host_launch_us", off.enqueue_us / off.launch_calls, off.context, off.folder)
@@ -139,8 +129,7 @@ def _host_fits(base: dict, off, on, fits: list) -> dict:
 
 
 def _kernel_scales(cal: dict, off, contexts: list[int], preset: str, tokens: int) -> list[float]:
-    """At each recorded context, ds4's median kernel-busy µs per token (islands off) over the sim's modeled busy floor
-    of ds4lab's token there with ``cal``'s kernel fits (factor 1)."""
+    """Per recorded context, ds4's median kernel-busy µs (islands off) over the sim's busy floor at factor 1."""
     lab = sim_context({**cal, "kernel_time_scale": 1.0}, preset, "0", contexts, tokens)
     lab_busy = lab.set_index("context")["floor_us"]
     return [float(np.median(off[off.context == c].busy_us)) / float(lab_busy.loc[c]) for c in contexts]
@@ -159,9 +148,7 @@ def _name(out: dict, base: dict, folders, metas, fitted: str) -> None:
 
 
 def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str, stages: str, tokens: int):
-    """The check table of :func:`fit_from_ds4`: the sim with ``out`` at every measured context beside ds4's measured µs
-    per token (stage 0 ↔ islands off, i ↔ islands on), and the stages ds4 does not ship MODELED with their gain over
-    stage i."""
+    """The check table: the sim with ``out`` beside ds4's measured µs per token at every context."""
     import pandas as pd
 
     contexts = sorted(int(c) for c in set(summary.context))
@@ -191,11 +178,8 @@ def _check_against_ds4(out: dict, cal, summary, folders, trace_ctx, preset: str,
 
 def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-flash", stages: str = "0,i,3",
                 tokens: int = 8, calibration=None):
-    """ds4lab's token on the sim with its eager launches priced at other host costs: the shipped calibration's
-    (ds4lab's Python launch layer, fitted from a measured ladder) and each of ``host_launch_us`` (e.g. a C
-    program's: 3.0–3.3 µs per launch measured on the H200, ``shared/context/gpu-facts.md``). Every figure MODELED.
-    Returns the rows of :func:`sim_context` with ``host_launch_us``, ``host`` (a label) and ``speedup`` (stage 0
-    over the stage, per host and context)."""
+    """ds4lab's token on the sim, eager launches priced at the shipped host cost and at each of ``host_launch_us``,
+    MODELED: :func:`sim_context`'s rows with ``host_launch_us``, ``host``, ``speedup``."""
     import pandas as pd
 
     from ..sim.calibration import read
@@ -216,9 +200,7 @@ def host_whatif(contexts=(1024,), host_launch_us=(3.2,), *, preset: str = "ds4-f
 
 
 def host_whatif_figure(table, preset: str):
-    """:func:`host_whatif`'s µs per token, one bar group per stage and context, one bar per host cost
-    (:func:`ds4lab.report.plots.grouped_bars_figure`; titled MODELED); a note names each stage that captured more
-    than one graph over its tokens (its median mixes captures and replays)."""
+    """:func:`host_whatif`'s µs per token as grouped bars (MODELED), stages that captured several graphs noted."""
     from ..report import plots
 
     x = table["stage"] + " @" + table["context"].astype(str)

@@ -1,6 +1,6 @@
 """Host constants refitted from measured ``ds4lab ladder`` or ``context`` folders (``calibrate --from-ladder``, no
 GPU): ds4lab's host µs per eager launch, per graph-cache call and per kernel-node update, from the stages that price
-each (:data:`HOST_FIT_STAGES`)."""
+each (:data:`HOST_FIT_STAGES`). Next: ``docs/calibration.md``, "--from-ladder"."""
 
 from __future__ import annotations
 
@@ -16,29 +16,13 @@ HOST_FIT_STAGES = ("0", "i", "i+")
 
 
 def fit_host_from_ladder(base: dict, folders) -> tuple:
-    """``base`` with its ds4lab host constants refitted from measured ladder or context folders (``ladder.csv`` or
-    ``context.csv`` and ``meta.json`` of a GPU run), no GPU needed. Each comes from one stage's host enqueue time
-    per token (``host_us_median``), once the calls priced before it are taken out, and is the median over the
-    folders' rows (one per context):
-
-    * ``host_launch_us`` from stage 0: host time over kernel launches (what :func:`ds4lab.calibration.gpu.calibrate`
-      measures from eager tokens);
-    * ``host_graph_call_us`` from stage i: ``(host - K * host_launch_us) / G - host_graph_launch_us``, ds4lab's own
-      work around each graph launch of its graph cache (keys, lookup, stream choice); ``host_graph_launch_us`` stays
-      the bare ``cudaGraphLaunch`` that :func:`~ds4lab.calibration.gpu.calibrate` measures;
-    * ``host_node_update_us`` from stage i+: ``(host - K * host_launch_us - G * (host_graph_launch_us +
-      host_graph_call_us)) / updates - host_api_us``, ds4lab's own work per kernel-node update (planning the call,
-      packing the parameters) beside the update call.
-
-    K, G, updates: the row's kernel launches, graph launches and node updates per token (a ladder from before stages i
-    and i+ has no graph-launch or node-update column: 0). A constant whose stage no folder timed stays as in ``base``.
-
-    Returns ``(calibration dict, table)``: the table (pandas) has one row per fitted value with its folder and context.
-    ``source`` names the folders.
+    """``base`` with its ds4lab host constants (``host_launch_us``, ``host_graph_call_us``, ``host_node_update_us``)
+    refitted from measured ladder or context folders (``docs/calibration.md``, "--from-ladder": the formulas). Returns
+    ``(calibration dict, table)``: one table row per fitted value with its folder and context.
 
     Raises:
-        ValueError: a folder that is not a ladder or context result, one modeled on the sim, a table without host times
-            or launch counts, or no stage-0 row in any folder (each names it)."""
+        ValueError: a folder that is not a ladder or context result, one modeled on the sim, a table without host
+            times or launch counts, or no stage-0 row (each names it)."""
     import pandas as pd
 
     from .record import read_record

@@ -26,14 +26,11 @@ def tiled_kernels(cfg) -> dict[str, tuple[str, str]]:
 
 
 def fit_tiled_moe(moe_dir: Path, max_tokens: int = 64) -> dict:
-    """Per-kernel cost-model fits for the tiled routed-MoE kernels from a ``ds4lab moe`` folder measured on a GPU: the
-    ``in-graph`` per-stage medians under ``uniform`` routing for 2 to ``max_tokens`` tokens per step (beyond that
-    the kernels stop being bandwidth-bound), against the bytes the cost model charges them (the expected tile count
-    under uniform routing times one expert's weights: :func:`ds4lab.token.reference.expected_tiles`).
-
-    Returns ``{kernel: {fixed_us, bandwidth_GBps, samples, source}}`` to merge into a calibration's ``kernels``. Raises
-    ``ValueError`` naming the folder when it is modeled (sim), lacks in-graph uniform rows for at least two token
-    counts, or has no preset in its meta."""
+    """Per-kernel fits for the tiled routed-MoE kernels from a GPU-measured ``ds4lab moe`` folder: the ``in-graph``
+    stage medians under ``uniform`` routing for 2 to ``max_tokens`` tokens against the bytes the cost model charges
+    (:func:`ds4lab.token.reference.expected_tiles`). Returns ``{kernel: {fixed_us, bandwidth_GBps, samples,
+    source}}``. Raises ``ValueError`` naming a modeled folder, one without in-graph uniform rows for two token
+    counts, or without a preset."""
     import pandas as pd
 
     from ..token.config import BYTES_PER_WEIGHT, get_preset

@@ -1,21 +1,6 @@
-"""``ds4lab calibrate`` (GPU only): measure the simulated runtime's cost-model parameters.
-
-Measured on the current GPU, each with CUDA events (device time) or a host clock (host work):
-
-* ``host_launch_us``: host time per kernel launch of a real decode token (op Python + launch layer + CuPy + driver),
-  from eager tokens of the preset;
-* ``host_graph_launch_us``: host time of one ``cudaGraphLaunch``;
-* ``graph_node_us``: device time per node of a replayed graph of tiny kernels;
-* ``kernel_fixed_us``, ``bandwidth_GBps``: a least-squares fit ``us = fixed + bytes / bandwidth`` over every kernel of
-  one token (each timed back to back behind a spin kernel), plus per-kernel fits in ``kernels``;
-* ``memset_us``, ``host_api_us``, ``copy_GBps``;
-* ``kernels.empty_kernel``: the traced duration of the empty kernel in a replayed graph as long as the token
-  (:func:`ds4lab.experiments.floors.measure_t_min`), so the sim models the launch-list floor's t_min as this GPU has
-  it.
-
-Also :func:`calibrate_long_context`: the long-context token's kernels refitted over several positions. The result is a
-JSON file the ``sim`` backend loads (``DS4LAB_CALIBRATION=FILE``); ``ds4lab/data/h200.json`` is the one shipped for the
-H200."""
+"""``ds4lab calibrate`` (GPU only): the sim's cost-model parameters measured on this GPU (:func:`calibrate`), and the
+long-context token's kernels refitted over several positions (:func:`calibrate_long_context`). What each constant is:
+``docs/calibration.md``, "gpu"; ``ds4lab/data/h200.json`` is the shipped one."""
 
 from __future__ import annotations
 
@@ -29,7 +14,7 @@ from .kernels import kernel_fit, linear_fit, refit_kernels
 
 
 def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict:
-    """Measure every parameter on ``be`` (a CupyBackend) (module docstring). Returns the calibration dict."""
+    """Measure every parameter on ``be`` (a CupyBackend; ``docs/calibration.md``, "gpu"); returns the calibration."""
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
 
@@ -65,9 +50,7 @@ def calibrate(be, preset: str = "small", tokens: int = 24, console=None) -> dict
 
 
 def _eager_tokens(be, m, tokens: int) -> tuple[float, list[float]]:
-    """``(host µs per launch, device µs per token)`` of ``tokens`` eager tokens of ``m`` on the legacy stream, as
-    ``ds4lab run`` decodes them: the host time of each token's launches (op Python, launch layer, CuPy, driver) over
-    its launches, and CUDA events around each token."""
+    """``(host µs per launch, device µs per token)`` of ``tokens`` eager tokens, as ``ds4lab run`` decodes them."""
     import cupy
 
     for i in range(3):
@@ -89,10 +72,7 @@ def _eager_tokens(be, m, tokens: int) -> tuple[float, list[float]]:
 
 
 def _kernel_fits(be, m, log) -> tuple[float, float, dict]:
-    """``(fixed µs, GB/s, kernels)``: the fit over every kernel of one token (each timed back to back behind a spin
-    kernel: :func:`ds4lab.measure.perop.per_op_times`), one fit per kernel, and the empty kernel of the launch-list
-    floor's t_min (its traced duration inside a graph as long as the token:
-    :func:`ds4lab.experiments.floors.measure_t_min`), so the sim's modeled t_min is this GPU's."""
+    """``(fixed µs, GB/s, kernels)``: one fit over a token's kernels, one per kernel, and the empty kernel's t_min."""
     from ..experiments.floors import measure_t_min
     from ..measure.perop import per_op_times
 
@@ -111,8 +91,7 @@ def _kernel_fits(be, m, log) -> tuple[float, float, dict]:
 
 
 def _graph_replay(be, n_nodes: int = 400) -> tuple[float, float]:
-    """``(device µs per node, host µs per cudaGraphLaunch)`` of a replayed graph of ``n_nodes`` tiny kernels (CuPy's
-    default capture mode, relaxed: gpu-facts.md), median over 30 replays."""
+    """``(device µs per node, host µs per cudaGraphLaunch)`` of a replayed graph of tiny kernels, median of 30."""
     import cupy
 
     from ..capture.scope import capture_scope
@@ -175,15 +154,9 @@ def long_context_kernels() -> list[str]:
 
 def calibrate_long_context(be, base: dict, preset: str = "ds4-flash", positions=LONG_CONTEXT_POSITIONS,
                            console=None) -> dict:
-    """Fits for the kernels the long-context token adds (``kernels/longctx.cu``), measured as :func:`calibrate`
-    measures the others (:func:`ds4lab.measure.perop.per_op_times`: each launch of one token re-issued behind a spin
-    kernel, CUDA events), at every position of ``positions`` (default :data:`LONG_CONTEXT_POSITIONS`), one line per
-    kernel over the bytes of all of them; those kernels' fits in ``base`` are replaced
-    (:func:`~ds4lab.calibration.kernels.refit_kernels`), the others kept.
-
-    Raises:
-        ValueError: a position where the compressors do not both emit (their emit kernels would not run), or no
-            position."""
+    """Fits for the long-context token's kernels (``kernels/longctx.cu``), measured as :func:`calibrate` does at
+    every position of ``positions`` (default :data:`LONG_CONTEXT_POSITIONS`); those fits in ``base`` are replaced,
+    the others kept. Raises ValueError for no position or one where both compressors do not emit."""
     import pandas as pd
 
     from ..token.config import get_preset

@@ -1,7 +1,6 @@
-"""Per-kernel cost fits, ``us = fixed + bytes / bandwidth``: the one least-squares line every fit of kernel times uses
-(:func:`linear_fit`), a calibration's ``kernels`` extended or refitted from a per-op timing table
-(:func:`add_kernel_fits`, :func:`refit_kernels`), and the kernel constants fitted from a per-op table and its launch
-trace (:func:`fit_calibration`)."""
+"""Per-kernel cost fits, ``us = fixed + bytes / bandwidth``: the one least-squares line (:func:`linear_fit`), a
+calibration's ``kernels`` extended or refitted from a per-op table (:func:`add_kernel_fits`, :func:`refit_kernels`),
+and the kernel constants from a per-op table and its trace (:func:`fit_calibration`)."""
 
 from __future__ import annotations
 
@@ -9,11 +8,8 @@ import numpy as np
 
 
 def linear_fit(nbytes: np.ndarray, us: np.ndarray, bw_default: float | None = None) -> tuple[float, float]:
-    """Least squares ``us = a + nbytes / (bw * 1e3)``; returns (a µs >= 0, bw GB/s > 0).
-
-    With a single distinct size (one call site), the slope is not identifiable: the bandwidth is ``bw_default`` and the
-    fixed cost takes the rest of the median. With no bandwidth signal (a slope at or below 0: tiny kernels) all is
-    fixed cost, the bandwidth ``bw_default`` or 1 000 000 GB/s."""
+    """Least squares ``us = a + nbytes / (bw * 1e3)``; returns (a µs >= 0, bw GB/s > 0). With one distinct size, or
+    no bandwidth signal (slope ≤ 0), the bandwidth is ``bw_default`` (or 1 000 000 GB/s) and the rest fixed cost."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     us = np.asarray(us, dtype=np.float64)
     if len(set(nbytes.tolist())) < 2 and bw_default:
@@ -27,20 +23,15 @@ def linear_fit(nbytes: np.ndarray, us: np.ndarray, bw_default: float | None = No
 
 
 def kernel_fit(nbytes, us, bw_default: float | None = None) -> dict:
-    """One kernel's entry of a calibration's ``kernels``: :func:`linear_fit` of its launches (``nbytes`` and ``us`` per
-    launch) as ``{fixed_us, bandwidth_GBps, samples, median_us}``."""
+    """One kernel's ``kernels`` entry: :func:`linear_fit` of its launches as ``{fixed_us, bandwidth_GBps, ...}``."""
     a, bw = linear_fit(nbytes, us, bw_default)
     return {"fixed_us": round(a, 3), "bandwidth_GBps": round(bw, 1), "samples": int(len(us)),
             "median_us": round(float(np.median(np.asarray(us, dtype=np.float64))), 3)}
 
 
 def add_kernel_fits(base: dict, ops, note: str) -> dict:
-    """``base`` with per-kernel fits (:func:`kernel_fit`) added for every kernel in ``ops`` (a per-op timing table:
-    ``kernel``, ``nbytes``, ``us`` per launch) that ``base["kernels"]`` lacks; kernels it has keep their fits.
-    ``note`` joins ``source``.
-
-    Raises:
-        ValueError: ``ops`` has none of the columns it needs, or ``base`` no ``kernels`` object."""
+    """``base`` with :func:`kernel_fit` fits added for each kernel of ``ops`` (``kernel``, ``nbytes``, ``us``) it
+    lacks; ``note`` joins ``source``. Raises ValueError for missing columns or ``kernels``."""
     if not {"kernel", "nbytes", "us"} <= set(ops.columns):
         raise ValueError(f"a per-op table needs kernel, nbytes and us columns, not {list(ops.columns)}")
     if not isinstance(base.get("kernels"), dict):
@@ -55,12 +46,7 @@ def add_kernel_fits(base: dict, ops, note: str) -> dict:
 
 
 def refit_kernels(base: dict, ops, names, note: str) -> dict:
-    """``base`` with the fits of the kernels of ``names`` that ``ops`` (a per-op table of ``kernel``, ``nbytes``,
-    ``us``) holds replaced by fits over ``ops`` (:func:`add_kernel_fits`); every other kernel's fit is kept, those
-    of ``names`` that ``ops`` lacks included. ``note`` joins ``source``.
-
-    Raises:
-        ValueError: as :func:`add_kernel_fits` (``ops`` without its columns, ``base`` without kernels)."""
+    """``base`` with the fits of ``names`` that ``ops`` holds replaced. Raises ValueError as :func:`add_kernel_fits`."""
     ops = ops[ops["kernel"].isin(set(names))]
     keep = {k: v for k, v in base["kernels"].items() if k not in set(ops["kernel"])}
     return add_kernel_fits({**base, "kernels": keep}, ops, note)
@@ -89,23 +75,16 @@ def _median(v):
 
 
 def fit_calibration(rows, nbytes, *, tolerance: float = 0.10) -> dict:
-    """Fit ``kernel_fixed_us``, ``bandwidth_GBps`` and per-kernel overrides from a per-op timing table and the launch
-    trace of the same launches (how a calibration's kernel constants come from a recorded run without re-measuring;
-    :func:`ds4lab.calibration.gpu.calibrate` measures them on a GPU).
+    """Fit ``kernel_fixed_us``, ``bandwidth_GBps`` and per-kernel overrides from a per-op table and the trace of the
+    same launches (``docs/calibration.md``, "Kernel fits from a recorded run").
 
     Args:
-        rows: per-op measurements, dicts with ``kernel`` and ``us`` (one per launch, in launch order, as
-            ``docs/measurements/*/per-op-*.csv``).
-        nbytes: the ``nbytes`` the launcher passed for the same launches, same order (a trace).
+        rows: per-op measurements, dicts with ``kernel`` and ``us``, in launch order.
+        nbytes: the launcher's ``nbytes`` for the same launches, same order.
         tolerance: a kernel gets an override when the global model misses its median by more.
 
     Returns:
-        ``{"kernel_fixed_us", "bandwidth_GBps", "kernels", "fit": {...summary...}}``.
-
-    The global figures are a least-squares line through the matvec-like kernels (:data:`MATVEC_KERNELS`). A kernel
-    whose launches the global line misses gets its own line when its launches span more than one size and the line is
-    physical (positive slope and intercept), else a fixed cost (mean of ``us - nbytes/bandwidth``) at the global
-    bandwidth, whichever of the two has the smaller total absolute error over the kernel's launches."""
+        ``{"kernel_fixed_us", "bandwidth_GBps", "kernels", "fit": {...summary...}}``."""
     rows, nb = list(rows), list(nbytes)
     if len(rows) != len(nb):
         raise ValueError(f"{len(rows)} measured launches but {len(nb)} traced ones")

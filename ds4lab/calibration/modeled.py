@@ -1,16 +1,13 @@
-"""The sim's ladder and context tables for a calibration given as a file or a dict, timing only: where every fit that
-needs no GPU (``calibrate --from-ds4``, ``--from-context``), the check of a calibration against a record and the
-what-ifs price ds4lab's token with candidate costs. Each is one :func:`ds4lab.experiments.ladder.run_table` on a
-timing-only sim (no folder, nothing printed)."""
+"""The sim's ladder and context tables for a calibration (file or dict), timing only: one
+:func:`ds4lab.experiments.ladder.run_table` on a timing-only sim, for the GPU-less fits, the check against a record
+and the what-ifs."""
 
 from __future__ import annotations
 
 
 def sim_context(cal, preset: str, stages: str, contexts, tokens: int, *, mode: str = "thread_local"):
-    """The sim's ``ds4lab context`` table (``context.csv``'s rows) for calibration ``cal`` (a dict, a path, or None:
-    the default file), timing only: per stage and context µs per token (MODELED), host enqueue µs, the modeled busy
-    floor, launches, paired gains. ``contexts``: ascending start positions; ``tokens`` timed per stage and context
-    after 2 warm-up tokens, one round. Seconds for ``ds4-flash`` at one context.
+    """The sim's ``context.csv`` rows for calibration ``cal`` (dict, path, or None: the default file), timing only:
+    ``tokens`` timed per stage and context after 2 warm-up tokens, one round.
 
     Raises:
         ds4lab.errors.BadInput: a context past the preset's ``max_context``.

@@ -1,6 +1,5 @@
-"""A measured ladder or context record, as the sim is held to it: the one reader of such a record (:func:`read_record`,
-for the host fit and the check), what its preset was against today's (:func:`preset_changes`), and the tolerance
-within which a modeled stage agrees (:data:`TOLERANCE`). The check itself models the record's table on the sim:
+"""A measured ladder or context record as the sim is held to it: its one reader (:func:`read_record`), its preset
+against today's (:func:`preset_changes`) and the agreement tolerance (:data:`TOLERANCE`); the check is
 :func:`ds4lab.calibration.check.modeled_vs_measured`."""
 
 from __future__ import annotations
@@ -16,12 +15,8 @@ TOLERANCE = 0.10
 
 
 def read_record(folder) -> tuple[str, dict, pd.DataFrame]:
-    """``(job, meta, table)`` of a ladder or context folder measured on a GPU: its ``meta.json`` and ``ladder.csv`` or
-    ``context.csv`` (``stage`` read as text; a table from before the ``context`` column gets the run's start
-    position there).
-
-    Raises:
-        ValueError: not a ladder or context result folder, or one modeled on the sim (names it)."""
+    """``(job, meta, table)`` of a GPU-measured ladder or context folder (``stage`` as text; an old table gets the
+    start position as ``context``). Raises ValueError naming a folder that is not one, or is modeled."""
     folder = Path(folder)
     meta = results.read_meta(folder) or {}
     job = meta.get("job")
@@ -42,10 +37,8 @@ _RUN_FIELDS = {"max_context", "start_pos"}
 
 
 def preset_changes(meta: dict) -> dict[str, tuple]:
-    """What differs between the preset a record's ``meta.json`` describes (``preset``: the summary its run wrote) and
-    today's preset of that name: ``{field: (recorded, today)}`` (empty when the same token, or when the record names
-    no preset summary). A preset's meaning can change (a record from before ds4's expert formats timed another
-    ``ds4-flash``), so a comparison with today's sim is only a check of the model where this is empty."""
+    """``{field: (recorded, today)}`` where the record's preset differs from today's of that name (empty: the same
+    token, or no summary recorded); only an empty one makes a comparison with today's sim a check of the model."""
     from ..token.config import get_preset
 
     rec = meta.get("preset")

@@ -1,6 +1,5 @@
-"""The calibration's tables as a console shows them (rich renderables and lines, nothing printed here): a calibration
-checked against a record (:func:`record_check`), against ds4 itself (:func:`ds4_check`), the capture stages' fit
-(:func:`stages_fit`) and a fit's before and after (:func:`changes`)."""
+"""The calibration's tables as a console shows them (rich renderables, nothing printed): :func:`record_check`,
+:func:`ds4_check`, :func:`stages_fit`, :func:`changes`."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def _preset_note(changed: dict, what: str) -> list[str]:
 
 
 def record_check(folder, d) -> list:
-    """The sim with a calibration against one measured folder, stage by stage
-    (:func:`ds4lab.calibration.check.modeled_vs_measured`'s table ``d``)."""
+    """The sim with a calibration against one measured folder, stage by stage (``d``: ``modeled_vs_measured``'s)."""
     out = _preset_note(d.attrs.get("preset_changes") or {}, f"{folder}: its {d['preset'].iloc[0]}")
     if out:
         out[0] = out[0].replace("[/]", ", so the ratios below compare two tokens[/]")
@@ -39,9 +37,7 @@ def record_check(folder, d) -> list:
 
 
 def ds4_check(check) -> list:
-    """The sim with a ``--from-ds4`` calibration beside ds4: modeled / measured per context and stage, the kernel time
-    factor each context was priced at and whether that context was fitted (recorded) or held out (the check table of
-    :func:`ds4lab.calibration.from_ds4.fit_from_ds4`; a ``folder`` column with several folders)."""
+    """The ``--from-ds4`` check: modeled / measured per context and stage, factor, fitted or held out."""
     folders = "folder" in check and check.folder[check.folder != ""].nunique() > 1
     cols = ("context", "context is", "kernel factor", "stage", "ds4", "measured µs", "modeled µs", "ratio",
             "within ±10 %", "gain over i µs")
@@ -62,9 +58,7 @@ def ds4_check(check) -> list:
 
 
 def stages_fit(table, base: dict, cal: dict) -> list:
-    """:func:`ds4lab.calibration.from_context.fit_capture_stages`'s table (per constant and context: the measured gain,
-    the fitted value and its interval, the sim's gain at the calibration's value) and each constant's change, with
-    whether it is still GUESS (:func:`ds4lab.sim.costmodel.guessed`) or MEASURED."""
+    """:func:`~ds4lab.calibration.from_context.fit_capture_stages`'s table and each constant's change."""
     from ..sim.costmodel import OPTIONAL, guessed
     from .from_context import FITTED
 

@@ -24,11 +24,8 @@ _RUN_OPTIONS = default(RunConfig, "options")
 
 
 class _Group(click.Group):
-    """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does
-    (:func:`ds4lab.report.results.install_stop_signals`), and an interruption that a command does not report itself
-    is reported here with its exit status (130, 143, 129), not click's "Aborted!" with status 1. An output closed
-    under any command that prints (``ds4lab presets | head -1``; the jobs' console has its own handling) exits 141
-    silently, as a process ended by SIGPIPE, not with click's status 1."""
+    """The ``ds4lab`` group: SIGTERM and SIGHUP stop every command as Ctrl-C does; an interruption a command does not
+    report exits 130, 143 or 129 (not click's 1); a closed output exits 141 silently, as SIGPIPE would."""
 
     def make_context(self, *args, **kwargs):  # --help and --version print here
         try:

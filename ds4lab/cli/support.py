@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from ..jobs.common import config_default as default  # the one place a job's defaults live, shown by --help
+
 
 def console():
     """The rich console every command prints through (:func:`ds4lab.progress.make_console`)."""
@@ -16,9 +18,7 @@ def console():
 
 
 def fail(msg: str, code: int = 2) -> None:
-    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``, also when stderr is a closed pipe (``2>&1 |
-    head``): the message is dropped, the status stays ``code`` (141 for the closed pipe itself), not the 1 or 120 an
-    unwritable stderr would give."""
+    """Print ``ds4lab: error: <msg>`` to stderr and exit with ``code``, the status kept when stderr is a closed pipe."""
     try:
         click.echo(f"ds4lab: error: {msg}", err=True)
         sys.stderr.flush()
@@ -28,8 +28,7 @@ def fail(msg: str, code: int = 2) -> None:
 
 
 def _silence_std_streams() -> None:
-    """Point stdout and stderr at /dev/null, so that the interpreter's last flush at exit cannot fail on a closed pipe
-    and change the exit status."""
+    """Point stdout and stderr at /dev/null, so the exit's last flush cannot fail on a closed pipe."""
     import os
 
     null = os.open(os.devnull, os.O_WRONLY)
@@ -41,8 +40,7 @@ def _silence_std_streams() -> None:
 
 
 def closed_pipe() -> None:
-    """The output was closed under a command (``ds4lab notebooks --list | head -1``): exit 141 as a process ended by
-    SIGPIPE does, with no traceback, and nothing more written to the closed pipe."""
+    """The output was closed under a command: exit 141 as SIGPIPE would, silently."""
     import signal
 
     _silence_std_streams()
@@ -50,8 +48,7 @@ def closed_pipe() -> None:
 
 
 def interrupted(e: KeyboardInterrupt) -> None:
-    """Report an interruption (Ctrl-C, or SIGTERM/SIGHUP as :class:`ds4lab.errors.Terminated`) and exit with its status
-    (130, 143, 129: :func:`ds4lab.jobs.common.exit_code`)."""
+    """Report an interruption and exit with its status (130, 143, 129: :func:`ds4lab.jobs.common.exit_code`)."""
     from ..errors import interrupt_status
     from ..jobs import exit_code
 
@@ -72,9 +69,7 @@ def interrupted(e: KeyboardInterrupt) -> None:
 
 
 def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
-    """Run ``job`` through :func:`ds4lab.jobs.execute`; every exception becomes one message and the exit code of
-    :func:`ds4lab.jobs.common.exit_code` (2 bad input, 1 failed, 130 interrupted, 143/129 stopped by
-    SIGTERM/SIGHUP)."""
+    """Run ``job`` through :func:`ds4lab.jobs.execute`; an exception becomes one message and its exit status."""
     from ..errors import BadInput, CheckFailed, PartFailed
     from ..jobs import execute, exit_code
     from ..report.results import WriteFailed
@@ -94,17 +89,6 @@ def invoke(job: str, cfg, backend: str = "auto", seed: int = 1234):
         fail(text, code)
 
 
-def default(config_cls, field: str):
-    """The default of ``field`` in a job's config dataclass: the one place a job's defaults live, which the command
-    line shows and uses (``default(LadderConfig, "tokens")``)."""
-    import dataclasses
-
-    f = config_cls.__dataclass_fields__[field]
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]
-
-
 def given(ctx, *names: str) -> list[str]:
     """The options among ``names`` (parameter names) that the command line gave explicitly."""
     from click.core import ParameterSource
@@ -113,8 +97,7 @@ def given(ctx, *names: str) -> list[str]:
 
 
 def result_folder(ctx, param, value):
-    """click callback for an ``--out`` folder: refuses the current directory (click turns ``--out ""`` into ``.``),
-    where a command would scatter its files and replace what it wrote before."""
+    """click callback for ``--out``: refuses the current directory (click's ``--out ""``)."""
     from pathlib import Path
 
     if value is not None and Path(value) == Path("."):

@@ -1,5 +1,3 @@
-"""What every backend is, below everything that runs on one: the contract (:mod:`.base`: ``Executor``, ``RuntimeApi``,
-``ModeledTime``, ``DeviceClock``; :mod:`.device_graphs`: ``DeviceGraphApi``), which kernels carry the device-side
-half of a programmatic launch (:mod:`.kernel_pdl`), and the CPU reference executor the sim builds on
-(:mod:`.numpy_backend`). ``capture/``, ``token/``, ``sim/`` and ``backends/`` (the GPU's implementation and
-:func:`ds4lab.backends.make_backend`, the one factory) all import it; it imports none of them."""
+"""What every backend is: the contract (:mod:`.base`, :mod:`.device_graphs`), the kernels with a programmatic device
+half (:mod:`.kernel_pdl`), the CPU reference executor (:mod:`.numpy_backend`). Everything that runs on a backend
+imports it; it imports none of them."""

@@ -1,23 +1,15 @@
-"""The backend contract: what the launch layer, the model and the jobs may ask of a backend.
+"""The backend contract: what the launch layer, the model and the jobs may ask of a backend, as abstract classes (a
+backend that forgets a method fails when it is built).
 
-Two interfaces, both abstract, so a backend that forgets a method fails when it is *built*, not halfway through a job:
+* :class:`Executor`: memory, weights, launches, copies, streams, events and the capabilities a job reads; every backend
+(``cupy``, ``sim``, ``numpy``).
+* :class:`RuntimeApi`: capture, graphs, event timing, allocation, queries; ``cupy`` and ``sim`` (:func:`can_capture`).
+* :class:`ModeledTime`: a cost model's time (the sim); every figure from it is MODELED.
+* :class:`DeviceClock`: a readable GPU clock (``cupy``).
 
-* :class:`Executor` — memory, weights, launches, memsets, copies, streams, events, synchronize, and the capabilities a
-  job reads (declared here, never probed with ``getattr``). Every backend implements it: ``cupy`` (the GPU), ``sim``
-  (the simulated CUDA runtime, modeled time) and ``numpy`` (the CPU reference executor: no timing, no capture).
-* :class:`RuntimeApi` — the runtime calls that capture, graphs, event timing, allocation and queries need (CUDA Runtime
-  API: "Stream Management", "Event Management", "Graph Management", "Memory Management"). Only ``cupy`` and ``sim``
-  implement it; ``isinstance(be, RuntimeApi)`` is the one test for "can capture". Every runtime call any caller makes
-  is declared here.
-* :class:`ModeledTime` — what a backend whose time comes from a cost model offers (the sim): the modeled cost of a
-  kernel, the modeled copy bandwidth, its device timeline. ``isinstance(be, ModeledTime)`` is the test, and every
-  figure from it is labelled MODELED.
-* :class:`DeviceClock` — a real GPU clock to read (``%globaltimer``): the ``cupy`` backend.
-
-A backend never decides *which* stream: the launcher resolves that through the accessor (:mod:`ds4lab.capture.stream`)
-and passes the answer in (``LEGACY_STREAM`` or an override). Errors: runtime calls raise
-:class:`ds4lab.errors.CudaError` (CUDA's error name) or :class:`ds4lab.errors.CupyRefusal`, on the GPU and on the sim
-alike."""
+The launcher, not the backend, decides the stream (:mod:`ds4lab.capture.stream`). Runtime calls raise
+:class:`ds4lab.errors.CudaError` or :class:`ds4lab.errors.CupyRefusal`, on the GPU and the sim alike. Sources: CUDA
+Runtime API, "Stream", "Event", "Graph" and "Memory Management"."""
 
 from __future__ import annotations
 
@@ -126,8 +118,7 @@ class Executor(abc.ABC):
 
     # --- capabilities with a default
     def host_clock_us(self) -> float:
-        """The host clock in µs for host-side work (enqueue time): ``time.perf_counter``; the sim overrides it with its
-        modeled host clock. Never use it around asynchronous device work."""
+        """The host clock in µs for host work (``time.perf_counter``; the sim's modeled one), never device work."""
         return time.perf_counter() * 1e6
 
     def free_memory(self) -> tuple[int, int] | None:
@@ -158,12 +149,9 @@ class Executor(abc.ABC):
 
 
 class RuntimeApi(abc.ABC):
-    """Capture, graphs, event timing, allocation and queries (``cupy`` and ``sim`` only).
-
-    Streams are backend objects or ``LEGACY_STREAM``. Capture modes: ``"global"``, ``"thread_local"``, ``"relaxed"``
-    (CUDA Runtime API, ``cudaStreamBeginCapture`` / ``cudaStreamCaptureMode``). Every method raises
-    :class:`ds4lab.errors.CudaError` or :class:`ds4lab.errors.CupyRefusal`; none returns a CUDA status for the caller
-    to check."""
+    """Capture, graphs, event timing, allocation and queries (``cupy`` and ``sim``). Streams: backend objects or
+    ``LEGACY_STREAM``. Every method raises :class:`ds4lab.errors.CudaError` or ``CupyRefusal``, never returns a
+    status."""
 
     @abc.abstractmethod
     def event_synchronize(self, event: Any) -> None:
@@ -245,8 +233,7 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def blas_create(self) -> Any:
-        """``cublasCreate``: a cuBLAS handle. Raises :class:`ds4lab.errors.LibraryError` (``cublas:<status>``) when
-        cuBLAS refuses."""
+        """``cublasCreate``; raises :class:`ds4lab.errors.LibraryError` (``cublas:<status>``) when cuBLAS refuses."""
 
     @abc.abstractmethod
     def blas_destroy(self, handle: Any) -> None:
@@ -262,8 +249,7 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def read(self, buf: Any) -> np.ndarray:
-        """A device-to-host read of ``buf`` as CuPy does it (``cupy.asnumpy``): synchronous, refused by CuPy while the
-        current stream captures."""
+        """A synchronous device-to-host read as ``cupy.asnumpy`` does it (refused by CuPy during capture)."""
 
     @abc.abstractmethod
     def matmul(self, stream: Any, a: Any, b: Any) -> Any:
@@ -313,11 +299,10 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def graph_exec_kernel_node_set_params(self, graph_exec: Any, index: int, launch: Any) -> None:
-        """``cudaGraphExecKernelNodeSetParams``: the ``index``-th kernel node of the executable (capture order) takes
-        ``launch``'s arguments, grid, block and shared memory (:class:`ds4lab.capture.launch.LaunchRecord`) for its
-        later launches; the graph itself is unchanged (CUDA Runtime API, cudaGraphExecKernelNodeSetParams;
-        Programming Guide "Updating instantiated graphs" → "Individual node update"). Raises CudaError
-        (cudaErrorInvalidValue: no such kernel node, or another function)."""
+        """``cudaGraphExecKernelNodeSetParams``: the executable's ``index``-th kernel node (capture order) takes
+        ``launch``'s arguments, grid, block and shared memory for later launches; the graph is unchanged (Programming
+        Guide, "Individual node update"). Raises CudaError (cudaErrorInvalidValue: no such kernel node, or another
+        function)."""
 
     @abc.abstractmethod
     def event_record_external(self, stream: Any, event: Any) -> None:
@@ -329,13 +314,11 @@ class RuntimeApi(abc.ABC):
 
     @abc.abstractmethod
     def exchange_capture_mode(self, mode: str) -> str:
-        """``cudaThreadExchangeStreamCaptureMode``: set the calling thread's interaction mode, return the previous one
-        (``"global"``, ``"thread_local"``, ``"relaxed"``)."""
+        """``cudaThreadExchangeStreamCaptureMode``: set the thread's capture mode, return the previous one."""
 
     @abc.abstractmethod
     def graph_exec_update(self, graph_exec: Any, graph: Any) -> None:
-        """``cudaGraphExecUpdate``: give an executable graph the arguments of ``graph``, which must have the same
-        topology (CUDA Programming Guide, "Updating instantiated graphs")."""
+        """``cudaGraphExecUpdate``: the executable takes ``graph``'s arguments (same topology required)."""
 
     @abc.abstractmethod
     def graph_launch(self, graph_exec: Any, stream: Any) -> None:
@@ -351,20 +334,17 @@ class ModeledTime(abc.ABC):
 
     @abc.abstractmethod
     def model_context(self, context: int | None) -> float:
-        """Price the kernels run from now on at the cost model's kernel time factor at ``context`` (the decode position
-        a ladder or context job models; None: the calibration's ``kernel_time_scale``). Returns the factor; raises
-        ValueError for a context that is not positive."""
+        """Price kernels from now on at the cost model's kernel time factor at ``context`` (None:
+        ``kernel_time_scale``); returns the factor. Raises ValueError for a context that is not positive."""
 
     @abc.abstractmethod
     def modeled_copy_GBps(self) -> tuple[float, str]:
-        """The cost model's device copy bandwidth (GB/s) and where it comes from (on a GPU it is measured:
-        :func:`ds4lab.timing.copy_bandwidth`)."""
+        """The cost model's device copy bandwidth (GB/s) and where it comes from."""
 
     @abc.abstractmethod
     def trace_records(self, since: int = 0) -> tuple[list[tuple], int]:
-        """The modeled device timeline: the records ``(stream, name, start_us, end_us, kind, graph)`` from absolute
-        index ``since`` on (records the timeline has let go of are skipped) and the index to pass next time (on a
-        GPU, kernel records come from CUPTI)."""
+        """The modeled device timeline: records ``(stream, name, start_us, end_us, kind, graph)`` from absolute index
+        ``since`` (dropped ones skipped), and the index to pass next time."""
 
     @abc.abstractmethod
     def modeled_start_us(self, stream) -> float:
@@ -372,10 +352,9 @@ class ModeledTime(abc.ABC):
 
     @abc.abstractmethod
     def model_host_work(self, kind: str) -> None:
-        """Put ds4lab's own host work of ``kind`` on the modeled host clock: work the launch layer and the graph cache
-        do in Python around a runtime call, which a GPU run spends for real and the cost model prices apart from the
-        call (``graph_call``: a graph-cache launch's keys, lookup and stream choice; ``node_update``: planning a
-        call's launches and packing one kernel node's parameters). Raises ValueError for another ``kind``."""
+        """Put ds4lab's own Python work around a runtime call on the modeled host clock: ``graph_call`` (a
+        graph-cache launch's keys, lookup, stream choice) or ``node_update`` (planning and packing one kernel node's
+        parameters). Raises ValueError for another ``kind``."""
 
 
 class DeviceClock(abc.ABC):
@@ -383,8 +362,7 @@ class DeviceClock(abc.ABC):
 
     @abc.abstractmethod
     def globaltimer_steps(self, n: int) -> np.ndarray:
-        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64) from
-        ``kernels/timestamp.cu:globaltimer_probe``."""
+        """``n`` successive update steps of the GPU's ``%globaltimer`` (ns, uint64; ``kernels/timestamp.cu``)."""
 
 
 #: The host-only queries :meth:`RuntimeApi.host_query` makes, by API name (CUDA Runtime API "Device

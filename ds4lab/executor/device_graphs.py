@@ -1,13 +1,10 @@
 """The backend contract for what stream capture alone cannot express (stages ``3cc``, ``3p``, ``3cp``, ``3ccp``):
-conditional nodes added to the graph a stream is capturing and filled by capturing into their bodies, and kernels
-launched with programmatic stream serialization, which capture keeps as programmatic edges. Each method names the
-CUDA call it is; how the stages use them: ``docs/capture-stages.md``. The ``cupy`` backend implements it through
-``cuda-bindings`` (:mod:`ds4lab.backends.cupy_device_graphs`, every status checked), the ``sim`` by the rules of
-:mod:`ds4lab.sim.rules_device` (:mod:`ds4lab.sim.device_graphs`); ``isinstance(be, DeviceGraphApi)`` is the one test
-for it.
+conditional nodes filled by capturing into their bodies, and programmatic launches kept as programmatic edges. ``cupy``
+implements it through ``cuda-bindings`` (:mod:`ds4lab.backends.cupy_device_graphs`), the sim by
+:mod:`ds4lab.sim.rules_device`; ``isinstance(be, DeviceGraphApi)`` is the test.
 
-Sources: CUDA Programming Guide, "Conditional Graph Nodes" and "Programmatic Dependent Launch and Synchronization";
-CUDA Runtime API, "Graph Management" and "Stream Management"."""
+Next: ``docs/capture-stages.md``. Sources: CUDA Programming Guide, "Conditional Graph Nodes", "Programmatic Dependent
+Launch and Synchronization"."""
 
 from __future__ import annotations
 
@@ -51,72 +48,55 @@ class CondHandle:
 
 
 class DeviceGraphApi(abc.ABC):
-    """Conditional nodes and programmatic dependent launch (see the module docstring). Streams are backend streams;
-    graphs are the backend's graph objects (a captured graph, or a body graph that a conditional node owns: never
-    destroyed by ds4lab); nodes are the backend's node handles. Every method raises :class:`ds4lab.errors.CudaError`
-    with CUDA's error name."""
+    """Conditional nodes and programmatic dependent launch. Graphs are the backend's (a body graph belongs to its
+    node, never destroyed by ds4lab); every method raises :class:`ds4lab.errors.CudaError` with CUDA's error name."""
 
     @abc.abstractmethod
     def capture_dependencies(self, stream: Any) -> tuple[Any, list]:
-        """``cudaStreamGetCaptureInfo`` of a stream in an active capture: the graph being captured (the capture owns it
-        until ``cudaStreamEndCapture``) and the nodes the next captured work will depend on. Raises CudaError
-        (cudaErrorIllegalState when the stream is not in an active capture)."""
+        """``cudaStreamGetCaptureInfo``: the graph captured and the next work's dependencies (CudaError: none)."""
 
     @abc.abstractmethod
     def conditional_handle_create(self, graph: Any, default: int = 0, assign_default: bool = True) -> Any:
-        """``cudaGraphConditionalHandleCreate(graph, default, flags)``: a handle for a conditional node of ``graph``
-        (or of one of its children); with ``assign_default`` (``cudaGraphCondAssignDefault``) every launch of the
-        graph starts with the value ``default``. The handle's ``arg`` is the kernel argument a condition-setting
-        kernel takes."""
+        """``cudaGraphConditionalHandleCreate(graph, default, flags)``; with ``assign_default`` every launch starts
+        at ``default``. The handle's ``arg`` is what a condition-setting kernel takes."""
 
     @abc.abstractmethod
     def graph_add_conditional_node(self, graph: Any, deps: list, handle: Any, kind: str, size: int) -> tuple[Any, list]:
-        """``cudaGraphAddNode`` of a conditional node of ``kind`` (``"if"``, ``"while"``, ``"switch"``) with ``size``
-        bodies after ``deps`` in ``graph``: returns ``(node, body graphs)``; the bodies are empty graphs the node
-        owns (fill them with :meth:`begin_capture_to_graph`). IF runs body 0 on a non-zero value (body 1, when there
-        are two, on zero), WHILE body 0 as long as the value is non-zero, SWITCH body ``value`` (none when ``value
-        >= size``). Raises CudaError (cudaErrorInvalidValue for a size the kind does not allow)."""
+        """``cudaGraphAddNode`` of a conditional node (``"if"``, ``"while"``, ``"switch"``) with ``size`` empty
+        bodies after ``deps``: returns ``(node, body graphs)`` (fill them with :meth:`begin_capture_to_graph`).
+        Raises CudaError (cudaErrorInvalidValue for a size the kind does not allow)."""
 
     @abc.abstractmethod
     def stream_update_capture_dependencies(self, stream: Any, nodes: list, replace: bool = True) -> None:
-        """``cudaStreamUpdateCaptureDependencies``: the capturing stream's next work depends on ``nodes``
-        (``cudaStreamSetCaptureDependencies``) or on them besides its current ones (``replace=False``,
-        ``cudaStreamAddCaptureDependencies``). Raises CudaError (cudaErrorIllegalState: not capturing)."""
+        """``cudaStreamUpdateCaptureDependencies``: the next work depends on ``nodes`` (set, or added with
+        ``replace=False``). Raises CudaError (cudaErrorIllegalState: not capturing)."""
 
     @abc.abstractmethod
     def begin_capture_to_graph(self, stream: Any, graph: Any, mode: str = "thread_local") -> None:
-        """``cudaStreamBeginCaptureToGraph(stream, graph, no dependencies, mode)``: what ``stream`` issues from now on
-        is added to the existing ``graph`` (a conditional node's body)."""
+        """``cudaStreamBeginCaptureToGraph``: what ``stream`` issues from now on goes into ``graph`` (a node's body)."""
 
     @abc.abstractmethod
     def end_capture_to_graph(self, stream: Any) -> Any:
-        """``cudaStreamEndCapture`` of a capture begun with :meth:`begin_capture_to_graph`: returns the graph captured
-        into (the one given at the beginning; no new owner of it)."""
+        """``cudaStreamEndCapture`` of :meth:`begin_capture_to_graph`: the graph captured into (no new owner)."""
 
     @abc.abstractmethod
     def launch_programmatic(self, stream: Any, name: str, grid: tuple, block: tuple, args: tuple, shared: int,
                             ref, nbytes: int = 0, *, predecessor: str = "kernel") -> bool:
-        """Launch kernel ``name`` with programmatic stream serialization (``cuLaunchKernelEx``,
-        ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1): it may start while the kernel before it in
-        the stream drains, and a capture keeps the dependency as a programmatic edge. The kernel must carry the
-        device-side half (:mod:`ds4lab.executor.kernel_pdl`), else
-        :class:`~ds4lab.executor.kernel_pdl.MissingDeviceHalf` (a ValueError) before CUDA is asked.
+        """Launch kernel ``name`` with programmatic stream serialization (``cuLaunchKernelEx``); a capture keeps it as a
+        programmatic edge. Raises :class:`~ds4lab.executor.kernel_pdl.MissingDeviceHalf` (a ValueError) for a kernel
+        without the device-side half, before CUDA is asked.
 
-        ``predecessor="kernel"``: the attribute is set only when the stream's next work depends on one node and that
-        node is a kernel (in a capture: the capture's dependency set; eagerly: always), else the launch is a plain one
-        (a programmatic dependency is defined between kernels only); ``"any"``: always set (the conformance probe of
-        what CUDA does after another node). Returns whether the attribute was set."""
+        ``predecessor="kernel"``: the attribute only when the next work depends on one kernel node (eagerly: always);
+        ``"any"``: always. Returns whether the attribute was set."""
 
     @abc.abstractmethod
     def prepare_device_kernels(self, names=None, programmatic: bool = False) -> None:
-        """Compile and load, now, the kernels a capture will launch (``names``, default all; with ``programmatic``
-        their build with the device-side half too), so that no module is loaded while a stream captures. Nothing to
-        do where nothing is compiled (the sim)."""
+        """Compile and load now the kernels a capture will launch (``names``, default all; ``programmatic``: their
+        device-half build too), so no module loads while capturing; nothing on the sim."""
 
     @abc.abstractmethod
     def graph_node_kinds(self, graph: Any) -> list[str]:
-        """The node kinds of ``graph`` (``cudaGraphGetNodes`` + ``cudaGraphNodeGetType``: kernel, memset, memcpy,
-        empty, graph, conditional, ...), in the graph's order; body graphs not included."""
+        """The node kinds of ``graph`` (``cudaGraphNodeGetType``: kernel, memset, ...), in order; no bodies."""
 
     @abc.abstractmethod
     def graph_edges(self, graph: Any) -> list[tuple[str, str, str]]:

@@ -1,14 +1,7 @@
-"""Which kernels carry the device-side half of programmatic dependent launch, read from their source.
-
-A kernel launched with the programmatic stream-serialization attribute may start while the kernel before it in the
-stream still runs; it is correct only if it waits (``griddepcontrol.wait``) before it reads what that kernel writes,
-writes anything, or exits (CUDA Programming Guide, "Programmatic Dependent Launch and Synchronization"). ds4lab's
-kernels carry that half as ``DS4_PDL_ENTRY()``, the first statement of their body (``kernels/common.cuh``); this module
-finds, for every ``__global__`` function of ``kernels/*.cu``, whether its body begins with it, so a backend can refuse
-a programmatic launch of a kernel that lacks it (:func:`require_device_half`), and a test can hold every kernel of the
-decode token to it.
-
-Importing this module imports no CUDA library."""
+"""Which kernels carry the device-side half of programmatic dependent launch (``DS4_PDL_ENTRY()`` first in the body,
+``kernels/common.cuh``), read from ``kernels/*.cu``, so a backend refuses a programmatic launch of a kernel without
+it (:func:`require_device_half`). Source: CUDA Programming Guide, "Programmatic Dependent Launch and
+Synchronization". Imports no CUDA library."""
 
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ _GLOBAL = re.compile(r'__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+
 
 
 def kernel_bodies(source: str) -> dict[str, str]:
-    """``{kernel name: its body}`` of every ``__global__`` function defined in CUDA ``source`` (comments removed; the
-    body between its outer braces, without them)."""
+    """``{kernel name: body}`` of every ``__global__`` function in CUDA ``source`` (comments removed, no braces)."""
     text = _COMMENTS.sub(" ", source)
     out: dict[str, str] = {}
     for m in _GLOBAL.finditer(text):
@@ -51,9 +43,7 @@ def waits_first(body: str) -> bool:
 
 
 def default_kernels_dir() -> Path:
-    """The folder the ``cupy`` backend loads its kernels from (the repository's ``kernels/``, or the installed
-    ``ds4lab.kernels``: the same answer as :func:`ds4lab.backends.cupy_backend.kernels_dir`, found here without
-    importing that module)."""
+    """The folder the ``cupy`` backend loads kernels from, found without importing it."""
     repo = Path(__file__).resolve().parents[2] / "kernels"
     if (repo / "common.cuh").is_file():
         return repo
@@ -64,8 +54,7 @@ def default_kernels_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def device_half(kernels_dir: str | None = None) -> dict[str, bool]:
-    """``{kernel: whether its first statement is DS4_PDL_ENTRY()}`` over ``kernels_dir/*.cu`` (default:
-    :func:`default_kernels_dir`)."""
+    """``{kernel: whether its first statement is DS4_PDL_ENTRY()}`` over ``kernels_dir/*.cu``."""
     if kernels_dir is None:
         kernels_dir = str(default_kernels_dir())
     out: dict[str, bool] = {}

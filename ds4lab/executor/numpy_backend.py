@@ -1,9 +1,5 @@
-"""The ``numpy`` backend: the CPU reference executor.
-
-It runs the same op sequence through the same launch layer as the GPU, and computes each launch with the NumPy
-reference (the launch's ``ref`` callback) into NumPy buffers. It makes no timing claims. Streams and events are inert
-tokens: the CPU runs everything in order. The routed-expert bank is generated lazily, one expert at a time, so a
-``ds4-flash``-sized bank costs only the experts a token selects."""
+"""The ``numpy`` backend: the CPU reference executor. Same launch layer as the GPU, each launch computed by its NumPy
+``ref``; no timing, inert streams and events, experts generated lazily (:class:`LazyBank`)."""
 
 from __future__ import annotations
 
@@ -17,10 +13,8 @@ from .base import Executor
 
 
 class LazyBank:
-    """A stack of expert matrices generated on first use (an LRU of ``keep`` experts).
-
-    Indexing ``bank[e]`` returns expert ``e``'s :class:`~ds4lab.token.weights.QTensor`. ``qs`` and ``d`` (the whole
-    stack, a GPU kernel argument) are never materialized on the CPU: they are None."""
+    """Expert matrices generated on first use (an LRU of ``keep``): ``bank[e]`` is expert ``e``'s
+    :class:`~ds4lab.token.weights.QTensor`; ``qs`` and ``d`` are None."""
 
     qs = None
     d = None

@@ -1,17 +1,9 @@
-"""The floors a decode token's GPU time is measured against, and the replayed token's busy time.
+"""The floors a decode token's GPU time is measured against, and the replayed token's busy time: the bytes floor (Σ
+nbytes / copy bandwidth), t_min (an empty kernel's replay cost in a graph as long as the launch list), the launch-list
+floor (Σ max(bytes / bandwidth, t_min)) and the busy time (union of kernel intervals, :func:`replayed_token_busy_us`).
 
-* the **bytes floor**: the bytes the token must move (each launch's declared ``nbytes``) over the measured
-  device-to-device copy bandwidth (:func:`ds4lab.timing.copy_bandwidth`);
-* **t_min**: the replay time per kernel of an empty kernel inside a graph as long as the token's launch list (CUDA
-  events, median over replays); ``t_min_kernel_us``: that kernel's own duration (CUPTI), t_min without the node gap;
-* the **launch-list floor**: ``max(bytes / bandwidth, t_min)`` summed over the launch list: no set of kernels with
-  ds4's launch list beats it (with ``t_min_kernel_us``, it bounds the busy time: ``launch_floor_busy_us``);
-* the **busy time** of a replayed token: the union of its kernel intervals, median over tokens
-  (:func:`replayed_token_busy_us`).
-
-Efficiency is floor / time (:func:`efficiencies` says where a floor is beaten). On the sim every figure is the cost
-model's (``source``: ``modeled``). Sources: CUDA Runtime API (stream capture, ``cudaGraphLaunch``, events); CUPTI
-``CONCURRENT_KERNEL`` records."""
+On the sim every figure is the cost model's (``source``: ``modeled``). Next: ``docs/figures.md``, "The token against
+its floors"; :func:`token_floors` does it all in one call."""
 
 from __future__ import annotations
 
@@ -31,20 +23,17 @@ LARGE_KERNEL_BYTES = 8_000_000
 
 # ----------------------------------------------------------------------------- trace source
 def kernel_trace(be):
-    """The kernel-trace source every busy-time figure reads (:func:`ds4lab.trace.live.trace_source`): CUPTI activity
-    records on a GPU, the modeled timeline on ``sim``, or an unavailable source whose ``reason`` says why;
-    ``take()`` gives the trace model's device records since the last take."""
+    """The kernel-trace source for busy time (:func:`ds4lab.trace.live.trace_source`), or one with its ``reason``."""
     return trace_source(be)
 
 
 @dataclass
 class TokenBusy:
-    """Busy time of replayed tokens (see :func:`replayed_token_busy`).
+    """Busy time of replayed tokens (:func:`replayed_token_busy`).
 
-    ``busy``: µs per token, union of kernel intervals; ``span``: first kernel start to last kernel end, µs per token;
-    ``kernels``: kernel records per token (each token's count in ``counts``); ``names`` and ``durations`` ``[tokens,
-    kernels]`` (µs, in start order) when every token gave the same kernels; ``source``: ``cupti`` or ``modeled (...)``.
-    """
+    ``busy``/``span``: µs per token (union of kernel intervals / first start to last end); ``kernels``: records per
+    token (each token's in ``counts``); ``names``, ``durations`` ``[tokens, kernels]`` (µs) when every token gave the
+    same kernels; ``source``: ``cupti`` or ``modeled (...)``."""
 
     busy: Stats
     span: Stats
@@ -57,9 +46,8 @@ class TokenBusy:
 
 def replayed_token_busy(be, run_token: Callable[[int], None], tokens: int = 10, *,
                         warmup: int = 2) -> TokenBusy:
-    """Busy time of ``tokens`` tokens run by ``run_token(i)`` (for a replayed token: a graph launch; the caller decides
-    what runs), each followed by a device synchronize, from the kernel trace (:func:`kernel_trace`). ``warmup``
-    calls come first, untraced (captures, instantiation, first replay).
+    """Busy time of ``tokens`` calls of ``run_token(i)``, each synchronized, from the kernel trace, after ``warmup``
+    untraced calls.
 
     Raises:
         ValueError: ``tokens < 1`` or ``warmup < 0``.
@@ -98,20 +86,14 @@ def replayed_token_busy(be, run_token: Callable[[int], None], tokens: int = 10, 
 
 
 def replayed_token_busy_us(be, run_token: Callable[[int], None], tokens: int = 10) -> Stats:
-    """µs per token of GPU-busy time (union of kernel intervals, kernel trace), median over ``tokens`` calls of
-    ``run_token(i)``: :func:`replayed_token_busy`'s ``busy``. Modeled on the sim. Raises what
-    :func:`replayed_token_busy` raises."""
+    """Median µs per token of GPU-busy time (:func:`replayed_token_busy`'s ``busy``); raises what it raises."""
     return replayed_token_busy(be, run_token, tokens).busy
 
 
 # ----------------------------------------------------------------------------- t_min
 @dataclass
 class TMin:
-    """The least a kernel costs in a replayed graph (see module docstring).
-
-    ``replay_us``: µs per kernel of a replayed graph of ``kernels`` empty kernels (events, one figure per replay);
-    ``kernel_us``: the empty kernel's own duration in the trace (µs per record, None without a trace); ``source``:
-    ``cuda-events`` or ``modeled (...)``."""
+    """The least a kernel costs in a replayed graph: ``replay_us`` (events), ``kernel_us`` (trace), ``source``."""
 
     replay_us: Stats
     kernel_us: Stats | None
@@ -120,14 +102,12 @@ class TMin:
 
 
 def measure_t_min(be, n_kernels: int, *, replays: int = 20, trace: bool = True) -> TMin:
-    """t_min on ``be``: a graph of ``n_kernels`` launches of ``bench.cu:empty_kernel`` (grid 1, 32 threads), captured
-    on a non-blocking stream, instantiated, replayed ``replays`` times between two events after two warm-up replays;
-    µs per kernel = replay time / ``n_kernels``. With ``trace``, two more replays under the kernel trace give the
-    empty kernel's own duration.
+    """t_min on ``be``: a graph of ``n_kernels`` ``bench.cu:empty_kernel`` launches replayed ``replays`` times between
+    two events (after two warm-ups), µs per kernel; with ``trace``, the kernel's own duration too.
 
     Raises:
         ValueError: ``n_kernels < 1`` or ``replays < 1``.
-        ds4lab.errors.CudaError: what the runtime raised (capture, instantiate, launch)."""
+        ds4lab.errors.CudaError: what the runtime raised."""
     from ..capture.scope import capture_scope
 
     if n_kernels < 1 or replays < 1:
@@ -209,14 +189,13 @@ def launch_list_floor(records, bandwidth_GBps: float, t_min_us: float) -> Launch
     """The bytes floor and the launch-list floor of a launch list.
 
     Args:
-        records: one entry per kernel launch, in any order: launch records (``.nbytes``, as ``Launcher.recording()``
-            gives them), dicts with ``"nbytes"``, plain byte counts, or a DataFrame with an ``nbytes`` column.
-        bandwidth_GBps: the copy bandwidth (GB/s, bytes read + written) the bytes are moved at.
-        t_min_us: the least a kernel costs (µs; :func:`measure_t_min`).
+        records: one entry per launch: launch records (``.nbytes``), dicts with ``"nbytes"``, byte counts, or a
+            DataFrame with ``nbytes``.
+        bandwidth_GBps: the copy bandwidth (GB/s, bytes read + written).
+        t_min_us: the least a kernel costs (µs).
 
     Returns:
-        :class:`LaunchListFloor`: bytes floor Σ bytes / bandwidth, launch-list floor
-        Σ max(bytes / bandwidth, t_min), and each kernel's floor.
+        :class:`LaunchListFloor`: Σ bytes / bandwidth, Σ max(bytes / bandwidth, t_min), and each kernel's floor.
 
     Raises:
         ValueError: a bandwidth that is not positive, or a negative t_min."""
@@ -232,18 +211,16 @@ def launch_list_floor(records, bandwidth_GBps: float, t_min_us: float) -> Launch
 
 
 def efficiencies(busy_us: float, floor_us: float) -> dict:
-    """``{"efficiency": floor / time, "over_floor": time / floor, "floor_beaten": bool}`` for a measured time and a
-    floor of it (µs). ``floor_beaten`` is True when the time is below the floor: then the floor is not one (a
-    bandwidth or t_min measured too low) and the efficiency, above 1, must not be read as one."""
+    """``{"efficiency", "over_floor", "floor_beaten"}`` for a time and its floor (µs); a beaten floor (time below it)
+    is no floor, and its efficiency above 1 must not be read as one."""
     if not busy_us > 0 or not floor_us > 0:
         return {"efficiency": None, "over_floor": None, "floor_beaten": None}
     return {"efficiency": floor_us / busy_us, "over_floor": busy_us / floor_us, "floor_beaten": busy_us < floor_us}
 
 
 def copy_GBps(be, measured: float | None = None) -> tuple[float, str]:
-    """The copy bandwidth the floors use and its source: ``measured`` when given (the caller's own
-    :func:`ds4lab.timing.copy_bandwidth` median), a fresh measurement on a GPU, the calibration's on a backend that
-    models time.
+    """The copy bandwidth the floors use and its source: ``measured`` when given, a fresh measurement on a GPU, the
+    calibration's on the sim.
 
     Raises:
         ValueError: a backend that neither measures nor models time."""
@@ -261,12 +238,10 @@ def copy_GBps(be, measured: float | None = None) -> tuple[float, str]:
 
 # ----------------------------------------------------------------------------- one replayed token
 def whole_token_runner(model, start_pos: int = 1000, base=None):
-    """``(run_token, stream)``: ``run_token(i)`` decodes position ``start_pos + i`` with ``model``'s whole token body
-    captured once and replayed: stage 3 (:class:`~ds4lab.experiments.stage_run.StageRun` of ``STAGES["3"]``: scalars
-    from a device buffer, async counts clear, preallocated scratch, no MoE profile, a non-blocking stream; the first
-    call runs eagerly, the second captures). Activates the run on ``model``; the caller runs tokens inside
-    ``ds4lab.capture.stream.graphs_enabled()``. ``base``: the token options stage 3's go over (default: the model's
-    current ones; a ladder passes its own base, since its model holds the options of the stage it ran last)."""
+    """``(run_token, stream)``: ``run_token(i)`` decodes ``start_pos + i`` with the whole token captured once and
+    replayed (stage 3, :class:`~ds4lab.experiments.stage_run.StageRun`; the first call eager, the second captures).
+    The caller runs it inside ``graphs_enabled()``; ``base``: the token options stage 3 goes over (default: the
+    model's)."""
     from .stage_run import StageRun
     from .stages import STAGES
 
@@ -318,9 +293,8 @@ SUMMARY_KEYS = ("token_busy_us", "token_span_us", "token_replay_us", "bytes_floo
 
 
 def kernel_figures(launches, bandwidth_GBps: float) -> dict:
-    """From per-launch rows (columns kernel, nbytes, us): the large kernels' (≥ :data:`LARGE_KERNEL_BYTES`) achieved
-    bandwidth as a fraction of ``bandwidth_GBps`` (their bytes over their summed µs), their count and µs, and the
-    median µs of one ``attention_decode`` launch (``attention_us_per_layer``; None when the token has none)."""
+    """From per-launch rows (kernel, nbytes, us): the large kernels' achieved fraction of ``bandwidth_GBps``, their
+    count and µs, and the median µs of one ``attention_decode`` (None without one)."""
     big = launches[launches["nbytes"] >= LARGE_KERNEL_BYTES]
     frac = None
     if len(big) and big["us"].sum() > 0:
@@ -333,14 +307,9 @@ def kernel_figures(launches, bandwidth_GBps: float) -> dict:
 
 def token_floors(be, model, *, copy_measured: float | None = None, tokens: int = 10, start_pos: int = 1000,
                  replays: int = 20, busy_positions=None, base=None) -> TokenFloors:
-    """Everything the floors need for ``model``'s token, in one call: the launch list (one eager token traced), the
-    copy bandwidth (:func:`copy_GBps`), t_min for a graph of that many kernels (:func:`measure_t_min`), both floors,
-    and ``tokens`` replayed tokens (the whole token captured, :func:`whole_token_runner`) timed with events and
-    traced for busy time. Each launch's µs comes from the traced replays when their kernels match the launch list
-    name by name. ``busy_positions``: the positions whose replays give the busy time (default: ``tokens`` positions
-    after the timed ones); a ladder passes the positions it times, so that at a long context, where the launch list
-    changes with the position, the busy time is that of the tokens it bounds. ``base``:
-    :func:`whole_token_runner`'s. Leaves ``model`` with the replay executor installed.
+    """Everything the floors need for ``model``'s token: the launch list, :func:`copy_GBps`, :func:`measure_t_min`, both
+    floors, and ``tokens`` replayed tokens timed and traced for busy time (at ``busy_positions``, default the ``tokens``
+    positions after the timed ones). Leaves ``model`` with the replay executor installed.
 
     Raises what :func:`measure_t_min` and :func:`replayed_token_busy` raise."""
     from ..capture import stream as S

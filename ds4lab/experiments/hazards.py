@@ -1,18 +1,8 @@
-"""Hazard demonstrations: one ds4-today code path re-introduced into a captured stage.
-
-Each demonstration is two :class:`~ds4lab.experiments.stage_run.StageRun` objects over the same steps from the same
-state: the hazard's path run eagerly (the reference) and the same path under the stage it breaks. Their tensors are
-compared bit for bit (:func:`~ds4lab.experiments.stage_run.first_difference`) and the one classifier
-(:func:`~ds4lab.experiments.stage_run.outcome`) names what happened: a refused capture with its eager fallback, a
-capture that replays wrong, one that broke, or one that is exact. On the long-context token stage ``3c`` (one graph,
-decisions on the device) runs the same tokens too. What each should do is what the conformance suite measured on the
-H200 (``ds4lab/sim/rules.py``).
-
-The token hazards (``ds4lab ladder --hazard``, ``all``) decode whole tokens (or routed-MoE steps of 2 tokens, MTP
-verification); the long-context ones (``all-longctx``) decode long-context tokens across an emit or a top-k regime
-boundary; ``moe-profile-island`` is ds4's ``DS4_CUDA_MOE_PROFILE`` inside its decode islands (ds4 ``b0309611``: seven
-events recorded on the legacy stream, the last one synchronized and the elapsed times read on the host, every
-routed-MoE call)."""
+"""Hazard demonstrations: one ds4-today code path re-introduced into a captured stage, run eagerly and under the
+stage from the same state, compared bit for bit and classified (:func:`~ds4lab.experiments.stage_run.outcome`); on
+the long-context token stage ``3c`` runs them too. What each should do is what the conformance suite measured
+(``ds4lab/sim/rules.py``). Sets: ``all`` (token hazards), ``all-longctx``; ``moe-profile-island`` is ds4's
+``DS4_CUDA_MOE_PROFILE`` inside its islands (ds4 ``b0309611``)."""
 
 from __future__ import annotations
 
@@ -36,14 +26,14 @@ class Hazard:
     """A ds4-today path, the stage it breaks, and what CUDA does with it.
 
     Attributes:
-        steps: ``"token"`` (whole decode tokens), ``"moe"`` (routed-MoE steps of 2 tokens on the first top-k layer) or
-            ``"longctx"`` (long-context tokens, with stage 3c beside).
-        stage: the stage the path is run under (its captures, stream and capture mode).
+        steps: ``"token"``, ``"moe"`` (routed-MoE steps of 2 tokens, first top-k layer) or ``"longctx"`` (with stage 3c
+            beside).
+        stage: the stage the path runs under.
         options: the token options that re-introduce the path.
         patch: a hazard the options cannot express (:class:`ModelPatch`).
-        key_decisions: the graph cache keeps one graph per answer of the host decisions.
-        span: ``(cfg) -> Span`` of the demonstration (None: 6 tokens or steps from 1000).
-        expect / expect_relaxed: what CUDA does, under global/thread-local and under relaxed capture."""
+        key_decisions: one graph per answer of the host decisions.
+        span: ``(cfg) -> Span`` (None: 6 tokens or steps from 1000).
+        expect / expect_relaxed: what CUDA does under global/thread-local and under relaxed capture."""
 
     name: str
     what: str
@@ -129,13 +119,8 @@ HAZARD_SETS = {"all": tuple(n for n, h in HAZARDS.items() if h.steps != "longctx
 
 
 def register(hazards: dict, set_name: str) -> None:
-    """Add ``hazards`` (``{name: hazard}``, each with ``steps``, ``stage``, ``what``, ``expected(mode)`` and
-    ``demonstrate(be, cfg, mode)`` where it runs itself) to :data:`HAZARDS` and name them ``set_name`` in
-    :data:`HAZARD_SETS`: a package above this one (the tensor-parallel hazards, ``ds4lab.tp.hazards``) adds its own
-    without this table importing it.
-
-    Raises:
-        ValueError: a name already in the table, or a set already named."""
+    """Add ``hazards`` (``{name: hazard}``) to :data:`HAZARDS` as set ``set_name``, so a package above this one adds
+    its own. Raises ValueError for a name or set already there."""
     taken = sorted(set(hazards) & set(HAZARDS)) + ([set_name] if set_name in HAZARD_SETS else [])
     if taken:
         raise ValueError(f"hazard {', '.join(taken)} is in the table already")
@@ -153,8 +138,7 @@ def hazard_names(text: str) -> list[str]:
 
 
 def _record_moe(run: StageRun, steps: int, seed: int = 11) -> list[dict]:
-    """Routed-MoE steps of 2 tokens each (MTP verification) on the first top-k layer, on ``run``'s stage; after each:
-    the expert counts and the MoE output."""
+    """Routed-MoE steps of 2 tokens on the first top-k layer; after each, the expert counts and the MoE output."""
     model, be = run.model, run.be
     cfg = model.cfg
     run.activate()
@@ -185,13 +169,8 @@ def _model_cfg(hz: Hazard, cfg, span: Span):
 
 
 def demonstrate(name: str, be, cfg, mode: str = "thread_local") -> dict:
-    """Run hazard ``name`` on ``be`` (a backend that computes) with model dimensions ``cfg``: the hazard's path eagerly
-    against the same path under its stage. Returns the outcome as a dict (``outcome`` from
-    :func:`~ds4lab.experiments.stage_run.outcome`; on the long-context token also ``exact_3c`` and ``graphs_3c``:
-    stage 3c over the same tokens).
-
-    Raises:
-        ValueError: unknown hazard name (the message lists the known ones)."""
+    """Run hazard ``name`` on ``be`` (which computes) for ``cfg``, eagerly against its stage: the outcome as a dict
+    (also ``exact_3c``, ``graphs_3c`` at long context). ValueError lists the known names."""
     try:
         hz = HAZARDS[name]
     except KeyError:

@@ -1,16 +1,9 @@
-"""The one experiment shape behind ``ds4lab ladder`` and ``ds4lab context``: a table of stage runs at one or more
-contexts, each checked bit for bit against stage 0 and timed in interleaved rounds.
+"""The one experiment behind ``ds4lab ladder`` and ``ds4lab context``: stage runs at one or more contexts, each checked
+bit for bit against stage 0, with its floors, then timed in interleaved rounds (odd rounds reversed).
 
-At each context (a start position): **exactness** (every stage decodes the same span from the same prefilled state and
-is compared with stage 0: :func:`~ds4lab.experiments.stage_run.first_difference`), **the floors**
-(:mod:`ds4lab.experiments.floors`: the replayed token's GPU-busy time, the bytes and launch-list floors) and **µs per
-token** over the timed tokens in ``rounds`` interleaved rounds (odd rounds in reverse order, every stage of a round on
-the same positions), with host enqueue time, launches and the graph cache's counts.
-
-:func:`run_table` runs a :class:`Table` and returns its rows (one per stage and context); it writes no file and prints
-nothing: what it is doing goes to the :class:`Callbacks` it is given (the rows of the context being measured as they
-change, :meth:`Ladder.partial_rows`), so a job can write as it goes. :func:`ladder_table` and :func:`context_table`
-make the two tables the commands run."""
+:func:`run_table` runs a :class:`Table` and returns its rows; it writes and prints nothing (its :class:`Callbacks`
+are told). :func:`ladder_table` and :func:`context_table` make the two commands' tables. Next: :mod:`.stage_run` (one
+stage), :mod:`.floors`, ``docs/commands.md`` ("The stages")."""
 
 from __future__ import annotations
 
@@ -31,16 +24,14 @@ class Table:
     """What a ladder measures.
 
     Attributes:
-        stages: the stages, in order (the first is the reference of the gains when stage 0 is absent).
+        stages: the stages, in order (the first is the gains' reference when stage 0 is absent).
         contexts: start positions.
-        exact_tokens: tokens compared bit for bit at each context (0: no exactness check).
-        exact_lead: the exactness span starts ``exact_lead`` tokens before the context (the context ladder starts 4
-            before, so the span holds the emits of both compressors).
+        exact_tokens: tokens compared bit for bit at each context (0: none).
+        exact_lead: the exactness span starts this many tokens before the context.
         tokens: timed tokens per stage and context, over ``rounds`` rounds.
         warmup: untimed tokens before a stage's first round at a context (2 before later rounds).
         rounds: interleaved rounds.
-        timing_after_exact: time from the token after the exactness span (the ladder), or from the context itself (the
-            context ladder, which times the positions it names).
+        timing_after_exact: time from the token after the exactness span (ladder), else from the context itself.
         floor: compute the GPU-busy floor at each context."""
 
     stages: tuple
@@ -86,8 +77,7 @@ class Table:
 
 
 def exactness_backend(be):
-    """The backend the exactness check computes on: ``be`` itself, or on a timing-only sim a sim that computes
-    (timing-only models time without numbers)."""
+    """``be``, or on a timing-only sim a sim that computes."""
     if not be.timing_only:
         return be
     from ..backends import make_backend
@@ -96,13 +86,8 @@ def exactness_backend(be):
 
 
 def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenOptions | None = None) -> dict:
-    """The floors of the token at ``context`` (:func:`ds4lab.experiments.floors.token_floors`): the replayed token's
-    GPU-busy time (``floor_us``: CUPTI kernel records on a GPU, the cost model's timeline on the sim), median over
-    ``positions`` (the positions the stages are timed at: every stage spends at least each token's busy time on it,
-    so the ladder's efficiency, this over each stage's median µs, stays at or below 1 within the run's noise), the
-    bytes floor, the launch-list floor and t_min, with where the busy time comes from. ``{}`` on a backend that
-    neither measures nor models time. Leaves ``model`` with stage 3's options and executor: every stage run
-    activates its own."""
+    """The floors at ``context`` (:func:`ds4lab.experiments.floors.token_floors`), busy time the median over the
+    timed ``positions``; ``{}`` without time. Leaves ``model`` with stage 3 active."""
     if not (be.measures_time or be.models_time):
         return {}
     from .floors import token_floors
@@ -114,8 +99,7 @@ def floors_at(be, model: DecodeModel, context: int, positions=None, base: TokenO
 
 
 class Ladder:
-    """A :class:`Table` of stage runs on one model (and, where the exactness check needs a backend that computes, a
-    twin model on it), run context by context.
+    """A :class:`Table` of stage runs on one model (and a computing twin where exactness needs one), context by context.
 
     Args:
         be: the backend that times.
@@ -123,10 +107,9 @@ class Ladder:
         table: what to measure.
         mode: the capture mode (a stage's policy may fix its own).
         nvtx: NVTX ranges on launches.
-        check: whether exactness can be computed here (False on a timing-only sim for ds4-flash).
+        check: whether exactness can be computed here.
 
-    Stage ``3`` on the long-context token runs with its policy's ``key_decisions`` on: one graph per token shape (emit
-    or not per compressor, the top-k regime) instead of capturing again."""
+    Stage ``3`` on the long-context token keys its graphs on the token's shape (``key_decisions``)."""
 
     def __init__(self, be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False,
                  check: bool = True) -> None:
@@ -157,9 +140,7 @@ class Ladder:
                   on_result: Callable[[dict], None] | None = None,
                   progress: Callable[[int, int], None] | None = None) -> dict:
         """``{stage: (exact: bool | "n/a", first difference or "")}`` at ``context``; ``on_result`` gets the verdicts
-        so far after each stage's (so a job writes them as they come); ``progress(done, total)`` is told the runs
-        recorded so far (stage 0's reference first, then each stage's) and returns what to add to the line said (an
-        estimate of the time left)."""
+        after each stage, ``progress(done, total)`` returns text to end the line said."""
         if not self.check:
             return {r.name: ("n/a", "") for r in self.runs}
         ref, runs_x = self._checking()
@@ -181,10 +162,9 @@ class Ladder:
     def measure(self, context: int, *, exact: dict, floors: dict, progress=None,
                 on_stage: Callable[[list[dict]], None] | None = None,
                 starting: Callable[[int, str], None] | None = None) -> list[dict]:
-        """Time every stage at ``context`` in interleaved rounds; returns one row per stage. After each stage of each
-        round, ``on_stage`` gets :meth:`partial_rows` of what is timed so far, so a job writes it as it comes;
-        before each, ``starting(round, stage)`` is told (a progress display names it). ``progress()`` is called
-        after every token, warm-up included (:meth:`tokens_timed` counts them)."""
+        """Time every stage at ``context`` in interleaved rounds; one row per stage. ``on_stage`` gets
+        :meth:`partial_rows` after each stage of each round, ``starting(round, stage)`` before it, ``progress()``
+        after every token."""
         t = self.table
         samples = {r.name: {"us": [], "host": []} for r in self.runs}
         launches: dict = {}
@@ -210,13 +190,9 @@ class Ladder:
 
     def partial_rows(self, context: int, exact: dict, floors: dict, samples: dict | None = None,
                      launches: dict | None = None, timed: dict | None = None) -> list[dict]:
-        """The rows of ``context`` while it is being measured, one per stage: the columns of :meth:`measure`'s rows,
-        with ``state`` (in words), ``rounds_timed`` and ``rounds`` after ``context``.
-
-        A stage's µs figures are over the rounds it was timed in so far (``rounds_timed`` of ``rounds``; empty before
-        its first); its speedup and gain only over the rounds both it and the baseline stage were timed in (the same
-        positions, paired token by token as in a finished row), never over a round one of them has not run. ``exact``
-        holds the verdicts so far (:meth:`exactness`): empty for a stage not checked yet."""
+        """The rows of ``context`` while it is measured, :meth:`measure`'s columns plus ``state``, ``rounds_timed``
+        and ``rounds``: µs over the rounds timed so far, speedup and gain only over rounds both the stage and the
+        baseline ran, ``exact`` empty until checked."""
         t = self.table
         samples, launches, timed = samples or {}, launches or {}, timed or {}
         names = [r.name for r in self.runs]
@@ -250,8 +226,7 @@ class Ladder:
 
     def _row(self, run: StageRun, context: int, samples: dict | None, got: dict | None, exact: dict,
              floors: dict) -> dict:
-        """One stage's row; its timing columns empty while ``samples`` (``{"us", "host"}``) and ``got`` (its launches)
-        are None, ``exact`` and ``outcome`` while ``exact`` lacks it."""
+        """One stage's row; columns empty while ``samples``/``got`` are None or the stage is unchecked."""
         st = run.stage
         timed = bool(samples and samples["us"])
         us = Stats.of(samples["us"]) if timed else None
@@ -308,29 +283,25 @@ def _eff(floor, us):
 # ----------------------------------------------------------------------------- the two tables, run
 def ladder_table(stages: str, start_pos: int, *, exact_tokens: int, tokens: int, warmup: int, rounds: int,
                  long_context: bool = False) -> Table:
-    """The ladder's :class:`Table`: ``stages`` (comma-separated names) at one context, ``start_pos``, exactness over
-    ``exact_tokens`` from it, then ``tokens`` timed in ``rounds`` interleaved rounds (at most one round per token).
-    Raises :class:`~ds4lab.experiments.stages.StageInputError` for an unknown stage."""
+    """The ladder's :class:`Table`: ``stages`` at ``start_pos``, exactness over ``exact_tokens``, ``tokens`` in
+    ``rounds`` rounds (at most one per token). Raises ``StageInputError`` for an unknown stage."""
     return Table(stages=tuple(parse_stages(stages, long_context=long_context)), contexts=(start_pos,),
                  exact_tokens=exact_tokens, exact_lead=0, tokens=tokens, warmup=warmup, rounds=min(rounds, tokens))
 
 
 def context_table(stages: str, contexts, *, span: int, tokens: int, warmup: int, rounds: int) -> Table:
-    """The context ladder's :class:`Table` on the long-context token: at each of ``contexts`` (ascending ints)
-    exactness over ``span`` tokens from ``context - 4``, timing from the context itself in ``rounds`` interleaved
-    rounds, the floors at each context."""
+    """The context ladder's :class:`Table` (long-context token): span from ``context - 4``, timing, floors."""
     return Table(stages=tuple(parse_stages(stages, long_context=True)), contexts=tuple(int(c) for c in contexts),
                  exact_tokens=span, exact_lead=4, tokens=tokens, warmup=warmup, rounds=rounds,
                  timing_after_exact=False, floor=True)
 
 
 def model_config(preset: str, table: Table, long_context: bool, what: str = "the table"):
-    """The preset, with the long-context token switched on and ``max_context`` the smallest multiple of 128 past the
-    table's last position (the caches' prefill rows do not depend on their size).
+    """The preset with the long-context token on and ``max_context`` the next multiple of 128 past the table's last
+    position.
 
     Raises:
-        BadInput: a position past int32, or past the preset's own ``max_context`` (naming ``what``: the options that
-            set the positions)."""
+        BadInput: a position past int32 or the preset's ``max_context`` (naming ``what``)."""
     last = table.last_position()
     if last > MAX_POS:
         raise BadInput(f"{what}: the run would decode positions up to {last}, past {MAX_POS} (positions are "
@@ -345,8 +316,7 @@ def model_config(preset: str, table: Table, long_context: bool, what: str = "the
 
 
 def can_check(be, mcfg) -> bool:
-    """Whether exactness is computed for ``mcfg`` on ``be``: on a GPU always; off it (the sim computes with the NumPy
-    reference) not for ds4-flash, which would take hours."""
+    """Whether exactness is computed for ``mcfg`` on ``be``: always on a GPU; off it, not for ds4-flash (hours)."""
     return be.is_gpu or not is_ds4_flash(mcfg.name)
 
 
@@ -356,16 +326,15 @@ def _nothing(*_a, **_k) -> None:
 
 @dataclass
 class Callbacks:
-    """What :func:`run_table` tells its caller as it goes; each is optional.
+    """What :func:`run_table` tells its caller; each is optional.
 
     Attributes:
         say: a line in words (each stage's exactness verdict).
-        partial: the rows of the context being measured (:meth:`Ladder.partial_rows`), each time they change.
-        finished: ``(rows, so_far)``: a context's finished rows, and every finished context's as a table.
-        starting: ``(context, round, stage)`` before a stage's round is timed; round None: the exactness check.
-        token: after every timed token, warm-up included (:meth:`Ladder.tokens_timed` of them).
-        exact_progress: ``(done, total) -> str``, after each run the exactness check records (stage 0's reference, then
-            each stage's); what it returns ends the line said (an estimate of the time left)."""
+        partial: the rows of the context being measured, each time they change.
+        finished: ``(rows, so_far)``: a context's finished rows and every finished context's as a table.
+        starting: ``(context, round, stage)`` before a stage's round; round None: the exactness check.
+        token: after every timed token, warm-up included.
+        exact_progress: ``(done, total) -> str`` after each exactness run; its text ends the line said."""
 
     say: Callable[[str], None] = _nothing
     partial: Callable[[list], None] = _nothing
@@ -387,15 +356,13 @@ def table_frame(rows: list[dict], be, preset: str):
 
 def run_table(be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool = False, check: bool | None = None,
               on: Callbacks | None = None):
-    """Run ``table`` on ``be`` for model ``mcfg``: context by context, exactness (where ``check``; None:
-    :func:`can_check`), the floors (where ``table.floor``), then the timing rounds. On a backend that models time
-    (the sim) every kernel at a context is priced at the calibration's kernel time factor there
-    (:meth:`ds4lab.executor.base.ModeledTime.model_context`, set before the context's exactness, floors and timing;
-    it stays at the last context afterwards).
+    """Run ``table`` on ``be`` for ``mcfg``: per context exactness (where ``check``; None: :func:`can_check`), floors,
+    timing rounds. On the sim each context is priced at its kernel time factor
+    (:meth:`ds4lab.executor.base.ModeledTime.model_context`).
 
     Returns:
-        The table (pandas): one row per stage and context (:meth:`Ladder.measure`'s columns, then
-        ``backend``, ``preset``, ``modeled``). Nothing is written or printed: ``on`` is told."""
+        The table (pandas): one row per stage and context, :meth:`Ladder.measure`'s columns plus ``backend``,
+        ``preset``, ``modeled``."""
     from ..executor.base import ModeledTime
 
     on = on or Callbacks()
@@ -419,8 +386,7 @@ def run_table(be, mcfg, table: Table, *, mode: str = "thread_local", nvtx: bool 
 
 
 def tokens_timed(table: Table) -> int:
-    """The tokens :func:`run_table` decodes in its timing rounds over every context, warm-up included (one ``token()``
-    call each)."""
+    """The tokens :func:`run_table` decodes in its timing rounds, warm-up included."""
     per_context = sum(table.per_round + (table.warmup if rnd == 0 else 2) for rnd in range(table.rounds))
     return per_context * len(table.stages) * len(table.contexts)
 

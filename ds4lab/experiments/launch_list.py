@@ -1,17 +1,7 @@
-"""Launch lists, counted: one token's census (:func:`one_token`, notebook 00), and where the long-context token's
-launch list changes with the position (:func:`scan`, notebook 04).
-
-At long context ds4's decode token is no longer one fixed launch list: a ratio-4 compressor emits when ``(pos + 1) % 4
-== 0``, a ratio-128 one when ``(pos + 1) % 128 == 0`` (3–4 launches more each, per compressed layer), and the indexer's
-top-k kernels change with the number of compressed rows of the ratio-4 layers (``n_comp``): its regime
-(:data:`ds4lab.token.reference.TOPK_REGIMES`) and, on the chunked path, its number of launches (docs/model.md, "Long
-context"). Each is a host decision (:meth:`ds4lab.token.model.DecodeModel.longctx_decisions`) that a captured graph
-freezes.
-
-:func:`scan` counts every launch of one token at the positions where that shape changes (and on either side of each
-change, and at every power of two), with the launcher's census on a timing-only model of the simulated runtime: counts
-of the launch list, the same on every backend (nothing here is timed). :func:`ds4lab.report.plots.launches_figure`
-draws the result."""
+"""Launch lists, counted: one token's census (:func:`one_token`) and where the long-context token's launch list
+changes with the position (:func:`scan`): compressor emits and the indexer's top-k regime (``docs/model.md``, "Long
+context") are host decisions a captured graph freezes. Counts on a timing-only sim, the same on every backend; drawn
+by :func:`ds4lab.report.plots.launches_figure`."""
 
 from __future__ import annotations
 
@@ -21,24 +11,20 @@ from ..token import reference as LR
 
 
 def shape(n_comp: int, top_k: int) -> tuple[str, int]:
-    """The ratio-4 layers' launch shape for ``n_comp`` compressed rows: ``(top-k regime, top-k launches)``
-    (:func:`ds4lab.token.reference.topk_regime`, :func:`~ds4lab.token.reference.topk_plan`)."""
+    """``(top-k regime, top-k launches)`` of the ratio-4 layers at ``n_comp`` compressed rows."""
     return LR.topk_regime(n_comp, top_k), len(LR.topk_plan(n_comp, top_k)[0])
 
 
 def shape_changes(max_context: int, top_k: int) -> list[int]:
-    """The last ``n_comp`` of each launch shape below ``max_context``: every ``n`` in ``1 .. n_comp(max_context - 1) -
-    1`` with ``shape(n) != shape(n + 1)``, ascending. The token with ``n + 1`` compressed rows first, at position
-    ``4 n + 3``, has the new shape."""
+    """Every ``n_comp`` below ``max_context`` after which the launch shape changes (at position ``4 n + 3``)."""
     last = LR.comp_count(max_context - 1, 4)
     return [n for n in range(1, last) if shape(n, top_k) != shape(n + 1, top_k)]
 
 
 def anchor_positions(max_context: int, ratios, changes) -> list[int]:
-    """Positions that show every launch shape below ``max_context``, ascending: with ``P`` the largest compression
-    ratio, each ``a = P·j - 1`` (which emits at every ratio) at every power of two ≥ ``P``, and the last such ``a``
-    before and the first after each of ``changes`` (n_comp values, as :func:`shape_changes` gives them), each with
-    ``a - 1`` (no emit) and, when ``P > 4``, ``a - 4`` (ratio 4 only) beside it. Positions below 4 are left out."""
+    """Positions that show every launch shape below ``max_context``, ascending: ``a = P·j - 1`` (``P`` the largest
+    ratio) at each power of two ≥ ``P`` and either side of each of ``changes``, with ``a - 1`` and (``P > 4``) ``a -
+    4`` beside; none below 4."""
     P = max(ratios)
 
     def kinds(a):
@@ -58,15 +44,13 @@ def anchor_positions(max_context: int, ratios, changes) -> list[int]:
 
 @dataclass
 class LaunchScan:
-    """What :func:`scan` counted, for ``preset`` with long context.
+    """What :func:`scan` counted for ``preset`` with long context.
 
     Attributes:
-        launches: one row per position of :func:`anchor_positions`: ``position``, ``n_comp (ratio 4)``, ``regime``,
-            ``top-k launches``, ``token`` (``no emit``, ``emit r4``, ``emit r4 + emit r128``), ``kernels`` and
-            ``launches`` (kernel launches, and every launch, of that token).
-        window: the same columns for consecutive tokens inside one regime (n_comp ≈ 2.5 top-k, or the first positions
-            of a context too short for that).
-        changes: :func:`shape_changes` (the last n_comp of each launch shape)."""
+        launches: one row per :func:`anchor_positions` position: ``position``, ``n_comp (ratio 4)``, ``regime``, ``top-k
+            launches``, ``token``, ``kernels``, ``launches``.
+        window: the same columns for consecutive tokens inside one regime.
+        changes: :func:`shape_changes`."""
 
     preset: str
     top_k: int
@@ -78,31 +62,25 @@ class LaunchScan:
     _model: object = field(default=None, repr=False)
 
     def table(self):
-        """Kernel launches per token by ratio-4 launch shape (rows: regime, top-k launches, in
-        :data:`~ds4lab.token.reference.TOPK_REGIMES` order) and emit (columns); ``a–b`` where the positions of one
-        cell differ (the score grid grows with n_comp)."""
+        """Kernel launches per token by launch shape (rows) and emit (columns); ``a–b`` where positions differ."""
         order = {r: j for j, r in enumerate(LR.TOPK_REGIMES)}
         t = self.launches.pivot_table(index=["regime", "top-k launches"], columns="token", values="kernels",
                                       aggfunc=lambda v: "–".join(map(str, sorted({v.min(), v.max()}))))
         return t.sort_index(key=lambda i: i.map(order) if i.name == "regime" else i)
 
     def visible_changes(self) -> list:
-        """The :attr:`changes` whose last token before and first token after lie below ``max_context`` (the ones
-        :meth:`decisions_table` can show)."""
+        """The :attr:`changes` whose tokens either side lie below ``max_context``."""
         return [n for n in self.changes if 4 * n + 4 < self.max_context]
 
     def decisions_table(self, change: int | None = None):
-        """:meth:`decisions_around` as a table: one row per host decision (``indexer.regime``, ``compressor.emit.r4``,
-        ...), one column per position; a decision one side lacks is empty."""
+        """:meth:`decisions_around` as a table: a row per host decision, a column per position."""
         import pandas as pd
 
         d = self.decisions_around(change)
         return pd.DataFrame({f"position {q}": pd.Series(dict(v), dtype=object).map(repr) for q, v in d.items()})
 
     def decisions_around(self, change: int | None = None) -> dict:
-        """``{position: decisions}`` (:meth:`~ds4lab.token.model.DecodeModel.longctx_decisions`, device scalars:
-        ``by_value=False``) at the last token before the shape change after n_comp ``change`` and the first one
-        after it (default: the first change that lies below ``max_context``); ``{}`` when there is none."""
+        """``{position: decisions}`` either side of the shape change after n_comp ``change``; ``{}`` for none."""
         if change is None:
             change = next(iter(self.visible_changes()), None)
         if change is None:
@@ -116,8 +94,7 @@ class LaunchScan:
 
 
 def census(model, pos: int) -> dict:
-    """Every launch of ``model``'s token at ``pos``, counted by its launcher's census, with what decides its shape (one
-    row of :attr:`LaunchScan.launches`). The model's census is reset first."""
+    """Every launch of ``model``'s token at ``pos`` by census, with what decides its shape."""
     ratios = model.compressed_ratios()
     model.L.census.reset()
     model.token(pos, 7)
@@ -131,9 +108,7 @@ def census(model, pos: int) -> dict:
 
 @dataclass
 class OneToken:
-    """One decode token as the launch layer saw it: ``by_kind`` and ``by_cluster`` (its census:
-    :meth:`ds4lab.capture.launch.Census.by_kind`, ``by_cluster``), and :meth:`ranges` (the NVTX nesting of one
-    layer). ``model`` decoded it at ``position``; ``label`` says where (backend and provenance)."""
+    """One decode token as the launch layer saw it: ``by_kind``, ``by_cluster``, :meth:`ranges`, ``label``."""
 
     model: object
     position: int
@@ -142,8 +117,7 @@ class OneToken:
     label: str = ""
 
     def ranges(self, layer: int = 0):
-        """Each launch of ``layer`` in the next token, as its NVTX ranges hold it: a DataFrame of ``cluster (NVTX
-        category)``, ``op range``, ``kernel`` (the launcher's recording)."""
+        """Each launch of ``layer`` in the next token with its NVTX ranges (``cluster``, ``op range``, ``kernel``)."""
         import pandas as pd
 
         with self.model.L.recording() as trace:
@@ -153,8 +127,7 @@ class OneToken:
 
 
 def one_token(be, preset: str, position: int = 1000, label: str = "") -> OneToken:
-    """``preset``'s decode token (with the vocabulary projection) decoded once on ``be`` at ``position``, its census
-    taken (:class:`OneToken`). Raises ds4lab.token.config.ConfigError for an unknown preset."""
+    """``preset``'s token decoded once on ``be`` at ``position``, census taken; ConfigError for an unknown preset."""
     from ..token.config import get_preset
     from ..token.model import DecodeModel, TokenOptions
 
@@ -165,9 +138,8 @@ def one_token(be, preset: str, position: int = 1000, label: str = "") -> OneToke
 
 
 def scan(preset: str) -> LaunchScan:
-    """Count the long-context token of ``preset`` at the positions that show every launch shape up to its
-    ``max_context`` (:func:`anchor_positions`) and over a window of consecutive tokens (module docstring). Runs on a
-    timing-only sim whatever the notebook's backend (counts only; seconds for ``ds4-flash``).
+    """Count ``preset``'s long-context token at :func:`anchor_positions` and over a window of consecutive tokens, on a
+    timing-only sim.
 
     Raises:
         ds4lab.token.config.ConfigError: an unknown preset.

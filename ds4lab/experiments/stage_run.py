@@ -1,19 +1,7 @@
-"""The experiment as one object: a stage run on a model, and what every experiment does with it.
-
-A :class:`StageRun` is one stage (:mod:`ds4lab.experiments.stages`) on a shared
-:class:`~ds4lab.token.model.DecodeModel`: its token options, its stream, its graph cache, an optional model patch (a
-hazard re-introduced), and three things to do with it:
-
-* :meth:`StageRun.record`: decode a span of tokens from the prefilled state and keep, after each token, every tensor an
-  error could land in (:meth:`DecodeModel.snapshot`: hidden state, logits, every KV cache, on the long-context token
-  the compressed caches and compressor states);
-* :meth:`StageRun.time`: µs per token over a span (CUDA events on the stage's stream, each token ended with a device
-  synchronize as ds4 does; :func:`ds4lab.timing.time_steps`);
-* the graph cache's statistics.
-
-Then one :func:`first_difference` (bit for bit, the first differing tensor named) and one :func:`outcome` classifier
-(exact / refused → eager fallback / replays wrong / broke capture) serve the ladder, the context ladder and every
-hazard demonstration."""
+"""The experiment as one object: a :class:`StageRun` is one stage on a shared
+:class:`~ds4lab.token.model.DecodeModel` (its options, stream, graph cache, an optional hazard patch) that records a
+span's tensors (:meth:`StageRun.record`) or times it (:meth:`StageRun.time`). :func:`first_difference` and
+:func:`outcome` then serve the ladder, the context ladder and every hazard demonstration."""
 
 from __future__ import annotations
 
@@ -46,21 +34,16 @@ class Span:
 
 
 class StageRun:
-    """One stage on a shared model: its options, its stream, its capture policy and its graph cache.
-
-    All runs of an experiment share one :class:`DecodeModel` (one set of weights) and switch options and executor with
-    :meth:`activate`, so stages can be timed in interleaved rounds and host noise falls on all of them alike.
+    """One stage on a shared model; runs switch options and executor with :meth:`activate`, so stages time in
+    interleaved rounds.
 
     Args:
         model: the model (its ``cfg`` decides the long-context token).
         stage: the stage.
-        base: the token options every stage starts from (the stage's ``options`` go over them).
+        base: the token options every stage starts from.
         mode: the capture mode, unless the policy fixes its own.
-        policy: the capture policy (:class:`~ds4lab.capture.cache.CapturePolicy`); None: the stage's
-            (:attr:`Stage.policy`). A caller that tunes one (a hazard's warm-up, one graph per token shape) passes
-            ``stage.policy.with_(...)``: the policy goes whole to the graph cache.
-        patch: called with the model on every :meth:`activate` and undone after (see :class:`ModelPatch`): a hazard the
-            token options cannot express.
+        policy: the capture policy; None: :attr:`Stage.policy` (tune one with ``stage.policy.with_(...)``).
+        patch: a :class:`ModelPatch` applied on every :meth:`activate` and undone after.
         options: token options over the stage's (a hazard's ds4-today path)."""
 
     def __init__(self, model: DecodeModel, stage: Stage, base: TokenOptions, *, mode: str = "thread_local",
@@ -102,8 +85,7 @@ class StageRun:
             self.model.token(pos, tok)
 
     def record(self, span: Span) -> list[dict]:
-        """From the prefilled state, decode ``span`` with this stage; after each token a host copy of every tensor
-        :meth:`DecodeModel.snapshot` names (the same set for every stage)."""
+        """Decode ``span`` from the prefilled state; after each token a host copy of every snapshot tensor."""
         m = self.model
         self.activate()
         m.reset_state()
@@ -115,9 +97,8 @@ class StageRun:
         return out
 
     def time(self, span: Span, warmup: int, progress=None) -> dict:
-        """µs per token over ``span`` after ``warmup`` untimed tokens before it (events on the stage's stream), host
-        enqueue µs, launches per token by kind. nsys ``--capture-range=cudaProfilerApi`` records only the timed
-        tokens (:func:`ds4lab.timing.profiler_range`)."""
+        """µs per token over ``span`` after ``warmup`` tokens (events on the stage's stream), host enqueue µs,
+        launches per token by kind; inside :func:`ds4lab.timing.profiler_range`."""
         self.activate()
         m = self.model
         first = span.start - warmup
@@ -140,16 +121,14 @@ class StageRun:
 
 
 def _island_skips(model: DecodeModel, stage: Stage) -> frozenset:
-    """Graph keys a stage never captures: ds4 keeps island 1 eager on the hash-routed layers (the token id is a kernel
-    argument of their router; ds4 ``e50104f6``)."""
+    """Graph keys a stage never captures: ds4 keeps island 1 eager on hash-routed layers (ds4 ``e50104f6``)."""
     if "island1" not in stage.capture:
         return frozenset()
     return frozenset(("island1", layer) for layer in range(model.n_layers) if model.cfg.is_hash_layer(layer))
 
 
 class ModelPatch:
-    """A hazard the token options cannot express, applied to a model instance and removed again (a guard told not to
-    re-ask some host decisions, a kernel argument passed by value).
+    """A hazard the token options cannot express, applied to a model and removed again.
 
     Args:
         forget: prefixes of the long-context host decisions the graph guard is not told about.
@@ -168,10 +147,8 @@ class ModelPatch:
 
 
 def first_difference(ref: list[dict], got: list[dict]) -> str | None:
-    """``None`` when every tensor of every token is bit-identical, else the first that differs: ``"token <i>:
-    <tensor>"``, tokens in order, within a token the caches before the hidden state and the logits (a wrong cache
-    row is the cause, the hidden state its effect). A token count or a tensor that exists on one side only is a
-    difference."""
+    """``None`` when every tensor of every token is bit-identical, else the first difference ``"token <i>:
+    <tensor>"`` (caches before hidden state and logits); a count or tensor on one side only differs."""
     if len(ref) != len(got):
         return f"token count: {len(ref)} recorded against {len(got)}"
     for t, (a, b) in enumerate(zip(ref, got)):
@@ -187,13 +164,9 @@ def first_difference(ref: list[dict], got: list[dict]) -> str | None:
 
 
 def outcome(diff: str | None, stats: dict) -> str:
-    """One classifier for every experiment: what a captured run did against its eager reference.
-
-    ``"captured, exact"``: graphs replayed, every tensor bit-identical. ``"refused → eager fallback"``: a capture
-    failed (a CUDA or CuPy error, or the legacy stream), the graph retired and the work ran eagerly, bit-identical.
-    ``"captured, replays wrong"``: captures succeeded and a replay differs. ``"broke capture"``: a capture failed or
-    was aborted and the results differ too. A run with no graph cache: ``"eager, exact"`` / ``"eager, differs"``.
-    """
+    """What a captured run did against its eager reference: ``"captured, exact"``, ``"refused → eager fallback"`` (a
+    capture failed, ran eagerly, bit-identical), ``"captured, replays wrong"``, ``"broke capture"``; without a graph
+    cache ``"eager, exact"`` / ``"eager, differs"``."""
     if not stats:
         return "eager, exact" if diff is None else "eager, differs"
     failed = sum(stats.get("failures", {}).values()) + stats.get("aborts", 0)
@@ -205,9 +178,7 @@ def outcome(diff: str | None, stats: dict) -> str:
 def compare_runs(reference: StageRun, runs: list[StageRun], span: Span,
                  on_result: Callable[[StageRun, str | None], None] | None = None,
                  on_reference: Callable[[], None] | None = None) -> dict[str, str | None]:
-    """Record ``reference`` and every run over ``span`` from the same prefilled state; returns ``{run name: first
-    difference or None}`` (:func:`first_difference`), calling ``on_reference`` once the reference is recorded and
-    ``on_result`` as each run finishes."""
+    """Record ``reference`` and every run over ``span``: ``{run name: first difference or None}``."""
     ref = reference.record(span)
     if on_reference is not None:
         on_reference()

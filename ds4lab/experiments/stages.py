@@ -1,12 +1,7 @@
-"""The stages of a capture plan: what each one captures, on which stream, in which mode, and which hazard fixes it
-needs.
-
-Stages ``0`` … ``3u`` are ds4's staged plan (``shared/context/ds4-decode.md``, "The staged plan", the seed pull request
-and ds4 #534); ``3c`` is one whole-token graph for every position of the long-context token, ``3cc`` the same through
-conditional nodes, ``3p`` / ``3cp`` / ``3ccp`` stages 3, 3c and 3cc with programmatic dependent launch
-(``docs/capture-stages.md``); ``i`` and ``i+`` are ds4's decode islands as shipped (ds4 ``e50104f6``, "cuda:
-decode-island CUDA graph capture for serial decode"; ``docs/model.md``, "ds4's decode islands"). A
-:class:`~ds4lab.experiments.stage_run.StageRun` runs one of them on a model."""
+"""The stages of a capture plan: what each captures, on which stream, in which mode, and which hazard fixes it needs.
+``0`` … ``3u`` are ds4's staged plan (``shared/context/ds4-decode.md``); ``3c``, ``3cc``, ``3p``, ``3cp``, ``3ccp``
+the whole-token and device-side stages (``docs/capture-stages.md``); ``i`` and ``i+`` ds4's decode islands (ds4
+``e50104f6``; ``docs/model.md``). Next: :class:`~ds4lab.experiments.stage_run.StageRun`."""
 
 from __future__ import annotations
 
@@ -34,13 +29,8 @@ class Stage:
         name: the stage's name on the command line (``"0"``, ``"3c"``, ``"i"``).
         short: a few words for tables and legends.
         description: what changes, one sentence.
-        nonblocking: the token's eager work runs on a non-blocking stream set with ``capture_set_stream`` (False: on
-            the legacy stream, as ds4 does today).
-        policy: what the stage captures and how (:class:`~ds4lab.capture.cache.CapturePolicy`: the clusters,
-            ``"shared"``, ``"moe"``, ``"token"``, ``"island0"``, ``"island1"``, ``"attn_span"``; a capture mode the
-            stage always uses, ds4's islands' ``"global"``; a dedicated blocking capture stream; re-capture and update,
-            stage ``3u``; graphs kept per key, ds4's islands' 4; kernel-node updates, stage ``i+``'s attention span;
-            every graph dropped when the model reallocates a buffer, ds4 ``9f325617``); :data:`EAGER`: none.
+        nonblocking: eager work on a non-blocking stream set with ``capture_set_stream`` (False: the legacy stream).
+        policy: what the stage captures and how (:class:`~ds4lab.capture.cache.CapturePolicy`); :data:`EAGER`: none.
         options: :class:`~ds4lab.token.model.TokenOptions` fields the stage sets.
         fixes: the fixes of :data:`FIXES` the stage needs.
         long_context_only: exists on the long-context token only (``3c``)."""
@@ -144,8 +134,8 @@ def parse_stages(text: str, *, long_context: bool = False) -> list[Stage]:
     """``"0,0s,1"`` → stages, in the order given.
 
     Raises:
-        StageInputError: an empty list, an unknown or repeated stage, or a long-context-only stage (``3c``) without
-            ``long_context`` (the message says to add ``--long-context``)."""
+        StageInputError: an empty list, an unknown or repeated stage, or ``3c`` without ``long_context`` (the message
+            says to add ``--long-context``)."""
     names = [t.strip() for t in str(text).split(",")]
     if any(not n for n in names):
         raise StageInputError(f"empty stage name in {text!r}; choose from: {', '.join(STAGES)}")

@@ -1,7 +1,6 @@
-"""What-if sweeps of the stage ladder on the simulated runtime: how the gain of a captured token (stage 3) over the
-eager one (stage 0) moves with the number of layers and the host's cost per eager launch. Every number here is
-MODELED by the sim's cost model (``ds4lab/data/h200.json`` by default, measured on the H200; see ``docs/model.md``),
-never measured."""
+"""What-if sweeps of the stage ladder on the sim: how stage 3's gain over stage 0 moves with layers and host cost per
+launch, and a captured routed-MoE call's with tokens per step. Every number MODELED (the shipped calibration by
+default; ``docs/model.md``)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,8 @@ TOKENS, WARMUP = 20, 3
 
 
 def stage_us(cfg, stage: str, calibration=None, start: int = 1000) -> tuple[float, dict]:
-    """Modeled µs per token of ``stage`` (a ladder stage name) for config ``cfg``, and the calibration's provenance
-    (``name``, ``source``, ``measured``).
-
-    ``calibration``: a path, a dict in the calibration schema, or None for the shipped one. Raises ``KeyError`` for an
-    unknown stage and the sim's ``CalibrationError`` for a bad calibration."""
+    """Modeled µs per token of ``stage`` for ``cfg``, and the calibration's provenance; ``calibration``: a path, a
+    dict or None (shipped). Raises KeyError for an unknown stage, CalibrationError for a bad calibration."""
     from ..capture import stream as S
     from ..sim.backend import SimBackend
     from ..timing import Stats
@@ -47,11 +43,8 @@ def _row(cfg, calibration, low: str, high: str, **key) -> dict:
 
 
 def sweep_layers(layers, preset: str = "ds4-flash", low: str = "0", high: str = "3") -> pd.DataFrame:
-    """Stage ``low`` and ``high`` µs per token and their ratio for each layer count in ``layers`` (the preset's other
-    dimensions kept; at most 3 hash-routed layers, as in ds4). One row per count, with a ``source`` column naming
-    the calibration.
-
-    Raises ``ConfigError`` for a layer count the preset cannot take (0, negative)."""
+    """Stage ``low`` and ``high`` µs per token and their ratio per layer count (at most 3 hash-routed layers), with
+    ``source``. Raises ConfigError for a count the preset cannot take."""
     rows = []
     for n in layers:
         cfg = get_preset(preset, n_layers=int(n), n_hash_layers=min(3, int(n)))
@@ -61,10 +54,7 @@ def sweep_layers(layers, preset: str = "ds4-flash", low: str = "0", high: str = 
 
 def sweep_launch_cost(host_launch_us, preset: str = "ds4-flash", low: str = "0", high: str = "3",
                       calibration=None) -> pd.DataFrame:
-    """As :func:`sweep_layers`, over the host's µs per eager kernel launch (the calibration's ``host_launch_us``; the
-    H200 measured 9.36 µs in a real token), everything else from ``calibration`` (default: the shipped one).
-
-    Raises ``ValueError`` for a negative launch cost."""
+    """As :func:`sweep_layers`, over ``host_launch_us``. Raises ValueError for a negative cost."""
     path = Path(calibration) if calibration else default_calibration_path()
     base = json.loads(path.read_text())
     cfg = get_preset(preset)
@@ -81,13 +71,8 @@ def sweep_launch_cost(host_launch_us, preset: str = "ds4-flash", low: str = "0",
 
 def sweep_moe_tokens(tokens, preset: str = "ds4-flash", routing: str = "uniform", calls: int = 8,
                      calibration=None) -> pd.DataFrame:
-    """Modeled µs per routed-MoE call, eager against one replayed graph (stage 2's capture of the ``moe`` cluster), for
-    each token count in ``tokens`` (1: the decode path; 2–3: MTP verification; more: batched steps on the sorted
-    path). Each call is bracketed by events on its stream; the router and the routing pattern are written before the
-    bracket. The gain of capture falls as the kernels' work grows against the launches it saves.
-
-    Timing-only caveat: the sorted path is priced at a fixed byte count per token count, so the routing pattern changes
-    no modeled time (``docs/model.md``). Raises ``ValueError`` for a token count < 1 or an unknown routing."""
+    """Modeled µs per routed-MoE call, eager against one replayed graph, per token count (routing changes no modeled
+    time). Raises ValueError for a count < 1 or an unknown routing."""
     from ..capture.cache import CapturePolicy, GraphCache
     from ..moeprof import MoeWorkbench
     from ..sim.backend import SimBackend

@@ -1,11 +1,6 @@
-"""The jobs: one module per ``ds4lab`` command that measures or models something (:data:`JOBS`: each job's config, run
-function and the backends it takes; the list of commands: ``docs/commands.md``).
-
-Each job module has a typed config dataclass and a ``run(config, backend, console)`` that writes its result folder
-through :func:`ds4lab.jobs.result.result_folder` and returns a :class:`ds4lab.jobs.result.JobResult`. The command line
-and :class:`ds4lab.Lab` both go through :func:`execute`, which opens the backend with the one factory
-(:func:`ds4lab.backends.make_backend`); the CLI maps the one error hierarchy to exit codes
-(:func:`ds4lab.jobs.common.exit_code`)."""
+"""The jobs: one module per measuring ``ds4lab`` command (:data:`JOBS`: config, run function, backends), each with a
+config dataclass and ``run(config, backend, console)`` writing through :func:`ds4lab.jobs.result.result_folder`. The
+CLI and :class:`ds4lab.Lab` both go through :func:`execute`. Next: ``docs/commands.md``."""
 
 from __future__ import annotations
 
@@ -68,11 +63,8 @@ def module(job: str):
 
 
 def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
-    """Open ``job``'s backend (``backend``: auto, cupy, sim or numpy where the job allows it) and run the job with
-    ``cfg``; returns the job's :class:`~ds4lab.jobs.result.JobResult`.
-
-    Raises whatever the job raises: :class:`BadInput` and the other exit-2 errors before any work, :class:`CheckFailed`
-    (exit 1) after its results are written, ``KeyboardInterrupt`` (130)."""
+    """Open ``job``'s backend and run it with ``cfg``; returns its :class:`~ds4lab.jobs.result.JobResult`. Raises
+    what the job raises (:class:`BadInput` before work, :class:`CheckFailed` after writing)."""
     from ..progress import make_console
 
     _, req = JOBS[job]

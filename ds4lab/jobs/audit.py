@@ -1,14 +1,8 @@
-"""``ds4lab audit``: what CUDA-graph capture would refuse, break or silently get wrong in a decode
-step, and what it would save, from traces (a PyTorch profiler / Kineto JSON, an Nsight Systems SQLite
-export, a CUPTI recording, ds4lab's own ``trace.json``) or from a program it records itself.
+"""``ds4lab audit``: what CUDA-graph capture would refuse, break or silently get wrong in a decode step, and what it
+would save, from traces (Kineto JSON, Nsight Systems SQLite, a CUPTI recording, ds4lab's ``trace.json``) or a program it
+records. Needs no backend: verdicts from the sim's rules, plans from a calibration.
 
-The job reads every file into the event table (:func:`ds4lab.trace.sources.read_events`), or runs the
-program with the recording on (:func:`ds4lab.trace.recording.run_script`) and reads what it saved,
-audits each (source, process, device) (:func:`ds4lab.audit.analysis.analyze`) and writes the
-report (:mod:`ds4lab.audit.report`'s tables and figures, :func:`write_audit`) into its result folder
-(:func:`ds4lab.jobs.result.result_folder`). It needs no backend: the verdicts come from the sim's
-rules, the plans from a calibration file.
-"""
+Next: :func:`ds4lab.audit.analysis.analyze`, :mod:`ds4lab.audit.report`, ``docs/audit.md``."""
 
 from __future__ import annotations
 
@@ -31,18 +25,14 @@ class AuditConfig:
 
     Attributes:
         files: traces to audit (one report per source, process and device).
-        program: a Python program and its arguments to record and audit instead of ``files``
-            (``["my_decode.py", "--tokens", "8"]``: run as ``python my_decode.py --tokens 8``).
-        token_range: NVTX range name (or ``*``/``?`` pattern) marking one decode token; None: found
-            by itself (an outermost repeating range, else the period of the kernel sequence).
+        program: a Python program and its arguments to record and audit instead (``["my_decode.py", "--tokens", "8"]``).
+        token_range: NVTX range name (or pattern) marking one decode token; None: found by itself.
         modes: capture modes to audit (global, thread_local, relaxed).
-        calibration: the calibration file the plans use; None: ``$DS4LAB_CALIBRATION`` or the shipped
-            H200 calibration.
+        calibration: the plans' calibration file; None: ``$DS4LAB_CALIBRATION`` or the shipped one.
         out: result folder; None: ``results/audit-<first file's stem>`` or ``results/audit-run``.
         max_rows: rows per table in the terminal summary (the files hold all).
-        arguments: with ``program``, record the kernel arguments in a second, untimed pass
-            (:mod:`ds4lab.audit.arguments`), so the replay verdict can rest on them.
-    """
+        arguments: with ``program``, record kernel arguments in a second, untimed pass
+            (:mod:`ds4lab.audit.arguments`)."""
 
     files: tuple = ()
     program: tuple = ()
@@ -58,10 +48,9 @@ def check_config(cfg: AuditConfig) -> None:
     """Check ``cfg`` before any work.
 
     Raises:
-        BadInput: no file and no program, both, a program without a script, a file that does not exist
-            or is a folder, an unknown mode, an empty ``out``, ``max_rows`` below 1.
-        ds4lab.errors.CalibrationError: a calibration file that does not follow the schema.
-    """
+        BadInput: no file and no program, both, a program without a script, a missing file or a folder, an unknown mode,
+            an empty ``out``, ``max_rows`` below 1.
+        ds4lab.errors.CalibrationError: a calibration file that does not follow the schema."""
     if bool(cfg.files) == bool(cfg.program):
         raise BadInput("give trace files to audit, or `run -- python PROGRAM ARGS` to record one, not both"
                        if cfg.files else "nothing to audit: give trace files, or `run -- python PROGRAM ARGS`")
@@ -89,8 +78,7 @@ def check_config(cfg: AuditConfig) -> None:
 
 
 def program_argv(argv) -> list[str]:
-    """The program's argv without a leading Python interpreter (``python``, ``python3``, ``python3.12``
-    or this interpreter's path): ``run_script`` runs it with this interpreter."""
+    """The program's argv without a leading Python interpreter."""
     argv = list(argv)
     if argv and (Path(argv[0]).name.startswith("python") or argv[0] == sys.executable):
         argv = argv[1:]
@@ -112,15 +100,14 @@ def _meta(cfg: AuditConfig) -> dict:
 
 
 def run(cfg: AuditConfig, backend=None, console=None) -> JobResult:
-    """Audit ``cfg`` (module docstring); ``backend`` is unused (the job needs none). Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: tables ``audit``, ``tokens``, ``spans`` and ``plans``, the
-    timeline figure(s), and the :class:`~ds4lab.audit.analysis.AuditReport` list as its ``value``.
+    """Audit ``cfg`` (``backend`` unused). Returns the :class:`~ds4lab.jobs.result.JobResult`: tables ``audit``,
+    ``tokens``, ``spans``, ``plans``, the timeline figure(s), the :class:`~ds4lab.audit.analysis.AuditReport` list as
+    ``value``.
 
     Raises:
-        BadInput: :func:`check_config`'s, a source the readers refuse (``SourceError``, naming the file),
-            no token in any unit (``NoTokens``), a trace without kernels (``AuditInputError``).
-        ds4lab.report.results.OutputError: an ``out`` that cannot be written.
-    """
+        BadInput: :func:`check_config`'s, a source the readers refuse (naming the file), no token found, a trace without
+            kernels.
+        ds4lab.report.results.OutputError: an ``out`` that cannot be written."""
     from ..audit import report as audit_report
     from ..audit.analysis import analyze
 
@@ -158,11 +145,8 @@ def run(cfg: AuditConfig, backend=None, console=None) -> JobResult:
 
 
 def write_audit(o, reports, under: str = "", meta: dict | None = None, *, meta_file: bool = False) -> list[str]:
-    """Write the audit's tables and figures (:mod:`ds4lab.audit.report`) through ``o`` (an
-    :class:`~ds4lab.jobs.result.Output`), in its folder or its sub-folder ``under``; a ``meta.json`` of
-    their own (``meta`` and :func:`~ds4lab.audit.report.audit_meta`) in a sub-folder, or with
-    ``meta_file`` (a result folder's own is written by its ``job_folder``). Returns the file names
-    written, in order (``meta.json`` after the tables)."""
+    """Write the audit's tables and figures through ``o`` (in its folder or sub-folder ``under``), with a
+    ``meta.json`` of their own in a sub-folder or with ``meta_file``. Returns the file names written, in order."""
     from ..audit import report as audit_report
 
     at = f"{under}/" if under else ""
@@ -176,8 +160,7 @@ def write_audit(o, reports, under: str = "", meta: dict | None = None, *, meta_f
 
 
 def write_report(reports, folder, meta: dict | None = None) -> list[Path]:
-    """Write an audit's files into ``folder`` as it is (no result-folder life cycle: a folder of
-    one's own, a test's), ``meta.json`` included. Returns the files written."""
+    """Write an audit's files into ``folder`` as it is (no result-folder life cycle); returns them."""
     from .result import Output
 
     folder = Path(folder)
@@ -187,8 +170,7 @@ def write_report(reports, folder, meta: dict | None = None) -> list[Path]:
 
 
 def _attach_arguments(reports, tables) -> None:
-    """Compare the argument pass that goes with each trace, where there is one
-    (:func:`ds4lab.audit.arguments.store_beside`; :func:`ds4lab.audit.frozen.attach`)."""
+    """Compare the argument pass beside each trace, where there is one (:func:`ds4lab.audit.frozen.attach`)."""
     from ..audit.arguments import store_beside
     from ..audit.frozen import attach
     from ..trace.capture_path import is_capture_path
@@ -212,9 +194,7 @@ def _attach_arguments(reports, tables) -> None:
 
 
 def _attach_untraced(reports, tables) -> None:
-    """Price each report's plans at the untraced host times of the markers pass beside its trace, where one
-    was recorded (:func:`ds4lab.audit.plans.attach_untraced_beside`: ``<stem>.markers.csv.gz``, which
-    ``ds4lab audit run`` records); before the capture-path pass, whose graph plans take the same times."""
+    """Price plans at the untraced host times of the markers pass beside a trace, where recorded."""
     from ..audit.plans import attach_untraced_beside
 
     for r in reports:
@@ -225,9 +205,7 @@ def _attach_untraced(reports, tables) -> None:
 
 
 def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
-    """Model each report's graph plans on the capture-path pass beside its trace, where one was recorded
-    (:func:`ds4lab.audit.capture_path.attach_beside`: ``capture-path.csv.gz``, which ``ds4lab audit run``
-    records when the step asks whether the stream captures)."""
+    """Model graph plans on the capture-path pass beside a trace (:func:`ds4lab.audit.capture_path.attach_beside`)."""
     from ..audit.capture_path import attach_beside
 
     for r in reports:
@@ -238,10 +216,8 @@ def _attach_capture_paths(reports, tables, cfg: AuditConfig) -> None:
 
 
 def _against_untraced(reports, tables) -> None:
-    """Each report's plans with their saving against the eager step timed untraced where the
-    torch.cuda.graph outcome beside its trace gives one (``eager_us``: ``check_replay``'s CUDA events;
-    :func:`ds4lab.audit.plans.against_untraced`) and no markers pass gave the untraced tokens already (they
-    come first: the user's own loop, per token); the others stay against the traced step."""
+    """Plans' savings against the untraced eager step where the torch.cuda.graph outcome beside a trace gives one and
+    no markers pass did (:func:`ds4lab.audit.plans.against_untraced`)."""
     from ..audit.engines import outcome_beside
     from ..audit.plans import against_untraced
 
@@ -263,8 +239,7 @@ def _against_untraced(reports, tables) -> None:
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
-    """``{input file: outcome}`` for the inputs whose torch.cuda.graph outcome sits beside them
-    (:func:`ds4lab.audit.engines.outcome_beside`: the bundled recordings, ``audit validate``'s)."""
+    """``{input file: outcome}`` for inputs with a torch.cuda.graph outcome beside them."""
     from ..audit.engines import outcome_beside
 
     got = {str(f): outcome_beside(Path(f)) for f in cfg.files}
@@ -272,9 +247,7 @@ def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
 
 
 def _sources(cfg: AuditConfig, folder: Path, out: Path, console, meta: dict) -> list:
-    """The event tables: each file read (:func:`ds4lab.trace.sources.read_events`), or the program recorded
-    (:func:`ds4lab.trace.recording.run_script`) into ``folder`` (the staging folder that becomes ``out``)
-    and read back."""
+    """The event tables: each file read, or the program recorded into ``folder`` and read back."""
     from ..trace import sources
     from ..report import results
 

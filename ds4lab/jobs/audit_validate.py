@@ -1,7 +1,6 @@
 """``ds4lab audit validate``: the audit held to what ``torch.cuda.graph`` does with decode steps run as a user runs
-them (:mod:`ds4lab.audit.validate`, :mod:`ds4lab.audit.steps`: the scripts of a steps folder). Needs a GPU, PyTorch
-and cupti-python (transformers for the transformers families; none of them ds4lab dependencies), and no ds4lab
-backend; ``--runs-from`` audits saved runs on the CPU."""
+them (:mod:`ds4lab.audit.validate`). Needs a GPU, PyTorch and cupti-python; ``--runs-from`` audits saved runs on the
+CPU."""
 
 from __future__ import annotations
 
@@ -19,10 +18,8 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass
 class ValidateConfig:
-    """What ``ds4lab audit validate`` does (:mod:`ds4lab.audit.validate`): which families and caches of the steps
-    folder to run (names a family's ``--list`` gives; empty: all; GPU, torch and cupti-python needed), in which
-    dtypes (empty: float32 and bfloat16), the steps folder (None: ``ds4lab/data/steps``), and the result folder
-    (None: ``results/audit-validate``)."""
+    """What ``ds4lab audit validate`` does: ``families``/``caches`` of the steps folder (empty: all), ``dtypes``
+    (empty: float32 and bfloat16), ``steps`` (None: ``ds4lab/data/steps``), ``out``."""
 
     engines: tuple = ()
     caches: tuple = ()
@@ -37,9 +34,8 @@ class ValidateConfig:
 
 
 def check_config(cfg: ValidateConfig) -> None:
-    """Raise :class:`BadInput` naming an unknown dtype, a steps folder without scripts, an empty ``out``, or
-    (``runs_from``) a folder that holds none of the runs asked for or one that cannot be audited. Family and cache
-    names are checked against the scripts' ``--list`` when the run starts (that needs their imports)."""
+    """Raise :class:`BadInput` naming an unknown dtype, a steps folder without scripts, an empty ``out``, or a
+    ``runs_from`` folder without the runs asked for or not auditable."""
     bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
         raise BadInput(f"audit validate: unknown dtype {', '.join(bad)}; dtypes: {', '.join(DTYPES)}")
@@ -82,16 +78,13 @@ def check_saved_runs(src: Path, cfg: ValidateConfig) -> None:
 
 
 def run(cfg: ValidateConfig, backend=None, console=None) -> JobResult:
-    """Run :func:`ds4lab.audit.validate.validate` in its result folder; writes ``validate.csv``, each family, cache and
-    dtype's audit under ``<family>-<cache>-<dtype>/audit/`` and ``meta.json``. Returns the
-    :class:`~ds4lab.jobs.result.JobResult` (table ``validate``).
+    """Run :func:`ds4lab.audit.validate.validate` in its result folder (``validate.csv``, each run's ``audit/``,
+    ``meta.json``). Returns the :class:`~ds4lab.jobs.result.JobResult` (table ``validate``).
 
     Raises:
         BadInput: :func:`check_config`'s, or torch/transformers/a GPU missing (naming what).
-        ds4lab.errors.CheckFailed: after writing everything, a run that fails (:func:`ds4lab.audit.validate.failures`):
-            a verdict that disagrees with torch.cuda.graph, a predicted replay time outside the tolerance, a frozen
-            finding on a step that replays right, a wrong replay not led by its true cause, a check_replay that
-            disagrees."""
+        ds4lab.errors.CheckFailed: after writing everything, a run that fails
+            (:func:`ds4lab.audit.validate.failures`)."""
     from ..audit.engines import available
     from ..audit.validate import TIME_TOLERANCE, failures, markdown, validate
     from ..errors import CheckFailed

@@ -15,8 +15,7 @@ from .result import JobResult, no_folder, result_folder
 
 @dataclass
 class BenchConfig:
-    """Arguments of ``ds4lab bench``: the preset (None: the job's default), the folder for ``bench.json`` (None: print
-    only) and whether to add the per-op roofline."""
+    """Arguments of ``ds4lab bench``: preset, folder for ``bench.json`` (None: print only), per-op roofline."""
 
     preset: str | None = None
     out: Path | str | None = None
@@ -29,14 +28,10 @@ BENCH_OUTPUTS = ("bench.json", "per_op*")
 
 
 def run(cfg: BenchConfig, be, console) -> JobResult:
-    """Run the benchmarks on ``be`` (a GPU). Returns the :class:`~ds4lab.jobs.result.JobResult`: its ``value`` what
-    ``bench.json`` holds; with ``per_op`` the tables ``per_op`` and ``per_op_launches`` and the figure ``per_op``.
-    With ``cfg.out``, everything is written in its result folder (staged, swapped in on success; ``meta.json``
-    records the status and provenance).
-
-    Raises:
-        ds4lab.report.results.OutputError: ``out`` cannot be written, or holds what ds4lab did not write (checked
-            before any work)."""
+    """Run the benchmarks on ``be`` (a GPU), in ``cfg.out``'s result folder where given. Returns the
+    :class:`~ds4lab.jobs.result.JobResult`: ``value`` as ``bench.json``; with ``per_op`` tables ``per_op``,
+    ``per_op_launches`` and figure ``per_op``. Raises OutputError for an ``out`` that cannot be written (before any
+    work)."""
     from ..report import provenance
 
     preset = get_preset(cfg.preset or default_preset("bench", be))

@@ -1,6 +1,6 @@
-"""``ds4lab calibrate``: the sim's cost-model parameters, made by :func:`ds4lab.calibration.fit.fit` from one source
-(measured on this GPU, or fitted with no GPU from a measured ``moe``, ``ladder``/``context``, ``ds4`` or ``context``
-folder) and written as a calibration file, with its table beside it where the source has one."""
+"""``ds4lab calibrate``: the sim's cost-model parameters (:func:`ds4lab.calibration.fit.fit`), measured on this GPU
+or fitted from a measured folder, written as a calibration file with its table beside it. Next:
+``docs/calibration.md``."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from .result import JobResult, no_folder
 
 @dataclass
 class CalibrateConfig:
-    """Arguments of ``ds4lab calibrate``: ``preset`` whose eager tokens and kernels are measured; ``out`` the
-    calibration file to write; ``moe_profile`` a ``ds4lab moe`` folder (no GPU: add tiled-kernel fits to ``base``,
-    default the shipped calibration)."""
+    """Arguments of ``ds4lab calibrate``: ``preset`` measured, ``out`` the file written, ``moe_profile`` a ``ds4lab
+    moe`` folder whose tiled-kernel fits extend ``base`` (default: the shipped calibration)."""
 
     preset: str | None = None
     out: Path | str = "results/calibration.json"
@@ -40,12 +39,11 @@ class CalibrateConfig:
 
 
 def check_config(cfg: CalibrateConfig) -> None:
-    """Checks that need no GPU, before any work: ``out`` is not a shipped calibration (nor any file in ds4lab's data
-    folder), not a folder; ``base`` (with ``moe_profile`` or ``long_context``) is a valid calibration
-    (:func:`ds4lab.sim.calibration.read`: every key against the schema).
+    """Checks before any work: ``out`` neither shipped (nor in ds4lab's data folder) nor a folder; ``base`` valid
+    against the schema.
 
     Raises:
-        ds4lab.errors.CalibrationError: a shipped ``out``, or an invalid ``base`` (names the file and every bad key;
+        ds4lab.errors.CalibrationError: a shipped ``out``, or an invalid ``base`` (naming the file and every bad key;
             exit 2).
         BadInput: ``out`` is a folder."""
     from ..sim.calibration import read, refuse_shipped
@@ -98,22 +96,15 @@ def source_of(cfg: CalibrateConfig) -> tuple[str, object]:
 
 
 def run(cfg: CalibrateConfig, be, console) -> JobResult:
-    """Measure on ``be`` (a GPU) or fit from ``cfg``'s folders (``be`` unused, None is fine; the fits extend ``base``,
-    default the shipped calibration) and write ``cfg.out``. Returns the :class:`~ds4lab.jobs.result.JobResult`: the
-    calibration written is its ``value`` and its file is among its files; its tables are the fit's (``from_ladder``:
-    ``host_fit`` and, per folder, ``check-<n>``, modeled against measured; ``from_context``: ``stages_fit``;
-    ``from_ds4``: ``check``, also written beside ``out``).
-
-    ``out`` is checked before any measurement (:func:`check_config`), locked for the whole run
-    (:func:`ds4lab.report.results.output_file`: a second calibration into the same file is refused), and written only
-    when complete and valid against the schema; an interrupted or failed run leaves the file as it was.
+    """Measure on ``be`` (a GPU) or fit from ``cfg``'s folders over ``base``, and write ``cfg.out`` (locked, written
+    only when complete and valid). Returns the :class:`~ds4lab.jobs.result.JobResult`: the calibration as ``value``; the
+    fit's tables (``host_fit``, ``check-<n>``, ``stages_fit`` or ``check``).
 
     Raises:
-        ds4lab.errors.CalibrationError: ``out`` a shipped calibration, ``base`` invalid, or the result not a valid
-            calibration.
+        ds4lab.errors.CalibrationError: ``out`` shipped, ``base`` invalid, or an invalid result.
         BadInput: ``out`` a folder, a bad folder to fit from.
-        ds4lab.report.results.OutputError: ``out``'s folder is not writable, ``out`` holds a file that is not a
-            calibration, or another run is writing it."""
+        ds4lab.report.results.OutputError: ``out``'s folder not writable, ``out`` not a calibration, or another run
+            writing it."""
     from ..report.results import final_path, output_file
     from ..sim.calibration import read, refuse_shipped, validate
 
@@ -145,12 +136,8 @@ def run(cfg: CalibrateConfig, be, console) -> JobResult:
 
 
 def _sidecar(out: Path, suffix: str, header: str) -> Path:
-    """The table written beside calibration ``out`` (``<stem><suffix>``), checked before anything is computed: one
-    already there is replaced only when it is ds4lab's (its first line starts with ``header``, the table's own
-    columns) and the calibration it belongs to is there too.
-
-    Raises:
-        BadInput: a file there that ds4lab did not write, or one without its calibration (naming it)."""
+    """The table beside ``out`` (``<stem><suffix>``), checked first: one there is replaced only when ds4lab wrote it
+    (first line starts with ``header``) and its calibration is there. Raises BadInput naming it otherwise."""
     path = out.with_name(out.stem + suffix)
     if not path.exists():
         return path

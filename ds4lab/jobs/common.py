@@ -1,22 +1,11 @@
-"""What every job shares: the error hierarchy and its exit codes, the default-preset rule, the backend a job runs on,
-and the sim banner.
-
-Exit codes (the CLI maps exceptions to them in one place, :func:`exit_code`):
-
-======  =====================================================================================
-2       bad input: a bad option, an unknown preset, an unwritable ``--out``, no GPU for a
-        GPU-only job (:class:`BadInput`, :class:`~ds4lab.token.config.ConfigError`,
-        :class:`~ds4lab.report.results.OutputError` (a BadInput), :class:`~ds4lab.backends.BackendUnavailable`,
-        :class:`MemoryError` before any work) — nothing was run
-1       a failed check or a failed run: a stage not bit-identical, a reference check that fails,
-        conformance disagreements (:class:`CheckFailed`), or any other error after work began
-130     interrupted (Ctrl-C): results so far are on disk and ``meta.json`` says ``interrupted``
-143     stopped by SIGTERM (129: SIGHUP; 141: the console's output pipe closed, ``| head``):
-        handled like Ctrl-C, ``meta.json`` says ``interrupted (SIGTERM)``
-        (:class:`ds4lab.errors.Terminated`)
-======  ====================================================================================="""
+"""What every job shares: the error hierarchy and its exit codes (:func:`exit_code`; the table is in
+``docs/commands.md``, "Exit status"), the default-preset rule, the backend a job runs on, the result folder's name,
+and the sim banner."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 from ..backends import BackendUnavailable, make_backend, resolve
 from ..token.config import ConfigError
@@ -44,24 +33,19 @@ DEFAULT_PRESETS = {
 
 
 def default_preset(job: str, be) -> str:
-    """The preset ``job`` uses when none is given, on backend ``be`` (see :data:`DEFAULT_PRESETS`).
-
-    Raises:
-        KeyError: ``job`` is not in the table (a programming error: every job has a row)."""
+    """The preset ``job`` uses on ``be`` when none is given (:data:`DEFAULT_PRESETS`); KeyError for another job."""
     gpu, cpu = DEFAULT_PRESETS[job]
     return gpu if be.is_gpu or cpu is None else cpu
 
 
 def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: bool = False, seed: int = 1234,
                  gpu_only_job: str | None = None):
-    """The backend a job runs on (:func:`ds4lab.backends.make_backend`, kernels compiled on a GPU).
-
-    Args:
-        gpu_only_job: the job's name when it measures a GPU and has no CPU mode.
+    """The backend a job runs on (:func:`ds4lab.backends.make_backend`, kernels compiled on a GPU); ``gpu_only_job``:
+    the job's name when it has no CPU mode.
 
     Raises:
         BadInput: ``name`` not in ``allowed``.
-        BackendUnavailable: a GPU was asked for (``cupy``, or a GPU-only job) and none is usable."""
+        BackendUnavailable: a GPU was asked for and none is usable."""
     if name not in allowed:
         raise BadInput(f"--backend {name}: choose one of {', '.join(allowed)}")
     if gpu_only_job and resolve(name) != "cupy":
@@ -78,15 +62,17 @@ def open_backend(name: str, *, allowed=("auto", "cupy", "sim"), timing_only: boo
     return be
 
 
+def config_default(config_cls, field: str):
+    """The default of ``field`` in a job's config dataclass (``config_default(LadderConfig, "tokens")``)."""
+    f = config_cls.__dataclass_fields__[field]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
 def check_out_option(out) -> None:
-    """The one check of an ``--out`` option before any work: None (the job's default folder) passes; an empty or blank
-    path, or the current directory itself, is refused (click turns ``--out ""`` into ``"."``, and a job's folder is
-    never the working directory: its earlier outputs are matched by name there).
-
-    Raises:
-        ds4lab.report.results.OutputError: naming the value (a :class:`BadInput`, exit 2)."""
-    from pathlib import Path
-
+    """The one check of ``--out`` before any work: None passes; an empty path or the working directory itself (click
+    turns ``""`` into ``"."``) raises :class:`~ds4lab.report.results.OutputError` naming the value."""
     from ..report.results import OutputError
 
     if out is None:
@@ -96,21 +82,14 @@ def check_out_option(out) -> None:
                           "would mix this run's files with others): name a folder, for example results/<job>")
 
 
-def default_folder(job: str, *parts) -> "Path":
-    """A job's default result folder: ``results/<job>-<part>-...`` (the parts that set one run apart from another by
-    name: the hazard set, the preset, the backend; empty parts left out)."""
-    from pathlib import Path
-
+def default_folder(job: str, *parts) -> Path:
+    """``results/<job>-<part>-...`` (empty parts left out)."""
     return Path("results") / "-".join(str(p) for p in (job, *parts) if p not in (None, ""))
 
 
 def out_folder(out, job: str, parts=(), ran: dict | None = None) -> tuple:
-    """``(folder, ran)`` for a job's ``--out``: the folder as given (``ran`` None: a rerun into it replaces what the
-    same command wrote there), or, for None, :func:`default_folder` with ``parts`` and ``ran``, what the run ran
-    (:func:`ds4lab.report.results.job_folder`: earlier results there that ran something else are kept beside as
-    ``.replaced-<time>``, never replaced)."""
-    from pathlib import Path
-
+    """``(folder, ran)`` for ``--out``: as given (``ran`` None: a rerun replaces the same command's results), or for
+    None :func:`default_folder` with ``ran`` (results of another run are kept beside)."""
     if out is not None:
         return Path(out), None
     return default_folder(job, *parts), dict(ran or {}, job=job)
@@ -128,7 +107,7 @@ def modeled_banner(be) -> str | None:
 
 
 def exit_code(exc: BaseException) -> int:
-    """The exit status for ``exc`` (module docstring's table)."""
+    """The exit status for ``exc`` (``docs/commands.md``, "Exit status")."""
     if isinstance(exc, KeyboardInterrupt):
         signum = getattr(exc, "signum", None)  # SIGTERM 143, SIGHUP 129, as a shell reports them
         return 128 + signum if signum else 130

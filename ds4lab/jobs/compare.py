@@ -52,23 +52,15 @@ def run(cfg: CompareConfig, backend=None, console=None) -> JobResult:
 
 
 def compare(dirs, out: Path, warn=None, ran: dict | None = None) -> JobResult:
-    """Ladder tables (µs per token per stage), context ladders (µs per token of each stage at each context every source
-    holds, IQR whiskers, what a source lacks written in the figure), MoE stage medians (ms per stage), kernel totals
-    (µs per kernel name, the largest ten) and Nsight Compute per-site DRAM % of peak (the sites with the most time),
-    one bar per table (one marker series in the context figure; per input file of an ingested table, per device and
-    process of a table holding several), the legend beside the bars naming each source, its provenance and the
-    settings that differ between the sources; a title says MODELED where any source is modeled; MoE calls that fell
-    back to eager are named in their source's label.
+    """The figures of ``ds4lab compare`` (``docs/compare.md``: what each kind draws, one bar or marker series per
+    source, the labels) into the result folder ``out``. ``warn`` (default: stderr) hears of incomplete runs; ``ran``:
+    what sets this comparison apart, for the default folder. Returns the :class:`~ds4lab.jobs.result.JobResult`:
+    figures, their files, the tables drawn (:class:`ds4lab.report.compare_tables.Table`) as ``value``.
 
-    ``out`` is a result folder (:func:`ds4lab.jobs.result.result_folder`: written aside, locked, swapped in when every
-    figure is written; ``meta.json`` names the sources; a job's folder or a folder ds4lab did not write is refused).
-    Returns the :class:`~ds4lab.jobs.result.JobResult`: the figures, their files (PNG, SVG, PDF), the tables drawn
-    (:class:`ds4lab.report.compare_tables.Table`) as its ``value``. Raises :class:`ds4lab.report.results.WriteFailed`
-    after the work began (a full disk; exit 1, as for every command), and CompareError (nothing written) for a folder
-    given twice (by path or content), a folder without a drawable table, an unreadable table or meta file, or an
-    ``out`` that cannot be a folder, is a source or holds one; ``warn`` (default: stderr) is told about incomplete
-    runs. ``ran``: what sets this comparison apart, for the default folder (its sources:
-    :func:`ds4lab.report.results.job_folder` keeps another comparison's figures beside)."""
+    Raises:
+        CompareError: nothing written: a folder given twice, one without a drawable table, an unreadable table or meta,
+            an ``out`` that cannot be a folder or is or holds a source.
+        ds4lab.report.results.WriteFailed: after the work began (exit 1)."""
     import matplotlib.pyplot as plt
 
     from ..report import results

@@ -18,8 +18,7 @@ CONFORMANCE_OUTPUTS = ("conformance.csv", "conformance-*.json", "expectations.cs
 
 @dataclass
 class ConformanceConfig:
-    """Arguments of ``ds4lab conformance``: scenario names (empty: all) and the result folder (None:
-    ``results/conformance-<backend>``)."""
+    """Arguments of ``ds4lab conformance``: scenario names (empty: all), ``out`` (None: the default folder)."""
 
     names: list[str] = field(default_factory=list)
     out: Path | str | None = None
@@ -30,13 +29,8 @@ class Disagreement(CheckFailed):
 
 
 def expectation_mismatches(records: dict[str, dict[str, dict[str, str]]]):
-    """Steps whose outcome differs from a scenario's documented expectation (``Scenario.expect``).
-
-    Args:
-        records: ``{backend: {scenario: {step: outcome}}}`` from :func:`ds4lab.conformance.run_scenarios`.
-
-    Returns:
-        A DataFrame: backend, scenario, step, expected, got, source (no rows when all agree)."""
+    """Steps whose outcome differs from a scenario's ``expect``, from ``{backend: {scenario: {step: outcome}}}``: a
+    DataFrame of backend, scenario, step, expected, got, source."""
     import pandas as pd
 
     rows = []
@@ -53,12 +47,9 @@ def expectation_mismatches(records: dict[str, dict[str, dict[str, str]]]):
 
 
 def run(cfg: ConformanceConfig, be, console) -> JobResult:
-    """Run the scenarios on ``be``; when ``be`` is the GPU, on a fresh sim too, and compare.
-
-    Writes ``conformance.csv`` (scenario, step, one column per backend, agree), the raw records
-    (``conformance-<backend>.json``), ``expectations.csv`` (steps that differ from a scenario's documented expectation,
-    per backend) and ``meta.json``. Returns the :class:`~ds4lab.jobs.result.JobResult` (tables ``conformance``, the
-    comparison, and ``expectations``; the raw records as its ``value``).
+    """Run the scenarios on ``be`` (on the GPU, on a fresh sim too, compared): ``conformance.csv``,
+    ``conformance-<backend>.json``, ``expectations.csv``, ``meta.json``. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (tables ``conformance`` and ``expectations``, the raw records as ``value``).
 
     Raises:
         BadInput: an unknown scenario name, or a backend without the runtime API (numpy).

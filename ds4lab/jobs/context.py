@@ -1,12 +1,7 @@
-"""``ds4lab context``: the stage table across context length, on the long-context token (compressed and indexed
-attention, whose launches change with the position): :func:`ds4lab.jobs.ladder.write_table` at several contexts, one
-round each.
-
-At each context: exactness of every stage against stage 0 over ``span`` tokens from ``context - 4`` (with a context
-that is a multiple of 128 the span holds position ``context - 1``, where both compressors emit, and ``context + 3``,
-where n_comp of a ratio-4 layer crosses ``m * top_k`` when the context is ``4 * m * top_k``: a top-k regime boundary),
-then µs per token (median, IQR) over ``tokens`` tokens from the context, kernel and graph launches per token, and the
-graph cache's counts so far (graphs captured, recaptures, retirements, invalidations)."""
+"""``ds4lab context``: the stage table across context length on the long-context token (whose launches change with
+the position): :func:`ds4lab.jobs.ladder.write_table` at several contexts, one round each. The exactness span starts
+at ``context - 4`` so it crosses the compressors' emits and a top-k regime boundary. Next: ``docs/commands.md``,
+``docs/figures.md`` ("The context ladder")."""
 
 from __future__ import annotations
 
@@ -31,12 +26,8 @@ CONTEXT_OUTPUTS = ("context.csv", "context.png", "context.svg", "context.pdf")
 
 @dataclass
 class ContextConfig:
-    """Arguments of ``ds4lab context`` (the command line reads its defaults from here): stages, contexts (start
-    positions, ascending; None: :data:`DEFAULT_CONTEXTS`, those the preset holds: :func:`default_contexts`),
-    ``span`` (tokens compared bit for bit at each context; 0: none, timing only), ``tokens`` timed per stage and
-    context after ``warmup``, in ``rounds`` interleaved rounds (odd rounds in reverse stage order: the gains are
-    then paired over interleaved rounds, as the ladder's), capture ``mode``, result folder (None:
-    ``results/context-<preset>-<backend>``)."""
+    """Arguments of ``ds4lab context`` (its defaults): ``contexts`` ascending (None: :func:`default_contexts`),
+    ``span`` compared at each (0: none), ``tokens`` after ``warmup`` in ``rounds`` rounds, ``mode``, ``out``."""
 
     stages: str = CONTEXT_DEFAULT
     preset: str | None = None
@@ -53,9 +44,8 @@ def parse_contexts(text) -> list[int]:
     """``"1024,4096"`` (or a list of ints) → ``[1024, 4096]``.
 
     Raises:
-        BadInput: an empty element or list, a value that is not an integer or is below 4 (the exactness span starts at
-            context - 4), a repeated value, or values not in ascending order (a figure of µs against context is drawn
-            in the order given)."""
+        BadInput: an empty element or list, a value not an integer or below 4 (the span starts at context - 4), a
+            repeated value, values not ascending."""
     items = [str(t).strip() for t in (text if isinstance(text, (list, tuple)) else str(text).split(","))]
     if not items or items == [""]:
         raise BadInput(f"--contexts {text!r}: no context given")
@@ -91,9 +81,8 @@ def check_config(cfg: ContextConfig) -> None:
 
 
 def default_contexts(cfg: ContextConfig, preset: str) -> list[int]:
-    """The contexts to run when ``cfg`` names none: :data:`DEFAULT_CONTEXTS` that ``preset``'s long-context
-    ``max_context`` holds with ``cfg``'s span, warm-up and tokens; where fewer than two do (``tiny``: 4 096), an
-    eighth, a quarter and a half of ``max_context``."""
+    """:data:`DEFAULT_CONTEXTS` that ``preset``'s ``max_context`` holds with ``cfg``'s span, warm-up and tokens; with
+    fewer than two, an eighth, a quarter and a half of ``max_context``."""
     limit = get_preset(preset, long_context=True).max_context
 
     def fits(c: int) -> bool:
@@ -116,15 +105,12 @@ def table_of(cfg: ContextConfig) -> Table:
 
 
 def run(cfg: ContextConfig, be, console) -> JobResult:
-    """The stage table at each context on ``be``: one row per stage and context, written to ``context.csv`` after each
-    context (the one being measured to ``context.partial.csv`` as it goes: :func:`ds4lab.jobs.ladder.write_table`),
-    with ``meta.json`` and the figure. Returns the :class:`~ds4lab.jobs.result.JobResult` (table and figure
-    ``context``).
+    """The stage table at each context on ``be`` (:func:`ds4lab.jobs.ladder.write_table`): ``context.csv``,
+    ``meta.json``, the figure. Returns the :class:`~ds4lab.jobs.result.JobResult` (table and figure ``context``).
 
     Raises:
         BadInput: bad input (nothing ran; exit 2).
-        ds4lab.jobs.ladder.NotExact: a stage not bit-identical to stage 0 at some context, after writing everything.
-    """
+        ds4lab.jobs.ladder.NotExact: a stage not bit-identical to stage 0 at some context, after writing everything."""
     check_config(cfg)
     preset = cfg.preset or default_preset("context", be)
     if cfg.contexts is None:

@@ -26,17 +26,13 @@ DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
 class Ds4JobConfig:
     """Arguments of ``ds4lab ds4``.
 
-    ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF to run (None: the synthetic
-    Flash-shaped model, written once into the cache). ``configs``: names from :data:`ds4lab.ds4.configs.VARIANTS`
-    (None: :data:`~ds4lab.ds4.configs.DEFAULT_CONFIGS`, or with ``stages`` none beyond them). ``stages``: rungs of
-    ds4's capture ladder (``"0,i,3u"``: :func:`ds4lab.ds4.configs.parse_stages`), run on ds4 rewritten by ds4lab beside
-    ds4 as it ships. ``host_march``: ``-march`` of ds4's host code (``native``, ds4's own, or a portable one for a
-    build made on another machine). ``keep_logits``: keep every timed token's logits (``logits-*.npy``, 0.5 MB a token)
-    after ``exact.csv`` is written from them. ``contexts``: positions of the decode tokens (ascending, each more than
-    ``warmup + tokens + 2 × trace_tokens`` after the one before: :func:`ds4lab.ds4.worker.tokens_per_context`).
-    ``trace_contexts``: contexts at which ``trace_tokens`` tokens are recorded with CUPTI (islands off, on and with the
-    MoE profile: ``ds4lab.ds4.measure.RECORDED``). ``arch``: None for the GPU's own. ``copy_model``: ds4 copies the
-    model into GPU memory (``DS4_CUDA_COPY_MODEL=1`` on a layer-slice open)."""
+    ``source``: a ds4 checkout (folder or .tar.gz; required). ``model``: a GGUF (None: the synthetic Flash-shaped
+    model, cached). ``configs``: :data:`ds4lab.ds4.configs.VARIANTS` names (None: ``DEFAULT_CONFIGS``, or none beyond
+    ``stages``'). ``stages``: rungs of ds4's capture ladder (:func:`ds4lab.ds4.configs.parse_stages`).
+    ``host_march``: ``-march`` of ds4's host code. ``keep_logits``: keep ``logits-*.npy`` (0.5 MB a token).
+    ``contexts``: ascending positions, spaced as :func:`ds4lab.ds4.worker.tokens_per_context` needs.
+    ``trace_contexts``: contexts where ``trace_tokens`` tokens are recorded with CUPTI. ``arch``: None for the GPU's
+    own. ``copy_model``: ``DS4_CUDA_COPY_MODEL=1``."""
 
     source: str | Path | None = None
     model: str | Path | None = None
@@ -135,10 +131,8 @@ def _gpu_info() -> dict:
 
 
 def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
-    """The GGUF ds4 runs: ``cfg.model``, or the synthetic Flash-shaped model in ``cache``, written on first use
-    (:func:`ds4lab.ds4.gguf_writer.write_synthetic_model`) and reused while ds4lab's tensor plan is the same (the
-    file's name carries a digest of :mod:`ds4lab.ds4.gguf_model`, and the file carries ds4lab's marker). Returns
-    ``(path, info)``: ``info`` says what the file is."""
+    """``(path, info)`` of the GGUF ds4 runs: ``cfg.model``, or the synthetic model in ``cache``, written once and
+    reused while ds4lab's tensor plan is the same (its name carries the plan's digest)."""
     import hashlib
     import json
 
@@ -169,8 +163,7 @@ def model_for(cfg: Ds4JobConfig, cache: Path, say=print):
 
 
 def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
-    """Build ds4, then measure every configuration (:mod:`ds4lab.ds4.measure`). Returns the tables (dict of DataFrames)
-    and the meta.
+    """Build ds4, then measure every configuration (:mod:`ds4lab.ds4.measure`); returns the tables and the meta.
 
     Raises:
         BadInput: no GPU, a bad checkout, too little GPU memory for the model.
@@ -236,8 +229,7 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
 
 
 def _meta(src, arch: str, gpu: dict, bld, rw, model_info: dict, plan, cfg: Ds4JobConfig) -> dict:
-    """The run's ``meta.json``: provenance, the GPU, ds4's source and builds, the model, the plan and what each
-    configuration sets."""
+    """The run's ``meta.json``: provenance, GPU, ds4's source and builds, the model, the plan, the configurations."""
     import platform
     import time
 
@@ -258,8 +250,7 @@ def _meta(src, arch: str, gpu: dict, bld, rw, model_info: dict, plan, cfg: Ds4Jo
 
 
 def _report(tables: dict, meta: dict, folder: Path, cfg: Ds4JobConfig, say) -> None:
-    """The tables a console shows after the run, the weights' placement checked against the plan (into ``meta``), the
-    logits dropped unless kept."""
+    """The console's tables, the weights' placement checked against the plan, the logits dropped unless kept."""
     if "summary" in tables:
         say(tables["summary"].to_string(index=False))
     if "gains" in tables:
@@ -287,10 +278,8 @@ def _report(tables: dict, meta: dict, folder: Path, cfg: Ds4JobConfig, say) -> N
 
 
 def audit_recordings(folder: Path, configs, say=print) -> dict:
-    """``ds4lab audit`` of each configuration's recorded tokens (``worker-<config>/trace-*/``, tokens marked by the
-    NVTX range ``decode_step``; the kernel-argument pass beside it is compared too) into
-    ``audit-<config>-<context>/``. Returns ``{folder name: "audited" or why not}``: an audit that cannot read a
-    recording is reported there, never fatal."""
+    """``ds4lab audit`` of each configuration's recorded tokens into ``audit-<config>-<context>/``. Returns ``{folder
+    name: "audited" or why not}`` (never fatal)."""
     from . import execute
     from .audit import AuditConfig
 

@@ -19,9 +19,8 @@ EXCLUSION_OUTPUTS = ("exclusion.csv", "exclusion-sim.csv", "exclusion-agreement.
 
 @dataclass
 class ExclusionConfig:
-    """Arguments of ``ds4lab exclusion``: preset (None: the job's default), tokens per MoE call (2: the sorted-pairs
-    path of MTP verification), MoE calls per overhead measurement (None: 100 on a GPU, 4 on the sim) and the result
-    folder (None: ``results/exclusion-<preset>-<backend>``)."""
+    """Arguments of ``ds4lab exclusion``: tokens per MoE call (2: MTP verification), MoE calls per overhead
+    measurement (None: 100 on a GPU, 4 on the sim), ``out`` (None: the default folder)."""
 
     preset: str | None = None
     tokens: int = 2
@@ -30,14 +29,8 @@ class ExclusionConfig:
 
 
 def run(cfg: ExclusionConfig, be, console) -> JobResult:
-    """The matrix on ``be``; on a GPU, on a timing-only sim too, with the cell-by-cell agreement. Writes
-    ``exclusion.csv`` (row by row as cells finish), ``exclusion-sim.csv`` and ``exclusion-agreement.csv`` on a GPU,
-    ``meta.json`` and the heatmap ``exclusion.png/.svg/.pdf``. Returns the :class:`~ds4lab.jobs.result.JobResult`
-    (table and figure ``exclusion``: the matrix of ``be``; on a GPU also ``exclusion-sim`` and
-    ``exclusion-agreement``).
-
-    Raises:
-        BadInput: a backend that cannot capture (numpy), tokens < 1."""
+    """The matrix on ``be`` (on a GPU also on a timing-only sim, with the agreement): its CSVs, ``meta.json``, the
+    heatmap; table and figure ``exclusion``. Raises BadInput for numpy or tokens < 1."""
     import pandas as pd
 
     from ..report import plots

@@ -24,9 +24,7 @@ HAZARD_OUTPUTS = ("hazards.csv",)
 
 @dataclass
 class HazardsConfig:
-    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``: which hazard, the preset (None: the job's
-    default), the capture mode and the result folder (None: ``results/hazards-<hazard>-<preset>-<backend>``: ``all``
-    and ``all-longctx`` each their own)."""
+    """Arguments of ``ds4lab ladder --hazard NAME|all|all-longctx``; ``out`` None: ``results/hazards-<hazard>-...``."""
 
     hazard: str = "all"
     preset: str | None = None
@@ -44,12 +42,8 @@ def check_config(cfg: HazardsConfig) -> None:
 
 
 def run(cfg: HazardsConfig, be, console) -> JobResult:
-    """Demonstrate ``cfg.hazard`` (or a set) on ``be`` (which must compute: not timing-only). Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: table ``hazards`` (one row per hazard,
-    :func:`ds4lab.experiments.hazards.demonstrate`), the rows as dicts in its ``value``.
-
-    Raises:
-        BadInput: unknown hazard, or a timing-only backend (nothing to compare)."""
+    """Demonstrate ``cfg.hazard`` (or a set) on ``be``, which must compute: table ``hazards``, its rows as dicts in
+    ``value``. Raises BadInput for an unknown hazard or a timing-only backend."""
     import pandas as pd
 
     check_config(cfg)

@@ -1,11 +1,9 @@
-"""``ds4lab ingest``: real profiles into ds4lab's tidy tables, one reader per format (:mod:`ds4lab.trace.sources`, the
-format detected from the content): ds4's stderr (``ds4_moe``, ``ds4_events``), ``nsys stats`` CSV reports
-(``nsys_*``), the Nsight Systems SQLite export (``kernels``, ``graphs``, ``nvtx``), Nsight Compute CSV (``ncu_*``;
-``ncu_sites`` joined to a preset's launch sites: :func:`site_table`) and ds4lab result folders (``ds4lab_<table>``).
-Large inputs are streamed and written in chunks; every table has ``file`` and ``source`` columns. Malformed input is
-a :class:`~ds4lab.trace.sources.SourceError` naming file and line (with ``lenient``, the good rows kept and every
-bad line reported); :func:`ingest_all` writes a result folder. What each format gives: ``docs/commands.md``
-(``ds4lab ingest``) and ``docs/trace-readers.md``."""
+"""``ds4lab ingest``: real profiles into ds4lab's tidy tables, one reader per format detected from the content
+(:mod:`ds4lab.trace.sources`): ds4's stderr, ``nsys stats`` CSV, Nsight Systems SQLite, Nsight Compute CSV
+(``ncu_sites``: :func:`site_table`), ds4lab result folders. Large inputs are streamed; every table has ``file`` and
+``source``; bad input is a :class:`~ds4lab.trace.sources.SourceError` naming file and line.
+
+Next: ``docs/commands.md`` (``ds4lab ingest``), ``docs/trace-readers.md``."""
 
 from __future__ import annotations
 
@@ -27,9 +25,8 @@ OUTPUT_GLOBS = ("ds4_moe.csv", "ds4_events.csv", "nsys_*.csv", "kernels.csv", "g
 
 @dataclass
 class IngestConfig:
-    """What ``ds4lab ingest`` reads: ``files`` (each once), into the result folder ``out``; ``lenient``: keep the good
-    rows and report every bad line; ``sites``: a preset whose launch sites the Nsight Compute kernels are joined to
-    (:func:`site_table`)."""
+    """What ``ds4lab ingest`` reads: ``files`` into ``out``; ``lenient``: keep good rows, report bad lines;
+    ``sites``: a preset whose launch sites ncu kernels join (:func:`site_table`)."""
 
     files: tuple = ()
     out: Path | str | None = None
@@ -49,8 +46,7 @@ def check_config(cfg: IngestConfig) -> None:
 
 
 def run(cfg: IngestConfig, backend=None, console=None) -> JobResult:
-    """Ingest ``cfg`` (:func:`ingest_all`) with a progress bar on stderr for large inputs; ``backend`` is unused (the
-    job needs none)."""
+    """Ingest ``cfg`` (:func:`ingest_all`) with a progress bar for large inputs; ``backend`` unused."""
     import os
 
     from .common import out_folder
@@ -68,8 +64,7 @@ PROGRESS_BYTES = 16 << 20
 
 @contextlib.contextmanager
 def _progress(files):
-    """A progress bar (MB read of all inputs) on stderr while large inputs are read; None (no callback) for small ones.
-    """
+    """A progress bar on stderr (MB read) for large inputs; None for small ones."""
     total = 0
     for f in map(Path, files):
         with contextlib.suppress(OSError):
@@ -94,12 +89,9 @@ def _progress(files):
 
 
 def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=None, progress=None) -> Ingested:
-    """Read one input (:func:`ds4lab.trace.sources.read_tables`). ``sites`` (a preset name) joins ncu kernels to
-    ds4lab's launch sites of that preset (:func:`site_table`, :func:`ds4lab.trace.sources.ncu.join_sites`) and adds
-    the per-site table ``ncu_sites``; without it ``ncu_sites`` groups by the NVTX cluster and op alone.
-    ``sink(table, rows)``: receives the rows of a streamed input (ds4 logs, nsys stats CSV) chunk by chunk instead
-    of :attr:`Ingested.tables` (bounded memory); ``progress(n)`` is told of each ``n`` bytes read. Raises
-    SourceError (file and line) unless ``lenient``; an unknown preset is a SourceError."""
+    """Read one input (:func:`ds4lab.trace.sources.read_tables`); ``sites`` joins ncu kernels to that preset's launch
+    sites (else ``ncu_sites`` groups by NVTX cluster and op). ``sink(table, rows)`` takes a streamed input's chunks;
+    ``progress(n)`` each ``n`` bytes read. Raises SourceError (file and line, an unknown preset) unless ``lenient``."""
     from ..report.compare_tables import load_result_meta
 
     res = read_tables(Path(path), lenient, sink=sink, progress=progress, read_meta=load_result_meta)
@@ -127,10 +119,8 @@ def ingest(path: Path, lenient: bool = False, sites: str | None = None, *, sink=
 
 
 def check_inputs(paths, out: Path) -> list[dict]:
-    """Checks before anything is read or written: every input exists once, by path and by content
-    (:func:`ds4lab.trace.sources.common.content_sha256`: an identical copy would count its rows twice), and ``out``
-    is not an input nor holds one (the tables would replace what they are read from). Returns ``[{"path",
-    "sha256"}]`` in order.
+    """Check before anything is read or written: every input once by path and content, ``out`` neither an input nor
+    holding one. Returns ``[{"path", "sha256"}]`` in order.
 
     Raises:
         SourceError: naming the input given twice (and both names), or the input ``out`` would replace."""
@@ -145,9 +135,7 @@ def check_inputs(paths, out: Path) -> list[dict]:
 
 
 class _TableFiles:
-    """The tables of one ingest, written to CSV in ``folder`` as their rows come (bounded memory). A table's rows with
-    other columns than its first ones (two nsys versions, two reports into one table) go to a part file of their
-    own; :meth:`close` merges the parts under the union of their columns, row by row, values as written."""
+    """One ingest's tables written to CSV as rows come; other columns go to a part file, merged by :meth:`close`."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -155,12 +143,11 @@ class _TableFiles:
         self.rows: dict[str, int] = {}
 
     def add(self, table: str, df) -> None:
-        """Append ``df`` (a DataFrame, or a :class:`ds4lab.trace.sources.common.RowBlock`) to ``table``.
+        """Append ``df`` (a DataFrame or :class:`ds4lab.trace.sources.common.RowBlock`) to ``table``.
 
         Raises:
-            ds4lab.report.results.WriteFailed: the rows could not be written (a full disk), naming the file; the file
-                keeps its whole rows. Not an OSError, so that a reader streaming into it does not take it for its input
-                being unreadable."""
+            ds4lab.report.results.WriteFailed: the rows could not be written, naming the file (whole rows kept); not
+                an OSError, so a streaming reader does not blame its input."""
         from ..report.folder_io import WriteFailed, os_reason
 
         try:
@@ -220,22 +207,15 @@ class _TableFiles:
 
 def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None, progress=None,
                ran: dict | None = None) -> JobResult:
-    """Ingest every path into result folder ``out``: each table to ``out/<table>.csv`` (the rows of all inputs, each
-    row's ``file`` naming its input; streamed inputs written as they are read), the bad lines to
-    ``out/ingest_problems.csv``, the warnings to ``out/ingest_warnings.csv`` and ``meta.json`` (``job: ingest``, the
-    inputs with their format, SHA-256 and rows, the status).
+    """Ingest every path into the result folder ``out``: ``<table>.csv`` per table, ``ingest_problems.csv``,
+    ``ingest_warnings.csv``, ``meta.json`` (inputs with format, SHA-256, rows). Swapped in only when every input was
+    read; ``progress(done_bytes, total_bytes)``; ``ran``: what sets it apart for the default folder. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (each input's :class:`~ds4lab.trace.sources.common.Ingested` as ``value``).
 
-    The folder is a ds4lab result folder (:func:`ds4lab.jobs.result.result_folder`): written aside, locked against a
-    second run, swapped in only when every input was read; a job's folder (a ladder's, a moe run's) or a folder ds4lab
-    did not write is refused. Raises SourceError on the first bad input unless ``lenient`` (a file that cannot be read
-    at all, a broken ``meta.json``, an input given twice by path or by content, and an ``out`` that is or holds an
-    input are errors either way); ``out`` is left as it was then. A write that fails (a full disk) raises
-    :class:`ds4lab.report.results.WriteFailed` (exit 1, as for every command: the inputs were good), the tables whole
-    so far kept. ``progress(done_bytes, total_bytes)`` is called as the inputs are read. ``ran``: what sets this ingest
-    apart, for the default folder (its inputs: :func:`ds4lab.report.results.job_folder` keeps another ingest's results
-    beside). Returns the :class:`~ds4lab.jobs.result.JobResult`: the tables' files (their rows streamed, not held),
-    ``ingest_problems`` and ``ingest_warnings`` where there are any, and what each input gave
-    (:class:`~ds4lab.trace.sources.common.Ingested`, in order) as its ``value``."""
+    Raises:
+        SourceError: the first bad input unless ``lenient`` (an unreadable file, a broken ``meta.json``, a repeated
+            input and an ``out`` that holds an input always); ``out`` left as it was.
+        ds4lab.report.results.WriteFailed: a write failed (exit 1); the whole tables so far kept."""
     from ..report import results
 
     out = Path(out)
@@ -276,10 +256,8 @@ def ingest_all(paths, out: Path, lenient: bool = False, sites: str | None = None
 
 
 def site_table(preset: str = "ds4-flash") -> pd.DataFrame:
-    """ds4lab's launch sites at ``preset``: one row per kernel launch of one eager decode token in launch order
-    (cluster, layer, op (the site), kernel, grid, block, nbytes: the bytes the launch layer counts for it), from the
-    sim in timing-only mode (no GPU, nothing computed; the same launch sequence as on a GPU:
-    ``ds4lab.capture.launch``). Raises ds4lab.token.config.ConfigError for an unknown preset."""
+    """ds4lab's launch sites at ``preset``: one row per launch of one eager token (cluster, layer, op, kernel, grid,
+    block, nbytes), from the timing-only sim. Raises ConfigError for an unknown preset."""
     from ..backends import make_backend
     from ..experiments.stages import START_POS
     from ..token.config import token_id_at

@@ -1,16 +1,9 @@
-"""``ds4lab ladder`` and ``ds4lab context``: a table of capture stages, measured (GPU) or modeled (sim).
+"""``ds4lab ladder`` and ``ds4lab context``: a table of capture stages, measured (GPU) or modeled (sim), through
+:func:`ds4lab.experiments.ladder.run_table`.
 
-Both write one table run (:func:`ds4lab.experiments.ladder.run_table`): at each context, every stage bit for bit
-against stage 0, then µs per token in interleaved rounds, with launches, graph-cache counts and the GPU-busy floor. The
-ladder is one context (``--start-pos``) with four rounds; the context ladder (:mod:`ds4lab.jobs.context`) several
-contexts of the long-context token with one round.
-
-Written as they come: ``<job>.csv`` holds the finished contexts (rewritten after each, every stage timed in every
-round); the context being measured is in ``<job>.partial.csv``, rewritten after each stage's exactness verdict, after
-the floors and after each stage of each round (:meth:`ds4lab.experiments.ladder.Ladder.partial_rows`: ``state``,
-``rounds_timed`` and ``rounds`` say what each row holds), and removed once that context is finished; then ``meta.json``
-and the figure. A stopped run keeps both, and ``meta.json`` says how far it got (``progress``); a finished one holds no
-partial file."""
+Written as it comes: ``<job>.csv`` holds the finished contexts; the one being measured is in ``<job>.partial.csv``
+(``state``, ``rounds_timed``, ``rounds``), removed once finished; then ``meta.json`` and the figure. A stopped run
+keeps both and says how far it got (``progress``). Next: :mod:`ds4lab.jobs.context`, ``docs/commands.md``."""
 
 from __future__ import annotations
 
@@ -38,13 +31,8 @@ MAX_EXACT_TOKENS = 256
 
 @dataclass
 class LadderConfig:
-    """Arguments of ``ds4lab ladder`` (see ``ds4lab ladder --help``); the command line reads its defaults from here.
-
-    ``tokens``: timed tokens per stage, split over ``rounds`` interleaved rounds; ``exact_tokens``: tokens compared bit
-    for bit with stage 0 (0: skip); ``mode``: stream-capture mode (``global``, ``thread_local``, ``relaxed``; ds4's
-    islands always capture in global mode); ``out``: result folder (None: ``results/ladder-<preset>-<backend>``,
-    ``-longctx`` added with ``long_context``); ``start_pos``: the first decoded position; ``long_context``: the
-    long-context token (compressed and indexed attention), where stage ``3c`` exists."""
+    """Arguments of ``ds4lab ladder`` (its defaults). ``tokens`` split over ``rounds``; ``exact_tokens`` 0: skip;
+    ``out`` None: ``results/ladder-<preset>-<backend>[-longctx]``; ``long_context``: stage ``3c`` exists."""
 
     stages: str = LADDER_DEFAULT
     preset: str | None = None
@@ -68,8 +56,8 @@ class NotExact(CheckFailed):
 
 
 def check_counts(**counts) -> None:
-    """Raise :class:`BadInput` naming each count that is out of range (``tokens``, ``rounds`` ≥ 1; ``warmup``,
-    ``exact_tokens``, ``span`` ≥ 0: no exactness check at 0; exactness spans ≤ :data:`MAX_EXACT_TOKENS`)."""
+    """Raise :class:`BadInput` naming each count out of range (``tokens``, ``rounds`` ≥ 1; ``warmup``,
+    ``exact_tokens``, ``span`` ≥ 0; spans ≤ :data:`MAX_EXACT_TOKENS`)."""
     positive = ("tokens", "rounds")
     bad = [f"--{k.replace('_', '-')} {v} must be {'at least 1' if k in positive else 'at least 0'}"
            for k, v in counts.items() if v < (1 if k in positive else 0)]
@@ -90,8 +78,7 @@ def check_config(cfg: LadderConfig) -> None:
 
 
 def table_of(cfg: LadderConfig, con=None) -> Table:
-    """The ladder's :class:`Table` (:func:`ds4lab.experiments.ladder.ladder_table`: rounds capped at the tokens, said
-    on ``con``)."""
+    """The ladder's :class:`Table`, rounds capped at the tokens (said on ``con``)."""
     if cfg.rounds > cfg.tokens and con is not None:
         con.print(f"[yellow]note: {cfg.tokens} tokens cannot fill {cfg.rounds} rounds: timing {cfg.tokens} "
                   "round(s) of one[/]")
@@ -100,9 +87,8 @@ def table_of(cfg: LadderConfig, con=None) -> Table:
 
 
 def run(cfg: LadderConfig, be, console) -> JobResult:
-    """Run the ladder on ``be``; writes ``ladder.csv``, ``meta.json`` and ``ladder.png/.svg/.pdf``
-    (``ladder.partial.csv`` while it measures: :func:`write_table`). Returns the
-    :class:`~ds4lab.jobs.result.JobResult` (table and figure ``ladder``: one row per stage).
+    """Run the ladder on ``be``: ``ladder.csv``, ``meta.json``, ``ladder.png/.svg/.pdf``. Returns the
+    :class:`~ds4lab.jobs.result.JobResult` (table and figure ``ladder``).
 
     Raises:
         BadInput: bad input (nothing measured; exit 2).
@@ -129,11 +115,8 @@ def run(cfg: LadderConfig, be, console) -> JobResult:
 
 def write_table(job: str, be, con, mcfg, table: Table, out: Path, extra_meta: dict, outputs, *, mode: str,
                 nvtx: bool = False, ran: dict | None = None) -> JobResult:
-    """The one job shape of the ladder and the context ladder: :func:`ds4lab.experiments.ladder.run_table` inside the
-    result folder, the context being measured written to ``<job>.partial.csv`` as it goes and each finished one to
-    ``<job>.csv`` (the module docstring), then ``meta.json`` and the figure; raise :class:`NotExact` naming every
-    stage (and context) that differs. A stopped run records in ``meta["progress"]`` what it kept (and says it).
-    ``ran``: what sets the run apart, for a default folder (:func:`ds4lab.jobs.common.out_folder`)."""
+    """Both ladders' job: :func:`ds4lab.experiments.ladder.run_table` in the result folder, written as it goes, then
+    ``meta.json`` and the figure; :class:`NotExact` names every stage (and context) that differs."""
     from ..progress import JobProgress
     from ..report import plots
 
@@ -187,9 +170,7 @@ def _notes(table: Table, check: bool) -> list[str]:
 
 
 def _writer(job: str, o, con, prog, table: Table, now: dict, be, preset: str) -> Callbacks:
-    """The callbacks that write a table run as it goes: the context being measured to ``<job>.partial.csv`` (gone once
-    it is finished), each finished context to ``<job>.csv``, its rows and the verdicts on the console, the progress
-    bar (with, once, the time left at the pace so far)."""
+    """The callbacks that write a table run as it goes (partial and finished CSVs, console lines, the progress bar)."""
     partial_path = o.folder / f"{job}.partial.csv"
     many = len(table.contexts) > 1
     est = {"said": False, "t0": None, "stage": None}
@@ -221,9 +202,7 @@ def _writer(job: str, o, con, prog, table: Table, now: dict, be, preset: str) ->
 
 
 def _exactness_estimate(tokens: int):
-    """``progress(done, total)`` for the exactness check: after each run recorded (stage 0's reference, then each
-    stage's), how many are done and, at the pace so far, about how long the phase has left (it computes every token:
-    the phase a CPU run spends most in)."""
+    """``progress(done, total)`` for the exactness check, with the time left at the pace so far."""
     from ..progress import duration
 
     t0 = time.perf_counter()  # a host clock for the estimate shown, nothing measured
@@ -254,8 +233,7 @@ def _estimate(con, prog, table: Table, est: dict) -> None:
 
 
 def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | None, meta: dict) -> None:
-    """Record in ``meta["progress"]`` (and say) what a stopped run kept: the contexts finished (in ``<job>.csv``) and
-    how far the one in progress got (``<job>.partial.csv``)."""
+    """Record in ``meta["progress"]`` (and say) the contexts a stopped run finished and how far the current one got."""
     finished = sorted({r["context"] for r in done})
     if rows is None and len(finished) == len(table.contexts):  # everything measured (a check failed)
         return
@@ -277,8 +255,7 @@ def _stopped(con, job: str, table: Table, done: list[dict], rows: list[dict] | N
 
 
 def per_token(x: float) -> str:
-    """A count per token as a person reads it: whole when it is (``24``), else with the fraction a rounding would hide
-    (``0.75``: one token in four ran another way)."""
+    """A count per token as read: whole when it is (``24``), else with its fraction (``0.75``)."""
     return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.2f}"
 
 

@@ -22,9 +22,8 @@ MOE_OUTPUTS = ("moe.csv", "summary.csv", "moe-ds4*.log", "expert-load.csv", "sha
 
 @dataclass
 class MoeConfig:
-    """Arguments of ``ds4lab moe`` (see ``ds4lab moe --help``). ``tokens_per_step``: routed-MoE token counts per step
-    (1 decode, 2-3 MTP verification, 16..512 batches); ``steps``: reported steps per (mode, tokens per step,
-    routing); ``warmup``: None = 1 eager, 2 replayed."""
+    """Arguments of ``ds4lab moe`` (``ds4lab moe --help``). ``tokens_per_step``: token counts per step; ``steps``:
+    reported steps per (mode, tokens per step, routing); ``warmup``: None = 1 eager, 2 replayed."""
 
     modes: list[str] = field(default_factory=lambda: ["host-timed", "deferred", "graph-boundary", "in-graph",
                                                       "cupti", "nvtx"])
@@ -48,11 +47,9 @@ class MoeConfig:
 
 def text_options(backend: str, preset: str | None, tokens_per_step=None, routings=None, modes=None
                  ) -> tuple[dict, str]:
-    """:class:`MoeConfig` fields from a notebook's text (``ds4lab.Lab.moe``): ``tokens_per_step`` ``"1,2,64"``,
-    ``routings`` and ``modes`` comma-separated names or ``"all"`` (every one ds4lab has); a value that is not text
-    is kept as it is, None left out. ``preset`` None: the job's default on ``backend``
-    (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`, decided without opening a backend). Token counts above the preset's
-    ``max_tokens`` are left out (the job would refuse them); the second value says which, or is "".
+    """:class:`MoeConfig` fields from a notebook's text: ``tokens_per_step`` ``"1,2,64"``, ``routings``/``modes``
+    comma-separated or ``"all"``; other values kept, None left out. ``preset`` None: the job's default on ``backend``.
+    Counts above the preset's ``max_tokens`` are left out; the second value says which, or is "".
 
     Raises:
         ds4lab.token.config.ConfigError: an unknown preset.
@@ -85,16 +82,14 @@ def text_options(backend: str, preset: str | None, tokens_per_step=None, routing
 
 
 def run(cfg: MoeConfig, be, console=None) -> JobResult:
-    """The ``ds4lab moe`` job on backend ``be``. Returns the :class:`~ds4lab.jobs.result.JobResult`: tables ``moe``
-    (the profile rows), ``summary`` and, where written, ``expert-load``, ``share`` and ``overhead``; figures
-    ``moe-stages``, ``moe-distribution`` and ``moe-share``; ds4's profile lines among its files.
+    """The ``ds4lab moe`` job on ``be``. Returns the :class:`~ds4lab.jobs.result.JobResult`: tables ``moe``, ``summary``
+    and, where written, ``expert-load``, ``share``, ``overhead``; figures ``moe-stages``, ``moe-distribution``,
+    ``moe-share``; ds4's profile lines among its files.
 
     Raises:
-        BadInput: a token count above the preset's ``max_tokens``, an unknown mode or routing,
-            a repeated value, an empty list.
-        ds4lab.report.results.OutputError: an unwritable ``out``.
-    The folder's ``meta.json`` says ``complete``, ``interrupted`` or ``failed: …``
-    (:func:`ds4lab.report.results.job_folder`)."""
+        BadInput: a token count above the preset's ``max_tokens``, an unknown mode or routing, a repeated value, an
+            empty list.
+        ds4lab.report.results.OutputError: an unwritable ``out``."""
     from ..progress import make_console
 
     from .. import moeprof as M
@@ -157,8 +152,7 @@ def _check_lists(cfg: MoeConfig, tokens: list[int], M) -> None:
 
 
 def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, modeled, con):
-    """Profile every (mode, routing, tokens per step) into the result folder ``o`` (its
-    :class:`~ds4lab.jobs.result.Output`); returns the files written, in the order they are named."""
+    """Profile every (mode, routing, tokens per step) into ``o``; returns the files written, in order."""
     import sys
 
     import pandas as pd
@@ -259,10 +253,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, 
 
 
 def with_fallbacks(summ, data):
-    """``summ`` (:func:`ds4lab.moeprof.summarize`) with ``calls`` and ``fallback_calls`` per mode, backend, routing and
-    token count: the profiled calls, and those that fell back to eager (a replayed MoE cluster whose capture failed:
-    the graph retired and the call ran eagerly, ``phase`` eager and a ``note`` naming the fallback; their times are
-    eager times)."""
+    """``summ`` with ``calls`` and ``fallback_calls`` (ran eagerly: eager times) per mode, backend, routing, tokens."""
     import pandas as pd
 
     keys = ["mode", "backend", "routing", "tokens"]

@@ -1,15 +1,7 @@
-"""``ds4lab notebooks``: the workbench notebooks run headlessly, each in a fresh kernel (papermill), with parameters
-typed like each notebook's own defaults, into one result folder.
-
-The folder (``--out``, default ``results/notebooks``) is a ds4lab result folder
-(:func:`ds4lab.report.results.job_folder`): locked before any kernel starts, written aside and swapped in when every
-notebook has run. It holds each executed copy (``NAME.ipynb``), each notebook's ``OUT`` (``NAME/``), ``runs.json``
-(what ran, with which parameters, how long, the figures each wrote, updated after each notebook) and each kernel's own
-stderr (``NAME.kernel.log``). A failing notebook keeps its outputs up to the failing cell and the others still run
-(:class:`NotebooksFailed`, exit 1); Ctrl-C, SIGTERM and SIGHUP stop the notebook running (passed on to its kernel, so a
-job inside it keeps its partial results) and the ones after it (exit 130, 143, 129; ``meta.json`` says ``interrupted``,
-``interrupted (SIGTERM)``, ``interrupted (SIGHUP)``). The work of one notebook is
-:func:`ds4lab.report.notebook_runner.run_notebook`."""
+"""``ds4lab notebooks``: the workbench notebooks run headlessly, each in a fresh kernel
+(:func:`ds4lab.report.notebook_runner.run_notebook`), parameters typed like each notebook's defaults, into one result
+folder: executed copies, each ``OUT``, ``runs.json``, kernel logs. A failing notebook does not stop the others
+(:class:`NotebooksFailed`, exit 1); a stop signal stops the run. Next: ``docs/notebooks.md``."""
 
 from __future__ import annotations
 
@@ -25,9 +17,9 @@ class NotebooksConfig:
     """What ``ds4lab notebooks`` runs; every default lives here.
 
     Attributes:
-        names: notebook names, sources (``.py``) or unique prefixes (``00``, ``01_moe_timing``); empty: all.
-        assignments: ``NAME=VALUE`` texts, each set in every notebook that has the parameter (typed like that
-            notebook's default, :func:`ds4lab.report.notebook_runner.coerce`).
+        names: notebook names, sources (``.py``) or unique prefixes; empty: all.
+        assignments: ``NAME=VALUE`` texts, each set in every notebook with the parameter
+            (:func:`ds4lab.report.notebook_runner.coerce`).
         out: the result folder.
         folder: where the notebooks are; None: ``./notebooks``, else the one beside the source tree.
         timeout: seconds one cell may run."""
@@ -48,19 +40,15 @@ class Plan:
 
 
 class NotebooksFailed(PartFailed):
-    """A notebook failed (every notebook ran; the failures are in ``runs.json``): exit status 1. Not a finished check:
-    the run's folder is kept beside ``--out`` as ``NAME.failed-<time>`` and earlier results in ``--out`` stay as
-    they were (:func:`ds4lab.report.results.job_folder`)."""
+    """A notebook failed (all ran; ``runs.json`` says which): exit 1, the folder kept as ``NAME.failed-<time>``."""
 
 
 def plan(cfg: NotebooksConfig) -> Plan:
     """The notebooks ``cfg`` names and their parameters, typed and checked; nothing runs.
 
     Raises:
-        ds4lab.report.notebook_runner.NotebookError: (a :class:`~ds4lab.errors.BadInput`, exit 2) a notebook that is
-            not there or cannot be read, a prefix matching several, two notebooks of one name, ``OUT`` among the
-            assignments (``--out`` sets it), a parameter no notebook has, a value of the wrong type or one the
-            notebooks would refuse, a timeout below 1 s."""
+        ds4lab.report.notebook_runner.NotebookError: (exit 2) a missing or unreadable notebook, an ambiguous prefix,
+            two notebooks of one name, ``OUT`` assigned, an unknown parameter, a bad value, a timeout below 1 s."""
     from ..report.notebook_runner import (NotebookError, check_value, coerce, default_folder, find_notebooks,
                                           parameter_defaults, parse_assignments)
 
@@ -101,9 +89,8 @@ def check_config(cfg: NotebooksConfig) -> None:
 
 
 def run(cfg: NotebooksConfig, backend=None, console=None) -> JobResult:
-    """Run the notebooks of ``cfg`` (module docstring); ``backend`` is unused (each notebook opens its own, by its
-    ``BACKEND`` parameter). Returns the :class:`~ds4lab.jobs.result.JobResult`: ``runs.json``'s records are its
-    ``value``.
+    """Run the notebooks of ``cfg`` (``backend`` unused). Returns the :class:`~ds4lab.jobs.result.JobResult`
+    (``runs.json``'s records as ``value``).
 
     Raises:
         NotebooksFailed: a notebook failed (exit 1; every notebook ran).
@@ -144,10 +131,7 @@ def _printer(console):
 
 
 def _run_all(p: Plan, folder: Path, out: Path, timeout: int, meta: dict, say) -> list[dict]:
-    """Run each notebook into ``folder`` (the staging folder that becomes ``out``), ``runs.json`` after each (paths as
-    they are once ``folder`` is ``out``, as the notebooks' own outputs name them: ``final_dir``); an interruption
-    stops the run (as :class:`KeyboardInterrupt`, or :class:`ds4lab.errors.Terminated` for SIGTERM/SIGHUP) with what
-    ran kept."""
+    """Run each notebook into ``folder``, ``runs.json`` after each; a stop signal ends the run, what ran kept."""
     from ..errors import Terminated
     from ..report.notebook_runner import run_notebook
     from ..report.results import write_meta

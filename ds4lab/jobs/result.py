@@ -1,14 +1,7 @@
-"""The one result type every job returns (:class:`JobResult`: its tables, its meta, its figures as figure objects, the
-files it wrote), and the one place a job's result folder is written (:class:`Output`, opened by
-:func:`result_folder`).
-
-A job opens its folder with :func:`result_folder` (a :func:`ds4lab.report.results.job_folder`: staged, locked,
-``meta.json`` with the status, swapped in on success) and writes every table, figure and file through the
-:class:`Output` it yields: tables as CSV, figures as PNG, SVG and PDF (:func:`ds4lab.report.plots.save`), text and JSON
-written whole (atomically); a file a job streams itself (rows appended as they are measured) is recorded with
-:meth:`Output.file`. What was written is kept in the result: ``files`` names each as it will be once the folder is in
-place (``out/<name>``), ``tables`` and ``figures`` hold the objects, so a notebook shows them without reading the
-folder back."""
+"""The one result type every job returns (:class:`JobResult`: tables, meta, figures, files) and the one writer of a
+job's result folder (:class:`Output`, opened by :func:`result_folder` over :func:`ds4lab.report.results.job_folder`):
+tables as CSV, figures as PNG/SVG/PDF, text and JSON written whole; ``files`` name each as it will be once in place,
+so a notebook needs no read-back."""
 
 from __future__ import annotations
 
@@ -25,15 +18,12 @@ class JobResult:
 
     Attributes:
         job: the job's name (:data:`ds4lab.jobs.JOBS`).
-        meta: what ``meta.json`` holds (provenance, the run's settings, its status once written).
-        out: the result folder (as given: where it is once swapped in); None for a job that wrote none.
-        tables: each table the job wrote, by name (``<name>.csv`` in ``out``, unless it wrote it under another file
-            name).
-        figures: each figure, by name (``<name>.png/.svg/.pdf``): matplotlib figures, closed in pyplot once saved,
-            still drawable (a notebook cell's last line shows one).
-        files: every file written, as it will be named once the folder is in place.
-        value: the job's own object where it has one beyond its tables (the audit's reports, the calibration written,
-            the inputs an ingest read); None otherwise."""
+        meta: what ``meta.json`` holds.
+        out: the result folder (where it is once swapped in); None for a job that wrote none.
+        tables: each table by name (``<name>.csv`` unless written under another file name).
+        figures: each figure by name (``<name>.png/.svg/.pdf``), closed in pyplot, still drawable.
+        files: every file written, as named once the folder is in place.
+        value: the job's own object beyond its tables (audit reports, a calibration, ingested inputs), else None."""
 
     job: str
     meta: dict
@@ -44,8 +34,7 @@ class JobResult:
     value: Any = None
 
     def table(self, name: str | None = None):
-        """The table ``name``; without a name, the job's only table (or the one named after the job). Raises KeyError
-        naming the tables there are."""
+        """The table ``name`` (default: the only one, or the job's); KeyError naming the tables there are."""
         if name is None:
             if len(self.tables) == 1:
                 return next(iter(self.tables.values()))
@@ -67,15 +56,13 @@ class JobResult:
                 from None
 
     def label(self) -> str:
-        """Where the numbers come from, as a title says it (:func:`ds4lab.report.provenance.label` of the meta: the
-        GPU, or MODELED and the calibration)."""
+        """Where the numbers come from, as a title says it (:func:`ds4lab.report.provenance.label`)."""
         from ..report.provenance import label
 
         return label(self.meta)
 
     def where(self, name: str = "") -> Path:
-        """Where the file ``name`` of the result folder is, as the lines that say so name it
-        (:func:`ds4lab.report.results.final_path`: the folder a ``ds4lab notebooks`` run ends up in)."""
+        """The file ``name`` of the result folder as :func:`ds4lab.report.results.final_path` names it."""
         from ..report.results import final_path
 
         base = final_path(self.out) if self.out is not None else Path(".")
@@ -83,10 +70,8 @@ class JobResult:
 
 
 class Output:
-    """The writer of one job's result folder (module docstring). ``folder``: where the files go now (the staging folder
-    of :func:`ds4lab.report.results.job_folder`); ``out``: the folder they are in once it is swapped in, the name
-    every recorded file is given. ``folder`` None: nothing is written, the tables and figures are kept in the result
-    only."""
+    """The writer of one job's result folder: ``folder`` where files go now (staging), ``out`` their name once in
+    place; ``folder`` None keeps tables and figures in the result only."""
 
     def __init__(self, job: str, meta: dict, folder: Path | None, out: Path | None) -> None:
         self.folder = Path(folder) if folder is not None else None
@@ -106,23 +91,22 @@ class Output:
             self.result.files.append(p)
         return p
 
+    def _write(self, name: str, write) -> Path | None:
+        p = self._path(name)
+        if p is None:
+            return None
+        write(p)
+        return self._record(name)
+
     def table(self, name: str, df, *, file: str | None = None, index: bool = False) -> Path | None:
-        """Write ``df`` as ``<file or name>.csv`` (whole, atomically: a table rewritten as a run goes on is never seen
-        half written) and keep it as the result's table ``name``. Returns the file (as named once in place), or None
-        without a folder."""
+        """Write ``df`` atomically as ``<file or name>.csv``, keep it as table ``name``; the file, or None."""
         from ..report.results import write_text_atomic
 
         self.result.tables[name] = df
-        fname = file or f"{name}.csv"
-        p = self._path(fname)
-        if p is None:
-            return None
-        write_text_atomic(p, df.to_csv(index=index))
-        return self._record(fname)
+        return self._write(file or f"{name}.csv", lambda p: write_text_atomic(p, df.to_csv(index=index)))
 
     def figure(self, name: str, fig, *, stem: str | None = None) -> list[Path]:
-        """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (:func:`ds4lab.report.plots.save`, which closes it in
-        pyplot) and keep it as the result's figure ``name``. Returns the files (as named once in place)."""
+        """Save ``fig`` as ``<stem or name>.png/.svg/.pdf`` (closed in pyplot), kept as figure ``name``; the files."""
         from ..report import plots
 
         self.result.figures[name] = fig
@@ -138,38 +122,27 @@ class Output:
         """Write ``text`` to the file ``name`` (atomically)."""
         from ..report.results import write_text_atomic
 
-        p = self._path(name)
-        if p is None:
-            return None
-        write_text_atomic(p, text)
-        return self._record(name)
+        return self._write(name, lambda p: write_text_atomic(p, text))
 
     def json(self, name: str, obj, **dumps) -> Path | None:
         """Write ``obj`` as JSON to the file ``name`` (``json.dumps(obj, **dumps)`` and a newline)."""
         return self.text(name, json.dumps(obj, **dumps) + "\n")
 
     def meta(self, name: str, meta: dict) -> Path | None:
-        """Write a ``meta.json`` that is not the folder's own (a sub-folder's: the folder's is written by
-        :func:`ds4lab.report.results.job_folder`) with :func:`ds4lab.report.results.write_meta`."""
+        """Write a sub-folder's ``meta.json`` (the folder's own is :func:`ds4lab.report.results.job_folder`'s)."""
         from ..report.results import write_meta
 
-        p = self._path(name)
-        if p is None:
-            return None
-        write_meta(p, meta)
-        return self._record(name)
+        return self._write(name, lambda p: write_meta(p, meta))
 
     def file(self, name: str) -> Path | None:
-        """Record a file the job wrote into :attr:`folder` itself (rows streamed as they come); None without a folder,
-        or when it is not there."""
+        """Record a file the job streamed into :attr:`folder`; None without a folder or when it is not there."""
         p = self._path(name)
         if p is None or not p.exists():
             return None
         return self._record(name)
 
     def streamed(self, name: str, df, file: str | None = None) -> Path | None:
-        """Keep ``df`` as the result's table ``name``, whose file (``<file or name>.csv``) the job wrote row by row as
-        they came (not written again: it holds those rows as they were written)."""
+        """Keep ``df`` as table ``name`` whose file the job wrote row by row (not written again)."""
         self.result.tables[name] = df
         return self.file(file or f"{name}.csv")
 
@@ -185,8 +158,7 @@ class Output:
 
 @contextlib.contextmanager
 def result_folder(job: str, out, meta: dict, outputs=(), **job_folder):
-    """Open ``out`` as ``job``'s result folder (:func:`ds4lab.report.results.job_folder`, with its ``outputs`` globs
-    and keywords: ``say``, ``on_stop``, ``discard_on``) and yield the :class:`Output` that writes it."""
+    """Open ``out`` as ``job``'s result folder (:func:`ds4lab.report.results.job_folder`); yield its :class:`Output`."""
     from ..report import results
 
     with results.job_folder(out, meta, outputs, **job_folder) as folder:

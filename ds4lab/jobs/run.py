@@ -1,13 +1,9 @@
-"""``ds4lab run``: decode N tokens eagerly, check against the reference, time, count, floor; each result written to the
-folder as soon as it exists.
+"""``ds4lab run``: decode N tokens eagerly; reference check, µs per token, launch census, memory, bytes floor, each
+written as soon as it exists.
 
-Checks first, before anything is written (positions int32, a writable folder, a CPU backend that computes not asked for
-a model whose weights take tens of minutes: ``--force`` overrides); then the first token against the NumPy executor
-(all layers for ``tiny``/``small``, the first ``n_hash_layers + 1`` of ``ds4-flash``, both routing kinds), N timed
-tokens after warm-up (events on the accessor's stream, each token ended with a device synchronize as ds4 ends it), the
-launch census (``census.csv``), memory and the bytes floor. On ``cupy`` every time is measured, on ``sim`` MODELED
-(every row says so), on ``numpy`` none. An interrupted or failed run keeps what it wrote, ``meta.json`` saying how far
-it got (``tokens_completed``): :func:`run` raises :class:`RunInterrupted` or :class:`RunFailed`."""
+Checks before anything is written (int32 positions, a writable folder, no CPU-computed model over
+:data:`CPU_WEIGHT_LIMIT` without ``--force``); a stopped run keeps what it wrote and raises :class:`RunInterrupted`
+or :class:`RunFailed`. Next: ``docs/commands.md`` (``ds4lab run``)."""
 
 from __future__ import annotations
 
@@ -57,9 +53,7 @@ class ReferenceCheckFailed(CheckFailed):
 
 
 class RunFailed(CheckFailed):
-    """The run stopped on an error after its folder existed; results so far are on disk.
-
-    Attributes: ``out`` (the folder), ``meta`` (what ``meta.json`` holds)."""
+    """The run stopped on an error after its folder existed (results so far on disk): ``out``, ``meta``."""
 
     def __init__(self, msg: str, out: Path, meta: dict) -> None:
         super().__init__(msg)
@@ -67,11 +61,8 @@ class RunFailed(CheckFailed):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP) after its folder existed; results so far are on disk.
-
-    A :class:`KeyboardInterrupt`, so code that lets interrupts through still does. Attributes: ``out`` (the folder
-    holding the results so far), ``meta`` (what ``meta.json`` holds), ``signum``/``signame`` (the signal for SIGTERM
-    and SIGHUP, else None: the exit status is then 128 + ``signum``, :func:`ds4lab.jobs.common.exit_code`)."""
+    """The run was interrupted (Ctrl-C, SIGTERM, SIGHUP) after its folder existed (results so far on disk): ``out``,
+    ``meta``, ``signum``/``signame`` (None for Ctrl-C; :func:`ds4lab.jobs.common.exit_code`)."""
 
     def __init__(self, msg: str, out: Path, meta: dict) -> None:
         super().__init__(msg)
@@ -104,8 +95,7 @@ class RunConfig:
 
 # ---------------------------------------------------------------------- checks before any work
 def check_positions(rc: RunConfig) -> None:
-    """Every position the run decodes (``start_pos`` to ``start_pos + warmup + tokens - 1``) must be an int32 kernel
-    argument. Raises :class:`RunError` saying how far the run would go."""
+    """Every decoded position must be an int32 kernel argument; :class:`RunError` says how far the run would go."""
     if rc.start_pos < 0:
         raise RunError(f"--start-pos {rc.start_pos}: positions start at 0")
     last = rc.start_pos + rc.warmup + rc.tokens - 1
@@ -118,8 +108,7 @@ def check_positions(rc: RunConfig) -> None:
 
 
 def check_out(out: Path) -> None:
-    """:func:`ds4lab.report.results.check_out` for ``run``'s files (raises :class:`ds4lab.report.results.OutputError`).
-    """
+    """:func:`ds4lab.report.results.check_out` for ``run``'s files."""
     results.check_out(out, RESULT_FILES)
 
 
@@ -133,11 +122,8 @@ def launches_per_token(cfg, opts: TokenOptions) -> int:
 
 
 def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
-    """Refuse a CPU backend that computes (``numpy``, ``sim --compute``) a model whose weights exceed
-    :data:`CPU_WEIGHT_LIMIT`, unless ``rc.force``. Returns the estimate when forced.
-
-    Raises:
-        RunRefused: says why (weight bytes, launches per token, a rough duration) and what to run instead."""
+    """Refuse a CPU backend that computes a model over :data:`CPU_WEIGHT_LIMIT` weight bytes unless ``rc.force``;
+    returns the estimate when forced. Raises :class:`RunRefused` saying why and what to run instead."""
     if be.is_gpu or be.timing_only:
         return None
     wb = W.model_bytes(cfg, rc.options.vocab)
@@ -160,9 +146,7 @@ def check_cpu_cost(rc: RunConfig, be, cfg) -> dict | None:
 
 
 def reference_check(cfg, be, opts: TokenOptions, pos: int, log) -> dict:
-    """First token on ``be`` against the NumPy executor. Returns the check's figures.
-
-    Raises nothing on a mismatch: the caller decides (``passed`` is in the result)."""
+    """First token on ``be`` against the NumPy executor: the check's figures (``passed``; a mismatch not raised)."""
     from ..backends import make_backend
 
     layers = cfg.n_layers if cfg.name in ("tiny", "small") else min(cfg.n_layers, cfg.n_hash_layers + 1)
@@ -221,17 +205,12 @@ class _Progress:
 
 
 def timing_only_for(rc: RunConfig) -> bool:
-    """Whether the sim backend for ``rc`` models time only: ``rc.timing_only``, or by default True for every preset but
-    ``tiny`` (computing ``small``'s numbers on the CPU takes minutes, a ``ds4-flash`` token minutes each; the
-    modeled times and the census are the same either way)."""
+    """Whether the sim models time only: ``rc.timing_only``, by default every preset but ``tiny``."""
     return (rc.preset != "tiny") if rc.timing_only is None else bool(rc.timing_only)
 
 
 def check_config(rc: RunConfig) -> None:
-    """Checks that need no backend: token counts, int32 positions, a non-empty ``out``.
-
-    Raises:
-        RunError: the value and what to do (exit 2)."""
+    """Checks that need no backend (token counts, int32 positions, a non-empty ``out``); raises :class:`RunError`."""
     if rc.tokens < 1:
         raise RunError(f"--tokens {rc.tokens}: need at least 1 token")
     if rc.warmup < 0:
@@ -241,14 +220,12 @@ def check_config(rc: RunConfig) -> None:
 
 
 def run(rc: RunConfig, be, console=None) -> JobResult:
-    """Run the job on ``be`` (``cupy``, ``sim`` or ``numpy``: :func:`ds4lab.backends.make_backend`, with
-    ``timing_only=timing_only_for(rc)`` for the sim); returns the :class:`~ds4lab.jobs.result.JobResult`: its
-    ``meta`` is what ``meta.json`` holds (the summary under ``summary``), tables ``results`` and ``census``.
+    """Run the job on ``be`` (``cupy``, ``sim`` with ``timing_only_for(rc)``, or ``numpy``); returns the
+    :class:`~ds4lab.jobs.result.JobResult` (tables ``results`` and ``census``; ``meta`` as ``meta.json`` holds it).
 
     Raises (before anything is written):
-        RunError: too few tokens, positions past int32, ``--timing-only`` off the sim.
-        OutputError: the result folder cannot be created or written (a RunError).
-        RunRefused: a CPU backend would compute a model over 1 GiB of weights (a RunError).
+        RunError: too few tokens, positions past int32, ``--timing-only`` off the sim; OutputError and RunRefused are
+            RunErrors.
         ConfigError: unknown preset or a bad override.
     Raises (after the folder exists; ``meta.json`` and ``census.csv`` record how far it got):
         RunInterrupted: Ctrl-C (a KeyboardInterrupt); ``status`` is ``"interrupted"``.
@@ -308,17 +285,14 @@ def _how_far(rc: RunConfig, prog: _Progress) -> str:
 
 
 def write_census(census: Census, path: Path, be, preset: str):
-    """``census.csv``: :meth:`Census.frame` (``cluster``, ``kind``, ``site``, ``launches`` per token) with ``backend``,
-    ``preset`` and ``modeled`` on every row, as ``ladder.csv``
-    (:func:`ds4lab.report.provenance.with_source_columns`). Returns the table."""
+    """Write ``census.csv`` (:meth:`Census.frame` with ``backend``, ``preset``, ``modeled``); returns the table."""
     df = provenance.with_source_columns(census.frame(), be.name, preset, be.models_time)
     results.write_csv(df, path)
     return df
 
 
 def _record_stop(out: Path, meta: dict, prog: _Progress, be, preset: str) -> None:
-    """Best effort, never raising, when the run stops early: how far it got into ``meta`` (which
-    :func:`ds4lab.report.results.job_folder` then writes with the status), ``census.csv`` so far."""
+    """Best effort, never raising: how far the run got into ``meta``, ``census.csv`` so far."""
     meta["tokens_completed"] = prog.tokens_done
     meta["warmup_completed"] = prog.warmup_done
     meta["census_tokens"] = prog.census_tokens
@@ -365,8 +339,7 @@ def _job(rc: RunConfig, be, cfg, preset: str, out: Path, meta: dict, con, prog: 
 
 
 def _announce(rc: RunConfig, be, preset: str, meta: dict, log) -> tuple:
-    """Say what runs (and note what an option does not change); returns where each figure comes from: ``(memory, token
-    time, host time, bytes)``."""
+    """Say what runs; returns the sources ``(memory, token time, host time, bytes)``."""
     modeled = be.models_time
     if modeled:
         src = sources(be)[0]
@@ -402,8 +375,7 @@ def _announce(rc: RunConfig, be, preset: str, meta: dict, log) -> tuple:
 
 
 def _reference_check(rc: RunConfig, be, cfg, meta: dict, out: Path, res, log) -> None:
-    """The first token against the NumPy reference on a GPU (raises :class:`ReferenceCheckFailed`); elsewhere why it is
-    skipped, in ``meta``."""
+    """The reference check on a GPU (raises :class:`ReferenceCheckFailed`); elsewhere why it is skipped, in ``meta``."""
     if rc.check and be.is_gpu:
         chk = reference_check(cfg, be, rc.options, rc.start_pos, log)
         meta["reference_check"] = chk
@@ -447,9 +419,7 @@ def _build(rc: RunConfig, be, cfg, meta: dict, res, src_mem) -> DecodeModel:
 
 
 def _decode(rc: RunConfig, be, cfg, model, prog: _Progress, res, con, src_ev, src_host) -> None:
-    """The warm-up and timed tokens, each timed by the one timing loop (events on the accessor's stream, host clock
-    around the enqueue, a device synchronize after each token as ds4 does); on the NumPy executor the same tokens,
-    no timing claimed."""
+    """The warm-up and timed tokens through :func:`ds4lab.timing.time_steps`; untimed on the NumPy executor."""
     from ..progress import JobProgress
 
     L = model.L
@@ -480,8 +450,7 @@ def _decode(rc: RunConfig, be, cfg, model, prog: _Progress, res, con, src_ev, sr
 
 
 def _summary(be, prog: _Progress, total_bytes: int, res, src_ev) -> dict:
-    """µs per token, host enqueue µs and the bytes floor over the copy bandwidth (measured on a GPU, the calibration's
-    on the sim), each also a row of ``results.csv``; ``{}`` where nothing was timed."""
+    """µs per token, host enqueue µs, bytes floor, each also a ``results.csv`` row; ``{}`` where nothing was timed."""
     if not prog.gpu_us:
         return {}
     st, hs = Stats.of(prog.gpu_us), Stats.of(prog.host_us)

@@ -1,9 +1,7 @@
-"""``ds4lab tp token|ladder|trace``: tensor parallelism on the sim's two devices or a host's two GPUs
-(``docs/tensor-parallel.md``). ``token``: the TP=2 token against the single-GPU token
-(:func:`ds4lab.tp.group.compare_with_single` on the sim, the reduction bound checked at every reduction;
-:func:`~ds4lab.tp.group.compare_on_gpus` on GPUs); ``ladder``: the tensor-parallel stages per rank
-(:func:`ds4lab.tp.ladder.tp_ladder`); ``trace``: the TP token recorded per device for ``ds4lab audit``
-(:func:`ds4lab.tp.trace.tp_trace`). Each writes a result folder as every job does."""
+"""``ds4lab tp token|ladder|trace``: tensor parallelism on the sim's two devices or a host's two GPUs: the TP=2 token
+against the single-GPU one (:mod:`ds4lab.tp.group`), the tensor-parallel stages per rank
+(:func:`ds4lab.tp.ladder.tp_ladder`), the TP token recorded per device for ``ds4lab audit``
+(:func:`ds4lab.tp.trace.tp_trace`). Next: ``docs/tensor-parallel.md``."""
 
 from __future__ import annotations
 
@@ -26,12 +24,10 @@ TP_OUTPUTS = ("tp-*.csv", "tp-*.json", "trace-*")
 
 @dataclass
 class TPConfig:
-    """Arguments of ``ds4lab tp COMMAND`` (the command line reads its defaults from here): ``command``
-    (:data:`COMMANDS`); ``backend`` the node: ``sim`` (two simulated devices) or ``cupy`` (two GPUs of this host);
-    ``preset`` (None: the job's default, ``small``); ``reduce``: NCCL all-reduce or ds4's peer copies;
-    ``start_pos``; ``long_context``; ``tokens`` (None: the command's, :data:`COMMANDS`); the ladder's ``stages``
-    (None: :data:`~ds4lab.tp.stages.TP_LADDER_DEFAULT`), ``exact_tokens`` and ``rounds``; the trace's ``stage``;
-    ``out`` (None: ``results/tp-<command>-<preset>-<backend>-<reduce>``)."""
+    """Arguments of ``ds4lab tp COMMAND`` (the command line's defaults): ``backend`` ``sim`` or ``cupy`` (two GPUs);
+    ``reduce``: NCCL all-reduce or ds4's peer copies; ``tokens`` None: the command's (:data:`COMMANDS`); ``stages``
+    None: :data:`~ds4lab.tp.stages.TP_LADDER_DEFAULT`; ``out`` None:
+    ``results/tp-<command>-<preset>-<backend>-<reduce>``."""
 
     command: str = "token"
     backend: str = "sim"
@@ -87,9 +83,9 @@ def model_config(cfg: TPConfig, be):
 
 
 def run(cfg: TPConfig, be, console) -> JobResult:
-    """Run ``cfg.command`` on a node of two devices (``be`` unused: the job makes its node). Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: ``token``: its comparison as ``value`` (``tp-token.json``); ``ladder``:
-    table ``tp-ladder``; ``trace``: tables ``tp-collectives`` and ``tp-plan`` beside ``trace-tp.csv.gz``.
+    """Run ``cfg.command`` on a node of two devices (``be`` unused). Returns the :class:`~ds4lab.jobs.result.JobResult`:
+    ``token``: the comparison as ``value``; ``ladder``: table ``tp-ladder``; ``trace``: tables ``tp-collectives`` and
+    ``tp-plan``.
 
     Raises:
         BadInput: bad input (nothing ran; exit 2).

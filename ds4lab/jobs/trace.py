@@ -1,17 +1,9 @@
-"""``ds4lab trace``: one decode token's timeline per capture stage, as a Chrome/Perfetto trace.
+"""``ds4lab trace``: one decode token's timeline per capture stage, as a Chrome/Perfetto trace, from the live sources
+(:mod:`ds4lab.trace.live`: CUPTI on a GPU, the sim's modeled schedule): device work, ds4lab's NVTX ranges and the CUDA
+API level, linked by correlation id, each kernel given its launch site where an eager token matches (``sites_matched``).
 
-For every stage asked for, after warm-up (graphs captured), ``tokens`` tokens are traced from the trace model's live
-sources (:mod:`ds4lab.trace.live`, read by field name): the kernels, memsets and copies (CUPTI activity records on a
-GPU, with ``graph_id``/``graph_node_id`` for a replayed graph's; the sim's modeled schedule, MODELED), ds4lab's NVTX
-ranges in the kernels' clock (:class:`ds4lab.trace.live.RecordingAnnotator`; a replayed stage shows the token range and
-its graph launch), and the CUDA API level (CUPTI's call, synchronization, event and stream records on a GPU, the sim's
-call log), each call linked to its device work by correlation id; an eager kernel carries its scalar arguments
-(``args``). Each kernel is given its launch site by position against an eager token of the same model
-(``Launcher.trace``); where counts or names differ, none, and ``sites_matched`` says so.
-
-Written to ``out``: ``trace.json`` (:func:`ds4lab.trace.chrome.chrome_trace`: one process per stage; ui.perfetto.dev,
-chrome://tracing), ``trace_kernels.csv``, ``trace_nvtx.csv``, ``trace_api.csv`` (rows ending with ``backend``,
-``preset``, ``modeled``), ``meta.json`` and the figure ``trace`` (:func:`ds4lab.report.plots.trace_figure`)."""
+Writes ``trace.json``, ``trace_kernels.csv``, ``trace_nvtx.csv``, ``trace_api.csv``, ``meta.json`` and the figure
+``trace``. Next: ``docs/commands.md`` (``ds4lab trace``), ``docs/trace-readers.md``."""
 
 from __future__ import annotations
 
@@ -34,8 +26,7 @@ TRACE_OUTPUTS = ("trace.json", "trace_kernels.csv", "trace_nvtx.csv", "trace_api
 
 
 class TraceError(BadInput):
-    """A trace request that cannot run (unknown stage, no tokens, no kernel source on the backend): nothing traced
-    (exit 2)."""
+    """A trace request that cannot run (unknown stage, no tokens, no kernel source): nothing traced (exit 2)."""
 
 
 class NoKernelRecords(CheckFailed):
@@ -47,22 +38,14 @@ class TraceConfig:
     """What ``ds4lab trace`` runs.
 
     Attributes:
-        preset: model dimensions (``ds4lab.token.config.PRESETS``); None: the job's default
-            (``ds4lab.jobs.common.DEFAULT_PRESETS``: ds4-flash on a GPU, small on the sim).
-        stages: comma-separated stage names (``ds4lab.experiments.ladder.STAGES``), one trace process each; None:
-            ``0,3``, or ``0s`` with a ``hazard`` (stage 0 with the accessor's stream set, as a capture runs it: work
-            that bypasses the accessor then shows on the legacy stream).
-        hazard: a token hazard of ``ds4lab ladder --hazard`` (:data:`ds4lab.experiments.hazards.HAZARDS`) whose
-            ds4-today path the traced tokens take (its ``TokenOptions`` over each stage's), so that ``ds4lab audit`` of
-            the trace reports it. The routed-MoE hazards (``steps`` ``moe``: sync-memset, alloc-in-capture,
-            host-timed-profile) trace the hazard's own step, as ``ladder --hazard`` demonstrates it: the router and
-            routed MoE of the first top-k layer for 2 tokens (multi-token-prediction verification), inside a ``token``
-            NVTX range; their warm-up runs decode tokens, so scratch grown on demand grows in the first traced step.
-            None: no hazard.
-        tokens: tokens traced per stage (≥ 1), after ``warmup`` tokens (≥ 1: the captured stages capture their graphs
-            there).
-        warmup: untraced tokens per stage before the traced ones.
-        out: result folder; None: ``results/trace-<preset>-<backend>`` (``-<hazard>`` added with one).
+        preset: model dimensions; None: the job's default (:data:`ds4lab.jobs.common.DEFAULT_PRESETS`).
+        stages: comma-separated stages, one trace process each; None: ``0,3``, or ``0s`` with a ``hazard``.
+        hazard: a token hazard of ``ladder --hazard`` whose ds4-today path the traced tokens take, so ``ds4lab audit``
+            reports it; a routed-MoE hazard traces its own step (router and routed MoE of the first top-k layer, 2
+            tokens, in a ``token`` range). None: no hazard.
+        tokens: tokens traced per stage (≥ 1).
+        warmup: untraced tokens per stage first (≥ 1: the captured stages capture there).
+        out: result folder; None: ``results/trace-<preset>-<backend>[-<hazard>]``.
         capture_mode: stream-capture mode of the captured stages."""
 
     preset: str | None = None
@@ -76,9 +59,7 @@ class TraceConfig:
 
 # ----------------------------------------------------------------------------- the trace's rows
 def kernel_source(be):
-    """The live trace of ``be`` with its API level (:func:`ds4lab.trace.live.trace_source`, the one registry: CUPTI on
-    a GPU, the sim's modeled timeline and call log on the sim). Raises :class:`TraceError` with the reason where
-    there is none."""
+    """The live trace of ``be`` with its API level; :class:`TraceError` with the reason where there is none."""
     from ..trace.live import trace_source
 
     src = trace_source(be, calls=True)
@@ -88,8 +69,7 @@ def kernel_source(be):
 
 
 def device_rows(src, recs) -> list[dict]:
-    """The trace's rows of the device records ``recs`` of source ``src`` (kernels, memsets, copies; each with its
-    stream's id and kind, and a copy's or memset's bytes where the source counts them)."""
+    """The trace's rows of device records ``recs``, with stream id, kind and bytes where counted."""
     out = []
     for r in recs:
         if r.kind not in ("kernel", "memset", "memcpy"):
@@ -108,9 +88,8 @@ def device_rows(src, recs) -> list[dict]:
 
 
 def api_call_rows(src, recs) -> tuple[list[dict], dict]:
-    """``(calls, stream_types)`` of the API-level records ``recs`` of ``src``: the API calls and synchronizations as
-    rows of ``trace_api.csv``, each call's stream the one it names or, for a ``cudaEventRecord``, its event
-    record's; and ``{stream id: type}`` from the source and the stream records."""
+    """``(calls, stream_types)``: the API calls and synchronizations as ``trace_api.csv`` rows (a ``cudaEventRecord``
+    on its record's stream) and ``{stream id: type}``."""
     from ..trace import records as R
 
     events, made = R.api_context(recs)
@@ -131,7 +110,7 @@ def api_call_rows(src, recs) -> tuple[list[dict], dict]:
 
 # ----------------------------------------------------------------------------- the job
 def check_config(config: TraceConfig) -> list:
-    """The stages of ``config`` after checking it before any work (no backend needed).
+    """The stages of ``config``, checked before any work.
 
     Raises:
         TraceError: unknown or repeated stage, tokens or warm-up below 1, an empty ``out``, a hazard that is not a
@@ -161,14 +140,12 @@ def stages_of(config: TraceConfig) -> str:
 
 
 def run(config: TraceConfig, backend=None, console=None) -> JobResult:
-    """Trace ``config.tokens`` tokens of every stage in ``config.stages`` on ``backend`` and write the trace, the
-    tables, ``meta.json`` and the figure to ``config.out``. ``backend``: a ds4lab backend (None: ``auto``, opened as
-    the jobs open it; on the sim a timing-only backend is enough). Returns the
-    :class:`~ds4lab.jobs.result.JobResult`: tables ``trace_kernels``, ``trace_nvtx`` and ``trace_api`` (as their
-    CSVs hold them), the figure ``trace``, and ``trace.json`` among its files.
+    """Trace ``config.tokens`` tokens of each stage on ``backend`` (None: ``auto``) and write the files to
+    ``config.out``. Returns the :class:`~ds4lab.jobs.result.JobResult`: tables ``trace_kernels``, ``trace_nvtx``,
+    ``trace_api``, figure ``trace``.
 
     Raises:
-        TraceError: bad input (:func:`check_config`) or no kernel source on this backend (exit 2).
+        TraceError: bad input or no kernel source on this backend (exit 2).
         NoKernelRecords: a stage's traced tokens gave no kernel record (exit 1; ``meta.json`` says ``failed``).
         ds4lab.token.config.ConfigError: unknown preset.
         ds4lab.report.results.OutputError: an ``out`` that cannot be written."""
@@ -317,10 +294,8 @@ def _trace_stages(be, cfg, st_list, config, src, say, meta, model, rec, base):
 
 
 def _attach_args(recs: list, launched: list, types: dict) -> None:
-    """Give each eagerly launched kernel record (``graph_id`` 0) the scalar arguments of its launch
-    (:func:`ds4lab.trace.live.scalar_args`), matched in order and by kernel name to the launch layer's records of
-    the same tokens; a replayed kernel ran with the arguments of its capture and gets none. Also each record's
-    ``stream_type`` from ``types`` (stream id → type)."""
+    """Give each eager kernel record the scalar arguments of its launch (matched in order by name; a replayed kernel
+    gets none), and each record its ``stream_type``."""
     from ..trace.live import scalar_args
 
     j = 0
@@ -338,9 +313,7 @@ def _attach_args(recs: list, launched: list, types: dict) -> None:
 
 
 def _hazard_step(name: str, model):
-    """The traced step of a routed-MoE hazard (see :class:`TraceConfig`), or None for a token hazard: ``step(run,
-    pos)`` runs the router and routed MoE of the first top-k layer for 2 tokens on the stage's stream, inside a
-    ``token`` NVTX range (its input written from the host first, as ``ladder --hazard`` does)."""
+    """The traced step of a routed-MoE hazard (``step(run, pos)``), or None for a token hazard."""
     import contextlib
 
     import numpy as np
@@ -369,16 +342,13 @@ def _hazard_step(name: str, model):
 
 
 def labelled(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
-    """A trace table as its CSV holds it: ``df`` with ``backend``, ``preset`` and ``modeled`` appended
-    (:func:`ds4lab.report.provenance.with_source_columns`, as ``ladder.csv``), so that a copied ``trace_*.csv``
-    still says whether its times are the sim's (MODELED) or measured."""
+    """``df`` with ``backend``, ``preset`` and ``modeled`` appended, as its CSV holds it."""
     return provenance.with_source_columns(df, meta.get("backend"), provenance.preset_name(meta),
                                           bool(meta.get("modeled")))
 
 
 def trace_json(kern: pd.DataFrame, nvtx: pd.DataFrame, meta: dict, api: pd.DataFrame | None = None) -> dict:
-    """The trace's Chrome/Perfetto JSON (:func:`ds4lab.trace.chrome.chrome_trace`): one process per stage, named by the
-    stage and what it captures, with the trace's provenance (MODELED on the sim)."""
+    """The trace's Chrome/Perfetto JSON: one process per stage, with the trace's provenance."""
     from ..experiments.stages import STAGES
 
     tag = "MODELED" if meta.get("modeled") else provenance.label(meta)

@@ -1,12 +1,7 @@
-"""``ds4lab bench``: the core library's two benchmarks, side by side in one run (GPU only).
-
-1. Host cost per eager launch through the launch layer (accessor + census, NVTX off and on) against a bare CuPy
-   ``RawKernel`` launch of the same kernel, and against CuPy's underlying ``Function`` call with an explicit stream.
-   Host enqueue time is measured with a host clock around N launches (host work only; the GPU runs the tiny kernels
-   faster than they arrive), median over repeats; the GPU-side span of the same launches is measured with CUDA events.
-2. The 6-expert routed-MoE decode step (``xq``, ``gateup``, ``midq``, ``down``, ``sum``) at the preset's dimensions: 16
-   different routings captured into one CUDA graph and replayed, timed with CUDA events; achieved bytes per second
-   against a measured device-to-device copy."""
+"""``ds4lab bench`` (GPU only): host cost per eager launch through the launch layer (NVTX off and on) against a bare
+CuPy ``RawKernel`` and CuPy's ``Function`` call (host clock around N launches; GPU span by events), and the 6-expert
+routed-MoE decode step at the preset's dimensions (16 routings captured into one graph, replayed, events) against a
+device-to-device copy. Next: ``docs/figures.md``, "Launch cost"."""
 
 from __future__ import annotations
 
@@ -161,11 +156,8 @@ SUMMARY_KEYS = ("token_busy_us", "bytes_floor_us", "launch_floor_us", "t_min_us"
 
 
 def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
-    """The headline figures of a bench run (:data:`SUMMARY_KEYS`): from the per-op run (None without it) the replayed
-    token's GPU-busy µs, its bytes floor and launch-list floor, t_min, the large kernels' fraction of the copy
-    bandwidth, attention µs per layer and efficiency against both floors (:mod:`ds4lab.experiments.floors`); the
-    copy bandwidth, the routed-MoE decode step's fraction of it, and host µs per launch (medians) bare, through the
-    launcher with an override stream, with NVTX on, and plain."""
+    """The headline figures of a bench run (:data:`SUMMARY_KEYS`): the per-op run's busy time, floors, t_min, copy
+    fractions and efficiencies (None without it), the MoE step's copy fraction, host µs per launch."""
     host = {k: v["host_us"].median for k, v in lo.items()}
     po = per_op or {}
     return {
@@ -183,9 +175,8 @@ def summary(lo: dict, mb: dict, per_op: dict | None) -> dict:
 
 
 def run_bench(be, cfg, console, *, per_op: bool = False, outputs: dict | None = None) -> dict:
-    """The benchmarks; prints tables and returns the figures (with provenance) and, at the top level, :func:`summary`'s
-    fields. ``per_op`` adds the per-site roofline of one token (:func:`ds4lab.measure.perop.run_per_op`; its tables
-    and figure into ``outputs`` when given)."""
+    """The benchmarks: prints tables, returns the figures (with provenance) and :func:`summary`'s fields; ``per_op``
+    adds :func:`ds4lab.measure.perop.run_per_op` (its tables and figure into ``outputs``)."""
     from rich.table import Table
 
     meta = provenance.base_meta(be)
@@ -232,10 +223,7 @@ def run_bench(be, cfg, console, *, per_op: bool = False, outputs: dict | None = 
 
 
 def graph_replay_cost(be, n: int = 350, replays: int = 50) -> dict:
-    """µs per kernel node of a replayed graph of ``n`` small kernels, three ways, one run: ds4lab (launches through the
-    launcher, captured on the accessor's stream), CuPy's own graph API with a bare ``RawKernel``, and
-    ``torch.cuda.CUDAGraph`` of ``n`` ``x.add_(1)`` (when torch is importable). CUDA events around each replay;
-    median over ``replays``."""
+    """µs per node of a replayed graph of ``n`` small kernels: ds4lab, CuPy's graph API, torch (where importable)."""
     import cupy
 
     from ..capture.launch import Launcher

@@ -1,18 +1,6 @@
-"""Per-launch-site roofline of one decode token (``ds4lab bench --per-op``; GPU only).
-
-For every launch site of a token (cluster, site, kernel): the launches per token, the fewest bytes the site must move
-(each launch's ``nbytes``, as the launch site declares it), the GPU time, the achieved GB/s, that as a fraction of the
-measured device-to-device copy bandwidth, and the time lost against that bandwidth (measured µs − bytes / copy
-bandwidth). Sites are sorted by time lost: the top rows are where kernel work pays most.
-
-Kernel time comes from CUPTI activity records (``CONCURRENT_KERNEL``, ``cupti-python``; the one session of
-:mod:`ds4lab.trace.cupti`) of eager tokens on one stream: each record's ``end - start`` in ns, matched to the traced
-launches in issue order (same count and kernel names, or the method falls back). Without CUPTI, each launch is
-re-issued back to back behind a spin kernel between two CUDA events (:func:`per_op_times`). Either way the per-launch
-figure is the median over ``tokens`` tokens (CUPTI) or the mean of ``repeats`` re-issues (events), and the token's
-GPU-busy time is the sum over its launches.
-
-Token summary: GPU-busy µs, bytes per token, the bytes-moved floor (bytes / copy bandwidth) and their ratio."""
+"""Per-launch-site roofline of one decode token (``ds4lab bench --per-op``; GPU only): per site the launches, bytes,
+GPU µs (CUPTI records, else each launch re-issued behind a spin kernel: :func:`per_op_times`), GB/s, fraction of the
+copy bandwidth and time lost against it, sorted by time lost. Next: ``docs/commands.md``, "bench --per-op"."""
 
 from __future__ import annotations
 
@@ -24,8 +12,7 @@ SITE_COLUMNS = ("cluster", "site", "kernel", "launches", "bytes", "us", "us_p25"
 
 
 def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: int, names: list[str]):
-    """µs per launch ``[tokens, n_launch]`` from CUPTI kernel records of ``tokens`` eager tokens, or ``(None, reason)``
-    when CUPTI is unavailable or the records do not match the trace."""
+    """µs per launch ``[tokens, n_launch]`` from CUPTI records of eager tokens, or ``(None, reason)``."""
     from ..trace.cupti import KERNEL_KINDS, CuptiSession, cupti_available
 
     ok, why = cupti_available()
@@ -54,13 +41,8 @@ def _cupti_launch_us(be, model, pos: int, token_id: int, tokens: int, n_launch: 
 
 
 def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 20):
-    """GPU time of every kernel launch of one token: each launch re-issued ``repeats`` times back to back behind a spin
-    kernel, between two CUDA events (mean per launch). DataFrame columns: cluster, layer, site, kernel, nbytes (the
-    op's fewest bytes moved), us.
-
-    The sum is the token's GPU-busy time when kernels run back to back with no launch gaps: the floor a fully captured
-    token approaches. Re-issuing a launch repeats its side effects (a KV store, an in-place RoPE), which changes values
-    but not the work or its timing."""
+    """GPU time of every launch of one token, each re-issued ``repeats`` times behind a spin kernel between two CUDA
+    events (mean per launch). Columns: cluster, layer, site, kernel, nbytes, us."""
     import cupy
     import pandas as pd
 
@@ -89,11 +71,8 @@ def per_op_times(be, model, pos: int = 1000, token_id: int = 7, repeats: int = 2
 
 
 def token_launches(be, model, *, pos: int = 1000, token_id: int = 7, tokens: int = 7, method: str = "auto"):
-    """One row per launch of a token: cluster, layer, site, kernel, nbytes, us (median over ``tokens`` tokens; CUPTI),
-    us_p25, us_p75; and the method used (``"cupti"``, or ``"events"`` with the reason CUPTI was not used).
-
-    ``method``: ``"auto"`` (CUPTI when available), ``"cupti"`` (raise RuntimeError when it is not), ``"events"``.
-    """
+    """One row per launch of a token (cluster, layer, site, kernel, nbytes, us median over ``tokens``, us_p25,
+    us_p75) and the method used. ``method``: ``"auto"``, ``"cupti"`` (RuntimeError without it) or ``"events"``."""
     import pandas as pd
 
     if method not in ("auto", "cupti", "events"):
@@ -136,8 +115,7 @@ def site_table(launches, copy_GBps: float):
 
 
 def token_summary(launches, copy_GBps: float) -> dict:
-    """GPU-busy µs of one token (sum over launches), its bytes, the bytes-moved floor (µs at ``copy_GBps``), busy /
-    floor, and the launch count."""
+    """GPU-busy µs of one token, its bytes, the bytes-moved floor at ``copy_GBps``, busy / floor, the launch count."""
     busy = float(launches["us"].sum())
     nbytes = int(launches["nbytes"].sum())
     floor = nbytes / (copy_GBps * 1e9) * 1e6
@@ -146,8 +124,7 @@ def token_summary(launches, copy_GBps: float) -> dict:
 
 
 def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
-    """Horizontal bars of the ``top`` sites by time lost: measured µs per token (IQR whiskers) beside the bytes-moved
-    floor, each labelled with its fraction of the copy bandwidth."""
+    """Bars of the ``top`` sites by time lost: µs per token (IQR) beside the bytes floor, with the copy fraction."""
     import matplotlib.pyplot as plt
 
     from ..report.plots import STYLE, provenance_title
@@ -175,20 +152,12 @@ def roofline_figure(sites, summary: dict, meta: dict, top: int = 20):
 
 def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps: float | None = None,
                tokens: int = 7, method: str = "auto", meta: dict | None = None, replayed: bool = True) -> dict:
-    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``outputs`` (a dict), kept there for
-    the job to write: ``outputs["tables"]`` ``per_op`` (sites) and ``per_op_launches`` (every launch),
-    ``outputs["figures"]["per_op"]`` (:func:`roofline_figure`).
-
-    With ``replayed`` (the default) the token's floors come first (:func:`ds4lab.experiments.floors.token_floors`:
-    t_min, the bytes and launch-list floors, the replayed token's busy time), and each launch's µs is the median over
-    the replayed tokens' kernel records (``method`` ``"cupti-replay"``), the way stage 3 runs it; when those records do
-    not match the launch list, or without ``replayed``, eager tokens are traced as ``method`` says
-    (:func:`token_launches`).
-
-    ``copy_GBps`` defaults to a fresh :func:`ds4lab.timing.copy_bandwidth` median. Returns the token summary with
-    ``method``, ``copy_GBps``, the floors' figures (:meth:`ds4lab.experiments.floors.TokenFloors.summary`, under
-    ``floors`` and, for :data:`ds4lab.experiments.floors.SUMMARY_KEYS`, at the top level) and the site table as
-    records."""
+    """Per-site roofline of one ``cfg`` token (vocabulary on), printed and, with ``outputs``, kept as tables
+    ``per_op``, ``per_op_launches`` and figure ``per_op``. With ``replayed``, the floors first
+    (:func:`ds4lab.experiments.floors.token_floors`) and µs from the replayed tokens where they match the launch
+    list; else eager tokens by ``method``. ``copy_GBps``: default a fresh measurement. Returns the token summary with
+    ``method``, ``copy_GBps``, the floors (under ``floors`` and :data:`ds4lab.experiments.floors.SUMMARY_KEYS` at the
+    top) and the site records."""
     from ..report import provenance
     from ..token.model import DecodeModel, TokenOptions
     from ..timing import copy_bandwidth
@@ -243,8 +212,7 @@ def run_per_op(be, cfg, console=None, outputs: dict | None = None, *, copy_GBps:
 
 
 def floors_table(fs: dict, title: str):
-    """A rich table of :meth:`ds4lab.experiments.floors.TokenFloors.summary`: the busy time, the replayed µs per token,
-    the two floors, t_min, and efficiency against each floor."""
+    """A rich table of :meth:`ds4lab.experiments.floors.TokenFloors.summary`: busy time, floors, t_min, efficiencies."""
     from rich.table import Table
 
     def us(v):

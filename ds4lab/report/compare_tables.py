@@ -1,10 +1,6 @@
-"""Side-by-side figures of results from several folders (ds4lab runs, other machines, ingested ds4 and Nsight Systems
-profiles): what ``ds4lab compare`` collects (:func:`collect`: the tables it can draw, found by name and checked by
-their columns, :data:`TABLES`) and draws (:func:`figures`).
-
-Which files it reads, how a table with several inputs, devices or profiling modes becomes bars, what it refuses
-(:class:`CompareError`, nothing drawn), and how each source's provenance and settings label it (MODELED, incomplete,
-the settings of :data:`SETTINGS` that differ within a figure): ``docs/compare.md``."""
+"""Side-by-side figures of results from several folders: what ``ds4lab compare`` collects (:func:`collect`, by name
+and columns: :data:`TABLES`) and draws (:func:`figures`). Next: ``docs/compare.md`` (what it reads, refuses and how
+it labels each source)."""
 
 from __future__ import annotations
 
@@ -58,9 +54,7 @@ class Table:
 
 
 def load_result_meta(f: Path) -> dict:
-    """A ds4lab ``meta.json`` (:func:`ds4lab.trace.sources.common.load_meta`) with a dead run told apart: a run
-    recorded as ``running`` whose process is gone reads as ``died`` (:func:`ds4lab.report.results.read_meta`).
-    Raises SourceError naming the file."""
+    """A ds4lab ``meta.json``, a dead run read as ``died``; SourceError naming the file."""
     from ..trace.sources.common import load_meta
     from . import results
 
@@ -80,7 +74,7 @@ def _load_meta(f: Path) -> dict:
 
 
 def _meta_for(d: Path, f: Path) -> Path | None:
-    """The meta file describing table ``f`` in folder ``d`` (see the module docstring)."""
+    """The meta file describing table ``f`` in folder ``d`` (``docs/compare.md``)."""
     stem = f.stem
     cands = [d / f"{stem}.meta.json"]
     if "-" in stem:
@@ -159,9 +153,7 @@ def _status(t: Table) -> str | None:
 
 
 def _tag(t: Table) -> str:
-    """MODELED, or where the numbers come from: the device its ``meta.json`` names, the table's own provenance columns,
-    what the folder's ``meta.json`` says it is (an ingest's input formats) when it names no device, and only with no
-    ``meta.json`` at all ``provenance unknown: no meta.json``."""
+    """MODELED, or where the numbers come from, else ``provenance unknown: no meta.json``."""
     m = t.meta or {}
     modeled = _truthy(m.get("modeled"))
     if "modeled" in t.df:
@@ -255,8 +247,7 @@ DEVICE_COLUMNS = (("deviceId", "device"), ("device", "device"), ("globalPid", "p
 
 
 def _by_device(t: Table) -> list[Table]:
-    """``t`` split into one table per device and process where it holds several (two GPUs' kernel times are never added
-    into one bar), each named in its label (``device 1``, ``process 4242``)."""
+    """``t`` split into one table per device and process, each named in its label."""
     if t.kind not in ("kernels", "ncu-sites"):
         return [t]
     cols = [(c, what) for c, what in DEVICE_COLUMNS if c in t.df and t.df[c].nunique(dropna=False) > 1]
@@ -281,8 +272,7 @@ def _plain(v) -> str:
 
 
 def _source_note(src, ds4lab: bool, names: list) -> str:
-    """What tells one input of an ingested table from the others in a label: ``folder/table`` for a ds4lab folder's
-    table, else the file's name (its path where two inputs share the name)."""
+    """What tells one input of an ingested table apart in a label: ``folder/table``, else the file's name (or path)."""
     p = Path(str(src))
     if ds4lab:
         return p.parent.name + "/" + p.stem
@@ -302,9 +292,8 @@ SETTINGS = ("preset", "backend", "long_context", "start_pos", "stages", "calibra
 
 
 def _settings(t: Table) -> dict[str, str]:
-    """What ran, as a label says it, from the table's meta file (or, for an ingested table, its own single-valued
-    columns): preset, backend, ``long-context``, ``start <pos>``, ``stages <list>``, ``calibration <name or path and
-    hash>``. Settings the source does not record are left out."""
+    """What ran, as a label says it (preset, backend, ``long-context``, ``start``, ``stages``, ``calibration``), from
+    the meta file or an ingested table's single-valued columns."""
     from .provenance import calibration_label
 
     m = t.meta or {}
@@ -335,11 +324,7 @@ def _settings(t: Table) -> dict[str, str]:
 
 
 def _same_inputs(dirs) -> None:
-    """Refuse a folder given twice, by path or by content (an identical copy): it would be drawn twice and pass for a
-    second source.
-
-    Raises:
-        CompareError: naming both."""
+    """Raise CompareError naming both when a folder is given twice, by path or by content."""
     from ..trace.sources.common import distinct_inputs
 
     distinct_inputs(dirs, CompareError, "it would be drawn twice, as two sources; give each folder once")
@@ -351,10 +336,9 @@ FIGURES = {"ladder": ("ladder",), "context": ("context",), "moe": ("moe", "moe-s
 
 
 def collect(dirs, warn=None) -> list[Table]:
-    """Every drawable table of every folder, labelled: folder, table, input (for an ingested table), device and process
-    (for a table holding several), the settings that differ between the sources of the same figure
-    (:data:`SETTINGS`), and the provenance. Raises CompareError naming a folder given twice (by path or content),
-    each folder without a table, or the first unreadable file."""
+    """Every drawable table of every folder, labelled with its input, device, process, the settings that differ
+    (:data:`SETTINGS`) and its provenance. Raises CompareError naming a repeated folder, each folder without a table,
+    or the first unreadable file."""
     warn = warn or (lambda m: print(f"ds4lab: warning: {m}", file=sys.stderr))
     _same_inputs(dirs)
     tables: list[Table] = []
@@ -420,10 +404,8 @@ def _modeled_title(title: str, tables: list[Table]) -> str:
 
 
 def _context_points(t: Table) -> tuple[dict, dict]:
-    """``({stage: {context: (median, p25, p75)}}, {stage: short name})`` of one context table, µs per token. Rows
-    without a median (a stage that did not run there) are left out, so the figure names them as missing; several
-    rows of one stage and context (none in a ``ds4lab context`` table: it runs one round) are drawn as their
-    medians. p25/p75 are NaN where the table lacks them."""
+    """``({stage: {context: (median, p25, p75)}}, {stage: short name})`` of a context table (µs); rows without a
+    median left out, repeated rows as their medians, p25/p75 NaN where absent."""
     nan = float("nan")
     df = t.df.assign(stage=t.df["stage"].astype(str))
     for c in ("us_p25", "us_p75"):
@@ -448,10 +430,7 @@ MODE_PREFERENCE = ("in-graph", "cupti", "deferred", "host-timed")
 
 
 def _moe_by_tokens(t: Table) -> tuple[str, dict]:
-    """(what was selected, {tokens per step: {stage: median µs per call}}) of one MoE table, from one profiling mode
-    (:data:`MODE_PREFERENCE`, then the first the table has) and, where the table has a routing column, one routing
-    (uniform, else the first), so that sources compare like for like and no median mixes modes or routings. Modes
-    and routings with no number are passed over."""
+    """``(selection, {tokens: {stage: median µs per call}})`` of a MoE table in one mode and one routing."""
     df, picked = _moe_selection(t)
     col = "ms" if t.kind == "moe" else "median_ms"
     if "tokens" not in df.columns:
@@ -484,9 +463,7 @@ def _moe_selection(t: Table):
 
 
 def moe_fallbacks(t: Table) -> tuple[int, int]:
-    """``(calls that fell back to eager, calls)`` in the mode and routing drawn for ``t``: rows of a replayed MoE
-    profile whose graph was retired and ran eagerly (``phase`` eager, ``note`` naming the fallback), or a summary's
-    ``fallback_calls``/``calls`` (``ds4lab moe`` writes them); (0, 0) where the table says nothing of it."""
+    """``(calls that fell back to eager, calls)`` in the drawn mode and routing; (0, 0) where the table says nothing."""
     df, _ = _moe_selection(t)
     if {"phase", "note"} <= set(df.columns) and "stage" in df.columns:
         calls = df[df["stage"] == "total"] if (df["stage"] == "total").any() else df.drop_duplicates(
@@ -501,8 +478,7 @@ def moe_fallbacks(t: Table) -> tuple[int, int]:
 
 
 def figures(tables: list[Table]) -> list:
-    """The figures of ``ds4lab compare`` (:mod:`ds4lab.jobs.compare`) of the tables :func:`collect` found, as
-    ``(figure, file stem)``."""
+    """The ``(figure, file stem)`` pairs of ``ds4lab compare`` for the tables :func:`collect` found."""
     from . import plots
 
     figs = []

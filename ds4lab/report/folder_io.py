@@ -1,6 +1,6 @@
-"""The file-system pieces of ds4lab's result folders: the errors, the lock, atomic writes, signals that stop a command
-like Ctrl-C, the renames that swap a folder in, and one result file written aside (:func:`output_file`).
-:mod:`ds4lab.report.results` builds the folder's life cycle on them."""
+"""The file-system pieces of ds4lab's result folders: the errors, the lock, atomic writes, stop signals, the renames
+that swap a folder in, one result file written aside (:func:`output_file`). :mod:`ds4lab.report.results` builds the
+folder's life cycle on them."""
 
 from __future__ import annotations
 
@@ -18,14 +18,12 @@ from ..errors import BadInput, Terminated
 
 
 class OutputError(BadInput):
-    """A result folder that cannot be created or written, or is in use by another run; the message names the path and
-    why (exit status 2)."""
+    """A result folder that cannot be created or written, or is in use; the message names the path and why (exit 2)."""
 
 
 class WriteFailed(RuntimeError):
-    """Writing results failed after the work began (a full disk, a quota, an I/O error): the message names the file (or
-    the folder, where the operating system named none) and the reason; the partial results are kept (exit status 1).
-    ``errno`` is the operating system's error number."""
+    """Writing results failed after the work began (a full disk, a quota, an I/O error), naming the file and the
+    reason; partial results kept (exit 1). ``errno``: the OS error number."""
 
     def __init__(self, msg: str, errno: int | None = None) -> None:
         super().__init__(msg)
@@ -61,14 +59,11 @@ def lock_path(target: Path) -> Path:
 
 
 class Lock:
-    """An exclusive lock held on the file ``path`` with ``fcntl.flock`` (released by the kernel when the process dies,
-    so a killed run never leaves it stale), holding ``{"pid", "host"}`` of the holder. A lock file removed by its
-    holder while another process waited on it is detected (its inode no longer at ``path``) and the lock taken again
-    on the new file.
+    """An exclusive ``fcntl.flock`` on ``path`` (released when the process dies), holding the holder's ``{"pid",
+    "host"}``; a lock file removed by its holder meanwhile is detected and taken again.
 
     Raises:
-        OutputError: from :meth:`acquire` when another process holds it: ``<what> is in use by another ds4lab run (PID
-            <pid> on <host>)``.
+        OutputError: from :meth:`acquire`: ``<what> is in use by another ds4lab run (PID <pid> on <host>)``.
         ImportError: no ``fcntl`` (not POSIX)."""
 
     def __init__(self, path: Path, what: Path | None = None) -> None:
@@ -116,8 +111,7 @@ class Lock:
 
 
 class FolderLock(Lock):
-    """The lock inside a result folder (``<folder>/.ds4lab.lock``), as ds4lab held it before result folders were
-    staged; :func:`job_folder` now locks ``.<name>.ds4lab.lock`` beside the folder."""
+    """The lock inside a result folder (``<folder>/.ds4lab.lock``) older ds4lab versions held."""
 
     def __init__(self, folder: Path) -> None:
         super().__init__(Path(folder) / LOCK_NAME, Path(folder))
@@ -131,8 +125,7 @@ def _read_lock(path: Path) -> dict:
 
 
 def lock_holder(path: Path) -> dict | None:
-    """Who holds the lock file ``path`` now: its ``{"pid", "host"}`` (``{}`` when unreadable), or None when no process
-    holds it (or there is no such file). Raises nothing."""
+    """The ``{"pid", "host"}`` holding the lock file ``path`` (``{}`` when unreadable), or None when nobody holds it."""
     path = Path(path)
     if not path.exists():
         return None
@@ -156,9 +149,7 @@ def lock_holder(path: Path) -> dict | None:
 
 
 def held_by_live_process(folder: Path) -> bool | None:
-    """Whether a process holds the lock of result folder ``folder`` now (the lock beside it, or the one inside it that
-    older ds4lab versions held): True / False, None where it cannot be told (no lock file, or ``fcntl`` missing).
-    """
+    """Whether a process holds ``folder``'s lock (beside it, or the older one inside); None where it cannot be told."""
     paths = [p for p in (lock_path(folder), Path(folder) / LOCK_NAME) if p.exists()]
     if not paths:
         return None
@@ -172,11 +163,8 @@ def os_reason(e: OSError) -> str:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through ``path.tmp`` and an atomic rename (a partial file never replaces a good one).
-    On any error the temporary file is removed.
-
-    Raises:
-        WriteFailed: naming ``path`` and the reason (``No space left on device (ENOSPC)``)."""
+    """Write ``text`` to ``path`` through ``path.tmp`` and an atomic rename (the temporary removed on error). Raises
+    :class:`WriteFailed` naming ``path`` and the reason."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
@@ -192,10 +180,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def whole_file(path: Path):
-    """Write one result file whole or not at all: yields ``path.tmp`` beside ``path`` to write the whole file to,
-    renamed to ``path`` when the block ends; on any error (a full disk) or an interrupt the temporary file is
-    removed and the exception goes on. A file under its final name is therefore always complete;
-    :func:`remove_tmp_files` clears what a killed run left."""
+    """Yield ``path.tmp`` to write one whole file to, renamed to ``path`` at the end; on an error or interrupt it is
+    removed and the exception goes on (:func:`remove_tmp_files` clears a killed run's)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -217,9 +203,8 @@ def write_csv(df, path: Path, **kwargs) -> None:
 
 @contextlib.contextmanager
 def appending(path: Path):
-    """Around an append to a file that grows as a run goes (rows as they come): an append that fails part way (a full
-    disk) or is interrupted is cut back to the size the file had before it, and a file it created is removed, so the
-    file holds whole rows only. Yields ``path``."""
+    """Around an append to ``path``: a failed or interrupted append is cut back to the old size (a created file
+    removed), so the file holds whole rows only."""
     path = Path(path)
     try:
         size = os.path.getsize(path)
@@ -256,8 +241,7 @@ def probe_write(folder: Path) -> None:
 
 
 def refuse_no_folder(out) -> None:
-    """Refuse an ``--out`` that names no folder (None, blanks) or the current directory (click turns ``--out ""`` into
-    ``.``)."""
+    """Refuse an ``--out`` that names no folder (None, blanks) or ``.`` (click's ``--out ""``)."""
     if out is None or not str(out).strip():
         raise OutputError(f"--out {'' if out is None else str(out)!r} names no folder: name a result folder, "
                           "for example results/<job>")
@@ -267,8 +251,7 @@ def refuse_no_folder(out) -> None:
 
 
 def make_parents(out: Path, fail) -> list[Path]:
-    """Create the folders above ``out`` that are missing; returns them, deepest first (for :func:`remove_made`).
-    ``fail(reason)`` raises for an ancestor that is a file."""
+    """Create the missing folders above ``out``, returned deepest first; ``fail(reason)`` for a file ancestor."""
     made: list[Path] = []
     anc = out.parent
     while not anc.is_dir():
@@ -306,10 +289,8 @@ def _raise_terminated(signum, frame):
 
 @contextlib.contextmanager
 def stop_signals():
-    """SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (a ``KeyboardInterrupt``) for the duration, as Ctrl-C
-    raises ``KeyboardInterrupt``; the previous handlers come back after. Only in the main thread (Python delivers
-    signals there), and only where the handler is still the default one (a host that handles them itself, a Jupyter
-    kernel, keeps its own)."""
+    """SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (a ``KeyboardInterrupt``) for the block, main
+    thread and default handlers only; the previous handlers come back after."""
     import threading
 
     installed = {}
@@ -325,8 +306,7 @@ def stop_signals():
 
 
 def install_stop_signals() -> None:
-    """For a command-line process: SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` from now on (main thread,
-    default handlers only), so every command stops as on Ctrl-C."""
+    """From now on SIGTERM and SIGHUP raise :class:`ds4lab.errors.Terminated` (main thread, default handlers only)."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
@@ -337,8 +317,7 @@ def install_stop_signals() -> None:
 
 @contextlib.contextmanager
 def signals_held():
-    """SIGINT, SIGTERM and SIGHUP held pending while the block runs (a swap is not cut in half); they are delivered
-    after it."""
+    """SIGINT, SIGTERM and SIGHUP held pending while the block runs (a swap is not cut in half)."""
     sigs = {signal.SIGINT, *_STOP_SIGNALS}
     mask = getattr(signal, "pthread_sigmask", None)
     if mask is None:
@@ -353,8 +332,7 @@ def signals_held():
 
 # ----------------------------------------------------------------------------- renames
 def exchange_paths(a: Path, b: Path) -> bool:
-    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the call is missing or the file
-    system does not support it (the caller falls back to two renames)."""
+    """Swap two paths atomically (``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -389,9 +367,8 @@ def _mountinfo_points() -> set[str]:
 
 
 def is_mount_point(path: Path) -> bool:
-    """Whether the folder ``path`` is a mount point (a disk, a container volume, a bind mount): the system's own test
-    (another device than its parent) or a line of ``/proc/self/mountinfo`` (a bind mount of a folder of the same
-    file system). Such a folder cannot be renamed or replaced (``EBUSY``)."""
+    """Whether the folder ``path`` is a mount point (another device than its parent, or in ``/proc/self/mountinfo``):
+    it cannot be renamed (``EBUSY``)."""
     path = Path(path)
     try:
         if not path.is_dir():
@@ -438,22 +415,18 @@ def load_json_or_none(path: Path):
 
 @contextlib.contextmanager
 def output_file(path: Path, what: str, accept=None, refuse=None):
-    """One result file written aside and moved into place only on success (``calibrate --out``).
-
-    Yields a temporary path beside ``path`` (``.<name>.<pid>.tmp``); the command writes the whole file there. On
-    success it replaces ``path`` atomically (``os.replace``); on an interrupt or a failure it is removed and ``path``
-    stays as it was. ``.<name>.ds4lab.lock`` beside it keeps a second run out; SIGTERM and SIGHUP stop the command as
-    Ctrl-C does.
+    """One result file written aside and moved into place only on success (``calibrate --out``): yields
+    ``.<name>.<pid>.tmp`` beside ``path``, replaces ``path`` atomically on success, removes it otherwise;
+    ``.<name>.ds4lab.lock`` keeps a second run out.
 
     Args:
         what: what the file is, for messages (``calibration``).
-        accept: ``accept(existing_path) -> str | None``: for a file already at ``path``, None when ds4lab may replace
-            it, else why not (it is refused before any work).
+        accept: ``accept(existing_path) -> str | None``: None when ds4lab may replace the file there, else why not.
         refuse: ``refuse(path)``: raises for a path ds4lab must never write (a shipped file).
 
     Raises:
-        OutputError: ``path`` is a folder, its folder cannot be made or written, ``accept`` refuses the existing file,
-            or another run holds the lock.
+        OutputError: ``path`` is a folder, its folder cannot be made or written, ``accept`` refuses, or another run
+            holds the lock.
         WriteFailed: the file could not be written (names the path)."""
     path = Path(path)
     if not str(path).strip() or path.name in ("", ".", ".."):

@@ -1,20 +1,6 @@
-"""Run the workbench notebooks headlessly with other parameters, through papermill.
-
-Each notebook has one code cell tagged ``parameters`` holding plain assignments (``NAME = value  #
-help``). Papermill reads them (:func:`parameter_defaults`, ``papermill.inspect_notebook``), injects the
-values given in a cell after it, runs the notebook top to bottom in a fresh Jupyter kernel (nbclient),
-records each cell's timing and status, marks a failing cell, and saves the executed copy as it goes.
-:func:`run_notebook` adds what papermill lacks: the values typed like each notebook's own defaults and
-checked before a kernel starts (:func:`coerce`, :func:`check_value`), progress per cell, the kernel's
-own stderr kept out of the console, the executed copy naming where its results will be once a staging
-folder is swapped in, and stop signals: Ctrl-C, SIGTERM and SIGHUP are caught by this process, passed
-on to the kernel's process group (so a job running in a cell records ``interrupted``, ``interrupted
-(SIGTERM)``, ``interrupted (SIGHUP)`` and releases its folder), and reported as an interruption with
-their signal. The committed notebooks stay without outputs; executed copies go to the output folder,
-never back into ``notebooks/``.
-
-The notebooks' sources are jupytext percent-format ``.py`` files paired with the ``.ipynb`` files this module runs
-(``docs/architecture.md``, "A notebook")."""
+"""Run the workbench notebooks headlessly with other parameters, through papermill: values typed like each notebook's
+defaults and checked before a kernel starts, progress per cell, the kernel's stderr kept out of the console, stop
+signals passed on to the kernel. Next: ``docs/notebooks.md``, "How a headless run works"."""
 
 from __future__ import annotations
 
@@ -42,15 +28,12 @@ _STOPS = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), geta
 
 
 class NotebookError(BadInput):
-    """A notebook, a parameter name or a parameter value that cannot be used (the message names it; exit status 2,
-    nothing run)."""
+    """A notebook, parameter name or value that cannot be used (the message names it; exit 2, nothing run)."""
 
 
 def parse_assignments(items) -> dict:
-    """``["PRESET=small", "TOKENS=8"]`` → ``{"PRESET": "small", "TOKENS": "8"}`` (text, typed later by :func:`coerce`
-    against each notebook's own default).
-
-    Raises :class:`NotebookError` naming an item without ``=`` or with a name that is not an identifier."""
+    """``["PRESET=small", "TOKENS=8"]`` → ``{"PRESET": "small", "TOKENS": "8"}`` (text; :func:`coerce` types it).
+    Raises :class:`NotebookError` naming an item that is not ``NAME=VALUE``."""
     out = {}
     for item in items:
         name, eq, value = item.partition("=")
@@ -65,12 +48,8 @@ _NOT_A_LITERAL = object()
 
 
 def coerce(name: str, text: str, default):
-    """The command line's ``text`` for parameter ``name``, typed like the notebook's default.
-
-    A string default takes the text as it is (``STAGES=0,1,3`` stays ``"0,1,3"``); a ``None`` default takes a literal
-    if the text is one (``None``, ``8``), else the text; a bool takes true/false/1/0; numbers and lists take a Python
-    literal of a matching type. Raises :class:`NotebookError` naming the parameter, the text and the type expected.
-    """
+    """``text`` for parameter ``name`` typed like the notebook's ``default`` (``docs/notebooks.md``). Raises
+    :class:`NotebookError` naming the parameter, the text and the type expected."""
     def literal():
         try:
             return ast.literal_eval(text)
@@ -110,8 +89,7 @@ def _papermill():
 
 
 def read_notebook(path: Path):
-    """The notebook at ``path`` (nbformat, version 4). Raises :class:`NotebookError` naming the file when it is missing
-    or not a notebook."""
+    """The notebook at ``path`` (nbformat 4). Raises :class:`NotebookError` naming a missing or unreadable file."""
     _, nbformat = _papermill()
     try:
         return nbformat.read(Path(path), as_version=4)
@@ -121,11 +99,9 @@ def read_notebook(path: Path):
 
 
 def parameters(path: Path) -> dict:
-    """The parameters of the notebook at ``path``, as papermill reads its cell tagged ``parameters``
-    (``papermill.inspect_notebook``): name → ``{"default": value, "help": the line's comment}``, in order. A default
-    that is not a plain Python literal is an opaque marker (:func:`coerce` then takes any literal or text).
-
-    Raises :class:`NotebookError` naming the file: not a notebook, or not exactly one parameters cell."""
+    """The notebook's parameters as papermill reads them: name → ``{"default", "help"}``, in order (a default that is
+    not a literal: an opaque marker). Raises :class:`NotebookError` naming the file: not a notebook, or not exactly
+    one parameters cell."""
     papermill, _ = _papermill()
     nb = read_notebook(path)
     cells = [c for c in nb.cells if c.cell_type == "code" and PARAMETERS_TAG in c.metadata.get("tags", [])]
@@ -157,9 +133,8 @@ def parameter_names(path: Path) -> list[str]:
 
 @dataclass
 class NotebookRun:
-    """The outcome of one notebook: ``ok``, the executed copy, wall seconds (host clock, the kernel's start included),
-    and for a failure the cell that failed and its error. Cell numbers count the notebook's own code cells from 1
-    (papermill's injected parameters cell not counted)."""
+    """The outcome of one notebook: ``ok``, the executed copy, wall seconds, and for a failure the cell (its own code
+    cells counted from 1) and its error."""
 
     name: str
     executed: Path
@@ -190,9 +165,7 @@ def _own_code_cells(nb) -> list:
 
 
 def _engine():
-    """papermill's nbclient engine, registered as ``ds4lab``, with two additions: the kernel starts with the
-    environment and stderr given (``kernel_env``, ``kernel_stderr``), and ``on_client`` is told the client before it
-    starts the kernel (so a stop signal can reach the kernel)."""
+    """papermill's nbclient engine as ``ds4lab``, taking ``kernel_env``, ``kernel_stderr`` and ``on_client``."""
     from papermill.clientwrap import PapermillNotebookClient
     from papermill.engines import NBClientEngine, papermill_engines
 
@@ -216,9 +189,8 @@ def _engine():
 
 
 class _Stops:
-    """While a notebook runs (in a worker thread): SIGINT, SIGTERM and SIGHUP recorded here (first one wins) instead of
-    raising, and passed on to the kernel's process group once it has started; a kernel that has not stopped
-    :data:`STOP_GRACE_S` later (or at a second signal) is killed."""
+    """While a notebook runs in a worker thread: stop signals recorded (first wins) and passed on to the kernel's
+    process group; the kernel killed after :data:`STOP_GRACE_S` or a second signal."""
 
     def __init__(self, grace: float) -> None:
         self.grace = grace
@@ -274,27 +246,16 @@ class _Stops:
 def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | None = None,
                  final_dir: Path | None = None, timeout: int = 1800, kernel_name: str = "python3",
                  on_cell: Callable[[int, int], None] | None = None, stop_grace: float = STOP_GRACE_S) -> NotebookRun:
-    """Execute one notebook top to bottom (papermill) with ``values`` injected after its parameters cell.
+    """Execute one notebook top to bottom with ``values`` injected after its parameters cell; the executed copy written
+    to ``executed`` either way (``docs/notebooks.md``, "How a headless run works").
 
-    ``out_dir``, when given, becomes the notebook's ``OUT`` parameter (as an absolute path). ``final_dir``: where
-    ``out_dir`` will be once the folder holding it is swapped in (``ds4lab notebooks`` runs every notebook inside its
-    staging folder); the kernel gets it in its environment (:func:`ds4lab.report.results.staged_env`), so the jobs'
-    lines that say where their results are name it, not ``out_dir``, and the executed copy's ``OUT`` is set to it
-    afterwards. The kernel also gets ``DS4LAB_HEADLESS=1`` (:data:`ds4lab.report.widgets.HEADLESS_ENV`: a widget nobody
-    would see is drawn once with the parameter's value). The executed notebook, outputs included, is written to
-    ``executed`` whether it succeeds or not (a failure keeps every output computed before it; papermill marks the
-    failing cell). ``timeout`` is seconds per cell. ``on_cell(index, count)`` is called before each of the notebook's
-    code cells runs (progress). A cell that runs past ``timeout`` is reported as that cell (``failed_cell`` and
-    ``timed_out_cell``, ``error``: "timed out after T s"), the kernel shut down, the cells before it kept. The kernel's
-    own stderr (its start-up warnings, what it prints when it is shut down mid-cell) goes to ``<executed>.kernel.log``
-    beside the executed copy, never to the console.
+    ``out_dir``: the notebook's ``OUT``; ``final_dir``: where it will be once swapped in; ``timeout``: seconds per cell
+    (a cell past it is ``failed_cell`` and ``timed_out_cell``); ``on_cell(index, count)`` before each code cell; the
+    kernel's stderr to ``<executed>.kernel.log``. A stop signal returns ``interrupted`` with ``signum`` (None for
+    Ctrl-C), the kernel killed ``stop_grace`` seconds later.
 
-    Ctrl-C, SIGTERM and SIGHUP (in the main thread) are passed on to the kernel's process group and the run returns
-    ``interrupted`` with ``signum`` (None for Ctrl-C); a kernel still running ``stop_grace`` seconds later is killed.
-    The caller decides what an interruption stops.
-
-    Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does not have, or missing
-    papermill/ipykernel; a failing cell is reported in the result, not raised."""
+    Raises :class:`NotebookError` for a notebook without one parameters cell, a parameter it does not have, or
+    missing papermill/ipykernel; a failing cell is reported in the result."""
     papermill, _ = _papermill()
 
     path = Path(path)
@@ -361,8 +322,7 @@ def run_notebook(path: Path, values: dict, executed: Path, *, out_dir: Path | No
 
 
 def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_name: str, started_at: str) -> None:
-    """Write the executed copy ``nb``: its parameters as the run had them, ``OUT`` (and where the copy itself will be)
-    named as they are once the folder holding them is swapped in, no longer paired with the notebook's source."""
+    """Write the executed copy: the run's parameters, ``OUT`` and its path as named once in place, unpaired."""
     _, nbformat = _papermill()
     from papermill.parameterize import parameterize_notebook
 
@@ -381,9 +341,7 @@ def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_nam
 
 
 def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, dict]:
-    """``(parameter values, kernel environment)`` of :func:`run_notebook`: ``OUT`` from ``out_dir`` and, with
-    ``final_dir``, the staged folder's environment; raises :class:`NotebookError` for a value the notebook has no
-    parameter for."""
+    """``(parameter values, kernel environment)``; :class:`NotebookError` for a value the notebook lacks."""
     names = parameter_names(path)
     values = dict(values)
     env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's
@@ -402,8 +360,7 @@ def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, 
 
 
 def _failure(exc, signum, current, nb, timeout: int) -> tuple:
-    """``(failed cell, error, timed-out cell)`` of a run that ended with ``exc`` (None: ran through) or a stop signal
-    ``signum``; ``current``: the code cell running last (1-based), ``nb`` the executed copy."""
+    """``(failed cell, error, timed-out cell)`` of a run that ended with ``exc`` or stop signal ``signum``."""
     from nbclient.exceptions import CellTimeoutError
     from papermill.exceptions import PapermillExecutionError
 
@@ -424,11 +381,9 @@ def _failure(exc, signum, current, nb, timeout: int) -> tuple:
 
 
 def find_notebooks(names, folder: Path) -> list[Path]:
-    """Notebooks by name (``00_quickstart``, ``00_quickstart.ipynb``, its source ``00_quickstart.py``, a path, or a
-    unique prefix such as ``01``); all of ``folder``'s notebooks when ``names`` is empty. A ``.py`` source names the
-    ``.ipynb`` paired with it (the one that runs).
-
-    Raises :class:`NotebookError` naming a notebook that is not there or a prefix that matches several."""
+    """Notebooks by name, ``.ipynb``, ``.py`` source (its paired ``.ipynb``), path or unique prefix; all of
+    ``folder``'s when ``names`` is empty. Raises :class:`NotebookError` naming a missing notebook or an ambiguous
+    prefix."""
     folder = Path(folder)
     available = sorted(folder.glob("*.ipynb"))
     if not names:
@@ -461,8 +416,7 @@ def default_folder() -> Path:
 
 
 def check_value(name: str, value) -> None:
-    """Refuse, before any kernel starts, a parameter value the notebooks' code would refuse later (the names are the
-    workbench notebooks' own). Raises :class:`NotebookError` naming the value."""
+    """Refuse, before any kernel starts, a value the notebooks would refuse later (:class:`NotebookError`)."""
     from ..token.config import PRESETS
 
     def bad(why: str):

@@ -1,24 +1,20 @@
-"""Figures shared by the command line and the notebooks.
-
-Every function returns a matplotlib ``Figure`` whose title carries the provenance of its numbers (GPU, driver, preset —
-or "MODELED" for the simulated runtime); :func:`save` writes PNG, SVG and PDF in one call. The Agg backend is used when
-no display is present."""
+"""Figures shared by the command line and the notebooks: each returns a matplotlib ``Figure`` whose title carries its
+numbers' provenance (GPU, driver, preset, or MODELED); :func:`save` writes PNG, SVG and PDF. Agg is used without a
+display. Next: ``docs/figures.md``, ``docs/compare.md``."""
 
 from __future__ import annotations
 
+import math
+import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import matplotlib
 
-if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
-    try:
-        import os
-
-        if not os.environ.get("DISPLAY"):
-            matplotlib.use("Agg")
-    except Exception:  # noqa: BLE001
-        pass
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") and \
+        not os.environ.get("DISPLAY"):
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {
@@ -39,9 +35,7 @@ STAGE_PALETTE = ([matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab
 
 
 def stage_color(stage) -> str:
-    """The colour of a capture stage in every figure: its place in the stage registry
-    (:data:`ds4lab.experiments.stages.STAGES`), so no two of the registry's stages share one and a stage keeps its
-    colour whichever stages a figure shows; a stage outside the registry gets grey."""
+    """A capture stage's colour, by its place in :data:`ds4lab.experiments.stages.STAGES` (grey outside it)."""
     from ..experiments.stages import STAGES
 
     order = list(STAGES)
@@ -50,11 +44,8 @@ def stage_color(stage) -> str:
 
 
 def series_style(i: int) -> dict:
-    """Bar style of the ``i``-th source (0-based): a colour of :data:`SERIES_COLORS`, then the same colours again with
-    a hatch of :data:`SERIES_HATCHES`, so sources never repeat a look silently.
-
-    Raises:
-        ValueError: ``i`` past the 120 distinct styles (a figure of that many sources is unreadable)."""
+    """Bar style of the ``i``-th source (0-based): a colour of :data:`SERIES_COLORS`, then again with a hatch of
+    :data:`SERIES_HATCHES`. Raises ValueError past the 120 distinct styles."""
     n = len(SERIES_COLORS)
     if i >= n * len(SERIES_HATCHES):
         raise ValueError(f"{i + 1} sources in one figure: at most {n * len(SERIES_HATCHES)} can be told apart; "
@@ -64,11 +55,7 @@ def series_style(i: int) -> dict:
 
 
 def series_marker(i: int) -> dict:
-    """Marker style of the ``i``-th source (0-based) of a marker series: the colour of :func:`series_style`, then a
-    shape of :data:`SERIES_MARKERS` past the colours.
-
-    Raises:
-        ValueError: ``i`` past the 120 distinct styles, as :func:`series_style`."""
+    """Marker style of the ``i``-th source: its colour, then a shape of :data:`SERIES_MARKERS`; ValueError past 120."""
     color = series_style(i)["color"]
     return {"color": color, "marker": SERIES_MARKERS[i // len(SERIES_COLORS)]}
 
@@ -88,11 +75,8 @@ def provenance_title(meta: dict, what: str) -> str:
 
 
 def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
-    """Write ``fig`` as ``stem.png``, ``stem.svg`` and ``stem.pdf`` (or ``formats``), then close it in pyplot (written
-    or not): pyplot holds every open figure, so a notebook or a session running many jobs would keep them all, and
-    Jupyter would draw a job's figure again at the end of its cell. The figure object still displays (``fig`` as a
-    cell's last line). Each file is written under a temporary name and renamed when whole (a full disk leaves no cut
-    figure). Returns paths."""
+    """Write ``fig`` as ``stem.png``, ``.svg``, ``.pdf`` (or ``formats``), each whole, then close it in pyplot,
+    written or not, so pyplot keeps no figure and Jupyter draws none twice. Returns the paths."""
     from .folder_io import whole_file
 
     stem = Path(stem)
@@ -110,8 +94,8 @@ def save(fig, stem: Path | str, formats=("png", "svg", "pdf")) -> list[Path]:
 
 
 def ladder_figure(df, meta: dict):
-    """µs per token per stage (median, IQR whiskers), the replayed token's GPU-busy time and the launch-list floor as
-    lines, speedups and launches per token annotated. ``df``: rows of ``ladder.csv``."""
+    """µs per token per stage (median, IQR whiskers), the busy time and launch-list floor as lines, speedups and
+    launches annotated. ``df``: ``ladder.csv`` rows."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(10.5, 4.6))
         x = range(len(df))
@@ -162,8 +146,7 @@ def context_figure(df, meta: dict):
 
 
 def _exact_mark(exact) -> str:
-    """A ladder row's exactness as the figure marks it: ``✓`` bit-identical to stage 0, ``✗`` not, ``not checked``
-    where no check ran (``n/a``, empty: ``--exact-tokens 0``, or a timing-only sim)."""
+    """``✓`` bit-identical to stage 0, ``✗`` not, ``not checked`` where no check ran."""
     if exact in (True, "True", "true"):
         return "✓"
     if exact in (False, "False", "false"):
@@ -187,17 +170,10 @@ def _moe_stages():
 
 
 def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
-    """Where a routed-MoE call spends its time: each bar is one token count, split into ds4's profile stages as shares
-    of the call (100 % stacked, so 1 token and 512 tokens read alike), with the call's median total in µs written
-    above it. One row per mode, one column per routing. Where calls fell back to eager (``summary``'s
-    ``fallback_calls``, :func:`ds4lab.jobs.moe.with_fallbacks`) the bar is hatched and says "eager fallback N/M":
-    its times are eager times. ``summary``: :func:`ds4lab.moeprof.summarize` output. Modes without per-stage times
-    (graph-boundary, nvtx) are left out; absolute times per stage are in :func:`moe_stage_distribution_figure` and
-    ``summary.csv``. On the sim's timing-only mode (``meta["sim_timing_only"]``) every routing is priced as uniform
-    routing: the figure says so in its title and in each other routing's panel, whose bars would otherwise look
-    measured alike."""
-    import numpy as np
-
+    """Where a routed-MoE call spends its time: per token count a 100 % stacked bar of ds4's profile stages, the
+    median total above it; one row per mode, one column per routing. Eager fallbacks (``fallback_calls``) hatched and
+    counted; on the timing-only sim every routing is priced as uniform, said in the title and panels. ``summary``:
+    :func:`ds4lab.moeprof.summarize` output."""
     stages = _moe_stages()
     as_uniform = bool(meta.get("sim_timing_only"))
     s = summary[summary["stage"].isin(stages + ("total",))]
@@ -270,10 +246,8 @@ def _us(v: float) -> str:
 
 
 def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | None = None):
-    """Distribution of each stage's µs per call across layers and steps (box plots, log scale), one box per token
-    count, one panel per mode. ``df``: profile rows (``moe.csv``)."""
-    import numpy as np
-
+    """Each stage's µs per call across layers and steps (box plots, log scale), a box per token count, a panel per
+    mode. ``df``: ``moe.csv`` rows."""
     stages = _moe_stages()
     d = df[df["stage"].isin(stages) & np.isfinite(df["ms"].astype(float)) & (df["ms"].astype(float) > 0)]
     if routing is not None:
@@ -316,10 +290,8 @@ def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | Non
 
 
 def moe_share_figure(share, meta: dict):
-    """The routed MoE's share of a whole eager decode token: per token, µs in the MoE (profiled total over all layers)
-    and in the rest, stacked, with the share annotated. ``share``: :func:`ds4lab.moeprof.token_share` output."""
-    import numpy as np
-
+    """The routed MoE's share of a whole eager token (MoE and rest stacked, share annotated). ``share``:
+    :func:`ds4lab.moeprof.token_share` output."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(7.5, 3.6))
         x = np.arange(len(share))
@@ -343,11 +315,7 @@ def moe_share_figure(share, meta: dict):
 
 
 def exclusion_figure(df, meta: dict):
-    """The profiling × capture exclusion matrix as a heatmap, the outcome (and its detail and the overhead per MoE call
-    where the mode works) written in every cell. ``df``: ``exclusion.csv``."""
-    import textwrap
-
-    import numpy as np
+    """The profiling × capture exclusion matrix as a heatmap, the outcome in every cell. ``df``: ``exclusion.csv``."""
     from matplotlib.colors import ListedColormap
 
     rows = list(dict.fromkeys(df["mode"]))
@@ -389,10 +357,8 @@ def exclusion_figure(df, meta: dict):
 
 
 def whatif_figure(layers=None, launch=None, tokens=None):
-    """The modeled what-if sweeps side by side (:mod:`ds4lab.experiments.whatif`): stage 3's gain over stage 0 by layer
-    count and by host µs per eager launch, and a captured routed-MoE call's gain over the eager one by tokens per
-    step. Each argument is that sweep's DataFrame, or None to leave its panel out. The title names the calibration
-    (every number is MODELED)."""
+    """The modeled what-if sweeps side by side (:mod:`ds4lab.experiments.whatif`); each argument a sweep's DataFrame
+    or None to leave its panel out. The title names the calibration."""
     panels = [(df, x, xlabel, ylabel) for df, x, xlabel, ylabel in (
         (layers, "layers", "layers (ds4-flash dims)", "stage 3 gain over stage 0"),
         (launch, "host_launch_us", "host µs per eager launch", "stage 3 gain over stage 0"),
@@ -419,10 +385,8 @@ def whatif_figure(layers=None, launch=None, tokens=None):
 
 def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate: bool = False,
                         note: str | None = None):
-    """One bar group per x, one bar per source (``series``: legend label → {x: value}; each source its own look,
-    :func:`series_style`); a value a source lacks is marked ``n/a`` in its slot (and said in the note), never left
-    as a blank slot. ``note``: a line under the axes (what a bar sums). Used by ``ds4lab compare`` (the labels carry
-    each source's provenance; ``title`` says MODELED where a source is)."""
+    """One bar group per x, one bar per source (``series``: label → {x: value}); a missing value is marked ``n/a``
+    and said in the note. ``note``: a line under the axes."""
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(max(8.5, 0.9 * len(xs) * max(1, len(series)) ** 0.5), 4))
         w = 0.8 / len(series)
@@ -452,10 +416,8 @@ def grouped_bars_figure(series: dict, xs: list, ylabel: str, title: str, rotate:
 
 def compare_moe_figure(sources: dict, stages, max_panels: int = 8,
                        title: str = "Routed-MoE stages side by side (each source's mode and provenance in the legend)"):
-    """Routed-MoE stage times side by side, one panel per tokens-per-step count (those most sources share, at most
-    ``max_panels``, four to a row), one bar per source in each stage group. Token counts left out are named in a
-    note in the figure, never dropped silently. ``sources``: legend label → {tokens: {stage: median µs per call}}.
-    """
+    """Routed-MoE stage times side by side, one panel per token count (those most sources share, at most
+    ``max_panels``), those left out named in a note. ``sources``: label → {tokens: {stage: median µs per call}}."""
     counts = {}
     for per in sources.values():
         for T in per:
@@ -495,18 +457,9 @@ def compare_moe_figure(sources: dict, stages, max_panels: int = 8,
 
 def compare_context_figure(sources: dict, stages=None, names=None, max_cols: int = 3,
                            title: str = "context ladder side by side (sources in the legend)"):
-    """Context ladders side by side: one panel per stage (``stages``, in that order; else as they come), µs per token
-    (median) at each context, IQR whiskers (p25–p75), one marker series per source (each its own look,
-    :func:`series_marker`), offset within each context so whiskers do not hide each other. Only like with like: the
-    x axis holds the contexts every source has; what a source lacks is written under the panels (a context: the
-    others' numbers there are not drawn; a stage: its panel lacks that source and says so; a stage at a drawn
-    context: a gap), never dropped silently. ``sources``: legend label → {stage: {context: (median, p25, p75)}}
-    (p25/p75 NaN: no whisker); ``names``: stage → a few words for its panel title."""
-    import math
-    import textwrap
-
-    import numpy as np
-
+    """Context ladders side by side: one panel per stage, median µs per token at each context every source holds, IQR
+    whiskers, one marker series per source; what a source lacks is written under the panels (``docs/compare.md``).
+    ``sources``: label → {stage: {context: (median, p25, p75)}}; ``names``: stage → panel title words."""
     stages = list(stages) if stages is not None else list(dict.fromkeys(st for per in sources.values() for st in per))
     names = names or {}
     held = {label: {c for pts in per.values() for c in pts} for label, per in sources.items()}
@@ -588,13 +541,9 @@ def compare_context_figure(sources: dict, stages=None, names=None, max_cols: int
 
 
 def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
-    """One token per stage on a shared µs axis (each stage from its token's start): a host lane with ds4lab's NVTX
-    ranges (cluster and op; a replayed stage shows its graph launch) and a GPU lane with the token's kernels,
-    coloured by cluster, up to the end of layer ``first_layers - 1`` (the embedding included), so launch gaps are
-    visible. Each stage's GPU lane is annotated with its kernels, busy time and span in that window, to the right of
-    the lane's last bar (the x axis widened to hold it). ``kern`` and ``nvtx``: the tables of
-    :func:`ds4lab.jobs.trace.run` (``stage``, ``start_us``, ``end_us``, ``cluster``, ``layer``, ``token``; ``nvtx``:
-    ``name``, ``cluster``, ``depth``). Title: the trace's provenance (MODELED on the sim)."""
+    """One token per stage on a shared µs axis: a host lane of NVTX ranges and a GPU lane of kernels coloured by
+    cluster, up to the end of layer ``first_layers - 1``, each lane annotated with its kernels, busy time and span.
+    ``kern``, ``nvtx``: the tables of :func:`ds4lab.jobs.trace.run`."""
     import pandas as pd
 
     from ..capture.annotate import _COLORS
@@ -669,12 +618,8 @@ def trace_figure(kern, nvtx, meta: dict, first_layers: int = 2):
 
 
 def ncu_sites_figure(sources: dict, top: int = 16):
-    """Per launch site (cluster/op), the median DRAM throughput in % of peak that Nsight Compute measured (its achieved
-    fraction of memory bandwidth), one bar per source, for the ``top`` sites with the most kernel time summed over
-    the sources. ``sources``: label → a table of :func:`ds4lab.trace.sources.ncu.per_site` (``cluster``, ``op``,
-    ``dram_pct``, ``total_us``, optionally ``sm_pct``, ``provenance``). The title says the numbers are ncu's (clocks
-    locked to base: ratios, not the ladder's µs); each label carries its source's provenance."""
-    import numpy as np
+    """Per launch site, the median DRAM throughput in % of peak that Nsight Compute measured, one bar per source, for
+    the ``top`` sites by kernel time. ``sources``: label → a :func:`ds4lab.trace.sources.ncu.per_site` table."""
     import pandas as pd
 
     frames = []
@@ -704,11 +649,8 @@ def ncu_sites_figure(sources: dict, top: int = 16):
 
 
 def launches_figure(scan):
-    """Kernel launches per token by position, from a :class:`ds4lab.experiments.launch_list.LaunchScan`: left,
-    consecutive tokens (``scan.window``, one dot per token, coloured by emit); right, the anchor positions across
-    the top-k regimes (``scan.launches``, log₂ position, steps), a dotted line where the ratio-4 layers' launch
-    shape changes, named by the new regime (or its number of top-k launches). Counts, not times: the title says so
-    on every backend."""
+    """Kernel launches per token by position from a :class:`ds4lab.experiments.launch_list.LaunchScan`: consecutive
+    tokens, and anchor positions with each launch-shape change marked. Counts, not times."""
     from ..experiments.launch_list import shape
 
     launches, window = scan.launches, scan.window
@@ -742,9 +684,7 @@ def launches_figure(scan):
 
 
 def detach(view):
-    """``view`` taken out of pyplot's figure manager when it is a matplotlib Figure (it can still be drawn, saved and
-    shown): a notebook cell whose value is the figure shows it once, not once more at the cell's end as pyplot's
-    open figures are. Anything else is returned as it is."""
+    """``view`` closed in pyplot when it is a Figure (still drawable), so a cell shows it once."""
     from matplotlib.figure import Figure
 
     if isinstance(view, Figure):

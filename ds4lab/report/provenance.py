@@ -15,8 +15,6 @@ from ..version import __version__
 
 def git_revision() -> str | None:
     """The checkout's commit (with ``-dirty`` when it has changes), or None outside git."""
-    import os
-
     root = Path(__file__).resolve().parents[2]
     # a read-only look: git status would otherwise refresh the checkout's index, taking its lock
     # (and, cut by a full disk or a file size limit, could leave index.lock behind)
@@ -35,10 +33,8 @@ def git_revision() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
-    """SHA-256 (first 16 hex digits) of the code that ran: every ``.py`` and ``.json`` file of the ds4lab package and
-    every CUDA source it compiles, by relative path and content. Unlike :func:`git_revision` it names the code even
-    where the checkout's git state is stale or absent (a copied working tree, an installed wheel): two runs with the
-    same digest ran the same code."""
+    """SHA-256 (16 hex digits) of every ``.py`` and ``.json`` file of the package and every CUDA source it compiles:
+    names the code that ran even without git (a copied tree, a wheel)."""
     import hashlib
 
     from ..backends.cupy_backend import kernels_dir
@@ -75,8 +71,7 @@ def base_meta(backend) -> dict:
 
 
 def calibration_label(meta: dict) -> str:
-    """How a title names the calibration in ``meta["calibration"]`` (a dict or a name): its name when it is ds4lab's
-    shipped file, else name, path and short SHA-256 (an edited copy is never taken for the shipped one)."""
+    """How a title names ``meta["calibration"]``: its name when shipped, else name, path and short SHA-256."""
     cal = meta.get("calibration")
     if not isinstance(cal, dict):
         return str(cal if cal is not None else "?")
@@ -99,9 +94,7 @@ def preset_name(meta: dict) -> str | None:
 
 
 def with_source_columns(df, backend: str, preset: str | None, modeled: bool):
-    """A copy of ``df`` with :data:`SOURCE_COLUMNS` appended (the same value on every row; a table without rows keeps
-    its header, the three columns added): ``backend`` (``cupy``, ``sim``, ``numpy``), ``preset`` (its name),
-    ``modeled`` (True where the backend models time)."""
+    """``df`` with :data:`SOURCE_COLUMNS` (``backend``, ``preset``, ``modeled``) appended; no rows: the header kept."""
     out = df.copy()
     for column, value in zip(SOURCE_COLUMNS, (backend, preset, bool(modeled))):
         out[column] = value
@@ -119,8 +112,7 @@ def label(meta: dict) -> str:
 
 
 def cuda_version(v) -> str:
-    """CUDA's integer version (``cudaRuntimeGetVersion``: 1000 × major + 10 × minor) as ``13.2``; anything else as it
-    is."""
+    """``cudaRuntimeGetVersion``'s integer (1000 × major + 10 × minor) as ``13.2``; anything else as it is."""
     if isinstance(v, int) and v >= 1000:
         return f"{v // 1000}.{v % 1000 // 10}"
     return str(v)

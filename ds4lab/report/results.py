@@ -1,10 +1,7 @@
 """Result folders: written aside, swapped in only on success, locked, and never left ``running``.
 
-Every command that writes a result folder (the jobs, ``ingest``, ``compare``, ``notebooks``) goes through
-:func:`job_folder`; ``calibrate``, which writes one file, through :func:`output_file`. What a user sees of it is
-``docs/results.md``; the life of a folder step by step (checks, lock, staging, the swap on success, what an
-interruption, a failure, a full disk or a killed run leaves, and how the lines that say where results are name them:
-:func:`final_path`, :func:`staged_env`) is that page's "How a result folder lives"."""
+Commands that write a folder go through :func:`job_folder`; ``calibrate`` (one file) through :func:`output_file`.
+Next: ``docs/results.md``, "How a result folder lives"; the file-level primitives are in :mod:`.folder_io`."""
 
 from __future__ import annotations
 
@@ -46,15 +43,14 @@ STAGED_AS_ENV = "DS4LAB_STAGED_AS"
 
 
 def staged_env(staging: Path, final: Path) -> dict:
-    """The environment entry for a child process that writes inside ``staging``, which becomes ``final`` when the run
-    that owns it is swapped in: the child's :func:`final_path` then names ``final``."""
+    """The environment of a child writing inside ``staging`` (later ``final``): its :func:`final_path` names
+    ``final``."""
     return {STAGED_AS_ENV: json.dumps([os.path.abspath(staging), os.path.abspath(final)])}
 
 
 def final_path(path) -> Path:
-    """``path`` as the lines that tell the user where results are name it: where it will be once the results are in
-    place. That is ``path`` itself, unless it lies inside the staging folder that :data:`STAGED_AS_ENV` names; then
-    the same place inside the folder that staging folder becomes."""
+    """``path`` as it will be once the results are in place: inside the folder the :data:`STAGED_AS_ENV` staging folder
+    becomes, else ``path`` itself."""
     path = Path(path)
     try:
         staging, final = json.loads(os.environ.get(STAGED_AS_ENV) or "null")
@@ -65,8 +61,7 @@ def final_path(path) -> Path:
 
 
 def strict_json(obj):
-    """``obj`` with every non-finite float (NaN, ±Infinity) replaced by None, recursively (dicts, lists, tuples; other
-    values as they are), so it serializes as strict JSON."""
+    """``obj`` with every non-finite float replaced by None, recursively, so it serializes as strict JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -86,16 +81,13 @@ def strict_json(obj):
 
 
 def write_meta(path: Path, meta: dict) -> None:
-    """Write ``meta`` as strict JSON (RFC 8259: no ``NaN``; non-finite numbers become ``null``), indented, atomically
-    (:func:`write_text_atomic`). Values JSON cannot hold are written as ``str(value)``. Raises :class:`WriteFailed`
-    naming the file."""
+    """Write ``meta`` atomically as indented strict JSON (non-finite numbers → ``null``, other values ``str``). Raises
+    :class:`WriteFailed` naming the file."""
     write_text_atomic(path, json.dumps(strict_json(meta), indent=2, default=str, allow_nan=False) + "\n")
 
 
 def _overwrite_status(path: Path, meta: dict) -> bool:
-    """Last resort when ``meta.json`` cannot be replaced (a full disk): overwrite the existing file in place with a
-    compact record of the status (its blocks are already allocated, so a shorter text needs no new space). Returns
-    whether it worked."""
+    """Overwrite ``meta.json`` in place with its status alone (a full disk); returns whether it worked."""
     keep = {k: meta.get(k) for k in ("ds4lab", "job", "status", "run", "status_note") if k in meta}
     keep["status_note"] = "meta.json cut down to its status: the full record could not be written"
     text = json.dumps(strict_json(keep), default=str).encode() + b"\n"
@@ -109,15 +101,12 @@ def _overwrite_status(path: Path, meta: dict) -> bool:
 
 
 def read_meta(folder: Path) -> dict | None:
-    """A result folder's ``meta.json`` as a dict (None when there is none), with a dead run told apart.
-
-    A meta whose ``status`` is ``running`` is reported with ``status: "died"`` (and ``status_recorded: "running"``)
-    when the run is gone: the lock its ``run`` names (or, for older folders, the lock beside or inside the folder) is
-    free or held by another process, or, with no lock file, its recorded ``pid`` no longer exists on this host. A run
-    recorded on another host is left as ``running`` with ``status_note`` saying it cannot be checked from here.
+    """A result folder's ``meta.json`` as a dict (None when there is none); a ``running`` run that is gone (its lock
+    free or
+    another's, or its ``pid`` dead on this host) reads ``status: "died"``, ``status_recorded: "running"``.
 
     Raises:
-        ValueError: ``meta.json`` exists but is not a JSON object (the message names the file)."""
+        ValueError: ``meta.json`` is not a JSON object (the message names the file)."""
     path = Path(folder) / "meta.json"
     if not path.is_file():
         return None
@@ -146,8 +135,7 @@ def read_meta(folder: Path) -> dict | None:
 
 
 def _calibration_identity(meta: dict) -> None:
-    """Add ``sha256`` and ``shipped`` (:func:`ds4lab.sim.calibration.calibration_info`) to every ``calibration`` dict
-    in ``meta`` that names a file ``path``, in place."""
+    """Add ``sha256`` and ``shipped`` to every ``calibration`` dict in ``meta`` that names a ``path``, in place."""
     from ..sim.calibration import calibration_info
     from ..errors import CalibrationError
 
@@ -170,11 +158,9 @@ def _calibration_identity(meta: dict) -> None:
 
 
 class ResultsCSV:
-    """An append-only tidy CSV (``metric, value, unit, token, source``), flushed after every row.
-
-    ``source`` says where the number came from (``cuda-events``, ``host-clock``, ``analytic``, ``numpy-reference``; on
-    the simulated runtime every row reads ``modeled (sim, calibration <name>)``), so no figure appears without its
-    origin."""
+    """An append-only tidy CSV (``metric, value, unit, token, source``), flushed after every row; ``source`` says where
+    each
+    number came from (``modeled (sim, calibration <name>)`` on the sim)."""
 
     COLUMNS = ("metric", "value", "unit", "token", "source")
 
@@ -186,8 +172,7 @@ class ResultsCSV:
         self._f.flush()
 
     def add(self, metric: str, value, unit: str, source: str, token: int | str = "") -> None:
-        """Append one row and flush it; a row that cannot be written whole (a full disk) is cut off again, so the file
-        holds whole rows only, and the error goes on."""
+        """Append one row and flush it; a row cut by a full disk is truncated away and the error goes on."""
         at = self._f.tell()
         try:
             self._w.writerow((metric, value, unit, token, source))
@@ -208,13 +193,11 @@ class ResultsCSV:
 
 
 def check_out(out: Path, result_files=()) -> None:
-    """Create the result folder ``out`` (with its parents) and prove it writable: create and remove a probe file, and
-    make sure none of ``result_files`` (names in ``out``) is a folder or a read-only file. For a check before any
-    work; :func:`job_folder` makes its own checks.
+    """Create ``out`` (with parents) and prove it writable; none of ``result_files`` may be a folder or read-only.
 
     Raises:
-        OutputError: ``--out '' names no folder`` (None, an empty string or blanks); ``cannot write results to <out>:
-            <reason>``; folders this call created are removed again."""
+        OutputError: ``--out '' names no folder`` or ``cannot write results to <out>: <reason>`` (folders made here are
+            removed again)."""
     def fail(reason: str):
         raise OutputError(f"cannot write results to {out}: {reason}")
 
@@ -340,7 +323,7 @@ class _Target:
                        f"{(m.get('run') or {}).get('pid', '?')}); its results (status {status}) are in {dest}")
 
     def _check_contents(self) -> None:
-        """Refuse what this run must not replace (see the module docstring, step 1)."""
+        """Refuse what this run must not replace (``docs/results.md``, "How a result folder lives")."""
         out = self.out
         if not out.is_dir():
             return
@@ -382,8 +365,7 @@ class _Target:
 
     # -- after
     def finish(self, meta: dict, ok: bool) -> Path:
-        """Success: swap the staging folder in. Otherwise: keep it where the console says. Returns where the results
-        are."""
+        """Success: swap staging in; otherwise keep it where the console says. Returns where the results are."""
         if ok:
             return self._commit()
         remove_tmp_files(self.staging)
@@ -391,13 +373,12 @@ class _Target:
         return self._place(self.staging, tag)
 
     def _place(self, folder: Path, tag: str, beside: bool = False) -> Path:
-        """Put ``folder`` (results that did not replace ``out``) where they destroy nothing: ``out`` itself when it is
-        missing or empty (unless ``beside``), else ``OUT.<tag>-<time>`` beside it."""
+        """Put ``folder`` where it destroys nothing: ``out`` if missing or empty (unless ``beside``), else beside."""
         out = self.out
         if not beside and (not out.exists() or is_empty_dir(out)):
             os.rename(folder, out)
             return self.shown
-        dest = free_name(out.with_name(f"{out.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        dest = self._beside(tag)
         os.rename(folder, dest)
         return self.shown.with_name(dest.name)
 
@@ -422,30 +403,27 @@ class _Target:
         return self.shown
 
     def _swap(self, out: Path, new: Path) -> list[str]:
-        """Swap ``new`` in for the earlier ``out`` (atomically where the system can), carrying the earlier folder's
-        files ds4lab did not write; returns their names."""
+        """Swap ``new`` in for ``out``, carrying files ds4lab did not write; returns their names."""
         carried, clash = self._carry(out, new) if self.ran_before is None else ([], [])
         if exchange_paths(new, out):  # new now holds the earlier results
             os.rename(new, self.old)
         else:
             os.rename(out, self.old)
             os.rename(new, out)
-        if clash:  # an earlier file of the user's shares a name with one this run wrote: keep it
-            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+        # a user's file named like one this run wrote, or another experiment's results: kept whole, beside
+        if clash or self.ran_before is not None:
+            dest = self._beside("replaced")
             os.rename(self.old, dest)
-            self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds "
-                       f"{self._whose(clash)}, named like files this run wrote")
-        elif self.ran_before is not None:  # another experiment's results: kept whole, beside
-            dest = free_name(out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
-            os.rename(self.old, dest)
-            self._note(f"{self.shown}: kept the earlier results as {dest.name}: they ran "
-                       f"{_differs(self.ran_before, self.ran)}")
+            self._note(f"{self.shown}: kept the earlier folder as {dest.name}: it holds {self._whose(clash)}, named "
+                       "like files this run wrote" if clash else f"{self.shown}: kept the earlier results as "
+                       f"{dest.name}: they ran {_differs(self.ran_before, self.ran)}")
         return carried
 
+    def _beside(self, tag: str) -> Path:
+        return free_name(self.out.with_name(f"{self.out.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"))
+
     def _drop_edited(self) -> None:
-        """Take the files the earlier run wrote whose bytes no longer match the SHA-256 its ``meta.json`` recorded out
-        of ``prev_files``: edited since, they are no longer the files ds4lab wrote, so they are kept as a user's
-        files are. Checked just before the swap, so an edit made while this run worked counts too."""
+        """Files of the earlier run whose SHA-256 no longer matches its ``meta.json`` become the user's."""
         for name, digest in self.prev_sha256.items():
             p = self.out / name
             if os.path.lexists(p) and _sha256_of(p) != digest:
@@ -463,9 +441,7 @@ class _Target:
         return " and ".join(parts)
 
     def _carry(self, old: Path, new: Path) -> tuple[list[str], list[str]]:
-        """Move the entries of the earlier folder that ds4lab did not write (or that were edited since it did:
-        :meth:`_drop_edited`) into the new one; returns them and those named like an entry of the new one, which
-        stay."""
+        """Move the earlier folder's entries ds4lab did not write into ``new``: ``(moved, left by a name clash)``."""
         own = set(_OWN_FILES) | (self.prev_files or set())
         carried, clash = [], []
         for p in sorted(old.iterdir()):
@@ -491,14 +467,12 @@ class _Target:
 
 
 def _plain(value):
-    """``value`` as it reads back from ``meta.json`` (tuples as lists, non-finite numbers as null, other values as
-    text), so a recorded ``ran`` compares equal to the one that wrote it."""
+    """``value`` as it reads back from ``meta.json``, so a recorded ``ran`` compares equal."""
     return json.loads(json.dumps(strict_json(value), default=str))
 
 
 def _differs(before: dict, now: dict) -> str:
-    """What the earlier run ran that this one does not, for a message: ``hazards='all' (this run: 'all-longctx')``,
-    each setting that differs."""
+    """The settings that differ, for a message: ``hazards='all' (this run: 'all-longctx')``."""
     if not before:
         return "settings that its meta.json does not record"
     keys = [k for k in dict.fromkeys([*before, *now]) if before.get(k) != now.get(k)]
@@ -506,8 +480,7 @@ def _differs(before: dict, now: dict) -> str:
 
 
 def _own_files(folder: Path) -> list[str]:
-    """The top-level entries of ``folder`` (its files and sub-folders), ``meta.json`` and the temporaries of writes not
-    finished (``*.tmp``: :func:`whole_file`) left out: each file listed is whole."""
+    """The whole top-level entries of ``folder``: ``meta.json`` and unfinished ``*.tmp`` writes left out."""
     return sorted(p.name for p in folder.iterdir() if p.name not in _OWN_FILES and not p.name.endswith(".tmp"))
 
 
@@ -517,8 +490,7 @@ def _unfinished(folder: Path) -> list[str]:
 
 
 def _sha256_of(path: Path) -> str | None:
-    """The SHA-256 (hex) of the plain file ``path``; None for a link, a folder or anything else that is not a plain
-    file, and for a file that cannot be read (never raises)."""
+    """SHA-256 (hex) of a plain file; None for anything else or an unreadable file."""
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):  # a link may point at /dev/full or a FIFO
             return None
@@ -532,8 +504,7 @@ def _sha256_of(path: Path) -> str | None:
 
 
 def _file_sha256(folder: Path, names: list[str]) -> dict[str, str]:
-    """``{name: SHA-256}`` of the entries ``names`` of ``folder`` that are plain files: a rerun tells a file ds4lab
-    wrote from one a user edited since."""
+    """``{name: SHA-256}`` of the plain files among ``names``."""
     sums = {n: _sha256_of(folder / n) for n in names}
     return {n: h for n, h in sums.items() if h is not None}
 
@@ -544,42 +515,33 @@ def _failure_status(e: BaseException) -> str:
 
 
 def _as_write_failed(e: OSError, folder: Path) -> WriteFailed:
-    """An OSError the job raised while writing, as a :class:`WriteFailed` naming the file (or the folder where the
-    operating system named none)."""
+    """``e`` as a :class:`WriteFailed` naming the file (or the folder)."""
     where = e.filename or f"a file in {folder}"
     return WriteFailed(f"cannot write {where}: {os_reason(e)}", e.errno)
 
 
 @contextlib.contextmanager
 def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discard_on=(), ran=None):
-    """The life of one result folder around a command's work (``docs/results.md``, "How a result folder lives": checks,
-    lock, staging, the swap on success, what an interruption, a failure or a full disk leaves): ``with
-    job_folder(out, meta, OUTPUTS) as folder:`` and the command writes every file into ``folder`` (the staging
-    folder), never into ``out``.
+    """The life of one result folder around a command's work (``docs/results.md``, "How a result folder lives"): ``with
+    job_folder(out, meta, OUTPUTS) as folder:`` and the command writes into ``folder`` (staging), never into ``out``.
 
     Args:
         out: the result folder (``--out``).
-        meta: what ``meta.json`` records; ``job`` names the command (another command's folder is refused). Added here:
-            ``ds4lab`` (the version), ``status``, ``run`` (``pid``, ``host``, ``lock``), ``files`` (each whole),
-            ``files_not_written``, ``file_sha256``, each ``calibration``'s ``sha256`` and ``shipped``, ``traceback``
-            for a failure, ``kept_in``.
-        outputs: glob patterns of the command's own file names (for a folder from an older ds4lab without ``files``).
-        on_stop: ``on_stop(status)`` on an interrupt or failure, before ``meta.json`` is written; an error in it is
-            recorded in ``meta["on_stop_error"]``, never raised.
-        say: prints where results went (default: stderr), naming ``out`` as :func:`final_path` does.
-        discard_on: exception types meaning bad input: the staging folder is removed, ``out`` left as it was.
-        ran: what sets this run apart (hazard set, preset, backend, inputs), recorded as ``ran``; earlier results in
-            ``out`` that ran something else are kept whole beside it as ``OUT.replaced-<time>``. None: earlier results
-            of the same command are replaced.
+        meta: what ``meta.json`` records; ``job`` names the command. Added here: ``ds4lab``, ``status``, ``run``,
+            ``files``, ``files_not_written``, ``file_sha256``, calibration identities, ``traceback``, ``kept_in``.
+        outputs: glob patterns of the command's own file names (for older folders without ``files``).
+        on_stop: ``on_stop(status)`` on an interrupt or failure; an error in it goes to ``meta["on_stop_error"]``.
+        say: prints where results went (default: stderr).
+        discard_on: exception types meaning bad input: staging removed, ``out`` untouched.
+        ran: what sets this run apart, recorded as ``ran``; earlier results that ran something else are kept as
+            ``OUT.replaced-<time>``.
 
-    Status: ``complete``; ``interrupted`` (Ctrl-C), ``interrupted (SIGTERM)``, ``interrupted (SIGHUP)`` or ``failed:
-    <error>`` (the exception goes on, partial results kept; an ``OSError`` as :class:`WriteFailed` naming the path). A
-    :class:`ds4lab.errors.CheckFailed` run finished and wrote everything: its folder replaces ``out`` with ``status:
-    failed: <check>``.
+    Status: ``complete``, ``interrupted`` (``(SIGTERM)``, ``(SIGHUP)``) or ``failed: <error>`` (partial results kept,
+    the exception goes on; an ``OSError`` as :class:`WriteFailed`). A :class:`ds4lab.errors.CheckFailed` run replaces
+    ``out`` with ``status: failed: <check>``.
 
     Raises:
-        OutputError: a bad ``out`` (empty, ``.``, a file, the folder holding the current directory), a folder in use by
-            another run, another command's results, or files ds4lab did not write.
+        OutputError: a bad ``out``, a folder in use, another command's results, or files ds4lab did not write.
         WriteFailed: the results could not be written."""
     from ..errors import CheckFailed
 
@@ -640,8 +602,7 @@ def job_folder(out: Path, meta: dict, outputs=(), on_stop=None, say=None, discar
 
 
 def _running(t: _Target, meta: dict) -> None:
-    """``meta`` as a running job's: what it ran (for a default folder), the version, ``status`` running, this process
-    and its lock, the identity of every calibration it names."""
+    """Mark ``meta`` running: ``ran``, version, ``run`` (pid, host, lock), calibration identities."""
     if t.ran is not None:
         meta["ran"] = t.ran
     meta.setdefault("ds4lab", _version())
@@ -652,8 +613,7 @@ def _running(t: _Target, meta: dict) -> None:
 
 
 def _written(folder: Path, meta: dict) -> None:
-    """What the job wrote into ``folder``, whole (``files``, ``file_sha256``), and the files whose write was cut (a
-    full disk, an interrupt: ``files_not_written``, none kept)."""
+    """Record the whole files (``files``, ``file_sha256``) and the cut ones (``files_not_written``)."""
     meta["files"] = _own_files(folder)
     meta["file_sha256"] = _file_sha256(folder, meta["files"])
     unfinished = sorted({*_unfinished(folder), *getattr(sys.exc_info()[1], "files_not_written", ())})
@@ -662,11 +622,7 @@ def _written(folder: Path, meta: dict) -> None:
 
 
 def _finish(t: _Target, folder: Path, meta: dict) -> None:
-    """Write the finished run's ``meta.json`` and swap its folder in.
-
-    Raises:
-        WriteFailed: ``meta.json`` could not be written (the results are placed as partial ones), or the folder could
-            not be moved into place (it stays where it is, and says where)."""
+    """Write the finished ``meta.json`` and swap the folder in; :class:`WriteFailed` says where results stay."""
     _calibration_identity(meta)
     try:
         write_meta(folder / "meta.json", meta)
@@ -682,15 +638,13 @@ def _finish(t: _Target, folder: Path, meta: dict) -> None:
 
 
 def _kept(t: _Target, e: BaseException, where, line: str) -> None:
-    """Say where a stopped run's partial results are (and that earlier ones are unchanged), and attach it to the
-    exception going on."""
+    """Say where a stopped run's results are and attach it to the exception going on."""
     t._note(line + _unchanged(t, where))
     _tell(e, where)
 
 
 def _tell(e: BaseException, where) -> None:
-    """Attach where the partial results are to the exception going on (``kept_in``), for the command line's last line.
-    """
+    """Attach where the partial results are (``kept_in``) to ``e``, for the command line's last line."""
     with contextlib.suppress(Exception):
         e.kept_in = str(where)
 
@@ -700,9 +654,7 @@ def _unchanged(t: _Target, where) -> str:
 
 
 def _stop(t: _Target, meta: dict) -> Path:
-    """Record a stopped run's status (in place when a new file cannot be written), then place its folder
-    (:meth:`_Target.finish`). Returns where its results are; raises nothing (a folder that cannot be moved stays
-    where it is, and that is the place returned)."""
+    """Record a stopped run's status, then place its folder; returns where its results are (never raises)."""
     folder = t.staging
     if not folder.exists():
         return t.shown
@@ -732,9 +684,7 @@ def _version() -> str:
 
 
 def _stopped(on_stop, meta: dict, status: str, folder: Path) -> None:
-    """Record ``status`` in ``meta`` and tell ``on_stop`` (a stopped run writing what it got so far; an error there is
-    recorded, never raised), then list the folder's files again: what it wrote (``run``'s ``census.csv``) is in
-    ``meta["files"]`` as what the job wrote before."""
+    """Record ``status``, call ``on_stop`` (its error recorded, not raised), then list the folder's files again."""
     meta["status"] = status
     if on_stop is None:
         return

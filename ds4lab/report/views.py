@@ -1,9 +1,6 @@
 """The tables and figures a notebook shows from a job's result folder, drawn by the same :mod:`ds4lab.report.plots`
-functions the job drew its saved files with: figure objects (Jupyter shows them inline, a reader can restyle them),
-not the job's PNG files read back.
-
-Every function takes a result folder as a job leaves it (``meta.json`` and its CSV files) and raises
-:class:`ValueError` naming the folder when it does not hold that job's results."""
+functions as the job's saved files (figure objects, not PNGs read back). Each function raises :class:`ValueError`
+naming a folder that does not hold that job's results."""
 
 from __future__ import annotations
 
@@ -32,10 +29,8 @@ def _csv(folder: Path, name: str, **kw):
 
 
 def figures(folder: Path) -> dict:
-    """``{name: matplotlib Figure}`` of the job whose results ``folder`` holds, named as the job names their saved
-    files (``ladder``, ``context``; ``moe-stages``, ``moe-distribution``, ``moe-share`` where ``share.csv`` is
-    there; ``exclusion``), drawn from its CSV files and ``meta.json`` (so titles carry the same provenance, or
-    MODELED), each out of pyplot's figure manager (:func:`~ds4lab.report.plots.detach`: a cell shows it once).
+    """``{name: Figure}`` of the job whose results ``folder`` holds, named as its saved files (``ladder``, ``context``,
+    ``moe-*``, ``exclusion``), detached from pyplot.
 
     Raises:
         ValueError: no ``meta.json``, a job without figures here, or a CSV file missing."""
@@ -65,9 +60,8 @@ def _figures(folder: Path) -> dict:
 
 
 def moe_stage_table(folder: Path):
-    """Median µs per routed-MoE call by stage (columns: ds4's stages in order, then ``total``) for each ``(tokens,
-    routing)`` (rows), from a ``ds4lab moe`` folder's ``moe.csv``; with more than one profiling mode in the folder,
-    ``mode`` leads the row index. Raises ValueError as :func:`figures` does."""
+    """Median µs per routed-MoE call by stage (columns) for each ``(tokens, routing)`` (``mode`` leading with several
+    modes), from ``moe.csv``. Raises ValueError as :func:`figures`."""
     from ..token.model import MOE_STAGES
 
     _meta(folder, ("moe",))
@@ -80,11 +74,8 @@ def moe_stage_table(folder: Path):
 
 
 def context_graphs(folder: Path):
-    """How many graphs each stage of a ``ds4lab context`` folder captured by each context (``graphs, stage S``:
-    counted, cumulative over the contexts in order; stages in the run's order), with stage 3c's µs per token over
-    stage 3's where both ran (``stage 3c µs × stage 3``: what deciding on the device costs, measured or MODELED as
-    the folder's times are) and stage 3's recaptures and retirements where it ran. Rows: the contexts. Raises
-    ValueError as :func:`figures` does."""
+    """Graphs each stage of a ``ds4lab context`` folder captured by context (cumulative), stage 3c's µs over stage
+    3's, stage 3's recaptures and retirements; rows: contexts. Raises ValueError as :func:`figures`."""
     _meta(folder, ("context",))
     df = _csv(folder, "context.csv", dtype={"stage": str})
     stages = list(dict.fromkeys(df["stage"]))
@@ -100,10 +91,8 @@ def context_graphs(folder: Path):
 
 
 def capture_stages(folder: Path):
-    """A ``ds4lab context`` folder that ran stage 3 beside others (3cc, 3p, ...), each row with its µs per token over
-    stage 3's at its context (``x_stage_3``) and its gain over stage 3 as a sentence (``gain over 3``: paired per
-    token with its 95 % interval, "not measurable" when that includes zero). Raises ValueError as :func:`figures`
-    does, or naming the folder when it holds no stage 3."""
+    """A ``ds4lab context`` folder with stage 3 and others: each row's µs over stage 3's (``x_stage_3``) and paired
+    gain (``gain over 3``). Raises ValueError as :func:`figures`, or without stage 3."""
     _meta(folder, ("context",))
     cs = _csv(folder, "context.csv", dtype={"stage": str})
     if "3" not in set(cs.stage):

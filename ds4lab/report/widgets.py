@@ -1,8 +1,6 @@
-"""A choice a notebook reader makes with a widget rather than by editing a constant (which layers of a timeline, which
-routing's distribution, which regime change), with the notebook's parameter as the value: in JupyterLab with
-ipywidgets installed (the ``notebooks`` extra) a dropdown per choice redraws the view; headless (``ds4lab
-notebooks``, papermill: ``DS4LAB_HEADLESS=1``), without ipywidgets or outside a Jupyter kernel, the view is drawn
-once with the parameter's value and returned, so the notebook still runs top to bottom with its parameters."""
+"""A notebook reader's choice (timeline layers, routing, regime change) made with a dropdown in JupyterLab with
+ipywidgets, else (headless: ``DS4LAB_HEADLESS=1``, no ipywidgets, no kernel) drawn once with the notebook parameter's
+value."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ HEADLESS_ENV = "DS4LAB_HEADLESS"
 
 @dataclass(frozen=True)
 class Choice:
-    """One choice: ``value`` (the notebook parameter's) among ``options`` (a sequence of values, or of ``(label,
-    value)`` pairs, as ipywidgets' ``Dropdown`` takes them)."""
+    """One choice: ``value`` among ``options`` (values, or ``(label, value)`` pairs)."""
 
     value: Any
     options: Sequence
@@ -26,8 +23,7 @@ class Choice:
 
 
 def interactive() -> bool:
-    """Whether a widget would be seen: not headless (:data:`HEADLESS_ENV`), inside a Jupyter kernel, with ipywidgets
-    importable."""
+    """Whether a widget would be seen: not headless, in a Jupyter kernel, ipywidgets importable."""
     if os.environ.get(HEADLESS_ENV) == "1":
         return False
     try:
@@ -46,14 +42,8 @@ def interactive() -> bool:
 
 
 def choose(draw: Callable[..., Any], **choices: Choice):
-    """``draw(**values)`` with each choice's value, shown with a dropdown per choice where a reader can use one
-    (:func:`interactive`); else drawn once with the parameters' values and returned.
-
-    Returns the view when drawn once (a matplotlib Figure taken out of pyplot, :func:`ds4lab.report.plots.detach`, so
-    Jupyter shows it once, or whatever ``draw`` returns); None with widgets (displayed already, their output the view).
-
-    Raises:
-        ValueError: a choice whose value is not among its options (naming it and the options)."""
+    """``draw(**values)`` with a dropdown per choice where :func:`interactive`, else drawn once and returned (a
+    Figure detached from pyplot); None with widgets. Raises ValueError naming a value not among its options."""
     for name, c in choices.items():
         if c.value not in c.values():
             raise ValueError(f"{name}={c.value!r}: choose one of {', '.join(map(repr, c.values()))}")
