@@ -128,15 +128,22 @@ def test_files_ds4lab_did_not_write_are_kept_across_a_rerun(tmp_path, rng):
     assert any("notes.md" in s and "not written by ds4lab" in s for s in said)
 
 
-def test_a_folder_from_an_older_ds4lab_is_replaced_by_its_job_outputs(tmp_path, rng):
+def test_a_folder_whose_meta_json_lists_no_files_keeps_its_outputs_beside(tmp_path, rng):
+    """A meta.json with a "job" key but nothing showing which files ds4lab wrote (an older ds4lab, or written by
+    hand): files named like the job's outputs are kept beside, never replaced."""
     out = tmp_path / "old"
     out.mkdir()
     results.write_meta(out / "meta.json", {"ds4lab": "0.0", "job": "t", "status": "complete"})  # no "files"
-    (out / "ladder.png").write_bytes(rng.bytes(64))
+    png = rng.bytes(64)
+    (out / "ladder.png").write_bytes(png)
     (out / "mine.txt").write_text("keep")
-    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=lambda m: None) as f:
+    said = []
+    with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=said.append) as f:
         (f / "ladder.csv").write_text(rows(rng))
-    assert not (out / "ladder.png").exists() and (out / "mine.txt").read_text() == "keep"
+    # ladder.png is not this run's to replace: carried into the new folder like the user's notes
+    assert (out / "ladder.png").read_bytes() == png and (out / "mine.txt").read_text() == "keep"
+    assert "ladder.png" not in meta_of(out)["files"]
+    assert any("ladder.png" in s and "no SHA-256" in s for s in said)
 
 
 def test_a_user_file_named_like_an_output_is_kept_beside(tmp_path, rng):
@@ -204,18 +211,22 @@ def test_unedited_files_ds4lab_wrote_are_replaced_as_before(tmp_path, rng):
     assert not list(tmp_path.glob("ladder.replaced-*")) and not any("kept" in s for s in said), said
 
 
-def test_a_folder_whose_meta_json_has_no_hashes_is_replaced_as_before(tmp_path, rng):
+def test_a_folder_whose_meta_json_has_no_hashes_keeps_its_files_beside(tmp_path, rng):
+    """meta.json names the files but holds no SHA-256 for them: nothing shows ds4lab wrote what is there now (a
+    hand-written meta.json with a "job" key), so the earlier files are kept beside, whole."""
     out = tmp_path / "old"
     out.mkdir()
     results.write_meta(out / "meta.json", {"ds4lab": "0.1", "job": "t", "status": "complete",
                                            "files": ["ladder.csv", "ladder.png"]})  # no "file_sha256"
-    (out / "ladder.csv").write_text("stage,us_median\n0,1.0  # annotated, but nothing says so\n")
+    annotated = "stage,us_median\n0,1.0  # annotated, but nothing says so\n"
+    (out / "ladder.csv").write_text(annotated)
     (out / "ladder.png").write_bytes(rng.bytes(64))
     v2 = rows(rng)
     with job_folder(out, {"job": "t"}, ("ladder.csv", "ladder.png"), say=lambda m: None) as f:
         (f / "ladder.csv").write_text(v2)
-    assert (out / "ladder.csv").read_text() == v2 and not (out / "ladder.png").exists()
-    assert not list(tmp_path.glob("old.replaced-*"))
+    assert (out / "ladder.csv").read_text() == v2 and (out / "ladder.png").exists()  # the png carried
+    kept = list(tmp_path.glob("old.replaced-*"))  # the csv, named like this run's, kept with its folder
+    assert len(kept) == 1 and (kept[0] / "ladder.csv").read_text() == annotated
     assert meta_of(out)["file_sha256"] == {"ladder.csv": sha256(out / "ladder.csv")}  # recorded from now on
 
 

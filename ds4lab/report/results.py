@@ -261,6 +261,7 @@ class _Target:
         self.prev_files: set[str] | None = None  # what the earlier run in out wrote (None: no earlier run)
         self.prev_sha256: dict[str, str] = {}  # their SHA-256 as its meta.json recorded them (older folders: none)
         self.edited: set[str] = set()  # those changed since: the user's now (:meth:`_drop_edited`)
+        self.unverified: set[str] = set()  # those meta.json holds no SHA-256 for: kept like the user's
         self.had_results = False
 
     # -- before
@@ -423,19 +424,28 @@ class _Target:
         return free_name(self.out.with_name(f"{self.out.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
     def _drop_edited(self) -> None:
-        """Files of the earlier run whose SHA-256 no longer matches its ``meta.json`` become the user's."""
-        for name, digest in self.prev_sha256.items():
-            p = self.out / name
-            if os.path.lexists(p) and _sha256_of(p) != digest:
+        """Files of the earlier run whose SHA-256 no longer matches its ``meta.json``, or that it holds no SHA-256
+        for (nothing shows ds4lab wrote them: a hand-written meta.json), become the user's."""
+        for name in self.prev_files or ():
+            p, digest = self.out / name, self.prev_sha256.get(name)
+            if not os.path.lexists(p):
+                continue
+            if digest is None:
+                self.unverified.add(name)
+            elif _sha256_of(p) != digest:
                 self.edited.add(name)
-        if self.edited:
-            self.prev_files -= self.edited
+        if self.prev_files is not None:
+            self.prev_files -= self.edited | self.unverified
 
     def _whose(self, names: list[str]) -> str:
         """``names`` for a message, each said to be not written by ds4lab or changed since it was."""
-        user = [n for n in names if n not in self.edited]
+        user = [n for n in names if n not in self.edited and n not in self.unverified]
         changed = [n for n in names if n in self.edited]
+        unproven = [n for n in names if n in self.unverified]
         parts = [f"{', '.join(user)} (not written by ds4lab)"] if user else []
+        if unproven:
+            parts.append(f"{', '.join(unproven)} (its meta.json holds no SHA-256 showing ds4lab wrote "
+                         f"{'it' if len(unproven) == 1 else 'them'})")
         if changed:
             parts.append(f"{', '.join(changed)} (changed since ds4lab wrote {'it' if len(changed) == 1 else 'them'})")
         return " and ".join(parts)
