@@ -10,6 +10,7 @@ import functools
 import inspect
 from pathlib import Path
 
+from .backends import BACKENDS
 from .jobs import execute
 from .jobs.audit import AuditConfig
 from .jobs.bench import BenchConfig
@@ -27,6 +28,26 @@ from .jobs.run import RunConfig
 from .jobs.tp import TPConfig
 from .jobs.trace import TraceConfig, TraceError
 from .jobs.result import JobResult
+from .token.config import get_preset
+
+
+def _check_type(method: str, name: str, value, default) -> None:
+    """Refuse ``value`` for option ``name`` where the option's default is a number or a string and ``value`` is not
+    one (``tokens="abc"``); None and other kinds of default pass to the job's own checks. Raises TypeError."""
+    if value is None or default is None:
+        return
+    if isinstance(default, bool):
+        want, ok = "True or False", isinstance(value, bool)
+    elif isinstance(default, int):
+        want, ok = "an integer", isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        want, ok = "a number", isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        want, ok = "a string", isinstance(value, (str, Path))
+    else:
+        return
+    if not ok:
+        raise TypeError(f"Lab.{method}: {name}={value!r} must be {want} (its default: {default!r})")
 
 
 def _runs(job: str, config):
@@ -43,6 +64,8 @@ def _runs(job: str, config):
             if unknown:
                 raise TypeError(f"Lab.{method.__name__}: no option {', '.join(unknown)}; "
                                 f"its options: {', '.join(sorted(fields))}")
+            for name, value in options.items():
+                _check_type(method.__name__, name, value, config_default(config, name))
             return self._execute(job, config, options)
 
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
@@ -73,6 +96,11 @@ class Lab:
 
     def __init__(self, backend: str = "auto", *, preset: str | None = None, out: str | Path | None = None,
                  seed: int = 1234, console=None) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"Lab: unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)} "
+                             "(cupy: the GPU)")
+        if preset is not None:
+            get_preset(preset)  # an unknown preset named now, not at the first job
         self.backend, self.preset, self.seed, self.console = backend, preset, seed, console
         self.out = Path(out) if out is not None else None
 

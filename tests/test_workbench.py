@@ -218,3 +218,21 @@ def test_ds4_beside_the_rebuild_without_a_record_and_the_contexts_checked(lab, t
         lab.contexts("128,99999", "tiny", name="CONTEXTS")
     with pytest.raises(BadInput, match="CONTEXTS='x'"):
         lab.contexts("x", "tiny", name="CONTEXTS")
+
+
+def test_bad_input_to_the_lab_is_named_at_once():
+    """An unknown backend or preset is refused when the Lab is made, and an option of the wrong type before any
+    job runs, each naming the value."""
+    from ds4lab import Lab
+
+    with pytest.raises(ValueError, match="unknown backend 'gpu'.*cupy"):
+        Lab("gpu")
+    with pytest.raises(Exception, match="unknown preset 'huge'"):
+        Lab("sim", preset="huge")
+    lab = Lab("sim", preset="tiny")
+    with pytest.raises(TypeError, match=r"Lab.ladder: tokens='abc' must be an integer"):
+        lab.ladder(tokens="abc")
+    with pytest.raises(TypeError, match=r"Lab.ladder: nvtx=1 must be True or False"):
+        lab.ladder(nvtx=1)
+    with pytest.raises(TypeError, match=r"Lab.ladder: stages=\['0'\] must be a string"):
+        lab.ladder(stages=["0"])
