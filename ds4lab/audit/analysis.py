@@ -60,6 +60,8 @@ class AuditReport:
     unit: Unit | None = None
     items: dict = field(default_factory=dict)
     arguments: object = None
+    #: why the argument pass beside the recording was refused (:func:`ds4lab.audit.frozen.attach`), or ""
+    arguments_refused: str = ""
     #: the cost model of the plans over these tokens (:class:`~ds4lab.audit.plans.Model`), each token's
     #: measured eager µs (the plans' pairing), and whether a by-value scalar changes across tokens
     model: object = None

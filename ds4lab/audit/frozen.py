@@ -683,9 +683,17 @@ def _merge(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- reports and the verdict
-def attach(report, store_path=None, own_table=None, own_path=None) -> None:
+#: How a report's note begins where the argument pass beside its recording was refused.
+ARGUMENTS_NOT_USED = "argument pass not used:"
+
+
+def attach(report, store_path=None, own_table=None, own_path=None, *, recorded=None) -> None:
     """Compare the argument pass at ``store_path`` onto ``report.arguments``, its frozen rows among
     ``report.findings``; the pass's table is the file the store names (``own_table`` when that is ``own_path``).
+    ``recorded``: the recording's table (default ``own_table``), whose header names the program. A pass of
+    another program (:func:`ds4lab.audit.pairing.check_same_program`), or, where the headers cannot tell, one
+    whose tokens launch other kernel counts than the recording's, is refused: ``report.arguments`` stays None,
+    ``report.arguments_refused`` and a note (:data:`ARGUMENTS_NOT_USED`) say why, and the verdict is unknown.
     No store: ``report.arguments`` stays None."""
     if store_path is None:
         return
@@ -698,10 +706,14 @@ def attach(report, store_path=None, own_table=None, own_path=None) -> None:
         table = own_table
     elif src is not None and src.is_file():
         table = read(src)
+        table.source = str(src)
     else:
         report.notes.append(f"{store_path}: its event table {store.table or '?'} is missing: arguments not compared")
         return
     aa = compare(store, table, source=str(store_path))
+    recorded = recorded if recorded is not None else own_table
+    if recorded is not None and table is not own_table and not _paired(report, table, recorded, aa):
+        return
     report.arguments = aa
     for rows, verdict_, severity in ((aa.refusals, "invalidates", 6), (aa.frozen, "frozen", 5)):
         if not len(rows):
@@ -714,6 +726,37 @@ def attach(report, store_path=None, own_table=None, own_path=None) -> None:
         add["severity"] = severity
         add = add.drop(columns=["verdict"])
         report.findings = pd.concat([x for x in (report.findings, add) if x is not None and len(x)], ignore_index=True)
+
+
+def _paired(report, table, recorded, aa) -> bool:
+    """Whether the argument pass ``table`` (compared: ``aa``) may stand for ``report``'s recording ``recorded``;
+    where not, ``report.arguments_refused`` and a note say why."""
+    from .pairing import check_same_program, names_program
+
+    try:
+        check_same_program(table, recorded)
+        if not names_program(table, recorded):
+            _same_launches(report, table, aa)
+    except ValueError as e:
+        report.arguments_refused = str(e)
+        report.notes.append(f"{ARGUMENTS_NOT_USED} {e}")
+        return False
+    return True
+
+
+def _same_launches(report, table, aa) -> None:
+    """Refuse (ValueError) an argument pass none of whose compared tokens launches as many kernels as a token
+    of ``report`` (a pass whose header does not name its program: its launches are all that can tell)."""
+    from .tokens import launch_order
+    from .variation import launches
+
+    if report.unit is None or not aa.launches:
+        return
+    k = launches(report.unit.frame, launch_order(report.unit), report.tokens.token)
+    ours = sorted({int(n) for n in k.groupby("token").size()})
+    if aa.launches not in ours:
+        raise ValueError(f"{table.source}: its tokens launch {aa.launches} kernels each where the recording's "
+                         f"launch {', '.join(map(str, ours[:4]))}: not a pass of these tokens")
 
 
 def _same(a, b) -> bool:
@@ -774,6 +817,9 @@ def verdict(report, mode: str = "global") -> Verdict:
                            lead=_lead(lead), others=n)
     aa = getattr(report, "arguments", None)
     tool = report.tool or "this trace"
+    refused = getattr(report, "arguments_refused", "")
+    if aa is None and refused:
+        return Verdict(UNKNOWN, f"the argument pass beside it was refused ({refused})", "", RECORD_COMMAND)
     if aa is None:
         return Verdict(UNKNOWN, f"{tool} carries no kernel arguments: a step whose launch list repeats may still "
                                 "pass a host value (a position, a write index, a slot's address) to its kernels",

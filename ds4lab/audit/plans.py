@@ -376,15 +376,13 @@ MARKERS_NOT_USED = "markers pass not used:"
 
 def _check_same_program(table, recorded) -> None:
     """Refuse a markers pass that cannot be a run of the recording's program (ValueError naming why)."""
-    from ..trace.recording import MARKERS_PASS, STEP_KEYS
+    from ..trace.recording import MARKERS_PASS
+    from .pairing import check_same_program, header
 
-    theirs, ours = getattr(table, "header", None) or {}, getattr(recorded, "header", None) or {}
+    theirs, ours = header(table), header(recorded)
     if theirs.get("pass") != MARKERS_PASS:
         raise ValueError(f"{table.source}: not a markers pass (its header says pass {theirs.get('pass')!r})")
-    differ = [k for k in STEP_KEYS if k in theirs and k in ours and theirs[k] != ours[k]]
-    if differ:
-        raise ValueError(f"{table.source}: recorded from another program than the recording ("
-                         + "; ".join(f"{k} {theirs[k]!r} against {ours[k]!r}" for k in differ) + ")")
+    check_same_program(table, recorded)
     if theirs.get("exit_status") not in (None, 0) and ours.get("exit_status") in (None, 0):
         raise ValueError(f"{table.source}: the program exited with status {theirs['exit_status']} in this pass and "
                          "ran to its end in the recording")
