@@ -8,6 +8,8 @@ plans (:mod:`.plans`)."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,13 +117,29 @@ def analyze(tables, *, token_range: str | None = None, calibration=None, modes=N
                 failures.append(e)
                 continue
             r = _audit_unit(u, tk, modes, cal, cal_info)
-            r.notes = [*table.notes, *notes, *u.notes, *tk.notes, *r.notes]
+            r.notes = [*_held_to(table.notes, tk.n), *notes, *u.notes, *tk.notes, *r.notes]
             reports.append(r)
     if not reports:
         raise failures[0]
     for r in reports:
         r.notes.extend(f"not audited: {e}" for e in failures)
     return reports
+
+
+_TRIMMED = re.compile(r"trimmed to the first (\d+) decode steps")
+
+
+def _held_to(notes: list, found: int) -> list:
+    """A table's notes with a header's claim to hold N decode steps (``trimmed to the first N decode steps``)
+    kept only where ``found`` tokens are at least N; else said as a claim the file does not bear out."""
+    out = []
+    for n in notes:
+        m = _TRIMMED.search(n)
+        if m and found < int(m.group(1)):
+            n = (f"its header says {m.group(0)}, but {found} complete token(s) are in the file (cut short or "
+                 f"damaged: what was left out is said below); " + n[m.end():].lstrip("; "))
+        out.append(n)
+    return out
 
 
 def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
