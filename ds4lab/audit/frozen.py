@@ -24,6 +24,11 @@ from .where import user_frame
 
 RIGHT, WRONG, REFUSED = "replays right", "replays wrong", "refused"
 UNKNOWN = "captures; replay correctness unknown from this trace"
+#: The verdict of a trace that holds no host call: whether the stream captures is not shown either.
+BLIND = "capture and replay unknown from this trace"
+#: What records the host calls a device-only trace lacks.
+HOST_COMMAND = ("torch.profiler with ProfilerActivity.CPU and ProfilerActivity.CUDA, nsys profile -t cuda,nvtx, or "
+                "ds4lab audit run -- python PROGRAM ARGS (the host calls, and every launch's kernel arguments)")
 FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT = "frozen value", "frozen address", "ring-buffer slot"
 TEMPORARY, UNKNOWN_ADDRESS = "step temporary", "unknown address"
 UNSET = "unset bytes"
@@ -808,6 +813,8 @@ def verdict(report, mode: str = "global") -> Verdict:
             return Verdict(REFUSED, f"{r['kind']} {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}",
                            _evidence(report), lead=_lead(r))
         mask = f[col].isin(("not in graph", "frozen"))
+        if mask.any() and getattr(report, "host_blind", False):
+            return _blind(report, f[mask].iloc[0])
         if mask.any():
             rows = [r for _, r in f[mask].iterrows()]
             ranked = sorted(range(len(rows)), key=lambda k: -strength(rows[k]))  # stable: the table's order within
@@ -815,6 +822,8 @@ def verdict(report, mode: str = "global") -> Verdict:
             n = len(rows) - 1
             return Verdict(WRONG, cause(lead) + (f"; and {n} other finding(s)" if n else ""), _evidence(report),
                            lead=_lead(lead), others=n)
+    if getattr(report, "host_blind", False):
+        return _blind(report)
     aa = getattr(report, "arguments", None)
     tool = report.tool or "this trace"
     refused = getattr(report, "arguments_refused", "")
@@ -845,6 +854,17 @@ def verdict(report, mode: str = "global") -> Verdict:
         return Verdict(UNKNOWN, "; ".join(why), _evidence(report),
                        "an argument pass over more tokens, with the allocations recorded" if not aa.unread else "")
     return Verdict(RIGHT, "nothing frozen feeds the step", _evidence(report))
+
+
+def _blind(report, row=None) -> Verdict:
+    """The verdict of a report whose tokens hold no API call: no call capture would refuse can be seen, and a
+    kernel's token is taken from its device start alone (``row``: a variation that may come of it)."""
+    why = ("the trace holds no API calls for these tokens: synchronizations, allocations, host reads and the launch "
+           "calls themselves are not seen, so whether the stream captures is not shown")
+    if row is not None:
+        why += (f"; and {cause(row)} rests on device start times alone (which token launched each kernel is not "
+                "recorded: the loop's work between tokens can land in one)")
+    return Verdict(BLIND, why, "", HOST_COMMAND)
 
 
 def _lead(row) -> dict:
@@ -908,5 +928,5 @@ def meta(report) -> dict:
     return out
 
 
-__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "INPUT", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
+__all__ = ["ArgumentAudit", "BLIND", "CLASSES", "FROZEN", "HOST_COPY", "INPUT", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
            "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "cause", "compare", "meta", "strength", "table", "verdict"]

@@ -28,6 +28,8 @@ RECORDED_PATH = "recorded"
 #: ``plans.csv``'s ``baseline``: the saving against the trace's own eager step, or against an untraced one;
 #: also ``host_times`` where the host is priced at the trace's own times.
 TRACED, UNTRACED = "traced", "untraced"
+#: ``host_times`` of plans over a trace that holds no host call: each launch's host cost is the calibration's.
+MODELED_HOST = "modeled (host_launch_us: the trace holds no host calls)"
 
 #: What ds4lab's CUPTI recording cost per launch where it was measured beside an untraced step: µs per
 #: launch of (traced eager − untraced eager) over the runs of the record (:func:`tracer_cost`; held to
@@ -456,6 +458,8 @@ def attach_untraced_beside(report, recording, *, recorded=None) -> Untraced | No
 
     path = markers_beside(recording) if recording is not None else None
     if path is None:
+        if getattr(report, "host_blind", False):
+            return None  # the plans' host is the calibration's, said once (no host calls to price)
         if report.plans is not None and not report.plans.empty:
             report.notes.append("plans priced at the trace's own (traced) host times: no markers pass beside it "
                                 "(ds4lab audit run records one)")
