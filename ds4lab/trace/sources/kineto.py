@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..records import api_base_name, host_memory, parse_copy_label, sync_kind_of_label
 from ..stacks import short_path
-from ..table import Rows, finish
+from ..table import MAX_NS, Rows, finish
 from .common import CountingReader, Progress, SourceError, head_bytes
 
 #: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
@@ -268,7 +268,13 @@ class _State:
         """``ev[field]`` (a time in µs) checked: None when absent, else a number; anything else (text, a boolean, a
         string ``"NaN"``) raises SourceError naming the file, the event and the field."""
         v = ev.get(field)
-        if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+        if v is None:
+            return v
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            if abs(v) * 1000.0 > MAX_NS:  # no clock reads it; as ns it would not fit the table's 64-bit integers
+                raise SourceError(f"{self.path}: traceEvents[{self.n}] ({ev.get('cat', '?')} "
+                                  f"{str(ev.get('name', ''))[:60]!r}): field {field!r} is {v:g} µs, past any trace's "
+                                  "clock; the event is malformed")
             return v
         what = "NaN" if (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() == "nan" else repr(v)
         name = str(ev.get("name", ""))[:60]
