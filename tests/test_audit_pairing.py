@@ -41,7 +41,7 @@ def test_an_argument_pass_of_another_program_is_refused_and_the_replay_verdict_i
     assert F.ARGUMENTS_NOT_USED in text and "another program than the recording" in text
     assert "device_control.py" in text and "cupy_kv_row.py" in text
     replay = json.loads((tmp_path / "a" / "meta.json").read_text())["units"][0]["replay"]
-    assert replay["verdict"] == F.UNKNOWN and "refused" in replay["why"]
+    assert replay["verdict"] == F.UNKNOWN and "not a pass of this program" in replay["why"]
     assert not (tmp_path / "a" / "arguments.csv").exists()
 
 

@@ -699,20 +699,30 @@ def attach(report, store_path=None, own_table=None, own_path=None, *, recorded=N
     another program (:func:`ds4lab.audit.pairing.check_same_program`), or, where the headers cannot tell, one
     whose tokens launch other kernel counts than the recording's, is refused: ``report.arguments`` stays None,
     ``report.arguments_refused`` and a note (:data:`ARGUMENTS_NOT_USED`) say why, and the verdict is unknown.
-    No store: ``report.arguments`` stays None."""
+    No store: ``report.arguments`` stays None. Raises ValueError (SourceError) where the store or its table cannot
+    be read, ``report.arguments_refused`` naming the damaged file and its defect first."""
     if store_path is None:
         return
     from ..trace.sources import read_events as read
 
     store_path = Path(store_path)
-    store = A.load(store_path)
-    src = store_path.with_name(store.table) if store.table else None
-    if own_table is not None and (src is None or _same(src, own_path)):
-        table = own_table
-    elif src is not None and src.is_file():
-        table = read(src)
-        table.source = str(src)
-    else:
+    src = None
+    try:
+        store = A.load(store_path)
+        src = store_path.with_name(store.table) if store.table else None
+        if own_table is not None and (src is None or _same(src, own_path)):
+            table = own_table
+        elif src is not None and src.is_file():
+            table = read(src)
+            table.source = str(src)
+        else:
+            table = None
+    except ValueError as e:  # SourceError included: a damaged file, named with its defect
+        name = Path(src).name if src is not None else store_path.name
+        report.arguments_refused = f"{name} cannot be read: {_without_path(str(e), src or store_path)}"
+        raise
+    if table is None:
+        report.arguments_refused = f"its event table {store.table or '?'} is missing beside {store_path.name}"
         report.notes.append(f"{store_path}: its event table {store.table or '?'} is missing: arguments not compared")
         return
     aa = compare(store, table, source=str(store_path))
@@ -733,6 +743,12 @@ def attach(report, store_path=None, own_table=None, own_path=None, *, recorded=N
         report.findings = pd.concat([x for x in (report.findings, add) if x is not None and len(x)], ignore_index=True)
 
 
+def _without_path(msg: str, path) -> str:
+    """``msg`` without a leading ``<path>: `` (the file is named apart)."""
+    head = f"{path}: "
+    return msg[len(head):] if msg.startswith(head) else msg
+
+
 def _paired(report, table, recorded, aa) -> bool:
     """Whether the argument pass ``table`` (compared: ``aa``) may stand for ``report``'s recording ``recorded``;
     where not, ``report.arguments_refused`` and a note say why."""
@@ -743,7 +759,7 @@ def _paired(report, table, recorded, aa) -> bool:
         if not names_program(table, recorded):
             _same_launches(report, table, aa)
     except ValueError as e:
-        report.arguments_refused = str(e)
+        report.arguments_refused = f"refused, not a pass of this program: {e}"
         report.notes.append(f"{ARGUMENTS_NOT_USED} {e}")
         return False
     return True
@@ -828,7 +844,7 @@ def verdict(report, mode: str = "global") -> Verdict:
     tool = report.tool or "this trace"
     refused = getattr(report, "arguments_refused", "")
     if aa is None and refused:
-        return Verdict(UNKNOWN, f"the argument pass beside it was refused ({refused})", "", RECORD_COMMAND)
+        return Verdict(UNKNOWN, f"the argument pass beside it was not used ({refused})", "", RECORD_COMMAND)
     if aa is None:
         return Verdict(UNKNOWN, f"{tool} carries no kernel arguments: a step whose launch list repeats may still "
                                 "pass a host value (a position, a write index, a slot's address) to its kernels",
