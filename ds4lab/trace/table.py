@@ -222,10 +222,29 @@ def time_notes(df, notes: list) -> None:
                          "read as written")
 
 
+#: The fields that make two rows the same event: nothing the tracer records twice differs in none of them.
+SAME_EVENT = ("kind", "name", "pid", "tid", "device", "stream", "start_ns", "end_ns", "correlation")
+
+
+def drop_repeats(df, notes: list):
+    """``df`` without the rows that repeat an earlier row in every field of :data:`SAME_EVENT` (a trace whose
+    events were written twice, or merged with itself), index reset; a note, in place, says how many were dropped
+    and of which kinds. Returns ``df`` itself where none repeats."""
+    rep = df.duplicated(subset=list(SAME_EVENT), keep="first")
+    if not rep.any():
+        return df
+    kinds = df.loc[rep, "kind"].value_counts()
+    notes.append(f"{int(rep.sum()):,} event(s) repeat another exactly (same kind, name, thread, stream, start, end "
+                 f"and correlation: {', '.join(f'{n:,} {k}' for k, n in kinds.items())}): the trace holds them twice; "
+                 "each kept once")
+    return df[~rep].reset_index(drop=True)
+
+
 def finish(df, types: dict | None = None, *, source=None, notes: list | None = None):
     """Every shared step on a sorted event table, then :func:`ds4lab.trace.events.check_frame`. Returns ``df``.
     Raises SourceError (where ``source`` is given) naming the file, kind, name and both times of a non-kernel row
     ending before it starts; else check_frame's ValueError."""
+    df = drop_repeats(df, notes if notes is not None else [])
     kernel_lengths(df, notes if notes is not None else [])
     time_notes(df, notes if notes is not None else [])
     nvtx_paths(df)

@@ -80,13 +80,14 @@ def read_saved(path: Path, progress=None) -> EventTable:
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in COLUMNS})
     for c, (t, _) in COLUMNS.items():
         df[c] = df[c].astype("int64" if t == "int64" else "object")
-    from ..table import impossible_time, kernel_lengths, time_notes
+    from ..table import drop_repeats, impossible_time, kernel_lengths, time_notes
 
     bad = impossible_time(df)
     if bad:
         raise SourceError(f"{path}: {bad}; the saved table is damaged or was written by another program")
     df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
     notes = list(head.get("notes") or [])
+    df = drop_repeats(df, notes)
     kernel_lengths(df, notes)
     time_notes(df, notes)
     try:
