@@ -213,7 +213,10 @@ def time_notes(df, notes: list) -> None:
         notes.append(f"{len(early):,} device row(s) start before the call that launched them (by up to {by:,} ns, "
                      f"the first {str(early['name'].iloc[0])[:60]!r}): the host and device clocks disagree; their "
                      "order in a token follows the calls")
-    launch = df[(df.kind == "api") & df["name"].isin(("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))]
+    from .records import KERNEL_LAUNCH_CALLS, api_base_name
+
+    calls = df[df.kind == "api"]
+    launch = calls[calls["name"].map(lambda n: api_base_name(n) in KERNEL_LAUNCH_CALLS).astype(bool)]
     if len(launch) >= 3:
         med = float((launch.end_ns - launch.start_ns).median())
         if med >= 1e6:
