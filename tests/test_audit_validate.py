@@ -306,3 +306,24 @@ def test_only_the_scripts_a_name_names_are_asked_their_list(tmp_path, monkeypatc
     asked.clear()
     assert [(f, c) for f, c, *_ in V.runs(("fam-a", "c"), (), steps=tmp_path)] == [("fam-a", "static"), ("c", "x")]
     assert asked == ["c", "a", "b", "c"]  # c first (named), then every script for fam-a
+
+
+def test_a_damaged_arguments_file_is_named_with_its_defect_in_the_verdict(tmp_path):
+    """A run whose arguments.csv.gz is cut short: the verdict's why names that file and its defect (not "the
+    trace carries no kernel arguments", whose advice would be to record what is there)."""
+    import shutil
+
+    from ds4lab.jobs.audit_validate import ValidateConfig, run
+
+    good = Path(__file__).parent / "data" / "audit_args" / "handwritten-host-counter-float32"
+    cfg = dict(engines=("handwritten",), caches=("host-counter",), dtypes=("float32",))
+    cut = tmp_path / "cut" / good.name
+    shutil.copytree(good, cut)
+    data = (good / "arguments.csv.gz").read_bytes()
+    (cut / "arguments.csv.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckFailed):  # the verdict is unknown: it disagrees with torch's
+        run(ValidateConfig(**cfg, runs_from=cut.parent, out=tmp_path / "o"))
+    row = pd.read_csv(tmp_path / "o" / "validate.csv").iloc[0]
+    why = row["audit_why"]
+    assert "carries no kernel arguments" not in why
+    assert "arguments.csv.gz cannot be read: its compressed stream ends early" in why

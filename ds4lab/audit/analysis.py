@@ -8,6 +8,8 @@ plans (:mod:`.plans`)."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +19,7 @@ from ..capture.stream import CAPTURE_MODES
 from ..errors import BadInput
 from ..report.provenance import calibration_label
 from ..trace.events import check_frame
-from .plans import Model, measured_eager, plan_table, range_times, tails
+from .plans import MODELED_HOST, TRACED, Model, measured_eager, plan_table, range_times, tails
 from .spans import span_table, token_items
 from .tokens import NoTokens, Tokens, find_tokens, launch_order, outside_device
 from .units import Unit, legacy_streams, split_units
@@ -60,6 +62,11 @@ class AuditReport:
     unit: Unit | None = None
     items: dict = field(default_factory=dict)
     arguments: object = None
+    #: why the argument pass beside the recording was refused (:func:`ds4lab.audit.frozen.attach`), or ""
+    arguments_refused: str = ""
+    #: whether the tokens hold no API call (a trace of device work alone): one launch per device row assumed,
+    #: its host cost MODELED, and what capture would do with the host's calls unknown
+    host_blind: bool = False
     #: the cost model of the plans over these tokens (:class:`~ds4lab.audit.plans.Model`), each token's
     #: measured eager µs (the plans' pairing), and whether a by-value scalar changes across tokens
     model: object = None
@@ -113,13 +120,29 @@ def analyze(tables, *, token_range: str | None = None, calibration=None, modes=N
                 failures.append(e)
                 continue
             r = _audit_unit(u, tk, modes, cal, cal_info)
-            r.notes = [*table.notes, *notes, *u.notes, *tk.notes, *r.notes]
+            r.notes = [*_held_to(table.notes, tk.n), *notes, *u.notes, *tk.notes, *r.notes]
             reports.append(r)
     if not reports:
         raise failures[0]
     for r in reports:
         r.notes.extend(f"not audited: {e}" for e in failures)
     return reports
+
+
+_TRIMMED = re.compile(r"trimmed to the first (\d+) decode steps")
+
+
+def _held_to(notes: list, found: int) -> list:
+    """A table's notes with a header's claim to hold N decode steps (``trimmed to the first N decode steps``)
+    kept only where ``found`` tokens are at least N; else said as a claim the file does not bear out."""
+    out = []
+    for n in notes:
+        m = _TRIMMED.search(n)
+        if m and found < int(m.group(1)):
+            n = (f"its header says {m.group(0)}, but {found} complete token(s) are in the file (cut short or "
+                 f"damaged: what was left out is said below); " + n[m.end():].lstrip("; "))
+        out.append(n)
+    return out
 
 
 def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
@@ -158,12 +181,13 @@ def _audit_unit(u: Unit, tk: Tokens, modes, cal, cal_info) -> AuditReport:
     scalars = (not var.empty) and bool((var["call_class"] == "scalar argument").any())
     launches_per_token = float(np.mean([sum(1 for it in items[t] if it.work) for t in items])) if items else 0.0
     plans = plan_table(model, measured, shapes, scalars, modes, launches_per_token,
-                       calibration_label({"calibration": cal_info})) if items else pd.DataFrame()
+                       calibration_label({"calibration": cal_info}),
+                       host_times=MODELED_HOST if pseudo else TRACED) if items else pd.DataFrame()
     spans = span_table(items, shapes, modes, model.replay_us)
     table = _token_table(f, tk, calls, shapes, measured, items, modes)
     return AuditReport(u.source, u.tool, u.pid, u.device, tk, cap, cap_why, legacy, legacy_why, modes, calls, allf,
                        table, spans, plans, shapes, n_shapes, cal_info, notes, u, items, model=model,
-                       measured_us=list(measured), scalars=scalars)
+                       measured_us=list(measured), scalars=scalars, host_blind=pseudo)
 
 
 def _device_starts(f: pd.DataFrame, tk: Tokens) -> list:

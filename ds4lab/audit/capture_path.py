@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..trace.capture_path import asks_capture_status
 from ..trace.recording import STEP_KEYS  # the header keys that name a recorded step
+from .pairing import check_same_program, header
 from .plans import RECORDED_PATH, TRACED, plan_row, untraced_source
 
 #: The plans modeled on the capture-path pass where one is attached (the rest stay on the recorded path).
@@ -60,12 +61,8 @@ def _check_pairing(report, table, recorded) -> None:
     if report.unit is None or not asks_capture_status(report.unit.frame):
         raise ValueError(f"{table.source}: the recorded tokens never ask whether the stream captures, so they have "
                          "no other path under capture: this pass belongs to another step")
-    theirs, ours = getattr(table, "header", None) or {}, getattr(recorded, "header", None) or {}
-    differ = [k for k in STEP_KEYS if k in theirs and k in ours and theirs[k] != ours[k]]
-    if differ:
-        raise ValueError(f"{table.source}: recorded from another step than the recording ("
-                         + "; ".join(f"{k} {theirs[k]!r} against {ours[k]!r}" for k in differ) + ")")
-    if theirs.get("capture_path_asked") == 0:
+    check_same_program(table, recorded, "step")
+    if header(table).get("capture_path_asked") == 0:
         raise ValueError(f"{table.source}: PyTorch was never asked during this pass: it ran the recorded path again")
 
 

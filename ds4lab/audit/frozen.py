@@ -24,6 +24,11 @@ from .where import user_frame
 
 RIGHT, WRONG, REFUSED = "replays right", "replays wrong", "refused"
 UNKNOWN = "captures; replay correctness unknown from this trace"
+#: The verdict of a trace that holds no host call: whether the stream captures is not shown either.
+BLIND = "capture and replay unknown from this trace"
+#: What records the host calls a device-only trace lacks.
+HOST_COMMAND = ("torch.profiler with ProfilerActivity.CPU and ProfilerActivity.CUDA, nsys profile -t cuda,nvtx, or "
+                "ds4lab audit run -- python PROGRAM ARGS (the host calls, and every launch's kernel arguments)")
 FROZEN_VALUE, FROZEN_ADDRESS, RING_SLOT = "frozen value", "frozen address", "ring-buffer slot"
 TEMPORARY, UNKNOWN_ADDRESS = "step temporary", "unknown address"
 UNSET = "unset bytes"
@@ -683,25 +688,47 @@ def _merge(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- reports and the verdict
-def attach(report, store_path=None, own_table=None, own_path=None) -> None:
+#: How a report's note begins where the argument pass beside its recording was refused.
+ARGUMENTS_NOT_USED = "argument pass not used:"
+
+
+def attach(report, store_path=None, own_table=None, own_path=None, *, recorded=None) -> None:
     """Compare the argument pass at ``store_path`` onto ``report.arguments``, its frozen rows among
     ``report.findings``; the pass's table is the file the store names (``own_table`` when that is ``own_path``).
-    No store: ``report.arguments`` stays None."""
+    ``recorded``: the recording's table (default ``own_table``), whose header names the program. A pass of
+    another program (:func:`ds4lab.audit.pairing.check_same_program`), or, where the headers cannot tell, one
+    whose tokens launch other kernel counts than the recording's, is refused: ``report.arguments`` stays None,
+    ``report.arguments_refused`` and a note (:data:`ARGUMENTS_NOT_USED`) say why, and the verdict is unknown.
+    No store: ``report.arguments`` stays None. Raises ValueError (SourceError) where the store or its table cannot
+    be read, ``report.arguments_refused`` naming the damaged file and its defect first."""
     if store_path is None:
         return
     from ..trace.sources import read_events as read
 
     store_path = Path(store_path)
-    store = A.load(store_path)
-    src = store_path.with_name(store.table) if store.table else None
-    if own_table is not None and (src is None or _same(src, own_path)):
-        table = own_table
-    elif src is not None and src.is_file():
-        table = read(src)
-    else:
+    src = None
+    try:
+        store = A.load(store_path)
+        src = store_path.with_name(store.table) if store.table else None
+        if own_table is not None and (src is None or _same(src, own_path)):
+            table = own_table
+        elif src is not None and src.is_file():
+            table = read(src)
+            table.source = str(src)
+        else:
+            table = None
+    except ValueError as e:  # SourceError included: a damaged file, named with its defect
+        name = Path(src).name if src is not None else store_path.name
+        report.arguments_refused = f"{name} cannot be read: {_without_path(str(e), src or store_path)}"
+        raise
+    if table is None:
+        report.arguments_refused = f"its event table {store.table or '?'} is missing beside {store_path.name}"
         report.notes.append(f"{store_path}: its event table {store.table or '?'} is missing: arguments not compared")
         return
     aa = compare(store, table, source=str(store_path))
+    recorded = recorded if recorded is not None else own_table
+    if recorded is not None and table is not own_table and not _paired(report, table, recorded, aa):
+        return
     report.arguments = aa
     for rows, verdict_, severity in ((aa.refusals, "invalidates", 6), (aa.frozen, "frozen", 5)):
         if not len(rows):
@@ -714,6 +741,43 @@ def attach(report, store_path=None, own_table=None, own_path=None) -> None:
         add["severity"] = severity
         add = add.drop(columns=["verdict"])
         report.findings = pd.concat([x for x in (report.findings, add) if x is not None and len(x)], ignore_index=True)
+
+
+def _without_path(msg: str, path) -> str:
+    """``msg`` without a leading ``<path>: `` (the file is named apart)."""
+    head = f"{path}: "
+    return msg[len(head):] if msg.startswith(head) else msg
+
+
+def _paired(report, table, recorded, aa) -> bool:
+    """Whether the argument pass ``table`` (compared: ``aa``) may stand for ``report``'s recording ``recorded``;
+    where not, ``report.arguments_refused`` and a note say why."""
+    from .pairing import check_same_program, names_program
+
+    try:
+        check_same_program(table, recorded)
+        if not names_program(table, recorded):
+            _same_launches(report, table, aa)
+    except ValueError as e:
+        report.arguments_refused = f"refused, not a pass of this program: {e}"
+        report.notes.append(f"{ARGUMENTS_NOT_USED} {e}")
+        return False
+    return True
+
+
+def _same_launches(report, table, aa) -> None:
+    """Refuse (ValueError) an argument pass none of whose compared tokens launches as many kernels as a token
+    of ``report`` (a pass whose header does not name its program: its launches are all that can tell)."""
+    from .tokens import launch_order
+    from .variation import launches
+
+    if report.unit is None or not aa.launches:
+        return
+    k = launches(report.unit.frame, launch_order(report.unit), report.tokens.token)
+    ours = sorted({int(n) for n in k.groupby("token").size()})
+    if aa.launches not in ours:
+        raise ValueError(f"{table.source}: its tokens launch {aa.launches} kernels each where the recording's "
+                         f"launch {', '.join(map(str, ours[:4]))}: not a pass of these tokens")
 
 
 def _same(a, b) -> bool:
@@ -765,6 +829,8 @@ def verdict(report, mode: str = "global") -> Verdict:
             return Verdict(REFUSED, f"{r['kind']} {str(r['name'])[:80]} ({r['call_class']}) at {r['where'] or '—'}",
                            _evidence(report), lead=_lead(r))
         mask = f[col].isin(("not in graph", "frozen"))
+        if mask.any() and getattr(report, "host_blind", False):
+            return _blind(report, f[mask].iloc[0])
         if mask.any():
             rows = [r for _, r in f[mask].iterrows()]
             ranked = sorted(range(len(rows)), key=lambda k: -strength(rows[k]))  # stable: the table's order within
@@ -772,8 +838,13 @@ def verdict(report, mode: str = "global") -> Verdict:
             n = len(rows) - 1
             return Verdict(WRONG, cause(lead) + (f"; and {n} other finding(s)" if n else ""), _evidence(report),
                            lead=_lead(lead), others=n)
+    if getattr(report, "host_blind", False):
+        return _blind(report)
     aa = getattr(report, "arguments", None)
     tool = report.tool or "this trace"
+    refused = getattr(report, "arguments_refused", "")
+    if aa is None and refused:
+        return Verdict(UNKNOWN, f"the argument pass beside it was not used ({refused})", "", RECORD_COMMAND)
     if aa is None:
         return Verdict(UNKNOWN, f"{tool} carries no kernel arguments: a step whose launch list repeats may still "
                                 "pass a host value (a position, a write index, a slot's address) to its kernels",
@@ -799,6 +870,17 @@ def verdict(report, mode: str = "global") -> Verdict:
         return Verdict(UNKNOWN, "; ".join(why), _evidence(report),
                        "an argument pass over more tokens, with the allocations recorded" if not aa.unread else "")
     return Verdict(RIGHT, "nothing frozen feeds the step", _evidence(report))
+
+
+def _blind(report, row=None) -> Verdict:
+    """The verdict of a report whose tokens hold no API call: no call capture would refuse can be seen, and a
+    kernel's token is taken from its device start alone (``row``: a variation that may come of it)."""
+    why = ("the trace holds no API calls for these tokens: synchronizations, allocations, host reads and the launch "
+           "calls themselves are not seen, so whether the stream captures is not shown")
+    if row is not None:
+        why += (f"; and {cause(row)} rests on device start times alone (which token launched each kernel is not "
+                "recorded: the loop's work between tokens can land in one)")
+    return Verdict(BLIND, why, "", HOST_COMMAND)
 
 
 def _lead(row) -> dict:
@@ -862,5 +944,5 @@ def meta(report) -> dict:
     return out
 
 
-__all__ = ["ArgumentAudit", "CLASSES", "FROZEN", "HOST_COPY", "INPUT", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
+__all__ = ["ArgumentAudit", "BLIND", "CLASSES", "FROZEN", "HOST_COPY", "INPUT", "NOT_VALUE", "NOT_VALUES", "REFUSED", "STRENGTH", "UNSET",
            "RIGHT", "UNKNOWN", "Verdict", "WRONG", "attach", "cause", "compare", "meta", "strength", "table", "verdict"]

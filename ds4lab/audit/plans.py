@@ -28,6 +28,8 @@ RECORDED_PATH = "recorded"
 #: ``plans.csv``'s ``baseline``: the saving against the trace's own eager step, or against an untraced one;
 #: also ``host_times`` where the host is priced at the trace's own times.
 TRACED, UNTRACED = "traced", "untraced"
+#: ``host_times`` of plans over a trace that holds no host call: each launch's host cost is the calibration's.
+MODELED_HOST = "modeled (host_launch_us: the trace holds no host calls)"
 
 #: What ds4lab's CUPTI recording cost per launch where it was measured beside an untraced step: µs per
 #: launch of (traced eager − untraced eager) over the runs of the record (:func:`tracer_cost`; held to
@@ -376,15 +378,13 @@ MARKERS_NOT_USED = "markers pass not used:"
 
 def _check_same_program(table, recorded) -> None:
     """Refuse a markers pass that cannot be a run of the recording's program (ValueError naming why)."""
-    from ..trace.recording import MARKERS_PASS, STEP_KEYS
+    from ..trace.recording import MARKERS_PASS
+    from .pairing import check_same_program, header
 
-    theirs, ours = getattr(table, "header", None) or {}, getattr(recorded, "header", None) or {}
+    theirs, ours = header(table), header(recorded)
     if theirs.get("pass") != MARKERS_PASS:
         raise ValueError(f"{table.source}: not a markers pass (its header says pass {theirs.get('pass')!r})")
-    differ = [k for k in STEP_KEYS if k in theirs and k in ours and theirs[k] != ours[k]]
-    if differ:
-        raise ValueError(f"{table.source}: recorded from another program than the recording ("
-                         + "; ".join(f"{k} {theirs[k]!r} against {ours[k]!r}" for k in differ) + ")")
+    check_same_program(table, recorded)
     if theirs.get("exit_status") not in (None, 0) and ours.get("exit_status") in (None, 0):
         raise ValueError(f"{table.source}: the program exited with status {theirs['exit_status']} in this pass and "
                          "ran to its end in the recording")
@@ -458,6 +458,8 @@ def attach_untraced_beside(report, recording, *, recorded=None) -> Untraced | No
 
     path = markers_beside(recording) if recording is not None else None
     if path is None:
+        if getattr(report, "host_blind", False):
+            return None  # the plans' host is the calibration's, said once (no host calls to price)
         if report.plans is not None and not report.plans.empty:
             report.notes.append("plans priced at the trace's own (traced) host times: no markers pass beside it "
                                 "(ds4lab audit run records one)")

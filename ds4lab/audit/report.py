@@ -126,10 +126,14 @@ def summary(reports, console, max_rows: int = 12) -> None:
         console.print(f"  captured stream (modeled as torch.cuda.graph / ds4's accessor capture): {r.capture_why}; "
                       f"legacy stream: {', '.join(map(str, sorted(r.legacy)))} ({r.legacy_why})")
         f = r.findings
-        if f.empty:
+        if getattr(r, "host_blind", False):
+            console.print("  [yellow]capture verdict unknown from this trace: it holds no API calls for these tokens "
+                          "(device work alone), so no call capture would refuse can be seen; record the host calls: "
+                          "torch.profiler with ProfilerActivity.CPU, nsys profile -t cuda, or ds4lab audit run[/]")
+        if f.empty and not getattr(r, "host_blind", False):
             console.print("  [green]no finding: every call inside the tokens is allowed in every audited mode, and "
                           "the launch list is the same in every token[/]")
-        else:
+        if not f.empty:
             calls = f[f["kind"].isin(("call", "no rule"))]
             if len(calls):
                 t = Table(title="calls (verdict per capture mode; rules from ds4lab's sim, checked on the H200)",
@@ -175,10 +179,10 @@ def _replay(r, console, max_rows: int) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .frozen import RIGHT, UNKNOWN, WRONG, verdict
+    from .frozen import BLIND, RIGHT, UNKNOWN, WRONG, verdict
 
     v = verdict(r)
-    color = {RIGHT: "green", WRONG: "bold red", UNKNOWN: "yellow"}.get(v.verdict, "bold dark_orange")
+    color = {RIGHT: "green", WRONG: "bold red", UNKNOWN: "yellow", BLIND: "yellow"}.get(v.verdict, "bold dark_orange")
     console.print(f"  replay (one graph per token, global mode): [{color}]{v.verdict}[/] — {escape(short_text(v.why))}")
     if v.evidence:
         console.print(f"    evidence: {escape(v.evidence)}")

@@ -106,9 +106,89 @@ def _outermost(r: pd.DataFrame) -> pd.DataFrame:
     return r.loc[keep].sort_values("start_ns", kind="stable")
 
 
+def last_event_ns(f: pd.DataFrame) -> int | None:
+    """The latest time (ns) any row of ``f`` other than an NVTX range starts or ends at: where the trace stops
+    seeing the program. None for a frame of NVTX ranges alone (a markers pass)."""
+    o = f[f["kind"] != "nvtx"]
+    if o.empty:
+        return None
+    return int(max(o["start_ns"].max(), o["end_ns"].max()))
+
+
+def _open_mask(f: pd.DataFrame, r: pd.DataFrame, ko: pd.DataFrame) -> pd.Series:
+    """Per range of ``r`` (one name): whether it does not close inside the trace: no end (``end_ns`` -1); an end
+    after the trace's last event while a later range starts (it holds every range after it); or, the last range,
+    an end after the trace's last event and its events stopping inside it (:func:`_stops_inside`). A last range
+    that ends after its last call with all its work recorded (the step's host tail) is closed."""
+    last = last_event_ns(f)
+    opened = r["end_ns"] < 0
+    if last is None or len(r) == 0:
+        return opened
+    beyond = r["end_ns"] > last
+    latest = r["start_ns"] == r["start_ns"].max()
+    opened |= beyond & ~latest
+    prev = r[~latest & ~opened].sort_values("start_ns")
+    for i in r.index[beyond & latest]:
+        opened[i] = _stops_inside(f, ko, r.loc[i], prev.iloc[-1] if len(prev) else None)
+    return opened
+
+
+def _stops_inside(f: pd.DataFrame, ko: pd.DataFrame, rng: pd.Series, prev: pd.Series | None) -> bool:
+    """Whether the trace's events stop inside range ``rng``: a launch call in it whose device work is missing
+    (no row of its correlation); its API calls (names, in time order) a proper prefix of the range before it,
+    ``prev``; or fewer kernel launches than ``prev``."""
+    s, e = int(rng["start_ns"]), int(rng["end_ns"])
+    api = f[(f["kind"] == "api") & (f["start_ns"] >= s) & (f["start_ns"] < e)].sort_values("start_ns", kind="stable")
+    calls = api[api["name"].map(is_launch).astype(bool) & (api["correlation"] >= 0)]
+    device = f.loc[f["kind"].isin(DEVICE_KINDS), "correlation"]
+    if len(calls) and not calls["correlation"].isin(device).all():
+        return True
+    if prev is None:
+        return False
+    ps, pe = int(prev["start_ns"]), int(prev["end_ns"])
+    before = f[(f["kind"] == "api") & (f["start_ns"] >= ps) & (f["start_ns"] < pe)].sort_values("start_ns",
+                                                                                                 kind="stable")
+    ours, theirs = list(api["name"]), list(before["name"])
+    if len(ours) < len(theirs) and theirs[:len(ours)] == ours:
+        return True
+    if ko.empty:
+        return False
+    t = np.sort(ko["t"].to_numpy())
+
+    def held(a, b):
+        return int(np.searchsorted(t, b, "left") - np.searchsorted(t, a, "left"))
+
+    return held(s, e) < held(ps, pe)
+
+
+def _closed(u: Unit, r: pd.DataFrame, name: str, ko: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+    """The ranges ``r`` (one name) that can be tokens: closed inside the trace (:func:`_open_mask`), outermost.
+    Returns them, the ranges cut by the end of the trace (open, and starting after every closed one: a last token
+    cut by the end of the trace), and a note for each kind of range dropped, with its count: cut, never closed
+    while later ranges of the name close, nested in another of the name."""
+    opened = _open_mask(u.frame, r, ko)
+    closed, open_ = r[~opened], r[opened]
+    last_closed = int(closed["start_ns"].max()) if len(closed) else -1
+    cut, never = open_[open_["start_ns"] > last_closed], open_[open_["start_ns"] <= last_closed]
+    notes = []
+    if len(never):
+        notes.append(f"{len(never)} range(s) {name!r} never closed (no end, or an end after the trace's last "
+                     "event while later ranges of the name start inside it): dropped, not tokens")
+    if len(cut):
+        notes.append(f"{len(cut)} last range(s) {name!r} cut by the end of the trace (never closed, or ending "
+                     "past the trace's last event with fewer launches than the range before): left out")
+    outer = _outermost(closed)
+    if len(outer) < len(closed):
+        notes.append(f"{len(closed) - len(outer)} range(s) {name!r} nested inside another of the name: not tokens "
+                     "of their own")
+    return outer, cut, notes
+
+
 def _auto_range(u: Unit, ko: pd.DataFrame) -> str | None:
-    """A repeating, outermost NVTX range holding at least half the launches between its first start and last end."""
-    n = u.frame[(u.frame["kind"] == "nvtx") & (u.frame["end_ns"] >= 0)]
+    """A repeating, outermost NVTX range holding at least half the launches between its first start and last end
+    (ranges that never close inside the trace not counted)."""
+    n = u.frame[u.frame["kind"] == "nvtx"]
+    n = pd.concat([g[~_open_mask(u.frame, g, ko)] for _, g in n.groupby("name", sort=False)]) if len(n) else n
     if n.empty or ko.empty:
         return None
     t = np.sort(ko["t"].to_numpy())
@@ -134,14 +214,10 @@ def _by_range(u: Unit, ko: pd.DataFrame, name: str, given: bool) -> Tokens:
         seen = u.frame.loc[u.frame["kind"] == "nvtx", "name"].value_counts()
         listing = ", ".join(f"{k} ({v})" for k, v in seen.head(12).items()) or "none"
         raise NoTokens(f"{u.source} ({u.label}): no NVTX range named {name!r}; ranges seen: {listing}")
-    r = _outermost(r)
-    notes = []
-    cut = r[r["end_ns"] < 0]
-    if len(cut):
-        notes.append(f"{len(cut)} range(s) {name!r} never closed (the trace ends inside): left out as cut")
-    r = r[r["end_ns"] >= 0]
+    r, cut, notes = _closed(u, r, name, ko)
     if r.empty:
-        raise NoTokens(f"{u.source} ({u.label}): every NVTX range {name!r} is cut by the end of the trace")
+        raise NoTokens(f"{u.source} ({u.label}): every NVTX range {name!r} is cut by the end of the trace or never "
+                       "closes" + (f" ({'; '.join(notes)})" if notes else ""))
     starts, ends = r["start_ns"].to_numpy(), r["end_ns"].to_numpy()
     tids = r["tid"].to_numpy()
     f = u.frame

@@ -51,7 +51,7 @@ class Unit:
 def split_units(table) -> tuple[list[Unit], list[str]]:
     """The units of an :class:`~ds4lab.trace.events.EventTable` (module docstring), each prepared, in (process, device)
     order, and notes on the rows no unit holds (host rows of an unknown device, units without any kernel)."""
-    df = table.frame
+    df, notes = _orphans_to_lone_process(table.frame)
     dev = df["device"].to_numpy().copy()
     kind = df["kind"].to_numpy()
     is_dev = np.isin(kind, DEVICE_KINDS)
@@ -79,7 +79,7 @@ def split_units(table) -> tuple[list[Unit], list[str]]:
             d = devs[0] if len(devs) == 1 else -1
         dev[i] = d
     frame = df.assign(device=dev)
-    units, notes = [], []
+    units = []
     for (p, d), rows in frame.groupby(["pid", "device"], sort=True):
         n_kernels = int((rows["kind"] == "kernel").sum())
         who = f"process {p if p >= 0 else '?'}, device {d if d >= 0 else '?'}"
@@ -92,6 +92,23 @@ def split_units(table) -> tuple[list[Unit], list[str]]:
         prepare(u)
         units.append(u)
     return units, notes
+
+
+def _orphans_to_lone_process(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
+    """``df`` with its device rows of no process (``pid`` -1: a Kineto trace whose calls carry no correlation id,
+    so nothing links them to a process) given the process of the host rows, where exactly one process has host
+    rows; and a note saying so. Otherwise ``df`` unchanged and no note."""
+    is_dev = df["kind"].isin(DEVICE_KINDS).to_numpy()
+    pid = df["pid"].to_numpy()
+    orphan = is_dev & (pid < 0)
+    hosts = set(pid[~is_dev & (pid >= 0)].tolist())
+    if not orphan.any() or len(hosts) != 1:
+        return df, []
+    p = int(hosts.pop())
+    df = df.copy()
+    df.loc[orphan, "pid"] = p
+    return df, [f"{int(orphan.sum())} device row(s) linked to no process (no correlation id) taken as process "
+                f"{p}'s, the only process with host calls"]
 
 
 def _kinds(rows) -> str:
@@ -107,10 +124,19 @@ def prepare(u: Unit) -> None:
     launch = api & f["name"].map(lambda n: is_launch(n) and not api_base_name(n).startswith(("cudaGraph", "cuGraph"))
                                  ).astype(bool)
     dev = f["kind"].isin(("kernel", "memcpy", "memset"))
-    lonely_api = f.index[launch & (f["correlation"] < 0)]
     lonely_dev = f.index[dev & (f["correlation"] < 0)]
+    # a call is lonely when its correlation id (if any) names no device row: the trace dropped the link
+    lonely_api = f.index[launch & ~f["correlation"].isin(f.loc[dev & (f["correlation"] >= 0), "correlation"])]
     if len(lonely_api) and len(lonely_dev):
-        _pair_in_order(u, lonely_api, lonely_dev)
+        paired = 0
+        for what in ("kernel", "memcpy", "memset"):  # a kernel launch pairs with a kernel, a copy with a copy
+            a = lonely_api[f.loc[lonely_api, "name"].map(_issues).to_numpy() == what]
+            d = lonely_dev[(f.loc[lonely_dev, "kind"] == what).to_numpy()]
+            if len(a) and len(d):
+                paired += _pair_in_order(u, a, d)
+        if paired:
+            u.notes.append(f"the trace links no launch call to its device work: {paired} launch call(s) paired with "
+                           "device rows in order, per stream and kind (kernel, copy, memset)")
     corr_rows = f[dev & (f["correlation"] >= 0)].drop_duplicates("correlation")
     by_corr = corr_rows.set_index("correlation")
     idx = f.index[api & (f["correlation"] >= 0)]
@@ -134,9 +160,15 @@ def prepare(u: Unit) -> None:
             f.loc[idx[fill], "stream_type"] = new[fill]
 
 
-def _pair_in_order(u: Unit, api_idx, dev_idx) -> None:
+def _issues(name: str) -> str:
+    """The device row kind a launch call issues: ``memcpy``, ``memset`` or ``kernel``."""
+    n = api_base_name(name)
+    return "memcpy" if "Memcpy" in n else "memset" if "Memset" in n else "kernel"
+
+
+def _pair_in_order(u: Unit, api_idx, dev_idx) -> int:
     """Give uncorrelated launch calls and device rows matching ids: per stream, in order; a call whose stream is
-    unknown pairs with the device rows in the order they start (one stream assumed)."""
+    unknown pairs with the device rows in the order they start (one stream assumed). Returns how many were paired."""
     f = u.frame
     base = int(max(f["correlation"].max(), 0)) + 1
     a = f.loc[api_idx].sort_values("start_ns", kind="stable")
@@ -156,9 +188,7 @@ def _pair_in_order(u: Unit, api_idx, dev_idx) -> None:
         f.loc[gd.index[:n], "correlation"] = ids
         base += n
         paired += n
-    if paired:
-        u.notes.append(f"the trace links no launch call to its device work: {paired} launch call(s) paired with "
-                       "device rows in order, per stream")
+    return paired
 
 
 def legacy_streams(u: Unit) -> tuple[frozenset, str]:

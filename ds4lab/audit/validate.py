@@ -319,7 +319,7 @@ def validate(engines, caches, out: Path, *, dtypes=("float32",), say=print, on_r
             args_error = ""
             if store is not None:
                 try:
-                    attach(rep, store)
+                    attach(rep, store, recorded=table)
                 except ValueError as e:
                     args_error = f"kernel arguments not compared: {e}"
                     rep.notes.append(args_error)

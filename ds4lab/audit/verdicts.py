@@ -101,8 +101,9 @@ def token_calls(frame: pd.DataFrame, token: pd.Series, capture: int, legacy: fro
         names = dev["kind"].map({"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync",
                                  "memset": "cudaMemsetAsync"})
         api = dev.assign(name=names, tid=main_tid)
-        notes.append("the trace holds no API calls: one launch per device row is assumed, on the row's stream "
-                     "(synchronizations, allocations and host reads cannot be seen)")
+        notes.append("these tokens' device rows are linked to no API call (this unit holds no API calls): one launch "
+                     "per device row is assumed, on the row's stream (synchronizations, allocations and host reads "
+                     "cannot be seen)")
     api = api.sort_values(["token", "start_ns"], kind="stable")
     classes = []
     assumptions: set = set()

@@ -182,11 +182,74 @@ def kernel_lengths(df, notes: list) -> None:
         notes.append(f"{int(zero.sum()):,} kernels of zero length (start = end): kept, taking no time")
 
 
+#: The latest time a trace's clock can plausibly read, in ns (year 2096 since the epoch; int64 ns end in 2262):
+#: a time past it, or a negative one, is no time of any trace.
+MAX_NS = 4 * 10**18
+
+
+def impossible_time(df) -> str:
+    """"" where every start of ``df`` is a plausible time (0..:data:`MAX_NS` ns) and every end is one or -1 (never
+    closed); else ``row R: field F is V ns (why)`` for the first that is not (R counts the frame's rows from 1)."""
+    for col, low in (("start_ns", 0), ("end_ns", -1)):
+        v = df[col].to_numpy()
+        bad = (v < low) | (v > MAX_NS)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            why = "negative: no clock reads it" if v[i] < low else "past any trace's clock"
+            return f"row {i + 1:,} ({df['kind'].iloc[i]} {str(df['name'].iloc[i])[:60]!r}): field {col!r} is {int(v[i]):,} ns ({why})"
+    return ""
+
+
+def time_notes(df, notes: list) -> None:
+    """Notes, in place, on times that are possible but implausible: device work that starts more than 1 µs before
+    the call that launched it (the host and device clocks disagree), and launch calls whose median takes 1 ms or
+    more (ns written where µs are expected: a launch call takes microseconds)."""
+    api = df[(df.kind == "api") & (df.correlation >= 0)].drop_duplicates("correlation")
+    dev = df[df.kind.isin(("kernel", "memcpy", "memset")) & (df.correlation >= 0)]
+    call = dev["correlation"].map(dict(zip(api["correlation"], api["start_ns"])))
+    early = dev[(call.notna()) & (dev["start_ns"] < call.fillna(0) - 1000)]
+    if len(early):
+        by = int((call[early.index] - early["start_ns"]).max())
+        notes.append(f"{len(early):,} device row(s) start before the call that launched them (by up to {by:,} ns, "
+                     f"the first {str(early['name'].iloc[0])[:60]!r}): the host and device clocks disagree; their "
+                     "order in a token follows the calls")
+    from .records import KERNEL_LAUNCH_CALLS, api_base_name
+
+    calls = df[df.kind == "api"]
+    launch = calls[calls["name"].map(lambda n: api_base_name(n) in KERNEL_LAUNCH_CALLS).astype(bool)]
+    if len(launch) >= 3:
+        med = float((launch.end_ns - launch.start_ns).median())
+        if med >= 1e6:
+            notes.append(f"the launch calls take {med / 1e3:,.0f} µs each (median), where one takes microseconds: "
+                         "the trace's times may be in ns where µs are expected (×1000); every time it gives is "
+                         "read as written")
+
+
+#: The fields that make two rows the same event: nothing the tracer records twice differs in none of them.
+SAME_EVENT = ("kind", "name", "pid", "tid", "device", "stream", "start_ns", "end_ns", "correlation")
+
+
+def drop_repeats(df, notes: list):
+    """``df`` without the rows that repeat an earlier row in every field of :data:`SAME_EVENT` (a trace whose
+    events were written twice, or merged with itself), index reset; a note, in place, says how many were dropped
+    and of which kinds. Returns ``df`` itself where none repeats."""
+    rep = df.duplicated(subset=list(SAME_EVENT), keep="first")
+    if not rep.any():
+        return df
+    kinds = df.loc[rep, "kind"].value_counts()
+    notes.append(f"{int(rep.sum()):,} event(s) repeat another exactly (same kind, name, thread, stream, start, end "
+                 f"and correlation: {', '.join(f'{n:,} {k}' for k, n in kinds.items())}): the trace holds them twice; "
+                 "each kept once")
+    return df[~rep].reset_index(drop=True)
+
+
 def finish(df, types: dict | None = None, *, source=None, notes: list | None = None):
     """Every shared step on a sorted event table, then :func:`ds4lab.trace.events.check_frame`. Returns ``df``.
     Raises SourceError (where ``source`` is given) naming the file, kind, name and both times of a non-kernel row
     ending before it starts; else check_frame's ValueError."""
+    df = drop_repeats(df, notes if notes is not None else [])
     kernel_lengths(df, notes if notes is not None else [])
+    time_notes(df, notes if notes is not None else [])
     nvtx_paths(df)
     stream_types(df, types or {})
     correlate(df)

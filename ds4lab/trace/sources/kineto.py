@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..records import api_base_name, host_memory, parse_copy_label, sync_kind_of_label
 from ..stacks import short_path
-from ..table import Rows, finish
+from ..table import MAX_NS, Rows, finish
 from .common import CountingReader, Progress, SourceError, head_bytes
 
 #: The formats this module reads (:func:`ds4lab.trace.sources.detect`'s names) and what they are.
@@ -248,6 +248,8 @@ class _State:
         self.other = other
         self.cuda = 0
         self.negative: dict[str, int] = {}  # category → events of negative duration (not kernels), taken as 0
+        self.opened: dict[tuple, list] = {}  # (pid, tid) → ranges begun by a 'B' event, not yet ended
+        self.unclosed = self.lone_ends = 0  # 'X' ranges with no 'dur'; 'E' events with no 'B'
         self.n = 0
 
     def _tid(self, v) -> int:
@@ -266,7 +268,13 @@ class _State:
         """``ev[field]`` (a time in µs) checked: None when absent, else a number; anything else (text, a boolean, a
         string ``"NaN"``) raises SourceError naming the file, the event and the field."""
         v = ev.get(field)
-        if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+        if v is None:
+            return v
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            if abs(v) * 1000.0 > MAX_NS:  # no clock reads it; as ns it would not fit the table's 64-bit integers
+                raise SourceError(f"{self.path}: traceEvents[{self.n}] ({ev.get('cat', '?')} "
+                                  f"{str(ev.get('name', ''))[:60]!r}): field {field!r} is {v:g} µs, past any trace's "
+                                  "clock; the event is malformed")
             return v
         what = "NaN" if (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() == "nan" else repr(v)
         name = str(ev.get("name", ""))[:60]
@@ -283,10 +291,13 @@ class _State:
                 if m:
                     self.stage_of[_int(ev.get("pid"))] = m.group(1)
             return
+        cat = _ALIAS.get(cat, cat)
+        if ph in ("B", "E") and (cat == "user_annotation" or (self.ds4 and cat == "nvtx")):
+            self._begin_end(ev, ph)
+            return
         if ph != "X":
             self._skip(f"'{cat or ev.get('name', '?')}' events of phase {ph!r}")
             return
-        cat = _ALIAS.get(cat, cat)
         if cat not in _READ or (cat == "nvtx" and not self.ds4):
             self._skip(f"'{cat}' events")
             return
@@ -315,8 +326,9 @@ class _State:
         elif cat == "python_function":
             self.frames.add(_int(ev.get("pid")), self._tid(ev.get("tid")), t0, t1, name)
         elif cat == "user_annotation" or (self.ds4 and cat == "nvtx"):
-            self.rows.add(kind="nvtx", name=name, domain="ds4lab" if self.ds4 else TORCH_DOMAIN,
-                          pid=_int(ev.get("pid")), tid=self._tid(ev.get("tid")), start_ns=t0, end_ns=t1)
+            if ev.get("dur") is None:  # a range with no end: never closed, not one of no time
+                self.unclosed += 1
+            self._range(name, ev, t0, t1 if ev.get("dur") is not None else -1)
         elif cat in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"):
             self.cuda += 1
             self._device(cat, name, ev, a, t0, t1)
@@ -324,6 +336,45 @@ class _State:
             self.events[_int(a.get("correlation"))] = (_int(a.get("stream")), _int(a.get("event_id")))
         else:
             self._skip(f"'{cat}' events")
+
+    def _range(self, name: str, ev: dict, t0: int, t1: int) -> None:
+        """An NVTX or record_function range from ``t0`` to ``t1`` ns (-1: it never closes in the trace)."""
+        self.rows.add(kind="nvtx", name=name, domain="ds4lab" if self.ds4 else TORCH_DOMAIN,
+                      pid=_int(ev.get("pid")), tid=self._tid(ev.get("tid")), start_ns=t0, end_ns=t1)
+
+    def _begin_end(self, ev: dict, ph: str) -> None:
+        """A range given as a Chrome ``B`` event and its ``E`` on the same thread (the innermost open range of the
+        thread, of the same name where the ``E`` names one). An ``E`` with no open ``B`` is counted and said."""
+        t = _ns(self.time(ev, "ts"))
+        if self.ds4:
+            t += self.offsets.get(self.stage_of.get(_int(ev.get("pid")), ""), 0)
+        key = (_int(ev.get("pid")), self._tid(ev.get("tid")))
+        stack = self.opened.setdefault(key, [])
+        if ph == "B":
+            stack.append((str(ev.get("name", "")), t, ev))
+            return
+        name = ev.get("name")
+        at = next((i for i in range(len(stack) - 1, -1, -1) if not name or stack[i][0] == name), None)
+        if at is None:
+            self.lone_ends += 1
+            return
+        nm, t0, begin = stack.pop(at)
+        self._range(nm, begin, t0, max(t, t0))
+
+    def _still_open(self) -> list:
+        """Rows for the ranges whose ``B`` has no ``E`` (``end_ns`` -1), and the notes saying what was unpaired."""
+        notes, n = [], 0
+        for stack in self.opened.values():
+            for nm, t0, begin in stack:
+                self._range(nm, begin, t0, -1)
+                n += 1
+        n += self.unclosed
+        if n:
+            notes.append(f"{n:,} range(s) that never close in the trace (a 'B' event with no 'E', or an 'X' event "
+                         "with no 'dur'): kept with no end (a last one left out as cut, others dropped)")
+        if self.lone_ends:
+            notes.append(f"{self.lone_ends:,} range end(s) ('E' events) with no 'B' on their thread: not tabled")
+        return notes
 
     def _device(self, cat, name, ev, a, t0, t1) -> None:
         dev = _int(a.get("device"), _int(ev.get("pid")) if not self.ds4 else -1)
@@ -370,6 +421,7 @@ class _State:
                          "their record_function path only")
         for what, n in sorted(self.skipped.items(), key=lambda x: -x[1]):
             notes.append(f"{n:,} {what} not tabled (not CUDA activity the audit reads)")
+        notes += self._still_open()
         for cat, n in sorted(self.negative.items()):
             notes.append(f"{n:,} '{cat}' events of negative duration (dur < 0): each taken as taking no time")
         df = self.rows.frame()

@@ -73,18 +73,23 @@ def read_saved(path: Path, progress=None) -> EventTable:
                 # the gzip stream ends before its end marker: the file on disk is all there is of it
                 raise SourceError(f"{path}: its compressed stream ends early ({size:,} bytes on disk, {e}): "
                                   "the recording was not saved whole") from None
-            except ValueError:  # a cell pandas cannot read as its column's integer: find it and name it
+            except (ValueError, OverflowError):  # a cell pandas cannot read as its column's integer: name it
                 raise SourceError(_bad_cell(path)) from None
         finally:
             raw.close()
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({c: [] for c in COLUMNS})
     for c, (t, _) in COLUMNS.items():
         df[c] = df[c].astype("int64" if t == "int64" else "object")
+    from ..table import drop_repeats, impossible_time, kernel_lengths, time_notes
+
+    bad = impossible_time(df)
+    if bad:
+        raise SourceError(f"{path}: {bad}; the saved table is damaged or was written by another program")
     df = df.sort_values("start_ns", kind="stable").reset_index(drop=True)
     notes = list(head.get("notes") or [])
-    from ..table import kernel_lengths
-
+    df = drop_repeats(df, notes)
     kernel_lengths(df, notes)
+    time_notes(df, notes)
     try:
         check_frame(df)
     except ValueError as e:
@@ -115,12 +120,17 @@ def _bad_cell(path: Path) -> str:
                     continue
                 v = chunk[c].str.strip()
                 bad = ~v.str.fullmatch(r"-?\d+")
+                long_ = ~bad & (v.str.len() >= 19)  # a whole number, but perhaps beyond a 64-bit integer
+                bad[long_] = ~v[long_].map(lambda x: -2**63 <= int(x) < 2**63).astype(bool)
                 if bad.any():
                     i = int(bad.to_numpy().nonzero()[0][0])
                     cell = v.iloc[i]
-                    what = "NaN" if cell.lower() == "nan" else "empty" if cell == "" else repr(cell)
+                    what = ("NaN, not a whole number" if cell.lower() == "nan" else
+                            "empty, not a whole number" if cell == "" else
+                            f"{cell}, beyond a 64-bit integer (overflow)" if cell.lstrip("-").isdigit() else
+                            f"{cell!r}, not a whole number")
                     row = first + i + 1  # the table's rows from 1, after the header line and the CSV's
-                    return (f"{path}: row {row:,} (line {row + 2:,}): field {c!r} is {what}, not a whole number; "
+                    return (f"{path}: row {row:,} (line {row + 2:,}): field {c!r} is {what}; "
                             "the saved table is damaged or was written by another program")
             first += len(chunk)
     return f"{path}: a cell of an integer column is not a whole number; the saved table is damaged"
