@@ -78,7 +78,22 @@ def test_ci_runs_every_test_the_default_command_leaves_the_slow_ones():
     assert 'marker=(-m "not slow")' in script
     # a -m given replaces the default: run the script's own argument handling, pytest replaced by echo
     body = script.replace('source "$(dirname "$0")/venv.sh"', "").replace("exec python -m pytest", "echo")
-    out = subprocess.run(["bash", "-c", body, "test.sh", "-m", "slow", "-x"], capture_output=True, text=True).stdout
-    assert out.split() == ["-q", "-m", "slow", "-x"]
-    out = subprocess.run(["bash", "-c", body, "test.sh", "-x"], capture_output=True, text=True).stdout
-    assert out.split() == ["-q", "-m", "not", "slow", "-x"]
+    # the machine decided: pytest-xdist importable, no GPU
+    body = body.replace('python -c "import xdist"', "true").replace("command -v nvidia-smi", "false")
+
+    def args(*argv, **env):
+        import os
+
+        return subprocess.run(["bash", "-c", body, "test.sh", *argv], capture_output=True, text=True,
+                              env={**os.environ, **env}).stdout.split()
+
+    assert args("-m", "slow", "-x") == ["-q", "-n", "2", "--dist", "loadfile", "-m", "slow", "-x"]
+    assert args("-x") == ["-q", "-m", "not", "slow", "-n", "2", "--dist", "loadfile", "-x"]
+    # workers: a -n given replaces them, DS4LAB_TEST_WORKERS sets them, 0 runs one process
+    assert args("-n", "4") == ["-q", "-m", "not", "slow", "-n", "4"]
+    assert args("-x", DS4LAB_TEST_WORKERS="3") == ["-q", "-m", "not", "slow", "-n", "3", "--dist", "loadfile", "-x"]
+    assert args("-x", DS4LAB_TEST_WORKERS="0") == ["-q", "-m", "not", "slow", "-x"]
+    # with a GPU, one process: GPU timings never share the device
+    gpu = body.replace("{ false", "{ true").replace("nvidia-smi -L", "true")
+    out = subprocess.run(["bash", "-c", gpu, "test.sh", "-x"], capture_output=True, text=True).stdout.split()
+    assert out == ["-q", "-m", "not", "slow", "-x"]
