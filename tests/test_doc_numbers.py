@@ -246,7 +246,7 @@ CLAIMS = [
           "with\n  islands; {u16} µs at 16k", "h200-2026-12-04-ds4/*/worker-*/recording.csv.gz", kernel_span),
     Claim("docs/ds4.md", "{c1024}\n{c4096}\n{c16384}\n{c65536}", "h200-2026-12-02b/ds4, h200-2026-12-02-ds4/ds4-long",
           ds4_table),
-    Claim("README.md", "3cc within {cc} % of 3 with one graph, PDL +{lo}–{hi} µs per token",
+    Claim("README.md", "3cc within {cc} % of 3 with one graph, PDL saves {lo}–{hi} µs per token",
           "h200-2026-12-02b/capture-stages/context.csv", capture_stages),
     Claim("README.md", "its verdict torch.cuda.graph's in {agree} of {n}\nsteps, its whole-token plan ×{lo}–{hi} of "
           "the replay for all {captured} that captured", "h200-2026-12-03/audit-validate/validate.csv",
