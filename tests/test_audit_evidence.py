@@ -168,6 +168,24 @@ def test_the_verdict_leads_with_the_strongest_evidence_and_counts_the_others():
     assert F.strength(rows.iloc[1]) == F.STRENGTH["structure"]
 
 
+def test_among_findings_of_equal_strength_the_verdict_leads_with_the_one_seen_in_more_tokens():
+    """Three grid changes (equal evidence): one in 2 of 8 tokens listed first, one in every token after the
+    first listed last. The verdict names the one seen in 7 tokens; its order in the table does not decide."""
+    def grid(name, tokens):
+        return {"kind": "variation", "name": name, "call_class": "grid", "where": "nvtx: decode_step",
+                "what": "launch 1 of the token: 2 distinct grids", "tokens": tokens, "verdict_global": "frozen"}
+
+    rows = pd.DataFrame([grid("gemv_kernel", 2), grid("cat_kernel", 6), grid("elementwise_kernel", 7)])
+
+    class R:
+        findings, tool, arguments = rows, "cupti", None
+
+    v = F.verdict(R)
+    assert v.lead["name"] == "elementwise_kernel" and v.others == 2, v.why
+    rows.loc[2, "tokens"] = 1
+    assert F.verdict(R).lead["name"] == "cat_kernel"
+
+
 def _fill_op(t):
     """aten::fill_(ids, pos): the static input buffer written with the host's position."""
     return _op("aten::fill_", _tensor([1], [1], start=S.IDS), value=17 + t)

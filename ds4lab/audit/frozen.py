@@ -682,9 +682,10 @@ def _merge(df: pd.DataFrame) -> pd.DataFrame:
         out.append(r)
     order = {c: k for k, c in enumerate(CLASSES)}
     res = pd.DataFrame(out)
-    # the strongest evidence first (STRENGTH), then by class, then by launch
-    return res.assign(_o=res["call_class"].map(order), _s=-res["strength"]).sort_values(
-        ["_s", "_o", "launch_index"], kind="stable").drop(columns=["_o", "_s"]).reset_index(drop=True)
+    # the strongest evidence first (STRENGTH), then the finding seen in more tokens, then by class and launch
+    ntok = pd.to_numeric(res["tokens"], errors="coerce").fillna(0) if "tokens" in res else 0
+    return res.assign(_o=res["call_class"].map(order), _s=-res["strength"], _t=-ntok).sort_values(
+        ["_s", "_t", "_o", "launch_index"], kind="stable").drop(columns=["_o", "_s", "_t"]).reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- reports and the verdict
@@ -800,6 +801,15 @@ def strength(row) -> int:
     return STRENGTH["address"]
 
 
+def _tokens(row) -> int:
+    """In how many tokens a finding was seen (its ``tokens`` column; 0 where a table has none)."""
+    n = row.get("tokens") if hasattr(row, "get") else None
+    try:
+        return int(n) if n == n else 0
+    except (TypeError, ValueError):
+        return 0
+
+
 def cause(row) -> str:
     """One line naming a finding: what (kernel or call), which parameter, what moves and how, where."""
     kind, name = str(row.get("kind", "")), str(row.get("name", ""))[:80]
@@ -833,7 +843,8 @@ def verdict(report, mode: str = "global") -> Verdict:
             return _blind(report, f[mask].iloc[0])
         if mask.any():
             rows = [r for _, r in f[mask].iterrows()]
-            ranked = sorted(range(len(rows)), key=lambda k: -strength(rows[k]))  # stable: the table's order within
+            # the strongest evidence first; among equals the finding seen in more tokens (stable: then the table's order)
+            ranked = sorted(range(len(rows)), key=lambda k: (-strength(rows[k]), -_tokens(rows[k])))
             lead = rows[ranked[0]]
             n = len(rows) - 1
             return Verdict(WRONG, cause(lead) + (f"; and {n} other finding(s)" if n else ""), _evidence(report),
