@@ -165,3 +165,41 @@ def test_against_untraced_refuses_a_bad_step():
     for bad in (0, -3.0, float("nan")):
         with pytest.raises(ValueError, match="untraced eager step"):
             against_untraced(plans, bad, "x")
+
+
+def test_a_step_timed_twice_beside_its_recording_gets_a_saving_range_over_both(tmp_path):
+    """The bundled llama-static outcome holds two untraced eager timings of its step (torch.cuda.graph's eager twin,
+    12 209 µs, and the argument cost's plain step, 7 890 µs): the audit, run as a user runs it, says they disagree
+    and its saving range spans both; with the second timing taken out, the range is the prediction's alone."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from ds4lab.audit.engines import recorded
+
+    rec = recorded("llama", "static")
+    for name in (rec.name, "torch-llama-static.json"):
+        shutil.copy(rec.parent / name, tmp_path / name)
+
+    def audit(out):
+        run = subprocess.run([sys.executable, "-m", "ds4lab.cli", "audit", str(tmp_path / rec.name), "--out", str(out)],
+                             capture_output=True, text=True, env={**__import__("os").environ, "COLUMNS": "400"})
+        assert run.returncode == 0, run.stderr
+        return run.stdout, pd.read_csv(out / "plans.csv").set_index("plan").loc["whole token"]
+
+    said, whole = audit(tmp_path / "a")
+    outcome = json.loads((tmp_path / "torch-llama-static.json").read_text())
+    eager, base = outcome["eager_us"], outcome["overhead"]["baseline_us"]
+    assert "the two disagree" in said and f"×{eager / base:.2f} apart" in said
+    assert whole["eager_untraced_n"] == 2
+    assert whole["saving_untraced_lo"] == pytest.approx(base - whole["predicted_p75"])
+    assert whole["saving_untraced_hi"] == pytest.approx(eager - whole["predicted_p25"])
+
+    del outcome["overhead"]
+    (tmp_path / "torch-llama-static.json").write_text(json.dumps(outcome))
+    said, whole = audit(tmp_path / "b")
+    assert "disagree" not in said and whole["eager_untraced_n"] == 1
+    assert whole["saving_untraced_lo"] == pytest.approx(eager - whole["predicted_p75"])

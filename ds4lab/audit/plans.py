@@ -334,22 +334,27 @@ def tracer_cost_text() -> str:
             "traced against untraced eager steps: the runs' own spread dominates)")
 
 
-def against_untraced(plans: pd.DataFrame, untraced_us: float, source: str) -> pd.DataFrame:
-    """``plans`` with the saving of each graph plan against an eager step timed untraced, ``untraced_us`` (µs;
-    ``source`` says where): ``baseline``, ``eager_untraced_us``, ``untraced_source``, ``saving_untraced_us`` with
-    ``_lo``/``_hi`` (against the predicted 75th/25th percentile: no pairing, no interval), ``saving_untraced_pct``;
-    the model-check row keeps the traced step. Raises ValueError: ``untraced_us`` not a positive number."""
-    u = float(untraced_us)
-    if not np.isfinite(u) or u <= 0:
-        raise ValueError(f"untraced eager step {untraced_us!r} µs: must be a positive number")
+def against_untraced(plans: pd.DataFrame, untraced_us, source: str) -> pd.DataFrame:
+    """``plans`` with the saving of each graph plan against an eager step timed untraced, ``untraced_us`` (µs, or
+    several timings of the same step, the first the point; ``source`` says where): ``baseline``,
+    ``eager_untraced_us`` (``_n``: how many timings), ``untraced_source``, ``saving_untraced_us`` with ``_lo``/``_hi`` (against the predicted
+    75th/25th percentile and, where the step was timed more than once, its every timing: no pairing, no interval),
+    ``saving_untraced_pct``; the model-check row keeps the traced step. Raises ValueError: a timing that is not a
+    positive number."""
+    us = [float(x) for x in (untraced_us if isinstance(untraced_us, (list, tuple)) else [untraced_us])]
+    for x in us:
+        if not np.isfinite(x) or x <= 0:
+            raise ValueError(f"untraced eager step {x!r} µs: must be a positive number")
+    u = us[0]
     out = plans.copy()
     check = out["plan"].str.startswith("eager")
     out["baseline"] = UNTRACED
     out["eager_untraced_us"] = u
+    out["eager_untraced_n"] = len(us)
     out["untraced_source"] = source
     out["saving_untraced_us"] = (u - out["predicted_us"]).where(~check)
-    out["saving_untraced_lo"] = (u - out["predicted_p75"]).where(~check)
-    out["saving_untraced_hi"] = (u - out["predicted_p25"]).where(~check)
+    out["saving_untraced_lo"] = (min(us) - out["predicted_p75"]).where(~check)
+    out["saving_untraced_hi"] = (max(us) - out["predicted_p25"]).where(~check)
     out["saving_untraced_pct"] = (100.0 * out["saving_untraced_us"] / u).where(~check)
     return out
 

@@ -251,6 +251,8 @@ def _plans(r, console) -> None:
     cols = ["plan", "mode", "graphs/token", "predicted µs (IQR)", f"traced eager µs ({times})"]
     host = str(p["host_times"].iloc[-1]) if "host_times" in p else "traced"
     rng = "95 % CI, paired by position" if host.startswith("untraced") else "range: the prediction's IQR"
+    if untraced and not host.startswith("untraced") and p.get("eager_untraced_n", pd.Series([1])).iloc[0] > 1:
+        rng += " and the step's timings"
     for c in cols + (["untraced eager µs", f"saving (against untraced; {rng})"] if untraced
                      else ["saving (against traced)"]):
         t.add_column(c)

@@ -233,9 +233,24 @@ def _against_untraced(reports, tables) -> None:
             if isinstance(us, (int, float)) and us > 0:
                 dev = rec.get("device") or {}
                 where = f"on {dev['device']}" if dev.get("device") else "on the GPU it was recorded on"
-                r.plans = against_untraced(r.plans, us, f"the eager step timed with CUDA events {where}, untraced, "
-                                                        f"in the outcome beside {Path(path).name}")
+                figures, said = _untraced_figures(us, rec)
+                r.plans = against_untraced(r.plans, figures, f"the eager step timed with CUDA events {where}, "
+                                                             f"untraced, in the outcome beside {Path(path).name}{said}")
             break
+
+
+def _untraced_figures(eager_us: float, outcome: dict) -> tuple[list, str]:
+    """The untraced eager step's timings in a torch.cuda.graph outcome: its eager twin's and, where the argument
+    cost was measured beside it, that pass's plain step; and what to say where they differ by more than 10 %."""
+    base = (outcome.get("overhead") or {}).get("baseline_us")
+    if not isinstance(base, (int, float)) or not base > 0:
+        return [float(eager_us)], ""
+    ratio = max(eager_us, base) / min(eager_us, base)
+    if ratio <= 1.10:
+        return [float(eager_us), float(base)], ""
+    return [float(eager_us), float(base)], (
+        f"; it was timed twice there and the two disagree: {eager_us:,.1f} µs (torch.cuda.graph's eager twin) and "
+        f"{base:,.1f} µs (the argument cost's plain step), ×{ratio:.2f} apart: the saving's range spans both")
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:
