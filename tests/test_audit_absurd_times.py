@@ -10,6 +10,7 @@ import re
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -88,3 +89,28 @@ def test_launch_calls_taking_milliseconds_are_noted_as_a_likely_unit_slip(tmp_pa
     assert any("may be in ns where µs are expected" in n for n in t.notes)
     good = read_events(write_kineto(tmp_path / "g.json", tokens=3))
     assert not any("µs are expected" in n or "before the call" in n for n in good.notes)
+
+
+def test_a_kineto_trace_whose_ts_are_negative_is_audited_as_the_same_trace_shifted(tmp_path):
+    """Chrome trace ``ts`` relative to a base before the events (all negative): every time is shifted by one amount,
+    said in a note, and the audit's verdict and token times are those of the trace as written from zero."""
+    good = write_kineto(tmp_path / "g.json", tokens=3)
+    doc = json.loads(good.read_text())
+    last = max(e["ts"] for e in doc["traceEvents"] if "ts" in e)
+    for e in doc["traceEvents"]:
+        if "ts" in e:
+            e["ts"] -= last + 10.0
+    neg = tmp_path / "n.json"
+    neg.write_text(json.dumps(doc))
+    t = read_events(neg)
+    assert t.frame["start_ns"].min() == 0
+    assert any("negative ts" in n and "shifted" in n for n in t.notes)
+    outs = {}
+    for name, path in (("g", good), ("n", neg)):
+        r = CliRunner().invoke(main, ["audit", str(path), "--out", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        tok = pd.read_csv(tmp_path / name / "tokens.csv").drop(columns=["source"])
+        outs[name] = tok.drop(columns=[c for c in tok if c.startswith("start")]).to_csv()
+        line = [x for x in r.output.splitlines() if "replay (" in x]
+        outs[name + "_verdict"] = line
+    assert outs["g"] == outs["n"] and outs["g_verdict"] == outs["n_verdict"] and outs["g_verdict"]

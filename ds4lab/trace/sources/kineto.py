@@ -430,6 +430,7 @@ class _State:
             got = [self.events[c] for c in df.loc[api, "correlation"]]
             df.loc[api, "stream"] = [g[0] for g in got]
             df.loc[api, "event"] = [g[1] for g in got]
+        _shift_negative(df, notes)
         df = finish(df, source=path, notes=notes)
         if self.ds4:
             tool = f"ds4lab-trace ({self.other.get('ds4lab', '?')}"
@@ -438,3 +439,16 @@ class _State:
             ver = meta.get("schemaVersion")
             tool = "pytorch-profiler" + (f" (Kineto schema {ver})" if ver is not None else "")
         return EventTable(df, str(path), tool, notes)
+
+
+def _shift_negative(df, notes: list) -> None:
+    """A Chrome trace's ``ts`` may be negative (relative to a base the writer chose); the event table's times are
+    ≥ 0 (-1 marks an end never recorded), so every time is shifted, in place, by the same amount and said in
+    ``notes``: durations and order are unchanged."""
+    low = int(df["start_ns"].min()) if len(df) else 0
+    if low >= 0:
+        return
+    df["start_ns"] -= low
+    df["end_ns"] -= low
+    notes.append(f"the trace's times start at {low / 1e3:,.3f} µs (negative ts): every time shifted by "
+                 f"{-low / 1e3:+,.3f} µs; durations and order unchanged")
