@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 from pathlib import Path
 
 from .backends import BACKENDS
+from .errors import BadInput
 from .jobs import execute
 from .jobs.audit import AuditConfig
 from .jobs.bench import BenchConfig
@@ -50,6 +52,19 @@ def _check_type(method: str, name: str, value, default) -> None:
         raise TypeError(f"Lab.{method}: {name}={value!r} must be {want} (its default: {default!r})")
 
 
+def _as_keywords(message: str, fields: set, method: str) -> str:
+    """``message`` with each command-line flag of a ``Lab.<method>`` option written as its keyword: ``--tokens -5``
+    → ``tokens=-5``, ``--runs-from`` → ``runs_from``; flags of no option are left as they are."""
+    def keyword(m):
+        name = m.group(1).replace("-", "_")
+        if name not in fields:
+            return m.group(0)
+        return name + ("=" if m.group(2) else "")
+
+    out = re.sub(r"--([a-z][a-z0-9-]*)(\s+(?=[-+\d'\"\[(A-Z]))?", keyword, message)
+    return out if out == message else f"Lab.{method}: {out}"
+
+
 def _runs(job: str, config):
     """Make a :class:`Lab` method run ``job`` with ``config``'s fields (and defaults) as its keywords; the method's
     body may fill options first (it returns them)."""
@@ -66,7 +81,11 @@ def _runs(job: str, config):
                                 f"its options: {', '.join(sorted(fields))}")
             for name, value in options.items():
                 _check_type(method.__name__, name, value, config_default(config, name))
-            return self._execute(job, config, options)
+            try:
+                return self._execute(job, config, options)
+            except BadInput as e:  # the jobs' checks speak the command line's flags; a Lab user typed keywords
+                e.args = (_as_keywords(str(e), fields, method.__name__),) + e.args[1:]
+                raise
 
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         own = inspect.signature(method).parameters
@@ -367,7 +386,6 @@ class Lab:
     def contexts(text, preset: str, name: str = "contexts") -> tuple:
         """``"1024,4096"`` → ``(1024, 4096)``, each within ``preset``'s longest context (long context on). Raises
         BadInput naming ``name`` and the value."""
-        from .errors import BadInput
         from .jobs.context import parse_contexts
         from .token.config import get_preset
 
@@ -387,7 +405,6 @@ class Lab:
         ``host_us`` per launch, MODELED (:func:`ds4lab.calibration.from_ds4.host_whatif`). A result without a folder:
         table ``host_whatif``, figure ``host-whatif``. Raises BadInput for a cost outside (0, 1000) µs."""
         from .calibration.from_ds4 import host_whatif, host_whatif_figure
-        from .errors import BadInput
         from .jobs.result import no_folder
         from .report import plots
 

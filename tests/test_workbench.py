@@ -114,7 +114,7 @@ def test_conformance_on_the_sim(lab):
 def test_what_needs_a_gpu_or_ds4_is_refused_as_the_command_line_refuses_it(lab):
     with pytest.raises(BadInput, match="--backend sim"):
         lab.bench()
-    with pytest.raises(BadInput, match="needs --source"):
+    with pytest.raises(BadInput, match="needs source=PATH"):
         lab.ds4()
 
 
@@ -236,3 +236,17 @@ def test_bad_input_to_the_lab_is_named_at_once():
         lab.ladder(nvtx=1)
     with pytest.raises(TypeError, match=r"Lab.ladder: stages=\['0'\] must be a string"):
         lab.ladder(stages=["0"])
+
+
+def test_a_bad_value_given_to_the_lab_is_named_as_the_keyword_typed():
+    """A job's check speaks the command line's flags (``--tokens -5``); called from a notebook the error names the
+    keyword the user typed (``tokens=-5``), and the command line keeps its flag."""
+    from click.testing import CliRunner
+
+    from ds4lab import Lab
+    from ds4lab.cli import main
+
+    with pytest.raises(BadInput, match=r"^Lab.ladder: tokens=-5 must be at least 1$"):
+        Lab("sim", preset="tiny").ladder(tokens=-5)
+    r = CliRunner().invoke(main, ["ladder", "--backend", "sim", "--preset", "tiny", "--tokens", "-5"])
+    assert r.exit_code == 2 and "'--tokens': -5" in r.output
