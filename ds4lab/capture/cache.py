@@ -211,21 +211,16 @@ class GraphCache:
                 fn()
                 return
             e = self._capture(model, key, fn, decisions)
-            if e.retired:
-                self.stats.eager_runs += 1
-                fn()
-                return
+            ready = not e.retired
         elif self.policy.update:
-            if not self._update(model, e, fn):
-                self.stats.eager_runs += 1
-                fn()
-                return
-        elif plan is not None:
-            if not self._set_nodes(model, e, plan):
-                self.stats.eager_runs += 1
-                fn()
-                return
-        self._launch(model, cluster, e)
+            ready = self._update(model, e, fn)
+        else:
+            ready = plan is None or self._set_nodes(model, e, plan)
+        if ready:
+            self._launch(model, cluster, e)
+        else:
+            self.stats.eager_runs += 1
+            fn()
 
     def invalidate_all(self, why: str) -> None:
         """Drop every graph (ds4 ``9f325617``: scratch growth synchronizes the device and invalidates every decode
