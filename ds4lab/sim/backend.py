@@ -287,21 +287,16 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         self.rt.enqueue(stream, "kernel", name, ref if keep else None, us, "cudaLaunchKernel",
                         None, (grid, block, args, shared, nbytes))
 
-    def memset_async(self, stream, buf, value):
+    def memset_async(self, stream, buf, value, call: str = "cudaMemsetAsync"):
         def fn():
             buf.view(np.uint8)[...] = value
 
-        self.rt.enqueue(stream, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), "cudaMemsetAsync",
+        self.rt.enqueue(stream, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), call,
                         self.cal.host_api_us, (buf, value))
 
     def memset_sync(self, buf, value):
         """``cudaMemset``: on the legacy stream, whatever the accessor says (ds4 today)."""
-
-        def fn():
-            buf.view(np.uint8)[...] = value
-
-        self.rt.enqueue(LEGACY_STREAM, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), "cudaMemset",
-                        self.cal.host_api_us, (buf, value))
+        self.memset_async(LEGACY_STREAM, buf, value, "cudaMemset")
 
     def copy_h2d(self, stream, dst, src):
         """``cudaMemcpyAsync`` host to device. Captured, the node keeps the host array by reference (a pointer): a
