@@ -775,8 +775,7 @@ def comp_rope_store(L, site, row, comp, D: int, ratio: int, cfg: ModelConfig, ts
     def ref():
         pos = ts.resolve()[0]
         if R.is_emit(pos, ratio):
-            comp[R.comp_row(pos, ratio)] = R.rope_rows(np.asarray(row)[None, :D], pos + 1 - ratio,
-                                                         cfg.rope_dims, theta)[0]
+            comp[R.comp_row(pos, ratio)] = R.rope(np.asarray(row)[None, :D], pos + 1 - ratio, cfg.rope_dims, theta)[0]
 
     L.kernel(site, "comp_rope_store", (1,), (256,),
              (row, comp, i32(D), i32(cfg.rope_dims), np.float64(theta), i32(ratio)) + ts.args(), ref,
