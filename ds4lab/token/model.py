@@ -163,14 +163,9 @@ class LongContext:
             self.layers.append(bufs)
         self.fill()
         D, Di = cfg.head_dim, cfg.index_head_dim
-        self.kvsc = be.empty((4 * D,), f)
-        self.pooled = be.empty((D,), f)
-        self.normed = be.empty((D,), f)
-        self.ikvsc = be.empty((4 * Di,), f)
-        self.ipooled = be.empty((Di,), f)
-        self.inormed = be.empty((Di,), f)
-        self.iq = be.empty((cfg.index_q_dim,), f)
-        self.iw = be.empty((cfg.index_heads,), f)
+        for name, n in (("kvsc", 4 * D), ("pooled", D), ("normed", D), ("ikvsc", 4 * Di), ("ipooled", Di),
+                        ("inormed", Di), ("iq", cfg.index_q_dim), ("iw", cfg.index_heads)):
+            setattr(self, name, be.empty((n,), f))  # the compressors' (i: the indexer's) rows, query, head weights
         cap4 = cfg.comp_capacity(4)
         self.scores = be.empty((cap4,), f)
         self.sel = be.empty((cfg.index_top_k,), np.int32)
@@ -307,22 +302,13 @@ class DecodeModel:
         cfg, be = self.cfg, self.be
         S, E, D, H = cfg.hc_streams, cfg.embed, cfg.head_dim, cfg.n_heads
         f = np.float32
-        self.h = be.empty((S, E), f)
-        self.hn = be.empty((S, E), f)
-        self.mix_attn = be.empty((2 * S,), f)
-        self.mix_ffn = be.empty((2 * S,), f)
-        self.mix_part = be.empty((2 * S * ops.HC_MIX_SPLIT,), f)
-        self.mix_final = be.zeros((2 * S,), f)  # zero logits: equal pre-mix weights
-        self.x = be.empty((E,), f)
-        self.qa = be.empty((cfg.q_lora,), f)
-        self.qan = be.empty((cfg.q_lora,), f)
-        self.q = be.empty((H, D), f)
-        self.kv = be.empty((D,), f)
-        self.kvn = be.empty((D,), f)
-        self.o = be.empty((H, D), f)
-        self.oa = be.empty((cfg.out_groups * cfg.out_lora,), f)
-        self.sh_mid = be.empty((cfg.expert_ffn,), f)
-        self.xf = be.empty((E,), f)
+        # The token's activations, in allocation order; mix_final zeroed: zero logits, equal pre-mix weights.
+        for name, shape in (("h", (S, E)), ("hn", (S, E)), ("mix_attn", (2 * S,)), ("mix_ffn", (2 * S,)),
+                            ("mix_part", (2 * S * ops.HC_MIX_SPLIT,)), ("mix_final", (2 * S,)), ("x", (E,)),
+                            ("qa", (cfg.q_lora,)), ("qan", (cfg.q_lora,)), ("q", (H, D)), ("kv", (D,)), ("kvn", (D,)),
+                            ("o", (H, D)), ("oa", (cfg.out_groups * cfg.out_lora,)), ("sh_mid", (cfg.expert_ffn,)),
+                            ("xf", (E,))):
+            setattr(self, name, (be.zeros if name == "mix_final" else be.empty)(shape, f))
         self.logits = be.empty((cfg.vocab,), f) if self.opts.vocab else None
         # Always there (16 bytes), so a model can switch scalar modes between stages.
         self.scal = be.zeros((4,), np.int32)
