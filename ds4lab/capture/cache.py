@@ -131,14 +131,10 @@ class CacheStats:
     #: refused updates by ``cudaGraphExecUpdateResult`` name and failing node type ("result/node")
     update_results: Counter = field(default_factory=Counter)
 
-    COUNTS = ("captures", "replays", "updates", "reinstantiations", "fallbacks", "retirements", "recaptures",
-              "eager_runs", "aborts", "invalidations", "variant_overflows", "node_updates", "skipped")
-
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.COUNTS}
-        d["failures"] = dict(self.failures)
-        d["update_results"] = dict(self.update_results)
-        return d
+        """Every count, then ``failures`` and ``update_results`` as plain dicts."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "failures": dict(self.failures), "update_results": dict(self.update_results)}
 
 
 @dataclass
