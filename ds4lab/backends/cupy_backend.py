@@ -193,13 +193,16 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
     def _ptr_stream(self, stream) -> int:
         return 0 if stream is LEGACY_STREAM else stream.ptr
 
+    def _rt(self, call: str, fn: str, *args):
+        """``cupy.cuda.runtime.<fn>(*args)``, its errors raised as CUDA's error ``call`` names."""
+        with _cuda_errors(call):
+            return getattr(self.cp.cuda.runtime, fn)(*args)
+
     def memset_async(self, stream, buf, value):
-        with _cuda_errors("cudaMemsetAsync"):
-            self.cp.cuda.runtime.memsetAsync(buf.data.ptr, int(value), buf.nbytes, self._ptr_stream(stream))
+        self._rt("cudaMemsetAsync", "memsetAsync", buf.data.ptr, int(value), buf.nbytes, self._ptr_stream(stream))
 
     def memset_sync(self, buf, value):
-        with _cuda_errors("cudaMemset"):
-            self.cp.cuda.runtime.memset(buf.data.ptr, int(value), buf.nbytes)
+        self._rt("cudaMemset", "memset", buf.data.ptr, int(value), buf.nbytes)
 
     def copy_h2d(self, stream, dst, src):
         # Pageable source: the runtime stages it before returning, so src may change afterwards
@@ -212,8 +215,7 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             rt.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, self._ptr_stream(stream))
 
     def event_record(self, stream, event):
-        with _cuda_errors("cudaEventRecord"):
-            self.cp.cuda.runtime.eventRecord(event.ptr, self._ptr_stream(stream))
+        self._rt("cudaEventRecord", "eventRecord", event.ptr, self._ptr_stream(stream))
 
     # ------------------------------------------------------------------ streams, events, info
     def new_stream(self, non_blocking: bool = True):
@@ -232,13 +234,11 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return self._null if stream is LEGACY_STREAM else stream
 
     def synchronize(self) -> None:
-        with _cuda_errors("cudaDeviceSynchronize"):
-            self.cp.cuda.runtime.deviceSynchronize()
+        self._rt("cudaDeviceSynchronize", "deviceSynchronize")
 
     # ------------------------------------------------------------------ runtime API
     def event_synchronize(self, event) -> None:
-        with _cuda_errors("cudaEventSynchronize"):
-            self.cp.cuda.runtime.eventSynchronize(event.ptr)
+        self._rt("cudaEventSynchronize", "eventSynchronize", event.ptr)
 
     def event_query(self, event) -> bool:
         """``cudaEventQuery``: True when complete, False for ``cudaErrorNotReady`` (600); CuPy returns the status, so
@@ -248,16 +248,13 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
             return _ready(rt.eventQuery(event.ptr), "cudaEventQuery")
 
     def event_elapsed_ms(self, start, end) -> float:
-        with _cuda_errors("cudaEventElapsedTime"):
-            return float(self.cp.cuda.runtime.eventElapsedTime(start.ptr, end.ptr))
+        return float(self._rt("cudaEventElapsedTime", "eventElapsedTime", start.ptr, end.ptr))
 
     def stream_wait_event(self, stream, event) -> None:
-        with _cuda_errors("cudaStreamWaitEvent"):
-            self.cp.cuda.runtime.streamWaitEvent(self._ptr_stream(stream), event.ptr, 0)
+        self._rt("cudaStreamWaitEvent", "streamWaitEvent", self._ptr_stream(stream), event.ptr, 0)
 
     def stream_synchronize(self, stream) -> None:
-        with _cuda_errors("cudaStreamSynchronize"):
-            self.cp.cuda.runtime.streamSynchronize(self._ptr_stream(stream))
+        self._rt("cudaStreamSynchronize", "streamSynchronize", self._ptr_stream(stream))
 
     def stream_query(self, stream) -> bool:
         """``cudaStreamQuery``: True when all work is done, False for ``cudaErrorNotReady`` (600); any other status is
@@ -278,8 +275,7 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return self._wrap(ptr, shape, dtype)
 
     def free(self, buf) -> None:
-        with _cuda_errors("cudaFree"):
-            self.cp.cuda.runtime.free(buf.data.ptr)
+        self._rt("cudaFree", "free", buf.data.ptr)
 
     def malloc_async(self, stream, shape, dtype):
         n = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
@@ -288,8 +284,7 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return self._wrap(ptr, shape, dtype)
 
     def free_async(self, stream, buf) -> None:
-        with _cuda_errors("cudaFreeAsync"):
-            self.cp.cuda.runtime.freeAsync(buf.data.ptr, self._ptr_stream(stream))
+        self._rt("cudaFreeAsync", "freeAsync", buf.data.ptr, self._ptr_stream(stream))
 
     def read(self, buf) -> np.ndarray:
         from ..errors import CupyRefusal, RuntimeApiError
@@ -408,8 +403,7 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         raise GraphExecUpdateError(call, rname, _driver_node_type(node), name=name)
 
     def graph_launch(self, graph_exec, stream) -> None:
-        with _cuda_errors("cudaGraphLaunch"):
-            self.cp.cuda.runtime.graphLaunch(graph_exec.handle, self._ptr_stream(stream))
+        self._rt("cudaGraphLaunch", "graphLaunch", graph_exec.handle, self._ptr_stream(stream))
 
     def graph_upload(self, graph_exec, stream) -> None:
         """``cudaGraphUpload`` of ``graph_exec`` on ``stream``."""
@@ -486,12 +480,10 @@ class CupyBackend(CupyHostMixin, CupyDeviceGraphsMixin, Executor, RuntimeApi, De
         return self.to_host(buf)
 
     def profiler_start(self) -> None:
-        with _cuda_errors("cudaProfilerStart"):
-            self.cp.cuda.runtime.profilerStart()
+        self._rt("cudaProfilerStart", "profilerStart")
 
     def profiler_stop(self) -> None:
-        with _cuda_errors("cudaProfilerStop"):
-            self.cp.cuda.runtime.profilerStop()
+        self._rt("cudaProfilerStop", "profilerStop")
 
     def info(self) -> dict:
         return device_info()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..executor.base import HOST_QUERIES
-from .cupy_runtime import _checked, _cuda_errors, _cudart
+from .cupy_runtime import _checked, _cudart
 
 #: cudaDevAttrMultiProcessorCount (CUDA Runtime API, enum cudaDeviceAttr): the attribute the
 #: ``cudaDeviceGetAttribute`` host query reads.
@@ -44,26 +44,23 @@ class CupyHostMixin:
         """``cudaMemcpyAsync`` device to host into ``dst`` (must be C-contiguous: it is written in place)."""
         if not dst.flags.c_contiguous or dst.nbytes != src.nbytes:
             raise ValueError(f"copy_d2h: needs a C-contiguous host array of {src.nbytes} bytes")
-        rt = self.cp.cuda.runtime
-        with _cuda_errors("cudaMemcpyAsync"):
-            rt.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes, rt.memcpyDeviceToHost, self._ptr_stream(stream))
+        self._rt("cudaMemcpyAsync", "memcpyAsync", dst.ctypes.data, src.data.ptr, src.nbytes,
+                 self.cp.cuda.runtime.memcpyDeviceToHost, self._ptr_stream(stream))
 
     def memcpy_h2d_sync(self, dst, src: np.ndarray) -> None:
         """``cudaMemcpy`` host to device (synchronous, the legacy stream)."""
         src = np.ascontiguousarray(src)
         if src.nbytes != dst.nbytes:
             raise ValueError(f"memcpy_h2d_sync: {src.nbytes} host bytes into a {dst.nbytes}-byte buffer")
-        rt = self.cp.cuda.runtime
-        with _cuda_errors("cudaMemcpy"):
-            rt.memcpy(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice)
+        self._rt("cudaMemcpy", "memcpy", dst.data.ptr, src.ctypes.data, src.nbytes,
+                 self.cp.cuda.runtime.memcpyHostToDevice)
 
     def memcpy_d2h_sync(self, dst: np.ndarray, src) -> None:
         """``cudaMemcpy`` device to host into ``dst`` (C-contiguous; synchronous, the legacy stream)."""
         if not dst.flags.c_contiguous or dst.nbytes != src.nbytes:
             raise ValueError(f"memcpy_d2h_sync: needs a C-contiguous host array of {src.nbytes} bytes")
-        rt = self.cp.cuda.runtime
-        with _cuda_errors("cudaMemcpy"):
-            rt.memcpy(dst.ctypes.data, src.data.ptr, src.nbytes, rt.memcpyDeviceToHost)
+        self._rt("cudaMemcpy", "memcpy", dst.ctypes.data, src.data.ptr, src.nbytes,
+                 self.cp.cuda.runtime.memcpyDeviceToHost)
 
     # ------------------------------------------------------------------ pinned host memory
     def _pinned(self) -> dict:
@@ -74,8 +71,7 @@ class CupyHostMixin:
     def host_alloc(self, shape, dtype) -> np.ndarray:
         """``cudaHostAlloc`` (flags 0: ``cudaHostAllocDefault``) of ``shape`` × ``dtype`` as a NumPy array."""
         n = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-        with _cuda_errors("cudaHostAlloc"):
-            ptr = int(self.cp.cuda.runtime.hostAlloc(n, 0))
+        ptr = int(self._rt("cudaHostAlloc", "hostAlloc", n, 0))
         arr = _host_array(ptr, shape, dtype)
         self._pinned()[arr.ctypes.data] = ptr
         return arr
@@ -85,27 +81,22 @@ class CupyHostMixin:
         ptr = self._pinned().pop(arr.ctypes.data, None)
         if ptr is None:
             raise ValueError("free_host: not an array from host_alloc")
-        with _cuda_errors("cudaFreeHost"):
-            self.cp.cuda.runtime.freeHost(ptr)
+        self._rt("cudaFreeHost", "freeHost", ptr)
 
     def host_register(self, arr: np.ndarray) -> None:
         """``cudaHostRegister`` (flags 0) of ``arr``'s memory (C-contiguous)."""
         if not arr.flags.c_contiguous:
             raise ValueError("host_register: needs a C-contiguous array")
-        rt = self.cp.cuda.runtime
-        if hasattr(rt, "hostRegister"):
-            with _cuda_errors("cudaHostRegister"):
-                rt.hostRegister(arr.ctypes.data, arr.nbytes, 0)
+        if hasattr(self.cp.cuda.runtime, "hostRegister"):
+            self._rt("cudaHostRegister", "hostRegister", arr.ctypes.data, arr.nbytes, 0)
             return
         cudart = _cudart()
         _checked("cudaHostRegister", cudart.cudaHostRegister(arr.ctypes.data, arr.nbytes, 0))
 
     def host_unregister(self, arr: np.ndarray) -> None:
         """``cudaHostUnregister`` of memory registered with :meth:`host_register`."""
-        rt = self.cp.cuda.runtime
-        if hasattr(rt, "hostUnregister"):
-            with _cuda_errors("cudaHostUnregister"):
-                rt.hostUnregister(arr.ctypes.data)
+        if hasattr(self.cp.cuda.runtime, "hostUnregister"):
+            self._rt("cudaHostUnregister", "hostUnregister", arr.ctypes.data)
             return
         cudart = _cudart()
         _checked("cudaHostUnregister", cudart.cudaHostUnregister(arr.ctypes.data))

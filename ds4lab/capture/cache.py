@@ -131,14 +131,10 @@ class CacheStats:
     #: refused updates by ``cudaGraphExecUpdateResult`` name and failing node type ("result/node")
     update_results: Counter = field(default_factory=Counter)
 
-    COUNTS = ("captures", "replays", "updates", "reinstantiations", "fallbacks", "retirements", "recaptures",
-              "eager_runs", "aborts", "invalidations", "variant_overflows", "node_updates", "skipped")
-
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.COUNTS}
-        d["failures"] = dict(self.failures)
-        d["update_results"] = dict(self.update_results)
-        return d
+        """Every count, then ``failures`` and ``update_results`` as plain dicts."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**d, "failures": dict(self.failures), "update_results": dict(self.update_results)}
 
 
 @dataclass
@@ -211,21 +207,16 @@ class GraphCache:
                 fn()
                 return
             e = self._capture(model, key, fn, decisions)
-            if e.retired:
-                self.stats.eager_runs += 1
-                fn()
-                return
+            ready = not e.retired
         elif self.policy.update:
-            if not self._update(model, e, fn):
-                self.stats.eager_runs += 1
-                fn()
-                return
-        elif plan is not None:
-            if not self._set_nodes(model, e, plan):
-                self.stats.eager_runs += 1
-                fn()
-                return
-        self._launch(model, cluster, e)
+            ready = self._update(model, e, fn)
+        else:
+            ready = plan is None or self._set_nodes(model, e, plan)
+        if ready:
+            self._launch(model, cluster, e)
+        else:
+            self.stats.eager_runs += 1
+            fn()
 
     def invalidate_all(self, why: str) -> None:
         """Drop every graph (ds4 ``9f325617``: scratch growth synchronizes the device and invalidates every decode

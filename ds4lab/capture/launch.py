@@ -139,41 +139,34 @@ class Launcher:
         """Whether the launches now issued go into a stream capture (:meth:`capturing_launches`)."""
         return self._capturing
 
-    @contextlib.contextmanager
-    def capturing_launches(self) -> Iterator[None]:
+    def capturing_launches(self) -> contextlib.AbstractContextManager:
         """Count the block's launches as captured (``captured``, not the census): a stream captures them into a graph,
         they reach the device only when it replays."""
-        prev, self._capturing = self._capturing, True
-        try:
-            yield
-        finally:
-            self._capturing = prev
+        return self._set(_capturing=True)
 
-    @contextlib.contextmanager
-    def planning(self) -> Iterator[list]:
-        """Record the block's launches as :class:`LaunchRecord` objects without issuing any (the launch list of a graph
-        whose kernel nodes are set before its replay); a non-kernel operation is recorded under its kind's name
-        (``"memset"``, ``"memcpy"``, ``"event"``), so it never matches a kernel-only graph."""
-        prev_trace, prev_plan = self.trace, self._planning
-        self.trace, self._planning = [], True
-        rec = self.trace
-        try:
-            yield rec
-        finally:
-            self.trace, self._planning = prev_trace, prev_plan
+    def planning(self) -> contextlib.AbstractContextManager:
+        """Record the block's launches as :class:`LaunchRecord` objects, into the list it yields, without issuing any
+        (the launch list of a graph whose kernel nodes are set before its replay); a non-kernel operation is recorded
+        under its kind's name (``"memset"``, ``"memcpy"``, ``"event"``), so it never matches a kernel-only graph."""
+        return self._set(trace=[], _planning=True)
 
     def count_node_update(self, site: str) -> None:
         """Count one kernel-node parameter set before a replay (census kind ``node_update``)."""
         self.census.counts[(self.cluster_name, "node_update", site)] += 1
 
-    @contextlib.contextmanager
-    def annotating(self, annotator) -> Iterator[object]:
+    def annotating(self, annotator) -> contextlib.AbstractContextManager:
         """Send every NVTX range of the block to ``annotator`` (``push``, ``pop``); the previous one is back on exit."""
-        prev, self.annotator = self.annotator, annotator
+        return self._set(annotator=annotator)
+
+    @contextlib.contextmanager
+    def _set(self, **values) -> Iterator[Any]:
+        """Set attributes for the block (yielding the first value), the previous ones back on exit."""
+        prev = {k: getattr(self, k) for k in values}
+        self.__dict__.update(values)
         try:
-            yield annotator
+            yield next(iter(values.values()))
         finally:
-            self.annotator = prev
+            self.__dict__.update(prev)
 
     # ------------------------------------------------------------------ stream choice
     def stream(self) -> Any:
@@ -184,14 +177,11 @@ class Launcher:
     @contextlib.contextmanager
     def cluster(self, name: str, layer: int | None = None) -> Iterator[None]:
         """Scope launches to cluster ``name`` (census key, NVTX category), payload = layer."""
-        prev = self.cluster_name
-        self.cluster_name = name
-        ann = self.annotator
-        ann.push(name, name, self.layer if layer is None else layer)
+        prev, self.cluster_name = self.cluster_name, name
         try:
-            yield
+            with self.range(name, name, self.layer if layer is None else layer):
+                yield
         finally:
-            ann.pop()
             self.cluster_name = prev
 
     @contextlib.contextmanager
@@ -232,9 +222,8 @@ class Launcher:
     def memset(self, site: str, buf: Any, value: int, *, sync: bool = False) -> None:
         """Fill ``buf`` with byte ``value``: ``cudaMemsetAsync`` on the accessor's stream, or with ``sync`` (ds4 today)
         a synchronous ``cudaMemset`` on the legacy stream."""
-        if self._plan_only("memset", site):
+        if not self.issues("memset", site):
             return
-        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "memset", site)] += 1
         with self._op(site):
             if sync:
                 self.backend.memset_sync(buf, value)
@@ -243,18 +232,16 @@ class Launcher:
 
     def copy_h2d(self, site: str, dst: Any, src) -> None:
         """Copy host array ``src`` into device buffer ``dst`` on the accessor's stream."""
-        if self._plan_only("memcpy", site):
+        if not self.issues("memcpy", site):
             return
-        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "memcpy", site)] += 1
         with self._op(site):
             self.backend.copy_h2d(self.stream(), dst, src)
 
     def event_record(self, site: str, event: Any) -> None:
         """Record ``event`` on the accessor's stream, or on the legacy stream for a site in :attr:`legacy_sites` (ds4
         as shipped: ``cudaEventRecord(ev, 0)``)."""
-        if self._plan_only("event", site):
+        if not self.issues("event", site):
             return
-        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, "event", site)] += 1
         legacy = self.legacy_sites and site in self.legacy_sites
         self.backend.event_record(LEGACY_STREAM if legacy else self.stream(), event)
 
@@ -271,18 +258,14 @@ class Launcher:
         if self._host_work is not None:
             self._host_work(kind)
 
-    def _plan_only(self, kind: str, site: str) -> bool:
-        """While planning: record a non-kernel operation and tell the caller not to issue it."""
-        if not self._planning:
+    def issues(self, kind: str, site: str) -> bool:
+        """Whether to issue a non-kernel operation of ``kind`` (``memset``, ``collective``, ...): False while planning
+        (recorded instead); else counted (census, or ``captured`` in a capture)."""
+        if self._planning:
+            self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, kind, (), (), (), 0, 0))
             return False
-        self.trace.append(LaunchRecord(self.cluster_name, self.layer, site, kind, (), (), (), 0, 0))
+        (self.captured if self._capturing else self.census.counts)[(self.cluster_name, kind, site)] += 1
         return True
 
-    @contextlib.contextmanager
-    def _op(self, site: str) -> Iterator[None]:
-        ann = self.annotator
-        ann.push(site, self.cluster_name, self.layer)
-        try:
-            yield
-        finally:
-            ann.pop()
+    def _op(self, site: str) -> contextlib.AbstractContextManager:
+        return self.range(site, self.cluster_name, self.layer)

@@ -39,20 +39,29 @@ class Recorder:
         self.obs[step] = "ok"
         return r
 
-    def nodes(self, step: str, graph) -> None:
-        """Record a graph's nodes as ``kind[:kernel]`` counts, sorted (empty graph: ``none``)."""
+    def nodes(self, step: str, graph, be=None) -> None:
+        """Record a graph's nodes (from ``be``, default the scenario's backend) as ``kind[:kernel]`` counts, sorted
+        (empty graph: ``none``). NCCL's kernels are unnamed on a GPU (the backend names ds4lab's own only): here too."""
         if graph is None:
             self.obs[step] = "no graph"
             return
-        c = Counter(f"{n['kind']}:{n['name']}" if n["kind"] == "kernel" and n["name"] else n["kind"]
-                    for n in self.be.graph_nodes(graph))
+        named = lambda n: n["kind"] == "kernel" and n["name"] and not n["name"].startswith("nccl")  # noqa: E731
+        c = Counter(f"{n['kind']}:{n['name']}" if named(n) else n["kind"] for n in (be or self.be).graph_nodes(graph))
         c.pop("empty", None)
         self.obs[step] = ",".join(f"{k}x{v}" for k, v in sorted(c.items())) or "none"
 
-    def value(self, step: str, buf) -> None:
-        """Record a buffer's values compactly (``7`` when uniform, else the first four)."""
-        self.be.synchronize()
-        h = np.asarray(self.be.to_host(buf), dtype=np.float64).reshape(-1)
+    def value(self, step: str, buf, be=None) -> None:
+        """Record a buffer's values compactly (``7`` when uniform, else the first four). With ``be`` (a rank's
+        device): read there, without a device synchronize, a refused read recorded as its error name."""
+        if be is None:
+            self.be.synchronize()
+        try:
+            h = np.asarray((be or self.be).to_host(buf), dtype=np.float64).reshape(-1)
+        except RuntimeApiError as e:
+            if be is None:
+                raise
+            self.obs[step] = e.name
+            return
         self.obs[step] = f"{h[0]:g}" if np.all(h == h[0]) else "[" + " ".join(f"{v:g}" for v in h[:4]) + " ...]"
 
     def note(self, step: str, value) -> None:

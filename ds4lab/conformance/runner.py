@@ -90,12 +90,7 @@ def compare(results: dict[str, dict[str, dict[str, str]]]):
             row["agree"] = None
             rows.append(row)
             continue
-        steps: list[str] = []
-        for b in backends:
-            for st in results[b].get(sc.name, {}):
-                if st not in steps:
-                    steps.append(st)
-        for st in steps:
+        for st in dict.fromkeys(st for b in backends for st in results[b].get(sc.name, {})):  # first seen, in order
             row = {"scenario": sc.name, "covers": sc.covers, "step": st}
             vals = [results[b].get(sc.name, {}).get(st, "—") for b in backends]
             row.update(dict(zip(backends, vals)))

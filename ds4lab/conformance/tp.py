@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter
 
 import numpy as np
 
@@ -101,28 +100,6 @@ def _buf(node, be, L, stream, v: float = 0.0):
     return x
 
 
-def _value(r: Recorder, step: str, be, x) -> None:
-    """A buffer's values compactly (as :meth:`Recorder.value`), read on the calling rank's device."""
-    try:
-        h = np.asarray(be.to_host(x), dtype=np.float64).reshape(-1)
-    except RuntimeApiError as e:
-        r.obs[step] = e.name
-        return
-    r.obs[step] = f"{h[0]:g}" if np.all(h == h[0]) else "[" + " ".join(f"{v:g}" for v in h[:4]) + " ...]"
-
-
-def _nodes(r: Recorder, step: str, be, graph) -> None:
-    """A graph's nodes as :meth:`Recorder.nodes` records them, from the rank's own backend."""
-    if graph is None:
-        r.obs[step] = "no graph"
-        return
-    # NCCL's kernels are unnamed on a GPU (the backend names ds4lab's own kernels only): likewise here
-    c = Counter(f"{n['kind']}:{n['name']}" if n["kind"] == "kernel" and n["name"] and not n["name"].startswith("nccl")
-                else n["kind"] for n in be.graph_nodes(graph))
-    c.pop("empty", None)
-    r.obs[step] = ",".join(f"{k}x{v}" for k, v in sorted(c.items())) or "none"
-
-
 def _capture_on(r: Recorder, be, s, mode: str, body, tag: str):
     """begin → body → end on ``be`` through the one capture scope, recording ``<tag>begin_capture`` and
     ``<tag>end_capture``; returns the graph or None."""
@@ -155,13 +132,10 @@ def _complete(r: Recorder, step: str, node, rank: int, stream, fn, *args) -> boo
 
 def _peer_access(r: Recorder, node) -> None:
     """Peer access 0 → 1 and 1 → 0 (``enabled``, or the error; enabled earlier in the process counts)."""
-    for a, b in ((0, 1), (1, 0)):
-        try:
-            node.enable_peer_access(a, b)
-            out = "enabled"
-        except RuntimeApiError as e:
-            out = "enabled" if e.name == "cudaErrorPeerAccessAlreadyEnabled" else e.name
-        r.note(f"peer_access_{a}{b}", out)
+    from ..tp.ranks import enable_peer_access
+
+    for ab, out in enable_peer_access(node).items():
+        r.note(f"peer_access_{ab}", out)
 
 
 def _in_thread(node, fn) -> None:
@@ -200,7 +174,7 @@ def tp_peer_copy(r: Recorder) -> None:
             r.call("peer_copy", node.memcpy_peer_async, x1, 1, x0, 0, s0, 0)
             r.call("copy_sync", b0.stream_synchronize, s0)
             node.on_device(1)
-            _value(r, "dst_after_copy", b1, x1)
+            r.value("dst_after_copy", x1, b1)
 
         _in_thread(node, body)
 
@@ -231,14 +205,14 @@ def tp_peer_copy_in_capture(r: Recorder, mode: str) -> None:
                 r.note("status_in_capture", b0.capture_status(s0))
 
             g = _capture_on(r, b0, s0, mode, cap, "")
-            _nodes(r, "nodes", b0, g)
+            r.nodes("nodes", g, b0)
             if g is not None:
                 ex = r.call("instantiate", b0.graph_instantiate, g)
                 for i in range(2):
                     r.call(f"replay{i}", b0.graph_launch, ex, s0)
                 r.call("replay_sync", b0.stream_synchronize, s0)
             node.on_device(1)
-            _value(r, "dst_after_2_replays", b1, x1)
+            r.value("dst_after_2_replays", x1, b1)
 
         _in_thread(node, body)
 
@@ -276,14 +250,14 @@ def tp_memcpy_peer_in_capture(r: Recorder, kind: str) -> None:
                 r.note("status_in_capture", b0.capture_status(s0))
 
             g = _capture_on(r, b0, s0, "global", cap, "")
-            _nodes(r, "nodes", b0, g)
+            r.nodes("nodes", g, b0)
             if g is not None:
                 ex = r.call("instantiate", b0.graph_instantiate, g)
                 r.call("replay0", b0.graph_launch, ex, s0)
                 r.call("replay_sync", b0.stream_synchronize, s0)
-            _value(r, "src", b0, x0)
+            r.value("src", x0, b0)
             node.on_device(1)
-            _value(r, "dst", b1, x1)
+            r.value("dst", x1, b1)
 
         _in_thread(node, body)
 
@@ -302,7 +276,7 @@ def tp_allreduce_eager(r: Recorder) -> None:
             L, s = Launcher(be), be.new_stream(non_blocking=True)
             x, y = _buf(node, be, L, s, k + 1.0), _buf(node, be, L, s)
             _complete(r, f"r{k}.allreduce", node, k, s, comms[k].all_reduce, x, y, s)
-            _value(r, f"r{k}.sum", be, y)
+            r.value(f"r{k}.sum", y, be)
 
         _ranks(node, rank)
 
@@ -342,13 +316,13 @@ def tp_allreduce_in_capture(r: Recorder, mode: str) -> None:
                 turns.turn(k, lambda: r.call(f"r{k}.allreduce", comms[k].all_reduce, x, y, s))
 
             g = _capture_on(r, be, s, mode, cap, f"r{k}.")
-            _nodes(r, f"r{k}.nodes", be, g)
+            r.nodes(f"r{k}.nodes", g, be)
             turns.sync()
             if g is not None:
                 ex = r.call(f"r{k}.instantiate", be.graph_instantiate, g)
                 for i in range(2):
                     _complete(r, f"r{k}.replay{i}", node, k, s, be.graph_launch, ex, s)
-            _value(r, f"r{k}.sum", be, y)
+            r.value(f"r{k}.sum", y, be)
 
         _ranks(node, rank)
 
@@ -464,8 +438,8 @@ def tp_allreduce_swapped_same_size(r: Recorder) -> None:
             order = [(a, oa), (b, ob)] if k == 0 else [(b, ob), (a, oa)]
             for step, (src, dst) in zip(("first", "second"), order):
                 _complete(r, f"r{k}.{step}", node, k, s, comms[k].all_reduce, src, dst, s)
-            _value(r, f"r{k}.a", be, oa)
-            _value(r, f"r{k}.b", be, ob)
+            r.value(f"r{k}.a", oa, be)
+            r.value(f"r{k}.b", ob, be)
 
         _ranks(node, rank)
 

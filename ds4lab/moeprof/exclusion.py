@@ -16,8 +16,6 @@ from ..capture.cache import CapturePolicy, GraphCache
 from . import MoeProfiler, MoeWorkbench, is_modeled
 from ..timing import Difference, gc_paused, interleaved_pairs, paired_difference, time_steps
 
-ROWS = ("host-timed", "host-timed+guard", "host-timed+fallback", "deferred", "graph-boundary", "in-graph",
-        "cupti", "nvtx")
 #: row → (profiler mode, profiler options)
 ROW_SPEC = {
     "host-timed": ("host-timed", {"guard": False}),
@@ -29,8 +27,7 @@ ROW_SPEC = {
     "cupti": ("cupti", {}),
     "nvtx": ("nvtx", {}),
 }
-COLUMNS = ("eager-legacy", "eager-nonblocking", "capture-global", "capture-thread_local", "capture-relaxed",
-           "replay", "island")
+ROWS = tuple(ROW_SPEC)
 #: column → (stream, capture mode or None, judged call)
 COLUMN_SPEC = {
     "eager-legacy": ("legacy", None, "eager"),
@@ -41,6 +38,7 @@ COLUMN_SPEC = {
     "replay": ("non-blocking", "thread_local", "replay"),
     "island": ("legacy", "global", "capture"),
 }
+COLUMNS = tuple(COLUMN_SPEC)
 #: Columns whose graphs capture on a dedicated blocking stream, the eager work on the legacy stream
 #: (ds4's decode islands).
 BLOCKING_CAPTURE = frozenset({"island"})

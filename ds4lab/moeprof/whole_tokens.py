@@ -94,15 +94,13 @@ def overhead_table(wb: MoeWorkbench, modes=MODES, tokens: int = 4, warmup: int =
         bases, out = [], []
         for mode in modes:
             probe = MoeProfiler(wb.model, mode)
-            if not probe.available:
+            untimed = ("unavailable", probe.unavailable_reason) if not probe.available else (
+                (NOT_MODELED, f"the sim does not price {probe.impl.sim_leaves_out}")
+                if is_modeled(wb.be) and regime not in probe.impl.sim_prices else None)
+            if untimed:
                 out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
                               overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
-                              overhead="unavailable", note=probe.unavailable_reason))
-                continue
-            if is_modeled(wb.be) and regime not in probe.impl.sim_prices:
-                out.append(mk(mode=mode, regime=regime, us_per_token=nan, baseline_us=nan, overhead_us=nan,
-                              overhead_lo_us=nan, overhead_hi_us=nan, overhead_pct=nan, measurable=False, pairs=0,
-                              overhead=NOT_MODELED, note=f"the sim does not price {probe.impl.sim_leaves_out}"))
+                              overhead=untimed[0], note=untimed[1]))
                 continue
             notes = set()
 

@@ -20,7 +20,7 @@ from .costmodel import Calibration
 from .memory import Arena, ArenaError, aligned, phantom
 from .device_graphs import SimDeviceGraphsMixin
 from .host_api import HostApiMixin
-from .runtime import MODES, RULES, Graph, GraphExec, Runtime, SimEvent, SimStream
+from .runtime import MODES, RULES, Graph, Runtime
 
 
 #: In timing-only mode, int32 buffers of at most this many elements are real host arrays (the token's
@@ -65,6 +65,23 @@ def _matmul_shape(a_shape: tuple, b_shape: tuple) -> tuple:
     if len(b_shape) == 1:
         out = out[:-1]
     return out
+
+
+class _Forward:
+    """A backend attribute that is ``self.<path>.<name>`` (``name``: the attribute's own by default)."""
+
+    def __init__(self, path: str, name: str = "") -> None:
+        self.path, self.name = path.split("."), name
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        for part in self.path:
+            obj = getattr(obj, part)
+        return getattr(obj, self.name)
 
 
 class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, ModeledTime):
@@ -270,21 +287,16 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         self.rt.enqueue(stream, "kernel", name, ref if keep else None, us, "cudaLaunchKernel",
                         None, (grid, block, args, shared, nbytes))
 
-    def memset_async(self, stream, buf, value):
+    def memset_async(self, stream, buf, value, call: str = "cudaMemsetAsync"):
         def fn():
             buf.view(np.uint8)[...] = value
 
-        self.rt.enqueue(stream, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), "cudaMemsetAsync",
+        self.rt.enqueue(stream, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), call,
                         self.cal.host_api_us, (buf, value))
 
     def memset_sync(self, buf, value):
         """``cudaMemset``: on the legacy stream, whatever the accessor says (ds4 today)."""
-
-        def fn():
-            buf.view(np.uint8)[...] = value
-
-        self.rt.enqueue(LEGACY_STREAM, "memset", "memset", fn, self.cal.memset_gpu_us(buf.nbytes), "cudaMemset",
-                        self.cal.host_api_us, (buf, value))
+        self.memset_async(LEGACY_STREAM, buf, value, "cudaMemset")
 
     def copy_h2d(self, stream, dst, src):
         """``cudaMemcpyAsync`` host to device. Captured, the node keeps the host array by reference (a pointer): a
@@ -300,74 +312,51 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         self.rt.enqueue(stream, "memcpy", "memcpy HtoD", fn, self.cal.h2d_gpu_us(src.nbytes), "cudaMemcpyAsync",
                         self.cal.host_api_us, (dst, src))
 
-    def event_record(self, stream, event):
-        self.rt.event_record(stream, event)
-
-    # ------------------------------------------------------------------ streams and events
-    def new_stream(self, non_blocking: bool = True) -> SimStream:
-        return self.rt.new_stream(non_blocking)
-
-    def per_thread_stream(self) -> SimStream:
-        """The calling thread's per-thread default stream (``cudaStreamPerThread``)."""
-        return self.rt.per_thread_stream()
-
-    def new_event(self) -> SimEvent:
-        return self.rt.new_event()
-
-    def synchronize(self) -> None:
-        self.rt.synchronize()
-
-    def event_synchronize(self, event) -> None:
-        self.rt.event_synchronize(event)
-
-    def event_query(self, event) -> bool:
-        return self.rt.event_query(event)
-
-    def event_elapsed_ms(self, start, end) -> float:
-        return self.rt.event_elapsed_ms(start, end)
-
-    def stream_wait_event(self, stream, event) -> None:
-        self.rt.stream_wait_event(stream, event)
-
-    def stream_synchronize(self, stream) -> None:
-        self.rt.stream_synchronize(stream)
-
-    def stream_query(self, stream) -> bool:
-        return self.rt.stream_query(stream)
-
-    def exchange_capture_mode(self, mode: str) -> str:
-        """``cudaThreadExchangeStreamCaptureMode`` for the calling thread; returns the previous mode."""
-        return self.rt.exchange_capture_mode(mode)
-
-    # ------------------------------------------------------------------ capture and graphs
-    def begin_capture(self, stream, mode: str = "thread_local") -> None:
-        self.rt.begin_capture(stream, mode)
-
-    def end_capture(self, stream) -> Graph:
-        return self.rt.end_capture(stream)
-
-    def capture_status(self, stream) -> str:
-        return self.rt.capture_status(stream)
-
-    def capture_info(self, stream) -> dict:
-        """:meth:`capture_status` plus the capture's id, mode, origin, member streams, node count."""
-        return self.rt.capture_info(stream)
+    # ------------------------------------------------------------------ the runtime's own calls
+    # The contract's methods (ds4lab.executor.base) that the runtime (rt) or its graphs (rt.graphs) implement as the
+    # backend names them.
+    event_record = _Forward("rt")
+    new_stream = _Forward("rt")
+    per_thread_stream = _Forward("rt")
+    new_event = _Forward("rt")
+    synchronize = _Forward("rt")
+    event_synchronize = _Forward("rt")
+    event_query = _Forward("rt")
+    event_elapsed_ms = _Forward("rt")
+    stream_wait_event = _Forward("rt")
+    stream_synchronize = _Forward("rt")
+    stream_query = _Forward("rt")
+    exchange_capture_mode = _Forward("rt")
+    begin_capture = _Forward("rt")
+    end_capture = _Forward("rt")
+    capture_status = _Forward("rt")
+    capture_info = _Forward("rt")
+    reset_clock = _Forward("rt")
+    #: ``(call, name)`` of legacy-stream work that ran eagerly while a capture was live.
+    escapes = _Forward("rt")
+    #: ``(call, name)`` of work dropped because its capture was invalidated.
+    dropped = _Forward("rt")
+    graph_instantiate = _Forward("rt.graphs", "instantiate")
+    graph_exec_update = _Forward("rt.graphs", "exec_update")
+    graph_launch = _Forward("rt.graphs", "launch")
+    graph_upload = _Forward("rt.graphs", "upload")
+    graph_exec_destroy = _Forward("rt.graphs", "exec_destroy")
+    graph_destroy = _Forward("rt.graphs", "destroy")
+    graph_create = _Forward("rt.graphs", "create")
+    graph_add_child = _Forward("rt.graphs", "add_child")
+    event_record_external = _Forward("rt.graphs")
+    stream_wait_event_external = _Forward("rt.graphs")
+    #: The modeled host clock (µs since construction or :meth:`reset_clock`).
+    host_time_us = _Forward("rt.dev", "host_us")
+    #: Modeled device-busy time so far (sum of kernel and memset durations).
+    device_busy_us = _Forward("rt.dev", "busy_us")
+    #: ``(stream, name, start_us, end_us, kind, graph)`` of every piece of modeled device work.
+    timeline = _Forward("rt.dev")
 
     def graph_nodes(self, graph) -> list[dict]:
         if not isinstance(graph, Graph):
             raise CudaError("cudaErrorInvalidValue", "cudaGraphGetNodes", f"{graph!r} is not a sim graph")
         return self.rt.graphs.nodes(graph)
-
-    def graph_instantiate(self, graph, flags: int = 0) -> GraphExec:
-        """``cudaGraphInstantiateWithFlags`` (see :meth:`Graphs.instantiate`)."""
-        return self.rt.graphs.instantiate(graph, flags)
-
-    def graph_exec_update(self, graph_exec, graph) -> None:
-        """``cudaGraphExecUpdate``; raises :class:`~ds4lab.errors.GraphExecUpdateError` with CUDA's result."""
-        self.rt.graphs.exec_update(graph_exec, graph)
-
-    def graph_launch(self, graph_exec, stream) -> None:
-        self.rt.graphs.launch(graph_exec, stream)
 
     #: ``model_host_work`` kinds → the calibration constant that prices each (µs).
     HOST_WORK = {"graph_call": "host_graph_call_us", "node_update": "host_node_update_us"}
@@ -388,34 +377,6 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         self.rt.graphs.exec_kernel_node_set_params(
             graph_exec, int(index), launch.kernel, self.cal.kernel_us(launch.kernel, nbytes),
             None if self.timing_only else launch.ref, (launch.grid, launch.block, launch.args, launch.shared, nbytes))
-
-    def graph_upload(self, graph_exec, stream) -> None:
-        """``cudaGraphUpload``."""
-        self.rt.graphs.upload(graph_exec, stream)
-
-    def graph_exec_destroy(self, graph_exec) -> None:
-        """``cudaGraphExecDestroy``."""
-        self.rt.graphs.exec_destroy(graph_exec)
-
-    def graph_destroy(self, graph) -> None:
-        """``cudaGraphDestroy``."""
-        self.rt.graphs.destroy(graph)
-
-    def graph_create(self) -> Graph:
-        """``cudaGraphCreate``: an empty graph."""
-        return self.rt.graphs.create()
-
-    def graph_add_child(self, graph, child) -> None:
-        """``cudaGraphAddChildGraphNode`` after ``graph``'s last node."""
-        self.rt.graphs.add_child(graph, child)
-
-    def event_record_external(self, stream, event) -> None:
-        """``cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)``."""
-        self.rt.graphs.event_record_external(stream, event)
-
-    def stream_wait_event_external(self, stream, event) -> None:
-        """``cudaStreamWaitEvent(stream, event, cudaEventWaitExternal)``."""
-        self.rt.graphs.stream_wait_event_external(stream, event)
 
     # ------------------------------------------------------------------ the model's clock
     def host_clock_us(self) -> float:
@@ -446,38 +407,9 @@ class SimBackend(HostApiMixin, SimDeviceGraphsMixin, Executor, RuntimeApi, Model
         # previous kernel (the modeled device runs one kernel at a time)
         return max(self.rt.dev.host_us, self.stream_ready_us(stream), self.rt.dev.free_us)
 
-    @property
-    def host_time_us(self) -> float:
-        """The modeled host clock (µs since construction or :meth:`reset_clock`)."""
-        return self.rt.dev.host_us
-
-    @property
-    def device_busy_us(self) -> float:
-        """Modeled device-busy time so far (sum of kernel and memset durations)."""
-        return self.rt.dev.busy_us
-
-    @property
-    def timeline(self) -> list[tuple]:
-        """``(stream, name, start_us, end_us, kind, graph)`` of every piece of modeled device work."""
-        return self.rt.dev.timeline
-
     def stream_ready_us(self, stream) -> float:
         """Modeled time at which ``stream``'s eager work so far ends."""
         return self.rt._stream(stream, "stream_ready_us").ready_us
-
-    def reset_clock(self) -> None:
-        """Host, device and stream clocks back to 0, timeline cleared."""
-        self.rt.reset_clock()
-
-    @property
-    def escapes(self) -> list:
-        """``(call, name)`` of legacy-stream work that ran eagerly while a capture was live."""
-        return self.rt.escapes
-
-    @property
-    def dropped(self) -> list:
-        """``(call, name)`` of work dropped because its capture was invalidated."""
-        return self.rt.dropped
 
     def address(self, buf) -> int | None:
         """The simulated device address of ``buf`` (None for phantoms and host arrays)."""

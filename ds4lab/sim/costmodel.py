@@ -10,10 +10,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .calibration import default_calibration_path, read, validate
+from .calibration import SCHEMA, default_calibration_path, read, validate
 
-REQUIRED = ("name", "device", "source", "measured", "host_launch_us", "host_graph_launch_us", "host_api_us",
-            "kernel_fixed_us", "graph_node_us", "bandwidth_GBps", "memset_us")
+REQUIRED = tuple(SCHEMA["required"])
 #: Defaults for the optional fields (µs or GB/s).
 OPTIONAL = {"kernels": {}, "copy_GBps": None, "h2d_GBps": 25.0, "graph_node_gap_us": 0.0, "eager_gap_us": 0.0,
             "host_graph_call_us": 0.0, "host_node_update_us": 0.0, "kernel_time_scale": 1.0,

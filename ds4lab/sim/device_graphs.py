@@ -11,7 +11,7 @@ import numpy as np
 from ..executor.device_graphs import PREDECESSOR_RULES, DeviceGraphApi, check_kind, size_allowed
 from ..executor.kernel_pdl import require_device_half
 from ..errors import CudaError
-from .graphs import Graph
+from .graphs import Graph, _check_live
 from .objects import Node
 
 #: A WHILE body run more often than this in one replay is taken for a condition nobody clears.
@@ -85,11 +85,6 @@ def _graph_reaches(graph: Graph, owner: Graph) -> bool:
             return True
         g = g.parent
     return False
-
-
-def _check_live(graph, call: str) -> None:
-    if not isinstance(graph, Graph) or graph.destroyed:
-        raise CudaError("cudaErrorInvalidValue", call, f"{graph!r} is not a live sim graph")
 
 
 def _node_indices(nodes, pool: list, call: str, not_ours) -> list[int]:

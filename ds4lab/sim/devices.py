@@ -68,21 +68,8 @@ class DeviceRuntime(Runtime):
             s.name = f"d{self.device}:{s.name}"
         return s
 
-    def _unsafe(self, call: str, rule: str = "unsafe_call") -> None:
-        """Rule ``unsafe_call`` (or ``rule``) over the live captures of every device of the node: the rule is the
-        calling thread's and the other threads', whatever device they capture on."""
-        live = self.node.all_live()
-        if not live:
-            return
-        tid = self._tid()
-        tm = self._thread_mode.get(tid, "global")
-        own = [q for q in live if q.thread == tid and q.mode != "relaxed"] if tm != "relaxed" else []
-        other = [q for q in live if q.thread != tid and q.mode == "global"] if tm == "global" else []
-        if own or other:
-            q = (own or other)[0]
-            self._fail(rule, call, own + other,
-                       f"{'this thread' if own else 'another thread'} has a {q.mode} capture on {q.origin.name}")
-        self._applied(rule, call)
+    def _process_live(self) -> list:
+        return self.node.all_live()  # the unsafe-call rule is the process's, whatever device a thread captures on
 
 
 class SimDeviceBackend(SimBackend):
@@ -235,7 +222,7 @@ class SimComm:
             CudaError: a stream of another device; legacy_implicit; after_invalidation."""
         call = "ncclAllReduce"
         check_all_reduce(send, recv, op)
-        be, rt = self.be, self.be.rt
+        rt = self.be.rt
         sig = ("allreduce", op, "float32", int(send.size))
         dur = self.group.node.link.allreduce_us(int(send.nbytes), self.world)
         with rt.lock:

@@ -59,6 +59,13 @@ class GraphExec:
         return f"<sim graph exec {self.id} of graph {self.graph.id}>"
 
 
+def _check_live(obj, call: str, cls: type = Graph) -> None:
+    """CudaError cudaErrorInvalidValue unless ``obj`` is a ``cls`` (a graph, or an executable) not destroyed."""
+    if not isinstance(obj, cls) or obj.destroyed:
+        raise CudaError("cudaErrorInvalidValue", call,
+                        f"{obj!r} is not a live {'sim graph' if cls is Graph else 'executable graph'}")
+
+
 class Graphs:
     """The graph calls of the simulated runtime, a collaborator of :class:`~ds4lab.sim.runtime.Runtime` (``rt``); it
     owns the executables whose last launch left graph allocations unfreed (rule graph_launch_unfreed)."""
@@ -74,8 +81,7 @@ class Graphs:
         UseNodePriority 8. Raises CudaError: cudaErrorInvalidValue (not a graph; rules instantiate_bad_flags,
         instantiate_device_launch), cudaErrorNotSupported (rule instantiate_mem_nodes_twice)."""
         call = "cudaGraphInstantiate"
-        if not isinstance(g, Graph) or g.destroyed:
-            raise CudaError("cudaErrorInvalidValue", call, f"{g!r} is not a live sim graph")
+        _check_live(g, call)
         flags = int(flags)
         with self.rt.lock:
             if flags & ~0xF:
@@ -104,8 +110,7 @@ class Graphs:
         destroyed already (CUDA calls that undefined; the sim refuses it)."""
         call = "cudaGraphExecDestroy"
         with self.rt.lock:
-            if not isinstance(ex, GraphExec) or ex.destroyed:
-                raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
+            _check_live(ex, call, GraphExec)
             ex.destroyed = True
             if ex.source is not None:
                 ex.source.execs -= 1
@@ -116,8 +121,7 @@ class Graphs:
     def destroy(self, g: Graph) -> None:
         """``cudaGraphDestroy``: executables instantiated from ``g`` keep working (rule graph_destroy_exec_lives)."""
         with self.rt.lock:
-            if not isinstance(g, Graph) or g.destroyed:
-                raise CudaError("cudaErrorInvalidValue", "cudaGraphDestroy", f"{g!r} is not a live sim graph")
+            _check_live(g, "cudaGraphDestroy")
             g.destroyed = True
             self.rt.dev.host(self.rt.cal.host_api_us)
 
@@ -187,8 +191,7 @@ class Graphs:
         Raises CudaError: cudaErrorInvalidValue for a dead executable, an index past its kernel nodes, or another kernel
         than the node's (GUESS)."""
         call = "cudaGraphExecKernelNodeSetParams"
-        if not isinstance(ex, GraphExec) or ex.destroyed:
-            raise CudaError("cudaErrorInvalidValue", call, f"{ex!r} is not a live executable graph")
+        _check_live(ex, call, GraphExec)
         with self.rt.lock:
             kernels = [i for i, n in enumerate(ex.graph.nodes) if n.kind == "kernel"]
             if not 0 <= index < len(kernels):

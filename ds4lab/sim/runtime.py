@@ -106,17 +106,22 @@ class Runtime:
     def _unsafe(self, call: str, rule: str = "unsafe_call") -> None:
         """Rule ``unsafe_call`` (cudaThreadExchangeStreamCaptureMode's definitions), or another rule with the same
         trigger (``unsafe_host_call``, ``cublas_create``)."""
-        if not self.live:
+        live = self._process_live()
+        if not live:
             return
         tid = self._tid()
         tm = self._thread_mode.get(tid, "global")
-        own = [q for q in self.live if q.thread == tid and q.mode != "relaxed"] if tm != "relaxed" else []
-        other = [q for q in self.live if q.thread != tid and q.mode == "global"] if tm == "global" else []
+        own = [q for q in live if q.thread == tid and q.mode != "relaxed"] if tm != "relaxed" else []
+        other = [q for q in live if q.thread != tid and q.mode == "global"] if tm == "global" else []
         if own or other:
             q = (own or other)[0]
             self._fail(rule, call, own + other,
                        f"{'this thread' if own else 'another thread'} has a {q.mode} capture on {q.origin.name}")
         self._applied(rule, call)  # permitted: relaxed mode, or no capture prohibits it
+
+    def _process_live(self) -> list:
+        """The live captures the unsafe-call rule weighs: this runtime's (a device of a node: every device's)."""
+        return self.live
 
     def _on_invalidated(self, seq: CaptureSeq, call: str, name: str = "") -> None:
         """Rule ``after_invalidation``."""

@@ -186,100 +186,79 @@ class ModelConfig:
                             "max_tokens")
 
         def divides(what: str, value: int, block: int, why: str) -> None:
-            if value % block:
-                raise ConfigError(
-                    f"{self.name}: {what}={value} is not a multiple of {block} ({why})")
+            self._refuse(value % block, f"{what}={value} is not a multiple of {block} ({why})")
 
         divides("embed", self.embed, Q8_K_BLOCK, "Q8_K activation blocks in the routed MoE")
         divides("q_lora", self.q_lora, Q8_0_BLOCK, "Q8_0 blocks of the query up-projection")
         divides("expert_ffn", self.expert_ffn, Q8_K_BLOCK, "Q8_K blocks of the MoE middle")
         divides("heads*head_dim", self.q_dim, Q8_0_BLOCK, "Q8_0 rows")
-        if self.n_heads % self.out_groups:
-            raise ConfigError(
-                f"{self.name}: n_heads={self.n_heads} is not a multiple of out_groups={self.out_groups}")
+        self._refuse(self.n_heads % self.out_groups,
+                     f"n_heads={self.n_heads} is not a multiple of out_groups={self.out_groups}")
         divides("group input (heads/groups*head_dim)", self.group_in, Q8_0_BLOCK,
                 "Q8_0 blocks of the grouped output projection")
         divides("out_groups*out_lora", self.out_groups * self.out_lora, Q8_0_BLOCK,
                 "Q8_0 blocks of the output projection")
         divides("head_dim", self.head_dim, 64, "float2 lanes of the attention kernel")
-        if self.rope_dims % 2 or self.rope_dims > self.head_dim:
-            raise ConfigError(
-                f"{self.name}: rope_dims={self.rope_dims} must be even and at most head_dim={self.head_dim}")
-        if self.n_used > self.n_experts:
-            raise ConfigError(
-                f"{self.name}: n_used={self.n_used} experts per token, but only n_experts={self.n_experts} exist")
-        if self.n_used > 32:
-            raise ConfigError(f"{self.name}: n_used={self.n_used} exceeds 32 (router kernels keep the choice in registers)")
-        if self.hc_streams > 8:
-            raise ConfigError(f"{self.name}: hc_streams={self.hc_streams} exceeds 8 (pre-mix weights kept in registers)")
-        if self.n_experts > MAX_EXPERTS:
-            raise ConfigError(f"{self.name}: n_experts={self.n_experts} exceeds {MAX_EXPERTS} "
-                              "(one router block per token)")
-        if self.n_kv_heads != 1:
-            raise ConfigError(f"{self.name}: n_kv_heads={self.n_kv_heads}: ds4's attention has exactly 1 KV head")
-        if self.value_dim != self.head_dim:
-            raise ConfigError(f"{self.name}: value_dim={self.value_dim} must equal head_dim={self.head_dim} "
-                              "(keys and values share one cached row)")
-        if self.n_shared != 1:
-            raise ConfigError(f"{self.name}: n_shared={self.n_shared}: ds4 has exactly 1 shared expert")
-        if not 0 <= self.n_hash_layers <= self.n_layers:
-            raise ConfigError(
-                f"{self.name}: n_hash_layers={self.n_hash_layers} must be in 0..n_layers={self.n_layers}")
-        if self.window > 1024:
-            raise ConfigError(f"{self.name}: window={self.window} exceeds 1024 (scores kept in shared memory)")
-        if self.head_dim > 1024 or self.embed > 65536:
-            raise ConfigError(f"{self.name}: head_dim={self.head_dim} or embed={self.embed} too large for the kernels")
+        self._refuse(self.rope_dims % 2 or self.rope_dims > self.head_dim,
+                     f"rope_dims={self.rope_dims} must be even and at most head_dim={self.head_dim}")
+        self._refuse(self.n_used > self.n_experts,
+                     f"n_used={self.n_used} experts per token, but only n_experts={self.n_experts} exist")
+        self._refuse(self.n_used > 32, f"n_used={self.n_used} exceeds 32 (router kernels keep the choice in registers)")
+        self._refuse(self.hc_streams > 8, f"hc_streams={self.hc_streams} exceeds 8 (pre-mix weights kept in registers)")
+        self._refuse(self.n_experts > MAX_EXPERTS, f"n_experts={self.n_experts} exceeds {MAX_EXPERTS} "
+                     "(one router block per token)")
+        self._refuse(self.n_kv_heads != 1, f"n_kv_heads={self.n_kv_heads}: ds4's attention has exactly 1 KV head")
+        self._refuse(self.value_dim != self.head_dim, f"value_dim={self.value_dim} must equal head_dim={self.head_dim} "
+                     "(keys and values share one cached row)")
+        self._refuse(self.n_shared != 1, f"n_shared={self.n_shared}: ds4 has exactly 1 shared expert")
+        self._refuse(not 0 <= self.n_hash_layers <= self.n_layers,
+                     f"n_hash_layers={self.n_hash_layers} must be in 0..n_layers={self.n_layers}")
+        self._refuse(self.window > 1024, f"window={self.window} exceeds 1024 (scores kept in shared memory)")
+        self._refuse(self.head_dim > 1024 or self.embed > 65536,
+                     f"head_dim={self.head_dim} or embed={self.embed} too large for the kernels")
         self._positive_numbers("swiglu_limit", "rms_eps", "rope_theta")
-        if self.expert_format not in EXPERT_FORMATS:
-            raise ConfigError(f"{self.name}: expert_format={self.expert_format!r}; choose one of: "
-                              f"{', '.join(EXPERT_FORMATS)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
-            raise ConfigError(f"{self.name}: seed={self.seed!r} must be an integer in 0..2**32-1 "
-                              "(weights are hashed from a 32-bit seed)")
+        self._refuse(self.expert_format not in EXPERT_FORMATS, f"expert_format={self.expert_format!r}; choose one of: "
+                     f"{', '.join(EXPERT_FORMATS)}")
+        self._refuse(isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32,
+                     f"seed={self.seed!r} must be an integer in 0..2**32-1 (weights are hashed from a 32-bit seed)")
         self._validate_long_context()
 
     def _validate_long_context(self) -> None:
         """The long-context fields (checked whether or not ``long_context`` is on)."""
-        if not isinstance(self.long_context, bool):
-            raise ConfigError(f"{self.name}: long_context={self.long_context!r} must be True or False")
+        self._refuse(not isinstance(self.long_context, bool),
+                     f"long_context={self.long_context!r} must be True or False")
         self._positive_ints("max_context", "index_heads", "index_head_dim", "index_top_k")
         ratio = max(COMPRESS_RATIOS)
-        if self.max_context % ratio:
-            raise ConfigError(f"{self.name}: max_context={self.max_context} is not a multiple of {ratio} "
-                              "(whole compressed rows of the ratio-128 layers)")
-        if self.max_context > MAX_POS + 1:
-            raise ConfigError(f"{self.name}: max_context={self.max_context} exceeds {MAX_POS + 1} "
-                              "(positions are int32 kernel arguments)")
-        if self.max_context < self.window:
-            raise ConfigError(f"{self.name}: max_context={self.max_context} is shorter than the "
-                              f"window={self.window}")
+        self._refuse(self.max_context % ratio, f"max_context={self.max_context} is not a multiple of {ratio} "
+                     "(whole compressed rows of the ratio-128 layers)")
+        self._refuse(self.max_context > MAX_POS + 1, f"max_context={self.max_context} exceeds {MAX_POS + 1} "
+                     "(positions are int32 kernel arguments)")
+        self._refuse(self.max_context < self.window, f"max_context={self.max_context} is shorter than the "
+                     f"window={self.window}")
         s = self.start_pos
-        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < self.max_context:
-            raise ConfigError(f"{self.name}: start_pos={s!r} must be an integer in 0..max_context-1="
-                              f"{self.max_context - 1}")
+        self._refuse(not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < self.max_context,
+                     f"start_pos={s!r} must be an integer in 0..max_context-1={self.max_context - 1}")
         k = self.index_top_k
-        if k & (k - 1) or k < 2:
-            raise ConfigError(f"{self.name}: index_top_k={k} must be a power of two >= 2 "
-                              "(bitonic sort in the top-k kernels)")
-        if 8 * k > TOPK_SORT_MAX:
-            raise ConfigError(f"{self.name}: index_top_k={k}: 8 x top-k = {8 * k} keys exceed the "
-                              f"{TOPK_SORT_MAX} one block sorts in shared memory")
-        if self.index_heads % 2:
-            raise ConfigError(f"{self.name}: index_heads={self.index_heads} is odd (the Q8_0 matvec of the "
-                              "indexer's head weights computes rows in pairs)")
-        if self.index_head_dim % 32:
-            raise ConfigError(f"{self.name}: index_head_dim={self.index_head_dim} is not a multiple of 32 "
-                              "(one warp per indexer key row)")
-        if self.index_head_dim > 256 or self.index_q_dim > 8192:
-            raise ConfigError(f"{self.name}: index_head_dim={self.index_head_dim} (max 256) or index heads x dim="
-                              f"{self.index_q_dim} (max 8192) too large for the indexer kernel's shared query")
-        if self.rope_dims > self.index_head_dim:
-            raise ConfigError(f"{self.name}: rope_dims={self.rope_dims} exceeds index_head_dim="
-                              f"{self.index_head_dim} (the indexer query and keys are rotated too)")
-        if self.index_q_dim % Q8_0_BLOCK:
-            raise ConfigError(f"{self.name}: index heads x dim={self.index_q_dim} is not a multiple of "
-                              f"{Q8_0_BLOCK} (Q8_0 rows)")
+        self._refuse(k & (k - 1) or k < 2, f"index_top_k={k} must be a power of two >= 2 "
+                     "(bitonic sort in the top-k kernels)")
+        self._refuse(8 * k > TOPK_SORT_MAX, f"index_top_k={k}: 8 x top-k = {8 * k} keys exceed the "
+                     f"{TOPK_SORT_MAX} one block sorts in shared memory")
+        self._refuse(self.index_heads % 2, f"index_heads={self.index_heads} is odd (the Q8_0 matvec of the "
+                     "indexer's head weights computes rows in pairs)")
+        self._refuse(self.index_head_dim % 32, f"index_head_dim={self.index_head_dim} is not a multiple of 32 "
+                     "(one warp per indexer key row)")
+        self._refuse(self.index_head_dim > 256 or self.index_q_dim > 8192,
+                     f"index_head_dim={self.index_head_dim} (max 256) or index heads x dim="
+                     f"{self.index_q_dim} (max 8192) too large for the indexer kernel's shared query")
+        self._refuse(self.rope_dims > self.index_head_dim, f"rope_dims={self.rope_dims} exceeds index_head_dim="
+                     f"{self.index_head_dim} (the indexer query and keys are rotated too)")
+        self._refuse(self.index_q_dim % Q8_0_BLOCK, f"index heads x dim={self.index_q_dim} is not a multiple of "
+                     f"{Q8_0_BLOCK} (Q8_0 rows)")
         self._positive_numbers("compress_rope_theta")
+
+    def _refuse(self, bad, problem: str) -> None:
+        if bad:
+            raise ConfigError(f"{self.name}: {problem}")
 
     def _positive_ints(self, *fields: str) -> None:
         for f in fields:

@@ -80,29 +80,19 @@ class MoeScratch:
         # preallocated: from the backend's pool, once, before anything is captured.
         mk = be.malloc if self.model.opts.scratch == "on-demand" else be.empty
         ds4 = cfg.moe_path == "ds4"
-        self.logits = mk((T, N), np.float32)
-        self.ids = mk((T, k), np.int32)
-        self.wts = mk((T, k), np.float32)
-        # Q8_K input and middle: quants and scales; on ds4's path also the int16 sums of 16.
-        self.xq = mk((T, E), np.int8)
-        self.xd = mk((T, E // 256), np.float32)
-        self.xb = mk((T, E // 16), np.int16) if ds4 else None
-        # ds4's path: the weighted SwiGLU middle [P, F]; the five-launch path: gate and up [P, F].
-        self.mid = mk((P, F), np.float32) if ds4 else None
-        self.gate = None if ds4 else mk((P, F), np.float32)
-        self.up = None if ds4 else mk((P, F), np.float32)
-        self.mq = mk((P, F), np.int8)
-        self.md = mk((P, F // 256), np.float32)
-        self.mb = mk((P, F // 16), np.int16) if ds4 else None
-        self.out = mk((P, E), np.float32)
-        self.y = mk((T, E), np.float32)
-        self.counts = mk((N,), np.int32)
-        self.offsets = mk((N,), np.int32)
-        self.cursor = mk((N,), np.int32)
-        self.sorted = mk((P,), np.int32)
+        f32, i32, i8, i16 = np.float32, np.int32, np.int8, np.int16
         self.max_tiles = max_tiles(P, N, MOE_TILE)
-        self.tiles = mk((self.max_tiles, 3), np.int32)
-        self.n_tiles = mk((1,), np.int32)
+        # In allocation order; None: not on this path. Q8_K input (xq, xd) and middle (mq, md): quants and scales,
+        # on ds4's path also the int16 sums of 16 (xb, mb); ds4's path has the weighted SwiGLU middle (mid), the
+        # five-launch path gate and up.
+        for name, spec in (("logits", ((T, N), f32)), ("ids", ((T, k), i32)), ("wts", ((T, k), f32)),
+                           ("xq", ((T, E), i8)), ("xd", ((T, E // 256), f32)), ("xb", ds4 and ((T, E // 16), i16)),
+                           ("mid", ds4 and ((P, F), f32)), ("gate", not ds4 and ((P, F), f32)),
+                           ("up", not ds4 and ((P, F), f32)), ("mq", ((P, F), i8)), ("md", ((P, F // 256), f32)),
+                           ("mb", ds4 and ((P, F // 16), i16)), ("out", ((P, E), f32)), ("y", ((T, E), f32)),
+                           ("counts", ((N,), i32)), ("offsets", ((N,), i32)), ("cursor", ((N,), i32)),
+                           ("sorted", ((P,), i32)), ("tiles", ((self.max_tiles, 3), i32)), ("n_tiles", ((1,), i32))):
+            setattr(self, name, mk(*spec) if spec else None)
         self.capacity = T
         self.allocations += 1
         self.model.generation += 1
@@ -163,14 +153,9 @@ class LongContext:
             self.layers.append(bufs)
         self.fill()
         D, Di = cfg.head_dim, cfg.index_head_dim
-        self.kvsc = be.empty((4 * D,), f)
-        self.pooled = be.empty((D,), f)
-        self.normed = be.empty((D,), f)
-        self.ikvsc = be.empty((4 * Di,), f)
-        self.ipooled = be.empty((Di,), f)
-        self.inormed = be.empty((Di,), f)
-        self.iq = be.empty((cfg.index_q_dim,), f)
-        self.iw = be.empty((cfg.index_heads,), f)
+        for name, n in (("kvsc", 4 * D), ("pooled", D), ("normed", D), ("ikvsc", 4 * Di), ("ipooled", Di),
+                        ("inormed", Di), ("iq", cfg.index_q_dim), ("iw", cfg.index_heads)):
+            setattr(self, name, be.empty((n,), f))  # the compressors' (i: the indexer's) rows, query, head weights
         cap4 = cfg.comp_capacity(4)
         self.scores = be.empty((cap4,), f)
         self.sel = be.empty((cfg.index_top_k,), np.int32)
@@ -307,22 +292,13 @@ class DecodeModel:
         cfg, be = self.cfg, self.be
         S, E, D, H = cfg.hc_streams, cfg.embed, cfg.head_dim, cfg.n_heads
         f = np.float32
-        self.h = be.empty((S, E), f)
-        self.hn = be.empty((S, E), f)
-        self.mix_attn = be.empty((2 * S,), f)
-        self.mix_ffn = be.empty((2 * S,), f)
-        self.mix_part = be.empty((2 * S * ops.HC_MIX_SPLIT,), f)
-        self.mix_final = be.zeros((2 * S,), f)  # zero logits: equal pre-mix weights
-        self.x = be.empty((E,), f)
-        self.qa = be.empty((cfg.q_lora,), f)
-        self.qan = be.empty((cfg.q_lora,), f)
-        self.q = be.empty((H, D), f)
-        self.kv = be.empty((D,), f)
-        self.kvn = be.empty((D,), f)
-        self.o = be.empty((H, D), f)
-        self.oa = be.empty((cfg.out_groups * cfg.out_lora,), f)
-        self.sh_mid = be.empty((cfg.expert_ffn,), f)
-        self.xf = be.empty((E,), f)
+        # The token's activations, in allocation order; mix_final zeroed: zero logits, equal pre-mix weights.
+        for name, shape in (("h", (S, E)), ("hn", (S, E)), ("mix_attn", (2 * S,)), ("mix_ffn", (2 * S,)),
+                            ("mix_part", (2 * S * ops.HC_MIX_SPLIT,)), ("mix_final", (2 * S,)), ("x", (E,)),
+                            ("qa", (cfg.q_lora,)), ("qan", (cfg.q_lora,)), ("q", (H, D)), ("kv", (D,)), ("kvn", (D,)),
+                            ("o", (H, D)), ("oa", (cfg.out_groups * cfg.out_lora,)), ("sh_mid", (cfg.expert_ffn,)),
+                            ("xf", (E,))):
+            setattr(self, name, (be.zeros if name == "mix_final" else be.empty)(shape, f))
         self.logits = be.empty((cfg.vocab,), f) if self.opts.vocab else None
         # Always there (16 bytes), so a model can switch scalar modes between stages.
         self.scal = be.zeros((4,), np.int32)

@@ -204,17 +204,9 @@ def hc_premix(L, site, h, part, logits, w, x, S, E, eps, nsplit=HC_MIX_SPLIT):
 
 def rope_q(L, site, q, cfg: ModelConfig, ts: TokenScalars, theta: float | None = None):
     """RoPE at the token's position on the last ``rope_dims`` of every query head, in place (base ``theta``, default
-    ``cfg.rope_theta``; compressed layers use ``compress_rope_theta``)."""
-    theta = cfg.rope_theta if theta is None else theta
-
-    def ref():
-        pos = ts.resolve()[0]
-        q[...] = R.rope(np.asarray(q).reshape(cfg.n_heads, cfg.head_dim), pos, cfg.rope_dims,
-                        theta).reshape(q.shape)
-
-    L.kernel(site, "rope_q", (cfg.n_heads,), (max(32, cdiv(cfg.rope_dims // 2, 32) * 32),),
-             (q, i32(cfg.head_dim), i32(cfg.rope_dims), np.float64(theta)) + ts.args(), ref,
-             nbytes=8 * cfg.n_heads * cfg.rope_dims)
+    ``cfg.rope_theta``; compressed layers use ``compress_rope_theta``): :func:`rope_heads` over ``[n_heads,
+    head_dim]``."""
+    rope_heads(L, site, q, cfg.n_heads, cfg.head_dim, cfg, ts, cfg.rope_theta if theta is None else theta)
 
 
 def rope_store_kv(L, site, kv, cache, cfg: ModelConfig, ts: TokenScalars, theta: float | None = None):
@@ -783,8 +775,7 @@ def comp_rope_store(L, site, row, comp, D: int, ratio: int, cfg: ModelConfig, ts
     def ref():
         pos = ts.resolve()[0]
         if R.is_emit(pos, ratio):
-            comp[R.comp_row(pos, ratio)] = R.rope_rows(np.asarray(row)[None, :D], pos + 1 - ratio,
-                                                         cfg.rope_dims, theta)[0]
+            comp[R.comp_row(pos, ratio)] = R.rope(np.asarray(row)[None, :D], pos + 1 - ratio, cfg.rope_dims, theta)[0]
 
     L.kernel(site, "comp_rope_store", (1,), (256,),
              (row, comp, i32(D), i32(cfg.rope_dims), np.float64(theta), i32(ratio)) + ts.args(), ref,
@@ -821,8 +812,8 @@ def q8_matvec_when(L, site, w, x, y, ratio: int, min_comp: int, ts: TokenScalars
 
 
 def rope_heads(L, site, x, heads: int, D: int, cfg: ModelConfig, ts: TokenScalars, theta: float):
-    """RoPE at the position on the last ``rope_dims`` of each of ``heads`` rows of width ``D`` (the indexer query), in
-    place: ``dense.cu:rope_q`` on another shape."""
+    """RoPE at the position on the last ``rope_dims`` of each of ``heads`` rows of width ``D``, in place (the kernel
+    ``dense.cu:rope_q``: the query heads, the indexer query)."""
 
     def ref():
         pos = ts.resolve()[0]

@@ -219,14 +219,9 @@ def rope(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
 
 def attention_decode(q: np.ndarray, cache: np.ndarray, pos: int, window: int) -> np.ndarray:
     """Sliding-window decode attention, one KV head: ``q [H, D]`` over the ``min(pos+1, W)`` latest rows of the ring
-    buffer ``cache [W, D]`` (row ``p % W``; keys and values the same row). Returns float32 ``[H, D]``."""
-    n = min(pos + 1, window)
-    rows = [(p % window) for p in range(pos - n + 1, pos + 1)]
-    kv = np.asarray(cache, dtype=f64)[rows]
-    s = np.asarray(q, dtype=f64) @ kv.T / np.sqrt(q.shape[-1])
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    return (p @ kv).astype(f32)
+    buffer ``cache [W, D]`` (row ``p % W``; keys and values the same row): :func:`attention_comp` without compressed
+    rows. Returns float32 ``[H, D]``."""
+    return attention_comp(q, cache, pos, window, None, ())
 
 
 def expand(h: np.ndarray, logits: np.ndarray, y: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
@@ -525,23 +520,14 @@ def compressor_pool(state_kv: np.ndarray, state_score: np.ndarray, head_dim: int
     return np.where(m <= NEG_INF * 0.5, 0.0, out).astype(f32)
 
 
-def rope_rows(x: np.ndarray, pos: int, rope_dims: int, theta: float) -> np.ndarray:
-    """RoPE of the last ``rope_dims`` of each row (pairs ``(2i, 2i+1)``), as ``reference.rope``."""
-    from .reference import rope
-
-    return rope(x, pos, rope_dims, theta)
-
-
 def compressor_emit_row(pooled: np.ndarray, norm_w: np.ndarray, pos: int, ratio: int, rope_dims: int,
                         theta: float, eps: float) -> np.ndarray:
     """The compressed row an emitting token writes: ``rope(rms_norm(pooled) * norm_w)`` at position ``pos + 1 -
     ratio``. float32 ``[head_dim]``. Raises ValueError off an emit token."""
-    from .reference import rms_norm
-
     if not is_emit(pos, ratio):
         raise ValueError(f"position {pos} does not emit at ratio {ratio} ((pos + 1) % ratio != 0)")
     y = rms_norm(np.asarray(pooled, dtype=f32)[None], norm_w, eps)
-    return rope_rows(y, pos + 1 - ratio, rope_dims, theta)[0]
+    return rope(y, pos + 1 - ratio, rope_dims, theta)[0]
 
 
 def compressor_shift(state_kv: np.ndarray, state_score: np.ndarray, ratio: int) -> tuple[np.ndarray, np.ndarray]:

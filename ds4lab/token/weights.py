@@ -336,14 +336,16 @@ class WeightSpec:
         return self.rows * self.cols * self.subs
 
 
+def _f32_spec(sfx: str):
+    """The maker of a layer's fp32 vectors: ``f32(name, n, scale, offset=0.0)``, named ``name + sfx``."""
+    return lambda name, n, scale, offset=0.0: WeightSpec(name + sfx, "f32", 1, n, scale=scale, offset=offset)
+
+
 def layer_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
     """The per-layer weight tensors (attention, hyper-connections, router, shared expert)."""
     E, S, F = cfg.embed, cfg.hc_streams, cfg.expert_ffn
     sfx = f"@{layer}"
-
-    def f32(name, n, scale, offset=0.0):
-        return WeightSpec(name + sfx, "f32", 1, n, scale=scale, offset=offset)
-
+    f32 = _f32_spec(sfx)
     return {
         "hc_attn_mix": f32("hc_attn_mix", 2 * S * S * E, 1.0 / np.sqrt(S * E)),
         "hc_attn_norm": f32("hc_attn_norm", E, 0.1, 1.0),
@@ -373,10 +375,7 @@ def compress_specs(cfg: ModelConfig, layer: int) -> dict[str, WeightSpec]:
         return {}
     E, D, sfx = cfg.embed, cfg.head_dim, f"@{layer}"
     coff = 2 if ratio == 4 else 1
-
-    def f32(name, n, scale, offset=0.0):
-        return WeightSpec(name + sfx, "f32", 1, n, scale=scale, offset=offset)
-
+    f32 = _f32_spec(sfx)
     out = {
         "comp_kvgate": WeightSpec("comp_kvgate" + sfx, "q8_0", 2 * coff * D, E),
         "comp_ape": f32("comp_ape", ratio * coff * D, 0.5),

@@ -11,7 +11,7 @@ import numpy as np
 from ..token.config import ModelConfig
 from ..token.model import DecodeModel, TokenOptions
 from .model import TPRankModel
-from .ranks import RankTimeout, make_node, raise_first_failure, run_ranks
+from .ranks import RankTimeout, enable_peer_access, make_node, raise_first_failure, run_ranks
 from .reduce import Exchange, NcclReducer, OracleReducer, PeerReducer, reduction_bound, single_gpu_values
 from .shard import ShardPlan
 
@@ -53,7 +53,7 @@ class TPGroup:
         if reduce == "nccl":
             reducers = [NcclReducer(c) for c in self.node.comm_init_all(list(range(world)))]
         elif reduce == "peer":
-            self.peer_access = self._enable_peer_access()
+            self.peer_access = enable_peer_access(self.node)
             barrier = threading.Barrier(world, timeout=4 * wait + 5)
             reducers = [PeerReducer(self.node, r, barrier) for r in range(world)]
         else:
@@ -70,20 +70,6 @@ class TPGroup:
         if reduce == "peer":
             for red in reducers:
                 red.inboxes = [m.tp_inbox for m in self.models]
-
-    def _enable_peer_access(self) -> dict:
-        """Peer access both ways (``{"01": "enabled" | error name, "10": ...}``); a refusal is recorded, not raised
-        (``cudaMemcpyPeer`` still copies, staged through the host)."""
-        from ..errors import CudaError
-
-        out = {}
-        for a, b in ((0, 1), (1, 0)):
-            try:
-                self.node.enable_peer_access(a, b)
-                out[f"{a}{b}"] = "enabled"
-            except CudaError as e:
-                out[f"{a}{b}"] = "enabled" if e.name == "cudaErrorPeerAccessAlreadyEnabled" else e.name
-        return out
 
     # ------------------------------------------------------------------ running
     def run(self, fn, timeout_s: float | None = None) -> list:

@@ -72,4 +72,19 @@ def raise_first_failure(out: list) -> None:
             raise v
 
 
-__all__ = ["RankTimeout", "make_node", "run_ranks"]
+def enable_peer_access(node) -> dict:
+    """Peer access 0 → 1 and 1 → 0 on ``node``: ``{"01": "enabled" | error name, "10": ...}`` (enabled earlier in the
+    process counts); a refusal is recorded, not raised (``cudaMemcpyPeer`` still copies, through the host)."""
+    from ..errors import RuntimeApiError
+
+    out = {}
+    for a, b in ((0, 1), (1, 0)):
+        try:
+            node.enable_peer_access(a, b)
+            out[f"{a}{b}"] = "enabled"
+        except RuntimeApiError as e:
+            out[f"{a}{b}"] = "enabled" if e.name == "cudaErrorPeerAccessAlreadyEnabled" else e.name
+    return out
+
+
+__all__ = ["RankTimeout", "enable_peer_access", "make_node", "run_ranks"]

@@ -59,15 +59,6 @@ class Exchange:
             raise CollectiveError("nccl:timeout", "exchange", f"a rank never reached the exchange of {key!r}") from None
 
 
-def _count(L, site: str) -> bool:
-    """Count one collective in the launcher's census (kind ``collective``); False while the launcher only plans (a plan
-    records it, nothing is issued)."""
-    if L._plan_only("collective", site):
-        return False
-    (L.captured if L.capturing else L.census.counts)[(L.cluster_name, "collective", site)] += 1
-    return True
-
-
 class NcclReducer:
     """``ncclAllReduce`` (sum) of ``send`` into ``recv`` on the calling thread's accessor stream."""
 
@@ -80,7 +71,7 @@ class NcclReducer:
         """``recv`` = the ranks' sum of ``send`` (``ncclAllReduce`` on the accessor's stream; counted in the census as
         a ``collective``; nothing issued while the launcher only plans)."""
         L = model.L
-        if _count(L, f"tp.allreduce.{point}"):
+        if L.issues("collective", f"tp.allreduce.{point}"):
             self.comm.all_reduce(send, recv, L.stream())
 
 
@@ -101,7 +92,7 @@ class PeerReducer:
         inboxes, CollectiveError ``nccl:timeout`` when the peer never reaches the barrier, and what
         ``cudaMemcpyPeer`` raises during a capture (rules memcpy_peer_*)."""
         L = model.L
-        if not _count(L, f"tp.peer.{point}"):
+        if not L.issues("collective", f"tp.peer.{point}"):
             return
         if self.inboxes is None:
             raise RuntimeError("PeerReducer: the group did not set the ranks' inboxes")
@@ -131,7 +122,7 @@ class OracleReducer:
 
     def reduce(self, model, layer: int, point: str, send, recv) -> None:
         """``recv`` = the single-GPU values (:func:`single_gpu_values`). Raises RuntimeError while capturing."""
-        if not _count(model.L, f"tp.oracle.{point}"):
+        if not model.L.issues("collective", f"tp.oracle.{point}"):
             return
         if model.L.capturing:
             raise RuntimeError("the oracle reduction computes on the host: it cannot be captured")

@@ -17,6 +17,8 @@ class ProfilingMode:
     ``sim_prices`` (regimes whose cost the sim models) and ``sim_leaves_out`` (what it does not price)."""
 
     name: ClassVar[str] = ""
+    #: The mode's trace source (:func:`ds4lab.trace.live.trace_source`), started and stopped with the mode, or None.
+    trace = None
     per_stage: ClassVar[bool] = True
     profile_points: ClassVar[bool] = True
     host_timed: ClassVar[bool] = False
@@ -52,10 +54,14 @@ class ProfilingMode:
         """At attach, outside any capture: allocate events or slots for ``window`` calls between reads."""
 
     def start(self) -> None:
-        """After the profiler became the model's observer (a trace starts here)."""
+        """After the profiler became the model's observer: the mode's :attr:`trace` starts."""
+        if self.trace is not None and self.trace.available:
+            self.trace.start()
 
     def stop(self) -> None:
-        """At detach (a trace stops, an open NVTX range is closed)."""
+        """At detach: the mode's :attr:`trace` stops (and an open NVTX range is closed)."""
+        if self.trace is not None and self.trace.available:
+            self.trace.stop()
 
     def begin_step(self) -> None:
         """Before the calls of a token (``prof.token`` already set)."""

@@ -37,14 +37,6 @@ class Cupti(ProfilingMode):
     def unavailable_reason(self) -> str:
         return "" if self.available else f"unavailable: {self.trace.reason}"
 
-    def start(self) -> None:
-        if self.trace.available:
-            self.trace.start()
-
-    def stop(self) -> None:
-        if self.trace.available:
-            self.trace.stop()
-
     def collect(self, calls: list[Call]) -> None:
         """Take the trace's records since the last read and assign one group of MoE kernels to each call."""
         records = self.trace.take() if self.trace.available else None

@@ -74,14 +74,6 @@ class InGraph(ProfilingMode):
         if self.slots is None:
             self.slots = self.prof.be.zeros((self.capacity,), np.uint64)
 
-    def start(self) -> None:
-        if self.trace is not None and self.trace.available:
-            self.trace.start()
-
-    def stop(self) -> None:
-        if self.trace is not None and self.trace.available:
-            self.trace.stop()
-
     def begin_step(self) -> None:
         """Clear the slots (when the stream is not capturing)."""
         prof = self.prof

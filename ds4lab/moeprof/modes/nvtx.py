@@ -5,40 +5,10 @@ replay emits none; ranges emitted while capturing mark the capture."""
 
 from __future__ import annotations
 
+from ...capture.annotate import NvtxAnnotator
 from ...token.model import MOE_STAGES, ProfileMarker
 from ..rows import Call, Probe
 from .base import ProfilingMode
-
-
-class NvtxDomain:
-    """NVTX ranges in the ``ds4lab`` domain, category ``profile``; records why when unavailable (``ok`` False, ``why``:
-    the import error)."""
-
-    def __init__(self) -> None:
-        try:
-            import nvtx
-
-            self.domain = nvtx.get_domain("ds4lab")
-            self.category = self.domain.get_category_id("profile")
-            self.ok, self.why = True, ""
-        except Exception as e:
-            self.domain, self.ok, self.why = None, False, f"nvtx not importable ({type(e).__name__}: {e})"
-        self._attrs: dict = {}
-
-    def push(self, message: str, payload: int) -> None:
-        if not self.ok:
-            return
-        key = (message, payload)
-        a = self._attrs.get(key)
-        if a is None:
-            a = self.domain.get_event_attributes(message=message, color=0x17BECF, category=self.category,
-                                                 payload=payload)
-            self._attrs[key] = a
-        self.domain.push_range(a)
-
-    def pop(self) -> None:
-        if self.ok:
-            self.domain.pop_range()
 
 
 class NvtxMark(ProfileMarker):
@@ -62,7 +32,10 @@ class Nvtx(ProfilingMode):
 
     def __init__(self, prof) -> None:
         super().__init__(prof)
-        self.nvtx = NvtxDomain()
+        try:  # the launcher's NVTX ranges (domain ds4lab), category profile
+            self.nvtx, self.why = NvtxAnnotator(), ""
+        except Exception as e:
+            self.nvtx, self.why = None, f"nvtx not importable ({type(e).__name__}: {e})"
         self._open = False
 
     def stop(self) -> None:
@@ -82,17 +55,18 @@ class Nvtx(ProfilingMode):
             self.nvtx.pop()
             self._open = False
         if i < len(MOE_STAGES):
-            self.nvtx.push(f"moe.{MOE_STAGES[i]}", layer)
-            self._open = self.nvtx.ok
-            probe.nvtx_ranges += 1 if self.nvtx.ok else 0
+            if self.nvtx is not None:
+                self.nvtx.push(f"moe.{MOE_STAGES[i]}", "profile", layer)
+            self._open = self.nvtx is not None
+            probe.nvtx_ranges += 1 if self.nvtx is not None else 0
             probe.nvtx_capturing = probe.phase == "capture"
 
     def rows(self, c: Call) -> list[dict]:
         p, t = c.probe, self.prof.table
         if p is None or c.phase == "replay":
             return t.nan(c, "NVTX ranges are host calls: a graph replay emits none")
-        if not self.nvtx.ok:
-            return t.nan(c, f"no ranges: {self.nvtx.why}")
+        if self.nvtx is None:
+            return t.nan(c, f"no ranges: {self.why}")
         if p.nvtx_capturing:
             return t.nan(c, "NVTX ranges emitted at capture time: they mark the capture, not execution")
         return t.nan(c, f"NVTX ranges only ({p.nvtx_ranges} per call, domain ds4lab): no timing")
