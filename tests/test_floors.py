@@ -105,7 +105,7 @@ def test_replayed_token_busy_us_on_the_sim(sim):
     m = DecodeModel(get_preset("tiny"), sim, TokenOptions(vocab=True))
     run, _ = FL.whole_token_runner(m, 500)
     with S.graphs_enabled():
-        st = FL.replayed_token_busy_us(sim, run, tokens=3)
+        st = FL.replayed_token_busy(sim, run, tokens=3).busy
         tb = FL.replayed_token_busy(sim, lambda i: run(10 + i), tokens=2, warmup=0)
     assert st.n == 3 and st.median > 0
     assert tb.busy.median <= tb.span.median + 1e-9

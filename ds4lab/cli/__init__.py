@@ -94,15 +94,12 @@ def main() -> None:
               help="Run anyway when a CPU backend would compute a model over 1 GiB of weights "
                    "(numpy, or sim --compute, on ds4-flash: tens of minutes, many GB of memory).")
 @click.option("--seed", type=int, default=default(RunConfig, "seed"), show_default=True, help="Weight seed.")
-def run(backend, preset, tokens, warmup, out, start_pos, nvtx, vocab, counts_clear, scalars, scratch,
-        moe_profile, per_layer_experts, check, timing_only, force, seed) -> None:
+def run(backend, seed, vocab, counts_clear, scalars, scratch, moe_profile, **options) -> None:
     """Decode N tokens eagerly: reference check, µs per token, launch census, memory, floor.
 
     Exit status: 0 done, 1 the run failed (results so far kept), 2 a bad argument or an unwritable --out (nothing run),
     130 interrupted (results so far kept; meta.json says how far it got)."""
-    rc = RunConfig(backend=backend, preset=preset, tokens=tokens, warmup=warmup, out=out,
-                   start_pos=start_pos, nvtx=nvtx, check=check, per_layer_experts=per_layer_experts,
-                   seed=seed, timing_only=timing_only, force=force,
+    rc = RunConfig(backend=backend, seed=seed, **options,
                    options=TokenOptions(counts_clear=counts_clear, scalars=scalars, scratch=scratch,
                                         vocab=vocab, moe_profile=moe_profile))
     invoke("run", rc, backend, seed)
@@ -232,11 +229,10 @@ def conformance(backend, out, names, list_only) -> None:
                    "`ds4lab context` folder of stages 3, 3p and 3cc (the sim's paired gains of 3p and 3cc over 3 "
                    "matched to the measured ones at each context); the fit table also goes to OUT's stem + "
                    "-fit.csv.")
-def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds4, from_context) -> None:
+def calibrate(from_ladder, from_ds4, **options) -> None:
     """Measure the sim's cost-model parameters on this GPU and write a calibration file."""
-    invoke("calibrate", CalibrateConfig(preset=preset, out=out, moe_profile=moe_profile, base=base,
-                                        long_context=long_context, from_ladder=tuple(from_ladder),
-                                        from_ds4=tuple(from_ds4) or None, from_context=from_context), "cupy")
+    invoke("calibrate", CalibrateConfig(from_ladder=tuple(from_ladder), from_ds4=tuple(from_ds4) or None, **options),
+           "cupy")
 
 
 @main.command()
@@ -260,11 +256,10 @@ def calibrate(preset, out, moe_profile, base, long_context, from_ladder, from_ds
               show_default=True, help="Stream-capture mode.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/context-<preset>-<backend>.")
-def context(backend, preset, stages, contexts, span, tokens, warmup, repeats, mode, out) -> None:
+def context(backend, repeats, **options) -> None:
     """The stage ladder across context length, on the long-context token: µs per token per stage and context, launches,
     graphs captured so far, exactness across emit and top-k regime boundaries."""
-    invoke("context", ContextConfig(stages=stages, preset=preset, contexts=contexts, span=span, tokens=tokens,
-                                    warmup=warmup, mode=mode, out=out, rounds=repeats), backend)
+    invoke("context", ContextConfig(rounds=repeats, **options), backend)
 
 
 @main.command()

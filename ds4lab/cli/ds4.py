@@ -63,17 +63,12 @@ def _ints(text: str, option: str) -> tuple:
               help="Build and model cache (default: $DS4LAB_CACHE or ~/.cache/ds4lab).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Synthetic weights and the prompt's tokens.")
 @click.option("--out", type=click.Path(), default=None, help="Result folder. Default: results/ds4-<commit> (e.g. results/ds4-b0309611).")
-def ds4(source, model, configs, stages, host_march, no_build, audit, keep_logits, contexts, tokens, warmup, trace_contexts,
-        trace_tokens, arch, jobs, copy_model, random_expert_layers, cache, seed, out) -> None:
+def ds4(trace_contexts, random_expert_layers, **options) -> None:
     """ds4 itself on this GPU: build it from --source, run its decode token on a synthetic Flash-shaped model at each
     context with its decode islands off and on (and with its MoE profile), and write ds4lab's tables (µs per token,
     host µs, launches, kernels, island captures)."""
-    cfg = Ds4JobConfig(source=source, model=model, configs=configs, stages=stages, host_march=host_march,
-                       keep_logits=keep_logits, audit=audit, no_build=no_build, contexts=contexts, tokens=tokens,
-                       warmup=warmup, trace_contexts=_ints(trace_contexts, "--trace-contexts"),
-                       trace_tokens=trace_tokens, arch=arch, jobs=jobs, copy_model=copy_model,
-                       random_expert_layers=_ints(random_expert_layers, "--random-expert-layers"), cache=cache,
-                       seed=seed, out=out)
+    cfg = Ds4JobConfig(trace_contexts=_ints(trace_contexts, "--trace-contexts"),
+                       random_expert_layers=_ints(random_expert_layers, "--random-expert-layers"), **options)
     invoke("ds4", cfg, "auto")
 
 

@@ -56,17 +56,13 @@ def _csv_list(text: str, kind=str, allowed=None) -> list:
 @click.option("--seed", type=int, default=default(MoeConfig, "seed"), show_default=True, help="Routing and input seed.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/moe-<preset>-<backend>.")
-def moe_cmd(backend, preset, modes, tokens, routings, steps, warmup, regime, capture_mode, n_layers, fallback,
-            share_tokens, overhead, sim_compute, print_ds4, seed, out) -> None:
+def moe_cmd(backend, modes, tokens, routings, **options) -> None:
     """Routed-MoE stage timing (ds4's xq/sort/gateup/midq/down/sum/total) in capture-compatible modes."""
     from ..moeprof import MODES, ROUTINGS
 
     cfg = MoeConfig(modes=_csv_list(modes, allowed=MODES),
                     tokens_per_step=None if tokens is None else _csv_list(tokens, kind=int),
-                    routings=_csv_list(routings, allowed=ROUTINGS), preset=preset, steps=steps, warmup=warmup,
-                    regime=regime, capture_mode=capture_mode, n_layers=n_layers, fallback=fallback,
-                    share_tokens=share_tokens, overhead=overhead, print_ds4=print_ds4, seed=seed,
-                    sim_compute=sim_compute, out=out)
+                    routings=_csv_list(routings, allowed=ROUTINGS), **options)
     invoke("moe", cfg, backend)
 
 

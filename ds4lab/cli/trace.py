@@ -37,7 +37,7 @@ def register(main: click.Group) -> None:
                    "`ds4lab audit` to find: the routed-MoE hazards trace the hazard's own 2-token MoE step.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Result folder. Default: results/trace-<preset>-<backend>[-<hazard>].")
-def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
+def trace_cmd(backend, **options) -> None:
     """One decode token's timeline per stage as a Chrome/Perfetto trace (trace.json).
 
     Kernels come from CUPTI activity records on a GPU (with graph and node ids) or from the sim's modeled schedule
@@ -56,8 +56,7 @@ def trace_cmd(backend, preset, stages, tokens, warmup, hazard, out) -> None:
     from .support import invoke
     from ..report.results import final_path
 
-    res = invoke("trace", TraceConfig(preset=preset, stages=stages, tokens=tokens, warmup=warmup, out=out,
-                                      hazard=hazard), backend)
+    res = invoke("trace", TraceConfig(**options), backend)
     for p in res.files:
         click.echo(f"wrote {final_path(p)}")
     if res.meta.get("modeled"):

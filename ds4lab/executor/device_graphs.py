@@ -104,10 +104,4 @@ class DeviceGraphApi(abc.ABC):
         ``"programmatic"`` (``cudaGraphEdgeData.type``, cudaGraphDependencyTypeProgrammatic)."""
 
 
-def can_build_device_graphs(be) -> bool:
-    """Whether ``be`` implements :class:`DeviceGraphApi` (``cupy`` and ``sim``)."""
-    return isinstance(be, DeviceGraphApi)
-
-
-__all__ = ["COND_KINDS", "CondHandle", "DeviceGraphApi", "PREDECESSOR_RULES", "can_build_device_graphs",
-           "check_kind", "size_allowed"]
+__all__ = ["COND_KINDS", "CondHandle", "DeviceGraphApi", "PREDECESSOR_RULES", "check_kind", "size_allowed"]

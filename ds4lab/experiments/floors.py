@@ -1,6 +1,6 @@
 """The floors a decode token's GPU time is measured against, and the replayed token's busy time: the bytes floor (Σ
 nbytes / copy bandwidth), t_min (an empty kernel's replay cost in a graph as long as the launch list), the launch-list
-floor (Σ max(bytes / bandwidth, t_min)) and the busy time (union of kernel intervals, :func:`replayed_token_busy_us`).
+floor (Σ max(bytes / bandwidth, t_min)) and the busy time (union of kernel intervals, :func:`replayed_token_busy`).
 
 On the sim every figure is the cost model's (``source``: ``modeled``). Next: ``docs/figures.md``, "The token against
 its floors"; :func:`token_floors` does it all in one call."""
@@ -19,12 +19,6 @@ from ..trace.live import busy_us, trace_source
 #: streams of the token (8 MB: every Q8_0 and 4-bit matrix of a ds4-flash layer but ``kv``,
 #: ``q_a`` and the router).
 LARGE_KERNEL_BYTES = 8_000_000
-
-
-# ----------------------------------------------------------------------------- trace source
-def kernel_trace(be):
-    """The kernel-trace source for busy time (:func:`ds4lab.trace.live.trace_source`), or one with its ``reason``."""
-    return trace_source(be)
 
 
 @dataclass
@@ -54,7 +48,7 @@ def replayed_token_busy(be, run_token: Callable[[int], None], tokens: int = 10, 
         RuntimeError: no kernel trace on ``be`` (the message says why), or a token gave no kernel record."""
     if tokens < 1 or warmup < 0:
         raise ValueError(f"replayed_token_busy: tokens={tokens} must be >= 1 and warmup={warmup} >= 0")
-    src = kernel_trace(be)
+    src = trace_source(be)
     if not src.available:
         raise RuntimeError(f"no kernel trace on the {be.name} backend: {src.reason}")
     for i in range(warmup):
@@ -83,11 +77,6 @@ def replayed_token_busy(be, run_token: Callable[[int], None], tokens: int = 10, 
         durations = np.array([[r.dur_ns * 1e-3 for r in p] for p in per])
     source = "cupti" if not be.models_time else sources(be)[0]
     return TokenBusy(Stats.of(busy), Stats.of(span), int(np.median(counts)), counts, source, names, durations)
-
-
-def replayed_token_busy_us(be, run_token: Callable[[int], None], tokens: int = 10) -> Stats:
-    """Median µs per token of GPU-busy time (:func:`replayed_token_busy`'s ``busy``); raises what it raises."""
-    return replayed_token_busy(be, run_token, tokens).busy
 
 
 # ----------------------------------------------------------------------------- t_min
@@ -134,7 +123,7 @@ def measure_t_min(be, n_kernels: int, *, replays: int = 20, trace: bool = True) 
         per.append(be.event_elapsed_ms(e0, e1) * 1e3 / n_kernels)
     kern = None
     if trace:
-        src = kernel_trace(be)
+        src = trace_source(be)
         if src.available:
             src.start()
             try:

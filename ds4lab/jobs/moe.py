@@ -161,25 +161,22 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, 
     from ..report import plots, provenance, results
     from ..progress import JobProgress
 
-    steps, warmup, regime, capture_mode = job.steps, job.warmup, job.regime, job.capture_mode
-    fallback, share_tokens, overhead, print_ds4 = job.fallback, job.share_tokens, job.overhead, job.print_ds4
-    n_layers, seed = job.n_layers, job.seed
-
-    wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=n_layers, seed=seed, vocab=bool(share_tokens))
+    wb = M.MoeWorkbench(be, cfg, max_tokens=max(tokens), n_layers=job.n_layers, seed=job.seed,
+                        vocab=bool(job.share_tokens))
     con.print(f"[bold]ds4lab moe[/] · {preset} · {be.name} · layers {wb.model.n_layers} · modes {', '.join(modes)}")
     csv_path = o.folder / "moe.csv"
     header = True
     frames = []
     failures = []
     combos = [(m, r, t) for m in modes for r in routings for t in tokens]
-    with JobProgress(con, "moe profile", len(combos) * steps, eta=True) as prog:
+    with JobProgress(con, "moe profile", len(combos) * job.steps, eta=True) as prog:
         for mode, routing, T in combos:
             prog.describe(f"{mode} · {routing} · {T} tok")
             try:
                 with warnings.catch_warnings(record=True) as w:
                     warnings.simplefilter("always", RuntimeWarning)
-                    for rows in M.iter_profile(wb, mode, T, routing, steps, regime=regime, warmup=warmup,
-                                               capture_mode=capture_mode, fallback=fallback):
+                    for rows in M.iter_profile(wb, mode, T, routing, job.steps, regime=job.regime, warmup=job.warmup,
+                                               capture_mode=job.capture_mode, fallback=job.fallback):
                         df = pd.DataFrame(rows, columns=list(M.ROW_COLUMNS))
                         with results.appending(csv_path):  # rows as they come, whole rows only
                             df.to_csv(csv_path, mode="a", header=header, index=False)
@@ -205,7 +202,7 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, 
                             header=f"ds4lab moe · mode={mode} · routing={routing} · " + provenance.label(meta))
         if lines:
             logs.append(o.text(f"moe-ds4-{mode}-{routing}.log", "\n".join(lines) + "\n"))
-            if print_ds4:
+            if job.print_ds4:
                 for ln in lines:
                     print(ln, file=sys.stderr)
     _print_summary(con, summ, modes)
@@ -233,14 +230,14 @@ def _profile(be, cfg, preset, modes, tokens, routings, job: MoeConfig, o, meta, 
     figs = []
     figs += o.figure("moe-stages", plots.moe_stage_bars_figure(summ, meta))
     figs += o.figure("moe-distribution", plots.moe_stage_distribution_figure(data, meta, routing=routings[0]))
-    if share_tokens:
-        share = M.token_share(wb, tokens=share_tokens)
+    if job.share_tokens:
+        share = M.token_share(wb, tokens=job.share_tokens)
         o.table("share", share)
         meta["moe_share_median"] = float(share["share"].median())
         figs += o.figure("moe-share", plots.moe_share_figure(share, meta))
         con.print(f"routed MoE share of an eager token: median {100 * meta['moe_share_median']:.1f} % "
                   f"({share['moe_us'].median():.0f} of {share['token_us'].median():.0f} µs)")
-    if overhead:
+    if job.overhead:
         ov = M.overhead_table(wb, modes, tokens=4)
         o.table("overhead", ov)
         con.print("µs per whole token with each mode (median; overhead vs none):")

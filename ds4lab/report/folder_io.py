@@ -165,16 +165,10 @@ def os_reason(e: OSError) -> str:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through ``path.tmp`` and an atomic rename (the temporary removed on error). Raises
     :class:`WriteFailed` naming ``path`` and the reason."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-        os.replace(tmp, path)
+        with whole_file(path) as tmp:
+            tmp.write_text(text)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise WriteFailed(f"cannot write {path}: {os_reason(e)}", e.errno) from e
 
 

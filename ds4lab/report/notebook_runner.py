@@ -126,11 +126,6 @@ def parameter_defaults(path: Path) -> dict:
     return {n: p["default"] for n, p in parameters(path).items()}
 
 
-def parameter_names(path: Path) -> list[str]:
-    """The notebook's parameter names, in order."""
-    return list(parameters(path))
-
-
 @dataclass
 class NotebookRun:
     """The outcome of one notebook: ``ok``, the executed copy, wall seconds, and for a failure the cell (its own code
@@ -342,7 +337,7 @@ def _write_copy(nb, executed: Path, values: dict, out_dir, final_dir, kernel_nam
 
 def _kernel_values(path: Path, values: dict, out_dir, final_dir) -> tuple[dict, dict]:
     """``(parameter values, kernel environment)``; :class:`NotebookError` for a value the notebook lacks."""
-    names = parameter_names(path)
+    names = list(parameters(path))
     values = dict(values)
     env = {**os.environ, HEADLESS_ENV: "1"}  # the kernel's
     if out_dir is not None:

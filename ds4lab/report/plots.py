@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -103,15 +104,14 @@ def ladder_figure(df, meta: dict):
         lo = med - df["us_p25"].to_numpy()
         hi = df["us_p75"].to_numpy() - med
         bars = ax.bar(x, med, yerr=[lo, hi], capsize=4, color=[stage_color(s) for s in df["stage"]], alpha=0.85)
-        floor = df["floor_us"].dropna() if "floor_us" in df else []
-        if len(floor):
-            ax.axhline(float(floor.iloc[0]), color="black", ls="--", lw=1,
-                       label=f"replayed token, GPU busy {float(floor.iloc[0]):,.0f} µs")
-        lf = df["launch_floor_us"].dropna() if "launch_floor_us" in df else []
-        if len(lf):
-            ax.axhline(float(lf.iloc[0]), color="0.5", ls=":", lw=1,
-                       label=f"launch-list floor {float(lf.iloc[0]):,.0f} µs")
-        if len(floor) or len(lf):  # beside the axes: no bar's label runs into it
+        floors = 0
+        for col, color, ls, what in (("floor_us", "black", "--", "replayed token, GPU busy"),
+                                     ("launch_floor_us", "0.5", ":", "launch-list floor")):
+            v = df[col].dropna() if col in df else []
+            if len(v):
+                floors += 1
+                ax.axhline(float(v.iloc[0]), color=color, ls=ls, lw=1, label=f"{what} {float(v.iloc[0]):,.0f} µs")
+        if floors:  # beside the axes: no bar's label runs into it
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8, borderaxespad=0)
         for b, (_, r) in zip(bars, df.iterrows()):
             mark = f" {_exact_mark(r.get('exact'))}"
@@ -185,10 +185,7 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
     routings = routings or list(dict.fromkeys(s["routing"]))
     with plt.rc_context(STYLE):
         if not modes or not routings:
-            fig, ax = plt.subplots(figsize=(6, 2))
-            ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
-            ax.set_axis_off()
-            return fig
+            return _no_stage_times()
         fig, axes = plt.subplots(len(modes), len(routings), figsize=(2.6 * len(routings) + 1.0, 2.5 * len(modes) + 1.0),
                                  squeeze=False, sharey=True)
         for i, m in enumerate(modes):
@@ -238,6 +235,13 @@ def moe_stage_bars_figure(summary, meta: dict, modes=None, routings=None):
         return fig
 
 
+def _no_stage_times():
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
+    ax.set_axis_off()
+    return fig
+
+
 def _us(v: float) -> str:
     """µs with a unit that keeps 2–3 significant digits (``42 µs``, ``2.2 ms``)."""
     if v != v:
@@ -255,10 +259,7 @@ def moe_stage_distribution_figure(df, meta: dict, modes=None, routing: str | Non
     modes = [m for m in (modes or list(dict.fromkeys(d["mode"])))]
     with plt.rc_context(STYLE):
         if d.empty or not modes:
-            fig, ax = plt.subplots(figsize=(6, 2))
-            ax.text(0.5, 0.5, "no per-stage times", ha="center", va="center")
-            ax.set_axis_off()
-            return fig
+            return _no_stage_times()
         tokens = sorted(d["tokens"].unique())
         fig, axes = plt.subplots(len(modes), 1, figsize=(max(7.5, 1.3 * len(stages) * max(1, len(tokens)) / 3),
                                                          2.6 * len(modes) + 0.8), squeeze=False)
@@ -418,10 +419,7 @@ def compare_moe_figure(sources: dict, stages, max_panels: int = 8,
                        title: str = "Routed-MoE stages side by side (each source's mode and provenance in the legend)"):
     """Routed-MoE stage times side by side, one panel per token count (those most sources share, at most
     ``max_panels``), those left out named in a note. ``sources``: label → {tokens: {stage: median µs per call}}."""
-    counts = {}
-    for per in sources.values():
-        for T in per:
-            counts[T] = counts.get(T, 0) + 1
+    counts = Counter(T for per in sources.values() for T in per)
     tokens = sorted(sorted(counts, key=lambda T: (-counts[T], T))[:max_panels])
     left_out = sorted(set(counts) - set(tokens))
     cols = min(len(tokens), 4)
@@ -622,11 +620,8 @@ def ncu_sites_figure(sources: dict, top: int = 16):
     the ``top`` sites by kernel time. ``sources``: label → a :func:`ds4lab.trace.sources.ncu.per_site` table."""
     import pandas as pd
 
-    frames = []
-    for label, df in sources.items():
-        d = df.assign(site=df["cluster"].astype(str) + "/" + df["op"].astype(str), source=label)
-        frames.append(d)
-    allf = pd.concat(frames, ignore_index=True)
+    allf = pd.concat([df.assign(site=df["cluster"].astype(str) + "/" + df["op"].astype(str), source=label)
+                      for label, df in sources.items()], ignore_index=True)
     w = pd.to_numeric(allf.get("total_us", pd.Series(1.0, index=allf.index)), errors="coerce").fillna(0)
     order = allf.assign(w=w).groupby("site")["w"].sum().sort_values(ascending=False).index[:top].tolist()
     with plt.rc_context(STYLE):

@@ -21,14 +21,12 @@ __all__ = ["READERS", "Ingested", "SourceError", "detect", "formats", "read_even
 #: yields (``YIELDS``).
 READERS = ("nsys_sqlite", "saved", "kineto", "nsys_report", "ds4log", "ncu", "nsys_csv", "folder")
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+_NSYS_EXPORT = ("export it first, `nsys export --type sqlite --output {stem}.sqlite {name}` (then read {stem}.sqlite), "
+                "or `nsys stats --report cuda_gpu_kern_sum,nvtx_sum --format csv {name} > {stem}.csv`")
 #: raw report files of the Nsight tools (binary: ds4lab reads their exports) → how to export them
 RAW_REPORTS = {
-    ".nsys-rep": "an Nsight Systems report: export it first, `nsys export --type sqlite --output {stem}.sqlite "
-                 "{name}` (then read {stem}.sqlite), or `nsys stats --report cuda_gpu_kern_sum,nvtx_sum "
-                 "--format csv {name} > {stem}.csv`",
-    ".qdrep": "an Nsight Systems report (before 2021.4): export it first, `nsys export --type sqlite --output "
-              "{stem}.sqlite {name}` (then read {stem}.sqlite), or `nsys stats --report cuda_gpu_kern_sum,nvtx_sum "
-              "--format csv {name} > {stem}.csv`",
+    ".nsys-rep": "an Nsight Systems report: " + _NSYS_EXPORT,
+    ".qdrep": "an Nsight Systems report (before 2021.4): " + _NSYS_EXPORT,
     ".ncu-rep": "an Nsight Compute report: export it first, `ncu --import {name} --csv > {stem}.csv` (add "
                 "`--page raw` for one row per kernel), then read {stem}.csv",
 }
@@ -151,6 +149,7 @@ def _scan(path: Path) -> str | None:
 
     from .common import is_gzip
 
+    text_formats = (("ncu-csv", ncu.looks_like), ("nsys-csv", nsys_csv.looks_like))
     kinds: set[str] = set()
     tail = ""
     seen = 0
@@ -163,18 +162,13 @@ def _scan(path: Path) -> str | None:
             tail = tail[-65536:]  # a line longer than this is no format's marker
             if DS4_PREFIX in lines or DS4_PREFIX in tail:
                 return "ds4-log"
-            if "ncu-csv" not in kinds and ncu.looks_like(lines):
-                kinds.add("ncu-csv")
-            if "nsys-csv" not in kinds and seen < 64 * _SCAN_BLOCK and nsys_csv.looks_like(lines):
-                kinds.add("nsys-csv")
+            for k, looks in text_formats:
+                if k not in kinds and (k == "ncu-csv" or seen < 64 * _SCAN_BLOCK) and looks(lines):
+                    kinds.add(k)
             seen += len(block)
             block = _read_block(f, _SCAN_BLOCK)
-    if tail and "ncu-csv" not in kinds and ncu.looks_like(tail):
-        kinds.add("ncu-csv")
-    if tail and "nsys-csv" not in kinds and nsys_csv.looks_like(tail):
-        kinds.add("nsys-csv")
-    for k in ("ncu-csv", "nsys-csv"):
-        if k in kinds:
+    for k, looks in text_formats:  # ncu's first where both match
+        if k in kinds or tail and looks(tail):
             return k
     return None
 
