@@ -1,5 +1,5 @@
 struct ds4lab_dry_state {
-    unsigned long long signature;  /* FNV-1a over every deferred site's line, configuration and unmoved arguments */
+    unsigned long long signature;  /* a 64-bit hash of every deferred site's line, configuration and unmoved arguments */
     long long records;             /* deferred sites (launches and calls) */
     long long launches;            /* of those: kernel launches */
     long long moved;               /* of those: launches whose changing arguments went to a slot */
