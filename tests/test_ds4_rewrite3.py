@@ -75,6 +75,10 @@ def test_every_launch_and_call_of_the_token_is_deferred_and_every_moved_kernel_h
     # the moved parameters, and only they, read from the slot
     assert "uint32_t ds4lab_arg_pos0," in rw3.text and "uint32_t pos0 = ds4lab_slot_take(" in rw3.text
     assert rw3.text.count("const unsigned char *ds4lab_slot)") == len(R3.MOVED)
+    # ds4's own graph nodes of two of those kernels (its score-split graph) pass a NULL slot
+    nodes = sorted(s.text for s in rw3.sites if s.kind == "graph-node")
+    assert nodes == ["attention_decode_score_split_finalize_kernel: final_args[] given a NULL slot",
+                     "rope_tail_kernel: rope_args[] given a NULL slot"]
 
 
 @needs_source
@@ -84,12 +88,12 @@ def test_stage3_text_differs_from_stage0_only_at_its_sites_and_prologue(both):
     start = b.index("/* ---- ds4lab: stage 3 (added by ds4lab's rewrite at build time; not part of ds4) ----")
     end = b.index("/* ---- end of ds4lab's stage 3 prologue ---- */")
     b = b[:start - 1] + b[end + 1:]  # the prologue's own lines (and the blank line before it) out
-    marks = ("ds4lab_launch<", "ds4lab_defer<", "ds4lab_arg_", "ds4lab_slot")
+    marks = ("ds4lab_launch<", "ds4lab_defer<", "ds4lab_arg_", "ds4lab_slot", "ds4lab_no_slot")
     hunks = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
     for op, i1, i2, j1, j2 in hunks:
         # a site's text, or the last line of a site of several lines (its closing parenthesis)
         assert op == "replace" and any(m in "\n".join(b[max(0, j1 - 40):j2]) for m in marks), (a[i1:i2], b[j1:j2])
-    converted = [s for s in rw3.sites if "deferred" in s.action or s.kind == "slot-kernel"]
+    converted = [s for s in rw3.sites if "deferred" in s.action or s.kind in ("slot-kernel", "graph-node")]
     moved = sum(len(p) for p in R3.MOVED.values())
     assert len(hunks) <= len(converted) + moved  # a site, a renamed parameter or a kernel's slot: nothing else
 
@@ -153,6 +157,10 @@ def test_a_site_stage3_cannot_convert_is_reported_by_line():
     src2 = "#include <x.h>\n__global__ void rope_tail_kernel(float *x, int, int, int, int, float (*p)[2]) { }\n"
     bad = [s for s in RW.rewrite_source(src2, stage="3").unrouted if s.kind == "slot-kernel" and s.line == 2]
     assert bad and "cannot tell its type from its name" in bad[0].why
+    src3 = ("#include <x.h>\n__global__ void rope_tail_kernel(float *x, int a, int b, int c, int d, int pos0) { }\n"
+            "void g(void **args) {\n  p.func = (void *)rope_tail_kernel;\n  p.kernelParams = args;\n}\n")
+    node = [s for s in RW.rewrite_source(src3, stage="3").unrouted if s.kind == "graph-node"]
+    assert node and node[0].line == 4 and "would miss its slot parameter" in node[0].why
 
 
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc is not on PATH")

@@ -300,7 +300,8 @@ def _apply_rewrite(src_dir: Path, folder: Path, say, stage: str = "0") -> dict:
     say(f"ds4 build: rewrite (stage {stage}) routed {sum(rw.launches().values())} launch sites "
         f"({', '.join(f'{v} {k}' for k, v in rw.launches().items())}), {len(rw.sites)} sites in all"
         + (f"; NOT routed: {'; '.join(unrouted)}" if unrouted else ""))
-    return {"version": RW.VERSION, "stage": stage, "rewritten_digest": hashlib.sha256(rw.text.encode()).hexdigest()[:12],
+    return {"version": RW.VERSION, "stage": stage,
+            "rewritten_digest": hashlib.sha256(rw.text.encode()).hexdigest()[:12],
             "launch_sites": rw.launches(), "sites": len(rw.sites), "counts": counts, "unrouted": unrouted}
 
 

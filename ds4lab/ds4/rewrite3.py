@@ -76,6 +76,26 @@ def kernel_edits(src: str, code: str, site, edits: list, edit_cls, split_args) -
             _one_kernel(src, code, m, close, after.startswith("{"), name, moved, site, edits, edit_cls, split_args)
         if not found:
             site(0, "slot-kernel", "", "not routed", f"__global__ {name}(...) not found: its arguments stay by value")
+        _graph_nodes(src, code, name, site, edits, edit_cls)
+
+
+def _graph_nodes(src, code, name, site, edits, edit_cls) -> None:
+    """ds4's own graph nodes of a kernel with a slot (``P.func = (void *)kernel; P.kernelParams = A;`` with ``void
+    *A[] = {...}``): ``&ds4lab_no_slot`` (a NULL slot) appended to ``A``, so the node passes every parameter. A node
+    whose argument array is not found is a site ``not routed``."""
+    for m in re.finditer(r"\b(\w+)\s*\.\s*func\s*=\s*\(\s*void\s*\*\s*\)\s*" + name + r"\b", code):
+        params = m.group(1)
+        kp = list(re.finditer(r"\b" + params + r"\s*\.\s*kernelParams\s*=\s*(\w+)\s*;", code))
+        arr = re.search(r"\bvoid\s*\*\s*" + kp[0].group(1) + r"\s*\[\s*\]\s*=\s*\{([^{}]*)\}", code) \
+            if len(kp) == 1 else None
+        if not arr:
+            site(m.start(), "graph-node", "", "not routed", f"{name} is a node of ds4's own graph ({params}) whose "
+                 "argument array was not found: the node would miss its slot parameter")
+            continue
+        body = src[arr.start(1):arr.end(1)].rstrip()
+        at = arr.start(1) + len(body)
+        edits.append(edit_cls(at, at, ", (void *)&ds4lab_no_slot"))
+        site(m.start(), "graph-node", "", "slots (NULL)", "", f"{name}: {kp[0].group(1)}[] given a NULL slot")
 
 
 def _one_kernel(src, code, m, close, is_def, name, moved, site, edits, edit_cls, split_args) -> bool:
