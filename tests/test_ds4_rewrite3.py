@@ -74,6 +74,8 @@ def test_every_launch_and_call_of_the_token_is_deferred_and_every_moved_kernel_h
     assert rw3.text.count("ds4lab_launch<") - R3.PROLOGUE3.count("ds4lab_launch<") == 351
     # the moved parameters, and only they, read from the slot
     assert "uint32_t ds4lab_arg_pos0," in rw3.text and "uint32_t pos0 = ds4lab_slot_take(" in rw3.text
+    # a struct by value (the raw KV store's row table, 1.8 KB): read in place, through a reference to the slot
+    assert "const cuda_attention_decode_row_table &rows = ds4lab_slot_ref(ds4lab_slot" in rw3.text
     assert rw3.text.count("const unsigned char *ds4lab_slot)") == len(R3.MOVED)
     # ds4's own graph nodes of two of those kernels (its score-split graph) pass a NULL slot
     nodes = sorted(s.text for s in rw3.sites if s.kind == "graph-node")

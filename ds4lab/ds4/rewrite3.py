@@ -121,12 +121,26 @@ def _one_kernel(src, code, m, close, is_def, name, moved, site, edits, edit_cls,
     edits.append(edit_cls(close, close, f", const unsigned char *{SLOT}"))
     if is_def:
         brace = code.index("{", close)
-        body = " unsigned ds4lab_so = 0;" + "".join(
-            f" {ty} {pname} = ds4lab_slot_take({SLOT}, &ds4lab_so, {ARG}{pname});" for _, ty, pname in decls)
+        body = " unsigned ds4lab_so = 0;" + "".join(_take(ty, pname) for _, ty, pname in decls)
         edits.append(edit_cls(brace + 1, brace + 1, body))
     site(m.start(), "slot-kernel", "", "slots" if is_def else "slots (declaration)",
          "", f"{name}: " + ", ".join(f"#{i} {p}" for i, _, p in decls))
     return True
+
+
+#: Parameter types read from a slot by value; any other (a struct passed by value: ds4's row table) is read through a
+#: reference to the slot's copy, so the kernel loads only the fields it uses.
+SCALARS = {"int", "unsigned", "unsigned int", "float", "double", "bool", "int32_t", "uint32_t", "int64_t", "uint64_t",
+           "size_t", "uint16_t", "int16_t", "uint8_t", "int8_t", "long", "unsigned long", "long long",
+           "unsigned long long", "uintptr_t"}
+
+
+def _take(ty: str, pname: str) -> str:
+    """The statement that declares moved parameter ``pname`` of type ``ty`` at the top of its kernel."""
+    bare = " ".join(w for w in ty.replace("*", " * ").split() if w not in ("const", "volatile", "__restrict__"))
+    if "*" in ty or bare in SCALARS:
+        return f" {ty} {pname} = ds4lab_slot_take({SLOT}, &ds4lab_so, {ARG}{pname});"
+    return f" const {bare} &{pname} = ds4lab_slot_ref({SLOT}, &ds4lab_so, {ARG}{pname});"
 
 
 def _close(code: str, open_at: int) -> int:
