@@ -48,7 +48,7 @@
 #                run on the synthetic Flash-shaped model; DS4_ARGS adds options (--contexts, --configs, ...),
 #                DS4_NAME names its folder (default ds4); the build and the model are cached in /tmp, and the
 #                build comes back as $OUT/ds4build-{lib,obj}.tar.xz (put both into .ds4build/ and carry it;
-#                DS4_PACK_BUILD=0 sends none back). ds4's capture ladder: DS4_ARGS="--stages 0,i,3u ..." (builds
+#                DS4_PACK_BUILD=0 sends none back). ds4's capture ladder: DS4_ARGS="--stages 0,i,3u,3 ..." (builds
 #                ds4 as it ships and rewritten by ds4lab; a build made on another machine: --host-march x86-64-v3,
 #                with CC naming the compiler path that build recorded, and --no-build so nothing is built there)
 #   nb06         notebook 06 on this GPU, reading the ds4 step's folder (DS4_NAME; NB06_CONTEXTS, default 1024,4096)

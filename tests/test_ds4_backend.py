@@ -292,7 +292,7 @@ class _StandInEngine:
     def capture_stats(self, diff=True):
         return {"segments": 1, "splits": 0, "instantiated": 0, "updated": 1, "update_refused": 0, "nodes": 1700,
                 "kernel_nodes": 1700, "nodes_changed": 300, "kernels_shape": 0, "kernels_uncompared": 0,
-                "diffed_segments": 1, "breaks": ""}
+                "diffed_segments": 1, "breaks": "", "replayed": 0, "records": 0, "moved": 0, "slot_bytes": 0}
 
     def capture_tally(self):
         return [{"kernel": "rope_kernel", "param": 3, "changes": 40}]
@@ -778,8 +778,9 @@ def test_stages_option_runs_the_reference_first_and_refuses_stages_not_built(tmp
     from ds4lab.jobs.ds4 import Ds4JobConfig, check_config
 
     assert parse_stages("0,i,3u") == ("islands-off", "stage-0", "stage-i", "stage-3u")
-    with pytest.raises(BadInput, match="3: stage 3 reads the per-token arguments from device memory"):
-        parse_stages("0,3")
+    assert parse_stages("0,3") == ("islands-off", "stage-0", "stage-3")
+    with pytest.raises(BadInput, match="3p: stage 3p sets programmatic dependent launch"):
+        parse_stages("0,3p")
     with pytest.raises(BadInput, match="unknown 9"):
         parse_stages("0,9")
     src = _fake_checkout(tmp_path / "ds4-abc1234")

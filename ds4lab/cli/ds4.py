@@ -33,7 +33,9 @@ def _ints(text: str, option: str) -> tuple:
 @click.option("--stages", default=None,
               help="Rungs of ds4's own capture ladder, run on ds4 rewritten by ds4lab (stage 0 in ds4) beside ds4 as "
                    "it ships: 0 (accessor unset), i (ds4's islands), 3u (the whole token captured, its graph updated "
-                   "per token). Every stage's logits are compared with ds4 as it ships (exact.csv, ladder.csv).")
+                   "per token), 3 (a dry pass of ds4's token, the graph of its signature replayed, the changing "
+                   "arguments read from device memory; a build of its own). Every stage's logits are compared with "
+                   "ds4 as it ships (exact.csv, ladder.csv).")
 @click.option("--host-march", default="native", show_default=True,
               help="-march of ds4's host code (ds4's own: native; x86-64-v3 for a build carried to another machine).")
 @click.option("--no-build", is_flag=True, default=False,

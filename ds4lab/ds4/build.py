@@ -70,6 +70,8 @@ class BuildPlan:
     extra_lib: tuple = ()
     #: apply ds4lab's stage-0 rewrite (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``
     rewrite: bool = False
+    #: which rewrite: ``"0"``, or ``"3"`` (stage 0 with argument slots and the dry pass: :mod:`ds4lab.ds4.rewrite3`)
+    rewrite_stage: str = "0"
 
     @property
     def flags_digest(self) -> str:
@@ -82,12 +84,13 @@ class BuildPlan:
 
     @property
     def driver_digest(self) -> str:
-        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``, and the hooks' header it
-        includes, ``csrc/ds4lab_hooks.h``)."""
+        """First 12 hex digits of SHA-256 over ds4lab's driver source (``csrc/ds4lab_ds4.c``, and the headers it
+        includes, ``csrc/ds4lab_hooks.h`` and ``csrc/ds4lab_dry.h``)."""
         h = hashlib.sha256(DRIVER_SOURCE.read_bytes())
-        hooks = DRIVER_SOURCE.with_name("ds4lab_hooks.h")
-        if hooks.is_file():
-            h.update(hooks.read_bytes())
+        for name in ("ds4lab_hooks.h", "ds4lab_dry.h"):
+            header = DRIVER_SOURCE.with_name(name)
+            if header.is_file():
+                h.update(header.read_bytes())
         return h.hexdigest()[:12]
 
     def make_command(self, src: Path, targets) -> list[str]:
@@ -121,18 +124,23 @@ class BuildPlan:
 
 
 def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | None = None,
-               extra_include=(), extra_lib=(), rewrite: bool = False, host_march: str = "native") -> BuildPlan:
+               extra_include=(), extra_lib=(), rewrite: bool = False, host_march: str = "native",
+               rewrite_stage: str = "0") -> BuildPlan:
     """The build for GPU architecture ``arch`` (``sm_90`` for an H100/H200), or :data:`CPU` (ds4's CPU objects, for
     testing the driver without a GPU). The make variables restate ds4's own Linux flags whole, with ``-fPIC`` added and
     the debug flags left out; ``host_march`` replaces ``-march=native``; ``rewrite`` applies stage 0
-    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``. Raises BadInput: ``arch`` is not
-    ``sm_<digits>[a]``, or ``host_march`` is not a plain ``-march`` value."""
+    (:mod:`ds4lab.ds4.rewrite`) to the build's copy of ``ds4_cuda.cu``, with ``rewrite_stage="3"`` stage 3's argument
+    slots and dry pass too. Raises BadInput: ``arch`` is not ``sm_<digits>[a]``, ``host_march`` is not a plain
+    ``-march`` value, or ``rewrite_stage`` is not a rewrite stage."""
+    from .rewrite import STAGES
     import re
 
     if arch != CPU and not re.fullmatch(r"sm_\d{2,3}a?", arch):
         raise BadInput(f"--arch {arch}: give a CUDA architecture such as sm_90")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", host_march):
         raise BadInput(f"--host-march {host_march!r}: give a -march value such as native or x86-64-v3")
+    if rewrite_stage not in STAGES:
+        raise BadInput(f"rewrite stage {rewrite_stage!r}: choose from {', '.join(STAGES)}")
     march = f"-march={host_march}"
     tc = toolchain or (Toolchain(nvcc="", cc=_cc(), cuda_home="") if arch == CPU else Toolchain.find())
     inc = " ".join(f"-I{d}" for d in extra_include)
@@ -148,7 +156,7 @@ def build_plan(arch: str, *, jobs: int | None = None, toolchain: Toolchain | Non
     if arch == CPU:
         make_vars = {"CC": tc.cc, "CFLAGS": make_vars["CFLAGS"]}
     return BuildPlan(arch, jobs or os.cpu_count() or 4, make_vars, tc, tuple(extra_include), tuple(extra_lib),
-                     rewrite=bool(rewrite))
+                     rewrite=bool(rewrite), rewrite_stage=str(rewrite_stage))
 
 
 @dataclass
@@ -169,7 +177,7 @@ def cache_root() -> Path:
 def folder_name(src: Ds4Source, plan: BuildPlan) -> str:
     """The build's folder in the cache: ``build-<commit>-<source digest>-<arch>[-rw<rewritten digest>]-<flags digest>``
     (a rewritten build keyed by the text it compiles too: :func:`rewritten_digest`)."""
-    rw = f"-rw{rewritten_digest(src)}" if plan.rewrite else ""
+    rw = f"-rw{rewritten_digest(src, plan.rewrite_stage)}" if plan.rewrite else ""
     return f"build-{src.commit[:12] or 'nocommit'}-{src.digest}-{plan.arch}{rw}-{plan.flags_digest}"
 
 
@@ -220,7 +228,7 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, c
             return _run_step(log, steps, step, cmd, failed, cwd=cwd)
 
         src_dir = materialize(src, folder / "src")
-        rewritten = _apply_rewrite(src_dir, folder, say) if plan.rewrite else None
+        rewritten = _apply_rewrite(src_dir, folder, say, plan.rewrite_stage) if plan.rewrite else None
         (folder / "print-objs.mk").write_text(_PRINT_OBJS.format(var=plan.objects_var))
         out = run(f"list {plan.objects_var}", ["make", "-s", "--no-print-directory", "-C", str(src_dir), "-f", "Makefile",
                                      "-f", str(folder / "print-objs.mk"), *(f"{k}={v}" for k, v in plan.make_vars.items()),
@@ -259,26 +267,26 @@ def _build_locked(src: Ds4Source, plan: BuildPlan, root: Path, name: str, say, c
     return Build(folder, folder / LIBRARY_NAME, info)
 
 
-def rewritten_digest(src: Ds4Source) -> str:
-    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as the rewrite makes it from ``src``: a rewrite change that
-    changes its output is a new build."""
+def rewritten_digest(src: Ds4Source, stage: str = "0") -> str:
+    """First 12 hex digits of SHA-256 over ``ds4_cuda.cu`` as the rewrite of ``stage`` makes it from ``src``: a
+    rewrite change that changes its output is a new build."""
     import tempfile
 
     from . import rewrite as RW
 
     with tempfile.TemporaryDirectory(prefix="ds4lab-rewrite-") as tmp:
-        rw = RW.rewrite_checkout(materialize(src, Path(tmp) / "src"), write=False)
+        rw = RW.rewrite_checkout(materialize(src, Path(tmp) / "src"), write=False, stage=stage)
     return hashlib.sha256(rw.text.encode()).hexdigest()[:12]
 
 
-def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
-    """Stage 0 on the build's copy; every site into ``rewrite-sites.csv`` (with the other CUDA files' launch sites).
-    Returns the summary ``build.json`` keeps; an unroutable site is named by file and line."""
+def _apply_rewrite(src_dir: Path, folder: Path, say, stage: str = "0") -> dict:
+    """Stage 0 (or 3) on the build's copy; every site into ``rewrite-sites.csv`` (with the other CUDA files' launch
+    sites). Returns the summary ``build.json`` keeps; an unroutable site is named by file and line."""
     import csv
 
     from . import rewrite as RW
 
-    rw = RW.rewrite_checkout(src_dir)
+    rw = RW.rewrite_checkout(src_dir, stage=stage)
     rows = rw.rows() + [s.__dict__.copy() for s in RW.other_launch_sites(src_dir)]
     with open(folder / "rewrite-sites.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -289,10 +297,11 @@ def _apply_rewrite(src_dir: Path, folder: Path, say) -> dict:
         key = " / ".join((kind, RW.NAMED if stream.startswith(RW.NAMED) else stream, action))
         counts[key] = counts.get(key, 0) + n
     unrouted = [f"{s.file}:{s.line} {s.kind}: {s.why}" for s in rw.unrouted]
-    say(f"ds4 build: rewrite (stage 0) routed {sum(rw.launches().values())} launch sites "
+    say(f"ds4 build: rewrite (stage {stage}) routed {sum(rw.launches().values())} launch sites "
         f"({', '.join(f'{v} {k}' for k, v in rw.launches().items())}), {len(rw.sites)} sites in all"
         + (f"; NOT routed: {'; '.join(unrouted)}" if unrouted else ""))
-    return {"version": RW.VERSION, "rewritten_digest": hashlib.sha256(rw.text.encode()).hexdigest()[:12],
+    return {"version": RW.VERSION, "stage": stage,
+            "rewritten_digest": hashlib.sha256(rw.text.encode()).hexdigest()[:12],
             "launch_sites": rw.launches(), "sites": len(rw.sites), "counts": counts, "unrouted": unrouted}
 
 

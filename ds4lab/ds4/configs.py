@@ -1,6 +1,6 @@
 """The ds4 configurations ``ds4lab ds4`` measures (:data:`VARIANTS`): ds4 as it ships with environment switches ds4
 itself reads (``islands-off``, ``islands-on``, ``moe-profile``, ``moe-graph``), and the capture ladder's stages on
-ds4 rewritten by ds4lab (``stage-0``, ``stage-i``, ``stage-3u``: :mod:`ds4lab.ds4.rewrite`), each held to
+ds4 rewritten by ds4lab (``stage-0``, ``stage-i``, ``stage-3u``, ``stage-3``: :mod:`ds4lab.ds4.rewrite`), each held to
 ``islands-off`` bit for bit. What each switch does in ``ds4_cuda.cu`` at ``b0309611``: ``docs/ds4.md``."""
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ class Ds4Variant:
     env: tuple
     what: str
     expert_bits: tuple | None = None
-    #: which build runs it: ``shipped`` (ds4 as it ships) or ``rewritten`` (ds4lab's stage 0 applied)
+    #: which build runs it: ``shipped`` (ds4 as it ships), ``rewritten`` (ds4lab's stage 0 applied) or ``rewritten-3``
+    #: (stage 0 with stage 3's argument slots and dry pass: :mod:`ds4lab.ds4.rewrite3`)
     build: str = "shipped"
-    #: the driver's capture mode (:data:`ds4lab.ds4.engine.EAGER` 0, ``WHOLE_TOKEN_UPDATE`` 1)
+    #: the driver's capture mode (:data:`ds4lab.ds4.engine.EAGER` 0, ``WHOLE_TOKEN_UPDATE`` 1, ``DRY_PASS`` 2)
     capture: int = 0
-    #: its rung on the capture ladder (``0``, ``i``, ``3u``), or ``""`` outside the ladder
+    #: its rung on the capture ladder (``0``, ``i``, ``3u``, ``3``), or ``""`` outside the ladder
     stage: str = ""
 
     @property
@@ -46,7 +47,14 @@ VARIANTS = {c.name: c for c in (
     Ds4Variant("stage-3u", (("DS4_CUDA_DECODE_GRAPHS", "0"),),
               "ds4 rewritten, islands off, every token captured whole and replayed, its graph updated "
               "per token shape", build="rewritten", capture=1, stage="3u"),
+    Ds4Variant("stage-3", (("DS4_CUDA_DECODE_GRAPHS", "0"),),
+              "ds4 rewritten with argument slots, islands off, every token a dry pass of its host code and one "
+              "graph per token signature, its changing arguments read from device memory, never updated",
+              build="rewritten-3", capture=2, stage="3"),
 )}
+
+#: The rewrite stage each build applies (:func:`ds4lab.ds4.rewrite.rewrite_source`); ``None``: ds4 as it ships.
+BUILD_STAGES = {"shipped": None, "rewritten": "0", "rewritten-3": "3"}
 
 #: The configuration every stage's logits are compared with: ds4 as it ships, eager.
 REFERENCE = "islands-off"
@@ -54,9 +62,6 @@ REFERENCE = "islands-off"
 STAGES = {v.stage: v.name for v in VARIANTS.values() if v.stage}
 #: Stages of the plan not built for ds4 itself, and why (``--stages`` names them and refuses).
 NOT_BUILT = {
-    "3": "stage 3 reads the per-token arguments from device memory: ds4's kernels take them by value "
-         "(the stage-3u run's capture-args.csv lists each kernel argument that changes between tokens); "
-         "the rewrite does not change ds4's kernels yet",
     "3p": "stage 3p sets programmatic dependent launch on ds4's launches: not built (it needs stage 3 and "
           "a launch through cudaLaunchKernelEx at every site)",
 }

@@ -25,7 +25,9 @@ class TokenStats(ctypes.Structure):
                 ("updated", ctypes.c_int), ("update_refused", ctypes.c_int), ("nodes", ctypes.c_longlong),
                 ("kernel_nodes", ctypes.c_longlong), ("nodes_changed", ctypes.c_longlong),
                 ("kernels_shape", ctypes.c_longlong), ("kernels_uncompared", ctypes.c_longlong),
-                ("diffed_segments", ctypes.c_int), ("breaks", (ctypes.c_char * 64) * 8)]
+                ("diffed_segments", ctypes.c_int), ("breaks", (ctypes.c_char * 64) * 8),
+                ("replayed", ctypes.c_int), ("records", ctypes.c_longlong), ("moved", ctypes.c_longlong),
+                ("slot_bytes", ctypes.c_longlong)]
 
     def as_dict(self) -> dict:
         """The fields, ``breaks`` as ``"call:line"`` strings joined by spaces (ds4_cuda.cu's lines)."""
@@ -35,8 +37,9 @@ class TokenStats(ctypes.Structure):
 
 
 #: Capture modes of the driver (``ds4lab_capture_mode``): 0 ds4's tokens as they run; 1 every token
-#: captured whole and replayed, its executable graph updated per token shape (stage 3u).
-EAGER, WHOLE_TOKEN_UPDATE = 0, 1
+#: captured whole and replayed, its executable graph updated per token shape (stage 3u); 2 every token a dry
+#: pass of ds4's host code, then the graph of its signature, never updated (stage 3: a stage-3 build).
+EAGER, WHOLE_TOKEN_UPDATE, DRY_PASS = 0, 1, 2
 
 
 def _bind(lib) -> None:
@@ -153,8 +156,8 @@ class Ds4Engine:
         return int(self.lib.ds4lab_rewritten())
 
     def capture_mode(self, mode: int) -> None:
-        """Set the driver's capture mode (:data:`EAGER`, :data:`WHOLE_TOKEN_UPDATE`) on this thread. Raises Ds4Error
-        when the build has no ds4lab rewrite and a capture is asked for."""
+        """Set the driver's capture mode (:data:`EAGER`, :data:`WHOLE_TOKEN_UPDATE`, :data:`DRY_PASS`) on this thread.
+        Raises Ds4Error when the build lacks the rewrite the mode needs (stage 0; stage 3 for :data:`DRY_PASS`)."""
         if self.lib.ds4lab_capture_mode(self.h, int(mode)) != 0:
             raise Ds4Error(self._error())
 

@@ -15,13 +15,14 @@ from . import readout as R
 from .configs import REFERENCE, VARIANTS
 
 #: The rungs in order, and the configuration of each (the reference first: ds4 as it ships, eager).
-ORDER = (("shipped", REFERENCE), ("0", "stage-0"), ("i", "stage-i"), ("3u", "stage-3u"))
+ORDER = (("shipped", REFERENCE), ("0", "stage-0"), ("i", "stage-i"), ("3u", "stage-3u"), ("3", "stage-3"))
 
 LADDER_COLUMNS = ("context", "stage", "config", "build", "tokens", "us_per_token", "iqr_us",
                   "gain_over_0_us", "gain_over_0_lo", "gain_over_0_hi", "gain_over_0_measurable",
                   "vs_shipped_us", "vs_shipped_lo", "vs_shipped_hi", "vs_shipped_measurable",
                   "exact_tokens", "compared_tokens", "first_difference", "launch_calls", "graph_launches",
-                  "kernels", "graphs_per_token", "node_updates_per_token", "splits_per_token", "split_calls")
+                  "kernels", "graphs_per_token", "node_updates_per_token", "splits_per_token", "split_calls",
+                  "captures_timed", "slot_bytes_per_token")
 
 
 def _paired(tokens: pd.DataFrame, base: str, other: str, ctx: int) -> dict:
@@ -38,9 +39,11 @@ def _paired(tokens: pd.DataFrame, base: str, other: str, ctx: int) -> dict:
 
 def ladder_table(tables: dict) -> pd.DataFrame:
     """The ladder from a ``ds4lab ds4`` folder's tables (:func:`ds4lab.ds4.measure.collect`'s dict): per context and
-    stage (``shipped``, ``0``, ``i``, ``3u``) µs per token and IQR; ``gain_over_0`` and ``vs_shipped`` (paired
+    stage (``shipped``, ``0``, ``i``, ``3u``, ``3``) µs per token and IQR; ``gain_over_0`` and ``vs_shipped`` (paired
     medians with 95 % intervals); ``exact_tokens`` of ``compared_tokens`` and the first difference; launch calls,
-    graph launches and kernels per token (``census``); graphs, node updates and splits per token (``capture``)."""
+    graph launches and kernels per token (``census``); graphs, node updates and splits per token, graphs made
+    during the timed tokens (``captures_timed``: 0 when every timed token replayed a graph made before) and
+    argument-slot bytes per token (``capture``)."""
     tokens, summary = tables["tokens"], tables["summary"]
     exact = tables.get("exact", pd.DataFrame())
     capture = tables.get("capture", pd.DataFrame())
@@ -72,10 +75,14 @@ def ladder_table(tables: dict) -> pd.DataFrame:
                 row.update(graphs_per_token=float(k.segments.median()),
                            node_updates_per_token=float(k.nodes_changed.median()),
                            splits_per_token=float(k.splits.median()),
-                           split_calls=" ".join(sorted({b for v in k.breaks for b in str(v).split() if b})))
+                           split_calls=" ".join(sorted({b for v in k.breaks for b in str(v).split() if b})),
+                           captures_timed=int(pd.to_numeric(k.instantiated, errors="coerce").fillna(0).sum()),
+                           slot_bytes_per_token=float(pd.to_numeric(k.slot_bytes, errors="coerce").median())
+                           if "slot_bytes" in k else np.nan)
             else:
                 row.update(graphs_per_token=row["graph_launches"], node_updates_per_token=np.nan,
-                           splits_per_token=np.nan, split_calls="")
+                           splits_per_token=np.nan, split_calls="", captures_timed=np.nan,
+                           slot_bytes_per_token=np.nan)
             rows.append(row)
     return pd.DataFrame(rows, columns=list(LADDER_COLUMNS))
 
@@ -92,7 +99,7 @@ def _first_difference(e: pd.DataFrame) -> str:
 
 
 #: ds4lab's stage of the sim for each rung of ds4's ladder (``shipped`` is ds4 eager: the sim's stage 0).
-SIM_STAGE = {"shipped": "0", "0": "0", "i": "i", "3u": "3u"}
+SIM_STAGE = {"shipped": "0", "0": "0", "i": "i", "3u": "3u", "3": "3"}
 
 
 def modeled_stages(folders, *, base=None, stages=("0", "i", "3u", "3"), tokens: int = 32) -> pd.DataFrame:

@@ -19,13 +19,15 @@ from .configs import REFERENCE, VARIANTS
 
 #: Configuration pairs whose per-position difference ``gains.csv`` holds (base, other: the gain of other).
 GAINS = (("islands-off", "islands-on"), ("islands-on", "moe-profile"), ("islands-on", "moe-graph"),
-         ("islands-off", "stage-0"), ("stage-0", "stage-i"), ("stage-0", "stage-3u"), ("stage-i", "stage-3u"))
+         ("islands-off", "stage-0"), ("stage-0", "stage-i"), ("stage-0", "stage-3u"), ("stage-i", "stage-3u"),
+         ("stage-0", "stage-3"), ("stage-i", "stage-3"), ("stage-3u", "stage-3"))
 
 
 @dataclass(frozen=True)
 class MeasurePlan:
     """What one ``ds4lab ds4`` run measures (every field in ``meta.json``). ``library``: ds4 as it ships;
-    ``rewritten_library``: ds4 with ds4lab's stage 0 (the ``stage-*`` configurations; ``""`` if none)."""
+    ``rewritten_library``: ds4 with ds4lab's stage 0 (the ``stage-*`` configurations but ``stage-3``; ``""`` if none);
+    ``stage3_library``: ds4 with ds4lab's stage 3 (``stage-3``; ``""`` if none)."""
 
     library: str
     model: str
@@ -39,15 +41,17 @@ class MeasurePlan:
     threads: int
     copy_model: bool
     rewritten_library: str = ""
+    stage3_library: str = ""
 
     def library_of(self, variant: str) -> str:
         """The library ``variant`` runs (its :attr:`~ds4lab.ds4.configs.Ds4Variant.build`)."""
-        return self.rewritten_library if VARIANTS[variant].build == "rewritten" else self.library
+        return {"rewritten": self.rewritten_library, "rewritten-3": self.stage3_library}.get(
+            VARIANTS[variant].build, self.library)
 
 
 #: The configurations whose tokens are recorded with CUPTI at ``trace_contexts`` (the MoE profile's too:
 #: ``ds4lab audit`` of it against what ds4's log says its island 1 did).
-RECORDED = ("islands-off", "islands-on", "moe-profile", "stage-0", "stage-i", "stage-3u")
+RECORDED = ("islands-off", "islands-on", "moe-profile", "stage-0", "stage-i", "stage-3u", "stage-3")
 
 
 def worker_env(variant: str, copy_model: bool, base=None) -> dict:

@@ -41,6 +41,9 @@ HOOKS = {
     "ds4_gpu_end_commands": "ds4lab_token_end();",
     "ds4_gpu_flush_commands": "if (ds4lab_token_active()) return 1;",
 }
+#: What ``stage`` the rewrite makes: ``"0"`` (the stream accessor and hooks) or ``"3"`` (stage 0, argument slots and
+#: the dry pass: :mod:`ds4lab.ds4.rewrite3`).
+STAGES = ("0", "3")
 #: Site kinds by the stream a kernel launch used before.
 LEGACY, DECODE, NAMED = "legacy", "cuda_decode_stream()", "named"
 
@@ -278,23 +281,31 @@ def mmq_stream_entries(root: Path) -> dict:
     return out
 
 
-def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = None) -> Rewrite:
+def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = None, stage: str = "0") -> Rewrite:
     """Rewrite the text ``src`` of ds4's ``ds4_cuda.cu`` (``file``: its name in the reports; ``mmq_entries``: the mmq
-    entry points' stream parameter, :func:`mmq_stream_entries`). Returns the new text and every site; unroutable
-    sites are in :attr:`Rewrite.unrouted` and left as they were."""
+    entry points' stream parameter, :func:`mmq_stream_entries`; ``stage``: ``"0"``, or ``"3"`` for stage 0 with the
+    argument slots and the dry pass of :mod:`ds4lab.ds4.rewrite3`). Returns the new text and every site; unroutable
+    sites are in :attr:`Rewrite.unrouted` and left as they were. Raises ValueError: an unknown ``stage``."""
+    if stage not in STAGES:
+        raise ValueError(f"rewrite stage {stage!r}: choose from {', '.join(STAGES)}")
     code = blank(src)
     line_at = _line_index(src)
     lines = src.splitlines()
     sites: list[Site] = []
     edits: list[_Edit] = []
 
-    def site(pos: int, kind: str, stream: str, action: str, why: str = "") -> None:
+    def site(pos: int, kind: str, stream: str, action: str, why: str = "", text: str | None = None) -> None:
         ln = line_at(pos)
-        sites.append(Site(file, ln, kind, stream, action, why, lines[ln - 1].strip()[:160] if lines else ""))
+        sites.append(Site(file, ln, kind, stream, action, why,
+                          text if text is not None else lines[ln - 1].strip()[:160] if lines else ""))
 
-    _launches(src, code, site, edits)
-    _calls(src, code, site, edits, mmq_entries or {}, line_at)
+    _launches(src, code, site, edits, stage, line_at)
+    _calls(src, code, site, edits, mmq_entries or {}, line_at, stage)
     _hooks(src, code, site, edits)
+    if stage == "3":
+        from . import rewrite3
+
+        rewrite3.kernel_edits(src, code, site, edits, _Edit, split_args)
     edits.sort(key=lambda e: e.start)
     kept: list[_Edit] = []
     for e in edits:  # an edit inside another would be lost by one of them: reported, both left as they were
@@ -307,7 +318,7 @@ def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = N
     out = src
     for e in reversed(kept):
         out = out[:e.start] + e.text + out[e.end:]
-    out = _insert_prologue(out, blank(out), site)
+    out = _insert_prologue(out, blank(out), site, stage)
     sites.sort(key=lambda s: (s.line, s.kind))
     return Rewrite(file, out, sites)
 
@@ -323,8 +334,11 @@ def _line_index(src: str):
     return line_at
 
 
-def _launches(src: str, code: str, site, edits: list) -> None:
+def _launches(src: str, code: str, site, edits: list, stage: str = "0", line_at=None) -> None:
     for m in re.finditer(r"<<<", code):
+        if stage == "3":
+            _launch3(src, code, m, site, edits, line_at)
+            continue
         start = m.end()
         end = code.find(">>>", start)
         if end < 0:
@@ -350,6 +364,31 @@ def _launches(src: str, code: str, site, edits: list) -> None:
             site(m.start(), "launch", LEGACY, "routed")
 
 
+def _launch3(src: str, code: str, m, site, edits: list, line_at) -> None:
+    """One launch site in stage 3: the whole ``kernel<<<...>>>(...)`` as ``ds4lab_launch`` (:mod:`.rewrite3`), its
+    stream routed as in stage 0. A site whose kernel, configuration or arguments cannot be parsed is not routed."""
+    from . import rewrite3
+
+    start = m.end()
+    end = code.find(">>>", start)
+    k0 = rewrite3.kernel_expr_start(code, m.start())
+    paren = end + 3 + (len(code[end + 3:]) - len(code[end + 3:].lstrip())) if end > 0 else -1
+    close = _match_paren(code, paren) if paren > 0 and code[paren:paren + 1] == "(" else -1
+    cfg = [src[start + a:start + b] for a, b in split_args(code[start:end])] if end > 0 else []
+    if k0 < 0 or close < 0 or not 2 <= len(cfg) <= 4 or any(not c.strip() for c in cfg):
+        site(m.start(), "launch", "", "not routed", "stage 3: cannot parse the kernel, its configuration or its "
+             "arguments")
+        return
+    kind = LEGACY if len(cfg) < 4 else _stream_kind(cfg[3])
+    cfg = cfg + ["0"] * (3 - len(cfg)) if len(cfg) < 3 else cfg
+    cfg = cfg[:3] + [f"ds4lab_current_stream({cfg[3].strip() if len(cfg) == 4 else '(cudaStream_t)0'})"]
+    args = [src[paren + 1 + a:paren + 1 + b] for a, b in split_args(code[paren + 1:close])]
+    kernel = src[k0:m.start()]
+    edits.append(_Edit(k0, close + 1, rewrite3.launch_text(kernel, cfg, args, line_at(m.start()))))
+    base = re.sub(r"\s+", "", kernel).split("<")[0].split("::")[-1]
+    site(m.start(), "launch", kind, "routed+deferred" + ("+slots" if base in rewrite3.MOVED else ""))
+
+
 _KEYWORDS_BEFORE_CALL = {"return", "else", "do", "case", "sizeof"}
 
 
@@ -371,7 +410,7 @@ def _is_call(code: str, name_at: int) -> tuple[bool, str]:
     return True, ""
 
 
-def _calls(src: str, code: str, site, edits: list, mmq_entries: dict, line_at) -> None:
+def _calls(src: str, code: str, site, edits: list, mmq_entries: dict, line_at, stage: str = "0") -> None:
     names = set(ROUTED) | set(SPLITS) | {"cudaMemset"} | set(mmq_entries)
     pat = re.compile(r"(?<![\w])(" + "|".join(sorted(names, key=len, reverse=True)) + r"|cublas[A-Z]\w*)\s*\(")
     for m in pat.finditer(code):
@@ -445,8 +484,26 @@ def _calls(src: str, code: str, site, edits: list, mmq_entries: dict, line_at) -
         if split:
             call = f'(ds4lab_split_begin("{name}", {line_at(m.start())}), ds4lab_split_end({call}))'
             action.append("split")
+        elif stage == "3" and name not in ("cudaStreamIsCapturing",):
+            call, why = _defer3(call, name, kind, line_at(m.start()))
+            if why:
+                site(m.start(), kind, stream, "not routed", why)
+                continue
+            action.append("deferred")
         edits.append(_Edit(m.start(1), close + 1, call))
         site(m.start(), kind, stream, "+".join(action))
+
+
+def _defer3(call: str, name: str, kind: str, line: int) -> tuple[str, str]:
+    """A call of the token in stage 3: ``(its deferred text, "")``, or ``("", why)`` when it cannot be deferred (a
+    cuBLAS call whose scalar pointers the record does not know)."""
+    from . import rewrite3
+
+    if kind == "cublas" and name not in rewrite3.CUBLAS_SCALARS:
+        return "", f"stage 3: {name}: where its alpha and beta are is not known, it cannot be deferred"
+    if kind not in ("cublas", "mmq-entry") and name not in rewrite3.DEFERRED:
+        return call, ""
+    return rewrite3.defer_text(call, name, line), ""
 
 
 def _line_of(src: str, pos: int) -> int:
@@ -481,7 +538,7 @@ def _hooks(src: str, code: str, site, edits: list) -> None:
     site(m.start(), "decode-stream", DECODE, "routed")
 
 
-def _insert_prologue(out: str, code: str, site) -> str:
+def _insert_prologue(out: str, code: str, site, stage: str = "0") -> str:
     """The prologue after the last ``#include`` before the first line of code (so the CUDA and cuBLAS types are
     declared and nothing of ds4's comes before it)."""
     first_code = re.search(r"^[ \t]*[A-Za-z_]", code, re.M)
@@ -492,17 +549,23 @@ def _insert_prologue(out: str, code: str, site) -> str:
         return out
     at = inc[-1].end()
     text = f"\n#define DS4LAB_REWRITE_VERSION {VERSION}\n" + PROLOGUE
+    if stage == "3":
+        from .rewrite3 import PROLOGUE3
+
+        text += PROLOGUE3
     return out[:at] + text + out[at:]
 
 
-def rewrite_checkout(root, *, write: bool = True) -> Rewrite:
+def rewrite_checkout(root, *, write: bool = True, stage: str = "0") -> Rewrite:
     """Rewrite ``root/ds4_cuda.cu`` of a checkout copy (the build's, never the user's) in place (``write=False``: an
-    inventory only); returns the :class:`Rewrite`. Raises RewriteError when the checkout has no ``ds4_cuda.cu``."""
+    inventory only; ``stage``: as :func:`rewrite_source`); returns the :class:`Rewrite`. Raises RewriteError when the
+    checkout has no ``ds4_cuda.cu``."""
     root = Path(root)
     target = root / TARGET
     if not target.is_file():
         raise RewriteError(f"{root}: no {TARGET} to rewrite")
-    rw = rewrite_source(target.read_text(errors="replace"), file=TARGET, mmq_entries=mmq_stream_entries(root))
+    rw = rewrite_source(target.read_text(errors="replace"), file=TARGET, mmq_entries=mmq_stream_entries(root),
+                        stage=stage)
     if write:
         tmp = target.with_suffix(".cu.ds4lab-tmp")
         tmp.write_text(rw.text)

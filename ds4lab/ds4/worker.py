@@ -15,7 +15,7 @@ TOKEN_FIELDS = ("config", "context", "index", "pos", "token", "gpu_us", "host_us
 #: (:class:`ds4lab.ds4.engine.TokenStats`).
 CAPTURE_FIELDS = ("config", "context", "index", "pos", "segments", "splits", "instantiated", "updated",
                   "update_refused", "nodes", "kernel_nodes", "nodes_changed", "kernels_shape",
-                  "kernels_uncompared", "diffed_segments", "breaks")
+                  "kernels_uncompared", "diffed_segments", "breaks", "replayed", "records", "moved", "slot_bytes")
 PREFILL_FIELDS = ("config", "context", "from_pos", "tokens", "seconds")
 #: Passes over ``trace_tokens`` decode tokens at a traced context (:func:`_trace`): the CUPTI recording,
 #: then the kernel-argument recording, each on tokens of its own.

@@ -16,7 +16,8 @@ from .common import BadInput, check_out_option, out_folder
 #: What the job writes in its folder.
 DS4_OUTPUTS = ("tokens.csv", "summary.csv", "gains.csv", "islands.csv", "prefill.csv", "census.csv", "kernels-*.csv",
                "expert-data.csv", "audit-*", "exact.csv", "capture.csv", "capture-args.csv", "ladder.csv",
-               "rewrite-sites.csv", "ds4-*.log", "worker-*", "build.json", "build-rewritten.json")
+               "rewrite-sites.csv", "rewrite-sites-3.csv", "ds4-*.log", "worker-*", "build.json", "build-rewritten.json",
+               "build-rewritten-3.json")
 
 #: ds4lab's default contexts: those of ``ds4lab context``, so the two tables sit side by side.
 DEFAULT_CONTEXTS = (1024, 4096, 16384, 65536)
@@ -189,9 +190,13 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
                   cached_only=cfg.no_build)
     rw = (B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march, rewrite=True), cache=cache,
                   say=say, cached_only=cfg.no_build) if "rewritten" in builds else None)
-    if rw is not None and rw.info.get("rewrite", {}).get("unrouted"):
-        say("[bold red]ds4lab's rewrite left sites unrouted[/] (rewrite-sites.csv): "
-            + "; ".join(rw.info["rewrite"]["unrouted"]))
+    rw3 = (B.build(src, B.build_plan(arch, jobs=cfg.jobs, host_march=cfg.host_march, rewrite=True,
+                                     rewrite_stage="3"), cache=cache, say=say, cached_only=cfg.no_build)
+           if "rewritten-3" in builds else None)
+    for b, sites in ((rw, "rewrite-sites.csv"), (rw3, "rewrite-sites-3.csv")):
+        if b is not None and b.info.get("rewrite", {}).get("unrouted"):
+            say(f"[bold red]ds4lab's rewrite left sites unrouted[/] ({sites}): "
+                + "; ".join(b.info["rewrite"]["unrouted"]))
     model, model_info = model_for(cfg, cache / "ds4", say=say)
     need_mib = Path(model).stat().st_size / 2**20
     if cfg.copy_model and gpu.get("gpu_free_mib") and need_mib > 0.97 * gpu["gpu_free_mib"]:
@@ -199,8 +204,10 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
                        "free (ds4 copies it whole with DS4_CUDA_COPY_MODEL=1): run with --no-copy-model")
     plan = M.MeasurePlan(str(bld.library), str(model), tuple(cfg.configs), tuple(int(c) for c in cfg.contexts),
                          cfg.warmup, cfg.tokens, tuple(int(c) for c in cfg.trace_contexts), cfg.trace_tokens,
-                         cfg.seed, cfg.threads, cfg.copy_model, str(rw.library) if rw else "")
+                         cfg.seed, cfg.threads, cfg.copy_model, str(rw.library) if rw else "",
+                         str(rw3.library) if rw3 else "")
     meta = _meta(src, arch, gpu, bld, rw, model_info, plan, cfg)
+    meta["stage3_build"] = _build_meta(rw3)
     workers = {}
     with results.job_folder(out, meta, DS4_OUTPUTS, say=say, ran=ran) as folder:
         folder = Path(folder)
@@ -208,6 +215,9 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
         if rw is not None:
             shutil.copy(rw.folder / "build.json", folder / "build-rewritten.json")
             shutil.copy(rw.folder / "rewrite-sites.csv", folder / "rewrite-sites.csv")
+        if rw3 is not None:
+            shutil.copy(rw3.folder / "build.json", folder / "build-rewritten-3.json")
+            shutil.copy(rw3.folder / "rewrite-sites.csv", folder / "rewrite-sites-3.csv")
         say(f"[bold]ds4lab ds4[/] · {src.label} · {gpu.get('gpu', '?')} (driver {gpu.get('driver', '?')}) · "
             f"contexts {','.join(map(str, plan.contexts))} · {plan.tokens} tokens each")
         for v in plan.configs:
@@ -228,6 +238,14 @@ def run(cfg: Ds4JobConfig, be=None, console=None) -> JobResult:
     return JobResult("ds4", meta, out=out, tables=dict(tables), value={"tables": tables, "meta": meta})
 
 
+def _build_meta(b) -> dict | None:
+    """What ``meta.json`` keeps of a rewritten build (``None``: not built)."""
+    if b is None:
+        return None
+    return {k: b.info.get(k) for k in ("seconds", "flags_digest", "driver_digest", "library_bytes", "rewrite")} | {
+        "cached": b.cached}
+
+
 def _meta(src, arch: str, gpu: dict, bld, rw, model_info: dict, plan, cfg: Ds4JobConfig) -> dict:
     """The run's ``meta.json``: provenance, GPU, ds4's source and builds, the model, the plan, the configurations."""
     import platform
@@ -241,9 +259,7 @@ def _meta(src, arch: str, gpu: dict, bld, rw, model_info: dict, plan, cfg: Ds4Jo
             "ds4_source_digest": src.digest, "arch": arch, "build": {k: bld.info.get(k) for k in
             ("seconds", "objects", "flags_digest", "driver_digest", "nvcc", "cc", "library_bytes")},
             "build_cached": bld.cached, "host_march": cfg.host_march,
-            "rewritten_build": ({k: rw.info.get(k) for k in ("seconds", "flags_digest", "driver_digest",
-                                                             "library_bytes", "rewrite")} | {"cached": rw.cached}
-                                if rw else None),
+            "rewritten_build": _build_meta(rw),
             "model": model_info, "plan": plan.__dict__, "measured": True,
             "configs": {n: {"env": VARIANTS[n].environ, "what": VARIANTS[n].what, "build": VARIANTS[n].build,
                             "capture": VARIANTS[n].capture, "stage": VARIANTS[n].stage} for n in cfg.configs}}

@@ -21,7 +21,16 @@
  * the executable graph of that token shape (cudaGraphExecUpdate; a refused update instantiates again)
  * and launches it, and ds4's own end-of-token synchronize follows. A call a capture cannot hold (ds4's
  * synchronizes, host reads, allocations: the rewrite's split hooks) ends the graph before it and
- * begins the next after it: the token is split there, and the call and ds4's line are counted. */
+ * begins the next after it: the token is split there, and the call and ds4's line are counted.
+ *
+ * Mode 2 (stage 3, a build rewritten with ds4lab's stage 3: ds4lab_dry_* found as weak symbols): the token's
+ * host code runs as a dry pass (nothing launched: each launch, cuBLAS call, memset, copy and event recorded,
+ * the arguments that change between tokens written to a pinned staging block, everything else hashed into
+ * the token's signature) with this driver's stream in a capture that must stay empty (work the rewrite did
+ * not defer fails the token instead of running out of order). At the token's end the executable graph of
+ * that signature is launched after one copy of the staging block to the device block the kernels read; a
+ * signature never seen is made first, by capturing the recorded work replayed in order. No graph is ever
+ * updated. A split ends the segment the same way; the next begins a new dry pass. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +62,14 @@ static const char *cudaGetErrorString(cudaError_t e) { (void)e; return "no error
 
 /* The hooks the rewrite's prologue declares, from the one header both take their layout from. */
 #include "ds4lab_hooks.h"
+/* Stage 3's dry-pass state, from the header the stage-3 prologue also carries. */
+#include "ds4lab_dry.h"
 
 #define DS4LAB_SEGMENTS 32 /* graphs one token may be split into */
-#define DS4LAB_SHAPES 8    /* executable graphs kept per segment: one per token shape (node count) */
+#define DS4LAB_SHAPES 64   /* executable graphs kept per segment: one per token shape */
+#define DS4LAB_SHAPES_3U 8 /* of those, stage 3u uses the first 8 (its shape: the node count) */
+#define DS4LAB_SLOT_BYTES (1u << 20)   /* stage 3: the token's argument slots (host staging and device) */
+#define DS4LAB_ARENA_BYTES (32u << 20) /* stage 3: the dry pass's records */
 #define DS4LAB_BREAKS 8    /* split calls named per token */
 #define DS4LAB_TALLY 512   /* (kernel, argument) pairs whose value changed between tokens */
 
@@ -72,6 +86,10 @@ typedef struct {
     long long kernels_uncompared; /* kernel nodes whose arguments could not be compared */
     int diffed_segments;      /* segments compared (an updated exec: its graph before and now) */
     char breaks[DS4LAB_BREAKS][64]; /* "call:line" of the first splits */
+    int replayed;             /* stage 3: graphs launched whose signature was seen before (no capture) */
+    long long records;        /* stage 3: launches and calls the dry pass recorded */
+    long long moved;          /* stage 3: launches whose changing arguments were read from slots */
+    long long slot_bytes;     /* stage 3: bytes of argument slots copied to the device */
 } ds4lab_token_stats;
 
 #ifndef DS4LAB_CPU_ONLY
@@ -79,7 +97,9 @@ typedef struct {
     cudaGraphExec_t exec;
     cudaGraph_t graph;        /* the graph the exec was last made or updated from */
     cudaGraph_t before;       /* the one before it (kept until compared) */
-    size_t nodes;             /* the shape key: node count */
+    size_t nodes;             /* the shape key: node count (3u) */
+    unsigned long long sig;   /* the shape key: the dry pass's signature (3) */
+    long long records;        /* ... and its record count */
     unsigned long long used;  /* last token that used it */
 } ds4lab_exec;
 
@@ -91,7 +111,9 @@ typedef struct {
 
 typedef struct {
     struct ds4lab_capture_hooks hooks;
-    int mode;                 /* 0: eager; 1: whole token, re-captured, exec updated each token (3u) */
+    int mode;                 /* 0: eager; 1: whole token, re-captured, exec updated each token (3u); 2: dry pass (3) */
+    unsigned char *slots_host; /* stage 3: pinned staging of the argument slots */
+    void *slots_dev;          /* stage 3: the device block the kernels read them from */
     cudaStream_t stream;      /* blocking: eager work on the legacy stream between splits stays ordered */
     int armed, token, capturing, segment;
     unsigned long long tokens;
@@ -287,6 +309,12 @@ int ds4lab_capture_tally(ds4lab_handle *h, int i, const char **name, int *param,
 extern int ds4lab_rewrite_version(void) __attribute__((weak));
 extern int ds4lab_capture_set_stream(cudaStream_t s, int on) __attribute__((weak));
 extern void ds4lab_capture_set_hooks(const struct ds4lab_capture_hooks *hooks) __attribute__((weak));
+/* Stage 3's (a build rewritten with ds4lab's stage 3 only). */
+extern int ds4lab_dry_setup(void *host, unsigned long long dev, size_t cap, size_t arena) __attribute__((weak));
+extern void ds4lab_dry_begin(int token) __attribute__((weak));
+extern void ds4lab_dry_end(void) __attribute__((weak));
+extern void ds4lab_dry_get(struct ds4lab_dry_state *out) __attribute__((weak));
+extern int ds4lab_dry_replay(void) __attribute__((weak));
 
 /* The rewrite's version in this build, or 0 for ds4 as it ships. */
 int ds4lab_rewritten(void) { return ds4lab_rewrite_version ? ds4lab_rewrite_version() : 0; }
@@ -304,13 +332,14 @@ static void segment_begin(ds4lab_capture *c) {
     c->capturing = 1;
 }
 
-/* The exec slot of segment k for a graph of n nodes: the one of the same shape, else a free one,
- * else the least recently used (destroyed). */
-static int exec_slot(ds4lab_capture *c, int k, size_t n) {
+/* The exec slot of segment k for a graph of n nodes (3u) or of signature sig and records records (3):
+ * the one of the same shape, else a free one, else the least recently used (destroyed). */
+static int exec_slot(ds4lab_capture *c, int k, size_t n, unsigned long long sig, long long records) {
     int free_slot = -1, lru = 0;
-    for (int i = 0; i < DS4LAB_SHAPES; i++) {
+    const int shapes = c->mode == 2 ? DS4LAB_SHAPES : DS4LAB_SHAPES_3U;
+    for (int i = 0; i < shapes; i++) {
         ds4lab_exec *e = &c->execs[k][i];
-        if (e->exec && e->nodes == n) return i;
+        if (e->exec && (c->mode == 2 ? e->sig == sig && e->records == records : e->nodes == n)) return i;
         if (!e->exec && free_slot < 0) free_slot = i;
         if (e->used < c->execs[k][lru].used) lru = i;
     }
@@ -336,7 +365,7 @@ static void segment_end(ds4lab_capture *c) {
     if (rc != cudaSuccess) { cap_fail(c, "cudaGraphGetNodes", rc); (void)cudaGraphDestroy(g); return; }
     if (n == 0) { (void)cudaGraphDestroy(g); return; } /* nothing between two splits */
     const int k = c->segment;
-    const int i = exec_slot(c, k, n);
+    const int i = exec_slot(c, k, n, 0, 0);
     ds4lab_exec *e = &c->execs[k][i];
     c->seg_slot[k] = i;
     if (e->exec) {
@@ -371,6 +400,95 @@ static void segment_end(ds4lab_capture *c) {
     c->st.nodes += (long long)n;
 }
 
+/* Stage 3: the dry pass of a segment begins; this driver's stream captures, and must capture nothing. */
+static void dry_segment_begin(ds4lab_capture *c, int token) {
+    segment_begin(c);
+    ds4lab_dry_begin(token);
+}
+
+/* Stage 3: a graph of the recorded work, captured from its replay. Returns the exec, or NULL (failure said). */
+static cudaGraphExec_t dry_make(ds4lab_capture *c, size_t *nodes) {
+    cudaError_t rc = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaStreamBeginCapture (stage 3 replay)", rc); return NULL; }
+    const int rrc = ds4lab_dry_replay();
+    cudaGraph_t g = NULL;
+    rc = cudaStreamEndCapture(c->stream, &g);
+    struct ds4lab_dry_state ds;
+    ds4lab_dry_get(&ds);
+    if (rrc != 0) {
+        char what[256];
+        snprintf(what, sizeof what, "stage 3 replay of the dry pass: ds4_cuda.cu:%d: %s", ds.error_line, ds.error);
+        cap_fail(c, what, cudaErrorUnknown);
+        if (g) (void)cudaGraphDestroy(g);
+        return NULL;
+    }
+    if (rc != cudaSuccess || !g) { cap_fail(c, "cudaStreamEndCapture (stage 3 replay)", rc != cudaSuccess ? rc : cudaErrorUnknown); return NULL; }
+    cudaGraphExec_t x = NULL;
+    rc = cudaGraphGetNodes(g, NULL, nodes);
+    if (rc == cudaSuccess) rc = cudaGraphInstantiate(&x, g, 0);
+    (void)cudaGraphDestroy(g);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaGraphInstantiate (stage 3)", rc); return NULL; }
+    c->st.instantiated++;
+    return x;
+}
+
+/* Stage 3: the segment's dry pass ends: its (empty) guard capture closes, the graph of its signature is found
+ * or made, the slots it wrote are copied to the device and the graph launched, all on this driver's stream. */
+static void dry_segment_end(ds4lab_capture *c) {
+    ds4lab_dry_end(); /* first: a failed segment leaves no dry pass behind it */
+    if (!c->capturing) return;
+    c->capturing = 0;
+    cudaGraph_t guard = NULL;
+    cudaError_t rc = cudaStreamEndCapture(c->stream, &guard);
+    size_t stray = 0;
+    if (rc == cudaSuccess && guard) rc = cudaGraphGetNodes(guard, NULL, &stray);
+    if (guard) (void)cudaGraphDestroy(guard);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaStreamEndCapture (stage 3 dry pass)", rc); return; }
+    if (stray) {
+        char what[160];
+        snprintf(what, sizeof what, "%zu operations reached the stream in the dry pass without being deferred", stray);
+        cap_fail(c, what, cudaErrorNotSupported);
+        return;
+    }
+    struct ds4lab_dry_state ds;
+    ds4lab_dry_get(&ds);
+    if (ds.error[0]) {
+        char what[256];
+        snprintf(what, sizeof what, "stage 3 dry pass: ds4_cuda.cu:%d: %s", ds.error_line, ds.error);
+        cap_fail(c, what, cudaErrorUnknown);
+        return;
+    }
+    c->st.records += ds.records;
+    c->st.moved += ds.moved;
+    if (ds.records == 0) return;
+    const int k = c->segment;
+    const int i = exec_slot(c, k, 0, ds.signature, ds.records);
+    ds4lab_exec *e = &c->execs[k][i];
+    c->seg_slot[k] = i;
+    size_t n = e->nodes;
+    if (e->exec) {
+        c->st.replayed++;
+    } else {
+        e->exec = dry_make(c, &n);
+        if (!e->exec) return;
+        e->sig = ds.signature;
+        e->records = ds.records;
+        e->nodes = n;
+    }
+    e->used = c->tokens;
+    const size_t bytes = (size_t)(ds.slot_end - ds.slot_begin);
+    if (bytes) {
+        rc = cudaMemcpyAsync((unsigned char *)c->slots_dev + ds.slot_begin, c->slots_host + ds.slot_begin, bytes,
+                             cudaMemcpyHostToDevice, c->stream);
+        if (rc != cudaSuccess) { cap_fail(c, "cudaMemcpyAsync (stage 3 argument slots)", rc); return; }
+        c->st.slot_bytes += (long long)bytes;
+    }
+    rc = cudaGraphLaunch(e->exec, c->stream);
+    if (rc != cudaSuccess) { cap_fail(c, "cudaGraphLaunch", rc); return; }
+    c->st.segments++;
+    c->st.nodes += (long long)n;
+}
+
 static void hk_token_begin(void *ctx) {
     ds4lab_capture *c = ctx;
     if (!c->armed) return;
@@ -381,7 +499,8 @@ static void hk_token_begin(void *ctx) {
     memset(&c->st, 0, sizeof c->st);
     for (int k = 0; k < DS4LAB_SEGMENTS; k++) c->seg_slot[k] = -1;
     (void)ds4lab_capture_set_stream(c->stream, 1);
-    segment_begin(c);
+    if (c->mode == 2) dry_segment_begin(c, 1);
+    else segment_begin(c);
 }
 
 static void hk_split_begin(void *ctx, const char *call, int line) {
@@ -389,7 +508,8 @@ static void hk_split_begin(void *ctx, const char *call, int line) {
     if (!c->token) return;
     if (c->st.splits < DS4LAB_BREAKS) snprintf(c->st.breaks[c->st.splits], 64, "%s:%d", call, line);
     c->st.splits++;
-    segment_end(c);
+    if (c->mode == 2) dry_segment_end(c);
+    else segment_end(c);
 }
 
 static void hk_split_end(void *ctx) {
@@ -397,13 +517,15 @@ static void hk_split_end(void *ctx) {
     if (!c->token) return;
     if (c->segment + 1 >= DS4LAB_SEGMENTS) { cap_fail(c, "token split into too many graphs", cudaErrorNotSupported); return; }
     c->segment++;
-    segment_begin(c);
+    if (c->mode == 2) dry_segment_begin(c, 0);
+    else segment_begin(c);
 }
 
 static void hk_token_end(void *ctx) {
     ds4lab_capture *c = ctx;
     if (!c->token) return;
-    segment_end(c);
+    if (c->mode == 2) dry_segment_end(c);
+    else segment_end(c);
     (void)ds4lab_capture_set_stream(NULL, 0);
     c->token = 0;
 }
@@ -423,13 +545,46 @@ static void capture_release(ds4lab_handle *h) {
         }
     if (c->stream) (void)cudaStreamDestroy(c->stream);
     c->stream = NULL;
+    if (ds4lab_dry_setup && (c->slots_host || c->slots_dev)) (void)ds4lab_dry_setup(NULL, 0, 0, 0);
+    if (c->slots_host) (void)cudaFreeHost(c->slots_host);
+    if (c->slots_dev) (void)cudaFree(c->slots_dev);
+    c->slots_host = NULL;
+    c->slots_dev = NULL;
+}
+
+/* Stage 3's buffers: the slots' pinned staging and device block, and the dry pass's record arena. */
+static int dry_setup(ds4lab_handle *h) {
+    ds4lab_capture *c = &h->cap;
+    if (!(ds4lab_dry_setup && ds4lab_dry_begin && ds4lab_dry_end && ds4lab_dry_get && ds4lab_dry_replay)) {
+        snprintf(h->err, sizeof h->err, "stage 3 needs a build of ds4 with ds4lab's stage-3 rewrite "
+                 "(this library has %s)", ds4lab_capture_set_stream ? "stage 0 only" : "no rewrite");
+        return -4;
+    }
+    cudaError_t rc = cudaSuccess;
+    if (!c->slots_host) rc = cudaMallocHost((void **)&c->slots_host, DS4LAB_SLOT_BYTES);
+    if (rc != cudaSuccess) return cuda_fail(h, "cudaMallocHost (stage 3 argument slots)", rc);
+    if (!c->slots_dev) rc = cudaMalloc(&c->slots_dev, DS4LAB_SLOT_BYTES);
+    if (rc != cudaSuccess) return cuda_fail(h, "cudaMalloc (stage 3 argument slots)", rc);
+    if (ds4lab_dry_setup(c->slots_host, (unsigned long long)(uintptr_t)c->slots_dev, DS4LAB_SLOT_BYTES,
+                         DS4LAB_ARENA_BYTES) != 0) {
+        snprintf(h->err, sizeof h->err, "stage 3: no host memory for the dry pass's records (%u bytes)",
+                 DS4LAB_ARENA_BYTES);
+        return -2;
+    }
+    return 0;
 }
 
 /* mode 0: ds4's tokens as they run (eager, or ds4's islands); mode 1: every token captured whole on
- * this driver's stream and replayed, its exec updated per token shape (stage 3u). Hooks are per
- * thread: call it on the thread that evaluates. Returns 0, or -4 when the build has no ds4lab rewrite. */
+ * this driver's stream and replayed, its exec updated per token shape (stage 3u); mode 2: every token a
+ * dry pass and the graph of its signature, never updated (stage 3). Hooks are per thread: call it on the
+ * thread that evaluates. Returns 0, -1 for an unknown mode, or -4 when the build lacks the rewrite the mode
+ * needs. */
 int ds4lab_capture_mode(ds4lab_handle *h, int mode) {
     ds4lab_capture *c = &h->cap;
+    if (mode < 0 || mode > 2) {
+        snprintf(h->err, sizeof h->err, "capture mode %d: 0 (eager), 1 (3u) or 2 (3)", mode);
+        return -1;
+    }
     if (mode != 0 && !(ds4lab_capture_set_stream && ds4lab_capture_set_hooks)) {
         snprintf(h->err, sizeof h->err, "whole-token capture needs a build of ds4 with ds4lab's rewrite "
                  "(this library is ds4 as it ships)");
@@ -438,6 +593,10 @@ int ds4lab_capture_mode(ds4lab_handle *h, int mode) {
     if (mode != 0 && !c->stream) {
         cudaError_t rc = cudaStreamCreate(&c->stream);
         if (rc != cudaSuccess) return cuda_fail(h, "cudaStreamCreate (capture stream)", rc);
+    }
+    if (mode == 2) {
+        const int rc = dry_setup(h);
+        if (rc != 0) return rc;
     }
     if (mode != 0) {
         c->hooks.token_begin = hk_token_begin;
