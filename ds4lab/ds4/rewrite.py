@@ -238,7 +238,7 @@ def split_args(code: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _match_paren(code: str, open_at: int) -> int:
+def match_paren(code: str, open_at: int) -> int:
     """Offset of the ``)`` matching the ``(`` at ``open_at`` in blanked ``code``, or -1."""
     depth = 0
     for k in range(open_at, len(code)):
@@ -270,7 +270,7 @@ def mmq_stream_entries(root: Path) -> dict:
             continue
         code = blank(p.read_text(errors="replace"))
         for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", code):
-            close = _match_paren(code, m.end() - 1)
+            close = match_paren(code, m.end() - 1)
             if close < 0:
                 continue
             params = [code[m.end() + a:m.end() + b].strip() for a, b in split_args(code[m.end():close])]
@@ -373,7 +373,7 @@ def _launch3(src: str, code: str, m, site, edits: list, line_at) -> None:
     end = code.find(">>>", start)
     k0 = rewrite3.kernel_expr_start(code, m.start())
     paren = end + 3 + (len(code[end + 3:]) - len(code[end + 3:].lstrip())) if end > 0 else -1
-    close = _match_paren(code, paren) if paren > 0 and code[paren:paren + 1] == "(" else -1
+    close = match_paren(code, paren) if paren > 0 and code[paren:paren + 1] == "(" else -1
     cfg = [src[start + a:start + b] for a, b in split_args(code[start:end])] if end > 0 else []
     if k0 < 0 or close < 0 or not 2 <= len(cfg) <= 4 or any(not c.strip() for c in cfg):
         site(m.start(), "launch", "", "not routed", "stage 3: cannot parse the kernel, its configuration or its "
@@ -421,7 +421,7 @@ def _calls(src: str, code: str, site, edits: list, mmq_entries: dict, line_at, s
         if not ok:
             continue
         open_at = m.end() - 1
-        close = _match_paren(code, open_at)
+        close = match_paren(code, open_at)
         if close < 0:
             site(m.start(), name, "", "not routed", "no closing parenthesis")
             continue

@@ -65,10 +65,12 @@ def kernel_edits(src: str, code: str, site, edits: list, edit_cls, split_args) -
     ``<its type> <name> = ds4lab_slot_take(ds4lab_slot, &o, ds4lab_arg_<name>)``. A kernel not found, or a parameter
     the rewrite cannot split into type and name, is a site ``not routed``. ``src``, ``code``: the text and its blanked
     copy; ``site``, ``edits``, ``edit_cls``, ``split_args``: the rewrite's own (:mod:`ds4lab.ds4.rewrite`)."""
+    from .rewrite import match_paren
+
     for name, moved in MOVED.items():
         found = False
         for m in re.finditer(r"__global__[^;{()]*?\b" + name + r"\s*\(", code):
-            close = _close(code, m.end() - 1)
+            close = match_paren(code, m.end() - 1)
             after = code[close + 1:close + 200].lstrip() if close > 0 else ""
             if close < 0 or not (after.startswith("{") or after.startswith(";")):
                 continue
@@ -141,18 +143,6 @@ def _take(ty: str, pname: str) -> str:
     if "*" in ty or bare in SCALARS:
         return f" {ty} {pname} = ds4lab_slot_take({SLOT}, &ds4lab_so, {ARG}{pname});"
     return f" const {bare} &{pname} = ds4lab_slot_ref({SLOT}, &ds4lab_so, {ARG}{pname});"
-
-
-def _close(code: str, open_at: int) -> int:
-    depth = 0
-    for k in range(open_at, len(code)):
-        if code[k] == "(":
-            depth += 1
-        elif code[k] == ")":
-            depth -= 1
-            if depth == 0:
-                return k
-    return -1
 
 
 def kernel_expr_start(code: str, launch_at: int) -> int:
