@@ -57,6 +57,7 @@ def _as_keywords(message: str, fields: set, method: str) -> str:
     → ``tokens=-5``, ``--runs-from`` → ``runs_from``; flags of no option are left as they are."""
     def keyword(m):
         name = m.group(1).replace("-", "_")
+        name = name if name in fields else name + "s"  # a flag given once per value: --mode for modes
         if name not in fields:
             return m.group(0)
         return name + ("=" if m.group(2) else "")
@@ -80,7 +81,10 @@ def _runs(job: str, config):
                 raise TypeError(f"Lab.{method.__name__}: no option {', '.join(unknown)}; "
                                 f"its options: {', '.join(sorted(fields))}")
             for name, value in options.items():
-                _check_type(method.__name__, name, value, config_default(config, name))
+                default = config_default(config, name)
+                if isinstance(default, (tuple, list)) and isinstance(value, (str, Path)):
+                    options[name] = value = (value,)  # one path or name where a list is taken: a list of one
+                _check_type(method.__name__, name, value, default)
             try:
                 return self._execute(job, config, options)
             except BadInput as e:  # the jobs' checks speak the command line's flags; a Lab user typed keywords

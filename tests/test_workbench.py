@@ -6,6 +6,7 @@ is refused as the command line refuses it."""
 from __future__ import annotations
 
 import inspect
+import re
 import io
 import json
 from pathlib import Path
@@ -250,3 +251,26 @@ def test_a_bad_value_given_to_the_lab_is_named_as_the_keyword_typed():
         Lab("sim", preset="tiny").ladder(tokens=-5)
     r = CliRunner().invoke(main, ["ladder", "--backend", "sim", "--preset", "tiny", "--tokens", "-5"])
     assert r.exit_code == 2 and "'--tokens': -5" in r.output
+
+
+def test_a_capture_mode_no_runtime_has_is_refused_before_the_job_runs(tmp_path):
+    """``mode="bogus"`` from Python (the command line's choice list never sees it) is refused naming the keyword and
+    the value, for every job whose config names a capture mode; nothing is written."""
+    from ds4lab import Lab
+
+    lab = Lab("sim", preset="tiny", out=tmp_path)
+    for call, typed in ((lambda: lab.ladder(mode="bogus"), "mode='bogus'"),
+                        (lambda: lab.hazards(hazard="sync-memset", mode="bogus"), "mode='bogus'"),
+                        (lambda: lab.trace(capture_mode="x"), "capture_mode='x'")):
+        with pytest.raises(BadInput, match=rf"{re.escape(typed)}: not a stream-capture mode; choose from global"):
+            call()
+    assert not any(tmp_path.iterdir())
+
+
+def test_one_path_where_the_lab_takes_a_list_is_a_list_of_one(tmp_path):
+    """``files="a.csv.gz"`` is that one file, not its characters (a notebook user's natural call)."""
+    from ds4lab import Lab
+    from ds4lab.audit.engines import recorded
+
+    res = Lab("sim", out=tmp_path).audit(files=str(recorded("llama", "static")))
+    assert len(res.value) == 1 and res.value[0].tokens.n == 8

@@ -62,6 +62,22 @@ def module(job: str):
     return importlib.import_module(f".{name}", __name__)
 
 
+def _check_capture_modes(cfg) -> None:
+    """Refuse a stream-capture mode no CUDA runtime has, in any config field that names one (``mode``,
+    ``capture_mode``): the command line's choice lists do it there, this for a config made in Python. Raises
+    BadInput naming the option and the value."""
+    import dataclasses
+
+    from ..capture.stream import CAPTURE_MODES
+
+    for name in ("mode", "capture_mode"):
+        if dataclasses.is_dataclass(cfg) and hasattr(cfg, name):
+            v = getattr(cfg, name)
+            if v not in CAPTURE_MODES:
+                raise BadInput(f"--{name.replace('_', '-')} {v!r}: not a stream-capture mode; choose from "
+                               f"{', '.join(CAPTURE_MODES)}")
+
+
 def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1234):
     """Open ``job``'s backend and run it with ``cfg``; returns its :class:`~ds4lab.jobs.result.JobResult`. Raises
     what the job raises (:class:`BadInput` before work, :class:`CheckFailed` after writing)."""
@@ -70,6 +86,7 @@ def execute(job: str, cfg, *, backend: str = "auto", console=None, seed: int = 1
     _, req = JOBS[job]
     timing_only, gpu_only, needed = req.resolve(cfg)
     mod = module(job)
+    _check_capture_modes(cfg)
     check = getattr(mod, "check_config", None)
     if check is not None:  # checks that need no backend run before one is built
         check(cfg)
