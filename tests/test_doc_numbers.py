@@ -203,6 +203,20 @@ def untraced_saving() -> dict:
             "traced_saved": num(w["saving_us"])}
 
 
+def ds4_paired_gains() -> dict:
+    """docs/ds4.md's paired differences from stage 0 (stage i and 3u, µs, with their 95 % intervals) per context,
+    as ``h200-2026-12-04-ds4/ladder/gains.csv`` holds them: ``{i1024: "−664, 624…818", u1024: "+3 652, …"}``."""
+    out = {}
+    for r in rows(REC / "h200-2026-12-04-ds4/ladder/gains.csv"):
+        if r["base"] != "stage-0" or r["other"] not in ("stage-i", "stage-3u"):
+            continue
+        g, lo, hi = (float(r[k]) for k in ("gain_us", "gain_lo", "gain_hi"))
+        key = ("i" if r["other"] == "stage-i" else "u") + r["context"]
+        # a gain is shown as the change in µs per token (−: faster), its interval as magnitudes
+        out[key] = (f"−{num(g)}, {num(lo)}…{num(hi)}" if g > 0 else f"+{num(-g)}, {num(-hi)}…{num(-lo)}")
+    return out
+
+
 def twice_timed() -> dict:
     """The bundled llama/static outcome's two untraced timings of its eager step (eager twin, argument cost's plain
     step), µs, and their ratio."""
@@ -288,6 +302,12 @@ CLAIMS = [
     Claim("docs/audit.md", "whole token {pred} µs predicted, {saved} µs ({pct} %) saved against its\n  untraced "
           "{untraced} µs, where the traced {traced} µs gave {traced_saved}",
           "ds4lab/data/audit/torch-llama-dynamic.*", untraced_saving),
+    Claim("docs/ds4.md", "| 1 024 | 16 465 | 16 312 | 15 683 ({i1024}) | 20 073 ({u1024}) |",
+          "h200-2026-12-04-ds4/ladder/gains.csv", ds4_paired_gains),
+    Claim("docs/ds4.md", "| 4 096 | 23 595 | 23 597 | 23 037 ({i4096}) | 31 779 ({u4096}) |",
+          "h200-2026-12-04-ds4/ladder/gains.csv", ds4_paired_gains),
+    Claim("docs/ds4.md", "| 16 384 | 24 217 | 24 251 | 23 689 ({i16384}) | 32 428 ({u16384}) |",
+          "h200-2026-12-04-ds4/ladder/gains.csv", ds4_paired_gains),
     Claim("docs/audit.md", "timings more than 10 % apart are said (the bundled `llama/static`: {twin} and {plain} µs, "
           "×{ratio})", "ds4lab/data/audit/torch-llama-static.json", twice_timed),
 ]
