@@ -195,6 +195,9 @@ def test_a_step_timed_twice_beside_its_recording_gets_a_saving_range_over_both(t
     eager, base = outcome["eager_us"], outcome["overhead"]["baseline_us"]
     assert "the two disagree" in said and f"×{eager / base:.2f} apart" in said
     assert whole["eager_untraced_n"] == 2
+    # the eager twin's 12 209 µs is above the traced step's median: no untraced run of the loop; the plain step's is
+    assert eager > whole["eager_measured_us"] > base and "the plain step's is the point" in said
+    assert whole["eager_untraced_us"] == pytest.approx(base)
     assert whole["saving_untraced_lo"] == pytest.approx(base - whole["predicted_p75"])
     assert whole["saving_untraced_hi"] == pytest.approx(eager - whole["predicted_p25"])
 

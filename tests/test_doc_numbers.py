@@ -309,7 +309,7 @@ CLAIMS = [
     Claim("docs/ds4.md", "| 16 384 | 24 217 | 24 251 | 23 689 ({i16384}) | 32 428 ({u16384}) |",
           "h200-2026-12-04-ds4/ladder/gains.csv", ds4_paired_gains),
     Claim("docs/audit.md", "timings more than 10 % apart are said (the bundled `llama/static`: {twin} and {plain} µs, "
-          "×{ratio})", "ds4lab/data/audit/torch-llama-static.json", twice_timed),
+          "×{ratio};", "ds4lab/data/audit/torch-llama-static.json", twice_timed),
 ]
 
 
