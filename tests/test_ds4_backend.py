@@ -783,7 +783,12 @@ def test_stages_option_runs_the_reference_first_and_refuses_stages_not_built(tmp
         parse_stages("0,3p")
     with pytest.raises(BadInput, match="unknown 9"):
         parse_stages("0,9")
+    for bad in ("3,3", "0,,i", "0,i,"):
+        with pytest.raises(BadInput, match=rf"--stages '{bad}': an empty or repeated stage"):
+            parse_stages(bad)
     src = _fake_checkout(tmp_path / "ds4-abc1234")
+    with pytest.raises(BadInput, match="--stages '': name at least one"):
+        check_config(Ds4JobConfig(source=src, stages=""))
     cfg = Ds4JobConfig(source=src, stages="3u,0")
     check_config(cfg)
     assert cfg.configs == ("islands-off", "stage-3u", "stage-0")

@@ -73,10 +73,14 @@ DEFAULT_CONFIGS = ("islands-off", "islands-on", "moe-profile")
 
 def parse_stages(text: str) -> tuple[str, ...]:
     """``"0,i,3u"`` → the configurations of those ladder stages, after :data:`REFERENCE` (ds4 as it ships). Raises
-    BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why) or an empty list."""
-    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    BadInput: an unknown stage (named, with the known ones), a stage not built (named, with why), an empty list,
+    an empty item or a stage named twice."""
+    items = [n.strip() for n in str(text).split(",")]
+    names = [n for n in items if n]
     if not names:
         raise BadInput(f"--stages {text!r}: name at least one of {', '.join(STAGES)}")
+    if len(names) != len(items) or len(set(names)) != len(names):
+        raise BadInput(f"--stages {text!r}: an empty or repeated stage; name each once, e.g. 0,i,3u,3")
     missing = [n for n in names if n in NOT_BUILT]
     if missing:
         raise BadInput("--stages: " + "; ".join(f"{n}: {NOT_BUILT[n]}" for n in missing))

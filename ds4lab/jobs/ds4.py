@@ -73,7 +73,7 @@ def check_config(cfg: Ds4JobConfig) -> None:
     locate(cfg.source)
     if isinstance(cfg.configs, str):
         cfg.configs = parse_configs(cfg.configs)
-    if cfg.stages:
+    if cfg.stages is not None:
         ladder = parse_stages(cfg.stages if isinstance(cfg.stages, str) else ",".join(cfg.stages))
         cfg.configs = tuple(dict.fromkeys(ladder + tuple(cfg.configs or ())))
     elif cfg.configs is None:
