@@ -77,6 +77,25 @@ def test_the_gain_figure_pairs_like_contexts_only(record):
     assert "no pair, not drawn: ds4lab @1000, ds4lab @16384" in fig.axes[0].get_title()
 
 
+def test_a_capture_ladder_record_gives_ds4s_stage_i_gain_where_islands_on_did_not_run():
+    """ds4's capture-ladder record (ds4 as shipped, stages 0, i, 3u: no islands-on configuration) pairs its stage i
+    against stage 0 with ds4lab's, each gain the record's paired one with its interval (notebook 06 said "ds4 ran no
+    1024" beside a table showing it)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    folder = Path(__file__).parents[1] / "docs/measurements/h200-2026-12-04-ds4/ladder"
+    gains = pd.read_csv(folder / "gains.csv")
+    g = C.gain_table(C.read_ds4(folder))
+    ds4 = g[g.engine == "ds4"].set_index("context")
+    assert list(ds4.index) == [1024, 4096, 16384] and ds4.source.str.endswith("stage i against stage 0").all()
+    want = gains[(gains.base == "stage-0") & (gains.other == "stage-i")].set_index("context")
+    for ctx, r in want.iterrows():
+        assert ds4.loc[ctx, "gain µs (95 % CI)"] == f"{r.gain_us:.0f} ({r.gain_lo:.0f}…{r.gain_hi:.0f})"
+    assert ds4.loc[1024, "pair"] == "both engines"
+
+
 def test_kernel_kinds_sum_ds4s_kernels_by_kind(record):
     k = C.kernel_kinds(record).set_index("kind")
     assert k.loc["routed MoE", "us"] == 700 and k.loc["matvec (Q8_0)", "launches"] == 300
