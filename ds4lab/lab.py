@@ -75,6 +75,9 @@ def _runs(job: str, config):
 
         @functools.wraps(method)
         def run(self, *args, **options) -> JobResult:
+            if "backend" in options:  # the Lab's own (Lab("cupy")): a second one here would be ignored
+                raise TypeError(f"Lab.{method.__name__}: backend={options['backend']!r} is the Lab's; make one with "
+                                f"it: Lab({options['backend']!r})")
             options = method(self, *args, **options) or options
             unknown = sorted(set(options) - fields)
             if unknown:
@@ -95,7 +98,7 @@ def _runs(job: str, config):
         own = inspect.signature(method).parameters
         params += [p for n, p in own.items() if n != "self" and p.kind is not p.VAR_KEYWORD]
         params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=config_default(config, f.name))
-                   for f in dataclasses.fields(config) if f.name not in own]
+                   for f in dataclasses.fields(config) if f.name not in own and f.name != "backend"]
         run.__signature__ = inspect.Signature(params, return_annotation=JobResult)
         run.config = config
         return run
@@ -124,6 +127,8 @@ class Lab:
                              "(cupy: the GPU)")
         if preset is not None:
             get_preset(preset)  # an unknown preset named now, not at the first job
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"Lab: seed={seed!r} must be a whole number >= 0")
         self.backend, self.preset, self.seed, self.console = backend, preset, seed, console
         self.out = Path(out) if out is not None else None
 

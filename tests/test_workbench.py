@@ -274,3 +274,17 @@ def test_one_path_where_the_lab_takes_a_list_is_a_list_of_one(tmp_path):
 
     res = Lab("sim", out=tmp_path).audit(files=str(recorded("llama", "static")))
     assert len(res.value) == 1 and res.value[0].tokens.n == 8
+
+
+def test_keywords_a_job_would_ignore_or_misread_are_refused():
+    """A backend given to one method (the Lab's is used: Lab("cupy")), a seed that is not a whole number, and a
+    negative step count are refused, each naming the keyword and the value."""
+    from ds4lab import Lab
+
+    with pytest.raises(TypeError, match=r"Lab.run: backend='tpu' is the Lab's; make one with it: Lab\('tpu'\)"):
+        Lab("sim", preset="tiny").run(backend="tpu")
+    assert "backend" not in inspect.signature(Lab.run).parameters
+    with pytest.raises(ValueError, match=r"Lab: seed='x' must be a whole number"):
+        Lab("sim", seed="x")
+    with pytest.raises(BadInput, match=r"Lab.moe: steps=-1: at least one reported step"):
+        Lab("sim", preset="tiny").moe(steps=-1)

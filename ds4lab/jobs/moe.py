@@ -110,6 +110,8 @@ def run(cfg: MoeConfig, be, console=None) -> JobResult:
     tokens, routings = list(tokens), list(cfg.routings)
     if cfg.seed < 0:
         raise BadInput(f"--seed {cfg.seed}: a routing and input seed is a whole number >= 0")
+    if cfg.steps < 1:
+        raise BadInput(f"--steps {cfg.steps}: at least one reported step per mode, token count and routing")
     if cfg.n_layers is not None and not 1 <= cfg.n_layers <= mcfg.n_layers:
         raise BadInput(f"--n-layers {cfg.n_layers}: the {preset} preset has {mcfg.n_layers} layers (1..{mcfg.n_layers})")
     if max(tokens) > mcfg.max_tokens:
