@@ -114,3 +114,16 @@ def test_a_kineto_trace_whose_ts_are_negative_is_audited_as_the_same_trace_shift
         line = [x for x in r.output.splitlines() if "replay (" in x]
         outs[name + "_verdict"] = line
     assert outs["g"] == outs["n"] and outs["g_verdict"] == outs["n_verdict"] and outs["g_verdict"]
+
+
+def test_kernels_that_overlap_on_one_stream_are_noted(tmp_path):
+    """A stream runs its kernels one after another: kernels written twice 0.5 µs apart, or one kernel lasting 1e9 µs
+    inside a 200 µs token, are read as written and said in a note; the trace as recorded gets no such note."""
+    assert not any("still runs" in n for n in read_events(write_kineto(tmp_path / "g.json", tokens=3)).notes)
+    doc = json.loads(write_kineto(tmp_path / "k.json", tokens=3).read_text())
+    doc["traceEvents"] += [dict(e, ts=e["ts"] + 0.5) for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    (tmp_path / "twice.json").write_text(json.dumps(doc))
+    t = read_events(tmp_path / "twice.json")
+    assert any("start while an earlier kernel of their stream still runs" in n for n in t.notes)
+    t = read_events(_kineto(tmp_path, _set_first("kernel", "dur", 1e9)))
+    assert any("still runs (by up to 999,99" in n for n in t.notes), t.notes

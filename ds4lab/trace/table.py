@@ -213,6 +213,7 @@ def time_notes(df, notes: list) -> None:
         notes.append(f"{len(early):,} device row(s) start before the call that launched them (by up to {by:,} ns, "
                      f"the first {str(early['name'].iloc[0])[:60]!r}): the host and device clocks disagree; their "
                      "order in a token follows the calls")
+    _overlaps(df, notes)
     from .records import KERNEL_LAUNCH_CALLS, api_base_name
 
     calls = df[df.kind == "api"]
@@ -223,6 +224,27 @@ def time_notes(df, notes: list) -> None:
             notes.append(f"the launch calls take {med / 1e3:,.0f} µs each (median), where one takes microseconds: "
                          "the trace's times may be in ns where µs are expected (×1000); every time it gives is "
                          "read as written")
+
+
+def _overlaps(df, notes: list) -> None:
+    """A note, in place, on kernels that start more than 1 µs before an earlier kernel of their stream ends (a stream
+    runs its kernels one after another: rows written twice with other times, or a duration that is wrong). Kernels
+    of a graph (their branches run side by side) are left out; programmatic dependent launch can overlap a kernel's
+    start with the one before it, which the note says."""
+    k = df[(df.kind == "kernel") & (df.start_ns >= 0) & (df.end_ns >= df.start_ns)]
+    if "graph_id" in k:
+        k = k[~(k["graph_id"].fillna(-1) > 0)]
+    if len(k) < 2:
+        return
+    k = k.sort_values(["device", "stream", "start_ns"], kind="stable")
+    prev_end = k.groupby(["device", "stream"])["end_ns"].transform(lambda e: e.cummax().shift())
+    over = k[k["start_ns"] < prev_end - 1000]
+    if len(over):
+        by = int((prev_end[over.index] - over["start_ns"]).max())
+        notes.append(f"{len(over):,} kernel(s) start while an earlier kernel of their stream still runs (by up to "
+                     f"{by:,} ns, the first {str(over['name'].iloc[0])[:60]!r}): a stream runs its kernels one after "
+                     "another unless they were launched with programmatic dependent launch; rows written twice with "
+                     "other times, or a wrong duration, give this")
 
 
 #: The fields that make two rows the same event: nothing the tracer records twice differs in none of them.
