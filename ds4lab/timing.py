@@ -242,6 +242,10 @@ class Difference:
             if self.median == 0:
                 return f"none (0 {unit} in every pair, n={self.n})"
             return f"{self.median:+.{digits}f} {unit} ({self.pct:+.1f} %, the same in every pair, n={self.n})"
+        need = pairs_needed(self.confidence)
+        if 0 < self.n < need:  # the interval is the pairs' range widened to zero: no pair count can show a change
+            return (f"too few pairs to tell (n={self.n}, {need} needed for a {100 * self.confidence:g} % interval; "
+                    f"median {self.median:+.{digits}f} {unit})")
         if not self.measurable:
             return f"not measurable (±{self.half_width:.{digits}f} {unit}, n={self.n})"
         return (f"{self.median:+.{digits}f} {unit} ({self.pct:+.1f} %, {self.confidence:.0%} CI "
@@ -255,6 +259,12 @@ class Difference:
 
 #: The most values :func:`median_ci` sums the binomial exactly for (``2.0 ** n`` overflows past 1 023).
 EXACT_CI_MAX_N = 1000
+
+
+def pairs_needed(confidence: float = 0.95) -> int:
+    """The fewest values whose median's interval (:func:`median_ci`) can exclude zero: n with 2 · 0.5ⁿ ≤ 1 − confidence
+    (6 at 95 %)."""
+    return max(1, math.ceil(math.log2(2.0 / (1.0 - confidence)) - 1e-12))
 
 
 def median_ci(values, confidence: float = 0.95) -> tuple[float, float]:

@@ -43,9 +43,12 @@ def test_median_ci_is_the_sign_test_interval():
         median_ci([], 0.95)
 
 
-def test_too_few_pairs_are_never_measurable():
-    d = paired_difference([10, 10, 10], [12, 12, 12])  # 3 pairs cannot reach 95 %
-    assert not d.measurable and "not measurable" in d.fmt()
+def test_too_few_pairs_are_never_measurable_and_say_so():
+    """3 pairs cannot reach 95 % whatever they hold (6 can): the text says too few, not "not measurable"."""
+    d = paired_difference([10, 10, 10], [12, 12, 12])
+    assert not d.measurable and d.fmt() == "too few pairs to tell (n=3, 6 needed for a 95 % interval; median +2.0 µs)"
+    six = paired_difference([10] * 6, [12] * 6)
+    assert six.measurable and "the same in every pair, n=6" in six.fmt()
 
 
 def test_a_clear_cost_is_measurable_and_a_noise_difference_is_not():
