@@ -171,7 +171,8 @@ def test_check_config_refuses_bad_input(tmp_path):
     for cfg, msg in ((AuditConfig(), "nothing to audit"),
                      (AuditConfig(files=(trace,), program=("x.py",)), "not both"),
                      (AuditConfig(files=(tmp_path / "missing.json",)), "missing.json: no such file"),
-                     (AuditConfig(files=(tmp_path,)), "a folder, not a trace file"),
+                     (AuditConfig(files=(tmp_path,)), r"a folder, not a trace file \(give a trace inside it: it holds "
+                                                      r"t\.json\)"),
                      (AuditConfig(files=(trace, trace)), "given twice"),
                      (AuditConfig(files=(trace,), modes=("eager",)), "--mode eager"),
                      (AuditConfig(files=(trace,), out=" "), "--out ''")):
