@@ -262,8 +262,8 @@ EXACT_CI_MAX_N = 1000
 
 
 def pairs_needed(confidence: float = 0.95) -> int:
-    """The fewest values whose median's interval (:func:`median_ci`) can exclude zero: n with 2 · 0.5ⁿ ≤ 1 − confidence
-    (6 at 95 %)."""
+    """The fewest values whose median's interval (:func:`median_ci`) can exclude zero: n with
+    2 · 0.5ⁿ ≤ 1 − confidence (6 at 95 %)."""
     return max(1, math.ceil(math.log2(2.0 / (1.0 - confidence)) - 1e-12))
 
 

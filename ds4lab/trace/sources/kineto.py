@@ -192,10 +192,15 @@ def read_chrome(path: Path, dialect: str, progress=None):
     return st.table(path, meta, EventTable)
 
 
+def _one_line(e) -> str:
+    """A parser's message on one line: ijson's carries a drawing of where it stopped over several lines."""
+    return str(e).splitlines()[0].strip() if str(e).strip() else type(e).__name__
+
+
 def _cut(path, reader, raw, gz, n, e) -> str:
     where = (f"byte {raw.tell():,} of the {path.stat().st_size:,}-byte gzip file ({reader.count:,} bytes of JSON)"
              if gz else f"byte {reader.count:,}")
-    return (f"{path}: the JSON is cut at {where}, after {n:,} complete events ({e}); the file is incomplete "
+    return (f"{path}: the JSON is cut at {where}, after {n:,} complete events ({_one_line(e)}); the file is incomplete "
             "(a trace still being written, or a copy cut short): take the trace again")
 
 
