@@ -188,8 +188,9 @@ def test_truncated_json_names_the_byte_offset(tmp_path):
     full = (DATA / "kineto_stack.json").read_bytes()
     p = tmp_path / "cut.json"
     p.write_bytes(full[: len(full) // 2])
-    with pytest.raises(SourceError, match=r"cut\.json: the JSON is cut at byte [\d,]+, after \d+ complete events"):
+    with pytest.raises(SourceError, match=r"cut\.json: the JSON is cut at byte [\d,]+, after \d+ complete events") as e:
         read(p)
+    assert "\n" not in str(e.value), "one line: the parser's drawing of where it stopped is left out"
     g = tmp_path / "cut.json.gz"
     gz = (DATA / "kineto_stack.json.gz").read_bytes()
     g.write_bytes(gz[: len(gz) - 200])
