@@ -107,6 +107,10 @@ def check_config(cfg: Ds4JobConfig) -> None:
         raise BadInput(f"--trace-contexts {','.join(map(str, bad))}: not among --contexts")
     if cfg.tokens < 2:
         raise BadInput(f"--tokens {cfg.tokens}: time at least 2 decode tokens per context")
+    for name, low in (("warmup", 0), ("trace_tokens", 0), ("jobs", 1)):
+        v = getattr(cfg, name)
+        if v is not None and v < low:
+            raise BadInput(f"--{name.replace('_', '-')} {v}: must be at least {low}")
     bad = [x for x in cfg.random_expert_layers if not 0 <= int(x) < 43]
     if bad:
         raise BadInput(f"--random-expert-layers {','.join(map(str, bad))}: ds4-flash has layers 0..42")
