@@ -789,7 +789,8 @@ def test_stages_option_runs_the_reference_first_and_refuses_stages_not_built(tmp
     src = _fake_checkout(tmp_path / "ds4-abc1234")
     with pytest.raises(BadInput, match="--stages '': name at least one"):
         check_config(Ds4JobConfig(source=src, stages=""))
-    for bad, msg in ((dict(warmup=-1), "--warmup -1: must be at least 0"), (dict(jobs=0), "--jobs 0: must be at least 1"),
+    for bad, msg in ((dict(warmup=-1), "--warmup -1: must be at least 0"),
+                     (dict(jobs=0), "--jobs 0: must be at least 1"),
                      (dict(trace_tokens=-2), "--trace-tokens -2: must be at least 0")):
         with pytest.raises(BadInput, match=msg):
             check_config(Ds4JobConfig(source=src, **bad))
