@@ -305,7 +305,7 @@ def rewrite_source(src: str, *, file: str = TARGET, mmq_entries: dict | None = N
     if stage == "3":
         from . import rewrite3
 
-        rewrite3.kernel_edits(src, code, site, edits, _Edit, split_args)
+        rewrite3.kernel_edits(src, code, site, edits, _Edit, split_args, match_paren)
     edits.sort(key=lambda e: e.start)
     kept: list[_Edit] = []
     for e in edits:  # an edit inside another would be lost by one of them: reported, both left as they were

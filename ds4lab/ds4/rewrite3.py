@@ -59,14 +59,13 @@ def mask(kernel: str) -> int:
     return sum(1 << i for i in MOVED.get(kernel, ()))
 
 
-def kernel_edits(src: str, code: str, site, edits: list, edit_cls, split_args) -> None:
+def kernel_edits(src: str, code: str, site, edits: list, edit_cls, split_args, match_paren) -> None:
     """Give every definition and declaration of each kernel of :data:`MOVED` its slot: the trailing parameter
     ``const unsigned char *ds4lab_slot``, each moved parameter renamed ``ds4lab_arg_<name>`` and, at the top of the body,
     ``<its type> <name> = ds4lab_slot_take(ds4lab_slot, &o, ds4lab_arg_<name>)``. A kernel not found, or a parameter
     the rewrite cannot split into type and name, is a site ``not routed``. ``src``, ``code``: the text and its blanked
-    copy; ``site``, ``edits``, ``edit_cls``, ``split_args``: the rewrite's own (:mod:`ds4lab.ds4.rewrite`)."""
-    from .rewrite import match_paren
-
+    copy; ``site``, ``edits``, ``edit_cls``, ``split_args``, ``match_paren``: the rewrite's own
+    (:mod:`ds4lab.ds4.rewrite`)."""
     for name, moved in MOVED.items():
         found = False
         for m in re.finditer(r"__global__[^;{()]*?\b" + name + r"\s*\(", code):
