@@ -70,8 +70,10 @@ def _check_capture_modes(cfg) -> None:
 
     from ..capture.stream import CAPTURE_MODES
 
+    if not dataclasses.is_dataclass(cfg):
+        return
     for name in ("mode", "capture_mode"):
-        if dataclasses.is_dataclass(cfg) and hasattr(cfg, name):
+        if hasattr(cfg, name):
             v = getattr(cfg, name)
             if v not in CAPTURE_MODES:
                 raise BadInput(f"--{name.replace('_', '-')} {v!r}: not a stream-capture mode; choose from "

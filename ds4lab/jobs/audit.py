@@ -61,9 +61,11 @@ def check_config(cfg: AuditConfig) -> None:
         if not p.exists():
             raise BadInput(f"{p}: no such file")
         if p.is_dir():
+            from ..trace.sources import EVENT_SUFFIXES
+
             names = {f.name for f in Path(p).iterdir() if f.is_file()}
             # a recording's outcome (X.json beside X.csv.gz) is no trace
-            inside = sorted(n for n in names if n.endswith(TRACE_SUFFIXES)
+            inside = sorted(n for n in names if n.endswith(EVENT_SUFFIXES)
                             and not (n.endswith(".json") and n[:-5] + ".csv.gz" in names))
             e_g = (f"it holds {', '.join(inside[:4])}" + (f" and {len(inside) - 4} more" if len(inside) > 4 else "")
                    if inside else "it holds no trace file")
@@ -265,10 +267,6 @@ def _untraced_figures(eager_us: float, outcome: dict, traced_us: float | None = 
         said += (f"; the eager twin's is above the traced step's {traced_us:,.1f} µs, which an untraced run of the "
                  "same loop cannot be: the plain step's is the point")
     return figures, said
-
-
-#: Names a trace file of a format the audit reads ends with (a folder given instead is answered with those in it).
-TRACE_SUFFIXES = (".json", ".json.gz", ".csv.gz", ".csv", ".sqlite", ".nsys-rep", ".pt.trace.json")
 
 
 def _recorded_outcomes(cfg: AuditConfig) -> dict[str, dict]:

@@ -21,6 +21,9 @@ __all__ = ["READERS", "Ingested", "SourceError", "detect", "formats", "read_even
 #: yields (``YIELDS``).
 READERS = ("nsys_sqlite", "saved", "kineto", "nsys_report", "ds4log", "ncu", "nsys_csv", "folder")
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+#: Names of the files :func:`read_events` may read end with (Kineto/Chrome JSON, a saved recording, an nsys SQLite
+#: export, a raw Nsight Systems report it names the export of).
+EVENT_SUFFIXES = (".json", ".json.gz", ".csv.gz", ".sqlite", *REPORT_SUFFIXES)
 _NSYS_EXPORT = ("export it first, `nsys export --type sqlite --output {stem}.sqlite {name}` (then read {stem}.sqlite), "
                 "or `nsys stats --report cuda_gpu_kern_sum,nvtx_sum --format csv {name} > {stem}.csv`")
 #: raw report files of the Nsight tools (binary: ds4lab reads their exports) → how to export them
